@@ -1,0 +1,1 @@
+# _common: see _core.pyx

@@ -1,0 +1,12 @@
+# cython: language_level=3
+"""kvcache._core: the Cython bridge over the C core in csrc/.
+
+One module assembled from one .pxi per concept (the file tree is the architecture):
+arguments are validated once here, then C does the work, with the GIL released in
+long loops. The cimport-able contract is _core.pxd."""
+
+include "_common.pxi"
+include "_unified.pxi"
+include "_batch.pxi"
+include "_recurrent.pxi"
+include "_rope.pxi"

@@ -1,0 +1,1 @@
+# _recurrent: see _core.pyx

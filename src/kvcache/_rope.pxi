@@ -1,0 +1,1 @@
+# _rope: see _core.pyx

@@ -1,0 +1,1 @@
+# _unified: see _core.pyx

@@ -1,0 +1,118 @@
+"""Replay of kvcache-trace/1 files (golden traces recorded from llama.cpp).
+
+Each trace kind has a module here exposing ``replay(config, ops)``, where ``ops`` yields
+``(index, op_dict)`` pairs (index = 1-based line number after the header). It raises
+:class:`Divergence` at the first expected value that does not match, or for an op it
+does not support (an unsupported op is a failure, never a pass)."""
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+KINDS = {
+    "unified": "kvcache.conformance.unified",
+    "iswa": "kvcache.conformance.iswa",
+    "recurrent": "kvcache.conformance.recurrent",
+    "split": "kvcache.conformance.split",
+    "rope": "kvcache.conformance.rope",
+}
+
+
+class Divergence(Exception):
+    """The first place a replay disagrees with a trace."""
+
+    def __init__(self, index: int, op: str, field: str, expected: Any, got: Any):
+        self.index, self.op, self.field, self.expected, self.got = index, op, field, expected, got
+        super().__init__(f"op #{index} ({op}): {field}: expected {_short(expected)}, got {_short(got)}")
+
+
+def _short(v: Any, limit: int = 300) -> str:
+    s = repr(v)
+    return s if len(s) <= limit else s[:limit] + "..."
+
+
+@dataclass
+class FileResult:
+    path: str
+    kind: str
+    n_ops: int
+    divergence: Divergence | None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def read_trace(path: str) -> tuple[dict, list[dict]]:
+    """Header and op lines of a trace file."""
+    with open(path, "r", encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    if not lines or lines[0].get("format") != "kvcache-trace/1":
+        raise ValueError(f"{path}: not a kvcache-trace/1 file")
+    return lines[0], lines[1:]
+
+
+def run_file(path: str) -> FileResult:
+    header, ops = read_trace(path)
+    kind = header.get("kind", "?")
+    if kind not in KINDS:
+        return FileResult(path, kind, len(ops), Divergence(0, "header", "kind", list(KINDS), kind))
+    try:
+        mod = importlib.import_module(KINDS[kind])
+    except ImportError as e:
+        return FileResult(path, kind, len(ops), Divergence(0, "header", "kind", "supported", f"unsupported ({e})"))
+    try:
+        mod.replay(header["config"], iter(enumerate(ops, start=1)))
+    except Divergence as d:
+        return FileResult(path, kind, len(ops), d)
+    return FileResult(path, kind, len(ops), None)
+
+
+def unsupported(index: int, op: dict) -> Divergence:
+    """The Divergence for an op a replayer does not implement."""
+    return Divergence(index, op.get("op", "?"), "op", "supported", "unsupported op")
+
+
+def compare(index: int, op: dict, field: str, expected: Any, got: Any) -> None:
+    """Raise Divergence unless expected == got."""
+    if expected != got:
+        raise Divergence(index, op.get("op", "?"), field, expected, got)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    import argparse
+    import glob
+    import os
+
+    ap = argparse.ArgumentParser(prog="python -m kvcache.conformance",
+                                 description="Replay kvcache golden traces and report divergences.")
+    ap.add_argument("paths", nargs="+", help="trace files or directories holding *.jsonl")
+    ap.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
+    args = ap.parse_args(list(argv) if argv is not None else None)
+
+    files: list[str] = []
+    for p in args.paths:
+        if os.path.isdir(p):
+            files += sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True))
+        else:
+            files.append(p)
+    n_pass = n_fail = 0
+    for path in files:
+        try:
+            res = run_file(path)
+        except (OSError, ValueError) as e:
+            print(f"FAIL {path}: {e}")
+            n_fail += 1
+            continue
+        if res.ok:
+            n_pass += 1
+            if not args.quiet:
+                print(f"ok   {path} ({res.n_ops} ops)")
+        else:
+            n_fail += 1
+            print(f"FAIL {path}: {res.divergence}")
+    print(f"{n_pass} passed, {n_fail} failed")
+    return 0 if n_fail == 0 and n_pass > 0 else 1
+

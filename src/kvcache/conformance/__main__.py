@@ -1,0 +1,5 @@
+import sys
+
+from kvcache.conformance import main
+
+sys.exit(main())
