@@ -438,6 +438,29 @@ void kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const vo
     }
 }
 
+int kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax) {
+    kvc_cells *cells = &c->cells;
+    if (c->swa_type == KVC_SWA_NONE) {
+        return KVC_E_ARG;
+    }
+    int64_t n_attended = 0;
+    const uint32_t end = cells->used_max_p1;
+    for (uint32_t i = 0; i < end; i++) {
+        if (cells->pos[i] == -1 || !kvc_cells_seq_has(cells, i, s)) {
+            continue;
+        }
+        const int32_t p0 = cells->pos[i];
+        if (p0 <= pmin && !kvc_unified_is_masked_swa(c, p0, pmin)) {
+            n_attended++;
+        }
+        if (kvc_unified_is_masked_swa(c, p0, pmax)) {
+            kvc_cells_seq_rm(cells, i, s);
+        }
+    }
+    const int64_t need = (int64_t)c->n_swa < pmin ? (int64_t)c->n_swa : pmin;
+    return n_attended < need;
+}
+
 /* --- attention inputs ------------------------------------------------------------------ */
 
 bool kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1) {

@@ -102,6 +102,12 @@ void    kvc_unified_set_full(kvc_unified *c);
  * v_trans). Either may be NULL. The caller checked head + n_tokens <= size. */
 void    kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v);
 
+/* Slide the window of sequence s after a batch spanning [pmin, pmax] (iSWA commit): the cells of
+ * s that no position up to pmax can see lose s. Returns 1 when fewer than min(n_swa, pmin)
+ * cells of s were visible from pmin (a partial SWA cache: information may be lost), 0 otherwise,
+ * KVC_E_ARG for a cache without a sliding window. */
+int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax);
+
 /* Is the pair (key position p0, query position p1) outside the sliding window? */
 bool    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1);
 
