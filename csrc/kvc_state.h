@@ -11,6 +11,10 @@
 #include "kvc_common.h"
 #include "kvc_unified.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Bytes state_write would produce for seq_id (-1 = whole cache). */
 size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id);
 
@@ -24,5 +28,9 @@ int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, 
  * (contract C1b). Negative positions and out-of-range sequence ids are rejected. */
 int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                            size_t *consumed, kvc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
