@@ -363,7 +363,8 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
             }
             if (s < 0 || (uint32_t)s >= c->n_seq_max) {
                 return kvc_err_set(err, KVC_E_STATE,
-                                   "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " out of range [0, %" PRIu32 ")",
+                                   "cell %" PRIu32 " (byte %zu): sequence id %" PRId32
+                                   " out of range [0, %" PRIu32 ")",
                                    i, r->off - 4, s, c->n_seq_max);
             }
         }
@@ -371,90 +372,116 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
     return KVC_OK;
 }
 
+/* "layer IL (byte AT): <what>" for a per-layer field that disagrees with the cache. */
+static int fail_layer(kvc_err *err, int32_t il, size_t at, const char *fmt, ...) {
+    char what[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return kvc_err_set(err, KVC_E_STATE, "layer %" PRId32 " (byte %zu): %s", il, at, what);
+}
+
+/* Per layer: i32 type, u64 row size (or u32 element size, u32 width for a transposed V), data. */
+static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, reader *r, uint32_t cc, kvc_err *err) {
+    const uint8_t *skip;
+    int32_t type;
+    size_t n;
+    if (!rd_i32(r, &type)) {
+        return fail_truncated(err, r, 4, "the value type of layer %" PRId32, l->il);
+    }
+    if (type != c->type_v) {
+        return fail_layer(err, l->il, r->off - 4, "value type %" PRId32 " (%s) != cache's %" PRId32 " (%s)",
+                          type, type_name(type), c->type_v, type_name(c->type_v));
+    }
+    if (c->v_trans) {
+        const uint32_t el = (uint32_t)v_elem_bytes(c);
+        uint32_t el_ref, width;
+        if (!rd_u32(r, &el_ref)) {
+            return fail_truncated(err, r, 4, "the value element size of layer %" PRId32, l->il);
+        }
+        if (el_ref != el) {
+            return fail_layer(err, l->il, r->off - 4, "value element size %" PRIu32 " != cache's %" PRIu32,
+                              el_ref, el);
+        }
+        if (!rd_u32(r, &width)) {
+            return fail_truncated(err, r, 4, "the value width of layer %" PRId32, l->il);
+        }
+        if (width != l->n_embd_v) {
+            return fail_layer(err, l->il, r->off - 4,
+                              "value width (n_embd_v_gqa) %" PRIu32 " != cache's %" PRIu32, width, l->n_embd_v);
+        }
+        n = (size_t)l->n_embd_v * cc * el;
+    } else {
+        uint64_t row;
+        if (!rd_u64(r, &row)) {
+            return fail_truncated(err, r, 8, "the value row size of layer %" PRId32, l->il);
+        }
+        if (row != (uint64_t)l->v_row_bytes) {
+            return fail_layer(err, l->il, r->off - 8, "value row size %" PRIu64 " != cache's %zu", row,
+                              l->v_row_bytes);
+        }
+        n = (size_t)cc * l->v_row_bytes;
+    }
+    if (!rd_take(r, n, &skip)) {
+        return fail_truncated(err, r, n, "the values of layer %" PRId32, l->il);
+    }
+    return KVC_OK;
+}
+
+static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, reader *r, uint32_t cc, kvc_err *err) {
+    const uint8_t *skip;
+    int32_t type;
+    uint64_t row;
+    if (!rd_i32(r, &type)) {
+        return fail_truncated(err, r, 4, "the key type of layer %" PRId32, l->il);
+    }
+    if (type != c->type_k) {
+        return fail_layer(err, l->il, r->off - 4, "key type %" PRId32 " (%s) != cache's %" PRId32 " (%s)", type,
+                          type_name(type), c->type_k, type_name(c->type_k));
+    }
+    if (!rd_u64(r, &row)) {
+        return fail_truncated(err, r, 8, "the key row size of layer %" PRId32, l->il);
+    }
+    if (row != (uint64_t)l->k_row_bytes) {
+        return fail_layer(err, l->il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row,
+                          l->k_row_bytes);
+    }
+    const size_t n = (size_t)cc * l->k_row_bytes;
+    if (!rd_take(r, n, &skip)) {
+        return fail_truncated(err, r, n, "the keys of layer %" PRId32, l->il);
+    }
+    return KVC_OK;
+}
+
+/* The data section: V layout flag, layer count, every layer's K then every layer's V. */
 static int parse_data(const kvc_unified *c, reader *r, uint32_t cc, kvc_err *err) {
     uint32_t v_trans, n_layer;
-    const uint8_t *skip;
+    int rc;
     if (!rd_u32(r, &v_trans)) {
         return fail_truncated(err, r, 4, "the V layout flag");
     }
     if ((v_trans != 0) != c->v_trans) {
+        static const char *const layout[2] = { "not transposed", "transposed" };
         return kvc_err_set(err, KVC_E_STATE, "V layout (byte %zu): the state has V %s, the cache %s", r->off - 4,
-                           v_trans ? "transposed" : "not transposed", c->v_trans ? "transposed" : "not transposed");
+                           layout[v_trans != 0], layout[c->v_trans]);
     }
     if (!rd_u32(r, &n_layer)) {
         return fail_truncated(err, r, 4, "the layer count");
     }
     if (n_layer != c->n_layer) {
-        return kvc_err_set(err, KVC_E_STATE, "layer count (byte %zu): the state has %" PRIu32 ", the cache %" PRIu32,
-                           r->off - 4, n_layer, c->n_layer);
+        return kvc_err_set(err, KVC_E_STATE,
+                           "layer count (byte %zu): the state has %" PRIu32 ", the cache %" PRIu32, r->off - 4,
+                           n_layer, c->n_layer);
     }
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
-        const kvc_layer *l = &c->layers[ikv];
-        int32_t type;
-        uint64_t row;
-        if (!rd_i32(r, &type)) {
-            return fail_truncated(err, r, 4, "the key type of layer %" PRId32, l->il);
-        }
-        if (type != c->type_k) {
-            return kvc_err_set(err, KVC_E_STATE, "layer %" PRId32 " (byte %zu): key type %" PRId32 " (%s) != cache's %" PRId32 " (%s)",
-                               l->il, r->off - 4, type, type_name(type), c->type_k, type_name(c->type_k));
-        }
-        if (!rd_u64(r, &row)) {
-            return fail_truncated(err, r, 8, "the key row size of layer %" PRId32, l->il);
-        }
-        if (row != (uint64_t)l->k_row_bytes) {
-            return kvc_err_set(err, KVC_E_STATE, "layer %" PRId32 " (byte %zu): key row size %" PRIu64 " != cache's %zu",
-                               l->il, r->off - 8, row, l->k_row_bytes);
-        }
-        const size_t n = (size_t)cc * l->k_row_bytes;
-        if (!rd_take(r, n, &skip)) {
-            return fail_truncated(err, r, n, "the keys of layer %" PRId32, l->il);
+        if ((rc = parse_layer_k(c, &c->layers[ikv], r, cc, err)) != KVC_OK) {
+            return rc;
         }
     }
-    const uint32_t el = (uint32_t)v_elem_bytes(c);
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
-        const kvc_layer *l = &c->layers[ikv];
-        int32_t type;
-        size_t n;
-        if (!rd_i32(r, &type)) {
-            return fail_truncated(err, r, 4, "the value type of layer %" PRId32, l->il);
-        }
-        if (type != c->type_v) {
-            return kvc_err_set(err, KVC_E_STATE, "layer %" PRId32 " (byte %zu): value type %" PRId32 " (%s) != cache's %" PRId32 " (%s)",
-                               l->il, r->off - 4, type, type_name(type), c->type_v, type_name(c->type_v));
-        }
-        if (c->v_trans) {
-            uint32_t el_ref, n_embd_ref;
-            if (!rd_u32(r, &el_ref)) {
-                return fail_truncated(err, r, 4, "the value element size of layer %" PRId32, l->il);
-            }
-            if (el_ref != el) {
-                return kvc_err_set(err, KVC_E_STATE,
-                                   "layer %" PRId32 " (byte %zu): value element size %" PRIu32 " != cache's %" PRIu32,
-                                   l->il, r->off - 4, el_ref, el);
-            }
-            if (!rd_u32(r, &n_embd_ref)) {
-                return fail_truncated(err, r, 4, "the value width of layer %" PRId32, l->il);
-            }
-            if (n_embd_ref != l->n_embd_v) {
-                return kvc_err_set(err, KVC_E_STATE,
-                                   "layer %" PRId32 " (byte %zu): value width (n_embd_v_gqa) %" PRIu32 " != cache's %" PRIu32,
-                                   l->il, r->off - 4, n_embd_ref, l->n_embd_v);
-            }
-            n = (size_t)l->n_embd_v * cc * el;
-        } else {
-            uint64_t row;
-            if (!rd_u64(r, &row)) {
-                return fail_truncated(err, r, 8, "the value row size of layer %" PRId32, l->il);
-            }
-            if (row != (uint64_t)l->v_row_bytes) {
-                return kvc_err_set(err, KVC_E_STATE, "layer %" PRId32 " (byte %zu): value row size %" PRIu64 " != cache's %zu",
-                                   l->il, r->off - 8, row, l->v_row_bytes);
-            }
-            n = (size_t)cc * l->v_row_bytes;
-        }
-        if (!rd_take(r, n, &skip)) {
-            return fail_truncated(err, r, n, "the values of layer %" PRId32, l->il);
+        if ((rc = parse_layer_v(c, &c->layers[ikv], r, cc, err)) != KVC_OK) {
+            return rc;
         }
     }
     return KVC_OK;
@@ -470,7 +497,8 @@ static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data
         return fail_truncated(err, &r, 4, "the cell count");
     }
     if (ps->cell_count > c->cells.size) {
-        return kvc_err_set(err, KVC_E_STATE, "not enough cells: the state holds %" PRIu32 " cells, the cache has %" PRIu32,
+        return kvc_err_set(err, KVC_E_STATE,
+                           "not enough cells: the state holds %" PRIu32 " cells, the cache has %" PRIu32,
                            ps->cell_count, c->cells.size);
     }
     if ((rc = parse_meta(c, seq_id, &r, ps, err)) != KVC_OK) {
@@ -534,8 +562,8 @@ static void apply_whole(kvc_unified *c, const uint8_t *data, const parsed *ps) {
 }
 
 /* Place the cells of ub (after removing seq_id) and copy the data; on failure restore snap. */
-static int place_seq(kvc_unified *c, int32_t seq_id, const kvc_ubatch *ub, const uint8_t *data, const parsed *ps,
-                     const kvc_unified_snapshot *snap, kvc_err *err) {
+static int place_seq(kvc_unified *c, int32_t seq_id, const kvc_ubatch *ub, const uint8_t *data,
+                     const parsed *ps, const kvc_unified_snapshot *snap, kvc_err *err) {
     const uint32_t cc = ps->cell_count;
     kvc_unified_seq_rm(c, seq_id, -1, -1);
     const int found = kvc_unified_find_slot(c, ub);
@@ -548,12 +576,14 @@ static int place_seq(kvc_unified *c, int32_t seq_id, const kvc_ubatch *ub, const
     kvc_unified_snapshot_restore(c, snap);
     if (found == 1) {
         /* find_slot places a ubatch as one run at head */
-        return kvc_err_set(err, KVC_E_INTERNAL, "slot at %" PRIu32 " for %" PRIu32 " cells exceeds the cache", head, cc);
+        return kvc_err_set(err, KVC_E_INTERNAL, "slot at %" PRIu32 " for %" PRIu32 " cells exceeds the cache",
+                           head, cc);
     }
     if (found == 0) {
         return kvc_err_set(err, KVC_E_STATE,
-                           "no room: sequence %" PRId32 " needs %" PRIu32 " contiguous free cells, the cache has no "
-                           "such run (%" PRIu32 " cells, %" PRIu32 " used)",
+                           "no room: sequence %" PRId32 " needs %" PRIu32
+                           " contiguous free cells, the cache has no such run (%" PRIu32 " cells, %" PRIu32
+                           " used)",
                            seq_id, cc, c->cells.size, c->cells.used);
     }
     return kvc_err_set(err, found, "out of memory restoring %" PRIu32 " cells", cc);
@@ -569,28 +599,17 @@ static int apply_seq(kvc_unified *c, int32_t seq_id, const uint8_t *data, const 
         return KVC_OK;
     }
 
-    /* one group per token, as the simple splitter builds it */
-    uint32_t *seq_off = kvc_malloc(((size_t)cc + 1) * sizeof *seq_off);
-    int32_t *seq_ids = kvc_malloc((size_t)cc * sizeof *seq_ids);
-    uint64_t *seq_mask = kvc_malloc((size_t)cc * sizeof *seq_mask);
+    /* one group of cell_count tokens, all of seq_id */
+    const uint32_t seq_off[2] = { 0, 1 };
+    const int32_t seq_ids[1] = { seq_id };
+    const uint64_t seq_mask[1] = { (uint64_t)1 << seq_id };
+    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, seq_mask };
     kvc_unified_snapshot snap;
-    int rc;
-    if (!seq_off || !seq_ids || !seq_mask || kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
-        rc = kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
-    } else {
-        for (uint32_t i = 0; i < cc; i++) {
-            seq_off[i] = i;
-            seq_ids[i] = seq_id;
-            seq_mask[i] = (uint64_t)1 << seq_id;
-        }
-        seq_off[cc] = cc;
-        const kvc_ubatch ub = { cc, 1, cc, ps->pos, seq_off, seq_ids, seq_mask };
-        rc = place_seq(c, seq_id, &ub, data, ps, &snap, err);
-        kvc_unified_snapshot_free(&snap);
+    if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
     }
-    kvc_free(seq_off);
-    kvc_free(seq_ids);
-    kvc_free(seq_mask);
+    const int rc = place_seq(c, seq_id, &ub, data, ps, &snap, err);
+    kvc_unified_snapshot_free(&snap);
     return rc;
 }
 
@@ -598,7 +617,8 @@ int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, 
                            kvc_err *err) {
     *consumed = 0;
     if (!seq_id_valid(c, seq_id)) {
-        return kvc_err_set(err, KVC_E_ARG, "seq_id %" PRId32 " out of range [-1, %" PRIu32 ")", seq_id, c->n_seq_max);
+        return kvc_err_set(err, KVC_E_ARG, "seq_id %" PRId32 " out of range [-1, %" PRIu32 ")", seq_id,
+                           c->n_seq_max);
     }
     parsed ps = { 0, 0, 0, NULL };
     int rc = parse_state(c, seq_id, data, len, &ps, err);
