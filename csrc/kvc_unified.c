@@ -438,6 +438,29 @@ void kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const vo
     }
 }
 
+int kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax) {
+    kvc_cells *cells = &c->cells;
+    if (c->swa_type == KVC_SWA_NONE) {
+        return KVC_E_ARG;
+    }
+    int64_t n_attended = 0;
+    const uint32_t end = cells->used_max_p1;
+    for (uint32_t i = 0; i < end; i++) {
+        if (cells->pos[i] == -1 || !kvc_cells_seq_has(cells, i, s)) {
+            continue;
+        }
+        const int32_t p0 = cells->pos[i];
+        if (p0 <= pmin && !kvc_unified_is_masked_swa(c, p0, pmin)) {
+            n_attended++;
+        }
+        if (kvc_unified_is_masked_swa(c, p0, pmax)) {
+            kvc_cells_seq_rm(cells, i, s);
+        }
+    }
+    const int64_t need = (int64_t)c->n_swa < pmin ? (int64_t)c->n_swa : pmin;
+    return n_attended < need;
+}
+
 /* --- attention inputs ------------------------------------------------------------------ */
 
 bool kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1) {
@@ -453,28 +476,108 @@ bool kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1) {
     }
 }
 
-void kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, float *out) {
+/* The window of key positions [lo, hi] a query at p1 may see. */
+static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, bool causal, int32_t *lo, int32_t *hi) {
+    int64_t l = 0;
+    if (c->swa_type == KVC_SWA_STANDARD) {
+        l = (int64_t)p1 - c->n_swa + 1;       /* masked when p1 - p0 >= n_swa */
+    } else if (c->swa_type == KVC_SWA_CHUNKED) {
+        l = ((int64_t)p1 / c->n_swa) * c->n_swa; /* masked before the chunk start */
+    }
+    *lo = (int32_t)(l > 0 ? l : 0);
+    *hi = causal ? p1 : INT32_MAX;
+}
+
+/* (float)(-d), not -(float)d: the seed negates the integer distance, so distance 0 gives +0.0. */
+/* One mask row from the key positions `vis` of one sequence (-1 where the cell is empty or
+ * does not hold it). Branch-free so that compilers vectorize it. */
+static void kvc_mask_row_f32(float *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi, int32_t p1, bool alibi) {
+    if (alibi) {
+        for (uint32_t i = 0; i < n_kv; i++) {
+            const int32_t v = vis[i];
+            const int32_t d = v > p1 ? v - p1 : p1 - v;
+            row[i] = (v >= lo && v <= hi) ? (float)(-d) : -INFINITY;
+        }
+    } else {
+        for (uint32_t i = 0; i < n_kv; i++) {
+            const int32_t v = vis[i];
+            row[i] = (v >= lo && v <= hi) ? 0.0f : -INFINITY;
+        }
+    }
+}
+
+static void kvc_mask_row_f16(uint16_t *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi, int32_t p1, bool alibi) {
+    if (alibi) {
+        for (uint32_t i = 0; i < n_kv; i++) {
+            const int32_t v = vis[i];
+            const int32_t d = v > p1 ? v - p1 : p1 - v;
+            row[i] = (v >= lo && v <= hi) ? kvc_f32_to_f16((float)(-d)) : (uint16_t)0xfc00u;
+        }
+    } else {
+        for (uint32_t i = 0; i < n_kv; i++) {
+            const int32_t v = vis[i];
+            row[i] = (v >= lo && v <= hi) ? (uint16_t)0 : (uint16_t)0xfc00u;
+        }
+    }
+}
+
+static void kvc_mask_row_bool(uint8_t *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi) {
+    for (uint32_t i = 0; i < n_kv; i++) {
+        const int32_t v = vis[i];
+        row[i] = (uint8_t)(v >= lo && v <= hi);
+    }
+}
+
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, void *out) {
     const kvc_cells *cells = &c->cells;
     const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
     const uint32_t rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD);
-
+    const size_t el = dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
+    int32_t *vis = kvc_malloc((size_t)(n_kv ? n_kv : 1) * sizeof *vis);
+    if (!vis) {
+        return KVC_E_NOMEM;
+    }
+    /* tokens of one sequence usually come together: rebuild vis only when the sequence changes */
+    int32_t vis_seq = -1;
     for (uint32_t t = 0; t < n_tokens; t++) {
         const uint32_t g = t / ub->n_seq_tokens;
-        const uint64_t bit = (uint64_t)1 << ub->seq_ids[ub->seq_off[g]];
-        const int32_t p1 = ub->pos[t];
-        float *row = out + (size_t)t * n_kv;
-        for (uint32_t i = 0; i < n_kv; i++) {
-            const int32_t p0 = cells->pos[i];
-            float f = -INFINITY;
-            if (p0 != -1 && (cells->seq[i] & bit) && !(causal && p0 > p1) && !kvc_unified_is_masked_swa(c, p0, p1)) {
-                f = alibi ? -(float)(p0 > p1 ? p0 - p1 : p1 - p0) : 0.0f;
+        const int32_t s = ub->seq_ids[ub->seq_off[g]];
+        if (s != vis_seq) {
+            const uint64_t bit = (uint64_t)1 << s;
+            for (uint32_t i = 0; i < n_kv; i++) {
+                vis[i] = (cells->seq[i] & bit) ? cells->pos[i] : -1;
             }
-            row[i] = f;
+            vis_seq = s;
+        }
+        const int32_t p1 = ub->pos[t];
+        int32_t lo, hi;
+        kvc_unified_visible_range(c, p1, causal, &lo, &hi);
+        uint8_t *row = (uint8_t *)out + (size_t)t * n_kv * el;
+        switch (dtype) {
+        case KVC_MASK_F32:  kvc_mask_row_f32((float *)row, vis, n_kv, lo, hi, p1, alibi); break;
+        case KVC_MASK_F16:  kvc_mask_row_f16((uint16_t *)row, vis, n_kv, lo, hi, p1, alibi); break;
+        default:            kvc_mask_row_bool(row, vis, n_kv, lo, hi); break;
         }
     }
-    for (size_t k = (size_t)n_tokens * n_kv; k < (size_t)rows * n_kv; k++) {
-        out[k] = -INFINITY;
+    kvc_free(vis);
+
+    /* padding rows: nothing visible */
+    const size_t n_pad_el = (size_t)(rows - n_tokens) * n_kv;
+    uint8_t *pad = (uint8_t *)out + (size_t)n_tokens * n_kv * el;
+    if (dtype == KVC_MASK_F32) {
+        float *f = (float *)pad;
+        for (size_t k = 0; k < n_pad_el; k++) {
+            f[k] = -INFINITY;
+        }
+    } else if (dtype == KVC_MASK_F16) {
+        uint16_t *h = (uint16_t *)pad;
+        for (size_t k = 0; k < n_pad_el; k++) {
+            h[k] = 0xfc00u;
+        }
+    } else {
+        memset(pad, 0, n_pad_el);
     }
+    return KVC_OK;
 }
 
 int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets) {
