@@ -3,6 +3,8 @@ import os as _os
 
 __version__ = "0.1.0"
 
+from kvcache._core import Batch  # noqa: E402
+
 
 def get_include() -> str:
     """Directory holding kvcache's C headers (include/) and .pxd files.

@@ -20,6 +20,15 @@ cdef class UBatch:
 # --- unified -----------------------------------------------------------------
 
 # --- batch -------------------------------------------------------------------
+from kvcache.includes.kvc_batch cimport kvc_sbatch, kvc_split_mode
+
+cdef class SplitUBatch(UBatch):
+    cdef readonly object ids        # int64[n_tokens]: batch index of each token, in ubatch order
+    cdef readonly bint equal_seqs   # False for a simple split
+
+cdef class Batch:
+    cdef kvc_sbatch c               # the splitter (owns copies of the batch and the last ubatch)
+    cdef object _split(self, kvc_split_mode mode, object n_ubatch)
 
 # --- recurrent ---------------------------------------------------------------
 
