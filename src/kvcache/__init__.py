@@ -12,3 +12,6 @@ def get_include() -> str:
     Use it as an include directory when compiling a Cython extension that does
     ``from kvcache._core cimport ...`` or a C extension that includes ``kvc_*.h``."""
     return _os.path.dirname(_os.path.abspath(__file__))
+
+# recurrent
+from kvcache._core import RecurrentCache, StateError, UBatch  # noqa: E402,F401
