@@ -10,3 +10,5 @@ def get_include() -> str:
     Use it as an include directory when compiling a Cython extension that does
     ``from kvcache._core cimport ...`` or a C extension that includes ``kvc_*.h``."""
     return _os.path.dirname(_os.path.abspath(__file__))
+
+from kvcache._core import RopeParams, rope_shift, quantize, dequantize  # noqa: E402
