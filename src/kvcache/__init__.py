@@ -3,6 +3,8 @@ import os as _os
 
 __version__ = "0.1.0"
 
+from kvcache._core import Batch  # noqa: E402
+
 
 def get_include() -> str:
     """Directory holding kvcache's C headers (include/) and .pxd files.
@@ -11,4 +13,8 @@ def get_include() -> str:
     ``from kvcache._core cimport ...`` or a C extension that includes ``kvc_*.h``."""
     return _os.path.dirname(_os.path.abspath(__file__))
 
+# recurrent
+from kvcache._core import RecurrentCache, StateError, UBatch  # noqa: E402,F401
+
+# rope
 from kvcache._core import RopeParams, rope_shift, quantize, dequantize  # noqa: E402
