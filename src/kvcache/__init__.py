@@ -17,4 +17,4 @@ def get_include() -> str:
 from kvcache._core import RecurrentCache, StateError, UBatch  # noqa: E402,F401
 
 # rope
-from kvcache._core import RopeParams, rope_shift, quantize, dequantize  # noqa: E402
+from kvcache._core import RopeParams, rope_shift, quantize, dequantize  # noqa: E402,F401
