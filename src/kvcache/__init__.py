@@ -3,9 +3,21 @@ import os as _os
 
 __version__ = "0.1.0"
 
-from kvcache._core import Batch, RecurrentCache, StateError, UBatch  # noqa: E402
+from kvcache._core import (  # noqa: E402
+    Batch,
+    RecurrentCache,
+    RopeParams,
+    StateError,
+    UBatch,
+    dequantize,
+    quantize,
+    rope_shift,
+)
 
-__all__ = ["Batch", "RecurrentCache", "StateError", "UBatch", "get_include", "__version__"]
+__all__ = [
+    "Batch", "RecurrentCache", "RopeParams", "StateError", "UBatch",
+    "dequantize", "quantize", "rope_shift", "get_include", "__version__",
+]
 
 
 def get_include() -> str:
