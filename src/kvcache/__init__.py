@@ -3,6 +3,9 @@ import os as _os
 
 __version__ = "0.1.0"
 
+from kvcache._core import UBatch, StateError, Cells  # noqa: E402
+from kvcache.unified import UnifiedCache  # noqa: E402
+
 
 def get_include() -> str:
     """Directory holding kvcache's C headers (include/) and .pxd files.
