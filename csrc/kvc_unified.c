@@ -488,6 +488,7 @@ static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, b
     *hi = causal ? p1 : INT32_MAX;
 }
 
+/* (float)(-d), not -(float)d: the seed negates the integer distance, so distance 0 gives +0.0. */
 /* One mask row from the key positions `vis` of one sequence (-1 where the cell is empty or
  * does not hold it). Branch-free so that compilers vectorize it. */
 static void kvc_mask_row_f32(float *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi, int32_t p1, bool alibi) {
@@ -495,7 +496,7 @@ static void kvc_mask_row_f32(float *row, const int32_t *vis, uint32_t n_kv, int3
         for (uint32_t i = 0; i < n_kv; i++) {
             const int32_t v = vis[i];
             const int32_t d = v > p1 ? v - p1 : p1 - v;
-            row[i] = (v >= lo && v <= hi) ? -(float)d : -INFINITY;
+            row[i] = (v >= lo && v <= hi) ? (float)(-d) : -INFINITY;
         }
     } else {
         for (uint32_t i = 0; i < n_kv; i++) {
@@ -510,7 +511,7 @@ static void kvc_mask_row_f16(uint16_t *row, const int32_t *vis, uint32_t n_kv, i
         for (uint32_t i = 0; i < n_kv; i++) {
             const int32_t v = vis[i];
             const int32_t d = v > p1 ? v - p1 : p1 - v;
-            row[i] = (v >= lo && v <= hi) ? kvc_f32_to_f16(-(float)d) : (uint16_t)0xfc00u;
+            row[i] = (v >= lo && v <= hi) ? kvc_f32_to_f16((float)(-d)) : (uint16_t)0xfc00u;
         }
     } else {
         for (uint32_t i = 0; i < n_kv; i++) {
