@@ -35,6 +35,7 @@ cdef class UnifiedCore:
     cdef list _k_view              # per kept layer: K as the cache dtype, (size, n_embd_k) or (size, row_bytes)
     cdef list _v_view              # per kept layer: V likewise, (n_embd_v, size) when v_trans
     cdef str _buffers              # buffer mode ("owned")
+    cdef bint _defrag_pending      # the last defrag_prepare moved cells whose K/V rows are not moved yet
 
     # C-level operations for other extensions. They do not validate: sequence ids must lie in
     # [0, n_seq_max) (-1 allowed for seq_rm), ubatches must have passed UBatch.check.
@@ -68,6 +69,7 @@ cdef class UnifiedCore:
         return kvc_unified_seq_pos_max(&self.c, s)
     cdef inline void clear_c(self) noexcept nogil:
         self._placed_n = 0
+        self._defrag_pending = False
         kvc_unified_clear(&self.c)
     cdef inline void set_full_c(self) noexcept nogil:
         self._placed_n = 0
@@ -76,8 +78,9 @@ cdef class UnifiedCore:
         # rows of the _placed_n tokens at head; a no-op when nothing is placed
         if self._placed_n:
             kvc_unified_store(&self.c, ikv, self._placed_n, k, v)
-    cdef inline void kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, float *out) noexcept nogil:
-        kvc_unified_kq_mask_f32(&self.c, ub, causal, alibi, out)
+    cdef inline int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
+        # dtype: KVC_MASK_F32 / F16 / BOOL; KVC_OK or KVC_E_NOMEM
+        return kvc_unified_kq_mask(&self.c, ub, causal, alibi, dtype, out)
     cdef inline void k_shift_c(self, int32_t *out) noexcept nogil:
         kvc_unified_k_shift(&self.c, out)
     cdef inline void reset_shift_c(self) noexcept nogil:

@@ -7,6 +7,8 @@ from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_sta
 
 _SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC_SWA_CHUNKED}
 _SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
+_MASK_DTYPES = {"f32": (KVC_MASK_F32, np.float32), "f16": (KVC_MASK_F16, np.float16),
+                "bool": (KVC_MASK_BOOL, np.bool_)}
 _MEM_ALIGN = 64   # byte alignment of owned K/V memory (cache lines, SIMD loads)
 
 
@@ -533,29 +535,36 @@ cdef class UnifiedCore:
 
     # --- graph inputs --------------------------------------------------------------------
     def kq_mask(self, UBatch ub not None, causal=True, alibi=False, out=None, dtype="f32"):
-        """The KQ mask of ub against the cache: float32 [pad(n_tokens, 64), n].
+        """The KQ mask of ub against the cache: [pad(n_tokens, 64), n].
 
-        0 where token t sees cell j (-|p_cell - p_token| with alibi), -inf elsewhere and in
-        the padding rows. out: a C-contiguous writable float32 array of exactly that shape."""
+        dtype "f32" (default) or "f16": 0 where token t sees cell j (-|p_cell - p_token| with
+        alibi), -inf elsewhere and in the padding rows; "bool": True where it sees the cell.
+        out: a C-contiguous writable array of exactly that shape and dtype, filled and returned."""
         cdef bint c_causal = causal, c_alibi = alibi
-        if dtype != "f32":
-            raise ValueError(f"dtype = {dtype!r}: only 'f32' is supported")
+        cdef int mdt, r
+        cdef uint8_t[::1] o
+        try:
+            mdt, npdt = _MASK_DTYPES[dtype]
+        except (KeyError, TypeError):
+            raise ValueError(f"dtype = {dtype!r}: expected one of {', '.join(_MASK_DTYPES)}") from None
         ub.check(self.c.n_seq_max)
         shape = (<Py_ssize_t>kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD), <Py_ssize_t>self.c.n)
         if out is None:
-            out = np.empty(shape, dtype=np.float32)
+            out = np.empty(shape, dtype=npdt)
         else:
             if not isinstance(out, np.ndarray):
                 raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
-            if out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous \
+            if out.dtype != npdt or out.shape != shape or not out.flags.c_contiguous \
                     or not out.flags.writeable:
-                raise ValueError(f"out must be a writable C-contiguous float32 array of shape {shape}, "
-                                 f"got {out.dtype} {out.shape}")
+                raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
+                                 f"{shape}, got {out.dtype} {out.shape}")
         if out.size == 0:
             return out
-        cdef float[::1] o = out.reshape(-1)
+        o = out.reshape(-1).view(np.uint8)
         with nogil:
-            self.kq_mask_c(&ub.c, c_causal, c_alibi, &o[0])
+            r = self.kq_mask_c(&ub.c, c_causal, c_alibi, mdt, &o[0])
+        if r < 0:
+            raise_status(r, NULL, "kq_mask")
         return out
 
     def pos_bucket(self, UBatch ub not None, n_buckets):
@@ -599,6 +608,7 @@ cdef class UnifiedCore:
             r = kvc_unified_defrag_prepare(&self.c, nmax)
         if r < 0:
             raise_status(r, NULL, "defrag_prepare")
+        self._defrag_pending = r == 1
         return r == 1
 
     @property
@@ -611,9 +621,11 @@ cdef class UnifiedCore:
         return out
 
     def defrag_move(self):
-        """Move the K/V rows as the last plan says and clear do_defrag."""
-        with nogil:
-            kvc_unified_defrag_move(&self.c)
+        """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag."""
+        if self._defrag_pending:
+            with nogil:
+                kvc_unified_defrag_move(&self.c)
+            self._defrag_pending = False
         self.c.do_defrag = False
 
     def update(self, rope=None, n_max_nodes=65536):
@@ -697,4 +709,5 @@ cdef class UnifiedCore:
         if r < 0:
             raise_status(r, &err, "state_read")
         self._placed_n = 0
+        self._defrag_pending = False
         return consumed

@@ -77,8 +77,16 @@ cdef extern from "kvc_unified.h" nogil:
 
     void    kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
 
+    int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax)
+
     bint    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1)
-    void    kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi, float *out)
+    ctypedef enum kvc_mask_dtype:
+        KVC_MASK_F32
+        KVC_MASK_F16
+        KVC_MASK_BOOL
+    int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
+                                int dtype, void *out)
+    int     kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi, float *out)
     void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out)
     int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
     void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out)
