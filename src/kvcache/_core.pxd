@@ -19,7 +19,6 @@ cdef class UBatch:
 
 # --- unified -----------------------------------------------------------------
 from kvcache.includes.kvc_unified cimport *
-from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
 
 cdef class UnifiedCore:
     cdef kvc_unified c             # the C cache: cells, head/n, recovery, defrag plan, layer table
@@ -37,54 +36,28 @@ cdef class UnifiedCore:
     cdef str _buffers              # buffer mode ("owned")
     cdef bint _defrag_pending      # the last defrag_prepare moved cells whose K/V rows are not moved yet
 
-    # C-level operations for other extensions. They do not validate: sequence ids must lie in
-    # [0, n_seq_max) (-1 allowed for seq_rm), ubatches must have passed UBatch.check.
-    cdef inline int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
-        cdef int r = kvc_unified_find_slot(&self.c, ub)
-        self._placed_n = ub.n_tokens if r == 1 else 0
-        return r
-    cdef inline void commit_c(self) noexcept nogil:
-        kvc_unified_commit(&self.c)
-    cdef inline void restore_c(self) noexcept nogil:
-        self._placed_n = 0
-        kvc_unified_restore(&self.c)
-    cdef inline bint seq_rm_c(self, int32_t s, int32_t p0, int32_t p1) noexcept nogil:
-        self._placed_n = 0
-        return kvc_unified_seq_rm(&self.c, s, p0, p1)
-    cdef inline void seq_cp_c(self, int32_t src, int32_t dst, int32_t p0, int32_t p1) noexcept nogil:
-        self._placed_n = 0
-        kvc_unified_seq_cp(&self.c, src, dst, p0, p1)
-    cdef inline void seq_keep_c(self, int32_t s) noexcept nogil:
-        self._placed_n = 0
-        kvc_unified_seq_keep(&self.c, s)
-    cdef inline void seq_add_c(self, int32_t s, int32_t p0, int32_t p1, int32_t shift) noexcept nogil:
-        self._placed_n = 0
-        kvc_unified_seq_add(&self.c, s, p0, p1, shift)
-    cdef inline void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil:
-        self._placed_n = 0
-        kvc_unified_seq_div(&self.c, s, p0, p1, d)
+    # C-level operations for other extensions (`from kvcache._core cimport UnifiedCore`). They do
+    # not validate: sequence ids must lie in [0, n_seq_max) (-1 allowed for seq_rm), ubatches must
+    # have passed UBatch.check. They run in _core (where the C core is linked), via the vtable.
+    cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil        # 1 placed, 0 no room, <0 error
+    cdef void commit_c(self) noexcept nogil
+    cdef void restore_c(self) noexcept nogil
+    cdef bint seq_rm_c(self, int32_t s, int32_t p0, int32_t p1) noexcept nogil
+    cdef void seq_cp_c(self, int32_t src, int32_t dst, int32_t p0, int32_t p1) noexcept nogil
+    cdef void seq_keep_c(self, int32_t s) noexcept nogil
+    cdef void seq_add_c(self, int32_t s, int32_t p0, int32_t p1, int32_t shift) noexcept nogil
+    cdef void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil   # d > 0
+    cdef void clear_c(self) noexcept nogil
+    cdef void set_full_c(self) noexcept nogil
+    cdef void store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil       # rows of the placed ubatch
+    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil
+    cdef void k_shift_c(self, int32_t *out) noexcept nogil
+    cdef void reset_shift_c(self) noexcept nogil
+    # field reads and header-inline queries: inlined into the caller
     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
         return kvc_unified_seq_pos_min(&self.c, s)
     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
         return kvc_unified_seq_pos_max(&self.c, s)
-    cdef inline void clear_c(self) noexcept nogil:
-        self._placed_n = 0
-        self._defrag_pending = False
-        kvc_unified_clear(&self.c)
-    cdef inline void set_full_c(self) noexcept nogil:
-        self._placed_n = 0
-        kvc_unified_set_full(&self.c)
-    cdef inline void store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
-        # rows of the _placed_n tokens at head; a no-op when nothing is placed
-        if self._placed_n:
-            kvc_unified_store(&self.c, ikv, self._placed_n, k, v)
-    cdef inline int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
-        # dtype: KVC_MASK_F32 / F16 / BOOL; KVC_OK or KVC_E_NOMEM
-        return kvc_unified_kq_mask(&self.c, ub, causal, alibi, dtype, out)
-    cdef inline void k_shift_c(self, int32_t *out) noexcept nogil:
-        kvc_unified_k_shift(&self.c, out)
-    cdef inline void reset_shift_c(self) noexcept nogil:
-        kvc_cells_reset_shift(&self.c.cells)
     cdef inline uint32_t head_c(self) noexcept nogil:
         return self.c.head
     cdef inline uint32_t n_c(self) noexcept nogil:

@@ -1,7 +1,9 @@
 # The unified KV cache: UnifiedCore over csrc/kvc_unified.h and its state codec.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
 from libc.stdint cimport uint16_t, INT32_MIN
+from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
                                          kvc_unified_state_read)
 
@@ -124,15 +126,34 @@ cdef int _check_width(long long w, object il, const kvc_type_info *t, str name) 
     return 0
 
 
-cdef inline int32_t _seq_check(long long s, uint32_t n_seq_max, str name, bint allow_any) except? -2:
+cdef inline long long _ll_arg(object v, str name) except? -1:
+    """An int argument as long long: TypeError for non-integers (floats are not truncated),
+    ValueError when it does not fit."""
+    cdef int overflow = 0
+    cdef long long r
+    if not PyLong_Check(v):
+        if isinstance(v, np.integer):
+            v = int(v)
+        else:
+            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    r = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow:
+        raise ValueError(f"{name} = {v} is out of range")
+    return r
+
+
+cdef inline int32_t _seq_arg(object v, uint32_t n_seq_max, str name, bint allow_any) except? -2:
+    """A sequence id in [0, n_seq_max), or -1 when allow_any."""
+    cdef long long s = _ll_arg(v, name)
     if s < 0 or s >= n_seq_max:
         if not (allow_any and s == -1):
-            lo = -1 if allow_any else 0
-            raise ValueError(f"{name} = {s} is outside [{lo}, {n_seq_max})")
+            raise ValueError(f"{name} = {s} is outside [{-1 if allow_any else 0}, {n_seq_max})")
     return <int32_t>s
 
 
-cdef inline int32_t _pos_check(long long p, str name) except? -2:
+cdef inline int32_t _pos_arg(object v, str name) except? -2:
+    """A position (or shift) that fits int32."""
+    cdef long long p = _ll_arg(v, name)
     if p < INT32_MIN or p > INT32_MAX:
         raise ValueError(f"{name} = {p} does not fit int32")
     return <int32_t>p
@@ -321,6 +342,63 @@ cdef class UnifiedCore:
                 f"v_trans={bool(self.c.v_trans)}, n_seq_max={self.c.n_seq_max}, head={self.c.head}, "
                 f"n={self.c.n}, used={self.c.cells.used})")
 
+    # --- C-level operations (declared in _core.pxd) ---------------------------------------
+    cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
+        cdef int r = kvc_unified_find_slot(&self.c, ub)
+        self._placed_n = ub.n_tokens if r == 1 else 0
+        return r
+
+    cdef void commit_c(self) noexcept nogil:
+        kvc_unified_commit(&self.c)
+
+    cdef void restore_c(self) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_restore(&self.c)
+
+    cdef bint seq_rm_c(self, int32_t s, int32_t p0, int32_t p1) noexcept nogil:
+        self._placed_n = 0
+        return kvc_unified_seq_rm(&self.c, s, p0, p1)
+
+    cdef void seq_cp_c(self, int32_t src, int32_t dst, int32_t p0, int32_t p1) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_seq_cp(&self.c, src, dst, p0, p1)
+
+    cdef void seq_keep_c(self, int32_t s) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_seq_keep(&self.c, s)
+
+    cdef void seq_add_c(self, int32_t s, int32_t p0, int32_t p1, int32_t shift) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_seq_add(&self.c, s, p0, p1, shift)
+
+    cdef void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_seq_div(&self.c, s, p0, p1, d)
+
+    cdef void clear_c(self) noexcept nogil:
+        self._placed_n = 0
+        self._defrag_pending = False
+        kvc_unified_clear(&self.c)
+
+    cdef void set_full_c(self) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_set_full(&self.c)
+
+    cdef void store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
+        # head is where the last find_slot put its tokens as long as _placed_n is set: every
+        # operation that can move head clears it
+        if self._placed_n:
+            kvc_unified_store(&self.c, ikv, self._placed_n, k, v)
+
+    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
+        return kvc_unified_kq_mask(&self.c, ub, causal, alibi, dtype, out)
+
+    cdef void k_shift_c(self, int32_t *out) noexcept nogil:
+        kvc_unified_k_shift(&self.c, out)
+
+    cdef void reset_shift_c(self) noexcept nogil:
+        kvc_cells_reset_shift(&self.c.cells)
+
     # --- geometry and counters -----------------------------------------------------------
     @property
     def head(self):
@@ -433,48 +511,49 @@ cdef class UnifiedCore:
         with nogil:
             self.clear_c()
 
-    def seq_rm(self, long long seq_id, long long p0=-1, long long p1=-1):
+    def seq_rm(self, seq_id, p0=-1, p1=-1):
         """Remove seq_id (-1: every sequence) from the cells with p0 <= pos < p1.
 
         p0 < 0 means 0, p1 < 0 means no upper bound. Returns True."""
-        cdef int32_t s = _seq_check(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef int32_t a = _pos_check(p0, "p0"), b = _pos_check(p1, "p1")
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
         return self.seq_rm_c(s, a, b)
 
-    def seq_cp(self, long long src, long long dst, long long p0=-1, long long p1=-1):
+    def seq_cp(self, src, dst, p0=-1, p1=-1):
         """Add dst to every cell of src with p0 <= pos < p1."""
-        cdef int32_t s = _seq_check(src, self.c.n_seq_max, "src", False)
-        cdef int32_t d = _seq_check(dst, self.c.n_seq_max, "dst", False)
-        cdef int32_t a = _pos_check(p0, "p0"), b = _pos_check(p1, "p1")
+        cdef int32_t s = _seq_arg(src, self.c.n_seq_max, "src", False)
+        cdef int32_t d = _seq_arg(dst, self.c.n_seq_max, "dst", False)
+        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
         self.seq_cp_c(s, d, a, b)
 
-    def seq_keep(self, long long seq_id):
+    def seq_keep(self, seq_id):
         """Keep only seq_id: cells without it are emptied, cells with it hold only it."""
-        cdef int32_t s = _seq_check(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
         self.seq_keep_c(s)
 
-    def seq_add(self, long long seq_id, long long p0, long long p1, long long shift):
+    def seq_add(self, seq_id, p0, p1, shift):
         """Add shift to the positions of seq_id in [p0, p1); cells pushed below 0 are emptied."""
-        cdef int32_t s = _seq_check(seq_id, self.c.n_seq_max, "seq_id", False)
-        cdef int32_t a = _pos_check(p0, "p0"), b = _pos_check(p1, "p1")
-        cdef int32_t d = _pos_check(shift, "shift")
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
+        cdef int32_t d = _pos_arg(shift, "shift")
         self.seq_add_c(s, a, b, d)
 
-    def seq_div(self, long long seq_id, long long p0, long long p1, long long d):
+    def seq_div(self, seq_id, p0, p1, d):
         """Integer-divide the positions of seq_id in [p0, p1) by d (> 0)."""
-        cdef int32_t s = _seq_check(seq_id, self.c.n_seq_max, "seq_id", False)
-        cdef int32_t a = _pos_check(p0, "p0"), b = _pos_check(p1, "p1")
-        if d <= 0 or d > INT32_MAX:
-            raise ValueError(f"d = {d} must be in [1, 2**31 - 1]")
-        self.seq_div_c(s, a, b, <int32_t>d)
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
+        cdef int32_t dd = _pos_arg(d, "d")
+        if dd <= 0:
+            raise ValueError(f"d = {dd} must be positive")
+        self.seq_div_c(s, a, b, dd)
 
-    def seq_pos_min(self, long long seq_id):
+    def seq_pos_min(self, seq_id):
         """Smallest position of seq_id, -1 when it holds no cell."""
-        return kvc_unified_seq_pos_min(&self.c, _seq_check(seq_id, self.c.n_seq_max, "seq_id", False))
+        return kvc_unified_seq_pos_min(&self.c, _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False))
 
-    def seq_pos_max(self, long long seq_id):
+    def seq_pos_max(self, seq_id):
         """Largest position of seq_id, -1 when it holds no cell."""
-        return kvc_unified_seq_pos_max(&self.c, _seq_check(seq_id, self.c.n_seq_max, "seq_id", False))
+        return kvc_unified_seq_pos_max(&self.c, _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False))
 
     # --- K/V data ------------------------------------------------------------------------
     def k(self, il):
@@ -660,14 +739,14 @@ cdef class UnifiedCore:
         return Cells(pos, shift, seq)
 
     # --- state ---------------------------------------------------------------------------
-    def state_size(self, long long seq_id=-1):
+    def state_size(self, seq_id=-1):
         """Bytes state_write(seq_id) produces."""
-        cdef int32_t s = _seq_check(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
         return kvc_unified_state_size(&self.c, s)
 
-    def state_write(self, long long seq_id=-1):
+    def state_write(self, seq_id=-1):
         """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout."""
-        cdef int32_t s = _seq_check(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef size_t n, written = 0
         cdef int r
         with nogil:
@@ -682,13 +761,13 @@ cdef class UnifiedCore:
             raise RuntimeError(f"state_write wrote {written} bytes, expected {n} (internal error)")
         return out
 
-    def state_read(self, data, long long seq_id=-1):
+    def state_read(self, data, seq_id=-1):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).
 
         data: any C-contiguous buffer (not copied). Returns the bytes consumed (bytes after
         the state are not read). Raises StateError on a malformed or incompatible blob, leaving
         the cache exactly as it was."""
-        cdef int32_t s = _seq_check(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef const uint8_t[::1] buf
         cdef const uint8_t *ptr = NULL
         cdef size_t n = 0, consumed = 0
