@@ -533,49 +533,64 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
     const uint32_t rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD);
     const size_t el = dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
-    int32_t *vis = kvc_malloc((size_t)(n_kv ? n_kv : 1) * sizeof *vis);
+    const size_t row_bytes = (size_t)n_kv * el;
+
+    /* one row of key positions per distinct sequence of the ubatch (tokens interleave) */
+    uint64_t seqs = 0;
+    for (uint32_t g = 0; g < ub->n_seqs; g++) {
+        seqs |= (uint64_t)1 << ub->seq_ids[ub->seq_off[g]];
+    }
+    const unsigned n_vis = kvc_popcount64(seqs);
+    int32_t *vis = kvc_malloc((size_t)(n_vis ? n_vis : 1) * (n_kv ? n_kv : 1) * sizeof *vis);
     if (!vis) {
         return KVC_E_NOMEM;
     }
-    /* tokens of one sequence usually come together: rebuild vis only when the sequence changes */
-    int32_t vis_seq = -1;
+    int32_t *vis_of[KVC_MAX_SEQ];
+    unsigned k = 0;
+    for (uint64_t m = seqs; m; m &= m - 1, k++) {
+        const unsigned s = kvc_ctz64(m);
+        const uint64_t bit = (uint64_t)1 << s;
+        int32_t *v = vis + (size_t)k * n_kv;
+        for (uint32_t i = 0; i < n_kv; i++) {
+            v[i] = (cells->seq[i] & bit) ? cells->pos[i] : -1;
+        }
+        vis_of[s] = v;
+    }
+
     for (uint32_t t = 0; t < n_tokens; t++) {
         const uint32_t g = t / ub->n_seq_tokens;
-        const int32_t s = ub->seq_ids[ub->seq_off[g]];
-        if (s != vis_seq) {
-            const uint64_t bit = (uint64_t)1 << s;
-            for (uint32_t i = 0; i < n_kv; i++) {
-                vis[i] = (cells->seq[i] & bit) ? cells->pos[i] : -1;
-            }
-            vis_seq = s;
-        }
+        const int32_t *v = vis_of[ub->seq_ids[ub->seq_off[g]]];
         const int32_t p1 = ub->pos[t];
         int32_t lo, hi;
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
-        uint8_t *row = (uint8_t *)out + (size_t)t * n_kv * el;
+        uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
         switch (dtype) {
-        case KVC_MASK_F32:  kvc_mask_row_f32((float *)row, vis, n_kv, lo, hi, p1, alibi); break;
-        case KVC_MASK_F16:  kvc_mask_row_f16((uint16_t *)row, vis, n_kv, lo, hi, p1, alibi); break;
-        default:            kvc_mask_row_bool(row, vis, n_kv, lo, hi); break;
+        case KVC_MASK_F32:  kvc_mask_row_f32((float *)row, v, n_kv, lo, hi, p1, alibi); break;
+        case KVC_MASK_F16:  kvc_mask_row_f16((uint16_t *)row, v, n_kv, lo, hi, p1, alibi); break;
+        default:            kvc_mask_row_bool(row, v, n_kv, lo, hi); break;
         }
     }
     kvc_free(vis);
 
-    /* padding rows: nothing visible */
-    const size_t n_pad_el = (size_t)(rows - n_tokens) * n_kv;
-    uint8_t *pad = (uint8_t *)out + (size_t)n_tokens * n_kv * el;
-    if (dtype == KVC_MASK_F32) {
-        float *f = (float *)pad;
-        for (size_t k = 0; k < n_pad_el; k++) {
-            f[k] = -INFINITY;
+    /* padding rows see nothing: build one, copy it */
+    if (rows > n_tokens && n_kv) {
+        uint8_t *pad = (uint8_t *)out + (size_t)n_tokens * row_bytes;
+        if (dtype == KVC_MASK_F32) {
+            float *f = (float *)pad;
+            for (uint32_t i = 0; i < n_kv; i++) {
+                f[i] = -INFINITY;
+            }
+        } else if (dtype == KVC_MASK_F16) {
+            uint16_t *h = (uint16_t *)pad;
+            for (uint32_t i = 0; i < n_kv; i++) {
+                h[i] = 0xfc00u;
+            }
+        } else {
+            memset(pad, 0, row_bytes);
         }
-    } else if (dtype == KVC_MASK_F16) {
-        uint16_t *h = (uint16_t *)pad;
-        for (size_t k = 0; k < n_pad_el; k++) {
-            h[k] = 0xfc00u;
+        for (uint32_t r = n_tokens + 1; r < rows; r++) {
+            memcpy((uint8_t *)out + (size_t)r * row_bytes, pad, row_bytes);
         }
-    } else {
-        memset(pad, 0, n_pad_el);
     }
     return KVC_OK;
 }

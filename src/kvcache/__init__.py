@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 
 from kvcache._core import UBatch, StateError, Cells  # noqa: E402
 from kvcache.unified import UnifiedCache  # noqa: E402
+from kvcache._core import Batch  # noqa: E402
 
 
 def get_include() -> str:
@@ -13,3 +14,6 @@ def get_include() -> str:
     Use it as an include directory when compiling a Cython extension that does
     ``from kvcache._core cimport ...`` or a C extension that includes ``kvc_*.h``."""
     return _os.path.dirname(_os.path.abspath(__file__))
+
+# recurrent
+from kvcache._core import RecurrentCache, StateError, UBatch  # noqa: E402,F401
