@@ -74,6 +74,7 @@ def test_layer_filter(layers, kept):
 
 
 BAD_ARGS = [
+    (dict(n_swaa=4), TypeError, "n_swaa"),
     (dict(kv_size=0), ValueError, "kv_size"),
     (dict(kv_size=48), ValueError, "kv_size"),
     (dict(kv_size=2**40), ValueError, "kv_size"),
@@ -289,7 +290,7 @@ def _bad_calls(n):
         ("kq_mask", (UBatch([0], [0]),), {"dtype": "f64"}),
         ("state_size", (-2,)), ("state_write", (n,)), ("state_read", (b"\0" * 16, n)),
         ("state_read", (b"\0" * 16, -5)),
-        ("defrag_prepare", (2**31,)), ("defrag_prepare", ("1",)),
+        ("defrag_prepare", (2**31,)), ("defrag_prepare", ("1",)), ("defrag_sched", ("0.5",)),
     ]
 
 

@@ -234,7 +234,7 @@ cdef class UnifiedCore:
 
     def __cinit__(self, kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
                   v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None,
-                  buffers="owned", *args, **kwargs):
+                  buffers="owned"):
         cdef kvc_unified_params p
         cdef kvc_err err
         cdef const kvc_type_info *tk
@@ -673,6 +673,8 @@ cdef class UnifiedCore:
     # --- defragmentation -----------------------------------------------------------------
     def defrag_sched(self, thold):
         """Request a defrag (do_defrag) when fragmentation exceeds thold (only for n >= 2048)."""
+        if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, bool):
+            raise TypeError(f"thold must be a number, not {type(thold).__name__}")
         kvc_unified_defrag_sched(&self.c, <float>float(thold))
 
     def defrag_prepare(self, n_max_nodes):

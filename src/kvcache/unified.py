@@ -33,6 +33,9 @@ class UnifiedCache(UnifiedCore):
         else:
             cache.restore()
 
+    The cache is not thread-safe: it releases the GIL in long operations, so threads sharing
+    one cache must serialise their calls (e.g. with a ``threading.Lock``).
+
     Sequence ids outside ``[0, n_seq_max)`` (``-1`` is allowed where it means "any" / "whole
     cache") and other invalid arguments raise ValueError / TypeError / IndexError before
     anything changes.
