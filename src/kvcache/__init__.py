@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 
 from kvcache._core import (  # noqa: E402
     Batch,
+    Cells,
     RecurrentCache,
     RopeParams,
     StateError,
@@ -13,9 +14,10 @@ from kvcache._core import (  # noqa: E402
     quantize,
     rope_shift,
 )
+from kvcache.unified import UnifiedCache  # noqa: E402
 
 __all__ = [
-    "Batch", "RecurrentCache", "RopeParams", "StateError", "UBatch",
+    "Batch", "Cells", "RecurrentCache", "RopeParams", "StateError", "UBatch", "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
 ]
 
