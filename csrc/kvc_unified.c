@@ -756,39 +756,66 @@ int kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes) {
     return n_moves > 0;
 }
 
-void kvc_unified_defrag_move(kvc_unified *c) {
-    const uint32_t *ids = c->defrag_ids;
-    const uint32_t n_ids = c->n_defrag_ids;
-    const size_t size = c->cells.size;
-    const size_t el = kvc_type_get(c->type_v)->type_size;
-
-    for (uint32_t i = 0; i < n_ids; i++) {
-        const uint32_t id = ids[i];
-        if (id == i || id == n_ids) {
+/* The next run of the plan at or after *i: cells [src, src + count) move to [dst, dst + count).
+ * Returns false when no cell moves any more. One definition of a run for the data moves and for
+ * the runs handed to callers that move the data themselves. */
+static bool defrag_next_run(const uint32_t *ids, uint32_t n_ids, uint32_t *i,
+                            uint32_t *src, uint32_t *dst, uint32_t *count) {
+    for (uint32_t j = *i; j < n_ids; j++) {
+        const uint32_t id = ids[j];
+        if (id == j || id == n_ids) {
             continue;
         }
         uint32_t nm = 1;
-        while (i + nm < n_ids && ids[i + nm] == id + nm) {
+        while (j + nm < n_ids && ids[j + nm] == id + nm) {
             nm++;
         }
+        *src = j;
+        *dst = id;
+        *count = nm;
+        *i = j + nm;
+        return true;
+    }
+    *i = n_ids;
+    return false;
+}
+
+uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs, uint32_t cap) {
+    uint32_t i = 0, src, dst, cnt, n = 0;
+    while (defrag_next_run(c->defrag_ids, c->n_defrag_ids, &i, &src, &dst, &cnt)) {
+        if (runs && n < cap) {
+            runs[3 * (size_t)n + 0] = src;
+            runs[3 * (size_t)n + 1] = dst;
+            runs[3 * (size_t)n + 2] = cnt;
+        }
+        n++;
+    }
+    return n;
+}
+
+void kvc_unified_defrag_move(kvc_unified *c) {
+    const size_t size = c->cells.size;
+    const size_t el = kvc_type_get(c->type_v)->type_size;
+    uint32_t i = 0, src, id, nm;
+
+    while (defrag_next_run(c->defrag_ids, c->n_defrag_ids, &i, &src, &id, &nm)) {
         for (uint32_t l = 0; l < c->n_layer; l++) {
             const kvc_layer *ly = &c->layers[l];
             if (ly->k) {
-                memmove(ly->k + id * ly->k_row_bytes, ly->k + i * ly->k_row_bytes, nm * ly->k_row_bytes);
+                memmove(ly->k + id * ly->k_row_bytes, ly->k + src * ly->k_row_bytes, nm * ly->k_row_bytes);
             }
             if (!ly->v) {
                 continue;
             }
             if (!c->v_trans) {
-                memmove(ly->v + id * ly->v_row_bytes, ly->v + i * ly->v_row_bytes, nm * ly->v_row_bytes);
+                memmove(ly->v + id * ly->v_row_bytes, ly->v + src * ly->v_row_bytes, nm * ly->v_row_bytes);
             } else {
                 for (uint32_t e = 0; e < ly->n_embd_v; e++) {
                     uint8_t *row = ly->v + (size_t)e * size * el;
-                    memmove(row + (size_t)id * el, row + (size_t)i * el, nm * el);
+                    memmove(row + (size_t)id * el, row + (size_t)src * el, nm * el);
                 }
             }
         }
-        i += nm - 1;
     }
     c->do_defrag = false;
 }

@@ -10,15 +10,18 @@ from kvcache._core import (  # noqa: E402
     RopeParams,
     StateError,
     UBatch,
+    UpdatePlan,
     dequantize,
     quantize,
     rope_shift,
+    view_dtype,
 )
 from kvcache.unified import UnifiedCache  # noqa: E402
 
 __all__ = [
     "Batch", "Cells", "RecurrentCache", "RopeParams", "StateError", "UBatch", "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
+    "UpdatePlan", "view_dtype",
 ]
 
 

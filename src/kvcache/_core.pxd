@@ -33,7 +33,9 @@ cdef class UnifiedCore:
     cdef list _v_mem               # per kept layer: owned V memory (aligned uint8 ndarray)
     cdef list _k_view              # per kept layer: K as the cache dtype, (size, n_embd_k) or (size, row_bytes)
     cdef list _v_view              # per kept layer: V likewise, (n_embd_v, size) when v_trans
-    cdef str _buffers              # buffer mode ("owned")
+    cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)
+    cdef object _borrowed          # borrowed mode: the caller's (K, V) objects per kept layer (kept alive)
+    cdef tuple _n_embd_head_k      # K head size per model layer, or None (needed by the RoPE K-shift)
     cdef bint _defrag_pending      # the last defrag_prepare moved cells whose K/V rows are not moved yet
 
     # C-level operations for other extensions (`from kvcache._core cimport UnifiedCore`). They do
