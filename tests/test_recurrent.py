@@ -91,7 +91,7 @@ def test_size_at_least_one_and_types():
     c = RecurrentCache(2, 1, 32, 64, type_k="q8_0", type_v="bf16", kv_size=5)
     assert c.size == 5 and c.type_k == "q8_0" and c.type_v == "bf16"
     assert c.k(0).shape == (5, 34) and c.k(0).dtype == np.uint8
-    assert c.v(0).shape == (5, 64) and c.v(0).dtype == np.uint16
+    assert c.v(0).shape == (5, 64) and c.v(0).dtype == kvcache.view_dtype("bf16")
     c = RecurrentCache(2, 1, 4, 4, type_k=1, type_v=0)  # ggml ids
     assert (c.type_k, c.type_v) == ("f16", "f32")
     assert c.k(0).dtype == np.float16

@@ -87,6 +87,8 @@ cdef class RecurrentCache:
     cdef list _k                   # per layer: the owned K buffer (uint8, size rows)
     cdef list _v                   # per layer: the owned V buffer (uint8, size rows)
     cdef list _warnings            # messages of the last find_slot
+    cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)
+    cdef object _borrowed          # borrowed mode: the caller's (K, V) objects per layer (kept alive)
     cdef readonly str type_k       # K type name ("f32", "f16", ...)
     cdef readonly str type_v       # V type name
     cdef int _seq(self, object seq_id, str name, bint allow_any) except -2

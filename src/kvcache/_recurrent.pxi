@@ -42,32 +42,23 @@ cdef list _rec_widths(object v, Py_ssize_t n_layer, str name):
     return vals
 
 
-cdef object _rec_dtype(int32_t type_id):
-    """numpy dtype of the element views (None: rows are raw bytes)."""
-    if type_id == 0:
-        return np.float32
-    if type_id == 1:
-        return np.float16
-    if type_id == 30:
-        return np.uint16
-    return None
-
-
 cdef object _rec_layer_view(RecurrentCache cache, list bufs, object il, bint is_k):
     """Layer il's K or V memory viewed as one row per cell."""
     if not isinstance(il, (int, np.integer)) or isinstance(il, bool):
         raise TypeError(f"il must be an int, not {type(il).__name__}")
     if not 0 <= il < cache.c.n_layer:
         raise IndexError(f"il = {il} is outside [0, {cache.c.n_layer})")
+    if cache._buffers == "none":
+        raise RuntimeError(f"{'k' if is_k else 'v'}: this cache holds no K/V memory (buffers='none')")
     cdef kvc_rec_layer *L = &cache.c.layers[<uint32_t>il]
     cdef Py_ssize_t size = cache.c.cells.size
     cdef Py_ssize_t row = L.k_row_bytes if is_k else L.v_row_bytes
     cdef Py_ssize_t width = L.n_embd_k if is_k else L.n_embd_v
     buf = bufs[il][:size * row]
-    dt = _rec_dtype(cache.c.type_k if is_k else cache.c.type_v)
-    if dt is None:
+    dt = _element_dtype(cache.c.type_k if is_k else cache.c.type_v)
+    if dt.itemsize == 1:
         return buf.reshape(size, row)
-    return buf.view(dt).reshape(size, width)
+    return _typed_view(buf, dt, (size, width))
 
 
 cdef class RecurrentCache:
@@ -81,8 +72,13 @@ cdef class RecurrentCache:
       per layer; a layer's K row holds ``n_embd_k_gqa + n_embd_k_s`` elements (the rolling state),
       its V row ``n_embd_v_gqa + n_embd_v_s`` (the recurrent state).
     - ``kv_size``: number of cells, at least (and by default) ``max(1, n_seq_max)``.
-    - ``buffers="owned"``: the cache owns zero-initialised K and V memory per layer
-      (``k(il)`` / ``v(il)`` are numpy views of it).
+    - ``buffers``: ``"owned"`` (default): the cache owns zero-initialised, 64-byte aligned K
+      and V memory per layer (``k(il)`` / ``v(il)`` are numpy views of it); a dict
+      ``{layer: (K, V)}`` or a list of one (K, V) pair per layer: host buffers to borrow
+      (numpy arrays, memoryviews, CPU tensors with ``__dlpack__``; C-contiguous, writable, of the
+      element dtype or raw uint8, at least ``size`` rows); ``None`` / ``"none"``: metadata only
+      (``k``, ``v`` and ``store`` raise RuntimeError; ``s_copy`` / ``s_mask`` and the placement
+      are the plan for the caller's own memory).
 
     Valid sequence ids are ``[0, n_seq_max)``; ``seq_rm`` also takes -1 (every sequence, the
     reference semantics: only an empty or the whole range), ``state_write`` / ``state_read``
@@ -111,8 +107,7 @@ cdef class RecurrentCache:
             raise TypeError(f"kv_size must be an int or None, not {type(kv_size).__name__}")
         if not max(1, n_seq_max) <= kv_size <= INT32_MAX:
             raise ValueError(f"kv_size = {kv_size} must lie in [max(1, n_seq_max) = {max(1, n_seq_max)}, 2**31)")
-        if buffers != "owned":
-            raise ValueError(f"buffers = {buffers!r}: only 'owned' is supported")
+        mode = _buffers_mode(buffers)
         tk, self.type_k = _rec_type(type_k, "type_k")
         tv, self.type_v = _rec_type(type_v, "type_v")
         ek = [a + b for a, b in zip(_rec_widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa"),
@@ -135,16 +130,34 @@ cdef class RecurrentCache:
         err.msg[0] = 0
         check_status(kvc_recurrent_init(&self.c, &p, &err), &err, "RecurrentCache")
         self._ready = True
+        self._buffers = mode
+        self._borrowed = _buffer_pairs(buffers, tuple(range(n_layer))) if mode == "borrowed" else None
+        if mode == "none":
+            return
+        regions = []
+        for il in range(n_layer):
+            nk = <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].k_row_bytes
+            nv = <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].v_row_bytes
+            if mode == "owned":
+                k = _aligned_zeros(nk)
+                v = _aligned_zeros(nv)
+            else:
+                k = _borrowed_bytes(self._borrowed[il][0], nk, tk, f"buffers[{il}] K",
+                                    f"{kv_size} cells x {self.c.layers[il].k_row_bytes} bytes")
+                v = _borrowed_bytes(self._borrowed[il][1], nv, tv, f"buffers[{il}] V",
+                                    f"{kv_size} cells x {self.c.layers[il].v_row_bytes} bytes")
+                regions += [(f"buffers[{il}] K", k), (f"buffers[{il}] V", v)]
+            self._k.append(k)
+            self._v.append(v)
+        _check_disjoint(regions)
         cdef uint8_t[::1] kb
         cdef uint8_t[::1] vb
         for il in range(n_layer):
-            k = np.zeros(max(1, <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].k_row_bytes), dtype=np.uint8)
-            v = np.zeros(max(1, <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].v_row_bytes), dtype=np.uint8)
-            kb = k
-            vb = v
-            kvc_recurrent_set_layer_buffers(&self.c, <uint32_t>il, &kb[0], &vb[0])
-            self._k.append(k)
-            self._v.append(v)
+            kb = self._k[il]
+            vb = self._v[il]
+            # zero-width rows have no memory: NULL is a no-op for the C core
+            kvc_recurrent_set_layer_buffers(&self.c, <uint32_t>il, &kb[0] if kb.shape[0] else NULL,
+                                            &vb[0] if vb.shape[0] else NULL)
 
     def __dealloc__(self):
         if self._ready:
@@ -182,6 +195,11 @@ cdef class RecurrentCache:
     def n_layer(self) -> int:
         """Number of layers."""
         return self.c.n_layer
+
+    @property
+    def buffers(self) -> str:
+        """How the K/V memory is held: 'owned', 'borrowed' or 'none' (metadata only)."""
+        return self._buffers
 
     @property
     def can_shift(self) -> bool:
@@ -237,6 +255,8 @@ cdef class RecurrentCache:
     def store(self, il, k_rows=None, v_rows=None):
         """Write the states of the ubatch just placed: rows ``[head, head + len(rows))`` of layer
         il get ``k_rows`` / ``v_rows`` (shaped like ``k(il)`` / ``v(il)`` rows; either may be None)."""
+        if self._buffers == "none":
+            raise RuntimeError("store: this cache holds no K/V memory (buffers='none')")
         kv = self.k(il)
         vv = self.v(il)
         ka = None if k_rows is None else np.ascontiguousarray(k_rows, dtype=kv.dtype)
