@@ -1,0 +1,443 @@
+"""A toy attention model served through :class:`kvcache.UnifiedCache`, checked step by step.
+
+``run_demo()`` drives a small multi-layer attention model (grouped-query heads, RoPE at absolute
+positions, random weights from a fixed seed; numpy only) the way an inference server drives
+llama.cpp: several sequences share one cache and are prefilled and decoded together in one
+ubatch per step (continuous batching). Sequences finish and leave holes (``seq_rm``), new ones
+arrive, some reuse the cells of another sequence's prompt prefix (``seq_cp``), and the cache is
+defragmented when the holes pile up.
+
+Every step places the ubatch (``find_slot``), stores the new K/V rows of each layer, builds the
+mask (``kq_mask``), attends over the cache's own K/V buffers (``k(il)`` / ``v(il)``, first ``n``
+cells), and commits. The output of every token at every layer is then compared with the same
+model recomputed from scratch over the sequence's whole token history, without a cache. Any
+difference above the tolerance is a mismatch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+__all__ = ["ToyModel", "RunConfig", "RunReport", "DemoReport", "run", "run_demo", "format_report"]
+
+# Largest graph of a llama.cpp context (graph_max_nodes); bounds the moves of one defrag plan.
+_MAX_NODES = 65536
+
+
+class ToyModel:
+    """A decoder of ``n_layer`` pre-norm attention blocks (no MLP), grouped-query heads, RoPE.
+
+    Weights are drawn from ``numpy.random.default_rng(seed)``; all arithmetic is float32.
+    K and V rows are ``n_head_kv * head_dim`` wide (the cache's ``n_embd_k_gqa``)."""
+
+    def __init__(self, seed: int, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
+                 head_dim: int = 16, n_vocab: int = 64, rope_base: float = 10000.0):
+        if n_head % n_head_kv:
+            raise ValueError("n_head must be a multiple of n_head_kv")
+        if head_dim % 2:
+            raise ValueError("head_dim must be even (RoPE rotates pairs)")
+        self.n_layer, self.n_head, self.n_head_kv, self.head_dim = n_layer, n_head, n_head_kv, head_dim
+        self.n_vocab = n_vocab
+        self.n_embd = n_head * head_dim
+        self.n_embd_kv = n_head_kv * head_dim
+        rng = np.random.default_rng(seed)
+        f32 = np.float32
+
+        def w(n_in, n_out):
+            return (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(f32)
+
+        self.tok_embd = rng.standard_normal((n_vocab, self.n_embd)).astype(f32)
+        self.wq = [w(self.n_embd, self.n_embd) for _ in range(n_layer)]
+        self.wk = [w(self.n_embd, self.n_embd_kv) for _ in range(n_layer)]
+        self.wv = [w(self.n_embd, self.n_embd_kv) for _ in range(n_layer)]
+        self.wo = [w(self.n_embd, self.n_embd) for _ in range(n_layer)]
+        self.w_out = w(self.n_embd, n_vocab)
+        # theta_i = base^(-2i/d) for the pairs (2i, 2i + 1) of a head
+        self.rope_freq = (rope_base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+
+    # --- the pieces a step is made of ------------------------------------------------------
+
+    def embed(self, tokens) -> np.ndarray:
+        """Token embeddings, (n, n_embd)."""
+        return self.tok_embd[np.asarray(tokens, dtype=np.int64)]
+
+    def rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Rotate the pairs of every head of ``x`` (n, heads * head_dim) by its token's position."""
+        n = x.shape[0]
+        ang = np.asarray(pos, dtype=np.float64)[:, None] * self.rope_freq[None, :]
+        cos = np.cos(ang).astype(np.float32)[:, None, :]
+        sin = np.sin(ang).astype(np.float32)[:, None, :]
+        h = x.reshape(n, -1, self.head_dim // 2, 2)
+        x0, x1 = h[..., 0], h[..., 1]
+        out = np.empty_like(h)
+        out[..., 0] = x0 * cos - x1 * sin
+        out[..., 1] = x0 * sin + x1 * cos
+        return out.reshape(n, -1)
+
+    def qkv(self, il: int, x: np.ndarray, pos: np.ndarray):
+        """Q (n, n_embd), K and V rows (n, n_embd_kv) of layer ``il``; RoPE applied to Q and K."""
+        h = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + np.float32(1e-6))
+        q = self.rope(h @ self.wq[il], pos)
+        k = self.rope(h @ self.wk[il], pos)
+        v = h @ self.wv[il]
+        return q, k, v
+
+    def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """softmax(Q K^T / sqrt(d) + mask) V for every head; (n, n_embd).
+
+        q: (n, n_embd); k, v: (n_kv, n_embd_kv); mask: (n, n_kv), 0 or -inf."""
+        n, n_kv, d = q.shape[0], k.shape[0], self.head_dim
+        group = self.n_head // self.n_head_kv
+        qh = q.reshape(n, self.n_head, d).transpose(1, 0, 2)                  # (H, n, d)
+        kh = k.reshape(n_kv, self.n_head_kv, d).transpose(1, 0, 2)            # (Hkv, n_kv, d)
+        vh = v.reshape(n_kv, self.n_head_kv, d).transpose(1, 0, 2)
+        kh = np.repeat(kh, group, axis=0)                                     # query head h uses kv head h // group
+        vh = np.repeat(vh, group, axis=0)
+        s = qh @ kh.transpose(0, 2, 1) * np.float32(1.0 / np.sqrt(d)) + mask[None, :, :]
+        s = s - s.max(axis=2, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=2, keepdims=True)
+        return (p @ vh).transpose(1, 0, 2).reshape(n, self.n_embd)
+
+    def residual(self, il: int, x: np.ndarray, attn: np.ndarray) -> np.ndarray:
+        """The block's output: x + attn W_o."""
+        return x + attn @ self.wo[il]
+
+    def next_token(self, x_last: np.ndarray) -> int:
+        """Greedy choice from the final hidden state of a sequence's last token."""
+        return int(np.argmax(x_last @ self.w_out))
+
+    # --- the reference: one sequence from scratch --------------------------------------------
+
+    def forward(self, tokens, kv_dtype=np.float32) -> list:
+        """Attention outputs of every layer, then the final hidden states, for a whole sequence
+        at positions 0..len-1 with a causal mask and no cache. K/V pass through ``kv_dtype``
+        exactly as they would through the cache's storage."""
+        n = len(tokens)
+        pos = np.arange(n, dtype=np.int32)
+        mask = np.triu(np.full((n, n), -np.inf, dtype=np.float32), k=1)
+        x = self.embed(tokens)
+        outs = []
+        for il in range(self.n_layer):
+            q, k, v = self.qkv(il, x, pos)
+            k = k.astype(kv_dtype).astype(np.float32)
+            v = v.astype(kv_dtype).astype(np.float32)
+            a = self.attend(q, k, v, mask)
+            outs.append(a)
+            x = self.residual(il, x, a)
+        outs.append(x)
+        return outs
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One demo run: cache layout and serving workload."""
+    steps: int = 48
+    type_kv: str = "f32"          # K and V storage type
+    v_trans: bool = True          # V stored transposed
+    tol: float = 1e-4             # largest accepted |cached - recomputed|
+    kv_size: int = 128
+    n_pad: int = 32
+    n_seq_max: int = 8
+    n_ubatch: int = 32            # tokens per step at most
+    defrag_thold: float = 0.3     # defrag when holes exceed this share of the occupied span
+    p_arrive: float = 0.6         # chance a request arrives in a step
+    p_share: float = 0.5          # chance a new request reuses a running sequence's prompt prefix
+    prompt_len: tuple = (4, 24)   # [lo, hi) tokens of a fresh prompt
+    gen_len: tuple = (3, 24)      # [lo, hi) tokens generated per request
+
+
+@dataclass
+class RunReport:
+    """What a run did and how closely the cached attention matched recomputation."""
+    type_kv: str
+    v_trans: bool
+    steps: int = 0
+    tokens: int = 0               # tokens placed in the cache
+    ubatches: int = 0
+    sequences: int = 0            # sequences started
+    finished: int = 0             # sequences finished and removed (seq_rm)
+    shared_prefixes: int = 0      # sequences started from another's prompt cells (seq_cp)
+    shared_cells: int = 0         # prompt tokens not recomputed thanks to seq_cp
+    defrags: int = 0              # defrag plans applied
+    cells_moved: int = 0          # cells a defrag moved
+    slot_retries: int = 0         # find_slot failures resolved by a defrag
+    max_abs_err: float = 0.0
+    tol: float = 0.0
+    mismatches: int = 0           # (step, sequence) pairs over the tolerance
+    first_mismatch: Optional[dict] = None
+    cache_errors: list = field(default_factory=list)  # bookkeeping the cache got wrong
+    cache_size: int = 0
+    cache_used: int = 0
+    cache_n: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """No mismatch and no bookkeeping error."""
+        return self.mismatches == 0 and not self.cache_errors
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["ok"] = self.ok
+        d["occupancy"] = self.cache_used / self.cache_size if self.cache_size else 0.0
+        return d
+
+
+@dataclass
+class DemoReport:
+    """The report of ``kvcache demo``: one or more runs of the same model."""
+    seed: int
+    model: dict
+    runs: list
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.runs)
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "model": self.model, "ok": self.ok,
+                "runs": [r.to_dict() for r in self.runs]}
+
+
+class _Seq:
+    """A request being served: its tokens so far and how many of them the cache holds."""
+    __slots__ = ("sid", "tokens", "n_prompt", "n_gen_max", "n_cached", "n_gen")
+
+    def __init__(self, sid, tokens, n_prompt, n_gen_max, n_cached=0):
+        self.sid = sid
+        self.tokens = list(tokens)
+        self.n_prompt = n_prompt
+        self.n_gen_max = n_gen_max
+        self.n_cached = n_cached
+        self.n_gen = 0
+
+    def pending(self) -> int:
+        """Tokens still to be placed in the cache until the request completes (the last
+        generated token is never fed back)."""
+        return self.n_prompt + self.n_gen_max - 1 - self.n_cached
+
+
+Tamper = Callable[[object, int, int], None]
+
+
+def run(model: ToyModel, cfg: RunConfig, seed: int, tamper: Optional[Tamper] = None) -> RunReport:
+    """Serve a random workload for ``cfg.steps`` steps; check every output against recomputation.
+
+    ``tamper(cache, step, il)``, when given, is called after the K/V rows of layer ``il`` are
+    stored and before they are read back: it may alter the cache (to show the check fails)."""
+    import kvcache
+
+    if not hasattr(kvcache, "UnifiedCache"):
+        raise RuntimeError("kvcache.UnifiedCache is not available in this build")
+    kv_dtype = {"f32": np.float32, "f16": np.float16}[cfg.type_kv]
+    c = kvcache.UnifiedCache(kv_size=cfg.kv_size, n_layer=model.n_layer,
+                             n_embd_k_gqa=model.n_embd_kv, n_embd_v_gqa=model.n_embd_kv,
+                             type_k=cfg.type_kv, type_v=cfg.type_kv, v_trans=cfg.v_trans,
+                             n_seq_max=cfg.n_seq_max, n_pad=cfg.n_pad)
+    rng = np.random.default_rng(seed)
+    rep = RunReport(type_kv=cfg.type_kv, v_trans=cfg.v_trans, tol=cfg.tol, cache_size=c.size)
+    active: dict[int, _Seq] = {}
+    waiting: list = []   # requests not yet admitted: (prompt tokens, n_gen_max)
+    free_ids = list(range(cfg.n_seq_max))
+
+    def new_request():
+        lo, hi = cfg.prompt_len
+        prompt = rng.integers(0, model.n_vocab, size=int(rng.integers(lo, hi))).tolist()
+        waiting.append((prompt, int(rng.integers(*cfg.gen_len))))
+
+    def defrag() -> bool:
+        if not c.defrag_prepare(_MAX_NODES):
+            return False
+        plan = np.asarray(c.defrag_ids)
+        c.defrag_move()
+        rep.defrags += 1
+        rep.cells_moved += int(np.count_nonzero((plan != np.arange(len(plan))) & (plan != len(plan))))
+        return True
+
+    for _ in range(3):
+        new_request()
+
+    for step in range(cfg.steps):
+        rep.steps = step + 1
+        if rng.random() < cfg.p_arrive:
+            new_request()
+
+        # admit while a sequence id is free and the cache can hold every admitted request to the end
+        while waiting and free_ids:
+            prompt, n_gen = waiting[0]
+            src = None
+            if active and rng.random() < cfg.p_share:
+                donors = [s for s in active.values() if s.n_cached >= 2 and s.n_prompt >= 2]
+                if donors:
+                    src = donors[int(rng.integers(len(donors)))]
+            n_shared = int(rng.integers(1, min(src.n_prompt, src.n_cached) + 1)) if src else 0
+            need = len(prompt) + n_gen - 1 + sum(s.pending() for s in active.values())
+            if need > c.size - c.used:
+                break
+            waiting.pop(0)
+            sid = free_ids.pop(0)
+            tokens = (src.tokens[:n_shared] if src else []) + prompt
+            seq = _Seq(sid, tokens, n_prompt=len(tokens), n_gen_max=n_gen, n_cached=n_shared)
+            if src is not None:
+                c.seq_cp(src.sid, sid, 0, n_shared)
+                rep.shared_prefixes += 1
+                rep.shared_cells += n_shared
+                if c.seq_pos_max(sid) != n_shared - 1:
+                    rep.cache_errors.append(f"step {step}: seq_cp gave sequence {sid} "
+                                            f"seq_pos_max {c.seq_pos_max(sid)}, expected {n_shared - 1}")
+            active[sid] = seq
+            rep.sequences += 1
+
+        # the ubatch: one token of every decoding sequence, then prompt chunks while room is left
+        budget = cfg.n_ubatch
+        plan = []    # (seq, first index, count)
+        for seq in sorted(active.values(), key=lambda s: s.n_cached < s.n_prompt):
+            left = len(seq.tokens) - seq.n_cached
+            take = min(left, budget)
+            if take > 0:
+                plan.append((seq, seq.n_cached, take))
+                budget -= take
+        if not plan:
+            continue
+        tok = np.concatenate([np.asarray(s.tokens[i0:i0 + m], dtype=np.int64) for s, i0, m in plan])
+        pos = np.concatenate([np.arange(i0, i0 + m, dtype=np.int32) for s, i0, m in plan])
+        sids = [s.sid for s, _, m in plan for _ in range(m)]
+        ub = kvcache.UBatch(pos=pos, seq_id=sids)
+
+        if not c.find_slot(ub):
+            # the free cells exist (admission reserved them) but are scattered: compact and retry
+            if defrag() and c.find_slot(ub):
+                rep.slot_retries += 1
+            else:
+                rep.cache_errors.append(f"step {step}: find_slot failed for {len(tok)} tokens "
+                                        f"with {c.size - c.used} free cells")
+                break
+        head, n = c.head, c.n
+        mask = np.asarray(c.kq_mask(ub))[:len(tok)]
+
+        x = model.embed(tok)
+        layer_out = []
+        for il in range(model.n_layer):
+            q, k, v = model.qkv(il, x, pos)
+            c.store(il, k.astype(kv_dtype), v.astype(kv_dtype))
+            if tamper is not None:
+                tamper(c, step, il)
+            kc = np.asarray(c.k(il))[:n].astype(np.float32)
+            vc = np.asarray(c.v(il))
+            vc = (vc[:, :n].T if cfg.v_trans else vc[:n]).astype(np.float32)
+            a = model.attend(q, kc, vc, mask)
+            layer_out.append(a)
+            x = model.residual(il, x, a)
+        layer_out.append(x)
+        c.commit()
+        rep.ubatches += 1
+        rep.tokens += len(tok)
+
+        # compare every token of every sequence with the sequence recomputed from scratch
+        row = 0
+        for seq, i0, m in plan:
+            ref = model.forward(seq.tokens[:i0 + m], kv_dtype)
+            err = max(float(np.max(np.abs(got[row:row + m] - want[i0:i0 + m])))
+                      for got, want in zip(layer_out, ref))
+            if np.isnan(err):
+                err = float("inf")
+            rep.max_abs_err = max(rep.max_abs_err, err)
+            if err > cfg.tol:
+                rep.mismatches += 1
+                if rep.first_mismatch is None:
+                    rep.first_mismatch = {"step": step, "seq_id": seq.sid, "pos": [i0, i0 + m - 1],
+                                          "abs_err": err}
+            seq.n_cached = i0 + m
+            if seq.n_cached == len(seq.tokens) and seq.n_cached >= seq.n_prompt:
+                seq.n_gen += 1
+                if seq.n_gen < seq.n_gen_max:
+                    seq.tokens.append(model.next_token(x[row + m - 1]))
+            row += m
+
+        # every running sequence holds exactly positions 0..n_cached-1
+        for seq in active.values():
+            lo, hi = c.seq_pos_min(seq.sid), c.seq_pos_max(seq.sid)
+            if (lo, hi) != (0, seq.n_cached - 1) and seq.n_cached > 0:
+                rep.cache_errors.append(f"step {step}: sequence {seq.sid} spans [{lo}, {hi}], "
+                                        f"expected [0, {seq.n_cached - 1}]")
+
+        # finished requests leave the cache; their unshared cells become holes
+        for seq in [s for s in active.values() if s.n_gen >= s.n_gen_max]:
+            c.seq_rm(seq.sid)
+            if c.seq_pos_max(seq.sid) != -1:
+                rep.cache_errors.append(f"step {step}: sequence {seq.sid} still present after seq_rm")
+            del active[seq.sid]
+            free_ids.append(seq.sid)
+            rep.finished += 1
+
+        # llama.cpp's own trigger only considers caches of 2048+ cells; a small cache is compacted
+        # here when holes make up more than the threshold of the cells up to the last used one
+        c.defrag_sched(cfg.defrag_thold)
+        if c.do_defrag:
+            c.update()
+            rep.defrags += 1
+        else:
+            used_max_p1 = _used_max_p1(c)
+            if used_max_p1 and 1.0 - c.used / used_max_p1 > cfg.defrag_thold:
+                defrag()
+
+        if rep.cache_errors:
+            break
+
+    rep.cache_used, rep.cache_n = c.used, c.n
+    return rep
+
+
+def _used_max_p1(c) -> int:
+    """One past the last non-empty cell (0 when the cache is empty)."""
+    used = np.flatnonzero(np.asarray(c.cells()["pos"]) >= 0)
+    return int(used[-1]) + 1 if used.size else 0
+
+
+def model_info(model: ToyModel) -> dict:
+    """The model's shape, for the report."""
+    return {"n_layer": model.n_layer, "n_head": model.n_head, "n_head_kv": model.n_head_kv,
+            "head_dim": model.head_dim, "n_vocab": model.n_vocab}
+
+
+def run_demo(seed: int = 0, steps: int = 48, tamper: Optional[Tamper] = None,
+             second_run: bool = True) -> DemoReport:
+    """The demo: a run with f32 K/V and transposed V (tolerance 1e-4), then a shorter one with
+    f16 K/V stored as rows (its tolerance allows for f16 rounding). ``tamper`` applies to the
+    first run only."""
+    model = ToyModel(seed)
+    runs = [run(model, RunConfig(steps=steps), seed, tamper)]
+    if second_run:
+        runs.append(run(model, RunConfig(steps=max(1, steps // 2), type_kv="f16", v_trans=False,
+                                         tol=5e-3), seed + 1))
+    return DemoReport(seed=seed, model=model_info(model), runs=runs)
+
+
+def format_report(rep: DemoReport) -> str:
+    """The human-readable report."""
+    m = rep.model
+    lines = [f"kvcache demo (seed {rep.seed}): {m['n_layer']} attention layers, {m['n_head']} query heads / "
+             f"{m['n_head_kv']} KV heads of {m['head_dim']}, RoPE, continuous batching"]
+    for r in rep.runs:
+        lay = f"{r.type_kv} K/V, V {'transposed' if r.v_trans else 'rows'}"
+        lines.append(f"  {lay}: {r.steps} steps, {r.tokens} tokens in {r.ubatches} ubatches")
+        lines.append(f"    sequences: {r.sequences} started, {r.finished} finished, "
+                     f"{r.shared_prefixes} reusing a prefix ({r.shared_cells} cells shared)")
+        lines.append(f"    defrags: {r.defrags} ({r.cells_moved} cells moved, {r.slot_retries} after a failed find_slot)")
+        lines.append(f"    cache: {r.cache_used}/{r.cache_size} cells used "
+                     f"({100.0 * r.cache_used / r.cache_size:.0f}%), n = {r.cache_n}")
+        verdict = "ok" if r.ok else "MISMATCH"
+        lines.append(f"    max |cached - recomputed| = {r.max_abs_err:.2e} (tolerance {r.tol:.0e}): {verdict}")
+        if r.first_mismatch:
+            fm = r.first_mismatch
+            lines.append(f"    first mismatch: step {fm['step']}, sequence {fm['seq_id']}, "
+                         f"positions {fm['pos'][0]}..{fm['pos'][1]}, error {fm['abs_err']:.3g}")
+        if r.mismatches:
+            lines.append(f"    {r.mismatches} mismatching (step, sequence) pairs")
+        for e in r.cache_errors[:5]:
+            lines.append(f"    cache error: {e}")
+    lines.append("result: " + ("ok" if rep.ok else "FAILED"))
+    return "\n".join(lines)
