@@ -146,6 +146,7 @@ class RunConfig:
     defrag_thold: float = 0.3     # defrag when holes exceed this share of the occupied span
     p_arrive: float = 0.6         # chance a request arrives in a step
     p_share: float = 0.5          # chance a new request reuses a running sequence's prompt prefix
+    p_abort: float = 0.1          # chance a step's first placement is rolled back (restore)
     prompt_len: tuple = (4, 24)   # [lo, hi) tokens of a fresh prompt
     gen_len: tuple = (3, 24)      # [lo, hi) tokens generated per request
 
@@ -165,6 +166,7 @@ class RunReport:
     defrags: int = 0              # defrag plans applied
     cells_moved: int = 0          # cells a defrag moved
     slot_retries: int = 0         # find_slot failures resolved by a defrag
+    rolled_back: int = 0          # placements undone with restore() before the real one
     max_abs_err: float = 0.0
     tol: float = 0.0
     mismatches: int = 0           # (step, sequence) pairs over the tolerance
@@ -307,6 +309,20 @@ def run(model: ToyModel, cfg: RunConfig, seed: int, tamper: Optional[Tamper] = N
         sids = [s.sid for s, _, m in plan for _ in range(m)]
         ub = kvcache.UBatch(pos=pos, seq_id=sids)
 
+        if rng.random() < cfg.p_abort:
+            # a decode that fails after placing its ubatch: restore() must leave the cells as they were
+            before = (c.used, {s.sid: (c.seq_pos_min(s.sid), c.seq_pos_max(s.sid)) for s in active.values()})
+            if c.find_slot(ub):
+                junk = np.full((len(tok), model.n_embd_kv), 1e3, dtype=kv_dtype)
+                for il in range(model.n_layer):
+                    c.store(il, junk, junk)
+                c.restore()
+                rep.rolled_back += 1
+                after = (c.used, {s.sid: (c.seq_pos_min(s.sid), c.seq_pos_max(s.sid)) for s in active.values()})
+                if after != before:
+                    rep.cache_errors.append(f"step {step}: restore() left used/sequence spans {after}, "
+                                            f"expected {before}")
+
         if not c.find_slot(ub):
             # the free cells exist (admission reserved them) but are scattered: compact and retry
             if defrag() and c.find_slot(ub):
@@ -426,7 +442,8 @@ def format_report(rep: DemoReport) -> str:
         lines.append(f"  {lay}: {r.steps} steps, {r.tokens} tokens in {r.ubatches} ubatches")
         lines.append(f"    sequences: {r.sequences} started, {r.finished} finished, "
                      f"{r.shared_prefixes} reusing a prefix ({r.shared_cells} cells shared)")
-        lines.append(f"    defrags: {r.defrags} ({r.cells_moved} cells moved, {r.slot_retries} after a failed find_slot)")
+        lines.append(f"    defrags: {r.defrags} ({r.cells_moved} cells moved, {r.slot_retries} after a failed "
+                     f"find_slot); placements rolled back: {r.rolled_back}")
         lines.append(f"    cache: {r.cache_used}/{r.cache_size} cells used "
                      f"({100.0 * r.cache_used / r.cache_size:.0f}%), n = {r.cache_n}")
         verdict = "ok" if r.ok else "MISMATCH"
