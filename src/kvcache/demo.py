@@ -313,7 +313,7 @@ def run(model: ToyModel, cfg: RunConfig, seed: int, tamper: Optional[Tamper] = N
             # a decode that fails after placing its ubatch: restore() must leave the cells as they were
             before = (c.used, {s.sid: (c.seq_pos_min(s.sid), c.seq_pos_max(s.sid)) for s in active.values()})
             if c.find_slot(ub):
-                junk = np.full((len(tok), model.n_embd_kv), 1e3, dtype=kv_dtype)
+                junk = np.full((len(tok), model.n_embd_kv), 1e3, dtype=np.float32)
                 for il in range(model.n_layer):
                     c.store(il, junk, junk)
                 c.restore()
@@ -338,7 +338,8 @@ def run(model: ToyModel, cfg: RunConfig, seed: int, tamper: Optional[Tamper] = N
         layer_out = []
         for il in range(model.n_layer):
             q, k, v = model.qkv(il, x, pos)
-            c.store(il, k.astype(kv_dtype), v.astype(kv_dtype))
+            # f32 rows, as a model computes them: the cache converts to its storage type
+            c.store(il, k, v)
             if tamper is not None:
                 tamper(c, step, il)
             kc = np.asarray(c.k(il))[:n].astype(np.float32)
@@ -409,7 +410,7 @@ def run(model: ToyModel, cfg: RunConfig, seed: int, tamper: Optional[Tamper] = N
 
 def _used_max_p1(c) -> int:
     """One past the last non-empty cell (0 when the cache is empty)."""
-    used = np.flatnonzero(np.asarray(c.cells()["pos"]) >= 0)
+    used = np.flatnonzero(np.asarray(c.cells().pos) >= 0)
     return int(used[-1]) + 1 if used.size else 0
 
 
