@@ -127,6 +127,15 @@ def test_python_m_kvcache_demo():
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+@needs_cache
+def test_fragmented_cache_is_compacted_when_find_slot_fails():
+    # no periodic defrag and big ubatches: a slot search fails among the holes, a defrag makes
+    # room, and the attention is still exact afterwards
+    rep = run(ToyModel(0), RunConfig(steps=60, defrag_thold=1.0, n_ubatch=48), 0)
+    assert rep.ok, rep.to_dict()
+    assert rep.slot_retries > 0 and rep.defrags >= rep.slot_retries and rep.cells_moved > 0
+
+
 # --- the check can fail --------------------------------------------------------------------
 
 def _corrupt_k(step_at):
