@@ -21,6 +21,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+import kvcache
+
 __all__ = ["ToyModel", "RunConfig", "RunReport", "DemoReport", "run", "run_demo", "format_report"]
 
 # Largest graph of a llama.cpp context (graph_max_nodes); bounds the moves of one defrag plan.
@@ -182,6 +184,7 @@ class RunReport:
         return self.mismatches == 0 and not self.cache_errors
 
     def to_dict(self) -> dict:
+        """The report as plain JSON-ready values (with ``ok`` and ``occupancy``)."""
         d = dataclasses.asdict(self)
         d["ok"] = self.ok
         d["occupancy"] = self.cache_used / self.cache_size if self.cache_size else 0.0
@@ -197,9 +200,11 @@ class DemoReport:
 
     @property
     def ok(self) -> bool:
+        """Every run passed."""
         return all(r.ok for r in self.runs)
 
     def to_dict(self) -> dict:
+        """The report as plain JSON-ready values."""
         return {"seed": self.seed, "model": self.model, "ok": self.ok,
                 "runs": [r.to_dict() for r in self.runs]}
 
@@ -225,187 +230,230 @@ class _Seq:
 Tamper = Callable[[object, int, int], None]
 
 
+class _Server:
+    """The serving loop of one run: admission, ubatch planning, the cached forward pass, the
+    check against recomputation, retirement and compaction."""
+
+    def __init__(self, model: ToyModel, cfg: RunConfig, seed: int, tamper: Optional[Tamper]):
+        if not hasattr(kvcache, "UnifiedCache"):
+            raise RuntimeError("kvcache.UnifiedCache is not available in this build")
+        self.model, self.cfg, self.tamper = model, cfg, tamper
+        self.kv_dtype = {"f32": np.float32, "f16": np.float16}[cfg.type_kv]
+        self.c = kvcache.UnifiedCache(kv_size=cfg.kv_size, n_layer=model.n_layer,
+                                      n_embd_k_gqa=model.n_embd_kv, n_embd_v_gqa=model.n_embd_kv,
+                                      type_k=cfg.type_kv, type_v=cfg.type_kv, v_trans=cfg.v_trans,
+                                      n_seq_max=cfg.n_seq_max, n_pad=cfg.n_pad)
+        self.rng = np.random.default_rng(seed)
+        self.rep = RunReport(type_kv=cfg.type_kv, v_trans=cfg.v_trans, tol=cfg.tol,
+                             cache_size=self.c.size)
+        self.active: dict = {}    # sequence id -> _Seq
+        self.waiting: list = []   # requests not yet admitted: (prompt tokens, n_gen_max)
+        self.free_ids = list(range(cfg.n_seq_max))
+        self.step = 0
+
+    def error(self, msg: str) -> None:
+        self.rep.cache_errors.append(f"step {self.step}: {msg}")
+
+    def spans(self) -> dict:
+        """(seq_pos_min, seq_pos_max) of every running sequence."""
+        return {s: (self.c.seq_pos_min(s), self.c.seq_pos_max(s)) for s in self.active}
+
+    # --- requests in and out ------------------------------------------------------------------
+
+    def arrive(self) -> None:
+        lo, hi = self.cfg.prompt_len
+        prompt = self.rng.integers(0, self.model.n_vocab, size=int(self.rng.integers(lo, hi))).tolist()
+        self.waiting.append((prompt, int(self.rng.integers(*self.cfg.gen_len))))
+
+    def admit(self) -> None:
+        """Start waiting requests while a sequence id is free and the cache can hold every
+        admitted request to its end; some start from a running sequence's prompt cells."""
+        c, rng, rep = self.c, self.rng, self.rep
+        while self.waiting and self.free_ids:
+            prompt, n_gen = self.waiting[0]
+            src = None
+            if self.active and rng.random() < self.cfg.p_share:
+                donors = [s for s in self.active.values() if s.n_cached >= 2 and s.n_prompt >= 2]
+                if donors:
+                    src = donors[int(rng.integers(len(donors)))]
+            n_shared = int(rng.integers(1, min(src.n_prompt, src.n_cached) + 1)) if src else 0
+            need = len(prompt) + n_gen - 1 + sum(s.pending() for s in self.active.values())
+            if need > c.size - c.used:
+                break
+            self.waiting.pop(0)
+            sid = self.free_ids.pop(0)
+            tokens = (src.tokens[:n_shared] if src else []) + prompt
+            if src is not None:
+                c.seq_cp(src.sid, sid, 0, n_shared)
+                rep.shared_prefixes += 1
+                rep.shared_cells += n_shared
+                if (c.seq_pos_min(sid), c.seq_pos_max(sid)) != (0, n_shared - 1):
+                    self.error(f"after seq_cp sequence {sid} spans [{c.seq_pos_min(sid)}, "
+                               f"{c.seq_pos_max(sid)}], expected [0, {n_shared - 1}]")
+            self.active[sid] = _Seq(sid, tokens, n_prompt=len(tokens), n_gen_max=n_gen, n_cached=n_shared)
+            rep.sequences += 1
+
+    def retire(self) -> None:
+        """Finished requests leave the cache; their cells no other sequence holds become holes."""
+        for seq in [s for s in self.active.values() if s.n_gen >= s.n_gen_max]:
+            self.c.seq_rm(seq.sid)
+            if self.c.seq_pos_max(seq.sid) != -1:
+                self.error(f"sequence {seq.sid} still present after seq_rm")
+            del self.active[seq.sid]
+            self.free_ids.append(seq.sid)
+            self.rep.finished += 1
+
+    # --- the cache ----------------------------------------------------------------------------
+
+    def defrag(self) -> bool:
+        """Plan and apply a defrag now; False when nothing had to move."""
+        c = self.c
+        if not c.defrag_prepare(_MAX_NODES):
+            return False
+        plan = np.asarray(c.defrag_ids)
+        c.defrag_move()
+        self.rep.defrags += 1
+        self.rep.cells_moved += int(np.count_nonzero((plan != np.arange(len(plan))) & (plan != len(plan))))
+        return True
+
+    def compact(self) -> None:
+        # llama.cpp's own trigger only considers caches of 2048+ cells; a small cache is compacted
+        # here when holes make up more than the threshold of the cells up to the last used one
+        c = self.c
+        c.defrag_sched(self.cfg.defrag_thold)
+        if c.do_defrag:
+            c.update()
+            self.rep.defrags += 1
+            return
+        used_max_p1 = _used_max_p1(c)
+        if used_max_p1 and 1.0 - c.used / used_max_p1 > self.cfg.defrag_thold:
+            self.defrag()
+
+    def rehearse_abort(self, ub, n_tokens: int) -> None:
+        """A decode that fails after placing its ubatch: restore() must give the cells back."""
+        c = self.c
+        before = (c.used, self.spans())
+        if c.find_slot(ub):
+            junk = np.full((n_tokens, self.model.n_embd_kv), 1e3, dtype=np.float32)
+            for il in range(self.model.n_layer):
+                c.store(il, junk, junk)
+            c.restore()
+            self.rep.rolled_back += 1
+            after = (c.used, self.spans())
+            if after != before:
+                self.error(f"restore() left (used, spans) = {after}, expected {before}")
+
+    def place(self, ub, n_tokens: int) -> bool:
+        if self.c.find_slot(ub):
+            return True
+        # the free cells exist (admission reserved them) but are scattered: compact and retry
+        if self.defrag() and self.c.find_slot(ub):
+            self.rep.slot_retries += 1
+            return True
+        self.error(f"find_slot failed for {n_tokens} tokens with {self.c.size - self.c.used} free cells")
+        return False
+
+    # --- one step -----------------------------------------------------------------------------
+
+    def plan(self) -> list:
+        """The ubatch as (sequence, first token index, count): one token of every decoding
+        sequence first, then prompt chunks while the ubatch has room."""
+        budget, plan = self.cfg.n_ubatch, []
+        for seq in sorted(self.active.values(), key=lambda s: s.n_cached < s.n_prompt):
+            take = min(len(seq.tokens) - seq.n_cached, budget)
+            if take > 0:
+                plan.append((seq, seq.n_cached, take))
+                budget -= take
+        return plan
+
+    def forward(self, ub, tok, pos) -> list:
+        """The cached forward pass of a placed ubatch: per layer, store the new K/V rows, then
+        attend over the first n cells of the cache's own buffers under its mask. Returns the
+        attention output of every layer, then the final hidden states."""
+        c, model = self.c, self.model
+        n = c.n
+        mask = np.asarray(c.kq_mask(ub))[:len(tok)]
+        x = model.embed(tok)
+        outs = []
+        for il in range(model.n_layer):
+            q, k, v = model.qkv(il, x, pos)
+            c.store(il, k, v)   # f32 rows, as a model computes them: the cache converts
+            if self.tamper is not None:
+                self.tamper(c, self.step, il)
+            kc = np.asarray(c.k(il))[:n].astype(np.float32)
+            vc = np.asarray(c.v(il))
+            vc = (vc[:, :n].T if self.cfg.v_trans else vc[:n]).astype(np.float32)
+            a = model.attend(q, kc, vc, mask)
+            outs.append(a)
+            x = model.residual(il, x, a)
+        outs.append(x)
+        return outs
+
+    def check(self, plan, outs) -> None:
+        """Compare every token with its sequence recomputed from scratch; advance the sequences
+        and sample the next token of those that are caught up."""
+        rep, row = self.rep, 0
+        for seq, i0, m in plan:
+            ref = self.model.forward(seq.tokens[:i0 + m], self.kv_dtype)
+            err = max(float(np.max(np.abs(got[row:row + m] - want[i0:i0 + m])))
+                      for got, want in zip(outs, ref))
+            if np.isnan(err):
+                err = float("inf")
+            rep.max_abs_err = max(rep.max_abs_err, err)
+            if err > self.cfg.tol:
+                rep.mismatches += 1
+                if rep.first_mismatch is None:
+                    rep.first_mismatch = {"step": self.step, "seq_id": seq.sid,
+                                          "pos": [i0, i0 + m - 1], "abs_err": err}
+            seq.n_cached = i0 + m
+            if seq.n_cached == len(seq.tokens) and seq.n_cached >= seq.n_prompt:
+                seq.n_gen += 1
+                if seq.n_gen < seq.n_gen_max:
+                    seq.tokens.append(self.model.next_token(outs[-1][row + m - 1]))
+            row += m
+        # every running sequence holds exactly positions 0..n_cached-1
+        for sid, span in self.spans().items():
+            want = (0, self.active[sid].n_cached - 1)
+            if span != want and want[1] >= 0:
+                self.error(f"sequence {sid} spans {list(span)}, expected {list(want)}")
+
+    def run(self) -> RunReport:
+        rep = self.rep
+        for _ in range(3):
+            self.arrive()
+        for self.step in range(self.cfg.steps):
+            rep.steps = self.step + 1
+            if self.rng.random() < self.cfg.p_arrive:
+                self.arrive()
+            self.admit()
+            plan = self.plan()
+            if plan:
+                tok = np.concatenate([np.asarray(s.tokens[i0:i0 + m], dtype=np.int64) for s, i0, m in plan])
+                pos = np.concatenate([np.arange(i0, i0 + m, dtype=np.int32) for s, i0, m in plan])
+                ub = kvcache.UBatch(pos=pos, seq_id=[s.sid for s, _, m in plan for _ in range(m)])
+                if self.rng.random() < self.cfg.p_abort:
+                    self.rehearse_abort(ub, len(tok))
+                if not self.place(ub, len(tok)):
+                    break
+                outs = self.forward(ub, tok, pos)
+                self.c.commit()
+                rep.ubatches += 1
+                rep.tokens += len(tok)
+                self.check(plan, outs)
+                self.retire()
+                self.compact()
+            if rep.cache_errors:
+                break
+        rep.cache_used, rep.cache_n = self.c.used, self.c.n
+        return rep
+
+
 def run(model: ToyModel, cfg: RunConfig, seed: int, tamper: Optional[Tamper] = None) -> RunReport:
     """Serve a random workload for ``cfg.steps`` steps; check every output against recomputation.
 
     ``tamper(cache, step, il)``, when given, is called after the K/V rows of layer ``il`` are
     stored and before they are read back: it may alter the cache (to show the check fails)."""
-    import kvcache
-
-    if not hasattr(kvcache, "UnifiedCache"):
-        raise RuntimeError("kvcache.UnifiedCache is not available in this build")
-    kv_dtype = {"f32": np.float32, "f16": np.float16}[cfg.type_kv]
-    c = kvcache.UnifiedCache(kv_size=cfg.kv_size, n_layer=model.n_layer,
-                             n_embd_k_gqa=model.n_embd_kv, n_embd_v_gqa=model.n_embd_kv,
-                             type_k=cfg.type_kv, type_v=cfg.type_kv, v_trans=cfg.v_trans,
-                             n_seq_max=cfg.n_seq_max, n_pad=cfg.n_pad)
-    rng = np.random.default_rng(seed)
-    rep = RunReport(type_kv=cfg.type_kv, v_trans=cfg.v_trans, tol=cfg.tol, cache_size=c.size)
-    active: dict[int, _Seq] = {}
-    waiting: list = []   # requests not yet admitted: (prompt tokens, n_gen_max)
-    free_ids = list(range(cfg.n_seq_max))
-
-    def new_request():
-        lo, hi = cfg.prompt_len
-        prompt = rng.integers(0, model.n_vocab, size=int(rng.integers(lo, hi))).tolist()
-        waiting.append((prompt, int(rng.integers(*cfg.gen_len))))
-
-    def defrag() -> bool:
-        if not c.defrag_prepare(_MAX_NODES):
-            return False
-        plan = np.asarray(c.defrag_ids)
-        c.defrag_move()
-        rep.defrags += 1
-        rep.cells_moved += int(np.count_nonzero((plan != np.arange(len(plan))) & (plan != len(plan))))
-        return True
-
-    for _ in range(3):
-        new_request()
-
-    for step in range(cfg.steps):
-        rep.steps = step + 1
-        if rng.random() < cfg.p_arrive:
-            new_request()
-
-        # admit while a sequence id is free and the cache can hold every admitted request to the end
-        while waiting and free_ids:
-            prompt, n_gen = waiting[0]
-            src = None
-            if active and rng.random() < cfg.p_share:
-                donors = [s for s in active.values() if s.n_cached >= 2 and s.n_prompt >= 2]
-                if donors:
-                    src = donors[int(rng.integers(len(donors)))]
-            n_shared = int(rng.integers(1, min(src.n_prompt, src.n_cached) + 1)) if src else 0
-            need = len(prompt) + n_gen - 1 + sum(s.pending() for s in active.values())
-            if need > c.size - c.used:
-                break
-            waiting.pop(0)
-            sid = free_ids.pop(0)
-            tokens = (src.tokens[:n_shared] if src else []) + prompt
-            seq = _Seq(sid, tokens, n_prompt=len(tokens), n_gen_max=n_gen, n_cached=n_shared)
-            if src is not None:
-                c.seq_cp(src.sid, sid, 0, n_shared)
-                rep.shared_prefixes += 1
-                rep.shared_cells += n_shared
-                if c.seq_pos_max(sid) != n_shared - 1:
-                    rep.cache_errors.append(f"step {step}: seq_cp gave sequence {sid} "
-                                            f"seq_pos_max {c.seq_pos_max(sid)}, expected {n_shared - 1}")
-            active[sid] = seq
-            rep.sequences += 1
-
-        # the ubatch: one token of every decoding sequence, then prompt chunks while room is left
-        budget = cfg.n_ubatch
-        plan = []    # (seq, first index, count)
-        for seq in sorted(active.values(), key=lambda s: s.n_cached < s.n_prompt):
-            left = len(seq.tokens) - seq.n_cached
-            take = min(left, budget)
-            if take > 0:
-                plan.append((seq, seq.n_cached, take))
-                budget -= take
-        if not plan:
-            continue
-        tok = np.concatenate([np.asarray(s.tokens[i0:i0 + m], dtype=np.int64) for s, i0, m in plan])
-        pos = np.concatenate([np.arange(i0, i0 + m, dtype=np.int32) for s, i0, m in plan])
-        sids = [s.sid for s, _, m in plan for _ in range(m)]
-        ub = kvcache.UBatch(pos=pos, seq_id=sids)
-
-        if rng.random() < cfg.p_abort:
-            # a decode that fails after placing its ubatch: restore() must leave the cells as they were
-            before = (c.used, {s.sid: (c.seq_pos_min(s.sid), c.seq_pos_max(s.sid)) for s in active.values()})
-            if c.find_slot(ub):
-                junk = np.full((len(tok), model.n_embd_kv), 1e3, dtype=np.float32)
-                for il in range(model.n_layer):
-                    c.store(il, junk, junk)
-                c.restore()
-                rep.rolled_back += 1
-                after = (c.used, {s.sid: (c.seq_pos_min(s.sid), c.seq_pos_max(s.sid)) for s in active.values()})
-                if after != before:
-                    rep.cache_errors.append(f"step {step}: restore() left used/sequence spans {after}, "
-                                            f"expected {before}")
-
-        if not c.find_slot(ub):
-            # the free cells exist (admission reserved them) but are scattered: compact and retry
-            if defrag() and c.find_slot(ub):
-                rep.slot_retries += 1
-            else:
-                rep.cache_errors.append(f"step {step}: find_slot failed for {len(tok)} tokens "
-                                        f"with {c.size - c.used} free cells")
-                break
-        head, n = c.head, c.n
-        mask = np.asarray(c.kq_mask(ub))[:len(tok)]
-
-        x = model.embed(tok)
-        layer_out = []
-        for il in range(model.n_layer):
-            q, k, v = model.qkv(il, x, pos)
-            # f32 rows, as a model computes them: the cache converts to its storage type
-            c.store(il, k, v)
-            if tamper is not None:
-                tamper(c, step, il)
-            kc = np.asarray(c.k(il))[:n].astype(np.float32)
-            vc = np.asarray(c.v(il))
-            vc = (vc[:, :n].T if cfg.v_trans else vc[:n]).astype(np.float32)
-            a = model.attend(q, kc, vc, mask)
-            layer_out.append(a)
-            x = model.residual(il, x, a)
-        layer_out.append(x)
-        c.commit()
-        rep.ubatches += 1
-        rep.tokens += len(tok)
-
-        # compare every token of every sequence with the sequence recomputed from scratch
-        row = 0
-        for seq, i0, m in plan:
-            ref = model.forward(seq.tokens[:i0 + m], kv_dtype)
-            err = max(float(np.max(np.abs(got[row:row + m] - want[i0:i0 + m])))
-                      for got, want in zip(layer_out, ref))
-            if np.isnan(err):
-                err = float("inf")
-            rep.max_abs_err = max(rep.max_abs_err, err)
-            if err > cfg.tol:
-                rep.mismatches += 1
-                if rep.first_mismatch is None:
-                    rep.first_mismatch = {"step": step, "seq_id": seq.sid, "pos": [i0, i0 + m - 1],
-                                          "abs_err": err}
-            seq.n_cached = i0 + m
-            if seq.n_cached == len(seq.tokens) and seq.n_cached >= seq.n_prompt:
-                seq.n_gen += 1
-                if seq.n_gen < seq.n_gen_max:
-                    seq.tokens.append(model.next_token(x[row + m - 1]))
-            row += m
-
-        # every running sequence holds exactly positions 0..n_cached-1
-        for seq in active.values():
-            lo, hi = c.seq_pos_min(seq.sid), c.seq_pos_max(seq.sid)
-            if (lo, hi) != (0, seq.n_cached - 1) and seq.n_cached > 0:
-                rep.cache_errors.append(f"step {step}: sequence {seq.sid} spans [{lo}, {hi}], "
-                                        f"expected [0, {seq.n_cached - 1}]")
-
-        # finished requests leave the cache; their unshared cells become holes
-        for seq in [s for s in active.values() if s.n_gen >= s.n_gen_max]:
-            c.seq_rm(seq.sid)
-            if c.seq_pos_max(seq.sid) != -1:
-                rep.cache_errors.append(f"step {step}: sequence {seq.sid} still present after seq_rm")
-            del active[seq.sid]
-            free_ids.append(seq.sid)
-            rep.finished += 1
-
-        # llama.cpp's own trigger only considers caches of 2048+ cells; a small cache is compacted
-        # here when holes make up more than the threshold of the cells up to the last used one
-        c.defrag_sched(cfg.defrag_thold)
-        if c.do_defrag:
-            c.update()
-            rep.defrags += 1
-        else:
-            used_max_p1 = _used_max_p1(c)
-            if used_max_p1 and 1.0 - c.used / used_max_p1 > cfg.defrag_thold:
-                defrag()
-
-        if rep.cache_errors:
-            break
-
-    rep.cache_used, rep.cache_n = c.used, c.n
-    return rep
+    return _Server(model, cfg, seed, tamper).run()
 
 
 def _used_max_p1(c) -> int:
