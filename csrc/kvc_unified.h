@@ -12,6 +12,10 @@
 #include "kvc_cells.h"
 #include "kvc_ubatch.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum kvc_swa_type {
     KVC_SWA_NONE     = 0,
     KVC_SWA_STANDARD = 1,  /* masked when p1 - p0 >= n_swa */
@@ -153,5 +157,9 @@ typedef struct kvc_unified_snapshot {
 int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s);   /* KVC_OK / NOMEM */
 void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s); /* metadata only */
 void kvc_unified_snapshot_free(kvc_unified_snapshot *s);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -3,6 +3,24 @@ import os as _os
 
 __version__ = "0.1.0"
 
+from kvcache._core import (  # noqa: E402
+    Batch,
+    Cells,
+    RecurrentCache,
+    RopeParams,
+    StateError,
+    UBatch,
+    dequantize,
+    quantize,
+    rope_shift,
+)
+from kvcache.unified import UnifiedCache  # noqa: E402
+
+__all__ = [
+    "Batch", "Cells", "RecurrentCache", "RopeParams", "StateError", "UBatch", "UnifiedCache",
+    "dequantize", "quantize", "rope_shift", "get_include", "__version__",
+]
+
 
 def get_include() -> str:
     """Directory holding kvcache's C headers (include/) and .pxd files.

@@ -1,0 +1,44 @@
+"""The unified KV cache: llama.cpp's ``llama_kv_cache_unified`` over numpy-owned K/V memory."""
+from kvcache._core import Cells, UnifiedCore
+
+__all__ = ["UnifiedCache", "Cells"]
+
+
+class UnifiedCache(UnifiedCore):
+    """A unified KV cache: ``kv_size`` cells shared by up to ``n_seq_max`` sequences.
+
+    ``UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
+    v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None, buffers="owned")``
+
+    - ``kv_size``: number of cells, a positive multiple of ``n_pad``.
+    - ``n_layer``: number of model layers; ``n_embd_k_gqa`` / ``n_embd_v_gqa``: K / V row width
+      in elements, one int for all layers or one per model layer.
+    - ``type_k`` / ``type_v``: ggml type names ("f32", "f16", "bf16", "q8_0", "q4_0", ...).
+    - ``v_trans``: store V transposed (needs a V type with one element per block).
+    - ``n_seq_max``: valid sequence ids are ``[0, n_seq_max)``, at most 64.
+    - ``n_swa`` / ``swa_type``: sliding window ("none", "standard" or "chunked").
+    - ``layers``: the model layers this cache holds: None (all), ascending indices, or a
+      predicate ``il -> bool``.
+    - ``buffers``: "owned": the cache allocates its K/V memory as zeroed, 64-byte aligned
+      numpy arrays (see ``k(il)`` / ``v(il)``).
+
+    Typical step, as llama.cpp's decode does it::
+
+        ub = kvcache.UBatch(pos=[0, 1, 2], seq_id=[0, 0, 0])
+        if cache.find_slot(ub):
+            for il in cache.layers:
+                cache.store(il, k_rows, v_rows)
+            mask = cache.kq_mask(ub)
+            cache.commit()
+        else:
+            cache.restore()
+
+    The cache is not thread-safe: it releases the GIL in long operations, so threads sharing
+    one cache must serialise their calls (e.g. with a ``threading.Lock``).
+
+    Sequence ids outside ``[0, n_seq_max)`` (``-1`` is allowed where it means "any" / "whole
+    cache") and other invalid arguments raise ValueError / TypeError / IndexError before
+    anything changes.
+    """
+
+    __slots__ = ()
