@@ -15,10 +15,6 @@ SRC = os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))
 # seed 0 reaches a finished sequence, a shared prefix and a defrag within this many steps
 STEPS = 20
 
-needs_cache = pytest.mark.skipif(not hasattr(kvcache, "UnifiedCache"),
-                                 reason="kvcache.UnifiedCache is not in this build")
-
-
 # --- the toy model and its from-scratch reference (no cache involved) -----------------------
 
 def test_rope_depends_on_relative_position_only():
@@ -85,7 +81,6 @@ def test_usage_errors_are_one_line(argv, capsys):
 
 # --- the demo against the real cache -------------------------------------------------------
 
-@needs_cache
 def test_demo_in_process(capsys):
     assert cli.main(["demo", "--steps", str(STEPS)]) == 0
     out = capsys.readouterr().out
@@ -93,7 +88,6 @@ def test_demo_in_process(capsys):
     assert "f32 K/V, V transposed" in out and "f16 K/V, V rows" in out
 
 
-@needs_cache
 def test_demo_json_report(capsys):
     assert cli.main(["demo", "--steps", str(STEPS), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
@@ -108,14 +102,12 @@ def test_demo_json_report(capsys):
     assert 0 < main["cache_used"] <= main["cache_size"] and 0 < main["occupancy"] <= 1
 
 
-@needs_cache
 def test_demo_is_deterministic():
     a = run_demo(seed=4, steps=8).to_dict()
     b = run_demo(seed=4, steps=8).to_dict()
     assert a == b
 
 
-@needs_cache
 def test_python_m_kvcache_demo():
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-m", "kvcache", "demo", "--steps", "6", "--seed", "2"],
@@ -127,7 +119,6 @@ def test_python_m_kvcache_demo():
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
-@needs_cache
 def test_fragmented_cache_is_compacted_when_find_slot_fails():
     # no periodic defrag and big ubatches: a slot search fails among the holes, a defrag makes
     # room, and the attention is still exact afterwards
@@ -154,7 +145,6 @@ def _corrupt_v(step_at):
     return tamper
 
 
-@needs_cache
 def test_corrupted_k_row_is_detected():
     rep = run(ToyModel(0), RunConfig(steps=8), 0, tamper=_corrupt_k(3))
     assert not rep.ok and rep.mismatches > 0
@@ -163,13 +153,11 @@ def test_corrupted_k_row_is_detected():
     assert run(ToyModel(0), RunConfig(steps=8), 0).ok
 
 
-@needs_cache
 def test_corrupted_v_column_is_detected():
     rep = run(ToyModel(0), RunConfig(steps=8), 0, tamper=_corrupt_v(5))
     assert not rep.ok and rep.first_mismatch["step"] == 5
 
 
-@needs_cache
 def test_demo_exit_status_on_mismatch(monkeypatch, capsys):
     import kvcache.demo as demo
     real = demo.run_demo
