@@ -1849,11 +1849,14 @@ struct __pyx_obj_7kvcache_5_core_UnifiedCore {
   PyObject *_k_view;
   PyObject *_v_view;
   PyObject *_buffers;
+  PyObject *_borrowed;
+  PyObject *_n_embd_head_k;
+  PyObject *_rope;
   int _defrag_pending;
 };
 
 
-/* "kvcache/_core.pxd":71
+/* "kvcache/_core.pxd":74
  * from kvcache.includes.kvc_batch cimport kvc_sbatch, kvc_split_mode
  * 
  * cdef class SplitUBatch(UBatch):             # <<<<<<<<<<<<<<
@@ -1867,7 +1870,7 @@ struct __pyx_obj_7kvcache_5_core_SplitUBatch {
 };
 
 
-/* "kvcache/_core.pxd":75
+/* "kvcache/_core.pxd":78
  *     cdef readonly bint equal_seqs   # False for a simple split
  * 
  * cdef class Batch:             # <<<<<<<<<<<<<<
@@ -1881,7 +1884,7 @@ struct __pyx_obj_7kvcache_5_core_Batch {
 };
 
 
-/* "kvcache/_core.pxd":82
+/* "kvcache/_core.pxd":85
  * from kvcache.includes.kvc_recurrent cimport kvc_recurrent
  * 
  * cdef class RecurrentCache:             # <<<<<<<<<<<<<<
@@ -1896,12 +1899,14 @@ struct __pyx_obj_7kvcache_5_core_RecurrentCache {
   PyObject *_k;
   PyObject *_v;
   PyObject *_warnings;
+  PyObject *_buffers;
+  PyObject *_borrowed;
   PyObject *type_k;
   PyObject *type_v;
 };
 
 
-/* "kvcache/_core.pxd":100
+/* "kvcache/_core.pxd":105
  * from kvcache.includes.kvc_rope cimport kvc_rope_params
  * 
  * cdef class RopeParams:             # <<<<<<<<<<<<<<
@@ -2075,7 +2080,7 @@ static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_n_c(struct _
 static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_used_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
 
 
-/* "kvcache/_core.pxd":71
+/* "kvcache/_core.pxd":74
  * from kvcache.includes.kvc_batch cimport kvc_sbatch, kvc_split_mode
  * 
  * cdef class SplitUBatch(UBatch):             # <<<<<<<<<<<<<<
@@ -2089,7 +2094,7 @@ struct __pyx_vtabstruct_7kvcache_5_core_SplitUBatch {
 static struct __pyx_vtabstruct_7kvcache_5_core_SplitUBatch *__pyx_vtabptr_7kvcache_5_core_SplitUBatch;
 
 
-/* "kvcache/_core.pxd":75
+/* "kvcache/_core.pxd":78
  *     cdef readonly bint equal_seqs   # False for a simple split
  * 
  * cdef class Batch:             # <<<<<<<<<<<<<<
@@ -2103,7 +2108,7 @@ struct __pyx_vtabstruct_7kvcache_5_core_Batch {
 static struct __pyx_vtabstruct_7kvcache_5_core_Batch *__pyx_vtabptr_7kvcache_5_core_Batch;
 
 
-/* "kvcache/_core.pxd":82
+/* "kvcache/_core.pxd":85
  * from kvcache.includes.kvc_recurrent cimport kvc_recurrent
  * 
  * cdef class RecurrentCache:             # <<<<<<<<<<<<<<
@@ -2121,7 +2126,7 @@ struct __pyx_vtabstruct_7kvcache_5_core_RecurrentCache {
 static struct __pyx_vtabstruct_7kvcache_5_core_RecurrentCache *__pyx_vtabptr_7kvcache_5_core_RecurrentCache;
 
 
-/* "kvcache/_core.pxd":100
+/* "kvcache/_core.pxd":105
  * from kvcache.includes.kvc_rope cimport kvc_rope_params
  * 
  * cdef class RopeParams:             # <<<<<<<<<<<<<<
@@ -18540,7 +18545,7 @@ static PyObject *__pyx_unpickle_Enum__set_state(struct __pyx_MemviewEnum_obj *__
   return __pyx_r;
 }
 
-/* "kvcache/_core.pxd":57
+/* "kvcache/_core.pxd":60
  *     cdef void reset_shift_c(self) noexcept nogil
  *     # field reads and header-inline queries: inlined into the caller
  *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -18551,7 +18556,7 @@ static PyObject *__pyx_unpickle_Enum__set_state(struct __pyx_MemviewEnum_obj *__
 static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_min_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self, int32_t __pyx_v_s) {
   int32_t __pyx_r;
 
-  /* "kvcache/_core.pxd":58
+  /* "kvcache/_core.pxd":61
  *     # field reads and header-inline queries: inlined into the caller
  *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
  *         return kvc_unified_seq_pos_min(&self.c, s)             # <<<<<<<<<<<<<<
@@ -18564,7 +18569,7 @@ static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_min_c
   }
   goto __pyx_L0;
 
-  /* "kvcache/_core.pxd":57
+  /* "kvcache/_core.pxd":60
  *     cdef void reset_shift_c(self) noexcept nogil
  *     # field reads and header-inline queries: inlined into the caller
  *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -18577,7 +18582,7 @@ static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_min_c
   return __pyx_r;
 }
 
-/* "kvcache/_core.pxd":59
+/* "kvcache/_core.pxd":62
  *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
  *         return kvc_unified_seq_pos_min(&self.c, s)
  *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -18588,7 +18593,7 @@ static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_min_c
 static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_max_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self, int32_t __pyx_v_s) {
   int32_t __pyx_r;
 
-  /* "kvcache/_core.pxd":60
+  /* "kvcache/_core.pxd":63
  *         return kvc_unified_seq_pos_min(&self.c, s)
  *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
  *         return kvc_unified_seq_pos_max(&self.c, s)             # <<<<<<<<<<<<<<
@@ -18601,7 +18606,7 @@ static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_max_c
   }
   goto __pyx_L0;
 
-  /* "kvcache/_core.pxd":59
+  /* "kvcache/_core.pxd":62
  *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
  *         return kvc_unified_seq_pos_min(&self.c, s)
  *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -18614,7 +18619,7 @@ static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_max_c
   return __pyx_r;
 }
 
-/* "kvcache/_core.pxd":61
+/* "kvcache/_core.pxd":64
  *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
  *         return kvc_unified_seq_pos_max(&self.c, s)
  *     cdef inline uint32_t head_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -18625,7 +18630,7 @@ static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_max_c
 static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_head_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self) {
   uint32_t __pyx_r;
 
-  /* "kvcache/_core.pxd":62
+  /* "kvcache/_core.pxd":65
  *         return kvc_unified_seq_pos_max(&self.c, s)
  *     cdef inline uint32_t head_c(self) noexcept nogil:
  *         return self.c.head             # <<<<<<<<<<<<<<
@@ -18638,7 +18643,7 @@ static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_head_c(struc
   }
   goto __pyx_L0;
 
-  /* "kvcache/_core.pxd":61
+  /* "kvcache/_core.pxd":64
  *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
  *         return kvc_unified_seq_pos_max(&self.c, s)
  *     cdef inline uint32_t head_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -18651,7 +18656,7 @@ static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_head_c(struc
   return __pyx_r;
 }
 
-/* "kvcache/_core.pxd":63
+/* "kvcache/_core.pxd":66
  *     cdef inline uint32_t head_c(self) noexcept nogil:
  *         return self.c.head
  *     cdef inline uint32_t n_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -18662,7 +18667,7 @@ static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_head_c(struc
 static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_n_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self) {
   uint32_t __pyx_r;
 
-  /* "kvcache/_core.pxd":64
+  /* "kvcache/_core.pxd":67
  *         return self.c.head
  *     cdef inline uint32_t n_c(self) noexcept nogil:
  *         return self.c.n             # <<<<<<<<<<<<<<
@@ -18675,7 +18680,7 @@ static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_n_c(struct _
   }
   goto __pyx_L0;
 
-  /* "kvcache/_core.pxd":63
+  /* "kvcache/_core.pxd":66
  *     cdef inline uint32_t head_c(self) noexcept nogil:
  *         return self.c.head
  *     cdef inline uint32_t n_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -18688,7 +18693,7 @@ static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_n_c(struct _
   return __pyx_r;
 }
 
-/* "kvcache/_core.pxd":65
+/* "kvcache/_core.pxd":68
  *     cdef inline uint32_t n_c(self) noexcept nogil:
  *         return self.c.n
  *     cdef inline uint32_t used_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -18699,7 +18704,7 @@ static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_n_c(struct _
 static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_used_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self) {
   uint32_t __pyx_r;
 
-  /* "kvcache/_core.pxd":66
+  /* "kvcache/_core.pxd":69
  *         return self.c.n
  *     cdef inline uint32_t used_c(self) noexcept nogil:
  *         return self.c.cells.used             # <<<<<<<<<<<<<<
@@ -18712,7 +18717,7 @@ static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_used_c(struc
   }
   goto __pyx_L0;
 
-  /* "kvcache/_core.pxd":65
+  /* "kvcache/_core.pxd":68
  *     cdef inline uint32_t n_c(self) noexcept nogil:
  *         return self.c.n
  *     cdef inline uint32_t used_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -27920,8 +27925,8 @@ static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   #else
   sizeof(struct __pyx_obj_7kvcache_5_core_SplitUBatch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_SplitUBatch),
   #endif
-  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_SplitUBatch) __PYX_ERR(2, 71, __pyx_L1_error)
-  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_SplitUBatch, (void**)&__pyx_vtabptr_7kvcache_5_core_SplitUBatch) != 1)) __PYX_ERR(2, 71, __pyx_L1_error)
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_SplitUBatch) __PYX_ERR(2, 74, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_SplitUBatch, (void**)&__pyx_vtabptr_7kvcache_5_core_SplitUBatch) != 1)) __PYX_ERR(2, 74, __pyx_L1_error)
   __pyx_mstate->__pyx_ptype_7kvcache_5_core_Batch = __Pyx_ImportType_3_3_1(__pyx_t_1, "kvcache._core", "Batch",
   #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
   sizeof(struct __pyx_obj_7kvcache_5_core_Batch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_Batch),
@@ -27930,8 +27935,8 @@ static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   #else
   sizeof(struct __pyx_obj_7kvcache_5_core_Batch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_Batch),
   #endif
-  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_Batch) __PYX_ERR(2, 75, __pyx_L1_error)
-  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_Batch, (void**)&__pyx_vtabptr_7kvcache_5_core_Batch) != 1)) __PYX_ERR(2, 75, __pyx_L1_error)
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_Batch) __PYX_ERR(2, 78, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_Batch, (void**)&__pyx_vtabptr_7kvcache_5_core_Batch) != 1)) __PYX_ERR(2, 78, __pyx_L1_error)
   __pyx_mstate->__pyx_ptype_7kvcache_5_core_RecurrentCache = __Pyx_ImportType_3_3_1(__pyx_t_1, "kvcache._core", "RecurrentCache",
   #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
   sizeof(struct __pyx_obj_7kvcache_5_core_RecurrentCache), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RecurrentCache),
@@ -27940,8 +27945,8 @@ static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   #else
   sizeof(struct __pyx_obj_7kvcache_5_core_RecurrentCache), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RecurrentCache),
   #endif
-  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_RecurrentCache) __PYX_ERR(2, 82, __pyx_L1_error)
-  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_RecurrentCache, (void**)&__pyx_vtabptr_7kvcache_5_core_RecurrentCache) != 1)) __PYX_ERR(2, 82, __pyx_L1_error)
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_RecurrentCache) __PYX_ERR(2, 85, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_RecurrentCache, (void**)&__pyx_vtabptr_7kvcache_5_core_RecurrentCache) != 1)) __PYX_ERR(2, 85, __pyx_L1_error)
   __pyx_mstate->__pyx_ptype_7kvcache_5_core_RopeParams = __Pyx_ImportType_3_3_1(__pyx_t_1, "kvcache._core", "RopeParams",
   #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
   sizeof(struct __pyx_obj_7kvcache_5_core_RopeParams), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RopeParams),
@@ -27950,8 +27955,8 @@ static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   #else
   sizeof(struct __pyx_obj_7kvcache_5_core_RopeParams), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RopeParams),
   #endif
-  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_RopeParams) __PYX_ERR(2, 100, __pyx_L1_error)
-  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_RopeParams, (void**)&__pyx_vtabptr_7kvcache_5_core_RopeParams) != 1)) __PYX_ERR(2, 100, __pyx_L1_error)
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_RopeParams) __PYX_ERR(2, 105, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_RopeParams, (void**)&__pyx_vtabptr_7kvcache_5_core_RopeParams) != 1)) __PYX_ERR(2, 105, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __Pyx_RefNannyFinishContext();
   return 0;

@@ -36,6 +36,7 @@ cdef class UnifiedCore:
     cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)
     cdef object _borrowed          # borrowed mode: the caller's (K, V) objects per kept layer (kept alive)
     cdef tuple _n_embd_head_k      # K head size per model layer, or None (needed by the RoPE K-shift)
+    cdef object _rope              # the model's RopeParams, or None (update() rotates K with them)
     cdef bint _defrag_pending      # the last defrag_prepare moved cells whose K/V rows are not moved yet
 
     # C-level operations for other extensions (`from kvcache._core cimport UnifiedCore`). They do

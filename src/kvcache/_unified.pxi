@@ -123,6 +123,23 @@ cdef tuple _head_dims_arg(object v, Py_ssize_t n_layer, tuple wk, tuple kept):
     return hd
 
 
+cdef int _check_rope(object rope, tuple head_k, tuple kept, str name) except -1:
+    """rope: None or RopeParams that fit every kept layer's heads (needs their size)."""
+    cdef kvc_rope_params p
+    if rope is None:
+        return 0
+    if not isinstance(rope, RopeParams):
+        raise TypeError(f"{name} must be a RopeParams or None, not {type(rope).__name__}")
+    if head_k is None:
+        raise ValueError(f"{name}: rotating keys needs the K head size; give n_embd_head_k too")
+    for il in kept:
+        try:
+            (<RopeParams>rope).fill(&p, il, head_k[il])
+        except ValueError as e:
+            raise ValueError(f"{name}: layer {il}: {e}") from None
+    return 0
+
+
 cdef inline long long _ll_arg(object v, str name) except? -1:
     """An int argument as long long: TypeError for non-integers (floats are not truncated),
     ValueError when it does not fit."""
@@ -272,9 +289,6 @@ cdef int _apply_rope(UnifiedCore self, RopeParams rope) except -1:
     cdef uint32_t n = self.c.n_layer, i
     cdef kvc_err err
     cdef int r
-    if self._n_embd_head_k is None:
-        raise ValueError("update(rope=...): the K head size is unknown; give n_embd_head_k to "
-                         "the constructor (kvcache.from_gguf does)")
     cdef kvc_rope_params *params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
     cdef uint32_t *hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
     try:
@@ -302,7 +316,7 @@ cdef class UnifiedCore:
 
     def __cinit__(self, kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
                   v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None,
-                  buffers="owned", n_embd_head_k=None):
+                  buffers="owned", n_embd_head_k=None, rope=None):
         cdef kvc_unified_params p
         cdef kvc_err err
         cdef const kvc_type_info *tk
@@ -342,6 +356,7 @@ cdef class UnifiedCore:
             _check_width(wk[il], il, tk, "n_embd_k_gqa")
             _check_width(wv[il], il, tv, "n_embd_v_gqa")
         head_k = _head_dims_arg(n_embd_head_k, nl, wk, kept)
+        _check_rope(rope, head_k, kept, "rope")
         pairs = _buffer_pairs(buffers, kept) if mode == "borrowed" else None
 
         arr_il = np.asarray(kept, dtype=np.int32).reshape(-1)
@@ -371,6 +386,7 @@ cdef class UnifiedCore:
         self._n_embd_k = wk
         self._n_embd_v = wv
         self._n_embd_head_k = head_k
+        self._rope = rope
         self._buffers = mode
         self._borrowed = pairs          # the caller's objects stay alive as long as the cache
         self._k_mem, self._v_mem, self._k_view, self._v_view = [], [], [], []
@@ -559,6 +575,11 @@ cdef class UnifiedCore:
     def n_embd_head_k(self):
         """K head size per model layer (a tuple), or None when not given to the constructor."""
         return self._n_embd_head_k
+
+    @property
+    def rope(self):
+        """The model's RopeParams given to the constructor (update() rotates K with them), or None."""
+        return self._rope
 
     @property
     def slot(self):
@@ -830,20 +851,22 @@ cdef class UnifiedCore:
     def update(self, rope=None, n_max_nodes=65536):
         """Apply the pending K-shift, then the scheduled defrag, as llama.cpp's update() does.
 
-        rope: the model's RopeParams: every kept layer's K is rotated in place by each cell's
-        shift (with the layer's freq_base / freq_scale overrides; needs n_embd_head_k from the
-        constructor). None: a model without RoPE, the shifts are dropped. A metadata-only cache
-        rotates and moves nothing: call it without rope and apply the returned plan's k_shift,
-        then its defrag_runs, to your own K/V memory.
+        rope: the model's RopeParams (default: the ones given to the constructor): every kept
+        layer's K is rotated in place by each cell's shift, with the layer's freq_base /
+        freq_scale overrides (needs n_embd_head_k from the constructor). Without any, the model
+        has no RoPE and the shifts are dropped. A metadata-only cache rotates and moves nothing:
+        apply the returned plan's k_shift, then its defrag_runs, to your own K/V memory.
 
         Returns an UpdatePlan (true when the data changed or has to, i.e. the graph needs a new
         reservation). Arguments are checked before anything changes."""
         cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
-        if rope is not None and not isinstance(rope, RopeParams):
-            raise TypeError(f"rope must be a RopeParams or None, not {type(rope).__name__}")
         if rope is not None and self._buffers == "none":
             raise ValueError("update: a metadata-only cache holds no K to rotate; call update() "
                              "without rope and apply the plan's k_shift with your own kernels")
+        if rope is None and self._buffers != "none":
+            rope = self._rope
+        elif rope is not None:
+            _check_rope(rope, self._n_embd_head_k, self._layers, "rope")
         shift = None
         rotated = False
         if self.c.cells.has_shift:

@@ -9,7 +9,7 @@ class UnifiedCache(UnifiedCore):
 
     ``UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
     v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None, buffers="owned",
-    n_embd_head_k=None)``
+    n_embd_head_k=None, rope=None)``
 
     - ``kv_size``: number of cells, a positive multiple of ``n_pad``.
     - ``n_layer``: number of model layers; ``n_embd_k_gqa`` / ``n_embd_v_gqa``: K / V row width
@@ -34,9 +34,10 @@ class UnifiedCache(UnifiedCore):
         all the bookkeeping and hands over plans: ``slot`` after find_slot, ``k_shift()``,
         ``defrag_runs()``, and the UpdatePlan of ``update()``. ``k``, ``v`` and ``store``
         raise RuntimeError.
-    - ``n_embd_head_k``: K head size (one int, or one per model layer), needed by
-      ``update(rope=...)`` to rotate keys; each K row holds ``n_embd_k_gqa / n_embd_head_k``
-      heads.
+    - ``n_embd_head_k``: K head size (one int, or one per model layer), needed to rotate keys;
+      each K row holds ``n_embd_k_gqa / n_embd_head_k`` heads.
+    - ``rope``: the model's ``RopeParams`` (``update()`` rotates shifted keys with them), or
+      None for a model without RoPE. ``kvcache.from_gguf`` fills these from a model file.
 
     Typical step, as llama.cpp's decode does it::
 
@@ -50,7 +51,7 @@ class UnifiedCache(UnifiedCore):
             cache.restore()
 
     After sequence edits (``seq_add`` / ``seq_div``, a context shift) and before the next
-    decode, ``cache.update(rope=RopeParams(...))`` rotates the cached keys to their new
+    decode, ``cache.update()`` rotates the cached keys to their new
     positions and runs a scheduled defragmentation.
 
     The cache is not thread-safe: it releases the GIL in long operations, so threads sharing
