@@ -17,11 +17,12 @@ from kvcache._core import (  # noqa: E402
     view_dtype,
 )
 from kvcache.unified import UnifiedCache  # noqa: E402
+from kvcache.geometry import ModelGeometry, from_gguf, read_gguf  # noqa: E402
 
 __all__ = [
     "Batch", "Cells", "RecurrentCache", "RopeParams", "StateError", "UBatch", "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
-    "UpdatePlan", "view_dtype",
+    "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
 ]
 
 
