@@ -200,8 +200,12 @@ cdef object _as_host_array(object obj, str name):
         try:
             return np.from_dlpack(obj)
         except (BufferError, TypeError, ValueError, RuntimeError):
-            # dtypes numpy does not import (bfloat16): read the capsule directly
+            pass
+        # dtypes numpy does not import (bfloat16): read the capsule directly
+        try:
             return _from_dlpack_capsule(obj, name)
+        except BufferError as e:     # the producer refused (e.g. a tensor that requires grad)
+            raise BufferError(f"{name}: {e}") from None
     if PyObject_CheckBuffer(obj):
         try:
             return np.asarray(memoryview(obj))
