@@ -88,13 +88,12 @@ def blob_fields(blob: bytes, expect: dict) -> dict:
     return got
 
 
-def read_ok(read: Callable[[bytes, int], Any], op: dict) -> dict:
-    """Run a state_read op: ok is False when the cache rejects the blob."""
+def read_state(read: Callable[[bytes, int], int], op: dict) -> int | None:
+    """Run a state_read op: the bytes consumed, or None when the cache rejects the blob."""
     try:
-        read(bytes.fromhex(op["hex"]), op["seq_id"])
+        return read(bytes.fromhex(op["hex"]), op["seq_id"])
     except StateError:
-        return {"ok": False}
-    return {"ok": True}
+        return None
 
 
 def compare_fields(index: int, op: dict, expect: dict, got: dict) -> None:

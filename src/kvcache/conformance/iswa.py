@@ -2,15 +2,18 @@
 expectations are ``{"base": ..., "swa": ...}``."""
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Iterator
 
 from kvcache import ISWACache, SWAWarning
-from kvcache.conformance import unsupported
+from kvcache.conformance import Divergence, unsupported
 from kvcache.conformance.common import (blob_fields, check_fields, defrag_fields, fill, k_shift_fields,
-                                        mask_fields, read_ok, replay_ops, ubatch)
+                                        mask_fields, read_state, replay_ops, ubatch)
 
 __all__ = ["make_cache", "replay"]
+
+_PMIN = re.compile(r"pmin = (-?\d+)")
 
 
 def make_cache(config: dict) -> ISWACache:
@@ -28,9 +31,17 @@ def make_cache(config: dict) -> ISWACache:
     return cache
 
 
-def _run(cache: ISWACache, config: dict, index: int, op: dict) -> dict | None:
-    """Apply one op; return the fields to compare with its expect."""
+def _partial_pmins(messages: list[str]) -> list[int]:
+    """The pmin of every partial-window report among log lines or warning messages, in order."""
+    return [int(m.group(1)) for m in map(_PMIN.search, messages) if m and "partial SWA cache" in m.string]
+
+
+def _run(cache: ISWACache, config: dict, index: int, op: dict, strict_info: bool) -> dict | None:
+    """Apply one op; return the fields to compare with its expect. With strict_info, the
+    diagnostics must match too: the partial-window reports of a commit (by pmin) and the bytes
+    a successful state_read consumed."""
     name = op["op"]
+    info = op.get("info", {})
     parts = (("base", cache.base), ("swa", cache.swa))
     if name == "find_slot":
         oks = cache.find_slot_each(ubatch(op))
@@ -43,9 +54,16 @@ def _run(cache: ISWACache, config: dict, index: int, op: dict) -> dict | None:
     if name == "sbatch_init":
         return {"pending": cache.sbatch_init(op["pos"], op["seq_id"])}
     if name == "commit":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SWAWarning)  # diagnostic, like the reference's log line
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SWAWarning)  # reported like the reference's log line
             cache.commit()
+        if strict_info:
+            # compared as multisets: the reference visits the sequences in hash-map order, and
+            # pruning one sequence does not affect another
+            want = sorted(_partial_pmins(info.get("log", [])))
+            got_pmins = sorted(_partial_pmins([str(w.message) for w in caught if issubclass(w.category, SWAWarning)]))
+            if want != got_pmins:
+                raise Divergence(index, name, "info.log (partial SWA cache, pmin)", want, got_pmins)
     elif name == "restore":
         cache.restore()
     elif name == "clear":
@@ -81,13 +99,17 @@ def _run(cache: ISWACache, config: dict, index: int, op: dict) -> dict | None:
     elif name == "state_write":
         return blob_fields(cache.state_write(op["seq_id"]), op["expect"])
     elif name == "state_read":
-        return read_ok(cache.state_read, op)
+        consumed = read_state(cache.state_read, op)
+        if strict_info and consumed is not None and consumed != info.get("n_read"):
+            raise Divergence(index, name, "info.n_read", info.get("n_read"), consumed)
+        return {"ok": consumed is not None}
     else:
         raise unsupported(index, op)
     return {}
 
 
-def replay(config: dict, ops: Iterator[tuple[int, dict]]) -> None:
-    """Replay the ops of an iswa trace against a fresh cache; raise Divergence on mismatch."""
+def replay(config: dict, ops: Iterator[tuple[int, dict]], strict_info: bool = False) -> None:
+    """Replay the ops of an iswa trace against a fresh cache; raise Divergence on mismatch.
+    strict_info also compares the diagnostics (see _run)."""
     cache = make_cache(config)
-    replay_ops(ops, lambda index, op: _run(cache, config, index, op))
+    replay_ops(ops, lambda index, op: _run(cache, config, index, op, strict_info))

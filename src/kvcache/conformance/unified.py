@@ -7,7 +7,7 @@ from typing import Iterator
 from kvcache import UnifiedCache
 from kvcache.conformance import unsupported
 from kvcache.conformance.common import (INVALID_ARGUMENT, blob_fields, check_fields, defrag_fields, fill,
-                                        fill_rows, k_shift_fields, mask_fields, read_ok, replay_ops, ubatch)
+                                        fill_rows, k_shift_fields, mask_fields, read_state, replay_ops, ubatch)
 
 __all__ = ["INVALID_ARGUMENT", "fill", "fill_rows", "make_cache", "replay"]
 
@@ -72,7 +72,7 @@ def _run(cache: UnifiedCache, config: dict, index: int, op: dict) -> dict | None
     elif name == "state_write":
         return blob_fields(cache.state_write(op["seq_id"]), op["expect"])
     elif name == "state_read":
-        return read_ok(cache.state_read, op)
+        return {"ok": read_state(cache.state_read, op) is not None}
     else:
         raise unsupported(index, op)
     return {}
