@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-ctx", "--ctx", type=_count, default=d.n_ctx, metavar="N",
                    help=f"cells, padded to n_pad (default {d.n_ctx})")
     g.add_argument("--n-seq-max", "--parallel", type=_count, default=d.n_seq_max, metavar="N",
-                   help=f"sequence slots, one of them holding the shared prefix (default {d.n_seq_max})")
+                   help=f"sequence slots; with prefix sharing one holds the prefix (default {d.n_seq_max})")
     g.add_argument("--n-layer", type=_count, default=d.n_layer, metavar="N", help=f"layers (default {d.n_layer})")
     g.add_argument("--n-embd", type=_count, default=d.n_embd, metavar="N",
                    help=f"K and V row width; small keeps the data negligible (default {d.n_embd})")
