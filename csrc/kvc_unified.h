@@ -141,13 +141,11 @@ void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out);
 void    kvc_unified_defrag_sched(kvc_unified *c, float thold);
 /* Plan a defrag (moves the cell metadata, fills defrag_ids). 1 = something to move, 0 = not. */
 int     kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes);
+/* The last plan as runs: cells [src, src + n) move to [dst, dst + n); writes 3 values per run
+ * into runs (when not NULL) and returns the number of runs. */
+uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs);
 /* Move the K/V data as the last plan says (contiguous runs at once). */
 void    kvc_unified_defrag_move(kvc_unified *c);
-/* The last plan as runs of cells moving together, in the order defrag_move moves them:
- * runs[3r] = src, runs[3r + 1] = dst, runs[3r + 2] = count (cells [src, src + count) go to
- * [dst, dst + count)). Writes at most cap runs (runs may be NULL with cap 0) and returns how
- * many runs the plan has. */
-uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs, uint32_t cap);
 
 /* --- whole-object snapshot, for operations that must leave no trace on failure ---------- */
 typedef struct kvc_unified_snapshot {

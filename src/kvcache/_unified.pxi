@@ -675,6 +675,24 @@ cdef class UnifiedCore:
         """Largest position of seq_id, -1 when it holds no cell."""
         return kvc_unified_seq_pos_max(&self.c, _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False))
 
+    def prune_swa(self, seq_id, pmin, pmax):
+        """Slide the window of seq_id after a batch that gave it positions pmin..pmax (what an
+        iSWA cache does on commit): seq_id leaves every cell that no position up to pmax can see.
+
+        Returns True when fewer than min(n_swa, pmin) cells of seq_id were visible from pmin,
+        i.e. the cache holds only part of the window (information may have been lost). Needs a
+        cache with a sliding window (ValueError otherwise)."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = _pos_arg(pmin, "pmin"), b = _pos_arg(pmax, "pmax")
+        cdef int r
+        if self.c.swa_type == KVC_SWA_NONE:
+            raise ValueError("prune_swa: the cache has no sliding window (swa_type 'none')")
+        with nogil:
+            r = kvc_unified_prune_swa(&self.c, s, a, b)
+        if r < 0:
+            raise_status(r, NULL, "prune_swa")
+        return r == 1
+
     # --- K/V data ------------------------------------------------------------------------
     def k(self, il):
         """K of model layer il: a writable view (size, n_embd_k) of float32 / float16 / bfloat16
@@ -833,11 +851,11 @@ cdef class UnifiedCore:
         [src, src + count) moving to [dst, dst + count). No run reads cells another run writes,
         so they can be applied in any order; defrag_move applies them to the K/V rows (and a
         metadata-only cache's owner to its own memory)."""
-        cdef uint32_t n = kvc_unified_defrag_runs(&self.c, NULL, 0)
+        cdef uint32_t n = kvc_unified_defrag_runs(&self.c, NULL)
         out = np.empty((n, 3), dtype=np.uint32)
         cdef uint32_t[:, ::1] o = out
         if n:
-            kvc_unified_defrag_runs(&self.c, &o[0, 0], n)
+            kvc_unified_defrag_runs(&self.c, &o[0, 0])
         return out
 
     def defrag_move(self):
@@ -847,6 +865,15 @@ cdef class UnifiedCore:
                 kvc_unified_defrag_move(&self.c)
             self._defrag_pending = False
         self.c.do_defrag = False
+
+    def _check_update(self, rope, n_max_nodes):
+        """Raise what update(rope, n_max_nodes) would raise before changing anything."""
+        _int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        if rope is not None and self._buffers == "none":
+            raise ValueError("update: a metadata-only cache holds no K to rotate; call update() "
+                             "without rope and apply the plan's k_shift with your own kernels")
+        if rope is not None:
+            _check_rope(rope, self._n_embd_head_k, self._layers, "rope")
 
     def update(self, rope=None, n_max_nodes=65536):
         """Apply the pending K-shift, then the scheduled defrag, as llama.cpp's update() does.
@@ -860,13 +887,9 @@ cdef class UnifiedCore:
         Returns an UpdatePlan (true when the data changed or has to, i.e. the graph needs a new
         reservation). Arguments are checked before anything changes."""
         cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
-        if rope is not None and self._buffers == "none":
-            raise ValueError("update: a metadata-only cache holds no K to rotate; call update() "
-                             "without rope and apply the plan's k_shift with your own kernels")
+        self._check_update(rope, n_max_nodes)
         if rope is None and self._buffers != "none":
             rope = self._rope
-        elif rope is not None:
-            _check_rope(rope, self._n_embd_head_k, self._layers, "rope")
         shift = None
         rotated = False
         if self.c.cells.has_shift:
@@ -909,20 +932,7 @@ cdef class UnifiedCore:
 
     def state_write(self, seq_id=-1):
         """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef size_t n, written = 0
-        cdef int r
-        with nogil:
-            n = kvc_unified_state_size(&self.c, s)
-        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
-        cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
-        with nogil:
-            r = kvc_unified_state_write(&self.c, s, p, n, &written)
-        if r < 0:
-            raise_status(r, NULL, "state_write")
-        if written != n:
-            raise RuntimeError(f"state_write wrote {written} bytes, expected {n} (internal error)")
-        return out
+        return _state_write_parts((self,), seq_id)
 
     def state_read(self, data, seq_id=-1):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).
@@ -930,26 +940,4 @@ cdef class UnifiedCore:
         data: any C-contiguous buffer (not copied). Returns the bytes consumed (bytes after
         the state are not read). Raises StateError on a malformed or incompatible blob, leaving
         the cache exactly as it was."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef const uint8_t[::1] buf
-        cdef const uint8_t *ptr = NULL
-        cdef size_t n = 0, consumed = 0
-        cdef kvc_err err
-        cdef int r
-        err.msg[0] = 0
-        m = memoryview(data)
-        if not m.c_contiguous:
-            raise ValueError("data must be a C-contiguous buffer")
-        if m.ndim != 1 or m.itemsize != 1 or m.format != "B":
-            m = m.cast("B")
-        if m.nbytes:
-            buf = m
-            ptr = &buf[0]
-            n = <size_t>buf.shape[0]
-        with nogil:
-            r = kvc_unified_state_read(&self.c, s, ptr, n, &consumed, &err)
-        if r < 0:
-            raise_status(r, &err, "state_read")
-        self._placed_n = 0
-        self._defrag_pending = False
-        return consumed
+        return _state_read_parts((self,), data, seq_id)

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from kvcache._core import RecurrentCache, RopeParams
+from kvcache._core import RopeParams
+from kvcache.recurrent import RecurrentCache
 from kvcache.unified import UnifiedCache
 
 __all__ = ["ModelGeometry", "read_gguf", "from_gguf"]

@@ -194,12 +194,11 @@ static void test_defrag_runs(void) {
     memcpy(f.c.defrag_ids, plan, sizeof plan);
     f.c.n_defrag_ids = 10;
     uint32_t runs[9];
-    CHECK(kvc_unified_defrag_runs(&f.c, NULL, 0) == 2, "count");
+    CHECK(kvc_unified_defrag_runs(&f.c, NULL) == 2, "count");
     memset(runs, 0xff, sizeof runs);
-    CHECK(kvc_unified_defrag_runs(&f.c, runs, 1) == 2, "count with a short buffer");
-    CHECK(runs[0] == 6 && runs[1] == 1 && runs[2] == 2 && runs[3] == 0xffffffffu, "first run only");
-    CHECK(kvc_unified_defrag_runs(&f.c, runs, 3) == 2, "count");
-    CHECK(runs[3] == 9 && runs[4] == 4 && runs[5] == 1, "second run");
+    CHECK(kvc_unified_defrag_runs(&f.c, runs) == 2, "count");
+    CHECK(runs[0] == 6 && runs[1] == 1 && runs[2] == 2, "first run");
+    CHECK(runs[3] == 9 && runs[4] == 4 && runs[5] == 1 && runs[6] == 0xffffffffu, "second run, no more");
     /* defrag_move moves exactly those rows */
     float *k0 = (float *)f.k[0];
     const size_t w = 2 * HEAD;
@@ -207,7 +206,7 @@ static void test_defrag_runs(void) {
     kvc_unified_defrag_move(&f.c);
     CHECK(k0[1 * w] == row6 && k0[2 * w] == row7 && k0[4 * w] == row9 && k0[8 * w] == row8, "moved rows");
     f.c.n_defrag_ids = 0;
-    CHECK(kvc_unified_defrag_runs(&f.c, runs, 3) == 0, "empty plan");
+    CHECK(kvc_unified_defrag_runs(&f.c, runs) == 0, "empty plan");
     fixture_free(&f);
 }
 
