@@ -278,19 +278,42 @@ def test_help(capsys):
     assert "plan" in capsys.readouterr().out
 
 
-def test_gguf_model(capsys, tmp_path):
+TYPE_NAMES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16"}
+
+
+@pytest.mark.parametrize("folder", ["llama_fa0", "llama_fa1", "llama_q8_fa1", "llama_bf16_fa1", "gemma2_fa0"])
+def test_gguf_model(capsys, folder):
+    """The plan of an interop model logs the cache sizes llama.cpp logged for it."""
+    pytest.importorskip("gguf")
     sd = shared_dir()
-    model = sd / "interop" / "models" / "tiny_llama.gguf" if sd else tmp_path / "m.gguf"
-    if not model.exists():
-        model.write_bytes(b"GGUF")
-    for argv in ([str(model)], ["--gguf", str(model)]):
-        rc, out, err = run_cli(capsys, *argv)
-        assert rc == 2 and out == ""
-        assert len(err.strip().splitlines()) == 1 and "GGUF" in err
-        if getattr(kvcache, "from_gguf", None) is None:
-            assert "not available" in err
+    if sd is None:
+        pytest.skip("shared interop folder not found")
+    man = json.loads((sd / "interop" / folder / "state.bin.json").read_text())
+    ctx = man["context"]
+    model = sd / "interop" / "models" / man["model"]["file"]
+    argv = [str(model), "--ctx", str(ctx["n_ctx"]), "--parallel", str(ctx["n_seq_max"]),
+            "--type-k", TYPE_NAMES[ctx["type_k"]], "--type-v", TYPE_NAMES[ctx["type_v"]]]
+    if ctx["flash_attn"]:
+        argv.append("--flash-attn")
+    if man["memory_kind"] == "iswa":
+        argv += ["--n-batch", str(ctx["n_batch"])]
+    out = plan_json(capsys, *argv)
+    want = [line for line in man["llama_log_cache_lines"] if ": size = " in line or "creating" in line]
+    assert [line for line in out["llama_log"] if ": size = " in line or "creating" in line] == want
+    c = kvcache.from_gguf(model, ctx["n_ctx"], n_seq_max=ctx["n_seq_max"], type_k=TYPE_NAMES[ctx["type_k"]],
+                          type_v=TYPE_NAMES[ctx["type_v"]], flash_attn=ctx["flash_attn"], n_batch=ctx["n_batch"])
+    assert out["total_bytes"] == c.total_size
+
+
+def test_gguf_model_errors(capsys, tmp_path):
+    junk = tmp_path / "m.gguf"
+    junk.write_bytes(b"GGUF")
+    rc, out, err = run_cli(capsys, str(junk))
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "GGUF" in err
     rc, out, err = run_cli(capsys, str(tmp_path / "absent.gguf"))
     assert rc == 2 and err.strip() == f"kvcache plan: error: no such model file: {tmp_path / 'absent.gguf'}"
+    rc, out, err = run_cli(capsys, str(junk), "--n-layer", "3")
+    assert rc == 2 and "--n-layer comes from the model" in err
 
 
 BAD = [

@@ -162,17 +162,37 @@ def build_plan(args: argparse.Namespace):
 
 
 def _plan_from_gguf(path: str, args: argparse.Namespace):
+    """The plan of the cache llama.cpp creates for a GGUF model (kvcache.read_gguf's geometry)."""
     import os
 
-    import kvcache
+    from kvcache.geometry import read_gguf
+    from kvcache.plan import plan_iswa, plan_recurrent, plan_unified
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such model file: {path}")
-    if getattr(kvcache, "from_gguf", None) is None:
-        raise ValueError("reading the geometry from a GGUF model is not available in this kvcache "
-                         "(kvcache.from_gguf is missing); give it with --n-layer, --n-embd-k-gqa, ...")
-    raise ValueError("reading the geometry from a GGUF model through kvcache.from_gguf is not supported "
-                     "by 'kvcache plan' in this version; give it with --n-layer, --n-embd-k-gqa, ...")
+    for name in ("n_layer", "n_embd_k_gqa", "n_embd_v_gqa", "swa_layers", "swa_pattern", "n_swa", "swa_type",
+                 "n_embd_k_s", "n_embd_v_s"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"{_flag(name)} comes from the model; leave it out with a GGUF model")
+    if args.recurrent:
+        raise ValueError("--recurrent comes from the model; leave it out with a GGUF model")
+    g = read_gguf(path)
+    n_ctx = args.n_ctx or 4096
+    if g.recurrent:
+        # llama.cpp keeps recurrent states in f32 whatever the K/V types asked for
+        return plan_recurrent(g.n_layer, g.n_embd_k_s, g.n_embd_v_s, args.n_seq_max,
+                              n_embd_k_gqa=list(g.n_embd_k_gqa), n_embd_v_gqa=list(g.n_embd_v_gqa), n_ctx=n_ctx)
+    common = dict(n_ctx=n_ctx, n_layer=g.n_layer, n_embd_k_gqa=list(g.n_embd_k_gqa),
+                  n_embd_v_gqa=list(g.n_embd_v_gqa), n_seq_max=args.n_seq_max, type_k=args.type_k or "f16",
+                  type_v=args.type_v or "f16", flash_attn=args.flash_attn)
+    if g.swa_type == "none":
+        if args.swa_full or args.n_batch is not None:
+            raise ValueError(f"{'--swa-full' if args.swa_full else '--n-batch'} applies to sliding-window "
+                             f"models; {path} has none")
+        return plan_unified(**common)
+    # llama.cpp caps the batch at the context of a causal model
+    return plan_iswa(**common, swa_layers=g.swa_layers, n_swa=g.n_swa, swa_type=g.swa_type,
+                     n_batch=min(n_ctx, args.n_batch or 2048), swa_full=args.swa_full)
 
 
 def run(args: argparse.Namespace) -> int:
