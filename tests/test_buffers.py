@@ -447,3 +447,37 @@ def test_recurrent_borrowed_and_metadata():
         recurrent(buffers=[bufs[0], (bufs[1][0], np.zeros((1, 64), np.float16))])
     with pytest.raises(TypeError, match=r"buffers\[0\] K has dtype float16"):
         recurrent(buffers=[(np.zeros((2, 8), np.float16), bufs[0][1]), bufs[1]])
+
+
+# --- iSWA --------------------------------------------------------------------------------------
+
+def iswa(**kw):
+    args = dict(kv_size=64, n_layer=4, n_embd_k_gqa=32, n_embd_v_gqa=32, swa_layers=[0, 2], n_swa=4,
+                n_batch=8, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False)
+    args.update(kw)
+    return kvcache.ISWACache(**args)
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_iswa_borrowed_buffers_go_to_their_caches(as_list):
+    own = iswa()
+    bufs = {il: (np.zeros(own.k(il).shape, np.float32), np.zeros(own.v(il).shape, np.float32)) for il in range(4)}
+    c = iswa(buffers=[bufs[il] for il in range(4)] if as_list else bufs)
+    assert (c.buffers, c.base.buffers, c.swa.buffers) == ("borrowed",) * 3
+    assert c.base.layers == (1, 3) and c.swa.layers == (0, 2)
+    for il in range(4):
+        assert np.shares_memory(c.k(il), bufs[il][0]) and np.shares_memory(c.v(il), bufs[il][1])
+    assert bufs[0][0].shape[0] == c.swa.size and bufs[1][0].shape[0] == c.base.size
+    with pytest.raises(ValueError, match="one \\(K, V\\) pair per model layer"):
+        iswa(buffers=[bufs[0], bufs[1]])
+    with pytest.raises(ValueError, match=r"buffers\[2\] K holds"):
+        iswa(buffers={**bufs, 2: (np.zeros((8, 32), np.float32), bufs[2][1])})
+
+
+def test_iswa_metadata_only():
+    c = iswa(buffers=None)
+    assert (c.base.buffers, c.swa.buffers) == ("none", "none")
+    with pytest.raises(RuntimeError, match="no K/V memory"):
+        c.k(1)
+    plan = c.update()
+    assert not plan and plan.base.k_shift is None and plan.swa.k_shift is None

@@ -379,3 +379,16 @@ def test_geometry_is_a_value():
     assert [c.k(il).shape[1] for il in c.layers] == [16, 32]
     with pytest.raises(Exception):
         g.n_layer = 3
+
+
+@needs_interop
+def test_gemma2_iswa_from_gguf():
+    model = INTEROP / "models" / "tiny_gemma2.gguf"
+    c = from_gguf(model, 256, n_seq_max=4, n_batch=64)
+    assert isinstance(c, kvcache.ISWACache)
+    assert (c.size_base, c.size_swa, c.swa_layers, c.n_swa) == (256, 96, (0, 2), 8) and not c.can_shift
+    assert c.rope.mode == 2 and c.n_embd_head_k == (16,) * 4
+    full = from_gguf(model, 256, n_seq_max=4, swa_full=True)
+    assert full.size_swa == 256 and full.can_shift
+    meta = from_gguf(model, 256, buffers=None)
+    assert meta.buffers == "none" and meta.total_size == from_gguf(model, 256).total_size

@@ -211,3 +211,61 @@ def test_update_plan_repr_and_fields():
     plan = kvcache.UpdatePlan()
     assert not plan and plan.k_shift is None and plan.defrag_runs is None
     assert "UpdatePlan" in repr(cache("f32").update())
+
+
+# --- iSWA ----------------------------------------------------------------------------------------
+
+def iswa(rope=None, **kw):
+    args = dict(kv_size=64, n_layer=4, n_embd_k_gqa=[64, 32, 64, 32], n_embd_v_gqa=8, swa_layers=[0, 2],
+                n_swa=4, n_batch=8, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False, swa_full=True,
+                n_embd_head_k=HEAD, rope=rope)
+    args.update(kw)
+    return kvcache.ISWACache(**args)
+
+
+def iswa_fill(c, p, pos):
+    raw = {}
+    c.sbatch_init(pos, [0] * len(pos))
+    assert c.find_slot(UBatch(pos, [0] * len(pos)))
+    for il in range(c.n_layer):
+        nh = [2, 1, 2, 1][il]
+        raw[il] = raw_keys(len(pos), nh, il)
+        c.store(il, at(raw[il], pos, p, nh, il), np.zeros((len(pos), 8), np.float32))
+    c.commit()
+    return raw
+
+
+def test_iswa_rotates_both_caches_with_their_layer_rope():
+    # Gemma 3 style: the windowed layers rotate with their own base
+    p = RopeParams(HEAD, mode="neox", freq_base=1000000.0, layer_freq_base={0: 10000.0, 2: 10000.0})
+    c = iswa(p)
+    raw = iswa_fill(c, p, [0, 1, 2])
+    c.seq_add(0, 0, -1, 6)
+    plan = c.update()
+    assert plan and plan.base.rotated and plan.swa.rotated and not c.has_shift
+    for il in range(4):
+        want = at(raw[il], [6, 7, 8], p, [2, 1, 2, 1][il], il)
+        np.testing.assert_allclose(c.k(il)[:3], want, atol=3e-5)
+
+
+def test_iswa_update_checks_both_caches_first():
+    p = RopeParams(HEAD)
+    c = iswa(n_embd_head_k=[32, 32, 16, 32])          # layer 2 (SWA cache) has 16-element heads
+    iswa_fill(c, p, [0, 1])
+    c.seq_add(0, 0, -1, 3)
+    before = [(sub.cells(), [sub.k(il).tobytes() for il in sub.layers]) for sub in (c.base, c.swa)]
+    with pytest.raises(ValueError, match="layer 2: n_rot = 32 exceeds head_dim = 16"):
+        c.update(rope=p)
+    assert [(sub.cells(), [sub.k(il).tobytes() for il in sub.layers]) for sub in (c.base, c.swa)] == before
+    assert c.base.has_shift and c.swa.has_shift
+
+
+def test_iswa_cannot_shift_with_a_smaller_window_cache():
+    p = RopeParams(HEAD)
+    c = iswa(p, swa_full=False)
+    assert c.size_swa < c.size_base and not c.can_shift
+    iswa_fill(c, p, [0, 1])
+    c.seq_add(0, 0, -1, 3)
+    with pytest.raises(RuntimeError, match="cannot shift"):
+        c.update()
+    assert c.has_shift
