@@ -481,3 +481,16 @@ def test_iswa_metadata_only():
         c.k(1)
     plan = c.update()
     assert not plan and plan.base.k_shift is None and plan.swa.k_shift is None
+
+
+def test_metadata_only_state_holds_the_cells():
+    own, meta = unified(type_k="f32", type_v="f32"), unified(type_k="f32", type_v="f32", buffers=None)
+    ub = UBatch([0, 1, 2], [0, 0, 1])
+    for c in (own, meta):
+        assert c.find_slot(ub)
+        c.commit()
+    # nothing was stored: the owned cache holds zero K/V, the bytes a metadata-only cache writes
+    assert meta.state_write() == own.state_write()
+    other = unified(type_k="f32", type_v="f32", buffers=None)
+    assert other.state_read(own.state_write()) == len(own.state_write())
+    assert other.cells() == own.cells()

@@ -29,8 +29,8 @@ cdef class UnifiedCore:
     cdef dict _ikv                 # model layer index -> index into c.layers
     cdef tuple _n_embd_k           # K row width per model layer
     cdef tuple _n_embd_v           # V row width per model layer
-    cdef list _k_mem               # per kept layer: owned K memory (aligned uint8 ndarray)
-    cdef list _v_mem               # per kept layer: owned V memory (aligned uint8 ndarray)
+    cdef list _k_mem               # per kept layer: K memory as uint8 (owned and aligned, or borrowed); empty without memory
+    cdef list _v_mem               # per kept layer: V memory likewise
     cdef list _k_view              # per kept layer: K as the cache dtype, (size, n_embd_k) or (size, row_bytes)
     cdef list _v_view              # per kept layer: V likewise, (n_embd_v, size) when v_trans
     cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)

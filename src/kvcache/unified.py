@@ -33,7 +33,8 @@ class UnifiedCache(UnifiedCore):
       - ``None`` / ``"none"``: metadata only, for K/V living elsewhere (a GPU): the cache does
         all the bookkeeping and hands over plans: ``slot`` after find_slot, ``k_shift()``,
         ``defrag_runs()``, and the UpdatePlan of ``update()``. ``k``, ``v`` and ``store``
-        raise RuntimeError.
+        raise RuntimeError; ``state_write`` writes zero K/V bytes and ``state_read`` restores
+        the cells only (the data is the owner's to save and restore).
     - ``n_embd_head_k``: K head size (one int, or one per model layer), needed to rotate keys;
       each K row holds ``n_embd_k_gqa / n_embd_head_k`` heads.
     - ``rope``: the model's ``RopeParams`` (``update()`` rotates shifted keys with them), or
