@@ -6,6 +6,7 @@ arguments are validated once here, then C does the work, with the GIL released i
 long loops. The cimport-able contract is _core.pxd."""
 
 include "_common.pxi"
+include "_state.pxi"
 include "_unified.pxi"
 include "_batch.pxi"
 include "_recurrent.pxi"

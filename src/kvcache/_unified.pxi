@@ -5,7 +5,7 @@ from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
 from libc.stdint cimport uint16_t, INT32_MIN
 from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
-                                         kvc_unified_state_read)
+                                         kvc_unified_state_read_ex, kvc_unified_state_write_range)
 
 _SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC_SWA_CHUNKED}
 _SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
@@ -763,32 +763,45 @@ cdef class UnifiedCore:
             raise RuntimeError(f"state_write wrote {written} bytes, expected {n} (internal error)")
         return out
 
-    def state_read(self, data, seq_id=-1):
+    def state_write_into(self, buf, seq_id=-1):
+        """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
+
+        buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes (bytearray,
+        numpy array, mmap, memoryview...), filled from C without an intermediate copy; or a
+        binary file object, written in chunks of bounded size. The cache must not change during
+        the call."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef size_t n
+        with nogil:
+            n = kvc_unified_state_size(&self.c, s)
+        return state_write_into(&self.c, _unified_state_range, s, n, buf)
+
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).
 
-        data: any C-contiguous buffer (not copied). Returns the bytes consumed (bytes after
-        the state are not read). Raises StateError on a malformed or incompatible blob, leaving
-        the cache exactly as it was."""
+        data: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, mmap; not
+        copied). Returns the bytes consumed (bytes after the state are not read, unless exact).
+        convert: accept a blob whose V layout (transposed or not) differs from this cache's and
+        convert it (llama.cpp refuses such a blob). exact: the state must end at the end of
+        data. Raises StateError on a malformed or incompatible blob, leaving the cache exactly as
+        it was."""
         cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef const uint8_t[::1] buf
-        cdef const uint8_t *ptr = NULL
+        cdef unsigned flags = state_read_flags(convert, exact)
         cdef size_t n = 0, consumed = 0
+        keep = state_data_view(data)
+        cdef const uint8_t *ptr = state_data_ptr(keep, &n)
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        m = memoryview(data)
-        if not m.c_contiguous:
-            raise ValueError("data must be a C-contiguous buffer")
-        if m.ndim != 1 or m.itemsize != 1 or m.format != "B":
-            m = m.cast("B")
-        if m.nbytes:
-            buf = m
-            ptr = &buf[0]
-            n = <size_t>buf.shape[0]
         with nogil:
-            r = kvc_unified_state_read(&self.c, s, ptr, n, &consumed, &err)
+            r = kvc_unified_state_read_ex(&self.c, s, ptr, n, flags, &consumed, &err)
         if r < 0:
             raise_status(r, &err, "state_read")
         self._placed_n = 0
         self._defrag_pending = False
         return consumed
+
+
+cdef int _unified_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
+                              size_t *written) noexcept nogil:
+    return kvc_unified_state_write_range(<const kvc_unified *>c, seq_id, offset, out, cap, written)
