@@ -139,6 +139,11 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
 
     kvc_clamp_range(&p0, &p1);
 
+    /* nothing of the sequence in [p0, p1): no cell changes (the common "absent range" call) */
+    if (s >= 0 && !kvc_cells_seq_pos_any_in(cells, s, p0, p1)) {
+        return true;
+    }
+
     for (uint32_t i = 0; i < end; i++) {
         if (!kvc_cells_pos_in(cells, i, p0, p1)) {
             continue;

@@ -417,9 +417,18 @@ def test_random_workload_invariants(ops, kv_size):
             assert len(holders) <= 1
             if holders:
                 assert cells["tail"][s] == holders[0]
-    # the codec reproduces the cache: whole and per sequence
+    # the codec reproduces the cache: whole and per sequence. A negative seq_add can leave a
+    # cell holding sequences at a negative position; such blobs are rejected by contract.
     blob = c.state_write()
     d = RecurrentCache(4, 2, [2, 3], [4, 1], type_k="f16", kv_size=kv_size)
+    final = c.cells()
+    negative = any(p < 0 and ids for p, ids in zip(final["pos"], final["seq_id"]))
+    if negative:
+        before = d.state_write()
+        with pytest.raises(StateError, match="negative position"):
+            d.state_read(blob)
+        assert d.state_write() == before
+        return
     assert d.state_read(blob) == len(blob)
     assert d.state_write() == blob
     for s in range(4):

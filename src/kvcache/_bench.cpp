@@ -5,8 +5,11 @@
     "distutils": {
         "depends": [
             "benchmarks/baseline/kvc_baseline.h",
+            "csrc/kvc_batch.h",
             "csrc/kvc_cells.h",
             "csrc/kvc_common.h",
+            "csrc/kvc_recurrent.h",
+            "csrc/kvc_rope.h",
             "csrc/kvc_state.h",
             "csrc/kvc_types.h",
             "csrc/kvc_ubatch.h",
@@ -1309,6 +1312,9 @@ static int __Pyx_init_tpflags_variables(void) {
 #include "kvc_unified.h"
 #include "kvc_baseline.h"
 #include "kvc_state.h"
+#include "kvc_batch.h"
+#include "kvc_recurrent.h"
+#include "kvc_rope.h"
 #include "pythread.h"
 
     typedef int (*__pyx_memoryview_to_dtype_func_type)(char*, PyObject*);
@@ -1532,6 +1538,7 @@ static const char * const __pyx_cfilenm = __FILE__;
 static const char* const __pyx_f[] = {
   "src/kvcache/_bench.pyx",
   "View.MemoryView",
+  "src/kvcache/_core.pxd",
 };
 /* #### Code section: utility_code_proto_before_types ### */
 /* Atomics.proto (used by UnpackUnboundCMethod) */
@@ -1786,11 +1793,130 @@ typedef struct {
 /* #### Code section: type_declarations ### */
 
 /*--- Type declarations ---*/
+struct __pyx_obj_7kvcache_5_core_UBatch;
+struct __pyx_obj_7kvcache_5_core_UnifiedCore;
+struct __pyx_obj_7kvcache_5_core_SplitUBatch;
+struct __pyx_obj_7kvcache_5_core_Batch;
+struct __pyx_obj_7kvcache_5_core_RecurrentCache;
+struct __pyx_obj_7kvcache_5_core_RopeParams;
 struct __pyx_obj_7kvcache_6_bench_Workload;
 struct __pyx_array_obj;
 struct __pyx_MemviewEnum_obj;
 struct __pyx_memoryview_obj;
 struct __pyx_memoryviewslice_obj;
+
+/* "kvcache/_core.pxd":9
+ * 
+ * # --- common ------------------------------------------------------------------
+ * cdef class UBatch:             # <<<<<<<<<<<<<<
+ *     cdef kvc_ubatch c              # the C view of the arrays below (pointers into them)
+ *     cdef object _pos               # int32[n_tokens]
+*/
+struct __pyx_obj_7kvcache_5_core_UBatch {
+  PyObject_HEAD
+  struct __pyx_vtabstruct_7kvcache_5_core_UBatch *__pyx_vtab;
+  kvc_ubatch c;
+  PyObject *_pos;
+  PyObject *_seq_off;
+  PyObject *_seq_ids;
+  PyObject *_seq_mask;
+  PyObject *_seq_lists;
+  PyObject *output;
+  int max_seq;
+};
+
+
+/* "kvcache/_core.pxd":23
+ * from kvcache.includes.kvc_unified cimport *
+ * 
+ * cdef class UnifiedCore:             # <<<<<<<<<<<<<<
+ *     cdef kvc_unified c             # the C cache: cells, head/n, recovery, defrag plan, layer table
+ *     cdef bint _ready               # c is initialised (kvc_unified_free is due)
+*/
+struct __pyx_obj_7kvcache_5_core_UnifiedCore {
+  PyObject_HEAD
+  struct __pyx_vtabstruct_7kvcache_5_core_UnifiedCore *__pyx_vtab;
+  kvc_unified c;
+  int _ready;
+  uint32_t _placed_n;
+  uint32_t _n_layer_model;
+  PyObject *_layers;
+  PyObject *_ikv;
+  PyObject *_n_embd_k;
+  PyObject *_n_embd_v;
+  PyObject *_k_mem;
+  PyObject *_v_mem;
+  PyObject *_k_view;
+  PyObject *_v_view;
+  PyObject *_buffers;
+  int _defrag_pending;
+};
+
+
+/* "kvcache/_core.pxd":71
+ * from kvcache.includes.kvc_batch cimport kvc_sbatch, kvc_split_mode
+ * 
+ * cdef class SplitUBatch(UBatch):             # <<<<<<<<<<<<<<
+ *     cdef readonly object ids        # int64[n_tokens]: batch index of each token, in ubatch order
+ *     cdef readonly bint equal_seqs   # False for a simple split
+*/
+struct __pyx_obj_7kvcache_5_core_SplitUBatch {
+  struct __pyx_obj_7kvcache_5_core_UBatch __pyx_base;
+  PyObject *ids;
+  int equal_seqs;
+};
+
+
+/* "kvcache/_core.pxd":75
+ *     cdef readonly bint equal_seqs   # False for a simple split
+ * 
+ * cdef class Batch:             # <<<<<<<<<<<<<<
+ *     cdef kvc_sbatch c               # the splitter (owns copies of the batch and the last ubatch)
+ *     cdef object _split(self, kvc_split_mode mode, object n_ubatch)
+*/
+struct __pyx_obj_7kvcache_5_core_Batch {
+  PyObject_HEAD
+  struct __pyx_vtabstruct_7kvcache_5_core_Batch *__pyx_vtab;
+  kvc_sbatch c;
+};
+
+
+/* "kvcache/_core.pxd":82
+ * from kvcache.includes.kvc_recurrent cimport kvc_recurrent
+ * 
+ * cdef class RecurrentCache:             # <<<<<<<<<<<<<<
+ *     cdef kvc_recurrent c           # the C cache: cells, head/n/used, layer table
+ *     cdef bint _ready               # c is initialised (and must be freed)
+*/
+struct __pyx_obj_7kvcache_5_core_RecurrentCache {
+  PyObject_HEAD
+  struct __pyx_vtabstruct_7kvcache_5_core_RecurrentCache *__pyx_vtab;
+  kvc_recurrent c;
+  int _ready;
+  PyObject *_k;
+  PyObject *_v;
+  PyObject *_warnings;
+  PyObject *type_k;
+  PyObject *type_v;
+};
+
+
+/* "kvcache/_core.pxd":100
+ * from kvcache.includes.kvc_rope cimport kvc_rope_params
+ * 
+ * cdef class RopeParams:             # <<<<<<<<<<<<<<
+ *     cdef kvc_rope_params c         # the C view; c.freq_factors points into _factors
+ *     cdef object _factors           # float32[n_rot/2] (C-contiguous) or None
+*/
+struct __pyx_obj_7kvcache_5_core_RopeParams {
+  PyObject_HEAD
+  struct __pyx_vtabstruct_7kvcache_5_core_RopeParams *__pyx_vtab;
+  kvc_rope_params c;
+  PyObject *_factors;
+  PyObject *_layer_base;
+  PyObject *_layer_scale;
+};
+
 
 /* "kvcache/_bench.pyx":103
  * 
@@ -1896,6 +2022,117 @@ struct __pyx_memoryviewslice_obj {
   __pyx_memoryview_to_dtype_func_type to_dtype_func;
 };
 
+
+
+/* "kvcache/_core.pxd":9
+ * 
+ * # --- common ------------------------------------------------------------------
+ * cdef class UBatch:             # <<<<<<<<<<<<<<
+ *     cdef kvc_ubatch c              # the C view of the arrays below (pointers into them)
+ *     cdef object _pos               # int32[n_tokens]
+*/
+
+struct __pyx_vtabstruct_7kvcache_5_core_UBatch {
+  int (*check)(struct __pyx_obj_7kvcache_5_core_UBatch *, uint32_t);
+};
+static struct __pyx_vtabstruct_7kvcache_5_core_UBatch *__pyx_vtabptr_7kvcache_5_core_UBatch;
+
+
+/* "kvcache/_core.pxd":23
+ * from kvcache.includes.kvc_unified cimport *
+ * 
+ * cdef class UnifiedCore:             # <<<<<<<<<<<<<<
+ *     cdef kvc_unified c             # the C cache: cells, head/n, recovery, defrag plan, layer table
+ *     cdef bint _ready               # c is initialised (kvc_unified_free is due)
+*/
+
+struct __pyx_vtabstruct_7kvcache_5_core_UnifiedCore {
+  int (*find_slot_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, kvc_ubatch const *);
+  void (*commit_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+  void (*restore_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+  int (*seq_rm_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t, int32_t, int32_t);
+  void (*seq_cp_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t, int32_t, int32_t, int32_t);
+  void (*seq_keep_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t);
+  void (*seq_add_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t, int32_t, int32_t, int32_t);
+  void (*seq_div_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t, int32_t, int32_t, int32_t);
+  void (*clear_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+  void (*set_full_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+  void (*store_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, uint32_t, void const *, void const *);
+  int (*kq_mask_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, kvc_ubatch const *, int, int, int, void *);
+  void (*k_shift_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t *);
+  void (*reset_shift_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+  int32_t (*seq_pos_min_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t);
+  int32_t (*seq_pos_max_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t);
+  uint32_t (*head_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+  uint32_t (*n_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+  uint32_t (*used_c)(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+};
+static struct __pyx_vtabstruct_7kvcache_5_core_UnifiedCore *__pyx_vtabptr_7kvcache_5_core_UnifiedCore;
+static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_min_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t);
+static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_max_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *, int32_t);
+static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_head_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_n_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_used_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *);
+
+
+/* "kvcache/_core.pxd":71
+ * from kvcache.includes.kvc_batch cimport kvc_sbatch, kvc_split_mode
+ * 
+ * cdef class SplitUBatch(UBatch):             # <<<<<<<<<<<<<<
+ *     cdef readonly object ids        # int64[n_tokens]: batch index of each token, in ubatch order
+ *     cdef readonly bint equal_seqs   # False for a simple split
+*/
+
+struct __pyx_vtabstruct_7kvcache_5_core_SplitUBatch {
+  struct __pyx_vtabstruct_7kvcache_5_core_UBatch __pyx_base;
+};
+static struct __pyx_vtabstruct_7kvcache_5_core_SplitUBatch *__pyx_vtabptr_7kvcache_5_core_SplitUBatch;
+
+
+/* "kvcache/_core.pxd":75
+ *     cdef readonly bint equal_seqs   # False for a simple split
+ * 
+ * cdef class Batch:             # <<<<<<<<<<<<<<
+ *     cdef kvc_sbatch c               # the splitter (owns copies of the batch and the last ubatch)
+ *     cdef object _split(self, kvc_split_mode mode, object n_ubatch)
+*/
+
+struct __pyx_vtabstruct_7kvcache_5_core_Batch {
+  PyObject *(*_split)(struct __pyx_obj_7kvcache_5_core_Batch *, enum kvc_split_mode, PyObject *);
+};
+static struct __pyx_vtabstruct_7kvcache_5_core_Batch *__pyx_vtabptr_7kvcache_5_core_Batch;
+
+
+/* "kvcache/_core.pxd":82
+ * from kvcache.includes.kvc_recurrent cimport kvc_recurrent
+ * 
+ * cdef class RecurrentCache:             # <<<<<<<<<<<<<<
+ *     cdef kvc_recurrent c           # the C cache: cells, head/n/used, layer table
+ *     cdef bint _ready               # c is initialised (and must be freed)
+*/
+
+struct __pyx_vtabstruct_7kvcache_5_core_RecurrentCache {
+  int (*_seq)(struct __pyx_obj_7kvcache_5_core_RecurrentCache *, PyObject *, PyObject *, int);
+  int (*find_slot_c)(struct __pyx_obj_7kvcache_5_core_RecurrentCache *, kvc_ubatch const *);
+  int (*seq_rm_c)(struct __pyx_obj_7kvcache_5_core_RecurrentCache *, int32_t, int32_t, int32_t);
+  int (*s_copy_c)(struct __pyx_obj_7kvcache_5_core_RecurrentCache *, int32_t *);
+  int (*s_mask_c)(struct __pyx_obj_7kvcache_5_core_RecurrentCache *, float *);
+};
+static struct __pyx_vtabstruct_7kvcache_5_core_RecurrentCache *__pyx_vtabptr_7kvcache_5_core_RecurrentCache;
+
+
+/* "kvcache/_core.pxd":100
+ * from kvcache.includes.kvc_rope cimport kvc_rope_params
+ * 
+ * cdef class RopeParams:             # <<<<<<<<<<<<<<
+ *     cdef kvc_rope_params c         # the C view; c.freq_factors points into _factors
+ *     cdef object _factors           # float32[n_rot/2] (C-contiguous) or None
+*/
+
+struct __pyx_vtabstruct_7kvcache_5_core_RopeParams {
+  int (*fill)(struct __pyx_obj_7kvcache_5_core_RopeParams *, kvc_rope_params *, PyObject *, uint32_t);
+};
+static struct __pyx_vtabstruct_7kvcache_5_core_RopeParams *__pyx_vtabptr_7kvcache_5_core_RopeParams;
 
 
 /* "kvcache/_bench.pyx":103
@@ -2957,6 +3194,25 @@ int __Pyx_ApplySequenceOrMappingFlag(PyTypeObject *tp, int is_sequence);
 #define __Pyx_ApplySequenceOrMappingFlag(tp, is_sequence) (0)
 #endif
 
+/* TypeImport.proto */
+#ifndef __PYX_HAVE_RT_ImportType_proto_3_3_1
+#define __PYX_HAVE_RT_ImportType_proto_3_3_1
+#if defined (__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#include <stdalign.h>
+#endif
+#if (defined (__STDC_VERSION__) && __STDC_VERSION__ >= 201112L) || __cplusplus >= 201103L
+#define __PYX_GET_STRUCT_ALIGNMENT_3_3_1(s) alignof(s)
+#else
+#define __PYX_GET_STRUCT_ALIGNMENT_3_3_1(s) sizeof(void*)
+#endif
+enum __Pyx_ImportType_CheckSize_3_3_1 {
+   __Pyx_ImportType_CheckSize_Error_3_3_1 = 0,
+   __Pyx_ImportType_CheckSize_Warn_3_3_1 = 1,
+   __Pyx_ImportType_CheckSize_Ignore_3_3_1 = 2
+};
+static PyTypeObject *__Pyx_ImportType_3_3_1(PyObject* module, const char *module_name, const char *class_name, size_t size, size_t alignment, enum __Pyx_ImportType_CheckSize_3_3_1 check_size);
+#endif
+
 /* ImportFrom.export */
 static PyObject* __Pyx_ImportFrom(PyObject* module, PyObject* name);
 
@@ -3273,6 +3529,9 @@ static CYTHON_INLINE uint8_t __Pyx_PyLong_As_uint8_t(PyObject *);
 /* CIntToPy.proto */
 static CYTHON_INLINE PyObject* __Pyx_PyLong_From_uint64_t(uint64_t value);
 
+/* CIntToPy.proto */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int64_t(int64_t value);
+
 /* PyObjectCallMethod1.proto (used by UpdateUnpickledDict) */
 static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod1(PyObject* obj, PyObject* method_name, PyObject* arg);
 
@@ -3400,6 +3659,11 @@ static PyObject *__pyx_memoryview__get_base(struct __pyx_memoryview_obj *__pyx_v
 static PyObject *__pyx_memoryviewslice_convert_item_to_object(struct __pyx_memoryviewslice_obj *__pyx_v_self, char *__pyx_v_itemp); /* proto*/
 static PyObject *__pyx_memoryviewslice_assign_item_from_object(struct __pyx_memoryviewslice_obj *__pyx_v_self, char *__pyx_v_itemp, PyObject *__pyx_v_value); /* proto*/
 static PyObject *__pyx_memoryviewslice__get_base(struct __pyx_memoryviewslice_obj *__pyx_v_self); /* proto*/
+static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_min_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self, int32_t __pyx_v_s); /* proto*/
+static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_max_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self, int32_t __pyx_v_s); /* proto*/
+static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_head_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self); /* proto*/
+static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_n_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self); /* proto*/
+static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_used_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self); /* proto*/
 static CYTHON_INLINE void __pyx_f_7kvcache_6_bench_8Workload_next_token(struct __pyx_obj_7kvcache_6_bench_Workload *__pyx_v_self, uint32_t __pyx_v_k); /* proto*/
 
 /* Module declarations from "libc.stdint" */
@@ -3409,6 +3673,18 @@ static CYTHON_INLINE void __pyx_f_7kvcache_6_bench_8Workload_next_token(struct _
 /* Module declarations from "libc.stdlib" */
 
 /* Module declarations from "kvcache.includes.kvc_common" */
+
+/* Module declarations from "kvcache.includes.kvc_cells" */
+
+/* Module declarations from "kvcache.includes.kvc_unified" */
+
+/* Module declarations from "kvcache.includes.kvc_batch" */
+
+/* Module declarations from "kvcache.includes.kvc_recurrent" */
+
+/* Module declarations from "kvcache.includes.kvc_rope" */
+
+/* Module declarations from "kvcache._core" */
 
 /* Module declarations from "kvcache._bench" */
 static PyObject *__pyx_collections_abc_Sequence = 0;
@@ -3545,6 +3821,7 @@ static PyObject *__pyx_pf_7kvcache_6_bench_8Workload_24state_io(struct __pyx_obj
 static PyObject *__pyx_pf_7kvcache_6_bench_8Workload_26__reduce_cython__(CYTHON_UNUSED struct __pyx_obj_7kvcache_6_bench_Workload *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_7kvcache_6_bench_8Workload_28__setstate_cython__(CYTHON_UNUSED struct __pyx_obj_7kvcache_6_bench_Workload *__pyx_v_self, CYTHON_UNUSED PyObject *__pyx_v___pyx_state); /* proto */
 static PyObject *__pyx_pf_7kvcache_6_bench_memcpy_ns(CYTHON_UNUSED PyObject *__pyx_self, size_t __pyx_v_nbytes, uint32_t __pyx_v_reps); /* proto */
+static PyObject *__pyx_pf_7kvcache_6_bench_2cimport_call_ns(CYTHON_UNUSED PyObject *__pyx_self, struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_cache, uint32_t __pyx_v_reps); /* proto */
 static PyObject *__pyx_tp_new__initialisation_7kvcache_6_bench_Workload(PyObject *o, 
 #if CYTHON_VECTORCALL_TPNEW
     PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
@@ -3689,6 +3966,12 @@ namespace {
     PyObject *__pyx_empty_tuple;
     PyObject *__pyx_empty_bytes;
     PyObject *__pyx_empty_unicode;
+    PyTypeObject *__pyx_ptype_7kvcache_5_core_UBatch;
+    PyTypeObject *__pyx_ptype_7kvcache_5_core_UnifiedCore;
+    PyTypeObject *__pyx_ptype_7kvcache_5_core_SplitUBatch;
+    PyTypeObject *__pyx_ptype_7kvcache_5_core_Batch;
+    PyTypeObject *__pyx_ptype_7kvcache_5_core_RecurrentCache;
+    PyTypeObject *__pyx_ptype_7kvcache_5_core_RopeParams;
     PyObject *__pyx_type_7kvcache_6_bench_Workload;
     PyObject *__pyx_type___pyx_array;
     PyObject *__pyx_type___pyx_MemviewEnum;
@@ -3704,8 +3987,8 @@ namespace {
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_values;
     PyObject *__pyx_slice[1];
     PyObject *__pyx_tuple[5];
-    PyObject *__pyx_codeobj_tab[14];
-    PyObject *__pyx_string_tab[222];
+    PyObject *__pyx_codeobj_tab[15];
+    PyObject *__pyx_string_tab[226];
     PyObject *__pyx_number_tab[7];
 /* #### Code section: module_state_contents ### */
 /* PyFrozenDict.module_state_decls */
@@ -3841,142 +4124,146 @@ static __pyx_mstatetype * const __pyx_mstate_global = &__pyx_mstate_global_stati
 #define __pyx_n_u_is_coroutine __pyx_string_tab[83]
 #define __pyx_n_u_a __pyx_string_tab[84]
 #define __pyx_n_u_abc __pyx_string_tab[85]
-#define __pyx_n_u_allocate_buffer __pyx_string_tab[86]
-#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[87]
-#define __pyx_n_u_b __pyx_string_tab[88]
-#define __pyx_n_u_base __pyx_string_tab[89]
-#define __pyx_n_u_buffers __pyx_string_tab[90]
-#define __pyx_n_u_c __pyx_string_tab[91]
-#define __pyx_n_u_check __pyx_string_tab[92]
-#define __pyx_n_u_cline_in_traceback __pyx_string_tab[93]
-#define __pyx_n_u_consumed __pyx_string_tab[94]
-#define __pyx_n_u_copy __pyx_string_tab[95]
-#define __pyx_n_u_count __pyx_string_tab[96]
-#define __pyx_n_u_data __pyx_string_tab[97]
-#define __pyx_n_u_data_bytes __pyx_string_tab[98]
-#define __pyx_n_u_default_rng __pyx_string_tab[99]
-#define __pyx_n_u_defrag_move __pyx_string_tab[100]
-#define __pyx_n_u_defrag_plan __pyx_string_tab[101]
-#define __pyx_n_u_done_base __pyx_string_tab[102]
-#define __pyx_n_u_done_fast __pyx_string_tab[103]
-#define __pyx_n_u_dtype __pyx_string_tab[104]
-#define __pyx_n_u_dtype_is_object __pyx_string_tab[105]
-#define __pyx_n_u_el __pyx_string_tab[106]
-#define __pyx_n_u_encode __pyx_string_tab[107]
-#define __pyx_n_u_enumerate __pyx_string_tab[108]
-#define __pyx_n_u_err __pyx_string_tab[109]
-#define __pyx_n_u_error __pyx_string_tab[110]
-#define __pyx_n_u_fill __pyx_string_tab[111]
-#define __pyx_n_u_find_slot_1tok __pyx_string_tab[112]
-#define __pyx_n_u_flags __pyx_string_tab[113]
-#define __pyx_n_u_format __pyx_string_tab[114]
-#define __pyx_n_u_fortran __pyx_string_tab[115]
-#define __pyx_n_u_fragment __pyx_string_tab[116]
-#define __pyx_n_u_free_fraction __pyx_string_tab[117]
-#define __pyx_n_u_hole __pyx_string_tab[118]
-#define __pyx_n_u_i __pyx_string_tab[119]
-#define __pyx_n_u_id __pyx_string_tab[120]
-#define __pyx_n_u_ids __pyx_string_tab[121]
-#define __pyx_n_u_index __pyx_string_tab[122]
-#define __pyx_n_u_integers __pyx_string_tab[123]
-#define __pyx_n_u_items __pyx_string_tab[124]
-#define __pyx_n_u_itemsize __pyx_string_tab[125]
-#define __pyx_n_u_k __pyx_string_tab[126]
-#define __pyx_n_u_kb __pyx_string_tab[127]
-#define __pyx_n_u_kf __pyx_string_tab[128]
-#define __pyx_n_u_kvcache__bench __pyx_string_tab[129]
-#define __pyx_n_u_l __pyx_string_tab[130]
-#define __pyx_n_u_mask __pyx_string_tab[131]
-#define __pyx_n_u_memcpy_ns __pyx_string_tab[132]
-#define __pyx_n_u_memview __pyx_string_tab[133]
-#define __pyx_n_u_mode __pyx_string_tab[134]
-#define __pyx_n_u_moved __pyx_string_tab[135]
-#define __pyx_n_u_msk __pyx_string_tab[136]
-#define __pyx_n_u_n_2 __pyx_string_tab[137]
-#define __pyx_n_u_n_cells __pyx_string_tab[138]
-#define __pyx_n_u_n_kv __pyx_string_tab[139]
-#define __pyx_n_u_n_layer __pyx_string_tab[140]
-#define __pyx_n_u_n_mask_seqs __pyx_string_tab[141]
-#define __pyx_n_u_n_ops __pyx_string_tab[142]
-#define __pyx_n_u_n_pad __pyx_string_tab[143]
-#define __pyx_n_u_n_seqs __pyx_string_tab[144]
-#define __pyx_n_u_n_swa __pyx_string_tab[145]
-#define __pyx_n_u_n_tokens __pyx_string_tab[146]
-#define __pyx_n_u_name __pyx_string_tab[147]
-#define __pyx_n_u_nbytes __pyx_string_tab[148]
-#define __pyx_n_u_ndim __pyx_string_tab[149]
-#define __pyx_n_u_np __pyx_string_tab[150]
-#define __pyx_n_u_numpy __pyx_string_tab[151]
-#define __pyx_n_u_obj __pyx_string_tab[152]
-#define __pyx_n_u_off __pyx_string_tab[153]
-#define __pyx_n_u_ok_base __pyx_string_tab[154]
-#define __pyx_n_u_ok_fast __pyx_string_tab[155]
-#define __pyx_n_u_out __pyx_string_tab[156]
-#define __pyx_n_u_p __pyx_string_tab[157]
-#define __pyx_n_u_p0 __pyx_string_tab[158]
-#define __pyx_n_u_pack __pyx_string_tab[159]
-#define __pyx_n_u_perf_counter_ns __pyx_string_tab[160]
-#define __pyx_n_u_pop __pyx_string_tab[161]
-#define __pyx_n_u_pos __pyx_string_tab[162]
-#define __pyx_n_u_prompt __pyx_string_tab[163]
-#define __pyx_n_u_r __pyx_string_tab[164]
-#define __pyx_n_u_random __pyx_string_tab[165]
-#define __pyx_n_u_ref __pyx_string_tab[166]
-#define __pyx_n_u_register __pyx_string_tab[167]
-#define __pyx_n_u_reps __pyx_string_tab[168]
-#define __pyx_n_u_res_base __pyx_string_tab[169]
-#define __pyx_n_u_res_fast __pyx_string_tab[170]
-#define __pyx_n_u_rng __pyx_string_tab[171]
-#define __pyx_n_u_rows __pyx_string_tab[172]
-#define __pyx_n_u_s __pyx_string_tab[173]
-#define __pyx_n_u_same __pyx_string_tab[174]
-#define __pyx_n_u_saved __pyx_string_tab[175]
-#define __pyx_n_u_seed __pyx_string_tab[176]
-#define __pyx_n_u_self __pyx_string_tab[177]
-#define __pyx_n_u_seq __pyx_string_tab[178]
-#define __pyx_n_u_setdefault __pyx_string_tab[179]
-#define __pyx_n_u_shape __pyx_string_tab[180]
-#define __pyx_n_u_size __pyx_string_tab[181]
-#define __pyx_n_u_snap __pyx_string_tab[182]
-#define __pyx_n_u_start __pyx_string_tab[183]
-#define __pyx_n_u_state_io __pyx_string_tab[184]
-#define __pyx_n_u_step __pyx_string_tab[185]
-#define __pyx_n_u_stop __pyx_string_tab[186]
-#define __pyx_n_u_struct __pyx_string_tab[187]
-#define __pyx_n_u_swa_type __pyx_string_tab[188]
-#define __pyx_n_u_t0 __pyx_string_tab[189]
-#define __pyx_n_u_t1 __pyx_string_tab[190]
-#define __pyx_n_u_t2 __pyx_string_tab[191]
-#define __pyx_n_u_t3 __pyx_string_tab[192]
-#define __pyx_n_u_t4 __pyx_string_tab[193]
-#define __pyx_n_u_t_base __pyx_string_tab[194]
-#define __pyx_n_u_t_fast __pyx_string_tab[195]
-#define __pyx_n_u_time __pyx_string_tab[196]
-#define __pyx_n_u_ub __pyx_string_tab[197]
-#define __pyx_n_u_uint8 __pyx_string_tab[198]
-#define __pyx_n_u_unpack __pyx_string_tab[199]
-#define __pyx_n_u_update __pyx_string_tab[200]
-#define __pyx_n_u_v_trans __pyx_string_tab[201]
-#define __pyx_n_u_values __pyx_string_tab[202]
-#define __pyx_n_u_vb __pyx_string_tab[203]
-#define __pyx_n_u_vf __pyx_string_tab[204]
-#define __pyx_n_u_width __pyx_string_tab[205]
-#define __pyx_n_u_written __pyx_string_tab[206]
-#define __pyx_n_u_x __pyx_string_tab[207]
-#define __pyx_n_b_O __pyx_string_tab[208]
-#define __pyx_kp_b_iso88591_Q __pyx_string_tab[209]
-#define __pyx_kp_b_iso88591_k_q_k_q_3c_3c_E_aq_3c_Qb_IQ_2Q __pyx_string_tab[210]
-#define __pyx_kp_b_iso88591_A_D_V3hat7_T_c_E_a_4uF_81D_6at5 __pyx_string_tab[211]
-#define __pyx_kp_b_iso88591_A_xxr_WBb_Bd __pyx_string_tab[212]
-#define __pyx_kp_b_iso88591_A_E_aq_1A_AQd_e3a_q_gS_XQd_aq_A __pyx_string_tab[213]
-#define __pyx_kp_b_iso88591_A_aq_HN_XY_V1Bb_V1Bb_2S_S_Q_T_E __pyx_string_tab[214]
-#define __pyx_kp_b_iso88591_A_KvQir_KvQir_r_Cr_l_A_A_E_aq_q __pyx_string_tab[215]
-#define __pyx_kp_b_iso88591_A_4uA_e_Q_E_aq_s_3c_4s_3c__A_U_1 __pyx_string_tab[216]
-#define __pyx_kp_b_iso88591_A__A_k_q_HBa_awd_T_1__A_U_1_Kq_g __pyx_string_tab[217]
-#define __pyx_kp_b_iso88591_A_b_1A_b_G2Q_E_at1_3iq_5_Rr_r_Rw __pyx_string_tab[218]
-#define __pyx_kp_b_iso88591_A_T_a_y_c_Rq_fCxuF_WA_XU_E_1_KvQ __pyx_string_tab[219]
-#define __pyx_kp_b_iso88591_T_fA_d_vV2_R_b_Qat6_4q_Qat6_Jd __pyx_string_tab[220]
-#define __pyx_kp_b_iso88591_q_A_AQd_1_U_1_AQd__A_9_4wa_Ba_Q __pyx_string_tab[221]
+#define __pyx_n_u_acc __pyx_string_tab[86]
+#define __pyx_n_u_allocate_buffer __pyx_string_tab[87]
+#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[88]
+#define __pyx_n_u_b __pyx_string_tab[89]
+#define __pyx_n_u_base __pyx_string_tab[90]
+#define __pyx_n_u_buffers __pyx_string_tab[91]
+#define __pyx_n_u_c __pyx_string_tab[92]
+#define __pyx_n_u_cache __pyx_string_tab[93]
+#define __pyx_n_u_check __pyx_string_tab[94]
+#define __pyx_n_u_cimport_call_ns __pyx_string_tab[95]
+#define __pyx_n_u_cline_in_traceback __pyx_string_tab[96]
+#define __pyx_n_u_consumed __pyx_string_tab[97]
+#define __pyx_n_u_copy __pyx_string_tab[98]
+#define __pyx_n_u_count __pyx_string_tab[99]
+#define __pyx_n_u_data __pyx_string_tab[100]
+#define __pyx_n_u_data_bytes __pyx_string_tab[101]
+#define __pyx_n_u_default_rng __pyx_string_tab[102]
+#define __pyx_n_u_defrag_move __pyx_string_tab[103]
+#define __pyx_n_u_defrag_plan __pyx_string_tab[104]
+#define __pyx_n_u_done_base __pyx_string_tab[105]
+#define __pyx_n_u_done_fast __pyx_string_tab[106]
+#define __pyx_n_u_dtype __pyx_string_tab[107]
+#define __pyx_n_u_dtype_is_object __pyx_string_tab[108]
+#define __pyx_n_u_el __pyx_string_tab[109]
+#define __pyx_n_u_encode __pyx_string_tab[110]
+#define __pyx_n_u_enumerate __pyx_string_tab[111]
+#define __pyx_n_u_err __pyx_string_tab[112]
+#define __pyx_n_u_error __pyx_string_tab[113]
+#define __pyx_n_u_fill __pyx_string_tab[114]
+#define __pyx_n_u_find_slot_1tok __pyx_string_tab[115]
+#define __pyx_n_u_flags __pyx_string_tab[116]
+#define __pyx_n_u_format __pyx_string_tab[117]
+#define __pyx_n_u_fortran __pyx_string_tab[118]
+#define __pyx_n_u_fragment __pyx_string_tab[119]
+#define __pyx_n_u_free_fraction __pyx_string_tab[120]
+#define __pyx_n_u_hole __pyx_string_tab[121]
+#define __pyx_n_u_i __pyx_string_tab[122]
+#define __pyx_n_u_id __pyx_string_tab[123]
+#define __pyx_n_u_ids __pyx_string_tab[124]
+#define __pyx_n_u_index __pyx_string_tab[125]
+#define __pyx_n_u_integers __pyx_string_tab[126]
+#define __pyx_n_u_items __pyx_string_tab[127]
+#define __pyx_n_u_itemsize __pyx_string_tab[128]
+#define __pyx_n_u_k __pyx_string_tab[129]
+#define __pyx_n_u_kb __pyx_string_tab[130]
+#define __pyx_n_u_kf __pyx_string_tab[131]
+#define __pyx_n_u_kvcache__bench __pyx_string_tab[132]
+#define __pyx_n_u_l __pyx_string_tab[133]
+#define __pyx_n_u_mask __pyx_string_tab[134]
+#define __pyx_n_u_memcpy_ns __pyx_string_tab[135]
+#define __pyx_n_u_memview __pyx_string_tab[136]
+#define __pyx_n_u_mode __pyx_string_tab[137]
+#define __pyx_n_u_moved __pyx_string_tab[138]
+#define __pyx_n_u_msk __pyx_string_tab[139]
+#define __pyx_n_u_n_2 __pyx_string_tab[140]
+#define __pyx_n_u_n_cells __pyx_string_tab[141]
+#define __pyx_n_u_n_kv __pyx_string_tab[142]
+#define __pyx_n_u_n_layer __pyx_string_tab[143]
+#define __pyx_n_u_n_mask_seqs __pyx_string_tab[144]
+#define __pyx_n_u_n_ops __pyx_string_tab[145]
+#define __pyx_n_u_n_pad __pyx_string_tab[146]
+#define __pyx_n_u_n_seqs __pyx_string_tab[147]
+#define __pyx_n_u_n_swa __pyx_string_tab[148]
+#define __pyx_n_u_n_tokens __pyx_string_tab[149]
+#define __pyx_n_u_name __pyx_string_tab[150]
+#define __pyx_n_u_nbytes __pyx_string_tab[151]
+#define __pyx_n_u_ndim __pyx_string_tab[152]
+#define __pyx_n_u_np __pyx_string_tab[153]
+#define __pyx_n_u_numpy __pyx_string_tab[154]
+#define __pyx_n_u_obj __pyx_string_tab[155]
+#define __pyx_n_u_off __pyx_string_tab[156]
+#define __pyx_n_u_ok_base __pyx_string_tab[157]
+#define __pyx_n_u_ok_fast __pyx_string_tab[158]
+#define __pyx_n_u_out __pyx_string_tab[159]
+#define __pyx_n_u_p __pyx_string_tab[160]
+#define __pyx_n_u_p0 __pyx_string_tab[161]
+#define __pyx_n_u_pack __pyx_string_tab[162]
+#define __pyx_n_u_perf_counter_ns __pyx_string_tab[163]
+#define __pyx_n_u_pop __pyx_string_tab[164]
+#define __pyx_n_u_pos __pyx_string_tab[165]
+#define __pyx_n_u_prompt __pyx_string_tab[166]
+#define __pyx_n_u_r __pyx_string_tab[167]
+#define __pyx_n_u_random __pyx_string_tab[168]
+#define __pyx_n_u_ref __pyx_string_tab[169]
+#define __pyx_n_u_register __pyx_string_tab[170]
+#define __pyx_n_u_reps __pyx_string_tab[171]
+#define __pyx_n_u_res_base __pyx_string_tab[172]
+#define __pyx_n_u_res_fast __pyx_string_tab[173]
+#define __pyx_n_u_rng __pyx_string_tab[174]
+#define __pyx_n_u_rows __pyx_string_tab[175]
+#define __pyx_n_u_s __pyx_string_tab[176]
+#define __pyx_n_u_same __pyx_string_tab[177]
+#define __pyx_n_u_saved __pyx_string_tab[178]
+#define __pyx_n_u_seed __pyx_string_tab[179]
+#define __pyx_n_u_self __pyx_string_tab[180]
+#define __pyx_n_u_seq __pyx_string_tab[181]
+#define __pyx_n_u_setdefault __pyx_string_tab[182]
+#define __pyx_n_u_shape __pyx_string_tab[183]
+#define __pyx_n_u_size __pyx_string_tab[184]
+#define __pyx_n_u_snap __pyx_string_tab[185]
+#define __pyx_n_u_start __pyx_string_tab[186]
+#define __pyx_n_u_state_io __pyx_string_tab[187]
+#define __pyx_n_u_step __pyx_string_tab[188]
+#define __pyx_n_u_stop __pyx_string_tab[189]
+#define __pyx_n_u_struct __pyx_string_tab[190]
+#define __pyx_n_u_swa_type __pyx_string_tab[191]
+#define __pyx_n_u_t0 __pyx_string_tab[192]
+#define __pyx_n_u_t1 __pyx_string_tab[193]
+#define __pyx_n_u_t2 __pyx_string_tab[194]
+#define __pyx_n_u_t3 __pyx_string_tab[195]
+#define __pyx_n_u_t4 __pyx_string_tab[196]
+#define __pyx_n_u_t_base __pyx_string_tab[197]
+#define __pyx_n_u_t_fast __pyx_string_tab[198]
+#define __pyx_n_u_time __pyx_string_tab[199]
+#define __pyx_n_u_ub __pyx_string_tab[200]
+#define __pyx_n_u_uint8 __pyx_string_tab[201]
+#define __pyx_n_u_unpack __pyx_string_tab[202]
+#define __pyx_n_u_update __pyx_string_tab[203]
+#define __pyx_n_u_v_trans __pyx_string_tab[204]
+#define __pyx_n_u_values __pyx_string_tab[205]
+#define __pyx_n_u_vb __pyx_string_tab[206]
+#define __pyx_n_u_vf __pyx_string_tab[207]
+#define __pyx_n_u_width __pyx_string_tab[208]
+#define __pyx_n_u_written __pyx_string_tab[209]
+#define __pyx_n_u_x __pyx_string_tab[210]
+#define __pyx_n_b_O __pyx_string_tab[211]
+#define __pyx_kp_b_iso88591_Q __pyx_string_tab[212]
+#define __pyx_kp_b_iso88591_k_q_k_q_3c_3c_E_aq_3c_Qb_IQ_2Q __pyx_string_tab[213]
+#define __pyx_kp_b_iso88591_q_E_aq_5_az_Rq_E_aq_5_1Cr_Rwc_4 __pyx_string_tab[214]
+#define __pyx_kp_b_iso88591_A_D_V3hat7_T_c_E_a_4uF_81D_6at5 __pyx_string_tab[215]
+#define __pyx_kp_b_iso88591_A_xxr_WBb_Bd __pyx_string_tab[216]
+#define __pyx_kp_b_iso88591_A_E_aq_1A_AQd_e3a_q_gS_XQd_aq_A __pyx_string_tab[217]
+#define __pyx_kp_b_iso88591_A_aq_HN_XY_V1Bb_V1Bb_2S_S_Q_T_E __pyx_string_tab[218]
+#define __pyx_kp_b_iso88591_A_KvQir_KvQir_r_Cr_l_A_A_E_aq_q __pyx_string_tab[219]
+#define __pyx_kp_b_iso88591_A_4uA_e_Q_E_aq_s_3c_4s_3c__A_U_1 __pyx_string_tab[220]
+#define __pyx_kp_b_iso88591_A__A_k_q_HBa_awd_T_1__A_U_1_Kq_g __pyx_string_tab[221]
+#define __pyx_kp_b_iso88591_A_b_1A_b_G2Q_E_at1_3iq_5_Rr_r_Rw __pyx_string_tab[222]
+#define __pyx_kp_b_iso88591_A_T_a_y_c_Rq_fCxuF_WA_XU_E_1_KvQ __pyx_string_tab[223]
+#define __pyx_kp_b_iso88591_T_fA_d_vV2_R_b_Qat6_4q_Qat6_Jd __pyx_string_tab[224]
+#define __pyx_kp_b_iso88591_q_A_AQd_1_U_1_AQd__A_9_4wa_Ba_Q __pyx_string_tab[225]
 #define __pyx_int_0 __pyx_number_tab[0]
 #define __pyx_int_neg_1 __pyx_number_tab[1]
 #define __pyx_int_2 __pyx_number_tab[2]
@@ -3998,6 +4285,12 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   #if CYTHON_PEP489_MULTI_PHASE_INIT
   __Pyx_State_RemoveModule(NULL);
   #endif
+  Py_CLEAR(clear_module_state->__pyx_ptype_7kvcache_5_core_UBatch);
+  Py_CLEAR(clear_module_state->__pyx_ptype_7kvcache_5_core_UnifiedCore);
+  Py_CLEAR(clear_module_state->__pyx_ptype_7kvcache_5_core_SplitUBatch);
+  Py_CLEAR(clear_module_state->__pyx_ptype_7kvcache_5_core_Batch);
+  Py_CLEAR(clear_module_state->__pyx_ptype_7kvcache_5_core_RecurrentCache);
+  Py_CLEAR(clear_module_state->__pyx_ptype_7kvcache_5_core_RopeParams);
   Py_CLEAR(clear_module_state->__pyx_ptype_7kvcache_6_bench_Workload);
   Py_CLEAR(clear_module_state->__pyx_type_7kvcache_6_bench_Workload);
   Py_CLEAR(clear_module_state->__pyx_array_type);
@@ -4013,8 +4306,8 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<1; ++i) { Py_CLEAR(clear_module_state->__pyx_slice[i]); }
   for (int i=0; i<5; ++i) { Py_CLEAR(clear_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<14; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<222; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<15; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<226; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<7; ++i) { Py_CLEAR(clear_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_clear_contents ### */
 /* CommonTypesMetaclass.module_state_clear */
@@ -4038,6 +4331,12 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   __Pyx_VISIT_CONST(traverse_module_state->__pyx_empty_tuple);
   __Pyx_VISIT_CONST(traverse_module_state->__pyx_empty_bytes);
   __Pyx_VISIT_CONST(traverse_module_state->__pyx_empty_unicode);
+  Py_VISIT(traverse_module_state->__pyx_ptype_7kvcache_5_core_UBatch);
+  Py_VISIT(traverse_module_state->__pyx_ptype_7kvcache_5_core_UnifiedCore);
+  Py_VISIT(traverse_module_state->__pyx_ptype_7kvcache_5_core_SplitUBatch);
+  Py_VISIT(traverse_module_state->__pyx_ptype_7kvcache_5_core_Batch);
+  Py_VISIT(traverse_module_state->__pyx_ptype_7kvcache_5_core_RecurrentCache);
+  Py_VISIT(traverse_module_state->__pyx_ptype_7kvcache_5_core_RopeParams);
   Py_VISIT(traverse_module_state->__pyx_ptype_7kvcache_6_bench_Workload);
   Py_VISIT(traverse_module_state->__pyx_type_7kvcache_6_bench_Workload);
   Py_VISIT(traverse_module_state->__pyx_array_type);
@@ -4053,8 +4352,8 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<1; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_slice[i]); }
   for (int i=0; i<5; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<14; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<222; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<15; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<226; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<7; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_traverse_contents ### */
 /* CommonTypesMetaclass.module_state_traverse */
@@ -18241,6 +18540,191 @@ static PyObject *__pyx_unpickle_Enum__set_state(struct __pyx_MemviewEnum_obj *__
   return __pyx_r;
 }
 
+/* "kvcache/_core.pxd":57
+ *     cdef void reset_shift_c(self) noexcept nogil
+ *     # field reads and header-inline queries: inlined into the caller
+ *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return kvc_unified_seq_pos_min(&self.c, s)
+ *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
+*/
+
+static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_min_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self, int32_t __pyx_v_s) {
+  int32_t __pyx_r;
+
+  /* "kvcache/_core.pxd":58
+ *     # field reads and header-inline queries: inlined into the caller
+ *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
+ *         return kvc_unified_seq_pos_min(&self.c, s)             # <<<<<<<<<<<<<<
+ *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
+ *         return kvc_unified_seq_pos_max(&self.c, s)
+*/
+  {
+
+    __pyx_r = kvc_unified_seq_pos_min((&__pyx_v_self->c), __pyx_v_s);
+  }
+  goto __pyx_L0;
+
+  /* "kvcache/_core.pxd":57
+ *     cdef void reset_shift_c(self) noexcept nogil
+ *     # field reads and header-inline queries: inlined into the caller
+ *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return kvc_unified_seq_pos_min(&self.c, s)
+ *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+  return __pyx_r;
+}
+
+/* "kvcache/_core.pxd":59
+ *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
+ *         return kvc_unified_seq_pos_min(&self.c, s)
+ *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return kvc_unified_seq_pos_max(&self.c, s)
+ *     cdef inline uint32_t head_c(self) noexcept nogil:
+*/
+
+static CYTHON_INLINE int32_t __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_max_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self, int32_t __pyx_v_s) {
+  int32_t __pyx_r;
+
+  /* "kvcache/_core.pxd":60
+ *         return kvc_unified_seq_pos_min(&self.c, s)
+ *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
+ *         return kvc_unified_seq_pos_max(&self.c, s)             # <<<<<<<<<<<<<<
+ *     cdef inline uint32_t head_c(self) noexcept nogil:
+ *         return self.c.head
+*/
+  {
+
+    __pyx_r = kvc_unified_seq_pos_max((&__pyx_v_self->c), __pyx_v_s);
+  }
+  goto __pyx_L0;
+
+  /* "kvcache/_core.pxd":59
+ *     cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
+ *         return kvc_unified_seq_pos_min(&self.c, s)
+ *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return kvc_unified_seq_pos_max(&self.c, s)
+ *     cdef inline uint32_t head_c(self) noexcept nogil:
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+  return __pyx_r;
+}
+
+/* "kvcache/_core.pxd":61
+ *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
+ *         return kvc_unified_seq_pos_max(&self.c, s)
+ *     cdef inline uint32_t head_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return self.c.head
+ *     cdef inline uint32_t n_c(self) noexcept nogil:
+*/
+
+static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_head_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self) {
+  uint32_t __pyx_r;
+
+  /* "kvcache/_core.pxd":62
+ *         return kvc_unified_seq_pos_max(&self.c, s)
+ *     cdef inline uint32_t head_c(self) noexcept nogil:
+ *         return self.c.head             # <<<<<<<<<<<<<<
+ *     cdef inline uint32_t n_c(self) noexcept nogil:
+ *         return self.c.n
+*/
+  {
+
+    __pyx_r = __pyx_v_self->c.head;
+  }
+  goto __pyx_L0;
+
+  /* "kvcache/_core.pxd":61
+ *     cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
+ *         return kvc_unified_seq_pos_max(&self.c, s)
+ *     cdef inline uint32_t head_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return self.c.head
+ *     cdef inline uint32_t n_c(self) noexcept nogil:
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+  return __pyx_r;
+}
+
+/* "kvcache/_core.pxd":63
+ *     cdef inline uint32_t head_c(self) noexcept nogil:
+ *         return self.c.head
+ *     cdef inline uint32_t n_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return self.c.n
+ *     cdef inline uint32_t used_c(self) noexcept nogil:
+*/
+
+static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_n_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self) {
+  uint32_t __pyx_r;
+
+  /* "kvcache/_core.pxd":64
+ *         return self.c.head
+ *     cdef inline uint32_t n_c(self) noexcept nogil:
+ *         return self.c.n             # <<<<<<<<<<<<<<
+ *     cdef inline uint32_t used_c(self) noexcept nogil:
+ *         return self.c.cells.used
+*/
+  {
+
+    __pyx_r = __pyx_v_self->c.n;
+  }
+  goto __pyx_L0;
+
+  /* "kvcache/_core.pxd":63
+ *     cdef inline uint32_t head_c(self) noexcept nogil:
+ *         return self.c.head
+ *     cdef inline uint32_t n_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return self.c.n
+ *     cdef inline uint32_t used_c(self) noexcept nogil:
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+  return __pyx_r;
+}
+
+/* "kvcache/_core.pxd":65
+ *     cdef inline uint32_t n_c(self) noexcept nogil:
+ *         return self.c.n
+ *     cdef inline uint32_t used_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return self.c.cells.used
+ * 
+*/
+
+static CYTHON_INLINE uint32_t __pyx_f_7kvcache_5_core_11UnifiedCore_used_c(struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_self) {
+  uint32_t __pyx_r;
+
+  /* "kvcache/_core.pxd":66
+ *         return self.c.n
+ *     cdef inline uint32_t used_c(self) noexcept nogil:
+ *         return self.c.cells.used             # <<<<<<<<<<<<<<
+ * 
+ * # --- batch -------------------------------------------------------------------
+*/
+  {
+
+    __pyx_r = __pyx_v_self->c.cells.used;
+  }
+  goto __pyx_L0;
+
+  /* "kvcache/_core.pxd":65
+ *     cdef inline uint32_t n_c(self) noexcept nogil:
+ *         return self.c.n
+ *     cdef inline uint32_t used_c(self) noexcept nogil:             # <<<<<<<<<<<<<<
+ *         return self.c.cells.used
+ * 
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+  return __pyx_r;
+}
+
 /* "kvcache/_bench.pyx":98
  * 
  * 
@@ -25313,6 +25797,7 @@ static PyObject *__pyx_pf_7kvcache_6_bench_memcpy_ns(CYTHON_UNUSED PyObject *__p
  *     free(a)
  *     free(b)             # <<<<<<<<<<<<<<
  *     return t0
+ * 
 */
   free(__pyx_v_b);
 
@@ -25320,6 +25805,8 @@ static PyObject *__pyx_pf_7kvcache_6_bench_memcpy_ns(CYTHON_UNUSED PyObject *__p
  *     free(a)
  *     free(b)
  *     return t0             # <<<<<<<<<<<<<<
+ * 
+ * 
 */
   __pyx_t_3 = __Pyx_PyLong_From_uint64_t(__pyx_v_t0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 480, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
@@ -25350,6 +25837,423 @@ static PyObject *__pyx_pf_7kvcache_6_bench_memcpy_ns(CYTHON_UNUSED PyObject *__p
   __Pyx_AddTraceback("kvcache._bench.memcpy_ns", __pyx_clineno, __pyx_lineno, __pyx_filename);
   __pyx_r = NULL;
   __pyx_L0:;
+
+
+
+
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "kvcache/_bench.pyx":486
+ * 
+ * 
+ * def cimport_call_ns(UnifiedCore cache, uint32_t reps):             # <<<<<<<<<<<<<<
+ *     """(ns per seq_pos_max_c, ns per seq_rm_c of an absent range) called from Cython through
+ *     the cimport contract (kvcache/_core.pxd), without the GIL."""
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_7kvcache_6_bench_3cimport_call_ns(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_7kvcache_6_bench_2cimport_call_ns, "cimport_call_ns(UnifiedCore cache, uint32_t reps)\n\n(ns per seq_pos_max_c, ns per seq_rm_c of an absent range) called from Cython through\nthe cimport contract (kvcache/_core.pxd), without the GIL.");
+static PyMethodDef __pyx_mdef_7kvcache_6_bench_3cimport_call_ns = {"cimport_call_ns", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_7kvcache_6_bench_3cimport_call_ns, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_7kvcache_6_bench_2cimport_call_ns};
+static PyObject *__pyx_pw_7kvcache_6_bench_3cimport_call_ns(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_cache = 0;
+  uint32_t __pyx_v_reps;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[2] = {0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("cimport_call_ns (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cache,&__pyx_mstate_global->__pyx_n_u_reps,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 486, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 486, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 486, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "cimport_call_ns", 0) < (0)) __PYX_ERR(0, 486, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 2; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("cimport_call_ns", 1, 2, 2, i); __PYX_ERR(0, 486, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 2)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 486, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 486, __pyx_L3_error)
+    }
+    __pyx_v_cache = ((struct __pyx_obj_7kvcache_5_core_UnifiedCore *)values[0]);
+    __pyx_v_reps = __Pyx_PyLong_As_uint32_t(values[1]); if (unlikely((__pyx_v_reps == ((uint32_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 486, __pyx_L3_error)
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("cimport_call_ns", 1, 2, 2, __pyx_nargs); __PYX_ERR(0, 486, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("kvcache._bench.cimport_call_ns", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cache), __pyx_mstate_global->__pyx_ptype_7kvcache_5_core_UnifiedCore, 1, "cache", 0))) __PYX_ERR(0, 486, __pyx_L1_error)
+  __pyx_r = __pyx_pf_7kvcache_6_bench_2cimport_call_ns(__pyx_self, __pyx_v_cache, __pyx_v_reps);
+
+  /* function exit code */
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __pyx_r = NULL;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  goto __pyx_L7_cleaned_up;
+  __pyx_L0:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __pyx_L7_cleaned_up:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_7kvcache_6_bench_2cimport_call_ns(CYTHON_UNUSED PyObject *__pyx_self, struct __pyx_obj_7kvcache_5_core_UnifiedCore *__pyx_v_cache, uint32_t __pyx_v_reps) {
+  CYTHON_UNUSED uint32_t __pyx_v_r;
+  int64_t __pyx_v_acc;
+  uint64_t __pyx_v_t0;
+  uint64_t __pyx_v_t1;
+  uint64_t __pyx_v_t2;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  size_t __pyx_t_4;
+  uint64_t __pyx_t_5;
+  uint32_t __pyx_t_6;
+  uint32_t __pyx_t_7;
+  uint32_t __pyx_t_8;
+  PyObject *__pyx_t_9 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("cimport_call_ns", 0);
+
+  /* "kvcache/_bench.pyx":490
+ *     the cimport contract (kvcache/_core.pxd), without the GIL."""
+ *     cdef uint32_t r
+ *     cdef int64_t acc = 0             # <<<<<<<<<<<<<<
+ *     cdef uint64_t t0, t1, t2
+ *     # the sequence id depends on the previous answer, so the compiler cannot hoist the call
+*/
+  __pyx_v_acc = 0;
+
+  /* "kvcache/_bench.pyx":493
+ *     cdef uint64_t t0, t1, t2
+ *     # the sequence id depends on the previous answer, so the compiler cannot hoist the call
+ *     t0 = perf_counter_ns()             # <<<<<<<<<<<<<<
+ *     with nogil:
+ *         for r in range(reps):
+*/
+  __pyx_t_2 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_perf_counter_ns); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 493, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_4 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_3))) {
+    __pyx_t_2 = PyMethod_GET_SELF(__pyx_t_3);
+    assert(__pyx_t_2);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_3);
+    __Pyx_INCREF(__pyx_t_2);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_3, __pyx__function);
+    __pyx_t_4 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_2, NULL};
+    __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_3, __pyx_callargs+__pyx_t_4, (1-__pyx_t_4) | (__pyx_t_4*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 493, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+  }
+  __pyx_t_5 = __Pyx_PyLong_As_uint64_t(__pyx_t_1); if (unlikely((__pyx_t_5 == ((uint64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 493, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  __pyx_v_t0 = __pyx_t_5;
+
+  /* "kvcache/_bench.pyx":494
+ *     # the sequence id depends on the previous answer, so the compiler cannot hoist the call
+ *     t0 = perf_counter_ns()
+ *     with nogil:             # <<<<<<<<<<<<<<
+ *         for r in range(reps):
+ *             acc += cache.seq_pos_max_c(<int32_t>(acc & 3))
+*/
+  {
+      PyThreadState * _save;
+      _save = PyEval_SaveThread();
+      __Pyx_FastGIL_Remember();
+      /*try:*/ {
+
+        /* "kvcache/_bench.pyx":495
+ *     t0 = perf_counter_ns()
+ *     with nogil:
+ *         for r in range(reps):             # <<<<<<<<<<<<<<
+ *             acc += cache.seq_pos_max_c(<int32_t>(acc & 3))
+ *     t1 = perf_counter_ns()
+*/
+
+        __pyx_t_6 = __pyx_v_reps;
+        __pyx_t_7 = __pyx_t_6;
+
+        for (__pyx_t_8 = 0; __pyx_t_8 < __pyx_t_7; __pyx_t_8+=1) {
+          __pyx_v_r = __pyx_t_8;
+
+          /* "kvcache/_bench.pyx":496
+ *     with nogil:
+ *         for r in range(reps):
+ *             acc += cache.seq_pos_max_c(<int32_t>(acc & 3))             # <<<<<<<<<<<<<<
+ *     t1 = perf_counter_ns()
+ *     with nogil:
+*/
+          __pyx_v_acc = (__pyx_v_acc + __pyx_f_7kvcache_5_core_11UnifiedCore_seq_pos_max_c(__pyx_v_cache, ((int32_t)(__pyx_v_acc & 3))));
+        }
+
+      }
+
+      /* "kvcache/_bench.pyx":494
+ *     # the sequence id depends on the previous answer, so the compiler cannot hoist the call
+ *     t0 = perf_counter_ns()
+ *     with nogil:             # <<<<<<<<<<<<<<
+ *         for r in range(reps):
+ *             acc += cache.seq_pos_max_c(<int32_t>(acc & 3))
+*/
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_FastGIL_Forget();
+          PyEval_RestoreThread(_save);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+  }
+
+  /* "kvcache/_bench.pyx":497
+ *         for r in range(reps):
+ *             acc += cache.seq_pos_max_c(<int32_t>(acc & 3))
+ *     t1 = perf_counter_ns()             # <<<<<<<<<<<<<<
+ *     with nogil:
+ *         for r in range(reps):
+*/
+  __pyx_t_3 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_perf_counter_ns); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 497, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_4 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_2))) {
+    __pyx_t_3 = PyMethod_GET_SELF(__pyx_t_2);
+    assert(__pyx_t_3);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_2);
+    __Pyx_INCREF(__pyx_t_3);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_2, __pyx__function);
+    __pyx_t_4 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_3, NULL};
+    __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_2, __pyx_callargs+__pyx_t_4, (1-__pyx_t_4) | (__pyx_t_4*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 497, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+  }
+  __pyx_t_5 = __Pyx_PyLong_As_uint64_t(__pyx_t_1); if (unlikely((__pyx_t_5 == ((uint64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 497, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  __pyx_v_t1 = __pyx_t_5;
+
+  /* "kvcache/_bench.pyx":498
+ *             acc += cache.seq_pos_max_c(<int32_t>(acc & 3))
+ *     t1 = perf_counter_ns()
+ *     with nogil:             # <<<<<<<<<<<<<<
+ *         for r in range(reps):
+ *             acc += cache.seq_rm_c(0, 2000000000, 2000000001)
+*/
+  {
+      PyThreadState * _save;
+      _save = PyEval_SaveThread();
+      __Pyx_FastGIL_Remember();
+      /*try:*/ {
+
+        /* "kvcache/_bench.pyx":499
+ *     t1 = perf_counter_ns()
+ *     with nogil:
+ *         for r in range(reps):             # <<<<<<<<<<<<<<
+ *             acc += cache.seq_rm_c(0, 2000000000, 2000000001)
+ *     t2 = perf_counter_ns()
+*/
+
+        __pyx_t_6 = __pyx_v_reps;
+        __pyx_t_7 = __pyx_t_6;
+
+        for (__pyx_t_8 = 0; __pyx_t_8 < __pyx_t_7; __pyx_t_8+=1) {
+          __pyx_v_r = __pyx_t_8;
+
+          /* "kvcache/_bench.pyx":500
+ *     with nogil:
+ *         for r in range(reps):
+ *             acc += cache.seq_rm_c(0, 2000000000, 2000000001)             # <<<<<<<<<<<<<<
+ *     t2 = perf_counter_ns()
+ *     return (t1 - t0) / reps, (t2 - t1) / reps, acc
+*/
+          __pyx_v_acc = (__pyx_v_acc + ((struct __pyx_vtabstruct_7kvcache_5_core_UnifiedCore *)__pyx_v_cache->__pyx_vtab)->seq_rm_c(__pyx_v_cache, 0, 0x77359400, 0x77359401));
+        }
+
+      }
+
+      /* "kvcache/_bench.pyx":498
+ *             acc += cache.seq_pos_max_c(<int32_t>(acc & 3))
+ *     t1 = perf_counter_ns()
+ *     with nogil:             # <<<<<<<<<<<<<<
+ *         for r in range(reps):
+ *             acc += cache.seq_rm_c(0, 2000000000, 2000000001)
+*/
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_FastGIL_Forget();
+          PyEval_RestoreThread(_save);
+          goto __pyx_L10;
+        }
+        __pyx_L10:;
+      }
+  }
+
+  /* "kvcache/_bench.pyx":501
+ *         for r in range(reps):
+ *             acc += cache.seq_rm_c(0, 2000000000, 2000000001)
+ *     t2 = perf_counter_ns()             # <<<<<<<<<<<<<<
+ *     return (t1 - t0) / reps, (t2 - t1) / reps, acc
+*/
+  __pyx_t_2 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_perf_counter_ns); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 501, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_4 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_3))) {
+    __pyx_t_2 = PyMethod_GET_SELF(__pyx_t_3);
+    assert(__pyx_t_2);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_3);
+    __Pyx_INCREF(__pyx_t_2);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_3, __pyx__function);
+    __pyx_t_4 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_2, NULL};
+    __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_3, __pyx_callargs+__pyx_t_4, (1-__pyx_t_4) | (__pyx_t_4*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 501, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+  }
+  __pyx_t_5 = __Pyx_PyLong_As_uint64_t(__pyx_t_1); if (unlikely((__pyx_t_5 == ((uint64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 501, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  __pyx_v_t2 = __pyx_t_5;
+
+  /* "kvcache/_bench.pyx":502
+ *             acc += cache.seq_rm_c(0, 2000000000, 2000000001)
+ *     t2 = perf_counter_ns()
+ *     return (t1 - t0) / reps, (t2 - t1) / reps, acc             # <<<<<<<<<<<<<<
+*/
+  __pyx_t_1 = __Pyx_PyLong_From_uint64_t(((__pyx_v_t1 - __pyx_v_t0) / ((uint64_t)__pyx_v_reps))); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 502, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __pyx_t_3 = __Pyx_PyLong_From_uint64_t(((__pyx_v_t2 - __pyx_v_t1) / ((uint64_t)__pyx_v_reps))); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 502, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_acc); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 502, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_9 = PyTuple_New(3); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 502, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_9);
+  __Pyx_GIVEREF(__pyx_t_1);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 502, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_3);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 1, __pyx_t_3) != (0)) __PYX_ERR(0, 502, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_2);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 2, __pyx_t_2) != (0)) __PYX_ERR(0, 502, __pyx_L1_error);
+  __pyx_t_1 = 0;
+  __pyx_t_3 = 0;
+  __pyx_t_2 = 0;
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_9;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_9 = 0;
+  goto __pyx_L0;
+
+  /* "kvcache/_bench.pyx":486
+ * 
+ * 
+ * def cimport_call_ns(UnifiedCore cache, uint32_t reps):             # <<<<<<<<<<<<<<
+ *     """(ns per seq_pos_max_c, ns per seq_rm_c of an absent range) called from Cython through
+ *     the cimport contract (kvcache/_core.pxd), without the GIL."""
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_XDECREF(__pyx_t_9);
+  __Pyx_AddTraceback("kvcache._bench.cimport_call_ns", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+
 
 
 
@@ -26979,11 +27883,82 @@ static int __Pyx_modinit_Exttype___pyx_memoryviewslice_obj(__pyx_mstatetype *__p
 
 static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   __Pyx_RefNannySetupContext("__Pyx_modinit_Type_import_code", 0);
   /*--- Type import code ---*/
+  __pyx_t_1 = PyImport_ImportModule("kvcache._core"); if (unlikely(!__pyx_t_1)) __PYX_ERR(2, 9, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __pyx_mstate->__pyx_ptype_7kvcache_5_core_UBatch = __Pyx_ImportType_3_3_1(__pyx_t_1, "kvcache._core", "UBatch",
+  #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
+  sizeof(struct __pyx_obj_7kvcache_5_core_UBatch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_UBatch),
+  #elif CYTHON_COMPILING_IN_LIMITED_API
+  sizeof(struct __pyx_obj_7kvcache_5_core_UBatch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_UBatch),
+  #else
+  sizeof(struct __pyx_obj_7kvcache_5_core_UBatch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_UBatch),
+  #endif
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_UBatch) __PYX_ERR(2, 9, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_UBatch, (void**)&__pyx_vtabptr_7kvcache_5_core_UBatch) != 1)) __PYX_ERR(2, 9, __pyx_L1_error)
+  __pyx_mstate->__pyx_ptype_7kvcache_5_core_UnifiedCore = __Pyx_ImportType_3_3_1(__pyx_t_1, "kvcache._core", "UnifiedCore",
+  #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
+  sizeof(struct __pyx_obj_7kvcache_5_core_UnifiedCore), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_UnifiedCore),
+  #elif CYTHON_COMPILING_IN_LIMITED_API
+  sizeof(struct __pyx_obj_7kvcache_5_core_UnifiedCore), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_UnifiedCore),
+  #else
+  sizeof(struct __pyx_obj_7kvcache_5_core_UnifiedCore), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_UnifiedCore),
+  #endif
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_UnifiedCore) __PYX_ERR(2, 23, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_UnifiedCore, (void**)&__pyx_vtabptr_7kvcache_5_core_UnifiedCore) != 1)) __PYX_ERR(2, 23, __pyx_L1_error)
+  __pyx_mstate->__pyx_ptype_7kvcache_5_core_SplitUBatch = __Pyx_ImportType_3_3_1(__pyx_t_1, "kvcache._core", "SplitUBatch",
+  #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
+  sizeof(struct __pyx_obj_7kvcache_5_core_SplitUBatch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_SplitUBatch),
+  #elif CYTHON_COMPILING_IN_LIMITED_API
+  sizeof(struct __pyx_obj_7kvcache_5_core_SplitUBatch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_SplitUBatch),
+  #else
+  sizeof(struct __pyx_obj_7kvcache_5_core_SplitUBatch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_SplitUBatch),
+  #endif
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_SplitUBatch) __PYX_ERR(2, 71, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_SplitUBatch, (void**)&__pyx_vtabptr_7kvcache_5_core_SplitUBatch) != 1)) __PYX_ERR(2, 71, __pyx_L1_error)
+  __pyx_mstate->__pyx_ptype_7kvcache_5_core_Batch = __Pyx_ImportType_3_3_1(__pyx_t_1, "kvcache._core", "Batch",
+  #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
+  sizeof(struct __pyx_obj_7kvcache_5_core_Batch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_Batch),
+  #elif CYTHON_COMPILING_IN_LIMITED_API
+  sizeof(struct __pyx_obj_7kvcache_5_core_Batch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_Batch),
+  #else
+  sizeof(struct __pyx_obj_7kvcache_5_core_Batch), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_Batch),
+  #endif
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_Batch) __PYX_ERR(2, 75, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_Batch, (void**)&__pyx_vtabptr_7kvcache_5_core_Batch) != 1)) __PYX_ERR(2, 75, __pyx_L1_error)
+  __pyx_mstate->__pyx_ptype_7kvcache_5_core_RecurrentCache = __Pyx_ImportType_3_3_1(__pyx_t_1, "kvcache._core", "RecurrentCache",
+  #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
+  sizeof(struct __pyx_obj_7kvcache_5_core_RecurrentCache), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RecurrentCache),
+  #elif CYTHON_COMPILING_IN_LIMITED_API
+  sizeof(struct __pyx_obj_7kvcache_5_core_RecurrentCache), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RecurrentCache),
+  #else
+  sizeof(struct __pyx_obj_7kvcache_5_core_RecurrentCache), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RecurrentCache),
+  #endif
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_RecurrentCache) __PYX_ERR(2, 82, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_RecurrentCache, (void**)&__pyx_vtabptr_7kvcache_5_core_RecurrentCache) != 1)) __PYX_ERR(2, 82, __pyx_L1_error)
+  __pyx_mstate->__pyx_ptype_7kvcache_5_core_RopeParams = __Pyx_ImportType_3_3_1(__pyx_t_1, "kvcache._core", "RopeParams",
+  #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
+  sizeof(struct __pyx_obj_7kvcache_5_core_RopeParams), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RopeParams),
+  #elif CYTHON_COMPILING_IN_LIMITED_API
+  sizeof(struct __pyx_obj_7kvcache_5_core_RopeParams), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RopeParams),
+  #else
+  sizeof(struct __pyx_obj_7kvcache_5_core_RopeParams), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(struct __pyx_obj_7kvcache_5_core_RopeParams),
+  #endif
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7kvcache_5_core_RopeParams) __PYX_ERR(2, 100, __pyx_L1_error)
+  if (unlikely(__Pyx_GetVtable(__pyx_mstate->__pyx_ptype_7kvcache_5_core_RopeParams, (void**)&__pyx_vtabptr_7kvcache_5_core_RopeParams) != 1)) __PYX_ERR(2, 100, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __Pyx_RefNannyFinishContext();
   return 0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_RefNannyFinishContext();
+  return -1;
 }
 
 static int __Pyx_modinit_Variable_import_code(__pyx_mstatetype *__pyx_mstate) {
@@ -27290,7 +28265,7 @@ __Pyx_RefNannySetupContext("PyInit__bench", 0);
   if (unlikely((__Pyx_modinit_Exttype___pyx_MemviewEnum_obj(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   if (unlikely((__Pyx_modinit_Exttype___pyx_memoryview_obj(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   if (unlikely((__Pyx_modinit_Exttype___pyx_memoryviewslice_obj(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
-  (void)__Pyx_modinit_Type_import_code(__pyx_mstate);
+  if (unlikely((__Pyx_modinit_Type_import_code(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   (void)__Pyx_modinit_Variable_import_code(__pyx_mstate);
   (void)__Pyx_modinit_Function_import_code(__pyx_mstate);
   if (__Pyx_InitAfterSharedUtility() < (0)) __PYX_ERR(0, 1, __pyx_L1_error)
@@ -28021,6 +28996,21 @@ __Pyx_RefNannySetupContext("PyInit__bench", 0);
   if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_memcpy_ns, __pyx_t_4) < (0)) __PYX_ERR(0, 464, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
+  /* "kvcache/_bench.pyx":486
+ * 
+ * 
+ * def cimport_call_ns(UnifiedCore cache, uint32_t reps):             # <<<<<<<<<<<<<<
+ *     """(ns per seq_pos_max_c, ns per seq_rm_c of an absent range) called from Cython through
+ *     the cimport contract (kvcache/_core.pxd), without the GIL."""
+*/
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_7kvcache_6_bench_3cimport_call_ns, 0, __pyx_mstate_global->__pyx_n_u_cimport_call_ns, NULL, __pyx_mstate_global->__pyx_n_u_kvcache__bench, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[14])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 486, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_cimport_call_ns, __pyx_t_4) < (0)) __PYX_ERR(0, 486, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
   /* "kvcache/_bench.pyx":1
  * # cython: language_level=3             # <<<<<<<<<<<<<<
  * """C-level workloads for `kvcache bench`.
@@ -28237,38 +29227,38 @@ static int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate) {
   int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   {
-    const struct { const unsigned int length: 8; } str_length_index[] = {{6},{3},{8},{18},{6},{15},{1},{1},{2},{15},{23},{25},{32},{20},{22},{1},{1},{37},{45},{22},{179},{19},{8},{23},{15},{7},{6},{2},{9},{49},{48},{36},{33},{39},{15},{50},{22},{30},{37},{5},{8},{8},{15},{8},{26},{28},{16},{14},{19},{20},{20},{13},{23},{17},{13},{15},{17},{20},{12},{9},{17},{8},{8},{12},{10},{8},{10},{8},{7},{14},{11},{10},{19},{14},{12},{10},{17},{13},{12},{12},{19},{8},{7},{13},{1},{3},{15},{18},{1},{4},{7},{1},{5},{18},{8},{4},{5},{4},{10},{11},{11},{11},{9},{9},{5},{15},{2},{6},{9},{3},{5},{4},{14},{5},{6},{7},{8},{13},{4},{1},{2},{3},{5},{8},{5},{8},{1},{2},{2},{14},{1},{4},{9},{7},{4},{5},{3},{1},{7},{4},{7},{11},{5},{5},{6},{5},{8},{4},{6},{4},{2},{5},{3},{3},{7},{7},{3},{1},{2},{4},{15},{3},{3},{6},{1},{6},{3},{8},{4},{8},{8},{3},{4},{1},{4},{5},{4},{4},{3},{10},{5},{4},{4},{5},{8},{4},{4},{6},{8},{2},{2},{2},{2},{2},{6},{6},{4},{2},{5},{6},{6},{7},{6},{2},{2},{5},{7},{1}};
-    const struct { const unsigned int length: 10; } bytes_length_index[] = {{1},{9},{125},{137},{29},{101},{413},{395},{128},{282},{322},{596},{142},{190}};
+    const struct { const unsigned int length: 8; } str_length_index[] = {{6},{3},{8},{18},{6},{15},{1},{1},{2},{15},{23},{25},{32},{20},{22},{1},{1},{37},{45},{22},{179},{19},{8},{23},{15},{7},{6},{2},{9},{49},{48},{36},{33},{39},{15},{50},{22},{30},{37},{5},{8},{8},{15},{8},{26},{28},{16},{14},{19},{20},{20},{13},{23},{17},{13},{15},{17},{20},{12},{9},{17},{8},{8},{12},{10},{8},{10},{8},{7},{14},{11},{10},{19},{14},{12},{10},{17},{13},{12},{12},{19},{8},{7},{13},{1},{3},{3},{15},{18},{1},{4},{7},{1},{5},{5},{15},{18},{8},{4},{5},{4},{10},{11},{11},{11},{9},{9},{5},{15},{2},{6},{9},{3},{5},{4},{14},{5},{6},{7},{8},{13},{4},{1},{2},{3},{5},{8},{5},{8},{1},{2},{2},{14},{1},{4},{9},{7},{4},{5},{3},{1},{7},{4},{7},{11},{5},{5},{6},{5},{8},{4},{6},{4},{2},{5},{3},{3},{7},{7},{3},{1},{2},{4},{15},{3},{3},{6},{1},{6},{3},{8},{4},{8},{8},{3},{4},{1},{4},{5},{4},{4},{3},{10},{5},{4},{4},{5},{8},{4},{4},{6},{8},{2},{2},{2},{2},{2},{6},{6},{4},{2},{5},{6},{6},{7},{6},{2},{2},{5},{7},{1}};
+    const struct { const unsigned int length: 10; } bytes_length_index[] = {{1},{9},{125},{119},{137},{29},{101},{413},{395},{128},{282},{322},{596},{142},{190}};
     #ifndef CYTHON_COMPRESS_STRINGS
       #define CYTHON_COMPRESS_STRINGS 90
     #endif
-    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (2720 bytes) */
-static const char cstring[] = "x\332\265VM{\323V\026\256\371tB(q\276\n--r\022\010\264`p\022\neJ\373\230$\024\332\231\026\047!@?\036\365Z\272vT\313\222\254{\025\3333\363\314\260\364RK-\265\324RK-\275\364RK/\363\023\372\023\346\234+\333qBBW\223\007\254\373y\316\271\357y\337s\257D\270t\257)\031\222d\226\376\240\n\377F\342f\225\032\354\266T\"\214\352\232A%\311aT\225nr\233R\251l\223J\215\032\374V\356\356#\351\353\177\320\232i\267v4\332\220\314\262\364\265b\032\\\2538\246\303$b\250\222\252\331h\360\350\260f\014&\030\2675\025L\037,\226L\373\275\363\207\307\206+\277\371v\215\030\206\311%\302\230V1\340\010\222M\211z\3074\364\226T\023A\356A\220\317\215=\242k\252T3Uz[\242M\013\366\202\251%e\t\375.\225M\233\333\304X\272-U\300\324`1\333%\026\005W\022ijL\372\321\344T\342\273\000\332Z\213\357\232\206\004c*\300T\2426\341\024\274a|`\325\306E\206\364b\343\305\235\325\207\253\"Z\233\"\276LbNI\321!P\312\020\264\222\243\351\034\254\363\226EYNz^\226Z\246#\031\024\342\202SX\260nt\003\337\245\206\304(\307\206\264$\316L\270f\0322l\327\214\312R\037&m\217\342\356\247Dg4G &\210M \"\225\211\246S\225\250\252\014[\251\222\240\246\300\2248\026\225\024\242\354R\305\324u\264b\032,GJ\212\2521R\322)5\360\267\242h,i\251\325=\261Z\034nH\026\\\\A\246\0006\226m\326,.Y:Q(\222\346/7`\004*E\216\341&\343\275\353\037I\273x\240c\327\324\010\253B^\264r\231\332\307.H\020)\351f\351\3502\021\254*\031&\006B\034\235K\262lS\325Q\250,K\252#p5L\343\016\244yO#:\314*\232\241qYf\266r\267o\344\256\\\242\206\262\233\263ZMG@\205\233\210\256\233\nz%\266MZ\222J8\311\0353\233\320\r\203M\230\316r\205\255\265\347\3177t]\263\230\306\266h\335\001\333\0245\227;\220\337+\323\256\352&Q\007\337\3340hE\320T\226Gf\200?\342\374\307\314\021\316\341\000\303>r\241:\354a\310r\251\305);\030\022\311\222k\346\036=:\206\t\034\216\2255]\037\351\030\252\314t\223\313y\2505\007\303\375\3222\034\300,\016;\t\227\206\335\344\000\232)\313/ZM\370\277\016\242\223\177\244M\276I\313\262\334\027\006\244\014\322\203\3229hT(\3278\255\341\200\212{\340\257\354\030\n~+\003\\\340O\253YP\r\260U#""\232!\276\246\352\350b\316 \265\344K\033\370\201,\313\002(\346\324\222^\337\n6Q\326I\3131,M\251\202\205\rc\260n\217c\372\321F\335!\372\300\354\200m\357\244p8@\233\330\2014\016Ca#\241\277\223^Y\206\224\341Y\222\354\312\032\223\025\3236\035(;\224\200\276\007\334\223K\016*\201\260\226\241hfn\270\206\225P7\311$S\304Q\025T\221\014\300@\301Th\211\300\010\024\013\247FU\305\264Z\212\351\030\034\331r\300\230\276\230d\333\250\214pf\204*\252\t\006\321\217h\224\t\343*b\047~0\342\344v\242:\220\037\2527\005\014E\305\245\266\r\377L\033\tv\230We\235T\030\224\364\032\341\375\302> X\031\252\207\014\035Q\341vM\235j\232\252\251\014v\323\246fpZ\201c\"G\372?\377\244\325j\251Z\356k;\227h[Gr\302\315\242X-\331`\320\300\373\005\357\025q\254\032\253\032\206\254P]g\206\\\3353d\235\264\250m\310\270\t\362S\207Q\323\202\037\213\250F\277\317\032\004\320\024W/&\325\020\250\301\375V3,8\253\325\202\363\233\345\262Y\025\030\301\007\021\202\364X\326=\013\320\267\250]\226\005\354\324\206x,\323\262L\226H\006\252\r\200[\263\001jZ\321\030G\304,fS&,\341\027MA^l\263\301\030\003\337\214\300\021\030\305\377z\031\243\243\274\237>Q\234\020\021\210\321\002\222\331|\240C\260\013\003p(n;p\3115\210`>\277\307\363|\231\257\360U.\274q\341\213k5\352\300\275g\360\207 \n\210\336\261\200(t\017\311d0\270u\035\312\366J{\345\206\246\362\335\206\255qN\215\346OoS\2753\343\355/\334\342\333\324\376\2319\267\352\317\371\365\000\306\206\315?\317}p\366B;\333^i+n\006\327\016\233c\355k^\25276\336KO\2647\334Y\227\270\365\336\304\224\233uW\\\305\313\364&.\266\213\355\222{\312\375\334{\356\027\223\345\247\275e\017\232\351v\252\235\031~.\264\363o\013\373`d\335=\353\356x+\336\256O|\036<\010\027\302\355h6R:\323\235\215n\246\273\330%\275\311iw\325u\274\247\376\215\340t\3600\314\207\353Q\n}\346\374To\362\313\220\204<\272\3379\337\251w\323\361\213b\\|\031\277\334\351M\316\270\005w\333\233\365T?\353\337\017R\301L\360[\224\215V#\247\363\264\273\024\0277\343\315\237\343\237\177\211\177\221c\371w\014\344R\273\3516=\333\237\361_\005O\202Rx*\234""\017\237\204j\224}[\0000\306.\036\034v\322\275\340\345\275Bo\342R|i\321/\370E_\r\226\302L\270\030\322h%\202p?\302UW\274\214\267\350U\374-\341\373uXD[\275\211\317<\342\325\3753>l\237\003s\334\313\367\300u=qr%\276\234\013HP\017\317\204\317\242\037\273\271\370\365\233^\372c\357\013\177\047\310\213\240RG\272\373\351\005\3771~.\264\227\333[\000\344\226w\312[\000\260!\310\224;\003\000d<pz\261\227\036\353Md\334k\000Xf\n\261\331\000d \220\336\314\027`\252\020l\207\227\243\351h-b\235l\047\177\302\312\005?\357\257\007\351\360t\270\022\222\301\232\t\204\215y\363\336\272\237\2069\004m=:\023=\353<\353>\351\226 \035\275\3119\327@\220\216\232\273\026_\273\017\240`\362\036vV:Jw\272[\350\376\034\277z\035\277\376-\376\355\367\370wrB\034\327\274\377\004\305@\roF\013\321V\047u$\222\353\036\363o\006\013\301\210\343\211i7\357\256\271\2667\343m\371\347}\026\314\007\353p\212\007\260\1773\342\340\273\322\335\212_\000!v\342\2357\361\033$\304\276\300/\223\300\230I\222\363\251\367\203\277\007\236\265\320\2162\275\364\325\303\335O\275_\203\271\300\016\257D\363\200\243\335\201\241\317<=\270\021\246\304\220\260p\325{\034@\256\256\002wF\305\003\351\357g\356\226\237\037t\213#\r\014\002\326\366 \313\371\366\337A}\351\361\366m\354\217\307\343\037C~\241\373\271[\300\317\022\304\234\026\302\036\371\210\245\027\3332\270\275\370!Z;\353\276\364\262@\274\311O\342O\356A\200H\335JTD\352\316\203Z0\315\347\003\026^\017\353\007\003\251\223L\340\231\200\340\257\302\357#\n\334\231\204\200\274U\257\341+\301l@\006\335\372`7\234\273\320\336\0019\327\275sB\232_\302\336\",\204\211\247n\026\217\370\020*\t\351\313\333\317\240:\230;\357\256\047U$I\305\242\277\352;A\001\305\260\350\321x\341qT\334?\214(\353\027\244)p\316\300\315\n\304\223\351M\202(O8\307\022V=\214%\231_\203J\320\367\275\344\315y\034\034\376+\314\206\371\304\377\r_\016\013\230\340*\344<Q\353\223\210\354\247?l\223v\303UA\241\333\301\345p*\314\237\340l\306\375\001\212\000\024\257\351x\372&\270\315\004\213AET\210\353(\301\336\314\354(\360\223\237z\305!~\350""\202\273\177\203\3022pq\242m\3671\000\210\345l\255\037c!\332\356\\F\235\t\007\203\314\0342\217\351)\216$\343\021\360rPk\343\354r\230\215W~\352\326Q\327\207\362\262\355\047\"\231\314 <\227\340\0028\357\376\033\302\007\213\031\3672(\267\004%\357\273`9(\0360\037K\037Hs\305\325 \336\323P\243\317\006\233 \240\313\321\234\220\017\310z\306\335t\033\036\365\363I\247\350\356\036t\216\237\231t\307D\331U\375E\0378t\013\220\315\006\253A#T\242\014\252\020\000\310t\346;\205\216PU\332K\001A\356\003JS\"\326\367\r}+R\264\031\326\337;\364M\2209\350|\r\327Y\376\240\373\310/\036\356\244\223\013\340\001\304\372\007\344\247\000\010\246?\030\373\014\300\234\205\340\323\327\274Vp\n\\(\341\214p\222\276\0028\226\3755\277\0318\341S(^\257:\005\254;\257\375\227P\3216\022\272\r\252\022Am\334\002ue\202\233 d\033n\324R\347\\\247\334]\3536\342\235W\357\224\257\277\256f\311P=\034\213\246\242<\006z\350F<\005T(\014J\326\033\217\014\232\333\336\025\241\276R0\016W\303ZX?R\337\316\271\177@\356W\374\377Cq\303\373\252\000*\371\010*\334L\270\023=\350,u\207\352\007o_\272\323`\367\235\313\245.\230\372(|\331\327\342\361\3061u\216\367\004x}\316\037\006\200\027\371\201\345\t\264\225\010\020/\330\271\260\001\217\032\240\307\214\373\314{\006\302>\025\334\nW\303f\324\354\360\356r\267xRi,\343k\0074\301;\371\216\210{\265]?\246:\246\274i\010\247\002O\203\025 \345Vt:ZF\262\307g\036EY\324dB\253rP\300*\245\272\327\335=o\307_\366\177\025\344\372o\247\324M\341\371\306\361\361\000Hpp>\005\302\251\037\035\234\016\276\207*u\013bY\353\330\000\347\360=\363\035\370U\200\203\313aq\360\262y\340/\300\353\347\024\220\263\320\257(I4\343\037\214I^\275\177\017^\210/\214\276\241n@\340\371\301\203e\004\357\333\200!^\372K\240\343lor\326\225A\234\263s\342\031\361\025\216\301\313\256\321\021\367\315]\010\362Ip\350\365\000\367\334\235\376\366\253(}\334\276\346\333Af\177\342:\270&~}\244\344}\005o\205\303\0107\340\"\231\363\352\377\003\302\037\334\204";
-    PyObject *data = __Pyx_DecompressString(cstring, 2720, 1);
+    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (2782 bytes) */
+static const char cstring[] = "x\332\265VKw\323\326\026\306<\235\020J\234WCK\213\234\004\014-\030\234\204B\271\245]\306\t\205\366\336\026\047!@\037K=\226\216\035\325\262$\353\034\371\321{\327\275\014=\324PC\r5\324PC\017=\324\320\303\374\204\376\204\356-\331\216\023\022:\272Y`\235\347~|{\177{\037\201p\341^K\320\004A/\375N%\376\265\300\365*\325\330m\241D\030U\025\215\n\202\305\250,\334\344&\245B\331$\225\032\325\370\255\354\335G\302W\377\2425\335l\357*\264)\350e\341+I\327\270R\261t\213\tD\223\005Y1Q\340\321eE\033n0n*2\210>8,\350\346{\367\017\257\215N~\375M\201h\232\316\005\302\230R\321\300\005\301\244D\276\243kj[\250EF6\300\310\347Z\203\250\212,\324t\231\336\026h\313\200\273 *#ePo\246\254\233\334$Z\346\266P\001Q\303\303l\217\030\024T\t\244\2450\341\007\235S\201\357\001h\2056\337\3235\001\326d\200\251DM\302)hC\373@\252\211\2074\341\305\346\213;\353\017\327#kM\212\3702\201Y%I\005C)C\320J\226\242r\220\316\333\006eY\341yYh\353\226\240Q\260\013\2740\340\334\370\005\276G5\201Q\216\003!\023\371L\270\242k\"\\W\264Jf\000\223\322\240x\373)Q\031\315\022\260\tl\213\020\021\312DQ\251LdY\204\253T\212Q\223`+r\213\n\022\221\366\250\244\253*J\3215\226%%IV\030)\251\224j\370[\221\024\026\217\344j#:\03597J\026<\\\301L\001l\014S\257\031\\0T\"QL\232\277\275\200\026\310\024s\014/i\357=\377H\330C\207\216=S#\254\nqQ\312ej\036{ F\244\244\352\245\243\307\"ceA\323\321\020b\251\\\020E\223\312\226DEQ\220\255\010WM\327\356@\230\033\nQaWR4\205\213\"3\245\273\003!w\305\022\325\244\275\254\321nY\021Tx\211\250\252.\241Vb\232\244-\310\204\223\3541\273q\272\241\261q\246\263l~\273\360\374\371\246\252*\006S\3306\255[ \233\"\347\262\007\364{\245\233UU\047\362\360\233\035\031-Ei*\212c;\220?\221\377\307\354\021\316\301\201\321\034s\241:\232\241\311b\251\315);X\212\202%\326\364\006=\272\206\001\034\255\225\025U\035\233h\262\310T\235\2139\2505\007\313\203\3222Z\300(\216&q.\215\246\261\003\212.\212/\332-\370\277\001\244\023\177\240-\276E\313\2428 \006\204\014\302\203\3249\030T(W8\255\341\202\214w\340\257li\022~+C\\\340O\251\031P\rpT#\212\026}""u\331R\243=\215\324\342/m\342\007\242,F@1\253\026\317\006Rp\210\264\216G\226f(R\025$lj\303s\r\216\341G\031u\213\250C\261\303l{\047\204\243\005\332\302\t\204qd\n\0333\375\235\360\212\"\204\014}\211\243+*L\224tS\267\240\354P\002\374&\2224L?\261d!\031\010kk\222\242gG\307X\t\251\023o2).\022\350\2624\300\t\005\210\032\223\220\\\"\340\005uT\242%\002\007\240\206X5*K\272\321\226tK\343\230D\007\2114\340\230hj\225\261T\032\313 Y\007\201\250;\032\224\t\3432B\032\375\240#q\323\242*p\002\212:\005h\243BLM\023\376\351&\346\335\341t+\253\244\302\240\322\327\010\037\324\373a\336\225\241\250\2100\211\n\337\236\256RE\221\025\231\301m\332R4N+\340:\246\316\340\347\017Z\255\226\252\345\001\345\2631\345U\314Yh8\222\321\0068`\200m\007\333M\344V\215U5M\224\250\2522M\25464Q%mjj\"^\202\260\325aU7\340\307 \2626\230\263&\0014\243\216\214\261\326\"\324\240\355\3254\003|5\332\340\277^.\353\325\010#\370 B\0202\303\270g\000\372\0065\313b\004;5\301\036C7\014\235\305L\202\"\004\340\326L\200\232V\024\306\0211\203\231\224E\222\360\213\242 .\246\336d\214\201nF\300\005F\361\277ZF\353(\037\204/\252Y\210\010\330h@\356\231|HO\220\013\013\340\0247-\350}M\022\021\202\337\3439\276\312\327\370:\217\264\361H\027Wj\324\202v\250\361\207\300\025\260\3362 Qh\003\223Ic\320\214-\312\032\245F\271\251\310|\257i*\234S\255\365\343\333D\377\354d\347s\273\3706\261\177v\301\256\272\013n\335\203\265\321\360\317\363\247\316]\354\244;k\035\311N\341\331\321p\242s\315I\364\047&\373\311\251\316\246=o\023\273\336\237\232\261\323\366\232-9\251\376\324\245N\261S\262O\333\2379\317\335b|\374\214\263\352\3000\331ItR\243\317\305N\356m\342\317\344\251s\213v\035\265M\036\047w\326\276\357|\340\022\367\017\177\316\337\362\353\047h\307S\023n\312]v\177\361G\026\242\202N\241c\332s\366\226\335t$w\306]wMo\301\253\277\315\357\303\355\r\373\234\275\353\2549{ \236{\017\374e\177\047\230\017\244\356lw\263\227\352\255\364H\177z\326^\267-\347\251{\303;\343=\364s\376F\220@W\263n\242?\375\205O|\036\334\357^\350\326{\311\360E1,\276\014_\356\366\247\347""\354\274\275\343\314;\262\233v\357{\to\316\3735H\007\353\201\325}\332\313\204\305\255p\353\247\360\247\237\303\237\305P\374\r\r\271\334i\331-\307t\347\334W\336\023\257\344\237\366\227\374\047\276\034\244\337\346\001\225\211K\007^N\333\027\235\234\223\357O]\016/\257\270y\267\350\312^\306O\371+>\r\326\0020\367C<u\305I9+N\305\335\216t\277\366\213(\253?\365\251C\234\272{\326\205\353\013 \216;\271>\250\256\307J\256\204\213Y\217xu\377\254\377,\370\241\227\r_\277\351\047?r>ww\275\\dT\342\310t?\271\354>\306\317\305\316jg\033\200\334vN;\313\020c02\001\200\357\200\021\240\364R?9\321\237J\331\327\000\260\324\014b\263\t\310\200!\375\271\317AT\336\333\361\027\203\331\240\020\260n\272\233;\341\344\262\233s7\274\244\177\306_\363\311\360\314\024\302\306\234%g\303M\302\036\202\266\021\234\r\236u\237\365\236\364J\020\216\376\364\202\255!HG\305]\013\257\335\007P0x\017\273k]\2517\333\313\367~\n_\275\016_\377\032\376\372[\370\0339\301\216k\316\177\275\242\047\3737\203\345`\273\2338b\311u\207\2717\275eoL1\244e\316.\330\2463\347l\273\027\\\346-y\033\340\305\003\270\277\025p\320]\351m\207/ !v\303\3357\341\033L\210\375\010\277T\014c*\016\316\047\316\367n\0034+\276\031\244\372\311\253\207\247\2378\277@J\233\376\225`\tp4\273\260\364\251\243z7\374D\264\024I\270\352<\366 VW!w\306Y\003\341\037D\356\226\233\033N\213c\0034\002\316\366\223\310\244\177\002\245\222\223\235\3338\237\014\047?\202\370\302\3643;\217\237\014\330\234\214\352\311\330\047:z\251#\202\332K\037\240\264s\366K\047\r\2117\375q\370\361=0\020S\267\022\0241u\227\200-\030\346\013\036\363\257\003\317G\013\211\223D\240O\220\340\257\374\357\002\n\2713\r\0069\353N\323\225\274y\217\014\247\365\341m\360;\337\331\005:\327\235\363\0215\277\200\273E8\010\033O\3554\272\370\020\n\030\031\320\333M!;\230\275do\304\305+\016\305\nT\020\313\313#\031V\034\032.?\016\212\373\207\021e\203:8\003\312\031\250Y\003{R\375i \345\t~d\260\330\242-\361~\001*\301@w\306Yp8(\374\267\237\366s\261\376\033\256\350\3471\300U,c\021[\237\004d?\371A\207t\232\266\014\014""\335\361\026\375\031?w\202\2629\373{(\002P\274f\303\331\233\2406\345\255x\225\250B\\G\n\366\347\346\307\201\237\376\304)\216\360C\025\334\376\007\024\226\241\212\023e\333\217\001@,g\205\201\215\371`\247\273\210<\213\024\014#sH<\206\2478\026\214G\220\227\303Z\033\246W\375t\270\366c\257\216\274>\024\227\0357&\311t\n\341\271\014}\347\202\375\0370\037$\246\354E`n\tJ\336\267\336\252W<\310|,}@\3155[\001{\317@\215>\347m\001\201\026\203\205\210>@\353\270aP7\027O\212\366\336\301\344\370\235i{\"*\273\262\273\342B\016\335\002d\323\336\272\327\364\245 \205,\004\000R\335\245n\276\033\261*\351$ A\356\003J3\221\255\357[\372&\n\021\266\276\367-}\355\245\016&_A;\313\035L\037\271\305\303\223d\334\000\036\200\255\277C|\362\200`\362\324\304\247\000\346<\030\237\274\346\264\275\323\240B\032\264\334\344\025\300\261\354\026\334\226g\371O\241x\275\352\346\261\356\274v_BE\333\214\323mX\225\010r\343\026\260+\345\335\004\"\233\320QK\335\363\335r\257\320k\206\273\257\336)_\177_\315\342\245\272?\021\314\00494\364PG<\r\251\220\037\226\2547\016\031\016w\234+\021\373J\336$\264\206\202_?R\337\316\333\277C\354\327\334\377Cq\303~\225\007\226|\010\025n\316\337\r\036t3\275\021\373A\333\027\366,\310}\247\271\324\243L}\344\277\034p\361x\341\030:\313y\002y}\336\035\031\200\215\374@\362\024\312\212\t\210\rv\301o\302\243\006\322c\316~\346<\003b\237\366n\371\353~+huyo\265W<\2514\226\361\265\003\234\340\335\\7\262{\275S?\246:&\234Y0\247\002O\2035H\312\355\340L\260\212\311\036\236}\024\244\221\223qZ\225\275<V)\331\276n7\234]w\025\336i\230\\\377\353\226z\t\364o\022\037\017\200\004\007\3453@\234\372\321\305Y\357;\250R\267\300\226B\327\0048G\357\231oA\257\0049\270\352\027\207/\233\007\360\016\334\0067\227\274\374\240\242\304\326L\236\232\020\234\372\240\017^\014/\216\277\241n\200\341\271\341\203e\014\357\333\200!6\375\014\3608\335\237\236\267E \347\374B\364\214\370\022\327\340e\327\354F\375\346.\030\371\304;\364z\200>wgp\375*R\037\257\027\340\r\232\332\237\272\016\252\211[\037+y_\302[\3410\302Mh$\013N\375/\336""\246\021\321";
+    PyObject *data = __Pyx_DecompressString(cstring, 2782, 1);
     #define __Pyx_DecompressString_LZSS_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (3584 bytes) */
-static const char cstring[] = "\377 at 0x n\377  object\377> tokens\377, baseli\377ne  used\377 (tree f\377ragment)\377./: <Mem\377oryView \377of <cont\377iguous a?nd dirM\001\007\r\373in\021\005strid\274X\000#\007 or \004\031>\371<(\tA\006>?Can\377not assi\373gn\300\000 read\177-only m\240\002\375v\242\000Invali\377d mode, \347exp\355\000\327\000\047c\047\376t\001\047fortra\237n\047, gH\000%\005s\357hape\222\000 ax\377is Note \373th\262 Cytho\353n \021\000d\244 ber\347atek\000\320\001cte\375r!\001n PEP-\267484\212\"re\334!s\277 subcl\246\000e\375s\261!builti\376\260\000ypes. I\377f you ne\236\357 to p\316\000%\tt\177hen set\200\000\367e \047\357\002atio\377n_typing\355\047\355$iv\242\000o F\377alse.a s\371t\231\000\215\" fail\277edadd_\254 e\345c\260#c\252 \322\002e c\377achecoll\374\210`U\000s.abcd\377isableen\336\002\001gcis\004\003dk!v)\002\347B\244f)\001g\246a\231 \377prompt p\217lace\261a\020\036\334\000 \323de\340a1\001nD\032: \365h\340@ p\022mask=s\375`ffer\221\022\214#\317blob\027\r\250\002d \373no\205\001ault \377__reduce\337__ du\323\"no\377n-trivia\375l\033\000cinit_\337_src/\213$/_\377bench.py\363xu\260\"\215\204\001allo\375c\204Aarray \037data.\013\020\351c\273\205\001\376\230\205\003s.ASCII\377Ellipsis\257SequY\000e\360\205\001.\376\365\205\007Workloa\325d\000\005.\254\006c\242\204\002__\350\017\010\275`\215b_\n\017att\310\376@=\006\210akK\006\257\001_b\317ytes\t\007\250B_m\247ove\004\r\363@n\206\006f\367ill\002\010nd_s\177lot_1toU\007\200\323\207\005\273\006\302A\310\006\306c\327\006\273\003i\277o__Pyx\001\000D\377ict_Next\237Ref__\222\205\004\260@_\355_\347\205\002__\001\005get/item\r\001d0\001\027\000\017func\035\001\030\000\222#+\000\337impor\323@__\357main;\001mod\273ulM\002nam\002\003eiwT\001\343@_\244\"suT\0008\n\001?\004\025\001typ\266`\037\001\277unpick?\000E\315n \005vt\324\205\001\230\001qu\303alO\005\346e\262N\200\204\006ex\036\314\001set_\203\005\312F\346\000\306\316N__\260@\310\001\330C_i\377s_corout\177ineaabc\222\204\005\367_bu\255\205\001asynocio.\033\006sb\207""\213\001V\027\003sc\217bc\225\213\001_\226 \377tracebac\357kcon\375\000edc\377opycount\334\335\204\001\250gdef\311\205\001_r\307ngd\252g\004\004\247ado\347ne_\357\213\001\004\002fas\303td\270!\000\002\256\001\230\214\003el\177encodee\301 n\355\211\002err\000\000or\335a\373fi\314iflags?format\322\212\004\264\214\005?free_f\266\000\266\211\001\377holeiidi\377dsindexi\177ntegers\240a\376\000\002sizekkb\253kf\347\210\004.\326\206\003l\337\207\001m\377emcpy_ns\307mem\334\213\001\324\213\001\207\205\001dm\377sknn_cel\377lsn_kvn_\277layern\311`s\337k_seq\023\000op\336\030\000padn\t\004sw\247an_\365\215\003\334an\343\205\002n\337dimnp\255`py\377objoffok\360\237\"\004\000\236!\300@pp0p\276\373 perf_\362\"e\375r\215\000poppos\376\371\211\003rrandom{re\364\000gist\256!\037psres\351\"\004\001\351!\376\225@rowsssa\377mesavedsme\000\001lf\252\001et\270D\374\207\215\002\216!snapst\207art\200\206\005U\000\016\000\322\000t\317ruct\312\000\216\214\001et\3770t1t2t3t\3334t\327Bt_\325Ati\337meubu\350 8u\375n\272\001update\373v_\372\215\001svalu\377esvbvfwi\377dthwritt\377enxO\200\001\330\004\377\n\210+\220Q\200\001\340\377\004\026\220k\240\026\240q\371\250\021\000\002\006\360\006\000\005\013\377\210!\2103\210c\220\021\374(\001\002\006\t\210\037\230\001\330\377\t\n\330\010\014\210E\220\377\025\220a\220q\330\014\022\377\220!\2203\220c\230\021\377\330\014\r\210Q\210b\220\377\002\220*\230I\240Q\330\275\004+\001\003\2302\230\010\000\010\347\210\001\210I\000\000\004\013\2101\367\200A\340B\000D\220\005\220\377V\2303\230h\240a\240\377t\2507\260#\260T\270\377\025\270c\300\023\300E\310\377\021\310$\310a\330\020\023\377\2204\220u\230F\240&\377\250\003\2508\2601\260D\373\270\001p\001.\240\001\330\020\3776\260a\260t\2705\300\377\007\300q\310\010\320PQ\377\320QU\320UV\330\020\377\024\220A\220T\230\025\230\377d\240!\2405\250\001\250\377\024\250]\270!\2704\270\377u\300F\310\047\320QR\377\320RZ\320Z[\320[\357_\320_`\205\001\017\210x\377\220x\230r\240\024\240W\377\250B\250b\260\002\260\"\377\260B\260d""\270!\200A\366\212 \t\r\343\007\020\220\013\230\3771\230A\330\014\017\320\017\377$\240A\240Q\240d\250\377\047\260\021\260$\260e\270\3533\270\254\000\027\217!\031\230\021\277\230$\230g\240Sw\002X\373\260QH\001\330\014\036\230a_\230q\240\004\240<\000\026\271 \377t\2301\330\010\017\210q\376_\003\031\320\030.\250a\250\377q\260\004\260H\270N\310\377.\320XY\330\010\032\230_+\240V\2501\220\002\001\000\014\377\340\010#\240=\260\001\340\277\010\013\2102\210S\306 S\357\230\002\230#\352 \014\020\220w\001\220\024\376\000\021\230!\221@\377\330\010\t\330\014\021\220\037\226\256 \021\022\230!E\227 \206\000\330\373\024+W\000A\250T\260\030\377\270\023\270C\270s\300!\373\3001\023\024#\2401\240D\377\250\010\260\003\2603\260a\372F\005\014\263!s\230\"\230D\363\240\010\031\000\261!D\270\004\270\177H\300H\310B\310b\214@_\330\020\026\220n\241!\330j\014\317\037\320\0375\222 \271A8\300\3773\300c\310\023\310A\310\377Z\320WX\320X]\320\337]`\320`a\233\024\037\230\377~\250Q\250d\260(\270\337#\270S\300\001{\014%\230\177s\240(\250#\250Qo\007\377\014\023\2201\220C\220r\377\230\024\230S\240\007\240s\257\250\"\250D\303\0007=\000R\373\270ty\000g\310S\320P~\216`V\320VY\320Y\215a\315\340\273\"\021\330\001\003\374C\035\230\367K\240vw\000i\260r\270\357\021\330\010\034\001\013\035\230\\\377\250\026\250r\260\031\270\"\366\305 r\300\037\000\036\230l\250\347&\260\001\016\002\277b\034\230=\205\250\251@\034\271`\261\205\t\374@\263D)\351\240\372 \t\003Q\334`\210q\220\367\005\220Q\177\003\025\220a\330\336\343@1\210L\230\202`\n\210\275,\014\001\n\320\n\032\335@\010\277\n\210*\220A\330\004\000\047Q\220\227\000\324\206\002\n\001+:\000\010$\004\377\r\210_\230A\330\r\016\276\317\001\005\220U\230!\366`\020\317\033\320\0330\236\000\267\204\001g\270\335Q\267\204\001\"\240!\342B\007\250\177s\260%\260q\330\020\t\005\370\367`-\023\320\001\250\024\250W\260\327J\270e\271`\020\216\000\2304\377\230w\240c\250\025\250a\335\330\010\004q\330\010{\003\010\014\377\210A\210V\2204\220q;\230\006\226\206\0026\250\024\313@\331\000\337""\014\210F\220!\337\0018\220\3753\351\000\014\022\220.\240\001\375\240\346 \017\210s\220\"\220\363D\230\301\207\002\207\206\003$\2404\240\373u\250\357\000\032\230$\230e\277\320#=\270Q\340\304+s\372\212\210\004\022\211\000s\240!\2403~\215\000\021\330\020\031\230\021\202\005\342\374\014\047\375\210\001\210\001\244\003C\230r\276t\005\047\230\026\230tn\000{\357\260!\2601\207\207\003&\240_\235\260\355 \036\230k\361@\250\206\003B\377\270a\340\010\016\210a\210\377w\220d\230+\240T\250\337\030\260\022\2601V\024\024\220\367K\230q\271\210\001\023\320\023(\377\250\001\250\021\250$\250g\272\235\207\002%\377\205\001\330\024\025\355)\020\347\035\230Q\267&_\001t\220;c\230gZ\006\305LR\007\220=\276 \372\313\210\001C\313\207\004A\270T\300\030\000\344\205\001\\\002\243C\340@S\t\233Aj\000\204F\357:\220S\230\344\211\005\320!2\177\260!\3203O\310q\324\206\001\335\010\214IT\240\021\242\211\002\020\021\376\250\211\001\017\210b\220\007\220|\377\2401\240A\330\010\021\220\377\030\230\025\230b\240\004\240\237G\2502\250Q\255\213\007\367\210\001\014\377\023\2203\220i\230q\240\377\003\2405\250\005\250R\250\277r\260\030\270\026\270\273\205\001\014\377\021\220\024\220R\220w\2309e\221\205\001\t\001Q\220h\003\007\004\023\367\020\220\t\362\211\002d\240$\240\357a\330\014)\327 !\2504\377\250w\260c\270\021\270\"\375\270\375\001\021\300\"\300A\300\376\321\205\002\010\230\001\230\022\2305:\344`\022\247\002\014\020\220\000\020 \003=?\236BR\260q\330\035\006\000\020\367>\250\021\026\007<\240t\250M1%\007:\240j\010\t\001\010\373\212\003\3757\251\000j\260\004\260A\200\377A\360\010\000\t\036\230T\373\240\025\272\000\010\037\230y\250\275\002\226`c\260\024\260t\001\010\377\031\230\025\230f\240C\240\377x\250u\260F\270#\270\377W\300A\330\010\035\230X?\240U\250\"\250E\351c\216\210\005\335a\264\213\001)\2406\330`(\260\377%\260r\270\025\270b\300\377\006\300f\310C\310w\320\343VW\256\210\016\254\210\037\333\210\003q\260\t\317\270\022\2701\245\001\205\215\n\002\220w\"\220A\253\210\005Y\230a\266\210\005\367T\230\031\371\205""\002b\250\n\260\347\"\260C\273!\323\210\n\006\220j\346\371@3\240\212\210P\254\214\001A\240T\357\250\027\260\001\277 V\2707\367\300\047\310\365\206\006\010\013\2106\317\220\023\220A\205\214\016\230\216\002G\250/:\260U\270\206\206\003\010\245\211\022\270\216\001\177u\230B\230b\240\006\250A\336\326\210\004\017\210q\330Q\006\014\037\370\340\206\001\313\217\002\335\215\001\026\260w\270c\377\300\021\330\014\024\220H\230\367H\240D\331@)\2604\260\377x\270x\300t\3102\310\364\360\205\002\207\211\021f\352\220\001\270\026\270t\373\3001\354A\013\2104\210q\335\330\214\211\017\001\230\023\214\000g\240\377V\2503\250g\260S\270\377\003\2702\270T\300\021\320\317\004:\270!\274\220\001\321cf\250\375A\242\210\001d\220%\220v\230\337V\2402\240\\\330b\177\300\327b\310\001\351\214\001\n\271\217\001\230a\373\230t\267`\022\2504\250q\376\005\r\023\250J\260d\270)N\211\000C\300r\314 \307\220\006Gu\000\377c\260\022\2602\260Q\330\375\014\321\204\005#\240S\250\002\250\361\"\246\212\001\332\212\002\210\003\n\000\t \357\230q\340\010\203\215\002\013\320\013j\270\221\t&\266\0001\251\220\005\020\220\241\214\006\367,\250A\360\216\002\047\270\021\270\377!\330\020\025\220_\240A\377\330\025\026\330\024\037\320\037}9\020\001\2704\270w\300\353\213\002\277/\250\023\250B\250\261\217\n\033\227\320\033-8\004\034\367\206\001;\001C\377\240r\250\021\340\014%\240\237Q\240a\240q\312\224\001\371\213\0049\367\220C\220\324+w\220c\230\007\026\230q";
-    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 3584, 5086);
+    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (3683 bytes) */
+static const char cstring[] = "\377 at 0x n\377  object\377> tokens\377, baseli\377ne  used\377 (tree f\377ragment)\377./: <Mem\377oryView \377of <cont\377iguous a?nd dirM\001\007\r\373in\021\005strid\274X\000#\007 or \004\031>\371<(\tA\006>?Can\377not assi\373gn\300\000 read\177-only m\240\002\375v\242\000Invali\377d mode, \347exp\355\000\327\000\047c\047\376t\001\047fortra\237n\047, gH\000%\005s\357hape\222\000 ax\377is Note \373th\262 Cytho\353n \021\000d\244 ber\347atek\000\320\001cte\375r!\001n PEP-\267484\212\"re\334!s\277 subcl\246\000e\375s\261!builti\376\260\000ypes. I\377f you ne\236\357 to p\316\000%\tt\177hen set\200\000\367e \047\357\002atio\377n_typing\355\047\355$iv\242\000o F\377alse.a s\371t\231\000\215\" fail\277edadd_\254 e\345c\260#c\252 \322\002e c\377achecoll\374\210`U\000s.abcd\377isableen\336\002\001gcis\004\003dk!v)\002\347B\244f)\001g\246a\231 \377prompt p\217lace\261a\020\036\334\000 \323de\340a1\001nD\032: \365h\340@ p\022mask=s\375`ffer\221\022\214#\317blob\027\r\250\002d \373no\205\001ault \377__reduce\337__ du\323\"no\377n-trivia\375l\033\000cinit_\337_src/\213$/_\377bench.py\363xu\260\"\215\204\001allo\375c\204Aarray \037data.\013\020\351c\273\205\001\376\230\205\003s.ASCII\377Ellipsis\257SequY\000e\360\205\001.\376\365\205\007Workloa\325d\000\005.\254\006c\242\204\002__\350\017\010\275`\215b_\n\017att\310\376@=\006\210akK\006\257\001_b\317ytes\t\007\250B_m\247ove\004\r\363@n\206\006f\367ill\002\010nd_s\177lot_1toU\007\200\323\207\005\273\006\302A\310\006\306c\327\006\273\003i\277o__Pyx\001\000D\377ict_Next\237Ref__\222\205\004\260@_\355_\347\205\002__\001\005get/item\r\001d0\001\027\000\017func\035\001\030\000\222#+\000\337impor\323@__\357main;\001mod\273ulM\002nam\002\003eiwT\001\343@_\244\"suT\0008\n\001?\004\025\001typ\266`\037\001\277unpick?\000E\315n \005vt\324\205\001\230\001qu\303alO\005\346e\262N\200\204\006ex\036\314\001set_\203\005\312F\346\000\306\316N__\260@\310\001\330C_i\377s_corout\377ineaabca\273cc\225\204\005_bu\260\205\001a\177syncio.\036\006""\263sb\212\213\001\027\003sc\237\207\003h\317eckc\241$=\001_n\353sc\254\213\001_\255 traoceba\036\000on\224 \377edcopyco\347unt\364\204\001\277gdef>\340\205\001_rngd\301g\004\004>\276adone_\206\214\001\004\002\037fastd\317!\000\002\305\001\376\257\214\003elencodsee\330 \204\212\002err\000\000\333or\364afi\343ifl\377agsforma\371t\351\212\004\313\214\005free_\371f\266\000\315\211\001holei\377ididsind\377exintege\363rs\267a\000\002size_kkbkf\376\210\004.\355\206\003\375l\366\207\001memcpy\216\214 mem\363\213\001\353\213\001\236\205\001d\377msknn_ce\377llsn_kvn\177_layern\340`\277sk_seq\023\000o\275p\030\000padn\t\004sOwan_\214\216\003\363an\372\205\002\277ndimnp\304`p\377yobjoffo\341k\237\"\004\000\236!\327@pp0}p\373 perf_\362\"\373er\234@poppo\375s\220\212\003rrando\367mre\364\000gist>\256!psres\351\"\004\001\374\351!\225@rowsss\377amesaved\333se\000\001lf\252\001et\370\270D\236\215\002\216!snaps\017tart\227\206\005U\000\016\000\322\000\237truct\312\000\245\214\001e\377t0t1t2t3\267t4t\327Bt_\325At\277imeubu\350 8\373un\272\001updat\367ev_\221\216\001sval\377uesvbvfw\377idthwrit\377tenxO\200\001\330\377\004\n\210+\220Q\200\001\377\340\004\026\220k\240\026\240\363q\250\021\000\002\006\360\006\000\005\377\013\210!\2103\210c\220\371\021(\001\002\006\t\210\037\230\001\377\330\t\n\330\010\014\210E\377\220\025\220a\220q\330\014\377\022\220!\2203\220c\230\377\021\330\014\r\210Q\210b\377\220\002\220*\230I\240Q{\330\004+\001\003\2302\230\010\000\317\010\210\001\210I\000\000\004\013\210\3771\200\001\360\010\000\005\030\353\220qj\001\nD\021\023\2205\377\230\016\240a\240z\260\024\217\260R\260qI\003m\016\"\001\t\377\240\021\240#\240\\\260\021\372\034\005\004^\000\210C\210r\220\377\024\220R\220w\230c\240\377\022\2404\240r\250\026\250\357q\200A\340\271\000D\220\005\277\220V\2303\230h\\\000t\377\2507\260#\260T\270\025\377\270c\300\023\300E\310\021\377\310$\310a\330\020\023\220\3774\220u\230F\240&\250\377\003\2508\2601\260D\270\375\001\347\001.\240\001\330\0206\377\260a\260t\2705\300""\007\377\300q\310\010\320PQ\320\377QU\320UV\330\020\024\377\220A\220T\230\025\230d\377\240!\2405\250\001\250\024\377\250]\270!\2704\270u\377\300F\310\047\320QR\320\377RZ\320Z[\320[_\367\320_`\205\001\017\210x\220\377x\230r\240\024\240W\250\377B\250b\260\002\260\"\260\177B\260d\270!\200A\201@\373\t\r\332\047\020\220\013\2301\377\230A\330\014\017\320\017$\377\240A\240Q\240d\250\047\377\260\021\260$\260e\2703\365\270\254\000\027\206A\031\230\021\230\337$\230g\240Sw\002X\260\375QH\001\330\014\036\230a\230\257q\240\004\240<\000\026\260@t\177\2301\330\010\017\210q_\003\377\031\320\030.\250a\250q\377\260\004\260H\270N\310.\377\320XY\330\010\032\230+\257\240V\2501\220\002\001\000\014\340\377\010#\240=\260\001\340\010\337\013\2102\210S\306 S\230\367\002\230#\341@\014\020\220\001\352\356 T\202\000!\210`\330\010\t\337\330\014\021\220\037\256 \021\022r\230!E\227 \206\000\330\024+W\000\377A\250T\260\030\270\023\270\177C\270s\300!\3001\023\024\377#\2401\240D\250\010\260_\003\2603\260aF\005\014\263!\177s\230\"\230D\240\010\031\000\376\261!D\270\004\270H\300H\357\310B\310b\214@\330\020\026\353\220n\241!\330j\014\037\320\037\3715\222 \271A8\3003\300c\377\310\023\310A\310Z\320W\377X\320X]\320]`\320\373`a\233\024\037\230~\250Q\377\250d\260(\270#\270S\373\300\001{\014%\230s\240(\357\250#\250Qo\007\014\023\220\3771\220C\220r\230\024\230\377S\240\007\240s\250\"\250uD\303\0007=\000R\270ty\000\337g\310S\320P\216`V\320\257VY\320Y\215a\340\273\"\021\371\330\001\003\374C\035\230K\240v\376w\000i\260r\270\021\330\010\375\034\001\013\035\230\\\250\026\250\337r\260\031\270\"\305 r\300\376\037\000\036\230l\250&\260\001\274\016\002\277b\034\230=\250\251@\0340\271`\250\206\t\374@\263D)\240\372 \t\003\375Q\334`\210q\220\005\220Q\336\177\003\025\220a\330\343@1\210\273L\230\202`\n\210,\014\001\n\377\320\n\032\230!\330\010\no\210*\220A\003\001\047\220\227\000\324\313\207\002\021\001+:\000\010$\004\r\210\277_\230A\330\r\016\317\001\005\357\220U\230!\366`\020\033\320s\0330\236\000\267\204\001g\270Q\267""\204\001\367\"\240!\342B\007\250s\260\037%\260q\330\020\t\005\367`-\023\376\320\001\250\024\250W\260J\270\365e\271`\020\216\000\2304\230w\177\240c\250\025\250a\330\010\004\367q\330\010{\003\010\014\210A\377\210V\2204\220q\230\006\316\226\206\0026\250\024\313@\331\000\014\210\373F\220\310\000\013\2108\2203\376\351\000\014\022\220.\240\001\240\376\346 \017\210s\220\"\220D\371\230\270\210\002\207\206\003$\2404\240u\375\250\357\000\032\230$\230e\320_#=\270Q\340\304+s\201\211\004}\022\211\000s\240!\2403\215\000?\021\330\020\031\230\021\202\005\374\014q\047\364\211\001\210\001\244\003C\230rt\005\377\047\230\026\230t\2404\240\337{\260!\2601\207\207\003&\240;_\260\355 \036\230k\303\210\001\251\206\002\377B\270a\340\010\016\210a\377\210w\220d\230+\240T\277\250\030\260\022\2601V\024\024\357\220K\230q\271\210\001\023\320\023\377(\250\001\250\021\250$\250ug\235\207\002%\377\205\001\330\024\025\355)\317\020\035\230Q\267&_\001t\220\307;\230gZ\006\305LR\007\220=\364\276 \313\210\001C\313\207\004A\270T\300\001\030\344\205\001\\\002\243C\340@S\t\233Aj\000\336\204F:\220S\230\344\211\005\320!\3772\260!\3203O\310q\272\324\206\001\010\214IT\240\021\242\211\002\020\375\021\250\211\001\017\210b\220\007\220\377|\2401\240A\330\010\021\377\220\030\230\025\230b\240\004?\240G\2502\250Q\244\214\007\367\210\001\377\014\023\2203\220i\230q\377\240\003\2405\250\005\250R\177\250r\260\030\270\026\270\273\205\001\313\014\021\252\213\004e\221\205\001\t\001Q\220\343h\230\004\006\307\213\001\010\017\020\220\t\376\362\211\002d\240$\240a\330\014\375)\327 !\2504\250w\260\277c\270\021\270\"\270\375\001\021\337\300\"\300A\300\321\205\002\010\230_\001\230\022\2305\344`\022\247\002\047\014\020\220\000\020 \003?\236B\367\214\001\314\035\006\000\020>\250\257\207\002S\003<\240ot\2501\330L\006:\240j\010\352\t\001\010\373\212\0037\251\000j\260\004\377\260A\200A\360\010\000\t\337\036\230T\240\025\272\000\010\037\257\230y\250\002\226`c\354\215\004\010\377\031\230\025\230f\240C\240\377x\250u\260F\270#\270\377W\300A""\330\010\035\230X?\240U\250\"\250E\351c\216\210\005\335a\264\213\001)\2406\330`(\260\377%\260r\270\025\270b\300\377\006\300f\310C\310w\320\343VW\256\210\016\254\210\037\333\210\003q\260\t\317\270\022\2701\245\001\205\215\n\002\220w\"\220A\253\210\005Y\230a\266\210\005\367T\230\031\371\205\002b\250\n\260\237\"\260C\260q\314\210\010\364\210\001\006\233\220j\371@3\240\212\210P\254\214\001A\377\240T\250\027\260\001\260\024\177\260V\2707\300\047\310\365\206\006\377\010\013\2106\220\023\220A\374\205\214\016\230\216\002G\250:\260U\270\362\206\206\003\010\245\211\022\270\216\001u\230B\230\347b\240\006\250A\326\210\004\017\210q\215\330Q\006\014\037\340\206\001\313\217\002\335\215\001\026\377\260w\270c\300\021\330\014\177\024\220H\230H\240D\331@\377)\2604\260x\270x\300Ot\3102\310\360\205\002\207\211\021f\352\220\001\277\270\026\270t\3001\354A\013\337\2104\210q\330\214\211\017\001\230\375\023\214\000g\240V\2503\250\377g\260S\270\003\2702\270\377T\300\021\320\004:\270!\334\274\220\001\321cf\250A\242\210\001d\220\377%\220v\230V\2402\240}\\\313\222\002\177\300b\310\001\351\214\001\275\n\271\217\001\230a\230t\267`\022\357\2504\250q\005\r\023\250J\357\260d\270)\211\000C\300r\364\314 \307\220\006Gu\000c\260\022\260\3372\260Q\330\014\321\204\005#\240\037S\250\002\250\"\246\212\001\332\212\002\210\003\377\n\000\t \230q\340\010\256\203\215\002\013\320\013\270\221\t&\266\0001v\251\220\005\020\220\241\214\006,\250A\360\216\002\377\047\270\021\270!\330\020\025\377\220_\240A\330\025\026\330\337\024\037\320\0379\020\001\2704\367\270w\300\353\213\002/\250\023\250{B\250\261\217\n\033\320\033-8\004\371\034\367\206\001;\001C\240r\250\021\377\340\014%\240Q\240a\240yq\301\225\001\371\213\0049\220C\220\324+\177w\220c\230\026\230q";
+    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 3683, 5228);
     #define __Pyx_DecompressString_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #else /* compression: none (5086 bytes) */
-static const char bytes[] = " at 0x n  object> tokens, baseline  used (tree fragment)./: <MemoryView of <contiguous and direct><contiguous and indirect><strided and direct or indirect><strided and direct><strided and indirect>>?Cannot assign to read-only memoryviewInvalid mode, expected \047c\047 or \047fortran\047, got Invalid shape in axis Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.a state read failedadd_notecannot create the cachecollections.abcdisableenablegcisenabledkvcache and baseline disagree on prompt placementkvcache and baseline disagree on the defrag plankvcache and baseline disagree: head kvcache and baseline masks differkvcache and baseline state blobs differkvcache placed no default __reduce__ due to non-trivial __cinit__src/kvcache/_bench.pyxunable to allocate array data.unable to allocate shape and strides.ASCIIEllipsisSequenceView.MemoryViewWorkloadWorkload.__reduce_cython__Workload.__setstate_cython__Workload._attachWorkload.checkWorkload.data_bytesWorkload.defrag_moveWorkload.defrag_planWorkload.fillWorkload.find_slot_1tokWorkload.fragmentWorkload.maskWorkload.promptWorkload.state_io__Pyx_PyDict_NextRef__annotate____class____class_getitem____dict____func____getstate____import____main____module____name____new____pyx_checksum__pyx_state__pyx_type__pyx_unpickle_Enum__pyx_vtable____qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___attach_is_coroutineaabcallocate_bufferasyncio.coroutinesbbasebuffersccheckcline_in_tracebackconsumedcopycountdatadata_bytesdefault_rngdefrag_movedefrag_plandone_basedone_fastdtypedtype_is_objectelencodeenumerateerrerrorfillfind_slot_1tokflagsformatfortranfragmentfree_fractionholeiididsindexintegersitemsitemsizekkbkfkvcache._benchlmaskmemcpy_nsmemviewmodemovedmsknn_cellsn_kvn_layern_mask_seqsn_opsn_padn_seqsn_swan_tokensnamenbytesndimnpnumpyobjoffok_baseok_fastou""tpp0packperf_counter_nspoppospromptrrandomrefregisterrepsres_baseres_fastrngrowsssamesavedseedselfseqsetdefaultshapesizesnapstartstate_iostepstopstructswa_typet0t1t2t3t4t_baset_fasttimeubuint8unpackupdatev_transvaluesvbvfwidthwrittenxO\200\001\330\004\n\210+\220Q\200\001\340\004\026\220k\240\026\240q\250\001\330\004\026\220k\240\026\240q\250\001\360\006\000\005\013\210!\2103\210c\220\021\330\004\n\210!\2103\210c\220\021\330\004\t\210\037\230\001\330\t\n\330\010\014\210E\220\025\220a\220q\330\014\022\220!\2203\220c\230\021\330\014\r\210Q\210b\220\002\220*\230I\240Q\330\004\t\210\037\230\003\2302\230Q\330\004\010\210\001\210\021\330\004\010\210\001\210\021\330\004\013\2101\200A\340\010\014\210D\220\005\220V\2303\230h\240a\240t\2507\260#\260T\270\025\270c\300\023\300E\310\021\310$\310a\330\020\023\2204\220u\230F\240&\250\003\2508\2601\260D\270\001\330\014\022\220.\240\001\330\0206\260a\260t\2705\300\007\300q\310\010\320PQ\320QU\320UV\330\020\024\220A\220T\230\025\230d\240!\2405\250\001\250\024\250]\270!\2704\270u\300F\310\047\320QR\320RZ\320Z[\320[_\320_`\200A\340\010\017\210x\220x\230r\240\024\240W\250B\250b\260\002\260\"\260B\260d\270!\200A\360\006\000\t\r\210E\220\025\220a\220q\330\014\020\220\013\2301\230A\330\014\017\320\017$\240A\240Q\240d\250\047\260\021\260$\260e\2703\270a\330\020\027\220q\330\014\031\230\021\230$\230g\240S\250\001\250\024\250X\260Q\260d\270!\330\014\036\230a\230q\240\004\240A\330\014\026\220a\220t\2301\330\010\017\210q\200A\360\006\000\t\031\320\030.\250a\250q\260\004\260H\270N\310.\320XY\330\010\032\230+\240V\2501\250B\250b\260\001\330\010\032\230+\240V\2501\250B\250b\260\001\340\010#\240=\260\001\340\010\013\2102\210S\220\005\220S\230\002\230#\230Q\330\014\020\220\001\220\024\220T\230\021\230!\330\014\r\330\010\t\330\014\021\220\037\240\001\330\021\022\330\020\024\220E\230\025\230a\230q\330\024+\2501\250A\250T\260\030\270\023\270C\270s\300!\3001\330\014\021\220\037\240\001\330\021\022\330\020\024\220E\230\025\230a\230q\330\024#\2401\240D""\250\010\260\003\2603\260a\330\014\021\220\037\240\001\330\014\017\210x\220s\230\"\230D\240\010\250\010\260\002\260\"\260D\270\004\270H\300H\310B\310b\320PQ\330\020\026\220n\240A\240Q\330\021\022\330\020\024\220E\230\025\230a\230q\330\024\037\320\0375\260Q\260a\260t\2708\3003\300c\310\023\310A\310Z\320WX\320X]\320]`\320`a\330\014\021\220\037\240\001\330\021\022\330\020\024\220E\230\025\230a\230q\330\024\037\230~\250Q\250d\260(\270#\270S\300\001\330\014\021\220\037\240\001\330\014\017\210x\220s\230%\230s\240(\250#\250Q\330\020\026\220n\240A\240Q\330\014\023\2201\220C\220r\230\024\230S\240\007\240s\250\"\250D\260\003\2607\270#\270R\270t\3003\300g\310S\320PR\320RV\320VY\320Y_\320_`\340\014\020\220\001\220\021\330\014\020\220\001\220\021\200A\360\006\000\t\035\230K\240v\250Q\250i\260r\270\021\330\010\034\230K\240v\250Q\250i\260r\270\021\330\010\035\230\\\250\026\250r\260\031\270\"\270C\270r\300\021\330\010\036\230l\250&\260\001\260\031\270\"\270A\360\006\000\t\034\230=\250\001\340\010\034\230A\330\010\014\210E\220\025\220a\220q\330\014\017\210q\220\005\220S\230\002\230)\2401\330\014\017\210q\220\005\220Q\330\014\017\210q\220\005\220Q\330\014\020\220\001\220\025\220a\330\010\013\2101\210L\230\001\330\010\n\210,\220a\330\010\n\320\n\032\230!\330\010\n\210*\220A\330\010\n\210\047\220\021\330\010\n\210+\220Q\330\010\n\210+\220Q\330\010\n\210,\220a\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\033\320\0330\260\001\260\021\260$\260g\270Q\270a\330\020\"\240!\2401\240D\250\007\250s\260%\260q\330\020\"\240!\2401\240D\250\001\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\033\230=\250\001\250\024\250W\260J\270e\3001\330\020\032\230!\2304\230w\240c\250\025\250a\330\020\032\230!\2304\230q\330\010\r\210_\230A\330\010\014\210A\210V\2204\220q\230\006\230d\240!\2406\250\024\250Q\250a\330\010\014\210F\220!\330\010\013\2108\2203\220a\330\014\022\220.\240\001\240\021\330\010\017\210s\220\"\220D\230\003\2302\230Q\200A\360\006\000\t$\2404""\240u\250A\330\010\032\230$\230e\320#=\270Q\340\010\014\210E\220\025\220a\220q\330\014\017\210s\220!\2203\220c\230\022\2304\230s\240!\2403\240c\250\021\330\020\031\230\021\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\047\240q\250\001\250\024\250Q\330\010\r\210_\230C\230r\240\021\330\010\017\210s\220\047\230\026\230t\2404\240{\260!\2601\200A\360\006\000\t&\240_\260A\330\010\036\230k\250\026\250q\260\004\260H\270B\270a\340\010\016\210a\210w\220d\230+\240T\250\030\260\022\2601\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\024\220K\230q\240\001\330\020\023\320\023(\250\001\250\021\250$\250g\260Q\260d\270%\270s\300!\330\024\025\330\020\"\240!\2401\240D\250\001\330\020\035\230Q\330\010\r\210_\230A\330\010\016\210a\210t\220;\230g\240T\250\030\260\022\2601\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\024\220K\230q\240\001\330\020\023\220=\240\001\240\024\240W\250C\250q\260\004\260H\270A\270T\300\030\310\023\310A\330\024\025\330\020\032\230!\2304\230q\330\020\035\230Q\330\010\r\210_\230A\330\010\014\210A\210Q\330\010\014\210F\220!\330\010\013\210:\220S\230\001\330\014\022\220.\240\001\320!2\260!\3203O\310q\320PQ\330\010\017\210s\220\"\220D\230\003\2302\230T\240\021\200A\360\006\000\020\021\360\006\000\t\017\210b\220\007\220|\2401\240A\330\010\021\220\030\230\025\230b\240\004\240G\2502\250Q\330\010\014\210E\220\025\220a\220t\2301\330\014\023\2203\220i\230q\240\003\2405\250\005\250R\250r\260\030\270\026\270r\300\021\330\014\021\220\024\220R\220w\230e\2401\330\014\021\220\024\220Q\220h\230e\2401\330\014\021\220\024\220R\220w\230e\2401\330\014\021\220\024\220Q\220h\230e\2401\330\014\020\220\t\230\021\230$\230d\240$\240a\330\014)\250\021\250!\2504\250w\260c\270\021\270\"\270A\270T\300\021\300\"\300A\300Q\330\014\020\220\010\230\001\230\022\2305\240\001\240\022\2401\240A\330\014\020\220\010\230\001\230\022\2305\240\001\240\022\2401\240A\330\014\020\220\010\230\001\230\022\230?\250$\250g\260R\260q\330\014\020\220\010""\230\001\230\022\230?\250$\250g\260R\260q\330\014\020\220\010\230\001\230\022\230>\250\021\330\014\020\220\010\230\001\230\022\230<\240t\2501\330\014\020\220\010\230\001\230\022\230:\240Q\330\014\020\220\010\230\001\230\022\230:\240Q\330\010\026\220a\220t\2307\240$\240j\260\004\260A\200A\360\010\000\t\036\230T\240\025\240a\330\010\037\230y\250\002\250$\250c\260\024\260R\260q\330\010\031\230\025\230f\240C\240x\250u\260F\270#\270W\300A\330\010\035\230X\240U\250\"\250E\260\022\2601\330\010\034\230K\240v\250Q\250a\330\010\032\230)\2406\250\021\250(\260%\260r\270\025\270b\300\006\300f\310C\310w\320VW\330\010\034\230K\240v\250Q\250i\260r\270\021\330\010\034\230K\240v\250Q\250i\260r\270\021\330\010\035\230\\\250\026\250r\260\031\270\"\270C\270r\300\021\330\010\035\230\\\250\026\250q\260\t\270\022\2701\360\010\000\t\r\210E\220\025\220a\220q\330\014\020\220\002\220\"\220A\330\014\017\210q\220\005\220Y\230a\330\014\017\210q\220\005\220T\230\031\240!\2403\240b\250\n\260\"\260C\260q\330\014\017\210q\220\005\220Q\330\014\017\210q\220\006\220j\240\003\2403\240a\330\010\013\2101\210L\230\001\330\010\n\210,\220a\330\010\n\320\n\032\230!\330\010\n\210*\220A\330\010\n\210\047\220\021\330\010\n\210+\220Q\330\010\n\210+\220Q\330\010\n\210,\220a\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020#\2401\240A\240T\250\027\260\001\260\024\260V\2707\300\047\310\021\330\010\r\210_\230A\330\010\013\2106\220\023\220A\330\021\022\330\020\024\220E\230\025\230a\230q\330\024\037\230q\240\004\240G\250:\260U\270%\270s\300!\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\026\220a\220u\230B\230b\240\006\240a\330\010\r\210_\230A\330\010\017\210q\330\010\013\2106\220\023\220A\330\014\037\230q\240\001\240\024\240W\250A\250T\260\026\260w\270c\300\021\330\014\024\220H\230H\240D\250\002\250)\2604\260x\270x\300t\3102\310Q\330\010\014\210A\210V\2204\220q\230\006\230d\240!\2406\250\024\250Q\250f\260D\270\001\270\026\270t\3001\300A\330\010\013\2104\210q\330\014\022""\220.\240\001\240\021\330\010\017\210s\220\"\220D\230\001\230\023\230B\230g\240V\2503\250g\260S\270\003\2702\270T\300\021\320\004:\270!\360\006\000\t\036\230T\240\025\240f\250A\340\010\016\210d\220%\220v\230V\2402\240\\\260\024\260R\260\177\300b\310\001\330\014\020\220\n\230#\230Q\230a\230t\2406\250\022\2504\250q\330\014\020\220\n\230#\230Q\230a\230t\2406\250\023\250J\260d\270)\3001\300C\300r\310\021\330\014\036\230a\230q\240\004\240G\2503\250c\260\022\2602\260Q\330\014\026\220a\220t\2307\240#\240S\250\002\250\"\250A\330\010\014\210F\220!\320\004:\270!\360\n\000\t \230q\340\010\034\230A\330\010\013\320\013$\240A\240Q\240d\250\047\260\021\260&\270\003\2701\330\014\r\330\010\t\330\014\020\220\005\220U\230!\2301\330\020,\250A\250Q\250d\260\047\270\021\270!\330\020\025\220_\240A\330\025\026\330\024\037\320\0379\270\021\270!\2704\270w\300a\330\020\032\230/\250\023\250B\250a\330\014\021\220\037\240\001\330\021\022\330\020\033\320\033-\250Q\250d\260\047\270\034\300Q\330\014\025\220_\240C\240r\250\021\340\014%\240Q\240a\240q\330\010\014\210F\220!\330\010\013\2109\220C\220q\330\014\022\220.\240\001\240\021\330\010\017\210w\220c\230\026\230q";
+    #else /* compression: none (5228 bytes) */
+static const char bytes[] = " at 0x n  object> tokens, baseline  used (tree fragment)./: <MemoryView of <contiguous and direct><contiguous and indirect><strided and direct or indirect><strided and direct><strided and indirect>>?Cannot assign to read-only memoryviewInvalid mode, expected \047c\047 or \047fortran\047, got Invalid shape in axis Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.a state read failedadd_notecannot create the cachecollections.abcdisableenablegcisenabledkvcache and baseline disagree on prompt placementkvcache and baseline disagree on the defrag plankvcache and baseline disagree: head kvcache and baseline masks differkvcache and baseline state blobs differkvcache placed no default __reduce__ due to non-trivial __cinit__src/kvcache/_bench.pyxunable to allocate array data.unable to allocate shape and strides.ASCIIEllipsisSequenceView.MemoryViewWorkloadWorkload.__reduce_cython__Workload.__setstate_cython__Workload._attachWorkload.checkWorkload.data_bytesWorkload.defrag_moveWorkload.defrag_planWorkload.fillWorkload.find_slot_1tokWorkload.fragmentWorkload.maskWorkload.promptWorkload.state_io__Pyx_PyDict_NextRef__annotate____class____class_getitem____dict____func____getstate____import____main____module____name____new____pyx_checksum__pyx_state__pyx_type__pyx_unpickle_Enum__pyx_vtable____qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___attach_is_coroutineaabcaccallocate_bufferasyncio.coroutinesbbasebuffersccachecheckcimport_call_nscline_in_tracebackconsumedcopycountdatadata_bytesdefault_rngdefrag_movedefrag_plandone_basedone_fastdtypedtype_is_objectelencodeenumerateerrerrorfillfind_slot_1tokflagsformatfortranfragmentfree_fractionholeiididsindexintegersitemsitemsizekkbkfkvcache._benchlmaskmemcpy_nsmemviewmodemovedmsknn_cellsn_kvn_layern_mask_seqsn_opsn_padn_seqsn_swan_tokensnamenbytesndimnpnump""yobjoffok_baseok_fastoutpp0packperf_counter_nspoppospromptrrandomrefregisterrepsres_baseres_fastrngrowsssamesavedseedselfseqsetdefaultshapesizesnapstartstate_iostepstopstructswa_typet0t1t2t3t4t_baset_fasttimeubuint8unpackupdatev_transvaluesvbvfwidthwrittenxO\200\001\330\004\n\210+\220Q\200\001\340\004\026\220k\240\026\240q\250\001\330\004\026\220k\240\026\240q\250\001\360\006\000\005\013\210!\2103\210c\220\021\330\004\n\210!\2103\210c\220\021\330\004\t\210\037\230\001\330\t\n\330\010\014\210E\220\025\220a\220q\330\014\022\220!\2203\220c\230\021\330\014\r\210Q\210b\220\002\220*\230I\240Q\330\004\t\210\037\230\003\2302\230Q\330\004\010\210\001\210\021\330\004\010\210\001\210\021\330\004\013\2101\200\001\360\010\000\005\030\220q\360\006\000\005\n\210\037\230\001\330\t\n\330\010\014\210E\220\025\220a\220q\330\014\023\2205\230\016\240a\240z\260\024\260R\260q\330\004\t\210\037\230\001\330\t\n\330\010\014\210E\220\025\220a\220q\330\014\023\2205\230\t\240\021\240#\240\\\260\021\330\004\t\210\037\230\001\330\004\013\2101\210C\210r\220\024\220R\220w\230c\240\022\2404\240r\250\026\250q\200A\340\010\014\210D\220\005\220V\2303\230h\240a\240t\2507\260#\260T\270\025\270c\300\023\300E\310\021\310$\310a\330\020\023\2204\220u\230F\240&\250\003\2508\2601\260D\270\001\330\014\022\220.\240\001\330\0206\260a\260t\2705\300\007\300q\310\010\320PQ\320QU\320UV\330\020\024\220A\220T\230\025\230d\240!\2405\250\001\250\024\250]\270!\2704\270u\300F\310\047\320QR\320RZ\320Z[\320[_\320_`\200A\340\010\017\210x\220x\230r\240\024\240W\250B\250b\260\002\260\"\260B\260d\270!\200A\360\006\000\t\r\210E\220\025\220a\220q\330\014\020\220\013\2301\230A\330\014\017\320\017$\240A\240Q\240d\250\047\260\021\260$\260e\2703\270a\330\020\027\220q\330\014\031\230\021\230$\230g\240S\250\001\250\024\250X\260Q\260d\270!\330\014\036\230a\230q\240\004\240A\330\014\026\220a\220t\2301\330\010\017\210q\200A\360\006\000\t\031\320\030.\250a\250q\260\004\260H\270N\310.\320XY\330\010\032\230+\240V\2501\250B\250b\260\001\330""\010\032\230+\240V\2501\250B\250b\260\001\340\010#\240=\260\001\340\010\013\2102\210S\220\005\220S\230\002\230#\230Q\330\014\020\220\001\220\024\220T\230\021\230!\330\014\r\330\010\t\330\014\021\220\037\240\001\330\021\022\330\020\024\220E\230\025\230a\230q\330\024+\2501\250A\250T\260\030\270\023\270C\270s\300!\3001\330\014\021\220\037\240\001\330\021\022\330\020\024\220E\230\025\230a\230q\330\024#\2401\240D\250\010\260\003\2603\260a\330\014\021\220\037\240\001\330\014\017\210x\220s\230\"\230D\240\010\250\010\260\002\260\"\260D\270\004\270H\300H\310B\310b\320PQ\330\020\026\220n\240A\240Q\330\021\022\330\020\024\220E\230\025\230a\230q\330\024\037\320\0375\260Q\260a\260t\2708\3003\300c\310\023\310A\310Z\320WX\320X]\320]`\320`a\330\014\021\220\037\240\001\330\021\022\330\020\024\220E\230\025\230a\230q\330\024\037\230~\250Q\250d\260(\270#\270S\300\001\330\014\021\220\037\240\001\330\014\017\210x\220s\230%\230s\240(\250#\250Q\330\020\026\220n\240A\240Q\330\014\023\2201\220C\220r\230\024\230S\240\007\240s\250\"\250D\260\003\2607\270#\270R\270t\3003\300g\310S\320PR\320RV\320VY\320Y_\320_`\340\014\020\220\001\220\021\330\014\020\220\001\220\021\200A\360\006\000\t\035\230K\240v\250Q\250i\260r\270\021\330\010\034\230K\240v\250Q\250i\260r\270\021\330\010\035\230\\\250\026\250r\260\031\270\"\270C\270r\300\021\330\010\036\230l\250&\260\001\260\031\270\"\270A\360\006\000\t\034\230=\250\001\340\010\034\230A\330\010\014\210E\220\025\220a\220q\330\014\017\210q\220\005\220S\230\002\230)\2401\330\014\017\210q\220\005\220Q\330\014\017\210q\220\005\220Q\330\014\020\220\001\220\025\220a\330\010\013\2101\210L\230\001\330\010\n\210,\220a\330\010\n\320\n\032\230!\330\010\n\210*\220A\330\010\n\210\047\220\021\330\010\n\210+\220Q\330\010\n\210+\220Q\330\010\n\210,\220a\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\033\320\0330\260\001\260\021\260$\260g\270Q\270a\330\020\"\240!\2401\240D\250\007\250s\260%\260q\330\020\"\240!\2401\240D\250\001\330\010\r\210_\230A\330""\r\016\330\014\020\220\005\220U\230!\2301\330\020\033\230=\250\001\250\024\250W\260J\270e\3001\330\020\032\230!\2304\230w\240c\250\025\250a\330\020\032\230!\2304\230q\330\010\r\210_\230A\330\010\014\210A\210V\2204\220q\230\006\230d\240!\2406\250\024\250Q\250a\330\010\014\210F\220!\330\010\013\2108\2203\220a\330\014\022\220.\240\001\240\021\330\010\017\210s\220\"\220D\230\003\2302\230Q\200A\360\006\000\t$\2404\240u\250A\330\010\032\230$\230e\320#=\270Q\340\010\014\210E\220\025\220a\220q\330\014\017\210s\220!\2203\220c\230\022\2304\230s\240!\2403\240c\250\021\330\020\031\230\021\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\047\240q\250\001\250\024\250Q\330\010\r\210_\230C\230r\240\021\330\010\017\210s\220\047\230\026\230t\2404\240{\260!\2601\200A\360\006\000\t&\240_\260A\330\010\036\230k\250\026\250q\260\004\260H\270B\270a\340\010\016\210a\210w\220d\230+\240T\250\030\260\022\2601\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\024\220K\230q\240\001\330\020\023\320\023(\250\001\250\021\250$\250g\260Q\260d\270%\270s\300!\330\024\025\330\020\"\240!\2401\240D\250\001\330\020\035\230Q\330\010\r\210_\230A\330\010\016\210a\210t\220;\230g\240T\250\030\260\022\2601\330\r\016\330\014\020\220\005\220U\230!\2301\330\020\024\220K\230q\240\001\330\020\023\220=\240\001\240\024\240W\250C\250q\260\004\260H\270A\270T\300\030\310\023\310A\330\024\025\330\020\032\230!\2304\230q\330\020\035\230Q\330\010\r\210_\230A\330\010\014\210A\210Q\330\010\014\210F\220!\330\010\013\210:\220S\230\001\330\014\022\220.\240\001\320!2\260!\3203O\310q\320PQ\330\010\017\210s\220\"\220D\230\003\2302\230T\240\021\200A\360\006\000\020\021\360\006\000\t\017\210b\220\007\220|\2401\240A\330\010\021\220\030\230\025\230b\240\004\240G\2502\250Q\330\010\014\210E\220\025\220a\220t\2301\330\014\023\2203\220i\230q\240\003\2405\250\005\250R\250r\260\030\270\026\270r\300\021\330\014\021\220\024\220R\220w\230e\2401\330\014\021\220\024\220Q\220h\230e\2401\330\014\021\220""\024\220R\220w\230e\2401\330\014\021\220\024\220Q\220h\230e\2401\330\014\020\220\t\230\021\230$\230d\240$\240a\330\014)\250\021\250!\2504\250w\260c\270\021\270\"\270A\270T\300\021\300\"\300A\300Q\330\014\020\220\010\230\001\230\022\2305\240\001\240\022\2401\240A\330\014\020\220\010\230\001\230\022\2305\240\001\240\022\2401\240A\330\014\020\220\010\230\001\230\022\230?\250$\250g\260R\260q\330\014\020\220\010\230\001\230\022\230?\250$\250g\260R\260q\330\014\020\220\010\230\001\230\022\230>\250\021\330\014\020\220\010\230\001\230\022\230<\240t\2501\330\014\020\220\010\230\001\230\022\230:\240Q\330\014\020\220\010\230\001\230\022\230:\240Q\330\010\026\220a\220t\2307\240$\240j\260\004\260A\200A\360\010\000\t\036\230T\240\025\240a\330\010\037\230y\250\002\250$\250c\260\024\260R\260q\330\010\031\230\025\230f\240C\240x\250u\260F\270#\270W\300A\330\010\035\230X\240U\250\"\250E\260\022\2601\330\010\034\230K\240v\250Q\250a\330\010\032\230)\2406\250\021\250(\260%\260r\270\025\270b\300\006\300f\310C\310w\320VW\330\010\034\230K\240v\250Q\250i\260r\270\021\330\010\034\230K\240v\250Q\250i\260r\270\021\330\010\035\230\\\250\026\250r\260\031\270\"\270C\270r\300\021\330\010\035\230\\\250\026\250q\260\t\270\022\2701\360\010\000\t\r\210E\220\025\220a\220q\330\014\020\220\002\220\"\220A\330\014\017\210q\220\005\220Y\230a\330\014\017\210q\220\005\220T\230\031\240!\2403\240b\250\n\260\"\260C\260q\330\014\017\210q\220\005\220Q\330\014\017\210q\220\006\220j\240\003\2403\240a\330\010\013\2101\210L\230\001\330\010\n\210,\220a\330\010\n\320\n\032\230!\330\010\n\210*\220A\330\010\n\210\047\220\021\330\010\n\210+\220Q\330\010\n\210+\220Q\330\010\n\210,\220a\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U\230!\2301\330\020#\2401\240A\240T\250\027\260\001\260\024\260V\2707\300\047\310\021\330\010\r\210_\230A\330\010\013\2106\220\023\220A\330\021\022\330\020\024\220E\230\025\230a\230q\330\024\037\230q\240\004\240G\250:\260U\270%\270s\300!\330\010\r\210_\230A\330\r\016\330\014\020\220\005\220U""\230!\2301\330\020\026\220a\220u\230B\230b\240\006\240a\330\010\r\210_\230A\330\010\017\210q\330\010\013\2106\220\023\220A\330\014\037\230q\240\001\240\024\240W\250A\250T\260\026\260w\270c\300\021\330\014\024\220H\230H\240D\250\002\250)\2604\260x\270x\300t\3102\310Q\330\010\014\210A\210V\2204\220q\230\006\230d\240!\2406\250\024\250Q\250f\260D\270\001\270\026\270t\3001\300A\330\010\013\2104\210q\330\014\022\220.\240\001\240\021\330\010\017\210s\220\"\220D\230\001\230\023\230B\230g\240V\2503\250g\260S\270\003\2702\270T\300\021\320\004:\270!\360\006\000\t\036\230T\240\025\240f\250A\340\010\016\210d\220%\220v\230V\2402\240\\\260\024\260R\260\177\300b\310\001\330\014\020\220\n\230#\230Q\230a\230t\2406\250\022\2504\250q\330\014\020\220\n\230#\230Q\230a\230t\2406\250\023\250J\260d\270)\3001\300C\300r\310\021\330\014\036\230a\230q\240\004\240G\2503\250c\260\022\2602\260Q\330\014\026\220a\220t\2307\240#\240S\250\002\250\"\250A\330\010\014\210F\220!\320\004:\270!\360\n\000\t \230q\340\010\034\230A\330\010\013\320\013$\240A\240Q\240d\250\047\260\021\260&\270\003\2701\330\014\r\330\010\t\330\014\020\220\005\220U\230!\2301\330\020,\250A\250Q\250d\260\047\270\021\270!\330\020\025\220_\240A\330\025\026\330\024\037\320\0379\270\021\270!\2704\270w\300a\330\020\032\230/\250\023\250B\250a\330\014\021\220\037\240\001\330\021\022\330\020\033\320\033-\250Q\250d\260\047\270\034\300Q\330\014\025\220_\240C\240r\250\021\340\014%\240Q\240a\240q\330\010\014\210F\220!\330\010\013\2109\220C\220q\330\014\022\220.\240\001\240\021\330\010\017\210w\220c\230\026\230q";
     PyObject *data = NULL;
     #define __Pyx_DecompressString_UNUSED
     #define __Pyx_DecompressString_LZSS_UNUSED
     #endif
     PyObject **stringtab = __pyx_mstate->__pyx_string_tab;
     Py_ssize_t pos = 0;
-    for (int i = 0; i < 208; i++) {
+    for (int i = 0; i < 211; i++) {
       Py_ssize_t bytes_length = str_length_index[i].length;
       PyObject *string = PyUnicode_DecodeUTF8(bytes + pos, bytes_length, NULL);
       if (likely(string) && i >= 39) PyUnicode_InternInPlace(&string);
@@ -28279,8 +29269,8 @@ static const char bytes[] = " at 0x n  object> tokens, baseline  used (tree frag
       stringtab[i] = string;
       pos += bytes_length;
     }
-    for (int i = 208; i < 222; i++) {
-      Py_ssize_t bytes_length = bytes_length_index[i-208].length;
+    for (int i = 211; i < 226; i++) {
+      Py_ssize_t bytes_length = bytes_length_index[i-211].length;
       PyObject *string = PyBytes_FromStringAndSize(bytes + pos, bytes_length);
       stringtab[i] = string;
       pos += bytes_length;
@@ -28290,15 +29280,15 @@ static const char bytes[] = " at 0x n  object> tokens, baseline  used (tree frag
       }
     }
     Py_XDECREF(data);
-    for (Py_ssize_t i = 0; i < 222; i++) {
+    for (Py_ssize_t i = 0; i < 226; i++) {
       if (unlikely(PyObject_Hash(stringtab[i]) == -1)) {
         __PYX_ERR(0, 1, __pyx_L1_error)
       }
     }
     #if CYTHON_IMMORTAL_CONSTANTS
     {
-      PyObject **table = stringtab + 208;
-      for (Py_ssize_t i=0; i<14; ++i) {
+      PyObject **table = stringtab + 211;
+      for (Py_ssize_t i=0; i<15; ++i) {
         #if PY_VERSION_HEX >= 0x030F0000
         PyUnstable_SetImmortal(table[i]);
         #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
@@ -28454,6 +29444,11 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
     const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 6, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 464};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_nbytes, __pyx_mstate->__pyx_n_u_reps, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_b, __pyx_mstate->__pyx_n_u_r, __pyx_mstate->__pyx_n_u_t0};
     __pyx_mstate_global->__pyx_codeobj_tab[13] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_src_kvcache__bench_pyx, __pyx_mstate->__pyx_n_u_memcpy_ns, __pyx_mstate->__pyx_kp_b_iso88591_k_q_k_q_3c_3c_E_aq_3c_Qb_IQ_2Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[13])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 7, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 486};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cache, __pyx_mstate->__pyx_n_u_reps, __pyx_mstate->__pyx_n_u_r, __pyx_mstate->__pyx_n_u_acc, __pyx_mstate->__pyx_n_u_t0, __pyx_mstate->__pyx_n_u_t1, __pyx_mstate->__pyx_n_u_t2};
+    __pyx_mstate_global->__pyx_codeobj_tab[14] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_src_kvcache__bench_pyx, __pyx_mstate->__pyx_n_u_cimport_call_ns, __pyx_mstate->__pyx_kp_b_iso88591_q_E_aq_5_az_Rq_E_aq_5_1Cr_Rwc_4, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[14])) goto bad;
   }
   Py_DECREF(tuple_dedup_map);
   return 0;
@@ -33179,6 +34174,89 @@ int __Pyx_ApplySequenceOrMappingFlag(PyTypeObject *tp, int is_sequence) {
         "cython.collection_type only works on PyPy with the C flag CYTHON_USE_TYPE_SPECS=1",
         1
     );
+}
+#endif
+
+/* TypeImport */
+#ifndef __PYX_HAVE_RT_ImportType_3_3_1
+#define __PYX_HAVE_RT_ImportType_3_3_1
+static PyTypeObject *__Pyx_ImportType_3_3_1(PyObject *module, const char *module_name, const char *class_name,
+    size_t size, size_t alignment, enum __Pyx_ImportType_CheckSize_3_3_1 check_size)
+{
+    PyObject *result = 0;
+    Py_ssize_t basicsize;
+    Py_ssize_t itemsize;
+#if defined(Py_LIMITED_API) || (defined(CYTHON_COMPILING_IN_LIMITED_API) && CYTHON_COMPILING_IN_LIMITED_API)
+    PyObject *py_basicsize;
+    PyObject *py_itemsize;
+#endif
+    result = PyObject_GetAttrString(module, class_name);
+    if (!result)
+        goto bad;
+    if (!PyType_Check(result)) {
+        PyErr_Format(PyExc_TypeError,
+            "%.200s.%.200s is not a type object",
+            module_name, class_name);
+        goto bad;
+    }
+#if !( defined(Py_LIMITED_API) || (defined(CYTHON_COMPILING_IN_LIMITED_API) && CYTHON_COMPILING_IN_LIMITED_API) )
+    basicsize = ((PyTypeObject *)result)->tp_basicsize;
+    itemsize = ((PyTypeObject *)result)->tp_itemsize;
+#else
+    if (size == 0) {
+        return (PyTypeObject *)result;
+    }
+    py_basicsize = PyObject_GetAttrString(result, "__basicsize__");
+    if (!py_basicsize)
+        goto bad;
+    basicsize = PyLong_AsSsize_t(py_basicsize);
+    Py_DECREF(py_basicsize);
+    py_basicsize = 0;
+    if (basicsize == (Py_ssize_t)-1 && PyErr_Occurred())
+        goto bad;
+    py_itemsize = PyObject_GetAttrString(result, "__itemsize__");
+    if (!py_itemsize)
+        goto bad;
+    itemsize = PyLong_AsSsize_t(py_itemsize);
+    Py_DECREF(py_itemsize);
+    py_itemsize = 0;
+    if (itemsize == (Py_ssize_t)-1 && PyErr_Occurred())
+        goto bad;
+#endif
+    if (itemsize) {
+        if (size % alignment) {
+            alignment = size % alignment;
+        }
+        if (itemsize < (Py_ssize_t)alignment)
+            itemsize = (Py_ssize_t)alignment;
+    }
+    if ((size_t)(basicsize + itemsize) < size) {
+        PyErr_Format(PyExc_ValueError,
+            "%.200s.%.200s size changed, may indicate binary incompatibility. "
+            "Expected %zd from C header, got %zd from PyObject",
+            module_name, class_name, size, basicsize+itemsize);
+        goto bad;
+    }
+    if (check_size == __Pyx_ImportType_CheckSize_Error_3_3_1 &&
+            ((size_t)basicsize > size || (size_t)(basicsize + itemsize) < size)) {
+        PyErr_Format(PyExc_ValueError,
+            "%.200s.%.200s size changed, may indicate binary incompatibility. "
+            "Expected %zd from C header, got %zd-%zd from PyObject",
+            module_name, class_name, size, basicsize, basicsize+itemsize);
+        goto bad;
+    }
+    else if (check_size == __Pyx_ImportType_CheckSize_Warn_3_3_1 && (size_t)basicsize > size) {
+        if (PyErr_WarnFormat(NULL, 0,
+                "%.200s.%.200s size changed, may indicate binary incompatibility. "
+                "Expected %zd from C header, got %zd from PyObject",
+                module_name, class_name, size, basicsize) < 0) {
+            goto bad;
+        }
+    }
+    return (PyTypeObject *)result;
+bad:
+    Py_XDECREF(result);
+    return NULL;
 }
 #endif
 
@@ -38206,6 +39284,85 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_uint64_t(uint64_t value) {
         PyObject *result = NULL, *kwds = NULL;
         PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
         py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(uint64_t));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
+    }
+}
+
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int64_t(int64_t value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const int64_t neg_one = (int64_t) -1, const_zero = (int64_t) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(int64_t) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int64_t) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(int64_t) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(int64_t) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int64_t) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(int64_t),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(int64_t));
         if (!py_bytes) goto limited_bad;
         from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
         if (!from_bytes_str) goto limited_bad;
