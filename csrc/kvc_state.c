@@ -508,6 +508,7 @@ static int take_data(reader *r, uint64_t count, uint64_t unit, const char *what,
                      kvc_err *err) {
     const uint8_t *skip;
     const size_t left = r->len - r->off;
+    *n = 0;
     if (unit != 0 && count > left / unit) {
         return kvc_err_set(err, KVC_E_STATE,
                            "state truncated at byte %zu of %zu while reading the %s of layer %" PRId32

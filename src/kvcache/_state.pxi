@@ -150,3 +150,13 @@ def describe_state(data):
     return {"cell_count": d.cell_count, "v_trans": d.v_trans, "n_layer": d.n_layer, "data_offset": d.data_off,
             "size": d.end, "n_seq_id_min": d.n_seq_id_min, "n_seq_id_max": d.n_seq_id_max, "pos": pos,
             "seq": seq, "layers": layers}
+
+
+def ggml_type_name(type_id):
+    """The ggml name of a K/V type id ("f16", "q8_0", ...), or None for an id kvcache does not know."""
+    if not isinstance(type_id, (int, np.integer)) or isinstance(type_id, bool):
+        raise TypeError(f"type_id must be an int, not {type(type_id).__name__}")
+    if not -2**31 <= type_id < 2**31:
+        return None
+    cdef const kvc_type_info *t = kvc_type_get(<int32_t>type_id)
+    return t.name.decode() if t != NULL else None

@@ -47,8 +47,14 @@ SESSION_VERSION = 9
 SEQUENCE_MAGIC = 0x67677371   # "ggsq"
 SEQUENCE_VERSION = 2
 
-# llama.cpp's architecture names are short ASCII identifiers; a longer "name" is not a context state.
+# llama.cpp's architecture names are short lowercase identifiers ("llama", "gemma2", "nomic-bert",
+# "ernie4_5"); a "name" outside these bounds is not a context state.
 _ARCH_MAX = 64
+_ARCH_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_.")
+
+
+def _arch_like(raw) -> bool:
+    return 2 <= len(raw) <= _ARCH_MAX and all(b in _ARCH_CHARS for b in raw)
 
 
 class _Reader:
@@ -169,13 +175,13 @@ class SequenceFile:
 
 def _parse_context(r: _Reader) -> ContextState:
     n = r.u32("the architecture name length")
-    if n == 0 or n > _ARCH_MAX:
+    if n < 2 or n > _ARCH_MAX:
         raise StateError(f"{r.what}: architecture name of {n} bytes at byte {r.off - 4} "
-                         f"(expected 1 to {_ARCH_MAX})")
+                         f"(expected 2 to {_ARCH_MAX})")
     raw = bytes(r.take(n, "the architecture name"))
-    if not all(0x21 <= b < 0x7F for b in raw):
-        raise StateError(f"{r.what}: the architecture name at byte {r.off - n} is not a printable ASCII "
-                         f"name: {raw!r}")
+    if not _arch_like(raw):
+        raise StateError(f"{r.what}: the architecture name at byte {r.off - n} is not a model "
+                         f"architecture name: {raw!r}")
     n_outputs = r.i32("the output count")
     if n_outputs < 0:
         raise StateError(f"{r.what}: negative output count {n_outputs} at byte {r.off - 4}")
@@ -231,7 +237,7 @@ def detect(data) -> str:
             return "session"
         if head == SEQUENCE_MAGIC:
             return "sequence"
-        if 0 < head <= _ARCH_MAX and len(m) >= 4 + head and all(0x21 <= b < 0x7F for b in m[4:4 + head]):
+        if 2 <= head <= _ARCH_MAX and len(m) >= 4 + head and _arch_like(bytes(m[4:4 + head])):
             return "context"
     return "cache"
 
@@ -305,8 +311,9 @@ def _context_header(arch: str, output_pos, logits, embeddings) -> bytes:
     if not isinstance(arch, str):
         raise TypeError(f"arch must be a str, not {type(arch).__name__}")
     raw = arch.encode("ascii", "replace")
-    if not 0 < len(raw) <= _ARCH_MAX or not all(0x21 <= b < 0x7F for b in raw):
-        raise ValueError(f"arch must be a printable ASCII name of 1 to {_ARCH_MAX} characters, got {arch!r}")
+    if not _arch_like(raw):
+        raise ValueError(f"arch must be a model architecture name (2 to {_ARCH_MAX} characters of a-z, 0-9, "
+                         f"'-', '_', '.'), got {arch!r}")
     pos = _i32_array(output_pos, "output_pos")
     if pos.size and int(pos.min()) < 0:
         raise ValueError("output_pos must not be negative")
