@@ -703,10 +703,6 @@ static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data
         return rc;
     }
     ps->end = r.off;
-    if ((flags & KVC_STATE_EXACT) && r.off != r.len) {
-        return kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)",
-                           r.len - r.off, r.off, r.len);
-    }
     return KVC_OK;
 }
 
@@ -780,11 +776,11 @@ static void v_untranspose_in(uint8_t *v, uint32_t size, const uint8_t *src, size
 
 /* Copy the validated K/V data of the blob into cells [dst, dst + cc), converting the V layout
  * when the blob's differs from the cache's. */
-static void apply_data(kvc_unified *c, const uint8_t *data, const parsed *ps, uint32_t dst) {
+static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
     const uint32_t cc = ps->cell_count;
     const uint32_t size = c->cells.size;
     const bool blob_vt = ps->v_trans != 0;
-    const uint8_t *p = data + ps->data_off + 8;
+    const uint8_t *p = ps->data + ps->data_off + 8;
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
         const kvc_layer *l = &c->layers[ikv];
         if (l->k && cc) {
@@ -814,10 +810,10 @@ static void apply_data(kvc_unified *c, const uint8_t *data, const parsed *ps, ui
     }
 }
 
-/* Whole cache: clear, cell k of the blob into cell k, head 0 (the reference's order). */
-static void apply_whole(kvc_unified *c, const uint8_t *data, const parsed *ps) {
+/* Whole cache: clear, cell k of the state into cell k, head 0 (the reference's order). */
+static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
     kvc_unified_clear(c);
-    const uint8_t *m = data + 4;
+    const uint8_t *m = ps->data + 4;
     uint64_t touched = 0;
     for (uint32_t i = 0; i < ps->cell_count; i++) {
         const int32_t pos = get_i32(m);
@@ -832,58 +828,165 @@ static void apply_whole(kvc_unified *c, const uint8_t *data, const parsed *ps) {
     }
     kvc_cells_rebuild_seq_pos(&c->cells, touched);
     c->head = 0;
-    apply_data(c, data, ps, 0);
+    apply_data(c, ps, 0);
 }
 
-/* Place the cells of ub (after removing seq_id) and copy the data; on failure restore snap. */
-static int place_seq(kvc_unified *c, int32_t seq_id, const kvc_ubatch *ub, const uint8_t *data,
-                     const parsed *ps, const kvc_unified_snapshot *snap, kvc_err *err) {
+/* Single sequence, as the reference restores one: remove the destination sequence, then let the
+ * slot search place the state's cells as one ubatch of cell_count tokens of seq_id. Returns 1
+ * when placed (at c->head), 0 when there is no room, KVC_E_NOMEM; c is changed in every case. */
+static int place_cells(kvc_unified *c, const kvc_state_plan *ps) {
     const uint32_t cc = ps->cell_count;
+    const int32_t seq_id = ps->seq_id;
+    const uint32_t seq_off[2] = { 0, 1 };
+    const int32_t seq_ids[1] = { seq_id };
+    const uint64_t seq_mask[1] = { (uint64_t)1 << seq_id };
+    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, seq_mask };
     kvc_unified_seq_rm(c, seq_id, -1, -1);
-    const int found = kvc_unified_find_slot(c, ub);
-    if (found == 1 && c->head + cc <= c->cells.size) {
-        kvc_unified_commit(c);
-        apply_data(c, data, ps, c->head);
-        return KVC_OK;
+    const int found = kvc_unified_find_slot(c, &ub);
+    if (found == 1 && c->head + cc > c->cells.size) {
+        return KVC_E_INTERNAL; /* find_slot places a ubatch as one run at head */
     }
+    return found;
+}
+
+/* The dry run of place_cells: is there room? Nothing observable changes (the recovery arrays may
+ * grow, which is what lets the apply's own slot search succeed without allocating). */
+static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
+    const uint32_t cc = ps->cell_count;
+    kvc_unified_snapshot snap;
+    if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
+    }
+    const int found = place_cells(c, ps);
     const uint32_t head = c->head;
-    kvc_unified_snapshot_restore(c, snap);
+    kvc_unified_snapshot_restore(c, &snap);
+    kvc_unified_snapshot_free(&snap);
     if (found == 1) {
-        /* find_slot places a ubatch as one run at head */
-        return kvc_err_set(err, KVC_E_INTERNAL, "slot at %" PRIu32 " for %" PRIu32 " cells exceeds the cache",
-                           head, cc);
+        return KVC_OK;
     }
     if (found == 0) {
         return kvc_err_set(err, KVC_E_STATE,
                            "no room: sequence %" PRId32 " needs %" PRIu32
                            " contiguous free cells, the cache has no such run (%" PRIu32 " cells, %" PRIu32
                            " used)",
-                           seq_id, cc, c->cells.size, c->cells.used);
+                           ps->seq_id, cc, c->cells.size, c->cells.used);
+    }
+    if (found == KVC_E_INTERNAL) {
+        return kvc_err_set(err, found, "slot at %" PRIu32 " for %" PRIu32 " cells exceeds the cache", head, cc);
     }
     return kvc_err_set(err, found, "out of memory restoring %" PRIu32 " cells", cc);
 }
 
-/* Single sequence: the blob's cells as one ubatch of cell_count tokens of seq_id, placed by
- * find_slot and committed. Fails (and leaves no trace) when there is no room. */
-static int apply_seq(kvc_unified *c, int32_t seq_id, const uint8_t *data, const parsed *ps, kvc_err *err) {
-    const uint32_t cc = ps->cell_count;
-    if (cc == 0) {
-        /* contract C1b: an empty part removes the destination sequence */
-        kvc_unified_seq_rm(c, seq_id, -1, -1);
+void kvc_state_plan_free(kvc_state_plan *plan) {
+    kvc_free(plan->pos);
+    memset(plan, 0, sizeof *plan);
+}
+
+int kvc_unified_state_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                              kvc_state_plan *plan, kvc_err *err) {
+    return kvc_unified_state_prepare_ex(c, seq_id, data, len, 0, plan, err);
+}
+
+int kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                                 kvc_state_plan *plan, kvc_err *err) {
+    memset(plan, 0, sizeof *plan);
+    if (!seq_id_valid(c, seq_id)) {
+        return kvc_err_set(err, KVC_E_ARG, "seq_id %" PRId32 " out of range [-1, %" PRIu32 ")", seq_id,
+                           c->n_seq_max);
+    }
+    parsed ps;
+    memset(&ps, 0, sizeof ps);
+    int rc = parse_state(c, seq_id, data, len, flags, &ps, err);
+    plan->data = data;
+    plan->seq_id = seq_id;
+    plan->cell_count = ps.cell_count;
+    plan->data_off = ps.data_off;
+    plan->len = ps.end;
+    plan->pos = ps.pos; /* owned by the plan from here */
+    plan->v_trans = ps.v_trans;
+    /* an empty single-sequence part only removes the sequence (contract C1b): always possible */
+    if (rc == KVC_OK && seq_id >= 0 && plan->cell_count > 0) {
+        rc = check_room(c, plan, err);
+    }
+    if (rc != KVC_OK) {
+        kvc_state_plan_free(plan);
+    }
+    return rc;
+}
+
+int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
+    if (plan->seq_id < 0) {
+        apply_whole(c, plan);
         return KVC_OK;
     }
-
-    /* one group of cell_count tokens, all of seq_id */
-    const uint32_t seq_off[2] = { 0, 1 };
-    const int32_t seq_ids[1] = { seq_id };
-    const uint64_t seq_mask[1] = { (uint64_t)1 << seq_id };
-    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, seq_mask };
-    kvc_unified_snapshot snap;
-    if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
-        return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
+    if (plan->cell_count == 0) {
+        kvc_unified_seq_rm(c, plan->seq_id, -1, -1);
+        return KVC_OK;
     }
-    const int rc = place_seq(c, seq_id, &ub, data, ps, &snap, err);
-    kvc_unified_snapshot_free(&snap);
+    /* the same search on the same cells as the prepare's dry run: same slot, no allocation */
+    const int found = place_cells(c, plan);
+    if (found != 1) {
+        return found < 0 ? found : KVC_E_INTERNAL;
+    }
+    kvc_unified_commit(c);
+    apply_data(c, plan, c->head);
+    return KVC_OK;
+}
+
+int kvc_unified_state_read_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data,
+                                 size_t len, size_t *consumed, kvc_err *err) {
+    return kvc_unified_state_read_parts_ex(caches, n_parts, seq_id, data, len, 0, consumed, err);
+}
+
+int kvc_unified_state_read_parts_ex(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                    const uint8_t *data, size_t len, unsigned flags, size_t *consumed,
+                                    kvc_err *err) {
+    kvc_state_plan plans[KVC_STATE_MAX_PARTS];
+    size_t off = 0;
+    uint32_t k, n_ready = 0;
+    int rc = KVC_OK;
+    *consumed = 0;
+    if (n_parts == 0 || n_parts > KVC_STATE_MAX_PARTS) {
+        return kvc_err_set(err, KVC_E_ARG, "%" PRIu32 " parts: expected 1 to %d", n_parts, KVC_STATE_MAX_PARTS);
+    }
+    for (k = 0; k < n_parts; k++) {
+        for (uint32_t j = 0; j < k; j++) {
+            if (caches[j] == caches[k]) {
+                /* a prepared plan is only valid for the cache as it was */
+                return kvc_err_set(err, KVC_E_ARG, "parts %" PRIu32 " and %" PRIu32 " name the same cache", j, k);
+            }
+        }
+    }
+    /* phase 1: validate every part (and find room for it) while nothing changes */
+    for (k = 0; k < n_parts && rc == KVC_OK; k++) {
+        rc = kvc_unified_state_prepare_ex(caches[k], seq_id, off ? data + off : data, len - off, flags, &plans[k],
+                                          err);
+        if (rc == KVC_OK) {
+            off += plans[k].len;
+            n_ready++;
+        } else if (n_parts > 1 && err) {
+            char inner[sizeof err->msg];
+            memcpy(inner, err->msg, sizeof inner);
+            kvc_err_set(err, rc, "part %" PRIu32 " of %" PRIu32 " (from byte %zu): %s", k, n_parts, off, inner);
+        }
+    }
+    if (rc == KVC_OK && (flags & KVC_STATE_EXACT) && off != len) {
+        rc = kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)",
+                         len - off, off, len);
+    }
+    /* phase 2: apply them all; a prepared plan applies without failing */
+    for (k = 0; k < n_ready && rc == KVC_OK; k++) {
+        rc = kvc_unified_state_apply(caches[k], &plans[k]);
+        if (rc != KVC_OK) {
+            kvc_err_set(err, rc, "part %" PRIu32 ": the cache changed after it was prepared", k);
+        }
+    }
+    for (k = 0; k < n_ready; k++) {
+        kvc_state_plan_free(&plans[k]);
+    }
+    if (rc == KVC_OK) {
+        *consumed = off;
+    }
     return rc;
 }
 
@@ -894,24 +997,6 @@ int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, 
 
 int kvc_unified_state_read_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                               size_t *consumed, kvc_err *err) {
-    *consumed = 0;
-    if (!seq_id_valid(c, seq_id)) {
-        return kvc_err_set(err, KVC_E_ARG, "seq_id %" PRId32 " out of range [-1, %" PRIu32 ")", seq_id,
-                           c->n_seq_max);
-    }
-    parsed ps;
-    memset(&ps, 0, sizeof ps);
-    int rc = parse_state(c, seq_id, data, len, flags, &ps, err);
-    if (rc == KVC_OK) {
-        if (seq_id < 0) {
-            apply_whole(c, data, &ps);
-        } else {
-            rc = apply_seq(c, seq_id, data, &ps, err);
-        }
-    }
-    kvc_free(ps.pos);
-    if (rc == KVC_OK) {
-        *consumed = ps.end;
-    }
-    return rc;
+    kvc_unified *const caches[1] = { c };
+    return kvc_unified_state_read_parts_ex(caches, 1, seq_id, data, len, flags, consumed, err);
 }

@@ -117,6 +117,51 @@ typedef struct kvc_state_desc {
 int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                        uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err);
 
+/* --- two-phase reading: several parts into several caches, all or nothing ------------------
+ * A state may be made of consecutive parts, one per cache (an iSWA cache writes the part of its
+ * base cache, then the part of its SWA cache). Reading it must leave every cache unchanged when
+ * any part fails, including a later part failing after an earlier one was fine: so every part
+ * is first prepared (parsed, validated and, for a single sequence, given a slot by a dry run of
+ * the slot search) while nothing changes, and only then are the parts applied, which cannot fail. */
+
+#define KVC_STATE_MAX_PARTS 8
+
+/* One validated part, ready to apply to the cache it was prepared against. */
+typedef struct kvc_state_plan {
+    const uint8_t *data;       /* the part (borrowed: must outlive the plan) */
+    int32_t        seq_id;     /* destination: -1 = whole cache */
+    uint32_t       cell_count; /* cells the part holds */
+    size_t         data_off;   /* offset of its data section (the V layout flag) */
+    size_t         len;        /* bytes of the part */
+    int32_t       *pos;        /* single sequence: the cells' positions (owned), else NULL */
+    uint32_t       v_trans;    /* the part's V layout (differs from the cache's only when converting) */
+} kvc_state_plan;
+
+/* Validate the part at data[0, len) for seq_id and, for a single sequence, check that its cells
+ * find room. Nothing observable in c changes (internal capacities may grow, so that the apply
+ * cannot run out of memory). KVC_OK with plan filled (release it with kvc_state_plan_free), or
+ * a negative code with err and nothing to release. */
+int  kvc_unified_state_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                               kvc_state_plan *plan, kvc_err *err);
+/* Apply a plan to the cache it was prepared against, unchanged since: KVC_OK. (A negative code
+ * only when c was changed in between, which breaks the contract.) */
+int  kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan);
+void kvc_state_plan_free(kvc_state_plan *plan);   /* safe on a zeroed plan */
+
+/* Read n_parts (1..KVC_STATE_MAX_PARTS) consecutive parts from data[0, len), part k into
+ * caches[k] (distinct caches), for seq_id (-1 = whole caches). All or nothing: on failure
+ * every cache is exactly as it was and err names the part. *consumed = bytes of all parts. */
+int  kvc_unified_state_read_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                  const uint8_t *data, size_t len, size_t *consumed, kvc_err *err);
+
+/* The same with flags (enum kvc_state_flags): KVC_STATE_CONVERT_V for every part; with
+ * KVC_STATE_EXACT the last part must end at len. */
+int  kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                                  kvc_state_plan *plan, kvc_err *err);
+int  kvc_unified_state_read_parts_ex(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                     const uint8_t *data, size_t len, unsigned flags, size_t *consumed,
+                                     kvc_err *err);
+
 #ifdef __cplusplus
 }
 #endif

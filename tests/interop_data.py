@@ -77,4 +77,13 @@ def make_iswa(m: dict):
 
     if not hasattr(kvcache, "ISWACache"):
         return None
-    raise NotImplementedError("ISWACache geometry from a manifest")
+    ctx = m["context"]
+    base, swa = m["geometry"]
+    layers = sorted(base["layers"] + swa["layers"], key=lambda x: x["il"])
+    cache = kvcache.ISWACache(
+        base["kv_size"], len(layers), [x["n_embd_k_gqa"] for x in layers], [x["n_embd_v_gqa"] for x in layers],
+        swa_layers=[x["il"] for x in swa["layers"]], n_swa=swa["n_swa"], swa_type=swa["swa_type"],
+        n_batch=ctx["n_ubatch"], type_k=layers[0]["type_k"], type_v=layers[0]["type_v"], v_trans=base["v_trans"],
+        n_seq_max=ctx["n_seq_max"], n_pad=ctx["n_pad"])
+    assert cache.swa.size == swa["kv_size"], (cache.swa.size, swa["kv_size"])
+    return cache

@@ -6,7 +6,6 @@ __version__ = "0.1.0"
 from kvcache._core import (  # noqa: E402
     Batch,
     Cells,
-    RecurrentCache,
     RopeParams,
     StateError,
     UBatch,
@@ -15,9 +14,12 @@ from kvcache._core import (  # noqa: E402
     rope_shift,
 )
 from kvcache.unified import UnifiedCache  # noqa: E402
+from kvcache.recurrent import RecurrentCache  # noqa: E402
+from kvcache.iswa import ISWACache, SWAWarning  # noqa: E402
 
 __all__ = [
-    "Batch", "Cells", "RecurrentCache", "RopeParams", "StateError", "UBatch", "UnifiedCache",
+    "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
+    "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
 ]
 

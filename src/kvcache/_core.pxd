@@ -103,3 +103,9 @@ cdef class RopeParams:
     cdef object _layer_base        # dict model layer -> freq_base override, or None
     cdef object _layer_scale       # dict model layer -> freq_scale override, or None
     cdef int fill(self, kvc_rope_params *out, object layer, uint32_t head_dim) except -1
+
+# --- iswa --------------------------------------------------------------------
+from kvcache.includes.kvc_iswa cimport kvc_iswa_pending
+
+cdef class SWAPending:
+    cdef kvc_iswa_pending c        # per sequence: the smallest and largest position of the last batch

@@ -5,7 +5,7 @@ from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
 from libc.stdint cimport uint16_t, INT32_MIN
 from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
-                                         kvc_unified_state_read_ex, kvc_unified_state_write_range)
+                                         kvc_unified_state_write_range)
 
 _SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC_SWA_CHUNKED}
 _SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
@@ -555,6 +555,24 @@ cdef class UnifiedCore:
         """Largest position of seq_id, -1 when it holds no cell."""
         return kvc_unified_seq_pos_max(&self.c, _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False))
 
+    def prune_swa(self, seq_id, pmin, pmax):
+        """Slide the window of seq_id after a batch that gave it positions pmin..pmax (what an
+        iSWA cache does on commit): seq_id leaves every cell that no position up to pmax can see.
+
+        Returns True when fewer than min(n_swa, pmin) cells of seq_id were visible from pmin,
+        i.e. the cache holds only part of the window (information may have been lost). Needs a
+        cache with a sliding window (ValueError otherwise)."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = _pos_arg(pmin, "pmin"), b = _pos_arg(pmax, "pmax")
+        cdef int r
+        if self.c.swa_type == KVC_SWA_NONE:
+            raise ValueError("prune_swa: the cache has no sliding window (swa_type 'none')")
+        with nogil:
+            r = kvc_unified_prune_swa(&self.c, s, a, b)
+        if r < 0:
+            raise_status(r, NULL, "prune_swa")
+        return r == 1
+
     # --- K/V data ------------------------------------------------------------------------
     def k(self, il):
         """K of model layer il: a view (size, n_embd_k), or (size, row_bytes) uint8 when quantized."""
@@ -748,20 +766,7 @@ cdef class UnifiedCore:
 
     def state_write(self, seq_id=-1):
         """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef size_t n, written = 0
-        cdef int r
-        with nogil:
-            n = kvc_unified_state_size(&self.c, s)
-        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
-        cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
-        with nogil:
-            r = kvc_unified_state_write(&self.c, s, p, n, &written)
-        if r < 0:
-            raise_status(r, NULL, "state_write")
-        if written != n:
-            raise RuntimeError(f"state_write wrote {written} bytes, expected {n} (internal error)")
-        return out
+        return _state_write_parts((self,), seq_id)
 
     def state_write_into(self, buf, seq_id=-1):
         """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
@@ -785,21 +790,7 @@ cdef class UnifiedCore:
         convert it (llama.cpp refuses such a blob). exact: the state must end at the end of
         data. Raises StateError on a malformed or incompatible blob, leaving the cache exactly as
         it was."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef unsigned flags = state_read_flags(convert, exact)
-        cdef size_t n = 0, consumed = 0
-        keep = state_data_view(data)
-        cdef const uint8_t *ptr = state_data_ptr(keep, &n)
-        cdef kvc_err err
-        cdef int r
-        err.msg[0] = 0
-        with nogil:
-            r = kvc_unified_state_read_ex(&self.c, s, ptr, n, flags, &consumed, &err)
-        if r < 0:
-            raise_status(r, &err, "state_read")
-        self._placed_n = 0
-        self._defrag_pending = False
-        return consumed
+        return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact)
 
 
 cdef int _unified_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,

@@ -1,5 +1,5 @@
 """The unified KV cache: llama.cpp's ``llama_kv_cache_unified`` over numpy-owned K/V memory."""
-from kvcache._core import Cells, UnifiedCore
+from kvcache._core import Batch, Cells, UnifiedCore
 
 __all__ = ["UnifiedCache", "Cells"]
 
@@ -42,3 +42,13 @@ class UnifiedCache(UnifiedCore):
     """
 
     __slots__ = ()
+
+    def ubatches(self, batch, n_ubatch, embd_pooled=False):
+        """Iterate over the ubatches of at most ``n_ubatch`` tokens this cache takes a batch in:
+        split in batch order, as llama.cpp does for a unified cache (the :class:`Batch` must be
+        built with ``simple_split=True``; ``embd_pooled`` changes nothing)."""
+        if not isinstance(batch, Batch):
+            raise TypeError(f"batch must be a Batch, not {type(batch).__name__}")
+        if not batch.simple_split:
+            raise ValueError("this cache splits batches in order: build the Batch with simple_split=True")
+        return batch.ubatches(n_ubatch, "simple")

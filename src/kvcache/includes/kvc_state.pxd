@@ -41,3 +41,24 @@ cdef extern from "kvc_state.h" nogil:
 
     int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                            uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err)
+
+    int KVC_STATE_MAX_PARTS
+    ctypedef struct kvc_state_plan:
+        const uint8_t *data
+        int32_t seq_id
+        uint32_t cell_count
+        size_t data_off
+        size_t len
+        int32_t *pos
+        uint32_t v_trans
+    int  kvc_unified_state_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                   kvc_state_plan *plan, kvc_err *err)
+    int  kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan)
+    void kvc_state_plan_free(kvc_state_plan *plan)
+    int  kvc_unified_state_read_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                      const uint8_t *data, size_t len, size_t *consumed, kvc_err *err)
+    int  kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                      unsigned flags, kvc_state_plan *plan, kvc_err *err)
+    int  kvc_unified_state_read_parts_ex(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                         const uint8_t *data, size_t len, unsigned flags, size_t *consumed,
+                                         kvc_err *err)
