@@ -57,9 +57,23 @@ def _recurrent():
     return c
 
 
+def _iswa(v_trans=True):
+    """An ISWACache with three sequences in both caches and random K/V bytes."""
+    c = kvcache.ISWACache(64, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, v_trans=v_trans, n_seq_max=3)
+    for p in range(10):
+        assert c.find_slot(kvcache.UBatch(pos=[p], seq_id=[p % 3]))
+        c.commit()
+    rng = np.random.default_rng(5)
+    for part in (c.base, c.swa):
+        for il in part.layers:
+            for a in (part.k(il), part.v(il)):
+                a.view(np.uint8)[...] = rng.integers(0, 256, a.view(np.uint8).shape, dtype=np.uint8)
+    return c
+
+
 # --- state_write_into ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make", [lambda: _fill(_unified()), lambda: _fill(_unified(False)), _recurrent])
+@pytest.mark.parametrize("make", [lambda: _fill(_unified()), lambda: _fill(_unified(False)), _recurrent, _iswa])
 @pytest.mark.parametrize("seq_id", [-1, 0, 1, 2])
 def test_write_into_every_target(make, seq_id):
     cache = make()
@@ -141,20 +155,21 @@ def test_read_rejects_non_buffers():
         _unified().state_read(np.zeros((8, 2), np.uint8)[:, 0])
 
 
-@pytest.mark.parametrize("make", [lambda: _fill(_unified()), _recurrent])
+@pytest.mark.parametrize("make", [lambda: _fill(_unified()), _recurrent, _iswa])
 def test_exact(make):
     src = make()
     blob = src.state_write(1) + b"\0\0"
     dst = make()
-    dst.seq_rm(0, -1, -1) if isinstance(dst, kvcache.UnifiedCache) else None
-    snap = dst.cells()
+    snap = (dst.base.cells(), dst.swa.cells()) if isinstance(dst, kvcache.ISWACache) else dst.cells()
     with pytest.raises(kvcache.StateError, match="2 trailing bytes after the state"):
         dst.state_read(blob, 1, exact=True)
-    assert _eq_cells(dst.cells(), snap)
+    assert _eq_cells((dst.base.cells(), dst.swa.cells()) if isinstance(dst, kvcache.ISWACache) else dst.cells(), snap)
     assert dst.state_read(blob, 1) == len(blob) - 2
 
 
 def _eq_cells(a, b):
+    if isinstance(a, tuple):
+        return all(_eq_cells(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
         return all(np.array_equal(np.asarray(a[k], dtype=object), np.asarray(b[k], dtype=object)) for k in a)
     return a == b
@@ -180,6 +195,19 @@ def test_convert_v_layout_both_ways(type_v, seq_id):
             assert t.k(il)[si].tobytes() == rows.k(il)[di].tobytes()
     back = _unified(True, type_v=type_v)
     assert back.state_read(rows.state_write(seq_id), seq_id, convert=True)
+    assert back.state_write(seq_id) == blob
+
+
+@pytest.mark.parametrize("seq_id", [-1, 1])
+def test_iswa_convert_both_parts(seq_id):
+    t = _iswa(True)
+    blob = t.state_write(seq_id)
+    rows = kvcache.ISWACache(64, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, v_trans=False, n_seq_max=3)
+    with pytest.raises(kvcache.StateError, match="part 0 of 2 .*V layout"):
+        rows.state_read(blob, seq_id)
+    assert rows.state_read(blob, seq_id, convert=True, exact=True) == len(blob)
+    back = _iswa(True)
+    back.state_read(rows.state_write(seq_id), seq_id, convert=True)
     assert back.state_write(seq_id) == blob
 
 
