@@ -158,19 +158,20 @@ def _llama():
 class Llama:
     """A llama.cpp model and contexts through llama_cpp's low-level API, quietly."""
 
-    _model = None
+    _models = {}
     _log_cb = None
 
-    def __init__(self):
+    def __init__(self, model="tiny_llama.gguf"):
         self.L = L = _llama()
-        if Llama._model is None:
+        if Llama._log_cb is None:
             Llama._log_cb = L.llama_log_callback(lambda level, text, user: None)
             L.llama_log_set(Llama._log_cb, ctypes.c_void_p())
             L.llama_backend_init()
+        if model not in Llama._models:
             p = L.llama_model_default_params()
-            Llama._model = L.llama_model_load_from_file(str(model_path("tiny_llama.gguf")).encode(), p)
-            assert Llama._model, "llama.cpp could not load tiny_llama.gguf"
-        self.model = Llama._model
+            Llama._models[model] = L.llama_model_load_from_file(str(model_path(model)).encode(), p)
+            assert Llama._models[model], f"llama.cpp could not load {model}"
+        self.model = Llama._models[model]
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
 
     def context(self, m):
@@ -181,6 +182,7 @@ class Llama:
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = c["n_ctx"], c["n_batch"], c["n_ubatch"], c["n_seq_max"]
         p.flash_attn = c["flash_attn"]
         p.type_k, p.type_v = c["type_k"], c["type_v"]
+        p.swa_full = False
         p.n_threads = p.n_threads_batch = 1
         ctx = L.llama_init_from_model(self.model, p)
         assert ctx
@@ -248,7 +250,14 @@ def llama():
     return Llama()
 
 
-LIVE = ["llama_fa0", "llama_fa1", "llama_bf16_fa1"]
+def _llama_for(m):
+    """The llama.cpp model of a manifest, and skip when kvcache lacks the manifest's cache."""
+    if make_cache(m) is None:
+        pytest.skip("kvcache has no ISWACache in this build")
+    return Llama(m["model"]["file"])
+
+
+LIVE = FOLDERS
 
 
 def _ref(folder):
@@ -260,14 +269,18 @@ def _ref(folder):
     return r, np.load(d / "ref_next_logits_seq0.npy")
 
 
-@pytest.mark.parametrize("folder", LIVE)
-def test_live_llama_writes_what_kvcache_reads(llama, folder):
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_live_llama_writes_what_kvcache_reads(folder):
     """llama.cpp replays the manifest's calls in the test: its blobs are the stored ones, and kvcache
     restores each, holding the expected cells, and writes it back identically."""
     d = interop_dir() / folder
-    ctx = llama.context(manifest(d / "seq0.bin"))
+    m0 = manifest(d / "seq0.bin")
+    llama = Llama(m0["model"]["file"])
+    if make_cache(m0) is None:
+        pytest.skip("kvcache has no ISWACache in this build")
+    ctx = llama.context(m0)
     try:
-        llama.replay(ctx, manifest(d / "seq0.bin"))
+        llama.replay(ctx, m0)
         for s in range(4):
             m = manifest(d / f"seq{s}.bin")
             live = llama.seq_get(ctx, s)
@@ -278,6 +291,7 @@ def test_live_llama_writes_what_kvcache_reads(llama, folder):
             assert cache.state_write(s) == live
         m = manifest(d / "state.bin")
         whole = llama.state_get(ctx)
+        assert hashlib.sha256(whole).hexdigest() == m["sha256"]
         ctx_state = statefile.parse_context_state(whole)
         cache = make_cache(m)
         ctx_state.restore(cache)
@@ -291,12 +305,13 @@ def test_live_llama_writes_what_kvcache_reads(llama, folder):
 
 
 @pytest.mark.parametrize("folder", LIVE)
-def test_live_kvcache_sequence_continues_in_llama(llama, folder):
+def test_live_kvcache_sequence_continues_in_llama(folder):
     """kvcache restores llama.cpp's seq 0, writes it, llama.cpp loads it into a fresh context and the
     next-token logits are the uninterrupted run's (close: the cells moved to other indices, which
     changes the order of the sums) and exactly those of loading llama.cpp's own blob."""
     d = interop_dir() / folder
     m = manifest(d / "seq0.bin")
+    llama = _llama_for(m)
     ref, ref_logits = _ref(folder)
     blob = (d / "seq0.bin").read_bytes()
     cache = make_cache(m)
@@ -314,16 +329,18 @@ def test_live_kvcache_sequence_continues_in_llama(llama, folder):
         finally:
             llama.free(ctx)
     np.testing.assert_array_equal(results[1], results[0])
-    np.testing.assert_allclose(results[1], ref_logits, rtol=0, atol=2e-3)
+    # f16 V transposed across other cell indices: ~2e-5 observed; bitwise otherwise
+    np.testing.assert_allclose(results[1], ref_logits, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("folder", LIVE)
-def test_live_suffix_removed_in_kvcache_matches_llama(llama, folder):
+@pytest.mark.parametrize("folder", [f for f in LIVE if f != "mamba"])  # a recurrent state cannot be cut
+def test_live_suffix_removed_in_kvcache_matches_llama(folder):
     """kvcache removes a suffix of the sequence and writes it; llama.cpp does the same on its own
     copy: the blobs are identical, and decoding on after loading kvcache's gives bitwise the
     logits of llama.cpp's own continuation."""
     d = interop_dir() / folder
     m = manifest(d / "seq0.bin")
+    llama = _llama_for(m)
     blob = (d / "seq0.bin").read_bytes()
     cache = make_cache(m)
     cache.state_read(blob, 0)
@@ -420,4 +437,5 @@ def test_live_converted_layout_loads_in_llama(llama):
         got = llama.decode(ctx, [(ref["token"], ref["pos"], [ref["seq_id"]])])
     finally:
         llama.free(ctx)
-    np.testing.assert_allclose(got, ref_logits, rtol=0, atol=2e-3)
+    # the K/V were computed without flash attention, the reference with it: ~1e-3 observed
+    np.testing.assert_allclose(got, ref_logits, rtol=0, atol=3e-3)
