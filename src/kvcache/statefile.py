@@ -285,6 +285,8 @@ class _Out:
             k = self.f.write(m[done:])
             if k is None:
                 raise BlockingIOError("the file would block")
+            if k <= 0:
+                raise OSError("the file accepted no bytes")
             done += k
         self.n += len(m)
 
