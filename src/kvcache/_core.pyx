@@ -7,6 +7,7 @@ long loops. The cimport-able contract is _core.pxd."""
 
 include "_common.pxi"
 include "_buffers.pxi"
+include "_state.pxi"
 include "_unified.pxi"
 include "_batch.pxi"
 include "_recurrent.pxi"

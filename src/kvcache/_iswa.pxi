@@ -5,7 +5,7 @@
 from kvcache.includes.kvc_iswa cimport kvc_iswa_pending, kvc_iswa_pending_clear, kvc_iswa_pending_set
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
-                                         kvc_unified_state_read_parts)
+                                         kvc_unified_state_read_parts_ex)
 
 cdef enum:
     _MAX_PARTS = 8   # KVC_STATE_MAX_PARTS (checked again in C)
@@ -127,37 +127,30 @@ def _state_write_parts(caches, seq_id=-1):
     return out
 
 
-def _state_read_parts(caches, data, seq_id=-1):
+def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False):
     """Read a blob of consecutive parts, part k into caches[k], for seq_id (-1: whole caches).
 
     All or nothing: on failure (StateError naming the part) every cache is exactly as it was.
-    Returns the bytes consumed (bytes after the last part are not read)."""
+    Returns the bytes consumed (bytes after the last part are not read, unless exact: then they
+    are an error). convert: accept and convert parts whose V layout differs from their cache's."""
     cdef tuple cs = _caches_arg(caches)
     cdef kvc_unified *ptrs[_MAX_PARTS]
     cdef UnifiedCore c
     cdef Py_ssize_t k, n = len(cs)
     cdef int32_t s = 0
+    cdef unsigned flags = state_read_flags(convert, exact)
     for k in range(n):
         c = cs[k]
         s = _seq_arg(seq_id, c.c.n_seq_max, "seq_id", True)
         ptrs[k] = &c.c
-    cdef const uint8_t[::1] buf
-    cdef const uint8_t *ptr = NULL
     cdef size_t nbytes = 0, consumed = 0
+    keep = state_data_view(data)
+    cdef const uint8_t *ptr = state_data_ptr(keep, &nbytes)
     cdef kvc_err err
     cdef int r
     err.msg[0] = 0
-    m = memoryview(data)
-    if not m.c_contiguous:
-        raise ValueError("data must be a C-contiguous buffer")
-    if m.ndim != 1 or m.itemsize != 1 or m.format != "B":
-        m = m.cast("B")
-    if m.nbytes:
-        buf = m
-        ptr = &buf[0]
-        nbytes = <size_t>buf.shape[0]
     with nogil:
-        r = kvc_unified_state_read_parts(ptrs, <uint32_t>n, s, ptr, nbytes, &consumed, &err)
+        r = kvc_unified_state_read_parts_ex(ptrs, <uint32_t>n, s, ptr, nbytes, flags, &consumed, &err)
     if r < 0:
         raise_status(r, &err, "state_read")
     for k in range(n):

@@ -458,30 +458,36 @@ cdef class RecurrentCache:
         check_status(r, NULL, "state_write")
         return out
 
-    def state_read(self, data, seq_id=-1) -> int:
-        """Restore one cache state from the front of data (bytes-like) into seq_id (-1: the whole
-        cache); returns the bytes consumed (trailing bytes are not read). Raises StateError
-        when the blob is malformed, truncated or does not fit, and then nothing has changed."""
+    def state_write_into(self, buf, seq_id=-1) -> int:
+        """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
+
+        buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes, filled from C
+        without an intermediate copy, or a binary file object, written in chunks of bounded
+        size. The cache must not change during the call."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
-        cdef const uint8_t[::1] buf
-        cdef const uint8_t *p = NULL
+        cdef size_t n
+        with nogil:
+            n = kvc_recurrent_state_size(&self.c, s)
+        return state_write_into(&self.c, _recurrent_state_range, s, n, buf)
+
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False) -> int:
+        """Restore one cache state from the front of data (bytes-like, not copied) into seq_id
+        (-1: the whole cache); returns the bytes consumed (trailing bytes are not read, unless
+        exact: then the state must end at the end of data). convert is accepted for the same
+        interface as the attention caches; a recurrent state has no V layout to convert. Raises
+        StateError when the blob is malformed, truncated or does not fit, and then nothing has
+        changed."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", True)
+        cdef unsigned flags = state_read_flags(False, exact)
         cdef size_t n = 0
         cdef size_t consumed = 0
+        keep = state_data_view(data)
+        cdef const uint8_t *p = state_data_ptr(keep, &n)
         cdef kvc_err err
         cdef int r
-        try:
-            mv = memoryview(data)
-        except TypeError:
-            raise TypeError(f"data must be bytes-like, not {type(data).__name__}") from None
-        if not mv.c_contiguous:
-            raise ValueError("data must be a contiguous buffer")
-        buf = mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
-        n = buf.shape[0]
-        if n:
-            p = &buf[0]
         err.msg[0] = 0
         with nogil:
-            r = kvc_recurrent_state_read(&self.c, s, p, n, &consumed, &err)
+            r = kvc_recurrent_state_read_ex(&self.c, s, p, n, flags, &consumed, &err)
         check_status(r, &err, "state_read")
         return consumed
 
@@ -498,3 +504,8 @@ cdef class RecurrentCache:
 
     cdef int s_mask_c(self, float *out) noexcept nogil:
         return kvc_recurrent_s_mask(&self.c, self.c.cells.n, out)
+
+
+cdef int _recurrent_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
+                                size_t *written) noexcept nogil:
+    return kvc_recurrent_state_write_range(<const kvc_recurrent *>c, seq_id, offset, out, cap, written)

@@ -8,7 +8,7 @@ from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
 from kvcache.includes.kvc_kshift cimport kvc_unified_apply_k_shift
 from kvcache.includes.kvc_rope cimport kvc_rope_params
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
-                                         kvc_unified_state_read)
+                                         kvc_unified_state_write_range)
 
 _SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC_SWA_CHUNKED}
 _SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
@@ -934,10 +934,31 @@ cdef class UnifiedCore:
         """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout."""
         return _state_write_parts((self,), seq_id)
 
-    def state_read(self, data, seq_id=-1):
+    def state_write_into(self, buf, seq_id=-1):
+        """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
+
+        buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes (bytearray,
+        numpy array, mmap, memoryview...), filled from C without an intermediate copy; or a
+        binary file object, written in chunks of bounded size. The cache must not change during
+        the call."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef size_t n
+        with nogil:
+            n = kvc_unified_state_size(&self.c, s)
+        return state_write_into(&self.c, _unified_state_range, s, n, buf)
+
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).
 
-        data: any C-contiguous buffer (not copied). Returns the bytes consumed (bytes after
-        the state are not read). Raises StateError on a malformed or incompatible blob, leaving
-        the cache exactly as it was."""
-        return _state_read_parts((self,), data, seq_id)
+        data: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, mmap; not
+        copied). Returns the bytes consumed (bytes after the state are not read, unless exact).
+        convert: accept a blob whose V layout (transposed or not) differs from this cache's and
+        convert it (llama.cpp refuses such a blob). exact: the state must end at the end of
+        data. Raises StateError on a malformed or incompatible blob, leaving the cache exactly as
+        it was."""
+        return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact)
+
+
+cdef int _unified_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
+                              size_t *written) noexcept nogil:
+    return kvc_unified_state_write_range(<const kvc_unified *>c, seq_id, offset, out, cap, written)

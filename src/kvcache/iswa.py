@@ -465,10 +465,35 @@ class ISWACache:
         """The state of seq_id (-1: everything): the base cache's part, then the SWA cache's."""
         return _state_write_parts((self._base, self._swa), seq_id)
 
-    def state_read(self, data: Any, seq_id: int = -1) -> int:
+    def state_write_into(self, buf: Any, seq_id: int = -1) -> int:
+        """Write the state of seq_id (-1: everything) into buf: a writable buffer of at least
+        state_size(seq_id) bytes (each cache writes its part straight into it) or a binary file
+        object. Returns the bytes written."""
+        n_base = self._base.state_size(seq_id)
+        n = n_base + self._swa.state_size(seq_id)
+        try:
+            m = memoryview(buf)
+        except TypeError:
+            m = None
+        if m is None:
+            if not hasattr(buf, "write"):
+                raise TypeError(f"buf must be a writable buffer or a binary file object, not {type(buf).__name__}")
+            return self._base.state_write_into(buf, seq_id) + self._swa.state_write_into(buf, seq_id)
+        if m.readonly:
+            raise TypeError(f"buf must be writable ({type(buf).__name__} is read-only)")
+        if not m.c_contiguous:
+            raise ValueError("buf must be a C-contiguous buffer")
+        m = m.cast("B") if m.ndim != 1 or m.format != "B" else m
+        if m.nbytes < n:
+            raise ValueError(f"buf holds {m.nbytes} bytes, the state needs {n}")
+        return self._base.state_write_into(m[:n_base], seq_id) + self._swa.state_write_into(m[n_base:n], seq_id)
+
+    def state_read(self, data: Any, seq_id: int = -1, *, convert: bool = False, exact: bool = False) -> int:
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: everything).
 
         All or nothing: when any part is malformed, does not fit or finds no room, StateError is
         raised and both caches (cells, K/V bytes, uncommitted slots) and the pending ranges are
-        exactly as they were. Returns the bytes consumed (bytes after the state are not read)."""
-        return _state_read_parts((self._base, self._swa), data, seq_id)
+        exactly as they were. Returns the bytes consumed (bytes after the state are not read,
+        unless exact: then they are an error). convert: accept parts whose V layout (transposed
+        or not) differs from the caches' and convert them."""
+        return _state_read_parts((self._base, self._swa), data, seq_id, convert=convert, exact=exact)
