@@ -5,6 +5,7 @@ import shutil
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,21 +35,45 @@ class build_py_with_headers(build_py):
             shutil.copy(h, dst)
 
 
+class build_ext_with_core(build_ext):
+    """Build the static C core first, also for `build_ext --inplace`."""
+
+    def run(self):
+        self.run_command("build_clib")
+        super().run()
+
+
 cflags, ldflags = compile_args()
+# The C core is built once, as a static library with its own strict flags, and linked into
+# every extension.
+core_lib = ("kvc", {"sources": sorted(glob.glob(os.path.join(CSRC, "*.c"))), "include_dirs": [CSRC], "cflags": cflags})
+cython_cflags = [f for f in cflags if f not in ("-Wextra", "-std=c11", "/std:c11")]
 ext = Extension(
     "kvcache._core",
-    sources=["src/kvcache/_core.pyx"] + sorted(glob.glob(os.path.join(CSRC, "*.c"))),
+    sources=["src/kvcache/_core.pyx"],
     include_dirs=[CSRC],
-    extra_compile_args=cflags,
+    libraries=["kvc"],
+    extra_compile_args=cython_cflags,
     extra_link_args=ldflags,
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+)
+
+# Benchmark-only extension: kvcache's C core next to a transcription of the seed's loops.
+bench = Extension(
+    "kvcache._bench",
+    sources=["src/kvcache/_bench.pyx", "benchmarks/baseline/kvc_baseline.cpp"],
+    include_dirs=[CSRC, "benchmarks/baseline"],
+    libraries=["kvc"],
+    language="c++",
+    extra_compile_args=cython_cflags,
+    extra_link_args=ldflags,
 )
 
 from Cython.Build import cythonize  # noqa: E402
 
 setup(
+    libraries=[core_lib],
     ext_modules=cythonize(
-        [ext],
+        [ext, bench],
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,
@@ -59,5 +84,5 @@ setup(
         },
         include_path=["src"],
     ),
-    cmdclass={"build_py": build_py_with_headers},
+    cmdclass={"build_py": build_py_with_headers, "build_ext": build_ext_with_core},
 )

@@ -12,6 +12,10 @@
 
 #include "kvc_common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct kvc_seq_pos {
     int32_t *v;      /* ascending positions, one per cell holding the sequence */
     uint32_t n;      /* number of entries (capacity is the cell count) */
@@ -92,5 +96,9 @@ uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to);
 /* Copy the whole table (arrays, counters, seq_pos) from src into dst, both initialised with
  * the same size and n_seq_max (snapshots for transactional operations). */
 void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

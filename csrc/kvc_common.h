@@ -11,6 +11,10 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define KVC_MAX_SEQ 64          /* LLAMA_MAX_PARALLEL_SEQUENCES: one bit per sequence */
 #define KVC_KQ_MASK_PAD 64      /* GGML_KQ_MASK_PAD: mask rows are padded to this */
 #define KVC_POS_MAX INT32_MAX   /* "infinity" for open position ranges */
@@ -54,6 +58,10 @@ static inline unsigned kvc_popcount64(uint64_t x) { return (unsigned)__popcnt64(
 static inline unsigned kvc_ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
 static inline unsigned kvc_msb64(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
 static inline unsigned kvc_popcount64(uint64_t x) { return (unsigned)__builtin_popcountll(x); }
+#endif
+
+#ifdef __cplusplus
+}
 #endif
 
 #endif

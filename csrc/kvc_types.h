@@ -7,6 +7,10 @@
 
 #include "kvc_common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum kvc_type {
     KVC_TYPE_F32    = 0,
     KVC_TYPE_F16    = 1,
@@ -43,5 +47,9 @@ float    kvc_f16_to_f32(uint16_t h);
 uint16_t kvc_f32_to_f16(float f);
 float    kvc_bf16_to_f32(uint16_t h);
 uint16_t kvc_f32_to_bf16(float f);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -9,6 +9,10 @@
 
 #include "kvc_common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct kvc_ubatch {
     uint32_t        n_tokens;      /* number of tokens */
     uint32_t        n_seq_tokens;  /* tokens per group */
@@ -22,5 +26,9 @@ typedef struct kvc_ubatch {
 /* Check a ubatch against n_seq_max: shapes agree, every group has at least one id, every id is
  * in [0, n_seq_max), every position in [0, INT32_MAX]. Returns KVC_OK or KVC_E_ARG (with err). */
 int kvc_ubatch_check(const kvc_ubatch *ub, uint32_t n_seq_max, kvc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,6 +12,10 @@
 #include "kvc_cells.h"
 #include "kvc_ubatch.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum kvc_swa_type {
     KVC_SWA_NONE     = 0,
     KVC_SWA_STANDARD = 1,  /* masked when p1 - p0 >= n_swa */
@@ -102,13 +106,31 @@ void    kvc_unified_set_full(kvc_unified *c);
  * v_trans). Either may be NULL. The caller checked head + n_tokens <= size. */
 void    kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v);
 
+/* Slide the window of sequence s after a batch spanning [pmin, pmax] (iSWA commit): the cells of
+ * s that no position up to pmax can see lose s. Returns 1 when fewer than min(n_swa, pmin)
+ * cells of s were visible from pmin (a partial SWA cache: information may be lost), 0 otherwise,
+ * KVC_E_ARG for a cache without a sliding window. */
+int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax);
+
 /* Is the pair (key position p0, query position p1) outside the sliding window? */
 bool    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1);
 
+typedef enum kvc_mask_dtype {
+    KVC_MASK_F32  = 0,  /* 0.0f (or -|p0-p1| with alibi) / -INFINITY */
+    KVC_MASK_F16  = 1,  /* the same values as IEEE half */
+    KVC_MASK_BOOL = 2,  /* 1 where the token attends the cell, 0 elsewhere (alibi ignored) */
+} kvc_mask_dtype;
+
 /* KQ mask into out[rows][c->n], rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) (the caller
- * allocated it): 0 (or -|p0-p1| with alibi) where the token sees the cell, -INFINITY elsewhere
- * and in padding rows. */
-void    kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, float *out);
+ * allocated it): a token sees a cell when the cell holds the token's first sequence id, is not
+ * in its future (causal) and not outside the sliding window. Padding rows see nothing.
+ * KVC_OK or KVC_E_NOMEM (out untouched). */
+int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi,
+                            int dtype, void *out);
+static inline int kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
+                                          bool alibi, float *out) {
+    return kvc_unified_kq_mask(c, ub, causal, alibi, KVC_MASK_F32, out);
+}
 /* T5 relative position buckets into out[n_tokens][c->n]. */
 void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out);
 int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets);
@@ -135,5 +157,9 @@ typedef struct kvc_unified_snapshot {
 int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s);   /* KVC_OK / NOMEM */
 void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s); /* metadata only */
 void kvc_unified_snapshot_free(kvc_unified_snapshot *s);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -3,6 +3,8 @@ import os as _os
 
 __version__ = "0.1.0"
 
+from kvcache._core import Batch  # noqa: E402
+
 
 def get_include() -> str:
     """Directory holding kvcache's C headers (include/) and .pxd files.
@@ -10,3 +12,6 @@ def get_include() -> str:
     Use it as an include directory when compiling a Cython extension that does
     ``from kvcache._core cimport ...`` or a C extension that includes ``kvc_*.h``."""
     return _os.path.dirname(_os.path.abspath(__file__))
+
+# recurrent
+from kvcache._core import RecurrentCache, StateError, UBatch  # noqa: E402,F401

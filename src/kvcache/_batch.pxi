@@ -1,1 +1,239 @@
-# _batch: see _core.pyx
+# _batch: the batch splitter (csrc/kvc_batch.h) — one batch in, ubatches out.
+
+from libc.stdint cimport int8_t, int64_t, UINT32_MAX
+from kvcache.includes.kvc_batch cimport *
+
+_SPLIT_MODES = {"simple": KVC_SPLIT_SIMPLE, "equal": KVC_SPLIT_EQUAL, "seq": KVC_SPLIT_SEQ}
+
+
+cdef list _token_seq_lists(object seq_id, Py_ssize_t n_tokens):
+    """Per-token sequence id lists (ValueError / TypeError naming the bad entry)."""
+    if isinstance(seq_id, np.ndarray):
+        seq_id = seq_id.tolist()
+    try:
+        entries = list(seq_id)
+    except TypeError:
+        raise TypeError("seq_id must be a sequence with one entry per token") from None
+    if len(entries) != n_tokens:
+        raise ValueError(f"seq_id has {len(entries)} entries, but pos has {n_tokens} tokens")
+    cdef list lists = []
+    cdef Py_ssize_t t
+    for t in range(n_tokens):
+        e = entries[t]
+        if isinstance(e, (int, np.integer)) and not isinstance(e, bool):
+            ids = [int(e)]
+        else:
+            if isinstance(e, (str, bytes, bool)):
+                raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}")
+            try:
+                ids = list(e)
+            except TypeError:
+                raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}") from None
+            for x in ids:
+                if not isinstance(x, (int, np.integer)) or isinstance(x, bool):
+                    raise TypeError(f"seq_id[{t}] holds {x!r}, not an int")
+            ids = [int(x) for x in ids]
+        if not ids:
+            raise ValueError(f"seq_id[{t}] is empty: every token needs a sequence id")
+        for x in ids:
+            if x < 0 or x >= KVC_MAX_SEQ:
+                raise ValueError(f"seq_id[{t}] holds {x}, outside [0, {KVC_MAX_SEQ})")
+        lists.append(ids)
+    return lists
+
+
+cdef uint32_t _as_n_ubatch(object n_ubatch) except? 0:
+    if not isinstance(n_ubatch, (int, np.integer)) or isinstance(n_ubatch, bool):
+        raise TypeError(f"n_ubatch must be an int, not {type(n_ubatch).__name__}")
+    if n_ubatch < 1:
+        raise ValueError(f"n_ubatch must be at least 1, got {n_ubatch}")
+    # any size beyond the batch takes as much as a size equal to it
+    return <uint32_t>min(int(n_ubatch), UINT32_MAX)
+
+
+cdef class SplitUBatch(UBatch):
+    """A :class:`UBatch` produced by :class:`Batch`: it also knows which batch tokens it holds.
+
+    ``ids[i]`` is the index in the batch of the ubatch's i-th token (use it to gather token ids
+    or embeddings); ``equal_seqs`` is False for a simple split."""
+
+    def __repr__(self):
+        return (f"SplitUBatch(n_tokens={self.c.n_tokens}, n_seq_tokens={self.c.n_seq_tokens}, "
+                f"n_seqs={self.c.n_seqs}, equal_seqs={bool(self.equal_seqs)})")
+
+
+cdef class Batch:
+    """A batch of tokens cut into ubatches the way llama.cpp's decoder does.
+
+    ``Batch(pos, seq_id, output=None, logits_all=False, simple_split=True)``
+
+    - ``pos``: one position per token (ints in [0, 2**31)).
+    - ``seq_id``: one entry per token, an int or a non-empty list of ints in [0, 64).
+    - ``output``: optional per-token output flags (bools or ints); without them only the last
+      token of the batch is an output; ``logits_all=True`` makes every token one.
+    - ``simple_split``: keep the batch in its order for :meth:`split_simple`; with False the
+      tokens are grouped by sequence for :meth:`split_equal` / :meth:`split_seq`.
+
+    Each split returns the next :class:`SplitUBatch` (a :class:`UBatch`) or None once every
+    token has been placed; :attr:`out_ids` lists the output tokens in the order they were
+    placed, which is the order of the output rows a model computes.
+    """
+
+    def __cinit__(self, pos, seq_id, output=None, logits_all=False, simple_split=True):
+        cdef kvc_err err
+        cdef int rc
+        cdef Py_ssize_t n_tokens, t, k
+        err.msg[0] = 0
+        pos_arr = np.asarray(pos)
+        if pos_arr.ndim != 1:
+            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
+        if pos_arr.size and not np.issubdtype(pos_arr.dtype, np.integer):
+            raise TypeError(f"pos must hold integers, got dtype {pos_arr.dtype}")
+        n_tokens = pos_arr.shape[0]
+        if n_tokens >= UINT32_MAX:
+            raise ValueError(f"too many tokens ({n_tokens})")
+        if n_tokens and (pos_arr.min() < 0 or pos_arr.max() > INT32_MAX):
+            raise ValueError("pos values must lie in [0, 2**31 - 1]")
+        lists = _token_seq_lists(seq_id, n_tokens)
+        logits_arr = None
+        if output is not None:
+            out_arr = np.asarray(output)
+            if out_arr.shape != (n_tokens,):
+                raise ValueError(f"output must have one flag per token ({n_tokens}), got shape {out_arr.shape}")
+            if out_arr.size and not (out_arr.dtype == np.bool_ or np.issubdtype(out_arr.dtype, np.integer)):
+                raise TypeError(f"output must hold bools or ints, got dtype {out_arr.dtype}")
+            logits_arr = np.ascontiguousarray(out_arr != 0, dtype=np.int8)
+        if not isinstance(logits_all, (bool, np.bool_)):
+            raise TypeError(f"logits_all must be a bool, not {type(logits_all).__name__}")
+        if not isinstance(simple_split, (bool, np.bool_)):
+            raise TypeError(f"simple_split must be a bool, not {type(simple_split).__name__}")
+
+        pos32 = np.ascontiguousarray(pos_arr, dtype=np.int32)
+        off = np.zeros(n_tokens + 1, dtype=np.uint32)
+        off[1:] = np.cumsum([len(l) for l in lists], dtype=np.uint64) if n_tokens else 0
+        flat = np.fromiter((x for l in lists for x in l), dtype=np.int32, count=int(off[n_tokens]))
+        flat = np.ascontiguousarray(flat) if flat.size else np.zeros(1, dtype=np.int32)
+        if n_tokens == 0:
+            pos32 = np.zeros(1, dtype=np.int32)
+        cdef int32_t[::1] pos_v = pos32
+        cdef uint32_t[::1] off_v = off
+        cdef int32_t[::1] ids_v = flat
+        cdef int8_t[::1] logits_v
+        cdef const int8_t *logits_p = NULL
+        if logits_arr is not None:
+            if n_tokens == 0:
+                logits_arr = np.zeros(1, dtype=np.int8)
+            logits_v = logits_arr
+            logits_p = &logits_v[0]
+        cdef bint all_ = bool(logits_all), simple = bool(simple_split)
+        cdef uint32_t n = <uint32_t>n_tokens
+        with nogil:
+            rc = kvc_sbatch_init(&self.c, n, &pos_v[0], &off_v[0], &ids_v[0], logits_p, all_, simple, &err)
+        check_status(rc, &err, "invalid batch")
+
+    def __dealloc__(self):
+        kvc_sbatch_free(&self.c)
+
+    @property
+    def n_tokens(self) -> int:
+        """Number of tokens in the batch."""
+        return self.c.n_tokens
+
+    @property
+    def n_tokens_left(self) -> int:
+        """Tokens not yet placed into a ubatch."""
+        return self.c.n_left
+
+    @property
+    def simple_split(self) -> bool:
+        """True when built for :meth:`split_simple`, False for the sequence-aware splits."""
+        return self.c.simple_split
+
+    @property
+    def logits_all(self) -> bool:
+        """True when every token is an output."""
+        return self.c.logits_all
+
+    @property
+    def out_ids(self):
+        """Batch indices of the output tokens placed so far, in placement order (int64 array)."""
+        cdef Py_ssize_t i
+        res = np.empty(self.c.n_out, dtype=np.int64)
+        cdef int64_t[::1] v = res
+        for i in range(self.c.n_out):
+            v[i] = self.c.out_ids[i]
+        return res
+
+    def __len__(self):
+        return self.c.n_tokens
+
+    def __repr__(self):
+        return (f"Batch(n_tokens={self.c.n_tokens}, n_tokens_left={self.c.n_left}, "
+                f"simple_split={bool(self.c.simple_split)}, logits_all={bool(self.c.logits_all)})")
+
+    cdef object _split(self, kvc_split_mode mode, object n_ubatch):
+        cdef kvc_err err
+        cdef kvc_sbatch_ubatch out
+        cdef uint32_t n = _as_n_ubatch(n_ubatch)
+        cdef uint32_t i, g
+        err.msg[0] = 0
+        # short (at most n_ubatch tokens): done under the GIL, which also keeps splits of one
+        # batch from different threads apart
+        cdef int rc = kvc_sbatch_split(&self.c, mode, n, &out, &err)
+        check_status(rc, &err, "cannot split")
+        if rc == 0:
+            return None
+        cdef uint32_t n_tok = out.ub.n_tokens
+        pos = np.empty(n_tok, dtype=np.int32)
+        ids = np.empty(n_tok, dtype=np.int64)
+        output = np.empty(n_tok, dtype=bool)
+        cdef int32_t[::1] pos_v = pos
+        cdef int64_t[::1] ids_v = ids
+        cdef uint8_t[::1] out_v = output.view(np.uint8)
+        for i in range(n_tok):
+            pos_v[i] = out.ub.pos[i]
+            ids_v[i] = out.token[i]
+            out_v[i] = out.output[i] != 0
+        groups = [[out.ub.seq_ids[i] for i in range(out.ub.seq_off[g], out.ub.seq_off[g + 1])]
+                  for g in range(out.ub.n_seqs)]
+        cdef SplitUBatch ub = SplitUBatch(pos, groups, out.ub.n_seq_tokens, output)
+        ub.ids = ids
+        ub.equal_seqs = out.equal_seqs
+        return ub
+
+    def split_simple(self, n_ubatch):
+        """The next ``n_ubatch`` tokens (fewer at the end) in batch order, one group per token;
+        None when the batch is exhausted. Needs ``simple_split=True``."""
+        return self._split(KVC_SPLIT_SIMPLE, n_ubatch)
+
+    def split_equal(self, n_ubatch):
+        """Up to ``n_ubatch`` tokens as equal-length slices of several sequence groups (a group
+        shared by several sequences goes alone); None when exhausted. Needs ``simple_split=False``."""
+        return self._split(KVC_SPLIT_EQUAL, n_ubatch)
+
+    def split_seq(self, n_ubatch):
+        """Up to ``n_ubatch`` tokens of one sequence group; None when exhausted.
+        Needs ``simple_split=False``."""
+        return self._split(KVC_SPLIT_SEQ, n_ubatch)
+
+    def ubatches(self, n_ubatch, mode=None):
+        """Iterate over the remaining ubatches of at most ``n_ubatch`` tokens.
+
+        ``mode`` is ``"simple"``, ``"equal"`` or ``"seq"``; by default ``"simple"`` for a batch
+        built with ``simple_split=True`` and ``"equal"`` otherwise."""
+        if mode is None:
+            mode = "simple" if self.c.simple_split else "equal"
+        if mode not in _SPLIT_MODES:
+            raise ValueError(f"mode must be one of {sorted(_SPLIT_MODES)}, got {mode!r}")
+        c_mode = _SPLIT_MODES[mode]
+        if (c_mode == KVC_SPLIT_SIMPLE) != self.c.simple_split:
+            raise ValueError(f"mode {mode!r} does not fit a batch built with simple_split={bool(self.c.simple_split)}")
+        _as_n_ubatch(n_ubatch)
+        return self._iter_ubatches(c_mode, n_ubatch)
+
+    def _iter_ubatches(self, c_mode, n_ubatch):
+        while True:
+            ub = self._split(c_mode, n_ubatch)
+            if ub is None:
+                return
+            yield ub

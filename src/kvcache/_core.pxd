@@ -20,7 +20,32 @@ cdef class UBatch:
 # --- unified -----------------------------------------------------------------
 
 # --- batch -------------------------------------------------------------------
+from kvcache.includes.kvc_batch cimport kvc_sbatch, kvc_split_mode
+
+cdef class SplitUBatch(UBatch):
+    cdef readonly object ids        # int64[n_tokens]: batch index of each token, in ubatch order
+    cdef readonly bint equal_seqs   # False for a simple split
+
+cdef class Batch:
+    cdef kvc_sbatch c               # the splitter (owns copies of the batch and the last ubatch)
+    cdef object _split(self, kvc_split_mode mode, object n_ubatch)
 
 # --- recurrent ---------------------------------------------------------------
+from kvcache.includes.kvc_recurrent cimport kvc_recurrent
+
+cdef class RecurrentCache:
+    cdef kvc_recurrent c           # the C cache: cells, head/n/used, layer table
+    cdef bint _ready               # c is initialised (and must be freed)
+    cdef list _k                   # per layer: the owned K buffer (uint8, size rows)
+    cdef list _v                   # per layer: the owned V buffer (uint8, size rows)
+    cdef list _warnings            # messages of the last find_slot
+    cdef readonly str type_k       # K type name ("f32", "f16", ...)
+    cdef readonly str type_v       # V type name
+    cdef int _seq(self, object seq_id, str name, bint allow_any) except -2
+    # C-level calls for other extensions (arguments already checked, no exceptions)
+    cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil
+    cdef bint seq_rm_c(self, int32_t seq_id, int32_t p0, int32_t p1) noexcept nogil
+    cdef int s_copy_c(self, int32_t *out) noexcept nogil
+    cdef int s_mask_c(self, float *out) noexcept nogil
 
 # --- rope --------------------------------------------------------------------

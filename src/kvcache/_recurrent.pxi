@@ -1,1 +1,480 @@
-# _recurrent: see _core.pyx
+# The recurrent-state cache (Mamba / RWKV): csrc/kvc_recurrent.h behind a Python class.
+
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from kvcache.includes.kvc_recurrent cimport *
+
+import warnings as _warnings
+
+
+cdef object _rec_type(object t, str name):
+    """(type id, type name) of a K/V type given by name or ggml id."""
+    cdef const kvc_type_info *info = NULL
+    if isinstance(t, str):
+        info = kvc_type_by_name(t.encode())
+    elif isinstance(t, (int, np.integer)) and not isinstance(t, bool):
+        if -2147483648 <= t <= INT32_MAX:
+            info = kvc_type_get(<int32_t>t)
+    else:
+        raise TypeError(f"{name} must be a type name or a ggml type id, not {type(t).__name__}")
+    if info == NULL:
+        known = ", ".join(kvc_type_at(i).name.decode() for i in range(kvc_type_count()))
+        raise ValueError(f"{name} = {t!r} is not a supported type ({known})")
+    return info.id, info.name.decode()
+
+
+cdef list _rec_widths(object v, Py_ssize_t n_layer, str name):
+    """A per-layer list of non-negative widths from an int or a sequence of n_layer ints."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        vals = [int(v)] * n_layer
+    else:
+        try:
+            vals = [int(x) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) else None
+                    for x in v]
+        except TypeError:
+            raise TypeError(f"{name} must be an int or a list of {n_layer} ints") from None
+        if any(x is None for x in vals):
+            raise TypeError(f"{name} must hold ints")
+        if len(vals) != n_layer:
+            raise ValueError(f"{name} has {len(vals)} entries, expected n_layer = {n_layer}")
+    for x in vals:
+        if x < 0 or x > 2**31 - 1:
+            raise ValueError(f"{name} holds {x}, outside [0, 2**31)")
+    return vals
+
+
+cdef object _rec_dtype(int32_t type_id):
+    """numpy dtype of the element views (None: rows are raw bytes)."""
+    if type_id == 0:
+        return np.float32
+    if type_id == 1:
+        return np.float16
+    if type_id == 30:
+        return np.uint16
+    return None
+
+
+cdef object _rec_layer_view(RecurrentCache cache, list bufs, object il, bint is_k):
+    """Layer il's K or V memory viewed as one row per cell."""
+    if not isinstance(il, (int, np.integer)) or isinstance(il, bool):
+        raise TypeError(f"il must be an int, not {type(il).__name__}")
+    if not 0 <= il < cache.c.n_layer:
+        raise IndexError(f"il = {il} is outside [0, {cache.c.n_layer})")
+    cdef kvc_rec_layer *L = &cache.c.layers[<uint32_t>il]
+    cdef Py_ssize_t size = cache.c.cells.size
+    cdef Py_ssize_t row = L.k_row_bytes if is_k else L.v_row_bytes
+    cdef Py_ssize_t width = L.n_embd_k if is_k else L.n_embd_v
+    buf = bufs[il][:size * row]
+    dt = _rec_dtype(cache.c.type_k if is_k else cache.c.type_v)
+    if dt is None:
+        return buf.reshape(size, row)
+    return buf.view(dt).reshape(size, width)
+
+
+cdef class RecurrentCache:
+    """The recurrent-state cache of Mamba / RWKV style models (llama.cpp's
+    ``llama_kv_cache_recurrent``): one cell holds the whole state of a sequence.
+
+    ``RecurrentCache(n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type_v="f32",
+    kv_size=None, n_embd_k_s=0, n_embd_v_s=0, buffers="owned")``
+
+    - ``n_embd_k_gqa`` / ``n_embd_v_gqa`` and ``n_embd_k_s`` / ``n_embd_v_s``: an int or one int
+      per layer; a layer's K row holds ``n_embd_k_gqa + n_embd_k_s`` elements (the rolling state),
+      its V row ``n_embd_v_gqa + n_embd_v_s`` (the recurrent state).
+    - ``kv_size``: number of cells, at least (and by default) ``max(1, n_seq_max)``.
+    - ``buffers="owned"``: the cache owns zero-initialised K and V memory per layer
+      (``k(il)`` / ``v(il)`` are numpy views of it).
+
+    Valid sequence ids are ``[0, n_seq_max)``; ``seq_rm`` also takes -1 (every sequence, the
+    reference semantics: only an empty or the whole range), ``state_write`` / ``state_read``
+    take -1 for the whole cache. Any other id raises ValueError and changes nothing.
+    """
+
+    def __cinit__(self, n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type_v="f32",
+                  kv_size=None, n_embd_k_s=0, n_embd_v_s=0, buffers="owned"):
+        cdef kvc_recurrent_params p
+        cdef kvc_err err
+        cdef Py_ssize_t il
+        self._ready = False
+        self._k = []
+        self._v = []
+        self._warnings = []
+        for name, val in (("n_seq_max", n_seq_max), ("n_layer", n_layer)):
+            if not isinstance(val, (int, np.integer)) or isinstance(val, bool):
+                raise TypeError(f"{name} must be an int, not {type(val).__name__}")
+        if not 0 <= n_seq_max <= KVC_MAX_SEQ:
+            raise ValueError(f"n_seq_max = {n_seq_max} must lie in [0, {KVC_MAX_SEQ}]")
+        if not 1 <= n_layer <= 65536:
+            raise ValueError(f"n_layer = {n_layer} must lie in [1, 65536]")
+        if kv_size is None:
+            kv_size = max(1, int(n_seq_max))
+        elif not isinstance(kv_size, (int, np.integer)) or isinstance(kv_size, bool):
+            raise TypeError(f"kv_size must be an int or None, not {type(kv_size).__name__}")
+        if not max(1, n_seq_max) <= kv_size <= INT32_MAX:
+            raise ValueError(f"kv_size = {kv_size} must lie in [max(1, n_seq_max) = {max(1, n_seq_max)}, 2**31)")
+        if buffers != "owned":
+            raise ValueError(f"buffers = {buffers!r}: only 'owned' is supported")
+        tk, self.type_k = _rec_type(type_k, "type_k")
+        tv, self.type_v = _rec_type(type_v, "type_v")
+        ek = [a + b for a, b in zip(_rec_widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa"),
+                                    _rec_widths(n_embd_k_s, n_layer, "n_embd_k_s"))]
+        ev = [a + b for a, b in zip(_rec_widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa"),
+                                    _rec_widths(n_embd_v_s, n_layer, "n_embd_v_s"))]
+        if max(ek + ev) > INT32_MAX:
+            raise ValueError("a row width (n_embd_*_gqa + n_embd_*_s) exceeds 2**31 - 1")
+        wk = np.asarray(ek, dtype=np.uint32)
+        wv = np.asarray(ev, dtype=np.uint32)
+        cdef uint32_t[::1] wk_v = wk
+        cdef uint32_t[::1] wv_v = wv
+        p.kv_size = <uint32_t>kv_size
+        p.n_seq_max = <uint32_t>n_seq_max
+        p.type_k = <int32_t>tk
+        p.type_v = <int32_t>tv
+        p.n_layer = <uint32_t>n_layer
+        p.n_embd_k = &wk_v[0]
+        p.n_embd_v = &wv_v[0]
+        err.msg[0] = 0
+        check_status(kvc_recurrent_init(&self.c, &p, &err), &err, "RecurrentCache")
+        self._ready = True
+        cdef uint8_t[::1] kb
+        cdef uint8_t[::1] vb
+        for il in range(n_layer):
+            k = np.zeros(max(1, <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].k_row_bytes), dtype=np.uint8)
+            v = np.zeros(max(1, <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].v_row_bytes), dtype=np.uint8)
+            kb = k
+            vb = v
+            kvc_recurrent_set_layer_buffers(&self.c, <uint32_t>il, &kb[0], &vb[0])
+            self._k.append(k)
+            self._v.append(v)
+
+    def __dealloc__(self):
+        if self._ready:
+            kvc_recurrent_free(&self.c)
+            self._ready = False
+
+    # --- geometry -------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Number of cells."""
+        return self.c.cells.size
+
+    @property
+    def head(self) -> int:
+        """First cell of the last placed ubatch."""
+        return self.c.cells.head
+
+    @property
+    def n(self) -> int:
+        """Number of cells the last placed ubatch spans."""
+        return self.c.cells.n
+
+    @property
+    def used(self) -> int:
+        """The reference's count of used cells."""
+        return self.c.cells.used
+
+    @property
+    def n_seq_max(self) -> int:
+        """Valid sequence ids are [0, n_seq_max)."""
+        return self.c.n_seq_max
+
+    @property
+    def n_layer(self) -> int:
+        """Number of layers."""
+        return self.c.n_layer
+
+    @property
+    def can_shift(self) -> bool:
+        """Recurrent states cannot be shifted: always False."""
+        return False
+
+    @property
+    def n_embd_k(self) -> list:
+        """K row width of each layer in elements (rolling-state part included)."""
+        return [self.c.layers[i].n_embd_k for i in range(self.c.n_layer)]
+
+    @property
+    def n_embd_v(self) -> list:
+        """V row width of each layer in elements (recurrent-state part included)."""
+        return [self.c.layers[i].n_embd_v for i in range(self.c.n_layer)]
+
+    @property
+    def size_k_bytes(self) -> int:
+        """Bytes of K memory over all layers."""
+        return sum(self.c.layers[i].k_row_bytes for i in range(self.c.n_layer)) * self.c.cells.size
+
+    @property
+    def size_v_bytes(self) -> int:
+        """Bytes of V memory over all layers."""
+        return sum(self.c.layers[i].v_row_bytes for i in range(self.c.n_layer)) * self.c.cells.size
+
+    @property
+    def total_size(self) -> int:
+        """Bytes of K and V memory."""
+        return self.size_k_bytes + self.size_v_bytes
+
+    @property
+    def warnings(self) -> list:
+        """Warnings of the last find_slot (also issued through ``warnings.warn``)."""
+        return list(self._warnings)
+
+    def __repr__(self):
+        return (f"RecurrentCache(size={self.c.cells.size}, n_seq_max={self.c.n_seq_max}, "
+                f"n_layer={self.c.n_layer}, type_k={self.type_k!r}, type_v={self.type_v!r}, "
+                f"head={self.c.cells.head}, n={self.c.cells.n}, used={self.c.cells.used})")
+
+    # --- data -----------------------------------------------------------------------------
+
+    def k(self, il):
+        """Layer il's K memory (rolling states) as a writable view, one row per cell: float32 /
+        float16 elements for f32 / f16, uint16 bit patterns for bf16, raw bytes otherwise."""
+        return _rec_layer_view(self, self._k, il, True)
+
+    def v(self, il):
+        """Layer il's V memory (recurrent states) as a writable view; see k()."""
+        return _rec_layer_view(self, self._v, il, False)
+
+    def store(self, il, k_rows=None, v_rows=None):
+        """Write the states of the ubatch just placed: rows ``[head, head + len(rows))`` of layer
+        il get ``k_rows`` / ``v_rows`` (shaped like ``k(il)`` / ``v(il)`` rows; either may be None)."""
+        kv = self.k(il)
+        vv = self.v(il)
+        ka = None if k_rows is None else np.ascontiguousarray(k_rows, dtype=kv.dtype)
+        va = None if v_rows is None else np.ascontiguousarray(v_rows, dtype=vv.dtype)
+        n_rows = None
+        for name, a, ref in (("k_rows", ka, kv), ("v_rows", va, vv)):
+            if a is None:
+                continue
+            if a.ndim != 2 or a.shape[1] != ref.shape[1]:
+                raise ValueError(f"{name} must have shape (n_rows, {ref.shape[1]}), got {a.shape}")
+            if n_rows is not None and a.shape[0] != n_rows:
+                raise ValueError(f"k_rows has {n_rows} rows, v_rows {a.shape[0]}")
+            n_rows = a.shape[0]
+        if n_rows is None or n_rows == 0:
+            return
+        if self.c.cells.head + n_rows > self.c.cells.size:
+            raise ValueError(f"{n_rows} rows from head {self.c.cells.head} pass the last cell "
+                             f"({self.c.cells.size})")
+        cdef const uint8_t[::1] kb
+        cdef const uint8_t[::1] vb
+        cdef const void *kp = NULL
+        cdef const void *vp = NULL
+        if ka is not None:
+            kb = ka.reshape(-1).view(np.uint8)
+            kp = &kb[0]
+        if va is not None:
+            vb = va.reshape(-1).view(np.uint8)
+            vp = &vb[0]
+        check_status(kvc_recurrent_store(&self.c, <uint32_t>il, <uint32_t>n_rows, kp, vp), NULL, "store")
+
+    # --- placement ------------------------------------------------------------------------
+
+    def find_slot(self, UBatch ub not None) -> bool:
+        """Place a ubatch (``UBatch(pos, seq_id, n_seq_tokens=k)``: groups of k tokens, one per
+        sequence): group g's state ends up in cell ``head + g``. Returns the reference's answer.
+
+        A state that does not continue at the position where it stopped raises a
+        RuntimeWarning (the reference logs it). ValueError for ids outside [0, n_seq_max) or an
+        empty ubatch; RuntimeError when the cells are inconsistent (seq_rm(-1, ...) without a
+        clear()). Errors change nothing."""
+        cdef kvc_err err
+        cdef int r
+        ub.check(self.c.n_seq_max)
+        if ub.c.n_seqs == 0:
+            raise ValueError("find_slot: the ubatch has no tokens")
+        err.msg[0] = 0
+        with nogil:
+            r = kvc_recurrent_find_slot(&self.c, &ub.c, &err)
+        check_status(r, &err, "find_slot")
+        self._warnings = ["find_slot: " + m for m in self.c.warn.decode("utf-8", "replace").split("\n") if m]
+        for m in self._warnings:
+            _warnings.warn(m, RuntimeWarning, stacklevel=2)
+        return r == 1
+
+    def commit(self):
+        """Accept the last placements (nothing to record for recurrent states)."""
+        kvc_recurrent_commit(&self.c)
+
+    def restore(self):
+        """Undo uncommitted placements: a no-op, as in the reference (nothing is ever pending)."""
+        kvc_recurrent_restore(&self.c)
+
+    def set_full(self):
+        """n = size, head = 0 (what a worst-case graph reservation does)."""
+        kvc_recurrent_set_full(&self.c)
+
+    def clear(self):
+        """Empty every cell, head = used = 0, zero all K/V memory (n is kept)."""
+        kvc_recurrent_clear(&self.c)
+
+    def defrag_sched(self, thold):
+        """Recurrent caches never defragment: a no-op."""
+
+    def update(self):
+        """Nothing to apply (no shift, no defrag): returns False."""
+        return False
+
+    # --- sequences ------------------------------------------------------------------------
+
+    cdef int _seq(self, object seq_id, str name, bint allow_any) except -2:
+        if not isinstance(seq_id, (int, np.integer)) or isinstance(seq_id, bool):
+            raise TypeError(f"{name} must be an int, not {type(seq_id).__name__}")
+        if allow_any and seq_id == -1:
+            return -1
+        if not 0 <= seq_id < self.c.n_seq_max:
+            raise ValueError(f"{name} {seq_id} is outside [0, {self.c.n_seq_max})"
+                             + (" and not -1" if allow_any else ""))
+        return <int>seq_id
+
+    def seq_rm(self, seq_id, p0=-1, p1=-1) -> bool:
+        """Remove positions [p0, p1) of seq_id (p0 < 0: 0, p1 < 0: infinity). A recurrent state
+        cannot be cut: False (and no change) when the range splits it. seq_id -1 (every
+        sequence) accepts only an empty range or the whole one, and then empties every cell
+        but keeps the sequences' state records (follow it with clear())."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", True)
+        cdef int32_t a = as_pos(p0, "p0")
+        cdef int32_t b = as_pos(p1, "p1")
+        return kvc_recurrent_seq_rm(&self.c, s, a, b)
+
+    def seq_cp(self, src, dst, p0=-1, p1=-1):
+        """dst shares src's state from now on (dst's own state is dropped; the range is unused,
+        a state is copied whole)."""
+        cdef int32_t s = self._seq(src, "src", False)
+        cdef int32_t d = self._seq(dst, "dst", False)
+        cdef int32_t a = as_pos(p0, "p0")
+        cdef int32_t b = as_pos(p1, "p1")
+        kvc_recurrent_seq_cp(&self.c, s, d, a, b)
+
+    def seq_keep(self, seq_id):
+        """Drop every sequence but seq_id."""
+        kvc_recurrent_seq_keep(&self.c, self._seq(seq_id, "seq_id", False))
+
+    def seq_add(self, seq_id, p0, p1, shift):
+        """Add shift to the position of seq_id's state when it lies in [p0, p1)."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        cdef int32_t a = as_pos(p0, "p0")
+        cdef int32_t b = as_pos(p1, "p1")
+        cdef int32_t d = as_pos(shift, "shift")
+        kvc_recurrent_seq_add(&self.c, s, a, b, d)
+
+    def seq_div(self, seq_id, p0, p1, d):
+        """Divide the position of seq_id's state by d (> 0) when it lies in [p0, p1)."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        cdef int32_t a = as_pos(p0, "p0")
+        cdef int32_t b = as_pos(p1, "p1")
+        cdef int32_t q = as_pos(d, "d")
+        if q <= 0:
+            raise ValueError(f"d = {d} must be positive")
+        kvc_recurrent_seq_div(&self.c, s, a, b, q)
+
+    def seq_pos_min(self, seq_id) -> int:
+        """Smallest position over the cells holding seq_id, -1 when none."""
+        return kvc_recurrent_seq_pos_min(&self.c, self._seq(seq_id, "seq_id", False))
+
+    def seq_pos_max(self, seq_id) -> int:
+        """Largest position over the cells holding seq_id, -1 when none."""
+        return kvc_recurrent_seq_pos_max(&self.c, self._seq(seq_id, "seq_id", False))
+
+    # --- graph inputs ---------------------------------------------------------------------
+
+    def s_copy(self):
+        """int32[n]: for cells head + i, the cell whose state is copied in. Updates the cells'
+        sources in place as the reference does (each copy happens once)."""
+        out = np.empty(self.c.cells.n, dtype=np.int32)
+        cdef int32_t[::1] o = out
+        cdef int r
+        if self.c.cells.n:
+            with nogil:
+                r = kvc_recurrent_s_copy(&self.c, self.c.cells.n, &o[0])
+            check_status(r, NULL, f"s_copy: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
+        return out
+
+    def s_mask(self):
+        """float32[n]: for cells head + i, 1.0 when the state is kept, 0.0 when it starts from
+        zero. Updates the cells' sources in place as the reference does (zeroed once)."""
+        out = np.empty(self.c.cells.n, dtype=np.float32)
+        cdef float[::1] o = out
+        cdef int r
+        if self.c.cells.n:
+            with nogil:
+                r = kvc_recurrent_s_mask(&self.c, self.c.cells.n, &o[0])
+            check_status(r, NULL, f"s_mask: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
+        return out
+
+    def cell_max(self) -> int:
+        """Index + 1 of the last cell with a position and a sequence, or 0."""
+        return kvc_recurrent_cell_max(&self.c)
+
+    def cells(self) -> dict:
+        """A snapshot of the cell table: ``pos``, ``src``, ``tail`` (int32 arrays, -1 = none) and
+        ``seq_id`` (per cell, its sequence ids ascending)."""
+        cdef Py_ssize_t size = self.c.cells.size, i
+        cdef uint64_t w
+        pos = np.asarray(<int32_t[:size]>self.c.cells.pos).copy()
+        src = np.asarray(<int32_t[:size]>self.c.cells.src).copy()
+        tail = np.asarray(<int32_t[:size]>self.c.cells.tail).copy()
+        seq = []
+        for i in range(size):
+            w = self.c.cells.seq[i]
+            seq.append([b for b in range(KVC_MAX_SEQ) if (w >> b) & 1])
+        return {"pos": pos, "src": src, "tail": tail, "seq_id": seq}
+
+    # --- state ----------------------------------------------------------------------------
+
+    def state_size(self, seq_id=-1) -> int:
+        """Bytes state_write(seq_id) produces."""
+        return kvc_recurrent_state_size(&self.c, self._seq(seq_id, "seq_id", True))
+
+    def state_write(self, seq_id=-1) -> bytes:
+        """The state of seq_id (-1: the whole cache) in llama.cpp's layout."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", True)
+        cdef size_t n = kvc_recurrent_state_size(&self.c, s)
+        cdef size_t written = 0
+        cdef int r
+        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
+        cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
+        with nogil:
+            r = kvc_recurrent_state_write(&self.c, s, p, n, &written)
+        check_status(r, NULL, "state_write")
+        return out
+
+    def state_read(self, data, seq_id=-1) -> int:
+        """Restore one cache state from the front of data (bytes-like) into seq_id (-1: the whole
+        cache); returns the bytes consumed (trailing bytes are not read). Raises StateError
+        when the blob is malformed, truncated or does not fit, and then nothing has changed."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", True)
+        cdef const uint8_t[::1] buf
+        cdef const uint8_t *p = NULL
+        cdef size_t n = 0
+        cdef size_t consumed = 0
+        cdef kvc_err err
+        cdef int r
+        try:
+            mv = memoryview(data)
+        except TypeError:
+            raise TypeError(f"data must be bytes-like, not {type(data).__name__}") from None
+        if not mv.c_contiguous:
+            raise ValueError("data must be a contiguous buffer")
+        buf = mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
+        n = buf.shape[0]
+        if n:
+            p = &buf[0]
+        err.msg[0] = 0
+        with nogil:
+            r = kvc_recurrent_state_read(&self.c, s, p, n, &consumed, &err)
+        check_status(r, &err, "state_read")
+        return consumed
+
+    # --- C level --------------------------------------------------------------------------
+
+    cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
+        return kvc_recurrent_find_slot(&self.c, ub, NULL)
+
+    cdef bint seq_rm_c(self, int32_t seq_id, int32_t p0, int32_t p1) noexcept nogil:
+        return kvc_recurrent_seq_rm(&self.c, seq_id, p0, p1)
+
+    cdef int s_copy_c(self, int32_t *out) noexcept nogil:
+        return kvc_recurrent_s_copy(&self.c, self.c.cells.n, out)
+
+    cdef int s_mask_c(self, float *out) noexcept nogil:
+        return kvc_recurrent_s_mask(&self.c, self.c.cells.n, out)

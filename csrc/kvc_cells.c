@@ -1,0 +1,331 @@
+#include "kvc_cells.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
+    memset(c, 0, sizeof *c);
+    if (n_seq_max > KVC_MAX_SEQ) {
+        return KVC_E_ARG;
+    }
+    c->size = size;
+    c->n_seq_max = n_seq_max;
+    c->n_words = (size + 63) / 64;
+    c->pos = kvc_malloc((size_t)size * sizeof *c->pos);
+    c->shift = kvc_calloc(size, sizeof *c->shift);
+    c->seq = kvc_calloc(size, sizeof *c->seq);
+    c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
+    bool ok = c->pos && c->shift && c->seq && c->used_bits;
+    /* one entry per cell at most: never reallocated, so no operation can fail later */
+    for (uint32_t s = 0; ok && s < n_seq_max; s++) {
+        c->seq_pos[s].v = kvc_malloc((size_t)size * sizeof(int32_t));
+        ok = c->seq_pos[s].v != NULL;
+    }
+    if (!ok) {
+        kvc_cells_free(c);
+        return KVC_E_NOMEM;
+    }
+    for (uint32_t i = 0; i < size; i++) {
+        c->pos[i] = -1;
+    }
+    return KVC_OK;
+}
+
+void kvc_cells_free(kvc_cells *c) {
+    kvc_free(c->pos);
+    kvc_free(c->shift);
+    kvc_free(c->seq);
+    kvc_free(c->used_bits);
+    for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
+        kvc_free(c->seq_pos[s].v);
+    }
+    memset(c, 0, sizeof *c);
+}
+
+void kvc_cells_reset(kvc_cells *c) {
+    for (uint32_t i = 0; i < c->size; i++) {
+        c->pos[i] = -1;
+    }
+    memset(c->shift, 0, (size_t)c->size * sizeof *c->shift);
+    memset(c->seq, 0, (size_t)c->size * sizeof *c->seq);
+    memset(c->used_bits, 0, (size_t)c->n_words * sizeof *c->used_bits);
+    c->used = 0;
+    c->used_max_p1 = 0;
+    c->has_shift = false;
+    for (uint32_t s = 0; s < c->n_seq_max; s++) {
+        c->seq_pos[s].n = 0;
+    }
+}
+
+void kvc_cells_reset_shift(kvc_cells *c) {
+    c->has_shift = false;
+    memset(c->shift, 0, (size_t)c->size * sizeof *c->shift);
+}
+
+/* --- used-set bookkeeping ------------------------------------------------------------ */
+
+static inline void kvc_cells_mark_used(kvc_cells *c, uint32_t i) {
+    c->used_bits[i >> 6] |= (uint64_t)1 << (i & 63);
+    c->used++;
+    if (i + 1 > c->used_max_p1) {
+        c->used_max_p1 = i + 1;
+    }
+}
+
+static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
+    c->used_bits[i >> 6] &= ~((uint64_t)1 << (i & 63));
+    c->used--;
+    if (i + 1 == c->used_max_p1) {
+        /* the last used cell went away: find the new last one */
+        uint32_t w = i >> 6;
+        for (;;) {
+            if (c->used_bits[w]) {
+                c->used_max_p1 = (w << 6) + kvc_msb64(c->used_bits[w]) + 1;
+                return;
+            }
+            if (w == 0) {
+                break;
+            }
+            w--;
+        }
+        c->used_max_p1 = 0;
+    }
+}
+
+uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to) {
+    if (from >= to) {
+        return to;
+    }
+    uint32_t w = from >> 6;
+    uint64_t bits = c->used_bits[w] & (~(uint64_t)0 << (from & 63));
+    for (;;) {
+        if (bits) {
+            const uint32_t i = (w << 6) + kvc_ctz64(bits);
+            return i < to ? i : to;
+        }
+        if (++w >= c->n_words || (w << 6) >= to) {
+            return to;
+        }
+        bits = c->used_bits[w];
+    }
+}
+
+uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to) {
+    if (from >= to) {
+        return to;
+    }
+    uint32_t w = from >> 6;
+    uint64_t bits = ~c->used_bits[w] & (~(uint64_t)0 << (from & 63));
+    for (;;) {
+        if (bits) {
+            const uint32_t i = (w << 6) + kvc_ctz64(bits);
+            return i < to ? i : to;
+        }
+        if (++w >= c->n_words || (w << 6) >= to) {
+            return to;
+        }
+        bits = ~c->used_bits[w];
+    }
+}
+
+/* --- per-sequence position multisets ------------------------------------------------- */
+
+/* Index of the first entry >= p. */
+static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, int32_t p) {
+    uint32_t lo = 0, hi = sp->n;
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (sp->v[mid] < p) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+static void kvc_seq_pos_insert(kvc_seq_pos *sp, int32_t p) {
+    if (sp->n == 0 || sp->v[sp->n - 1] <= p) {
+        sp->v[sp->n++] = p; /* the common case: positions grow */
+        return;
+    }
+    const uint32_t k = kvc_seq_pos_lower(sp, p);
+    memmove(sp->v + k + 1, sp->v + k, (size_t)(sp->n - k) * sizeof *sp->v);
+    sp->v[k] = p;
+    sp->n++;
+}
+
+static void kvc_seq_pos_erase(kvc_seq_pos *sp, int32_t p) {
+    const uint32_t k = kvc_seq_pos_lower(sp, p);
+    if (k < sp->n && sp->v[k] == p) {
+        memmove(sp->v + k, sp->v + k + 1, (size_t)(sp->n - k - 1) * sizeof *sp->v);
+        sp->n--;
+    }
+}
+
+void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, int32_t p0, int32_t p1) {
+    kvc_seq_pos *sp = &c->seq_pos[s];
+    const uint32_t a = kvc_seq_pos_lower(sp, p0);
+    const uint32_t b = p1 == KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, p1);
+    if (a < b) {
+        memmove(sp->v + a, sp->v + b, (size_t)(sp->n - b) * sizeof *sp->v);
+        sp->n -= b - a;
+    }
+}
+
+static int kvc_cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void kvc_cells_rebuild_seq_pos(kvc_cells *c, uint64_t mask) {
+    if (c->n_seq_max < 64) {
+        mask &= ((uint64_t)1 << c->n_seq_max) - 1;
+    }
+    if (!mask) {
+        return;
+    }
+    for (uint64_t m = mask; m; m &= m - 1) {
+        c->seq_pos[kvc_ctz64(m)].n = 0;
+    }
+    for (uint32_t i = 0; i < c->used_max_p1; i++) {
+        uint64_t m = c->seq[i] & mask;
+        if (c->pos[i] == -1 || !m) {
+            continue;
+        }
+        for (; m; m &= m - 1) {
+            kvc_seq_pos *sp = &c->seq_pos[kvc_ctz64(m)];
+            sp->v[sp->n++] = c->pos[i];
+        }
+    }
+    for (uint64_t m = mask; m; m &= m - 1) {
+        kvc_seq_pos *sp = &c->seq_pos[kvc_ctz64(m)];
+        /* most rebuilds find the positions nearly sorted already */
+        bool sorted = true;
+        for (uint32_t k = 1; k < sp->n && sorted; k++) {
+            sorted = sp->v[k - 1] <= sp->v[k];
+        }
+        if (!sorted) {
+            qsort(sp->v, sp->n, sizeof *sp->v, kvc_cmp_i32);
+        }
+    }
+}
+
+/* --- cell edits ------------------------------------------------------------------------ */
+
+void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p) {
+    c->pos[i] = p;
+    kvc_cells_mark_used(c, i);
+}
+
+void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
+    const uint64_t bit = (uint64_t)1 << s;
+    if (c->seq[i] & bit) {
+        return;
+    }
+    c->seq[i] |= bit;
+    kvc_seq_pos_insert(&c->seq_pos[s], c->pos[i]);
+}
+
+/* Remove cell i's position from the multisets of every sequence in `m`. */
+static void kvc_cells_seq_pos_erase_cell(kvc_cells *c, uint32_t i, uint64_t m) {
+    for (; m; m &= m - 1) {
+        kvc_seq_pos_erase(&c->seq_pos[kvc_ctz64(m)], c->pos[i]);
+    }
+}
+
+bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
+    const uint64_t bit = (uint64_t)1 << s;
+    kvc_seq_pos_erase(&c->seq_pos[s], c->pos[i]);
+    c->seq[i] &= ~bit;
+    if (c->seq[i] == 0) {
+        c->pos[i] = -1;
+        kvc_cells_mark_unused(c, i);
+        return true;
+    }
+    return false;
+}
+
+bool kvc_cells_seq_keep(kvc_cells *c, uint32_t i, int32_t s) {
+    const uint64_t bit = (uint64_t)1 << s;
+    if (c->seq[i] & bit) {
+        kvc_cells_seq_pos_erase_cell(c, i, c->seq[i] & ~bit);
+        c->seq[i] = bit;
+        return false;
+    }
+    if (c->seq[i]) {
+        kvc_cells_seq_pos_erase_cell(c, i, c->seq[i]);
+        c->seq[i] = 0;
+        c->pos[i] = -1;
+        kvc_cells_mark_unused(c, i);
+        return true;
+    }
+    return false;
+}
+
+void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
+    c->pos[dst] = c->pos[src];
+    c->shift[dst] = c->shift[src];
+    c->seq[dst] = c->seq[src];
+    c->pos[src] = -1;
+    c->shift[src] = 0;
+    c->seq[src] = 0;
+    kvc_cells_mark_unused(c, src);
+    kvc_cells_mark_used(c, dst);
+}
+
+bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
+    /* int64 so that a huge shift cannot overflow; positions are kept within int32 by callers */
+    const int64_t p = (int64_t)c->pos[i] + d;
+    c->pos[i] = (int32_t)(p > INT32_MAX ? INT32_MAX : p);
+    c->shift[i] += d;
+    c->has_shift = true;
+    if (p < 0) {
+        c->seq[i] = 0;
+        c->pos[i] = -1;
+        kvc_cells_mark_unused(c, i);
+        return true;
+    }
+    return false;
+}
+
+void kvc_cells_pos_div_raw(kvc_cells *c, uint32_t i, int32_t d) {
+    const int32_t old = c->pos[i];
+    c->pos[i] = old / d;
+    c->shift[i] += old - c->pos[i];
+    c->has_shift = true;
+}
+
+void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, uint64_t seq) {
+    const bool was = c->pos[i] != -1, now = pos != -1;
+    c->pos[i] = pos;
+    c->seq[i] = seq;
+    if (was && !now) {
+        kvc_cells_mark_unused(c, i);
+    } else if (!was && now) {
+        kvc_cells_mark_used(c, i);
+    }
+}
+
+void kvc_cells_clear_raw(kvc_cells *c, uint32_t i) {
+    if (c->pos[i] != -1) {
+        c->pos[i] = -1;
+        c->seq[i] = 0;
+        kvc_cells_mark_unused(c, i);
+    }
+}
+
+void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
+    const size_t n = src->size;
+    memcpy(dst->pos, src->pos, n * sizeof *src->pos);
+    memcpy(dst->shift, src->shift, n * sizeof *src->shift);
+    memcpy(dst->seq, src->seq, n * sizeof *src->seq);
+    memcpy(dst->used_bits, src->used_bits, (size_t)src->n_words * sizeof *src->used_bits);
+    dst->used = src->used;
+    dst->used_max_p1 = src->used_max_p1;
+    dst->has_shift = src->has_shift;
+    for (uint32_t s = 0; s < src->n_seq_max; s++) {
+        memcpy(dst->seq_pos[s].v, src->seq_pos[s].v, (size_t)src->seq_pos[s].n * sizeof(int32_t));
+        dst->seq_pos[s].n = src->seq_pos[s].n;
+    }
+}

@@ -1,0 +1,894 @@
+#include "kvc_recurrent.h"
+#include "kvc_types.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------
+ * cell table helpers
+ * --------------------------------------------------------------------------------------- */
+
+static inline uint64_t seq_bit(int32_t s) { return (uint64_t)1 << s; }
+
+static inline bool seq_has(uint64_t word, int32_t s) {
+    return s >= 0 && s < KVC_MAX_SEQ && ((word >> s) & 1u);
+}
+
+static int rec_cells_alloc(kvc_rec_cells *t, uint32_t size) {
+    memset(t, 0, sizeof *t);
+    t->size = size;
+    t->pos  = kvc_malloc((size_t)size * sizeof *t->pos);
+    t->src  = kvc_malloc((size_t)size * sizeof *t->src);
+    t->tail = kvc_malloc((size_t)size * sizeof *t->tail);
+    t->seq  = kvc_malloc((size_t)size * sizeof *t->seq);
+    if (!t->pos || !t->src || !t->tail || !t->seq) {
+        return KVC_E_NOMEM;
+    }
+    return KVC_OK;
+}
+
+static void rec_cells_release(kvc_rec_cells *t) {
+    kvc_free(t->pos);
+    kvc_free(t->src);
+    kvc_free(t->tail);
+    kvc_free(t->seq);
+    memset(t, 0, sizeof *t);
+}
+
+/* Every cell new: pos, src, tail -1, no sequence. Counters untouched. */
+static void rec_cells_wipe(kvc_rec_cells *t) {
+    for (uint32_t i = 0; i < t->size; i++) {
+        t->pos[i] = -1;
+        t->src[i] = -1;
+        t->tail[i] = -1;
+        t->seq[i] = 0;
+    }
+}
+
+/* dst = src (same size). */
+static void rec_cells_copy(kvc_rec_cells *dst, const kvc_rec_cells *src) {
+    const size_t n = src->size;
+    memcpy(dst->pos, src->pos, n * sizeof *dst->pos);
+    memcpy(dst->src, src->src, n * sizeof *dst->src);
+    memcpy(dst->tail, src->tail, n * sizeof *dst->tail);
+    memcpy(dst->seq, src->seq, n * sizeof *dst->seq);
+    dst->head = src->head;
+    dst->n = src->n;
+    dst->used = src->used;
+}
+
+/* Empty cell i the way the reference does when its last sequence leaves. */
+static inline void rec_cell_drop(kvc_rec_cells *t, uint32_t i) {
+    t->pos[i] = -1;
+    t->src[i] = -1;
+}
+
+static inline uint32_t rec_next_empty(const kvc_rec_cells *t, uint32_t from) {
+    /* The reference's wrap-around scan: at most size steps; when nothing is empty the
+     * result is where the scan stopped, which may be size itself. */
+    uint32_t i = from;
+    for (uint32_t k = 0; k < t->size; k++) {
+        if (i >= t->size) {
+            i -= t->size;
+        }
+        if (t->seq[i] == 0) {
+            break;
+        }
+        i += 1;
+    }
+    return i;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * operations on a table (the live one, or the work copy of a transactional operation)
+ * --------------------------------------------------------------------------------------- */
+
+static bool rec_seq_rm(kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
+    uint32_t new_head = t->size;
+    if (p0 < 0) {
+        p0 = 0;
+    }
+    if (p1 < 0) {
+        p1 = KVC_POS_MAX;
+    }
+    if (s >= 0 && (uint32_t)s >= t->size) {
+        return false;
+    }
+    if (s >= 0) {
+        const int32_t tail_id = t->tail[s];
+        if (tail_id >= 0) {
+            const int32_t cpos = t->pos[tail_id];
+            /* a state cannot be cut in two */
+            if ((0 < p0 && p0 <= cpos) || (0 < p1 && p1 <= cpos)) {
+                return false;
+            }
+            if (p0 <= cpos && cpos < p1) {
+                t->tail[s] = -1;
+            }
+        }
+    } else if (p0 != p1 && (p0 != 0 || p1 != KVC_POS_MAX)) {
+        /* every sequence: only nothing or everything */
+        return false;
+    }
+    for (uint32_t i = 0; i < t->size; i++) {
+        if (t->pos[i] < p0 || t->pos[i] >= p1) {
+            continue;
+        }
+        if (s < 0) {
+            t->seq[i] = 0;
+        } else if (seq_has(t->seq[i], s)) {
+            t->seq[i] &= ~seq_bit(s);
+        } else {
+            continue;
+        }
+        if (t->seq[i] == 0) {
+            if (t->pos[i] >= 0) {
+                t->used--;
+            }
+            rec_cell_drop(t, i);
+            if (new_head == t->size) {
+                new_head = i;
+            }
+        }
+    }
+    if (new_head != t->size && new_head < t->head) {
+        t->head = new_head;
+    }
+    return true;
+}
+
+static void rec_seq_cp(kvc_rec_cells *t, int32_t s_src, int32_t s_dst) {
+    if (s_src == s_dst) {
+        return;
+    }
+    if (s_src < 0 || s_dst < 0 || (uint32_t)s_src >= t->size || (uint32_t)s_dst >= t->size) {
+        return;
+    }
+    if (t->tail[s_dst] >= 0) {
+        /* dst drops its own state */
+        const int32_t cd = t->tail[s_dst];
+        t->seq[cd] &= ~seq_bit(s_dst);
+        t->tail[s_dst] = -1;
+        if (t->seq[cd] == 0) {
+            rec_cell_drop(t, (uint32_t)cd);
+            t->used -= 1;
+        }
+    }
+    if (t->tail[s_src] >= 0) {
+        const int32_t cs = t->tail[s_src];
+        t->seq[cs] |= seq_bit(s_dst);
+        t->tail[s_dst] = cs;
+    }
+}
+
+static void rec_seq_keep(kvc_rec_cells *t, int32_t s) {
+    uint32_t new_head = t->size;
+    for (uint32_t i = 0; i < t->size; i++) {
+        if ((int64_t)i != s) {
+            t->tail[i] = -1;
+        }
+        if (!seq_has(t->seq[i], s)) {
+            if (t->pos[i] >= 0) {
+                t->used--;
+            }
+            rec_cell_drop(t, i);
+            t->seq[i] = 0;
+            if (new_head == t->size) {
+                new_head = i;
+            }
+        } else {
+            t->seq[i] = seq_bit(s);
+        }
+    }
+    if (new_head != t->size && new_head < t->head) {
+        t->head = new_head;
+    }
+}
+
+/* The cell holding s's state when it lies in [p0, p1) (after the reference's clamping and
+ * early returns), or -1. */
+static int32_t rec_tail_in_range(const kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
+    if (p0 < 0) {
+        p0 = 0;
+    }
+    if (p1 < 0) {
+        p1 = KVC_POS_MAX;
+    }
+    if (p0 == p1 || s < 0 || (uint32_t)s >= t->size) {
+        return -1;
+    }
+    const int32_t tl = t->tail[s];
+    if (tl < 0 || !seq_has(t->seq[tl], s) || t->pos[tl] < p0 || t->pos[tl] >= p1) {
+        return -1;
+    }
+    return tl;
+}
+
+/* Record the reference's warning about a state that does not continue where it stopped. */
+static void warn_non_consecutive(kvc_recurrent *c, int32_t pos, int32_t last, int32_t s, uint32_t n_new) {
+    c->n_warn++;
+    const size_t used = strlen(c->warn);
+    if (used + 2 >= sizeof c->warn) {
+        return;
+    }
+    char *at = c->warn + used;
+    size_t room = sizeof c->warn - used;
+    if (used > 0) {
+        *at++ = '\n';
+        *at = 0;
+        room--;
+    }
+    snprintf(at, room, "non-consecutive token position %d after %d for sequence %d with %u new tokens",
+             pos, last, s, n_new);
+}
+
+/* The reference's find_slot on table t (a work copy: on error it is left half changed and the
+ * caller drops it). Ids are valid and n_seqs >= 1. */
+static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *warn_to, kvc_err *err) {
+    const uint32_t size = t->size;
+    const uint32_t n_seqs = ub->n_seqs;
+    const uint32_t n_seq_tokens = ub->n_seq_tokens;
+
+    /* enough unused cells before head: search from the start, hoping to fill it */
+    if (t->head > t->used + 2 * ub->n_tokens) {
+        t->head = 0;
+    }
+
+    int32_t min = (int32_t)size - 1;
+    int32_t max = 0;
+
+    /* sequences that become shared (not first in their group) give up their own state */
+    for (uint32_t g = 0; g < n_seqs; g++) {
+        for (uint32_t j = ub->seq_off[g] + 1; j < ub->seq_off[g + 1]; j++) {
+            const int32_t s = ub->seq_ids[j];
+            const int32_t tl = t->tail[s];
+            if (tl >= 0) {
+                t->seq[tl] &= ~seq_bit(s);
+                t->tail[s] = -1;
+                if (t->seq[tl] == 0) {
+                    rec_cell_drop(t, (uint32_t)tl);
+                    t->used -= 1;
+                }
+            }
+        }
+    }
+
+    uint32_t next_empty = rec_next_empty(t, t->head);
+
+    /* every group's first sequence gets a cell of its own (copy-on-share) */
+    for (uint32_t g = 0; g < n_seqs; g++) {
+        const int32_t s = ub->seq_ids[ub->seq_off[g]];
+        const int32_t tl = t->tail[s];
+        bool has_cell = false;
+        if (tl >= 0) {
+            if (!seq_has(t->seq[tl], s)) {
+                return kvc_err_set(err, KVC_E_INTERNAL,
+                                   "find_slot: the state record of sequence %d points at cell %d, which does "
+                                   "not hold it (clear() the cache after seq_rm(-1, ...))", s, tl);
+            }
+            has_cell = kvc_popcount64(t->seq[tl]) == 1;
+        }
+        if (!has_cell) {
+            if (next_empty >= size || t->seq[next_empty] != 0) {
+                return kvc_err_set(err, KVC_E_NOSPACE, "find_slot: no empty cell for the state of sequence %d", s);
+            }
+            if (tl >= 0) {
+                t->pos[next_empty] = t->pos[tl];
+                t->src[next_empty] = t->src[tl];
+                t->seq[tl] &= ~seq_bit(s);
+                t->seq[next_empty] |= seq_bit(s);
+            }
+            t->tail[s] = (int32_t)next_empty;
+            if (g + 1 < n_seqs) {
+                next_empty = rec_next_empty(t, next_empty + 1);
+            }
+        }
+        if (min > t->tail[s]) {
+            min = t->tail[s];
+        }
+        if (max < t->tail[s]) {
+            max = t->tail[s];
+        }
+    }
+
+    /* gather the groups' cells into [min, min + n_seqs), in group order */
+    for (uint32_t g = 0; g < n_seqs; g++) {
+        const int64_t dst = (int64_t)g + min;
+        const int32_t src = t->tail[ub->seq_ids[ub->seq_off[g]]];
+        if (dst >= size || src < 0) {
+            return kvc_err_set(err, KVC_E_NOSPACE,
+                               "find_slot: the %u sequences' cells do not fit from cell %d on", n_seqs, min);
+        }
+        if (dst != src) {
+            const uint32_t d = (uint32_t)dst, r = (uint32_t)src;
+            int32_t ti = t->pos[d]; t->pos[d] = t->pos[r]; t->pos[r] = ti;
+            ti = t->src[d]; t->src[d] = t->src[r]; t->src[r] = ti;
+            uint64_t tw = t->seq[d]; t->seq[d] = t->seq[r]; t->seq[r] = tw;
+            for (uint64_t w = t->seq[r]; w; w &= w - 1) {
+                t->tail[kvc_ctz64(w)] = (int32_t)r;
+            }
+            for (uint64_t w = t->seq[d]; w; w &= w - 1) {
+                t->tail[kvc_ctz64(w)] = (int32_t)d;
+            }
+        }
+    }
+
+    /* the cells take the groups' last positions and sequence lists */
+    for (uint32_t g = 0; g < n_seqs; g++) {
+        const int32_t last_pos = ub->pos[n_seq_tokens * g + n_seq_tokens - 1];
+        const uint32_t cell = g + (uint32_t)min;
+        const int32_t old = t->pos[cell];
+        if (old >= 0 && last_pos != (int32_t)((uint32_t)old + n_seq_tokens)) {
+            if (warn_to) {
+                warn_non_consecutive(warn_to, last_pos, old, ub->seq_ids[ub->seq_off[g]], n_seq_tokens);
+            }
+        }
+        t->pos[cell] = last_pos;
+        t->seq[cell] = 0;
+        for (uint32_t j = ub->seq_off[g]; j < ub->seq_off[g + 1]; j++) {
+            const int32_t s = ub->seq_ids[j];
+            t->seq[cell] |= seq_bit(s);
+            t->tail[s] = (int32_t)cell;
+        }
+    }
+
+    t->head = (uint32_t)min;
+    t->n = (uint32_t)(max - min + 1);
+    uint32_t used = 0;
+    for (uint32_t i = 0; i < size; i++) {
+        used += t->seq[i] != 0;
+    }
+    t->used = used;
+    return t->n >= n_seqs ? 1 : 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * lifetime
+ * --------------------------------------------------------------------------------------- */
+
+int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err) {
+    memset(c, 0, sizeof *c);
+    if (p->n_seq_max > KVC_MAX_SEQ) {
+        return kvc_err_set(err, KVC_E_ARG, "n_seq_max = %u exceeds %d", p->n_seq_max, KVC_MAX_SEQ);
+    }
+    const uint32_t min_size = p->n_seq_max > 1 ? p->n_seq_max : 1;
+    if (p->kv_size < min_size || p->kv_size > (uint32_t)INT32_MAX) {
+        return kvc_err_set(err, KVC_E_ARG, "kv_size = %u must lie in [max(1, n_seq_max) = %u, 2**31)",
+                           p->kv_size, min_size);
+    }
+    if (p->n_layer == 0) {
+        return kvc_err_set(err, KVC_E_ARG, "n_layer must be at least 1");
+    }
+    const kvc_type_info *tk = kvc_type_get(p->type_k);
+    const kvc_type_info *tv = kvc_type_get(p->type_v);
+    if (!tk || !tv) {
+        return kvc_err_set(err, KVC_E_ARG, "unsupported %s type id %d", tk ? "V" : "K", tk ? p->type_v : p->type_k);
+    }
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        if (p->n_embd_k[il] % tk->blck_size || p->n_embd_v[il] % tv->blck_size) {
+            return kvc_err_set(err, KVC_E_ARG, "layer %u: row widths (K %u, V %u) must be multiples of the "
+                               "block sizes of %s (%u) and %s (%u)", il, p->n_embd_k[il], p->n_embd_v[il],
+                               tk->name, tk->blck_size, tv->name, tv->blck_size);
+        }
+    }
+    c->n_seq_max = p->n_seq_max;
+    c->type_k = p->type_k;
+    c->type_v = p->type_v;
+    c->n_layer = p->n_layer;
+    c->layers = kvc_calloc(p->n_layer, sizeof *c->layers);
+    c->read_off = kvc_calloc(2 * (size_t)p->n_layer, sizeof *c->read_off);
+    if (!c->layers || !c->read_off || rec_cells_alloc(&c->cells, p->kv_size) != KVC_OK ||
+        rec_cells_alloc(&c->work, p->kv_size) != KVC_OK) {
+        kvc_recurrent_free(c);
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory for a recurrent cache of %u cells", p->kv_size);
+    }
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        kvc_rec_layer *L = &c->layers[il];
+        L->n_embd_k = p->n_embd_k[il];
+        L->n_embd_v = p->n_embd_v[il];
+        L->k_row_bytes = (size_t)p->n_embd_k[il] / tk->blck_size * tk->type_size;
+        L->v_row_bytes = (size_t)p->n_embd_v[il] / tv->blck_size * tv->type_size;
+    }
+    rec_cells_wipe(&c->cells);
+    rec_cells_wipe(&c->work);
+    return KVC_OK;
+}
+
+void kvc_recurrent_free(kvc_recurrent *c) {
+    rec_cells_release(&c->cells);
+    rec_cells_release(&c->work);
+    kvc_free(c->layers);
+    kvc_free(c->read_off);
+    c->layers = NULL;
+    c->read_off = NULL;
+    c->n_layer = 0;
+}
+
+void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v) {
+    if (il < c->n_layer) {
+        c->layers[il].k = k;
+        c->layers[il].v = v;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------
+ * operations
+ * --------------------------------------------------------------------------------------- */
+
+static void rec_zero_data(kvc_recurrent *c) {
+    const size_t size = c->cells.size;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const kvc_rec_layer *L = &c->layers[il];
+        if (L->k) {
+            memset(L->k, 0, size * L->k_row_bytes);
+        }
+        if (L->v) {
+            memset(L->v, 0, size * L->v_row_bytes);
+        }
+    }
+}
+
+void kvc_recurrent_clear(kvc_recurrent *c) {
+    rec_cells_wipe(&c->cells);
+    c->cells.head = 0;
+    c->cells.used = 0;
+    rec_zero_data(c);
+}
+
+bool kvc_recurrent_seq_rm(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1) {
+    return rec_seq_rm(&c->cells, s, p0, p1);
+}
+
+void kvc_recurrent_seq_cp(kvc_recurrent *c, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+    (void)p0; /* a state is copied whole */
+    (void)p1;
+    rec_seq_cp(&c->cells, src, dst);
+}
+
+void kvc_recurrent_seq_keep(kvc_recurrent *c, int32_t s) {
+    rec_seq_keep(&c->cells, s);
+}
+
+void kvc_recurrent_seq_add(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
+    if (shift == 0) {
+        return;
+    }
+    const int32_t tl = rec_tail_in_range(&c->cells, s, p0, p1);
+    if (tl >= 0) {
+        c->cells.pos[tl] = (int32_t)((uint32_t)c->cells.pos[tl] + (uint32_t)shift);
+    }
+}
+
+void kvc_recurrent_seq_div(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
+    if (d == 1 || d == 0) {
+        return;
+    }
+    const int32_t tl = rec_tail_in_range(&c->cells, s, p0, p1);
+    if (tl >= 0) {
+        c->cells.pos[tl] /= d;
+    }
+}
+
+int32_t kvc_recurrent_seq_pos_min(const kvc_recurrent *c, int32_t s) {
+    int32_t r = KVC_POS_MAX;
+    for (uint32_t i = 0; i < c->cells.size; i++) {
+        if (seq_has(c->cells.seq[i], s) && c->cells.pos[i] < r) {
+            r = c->cells.pos[i];
+        }
+    }
+    return r == KVC_POS_MAX ? -1 : r;
+}
+
+int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s) {
+    int32_t r = -1;
+    for (uint32_t i = 0; i < c->cells.size; i++) {
+        if (seq_has(c->cells.seq[i], s) && c->cells.pos[i] > r) {
+            r = c->cells.pos[i];
+        }
+    }
+    return r;
+}
+
+static void rec_swap_work(kvc_recurrent *c) {
+    const kvc_rec_cells t = c->cells;
+    c->cells = c->work;
+    c->work = t;
+}
+
+int kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err) {
+    c->n_warn = 0;
+    c->warn[0] = 0;
+    if (ub->n_seqs == 0) {
+        return kvc_err_set(err, KVC_E_ARG, "find_slot: the ubatch has no tokens");
+    }
+    const int st = kvc_ubatch_check(ub, c->n_seq_max, err);
+    if (st != KVC_OK) {
+        return st;
+    }
+    rec_cells_copy(&c->work, &c->cells);
+    const int r = rec_find_slot(&c->work, ub, c, err);
+    if (r < 0) {
+        c->n_warn = 0;
+        c->warn[0] = 0;
+        return r;
+    }
+    rec_swap_work(c);
+    return r;
+}
+
+void kvc_recurrent_commit(kvc_recurrent *c) { (void)c; }
+
+void kvc_recurrent_restore(kvc_recurrent *c) { (void)c; }
+
+void kvc_recurrent_set_full(kvc_recurrent *c) {
+    c->cells.n = c->cells.size;
+    c->cells.head = 0;
+}
+
+int kvc_recurrent_s_copy(kvc_recurrent *c, uint32_t count, int32_t *out) {
+    kvc_rec_cells *t = &c->cells;
+    if ((uint64_t)t->head + count > t->size) {
+        return KVC_E_ARG;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        const int32_t cell = (int32_t)(t->head + i);
+        /* out-of-range sources read the cell itself */
+        if (t->src[cell] < 0 || (uint32_t)t->src[cell] >= t->size) {
+            t->src[cell] = cell;
+        }
+        out[i] = t->src[cell];
+        /* the copy happens once */
+        t->src[cell] = cell;
+    }
+    return KVC_OK;
+}
+
+int kvc_recurrent_s_mask(kvc_recurrent *c, uint32_t count, float *out) {
+    kvc_rec_cells *t = &c->cells;
+    if ((uint64_t)t->head + count > t->size) {
+        return KVC_E_ARG;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        const int32_t cell = (int32_t)(t->head + i);
+        out[i] = t->src[cell] >= 0 ? 1.0f : 0.0f;
+        /* the state is zeroed once */
+        if (t->src[cell] < 0) {
+            t->src[cell] = cell;
+        }
+    }
+    return KVC_OK;
+}
+
+uint32_t kvc_recurrent_cell_max(const kvc_recurrent *c) {
+    for (uint32_t i = c->cells.size; i > 0; i--) {
+        if (c->cells.pos[i - 1] >= 0 && c->cells.seq[i - 1] != 0) {
+            return i;
+        }
+    }
+    return 0;
+}
+
+int kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const void *k, const void *v) {
+    if (il >= c->n_layer || (uint64_t)c->cells.head + n_rows > c->cells.size) {
+        return KVC_E_ARG;
+    }
+    const kvc_rec_layer *L = &c->layers[il];
+    if (k && L->k) {
+        memcpy(L->k + (size_t)c->cells.head * L->k_row_bytes, k, (size_t)n_rows * L->k_row_bytes);
+    }
+    if (v && L->v) {
+        memcpy(L->v + (size_t)c->cells.head * L->v_row_bytes, v, (size_t)n_rows * L->v_row_bytes);
+    }
+    return KVC_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * state codec
+ * --------------------------------------------------------------------------------------- */
+
+static inline bool rec_cell_listed(const kvc_rec_cells *t, uint32_t i, int32_t seq_id) {
+    return seq_id == -1 ? t->seq[i] != 0 : seq_has(t->seq[i], seq_id);
+}
+
+size_t kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id) {
+    const kvc_rec_cells *t = &c->cells;
+    size_t cells = 0, ids = 0;
+    for (uint32_t i = 0; i < t->size; i++) {
+        if (rec_cell_listed(t, i, seq_id)) {
+            cells++;
+            ids += seq_id == -1 ? kvc_popcount64(t->seq[i]) : 0;
+        }
+    }
+    size_t n = 4 + cells * 8 + ids * 4 + 8;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        n += 12 + cells * c->layers[il].k_row_bytes;
+        n += 12 + cells * c->layers[il].v_row_bytes;
+    }
+    return n;
+}
+
+static inline uint8_t *put_u32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+    return p + 4;
+}
+
+static inline uint8_t *put_u64(uint8_t *p, uint64_t v) {
+    p = put_u32(p, (uint32_t)v);
+    return put_u32(p, (uint32_t)(v >> 32));
+}
+
+/* Rows of the listed cells, in index order (runs of consecutive cells copied at once). */
+static uint8_t *put_rows(uint8_t *p, const kvc_rec_cells *t, int32_t seq_id, const uint8_t *base, size_t row) {
+    uint32_t i = 0;
+    while (i < t->size) {
+        if (!rec_cell_listed(t, i, seq_id)) {
+            i++;
+            continue;
+        }
+        uint32_t e = i + 1;
+        while (e < t->size && rec_cell_listed(t, e, seq_id)) {
+            e++;
+        }
+        const size_t nb = (size_t)(e - i) * row;
+        if (base) {
+            memcpy(p, base + (size_t)i * row, nb);
+        } else {
+            memset(p, 0, nb);
+        }
+        p += nb;
+        i = e;
+    }
+    return p;
+}
+
+int kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
+    const size_t need = kvc_recurrent_state_size(c, seq_id);
+    if (cap < need) {
+        return KVC_E_NOSPACE;
+    }
+    const kvc_rec_cells *t = &c->cells;
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < t->size; i++) {
+        count += rec_cell_listed(t, i, seq_id);
+    }
+    uint8_t *p = put_u32(out, count);
+    for (uint32_t i = 0; i < t->size; i++) {
+        if (!rec_cell_listed(t, i, seq_id)) {
+            continue;
+        }
+        p = put_u32(p, (uint32_t)t->pos[i]);
+        /* a single-sequence state carries no ids: the reader gives it its own */
+        p = put_u32(p, seq_id == -1 ? kvc_popcount64(t->seq[i]) : 0);
+        if (seq_id == -1) {
+            for (uint64_t w = t->seq[i]; w; w &= w - 1) {
+                p = put_u32(p, kvc_ctz64(w));
+            }
+        }
+    }
+    p = put_u32(p, 0); /* V is never transposed */
+    p = put_u32(p, c->n_layer);
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const kvc_rec_layer *L = &c->layers[il];
+        p = put_u32(p, (uint32_t)c->type_k);
+        p = put_u64(p, L->k_row_bytes);
+        p = put_rows(p, t, seq_id, L->k, L->k_row_bytes);
+    }
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const kvc_rec_layer *L = &c->layers[il];
+        p = put_u32(p, (uint32_t)c->type_v);
+        p = put_u64(p, L->v_row_bytes);
+        p = put_rows(p, t, seq_id, L->v, L->v_row_bytes);
+    }
+    *written = (size_t)(p - out);
+    return KVC_OK;
+}
+
+typedef struct rec_reader {
+    const uint8_t *p;
+    size_t len, off;
+} rec_reader;
+
+static bool get_u32(rec_reader *r, uint32_t *v) {
+    if (r->len - r->off < 4) {
+        return false;
+    }
+    const uint8_t *b = r->p + r->off;
+    *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    r->off += 4;
+    return true;
+}
+
+static bool get_i32(rec_reader *r, int32_t *v) {
+    uint32_t u;
+    if (!get_u32(r, &u)) {
+        return false;
+    }
+    memcpy(v, &u, sizeof u);
+    return true;
+}
+
+static bool get_u64(rec_reader *r, uint64_t *v) {
+    if (r->len - r->off < 8) {
+        return false;
+    }
+    const uint8_t *b = r->p + r->off;
+    uint64_t x = 0;
+    for (int i = 7; i >= 0; i--) {
+        x = x << 8 | b[i];
+    }
+    *v = x;
+    r->off += 8;
+    return true;
+}
+
+static bool skip(rec_reader *r, uint64_t n) {
+    if ((uint64_t)(r->len - r->off) < n) {
+        return false;
+    }
+    r->off += (size_t)n;
+    return true;
+}
+
+static int truncated(kvc_err *err, const rec_reader *r, const char *what) {
+    return kvc_err_set(err, KVC_E_STATE, "the blob ends (%zu bytes) inside %s at byte %zu", r->len, what, r->off);
+}
+
+/* Parse, check and place the cells of the part into c->work (from a copy of the live table).
+ * The live table is not touched. */
+static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t cell_count, kvc_err *err) {
+    kvc_rec_cells *w = &c->work;
+    const uint32_t size = c->cells.size;
+    if (seq_id == -1) {
+        if (cell_count > size) {
+            return kvc_err_set(err, KVC_E_STATE, "the blob holds %u cells, the cache has %u", cell_count, size);
+        }
+        rec_cells_wipe(w);
+        w->n = c->cells.n; /* clear() keeps n */
+        for (uint32_t i = 0; i < cell_count; i++) {
+            int32_t pos;
+            uint32_t n_seq_id;
+            if (!get_i32(r, &pos) || !get_u32(r, &n_seq_id)) {
+                return truncated(err, r, "the cell list");
+            }
+            if (pos < 0) {
+                return kvc_err_set(err, KVC_E_STATE, "cell %u has the negative position %d", i, pos);
+            }
+            w->pos[i] = pos;
+            for (uint32_t j = 0; j < n_seq_id; j++) {
+                int32_t s;
+                if (!get_i32(r, &s)) {
+                    return truncated(err, r, "the cell list");
+                }
+                if (s < 0 || (uint32_t)s >= c->n_seq_max) {
+                    return kvc_err_set(err, KVC_E_STATE, "cell %u holds sequence id %d, outside [0, %u)",
+                                       i, s, c->n_seq_max);
+                }
+                if (w->tail[s] != -1) {
+                    return kvc_err_set(err, KVC_E_STATE, "sequence %d appears in cell %u and in cell %d",
+                                       s, i, w->tail[s]);
+                }
+                w->seq[i] |= seq_bit(s);
+                w->tail[s] = (int32_t)i;
+            }
+        }
+        w->head = 0;
+        w->used = cell_count;
+        for (uint32_t i = 0; i < cell_count; i++) {
+            w->src[i] = (int32_t)i; /* the restored states are kept as they are */
+        }
+        return KVC_OK;
+    }
+
+    if (cell_count > 1) {
+        return kvc_err_set(err, KVC_E_STATE, "a sequence's recurrent state is one cell, the blob holds %u",
+                           cell_count);
+    }
+    int32_t pos = 0;
+    if (cell_count == 1) {
+        uint32_t n_seq_id;
+        if (!get_i32(r, &pos) || !get_u32(r, &n_seq_id)) {
+            return truncated(err, r, "the cell list");
+        }
+        if (n_seq_id != 0) {
+            return kvc_err_set(err, KVC_E_STATE, "a single-sequence cell lists %u sequence ids (expected none)",
+                               n_seq_id);
+        }
+        if (pos < 0) {
+            return kvc_err_set(err, KVC_E_STATE, "the cell has the negative position %d", pos);
+        }
+    }
+    rec_cells_copy(w, &c->cells);
+    rec_seq_rm(w, seq_id, -1, -1);
+    if (cell_count == 0) {
+        return KVC_OK; /* the sequence is just removed */
+    }
+    const uint32_t seq_off[2] = { 0, 1 };
+    const uint64_t mask = seq_bit(seq_id);
+    kvc_ubatch ub;
+    ub.n_tokens = 1;
+    ub.n_seq_tokens = 1;
+    ub.n_seqs = 1;
+    ub.pos = &pos;
+    ub.seq_off = seq_off;
+    ub.seq_ids = &seq_id;
+    ub.seq_mask = &mask;
+    kvc_err ferr;
+    ferr.msg[0] = 0;
+    const int fr = rec_find_slot(w, &ub, NULL, &ferr);
+    if (fr != 1) {
+        return kvc_err_set(err, KVC_E_STATE, "no cell available for the state of sequence %d%s%s", seq_id,
+                           fr < 0 ? ": " : "", fr < 0 ? ferr.msg : "");
+    }
+    w->src[w->head] = (int32_t)w->head;
+    return KVC_OK;
+}
+
+int kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                             size_t *consumed, kvc_err *err) {
+    if (seq_id < -1 || (seq_id >= 0 && (uint32_t)seq_id >= c->n_seq_max)) {
+        return kvc_err_set(err, KVC_E_ARG, "seq_id %d is outside [0, %u) and not -1", seq_id, c->n_seq_max);
+    }
+    rec_reader r = { data, data ? len : 0, 0 };
+    uint32_t cell_count;
+    if (!get_u32(&r, &cell_count)) {
+        return truncated(err, &r, "the cell count");
+    }
+    int st = read_cells(c, seq_id, &r, cell_count, err);
+    if (st != KVC_OK) {
+        return st;
+    }
+
+    uint32_t v_trans, n_layer;
+    if (!get_u32(&r, &v_trans) || !get_u32(&r, &n_layer)) {
+        return truncated(err, &r, "the layer header");
+    }
+    if (n_layer != c->n_layer) {
+        return kvc_err_set(err, KVC_E_STATE, "the blob has %u layers, the cache %u", n_layer, c->n_layer);
+    }
+    if (v_trans != 0) {
+        return kvc_err_set(err, KVC_E_STATE, "the blob stores V transposed (v_trans = %u); a recurrent cache "
+                           "never does", v_trans);
+    }
+    for (int half = 0; half < 2; half++) {
+        const char *name = half ? "V" : "K";
+        const int32_t type = half ? c->type_v : c->type_k;
+        for (uint32_t il = 0; il < c->n_layer; il++) {
+            const size_t row = half ? c->layers[il].v_row_bytes : c->layers[il].k_row_bytes;
+            int32_t t;
+            uint64_t row_ref;
+            if (!get_i32(&r, &t) || !get_u64(&r, &row_ref)) {
+                return truncated(err, &r, half ? "a V layer header" : "a K layer header");
+            }
+            if (t != type) {
+                return kvc_err_set(err, KVC_E_STATE, "layer %u: %s type %d in the blob, %d in the cache",
+                                   il, name, t, type);
+            }
+            if (row_ref != row) {
+                return kvc_err_set(err, KVC_E_STATE, "layer %u: %s rows of %llu bytes in the blob, %zu in the cache",
+                                   il, name, (unsigned long long)row_ref, row);
+            }
+            c->read_off[2 * il + (uint32_t)half] = r.off;
+            if (!skip(&r, (uint64_t)cell_count * row)) {
+                return truncated(err, &r, half ? "V rows" : "K rows");
+            }
+        }
+    }
+
+    /* everything checked: apply */
+    rec_swap_work(c);
+    if (seq_id == -1) {
+        rec_zero_data(c);
+    }
+    const size_t head = c->cells.head;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const kvc_rec_layer *L = &c->layers[il];
+        if (cell_count && L->k) {
+            memcpy(L->k + head * L->k_row_bytes, data + c->read_off[2 * il], (size_t)cell_count * L->k_row_bytes);
+        }
+        if (cell_count && L->v) {
+            memcpy(L->v + head * L->v_row_bytes, data + c->read_off[2 * il + 1], (size_t)cell_count * L->v_row_bytes);
+        }
+    }
+    *consumed = r.off;
+    return KVC_OK;
+}

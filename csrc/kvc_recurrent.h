@@ -1,0 +1,133 @@
+/* kvcache — the recurrent-state cache (llama_kv_cache_recurrent) used by Mamba / RWKV
+ * style models: one cell holds the whole rolling state of a sequence (or of several
+ * sequences sharing it), so there is no attention window and no K-shift.
+ *
+ * Cell i has a position (the last one its state has seen), `src` (the cell whose
+ * state must be copied in before the next step, -1 = start from zero), the set of
+ * sequences sharing the state (a 64-bit word, listed in ascending order), and
+ * `tail`: cell i doubles as the record of sequence i, and tail is the index of the
+ * cell holding that sequence's state (-1 = none). A cell is empty when its sequence
+ * set is empty, whatever its position.
+ *
+ * Every operation reproduces the reference's behaviour, including its quirks (`used`
+ * is a counter updated the way the reference updates it, s_copy / s_mask update
+ * `src` in place). Where the reference would abort, these functions return an error
+ * and change nothing.
+ *
+ * The K/V memory (per layer: `size` rows of K — the rolling state — and of V — the
+ * recurrent state) is owned by the caller and attached with kvc_recurrent_set_layer_buffers;
+ * NULL buffers make data operations no-ops. */
+#ifndef KVC_RECURRENT_H
+#define KVC_RECURRENT_H
+
+#include "kvc_common.h"
+#include "kvc_ubatch.h"
+
+/* The cell table plus the counters the operations move together (struct of arrays). */
+typedef struct kvc_rec_cells {
+    uint32_t  size;   /* number of cells */
+    uint32_t  head;   /* first cell of the last placed ubatch (where s_copy / s_mask start) */
+    uint32_t  n;      /* cells the last ubatch spans */
+    uint32_t  used;   /* the reference's count of used cells (not always the true count) */
+    int32_t  *pos;    /* [size] last position of the state, -1 = none */
+    int32_t  *src;    /* [size] cell to copy the state from, -1 = none (state starts at zero) */
+    int32_t  *tail;   /* [size] for sequence i: the cell holding its state, -1 = none */
+    uint64_t *seq;    /* [size] bit s set when sequence s shares the cell's state */
+} kvc_rec_cells;
+
+typedef struct kvc_rec_layer {
+    uint32_t n_embd_k;     /* K row width in elements (rolling state part included) */
+    uint32_t n_embd_v;     /* V row width in elements (recurrent state part included) */
+    size_t   k_row_bytes;  /* kvc_row_size(type_k, n_embd_k) */
+    size_t   v_row_bytes;  /* kvc_row_size(type_v, n_embd_v) */
+    uint8_t *k;            /* size rows of k_row_bytes, or NULL */
+    uint8_t *v;            /* size rows of v_row_bytes, or NULL */
+} kvc_rec_layer;
+
+#define KVC_REC_WARN_CAP 1024
+
+typedef struct kvc_recurrent {
+    kvc_rec_cells  cells;       /* the live table */
+    kvc_rec_cells  work;        /* same size; where find_slot / state_read build their result */
+    uint32_t       n_seq_max;   /* valid sequence ids: [0, n_seq_max), n_seq_max <= size */
+    int32_t        type_k;      /* ggml type id of K */
+    int32_t        type_v;      /* ggml type id of V */
+    uint32_t       n_layer;     /* number of layers */
+    kvc_rec_layer *layers;      /* [n_layer] */
+    size_t        *read_off;    /* [2 * n_layer] scratch of state_read: data offsets of K, V */
+    /* warnings of the last find_slot (the reference logs them), one per line */
+    uint32_t       n_warn;      /* how many were raised (may exceed what fits in warn) */
+    char           warn[KVC_REC_WARN_CAP]; /* NUL-terminated, lines separated by '\n' */
+} kvc_recurrent;
+
+typedef struct kvc_recurrent_params {
+    uint32_t        kv_size;    /* number of cells, >= max(1, n_seq_max) */
+    uint32_t        n_seq_max;  /* 0..64 */
+    int32_t         type_k, type_v;
+    uint32_t        n_layer;    /* >= 1 */
+    const uint32_t *n_embd_k;   /* [n_layer] K row widths, state part included */
+    const uint32_t *n_embd_v;   /* [n_layer] V row widths, state part included */
+} kvc_recurrent_params;
+
+/* Validate params and initialise an empty cache (buffers NULL). KVC_OK, KVC_E_ARG, KVC_E_NOMEM. */
+int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err);
+void kvc_recurrent_free(kvc_recurrent *c);
+/* Attach the K/V memory of layer il (size rows each; either may be NULL). */
+void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v);
+
+static inline bool kvc_recurrent_cell_is_empty(const kvc_recurrent *c, uint32_t i) { return c->cells.seq[i] == 0; }
+
+/* --- operations; sequence ids are validated by the caller (C5), positions are any int32 --- */
+/* Empty every cell (pos, src, tail -1), head = used = 0, zero the K/V buffers; n is kept. */
+void    kvc_recurrent_clear(kvc_recurrent *c);
+/* Remove [p0, p1) of sequence s (s -1: every sequence, only for an empty or the whole range).
+ * false when that would cut a state in two (nothing changes then). */
+bool    kvc_recurrent_seq_rm(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1);
+/* dst shares src's state (dst's own state is dropped). The range is not used. */
+void    kvc_recurrent_seq_cp(kvc_recurrent *c, int32_t src, int32_t dst, int32_t p0, int32_t p1);
+void    kvc_recurrent_seq_keep(kvc_recurrent *c, int32_t s);
+/* Shift / divide the position of s's state when it lies in [p0, p1) (d 0 is ignored). */
+void    kvc_recurrent_seq_add(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, int32_t shift);
+void    kvc_recurrent_seq_div(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, int32_t d);
+int32_t kvc_recurrent_seq_pos_min(const kvc_recurrent *c, int32_t s);
+int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s);
+
+/* Place a ubatch of n_seqs groups of n_seq_tokens tokens: group k's state ends up in cell
+ * head + k. 1 = placed, 0 = the reference's sanity check failed (n < n_seqs; the cells are
+ * changed as the reference changes them). Errors change nothing: KVC_E_ARG (empty ubatch or a
+ * sequence id outside [0, n_seq_max)), KVC_E_NOSPACE (no empty cell for a sequence that needs
+ * one), KVC_E_INTERNAL (a sequence's tail cell does not hold it, e.g. after seq_rm(-1, ...)
+ * without clear; the reference aborts). Warnings go to c->warn / c->n_warn. */
+int     kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err);
+void    kvc_recurrent_commit(kvc_recurrent *c);   /* nothing to commit */
+void    kvc_recurrent_restore(kvc_recurrent *c);  /* nothing is ever pending: a no-op */
+void    kvc_recurrent_set_full(kvc_recurrent *c); /* n = size, head = 0 */
+
+/* The graph inputs for cells head + i, i in [0, count): s_copy is the cell to copy the state
+ * from, s_mask 1.0 when the state is kept, 0.0 when it starts from zero. Both update src in
+ * place as the reference does (so a second call answers differently). KVC_E_ARG when
+ * head + count > size (nothing changes). */
+int     kvc_recurrent_s_copy(kvc_recurrent *c, uint32_t count, int32_t *out);
+int     kvc_recurrent_s_mask(kvc_recurrent *c, uint32_t count, float *out);
+/* Index + 1 of the last cell with pos >= 0 and a sequence, or 0. */
+uint32_t kvc_recurrent_cell_max(const kvc_recurrent *c);
+
+/* Write rows [head, head + n_rows) of layer il: k holds n_rows rows of k_row_bytes, v of
+ * v_row_bytes; either may be NULL. KVC_E_ARG when il or the rows are out of range. */
+int     kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const void *k, const void *v);
+
+/* --- state codec (layout: golden/FORMAT.md "state_write / state_read blobs") -------------- */
+/* Bytes state_write would produce for seq_id (-1 = whole cache). */
+size_t  kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id);
+/* Write the state of seq_id (-1 = all) into out[0, cap): KVC_OK with *written, or
+ * KVC_E_NOSPACE when cap is too small. */
+int     kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written);
+/* Read one cache state from data[0, len) into seq_id (-1 = whole cache). KVC_OK with *consumed
+ * (trailing bytes are not read). On failure KVC_E_STATE (or KVC_E_ARG for a bad seq_id), err
+ * says why, and nothing at all has changed (cells, counters, every K/V byte). A single-sequence
+ * part with cell_count 0 removes seq_id; one with more than one cell is rejected; negative
+ * positions and sequence ids outside [0, n_seq_max) are rejected. */
+int     kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                 size_t *consumed, kvc_err *err);
+
+#endif

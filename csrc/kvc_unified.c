@@ -1,0 +1,798 @@
+#include "kvc_unified.h"
+#include "kvc_types.h"
+
+#include <math.h>
+#include <string.h>
+
+/* --- construction -------------------------------------------------------------------- */
+
+int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) {
+    memset(c, 0, sizeof *c);
+    if (p->n_pad == 0) {
+        return kvc_err_set(err, KVC_E_ARG, "n_pad must be positive");
+    }
+    if (p->kv_size == 0 || p->kv_size % p->n_pad != 0 || p->kv_size > (uint32_t)INT32_MAX) {
+        return kvc_err_set(err, KVC_E_ARG, "kv_size (%u) must be a positive multiple of n_pad (%u)",
+                           p->kv_size, p->n_pad);
+    }
+    if (p->n_seq_max == 0 || p->n_seq_max > KVC_MAX_SEQ) {
+        return kvc_err_set(err, KVC_E_ARG, "n_seq_max (%u) must be in [1, %d]", p->n_seq_max, KVC_MAX_SEQ);
+    }
+    const kvc_type_info *tk = kvc_type_get(p->type_k), *tv = kvc_type_get(p->type_v);
+    if (!tk) {
+        return kvc_err_set(err, KVC_E_ARG, "type_k: unsupported ggml type %d", p->type_k);
+    }
+    if (!tv) {
+        return kvc_err_set(err, KVC_E_ARG, "type_v: unsupported ggml type %d", p->type_v);
+    }
+    if (p->v_trans && tv->blck_size != 1) {
+        return kvc_err_set(err, KVC_E_ARG, "type_v %s cannot be stored transposed (v_trans needs a "
+                           "type with one element per block)", tv->name);
+    }
+    if (p->swa_type != KVC_SWA_NONE && p->swa_type != KVC_SWA_STANDARD && p->swa_type != KVC_SWA_CHUNKED) {
+        return kvc_err_set(err, KVC_E_ARG, "swa_type %d is not none, standard or chunked", p->swa_type);
+    }
+    if (p->swa_type != KVC_SWA_NONE && p->n_swa == 0) {
+        return kvc_err_set(err, KVC_E_ARG, "n_swa must be positive with a sliding window");
+    }
+    for (uint32_t l = 0; l < p->n_layer; l++) {
+        if (p->n_embd_k[l] == 0 || p->n_embd_k[l] % tk->blck_size != 0) {
+            return kvc_err_set(err, KVC_E_ARG, "n_embd_k_gqa of layer %d (%u) must be a positive multiple "
+                               "of %u for type_k %s", p->layer_il[l], p->n_embd_k[l], tk->blck_size, tk->name);
+        }
+        if (p->n_embd_v[l] == 0 || p->n_embd_v[l] % tv->blck_size != 0) {
+            return kvc_err_set(err, KVC_E_ARG, "n_embd_v_gqa of layer %d (%u) must be a positive multiple "
+                               "of %u for type_v %s", p->layer_il[l], p->n_embd_v[l], tv->blck_size, tv->name);
+        }
+    }
+
+    c->n_seq_max = p->n_seq_max;
+    c->n_pad = p->n_pad;
+    c->n_swa = p->n_swa;
+    c->swa_type = p->swa_type;
+    c->type_k = p->type_k;
+    c->type_v = p->type_v;
+    c->v_trans = p->v_trans;
+    c->n_layer = p->n_layer;
+
+    if (kvc_cells_init(&c->cells, p->kv_size, p->n_seq_max) != KVC_OK) {
+        goto nomem;
+    }
+    c->layers = kvc_calloc(p->n_layer ? p->n_layer : 1, sizeof *c->layers);
+    c->defrag_ids = kvc_malloc((size_t)p->kv_size * sizeof *c->defrag_ids);
+    c->cap_rec = 4;
+    c->rec = kvc_malloc(c->cap_rec * sizeof *c->rec);
+    c->cap_rec_arena = 64;
+    c->rec_pos = kvc_malloc(c->cap_rec_arena * sizeof *c->rec_pos);
+    c->rec_seq = kvc_malloc(c->cap_rec_arena * sizeof *c->rec_seq);
+    if (!c->layers || !c->defrag_ids || !c->rec || !c->rec_pos || !c->rec_seq) {
+        goto nomem;
+    }
+    for (uint32_t l = 0; l < p->n_layer; l++) {
+        kvc_layer *ly = &c->layers[l];
+        ly->il = p->layer_il[l];
+        ly->n_embd_k = p->n_embd_k[l];
+        ly->n_embd_v = p->n_embd_v[l];
+        ly->k_row_bytes = kvc_row_size(p->type_k, p->n_embd_k[l]);
+        ly->v_row_bytes = kvc_row_size(p->type_v, p->n_embd_v[l]);
+    }
+    return KVC_OK;
+
+nomem:
+    kvc_unified_free(c);
+    return kvc_err_set(err, KVC_E_NOMEM, "out of memory creating a cache of %u cells", p->kv_size);
+}
+
+void kvc_unified_free(kvc_unified *c) {
+    kvc_cells_free(&c->cells);
+    kvc_free(c->layers);
+    kvc_free(c->defrag_ids);
+    kvc_free(c->rec);
+    kvc_free(c->rec_pos);
+    kvc_free(c->rec_seq);
+    memset(c, 0, sizeof *c);
+}
+
+void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v) {
+    c->layers[ikv].k = k;
+    c->layers[ikv].v = v;
+}
+
+/* --- sequence operations ------------------------------------------------------------- */
+
+static inline void kvc_clamp_range(int32_t *p0, int32_t *p1) {
+    if (*p0 < 0) {
+        *p0 = 0;
+    }
+    if (*p1 < 0) {
+        *p1 = KVC_POS_MAX;
+    }
+}
+
+void kvc_unified_clear(kvc_unified *c) {
+    kvc_cells_reset(&c->cells);
+    c->head = 0;
+    const size_t size = c->cells.size;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        if (c->layers[l].k) {
+            memset(c->layers[l].k, 0, size * c->layers[l].k_row_bytes);
+        }
+        if (c->layers[l].v) {
+            memset(c->layers[l].v, 0, size * c->layers[l].v_row_bytes);
+        }
+    }
+}
+
+bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
+    kvc_cells *cells = &c->cells;
+    const uint32_t size = cells->size, end = cells->used_max_p1;
+    uint32_t new_head = size;
+    uint64_t touched = 0;
+
+    kvc_clamp_range(&p0, &p1);
+
+    for (uint32_t i = 0; i < end; i++) {
+        if (!kvc_cells_pos_in(cells, i, p0, p1)) {
+            continue;
+        }
+        if (s < 0) {
+            /* any sequence: the cell goes whatever it holds */
+            touched |= cells->seq[i];
+            kvc_cells_clear_raw(cells, i);
+        } else if (kvc_cells_seq_has(cells, i, s)) {
+            cells->seq[i] &= ~((uint64_t)1 << s);
+            if (cells->seq[i] != 0) {
+                continue;
+            }
+            kvc_cells_clear_raw(cells, i);
+        } else {
+            continue;
+        }
+        if (new_head == size) {
+            new_head = i;
+        }
+    }
+
+    /* every cell holding the sequence within [p0, p1) lost it: drop that slice of positions */
+    if (s >= 0) {
+        kvc_cells_seq_pos_rm_range(cells, s, p0, p1);
+    } else {
+        for (uint64_t m = touched; m; m &= m - 1) {
+            kvc_cells_seq_pos_rm_range(cells, (int32_t)kvc_ctz64(m), p0, p1);
+        }
+    }
+
+    if (new_head != size && new_head < c->head) {
+        c->head = new_head;
+    }
+    return true;
+}
+
+void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+    kvc_cells *cells = &c->cells;
+    if (src == dst) {
+        return;
+    }
+    kvc_clamp_range(&p0, &p1);
+    const uint64_t bsrc = (uint64_t)1 << src, bdst = (uint64_t)1 << dst;
+    bool any = false;
+    for (uint32_t i = 0; i < cells->used_max_p1; i++) {
+        if (kvc_cells_pos_in(cells, i, p0, p1) && (cells->seq[i] & bsrc) && !(cells->seq[i] & bdst)) {
+            cells->seq[i] |= bdst;
+            any = true;
+        }
+    }
+    if (any) {
+        kvc_cells_rebuild_seq_pos(cells, bdst);
+    }
+}
+
+void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
+    kvc_cells *cells = &c->cells;
+    const uint32_t size = cells->size, end = cells->used_max_p1;
+    const uint64_t bit = (uint64_t)1 << s;
+    uint32_t new_head = size;
+
+    for (uint32_t i = 0; i < end; i++) {
+        if (cells->pos[i] == -1 || cells->seq[i] == 0) {
+            continue;
+        }
+        if (cells->seq[i] & bit) {
+            cells->seq[i] = bit;
+        } else {
+            kvc_cells_clear_raw(cells, i);
+            if (new_head == size) {
+                new_head = i;
+            }
+        }
+    }
+    /* no cell holds any other sequence now */
+    for (uint32_t t = 0; t < cells->n_seq_max; t++) {
+        if ((int32_t)t != s) {
+            cells->seq_pos[t].n = 0;
+        }
+    }
+    if (new_head != size && new_head < c->head) {
+        c->head = new_head;
+    }
+}
+
+void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
+    kvc_cells *cells = &c->cells;
+    if (shift == 0) {
+        return;
+    }
+    const uint32_t size = cells->size, end = cells->used_max_p1;
+    uint32_t new_head = size;
+    kvc_clamp_range(&p0, &p1);
+    if (p0 == p1) {
+        return;
+    }
+    uint64_t touched = 0;
+    for (uint32_t i = 0; i < end; i++) {
+        if (!kvc_cells_pos_in(cells, i, p0, p1) || !kvc_cells_seq_has(cells, i, s)) {
+            continue;
+        }
+        touched |= cells->seq[i];
+        if (kvc_cells_pos_add_raw(cells, i, shift) && new_head == size) {
+            new_head = i;
+        }
+    }
+    kvc_cells_rebuild_seq_pos(cells, touched);
+    /* a freed cell is where the next search starts; otherwise start from the beginning */
+    c->head = new_head != size ? new_head : 0;
+}
+
+void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
+    kvc_cells *cells = &c->cells;
+    if (d == 1) {
+        return;
+    }
+    kvc_clamp_range(&p0, &p1);
+    if (p0 == p1) {
+        return;
+    }
+    uint64_t touched = 0;
+    for (uint32_t i = 0; i < cells->used_max_p1; i++) {
+        if (kvc_cells_pos_in(cells, i, p0, p1) && kvc_cells_seq_has(cells, i, s)) {
+            touched |= cells->seq[i];
+            kvc_cells_pos_div_raw(cells, i, d);
+        }
+    }
+    kvc_cells_rebuild_seq_pos(cells, touched);
+}
+
+/* --- slot search and recovery -------------------------------------------------------- */
+
+/* Make room for one more recovery entry of n cells (before anything changes). */
+static int kvc_unified_reserve_recovery(kvc_unified *c, uint32_t n) {
+    if (c->n_rec == c->cap_rec) {
+        const uint32_t cap = c->cap_rec * 2;
+        kvc_recovery *r = kvc_realloc(c->rec, cap * sizeof *r);
+        if (!r) {
+            return KVC_E_NOMEM;
+        }
+        c->rec = r;
+        c->cap_rec = cap;
+    }
+    if ((uint64_t)c->n_rec_arena + n > c->cap_rec_arena) {
+        uint64_t cap = c->cap_rec_arena;
+        while (cap < (uint64_t)c->n_rec_arena + n) {
+            cap *= 2;
+        }
+        if (cap > UINT32_MAX) {
+            return KVC_E_NOMEM;
+        }
+        int32_t *rp = kvc_realloc(c->rec_pos, (size_t)cap * sizeof *rp);
+        if (!rp) {
+            return KVC_E_NOMEM;
+        }
+        c->rec_pos = rp;
+        uint64_t *rs = kvc_realloc(c->rec_seq, (size_t)cap * sizeof *rs);
+        if (!rs) {
+            return KVC_E_NOMEM;
+        }
+        c->rec_seq = rs;
+        c->cap_rec_arena = (uint32_t)cap;
+    }
+    return KVC_OK;
+}
+
+/* The seed's search loop, with runs of used cells skipped 64 at a time. `n_tested` counts the
+ * cells the head has travelled over; the search gives up once it reaches the cache size
+ * (checked only after a failed window, as the seed does). */
+static bool kvc_unified_search(kvc_unified *c, uint32_t n_tokens) {
+    const kvc_cells *cells = &c->cells;
+    const uint32_t size = cells->size;
+    uint64_t n_tested = 0;
+    uint32_t head = c->head;
+    bool found;
+
+    for (;;) {
+        if ((uint64_t)head + n_tokens > size) {
+            n_tested += size - head;
+            head = 0;
+            continue;
+        }
+        const uint32_t j = kvc_cells_next_used(cells, head, head + n_tokens);
+        if (j == head + n_tokens) {
+            found = true;
+            break;
+        }
+        n_tested += (uint64_t)j + 1 - head;
+        head = j + 1;
+        if (n_tested >= size) {
+            found = false;
+            break;
+        }
+        /* the seed steps over used cells one at a time while the window still fits */
+        const uint32_t last_fit = size - n_tokens;
+        if (head <= last_fit) {
+            uint32_t stop = kvc_cells_next_empty(cells, head, last_fit + 1);
+            const uint64_t steps = stop - head;
+            if (n_tested + steps >= size) {
+                head += (uint32_t)(size - n_tested);
+                found = false;
+                break;
+            }
+            n_tested += steps;
+            head = stop;
+        }
+    }
+    c->head = head;
+    return found;
+}
+
+int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
+    kvc_cells *cells = &c->cells;
+    const uint32_t n_tokens = ub->n_tokens;
+
+    if (n_tokens <= cells->size && kvc_unified_reserve_recovery(c, n_tokens) != KVC_OK) {
+        return KVC_E_NOMEM;
+    }
+
+    /* plenty of free cells before head: search from the beginning, hoping to fill it */
+    if ((uint64_t)c->head > (uint64_t)cells->used + 2 * (uint64_t)n_tokens) {
+        c->head = 0;
+    }
+    if (n_tokens > cells->size) {
+        return 0;
+    }
+    if (!kvc_unified_search(c, n_tokens)) {
+        return 0;
+    }
+
+    const uint32_t head = c->head;
+    kvc_recovery *r = &c->rec[c->n_rec++];
+    r->i = head;
+    r->n = n_tokens;
+    r->off = c->n_rec_arena;
+    memcpy(c->rec_pos + r->off, cells->pos + head, (size_t)n_tokens * sizeof *cells->pos);
+    memcpy(c->rec_seq + r->off, cells->seq + head, (size_t)n_tokens * sizeof *cells->seq);
+    c->n_rec_arena += n_tokens;
+
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        const uint32_t g = t / ub->n_seq_tokens;
+        kvc_cells_pos_set(cells, head + t, ub->pos[t]);
+        for (uint32_t k = ub->seq_off[g]; k < ub->seq_off[g + 1]; k++) {
+            kvc_cells_seq_add(cells, head + t, ub->seq_ids[k]);
+        }
+    }
+
+    /* attend only to the part of the cache in use, padded */
+    uint32_t n = kvc_pad_u32(cells->used_max_p1, c->n_pad);
+    if (n < c->n_pad) {
+        n = c->n_pad;
+    }
+    c->n = n < cells->size ? n : cells->size;
+    return 1;
+}
+
+void kvc_unified_commit(kvc_unified *c) {
+    c->n_rec = 0;
+    c->n_rec_arena = 0;
+}
+
+void kvc_unified_restore(kvc_unified *c) {
+    kvc_cells *cells = &c->cells;
+    uint64_t touched = 0;
+    for (uint32_t k = 0; k < c->n_rec; k++) {
+        const kvc_recovery *r = &c->rec[k];
+        for (uint32_t j = 0; j < r->n; j++) {
+            touched |= cells->seq[r->i + j] | c->rec_seq[r->off + j];
+            kvc_cells_set_raw(cells, r->i + j, c->rec_pos[r->off + j], c->rec_seq[r->off + j]);
+        }
+    }
+    kvc_cells_rebuild_seq_pos(cells, touched);
+    kvc_unified_commit(c);
+}
+
+void kvc_unified_set_full(kvc_unified *c) {
+    c->n = c->cells.size;
+    c->head = 0;
+}
+
+/* --- data ------------------------------------------------------------------------------ */
+
+void kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v) {
+    const kvc_layer *ly = &c->layers[ikv];
+    const size_t head = c->head, size = c->cells.size;
+    if (k && ly->k) {
+        memcpy(ly->k + head * ly->k_row_bytes, k, n_tokens * ly->k_row_bytes);
+    }
+    if (!v || !ly->v) {
+        return;
+    }
+    if (!c->v_trans) {
+        memcpy(ly->v + head * ly->v_row_bytes, v, n_tokens * ly->v_row_bytes);
+        return;
+    }
+    /* transposed: element e of token t goes to row e, column head + t */
+    const size_t el = kvc_type_get(c->type_v)->type_size;
+    const uint8_t *src = v;
+    for (uint32_t e = 0; e < ly->n_embd_v; e++) {
+        uint8_t *dst = ly->v + ((size_t)e * size + head) * el;
+        for (uint32_t t = 0; t < n_tokens; t++) {
+            memcpy(dst + (size_t)t * el, src + ((size_t)t * ly->n_embd_v + e) * el, el);
+        }
+    }
+}
+
+int kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax) {
+    kvc_cells *cells = &c->cells;
+    if (c->swa_type == KVC_SWA_NONE) {
+        return KVC_E_ARG;
+    }
+    int64_t n_attended = 0;
+    const uint32_t end = cells->used_max_p1;
+    for (uint32_t i = 0; i < end; i++) {
+        if (cells->pos[i] == -1 || !kvc_cells_seq_has(cells, i, s)) {
+            continue;
+        }
+        const int32_t p0 = cells->pos[i];
+        if (p0 <= pmin && !kvc_unified_is_masked_swa(c, p0, pmin)) {
+            n_attended++;
+        }
+        if (kvc_unified_is_masked_swa(c, p0, pmax)) {
+            kvc_cells_seq_rm(cells, i, s);
+        }
+    }
+    const int64_t need = (int64_t)c->n_swa < pmin ? (int64_t)c->n_swa : pmin;
+    return n_attended < need;
+}
+
+/* --- attention inputs ------------------------------------------------------------------ */
+
+bool kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1) {
+    switch (c->swa_type) {
+    case KVC_SWA_STANDARD:
+        return (int64_t)p1 - p0 >= (int64_t)c->n_swa;
+    case KVC_SWA_CHUNKED: {
+        const int64_t chunk_start = ((int64_t)p1 / c->n_swa) * c->n_swa;
+        return p0 < chunk_start;
+    }
+    default:
+        return false;
+    }
+}
+
+/* The window of key positions [lo, hi] a query at p1 may see. */
+static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, bool causal, int32_t *lo, int32_t *hi) {
+    int64_t l = 0;
+    if (c->swa_type == KVC_SWA_STANDARD) {
+        l = (int64_t)p1 - c->n_swa + 1;       /* masked when p1 - p0 >= n_swa */
+    } else if (c->swa_type == KVC_SWA_CHUNKED) {
+        l = ((int64_t)p1 / c->n_swa) * c->n_swa; /* masked before the chunk start */
+    }
+    *lo = (int32_t)(l > 0 ? l : 0);
+    *hi = causal ? p1 : INT32_MAX;
+}
+
+/* (float)(-d), not -(float)d: the seed negates the integer distance, so distance 0 gives +0.0. */
+/* One mask row from the key positions `vis` of one sequence (-1 where the cell is empty or
+ * does not hold it). Branch-free so that compilers vectorize it. */
+static void kvc_mask_row_f32(float *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi, int32_t p1, bool alibi) {
+    if (alibi) {
+        for (uint32_t i = 0; i < n_kv; i++) {
+            const int32_t v = vis[i];
+            const int32_t d = v > p1 ? v - p1 : p1 - v;
+            row[i] = (v >= lo && v <= hi) ? (float)(-d) : -INFINITY;
+        }
+    } else {
+        for (uint32_t i = 0; i < n_kv; i++) {
+            const int32_t v = vis[i];
+            row[i] = (v >= lo && v <= hi) ? 0.0f : -INFINITY;
+        }
+    }
+}
+
+static void kvc_mask_row_f16(uint16_t *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi, int32_t p1, bool alibi) {
+    if (alibi) {
+        for (uint32_t i = 0; i < n_kv; i++) {
+            const int32_t v = vis[i];
+            const int32_t d = v > p1 ? v - p1 : p1 - v;
+            row[i] = (v >= lo && v <= hi) ? kvc_f32_to_f16((float)(-d)) : (uint16_t)0xfc00u;
+        }
+    } else {
+        for (uint32_t i = 0; i < n_kv; i++) {
+            const int32_t v = vis[i];
+            row[i] = (v >= lo && v <= hi) ? (uint16_t)0 : (uint16_t)0xfc00u;
+        }
+    }
+}
+
+static void kvc_mask_row_bool(uint8_t *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi) {
+    for (uint32_t i = 0; i < n_kv; i++) {
+        const int32_t v = vis[i];
+        row[i] = (uint8_t)(v >= lo && v <= hi);
+    }
+}
+
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, void *out) {
+    const kvc_cells *cells = &c->cells;
+    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
+    const uint32_t rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD);
+    const size_t el = dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
+    const size_t row_bytes = (size_t)n_kv * el;
+
+    /* one row of key positions per distinct sequence of the ubatch (tokens interleave) */
+    uint64_t seqs = 0;
+    for (uint32_t g = 0; g < ub->n_seqs; g++) {
+        seqs |= (uint64_t)1 << ub->seq_ids[ub->seq_off[g]];
+    }
+    const unsigned n_vis = kvc_popcount64(seqs);
+    int32_t *vis = kvc_malloc((size_t)(n_vis ? n_vis : 1) * (n_kv ? n_kv : 1) * sizeof *vis);
+    if (!vis) {
+        return KVC_E_NOMEM;
+    }
+    int32_t *vis_of[KVC_MAX_SEQ];
+    unsigned k = 0;
+    for (uint64_t m = seqs; m; m &= m - 1, k++) {
+        const unsigned s = kvc_ctz64(m);
+        const uint64_t bit = (uint64_t)1 << s;
+        int32_t *v = vis + (size_t)k * n_kv;
+        for (uint32_t i = 0; i < n_kv; i++) {
+            v[i] = (cells->seq[i] & bit) ? cells->pos[i] : -1;
+        }
+        vis_of[s] = v;
+    }
+
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        const uint32_t g = t / ub->n_seq_tokens;
+        const int32_t *v = vis_of[ub->seq_ids[ub->seq_off[g]]];
+        const int32_t p1 = ub->pos[t];
+        int32_t lo, hi;
+        kvc_unified_visible_range(c, p1, causal, &lo, &hi);
+        uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
+        switch (dtype) {
+        case KVC_MASK_F32:  kvc_mask_row_f32((float *)row, v, n_kv, lo, hi, p1, alibi); break;
+        case KVC_MASK_F16:  kvc_mask_row_f16((uint16_t *)row, v, n_kv, lo, hi, p1, alibi); break;
+        default:            kvc_mask_row_bool(row, v, n_kv, lo, hi); break;
+        }
+    }
+    kvc_free(vis);
+
+    /* padding rows see nothing: build one, copy it */
+    if (rows > n_tokens && n_kv) {
+        uint8_t *pad = (uint8_t *)out + (size_t)n_tokens * row_bytes;
+        if (dtype == KVC_MASK_F32) {
+            float *f = (float *)pad;
+            for (uint32_t i = 0; i < n_kv; i++) {
+                f[i] = -INFINITY;
+            }
+        } else if (dtype == KVC_MASK_F16) {
+            uint16_t *h = (uint16_t *)pad;
+            for (uint32_t i = 0; i < n_kv; i++) {
+                h[i] = 0xfc00u;
+            }
+        } else {
+            memset(pad, 0, row_bytes);
+        }
+        for (uint32_t r = n_tokens + 1; r < rows; r++) {
+            memcpy((uint8_t *)out + (size_t)r * row_bytes, pad, row_bytes);
+        }
+    }
+    return KVC_OK;
+}
+
+int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets) {
+    const int64_t max_distance = 128;
+    const int64_t max_exact = n_buckets >> 1;
+    int32_t r = p1 - p0; /* query minus key, clamped at 0 (unidirectional) */
+    if (r < 0) {
+        r = 0;
+    }
+    if (r < max_exact) {
+        return r;
+    }
+    const float lr = logf((float)((double)r / (double)max_exact));
+    const float ld = logf((float)((double)max_distance / (double)max_exact));
+    const double v = (double)max_exact + (double)lr * (double)(n_buckets - max_exact) / (double)ld;
+    int32_t b = (int32_t)floor(v);
+    if (b > (int32_t)n_buckets - 1) {
+        b = (int32_t)n_buckets - 1;
+    }
+    return b;
+}
+
+void kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out) {
+    const uint32_t n_kv = c->n;
+    for (uint32_t t = 0; t < ub->n_tokens; t++) {
+        for (uint32_t i = 0; i < n_kv; i++) {
+            out[(size_t)t * n_kv + i] = kvc_relative_position_bucket(c->cells.pos[i], ub->pos[t], n_buckets);
+        }
+    }
+}
+
+void kvc_unified_k_shift(const kvc_unified *c, int32_t *out) {
+    for (uint32_t i = 0; i < c->cells.size; i++) {
+        out[i] = c->cells.pos[i] == -1 ? 0 : c->cells.shift[i];
+    }
+}
+
+/* --- defragmentation ------------------------------------------------------------------- */
+
+void kvc_unified_defrag_sched(kvc_unified *c, float thold) {
+    /* small contexts are not worth it; the padding counts as used */
+    const float frag = c->n >= 2048 ? 1.0f - ((float)(c->cells.used + c->n_pad) / (float)c->n) : 0.0f;
+    if ((frag > 0.0f ? frag : 0.0f) > thold) {
+        c->do_defrag = true;
+    }
+}
+
+int kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes) {
+    kvc_cells *cells = &c->cells;
+    const uint32_t n_layer = c->n_layer;
+    const uint32_t n_kv = cells->used_max_p1;
+    const uint32_t n_used = cells->used;
+    uint32_t *ids = c->defrag_ids;
+    /* each move costs 6 graph nodes per layer; unsigned arithmetic as the seed (a budget below
+     * 2*n_layer wraps around to "unlimited") */
+    const uint32_t max_moves = n_layer ? ((uint32_t)n_max_nodes - 2 * n_layer) / (6 * n_layer) : 0;
+    uint32_t n_moves = 0;
+    /* every cell at or above `top` is empty or already moved */
+    uint32_t top = n_kv;
+
+    for (uint32_t i = 0; i < n_kv; i++) {
+        ids[i] = n_kv;
+    }
+    c->n_defrag_ids = n_kv;
+
+    for (uint32_t i0 = 0; i0 < n_used; i0++) {
+        if (!kvc_cells_is_empty(cells, i0)) {
+            ids[i0] = i0;
+            continue;
+        }
+        /* a hole: fill it with the last cells of the cache */
+        uint32_t nh = 1;
+        while (i0 + nh < n_used && kvc_cells_is_empty(cells, i0 + nh)) {
+            nh++;
+        }
+        uint32_t nf = 0;
+        uint32_t is = top - 1;
+        for (; is > i0; is--) {
+            if (kvc_cells_is_empty(cells, is) || ids[is] != n_kv) {
+                continue;
+            }
+            if (++nf == nh) {
+                break;
+            }
+        }
+        if (nf != nh) {
+            return KVC_E_INTERNAL; /* the used count disagrees with the cells */
+        }
+        top = is;
+
+        nf = 0;
+        bool cont = false, stop = false;
+        for (uint32_t i1 = is; i1 < n_kv; i1++) {
+            if (kvc_cells_is_empty(cells, i1) || ids[i1] != n_kv) {
+                if (n_moves == max_moves) {
+                    stop = true;
+                    break;
+                }
+                cont = false;
+                continue;
+            }
+            ids[i1] = i0 + nf;
+            kvc_cells_mv(cells, i1, i0 + nf);
+            c->head = n_used;
+            if (!cont) {
+                n_moves++;
+                cont = true;
+            }
+            if (++nf == nh) {
+                break;
+            }
+        }
+        if (stop || n_moves == max_moves) {
+            break;
+        }
+        i0 += nh - 1;
+    }
+    return n_moves > 0;
+}
+
+void kvc_unified_defrag_move(kvc_unified *c) {
+    const uint32_t *ids = c->defrag_ids;
+    const uint32_t n_ids = c->n_defrag_ids;
+    const size_t size = c->cells.size;
+    const size_t el = kvc_type_get(c->type_v)->type_size;
+
+    for (uint32_t i = 0; i < n_ids; i++) {
+        const uint32_t id = ids[i];
+        if (id == i || id == n_ids) {
+            continue;
+        }
+        uint32_t nm = 1;
+        while (i + nm < n_ids && ids[i + nm] == id + nm) {
+            nm++;
+        }
+        for (uint32_t l = 0; l < c->n_layer; l++) {
+            const kvc_layer *ly = &c->layers[l];
+            if (ly->k) {
+                memmove(ly->k + id * ly->k_row_bytes, ly->k + i * ly->k_row_bytes, nm * ly->k_row_bytes);
+            }
+            if (!ly->v) {
+                continue;
+            }
+            if (!c->v_trans) {
+                memmove(ly->v + id * ly->v_row_bytes, ly->v + i * ly->v_row_bytes, nm * ly->v_row_bytes);
+            } else {
+                for (uint32_t e = 0; e < ly->n_embd_v; e++) {
+                    uint8_t *row = ly->v + (size_t)e * size * el;
+                    memmove(row + (size_t)id * el, row + (size_t)i * el, nm * el);
+                }
+            }
+        }
+        i += nm - 1;
+    }
+    c->do_defrag = false;
+}
+
+/* --- snapshots ------------------------------------------------------------------------- */
+
+int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s) {
+    memset(s, 0, sizeof *s);
+    if (kvc_cells_init(&s->cells, c->cells.size, c->cells.n_seq_max) != KVC_OK) {
+        return KVC_E_NOMEM;
+    }
+    kvc_cells_copy(&s->cells, &c->cells);
+    s->rec = kvc_malloc((c->n_rec ? c->n_rec : 1) * sizeof *s->rec);
+    s->rec_pos = kvc_malloc((c->n_rec_arena ? c->n_rec_arena : 1) * sizeof *s->rec_pos);
+    s->rec_seq = kvc_malloc((c->n_rec_arena ? c->n_rec_arena : 1) * sizeof *s->rec_seq);
+    if (!s->rec || !s->rec_pos || !s->rec_seq) {
+        kvc_unified_snapshot_free(s);
+        return KVC_E_NOMEM;
+    }
+    memcpy(s->rec, c->rec, c->n_rec * sizeof *s->rec);
+    memcpy(s->rec_pos, c->rec_pos, c->n_rec_arena * sizeof *s->rec_pos);
+    memcpy(s->rec_seq, c->rec_seq, c->n_rec_arena * sizeof *s->rec_seq);
+    s->n_rec = c->n_rec;
+    s->n_rec_arena = c->n_rec_arena;
+    s->head = c->head;
+    s->n = c->n;
+    s->do_defrag = c->do_defrag;
+    return KVC_OK;
+}
+
+void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s) {
+    /* the cache's own arrays are at least as large as the snapshot's (they only grow) */
+    kvc_cells_copy(&c->cells, &s->cells);
+    memcpy(c->rec, s->rec, s->n_rec * sizeof *s->rec);
+    memcpy(c->rec_pos, s->rec_pos, s->n_rec_arena * sizeof *s->rec_pos);
+    memcpy(c->rec_seq, s->rec_seq, s->n_rec_arena * sizeof *s->rec_seq);
+    c->n_rec = s->n_rec;
+    c->n_rec_arena = s->n_rec_arena;
+    c->head = s->head;
+    c->n = s->n;
+    c->do_defrag = s->do_defrag;
+}
+
+void kvc_unified_snapshot_free(kvc_unified_snapshot *s) {
+    kvc_cells_free(&s->cells);
+    kvc_free(s->rec);
+    kvc_free(s->rec_pos);
+    kvc_free(s->rec_seq);
+    memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,365 @@
+# cython: language_level=3
+"""C-level workloads for `kvcache bench`.
+
+kvcache's C core and the baseline (benchmarks/baseline: the seed's loops with the seed's
+containers) run the same operations in one process; the timed loops hold no Python. Each
+function returns nanoseconds (and checks that both implementations agree where it can)."""
+
+from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t, uint16_t
+from libc.stdlib cimport malloc, free, calloc
+from libc.string cimport memset, memcpy
+from kvcache.includes.kvc_common cimport kvc_ubatch, kvc_err
+
+from time import perf_counter_ns
+
+
+cdef extern from "kvc_cells.h" nogil:
+    ctypedef struct kvc_cells:
+        uint32_t size
+        uint32_t used
+        uint32_t used_max_p1
+        int32_t *pos
+        uint64_t *seq
+
+
+cdef extern from "kvc_unified.h" nogil:
+    ctypedef struct kvc_layer:
+        uint8_t *k
+        uint8_t *v
+    ctypedef struct kvc_unified:
+        kvc_cells cells
+        uint32_t head
+        uint32_t n
+        uint32_t *defrag_ids
+        uint32_t n_defrag_ids
+    ctypedef struct kvc_unified_params:
+        uint32_t kv_size
+        uint32_t n_seq_max
+        uint32_t n_pad
+        uint32_t n_swa
+        int32_t swa_type
+        int32_t type_k
+        int32_t type_v
+        bint v_trans
+        uint32_t n_layer
+        const int32_t *layer_il
+        const uint32_t *n_embd_k
+        const uint32_t *n_embd_v
+    ctypedef struct kvc_unified_snapshot:
+        pass
+    int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
+    void kvc_unified_free(kvc_unified *c)
+    void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v)
+    int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub)
+    void kvc_unified_commit(kvc_unified *c)
+    void kvc_unified_restore(kvc_unified *c)
+    bint kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1)
+    int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out)
+    int kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes)
+    void kvc_unified_defrag_move(kvc_unified *c)
+    int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s)
+    void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
+    void kvc_unified_snapshot_free(kvc_unified_snapshot *s)
+
+
+cdef extern from "kvc_baseline.h" nogil:
+    ctypedef struct kvb_cache:
+        pass
+    ctypedef struct kvb_layer:
+        uint8_t *k
+        uint8_t *v
+        uint32_t k_row_bytes
+        uint32_t v_row_bytes
+        uint32_t v_el_bytes
+        uint32_t n_embd_v
+        int32_t type_k
+        int32_t type_v
+    kvb_cache *kvb_new(uint32_t size, uint32_t n_pad, uint32_t n_swa, int32_t swa_type, int v_trans)
+    void kvb_free(kvb_cache *c)
+    int kvb_find_slot(kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int32_t *seq)
+    void kvb_commit(kvb_cache *c)
+    int kvb_seq_rm(kvb_cache *c, int32_t s, int32_t p0, int32_t p1)
+    void kvb_kq_mask(const kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int32_t *seq, int causal, float *out)
+    int kvb_defrag_prepare(kvb_cache *c, int32_t n_max_nodes, uint32_t n_layer)
+    uint32_t kvb_head(const kvb_cache *c)
+    uint32_t kvb_n(const kvb_cache *c)
+    uint32_t kvb_used(const kvb_cache *c)
+
+
+cdef inline uint64_t lcg(uint64_t *state) nogil:
+    state[0] = state[0] * 6364136223846793005ULL + 1442695040888963407ULL
+    return state[0] >> 33
+
+
+cdef class Workload:
+    """A kvcache cache and a baseline cache driven through the same operations.
+
+    Tokens are placed one per call, round-robin over n_seqs sequences (each sequence's
+    positions grow by one); fragment() then punches random seq_rm holes."""
+    cdef kvc_unified fast
+    cdef kvb_cache *base
+    cdef uint32_t n_seqs
+    cdef int32_t *next_pos
+    cdef uint64_t rng
+    cdef bint ready
+    # one-token ubatch storage
+    cdef int32_t t_pos, t_seq
+    cdef uint32_t t_off[2]
+    cdef uint64_t t_mask
+    cdef kvc_ubatch ub
+
+    def __cinit__(self, uint32_t size, uint32_t n_seqs=32, uint32_t n_pad=32, uint32_t n_swa=0,
+                  int32_t swa_type=0, uint64_t seed=1):
+        cdef kvc_unified_params p
+        cdef kvc_err err
+        cdef int32_t il = 0
+        cdef uint32_t w = 32
+        memset(&p, 0, sizeof(p))
+        p.kv_size = size
+        p.n_seq_max = n_seqs
+        p.n_pad = n_pad
+        p.n_swa = n_swa
+        p.swa_type = swa_type
+        p.type_k = 1
+        p.type_v = 1
+        p.v_trans = True
+        p.n_layer = 1
+        p.layer_il = &il
+        p.n_embd_k = &w
+        p.n_embd_v = &w
+        if kvc_unified_init(&self.fast, &p, &err) != 0:
+            raise MemoryError("cannot create the cache")
+        self.base = kvb_new(size, n_pad, n_swa, swa_type, 1)
+        self.next_pos = <int32_t *>calloc(n_seqs, sizeof(int32_t))
+        self.n_seqs = n_seqs
+        self.rng = seed * 0x9E3779B97F4A7C15ULL + 1
+        self.t_off[0] = 0
+        self.t_off[1] = 1
+        self.ub.n_tokens = 1
+        self.ub.n_seq_tokens = 1
+        self.ub.n_seqs = 1
+        self.ub.pos = &self.t_pos
+        self.ub.seq_off = self.t_off
+        self.ub.seq_ids = &self.t_seq
+        self.ub.seq_mask = &self.t_mask
+        self.ready = True
+
+    def __dealloc__(self):
+        if self.ready:
+            kvc_unified_free(&self.fast)
+            kvb_free(self.base)
+            free(self.next_pos)
+
+    cdef inline void next_token(self, uint32_t k) noexcept nogil:
+        self.t_seq = <int32_t>(k % self.n_seqs)
+        self.t_pos = self.next_pos[self.t_seq]
+        self.next_pos[self.t_seq] += 1
+        self.t_mask = (<uint64_t>1) << self.t_seq
+
+    def fill(self, uint32_t n_tokens):
+        """Place n_tokens tokens in both caches (untimed); returns how many were placed."""
+        cdef uint32_t k
+        for k in range(n_tokens):
+            self.next_token(k)
+            if kvc_unified_find_slot(&self.fast, &self.ub) != 1:
+                return k
+            kvb_find_slot(self.base, 1, &self.t_pos, &self.t_seq)
+            kvc_unified_commit(&self.fast)
+            kvb_commit(self.base)
+        return n_tokens
+
+    def fragment(self, double free_fraction, int32_t hole=4):
+        """Free random runs of `hole` positions of random sequences until that fraction of the
+        cells is free (same holes in both caches)."""
+        cdef uint32_t size = self.fast.cells.size
+        cdef int32_t s, p
+        while self.fast.cells.used > <uint32_t>((1.0 - free_fraction) * size):
+            s = <int32_t>(lcg(&self.rng) % self.n_seqs)
+            p = <int32_t>(lcg(&self.rng) % (<uint64_t>self.next_pos[s] + 1))
+            kvc_unified_seq_rm(&self.fast, s, p, p + hole)
+            kvb_seq_rm(self.base, s, p, p + hole)
+        self.check()
+
+    def check(self):
+        """Both caches agree on head, n and used."""
+        if (self.fast.head != kvb_head(self.base) or self.fast.n != kvb_n(self.base)
+                or self.fast.cells.used != kvb_used(self.base)):
+            raise AssertionError(
+                f"kvcache and baseline disagree: head {self.fast.head}/{kvb_head(self.base)} "
+                f"n {self.fast.n}/{kvb_n(self.base)} used {self.fast.cells.used}/{kvb_used(self.base)}")
+
+    def find_slot_1tok(self, uint32_t n_ops):
+        """(ns kvcache, ns baseline, ops done): n_ops 1-token find_slot+commit on each cache,
+        stopping early when the cache is full. The caches end in the same state."""
+        cdef uint32_t k, done_fast = 0, done_base = 0
+        cdef int32_t *saved = <int32_t *>malloc(self.n_seqs * sizeof(int32_t))
+        cdef uint64_t t0, t1, t2
+        memcpy(saved, self.next_pos, self.n_seqs * sizeof(int32_t))
+        t0 = perf_counter_ns()
+        with nogil:
+            for k in range(n_ops):
+                self.next_token(k)
+                if kvc_unified_find_slot(&self.fast, &self.ub) != 1:
+                    break
+                kvc_unified_commit(&self.fast)
+                done_fast += 1
+        t1 = perf_counter_ns()
+        memcpy(self.next_pos, saved, self.n_seqs * sizeof(int32_t))
+        with nogil:
+            for k in range(n_ops):
+                self.next_token(k)
+                if kvb_find_slot(self.base, 1, &self.t_pos, &self.t_seq) != 1:
+                    break
+                kvb_commit(self.base)
+                done_base += 1
+        t2 = perf_counter_ns()
+        free(saved)
+        self.check()
+        if done_fast != done_base:
+            raise AssertionError(f"kvcache placed {done_fast} tokens, baseline {done_base}")
+        return t1 - t0, t2 - t1, done_fast
+
+    def prompt(self, uint32_t n_tokens, uint32_t reps):
+        """(ns kvcache, ns baseline) for reps x (find_slot of an n_tokens prompt of a new
+        sequence 0 position run + undo), the cache unchanged afterwards."""
+        cdef int32_t *pos = <int32_t *>malloc(n_tokens * sizeof(int32_t))
+        cdef int32_t *seq = <int32_t *>malloc(n_tokens * sizeof(int32_t))
+        cdef uint32_t *off = <uint32_t *>malloc((n_tokens + 1) * sizeof(uint32_t))
+        cdef uint64_t *mask = <uint64_t *>malloc(n_tokens * sizeof(uint64_t))
+        cdef kvc_ubatch ub
+        cdef uint32_t i, r
+        cdef int ok_fast = 0, ok_base = 0
+        cdef uint64_t t0, t1, t2
+        cdef int32_t p0 = 1 << 30
+        for i in range(n_tokens):
+            pos[i] = p0 + <int32_t>i
+            seq[i] = 0
+            off[i] = i
+            mask[i] = 1
+        off[n_tokens] = n_tokens
+        ub.n_tokens = n_tokens
+        ub.n_seq_tokens = 1
+        ub.n_seqs = n_tokens
+        ub.pos = pos
+        ub.seq_off = off
+        ub.seq_ids = seq
+        ub.seq_mask = mask
+        t0 = perf_counter_ns()
+        with nogil:
+            for r in range(reps):
+                ok_fast += kvc_unified_find_slot(&self.fast, &ub)
+                kvc_unified_seq_rm(&self.fast, 0, p0, -1)
+                kvc_unified_commit(&self.fast)
+        t1 = perf_counter_ns()
+        with nogil:
+            for r in range(reps):
+                ok_base += kvb_find_slot(self.base, n_tokens, pos, seq)
+                kvb_seq_rm(self.base, 0, p0, -1)
+                kvb_commit(self.base)
+        t2 = perf_counter_ns()
+        free(pos); free(seq); free(off); free(mask)
+        self.check()
+        if ok_fast != ok_base:
+            raise AssertionError("kvcache and baseline disagree on prompt placement")
+        return t1 - t0, t2 - t1
+
+    def mask(self, uint32_t n_tokens, uint32_t n_mask_seqs, int dtype, uint32_t reps):
+        """(ns kvcache, ns baseline (f32 only, else 0), ns memset of the same bytes, bytes) for a
+        causal mask of n_tokens tokens spread over n_mask_seqs interleaved sequences at the
+        sequences' next positions. Checks the f32 masks agree bit for bit."""
+        cdef uint32_t n_kv = self.fast.n
+        cdef uint32_t rows = ((n_tokens + 63) // 64) * 64
+        cdef size_t el = 4 if dtype == 0 else (2 if dtype == 1 else 1)
+        cdef size_t nbytes = <size_t>rows * n_kv * el
+        cdef uint8_t *out = <uint8_t *>malloc(nbytes)
+        cdef float *ref = <float *>malloc(<size_t>rows * n_kv * 4) if dtype == 0 else NULL
+        cdef int32_t *pos = <int32_t *>malloc(n_tokens * sizeof(int32_t))
+        cdef int32_t *seq = <int32_t *>malloc(n_tokens * sizeof(int32_t))
+        cdef uint32_t *off = <uint32_t *>malloc((n_tokens + 1) * sizeof(uint32_t))
+        cdef uint64_t *msk = <uint64_t *>malloc(n_tokens * sizeof(uint64_t))
+        cdef kvc_ubatch ub
+        cdef uint32_t i, r, s
+        cdef uint64_t t0, t1, t2, t3
+        for i in range(n_tokens):
+            s = i % n_mask_seqs
+            seq[i] = <int32_t>s
+            pos[i] = self.next_pos[s] + <int32_t>(i // n_mask_seqs)
+            off[i] = i
+            msk[i] = (<uint64_t>1) << s
+        off[n_tokens] = n_tokens
+        ub.n_tokens = n_tokens
+        ub.n_seq_tokens = 1
+        ub.n_seqs = n_tokens
+        ub.pos = pos
+        ub.seq_off = off
+        ub.seq_ids = seq
+        ub.seq_mask = msk
+        t0 = perf_counter_ns()
+        with nogil:
+            for r in range(reps):
+                kvc_unified_kq_mask(&self.fast, &ub, True, False, dtype, out)
+        t1 = perf_counter_ns()
+        if dtype == 0:
+            with nogil:
+                for r in range(reps):
+                    kvb_kq_mask(self.base, n_tokens, pos, seq, 1, ref)
+        t2 = perf_counter_ns()
+        with nogil:
+            for r in range(reps):
+                memset(out, r & 0xff, nbytes)
+        t3 = perf_counter_ns()
+        same = True
+        if dtype == 0:
+            kvc_unified_kq_mask(&self.fast, &ub, True, False, 0, out)
+            same = (<bytes>(<char *>out)[:nbytes]) == (<bytes>(<char *>ref)[:nbytes])
+        free(out); free(ref); free(pos); free(seq); free(off); free(msk)
+        if not same:
+            raise AssertionError("kvcache and baseline masks differ")
+        return t1 - t0, (t2 - t1) if dtype == 0 else 0, t3 - t2, nbytes
+
+    def defrag_plan(self, uint32_t reps, uint32_t n_layer=32):
+        """(ns kvcache, ns baseline) per defrag_prepare with an unlimited move budget, each
+        repetition from the same fragmented state (restoring is not timed for kvcache; the
+        baseline plan is made once, as it cannot be undone cheaply). Checks equal plans."""
+        cdef kvc_unified_snapshot snap
+        cdef uint64_t t_fast = 0, t0, t1, t_base
+        cdef uint32_t r
+        cdef int res_fast = 0, res_base
+        if kvc_unified_snapshot_take(&self.fast, &snap) != 0:
+            raise MemoryError()
+        try:
+            for r in range(reps):
+                kvc_unified_snapshot_restore(&self.fast, &snap)
+                t0 = perf_counter_ns()
+                with nogil:
+                    res_fast = kvc_unified_defrag_prepare(&self.fast, 2147483647)
+                t_fast += perf_counter_ns() - t0
+            t0 = perf_counter_ns()
+            with nogil:
+                res_base = kvb_defrag_prepare(self.base, 2147483647, n_layer)
+            t_base = perf_counter_ns() - t0
+        finally:
+            kvc_unified_snapshot_free(&snap)
+        self.check()
+        if res_fast != res_base:
+            raise AssertionError("kvcache and baseline disagree on the defrag plan")
+        return t_fast // reps, t_base
+
+
+def memcpy_ns(size_t nbytes, uint32_t reps):
+    """Nanoseconds for reps memcpy of nbytes (the bandwidth yardstick)."""
+    cdef uint8_t *a = <uint8_t *>malloc(nbytes)
+    cdef uint8_t *b = <uint8_t *>malloc(nbytes)
+    cdef uint32_t r
+    cdef uint64_t t0
+    memset(a, 1, nbytes)
+    memset(b, 2, nbytes)
+    t0 = perf_counter_ns()
+    with nogil:
+        for r in range(reps):
+            memcpy(b, a, nbytes)
+            a[r % nbytes] = <uint8_t>r
+    t0 = perf_counter_ns() - t0
+    free(a)
+    free(b)
+    return t0

@@ -1,0 +1,69 @@
+from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t
+from kvcache.includes.kvc_common cimport kvc_err, kvc_ubatch
+
+cdef extern from "kvc_recurrent.h" nogil:
+    ctypedef struct kvc_rec_cells:
+        uint32_t size
+        uint32_t head
+        uint32_t n
+        uint32_t used
+        int32_t *pos
+        int32_t *src
+        int32_t *tail
+        uint64_t *seq
+
+    ctypedef struct kvc_rec_layer:
+        uint32_t n_embd_k
+        uint32_t n_embd_v
+        size_t k_row_bytes
+        size_t v_row_bytes
+        uint8_t *k
+        uint8_t *v
+
+    ctypedef struct kvc_recurrent:
+        kvc_rec_cells cells
+        uint32_t n_seq_max
+        int32_t type_k
+        int32_t type_v
+        uint32_t n_layer
+        kvc_rec_layer *layers
+        uint32_t n_warn
+        char warn[1024]
+
+    ctypedef struct kvc_recurrent_params:
+        uint32_t kv_size
+        uint32_t n_seq_max
+        int32_t type_k
+        int32_t type_v
+        uint32_t n_layer
+        const uint32_t *n_embd_k
+        const uint32_t *n_embd_v
+
+    int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err)
+    void kvc_recurrent_free(kvc_recurrent *c)
+    void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v)
+    bint kvc_recurrent_cell_is_empty(const kvc_recurrent *c, uint32_t i)
+
+    void    kvc_recurrent_clear(kvc_recurrent *c)
+    bint    kvc_recurrent_seq_rm(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1)
+    void    kvc_recurrent_seq_cp(kvc_recurrent *c, int32_t src, int32_t dst, int32_t p0, int32_t p1)
+    void    kvc_recurrent_seq_keep(kvc_recurrent *c, int32_t s)
+    void    kvc_recurrent_seq_add(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, int32_t shift)
+    void    kvc_recurrent_seq_div(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, int32_t d)
+    int32_t kvc_recurrent_seq_pos_min(const kvc_recurrent *c, int32_t s)
+    int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s)
+
+    int     kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err)
+    void    kvc_recurrent_commit(kvc_recurrent *c)
+    void    kvc_recurrent_restore(kvc_recurrent *c)
+    void    kvc_recurrent_set_full(kvc_recurrent *c)
+
+    int      kvc_recurrent_s_copy(kvc_recurrent *c, uint32_t count, int32_t *out)
+    int      kvc_recurrent_s_mask(kvc_recurrent *c, uint32_t count, float *out)
+    uint32_t kvc_recurrent_cell_max(const kvc_recurrent *c)
+    int      kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const void *k, const void *v)
+
+    size_t kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id)
+    int    kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written)
+    int    kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                    size_t *consumed, kvc_err *err)
