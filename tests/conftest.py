@@ -17,7 +17,20 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 GOLDEN = TESTS / "golden"
-SHARED = Path(os.environ.get("KVCACHE_SHARED") or (REPO.parent / "shared")).resolve()
+
+
+def _find_shared() -> Path:
+    # ../shared beside the clone; one level further up for a git worktree inside a checkout
+    env = os.environ.get("KVCACHE_SHARED")
+    if env:
+        return Path(env).resolve()
+    for cand in (REPO.parent / "shared", REPO.parent.parent / "shared"):
+        if cand.is_dir():
+            return cand.resolve()
+    return (REPO.parent / "shared").resolve()
+
+
+SHARED = _find_shared()
 
 try:
     from hypothesis import HealthCheck, settings
