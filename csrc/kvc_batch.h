@@ -19,6 +19,10 @@
 #include "kvc_common.h"
 #include "kvc_ubatch.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum kvc_split_mode {
     KVC_SPLIT_SIMPLE = 0,  /* a prefix of the batch, one group per token */
     KVC_SPLIT_EQUAL  = 1,  /* equal-length slices of several groups */
@@ -86,5 +90,9 @@ int kvc_sbatch_split(kvc_sbatch *sb, enum kvc_split_mode mode, uint32_t n_ubatch
 int kvc_sbatch_split_simple(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err);
 int kvc_sbatch_split_equal(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err);
 int kvc_sbatch_split_seq(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -23,6 +23,10 @@
 #include "kvc_common.h"
 #include "kvc_ubatch.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The cell table plus the counters the operations move together (struct of arrays). */
 typedef struct kvc_rec_cells {
     uint32_t  size;   /* number of cells */
@@ -129,5 +133,9 @@ int     kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_
  * positions and sequence ids outside [0, n_seq_max) are rejected. */
 int     kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                                  size_t *consumed, kvc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

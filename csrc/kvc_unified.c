@@ -4,6 +4,14 @@
 #include <math.h>
 #include <string.h>
 
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define KVC_HAVE_SSE2 1
+#endif
+
+/* Output size from which mask rows bypass the caches (about a last-level cache). */
+#define KVC_MASK_STREAM_BYTES ((size_t)16 << 20)
+
 /* --- construction -------------------------------------------------------------------- */
 
 int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) {
@@ -491,18 +499,52 @@ static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, b
 /* (float)(-d), not -(float)d: the seed negates the integer distance, so distance 0 gives +0.0. */
 /* One mask row from the key positions `vis` of one sequence (-1 where the cell is empty or
  * does not hold it). Branch-free so that compilers vectorize it. */
-static void kvc_mask_row_f32(float *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi, int32_t p1, bool alibi) {
+static void kvc_mask_row_f32(float *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi, int32_t p1, bool alibi, bool stream) {
+    uint32_t i = 0;
     if (alibi) {
-        for (uint32_t i = 0; i < n_kv; i++) {
+        for (; i < n_kv; i++) {
             const int32_t v = vis[i];
             const int32_t d = v > p1 ? v - p1 : p1 - v;
             row[i] = (v >= lo && v <= hi) ? (float)(-d) : -INFINITY;
         }
-    } else {
-        for (uint32_t i = 0; i < n_kv; i++) {
-            const int32_t v = vis[i];
-            row[i] = (v >= lo && v <= hi) ? 0.0f : -INFINITY;
-        }
+        return;
+    }
+#ifdef KVC_HAVE_SSE2
+    /* The mask is written once and read by another kernel later: streaming stores keep it
+     * from evicting the cache and save the read-for-ownership of every line. */
+    for (; stream && i < n_kv && ((uintptr_t)(row + i) & 15u); i++) {
+        const int32_t v = vis[i];
+        row[i] = (v >= lo && v <= hi) ? 0.0f : -INFINITY;
+    }
+    const __m128i vlo = _mm_set1_epi32(lo), vhi = _mm_set1_epi32(hi);
+    const __m128i ninf = _mm_set1_epi32((int)0xff800000u);
+    for (; stream && i + 4 <= n_kv; i += 4) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(vis + i));
+        /* hidden = v < lo || v > hi */
+        const __m128i hidden = _mm_or_si128(_mm_cmplt_epi32(v, vlo), _mm_cmpgt_epi32(v, vhi));
+        _mm_stream_si128((__m128i *)(row + i), _mm_and_si128(hidden, ninf));
+    }
+#endif
+    for (; i < n_kv; i++) {
+        const int32_t v = vis[i];
+        row[i] = (v >= lo && v <= hi) ? 0.0f : -INFINITY;
+    }
+}
+
+/* Fill n floats with -INFINITY (streaming where possible). */
+static void kvc_fill_ninf_f32(float *f, size_t n, bool stream) {
+    size_t i = 0;
+#ifdef KVC_HAVE_SSE2
+    for (; stream && i < n && ((uintptr_t)(f + i) & 15u); i++) {
+        f[i] = -INFINITY;
+    }
+    const __m128i ninf = _mm_set1_epi32((int)0xff800000u);
+    for (; stream && i + 4 <= n; i += 4) {
+        _mm_stream_si128((__m128i *)(f + i), ninf);
+    }
+#endif
+    for (; i < n; i++) {
+        f[i] = -INFINITY;
     }
 }
 
@@ -534,6 +576,8 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     const uint32_t rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD);
     const size_t el = dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
     const size_t row_bytes = (size_t)n_kv * el;
+    /* masks larger than the last-level cache go straight to memory */
+    const bool stream = (size_t)rows * row_bytes >= KVC_MASK_STREAM_BYTES;
 
     /* one row of key positions per distinct sequence of the ubatch (tokens interleave) */
     uint64_t seqs = 0;
@@ -549,10 +593,11 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     unsigned k = 0;
     for (uint64_t m = seqs; m; m &= m - 1, k++) {
         const unsigned s = kvc_ctz64(m);
-        const uint64_t bit = (uint64_t)1 << s;
         int32_t *v = vis + (size_t)k * n_kv;
         for (uint32_t i = 0; i < n_kv; i++) {
-            v[i] = (cells->seq[i] & bit) ? cells->pos[i] : -1;
+            /* pos where the cell holds s, -1 elsewhere (branch-free: has - 1 is 0 or all ones) */
+            const int32_t has = (int32_t)((cells->seq[i] >> s) & 1u);
+            v[i] = cells->pos[i] | (has - 1);
         }
         vis_of[s] = v;
     }
@@ -565,33 +610,31 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
         uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
         switch (dtype) {
-        case KVC_MASK_F32:  kvc_mask_row_f32((float *)row, v, n_kv, lo, hi, p1, alibi); break;
+        case KVC_MASK_F32:  kvc_mask_row_f32((float *)row, v, n_kv, lo, hi, p1, alibi, stream); break;
         case KVC_MASK_F16:  kvc_mask_row_f16((uint16_t *)row, v, n_kv, lo, hi, p1, alibi); break;
         default:            kvc_mask_row_bool(row, v, n_kv, lo, hi); break;
         }
     }
     kvc_free(vis);
 
-    /* padding rows see nothing: build one, copy it */
+    /* padding rows see nothing */
     if (rows > n_tokens && n_kv) {
         uint8_t *pad = (uint8_t *)out + (size_t)n_tokens * row_bytes;
+        const size_t n_pad_el = (size_t)(rows - n_tokens) * n_kv;
         if (dtype == KVC_MASK_F32) {
-            float *f = (float *)pad;
-            for (uint32_t i = 0; i < n_kv; i++) {
-                f[i] = -INFINITY;
-            }
+            kvc_fill_ninf_f32((float *)pad, n_pad_el, stream);
         } else if (dtype == KVC_MASK_F16) {
             uint16_t *h = (uint16_t *)pad;
-            for (uint32_t i = 0; i < n_kv; i++) {
+            for (size_t i = 0; i < n_pad_el; i++) {
                 h[i] = 0xfc00u;
             }
         } else {
-            memset(pad, 0, row_bytes);
-        }
-        for (uint32_t r = n_tokens + 1; r < rows; r++) {
-            memcpy((uint8_t *)out + (size_t)r * row_bytes, pad, row_bytes);
+            memset(pad, 0, n_pad_el);
         }
     }
+#ifdef KVC_HAVE_SSE2
+    _mm_sfence(); /* order the streaming stores before the caller reads the mask */
+#endif
     return KVC_OK;
 }
 

@@ -3,7 +3,21 @@ import os as _os
 
 __version__ = "0.1.0"
 
-from kvcache._core import Batch  # noqa: E402
+from kvcache._core import (  # noqa: E402
+    Batch,
+    RecurrentCache,
+    RopeParams,
+    StateError,
+    UBatch,
+    dequantize,
+    quantize,
+    rope_shift,
+)
+
+__all__ = [
+    "Batch", "RecurrentCache", "RopeParams", "StateError", "UBatch",
+    "dequantize", "quantize", "rope_shift", "get_include", "__version__",
+]
 
 
 def get_include() -> str:
@@ -12,6 +26,3 @@ def get_include() -> str:
     Use it as an include directory when compiling a Cython extension that does
     ``from kvcache._core cimport ...`` or a C extension that includes ``kvc_*.h``."""
     return _os.path.dirname(_os.path.abspath(__file__))
-
-# recurrent
-from kvcache._core import RecurrentCache, StateError, UBatch  # noqa: E402,F401

@@ -13,7 +13,7 @@ class StateError(ValueError):
     The cache is left exactly as it was before the failed read."""
 
 
-cdef int raise_status(int status, const kvc_err *err, str what) except -1:
+cdef int raise_status(int status, kvc_err *err, str what) except -1:
     """Turn a negative C status into the matching Python exception."""
     cdef str msg = what
     if err != NULL and err.msg[0] != 0:
@@ -29,7 +29,7 @@ cdef int raise_status(int status, const kvc_err *err, str what) except -1:
     raise RuntimeError(f"{msg} (internal error {status})")
 
 
-cdef inline int check_status(int status, const kvc_err *err, str what) except -1:
+cdef inline int check_status(int status, kvc_err *err, str what) except -1:
     if status < 0:
         raise_status(status, err, what)
     return 0

@@ -49,3 +49,11 @@ cdef class RecurrentCache:
     cdef int s_mask_c(self, float *out) noexcept nogil
 
 # --- rope --------------------------------------------------------------------
+from kvcache.includes.kvc_rope cimport kvc_rope_params
+
+cdef class RopeParams:
+    cdef kvc_rope_params c         # the C view; c.freq_factors points into _factors
+    cdef object _factors           # float32[n_rot/2] (C-contiguous) or None
+    cdef object _layer_base        # dict model layer -> freq_base override, or None
+    cdef object _layer_scale       # dict model layer -> freq_scale override, or None
+    cdef int fill(self, kvc_rope_params *out, object layer, uint32_t head_dim) except -1
