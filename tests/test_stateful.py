@@ -59,13 +59,22 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
 
     make_target = staticmethod(make_target)
 
-    @initialize(cfg=configs())
-    def create(self, cfg):
+    @initialize(cfg=configs(), data=st.data())
+    def create(self, cfg, data):
         self.cfg = cfg
         self.ref = UnifiedReference(**cfg)
         self.sut = self.make_target(cfg)
         self.sut_ubatch = RefUBatch if isinstance(self.sut, UnifiedReference) else make_ubatch
         self.n_seq_max = cfg["n_seq_max"]
+        # most runs start from a busy cache: a few prompts, then interleaved decoding
+        prompts = st.tuples(st.integers(0, self.n_seq_max - 1), st.integers(1, 12))
+        for s, n in data.draw(st.lists(prompts, max_size=8), label="prefill"):
+            p = self.ref.seq_pos_max(s) + 1
+            pos, seq_id = list(range(p, p + n)), [[s]] * n
+            a = self.ref.find_slot(RefUBatch(pos, seq_id))
+            b = self.sut.find_slot(self.sut_ubatch(pos, seq_id, 1))
+            assert a == bool(b), "find_slot result"
+            self.both("commit")
 
     # --- strategies that depend on the configuration ----------------------------------------
 
@@ -74,6 +83,12 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         return data.draw(st.integers(lo, self.n_seq_max - 1), label="seq_id")
 
     def prange(self, data):
+        """A position range: anywhere, or a short one starting at a position in use (which
+        punches holes into sequences)."""
+        used = sorted({p for p in self.ref.pos if p >= 0})
+        if used and data.draw(st.booleans(), label="at a used position"):
+            p0 = data.draw(st.sampled_from(used), label="p0")
+            return p0, p0 + data.draw(st.integers(1, 4), label="len")
         p0 = data.draw(st.integers(-1, P_MAX), label="p0")
         p1 = data.draw(st.integers(-1, P_MAX + 1), label="p1")
         return p0, p1
@@ -102,14 +117,16 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
 
     # --- rules -------------------------------------------------------------------------------
 
-    @rule(data=st.data())
-    def find_slot(self, data):
+    @rule(data=st.data(), commit=st.sampled_from([True, True, True, False]))
+    def find_slot(self, data, commit):
         pos, seq_id, nst = self.ubatch(data)
         if self.ref.has_shift:
             self.apply_k_shift()  # C2: a pending shift is applied before a ubatch is placed
         a = self.ref.find_slot(RefUBatch(pos, seq_id, nst))
         b = self.sut.find_slot(self.sut_ubatch(pos, seq_id, nst))
         assert a == bool(b), "find_slot result"
+        if commit:  # mostly, so that the cache fills up; the rest is left for restore()
+            self.both("commit")
 
     @rule(data=st.data())
     def find_slot_large(self, data):
@@ -122,6 +139,21 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         a = self.ref.find_slot(RefUBatch(pos, [[s]] * n_tokens))
         b = self.sut.find_slot(self.sut_ubatch(pos, [[s]] * n_tokens, 1))
         assert a == bool(b), "find_slot result"
+
+    @rule(data=st.data())
+    def decode_round(self, data):
+        """One decoding step of several sequences, token by token (as a server interleaves
+        them): leaves each sequence's cells scattered, so removals make holes to defrag."""
+        seqs = data.draw(st.lists(st.integers(0, self.n_seq_max - 1), min_size=1, max_size=4), label="seqs")
+        rounds = data.draw(st.integers(1, 4), label="rounds")
+        for s in seqs * rounds:
+            if self.ref.has_shift:
+                self.apply_k_shift()
+            p = self.ref.seq_pos_max(s) + 1
+            a = self.ref.find_slot(RefUBatch([p], [[s]]))
+            b = self.sut.find_slot(self.sut_ubatch([p], [[s]], 1))
+            assert a == bool(b), "find_slot result"
+            self.both("commit")
 
     @rule()
     def commit(self):
@@ -136,6 +168,12 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         s = self.seq(data, allow_any=True)
         p0, p1 = self.prange(data)
         a, b = self.both("seq_rm", s, p0, p1)
+        assert a == bool(b), "seq_rm result"
+
+    @rule(data=st.data())
+    def drop_sequence(self, data):
+        """A finished request: its sequence leaves every cell."""
+        a, b = self.both("seq_rm", self.seq(data), -1, -1)
         assert a == bool(b), "seq_rm result"
 
     @rule(data=st.data())
@@ -157,6 +195,7 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         s = self.seq(data)
         self.both("seq_div", s, *self.prange(data), d)
 
+    @precondition(lambda self: self.ref.used >= self.ref.size // 2)  # keep caches busy
     @rule()
     def clear(self):
         self.both("clear")
@@ -169,11 +208,34 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
     def k_shift(self):
         self.apply_k_shift()
 
-    @rule(n_max_nodes=st.one_of(st.integers(-4, 64), st.sampled_from([2**31 - 1, 8192])))
-    def defrag(self, n_max_nodes):
+    def plan_defrag(self, data):
+        # budgets of 0..4 moves (n_max_nodes = 2L + 6L*m + r), below 2L (wraps around to
+        # unlimited), and large
+        n_layer = self.cfg["n_layer"]
+        m = data.draw(st.integers(0, 4), label="max_moves")
+        n_max_nodes = data.draw(st.one_of(
+            st.integers(0, 6 * n_layer - 1).map(lambda r: 2 * n_layer + 6 * n_layer * m + r),
+            st.integers(-4, 2 * n_layer - 1),
+            st.sampled_from([8192, 2**31 - 1])), label="n_max_nodes")
         a, b = self.both("defrag_prepare", n_max_nodes)
         assert a == bool(b), "defrag_prepare result"
         assert as_list(self.ref.defrag_ids) == as_list(self.sut.defrag_ids), "defrag plan"
+
+    @rule(data=st.data())
+    def defrag(self, data):
+        self.plan_defrag(data)
+
+    @precondition(lambda self: self.ref.used > 0)
+    @rule(data=st.data())
+    def punch_holes_and_defrag(self, data):
+        """Scattered removals, then a defrag plan: many holes, sources far apart, so move
+        budgets matter."""
+        occupied = [(p, seqs[0]) for _, p, seqs, _ in self.ref.cells().nonempty()]
+        for p, s in data.draw(st.lists(st.sampled_from(occupied), min_size=1, max_size=8, unique=True),
+                              label="holes"):
+            a, b = self.both("seq_rm", s, p, p + 1)
+            assert a == bool(b), "seq_rm result"
+        self.plan_defrag(data)
 
     @rule(thold=st.sampled_from([-1.0, 0.0, 0.1, 0.5]))
     def defrag_sched(self, thold):
@@ -187,7 +249,7 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         a = self.ref.kq_mask(RefUBatch(pos, seq_id, nst), causal=causal, alibi=alibi)
         b = self.sut.kq_mask(self.sut_ubatch(pos, seq_id, nst), causal=causal, alibi=alibi)
         assert b.dtype == np.float32 and a.shape == b.shape, (a.shape, b.shape)
-        assert np.array_equal(a, b), "kq_mask"
+        assert a.tobytes() == b.tobytes(), "kq_mask"   # bit for bit: -inf, and +0.0 vs -0.0
 
     @rule(data=st.data(), n_buckets=st.sampled_from([2, 8, 32, 64]))
     def pos_bucket(self, data, n_buckets):
@@ -252,7 +314,7 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
 
 
 UnifiedCacheMachine.TestCase.settings = hypothesis.settings(
-    hypothesis.settings.default, stateful_step_count=40)
+    hypothesis.settings.default, stateful_step_count=60)
 TestUnifiedCache = pytest.mark.skipif(
     not HAVE_TARGET, reason="kvcache.UnifiedCache is not available in this build")(UnifiedCacheMachine.TestCase)
 
