@@ -66,3 +66,14 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"reference material not found at {SHARED} (set KVCACHE_SHARED)")
     return SHARED
+
+
+def kvcache_env(**extra) -> dict:
+    """Environment for a subprocess that must import the same kvcache as this process (the
+    source tree in development, the installed wheel in CI)."""
+    import kvcache
+
+    where = os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH", "")) if p)
+    return env

@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import kvcache_env
 
 import kvcache
 from kvcache import RecurrentCache, UnifiedCache, cli
 from kvcache.plan import plan_iswa, plan_recurrent, plan_unified, swa_pattern_layers
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = str(ROOT / "src")
 MIB = 1024 * 1024
 
 
@@ -358,7 +358,7 @@ def test_bad_arguments(capsys, argv, msg):
 
 
 def test_subprocess():
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = kvcache_env()
     r = subprocess.run([sys.executable, "-m", "kvcache", "plan", "--n-layer", "4", "--n-embd-k-gqa", "32",
                         "--n-ctx", "256", "--n-seq-max", "4", "--swa-layers", "0,2", "--n-swa", "8",
                         "--n-batch", "64", "--json"], capture_output=True, text=True, env=env, timeout=120)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import kvcache_env
 
 from kvcache import cli
 from kvcache.simulate import SimConfig, Simulation, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = str(ROOT / "src")
 
 # a small cache under pressure: find_slot fails, and each remedy (defrag, shrink, evict) is needed
 PRESSURE = dict(n_ctx=256, arrival_rate=0.3, prompt_mean=20, output_mean=40, n_ubatch=64, steps=300,
@@ -313,7 +313,7 @@ def test_bad_arguments(capsys, argv, msg):
 
 
 def test_subprocess(tmp_path):
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = kvcache_env()
     args = [sys.executable, "-m", "kvcache", "simulate", *SMALL, "--json"]
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr

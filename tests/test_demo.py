@@ -6,12 +6,12 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import kvcache_env
 
 import kvcache
 from kvcache import cli
 from kvcache.demo import RunConfig, ToyModel, run, run_demo
 
-SRC = os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))
 # seed 0 reaches a finished sequence, a shared prefix and a defrag within this many steps
 STEPS = 20
 
@@ -109,7 +109,7 @@ def test_demo_is_deterministic():
 
 
 def test_python_m_kvcache_demo():
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = kvcache_env()
     r = subprocess.run([sys.executable, "-m", "kvcache", "demo", "--steps", "6", "--seed", "2"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
