@@ -11,8 +11,23 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#if defined(_MSC_VER) && !defined(__GNUC__) && !defined(__clang__) && (defined(_M_X64) || defined(_M_ARM64))
+#include <intrin.h>   /* outside extern "C": it declares C++ overloads when compiled as C++ */
+#define KVC_MSVC_BITSCAN 1
+#endif
+
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* Lets GCC and Clang check printf-style arguments against the format (a no-op elsewhere).
+ * The formats are C99's (%zu, PRIu64): MinGW checks them as such, not as the old msvcrt's. */
+#if defined(__MINGW32__)
+#define KVC_PRINTF_FORMAT(fmt_index, first_arg) __attribute__((format(gnu_printf, fmt_index, first_arg)))
+#elif defined(__GNUC__) || defined(__clang__)
+#define KVC_PRINTF_FORMAT(fmt_index, first_arg) __attribute__((format(printf, fmt_index, first_arg)))
+#else
+#define KVC_PRINTF_FORMAT(fmt_index, first_arg)
 #endif
 
 #define KVC_MAX_SEQ 64          /* LLAMA_MAX_PARALLEL_SEQUENCES: one bit per sequence */
@@ -35,7 +50,7 @@ typedef struct kvc_err {
 } kvc_err;
 
 /* Fill err (if not NULL) with code and a printf-style message; returns code. */
-int kvc_err_set(kvc_err *err, int code, const char *fmt, ...);
+int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);
 
 /* Round x up to a multiple of n (n > 0). */
 static inline uint32_t kvc_pad_u32(uint32_t x, uint32_t n) { return ((x + n - 1) / n) * n; }
@@ -48,16 +63,27 @@ void *kvc_realloc(void *p, size_t n);
 void  kvc_free(void *p);
 
 
-/* Bit helpers (portable: GCC/Clang builtins, MSVC intrinsics). x must be non-zero. */
-#if defined(_MSC_VER) && !defined(__clang__)
-#include <intrin.h>
-static inline unsigned kvc_ctz64(uint64_t x) { unsigned long i; _BitScanForward64(&i, x); return (unsigned)i; }
-static inline unsigned kvc_msb64(uint64_t x) { unsigned long i; _BitScanReverse64(&i, x); return (unsigned)i; }
-static inline unsigned kvc_popcount64(uint64_t x) { return (unsigned)__popcnt64(x); }
-#else
+/* Bit helpers: GCC/Clang builtins, MSVC intrinsics on 64-bit targets, plain C elsewhere.
+ * kvc_ctz64 and kvc_msb64 need x != 0. */
+#if defined(__GNUC__) || defined(__clang__)
 static inline unsigned kvc_ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
 static inline unsigned kvc_msb64(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
 static inline unsigned kvc_popcount64(uint64_t x) { return (unsigned)__builtin_popcountll(x); }
+#else
+#if defined(KVC_MSVC_BITSCAN)
+static inline unsigned kvc_ctz64(uint64_t x) { unsigned long i; _BitScanForward64(&i, x); return (unsigned)i; }
+static inline unsigned kvc_msb64(uint64_t x) { unsigned long i; _BitScanReverse64(&i, x); return (unsigned)i; }
+#else
+static inline unsigned kvc_ctz64(uint64_t x) { unsigned n = 0; while (!(x & 1u)) { x >>= 1; n++; } return n; }
+static inline unsigned kvc_msb64(uint64_t x) { unsigned n = 0; while (x >>= 1) { n++; } return n; }
+#endif
+/* Plain C even on MSVC: its __popcnt64 emits POPCNT, which an x86-64 CPU need not have. */
+static inline unsigned kvc_popcount64(uint64_t x) {
+    x = x - ((x >> 1) & 0x5555555555555555u);
+    x = (x & 0x3333333333333333u) + ((x >> 2) & 0x3333333333333333u);
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fu;
+    return (unsigned)((x * 0x0101010101010101u) >> 56);
+}
 #endif
 
 #ifdef __cplusplus

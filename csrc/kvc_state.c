@@ -382,7 +382,7 @@ static bool rd_u64(reader *r, uint64_t *v) {
 }
 
 /* "truncated at byte X of N while reading <what>" (X: where the failed read starts). */
-static int fail_truncated(kvc_err *err, const reader *r, size_t need, const char *fmt, ...) {
+KVC_PRINTF_FORMAT(4, 5) static int fail_truncated(kvc_err *err, const reader *r, size_t need, const char *fmt, ...) {
     char what[160];
     va_list ap;
     va_start(ap, fmt);
@@ -494,7 +494,7 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
 }
 
 /* "layer IL (byte AT): <what>" for a per-layer field that disagrees with the cache. */
-static int fail_layer(kvc_err *err, int32_t il, size_t at, const char *fmt, ...) {
+KVC_PRINTF_FORMAT(4, 5) static int fail_layer(kvc_err *err, int32_t il, size_t at, const char *fmt, ...) {
     char what[160];
     va_list ap;
     va_start(ap, fmt);
