@@ -45,7 +45,7 @@ def _widths(text: str):
 
 def _layer_list(text: str) -> list:
     """Layer indices: a comma list of indices and ranges (0,2,4-7)."""
-    out = []
+    out: list[int] = []
     try:
         for part in text.split(","):
             if "-" in part.strip()[1:]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from typing import Any
 
 NAME = "simulate"
 HELP = "run a continuous-batching workload through UnifiedCache and report its bookkeeping"
@@ -151,7 +152,7 @@ class _Progress:
     def __init__(self, kind: str, total: int):
         self.total = total
         self.kind = kind
-        self.bar = None
+        self.bar: Any = None
         if kind == "auto":
             self.kind = "plain"
             for k in ("tqdm", "rich"):
@@ -161,7 +162,7 @@ class _Progress:
         elif kind in ("tqdm", "rich") and not _importable(kind):
             raise ValueError(f"--progress {kind}: {kind} is not installed (pip install 'kvcache[cli]' for tqdm)")
         if self.kind == "tqdm":
-            from tqdm import tqdm
+            from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
             self.bar = tqdm(total=total, desc="simulate", unit="step", file=sys.stderr, leave=False,
                             mininterval=0.2)
         elif self.kind == "rich":

@@ -104,6 +104,9 @@ cdef class UBatch:
       token is its own group; otherwise the tokens are ``len(seq_id)`` groups of
       ``n_seq_tokens`` consecutive tokens (equal split).
     - ``output``: optional per-token output flags (kept for the caller; caches ignore them).
+
+    Read-only attributes: ``n_tokens``, ``n_seq_tokens``, ``n_seqs``, ``pos``, ``seq_id``,
+    ``output`` (bool array or None) and ``max_seq`` (the largest sequence id, -1 when none).
     """
 
     def __cinit__(self, pos, seq_id, n_seq_tokens=1, output=None):

@@ -158,32 +158,60 @@ cdef class RopeParams:
         return (d[0], d[1])
 
     @property
-    def n_rot(self): return self.c.n_rot
+    def n_rot(self):
+        """Rotated dimensions per head."""
+        return self.c.n_rot
+
     @property
-    def mode(self): return self.c.mode
+    def mode(self):
+        """0 (normal: pairs (2i, 2i+1)) or 2 (neox: pairs (i, i + n_rot/2))."""
+        return self.c.mode
+
     @property
-    def n_ctx_orig(self): return self.c.n_ctx_orig
+    def n_ctx_orig(self):
+        """The training context the YaRN correction range is computed for."""
+        return self.c.n_ctx_orig
+
     @property
-    def freq_base(self): return self.c.freq_base
+    def freq_base(self):
+        """Frequency base (default for layers without an override)."""
+        return self.c.freq_base
+
     @property
-    def freq_scale(self): return self.c.freq_scale
+    def freq_scale(self):
+        """Position scale (default for layers without an override)."""
+        return self.c.freq_scale
+
     @property
-    def ext_factor(self): return self.c.ext_factor
+    def ext_factor(self):
+        """YaRN extrapolation mix (0: plain RoPE)."""
+        return self.c.ext_factor
+
     @property
-    def attn_factor(self): return self.c.attn_factor
+    def attn_factor(self):
+        """Magnitude applied to cos and sin."""
+        return self.c.attn_factor
+
     @property
-    def beta_fast(self): return self.c.beta_fast
+    def beta_fast(self):
+        """YaRN correction range: the fast boundary."""
+        return self.c.beta_fast
+
     @property
-    def beta_slow(self): return self.c.beta_slow
+    def beta_slow(self):
+        """YaRN correction range: the slow boundary."""
+        return self.c.beta_slow
     @property
     def freq_factors(self):
         """The per-pair divisors (read-only float32 array) or None."""
         return self._factors
     @property
     def layer_freq_base(self):
+        """Per-model-layer freq_base overrides as {layer: value}, or None."""
         return dict(self._layer_base) if self._layer_base is not None else None
     @property
     def layer_freq_scale(self):
+        """Per-model-layer freq_scale overrides as {layer: value}, or None."""
         return dict(self._layer_scale) if self._layer_scale is not None else None
 
     def __repr__(self):

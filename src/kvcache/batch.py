@@ -5,18 +5,19 @@
 :func:`split_batch` does the whole loop at once."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from kvcache._core import Batch, SplitUBatch, UBatch
 
 __all__ = ["Batch", "SplitUBatch", "UBatch", "split_batch"]
 
 
-def split_batch(pos: Sequence[int], seq_id: Sequence[Any], n_ubatch: int, mode: str | None = None,
-                output: Sequence[Any] | None = None, logits_all: bool = False
-                ) -> tuple[list[SplitUBatch], np.ndarray]:
+def split_batch(pos: Sequence[int], seq_id: Sequence[Any], n_ubatch: int,
+                mode: Literal["simple", "equal", "seq"] | None = None, output: Sequence[Any] | None = None,
+                logits_all: bool = False) -> tuple[list[SplitUBatch], npt.NDArray[np.int64]]:
     """Split a whole batch: returns ``(ubatches, out_ids)``.
 
     ``mode`` is ``"simple"`` (the batch in its order), ``"equal"`` or ``"seq"`` (tokens grouped

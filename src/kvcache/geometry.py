@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Union, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from kvcache._core import RopeParams
 from kvcache.recurrent import RecurrentCache
 from kvcache.unified import UnifiedCache
 
+if TYPE_CHECKING:
+    from kvcache.iswa import ISWACache
+
+    _SwaType = Literal["none", "standard", "chunked"]
+
 __all__ = ["ModelGeometry", "read_gguf", "from_gguf"]
+
+# What from_gguf / ModelGeometry.make_cache build for a model.
+AnyCache = Union[UnifiedCache, "ISWACache", RecurrentCache]
 
 # RoPE layout by architecture (llama.cpp's llama_model_rope_type): "normal" rotates adjacent
 # pairs, "neox" pairs offset by n_rot/2; listed architectures not here use no RoPE.
@@ -45,7 +54,7 @@ _UNSUPPORTED_RECURRENT = frozenset(("rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "j
 # Sliding-window layouts the architectures' loaders set: (swa type, period of the pattern,
 # default window or None when the file must hold it, base/scale of the windowed layers' RoPE).
 # Layer il uses the window when period == 0 or il % period < period - 1.
-_SWA_ARCHS: dict[str, tuple[str, int, int | None, tuple[float, float] | None]] = {
+_SWA_ARCHS: dict[str, tuple[_SwaType, int, int | None, tuple[float, float] | None]] = {
     "gemma2": ("standard", 2, 4096, None),
     "gemma3": ("standard", 6, None, (10000.0, 1.0)),
     "cohere2": ("standard", 4, None, None),
@@ -72,13 +81,13 @@ class ModelGeometry:
     n_layer: int
     n_embd: int
     n_ctx_train: int
-    n_head: tuple
-    n_head_kv: tuple
+    n_head: tuple[int, ...]
+    n_head_kv: tuple[int, ...]
     n_embd_head_k: int
     n_embd_head_v: int
     n_swa: int = 0
-    swa_type: str = "none"
-    swa_layers: tuple = ()
+    swa_type: _SwaType = "none"
+    swa_layers: tuple[int, ...] = ()
     recurrent: bool = False
     n_embd_k_s: int = 0
     n_embd_v_s: int = 0
@@ -86,18 +95,18 @@ class ModelGeometry:
     rope_long: RopeParams | None = None
 
     @property
-    def n_embd_k_gqa(self) -> tuple:
+    def n_embd_k_gqa(self) -> tuple[int, ...]:
         """K row width of each layer (elements)."""
         return tuple(self.n_embd_head_k * h for h in self.n_head_kv)
 
     @property
-    def n_embd_v_gqa(self) -> tuple:
+    def n_embd_v_gqa(self) -> tuple[int, ...]:
         """V row width of each layer (elements)."""
         return tuple(self.n_embd_head_v * h for h in self.n_head_kv)
 
     def make_cache(self, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
                    flash_attn: bool = False, swa_full: bool = False, n_batch: int = 512,
-                   buffers: Any = "owned"):
+                   buffers: Any = "owned") -> AnyCache:
         """The cache llama.cpp creates for this model and context (see :func:`from_gguf`)."""
         n_ctx = _arg_int(n_ctx, "n_ctx", 0)
         n_seq_max = _arg_int(n_seq_max, "n_seq_max", 1)
@@ -120,7 +129,7 @@ class ModelGeometry:
         n_pad = 256 if flash_attn else 32
         kv_size = _pad(n_ctx, n_pad)
         rope = self.rope
-        if self.rope_long is not None and kv_size // n_seq_max > rope.n_ctx_orig:
+        if self.rope_long is not None and rope is not None and kv_size // n_seq_max > rope.n_ctx_orig:
             rope = self.rope_long
         common = dict(n_layer=self.n_layer, n_embd_k_gqa=self.n_embd_k_gqa, n_embd_v_gqa=self.n_embd_v_gqa,
                       type_k=type_k, type_v=type_v, v_trans=not flash_attn, n_seq_max=n_seq_max,
@@ -173,14 +182,14 @@ class _Fields:
             raise ValueError(f"{self.path}: {name} is not a number")
         return kind(v)
 
-    def per_layer(self, key: str, n_layer: int, default: Any = ...) -> tuple | None:
+    def per_layer(self, key: str, n_layer: int, default: Any = ...) -> tuple[int, ...]:
         """A value given once or per layer (llama.cpp's get_key_or_arr)."""
         name = key.format(arch=self.arch)
         field = self._r.fields.get(name)
         if field is None:
             if default is ...:
                 raise ValueError(f"{self.path}: the GGUF file lacks the key {name!r}")
-            return default
+            return cast("tuple[int, ...]", default)
         v = field.contents()
         if isinstance(v, list):
             if len(v) != n_layer:
@@ -188,7 +197,7 @@ class _Fields:
             return tuple(int(x) for x in v)
         return (int(v),) * n_layer
 
-    def tensor(self, name: str) -> np.ndarray | None:
+    def tensor(self, name: str) -> npt.NDArray[np.float32] | None:
         for t in self._r.tensors:
             if t.name == name:
                 return np.asarray(t.data, dtype=np.float32).reshape(-1)
@@ -252,10 +261,13 @@ def read_gguf(path: Any) -> ModelGeometry:
                          n_embd_v_s=n_embd_v_s, rope=rope, rope_long=rope_long)
 
 
-def _sliding_window(f: _Fields, arch: str, n_layer: int):
+def _sliding_window(f: _Fields, arch: str, n_layer: int
+                    ) -> tuple[int, _SwaType, tuple[int, ...], tuple[float, float] | None]:
     """(n_swa, swa_type, swa layers, (freq_base, freq_scale) of the windowed layers or None)."""
     known = _SWA_ARCHS.get(arch)
     n_swa = f.get("{arch}.attention.sliding_window", int, 0)
+    swa_type: _SwaType
+    swa_rope: tuple[float, float] | None
     if arch in ("phi3", "phimoe"):
         return 0, "none", (), None   # llama.cpp runs these with full attention
     if known is None:
@@ -287,10 +299,11 @@ def _sliding_window(f: _Fields, arch: str, n_layer: int):
     return n_swa, swa_type, layers, swa_rope
 
 
-def _rope_params(f: _Fields, arch: str, n_rot: int, n_ctx_train: int, swa_layers: tuple,
-                 swa_rope: tuple | None):
+def _rope_params(f: _Fields, arch: str, n_rot: int, n_ctx_train: int, swa_layers: tuple[int, ...],
+                 swa_rope: tuple[float, float] | None) -> tuple[RopeParams | None, RopeParams | None]:
     """The K-shift's RoPE parameters as llama.cpp's context derives them by default: (params,
     params with the long-context factors or None)."""
+    mode: Literal["normal", "neox"]
     if arch in _ROPE_NORMAL:
         mode = "normal"
     elif arch in _ROPE_NEOX:
@@ -320,7 +333,7 @@ def _rope_params(f: _Fields, arch: str, n_rot: int, n_ctx_train: int, swa_layers
         layer_base = {il: swa_rope[0] for il in swa_layers}
         layer_scale = {il: swa_rope[1] for il in swa_layers}
 
-    def make(factors):
+    def make(factors: npt.NDArray[np.float32] | None) -> RopeParams:
         if factors is not None and factors.shape[0] != n_rot // 2:
             raise ValueError(f"{f.path}: RoPE frequency factors hold {factors.shape[0]} values, "
                              f"expected n_rot / 2 = {n_rot // 2}")
@@ -336,7 +349,8 @@ def _rope_params(f: _Fields, arch: str, n_rot: int, n_ctx_train: int, swa_layers
 
 
 def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
-              flash_attn: bool = False, swa_full: bool = False, n_batch: int = 512, buffers: Any = "owned"):
+              flash_attn: bool = False, swa_full: bool = False, n_batch: int = 512, buffers: Any = "owned"
+              ) -> AnyCache:
     """The KV cache llama.cpp creates for the model in a GGUF file and this context.
 
     - ``n_ctx``: context size in tokens (0: the model's training context); the cache gets

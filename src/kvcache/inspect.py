@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def _ranges(pos: np.ndarray) -> list:
     return [[int(p[a]), int(p[b])] for a, b in zip(starts, ends)]
 
 
-def _section(name: str, desc: dict, offset: int) -> dict:
+def _section(name: str, desc: Mapping[str, Any], offset: int) -> dict[str, Any]:
     from kvcache._core import ggml_type_name
 
     pos, seq = desc["pos"], desc["seq"]
@@ -127,7 +128,7 @@ def report_bytes(data, variant: str | None = None, name: str | None = None) -> d
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
     m = memoryview(data).cast("B")
     kind = statefile.detect(m)
-    out = {"file": name, "size": len(m), "kind": KINDS[kind]}
+    out: dict[str, Any] = {"file": name, "size": len(m), "kind": KINDS[kind]}
     arch = None
     if kind == "session":
         sf = statefile.parse_session_file(m)

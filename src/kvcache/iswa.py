@@ -7,13 +7,18 @@ the windowed ones, usually much smaller — and drives them together."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from kvcache._core import Batch, SplitUBatch, SWAPending, UBatch, _state_read_parts, _state_size_parts, \
-    _state_write_parts
+from kvcache._core import Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, _state_read_parts, \
+    _state_size_parts, _state_write_parts
 from kvcache.unified import UnifiedCache
+
+if TYPE_CHECKING:
+    from kvcache._core import _BinaryWriter, _Buffers, _BufferMode, _GGMLType, _MaskDType, _PerLayer
+    from typing_extensions import Buffer
 
 __all__ = ["ISWACache", "ISWAUpdatePlan", "SWAWarning"]
 
@@ -61,14 +66,14 @@ class ISWAUpdatePlan:
 
     __slots__ = ("base", "swa")
 
-    def __init__(self, base: Any, swa: Any):
+    def __init__(self, base: UpdatePlan, swa: UpdatePlan):
         self.base = base
         self.swa = swa
 
     def __bool__(self) -> bool:
         return bool(self.base) and bool(self.swa)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[UpdatePlan]:
         return iter((self.base, self.swa))
 
     def __repr__(self) -> str:
@@ -121,7 +126,7 @@ class ISWACache:
 
     # buffers for both caches: a mode name, or the pairs of each cache's layers
     @staticmethod
-    def _split_buffers(buffers: Any, n_layer: int, swa_set: frozenset) -> tuple[Any, Any]:
+    def _split_buffers(buffers: _Buffers, n_layer: int, swa_set: frozenset[int]) -> tuple[_Buffers, _Buffers]:
         if buffers is None or isinstance(buffers, str):
             return buffers, buffers
         if isinstance(buffers, dict):
@@ -138,11 +143,12 @@ class ISWACache:
         swa = {il: kv for il, kv in pairs.items() if il in swa_set}
         return base, swa
 
-    def __init__(self, kv_size: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any,
-                 swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int, swa_type: str = "standard",
-                 n_batch: int = 512, swa_full: bool = False, type_k: Any = "f16", type_v: Any = "f16",
-                 v_trans: bool = True, n_seq_max: int = 1, n_pad: int = 32, buffers: Any = "owned",
-                 n_embd_head_k: Any = None, rope: Any = None):
+    def __init__(self, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
+                 swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
+                 swa_type: Literal["standard", "chunked"] = "standard", n_batch: int = 512, swa_full: bool = False,
+                 type_k: _GGMLType = "f16", type_v: _GGMLType = "f16", v_trans: bool = True, n_seq_max: int = 1,
+                 n_pad: int = 32, buffers: _Buffers = "owned", n_embd_head_k: _PerLayer | None = None,
+                 rope: RopeParams | None = None):
         n_layer = _int(n_layer, "n_layer", 0)
         layers = _swa_layers(swa_layers, n_layer)
         n_swa = _int(n_swa, "n_swa", 1, 2**31 - 1)
@@ -156,7 +162,7 @@ class ISWACache:
         n_seq_max = _int(n_seq_max, "n_seq_max", 1)
         size_swa = kv_size if swa_full else min(kv_size, _pad(n_swa * n_seq_max + n_batch, n_pad))
         swa_set = frozenset(layers)
-        common = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,
+        common: dict[str, Any] = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,
                       type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=n_pad,
                       n_embd_head_k=n_embd_head_k, rope=rope)
         buf_base, buf_swa = self._split_buffers(buffers, n_layer, swa_set)
@@ -233,17 +239,17 @@ class ISWACache:
         return self._swa.size
 
     @property
-    def buffers(self) -> str:
+    def buffers(self) -> _BufferMode:
         """How the K/V memory is held: 'owned', 'borrowed' or 'none' (see UnifiedCache)."""
         return self._base.buffers
 
     @property
-    def n_embd_head_k(self):
+    def n_embd_head_k(self) -> tuple[int, ...] | None:
         """K head size per model layer, or None."""
         return self._base.n_embd_head_k
 
     @property
-    def rope(self):
+    def rope(self) -> RopeParams | None:
         """The model's RopeParams (update() rotates K with them), or None."""
         return self._base.rope
 
@@ -293,7 +299,7 @@ class ISWACache:
         if isinstance(batch_or_pos, Batch):
             if seq_id is not None:
                 raise TypeError("sbatch_init: seq_id must not be given with a Batch")
-            batch = batch_or_pos
+            batch: Batch | UBatch = batch_or_pos
         else:
             if seq_id is None:
                 raise TypeError("sbatch_init: seq_id is required with positions")
@@ -399,21 +405,22 @@ class ISWACache:
             raise IndexError(f"il = {il} is not a model layer (n_layer = {self.n_layer})")
         return self._swa if int(il) in self._swa_layers else self._base
 
-    def k(self, il: int) -> np.ndarray:
+    def k(self, il: int) -> npt.NDArray[Any]:
         """K of model layer il (a view into the cache holding it)."""
         return self.cache_of(il).k(il)
 
-    def v(self, il: int) -> np.ndarray:
+    def v(self, il: int) -> npt.NDArray[Any]:
         """V of model layer il (a view into the cache holding it)."""
         return self.cache_of(il).v(il)
 
-    def store(self, il: int, k_rows: Any, v_rows: Any) -> None:
+    def store(self, il: int, k_rows: npt.NDArray[Any] | None, v_rows: npt.NDArray[Any] | None) -> None:
         """Write the K/V rows of model layer il for the ubatch just placed (see UnifiedCache.store)."""
         self.cache_of(il).store(il, k_rows, v_rows)
 
     # --- graph inputs ----------------------------------------------------------------------
-    def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False, out: Any = None,
-                dtype: str = "f32") -> tuple[np.ndarray, np.ndarray]:
+    def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False,
+                out: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None = None,
+                dtype: _MaskDType = "f32") -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """The KQ masks of ub against both caches: ``(base_mask, swa_mask)``; the SWA mask also
         hides what lies outside the window. ``out``: None or a pair of arrays to fill."""
         if out is None:
@@ -426,7 +433,7 @@ class ISWACache:
         return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype),
                 self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype))
 
-    def k_shift(self) -> tuple[np.ndarray, np.ndarray]:
+    def k_shift(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """The per-cell K-shift inputs of both caches: ``(base_shift, swa_shift)``."""
         return self._base.k_shift(), self._swa.k_shift()
 
@@ -441,7 +448,7 @@ class ISWACache:
         self._base.defrag_sched(thold)
         self._swa.defrag_sched(thold)
 
-    def update(self, rope: Any = None, n_max_nodes: int = 65536) -> "ISWAUpdatePlan":
+    def update(self, rope: RopeParams | None = None, n_max_nodes: int = 65536) -> ISWAUpdatePlan:
         """Apply the pending K-shift and scheduled defrag of both caches (UnifiedCache.update).
 
         A K-shift needs :attr:`can_shift`: with a pending shift and caches of different sizes
@@ -465,14 +472,14 @@ class ISWACache:
         """The state of seq_id (-1: everything): the base cache's part, then the SWA cache's."""
         return _state_write_parts((self._base, self._swa), seq_id)
 
-    def state_write_into(self, buf: Any, seq_id: int = -1) -> int:
+    def state_write_into(self, buf: Buffer | _BinaryWriter, seq_id: int = -1) -> int:
         """Write the state of seq_id (-1: everything) into buf: a writable buffer of at least
         state_size(seq_id) bytes (each cache writes its part straight into it) or a binary file
         object. Returns the bytes written."""
         n_base = self._base.state_size(seq_id)
         n = n_base + self._swa.state_size(seq_id)
         try:
-            m = memoryview(buf)
+            m = memoryview(buf)  # type: ignore[arg-type]  # a file object raises TypeError
         except TypeError:
             m = None
         if m is None:
@@ -488,7 +495,7 @@ class ISWACache:
             raise ValueError(f"buf holds {m.nbytes} bytes, the state needs {n}")
         return self._base.state_write_into(m[:n_base], seq_id) + self._swa.state_write_into(m[n_base:n], seq_id)
 
-    def state_read(self, data: Any, seq_id: int = -1, *, convert: bool = False, exact: bool = False) -> int:
+    def state_read(self, data: Buffer, seq_id: int = -1, *, convert: bool = False, exact: bool = False) -> int:
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: everything).
 
         All or nothing: when any part is malformed, does not fit or finds no room, StateError is

@@ -360,7 +360,8 @@ def format_plan(p: Plan) -> str:
             lines.append(f"  swa:  {p.sizing['swa_size']} cells, layers {_ranges([lp.il for lp in s.layers])}, "
                          f"window {s.n_swa} ({s.swa_type})")
     lines.append("")
-    rows = [("layer", "cache", "K type", "K width", "K row", "K bytes", "V type", "V width", "V row", "V bytes")]
+    rows: list[tuple[Any, ...]] = [("layer", "cache", "K type", "K width", "K row", "K bytes", "V type",
+                                    "V width", "V row", "V bytes")]
     for c in p.caches:
         for lp in c.layers:
             rows.append((lp.il, lp.cache, lp.type_k, lp.n_embd_k, lp.k_row_bytes, f"{lp.k_bytes:,}",

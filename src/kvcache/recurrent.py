@@ -1,5 +1,9 @@
 """The recurrent-state cache of Mamba / RWKV style models (see :class:`RecurrentCache`)."""
-from kvcache._core import Batch
+from __future__ import annotations
+
+from typing import Iterator
+
+from kvcache._core import Batch, SplitUBatch
 from kvcache._core import RecurrentCache as _RecurrentCore
 
 __all__ = ["RecurrentCache"]
@@ -9,7 +13,7 @@ class RecurrentCache(_RecurrentCore):
     __doc__ = _RecurrentCore.__doc__
     __slots__ = ()
 
-    def ubatches(self, batch, n_ubatch, embd_pooled=False):
+    def ubatches(self, batch: Batch, n_ubatch: int, embd_pooled: bool = False) -> Iterator[SplitUBatch]:
         """Iterate over the ubatches of at most ``n_ubatch`` tokens this cache takes a batch in,
         as llama.cpp does for a recurrent cache: equal-length slices of several sequences, or one
         sequence at a time when ``embd_pooled`` (pooled embeddings cannot span ubatches). The

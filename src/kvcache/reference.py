@@ -147,6 +147,7 @@ class UnifiedReference:
     # --- the cell table ---------------------------------------------------------------
 
     def is_empty(self, i: int) -> bool:
+        """Whether cell i holds no token."""
         return self.pos[i] == -1
 
     @property

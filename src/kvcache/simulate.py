@@ -27,7 +27,7 @@ import math
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -225,11 +225,12 @@ class Simulation:
         self.ttft: list = []
         self.e2e: list = []
         self.mismatches = 0
-        self.first_mismatch = None
+        self.first_mismatch: Optional[dict[str, Any]] = None
         self.step = -1
 
     # --- kvcache calls, timed --------------------------------------------------------------------
     def call(self, name, fn, *args):
+        """fn(*args), its time and count added to the report under name."""
         t0 = time.perf_counter()
         r = fn(*args)
         self.rep.seconds[name] += time.perf_counter() - t0
@@ -252,11 +253,13 @@ class Simulation:
         self.rep.defrag_steps.append(self.step)
 
     def fragmentation(self) -> float:
+        """The defrag measure max(0, 1 - (used + n_pad) / n), 0 while n is 0."""
         c = self.cache
         return max(0.0, 1.0 - (c.used + c.n_pad) / c.n) if c.n else 0.0
 
     # --- workload --------------------------------------------------------------------------------
     def draw_len(self, mean: int) -> int:
+        """A prompt or output length (>= 1) of the given mean, from the configured distribution."""
         d = self.cfg.dist
         if d == "fixed":
             return mean
@@ -265,6 +268,7 @@ class Simulation:
         return int(self.rng.geometric(1.0 / mean))               # >= 1, mean `mean`
 
     def arrivals(self) -> None:
+        """This step's new requests (Poisson); those that could never fit the cache are rejected."""
         cfg, rep = self.cfg, self.rep
         for _ in range(int(self.rng.poisson(cfg.arrival_rate))):
             prompt, output = self.draw_len(cfg.prompt_mean), self.draw_len(cfg.output_mean)
@@ -291,6 +295,8 @@ class Simulation:
         self.prefix_cells = cfg.prefix_len
 
     def admit(self) -> None:
+        """Start waiting requests, first come first served, while a sequence id is free and the
+        next prompt fits in the free cells (a shared-prefix request copies the prefix sequence)."""
         c, rep = self.cache, self.rep
         # first come, first served; a request starts only when its prompt fits in the free cells now
         while self.waiting and self.free_sids and self.waiting[0].prompt <= c.size - c.used:
@@ -322,11 +328,14 @@ class Simulation:
         return out
 
     def make_ubatch(self, parts: list):
+        """The UBatch of planned (request, first position, count) parts."""
         pos = np.concatenate([np.arange(p, p + n) for _, p, n in parts])
         sids = [s for r, _, n in parts for s in [r.sid] * n]
         return self.call("ubatch", kvcache.UBatch, pos, sids)
 
     def evict_youngest(self) -> None:
+        """Drop the most recently admitted request's cells and queue it again at the front (its
+        tokens are recomputed later)."""
         r = max(self.running.values(), key=lambda q: q.admit_no)
         self.call("seq_rm", self.cache.seq_rm, r.sid, -1, -1)
         del self.running[r.sid]
@@ -367,6 +376,7 @@ class Simulation:
         raise RuntimeError("find_slot kept failing after every remedy")
 
     def advance(self, parts: list) -> None:
+        """Account for the tokens of a placed ubatch: prompt progress, first and later outputs."""
         rep = self.rep
         for r, _, n in parts:
             r.placed += n
@@ -383,6 +393,7 @@ class Simulation:
             rep.tokens_placed += n
 
     def finish(self) -> None:
+        """Retire the requests that produced all their output tokens (their cells are removed)."""
         c, rep = self.cache, self.rep
         for r in [r for r in self.running.values() if not r.prefilling and r.n_gen >= r.output]:
             self.call("seq_rm", c.seq_rm, r.sid, -1, -1)
@@ -392,6 +403,8 @@ class Simulation:
             self.e2e.append(self.step - r.arrival)
 
     def check_accounting(self) -> None:
+        """Count a mismatch when the cells in use differ from the prefix plus what each live
+        request placed."""
         expect = self.prefix_cells + sum(r.placed for r in self.running.values())
         if self.cache.used != expect:
             self.mismatches += 1
@@ -400,6 +413,8 @@ class Simulation:
 
     # --- the loop --------------------------------------------------------------------------------
     def run(self) -> SimReport:
+        """Play every step (arrivals, admission, scheduled defrag, placement, mask, commit,
+        retirement, direct defrag, accounting) and return the report."""
         cfg, c, rep = self.cfg, self.cache, self.rep
         self.step = -1
         if cfg.sharing:
@@ -437,6 +452,7 @@ class Simulation:
         return rep
 
     def final_checks(self) -> None:
+        """Fill the report's end-of-run accounting (cells, positions) and latency statistics."""
         c, rep = self.cache, self.rep
         rep.running_at_end = len(self.running)
         rep.waiting_at_end = len(self.waiting)

@@ -30,8 +30,10 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Protocol, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from kvcache._core import StateError
 
@@ -53,7 +55,21 @@ _ARCH_MAX = 64
 _ARCH_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
-def _arch_like(raw) -> bool:
+class _StateCache(Protocol):
+    """What the wrappers need from a cache (UnifiedCache, ISWACache and RecurrentCache have it)."""
+
+    def state_size(self, seq_id: int = -1) -> int: ...
+
+    def state_write_into(self, buf: Any, seq_id: int = -1) -> int: ...
+
+    def state_read(self, data: Any, seq_id: int = -1, *, convert: bool = False, exact: bool = False) -> int: ...
+
+
+# A path or a binary file object opened for reading / writing.
+_Source = Union[str, "os.PathLike[str]", BinaryIO]
+
+
+def _arch_like(raw: bytes) -> bool:
     return 2 <= len(raw) <= _ARCH_MAX and all(b in _ARCH_CHARS for b in raw)
 
 
@@ -82,15 +98,15 @@ class _Reader:
         return out
 
     def u32(self, field_name: str) -> int:
-        return struct.unpack("<I", self.take(4, field_name))[0]
+        return int(struct.unpack("<I", self.take(4, field_name))[0])
 
     def i32(self, field_name: str) -> int:
-        return struct.unpack("<i", self.take(4, field_name))[0]
+        return int(struct.unpack("<i", self.take(4, field_name))[0])
 
     def u64(self, field_name: str) -> int:
-        return struct.unpack("<Q", self.take(8, field_name))[0]
+        return int(struct.unpack("<Q", self.take(8, field_name))[0])
 
-    def array(self, count: int, dtype, field_name: str) -> np.ndarray:
+    def array(self, count: int, dtype: npt.DTypeLike, field_name: str) -> npt.NDArray[Any]:
         """count items of dtype as a read-only view (count checked against the bytes left)."""
         size = np.dtype(dtype).itemsize
         if count > self.left() // size:
@@ -99,7 +115,7 @@ class _Reader:
         return np.frombuffer(self.take(count * size, field_name), dtype=np.dtype(dtype).newbyteorder("<"))
 
 
-def _view(data) -> memoryview:
+def _view(data: Any) -> memoryview:
     try:
         m = memoryview(data)
     except TypeError:
@@ -121,14 +137,15 @@ class ContextState:
     ``cache_offset``: where it starts in the parsed data (in the wrapper, for a session file)."""
 
     arch: str
-    output_pos: np.ndarray
-    logits: np.ndarray
-    embeddings: np.ndarray
+    output_pos: npt.NDArray[np.int32]
+    logits: npt.NDArray[np.float32]
+    embeddings: npt.NDArray[np.float32]
     cache: memoryview = field(repr=False)
     cache_offset: int
 
     @property
     def n_outputs(self) -> int:
+        """Number of output rows of the last batch."""
         return len(self.output_pos)
 
     @property
@@ -137,7 +154,7 @@ class ContextState:
         n = self.n_outputs
         return len(self.logits) // n if n and len(self.logits) % n == 0 else None
 
-    def restore(self, cache, *, convert=False) -> int:
+    def restore(self, cache: _StateCache, *, convert: bool = False) -> int:
         """Restore the cache part into cache (as a whole; it must be all that follows the header).
         Returns the bytes consumed; StateError leaves cache as it was."""
         return cache.state_read(self.cache, -1, convert=convert, exact=True)
@@ -149,10 +166,10 @@ class SessionFile:
 
     magic: int
     version: int
-    tokens: np.ndarray
+    tokens: npt.NDArray[np.int32]
     context: ContextState
 
-    def restore(self, cache, *, convert=False) -> int:
+    def restore(self, cache: _StateCache, *, convert: bool = False) -> int:
         """Restore the cache part into cache (as a whole)."""
         return self.context.restore(cache, convert=convert)
 
@@ -164,11 +181,11 @@ class SequenceFile:
 
     magic: int
     version: int
-    tokens: np.ndarray
+    tokens: npt.NDArray[np.int32]
     cache: memoryview = field(repr=False)
     cache_offset: int
 
-    def restore(self, cache, seq_id, *, convert=False) -> int:
+    def restore(self, cache: _StateCache, seq_id: int, *, convert: bool = False) -> int:
         """Restore the sequence into seq_id of cache. Returns the bytes consumed."""
         return cache.state_read(self.cache, seq_id, convert=convert, exact=True)
 
@@ -196,12 +213,12 @@ def _parse_context(r: _Reader) -> ContextState:
     return ContextState(raw.decode("ascii"), output_pos, logits, embeddings, r.buf[r.off:], r.off)
 
 
-def parse_context_state(data) -> ContextState:
+def parse_context_state(data: Any) -> ContextState:
     """Parse a whole-context state (``llama_state_get_data``) without copying it."""
     return _parse_context(_Reader(_view(data), "context state"))
 
 
-def _header(r: _Reader, magic: int, version: int, name: str):
+def _header(r: _Reader, magic: int, version: int, name: str) -> tuple[int, int, npt.NDArray[np.int32]]:
     m = r.u32("the magic")
     if m != magic:
         raise StateError(f"{r.what}: magic 0x{m:08x} is not {name}'s 0x{magic:08x}")
@@ -212,7 +229,7 @@ def _header(r: _Reader, magic: int, version: int, name: str):
     return m, v, tokens
 
 
-def parse_session_file(data) -> SessionFile:
+def parse_session_file(data: Any) -> SessionFile:
     """Parse a session file (``ggsn``) held in data (bytes-like) without copying it."""
     r = _Reader(_view(data), "session file")
     m, v, tokens = _header(r, SESSION_MAGIC, SESSION_VERSION, "a session file")
@@ -220,14 +237,14 @@ def parse_session_file(data) -> SessionFile:
     return SessionFile(m, v, tokens, _parse_context(r))
 
 
-def parse_sequence_file(data) -> SequenceFile:
+def parse_sequence_file(data: Any) -> SequenceFile:
     """Parse a sequence file (``ggsq``) held in data (bytes-like) without copying it."""
     r = _Reader(_view(data), "sequence file")
     m, v, tokens = _header(r, SEQUENCE_MAGIC, SEQUENCE_VERSION, "a sequence file")
     return SequenceFile(m, v, tokens, r.buf[r.off:], r.off)
 
 
-def detect(data) -> str:
+def detect(data: Any) -> str:
     """What data holds, from its first bytes: "session", "sequence", "context" (a whole-context
     state: a plausible architecture name first) or "cache" (a bare cache state)."""
     m = _view(data)
@@ -242,7 +259,7 @@ def detect(data) -> str:
     return "cache"
 
 
-def parse(data):
+def parse(data: Any) -> SessionFile | SequenceFile | ContextState | memoryview:
     """Parse data as what :func:`detect` says it is: a SessionFile, SequenceFile, ContextState, or,
     for a bare cache state, the data itself as a memoryview."""
     kind = detect(data)
@@ -255,7 +272,7 @@ def parse(data):
     return _view(data)
 
 
-def load(source):
+def load(source: _Source) -> SessionFile | SequenceFile | ContextState | memoryview:
     """Read a path (str or os.PathLike) or a binary file object and :func:`parse` its bytes."""
     if isinstance(source, (str, os.PathLike)):
         with open(source, "rb") as f:
@@ -271,14 +288,14 @@ def load(source):
 class _Out:
     """Writes into a binary file object or a path (opened and closed here)."""
 
-    def __init__(self, file):
+    def __init__(self, file: _Source):
         self.own = isinstance(file, (str, os.PathLike))
-        self.f = open(file, "wb") if self.own else file
+        self.f: BinaryIO = open(file, "wb") if isinstance(file, (str, os.PathLike)) else file
         if not hasattr(self.f, "write"):
             raise TypeError(f"file must be a path or a binary file object, not {type(file).__name__}")
         self.n = 0
 
-    def put(self, b) -> None:
+    def put(self, b: Any) -> None:
         m = memoryview(b).cast("B")
         done = 0
         while done < len(m):
@@ -295,7 +312,7 @@ class _Out:
             self.f.close()
 
 
-def _i32_array(v, name: str) -> np.ndarray:
+def _i32_array(v: npt.ArrayLike, name: str) -> npt.NDArray[np.int32]:
     a = np.asarray(v)
     if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
         raise TypeError(f"{name} must be a 1-d sequence of integers")
@@ -304,12 +321,12 @@ def _i32_array(v, name: str) -> np.ndarray:
     return np.ascontiguousarray(a, dtype="<i4")
 
 
-def _f32_array(v, name: str) -> np.ndarray:
+def _f32_array(v: npt.ArrayLike, name: str) -> npt.NDArray[np.float32]:
     a = np.asarray(v, dtype="<f4")
     return np.ascontiguousarray(a.reshape(-1))
 
 
-def _context_header(arch: str, output_pos, logits, embeddings) -> bytes:
+def _context_header(arch: str, output_pos: npt.ArrayLike, logits: npt.ArrayLike, embeddings: npt.ArrayLike) -> bytes:
     if not isinstance(arch, str):
         raise TypeError(f"arch must be a str, not {type(arch).__name__}")
     raw = arch.encode("ascii", "replace")
@@ -325,7 +342,8 @@ def _context_header(arch: str, output_pos, logits, embeddings) -> bytes:
                      struct.pack("<Q", lg.size), lg.tobytes(), struct.pack("<Q", em.size), em.tobytes()))
 
 
-def write_context_state(file, cache, arch: str, *, output_pos=(), logits=(), embeddings=()) -> int:
+def write_context_state(file: _Source, cache: _StateCache, arch: str, *, output_pos: npt.ArrayLike = (),
+                        logits: npt.ArrayLike = (), embeddings: npt.ArrayLike = ()) -> int:
     """Write a whole-context state that ``llama_state_set_data`` loads: arch (the model's
     architecture name, e.g. "llama"), the outputs of the last batch (their batch positions must be
     below the loading context's n_batch; none by default), then cache's whole state.
@@ -341,7 +359,9 @@ def write_context_state(file, cache, arch: str, *, output_pos=(), logits=(), emb
     return out.n
 
 
-def write_session_file(file, cache, arch: str, tokens, *, output_pos=(), logits=(), embeddings=()) -> int:
+def write_session_file(file: _Source, cache: _StateCache, arch: str, tokens: npt.ArrayLike, *,
+                       output_pos: npt.ArrayLike = (), logits: npt.ArrayLike = (),
+                       embeddings: npt.ArrayLike = ()) -> int:
     """Write a session file that ``llama_state_load_file`` loads: tokens, then the whole-context
     state of cache (see :func:`write_context_state`). Returns the bytes written."""
     toks = _i32_array(tokens, "tokens")
@@ -357,7 +377,7 @@ def write_session_file(file, cache, arch: str, tokens, *, output_pos=(), logits=
     return out.n
 
 
-def write_sequence_file(file, cache, seq_id, tokens) -> int:
+def write_sequence_file(file: _Source, cache: _StateCache, seq_id: int, tokens: npt.ArrayLike) -> int:
     """Write a sequence file that ``llama_state_seq_load_file`` loads: tokens, then the state of
     seq_id in cache. Returns the bytes written."""
     toks = _i32_array(tokens, "tokens")

@@ -1,5 +1,9 @@
 """The unified KV cache: llama.cpp's ``llama_kv_cache_unified`` over owned, borrowed or no K/V memory."""
-from kvcache._core import Batch, Cells, UnifiedCore, UpdatePlan
+from __future__ import annotations
+
+from typing import Iterator
+
+from kvcache._core import Batch, Cells, SplitUBatch, UnifiedCore, UpdatePlan
 
 __all__ = ["UnifiedCache", "Cells", "UpdatePlan"]
 
@@ -65,7 +69,7 @@ class UnifiedCache(UnifiedCore):
 
     __slots__ = ()
 
-    def ubatches(self, batch, n_ubatch, embd_pooled=False):
+    def ubatches(self, batch: Batch, n_ubatch: int, embd_pooled: bool = False) -> Iterator[SplitUBatch]:
         """Iterate over the ubatches of at most ``n_ubatch`` tokens this cache takes a batch in:
         split in batch order, as llama.cpp does for a unified cache (the :class:`Batch` must be
         built with ``simple_split=True``; ``embd_pooled`` changes nothing)."""

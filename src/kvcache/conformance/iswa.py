@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Iterator
+from typing import Any, Iterator
 
 from kvcache import ISWACache, SWAWarning
 from kvcache.conformance import Divergence, unsupported
@@ -45,7 +45,7 @@ def _run(cache: ISWACache, config: dict, index: int, op: dict, strict_info: bool
     parts = (("base", cache.base), ("swa", cache.swa))
     if name == "find_slot":
         oks = cache.find_slot_each(ubatch(op))
-        got = {"ok": all(oks)}
+        got: dict[str, Any] = {"ok": all(oks)}
         for (key, sub), ok in zip(parts, oks):
             if ok:  # the fill rule: every sub-cache whose own find_slot succeeded
                 fill(sub, config, op)
