@@ -279,7 +279,7 @@ ID_LISTS = st.lists(st.integers(0, 7), min_size=1, max_size=3)
 
 @st.composite
 def batches(draw, max_lists=16, max_tokens=60):
-    pool = draw(st.lists(ID_LISTS, min_size=1, max_size=max_lists))
+    pool = draw(st.lists(ID_LISTS, min_size=1, max_size=max_lists, unique_by=tuple))
     # (list, position) pairs are unique: no ties in the token order
     toks = draw(st.lists(st.tuples(st.integers(0, len(pool) - 1), st.integers(0, 40)),
                          max_size=max_tokens, unique=True))

@@ -5,7 +5,7 @@ kvcache's C core and the baseline (benchmarks/baseline: the seed's loops with th
 containers) run the same operations in one process; the timed loops hold no Python. Each
 function returns nanoseconds (and checks that both implementations agree where it can)."""
 
-from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, uint16_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memset, memcpy
 from kvcache.includes.kvc_common cimport kvc_ubatch, kvc_err
@@ -76,6 +76,9 @@ cdef extern from "kvc_baseline.h" nogil:
         int32_t type_v
     kvb_cache *kvb_new(uint32_t size, uint32_t n_pad, uint32_t n_swa, int32_t swa_type, int v_trans)
     void kvb_free(kvb_cache *c)
+    void kvb_set_layers(kvb_cache *c, uint32_t n_layer, const kvb_layer *layers)
+    size_t kvb_state_write(const kvb_cache *c, int32_t seq_id, uint8_t *out, size_t cap)
+    int kvb_state_read(kvb_cache *c, int32_t seq_id, const uint8_t *data, size_t len)
     int kvb_find_slot(kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int32_t *seq)
     void kvb_commit(kvb_cache *c)
     int kvb_seq_rm(kvb_cache *c, int32_t s, int32_t p0, int32_t p1)
@@ -84,6 +87,12 @@ cdef extern from "kvc_baseline.h" nogil:
     uint32_t kvb_head(const kvb_cache *c)
     uint32_t kvb_n(const kvb_cache *c)
     uint32_t kvb_used(const kvb_cache *c)
+
+
+cdef extern from "kvc_state.h" nogil:
+    size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id)
+    int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written)
+    int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, size_t *consumed, kvc_err *err)
 
 
 cdef inline uint64_t lcg(uint64_t *state) nogil:
@@ -108,12 +117,22 @@ cdef class Workload:
     cdef uint64_t t_mask
     cdef kvc_ubatch ub
 
+    cdef uint32_t n_layer, width
+    cdef bint v_trans
+    cdef list bufs
+    cdef kvb_layer *blayers
+
     def __cinit__(self, uint32_t size, uint32_t n_seqs=32, uint32_t n_pad=32, uint32_t n_swa=0,
-                  int32_t swa_type=0, uint64_t seed=1):
+                  int32_t swa_type=0, uint64_t seed=1, uint32_t n_layer=1, uint32_t width=32,
+                  bint v_trans=True, bint buffers=False):
         cdef kvc_unified_params p
         cdef kvc_err err
-        cdef int32_t il = 0
-        cdef uint32_t w = 32
+        cdef int32_t *il = <int32_t *>malloc(n_layer * sizeof(int32_t))
+        cdef uint32_t *w = <uint32_t *>malloc(n_layer * sizeof(uint32_t))
+        cdef uint32_t l
+        for l in range(n_layer):
+            il[l] = l
+            w[l] = width
         memset(&p, 0, sizeof(p))
         p.kv_size = size
         p.n_seq_max = n_seqs
@@ -122,14 +141,24 @@ cdef class Workload:
         p.swa_type = swa_type
         p.type_k = 1
         p.type_v = 1
-        p.v_trans = True
-        p.n_layer = 1
-        p.layer_il = &il
-        p.n_embd_k = &w
-        p.n_embd_v = &w
-        if kvc_unified_init(&self.fast, &p, &err) != 0:
+        p.v_trans = v_trans
+        p.n_layer = n_layer
+        p.layer_il = il
+        p.n_embd_k = w
+        p.n_embd_v = w
+        rc = kvc_unified_init(&self.fast, &p, &err)
+        free(il)
+        free(w)
+        if rc != 0:
             raise MemoryError("cannot create the cache")
-        self.base = kvb_new(size, n_pad, n_swa, swa_type, 1)
+        self.base = kvb_new(size, n_pad, n_swa, swa_type, v_trans)
+        self.n_layer = n_layer
+        self.width = width
+        self.v_trans = v_trans
+        self.bufs = []
+        self.blayers = <kvb_layer *>calloc(n_layer, sizeof(kvb_layer))
+        if buffers:
+            self._attach(size)
         self.next_pos = <int32_t *>calloc(n_seqs, sizeof(int32_t))
         self.n_seqs = n_seqs
         self.rng = seed * 0x9E3779B97F4A7C15ULL + 1
@@ -149,6 +178,37 @@ cdef class Workload:
             kvc_unified_free(&self.fast)
             kvb_free(self.base)
             free(self.next_pos)
+            free(self.blayers)
+
+    def _attach(self, uint32_t size):
+        """f16 K/V buffers for every layer: one set for kvcache, one for the baseline, filled
+        with the same bytes."""
+        import numpy as np
+        cdef uint32_t l
+        cdef uint8_t[::1] kf, vf, kb, vb
+        rng = np.random.default_rng(0)
+        nbytes = <size_t>size * self.width * 2
+        for l in range(self.n_layer):
+            data = rng.integers(0, 255, size=2 * nbytes, dtype=np.uint8)
+            kf = data[:nbytes].copy()
+            vf = data[nbytes:].copy()
+            kb = data[:nbytes].copy()
+            vb = data[nbytes:].copy()
+            self.bufs += [kf, vf, kb, vb]
+            kvc_unified_set_layer_buffers(&self.fast, l, &kf[0], &vf[0])
+            self.blayers[l].k = &kb[0]
+            self.blayers[l].v = &vb[0]
+            self.blayers[l].k_row_bytes = self.width * 2
+            self.blayers[l].v_row_bytes = self.width * 2
+            self.blayers[l].v_el_bytes = 2
+            self.blayers[l].n_embd_v = self.width
+            self.blayers[l].type_k = 1
+            self.blayers[l].type_v = 1
+        kvb_set_layers(self.base, self.n_layer, self.blayers)
+
+    def data_bytes(self, uint32_t n_cells):
+        """K+V bytes of n_cells cells over all layers."""
+        return <size_t>n_cells * self.width * 2 * 2 * self.n_layer
 
     cdef inline void next_token(self, uint32_t k) noexcept nogil:
         self.t_seq = <int32_t>(k % self.n_seqs)
@@ -345,6 +405,64 @@ cdef class Workload:
             raise AssertionError("kvcache and baseline disagree on the defrag plan")
         return t_fast // reps, t_base
 
+    def defrag_move(self, uint32_t reps):
+        """(ns per defrag_move of the current plan, bytes it moves). Each repetition replays the
+        same plan (the data moves again; the cost is the same)."""
+        cdef const uint32_t *ids = self.fast.defrag_ids
+        cdef uint32_t n = self.fast.n_defrag_ids, i, moved = 0, r
+        cdef uint64_t t0
+        for i in range(n):
+            if ids[i] != i and ids[i] != n:
+                moved += 1
+        t0 = perf_counter_ns()
+        with nogil:
+            for r in range(reps):
+                kvc_unified_defrag_move(&self.fast)
+        t0 = perf_counter_ns() - t0
+        return t0 // max(reps, 1), self.data_bytes(moved)
+
+    def state_io(self, uint32_t reps):
+        """(ns write kvcache, ns write baseline, ns read kvcache, ns read baseline, bytes) for the
+        whole-cache state; both blobs must be identical and both reads must succeed."""
+        cdef size_t n = kvc_unified_state_size(&self.fast, -1), written = 0, consumed = 0
+        cdef uint8_t *a = <uint8_t *>malloc(n + 1)
+        cdef uint8_t *b = <uint8_t *>malloc(n + 1)
+        cdef uint64_t t0, t1, t2, t3, t4
+        cdef uint32_t r, ok_fast = 0, ok_base = 0
+        cdef kvc_err err
+        if a == NULL or b == NULL:
+            free(a); free(b)
+            raise MemoryError()
+        # fault the pages in first, as the memcpy yardstick does
+        memset(a, 0, n)
+        memset(b, 0, n)
+        try:
+            t0 = perf_counter_ns()
+            with nogil:
+                for r in range(reps):
+                    kvc_unified_state_write(&self.fast, -1, a, n, &written)
+            t1 = perf_counter_ns()
+            with nogil:
+                for r in range(reps):
+                    kvb_state_write(self.base, -1, b, n)
+            t2 = perf_counter_ns()
+            if written != n or (<bytes>(<char *>a)[:n]) != (<bytes>(<char *>b)[:n]):
+                raise AssertionError("kvcache and baseline state blobs differ")
+            with nogil:
+                for r in range(reps):
+                    ok_fast += kvc_unified_state_read(&self.fast, -1, a, n, &consumed, &err) == 0
+            t3 = perf_counter_ns()
+            with nogil:
+                for r in range(reps):
+                    ok_base += kvb_state_read(self.base, -1, b, n)
+            t4 = perf_counter_ns()
+            if ok_fast != reps or ok_base != reps:
+                raise AssertionError("a state read failed")
+            return (t1 - t0) // reps, (t2 - t1) // reps, (t3 - t2) // reps, (t4 - t3) // reps, n
+        finally:
+            free(a)
+            free(b)
+
 
 def memcpy_ns(size_t nbytes, uint32_t reps):
     """Nanoseconds for reps memcpy of nbytes (the bandwidth yardstick)."""
@@ -363,3 +481,25 @@ def memcpy_ns(size_t nbytes, uint32_t reps):
     free(a)
     free(b)
     return t0
+
+
+from kvcache._core cimport UnifiedCore
+
+
+def cimport_call_ns(UnifiedCore cache, uint32_t reps):
+    """(ns per seq_pos_max_c, ns per seq_rm_c of an absent range) called from Cython through
+    the cimport contract (kvcache/_core.pxd), without the GIL."""
+    cdef uint32_t r
+    cdef int64_t acc = 0
+    cdef uint64_t t0, t1, t2
+    # the sequence id depends on the previous answer, so the compiler cannot hoist the call
+    t0 = perf_counter_ns()
+    with nogil:
+        for r in range(reps):
+            acc += cache.seq_pos_max_c(<int32_t>(acc & 3))
+    t1 = perf_counter_ns()
+    with nogil:
+        for r in range(reps):
+            acc += cache.seq_rm_c(0, 2000000000, 2000000001)
+    t2 = perf_counter_ns()
+    return (t1 - t0) / reps, (t2 - t1) / reps, acc

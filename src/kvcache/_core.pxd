@@ -18,6 +18,55 @@ cdef class UBatch:
     cdef int check(self, uint32_t n_seq_max) except -1
 
 # --- unified -----------------------------------------------------------------
+from kvcache.includes.kvc_unified cimport *
+
+cdef class UnifiedCore:
+    cdef kvc_unified c             # the C cache: cells, head/n, recovery, defrag plan, layer table
+    cdef bint _ready               # c is initialised (kvc_unified_free is due)
+    cdef uint32_t _placed_n        # tokens the last successful find_slot put at head (0: none/stale)
+    cdef uint32_t _n_layer_model   # model layer count given to the constructor
+    cdef tuple _layers             # kept model layer indices, ascending (the cache's layer order)
+    cdef dict _ikv                 # model layer index -> index into c.layers
+    cdef tuple _n_embd_k           # K row width per model layer
+    cdef tuple _n_embd_v           # V row width per model layer
+    cdef list _k_mem               # per kept layer: K memory as uint8 (owned and aligned, or borrowed); empty without memory
+    cdef list _v_mem               # per kept layer: V memory likewise
+    cdef list _k_view              # per kept layer: K as the cache dtype, (size, n_embd_k) or (size, row_bytes)
+    cdef list _v_view              # per kept layer: V likewise, (n_embd_v, size) when v_trans
+    cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)
+    cdef object _borrowed          # borrowed mode: the caller's (K, V) objects per kept layer (kept alive)
+    cdef tuple _n_embd_head_k      # K head size per model layer, or None (needed by the RoPE K-shift)
+    cdef object _rope              # the model's RopeParams, or None (update() rotates K with them)
+    cdef bint _defrag_pending      # the last defrag_prepare moved cells whose K/V rows are not moved yet
+
+    # C-level operations for other extensions (`from kvcache._core cimport UnifiedCore`). They do
+    # not validate: sequence ids must lie in [0, n_seq_max) (-1 allowed for seq_rm), ubatches must
+    # have passed UBatch.check. They run in _core (where the C core is linked), via the vtable.
+    cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil        # 1 placed, 0 no room, <0 error
+    cdef void commit_c(self) noexcept nogil
+    cdef void restore_c(self) noexcept nogil
+    cdef bint seq_rm_c(self, int32_t s, int32_t p0, int32_t p1) noexcept nogil
+    cdef void seq_cp_c(self, int32_t src, int32_t dst, int32_t p0, int32_t p1) noexcept nogil
+    cdef void seq_keep_c(self, int32_t s) noexcept nogil
+    cdef void seq_add_c(self, int32_t s, int32_t p0, int32_t p1, int32_t shift) noexcept nogil
+    cdef void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil   # d > 0
+    cdef void clear_c(self) noexcept nogil
+    cdef void set_full_c(self) noexcept nogil
+    cdef void store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil       # rows of the placed ubatch
+    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil
+    cdef void k_shift_c(self, int32_t *out) noexcept nogil
+    cdef void reset_shift_c(self) noexcept nogil
+    # field reads and header-inline queries: inlined into the caller
+    cdef inline int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
+        return kvc_unified_seq_pos_min(&self.c, s)
+    cdef inline int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
+        return kvc_unified_seq_pos_max(&self.c, s)
+    cdef inline uint32_t head_c(self) noexcept nogil:
+        return self.c.head
+    cdef inline uint32_t n_c(self) noexcept nogil:
+        return self.c.n
+    cdef inline uint32_t used_c(self) noexcept nogil:
+        return self.c.cells.used
 
 # --- batch -------------------------------------------------------------------
 from kvcache.includes.kvc_batch cimport kvc_sbatch, kvc_split_mode
@@ -39,6 +88,8 @@ cdef class RecurrentCache:
     cdef list _k                   # per layer: the owned K buffer (uint8, size rows)
     cdef list _v                   # per layer: the owned V buffer (uint8, size rows)
     cdef list _warnings            # messages of the last find_slot
+    cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)
+    cdef object _borrowed          # borrowed mode: the caller's (K, V) objects per layer (kept alive)
     cdef readonly str type_k       # K type name ("f32", "f16", ...)
     cdef readonly str type_v       # V type name
     cdef int _seq(self, object seq_id, str name, bint allow_any) except -2
@@ -57,3 +108,9 @@ cdef class RopeParams:
     cdef object _layer_base        # dict model layer -> freq_base override, or None
     cdef object _layer_scale       # dict model layer -> freq_scale override, or None
     cdef int fill(self, kvc_rope_params *out, object layer, uint32_t head_dim) except -1
+
+# --- iswa --------------------------------------------------------------------
+from kvcache.includes.kvc_iswa cimport kvc_iswa_pending
+
+cdef class SWAPending:
+    cdef kvc_iswa_pending c        # per sequence: the smallest and largest position of the last batch

@@ -1,1 +1,964 @@
-# _unified: see _core.pyx
+# The unified KV cache: UnifiedCore over csrc/kvc_unified.h and its state codec.
+
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.stdint cimport uint16_t, INT32_MIN
+from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
+from kvcache.includes.kvc_kshift cimport kvc_unified_apply_k_shift
+from kvcache.includes.kvc_rope cimport kvc_rope_params
+from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
+                                         kvc_unified_state_write_range)
+
+_SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC_SWA_CHUNKED}
+_SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
+_MASK_DTYPES = {"f32": (KVC_MASK_F32, np.float32), "f16": (KVC_MASK_F16, np.float16),
+                "bool": (KVC_MASK_BOOL, np.bool_)}
+
+
+def _type_names():
+    return [kvc_type_at(i).name.decode() for i in range(kvc_type_count())]
+
+
+cdef const kvc_type_info *_type_arg(object t, str name) except NULL:
+    """The type info of a type given by ggml name ("f16", "q8_0", ...) or ggml id."""
+    cdef const kvc_type_info *info = NULL
+    if isinstance(t, str):
+        info = kvc_type_by_name(t.lower().encode("ascii", "replace"))
+    elif isinstance(t, (int, np.integer)) and not isinstance(t, bool):
+        if -2**31 <= t < 2**31:
+            info = kvc_type_get(<int32_t>t)
+    else:
+        raise TypeError(f"{name} must be a type name such as 'f16', not {type(t).__name__}")
+    if info == NULL:
+        raise ValueError(f"{name}: unknown type {t!r} (supported: {', '.join(_type_names())})")
+    return info
+
+
+cdef long long _int_arg(object v, str name, long long lo, long long hi) except? -1:
+    """An int argument within [lo, hi] (TypeError / ValueError naming it)."""
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if v < lo or v > hi:
+        raise ValueError(f"{name} = {v} is outside [{lo}, {hi}]")
+    return <long long>v
+
+
+cdef tuple _widths_arg(object v, Py_ssize_t n_layer, str name):
+    """Per-layer row widths: one int for every layer, or a sequence of n_layer ints."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        w = _int_arg(v, name, 0, 0xFFFFFFFF)
+        return (w,) * n_layer
+    if isinstance(v, (str, bytes)):
+        raise TypeError(f"{name} must be an int or a sequence of ints, not {type(v).__name__}")
+    try:
+        seq = list(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of ints, not {type(v).__name__}") from None
+    if len(seq) != n_layer:
+        raise ValueError(f"{name} has {len(seq)} entries, expected n_layer = {n_layer}")
+    return tuple(_int_arg(x, f"{name}[{i}]", 0, 0xFFFFFFFF) for i, x in enumerate(seq))
+
+
+cdef tuple _layers_arg(object layers, Py_ssize_t n_layer):
+    """Kept model layers: None (all), a predicate il -> bool, or ascending unique indices."""
+    if layers is None:
+        return tuple(range(n_layer))
+    if callable(layers):
+        return tuple(il for il in range(n_layer) if layers(il))
+    if isinstance(layers, (str, bytes)):
+        raise TypeError("layers must be None, a callable or a sequence of layer indices")
+    try:
+        seq = list(layers)
+    except TypeError:
+        raise TypeError("layers must be None, a callable or a sequence of layer indices") from None
+    out = []
+    prev = -1
+    for i, x in enumerate(seq):
+        il = _int_arg(x, f"layers[{i}]", 0, n_layer - 1)
+        if il <= prev:
+            raise ValueError(f"layers must be ascending and unique (layers[{i}] = {il} after {prev})")
+        out.append(il)
+        prev = il
+    return tuple(out)
+
+
+cdef object _f32_to_half(object a, bint bf16):
+    """float32 array -> uint16 array of f16 (or bf16) bits, with the C core's rounding."""
+    src = np.ascontiguousarray(a, dtype=np.float32)
+    out = np.empty(src.shape, dtype=np.uint16)
+    cdef const float[::1] s = src.reshape(-1)
+    cdef uint16_t[::1] d = out.reshape(-1)
+    cdef Py_ssize_t i, n = s.shape[0]
+    with nogil:
+        if bf16:
+            for i in range(n):
+                d[i] = kvc_f32_to_bf16(s[i])
+        else:
+            for i in range(n):
+                d[i] = kvc_f32_to_f16(s[i])
+    return out
+
+
+cdef int _check_width(long long w, object il, const kvc_type_info *t, str name) except -1:
+    """A kept layer's row width: positive and a whole number of blocks of the type."""
+    if w == 0:
+        raise ValueError(f"{name}[{il}] must be > 0 for a kept layer")
+    if w % t.blck_size:
+        raise ValueError(f"{name}[{il}] = {w} is not a multiple of the "
+                         f"{t.name.decode()} block size {t.blck_size}")
+    return 0
+
+
+cdef tuple _head_dims_arg(object v, Py_ssize_t n_layer, tuple wk, tuple kept):
+    """Per-layer K head size (n_embd_head_k), or None when not given: each kept layer's K row
+    must be a whole number of heads."""
+    if v is None:
+        return None
+    hd = _widths_arg(v, n_layer, "n_embd_head_k")
+    for il in kept:
+        if hd[il] == 0 or wk[il] % hd[il]:
+            raise ValueError(f"n_embd_k_gqa[{il}] = {wk[il]} is not a whole number of heads of "
+                             f"n_embd_head_k = {hd[il]}")
+    return hd
+
+
+cdef int _check_rope(object rope, tuple head_k, tuple kept, str name) except -1:
+    """rope: None or RopeParams that fit every kept layer's heads (needs their size)."""
+    cdef kvc_rope_params p
+    if rope is None:
+        return 0
+    if not isinstance(rope, RopeParams):
+        raise TypeError(f"{name} must be a RopeParams or None, not {type(rope).__name__}")
+    if head_k is None:
+        raise ValueError(f"{name}: rotating keys needs the K head size; give n_embd_head_k too")
+    for il in kept:
+        try:
+            (<RopeParams>rope).fill(&p, il, head_k[il])
+        except ValueError as e:
+            raise ValueError(f"{name}: layer {il}: {e}") from None
+    return 0
+
+
+cdef inline long long _ll_arg(object v, str name) except? -1:
+    """An int argument as long long: TypeError for non-integers (floats are not truncated),
+    ValueError when it does not fit."""
+    cdef int overflow = 0
+    cdef long long r
+    if not PyLong_Check(v):
+        if isinstance(v, np.integer):
+            v = int(v)
+        else:
+            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    r = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow:
+        raise ValueError(f"{name} = {v} is out of range")
+    return r
+
+
+cdef inline int32_t _seq_arg(object v, uint32_t n_seq_max, str name, bint allow_any) except? -2:
+    """A sequence id in [0, n_seq_max), or -1 when allow_any."""
+    cdef long long s = _ll_arg(v, name)
+    if s < 0 or s >= n_seq_max:
+        if not (allow_any and s == -1):
+            raise ValueError(f"{name} = {s} is outside [{-1 if allow_any else 0}, {n_seq_max})")
+    return <int32_t>s
+
+
+cdef inline int32_t _pos_arg(object v, str name) except? -2:
+    """A position (or shift) that fits int32."""
+    cdef long long p = _ll_arg(v, name)
+    if p < INT32_MIN or p > INT32_MAX:
+        raise ValueError(f"{name} = {p} does not fit int32")
+    return <int32_t>p
+
+
+cdef uint32_t _layer_index(UnifiedCore self, object il) except? 0xFFFFFFFF:
+    if not isinstance(il, (int, np.integer)) or isinstance(il, (bool, np.bool_)):
+        raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
+    ikv = self._ikv.get(int(il))
+    if ikv is None:
+        raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(self._layers)})")
+    return <uint32_t>ikv
+
+cdef int _require_memory(UnifiedCore self, str what) except -1:
+    if self._buffers == "none":
+        raise RuntimeError(f"{what}: this cache holds no K/V memory (buffers='none'); its owner "
+                           f"writes K/V at .slot and applies update()'s plan with its own kernels")
+    return 0
+
+
+cdef object _rows_arg(UnifiedCore self, object rows, int32_t type_id, uint32_t n_embd, size_t row_bytes, str name):
+    """Validate (and for half types convert) the rows handed to store()."""
+    cdef uint32_t n = self._placed_n
+    if rows is None:
+        return None
+    if not isinstance(rows, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, not {type(rows).__name__}")
+    dt = rows.dtype
+    if type_id == KVC_TYPE_F32:
+        ok, shape, want = dt == np.float32, (n, n_embd), "float32"
+    elif type_id == KVC_TYPE_F16:
+        ok, shape, want = dt == np.float16 or dt == np.float32, (n, n_embd), "float16 or float32"
+    elif type_id == KVC_TYPE_BF16:
+        ok = dt == np.uint16 or dt == np.float32 or (_BF16 is not None and dt == _BF16)
+        shape, want = (n, n_embd), "bfloat16, uint16 (bf16 bits) or float32"
+    else:
+        ok, shape, want = dt == np.uint8, (n, row_bytes), "uint8 (quantized rows)"
+    if not ok:
+        raise TypeError(f"{name} must have dtype {want}, not {dt}")
+    if rows.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {rows.shape}")
+    if not rows.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if dt == np.float32 and type_id != KVC_TYPE_F32:
+        rows = _f32_to_half(rows, type_id == KVC_TYPE_BF16)
+    return rows.reshape(-1).view(np.uint8)
+
+class Cells:
+    """A snapshot of a cache's cells (copies; later cache operations do not change it).
+
+    ``pos`` (int32, -1 = empty), ``shift`` (int32, accumulated since the last reset) and
+    ``seq_mask`` (uint64, bit s set when sequence s holds the cell), one entry per cell."""
+
+    def __init__(self, pos, shift, seq_mask):
+        self.pos = pos
+        self.shift = shift
+        self.seq_mask = seq_mask
+
+    def __len__(self):
+        return len(self.pos)
+
+    def seq_ids(self, i):
+        """Sequence ids of cell i, ascending."""
+        m = int(self.seq_mask[i])
+        return [s for s in range(64) if (m >> s) & 1]
+
+    def nonempty(self):
+        """``[idx, pos, [seq ids ascending], shift]`` for every non-empty cell, by index."""
+        idx = np.flatnonzero(self.pos != -1)
+        return [[int(i), int(self.pos[i]), self.seq_ids(i), int(self.shift[i])] for i in idx]
+
+    def __eq__(self, other):
+        if not isinstance(other, Cells):
+            return NotImplemented
+        return (np.array_equal(self.pos, other.pos) and np.array_equal(self.shift, other.shift)
+                and np.array_equal(self.seq_mask, other.seq_mask))
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"Cells(size={len(self.pos)}, used={int(np.count_nonzero(self.pos != -1))})"
+
+
+class UpdatePlan:
+    """What update() did, and what the owner of the K/V memory still has to do.
+
+    - ``k_shift``: int32 [size], the per-cell shift that was pending (None when none was).
+    - ``rotated``: kvcache rotated K by it (update got ``rope``).
+    - ``defrag_runs``: uint32 [n, 3] of (src, dst, count) cell runs the defrag moved (None when
+      no defrag ran).
+    - ``moved``: kvcache moved its K/V rows along those runs.
+    - ``need_reserve`` (also ``bool(plan)``): the data changed, or has to be changed by the
+      caller of a metadata-only cache: first rotate cell i's keys by ``k_shift[i]``, then move
+      the runs.
+    """
+
+    __slots__ = ("k_shift", "rotated", "defrag_runs", "moved", "need_reserve")
+
+    def __init__(self, k_shift=None, rotated=False, defrag_runs=None, moved=False, need_reserve=False):
+        self.k_shift = k_shift
+        self.rotated = rotated
+        self.defrag_runs = defrag_runs
+        self.moved = moved
+        self.need_reserve = need_reserve
+
+    def __bool__(self):
+        return bool(self.need_reserve)
+
+    def __repr__(self):
+        ns = None if self.k_shift is None else int(np.count_nonzero(self.k_shift))
+        nr = None if self.defrag_runs is None else len(self.defrag_runs)
+        return (f"UpdatePlan(shifted_cells={ns}, rotated={self.rotated}, defrag_runs={nr}, "
+                f"moved={self.moved}, need_reserve={self.need_reserve})")
+
+
+cdef int _apply_rope(UnifiedCore self, RopeParams rope) except -1:
+    """Rotate every kept layer's K by the cells' shifts, in C without the GIL; checks first,
+    so on error nothing has changed."""
+    cdef uint32_t n = self.c.n_layer, i
+    cdef kvc_err err
+    cdef int r
+    cdef kvc_rope_params *params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
+    cdef uint32_t *hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
+    try:
+        if params == NULL or hd == NULL:
+            raise MemoryError("update")
+        for i in range(n):
+            il = self._layers[i]
+            hd[i] = self._n_embd_head_k[il]
+            try:
+                rope.fill(&params[i], il, hd[i])
+            except ValueError as e:
+                raise ValueError(f"update: layer {il}: {e}") from None
+        err.msg[0] = 0
+        with nogil:
+            r = kvc_unified_apply_k_shift(&self.c, params, hd, &err)
+        check_status(r, &err, "update")
+    finally:
+        PyMem_Free(params)
+        PyMem_Free(hd)
+    return 0
+
+
+cdef class UnifiedCore:
+    """The unified KV cache (see kvcache.UnifiedCache for the documented public class)."""
+
+    def __cinit__(self, kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
+                  v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None,
+                  buffers="owned", n_embd_head_k=None, rope=None):
+        cdef kvc_unified_params p
+        cdef kvc_err err
+        cdef const kvc_type_info *tk
+        cdef const kvc_type_info *tv
+        cdef Py_ssize_t i, nl
+        cdef kvc_layer *lay
+        err.msg[0] = 0
+
+        mode = _buffers_mode(buffers)
+        nl = _int_arg(n_layer, "n_layer", 0, 0x7FFFFFFF)
+        n_pad_ = _int_arg(n_pad, "n_pad", 1, 0x7FFFFFFF)
+        kv_size_ = _int_arg(kv_size, "kv_size", 1, 0x7FFFFFFF)
+        if kv_size_ % n_pad_:
+            raise ValueError(f"kv_size = {kv_size_} is not a multiple of n_pad = {n_pad_}")
+        n_seq_max_ = _int_arg(n_seq_max, "n_seq_max", 1, KVC_MAX_SEQ)
+        tk = _type_arg(type_k, "type_k")
+        tv = _type_arg(type_v, "type_v")
+        if not isinstance(v_trans, (bool, np.bool_, int, np.integer)):
+            raise TypeError(f"v_trans must be a bool, not {type(v_trans).__name__}")
+        v_trans_ = bool(v_trans)
+        if v_trans_ and tv.blck_size != 1:
+            raise ValueError(f"v_trans=True needs a V type with one element per block; "
+                             f"type_v = {tv.name.decode()!r} has {tv.blck_size}")
+        if not isinstance(swa_type, str):
+            raise TypeError(f"swa_type must be a str, not {type(swa_type).__name__}")
+        if swa_type not in _SWA_TYPES:
+            raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(_SWA_TYPES)}")
+        n_swa_ = _int_arg(n_swa, "n_swa", 0, 0xFFFFFFFF)
+        if swa_type != "none" and n_swa_ == 0:
+            raise ValueError(f"n_swa must be > 0 with swa_type = {swa_type!r}")
+        if swa_type == "none" and n_swa_ != 0:
+            raise ValueError(f"n_swa = {n_swa_} needs a swa_type other than 'none'")
+        wk = _widths_arg(n_embd_k_gqa, nl, "n_embd_k_gqa")
+        wv = _widths_arg(n_embd_v_gqa, nl, "n_embd_v_gqa")
+        kept = _layers_arg(layers, nl)
+        for il in kept:
+            _check_width(wk[il], il, tk, "n_embd_k_gqa")
+            _check_width(wv[il], il, tv, "n_embd_v_gqa")
+        head_k = _head_dims_arg(n_embd_head_k, nl, wk, kept)
+        _check_rope(rope, head_k, kept, "rope")
+        pairs = _buffer_pairs(buffers, kept) if mode == "borrowed" else None
+
+        arr_il = np.asarray(kept, dtype=np.int32).reshape(-1)
+        arr_k = np.asarray([wk[il] for il in kept], dtype=np.uint32).reshape(-1)
+        arr_v = np.asarray([wv[il] for il in kept], dtype=np.uint32).reshape(-1)
+        cdef int32_t[::1] v_il = np.append(arr_il, np.int32(0))    # one spare: never empty
+        cdef uint32_t[::1] v_k = np.append(arr_k, np.uint32(0))
+        cdef uint32_t[::1] v_v = np.append(arr_v, np.uint32(0))
+        p.kv_size = <uint32_t>kv_size_
+        p.n_seq_max = <uint32_t>n_seq_max_
+        p.n_pad = <uint32_t>n_pad_
+        p.n_swa = <uint32_t>n_swa_
+        p.swa_type = _SWA_TYPES[swa_type]
+        p.type_k = tk.id
+        p.type_v = tv.id
+        p.v_trans = v_trans_
+        p.n_layer = <uint32_t>len(kept)
+        p.layer_il = &v_il[0]
+        p.n_embd_k = &v_k[0]
+        p.n_embd_v = &v_v[0]
+        check_status(kvc_unified_init(&self.c, &p, &err), &err, "UnifiedCache")
+        self._ready = True
+
+        self._n_layer_model = <uint32_t>nl
+        self._layers = kept
+        self._ikv = {il: i for i, il in enumerate(kept)}
+        self._n_embd_k = wk
+        self._n_embd_v = wv
+        self._n_embd_head_k = head_k
+        self._rope = rope
+        self._buffers = mode
+        self._borrowed = pairs          # the caller's objects stay alive as long as the cache
+        self._k_mem, self._v_mem, self._k_view, self._v_view = [], [], [], []
+        if mode == "none":
+            return
+        dk, dv = _element_dtype(tk.id), _element_dtype(tv.id)
+        size = <Py_ssize_t>self.c.cells.size
+        regions = []
+        for i, il in enumerate(kept):
+            lay = &self.c.layers[i]
+            nk = size * lay.k_row_bytes
+            nv = size * lay.v_row_bytes
+            if mode == "owned":
+                kmem = _aligned_zeros(nk)
+                vmem = _aligned_zeros(nv)
+            else:
+                vlay = (f"{lay.n_embd_v} x {size} cells of {dv.itemsize} bytes, transposed" if v_trans_
+                        else f"{size} cells x {lay.v_row_bytes} bytes")
+                kmem = _borrowed_bytes(pairs[i][0], nk, tk.id, f"buffers[{il}] K",
+                                       f"{size} cells x {lay.k_row_bytes} bytes")
+                vmem = _borrowed_bytes(pairs[i][1], nv, tv.id, f"buffers[{il}] V", vlay)
+                regions += [(f"buffers[{il}] K", kmem), (f"buffers[{il}] V", vmem)]
+            if dk.itemsize == 1:
+                kview = kmem.reshape(size, lay.k_row_bytes)
+            else:
+                kview = _typed_view(kmem, dk, (size, lay.n_embd_k))
+            if dv.itemsize == 1:
+                vview = vmem.reshape(size, lay.v_row_bytes)
+            elif v_trans_:
+                vview = _typed_view(vmem, dv, (lay.n_embd_v, size))
+            else:
+                vview = _typed_view(vmem, dv, (size, lay.n_embd_v))
+            self._k_mem.append(kmem)
+            self._v_mem.append(vmem)
+            self._k_view.append(kview)
+            self._v_view.append(vview)
+        _check_disjoint(regions)
+        cdef uint8_t[::1] mk
+        cdef uint8_t[::1] mv
+        for i in range(len(kept)):
+            mk = self._k_mem[i]
+            mv = self._v_mem[i]
+            kvc_unified_set_layer_buffers(&self.c, <uint32_t>i, &mk[0], &mv[0])
+
+    def __dealloc__(self):
+        if self._ready:
+            kvc_unified_free(&self.c)
+            self._ready = False
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(kv_size={self.c.cells.size}, n_layer={self._n_layer_model}, "
+                f"layers={list(self._layers)}, type_k={self.type_k!r}, type_v={self.type_v!r}, "
+                f"v_trans={bool(self.c.v_trans)}, n_seq_max={self.c.n_seq_max}, head={self.c.head}, "
+                f"n={self.c.n}, used={self.c.cells.used})")
+
+    # --- C-level operations (declared in _core.pxd) ---------------------------------------
+    cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
+        cdef int r = kvc_unified_find_slot(&self.c, ub)
+        self._placed_n = ub.n_tokens if r == 1 else 0
+        return r
+
+    cdef void commit_c(self) noexcept nogil:
+        kvc_unified_commit(&self.c)
+
+    cdef void restore_c(self) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_restore(&self.c)
+
+    cdef bint seq_rm_c(self, int32_t s, int32_t p0, int32_t p1) noexcept nogil:
+        self._placed_n = 0
+        return kvc_unified_seq_rm(&self.c, s, p0, p1)
+
+    cdef void seq_cp_c(self, int32_t src, int32_t dst, int32_t p0, int32_t p1) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_seq_cp(&self.c, src, dst, p0, p1)
+
+    cdef void seq_keep_c(self, int32_t s) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_seq_keep(&self.c, s)
+
+    cdef void seq_add_c(self, int32_t s, int32_t p0, int32_t p1, int32_t shift) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_seq_add(&self.c, s, p0, p1, shift)
+
+    cdef void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_seq_div(&self.c, s, p0, p1, d)
+
+    cdef void clear_c(self) noexcept nogil:
+        self._placed_n = 0
+        self._defrag_pending = False
+        kvc_unified_clear(&self.c)
+
+    cdef void set_full_c(self) noexcept nogil:
+        self._placed_n = 0
+        kvc_unified_set_full(&self.c)
+
+    cdef void store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
+        # head is where the last find_slot put its tokens as long as _placed_n is set: every
+        # operation that can move head clears it
+        if self._placed_n:
+            kvc_unified_store(&self.c, ikv, self._placed_n, k, v)
+
+    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
+        return kvc_unified_kq_mask(&self.c, ub, causal, alibi, dtype, out)
+
+    cdef void k_shift_c(self, int32_t *out) noexcept nogil:
+        kvc_unified_k_shift(&self.c, out)
+
+    cdef void reset_shift_c(self) noexcept nogil:
+        kvc_cells_reset_shift(&self.c.cells)
+
+    # --- geometry and counters -----------------------------------------------------------
+    @property
+    def head(self):
+        """Where the next slot search starts (after find_slot: where the ubatch was placed)."""
+        return self.c.head
+
+    @property
+    def n(self):
+        """Number of cells the attention looks at (the KQ mask's columns)."""
+        return self.c.n
+
+    @property
+    def used(self):
+        """Number of non-empty cells."""
+        return self.c.cells.used
+
+    @property
+    def size(self):
+        """Number of cells (kv_size)."""
+        return self.c.cells.size
+
+    @property
+    def n_seq_max(self):
+        """Valid sequence ids are [0, n_seq_max)."""
+        return self.c.n_seq_max
+
+    @property
+    def n_layer(self):
+        """Number of model layers given to the constructor (kept or not)."""
+        return self._n_layer_model
+
+    @property
+    def layers(self):
+        """Model indices of the kept layers, ascending (the cache's layer order)."""
+        return self._layers
+
+    @property
+    def type_k(self):
+        """ggml type name of K."""
+        return kvc_type_get(self.c.type_k).name.decode()
+
+    @property
+    def type_v(self):
+        """ggml type name of V."""
+        return kvc_type_get(self.c.type_v).name.decode()
+
+    @property
+    def v_trans(self):
+        """Whether V is stored transposed (element e of cell c at e * size + c)."""
+        return bool(self.c.v_trans)
+
+    @property
+    def n_pad(self):
+        """kv_size and n are multiples of n_pad."""
+        return self.c.n_pad
+
+    @property
+    def n_swa(self):
+        """Sliding window size (0 without a window)."""
+        return self.c.n_swa
+
+    @property
+    def swa_type(self):
+        """'none', 'standard' or 'chunked'."""
+        return _SWA_NAMES[self.c.swa_type]
+
+    @property
+    def buffers(self):
+        """How the K/V memory is held: 'owned' (numpy arrays of the cache), 'borrowed' (the
+        caller's buffers) or 'none' (metadata only: the caller applies the plans)."""
+        return self._buffers
+
+    @property
+    def n_embd_head_k(self):
+        """K head size per model layer (a tuple), or None when not given to the constructor."""
+        return self._n_embd_head_k
+
+    @property
+    def rope(self):
+        """The model's RopeParams given to the constructor (update() rotates K with them), or None."""
+        return self._rope
+
+    @property
+    def slot(self):
+        """(head, n_tokens): the cells [head, head + n_tokens) the last successful find_slot
+        put its ubatch in, where that ubatch's K/V rows go; None when no placement is current
+        (after restore, a sequence operation, clear, defrag or a state read)."""
+        if self._placed_n == 0:
+            return None
+        return (self.c.head, self._placed_n)
+
+    @property
+    def has_shift(self):
+        """True when positions were shifted since the last reset_shift (a K-shift is due)."""
+        return bool(self.c.cells.has_shift)
+
+    @property
+    def do_defrag(self):
+        """True when defrag_sched asked for a defragmentation (cleared by defrag_move/update)."""
+        return bool(self.c.do_defrag)
+
+    # --- slots and sequences -------------------------------------------------------------
+    def find_slot(self, UBatch ub not None):
+        """Place the ubatch's tokens in contiguous empty cells starting at head.
+
+        Returns True when placed (head is where), False when there is no room; head may move
+        either way, as in llama.cpp. Undo with restore(), keep with commit()."""
+        cdef int r
+        ub.check(self.c.n_seq_max)
+        with nogil:
+            r = self.find_slot_c(&ub.c)
+        if r < 0:
+            raise_status(r, NULL, "find_slot")
+        return r == 1
+
+    def commit(self):
+        """Forget the recovery information of the find_slot calls since the last commit."""
+        kvc_unified_commit(&self.c)
+
+    def restore(self):
+        """Undo the cell changes of the find_slot calls since the last commit (data is kept)."""
+        self.restore_c()
+
+    def set_full(self):
+        """n = size and head = 0, as when reserving the worst-case graph."""
+        self.set_full_c()
+
+    def clear(self):
+        """Empty every cell, reset shifts, head = 0 and zero the K/V memory (n is kept)."""
+        with nogil:
+            self.clear_c()
+
+    def seq_rm(self, seq_id, p0=-1, p1=-1):
+        """Remove seq_id (-1: every sequence) from the cells with p0 <= pos < p1.
+
+        p0 < 0 means 0, p1 < 0 means no upper bound. Returns True."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
+        return self.seq_rm_c(s, a, b)
+
+    def seq_cp(self, src, dst, p0=-1, p1=-1):
+        """Add dst to every cell of src with p0 <= pos < p1."""
+        cdef int32_t s = _seq_arg(src, self.c.n_seq_max, "src", False)
+        cdef int32_t d = _seq_arg(dst, self.c.n_seq_max, "dst", False)
+        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
+        self.seq_cp_c(s, d, a, b)
+
+    def seq_keep(self, seq_id):
+        """Keep only seq_id: cells without it are emptied, cells with it hold only it."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        self.seq_keep_c(s)
+
+    def seq_add(self, seq_id, p0, p1, shift):
+        """Add shift to the positions of seq_id in [p0, p1); cells pushed below 0 are emptied."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
+        cdef int32_t d = _pos_arg(shift, "shift")
+        self.seq_add_c(s, a, b, d)
+
+    def seq_div(self, seq_id, p0, p1, d):
+        """Integer-divide the positions of seq_id in [p0, p1) by d (> 0)."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
+        cdef int32_t dd = _pos_arg(d, "d")
+        if dd <= 0:
+            raise ValueError(f"d = {dd} must be positive")
+        self.seq_div_c(s, a, b, dd)
+
+    def seq_pos_min(self, seq_id):
+        """Smallest position of seq_id, -1 when it holds no cell."""
+        return kvc_unified_seq_pos_min(&self.c, _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False))
+
+    def seq_pos_max(self, seq_id):
+        """Largest position of seq_id, -1 when it holds no cell."""
+        return kvc_unified_seq_pos_max(&self.c, _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False))
+
+    def prune_swa(self, seq_id, pmin, pmax):
+        """Slide the window of seq_id after a batch that gave it positions pmin..pmax (what an
+        iSWA cache does on commit): seq_id leaves every cell that no position up to pmax can see.
+
+        Returns True when fewer than min(n_swa, pmin) cells of seq_id were visible from pmin,
+        i.e. the cache holds only part of the window (information may have been lost). Needs a
+        cache with a sliding window (ValueError otherwise)."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = _pos_arg(pmin, "pmin"), b = _pos_arg(pmax, "pmax")
+        cdef int r
+        if self.c.swa_type == KVC_SWA_NONE:
+            raise ValueError("prune_swa: the cache has no sliding window (swa_type 'none')")
+        with nogil:
+            r = kvc_unified_prune_swa(&self.c, s, a, b)
+        if r < 0:
+            raise_status(r, NULL, "prune_swa")
+        return r == 1
+
+    # --- K/V data ------------------------------------------------------------------------
+    def k(self, il):
+        """K of model layer il: a writable view (size, n_embd_k) of float32 / float16 / bfloat16
+        (see view_dtype), or (size, row_bytes) uint8 when quantized. Zero-copy into other array
+        libraries through DLPack (``torch.from_dlpack(cache.k(il))``)."""
+        cdef uint32_t ikv = _layer_index(self, il)
+        _require_memory(self, "k")
+        return self._k_view[ikv]
+
+    def v(self, il):
+        """V of model layer il: a view (size, n_embd_v), (n_embd_v, size) when v_trans, or
+        (size, row_bytes) uint8 when quantized."""
+        cdef uint32_t ikv = _layer_index(self, il)
+        _require_memory(self, "v")
+        return self._v_view[ikv]
+
+    def store(self, il, k_rows, v_rows):
+        """Write the K and V rows of the tokens placed by the last successful find_slot.
+
+        il: model layer index. k_rows / v_rows: (n_tokens, n_embd) arrays of the cache dtype
+        (float32 is also accepted for f16 / bf16 caches), or (n_tokens, row_bytes) uint8 for
+        quantized types; either may be None. V is transposed on the way in when v_trans."""
+        cdef uint32_t ikv = _layer_index(self, il)
+        cdef kvc_layer *lay
+        _require_memory(self, "store")
+        if self._placed_n == 0:
+            raise RuntimeError("store: no ubatch is placed (call it right after a successful find_slot)")
+        lay = &self.c.layers[ikv]
+        kb = _rows_arg(self, k_rows, self.c.type_k, lay.n_embd_k, lay.k_row_bytes, "k_rows")
+        vb = _rows_arg(self, v_rows, self.c.type_v, lay.n_embd_v, lay.v_row_bytes, "v_rows")
+        cdef const uint8_t[::1] mk
+        cdef const uint8_t[::1] mv
+        cdef const void *pk = NULL
+        cdef const void *pv = NULL
+        if kb is not None:
+            mk = kb
+            pk = &mk[0]
+        if vb is not None:
+            mv = vb
+            pv = &mv[0]
+        with nogil:
+            self.store_c(ikv, pk, pv)
+
+    @property
+    def size_k_bytes(self):
+        """Bytes of K memory over all kept layers."""
+        cdef size_t t = 0
+        for i in range(self.c.n_layer):
+            t += self.c.layers[i].k_row_bytes * self.c.cells.size
+        return t
+
+    @property
+    def size_v_bytes(self):
+        """Bytes of V memory over all kept layers."""
+        cdef size_t t = 0
+        for i in range(self.c.n_layer):
+            t += self.c.layers[i].v_row_bytes * self.c.cells.size
+        return t
+
+    @property
+    def total_size(self):
+        """size_k_bytes + size_v_bytes."""
+        return self.size_k_bytes + self.size_v_bytes
+
+    # --- graph inputs --------------------------------------------------------------------
+    def kq_mask(self, UBatch ub not None, causal=True, alibi=False, out=None, dtype="f32"):
+        """The KQ mask of ub against the cache: [pad(n_tokens, 64), n].
+
+        dtype "f32" (default) or "f16": 0 where token t sees cell j (-|p_cell - p_token| with
+        alibi), -inf elsewhere and in the padding rows; "bool": True where it sees the cell.
+        out: a C-contiguous writable array of exactly that shape and dtype, filled and returned."""
+        cdef bint c_causal = causal, c_alibi = alibi
+        cdef int mdt, r
+        cdef uint8_t[::1] o
+        try:
+            mdt, npdt = _MASK_DTYPES[dtype]
+        except (KeyError, TypeError):
+            raise ValueError(f"dtype = {dtype!r}: expected one of {', '.join(_MASK_DTYPES)}") from None
+        ub.check(self.c.n_seq_max)
+        shape = (<Py_ssize_t>kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD), <Py_ssize_t>self.c.n)
+        if out is None:
+            out = np.empty(shape, dtype=npdt)
+        else:
+            if not isinstance(out, np.ndarray):
+                raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+            if out.dtype != npdt or out.shape != shape or not out.flags.c_contiguous \
+                    or not out.flags.writeable:
+                raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
+                                 f"{shape}, got {out.dtype} {out.shape}")
+        if out.size == 0:
+            return out
+        o = out.reshape(-1).view(np.uint8)
+        with nogil:
+            r = self.kq_mask_c(&ub.c, c_causal, c_alibi, mdt, &o[0])
+        if r < 0:
+            raise_status(r, NULL, "kq_mask")
+        return out
+
+    def pos_bucket(self, UBatch ub not None, n_buckets):
+        """T5 relative position buckets of ub against the cache: int32 [n_tokens, n]."""
+        cdef uint32_t nb = <uint32_t>_int_arg(n_buckets, "n_buckets", 2, 0x7FFFFFFF)
+        ub.check(self.c.n_seq_max)
+        out = np.empty((ub.c.n_tokens, self.c.n), dtype=np.int32)
+        if out.size == 0:
+            return out
+        cdef int32_t[::1] o = out.reshape(-1)
+        with nogil:
+            kvc_unified_pos_bucket(&self.c, &ub.c, nb, &o[0])
+        return out
+
+    def k_shift(self):
+        """The per-cell K-shift input: int32 [size] (0 for empty cells)."""
+        out = np.empty(self.c.cells.size, dtype=np.int32)
+        cdef int32_t[::1] o = out
+        with nogil:
+            self.k_shift_c(&o[0])
+        return out
+
+    def reset_shift(self):
+        """Zero every cell's shift and clear has_shift (after the K-shift was applied)."""
+        self.reset_shift_c()
+
+    # --- defragmentation -----------------------------------------------------------------
+    def defrag_sched(self, thold):
+        """Request a defrag (do_defrag) when fragmentation exceeds thold (only for n >= 2048)."""
+        if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, bool):
+            raise TypeError(f"thold must be a number, not {type(thold).__name__}")
+        kvc_unified_defrag_sched(&self.c, <float>float(thold))
+
+    def defrag_prepare(self, n_max_nodes):
+        """Plan a defrag and move the cell metadata; the K/V moves are in defrag_ids.
+
+        n_max_nodes bounds the moves as llama.cpp's graph budget does. True when
+        something moves."""
+        cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        cdef int r
+        self._placed_n = 0
+        with nogil:
+            r = kvc_unified_defrag_prepare(&self.c, nmax)
+        if r < 0:
+            raise_status(r, NULL, "defrag_prepare")
+        self._defrag_pending = r == 1
+        return r == 1
+
+    @property
+    def defrag_ids(self):
+        """The last plan (a copy): cell i moves to ids[i]; ids[i] == i or len(ids): stays."""
+        out = np.empty(self.c.n_defrag_ids, dtype=np.uint32)
+        cdef uint32_t[::1] o = out
+        if self.c.n_defrag_ids:
+            memcpy(&o[0], self.c.defrag_ids, self.c.n_defrag_ids * sizeof(uint32_t))
+        return out
+
+    def defrag_runs(self):
+        """The last plan as runs: uint32 [n_runs, 3] of (src, dst, count), cells
+        [src, src + count) moving to [dst, dst + count). No run reads cells another run writes,
+        so they can be applied in any order; defrag_move applies them to the K/V rows (and a
+        metadata-only cache's owner to its own memory)."""
+        cdef uint32_t n = kvc_unified_defrag_runs(&self.c, NULL)
+        out = np.empty((n, 3), dtype=np.uint32)
+        cdef uint32_t[:, ::1] o = out
+        if n:
+            kvc_unified_defrag_runs(&self.c, &o[0, 0])
+        return out
+
+    def defrag_move(self):
+        """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag."""
+        if self._defrag_pending:
+            with nogil:
+                kvc_unified_defrag_move(&self.c)
+            self._defrag_pending = False
+        self.c.do_defrag = False
+
+    def _check_update(self, rope, n_max_nodes):
+        """Raise what update(rope, n_max_nodes) would raise before changing anything."""
+        _int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        if rope is not None and self._buffers == "none":
+            raise ValueError("update: a metadata-only cache holds no K to rotate; call update() "
+                             "without rope and apply the plan's k_shift with your own kernels")
+        if rope is not None:
+            _check_rope(rope, self._n_embd_head_k, self._layers, "rope")
+
+    def update(self, rope=None, n_max_nodes=65536):
+        """Apply the pending K-shift, then the scheduled defrag, as llama.cpp's update() does.
+
+        rope: the model's RopeParams (default: the ones given to the constructor): every kept
+        layer's K is rotated in place by each cell's shift, with the layer's freq_base /
+        freq_scale overrides (needs n_embd_head_k from the constructor). Without any, the model
+        has no RoPE and the shifts are dropped. A metadata-only cache rotates and moves nothing:
+        apply the returned plan's k_shift, then its defrag_runs, to your own K/V memory.
+
+        Returns an UpdatePlan (true when the data changed or has to, i.e. the graph needs a new
+        reservation). Arguments are checked before anything changes."""
+        cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        self._check_update(rope, n_max_nodes)
+        if rope is None and self._buffers != "none":
+            rope = self._rope
+        shift = None
+        rotated = False
+        if self.c.cells.has_shift:
+            shift = self.k_shift()
+            if rope is not None:
+                _apply_rope(self, <RopeParams>rope)
+                rotated = True
+            self.reset_shift_c()
+        runs = None
+        moved = False
+        if self.c.do_defrag:
+            if self.defrag_prepare(nmax):
+                runs = self.defrag_runs()
+                self.defrag_move()
+                moved = self._buffers != "none"
+            self.c.do_defrag = False
+        todo = self._buffers == "none" and (shift is not None or runs is not None)
+        return UpdatePlan(shift, rotated, runs, moved, rotated or moved or todo)
+
+    # --- inspection ----------------------------------------------------------------------
+    def cells(self):
+        """A snapshot (copies) of every cell's pos, shift and sequence bits: a Cells object."""
+        cdef Py_ssize_t n = self.c.cells.size
+        pos = np.empty(n, dtype=np.int32)
+        shift = np.empty(n, dtype=np.int32)
+        seq = np.empty(n, dtype=np.uint64)
+        cdef int32_t[::1] vp = pos
+        cdef int32_t[::1] vs = shift
+        cdef uint64_t[::1] vq = seq
+        memcpy(&vp[0], self.c.cells.pos, n * sizeof(int32_t))
+        memcpy(&vs[0], self.c.cells.shift, n * sizeof(int32_t))
+        memcpy(&vq[0], self.c.cells.seq, n * sizeof(uint64_t))
+        return Cells(pos, shift, seq)
+
+    # --- state ---------------------------------------------------------------------------
+    def state_size(self, seq_id=-1):
+        """Bytes state_write(seq_id) produces."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
+        return kvc_unified_state_size(&self.c, s)
+
+    def state_write(self, seq_id=-1):
+        """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout."""
+        return _state_write_parts((self,), seq_id)
+
+    def state_write_into(self, buf, seq_id=-1):
+        """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
+
+        buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes (bytearray,
+        numpy array, mmap, memoryview...), filled from C without an intermediate copy; or a
+        binary file object, written in chunks of bounded size. The cache must not change during
+        the call."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef size_t n
+        with nogil:
+            n = kvc_unified_state_size(&self.c, s)
+        return state_write_into(&self.c, _unified_state_range, s, n, buf)
+
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False):
+        """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).
+
+        data: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, mmap; not
+        copied). Returns the bytes consumed (bytes after the state are not read, unless exact).
+        convert: accept a blob whose V layout (transposed or not) differs from this cache's and
+        convert it (llama.cpp refuses such a blob). exact: the state must end at the end of
+        data. Raises StateError on a malformed or incompatible blob, leaving the cache exactly as
+        it was."""
+        return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact)
+
+
+cdef int _unified_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
+                              size_t *written) noexcept nogil:
+    return kvc_unified_state_write_range(<const kvc_unified *>c, seq_id, offset, out, cap, written)

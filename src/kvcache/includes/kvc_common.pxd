@@ -28,6 +28,16 @@ cdef extern from "kvc_ubatch.h" nogil:
     int kvc_ubatch_check(const kvc_ubatch *ub, uint32_t n_seq_max, kvc_err *err)
 
 cdef extern from "kvc_types.h" nogil:
+    enum kvc_type:
+        KVC_TYPE_F32
+        KVC_TYPE_F16
+        KVC_TYPE_Q4_0
+        KVC_TYPE_Q4_1
+        KVC_TYPE_Q5_0
+        KVC_TYPE_Q5_1
+        KVC_TYPE_Q8_0
+        KVC_TYPE_IQ4_NL
+        KVC_TYPE_BF16
     ctypedef struct kvc_type_info:
         int32_t id
         const char *name

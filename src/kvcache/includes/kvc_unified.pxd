@@ -1,0 +1,109 @@
+# Declarations of csrc/kvc_unified.h: the unified KV cache.
+from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t
+from kvcache.includes.kvc_common cimport kvc_err, kvc_ubatch
+from kvcache.includes.kvc_cells cimport kvc_cells
+
+cdef extern from "kvc_unified.h" nogil:
+    ctypedef enum kvc_swa_type:
+        KVC_SWA_NONE
+        KVC_SWA_STANDARD
+        KVC_SWA_CHUNKED
+
+    ctypedef struct kvc_layer:
+        int32_t il
+        uint32_t n_embd_k
+        uint32_t n_embd_v
+        size_t k_row_bytes
+        size_t v_row_bytes
+        uint8_t *k
+        uint8_t *v
+
+    ctypedef struct kvc_recovery:
+        uint32_t i, n, off
+
+    ctypedef struct kvc_unified:
+        kvc_cells cells
+        uint32_t head
+        uint32_t n
+        uint32_t n_seq_max
+        uint32_t n_pad
+        uint32_t n_swa
+        int32_t swa_type
+        int32_t type_k
+        int32_t type_v
+        bint v_trans
+        uint32_t n_layer
+        kvc_layer *layers
+        kvc_recovery *rec
+        uint32_t n_rec, cap_rec
+        int32_t *rec_pos
+        uint64_t *rec_seq
+        uint32_t n_rec_arena, cap_rec_arena
+        bint do_defrag
+        uint32_t *defrag_ids
+        uint32_t n_defrag_ids
+
+    ctypedef struct kvc_unified_params:
+        uint32_t kv_size
+        uint32_t n_seq_max
+        uint32_t n_pad
+        uint32_t n_swa
+        int32_t swa_type
+        int32_t type_k, type_v
+        bint v_trans
+        uint32_t n_layer
+        const int32_t *layer_il
+        const uint32_t *n_embd_k
+        const uint32_t *n_embd_v
+
+    int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
+    void kvc_unified_free(kvc_unified *c)
+    void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v)
+    uint32_t kvc_unified_size(const kvc_unified *c)
+
+    void    kvc_unified_clear(kvc_unified *c)
+    bint    kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1)
+    void    kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1)
+    void    kvc_unified_seq_keep(kvc_unified *c, int32_t s)
+    void    kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift)
+    void    kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d)
+    int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s)
+    int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s)
+
+    int     kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub)
+    void    kvc_unified_commit(kvc_unified *c)
+    void    kvc_unified_restore(kvc_unified *c)
+    void    kvc_unified_set_full(kvc_unified *c)
+
+    void    kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
+
+    int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax)
+
+    bint    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1)
+    ctypedef enum kvc_mask_dtype:
+        KVC_MASK_F32
+        KVC_MASK_F16
+        KVC_MASK_BOOL
+    int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
+                                int dtype, void *out)
+    int     kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi, float *out)
+    void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out)
+    int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
+    void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out)
+
+    void    kvc_unified_defrag_sched(kvc_unified *c, float thold)
+    int     kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes)
+    void    kvc_unified_defrag_move(kvc_unified *c)
+    uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs)
+
+    ctypedef struct kvc_unified_snapshot:
+        kvc_cells cells
+        uint32_t head, n
+        uint32_t n_rec, n_rec_arena
+        kvc_recovery *rec
+        int32_t *rec_pos
+        uint64_t *rec_seq
+        bint do_defrag
+    int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s)
+    void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
+    void kvc_unified_snapshot_free(kvc_unified_snapshot *s)

@@ -1,0 +1,63 @@
+"""The cimport contract: a separate Cython extension drives UnifiedCore through _core.pxd."""
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import kvcache
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+EXT_SOURCE = textwrap.dedent("""
+    # cython: language_level=3
+    from libc.stdint cimport int32_t
+    from kvcache._core cimport UnifiedCore, UBatch
+
+    def fill(UnifiedCore c, UBatch ub, int rounds):
+        '''Place ub `rounds` times at consecutive positions without the GIL.'''
+        cdef int i, r, placed = 0
+        cdef int32_t pmax
+        with nogil:
+            for i in range(rounds):
+                r = c.find_slot_c(&ub.c)
+                if r != 1:
+                    break
+                c.commit_c()
+                placed += 1
+            pmax = c.seq_pos_max_c(0)
+        return placed, pmax, c.head_c(), c.n_c(), c.used_c()
+""")
+
+SETUP = textwrap.dedent("""
+    import sys
+    from setuptools import Extension, setup
+    from Cython.Build import cythonize
+    inc, pxd_root = sys.argv.pop(1), sys.argv.pop(1)
+    setup(ext_modules=cythonize([Extension("kvc_ext_user", ["kvc_ext_user.pyx"], include_dirs=inc.split(";"))],
+                                include_path=[pxd_root], quiet=True))
+""")
+
+
+def test_extension_cimports_unified_core(tmp_path):
+    pytest.importorskip("Cython")
+    pkg = kvcache.get_include()
+    headers = [os.path.join(pkg, "include"), os.path.join(HERE, os.pardir, "csrc")]
+    (tmp_path / "kvc_ext_user.pyx").write_text(EXT_SOURCE)
+    (tmp_path / "setup.py").write_text(SETUP)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(pkg), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "setup.py", ";".join(headers), os.path.dirname(pkg),
+                          "build_ext", "--inplace"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    sys.path.insert(0, str(tmp_path))
+    try:
+        mod = importlib.import_module("kvc_ext_user")
+    finally:
+        sys.path.remove(str(tmp_path))
+    c = kvcache.UnifiedCache(64, 1, 4, 4, n_seq_max=2)
+    placed, pmax, head, n, used = mod.fill(c, kvcache.UBatch([0, 1, 2, 3, 4], [0, 0, 0, 0, 1]), 20)
+    # the same tokens again and again: 12 ubatches of 5 fill 60 of the 64 cells
+    assert (placed, pmax, used) == (12, 3, 60)
+    assert (c.used, c.head, c.n) == (used, head, n) == (60, 55, 64)
