@@ -15,7 +15,7 @@ from kvcache import RecurrentCache, UnifiedCache, cli
 from kvcache.plan import plan_iswa, plan_recurrent, plan_unified, swa_pattern_layers
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = str(ROOT / "src")
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))  # the kvcache under test
 MIB = 1024 * 1024
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import kvcache
 from kvcache import cli
 from kvcache.simulate import SimConfig, Simulation, simulate
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = str(ROOT / "src")
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))  # the kvcache under test
 
 # a small cache under pressure: find_slot fails, and each remedy (defrag, shrink, evict) is needed
 PRESSURE = dict(n_ctx=256, arrival_rate=0.3, prompt_mean=20, output_mean=40, n_ubatch=64, steps=300,

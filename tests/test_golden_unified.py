@@ -61,8 +61,9 @@ def test_cli_summary(tmp_path):
     import subprocess
     import sys
     env = dict(os.environ)
-    src = os.path.join(os.path.dirname(__file__), os.pardir, "src")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
+    import kvcache
+    src = os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))  # the kvcache under test
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     good = subprocess.run([sys.executable, "-m", "kvcache.conformance", "-q", TRACES[0]],
                           capture_output=True, text=True, env=env)
     assert good.returncode == 0 and "1 passed, 0 failed" in good.stdout

@@ -34,7 +34,7 @@ def encode(x, type_k):
 
 
 def decode(rows, type_k, width):
-    if type_k in QUANT:
+    if type_k in QUANT or type_k == "bf16":  # bf16 views are uint16 without ml_dtypes
         return dequantize(rows, type_k, width)
     return np.asarray(rows).astype(np.float32)
 
