@@ -674,7 +674,10 @@ int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
     const float lr = logf((float)((double)r / (double)max_exact));
     const float ld = logf((float)((double)max_distance / (double)max_exact));
     const double v = (double)max_exact + (double)lr * (double)(n_buckets - max_exact) / (double)ld;
-    int32_t b = (int32_t)floor(v);
+    /* 256 or 257 buckets divide by zero (ld == 0): the reference then converts inf or nan to
+     * int, which x86 turns into INT32_MIN; do that without undefined behaviour */
+    const double f = floor(v);
+    int32_t b = (f >= -2147483648.0 && f < 2147483648.0) ? (int32_t)f : INT32_MIN;
     if (b > (int32_t)n_buckets - 1) {
         b = (int32_t)n_buckets - 1;
     }
