@@ -219,3 +219,20 @@ cdef class UBatch:
             raise ValueError(f"seq_id {self.max_seq} in the ubatch is outside [0, {n_seq_max})")
         check_status(kvc_ubatch_check(&self.c, n_seq_max, &err), &err, "invalid ubatch")
         return 0
+
+
+def _fail_alloc_after(n=None):
+    """Test hook of the C core: make its n-th allocation from now on fail (once); 0 disarms
+    it, None leaves it as it is. Returns the count pending before the call: 0 once the armed
+    allocation was reached, > 0 when fewer allocations happened since it was armed.
+
+    For tests that run one thread: the count is a plain global of the C core."""
+    global kvc_fail_alloc_after
+    cdef int old = kvc_fail_alloc_after
+    if n is not None:
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"n must be an int, not {type(n).__name__}")
+        if not 0 <= n <= 0x7FFFFFFF:
+            raise ValueError(f"n = {n} is outside [0, 2**31)")
+        kvc_fail_alloc_after = <int>n
+    return old
