@@ -810,9 +810,12 @@ static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
     }
 }
 
-/* Whole cache: clear, cell k of the state into cell k, head 0 (the reference's order). */
+/* Whole cache: clear, cell k of the state into cell k, head 0 (the reference's order). The data
+ * of cells [0, cell_count) is overwritten below, so only the rest is zeroed. */
 static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
-    kvc_unified_clear(c);
+    kvc_cells_reset(&c->cells);
+    c->head = 0;
+    kvc_unified_zero_cells(c, ps->cell_count, c->cells.size);
     const uint8_t *m = ps->data + 4;
     uint64_t touched = 0;
     for (uint32_t i = 0; i < ps->cell_count; i++) {

@@ -117,18 +117,36 @@ static inline void kvc_clamp_range(int32_t *p0, int32_t *p1) {
     }
 }
 
+void kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to) {
+    const size_t size = c->cells.size, n = to > from ? to - from : 0;
+    if (n == 0) {
+        return;
+    }
+    const size_t el = kvc_type_get(c->type_v)->type_size;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        if (ly->k) {
+            memset(ly->k + from * ly->k_row_bytes, 0, n * ly->k_row_bytes);
+        }
+        if (!ly->v) {
+            continue;
+        }
+        if (!c->v_trans) {
+            memset(ly->v + from * ly->v_row_bytes, 0, n * ly->v_row_bytes);
+        } else if (n == size) {
+            memset(ly->v, 0, size * ly->v_row_bytes); /* every column: the whole buffer */
+        } else {
+            for (uint32_t e = 0; e < ly->n_embd_v; e++) {
+                memset(ly->v + ((size_t)e * size + from) * el, 0, n * el);
+            }
+        }
+    }
+}
+
 void kvc_unified_clear(kvc_unified *c) {
     kvc_cells_reset(&c->cells);
     c->head = 0;
-    const size_t size = c->cells.size;
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        if (c->layers[l].k) {
-            memset(c->layers[l].k, 0, size * c->layers[l].k_row_bytes);
-        }
-        if (c->layers[l].v) {
-            memset(c->layers[l].v, 0, size * c->layers[l].v_row_bytes);
-        }
-    }
+    kvc_unified_zero_cells(c, 0, c->cells.size);
 }
 
 bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
@@ -685,7 +703,10 @@ int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
     const float lr = logf((float)((double)r / (double)max_exact));
     const float ld = logf((float)((double)max_distance / (double)max_exact));
     const double v = (double)max_exact + (double)lr * (double)(n_buckets - max_exact) / (double)ld;
-    int32_t b = (int32_t)floor(v);
+    /* 256 or 257 buckets divide by zero (ld == 0): the reference then converts inf or nan to
+     * int, which x86 turns into INT32_MIN; do that without undefined behaviour */
+    const double f = floor(v);
+    int32_t b = (f >= -2147483648.0 && f < 2147483648.0) ? (int32_t)f : INT32_MIN;
     if (b > (int32_t)n_buckets - 1) {
         b = (int32_t)n_buckets - 1;
     }
