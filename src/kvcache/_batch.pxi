@@ -87,10 +87,10 @@ cdef class Batch:
         if kvc_pylock_init(&self._lock) != 0:
             raise MemoryError("Batch: cannot allocate its lock")
         pos_arr = np.asarray(pos)
-        if pos_arr.ndim != 1:
-            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
         if pos_arr.size and not np.issubdtype(pos_arr.dtype, np.integer):
             raise TypeError(f"pos must hold integers, got dtype {pos_arr.dtype}")
+        if pos_arr.ndim != 1:
+            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
         n_tokens = pos_arr.shape[0]
         if n_tokens >= UINT32_MAX:
             raise ValueError(f"too many tokens ({n_tokens})")

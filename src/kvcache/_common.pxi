@@ -111,10 +111,10 @@ cdef class UBatch:
         cdef int32_t s
         cdef uint64_t m
         pos_arr = np.asarray(pos)
-        if pos_arr.ndim != 1:
-            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
         if pos_arr.size and not np.issubdtype(pos_arr.dtype, np.integer):
             raise TypeError(f"pos must hold integers, got dtype {pos_arr.dtype}")
+        if pos_arr.ndim != 1:
+            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
         n_tokens = pos_arr.shape[0]
         if n_tokens and (pos_arr.min() < 0 or pos_arr.max() > INT32_MAX):
             raise ValueError("pos values must lie in [0, 2**31 - 1]")
@@ -137,10 +137,16 @@ cdef class UBatch:
             if isinstance(e, (int, np.integer)) and not isinstance(e, bool):
                 ids = [int(e)]
             else:
+                if isinstance(e, (str, bytes, bool)):
+                    raise TypeError(f"seq_id[{g}] must be an int or a list of ints, not {type(e).__name__}")
                 try:
-                    ids = [int(x) for x in e]
+                    ids = list(e)
                 except TypeError:
                     raise TypeError(f"seq_id[{g}] must be an int or a list of ints") from None
+                for x in ids:
+                    if not isinstance(x, (int, np.integer)) or isinstance(x, bool):
+                        raise TypeError(f"seq_id[{g}] holds {x!r}, not an int")
+                ids = [int(x) for x in ids]
             if not ids:
                 raise ValueError(f"seq_id[{g}] is empty: every token needs a sequence id")
             for x in ids:

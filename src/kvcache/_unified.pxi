@@ -2,6 +2,7 @@
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
+from cpython.bool cimport PyBool_Check
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint16_t, INT32_MIN
 from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
@@ -146,7 +147,9 @@ cdef inline long long _ll_arg(object v, str name) except? -1:
     ValueError when it does not fit."""
     cdef int overflow = 0
     cdef long long r
-    if not PyLong_Check(v):
+    if not PyLong_Check(v) or PyBool_Check(v):
+        if PyBool_Check(v):
+            raise TypeError(f"{name} must be an int, not bool")
         if isinstance(v, np.integer):
             v = int(v)
         else:
@@ -1038,6 +1041,8 @@ cdef class UnifiedCore:
     def _check_update(self, rope, n_max_nodes):
         """Raise what update(rope, n_max_nodes) would raise before changing anything."""
         _int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        if rope is not None and not isinstance(rope, RopeParams):
+            raise TypeError(f"rope must be a RopeParams or None, not {type(rope).__name__}")
         if rope is not None and self._buffers == "none":
             raise ValueError("update: a metadata-only cache holds no K to rotate; call update() "
                              "without rope and apply the plan's k_shift with your own kernels")
