@@ -438,6 +438,35 @@ void kvc_unified_restore(kvc_unified *c) {
     kvc_unified_commit(c);
 }
 
+void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m) {
+    m->head = c->head;
+    m->n = c->n;
+    m->n_rec = c->n_rec;
+    m->n_rec_arena = c->n_rec_arena;
+}
+
+int kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m) {
+    kvc_cells *cells = &c->cells;
+    if (c->n_rec < m->n_rec || c->n_rec_arena < m->n_rec_arena) {
+        return KVC_E_ARG;
+    }
+    uint64_t touched = 0;
+    /* newest first, so that a cell written twice ends as the oldest snapshot had it */
+    for (uint32_t k = c->n_rec; k-- > m->n_rec;) {
+        const kvc_recovery *r = &c->rec[k];
+        for (uint32_t j = 0; j < r->n; j++) {
+            touched |= cells->seq[r->i + j] | c->rec_seq[r->off + j];
+            kvc_cells_set_raw(cells, r->i + j, c->rec_pos[r->off + j], c->rec_seq[r->off + j]);
+        }
+    }
+    kvc_cells_rebuild_seq_pos(cells, touched);
+    c->n_rec = m->n_rec;
+    c->n_rec_arena = m->n_rec_arena;
+    c->head = m->head;
+    c->n = m->n;
+    return KVC_OK;
+}
+
 void kvc_unified_set_full(kvc_unified *c) {
     c->n = c->cells.size;
     c->head = 0;
