@@ -87,6 +87,9 @@ setup(
             "cdivision": True,
             "initializedcheck": False,
             "embedsignature": True,
+            # every object with mutable state holds its own lock (src/kvcache/_core.pxd,
+            # "locking"): safe without the GIL, which a free-threaded CPython must not re-enable
+            "freethreading_compatible": True,
         },
         include_path=["src"],
     ),

@@ -1,12 +1,15 @@
 /* kvcache — the unified cache's K-shift over its K memory (see kvc_kshift.h). */
 #include "kvc_kshift.h"
 
-int kvc_unified_apply_k_shift(kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
-                              kvc_err *err) {
+#include <string.h>
+
+int kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
+                                kvc_kshift_work *w, kvc_err *err) {
     const kvc_type_info *t = kvc_type_get(c->type_k);
     const uint32_t size = c->cells.size;
     size_t scratch_floats = 1;
 
+    memset(w, 0, sizeof *w);
     if (t == NULL) {
         return kvc_err_set(err, KVC_E_ARG, "unknown K type %d", (int)c->type_k);
     }
@@ -32,14 +35,19 @@ int kvc_unified_apply_k_shift(kvc_unified *c, const kvc_rope_params *p, const ui
         }
     }
 
-    int32_t *shift = (int32_t *)kvc_malloc((size ? size : 1) * sizeof(int32_t));
-    float *scratch = (float *)kvc_malloc(scratch_floats * sizeof(float));
-    if (shift == NULL || scratch == NULL) {
-        kvc_free(shift);
-        kvc_free(scratch);
+    w->shift = (int32_t *)kvc_malloc((size ? size : 1) * sizeof(int32_t));
+    w->scratch = (float *)kvc_malloc(scratch_floats * sizeof(float));
+    if (w->shift == NULL || w->scratch == NULL) {
+        kvc_kshift_work_free(w);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory for the K-shift");
     }
-    kvc_unified_k_shift(c, shift);
+    return KVC_OK;
+}
+
+int kvc_unified_k_shift_run(kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
+                            kvc_kshift_work *w, kvc_err *err) {
+    const uint32_t size = c->cells.size;
+    kvc_unified_k_shift(c, w->shift);
 
     int rc = KVC_OK;
     for (uint32_t l = 0; l < c->n_layer && rc == KVC_OK; l++) {
@@ -47,14 +55,30 @@ int kvc_unified_apply_k_shift(kvc_unified *c, const kvc_rope_params *p, const ui
         if (ly->k == NULL) {
             continue;
         }
-        /* arguments were checked above and the scratch is ours: this cannot fail midway */
+        /* arguments were checked by the prepare and the scratch is ours: this cannot fail midway */
         rc = kvc_rope_shift_rows(c->type_k, ly->k, size, ly->n_embd_k / head_dim[l], head_dim[l],
-                                 ly->k_row_bytes, shift, &p[l], scratch);
+                                 ly->k_row_bytes, w->shift, &p[l], w->scratch);
     }
-    kvc_free(shift);
-    kvc_free(scratch);
+    kvc_kshift_work_free(w);
     if (rc != KVC_OK) {
         return kvc_err_set(err, KVC_E_INTERNAL, "K-shift failed after the checks passed (%d)", rc);
     }
     return KVC_OK;
+}
+
+void kvc_kshift_work_free(kvc_kshift_work *w) {
+    kvc_free(w->shift);
+    kvc_free(w->scratch);
+    w->shift = NULL;
+    w->scratch = NULL;
+}
+
+int kvc_unified_apply_k_shift(kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
+                              kvc_err *err) {
+    kvc_kshift_work w;
+    const int rc = kvc_unified_k_shift_prepare(c, p, head_dim, &w, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    return kvc_unified_k_shift_run(c, p, head_dim, &w, err);
 }

@@ -21,6 +21,21 @@ extern "C" {
 int kvc_unified_apply_k_shift(kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
                               kvc_err *err);
 
+/* The same in two steps, for callers that must check and allocate for several caches before
+ * changing any: kvc_unified_k_shift_prepare checks the arguments and allocates the scratch
+ * (KVC_OK, KVC_E_ARG, KVC_E_NOMEM; c unchanged), kvc_unified_k_shift_run rotates with it (it
+ * cannot fail once prepared against the same c, p and head_dim) and releases it.
+ * kvc_kshift_work_free releases a prepared work that is not run. */
+typedef struct kvc_kshift_work {
+    int32_t *shift;     /* [size] */
+    float   *scratch;   /* the largest scratch any layer needs */
+} kvc_kshift_work;
+int  kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
+                                 kvc_kshift_work *w, kvc_err *err);
+int  kvc_unified_k_shift_run(kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
+                             kvc_kshift_work *w, kvc_err *err);
+void kvc_kshift_work_free(kvc_kshift_work *w);
+
 #ifdef __cplusplus
 }
 #endif

@@ -438,6 +438,35 @@ void kvc_unified_restore(kvc_unified *c) {
     kvc_unified_commit(c);
 }
 
+void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m) {
+    m->head = c->head;
+    m->n = c->n;
+    m->n_rec = c->n_rec;
+    m->n_rec_arena = c->n_rec_arena;
+}
+
+int kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m) {
+    kvc_cells *cells = &c->cells;
+    if (c->n_rec < m->n_rec || c->n_rec_arena < m->n_rec_arena) {
+        return KVC_E_ARG;
+    }
+    uint64_t touched = 0;
+    /* newest first, so that a cell written twice ends as the oldest snapshot had it */
+    for (uint32_t k = c->n_rec; k-- > m->n_rec;) {
+        const kvc_recovery *r = &c->rec[k];
+        for (uint32_t j = 0; j < r->n; j++) {
+            touched |= cells->seq[r->i + j] | c->rec_seq[r->off + j];
+            kvc_cells_set_raw(cells, r->i + j, c->rec_pos[r->off + j], c->rec_seq[r->off + j]);
+        }
+    }
+    kvc_cells_rebuild_seq_pos(cells, touched);
+    c->n_rec = m->n_rec;
+    c->n_rec_arena = m->n_rec_arena;
+    c->head = m->head;
+    c->n = m->n;
+    return KVC_OK;
+}
+
 void kvc_unified_set_full(kvc_unified *c) {
     c->n = c->cells.size;
     c->head = 0;
@@ -674,7 +703,10 @@ int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
     const float lr = logf((float)((double)r / (double)max_exact));
     const float ld = logf((float)((double)max_distance / (double)max_exact));
     const double v = (double)max_exact + (double)lr * (double)(n_buckets - max_exact) / (double)ld;
-    int32_t b = (int32_t)floor(v);
+    /* 256 or 257 buckets divide by zero (ld == 0): the reference then converts inf or nan to
+     * int, which x86 turns into INT32_MIN; do that without undefined behaviour */
+    const double f = floor(v);
+    int32_t b = (f >= -2147483648.0 && f < 2147483648.0) ? (int32_t)f : INT32_MIN;
     if (b > (int32_t)n_buckets - 1) {
         b = (int32_t)n_buckets - 1;
     }

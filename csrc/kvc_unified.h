@@ -149,6 +149,21 @@ uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs);
 /* Move the K/V data as the last plan says (contiguous runs at once). */
 void    kvc_unified_defrag_move(kvc_unified *c);
 
+/* --- undoing find_slot calls exactly ---------------------------------------------------- */
+/* What the find_slot calls change besides the cells: head, n and the recovery stack. A mark
+ * taken before them lets kvc_unified_rewind undo them all, e.g. when a composite operation
+ * (the two caches of an iSWA cache) fails in its second part after the first succeeded. */
+typedef struct kvc_unified_mark {
+    uint32_t head, n;
+    uint32_t n_rec, n_rec_arena;
+} kvc_unified_mark;
+void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m);
+/* Undo every find_slot since m was taken, newest first: the cells they filled get back their
+ * previous positions and sequences, head and n their marked values. Only find_slot calls may
+ * have changed c since the mark (KVC_E_ARG, nothing changed, when the recovery stack is
+ * shorter than at the mark, e.g. after a commit). */
+int  kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m);
+
 /* --- whole-object snapshot, for operations that must leave no trace on failure ---------- */
 typedef struct kvc_unified_snapshot {
     kvc_cells cells;

@@ -21,6 +21,7 @@ EXT_SOURCE = textwrap.dedent("""
         cdef int i, r, placed = 0
         cdef int32_t pmax
         with nogil:
+            c.lock_c()          # the *_c methods do not lock: the caller serializes
             for i in range(rounds):
                 r = c.find_slot_c(&ub.c)
                 if r != 1:
@@ -28,6 +29,7 @@ EXT_SOURCE = textwrap.dedent("""
                 c.commit_c()
                 placed += 1
             pmax = c.seq_pos_max_c(0)
+            c.unlock_c()
         return placed, pmax, c.head_c(), c.n_c(), c.used_c()
 """)
 

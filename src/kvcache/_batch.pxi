@@ -84,11 +84,13 @@ cdef class Batch:
         cdef int rc
         cdef Py_ssize_t n_tokens, t, k
         err.msg[0] = 0
+        if kvc_pylock_init(&self._lock) != 0:
+            raise MemoryError("Batch: cannot allocate its lock")
         pos_arr = np.asarray(pos)
-        if pos_arr.ndim != 1:
-            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
         if pos_arr.size and not np.issubdtype(pos_arr.dtype, np.integer):
             raise TypeError(f"pos must hold integers, got dtype {pos_arr.dtype}")
+        if pos_arr.ndim != 1:
+            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
         n_tokens = pos_arr.shape[0]
         if n_tokens >= UINT32_MAX:
             raise ValueError(f"too many tokens ({n_tokens})")
@@ -133,6 +135,7 @@ cdef class Batch:
 
     def __dealloc__(self):
         kvc_sbatch_free(&self.c)
+        kvc_pylock_free(&self._lock)
 
     @property
     def n_tokens(self) -> int:
@@ -142,7 +145,11 @@ cdef class Batch:
     @property
     def n_tokens_left(self) -> int:
         """Tokens not yet placed into a ubatch."""
-        return self.c.n_left
+        cdef uint32_t r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.n_left
+        kvc_pylock_release(&self._lock)
+        return r
 
     @property
     def simple_split(self) -> bool:
@@ -158,17 +165,22 @@ cdef class Batch:
     def out_ids(self):
         """Batch indices of the output tokens placed so far, in placement order (int64 array)."""
         cdef Py_ssize_t i
-        res = np.empty(self.c.n_out, dtype=np.int64)
-        cdef int64_t[::1] v = res
-        for i in range(self.c.n_out):
-            v[i] = self.c.out_ids[i]
+        cdef int64_t[::1] v
+        kvc_pylock_acquire(&self._lock)
+        try:
+            res = np.empty(self.c.n_out, dtype=np.int64)
+            v = res
+            for i in range(self.c.n_out):
+                v[i] = self.c.out_ids[i]
+        finally:
+            kvc_pylock_release(&self._lock)
         return res
 
     def __len__(self):
         return self.c.n_tokens
 
     def __repr__(self):
-        return (f"Batch(n_tokens={self.c.n_tokens}, n_tokens_left={self.c.n_left}, "
+        return (f"Batch(n_tokens={self.c.n_tokens}, n_tokens_left={self.n_tokens_left}, "
                 f"simple_split={bool(self.c.simple_split)}, logits_all={bool(self.c.logits_all)})")
 
     cdef object _split(self, kvc_split_mode mode, object n_ubatch):
@@ -176,29 +188,39 @@ cdef class Batch:
         cdef kvc_sbatch_ubatch out
         cdef uint32_t n = _as_n_ubatch(n_ubatch)
         cdef uint32_t i, g
+        cdef int rc
+        cdef uint32_t n_tok
+        cdef int32_t[::1] pos_v
+        cdef int64_t[::1] ids_v
+        cdef uint8_t[::1] out_v
         err.msg[0] = 0
-        # short (at most n_ubatch tokens): done under the GIL, which also keeps splits of one
-        # batch from different threads apart
-        cdef int rc = kvc_sbatch_split(&self.c, mode, n, &out, &err)
-        check_status(rc, &err, "cannot split")
-        if rc == 0:
-            return None
-        cdef uint32_t n_tok = out.ub.n_tokens
-        pos = np.empty(n_tok, dtype=np.int32)
-        ids = np.empty(n_tok, dtype=np.int64)
-        output = np.empty(n_tok, dtype=bool)
-        cdef int32_t[::1] pos_v = pos
-        cdef int64_t[::1] ids_v = ids
-        cdef uint8_t[::1] out_v = output.view(np.uint8)
-        for i in range(n_tok):
-            pos_v[i] = out.ub.pos[i]
-            ids_v[i] = out.token[i]
-            out_v[i] = out.output[i] != 0
-        groups = [[out.ub.seq_ids[i] for i in range(out.ub.seq_off[g], out.ub.seq_off[g + 1])]
-                  for g in range(out.ub.n_seqs)]
-        cdef SplitUBatch ub = SplitUBatch(pos, groups, out.ub.n_seq_tokens, output)
+        # the split and the copy of its result (which lives in the splitter) under the lock
+        kvc_pylock_acquire(&self._lock)
+        try:
+            rc = kvc_sbatch_split(&self.c, mode, n, &out, &err)
+            check_status(rc, &err, "cannot split")
+            if rc == 0:
+                return None
+            n_tok = out.ub.n_tokens
+            pos = np.empty(n_tok, dtype=np.int32)
+            ids = np.empty(n_tok, dtype=np.int64)
+            output = np.empty(n_tok, dtype=bool)
+            pos_v = pos
+            ids_v = ids
+            out_v = output.view(np.uint8)
+            for i in range(n_tok):
+                pos_v[i] = out.ub.pos[i]
+                ids_v[i] = out.token[i]
+                out_v[i] = out.output[i] != 0
+            groups = [[out.ub.seq_ids[i] for i in range(out.ub.seq_off[g], out.ub.seq_off[g + 1])]
+                      for g in range(out.ub.n_seqs)]
+            n_seq_tokens = out.ub.n_seq_tokens
+            equal_seqs = out.equal_seqs
+        finally:
+            kvc_pylock_release(&self._lock)
+        cdef SplitUBatch ub = SplitUBatch(pos, groups, n_seq_tokens, output)
         ub.ids = ids
-        ub.equal_seqs = out.equal_seqs
+        ub.equal_seqs = equal_seqs
         return ub
 
     def split_simple(self, n_ubatch):

@@ -114,10 +114,10 @@ cdef class UBatch:
         cdef int32_t s
         cdef uint64_t m
         pos_arr = np.asarray(pos)
-        if pos_arr.ndim != 1:
-            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
         if pos_arr.size and not np.issubdtype(pos_arr.dtype, np.integer):
             raise TypeError(f"pos must hold integers, got dtype {pos_arr.dtype}")
+        if pos_arr.ndim != 1:
+            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
         n_tokens = pos_arr.shape[0]
         if n_tokens and (pos_arr.min() < 0 or pos_arr.max() > INT32_MAX):
             raise ValueError("pos values must lie in [0, 2**31 - 1]")
@@ -140,10 +140,16 @@ cdef class UBatch:
             if isinstance(e, (int, np.integer)) and not isinstance(e, bool):
                 ids = [int(e)]
             else:
+                if isinstance(e, (str, bytes, bool)):
+                    raise TypeError(f"seq_id[{g}] must be an int or a list of ints, not {type(e).__name__}")
                 try:
-                    ids = [int(x) for x in e]
+                    ids = list(e)
                 except TypeError:
                     raise TypeError(f"seq_id[{g}] must be an int or a list of ints") from None
+                for x in ids:
+                    if not isinstance(x, (int, np.integer)) or isinstance(x, bool):
+                        raise TypeError(f"seq_id[{g}] holds {x!r}, not an int")
+                ids = [int(x) for x in ids]
             if not ids:
                 raise ValueError(f"seq_id[{g}] is empty: every token needs a sequence id")
             for x in ids:
@@ -222,3 +228,20 @@ cdef class UBatch:
             raise ValueError(f"seq_id {self.max_seq} in the ubatch is outside [0, {n_seq_max})")
         check_status(kvc_ubatch_check(&self.c, n_seq_max, &err), &err, "invalid ubatch")
         return 0
+
+
+def _fail_alloc_after(n=None):
+    """Test hook of the C core: make its n-th allocation from now on fail (once); 0 disarms
+    it, None leaves it as it is. Returns the count pending before the call: 0 once the armed
+    allocation was reached, > 0 when fewer allocations happened since it was armed.
+
+    For tests that run one thread: the count is a plain global of the C core."""
+    global kvc_fail_alloc_after
+    cdef int old = kvc_fail_alloc_after
+    if n is not None:
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"n must be an int, not {type(n).__name__}")
+        if not 0 <= n <= 0x7FFFFFFF:
+            raise ValueError(f"n = {n} is outside [0, 2**31)")
+        kvc_fail_alloc_after = <int>n
+    return old

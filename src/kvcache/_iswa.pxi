@@ -6,6 +6,7 @@ from kvcache.includes.kvc_iswa cimport kvc_iswa_pending, kvc_iswa_pending_clear,
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
                                          kvc_unified_state_read_parts_ex)
+from kvcache.includes.kvc_unified cimport kvc_unified_mark, kvc_unified_mark_take, kvc_unified_rewind
 
 cdef enum:
     _MAX_PARTS = 8   # KVC_STATE_MAX_PARTS (checked again in C)
@@ -16,7 +17,12 @@ cdef class SWAPending:
     position of the batch last given to :meth:`set` (committing prunes the SWA cache with them)."""
 
     def __cinit__(self):
+        if kvc_pylock_init(&self._lock) != 0:
+            raise MemoryError("SWAPending: cannot allocate its lock")
         kvc_iswa_pending_clear(&self.c)
+
+    def __dealloc__(self):
+        kvc_pylock_free(&self._lock)
 
     def set(self, batch, n_seq_max, record=True):
         """Replace the ranges by those of ``batch`` (a :class:`Batch` or a :class:`UBatch`).
@@ -45,27 +51,41 @@ cdef class SWAPending:
             ids = (<UBatch>batch).c.seq_ids
         else:
             raise TypeError(f"batch must be a Batch or a UBatch, not {type(batch).__name__}")
+        if isinstance(batch, Batch):
+            kvc_pylock_acquire(&(<Batch>batch)._lock)     # its arrays stay put while splits run
         with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
             rc = kvc_iswa_pending_set(&self.c, n, pos, off, ids, nmax, rec, &err)
+            kvc_pylock_release(&self._lock)
+        if isinstance(batch, Batch):
+            kvc_pylock_release(&(<Batch>batch)._lock)
         check_status(rc, &err, "sbatch_init")
 
     def clear(self):
         """Forget every range."""
+        kvc_pylock_acquire(&self._lock)
         kvc_iswa_pending_clear(&self.c)
+        kvc_pylock_release(&self._lock)
 
     def items(self):
         """``[[seq_id, pmin, pmax], ...]`` in ascending sequence order."""
-        cdef uint64_t m = self.c.seqs
+        cdef kvc_iswa_pending c
         cdef int s
+        kvc_pylock_acquire(&self._lock)
+        c = self.c
+        kvc_pylock_release(&self._lock)
         out = []
         for s in range(KVC_MAX_SEQ):
-            if (m >> s) & 1:
-                out.append([s, self.c.pmin[s], self.c.pmax[s]])
+            if (c.seqs >> s) & 1:
+                out.append([s, c.pmin[s], c.pmax[s]])
         return out
 
     def __len__(self):
-        cdef uint64_t m = self.c.seqs
+        cdef uint64_t m
         cdef Py_ssize_t n = 0
+        kvc_pylock_acquire(&self._lock)
+        m = self.c.seqs
+        kvc_pylock_release(&self._lock)
         while m:
             m &= m - 1
             n += 1
@@ -89,12 +109,114 @@ cdef tuple _caches_arg(object caches):
     return caches
 
 
+# --- several caches at once: locked in ascending address order, all or nothing -------------
+
+cdef list _lock_order(tuple caches):
+    """The order in which several caches are locked: by address, the same everywhere, so that
+    two threads locking overlapping sets cannot wait for each other."""
+    return sorted(caches, key=id)
+
+
+cdef void _acquire_all(list order):
+    cdef UnifiedCore c
+    for c in order:
+        kvc_pylock_acquire(&c._lock)
+
+
+cdef void _release_all(list order):
+    cdef UnifiedCore c
+    for c in reversed(order):
+        kvc_pylock_release(&c._lock)
+
+
+cdef class _Hold:
+    """``with _Hold(a, b, ...):`` holds the locks of those caches (a composite cache's parts)
+    for the block, so that an operation on all of them is atomic for other threads. The
+    locks are reentrant: the caches' own methods can be called inside."""
+    cdef list _order
+
+    def __cinit__(self, *caches):
+        self._order = _lock_order(_caches_arg(caches))
+
+    def __enter__(self):
+        _acquire_all(self._order)
+        return self
+
+    def __exit__(self, *exc):
+        _release_all(self._order)
+        return False
+
+
+def _find_slot_parts(caches, UBatch ub not None):
+    """find_slot of ub in each cache in turn (all are tried, as llama.cpp does); returns the
+    list of their answers. When one raises (MemoryError), the find_slot calls that succeeded
+    before it are undone exactly, so every cache is as it was."""
+    cdef tuple cs = _caches_arg(caches)
+    cdef UnifiedCore c
+    cdef kvc_unified_mark marks[_MAX_PARTS]
+    cdef uint32_t placed[_MAX_PARTS]
+    cdef Py_ssize_t k, j, n = len(cs)
+    cdef int r
+    for c in cs:
+        ub.check(c.c.n_seq_max)
+    order = _lock_order(cs)
+    _acquire_all(order)
+    try:
+        for k in range(n):
+            c = cs[k]
+            kvc_unified_mark_take(&c.c, &marks[k])
+            placed[k] = c._placed_n
+        found = []
+        for k in range(n):
+            c = cs[k]
+            with nogil:
+                r = c.find_slot_c(&ub.c)
+            if r < 0:
+                for j in range(k - 1, -1, -1):
+                    c = cs[j]
+                    if kvc_unified_rewind(&c.c, &marks[j]) != KVC_OK:
+                        raise RuntimeError("find_slot: cannot undo the first part (internal error)")
+                    c._placed_n = placed[j]
+                raise_status(r, NULL, "find_slot")
+            found.append(r == 1)
+        return found
+    finally:
+        _release_all(order)
+
+
+def _update_parts(caches, rope=None, n_max_nodes=65536):
+    """update(rope, n_max_nodes) of several caches, all or nothing: arguments, rotations and
+    their memory are checked for every cache before the first one changes. Returns their
+    UpdatePlans."""
+    cdef tuple cs = _caches_arg(caches)
+    cdef UnifiedCore c
+    cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+    for c in cs:
+        c._check_update(rope, n_max_nodes)
+    order = _lock_order(cs)
+    _acquire_all(order)
+    try:
+        return _update_caches(cs, rope, nmax)
+    finally:
+        _release_all(order)
+
+
 def _state_size_parts(caches, seq_id=-1):
     """Bytes of the state of seq_id (-1: all) over several caches: the sum of their parts."""
+    cdef tuple cs = _caches_arg(caches)
     cdef UnifiedCore c
     cdef size_t total = 0
-    for c in _caches_arg(caches):
-        total += kvc_unified_state_size(&c.c, _seq_arg(seq_id, c.c.n_seq_max, "seq_id", True))
+    cdef int32_t s
+    for c in cs:
+        _seq_arg(seq_id, c.c.n_seq_max, "seq_id", True)
+    order = _lock_order(cs)
+    _acquire_all(order)
+    try:
+        for c in cs:
+            s = _seq_arg(seq_id, c.c.n_seq_max, "seq_id", True)
+            total += kvc_unified_state_size(&c.c, s)
+    finally:
+        _release_all(order)
     return total
 
 
@@ -102,28 +224,36 @@ def _state_write_parts(caches, seq_id=-1):
     """The state of seq_id (-1: all) of several caches as one blob: their parts in order."""
     cdef tuple cs = _caches_arg(caches)
     cdef UnifiedCore c
-    cdef int32_t s
+    cdef int32_t s = -1
     cdef size_t sizes[_MAX_PARTS]
     cdef size_t total = 0, off = 0, written
     cdef Py_ssize_t k, n = len(cs)
     cdef int r
+    cdef uint8_t *p
     for k in range(n):
         c = cs[k]
         s = _seq_arg(seq_id, c.c.n_seq_max, "seq_id", True)
-        sizes[k] = kvc_unified_state_size(&c.c, s)
-        total += sizes[k]
-    out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
-    cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
-    for k in range(n):
-        c = cs[k]
-        written = 0
-        with nogil:
-            r = kvc_unified_state_write(&c.c, s, p + off, sizes[k], &written)
-        if r < 0:
-            raise_status(r, NULL, "state_write")
-        if written != sizes[k]:
-            raise RuntimeError(f"state_write wrote {written} bytes, expected {sizes[k]} (internal error)")
-        off += written
+    order = _lock_order(cs)
+    _acquire_all(order)
+    try:
+        for k in range(n):
+            c = cs[k]
+            sizes[k] = kvc_unified_state_size(&c.c, s)
+            total += sizes[k]
+        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
+        p = <uint8_t *>PyBytes_AS_STRING(out)
+        for k in range(n):
+            c = cs[k]
+            written = 0
+            with nogil:
+                r = kvc_unified_state_write(&c.c, s, p + off, sizes[k], &written)
+            if r < 0:
+                raise_status(r, NULL, "state_write")
+            if written != sizes[k]:
+                raise RuntimeError(f"state_write wrote {written} bytes, expected {sizes[k]} (internal error)")
+            off += written
+    finally:
+        _release_all(order)
     return out
 
 
@@ -149,12 +279,18 @@ def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False):
     cdef kvc_err err
     cdef int r
     err.msg[0] = 0
-    with nogil:
-        r = kvc_unified_state_read_parts_ex(ptrs, <uint32_t>n, s, ptr, nbytes, flags, &consumed, &err)
+    order = _lock_order(cs)
+    _acquire_all(order)
+    try:
+        with nogil:
+            r = kvc_unified_state_read_parts_ex(ptrs, <uint32_t>n, s, ptr, nbytes, flags, &consumed, &err)
+        if r >= 0:
+            for k in range(n):
+                c = cs[k]
+                c._placed_n = 0
+                c._defrag_pending = False
+    finally:
+        _release_all(order)
     if r < 0:
         raise_status(r, &err, "state_read")
-    for k in range(n):
-        c = cs[k]
-        c._placed_n = 0
-        c._defrag_pending = False
     return consumed

@@ -91,6 +91,8 @@ cdef class RecurrentCache:
         cdef kvc_err err
         cdef Py_ssize_t il
         self._ready = False
+        if kvc_pylock_init(&self._lock) != 0:
+            raise MemoryError("RecurrentCache: cannot allocate its lock")
         self._k = []
         self._v = []
         self._warnings = []
@@ -163,6 +165,7 @@ cdef class RecurrentCache:
         if self._ready:
             kvc_recurrent_free(&self.c)
             self._ready = False
+        kvc_pylock_free(&self._lock)
 
     # --- geometry -------------------------------------------------------------------------
 
@@ -174,17 +177,29 @@ cdef class RecurrentCache:
     @property
     def head(self) -> int:
         """First cell of the last placed ubatch."""
-        return self.c.cells.head
+        cdef uint32_t r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.cells.head
+        kvc_pylock_release(&self._lock)
+        return r
 
     @property
     def n(self) -> int:
         """Number of cells the last placed ubatch spans."""
-        return self.c.cells.n
+        cdef uint32_t r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.cells.n
+        kvc_pylock_release(&self._lock)
+        return r
 
     @property
     def used(self) -> int:
         """The reference's count of used cells."""
-        return self.c.cells.used
+        cdef uint32_t r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.cells.used
+        kvc_pylock_release(&self._lock)
+        return r
 
     @property
     def n_seq_max(self) -> int:
@@ -234,12 +249,19 @@ cdef class RecurrentCache:
     @property
     def warnings(self) -> list:
         """Warnings of the last find_slot (also issued through ``warnings.warn``)."""
-        return list(self._warnings)
+        kvc_pylock_acquire(&self._lock)
+        w = self._warnings
+        kvc_pylock_release(&self._lock)
+        return list(w)
 
     def __repr__(self):
+        cdef uint32_t head, n, used
+        kvc_pylock_acquire(&self._lock)
+        head, n, used = self.c.cells.head, self.c.cells.n, self.c.cells.used
+        kvc_pylock_release(&self._lock)
         return (f"RecurrentCache(size={self.c.cells.size}, n_seq_max={self.c.n_seq_max}, "
                 f"n_layer={self.c.n_layer}, type_k={self.type_k!r}, type_v={self.type_v!r}, "
-                f"head={self.c.cells.head}, n={self.c.cells.n}, used={self.c.cells.used})")
+                f"head={head}, n={n}, used={used})")
 
     # --- data -----------------------------------------------------------------------------
 
@@ -272,20 +294,30 @@ cdef class RecurrentCache:
             n_rows = a.shape[0]
         if n_rows is None or n_rows == 0:
             return
-        if self.c.cells.head + n_rows > self.c.cells.size:
-            raise ValueError(f"{n_rows} rows from head {self.c.cells.head} pass the last cell "
-                             f"({self.c.cells.size})")
         cdef const uint8_t[::1] kb
         cdef const uint8_t[::1] vb
         cdef const void *kp = NULL
         cdef const void *vp = NULL
+        cdef uint32_t head
+        cdef int r
+        cdef uint64_t nr = <uint64_t>n_rows
+        cdef uint32_t ilc = <uint32_t>il
         if ka is not None:
             kb = ka.reshape(-1).view(np.uint8)
             kp = &kb[0]
         if va is not None:
             vb = va.reshape(-1).view(np.uint8)
             vp = &vb[0]
-        check_status(kvc_recurrent_store(&self.c, <uint32_t>il, <uint32_t>n_rows, kp, vp), NULL, "store")
+        with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
+            head = self.c.cells.head
+            r = KVC_E_NOSPACE
+            if head + nr <= self.c.cells.size:
+                r = kvc_recurrent_store(&self.c, ilc, <uint32_t>nr, kp, vp)
+            kvc_pylock_release(&self._lock)
+        if r == KVC_E_NOSPACE:
+            raise ValueError(f"{n_rows} rows from head {head} pass the last cell ({self.c.cells.size})")
+        check_status(r, NULL, "store")
 
     # --- placement ------------------------------------------------------------------------
 
@@ -303,29 +335,44 @@ cdef class RecurrentCache:
         if ub.c.n_seqs == 0:
             raise ValueError("find_slot: the ubatch has no tokens")
         err.msg[0] = 0
-        with nogil:
-            r = kvc_recurrent_find_slot(&self.c, &ub.c, &err)
-        check_status(r, &err, "find_slot")
-        self._warnings = ["find_slot: " + m for m in self.c.warn.decode("utf-8", "replace").split("\n") if m]
-        for m in self._warnings:
+        kvc_pylock_acquire(&self._lock)
+        try:
+            with nogil:
+                r = kvc_recurrent_find_slot(&self.c, &ub.c, &err)
+            check_status(r, &err, "find_slot")
+            found = ["find_slot: " + m for m in self.c.warn.decode("utf-8", "replace").split("\n") if m]
+            self._warnings = found
+        finally:
+            kvc_pylock_release(&self._lock)
+        # issued once the operation is complete (a warning turned into an error interrupts nothing)
+        for m in found:
             _warnings.warn(m, RuntimeWarning, stacklevel=2)
         return r == 1
 
     def commit(self):
         """Accept the last placements (nothing to record for recurrent states)."""
+        kvc_pylock_acquire(&self._lock)
         kvc_recurrent_commit(&self.c)
+        kvc_pylock_release(&self._lock)
 
     def restore(self):
         """Undo uncommitted placements: a no-op, as in the reference (nothing is ever pending)."""
+        kvc_pylock_acquire(&self._lock)
         kvc_recurrent_restore(&self.c)
+        kvc_pylock_release(&self._lock)
 
     def set_full(self):
         """n = size, head = 0 (what a worst-case graph reservation does)."""
+        kvc_pylock_acquire(&self._lock)
         kvc_recurrent_set_full(&self.c)
+        kvc_pylock_release(&self._lock)
 
     def clear(self):
         """Empty every cell, head = used = 0, zero all K/V memory (n is kept)."""
-        kvc_recurrent_clear(&self.c)
+        with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
+            kvc_recurrent_clear(&self.c)
+            kvc_pylock_release(&self._lock)
 
     def defrag_sched(self, thold):
         """Recurrent caches never defragment: a no-op."""
@@ -354,7 +401,11 @@ cdef class RecurrentCache:
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
         cdef int32_t a = as_pos(p0, "p0")
         cdef int32_t b = as_pos(p1, "p1")
-        return kvc_recurrent_seq_rm(&self.c, s, a, b)
+        cdef bint r
+        kvc_pylock_acquire(&self._lock)
+        r = kvc_recurrent_seq_rm(&self.c, s, a, b)
+        kvc_pylock_release(&self._lock)
+        return r
 
     def seq_cp(self, src, dst, p0=-1, p1=-1):
         """dst shares src's state from now on (dst's own state is dropped; the range is unused,
@@ -363,11 +414,16 @@ cdef class RecurrentCache:
         cdef int32_t d = self._seq(dst, "dst", False)
         cdef int32_t a = as_pos(p0, "p0")
         cdef int32_t b = as_pos(p1, "p1")
+        kvc_pylock_acquire(&self._lock)
         kvc_recurrent_seq_cp(&self.c, s, d, a, b)
+        kvc_pylock_release(&self._lock)
 
     def seq_keep(self, seq_id):
         """Drop every sequence but seq_id."""
-        kvc_recurrent_seq_keep(&self.c, self._seq(seq_id, "seq_id", False))
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        kvc_pylock_acquire(&self._lock)
+        kvc_recurrent_seq_keep(&self.c, s)
+        kvc_pylock_release(&self._lock)
 
     def seq_add(self, seq_id, p0, p1, shift):
         """Add shift to the position of seq_id's state when it lies in [p0, p1)."""
@@ -375,7 +431,9 @@ cdef class RecurrentCache:
         cdef int32_t a = as_pos(p0, "p0")
         cdef int32_t b = as_pos(p1, "p1")
         cdef int32_t d = as_pos(shift, "shift")
+        kvc_pylock_acquire(&self._lock)
         kvc_recurrent_seq_add(&self.c, s, a, b, d)
+        kvc_pylock_release(&self._lock)
 
     def seq_div(self, seq_id, p0, p1, d):
         """Divide the position of seq_id's state by d (> 0) when it lies in [p0, p1)."""
@@ -385,57 +443,94 @@ cdef class RecurrentCache:
         cdef int32_t q = as_pos(d, "d")
         if q <= 0:
             raise ValueError(f"d = {d} must be positive")
+        kvc_pylock_acquire(&self._lock)
         kvc_recurrent_seq_div(&self.c, s, a, b, q)
+        kvc_pylock_release(&self._lock)
 
     def seq_pos_min(self, seq_id) -> int:
         """Smallest position over the cells holding seq_id, -1 when none."""
-        return kvc_recurrent_seq_pos_min(&self.c, self._seq(seq_id, "seq_id", False))
+        cdef int32_t s = self._seq(seq_id, "seq_id", False), r
+        kvc_pylock_acquire(&self._lock)
+        r = kvc_recurrent_seq_pos_min(&self.c, s)
+        kvc_pylock_release(&self._lock)
+        return r
 
     def seq_pos_max(self, seq_id) -> int:
         """Largest position over the cells holding seq_id, -1 when none."""
-        return kvc_recurrent_seq_pos_max(&self.c, self._seq(seq_id, "seq_id", False))
+        cdef int32_t s = self._seq(seq_id, "seq_id", False), r
+        kvc_pylock_acquire(&self._lock)
+        r = kvc_recurrent_seq_pos_max(&self.c, s)
+        kvc_pylock_release(&self._lock)
+        return r
 
     # --- graph inputs ---------------------------------------------------------------------
 
     def s_copy(self):
         """int32[n]: for cells head + i, the cell whose state is copied in. Updates the cells'
         sources in place as the reference does (each copy happens once)."""
-        out = np.empty(self.c.cells.n, dtype=np.int32)
-        cdef int32_t[::1] o = out
-        cdef int r
-        if self.c.cells.n:
-            with nogil:
-                r = kvc_recurrent_s_copy(&self.c, self.c.cells.n, &o[0])
-            check_status(r, NULL, f"s_copy: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
+        cdef int32_t[::1] o
+        cdef int r = 0
+        kvc_pylock_acquire(&self._lock)
+        try:
+            out = np.empty(self.c.cells.n, dtype=np.int32)
+            if self.c.cells.n:
+                o = out
+                with nogil:
+                    r = kvc_recurrent_s_copy(&self.c, self.c.cells.n, &o[0])
+                check_status(r, NULL, f"s_copy: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
+        finally:
+            kvc_pylock_release(&self._lock)
         return out
 
     def s_mask(self):
         """float32[n]: for cells head + i, 1.0 when the state is kept, 0.0 when it starts from
         zero. Updates the cells' sources in place as the reference does (zeroed once)."""
-        out = np.empty(self.c.cells.n, dtype=np.float32)
-        cdef float[::1] o = out
-        cdef int r
-        if self.c.cells.n:
-            with nogil:
-                r = kvc_recurrent_s_mask(&self.c, self.c.cells.n, &o[0])
-            check_status(r, NULL, f"s_mask: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
+        cdef float[::1] o
+        cdef int r = 0
+        kvc_pylock_acquire(&self._lock)
+        try:
+            out = np.empty(self.c.cells.n, dtype=np.float32)
+            if self.c.cells.n:
+                o = out
+                with nogil:
+                    r = kvc_recurrent_s_mask(&self.c, self.c.cells.n, &o[0])
+                check_status(r, NULL, f"s_mask: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
+        finally:
+            kvc_pylock_release(&self._lock)
         return out
 
     def cell_max(self) -> int:
         """Index + 1 of the last cell with a position and a sequence, or 0."""
-        return kvc_recurrent_cell_max(&self.c)
+        cdef uint32_t r
+        with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
+            r = kvc_recurrent_cell_max(&self.c)
+            kvc_pylock_release(&self._lock)
+        return r
 
     def cells(self) -> dict:
         """A snapshot of the cell table: ``pos``, ``src``, ``tail`` (int32 arrays, -1 = none) and
         ``seq_id`` (per cell, its sequence ids ascending)."""
         cdef Py_ssize_t size = self.c.cells.size, i
         cdef uint64_t w
-        pos = np.asarray(<int32_t[:size]>self.c.cells.pos).copy()
-        src = np.asarray(<int32_t[:size]>self.c.cells.src).copy()
-        tail = np.asarray(<int32_t[:size]>self.c.cells.tail).copy()
+        pos = np.empty(size, dtype=np.int32)
+        src = np.empty(size, dtype=np.int32)
+        tail = np.empty(size, dtype=np.int32)
+        words = np.empty(size, dtype=np.uint64)
+        cdef int32_t[::1] vp = pos
+        cdef int32_t[::1] vs = src
+        cdef int32_t[::1] vt = tail
+        cdef uint64_t[::1] vw = words
+        with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
+            memcpy(&vp[0], self.c.cells.pos, size * sizeof(int32_t))
+            memcpy(&vs[0], self.c.cells.src, size * sizeof(int32_t))
+            memcpy(&vt[0], self.c.cells.tail, size * sizeof(int32_t))
+            memcpy(&vw[0], self.c.cells.seq, size * sizeof(uint64_t))
+            kvc_pylock_release(&self._lock)
         seq = []
         for i in range(size):
-            w = self.c.cells.seq[i]
+            w = vw[i]
             seq.append([b for b in range(KVC_MAX_SEQ) if (w >> b) & 1])
         return {"pos": pos, "src": src, "tail": tail, "seq_id": seq}
 
@@ -443,18 +538,30 @@ cdef class RecurrentCache:
 
     def state_size(self, seq_id=-1) -> int:
         """Bytes state_write(seq_id) produces."""
-        return kvc_recurrent_state_size(&self.c, self._seq(seq_id, "seq_id", True))
+        cdef int32_t s = self._seq(seq_id, "seq_id", True)
+        cdef size_t r
+        with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
+            r = kvc_recurrent_state_size(&self.c, s)
+            kvc_pylock_release(&self._lock)
+        return r
 
     def state_write(self, seq_id=-1) -> bytes:
         """The state of seq_id (-1: the whole cache) in llama.cpp's layout."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
-        cdef size_t n = kvc_recurrent_state_size(&self.c, s)
+        cdef size_t n
         cdef size_t written = 0
         cdef int r
-        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
-        cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
-        with nogil:
-            r = kvc_recurrent_state_write(&self.c, s, p, n, &written)
+        cdef uint8_t *p
+        kvc_pylock_acquire(&self._lock)
+        try:
+            n = kvc_recurrent_state_size(&self.c, s)
+            out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
+            p = <uint8_t *>PyBytes_AS_STRING(out)
+            with nogil:
+                r = kvc_recurrent_state_write(&self.c, s, p, n, &written)
+        finally:
+            kvc_pylock_release(&self._lock)
         check_status(r, NULL, "state_write")
         return out
 
@@ -466,9 +573,13 @@ cdef class RecurrentCache:
         size. The cache must not change during the call."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
         cdef size_t n
-        with nogil:
-            n = kvc_recurrent_state_size(&self.c, s)
-        return state_write_into(&self.c, _recurrent_state_range, s, n, buf)
+        kvc_pylock_acquire(&self._lock)
+        try:
+            with nogil:
+                n = kvc_recurrent_state_size(&self.c, s)
+            return state_write_into(&self.c, _recurrent_state_range, s, n, buf)
+        finally:
+            kvc_pylock_release(&self._lock)
 
     def state_read(self, data, seq_id=-1, *, convert=False, exact=False) -> int:
         """Restore one cache state from the front of data (bytes-like, not copied) into seq_id
@@ -487,7 +598,9 @@ cdef class RecurrentCache:
         cdef int r
         err.msg[0] = 0
         with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
             r = kvc_recurrent_state_read_ex(&self.c, s, p, n, flags, &consumed, &err)
+            kvc_pylock_release(&self._lock)
         check_status(r, &err, "state_read")
         return consumed
 

@@ -2,10 +2,12 @@
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
+from cpython.bool cimport PyBool_Check
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint16_t, INT32_MIN
 from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
-from kvcache.includes.kvc_kshift cimport kvc_unified_apply_k_shift
+from kvcache.includes.kvc_kshift cimport (kvc_kshift_work, kvc_unified_k_shift_prepare,
+                                          kvc_unified_k_shift_run, kvc_kshift_work_free)
 from kvcache.includes.kvc_rope cimport kvc_rope_params
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
                                          kvc_unified_state_write_range)
@@ -145,7 +147,9 @@ cdef inline long long _ll_arg(object v, str name) except? -1:
     ValueError when it does not fit."""
     cdef int overflow = 0
     cdef long long r
-    if not PyLong_Check(v):
+    if not PyLong_Check(v) or PyBool_Check(v):
+        if PyBool_Check(v):
+            raise TypeError(f"{name} must be an int, not bool")
         if isinstance(v, np.integer):
             v = int(v)
         else:
@@ -283,32 +287,97 @@ class UpdatePlan:
                 f"moved={self.moved}, need_reserve={self.need_reserve})")
 
 
-cdef int _apply_rope(UnifiedCore self, RopeParams rope) except -1:
-    """Rotate every kept layer's K by the cells' shifts, in C without the GIL; checks first,
-    so on error nothing has changed."""
+cdef class _ShiftJob:
+    """The K rotation of one cache, checked and with its memory allocated: running it cannot
+    fail, so several caches can be prepared before any of them changes."""
+    cdef kvc_rope_params *params   # per kept layer
+    cdef uint32_t *hd              # per kept layer: K head size
+    cdef kvc_kshift_work work
+    cdef bint ready                # work holds allocated scratch
+
+    def __dealloc__(self):
+        if self.ready:
+            kvc_kshift_work_free(&self.work)
+        PyMem_Free(self.params)
+        PyMem_Free(self.hd)
+
+
+cdef _ShiftJob _shift_job(UnifiedCore self, RopeParams rope):
+    """Check the rotation of every kept layer's K by rope and allocate its scratch; nothing in
+    the cache changes (ValueError, MemoryError)."""
     cdef uint32_t n = self.c.n_layer, i
     cdef kvc_err err
     cdef int r
-    cdef kvc_rope_params *params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
-    cdef uint32_t *hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
-    try:
-        if params == NULL or hd == NULL:
-            raise MemoryError("update")
-        for i in range(n):
-            il = self._layers[i]
-            hd[i] = self._n_embd_head_k[il]
-            try:
-                rope.fill(&params[i], il, hd[i])
-            except ValueError as e:
-                raise ValueError(f"update: layer {il}: {e}") from None
-        err.msg[0] = 0
-        with nogil:
-            r = kvc_unified_apply_k_shift(&self.c, params, hd, &err)
-        check_status(r, &err, "update")
-    finally:
-        PyMem_Free(params)
-        PyMem_Free(hd)
+    cdef _ShiftJob job = _ShiftJob.__new__(_ShiftJob)
+    job.params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
+    job.hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
+    if job.params == NULL or job.hd == NULL:
+        raise MemoryError("update")
+    for i in range(n):
+        il = self._layers[i]
+        job.hd[i] = self._n_embd_head_k[il]
+        try:
+            rope.fill(&job.params[i], il, job.hd[i])
+        except ValueError as e:
+            raise ValueError(f"update: layer {il}: {e}") from None
+    err.msg[0] = 0
+    with nogil:
+        r = kvc_unified_k_shift_prepare(&self.c, job.params, job.hd, &job.work, &err)
+    check_status(r, &err, "update")
+    job.ready = True
+    return job
+
+
+cdef int _shift_run(UnifiedCore self, _ShiftJob job) except -1:
+    """Rotate K as prepared (in C without the GIL)."""
+    cdef kvc_err err
+    cdef int r
+    err.msg[0] = 0
+    with nogil:
+        r = kvc_unified_k_shift_run(&self.c, job.params, job.hd, &job.work, &err)
+    job.ready = False          # the run released the scratch
+    check_status(r, &err, "update")
     return 0
+
+
+cdef list _update_caches(tuple cs, object rope, int32_t nmax):
+    """update() of the caches in cs (whose locks the caller holds), all or nothing: every
+    rotation is checked and allocated before the first cache changes."""
+    cdef UnifiedCore c
+    cdef Py_ssize_t k
+    cdef int r = 0
+    shifts, jobs = [], []
+    for c in cs:
+        rp = rope if rope is not None else (c._rope if c._buffers != "none" else None)
+        shift = c.k_shift() if c.c.cells.has_shift else None
+        shifts.append(shift)
+        jobs.append(_shift_job(c, <RopeParams>rp) if shift is not None and rp is not None else None)
+    # from here on nothing fails (the plan objects aside)
+    plans = []
+    for k in range(len(cs)):
+        c = cs[k]
+        if jobs[k] is not None:
+            _shift_run(c, <_ShiftJob>jobs[k])
+        if shifts[k] is not None:
+            c.reset_shift_c()
+        runs = None
+        moved = False
+        if c.c.do_defrag:
+            with nogil:
+                r = kvc_unified_defrag_prepare(&c.c, nmax)
+                if r == 1:
+                    # the plan (defrag_ids) outlives the move: the runs are read after it
+                    kvc_unified_defrag_move(&c.c)
+                c.c.do_defrag = False
+            c._placed_n = 0
+            c._defrag_pending = False
+            if r == 1:
+                runs = c.defrag_runs()
+                moved = c._buffers != "none"
+        rotated = jobs[k] is not None
+        todo = c._buffers == "none" and (shifts[k] is not None or runs is not None)
+        plans.append(UpdatePlan(shifts[k], rotated, runs, moved, rotated or moved or todo))
+    return plans
 
 
 cdef class UnifiedCore:
@@ -324,6 +393,8 @@ cdef class UnifiedCore:
         cdef Py_ssize_t i, nl
         cdef kvc_layer *lay
         err.msg[0] = 0
+        if kvc_pylock_init(&self._lock) != 0:
+            raise MemoryError("UnifiedCache: cannot allocate its lock")
 
         mode = _buffers_mode(buffers)
         nl = _int_arg(n_layer, "n_layer", 0, 0x7FFFFFFF)
@@ -435,17 +506,23 @@ cdef class UnifiedCore:
         if self._ready:
             kvc_unified_free(&self.c)
             self._ready = False
+        kvc_pylock_free(&self._lock)
 
     def __repr__(self):
+        cdef uint32_t head, n, used
+        kvc_pylock_acquire(&self._lock)
+        head, n, used = self.c.head, self.c.n, self.c.cells.used
+        kvc_pylock_release(&self._lock)
         return (f"{type(self).__name__}(kv_size={self.c.cells.size}, n_layer={self._n_layer_model}, "
                 f"layers={list(self._layers)}, type_k={self.type_k!r}, type_v={self.type_v!r}, "
-                f"v_trans={bool(self.c.v_trans)}, n_seq_max={self.c.n_seq_max}, head={self.c.head}, "
-                f"n={self.c.n}, used={self.c.cells.used})")
+                f"v_trans={bool(self.c.v_trans)}, n_seq_max={self.c.n_seq_max}, head={head}, "
+                f"n={n}, used={used})")
 
     # --- C-level operations (declared in _core.pxd) ---------------------------------------
     cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
         cdef int r = kvc_unified_find_slot(&self.c, ub)
-        self._placed_n = ub.n_tokens if r == 1 else 0
+        if r >= 0:      # an error changed nothing, the current placement included
+            self._placed_n = ub.n_tokens if r == 1 else 0
         return r
 
     cdef void commit_c(self) noexcept nogil:
@@ -503,17 +580,29 @@ cdef class UnifiedCore:
     @property
     def head(self):
         """Where the next slot search starts (after find_slot: where the ubatch was placed)."""
-        return self.c.head
+        cdef uint32_t r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.head
+        kvc_pylock_release(&self._lock)
+        return r
 
     @property
     def n(self):
         """Number of cells the attention looks at (the KQ mask's columns)."""
-        return self.c.n
+        cdef uint32_t r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.n
+        kvc_pylock_release(&self._lock)
+        return r
 
     @property
     def used(self):
         """Number of non-empty cells."""
-        return self.c.cells.used
+        cdef uint32_t r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.cells.used
+        kvc_pylock_release(&self._lock)
+        return r
 
     @property
     def size(self):
@@ -586,19 +675,31 @@ cdef class UnifiedCore:
         """(head, n_tokens): the cells [head, head + n_tokens) the last successful find_slot
         put its ubatch in, where that ubatch's K/V rows go; None when no placement is current
         (after restore, a sequence operation, clear, defrag or a state read)."""
-        if self._placed_n == 0:
+        cdef uint32_t head, placed
+        kvc_pylock_acquire(&self._lock)
+        head, placed = self.c.head, self._placed_n
+        kvc_pylock_release(&self._lock)
+        if placed == 0:
             return None
-        return (self.c.head, self._placed_n)
+        return (head, placed)
 
     @property
     def has_shift(self):
         """True when positions were shifted since the last reset_shift (a K-shift is due)."""
-        return bool(self.c.cells.has_shift)
+        cdef bint r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.cells.has_shift
+        kvc_pylock_release(&self._lock)
+        return r
 
     @property
     def do_defrag(self):
         """True when defrag_sched asked for a defragmentation (cleared by defrag_move/update)."""
-        return bool(self.c.do_defrag)
+        cdef bint r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.do_defrag
+        kvc_pylock_release(&self._lock)
+        return r
 
     # --- slots and sequences -------------------------------------------------------------
     def find_slot(self, UBatch ub not None):
@@ -609,27 +710,39 @@ cdef class UnifiedCore:
         cdef int r
         ub.check(self.c.n_seq_max)
         with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
             r = self.find_slot_c(&ub.c)
+            kvc_pylock_release(&self._lock)
         if r < 0:
             raise_status(r, NULL, "find_slot")
         return r == 1
 
     def commit(self):
         """Forget the recovery information of the find_slot calls since the last commit."""
+        kvc_pylock_acquire(&self._lock)
         kvc_unified_commit(&self.c)
+        kvc_pylock_release(&self._lock)
 
     def restore(self):
-        """Undo the cell changes of the find_slot calls since the last commit (data is kept)."""
+        """Undo the cell changes of the find_slot calls since the last commit (data is kept):
+        the cells are exactly as before those calls (head stays where the search left it, as
+        in llama.cpp)."""
+        kvc_pylock_acquire(&self._lock)
         self.restore_c()
+        kvc_pylock_release(&self._lock)
 
     def set_full(self):
         """n = size and head = 0, as when reserving the worst-case graph."""
+        kvc_pylock_acquire(&self._lock)
         self.set_full_c()
+        kvc_pylock_release(&self._lock)
 
     def clear(self):
         """Empty every cell, reset shifts, head = 0 and zero the K/V memory (n is kept)."""
         with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
             self.clear_c()
+            kvc_pylock_release(&self._lock)
 
     def seq_rm(self, seq_id, p0=-1, p1=-1):
         """Remove seq_id (-1: every sequence) from the cells with p0 <= pos < p1.
@@ -637,26 +750,36 @@ cdef class UnifiedCore:
         p0 < 0 means 0, p1 < 0 means no upper bound. Returns True."""
         cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
-        return self.seq_rm_c(s, a, b)
+        cdef bint r
+        kvc_pylock_acquire(&self._lock)
+        r = self.seq_rm_c(s, a, b)
+        kvc_pylock_release(&self._lock)
+        return r
 
     def seq_cp(self, src, dst, p0=-1, p1=-1):
         """Add dst to every cell of src with p0 <= pos < p1."""
         cdef int32_t s = _seq_arg(src, self.c.n_seq_max, "src", False)
         cdef int32_t d = _seq_arg(dst, self.c.n_seq_max, "dst", False)
         cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
+        kvc_pylock_acquire(&self._lock)
         self.seq_cp_c(s, d, a, b)
+        kvc_pylock_release(&self._lock)
 
     def seq_keep(self, seq_id):
         """Keep only seq_id: cells without it are emptied, cells with it hold only it."""
         cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        kvc_pylock_acquire(&self._lock)
         self.seq_keep_c(s)
+        kvc_pylock_release(&self._lock)
 
     def seq_add(self, seq_id, p0, p1, shift):
         """Add shift to the positions of seq_id in [p0, p1); cells pushed below 0 are emptied."""
         cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
         cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
         cdef int32_t d = _pos_arg(shift, "shift")
+        kvc_pylock_acquire(&self._lock)
         self.seq_add_c(s, a, b, d)
+        kvc_pylock_release(&self._lock)
 
     def seq_div(self, seq_id, p0, p1, d):
         """Integer-divide the positions of seq_id in [p0, p1) by d (> 0)."""
@@ -665,15 +788,25 @@ cdef class UnifiedCore:
         cdef int32_t dd = _pos_arg(d, "d")
         if dd <= 0:
             raise ValueError(f"d = {dd} must be positive")
+        kvc_pylock_acquire(&self._lock)
         self.seq_div_c(s, a, b, dd)
+        kvc_pylock_release(&self._lock)
 
     def seq_pos_min(self, seq_id):
         """Smallest position of seq_id, -1 when it holds no cell."""
-        return kvc_unified_seq_pos_min(&self.c, _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False))
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False), r
+        kvc_pylock_acquire(&self._lock)
+        r = kvc_unified_seq_pos_min(&self.c, s)
+        kvc_pylock_release(&self._lock)
+        return r
 
     def seq_pos_max(self, seq_id):
         """Largest position of seq_id, -1 when it holds no cell."""
-        return kvc_unified_seq_pos_max(&self.c, _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False))
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False), r
+        kvc_pylock_acquire(&self._lock)
+        r = kvc_unified_seq_pos_max(&self.c, s)
+        kvc_pylock_release(&self._lock)
+        return r
 
     def prune_swa(self, seq_id, pmin, pmax):
         """Slide the window of seq_id after a batch that gave it positions pmin..pmax (what an
@@ -688,7 +821,9 @@ cdef class UnifiedCore:
         if self.c.swa_type == KVC_SWA_NONE:
             raise ValueError("prune_swa: the cache has no sliding window (swa_type 'none')")
         with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
             r = kvc_unified_prune_swa(&self.c, s, a, b)
+            kvc_pylock_release(&self._lock)
         if r < 0:
             raise_status(r, NULL, "prune_swa")
         return r == 1
@@ -717,24 +852,29 @@ cdef class UnifiedCore:
         quantized types; either may be None. V is transposed on the way in when v_trans."""
         cdef uint32_t ikv = _layer_index(self, il)
         cdef kvc_layer *lay
-        _require_memory(self, "store")
-        if self._placed_n == 0:
-            raise RuntimeError("store: no ubatch is placed (call it right after a successful find_slot)")
-        lay = &self.c.layers[ikv]
-        kb = _rows_arg(self, k_rows, self.c.type_k, lay.n_embd_k, lay.k_row_bytes, "k_rows")
-        vb = _rows_arg(self, v_rows, self.c.type_v, lay.n_embd_v, lay.v_row_bytes, "v_rows")
         cdef const uint8_t[::1] mk
         cdef const uint8_t[::1] mv
         cdef const void *pk = NULL
         cdef const void *pv = NULL
-        if kb is not None:
-            mk = kb
-            pk = &mk[0]
-        if vb is not None:
-            mv = vb
-            pv = &mv[0]
-        with nogil:
-            self.store_c(ikv, pk, pv)
+        _require_memory(self, "store")
+        kvc_pylock_acquire(&self._lock)
+        try:
+            # the rows must match the placement, which only holds while the lock is held
+            if self._placed_n == 0:
+                raise RuntimeError("store: no ubatch is placed (call it right after a successful find_slot)")
+            lay = &self.c.layers[ikv]
+            kb = _rows_arg(self, k_rows, self.c.type_k, lay.n_embd_k, lay.k_row_bytes, "k_rows")
+            vb = _rows_arg(self, v_rows, self.c.type_v, lay.n_embd_v, lay.v_row_bytes, "v_rows")
+            if kb is not None:
+                mk = kb
+                pk = &mk[0]
+            if vb is not None:
+                mv = vb
+                pv = &mv[0]
+            with nogil:
+                self.store_c(ikv, pk, pv)
+        finally:
+            kvc_pylock_release(&self._lock)
 
     @property
     def size_k_bytes(self):
@@ -772,21 +912,25 @@ cdef class UnifiedCore:
         except (KeyError, TypeError):
             raise ValueError(f"dtype = {dtype!r}: expected one of {', '.join(_MASK_DTYPES)}") from None
         ub.check(self.c.n_seq_max)
-        shape = (<Py_ssize_t>kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD), <Py_ssize_t>self.c.n)
-        if out is None:
-            out = np.empty(shape, dtype=npdt)
-        else:
-            if not isinstance(out, np.ndarray):
-                raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
-            if out.dtype != npdt or out.shape != shape or not out.flags.c_contiguous \
+        if out is not None and not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+        kvc_pylock_acquire(&self._lock)
+        try:
+            # the shape follows n, which only holds still while the lock is held
+            shape = (<Py_ssize_t>kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD), <Py_ssize_t>self.c.n)
+            if out is None:
+                out = np.empty(shape, dtype=npdt)
+            elif out.dtype != npdt or out.shape != shape or not out.flags.c_contiguous \
                     or not out.flags.writeable:
                 raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
                                  f"{shape}, got {out.dtype} {out.shape}")
-        if out.size == 0:
-            return out
-        o = out.reshape(-1).view(np.uint8)
-        with nogil:
-            r = self.kq_mask_c(&ub.c, c_causal, c_alibi, mdt, &o[0])
+            if out.size == 0:
+                return out
+            o = out.reshape(-1).view(np.uint8)
+            with nogil:
+                r = self.kq_mask_c(&ub.c, c_causal, c_alibi, mdt, &o[0])
+        finally:
+            kvc_pylock_release(&self._lock)
         if r < 0:
             raise_status(r, NULL, "kq_mask")
         return out
@@ -794,13 +938,18 @@ cdef class UnifiedCore:
     def pos_bucket(self, UBatch ub not None, n_buckets):
         """T5 relative position buckets of ub against the cache: int32 [n_tokens, n]."""
         cdef uint32_t nb = <uint32_t>_int_arg(n_buckets, "n_buckets", 2, 0x7FFFFFFF)
+        cdef int32_t[::1] o
         ub.check(self.c.n_seq_max)
-        out = np.empty((ub.c.n_tokens, self.c.n), dtype=np.int32)
-        if out.size == 0:
-            return out
-        cdef int32_t[::1] o = out.reshape(-1)
-        with nogil:
-            kvc_unified_pos_bucket(&self.c, &ub.c, nb, &o[0])
+        kvc_pylock_acquire(&self._lock)
+        try:
+            out = np.empty((ub.c.n_tokens, self.c.n), dtype=np.int32)
+            if out.size == 0:
+                return out
+            o = out.reshape(-1)
+            with nogil:
+                kvc_unified_pos_bucket(&self.c, &ub.c, nb, &o[0])
+        finally:
+            kvc_pylock_release(&self._lock)
         return out
 
     def k_shift(self):
@@ -808,19 +957,26 @@ cdef class UnifiedCore:
         out = np.empty(self.c.cells.size, dtype=np.int32)
         cdef int32_t[::1] o = out
         with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
             self.k_shift_c(&o[0])
+            kvc_pylock_release(&self._lock)
         return out
 
     def reset_shift(self):
         """Zero every cell's shift and clear has_shift (after the K-shift was applied)."""
+        kvc_pylock_acquire(&self._lock)
         self.reset_shift_c()
+        kvc_pylock_release(&self._lock)
 
     # --- defragmentation -----------------------------------------------------------------
     def defrag_sched(self, thold):
         """Request a defrag (do_defrag) when fragmentation exceeds thold (only for n >= 2048)."""
         if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, bool):
             raise TypeError(f"thold must be a number, not {type(thold).__name__}")
-        kvc_unified_defrag_sched(&self.c, <float>float(thold))
+        cdef float t = <float>float(thold)
+        kvc_pylock_acquire(&self._lock)
+        kvc_unified_defrag_sched(&self.c, t)
+        kvc_pylock_release(&self._lock)
 
     def defrag_prepare(self, n_max_nodes):
         """Plan a defrag and move the cell metadata; the K/V moves are in defrag_ids.
@@ -829,21 +985,29 @@ cdef class UnifiedCore:
         something moves."""
         cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         cdef int r
-        self._placed_n = 0
         with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
             r = kvc_unified_defrag_prepare(&self.c, nmax)
+            if r >= 0:
+                self._placed_n = 0
+                self._defrag_pending = r == 1
+            kvc_pylock_release(&self._lock)
         if r < 0:
             raise_status(r, NULL, "defrag_prepare")
-        self._defrag_pending = r == 1
         return r == 1
 
     @property
     def defrag_ids(self):
         """The last plan (a copy): cell i moves to ids[i]; ids[i] == i or len(ids): stays."""
-        out = np.empty(self.c.n_defrag_ids, dtype=np.uint32)
-        cdef uint32_t[::1] o = out
-        if self.c.n_defrag_ids:
-            memcpy(&o[0], self.c.defrag_ids, self.c.n_defrag_ids * sizeof(uint32_t))
+        cdef uint32_t[::1] o
+        kvc_pylock_acquire(&self._lock)
+        try:
+            out = np.empty(self.c.n_defrag_ids, dtype=np.uint32)
+            o = out
+            if self.c.n_defrag_ids:
+                memcpy(&o[0], self.c.defrag_ids, self.c.n_defrag_ids * sizeof(uint32_t))
+        finally:
+            kvc_pylock_release(&self._lock)
         return out
 
     def defrag_runs(self):
@@ -851,24 +1015,34 @@ cdef class UnifiedCore:
         [src, src + count) moving to [dst, dst + count). No run reads cells another run writes,
         so they can be applied in any order; defrag_move applies them to the K/V rows (and a
         metadata-only cache's owner to its own memory)."""
-        cdef uint32_t n = kvc_unified_defrag_runs(&self.c, NULL)
-        out = np.empty((n, 3), dtype=np.uint32)
-        cdef uint32_t[:, ::1] o = out
-        if n:
-            kvc_unified_defrag_runs(&self.c, &o[0, 0])
+        cdef uint32_t n
+        cdef uint32_t[:, ::1] o
+        kvc_pylock_acquire(&self._lock)
+        try:
+            n = kvc_unified_defrag_runs(&self.c, NULL)
+            out = np.empty((n, 3), dtype=np.uint32)
+            o = out
+            if n:
+                kvc_unified_defrag_runs(&self.c, &o[0, 0])
+        finally:
+            kvc_pylock_release(&self._lock)
         return out
 
     def defrag_move(self):
         """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag."""
-        if self._defrag_pending:
-            with nogil:
+        with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
+            if self._defrag_pending:
                 kvc_unified_defrag_move(&self.c)
-            self._defrag_pending = False
-        self.c.do_defrag = False
+                self._defrag_pending = False
+            self.c.do_defrag = False
+            kvc_pylock_release(&self._lock)
 
     def _check_update(self, rope, n_max_nodes):
         """Raise what update(rope, n_max_nodes) would raise before changing anything."""
         _int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        if rope is not None and not isinstance(rope, RopeParams):
+            raise TypeError(f"rope must be a RopeParams or None, not {type(rope).__name__}")
         if rope is not None and self._buffers == "none":
             raise ValueError("update: a metadata-only cache holds no K to rotate; call update() "
                              "without rope and apply the plan's k_shift with your own kernels")
@@ -888,26 +1062,11 @@ cdef class UnifiedCore:
         reservation). Arguments are checked before anything changes."""
         cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         self._check_update(rope, n_max_nodes)
-        if rope is None and self._buffers != "none":
-            rope = self._rope
-        shift = None
-        rotated = False
-        if self.c.cells.has_shift:
-            shift = self.k_shift()
-            if rope is not None:
-                _apply_rope(self, <RopeParams>rope)
-                rotated = True
-            self.reset_shift_c()
-        runs = None
-        moved = False
-        if self.c.do_defrag:
-            if self.defrag_prepare(nmax):
-                runs = self.defrag_runs()
-                self.defrag_move()
-                moved = self._buffers != "none"
-            self.c.do_defrag = False
-        todo = self._buffers == "none" and (shift is not None or runs is not None)
-        return UpdatePlan(shift, rotated, runs, moved, rotated or moved or todo)
+        kvc_pylock_acquire(&self._lock)
+        try:
+            return _update_caches((self,), rope, nmax)[0]
+        finally:
+            kvc_pylock_release(&self._lock)
 
     # --- inspection ----------------------------------------------------------------------
     def cells(self):
@@ -919,16 +1078,24 @@ cdef class UnifiedCore:
         cdef int32_t[::1] vp = pos
         cdef int32_t[::1] vs = shift
         cdef uint64_t[::1] vq = seq
-        memcpy(&vp[0], self.c.cells.pos, n * sizeof(int32_t))
-        memcpy(&vs[0], self.c.cells.shift, n * sizeof(int32_t))
-        memcpy(&vq[0], self.c.cells.seq, n * sizeof(uint64_t))
+        with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
+            memcpy(&vp[0], self.c.cells.pos, n * sizeof(int32_t))
+            memcpy(&vs[0], self.c.cells.shift, n * sizeof(int32_t))
+            memcpy(&vq[0], self.c.cells.seq, n * sizeof(uint64_t))
+            kvc_pylock_release(&self._lock)
         return Cells(pos, shift, seq)
 
     # --- state ---------------------------------------------------------------------------
     def state_size(self, seq_id=-1):
         """Bytes state_write(seq_id) produces."""
         cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        return kvc_unified_state_size(&self.c, s)
+        cdef size_t r
+        with nogil:
+            kvc_pylock_acquire_nogil(&self._lock)
+            r = kvc_unified_state_size(&self.c, s)
+            kvc_pylock_release(&self._lock)
+        return r
 
     def state_write(self, seq_id=-1):
         """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout."""
@@ -943,9 +1110,13 @@ cdef class UnifiedCore:
         the call."""
         cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef size_t n
-        with nogil:
-            n = kvc_unified_state_size(&self.c, s)
-        return state_write_into(&self.c, _unified_state_range, s, n, buf)
+        kvc_pylock_acquire(&self._lock)
+        try:
+            with nogil:
+                n = kvc_unified_state_size(&self.c, s)
+            return state_write_into(&self.c, _unified_state_range, s, n, buf)
+        finally:
+            kvc_pylock_release(&self._lock)
 
     def state_read(self, data, seq_id=-1, *, convert=False, exact=False):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, _state_read_parts, \
-    _state_size_parts, _state_write_parts
+from kvcache._core import Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, _find_slot_parts, _Hold, \
+    _state_read_parts, _state_size_parts, _state_write_parts, _update_parts
 from kvcache.unified import UnifiedCache
 
 if TYPE_CHECKING:
@@ -119,10 +119,13 @@ class ISWACache:
     Every operation is applied to both caches as llama.cpp does (both are always called);
     arguments are checked before either changes. Sequence positions (``seq_pos_min/max``) are
     answered by the SWA cache. A state is the base cache's part followed by the SWA cache's.
-    Not thread-safe (see :class:`UnifiedCache`).
+
+    Thread-safe: every operation holds the locks of both caches (see :class:`UnifiedCache`),
+    so it is atomic for other threads, and one that raises leaves both caches as they were.
     """
 
-    __slots__ = ("_base", "_swa", "_swa_layers", "_n_swa", "_swa_type", "_n_batch", "_swa_full", "_pending")
+    __slots__ = ("_base", "_swa", "_swa_layers", "_n_swa", "_swa_type", "_n_batch", "_swa_full", "_pending",
+                 "_hold")
 
     # buffers for both caches: a mode name, or the pairs of each cache's layers
     @staticmethod
@@ -176,6 +179,7 @@ class ISWACache:
         self._n_batch = n_batch
         self._swa_full = bool(swa_full)
         self._pending = SWAPending()
+        self._hold = _Hold(self._base, self._swa)   # both caches' locks, in the global order
 
     # --- the parts -------------------------------------------------------------------------
     @property
@@ -262,7 +266,8 @@ class ISWACache:
     @property
     def has_shift(self) -> bool:
         """True when either cache has a pending K-shift."""
-        return self._base.has_shift or self._swa.has_shift
+        with self._hold:
+            return self._base.has_shift or self._swa.has_shift
 
     @property
     def pending(self) -> list[list[int]]:
@@ -322,9 +327,9 @@ class ISWACache:
     # --- slots -----------------------------------------------------------------------------
     def find_slot_each(self, ub: UBatch) -> tuple[bool, bool]:
         """Place the ubatch in the base cache, then in the SWA cache (both are always tried);
-        returns each cache's result."""
-        ok_base = self._base.find_slot(ub)
-        ok_swa = self._swa.find_slot(ub)
+        returns each cache's result. When the SWA cache raises (MemoryError), the base
+        cache's placement is undone: both are as they were."""
+        ok_base, ok_swa = _find_slot_parts((self._base, self._swa), ub)
         return ok_base, ok_swa
 
     def find_slot(self, ub: UBatch) -> bool:
@@ -336,57 +341,70 @@ class ISWACache:
         """Keep what find_slot placed in both caches, then slide the window: every sequence of
         the last sbatch_init loses the SWA cells no position of that batch can see. Warns
         (:class:`SWAWarning`) when a sequence's window was only partly in the SWA cache."""
-        self._base.commit()
-        self._swa.commit()
-        pending = self._pending.items()
-        self._pending.clear()
-        for s, pmin, pmax in pending:
-            if self._swa.prune_swa(s, pmin, pmax):
-                warnings.warn(f"partial SWA cache for sequence {s}: fewer than min(n_swa = {self._n_swa}, "
-                              f"pmin = {pmin}) cells before position {pmin} are in the cache; information "
-                              f"may have been lost", SWAWarning, stacklevel=2)
+        partial = []
+        with self._hold:
+            self._base.commit()
+            self._swa.commit()
+            pending = self._pending.items()
+            self._pending.clear()
+            for s, pmin, pmax in pending:
+                if self._swa.prune_swa(s, pmin, pmax):
+                    partial.append((s, pmin))
+        # warned once every sequence is pruned (a warning turned into an error stops nothing)
+        for s, pmin in partial:
+            warnings.warn(f"partial SWA cache for sequence {s}: fewer than min(n_swa = {self._n_swa}, "
+                          f"pmin = {pmin}) cells before position {pmin} are in the cache; information "
+                          f"may have been lost", SWAWarning, stacklevel=2)
 
     def restore(self) -> None:
         """Undo the find_slot calls of both caches since the last commit (data is kept)."""
-        self._base.restore()
-        self._swa.restore()
+        with self._hold:
+            self._base.restore()
+            self._swa.restore()
 
     def set_full(self) -> None:
         """n = size and head = 0 in both caches (worst-case graph reservation)."""
-        self._base.set_full()
-        self._swa.set_full()
+        with self._hold:
+            self._base.set_full()
+            self._swa.set_full()
 
     def clear(self) -> None:
         """Empty both caches (the pending ranges are kept, as llama.cpp does)."""
-        self._base.clear()
-        self._swa.clear()
+        with self._hold:
+            self._base.clear()
+            self._swa.clear()
 
     # --- sequences -------------------------------------------------------------------------
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove seq_id (-1: any) from the cells with p0 <= pos < p1 of both caches."""
-        ok_base = self._base.seq_rm(seq_id, p0, p1)
-        ok_swa = self._swa.seq_rm(seq_id, p0, p1)
+        with self._hold:
+            ok_base = self._base.seq_rm(seq_id, p0, p1)
+            ok_swa = self._swa.seq_rm(seq_id, p0, p1)
         return ok_base and ok_swa
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Add dst to every cell of src with p0 <= pos < p1, in both caches."""
-        self._base.seq_cp(src, dst, p0, p1)
-        self._swa.seq_cp(src, dst, p0, p1)
+        with self._hold:
+            self._base.seq_cp(src, dst, p0, p1)
+            self._swa.seq_cp(src, dst, p0, p1)
 
     def seq_keep(self, seq_id: int) -> None:
         """Keep only seq_id, in both caches."""
-        self._base.seq_keep(seq_id)
-        self._swa.seq_keep(seq_id)
+        with self._hold:
+            self._base.seq_keep(seq_id)
+            self._swa.seq_keep(seq_id)
 
     def seq_add(self, seq_id: int, p0: int, p1: int, shift: int) -> None:
         """Shift the positions of seq_id in [p0, p1), in both caches."""
-        self._base.seq_add(seq_id, p0, p1, shift)
-        self._swa.seq_add(seq_id, p0, p1, shift)
+        with self._hold:
+            self._base.seq_add(seq_id, p0, p1, shift)
+            self._swa.seq_add(seq_id, p0, p1, shift)
 
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         """Integer-divide the positions of seq_id in [p0, p1) by d (> 0), in both caches."""
-        self._base.seq_div(seq_id, p0, p1, d)
-        self._swa.seq_div(seq_id, p0, p1, d)
+        with self._hold:
+            self._base.seq_div(seq_id, p0, p1, d)
+            self._swa.seq_div(seq_id, p0, p1, d)
 
     def seq_pos_min(self, seq_id: int) -> int:
         """Smallest position of seq_id in the SWA cache (-1 when absent)."""
@@ -430,23 +448,29 @@ class ISWACache:
                 out_base, out_swa = out
             except (TypeError, ValueError):
                 raise TypeError("out must be None or a pair (base_out, swa_out)") from None
-        return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype),
-                self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype))
+        with self._hold:
+            return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype),
+                    self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype))
 
     def k_shift(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """The per-cell K-shift inputs of both caches: ``(base_shift, swa_shift)``."""
-        return self._base.k_shift(), self._swa.k_shift()
+        with self._hold:
+            return self._base.k_shift(), self._swa.k_shift()
 
     def reset_shift(self) -> None:
         """Clear the pending shifts of both caches (after the K-shift was applied)."""
-        self._base.reset_shift()
-        self._swa.reset_shift()
+        with self._hold:
+            self._base.reset_shift()
+            self._swa.reset_shift()
 
     # --- maintenance -----------------------------------------------------------------------
     def defrag_sched(self, thold: float) -> None:
         """Schedule a defrag in each cache whose fragmentation exceeds thold."""
-        self._base.defrag_sched(thold)
-        self._swa.defrag_sched(thold)
+        if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, (bool, np.bool_)):
+            raise TypeError(f"thold must be a number, not {type(thold).__name__}")
+        with self._hold:
+            self._base.defrag_sched(thold)
+            self._swa.defrag_sched(thold)
 
     def update(self, rope: RopeParams | None = None, n_max_nodes: int = 65536) -> ISWAUpdatePlan:
         """Apply the pending K-shift and scheduled defrag of both caches (UnifiedCache.update).
@@ -454,14 +478,14 @@ class ISWACache:
         A K-shift needs :attr:`can_shift`: with a pending shift and caches of different sizes
         this raises RuntimeError and changes nothing. Returns the two caches' UpdatePlans; its
         truth is what llama.cpp's iSWA update returns, the AND of the two."""
-        if self.has_shift and not self.can_shift:
-            raise RuntimeError(f"update: a K-shift is pending but this cache cannot shift (SWA cache of "
-                               f"{self._swa.size} cells, base cache of {self._base.size}: build it with "
-                               f"swa_full=True to allow position shifts)")
-        # both caches check the arguments before either changes
-        self._base._check_update(rope, n_max_nodes)
-        self._swa._check_update(rope, n_max_nodes)
-        return ISWAUpdatePlan(self._base.update(rope, n_max_nodes), self._swa.update(rope, n_max_nodes))
+        with self._hold:
+            if self.has_shift and not self.can_shift:
+                raise RuntimeError(f"update: a K-shift is pending but this cache cannot shift (SWA cache of "
+                                   f"{self._swa.size} cells, base cache of {self._base.size}: build it with "
+                                   f"swa_full=True to allow position shifts)")
+            # arguments, rotations and their memory are checked for both caches before either changes
+            base, swa = _update_parts((self._base, self._swa), rope, n_max_nodes)
+        return ISWAUpdatePlan(base, swa)
 
     # --- state -----------------------------------------------------------------------------
     def state_size(self, seq_id: int = -1) -> int:
@@ -476,6 +500,10 @@ class ISWACache:
         """Write the state of seq_id (-1: everything) into buf: a writable buffer of at least
         state_size(seq_id) bytes (each cache writes its part straight into it) or a binary file
         object. Returns the bytes written."""
+        with self._hold:
+            return self._state_write_into(buf, seq_id)
+
+    def _state_write_into(self, buf: Any, seq_id: int) -> int:
         n_base = self._base.state_size(seq_id)
         n = n_base + self._swa.state_size(seq_id)
         try:

@@ -59,8 +59,13 @@ class UnifiedCache(UnifiedCore):
     decode, ``cache.update()`` rotates the cached keys to their new
     positions and runs a scheduled defragmentation.
 
-    The cache is not thread-safe: it releases the GIL in long operations, so threads sharing
-    one cache must serialise their calls (e.g. with a ``threading.Lock``).
+    The cache is thread-safe: every method holds the cache's own lock for the whole
+    operation, also while it runs without the GIL, so calls from several threads are
+    serialized (a thread waiting for the lock does not hold the GIL; free-threaded CPython
+    is supported). The views returned by ``k`` / ``v`` are not guarded: writing them while
+    another thread moves rows (``update``, ``state_read``) is the caller's to avoid.
+    Extensions calling the ``*_c`` methods of the cimport API serialize themselves
+    (``lock_c()`` / ``unlock_c()``).
 
     Sequence ids outside ``[0, n_seq_max)`` (``-1`` is allowed where it means "any" / "whole
     cache") and other invalid arguments raise ValueError / TypeError / IndexError before

@@ -107,3 +107,8 @@ cdef extern from "kvc_unified.h" nogil:
     int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s)
     void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
     void kvc_unified_snapshot_free(kvc_unified_snapshot *s)
+
+    ctypedef struct kvc_unified_mark:
+        uint32_t head, n, n_rec, n_rec_arena
+    void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m)
+    int  kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m)

@@ -1,0 +1,154 @@
+"""Busy caches of every variant, and snapshots of everything about them that can be observed.
+
+A snapshot holds the cells, the counters, the current placement, the flags, every sequence's
+position range and every K/V byte: two equal snapshots mean no caller could tell the caches
+apart. The reliability tests compare them around operations that fail ("a call that raises
+leaves the cache exactly as it was") and check the cell invariants the reference model
+(kvcache.reference) keeps by construction after operations that succeed.
+"""
+import numpy as np
+
+import kvcache
+from kvcache.reference import UnifiedReference
+
+
+def fill_random(cache, seed):
+    """Random bytes in every K/V byte of a cache (each part of an iSWA cache)."""
+    rng = np.random.default_rng(seed)
+    parts = (cache.base, cache.swa) if isinstance(cache, kvcache.ISWACache) else (cache,)
+    for part in parts:
+        if part.buffers == "none":
+            continue
+        layers = part.layers if isinstance(part, kvcache.UnifiedCache) else range(part.n_layer)
+        for il in layers:
+            for a in (part.k(il), part.v(il)):
+                raw = a.view(np.uint8)
+                raw[...] = rng.integers(0, 256, raw.shape, dtype=np.uint8)
+    return cache
+
+
+def busy_unified(type_k="f16", type_v="f16", v_trans=True, kv_size=64, n_seq_max=4, seed=0, buffers="owned",
+                 widths=(8, 16)):
+    """A unified cache holding sequences 0..2 with shared cells, holes and an uncommitted slot."""
+    c = kvcache.UnifiedCache(kv_size, len(widths), list(widths), [2 * w for w in widths], type_k=type_k,
+                             type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=32, buffers=buffers)
+    rng = np.random.default_rng(seed)
+    for p in range(14):
+        s = p % 3
+        ids = [s] + ([3] if n_seq_max > 3 and rng.random() < 0.3 else [])
+        assert c.find_slot(kvcache.UBatch(pos=[p], seq_id=[ids]))
+        c.commit()
+    c.seq_rm(2, 4, 9)
+    c.seq_add(1, 6, -1, 2)
+    assert c.find_slot(kvcache.UBatch(pos=[20, 21], seq_id=[0, 0]))   # left uncommitted
+    return fill_random(c, seed)
+
+
+def busy_iswa(v_trans=True, seed=0, n_seq_max=3, swa_full=False, buffers="owned", kv_size=64):
+    """An iSWA cache with three sequences in both parts and random K/V bytes."""
+    c = kvcache.ISWACache(kv_size, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, v_trans=v_trans,
+                          n_seq_max=n_seq_max, swa_full=swa_full, buffers=buffers)
+    for p in range(10):
+        assert c.find_slot(kvcache.UBatch(pos=[p], seq_id=[p % 3]))
+        c.commit()
+    return fill_random(c, seed)
+
+
+def busy_recurrent(seed=0, buffers="owned"):
+    """A recurrent cache with three sequences (one state each) and random K/V bytes."""
+    c = kvcache.RecurrentCache(4, 2, [6, 10], [12, 4], kv_size=6, buffers=buffers)
+    for s in range(3):
+        assert c.find_slot(kvcache.UBatch(pos=[0, 1], seq_id=[s], n_seq_tokens=2))
+        c.commit()
+    return fill_random(c, seed)
+
+
+def _bytes_of(part, layers):
+    if part.buffers == "none":
+        return ()
+    return tuple((part.k(il).tobytes(), part.v(il).tobytes()) for il in layers)
+
+
+def _unified_snapshot(c):
+    cells = c.cells()
+    return ("unified", cells.pos.tobytes(), cells.shift.tobytes(), cells.seq_mask.tobytes(), c.head, c.n,
+            c.used, c.slot, c.has_shift, c.do_defrag, c.defrag_ids.tobytes(),
+            tuple((c.seq_pos_min(s), c.seq_pos_max(s)) for s in range(c.n_seq_max)),
+            _bytes_of(c, c.layers))
+
+
+def _recurrent_snapshot(c):
+    cells = c.cells()
+    return ("recurrent", cells["pos"].tobytes(), cells["src"].tobytes(), cells["tail"].tobytes(),
+            tuple(map(tuple, cells["seq_id"])), c.head, c.n, c.used, c.cell_max(),
+            tuple((c.seq_pos_min(s), c.seq_pos_max(s)) for s in range(c.n_seq_max)),
+            _bytes_of(c, range(c.n_layer)))
+
+
+def snapshot(cache):
+    """Everything observable about a cache (without changing it), as a comparable value."""
+    if isinstance(cache, kvcache.ISWACache):
+        return ("iswa", _unified_snapshot(cache.base), _unified_snapshot(cache.swa), tuple(map(tuple, cache.pending)))
+    if isinstance(cache, kvcache.RecurrentCache):
+        return _recurrent_snapshot(cache)
+    return _unified_snapshot(cache)
+
+
+def assert_unchanged(cache, before, what=""):
+    after = snapshot(cache)
+    if after != before:
+        diff = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+        raise AssertionError(f"{what}: the cache changed (snapshot fields {diff})")
+
+
+def check_unified_invariants(c, strict=True):
+    """The cell table of a unified cache is consistent with itself and with the reference
+    model's reading of it: used, n, sequence ranges, empty cells hold no sequence, and a slot
+    search from here places tokens where the reference model places them. Commits the
+    cache's pending slots (the probe is undone with restore).
+
+    strict: every used cell holds a sequence, as after operations through the API (a whole
+    cache state read from a blob may, as llama.cpp's, hold used cells listing no sequence)."""
+    cells = c.cells()
+    pos, shift, seq = cells.pos, cells.shift, cells.seq_mask
+    nonempty = pos != -1
+    assert c.used == int(nonempty.sum())
+    assert not np.any((seq != 0) & ~nonempty), "an empty cell holds a sequence"
+    if strict:
+        assert np.all((seq != 0) == nonempty), "a used cell holds no sequence"
+    assert np.all(pos[nonempty] >= 0)
+    assert 0 <= c.head <= c.size     # a failed search may leave head at size, as the reference does
+    assert c.n <= c.size and c.n % c.n_pad == 0
+    for s in range(c.n_seq_max):
+        held = pos[(seq >> np.uint64(s)) & np.uint64(1) == 1]
+        want = (int(held.min()), int(held.max())) if held.size else (-1, -1)
+        assert (c.seq_pos_min(s), c.seq_pos_max(s)) == want, f"sequence {s}"
+    if not c.has_shift:
+        assert not np.any(shift[nonempty]), "shifts without has_shift"
+    # the reference model loaded with these cells agrees with the cache's index structures
+    ref = UnifiedReference(c.size, c.n_seq_max, c.n_pad, c.n_swa, c.swa_type, n_layer=max(1, len(c.layers)))
+    ref.pos = pos.tolist()
+    ref.shift = shift.tolist()
+    ref.seq = [{s for s in range(64) if (int(m) >> s) & 1} for m in seq]
+    ref.has_shift = c.has_shift
+    ref.head, ref.n = c.head, c.n
+    assert ref.used == c.used
+    c.commit()
+    for ub in (kvcache.UBatch([1000, 1001, 1002], [0, 0, 0]), kvcache.UBatch([7], [[0] if c.n_seq_max == 1 else [0, 1]])):
+        assert c.find_slot(ub) == ref.find_slot(ub)
+        assert (c.head, c.n) == (ref.head, ref.n)
+        assert c.cells().nonempty() == ref.cells().nonempty()
+        for s in range(c.n_seq_max):
+            assert (c.seq_pos_min(s), c.seq_pos_max(s)) == (ref.seq_pos_min(s), ref.seq_pos_max(s))
+        c.restore()
+        ref.restore()
+    assert c.cells() == cells
+
+
+def check_recurrent_invariants(c):
+    """A recurrent cache's sequence ranges match its cells."""
+    cells = c.cells()
+    for s in range(c.n_seq_max):
+        pos = [int(cells["pos"][i]) for i, ids in enumerate(cells["seq_id"]) if s in ids]
+        want = (min(pos), max(pos)) if pos else (-1, -1)
+        assert (c.seq_pos_min(s), c.seq_pos_max(s)) == want
