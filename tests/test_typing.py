@@ -69,6 +69,19 @@ def test_mypy_strict_accepts_the_typed_usage_example(mypy_cache, tmp_path):
     assert "Success" in res.stdout
 
 
+# the modules of the main API are annotated throughout (the rest passes plain mypy via stubtest)
+CORE_MODULES = ["__init__.py", "unified.py", "recurrent.py", "iswa.py", "batch.py", "geometry.py", "statefile.py"]
+
+
+def test_core_modules_pass_mypy_strict(mypy_cache, tmp_path):
+    if "MYPYPATH" not in _mypy_env():
+        pytest.skip("checked on the source tree (mypy does not check files inside site-packages)")
+    files = [str(PACKAGE / name) for name in CORE_MODULES]
+    res = _run(["mypy", "--strict", "--follow-imports=silent", "--cache-dir", str(mypy_cache), "--no-color-output",
+                *files], tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_mypy_strict_rejects_a_misuse(mypy_cache, tmp_path):
     """The check can fail: a wrong argument type and a wrong promised type are reported."""
     bad = tmp_path / "misuse.py"

@@ -507,7 +507,7 @@ class ISWACache:
         n_base = self._base.state_size(seq_id)
         n = n_base + self._swa.state_size(seq_id)
         try:
-            m = memoryview(buf)  # type: ignore[arg-type]  # a file object raises TypeError
+            m = memoryview(buf)  # a file object raises TypeError
         except TypeError:
             m = None
         if m is None:
