@@ -415,10 +415,10 @@ static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const uint8_t *b
     fz_put_u32(out + o, fz_get_u32(out + o) != 0); /* any non-zero V layout flag means transposed */
     o += L->end - L->meta_end;
     if (meta_only) {
-        const size_t shift = data_start - L->meta_end; /* where the data moved to */
+        /* the data section moved from meta_end to data_start */
         for (uint32_t l = 0; l < c->n_layer; l++) {
-            memset(out + L->k_off[l] + shift, 0, (size_t)L->cc * c->layers[l].k_row_bytes);
-            memset(out + L->v_off[l] + shift, 0, v_data_bytes(c, l, L->cc));
+            memset(out + data_start + (L->k_off[l] - L->meta_end), 0, (size_t)L->cc * c->layers[l].k_row_bytes);
+            memset(out + data_start + (L->v_off[l] - L->meta_end), 0, v_data_bytes(c, l, L->cc));
         }
     }
     *len = o;
