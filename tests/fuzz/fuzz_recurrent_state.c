@@ -450,6 +450,16 @@ static void check_seq_result(const image *m, const cache *t, const geometry *g, 
     cache_free(&twin);
 }
 
+/* Does a cell with a negative position hold seq_id? */
+static bool holds_negative_cell(const image *m, int32_t seq_id) {
+    for (uint32_t i = 0; i < m->size; i++) {
+        if (m->pos[i] < 0 && ((m->seq[i] >> seq_id) & 1)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static uint8_t *write_state(const kvc_recurrent *c, int32_t seq_id, size_t *len) {
     const size_t n = kvc_recurrent_state_size(c, seq_id);
     uint8_t *out = fz_alloc(n);
@@ -500,6 +510,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     const char *when = "after a successful read";
     SAME_VALUE(t.c.n_warn, before.n_warn, "warning count");
+
+    if (g.seq_id >= 0 && holds_negative_cell(&before, g.seq_id)) {
+        /* seq_rm(seq_id) leaves a cell whose position went negative (a negative seq_add), as the
+         * reference does; the re-write lists that cell too and cannot be read back. The twin
+         * check above covered this read. */
+        image_free(&before);
+        cache_free(&t);
+        return 0;
+    }
 
     /* the re-write is the consumed blob, canonical; reading it back writes it again */
     when = "re-write";
