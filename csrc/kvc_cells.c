@@ -144,6 +144,12 @@ static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, int32_t p) {
     return lo;
 }
 
+bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, int32_t p0, int32_t p1) {
+    const kvc_seq_pos *sp = &c->seq_pos[s];
+    const uint32_t k = kvc_seq_pos_lower(sp, p0);
+    return k < sp->n && sp->v[k] < p1;
+}
+
 static void kvc_seq_pos_insert(kvc_seq_pos *sp, int32_t p) {
     if (sp->n == 0 || sp->v[sp->n - 1] <= p) {
         sp->v[sp->n++] = p; /* the common case: positions grow */

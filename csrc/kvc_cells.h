@@ -88,6 +88,9 @@ static inline int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s) {
     return c->seq_pos[s].n ? c->seq_pos[s].v[c->seq_pos[s].n - 1] : -1;
 }
 
+/* Does sequence s hold a position in [p0, p1)? O(log n). */
+bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, int32_t p0, int32_t p1);
+
 /* First used cell in [from, to), or `to` when none. */
 uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to);
 /* First empty cell in [from, to), or `to` when none. */

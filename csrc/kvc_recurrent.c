@@ -1,4 +1,5 @@
 #include "kvc_recurrent.h"
+#include "kvc_state.h"
 #include "kvc_types.h"
 
 #include <stdio.h>
@@ -586,101 +587,55 @@ int kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const vo
  * state codec
  * --------------------------------------------------------------------------------------- */
 
-static inline bool rec_cell_listed(const kvc_rec_cells *t, uint32_t i, int32_t seq_id) {
-    return seq_id == -1 ? t->seq[i] != 0 : seq_has(t->seq[i], seq_id);
+static void rec_layer(const void *cache, uint32_t il, kvc_state_layer_src *out) {
+    const kvc_rec_layer *L = &((const kvc_recurrent *)cache)->layers[il];
+    out->k = L->k;
+    out->v = L->v;
+    out->k_row = L->k_row_bytes;
+    out->v_row = L->v_row_bytes;
+    out->n_embd_v = L->n_embd_v;
+}
+
+/* The cache as the shared state writer sees it: a cell is listed when it holds a sequence; a
+ * single-sequence state carries no ids (the reader gives it its own); V is never transposed. */
+static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
+    s->size = c->cells.size;
+    s->pos = c->cells.pos;
+    s->seq = c->cells.seq;
+    s->seq_valid = ~(uint64_t)0;
+    s->seq_id = seq_id;
+    s->empty_is_no_seq = true;
+    s->single_writes_id = false;
+    s->type_k = c->type_k;
+    s->type_v = c->type_v;
+    s->v_trans = false;
+    s->v_el = 0;
+    s->n_layer = c->n_layer;
+    s->cache = c;
+    s->layer = rec_layer;
 }
 
 size_t kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id) {
-    const kvc_rec_cells *t = &c->cells;
-    size_t cells = 0, ids = 0;
-    for (uint32_t i = 0; i < t->size; i++) {
-        if (rec_cell_listed(t, i, seq_id)) {
-            cells++;
-            ids += seq_id == -1 ? kvc_popcount64(t->seq[i]) : 0;
-        }
-    }
-    size_t n = 4 + cells * 8 + ids * 4 + 8;
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        n += 12 + cells * c->layers[il].k_row_bytes;
-        n += 12 + cells * c->layers[il].v_row_bytes;
-    }
-    return n;
+    kvc_state_src s;
+    rec_src(c, seq_id, &s);
+    return kvc_state_src_size(&s);
 }
 
-static inline uint8_t *put_u32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
-    return p + 4;
-}
-
-static inline uint8_t *put_u64(uint8_t *p, uint64_t v) {
-    p = put_u32(p, (uint32_t)v);
-    return put_u32(p, (uint32_t)(v >> 32));
-}
-
-/* Rows of the listed cells, in index order (runs of consecutive cells copied at once). */
-static uint8_t *put_rows(uint8_t *p, const kvc_rec_cells *t, int32_t seq_id, const uint8_t *base, size_t row) {
-    uint32_t i = 0;
-    while (i < t->size) {
-        if (!rec_cell_listed(t, i, seq_id)) {
-            i++;
-            continue;
-        }
-        uint32_t e = i + 1;
-        while (e < t->size && rec_cell_listed(t, e, seq_id)) {
-            e++;
-        }
-        const size_t nb = (size_t)(e - i) * row;
-        if (base) {
-            memcpy(p, base + (size_t)i * row, nb);
-        } else {
-            memset(p, 0, nb);
-        }
-        p += nb;
-        i = e;
-    }
-    return p;
+int kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+                                    size_t cap, size_t *written) {
+    kvc_state_src s;
+    rec_src(c, seq_id, &s);
+    return kvc_state_src_write(&s, offset, out, cap, written);
 }
 
 int kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
-    const size_t need = kvc_recurrent_state_size(c, seq_id);
+    kvc_state_src s;
+    rec_src(c, seq_id, &s);
+    const size_t need = kvc_state_src_size(&s);
     if (cap < need) {
         return KVC_E_NOSPACE;
     }
-    const kvc_rec_cells *t = &c->cells;
-    uint32_t count = 0;
-    for (uint32_t i = 0; i < t->size; i++) {
-        count += rec_cell_listed(t, i, seq_id);
-    }
-    uint8_t *p = put_u32(out, count);
-    for (uint32_t i = 0; i < t->size; i++) {
-        if (!rec_cell_listed(t, i, seq_id)) {
-            continue;
-        }
-        p = put_u32(p, (uint32_t)t->pos[i]);
-        /* a single-sequence state carries no ids: the reader gives it its own */
-        p = put_u32(p, seq_id == -1 ? kvc_popcount64(t->seq[i]) : 0);
-        if (seq_id == -1) {
-            for (uint64_t w = t->seq[i]; w; w &= w - 1) {
-                p = put_u32(p, kvc_ctz64(w));
-            }
-        }
-    }
-    p = put_u32(p, 0); /* V is never transposed */
-    p = put_u32(p, c->n_layer);
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_rec_layer *L = &c->layers[il];
-        p = put_u32(p, (uint32_t)c->type_k);
-        p = put_u64(p, L->k_row_bytes);
-        p = put_rows(p, t, seq_id, L->k, L->k_row_bytes);
-    }
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_rec_layer *L = &c->layers[il];
-        p = put_u32(p, (uint32_t)c->type_v);
-        p = put_u64(p, L->v_row_bytes);
-        p = put_rows(p, t, seq_id, L->v, L->v_row_bytes);
-    }
-    *written = (size_t)(p - out);
-    return KVC_OK;
+    return kvc_state_src_write(&s, 0, out, need, written);
 }
 
 typedef struct rec_reader {
@@ -730,7 +685,7 @@ static bool skip(rec_reader *r, uint64_t n) {
 }
 
 static int truncated(kvc_err *err, const rec_reader *r, const char *what) {
-    return kvc_err_set(err, KVC_E_STATE, "the blob ends (%zu bytes) inside %s at byte %zu", r->len, what, r->off);
+    return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s", r->off, r->len, what);
 }
 
 /* Parse, check and place the cells of the part into c->work (from a copy of the live table).
@@ -825,6 +780,11 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
 
 int kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                              size_t *consumed, kvc_err *err) {
+    return kvc_recurrent_state_read_ex(c, seq_id, data, len, 0, consumed, err);
+}
+
+int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                                size_t *consumed, kvc_err *err) {
     if (seq_id < -1 || (seq_id >= 0 && (uint32_t)seq_id >= c->n_seq_max)) {
         return kvc_err_set(err, KVC_E_ARG, "seq_id %d is outside [0, %u) and not -1", seq_id, c->n_seq_max);
     }
@@ -872,6 +832,11 @@ int kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *da
                 return truncated(err, &r, half ? "V rows" : "K rows");
             }
         }
+    }
+
+    if ((flags & KVC_STATE_EXACT) && r.off != r.len) {
+        return kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)",
+                           r.len - r.off, r.off, r.len);
     }
 
     /* everything checked: apply */

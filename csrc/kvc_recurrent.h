@@ -133,6 +133,14 @@ int     kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_
  * positions and sequence ids outside [0, n_seq_max) are rejected. */
 int     kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                                  size_t *consumed, kvc_err *err);
+/* The same with flags (enum kvc_state_flags of kvc_state.h; only KVC_STATE_EXACT applies: a
+ * recurrent cache never stores V transposed). */
+int     kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                    unsigned flags, size_t *consumed, kvc_err *err);
+/* Bytes [offset, offset + cap) of the blob state_write produces (see
+ * kvc_unified_state_write_range). KVC_OK or KVC_E_NOMEM. */
+int     kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+                                        size_t cap, size_t *written);
 
 #ifdef __cplusplus
 }

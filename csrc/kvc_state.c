@@ -39,107 +39,17 @@ static int32_t get_i32(const uint8_t *p) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Which cells a state lists: the non-empty cells holding seq_id (every non-empty cell for -1),
- * in index order, as maximal runs of consecutive cells.
+ * Writing. A state is produced as a sequence of pieces (scalars, metadata records, runs of rows);
+ * an emitter copies the part of each piece that falls in the requested window [lo, hi) of the blob,
+ * so that one code path writes whole blobs and streams them in bounded chunks. Pieces entirely
+ * before the window are skipped by their size alone.
  * ------------------------------------------------------------------------------------------- */
 
-static bool cell_listed(const kvc_cells *cells, int32_t seq_id, uint32_t i) {
-    return !kvc_cells_is_empty(cells, i) && (seq_id < 0 || kvc_cells_seq_has(cells, i, seq_id));
-}
-
-/* The next run [*b, *e) of listed cells starting at or after `from`; false when there is none. */
-static bool next_run(const kvc_cells *cells, int32_t seq_id, uint32_t from, uint32_t *b, uint32_t *e) {
-    const uint32_t size = cells->size;
-    uint32_t i = from;
-    if (seq_id < 0) {
-        i = kvc_cells_next_used(cells, i, size);
-        if (i >= size) {
-            return false;
-        }
-        *b = i;
-        *e = kvc_cells_next_empty(cells, i, size);
-        return true;
-    }
-    while (i < size && !cell_listed(cells, seq_id, i)) {
-        i++;
-    }
-    if (i >= size) {
-        return false;
-    }
-    *b = i;
-    while (i < size && cell_listed(cells, seq_id, i)) {
-        i++;
-    }
-    *e = i;
-    return true;
-}
-
-static uint64_t seq_id_mask(uint32_t n_seq_max) {
-    return n_seq_max >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n_seq_max) - 1;
-}
-
-/* Bytes of a cell's metadata record: pos, n_seq_id, the ids. */
-static size_t meta_bytes(const kvc_unified *c, int32_t seq_id, uint32_t i) {
-    if (seq_id >= 0) {
-        return 12;
-    }
-    return 8 + 4 * (size_t)kvc_popcount64(c->cells.seq[i] & seq_id_mask(c->n_seq_max));
-}
-
-/* Bytes of V element of a transposed V (its type has block size 1). */
-static size_t v_elem_bytes(const kvc_unified *c) {
-    const kvc_type_info *t = kvc_type_get(c->type_v);
-    return t ? t->type_size : 0;
-}
-
-static size_t k_section_bytes(const kvc_layer *l, uint32_t cell_count) {
-    return 4 + 8 + (size_t)cell_count * l->k_row_bytes;
-}
-
-static size_t v_section_bytes(const kvc_unified *c, const kvc_layer *l, uint32_t cell_count) {
-    if (c->v_trans) {
-        return 4 + 4 + 4 + (size_t)l->n_embd_v * cell_count * v_elem_bytes(c);
-    }
-    return 4 + 8 + (size_t)cell_count * l->v_row_bytes;
-}
-
-/* Data section bytes (from v_trans to the end) for cell_count cells. */
-static size_t data_bytes(const kvc_unified *c, uint32_t cell_count) {
-    size_t n = 4 + 4;
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        n += k_section_bytes(&c->layers[il], cell_count) + v_section_bytes(c, &c->layers[il], cell_count);
-    }
-    return n;
-}
-
-static bool seq_id_valid(const kvc_unified *c, int32_t seq_id) {
-    return seq_id >= -1 && (seq_id < 0 || (uint32_t)seq_id < c->n_seq_max);
-}
-
-/* Count the listed cells and their metadata bytes. */
-static void count_listed(const kvc_unified *c, int32_t seq_id, uint32_t *cell_count, size_t *meta) {
-    uint32_t n = 0, b, e, from = 0;
-    size_t m = 0;
-    while (next_run(&c->cells, seq_id, from, &b, &e)) {
-        n += e - b;
-        for (uint32_t i = b; i < e; i++) {
-            m += meta_bytes(c, seq_id, i);
-        }
-        from = e;
-    }
-    *cell_count = n;
-    *meta = m;
-}
-
-size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) {
-    if (!seq_id_valid(c, seq_id)) {
-        return 0;
-    }
-    uint32_t cell_count;
-    size_t meta;
-    count_listed(c, seq_id, &cell_count, &meta);
-    return 4 + meta + data_bytes(c, cell_count);
-}
+typedef struct emitter {
+    uint64_t pos;    /* blob offset of the next piece */
+    uint64_t lo, hi; /* the window */
+    uint8_t *out;    /* out[0] is blob byte lo */
+} emitter;
 
 /* Copy n bytes from src, or zeros when the layer has no memory attached. */
 static void copy_or_zero(uint8_t *dst, const uint8_t *src, size_t n) {
@@ -150,56 +60,265 @@ static void copy_or_zero(uint8_t *dst, const uint8_t *src, size_t n) {
     }
 }
 
-/* Write the section headers (type, sizes) of every layer; data goes in between, see below. */
-static void write_layer_headers(const kvc_unified *c, uint32_t cell_count, uint8_t *data) {
-    uint8_t *p = data + 8;
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_layer *l = &c->layers[il];
-        put_i32(p, c->type_k);
-        put_u64(p + 4, (uint64_t)l->k_row_bytes);
-        p += k_section_bytes(l, cell_count);
+static void emit(emitter *e, const uint8_t *src, size_t n) {
+    const uint64_t a = e->pos, b = e->pos + n;
+    if (b > e->lo && a < e->hi) {
+        const uint64_t s = a > e->lo ? a : e->lo;
+        const uint64_t t = b < e->hi ? b : e->hi;
+        copy_or_zero(e->out + (size_t)(s - e->lo), src ? src + (size_t)(s - a) : NULL, (size_t)(t - s));
     }
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_layer *l = &c->layers[il];
-        put_i32(p, c->type_v);
-        if (c->v_trans) {
-            put_u32(p + 4, (uint32_t)v_elem_bytes(c));
-            put_u32(p + 8, l->n_embd_v);
-        } else {
-            put_u64(p + 4, (uint64_t)l->v_row_bytes);
+    e->pos = b;
+}
+
+/* True (and the piece of n bytes is passed over) when it lies outside the window. */
+static bool emit_skip(emitter *e, uint64_t n) {
+    if (e->pos + n <= e->lo || e->pos >= e->hi) {
+        e->pos += n;
+        return true;
+    }
+    return false;
+}
+
+static void emit_u32(emitter *e, uint32_t v) {
+    uint8_t q[4];
+    put_u32(q, v);
+    emit(e, q, 4);
+}
+
+static bool src_listed(const kvc_state_src *s, uint32_t i) {
+    if (s->seq_id >= 0) {
+        return (s->empty_is_no_seq || s->pos[i] != -1) && ((s->seq[i] >> s->seq_id) & 1u);
+    }
+    return s->empty_is_no_seq ? s->seq[i] != 0 : s->pos[i] != -1;
+}
+
+/* Bytes of listed cell i's metadata record: pos, n_seq_id, the ids. */
+static size_t src_meta_bytes(const kvc_state_src *s, uint32_t i) {
+    if (s->seq_id >= 0) {
+        return s->single_writes_id ? 12 : 8;
+    }
+    return 8 + 4 * (size_t)kvc_popcount64(s->seq[i] & s->seq_valid);
+}
+
+/* Count the listed cells, their runs of consecutive cells and their metadata bytes. */
+static void src_count(const kvc_state_src *s, uint32_t *cells, uint32_t *runs, uint64_t *meta) {
+    uint32_t nc = 0, nr = 0;
+    uint64_t m = 0;
+    bool prev = false;
+    for (uint32_t i = 0; i < s->size; i++) {
+        const bool l = src_listed(s, i);
+        if (l) {
+            nc++;
+            nr += !prev;
+            m += src_meta_bytes(s, i);
         }
-        p += v_section_bytes(c, l, cell_count);
+        prev = l;
+    }
+    *cells = nc;
+    *runs = nr;
+    *meta = m;
+}
+
+static uint64_t k_piece_bytes(const kvc_state_layer_src *l, uint32_t cc) { return 12 + (uint64_t)cc * l->k_row; }
+
+static uint64_t v_piece_bytes(const kvc_state_src *s, const kvc_state_layer_src *l, uint32_t cc) {
+    if (s->v_trans) {
+        return 12 + (uint64_t)l->n_embd_v * cc * s->v_el;
+    }
+    return 12 + (uint64_t)cc * l->v_row;
+}
+
+static uint64_t src_total(const kvc_state_src *s, uint32_t cc, uint64_t meta) {
+    uint64_t n = 4 + meta + 8;
+    for (uint32_t il = 0; il < s->n_layer; il++) {
+        kvc_state_layer_src l;
+        s->layer(s->cache, il, &l);
+        n += k_piece_bytes(&l, cc) + v_piece_bytes(s, &l, cc);
+    }
+    return n;
+}
+
+size_t kvc_state_src_size(const kvc_state_src *s) {
+    uint32_t cc, nr;
+    uint64_t meta;
+    src_count(s, &cc, &nr, &meta);
+    return (size_t)src_total(s, cc, meta);
+}
+
+/* Rows of the listed cells: runs[2k, 2k+1) are the runs [b, e) in cell order. */
+static void emit_rows(emitter *e, const uint32_t *runs, uint32_t nr, const uint8_t *base, size_t row) {
+    for (uint32_t k = 0; k < nr && e->pos < e->hi; k++) {
+        const uint32_t b = runs[2 * k], n = runs[2 * k + 1] - b;
+        emit(e, base ? base + (size_t)b * row : NULL, (size_t)n * row);
     }
 }
 
-/* Copy the K/V data of run [b, e) whose first cell is the `prefix`-th listed cell. Every layer's
- * section is visited per run so that the cells are scanned only once. */
-static void write_run_data(const kvc_unified *c, uint32_t cell_count, uint32_t prefix, uint32_t b, uint32_t e,
-                           uint8_t *data) {
-    const uint32_t size = c->cells.size;
-    const uint32_t nr = e - b;
-    uint8_t *p = data + 8;
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_layer *l = &c->layers[il];
-        const size_t row = l->k_row_bytes;
-        copy_or_zero(p + 12 + (size_t)prefix * row, l->k ? l->k + (size_t)b * row : NULL, (size_t)nr * row);
-        p += k_section_bytes(l, cell_count);
-    }
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_layer *l = &c->layers[il];
-        if (c->v_trans) {
-            const size_t el = v_elem_bytes(c);
-            for (uint32_t j = 0; j < l->n_embd_v; j++) {
-                const size_t dst = 12 + ((size_t)j * cell_count + prefix) * el;
-                const size_t src = ((size_t)j * size + b) * el;
-                copy_or_zero(p + dst, l->v ? l->v + src : NULL, (size_t)nr * el);
+static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const uint32_t *runs, uint32_t nr,
+                       emitter *e) {
+    emit_u32(e, cc);
+    if (!emit_skip(e, meta)) {
+        const uint64_t ids = s->seq_id >= 0 ? 0 : s->seq_valid;
+        uint8_t rec[8 + 4 * KVC_MAX_SEQ];
+        for (uint32_t k = 0; k < nr && e->pos < e->hi; k++) {
+            for (uint32_t i = runs[2 * k]; i < runs[2 * k + 1]; i++) {
+                size_t n = 8;
+                put_i32(rec, s->pos[i]);
+                if (s->seq_id >= 0) {
+                    put_u32(rec + 4, s->single_writes_id ? 1u : 0u);
+                    if (s->single_writes_id) {
+                        put_i32(rec + 8, s->seq_id);
+                        n = 12;
+                    }
+                } else {
+                    uint64_t bits = s->seq[i] & ids;
+                    put_u32(rec + 4, kvc_popcount64(bits));
+                    for (; bits; bits &= bits - 1, n += 4) {
+                        put_i32(rec + n, (int32_t)kvc_ctz64(bits));
+                    }
+                }
+                emit(e, rec, n);
             }
-        } else {
-            const size_t row = l->v_row_bytes;
-            copy_or_zero(p + 12 + (size_t)prefix * row, l->v ? l->v + (size_t)b * row : NULL, (size_t)nr * row);
         }
-        p += v_section_bytes(c, l, cell_count);
     }
+    emit_u32(e, s->v_trans ? 1u : 0u);
+    emit_u32(e, s->n_layer);
+    for (uint32_t il = 0; il < s->n_layer && e->pos < e->hi; il++) {
+        kvc_state_layer_src l;
+        s->layer(s->cache, il, &l);
+        if (emit_skip(e, k_piece_bytes(&l, cc))) {
+            continue;
+        }
+        uint8_t h[12];
+        put_i32(h, s->type_k);
+        put_u64(h + 4, (uint64_t)l.k_row);
+        emit(e, h, 12);
+        emit_rows(e, runs, nr, l.k, l.k_row);
+    }
+    for (uint32_t il = 0; il < s->n_layer && e->pos < e->hi; il++) {
+        kvc_state_layer_src l;
+        s->layer(s->cache, il, &l);
+        if (emit_skip(e, v_piece_bytes(s, &l, cc))) {
+            continue;
+        }
+        uint8_t h[12];
+        put_i32(h, s->type_v);
+        if (!s->v_trans) {
+            put_u64(h + 4, (uint64_t)l.v_row);
+            emit(e, h, 12);
+            emit_rows(e, runs, nr, l.v, l.v_row);
+            continue;
+        }
+        put_u32(h + 4, (uint32_t)s->v_el);
+        put_u32(h + 8, l.n_embd_v);
+        emit(e, h, 12);
+        /* row j of the transposed V holds the listed cells' elements j */
+        const size_t stride = (size_t)s->size * s->v_el;
+        for (uint32_t j = 0; j < l.n_embd_v && e->pos < e->hi; j++) {
+            if (!emit_skip(e, (uint64_t)cc * s->v_el)) {
+                emit_rows(e, runs, nr, l.v ? l.v + (size_t)j * stride : NULL, s->v_el);
+            }
+        }
+    }
+}
+
+int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, size_t cap, size_t *written) {
+    *written = 0;
+    uint32_t cc, nr;
+    uint64_t meta;
+    src_count(s, &cc, &nr, &meta);
+    const uint64_t total = src_total(s, cc, meta);
+    if (offset >= total || cap == 0) {
+        return KVC_OK;
+    }
+    const uint64_t n = total - offset < cap ? total - offset : cap;
+    uint32_t *runs = NULL;
+    if (nr) {
+        runs = kvc_malloc((size_t)nr * 2 * sizeof *runs);
+        if (!runs) {
+            return KVC_E_NOMEM;
+        }
+        uint32_t k = 0;
+        bool prev = false;
+        for (uint32_t i = 0; i < s->size; i++) {
+            const bool l = src_listed(s, i);
+            if (l && !prev) {
+                runs[2 * k] = i;
+            } else if (!l && prev) {
+                runs[2 * k++ + 1] = i;
+            }
+            prev = l;
+        }
+        if (prev) {
+            runs[2 * k++ + 1] = s->size;
+        }
+    }
+    emitter e = { 0, offset, offset + n, out };
+    emit_state(s, cc, meta, runs, nr, &e);
+    kvc_free(runs);
+    *written = (size_t)n;
+    return KVC_OK;
+}
+
+/* --- the unified cache as a writer source --------------------------------------------------- */
+
+static uint64_t seq_id_mask(uint32_t n_seq_max) {
+    return n_seq_max >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n_seq_max) - 1;
+}
+
+/* Bytes of V element of a transposed V (its type has block size 1). */
+static size_t v_elem_bytes(const kvc_unified *c) {
+    const kvc_type_info *t = kvc_type_get(c->type_v);
+    return t ? t->type_size : 0;
+}
+
+static bool seq_id_valid(const kvc_unified *c, int32_t seq_id) {
+    return seq_id >= -1 && (seq_id < 0 || (uint32_t)seq_id < c->n_seq_max);
+}
+
+static void unified_layer(const void *cache, uint32_t il, kvc_state_layer_src *out) {
+    const kvc_layer *l = &((const kvc_unified *)cache)->layers[il];
+    out->k = l->k;
+    out->v = l->v;
+    out->k_row = l->k_row_bytes;
+    out->v_row = l->v_row_bytes;
+    out->n_embd_v = l->n_embd_v;
+}
+
+static void unified_src(const kvc_unified *c, int32_t seq_id, kvc_state_src *s) {
+    s->size = c->cells.size;
+    s->pos = c->cells.pos;
+    s->seq = c->cells.seq;
+    s->seq_valid = seq_id_mask(c->n_seq_max);
+    s->seq_id = seq_id;
+    s->empty_is_no_seq = false;
+    s->single_writes_id = true;
+    s->type_k = c->type_k;
+    s->type_v = c->type_v;
+    s->v_trans = c->v_trans;
+    s->v_el = v_elem_bytes(c);
+    s->n_layer = c->n_layer;
+    s->cache = c;
+    s->layer = unified_layer;
+}
+
+size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) {
+    if (!seq_id_valid(c, seq_id)) {
+        return 0;
+    }
+    kvc_state_src s;
+    unified_src(c, seq_id, &s);
+    return kvc_state_src_size(&s);
+}
+
+int kvc_unified_state_write_range(const kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+                                  size_t cap, size_t *written) {
+    *written = 0;
+    if (!seq_id_valid(c, seq_id)) {
+        return KVC_E_ARG;
+    }
+    kvc_state_src s;
+    unified_src(c, seq_id, &s);
+    return kvc_state_src_write(&s, offset, out, cap, written);
 }
 
 int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
@@ -207,46 +326,13 @@ int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, 
     if (!seq_id_valid(c, seq_id)) {
         return KVC_E_ARG;
     }
-    uint32_t cell_count;
-    size_t meta;
-    count_listed(c, seq_id, &cell_count, &meta);
-    const size_t total = 4 + meta + data_bytes(c, cell_count);
+    kvc_state_src s;
+    unified_src(c, seq_id, &s);
+    const size_t total = kvc_state_src_size(&s);
     if (cap < total) {
         return KVC_E_NOSPACE;
     }
-
-    uint8_t *data = out + 4 + meta;
-    put_u32(out, cell_count);
-    put_u32(data, c->v_trans ? 1u : 0u);
-    put_u32(data + 4, c->n_layer);
-    write_layer_headers(c, cell_count, data);
-
-    const uint64_t ids = seq_id_mask(c->n_seq_max);
-    uint8_t *m = out + 4;
-    uint32_t prefix = 0, b, e, from = 0;
-    while (next_run(&c->cells, seq_id, from, &b, &e)) {
-        for (uint32_t i = b; i < e; i++) {
-            put_i32(m, c->cells.pos[i]);
-            if (seq_id >= 0) {
-                put_u32(m + 4, 1);
-                put_i32(m + 8, seq_id);
-                m += 12;
-            } else {
-                uint64_t bits = c->cells.seq[i] & ids;
-                put_u32(m + 4, kvc_popcount64(bits));
-                m += 8;
-                for (; bits; bits &= bits - 1) {
-                    put_i32(m, (int32_t)kvc_ctz64(bits));
-                    m += 4;
-                }
-            }
-        }
-        write_run_data(c, cell_count, prefix, b, e, data);
-        prefix += e - b;
-        from = e;
-    }
-    *written = total;
-    return KVC_OK;
+    return kvc_state_src_write(&s, 0, out, total, written);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -311,23 +397,40 @@ static const char *type_name(int32_t id) {
     return t ? t->name : "unknown";
 }
 
-/* What the parse learned; offsets are into the blob. */
+/* What the parse learned; offsets are into the blob. With cache NULL (describing a blob) the
+ * fields the cache would be checked against are recorded in desc, pos, seq, layers instead. */
 typedef struct parsed {
     uint32_t cell_count;
+    uint32_t v_trans;    /* the blob's V layout */
     size_t   data_off;   /* where v_trans is */
     size_t   end;        /* bytes of the state */
     int32_t *pos;        /* single sequence: the positions (kvc_malloc'ed), else NULL */
+    /* describing */
+    kvc_state_desc       *desc;
+    int32_t              *d_pos;
+    uint64_t             *d_seq;
+    uint32_t              d_pos_cap;
+    kvc_state_layer_desc *d_layers;
+    uint32_t              d_layers_cap;
 } parsed;
 
 static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *ps, kvc_err *err) {
     const uint32_t cc = ps->cell_count;
-    if (seq_id >= 0 && cc > 0) {
-        /* cc <= size: bounded by the cache, not by the blob */
+    const size_t min_rec = seq_id >= 0 ? 12 : 8;
+    /* nothing is allocated for more cells than the bytes left can describe */
+    if ((r->len - r->off) / min_rec < cc) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte %zu of %zu: %" PRIu32
+                           " cells need at least %zu bytes of metadata, %zu remain",
+                           r->off, r->len, cc, (size_t)cc * min_rec, r->len - r->off);
+    }
+    if (c && seq_id >= 0 && cc > 0) {
         ps->pos = kvc_malloc((size_t)cc * sizeof *ps->pos);
         if (!ps->pos) {
             return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading a state of %" PRIu32 " cells", cc);
         }
     }
+    const uint32_t id_limit = c ? c->n_seq_max : KVC_MAX_SEQ;
     for (uint32_t i = 0; i < cc; i++) {
         int32_t pos;
         uint32_t n_seq_id;
@@ -341,7 +444,16 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
         if (!rd_u32(r, &n_seq_id)) {
             return fail_truncated(err, r, 4, "the sequence count of cell %" PRIu32 " of %" PRIu32, i, cc);
         }
-        if (seq_id >= 0) {
+        if (!c) {
+            kvc_state_desc *d = ps->desc;
+            d->n_seq_id_min = i == 0 || n_seq_id < d->n_seq_id_min ? n_seq_id : d->n_seq_id_min;
+            d->n_seq_id_max = n_seq_id > d->n_seq_id_max ? n_seq_id : d->n_seq_id_max;
+            if (i < ps->d_pos_cap) {
+                ps->d_pos[i] = pos;
+                ps->d_seq[i] = 0;
+            }
+        }
+        if (c && seq_id >= 0) {
             if (n_seq_id != 1) {
                 return kvc_err_set(err, KVC_E_STATE,
                                    "cell %" PRIu32 " (byte %zu): %" PRIu32
@@ -355,17 +467,26 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
             ps->pos[i] = pos;
             continue;
         }
+        if ((r->len - r->off) / 4 < n_seq_id) {
+            return kvc_err_set(err, KVC_E_STATE,
+                               "state truncated at byte %zu of %zu: cell %" PRIu32 " lists %" PRIu32
+                               " sequence ids, %zu bytes remain",
+                               r->off, r->len, i, n_seq_id, r->len - r->off);
+        }
         for (uint32_t j = 0; j < n_seq_id; j++) {
             int32_t s;
             if (!rd_i32(r, &s)) {
                 return fail_truncated(err, r, 4, "sequence id %" PRIu32 " of %" PRIu32 " of cell %" PRIu32, j,
                                       n_seq_id, i);
             }
-            if (s < 0 || (uint32_t)s >= c->n_seq_max) {
+            if (s < 0 || (uint32_t)s >= id_limit) {
                 return kvc_err_set(err, KVC_E_STATE,
                                    "cell %" PRIu32 " (byte %zu): sequence id %" PRId32
                                    " out of range [0, %" PRIu32 ")",
-                                   i, r->off - 4, s, c->n_seq_max);
+                                   i, r->off - 4, s, id_limit);
+            }
+            if (!c && i < ps->d_pos_cap) {
+                ps->d_seq[i] |= (uint64_t)1 << s;
             }
         }
     }
@@ -382,105 +503,178 @@ static int fail_layer(kvc_err *err, int32_t il, size_t at, const char *fmt, ...)
     return kvc_err_set(err, KVC_E_STATE, "layer %" PRId32 " (byte %zu): %s", il, at, what);
 }
 
-/* Per layer: i32 type, u64 row size (or u32 element size, u32 width for a transposed V), data. */
-static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, reader *r, uint32_t cc, kvc_err *err) {
+/* Take the n = count * unit data bytes of a section, checking the product against what is left. */
+static int take_data(reader *r, uint64_t count, uint64_t unit, const char *what, int32_t il, uint64_t *n,
+                     kvc_err *err) {
     const uint8_t *skip;
-    int32_t type;
-    size_t n;
-    if (!rd_i32(r, &type)) {
-        return fail_truncated(err, r, 4, "the value type of layer %" PRId32, l->il);
+    const size_t left = r->len - r->off;
+    *n = 0;
+    if (unit != 0 && count > left / unit) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte %zu of %zu while reading the %s of layer %" PRId32
+                           " (%" PRIu64 " x %" PRIu64 " bytes, %zu remain)",
+                           r->off, r->len, what, il, count, unit, left);
     }
-    if (type != c->type_v) {
-        return fail_layer(err, l->il, r->off - 4, "value type %" PRId32 " (%s) != cache's %" PRId32 " (%s)",
+    *n = count * unit;
+    rd_take(r, (size_t)*n, &skip);
+    return KVC_OK;
+}
+
+/* Per layer V: i32 type, u64 row size (or u32 element size, u32 width when the blob's V is
+ * transposed), the data. l is the cache's layer (NULL when describing), il its model index. */
+static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, reader *r, parsed *ps,
+                         kvc_state_layer_desc *ld, kvc_err *err) {
+    const uint32_t cc = ps->cell_count;
+    const size_t at = r->off;
+    int32_t type;
+    if (!rd_i32(r, &type)) {
+        return fail_truncated(err, r, 4, "the value type of layer %" PRId32, il);
+    }
+    if (c && type != c->type_v) {
+        return fail_layer(err, il, r->off - 4, "value type %" PRId32 " (%s) != cache's %" PRId32 " (%s)",
                           type, type_name(type), c->type_v, type_name(c->type_v));
     }
-    if (c->v_trans) {
-        const uint32_t el = (uint32_t)v_elem_bytes(c);
+    if (ps->v_trans) {
         uint32_t el_ref, width;
         if (!rd_u32(r, &el_ref)) {
-            return fail_truncated(err, r, 4, "the value element size of layer %" PRId32, l->il);
+            return fail_truncated(err, r, 4, "the value element size of layer %" PRId32, il);
         }
-        if (el_ref != el) {
-            return fail_layer(err, l->il, r->off - 4, "value element size %" PRIu32 " != cache's %" PRIu32,
-                              el_ref, el);
+        if (c) {
+            /* a transposed V stores single elements: the type must have blocks of one element
+             * (the cache's own V may be rows when converting) */
+            const kvc_type_info *t = kvc_type_get(c->type_v);
+            if (t->blck_size != 1) {
+                return fail_layer(err, il, r->off - 4,
+                                  "value type %s has blocks of %" PRIu32 " elements and cannot be transposed",
+                                  t->name, t->blck_size);
+            }
+            if (el_ref != t->type_size) {
+                return fail_layer(err, il, r->off - 4, "value element size %" PRIu32 " != cache's %" PRIu32,
+                                  el_ref, t->type_size);
+            }
         }
         if (!rd_u32(r, &width)) {
-            return fail_truncated(err, r, 4, "the value width of layer %" PRId32, l->il);
+            return fail_truncated(err, r, 4, "the value width of layer %" PRId32, il);
         }
-        if (width != l->n_embd_v) {
-            return fail_layer(err, l->il, r->off - 4,
-                              "value width (n_embd_v_gqa) %" PRIu32 " != cache's %" PRIu32, width, l->n_embd_v);
+        if (c && width != l->n_embd_v) {
+            return fail_layer(err, il, r->off - 4, "value width (n_embd_v_gqa) %" PRIu32 " != cache's %" PRIu32,
+                              width, l->n_embd_v);
         }
-        n = (size_t)l->n_embd_v * cc * el;
-    } else {
-        uint64_t row;
-        if (!rd_u64(r, &row)) {
-            return fail_truncated(err, r, 8, "the value row size of layer %" PRId32, l->il);
+        uint64_t n;
+        int rc = take_data(r, (uint64_t)cc, (uint64_t)width * el_ref, "values", il, &n, err);
+        if (rc != KVC_OK) {
+            return rc;
         }
-        if (row != (uint64_t)l->v_row_bytes) {
-            return fail_layer(err, l->il, r->off - 8, "value row size %" PRIu64 " != cache's %zu", row,
-                              l->v_row_bytes);
+        if (ld) {
+            ld->v_type = type;
+            ld->v_elem_size = el_ref;
+            ld->v_width = width;
+            ld->v_offset = at;
+            ld->v_bytes = n;
         }
-        n = (size_t)cc * l->v_row_bytes;
+        return KVC_OK;
     }
-    if (!rd_take(r, n, &skip)) {
-        return fail_truncated(err, r, n, "the values of layer %" PRId32, l->il);
+    uint64_t row;
+    if (!rd_u64(r, &row)) {
+        return fail_truncated(err, r, 8, "the value row size of layer %" PRId32, il);
+    }
+    /* a transposed cache's v_row_bytes is its width times the element size: what rows of the
+     * blob must hold to be converted */
+    if (c && row != (uint64_t)l->v_row_bytes) {
+        return fail_layer(err, il, r->off - 8, "value row size %" PRIu64 " != cache's %zu", row,
+                          l->v_row_bytes);
+    }
+    uint64_t n;
+    int rc = take_data(r, (uint64_t)cc, row, "values", il, &n, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    if (ld) {
+        ld->v_type = type;
+        ld->v_row_size = row;
+        ld->v_offset = at;
+        ld->v_bytes = n;
     }
     return KVC_OK;
 }
 
-static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, reader *r, uint32_t cc, kvc_err *err) {
-    const uint8_t *skip;
+static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, int32_t il, reader *r, uint32_t cc,
+                         kvc_state_layer_desc *ld, kvc_err *err) {
+    const size_t at = r->off;
     int32_t type;
     uint64_t row;
     if (!rd_i32(r, &type)) {
-        return fail_truncated(err, r, 4, "the key type of layer %" PRId32, l->il);
+        return fail_truncated(err, r, 4, "the key type of layer %" PRId32, il);
     }
-    if (type != c->type_k) {
-        return fail_layer(err, l->il, r->off - 4, "key type %" PRId32 " (%s) != cache's %" PRId32 " (%s)", type,
+    if (c && type != c->type_k) {
+        return fail_layer(err, il, r->off - 4, "key type %" PRId32 " (%s) != cache's %" PRId32 " (%s)", type,
                           type_name(type), c->type_k, type_name(c->type_k));
     }
     if (!rd_u64(r, &row)) {
-        return fail_truncated(err, r, 8, "the key row size of layer %" PRId32, l->il);
+        return fail_truncated(err, r, 8, "the key row size of layer %" PRId32, il);
     }
-    if (row != (uint64_t)l->k_row_bytes) {
-        return fail_layer(err, l->il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row,
-                          l->k_row_bytes);
+    if (c && row != (uint64_t)l->k_row_bytes) {
+        return fail_layer(err, il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row, l->k_row_bytes);
     }
-    const size_t n = (size_t)cc * l->k_row_bytes;
-    if (!rd_take(r, n, &skip)) {
-        return fail_truncated(err, r, n, "the keys of layer %" PRId32, l->il);
+    uint64_t n;
+    int rc = take_data(r, (uint64_t)cc, row, "keys", il, &n, err);
+    if (rc == KVC_OK && ld) {
+        ld->k_type = type;
+        ld->k_row_size = row;
+        ld->k_offset = at;
+        ld->k_bytes = n;
     }
-    return KVC_OK;
+    return rc;
 }
 
 /* The data section: V layout flag, layer count, every layer's K then every layer's V. */
-static int parse_data(const kvc_unified *c, reader *r, uint32_t cc, kvc_err *err) {
+static int parse_data(const kvc_unified *c, reader *r, parsed *ps, unsigned flags, kvc_err *err) {
+    static const char *const layout[2] = { "not transposed", "transposed" };
     uint32_t v_trans, n_layer;
     int rc;
     if (!rd_u32(r, &v_trans)) {
         return fail_truncated(err, r, 4, "the V layout flag");
     }
-    if ((v_trans != 0) != c->v_trans) {
-        static const char *const layout[2] = { "not transposed", "transposed" };
-        return kvc_err_set(err, KVC_E_STATE, "V layout (byte %zu): the state has V %s, the cache %s", r->off - 4,
-                           layout[v_trans != 0], layout[c->v_trans]);
+    if (v_trans > 1) {
+        return kvc_err_set(err, KVC_E_STATE, "V layout (byte %zu): flag %" PRIu32 " is neither 0 nor 1",
+                           r->off - 4, v_trans);
     }
+    if (c && (v_trans != 0) != c->v_trans && !(flags & KVC_STATE_CONVERT_V)) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "V layout (byte %zu): the state has V %s, the cache %s (conversion not requested)",
+                           r->off - 4, layout[v_trans], layout[c->v_trans]);
+    }
+    ps->v_trans = v_trans;
     if (!rd_u32(r, &n_layer)) {
         return fail_truncated(err, r, 4, "the layer count");
     }
-    if (n_layer != c->n_layer) {
+    if (c && n_layer != c->n_layer) {
         return kvc_err_set(err, KVC_E_STATE,
                            "layer count (byte %zu): the state has %" PRIu32 ", the cache %" PRIu32, r->off - 4,
                            n_layer, c->n_layer);
     }
-    for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
-        if ((rc = parse_layer_k(c, &c->layers[ikv], r, cc, err)) != KVC_OK) {
+    /* each layer takes at least 24 bytes of headers */
+    if ((r->len - r->off) / 24 < n_layer) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte %zu of %zu: %" PRIu32
+                           " layers need at least %zu bytes of headers, %zu remain",
+                           r->off, r->len, n_layer, (size_t)n_layer * 24, r->len - r->off);
+    }
+    if (!c) {
+        ps->desc->v_trans = v_trans;
+        ps->desc->n_layer = n_layer;
+    }
+    for (uint32_t ikv = 0; ikv < n_layer; ikv++) {
+        const kvc_layer *l = c ? &c->layers[ikv] : NULL;
+        kvc_state_layer_desc *ld = !c && ikv < ps->d_layers_cap ? &ps->d_layers[ikv] : NULL;
+        if ((rc = parse_layer_k(c, l, l ? l->il : (int32_t)ikv, r, ps->cell_count, ld, err)) != KVC_OK) {
             return rc;
         }
     }
-    for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
-        if ((rc = parse_layer_v(c, &c->layers[ikv], r, cc, err)) != KVC_OK) {
+    for (uint32_t ikv = 0; ikv < n_layer; ikv++) {
+        const kvc_layer *l = c ? &c->layers[ikv] : NULL;
+        kvc_state_layer_desc *ld = !c && ikv < ps->d_layers_cap ? &ps->d_layers[ikv] : NULL;
+        if ((rc = parse_layer_v(c, l, l ? l->il : (int32_t)ikv, r, ps, ld, err)) != KVC_OK) {
             return rc;
         }
     }
@@ -489,14 +683,14 @@ static int parse_data(const kvc_unified *c, reader *r, uint32_t cc, kvc_err *err
 
 /* Validate the whole state; nothing in the cache changes. On success ps says where things are
  * (ps->pos must be freed by the caller in every case). */
-static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, parsed *ps,
-                       kvc_err *err) {
-    reader r = { data, len, 0 };
+static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                       parsed *ps, kvc_err *err) {
+    reader r = { data, data ? len : 0, 0 };
     int rc;
     if (!rd_u32(&r, &ps->cell_count)) {
         return fail_truncated(err, &r, 4, "the cell count");
     }
-    if (ps->cell_count > c->cells.size) {
+    if (c && ps->cell_count > c->cells.size) {
         return kvc_err_set(err, KVC_E_STATE,
                            "not enough cells: the state holds %" PRIu32 " cells, the cache has %" PRIu32,
                            ps->cell_count, c->cells.size);
@@ -505,45 +699,124 @@ static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data
         return rc;
     }
     ps->data_off = r.off;
-    if ((rc = parse_data(c, &r, ps->cell_count, err)) != KVC_OK) {
+    if ((rc = parse_data(c, &r, ps, flags, err)) != KVC_OK) {
         return rc;
     }
     ps->end = r.off;
     return KVC_OK;
 }
 
-/* Copy the validated K/V data of the blob into cells [dst, dst + cc). */
-static void apply_data(kvc_unified *c, const uint8_t *data, const parsed *ps, uint32_t dst) {
+int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
+                       uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err) {
+    memset(d, 0, sizeof *d);
+    parsed ps;
+    memset(&ps, 0, sizeof ps);
+    ps.desc = d;
+    ps.d_pos = pos;
+    ps.d_seq = seq;
+    ps.d_pos_cap = pos && seq ? pos_cap : 0;
+    ps.d_layers = layers;
+    ps.d_layers_cap = layers ? layers_cap : 0;
+    if (layers) {
+        memset(layers, 0, (size_t)layers_cap * sizeof *layers);
+    }
+    /* the whole-cache record shape: n_seq_id and the ids are read as they are */
+    const int rc = parse_state(NULL, -1, data, len, 0, &ps, err);
+    d->cell_count = ps.cell_count;
+    d->data_off = ps.data_off;
+    d->end = ps.end;
+    return rc;
+}
+
+/* Scatter cc cells of V given as n_embd_v rows of cc elements (a transposed blob) into rows of
+ * the cache (row of cell i at dst + i), or gather the reverse: rows of the blob into the cache's
+ * transposed V. el is 2 or 4 for every type a transposed V can have; memcpy of a constant size
+ * compiles to a plain load and store. */
+static void v_transpose_in(uint8_t *v, size_t row, const uint8_t *src, uint32_t cc, uint32_t width, size_t el,
+                           uint32_t dst) {
+    for (uint32_t j = 0; j < width; j++) {
+        const uint8_t *s = src + (size_t)j * cc * el;
+        uint8_t *d = v + (size_t)dst * row + (size_t)j * el;
+        if (el == 2) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * row, s + (size_t)i * 2, 2);
+            }
+        } else if (el == 4) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * row, s + (size_t)i * 4, 4);
+            }
+        } else {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * row, s + (size_t)i * el, el);
+            }
+        }
+    }
+}
+
+static void v_untranspose_in(uint8_t *v, uint32_t size, const uint8_t *src, size_t row, uint32_t cc,
+                             uint32_t width, size_t el, uint32_t dst) {
+    for (uint32_t j = 0; j < width; j++) {
+        uint8_t *d = v + ((size_t)j * size + dst) * el;
+        const uint8_t *s = src + (size_t)j * el;
+        if (el == 2) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * 2, s + (size_t)i * row, 2);
+            }
+        } else if (el == 4) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * 4, s + (size_t)i * row, 4);
+            }
+        } else {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * el, s + (size_t)i * row, el);
+            }
+        }
+    }
+}
+
+/* Copy the validated K/V data of the blob into cells [dst, dst + cc), converting the V layout
+ * when the blob's differs from the cache's. */
+static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
     const uint32_t cc = ps->cell_count;
     const uint32_t size = c->cells.size;
-    const uint8_t *p = data + ps->data_off + 8;
+    const bool blob_vt = ps->v_trans != 0;
+    const uint8_t *p = ps->data + ps->data_off + 8;
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
         const kvc_layer *l = &c->layers[ikv];
         if (l->k && cc) {
             memcpy(l->k + (size_t)dst * l->k_row_bytes, p + 12, (size_t)cc * l->k_row_bytes);
         }
-        p += k_section_bytes(l, cc);
+        p += 12 + (size_t)cc * l->k_row_bytes;
     }
     const size_t el = v_elem_bytes(c);
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
         const kvc_layer *l = &c->layers[ikv];
+        const uint8_t *src = p + 12;
         if (l->v && cc) {
-            if (c->v_trans) {
+            if (blob_vt && c->v_trans) {
                 for (uint32_t j = 0; j < l->n_embd_v; j++) {
-                    memcpy(l->v + ((size_t)j * size + dst) * el, p + 12 + (size_t)j * cc * el, (size_t)cc * el);
+                    memcpy(l->v + ((size_t)j * size + dst) * el, src + (size_t)j * cc * el, (size_t)cc * el);
                 }
+            } else if (blob_vt) {
+                v_transpose_in(l->v, l->v_row_bytes, src, cc, l->n_embd_v, el, dst);
+            } else if (c->v_trans) {
+                v_untranspose_in(l->v, size, src, l->v_row_bytes, cc, l->n_embd_v, el, dst);
             } else {
-                memcpy(l->v + (size_t)dst * l->v_row_bytes, p + 12, (size_t)cc * l->v_row_bytes);
+                memcpy(l->v + (size_t)dst * l->v_row_bytes, src, (size_t)cc * l->v_row_bytes);
             }
         }
-        p += v_section_bytes(c, l, cc);
+        /* both layouts hold cc * v_row_bytes bytes of data after a 12-byte header */
+        p += 12 + (size_t)cc * l->v_row_bytes;
     }
 }
 
-/* Whole cache: clear, cell k of the blob into cell k, head 0 (the reference's order). */
-static void apply_whole(kvc_unified *c, const uint8_t *data, const parsed *ps) {
-    kvc_unified_clear(c);
-    const uint8_t *m = data + 4;
+/* Whole cache: clear, cell k of the state into cell k, head 0 (the reference's order). The data
+ * of cells [0, cell_count) is overwritten below, so only the rest is zeroed. */
+static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
+    kvc_cells_reset(&c->cells);
+    c->head = 0;
+    kvc_unified_zero_cells(c, ps->cell_count, c->cells.size);
+    const uint8_t *m = ps->data + 4;
     uint64_t touched = 0;
     for (uint32_t i = 0; i < ps->cell_count; i++) {
         const int32_t pos = get_i32(m);
@@ -558,80 +831,175 @@ static void apply_whole(kvc_unified *c, const uint8_t *data, const parsed *ps) {
     }
     kvc_cells_rebuild_seq_pos(&c->cells, touched);
     c->head = 0;
-    apply_data(c, data, ps, 0);
+    apply_data(c, ps, 0);
 }
 
-/* Place the cells of ub (after removing seq_id) and copy the data; on failure restore snap. */
-static int place_seq(kvc_unified *c, int32_t seq_id, const kvc_ubatch *ub, const uint8_t *data,
-                     const parsed *ps, const kvc_unified_snapshot *snap, kvc_err *err) {
+/* Single sequence, as the reference restores one: remove the destination sequence, then let the
+ * slot search place the state's cells as one ubatch of cell_count tokens of seq_id. Returns 1
+ * when placed (at c->head), 0 when there is no room, KVC_E_NOMEM; c is changed in every case. */
+static int place_cells(kvc_unified *c, const kvc_state_plan *ps) {
     const uint32_t cc = ps->cell_count;
+    const int32_t seq_id = ps->seq_id;
+    const uint32_t seq_off[2] = { 0, 1 };
+    const int32_t seq_ids[1] = { seq_id };
+    const uint64_t seq_mask[1] = { (uint64_t)1 << seq_id };
+    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, seq_mask };
     kvc_unified_seq_rm(c, seq_id, -1, -1);
-    const int found = kvc_unified_find_slot(c, ub);
-    if (found == 1 && c->head + cc <= c->cells.size) {
-        kvc_unified_commit(c);
-        apply_data(c, data, ps, c->head);
-        return KVC_OK;
+    const int found = kvc_unified_find_slot(c, &ub);
+    if (found == 1 && c->head + cc > c->cells.size) {
+        return KVC_E_INTERNAL; /* find_slot places a ubatch as one run at head */
     }
+    return found;
+}
+
+/* The dry run of place_cells: is there room? Nothing observable changes (the recovery arrays may
+ * grow, which is what lets the apply's own slot search succeed without allocating). */
+static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
+    const uint32_t cc = ps->cell_count;
+    kvc_unified_snapshot snap;
+    if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
+    }
+    const int found = place_cells(c, ps);
     const uint32_t head = c->head;
-    kvc_unified_snapshot_restore(c, snap);
+    kvc_unified_snapshot_restore(c, &snap);
+    kvc_unified_snapshot_free(&snap);
     if (found == 1) {
-        /* find_slot places a ubatch as one run at head */
-        return kvc_err_set(err, KVC_E_INTERNAL, "slot at %" PRIu32 " for %" PRIu32 " cells exceeds the cache",
-                           head, cc);
+        return KVC_OK;
     }
     if (found == 0) {
         return kvc_err_set(err, KVC_E_STATE,
                            "no room: sequence %" PRId32 " needs %" PRIu32
                            " contiguous free cells, the cache has no such run (%" PRIu32 " cells, %" PRIu32
                            " used)",
-                           seq_id, cc, c->cells.size, c->cells.used);
+                           ps->seq_id, cc, c->cells.size, c->cells.used);
+    }
+    if (found == KVC_E_INTERNAL) {
+        return kvc_err_set(err, found, "slot at %" PRIu32 " for %" PRIu32 " cells exceeds the cache", head, cc);
     }
     return kvc_err_set(err, found, "out of memory restoring %" PRIu32 " cells", cc);
 }
 
-/* Single sequence: the blob's cells as one ubatch of cell_count tokens of seq_id, placed by
- * find_slot and committed. Fails (and leaves no trace) when there is no room. */
-static int apply_seq(kvc_unified *c, int32_t seq_id, const uint8_t *data, const parsed *ps, kvc_err *err) {
-    const uint32_t cc = ps->cell_count;
-    if (cc == 0) {
-        /* contract C1b: an empty part removes the destination sequence */
-        kvc_unified_seq_rm(c, seq_id, -1, -1);
+void kvc_state_plan_free(kvc_state_plan *plan) {
+    kvc_free(plan->pos);
+    memset(plan, 0, sizeof *plan);
+}
+
+int kvc_unified_state_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                              kvc_state_plan *plan, kvc_err *err) {
+    return kvc_unified_state_prepare_ex(c, seq_id, data, len, 0, plan, err);
+}
+
+int kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                                 kvc_state_plan *plan, kvc_err *err) {
+    memset(plan, 0, sizeof *plan);
+    if (!seq_id_valid(c, seq_id)) {
+        return kvc_err_set(err, KVC_E_ARG, "seq_id %" PRId32 " out of range [-1, %" PRIu32 ")", seq_id,
+                           c->n_seq_max);
+    }
+    parsed ps;
+    memset(&ps, 0, sizeof ps);
+    int rc = parse_state(c, seq_id, data, len, flags, &ps, err);
+    plan->data = data;
+    plan->seq_id = seq_id;
+    plan->cell_count = ps.cell_count;
+    plan->data_off = ps.data_off;
+    plan->len = ps.end;
+    plan->pos = ps.pos; /* owned by the plan from here */
+    plan->v_trans = ps.v_trans;
+    /* an empty single-sequence part only removes the sequence (contract C1b): always possible */
+    if (rc == KVC_OK && seq_id >= 0 && plan->cell_count > 0) {
+        rc = check_room(c, plan, err);
+    }
+    if (rc != KVC_OK) {
+        kvc_state_plan_free(plan);
+    }
+    return rc;
+}
+
+int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
+    if (plan->seq_id < 0) {
+        apply_whole(c, plan);
         return KVC_OK;
     }
-
-    /* one group of cell_count tokens, all of seq_id */
-    const uint32_t seq_off[2] = { 0, 1 };
-    const int32_t seq_ids[1] = { seq_id };
-    const uint64_t seq_mask[1] = { (uint64_t)1 << seq_id };
-    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, seq_mask };
-    kvc_unified_snapshot snap;
-    if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
-        return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
+    if (plan->cell_count == 0) {
+        kvc_unified_seq_rm(c, plan->seq_id, -1, -1);
+        return KVC_OK;
     }
-    const int rc = place_seq(c, seq_id, &ub, data, ps, &snap, err);
-    kvc_unified_snapshot_free(&snap);
+    /* the same search on the same cells as the prepare's dry run: same slot, no allocation */
+    const int found = place_cells(c, plan);
+    if (found != 1) {
+        return found < 0 ? found : KVC_E_INTERNAL;
+    }
+    kvc_unified_commit(c);
+    apply_data(c, plan, c->head);
+    return KVC_OK;
+}
+
+int kvc_unified_state_read_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data,
+                                 size_t len, size_t *consumed, kvc_err *err) {
+    return kvc_unified_state_read_parts_ex(caches, n_parts, seq_id, data, len, 0, consumed, err);
+}
+
+int kvc_unified_state_read_parts_ex(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                    const uint8_t *data, size_t len, unsigned flags, size_t *consumed,
+                                    kvc_err *err) {
+    kvc_state_plan plans[KVC_STATE_MAX_PARTS];
+    size_t off = 0;
+    uint32_t k, n_ready = 0;
+    int rc = KVC_OK;
+    *consumed = 0;
+    if (n_parts == 0 || n_parts > KVC_STATE_MAX_PARTS) {
+        return kvc_err_set(err, KVC_E_ARG, "%" PRIu32 " parts: expected 1 to %d", n_parts, KVC_STATE_MAX_PARTS);
+    }
+    for (k = 0; k < n_parts; k++) {
+        for (uint32_t j = 0; j < k; j++) {
+            if (caches[j] == caches[k]) {
+                /* a prepared plan is only valid for the cache as it was */
+                return kvc_err_set(err, KVC_E_ARG, "parts %" PRIu32 " and %" PRIu32 " name the same cache", j, k);
+            }
+        }
+    }
+    /* phase 1: validate every part (and find room for it) while nothing changes */
+    for (k = 0; k < n_parts && rc == KVC_OK; k++) {
+        rc = kvc_unified_state_prepare_ex(caches[k], seq_id, off ? data + off : data, len - off, flags, &plans[k],
+                                          err);
+        if (rc == KVC_OK) {
+            off += plans[k].len;
+            n_ready++;
+        } else if (n_parts > 1 && err) {
+            char inner[sizeof err->msg];
+            memcpy(inner, err->msg, sizeof inner);
+            kvc_err_set(err, rc, "part %" PRIu32 " of %" PRIu32 " (from byte %zu): %s", k, n_parts, off, inner);
+        }
+    }
+    if (rc == KVC_OK && (flags & KVC_STATE_EXACT) && off != len) {
+        rc = kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)",
+                         len - off, off, len);
+    }
+    /* phase 2: apply them all; a prepared plan applies without failing */
+    for (k = 0; k < n_ready && rc == KVC_OK; k++) {
+        rc = kvc_unified_state_apply(caches[k], &plans[k]);
+        if (rc != KVC_OK) {
+            kvc_err_set(err, rc, "part %" PRIu32 ": the cache changed after it was prepared", k);
+        }
+    }
+    for (k = 0; k < n_ready; k++) {
+        kvc_state_plan_free(&plans[k]);
+    }
+    if (rc == KVC_OK) {
+        *consumed = off;
+    }
     return rc;
 }
 
 int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, size_t *consumed,
                            kvc_err *err) {
-    *consumed = 0;
-    if (!seq_id_valid(c, seq_id)) {
-        return kvc_err_set(err, KVC_E_ARG, "seq_id %" PRId32 " out of range [-1, %" PRIu32 ")", seq_id,
-                           c->n_seq_max);
-    }
-    parsed ps = { 0, 0, 0, NULL };
-    int rc = parse_state(c, seq_id, data, len, &ps, err);
-    if (rc == KVC_OK) {
-        if (seq_id < 0) {
-            apply_whole(c, data, &ps);
-        } else {
-            rc = apply_seq(c, seq_id, data, &ps, err);
-        }
-    }
-    kvc_free(ps.pos);
-    if (rc == KVC_OK) {
-        *consumed = ps.end;
-    }
-    return rc;
+    return kvc_unified_state_read_ex(c, seq_id, data, len, 0, consumed, err);
+}
+
+int kvc_unified_state_read_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                              size_t *consumed, kvc_err *err) {
+    kvc_unified *const caches[1] = { c };
+    return kvc_unified_state_read_parts_ex(caches, 1, seq_id, data, len, flags, consumed, err);
 }

@@ -33,6 +33,135 @@ int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, 
 int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                            size_t *consumed, kvc_err *err);
 
+/* Flags of the _ex readers. */
+enum kvc_state_flags {
+    KVC_STATE_CONVERT_V = 1u, /* accept V in the other layout (transposed <-> rows) and convert it */
+    KVC_STATE_EXACT     = 2u, /* the state must end exactly at len: trailing bytes are an error */
+};
+
+/* kvc_unified_state_read with flags (enum kvc_state_flags). With KVC_STATE_CONVERT_V a blob whose
+ * V layout differs from the cache's is accepted when the V type stores one element per block,
+ * and its V data is transposed on the way in; everything else is checked as without it. */
+int kvc_unified_state_read_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                              size_t *consumed, kvc_err *err);
+
+/* Bytes [offset, offset + cap) of the blob kvc_unified_state_write produces, into out (for
+ * streaming a state in pieces of bounded size). *written = bytes produced: cap, or fewer at the
+ * end of the blob (0 at or past its end). KVC_OK, KVC_E_ARG (bad seq_id), KVC_E_NOMEM. */
+int kvc_unified_state_write_range(const kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+                                  size_t cap, size_t *written);
+
+/* --- the blob writer shared by the cache variants ----------------------------------------- */
+
+/* One layer as the writer sees it. */
+typedef struct kvc_state_layer_src {
+    const uint8_t *k;       /* size rows of k_row bytes, or NULL (zeros are written) */
+    const uint8_t *v;       /* size rows of v_row bytes, or, transposed, n_embd_v rows of size elements */
+    size_t         k_row;
+    size_t         v_row;
+    uint32_t       n_embd_v;
+} kvc_state_layer_src;
+
+/* A cache as the writer sees it. The listed cells are, for seq_id -1, every cell that is not
+ * empty (empty: pos -1, or with empty_is_no_seq no sequence bit), else the cells holding seq_id. */
+typedef struct kvc_state_src {
+    uint32_t        size;
+    const int32_t  *pos;             /* [size] */
+    const uint64_t *seq;             /* [size] */
+    uint64_t        seq_valid;       /* ids written for a whole-cache state */
+    int32_t         seq_id;          /* -1 = whole cache */
+    bool            empty_is_no_seq; /* recurrent: a cell is empty when it has no sequence */
+    bool            single_writes_id;/* single sequence: n_seq_id 1 + the id (unified), or 0 (recurrent) */
+    int32_t         type_k, type_v;
+    bool            v_trans;
+    size_t          v_el;            /* bytes per V element when transposed */
+    uint32_t        n_layer;
+    const void     *cache;           /* passed to layer() */
+    void          (*layer)(const void *cache, uint32_t il, kvc_state_layer_src *out);
+} kvc_state_src;
+
+/* Bytes of the state src describes. */
+size_t kvc_state_src_size(const kvc_state_src *src);
+/* Bytes [offset, offset + cap) of that state into out; *written as kvc_unified_state_write_range.
+ * KVC_OK or KVC_E_NOMEM. */
+int kvc_state_src_write(const kvc_state_src *src, uint64_t offset, uint8_t *out, size_t cap, size_t *written);
+
+/* --- describing a blob without a cache ------------------------------------------------------ */
+
+typedef struct kvc_state_layer_desc {
+    int32_t  k_type;
+    uint64_t k_row_size;
+    uint64_t k_offset;      /* blob offset of the layer's K header */
+    int32_t  v_type;
+    uint64_t v_row_size;    /* v_trans 0 */
+    uint32_t v_elem_size;   /* v_trans 1 */
+    uint32_t v_width;       /* v_trans 1: n_embd_v_gqa */
+    uint64_t v_offset;      /* blob offset of the layer's V header */
+    uint64_t k_bytes, v_bytes; /* data bytes of K and V (headers excluded) */
+} kvc_state_layer_desc;
+
+typedef struct kvc_state_desc {
+    uint32_t cell_count;
+    uint32_t v_trans;
+    uint32_t n_layer;
+    size_t   data_off;       /* offset of the V layout flag */
+    size_t   end;            /* bytes of the state */
+    uint32_t n_seq_id_min;   /* over the cells (0 when there is none) */
+    uint32_t n_seq_id_max;
+} kvc_state_desc;
+
+/* Walk one cache state at data[0, len) with the same checks of structure as the readers (every
+ * count against the bytes left, sequence ids in [0, 64), v_trans 0 or 1) but none against a
+ * cache. Fills d, and, when given, pos[i] / seq[i] (bit s: cell i lists s) for the first pos_cap
+ * cells and layers[il] for the first layers_cap layers. KVC_OK or KVC_E_STATE. */
+int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
+                       uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err);
+
+/* --- two-phase reading: several parts into several caches, all or nothing ------------------
+ * A state may be made of consecutive parts, one per cache (an iSWA cache writes the part of its
+ * base cache, then the part of its SWA cache). Reading it must leave every cache unchanged when
+ * any part fails, including a later part failing after an earlier one was fine: so every part
+ * is first prepared (parsed, validated and, for a single sequence, given a slot by a dry run of
+ * the slot search) while nothing changes, and only then are the parts applied, which cannot fail. */
+
+#define KVC_STATE_MAX_PARTS 8
+
+/* One validated part, ready to apply to the cache it was prepared against. */
+typedef struct kvc_state_plan {
+    const uint8_t *data;       /* the part (borrowed: must outlive the plan) */
+    int32_t        seq_id;     /* destination: -1 = whole cache */
+    uint32_t       cell_count; /* cells the part holds */
+    size_t         data_off;   /* offset of its data section (the V layout flag) */
+    size_t         len;        /* bytes of the part */
+    int32_t       *pos;        /* single sequence: the cells' positions (owned), else NULL */
+    uint32_t       v_trans;    /* the part's V layout (differs from the cache's only when converting) */
+} kvc_state_plan;
+
+/* Validate the part at data[0, len) for seq_id and, for a single sequence, check that its cells
+ * find room. Nothing observable in c changes (internal capacities may grow, so that the apply
+ * cannot run out of memory). KVC_OK with plan filled (release it with kvc_state_plan_free), or
+ * a negative code with err and nothing to release. */
+int  kvc_unified_state_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                               kvc_state_plan *plan, kvc_err *err);
+/* Apply a plan to the cache it was prepared against, unchanged since: KVC_OK. (A negative code
+ * only when c was changed in between, which breaks the contract.) */
+int  kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan);
+void kvc_state_plan_free(kvc_state_plan *plan);   /* safe on a zeroed plan */
+
+/* Read n_parts (1..KVC_STATE_MAX_PARTS) consecutive parts from data[0, len), part k into
+ * caches[k] (distinct caches), for seq_id (-1 = whole caches). All or nothing: on failure
+ * every cache is exactly as it was and err names the part. *consumed = bytes of all parts. */
+int  kvc_unified_state_read_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                  const uint8_t *data, size_t len, size_t *consumed, kvc_err *err);
+
+/* The same with flags (enum kvc_state_flags): KVC_STATE_CONVERT_V for every part; with
+ * KVC_STATE_EXACT the last part must end at len. */
+int  kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                                  kvc_state_plan *plan, kvc_err *err);
+int  kvc_unified_state_read_parts_ex(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                     const uint8_t *data, size_t len, unsigned flags, size_t *consumed,
+                                     kvc_err *err);
+
 #ifdef __cplusplus
 }
 #endif

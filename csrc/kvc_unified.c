@@ -117,18 +117,36 @@ static inline void kvc_clamp_range(int32_t *p0, int32_t *p1) {
     }
 }
 
+void kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to) {
+    const size_t size = c->cells.size, n = to > from ? to - from : 0;
+    if (n == 0) {
+        return;
+    }
+    const size_t el = kvc_type_get(c->type_v)->type_size;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        if (ly->k) {
+            memset(ly->k + from * ly->k_row_bytes, 0, n * ly->k_row_bytes);
+        }
+        if (!ly->v) {
+            continue;
+        }
+        if (!c->v_trans) {
+            memset(ly->v + from * ly->v_row_bytes, 0, n * ly->v_row_bytes);
+        } else if (n == size) {
+            memset(ly->v, 0, size * ly->v_row_bytes); /* every column: the whole buffer */
+        } else {
+            for (uint32_t e = 0; e < ly->n_embd_v; e++) {
+                memset(ly->v + ((size_t)e * size + from) * el, 0, n * el);
+            }
+        }
+    }
+}
+
 void kvc_unified_clear(kvc_unified *c) {
     kvc_cells_reset(&c->cells);
     c->head = 0;
-    const size_t size = c->cells.size;
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        if (c->layers[l].k) {
-            memset(c->layers[l].k, 0, size * c->layers[l].k_row_bytes);
-        }
-        if (c->layers[l].v) {
-            memset(c->layers[l].v, 0, size * c->layers[l].v_row_bytes);
-        }
-    }
+    kvc_unified_zero_cells(c, 0, c->cells.size);
 }
 
 bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
@@ -138,6 +156,11 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
     uint64_t touched = 0;
 
     kvc_clamp_range(&p0, &p1);
+
+    /* nothing of the sequence in [p0, p1): no cell changes (the common "absent range" call) */
+    if (s >= 0 && !kvc_cells_seq_pos_any_in(cells, s, p0, p1)) {
+        return true;
+    }
 
     for (uint32_t i = 0; i < end; i++) {
         if (!kvc_cells_pos_in(cells, i, p0, p1)) {
@@ -756,40 +779,120 @@ int kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes) {
     return n_moves > 0;
 }
 
-void kvc_unified_defrag_move(kvc_unified *c) {
-    const uint32_t *ids = c->defrag_ids;
-    const uint32_t n_ids = c->n_defrag_ids;
-    const size_t size = c->cells.size;
-    const size_t el = kvc_type_get(c->type_v)->type_size;
-
-    for (uint32_t i = 0; i < n_ids; i++) {
-        const uint32_t id = ids[i];
-        if (id == i || id == n_ids) {
+/* The next run of the plan at or after *i: cells [src, src + nm) move to [dst, dst + nm).
+ * Returns false when no move is left. */
+static bool kvc_defrag_next_run(const uint32_t *ids, uint32_t n_ids, uint32_t *i, uint32_t *src,
+                                uint32_t *dst, uint32_t *nm) {
+    for (uint32_t k = *i; k < n_ids; k++) {
+        const uint32_t id = ids[k];
+        if (id == k || id == n_ids) {
             continue;
         }
-        uint32_t nm = 1;
-        while (i + nm < n_ids && ids[i + nm] == id + nm) {
-            nm++;
+        uint32_t m = 1;
+        while (k + m < n_ids && ids[k + m] == id + m) {
+            m++;
         }
+        *src = k;
+        *dst = id;
+        *nm = m;
+        *i = k + m;
+        return true;
+    }
+    *i = n_ids;
+    return false;
+}
+
+uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs) {
+    uint32_t i = 0, src, dst, nm, n = 0;
+    while (kvc_defrag_next_run(c->defrag_ids, c->n_defrag_ids, &i, &src, &dst, &nm)) {
+        if (runs) {
+            runs[3 * n] = src;
+            runs[3 * n + 1] = dst;
+            runs[3 * n + 2] = nm;
+        }
+        n++;
+    }
+    return n;
+}
+
+/* Move the elements of one transposed V row: dst < src for every run, so a forward copy is
+ * safe even where a run overlaps itself. */
+#define KVC_MOVE_ROW(T, row, runs, n_runs)                                   \
+    do {                                                                     \
+        T *r_ = (T *)(row);                                                  \
+        for (uint32_t q_ = 0; q_ < (n_runs); q_++) {                         \
+            const uint32_t *u_ = (runs) + 3 * q_;                            \
+            T *d_ = r_ + u_[1];                                              \
+            const T *s_ = r_ + u_[0];                                        \
+            for (uint32_t k_ = 0; k_ < u_[2]; k_++) {                        \
+                d_[k_] = s_[k_];                                             \
+            }                                                                \
+        }                                                                    \
+    } while (0)
+
+void kvc_unified_defrag_move(kvc_unified *c) {
+    const size_t size = c->cells.size;
+    const size_t el = kvc_type_get(c->type_v)->type_size;
+    const uint32_t n_runs = kvc_unified_defrag_runs(c, NULL);
+    uint32_t *runs = n_runs ? kvc_malloc((size_t)n_runs * 3 * sizeof *runs) : NULL;
+
+    if (n_runs && runs) {
+        kvc_unified_defrag_runs(c, runs);
+        /* layer by layer, so that each buffer is streamed through once */
         for (uint32_t l = 0; l < c->n_layer; l++) {
             const kvc_layer *ly = &c->layers[l];
-            if (ly->k) {
-                memmove(ly->k + id * ly->k_row_bytes, ly->k + i * ly->k_row_bytes, nm * ly->k_row_bytes);
+            for (uint32_t q = 0; ly->k && q < n_runs; q++) {
+                const uint32_t *u = runs + 3 * q;
+                memmove(ly->k + u[1] * ly->k_row_bytes, ly->k + u[0] * ly->k_row_bytes, u[2] * ly->k_row_bytes);
             }
             if (!ly->v) {
                 continue;
             }
             if (!c->v_trans) {
-                memmove(ly->v + id * ly->v_row_bytes, ly->v + i * ly->v_row_bytes, nm * ly->v_row_bytes);
-            } else {
-                for (uint32_t e = 0; e < ly->n_embd_v; e++) {
-                    uint8_t *row = ly->v + (size_t)e * size * el;
-                    memmove(row + (size_t)id * el, row + (size_t)i * el, nm * el);
+                for (uint32_t q = 0; q < n_runs; q++) {
+                    const uint32_t *u = runs + 3 * q;
+                    memmove(ly->v + u[1] * ly->v_row_bytes, ly->v + u[0] * ly->v_row_bytes, u[2] * ly->v_row_bytes);
+                }
+                continue;
+            }
+            for (uint32_t e = 0; e < ly->n_embd_v; e++) {
+                uint8_t *row = ly->v + (size_t)e * size * el;
+                if (el == 2) {
+                    KVC_MOVE_ROW(uint16_t, row, runs, n_runs);
+                } else if (el == 4) {
+                    KVC_MOVE_ROW(uint32_t, row, runs, n_runs);
+                } else {
+                    for (uint32_t q = 0; q < n_runs; q++) {
+                        const uint32_t *u = runs + 3 * q;
+                        memmove(row + (size_t)u[1] * el, row + (size_t)u[0] * el, u[2] * el);
+                    }
                 }
             }
         }
-        i += nm - 1;
+    } else if (n_runs) {
+        /* no memory for the run list: the same moves, run by run */
+        uint32_t i = 0, src, dst, nm;
+        while (kvc_defrag_next_run(c->defrag_ids, c->n_defrag_ids, &i, &src, &dst, &nm)) {
+            for (uint32_t l = 0; l < c->n_layer; l++) {
+                const kvc_layer *ly = &c->layers[l];
+                if (ly->k) {
+                    memmove(ly->k + dst * ly->k_row_bytes, ly->k + src * ly->k_row_bytes, nm * ly->k_row_bytes);
+                }
+                if (!ly->v) {
+                    continue;
+                }
+                if (!c->v_trans) {
+                    memmove(ly->v + dst * ly->v_row_bytes, ly->v + src * ly->v_row_bytes, nm * ly->v_row_bytes);
+                } else {
+                    for (uint32_t e = 0; e < ly->n_embd_v; e++) {
+                        uint8_t *row = ly->v + (size_t)e * size * el;
+                        memmove(row + (size_t)dst * el, row + (size_t)src * el, nm * el);
+                    }
+                }
+            }
+        }
     }
+    kvc_free(runs);
     c->do_defrag = false;
 }
 

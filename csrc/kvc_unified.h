@@ -86,6 +86,8 @@ static inline uint32_t kvc_unified_size(const kvc_unified *c) { return c->cells.
 
 /* --- operations; sequence ids and positions are validated by the caller ---------------- */
 void    kvc_unified_clear(kvc_unified *c);           /* also zeroes the K/V buffers; n kept */
+/* Zero the K/V data of cells [from, to) (every layer; columns of a transposed V). */
+void    kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to);
 bool    kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1); /* s -1 = any */
 void    kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1);
 void    kvc_unified_seq_keep(kvc_unified *c, int32_t s);
@@ -141,6 +143,9 @@ void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out);
 void    kvc_unified_defrag_sched(kvc_unified *c, float thold);
 /* Plan a defrag (moves the cell metadata, fills defrag_ids). 1 = something to move, 0 = not. */
 int     kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes);
+/* The last plan as runs: cells [src, src + n) move to [dst, dst + n); writes 3 values per run
+ * into runs (when not NULL) and returns the number of runs. */
+uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs);
 /* Move the K/V data as the last plan says (contiguous runs at once). */
 void    kvc_unified_defrag_move(kvc_unified *c);
 

@@ -60,9 +60,8 @@ def test_replayer_requires_the_expected_exception(tmp_path):
 def test_cli_summary(tmp_path):
     import subprocess
     import sys
-    env = dict(os.environ)
-    src = os.path.join(os.path.dirname(__file__), os.pardir, "src")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
+    from conftest import kvcache_env
+    env = kvcache_env()
     good = subprocess.run([sys.executable, "-m", "kvcache.conformance", "-q", TRACES[0]],
                           capture_output=True, text=True, env=env)
     assert good.returncode == 0 and "1 passed, 0 failed" in good.stdout

@@ -91,7 +91,7 @@ def test_size_at_least_one_and_types():
     c = RecurrentCache(2, 1, 32, 64, type_k="q8_0", type_v="bf16", kv_size=5)
     assert c.size == 5 and c.type_k == "q8_0" and c.type_v == "bf16"
     assert c.k(0).shape == (5, 34) and c.k(0).dtype == np.uint8
-    assert c.v(0).shape == (5, 64) and c.v(0).dtype == np.uint16
+    assert c.v(0).shape == (5, 64) and c.v(0).dtype == kvcache.view_dtype("bf16")
     c = RecurrentCache(2, 1, 4, 4, type_k=1, type_v=0)  # ggml ids
     assert (c.type_k, c.type_v) == ("f16", "f32")
     assert c.k(0).dtype == np.float16
@@ -417,9 +417,18 @@ def test_random_workload_invariants(ops, kv_size):
             assert len(holders) <= 1
             if holders:
                 assert cells["tail"][s] == holders[0]
-    # the codec reproduces the cache: whole and per sequence
+    # the codec reproduces the cache: whole and per sequence. A negative seq_add can leave a
+    # cell holding sequences at a negative position; such blobs are rejected by contract.
     blob = c.state_write()
     d = RecurrentCache(4, 2, [2, 3], [4, 1], type_k="f16", kv_size=kv_size)
+    final = c.cells()
+    negative = any(p < 0 and ids for p, ids in zip(final["pos"], final["seq_id"]))
+    if negative:
+        before = d.state_write()
+        with pytest.raises(StateError, match="negative position"):
+            d.state_read(blob)
+        assert d.state_write() == before
+        return
     assert d.state_read(blob) == len(blob)
     assert d.state_write() == blob
     for s in range(4):

@@ -108,7 +108,7 @@ BAD_ARGS = [
     (dict(layers="02"), TypeError, "layers"),
     (dict(layers=5), TypeError, "layers"),
     (dict(buffers="borrowed"), ValueError, "buffers"),
-    (dict(buffers=None), TypeError, "buffers"),
+    (dict(buffers=1), TypeError, "buffers"),
     (dict(v_trans="yes"), TypeError, "v_trans"),
 ]
 
@@ -136,8 +136,8 @@ def test_swa_settings():
 @pytest.mark.parametrize("tk, tv, v_trans, kdt, vdt", [
     ("f32", "f32", False, np.float32, np.float32),
     ("f16", "f16", True, np.float16, np.float16),
-    ("bf16", "f32", True, np.uint16, np.float32),
-    ("F16", "BF16", False, np.float16, np.uint16),
+    ("bf16", "f32", True, kvcache.view_dtype("bf16"), np.float32),
+    ("F16", "BF16", False, np.float16, kvcache.view_dtype("bf16")),
     (0, 1, True, np.float32, np.float16),
 ])
 def test_views_float_types(tk, tv, v_trans, kdt, vdt):
@@ -193,7 +193,7 @@ def test_store_row_major_v_and_bf16():
     k = np.array([[1.0, -2.5], [3.0, 0.0078125]], dtype=np.float32)
     c.store(2, k, k)
     # bf16 keeps the upper 16 bits of these exactly representable values
-    assert np.array_equal(c.k(2)[:2], (k.view(np.uint32) >> 16).astype(np.uint16))
+    assert np.array_equal(c.k(2)[:2].view(np.uint16), (k.view(np.uint32) >> 16).astype(np.uint16))
     assert np.array_equal(c.v(2)[:2], k)
     c.store(2, np.zeros((2, 2), dtype=np.uint16), None)
     assert not c.k(2).any()
@@ -440,15 +440,16 @@ def test_k_shift_and_reset():
     assert c.cells().pos[:3].tolist() == [0, 6, 2]
 
 
-def test_update_resets_shift_and_refuses_rope():
+def test_update_without_rope_drops_the_shift():
     c = make()
     place(c, [0, 1], [0, 0])
     c.seq_add(0, 0, -1, 3)
     before = snapshot(c)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(TypeError, match="rope"):
         c.update(rope=object())
     assert snapshot(c) == before
-    assert c.update() is False
+    plan = c.update()
+    assert not plan and not plan.rotated and plan.k_shift[:2].tolist() == [3, 3]
     assert not c.has_shift and c.seq_pos_max(0) == 4
 
 
@@ -493,9 +494,11 @@ def test_defrag_sched_and_update():
     assert c.do_defrag
     place(c, list(range(8)), [0, 1] * 4)
     c.seq_rm(1)
-    assert c.update() is True
+    plan = c.update()
+    assert plan and plan.moved and plan.k_shift is None
+    assert plan.defrag_runs.tolist() == [[4, 3, 1], [6, 1, 1]]
     assert not c.do_defrag and c.used == 4 and c.cells().pos[:4].tolist() == [0, 6, 2, 4]
-    assert c.update() is False
+    assert not c.update()
 
 
 # --- inspection ------------------------------------------------------------------------------

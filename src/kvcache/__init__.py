@@ -6,19 +6,25 @@ __version__ = "0.1.0"
 from kvcache._core import (  # noqa: E402
     Batch,
     Cells,
-    RecurrentCache,
     RopeParams,
     StateError,
     UBatch,
+    UpdatePlan,
     dequantize,
     quantize,
     rope_shift,
+    view_dtype,
 )
 from kvcache.unified import UnifiedCache  # noqa: E402
+from kvcache.recurrent import RecurrentCache  # noqa: E402
+from kvcache.iswa import ISWACache, SWAWarning  # noqa: E402
+from kvcache.geometry import ModelGeometry, from_gguf, read_gguf  # noqa: E402
 
 __all__ = [
-    "Batch", "Cells", "RecurrentCache", "RopeParams", "StateError", "UBatch", "UnifiedCache",
+    "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
+    "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
+    "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
 ]
 
 

@@ -5,7 +5,7 @@ kvcache's C core and the baseline (benchmarks/baseline: the seed's loops with th
 containers) run the same operations in one process; the timed loops hold no Python. Each
 function returns nanoseconds (and checks that both implementations agree where it can)."""
 
-from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, uint16_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memset, memcpy
 from kvcache.includes.kvc_common cimport kvc_ubatch, kvc_err
@@ -433,6 +433,9 @@ cdef class Workload:
         if a == NULL or b == NULL:
             free(a); free(b)
             raise MemoryError()
+        # fault the pages in first, as the memcpy yardstick does
+        memset(a, 0, n)
+        memset(b, 0, n)
         try:
             t0 = perf_counter_ns()
             with nogil:
@@ -478,3 +481,25 @@ def memcpy_ns(size_t nbytes, uint32_t reps):
     free(a)
     free(b)
     return t0
+
+
+from kvcache._core cimport UnifiedCore
+
+
+def cimport_call_ns(UnifiedCore cache, uint32_t reps):
+    """(ns per seq_pos_max_c, ns per seq_rm_c of an absent range) called from Cython through
+    the cimport contract (kvcache/_core.pxd), without the GIL."""
+    cdef uint32_t r
+    cdef int64_t acc = 0
+    cdef uint64_t t0, t1, t2
+    # the sequence id depends on the previous answer, so the compiler cannot hoist the call
+    t0 = perf_counter_ns()
+    with nogil:
+        for r in range(reps):
+            acc += cache.seq_pos_max_c(<int32_t>(acc & 3))
+    t1 = perf_counter_ns()
+    with nogil:
+        for r in range(reps):
+            acc += cache.seq_rm_c(0, 2000000000, 2000000001)
+    t2 = perf_counter_ns()
+    return (t1 - t0) / reps, (t2 - t1) / reps, acc

@@ -35,6 +35,55 @@ cdef inline int check_status(int status, kvc_err *err, str what) except -1:
     return 0
 
 
+# --- the ggml type table, read-only (csrc/kvc_types.h is the one copy) ---------------------------
+
+from collections import namedtuple as _namedtuple
+
+GGMLType = _namedtuple("GGMLType", "id name blck_size type_size")
+GGMLType.__doc__ = "A ggml tensor type: id, name, elements per block, bytes per block."
+
+
+def ggml_types():
+    """The ggml types a cache can hold, by ascending id: a tuple of GGMLType."""
+    cdef size_t i
+    cdef const kvc_type_info *t
+    found = []
+    for i in range(kvc_type_count()):
+        t = kvc_type_at(i)
+        found.append(GGMLType(t.id, t.name.decode("ascii"), t.blck_size, t.type_size))
+    return tuple(sorted(found))
+
+
+def ggml_type(t):
+    """The GGMLType of a type given by name ("f16", "Q8_0", ...) or ggml id (ValueError if unknown)."""
+    cdef const kvc_type_info *info = NULL
+    if isinstance(t, str):
+        info = kvc_type_by_name(t.lower().encode("ascii", "replace"))
+    elif isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)):
+        if -2**31 <= t < 2**31:
+            info = kvc_type_get(<int32_t>t)
+    else:
+        raise TypeError(f"a ggml type is a name such as 'f16' or an id, not {type(t).__name__}")
+    if info == NULL:
+        names = ", ".join(x.name for x in ggml_types())
+        raise ValueError(f"unknown ggml type {t!r} (supported: {names})")
+    return GGMLType(info.id, info.name.decode("ascii"), info.blck_size, info.type_size)
+
+
+def ggml_row_size(t, n):
+    """Bytes of a row of n elements of type t (name or id), as ggml_row_size.
+
+    ValueError when n is negative or not a whole number of the type's blocks."""
+    info = ggml_type(t)
+    if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)):
+        raise TypeError(f"n must be an int, not {type(n).__name__}")
+    if n < 0 or n >= 2**63:
+        raise ValueError(f"n = {n} must be in [0, 2**63)")
+    if n % info.blck_size:
+        raise ValueError(f"{info.name} rows hold whole blocks of {info.blck_size} elements; {n} is not a multiple")
+    return kvc_row_size(info.id, <uint64_t>n)
+
+
 cdef int32_t as_pos(object v, str name) except? -1:
     """A position argument as int32 (TypeError / ValueError naming the argument)."""
     if not isinstance(v, (int, np.integer)) or isinstance(v, bool):

@@ -29,11 +29,14 @@ cdef class UnifiedCore:
     cdef dict _ikv                 # model layer index -> index into c.layers
     cdef tuple _n_embd_k           # K row width per model layer
     cdef tuple _n_embd_v           # V row width per model layer
-    cdef list _k_mem               # per kept layer: owned K memory (aligned uint8 ndarray)
-    cdef list _v_mem               # per kept layer: owned V memory (aligned uint8 ndarray)
+    cdef list _k_mem               # per kept layer: K memory as uint8 (owned and aligned, or borrowed); empty without memory
+    cdef list _v_mem               # per kept layer: V memory likewise
     cdef list _k_view              # per kept layer: K as the cache dtype, (size, n_embd_k) or (size, row_bytes)
     cdef list _v_view              # per kept layer: V likewise, (n_embd_v, size) when v_trans
-    cdef str _buffers              # buffer mode ("owned")
+    cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)
+    cdef object _borrowed          # borrowed mode: the caller's (K, V) objects per kept layer (kept alive)
+    cdef tuple _n_embd_head_k      # K head size per model layer, or None (needed by the RoPE K-shift)
+    cdef object _rope              # the model's RopeParams, or None (update() rotates K with them)
     cdef bint _defrag_pending      # the last defrag_prepare moved cells whose K/V rows are not moved yet
 
     # C-level operations for other extensions (`from kvcache._core cimport UnifiedCore`). They do
@@ -85,6 +88,8 @@ cdef class RecurrentCache:
     cdef list _k                   # per layer: the owned K buffer (uint8, size rows)
     cdef list _v                   # per layer: the owned V buffer (uint8, size rows)
     cdef list _warnings            # messages of the last find_slot
+    cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)
+    cdef object _borrowed          # borrowed mode: the caller's (K, V) objects per layer (kept alive)
     cdef readonly str type_k       # K type name ("f32", "f16", ...)
     cdef readonly str type_v       # V type name
     cdef int _seq(self, object seq_id, str name, bint allow_any) except -2
@@ -103,3 +108,9 @@ cdef class RopeParams:
     cdef object _layer_base        # dict model layer -> freq_base override, or None
     cdef object _layer_scale       # dict model layer -> freq_scale override, or None
     cdef int fill(self, kvc_rope_params *out, object layer, uint32_t head_dim) except -1
+
+# --- iswa --------------------------------------------------------------------
+from kvcache.includes.kvc_iswa cimport kvc_iswa_pending
+
+cdef class SWAPending:
+    cdef kvc_iswa_pending c        # per sequence: the smallest and largest position of the last batch

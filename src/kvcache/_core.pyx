@@ -6,7 +6,10 @@ arguments are validated once here, then C does the work, with the GIL released i
 long loops. The cimport-able contract is _core.pxd."""
 
 include "_common.pxi"
+include "_buffers.pxi"
+include "_state.pxi"
 include "_unified.pxi"
 include "_batch.pxi"
 include "_recurrent.pxi"
 include "_rope.pxi"
+include "_iswa.pxi"

@@ -42,32 +42,23 @@ cdef list _rec_widths(object v, Py_ssize_t n_layer, str name):
     return vals
 
 
-cdef object _rec_dtype(int32_t type_id):
-    """numpy dtype of the element views (None: rows are raw bytes)."""
-    if type_id == 0:
-        return np.float32
-    if type_id == 1:
-        return np.float16
-    if type_id == 30:
-        return np.uint16
-    return None
-
-
 cdef object _rec_layer_view(RecurrentCache cache, list bufs, object il, bint is_k):
     """Layer il's K or V memory viewed as one row per cell."""
     if not isinstance(il, (int, np.integer)) or isinstance(il, bool):
         raise TypeError(f"il must be an int, not {type(il).__name__}")
     if not 0 <= il < cache.c.n_layer:
         raise IndexError(f"il = {il} is outside [0, {cache.c.n_layer})")
+    if cache._buffers == "none":
+        raise RuntimeError(f"{'k' if is_k else 'v'}: this cache holds no K/V memory (buffers='none')")
     cdef kvc_rec_layer *L = &cache.c.layers[<uint32_t>il]
     cdef Py_ssize_t size = cache.c.cells.size
     cdef Py_ssize_t row = L.k_row_bytes if is_k else L.v_row_bytes
     cdef Py_ssize_t width = L.n_embd_k if is_k else L.n_embd_v
     buf = bufs[il][:size * row]
-    dt = _rec_dtype(cache.c.type_k if is_k else cache.c.type_v)
-    if dt is None:
+    dt = _element_dtype(cache.c.type_k if is_k else cache.c.type_v)
+    if dt.itemsize == 1:
         return buf.reshape(size, row)
-    return buf.view(dt).reshape(size, width)
+    return _typed_view(buf, dt, (size, width))
 
 
 cdef class RecurrentCache:
@@ -81,8 +72,13 @@ cdef class RecurrentCache:
       per layer; a layer's K row holds ``n_embd_k_gqa + n_embd_k_s`` elements (the rolling state),
       its V row ``n_embd_v_gqa + n_embd_v_s`` (the recurrent state).
     - ``kv_size``: number of cells, at least (and by default) ``max(1, n_seq_max)``.
-    - ``buffers="owned"``: the cache owns zero-initialised K and V memory per layer
-      (``k(il)`` / ``v(il)`` are numpy views of it).
+    - ``buffers``: ``"owned"`` (default): the cache owns zero-initialised, 64-byte aligned K
+      and V memory per layer (``k(il)`` / ``v(il)`` are numpy views of it); a dict
+      ``{layer: (K, V)}`` or a list of one (K, V) pair per layer: host buffers to borrow
+      (numpy arrays, memoryviews, CPU tensors with ``__dlpack__``; C-contiguous, writable, of the
+      element dtype or raw uint8, at least ``size`` rows); ``None`` / ``"none"``: metadata only
+      (``k``, ``v`` and ``store`` raise RuntimeError; ``s_copy`` / ``s_mask`` and the placement
+      are the plan for the caller's own memory).
 
     Valid sequence ids are ``[0, n_seq_max)``; ``seq_rm`` also takes -1 (every sequence, the
     reference semantics: only an empty or the whole range), ``state_write`` / ``state_read``
@@ -111,8 +107,7 @@ cdef class RecurrentCache:
             raise TypeError(f"kv_size must be an int or None, not {type(kv_size).__name__}")
         if not max(1, n_seq_max) <= kv_size <= INT32_MAX:
             raise ValueError(f"kv_size = {kv_size} must lie in [max(1, n_seq_max) = {max(1, n_seq_max)}, 2**31)")
-        if buffers != "owned":
-            raise ValueError(f"buffers = {buffers!r}: only 'owned' is supported")
+        mode = _buffers_mode(buffers)
         tk, self.type_k = _rec_type(type_k, "type_k")
         tv, self.type_v = _rec_type(type_v, "type_v")
         ek = [a + b for a, b in zip(_rec_widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa"),
@@ -135,16 +130,34 @@ cdef class RecurrentCache:
         err.msg[0] = 0
         check_status(kvc_recurrent_init(&self.c, &p, &err), &err, "RecurrentCache")
         self._ready = True
+        self._buffers = mode
+        self._borrowed = _buffer_pairs(buffers, tuple(range(n_layer))) if mode == "borrowed" else None
+        if mode == "none":
+            return
+        regions = []
+        for il in range(n_layer):
+            nk = <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].k_row_bytes
+            nv = <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].v_row_bytes
+            if mode == "owned":
+                k = _aligned_zeros(nk)
+                v = _aligned_zeros(nv)
+            else:
+                k = _borrowed_bytes(self._borrowed[il][0], nk, tk, f"buffers[{il}] K",
+                                    f"{kv_size} cells x {self.c.layers[il].k_row_bytes} bytes")
+                v = _borrowed_bytes(self._borrowed[il][1], nv, tv, f"buffers[{il}] V",
+                                    f"{kv_size} cells x {self.c.layers[il].v_row_bytes} bytes")
+                regions += [(f"buffers[{il}] K", k), (f"buffers[{il}] V", v)]
+            self._k.append(k)
+            self._v.append(v)
+        _check_disjoint(regions)
         cdef uint8_t[::1] kb
         cdef uint8_t[::1] vb
         for il in range(n_layer):
-            k = np.zeros(max(1, <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].k_row_bytes), dtype=np.uint8)
-            v = np.zeros(max(1, <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].v_row_bytes), dtype=np.uint8)
-            kb = k
-            vb = v
-            kvc_recurrent_set_layer_buffers(&self.c, <uint32_t>il, &kb[0], &vb[0])
-            self._k.append(k)
-            self._v.append(v)
+            kb = self._k[il]
+            vb = self._v[il]
+            # zero-width rows have no memory: NULL is a no-op for the C core
+            kvc_recurrent_set_layer_buffers(&self.c, <uint32_t>il, &kb[0] if kb.shape[0] else NULL,
+                                            &vb[0] if vb.shape[0] else NULL)
 
     def __dealloc__(self):
         if self._ready:
@@ -182,6 +195,11 @@ cdef class RecurrentCache:
     def n_layer(self) -> int:
         """Number of layers."""
         return self.c.n_layer
+
+    @property
+    def buffers(self) -> str:
+        """How the K/V memory is held: 'owned', 'borrowed' or 'none' (metadata only)."""
+        return self._buffers
 
     @property
     def can_shift(self) -> bool:
@@ -237,6 +255,8 @@ cdef class RecurrentCache:
     def store(self, il, k_rows=None, v_rows=None):
         """Write the states of the ubatch just placed: rows ``[head, head + len(rows))`` of layer
         il get ``k_rows`` / ``v_rows`` (shaped like ``k(il)`` / ``v(il)`` rows; either may be None)."""
+        if self._buffers == "none":
+            raise RuntimeError("store: this cache holds no K/V memory (buffers='none')")
         kv = self.k(il)
         vv = self.v(il)
         ka = None if k_rows is None else np.ascontiguousarray(k_rows, dtype=kv.dtype)
@@ -438,30 +458,36 @@ cdef class RecurrentCache:
         check_status(r, NULL, "state_write")
         return out
 
-    def state_read(self, data, seq_id=-1) -> int:
-        """Restore one cache state from the front of data (bytes-like) into seq_id (-1: the whole
-        cache); returns the bytes consumed (trailing bytes are not read). Raises StateError
-        when the blob is malformed, truncated or does not fit, and then nothing has changed."""
+    def state_write_into(self, buf, seq_id=-1) -> int:
+        """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
+
+        buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes, filled from C
+        without an intermediate copy, or a binary file object, written in chunks of bounded
+        size. The cache must not change during the call."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
-        cdef const uint8_t[::1] buf
-        cdef const uint8_t *p = NULL
+        cdef size_t n
+        with nogil:
+            n = kvc_recurrent_state_size(&self.c, s)
+        return state_write_into(&self.c, _recurrent_state_range, s, n, buf)
+
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False) -> int:
+        """Restore one cache state from the front of data (bytes-like, not copied) into seq_id
+        (-1: the whole cache); returns the bytes consumed (trailing bytes are not read, unless
+        exact: then the state must end at the end of data). convert is accepted for the same
+        interface as the attention caches; a recurrent state has no V layout to convert. Raises
+        StateError when the blob is malformed, truncated or does not fit, and then nothing has
+        changed."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", True)
+        cdef unsigned flags = state_read_flags(False, exact)
         cdef size_t n = 0
         cdef size_t consumed = 0
+        keep = state_data_view(data)
+        cdef const uint8_t *p = state_data_ptr(keep, &n)
         cdef kvc_err err
         cdef int r
-        try:
-            mv = memoryview(data)
-        except TypeError:
-            raise TypeError(f"data must be bytes-like, not {type(data).__name__}") from None
-        if not mv.c_contiguous:
-            raise ValueError("data must be a contiguous buffer")
-        buf = mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
-        n = buf.shape[0]
-        if n:
-            p = &buf[0]
         err.msg[0] = 0
         with nogil:
-            r = kvc_recurrent_state_read(&self.c, s, p, n, &consumed, &err)
+            r = kvc_recurrent_state_read_ex(&self.c, s, p, n, flags, &consumed, &err)
         check_status(r, &err, "state_read")
         return consumed
 
@@ -478,3 +504,8 @@ cdef class RecurrentCache:
 
     cdef int s_mask_c(self, float *out) noexcept nogil:
         return kvc_recurrent_s_mask(&self.c, self.c.cells.n, out)
+
+
+cdef int _recurrent_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
+                                size_t *written) noexcept nogil:
+    return kvc_recurrent_state_write_range(<const kvc_recurrent *>c, seq_id, offset, out, cap, written)

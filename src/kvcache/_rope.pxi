@@ -206,6 +206,8 @@ _ROPE_DTYPES = {
     np.dtype(np.float16): ("f16",),
     np.dtype(np.uint16): ("f16", "bf16"),
 }
+if _BF16 is not None:
+    _ROPE_DTYPES[_BF16] = ("bf16",)
 
 
 def rope_shift(k, type_k, n_head, head_dim, shift, RopeParams params not None, layer=None):

@@ -2,16 +2,18 @@
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint16_t, INT32_MIN
 from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
+from kvcache.includes.kvc_kshift cimport kvc_unified_apply_k_shift
+from kvcache.includes.kvc_rope cimport kvc_rope_params
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
-                                         kvc_unified_state_read)
+                                         kvc_unified_state_write_range)
 
 _SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC_SWA_CHUNKED}
 _SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
 _MASK_DTYPES = {"f32": (KVC_MASK_F32, np.float32), "f16": (KVC_MASK_F16, np.float16),
                 "bool": (KVC_MASK_BOOL, np.bool_)}
-_MEM_ALIGN = 64   # byte alignment of owned K/V memory (cache lines, SIMD loads)
 
 
 def _type_names():
@@ -31,17 +33,6 @@ cdef const kvc_type_info *_type_arg(object t, str name) except NULL:
     if info == NULL:
         raise ValueError(f"{name}: unknown type {t!r} (supported: {', '.join(_type_names())})")
     return info
-
-
-cdef object _dtype_of(int32_t type_id):
-    """numpy dtype of a cache element (uint8 bytes for block-quantized types)."""
-    if type_id == KVC_TYPE_F32:
-        return np.dtype(np.float32)
-    if type_id == KVC_TYPE_F16:
-        return np.dtype(np.float16)
-    if type_id == KVC_TYPE_BF16:
-        return np.dtype(np.uint16)
-    return np.dtype(np.uint8)
 
 
 cdef long long _int_arg(object v, str name, long long lo, long long hi) except? -1:
@@ -92,13 +83,6 @@ cdef tuple _layers_arg(object layers, Py_ssize_t n_layer):
     return tuple(out)
 
 
-cdef object _aligned_zeros(size_t nbytes):
-    """A zeroed uint8 array of nbytes whose data starts on a _MEM_ALIGN boundary."""
-    raw = np.zeros(nbytes + _MEM_ALIGN, dtype=np.uint8)
-    off = (-raw.ctypes.data) % _MEM_ALIGN
-    return raw[off:off + nbytes]
-
-
 cdef object _f32_to_half(object a, bint bf16):
     """float32 array -> uint16 array of f16 (or bf16) bits, with the C core's rounding."""
     src = np.ascontiguousarray(a, dtype=np.float32)
@@ -123,6 +107,36 @@ cdef int _check_width(long long w, object il, const kvc_type_info *t, str name) 
     if w % t.blck_size:
         raise ValueError(f"{name}[{il}] = {w} is not a multiple of the "
                          f"{t.name.decode()} block size {t.blck_size}")
+    return 0
+
+
+cdef tuple _head_dims_arg(object v, Py_ssize_t n_layer, tuple wk, tuple kept):
+    """Per-layer K head size (n_embd_head_k), or None when not given: each kept layer's K row
+    must be a whole number of heads."""
+    if v is None:
+        return None
+    hd = _widths_arg(v, n_layer, "n_embd_head_k")
+    for il in kept:
+        if hd[il] == 0 or wk[il] % hd[il]:
+            raise ValueError(f"n_embd_k_gqa[{il}] = {wk[il]} is not a whole number of heads of "
+                             f"n_embd_head_k = {hd[il]}")
+    return hd
+
+
+cdef int _check_rope(object rope, tuple head_k, tuple kept, str name) except -1:
+    """rope: None or RopeParams that fit every kept layer's heads (needs their size)."""
+    cdef kvc_rope_params p
+    if rope is None:
+        return 0
+    if not isinstance(rope, RopeParams):
+        raise TypeError(f"{name} must be a RopeParams or None, not {type(rope).__name__}")
+    if head_k is None:
+        raise ValueError(f"{name}: rotating keys needs the K head size; give n_embd_head_k too")
+    for il in kept:
+        try:
+            (<RopeParams>rope).fill(&p, il, head_k[il])
+        except ValueError as e:
+            raise ValueError(f"{name}: layer {il}: {e}") from None
     return 0
 
 
@@ -167,6 +181,13 @@ cdef uint32_t _layer_index(UnifiedCore self, object il) except? 0xFFFFFFFF:
         raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(self._layers)})")
     return <uint32_t>ikv
 
+cdef int _require_memory(UnifiedCore self, str what) except -1:
+    if self._buffers == "none":
+        raise RuntimeError(f"{what}: this cache holds no K/V memory (buffers='none'); its owner "
+                           f"writes K/V at .slot and applies update()'s plan with its own kernels")
+    return 0
+
+
 cdef object _rows_arg(UnifiedCore self, object rows, int32_t type_id, uint32_t n_embd, size_t row_bytes, str name):
     """Validate (and for half types convert) the rows handed to store()."""
     cdef uint32_t n = self._placed_n
@@ -180,7 +201,8 @@ cdef object _rows_arg(UnifiedCore self, object rows, int32_t type_id, uint32_t n
     elif type_id == KVC_TYPE_F16:
         ok, shape, want = dt == np.float16 or dt == np.float32, (n, n_embd), "float16 or float32"
     elif type_id == KVC_TYPE_BF16:
-        ok, shape, want = dt == np.uint16 or dt == np.float32, (n, n_embd), "uint16 (bf16 bits) or float32"
+        ok = dt == np.uint16 or dt == np.float32 or (_BF16 is not None and dt == _BF16)
+        shape, want = (n, n_embd), "bfloat16, uint16 (bf16 bits) or float32"
     else:
         ok, shape, want = dt == np.uint8, (n, row_bytes), "uint8 (quantized rows)"
     if not ok:
@@ -229,12 +251,72 @@ class Cells:
         return f"Cells(size={len(self.pos)}, used={int(np.count_nonzero(self.pos != -1))})"
 
 
+class UpdatePlan:
+    """What update() did, and what the owner of the K/V memory still has to do.
+
+    - ``k_shift``: int32 [size], the per-cell shift that was pending (None when none was).
+    - ``rotated``: kvcache rotated K by it (update got ``rope``).
+    - ``defrag_runs``: uint32 [n, 3] of (src, dst, count) cell runs the defrag moved (None when
+      no defrag ran).
+    - ``moved``: kvcache moved its K/V rows along those runs.
+    - ``need_reserve`` (also ``bool(plan)``): the data changed, or has to be changed by the
+      caller of a metadata-only cache: first rotate cell i's keys by ``k_shift[i]``, then move
+      the runs.
+    """
+
+    __slots__ = ("k_shift", "rotated", "defrag_runs", "moved", "need_reserve")
+
+    def __init__(self, k_shift=None, rotated=False, defrag_runs=None, moved=False, need_reserve=False):
+        self.k_shift = k_shift
+        self.rotated = rotated
+        self.defrag_runs = defrag_runs
+        self.moved = moved
+        self.need_reserve = need_reserve
+
+    def __bool__(self):
+        return bool(self.need_reserve)
+
+    def __repr__(self):
+        ns = None if self.k_shift is None else int(np.count_nonzero(self.k_shift))
+        nr = None if self.defrag_runs is None else len(self.defrag_runs)
+        return (f"UpdatePlan(shifted_cells={ns}, rotated={self.rotated}, defrag_runs={nr}, "
+                f"moved={self.moved}, need_reserve={self.need_reserve})")
+
+
+cdef int _apply_rope(UnifiedCore self, RopeParams rope) except -1:
+    """Rotate every kept layer's K by the cells' shifts, in C without the GIL; checks first,
+    so on error nothing has changed."""
+    cdef uint32_t n = self.c.n_layer, i
+    cdef kvc_err err
+    cdef int r
+    cdef kvc_rope_params *params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
+    cdef uint32_t *hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
+    try:
+        if params == NULL or hd == NULL:
+            raise MemoryError("update")
+        for i in range(n):
+            il = self._layers[i]
+            hd[i] = self._n_embd_head_k[il]
+            try:
+                rope.fill(&params[i], il, hd[i])
+            except ValueError as e:
+                raise ValueError(f"update: layer {il}: {e}") from None
+        err.msg[0] = 0
+        with nogil:
+            r = kvc_unified_apply_k_shift(&self.c, params, hd, &err)
+        check_status(r, &err, "update")
+    finally:
+        PyMem_Free(params)
+        PyMem_Free(hd)
+    return 0
+
+
 cdef class UnifiedCore:
     """The unified KV cache (see kvcache.UnifiedCache for the documented public class)."""
 
     def __cinit__(self, kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
                   v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None,
-                  buffers="owned"):
+                  buffers="owned", n_embd_head_k=None, rope=None):
         cdef kvc_unified_params p
         cdef kvc_err err
         cdef const kvc_type_info *tk
@@ -243,10 +325,7 @@ cdef class UnifiedCore:
         cdef kvc_layer *lay
         err.msg[0] = 0
 
-        if not isinstance(buffers, str):
-            raise TypeError(f"buffers must be a str, not {type(buffers).__name__}")
-        if buffers != "owned":
-            raise ValueError(f"buffers = {buffers!r}: only 'owned' is supported")
+        mode = _buffers_mode(buffers)
         nl = _int_arg(n_layer, "n_layer", 0, 0x7FFFFFFF)
         n_pad_ = _int_arg(n_pad, "n_pad", 1, 0x7FFFFFFF)
         kv_size_ = _int_arg(kv_size, "kv_size", 1, 0x7FFFFFFF)
@@ -276,6 +355,9 @@ cdef class UnifiedCore:
         for il in kept:
             _check_width(wk[il], il, tk, "n_embd_k_gqa")
             _check_width(wv[il], il, tv, "n_embd_v_gqa")
+        head_k = _head_dims_arg(n_embd_head_k, nl, wk, kept)
+        _check_rope(rope, head_k, kept, "rope")
+        pairs = _buffer_pairs(buffers, kept) if mode == "borrowed" else None
 
         arr_il = np.asarray(kept, dtype=np.int32).reshape(-1)
         arr_k = np.asarray([wk[il] for il in kept], dtype=np.uint32).reshape(-1)
@@ -303,33 +385,51 @@ cdef class UnifiedCore:
         self._ikv = {il: i for i, il in enumerate(kept)}
         self._n_embd_k = wk
         self._n_embd_v = wv
-        self._buffers = buffers
+        self._n_embd_head_k = head_k
+        self._rope = rope
+        self._buffers = mode
+        self._borrowed = pairs          # the caller's objects stay alive as long as the cache
         self._k_mem, self._v_mem, self._k_view, self._v_view = [], [], [], []
-        dk, dv = _dtype_of(tk.id), _dtype_of(tv.id)
-        cdef uint8_t[::1] mk
-        cdef uint8_t[::1] mv
-        for i in range(len(kept)):
+        if mode == "none":
+            return
+        dk, dv = _element_dtype(tk.id), _element_dtype(tv.id)
+        size = <Py_ssize_t>self.c.cells.size
+        regions = []
+        for i, il in enumerate(kept):
             lay = &self.c.layers[i]
-            size = <Py_ssize_t>self.c.cells.size
-            kmem = _aligned_zeros(size * lay.k_row_bytes)
-            vmem = _aligned_zeros(size * lay.v_row_bytes)
+            nk = size * lay.k_row_bytes
+            nv = size * lay.v_row_bytes
+            if mode == "owned":
+                kmem = _aligned_zeros(nk)
+                vmem = _aligned_zeros(nv)
+            else:
+                vlay = (f"{lay.n_embd_v} x {size} cells of {dv.itemsize} bytes, transposed" if v_trans_
+                        else f"{size} cells x {lay.v_row_bytes} bytes")
+                kmem = _borrowed_bytes(pairs[i][0], nk, tk.id, f"buffers[{il}] K",
+                                       f"{size} cells x {lay.k_row_bytes} bytes")
+                vmem = _borrowed_bytes(pairs[i][1], nv, tv.id, f"buffers[{il}] V", vlay)
+                regions += [(f"buffers[{il}] K", kmem), (f"buffers[{il}] V", vmem)]
             if dk.itemsize == 1:
                 kview = kmem.reshape(size, lay.k_row_bytes)
             else:
-                kview = kmem.view(dk).reshape(size, lay.n_embd_k)
+                kview = _typed_view(kmem, dk, (size, lay.n_embd_k))
             if dv.itemsize == 1:
                 vview = vmem.reshape(size, lay.v_row_bytes)
             elif v_trans_:
-                vview = vmem.view(dv).reshape(lay.n_embd_v, size)
+                vview = _typed_view(vmem, dv, (lay.n_embd_v, size))
             else:
-                vview = vmem.view(dv).reshape(size, lay.n_embd_v)
-            mk = kmem
-            mv = vmem
-            kvc_unified_set_layer_buffers(&self.c, <uint32_t>i, &mk[0], &mv[0])
+                vview = _typed_view(vmem, dv, (size, lay.n_embd_v))
             self._k_mem.append(kmem)
             self._v_mem.append(vmem)
             self._k_view.append(kview)
             self._v_view.append(vview)
+        _check_disjoint(regions)
+        cdef uint8_t[::1] mk
+        cdef uint8_t[::1] mv
+        for i in range(len(kept)):
+            mk = self._k_mem[i]
+            mv = self._v_mem[i]
+            kvc_unified_set_layer_buffers(&self.c, <uint32_t>i, &mk[0], &mv[0])
 
     def __dealloc__(self):
         if self._ready:
@@ -467,8 +567,28 @@ cdef class UnifiedCore:
 
     @property
     def buffers(self):
-        """How the K/V memory is held ('owned': numpy arrays owned by the cache)."""
+        """How the K/V memory is held: 'owned' (numpy arrays of the cache), 'borrowed' (the
+        caller's buffers) or 'none' (metadata only: the caller applies the plans)."""
         return self._buffers
+
+    @property
+    def n_embd_head_k(self):
+        """K head size per model layer (a tuple), or None when not given to the constructor."""
+        return self._n_embd_head_k
+
+    @property
+    def rope(self):
+        """The model's RopeParams given to the constructor (update() rotates K with them), or None."""
+        return self._rope
+
+    @property
+    def slot(self):
+        """(head, n_tokens): the cells [head, head + n_tokens) the last successful find_slot
+        put its ubatch in, where that ubatch's K/V rows go; None when no placement is current
+        (after restore, a sequence operation, clear, defrag or a state read)."""
+        if self._placed_n == 0:
+            return None
+        return (self.c.head, self._placed_n)
 
     @property
     def has_shift(self):
@@ -555,15 +675,39 @@ cdef class UnifiedCore:
         """Largest position of seq_id, -1 when it holds no cell."""
         return kvc_unified_seq_pos_max(&self.c, _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False))
 
+    def prune_swa(self, seq_id, pmin, pmax):
+        """Slide the window of seq_id after a batch that gave it positions pmin..pmax (what an
+        iSWA cache does on commit): seq_id leaves every cell that no position up to pmax can see.
+
+        Returns True when fewer than min(n_swa, pmin) cells of seq_id were visible from pmin,
+        i.e. the cache holds only part of the window (information may have been lost). Needs a
+        cache with a sliding window (ValueError otherwise)."""
+        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = _pos_arg(pmin, "pmin"), b = _pos_arg(pmax, "pmax")
+        cdef int r
+        if self.c.swa_type == KVC_SWA_NONE:
+            raise ValueError("prune_swa: the cache has no sliding window (swa_type 'none')")
+        with nogil:
+            r = kvc_unified_prune_swa(&self.c, s, a, b)
+        if r < 0:
+            raise_status(r, NULL, "prune_swa")
+        return r == 1
+
     # --- K/V data ------------------------------------------------------------------------
     def k(self, il):
-        """K of model layer il: a view (size, n_embd_k), or (size, row_bytes) uint8 when quantized."""
-        return self._k_view[_layer_index(self, il)]
+        """K of model layer il: a writable view (size, n_embd_k) of float32 / float16 / bfloat16
+        (see view_dtype), or (size, row_bytes) uint8 when quantized. Zero-copy into other array
+        libraries through DLPack (``torch.from_dlpack(cache.k(il))``)."""
+        cdef uint32_t ikv = _layer_index(self, il)
+        _require_memory(self, "k")
+        return self._k_view[ikv]
 
     def v(self, il):
         """V of model layer il: a view (size, n_embd_v), (n_embd_v, size) when v_trans, or
         (size, row_bytes) uint8 when quantized."""
-        return self._v_view[_layer_index(self, il)]
+        cdef uint32_t ikv = _layer_index(self, il)
+        _require_memory(self, "v")
+        return self._v_view[ikv]
 
     def store(self, il, k_rows, v_rows):
         """Write the K and V rows of the tokens placed by the last successful find_slot.
@@ -573,6 +717,7 @@ cdef class UnifiedCore:
         quantized types; either may be None. V is transposed on the way in when v_trans."""
         cdef uint32_t ikv = _layer_index(self, il)
         cdef kvc_layer *lay
+        _require_memory(self, "store")
         if self._placed_n == 0:
             raise RuntimeError("store: no ubatch is placed (call it right after a successful find_slot)")
         lay = &self.c.layers[ikv]
@@ -701,6 +846,18 @@ cdef class UnifiedCore:
             memcpy(&o[0], self.c.defrag_ids, self.c.n_defrag_ids * sizeof(uint32_t))
         return out
 
+    def defrag_runs(self):
+        """The last plan as runs: uint32 [n_runs, 3] of (src, dst, count), cells
+        [src, src + count) moving to [dst, dst + count). No run reads cells another run writes,
+        so they can be applied in any order; defrag_move applies them to the K/V rows (and a
+        metadata-only cache's owner to its own memory)."""
+        cdef uint32_t n = kvc_unified_defrag_runs(&self.c, NULL)
+        out = np.empty((n, 3), dtype=np.uint32)
+        cdef uint32_t[:, ::1] o = out
+        if n:
+            kvc_unified_defrag_runs(&self.c, &o[0, 0])
+        return out
+
     def defrag_move(self):
         """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag."""
         if self._defrag_pending:
@@ -709,21 +866,48 @@ cdef class UnifiedCore:
             self._defrag_pending = False
         self.c.do_defrag = False
 
-    def update(self, rope=None, n_max_nodes=65536):
-        """Apply the pending K-shift and the scheduled defrag, as llama.cpp's update().
+    def _check_update(self, rope, n_max_nodes):
+        """Raise what update(rope, n_max_nodes) would raise before changing anything."""
+        _int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        if rope is not None and self._buffers == "none":
+            raise ValueError("update: a metadata-only cache holds no K to rotate; call update() "
+                             "without rope and apply the plan's k_shift with your own kernels")
+        if rope is not None:
+            _check_rope(rope, self._n_embd_head_k, self._layers, "rope")
 
-        Returns True when a defrag moved data (the graph would need a new reservation)."""
-        cdef bint moved = False
+    def update(self, rope=None, n_max_nodes=65536):
+        """Apply the pending K-shift, then the scheduled defrag, as llama.cpp's update() does.
+
+        rope: the model's RopeParams (default: the ones given to the constructor): every kept
+        layer's K is rotated in place by each cell's shift, with the layer's freq_base /
+        freq_scale overrides (needs n_embd_head_k from the constructor). Without any, the model
+        has no RoPE and the shifts are dropped. A metadata-only cache rotates and moves nothing:
+        apply the returned plan's k_shift, then its defrag_runs, to your own K/V memory.
+
+        Returns an UpdatePlan (true when the data changed or has to, i.e. the graph needs a new
+        reservation). Arguments are checked before anything changes."""
+        cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        self._check_update(rope, n_max_nodes)
+        if rope is None and self._buffers != "none":
+            rope = self._rope
+        shift = None
+        rotated = False
         if self.c.cells.has_shift:
+            shift = self.k_shift()
             if rope is not None:
-                raise NotImplementedError("update: applying RoPE to K is not available yet")
+                _apply_rope(self, <RopeParams>rope)
+                rotated = True
             self.reset_shift_c()
+        runs = None
+        moved = False
         if self.c.do_defrag:
-            if self.defrag_prepare(n_max_nodes):
+            if self.defrag_prepare(nmax):
+                runs = self.defrag_runs()
                 self.defrag_move()
-                moved = True
+                moved = self._buffers != "none"
             self.c.do_defrag = False
-        return moved
+        todo = self._buffers == "none" and (shift is not None or runs is not None)
+        return UpdatePlan(shift, rotated, runs, moved, rotated or moved or todo)
 
     # --- inspection ----------------------------------------------------------------------
     def cells(self):
@@ -748,47 +932,33 @@ cdef class UnifiedCore:
 
     def state_write(self, seq_id=-1):
         """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout."""
+        return _state_write_parts((self,), seq_id)
+
+    def state_write_into(self, buf, seq_id=-1):
+        """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
+
+        buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes (bytearray,
+        numpy array, mmap, memoryview...), filled from C without an intermediate copy; or a
+        binary file object, written in chunks of bounded size. The cache must not change during
+        the call."""
         cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef size_t n, written = 0
-        cdef int r
+        cdef size_t n
         with nogil:
             n = kvc_unified_state_size(&self.c, s)
-        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
-        cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
-        with nogil:
-            r = kvc_unified_state_write(&self.c, s, p, n, &written)
-        if r < 0:
-            raise_status(r, NULL, "state_write")
-        if written != n:
-            raise RuntimeError(f"state_write wrote {written} bytes, expected {n} (internal error)")
-        return out
+        return state_write_into(&self.c, _unified_state_range, s, n, buf)
 
-    def state_read(self, data, seq_id=-1):
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).
 
-        data: any C-contiguous buffer (not copied). Returns the bytes consumed (bytes after
-        the state are not read). Raises StateError on a malformed or incompatible blob, leaving
-        the cache exactly as it was."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef const uint8_t[::1] buf
-        cdef const uint8_t *ptr = NULL
-        cdef size_t n = 0, consumed = 0
-        cdef kvc_err err
-        cdef int r
-        err.msg[0] = 0
-        m = memoryview(data)
-        if not m.c_contiguous:
-            raise ValueError("data must be a C-contiguous buffer")
-        if m.ndim != 1 or m.itemsize != 1 or m.format != "B":
-            m = m.cast("B")
-        if m.nbytes:
-            buf = m
-            ptr = &buf[0]
-            n = <size_t>buf.shape[0]
-        with nogil:
-            r = kvc_unified_state_read(&self.c, s, ptr, n, &consumed, &err)
-        if r < 0:
-            raise_status(r, &err, "state_read")
-        self._placed_n = 0
-        self._defrag_pending = False
-        return consumed
+        data: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, mmap; not
+        copied). Returns the bytes consumed (bytes after the state are not read, unless exact).
+        convert: accept a blob whose V layout (transposed or not) differs from this cache's and
+        convert it (llama.cpp refuses such a blob). exact: the state must end at the end of
+        data. Raises StateError on a malformed or incompatible blob, leaving the cache exactly as
+        it was."""
+        return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact)
+
+
+cdef int _unified_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
+                              size_t *written) noexcept nogil:
+    return kvc_unified_state_write_range(<const kvc_unified *>c, seq_id, offset, out, cap, written)

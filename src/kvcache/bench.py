@@ -150,11 +150,37 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
     return rows
 
 
+def bench_calls(quick: bool, reps: int) -> list[Row]:
+    """The per-call cost of cheap calls from Python and from Cython through the cimport API."""
+    import timeit
+
+    import kvcache
+    from kvcache import _bench
+
+    c = kvcache.UnifiedCache(kv_size=4096, n_layer=1, n_embd_k_gqa=64, n_embd_v_gqa=64, n_seq_max=4)
+    ub = kvcache.UBatch(list(range(100)), [0] * 100)
+    c.find_slot(ub)
+    c.commit()
+    number = 20000 if quick else 200000
+    rows = []
+    for name, stmt in (("seq_pos_max", "c.seq_pos_max(0)"),
+                       ("seq_rm of an absent range", "c.seq_rm(0, 2000000000, 2000000001)")):
+        per = [timeit.timeit(stmt, globals={"c": c}, number=number) / number * 1e9 for _ in range(reps)]
+        m, r = _median_range(per)
+        rows.append(Row(f"Python call: {name} (4096 cells)", m, r))
+    cy = [_bench.cimport_call_ns(c, number * 10) for _ in range(reps)]
+    for k, name in ((0, "seq_pos_max_c"), (1, "seq_rm_c of an absent range")):
+        m, r = _median_range([x[k] for x in cy])
+        rows.append(Row(f"Cython cimport call: {name} (4096 cells)", m, r))
+    return rows
+
+
 CASES = {
     "find_slot": bench_find_slot,
     "mask": bench_mask,
     "defrag": bench_defrag,
     "state": bench_state,
+    "calls": bench_calls,
 }
 
 

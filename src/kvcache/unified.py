@@ -1,14 +1,15 @@
-"""The unified KV cache: llama.cpp's ``llama_kv_cache_unified`` over numpy-owned K/V memory."""
-from kvcache._core import Cells, UnifiedCore
+"""The unified KV cache: llama.cpp's ``llama_kv_cache_unified`` over owned, borrowed or no K/V memory."""
+from kvcache._core import Batch, Cells, UnifiedCore, UpdatePlan
 
-__all__ = ["UnifiedCache", "Cells"]
+__all__ = ["UnifiedCache", "Cells", "UpdatePlan"]
 
 
 class UnifiedCache(UnifiedCore):
     """A unified KV cache: ``kv_size`` cells shared by up to ``n_seq_max`` sequences.
 
     ``UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
-    v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None, buffers="owned")``
+    v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None, buffers="owned",
+    n_embd_head_k=None, rope=None)``
 
     - ``kv_size``: number of cells, a positive multiple of ``n_pad``.
     - ``n_layer``: number of model layers; ``n_embd_k_gqa`` / ``n_embd_v_gqa``: K / V row width
@@ -19,8 +20,25 @@ class UnifiedCache(UnifiedCore):
     - ``n_swa`` / ``swa_type``: sliding window ("none", "standard" or "chunked").
     - ``layers``: the model layers this cache holds: None (all), ascending indices, or a
       predicate ``il -> bool``.
-    - ``buffers``: "owned": the cache allocates its K/V memory as zeroed, 64-byte aligned
-      numpy arrays (see ``k(il)`` / ``v(il)``).
+    - ``buffers``: who holds the K/V memory:
+
+      - ``"owned"`` (default): the cache allocates zeroed, 64-byte aligned numpy arrays
+        (``k(il)`` / ``v(il)`` are views of them, exportable through DLPack);
+      - borrowed: a dict ``{layer: (K, V)}`` over the kept model layers, or a list of (K, V)
+        pairs in ``layers`` order, of host buffers the caller allocated (numpy arrays,
+        memoryviews, CPU tensors with ``__dlpack__``): C-contiguous, writable, aligned, of the
+        element dtype of the type (see ``kvcache.view_dtype``) or raw uint8, and at least
+        ``size * row_bytes`` bytes (V transposed: ``n_embd_v * size`` elements). The cache
+        keeps them alive and never reallocates them;
+      - ``None`` / ``"none"``: metadata only, for K/V living elsewhere (a GPU): the cache does
+        all the bookkeeping and hands over plans: ``slot`` after find_slot, ``k_shift()``,
+        ``defrag_runs()``, and the UpdatePlan of ``update()``. ``k``, ``v`` and ``store``
+        raise RuntimeError; ``state_write`` writes zero K/V bytes and ``state_read`` restores
+        the cells only (the data is the owner's to save and restore).
+    - ``n_embd_head_k``: K head size (one int, or one per model layer), needed to rotate keys;
+      each K row holds ``n_embd_k_gqa / n_embd_head_k`` heads.
+    - ``rope``: the model's ``RopeParams`` (``update()`` rotates shifted keys with them), or
+      None for a model without RoPE. ``kvcache.from_gguf`` fills these from a model file.
 
     Typical step, as llama.cpp's decode does it::
 
@@ -33,6 +51,10 @@ class UnifiedCache(UnifiedCore):
         else:
             cache.restore()
 
+    After sequence edits (``seq_add`` / ``seq_div``, a context shift) and before the next
+    decode, ``cache.update()`` rotates the cached keys to their new
+    positions and runs a scheduled defragmentation.
+
     The cache is not thread-safe: it releases the GIL in long operations, so threads sharing
     one cache must serialise their calls (e.g. with a ``threading.Lock``).
 
@@ -42,3 +64,13 @@ class UnifiedCache(UnifiedCore):
     """
 
     __slots__ = ()
+
+    def ubatches(self, batch, n_ubatch, embd_pooled=False):
+        """Iterate over the ubatches of at most ``n_ubatch`` tokens this cache takes a batch in:
+        split in batch order, as llama.cpp does for a unified cache (the :class:`Batch` must be
+        built with ``simple_split=True``; ``embd_pooled`` changes nothing)."""
+        if not isinstance(batch, Batch):
+            raise TypeError(f"batch must be a Batch, not {type(batch).__name__}")
+        if not batch.simple_split:
+            raise ValueError("this cache splits batches in order: build the Batch with simple_split=True")
+        return batch.ubatches(n_ubatch, "simple")

@@ -1052,6 +1052,223 @@ static void test_interop(void) {
     }
 }
 
+/* --- streaming, layout conversion, exact reads, describing ------------------------------ */
+
+/* Every window of the blob, in chunks of several sizes, equals the whole write. */
+static void test_write_range(const geom *g) {
+    tc a;
+    REQUIRE(tc_init(&a, g), "init");
+    populate(&a);
+    for (int32_t seq = -1; seq < (int32_t)g->n_seq_max; seq++) {
+        buf whole = { 0 };
+        CHECK(tc_write(&a, seq, &whole), "write");
+        static const size_t chunks[] = { 1, 3, 7, 64, 1000, 1u << 20 };
+        for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+            uint8_t *got = malloc(whole.n + 1);
+            uint8_t *piece = malloc(chunks[k]);
+            size_t at = 0, w = 0;
+            int rc = KVC_OK;
+            do {
+                rc = kvc_unified_state_write_range(&a.c, seq, at, piece, chunks[k], &w);
+                if (rc != KVC_OK || at + w > whole.n) {
+                    break;
+                }
+                memcpy(got + at, piece, w);
+                at += w;
+            } while (w == chunks[k]);
+            CHECK(rc == KVC_OK && at == whole.n && memcmp(got, whole.p, whole.n) == 0,
+                  "seq %d chunk %zu: streamed %zu of %zu bytes differ", seq, chunks[k], at, whole.n);
+            free(got);
+            free(piece);
+        }
+        size_t w = 1;
+        uint8_t one;
+        CHECK(kvc_unified_state_write_range(&a.c, seq, whole.n + 5, &one, 1, &w) == KVC_OK && w == 0,
+              "past the end writes nothing");
+        buf_free(&whole);
+    }
+    size_t w;
+    uint8_t one;
+    CHECK(kvc_unified_state_write_range(&a.c, (int32_t)g->n_seq_max, 0, &one, 1, &w) == KVC_E_ARG, "bad seq id");
+    tc_free(&a);
+}
+
+/* V transposed -> rows -> transposed with the convert flag: the data follows and the final
+ * blob is the original's; without the flag the read is refused and nothing changes. */
+static void test_convert(int32_t type_v) {
+    const geom gt = geom_small(KVC_TYPE_F16, type_v, true);
+    geom gr = gt;
+    gr.v_trans = false;
+    tc a, b, c2;
+    REQUIRE(tc_init(&a, &gt) && tc_init(&b, &gr) && tc_init(&c2, &gt), "init");
+    populate(&a);
+    busy_target(&b);
+    for (int32_t seq = -1; seq < 2; seq++) {
+        buf blob = { 0 }, back = { 0 }, again = { 0 };
+        CHECK(tc_write(&a, seq, &blob), "write");
+        expect_fail(&b, seq, blob.p, blob.n, KVC_E_STATE, "conversion not requested", "transposed into rows");
+        kvc_err err = { 0, "" };
+        size_t consumed = 0;
+        int rc = kvc_unified_state_read_ex(&b.c, seq, blob.p, blob.n, KVC_STATE_CONVERT_V, &consumed, &err);
+        CHECK(rc == KVC_OK && consumed == blob.n, "seq %d convert into rows: %d %s", seq, rc, err.msg);
+        check_cells_consistent(&b, "converted into rows");
+        /* every restored cell holds the source cell's values, element by element */
+        const int32_t dseq = seq < 0 ? -1 : seq;
+        for (uint32_t i = 0; i < gt.size; i++) {
+            if (b.c.cells.pos[i] < 0 || (dseq >= 0 && !kvc_cells_seq_has(&b.c.cells, i, dseq))) {
+                continue;
+            }
+            uint32_t si = gt.size;
+            for (uint32_t k = 0; k < gt.size && si == gt.size; k++) {
+                if (a.c.cells.pos[k] == b.c.cells.pos[i] &&
+                    (dseq < 0 ? a.c.cells.seq[k] == b.c.cells.seq[i] : kvc_cells_seq_has(&a.c.cells, k, dseq))) {
+                    si = k;
+                }
+            }
+            REQUIRE(si < gt.size, "cell %u has no source", i);
+            const size_t el = kvc_type_get(type_v)->type_size;
+            for (uint32_t l = 0; l < gt.n_layer; l++) {
+                for (uint32_t j = 0; j < gt.ev[l]; j++) {
+                    const uint8_t *x = a.v[l] + ((size_t)j * gt.size + si) * el;
+                    const uint8_t *y = b.v[l] + (size_t)i * b.c.layers[l].v_row_bytes + (size_t)j * el;
+                    CHECK(memcmp(x, y, el) == 0, "seq %d layer %u cell %u element %u", seq, l, i, j);
+                }
+            }
+        }
+        /* and back: the rows blob into a transposed cache gives the original blob again */
+        CHECK(tc_write(&b, seq, &back), "write rows");
+        kvc_unified_clear(&c2.c);
+        rc = kvc_unified_state_read_ex(&c2.c, seq, back.p, back.n, KVC_STATE_CONVERT_V, &consumed, &err);
+        CHECK(rc == KVC_OK && consumed == back.n, "seq %d convert into transposed: %d %s", seq, rc, err.msg);
+        CHECK(tc_write(&c2, seq, &again), "write again");
+        if (seq < 0) {
+            CHECK(again.n == blob.n && memcmp(again.p, blob.p, blob.n) == 0, "whole round trip differs");
+        } else {
+            CHECK(again.n == blob.n, "seq %d: %zu != %zu bytes", seq, again.n, blob.n);
+        }
+        buf_free(&blob);
+        buf_free(&back);
+        buf_free(&again);
+    }
+    tc_free(&a);
+    tc_free(&b);
+    tc_free(&c2);
+
+    /* a quantized V cannot be held transposed: a transposed blob is refused even with the flag */
+    geom gq = geom_quant();
+    geom gf = gq;
+    gf.type_v = KVC_TYPE_F16;
+    gf.type_k = KVC_TYPE_Q8_0;
+    gf.v_trans = true;
+    tc q, f;
+    REQUIRE(tc_init(&q, &gq) && tc_init(&f, &gf), "init");
+    populate(&f);
+    buf blob = { 0 };
+    CHECK(tc_write(&f, -1, &blob), "write");
+    /* make the blob's V type the cache's q4_0 so that the element check is what refuses it */
+    uint32_t cc = get_u32_at(blob.p);
+    size_t off = 4;
+    for (uint32_t i = 0; i < cc; i++) {
+        off += 8 + 4 * (size_t)get_u32_at(blob.p + off + 4);
+    }
+    off += 8;
+    for (uint32_t l = 0; l < gf.n_layer; l++) {
+        off += 12 + (size_t)cc * f.c.layers[l].k_row_bytes;
+    }
+    put_u32_at(blob.p + off, KVC_TYPE_Q4_0);
+    kvc_err err = { 0, "" };
+    size_t consumed = 0;
+    CHECK(kvc_unified_state_read_ex(&q.c, -1, blob.p, blob.n, KVC_STATE_CONVERT_V, &consumed, &err) == KVC_E_STATE &&
+              strstr(err.msg, "cannot be transposed"),
+          "quantized transposed V: %s", err.msg);
+    buf_free(&blob);
+    tc_free(&q);
+    tc_free(&f);
+}
+
+static void test_exact(void) {
+    const geom g = geom_small(KVC_TYPE_F16, KVC_TYPE_F16, true);
+    tc a, t;
+    REQUIRE(tc_init(&a, &g) && tc_init(&t, &g), "init");
+    populate(&a);
+    busy_target(&t);
+    buf blob = { 0 };
+    CHECK(tc_write(&a, 1, &blob), "write");
+    const uint8_t zero = 0;
+    buf_put(&blob, &zero, 1);
+    buf before = { 0 }, after = { 0 };
+    tc_dump(&t, &before);
+    kvc_err err = { 0, "" };
+    size_t consumed = 0;
+    CHECK(kvc_unified_state_read_ex(&t.c, 1, blob.p, blob.n, KVC_STATE_EXACT, &consumed, &err) == KVC_E_STATE &&
+              strstr(err.msg, "1 trailing bytes after the state"),
+          "exact: %s", err.msg);
+    tc_dump(&t, &after);
+    CHECK(before.n == after.n && memcmp(before.p, after.p, before.n) == 0, "exact failure changed the cache");
+    CHECK(kvc_unified_state_read_ex(&t.c, 1, blob.p, blob.n - 1, KVC_STATE_EXACT, &consumed, &err) == KVC_OK &&
+              consumed == blob.n - 1,
+          "exact read of the exact blob: %s", err.msg);
+    buf_free(&before);
+    buf_free(&after);
+    buf_free(&blob);
+    tc_free(&a);
+    tc_free(&t);
+}
+
+static void test_describe(void) {
+    for (int vt = 0; vt < 2; vt++) {
+        const geom g = geom_small(KVC_TYPE_F16, KVC_TYPE_F16, vt);
+        tc a;
+        REQUIRE(tc_init(&a, &g), "init");
+        populate(&a);
+        for (int32_t seq = -1; seq < 2; seq++) {
+            buf blob = { 0 };
+            CHECK(tc_write(&a, seq, &blob), "write");
+            kvc_state_desc d;
+            int32_t pos[64];
+            uint64_t seqs[64];
+            kvc_state_layer_desc ld[4];
+            kvc_err err = { 0, "" };
+            int rc = kvc_state_describe(blob.p, blob.n, &d, pos, seqs, 64, ld, 4, &err);
+            CHECK(rc == KVC_OK, "describe: %s", err.msg);
+            CHECK(d.end == blob.n && d.v_trans == (uint32_t)vt && d.n_layer == g.n_layer, "header");
+            uint32_t k = 0;
+            for (uint32_t i = 0; i < g.size; i++) {
+                const kvc_cells *cl = &a.c.cells;
+                if (cl->pos[i] < 0 || (seq >= 0 && !kvc_cells_seq_has(cl, i, seq))) {
+                    continue;
+                }
+                CHECK(k < d.cell_count && pos[k] == cl->pos[i], "cell %u position", i);
+                CHECK(seqs[k] == (seq < 0 ? cl->seq[i] : (uint64_t)1 << seq), "cell %u ids", i);
+                k++;
+            }
+            CHECK(k == d.cell_count, "cell count %u != %u", d.cell_count, k);
+            for (uint32_t l = 0; l < g.n_layer; l++) {
+                CHECK(ld[l].k_type == g.type_k && ld[l].k_row_size == a.c.layers[l].k_row_bytes, "layer %u K", l);
+                CHECK(vt ? ld[l].v_width == g.ev[l] && ld[l].v_elem_size == 2
+                         : ld[l].v_row_size == a.c.layers[l].v_row_bytes,
+                      "layer %u V", l);
+            }
+            /* without arrays, and truncated anywhere */
+            CHECK(kvc_state_describe(blob.p, blob.n + 0, &d, NULL, NULL, 0, NULL, 0, &err) == KVC_OK, "no arrays");
+            for (size_t len = 0; len < blob.n; len++) {
+                rc = kvc_state_describe(blob.p, len, &d, pos, seqs, 64, ld, 4, &err);
+                CHECK(rc == KVC_E_STATE && strstr(err.msg, "truncated at byte"), "describe truncated to %zu: %s",
+                      len, err.msg);
+            }
+            buf_free(&blob);
+        }
+        tc_free(&a);
+    }
+    /* a huge cell count in a short blob is refused before anything is allocated or read */
+    uint8_t tiny[8] = { 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0 };
+    kvc_state_desc d;
+    kvc_err err = { 0, "" };
+    CHECK(kvc_state_describe(tiny, sizeof tiny, &d, NULL, NULL, 0, NULL, 0, &err) == KVC_E_STATE &&
+              strstr(err.msg, "4294967295 cells need at least"),
+          "huge count: %s", err.msg);
+}
+
 int main(void) {
     test_layout(false);
     test_layout(true);
@@ -1075,6 +1292,14 @@ int main(void) {
     test_trailing_and_whole_quirks();
     test_seq_placement();
     test_interop();
+    test_write_range(&gs[0]);
+    test_write_range(&gs[2]);
+    test_write_range(&gs[4]);
+    test_write_range(&gs[5]);
+    test_convert(KVC_TYPE_F16);
+    test_convert(KVC_TYPE_F32);
+    test_exact();
+    test_describe();
 
     printf("test_state: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed ? 1 : 0;

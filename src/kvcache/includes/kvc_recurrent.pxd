@@ -67,3 +67,7 @@ cdef extern from "kvc_recurrent.h" nogil:
     int    kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written)
     int    kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                                     size_t *consumed, kvc_err *err)
+    int    kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                       unsigned flags, size_t *consumed, kvc_err *err)
+    int    kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+                                           size_t cap, size_t *written)

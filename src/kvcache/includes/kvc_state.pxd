@@ -1,10 +1,64 @@
-# Declarations of csrc/kvc_state.h: the state codec of the unified cache.
-from libc.stdint cimport int32_t, uint8_t
+# Declarations of csrc/kvc_state.h: the state codec of the unified cache, the blob writer shared by
+# the cache variants, and the description of a blob without a cache.
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from kvcache.includes.kvc_common cimport kvc_err
 from kvcache.includes.kvc_unified cimport kvc_unified
 
 cdef extern from "kvc_state.h" nogil:
+    enum:
+        KVC_STATE_CONVERT_V
+        KVC_STATE_EXACT
+
     size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id)
     int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written)
     int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                                size_t *consumed, kvc_err *err)
+    int kvc_unified_state_read_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                  unsigned flags, size_t *consumed, kvc_err *err)
+    int kvc_unified_state_write_range(const kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+                                      size_t cap, size_t *written)
+
+    ctypedef struct kvc_state_layer_desc:
+        int32_t  k_type
+        uint64_t k_row_size
+        uint64_t k_offset
+        int32_t  v_type
+        uint64_t v_row_size
+        uint32_t v_elem_size
+        uint32_t v_width
+        uint64_t v_offset
+        uint64_t k_bytes
+        uint64_t v_bytes
+
+    ctypedef struct kvc_state_desc:
+        uint32_t cell_count
+        uint32_t v_trans
+        uint32_t n_layer
+        size_t   data_off
+        size_t   end
+        uint32_t n_seq_id_min
+        uint32_t n_seq_id_max
+
+    int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
+                           uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err)
+
+    int KVC_STATE_MAX_PARTS
+    ctypedef struct kvc_state_plan:
+        const uint8_t *data
+        int32_t seq_id
+        uint32_t cell_count
+        size_t data_off
+        size_t len
+        int32_t *pos
+        uint32_t v_trans
+    int  kvc_unified_state_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                   kvc_state_plan *plan, kvc_err *err)
+    int  kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan)
+    void kvc_state_plan_free(kvc_state_plan *plan)
+    int  kvc_unified_state_read_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                      const uint8_t *data, size_t len, size_t *consumed, kvc_err *err)
+    int  kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                      unsigned flags, kvc_state_plan *plan, kvc_err *err)
+    int  kvc_unified_state_read_parts_ex(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                         const uint8_t *data, size_t len, unsigned flags, size_t *consumed,
+                                         kvc_err *err)

@@ -94,6 +94,7 @@ cdef extern from "kvc_unified.h" nogil:
     void    kvc_unified_defrag_sched(kvc_unified *c, float thold)
     int     kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes)
     void    kvc_unified_defrag_move(kvc_unified *c)
+    uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs)
 
     ctypedef struct kvc_unified_snapshot:
         kvc_cells cells

@@ -1,0 +1,44 @@
+#include "kvc_iswa.h"
+
+#include <inttypes.h>
+
+void kvc_iswa_pending_clear(kvc_iswa_pending *p) {
+    p->seqs = 0;
+}
+
+int kvc_iswa_pending_set(kvc_iswa_pending *p, uint32_t n_tokens, const int32_t *pos, const uint32_t *seq_off,
+                         const int32_t *seq_ids, uint32_t n_seq_max, bool record, kvc_err *err) {
+    /* check first: a rejected batch leaves the previous ranges in place */
+    const uint32_t n_ids = n_tokens ? seq_off[n_tokens] : 0;
+    for (uint32_t k = 0; k < n_ids; k++) {
+        if (seq_ids[k] < 0 || (uint32_t)seq_ids[k] >= n_seq_max) {
+            uint32_t t = 0;
+            while (seq_off[t + 1] <= k) {
+                t++;
+            }
+            return kvc_err_set(err, KVC_E_ARG, "seq_id %" PRId32 " of token %" PRIu32 " is outside [0, %" PRIu32 ")",
+                               seq_ids[k], t, n_seq_max);
+        }
+    }
+    p->seqs = 0;
+    if (!record) {
+        return KVC_OK;
+    }
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        const int32_t x = pos[t];
+        for (uint32_t k = seq_off[t]; k < seq_off[t + 1]; k++) {
+            const int32_t s = seq_ids[k];
+            const uint64_t bit = (uint64_t)1 << s;
+            if (!(p->seqs & bit)) {
+                p->seqs |= bit;
+                p->pmin[s] = x;
+                p->pmax[s] = x;
+            } else if (x < p->pmin[s]) {
+                p->pmin[s] = x;
+            } else if (x > p->pmax[s]) {
+                p->pmax[s] = x;
+            }
+        }
+    }
+    return KVC_OK;
+}

@@ -1,0 +1,60 @@
+/* kvcache — the unified cache's K-shift over its K memory (see kvc_kshift.h). */
+#include "kvc_kshift.h"
+
+int kvc_unified_apply_k_shift(kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
+                              kvc_err *err) {
+    const kvc_type_info *t = kvc_type_get(c->type_k);
+    const uint32_t size = c->cells.size;
+    size_t scratch_floats = 1;
+
+    if (t == NULL) {
+        return kvc_err_set(err, KVC_E_ARG, "unknown K type %d", (int)c->type_k);
+    }
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        const uint32_t hd = head_dim[l];
+        if (hd == 0 || ly->n_embd_k % hd != 0) {
+            return kvc_err_set(err, KVC_E_ARG, "layer %d: K rows of %u elements do not hold heads of %u",
+                               (int)ly->il, (unsigned)ly->n_embd_k, (unsigned)hd);
+        }
+        if (hd % t->blck_size != 0) {
+            return kvc_err_set(err, KVC_E_ARG, "layer %d: head size %u is not a multiple of the %s block size %u",
+                               (int)ly->il, (unsigned)hd, t->name, (unsigned)t->blck_size);
+        }
+        if (kvc_rope_params_check(&p[l], hd) != KVC_OK) {
+            return kvc_err_set(err, KVC_E_ARG, "layer %d: RoPE parameters do not fit heads of %u "
+                               "(n_rot = %d must be even and at most the head size)",
+                               (int)ly->il, (unsigned)hd, (int)p[l].n_rot);
+        }
+        const size_t need = kvc_rope_scratch_floats(ly->n_embd_k / hd, hd, p[l].n_rot);
+        if (need > scratch_floats) {
+            scratch_floats = need;
+        }
+    }
+
+    int32_t *shift = (int32_t *)kvc_malloc((size ? size : 1) * sizeof(int32_t));
+    float *scratch = (float *)kvc_malloc(scratch_floats * sizeof(float));
+    if (shift == NULL || scratch == NULL) {
+        kvc_free(shift);
+        kvc_free(scratch);
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory for the K-shift");
+    }
+    kvc_unified_k_shift(c, shift);
+
+    int rc = KVC_OK;
+    for (uint32_t l = 0; l < c->n_layer && rc == KVC_OK; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        if (ly->k == NULL) {
+            continue;
+        }
+        /* arguments were checked above and the scratch is ours: this cannot fail midway */
+        rc = kvc_rope_shift_rows(c->type_k, ly->k, size, ly->n_embd_k / head_dim[l], head_dim[l],
+                                 ly->k_row_bytes, shift, &p[l], scratch);
+    }
+    kvc_free(shift);
+    kvc_free(scratch);
+    if (rc != KVC_OK) {
+        return kvc_err_set(err, KVC_E_INTERNAL, "K-shift failed after the checks passed (%d)", rc);
+    }
+    return KVC_OK;
+}

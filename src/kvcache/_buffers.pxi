@@ -1,0 +1,319 @@
+# K/V memory: the three ownership modes, element dtypes, borrowed buffers (buffer protocol
+# or DLPack on the CPU) and the DLPack export of bf16 views.
+
+from cpython.buffer cimport PyObject_CheckBuffer, PyBUF_WRITABLE
+from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer,
+                                PyCapsule_SetName)
+from cpython.ref cimport Py_INCREF, Py_DECREF
+from libc.stdint cimport int64_t, uint16_t
+from libc.stdlib cimport malloc, free
+
+try:
+    import ml_dtypes as _ml_dtypes
+    _BF16 = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:   # optional: bf16 views are then uint16 bit patterns
+    _BF16 = None
+
+_MEM_ALIGN = 64   # byte alignment of owned K/V memory (cache lines, SIMD loads)
+_DL_CPU = 1       # DLPack device type of host memory
+_DL_BFLOAT = 4    # DLPack type code of bfloat16
+
+
+cdef object _aligned_zeros(size_t nbytes):
+    """A zeroed uint8 array of nbytes whose data starts on a _MEM_ALIGN boundary."""
+    raw = np.zeros(nbytes + _MEM_ALIGN, dtype=np.uint8)
+    off = (-raw.ctypes.data) % _MEM_ALIGN
+    return raw[off:off + nbytes]
+
+
+cdef object _element_dtype(int32_t type_id):
+    """numpy dtype of the k()/v() views of a type: float32, float16, bfloat16 (ml_dtypes; uint16
+    bit patterns without it), uint8 bytes for block-quantized types."""
+    if type_id == KVC_TYPE_F32:
+        return np.dtype(np.float32)
+    if type_id == KVC_TYPE_F16:
+        return np.dtype(np.float16)
+    if type_id == KVC_TYPE_BF16:
+        return _BF16 if _BF16 is not None else np.dtype(np.uint16)
+    return np.dtype(np.uint8)
+
+
+def view_dtype(type):
+    """The numpy dtype of ``k(il)`` / ``v(il)`` for a ggml type name or id: float32 (f32),
+    float16 (f16), ``ml_dtypes.bfloat16`` (bf16; uint16 bit patterns when ml_dtypes is not
+    installed), uint8 rows of the type's row size for block-quantized types."""
+    cdef const kvc_type_info *info = _type_arg(type, "type")
+    return _element_dtype(info.id)
+
+
+cdef object _buffers_mode(object buffers):
+    """'owned', 'none' or 'borrowed' from a constructor's buffers argument."""
+    if buffers is None:
+        return "none"
+    if isinstance(buffers, str):
+        if buffers in ("owned", "none"):
+            return buffers
+        raise ValueError(f"buffers = {buffers!r}: expected 'owned', None / 'none' (metadata only), "
+                         f"or the per-layer (K, V) buffers to borrow")
+    if isinstance(buffers, (dict, list, tuple)):
+        return "borrowed"
+    raise TypeError(f"buffers must be 'owned', None, 'none', a dict {{layer: (K, V)}} or a list of "
+                    f"(K, V) pairs, not {type(buffers).__name__}")
+
+
+cdef list _buffer_pairs(object buffers, tuple layers):
+    """The (K, V) objects of each kept layer, in cache order, from a dict keyed by model layer
+    or a sequence with one pair per kept layer."""
+    if isinstance(buffers, dict):
+        for key in buffers:
+            if key not in layers:
+                raise ValueError(f"buffers has an entry for layer {key!r}, which is not a kept layer "
+                                 f"(layers: {list(layers)})")
+        missing = [il for il in layers if il not in buffers]
+        if missing:
+            raise ValueError(f"buffers has no entry for layer(s) {missing}")
+        items = [buffers[il] for il in layers]
+    else:
+        items = list(buffers)
+        if len(items) != len(layers):
+            raise ValueError(f"buffers has {len(items)} entries, expected one (K, V) pair per kept "
+                             f"layer ({len(layers)}: {list(layers)})")
+    out = []
+    for il, pair in zip(layers, items):
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise TypeError(f"buffers[{il}] must be a (K, V) pair, not {type(pair).__name__}")
+        out.append((pair[0], pair[1]))
+    return out
+
+
+# --- DLPack (the stable, unversioned ABI) ----------------------------------------------------
+
+cdef struct _DLDevice:
+    int32_t device_type
+    int32_t device_id
+
+cdef struct _DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+cdef struct _DLTensor:
+    void *data
+    _DLDevice device
+    int32_t ndim
+    _DLDataType dtype
+    int64_t *shape
+    int64_t *strides
+    uint64_t byte_offset
+
+cdef struct _DLManagedTensor:
+    _DLTensor dl_tensor
+    void *manager_ctx
+    void (*deleter)(_DLManagedTensor *) noexcept
+
+
+cdef class _DLPackMemory:
+    """Host memory received through a DLPack capsule: exposes its bytes through the buffer
+    protocol and calls the producer's deleter when the last view of it goes away."""
+    cdef _DLManagedTensor *mt
+    cdef char *ptr
+    cdef Py_ssize_t nbytes
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __getbuffer__(self, Py_buffer *buf, int flags):
+        self.shape[0] = self.nbytes
+        self.strides[0] = 1
+        buf.buf = self.ptr
+        buf.obj = self
+        buf.len = self.nbytes
+        buf.readonly = 0
+        buf.itemsize = 1
+        buf.format = "B"
+        buf.ndim = 1
+        buf.shape = self.shape
+        buf.strides = self.strides
+        buf.suboffsets = NULL
+        buf.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *buf):
+        pass
+
+    def __dealloc__(self):
+        if self.mt != NULL and self.mt.deleter != NULL:
+            self.mt.deleter(self.mt)
+        self.mt = NULL
+
+
+cdef object _dl_dtype(_DLDataType t, str name):
+    if t.lanes != 1:
+        raise TypeError(f"{name}: vector DLPack types (lanes = {t.lanes}) are not supported")
+    if t.code == _DL_BFLOAT and t.bits == 16:
+        return _BF16 if _BF16 is not None else np.dtype(np.uint16)
+    kinds = {0: "i", 1: "u", 2: "f"}
+    if t.code in kinds and t.bits in (8, 16, 32, 64):
+        return np.dtype(f"{kinds[t.code]}{t.bits // 8}")
+    raise TypeError(f"{name}: DLPack type code {t.code} with {t.bits} bits is not supported")
+
+
+cdef object _from_dlpack_capsule(object obj, str name):
+    """A numpy array over the memory of obj's legacy DLPack capsule (for the dtypes numpy's
+    own from_dlpack refuses, bfloat16 among them). The array must be C-contiguous."""
+    cap = obj.__dlpack__()
+    if not PyCapsule_IsValid(cap, "dltensor"):
+        raise TypeError(f"{name}: __dlpack__() did not return a DLPack capsule")
+    cdef _DLManagedTensor *mt = <_DLManagedTensor *>PyCapsule_GetPointer(cap, "dltensor")
+    cdef _DLPackMemory mem = _DLPackMemory.__new__(_DLPackMemory)
+    # from here on the capsule's tensor is ours to release (mem's deleter call)
+    PyCapsule_SetName(cap, "used_dltensor")
+    mem.mt = mt
+    cdef _DLTensor *t = &mt.dl_tensor
+    cdef int i
+    if t.device.device_type != _DL_CPU:
+        raise ValueError(f"{name} is on DLPack device {t.device.device_type}, not the CPU")
+    dt = _dl_dtype(t.dtype, name)
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    expect = 1
+    if t.strides != NULL:
+        for i in range(t.ndim - 1, -1, -1):
+            if t.shape[i] != 1 and t.strides[i] != expect:
+                raise ValueError(f"{name} must be C-contiguous")
+            expect *= t.shape[i]
+    n = 1
+    for d in shape:
+        n *= d
+    mem.ptr = <char *>t.data + t.byte_offset
+    mem.nbytes = n * dt.itemsize
+    return np.frombuffer(mem, dtype=np.uint8).view(dt).reshape(shape)
+
+
+cdef object _as_host_array(object obj, str name):
+    """A numpy array sharing the memory of obj (ndarray, buffer-protocol object or a CPU
+    tensor with __dlpack__); nothing is copied."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    if hasattr(obj, "__dlpack__") and not PyObject_CheckBuffer(obj):
+        dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_DL_CPU, 0)
+        if int(dev[0]) != _DL_CPU:
+            raise ValueError(f"{name} is on DLPack device {tuple(dev)}, not the CPU: borrowed buffers "
+                             f"must be host memory (use buffers=None for device memory)")
+        try:
+            return np.from_dlpack(obj)
+        except (BufferError, TypeError, ValueError, RuntimeError):
+            pass
+        # dtypes numpy does not import (bfloat16): read the capsule directly
+        try:
+            return _from_dlpack_capsule(obj, name)
+        except BufferError as e:     # the producer refused (e.g. a tensor that requires grad)
+            raise BufferError(f"{name}: {e}") from None
+    if PyObject_CheckBuffer(obj):
+        try:
+            return np.asarray(memoryview(obj))
+        except (TypeError, ValueError, NotImplementedError) as e:
+            raise TypeError(f"{name}: unsupported buffer ({e})") from None
+    raise TypeError(f"{name} must support the buffer protocol or __dlpack__, not {type(obj).__name__}")
+
+
+cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, str name, str layout):
+    """Validate a borrowed K or V buffer and return its first `need` bytes as a uint8 view.
+
+    It must be host memory, C-contiguous, writable, aligned, hold at least `need` bytes and
+    have the type's element dtype (float32 / float16 / bfloat16 or uint16) or be raw uint8."""
+    arr = _as_host_array(obj, name)
+    tname = kvc_type_get(type_id).name.decode()
+    ok = [_element_dtype(type_id), np.dtype(np.uint8)]
+    if type_id == KVC_TYPE_BF16:
+        ok.append(np.dtype(np.uint16))
+    if arr.dtype not in ok:
+        names = " or ".join(dict.fromkeys(str(d) for d in ok))
+        raise TypeError(f"{name} has dtype {arr.dtype}, which cannot hold {tname} data ({names})")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if not arr.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    if not arr.flags.aligned:
+        raise ValueError(f"{name} is not aligned to its {arr.dtype.itemsize}-byte elements")
+    if <size_t>arr.nbytes < need:
+        raise ValueError(f"{name} holds {arr.nbytes} bytes; the layer needs {need} ({layout})")
+    return arr.reshape(-1).view(np.uint8)[:need]
+
+
+cdef int _check_disjoint(list regions) except -1:
+    """regions: (name, uint8 array) of borrowed memory; no two may overlap."""
+    spans = sorted((<size_t>a.ctypes.data, <size_t>a.ctypes.data + <size_t>a.nbytes, nm)
+                   for nm, a in regions if a.nbytes)
+    for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
+        if s1 < e0:
+            raise ValueError(f"{n0} and {n1} overlap in memory")
+    return 0
+
+
+# --- DLPack export of bf16 views (numpy exports the other dtypes itself) ----------------------
+
+cdef void _dl_export_deleter(_DLManagedTensor *m) noexcept with gil:
+    Py_DECREF(<object>m.manager_ctx)
+    free(m)
+
+
+cdef void _dl_capsule_destructor(object cap) noexcept:
+    cdef _DLManagedTensor *m
+    if PyCapsule_IsValid(cap, "dltensor"):   # never consumed: release it ourselves
+        m = <_DLManagedTensor *>PyCapsule_GetPointer(cap, "dltensor")
+        m.deleter(m)
+
+
+cdef object _dlpack_export(object arr, uint8_t code, uint8_t bits):
+    """A legacy DLPack capsule over arr's memory (kept alive until the consumer deletes it)."""
+    cdef int ndim = arr.ndim, i
+    cdef Py_ssize_t item = arr.itemsize
+    cdef _DLManagedTensor *m = <_DLManagedTensor *>malloc(sizeof(_DLManagedTensor)
+                                                           + 2 * (ndim if ndim else 1) * sizeof(int64_t))
+    if m == NULL:
+        raise MemoryError("__dlpack__")
+    cdef int64_t *dims = <int64_t *>(m + 1)
+    for i in range(ndim):
+        dims[i] = arr.shape[i]
+        dims[ndim + i] = arr.strides[i] // item
+    m.dl_tensor.data = <void *><size_t>arr.ctypes.data
+    m.dl_tensor.device.device_type = _DL_CPU
+    m.dl_tensor.device.device_id = 0
+    m.dl_tensor.ndim = ndim
+    m.dl_tensor.dtype.code = code
+    m.dl_tensor.dtype.bits = bits
+    m.dl_tensor.dtype.lanes = 1
+    m.dl_tensor.shape = dims
+    m.dl_tensor.strides = dims + ndim
+    m.dl_tensor.byte_offset = 0
+    Py_INCREF(arr)
+    m.manager_ctx = <void *>arr
+    m.deleter = _dl_export_deleter
+    try:
+        return PyCapsule_New(m, "dltensor", _dl_capsule_destructor)
+    except BaseException:
+        _dl_export_deleter(m)
+        raise
+
+
+class BFloat16View(np.ndarray):
+    """A numpy array of ``ml_dtypes.bfloat16`` that also exports itself through DLPack (as
+    bfloat16), so ``torch.from_dlpack(cache.k(il))`` works without a copy for bf16 caches."""
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            raise BufferError("BFloat16View exports its own memory only (copy=True)")
+        if dl_device is not None and tuple(dl_device)[0] != _DL_CPU:
+            raise BufferError(f"BFloat16View lives on the CPU, not on {tuple(dl_device)}")
+        if any(s % self.itemsize for s in self.strides):
+            raise BufferError("strides are not a whole number of elements")
+        return _dlpack_export(self, _DL_BFLOAT, 16)
+
+    def __dlpack_device__(self):
+        return (_DL_CPU, 0)
+
+
+cdef object _typed_view(object mem, object dt, tuple shape):
+    """mem (uint8) as dtype dt in shape; bf16 views can be exported through DLPack."""
+    v = mem.view(dt).reshape(shape)
+    if _BF16 is not None and dt == _BF16:
+        v = v.view(BFloat16View)
+    return v

@@ -1,0 +1,208 @@
+"""``kvcache plan``: the memory and geometry of a cache, worked out before creating it."""
+from __future__ import annotations
+
+import argparse
+
+NAME = "plan"
+HELP = "the memory a KV cache will take (per cache, per layer, in total) and what llama.cpp logs for it"
+DESCRIPTION = """\
+Work out a KV cache's geometry and memory before creating it, as llama.cpp sizes it:
+kv_size = pad(n_ctx, n_pad) with n_pad 256 under flash attention (V stored in rows) and 32
+without (V stored transposed). With --swa-layers (or --swa-pattern) the cache is an iSWA pair:
+the SWA cache gets min(kv_size, pad(n_swa*n_seq_max + n_batch, n_pad)) cells, or kv_size with
+--swa-full. With --recurrent it is a recurrent cache of max(1, n_seq_max) cells whose rows hold
+the states (--n-embd-k-s, --n-embd-v-s).
+
+Prints every layer's K/V type, row bytes (per cell) and tensor bytes, the totals, and the lines
+llama.cpp logs when it creates the same cache ("KV buffer size", "size = ...").
+
+examples:
+  kvcache plan --n-layer 32 --n-embd-k-gqa 1024 --n-ctx 8192 --n-seq-max 4 --flash-attn
+  kvcache plan --n-layer 26 --n-embd-k-gqa 1024 --swa-pattern 2 --n-swa 4096 --n-ctx 32768
+  kvcache plan --recurrent --n-layer 64 --n-embd-k-s 15360 --n-embd-v-s 81920 --n-seq-max 8"""
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _widths(text: str):
+    """An int, or a comma list of ints (one per layer)."""
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or a comma list of ints, got {text!r}") from None
+    if any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"widths must be >= 0, got {text!r}")
+    return vals[0] if len(vals) == 1 else vals
+
+
+def _layer_list(text: str) -> list:
+    """Layer indices: a comma list of indices and ranges (0,2,4-7)."""
+    out = []
+    try:
+        for part in text.split(","):
+            if "-" in part.strip()[1:]:
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+                if hi < lo:
+                    raise ValueError
+                out.extend(range(lo, hi + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer indices such as 0,2,4-7, got {text!r}") from None
+    if any(v < 0 for v in out):
+        raise argparse.ArgumentTypeError(f"layer indices must be >= 0, got {text!r}")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("model", nargs="?", metavar="MODEL.gguf", help="a GGUF model to read the geometry from "
+                   "(the same as --gguf)")
+    p.add_argument("--gguf", metavar="MODEL", help="read the geometry from a GGUF model")
+    g = p.add_argument_group("geometry")
+    g.add_argument("--n-layer", type=_count, metavar="N", help="model layers")
+    g.add_argument("--n-embd-k-gqa", type=_widths, metavar="W[,W...]",
+                   help="K row width in elements (n_head_kv * head_dim_k): one, or one per layer")
+    g.add_argument("--n-embd-v-gqa", type=_widths, metavar="W[,W...]", help="V row width (default: K's)")
+    c = p.add_argument_group("context")
+    c.add_argument("--n-ctx", "--ctx", type=_count, metavar="N", help="context size in tokens (default 4096)")
+    c.add_argument("--n-seq-max", "--parallel", type=_count, default=1, metavar="N",
+                   help="parallel sequences (default 1)")
+    c.add_argument("--type-k", metavar="TYPE", help="K type: f32, f16, bf16, q8_0, q4_0, ... (default f16; "
+                   "f32 for --recurrent)")
+    c.add_argument("--type-v", metavar="TYPE", help="V type (default as --type-k's default); a block type "
+                   "needs --flash-attn")
+    c.add_argument("--flash-attn", "-fa", action="store_true",
+                   help="flash attention: n_pad 256 and V in rows (else n_pad 32 and V transposed)")
+    s = p.add_argument_group("sliding window (iSWA)")
+    s.add_argument("--swa-layers", type=_layer_list, metavar="LIST", help="the sliding-window layers (0,2,4-7)")
+    s.add_argument("--swa-pattern", type=_count, metavar="N",
+                   help="every N-th layer is full attention, the others sliding-window")
+    s.add_argument("--n-swa", type=_count, metavar="N", help="window size in tokens")
+    s.add_argument("--swa-type", choices=("standard", "chunked"), help="window kind (default standard)")
+    s.add_argument("--n-batch", type=_count, metavar="N", help="logical batch size (default 2048)")
+    s.add_argument("--swa-full", action="store_true", help="a full-size SWA cache (kv_size cells)")
+    r = p.add_argument_group("recurrent")
+    r.add_argument("--recurrent", action="store_true", help="a recurrent cache (Mamba, RWKV)")
+    r.add_argument("--n-embd-k-s", type=_widths, metavar="W[,W...]",
+                   help="rolling-state width per layer, e.g. (d_conv - 1) * d_inner")
+    r.add_argument("--n-embd-v-s", type=_widths, metavar="W[,W...]",
+                   help="recurrent-state width per layer, e.g. d_state * d_inner")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+_SWA_OPTS = ("n_swa", "swa_type", "n_batch")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_plan(args: argparse.Namespace):
+    """The Plan the parsed arguments describe (ValueError on a contradiction)."""
+    from kvcache.plan import plan_iswa, plan_recurrent, plan_unified, swa_pattern_layers
+
+    model = args.gguf or args.model
+    if args.gguf and args.model:
+        raise ValueError("give the model once: MODEL.gguf or --gguf MODEL")
+    if model is not None:
+        return _plan_from_gguf(model, args)
+    if args.n_layer is None:
+        raise ValueError("--n-layer is required (or a GGUF model)")
+    if args.recurrent:
+        for name in ("swa_layers", "swa_pattern", *_SWA_OPTS):
+            if getattr(args, name) is not None:
+                raise ValueError(f"{_flag(name)} does not apply to --recurrent")
+        for name in ("swa_full", "flash_attn"):
+            if getattr(args, name):
+                raise ValueError(f"{_flag(name)} does not apply to --recurrent")
+        if args.n_embd_k_s is None or args.n_embd_v_s is None:
+            raise ValueError("--recurrent needs --n-embd-k-s and --n-embd-v-s (the state widths)")
+        wk = args.n_embd_k_gqa if args.n_embd_k_gqa is not None else 0
+        wv = args.n_embd_v_gqa if args.n_embd_v_gqa is not None else wk
+        return plan_recurrent(args.n_layer, args.n_embd_k_s, args.n_embd_v_s, args.n_seq_max,
+                              n_embd_k_gqa=wk, n_embd_v_gqa=wv, type_k=args.type_k or "f32",
+                              type_v=args.type_v or args.type_k or "f32", n_ctx=args.n_ctx)
+    for name in ("n_embd_k_s", "n_embd_v_s"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"{_flag(name)} needs --recurrent")
+    if args.n_embd_k_gqa is None:
+        raise ValueError("--n-embd-k-gqa is required (K row width: n_head_kv * head_dim)")
+    common = dict(n_ctx=args.n_ctx or 4096, n_layer=args.n_layer, n_embd_k_gqa=args.n_embd_k_gqa,
+                  n_embd_v_gqa=args.n_embd_v_gqa, n_seq_max=args.n_seq_max, type_k=args.type_k or "f16",
+                  type_v=args.type_v or "f16", flash_attn=args.flash_attn)
+    if args.swa_layers is not None and args.swa_pattern is not None:
+        raise ValueError("give the sliding-window layers once: --swa-layers or --swa-pattern")
+    swa = args.swa_layers
+    if args.swa_pattern is not None:
+        swa = swa_pattern_layers(args.n_layer, args.swa_pattern)
+    if swa is None:
+        for name in _SWA_OPTS:
+            if getattr(args, name) is not None:
+                raise ValueError(f"{_flag(name)} needs --swa-layers or --swa-pattern")
+        if args.swa_full:
+            raise ValueError("--swa-full needs --swa-layers or --swa-pattern")
+        return plan_unified(**common)
+    bad = [il for il in swa if il >= args.n_layer]
+    if bad:
+        raise ValueError(f"--swa-layers: layer {bad[0]} is outside [0, {args.n_layer})")
+    if args.n_swa is None:
+        raise ValueError("an iSWA cache needs --n-swa (the window size)")
+    return plan_iswa(**common, swa_layers=swa, n_swa=args.n_swa, swa_type=args.swa_type or "standard",
+                     n_batch=args.n_batch or 2048, swa_full=args.swa_full)
+
+
+def _plan_from_gguf(path: str, args: argparse.Namespace):
+    """The plan of the cache llama.cpp creates for a GGUF model (kvcache.read_gguf's geometry)."""
+    import os
+
+    from kvcache.geometry import read_gguf
+    from kvcache.plan import plan_iswa, plan_recurrent, plan_unified
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such model file: {path}")
+    for name in ("n_layer", "n_embd_k_gqa", "n_embd_v_gqa", "swa_layers", "swa_pattern", "n_swa", "swa_type",
+                 "n_embd_k_s", "n_embd_v_s"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"{_flag(name)} comes from the model; leave it out with a GGUF model")
+    if args.recurrent:
+        raise ValueError("--recurrent comes from the model; leave it out with a GGUF model")
+    g = read_gguf(path)
+    n_ctx = args.n_ctx or 4096
+    if g.recurrent:
+        # llama.cpp keeps recurrent states in f32 whatever the K/V types asked for
+        return plan_recurrent(g.n_layer, g.n_embd_k_s, g.n_embd_v_s, args.n_seq_max,
+                              n_embd_k_gqa=list(g.n_embd_k_gqa), n_embd_v_gqa=list(g.n_embd_v_gqa), n_ctx=n_ctx)
+    common = dict(n_ctx=n_ctx, n_layer=g.n_layer, n_embd_k_gqa=list(g.n_embd_k_gqa),
+                  n_embd_v_gqa=list(g.n_embd_v_gqa), n_seq_max=args.n_seq_max, type_k=args.type_k or "f16",
+                  type_v=args.type_v or "f16", flash_attn=args.flash_attn)
+    if g.swa_type == "none":
+        if args.swa_full or args.n_batch is not None:
+            raise ValueError(f"{'--swa-full' if args.swa_full else '--n-batch'} applies to sliding-window "
+                             f"models; {path} has none")
+        return plan_unified(**common)
+    # llama.cpp caps the batch at the context of a causal model
+    return plan_iswa(**common, swa_layers=g.swa_layers, n_swa=g.n_swa, swa_type=g.swa_type,
+                     n_batch=min(n_ctx, args.n_batch or 2048), swa_full=args.swa_full)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from kvcache.plan import format_plan
+
+    plan = build_plan(args)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(format_plan(plan))
+    return 0

@@ -1,0 +1,229 @@
+"""``kvcache simulate``: a continuous-batching workload on a chosen cache geometry."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+NAME = "simulate"
+HELP = "run a continuous-batching workload through UnifiedCache and report its bookkeeping"
+DESCRIPTION = """\
+Play an inference server on a kvcache.UnifiedCache: requests arrive (Poisson per step) with prompt
+and output lengths drawn from a seeded distribution; a share of them reuse a shared system prompt
+(seq_cp from the sequence holding it); every step places one ubatch of at most --n-ubatch tokens
+(a decode token per generating request, then prompt chunks) with find_slot, commits it, and removes
+finished requests (seq_rm); the cache is defragmented past a fragmentation threshold. K/V rows are
+tiny and never written: the cache's bookkeeping is what runs and is measured.
+
+When find_slot finds no room: defragment and retry if enough cells are free, else cut the prompt
+chunks to the free cells, else evict the most recently admitted request (it waits again and is
+recomputed). Every failure is counted with its remedy.
+
+The report: requests served, tokens placed per second of kvcache calls, find_slot calls per
+second, occupancy and fragmentation (mean, max), defrags and cells moved, find_slot failures, and
+an accounting check (cells used == shared prefix + the live requests' cells, every step; exit
+status 1 if it ever fails). Same --seed, same report (timings aside).
+
+--defrag modes: sched = llama.cpp's defrag_sched + update() (which ignores caches under 2048
+cells); direct = the same fragmentation formula without that rule, then defrag_prepare/defrag_move;
+off = never (find_slot failures still defragment)."""
+
+_PROGRESS = ("auto", "tqdm", "rich", "plain", "none")
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _number(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+    return v
+
+
+def _rate(text: str) -> float:
+    v = _number(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    v = _number(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvcache.simulate import DEFRAG_MODES, LENGTH_DISTS, SimConfig
+
+    d = SimConfig()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    g = p.add_argument_group("geometry")
+    g.add_argument("--n-ctx", "--ctx", type=_count, default=d.n_ctx, metavar="N",
+                   help=f"cells, padded to n_pad (default {d.n_ctx})")
+    g.add_argument("--n-seq-max", "--parallel", type=_count, default=d.n_seq_max, metavar="N",
+                   help=f"sequence slots; with prefix sharing one holds the prefix (default {d.n_seq_max})")
+    g.add_argument("--n-layer", type=_count, default=d.n_layer, metavar="N", help=f"layers (default {d.n_layer})")
+    g.add_argument("--n-embd", type=_count, default=d.n_embd, metavar="N",
+                   help=f"K and V row width; small keeps the data negligible (default {d.n_embd})")
+    g.add_argument("--type-k", default=d.type_k, metavar="TYPE", help=f"K type (default {d.type_k})")
+    g.add_argument("--type-v", default=d.type_v, metavar="TYPE", help=f"V type (default {d.type_v})")
+    g.add_argument("--flash-attn", "-fa", action="store_true", help="n_pad 256 and V in rows (else 32, transposed)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--steps", type=_count, default=d.steps, metavar="N", help=f"steps to run (default {d.steps})")
+    w.add_argument("--arrival-rate", type=_rate, default=d.arrival_rate, metavar="R",
+                   help=f"mean new requests per step (Poisson; default {d.arrival_rate})")
+    w.add_argument("--dist", choices=LENGTH_DISTS, default=d.dist,
+                   help=f"length distribution, with the means below (default {d.dist})")
+    w.add_argument("--prompt-mean", type=_count, default=d.prompt_mean, metavar="N",
+                   help=f"mean prompt length (default {d.prompt_mean})")
+    w.add_argument("--output-mean", type=_count, default=d.output_mean, metavar="N",
+                   help=f"mean output length (default {d.output_mean})")
+    w.add_argument("--prefix-share", type=_fraction, default=d.prefix_share, metavar="F",
+                   help=f"share of requests starting with the shared prefix (default {d.prefix_share})")
+    w.add_argument("--prefix-len", type=_nonneg_int, default=d.prefix_len, metavar="N",
+                   help=f"tokens of the shared prefix; 0: no sharing (default {d.prefix_len})")
+    w.add_argument("--n-ubatch", type=_count, default=d.n_ubatch, metavar="N",
+                   help=f"token budget of a step (default {d.n_ubatch})")
+    w.add_argument("--defrag", choices=DEFRAG_MODES, default=d.defrag, help=f"defrag policy (default {d.defrag})")
+    w.add_argument("--defrag-thold", type=_number, default=d.defrag_thold, metavar="F",
+                   help=f"fragmentation that triggers a defrag; < 0: never (default {d.defrag_thold})")
+    w.add_argument("--mask", action="store_true", help="also build the KQ mask of every ubatch")
+    w.add_argument("--seed", type=_nonneg_int, default=d.seed, metavar="N", help=f"workload seed (default {d.seed})")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the report as JSON")
+    o.add_argument("--series", action="store_true", help="with --json: include the per-step series")
+    o.add_argument("--plot", metavar="FILE.png", help="draw occupancy and fragmentation over time (matplotlib)")
+    o.add_argument("--progress", choices=_PROGRESS, default="auto",
+                   help="progress display on stderr: auto = tqdm, else rich, else a plain line (default auto)")
+
+
+def _config(args):
+    from kvcache.simulate import SimConfig
+
+    cfg = SimConfig(n_ctx=args.n_ctx, n_seq_max=args.n_seq_max, n_layer=args.n_layer, n_embd=args.n_embd,
+                    type_k=args.type_k, type_v=args.type_v, flash_attn=args.flash_attn, steps=args.steps,
+                    arrival_rate=args.arrival_rate, dist=args.dist, prompt_mean=args.prompt_mean,
+                    output_mean=args.output_mean, prefix_share=args.prefix_share, prefix_len=args.prefix_len,
+                    n_ubatch=args.n_ubatch, defrag=args.defrag, defrag_thold=args.defrag_thold, mask=args.mask,
+                    seed=args.seed)
+    cfg.check()
+    return cfg
+
+
+def _check_plot(path: str) -> None:
+    import os
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("--plot needs matplotlib, which is not installed (pip install 'kvcache[plot]')") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"--plot: no such directory: {folder}")
+
+
+class _Progress:
+    """A progress display on stderr: tqdm, rich, or a plain line every tenth of the run."""
+
+    def __init__(self, kind: str, total: int):
+        self.total = total
+        self.kind = kind
+        self.bar = None
+        if kind == "auto":
+            self.kind = "plain"
+            for k in ("tqdm", "rich"):
+                if _importable(k):
+                    self.kind = k
+                    break
+        elif kind in ("tqdm", "rich") and not _importable(kind):
+            raise ValueError(f"--progress {kind}: {kind} is not installed (pip install 'kvcache[cli]' for tqdm)")
+        if self.kind == "tqdm":
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc="simulate", unit="step", file=sys.stderr, leave=False,
+                            mininterval=0.2)
+        elif self.kind == "rich":
+            from rich.console import Console
+            from rich.progress import Progress
+            self.bar = Progress(console=Console(file=sys.stderr), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("simulate", total=total)
+        self.every = max(1, total // 10)
+        self.last = 0
+
+    def __call__(self, step: int, rep) -> None:
+        if self.kind == "tqdm":
+            self.bar.update(step - self.last)
+            if step % 50 == 0 or step == self.total:
+                self.bar.set_postfix(used=f"{rep.series['occupancy'][-1]:.0%}", served=rep.served, refresh=False)
+        elif self.kind == "rich":
+            self.bar.update(self.task, completed=step)
+        elif self.kind == "plain" and (step % self.every == 0 or step == self.total):
+            s = rep.series
+            print(f"simulate: step {step}/{self.total}  occupancy {s['occupancy'][-1]:.0%}  "
+                  f"fragmentation {s['fragmentation'][-1]:.3f}  running {s['running'][-1]}  "
+                  f"waiting {s['waiting'][-1]}  served {rep.served}", file=sys.stderr, flush=True)
+        self.last = step
+
+    def close(self) -> None:
+        if self.kind == "tqdm":
+            self.bar.close()
+        elif self.kind == "rich":
+            self.bar.stop()
+
+
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from kvcache.simulate import format_report, plot_report, simulate
+
+    if args.series and not args.json:
+        raise ValueError("--series goes with --json")
+    cfg = _config(args)
+    if args.plot:
+        _check_plot(args.plot)
+    progress = None if args.progress == "none" else _Progress(args.progress, cfg.steps)
+    try:
+        rep = simulate(cfg, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    if args.plot:
+        plot_report(rep, args.plot)
+    if args.json:
+        print(json.dumps(rep.to_dict(series=args.series), indent=2))
+    else:
+        print(format_report(rep))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0 if rep.accounting["ok"] else 1

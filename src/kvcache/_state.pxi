@@ -1,0 +1,162 @@
+# State blobs at the Python edge: buffers and files in, buffers and files out, for every cache
+# variant; and the description of a blob without a cache (csrc/kvc_state.h).
+
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, kvc_state_desc,
+                                         kvc_state_layer_desc, kvc_state_describe)
+
+# Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
+_STATE_CHUNK = 1 << 20
+
+# Writes bytes [offset, offset + cap) of a cache's state blob (see kvc_unified_state_write_range).
+ctypedef int (*state_range_fn)(const void *cache, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
+                               size_t *written) noexcept nogil
+
+
+cdef object state_data_view(object data):
+    """data as a flat byte memoryview (not copied); keep it alive while using state_data_ptr."""
+    try:
+        m = memoryview(data)
+    except TypeError:
+        raise TypeError(f"data must be bytes-like (bytes, bytearray, memoryview, numpy array...), "
+                        f"not {type(data).__name__}") from None
+    if not m.c_contiguous:
+        raise ValueError("data must be a C-contiguous buffer")
+    if m.ndim != 1 or m.itemsize != 1 or m.format != "B":
+        m = m.cast("B")
+    return m
+
+
+cdef const uint8_t *state_data_ptr(object m, size_t *n) except? NULL:
+    """Pointer to the bytes of a view from state_data_view (NULL when empty), n its length."""
+    n[0] = <size_t>len(m)
+    if n[0] == 0:
+        return NULL
+    cdef const uint8_t[::1] v = m
+    return &v[0]
+
+
+cdef unsigned state_read_flags(object convert, object exact):
+    cdef unsigned f = 0
+    if convert:
+        f |= KVC_STATE_CONVERT_V
+    if exact:
+        f |= KVC_STATE_EXACT
+    return f
+
+
+cdef object state_write_into(const void *cache, state_range_fn fn, int32_t seq_id, size_t total, object buf):
+    """Write a cache's state into a writable buffer (straight from C, no copy in between) or a
+    binary file object (in chunks of _STATE_CHUNK bytes). Returns the bytes written."""
+    cdef size_t written = 0, off = 0
+    cdef uint8_t[::1] out
+    cdef int r
+    try:
+        m = memoryview(buf)
+    except TypeError:
+        m = None
+    if m is not None:
+        if m.readonly:
+            raise TypeError(f"buf must be writable ({type(buf).__name__} is read-only)")
+        if not m.c_contiguous:
+            raise ValueError("buf must be a C-contiguous buffer")
+        if m.ndim != 1 or m.itemsize != 1 or m.format != "B":
+            m = m.cast("B")
+        if <size_t>m.nbytes < total:
+            raise ValueError(f"buf holds {m.nbytes} bytes, the state needs {total}")
+        if total == 0:
+            return 0
+        out = m
+        with nogil:
+            r = fn(cache, seq_id, 0, &out[0], total, &written)
+        check_status(r, NULL, "state_write_into")
+        return written
+    write = getattr(buf, "write", None)
+    if write is None:
+        raise TypeError(f"buf must be a writable buffer or a binary file object, not {type(buf).__name__}")
+    chunk = bytearray(min(total, <size_t>_STATE_CHUNK) or 1)
+    out = chunk
+    view = memoryview(chunk)
+    while off < total:
+        with nogil:
+            r = fn(cache, seq_id, off, &out[0], <size_t>out.shape[0], &written)
+        check_status(r, NULL, "state_write_into")
+        if written == 0:
+            raise RuntimeError("state_write_into: the state ended early (internal error)")
+        _write_all(write, view[:written])
+        off += written
+    return total
+
+
+cdef _write_all(write, view):
+    """file.write until every byte is taken (raw files may take fewer; None means none now)."""
+    cdef Py_ssize_t done = 0, n = len(view)
+    while done < n:
+        k = write(view[done:])
+        if k is None:
+            raise BlockingIOError("state_write_into: the file would block")
+        if k <= 0 and n > 0:
+            raise OSError("state_write_into: the file accepted no bytes")
+        done += k
+
+
+def describe_state(data):
+    """Describe one cache state at the front of data without restoring it.
+
+    Returns a dict: ``cell_count``, ``v_trans``, ``n_layer``, ``data_offset`` (where the V layout
+    flag is), ``size`` (bytes of the state; data may go on after it), ``n_seq_id_min`` /
+    ``n_seq_id_max`` over the cells, ``pos`` (int32 array), ``seq`` (uint64 array, bit s set when
+    the cell lists sequence s) and ``layers`` (one dict per layer: K and V types, row sizes, or
+    for a transposed V element size and width, offsets and data bytes). The structure is checked
+    as the readers check it (StateError says what is wrong and where), but nothing is checked
+    against a cache."""
+    cdef size_t n = 0
+    keep = state_data_view(data)
+    cdef const uint8_t *p = state_data_ptr(keep, &n)
+    cdef kvc_state_desc d
+    cdef kvc_err err
+    cdef int r
+    err.msg[0] = 0
+    with nogil:
+        r = kvc_state_describe(p, n, &d, NULL, NULL, 0, NULL, 0, &err)
+    check_status(r, &err, "describe_state")
+    # the counts are now known to fit in the data
+    pos = np.empty(d.cell_count, dtype=np.int32)
+    seq = np.empty(d.cell_count, dtype=np.uint64)
+    cdef int32_t[::1] vp = pos
+    cdef uint64_t[::1] vs = seq
+    cdef int32_t *pp = &vp[0] if d.cell_count else NULL
+    cdef uint64_t *ps = &vs[0] if d.cell_count else NULL
+    cdef kvc_state_layer_desc *ld = <kvc_state_layer_desc *>PyMem_Malloc(max(d.n_layer, 1) * sizeof(kvc_state_layer_desc))
+    if ld == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            r = kvc_state_describe(p, n, &d, pp, ps, d.cell_count, ld, d.n_layer, &err)
+        check_status(r, &err, "describe_state")
+        layers = []
+        for i in range(d.n_layer):
+            e = {"k_type": ld[i].k_type, "k_row_size": ld[i].k_row_size, "k_offset": ld[i].k_offset,
+                 "k_bytes": ld[i].k_bytes, "v_type": ld[i].v_type, "v_offset": ld[i].v_offset,
+                 "v_bytes": ld[i].v_bytes}
+            if d.v_trans:
+                e["v_elem_size"] = ld[i].v_elem_size
+                e["v_width"] = ld[i].v_width
+            else:
+                e["v_row_size"] = ld[i].v_row_size
+            layers.append(e)
+    finally:
+        PyMem_Free(ld)
+    return {"cell_count": d.cell_count, "v_trans": d.v_trans, "n_layer": d.n_layer, "data_offset": d.data_off,
+            "size": d.end, "n_seq_id_min": d.n_seq_id_min, "n_seq_id_max": d.n_seq_id_max, "pos": pos,
+            "seq": seq, "layers": layers}
+
+
+def ggml_type_name(type_id):
+    """The ggml name of a K/V type id ("f16", "q8_0", ...), or None for an id kvcache does not know."""
+    if not isinstance(type_id, (int, np.integer)) or isinstance(type_id, bool):
+        raise TypeError(f"type_id must be an int, not {type(type_id).__name__}")
+    if not -2**31 <= type_id < 2**31:
+        return None
+    cdef const kvc_type_info *t = kvc_type_get(<int32_t>type_id)
+    return t.name.decode() if t != NULL else None

@@ -1,0 +1,104 @@
+"""The ``kvcache`` command line.
+
+Each subcommand lives in its own module ``kvcache._cli_<name>``, found at start-up, which defines:
+
+- ``NAME``: the subcommand (``kvcache NAME ...``);
+- ``HELP``: one line for ``kvcache --help``;
+- ``add_arguments(parser)``: its options, on an ``argparse`` subparser;
+- ``run(args) -> int``: do the work and return the exit status.
+
+Such a module should import heavy dependencies inside ``run`` so that ``kvcache --help`` stays
+cheap. Exit status: 0 success, 1 when the command ran and found a problem (e.g. a mismatch),
+2 for a usage or runtime error, which is reported in one line without a traceback (set the
+environment variable ``KVCACHE_TRACEBACK=1`` to see it).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+
+__all__ = ["main", "build_parser", "commands"]
+
+_PREFIX = "_cli_"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def commands() -> dict:
+    """The subcommand modules, by name, in alphabetical order."""
+    import kvcache
+    found = {}
+    for info in pkgutil.iter_modules(kvcache.__path__):
+        if info.name.startswith(_PREFIX):
+            mod = importlib.import_module(f"kvcache.{info.name}")
+            found[mod.NAME] = mod
+    return dict(sorted(found.items()))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: ``kvcache`` and every subcommand."""
+    import kvcache
+    parser = _Parser(prog="kvcache",
+                     description="llama.cpp's KV-cache manager for Python inference servers.")
+    parser.add_argument("--version", action="version", version=f"kvcache {kvcache.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, mod in commands().items():
+        p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run, _prog=p.prog)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run ``kvcache`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    try:
+        parser = build_parser()
+    except Exception as e:   # a subcommand module that fails to import
+        return _fail("kvcache", e)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    if args.command is None:
+        names = ", ".join(commands())
+        print(f"kvcache: error: a command is required ({names})", file=sys.stderr)
+        return 2
+    try:
+        return int(args._run(args))
+    except KeyboardInterrupt:
+        print(f"{args._prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (e.g. `| head`): nothing more to say
+        _silence_stdout()
+        return 0
+    except Exception as e:
+        return _fail(args._prog, e)
+
+
+def _fail(prog: str, e: BaseException) -> int:
+    if os.environ.get("KVCACHE_TRACEBACK"):
+        raise e
+    msg = str(e) or type(e).__name__
+    if not isinstance(e, (ValueError, TypeError, IndexError, KeyError, OSError)):
+        msg = f"{type(e).__name__}: {msg}"
+    first = msg.splitlines()[0] if msg.splitlines() else msg
+    print(f"{prog}: error: {first}", file=sys.stderr)
+    return 2
+
+
+def _silence_stdout():
+    # Python would report the broken pipe again when flushing stdout at exit
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

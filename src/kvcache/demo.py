@@ -1,0 +1,509 @@
+"""A toy attention model served through :class:`kvcache.UnifiedCache`, checked step by step.
+
+``run_demo()`` drives a small multi-layer attention model (grouped-query heads, RoPE at absolute
+positions, random weights from a fixed seed; numpy only) the way an inference server drives
+llama.cpp: several sequences share one cache and are prefilled and decoded together in one
+ubatch per step (continuous batching). Sequences finish and leave holes (``seq_rm``), new ones
+arrive, some reuse the cells of another sequence's prompt prefix (``seq_cp``), and the cache is
+defragmented when the holes pile up.
+
+Every step places the ubatch (``find_slot``), stores the new K/V rows of each layer, builds the
+mask (``kq_mask``), attends over the cache's own K/V buffers (``k(il)`` / ``v(il)``, first ``n``
+cells), and commits. The output of every token at every layer is then compared with the same
+model recomputed from scratch over the sequence's whole token history, without a cache. Any
+difference above the tolerance is a mismatch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+import kvcache
+
+__all__ = ["ToyModel", "RunConfig", "RunReport", "DemoReport", "run", "run_demo", "format_report"]
+
+# Largest graph of a llama.cpp context (graph_max_nodes); bounds the moves of one defrag plan.
+_MAX_NODES = 65536
+
+
+class ToyModel:
+    """A decoder of ``n_layer`` pre-norm attention blocks (no MLP), grouped-query heads, RoPE.
+
+    Weights are drawn from ``numpy.random.default_rng(seed)``; all arithmetic is float32.
+    K and V rows are ``n_head_kv * head_dim`` wide (the cache's ``n_embd_k_gqa``)."""
+
+    def __init__(self, seed: int, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
+                 head_dim: int = 16, n_vocab: int = 64, rope_base: float = 10000.0):
+        if n_head % n_head_kv:
+            raise ValueError("n_head must be a multiple of n_head_kv")
+        if head_dim % 2:
+            raise ValueError("head_dim must be even (RoPE rotates pairs)")
+        self.n_layer, self.n_head, self.n_head_kv, self.head_dim = n_layer, n_head, n_head_kv, head_dim
+        self.n_vocab = n_vocab
+        self.n_embd = n_head * head_dim
+        self.n_embd_kv = n_head_kv * head_dim
+        rng = np.random.default_rng(seed)
+        f32 = np.float32
+
+        def w(n_in, n_out):
+            return (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(f32)
+
+        self.tok_embd = rng.standard_normal((n_vocab, self.n_embd)).astype(f32)
+        self.wq = [w(self.n_embd, self.n_embd) for _ in range(n_layer)]
+        self.wk = [w(self.n_embd, self.n_embd_kv) for _ in range(n_layer)]
+        self.wv = [w(self.n_embd, self.n_embd_kv) for _ in range(n_layer)]
+        self.wo = [w(self.n_embd, self.n_embd) for _ in range(n_layer)]
+        self.w_out = w(self.n_embd, n_vocab)
+        # theta_i = base^(-2i/d) for the pairs (2i, 2i + 1) of a head
+        self.rope_freq = (rope_base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+
+    # --- the pieces a step is made of ------------------------------------------------------
+
+    def embed(self, tokens) -> np.ndarray:
+        """Token embeddings, (n, n_embd)."""
+        return self.tok_embd[np.asarray(tokens, dtype=np.int64)]
+
+    def rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Rotate the pairs of every head of ``x`` (n, heads * head_dim) by its token's position."""
+        n = x.shape[0]
+        ang = np.asarray(pos, dtype=np.float64)[:, None] * self.rope_freq[None, :]
+        cos = np.cos(ang).astype(np.float32)[:, None, :]
+        sin = np.sin(ang).astype(np.float32)[:, None, :]
+        h = x.reshape(n, -1, self.head_dim // 2, 2)
+        x0, x1 = h[..., 0], h[..., 1]
+        out = np.empty_like(h)
+        out[..., 0] = x0 * cos - x1 * sin
+        out[..., 1] = x0 * sin + x1 * cos
+        return out.reshape(n, -1)
+
+    def qkv(self, il: int, x: np.ndarray, pos: np.ndarray):
+        """Q (n, n_embd), K and V rows (n, n_embd_kv) of layer ``il``; RoPE applied to Q and K."""
+        h = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + np.float32(1e-6))
+        q = self.rope(h @ self.wq[il], pos)
+        k = self.rope(h @ self.wk[il], pos)
+        v = h @ self.wv[il]
+        return q, k, v
+
+    def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """softmax(Q K^T / sqrt(d) + mask) V for every head; (n, n_embd).
+
+        q: (n, n_embd); k, v: (n_kv, n_embd_kv); mask: (n, n_kv), 0 or -inf."""
+        n, n_kv, d = q.shape[0], k.shape[0], self.head_dim
+        group = self.n_head // self.n_head_kv
+        qh = q.reshape(n, self.n_head, d).transpose(1, 0, 2)                  # (H, n, d)
+        kh = k.reshape(n_kv, self.n_head_kv, d).transpose(1, 0, 2)            # (Hkv, n_kv, d)
+        vh = v.reshape(n_kv, self.n_head_kv, d).transpose(1, 0, 2)
+        kh = np.repeat(kh, group, axis=0)                                     # query head h uses kv head h // group
+        vh = np.repeat(vh, group, axis=0)
+        s = qh @ kh.transpose(0, 2, 1) * np.float32(1.0 / np.sqrt(d)) + mask[None, :, :]
+        s = s - s.max(axis=2, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=2, keepdims=True)
+        return (p @ vh).transpose(1, 0, 2).reshape(n, self.n_embd)
+
+    def residual(self, il: int, x: np.ndarray, attn: np.ndarray) -> np.ndarray:
+        """The block's output: x + attn W_o."""
+        return x + attn @ self.wo[il]
+
+    def next_token(self, x_last: np.ndarray) -> int:
+        """Greedy choice from the final hidden state of a sequence's last token."""
+        return int(np.argmax(x_last @ self.w_out))
+
+    # --- the reference: one sequence from scratch --------------------------------------------
+
+    def forward(self, tokens, kv_dtype=np.float32) -> list:
+        """Attention outputs of every layer, then the final hidden states, for a whole sequence
+        at positions 0..len-1 with a causal mask and no cache. K/V pass through ``kv_dtype``
+        exactly as they would through the cache's storage."""
+        n = len(tokens)
+        pos = np.arange(n, dtype=np.int32)
+        mask = np.triu(np.full((n, n), -np.inf, dtype=np.float32), k=1)
+        x = self.embed(tokens)
+        outs = []
+        for il in range(self.n_layer):
+            q, k, v = self.qkv(il, x, pos)
+            k = k.astype(kv_dtype).astype(np.float32)
+            v = v.astype(kv_dtype).astype(np.float32)
+            a = self.attend(q, k, v, mask)
+            outs.append(a)
+            x = self.residual(il, x, a)
+        outs.append(x)
+        return outs
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One demo run: cache layout and serving workload."""
+    steps: int = 48
+    type_kv: str = "f32"          # K and V storage type
+    v_trans: bool = True          # V stored transposed
+    tol: float = 1e-4             # largest accepted |cached - recomputed|
+    kv_size: int = 128
+    n_pad: int = 32
+    n_seq_max: int = 8
+    n_ubatch: int = 32            # tokens per step at most
+    defrag_thold: float = 0.3     # defrag when holes exceed this share of the occupied span
+    p_arrive: float = 0.6         # chance a request arrives in a step
+    p_share: float = 0.5          # chance a new request reuses a running sequence's prompt prefix
+    p_abort: float = 0.1          # chance a step's first placement is rolled back (restore)
+    prompt_len: tuple = (4, 24)   # [lo, hi) tokens of a fresh prompt
+    gen_len: tuple = (3, 24)      # [lo, hi) tokens generated per request
+
+
+@dataclass
+class RunReport:
+    """What a run did and how closely the cached attention matched recomputation."""
+    type_kv: str
+    v_trans: bool
+    steps: int = 0
+    tokens: int = 0               # tokens placed in the cache
+    ubatches: int = 0
+    sequences: int = 0            # sequences started
+    finished: int = 0             # sequences finished and removed (seq_rm)
+    shared_prefixes: int = 0      # sequences started from another's prompt cells (seq_cp)
+    shared_cells: int = 0         # prompt tokens not recomputed thanks to seq_cp
+    defrags: int = 0              # defrag plans applied
+    cells_moved: int = 0          # cells a defrag moved
+    slot_retries: int = 0         # find_slot failures resolved by a defrag
+    rolled_back: int = 0          # placements undone with restore() before the real one
+    max_abs_err: float = 0.0
+    tol: float = 0.0
+    mismatches: int = 0           # (step, sequence) pairs over the tolerance
+    first_mismatch: Optional[dict] = None
+    cache_errors: list = field(default_factory=list)  # bookkeeping the cache got wrong
+    cache_size: int = 0
+    cache_used: int = 0
+    cache_n: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """No mismatch and no bookkeeping error."""
+        return self.mismatches == 0 and not self.cache_errors
+
+    def to_dict(self) -> dict:
+        """The report as plain JSON-ready values (with ``ok`` and ``occupancy``)."""
+        d = dataclasses.asdict(self)
+        d["ok"] = self.ok
+        d["occupancy"] = self.cache_used / self.cache_size if self.cache_size else 0.0
+        return d
+
+
+@dataclass
+class DemoReport:
+    """The report of ``kvcache demo``: one or more runs of the same model."""
+    seed: int
+    model: dict
+    runs: list
+
+    @property
+    def ok(self) -> bool:
+        """Every run passed."""
+        return all(r.ok for r in self.runs)
+
+    def to_dict(self) -> dict:
+        """The report as plain JSON-ready values."""
+        return {"seed": self.seed, "model": self.model, "ok": self.ok,
+                "runs": [r.to_dict() for r in self.runs]}
+
+
+class _Seq:
+    """A request being served: its tokens so far and how many of them the cache holds."""
+    __slots__ = ("sid", "tokens", "n_prompt", "n_gen_max", "n_cached", "n_gen")
+
+    def __init__(self, sid, tokens, n_prompt, n_gen_max, n_cached=0):
+        self.sid = sid
+        self.tokens = list(tokens)
+        self.n_prompt = n_prompt
+        self.n_gen_max = n_gen_max
+        self.n_cached = n_cached
+        self.n_gen = 0
+
+    def pending(self) -> int:
+        """Tokens still to be placed in the cache until the request completes (the last
+        generated token is never fed back)."""
+        return self.n_prompt + self.n_gen_max - 1 - self.n_cached
+
+
+Tamper = Callable[[object, int, int], None]
+
+
+class _Server:
+    """The serving loop of one run: admission, ubatch planning, the cached forward pass, the
+    check against recomputation, retirement and compaction."""
+
+    def __init__(self, model: ToyModel, cfg: RunConfig, seed: int, tamper: Optional[Tamper]):
+        if not hasattr(kvcache, "UnifiedCache"):
+            raise RuntimeError("kvcache.UnifiedCache is not available in this build")
+        self.model, self.cfg, self.tamper = model, cfg, tamper
+        self.kv_dtype = {"f32": np.float32, "f16": np.float16}[cfg.type_kv]
+        self.c = kvcache.UnifiedCache(kv_size=cfg.kv_size, n_layer=model.n_layer,
+                                      n_embd_k_gqa=model.n_embd_kv, n_embd_v_gqa=model.n_embd_kv,
+                                      type_k=cfg.type_kv, type_v=cfg.type_kv, v_trans=cfg.v_trans,
+                                      n_seq_max=cfg.n_seq_max, n_pad=cfg.n_pad)
+        self.rng = np.random.default_rng(seed)
+        self.rep = RunReport(type_kv=cfg.type_kv, v_trans=cfg.v_trans, tol=cfg.tol,
+                             cache_size=self.c.size)
+        self.active: dict = {}    # sequence id -> _Seq
+        self.waiting: list = []   # requests not yet admitted: (prompt tokens, n_gen_max)
+        self.free_ids = list(range(cfg.n_seq_max))
+        self.step = 0
+
+    def error(self, msg: str) -> None:
+        self.rep.cache_errors.append(f"step {self.step}: {msg}")
+
+    def spans(self) -> dict:
+        """(seq_pos_min, seq_pos_max) of every running sequence."""
+        return {s: (self.c.seq_pos_min(s), self.c.seq_pos_max(s)) for s in self.active}
+
+    # --- requests in and out ------------------------------------------------------------------
+
+    def arrive(self) -> None:
+        lo, hi = self.cfg.prompt_len
+        prompt = self.rng.integers(0, self.model.n_vocab, size=int(self.rng.integers(lo, hi))).tolist()
+        self.waiting.append((prompt, int(self.rng.integers(*self.cfg.gen_len))))
+
+    def admit(self) -> None:
+        """Start waiting requests while a sequence id is free and the cache can hold every
+        admitted request to its end; some start from a running sequence's prompt cells."""
+        c, rng, rep = self.c, self.rng, self.rep
+        while self.waiting and self.free_ids:
+            prompt, n_gen = self.waiting[0]
+            src = None
+            if self.active and rng.random() < self.cfg.p_share:
+                donors = [s for s in self.active.values() if s.n_cached >= 2 and s.n_prompt >= 2]
+                if donors:
+                    src = donors[int(rng.integers(len(donors)))]
+            n_shared = int(rng.integers(1, min(src.n_prompt, src.n_cached) + 1)) if src else 0
+            need = len(prompt) + n_gen - 1 + sum(s.pending() for s in self.active.values())
+            if need > c.size - c.used:
+                break
+            self.waiting.pop(0)
+            sid = self.free_ids.pop(0)
+            tokens = (src.tokens[:n_shared] if src else []) + prompt
+            if src is not None:
+                c.seq_cp(src.sid, sid, 0, n_shared)
+                rep.shared_prefixes += 1
+                rep.shared_cells += n_shared
+                if (c.seq_pos_min(sid), c.seq_pos_max(sid)) != (0, n_shared - 1):
+                    self.error(f"after seq_cp sequence {sid} spans [{c.seq_pos_min(sid)}, "
+                               f"{c.seq_pos_max(sid)}], expected [0, {n_shared - 1}]")
+            self.active[sid] = _Seq(sid, tokens, n_prompt=len(tokens), n_gen_max=n_gen, n_cached=n_shared)
+            rep.sequences += 1
+
+    def retire(self) -> None:
+        """Finished requests leave the cache; their cells no other sequence holds become holes."""
+        for seq in [s for s in self.active.values() if s.n_gen >= s.n_gen_max]:
+            self.c.seq_rm(seq.sid)
+            if self.c.seq_pos_max(seq.sid) != -1:
+                self.error(f"sequence {seq.sid} still present after seq_rm")
+            del self.active[seq.sid]
+            self.free_ids.append(seq.sid)
+            self.rep.finished += 1
+
+    # --- the cache ----------------------------------------------------------------------------
+
+    def defrag(self) -> bool:
+        """Plan and apply a defrag now; False when nothing had to move."""
+        c = self.c
+        if not c.defrag_prepare(_MAX_NODES):
+            return False
+        plan = np.asarray(c.defrag_ids)
+        c.defrag_move()
+        self.rep.defrags += 1
+        self.rep.cells_moved += int(np.count_nonzero((plan != np.arange(len(plan))) & (plan != len(plan))))
+        return True
+
+    def compact(self) -> None:
+        # llama.cpp's own trigger only considers caches of 2048+ cells; a small cache is compacted
+        # here when holes make up more than the threshold of the cells up to the last used one
+        c = self.c
+        c.defrag_sched(self.cfg.defrag_thold)
+        if c.do_defrag:
+            c.update()
+            self.rep.defrags += 1
+            return
+        used_max_p1 = _used_max_p1(c)
+        if used_max_p1 and 1.0 - c.used / used_max_p1 > self.cfg.defrag_thold:
+            self.defrag()
+
+    def rehearse_abort(self, ub, n_tokens: int) -> None:
+        """A decode that fails after placing its ubatch: restore() must give the cells back."""
+        c = self.c
+        before = (c.used, self.spans())
+        if c.find_slot(ub):
+            junk = np.full((n_tokens, self.model.n_embd_kv), 1e3, dtype=np.float32)
+            for il in range(self.model.n_layer):
+                c.store(il, junk, junk)
+            c.restore()
+            self.rep.rolled_back += 1
+            after = (c.used, self.spans())
+            if after != before:
+                self.error(f"restore() left (used, spans) = {after}, expected {before}")
+
+    def place(self, ub, n_tokens: int) -> bool:
+        if self.c.find_slot(ub):
+            return True
+        # the free cells exist (admission reserved them) but are scattered: compact and retry
+        if self.defrag() and self.c.find_slot(ub):
+            self.rep.slot_retries += 1
+            return True
+        self.error(f"find_slot failed for {n_tokens} tokens with {self.c.size - self.c.used} free cells")
+        return False
+
+    # --- one step -----------------------------------------------------------------------------
+
+    def plan(self) -> list:
+        """The ubatch as (sequence, first token index, count): one token of every decoding
+        sequence first, then prompt chunks while the ubatch has room."""
+        budget, plan = self.cfg.n_ubatch, []
+        for seq in sorted(self.active.values(), key=lambda s: s.n_cached < s.n_prompt):
+            take = min(len(seq.tokens) - seq.n_cached, budget)
+            if take > 0:
+                plan.append((seq, seq.n_cached, take))
+                budget -= take
+        return plan
+
+    def forward(self, ub, tok, pos) -> list:
+        """The cached forward pass of a placed ubatch: per layer, store the new K/V rows, then
+        attend over the first n cells of the cache's own buffers under its mask. Returns the
+        attention output of every layer, then the final hidden states."""
+        c, model = self.c, self.model
+        n = c.n
+        mask = np.asarray(c.kq_mask(ub))[:len(tok)]
+        x = model.embed(tok)
+        outs = []
+        for il in range(model.n_layer):
+            q, k, v = model.qkv(il, x, pos)
+            c.store(il, k, v)   # f32 rows, as a model computes them: the cache converts
+            if self.tamper is not None:
+                self.tamper(c, self.step, il)
+            kc = np.asarray(c.k(il))[:n].astype(np.float32)
+            vc = np.asarray(c.v(il))
+            vc = (vc[:, :n].T if self.cfg.v_trans else vc[:n]).astype(np.float32)
+            a = model.attend(q, kc, vc, mask)
+            outs.append(a)
+            x = model.residual(il, x, a)
+        outs.append(x)
+        return outs
+
+    def check(self, plan, outs) -> None:
+        """Compare every token with its sequence recomputed from scratch; advance the sequences
+        and sample the next token of those that are caught up."""
+        rep, row = self.rep, 0
+        for seq, i0, m in plan:
+            ref = self.model.forward(seq.tokens[:i0 + m], self.kv_dtype)
+            err = max(float(np.max(np.abs(got[row:row + m] - want[i0:i0 + m])))
+                      for got, want in zip(outs, ref))
+            if np.isnan(err):
+                err = float("inf")
+            rep.max_abs_err = max(rep.max_abs_err, err)
+            if err > self.cfg.tol:
+                rep.mismatches += 1
+                if rep.first_mismatch is None:
+                    rep.first_mismatch = {"step": self.step, "seq_id": seq.sid,
+                                          "pos": [i0, i0 + m - 1], "abs_err": err}
+            seq.n_cached = i0 + m
+            if seq.n_cached == len(seq.tokens) and seq.n_cached >= seq.n_prompt:
+                seq.n_gen += 1
+                if seq.n_gen < seq.n_gen_max:
+                    seq.tokens.append(self.model.next_token(outs[-1][row + m - 1]))
+            row += m
+        # every running sequence holds exactly positions 0..n_cached-1
+        for sid, span in self.spans().items():
+            want = (0, self.active[sid].n_cached - 1)
+            if span != want and want[1] >= 0:
+                self.error(f"sequence {sid} spans {list(span)}, expected {list(want)}")
+
+    def run(self) -> RunReport:
+        rep = self.rep
+        for _ in range(3):
+            self.arrive()
+        for self.step in range(self.cfg.steps):
+            rep.steps = self.step + 1
+            if self.rng.random() < self.cfg.p_arrive:
+                self.arrive()
+            self.admit()
+            plan = self.plan()
+            if plan:
+                tok = np.concatenate([np.asarray(s.tokens[i0:i0 + m], dtype=np.int64) for s, i0, m in plan])
+                pos = np.concatenate([np.arange(i0, i0 + m, dtype=np.int32) for s, i0, m in plan])
+                ub = kvcache.UBatch(pos=pos, seq_id=[s.sid for s, _, m in plan for _ in range(m)])
+                if self.rng.random() < self.cfg.p_abort:
+                    self.rehearse_abort(ub, len(tok))
+                if not self.place(ub, len(tok)):
+                    break
+                outs = self.forward(ub, tok, pos)
+                self.c.commit()
+                rep.ubatches += 1
+                rep.tokens += len(tok)
+                self.check(plan, outs)
+                self.retire()
+                self.compact()
+            if rep.cache_errors:
+                break
+        rep.cache_used, rep.cache_n = self.c.used, self.c.n
+        return rep
+
+
+def run(model: ToyModel, cfg: RunConfig, seed: int, tamper: Optional[Tamper] = None) -> RunReport:
+    """Serve a random workload for ``cfg.steps`` steps; check every output against recomputation.
+
+    ``tamper(cache, step, il)``, when given, is called after the K/V rows of layer ``il`` are
+    stored and before they are read back: it may alter the cache (to show the check fails)."""
+    return _Server(model, cfg, seed, tamper).run()
+
+
+def _used_max_p1(c) -> int:
+    """One past the last non-empty cell (0 when the cache is empty)."""
+    used = np.flatnonzero(np.asarray(c.cells().pos) >= 0)
+    return int(used[-1]) + 1 if used.size else 0
+
+
+def model_info(model: ToyModel) -> dict:
+    """The model's shape, for the report."""
+    return {"n_layer": model.n_layer, "n_head": model.n_head, "n_head_kv": model.n_head_kv,
+            "head_dim": model.head_dim, "n_vocab": model.n_vocab}
+
+
+def run_demo(seed: int = 0, steps: int = 48, tamper: Optional[Tamper] = None,
+             second_run: bool = True) -> DemoReport:
+    """The demo: a run with f32 K/V and transposed V (tolerance 1e-4), then a shorter one with
+    f16 K/V stored as rows (its tolerance allows for f16 rounding). ``tamper`` applies to the
+    first run only."""
+    model = ToyModel(seed)
+    runs = [run(model, RunConfig(steps=steps), seed, tamper)]
+    if second_run:
+        runs.append(run(model, RunConfig(steps=max(1, steps // 2), type_kv="f16", v_trans=False,
+                                         tol=5e-3), seed + 1))
+    return DemoReport(seed=seed, model=model_info(model), runs=runs)
+
+
+def format_report(rep: DemoReport) -> str:
+    """The human-readable report."""
+    m = rep.model
+    lines = [f"kvcache demo (seed {rep.seed}): {m['n_layer']} attention layers, {m['n_head']} query heads / "
+             f"{m['n_head_kv']} KV heads of {m['head_dim']}, RoPE, continuous batching"]
+    for r in rep.runs:
+        lay = f"{r.type_kv} K/V, V {'transposed' if r.v_trans else 'rows'}"
+        lines.append(f"  {lay}: {r.steps} steps, {r.tokens} tokens in {r.ubatches} ubatches")
+        lines.append(f"    sequences: {r.sequences} started, {r.finished} finished, "
+                     f"{r.shared_prefixes} reusing a prefix ({r.shared_cells} cells shared)")
+        lines.append(f"    defrags: {r.defrags} ({r.cells_moved} cells moved, {r.slot_retries} after a failed "
+                     f"find_slot); placements rolled back: {r.rolled_back}")
+        lines.append(f"    cache: {r.cache_used}/{r.cache_size} cells used "
+                     f"({100.0 * r.cache_used / r.cache_size:.0f}%), n = {r.cache_n}")
+        verdict = "ok" if r.ok else "MISMATCH"
+        lines.append(f"    max |cached - recomputed| = {r.max_abs_err:.2e} (tolerance {r.tol:.0e}): {verdict}")
+        if r.first_mismatch:
+            fm = r.first_mismatch
+            lines.append(f"    first mismatch: step {fm['step']}, sequence {fm['seq_id']}, "
+                         f"positions {fm['pos'][0]}..{fm['pos'][1]}, error {fm['abs_err']:.3g}")
+        if r.mismatches:
+            lines.append(f"    {r.mismatches} mismatching (step, sequence) pairs")
+        for e in r.cache_errors[:5]:
+            lines.append(f"    cache error: {e}")
+    lines.append("result: " + ("ok" if rep.ok else "FAILED"))
+    return "\n".join(lines)

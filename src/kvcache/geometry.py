@@ -1,0 +1,355 @@
+"""Cache geometry of a model, read from its GGUF file: which cache llama.cpp builds for it, with
+which layers, row widths, sliding window, recurrent state sizes and RoPE parameters.
+
+``kvcache.from_gguf(path, n_ctx)`` returns the cache llama.cpp would create for that model and
+context; ``kvcache.read_gguf(path)`` returns the :class:`ModelGeometry` it is built from. Reading
+needs the ``gguf`` package (``pip install kvcache[gguf]``); only the metadata and, when present,
+the RoPE frequency-factor tensors are read."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvcache._core import RopeParams
+from kvcache.recurrent import RecurrentCache
+from kvcache.unified import UnifiedCache
+
+__all__ = ["ModelGeometry", "read_gguf", "from_gguf"]
+
+# RoPE layout by architecture (llama.cpp's llama_model_rope_type): "normal" rotates adjacent
+# pairs, "neox" pairs offset by n_rot/2; listed architectures not here use no RoPE.
+_ROPE_NORMAL = frozenset("""
+    llama llada llama4 deci baichuan starcoder internlm2 minicpm xverse command-r cohere2 olmo
+    arctic deepseek deepseek2 plm chatglm glm4 granite granitemoe granitehybrid chameleon solar
+    bailingmoe neo-bert smollm3 arcee ernie4_5 ernie4_5-moe
+""".split())
+_ROPE_NEOX = frozenset("""
+    falcon falcon-h1 grok dbrx bert nomic-bert nomic-bert-moe stablelm bitnet qwen qwen2 dream
+    qwen2moe qwen3 qwen3moe olmo2 olmoe phi2 phi3 phimoe plamo plamo2 gemma gemma2 gemma3 gemma3n
+    starcoder2 openelm gptneox codeshell orion nemotron exaone exaone4 minicpm3 dots1 hunyuan-moe
+    hunyuan-dense gpt-oss lfm2 smallthinker glm4moe
+""".split())
+_ROPE_NONE = frozenset("""
+    gpt2 gptj mpt refact bloom mamba mamba2 jamba jina-bert-v2 t5 t5encoder jais rwkv6 rwkv6qwen2
+    rwkv7 arwkv7 wavtokenizer-dec
+""".split())
+
+# Recurrent architectures whose state sizes come from the ssm.* keys.
+_SSM_ARCHS = frozenset(("mamba", "mamba2"))
+_UNSUPPORTED_RECURRENT = frozenset(("rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1",
+                                    "granitehybrid", "plamo2", "lfm2"))
+
+# Sliding-window layouts the architectures' loaders set: (swa type, period of the pattern,
+# default window or None when the file must hold it, base/scale of the windowed layers' RoPE).
+# Layer il uses the window when period == 0 or il % period < period - 1.
+_SWA_ARCHS: dict[str, tuple[str, int, int | None, tuple[float, float] | None]] = {
+    "gemma2": ("standard", 2, 4096, None),
+    "gemma3": ("standard", 6, None, (10000.0, 1.0)),
+    "cohere2": ("standard", 4, None, None),
+    "llama4": ("chunked", 4, 8192, None),
+}
+
+
+def _pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """What a KV cache needs to know about a model.
+
+    Per-layer tuples have ``n_layer`` entries. ``n_embd_k_gqa[il] = n_embd_head_k * n_head_kv[il]``
+    (likewise V). ``swa_layers`` are the layers using the sliding window (empty without one).
+    Recurrent models (``recurrent``) keep ``n_embd_k_s`` / ``n_embd_v_s`` elements of state per
+    layer and sequence instead of per-token rows. ``rope`` is None for models without RoPE;
+    ``rope_long`` holds the long-context frequency factors of Phi-3 style models (used when a
+    sequence's share of the context exceeds ``rope.n_ctx_orig``)."""
+
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ctx_train: int
+    n_head: tuple
+    n_head_kv: tuple
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_swa: int = 0
+    swa_type: str = "none"
+    swa_layers: tuple = ()
+    recurrent: bool = False
+    n_embd_k_s: int = 0
+    n_embd_v_s: int = 0
+    rope: RopeParams | None = None
+    rope_long: RopeParams | None = None
+
+    @property
+    def n_embd_k_gqa(self) -> tuple:
+        """K row width of each layer (elements)."""
+        return tuple(self.n_embd_head_k * h for h in self.n_head_kv)
+
+    @property
+    def n_embd_v_gqa(self) -> tuple:
+        """V row width of each layer (elements)."""
+        return tuple(self.n_embd_head_v * h for h in self.n_head_kv)
+
+    def make_cache(self, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
+                   flash_attn: bool = False, swa_full: bool = False, n_batch: int = 512,
+                   buffers: Any = "owned"):
+        """The cache llama.cpp creates for this model and context (see :func:`from_gguf`)."""
+        n_ctx = _arg_int(n_ctx, "n_ctx", 0)
+        n_seq_max = _arg_int(n_seq_max, "n_seq_max", 1)
+        n_batch = _arg_int(n_batch, "n_batch", 1)
+        if not isinstance(flash_attn, (bool, np.bool_)):
+            raise TypeError(f"flash_attn must be a bool, not {type(flash_attn).__name__}")
+        if not isinstance(swa_full, (bool, np.bool_)):
+            raise TypeError(f"swa_full must be a bool, not {type(swa_full).__name__}")
+        if self.recurrent:
+            # llama.cpp keeps recurrent states in f32 whatever the K/V types asked for, one cell
+            # per sequence
+            return RecurrentCache(n_seq_max, self.n_layer, self.n_embd_k_gqa, self.n_embd_v_gqa,
+                                  type_k="f32", type_v="f32", n_embd_k_s=self.n_embd_k_s,
+                                  n_embd_v_s=self.n_embd_v_s, buffers=buffers)
+        if any(h == 0 for h in self.n_head_kv):
+            missing = [il for il, h in enumerate(self.n_head_kv) if h == 0]
+            raise ValueError(f"{self.arch}: layers {missing} have no KV heads; such models are not supported")
+        if n_ctx == 0:
+            n_ctx = self.n_ctx_train
+        n_pad = 256 if flash_attn else 32
+        kv_size = _pad(n_ctx, n_pad)
+        rope = self.rope
+        if self.rope_long is not None and kv_size // n_seq_max > rope.n_ctx_orig:
+            rope = self.rope_long
+        common = dict(n_layer=self.n_layer, n_embd_k_gqa=self.n_embd_k_gqa, n_embd_v_gqa=self.n_embd_v_gqa,
+                      type_k=type_k, type_v=type_v, v_trans=not flash_attn, n_seq_max=n_seq_max,
+                      n_pad=n_pad, n_embd_head_k=self.n_embd_head_k, rope=rope, buffers=buffers)
+        if self.swa_type == "none":
+            return UnifiedCache(kv_size=kv_size, **common)
+        from kvcache.iswa import ISWACache
+        # llama.cpp caps the batch at the (unpadded) context of a causal model
+        return ISWACache(kv_size=kv_size, swa_layers=self.swa_layers, n_swa=self.n_swa,
+                         swa_type=self.swa_type, n_batch=min(n_ctx, n_batch), swa_full=bool(swa_full),
+                         **common)
+
+
+def _arg_int(v: Any, name: str, lo: int) -> int:
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if v < lo:
+        raise ValueError(f"{name} = {v} must be >= {lo}")
+    return int(v)
+
+
+class _Fields:
+    """The metadata of a GGUF file with llama.cpp's lookup rules (arch-prefixed keys)."""
+
+    def __init__(self, reader: Any, path: str):
+        self._r = reader
+        self.path = path
+        self.arch = self.get("general.architecture", str)
+
+    def has(self, key: str) -> bool:
+        return key.format(arch=self.arch) in self._r.fields
+
+    def get(self, key: str, kind: type, default: Any = ..., ) -> Any:
+        name = key.format(arch=getattr(self, "arch", ""))
+        field = self._r.fields.get(name)
+        if field is None:
+            if default is ...:
+                raise ValueError(f"{self.path}: the GGUF file lacks the key {name!r}")
+            return default
+        v = field.contents()
+        if isinstance(v, list):
+            raise ValueError(f"{self.path}: {name} is an array, expected one {kind.__name__}")
+        if kind is str:
+            if not isinstance(v, str):
+                raise ValueError(f"{self.path}: {name} is not a string")
+            return v
+        if kind is bool:
+            return bool(v)
+        if isinstance(v, (str, bytes)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ValueError(f"{self.path}: {name} is not a number")
+        return kind(v)
+
+    def per_layer(self, key: str, n_layer: int, default: Any = ...) -> tuple | None:
+        """A value given once or per layer (llama.cpp's get_key_or_arr)."""
+        name = key.format(arch=self.arch)
+        field = self._r.fields.get(name)
+        if field is None:
+            if default is ...:
+                raise ValueError(f"{self.path}: the GGUF file lacks the key {name!r}")
+            return default
+        v = field.contents()
+        if isinstance(v, list):
+            if len(v) != n_layer:
+                raise ValueError(f"{self.path}: {name} has {len(v)} entries, expected one per layer ({n_layer})")
+            return tuple(int(x) for x in v)
+        return (int(v),) * n_layer
+
+    def tensor(self, name: str) -> np.ndarray | None:
+        for t in self._r.tensors:
+            if t.name == name:
+                return np.asarray(t.data, dtype=np.float32).reshape(-1)
+        return None
+
+
+def read_gguf(path: Any) -> ModelGeometry:
+    """The cache geometry of the model in a GGUF file (ValueError when it is not a GGUF file or
+    lacks a key the geometry needs)."""
+    try:
+        import gguf
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("reading GGUF files needs the gguf package: pip install kvcache[gguf]") from None
+    path = str(path)
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except (ValueError, OSError, EOFError, IndexError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
+    f = _Fields(reader, path)
+    arch = f.arch
+    n_layer = f.get("{arch}.block_count", int)
+    n_embd = f.get("{arch}.embedding_length", int)
+    n_ctx_train = f.get("{arch}.context_length", int)
+    if n_layer <= 0:
+        raise ValueError(f"{path}: {arch}.block_count = {n_layer}")
+
+    recurrent = arch in _SSM_ARCHS or arch in _UNSUPPORTED_RECURRENT
+    if arch in _UNSUPPORTED_RECURRENT:
+        raise ValueError(f"{path}: the {arch!r} architecture (recurrent or hybrid) is not supported")
+
+    n_head = f.per_layer("{arch}.attention.head_count", n_layer, (0,) * n_layer)
+    n_head_kv = f.per_layer("{arch}.attention.head_count_kv", n_layer, n_head)
+    head0 = n_head[0] if n_head else 0
+    if head0 > 0:
+        n_embd_head_k = f.get("{arch}.attention.key_length", int, n_embd // head0)
+        n_embd_head_v = f.get("{arch}.attention.value_length", int, n_embd // head0)
+        n_rot = f.get("{arch}.rope.dimension_count", int, n_embd_head_k)
+    else:
+        n_embd_head_k = n_embd_head_v = n_rot = 0
+
+    n_embd_k_s = n_embd_v_s = 0
+    if recurrent:
+        d_conv = f.get("{arch}.ssm.conv_kernel", int)
+        d_inner = f.get("{arch}.ssm.inner_size", int)
+        d_state = f.get("{arch}.ssm.state_size", int)
+        n_group = f.get("{arch}.ssm.group_count", int, 0)
+        # the rolling conv state holds d_conv - 1 columns of x (and B, C for grouped SSMs)
+        n_embd_k_s = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * n_group * d_state)
+        n_embd_v_s = d_state * d_inner
+
+    n_swa, swa_type, swa_layers, swa_rope = _sliding_window(f, arch, n_layer)
+    rope = rope_long = None
+    if not recurrent and head0 > 0:
+        rope, rope_long = _rope_params(f, arch, n_rot, n_ctx_train, swa_layers, swa_rope)
+    return ModelGeometry(arch=arch, n_layer=n_layer, n_embd=n_embd, n_ctx_train=n_ctx_train,
+                         n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=n_embd_head_k,
+                         n_embd_head_v=n_embd_head_v, n_swa=n_swa, swa_type=swa_type,
+                         swa_layers=swa_layers, recurrent=recurrent, n_embd_k_s=n_embd_k_s,
+                         n_embd_v_s=n_embd_v_s, rope=rope, rope_long=rope_long)
+
+
+def _sliding_window(f: _Fields, arch: str, n_layer: int):
+    """(n_swa, swa_type, swa layers, (freq_base, freq_scale) of the windowed layers or None)."""
+    known = _SWA_ARCHS.get(arch)
+    n_swa = f.get("{arch}.attention.sliding_window", int, 0)
+    if arch in ("phi3", "phimoe"):
+        return 0, "none", (), None   # llama.cpp runs these with full attention
+    if known is None:
+        # a window is used only where the file also says which layers have it
+        if n_swa <= 0 or not f.has("{arch}.attention.sliding_window_pattern"):
+            return 0, "none", (), None
+        swa_type, period, swa_rope = "standard", 0, None
+    else:
+        swa_type, period, default_window, swa_rope = known
+        if arch == "llama4" and f.has("{arch}.attention.sliding_window") and n_swa == 0:
+            return 0, "none", (), None   # a Llama 4 variant without chunked attention
+        if arch == "llama4" or not f.has("{arch}.attention.sliding_window"):
+            if default_window is None:
+                f.get("{arch}.attention.sliding_window", int)   # raises: the key is required
+            n_swa = default_window
+    pattern = f._r.fields.get(f"{arch}.attention.sliding_window_pattern")
+    if pattern is not None:
+        v = pattern.contents()
+        if isinstance(v, list):
+            if len(v) != n_layer:
+                raise ValueError(f"{f.path}: {arch}.attention.sliding_window_pattern has {len(v)} "
+                                 f"entries, expected {n_layer}")
+            layers = tuple(il for il, on in enumerate(v) if on)
+            return n_swa, swa_type, layers, swa_rope
+        period = int(v)
+    layers = tuple(il for il in range(n_layer) if period == 0 or il % period < period - 1)
+    if f.has("{arch}.rope.freq_base_swa"):
+        swa_rope = (f.get("{arch}.rope.freq_base_swa", float), 1.0)
+    return n_swa, swa_type, layers, swa_rope
+
+
+def _rope_params(f: _Fields, arch: str, n_rot: int, n_ctx_train: int, swa_layers: tuple,
+                 swa_rope: tuple | None):
+    """The K-shift's RoPE parameters as llama.cpp's context derives them by default: (params,
+    params with the long-context factors or None)."""
+    if arch in _ROPE_NORMAL:
+        mode = "normal"
+    elif arch in _ROPE_NEOX:
+        mode = "neox"
+    elif arch in _ROPE_NONE:
+        return None, None
+    else:
+        raise ValueError(f"{f.path}: unknown architecture {arch!r}: its RoPE layout is not known")
+    freq_base = f.get("{arch}.rope.freq_base", float, 10000.0)
+    factor = f.get("{arch}.rope.scaling.factor", float, 0.0)
+    if factor == 0.0:
+        factor = f.get("{arch}.rope.scale_linear", float, 0.0)
+    freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
+    scaling = f.get("{arch}.rope.scaling.type", str, "linear")
+    if scaling not in ("none", "linear", "yarn", "longrope"):
+        raise ValueError(f"{f.path}: {arch}.rope.scaling.type = {scaling!r} is not known")
+    if scaling == "none":
+        freq_scale = 1.0
+    n_ctx_orig = f.get("{arch}.rope.scaling.original_context_length", int, n_ctx_train)
+    ext_factor = 1.0 if scaling == "yarn" else 0.0
+    attn_factor = f.get("{arch}.rope.scaling.attn_factor", float, 1.0)
+    if arch == "deepseek2":
+        # DeepSeek-V2's graph folds the YaRN magnitude into attn_factor (its K-shift too)
+        attn_factor = 1.0 / (1.0 + 0.1 * math.log(1.0 / freq_scale))
+    layer_base = layer_scale = None
+    if swa_rope is not None and swa_layers:
+        layer_base = {il: swa_rope[0] for il in swa_layers}
+        layer_scale = {il: swa_rope[1] for il in swa_layers}
+
+    def make(factors):
+        if factors is not None and factors.shape[0] != n_rot // 2:
+            raise ValueError(f"{f.path}: RoPE frequency factors hold {factors.shape[0]} values, "
+                             f"expected n_rot / 2 = {n_rot // 2}")
+        return RopeParams(n_rot, mode=mode, n_ctx_orig=n_ctx_orig, freq_base=freq_base,
+                          freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
+                          freq_factors=factors, layer_freq_base=layer_base, layer_freq_scale=layer_scale)
+
+    factors = f.tensor("rope_freqs.weight")
+    if factors is not None:
+        return make(factors), None
+    short, long = f.tensor("rope_factors_short.weight"), f.tensor("rope_factors_long.weight")
+    return make(short), (make(long) if long is not None else None)
+
+
+def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
+              flash_attn: bool = False, swa_full: bool = False, n_batch: int = 512, buffers: Any = "owned"):
+    """The KV cache llama.cpp creates for the model in a GGUF file and this context.
+
+    - ``n_ctx``: context size in tokens (0: the model's training context); the cache gets
+      ``pad(n_ctx, n_pad)`` cells, ``n_pad`` being 256 with ``flash_attn`` and 32 without.
+    - ``n_seq_max``: parallel sequences; ``n_batch``: the largest batch (sizes the SWA cache).
+    - ``type_k`` / ``type_v``: cache types; ``flash_attn``: V is stored transposed without it.
+    - ``swa_full``: give the sliding-window cache the full size (and never prune it).
+    - ``buffers``: as for the cache classes ("owned", borrowed per-layer buffers, or None).
+
+    Returns a :class:`kvcache.UnifiedCache` (with the model's K head size and RoPE parameters,
+    so ``update()`` rotates shifted keys), a :class:`kvcache.ISWACache` for interleaved
+    sliding-window models (Gemma 2/3, Cohere 2, Llama 4), or a :class:`kvcache.RecurrentCache`
+    (f32 states, one cell per sequence) for Mamba."""
+    return read_gguf(path).make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v,
+                                      flash_attn=flash_attn, swa_full=swa_full, n_batch=n_batch,
+                                      buffers=buffers)

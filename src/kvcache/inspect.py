@@ -1,0 +1,254 @@
+"""``kvcache inspect FILE [--json]``: what a state file is and what it holds.
+
+The kind is detected from the content: a session file (``ggsn``), a sequence file (``ggsq``), a
+whole-context state (``llama_state_get_data``: it starts with the architecture name) or a bare
+cache state (``state_write`` / ``llama_state_seq_get_data``: a sequence blob or a whole-cache
+blob). The cache variant (unified, iSWA: two cache states back to back, recurrent) is given with
+``--variant`` or guessed. The cache states are decoded by the C codec
+(:func:`kvcache._core.describe_state`), the wrappers by :mod:`kvcache.statefile`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+__all__ = ["VARIANTS", "report", "report_bytes", "format_report", "main"]
+
+VARIANTS = ("unified", "iswa", "recurrent")
+
+# architectures whose memory is a recurrent cache in llama.cpp (for the guess from a context state)
+_RECURRENT_ARCHS = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
+
+KINDS = {"session": "session file", "sequence": "sequence file", "context": "whole-context state",
+         "cache": "cache state"}
+
+
+def _ranges(pos: np.ndarray) -> list:
+    """Sorted distinct positions as [first, last] runs of consecutive values."""
+    if pos.size == 0:
+        return []
+    p = np.unique(pos.astype(np.int64))
+    breaks = np.flatnonzero(np.diff(p) != 1)
+    starts = np.concatenate(([0], breaks + 1))
+    ends = np.concatenate((breaks, [p.size - 1]))
+    return [[int(p[a]), int(p[b])] for a, b in zip(starts, ends)]
+
+
+def _section(name: str, desc: dict, offset: int) -> dict:
+    from kvcache._core import ggml_type_name
+
+    pos, seq = desc["pos"], desc["seq"]
+    sequences = {}
+    for s in range(64):
+        has = (seq >> np.uint64(s)) & np.uint64(1) == 1
+        if has.any():
+            sequences[str(s)] = _ranges(pos[has])
+    no_id = seq == 0
+    if no_id.any():
+        # recurrent single-sequence states carry no id: the reader gives the destination's
+        sequences["unnamed"] = _ranges(pos[no_id])
+    layers = []
+    for i, l in enumerate(desc["layers"]):
+        e = {"index": i, "k_type": ggml_type_name(l["k_type"]) or f"unknown ({l['k_type']})",
+             "k_type_id": l["k_type"], "k_row_size": l["k_row_size"], "k_bytes": l["k_bytes"],
+             "v_type": ggml_type_name(l["v_type"]) or f"unknown ({l['v_type']})", "v_type_id": l["v_type"]}
+        if desc["v_trans"]:
+            e["v_elem_size"] = l["v_elem_size"]
+            e["v_width"] = l["v_width"]
+        else:
+            e["v_row_size"] = l["v_row_size"]
+        e["v_bytes"] = l["v_bytes"]
+        layers.append(e)
+    return {
+        "name": name,
+        "offset": offset,
+        "size": desc["size"],
+        "cell_count": desc["cell_count"],
+        "v_trans": bool(desc["v_trans"]),
+        "n_layer": desc["n_layer"],
+        "n_seq_id": [desc["n_seq_id_min"], desc["n_seq_id_max"]],
+        "sequences": sequences,
+        "layers": layers,
+    }
+
+
+def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str | None):
+    """Describe the cache states in part (at offset base of the file); returns (variant, guessed,
+    sections, trailing bytes)."""
+    from kvcache._core import StateError, describe_state
+
+    first = describe_state(part)
+    end = first["size"]
+    guessed = variant is None
+    if variant is None:
+        variant = "unified"
+        if end < len(part):
+            try:
+                second = describe_state(part[end:])
+            except StateError:
+                second = None
+            if second is not None and end + second["size"] == len(part):
+                variant = "iswa"
+        if variant == "unified" and ((arch or "").lower() in _RECURRENT_ARCHS
+                                     or (first["cell_count"] and first["n_seq_id_max"] == 0)):
+            variant = "recurrent"
+    if variant == "iswa":
+        if end >= len(part):
+            raise StateError(f"the iSWA cache state has its base part only ({end} bytes); the SWA part is missing")
+        second = describe_state(part[end:])
+        sections = [_section("base", first, base), _section("swa", second, base + end)]
+        end += second["size"]
+    else:
+        sections = [_section("recurrent" if variant == "recurrent" else "kv", first, base)]
+    return variant, guessed, sections, len(part) - end
+
+
+def _blob_kind(sections: list) -> str:
+    """A bare cache state: one sequence's or the whole cache's (a single-sequence unified state
+    lists one id per cell, a recurrent one none)."""
+    s = sections[0]
+    ids = set(s["sequences"])
+    if all(x["n_seq_id"][1] <= 1 for x in sections) and len(ids) <= 1 and \
+            all(x["n_seq_id"][0] == x["n_seq_id"][1] for x in sections if x["cell_count"]):
+        return "sequence blob"
+    return "whole-cache blob"
+
+
+def report_bytes(data, variant: str | None = None, name: str | None = None) -> dict:
+    """The report on a state held in data (bytes-like). Raises kvcache.StateError when it cannot be
+    read. variant: "unified", "iswa", "recurrent" or None to guess."""
+    from kvcache import statefile
+    from kvcache._core import StateError, describe_state
+
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
+    m = memoryview(data).cast("B")
+    kind = statefile.detect(m)
+    out = {"file": name, "size": len(m), "kind": KINDS[kind]}
+    arch = None
+    if kind == "session":
+        sf = statefile.parse_session_file(m)
+        ctx = sf.context
+        out["header"] = {"magic": f"0x{sf.magic:08x}", "version": sf.version}
+        out["tokens"] = {"count": len(sf.tokens), "values": sf.tokens.tolist()}
+        part, base = ctx.cache, ctx.cache_offset
+    elif kind == "sequence":
+        sq = statefile.parse_sequence_file(m)
+        out["header"] = {"magic": f"0x{sq.magic:08x}", "version": sq.version}
+        out["tokens"] = {"count": len(sq.tokens), "values": sq.tokens.tolist()}
+        part, base = sq.cache, sq.cache_offset
+        ctx = None
+    elif kind == "context":
+        try:
+            ctx = statefile.parse_context_state(m)
+            part, base = ctx.cache, ctx.cache_offset
+        except StateError as e:
+            # a bare cache state can begin like a context state; it is one if it reads as one
+            try:
+                describe_state(m)
+            except StateError:
+                raise e from None
+            kind, ctx, part, base = "cache", None, m, 0
+            out["kind"] = KINDS[kind]
+    else:
+        ctx = None
+        part, base = m, 0
+    if ctx is not None:
+        arch = ctx.arch
+        out["context"] = {"arch": ctx.arch, "n_outputs": ctx.n_outputs, "output_pos": ctx.output_pos.tolist(),
+                          "logits": len(ctx.logits), "n_vocab": ctx.n_vocab, "embeddings": len(ctx.embeddings)}
+    try:
+        variant, guessed, sections, trailing = _cache_sections(part, base, variant, arch)
+    except StateError as e:
+        if kind != "cache":
+            raise
+        raise StateError(f"not a state file kvcache recognises (read as a cache state: {e})") from None
+    if trailing:
+        raise StateError(f"{trailing} trailing bytes after the cache state (it ends at byte "
+                         f"{len(m) - trailing} of {len(m)})")
+    if kind == "cache":
+        out["kind"] = _blob_kind(sections)
+    out["variant"] = variant
+    out["variant_guessed"] = guessed
+    out["cell_count"] = sum(s["cell_count"] for s in sections)
+    out["sections"] = sections
+    out["bytes"] = {"wrapper": base, "cache": len(m) - base}
+    return out
+
+
+def report(path, variant: str | None = None) -> dict:
+    """The report on the state file at path (see :func:`report_bytes`)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return report_bytes(data, variant, name=str(path))
+
+
+def format_report(r: dict) -> str:
+    """The report as text, one fact per line."""
+    lines = [f"{r['file'] or '<data>'}: {r['kind']}, {r['size']} bytes "
+             f"({r['bytes']['wrapper']} wrapper + {r['bytes']['cache']} cache state)"]
+    if "header" in r:
+        h = r["header"]
+        lines.append(f"  magic {h['magic']}, version {h['version']}")
+    if "tokens" in r:
+        t = r["tokens"]
+        head = " ".join(str(x) for x in t["values"][:16]) + (" ..." if t["count"] > 16 else "")
+        lines.append(f"  tokens: {t['count']}" + (f": {head}" if t["count"] else ""))
+    if "context" in r:
+        c = r["context"]
+        lines.append(f"  arch {c['arch']}, {c['n_outputs']} outputs at batch positions {c['output_pos']}, "
+                     f"{c['logits']} logits" + (f" ({c['n_vocab']} per output)" if c["n_vocab"] else "")
+                     + f", {c['embeddings']} embeddings")
+    lines.append(f"  cache: {r['variant']}{' (guessed)' if r['variant_guessed'] else ''}, "
+                 f"{r['cell_count']} cells")
+    for s in r["sections"]:
+        lines.append(f"  [{s['name']}] at byte {s['offset']}, {s['size']} bytes: {s['cell_count']} cells, "
+                     f"{s['n_layer']} layers, V {'transposed' if s['v_trans'] else 'rows'}")
+        for seq, rg in s["sequences"].items():
+            text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in rg)
+            lines.append(f"    seq {seq}: positions {text}")
+        for l in s["layers"]:
+            v = (f"{l['v_type']} transposed, {l['v_width']} x {l['v_elem_size']}-byte elements"
+                 if s["v_trans"] else f"{l['v_type']} rows of {l['v_row_size']} bytes")
+            lines.append(f"    layer {l['index']}: K {l['k_type']} rows of {l['k_row_size']} bytes "
+                         f"({l['k_bytes']}), V {v} ({l['v_bytes']})")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="a state file: sequence or whole-cache blob, context state, session "
+                                     "(ggsn) or sequence (ggsq) file")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--variant", choices=VARIANTS, help="the cache variant (default: guessed)")
+
+
+def run(args) -> int:
+    """Print the report of args.file; 2 with one error line when it cannot be read."""
+    from kvcache._core import StateError
+
+    prog = getattr(args, "_prog", "kvcache inspect")
+    try:
+        r = report(args.file, args.variant)
+    except (StateError, OSError) as e:
+        print(f"{prog}: error: {args.file}: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(r, indent=1))
+    else:
+        print(format_report(r))
+    return 0
+
+
+def main(argv=None) -> int:
+    """``kvcache inspect`` as a program (``python -m kvcache.inspect FILE``)."""
+    parser = argparse.ArgumentParser(prog="kvcache inspect", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,499 @@
+"""The interleaved sliding-window cache: llama.cpp's ``llama_kv_cache_unified_iswa``.
+
+Models such as Gemma 2/3 or Llama 4 alternate layers that attend to the whole context with
+layers that attend only to a sliding window. :class:`ISWACache` keeps the two kinds in two
+:class:`kvcache.UnifiedCache` objects — ``base`` for the full-attention layers and ``swa`` for
+the windowed ones, usually much smaller — and drives them together."""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from kvcache._core import Batch, SplitUBatch, SWAPending, UBatch, _state_read_parts, _state_size_parts, \
+    _state_write_parts
+from kvcache.unified import UnifiedCache
+
+__all__ = ["ISWACache", "ISWAUpdatePlan", "SWAWarning"]
+
+_SWA_TYPES = ("standard", "chunked")
+
+
+class SWAWarning(UserWarning):
+    """The SWA cache held only part of a sequence's window when it was pruned on commit: the
+    sequence may have lost information (typically after cells were removed or the SWA cache
+    was too small for the batch)."""
+
+
+def _int(v: Any, name: str, lo: int, hi: int | None = None) -> int:
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if v < lo or (hi is not None and v > hi):
+        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} = {v} must be {bound}")
+    return int(v)
+
+
+def _swa_layers(swa_layers: Iterable[int] | Callable[[int], bool], n_layer: int) -> tuple[int, ...]:
+    """The SWA model layers, ascending: from indices (any order, no repeats) or a predicate."""
+    if callable(swa_layers):
+        return tuple(il for il in range(n_layer) if swa_layers(il))
+    if isinstance(swa_layers, (str, bytes)):
+        raise TypeError("swa_layers must be a sequence of layer indices or a callable il -> bool")
+    try:
+        items = list(swa_layers)
+    except TypeError:
+        raise TypeError("swa_layers must be a sequence of layer indices or a callable il -> bool") from None
+    out = [_int(x, f"swa_layers[{i}]", 0, n_layer - 1) for i, x in enumerate(items)]
+    if len(set(out)) != len(out):
+        raise ValueError(f"swa_layers has repeated entries: {items}")
+    return tuple(sorted(out))
+
+
+def _pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+class ISWAUpdatePlan:
+    """The UpdatePlans of an iSWA cache's two parts (``base``, ``swa``); true when both are
+    (llama.cpp's iSWA update returns the AND of its caches' answers)."""
+
+    __slots__ = ("base", "swa")
+
+    def __init__(self, base: Any, swa: Any):
+        self.base = base
+        self.swa = swa
+
+    def __bool__(self) -> bool:
+        return bool(self.base) and bool(self.swa)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.base, self.swa))
+
+    def __repr__(self) -> str:
+        return f"ISWAUpdatePlan(base={self.base!r}, swa={self.swa!r})"
+
+
+class ISWACache:
+    """An interleaved sliding-window KV cache: a base cache for the full-attention layers and a
+    SWA cache for the sliding-window layers, driven together.
+
+    ``ISWACache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa,
+    swa_type="standard", n_batch=512, swa_full=False, type_k="f16", type_v="f16", v_trans=True,
+    n_seq_max=1, n_pad=32, buffers="owned", n_embd_head_k=None, rope=None)``
+
+    - ``kv_size``: cells of the base cache (a positive multiple of ``n_pad``).
+    - ``n_layer``, ``n_embd_k_gqa``, ``n_embd_v_gqa``: model layers and their K / V row widths
+      (one int or one per model layer), as for :class:`UnifiedCache`.
+    - ``swa_layers``: the model layers that use the sliding window (indices, or a predicate
+      ``il -> bool``); the others go to the base cache.
+    - ``n_swa`` (> 0) and ``swa_type`` (``"standard"`` or ``"chunked"``): the window.
+    - ``n_batch``: the largest batch; the SWA cache gets
+      ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))`` cells, enough for every
+      sequence's window plus one batch.
+    - ``swa_full``: give the SWA cache ``kv_size`` cells and never prune it.
+    - ``buffers``: "owned", None / "none" (metadata only) for both caches, or the borrowed
+      (K, V) pairs of every model layer: a dict ``{layer: (K, V)}`` or a list indexed by model
+      layer; each cache gets its layers' pairs (see :class:`UnifiedCache`).
+    - the other arguments (``n_embd_head_k`` and the model's ``rope`` among them) are passed to
+      both caches.
+
+    One decode step, as llama.cpp does it::
+
+        batch = kvcache.Batch(pos, seq_id)              # simple_split=True
+        for ub in cache.ubatches(batch, n_ubatch):      # records the batch's ranges
+            if not cache.find_slot(ub):
+                cache.restore(); break
+            for il in range(cache.n_layer):
+                cache.store(il, k_rows, v_rows)         # goes to the cache holding layer il
+            base_mask, swa_mask = cache.kq_mask(ub)
+        else:
+            cache.commit()                              # then prunes the SWA cache
+
+    Every operation is applied to both caches as llama.cpp does (both are always called);
+    arguments are checked before either changes. Sequence positions (``seq_pos_min/max``) are
+    answered by the SWA cache. A state is the base cache's part followed by the SWA cache's.
+    Not thread-safe (see :class:`UnifiedCache`).
+    """
+
+    __slots__ = ("_base", "_swa", "_swa_layers", "_n_swa", "_swa_type", "_n_batch", "_swa_full", "_pending")
+
+    # buffers for both caches: a mode name, or the pairs of each cache's layers
+    @staticmethod
+    def _split_buffers(buffers: Any, n_layer: int, swa_set: frozenset) -> tuple[Any, Any]:
+        if buffers is None or isinstance(buffers, str):
+            return buffers, buffers
+        if isinstance(buffers, dict):
+            pairs = buffers
+        elif isinstance(buffers, (list, tuple)):
+            if len(buffers) != n_layer:
+                raise ValueError(f"buffers has {len(buffers)} entries, expected one (K, V) pair per model "
+                                 f"layer ({n_layer})")
+            pairs = dict(enumerate(buffers))
+        else:
+            raise TypeError(f"buffers must be 'owned', None, 'none', a dict {{layer: (K, V)}} or a list of "
+                            f"(K, V) pairs, not {type(buffers).__name__}")
+        base = {il: kv for il, kv in pairs.items() if il not in swa_set}
+        swa = {il: kv for il, kv in pairs.items() if il in swa_set}
+        return base, swa
+
+    def __init__(self, kv_size: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any,
+                 swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int, swa_type: str = "standard",
+                 n_batch: int = 512, swa_full: bool = False, type_k: Any = "f16", type_v: Any = "f16",
+                 v_trans: bool = True, n_seq_max: int = 1, n_pad: int = 32, buffers: Any = "owned",
+                 n_embd_head_k: Any = None, rope: Any = None):
+        n_layer = _int(n_layer, "n_layer", 0)
+        layers = _swa_layers(swa_layers, n_layer)
+        n_swa = _int(n_swa, "n_swa", 1, 2**31 - 1)
+        if swa_type not in _SWA_TYPES:
+            raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(map(repr, _SWA_TYPES))}")
+        n_batch = _int(n_batch, "n_batch", 1)
+        if not isinstance(swa_full, (bool, np.bool_)):
+            raise TypeError(f"swa_full must be a bool, not {type(swa_full).__name__}")
+        kv_size = _int(kv_size, "kv_size", 1)
+        n_pad = _int(n_pad, "n_pad", 1)
+        n_seq_max = _int(n_seq_max, "n_seq_max", 1)
+        size_swa = kv_size if swa_full else min(kv_size, _pad(n_swa * n_seq_max + n_batch, n_pad))
+        swa_set = frozenset(layers)
+        common = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,
+                      type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=n_pad,
+                      n_embd_head_k=n_embd_head_k, rope=rope)
+        buf_base, buf_swa = self._split_buffers(buffers, n_layer, swa_set)
+        self._base = UnifiedCache(kv_size=kv_size, n_swa=0, swa_type="none", buffers=buf_base,
+                                  layers=[il for il in range(n_layer) if il not in swa_set], **common)
+        self._swa = UnifiedCache(kv_size=size_swa, n_swa=n_swa, swa_type=swa_type, layers=list(layers),
+                                 buffers=buf_swa, **common)
+        self._swa_layers = layers
+        self._n_swa = n_swa
+        self._swa_type = swa_type
+        self._n_batch = n_batch
+        self._swa_full = bool(swa_full)
+        self._pending = SWAPending()
+
+    # --- the parts -------------------------------------------------------------------------
+    @property
+    def base(self) -> UnifiedCache:
+        """The cache of the full-attention layers (kv_size cells, no window)."""
+        return self._base
+
+    @property
+    def swa(self) -> UnifiedCache:
+        """The cache of the sliding-window layers."""
+        return self._swa
+
+    @property
+    def n_layer(self) -> int:
+        """Number of model layers."""
+        return self._base.n_layer
+
+    @property
+    def swa_layers(self) -> tuple[int, ...]:
+        """Model layers held by the SWA cache, ascending."""
+        return self._swa_layers
+
+    @property
+    def base_layers(self) -> tuple[int, ...]:
+        """Model layers held by the base cache, ascending."""
+        return self._base.layers
+
+    @property
+    def n_swa(self) -> int:
+        """Sliding window size."""
+        return self._n_swa
+
+    @property
+    def swa_type(self) -> str:
+        """'standard' or 'chunked'."""
+        return self._swa_type
+
+    @property
+    def n_batch(self) -> int:
+        """The batch size the SWA cache was sized for."""
+        return self._n_batch
+
+    @property
+    def swa_full(self) -> bool:
+        """True when the SWA cache has kv_size cells and is never pruned."""
+        return self._swa_full
+
+    @property
+    def n_seq_max(self) -> int:
+        """Valid sequence ids are [0, n_seq_max)."""
+        return self._base.n_seq_max
+
+    @property
+    def size_base(self) -> int:
+        """Cells of the base cache."""
+        return self._base.size
+
+    @property
+    def size_swa(self) -> int:
+        """Cells of the SWA cache."""
+        return self._swa.size
+
+    @property
+    def buffers(self) -> str:
+        """How the K/V memory is held: 'owned', 'borrowed' or 'none' (see UnifiedCache)."""
+        return self._base.buffers
+
+    @property
+    def n_embd_head_k(self):
+        """K head size per model layer, or None."""
+        return self._base.n_embd_head_k
+
+    @property
+    def rope(self):
+        """The model's RopeParams (update() rotates K with them), or None."""
+        return self._base.rope
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether a K-shift may be applied: only when both caches have the same size (a smaller
+        SWA cache has pruned cells whose positions a shift would need)."""
+        return self._base.size == self._swa.size
+
+    @property
+    def has_shift(self) -> bool:
+        """True when either cache has a pending K-shift."""
+        return self._base.has_shift or self._swa.has_shift
+
+    @property
+    def pending(self) -> list[list[int]]:
+        """The pruning ranges recorded by the last sbatch_init: ``[[seq, pmin, pmax], ...]``."""
+        return self._pending.items()
+
+    @property
+    def size_k_bytes(self) -> int:
+        """Bytes of K memory of both caches."""
+        return self._base.size_k_bytes + self._swa.size_k_bytes
+
+    @property
+    def size_v_bytes(self) -> int:
+        """Bytes of V memory of both caches."""
+        return self._base.size_v_bytes + self._swa.size_v_bytes
+
+    @property
+    def total_size(self) -> int:
+        """size_k_bytes + size_v_bytes."""
+        return self.size_k_bytes + self.size_v_bytes
+
+    def __repr__(self) -> str:
+        return (f"ISWACache(kv_size={self._base.size}, n_layer={self.n_layer}, swa_layers={list(self._swa_layers)}, "
+                f"n_swa={self._n_swa}, swa_type={self._swa_type!r}, n_batch={self._n_batch}, "
+                f"swa_full={self._swa_full}, n_seq_max={self.n_seq_max}, size_swa={self._swa.size})")
+
+    # --- batches ---------------------------------------------------------------------------
+    def sbatch_init(self, batch_or_pos: Any, seq_id: Any = None) -> list[list[int]]:
+        """Record, per sequence, the smallest and largest position of a whole batch: commit()
+        prunes the SWA cache with these ranges. Nothing is recorded with ``swa_full``.
+
+        ``batch_or_pos``: a :class:`Batch` (then ``seq_id`` is not given), or the positions of
+        the batch with ``seq_id`` one id or id list per token. Returns :attr:`pending`."""
+        if isinstance(batch_or_pos, Batch):
+            if seq_id is not None:
+                raise TypeError("sbatch_init: seq_id must not be given with a Batch")
+            batch = batch_or_pos
+        else:
+            if seq_id is None:
+                raise TypeError("sbatch_init: seq_id is required with positions")
+            batch = UBatch(batch_or_pos, seq_id)
+        self._pending.set(batch, self.n_seq_max, not self._swa_full)
+        return self._pending.items()
+
+    def ubatches(self, batch: Batch, n_ubatch: int, embd_pooled: bool = False) -> Iterator[SplitUBatch]:
+        """Record the batch's pruning ranges (sbatch_init), then iterate over its ubatches of at
+        most ``n_ubatch`` tokens, split in batch order as llama.cpp does for this cache (the
+        Batch must be built with ``simple_split=True``; ``embd_pooled`` changes nothing)."""
+        if not isinstance(batch, Batch):
+            raise TypeError(f"batch must be a Batch, not {type(batch).__name__}")
+        if not batch.simple_split:
+            raise ValueError("this cache splits batches in order: build the Batch with simple_split=True")
+        it = batch.ubatches(n_ubatch, "simple")
+        self.sbatch_init(batch)
+        return it
+
+    # --- slots -----------------------------------------------------------------------------
+    def find_slot_each(self, ub: UBatch) -> tuple[bool, bool]:
+        """Place the ubatch in the base cache, then in the SWA cache (both are always tried);
+        returns each cache's result."""
+        ok_base = self._base.find_slot(ub)
+        ok_swa = self._swa.find_slot(ub)
+        return ok_base, ok_swa
+
+    def find_slot(self, ub: UBatch) -> bool:
+        """Place the ubatch in both caches; True when both found room (restore() undoes it)."""
+        ok_base, ok_swa = self.find_slot_each(ub)
+        return ok_base and ok_swa
+
+    def commit(self) -> None:
+        """Keep what find_slot placed in both caches, then slide the window: every sequence of
+        the last sbatch_init loses the SWA cells no position of that batch can see. Warns
+        (:class:`SWAWarning`) when a sequence's window was only partly in the SWA cache."""
+        self._base.commit()
+        self._swa.commit()
+        pending = self._pending.items()
+        self._pending.clear()
+        for s, pmin, pmax in pending:
+            if self._swa.prune_swa(s, pmin, pmax):
+                warnings.warn(f"partial SWA cache for sequence {s}: fewer than min(n_swa = {self._n_swa}, "
+                              f"pmin = {pmin}) cells before position {pmin} are in the cache; information "
+                              f"may have been lost", SWAWarning, stacklevel=2)
+
+    def restore(self) -> None:
+        """Undo the find_slot calls of both caches since the last commit (data is kept)."""
+        self._base.restore()
+        self._swa.restore()
+
+    def set_full(self) -> None:
+        """n = size and head = 0 in both caches (worst-case graph reservation)."""
+        self._base.set_full()
+        self._swa.set_full()
+
+    def clear(self) -> None:
+        """Empty both caches (the pending ranges are kept, as llama.cpp does)."""
+        self._base.clear()
+        self._swa.clear()
+
+    # --- sequences -------------------------------------------------------------------------
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove seq_id (-1: any) from the cells with p0 <= pos < p1 of both caches."""
+        ok_base = self._base.seq_rm(seq_id, p0, p1)
+        ok_swa = self._swa.seq_rm(seq_id, p0, p1)
+        return ok_base and ok_swa
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Add dst to every cell of src with p0 <= pos < p1, in both caches."""
+        self._base.seq_cp(src, dst, p0, p1)
+        self._swa.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Keep only seq_id, in both caches."""
+        self._base.seq_keep(seq_id)
+        self._swa.seq_keep(seq_id)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, shift: int) -> None:
+        """Shift the positions of seq_id in [p0, p1), in both caches."""
+        self._base.seq_add(seq_id, p0, p1, shift)
+        self._swa.seq_add(seq_id, p0, p1, shift)
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        """Integer-divide the positions of seq_id in [p0, p1) by d (> 0), in both caches."""
+        self._base.seq_div(seq_id, p0, p1, d)
+        self._swa.seq_div(seq_id, p0, p1, d)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """Smallest position of seq_id in the SWA cache (-1 when absent)."""
+        return self._swa.seq_pos_min(seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position of seq_id (the SWA cache's answer; -1 when absent)."""
+        return self._swa.seq_pos_max(seq_id)
+
+    # --- K/V data --------------------------------------------------------------------------
+    def cache_of(self, il: int) -> UnifiedCache:
+        """The cache holding model layer il."""
+        if not isinstance(il, (int, np.integer)) or isinstance(il, (bool, np.bool_)):
+            raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
+        if not 0 <= il < self.n_layer:
+            raise IndexError(f"il = {il} is not a model layer (n_layer = {self.n_layer})")
+        return self._swa if int(il) in self._swa_layers else self._base
+
+    def k(self, il: int) -> np.ndarray:
+        """K of model layer il (a view into the cache holding it)."""
+        return self.cache_of(il).k(il)
+
+    def v(self, il: int) -> np.ndarray:
+        """V of model layer il (a view into the cache holding it)."""
+        return self.cache_of(il).v(il)
+
+    def store(self, il: int, k_rows: Any, v_rows: Any) -> None:
+        """Write the K/V rows of model layer il for the ubatch just placed (see UnifiedCache.store)."""
+        self.cache_of(il).store(il, k_rows, v_rows)
+
+    # --- graph inputs ----------------------------------------------------------------------
+    def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False, out: Any = None,
+                dtype: str = "f32") -> tuple[np.ndarray, np.ndarray]:
+        """The KQ masks of ub against both caches: ``(base_mask, swa_mask)``; the SWA mask also
+        hides what lies outside the window. ``out``: None or a pair of arrays to fill."""
+        if out is None:
+            out_base = out_swa = None
+        else:
+            try:
+                out_base, out_swa = out
+            except (TypeError, ValueError):
+                raise TypeError("out must be None or a pair (base_out, swa_out)") from None
+        return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype),
+                self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype))
+
+    def k_shift(self) -> tuple[np.ndarray, np.ndarray]:
+        """The per-cell K-shift inputs of both caches: ``(base_shift, swa_shift)``."""
+        return self._base.k_shift(), self._swa.k_shift()
+
+    def reset_shift(self) -> None:
+        """Clear the pending shifts of both caches (after the K-shift was applied)."""
+        self._base.reset_shift()
+        self._swa.reset_shift()
+
+    # --- maintenance -----------------------------------------------------------------------
+    def defrag_sched(self, thold: float) -> None:
+        """Schedule a defrag in each cache whose fragmentation exceeds thold."""
+        self._base.defrag_sched(thold)
+        self._swa.defrag_sched(thold)
+
+    def update(self, rope: Any = None, n_max_nodes: int = 65536) -> "ISWAUpdatePlan":
+        """Apply the pending K-shift and scheduled defrag of both caches (UnifiedCache.update).
+
+        A K-shift needs :attr:`can_shift`: with a pending shift and caches of different sizes
+        this raises RuntimeError and changes nothing. Returns the two caches' UpdatePlans; its
+        truth is what llama.cpp's iSWA update returns, the AND of the two."""
+        if self.has_shift and not self.can_shift:
+            raise RuntimeError(f"update: a K-shift is pending but this cache cannot shift (SWA cache of "
+                               f"{self._swa.size} cells, base cache of {self._base.size}: build it with "
+                               f"swa_full=True to allow position shifts)")
+        # both caches check the arguments before either changes
+        self._base._check_update(rope, n_max_nodes)
+        self._swa._check_update(rope, n_max_nodes)
+        return ISWAUpdatePlan(self._base.update(rope, n_max_nodes), self._swa.update(rope, n_max_nodes))
+
+    # --- state -----------------------------------------------------------------------------
+    def state_size(self, seq_id: int = -1) -> int:
+        """Bytes state_write(seq_id) produces."""
+        return _state_size_parts((self._base, self._swa), seq_id)
+
+    def state_write(self, seq_id: int = -1) -> bytes:
+        """The state of seq_id (-1: everything): the base cache's part, then the SWA cache's."""
+        return _state_write_parts((self._base, self._swa), seq_id)
+
+    def state_write_into(self, buf: Any, seq_id: int = -1) -> int:
+        """Write the state of seq_id (-1: everything) into buf: a writable buffer of at least
+        state_size(seq_id) bytes (each cache writes its part straight into it) or a binary file
+        object. Returns the bytes written."""
+        n_base = self._base.state_size(seq_id)
+        n = n_base + self._swa.state_size(seq_id)
+        try:
+            m = memoryview(buf)
+        except TypeError:
+            m = None
+        if m is None:
+            if not hasattr(buf, "write"):
+                raise TypeError(f"buf must be a writable buffer or a binary file object, not {type(buf).__name__}")
+            return self._base.state_write_into(buf, seq_id) + self._swa.state_write_into(buf, seq_id)
+        if m.readonly:
+            raise TypeError(f"buf must be writable ({type(buf).__name__} is read-only)")
+        if not m.c_contiguous:
+            raise ValueError("buf must be a C-contiguous buffer")
+        m = m.cast("B") if m.ndim != 1 or m.format != "B" else m
+        if m.nbytes < n:
+            raise ValueError(f"buf holds {m.nbytes} bytes, the state needs {n}")
+        return self._base.state_write_into(m[:n_base], seq_id) + self._swa.state_write_into(m[n_base:n], seq_id)
+
+    def state_read(self, data: Any, seq_id: int = -1, *, convert: bool = False, exact: bool = False) -> int:
+        """Restore a state written by state_write (or llama.cpp) into seq_id (-1: everything).
+
+        All or nothing: when any part is malformed, does not fit or finds no room, StateError is
+        raised and both caches (cells, K/V bytes, uncommitted slots) and the pending ranges are
+        exactly as they were. Returns the bytes consumed (bytes after the state are not read,
+        unless exact: then they are an error). convert: accept parts whose V layout (transposed
+        or not) differs from the caches' and convert them."""
+        return _state_read_parts((self._base, self._swa), data, seq_id, convert=convert, exact=exact)

@@ -1,0 +1,400 @@
+"""The memory a KV cache will take, worked out before creating it, as llama.cpp sizes and logs it.
+
+:func:`plan_unified`, :func:`plan_iswa` and :func:`plan_recurrent` take a model's cache geometry
+and a context's settings and return a :class:`Plan`: the cache variant, the padded cell count of
+each (sub-)cache, every layer's K/V type, row and tensor bytes, the totals, and the lines llama.cpp
+logs when it creates the same cache. Row sizes come from kvcache's ggml type table
+(:func:`kvcache._core.ggml_row_size`), the same one the caches use."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from kvcache._core import ggml_row_size, ggml_type
+
+__all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
+           "n_pad_for", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
+
+MIB = 1024 * 1024
+MAX_SEQ = 64                 # sequence ids a cell can hold (llama.cpp's LLAMA_MAX_PARALLEL_SEQUENCES)
+CPU_TENSOR_ALIGNMENT = 32    # ggml's CPU buffer gives every tensor a 32-byte aligned slot
+_SWA_TYPES = ("standard", "chunked")
+
+
+def n_pad_for(flash_attn: bool) -> int:
+    """Cell padding of a unified cache: 256 with flash attention (its kernels need it), else 32."""
+    return 256 if flash_attn else 32
+
+
+def _pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+def swa_pattern_layers(n_layer: int, pattern: int) -> list:
+    """The sliding-window layers of a repeating pattern, as llama.cpp's ``set_swa_pattern``:
+    in every run of ``pattern`` layers the last one attends to the full context."""
+    if pattern < 1:
+        raise ValueError(f"swa pattern = {pattern} must be >= 1")
+    return [il for il in range(n_layer) if il % pattern < pattern - 1]
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One model layer in one cache: its K/V types, row bytes (per cell) and tensor bytes."""
+    il: int
+    cache: str
+    type_k: str
+    type_v: str
+    n_embd_k: int
+    n_embd_v: int
+    k_row_bytes: int
+    v_row_bytes: int
+    k_bytes: int
+    v_bytes: int
+
+    def to_dict(self) -> dict:
+        """The layer as plain data."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """One cache (the unified cache, an iSWA half, or the recurrent cache)."""
+    name: str
+    kv_size: int
+    n_seq_max: int
+    n_pad: int | None
+    v_trans: bool
+    n_swa: int
+    swa_type: str
+    type_k: str
+    type_v: str
+    layers: tuple
+
+    @property
+    def size_k_bytes(self) -> int:
+        """Bytes of K over the cache's layers (the cache's ``size_k_bytes``)."""
+        return sum(lp.k_bytes for lp in self.layers)
+
+    @property
+    def size_v_bytes(self) -> int:
+        """Bytes of V over the cache's layers (the cache's ``size_v_bytes``)."""
+        return sum(lp.v_bytes for lp in self.layers)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of K and V (the cache's ``total_size``)."""
+        return self.size_k_bytes + self.size_v_bytes
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Size of the ggml CPU buffer holding the cache's tensors (each padded to 32 bytes)."""
+        return sum(_pad(lp.k_bytes, CPU_TENSOR_ALIGNMENT) + _pad(lp.v_bytes, CPU_TENSOR_ALIGNMENT)
+                   for lp in self.layers)
+
+    def to_dict(self) -> dict:
+        """The cache as plain data, totals included."""
+        return {
+            "name": self.name, "kv_size": self.kv_size, "n_seq_max": self.n_seq_max, "n_pad": self.n_pad,
+            "v_trans": self.v_trans, "n_swa": self.n_swa, "swa_type": self.swa_type,
+            "type_k": self.type_k, "type_v": self.type_v, "n_layers": len(self.layers),
+            "size_k_bytes": self.size_k_bytes, "size_v_bytes": self.size_v_bytes,
+            "total_bytes": self.total_bytes, "buffer_bytes": self.buffer_bytes,
+            "total_mib": self.total_bytes / MIB,
+            "layers": [lp.to_dict() for lp in self.layers],
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A cache's geometry and memory: ``variant`` ("unified", "iswa" or "recurrent"), the
+    requested ``n_ctx``, its ``caches`` (one, or base and SWA) and llama.cpp's log lines."""
+    variant: str
+    n_ctx: int | None
+    n_seq_max: int
+    flash_attn: bool
+    caches: tuple
+    sizing: dict
+    llama_log: tuple
+
+    @property
+    def kv_size(self) -> int:
+        """Cells of the main cache (the base cache of an iSWA pair)."""
+        return self.caches[0].kv_size
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of K and V over every cache."""
+        return sum(c.total_bytes for c in self.caches)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of the ggml CPU buffers over every cache."""
+        return sum(c.buffer_bytes for c in self.caches)
+
+    def cache(self, name: str) -> CachePlan:
+        """The cache called ``name`` ("kv", "base", "swa" or "recurrent")."""
+        for c in self.caches:
+            if c.name == name:
+                return c
+        raise KeyError(f"no cache {name!r} in this plan ({', '.join(c.name for c in self.caches)})")
+
+    def to_dict(self) -> dict:
+        """The plan as plain data (what ``kvcache plan --json`` prints)."""
+        return {
+            "variant": self.variant, "n_ctx": self.n_ctx, "kv_size": self.kv_size,
+            "n_seq_max": self.n_seq_max, "flash_attn": self.flash_attn, "sizing": dict(self.sizing),
+            "caches": [c.to_dict() for c in self.caches],
+            "size_k_bytes": sum(c.size_k_bytes for c in self.caches),
+            "size_v_bytes": sum(c.size_v_bytes for c in self.caches),
+            "total_bytes": self.total_bytes, "total_mib": self.total_bytes / MIB,
+            "buffer_bytes": self.buffer_bytes,
+            "llama_log": list(self.llama_log),
+        }
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+def _int(v: Any, name: str, lo: int, hi: int | None = None) -> int:
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{name} = {v} must be {f'in [{lo}, {hi}]' if hi is not None else f'>= {lo}'}")
+    return int(v)
+
+
+def _widths(v: Any, n_layer: int, name: str) -> list:
+    """One width per model layer, from an int or a sequence of n_layer ints."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        return [_int(v, name, 0, 2**31 - 1)] * n_layer
+    vals = list(v)
+    if len(vals) != n_layer:
+        raise ValueError(f"{name} has {len(vals)} entries, expected one per layer (n_layer = {n_layer})")
+    return [_int(x, f"{name}[{i}]", 0, 2**31 - 1) for i, x in enumerate(vals)]
+
+
+def _row(t: str, n: int, il: int, what: str) -> int:
+    info = ggml_type(t)
+    if n % info.blck_size:
+        raise ValueError(f"layer {il}: {what} = {n} is not a multiple of the {info.name} block "
+                         f"({info.blck_size} elements)")
+    return ggml_row_size(info.name, n)
+
+
+def _layers(cache: str, ils: Iterable[int], wk: Sequence[int], wv: Sequence[int], tk: str, tv: str,
+            cells: int) -> tuple:
+    out = []
+    for il in ils:
+        rk = _row(tk, wk[il], il, "K width")
+        rv = _row(tv, wv[il], il, "V width")
+        out.append(LayerPlan(il, cache, tk, tv, wk[il], wv[il], rk, rv, rk * cells, rv * cells))
+    return tuple(out)
+
+
+def _kv_types(type_k: Any, type_v: Any, flash_attn: bool) -> tuple:
+    tk = ggml_type(type_k).name
+    info_v = ggml_type(type_v)
+    if not flash_attn and info_v.blck_size != 1:
+        raise ValueError(f"type_v = {info_v.name} needs flash attention: without it V is stored "
+                         "transposed, one element per cell, which a block type cannot do")
+    return tk, info_v.name
+
+
+def _common(n_ctx: Any, n_layer: Any, n_seq_max: Any, flash_attn: Any) -> tuple:
+    n_ctx = _int(n_ctx, "n_ctx", 1, 2**31 - 1)
+    n_layer = _int(n_layer, "n_layer", 1, 65536)
+    n_seq_max = _int(n_seq_max, "n_seq_max", 1, MAX_SEQ)
+    if not isinstance(flash_attn, (bool, np.bool_)):
+        raise TypeError(f"flash_attn must be a bool, not {type(flash_attn).__name__}")
+    n_pad = n_pad_for(bool(flash_attn))
+    kv_size = _pad(n_ctx, n_pad)
+    if kv_size > 2**31 - 1:
+        raise ValueError(f"n_ctx = {n_ctx} padded to {n_pad} exceeds 2**31 - 1 cells")
+    return n_ctx, n_layer, n_seq_max, bool(flash_attn), n_pad, kv_size
+
+
+# --- the three variants ------------------------------------------------------------------------
+
+def plan_unified(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = None, n_seq_max: int = 1,
+                 type_k: Any = "f16", type_v: Any = "f16", flash_attn: bool = False) -> Plan:
+    """The plan of a unified cache: ``kv_size = pad(n_ctx, n_pad)`` cells, every layer in it.
+
+    ``n_embd_k_gqa`` / ``n_embd_v_gqa``: K / V row width in elements (one int, or one per layer;
+    V defaults to K's). Without flash attention V is stored transposed (so ``type_v`` must have
+    one element per block) and ``n_pad`` is 32; with it, 256."""
+    n_ctx, n_layer, n_seq_max, fa, n_pad, kv_size = _common(n_ctx, n_layer, n_seq_max, flash_attn)
+    wk = _widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
+    wv = wk if n_embd_v_gqa is None else _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
+    tk, tv = _kv_types(type_k, type_v, fa)
+    c = CachePlan("kv", kv_size, n_seq_max, n_pad, not fa, 0, "none", tk, tv,
+                  _layers("kv", range(n_layer), wk, wv, tk, tv, kv_size))
+    sizing = {"n_pad": n_pad, "kv_size": f"pad(n_ctx, n_pad) = pad({n_ctx}, {n_pad}) = {kv_size}"}
+    return Plan("unified", n_ctx, n_seq_max, fa, (c,), sizing, tuple(_unified_log(c)))
+
+
+def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = None, *,
+              swa_layers: Iterable[int], n_swa: int, swa_type: str = "standard", n_batch: int = 2048,
+              swa_full: bool = False, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
+              flash_attn: bool = False) -> Plan:
+    """The plan of an iSWA pair: a base cache of ``pad(n_ctx, n_pad)`` cells for the full-attention
+    layers and a SWA cache of ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))`` cells for
+    the ``swa_layers`` (``kv_size`` cells with ``swa_full``)."""
+    n_ctx, n_layer, n_seq_max, fa, n_pad, kv_size = _common(n_ctx, n_layer, n_seq_max, flash_attn)
+    wk = _widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
+    wv = wk if n_embd_v_gqa is None else _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
+    tk, tv = _kv_types(type_k, type_v, fa)
+    swa = sorted({_int(il, "swa_layers entry", 0, n_layer - 1) for il in swa_layers})
+    n_swa = _int(n_swa, "n_swa", 1, 2**31 - 1)
+    if swa_type not in _SWA_TYPES:
+        raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(_SWA_TYPES)}")
+    n_batch = _int(n_batch, "n_batch", 1, 2**31 - 1)
+    want = _pad(n_swa * n_seq_max + n_batch, n_pad)
+    size_swa = kv_size if swa_full else min(kv_size, want)
+    base_ils = [il for il in range(n_layer) if il not in set(swa)]
+    base = CachePlan("base", kv_size, n_seq_max, n_pad, not fa, 0, "none", tk, tv,
+                     _layers("base", base_ils, wk, wv, tk, tv, kv_size))
+    swac = CachePlan("swa", size_swa, n_seq_max, n_pad, not fa, n_swa, swa_type, tk, tv,
+                     _layers("swa", swa, wk, wv, tk, tv, size_swa))
+    sizing = {
+        "n_pad": n_pad,
+        "kv_size": f"pad(n_ctx, n_pad) = pad({n_ctx}, {n_pad}) = {kv_size}",
+        "swa_size": (f"swa_full: kv_size = {kv_size}" if swa_full else
+                     f"min(kv_size, pad(n_swa*n_seq_max + n_batch, n_pad)) = "
+                     f"min({kv_size}, pad({n_swa}*{n_seq_max} + {n_batch}, {n_pad})) = {size_swa}"),
+        "n_batch": n_batch, "swa_full": bool(swa_full),
+    }
+    log = [f"llama_kv_cache_unified_iswa: creating non-SWA KV cache, size = {kv_size} cells",
+           *_unified_log(base),
+           f"llama_kv_cache_unified_iswa: creating     SWA KV cache, size = {size_swa} cells",
+           *_unified_log(swac)]
+    return Plan("iswa", n_ctx, n_seq_max, fa, (base, swac), sizing, tuple(log))
+
+
+def plan_recurrent(n_layer: int, n_embd_k_s: Any, n_embd_v_s: Any, n_seq_max: int = 1,
+                   n_embd_k_gqa: Any = 0, n_embd_v_gqa: Any = 0, type_k: Any = "f32", type_v: Any = "f32",
+                   n_ctx: int | None = None) -> Plan:
+    """The plan of a recurrent cache: ``max(1, n_seq_max)`` cells (one state per sequence, whatever
+    ``n_ctx``); a layer's K row holds ``n_embd_k_gqa + n_embd_k_s`` elements (the rolling state,
+    e.g. Mamba's ``(d_conv - 1) * d_inner``), its V row ``n_embd_v_gqa + n_embd_v_s`` (the
+    recurrent state, e.g. ``d_state * d_inner``)."""
+    n_layer = _int(n_layer, "n_layer", 1, 65536)
+    n_seq_max = _int(n_seq_max, "n_seq_max", 1, MAX_SEQ)
+    if n_ctx is not None:
+        n_ctx = _int(n_ctx, "n_ctx", 1, 2**31 - 1)
+    wk = [a + b for a, b in zip(_widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa"),
+                                _widths(n_embd_k_s, n_layer, "n_embd_k_s"))]
+    wv = [a + b for a, b in zip(_widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa"),
+                                _widths(n_embd_v_s, n_layer, "n_embd_v_s"))]
+    tk, tv = ggml_type(type_k).name, ggml_type(type_v).name
+    cells = max(1, n_seq_max)
+    c = CachePlan("recurrent", cells, n_seq_max, None, False, 0, "none", tk, tv,
+                  _layers("recurrent", range(n_layer), wk, wv, tk, tv, cells))
+    sizing = {"kv_size": f"max(1, n_seq_max) = {cells}"}
+    log = [f"llama_kv_cache_recurrent: kv_size = {cells}, n_seq_max = {n_seq_max}, type_k = '{tk}', "
+           f"type_v = '{tv}', n_layer = {n_layer}",
+           _buffer_line("llama_kv_cache_recurrent", c),
+           f"llama_kv_cache_recurrent: KV self size  = {_mib_f32(c.total_bytes):7.2f} MiB, "
+           f"K ({tk}): {_mib_f32(c.size_k_bytes):7.2f} MiB, V ({tv}): {_mib_f32(c.size_v_bytes):7.2f} MiB"]
+    return Plan("recurrent", n_ctx, n_seq_max, False, (c,), sizing, tuple(log))
+
+
+# --- llama.cpp's log lines ---------------------------------------------------------------------
+
+def _mib_f32(nbytes: int) -> float:
+    # llama.cpp divides in single precision: (float) bytes / (1024.0f * 1024.0f)
+    return float(np.float32(nbytes) / np.float32(MIB))
+
+
+def _buffer_line(func: str, c: CachePlan) -> str:
+    return f"{func}: {'CPU':>10s} KV buffer size = {c.buffer_bytes / 1024.0 / 1024.0:8.2f} MiB"
+
+
+def _unified_log(c: CachePlan) -> list:
+    lines = []
+    if c.layers:    # a cache without layers allocates no buffer and logs none
+        lines.append(_buffer_line("llama_kv_cache_unified", c))
+    lines.append(
+        f"llama_kv_cache_unified: size = {_mib_f32(c.total_bytes):7.2f} MiB ({c.kv_size:6d} cells, "
+        f"{len(c.layers):3d} layers, {c.n_seq_max:2d} seqs), K ({c.type_k}): {_mib_f32(c.size_k_bytes):7.2f} MiB, "
+        f"V ({c.type_v}): {_mib_f32(c.size_v_bytes):7.2f} MiB")
+    return lines
+
+
+# --- text --------------------------------------------------------------------------------------
+
+def _bytes(n: int) -> str:
+    if n >= MIB:
+        return f"{n / MIB:.2f} MiB"
+    if n >= 1024:
+        return f"{n / 1024:.2f} KiB"
+    return f"{n} B"
+
+
+def _table(rows: list, right: set) -> list:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [str(v).rjust(w) if i in right else str(v).ljust(w) for i, (v, w) in enumerate(zip(r, widths))]
+        out.append("  " + "  ".join(cells).rstrip())
+    return out
+
+
+def format_plan(p: Plan) -> str:
+    """The plan as the readable text ``kvcache plan`` prints."""
+    lines = []
+    if p.variant == "recurrent":
+        c = p.caches[0]
+        lines.append(f"recurrent cache: {c.kv_size} cells (one per sequence, n_seq_max = {p.n_seq_max}), "
+                     f"{len(c.layers)} layers, K {c.type_k} / V {c.type_v}")
+    else:
+        c = p.caches[0]
+        vt = "V transposed (no flash attention)" if c.v_trans else "V in rows (flash attention)"
+        kind = "unified cache" if p.variant == "unified" else "iSWA cache (base + sliding window)"
+        lines.append(f"{kind}: n_ctx {p.n_ctx} -> kv_size {p.kv_size} cells (n_pad {c.n_pad}), "
+                     f"{p.n_seq_max} seqs, {vt}")
+        if p.variant == "iswa":
+            s = p.cache("swa")
+            lines.append(f"  base: {p.kv_size} cells, layers {_ranges([lp.il for lp in p.caches[0].layers])}")
+            lines.append(f"  swa:  {p.sizing['swa_size']} cells, layers {_ranges([lp.il for lp in s.layers])}, "
+                         f"window {s.n_swa} ({s.swa_type})")
+    lines.append("")
+    rows = [("layer", "cache", "K type", "K width", "K row", "K bytes", "V type", "V width", "V row", "V bytes")]
+    for c in p.caches:
+        for lp in c.layers:
+            rows.append((lp.il, lp.cache, lp.type_k, lp.n_embd_k, lp.k_row_bytes, f"{lp.k_bytes:,}",
+                         lp.type_v, lp.n_embd_v, lp.v_row_bytes, f"{lp.v_bytes:,}"))
+    rows[1:] = sorted(rows[1:], key=lambda r: r[0])
+    lines += _table(rows, {0, 3, 4, 5, 7, 8, 9})
+    lines.append("  (row = bytes per cell)")
+    lines.append("")
+    rows = [("cache", "cells", "layers", "K", "V", "total", "CPU buffer")]
+    for c in p.caches:
+        rows.append((c.name, c.kv_size, len(c.layers), _bytes(c.size_k_bytes), _bytes(c.size_v_bytes),
+                     _bytes(c.total_bytes), _bytes(c.buffer_bytes)))
+    if len(p.caches) > 1:
+        rows.append(("all", sum(c.kv_size for c in p.caches), sum(len(c.layers) for c in p.caches),
+                     _bytes(sum(c.size_k_bytes for c in p.caches)), _bytes(sum(c.size_v_bytes for c in p.caches)),
+                     _bytes(p.total_bytes), _bytes(p.buffer_bytes)))
+    lines += _table(rows, {1, 2, 3, 4, 5, 6})
+    lines.append(f"total: {p.total_bytes / MIB:.2f} MiB ({p.total_bytes:,} bytes)")
+    lines.append("")
+    lines.append("llama.cpp logs:")
+    lines += [f"  {s}" for s in p.llama_log]
+    return "\n".join(lines)
+
+
+def _ranges(ils: Sequence[int]) -> str:
+    """Layer indices compactly: 0-3,6,8-9."""
+    if not ils:
+        return "none"
+    parts, start, prev = [], ils[0], ils[0]
+    for il in list(ils[1:]) + [None]:
+        if il is not None and il == prev + 1:
+            prev = il
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if il is not None:
+            start = prev = il
+    return ",".join(parts)

@@ -1,0 +1,556 @@
+"""A continuous-batching workload driven through :class:`kvcache.UnifiedCache`, for its bookkeeping.
+
+:func:`simulate` plays a server: requests arrive (Poisson per step) with prompt and output lengths
+from a seeded distribution; a share of them start with a common system prompt, which they take
+from the sequence holding it with ``seq_cp`` instead of prefilling it again; every step builds one
+ubatch of at most ``n_ubatch`` tokens (one decode token per generating request, then prompt chunks),
+places it with ``find_slot`` and commits it; finished requests leave with ``seq_rm``; the cache is
+defragmented when fragmentation passes a threshold. The K/V rows are tiny and never written: what is
+measured is the cache's bookkeeping, not attention.
+
+When ``find_slot`` finds no room, the step does one of three things and tries again, and every
+such failure is counted with what was done about it:
+
+- ``defrag``: enough cells are free but not in one run -> defragment now;
+- ``shrink``: too few cells are free for the whole ubatch, but enough for its decode tokens ->
+  cut the prompt chunks down to the free cells;
+- ``evict``: too few cells even for that -> the most recently admitted request gives its cells
+  back (``seq_rm``) and waits again at the head of the queue, to be recomputed from its prompt.
+
+Fragmentation is measured with the formula of llama.cpp's ``defrag_sched``:
+``max(0, 1 - (used + n_pad) / n)`` where ``n`` is the span the last ``find_slot`` made attended
+(``pad(used_max_p1, n_pad)``), without its rule that caches under 2048 cells are never
+fragmented."""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+import kvcache
+from kvcache.plan import MAX_SEQ, n_pad_for
+
+__all__ = ["SimConfig", "SimReport", "Simulation", "simulate", "format_report", "plot_report", "DEFRAG_MODES",
+           "LENGTH_DISTS", "FRAGMENTATION_FORMULA"]
+
+DEFRAG_MODES = ("sched", "direct", "off")
+LENGTH_DISTS = ("geometric", "uniform", "fixed")
+FRAGMENTATION_FORMULA = "max(0, 1 - (used + n_pad) / n)  (llama.cpp's defrag_sched, without its n >= 2048 rule)"
+# Largest graph of a llama.cpp context (graph_max_nodes); bounds the moves of one defrag plan.
+_MAX_NODES = 65536
+_PREFIX_SEQ = 0
+
+
+@dataclass
+class SimConfig:
+    """The geometry and the workload of a simulation (see ``kvcache simulate --help``)."""
+    n_ctx: int = 4096
+    n_seq_max: int = 16
+    n_layer: int = 1
+    n_embd: int = 8
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+    steps: int = 2000
+    arrival_rate: float = 0.1
+    dist: str = "geometric"
+    prompt_mean: int = 200
+    output_mean: int = 100
+    prefix_share: float = 0.5
+    prefix_len: int = 128
+    n_ubatch: int = 512
+    defrag: str = "sched"
+    defrag_thold: float = 0.1
+    mask: bool = False
+    seed: int = 0
+
+    def check(self) -> None:
+        """ValueError naming the first setting out of range."""
+        def need(ok, msg):
+            if not ok:
+                raise ValueError(msg)
+        for name in ("n_ctx", "n_layer", "n_embd", "steps", "prompt_mean", "output_mean", "n_ubatch"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, f"{name} must be an int >= 1")
+        need(1 <= self.n_seq_max <= MAX_SEQ, f"n_seq_max = {self.n_seq_max} must be in [1, {MAX_SEQ}]")
+        need(math.isfinite(self.arrival_rate) and self.arrival_rate >= 0,
+             f"arrival_rate = {self.arrival_rate} must be a finite number >= 0")
+        need(0.0 <= self.prefix_share <= 1.0, f"prefix_share = {self.prefix_share} must be in [0, 1]")
+        need(self.prefix_len >= 0, f"prefix_len = {self.prefix_len} must be >= 0")
+        need(self.dist in LENGTH_DISTS, f"dist = {self.dist!r}: expected one of {', '.join(LENGTH_DISTS)}")
+        need(self.defrag in DEFRAG_MODES, f"defrag = {self.defrag!r}: expected one of {', '.join(DEFRAG_MODES)}")
+        need(math.isfinite(self.defrag_thold), "defrag_thold must be finite")
+        kv_size = self.kv_size
+        need(self.n_ubatch <= kv_size, f"n_ubatch = {self.n_ubatch} is more than the cache's {kv_size} cells")
+        if self.sharing:
+            need(self.n_seq_max >= 2, "prefix sharing needs n_seq_max >= 2 (one sequence holds the shared prefix)")
+            need(self.prefix_len < kv_size, f"prefix_len = {self.prefix_len} leaves no room in {kv_size} cells")
+
+    @property
+    def n_pad(self) -> int:
+        """Cell padding: 256 with flash attention, else 32."""
+        return n_pad_for(self.flash_attn)
+
+    @property
+    def kv_size(self) -> int:
+        """Cells of the cache: n_ctx padded to n_pad."""
+        return -(-self.n_ctx // self.n_pad) * self.n_pad
+
+    @property
+    def sharing(self) -> bool:
+        """Whether some requests share a prefix (a share above 0 and a prefix of at least a token)."""
+        return self.prefix_share > 0 and self.prefix_len > 0
+
+
+@dataclass
+class SimReport:
+    """What a simulation did and measured. ``series`` holds one value per step."""
+    config: dict
+    kv_size: int = 0
+    n_pad: int = 0
+    # requests
+    arrived: int = 0
+    rejected: int = 0             # longer than the cache can ever hold
+    admitted: int = 0
+    admitted_shared: int = 0      # admissions that took the shared prefix with seq_cp
+    served: int = 0
+    evicted: int = 0
+    running_at_end: int = 0
+    waiting_at_end: int = 0
+    # tokens
+    tokens_placed: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    recomputed_tokens: int = 0    # tokens placed again after their request was evicted
+    prefix_tokens_reused: int = 0  # prompt tokens never placed thanks to seq_cp
+    # kvcache calls
+    calls: dict = field(default_factory=dict)
+    find_slot_failures: int = 0
+    failure_actions: dict = field(default_factory=lambda: {"defrag": 0, "shrink": 0, "evict": 0})
+    defrags: int = 0
+    cells_moved: int = 0
+    defrag_steps: list = field(default_factory=list)
+    # time spent inside kvcache, per call kind
+    seconds: dict = field(default_factory=dict)
+    # per step
+    series: dict = field(default_factory=lambda: {"occupancy": [], "fragmentation": [], "running": [],
+                                                  "waiting": [], "tokens": []})
+    # accounting: cells in use against what the live sequences hold
+    accounting: dict = field(default_factory=dict)
+    latency_steps: dict = field(default_factory=dict)
+
+    @property
+    def bookkeeping_seconds(self) -> float:
+        """Time spent inside kvcache calls (UBatch construction included)."""
+        return sum(self.seconds.values())
+
+    def summary(self) -> dict:
+        """The derived figures: throughput, occupancy and fragmentation statistics."""
+        occ = np.asarray(self.series["occupancy"], dtype=float)
+        frag = np.asarray(self.series["fragmentation"], dtype=float)
+        t = self.bookkeeping_seconds
+        t_fs = self.seconds.get("find_slot", 0.0)
+        return {
+            "bookkeeping_seconds": t,
+            "tokens_per_s": self.tokens_placed / t if t > 0 else None,
+            "find_slot_per_s": self.calls.get("find_slot", 0) / t_fs if t_fs > 0 else None,
+            "calls_per_s": sum(self.calls.values()) / t if t > 0 else None,
+            "occupancy_mean": float(occ.mean()) if occ.size else 0.0,
+            "occupancy_max": float(occ.max()) if occ.size else 0.0,
+            "fragmentation_mean": float(frag.mean()) if frag.size else 0.0,
+            "fragmentation_max": float(frag.max()) if frag.size else 0.0,
+        }
+
+    def to_dict(self, series: bool = False) -> dict:
+        """The report as plain data; the per-step series only when asked for."""
+        d = asdict(self)
+        if not series:
+            d.pop("series")
+        d["summary"] = self.summary()
+        d["fragmentation_formula"] = FRAGMENTATION_FORMULA
+        return d
+
+
+class _Req:
+    __slots__ = ("rid", "arrival", "prompt", "output", "shared", "sid", "admit_no", "done_prompt", "n_gen",
+                 "placed", "first_token", "evictions")
+
+    def __init__(self, rid, arrival, prompt, output, shared):
+        self.rid, self.arrival, self.prompt, self.output, self.shared = rid, arrival, prompt, output, shared
+        self.sid = -1
+        self.admit_no = -1
+        self.done_prompt = 0      # own prompt tokens placed
+        self.n_gen = 0            # output tokens produced
+        self.placed = 0           # own cells (shared prefix not counted)
+        self.first_token = -1
+        self.evictions = 0
+
+    def base_pos(self, prefix_len: int) -> int:
+        return prefix_len if self.shared else 0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.done_prompt < self.prompt
+
+
+class Simulation:
+    """One simulation: ``run()`` plays the workload; ``cache`` is the UnifiedCache it drives and
+    ``running`` its live requests by sequence id (attributes: ``placed`` cells of their own,
+    ``shared`` prefix or not)."""
+
+    def __init__(self, cfg: SimConfig, progress: Optional[Callable[[int, "SimReport"], None]] = None):
+        cfg.check()
+        self.cfg = cfg
+        self.rng = np.random.default_rng(cfg.seed)
+        self.progress = progress
+        self.cache = kvcache.UnifiedCache(
+            kv_size=cfg.kv_size, n_layer=cfg.n_layer, n_embd_k_gqa=cfg.n_embd, n_embd_v_gqa=cfg.n_embd,
+            type_k=cfg.type_k, type_v=cfg.type_v, v_trans=not cfg.flash_attn, n_seq_max=cfg.n_seq_max,
+            n_pad=cfg.n_pad, buffers="owned")
+        self.rep = SimReport(config=asdict(cfg), kv_size=cfg.kv_size, n_pad=cfg.n_pad)
+        self.rep.calls = {k: 0 for k in ("ubatch", "find_slot", "commit", "seq_cp", "seq_rm", "kq_mask", "update",
+                                         "defrag_sched", "defrag_prepare", "defrag_move")}
+        self.rep.seconds = {k: 0.0 for k in self.rep.calls}
+        self.waiting: deque = deque()
+        self.running: dict = {}        # sid -> _Req, in admission order
+        first = 1 if cfg.sharing else 0
+        self.free_sids = deque(range(first, cfg.n_seq_max))
+        self.prefix_cells = 0
+        self.n_rid = 0
+        self.n_admit = 0
+        self.capacity = cfg.kv_size - (cfg.prefix_len if cfg.sharing else 0)
+        self.ttft: list = []
+        self.e2e: list = []
+        self.mismatches = 0
+        self.first_mismatch = None
+        self.step = -1
+
+    # --- kvcache calls, timed --------------------------------------------------------------------
+    def call(self, name, fn, *args):
+        t0 = time.perf_counter()
+        r = fn(*args)
+        self.rep.seconds[name] += time.perf_counter() - t0
+        self.rep.calls[name] += 1
+        return r
+
+    def defrag_now(self) -> bool:
+        """Plan and apply a defrag; False when nothing had to move."""
+        c = self.cache
+        if not self.call("defrag_prepare", c.defrag_prepare, _MAX_NODES):
+            return False
+        ids = c.defrag_ids
+        self.call("defrag_move", c.defrag_move)
+        self._count_defrag(ids)
+        return True
+
+    def _count_defrag(self, ids) -> None:
+        self.rep.defrags += 1
+        self.rep.cells_moved += int(np.count_nonzero((ids != np.arange(len(ids))) & (ids != len(ids))))
+        self.rep.defrag_steps.append(self.step)
+
+    def fragmentation(self) -> float:
+        c = self.cache
+        return max(0.0, 1.0 - (c.used + c.n_pad) / c.n) if c.n else 0.0
+
+    # --- workload --------------------------------------------------------------------------------
+    def draw_len(self, mean: int) -> int:
+        d = self.cfg.dist
+        if d == "fixed":
+            return mean
+        if d == "uniform":
+            return int(self.rng.integers(1, 2 * mean))          # [1, 2*mean - 1], mean `mean`
+        return int(self.rng.geometric(1.0 / mean))               # >= 1, mean `mean`
+
+    def arrivals(self) -> None:
+        cfg, rep = self.cfg, self.rep
+        for _ in range(int(self.rng.poisson(cfg.arrival_rate))):
+            prompt, output = self.draw_len(cfg.prompt_mean), self.draw_len(cfg.output_mean)
+            shared = cfg.sharing and bool(self.rng.random() < cfg.prefix_share)
+            rep.arrived += 1
+            self.n_rid += 1
+            # a request places its prompt and every output token but the last (never fed back)
+            if prompt + output - 1 > self.capacity:
+                rep.rejected += 1
+                continue
+            self.waiting.append(_Req(self.n_rid, self.step, prompt, output, shared))
+
+    def setup_prefix(self) -> None:
+        """Prefill the shared system prompt into its own sequence, before any request."""
+        cfg, c = self.cfg, self.cache
+        done = 0
+        while done < cfg.prefix_len:
+            n = min(cfg.n_ubatch, cfg.prefix_len - done)
+            ub = self.call("ubatch", kvcache.UBatch, np.arange(done, done + n), [_PREFIX_SEQ] * n)
+            if not self.call("find_slot", c.find_slot, ub):     # an empty cache: cannot happen
+                raise RuntimeError(f"find_slot failed for the shared prefix in an empty cache of {c.size} cells")
+            self.call("commit", c.commit)
+            done += n
+        self.prefix_cells = cfg.prefix_len
+
+    def admit(self) -> None:
+        c, rep = self.cache, self.rep
+        # first come, first served; a request starts only when its prompt fits in the free cells now
+        while self.waiting and self.free_sids and self.waiting[0].prompt <= c.size - c.used:
+            r = self.waiting.popleft()
+            r.sid = self.free_sids.popleft()
+            r.admit_no = self.n_admit
+            self.n_admit += 1
+            self.running[r.sid] = r
+            rep.admitted += 1
+            if r.shared:
+                self.call("seq_cp", c.seq_cp, _PREFIX_SEQ, r.sid, -1, -1)
+                rep.admitted_shared += 1
+                rep.prefix_tokens_reused += self.cfg.prefix_len
+
+    def plan_batch(self, budget: int) -> list:
+        """The ubatch as (request, first position, count): a decode token of every generating
+        request first (oldest first), then prompt chunks while the budget lasts."""
+        out, left = [], budget
+        reqs = sorted(self.running.values(), key=lambda r: r.admit_no)
+        for r in reqs:
+            if left and not r.prefilling:
+                out.append((r, r.base_pos(self.cfg.prefix_len) + r.placed, 1))
+                left -= 1
+        for r in reqs:
+            if left and r.prefilling:
+                n = min(left, r.prompt - r.done_prompt)
+                out.append((r, r.base_pos(self.cfg.prefix_len) + r.placed, n))
+                left -= n
+        return out
+
+    def make_ubatch(self, parts: list):
+        pos = np.concatenate([np.arange(p, p + n) for _, p, n in parts])
+        sids = [s for r, _, n in parts for s in [r.sid] * n]
+        return self.call("ubatch", kvcache.UBatch, pos, sids)
+
+    def evict_youngest(self) -> None:
+        r = max(self.running.values(), key=lambda q: q.admit_no)
+        self.call("seq_rm", self.cache.seq_rm, r.sid, -1, -1)
+        del self.running[r.sid]
+        self.free_sids.append(r.sid)
+        self.rep.evicted += 1
+        self.rep.recomputed_tokens += r.placed
+        r.evictions += 1
+        r.sid, r.done_prompt, r.n_gen, r.placed, r.first_token = -1, 0, 0, 0, -1
+        self.waiting.appendleft(r)
+
+    def place(self) -> tuple:
+        """Find room for this step's ubatch, resolving failures: (parts placed, ubatch)."""
+        c, rep, cfg = self.cache, self.rep, self.cfg
+        budget = cfg.n_ubatch
+        for _ in range(4 * cfg.n_seq_max + 64):
+            parts = self.plan_batch(budget)
+            if not parts:
+                return [], None
+            ub = self.make_ubatch(parts)
+            if self.call("find_slot", c.find_slot, ub):
+                return parts, ub
+            rep.find_slot_failures += 1
+            n_tokens = len(ub)
+            free = c.size - c.used
+            n_decode = sum(1 for r, _, _ in parts if not r.prefilling)
+            if free >= n_tokens and self.defrag_now():
+                rep.failure_actions["defrag"] += 1
+            elif n_decode < free < n_tokens:
+                budget = free
+                rep.failure_actions["shrink"] += 1
+            elif len(self.running) > 1:
+                self.evict_youngest()
+                rep.failure_actions["evict"] += 1
+            else:
+                # one request that fits the cache alone (arrivals check it) and still has no room
+                raise RuntimeError(f"find_slot failed for {n_tokens} tokens of a lone request with {free} free "
+                                   f"cells out of {c.size}")
+        raise RuntimeError("find_slot kept failing after every remedy")
+
+    def advance(self, parts: list) -> None:
+        rep = self.rep
+        for r, _, n in parts:
+            r.placed += n
+            if r.prefilling:
+                r.done_prompt += n
+                rep.prefill_tokens += n
+                if not r.prefilling:          # the last prompt token yields the first output token
+                    r.n_gen = 1
+                    r.first_token = self.step
+                    self.ttft.append(self.step - r.arrival)
+            else:
+                r.n_gen += 1
+                rep.decode_tokens += 1
+            rep.tokens_placed += n
+
+    def finish(self) -> None:
+        c, rep = self.cache, self.rep
+        for r in [r for r in self.running.values() if not r.prefilling and r.n_gen >= r.output]:
+            self.call("seq_rm", c.seq_rm, r.sid, -1, -1)
+            del self.running[r.sid]
+            self.free_sids.append(r.sid)
+            rep.served += 1
+            self.e2e.append(self.step - r.arrival)
+
+    def check_accounting(self) -> None:
+        expect = self.prefix_cells + sum(r.placed for r in self.running.values())
+        if self.cache.used != expect:
+            self.mismatches += 1
+            if self.first_mismatch is None:
+                self.first_mismatch = {"step": self.step, "cells_used": self.cache.used, "expected": expect}
+
+    # --- the loop --------------------------------------------------------------------------------
+    def run(self) -> SimReport:
+        cfg, c, rep = self.cfg, self.cache, self.rep
+        self.step = -1
+        if cfg.sharing:
+            self.setup_prefix()
+        for self.step in range(cfg.steps):
+            self.arrivals()
+            self.admit()
+            if cfg.defrag == "sched" and self.running:
+                # llama.cpp applies the defrag scheduled by the previous decode when the next begins
+                if c.do_defrag:
+                    moved = self.call("update", c.update)
+                    if moved:
+                        self._count_defrag(c.defrag_ids)
+            parts, ub = self.place()
+            if parts:
+                if cfg.mask:
+                    self.call("kq_mask", c.kq_mask, ub)
+                self.call("commit", c.commit)
+                self.advance(parts)
+            self.finish()
+            if cfg.defrag == "sched" and parts and cfg.defrag_thold >= 0:
+                self.call("defrag_sched", c.defrag_sched, cfg.defrag_thold)
+            elif cfg.defrag == "direct" and cfg.defrag_thold >= 0 and self.fragmentation() > cfg.defrag_thold:
+                self.defrag_now()
+            self.check_accounting()
+            s = rep.series
+            s["occupancy"].append(c.used / c.size)
+            s["fragmentation"].append(self.fragmentation())
+            s["running"].append(len(self.running))
+            s["waiting"].append(len(self.waiting))
+            s["tokens"].append(sum(n for _, _, n in parts))
+            if self.progress is not None:
+                self.progress(self.step + 1, rep)
+        self.final_checks()
+        return rep
+
+    def final_checks(self) -> None:
+        c, rep = self.cache, self.rep
+        rep.running_at_end = len(self.running)
+        rep.waiting_at_end = len(self.waiting)
+        expect = self.prefix_cells + sum(r.placed for r in self.running.values())
+        # every live sequence ends where its placed tokens say
+        pos_ok = all(c.seq_pos_max(r.sid) == r.base_pos(self.cfg.prefix_len) + r.placed - 1
+                     for r in self.running.values() if r.placed)
+        rep.accounting = {
+            "cells_used": c.used, "expected": expect,
+            "rule": "cells used == shared prefix (once) + the cells each live request placed",
+            "ok": c.used == expect and self.mismatches == 0 and pos_ok,
+            "steps_checked": self.step + 1, "mismatched_steps": self.mismatches,
+            "first_mismatch": self.first_mismatch, "positions_ok": pos_ok,
+            "failures_resolved": sum(rep.failure_actions.values()),
+        }
+        rep.latency_steps = {"time_to_first_token": _stats(self.ttft), "end_to_end": _stats(self.e2e)}
+
+
+def _stats(xs: list) -> dict:
+    if not xs:
+        return {"n": 0, "mean": None, "p50": None, "p95": None, "max": None}
+    a = np.asarray(xs, dtype=float)
+    return {"n": len(xs), "mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
+            "p95": float(np.percentile(a, 95)), "max": float(a.max())}
+
+
+def simulate(cfg: SimConfig, progress: Optional[Callable[[int, SimReport], None]] = None) -> SimReport:
+    """Run the workload ``cfg`` describes; ``progress(step, report)`` is called after every step."""
+    return Simulation(cfg, progress).run()
+
+
+# --- output ----------------------------------------------------------------------------------------
+
+def _rate(x) -> str:
+    if x is None:
+        return "n/a"
+    for unit, div in (("M", 1e6), ("k", 1e3)):
+        if x >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def format_report(rep: SimReport) -> str:
+    """The report as the text ``kvcache simulate`` prints."""
+    cfg, s = rep.config, rep.summary()
+    a, fa = rep.accounting, rep.failure_actions
+    lat = rep.latency_steps
+    lines = [
+        f"kvcache simulate: {cfg['steps']} steps, seed {cfg['seed']}",
+        f"  cache: {rep.kv_size} cells (n_pad {rep.n_pad}), {cfg['n_seq_max']} sequences, {cfg['n_layer']} layer(s) "
+        f"of width {cfg['n_embd']}, K {cfg['type_k']} / V {cfg['type_v']}",
+        f"  workload: {cfg['arrival_rate']} arrivals/step, {cfg['dist']} lengths (prompt mean {cfg['prompt_mean']}, "
+        f"output mean {cfg['output_mean']}), {cfg['prefix_share']:.0%} share a {cfg['prefix_len']}-token prefix, "
+        f"ubatch {cfg['n_ubatch']} tokens",
+        "",
+        "requests",
+        f"  arrived {rep.arrived}, served {rep.served}, rejected (longer than the cache) {rep.rejected}, "
+        f"still running {rep.running_at_end}, waiting {rep.waiting_at_end}",
+        f"  admitted {rep.admitted} ({rep.admitted_shared} took the shared prefix with seq_cp, "
+        f"{rep.prefix_tokens_reused} prompt tokens not recomputed), evicted {rep.evicted}",
+        f"  latency in steps: first token mean {_num(lat['time_to_first_token']['mean'])} "
+        f"p95 {_num(lat['time_to_first_token']['p95'])}, end to end mean {_num(lat['end_to_end']['mean'])} "
+        f"p95 {_num(lat['end_to_end']['p95'])}",
+        "bookkeeping",
+        f"  tokens placed {rep.tokens_placed} (prefill {rep.prefill_tokens}, decode {rep.decode_tokens}, "
+        f"recomputed after eviction {rep.recomputed_tokens})",
+        f"  time in kvcache calls {s['bookkeeping_seconds'] * 1e3:.1f} ms (UBatch construction "
+        f"{rep.seconds['ubatch'] * 1e3:.1f} ms, find_slot {rep.seconds['find_slot'] * 1e3:.1f} ms)",
+        f"  {_rate(s['tokens_per_s'])} tokens placed/s, find_slot {_rate(s['find_slot_per_s'])} calls/s "
+        f"({rep.calls['find_slot']} calls)",
+        "memory",
+        f"  occupancy (used / cells): mean {s['occupancy_mean']:.1%}, max {s['occupancy_max']:.1%}",
+        f"  fragmentation: mean {s['fragmentation_mean']:.3f}, max {s['fragmentation_max']:.3f}",
+        f"    = {FRAGMENTATION_FORMULA}",
+        f"  defrag ({cfg['defrag']}, threshold {cfg['defrag_thold']}): {rep.defrags} defrags, "
+        f"{rep.cells_moved} cells moved",
+        f"  find_slot failures {rep.find_slot_failures}: defragmented and retried {fa['defrag']}, "
+        f"shrank the ubatch {fa['shrink']}, evicted a request {fa['evict']}",
+        "accounting",
+        f"  cells used {a['cells_used']} == shared prefix + live requests' cells {a['expected']}: "
+        f"{'ok' if a['ok'] else 'MISMATCH'} (checked every step, {a['mismatched_steps']} mismatched)",
+    ]
+    return "\n".join(lines)
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def plot_report(rep: SimReport, path: str) -> None:
+    """Draw occupancy and fragmentation over the steps into a PNG (needs matplotlib)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    steps = np.arange(1, len(rep.series["occupancy"]) + 1)
+    fig = Figure(figsize=(9, 5.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(2, 1, sharex=True)
+    ax1.plot(steps, rep.series["occupancy"], lw=1, color="tab:blue", label="occupancy (used / cells)")
+    ax1.set_ylim(0, 1.02)
+    ax1.set_ylabel("occupancy")
+    ax2.plot(steps, rep.series["fragmentation"], lw=1, color="tab:red", label="fragmentation")
+    thold = rep.config["defrag_thold"]
+    if rep.config["defrag"] != "off" and thold >= 0:
+        ax2.axhline(thold, color="grey", ls="--", lw=0.8, label=f"defrag threshold {thold}")
+    ax2.set_ylabel("fragmentation")
+    ax2.set_xlabel("step")
+    for x in rep.defrag_steps:
+        for ax in (ax1, ax2):
+            ax.axvline(x + 1, color="tab:green", lw=0.5, alpha=0.5)
+    for ax in (ax1, ax2):
+        ax.legend(loc="upper right", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"kvcache simulate: {rep.kv_size} cells, {rep.config['n_seq_max']} sequences, "
+                 f"{rep.defrags} defrags (green), seed {rep.config['seed']}", fontsize=10)
+    fig.savefig(path, format="png")
+

@@ -1,0 +1,89 @@
+"""Where the llama.cpp state blobs and models are, and how to build the cache a manifest describes.
+
+The blobs live in ``interop/`` of the reference material beside the repository (``../shared``,
+one level further up from a worktree, or ``KVCACHE_SHARED``); the model the live tests load is
+also shipped in ``tests/data/models``."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = REPO / "tests" / "data" / "models"
+
+
+def shared_dir() -> Path:
+    env = os.environ.get("KVCACHE_SHARED")
+    if env:
+        return Path(env).resolve()
+    for cand in (REPO.parent / "shared", REPO.parent.parent / "shared"):
+        if cand.is_dir():
+            return cand.resolve()
+    return (REPO.parent / "shared").resolve()
+
+
+def interop_dir() -> Path:
+    """../shared/interop; skips the calling test when it is absent."""
+    d = shared_dir() / "interop"
+    if not d.is_dir():
+        pytest.skip(f"llama.cpp state blobs not found at {d} (set KVCACHE_SHARED)")
+    return d
+
+
+def model_path(name: str) -> Path:
+    """A tiny GGUF model: the copy in tests/data/models, else the reference material's."""
+    p = MODELS / name
+    if p.is_file():
+        return p
+    return interop_dir() / "models" / name
+
+
+def manifest(path: Path) -> dict:
+    with open(str(path) + ".json") as f:
+        return json.load(f)
+
+
+
+
+def make_cache(m: dict):
+    """An empty kvcache cache of the geometry a manifest describes (unified or recurrent; None for
+    a variant this build lacks)."""
+    import kvcache
+
+    kind = m["memory_kind"]
+    ctx = m["context"]
+    if kind == "unified":
+        (g,) = m["geometry"]
+        ls = g["layers"]
+        return kvcache.UnifiedCache(
+            g["kv_size"], len(ls), [x["n_embd_k_gqa"] for x in ls], [x["n_embd_v_gqa"] for x in ls],
+            type_k=ls[0]["type_k"], type_v=ls[0]["type_v"], v_trans=g["v_trans"], n_seq_max=ctx["n_seq_max"],
+            n_pad=ctx["n_pad"])
+    if kind == "recurrent":
+        (g,) = m["geometry"]
+        ls = g["layers"]
+        return kvcache.RecurrentCache(
+            ctx["n_seq_max"], len(ls), [x["n_embd_r"] for x in ls], [x["n_embd_s"] for x in ls],
+            type_k=ls[0]["r_type"], type_v=ls[0]["s_type"], kv_size=g["mem_size"])
+    if kind == "iswa":
+        return make_iswa(m)
+    raise AssertionError(f"unknown memory kind {kind}")
+
+
+def make_iswa(m: dict):
+    """The ISWACache of a manifest, or None while kvcache has none."""
+    import kvcache
+
+    if not hasattr(kvcache, "ISWACache"):
+        return None
+    ctx = m["context"]
+    base, swa = m["geometry"]
+    layers = sorted(base["layers"] + swa["layers"], key=lambda x: x["il"])
+    cache = kvcache.ISWACache(
+        base["kv_size"], len(layers), [x["n_embd_k_gqa"] for x in layers], [x["n_embd_v_gqa"] for x in layers],
+        swa_layers=[x["il"] for x in swa["layers"]], n_swa=swa["n_swa"], swa_type=swa["swa_type"],
+        n_batch=ctx["n_ubatch"], type_k=layers[0]["type_k"], type_v=layers[0]["type_v"], v_trans=base["v_trans"],
+        n_seq_max=ctx["n_seq_max"], n_pad=ctx["n_pad"])
+    assert cache.swa.size == swa["kv_size"], (cache.swa.size, swa["kv_size"])
+    return cache

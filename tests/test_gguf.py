@@ -1,0 +1,394 @@
+"""Cache geometry from GGUF models: the models llama.cpp wrote the interop blobs with (their
+manifests, cache-size log lines and state blobs), and tiny models written here with the gguf
+package (per-layer heads, sliding-window layouts, RoPE scaling and factors, Mamba, bad files)."""
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache import ModelGeometry, RecurrentCache, RopeParams, UnifiedCache, from_gguf, read_gguf
+
+gguf = pytest.importorskip("gguf")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_dir():
+    cands = [os.environ.get("KVCACHE_SHARED"), ROOT.parent / "shared", ROOT.parent.parent / "shared",
+             Path("/work/shared")]
+    for c in cands:
+        if c and (Path(c) / "interop").is_dir():
+            return Path(c)
+    return None
+
+
+SHARED = shared_dir()
+INTEROP = SHARED / "interop" if SHARED else None
+needs_interop = pytest.mark.skipif(INTEROP is None, reason="shared interop folder not found")
+FOLDERS = ["llama_fa0", "llama_fa1", "llama_q8_fa1", "llama_bf16_fa1", "gemma2_fa0", "mamba"]
+TYPE_NAMES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16"}
+
+
+# --- the interop models ----------------------------------------------------------------------
+
+def manifest(folder, blob="state.bin"):
+    return json.loads((INTEROP / folder / (blob + ".json")).read_text())
+
+
+def cache_from_manifest(folder):
+    man = manifest(folder)
+    ctx = man["context"]
+    return from_gguf(INTEROP / "models" / man["model"]["file"], ctx["n_ctx_requested"],
+                     n_seq_max=ctx["n_seq_max"], type_k=TYPE_NAMES[ctx["type_k"]],
+                     type_v=TYPE_NAMES[ctx["type_v"]], flash_attn=ctx["flash_attn"], n_batch=ctx["n_batch"])
+
+
+def parts(c):
+    """The unified caches of c with the manifest's section names."""
+    if isinstance(c, UnifiedCache):
+        return {"kv": c}
+    return {"base": c.base, "swa": c.swa}
+
+
+def strip_context(data):
+    """Skip llama.cpp's whole-context header (arch, outputs, logits, embeddings)."""
+    (n,) = struct.unpack_from("<I", data, 0)
+    off = 4 + n
+    (n_out,) = struct.unpack_from("<I", data, off)
+    off += 4 + 4 * n_out
+    (n_logits,) = struct.unpack_from("<Q", data, off)
+    off += 8 + 4 * n_logits
+    (n_embd,) = struct.unpack_from("<Q", data, off)
+    return data[off + 8 + 4 * n_embd:]
+
+
+def mib(nbytes):
+    return f"{nbytes / (1024.0 * 1024.0):7.2f}"
+
+
+@needs_interop
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_geometry_matches_the_manifest(folder):
+    man = manifest(folder)
+    c = cache_from_manifest(folder)
+    if man["memory_kind"] == "recurrent":
+        assert isinstance(c, RecurrentCache)
+        geo = man["geometry"][0]
+        assert c.size == geo["mem_size"] and c.n_layer == len(geo["layers"])
+        assert c.n_embd_k == [L["n_embd_r"] for L in geo["layers"]]
+        assert c.n_embd_v == [L["n_embd_s"] for L in geo["layers"]]
+        assert (c.type_k, c.type_v) == (TYPE_NAMES[geo["layers"][0]["r_type"]], TYPE_NAMES[geo["layers"][0]["s_type"]])
+        return
+    ctx = man["context"]
+    for sec in man["geometry"]:
+        u = parts(c)[sec["name"]]
+        assert u.size == sec["kv_size"] and u.v_trans == sec["v_trans"] == ctx["v_trans"]
+        assert u.n_pad == ctx["n_pad"] and u.n_seq_max == ctx["n_seq_max"]
+        assert (u.n_swa, u.swa_type) == (sec["n_swa"], sec["swa_type"])
+        assert u.layers == tuple(L["il"] for L in sec["layers"])
+        for L in sec["layers"]:
+            il = L["il"]
+            assert (u.type_k, u.type_v) == (TYPE_NAMES[L["type_k"]], TYPE_NAMES[L["type_v"]])
+            assert u.k(il).nbytes == u.size * L["k_size_row"]
+            if u.v_trans:
+                assert u.v(il).shape == (L["n_embd_v_gqa"], u.size) and u.v(il).itemsize == L["v_size_el"]
+            else:
+                assert u.v(il).nbytes == u.size * L["v_size_row"]
+
+
+@needs_interop
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_sizes_match_llama_log_lines(folder):
+    """llama.cpp prints each cache's size when it creates it; the caches from_gguf builds have
+    the same cells, layers and bytes."""
+    man = manifest(folder)
+    lines = man["llama_log_cache_lines"]
+    c = cache_from_manifest(folder)
+    if isinstance(c, RecurrentCache):
+        assert (f"mem_size = {c.size}, n_seq_max = {c.n_seq_max}, type_r = '{c.type_k}', "
+                f"type_s = '{c.type_v}', n_layer = {c.n_layer}") in lines[0]
+        want = (f"KV self size  = {mib(c.total_size)} MiB, R ({c.type_k}): {mib(c.size_k_bytes)} MiB, "
+                f"S ({c.type_v}): {mib(c.size_v_bytes)} MiB")
+        assert any(want in line for line in lines)
+        return
+    sizes = [line for line in lines if ": size = " in line]
+    assert len(sizes) == len(man["geometry"])
+    for sec, line in zip(man["geometry"], sizes):
+        u = parts(c)[sec["name"]]
+        want = (f"size = {mib(u.total_size)} MiB ({u.size:6d} cells, {len(u.layers):3d} layers, "
+                f"{u.n_seq_max:2d} seqs), K ({u.type_k}): {mib(u.size_k_bytes)} MiB, "
+                f"V ({u.type_v}): {mib(u.size_v_bytes)} MiB")
+        assert want in line
+
+
+def check_cells(c, sections, seq_id):
+    for sec in sections:
+        u = parts(c)[sec.get("name", "kv")] if not isinstance(c, RecurrentCache) else c
+        if isinstance(u, RecurrentCache):
+            cells = u.cells()
+            got = sorted((int(cells["pos"][i]), cells["seq_id"][i]) for i in range(u.size) if cells["seq_id"][i])
+            want = sorted((e["pos"], e["seq_ids"] if seq_id == -1 else [seq_id]) for e in sec["cells"])
+        else:
+            got = sorted((p, s) for _, p, s, _ in u.cells().nonempty())
+            want = sorted((e["pos"], e["seq_ids"] if seq_id == -1 else [seq_id]) for e in sec["cells"])
+        assert got == want
+
+
+@needs_interop
+@pytest.mark.parametrize("folder", FOLDERS)
+@pytest.mark.parametrize("blob", ["seq0.bin", "seq1.bin", "seq2.bin", "seq3.bin", "state.bin"])
+def test_llama_blobs_restore_into_the_cache_from_gguf(folder, blob):
+    man = manifest(folder, blob)
+    data = (INTEROP / folder / blob).read_bytes()
+    if blob == "state.bin":
+        data = strip_context(data)
+    seq_id = man["seq_id"]
+    c = cache_from_manifest(folder)
+    assert c.state_read(data, seq_id) == len(data)
+    check_cells(c, man["expected"]["sections"], seq_id)
+    assert c.state_write(seq_id) == data
+
+
+# --- tiny models written here ----------------------------------------------------------------
+
+def write_model(path, arch, n_layer=4, n_embd=64, n_head=4, n_head_kv=2, kv=None, tensors=None):
+    """A GGUF file with the metadata of a tiny model (and optional float32 tensors)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(512)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(128)
+    if n_head is not None:
+        w.add_head_count(n_head)
+    if n_head_kv is not None:
+        w.add_head_count_kv(n_head_kv)
+    for key, value in (kv or {}).items():
+        key = key.format(arch=arch)
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, (list, tuple)):
+            if all(isinstance(x, bool) for x in value):
+                w.add_array(key, list(value))
+            else:
+                w.add_array(key, [int(x) for x in value])
+        else:
+            w.add_uint32(key, value)
+    for name, arr in (tensors or {}).items():
+        w.add_tensor(name, np.asarray(arr, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_llama_like_per_layer_heads(tmp_path):
+    p = write_model(tmp_path / "m.gguf", "llama", n_layer=3, n_embd=192, n_head=6, n_head_kv=None,
+                    kv={"{arch}.attention.head_count_kv": [2, 1, 3], "{arch}.rope.freq_base": 500000.0})
+    g = read_gguf(p)
+    assert (g.arch, g.n_layer, g.n_embd_head_k, g.n_embd_head_v) == ("llama", 3, 32, 32)
+    assert g.n_head_kv == (2, 1, 3) and g.n_embd_k_gqa == (64, 32, 96) == g.n_embd_v_gqa
+    assert g.swa_type == "none" and not g.recurrent
+    assert (g.rope.n_rot, g.rope.mode, g.rope.freq_base, g.rope.freq_scale) == (32, 0, 500000.0, 1.0)
+    c = from_gguf(p, 100, n_seq_max=2)
+    assert isinstance(c, UnifiedCache)
+    assert (c.size, c.n_pad, c.v_trans, c.n_seq_max) == (128, 32, True, 2)
+    assert [c.k(il).shape[1] for il in c.layers] == [64, 32, 96]
+    assert c.n_embd_head_k == (32, 32, 32) and repr(c.rope) == repr(g.rope)
+    fa = from_gguf(p, 100, flash_attn=True, type_k="bf16", type_v="q8_0")
+    assert (fa.size, fa.n_pad, fa.v_trans, fa.type_k, fa.type_v) == (256, 256, False, "bf16", "q8_0")
+    assert from_gguf(p, 0).size == 512          # 0: the training context
+
+
+def test_key_and_value_lengths_and_partial_rotation(tmp_path):
+    p = write_model(tmp_path / "m.gguf", "phi2", n_layer=2, n_embd=64, n_head=2, n_head_kv=2,
+                    kv={"{arch}.attention.key_length": 40, "{arch}.attention.value_length": 24,
+                        "{arch}.rope.dimension_count": 16})
+    g = read_gguf(p)
+    assert g.n_embd_k_gqa == (80, 80) and g.n_embd_v_gqa == (48, 48)
+    assert (g.rope.n_rot, g.rope.mode) == (16, 2)
+
+
+def test_rope_scaling(tmp_path):
+    p = write_model(tmp_path / "m.gguf", "qwen2", kv={
+        "{arch}.rope.scaling.type": "yarn", "{arch}.rope.scaling.factor": 4.0,
+        "{arch}.rope.scaling.original_context_length": 4096, "{arch}.rope.freq_base": 1000000.0})
+    r = read_gguf(p).rope
+    assert (r.mode, r.freq_scale, r.ext_factor, r.n_ctx_orig, r.freq_base) == (2, 0.25, 1.0, 4096, 1000000.0)
+    p = write_model(tmp_path / "n.gguf", "llama", kv={"{arch}.rope.scale_linear": 2.0})
+    r = read_gguf(p).rope
+    assert (r.freq_scale, r.ext_factor, r.n_ctx_orig) == (0.5, 0.0, 512)
+    p = write_model(tmp_path / "o.gguf", "llama", kv={"{arch}.rope.scaling.type": "none",
+                                                     "{arch}.rope.scaling.factor": 8.0})
+    assert read_gguf(p).rope.freq_scale == 1.0
+
+
+def test_rope_frequency_factors(tmp_path):
+    ff = np.linspace(1.0, 8.0, 8)
+    p = write_model(tmp_path / "m.gguf", "llama", tensors={"rope_freqs.weight": ff})
+    g = read_gguf(p)
+    assert np.allclose(g.rope.freq_factors, ff) and g.rope_long is None
+    short, long = np.full(8, 1.5), np.full(8, 3.0)
+    p = write_model(tmp_path / "n.gguf", "phi3",
+                    tensors={"rope_factors_short.weight": short, "rope_factors_long.weight": long})
+    g = read_gguf(p)
+    assert np.allclose(g.rope.freq_factors, short) and np.allclose(g.rope_long.freq_factors, long)
+    # the long factors apply when a sequence's share of the context exceeds the training one
+    assert np.allclose(g.make_cache(512).rope.freq_factors, short)
+    assert np.allclose(g.make_cache(1024).rope.freq_factors, long)
+    assert np.allclose(g.make_cache(1024, n_seq_max=2).rope.freq_factors, short)
+    bad = write_model(tmp_path / "b.gguf", "llama", tensors={"rope_freqs.weight": np.ones(5)})
+    with pytest.raises(ValueError, match="frequency factors"):
+        read_gguf(bad)
+
+
+def test_gemma2_defaults_and_window(tmp_path):
+    g = read_gguf(write_model(tmp_path / "a.gguf", "gemma2", n_layer=5,
+                              kv={"{arch}.attention.key_length": 16, "{arch}.attention.value_length": 16}))
+    assert (g.n_swa, g.swa_type, g.swa_layers) == (4096, "standard", (0, 2, 4))
+    assert g.rope.mode == 2 and g.rope.layer_freq_base is None
+    g = read_gguf(write_model(tmp_path / "b.gguf", "gemma2", kv={"{arch}.attention.sliding_window": 8}))
+    assert (g.n_swa, g.swa_layers) == (8, (0, 2))
+
+
+def test_gemma3_pattern_and_window_rope(tmp_path):
+    g = read_gguf(write_model(tmp_path / "a.gguf", "gemma3", n_layer=8, kv={
+        "{arch}.attention.sliding_window": 512, "{arch}.rope.freq_base": 1000000.0,
+        "{arch}.rope.scaling.factor": 8.0}))
+    assert (g.n_swa, g.swa_type, g.swa_layers) == (512, "standard", (0, 1, 2, 3, 4, 6, 7))
+    r = g.rope
+    # windowed layers use base 10000 and no scaling; full-attention layers the model's own
+    assert r.freq_base_for(5) == 1000000.0 and r.freq_scale_for(5) == 0.125
+    assert r.freq_base_for(0) == 10000.0 and r.freq_scale_for(0) == 1.0
+    with pytest.raises(ValueError, match="sliding_window"):
+        read_gguf(write_model(tmp_path / "b.gguf", "gemma3"))
+
+
+def test_window_pattern_from_the_file(tmp_path):
+    g = read_gguf(write_model(tmp_path / "a.gguf", "gemma3", n_layer=6, kv={
+        "{arch}.attention.sliding_window": 64, "{arch}.attention.sliding_window_pattern": 3}))
+    assert g.swa_layers == (0, 1, 3, 4)
+    g = read_gguf(write_model(tmp_path / "b.gguf", "gemma3", n_layer=4, kv={
+        "{arch}.attention.sliding_window": 64,
+        "{arch}.attention.sliding_window_pattern": [True, False, False, True]}))
+    assert g.swa_layers == (0, 3)
+    # an architecture llama.cpp does not window ignores a bare sliding_window key
+    g = read_gguf(write_model(tmp_path / "c.gguf", "llama", kv={"{arch}.attention.sliding_window": 64}))
+    assert g.swa_type == "none" and g.swa_layers == ()
+
+
+def test_llama4_chunked(tmp_path):
+    g = read_gguf(write_model(tmp_path / "a.gguf", "llama4", n_layer=8))
+    assert (g.n_swa, g.swa_type, g.swa_layers) == (8192, "chunked", (0, 1, 2, 4, 5, 6))
+    g = read_gguf(write_model(tmp_path / "b.gguf", "llama4", kv={"{arch}.attention.sliding_window": 0}))
+    assert g.swa_type == "none"
+
+
+def test_mamba(tmp_path):
+    p = write_model(tmp_path / "m.gguf", "mamba", n_layer=2, n_head=0, n_head_kv=None, kv={
+        "{arch}.ssm.conv_kernel": 4, "{arch}.ssm.inner_size": 96, "{arch}.ssm.state_size": 8,
+        "{arch}.ssm.time_step_rank": 4})
+    g = read_gguf(p)
+    assert g.recurrent and g.rope is None
+    assert (g.n_embd_k_s, g.n_embd_v_s) == (3 * 96, 8 * 96)
+    c = from_gguf(p, 1000, n_seq_max=3, type_k="q8_0")
+    assert isinstance(c, RecurrentCache)
+    assert (c.size, c.type_k, c.type_v, c.n_embd_k, c.n_embd_v) == (3, "f32", "f32", [288, 288], [768, 768])
+
+
+def test_mamba_missing_state_size(tmp_path):
+    p = write_model(tmp_path / "m.gguf", "mamba", n_head=0, n_head_kv=None,
+                    kv={"{arch}.ssm.conv_kernel": 4, "{arch}.ssm.inner_size": 96})
+    with pytest.raises(ValueError, match="mamba.ssm.state_size"):
+        read_gguf(p)
+
+
+def test_bad_files(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model at all" * 10)
+    with pytest.raises(ValueError, match="GGUF"):
+        read_gguf(junk)
+    with pytest.raises(FileNotFoundError):
+        read_gguf(tmp_path / "missing.gguf")
+    w = gguf.GGUFWriter(str(tmp_path / "nolayers.gguf"), "llama")
+    w.add_embedding_length(64)
+    w.add_context_length(512)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="llama.block_count"):
+        read_gguf(tmp_path / "nolayers.gguf")
+    with pytest.raises(ValueError, match="architecture"):
+        read_gguf(write_model(tmp_path / "u.gguf", "someformer"))
+    with pytest.raises(ValueError, match="rwkv6"):
+        read_gguf(write_model(tmp_path / "r.gguf", "rwkv6"))
+    with pytest.raises(ValueError, match="entries"):
+        read_gguf(write_model(tmp_path / "h.gguf", "llama", n_layer=3, n_head_kv=None,
+                              kv={"{arch}.attention.head_count_kv": [2, 2]}))
+
+
+def test_bad_cache_arguments(tmp_path):
+    p = write_model(tmp_path / "m.gguf", "llama")
+    with pytest.raises(TypeError, match="n_ctx"):
+        from_gguf(p, "256")
+    with pytest.raises(ValueError, match="n_seq_max"):
+        from_gguf(p, 256, n_seq_max=0)
+    with pytest.raises(TypeError, match="flash_attn"):
+        from_gguf(p, 256, flash_attn="yes")
+    with pytest.raises(ValueError, match="type_k"):
+        from_gguf(p, 256, type_k="q9")
+
+
+def test_shifted_keys_rotate_with_the_model_rope(tmp_path):
+    """The cache from_gguf builds rotates shifted keys on update() with the model's RoPE."""
+    p = write_model(tmp_path / "m.gguf", "qwen2", n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
+                    kv={"{arch}.rope.freq_base": 50000.0})
+    c = from_gguf(p, 64, type_k="f32", type_v="f32")
+    r = c.rope
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((4, 32)).astype(np.float32)
+    at = lambda pos: _rotated(base, pos, r)          # noqa: E731
+    assert c.find_slot(kvcache.UBatch([0, 1, 2, 3], [0] * 4))
+    for il in c.layers:
+        c.store(il, at([0, 1, 2, 3]), np.zeros((4, 32), np.float32))
+    c.commit()
+    c.seq_add(0, 0, -1, 7)
+    assert c.update().rotated
+    for il in c.layers:
+        np.testing.assert_allclose(c.k(il)[:4], at([7, 8, 9, 10]), atol=2e-5)
+
+
+def _rotated(k, pos, rope):
+    out = k.copy()
+    kvcache.rope_shift(out, "f32", 2, 16, np.asarray(pos), rope)
+    return out
+
+
+def test_geometry_is_a_value():
+    g = ModelGeometry(arch="llama", n_layer=2, n_embd=32, n_ctx_train=64, n_head=(2, 2), n_head_kv=(1, 2),
+                      n_embd_head_k=16, n_embd_head_v=8, rope=RopeParams(16))
+    assert g.n_embd_k_gqa == (16, 32) and g.n_embd_v_gqa == (8, 16)
+    c = g.make_cache(64, type_k="f32")
+    assert [c.k(il).shape[1] for il in c.layers] == [16, 32]
+    with pytest.raises(Exception):
+        g.n_layer = 3
+
+
+@needs_interop
+def test_gemma2_iswa_from_gguf():
+    model = INTEROP / "models" / "tiny_gemma2.gguf"
+    c = from_gguf(model, 256, n_seq_max=4, n_batch=64)
+    assert isinstance(c, kvcache.ISWACache)
+    assert (c.size_base, c.size_swa, c.swa_layers, c.n_swa) == (256, 96, (0, 2), 8) and not c.can_shift
+    assert c.rope.mode == 2 and c.n_embd_head_k == (16,) * 4
+    full = from_gguf(model, 256, n_seq_max=4, swa_full=True)
+    assert full.size_swa == 256 and full.can_shift
+    meta = from_gguf(model, 256, buffers=None)
+    assert meta.buffers == "none" and meta.total_size == from_gguf(model, 256).total_size

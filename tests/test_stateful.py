@@ -1,0 +1,345 @@
+"""Property test: the C-backed UnifiedCache against the pure-Python reference model.
+
+A hypothesis state machine applies the same random operations to both — slot searches,
+commits and restores, every sequence operation, K-shifts, defrag plans, masks — on small
+caches, and after every step compares everything the cell table shows: positions,
+sequence sets, shifts of non-empty cells, head, n, used, has_shift and the per-sequence
+position range. The golden traces pin the model itself (tests/test_reference.py).
+
+Set ``KVCACHE_STATEFUL_TARGET=reference`` to drive the model against a second model (a
+check of the machine itself, used before the C-backed cache exists)."""
+import os
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
+
+import kvcache  # noqa: E402
+from kvcache.reference import RefUBatch, UnifiedReference  # noqa: E402
+
+TARGET = os.environ.get("KVCACHE_STATEFUL_TARGET", "c")
+HAVE_TARGET = TARGET == "reference" or hasattr(kvcache, "UnifiedCache")
+
+P_MAX = 48          # positions are drawn from [0, P_MAX]: small, so sequences collide and shift
+N_EMBD = 4
+
+
+@st.composite
+def configs(draw):
+    kv_size = draw(st.sampled_from([32, 64]))
+    n_pad = draw(st.sampled_from([p for p in (8, 16, 32, 64) if kv_size % p == 0]))
+    swa_type = draw(st.sampled_from(["none", "standard", "chunked"]))
+    n_swa = 0 if swa_type == "none" else draw(st.integers(1, 16))
+    return dict(kv_size=kv_size, n_seq_max=draw(st.integers(1, 4)), n_pad=n_pad,
+                n_swa=n_swa, swa_type=swa_type, n_layer=draw(st.integers(1, 3)))
+
+
+def make_target(cfg):
+    if TARGET == "reference":
+        return UnifiedReference(**cfg)
+    return kvcache.UnifiedCache(
+        kv_size=cfg["kv_size"], n_layer=cfg["n_layer"], n_embd_k_gqa=N_EMBD, n_embd_v_gqa=N_EMBD,
+        type_k="f32", type_v="f32", v_trans=False, n_seq_max=cfg["n_seq_max"], n_pad=cfg["n_pad"],
+        n_swa=cfg["n_swa"], swa_type=cfg["swa_type"])
+
+
+def make_ubatch(pos, seq_id, n_seq_tokens):
+    return kvcache.UBatch(pos=pos, seq_id=seq_id, n_seq_tokens=n_seq_tokens)
+
+
+def as_list(a):
+    return np.asarray(a).tolist()
+
+
+class UnifiedCacheMachine(RuleBasedStateMachine):
+    """Both caches receive every operation; the invariant compares them after each step."""
+
+    make_target = staticmethod(make_target)
+
+    @initialize(cfg=configs(), data=st.data())
+    def create(self, cfg, data):
+        self.cfg = cfg
+        self.ref = UnifiedReference(**cfg)
+        self.sut = self.make_target(cfg)
+        self.sut_ubatch = RefUBatch if isinstance(self.sut, UnifiedReference) else make_ubatch
+        self.n_seq_max = cfg["n_seq_max"]
+        # most runs start from a busy cache: a few prompts, then interleaved decoding
+        prompts = st.tuples(st.integers(0, self.n_seq_max - 1), st.integers(1, 12))
+        for s, n in data.draw(st.lists(prompts, max_size=8), label="prefill"):
+            p = self.ref.seq_pos_max(s) + 1
+            pos, seq_id = list(range(p, p + n)), [[s]] * n
+            a = self.ref.find_slot(RefUBatch(pos, seq_id))
+            b = self.sut.find_slot(self.sut_ubatch(pos, seq_id, 1))
+            assert a == bool(b), "find_slot result"
+            self.both("commit")
+
+    # --- strategies that depend on the configuration ----------------------------------------
+
+    def seq(self, data, allow_any=False):
+        lo = -1 if allow_any else 0
+        return data.draw(st.integers(lo, self.n_seq_max - 1), label="seq_id")
+
+    def prange(self, data):
+        """A position range: anywhere, or a short one starting at a position in use (which
+        punches holes into sequences)."""
+        used = sorted({p for p in self.ref.pos if p >= 0})
+        if used and data.draw(st.booleans(), label="at a used position"):
+            p0 = data.draw(st.sampled_from(used), label="p0")
+            return p0, p0 + data.draw(st.integers(1, 4), label="len")
+        p0 = data.draw(st.integers(-1, P_MAX), label="p0")
+        p1 = data.draw(st.integers(-1, P_MAX + 1), label="p1")
+        return p0, p1
+
+    def ubatch(self, data, max_tokens=8):
+        n_seq_tokens = data.draw(st.sampled_from([1, 1, 1, 2, 3]), label="n_seq_tokens")
+        n_groups = data.draw(st.integers(1, max(1, max_tokens // n_seq_tokens)), label="n_groups")
+        ids = st.lists(st.integers(0, self.n_seq_max - 1), min_size=1, max_size=3)
+        seq_id = data.draw(st.lists(ids, min_size=n_groups, max_size=n_groups), label="seq_id")
+        n_tokens = n_groups * n_seq_tokens
+        if data.draw(st.booleans(), label="consecutive"):
+            p = data.draw(st.integers(0, P_MAX), label="start")
+            pos = list(range(p, p + n_tokens))
+        else:
+            pos = data.draw(st.lists(st.integers(0, P_MAX), min_size=n_tokens, max_size=n_tokens), label="pos")
+        return pos, seq_id, n_seq_tokens
+
+    def both(self, method, *args):
+        """Call one method on both caches and return (model result, target result)."""
+        return getattr(self.ref, method)(*args), getattr(self.sut, method)(*args)
+
+    def apply_k_shift(self):
+        a, b = self.both("k_shift")
+        assert as_list(a) == as_list(b), "k_shift"
+        self.both("reset_shift")
+
+    # --- rules -------------------------------------------------------------------------------
+
+    @rule(data=st.data(), commit=st.sampled_from([True, True, True, False]))
+    def find_slot(self, data, commit):
+        pos, seq_id, nst = self.ubatch(data)
+        if self.ref.has_shift:
+            self.apply_k_shift()  # C2: a pending shift is applied before a ubatch is placed
+        a = self.ref.find_slot(RefUBatch(pos, seq_id, nst))
+        b = self.sut.find_slot(self.sut_ubatch(pos, seq_id, nst))
+        assert a == bool(b), "find_slot result"
+        if commit:  # mostly, so that the cache fills up; the rest is left for restore()
+            self.both("commit")
+
+    @rule(data=st.data())
+    def find_slot_large(self, data):
+        """A ubatch that often does not fit: the failed search still moves head."""
+        n_tokens = data.draw(st.integers(self.cfg["kv_size"] // 4, self.cfg["kv_size"] + 1), label="n_tokens")
+        s = self.seq(data)
+        if self.ref.has_shift:
+            self.apply_k_shift()
+        pos = list(range(n_tokens))
+        a = self.ref.find_slot(RefUBatch(pos, [[s]] * n_tokens))
+        b = self.sut.find_slot(self.sut_ubatch(pos, [[s]] * n_tokens, 1))
+        assert a == bool(b), "find_slot result"
+
+    @rule(data=st.data())
+    def decode_round(self, data):
+        """One decoding step of several sequences, token by token (as a server interleaves
+        them): leaves each sequence's cells scattered, so removals make holes to defrag."""
+        seqs = data.draw(st.lists(st.integers(0, self.n_seq_max - 1), min_size=1, max_size=4), label="seqs")
+        rounds = data.draw(st.integers(1, 4), label="rounds")
+        for s in seqs * rounds:
+            if self.ref.has_shift:
+                self.apply_k_shift()
+            p = self.ref.seq_pos_max(s) + 1
+            a = self.ref.find_slot(RefUBatch([p], [[s]]))
+            b = self.sut.find_slot(self.sut_ubatch([p], [[s]], 1))
+            assert a == bool(b), "find_slot result"
+            self.both("commit")
+
+    @rule()
+    def commit(self):
+        self.both("commit")
+
+    @rule()
+    def restore(self):
+        self.both("restore")
+
+    @rule(data=st.data())
+    def seq_rm(self, data):
+        s = self.seq(data, allow_any=True)
+        p0, p1 = self.prange(data)
+        a, b = self.both("seq_rm", s, p0, p1)
+        assert a == bool(b), "seq_rm result"
+
+    @rule(data=st.data())
+    def drop_sequence(self, data):
+        """A finished request: its sequence leaves every cell."""
+        a, b = self.both("seq_rm", self.seq(data), -1, -1)
+        assert a == bool(b), "seq_rm result"
+
+    @rule(data=st.data())
+    def seq_cp(self, data):
+        src, dst = self.seq(data), self.seq(data)
+        self.both("seq_cp", src, dst, *self.prange(data))
+
+    @rule(data=st.data())
+    def seq_keep(self, data):
+        self.both("seq_keep", self.seq(data))
+
+    @rule(data=st.data(), shift=st.integers(-12, 12))
+    def seq_add(self, data, shift):
+        s = self.seq(data)
+        self.both("seq_add", s, *self.prange(data), shift)
+
+    @rule(data=st.data(), d=st.integers(1, 4))
+    def seq_div(self, data, d):
+        s = self.seq(data)
+        self.both("seq_div", s, *self.prange(data), d)
+
+    @precondition(lambda self: self.ref.used >= self.ref.size // 2)  # keep caches busy
+    @rule()
+    def clear(self):
+        self.both("clear")
+
+    @rule()
+    def set_full(self):
+        self.both("set_full")
+
+    @rule()
+    def k_shift(self):
+        self.apply_k_shift()
+
+    def plan_defrag(self, data):
+        # budgets of 0..4 moves (n_max_nodes = 2L + 6L*m + r), below 2L (wraps around to
+        # unlimited), and large
+        n_layer = self.cfg["n_layer"]
+        m = data.draw(st.integers(0, 4), label="max_moves")
+        n_max_nodes = data.draw(st.one_of(
+            st.integers(0, 6 * n_layer - 1).map(lambda r: 2 * n_layer + 6 * n_layer * m + r),
+            st.integers(-4, 2 * n_layer - 1),
+            st.sampled_from([8192, 2**31 - 1])), label="n_max_nodes")
+        a, b = self.both("defrag_prepare", n_max_nodes)
+        assert a == bool(b), "defrag_prepare result"
+        assert as_list(self.ref.defrag_ids) == as_list(self.sut.defrag_ids), "defrag plan"
+
+    @rule(data=st.data())
+    def defrag(self, data):
+        self.plan_defrag(data)
+
+    @precondition(lambda self: self.ref.used > 0)
+    @rule(data=st.data())
+    def punch_holes_and_defrag(self, data):
+        """Scattered removals, then a defrag plan: many holes, sources far apart, so move
+        budgets matter."""
+        occupied = [(p, seqs[0]) for _, p, seqs, _ in self.ref.cells().nonempty()]
+        for p, s in data.draw(st.lists(st.sampled_from(occupied), min_size=1, max_size=8, unique=True),
+                              label="holes"):
+            a, b = self.both("seq_rm", s, p, p + 1)
+            assert a == bool(b), "seq_rm result"
+        self.plan_defrag(data)
+
+    @rule(thold=st.sampled_from([-1.0, 0.0, 0.1, 0.5]))
+    def defrag_sched(self, thold):
+        self.both("defrag_sched", thold)
+        if hasattr(self.sut, "do_defrag"):
+            assert self.ref.do_defrag == bool(self.sut.do_defrag), "do_defrag"
+
+    @rule(data=st.data(), causal=st.booleans(), alibi=st.booleans())
+    def kq_mask(self, data, causal, alibi):
+        pos, seq_id, nst = self.ubatch(data)
+        a = self.ref.kq_mask(RefUBatch(pos, seq_id, nst), causal=causal, alibi=alibi)
+        b = self.sut.kq_mask(self.sut_ubatch(pos, seq_id, nst), causal=causal, alibi=alibi)
+        assert b.dtype == np.float32 and a.shape == b.shape, (a.shape, b.shape)
+        assert a.tobytes() == b.tobytes(), "kq_mask"   # bit for bit: -inf, and +0.0 vs -0.0
+
+    @rule(data=st.data(), n_buckets=st.sampled_from([2, 8, 32, 64]))
+    def pos_bucket(self, data, n_buckets):
+        pos, seq_id, nst = self.ubatch(data)
+        a = self.ref.pos_bucket(RefUBatch(pos, seq_id, nst), n_buckets)
+        b = self.sut.pos_bucket(self.sut_ubatch(pos, seq_id, nst), n_buckets)
+        assert as_list(a) == as_list(b), "pos_bucket"
+
+    @rule(data=st.data())
+    def rejected_call(self, data):
+        """C5: a call with an out-of-range sequence id raises ValueError and changes nothing
+        (the invariant then compares both caches with each other)."""
+        bad = data.draw(st.sampled_from([self.n_seq_max, 64, 1000, -7]), label="bad")
+        op = data.draw(st.sampled_from(["seq_rm", "seq_cp", "seq_keep", "seq_add", "seq_div",
+                                        "find_slot", "kq_mask"]), label="op")
+        for cache, ubatch in ((self.ref, RefUBatch), (self.sut, self.sut_ubatch)):
+            with pytest.raises(ValueError):
+                if op == "seq_rm":
+                    cache.seq_rm(bad, -1, -1)
+                elif op == "seq_cp":
+                    cache.seq_cp(0, bad, -1, -1)
+                elif op == "seq_keep":
+                    cache.seq_keep(bad)
+                elif op == "seq_add":
+                    cache.seq_add(bad, -1, -1, 1)
+                elif op == "seq_div":
+                    cache.seq_div(bad, -1, -1, 2)
+                elif op == "find_slot":
+                    cache.find_slot(ubatch([0, 1], [[0], [bad]], 1))
+                else:
+                    cache.kq_mask(ubatch([0, 1], [[0], [0, bad]], 1))
+
+    # --- the comparison -------------------------------------------------------------------------
+
+    @invariant()
+    def same_state(self):
+        if not hasattr(self, "ref"):
+            return
+        r, t = self.ref, self.sut
+        assert (r.head, r.n, r.used) == (t.head, t.n, t.used), \
+            f"head/n/used: model {(r.head, r.n, r.used)}, target {(t.head, t.n, t.used)}"
+        assert r.has_shift == bool(t.has_shift), "has_shift"
+        rc, tc = r.cells(), t.cells()
+        assert rc.nonempty() == tc.nonempty(), "cells"
+        assert as_list(rc.pos) == as_list(tc.pos), "pos"
+        assert as_list(rc.seq_mask) == as_list(tc.seq_mask), "seq_mask"
+        for s in range(self.n_seq_max):
+            assert (r.seq_pos_min(s), r.seq_pos_max(s)) == (t.seq_pos_min(s), t.seq_pos_max(s)), f"seq_pos {s}"
+
+    @invariant()
+    def model_is_consistent(self):
+        if not hasattr(self, "ref"):
+            return
+        r = self.ref
+        assert 0 <= r.head <= r.size  # a failed search can leave head at size
+        assert r.n == 0 or (r.n % r.n_pad == 0 and r.n <= r.size)
+        for i in range(r.size):
+            assert (r.pos[i] == -1) == (not r.seq[i]), f"cell {i}: empty position iff no sequence"
+            assert r.pos[i] >= -1
+        if not r.has_shift:
+            assert not any(r.k_shift()), "a shift without has_shift"
+
+
+UnifiedCacheMachine.TestCase.settings = hypothesis.settings(
+    hypothesis.settings.default, stateful_step_count=60)
+TestUnifiedCache = pytest.mark.skipif(
+    not HAVE_TARGET, reason="kvcache.UnifiedCache is not available in this build")(UnifiedCacheMachine.TestCase)
+
+
+class _StickyHeadReference(UnifiedReference):
+    """A model whose seq_add forgets to restart the search at 0 (a plausible slip)."""
+
+    def seq_add(self, seq_id, p0, p1, shift):
+        head = self.head
+        super().seq_add(seq_id, p0, p1, shift)
+        if self.head == 0:
+            self.head = head
+
+
+def test_machine_detects_a_divergent_target():
+    """The comparison must be able to fail: a target with a wrong head rule is caught."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    class Broken(UnifiedCacheMachine):
+        make_target = staticmethod(lambda cfg: _StickyHeadReference(**cfg))
+
+    with pytest.raises(AssertionError, match="head/n/used"):
+        run_state_machine_as_test(Broken, settings=settings(
+            max_examples=200, stateful_step_count=40, deadline=None, phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck), database=None))
+
+
