@@ -1,28 +1,39 @@
-/* libFuzzer target: kvc_unified_state_read (csrc/kvc_state.h), whole cache and per sequence.
+/* libFuzzer target: the unified cache's state decoders (csrc/kvc_state.h): kvc_unified_state_read_ex
+ * (whole cache and per sequence, with or without V layout conversion and the exact-length check),
+ * kvc_unified_state_read_parts_ex over two caches (the iSWA layout: a base part, then a SWA part),
+ * and kvc_state_describe (the cache-free walk behind `kvcache inspect`).
  *
- * Input: an 11-byte header that chooses the cache and the call, then the state blob.
+ * Input: an 18-byte header that chooses the caches and the call, then the state blob.
  *   [0]  bits 0-1 type_k (f32, f16, bf16, q8_0), bits 2-3 type_v (same list), bit 4 v_trans
- *        (ignored for a q8_0 V), bits 5-6 kept layers (0..3), bit 7 no K/V memory attached
- *   [1]  bits 0-2 kv_size (32, 64, 96, 128, 256, 512, 1024, 4096), bits 3-7 n_seq_max - 1
+ *        (ignored for a q8_0 V), bits 5-6 kept layers of cache 0 (0..3), bit 7 no K/V memory
+ *   [1]  bits 0-2 kv_size of cache 0 (32, 64, 96, 128, 256, 512, 1024, 4096), bits 3-7 n_seq_max - 1
  *   [2]  destination: seq_id = byte % (n_seq_max + 1) - 1 (-1 = whole cache)
- *   [3]  seed of the operations that fill the cache before the read (0: empty cache)
- *   [4]  allocation fault: 0 none, else the (byte % 8 + 1)-th allocation inside the read fails
- *   [5..10] K and V row widths of layers 0..2: 1 + byte % 64 elements (q8_0: 32 or 64)
+ *   [3]  seed of the operations that fill the caches before the read (0: empty caches)
+ *   [4]  bits 0-3 allocation fault (0 none, else the n-th allocation inside the read fails),
+ *        bit 4 KVC_STATE_CONVERT_V, bit 5 KVC_STATE_EXACT, bit 6 two parts (caches 0 and 1)
+ *   [5..10]  K and V row widths of the layers 0..2 of cache 0: 1 + byte % 64 (q8_0: 32 or 64)
+ *   [11] cache 1: bits 0-2 kv_size, bits 3-4 kept layers (0..3); types, v_trans, n_seq_max and
+ *        the memory choice are cache 0's (as for the two halves of an iSWA cache)
+ *   [12..17] the widths of cache 1
  *
  * Contract checked on every input:
- *   - failure: a status of KVC_E_STATE (or KVC_E_NOMEM under an injected fault), nothing
- *     consumed, a message, and the cache byte-identical to before (cells, index structures,
- *     head, n, recovery, defrag plan, every K/V byte);
- *   - success: the cell table is consistent, exactly the cells the blob describes changed
- *     (per sequence: the destination's old cells lost it, one contiguous run holds the blob's
- *     cells; whole cache: cells [0, n) are the blob's, the rest empty and zeroed), the K/V rows
- *     are the blob's, state_write reproduces the consumed bytes (ids canonical), and reading
- *     that re-write back leaves the same state. */
+ *   - failure: a status of KVC_E_STATE (or KVC_E_NOMEM under an injected fault), a message, and
+ *     every cache byte-identical to before (cells, index structures, head, n, recovery, defrag
+ *     plan, every K/V byte), also when only a later part is bad;
+ *   - success: each cell table is consistent, exactly the cells a part describes changed (per
+ *     sequence: the destination's old cells lost it, one contiguous run holds the part's cells;
+ *     whole cache: cells [0, n) are the part's, the rest empty and zeroed), the K/V rows are the
+ *     part's (V converted to the cache's layout when asked), with the exact flag nothing trails,
+ *     state_write reproduces each consumed part (ids canonical, V in the cache's layout), and
+ *     reading that re-write back leaves the same state;
+ *   - describe: it fails or succeeds with a description inside the input, and after a
+ *     successful whole-cache read it agrees with the read on every part (cells, ids, layout,
+ *     offsets). */
 #include "fuzz_common.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
-enum { HEADER = 11, MAX_LAYERS = 3 };
+enum { HEADER = 18, MAX_LAYERS = 3, MAX_PARTS = 2, DESC_CELLS = 256 };
 static const size_t MAX_KV_BYTES = (size_t)256 << 10; /* larger geometries are skipped (speed) */
 
 static const int32_t TYPES[4] = { KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0 };
@@ -32,41 +43,61 @@ typedef struct geometry {
     int32_t type_k, type_v;
     bool v_trans, meta_only;
     uint32_t n_layer, kv_size, n_seq_max;
-    int32_t seq_id;
-    uint8_t prefill, fault;
     int32_t il[MAX_LAYERS];
     uint32_t ek[MAX_LAYERS], ev[MAX_LAYERS];
 } geometry;
+
+typedef struct call {
+    geometry g[MAX_PARTS];
+    uint32_t n_parts;
+    int32_t seq_id;
+    uint8_t prefill, fault;
+    unsigned flags;
+} call;
 
 static uint32_t width_of(int32_t type, uint8_t b) {
     return type == KVC_TYPE_Q8_0 ? 32u * (1u + b % 2u) : 1u + b % 64u;
 }
 
-static bool parse_header(const uint8_t *data, size_t size, geometry *g) {
-    if (size < HEADER) {
-        return false;
-    }
-    memset(g, 0, sizeof *g);
-    g->type_k = TYPES[data[0] & 3];
-    g->type_v = TYPES[(data[0] >> 2) & 3];
-    g->v_trans = (data[0] >> 4) & 1 && g->type_v != KVC_TYPE_Q8_0;
-    g->n_layer = (data[0] >> 5) & 3;
-    g->meta_only = data[0] >> 7;
-    g->kv_size = SIZES[data[1] & 7];
-    g->n_seq_max = 1u + (data[1] >> 3);
-    g->seq_id = (int32_t)(data[2] % (g->n_seq_max + 1)) - 1;
-    g->prefill = data[3];
-    g->fault = data[4] ? (uint8_t)(data[4] % 8 + 1) : 0;
+/* Cache k's geometry from its size/layer bits and widths; false when it is too large. */
+static bool part_geometry(geometry *g, const geometry *first, uint32_t kv_size, uint32_t n_layer,
+                          const uint8_t *widths) {
+    *g = *first;
+    g->kv_size = kv_size;
+    g->n_layer = n_layer;
     size_t total = 0;
     for (uint32_t l = 0; l < MAX_LAYERS; l++) {
         g->il[l] = (int32_t)l;
-        g->ek[l] = width_of(g->type_k, data[5 + 2 * l]);
-        g->ev[l] = width_of(g->type_v, data[6 + 2 * l]);
-        if (l < g->n_layer) {
+        g->ek[l] = width_of(g->type_k, widths[2 * l]);
+        g->ev[l] = width_of(g->type_v, widths[2 * l + 1]);
+        if (l < n_layer) {
             total += kvc_row_size(g->type_k, g->ek[l]) + kvc_row_size(g->type_v, g->ev[l]);
         }
     }
-    return total * g->kv_size <= MAX_KV_BYTES;
+    return total * kv_size <= MAX_KV_BYTES;
+}
+
+static bool parse_header(const uint8_t *data, size_t size, call *k) {
+    if (size < HEADER) {
+        return false;
+    }
+    memset(k, 0, sizeof *k);
+    geometry base;
+    memset(&base, 0, sizeof base);
+    base.type_k = TYPES[data[0] & 3];
+    base.type_v = TYPES[(data[0] >> 2) & 3];
+    base.v_trans = (data[0] >> 4) & 1 && base.type_v != KVC_TYPE_Q8_0;
+    base.meta_only = data[0] >> 7;
+    base.n_seq_max = 1u + (data[1] >> 3);
+    k->seq_id = (int32_t)(data[2] % (base.n_seq_max + 1)) - 1;
+    k->prefill = data[3];
+    k->fault = data[4] & 15;
+    k->flags = ((data[4] >> 4) & 1 ? KVC_STATE_CONVERT_V : 0) | ((data[4] >> 5) & 1 ? KVC_STATE_EXACT : 0);
+    k->n_parts = (data[4] >> 6) & 1 ? 2 : 1;
+    if (!part_geometry(&k->g[0], &base, SIZES[data[1] & 7], (data[0] >> 5) & 3, data + 5)) {
+        return false;
+    }
+    return k->n_parts == 1 || part_geometry(&k->g[1], &base, SIZES[data[11] & 7], (data[11] >> 3) & 3, data + 12);
 }
 
 /* --- a cache with its own K/V memory ------------------------------------------------- */
@@ -336,11 +367,13 @@ static void check_cells(const kvc_cells *cl, const char *when) {
     free(expect);
 }
 
-/* --- the blob as this cache reads it ---------------------------------------------------- */
+/* --- the blob as a cache reads it ------------------------------------------------------ */
 
 /* Where the parts of a successfully read state lie (the oracle's own walk over the blob). */
 typedef struct layout {
+    const uint8_t *p;                /* the part */
     uint32_t cc;
+    bool vt;                         /* the part's V layout */
     size_t meta_end;                 /* offset of v_trans */
     size_t k_off[MAX_LAYERS];        /* first K row of layer l */
     size_t v_off[MAX_LAYERS];        /* first V byte of layer l */
@@ -349,49 +382,65 @@ typedef struct layout {
 
 static size_t v_elem(const kvc_unified *c) { return kvc_type_get(c->type_v)->type_size; }
 
-static size_t v_data_bytes(const kvc_unified *c, uint32_t l, uint32_t cc) {
-    return c->v_trans ? (size_t)c->layers[l].n_embd_v * cc * v_elem(c) : (size_t)cc * c->layers[l].v_row_bytes;
-}
-
-static layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *blob, size_t consumed) {
+/* Walk the part at p (of at most avail bytes) as cache c read it. */
+static layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *p, size_t avail) {
     layout L;
     memset(&L, 0, sizeof L);
-    FUZZ_CHECK(consumed >= 4, "consumed %zu bytes", consumed);
-    L.cc = fz_get_u32(blob);
+    L.p = p;
+    FUZZ_CHECK(avail >= 4, "a part of %zu bytes was accepted", avail);
+    L.cc = fz_get_u32(p);
     size_t off = 4;
     for (uint32_t i = 0; i < L.cc; i++) {
-        FUZZ_CHECK(off + 8 <= consumed, "cell %u lies past the consumed %zu bytes", i, consumed);
-        const uint32_t n_ids = fz_get_u32(blob + off + 4);
+        FUZZ_CHECK(off + 8 <= avail, "cell %u lies past the consumed bytes", i);
+        const uint32_t n_ids = fz_get_u32(p + off + 4);
         FUZZ_CHECK(seq_id < 0 || n_ids == 1, "a single-sequence cell with %u ids was accepted", n_ids);
-        FUZZ_CHECK((uint64_t)n_ids * 4 <= consumed - off - 8, "cell %u's ids lie past the consumed bytes", i);
+        FUZZ_CHECK((uint64_t)n_ids * 4 <= avail - off - 8, "cell %u's ids lie past the consumed bytes", i);
         off += 8 + 4 * (size_t)n_ids;
     }
     L.meta_end = off;
+    FUZZ_CHECK(off + 8 <= avail, "the data section lies past the consumed bytes");
+    const uint32_t vt = fz_get_u32(p + off);
+    FUZZ_CHECK(vt <= 1, "V layout flag %u was accepted", vt);
+    FUZZ_CHECK(vt == c->v_trans || (c->v_trans ? true : kvc_type_get(c->type_v)->blck_size == 1),
+               "a V layout the cache cannot convert was accepted");
+    L.vt = vt;
     off += 8;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         L.k_off[l] = off + 12;
         off += 12 + (size_t)L.cc * c->layers[l].k_row_bytes;
     }
     for (uint32_t l = 0; l < c->n_layer; l++) {
+        /* rows or transposed, V holds cc * v_row_bytes bytes after a 12-byte header */
         L.v_off[l] = off + 12;
-        off += 12 + v_data_bytes(c, l, L.cc);
+        off += 12 + (size_t)L.cc * c->layers[l].v_row_bytes;
     }
     L.end = off;
-    FUZZ_CHECK(L.end == consumed, "the state spans %zu bytes, the read consumed %zu", L.end, consumed);
+    FUZZ_CHECK(L.end <= avail, "the part spans %zu bytes, %zu were consumed", L.end, avail);
     return L;
 }
 
-/* The bytes state_write must produce after the read: the consumed blob with canonical ids
- * (per sequence: the destination id; whole cache: ascending, each once) and, without K/V
- * memory, zero rows. */
-static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const uint8_t *blob, const layout *L, bool meta_only,
-                          size_t *len) {
-    uint8_t *out = fz_alloc(L->end + 4 * (size_t)L->cc * 64);
+/* Byte address, in the part, of V element j of the part's cell k (one-element blocks). */
+static const uint8_t *blob_v_elem(const kvc_unified *c, const layout *L, uint32_t l, uint32_t k, uint32_t j) {
+    const size_t el = v_elem(c);
+    return L->p + L->v_off[l] + (L->vt ? ((size_t)j * L->cc + k) * el : (size_t)k * c->layers[l].v_row_bytes + (size_t)j * el);
+}
+
+/* Byte address, in the cache, of V element j of cell i. */
+static const uint8_t *cache_v_elem(const kvc_unified *c, const uint8_t *v, uint32_t l, uint32_t i, uint32_t j) {
+    const size_t el = v_elem(c);
+    return v + (c->v_trans ? ((size_t)j * c->cells.size + i) * el : (size_t)i * c->layers[l].v_row_bytes + (size_t)j * el);
+}
+
+/* The bytes state_write must produce after the read: the consumed part with canonical ids
+ * (per sequence: the destination id; whole cache: ascending, each once), V in the cache's
+ * layout and, without K/V memory, zero rows. */
+static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L, bool meta_only, size_t *len) {
+    uint8_t *out = fz_alloc(L->end);
     size_t o = 4, i_off = 4;
-    memcpy(out, blob, 4);
+    memcpy(out, L->p, 4);
     for (uint32_t i = 0; i < L->cc; i++) {
-        const uint32_t n_ids = fz_get_u32(blob + i_off + 4);
-        memcpy(out + o, blob + i_off, 4);
+        const uint32_t n_ids = fz_get_u32(L->p + i_off + 4);
+        memcpy(out + o, L->p + i_off, 4);
         if (seq_id >= 0) {
             fz_put_u32(out + o + 4, 1);
             fz_put_u32(out + o + 8, (uint32_t)seq_id);
@@ -399,7 +448,7 @@ static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const uint8_t *b
         } else {
             uint64_t bits = 0;
             for (uint32_t j = 0; j < n_ids; j++) {
-                bits |= (uint64_t)1 << fz_get_u32(blob + i_off + 8 + 4 * (size_t)j);
+                bits |= (uint64_t)1 << fz_get_u32(L->p + i_off + 8 + 4 * (size_t)j);
             }
             fz_put_u32(out + o + 4, kvc_popcount64(bits));
             o += 8;
@@ -410,37 +459,75 @@ static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const uint8_t *b
         }
         i_off += 8 + 4 * (size_t)n_ids;
     }
-    const size_t data_start = o;
-    memcpy(out + o, blob + L->meta_end, L->end - L->meta_end);
-    fz_put_u32(out + o, fz_get_u32(out + o) != 0); /* any non-zero V layout flag means transposed */
-    o += L->end - L->meta_end;
-    if (meta_only) {
-        /* the data section moved from meta_end to data_start */
-        for (uint32_t l = 0; l < c->n_layer; l++) {
-            memset(out + data_start + (L->k_off[l] - L->meta_end), 0, (size_t)L->cc * c->layers[l].k_row_bytes);
-            memset(out + data_start + (L->v_off[l] - L->meta_end), 0, v_data_bytes(c, l, L->cc));
+    fz_put_u32(out + o, c->v_trans);
+    memcpy(out + o + 4, L->p + L->meta_end + 4, 4);
+    o += 8;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const size_t n = (size_t)L->cc * c->layers[l].k_row_bytes;
+        memcpy(out + o, L->p + L->k_off[l] - 12, 12);
+        if (meta_only) {
+            memset(out + o + 12, 0, n);
+        } else {
+            memcpy(out + o + 12, L->p + L->k_off[l], n);
         }
+        o += 12 + n;
+    }
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        const size_t n = (size_t)L->cc * ly->v_row_bytes, el = v_elem(c);
+        memcpy(out + o, L->p + L->v_off[l] - 12, 4); /* the type */
+        if (c->v_trans) {
+            fz_put_u32(out + o + 4, (uint32_t)el);
+            fz_put_u32(out + o + 8, ly->n_embd_v);
+        } else {
+            const uint64_t row = ly->v_row_bytes;
+            fz_put_u32(out + o + 4, (uint32_t)row);
+            fz_put_u32(out + o + 8, (uint32_t)(row >> 32));
+        }
+        uint8_t *d = out + o + 12;
+        if (meta_only) {
+            memset(d, 0, n);
+        } else if (L->vt == c->v_trans) {
+            memcpy(d, L->p + L->v_off[l], n);
+        } else {
+            for (uint32_t k = 0; k < L->cc; k++) {
+                for (uint32_t j = 0; j < ly->n_embd_v; j++) {
+                    const size_t at = c->v_trans ? ((size_t)j * L->cc + k) * el : (size_t)k * ly->v_row_bytes + (size_t)j * el;
+                    memcpy(d + at, blob_v_elem(c, L, l, k, j), el);
+                }
+            }
+        }
+        o += 12 + n;
     }
     *len = o;
     return out;
 }
 
-/* Cell k of the blob sits in cell dst + k: its K row, and its V row or V column. */
-static void check_rows(const cache *t, const uint8_t *blob, const layout *L, uint32_t dst, const char *when) {
+/* Cell k of the part sits in cell dst + k: its K row, and its V row or V column. */
+static void check_rows(const cache *t, const layout *L, uint32_t dst, const char *when) {
     const kvc_unified *c = &t->c;
     const size_t size = c->cells.size;
     for (uint32_t l = 0; l < c->n_layer && t->k[l]; l++) {
-        const size_t kr = c->layers[l].k_row_bytes;
-        SAME_BYTES(t->k[l] + dst * kr, blob + L->k_off[l], L->cc * kr, "restored K rows");
-        if (c->v_trans) {
+        const kvc_layer *ly = &c->layers[l];
+        const size_t kr = ly->k_row_bytes;
+        SAME_BYTES(t->k[l] + dst * kr, L->p + L->k_off[l], L->cc * kr, "restored K rows");
+        if (L->vt != c->v_trans) {
             const size_t el = v_elem(c);
-            for (uint32_t j = 0; j < c->layers[l].n_embd_v; j++) {
-                SAME_BYTES(t->v[l] + ((size_t)j * size + dst) * el, blob + L->v_off[l] + (size_t)j * L->cc * el,
+            for (uint32_t k = 0; k < L->cc; k++) {
+                for (uint32_t j = 0; j < ly->n_embd_v; j++) {
+                    FUZZ_CHECK(memcmp(cache_v_elem(c, t->v[l], l, dst + k, j), blob_v_elem(c, L, l, k, j), el) == 0,
+                               "%s: converted V element %u of cell %u of layer %u differs", when, j, k, l);
+                }
+            }
+        } else if (c->v_trans) {
+            const size_t el = v_elem(c);
+            for (uint32_t j = 0; j < ly->n_embd_v; j++) {
+                SAME_BYTES(t->v[l] + ((size_t)j * size + dst) * el, L->p + L->v_off[l] + (size_t)j * L->cc * el,
                            L->cc * el, "restored V column");
             }
         } else {
-            const size_t vr = c->layers[l].v_row_bytes;
-            SAME_BYTES(t->v[l] + dst * vr, blob + L->v_off[l], L->cc * vr, "restored V rows");
+            const size_t vr = ly->v_row_bytes;
+            SAME_BYTES(t->v[l] + dst * vr, L->p + L->v_off[l], L->cc * vr, "restored V rows");
         }
     }
 }
@@ -473,7 +560,7 @@ static void check_rows_outside(const image *m, const cache *t, uint32_t lo, uint
 }
 
 /* Per sequence: cells outside the restored run are the old ones minus the destination. */
-static void check_seq_result(const image *m, const cache *t, int32_t seq_id, const uint8_t *blob, const layout *L) {
+static void check_seq_result(const image *m, const cache *t, int32_t seq_id, const layout *L) {
     const char *when = "single-sequence read";
     const kvc_cells *cl = &t->c.cells;
     const uint64_t bit = (uint64_t)1 << seq_id;
@@ -486,8 +573,8 @@ static void check_seq_result(const image *m, const cache *t, int32_t seq_id, con
     }
     for (uint32_t i = 0; i < cl->size; i++) {
         if (i >= lo && i < hi) {
-            const int32_t p = (int32_t)fz_get_u32(blob + 4 + 12 * (size_t)(i - lo));
-            FUZZ_CHECK(cl->pos[i] == p && cl->seq[i] == bit, "%s: cell %u is (%d, %llx), the blob says (%d, {%d})",
+            const int32_t p = (int32_t)fz_get_u32(L->p + 4 + 12 * (size_t)(i - lo));
+            FUZZ_CHECK(cl->pos[i] == p && cl->seq[i] == bit, "%s: cell %u is (%d, %llx), the part says (%d, {%d})",
                        when, i, cl->pos[i], (unsigned long long)cl->seq[i], p, seq_id);
             const uint64_t left = m->pos[i] == -1 ? 0 : m->seq[i] & ~bit;
             FUZZ_CHECK(left == 0, "%s: cell %u was overwritten while it held other sequences", when, i);
@@ -505,12 +592,12 @@ static void check_seq_result(const image *m, const cache *t, int32_t seq_id, con
                    when, i, cl->pos[i], (unsigned long long)cl->seq[i], pos, (unsigned long long)seq);
         SAME_VALUE(cl->shift[i], m->shift[i], "shift of a cell outside the run");
     }
-    check_rows(t, blob, L, lo, when);
+    check_rows(t, L, lo, when);
     check_rows_outside(m, t, lo, hi, when);
 }
 
-/* Whole cache: cells [0, cc) are the blob's, the rest empty, shifts gone, the rest of K/V 0. */
-static void check_whole_result(const image *m, const cache *t, const uint8_t *blob, const layout *L) {
+/* Whole cache: cells [0, cc) are the part's, the rest empty, shifts gone, the rest of K/V 0. */
+static void check_whole_result(const image *m, const cache *t, const layout *L) {
     const char *when = "whole-cache read";
     const kvc_unified *c = &t->c;
     const kvc_cells *cl = &c->cells;
@@ -522,38 +609,48 @@ static void check_whole_result(const image *m, const cache *t, const uint8_t *bl
     for (uint32_t i = 0; i < cl->size; i++) {
         SAME_VALUE(cl->shift[i], 0, "shift");
         if (i >= L->cc) {
-            SAME_VALUE(cl->pos[i], -1, "position of a cell past the blob's");
+            SAME_VALUE(cl->pos[i], -1, "position of a cell past the part's");
             continue;
         }
-        const uint32_t n_ids = fz_get_u32(blob + off + 4);
+        const uint32_t n_ids = fz_get_u32(L->p + off + 4);
         uint64_t bits = 0;
         for (uint32_t j = 0; j < n_ids; j++) {
-            bits |= (uint64_t)1 << fz_get_u32(blob + off + 8 + 4 * (size_t)j);
+            bits |= (uint64_t)1 << fz_get_u32(L->p + off + 8 + 4 * (size_t)j);
         }
-        SAME_VALUE(cl->pos[i], (int32_t)fz_get_u32(blob + off), "restored position");
+        SAME_VALUE(cl->pos[i], (int32_t)fz_get_u32(L->p + off), "restored position");
         SAME_VALUE(cl->seq[i], bits, "restored sequence set");
         off += 8 + 4 * (size_t)n_ids;
     }
-    check_rows(t, blob, L, 0, when);
+    check_rows(t, L, 0, when);
     check_rows_outside(NULL, t, 0, L->cc, when);
 }
 
-static uint8_t *write_state(const kvc_unified *c, int32_t seq_id, size_t *len) {
-    const size_t n = kvc_unified_state_size(c, seq_id);
-    uint8_t *out = fz_alloc(n);
-    const int rc = kvc_unified_state_write(c, seq_id, out, n, len);
-    FUZZ_CHECK(rc == KVC_OK && *len == n, "state_write: rc %d, %zu of %zu bytes", rc, *len, n);
-    if (n > 0) {
-        /* one byte short must be refused */
-        size_t short_len = 1;
-        FUZZ_CHECK(kvc_unified_state_write(c, seq_id, out, n - 1, &short_len) == KVC_E_NOSPACE && short_len == 0,
-                   "state_write into %zu of %zu bytes did not refuse", n - 1, n);
-        FUZZ_CHECK(kvc_unified_state_write(c, seq_id, out, n, len) == KVC_OK, "state_write again failed");
+/* Every part's state, written one after the other (the layout of an iSWA state). */
+static uint8_t *write_parts(cache *t, uint32_t n_parts, int32_t seq_id, size_t *part_len, size_t *len) {
+    size_t total = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        part_len[k] = kvc_unified_state_size(&t[k].c, seq_id);
+        total += part_len[k];
     }
+    uint8_t *out = fz_alloc(total);
+    size_t off = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        size_t written = 0;
+        const int rc = kvc_unified_state_write(&t[k].c, seq_id, out + off, part_len[k], &written);
+        FUZZ_CHECK(rc == KVC_OK && written == part_len[k], "state_write: rc %d, %zu of %zu bytes", rc, written,
+                   part_len[k]);
+        /* one byte short is refused */
+        FUZZ_CHECK(kvc_unified_state_write(&t[k].c, seq_id, out + off, part_len[k] - 1, &written) == KVC_E_NOSPACE &&
+                   written == 0, "state_write into %zu of %zu bytes did not refuse", part_len[k] - 1, part_len[k]);
+        FUZZ_CHECK(kvc_unified_state_write(&t[k].c, seq_id, out + off, part_len[k], &written) == KVC_OK,
+                   "state_write again failed");
+        off += part_len[k];
+    }
+    *len = total;
     return out;
 }
 
-/* Cells that do not hold seq_id, and their K rows, are as in m. */
+/* Cells that do not hold seq_id are as in m. */
 static void check_others_kept(const image *m, const cache *t, int32_t seq_id, const char *when) {
     const kvc_cells *cl = &t->c.cells;
     const uint64_t bit = (uint64_t)1 << seq_id;
@@ -566,75 +663,143 @@ static void check_others_kept(const image *m, const cache *t, int32_t seq_id, co
     }
 }
 
+/* kvc_state_describe of the part at p: fails cleanly, or describes something inside the input;
+ * when `read` is given (a whole-cache read of that part succeeded) it must agree with it. */
+static void check_describe(const uint8_t *p, size_t avail, const kvc_unified *c, const layout *read) {
+    static int32_t pos[DESC_CELLS];
+    static uint64_t seq[DESC_CELLS];
+    kvc_state_layer_desc layers[MAX_LAYERS + 1];
+    kvc_state_desc d;
+    kvc_err err = { 0, "" };
+    const int rc = kvc_state_describe(p, avail, &d, pos, seq, DESC_CELLS, layers, MAX_LAYERS + 1, &err);
+    if (rc != KVC_OK) {
+        FUZZ_CHECK(rc == KVC_E_STATE && err.msg[0], "describe failed with %d (%s)", rc, err.msg);
+        FUZZ_CHECK(!read, "describe refused a part a whole-cache read accepted: %s", err.msg);
+        return;
+    }
+    FUZZ_CHECK(d.end <= avail && d.data_off < d.end && d.v_trans <= 1, "describe: end %zu, data at %zu, of %zu bytes",
+               d.end, d.data_off, avail);
+    if (!read) {
+        return;
+    }
+    const char *when = "describe after a whole-cache read";
+    SAME_VALUE(d.cell_count, read->cc, "cell count");
+    SAME_VALUE(d.end, read->end, "end");
+    SAME_VALUE(d.data_off, read->meta_end, "data offset");
+    SAME_VALUE(d.v_trans, read->vt, "V layout");
+    SAME_VALUE(d.n_layer, c->n_layer, "layer count");
+    for (uint32_t i = 0; i < read->cc && i < DESC_CELLS; i++) {
+        SAME_VALUE(pos[i], c->cells.pos[i], "cell position");
+        SAME_VALUE(seq[i], c->cells.seq[i], "cell sequence set");
+    }
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        SAME_VALUE(layers[l].k_offset + 12, read->k_off[l], "K offset");
+        SAME_VALUE(layers[l].v_offset + 12, read->v_off[l], "V offset");
+        SAME_VALUE(layers[l].k_row_size, c->layers[l].k_row_bytes, "K row size");
+        SAME_VALUE(layers[l].k_bytes + layers[l].v_bytes, (uint64_t)read->cc * (c->layers[l].k_row_bytes + c->layers[l].v_row_bytes),
+                   "data bytes");
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    geometry g;
-    if (!parse_header(data, size, &g)) {
+    call k;
+    if (!parse_header(data, size, &k)) {
         return 0;
     }
     const uint8_t *blob = data + HEADER;
     const size_t len = size - HEADER;
-    cache t;
-    cache_init(&t, &g);
-    prefill(&t, g.prefill);
+    cache t[MAX_PARTS];
+    kvc_unified *cs[MAX_PARTS];
+    image before[MAX_PARTS];
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        cache_init(&t[p], &k.g[p]);
+        prefill(&t[p], (uint8_t)(k.prefill ? k.prefill + 37 * p : 0));
+        image_take(&before[p], &t[p]);
+        cs[p] = &t[p].c;
+    }
 
-    image before;
-    image_take(&before, &t);
     kvc_err err = { 0, "" };
     size_t consumed = 12345;
-    kvc_fail_alloc_after = g.fault;
-    const int rc = kvc_unified_state_read(&t.c, g.seq_id, blob, len, &consumed, &err);
-    if (fz_verbose()) {
-        fprintf(stderr, "seq_id %d, %zu bytes: %s\n", g.seq_id, len, rc == KVC_OK ? "read" : err.msg);
-    }
+    kvc_fail_alloc_after = k.fault;
+    const int rc = kvc_unified_state_read_parts_ex(cs, k.n_parts, k.seq_id, blob, len, k.flags, &consumed, &err);
     const bool fault_pending = kvc_fail_alloc_after > 0;
     kvc_fail_alloc_after = 0;
+    if (fz_verbose()) {
+        fprintf(stderr, "%u part(s), seq_id %d, flags %u, %zu bytes: %s\n", k.n_parts, k.seq_id, k.flags, len,
+                rc == KVC_OK ? "read" : err.msg);
+    }
 
     if (rc != KVC_OK) {
-        FUZZ_CHECK(rc == KVC_E_STATE || (rc == KVC_E_NOMEM && g.fault && !fault_pending),
+        FUZZ_CHECK(rc == KVC_E_STATE || (rc == KVC_E_NOMEM && k.fault && !fault_pending),
                    "state_read failed with %d (%s)", rc, err.msg);
         FUZZ_CHECK(err.code == rc && err.msg[0] != 0 && memchr(err.msg, 0, sizeof err.msg) != NULL,
                    "error %d without a message", rc);
-        image_check(&before, &t, "after a failed read");
-        image_free(&before);
-        cache_free(&t);
+        for (uint32_t p = 0; p < k.n_parts; p++) {
+            image_check(&before[p], &t[p], "after a failed read");
+        }
+        check_describe(blob, len, NULL, NULL);
+        for (uint32_t p = 0; p < k.n_parts; p++) {
+            image_free(&before[p]);
+            cache_free(&t[p]);
+        }
         return 0;
     }
 
     FUZZ_CHECK(consumed <= len, "consumed %zu of %zu bytes", consumed, len);
-    check_cells(&t.c.cells, "after a successful read");
-    const layout L = walk(&t.c, g.seq_id, blob, consumed);
-    if (g.seq_id >= 0) {
-        check_seq_result(&before, &t, g.seq_id, blob, &L);
-    } else {
-        check_whole_result(&before, &t, blob, &L);
+    FUZZ_CHECK(!(k.flags & KVC_STATE_EXACT) || consumed == len, "exact read left %zu trailing bytes", len - consumed);
+    layout L[MAX_PARTS];
+    size_t off = 0;
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        check_cells(&t[p].c.cells, "after a successful read");
+        L[p] = walk(&t[p].c, k.seq_id, blob + off, consumed - off);
+        if (k.seq_id >= 0) {
+            check_seq_result(&before[p], &t[p], k.seq_id, &L[p]);
+        } else {
+            check_whole_result(&before[p], &t[p], &L[p]);
+        }
+        check_describe(blob + off, len - off, &t[p].c, k.seq_id < 0 ? &L[p] : NULL);
+        off += L[p].end;
+    }
+    FUZZ_CHECK(off == consumed, "the parts span %zu bytes, the read consumed %zu", off, consumed);
+
+    /* the re-write is the consumed parts, canonical */
+    size_t part_len[MAX_PARTS], w1_len;
+    uint8_t *w1 = write_parts(t, k.n_parts, k.seq_id, part_len, &w1_len);
+    off = 0;
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        size_t want_len;
+        uint8_t *want = canonical(&t[p].c, k.seq_id, &L[p], k.g[p].meta_only, &want_len);
+        FUZZ_CHECK(part_len[p] == want_len, "re-write of part %u has %zu bytes, expected %zu", p, part_len[p], want_len);
+        FUZZ_CHECK(memcmp(w1 + off, want, want_len) == 0, "re-write of part %u differs at byte %ld", p,
+                   fz_first_diff(w1 + off, want, want_len));
+        free(want);
+        off += part_len[p];
     }
 
-    /* the re-write is the consumed blob, canonical */
-    size_t w1_len, want_len;
-    uint8_t *w1 = write_state(&t.c, g.seq_id, &w1_len);
-    uint8_t *want = canonical(&t.c, g.seq_id, blob, &L, g.meta_only, &want_len);
-    FUZZ_CHECK(w1_len == want_len, "re-write has %zu bytes, expected %zu", w1_len, want_len);
-    FUZZ_CHECK(memcmp(w1, want, w1_len) == 0, "re-write differs at byte %ld", fz_first_diff(w1, want, w1_len));
-
     /* reading the re-write back gives the same state */
-    image after;
-    image_take(&after, &t);
-    const int rc2 = kvc_unified_state_read(&t.c, g.seq_id, w1, w1_len, &consumed, &err);
+    image after[MAX_PARTS];
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        image_take(&after[p], &t[p]);
+    }
+    const int rc2 = kvc_unified_state_read_parts_ex(cs, k.n_parts, k.seq_id, w1, w1_len, KVC_STATE_EXACT, &consumed, &err);
     FUZZ_CHECK(rc2 == KVC_OK && consumed == w1_len, "reading the re-write back: %d (%s)", rc2, err.msg);
-    check_cells(&t.c.cells, "after reading the re-write");
-    if (g.seq_id < 0) {
-        image_check(&after, &t, "after reading the re-write");
-    } else {
-        check_others_kept(&after, &t, g.seq_id, "after reading the re-write");
-        size_t w2_len;
-        uint8_t *w2 = write_state(&t.c, g.seq_id, &w2_len);
+    if (k.seq_id >= 0) {
+        size_t w2_len, part2[MAX_PARTS];
+        uint8_t *w2 = write_parts(t, k.n_parts, k.seq_id, part2, &w2_len);
         FUZZ_CHECK(w2_len == w1_len && memcmp(w1, w2, w1_len) == 0, "second re-write differs");
         free(w2);
     }
-    image_free(&after);
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        check_cells(&t[p].c.cells, "after reading the re-write");
+        if (k.seq_id < 0) {
+            image_check(&after[p], &t[p], "after reading the re-write");
+        } else {
+            check_others_kept(&after[p], &t[p], k.seq_id, "after reading the re-write");
+        }
+        image_free(&after[p]);
+        image_free(&before[p]);
+        cache_free(&t[p]);
+    }
     free(w1);
-    free(want);
-    image_free(&before);
-    cache_free(&t);
     return 0;
 }

@@ -42,12 +42,8 @@ def unified_width_byte(tid: int, w: int) -> int | None:
     return w - 1 if 1 <= w <= 64 else None
 
 
-def unified_header(tk, tv, v_trans, kv_size, n_seq_max, ek, ev, seq_id, prefill) -> bytes | None:
-    """The fuzz_unified_state header for this geometry, or None when it has no encoding."""
-    tk, tv = type_id(tk), type_id(tv)
-    if tk not in TYPE_INDEX or tv not in TYPE_INDEX or kv_size not in UNIFIED_SIZES:
-        return None
-    if not 1 <= n_seq_max <= 32 or len(ek) > 3 or (v_trans and tv == 8):
+def unified_widths(tk: int, tv: int, ek, ev) -> list[int] | None:
+    if len(ek) > 3:
         return None
     widths = []
     for l in range(3):
@@ -56,31 +52,32 @@ def unified_header(tk, tv, v_trans, kv_size, n_seq_max, ek, ev, seq_id, prefill)
         if k is None or v is None:
             return None
         widths += [k, v]
-    b0 = TYPE_INDEX[tk] | TYPE_INDEX[tv] << 2 | int(bool(v_trans)) << 4 | len(ek) << 5
-    b1 = UNIFIED_SIZES.index(kv_size) | (n_seq_max - 1) << 3
-    return bytes([b0, b1, seq_id + 1, prefill, 0] + widths)
+    return widths
 
 
-def unified_part_len(blob: bytes, off: int = 0) -> int:
-    """Length of the unified cache state starting at off (layout read from the blob itself)."""
-    (cc,) = struct.unpack_from("<I", blob, off)
-    p = off + 4
-    for _ in range(cc):
-        _, n = struct.unpack_from("<iI", blob, p)
-        p += 8 + 4 * n
-    v_trans, n_layer = struct.unpack_from("<II", blob, p)
-    p += 8
-    for _ in range(n_layer):
-        _, row = struct.unpack_from("<iQ", blob, p)
-        p += 12 + cc * row
-    for _ in range(n_layer):
-        if v_trans:
-            _, el, width = struct.unpack_from("<iII", blob, p)
-            p += 12 + width * cc * el
-        else:
-            _, row = struct.unpack_from("<iQ", blob, p)
-            p += 12 + cc * row
-    return p - off
+def unified_header(parts: list[dict], seq_id: int, prefill: int, flags: int = 0) -> bytes | None:
+    """The fuzz_unified_state header for one or two caches (the second shares the first's
+    types, V layout and n_seq_max, as the halves of an iSWA cache), or None when the geometry
+    has no encoding. flags: bit 4 convert V, bit 5 exact (as in the header's byte 4)."""
+    g0 = parts[0]
+    tk, tv = type_id(g0["type_k"]), type_id(g0["type_v"])
+    v_trans, n_seq_max = bool(g0["v_trans"]), g0["n_seq_max"]
+    if tk not in TYPE_INDEX or tv not in TYPE_INDEX or not 1 <= n_seq_max <= 32 or (v_trans and tv == 8):
+        return None
+    sizes, layer_bytes = [], []
+    for g in parts:
+        if g["kv_size"] not in UNIFIED_SIZES or len(g["ek"]) > 3:
+            return None
+        w = unified_widths(tk, tv, g["ek"], g["ev"])
+        if w is None:
+            return None
+        sizes.append(UNIFIED_SIZES.index(g["kv_size"]))
+        layer_bytes.append(w)
+    b0 = TYPE_INDEX[tk] | TYPE_INDEX[tv] << 2 | int(v_trans) << 4 | len(g0["ek"]) << 5
+    b1 = sizes[0] | (n_seq_max - 1) << 3
+    b4 = flags | (0x40 if len(parts) == 2 else 0)
+    second = [sizes[1] | len(parts[1]["ek"]) << 3] + layer_bytes[1] if len(parts) == 2 else [0] * 7
+    return bytes([b0, b1, seq_id + 1, prefill, b4] + layer_bytes[0] + second)
 
 
 # --- recurrent -----------------------------------------------------------------------------
@@ -200,12 +197,16 @@ class Corpus:
             self.counts[target] = self.counts.get(target, 0) + 1
 
 
-def add_unified(corpus: Corpus, geo: dict, seq_id: int, blob: bytes) -> None:
+def add_unified(corpus: Corpus, parts: list[dict], seq_id: int, blob: bytes) -> None:
     for prefill in PREFILL_SEEDS:
-        h = unified_header(geo["type_k"], geo["type_v"], geo["v_trans"], geo["kv_size"], geo["n_seq_max"],
-                           geo["ek"], geo["ev"], seq_id, prefill)
+        h = unified_header(parts, seq_id, prefill)
         if h is not None:
             corpus.add("fuzz_unified_state", h + blob)
+    # the same blob into caches of the other V layout, converted on the way in
+    flipped = [dict(g, v_trans=not g["v_trans"]) for g in parts]
+    h = unified_header(flipped, seq_id, 0, flags=0x10)
+    if h is not None:
+        corpus.add("fuzz_unified_state", h + blob)
 
 
 def add_recurrent(corpus: Corpus, geo: dict, seq_id: int, blob: bytes) -> None:
@@ -224,7 +225,7 @@ def from_golden(corpus: Corpus, golden: Path) -> None:
                    kv_size=config["kv_size"], n_seq_max=config["n_seq_max"],
                    ek=[config["n_embd_k_gqa"][il] for il in kept], ev=[config["n_embd_v_gqa"][il] for il in kept])
         for seq_id, blob in golden_blobs(path):
-            add_unified(corpus, geo, seq_id, blob)
+            add_unified(corpus, [geo], seq_id, blob)
     for path in sorted((golden / "iswa").glob("*.jsonl")):
         config = json.loads(path.open().readline())["config"]
         swa = set(config["swa_layers"])
@@ -236,12 +237,7 @@ def from_golden(corpus: Corpus, golden: Path) -> None:
                               ek=[config["n_embd_k_gqa"][il] for il in kept],
                               ev=[config["n_embd_v_gqa"][il] for il in kept]))
         for seq_id, blob in golden_blobs(path):
-            try:
-                n_base = unified_part_len(blob)
-            except struct.error:
-                continue  # a corrupted blob: its base part has no length
-            add_unified(corpus, parts[0], seq_id, blob[:n_base])
-            add_unified(corpus, parts[1], seq_id, blob[n_base:])
+            add_unified(corpus, parts, seq_id, blob)  # base part, then SWA part
     for path in sorted((golden / "recurrent").glob("*.jsonl")):
         config = json.loads(path.open().readline())["config"]
         geo = dict(type_k=config["type_k"], type_v=config["type_v"], kv_size=config["kv_size"],
@@ -273,11 +269,7 @@ def from_interop(corpus: Corpus, interop: Path) -> None:
                      ek=[l["n_embd_k_gqa"] for l in g["layers"]], ev=[l["n_embd_v_gqa"] for l in g["layers"]])
                 for g in manifest["geometry"]]
         for seq_id, blob in interop_blobs(folder):
-            off = 0
-            for geo in geos:  # iSWA: the base part, then the SWA part
-                n = unified_part_len(blob, off)
-                add_unified(corpus, geo, seq_id, blob[off:off + n])
-                off += n
+            add_unified(corpus, geos, seq_id, blob)  # iSWA: the base part, then the SWA part
 
 
 def main(argv=None) -> int:
