@@ -12,11 +12,11 @@
 #   PYTHON               interpreter (default python3)
 #   KVCACHE_SKIP_CTESTS=1  do not run tests/c
 #
-# The extension is built in place in a copy of the tree under build/sanitize-$CC, and the
-# suite runs there. The interpreter is not
-# instrumented, so the sanitizer runtime is preloaded; PYTHONMALLOC=malloc gives every Python
-# object its own malloc block, so an overrun of a bytes object handed to kvcache is caught.
-# Leak checking is off: the interpreter keeps its own allocations alive at exit.
+# The extension is built in place in a copy of the tree under build/sanitize-$CC, and the suite
+# runs there. The interpreter is not instrumented, so the sanitizer runtime is preloaded;
+# PYTHONMALLOC=malloc gives every Python object its own malloc block, so an overrun of a bytes
+# object handed to kvcache is caught. Leak checking is off: the interpreter keeps its own
+# allocations alive at exit.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,40 +43,18 @@ if [[ "$KVCACHE_SANITIZE" == *address* ]] && [ ! -e "$RUNTIME" ]; then
     exit 1
 fi
 
-# A copy of the source tree (tracked and new files, nothing ignored), built in place there:
-# the working tree's own build is left alone, and the tests see the sanitized build however
-# they import kvcache (from the import path or from src/).
+# A copy of the source tree, built in place there: the working tree's own build is left alone,
+# and the tests see the sanitized build however they import kvcache (from the import path or
+# from src/).
+. "$REPO/tools/sanitized-tree.sh"
 WORK="$REPO/build/sanitize-$(basename "$CC")"
 TREE="$WORK/tree"
 echo "==> copy the source tree to $TREE"
-rm -rf "$TREE"
-mkdir -p "$TREE"
-if git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
-    git -C "$REPO" ls-files -co --exclude-standard -z | (cd "$REPO" && tar --null --ignore-failed-read -T - -cf -) | tar -xf - -C "$TREE"
-else
-    tar --exclude=./build --exclude='*.so' -cf - . | tar -xf - -C "$TREE"
-fi
-# the reference material beside the repository, for the tests that use it
-SHARED="${KVCACHE_SHARED:-}"
-for cand in "$REPO/../shared" "$REPO/../../shared"; do
-    if [ -z "$SHARED" ] && [ -d "$cand" ]; then SHARED="$(cd "$cand" && pwd)"; fi
-done
-if [ -n "$SHARED" ]; then
-    export KVCACHE_SHARED="$SHARED"
-    [ -d "$SHARED/interop" ] && export KVC_INTEROP_DIR="${KVC_INTEROP_DIR:-$SHARED/interop}"
-fi
-
+kvc_copy_tree "$REPO" "$TREE"
+kvc_find_shared "$REPO"
 echo "==> build in place ($CC, -fsanitize=$KVCACHE_SANITIZE)"
+kvc_build_in_place "$TREE" "$WORK/build.log" "$CC" "$CXX" "$EXTRA_LDFLAGS"
 cd "$TREE"
-CC="$CC" CXX="$CXX" LDSHARED="$CC -shared" LDCXXSHARED="$CXX -shared" LDFLAGS="${LDFLAGS:-} $EXTRA_LDFLAGS" \
-    "$PYTHON" setup.py build_ext --inplace -j 2 >"$WORK/build.log" 2>&1 || {
-    tail -40 "$WORK/build.log"
-    exit 1
-}
-if grep -E "csrc/.*warning:" "$WORK/build.log"; then
-    echo "warnings in csrc/ (see $WORK/build.log)" >&2
-    exit 1
-fi
 
 if [ -f tests/c/Makefile ] && [ "${KVCACHE_SKIP_CTESTS:-0}" != 1 ]; then
     echo "==> C tests (make -C tests/c, sanitizers on)"

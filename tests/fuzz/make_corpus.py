@@ -252,8 +252,16 @@ def from_golden(corpus: Corpus, golden: Path) -> None:
                     corpus.add("fuzz_batch_split", data)
 
 
+ATHERIS_FILES = ("seq1.bin", "seq3.bin", "state.bin", "seq0.ggsq", "session.ggsn")
+
+
 def from_interop(corpus: Corpus, interop: Path) -> None:
     for folder in sorted(p for p in interop.iterdir() if p.is_dir() and p.name != "models"):
+        if folder.name != "llama_bf16_fa1":  # the same layouts as llama_fa1
+            # whole files for the state-file and inspect targets (atheris_state.py)
+            for name in ATHERIS_FILES:
+                if (folder / name).exists():
+                    corpus.add("atheris_files", (folder / name).read_bytes())
         manifest = json.loads((folder / "state.bin.json").read_text())
         ctx = manifest["context"]
         if manifest["memory_kind"] == "recurrent":
