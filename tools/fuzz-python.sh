@@ -67,10 +67,10 @@ for t in "${TARGETS[@]}"; do
     LD_PRELOAD="$PRELOAD" "$PYTHON" tests/fuzz/atheris_state.py "$t" -max_total_time="$SECONDS_EACH" \
         -rss_limit_mb=3072 -max_len=131072 -print_final_stats=1 -artifact_prefix="$WORK/artifacts/$t-" \
         "$WORK/corpus/$t" "$(seeds_of "$t")" >"$WORK/$t.log" 2>&1 || {
-        grep -v -E "^#[0-9]+ +(NEW|REDUCE|pulse)" "$WORK/$t.log" | tail -40
+        grep -v -E "^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)" "$WORK/$t.log" | tail -40
         echo "atheris $t: finding (log: $WORK/$t.log)" >&2
         exit 1
     }
-    grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::average_exec_per_sec)" "$WORK/$t.log" || true
+    grep -E "^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::average_exec_per_sec)" "$WORK/$t.log" || true
 done
 echo "atheris fuzzing passed"
