@@ -48,6 +48,9 @@ ar d "$WORK/asan.a" asan_preinit.cpp.o 2>/dev/null || true
 "$CXX" -shared -o "$PRELOAD" -Wl,--whole-archive "$RT_DIR/libclang_rt.fuzzer_no_main-x86_64.a" "$WORK/asan.a" \
     -Wl,--no-whole-archive -lpthread -ldl -lrt
 
+# loaded up front so that the runtime finds the real __cxa_throw (see sanitize-tests.sh)
+CXXLIB="$(readlink -f "$("$CXX" -print-file-name=libstdc++.so)")"
+
 seeds_of() {
     case "$1" in
         unified) echo "$TREE/tests/fuzz/corpus/fuzz_unified_state" ;;
@@ -64,7 +67,7 @@ cd "$TREE"
 for t in "${TARGETS[@]}"; do
     echo "==> atheris: $t ($SECONDS_EACH s)"
     mkdir -p "$WORK/corpus/$t"
-    LD_PRELOAD="$PRELOAD" "$PYTHON" tests/fuzz/atheris_state.py "$t" -max_total_time="$SECONDS_EACH" \
+    LD_PRELOAD="$PRELOAD:$CXXLIB" "$PYTHON" tests/fuzz/atheris_state.py "$t" -max_total_time="$SECONDS_EACH" \
         -rss_limit_mb=3072 -max_len=131072 -print_final_stats=1 -artifact_prefix="$WORK/artifacts/$t-" \
         "$WORK/corpus/$t" "$(seeds_of "$t")" >"$WORK/$t.log" 2>&1 || {
         grep -v -E "^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)" "$WORK/$t.log" | tail -40

@@ -65,7 +65,10 @@ echo "==> pytest under the sanitizers"
 export PYTHONPATH="$TREE/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONMALLOC=malloc
 if [[ "$KVCACHE_SANITIZE" == *address* ]]; then
-    export LD_PRELOAD="$RUNTIME${LD_PRELOAD:+:$LD_PRELOAD}"
+    # libstdc++ is loaded up front too: the runtime resolves the real __cxa_throw when it starts,
+    # and a C++ extension loaded later (matplotlib's) would otherwise abort on its first throw
+    CXXLIB="$(readlink -f "$("$CXX" -print-file-name=libstdc++.so)")"
+    export LD_PRELOAD="$RUNTIME:$CXXLIB${LD_PRELOAD:+:$LD_PRELOAD}"
     # allocator_may_return_null: a huge request is a MemoryError for the tests to see, as
     # without the sanitizer
     export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=1:${ASAN_OPTIONS:-}"
@@ -76,4 +79,15 @@ import os
 import kvcache
 print("kvcache from", os.path.dirname(kvcache.__file__))
 PY
-exec "$PYTHON" -m pytest -p no:cacheprovider "$@" tests
+# The live interop tests load llama.cpp (libllama.so of llama-cpp-python 0.3.10), whose
+# llama_model::build_graph deletes a graph object through a pointer to a smaller type; ASan's
+# new-delete-type-mismatch check would abort there. Those tests run on their own with that one
+# check off (kvcache's core is C and never uses new / delete); everything else runs with all.
+"$PYTHON" -m pytest -p no:cacheprovider -k "not test_live_" "$@" tests
+echo "==> pytest under the sanitizers: the live llama.cpp interop tests"
+rc=0
+ASAN_OPTIONS="new_delete_type_mismatch=0:$ASAN_OPTIONS" "$PYTHON" -m pytest -p no:cacheprovider -k test_live_ "$@" tests \
+    || rc=$?
+# 5: nothing collected (llama_cpp not installed: the live tests skip themselves, or none exist)
+[ "$rc" = 5 ] && rc=0
+exit "$rc"
