@@ -401,7 +401,8 @@ static layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *p, size_
     FUZZ_CHECK(off + 8 <= avail, "the data section lies past the consumed bytes");
     const uint32_t vt = fz_get_u32(p + off);
     FUZZ_CHECK(vt <= 1, "V layout flag %u was accepted", vt);
-    FUZZ_CHECK(vt == c->v_trans || (c->v_trans ? true : kvc_type_get(c->type_v)->blck_size == 1),
+    /* (without layers there is no V to convert) */
+    FUZZ_CHECK(vt == c->v_trans || c->n_layer == 0 || kvc_type_get(c->type_v)->blck_size == 1,
                "a V layout the cache cannot convert was accepted");
     L.vt = vt;
     off += 8;
