@@ -1,0 +1,132 @@
+/* Helpers shared by the libFuzzer targets of tests/fuzz: a byte reader over the fuzz input,
+ * a small deterministic PRNG, little-endian scalars, and a check that aborts with a message
+ * (libFuzzer reports an abort as a crash and keeps the input). */
+#ifndef KVC_FUZZ_COMMON_H
+#define KVC_FUZZ_COMMON_H
+
+#include "kvc_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Abort on a broken contract: the fuzzer reports it and saves the input. */
+#define FUZZ_CHECK(cond, ...)                                                        \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "%s:%d: contract broken: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                            \
+            fputc('\n', stderr);                                                     \
+            abort();                                                                 \
+        }                                                                            \
+    } while (0)
+
+/* KVC_FUZZ_VERBOSE=1 in the environment: the targets say what each input did. */
+static inline bool fz_verbose(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KVC_FUZZ_VERBOSE");
+        v = e && *e && *e != '0';
+    }
+    return v != 0;
+}
+
+/* Reads bytes from the front of the input; past the end every read yields 0. */
+typedef struct fz_reader {
+    const uint8_t *p;
+    size_t n, off;
+} fz_reader;
+
+static inline uint8_t fz_u8(fz_reader *r) { return r->off < r->n ? r->p[r->off++] : 0; }
+
+static inline uint16_t fz_u16(fz_reader *r) {
+    const uint16_t lo = fz_u8(r);
+    return (uint16_t)(lo | (uint16_t)fz_u8(r) << 8);
+}
+
+static inline bool fz_done(const fz_reader *r) { return r->off >= r->n; }
+
+/* xorshift64*: deterministic, so a saved input replays the same cache. */
+typedef struct fz_rng {
+    uint64_t s;
+} fz_rng;
+
+static inline void fz_rng_seed(fz_rng *g, uint64_t seed) { g->s = seed * 0x9e3779b97f4a7c15u + 0x2545f4914f6cdd1du; }
+
+static inline uint64_t fz_next(fz_rng *g) {
+    g->s ^= g->s >> 12;
+    g->s ^= g->s << 25;
+    g->s ^= g->s >> 27;
+    return g->s * 0x2545f4914f6cdd1du;
+}
+
+/* Uniform-ish in [0, n) (n > 0). */
+static inline uint32_t fz_below(fz_rng *g, uint32_t n) { return (uint32_t)(fz_next(g) >> 32) % n; }
+
+static inline void fz_fill(fz_rng *g, uint8_t *p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const uint64_t x = fz_next(g);
+        memcpy(p + i, &x, 8);
+    }
+    for (; i < n; i++) {
+        p[i] = (uint8_t)(fz_next(g) >> 56);
+    }
+}
+
+static inline uint32_t fz_get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void fz_put_u32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+/* A copy of n bytes (NULL stays NULL); aborts when memory runs out, which is not a finding. */
+static inline uint8_t *fz_dup(const uint8_t *p, size_t n) {
+    if (!p) {
+        return NULL;
+    }
+    uint8_t *q = malloc(n ? n : 1);
+    if (!q) {
+        abort();
+    }
+    memcpy(q, p, n);
+    return q;
+}
+
+static inline void *fz_alloc(size_t n) {
+    void *q = calloc(1, n ? n : 1);
+    if (!q) {
+        abort();
+    }
+    return q;
+}
+
+/* Bytes [0, n) of a equal b's, or are all 0 when b is NULL. */
+static inline bool fz_same_or_zero(const uint8_t *a, const uint8_t *b, size_t n) {
+    if (b) {
+        return memcmp(a, b, n) == 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (a[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Index of the first differing byte, or -1 when equal (for messages). */
+static inline long fz_first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] != b[i]) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+#endif

@@ -1,0 +1,806 @@
+/* libFuzzer target: the unified cache's state decoders (csrc/kvc_state.h): kvc_unified_state_read_ex
+ * (whole cache and per sequence, with or without V layout conversion and the exact-length check),
+ * kvc_unified_state_read_parts_ex over two caches (the iSWA layout: a base part, then a SWA part),
+ * and kvc_state_describe (the cache-free walk behind `kvcache inspect`).
+ *
+ * Input: an 18-byte header that chooses the caches and the call, then the state blob.
+ *   [0]  bits 0-1 type_k (f32, f16, bf16, q8_0), bits 2-3 type_v (same list), bit 4 v_trans
+ *        (ignored for a q8_0 V), bits 5-6 kept layers of cache 0 (0..3), bit 7 no K/V memory
+ *   [1]  bits 0-2 kv_size of cache 0 (32, 64, 96, 128, 256, 512, 1024, 4096), bits 3-7 n_seq_max - 1
+ *   [2]  destination: seq_id = byte % (n_seq_max + 1) - 1 (-1 = whole cache)
+ *   [3]  seed of the operations that fill the caches before the read (0: empty caches)
+ *   [4]  bits 0-3 allocation fault (0 none, else the n-th allocation inside the read fails),
+ *        bit 4 KVC_STATE_CONVERT_V, bit 5 KVC_STATE_EXACT, bit 6 two parts (caches 0 and 1)
+ *   [5..10]  K and V row widths of the layers 0..2 of cache 0: 1 + byte % 64 (q8_0: 32 or 64)
+ *   [11] cache 1: bits 0-2 kv_size, bits 3-4 kept layers (0..3); types, v_trans, n_seq_max and
+ *        the memory choice are cache 0's (as for the two halves of an iSWA cache)
+ *   [12..17] the widths of cache 1
+ *
+ * Contract checked on every input:
+ *   - failure: a status of KVC_E_STATE (or KVC_E_NOMEM under an injected fault), a message, and
+ *     every cache byte-identical to before (cells, index structures, head, n, recovery, defrag
+ *     plan, every K/V byte), also when only a later part is bad;
+ *   - success: each cell table is consistent, exactly the cells a part describes changed (per
+ *     sequence: the destination's old cells lost it, one contiguous run holds the part's cells;
+ *     whole cache: cells [0, n) are the part's, the rest empty and zeroed), the K/V rows are the
+ *     part's (V converted to the cache's layout when asked), with the exact flag nothing trails,
+ *     state_write reproduces each consumed part (ids canonical, V in the cache's layout), and
+ *     reading that re-write back leaves the same state;
+ *   - describe: it fails or succeeds with a description inside the input, and after a
+ *     successful whole-cache read it agrees with the read on every part (cells, ids, layout,
+ *     offsets). */
+#include "fuzz_common.h"
+#include "kvc_state.h"
+#include "kvc_types.h"
+
+enum { HEADER = 18, MAX_LAYERS = 3, MAX_PARTS = 2, DESC_CELLS = 256 };
+static const size_t MAX_KV_BYTES = (size_t)256 << 10; /* larger geometries are skipped (speed) */
+
+static const int32_t TYPES[4] = { KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0 };
+static const uint32_t SIZES[8] = { 32, 64, 96, 128, 256, 512, 1024, 4096 };
+
+typedef struct geometry {
+    int32_t type_k, type_v;
+    bool v_trans, meta_only;
+    uint32_t n_layer, kv_size, n_seq_max;
+    int32_t il[MAX_LAYERS];
+    uint32_t ek[MAX_LAYERS], ev[MAX_LAYERS];
+} geometry;
+
+typedef struct call {
+    geometry g[MAX_PARTS];
+    uint32_t n_parts;
+    int32_t seq_id;
+    uint8_t prefill, fault;
+    unsigned flags;
+} call;
+
+static uint32_t width_of(int32_t type, uint8_t b) {
+    return type == KVC_TYPE_Q8_0 ? 32u * (1u + b % 2u) : 1u + b % 64u;
+}
+
+/* Cache k's geometry from its size/layer bits and widths; false when it is too large. */
+static bool part_geometry(geometry *g, const geometry *first, uint32_t kv_size, uint32_t n_layer,
+                          const uint8_t *widths) {
+    *g = *first;
+    g->kv_size = kv_size;
+    g->n_layer = n_layer;
+    size_t total = 0;
+    for (uint32_t l = 0; l < MAX_LAYERS; l++) {
+        g->il[l] = (int32_t)l;
+        g->ek[l] = width_of(g->type_k, widths[2 * l]);
+        g->ev[l] = width_of(g->type_v, widths[2 * l + 1]);
+        if (l < n_layer) {
+            total += kvc_row_size(g->type_k, g->ek[l]) + kvc_row_size(g->type_v, g->ev[l]);
+        }
+    }
+    return total * kv_size <= MAX_KV_BYTES;
+}
+
+static bool parse_header(const uint8_t *data, size_t size, call *k) {
+    if (size < HEADER) {
+        return false;
+    }
+    memset(k, 0, sizeof *k);
+    geometry base;
+    memset(&base, 0, sizeof base);
+    base.type_k = TYPES[data[0] & 3];
+    base.type_v = TYPES[(data[0] >> 2) & 3];
+    base.v_trans = (data[0] >> 4) & 1 && base.type_v != KVC_TYPE_Q8_0;
+    base.meta_only = data[0] >> 7;
+    base.n_seq_max = 1u + (data[1] >> 3);
+    k->seq_id = (int32_t)(data[2] % (base.n_seq_max + 1)) - 1;
+    k->prefill = data[3];
+    k->fault = data[4] & 15;
+    k->flags = ((data[4] >> 4) & 1 ? KVC_STATE_CONVERT_V : 0) | ((data[4] >> 5) & 1 ? KVC_STATE_EXACT : 0);
+    k->n_parts = (data[4] >> 6) & 1 ? 2 : 1;
+    if (!part_geometry(&k->g[0], &base, SIZES[data[1] & 7], (data[0] >> 5) & 3, data + 5)) {
+        return false;
+    }
+    return k->n_parts == 1 || part_geometry(&k->g[1], &base, SIZES[data[11] & 7], (data[11] >> 3) & 3, data + 12);
+}
+
+/* --- a cache with its own K/V memory ------------------------------------------------- */
+
+typedef struct cache {
+    kvc_unified c;
+    uint8_t *k[MAX_LAYERS], *v[MAX_LAYERS];
+    size_t k_bytes[MAX_LAYERS], v_bytes[MAX_LAYERS];
+} cache;
+
+static void cache_init(cache *t, const geometry *g) {
+    memset(t, 0, sizeof *t);
+    const kvc_unified_params p = {
+        .kv_size = g->kv_size, .n_seq_max = g->n_seq_max, .n_pad = 32, .n_swa = 0, .swa_type = KVC_SWA_NONE,
+        .type_k = g->type_k, .type_v = g->type_v, .v_trans = g->v_trans, .n_layer = g->n_layer,
+        .layer_il = g->il, .n_embd_k = g->ek, .n_embd_v = g->ev,
+    };
+    kvc_err err = { 0, "" };
+    const int rc = kvc_unified_init(&t->c, &p, &err);
+    FUZZ_CHECK(rc == KVC_OK, "kvc_unified_init: %s", err.msg);
+    for (uint32_t l = 0; l < g->n_layer && !g->meta_only; l++) {
+        t->k_bytes[l] = (size_t)g->kv_size * t->c.layers[l].k_row_bytes;
+        t->v_bytes[l] = (size_t)g->kv_size * t->c.layers[l].v_row_bytes;
+        t->k[l] = fz_alloc(t->k_bytes[l]);
+        t->v[l] = fz_alloc(t->v_bytes[l]);
+        kvc_unified_set_layer_buffers(&t->c, l, t->k[l], t->v[l]);
+    }
+}
+
+static void cache_free(cache *t) {
+    kvc_unified_free(&t->c);
+    for (uint32_t l = 0; l < MAX_LAYERS; l++) {
+        free(t->k[l]);
+        free(t->v[l]);
+    }
+}
+
+/* Place a ubatch of n tokens (ids from the rng, positions continuing each first id's). */
+static int place(cache *t, fz_rng *g, uint32_t n, int32_t *next_pos, bool commit) {
+    const uint32_t n_seq = t->c.n_seq_max;
+    int32_t pos[64], ids[128];
+    uint32_t off[65];
+    uint64_t mask[64];
+    uint32_t k = 0;
+    off[0] = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const int32_t s0 = (int32_t)fz_below(g, n_seq);
+        uint64_t m = (uint64_t)1 << s0;
+        ids[k++] = s0;
+        if (n_seq > 1 && fz_below(g, 4) == 0) {
+            const int32_t s1 = (int32_t)fz_below(g, n_seq);
+            if (s1 != s0) {
+                ids[k++] = s1;
+                m |= (uint64_t)1 << s1;
+            }
+        }
+        off[i + 1] = k;
+        mask[i] = m;
+        pos[i] = next_pos[s0]++;
+    }
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids, mask };
+    const int r = kvc_unified_find_slot(&t->c, &ub);
+    FUZZ_CHECK(r == 0 || r == 1, "prefill find_slot returned %d", r);
+    if (r == 1 && commit) {
+        kvc_unified_commit(&t->c);
+    }
+    return r;
+}
+
+/* Fill the cache with a deterministic mix of operations chosen by seed (0: leave it empty),
+ * then fill the K/V memory with noise. */
+static void prefill(cache *t, uint8_t seed) {
+    fz_rng g;
+    fz_rng_seed(&g, seed);
+    const uint32_t size = t->c.cells.size, n_seq = t->c.n_seq_max;
+    int32_t next_pos[KVC_MAX_SEQ] = { 0 };
+    const uint32_t n_ops = seed ? 1 + fz_below(&g, 24) : 0;
+    const uint32_t max_ub = size / 4 < 64 ? size / 4 : 64;
+    for (uint32_t op = 0; op < n_ops; op++) {
+        const int32_t s = (int32_t)fz_below(&g, n_seq);
+        switch (fz_below(&g, 10)) {
+        case 0: case 1: case 2: case 3: case 4:
+            place(t, &g, 1 + fz_below(&g, max_ub), next_pos, true);
+            break;
+        case 5: {
+            const int32_t p0 = (int32_t)fz_below(&g, 64) - 8;
+            kvc_unified_seq_rm(&t->c, fz_below(&g, 4) == 0 ? -1 : s, p0, p0 + (int32_t)fz_below(&g, 48));
+            break;
+        }
+        case 6:
+            kvc_unified_seq_cp(&t->c, s, (int32_t)fz_below(&g, n_seq), -1, -1);
+            break;
+        case 7:
+            /* a pending shift: the read must keep (or, on success, reproduce) it */
+            kvc_unified_seq_add(&t->c, s, 0, -1, (int32_t)fz_below(&g, 9) - 4);
+            break;
+        case 8:
+            if (kvc_unified_defrag_prepare(&t->c, 1 + (int32_t)fz_below(&g, 64)) == 1) {
+                kvc_unified_defrag_move(&t->c);
+            }
+            break;
+        default:
+            kvc_unified_seq_div(&t->c, s, 0, -1, 2);
+            break;
+        }
+    }
+    /* an uncommitted placement leaves recovery information behind */
+    if (seed & 0x80) {
+        place(t, &g, 1 + fz_below(&g, max_ub), next_pos, false);
+    }
+    for (uint32_t l = 0; l < t->c.n_layer; l++) {
+        if (t->k[l]) {
+            fz_fill(&g, t->k[l], t->k_bytes[l]);
+            fz_fill(&g, t->v[l], t->v_bytes[l]);
+        }
+    }
+}
+
+/* --- a deep copy of everything a failed read must leave alone ------------------------ */
+
+typedef struct image {
+    uint32_t size, n_words, n_seq_max;
+    int32_t *pos, *shift;
+    uint64_t *seq, *used_bits;
+    uint32_t used, used_max_p1;
+    bool has_shift;
+    uint32_t seq_pos_n[KVC_MAX_SEQ];
+    int32_t *seq_pos_v[KVC_MAX_SEQ];
+    uint32_t head, n, n_rec, n_rec_arena, n_defrag_ids;
+    kvc_recovery *rec;
+    int32_t *rec_pos;
+    uint64_t *rec_seq;
+    uint32_t *defrag_ids;
+    bool do_defrag;
+    uint8_t *k[MAX_LAYERS], *v[MAX_LAYERS];
+} image;
+
+static void image_take(image *m, const cache *t) {
+    const kvc_unified *c = &t->c;
+    const kvc_cells *cl = &c->cells;
+    memset(m, 0, sizeof *m);
+    m->size = cl->size;
+    m->n_words = cl->n_words;
+    m->n_seq_max = cl->n_seq_max;
+    m->pos = (int32_t *)fz_dup((const uint8_t *)cl->pos, cl->size * sizeof *cl->pos);
+    m->shift = (int32_t *)fz_dup((const uint8_t *)cl->shift, cl->size * sizeof *cl->shift);
+    m->seq = (uint64_t *)fz_dup((const uint8_t *)cl->seq, cl->size * sizeof *cl->seq);
+    m->used_bits = (uint64_t *)fz_dup((const uint8_t *)cl->used_bits, cl->n_words * sizeof *cl->used_bits);
+    m->used = cl->used;
+    m->used_max_p1 = cl->used_max_p1;
+    m->has_shift = cl->has_shift;
+    for (uint32_t s = 0; s < cl->n_seq_max; s++) {
+        m->seq_pos_n[s] = cl->seq_pos[s].n;
+        m->seq_pos_v[s] = (int32_t *)fz_dup((const uint8_t *)cl->seq_pos[s].v, cl->seq_pos[s].n * sizeof(int32_t));
+    }
+    m->head = c->head;
+    m->n = c->n;
+    m->n_rec = c->n_rec;
+    m->n_rec_arena = c->n_rec_arena;
+    m->rec = (kvc_recovery *)fz_dup((const uint8_t *)c->rec, c->n_rec * sizeof *c->rec);
+    m->rec_pos = (int32_t *)fz_dup((const uint8_t *)c->rec_pos, c->n_rec_arena * sizeof *c->rec_pos);
+    m->rec_seq = (uint64_t *)fz_dup((const uint8_t *)c->rec_seq, c->n_rec_arena * sizeof *c->rec_seq);
+    m->n_defrag_ids = c->n_defrag_ids;
+    m->defrag_ids = (uint32_t *)fz_dup((const uint8_t *)c->defrag_ids, c->n_defrag_ids * sizeof *c->defrag_ids);
+    m->do_defrag = c->do_defrag;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        m->k[l] = fz_dup(t->k[l], t->k_bytes[l]);
+        m->v[l] = fz_dup(t->v[l], t->v_bytes[l]);
+    }
+}
+
+static void image_free(image *m) {
+    free(m->pos);
+    free(m->shift);
+    free(m->seq);
+    free(m->used_bits);
+    for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
+        free(m->seq_pos_v[s]);
+    }
+    free(m->rec);
+    free(m->rec_pos);
+    free(m->rec_seq);
+    free(m->defrag_ids);
+    for (uint32_t l = 0; l < MAX_LAYERS; l++) {
+        free(m->k[l]);
+        free(m->v[l]);
+    }
+    memset(m, 0, sizeof *m);
+}
+
+#define SAME_BYTES(a, b, n, what) \
+    FUZZ_CHECK(memcmp((a), (b), (n)) == 0, "%s: %s differs at byte %ld", when, what, fz_first_diff((const uint8_t *)(a), (const uint8_t *)(b), (n)))
+#define SAME_VALUE(a, b, what) \
+    FUZZ_CHECK((a) == (b), "%s: %s %lld != %lld", when, what, (long long)(a), (long long)(b))
+
+/* Everything in m is what the cache holds now. */
+static void image_check(const image *m, const cache *t, const char *when) {
+    const kvc_unified *c = &t->c;
+    const kvc_cells *cl = &c->cells;
+    SAME_BYTES(cl->pos, m->pos, m->size * sizeof *m->pos, "cell positions");
+    SAME_BYTES(cl->shift, m->shift, m->size * sizeof *m->shift, "cell shifts");
+    SAME_BYTES(cl->seq, m->seq, m->size * sizeof *m->seq, "cell sequence sets");
+    SAME_BYTES(cl->used_bits, m->used_bits, m->n_words * sizeof *m->used_bits, "used bits");
+    SAME_VALUE(cl->used, m->used, "used");
+    SAME_VALUE(cl->used_max_p1, m->used_max_p1, "used_max_p1");
+    SAME_VALUE(cl->has_shift, m->has_shift, "has_shift");
+    for (uint32_t s = 0; s < m->n_seq_max; s++) {
+        SAME_VALUE(cl->seq_pos[s].n, m->seq_pos_n[s], "seq_pos count");
+        SAME_BYTES(cl->seq_pos[s].v, m->seq_pos_v[s], m->seq_pos_n[s] * sizeof(int32_t), "seq_pos entries");
+    }
+    SAME_VALUE(c->head, m->head, "head");
+    SAME_VALUE(c->n, m->n, "n");
+    SAME_VALUE(c->n_rec, m->n_rec, "recovery entries");
+    SAME_VALUE(c->n_rec_arena, m->n_rec_arena, "recovery arena");
+    SAME_BYTES(c->rec, m->rec, m->n_rec * sizeof *m->rec, "recovery entries");
+    SAME_BYTES(c->rec_pos, m->rec_pos, m->n_rec_arena * sizeof *m->rec_pos, "recovery positions");
+    SAME_BYTES(c->rec_seq, m->rec_seq, m->n_rec_arena * sizeof *m->rec_seq, "recovery sequence sets");
+    SAME_VALUE(c->n_defrag_ids, m->n_defrag_ids, "defrag plan length");
+    SAME_BYTES(c->defrag_ids, m->defrag_ids, m->n_defrag_ids * sizeof *m->defrag_ids, "defrag plan");
+    SAME_VALUE(c->do_defrag, m->do_defrag, "do_defrag");
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        if (m->k[l]) {
+            SAME_BYTES(t->k[l], m->k[l], t->k_bytes[l], "K memory");
+            SAME_BYTES(t->v[l], m->v[l], t->v_bytes[l], "V memory");
+        }
+    }
+}
+
+/* --- invariants of the cell table ------------------------------------------------------ */
+
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void check_cells(const kvc_cells *cl, const char *when) {
+    uint32_t used = 0, used_max_p1 = 0;
+    for (uint32_t i = 0; i < cl->size; i++) {
+        const bool bit = (cl->used_bits[i >> 6] >> (i & 63)) & 1;
+        FUZZ_CHECK(bit == (cl->pos[i] != -1), "%s: used bit of cell %u disagrees with pos %d", when, i, cl->pos[i]);
+        FUZZ_CHECK(cl->pos[i] >= -1, "%s: cell %u has position %d", when, i, cl->pos[i]);
+        if (cl->pos[i] == -1) {
+            FUZZ_CHECK(cl->seq[i] == 0, "%s: empty cell %u holds sequences", when, i);
+            continue;
+        }
+        FUZZ_CHECK(cl->n_seq_max == 64 || (cl->seq[i] >> cl->n_seq_max) == 0, "%s: cell %u holds an id >= n_seq_max", when, i);
+        used++;
+        used_max_p1 = i + 1;
+    }
+    for (uint32_t b = cl->size; b < cl->n_words * 64; b++) {
+        FUZZ_CHECK(!((cl->used_bits[b >> 6] >> (b & 63)) & 1), "%s: used bit past the end", when);
+    }
+    SAME_VALUE(cl->used, used, "used count");
+    SAME_VALUE(cl->used_max_p1, used_max_p1, "used_max_p1");
+    int32_t *expect = fz_alloc((cl->size ? cl->size : 1) * sizeof *expect);
+    for (uint32_t s = 0; s < cl->n_seq_max; s++) {
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < cl->size; i++) {
+            if (cl->pos[i] != -1 && ((cl->seq[i] >> s) & 1)) {
+                expect[k++] = cl->pos[i];
+            }
+        }
+        qsort(expect, k, sizeof *expect, cmp_i32);
+        SAME_VALUE(cl->seq_pos[s].n, k, "seq_pos count");
+        SAME_BYTES(cl->seq_pos[s].v, expect, k * sizeof *expect, "seq_pos entries");
+    }
+    free(expect);
+}
+
+/* --- the blob as a cache reads it ------------------------------------------------------ */
+
+/* Where the parts of a successfully read state lie (the oracle's own walk over the blob). */
+typedef struct layout {
+    const uint8_t *p;                /* the part */
+    uint32_t cc;
+    bool vt;                         /* the part's V layout */
+    size_t meta_end;                 /* offset of v_trans */
+    size_t k_off[MAX_LAYERS];        /* first K row of layer l */
+    size_t v_off[MAX_LAYERS];        /* first V byte of layer l */
+    size_t end;
+} layout;
+
+static size_t v_elem(const kvc_unified *c) { return kvc_type_get(c->type_v)->type_size; }
+
+/* Walk the part at p (of at most avail bytes) as cache c read it. */
+static layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *p, size_t avail) {
+    layout L;
+    memset(&L, 0, sizeof L);
+    L.p = p;
+    FUZZ_CHECK(avail >= 4, "a part of %zu bytes was accepted", avail);
+    L.cc = fz_get_u32(p);
+    size_t off = 4;
+    for (uint32_t i = 0; i < L.cc; i++) {
+        FUZZ_CHECK(off + 8 <= avail, "cell %u lies past the consumed bytes", i);
+        const uint32_t n_ids = fz_get_u32(p + off + 4);
+        FUZZ_CHECK(seq_id < 0 || n_ids == 1, "a single-sequence cell with %u ids was accepted", n_ids);
+        FUZZ_CHECK((uint64_t)n_ids * 4 <= avail - off - 8, "cell %u's ids lie past the consumed bytes", i);
+        off += 8 + 4 * (size_t)n_ids;
+    }
+    L.meta_end = off;
+    FUZZ_CHECK(off + 8 <= avail, "the data section lies past the consumed bytes");
+    const uint32_t vt = fz_get_u32(p + off);
+    FUZZ_CHECK(vt <= 1, "V layout flag %u was accepted", vt);
+    /* (without layers there is no V to convert) */
+    FUZZ_CHECK(vt == c->v_trans || c->n_layer == 0 || kvc_type_get(c->type_v)->blck_size == 1,
+               "a V layout the cache cannot convert was accepted");
+    L.vt = vt;
+    off += 8;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        L.k_off[l] = off + 12;
+        off += 12 + (size_t)L.cc * c->layers[l].k_row_bytes;
+    }
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        /* rows or transposed, V holds cc * v_row_bytes bytes after a 12-byte header */
+        L.v_off[l] = off + 12;
+        off += 12 + (size_t)L.cc * c->layers[l].v_row_bytes;
+    }
+    L.end = off;
+    FUZZ_CHECK(L.end <= avail, "the part spans %zu bytes, %zu were consumed", L.end, avail);
+    return L;
+}
+
+/* Byte address, in the part, of V element j of the part's cell k (one-element blocks). */
+static const uint8_t *blob_v_elem(const kvc_unified *c, const layout *L, uint32_t l, uint32_t k, uint32_t j) {
+    const size_t el = v_elem(c);
+    return L->p + L->v_off[l] + (L->vt ? ((size_t)j * L->cc + k) * el : (size_t)k * c->layers[l].v_row_bytes + (size_t)j * el);
+}
+
+/* Byte address, in the cache, of V element j of cell i. */
+static const uint8_t *cache_v_elem(const kvc_unified *c, const uint8_t *v, uint32_t l, uint32_t i, uint32_t j) {
+    const size_t el = v_elem(c);
+    return v + (c->v_trans ? ((size_t)j * c->cells.size + i) * el : (size_t)i * c->layers[l].v_row_bytes + (size_t)j * el);
+}
+
+/* The bytes state_write must produce after the read: the consumed part with canonical ids
+ * (per sequence: the destination id; whole cache: ascending, each once), V in the cache's
+ * layout and, without K/V memory, zero rows. */
+static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L, bool meta_only, size_t *len) {
+    uint8_t *out = fz_alloc(L->end);
+    size_t o = 4, i_off = 4;
+    memcpy(out, L->p, 4);
+    for (uint32_t i = 0; i < L->cc; i++) {
+        const uint32_t n_ids = fz_get_u32(L->p + i_off + 4);
+        memcpy(out + o, L->p + i_off, 4);
+        if (seq_id >= 0) {
+            fz_put_u32(out + o + 4, 1);
+            fz_put_u32(out + o + 8, (uint32_t)seq_id);
+            o += 12;
+        } else {
+            uint64_t bits = 0;
+            for (uint32_t j = 0; j < n_ids; j++) {
+                bits |= (uint64_t)1 << fz_get_u32(L->p + i_off + 8 + 4 * (size_t)j);
+            }
+            fz_put_u32(out + o + 4, kvc_popcount64(bits));
+            o += 8;
+            for (; bits; bits &= bits - 1) {
+                fz_put_u32(out + o, kvc_ctz64(bits));
+                o += 4;
+            }
+        }
+        i_off += 8 + 4 * (size_t)n_ids;
+    }
+    fz_put_u32(out + o, c->v_trans);
+    memcpy(out + o + 4, L->p + L->meta_end + 4, 4);
+    o += 8;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const size_t n = (size_t)L->cc * c->layers[l].k_row_bytes;
+        memcpy(out + o, L->p + L->k_off[l] - 12, 12);
+        if (meta_only) {
+            memset(out + o + 12, 0, n);
+        } else {
+            memcpy(out + o + 12, L->p + L->k_off[l], n);
+        }
+        o += 12 + n;
+    }
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        const size_t n = (size_t)L->cc * ly->v_row_bytes, el = v_elem(c);
+        memcpy(out + o, L->p + L->v_off[l] - 12, 4); /* the type */
+        if (c->v_trans) {
+            fz_put_u32(out + o + 4, (uint32_t)el);
+            fz_put_u32(out + o + 8, ly->n_embd_v);
+        } else {
+            const uint64_t row = ly->v_row_bytes;
+            fz_put_u32(out + o + 4, (uint32_t)row);
+            fz_put_u32(out + o + 8, (uint32_t)(row >> 32));
+        }
+        uint8_t *d = out + o + 12;
+        if (meta_only) {
+            memset(d, 0, n);
+        } else if (L->vt == c->v_trans) {
+            memcpy(d, L->p + L->v_off[l], n);
+        } else {
+            for (uint32_t k = 0; k < L->cc; k++) {
+                for (uint32_t j = 0; j < ly->n_embd_v; j++) {
+                    const size_t at = c->v_trans ? ((size_t)j * L->cc + k) * el : (size_t)k * ly->v_row_bytes + (size_t)j * el;
+                    memcpy(d + at, blob_v_elem(c, L, l, k, j), el);
+                }
+            }
+        }
+        o += 12 + n;
+    }
+    *len = o;
+    return out;
+}
+
+/* Cell k of the part sits in cell dst + k: its K row, and its V row or V column. */
+static void check_rows(const cache *t, const layout *L, uint32_t dst, const char *when) {
+    const kvc_unified *c = &t->c;
+    const size_t size = c->cells.size;
+    for (uint32_t l = 0; l < c->n_layer && t->k[l]; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        const size_t kr = ly->k_row_bytes;
+        SAME_BYTES(t->k[l] + dst * kr, L->p + L->k_off[l], L->cc * kr, "restored K rows");
+        if (L->vt != c->v_trans) {
+            const size_t el = v_elem(c);
+            for (uint32_t k = 0; k < L->cc; k++) {
+                for (uint32_t j = 0; j < ly->n_embd_v; j++) {
+                    FUZZ_CHECK(memcmp(cache_v_elem(c, t->v[l], l, dst + k, j), blob_v_elem(c, L, l, k, j), el) == 0,
+                               "%s: converted V element %u of cell %u of layer %u differs", when, j, k, l);
+                }
+            }
+        } else if (c->v_trans) {
+            const size_t el = v_elem(c);
+            for (uint32_t j = 0; j < ly->n_embd_v; j++) {
+                SAME_BYTES(t->v[l] + ((size_t)j * size + dst) * el, L->p + L->v_off[l] + (size_t)j * L->cc * el,
+                           L->cc * el, "restored V column");
+            }
+        } else {
+            const size_t vr = ly->v_row_bytes;
+            SAME_BYTES(t->v[l] + dst * vr, L->p + L->v_off[l], L->cc * vr, "restored V rows");
+        }
+    }
+}
+
+/* The K/V bytes of the cells outside [lo, hi) are as in m (or all 0 when m is NULL). */
+static void check_rows_outside(const image *m, const cache *t, uint32_t lo, uint32_t hi, const char *when) {
+    const kvc_unified *c = &t->c;
+    const size_t size = c->cells.size;
+    for (uint32_t l = 0; l < c->n_layer && t->k[l]; l++) {
+        const size_t kr = c->layers[l].k_row_bytes;
+        const uint8_t *mk = m ? m->k[l] : NULL, *mv = m ? m->v[l] : NULL;
+        FUZZ_CHECK(fz_same_or_zero(t->k[l], mk, lo * kr), "%s: K rows of layer %u before the run changed", when, l);
+        FUZZ_CHECK(fz_same_or_zero(t->k[l] + hi * kr, mk ? mk + hi * kr : NULL, (size - hi) * kr),
+                   "%s: K rows of layer %u after the run changed", when, l);
+        if (c->v_trans) {
+            const size_t el = v_elem(c);
+            for (uint32_t j = 0; j < c->layers[l].n_embd_v; j++) {
+                const size_t row = (size_t)j * size * el;
+                FUZZ_CHECK(fz_same_or_zero(t->v[l] + row, mv ? mv + row : NULL, lo * el) &&
+                           fz_same_or_zero(t->v[l] + row + hi * el, mv ? mv + row + hi * el : NULL, (size - hi) * el),
+                           "%s: V row %u of layer %u changed outside the run", when, j, l);
+            }
+        } else {
+            const size_t vr = c->layers[l].v_row_bytes;
+            FUZZ_CHECK(fz_same_or_zero(t->v[l], mv, lo * vr) &&
+                       fz_same_or_zero(t->v[l] + hi * vr, mv ? mv + hi * vr : NULL, (size - hi) * vr),
+                       "%s: V rows of layer %u changed outside the run", when, l);
+        }
+    }
+}
+
+/* Per sequence: cells outside the restored run are the old ones minus the destination. */
+static void check_seq_result(const image *m, const cache *t, int32_t seq_id, const layout *L) {
+    const char *when = "single-sequence read";
+    const kvc_cells *cl = &t->c.cells;
+    const uint64_t bit = (uint64_t)1 << seq_id;
+    const uint32_t lo = L->cc ? t->c.head : 0, hi = lo + L->cc;
+    FUZZ_CHECK(hi <= cl->size, "%s: run [%u, %u) past the cache", when, lo, hi);
+    if (L->cc > 0) {
+        SAME_VALUE(t->c.n_rec, 0, "recovery entries after a committed placement");
+    } else {
+        SAME_VALUE(t->c.n_rec, m->n_rec, "recovery entries after removing the sequence");
+    }
+    for (uint32_t i = 0; i < cl->size; i++) {
+        if (i >= lo && i < hi) {
+            const int32_t p = (int32_t)fz_get_u32(L->p + 4 + 12 * (size_t)(i - lo));
+            FUZZ_CHECK(cl->pos[i] == p && cl->seq[i] == bit, "%s: cell %u is (%d, %llx), the part says (%d, {%d})",
+                       when, i, cl->pos[i], (unsigned long long)cl->seq[i], p, seq_id);
+            const uint64_t left = m->pos[i] == -1 ? 0 : m->seq[i] & ~bit;
+            FUZZ_CHECK(left == 0, "%s: cell %u was overwritten while it held other sequences", when, i);
+            continue;
+        }
+        uint64_t seq = m->seq[i];
+        int32_t pos = m->pos[i];
+        if (pos != -1 && (seq & bit)) {
+            seq &= ~bit;
+            if (seq == 0) {
+                pos = -1;
+            }
+        }
+        FUZZ_CHECK(cl->pos[i] == pos && cl->seq[i] == seq, "%s: cell %u outside the run is (%d, %llx), expected (%d, %llx)",
+                   when, i, cl->pos[i], (unsigned long long)cl->seq[i], pos, (unsigned long long)seq);
+        SAME_VALUE(cl->shift[i], m->shift[i], "shift of a cell outside the run");
+    }
+    check_rows(t, L, lo, when);
+    check_rows_outside(m, t, lo, hi, when);
+}
+
+/* Whole cache: cells [0, cc) are the part's, the rest empty, shifts gone, the rest of K/V 0. */
+static void check_whole_result(const image *m, const cache *t, const layout *L) {
+    const char *when = "whole-cache read";
+    const kvc_unified *c = &t->c;
+    const kvc_cells *cl = &c->cells;
+    SAME_VALUE(c->head, 0, "head");
+    SAME_VALUE(c->n, m->n, "n");
+    SAME_VALUE(cl->has_shift, false, "has_shift");
+    SAME_VALUE(c->n_rec, m->n_rec, "recovery entries");
+    size_t off = 4;
+    for (uint32_t i = 0; i < cl->size; i++) {
+        SAME_VALUE(cl->shift[i], 0, "shift");
+        if (i >= L->cc) {
+            SAME_VALUE(cl->pos[i], -1, "position of a cell past the part's");
+            continue;
+        }
+        const uint32_t n_ids = fz_get_u32(L->p + off + 4);
+        uint64_t bits = 0;
+        for (uint32_t j = 0; j < n_ids; j++) {
+            bits |= (uint64_t)1 << fz_get_u32(L->p + off + 8 + 4 * (size_t)j);
+        }
+        SAME_VALUE(cl->pos[i], (int32_t)fz_get_u32(L->p + off), "restored position");
+        SAME_VALUE(cl->seq[i], bits, "restored sequence set");
+        off += 8 + 4 * (size_t)n_ids;
+    }
+    check_rows(t, L, 0, when);
+    check_rows_outside(NULL, t, 0, L->cc, when);
+}
+
+/* Every part's state, written one after the other (the layout of an iSWA state). */
+static uint8_t *write_parts(cache *t, uint32_t n_parts, int32_t seq_id, size_t *part_len, size_t *len) {
+    size_t total = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        part_len[k] = kvc_unified_state_size(&t[k].c, seq_id);
+        total += part_len[k];
+    }
+    uint8_t *out = fz_alloc(total);
+    size_t off = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        size_t written = 0;
+        const int rc = kvc_unified_state_write(&t[k].c, seq_id, out + off, part_len[k], &written);
+        FUZZ_CHECK(rc == KVC_OK && written == part_len[k], "state_write: rc %d, %zu of %zu bytes", rc, written,
+                   part_len[k]);
+        /* one byte short is refused */
+        FUZZ_CHECK(kvc_unified_state_write(&t[k].c, seq_id, out + off, part_len[k] - 1, &written) == KVC_E_NOSPACE &&
+                   written == 0, "state_write into %zu of %zu bytes did not refuse", part_len[k] - 1, part_len[k]);
+        FUZZ_CHECK(kvc_unified_state_write(&t[k].c, seq_id, out + off, part_len[k], &written) == KVC_OK,
+                   "state_write again failed");
+        off += part_len[k];
+    }
+    *len = total;
+    return out;
+}
+
+/* Cells that do not hold seq_id are as in m. */
+static void check_others_kept(const image *m, const cache *t, int32_t seq_id, const char *when) {
+    const kvc_cells *cl = &t->c.cells;
+    const uint64_t bit = (uint64_t)1 << seq_id;
+    for (uint32_t i = 0; i < cl->size; i++) {
+        const bool was = m->pos[i] != -1 && (m->seq[i] & bit);
+        const bool is = cl->pos[i] != -1 && (cl->seq[i] & bit);
+        if (!was && !is) {
+            FUZZ_CHECK(cl->pos[i] == m->pos[i] && cl->seq[i] == m->seq[i], "%s: cell %u changed", when, i);
+        }
+    }
+}
+
+/* kvc_state_describe of the part at p: fails cleanly, or describes something inside the input;
+ * when `read` is given (a whole-cache read of that part succeeded) it must agree with it. */
+static void check_describe(const uint8_t *p, size_t avail, const kvc_unified *c, const layout *read) {
+    static int32_t pos[DESC_CELLS];
+    static uint64_t seq[DESC_CELLS];
+    kvc_state_layer_desc layers[MAX_LAYERS + 1];
+    kvc_state_desc d;
+    kvc_err err = { 0, "" };
+    const int rc = kvc_state_describe(p, avail, &d, pos, seq, DESC_CELLS, layers, MAX_LAYERS + 1, &err);
+    if (rc != KVC_OK) {
+        FUZZ_CHECK(rc == KVC_E_STATE && err.msg[0], "describe failed with %d (%s)", rc, err.msg);
+        FUZZ_CHECK(!read, "describe refused a part a whole-cache read accepted: %s", err.msg);
+        return;
+    }
+    FUZZ_CHECK(d.end <= avail && d.data_off < d.end && d.v_trans <= 1, "describe: end %zu, data at %zu, of %zu bytes",
+               d.end, d.data_off, avail);
+    if (!read) {
+        return;
+    }
+    const char *when = "describe after a whole-cache read";
+    SAME_VALUE(d.cell_count, read->cc, "cell count");
+    SAME_VALUE(d.end, read->end, "end");
+    SAME_VALUE(d.data_off, read->meta_end, "data offset");
+    SAME_VALUE(d.v_trans, read->vt, "V layout");
+    SAME_VALUE(d.n_layer, c->n_layer, "layer count");
+    for (uint32_t i = 0; i < read->cc && i < DESC_CELLS; i++) {
+        SAME_VALUE(pos[i], c->cells.pos[i], "cell position");
+        SAME_VALUE(seq[i], c->cells.seq[i], "cell sequence set");
+    }
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        SAME_VALUE(layers[l].k_offset + 12, read->k_off[l], "K offset");
+        SAME_VALUE(layers[l].v_offset + 12, read->v_off[l], "V offset");
+        SAME_VALUE(layers[l].k_row_size, c->layers[l].k_row_bytes, "K row size");
+        SAME_VALUE(layers[l].k_bytes + layers[l].v_bytes, (uint64_t)read->cc * (c->layers[l].k_row_bytes + c->layers[l].v_row_bytes),
+                   "data bytes");
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    call k;
+    if (!parse_header(data, size, &k)) {
+        return 0;
+    }
+    const uint8_t *blob = data + HEADER;
+    const size_t len = size - HEADER;
+    cache t[MAX_PARTS];
+    kvc_unified *cs[MAX_PARTS];
+    image before[MAX_PARTS];
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        cache_init(&t[p], &k.g[p]);
+        prefill(&t[p], (uint8_t)(k.prefill ? k.prefill + 37 * p : 0));
+        image_take(&before[p], &t[p]);
+        cs[p] = &t[p].c;
+    }
+
+    kvc_err err = { 0, "" };
+    size_t consumed = 12345;
+    kvc_fail_alloc_after = k.fault;
+    const int rc = kvc_unified_state_read_parts_ex(cs, k.n_parts, k.seq_id, blob, len, k.flags, &consumed, &err);
+    const bool fault_pending = kvc_fail_alloc_after > 0;
+    kvc_fail_alloc_after = 0;
+    if (fz_verbose()) {
+        fprintf(stderr, "%u part(s), seq_id %d, flags %u, %zu bytes: %s\n", k.n_parts, k.seq_id, k.flags, len,
+                rc == KVC_OK ? "read" : err.msg);
+    }
+
+    if (rc != KVC_OK) {
+        FUZZ_CHECK(rc == KVC_E_STATE || (rc == KVC_E_NOMEM && k.fault && !fault_pending),
+                   "state_read failed with %d (%s)", rc, err.msg);
+        FUZZ_CHECK(err.code == rc && err.msg[0] != 0 && memchr(err.msg, 0, sizeof err.msg) != NULL,
+                   "error %d without a message", rc);
+        for (uint32_t p = 0; p < k.n_parts; p++) {
+            image_check(&before[p], &t[p], "after a failed read");
+        }
+        check_describe(blob, len, NULL, NULL);
+        for (uint32_t p = 0; p < k.n_parts; p++) {
+            image_free(&before[p]);
+            cache_free(&t[p]);
+        }
+        return 0;
+    }
+
+    FUZZ_CHECK(consumed <= len, "consumed %zu of %zu bytes", consumed, len);
+    FUZZ_CHECK(!(k.flags & KVC_STATE_EXACT) || consumed == len, "exact read left %zu trailing bytes", len - consumed);
+    layout L[MAX_PARTS];
+    size_t off = 0;
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        check_cells(&t[p].c.cells, "after a successful read");
+        L[p] = walk(&t[p].c, k.seq_id, blob + off, consumed - off);
+        if (k.seq_id >= 0) {
+            check_seq_result(&before[p], &t[p], k.seq_id, &L[p]);
+        } else {
+            check_whole_result(&before[p], &t[p], &L[p]);
+        }
+        check_describe(blob + off, len - off, &t[p].c, k.seq_id < 0 ? &L[p] : NULL);
+        off += L[p].end;
+    }
+    FUZZ_CHECK(off == consumed, "the parts span %zu bytes, the read consumed %zu", off, consumed);
+
+    /* the re-write is the consumed parts, canonical */
+    size_t part_len[MAX_PARTS], w1_len;
+    uint8_t *w1 = write_parts(t, k.n_parts, k.seq_id, part_len, &w1_len);
+    off = 0;
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        size_t want_len;
+        uint8_t *want = canonical(&t[p].c, k.seq_id, &L[p], k.g[p].meta_only, &want_len);
+        FUZZ_CHECK(part_len[p] == want_len, "re-write of part %u has %zu bytes, expected %zu", p, part_len[p], want_len);
+        FUZZ_CHECK(memcmp(w1 + off, want, want_len) == 0, "re-write of part %u differs at byte %ld", p,
+                   fz_first_diff(w1 + off, want, want_len));
+        free(want);
+        off += part_len[p];
+    }
+
+    /* reading the re-write back gives the same state */
+    image after[MAX_PARTS];
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        image_take(&after[p], &t[p]);
+    }
+    const int rc2 = kvc_unified_state_read_parts_ex(cs, k.n_parts, k.seq_id, w1, w1_len, KVC_STATE_EXACT, &consumed, &err);
+    FUZZ_CHECK(rc2 == KVC_OK && consumed == w1_len, "reading the re-write back: %d (%s)", rc2, err.msg);
+    if (k.seq_id >= 0) {
+        size_t w2_len, part2[MAX_PARTS];
+        uint8_t *w2 = write_parts(t, k.n_parts, k.seq_id, part2, &w2_len);
+        FUZZ_CHECK(w2_len == w1_len && memcmp(w1, w2, w1_len) == 0, "second re-write differs");
+        free(w2);
+    }
+    for (uint32_t p = 0; p < k.n_parts; p++) {
+        check_cells(&t[p].c.cells, "after reading the re-write");
+        if (k.seq_id < 0) {
+            image_check(&after[p], &t[p], "after reading the re-write");
+        } else {
+            check_others_kept(&after[p], &t[p], k.seq_id, "after reading the re-write");
+        }
+        image_free(&after[p]);
+        image_free(&before[p]);
+        cache_free(&t[p]);
+    }
+    free(w1);
+    return 0;
+}
