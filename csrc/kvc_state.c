@@ -404,7 +404,8 @@ typedef struct parsed {
     uint32_t v_trans;    /* the blob's V layout */
     size_t   data_off;   /* where v_trans is */
     size_t   end;        /* bytes of the state */
-    int32_t *pos;        /* single sequence: the positions (kvc_malloc'ed), else NULL */
+    int32_t *pos;        /* with a cache: the positions (kvc_malloc'ed), else NULL */
+    uint64_t *seq;       /* with a cache, whole: the sequence sets (kvc_malloc'ed), else NULL */
     /* describing */
     kvc_state_desc       *desc;
     int32_t              *d_pos;
@@ -424,9 +425,13 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                            " cells need at least %zu bytes of metadata, %zu remain",
                            r->off, r->len, cc, (size_t)cc * min_rec, r->len - r->off);
     }
-    if (c && seq_id >= 0 && cc > 0) {
+    /* the apply takes the cells from here, never from the blob again (it may change meanwhile) */
+    if (c && cc > 0) {
         ps->pos = kvc_malloc((size_t)cc * sizeof *ps->pos);
-        if (!ps->pos) {
+        if (seq_id < 0) {
+            ps->seq = kvc_malloc((size_t)cc * sizeof *ps->seq);
+        }
+        if (!ps->pos || (seq_id < 0 && !ps->seq)) {
             return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading a state of %" PRIu32 " cells", cc);
         }
     }
@@ -473,6 +478,7 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                                " sequence ids, %zu bytes remain",
                                r->off, r->len, i, n_seq_id, r->len - r->off);
         }
+        uint64_t bits = 0;
         for (uint32_t j = 0; j < n_seq_id; j++) {
             int32_t s;
             if (!rd_i32(r, &s)) {
@@ -485,9 +491,13 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                                    " out of range [0, %" PRIu32 ")",
                                    i, r->off - 4, s, id_limit);
             }
-            if (!c && i < ps->d_pos_cap) {
-                ps->d_seq[i] |= (uint64_t)1 << s;
-            }
+            bits |= (uint64_t)1 << s; /* a repeated id sets its bit again, as the reference does */
+        }
+        if (c) {
+            ps->pos[i] = pos;
+            ps->seq[i] = bits;
+        } else if (i < ps->d_pos_cap) {
+            ps->d_seq[i] = bits;
         }
     }
     return KVC_OK;
@@ -682,7 +692,7 @@ static int parse_data(const kvc_unified *c, reader *r, parsed *ps, unsigned flag
 }
 
 /* Validate the whole state; nothing in the cache changes. On success ps says where things are
- * (ps->pos must be freed by the caller in every case). */
+ * (ps->pos and ps->seq must be freed by the caller in every case). */
 static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                        parsed *ps, kvc_err *err) {
     reader r = { data, data ? len : 0, 0 };
@@ -816,18 +826,10 @@ static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
     kvc_cells_reset(&c->cells);
     c->head = 0;
     kvc_unified_zero_cells(c, ps->cell_count, c->cells.size);
-    const uint8_t *m = ps->data + 4;
     uint64_t touched = 0;
     for (uint32_t i = 0; i < ps->cell_count; i++) {
-        const int32_t pos = get_i32(m);
-        const uint32_t n_seq_id = get_u32(m + 4);
-        uint64_t bits = 0;
-        m += 8;
-        for (uint32_t j = 0; j < n_seq_id; j++, m += 4) {
-            bits |= (uint64_t)1 << get_i32(m); /* a repeated id sets its bit again, as the reference does */
-        }
-        kvc_cells_set_raw(&c->cells, i, pos, bits);
-        touched |= bits;
+        kvc_cells_set_raw(&c->cells, i, ps->pos[i], ps->seq[i]);
+        touched |= ps->seq[i];
     }
     kvc_cells_rebuild_seq_pos(&c->cells, touched);
     c->head = 0;
@@ -882,6 +884,7 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
 
 void kvc_state_plan_free(kvc_state_plan *plan) {
     kvc_free(plan->pos);
+    kvc_free(plan->seq);
     memset(plan, 0, sizeof *plan);
 }
 
@@ -906,6 +909,7 @@ int kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *
     plan->data_off = ps.data_off;
     plan->len = ps.end;
     plan->pos = ps.pos; /* owned by the plan from here */
+    plan->seq = ps.seq;
     plan->v_trans = ps.v_trans;
     /* an empty single-sequence part only removes the sequence (contract C1b): always possible */
     if (rc == KVC_OK && seq_id >= 0 && plan->cell_count > 0) {

@@ -133,8 +133,9 @@ typedef struct kvc_state_plan {
     uint32_t       cell_count; /* cells the part holds */
     size_t         data_off;   /* offset of its data section (the V layout flag) */
     size_t         len;        /* bytes of the part */
-    int32_t       *pos;        /* single sequence: the cells' positions (owned), else NULL */
+    int32_t       *pos;        /* the cells' validated positions (owned; NULL without cells) */
     uint32_t       v_trans;    /* the part's V layout (differs from the cache's only when converting) */
+    uint64_t      *seq;        /* whole cache: the cells' validated sequence sets (owned), else NULL */
 } kvc_state_plan;
 
 /* Validate the part at data[0, len) for seq_id and, for a single sequence, check that its cells
@@ -144,7 +145,9 @@ typedef struct kvc_state_plan {
 int  kvc_unified_state_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                                kvc_state_plan *plan, kvc_err *err);
 /* Apply a plan to the cache it was prepared against, unchanged since: KVC_OK. (A negative code
- * only when c was changed in between, which breaks the contract.) */
+ * only when c was changed in between, which breaks the contract.) The cells come from the plan,
+ * not from the data again, so data changed since the prepare (a buffer another thread writes
+ * into) cannot make the apply read or write out of bounds; only K/V bytes are copied from it. */
 int  kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan);
 void kvc_state_plan_free(kvc_state_plan *plan);   /* safe on a zeroed plan */
 
