@@ -10,7 +10,7 @@ from conftest import kvcache_env
 
 import kvcache
 from kvcache import cli
-from kvcache.demo import RunConfig, ToyModel, run, run_demo
+from kvcache.demo import RunConfig, ToyModel, iswa_model, run, run_demo
 
 # seed 0 reaches a finished sequence, a shared prefix and a defrag within this many steps
 STEPS = 20
@@ -86,14 +86,19 @@ def test_demo_in_process(capsys):
     out = capsys.readouterr().out
     assert "result: ok" in out
     assert "f32 K/V, V transposed" in out and "f16 K/V, V rows" in out
+    assert "iSWA (window 8 on layers [0]" in out and "SWA cache:" in out
 
 
 def test_demo_json_report(capsys):
     assert cli.main(["demo", "--steps", str(STEPS), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["ok"] is True and rep["seed"] == 0
-    main, second = rep["runs"]
+    main, second, iswa = rep["runs"]
     assert (main["type_kv"], main["v_trans"], second["type_kv"], second["v_trans"]) == ("f32", True, "f16", False)
+    assert main["swa"] is None and second["swa"] is None
+    assert iswa["ok"] is True and iswa["tol"] == 1e-4 and iswa["steps"] == STEPS and iswa["mismatches"] == 0
+    assert iswa["swa"]["n_swa"] == 8 and iswa["swa"]["swa_layers"] == [0]
+    assert 0 < iswa["swa"]["max_used_swa"] <= iswa["swa"]["size_swa"] < iswa["cache_size"]
     assert main["steps"] == STEPS and main["tol"] == 1e-4
     assert main["max_abs_err"] < 1e-4 and main["mismatches"] == 0 and main["cache_errors"] == []
     # the workload exercised what the demo is about
@@ -127,6 +132,37 @@ def test_fragmented_cache_is_compacted_when_find_slot_fails():
     assert rep.slot_retries > 0 and rep.defrags >= rep.slot_retries and rep.cells_moved > 0
 
 
+# --- sliding-window layers through ISWACache ----------------------------------------------
+
+def test_reference_window():
+    plain, swa = ToyModel(5), iswa_model(5)
+    assert swa.swa_layers == (0,) and swa.n_swa == 8
+    tokens = np.random.default_rng(5).integers(0, swa.n_vocab, 20).tolist()
+    a, b = plain.forward(tokens), swa.forward(tokens)
+    # up to n_swa tokens nothing is out of the window; after that layer 0 differs
+    np.testing.assert_array_equal(a[0][:8], b[0][:8])
+    assert np.max(np.abs(a[0][8:] - b[0][8:])) > 1e-3
+    # a token far enough back changes nothing of layer 0 at the last position
+    other = swa.forward([(tokens[0] + 1) % swa.n_vocab] + tokens[1:])
+    np.testing.assert_allclose(other[0][-1], b[0][-1], atol=1e-6)
+    assert np.max(np.abs(other[1][-1] - b[1][-1])) > 1e-4   # layer 1 sees it (full attention)
+
+
+def test_iswa_run_matches_recomputation():
+    rep = run(iswa_model(0), RunConfig(steps=STEPS, iswa=True), 2)
+    assert rep.ok, rep.to_dict()
+    assert rep.max_abs_err < 1e-4 and rep.finished > 0 and rep.defrags > 0
+    # the SWA cache was pruned: it holds fewer cells than the base cache
+    assert rep.swa["used_swa"] < rep.cache_used
+
+
+def test_iswa_run_needs_a_window_model():
+    with pytest.raises(ValueError):
+        run(ToyModel(0), RunConfig(steps=2, iswa=True), 0)
+    with pytest.raises(ValueError):
+        run(iswa_model(0), RunConfig(steps=2), 0)
+
+
 # --- the check can fail --------------------------------------------------------------------
 
 def _corrupt_k(step_at):
@@ -156,6 +192,30 @@ def test_corrupted_k_row_is_detected():
 def test_corrupted_v_column_is_detected():
     rep = run(ToyModel(0), RunConfig(steps=8), 0, tamper=_corrupt_v(5))
     assert not rep.ok and rep.first_mismatch["step"] == 5
+
+
+def _corrupt_swa_k(step_at):
+    def tamper(c, step, il):
+        if step == step_at and il in c.swa_layers:
+            k = c.k(il)
+            k[c.swa.head] += np.asarray(1.0, dtype=k.dtype)   # the SWA cache row just stored
+    return tamper
+
+
+def test_corrupted_swa_k_row_is_detected():
+    rep = run(iswa_model(0), RunConfig(steps=8, iswa=True), 2, tamper=_corrupt_swa_k(4))
+    assert not rep.ok and rep.mismatches > 0
+    assert rep.first_mismatch["step"] == 4 and rep.max_abs_err > 1e-2
+    assert run(iswa_model(0), RunConfig(steps=8, iswa=True), 2).ok
+
+
+def test_demo_exit_status_on_iswa_mismatch(monkeypatch, capsys):
+    import kvcache.demo as demo
+    real = demo.run_demo
+    monkeypatch.setattr(demo, "run_demo", lambda **kw: real(iswa_tamper=_corrupt_swa_k(3), **kw))
+    assert cli.main(["demo", "--steps", "6", "--json"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ok"] is False and [r["ok"] for r in rep["runs"]] == [True, True, False]
 
 
 def test_demo_exit_status_on_mismatch(monkeypatch, capsys):

@@ -4,14 +4,16 @@ from __future__ import annotations
 import argparse
 
 NAME = "demo"
-HELP = "serve a toy attention model through UnifiedCache and check it against recomputation"
+HELP = "serve a toy attention model through UnifiedCache and ISWACache and check it against recomputation"
 DESCRIPTION = """\
 Serve a toy attention model (numpy; grouped-query heads with RoPE, random weights from --seed)
 through kvcache.UnifiedCache with continuous batching: sequences are prefilled and decoded
 together, finish (seq_rm), arrive, reuse another sequence's prompt cells (seq_cp), and the
 cache is defragmented. Every step attends over the cache's own K/V and is compared with the
 model recomputed from scratch. Runs once with f32 K/V and transposed V (tolerance 1e-4), then
-a shorter run with f16 K/V stored as rows. Exit status 1 on any mismatch."""
+a shorter run with f16 K/V stored as rows, then a run of the same model with a sliding window
+of 8 on layer 0 (full attention on layer 1) served through kvcache.ISWACache, whose SWA cache is
+pruned on every commit (tolerance 1e-4). Exit status 1 on any mismatch in any run."""
 
 
 def _count(text: str) -> int:

@@ -1,4 +1,5 @@
-"""A toy attention model served through :class:`kvcache.UnifiedCache`, checked step by step.
+"""A toy attention model served through :class:`kvcache.UnifiedCache` (and, with sliding-window
+layers, :class:`kvcache.ISWACache`), checked step by step.
 
 ``run_demo()`` drives a small multi-layer attention model (grouped-query heads, RoPE at absolute
 positions, random weights from a fixed seed; numpy only) the way an inference server drives
@@ -12,10 +13,16 @@ mask (``kq_mask``), attends over the cache's own K/V buffers (``k(il)`` / ``v(il
 cells), and commits. The output of every token at every layer is then compared with the same
 model recomputed from scratch over the sequence's whole token history, without a cache. Any
 difference above the tolerance is a mismatch.
+
+The iSWA run gives layer 0 a sliding window (a token at position p1 sees keys at p0 with
+p1 - p0 < n_swa) and layer 1 full attention. Each layer attends over the part of the
+:class:`kvcache.ISWACache` holding it, under that part's mask; every commit prunes the SWA
+part, and a pruning that loses part of a window (``SWAWarning``) counts as a failure.
 """
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -23,7 +30,7 @@ import numpy as np
 
 import kvcache
 
-__all__ = ["ToyModel", "RunConfig", "RunReport", "DemoReport", "run", "run_demo", "format_report"]
+__all__ = ["ToyModel", "RunConfig", "RunReport", "DemoReport", "run", "run_demo", "iswa_model", "format_report"]
 
 # Largest graph of a llama.cpp context (graph_max_nodes); bounds the moves of one defrag plan.
 _MAX_NODES = 65536
@@ -33,15 +40,23 @@ class ToyModel:
     """A decoder of ``n_layer`` pre-norm attention blocks (no MLP), grouped-query heads, RoPE.
 
     Weights are drawn from ``numpy.random.default_rng(seed)``; all arithmetic is float32.
-    K and V rows are ``n_head_kv * head_dim`` wide (the cache's ``n_embd_k_gqa``)."""
+    K and V rows are ``n_head_kv * head_dim`` wide (the cache's ``n_embd_k_gqa``). The layers in
+    ``swa_layers`` attend through a sliding window of ``n_swa`` positions; the weights do not
+    depend on it."""
 
     def __init__(self, seed: int, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
-                 head_dim: int = 16, n_vocab: int = 64, rope_base: float = 10000.0):
+                 head_dim: int = 16, n_vocab: int = 64, rope_base: float = 10000.0,
+                 swa_layers=(), n_swa: int = 0):
         if n_head % n_head_kv:
             raise ValueError("n_head must be a multiple of n_head_kv")
         if head_dim % 2:
             raise ValueError("head_dim must be even (RoPE rotates pairs)")
+        if swa_layers and n_swa < 1:
+            raise ValueError("sliding-window layers need n_swa >= 1")
         self.n_layer, self.n_head, self.n_head_kv, self.head_dim = n_layer, n_head, n_head_kv, head_dim
+        # layers whose token at position p1 sees only keys at p0 with p1 - p0 < n_swa
+        self.swa_layers = tuple(sorted(set(int(il) for il in swa_layers)))
+        self.n_swa = int(n_swa) if self.swa_layers else 0
         self.n_vocab = n_vocab
         self.n_embd = n_head * head_dim
         self.n_embd_kv = n_head_kv * head_dim
@@ -116,18 +131,23 @@ class ToyModel:
 
     def forward(self, tokens, kv_dtype=np.float32) -> list:
         """Attention outputs of every layer, then the final hidden states, for a whole sequence
-        at positions 0..len-1 with a causal mask and no cache. K/V pass through ``kv_dtype``
-        exactly as they would through the cache's storage."""
+        at positions 0..len-1 with a causal mask and no cache (sliding-window layers also hide
+        keys n_swa or more positions back). K/V pass through ``kv_dtype`` exactly as they would
+        through the cache's storage."""
         n = len(tokens)
         pos = np.arange(n, dtype=np.int32)
         mask = np.triu(np.full((n, n), -np.inf, dtype=np.float32), k=1)
+        mask_swa = mask.copy()
+        if self.n_swa:
+            dist = pos[:, None] - pos[None, :]
+            mask_swa[dist >= self.n_swa] = -np.inf
         x = self.embed(tokens)
         outs = []
         for il in range(self.n_layer):
             q, k, v = self.qkv(il, x, pos)
             k = k.astype(kv_dtype).astype(np.float32)
             v = v.astype(kv_dtype).astype(np.float32)
-            a = self.attend(q, k, v, mask)
+            a = self.attend(q, k, v, mask_swa if il in self.swa_layers else mask)
             outs.append(a)
             x = self.residual(il, x, a)
         outs.append(x)
@@ -151,6 +171,7 @@ class RunConfig:
     p_abort: float = 0.1          # chance a step's first placement is rolled back (restore)
     prompt_len: tuple = (4, 24)   # [lo, hi) tokens of a fresh prompt
     gen_len: tuple = (3, 24)      # [lo, hi) tokens generated per request
+    iswa: bool = False            # serve through ISWACache (the model must have SWA layers)
 
 
 @dataclass
@@ -177,6 +198,7 @@ class RunReport:
     cache_size: int = 0
     cache_used: int = 0
     cache_n: int = 0
+    swa: Optional[dict] = None    # iSWA runs: window, SWA layers, SWA cache size and use
 
     @property
     def ok(self) -> bool:
@@ -239,13 +261,29 @@ class _Server:
             raise RuntimeError("kvcache.UnifiedCache is not available in this build")
         self.model, self.cfg, self.tamper = model, cfg, tamper
         self.kv_dtype = {"f32": np.float32, "f16": np.float16}[cfg.type_kv]
-        self.c = kvcache.UnifiedCache(kv_size=cfg.kv_size, n_layer=model.n_layer,
-                                      n_embd_k_gqa=model.n_embd_kv, n_embd_v_gqa=model.n_embd_kv,
-                                      type_k=cfg.type_kv, type_v=cfg.type_kv, v_trans=cfg.v_trans,
-                                      n_seq_max=cfg.n_seq_max, n_pad=cfg.n_pad)
+        geometry = dict(kv_size=cfg.kv_size, n_layer=model.n_layer, n_embd_k_gqa=model.n_embd_kv,
+                        n_embd_v_gqa=model.n_embd_kv, type_k=cfg.type_kv, type_v=cfg.type_kv,
+                        v_trans=cfg.v_trans, n_seq_max=cfg.n_seq_max, n_pad=cfg.n_pad)
+        if cfg.iswa:
+            if not model.swa_layers:
+                raise ValueError("an iSWA run needs a model with sliding-window layers")
+            self.c = kvcache.ISWACache(swa_layers=model.swa_layers, n_swa=model.n_swa, swa_type="standard",
+                                       n_batch=cfg.n_ubatch, swa_full=False, **geometry)
+            # the base cache holds every position of every sequence; the SWA cache only windows
+            self.full = self.c.base
+            self.parts = (self.c.base, self.c.swa)
+        else:
+            if model.swa_layers:
+                raise ValueError("a model with sliding-window layers needs an iSWA run")
+            self.c = kvcache.UnifiedCache(**geometry)
+            self.full = self.c
+            self.parts = (self.c,)
         self.rng = np.random.default_rng(seed)
         self.rep = RunReport(type_kv=cfg.type_kv, v_trans=cfg.v_trans, tol=cfg.tol,
-                             cache_size=self.c.size)
+                             cache_size=self.full.size)
+        if cfg.iswa:
+            self.rep.swa = {"n_swa": model.n_swa, "swa_type": "standard", "swa_layers": list(model.swa_layers),
+                            "size_swa": self.c.size_swa, "used_swa": 0, "max_used_swa": 0}
         self.active: dict = {}    # sequence id -> _Seq
         self.waiting: list = []   # requests not yet admitted: (prompt tokens, n_gen_max)
         self.free_ids = list(range(cfg.n_seq_max))
@@ -256,7 +294,7 @@ class _Server:
 
     def spans(self) -> dict:
         """(seq_pos_min, seq_pos_max) of every running sequence."""
-        return {s: (self.c.seq_pos_min(s), self.c.seq_pos_max(s)) for s in self.active}
+        return {s: (self.full.seq_pos_min(s), self.full.seq_pos_max(s)) for s in self.active}
 
     # --- requests in and out ------------------------------------------------------------------
 
@@ -277,8 +315,12 @@ class _Server:
                 if donors:
                     src = donors[int(rng.integers(len(donors)))]
             n_shared = int(rng.integers(1, min(src.n_prompt, src.n_cached) + 1)) if src else 0
+            if src is not None and self.cfg.iswa:
+                n_shared = self.window_kept(src, n_shared)
+                if n_shared == 0:
+                    src = None
             need = len(prompt) + n_gen - 1 + sum(s.pending() for s in self.active.values())
-            if need > c.size - c.used:
+            if need > self.full.size - self.full.used:
                 break
             self.waiting.pop(0)
             sid = self.free_ids.pop(0)
@@ -287,11 +329,25 @@ class _Server:
                 c.seq_cp(src.sid, sid, 0, n_shared)
                 rep.shared_prefixes += 1
                 rep.shared_cells += n_shared
-                if (c.seq_pos_min(sid), c.seq_pos_max(sid)) != (0, n_shared - 1):
-                    self.error(f"after seq_cp sequence {sid} spans [{c.seq_pos_min(sid)}, "
-                               f"{c.seq_pos_max(sid)}], expected [0, {n_shared - 1}]")
+                span = (self.full.seq_pos_min(sid), self.full.seq_pos_max(sid))
+                if span != (0, n_shared - 1):
+                    self.error(f"after seq_cp sequence {sid} spans [{span[0]}, {span[1]}], "
+                               f"expected [0, {n_shared - 1}]")
             self.active[sid] = _Seq(sid, tokens, n_prompt=len(tokens), n_gen_max=n_gen, n_cached=n_shared)
             rep.sequences += 1
+
+    def window_kept(self, src: _Seq, n_shared: int) -> int:
+        """A prefix length of ``src`` whose window the SWA cache still holds (0: none): a copy
+        of the first ``n_shared`` positions gets only the SWA cells not yet pruned, and the
+        next position needs the ``n_swa`` before it (as the SWA cache's own check counts them)."""
+        lo = self.c.swa.seq_pos_min(src.sid)
+        if lo <= 0:
+            return n_shared
+        # positions lo..n_shared-1 must cover min(n_swa, n_shared) cells
+        n_min = lo + self.model.n_swa
+        if n_min > min(src.n_prompt, src.n_cached):
+            return 0
+        return max(n_shared, n_min)
 
     def retire(self) -> None:
         """Finished requests leave the cache; their cells no other sequence holds become holes."""
@@ -306,8 +362,13 @@ class _Server:
     # --- the cache ----------------------------------------------------------------------------
 
     def defrag(self) -> bool:
-        """Plan and apply a defrag now; False when nothing had to move."""
-        c = self.c
+        """Plan and apply a defrag of every part of the cache now; False when nothing had to move."""
+        moved = False
+        for c in self.parts:
+            moved = self.defrag_part(c) or moved
+        return moved
+
+    def defrag_part(self, c) -> bool:
         if not c.defrag_prepare(_MAX_NODES):
             return False
         plan = np.asarray(c.defrag_ids)
@@ -319,38 +380,44 @@ class _Server:
     def compact(self) -> None:
         # llama.cpp's own trigger only considers caches of 2048+ cells; a small cache is compacted
         # here when holes make up more than the threshold of the cells up to the last used one
-        c = self.c
-        c.defrag_sched(self.cfg.defrag_thold)
-        if c.do_defrag:
-            c.update()
-            self.rep.defrags += 1
-            return
-        used_max_p1 = _used_max_p1(c)
-        if used_max_p1 and 1.0 - c.used / used_max_p1 > self.cfg.defrag_thold:
-            self.defrag()
+        for c in self.parts:
+            c.defrag_sched(self.cfg.defrag_thold)
+            if c.do_defrag:
+                c.update()
+                self.rep.defrags += 1
+                continue
+            used_max_p1 = _used_max_p1(c)
+            if used_max_p1 and 1.0 - c.used / used_max_p1 > self.cfg.defrag_thold:
+                self.defrag_part(c)
 
     def rehearse_abort(self, ub, n_tokens: int) -> None:
         """A decode that fails after placing its ubatch: restore() must give the cells back."""
         c = self.c
-        before = (c.used, self.spans())
-        if c.find_slot(ub):
+        before = ([p.used for p in self.parts], self.spans())
+        placed = c.find_slot(ub)
+        if placed:
             junk = np.full((n_tokens, self.model.n_embd_kv), 1e3, dtype=np.float32)
             for il in range(self.model.n_layer):
                 c.store(il, junk, junk)
-            c.restore()
+        # also after a failure: an iSWA cache may have placed the ubatch in one part
+        c.restore()
+        if placed:
             self.rep.rolled_back += 1
-            after = (c.used, self.spans())
-            if after != before:
-                self.error(f"restore() left (used, spans) = {after}, expected {before}")
+        after = ([p.used for p in self.parts], self.spans())
+        if after != before:
+            self.error(f"restore() left (used, spans) = {after}, expected {before}")
 
     def place(self, ub, n_tokens: int) -> bool:
         if self.c.find_slot(ub):
             return True
+        # an iSWA cache may have placed the ubatch in one part only: undo that before retrying
+        self.c.restore()
         # the free cells exist (admission reserved them) but are scattered: compact and retry
         if self.defrag() and self.c.find_slot(ub):
             self.rep.slot_retries += 1
             return True
-        self.error(f"find_slot failed for {n_tokens} tokens with {self.c.size - self.c.used} free cells")
+        free = ", ".join(str(p.size - p.used) for p in self.parts)
+        self.error(f"find_slot failed for {n_tokens} tokens with {free} free cells")
         return False
 
     # --- one step -----------------------------------------------------------------------------
@@ -371,11 +438,17 @@ class _Server:
         attend over the first n cells of the cache's own buffers under its mask. Returns the
         attention output of every layer, then the final hidden states."""
         c, model = self.c, self.model
-        n = c.n
-        mask = np.asarray(c.kq_mask(ub))[:len(tok)]
+        if self.cfg.iswa:
+            # each layer attends over the part holding it, under that part's mask
+            masks = [np.asarray(m)[:len(tok)] for m in c.kq_mask(ub)]
+            part = {il: (1 if il in model.swa_layers else 0) for il in range(model.n_layer)}
+        else:
+            masks = [np.asarray(c.kq_mask(ub))[:len(tok)]]
+            part = {il: 0 for il in range(model.n_layer)}
         x = model.embed(tok)
         outs = []
         for il in range(model.n_layer):
+            n, mask = self.parts[part[il]].n, masks[part[il]]
             q, k, v = model.qkv(il, x, pos)
             c.store(il, k, v)   # f32 rows, as a model computes them: the cache converts
             if self.tamper is not None:
@@ -417,6 +490,21 @@ class _Server:
             if span != want and want[1] >= 0:
                 self.error(f"sequence {sid} spans {list(span)}, expected {list(want)}")
 
+    def commit(self) -> None:
+        """Commit the ubatch; a SWA cache pruned into a sequence's window is a failure."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", kvcache.SWAWarning)
+            self.c.commit()
+        for w in caught:
+            if issubclass(w.category, kvcache.SWAWarning):
+                self.error(f"SWA cache lost part of a window: {w.message}")
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if self.rep.swa is not None:
+            used = self.c.swa.used
+            self.rep.swa["used_swa"] = used
+            self.rep.swa["max_used_swa"] = max(self.rep.swa["max_used_swa"], used)
+
     def run(self) -> RunReport:
         rep = self.rep
         for _ in range(3):
@@ -430,13 +518,17 @@ class _Server:
             if plan:
                 tok = np.concatenate([np.asarray(s.tokens[i0:i0 + m], dtype=np.int64) for s, i0, m in plan])
                 pos = np.concatenate([np.arange(i0, i0 + m, dtype=np.int32) for s, i0, m in plan])
-                ub = kvcache.UBatch(pos=pos, seq_id=[s.sid for s, _, m in plan for _ in range(m)])
+                seq_ids = [s.sid for s, _, m in plan for _ in range(m)]
+                ub = kvcache.UBatch(pos=pos, seq_id=seq_ids)
+                if self.cfg.iswa:
+                    # the ranges commit() prunes the SWA cache with: the whole batch is this ubatch
+                    self.c.sbatch_init(pos, seq_ids)
                 if self.rng.random() < self.cfg.p_abort:
                     self.rehearse_abort(ub, len(tok))
                 if not self.place(ub, len(tok)):
                     break
                 outs = self.forward(ub, tok, pos)
-                self.c.commit()
+                self.commit()
                 rep.ubatches += 1
                 rep.tokens += len(tok)
                 self.check(plan, outs)
@@ -444,7 +536,9 @@ class _Server:
                 self.compact()
             if rep.cache_errors:
                 break
-        rep.cache_used, rep.cache_n = self.c.used, self.c.n
+        rep.cache_used, rep.cache_n = self.full.used, self.full.n
+        if rep.swa is not None:
+            rep.swa["used_swa"] = self.c.swa.used
         return rep
 
 
@@ -468,16 +562,30 @@ def model_info(model: ToyModel) -> dict:
             "head_dim": model.head_dim, "n_vocab": model.n_vocab}
 
 
+# the iSWA run's window, on the even layers (layer 0 windowed, layer 1 full, as Gemma 2 alternates)
+ISWA_N_SWA = 8
+
+
+def iswa_model(seed: int, n_swa: int = ISWA_N_SWA) -> ToyModel:
+    """The demo's model with a sliding window of ``n_swa`` on its even layers (same weights)."""
+    return ToyModel(seed, swa_layers=(0,), n_swa=n_swa)
+
+
 def run_demo(seed: int = 0, steps: int = 48, tamper: Optional[Tamper] = None,
-             second_run: bool = True) -> DemoReport:
+             second_run: bool = True, iswa_run: bool = True,
+             iswa_tamper: Optional[Tamper] = None) -> DemoReport:
     """The demo: a run with f32 K/V and transposed V (tolerance 1e-4), then a shorter one with
-    f16 K/V stored as rows (its tolerance allows for f16 rounding). ``tamper`` applies to the
-    first run only."""
+    f16 K/V stored as rows (its tolerance allows for f16 rounding), then a run of the same
+    model with a sliding window on layer 0 served through :class:`kvcache.ISWACache` (f32 K/V,
+    transposed V, tolerance 1e-4). ``tamper`` applies to the first run, ``iswa_tamper`` to the
+    iSWA run."""
     model = ToyModel(seed)
     runs = [run(model, RunConfig(steps=steps), seed, tamper)]
     if second_run:
         runs.append(run(model, RunConfig(steps=max(1, steps // 2), type_kv="f16", v_trans=False,
                                          tol=5e-3), seed + 1))
+    if iswa_run:
+        runs.append(run(iswa_model(seed), RunConfig(steps=steps, iswa=True), seed + 2, iswa_tamper))
     return DemoReport(seed=seed, model=model_info(model), runs=runs)
 
 
@@ -488,6 +596,9 @@ def format_report(rep: DemoReport) -> str:
              f"{m['n_head_kv']} KV heads of {m['head_dim']}, RoPE, continuous batching"]
     for r in rep.runs:
         lay = f"{r.type_kv} K/V, V {'transposed' if r.v_trans else 'rows'}"
+        if r.swa is not None:
+            lay += (f", iSWA (window {r.swa['n_swa']} on layers {r.swa['swa_layers']}, "
+                    f"SWA cache {r.swa['size_swa']} cells)")
         lines.append(f"  {lay}: {r.steps} steps, {r.tokens} tokens in {r.ubatches} ubatches")
         lines.append(f"    sequences: {r.sequences} started, {r.finished} finished, "
                      f"{r.shared_prefixes} reusing a prefix ({r.shared_cells} cells shared)")
@@ -495,6 +606,9 @@ def format_report(rep: DemoReport) -> str:
                      f"find_slot); placements rolled back: {r.rolled_back}")
         lines.append(f"    cache: {r.cache_used}/{r.cache_size} cells used "
                      f"({100.0 * r.cache_used / r.cache_size:.0f}%), n = {r.cache_n}")
+        if r.swa is not None:
+            lines.append(f"    SWA cache: {r.swa['used_swa']}/{r.swa['size_swa']} cells used "
+                         f"(at most {r.swa['max_used_swa']} after a commit)")
         verdict = "ok" if r.ok else "MISMATCH"
         lines.append(f"    max |cached - recomputed| = {r.max_abs_err:.2e} (tolerance {r.tol:.0e}): {verdict}")
         if r.first_mismatch:
