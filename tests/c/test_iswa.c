@@ -8,27 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int n_failed, n_checks;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        n_checks++;                                                        \
-        if (!(cond)) {                                                     \
-            n_failed++;                                                    \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
-    } while (0)
-
-#define REQUIRE(cond, ...)                                                 \
-    do {                                                                   \
-        const bool required_ok_ = (cond);                                  \
-        CHECK(required_ok_, __VA_ARGS__);                                  \
-        if (!required_ok_) {                                               \
-            return;                                                        \
-        }                                                                  \
-    } while (0)
+#include "check.h"
 
 /* --- a pair of caches with their own memory: base (layers 1, 3) and SWA (layers 0, 2) ----- */
 

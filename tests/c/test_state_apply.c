@@ -9,18 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int n_failed, n_checks;
-
-#define CHECK(cond, ...)                                                             \
-    do {                                                                             \
-        n_checks++;                                                                  \
-        if (!(cond)) {                                                               \
-            n_failed++;                                                              \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fputc('\n', stderr);                                                     \
-        }                                                                            \
-    } while (0)
+#include "check.h"
 
 static void put_u32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)v;
