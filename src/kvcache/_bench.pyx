@@ -13,53 +13,9 @@ from kvcache.includes.kvc_common cimport kvc_ubatch, kvc_err
 from time import perf_counter_ns
 
 
-cdef extern from "kvc_cells.h" nogil:
-    ctypedef struct kvc_cells:
-        uint32_t size
-        uint32_t used
-        uint32_t used_max_p1
-        int32_t *pos
-        uint64_t *seq
-
-
-cdef extern from "kvc_unified.h" nogil:
-    ctypedef struct kvc_layer:
-        uint8_t *k
-        uint8_t *v
-    ctypedef struct kvc_unified:
-        kvc_cells cells
-        uint32_t head
-        uint32_t n
-        uint32_t *defrag_ids
-        uint32_t n_defrag_ids
-    ctypedef struct kvc_unified_params:
-        uint32_t kv_size
-        uint32_t n_seq_max
-        uint32_t n_pad
-        uint32_t n_swa
-        int32_t swa_type
-        int32_t type_k
-        int32_t type_v
-        bint v_trans
-        uint32_t n_layer
-        const int32_t *layer_il
-        const uint32_t *n_embd_k
-        const uint32_t *n_embd_v
-    ctypedef struct kvc_unified_snapshot:
-        pass
-    int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
-    void kvc_unified_free(kvc_unified *c)
-    void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v)
-    int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub)
-    void kvc_unified_commit(kvc_unified *c)
-    void kvc_unified_restore(kvc_unified *c)
-    bint kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1)
-    int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out)
-    int kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes)
-    void kvc_unified_defrag_move(kvc_unified *c)
-    int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s)
-    void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
-    void kvc_unified_snapshot_free(kvc_unified_snapshot *s)
+from kvcache.includes.kvc_cells cimport *
+from kvcache.includes.kvc_unified cimport *
+from kvcache.includes.kvc_state cimport kvc_unified_state_size, kvc_unified_state_write, kvc_unified_state_read
 
 
 cdef extern from "kvc_baseline.h" nogil:
@@ -87,12 +43,6 @@ cdef extern from "kvc_baseline.h" nogil:
     uint32_t kvb_head(const kvb_cache *c)
     uint32_t kvb_n(const kvb_cache *c)
     uint32_t kvb_used(const kvb_cache *c)
-
-
-cdef extern from "kvc_state.h" nogil:
-    size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id)
-    int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written)
-    int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, size_t *consumed, kvc_err *err)
 
 
 cdef inline uint64_t lcg(uint64_t *state) nogil:
