@@ -227,12 +227,16 @@ class RecurrentCacheMachine(RuleBasedStateMachine):
 
     model = RecurrentModel
 
-    @initialize(n_seq_max=st.integers(1, 5), extra=st.integers(0, 3))
-    def create(self, n_seq_max, extra):
+    @initialize(n_seq_max=st.integers(1, 6), extra=st.integers(0, 10), data=st.data())
+    def create(self, n_seq_max, extra, data):
         self.n_seq_max = n_seq_max
         self.ref = self.model(n_seq_max + extra)
         self.sut = kvcache.RecurrentCache(n_seq_max, 1, 2, 2, kv_size=n_seq_max + extra, buffers=None)
         assert self.sut.size == self.ref.size
+        # most runs start from a busy cache: a few ubatches, some states shared
+        for _ in range(data.draw(st.integers(0, 6), label="prefill")):
+            self.find_slot(data, data.draw(st.integers(1, 3), label="nst"))
+            self.same_state()
 
     def seq(self, data):
         return data.draw(st.integers(0, self.n_seq_max - 1), label="seq_id")
@@ -244,6 +248,14 @@ class RecurrentCacheMachine(RuleBasedStateMachine):
     # --- rules -------------------------------------------------------------------------------
 
     @rule(data=st.data(), nst=st.integers(1, 3))
+    def place(self, data, nst):
+        self.find_slot(data, nst)
+
+    @rule(data=st.data())
+    def decode_step(self, data):
+        """One token for one or more sequences, each continuing its own state."""
+        self.find_slot(data, 1)
+
     def find_slot(self, data, nst):
         """An equal-split ubatch: groups of nst tokens, each sequence in at most one group."""
         order = data.draw(st.permutations(range(self.n_seq_max)), label="order")
@@ -280,6 +292,13 @@ class RecurrentCacheMachine(RuleBasedStateMachine):
         assert self.ref.seq_rm(s, p0, p1) == bool(self.sut.seq_rm(s, p0, p1)), "seq_rm result"
 
     @rule(data=st.data())
+    def drop_sequence(self, data):
+        """A finished request: its whole state goes (a partial range is mostly refused)."""
+        s = self.seq(data)
+        p0 = data.draw(st.sampled_from([-1, 0]), label="p0")
+        assert self.ref.seq_rm(s, p0, -1) == bool(self.sut.seq_rm(s, p0, -1)), "seq_rm result"
+
+    @rule(data=st.data())
     def seq_rm_all(self, data):
         """seq_rm(-1, ...) keeps the tails (as the reference does): it is followed by clear()."""
         p0, p1 = data.draw(st.sampled_from([(-1, -1), (0, -1), (5, 5), (0, 7), (3, -1)]), label="range")
@@ -295,6 +314,15 @@ class RecurrentCacheMachine(RuleBasedStateMachine):
         src, dst, (p0, p1) = self.seq(data), self.seq(data), self.prange(data)
         self.ref.seq_cp(src, dst, p0, p1)
         self.sut.seq_cp(src, dst, p0, p1)
+
+    @rule(data=st.data())
+    def fan_out(self, data):
+        """Every sequence takes one state (parallel sampling from a prompt): the freed cells do
+        not move head, so the next search starts far from the used cells."""
+        src = self.seq(data)
+        for dst in range(self.n_seq_max):
+            self.ref.seq_cp(src, dst, -1, -1)
+            self.sut.seq_cp(src, dst, -1, -1)
 
     @rule(data=st.data())
     def seq_keep(self, data):
