@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -261,21 +261,25 @@ class _Server:
             raise RuntimeError("kvcache.UnifiedCache is not available in this build")
         self.model, self.cfg, self.tamper = model, cfg, tamper
         self.kv_dtype = {"f32": np.float32, "f16": np.float16}[cfg.type_kv]
-        geometry = dict(kv_size=cfg.kv_size, n_layer=model.n_layer, n_embd_k_gqa=model.n_embd_kv,
-                        n_embd_v_gqa=model.n_embd_kv, type_k=cfg.type_kv, type_v=cfg.type_kv,
-                        v_trans=cfg.v_trans, n_seq_max=cfg.n_seq_max, n_pad=cfg.n_pad)
+        g = cfg.type_kv
+        self.c: Any
+        self.parts: tuple[Any, ...]
         if cfg.iswa:
             if not model.swa_layers:
                 raise ValueError("an iSWA run needs a model with sliding-window layers")
-            self.c = kvcache.ISWACache(swa_layers=model.swa_layers, n_swa=model.n_swa, swa_type="standard",
-                                       n_batch=cfg.n_ubatch, swa_full=False, **geometry)
+            self.c = kvcache.ISWACache(cfg.kv_size, model.n_layer, model.n_embd_kv, model.n_embd_kv,
+                                       swa_layers=model.swa_layers, n_swa=model.n_swa, swa_type="standard",
+                                       n_batch=cfg.n_ubatch, swa_full=False, type_k=g, type_v=g,
+                                       v_trans=cfg.v_trans, n_seq_max=cfg.n_seq_max, n_pad=cfg.n_pad)
             # the base cache holds every position of every sequence; the SWA cache only windows
             self.full = self.c.base
             self.parts = (self.c.base, self.c.swa)
         else:
             if model.swa_layers:
                 raise ValueError("a model with sliding-window layers needs an iSWA run")
-            self.c = kvcache.UnifiedCache(**geometry)
+            self.c = kvcache.UnifiedCache(cfg.kv_size, model.n_layer, model.n_embd_kv, model.n_embd_kv,
+                                          type_k=g, type_v=g, v_trans=cfg.v_trans, n_seq_max=cfg.n_seq_max,
+                                          n_pad=cfg.n_pad)
             self.full = self.c
             self.parts = (self.c,)
         self.rng = np.random.default_rng(seed)
