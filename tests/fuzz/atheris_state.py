@@ -24,9 +24,10 @@ they were; a successful read consumes at most the input, and the state it leaves
 ``state_write`` and read back, writes the same bytes again. Any other exception, or a broken
 contract, is a finding.
 
-For coverage of the C core the extension must be built with clang and
-``-fsanitize=fuzzer-no-link`` (plus address,undefined) and the sanitizer runtime with libFuzzer
-preloaded: tools/fuzz-python.sh does both.
+The check functions (test_unified, ...) also run without atheris: tests/test_fuzz_corpus.py
+replays the seeds through them. For coverage of the C core the extension must be built with
+clang and ``-fsanitize=fuzzer-no-link`` (plus address,undefined) and the sanitizer runtime with
+libFuzzer preloaded: tools/fuzz-python.sh does both.
 """
 from __future__ import annotations
 
@@ -35,17 +36,22 @@ import json
 import random
 import struct
 import sys
-
 import warnings
 
-import atheris
+try:
+    import atheris
+except ImportError:  # the checks alone, for replaying the seeds (tests/test_fuzz_corpus.py)
+    atheris = None
 
-with atheris.instrument_imports(include=["kvcache"]):
-    import numpy as np
+if atheris is not None and __name__ == "__main__":
+    # instrumented for coverage when fuzzing; the imports below then reuse these modules
+    with atheris.instrument_imports(include=["kvcache"]):
+        import kvcache.inspect
+        import kvcache.statefile
+import numpy as np
 
-    import kvcache
-    from kvcache import RecurrentCache, StateError, UBatch, UnifiedCache, inspect, statefile
-    from kvcache._core import _state_read_parts
+from kvcache import RecurrentCache, StateError, UBatch, UnifiedCache, inspect, statefile
+from kvcache._core import _state_read_parts
 
 TYPES = ["f32", "f16", "bf16", "q8_0"]
 UNIFIED_SIZES = [32, 64, 96, 128, 256, 512, 1024, 4096]
@@ -232,7 +238,10 @@ def _recurrent_prefill(cache: RecurrentCache, seed: int) -> None:
                 pos += range(next_pos[g[0]], next_pos[g[0]] + n_seq_tokens)
                 next_pos[g[0]] += n_seq_tokens
             try:
-                cache.find_slot(UBatch(pos, groups, n_seq_tokens=n_seq_tokens))
+                with warnings.catch_warnings():
+                    # positions that do not continue a state are expected here
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    cache.find_slot(UBatch(pos, groups, n_seq_tokens=n_seq_tokens))
             except (MemoryError, ValueError, RuntimeError):
                 pass  # no room, or the reference's own inconsistency after seq_rm(-1)
         elif op == 5:
@@ -359,10 +368,10 @@ TARGETS = {"unified": test_unified, "recurrent": test_recurrent, "statefile": te
 
 
 def main(argv: list[str]) -> None:
-    # find_slot's warnings about non-consecutive positions are expected in the prefill
-    warnings.simplefilter("ignore", RuntimeWarning)
     if len(argv) < 2 or argv[1] not in TARGETS:
         sys.exit(f"usage: {argv[0]} {{{','.join(TARGETS)}}} [libFuzzer options] [corpus dirs]")
+    if atheris is None:
+        sys.exit("atheris is not installed (pip install atheris)")
     target = TARGETS[argv[1]]
     atheris.Setup([argv[0]] + argv[2:], target)
     atheris.Fuzz()

@@ -18,9 +18,11 @@
  *     rows changed and they are the blob's; whole cache, cells [0, n) are the blob's with
  *     their own state as source, tails point at them, the rest is empty and zeroed;
  *     state_write reproduces the consumed bytes (ids canonical, empty cells dropped) and
- *     reading that re-write back writes the same bytes again. */
+ *     reading that re-write back writes the same bytes again;
+ *   - kvc_state_describe (`kvcache inspect`) of the blob fails cleanly or agrees with the read. */
 #include "fuzz_common.h"
 #include "kvc_recurrent.h"
+#include "kvc_state.h"
 #include "kvc_types.h"
 
 enum { HEADER = 20, MAX_LAYERS = 4 };
@@ -460,6 +462,26 @@ static bool holds_negative_cell(const image *m, int32_t seq_id) {
     return false;
 }
 
+/* kvc_state_describe (the walk behind `kvcache inspect`) fails cleanly or stays inside the
+ * input; after a successful read it sees the same cells and the same end. */
+static void check_describe(const uint8_t *blob, size_t len, const layout *read) {
+    kvc_state_desc d;
+    kvc_err err = { 0, "" };
+    const int rc = kvc_state_describe(blob, len, &d, NULL, NULL, 0, NULL, 0, &err);
+    if (rc != KVC_OK) {
+        FUZZ_CHECK(rc == KVC_E_STATE && err.msg[0], "describe failed with %d (%s)", rc, err.msg);
+        FUZZ_CHECK(!read, "describe refused a state the read accepted: %s", err.msg);
+        return;
+    }
+    FUZZ_CHECK(d.end <= len && d.data_off < d.end, "describe: end %zu, data at %zu, of %zu bytes", d.end,
+               d.data_off, len);
+    if (read) {
+        FUZZ_CHECK(d.cell_count == read->cc && d.end == read->end && d.data_off == read->meta_end && d.v_trans == 0,
+                   "describe: %u cells ending at %zu, the read: %u cells ending at %zu", d.cell_count, d.end,
+                   read->cc, read->end);
+    }
+}
+
 static uint8_t *write_state(const kvc_recurrent *c, int32_t seq_id, size_t *len) {
     const size_t n = kvc_recurrent_state_size(c, seq_id);
     uint8_t *out = fz_alloc(n);
@@ -495,6 +517,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(err.code == rc && err.msg[0] != 0 && memchr(err.msg, 0, sizeof err.msg) != NULL,
                    "error %d without a message", rc);
         image_check(&before, &t, "after a failed read");
+        check_describe(blob, len, NULL);
         image_free(&before);
         cache_free(&t);
         return 0;
@@ -502,6 +525,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     FUZZ_CHECK(consumed <= len, "consumed %zu of %zu bytes", consumed, len);
     const layout L = walk(&t.c, blob, consumed);
+    check_describe(blob, len, &L);
     if (g.seq_id >= 0) {
         FUZZ_CHECK(L.cc <= 1, "a single-sequence state of %u cells was accepted", L.cc);
         check_seq_result(&before, &t, &g, blob, &L);
