@@ -96,6 +96,32 @@ def read_state(read: Callable[[bytes, int], int], op: dict) -> int | None:
         return None
 
 
+def seq_op(cache: Any, op: dict) -> dict | None:
+    """Apply an op that every cache replay applies the same way (restore, clear, set_full and
+    the sequence operations): the fields to compare ({} when none), or None when op is not one
+    of them."""
+    name = op["op"]
+    if name == "restore":
+        cache.restore()
+    elif name == "clear":
+        cache.clear()
+    elif name == "set_full":
+        cache.set_full()
+    elif name == "seq_rm":
+        return {"ret": cache.seq_rm(op["seq_id"], op["p0"], op["p1"])}
+    elif name == "seq_cp":
+        cache.seq_cp(op["src"], op["dst"], op["p0"], op["p1"])
+    elif name == "seq_keep":
+        cache.seq_keep(op["seq_id"])
+    elif name == "seq_add":
+        cache.seq_add(op["seq_id"], op["p0"], op["p1"], op["shift"])
+    elif name == "seq_div":
+        cache.seq_div(op["seq_id"], op["p0"], op["p1"], op["d"])
+    else:
+        return None
+    return {}
+
+
 def compare_fields(index: int, op: dict, expect: dict, got: dict) -> None:
     """Compare every expected key (a missing one is a divergence too)."""
     for key, want in expect.items():

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 from kvcache import ISWACache, SWAWarning
 from kvcache.conformance import Divergence, unsupported
-from kvcache.conformance.common import (blob_fields, check_fields, defrag_fields, fill, k_shift_fields,
+from kvcache.conformance.common import (seq_op, blob_fields, check_fields, defrag_fields, fill, k_shift_fields,
                                         mask_fields, read_state, replay_ops, ubatch)
 
 __all__ = ["make_cache", "replay"]
@@ -41,6 +41,9 @@ def _run(cache: ISWACache, config: dict, index: int, op: dict, strict_info: bool
     diagnostics must match too: the partial-window reports of a commit (by pmin) and the bytes
     a successful state_read consumed."""
     name = op["op"]
+    shared = seq_op(cache, op)
+    if shared is not None:
+        return shared
     info = op.get("info", {})
     parts = (("base", cache.base), ("swa", cache.swa))
     if name == "find_slot":
@@ -64,22 +67,6 @@ def _run(cache: ISWACache, config: dict, index: int, op: dict, strict_info: bool
             got_pmins = sorted(_partial_pmins([str(w.message) for w in caught if issubclass(w.category, SWAWarning)]))
             if want != got_pmins:
                 raise Divergence(index, name, "info.log (partial SWA cache, pmin)", want, got_pmins)
-    elif name == "restore":
-        cache.restore()
-    elif name == "clear":
-        cache.clear()
-    elif name == "set_full":
-        cache.set_full()
-    elif name == "seq_rm":
-        return {"ret": cache.seq_rm(op["seq_id"], op["p0"], op["p1"])}
-    elif name == "seq_cp":
-        cache.seq_cp(op["src"], op["dst"], op["p0"], op["p1"])
-    elif name == "seq_keep":
-        cache.seq_keep(op["seq_id"])
-    elif name == "seq_add":
-        cache.seq_add(op["seq_id"], op["p0"], op["p1"], op["shift"])
-    elif name == "seq_div":
-        cache.seq_div(op["seq_id"], op["p0"], op["p1"], op["d"])
     elif name == "check":
         return {key: check_fields(sub) for key, sub in parts}
     elif name == "mask":

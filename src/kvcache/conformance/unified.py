@@ -6,7 +6,7 @@ from typing import Iterator
 
 from kvcache import UnifiedCache
 from kvcache.conformance import unsupported
-from kvcache.conformance.common import (INVALID_ARGUMENT, blob_fields, check_fields, defrag_fields, fill,
+from kvcache.conformance.common import (seq_op, INVALID_ARGUMENT, blob_fields, check_fields, defrag_fields, fill,
                                         fill_rows, k_shift_fields, mask_fields, read_state, replay_ops, ubatch)
 
 __all__ = ["INVALID_ARGUMENT", "fill", "fill_rows", "make_cache", "replay"]
@@ -25,6 +25,9 @@ def make_cache(config: dict) -> UnifiedCache:
 def _run(cache: UnifiedCache, config: dict, index: int, op: dict) -> dict | None:
     """Apply one op; return the fields to compare with its expect (None: nothing to compare)."""
     name = op["op"]
+    shared = seq_op(cache, op)
+    if shared is not None:
+        return shared
     if name == "find_slot":
         ok = cache.find_slot(ubatch(op))
         if ok:
@@ -32,22 +35,6 @@ def _run(cache: UnifiedCache, config: dict, index: int, op: dict) -> dict | None
         return {"ok": ok, "head": cache.head, "n": cache.n, "used": cache.used}
     if name == "commit":
         cache.commit()
-    elif name == "restore":
-        cache.restore()
-    elif name == "clear":
-        cache.clear()
-    elif name == "set_full":
-        cache.set_full()
-    elif name == "seq_rm":
-        return {"ret": cache.seq_rm(op["seq_id"], op["p0"], op["p1"])}
-    elif name == "seq_cp":
-        cache.seq_cp(op["src"], op["dst"], op["p0"], op["p1"])
-    elif name == "seq_keep":
-        cache.seq_keep(op["seq_id"])
-    elif name == "seq_add":
-        cache.seq_add(op["seq_id"], op["p0"], op["p1"], op["shift"])
-    elif name == "seq_div":
-        cache.seq_div(op["seq_id"], op["p0"], op["p1"], op["d"])
     elif name == "check":
         return check_fields(cache)
     elif name == "mask":
