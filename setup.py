@@ -54,11 +54,14 @@ cflags, ldflags = compile_args()
 # every extension.
 core_lib = ("kvc", {"sources": sorted(glob.glob(os.path.join(CSRC, "*.c"))), "include_dirs": [CSRC], "cflags": cflags})
 cython_cflags = [f for f in cflags if f not in ("-Wextra", "-std=c11", "/std:c11")]
+# the extensions link the core statically: a change to it must relink them
+core_depends = sorted(glob.glob(os.path.join(CSRC, "*.[ch]")))
 ext = Extension(
     "kvcache._core",
     sources=["src/kvcache/_core.pyx"],
     include_dirs=[CSRC],
     libraries=["kvc"],
+    depends=core_depends,
     extra_compile_args=cython_cflags,
     extra_link_args=ldflags,
 )
@@ -69,6 +72,7 @@ bench = Extension(
     sources=["src/kvcache/_bench.pyx", "benchmarks/baseline/kvc_baseline.cpp"],
     include_dirs=[CSRC, "benchmarks/baseline"],
     libraries=["kvc"],
+    depends=core_depends,
     language="c++",
     extra_compile_args=cython_cflags + [CXX_STD],
     extra_link_args=ldflags,

@@ -4,11 +4,6 @@
 #include <math.h>
 #include <string.h>
 
-#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
-#include <emmintrin.h>
-#define KVC_HAVE_SSE2 1
-#endif
-
 /* Output size from which mask rows bypass the caches (about a last-level cache). */
 #define KVC_MASK_STREAM_BYTES ((size_t)16 << 20)
 
@@ -548,145 +543,136 @@ static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, b
     *hi = causal ? p1 : INT32_MAX;
 }
 
-/* (float)(-d), not -(float)d: the seed negates the integer distance, so distance 0 gives +0.0. */
-/* One mask row from the key positions `vis` of one sequence (-1 where the cell is empty or
- * does not hold it). Branch-free so that compilers vectorize it. */
-static void kvc_mask_row_f32(float *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi, int32_t p1, bool alibi, bool stream) {
-    uint32_t i = 0;
-    if (alibi) {
-        for (; i < n_kv; i++) {
-            const int32_t v = vis[i];
-            const int32_t d = v > p1 ? v - p1 : p1 - v;
-            row[i] = (v >= lo && v <= hi) ? (float)(-d) : -INFINITY;
-        }
-        return;
-    }
-#ifdef KVC_HAVE_SSE2
-    /* The mask is written once and read by another kernel later: streaming stores keep it
-     * from evicting the cache and save the read-for-ownership of every line. */
-    for (; stream && i < n_kv && ((uintptr_t)(row + i) & 15u); i++) {
-        const int32_t v = vis[i];
-        row[i] = (v >= lo && v <= hi) ? 0.0f : -INFINITY;
-    }
-    const __m128i vlo = _mm_set1_epi32(lo), vhi = _mm_set1_epi32(hi);
-    const __m128i ninf = _mm_set1_epi32((int)0xff800000u);
-    for (; stream && i + 4 <= n_kv; i += 4) {
-        const __m128i v = _mm_loadu_si128((const __m128i *)(vis + i));
-        /* hidden = v < lo || v > hi */
-        const __m128i hidden = _mm_or_si128(_mm_cmplt_epi32(v, vlo), _mm_cmpgt_epi32(v, vhi));
-        _mm_stream_si128((__m128i *)(row + i), _mm_and_si128(hidden, ninf));
-    }
-#endif
-    for (; i < n_kv; i++) {
-        const int32_t v = vis[i];
-        row[i] = (v >= lo && v <= hi) ? 0.0f : -INFINITY;
-    }
-}
+/* One sequence of the ubatch, as the mask sees it. A row of a sequence with several tokens is
+ * a copy of its base row (the cells every one of its tokens sees) plus the few "edge" cells
+ * whose key position lies where the tokens' windows differ: built once, each row then costs
+ * about as much as writing it. Sequences whose edges are many (or ALiBi, whose values differ
+ * in every visible cell) have their rows computed from the key positions directly. */
+typedef struct kvc_mask_seq {
+    const int32_t *vis;          /* key position of each cell in this sequence, -1 elsewhere */
+    uint8_t       *base;         /* NULL: rows computed from vis */
+    uint32_t      *edge;         /* edge cells */
+    uint32_t       n_edge;
+    uint32_t       n_tokens;
+    /* over the tokens' windows [lo, hi]: min lo, max lo, min hi, max hi. The base row shows
+     * [max lo, min hi]; the edges are the key positions in [min lo, max lo) or (min hi, max hi]. */
+    int32_t        edge_range[4];
+} kvc_mask_seq;
 
-/* Fill n floats with -INFINITY (streaming where possible). */
-static void kvc_fill_ninf_f32(float *f, size_t n, bool stream) {
-    size_t i = 0;
-#ifdef KVC_HAVE_SSE2
-    for (; stream && i < n && ((uintptr_t)(f + i) & 15u); i++) {
-        f[i] = -INFINITY;
-    }
-    const __m128i ninf = _mm_set1_epi32((int)0xff800000u);
-    for (; stream && i + 4 <= n; i += 4) {
-        _mm_stream_si128((__m128i *)(f + i), ninf);
-    }
-#endif
-    for (; i < n; i++) {
-        f[i] = -INFINITY;
-    }
-}
-
-static void kvc_mask_row_f16(uint16_t *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi, int32_t p1, bool alibi) {
-    if (alibi) {
-        for (uint32_t i = 0; i < n_kv; i++) {
-            const int32_t v = vis[i];
-            const int32_t d = v > p1 ? v - p1 : p1 - v;
-            row[i] = (v >= lo && v <= hi) ? kvc_f32_to_f16((float)(-d)) : (uint16_t)0xfc00u;
-        }
-    } else {
-        for (uint32_t i = 0; i < n_kv; i++) {
-            const int32_t v = vis[i];
-            row[i] = (v >= lo && v <= hi) ? (uint16_t)0 : (uint16_t)0xfc00u;
-        }
-    }
-}
-
-static void kvc_mask_row_bool(uint8_t *row, const int32_t *vis, uint32_t n_kv, int32_t lo, int32_t hi) {
-    for (uint32_t i = 0; i < n_kv; i++) {
-        const int32_t v = vis[i];
-        row[i] = (uint8_t)(v >= lo && v <= hi);
-    }
-}
+/* Edges are worth it while a row patches at most this fraction of its cells. */
+#define KVC_MASK_EDGE_DIV 16u
+/* ... and while the sequence has enough rows to pay for building its base row. */
+#define KVC_MASK_MIN_ROWS 8u
 
 int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, void *out) {
     const kvc_cells *cells = &c->cells;
     const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
     const uint32_t rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD);
-    const size_t el = dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
+    const size_t el = kvc_mask_elsize(dtype);
     const size_t row_bytes = (size_t)n_kv * el;
     /* masks larger than the last-level cache go straight to memory */
     const bool stream = (size_t)rows * row_bytes >= KVC_MASK_STREAM_BYTES;
 
-    /* one row of key positions per distinct sequence of the ubatch (tokens interleave) */
+    /* the distinct sequences of the ubatch (tokens interleave) and their tokens' windows */
+    kvc_mask_seq seq[KVC_MAX_SEQ];
     uint64_t seqs = 0;
-    for (uint32_t g = 0; g < ub->n_seqs; g++) {
-        seqs |= (uint64_t)1 << ub->seq_ids[ub->seq_off[g]];
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        const uint32_t s = (uint32_t)ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
+        int32_t lo, hi;
+        kvc_unified_visible_range(c, ub->pos[t], causal, &lo, &hi);
+        kvc_mask_seq *q = &seq[s];
+        if (!(seqs >> s & 1u)) {
+            seqs |= (uint64_t)1 << s;
+            memset(q, 0, sizeof *q);
+            q->edge_range[0] = q->edge_range[1] = lo;
+            q->edge_range[2] = q->edge_range[3] = hi;
+        }
+        q->n_tokens++;
+        int32_t *r = q->edge_range;
+        r[0] = lo < r[0] ? lo : r[0];
+        r[1] = lo > r[1] ? lo : r[1];
+        r[2] = hi < r[2] ? hi : r[2];
+        r[3] = hi > r[3] ? hi : r[3];
     }
+
     const unsigned n_vis = kvc_popcount64(seqs);
     int32_t *vis = kvc_malloc((size_t)(n_vis ? n_vis : 1) * (n_kv ? n_kv : 1) * sizeof *vis);
     if (!vis) {
         return KVC_E_NOMEM;
     }
-    int32_t *vis_of[KVC_MAX_SEQ];
+    const size_t base_stride = kvc_pad_u32((uint32_t)row_bytes, 64);
+    size_t n_edges = 0, n_bases = 0;
     unsigned k = 0;
     for (uint64_t m = seqs; m; m &= m - 1, k++) {
-        const unsigned s = kvc_ctz64(m);
-        int32_t *v = vis + (size_t)k * n_kv;
-        for (uint32_t i = 0; i < n_kv; i++) {
-            /* pos where the cell holds s, -1 elsewhere (branch-free: has - 1 is 0 or all ones) */
-            const int32_t has = (int32_t)((cells->seq[i] >> s) & 1u);
-            v[i] = cells->pos[i] | (has - 1);
+        kvc_mask_seq *q = &seq[kvc_ctz64(m)];
+        const bool try_edges = !alibi && q->n_tokens >= KVC_MASK_MIN_ROWS;
+        /* an empty edge range when rows are computed directly */
+        const int32_t none[4] = {0, 0, 0, 0};
+        q->vis = vis + (size_t)k * n_kv;
+        const uint32_t n_edge = kvc_mask_key_positions(vis + (size_t)k * n_kv, cells->pos, cells->seq, n_kv,
+                                                       kvc_ctz64(m), try_edges ? q->edge_range : none);
+        if (try_edges && n_edge <= n_kv / KVC_MASK_EDGE_DIV) {
+            q->n_edge = n_edge;
+            q->base = (uint8_t *)q; /* marks "incremental"; the real row is placed below */
+            n_edges += n_edge;
+            n_bases++;
         }
-        vis_of[s] = v;
+    }
+
+    uint8_t *scratch = NULL;
+    if (n_bases) {
+        scratch = kvc_malloc(n_bases * base_stride + n_edges * sizeof(uint32_t));
+        if (!scratch) {
+            kvc_free(vis);
+            return KVC_E_NOMEM;
+        }
+        uint8_t *next_base = scratch;
+        uint32_t *next_edge = (uint32_t *)(scratch + n_bases * base_stride);
+        for (uint64_t m = seqs; m; m &= m - 1) {
+            kvc_mask_seq *q = &seq[kvc_ctz64(m)];
+            if (!q->base) {
+                continue;
+            }
+            q->base = next_base;
+            next_base += base_stride;
+            kvc_mask_row(q->base, dtype, q->vis, n_kv, q->edge_range[1], q->edge_range[2], 0, false, false);
+            q->edge = next_edge;
+            next_edge += kvc_mask_edges(q->edge, q->vis, n_kv, q->edge_range);
+        }
     }
 
     for (uint32_t t = 0; t < n_tokens; t++) {
-        const uint32_t g = t / ub->n_seq_tokens;
-        const int32_t *v = vis_of[ub->seq_ids[ub->seq_off[g]]];
+        const kvc_mask_seq *q = &seq[ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]];
         const int32_t p1 = ub->pos[t];
         int32_t lo, hi;
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
         uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
-        switch (dtype) {
-        case KVC_MASK_F32:  kvc_mask_row_f32((float *)row, v, n_kv, lo, hi, p1, alibi, stream); break;
-        case KVC_MASK_F16:  kvc_mask_row_f16((uint16_t *)row, v, n_kv, lo, hi, p1, alibi); break;
-        default:            kvc_mask_row_bool(row, v, n_kv, lo, hi); break;
+        if (!q->base) {
+            kvc_mask_row(row, dtype, q->vis, n_kv, lo, hi, p1, alibi, stream);
+            continue;
+        }
+        /* the token's edge cells are shown in the base row for the copy, then hidden again */
+        for (uint32_t e = 0; e < q->n_edge; e++) {
+            const int32_t v = q->vis[q->edge[e]];
+            if (v >= lo && v <= hi) {
+                kvc_mask_set(q->base, dtype, q->edge[e], true);
+            }
+        }
+        kvc_mask_copy_row(row, q->base, row_bytes, stream);
+        for (uint32_t e = 0; e < q->n_edge; e++) {
+            kvc_mask_set(q->base, dtype, q->edge[e], false);
         }
     }
+    kvc_free(scratch);
     kvc_free(vis);
 
     /* padding rows see nothing */
     if (rows > n_tokens && n_kv) {
-        uint8_t *pad = (uint8_t *)out + (size_t)n_tokens * row_bytes;
-        const size_t n_pad_el = (size_t)(rows - n_tokens) * n_kv;
-        if (dtype == KVC_MASK_F32) {
-            kvc_fill_ninf_f32((float *)pad, n_pad_el, stream);
-        } else if (dtype == KVC_MASK_F16) {
-            uint16_t *h = (uint16_t *)pad;
-            for (size_t i = 0; i < n_pad_el; i++) {
-                h[i] = 0xfc00u;
-            }
-        } else {
-            memset(pad, 0, n_pad_el);
-        }
+        kvc_mask_fill_hidden((uint8_t *)out + (size_t)n_tokens * row_bytes, dtype, (size_t)(rows - n_tokens) * n_kv, stream);
     }
-#ifdef KVC_HAVE_SSE2
-    _mm_sfence(); /* order the streaming stores before the caller reads the mask */
-#endif
+    if (stream) {
+        kvc_mask_fence();
+    }
     return KVC_OK;
 }
 

@@ -11,6 +11,7 @@
 #include "kvc_common.h"
 #include "kvc_cells.h"
 #include "kvc_ubatch.h"
+#include "kvc_mask.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -117,11 +118,6 @@ int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t p
 /* Is the pair (key position p0, query position p1) outside the sliding window? */
 bool    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1);
 
-typedef enum kvc_mask_dtype {
-    KVC_MASK_F32  = 0,  /* 0.0f (or -|p0-p1| with alibi) / -INFINITY */
-    KVC_MASK_F16  = 1,  /* the same values as IEEE half */
-    KVC_MASK_BOOL = 2,  /* 1 where the token attends the cell, 0 elsewhere (alibi ignored) */
-} kvc_mask_dtype;
 
 /* KQ mask into out[rows][c->n], rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) (the caller
  * allocated it): a token sees a cell when the cell holds the token's first sequence id, is not

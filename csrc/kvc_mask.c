@@ -1,0 +1,258 @@
+#include "kvc_mask.h"
+#include "kvc_types.h"
+#include "kvc_common.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define KVC_HAVE_SSE2 1
+#endif
+
+#define KVC_F32_NINF_BITS 0xff800000u
+#define KVC_F16_NINF_BITS 0xfc00u
+
+size_t kvc_mask_elsize(int dtype) {
+    return dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
+}
+
+/* The scalar definition of every kernel below; the SIMD loops only do more elements at once.
+ * (float)(-d), not -(float)d: the reference negates the integer distance, so distance 0 gives
+ * +0.0. */
+static void kvc_mask_row_scalar(uint8_t *row, int dtype, const int32_t *vis, uint32_t i, uint32_t n,
+                                int32_t lo, int32_t hi, int32_t p1, bool alibi) {
+    for (; i < n; i++) {
+        const int32_t v = vis[i];
+        const bool seen = v >= lo && v <= hi;
+        float f = -INFINITY;
+        if (seen) {
+            const int32_t d = v > p1 ? v - p1 : p1 - v;
+            f = alibi ? (float)(-d) : 0.0f;
+        }
+        switch (dtype) {
+        case KVC_MASK_F32: memcpy(row + 4 * (size_t)i, &f, 4); break;
+        case KVC_MASK_F16: {
+            const uint16_t h = seen ? (alibi ? kvc_f32_to_f16(f) : 0) : (uint16_t)KVC_F16_NINF_BITS;
+            memcpy(row + 2 * (size_t)i, &h, 2);
+            break;
+        }
+        default: row[i] = (uint8_t)seen; break;
+        }
+    }
+}
+
+#ifdef KVC_HAVE_SSE2
+static inline void kvc_store16(void *p, __m128i x, bool stream) {
+    if (stream) {
+        _mm_stream_si128((__m128i *)p, x);
+    } else {
+        _mm_storeu_si128((__m128i *)p, x);
+    }
+}
+
+/* all ones where vis[i..i+3] is outside [lo, hi] */
+static inline __m128i kvc_hidden4(const int32_t *vis, __m128i vlo, __m128i vhi) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)vis);
+    return _mm_or_si128(_mm_cmplt_epi32(v, vlo), _mm_cmpgt_epi32(v, vhi));
+}
+#endif
+
+void kvc_mask_row(void *out, int dtype, const int32_t *vis, uint32_t n, int32_t lo, int32_t hi,
+                  int32_t p1, bool alibi, bool stream) {
+    uint8_t *row = out;
+    uint32_t i = 0;
+#ifdef KVC_HAVE_SSE2
+    if (!alibi || dtype == KVC_MASK_BOOL) {
+        const size_t el = kvc_mask_elsize(dtype);
+        /* scalar up to a 16-byte boundary of the output, so that every vector store is aligned */
+        uint32_t head = (uint32_t)(((16u - ((uintptr_t)row & 15u)) & 15u) / el);
+        if (((uintptr_t)row & (el - 1)) != 0 || head > n) {
+            head = n;
+        }
+        kvc_mask_row_scalar(row, dtype, vis, 0, head, lo, hi, p1, alibi);
+        i = head;
+        const __m128i vlo = _mm_set1_epi32(lo), vhi = _mm_set1_epi32(hi);
+        if (dtype == KVC_MASK_F32) {
+            const __m128i ninf = _mm_set1_epi32((int)KVC_F32_NINF_BITS);
+            for (; i + 8 <= n; i += 8) {
+                kvc_store16(row + 4 * (size_t)i, _mm_and_si128(kvc_hidden4(vis + i, vlo, vhi), ninf), stream);
+                kvc_store16(row + 4 * (size_t)i + 16, _mm_and_si128(kvc_hidden4(vis + i + 4, vlo, vhi), ninf), stream);
+            }
+        } else if (dtype == KVC_MASK_F16) {
+            const __m128i ninf = _mm_set1_epi16((short)KVC_F16_NINF_BITS);
+            for (; i + 8 <= n; i += 8) {
+                /* the 32-bit all-ones/zero lanes saturate to 16-bit all-ones/zero */
+                const __m128i h = _mm_packs_epi32(kvc_hidden4(vis + i, vlo, vhi), kvc_hidden4(vis + i + 4, vlo, vhi));
+                kvc_store16(row + 2 * (size_t)i, _mm_and_si128(h, ninf), stream);
+            }
+        } else {
+            const __m128i one = _mm_set1_epi8(1);
+            for (; i + 16 <= n; i += 16) {
+                const __m128i h01 = _mm_packs_epi32(kvc_hidden4(vis + i, vlo, vhi), kvc_hidden4(vis + i + 4, vlo, vhi));
+                const __m128i h23 = _mm_packs_epi32(kvc_hidden4(vis + i + 8, vlo, vhi), kvc_hidden4(vis + i + 12, vlo, vhi));
+                kvc_store16(row + i, _mm_andnot_si128(_mm_packs_epi16(h01, h23), one), stream);
+            }
+        }
+    }
+#else
+    (void)stream;
+#endif
+    kvc_mask_row_scalar(row, dtype, vis, i, n, lo, hi, p1, alibi);
+}
+
+void kvc_mask_fill_hidden(void *out, int dtype, size_t n, bool stream) {
+    uint8_t *p = out;
+    if (dtype == KVC_MASK_BOOL && !stream) {
+        memset(p, 0, n);
+        return;
+    }
+    const size_t el = kvc_mask_elsize(dtype);
+    const uint32_t bits = dtype == KVC_MASK_F32 ? KVC_F32_NINF_BITS
+                        : dtype == KVC_MASK_F16 ? (KVC_F16_NINF_BITS * 0x10001u) : 0u;
+    size_t i = 0;
+#ifdef KVC_HAVE_SSE2
+    if (((uintptr_t)p & (el - 1)) == 0) {
+        for (; i < n && ((uintptr_t)(p + i * el) & 15u); i++) {
+            memcpy(p + i * el, &bits, el);
+        }
+        const __m128i x = _mm_set1_epi32((int)bits);
+        const size_t per = 16 / el;
+        for (; i + 4 * per <= n; i += 4 * per) {
+            uint8_t *q = p + i * el;
+            kvc_store16(q, x, stream);
+            kvc_store16(q + 16, x, stream);
+            kvc_store16(q + 32, x, stream);
+            kvc_store16(q + 48, x, stream);
+        }
+    }
+#else
+    (void)stream;
+#endif
+    for (; i < n; i++) {
+        memcpy(p + i * el, &bits, el);   /* f16: both halves of the pattern are the same */
+    }
+}
+
+static inline bool kvc_is_edge(int32_t v, const int32_t edge[4]) {
+    return (v >= edge[0] && v < edge[1]) || (v > edge[2] && v <= edge[3]);
+}
+
+#ifdef KVC_HAVE_SSE2
+/* all ones in the lanes of v that are edges */
+static inline __m128i kvc_edge4(__m128i v, const __m128i e[4]) {
+    const __m128i low = _mm_andnot_si128(_mm_cmplt_epi32(v, e[0]), _mm_cmplt_epi32(v, e[1]));
+    const __m128i high = _mm_andnot_si128(_mm_cmpgt_epi32(v, e[3]), _mm_cmpgt_epi32(v, e[2]));
+    return _mm_or_si128(low, high);
+}
+
+static inline void kvc_edge_consts(__m128i e[4], const int32_t edge[4]) {
+    for (int k = 0; k < 4; k++) {
+        e[k] = _mm_set1_epi32(edge[k]);
+    }
+}
+#endif
+
+uint32_t kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uint64_t *seq, uint32_t n, unsigned s,
+                                const int32_t edge[4]) {
+    uint32_t i = 0, n_edge = 0;
+#ifdef KVC_HAVE_SSE2
+    __m128i e[4];
+    kvc_edge_consts(e, edge);
+    const __m128i one = _mm_set1_epi32(1);
+    const __m128i shift = _mm_cvtsi32_si128((int)s);
+    __m128i count = _mm_setzero_si128();
+    for (; i + 4 <= n; i += 4) {
+        const __m128i s01 = _mm_srl_epi64(_mm_loadu_si128((const __m128i *)(seq + i)), shift);
+        const __m128i s23 = _mm_srl_epi64(_mm_loadu_si128((const __m128i *)(seq + i + 2)), shift);
+        /* the low 32 bits of the four words, in order */
+        const __m128i lows = _mm_unpacklo_epi64(_mm_shuffle_epi32(s01, _MM_SHUFFLE(2, 0, 2, 0)),
+                                                _mm_shuffle_epi32(s23, _MM_SHUFFLE(2, 0, 2, 0)));
+        /* has - 1: 0 where the cell holds s, all ones elsewhere */
+        const __m128i absent = _mm_sub_epi32(_mm_and_si128(lows, one), one);
+        const __m128i x = _mm_or_si128(_mm_loadu_si128((const __m128i *)(pos + i)), absent);
+        _mm_storeu_si128((__m128i *)(v + i), x);
+        count = _mm_sub_epi32(count, kvc_edge4(x, e));
+    }
+    int32_t lanes[4];
+    _mm_storeu_si128((__m128i *)lanes, count);
+    n_edge = (uint32_t)lanes[0] + (uint32_t)lanes[1] + (uint32_t)lanes[2] + (uint32_t)lanes[3];
+#endif
+    for (; i < n; i++) {
+        const int32_t has = (int32_t)((seq[i] >> s) & 1u);
+        v[i] = pos[i] | (has - 1);
+        n_edge += kvc_is_edge(v[i], edge);
+    }
+    return n_edge;
+}
+
+uint32_t kvc_mask_edges(uint32_t *out, const int32_t *v, uint32_t n, const int32_t edge[4]) {
+    uint32_t i = 0, k = 0;
+#ifdef KVC_HAVE_SSE2
+    __m128i e[4];
+    kvc_edge_consts(e, edge);
+    for (; i + 4 <= n; i += 4) {
+        /* edges are few: skip four cells at a time */
+        int bits = _mm_movemask_ps(_mm_castsi128_ps(kvc_edge4(_mm_loadu_si128((const __m128i *)(v + i)), e)));
+        for (; bits; bits &= bits - 1) {
+            out[k++] = i + (uint32_t)kvc_ctz64((uint64_t)bits);
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        if (kvc_is_edge(v[i], edge)) {
+            out[k++] = i;
+        }
+    }
+    return k;
+}
+
+void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible) {
+    switch (dtype) {
+    case KVC_MASK_F32: {
+        const uint32_t bits = visible ? 0u : KVC_F32_NINF_BITS;
+        memcpy((uint8_t *)row + 4 * (size_t)i, &bits, 4);
+        break;
+    }
+    case KVC_MASK_F16: {
+        const uint16_t bits = visible ? 0u : (uint16_t)KVC_F16_NINF_BITS;
+        memcpy((uint8_t *)row + 2 * (size_t)i, &bits, 2);
+        break;
+    }
+    default:
+        ((uint8_t *)row)[i] = (uint8_t)visible;
+        break;
+    }
+}
+
+void kvc_mask_copy_row(void *dst, const void *src, size_t nbytes, bool stream) {
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    size_t i = 0;
+#ifdef KVC_HAVE_SSE2
+    if (stream) {
+        for (; i < nbytes && ((uintptr_t)(d + i) & 15u); i++) {
+            d[i] = s[i];
+        }
+        for (; i + 64 <= nbytes; i += 64) {
+            const __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+            const __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+            const __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+            const __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+            _mm_stream_si128((__m128i *)(d + i), a);
+            _mm_stream_si128((__m128i *)(d + i + 16), b);
+            _mm_stream_si128((__m128i *)(d + i + 32), c);
+            _mm_stream_si128((__m128i *)(d + i + 48), e);
+        }
+    }
+#else
+    (void)stream;
+#endif
+    memcpy(d + i, s + i, nbytes - i);
+}
+
+void kvc_mask_fence(void) {
+#ifdef KVC_HAVE_SSE2
+    _mm_sfence();
+#endif
+}
