@@ -101,3 +101,24 @@ def test_streamed_masks(dtype, n_tokens):
     out = offset_out(want.shape, NP_DTYPES[dtype], 4 if dtype != "bool" else 3)
     c.kq_mask(ub, dtype=dtype, out=out)
     assert out.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("swa", [("none", 0), ("standard", 5), ("chunked", 7)])
+@pytest.mark.parametrize("spread", [4, 40, 400])
+def test_many_tokens_per_sequence(swa, spread):
+    """Sequences with many rows in the ubatch: rows copied from a base row plus edge cells when
+    the tokens' windows differ in few cells (spread 4), computed directly when they differ in
+    many (spread 400); unsorted and repeated positions; causal or not."""
+    rng = np.random.default_rng(spread)
+    c, nxt = filled_cache(1000, 3, rng, swa_type=swa[0], n_swa=swa[1])
+    n_tok = 70
+    seq = [int(x) for x in rng.integers(0, 3, size=n_tok)]
+    pos = [max(nxt[s] - int(rng.integers(0, spread)), 0) for s in seq]
+    ub = UBatch(pos, seq)
+    for dtype in NP_DTYPES:
+        for causal in (True, False):
+            want = expected_mask(c, pos, seq, causal, False, dtype)
+            assert c.kq_mask(ub, causal=causal, dtype=dtype).tobytes() == want.tobytes(), (dtype, causal)
+            out = offset_out(want.shape, NP_DTYPES[dtype], 1 if dtype == "bool" else 2)
+            c.kq_mask(ub, causal=causal, dtype=dtype, out=out)
+            assert out.tobytes() == want.tobytes(), (dtype, causal)
