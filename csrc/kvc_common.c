@@ -3,6 +3,12 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define KVC_HAVE_SSE2 1
+#endif
 
 int kvc_fail_alloc_after = 0;
 
@@ -36,6 +42,38 @@ void *kvc_realloc(void *p, size_t n) {
 }
 
 void kvc_free(void *p) { free(p); }
+
+void kvc_copy(void *dst, const void *src, size_t n, bool stream) {
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    size_t i = 0;
+#ifdef KVC_HAVE_SSE2
+    if (stream) {
+        for (; i < n && ((uintptr_t)(d + i) & 15u); i++) {
+            d[i] = s[i];
+        }
+        for (; i + 64 <= n; i += 64) {
+            const __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+            const __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+            const __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+            const __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+            _mm_stream_si128((__m128i *)(d + i), a);
+            _mm_stream_si128((__m128i *)(d + i + 16), b);
+            _mm_stream_si128((__m128i *)(d + i + 32), c);
+            _mm_stream_si128((__m128i *)(d + i + 48), e);
+        }
+    }
+#else
+    (void)stream;
+#endif
+    memcpy(d + i, s + i, n - i);
+}
+
+void kvc_stream_fence(void) {
+#ifdef KVC_HAVE_SSE2
+    _mm_sfence();
+#endif
+}
 
 int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) {
     if (err) {

@@ -62,6 +62,17 @@ void *kvc_calloc(size_t count, size_t size);
 void *kvc_realloc(void *p, size_t n);
 void  kvc_free(void *p);
 
+/* Copy n bytes between regions that do not overlap. With stream, the destination is written
+ * with non-temporal stores where the processor has them (for copies larger than the caches,
+ * whose destination is not read again soon); kvc_stream_fence() orders them before later
+ * reads. */
+void  kvc_copy(void *dst, const void *src, size_t n, bool stream);
+void  kvc_stream_fence(void);
+
+/* Bytes from which bulk writes (KQ masks, K/V moves) bypass the caches: about a last-level
+ * cache. */
+#define KVC_STREAM_BYTES ((size_t)16 << 20)
+
 
 /* Bit helpers: GCC/Clang builtins, MSVC intrinsics on 64-bit targets, plain C elsewhere.
  * kvc_ctz64 and kvc_msb64 need x != 0. */

@@ -225,34 +225,3 @@ void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible) {
     }
 }
 
-void kvc_mask_copy_row(void *dst, const void *src, size_t nbytes, bool stream) {
-    uint8_t *d = dst;
-    const uint8_t *s = src;
-    size_t i = 0;
-#ifdef KVC_HAVE_SSE2
-    if (stream) {
-        for (; i < nbytes && ((uintptr_t)(d + i) & 15u); i++) {
-            d[i] = s[i];
-        }
-        for (; i + 64 <= nbytes; i += 64) {
-            const __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
-            const __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-            const __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
-            const __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-            _mm_stream_si128((__m128i *)(d + i), a);
-            _mm_stream_si128((__m128i *)(d + i + 16), b);
-            _mm_stream_si128((__m128i *)(d + i + 32), c);
-            _mm_stream_si128((__m128i *)(d + i + 48), e);
-        }
-    }
-#else
-    (void)stream;
-#endif
-    memcpy(d + i, s + i, nbytes - i);
-}
-
-void kvc_mask_fence(void) {
-#ifdef KVC_HAVE_SSE2
-    _mm_sfence();
-#endif
-}

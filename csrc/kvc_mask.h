@@ -24,7 +24,7 @@ size_t kvc_mask_elsize(int dtype);
 /* row[i] for i < n: visible where lo <= vis[i] <= hi (vis[i] is the key position of cell i in
  * the query's sequence, -1 where the cell is empty or not in it; lo >= 0). Visible is 0 (f32,
  * f16; -|vis[i]-p1| with alibi) or 1 (bool); hidden is -inf or 0. `stream` writes with
- * non-temporal stores (for outputs larger than the caches; kvc_mask_fence() afterwards). */
+ * non-temporal stores (for outputs larger than the caches; kvc_stream_fence() afterwards). */
 void kvc_mask_row(void *row, int dtype, const int32_t *vis, uint32_t n, int32_t lo, int32_t hi,
                   int32_t p1, bool alibi, bool stream);
 
@@ -41,12 +41,6 @@ uint32_t kvc_mask_edges(uint32_t *out, const int32_t *v, uint32_t n, const int32
 
 /* Element i of a row: visible (0 or 1, never ALiBi) or hidden. */
 void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible);
-
-/* A copy of a row built earlier (in the caches) into the mask. */
-void kvc_mask_copy_row(void *dst, const void *src, size_t nbytes, bool stream);
-
-/* Orders the non-temporal stores before later reads of the mask. */
-void kvc_mask_fence(void);
 
 #ifdef __cplusplus
 }

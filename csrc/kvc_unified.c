@@ -4,8 +4,6 @@
 #include <math.h>
 #include <string.h>
 
-/* Output size from which mask rows bypass the caches (about a last-level cache). */
-#define KVC_MASK_STREAM_BYTES ((size_t)16 << 20)
 
 /* --- construction -------------------------------------------------------------------- */
 
@@ -571,7 +569,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     const size_t el = kvc_mask_elsize(dtype);
     const size_t row_bytes = (size_t)n_kv * el;
     /* masks larger than the last-level cache go straight to memory */
-    const bool stream = (size_t)rows * row_bytes >= KVC_MASK_STREAM_BYTES;
+    const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
 
     /* the distinct sequences of the ubatch (tokens interleave) and their tokens' windows */
     kvc_mask_seq seq[KVC_MAX_SEQ];
@@ -658,7 +656,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
                 kvc_mask_set(q->base, dtype, q->edge[e], true);
             }
         }
-        kvc_mask_copy_row(row, q->base, row_bytes, stream);
+        kvc_copy(row, q->base, row_bytes, stream);
         for (uint32_t e = 0; e < q->n_edge; e++) {
             kvc_mask_set(q->base, dtype, q->edge[e], false);
         }
@@ -671,7 +669,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
         kvc_mask_fill_hidden((uint8_t *)out + (size_t)n_tokens * row_bytes, dtype, (size_t)(rows - n_tokens) * n_kv, stream);
     }
     if (stream) {
-        kvc_mask_fence();
+        kvc_stream_fence();
     }
     return KVC_OK;
 }
@@ -833,35 +831,97 @@ uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs) {
     return n;
 }
 
-/* Move the elements of one transposed V row: dst < src for every run, so a forward copy is
- * safe even where a run overlaps itself. */
-#define KVC_MOVE_ROW(T, row, runs, n_runs)                                   \
-    do {                                                                     \
-        T *r_ = (T *)(row);                                                  \
-        for (uint32_t q_ = 0; q_ < (n_runs); q_++) {                         \
-            const uint32_t *u_ = (runs) + 3 * q_;                            \
-            T *d_ = r_ + u_[1];                                              \
-            const T *s_ = r_ + u_[0];                                        \
-            for (uint32_t k_ = 0; k_ < u_[2]; k_++) {                        \
-                d_[k_] = s_[k_];                                             \
-            }                                                                \
-        }                                                                    \
+/* Transposed V: the moved cells are columns. rows[e] = rows[e] with, for every pair k,
+ * element dst[k] = element src[k]; no cell is both a source and a destination of a plan, so
+ * the order does not matter. Four rows per pass over the pairs keep their lines in L1 and read
+ * the pair list a quarter as often. */
+#define KVC_MOVE_COLS(T, base, stride, n_rows, pairs, n_pairs)                        \
+    do {                                                                              \
+        uint32_t e_ = 0;                                                              \
+        for (; e_ + 4 <= (n_rows); e_ += 4) {                                         \
+            T *r0_ = (T *)((base) + (size_t)e_ * (stride));                           \
+            T *r1_ = (T *)((uint8_t *)r0_ + (stride));                                \
+            T *r2_ = (T *)((uint8_t *)r1_ + (stride));                                \
+            T *r3_ = (T *)((uint8_t *)r2_ + (stride));                                \
+            for (uint32_t k_ = 0; k_ < (n_pairs); k_++) {                             \
+                const uint32_t d_ = (pairs)[2 * k_], s_ = (pairs)[2 * k_ + 1];        \
+                r0_[d_] = r0_[s_];                                                    \
+                r1_[d_] = r1_[s_];                                                    \
+                r2_[d_] = r2_[s_];                                                    \
+                r3_[d_] = r3_[s_];                                                    \
+            }                                                                         \
+        }                                                                             \
+        for (; e_ < (n_rows); e_++) {                                                 \
+            T *r_ = (T *)((base) + (size_t)e_ * (stride));                            \
+            for (uint32_t k_ = 0; k_ < (n_pairs); k_++) {                             \
+                r_[(pairs)[2 * k_]] = r_[(pairs)[2 * k_ + 1]];                        \
+            }                                                                         \
+        }                                                                             \
     } while (0)
+
+/* Whether no cell is both a source and a destination of the runs: the moves can then be
+ * made in any order, layer by layer and without overlap. */
+static bool kvc_runs_disjoint(const uint32_t *runs, uint32_t n_runs, uint32_t size) {
+    uint64_t *dst = kvc_calloc(((size_t)size + 63) / 64, sizeof *dst);
+    if (!dst) {
+        return false;
+    }
+    for (uint32_t q = 0; q < n_runs; q++) {
+        for (uint32_t m = 0; m < runs[3 * q + 2]; m++) {
+            const uint32_t i = runs[3 * q + 1] + m;
+            dst[i / 64] |= (uint64_t)1 << (i % 64);
+        }
+    }
+    bool disjoint = true;
+    for (uint32_t q = 0; q < n_runs && disjoint; q++) {
+        for (uint32_t m = 0; m < runs[3 * q + 2]; m++) {
+            const uint32_t i = runs[3 * q] + m;
+            disjoint = disjoint && !(dst[i / 64] >> (i % 64) & 1u);
+        }
+    }
+    kvc_free(dst);
+    return disjoint;
+}
 
 void kvc_unified_defrag_move(kvc_unified *c) {
     const size_t size = c->cells.size;
     const size_t el = kvc_type_get(c->type_v)->type_size;
     const uint32_t n_runs = kvc_unified_defrag_runs(c, NULL);
-    uint32_t *runs = n_runs ? kvc_malloc((size_t)n_runs * 3 * sizeof *runs) : NULL;
-
-    if (n_runs && runs) {
+    uint32_t n_moved = 0;
+    size_t row_bytes = 0; /* K and V rows of one cell over all layers (V: rows layout only) */
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        row_bytes += (ly->k ? ly->k_row_bytes : 0) + (ly->v && !c->v_trans ? ly->v_row_bytes : 0);
+    }
+    uint32_t *runs = NULL, *pairs = NULL;
+    if (n_runs) {
+        runs = kvc_malloc((size_t)n_runs * 3 * sizeof *runs);
+    }
+    if (runs) {
         kvc_unified_defrag_runs(c, runs);
+        for (uint32_t q = 0; q < n_runs; q++) {
+            n_moved += runs[3 * q + 2];
+        }
+        if (c->v_trans) {
+            pairs = kvc_malloc((size_t)n_moved * 2 * sizeof *pairs);
+        }
+    }
+
+    if (runs && (pairs || !c->v_trans) && kvc_runs_disjoint(runs, n_runs, c->cells.size)) {
+        /* moves larger than the caches write their destinations straight to memory */
+        const bool stream = (size_t)n_moved * row_bytes >= KVC_STREAM_BYTES;
+        for (uint32_t q = 0, k = 0; pairs && q < n_runs; q++) {
+            for (uint32_t m = 0; m < runs[3 * q + 2]; m++, k++) {
+                pairs[2 * k] = runs[3 * q + 1] + m;
+                pairs[2 * k + 1] = runs[3 * q] + m;
+            }
+        }
         /* layer by layer, so that each buffer is streamed through once */
         for (uint32_t l = 0; l < c->n_layer; l++) {
             const kvc_layer *ly = &c->layers[l];
             for (uint32_t q = 0; ly->k && q < n_runs; q++) {
                 const uint32_t *u = runs + 3 * q;
-                memmove(ly->k + u[1] * ly->k_row_bytes, ly->k + u[0] * ly->k_row_bytes, u[2] * ly->k_row_bytes);
+                kvc_copy(ly->k + u[1] * ly->k_row_bytes, ly->k + u[0] * ly->k_row_bytes, u[2] * ly->k_row_bytes, stream);
             }
             if (!ly->v) {
                 continue;
@@ -869,26 +929,28 @@ void kvc_unified_defrag_move(kvc_unified *c) {
             if (!c->v_trans) {
                 for (uint32_t q = 0; q < n_runs; q++) {
                     const uint32_t *u = runs + 3 * q;
-                    memmove(ly->v + u[1] * ly->v_row_bytes, ly->v + u[0] * ly->v_row_bytes, u[2] * ly->v_row_bytes);
+                    kvc_copy(ly->v + u[1] * ly->v_row_bytes, ly->v + u[0] * ly->v_row_bytes, u[2] * ly->v_row_bytes, stream);
                 }
-                continue;
-            }
-            for (uint32_t e = 0; e < ly->n_embd_v; e++) {
-                uint8_t *row = ly->v + (size_t)e * size * el;
-                if (el == 2) {
-                    KVC_MOVE_ROW(uint16_t, row, runs, n_runs);
-                } else if (el == 4) {
-                    KVC_MOVE_ROW(uint32_t, row, runs, n_runs);
-                } else {
+            } else if (el == 2) {
+                KVC_MOVE_COLS(uint16_t, ly->v, size * el, ly->n_embd_v, pairs, n_moved);
+            } else if (el == 4) {
+                KVC_MOVE_COLS(uint32_t, ly->v, size * el, ly->n_embd_v, pairs, n_moved);
+            } else {
+                for (uint32_t e = 0; e < ly->n_embd_v; e++) {
+                    uint8_t *row = ly->v + (size_t)e * size * el;
                     for (uint32_t q = 0; q < n_runs; q++) {
                         const uint32_t *u = runs + 3 * q;
-                        memmove(row + (size_t)u[1] * el, row + (size_t)u[0] * el, u[2] * el);
+                        memcpy(row + (size_t)u[1] * el, row + (size_t)u[0] * el, u[2] * el);
                     }
                 }
             }
         }
+        if (stream) {
+            kvc_stream_fence();
+        }
     } else if (n_runs) {
-        /* no memory for the run list: the same moves, run by run */
+        /* no memory for the run list (or a plan that refills cells it empties): the moves
+         * one run at a time, in the order of their sources */
         uint32_t i = 0, src, dst, nm;
         while (kvc_defrag_next_run(c->defrag_ids, c->n_defrag_ids, &i, &src, &dst, &nm)) {
             for (uint32_t l = 0; l < c->n_layer; l++) {
@@ -910,6 +972,7 @@ void kvc_unified_defrag_move(kvc_unified *c) {
             }
         }
     }
+    kvc_free(pairs);
     kvc_free(runs);
     c->do_defrag = false;
 }

@@ -361,20 +361,28 @@ cdef class Workload:
         return t_fast // reps, t_base
 
     def defrag_move(self, uint32_t reps):
-        """(ns per defrag_move of the current plan, bytes it moves). Each repetition replays the
-        same plan (the data moves again; the cost is the same)."""
+        """(ns per defrag_move of the current plan, bytes it moves, bytes of the cache lines it
+        must touch). Each repetition replays the same plan (the data moves again; the cost is
+        the same). With V transposed a cell's V is one element in each of width rows, so every
+        line of those rows between the lowest destination and the highest source is touched."""
         cdef const uint32_t *ids = self.fast.defrag_ids
-        cdef uint32_t n = self.fast.n_defrag_ids, i, moved = 0, r
+        cdef uint32_t n = self.fast.n_defrag_ids, i, moved = 0, r, lo = n, hi = 0
         cdef uint64_t t0
         for i in range(n):
             if ids[i] != i and ids[i] != n:
                 moved += 1
+                lo = min(lo, ids[i])
+                hi = max(hi, i + 1)
+        touched = self.data_bytes(moved)
+        if self.v_trans and moved:
+            # K rows as moved, V: the span of every row (2-byte elements, whole 64-byte lines)
+            touched = touched // 2 + <size_t>(((hi * 2 + 63) // 64) - (lo * 2) // 64) * 64 * self.width * self.n_layer
         t0 = perf_counter_ns()
         with nogil:
             for r in range(reps):
                 kvc_unified_defrag_move(&self.fast)
         t0 = perf_counter_ns() - t0
-        return t0 // max(reps, 1), self.data_bytes(moved)
+        return t0 // max(reps, 1), self.data_bytes(moved), touched
 
     def state_io(self, uint32_t reps):
         """(ns write kvcache, ns write baseline, ns read kvcache, ns read baseline, bytes) for the
