@@ -1,9 +1,16 @@
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE 1 /* madvise */
+#endif
 #include "kvc_common.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
 #include <emmintrin.h>
@@ -67,6 +74,20 @@ void kvc_copy(void *dst, const void *src, size_t n, bool stream) {
     (void)stream;
 #endif
     memcpy(d + i, s + i, n - i);
+}
+
+void kvc_advise_huge_pages(void *p, size_t n) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    /* the whole huge pages inside the range */
+    const uintptr_t a = ((uintptr_t)p + KVC_HUGE_PAGE - 1) & ~(uintptr_t)(KVC_HUGE_PAGE - 1);
+    const uintptr_t b = ((uintptr_t)p + n) & ~(uintptr_t)(KVC_HUGE_PAGE - 1);
+    if (b > a) {
+        (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
+    }
+#else
+    (void)p;
+    (void)n;
+#endif
 }
 
 void kvc_stream_fence(void) {

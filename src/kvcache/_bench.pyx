@@ -134,14 +134,18 @@ cdef class Workload:
         """f16 K/V buffers for every layer: one set for kvcache, one for the baseline, filled
         with the same bytes."""
         import numpy as np
+        from kvcache._core import _aligned_zeros
         cdef uint32_t l
         cdef uint8_t[::1] kf, vf, kb, vb
         rng = np.random.default_rng(0)
         nbytes = <size_t>size * self.width * 2
         for l in range(self.n_layer):
             data = rng.integers(0, 255, size=2 * nbytes, dtype=np.uint8)
-            kf = data[:nbytes].copy()
-            vf = data[nbytes:].copy()
+            # kvcache's side in memory allocated as its owned K/V memory is
+            ka, va = _aligned_zeros(nbytes), _aligned_zeros(nbytes)
+            ka[:] = data[:nbytes]
+            va[:] = data[nbytes:]
+            kf, vf = ka, va
             kb = data[:nbytes].copy()
             vb = data[nbytes:].copy()
             self.bufs += [kf, vf, kb, vb]
@@ -427,10 +431,16 @@ cdef class Workload:
             free(b)
 
 
-def memcpy_ns(size_t nbytes, uint32_t reps):
-    """Nanoseconds for reps memcpy of nbytes (the bandwidth yardstick)."""
-    cdef uint8_t *a = <uint8_t *>malloc(nbytes)
-    cdef uint8_t *b = <uint8_t *>malloc(nbytes)
+def memcpy_ns(size_t nbytes, uint32_t reps, bint kv_memory=False):
+    """Nanoseconds for reps memcpy of nbytes (the bandwidth yardstick), between plain numpy
+    buffers, or with kv_memory between buffers allocated as kvcache's owned K/V memory is (huge
+    pages where the system offers them: the yardstick of moves within that memory)."""
+    import numpy as np
+    from kvcache._core import _aligned_zeros
+    alloc = _aligned_zeros if kv_memory else (lambda n: np.zeros(n, dtype=np.uint8))
+    cdef uint8_t[::1] va = alloc(nbytes), vb = alloc(nbytes)
+    cdef uint8_t *a = &va[0]
+    cdef uint8_t *b = &vb[0]
     cdef uint32_t r
     cdef uint64_t t0
     memset(a, 1, nbytes)
@@ -441,8 +451,6 @@ def memcpy_ns(size_t nbytes, uint32_t reps):
             memcpy(b, a, nbytes)
             a[r % nbytes] = <uint8_t>r
     t0 = perf_counter_ns() - t0
-    free(a)
-    free(b)
     return t0
 
 

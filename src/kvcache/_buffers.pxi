@@ -5,7 +5,7 @@ from cpython.buffer cimport PyObject_CheckBuffer, PyBUF_WRITABLE
 from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer,
                                 PyCapsule_SetName)
 from cpython.ref cimport Py_INCREF, Py_DECREF
-from libc.stdint cimport int64_t, uint16_t
+from libc.stdint cimport int64_t, uint16_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 try:
@@ -19,11 +19,17 @@ _DL_CPU = 1       # DLPack device type of host memory
 _DL_BFLOAT = 4    # DLPack type code of bfloat16
 
 
-cdef object _aligned_zeros(size_t nbytes):
-    """A zeroed uint8 array of nbytes whose data starts on a _MEM_ALIGN boundary."""
-    raw = np.zeros(nbytes + _MEM_ALIGN, dtype=np.uint8)
-    off = (-raw.ctypes.data) % _MEM_ALIGN
-    return raw[off:off + nbytes]
+def _aligned_zeros(size_t nbytes):
+    """A zeroed uint8 array of nbytes whose data starts on a _MEM_ALIGN boundary; from 4 MiB on,
+    on a huge-page boundary with huge pages requested (kvc_advise_huge_pages): the owned K/V
+    memory. The zeros are mapped lazily, so the alignment slack costs no memory."""
+    cdef size_t align = _MEM_ALIGN if nbytes < 2 * KVC_HUGE_PAGE else KVC_HUGE_PAGE
+    raw = np.zeros(nbytes + align, dtype=np.uint8)
+    off = (-raw.ctypes.data) % align
+    out = raw[off:off + nbytes]
+    if align != _MEM_ALIGN:
+        kvc_advise_huge_pages(<void *><uintptr_t>out.ctypes.data, nbytes)
+    return out
 
 
 cdef object _element_dtype(int32_t type_id):

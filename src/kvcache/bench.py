@@ -122,13 +122,13 @@ def bench_defrag(quick: bool, reps: int) -> list[Row]:
         res = _repeat(lambda: w.defrag_move(3), reps)
         fm, fr = _median_range([r[0] for r in res])
         nbytes, touched = res[0][1], res[0][2]
-        mc = statistics.median([_bench.memcpy_ns(nbytes, 3) / 3 for _ in range(reps)])
+        mc = statistics.median([_bench.memcpy_ns(nbytes, 3, True) / 3 for _ in range(reps)])
         name = f"defrag moves, {cells} cells, {n_layer} layers x 1024 f16, v_trans={v_trans}"
         rows.append(Row(name, fm, fr, None, None, nbytes / fm, nbytes / mc, fm / mc,
                         note="reference: memcpy of the moved bytes"))
         if touched != nbytes:
             # transposed V: the same run against a memcpy of the cache lines it has to touch
-            mt = statistics.median([_bench.memcpy_ns(touched, 3) / 3 for _ in range(reps)])
+            mt = statistics.median([_bench.memcpy_ns(touched, 3, True) / 3 for _ in range(reps)])
             rows.append(Row(name + " (vs the lines touched)", fm, fr, None, None, touched / fm, touched / mt,
                             fm / mt, note="reference: memcpy of the bytes of the cache lines touched"))
     return rows

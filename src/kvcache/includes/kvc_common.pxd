@@ -15,6 +15,8 @@ cdef extern from "kvc_common.h" nogil:
     int KVC_KQ_MASK_PAD
     int kvc_fail_alloc_after
     uint32_t kvc_pad_u32(uint32_t x, uint32_t n)
+    void kvc_advise_huge_pages(void *p, size_t n)
+    size_t KVC_HUGE_PAGE
 
 cdef extern from "kvc_ubatch.h" nogil:
     ctypedef struct kvc_ubatch:
