@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvcache._argtypes import count, nonneg_int
+
 NAME = "demo"
 HELP = "serve a toy attention model through UnifiedCache and ISWACache and check it against recomputation"
 DESCRIPTION = """\
@@ -16,31 +18,11 @@ of 8 on layer 0 (full attention on layer 1) served through kvcache.ISWACache, wh
 pruned on every commit (tolerance 1e-4). Exit status 1 on any mismatch in any run."""
 
 
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--seed", type=_seed, default=0, metavar="N",
+    p.add_argument("--seed", type=nonneg_int, default=0, metavar="N",
                    help="seed of the weights and the workload (default 0)")
-    p.add_argument("--steps", type=_count, default=48, metavar="N",
+    p.add_argument("--steps", type=count, default=48, metavar="N",
                    help="decode steps of the main run (default 48)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 

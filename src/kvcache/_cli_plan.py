@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvcache._argtypes import count
+
 NAME = "plan"
 HELP = "the memory a KV cache will take (per cache, per layer, in total) and what llama.cpp logs for it"
 DESCRIPTION = """\
@@ -20,16 +22,6 @@ examples:
   kvcache plan --n-layer 32 --n-embd-k-gqa 1024 --n-ctx 8192 --n-seq-max 4 --flash-attn
   kvcache plan --n-layer 26 --n-embd-k-gqa 1024 --swa-pattern 2 --n-swa 4096 --n-ctx 32768
   kvcache plan --recurrent --n-layer 64 --n-embd-k-s 15360 --n-embd-v-s 81920 --n-seq-max 8"""
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
 
 
 def _widths(text: str):
@@ -69,13 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(the same as --gguf)")
     p.add_argument("--gguf", metavar="MODEL", help="read the geometry from a GGUF model")
     g = p.add_argument_group("geometry")
-    g.add_argument("--n-layer", type=_count, metavar="N", help="model layers")
+    g.add_argument("--n-layer", type=count, metavar="N", help="model layers")
     g.add_argument("--n-embd-k-gqa", type=_widths, metavar="W[,W...]",
                    help="K row width in elements (n_head_kv * head_dim_k): one, or one per layer")
     g.add_argument("--n-embd-v-gqa", type=_widths, metavar="W[,W...]", help="V row width (default: K's)")
     c = p.add_argument_group("context")
-    c.add_argument("--n-ctx", "--ctx", type=_count, metavar="N", help="context size in tokens (default 4096)")
-    c.add_argument("--n-seq-max", "--parallel", type=_count, default=1, metavar="N",
+    c.add_argument("--n-ctx", "--ctx", type=count, metavar="N", help="context size in tokens (default 4096)")
+    c.add_argument("--n-seq-max", "--parallel", type=count, default=1, metavar="N",
                    help="parallel sequences (default 1)")
     c.add_argument("--type-k", metavar="TYPE", help="K type: f32, f16, bf16, q8_0, q4_0, ... (default f16; "
                    "f32 for --recurrent)")
@@ -85,11 +77,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="flash attention: n_pad 256 and V in rows (else n_pad 32 and V transposed)")
     s = p.add_argument_group("sliding window (iSWA)")
     s.add_argument("--swa-layers", type=_layer_list, metavar="LIST", help="the sliding-window layers (0,2,4-7)")
-    s.add_argument("--swa-pattern", type=_count, metavar="N",
+    s.add_argument("--swa-pattern", type=count, metavar="N",
                    help="every N-th layer is full attention, the others sliding-window")
-    s.add_argument("--n-swa", type=_count, metavar="N", help="window size in tokens")
+    s.add_argument("--n-swa", type=count, metavar="N", help="window size in tokens")
     s.add_argument("--swa-type", choices=("standard", "chunked"), help="window kind (default standard)")
-    s.add_argument("--n-batch", type=_count, metavar="N", help="logical batch size (default 2048)")
+    s.add_argument("--n-batch", type=count, metavar="N", help="logical batch size (default 2048)")
     s.add_argument("--swa-full", action="store_true", help="a full-size SWA cache (kv_size cells)")
     r = p.add_argument_group("recurrent")
     r.add_argument("--recurrent", action="store_true", help="a recurrent cache (Mamba, RWKV)")

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Any
+
+from kvcache._argtypes import count, nonneg_int, number
 
 NAME = "simulate"
 HELP = "run a continuous-batching workload through UnifiedCache and report its bookkeeping"
@@ -32,45 +33,15 @@ off = never (find_slot failures still defragment)."""
 _PROGRESS = ("auto", "tqdm", "rich", "plain", "none")
 
 
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def _number(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
-    return v
-
-
 def _rate(text: str) -> float:
-    v = _number(text)
+    v = number(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return v
 
 
 def _fraction(text: str) -> float:
-    v = _number(text)
+    v = number(text)
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return v
@@ -82,37 +53,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = SimConfig()
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     g = p.add_argument_group("geometry")
-    g.add_argument("--n-ctx", "--ctx", type=_count, default=d.n_ctx, metavar="N",
+    g.add_argument("--n-ctx", "--ctx", type=count, default=d.n_ctx, metavar="N",
                    help=f"cells, padded to n_pad (default {d.n_ctx})")
-    g.add_argument("--n-seq-max", "--parallel", type=_count, default=d.n_seq_max, metavar="N",
+    g.add_argument("--n-seq-max", "--parallel", type=count, default=d.n_seq_max, metavar="N",
                    help=f"sequence slots; with prefix sharing one holds the prefix (default {d.n_seq_max})")
-    g.add_argument("--n-layer", type=_count, default=d.n_layer, metavar="N", help=f"layers (default {d.n_layer})")
-    g.add_argument("--n-embd", type=_count, default=d.n_embd, metavar="N",
+    g.add_argument("--n-layer", type=count, default=d.n_layer, metavar="N", help=f"layers (default {d.n_layer})")
+    g.add_argument("--n-embd", type=count, default=d.n_embd, metavar="N",
                    help=f"K and V row width; small keeps the data negligible (default {d.n_embd})")
     g.add_argument("--type-k", default=d.type_k, metavar="TYPE", help=f"K type (default {d.type_k})")
     g.add_argument("--type-v", default=d.type_v, metavar="TYPE", help=f"V type (default {d.type_v})")
     g.add_argument("--flash-attn", "-fa", action="store_true", help="n_pad 256 and V in rows (else 32, transposed)")
     w = p.add_argument_group("workload")
-    w.add_argument("--steps", type=_count, default=d.steps, metavar="N", help=f"steps to run (default {d.steps})")
+    w.add_argument("--steps", type=count, default=d.steps, metavar="N", help=f"steps to run (default {d.steps})")
     w.add_argument("--arrival-rate", type=_rate, default=d.arrival_rate, metavar="R",
                    help=f"mean new requests per step (Poisson; default {d.arrival_rate})")
     w.add_argument("--dist", choices=LENGTH_DISTS, default=d.dist,
                    help=f"length distribution, with the means below (default {d.dist})")
-    w.add_argument("--prompt-mean", type=_count, default=d.prompt_mean, metavar="N",
+    w.add_argument("--prompt-mean", type=count, default=d.prompt_mean, metavar="N",
                    help=f"mean prompt length (default {d.prompt_mean})")
-    w.add_argument("--output-mean", type=_count, default=d.output_mean, metavar="N",
+    w.add_argument("--output-mean", type=count, default=d.output_mean, metavar="N",
                    help=f"mean output length (default {d.output_mean})")
     w.add_argument("--prefix-share", type=_fraction, default=d.prefix_share, metavar="F",
                    help=f"share of requests starting with the shared prefix (default {d.prefix_share})")
-    w.add_argument("--prefix-len", type=_nonneg_int, default=d.prefix_len, metavar="N",
+    w.add_argument("--prefix-len", type=nonneg_int, default=d.prefix_len, metavar="N",
                    help=f"tokens of the shared prefix; 0: no sharing (default {d.prefix_len})")
-    w.add_argument("--n-ubatch", type=_count, default=d.n_ubatch, metavar="N",
+    w.add_argument("--n-ubatch", type=count, default=d.n_ubatch, metavar="N",
                    help=f"token budget of a step (default {d.n_ubatch})")
     w.add_argument("--defrag", choices=DEFRAG_MODES, default=d.defrag, help=f"defrag policy (default {d.defrag})")
-    w.add_argument("--defrag-thold", type=_number, default=d.defrag_thold, metavar="F",
+    w.add_argument("--defrag-thold", type=number, default=d.defrag_thold, metavar="F",
                    help=f"fragmentation that triggers a defrag; < 0: never (default {d.defrag_thold})")
     w.add_argument("--mask", action="store_true", help="also build the KQ mask of every ubatch")
-    w.add_argument("--seed", type=_nonneg_int, default=d.seed, metavar="N", help=f"workload seed (default {d.seed})")
+    w.add_argument("--seed", type=nonneg_int, default=d.seed, metavar="N", help=f"workload seed (default {d.seed})")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
     o.add_argument("--series", action="store_true", help="with --json: include the per-step series")
