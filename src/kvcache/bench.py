@@ -32,6 +32,12 @@ def _median_range(values):
     return statistics.median(values), (min(values), max(values))
 
 
+def _paired(a, b) -> float:
+    """Median over the repetitions of a[i] / b[i]: two things timed back to back in each
+    repetition, so that a slow spell of the machine slows both."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
 def _repeat(fn: Callable[[], tuple], reps: int) -> list[tuple]:
     return [fn() for _ in range(reps)]
 
@@ -91,7 +97,8 @@ def bench_mask(quick: bool, reps: int) -> list[Row]:
                     nbytes = res[0][3]
                     rows.append(Row(
                         f"kq_mask {dname} n_kv={n_kv} n_tokens={n_tokens} causal 8 seqs" + (" swa" if swa else ""),
-                        fm, fr, bm, (bm / fm) if bm else None, nbytes / fm, nbytes / mm, fm / mm,
+                        fm, fr, bm, _paired([r[1] for r in res], [r[0] for r in res]) if bm else None,
+                        nbytes / fm, nbytes / mm, _paired([r[0] for r in res], [r[2] for r in res]),
                         note="reference: memset of the same bytes"))
     return rows
 
@@ -119,18 +126,26 @@ def bench_defrag(quick: bool, reps: int) -> list[Row]:
         w.fill(cells)
         w.fragment(0.5)
         w.defrag_plan(1)
-        res = _repeat(lambda: w.defrag_move(3), reps)
+        nbytes, touched = w.defrag_move(1)[1:]
+
+        def one():
+            # each repetition: the moves, then memcpy of the moved bytes (and of the lines a
+            # transposed V touches) right after, so that both see the same machine
+            t = w.defrag_move(3)[0]
+            mt = _bench.memcpy_ns(touched, 3, True) / 3 if touched != nbytes else 0.0
+            return t, _bench.memcpy_ns(nbytes, 3, True) / 3, mt
+        res = _repeat(one, reps)
         fm, fr = _median_range([r[0] for r in res])
-        nbytes, touched = res[0][1], res[0][2]
-        mc = statistics.median([_bench.memcpy_ns(nbytes, 3, True) / 3 for _ in range(reps)])
+        mc = statistics.median([r[1] for r in res])
         name = f"defrag moves, {cells} cells, {n_layer} layers x 1024 f16, v_trans={v_trans}"
-        rows.append(Row(name, fm, fr, None, None, nbytes / fm, nbytes / mc, fm / mc,
+        rows.append(Row(name, fm, fr, None, None, nbytes / fm, nbytes / mc, _paired([r[0] for r in res], [r[1] for r in res]),
                         note="reference: memcpy of the moved bytes"))
         if touched != nbytes:
             # transposed V: the same run against a memcpy of the cache lines it has to touch
-            mt = statistics.median([_bench.memcpy_ns(touched, 3, True) / 3 for _ in range(reps)])
+            mt = statistics.median([r[2] for r in res])
             rows.append(Row(name + " (vs the lines touched)", fm, fr, None, None, touched / fm, touched / mt,
-                            fm / mt, note="reference: memcpy of the bytes of the cache lines touched"))
+                            _paired([r[0] for r in res], [r[2] for r in res]),
+                            note="reference: memcpy of the bytes of the cache lines touched"))
     return rows
 
 
@@ -172,12 +187,14 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
             c.state_read(blob)
             return time.perf_counter_ns() - t
         nbytes = len(blob)
-        mc = statistics.median([_bench.memcpy_ns(nbytes, 2) / 2 for _ in range(reps)])
         for k, what, fn in ((1, "write", write), (3, "read", read)):
-            fm, fr = _median_range([fn() for _ in range(reps)])
+            # each repetition: the operation, then memcpy of the blob's bytes right after
+            res = [(fn(), _bench.memcpy_ns(nbytes, 2) / 2) for _ in range(reps)]
+            fm, fr = _median_range([r[0] for r in res])
+            mc = statistics.median([r[1] for r in res])
             bm = statistics.median([r[k] for r in base])
             rows.append(Row(f"state {what}, whole cache {cells} cells, {n_layer} layers x 1024 f16, v_trans={v_trans}",
-                            fm, fr, bm, bm / fm, nbytes / fm, nbytes / mc, fm / mc,
+                            fm, fr, bm, bm / fm, nbytes / fm, nbytes / mc, _paired([r[0] for r in res], [r[1] for r in res]),
                             note="reference: memcpy of the blob's bytes"))
     return rows
 
