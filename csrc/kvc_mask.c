@@ -12,6 +12,8 @@
 
 #define KVC_F32_NINF_BITS 0xff800000u
 #define KVC_F16_NINF_BITS 0xfc00u
+/* bytes of the pattern copied at a time when filling hidden rows that stay in the caches */
+#define KVC_FILL_CHUNK ((size_t)4 << 10)
 
 size_t kvc_mask_elsize(int dtype) {
     return dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
@@ -108,6 +110,15 @@ void kvc_mask_fill_hidden(void *out, int dtype, size_t n, bool stream) {
         return;
     }
     const size_t el = kvc_mask_elsize(dtype);
+    if (!stream && n * el >= 4 * KVC_FILL_CHUNK) {
+        /* one chunk of the pattern, then copies of it: the C library's copy uses the widest
+         * stores the processor has, and the chunk stays in L1/L2 */
+        kvc_mask_fill_hidden(p, dtype, KVC_FILL_CHUNK / el, false);
+        for (size_t done = KVC_FILL_CHUNK, total = n * el; done < total; done += KVC_FILL_CHUNK) {
+            memcpy(p + done, p, total - done < KVC_FILL_CHUNK ? total - done : KVC_FILL_CHUNK);
+        }
+        return;
+    }
     const uint32_t bits = dtype == KVC_MASK_F32 ? KVC_F32_NINF_BITS
                         : dtype == KVC_MASK_F16 ? (KVC_F16_NINF_BITS * 0x10001u) : 0u;
     size_t i = 0;
