@@ -22,8 +22,9 @@ CXX_STD = "/std:c++17" if MSVC else "-std=c++17"
 def compile_args():
     if MSVC:
         return ["/std:c11", "/O2", "/W3"], []
-    cflags = ["-std=c11", "-O3", "-Wall", "-Wextra", "-fno-strict-aliasing"]
-    ldflags = []
+    # -pthread: large defrag moves run on several threads (POSIX threads; libpthread on older glibc)
+    cflags = ["-std=c11", "-O3", "-Wall", "-Wextra", "-fno-strict-aliasing", "-pthread"]
+    ldflags = ["-pthread"]
     if SANITIZE:
         cflags += ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={SANITIZE}", "-fno-sanitize-recover=all"]
         ldflags += [f"-fsanitize={SANITIZE}"]

@@ -11,6 +11,11 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if (defined(__unix__) || defined(__APPLE__)) && !defined(KVC_NO_THREADS)
+#include <pthread.h>
+#include <unistd.h>
+#define KVC_HAVE_PTHREADS 1
+#endif
 
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
 #include <emmintrin.h>
@@ -74,6 +79,59 @@ void kvc_copy(void *dst, const void *src, size_t n, bool stream) {
     (void)stream;
 #endif
     memcpy(d + i, s + i, n - i);
+}
+
+typedef struct kvc_task {
+    void (*fn)(void *);
+    void *arg;
+} kvc_task;
+
+#ifdef KVC_HAVE_PTHREADS
+static void *kvc_task_run(void *t) {
+    ((kvc_task *)t)->fn(((kvc_task *)t)->arg);
+    return NULL;
+}
+#endif
+
+void kvc_parallel(void (*fn)(void *), void *args, size_t arg_size, unsigned n) {
+    uint8_t *a = args;
+#ifdef KVC_HAVE_PTHREADS
+    kvc_task tasks[KVC_MAX_THREADS];
+    pthread_t threads[KVC_MAX_THREADS];
+    bool started[KVC_MAX_THREADS] = { false };
+    unsigned i = 1;
+    for (; i < n && i < KVC_MAX_THREADS; i++) {
+        tasks[i].fn = fn;
+        tasks[i].arg = a + i * arg_size;
+        started[i] = pthread_create(&threads[i], NULL, kvc_task_run, &tasks[i]) == 0;
+    }
+    if (n) {
+        fn(a);
+    }
+    for (unsigned k = 1; k < i; k++) {
+        if (started[k]) {
+            pthread_join(threads[k], NULL);
+        } else {
+            fn(a + k * arg_size);  /* no thread for it: done here */
+        }
+    }
+    for (; i < n; i++) {
+        fn(a + i * arg_size);
+    }
+#else
+    for (unsigned i = 0; i < n; i++) {
+        fn(a + i * arg_size);
+    }
+#endif
+}
+
+unsigned kvc_parallel_width(void) {
+#ifdef KVC_HAVE_PTHREADS
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : n > (long)KVC_MAX_THREADS ? KVC_MAX_THREADS : (unsigned)n;
+#else
+    return 1;
+#endif
 }
 
 void kvc_advise_huge_pages(void *p, size_t n) {

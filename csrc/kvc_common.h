@@ -54,6 +54,7 @@ int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(
 
 /* Round x up to a multiple of n (n > 0). */
 static inline uint32_t kvc_pad_u32(uint32_t x, uint32_t n) { return ((x + n - 1) / n) * n; }
+static inline uint32_t kvc_min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
 /* Test hook: when > 0, the n-th following allocation through kvc_malloc fails. */
 extern int kvc_fail_alloc_after;
@@ -68,6 +69,15 @@ void  kvc_free(void *p);
  * reads. */
 void  kvc_copy(void *dst, const void *src, size_t n, bool stream);
 void  kvc_stream_fence(void);
+
+/* Run fn(args + i * arg_size) for every i < n, on up to n threads (the caller's among them) where
+ * the platform has POSIX threads, one after the other elsewhere or when a thread cannot be
+ * started. The calls must be independent; all have returned when this does. */
+void  kvc_parallel(void (*fn)(void *), void *args, size_t arg_size, unsigned n);
+/* Threads worth using for a large memory-bound job: the online processors, at most
+ * KVC_MAX_THREADS (1 without POSIX threads). */
+unsigned kvc_parallel_width(void);
+#define KVC_MAX_THREADS 4u
 
 /* Huge pages for [p, p + n) where the system offers them on request (Linux transparent huge
  * pages in "madvise" mode): a K/V buffer's scattered accesses (defrag moves, gathers) then miss

@@ -883,6 +883,58 @@ static bool kvc_runs_disjoint(const uint32_t *runs, uint32_t n_runs, uint32_t si
     return disjoint;
 }
 
+/* The moves of layers [l0, l1) of a plan whose runs are independent. */
+typedef struct kvc_move_job {
+    const kvc_unified *c;
+    uint32_t           l0, l1;
+    const uint32_t    *runs;
+    uint32_t           n_runs;
+    const uint32_t    *pairs;   /* (dst, src) per moved cell, for a transposed V */
+    uint32_t           n_moved;
+    bool               stream;
+} kvc_move_job;
+
+static void kvc_move_layers(void *arg) {
+    const kvc_move_job *j = arg;
+    const kvc_unified *c = j->c;
+    const uint32_t *runs = j->runs, *pairs = j->pairs;
+    const uint32_t n_runs = j->n_runs, n_moved = j->n_moved;
+    const bool stream = j->stream;
+    const size_t size = c->cells.size;
+    const size_t el = kvc_type_get(c->type_v)->type_size;
+    for (uint32_t l = j->l0; l < j->l1; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        for (uint32_t q = 0; ly->k && q < n_runs; q++) {
+            const uint32_t *u = runs + 3 * q;
+            kvc_copy(ly->k + u[1] * ly->k_row_bytes, ly->k + u[0] * ly->k_row_bytes, u[2] * ly->k_row_bytes, stream);
+        }
+        if (!ly->v) {
+            continue;
+        }
+        if (!c->v_trans) {
+            for (uint32_t q = 0; q < n_runs; q++) {
+                const uint32_t *u = runs + 3 * q;
+                kvc_copy(ly->v + u[1] * ly->v_row_bytes, ly->v + u[0] * ly->v_row_bytes, u[2] * ly->v_row_bytes, stream);
+            }
+        } else if (el == 2) {
+            KVC_MOVE_COLS(uint16_t, ly->v, size * el, ly->n_embd_v, pairs, n_moved);
+        } else if (el == 4) {
+            KVC_MOVE_COLS(uint32_t, ly->v, size * el, ly->n_embd_v, pairs, n_moved);
+        } else {
+            for (uint32_t e = 0; e < ly->n_embd_v; e++) {
+                uint8_t *row = ly->v + (size_t)e * size * el;
+                for (uint32_t q = 0; q < n_runs; q++) {
+                    const uint32_t *u = runs + 3 * q;
+                    memcpy(row + (size_t)u[1] * el, row + (size_t)u[0] * el, u[2] * el);
+                }
+            }
+        }
+    }
+    if (stream) {
+        kvc_stream_fence();   /* this thread's non-temporal stores, before it reports done */
+    }
+}
+
 void kvc_unified_defrag_move(kvc_unified *c) {
     const size_t size = c->cells.size;
     const size_t el = kvc_type_get(c->type_v)->type_size;
@@ -916,38 +968,17 @@ void kvc_unified_defrag_move(kvc_unified *c) {
                 pairs[2 * k + 1] = runs[3 * q] + m;
             }
         }
-        /* layer by layer, so that each buffer is streamed through once */
-        for (uint32_t l = 0; l < c->n_layer; l++) {
-            const kvc_layer *ly = &c->layers[l];
-            for (uint32_t q = 0; ly->k && q < n_runs; q++) {
-                const uint32_t *u = runs + 3 * q;
-                kvc_copy(ly->k + u[1] * ly->k_row_bytes, ly->k + u[0] * ly->k_row_bytes, u[2] * ly->k_row_bytes, stream);
-            }
-            if (!ly->v) {
-                continue;
-            }
-            if (!c->v_trans) {
-                for (uint32_t q = 0; q < n_runs; q++) {
-                    const uint32_t *u = runs + 3 * q;
-                    kvc_copy(ly->v + u[1] * ly->v_row_bytes, ly->v + u[0] * ly->v_row_bytes, u[2] * ly->v_row_bytes, stream);
-                }
-            } else if (el == 2) {
-                KVC_MOVE_COLS(uint16_t, ly->v, size * el, ly->n_embd_v, pairs, n_moved);
-            } else if (el == 4) {
-                KVC_MOVE_COLS(uint32_t, ly->v, size * el, ly->n_embd_v, pairs, n_moved);
-            } else {
-                for (uint32_t e = 0; e < ly->n_embd_v; e++) {
-                    uint8_t *row = ly->v + (size_t)e * size * el;
-                    for (uint32_t q = 0; q < n_runs; q++) {
-                        const uint32_t *u = runs + 3 * q;
-                        memcpy(row + (size_t)u[1] * el, row + (size_t)u[0] * el, u[2] * el);
-                    }
-                }
-            }
+        /* layer by layer, so that each buffer is streamed through once; a large move is
+         * shared among threads by layers (scattered copies are bound by how many reads are in
+         * flight, and each core adds its own) */
+        const unsigned n_jobs = stream ? kvc_min_u32(kvc_parallel_width(), c->n_layer) : 1;
+        kvc_move_job jobs[KVC_MAX_THREADS];
+        for (unsigned t = 0; t < n_jobs; t++) {
+            jobs[t] = (kvc_move_job){ c, (uint32_t)((uint64_t)c->n_layer * t / n_jobs),
+                                      (uint32_t)((uint64_t)c->n_layer * (t + 1) / n_jobs),
+                                      runs, n_runs, pairs, n_moved, stream };
         }
-        if (stream) {
-            kvc_stream_fence();
-        }
+        kvc_parallel(kvc_move_layers, jobs, sizeof jobs[0], n_jobs);
     } else if (n_runs) {
         /* no memory for the run list (or a plan that refills cells it empties): the moves
          * one run at a time, in the order of their sources */
