@@ -2,6 +2,7 @@
 #define _DEFAULT_SOURCE 1 /* madvise */
 #endif
 #include "kvc_common.h"
+#include "kvc_simd.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,11 +16,6 @@
 #include <pthread.h>
 #include <unistd.h>
 #define KVC_HAVE_PTHREADS 1
-#endif
-
-#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
-#include <emmintrin.h>
-#define KVC_HAVE_SSE2 1
 #endif
 
 int kvc_fail_alloc_after = 0;

@@ -1,14 +1,10 @@
 #include "kvc_mask.h"
 #include "kvc_types.h"
 #include "kvc_common.h"
+#include "kvc_simd.h"
 
 #include <math.h>
 #include <string.h>
-
-#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
-#include <emmintrin.h>
-#define KVC_HAVE_SSE2 1
-#endif
 
 #define KVC_F32_NINF_BITS 0xff800000u
 #define KVC_F16_NINF_BITS 0xfc00u

@@ -548,7 +548,8 @@ static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, b
  * in every visible cell) have their rows computed from the key positions directly. */
 typedef struct kvc_mask_seq {
     const int32_t *vis;          /* key position of each cell in this sequence, -1 elsewhere */
-    uint8_t       *base;         /* NULL: rows computed from vis */
+    bool           use_edges;    /* rows are copies of base plus edges; else computed from vis */
+    uint8_t       *base;
     uint32_t      *edge;         /* edge cells */
     uint32_t       n_edge;
     uint32_t       n_tokens;
@@ -611,7 +612,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
                                                        kvc_ctz64(m), try_edges ? q->edge_range : none);
         if (try_edges && n_edge <= n_kv / KVC_MASK_EDGE_DIV) {
             q->n_edge = n_edge;
-            q->base = (uint8_t *)q; /* marks "incremental"; the real row is placed below */
+            q->use_edges = true;
             n_edges += n_edge;
             n_bases++;
         }
@@ -628,7 +629,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
         uint32_t *next_edge = (uint32_t *)(scratch + n_bases * base_stride);
         for (uint64_t m = seqs; m; m &= m - 1) {
             kvc_mask_seq *q = &seq[kvc_ctz64(m)];
-            if (!q->base) {
+            if (!q->use_edges) {
                 continue;
             }
             q->base = next_base;
@@ -645,7 +646,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
         int32_t lo, hi;
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
         uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
-        if (!q->base) {
+        if (!q->use_edges) {
             kvc_mask_row(row, dtype, q->vis, n_kv, lo, hi, p1, alibi, stream);
             continue;
         }
