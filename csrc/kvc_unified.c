@@ -1,4 +1,6 @@
 #include "kvc_unified.h"
+
+#include "kvc_cols.h"
 #include "kvc_types.h"
 
 #include <math.h>
@@ -832,34 +834,6 @@ uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs) {
     return n;
 }
 
-/* Transposed V: the moved cells are columns. rows[e] = rows[e] with, for every pair k,
- * element dst[k] = element src[k]; no cell is both a source and a destination of a plan, so
- * the order does not matter. Four rows per pass over the pairs keep their lines in L1 and read
- * the pair list a quarter as often. */
-#define KVC_MOVE_COLS(T, base, stride, n_rows, pairs, n_pairs)                        \
-    do {                                                                              \
-        uint32_t e_ = 0;                                                              \
-        for (; e_ + 4 <= (n_rows); e_ += 4) {                                         \
-            T *r0_ = (T *)((base) + (size_t)e_ * (stride));                           \
-            T *r1_ = (T *)((uint8_t *)r0_ + (stride));                                \
-            T *r2_ = (T *)((uint8_t *)r1_ + (stride));                                \
-            T *r3_ = (T *)((uint8_t *)r2_ + (stride));                                \
-            for (uint32_t k_ = 0; k_ < (n_pairs); k_++) {                             \
-                const uint32_t d_ = (pairs)[2 * k_], s_ = (pairs)[2 * k_ + 1];        \
-                r0_[d_] = r0_[s_];                                                    \
-                r1_[d_] = r1_[s_];                                                    \
-                r2_[d_] = r2_[s_];                                                    \
-                r3_[d_] = r3_[s_];                                                    \
-            }                                                                         \
-        }                                                                             \
-        for (; e_ < (n_rows); e_++) {                                                 \
-            T *r_ = (T *)((base) + (size_t)e_ * (stride));                            \
-            for (uint32_t k_ = 0; k_ < (n_pairs); k_++) {                             \
-                r_[(pairs)[2 * k_]] = r_[(pairs)[2 * k_ + 1]];                        \
-            }                                                                         \
-        }                                                                             \
-    } while (0)
-
 /* Whether no cell is both a source and a destination of the runs: the moves can then be
  * made in any order, layer by layer and without overlap. */
 static bool kvc_runs_disjoint(const uint32_t *runs, uint32_t n_runs, uint32_t size) {
@@ -890,16 +864,15 @@ typedef struct kvc_move_job {
     uint32_t           l0, l1;
     const uint32_t    *runs;
     uint32_t           n_runs;
-    const uint32_t    *pairs;   /* (dst, src) per moved cell, for a transposed V */
-    uint32_t           n_moved;
+    const kvc_cols    *cols;    /* the moved cells as columns of a transposed V */
     bool               stream;
 } kvc_move_job;
 
 static void kvc_move_layers(void *arg) {
     const kvc_move_job *j = arg;
     const kvc_unified *c = j->c;
-    const uint32_t *runs = j->runs, *pairs = j->pairs;
-    const uint32_t n_runs = j->n_runs, n_moved = j->n_moved;
+    const uint32_t *runs = j->runs;
+    const uint32_t n_runs = j->n_runs;
     const bool stream = j->stream;
     const size_t size = c->cells.size;
     const size_t el = kvc_type_get(c->type_v)->type_size;
@@ -917,10 +890,8 @@ static void kvc_move_layers(void *arg) {
                 const uint32_t *u = runs + 3 * q;
                 kvc_copy(ly->v + u[1] * ly->v_row_bytes, ly->v + u[0] * ly->v_row_bytes, u[2] * ly->v_row_bytes, stream);
             }
-        } else if (el == 2) {
-            KVC_MOVE_COLS(uint16_t, ly->v, size * el, ly->n_embd_v, pairs, n_moved);
-        } else if (el == 4) {
-            KVC_MOVE_COLS(uint32_t, ly->v, size * el, ly->n_embd_v, pairs, n_moved);
+        } else if (el == 2 || el == 4) {
+            kvc_cols_apply(j->cols, ly->v, size * el, ly->n_embd_v);
         } else {
             for (uint32_t e = 0; e < ly->n_embd_v; e++) {
                 uint8_t *row = ly->v + (size_t)e * size * el;
@@ -973,13 +944,16 @@ void kvc_unified_defrag_move(kvc_unified *c) {
          * shared among threads by layers (scattered copies are bound by how many reads are in
          * flight, and each core adds its own) */
         const unsigned n_jobs = stream ? kvc_min_u32(kvc_parallel_width(), c->n_layer) : 1;
+        kvc_cols cols;
+        kvc_cols_init(&cols, pairs, pairs ? n_moved : 0, c->cells.size, (uint32_t)el);
         kvc_move_job jobs[KVC_MAX_THREADS];
         for (unsigned t = 0; t < n_jobs; t++) {
             jobs[t] = (kvc_move_job){ c, (uint32_t)((uint64_t)c->n_layer * t / n_jobs),
                                       (uint32_t)((uint64_t)c->n_layer * (t + 1) / n_jobs),
-                                      runs, n_runs, pairs, n_moved, stream };
+                                      runs, n_runs, &cols, stream };
         }
         kvc_parallel(kvc_move_layers, jobs, sizeof jobs[0], n_jobs);
+        kvc_cols_free(&cols);
     } else if (n_runs) {
         /* no memory for the run list (or a plan that refills cells it empties): the moves
          * one run at a time, in the order of their sources */

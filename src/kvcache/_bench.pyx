@@ -8,7 +8,8 @@ function returns nanoseconds (and checks that both implementations agree where i
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, uint16_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memset, memcpy
-from kvcache.includes.kvc_common cimport kvc_ubatch, kvc_err
+from kvcache.includes.kvc_common cimport (kvc_ubatch, kvc_err, KVC_TYPE_F16, KVC_STREAM_BYTES, kvc_copy, kvc_stream_fence, kvc_parallel,
+                                          kvc_parallel_width)
 
 from time import perf_counter_ns
 
@@ -365,28 +366,79 @@ cdef class Workload:
         return t_fast // reps, t_base
 
     def defrag_move(self, uint32_t reps):
-        """(ns per defrag_move of the current plan, bytes it moves, bytes of the cache lines it
-        must touch). Each repetition replays the same plan (the data moves again; the cost is
-        the same). With V transposed a cell's V is one element in each of width rows, so every
-        line of those rows between the lowest destination and the highest source is touched."""
+        """(ns per defrag_move of the current plan, bytes it moves). Each repetition replays the
+        same plan (the data moves again; the cost is the same)."""
         cdef const uint32_t *ids = self.fast.defrag_ids
-        cdef uint32_t n = self.fast.n_defrag_ids, i, moved = 0, r, lo = n, hi = 0
+        cdef uint32_t n = self.fast.n_defrag_ids, i, moved = 0, r
         cdef uint64_t t0
         for i in range(n):
             if ids[i] != i and ids[i] != n:
                 moved += 1
-                lo = min(lo, ids[i])
-                hi = max(hi, i + 1)
-        touched = self.data_bytes(moved)
-        if self.v_trans and moved:
-            # K rows as moved, V: the span of every row (2-byte elements, whole 64-byte lines)
-            touched = touched // 2 + <size_t>(((hi * 2 + 63) // 64) - (lo * 2) // 64) * 64 * self.width * self.n_layer
         t0 = perf_counter_ns()
         with nogil:
             for r in range(reps):
                 kvc_unified_defrag_move(&self.fast)
         t0 = perf_counter_ns() - t0
-        return t0 // max(reps, 1), self.data_bytes(moved), touched
+        return t0 // max(reps, 1), self.data_bytes(moved)
+
+    def defrag_move_floor(self, uint32_t reps):
+        """ns per run of the least-traffic sweep for the current plan (see floor_layers), or
+        None where it does not apply (V not transposed, not f16, rows not whole lines)."""
+        cdef size_t size = self.fast.cells.size, row_bytes = size * 2, n_lines = row_bytes // 64
+        cdef const uint32_t *ids = self.fast.defrag_ids
+        cdef uint32_t n = self.fast.n_defrag_ids, i, n_runs, t, n_jobs, r, n_moved = 0
+        cdef bint stream
+        cdef uint32_t *runs = NULL
+        cdef uint8_t *lines = NULL
+        cdef uint16_t *n_dst = NULL
+        cdef FloorJob jobs[4]
+        cdef uint64_t t0
+        if not self.v_trans or self.fast.type_v != KVC_TYPE_F16 or row_bytes % 64 or not self.bufs:
+            return None
+        n_runs = kvc_unified_defrag_runs(&self.fast, NULL)
+        runs = <uint32_t *>malloc((n_runs + 1) * 3 * sizeof(uint32_t))
+        lines = <uint8_t *>calloc(n_lines, 1)
+        n_dst = <uint16_t *>calloc(n_lines, sizeof(uint16_t))
+        try:
+            if runs == NULL or lines == NULL or n_dst == NULL:
+                raise MemoryError()
+            kvc_unified_defrag_runs(&self.fast, runs)
+            for i in range(n):
+                if ids[i] != i and ids[i] != n:
+                    n_moved += 1
+                    lines[i * 2 // 64] |= LINE_READ
+                    lines[ids[i] * 2 // 64] |= LINE_WRITE
+                    n_dst[ids[i] * 2 // 64] += 1
+            for i in range(n_lines):
+                if n_dst[i] == 32 and not (lines[i] & LINE_READ):
+                    lines[i] = LINE_FULL
+                elif lines[i] & LINE_WRITE:
+                    lines[i] |= LINE_READ
+            # streaming and threads as kvc_unified_defrag_move has them: from KVC_STREAM_BYTES of
+            # rows moved
+            stream = <size_t>n_moved * self.width * 2 * self.n_layer >= KVC_STREAM_BYTES
+            n_jobs = min(kvc_parallel_width(), self.n_layer, 4) if stream else 1
+            for t in range(n_jobs):
+                jobs[t].c = &self.fast
+                jobs[t].l0 = <uint32_t>(<uint64_t>self.n_layer * t // n_jobs)
+                jobs[t].l1 = <uint32_t>(<uint64_t>self.n_layer * (t + 1) // n_jobs)
+                jobs[t].runs = runs
+                jobs[t].n_runs = n_runs
+                jobs[t].lines = lines
+                jobs[t].n_lines = n_lines
+                jobs[t].key = 0
+                jobs[t].acc = 0
+                jobs[t].stream = stream
+            t0 = perf_counter_ns()
+            with nogil:
+                for r in range(reps):
+                    kvc_parallel(floor_layers, jobs, sizeof(FloorJob), n_jobs)
+            t0 = perf_counter_ns() - t0
+            return t0 // max(reps, 1)
+        finally:
+            free(runs)
+            free(lines)
+            free(n_dst)
 
     def state_io(self, uint32_t reps):
         """(ns write kvcache, ns write baseline, ns read kvcache, ns read baseline, bytes) for the
@@ -429,6 +481,66 @@ cdef class Workload:
         finally:
             free(a)
             free(b)
+
+
+
+# --- the least memory traffic a transposed-V defrag allows --------------------------------------
+# With V transposed, a moved cell is one element in each V row: a 64-byte line of a row holding a
+# source must be read, one holding a destination read and written (written only when every element
+# of it is a destination). The sweep makes exactly that traffic, in address order and with no
+# other work, the K rows copied as the moves copy them and the layers split among threads as the
+# moves split them: a measure, in the same run, of the traffic no implementation of the plan can
+# avoid.
+
+cdef enum:
+    LINE_READ = 1
+    LINE_WRITE = 2
+    LINE_FULL = 4      # every element of the line is a destination: written without reading
+
+cdef struct FloorJob:
+    kvc_unified *c
+    uint32_t l0, l1
+    const uint32_t *runs
+    uint32_t n_runs
+    const uint8_t *lines     # LINE_* per 64-byte line of a V row
+    size_t n_lines
+    uint64_t key             # 0, read at run time: the lines written keep their values
+    uint64_t acc             # the reads' checksum, stored so that they are not optimized away
+    bint stream              # the K rows copied with non-temporal stores, as the moves do
+
+
+cdef void floor_layers(void *arg) noexcept nogil:
+    cdef FloorJob *j = <FloorJob *>arg
+    cdef kvc_layer *ly
+    cdef const uint32_t *u
+    cdef uint64_t *w
+    cdef uint64_t acc = 0, key = j.key
+    cdef size_t row_bytes = <size_t>j.c.cells.size * 2, L
+    cdef uint32_t l, q, e, i
+    cdef uint8_t kind
+    for l in range(j.l0, j.l1):
+        ly = &j.c.layers[l]
+        for q in range(j.n_runs):
+            u = j.runs + 3 * q
+            kvc_copy(ly.k + u[1] * ly.k_row_bytes, ly.k + u[0] * ly.k_row_bytes, u[2] * ly.k_row_bytes, j.stream)
+        for e in range(ly.n_embd_v):
+            for L in range(j.n_lines):
+                kind = j.lines[L]
+                if kind == 0:
+                    continue
+                w = <uint64_t *>(ly.v + e * row_bytes + L * 64)
+                if kind & LINE_FULL:
+                    for i in range(8):
+                        w[i] = key
+                    continue
+                for i in range(8):
+                    acc ^= w[i]
+                if kind & LINE_WRITE:
+                    for i in range(8):
+                        w[i] ^= key
+    if j.stream:
+        kvc_stream_fence()
+    j.acc = acc
 
 
 def memcpy_ns(size_t nbytes, uint32_t reps, bint kv_memory=False):

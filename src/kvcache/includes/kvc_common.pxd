@@ -17,6 +17,11 @@ cdef extern from "kvc_common.h" nogil:
     uint32_t kvc_pad_u32(uint32_t x, uint32_t n)
     void kvc_advise_huge_pages(void *p, size_t n)
     size_t KVC_HUGE_PAGE
+    void kvc_copy(void *dst, const void *src, size_t n, bint stream)
+    void kvc_stream_fence()
+    void kvc_parallel(void (*fn)(void *) noexcept nogil, void *args, size_t arg_size, unsigned int n)
+    unsigned int kvc_parallel_width()
+    size_t KVC_STREAM_BYTES
 
 cdef extern from "kvc_ubatch.h" nogil:
     ctypedef struct kvc_ubatch:
