@@ -256,6 +256,9 @@ void kvc_cols_free(kvc_cols *cols) {
 }
 
 void kvc_cols_apply(const kvc_cols *cols, uint8_t *base, size_t stride, uint32_t n_rows) {
+    if (!cols->n_pairs) {
+        return;
+    }
 #ifdef KVC_COLS_AVX512
     if (cols->ops) {
         if (cols->el == 2) {

@@ -105,6 +105,18 @@ static void test_long_rows(void) {
     check_plan(777, 2, 30, 2, false, 0);
 }
 
+static void test_no_pairs(void) {
+    uint16_t rows[3 * 100], orig[3 * 100];
+    for (size_t i = 0; i < 300; i++) {
+        rows[i] = orig[i] = (uint16_t)rnd(65536);
+    }
+    kvc_cols cols;
+    kvc_cols_init(&cols, NULL, 0, 100, 2);
+    kvc_cols_apply(&cols, (uint8_t *)rows, 200, 3);
+    kvc_cols_free(&cols);
+    CHECK(memcmp(rows, orig, sizeof rows) == 0, "no pairs, no change");
+}
+
 int main(void) {
     for (int scalar = 0; scalar < 2; scalar++) {
         if (scalar) {
@@ -113,6 +125,7 @@ int main(void) {
         test_random_plans();
         test_allocation_failures();
         test_long_rows();
+        test_no_pairs();
     }
     printf("%d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
