@@ -129,4 +129,59 @@ static inline long fz_first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
     return -1;
 }
 
+/* --- the K/V memory a target gives its cache ---------------------------------------------- */
+
+enum { FZ_MAX_LAYERS = 4 };
+
+/* One block per layer and half (NULL where the cache runs without memory), and deep copies of
+ * it for the checks that a failed call changed nothing. */
+typedef struct fz_kv {
+    uint8_t *k[FZ_MAX_LAYERS], *v[FZ_MAX_LAYERS];
+    size_t k_bytes[FZ_MAX_LAYERS], v_bytes[FZ_MAX_LAYERS];
+} fz_kv;
+
+static inline void fz_kv_layer(fz_kv *m, uint32_t l, size_t k_bytes, size_t v_bytes) {
+    m->k_bytes[l] = k_bytes;
+    m->v_bytes[l] = v_bytes;
+    m->k[l] = (uint8_t *)fz_alloc(k_bytes);
+    m->v[l] = (uint8_t *)fz_alloc(v_bytes);
+}
+
+static inline void fz_kv_free(fz_kv *m) {
+    for (uint32_t l = 0; l < FZ_MAX_LAYERS; l++) {
+        free(m->k[l]);
+        free(m->v[l]);
+    }
+    memset(m, 0, sizeof *m);
+}
+
+static inline void fz_kv_fill(fz_kv *m, fz_rng *g) {
+    for (uint32_t l = 0; l < FZ_MAX_LAYERS; l++) {
+        if (m->k[l]) {
+            fz_fill(g, m->k[l], m->k_bytes[l]);
+            fz_fill(g, m->v[l], m->v_bytes[l]);
+        }
+    }
+}
+
+static inline void fz_kv_copy(fz_kv *copy, const fz_kv *m) {
+    *copy = *m;
+    for (uint32_t l = 0; l < FZ_MAX_LAYERS; l++) {
+        copy->k[l] = fz_dup(m->k[l], m->k_bytes[l]);
+        copy->v[l] = fz_dup(m->v[l], m->v_bytes[l]);
+    }
+}
+
+/* Every byte of now is the copy's. */
+static inline void fz_kv_check(const fz_kv *now, const fz_kv *was, const char *when) {
+    for (uint32_t l = 0; l < FZ_MAX_LAYERS; l++) {
+        if (was->k[l]) {
+            FUZZ_CHECK(memcmp(now->k[l], was->k[l], was->k_bytes[l]) == 0, "%s: K memory of layer %u differs at byte %ld",
+                       when, l, fz_first_diff(now->k[l], was->k[l], was->k_bytes[l]));
+            FUZZ_CHECK(memcmp(now->v[l], was->v[l], was->v_bytes[l]) == 0, "%s: V memory of layer %u differs at byte %ld",
+                       when, l, fz_first_diff(now->v[l], was->v[l], was->v_bytes[l]));
+        }
+    }
+}
+
 #endif

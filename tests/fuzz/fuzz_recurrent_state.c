@@ -26,6 +26,7 @@
 #include "kvc_types.h"
 
 enum { HEADER = 20, MAX_LAYERS = 4 };
+_Static_assert(MAX_LAYERS <= FZ_MAX_LAYERS, "layers beyond the shared K/V memory");
 static const size_t MAX_KV_BYTES = (size_t)2 << 20; /* larger geometries are skipped (speed) */
 
 static const int32_t TYPES[4] = { KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0 };
@@ -74,8 +75,7 @@ static bool parse_header(const uint8_t *data, size_t size, geometry *g) {
 
 typedef struct cache {
     kvc_recurrent c;
-    uint8_t *k[MAX_LAYERS], *v[MAX_LAYERS];
-    size_t k_bytes[MAX_LAYERS], v_bytes[MAX_LAYERS];
+    fz_kv mem;
 } cache;
 
 static void cache_init(cache *t, const geometry *g) {
@@ -88,20 +88,15 @@ static void cache_init(cache *t, const geometry *g) {
     const int rc = kvc_recurrent_init(&t->c, &p, &err);
     FUZZ_CHECK(rc == KVC_OK, "kvc_recurrent_init: %s", err.msg);
     for (uint32_t l = 0; l < g->n_layer && !g->meta_only; l++) {
-        t->k_bytes[l] = (size_t)g->kv_size * t->c.layers[l].k_row_bytes;
-        t->v_bytes[l] = (size_t)g->kv_size * t->c.layers[l].v_row_bytes;
-        t->k[l] = fz_alloc(t->k_bytes[l]);
-        t->v[l] = fz_alloc(t->v_bytes[l]);
-        kvc_recurrent_set_layer_buffers(&t->c, l, t->k[l], t->v[l]);
+        fz_kv_layer(&t->mem, l, (size_t)g->kv_size * t->c.layers[l].k_row_bytes,
+                    (size_t)g->kv_size * t->c.layers[l].v_row_bytes);
+        kvc_recurrent_set_layer_buffers(&t->c, l, t->mem.k[l], t->mem.v[l]);
     }
 }
 
 static void cache_free(cache *t) {
     kvc_recurrent_free(&t->c);
-    for (uint32_t l = 0; l < MAX_LAYERS; l++) {
-        free(t->k[l]);
-        free(t->v[l]);
-    }
+    fz_kv_free(&t->mem);
 }
 
 /* Place a ubatch of groups of distinct sequences, as the equal splitter makes them: each
@@ -196,12 +191,7 @@ static void prefill(cache *t, uint8_t seed) {
             break;
         }
     }
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        if (t->k[l]) {
-            fz_fill(&g, t->k[l], t->k_bytes[l]);
-            fz_fill(&g, t->v[l], t->v_bytes[l]);
-        }
-    }
+    fz_kv_fill(&t->mem, &g);
 }
 
 /* --- a deep copy of everything a failed read must leave alone ------------------------ */
@@ -211,7 +201,7 @@ typedef struct image {
     int32_t *pos, *src, *tail;
     uint64_t *seq;
     char warn[KVC_REC_WARN_CAP];
-    uint8_t *k[MAX_LAYERS], *v[MAX_LAYERS];
+    fz_kv mem;
 } image;
 
 static void image_take(image *m, const cache *t) {
@@ -227,10 +217,7 @@ static void image_take(image *m, const cache *t) {
     m->seq = (uint64_t *)fz_dup((const uint8_t *)cl->seq, cl->size * sizeof *cl->seq);
     m->n_warn = t->c.n_warn;
     memcpy(m->warn, t->c.warn, sizeof m->warn);
-    for (uint32_t l = 0; l < t->c.n_layer; l++) {
-        m->k[l] = fz_dup(t->k[l], t->k_bytes[l]);
-        m->v[l] = fz_dup(t->v[l], t->v_bytes[l]);
-    }
+    fz_kv_copy(&m->mem, &t->mem);
 }
 
 static void image_free(image *m) {
@@ -238,10 +225,7 @@ static void image_free(image *m) {
     free(m->src);
     free(m->tail);
     free(m->seq);
-    for (uint32_t l = 0; l < MAX_LAYERS; l++) {
-        free(m->k[l]);
-        free(m->v[l]);
-    }
+    fz_kv_free(&m->mem);
     memset(m, 0, sizeof *m);
 }
 
@@ -266,12 +250,7 @@ static void image_check(const image *m, const cache *t, const char *when) {
     cells_check(m, t, when);
     SAME_VALUE(t->c.n_warn, m->n_warn, "warning count");
     FUZZ_CHECK(strcmp(t->c.warn, m->warn) == 0, "%s: warnings changed", when);
-    for (uint32_t l = 0; l < t->c.n_layer; l++) {
-        if (m->k[l]) {
-            SAME_BYTES(t->k[l], m->k[l], t->k_bytes[l], "K memory");
-            SAME_BYTES(t->v[l], m->v[l], t->v_bytes[l], "V memory");
-        }
-    }
+    fz_kv_check(&t->mem, &m->mem, when);
 }
 
 /* --- the blob as this cache reads it ---------------------------------------------------- */
@@ -381,11 +360,11 @@ static void check_rows(const image *m, const cache *t, const uint8_t *blob, cons
                        uint32_t hi, const char *when) {
     const kvc_recurrent *c = &t->c;
     const size_t size = c->cells.size;
-    for (uint32_t l = 0; l < c->n_layer && t->k[l]; l++) {
+    for (uint32_t l = 0; l < c->n_layer && t->mem.k[l]; l++) {
         for (int half = 0; half < 2; half++) {
             const size_t row = half ? c->layers[l].v_row_bytes : c->layers[l].k_row_bytes;
-            const uint8_t *mem = half ? t->v[l] : t->k[l];
-            const uint8_t *old = m ? (half ? m->v[l] : m->k[l]) : NULL;
+            const uint8_t *mem = half ? t->mem.v[l] : t->mem.k[l];
+            const uint8_t *old = m ? (half ? m->mem.v[l] : m->mem.k[l]) : NULL;
             const size_t at = half ? L->v_off[l] : L->k_off[l];
             SAME_BYTES(mem + lo * row, blob + at, (hi - lo) * row, "restored rows");
             FUZZ_CHECK(fz_same_or_zero(mem, old, lo * row) &&

@@ -34,6 +34,7 @@
 #include "kvc_types.h"
 
 enum { HEADER = 18, MAX_LAYERS = 3, MAX_PARTS = 2, DESC_CELLS = 256 };
+_Static_assert(MAX_LAYERS <= FZ_MAX_LAYERS, "layers beyond the shared K/V memory");
 static const size_t MAX_KV_BYTES = (size_t)256 << 10; /* larger geometries are skipped (speed) */
 
 static const int32_t TYPES[4] = { KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0 };
@@ -104,8 +105,7 @@ static bool parse_header(const uint8_t *data, size_t size, call *k) {
 
 typedef struct cache {
     kvc_unified c;
-    uint8_t *k[MAX_LAYERS], *v[MAX_LAYERS];
-    size_t k_bytes[MAX_LAYERS], v_bytes[MAX_LAYERS];
+    fz_kv mem;
 } cache;
 
 static void cache_init(cache *t, const geometry *g) {
@@ -119,20 +119,15 @@ static void cache_init(cache *t, const geometry *g) {
     const int rc = kvc_unified_init(&t->c, &p, &err);
     FUZZ_CHECK(rc == KVC_OK, "kvc_unified_init: %s", err.msg);
     for (uint32_t l = 0; l < g->n_layer && !g->meta_only; l++) {
-        t->k_bytes[l] = (size_t)g->kv_size * t->c.layers[l].k_row_bytes;
-        t->v_bytes[l] = (size_t)g->kv_size * t->c.layers[l].v_row_bytes;
-        t->k[l] = fz_alloc(t->k_bytes[l]);
-        t->v[l] = fz_alloc(t->v_bytes[l]);
-        kvc_unified_set_layer_buffers(&t->c, l, t->k[l], t->v[l]);
+        fz_kv_layer(&t->mem, l, (size_t)g->kv_size * t->c.layers[l].k_row_bytes,
+                    (size_t)g->kv_size * t->c.layers[l].v_row_bytes);
+        kvc_unified_set_layer_buffers(&t->c, l, t->mem.k[l], t->mem.v[l]);
     }
 }
 
 static void cache_free(cache *t) {
     kvc_unified_free(&t->c);
-    for (uint32_t l = 0; l < MAX_LAYERS; l++) {
-        free(t->k[l]);
-        free(t->v[l]);
-    }
+    fz_kv_free(&t->mem);
 }
 
 /* Place a ubatch of n tokens (ids from the rng, positions continuing each first id's). */
@@ -208,12 +203,7 @@ static void prefill(cache *t, uint8_t seed) {
     if (seed & 0x80) {
         place(t, &g, 1 + fz_below(&g, max_ub), next_pos, false);
     }
-    for (uint32_t l = 0; l < t->c.n_layer; l++) {
-        if (t->k[l]) {
-            fz_fill(&g, t->k[l], t->k_bytes[l]);
-            fz_fill(&g, t->v[l], t->v_bytes[l]);
-        }
-    }
+    fz_kv_fill(&t->mem, &g);
 }
 
 /* --- a deep copy of everything a failed read must leave alone ------------------------ */
@@ -232,7 +222,7 @@ typedef struct image {
     uint64_t *rec_seq;
     uint32_t *defrag_ids;
     bool do_defrag;
-    uint8_t *k[MAX_LAYERS], *v[MAX_LAYERS];
+    fz_kv mem;
 } image;
 
 static void image_take(image *m, const cache *t) {
@@ -263,10 +253,7 @@ static void image_take(image *m, const cache *t) {
     m->n_defrag_ids = c->n_defrag_ids;
     m->defrag_ids = (uint32_t *)fz_dup((const uint8_t *)c->defrag_ids, c->n_defrag_ids * sizeof *c->defrag_ids);
     m->do_defrag = c->do_defrag;
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        m->k[l] = fz_dup(t->k[l], t->k_bytes[l]);
-        m->v[l] = fz_dup(t->v[l], t->v_bytes[l]);
-    }
+    fz_kv_copy(&m->mem, &t->mem);
 }
 
 static void image_free(image *m) {
@@ -281,10 +268,7 @@ static void image_free(image *m) {
     free(m->rec_pos);
     free(m->rec_seq);
     free(m->defrag_ids);
-    for (uint32_t l = 0; l < MAX_LAYERS; l++) {
-        free(m->k[l]);
-        free(m->v[l]);
-    }
+    fz_kv_free(&m->mem);
     memset(m, 0, sizeof *m);
 }
 
@@ -318,12 +302,7 @@ static void image_check(const image *m, const cache *t, const char *when) {
     SAME_VALUE(c->n_defrag_ids, m->n_defrag_ids, "defrag plan length");
     SAME_BYTES(c->defrag_ids, m->defrag_ids, m->n_defrag_ids * sizeof *m->defrag_ids, "defrag plan");
     SAME_VALUE(c->do_defrag, m->do_defrag, "do_defrag");
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        if (m->k[l]) {
-            SAME_BYTES(t->k[l], m->k[l], t->k_bytes[l], "K memory");
-            SAME_BYTES(t->v[l], m->v[l], t->v_bytes[l], "V memory");
-        }
-    }
+    fz_kv_check(&t->mem, &m->mem, when);
 }
 
 /* --- invariants of the cell table ------------------------------------------------------ */
@@ -508,27 +487,27 @@ static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L,
 static void check_rows(const cache *t, const layout *L, uint32_t dst, const char *when) {
     const kvc_unified *c = &t->c;
     const size_t size = c->cells.size;
-    for (uint32_t l = 0; l < c->n_layer && t->k[l]; l++) {
+    for (uint32_t l = 0; l < c->n_layer && t->mem.k[l]; l++) {
         const kvc_layer *ly = &c->layers[l];
         const size_t kr = ly->k_row_bytes;
-        SAME_BYTES(t->k[l] + dst * kr, L->p + L->k_off[l], L->cc * kr, "restored K rows");
+        SAME_BYTES(t->mem.k[l] + dst * kr, L->p + L->k_off[l], L->cc * kr, "restored K rows");
         if (L->vt != c->v_trans) {
             const size_t el = v_elem(c);
             for (uint32_t k = 0; k < L->cc; k++) {
                 for (uint32_t j = 0; j < ly->n_embd_v; j++) {
-                    FUZZ_CHECK(memcmp(cache_v_elem(c, t->v[l], l, dst + k, j), blob_v_elem(c, L, l, k, j), el) == 0,
+                    FUZZ_CHECK(memcmp(cache_v_elem(c, t->mem.v[l], l, dst + k, j), blob_v_elem(c, L, l, k, j), el) == 0,
                                "%s: converted V element %u of cell %u of layer %u differs", when, j, k, l);
                 }
             }
         } else if (c->v_trans) {
             const size_t el = v_elem(c);
             for (uint32_t j = 0; j < ly->n_embd_v; j++) {
-                SAME_BYTES(t->v[l] + ((size_t)j * size + dst) * el, L->p + L->v_off[l] + (size_t)j * L->cc * el,
+                SAME_BYTES(t->mem.v[l] + ((size_t)j * size + dst) * el, L->p + L->v_off[l] + (size_t)j * L->cc * el,
                            L->cc * el, "restored V column");
             }
         } else {
             const size_t vr = ly->v_row_bytes;
-            SAME_BYTES(t->v[l] + dst * vr, L->p + L->v_off[l], L->cc * vr, "restored V rows");
+            SAME_BYTES(t->mem.v[l] + dst * vr, L->p + L->v_off[l], L->cc * vr, "restored V rows");
         }
     }
 }
@@ -537,24 +516,24 @@ static void check_rows(const cache *t, const layout *L, uint32_t dst, const char
 static void check_rows_outside(const image *m, const cache *t, uint32_t lo, uint32_t hi, const char *when) {
     const kvc_unified *c = &t->c;
     const size_t size = c->cells.size;
-    for (uint32_t l = 0; l < c->n_layer && t->k[l]; l++) {
+    for (uint32_t l = 0; l < c->n_layer && t->mem.k[l]; l++) {
         const size_t kr = c->layers[l].k_row_bytes;
-        const uint8_t *mk = m ? m->k[l] : NULL, *mv = m ? m->v[l] : NULL;
-        FUZZ_CHECK(fz_same_or_zero(t->k[l], mk, lo * kr), "%s: K rows of layer %u before the run changed", when, l);
-        FUZZ_CHECK(fz_same_or_zero(t->k[l] + hi * kr, mk ? mk + hi * kr : NULL, (size - hi) * kr),
+        const uint8_t *mk = m ? m->mem.k[l] : NULL, *mv = m ? m->mem.v[l] : NULL;
+        FUZZ_CHECK(fz_same_or_zero(t->mem.k[l], mk, lo * kr), "%s: K rows of layer %u before the run changed", when, l);
+        FUZZ_CHECK(fz_same_or_zero(t->mem.k[l] + hi * kr, mk ? mk + hi * kr : NULL, (size - hi) * kr),
                    "%s: K rows of layer %u after the run changed", when, l);
         if (c->v_trans) {
             const size_t el = v_elem(c);
             for (uint32_t j = 0; j < c->layers[l].n_embd_v; j++) {
                 const size_t row = (size_t)j * size * el;
-                FUZZ_CHECK(fz_same_or_zero(t->v[l] + row, mv ? mv + row : NULL, lo * el) &&
-                           fz_same_or_zero(t->v[l] + row + hi * el, mv ? mv + row + hi * el : NULL, (size - hi) * el),
+                FUZZ_CHECK(fz_same_or_zero(t->mem.v[l] + row, mv ? mv + row : NULL, lo * el) &&
+                           fz_same_or_zero(t->mem.v[l] + row + hi * el, mv ? mv + row + hi * el : NULL, (size - hi) * el),
                            "%s: V row %u of layer %u changed outside the run", when, j, l);
             }
         } else {
             const size_t vr = c->layers[l].v_row_bytes;
-            FUZZ_CHECK(fz_same_or_zero(t->v[l], mv, lo * vr) &&
-                       fz_same_or_zero(t->v[l] + hi * vr, mv ? mv + hi * vr : NULL, (size - hi) * vr),
+            FUZZ_CHECK(fz_same_or_zero(t->mem.v[l], mv, lo * vr) &&
+                       fz_same_or_zero(t->mem.v[l] + hi * vr, mv ? mv + hi * vr : NULL, (size - hi) * vr),
                        "%s: V rows of layer %u changed outside the run", when, l);
         }
     }
