@@ -19,10 +19,10 @@
 #define KVC_PREFETCH(p) ((void)(p))
 #endif
 
-/* Rows a transposed move runs on are larger than the caches and every one is scattered over;
- * the hardware does not see far enough ahead, so each row's blocks are fetched while the row
- * KVC_COLS_AHEAD before it (the vector path) or the pass of four rows before it (the scalar
- * path) is being moved. Without it the moves run at about two thirds of the speed. */
+/* A transposed move reads and writes lines all over each row, in an order the hardware
+ * prefetchers do not follow; so while a row is moved, the blocks of the row KVC_COLS_AHEAD
+ * further on (vector path), or of the next pass of four rows (scalar path), are prefetched.
+ * Without it the moves ran at about two thirds of the speed. */
 #define KVC_COLS_AHEAD 2u
 
 /* One chunk of a row (64 bytes: lanes elements) filled from a window of two chunks of the same
