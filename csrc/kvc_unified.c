@@ -864,7 +864,8 @@ typedef struct kvc_move_job {
     uint32_t           l0, l1;
     const uint32_t    *runs;
     uint32_t           n_runs;
-    const kvc_cols    *cols;    /* the moved cells as columns of a transposed V */
+    const kvc_cols    *cols;    /* the moved cells as columns of a transposed V (2- or 4-byte
+                                 * elements), NULL otherwise */
     bool               stream;
 } kvc_move_job;
 
@@ -890,7 +891,7 @@ static void kvc_move_layers(void *arg) {
                 const uint32_t *u = runs + 3 * q;
                 kvc_copy(ly->v + u[1] * ly->v_row_bytes, ly->v + u[0] * ly->v_row_bytes, u[2] * ly->v_row_bytes, stream);
             }
-        } else if (el == 2 || el == 4) {
+        } else if (j->cols) {
             kvc_cols_apply(j->cols, ly->v, size * el, ly->n_embd_v);
         } else {
             for (uint32_t e = 0; e < ly->n_embd_v; e++) {
@@ -917,6 +918,8 @@ void kvc_unified_defrag_move(kvc_unified *c) {
         const kvc_layer *ly = &c->layers[l];
         row_bytes += (ly->k ? ly->k_row_bytes : 0) + (ly->v && !c->v_trans ? ly->v_row_bytes : 0);
     }
+    /* a transposed V of 2- or 4-byte elements moves as columns (kvc_cols), from a pair list */
+    const bool by_cols = c->v_trans && (el == 2 || el == 4);
     uint32_t *runs = NULL, *pairs = NULL;
     if (n_runs) {
         runs = kvc_malloc((size_t)n_runs * 3 * sizeof *runs);
@@ -926,12 +929,12 @@ void kvc_unified_defrag_move(kvc_unified *c) {
         for (uint32_t q = 0; q < n_runs; q++) {
             n_moved += runs[3 * q + 2];
         }
-        if (c->v_trans) {
+        if (by_cols) {
             pairs = kvc_malloc((size_t)n_moved * 2 * sizeof *pairs);
         }
     }
 
-    if (runs && (pairs || !c->v_trans) && kvc_runs_disjoint(runs, n_runs, c->cells.size)) {
+    if (runs && (pairs || !by_cols) && kvc_runs_disjoint(runs, n_runs, c->cells.size)) {
         /* moves larger than the caches write their destinations straight to memory */
         const bool stream = (size_t)n_moved * row_bytes >= KVC_STREAM_BYTES;
         for (uint32_t q = 0, k = 0; pairs && q < n_runs; q++) {
@@ -945,12 +948,12 @@ void kvc_unified_defrag_move(kvc_unified *c) {
          * flight, and each core adds its own) */
         const unsigned n_jobs = stream ? kvc_min_u32(kvc_parallel_width(), c->n_layer) : 1;
         kvc_cols cols;
-        kvc_cols_init(&cols, pairs, pairs ? n_moved : 0, c->cells.size, (uint32_t)el);
+        kvc_cols_init(&cols, pairs, by_cols ? n_moved : 0, c->cells.size, (uint32_t)el);
         kvc_move_job jobs[KVC_MAX_THREADS];
         for (unsigned t = 0; t < n_jobs; t++) {
             jobs[t] = (kvc_move_job){ c, (uint32_t)((uint64_t)c->n_layer * t / n_jobs),
                                       (uint32_t)((uint64_t)c->n_layer * (t + 1) / n_jobs),
-                                      runs, n_runs, &cols, stream };
+                                      runs, n_runs, by_cols ? &cols : NULL, stream };
         }
         kvc_parallel(kvc_move_layers, jobs, sizeof jobs[0], n_jobs);
         kvc_cols_free(&cols);
