@@ -7,10 +7,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from kvcache._core import RecurrentCache, StateError, UBatch
-from kvcache.conformance import Divergence, compare, unsupported
+from kvcache import RecurrentCache, StateError, UBatch
+from kvcache.conformance import Divergence, compare, expected_exception, unsupported
 
-_INVALID = {"exception": "invalid_argument"}
 
 
 def make_cache(config: dict) -> RecurrentCache:
@@ -125,16 +124,17 @@ def replay(config: dict, ops: Iterator[tuple[int, dict]], strict_log: bool = Fal
     cache = make_cache(config)
     for i, op in ops:
         exp = op["expect"]
+        raises = expected_exception(i, op)
         try:
             got = _run(cache, i, op, strict_log)
         except Divergence:
             raise
-        except (ValueError, TypeError) as e:
-            if exp == _INVALID:
+        except (ValueError, TypeError, IndexError) as e:
+            if raises is not None and isinstance(e, raises):
                 continue
             raise Divergence(i, op.get("op", "?"), "exception", exp, f"{type(e).__name__}: {e}") from e
-        if exp == _INVALID:
-            raise Divergence(i, op.get("op", "?"), "exception", _INVALID, got)
+        if raises is not None:
+            raise Divergence(i, op.get("op", "?"), "exception", exp, got)
         for key in exp:
             compare(i, op, key, exp[key], got.get(key))
         for key in got:
