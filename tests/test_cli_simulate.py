@@ -286,6 +286,8 @@ BAD = [
     (["--steps", "x"], "whole number"),
     (["--arrival-rate", "-1"], ">= 0"),
     (["--arrival-rate", "inf"], "finite"),
+    (["--arrival-rate", "1e9"], "at most 1000000 are simulated"),
+    (["--arrival-rate", "2e5", "--steps", "6"], "at most 1000000 are simulated"),
     (["--prefix-share", "1.5"], "[0, 1]"),
     (["--prefix-len", "-3"], ">= 0"),
     (["--prefix-len", "600", "--n-ctx", "512"], "leaves no room"),

@@ -43,6 +43,9 @@ FRAGMENTATION_FORMULA = "max(0, 1 - (used + n_pad) / n)  (llama.cpp's defrag_sch
 # Largest graph of a llama.cpp context (graph_max_nodes); bounds the moves of one defrag plan.
 _MAX_NODES = 65536
 _PREFIX_SEQ = 0
+# Requests a run may expect (arrival_rate * steps): each one waiting is kept in memory, and each
+# step draws its arrivals one by one.
+MAX_ARRIVALS = 1_000_000
 
 
 @dataclass
@@ -78,6 +81,10 @@ class SimConfig:
         need(1 <= self.n_seq_max <= MAX_SEQ, f"n_seq_max = {self.n_seq_max} must be in [1, {MAX_SEQ}]")
         need(math.isfinite(self.arrival_rate) and self.arrival_rate >= 0,
              f"arrival_rate = {self.arrival_rate} must be a finite number >= 0")
+        expected = self.arrival_rate * self.steps
+        need(expected <= MAX_ARRIVALS,
+             f"arrival_rate = {self.arrival_rate} over {self.steps} steps expects {expected:.3g} requests; at most "
+             f"{MAX_ARRIVALS} are simulated (each waiting request is kept): lower the arrival rate or the steps")
         need(0.0 <= self.prefix_share <= 1.0, f"prefix_share = {self.prefix_share} must be in [0, 1]")
         need(self.prefix_len >= 0, f"prefix_len = {self.prefix_len} must be >= 0")
         need(self.dist in LENGTH_DISTS, f"dist = {self.dist!r}: expected one of {', '.join(LENGTH_DISTS)}")
