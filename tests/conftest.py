@@ -77,3 +77,17 @@ def kvcache_env(**extra) -> dict:
     env = dict(os.environ, **extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH", "")) if p)
     return env
+
+
+def wait_for_waiters(obj, n, timeout=600.0):
+    """Return once n threads are blocked waiting for the lock of obj (a cache, Batch or
+    SWAPending); fails after timeout seconds. Lets a test see that a thread really waits,
+    instead of assuming it has got there."""
+    import time
+
+    from kvcache import _core
+
+    end = time.monotonic() + timeout
+    while _core._lock_state(obj)["waiting"] < n:
+        assert time.monotonic() < end, "no thread came to wait for the lock"
+        time.sleep(0.001)

@@ -323,7 +323,7 @@ BAD = [
     (["--n-layer", "2", "--n-embd-k-gqa", "3x"], "comma list"),
     (["--n-layer", "2", "--n-embd-k-gqa", "-4"], ">= 0"),
     (["--n-layer", "3", "--n-embd-k-gqa", "32,32"], "2 entries"),
-    (["--n-layer", "2", "--n-embd-k-gqa", "32", "--type-k", "q2_k"], "unknown ggml type"),
+    (["--n-layer", "2", "--n-embd-k-gqa", "32", "--type-k", "q2_k"], "unknown type"),
     (["--n-layer", "2", "--n-embd-k-gqa", "32", "--type-v", "q8_0"], "needs flash attention"),
     (["--n-layer", "2", "--n-embd-k-gqa", "16", "--type-k", "q8_0", "-fa"], "not a multiple"),
     (["--n-layer", "2", "--n-embd-k-gqa", "32", "--n-seq-max", "65"], "n_seq_max = 65"),
