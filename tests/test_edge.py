@@ -28,9 +28,20 @@ except ImportError:  # pragma: no cover - depends on the environment
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
 
+_PRELUDE = textwrap.dedent("""
+    import numpy as np, kvcache
+    from kvcache import UBatch, UnifiedCache
+
+    def lying(a, **claims):
+        # a viewed as an ndarray subclass whose properties claim what they are given
+        cls = type("Lying", (np.ndarray,), {k: property(lambda self, v=v: v) for k, v in claims.items()})
+        return a.view(cls)
+""")
+
+
 def run_isolated(code):
     """Run code in a fresh interpreter; returns its stdout (fails on a crash or an error)."""
-    prog = "import numpy as np, kvcache\nfrom kvcache import UBatch, UnifiedCache\n" + textwrap.dedent(code)
+    prog = _PRELUDE + textwrap.dedent(code)
     r = subprocess.run([sys.executable, "-c", prog], env=kvcache_env(), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
@@ -91,28 +102,11 @@ def test_store_rows_whose_views_call_find_slot():
 
 # --- attributes that lie about the memory -----------------------------------------------------------
 
-class _LyingShape(np.ndarray):
-    """Claims a shape (and size) larger than its memory."""
-    fake = None
-
-    @property
-    def shape(self):
-        return type(self).fake
-
-    @property
-    def nbytes(self):
-        return int(np.prod(type(self).fake)) * self.itemsize
-
-
 def test_kq_mask_out_with_a_lying_shape_is_refused():
     out = run_isolated("""
-        class Lying(np.ndarray):
-            @property
-            def shape(self):
-                return (64, 4096)
         cache = UnifiedCache(4096, 1, 8, 8)
         cache.set_full()
-        out = np.zeros((64, 32), np.float32).view(Lying)
+        out = lying(np.zeros((64, 32), np.float32), shape=(64, 4096))
         try:
             cache.kq_mask(UBatch([1], [0]), out=out)
         except ValueError as e:
@@ -123,13 +117,9 @@ def test_kq_mask_out_with_a_lying_shape_is_refused():
 
 def test_store_rows_with_a_lying_shape_are_refused():
     out = run_isolated("""
-        class Lying(np.ndarray):
-            @property
-            def shape(self):
-                return (4000, 8)
         cache = UnifiedCache(4096, 1, 8, 8, type_k="f32", type_v="f32", v_trans=False)
         assert cache.find_slot(UBatch(list(range(4000)), [0] * 4000))
-        rows = np.ones((1, 8), np.float32).view(Lying)
+        rows = lying(np.ones((1, 8), np.float32), shape=(4000, 8))
         try:
             cache.store(0, rows, rows)
         except ValueError as e:
@@ -140,19 +130,11 @@ def test_store_rows_with_a_lying_shape_are_refused():
 
 def test_rope_shift_with_a_lying_array_interface_is_refused():
     out = run_isolated("""
-        class Lying(np.ndarray):
-            @property
-            def __array_interface__(self):
-                d = dict(np.ndarray.__array_interface__.__get__(self))
-                d["data"] = (8, False)
-                return d
-            @property
-            def shape(self):
-                return (1 << 20, 16)
-        k = np.zeros((4, 16), np.float32).view(Lying)
-        p = kvcache.RopeParams(16)
+        k = lying(np.zeros((4, 16), np.float32), shape=(1 << 20, 16),
+                  __array_interface__={"data": (8, False), "shape": (1 << 20, 16), "typestr": "<f4", "version": 3})
         try:
-            kvcache.rope_shift(k, "f32", 1, 16, np.ones(4, np.int32), p)
+            # a shift for every row the lie claims
+            kvcache.rope_shift(k, "f32", 1, 16, np.ones(1 << 20, np.int32), kvcache.RopeParams(16))
         except ValueError as e:
             print("refused", e)
         else:
@@ -180,23 +162,21 @@ def test_rope_shift_uses_the_real_memory():
 def test_borrowed_buffer_with_lying_nbytes_is_refused():
     out = run_isolated("""
         class Lying(np.ndarray):
-            @property
-            def nbytes(self):
-                return 1 << 23
-            @property
-            def shape(self):
-                return (1 << 22,)
-        small = np.zeros(64, np.float16).view(Lying)
+            nbytes = property(lambda self: 4096 * 8 * 2)      # what the layer needs
+            shape = property(lambda self: (4096 * 8,))
+            def reshape(self, *shape, **kw):
+                return self
+        v = np.zeros(4096 * 8, np.float16)
+        small = np.zeros(64, np.float16).view(Lying)           # 128 bytes
         try:
-            c = UnifiedCache(4096, 1, 8, 8, buffers={0: (small, small)})
+            c = UnifiedCache(4096, 1, 8, 8, buffers={0: (small, v)})
         except ValueError as e:
             print("refused", e)
         else:
-            c.clear()
+            c.clear()                                          # zeroes what it was given
             print("accepted")
     """)
-    assert out.startswith("refused")
-
+    assert out.startswith("refused") and "holds 128 bytes" in out
 
 def test_objects_that_only_claim_memory_are_not_arrays():
     """An object with a forged __array_interface__ (no buffer of its own) is refused where the

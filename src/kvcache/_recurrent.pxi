@@ -576,7 +576,8 @@ cdef class _Recurrent(RecurrentCore):
 
         buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes, filled from C
         without an intermediate copy, or a binary file object, written in chunks of bounded
-        size. The cache must not change during the call."""
+        size. The blob is the state of one moment: a change of the cache from the file's write()
+        raises RuntimeError there."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
         target = state_target(buf)      # taken before the lock, like every array argument
         op_begin(&self._lock, False, "state_write_into")

@@ -1124,8 +1124,8 @@ cdef class _Unified(UnifiedCore):
 
         buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes (bytearray,
         numpy array, mmap, memoryview...), filled from C without an intermediate copy; or a
-        binary file object, written in chunks of bounded size. The cache must not change during
-        the call."""
+        binary file object, written in chunks of bounded size. The blob is the state of one
+        moment: a change of the cache from the file's write() raises RuntimeError there."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
         target = state_target(buf)      # taken before the lock, like every array argument
         op_begin(&self._lock, False, "state_write_into")
