@@ -36,6 +36,17 @@ _PRELUDE = textwrap.dedent("""
         # a viewed as an ndarray subclass whose properties claim what they are given
         cls = type("Lying", (np.ndarray,), {k: property(lambda self, v=v: v) for k, v in claims.items()})
         return a.view(cls)
+
+    def finalizing(a, call):
+        # a viewed as a subclass whose __array_finalize__ (run by reshape / view) calls call()
+        # once, after arm() -- the reproducer of the reentrancy crash
+        armed = [False]
+        class Evil(np.ndarray):
+            def __array_finalize__(s, o):
+                if armed[0]:
+                    armed[0] = False
+                    call()
+        return a.view(Evil), lambda: armed.__setitem__(0, True)
 """)
 
 
@@ -54,15 +65,9 @@ def test_kq_mask_out_whose_views_call_find_slot():
     out = run_isolated("""
         cache = UnifiedCache(4096, 1, 8, 8)
         big = UBatch(list(range(10, 4010)), [0] * 4000)
-        arm = [False]
-        class Evil(np.ndarray):
-            def __array_finalize__(s, o):
-                if arm[0]:
-                    arm[0] = False
-                    cache.find_slot(big)
         cache.find_slot(UBatch([0], [0])); cache.commit()
-        out = np.zeros((64, cache.n), np.float32).view(Evil)
-        arm[0] = True
+        out, arm = finalizing(np.zeros((64, cache.n), np.float32), lambda: cache.find_slot(big))
+        arm()
         try:
             got = cache.kq_mask(UBatch([1], [0]), out=out)
         except (RuntimeError, ValueError) as e:
@@ -79,15 +84,9 @@ def test_store_rows_whose_views_call_find_slot():
     out = run_isolated("""
         cache = UnifiedCache(4096, 1, 8, 8, type_k="f32", type_v="f32", v_trans=False)
         big = UBatch(list(range(10, 4010)), [0] * 4000)
-        arm = [False]
-        class Evil(np.ndarray):
-            def __array_finalize__(s, o):
-                if arm[0]:
-                    arm[0] = False
-                    cache.find_slot(big)
         assert cache.find_slot(UBatch([0], [0]))
-        k = np.ones((1, 8), np.float32).view(Evil)
-        arm[0] = True
+        k, arm = finalizing(np.ones((1, 8), np.float32), lambda: cache.find_slot(big))
+        arm()
         try:
             cache.store(0, k, None)
         except (RuntimeError, ValueError) as e:
