@@ -416,3 +416,17 @@ def test_pep688_buffer_objects():
 
     with pytest.raises(ValueError, match="shape"):
         c.kq_mask(kvcache.UBatch([2], [0]), out=Reentering())
+
+
+@needs_torch
+def test_recurrent_store_quantize_and_rope_factors_take_tensors():
+    c = kvcache.RecurrentCache(2, 1, 8, 8)
+    assert c.find_slot(kvcache.UBatch([0, 1], [0], n_seq_tokens=2))
+    c.store(0, torch.ones(1, 8), torch.full((1, 8), 2.0))
+    assert c.k(0)[c.head].tolist() == [1.0] * 8 and c.v(0)[c.head].tolist() == [2.0] * 8
+    x = torch.randn(2, 32)
+    q = kvcache.quantize(x, "q8_0")
+    assert np.array_equal(q, kvcache.quantize(x.numpy(), "q8_0"))
+    assert np.array_equal(kvcache.dequantize(torch.from_numpy(q), "q8_0", 32), kvcache.dequantize(q, "q8_0", 32))
+    p = kvcache.RopeParams(8, freq_factors=torch.tensor([1.0, 2.0, 4.0, 8.0]))
+    assert p.freq_factors.tolist() == [1.0, 2.0, 4.0, 8.0]

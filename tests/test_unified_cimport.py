@@ -20,19 +20,21 @@ EXT_SOURCE = textwrap.dedent("""
 
     def fill(UnifiedCore c, UBatch ub, int rounds):
         '''Place ub `rounds` times at consecutive positions without the GIL.'''
-        cdef int i, r, placed = 0
-        cdef int32_t pmax
-        if c.lock_c() != 0:     # the *_c methods do not lock: the caller serializes
-            return None         # (refused: called back from inside an operation on c)
-        with nogil:
-            for i in range(rounds):
-                r = c.find_slot_c(&ub.c)
-                if r != 1:
-                    break
-                c.commit_c()
-                placed += 1
-            pmax = c.seq_pos_max_c(0)
-            c.unlock_c()
+        cdef int i, r, locked, placed = 0
+        cdef int32_t pmax = -1
+        with nogil:                 # the lock is waited for without the GIL
+            locked = c.lock_c()     # the *_c methods do not lock: the caller serializes
+            if locked == 0:
+                for i in range(rounds):
+                    r = c.find_slot_c(&ub.c)
+                    if r != 1:
+                        break
+                    c.commit_c()
+                    placed += 1
+                pmax = c.seq_pos_max_c(0)
+                c.unlock_c()
+        if locked != 0:
+            return None             # refused: called back from inside an operation on c
         return placed, pmax, c.head_c(), c.n_c(), c.used_c()
 
     def lock(UnifiedCore c):

@@ -8,7 +8,7 @@ _SPLIT_MODES = {"simple": KVC_SPLIT_SIMPLE, "equal": KVC_SPLIT_EQUAL, "seq": KVC
 
 cdef uint32_t _as_n_ubatch(object n_ubatch) except? 0:
     # any size beyond the batch takes as much as a size equal to it
-    return <uint32_t>min(int_c(n_ubatch, "n_ubatch", 1, 2**62), <long long>UINT32_MAX)
+    return <uint32_t>min(int_c(n_ubatch, "n_ubatch", 1, LLONG_MAX), <long long>UINT32_MAX)
 
 
 cdef class SplitUBatch(UBatch):

@@ -248,8 +248,17 @@ cdef int lock_change(kvc_pylock *l, str what) except -1:
 MAX_SEQ = KVC_MAX_SEQ   # sequence ids of a cache lie in [0, n_seq_max), n_seq_max <= MAX_SEQ
 
 
+cdef object _NP_INTEGER = np.integer
+cdef object _NP_BOOL = np.bool_
+
+
 cdef inline bint _is_bool(object v):
-    return PyBool_Check(v) or isinstance(v, np.bool_)
+    return PyBool_Check(v) or isinstance(v, _NP_BOOL)
+
+
+cdef inline bint _is_int(object v):
+    """An int (not a bool) or a numpy integer."""
+    return (PyLong_Check(v) and not PyBool_Check(v)) or isinstance(v, _NP_INTEGER)
 
 
 cdef long long int_c(object v, str name, long long lo, long long hi) except? -1:
@@ -257,17 +266,16 @@ cdef long long int_c(object v, str name, long long lo, long long hi) except? -1:
     outside the bounds)."""
     cdef int overflow = 0
     cdef long long r
-    if _is_bool(v):
+    if PyLong_Check(v) and not PyBool_Check(v):
+        r = PyLong_AsLongLongAndOverflow(v, &overflow)      # an int subclass: its value, no method
+    elif isinstance(v, _NP_INTEGER):
+        r = PyLong_AsLongLongAndOverflow(PyNumber_Index(v), &overflow)
+    elif _is_bool(v):
         raise TypeError(f"{name} must be an int, not bool")
-    if PyLong_Check(v):
-        iv = v
-    elif isinstance(v, np.integer):
-        iv = PyNumber_Index(v)
     else:
         raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    r = PyLong_AsLongLongAndOverflow(iv, &overflow)
     if overflow or r < lo or r > hi:
-        raise ValueError(f"{name} = {int(iv)} is outside [{lo}, {hi}]")
+        raise ValueError(f"{name} = {int(PyNumber_Index(v))} is outside [{lo}, {hi}]")
     return r
 
 
@@ -291,8 +299,8 @@ cdef inline int32_t pos_c(object v, str name) except? -2:
 
 cdef inline int32_t seq_c(object v, uint32_t n_seq_max, str name, bint allow_any) except? -2:
     """A sequence id in [0, n_seq_max), or -1 when allow_any."""
-    cdef long long s = int_c(v, name, -2**62, 2**62)
-    if s < 0 or s >= n_seq_max:
+    cdef long long s = int_c(v, name, LLONG_MIN, LLONG_MAX)
+    if s < 0 or s >= <long long>n_seq_max:
         if not (allow_any and s == -1):
             raise ValueError(f"{name} = {s} is outside [{-1 if allow_any else 0}, {n_seq_max})")
     return <int32_t>s
@@ -309,8 +317,8 @@ cdef const kvc_type_info *type_c(object t, str name) except NULL:
     cdef long long i
     if isinstance(t, str):
         info = kvc_type_by_name(t.lower().encode("ascii", "replace"))
-    elif (PyLong_Check(t) or isinstance(t, np.integer)) and not _is_bool(t):
-        i = int_c(t, name, -2**62, 2**62)
+    elif _is_int(t):
+        i = int_c(t, name, LLONG_MIN, LLONG_MAX)
         if INT32_MIN <= i <= INT32_MAX:
             info = kvc_type_get(<int32_t>i)
     else:
@@ -333,7 +341,7 @@ def widths_arg(v, n_layer, name, hi=0x7FFFFFFF):
     [0, hi]; a tuple of ints."""
     cdef Py_ssize_t n = <Py_ssize_t>int_c(n_layer, "n_layer", 0, 0x7FFFFFFF)
     cdef long long top = hi
-    if (PyLong_Check(v) or isinstance(v, np.integer)) and not _is_bool(v):
+    if _is_int(v):
         return (int_c(v, name, 0, top),) * n
     if isinstance(v, (str, bytes)) or _is_bool(v):
         raise TypeError(f"{name} must be an int or a sequence of ints, not {type(v).__name__}")
@@ -383,7 +391,7 @@ cdef list seq_lists_c(object seq_id, Py_ssize_t n_entries, str unit):
     cdef Py_ssize_t t
     for t in range(n_entries):
         e = entries[t]
-        if (PyLong_Check(e) or isinstance(e, np.integer)) and not _is_bool(e):
+        if _is_int(e):
             lists.append([_seq_id_c(e, t)])
             continue
         if isinstance(e, (str, bytes)) or _is_bool(e):
@@ -402,7 +410,7 @@ cdef int _seq_id_c(object x, Py_ssize_t t) except -1:
     """One sequence id of entry t, in [0, MAX_SEQ)."""
     cdef int overflow = 0
     cdef long long s
-    if not (PyLong_Check(x) or isinstance(x, np.integer)) or _is_bool(x):
+    if not _is_int(x):
         raise TypeError(f"seq_id[{t}] holds {x!r}, not an int")
     iv = PyNumber_Index(x)
     s = PyLong_AsLongLongAndOverflow(iv, &overflow)
@@ -462,7 +470,7 @@ cdef object values_c(object v, str name, int kind, bint nd=False):
         x = items[i]
         if kind == VALUES_FLAG and _is_bool(x):
             out[i] = 1 if x else 0
-        elif (PyLong_Check(x) or isinstance(x, np.integer)) and not _is_bool(x):
+        elif _is_int(x):
             out[i] = int_c(x, f"{name}[{i}]", LLONG_MIN, LLONG_MAX)
         elif isinstance(x, (list, tuple)) or PyObject_CheckBuffer(x):
             raise ValueError(f"{name} must be one-dimensional ({name}[{i}] is a sequence)")

@@ -6,8 +6,9 @@
 # the lock among it, is private to kvcache._core, where the methods run, reached through the
 # vtable). The methods neither validate nor raise: sequence ids must lie in [0, n_seq_max)
 # (-1 allowed for seq_rm_c), ubatches must have passed UBatch.check. They do not lock either:
-# the caller serializes, with lock_c() ... unlock_c() around them (from any thread, without the
-# GIL; reentrant for the holder), unless the cache is used by one thread only.
+# the caller serializes, with lock_c() ... unlock_c() around them (from any thread; lock_c() is
+# called without the GIL, since it may wait; reentrant for the holder), unless the cache is used
+# by one thread only.
 
 from libc.stdint cimport int32_t, uint32_t
 from kvcache.includes.kvc_common cimport kvc_ubatch

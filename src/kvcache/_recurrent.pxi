@@ -8,9 +8,9 @@ import warnings as _warnings
 
 cdef object _rec_layer_view(_Recurrent cache, list bufs, object il, bint is_k):
     """Layer il's K or V memory viewed as one row per cell."""
-    if not (PyLong_Check(il) or isinstance(il, np.integer)) or _is_bool(il):
+    if not _is_int(il):
         raise TypeError(f"il must be an int, not {type(il).__name__}")
-    cdef long long i = int_c(il, "il", -2**62, 2**62)
+    cdef long long i = int_c(il, "il", LLONG_MIN, LLONG_MAX)
     if not 0 <= i < cache.c.n_layer:
         raise IndexError(f"il = {i} is outside [0, {cache.c.n_layer})")
     if cache._buffers == "none":

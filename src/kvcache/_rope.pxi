@@ -38,7 +38,7 @@ cdef dict _rope_layer_map(object v, str argname):
             raise TypeError(f"{argname} must be a dict {{layer: value}} or a list, not {type(v).__name__}") from None
     for il, x in items:
         try:
-            layer = int_c(il, f"{argname}: layer", 0, 2**62)
+            layer = int_c(il, f"{argname}: layer", 0, LLONG_MAX)
         except TypeError:
             raise ValueError(f"{argname}: layer {il!r} is not a non-negative int") from None
         if x is None:
@@ -72,7 +72,7 @@ cdef class RopeParams:
     def __cinit__(self, n_rot, mode=0, n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0,
                   ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0,
                   freq_factors=None, layer_freq_base=None, layer_freq_scale=None):
-        n_rot = int_c(n_rot, "n_rot", -2**62, 2**62)
+        n_rot = int_c(n_rot, "n_rot", LLONG_MIN, LLONG_MAX)
         if n_rot < 0 or n_rot % 2 or n_rot > 1 << 20:
             raise ValueError(f"n_rot = {n_rot} must be a non-negative even number")
         if isinstance(mode, str):
@@ -361,8 +361,7 @@ def dequantize(raw, type, n):
     ``raw`` is a uint8 array (any other dtype is taken as its bytes) or a bytes-like object
     holding one row."""
     cdef const kvc_type_info *info = type_c(type, "type")
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
-        raise TypeError(f"n must be an int, not {n.__class__.__name__}")
+    n = int_c(n, "n", -1, 1 << 40)
     if n < 0 or n % info.blck_size:
         raise ValueError(f"n = {n} is not a non-negative multiple of the "
                          f"{info.name.decode()} block size {info.blck_size}")

@@ -64,9 +64,9 @@ cdef int _check_rope(object rope, tuple head_k, tuple kept, str name) except -1:
 
 
 cdef uint32_t _layer_index(_Unified self, object il) except? 0xFFFFFFFF:
-    if not (PyLong_Check(il) or isinstance(il, np.integer)) or _is_bool(il):
+    if not _is_int(il):
         raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
-    ikv = self._ikv.get(int_c(il, "il", -2**62, 2**62))
+    ikv = self._ikv.get(int_c(il, "il", LLONG_MIN, LLONG_MAX))
     if ikv is None:
         raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(self._layers)})")
     return <uint32_t>ikv
