@@ -312,13 +312,11 @@ class CellTable:
 
     def pos_min(self, seq_id: int) -> int:
         """Smallest position of ``seq_id`` over the cells, -1 when it has none."""
-        ps = [self.pos[i] for i in range(self.size) if seq_id in self.seq[i]]
-        return min(ps) if ps else -1
+        return min((p for p, ss in zip(self.pos, self.seq) if seq_id in ss), default=-1)
 
     def pos_max(self, seq_id: int) -> int:
         """Largest position of ``seq_id`` over the cells, -1 when it has none."""
-        ps = [self.pos[i] for i in range(self.size) if seq_id in self.seq[i]]
-        return max(ps) if ps else -1
+        return max((p for p, ss in zip(self.pos, self.seq) if seq_id in ss), default=-1)
 
     # --- inputs of the attention graph ------------------------------------------------------
 

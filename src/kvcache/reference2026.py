@@ -295,7 +295,8 @@ class UnifiedReference2026:
         pos, groups, nst = check_ubatch(ub, self._n_seq_max)
         if not pos:
             raise ValueError("the ubatch has no tokens")
-        ids = [sorted(set(groups[t // nst])) for t in range(len(pos))]
+        # a token's ids as listed (duplicates dropped): the mask follows its first one
+        ids = [list(dict.fromkeys(groups[t // nst])) for t in range(len(pos))]
         if self._n_stream == 1:
             return pos, ids, [(0, list(range(len(pos))))]
         unq: list[int] = []
@@ -318,7 +319,8 @@ class UnifiedReference2026:
     def _usable(self, t: CellTable, i: int) -> bool:
         if t.is_empty(i):
             return True
-        if len(t.seq[i]) != 1:
+        # a used cell is reused only once the window of its one sequence has left it
+        if len(t.seq[i]) != 1 or self._swa_type == "none":
             return False
         (q,) = t.seq[i]
         return t.is_masked_swa(t.pos[i], t.pos_max(q) + 1)
