@@ -69,7 +69,7 @@ from kvcache.conformance import Divergence, unsupported
 from kvcache.conformance.common import blob_fields, fill, read_state, replay_ops
 
 __all__ = ["Target", "cache_arguments", "reference_target", "kvcache_target", "kvcache_supports_2026",
-           "default_target", "TARGETS", "replay"]
+           "default_target", "TARGETS", "apply_op", "check_config", "replay"]
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,9 @@ def _mask_fields(m: np.ndarray) -> dict:
             "visible": [np.flatnonzero(row == 0.0).tolist() for row in flat]}
 
 
-def _run(cache: Any, target: Target, config: dict, index: int, op: dict) -> dict | None:
-    """Apply one op; return the fields to compare with its expect."""
+def apply_op(cache: Any, target: Target, config: dict, index: int, op: dict) -> dict | None:
+    """Apply op number ``index`` of a trace to ``cache`` (made by ``target``); return the
+    fields to compare with its ``expect``. Raises Divergence for an op it does not know."""
     name = op["op"]
 
     def ub(o: dict) -> Any:
@@ -224,7 +225,9 @@ def _run(cache: Any, target: Target, config: dict, index: int, op: dict) -> dict
     return {}
 
 
-def _check_config(cache: Any, config: dict) -> None:
+def check_config(cache: Any, config: dict) -> None:
+    """Raise Divergence when a trace's config asks what the replay does not do (ALiBi masks)
+    or the cache disagrees with it (its stream count)."""
     if config.get("use_alibi"):
         raise Divergence(0, "header", "config.use_alibi", "supported", "ALiBi masks are not replayed")
     if cache.n_stream != config["n_stream"]:
@@ -236,5 +239,5 @@ def replay(config: dict, ops: Iterator[tuple[int, dict]], target: Target | None 
     :func:`default_target`); raise Divergence at the first mismatch."""
     target = target or default_target()
     cache = target.make_cache(config)
-    _check_config(cache, config)
-    replay_ops(ops, lambda index, op: _run(cache, target, config, index, op))
+    check_config(cache, config)
+    replay_ops(ops, lambda index, op: apply_op(cache, target, config, index, op))
