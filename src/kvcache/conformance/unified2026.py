@@ -80,11 +80,11 @@ class Target:
     config; ``make_ubatch(pos, seq_id)``: a ubatch in the form that cache takes."""
 
     name: str
-    make_cache: Callable[[dict], Any]
+    make_cache: Callable[[dict[str, Any]], Any]
     make_ubatch: Callable[[Sequence[int], Sequence[Sequence[int]]], Any]
 
 
-def cache_arguments(config: dict) -> dict:
+def cache_arguments(config: dict[str, Any]) -> dict[str, Any]:
     """The constructor arguments of the cache a trace header's config describes."""
     return dict(
         kv_size=config["kv_size"], n_layer=config["n_layer"],
@@ -108,12 +108,17 @@ def kvcache_target() -> Target:
     return Target("kvcache.UnifiedCache", lambda config: UnifiedCache(**cache_arguments(config)), UBatch)
 
 
+# a small cache of the 2026 semantics, to find out whether the C-backed cache has them
+_PROBE: dict[str, Any] = {"kv_size": 256, "n_layer": 1, "n_embd_k_gqa": 32, "n_embd_v_gqa": 32, "n_pad": 1,
+                          "semantics": "2026"}
+
+
 @lru_cache(maxsize=1)
 def kvcache_supports_2026() -> bool:
     """Whether this kvcache's ``UnifiedCache`` takes ``semantics="2026"``."""
     from kvcache import UnifiedCache
     try:
-        UnifiedCache(kv_size=256, n_layer=1, n_embd_k_gqa=32, n_embd_v_gqa=32, n_pad=1, semantics="2026")
+        UnifiedCache(**_PROBE)
     except (TypeError, ValueError, NotImplementedError):
         return False
     return True
@@ -138,15 +143,15 @@ def _bytes_sha256(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 
 
-def _slot_fields(slot: Sequence[tuple[int, np.ndarray]]) -> dict:
+def _slot_fields(slot: Sequence[tuple[int, np.ndarray]]) -> dict[str, Any]:
     return {"strm": [int(s) for s, _ in slot], "idxs": [[int(c) for c in cells] for _, cells in slot]}
 
 
-def _stream_fields(cache: Any) -> dict:
+def _stream_fields(cache: Any) -> dict[str, Any]:
     return {"heads": list(cache.heads), "used": list(cache.used_per_stream), "n_kv": list(cache.n_kv_per_stream)}
 
 
-def _check_fields(cache: Any) -> dict:
+def _check_fields(cache: Any) -> dict[str, Any]:
     cells = [[s, *cell] for s, snap in enumerate(cache.cells()) for cell in snap.nonempty()]
     return {
         **_stream_fields(cache),
@@ -157,19 +162,19 @@ def _check_fields(cache: Any) -> dict:
     }
 
 
-def _mask_fields(m: np.ndarray) -> dict:
+def _mask_fields(m: np.ndarray) -> dict[str, Any]:
     streams, rows, cols = m.shape
     flat = m.reshape(streams * rows, cols)
     return {"rows": rows, "cols": cols, "streams": streams, "sha256": _sha256(m, "<f4"),
             "visible": [np.flatnonzero(row == 0.0).tolist() for row in flat]}
 
 
-def apply_op(cache: Any, target: Target, config: dict, index: int, op: dict) -> dict | None:
+def apply_op(cache: Any, target: Target, config: dict[str, Any], index: int, op: dict[str, Any]) -> dict[str, Any] | None:
     """Apply op number ``index`` of a trace to ``cache`` (made by ``target``); return the
     fields to compare with its ``expect``. Raises Divergence for an op it does not know."""
     name = op["op"]
 
-    def ub(o: dict) -> Any:
+    def ub(o: dict[str, Any]) -> Any:
         return target.make_ubatch(o["pos"], o["seq_id"])
 
     if name == "find_slot":
@@ -225,7 +230,7 @@ def apply_op(cache: Any, target: Target, config: dict, index: int, op: dict) -> 
     return {}
 
 
-def check_config(cache: Any, config: dict) -> None:
+def check_config(cache: Any, config: dict[str, Any]) -> None:
     """Raise Divergence when a trace's config asks what the replay does not do (ALiBi masks)
     or the cache disagrees with it (its stream count)."""
     if config.get("use_alibi"):
@@ -234,7 +239,7 @@ def check_config(cache: Any, config: dict) -> None:
         raise Divergence(0, "header", "config.n_stream", config["n_stream"], cache.n_stream)
 
 
-def replay(config: dict, ops: Iterator[tuple[int, dict]], target: Target | None = None) -> None:
+def replay(config: dict[str, Any], ops: Iterator[tuple[int, dict[str, Any]]], target: Target | None = None) -> None:
     """Replay the ops of a 2026 unified trace against a fresh cache of ``target`` (default:
     :func:`default_target`); raise Divergence at the first mismatch."""
     target = target or default_target()
