@@ -142,6 +142,24 @@ def test_a_changed_input_blob_fails_at_the_next_kvhash():
     assert e.value.op == "kvhash" and e.value.index > at + 1
 
 
+@pytest.mark.parametrize("op", [{"op": "commit"}, {"op": "restore"}, {"op": "defrag", "n_max_nodes": 64},
+                                {"op": "k_shift"}, {"op": "clear", "data": False}, {"op": "teleport"}],
+                         ids=["commit", "restore", "defrag", "k_shift", "clear-no-data", "unknown"])
+def test_ops_kvcache_trace_2026_does_not_have_fail_the_replay(op):
+    header, ops = _trace(NAMES[0])
+    with pytest.raises(Divergence) as e:
+        replay(header["config"], iter(enumerate([ops[0], {**op, "expect": {}}], start=1)), reference_target())
+    assert (e.value.index, e.value.field) == (2, "op")
+
+
+def test_a_config_the_target_disagrees_with_fails_at_the_header():
+    header, ops = _trace(NAMES[0])
+    config = {**header["config"], "n_stream": 2}
+    with pytest.raises(Divergence) as e:
+        replay(config, iter(enumerate(ops[:1], start=1)), reference_target())
+    assert (e.value.index, e.value.field) == (0, "config.n_stream")
+
+
 # --- the CLI --------------------------------------------------------------------------------------
 
 def test_cli_names_the_target_and_fails_on_a_divergence(tmp_path):

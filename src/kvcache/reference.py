@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 __all__ = ["UnifiedReference", "CellTable", "RefUBatch", "CellsSnapshot", "relative_position_bucket",
-           "is_masked_swa", "pos_range", "check_swa", "check_divisor", "check_ubatch", "MAX_SEQ", "KQ_MASK_PAD", "POS_MAX"]
+           "is_masked_swa", "pos_range", "check_swa", "check_geometry", "check_divisor", "check_ubatch", "MAX_SEQ", "KQ_MASK_PAD", "POS_MAX"]
 
 MAX_SEQ = 64            # one bit per sequence in a cell
 KQ_MASK_PAD = 64        # mask rows are padded to a multiple of this
@@ -114,6 +114,21 @@ def check_swa(n_swa: int, swa_type: str) -> None:
         raise ValueError(f"swa_type must be one of {SWA_TYPES}, got {swa_type!r}")
     if swa_type != "none" and n_swa <= 0:
         raise ValueError(f"swa_type {swa_type!r} needs n_swa > 0")
+
+
+def check_geometry(kv_size: int, n_pad: int, n_seq_max: int, max_seq: int, n_swa: int, swa_type: str,
+                   n_layer: int) -> None:
+    """Reject cache dimensions llama.cpp aborts on or a cache of up to ``max_seq`` sequences
+    cannot hold."""
+    if kv_size <= 0:
+        raise ValueError(f"kv_size must be positive, got {kv_size}")
+    if n_pad <= 0 or kv_size % n_pad:
+        raise ValueError(f"kv_size = {kv_size} must be a positive multiple of n_pad = {n_pad}")
+    if not 1 <= n_seq_max <= max_seq:
+        raise ValueError(f"n_seq_max must lie in [1, {max_seq}], got {n_seq_max}")
+    check_swa(n_swa, swa_type)
+    if n_layer <= 0:
+        raise ValueError(f"n_layer must be positive, got {n_layer}")
 
 
 def check_divisor(d: int) -> None:
@@ -366,15 +381,7 @@ class UnifiedReference(CellTable):
 
     def __init__(self, kv_size: int, n_seq_max: int = 1, n_pad: int = 32, n_swa: int = 0,
                  swa_type: str = "none", n_layer: int = 1):
-        if kv_size <= 0:
-            raise ValueError(f"kv_size must be positive, got {kv_size}")
-        if n_pad <= 0 or kv_size % n_pad:
-            raise ValueError(f"kv_size = {kv_size} must be a positive multiple of n_pad = {n_pad}")
-        if not 1 <= n_seq_max <= MAX_SEQ:
-            raise ValueError(f"n_seq_max must lie in [1, {MAX_SEQ}], got {n_seq_max}")
-        check_swa(n_swa, swa_type)
-        if n_layer <= 0:
-            raise ValueError(f"n_layer must be positive, got {n_layer}")
+        check_geometry(kv_size, n_pad, n_seq_max, MAX_SEQ, n_swa, swa_type, n_layer)
         super().__init__(kv_size, n_swa, swa_type, empty_keeps_shift=True)
         self.n_seq_max = n_seq_max
         self.n_pad = n_pad

@@ -57,7 +57,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from kvcache._core import StateError, ggml_row_size, ggml_type, quantize, view_dtype
-from kvcache.reference import (CellTable, CellsSnapshot, KQ_MASK_PAD, _pad, check_divisor, check_swa,
+from kvcache.reference import (CellTable, CellsSnapshot, KQ_MASK_PAD, _pad, check_divisor, check_geometry,
                                check_ubatch)
 from kvcache.statefile import _Reader, _view
 
@@ -110,7 +110,13 @@ class UnifiedReference2026:
     type_v="f16", v_trans=True, n_seq_max=1, n_pad=1, n_swa=0, swa_type="none",
     semantics="2026", kv_unified=True, layers=None)`` — the arguments of the C-backed
     ``kvcache.UnifiedCache(semantics="2026")``: ``n_embd_*_gqa`` one int or one per model layer,
-    ``layers`` the model layers kept (None: all), ``kv_size`` cells per stream."""
+    ``layers`` the model layers kept (None: all), ``kv_size`` cells per stream.
+
+    Attributes (as given, not to be changed): ``size`` (cells per stream), ``n_stream`` (1 with
+    ``kv_unified``, else ``n_seq_max``), ``kv_unified``, ``semantics``, ``n_seq_max``, ``n_layer``,
+    ``layers`` (tuple, ascending), ``type_k`` / ``type_v`` (ggml type names), ``v_trans``,
+    ``n_pad`` (at least 256 is applied to ``n_kv``), ``n_swa``, ``swa_type``; ``streams``: the
+    cell table of each stream (:class:`kvcache.reference.CellTable`)."""
 
     def __init__(self, kv_size: int, n_layer: int, n_embd_k_gqa: int | Sequence[int],
                  n_embd_v_gqa: int | Sequence[int], type_k: str | int = "f16", type_v: str | int = "f16",
@@ -120,15 +126,7 @@ class UnifiedReference2026:
         if semantics != "2026":
             raise ValueError(f"this is the model of semantics '2026' (the seed's is "
                              f"kvcache.reference.UnifiedReference), got {semantics!r}")
-        if kv_size <= 0:
-            raise ValueError(f"kv_size must be positive, got {kv_size}")
-        if n_pad <= 0 or kv_size % n_pad:
-            raise ValueError(f"kv_size = {kv_size} must be a positive multiple of n_pad = {n_pad}")
-        if not 1 <= n_seq_max <= LLAMA_MAX_SEQ:
-            raise ValueError(f"n_seq_max must lie in [1, {LLAMA_MAX_SEQ}], got {n_seq_max}")
-        check_swa(n_swa, swa_type)
-        if n_layer <= 0:
-            raise ValueError(f"n_layer must be positive, got {n_layer}")
+        check_geometry(kv_size, n_pad, n_seq_max, LLAMA_MAX_SEQ, n_swa, swa_type, n_layer)
         self._n_embd_k = _per_layer(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
         self._n_embd_v = _per_layer(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
         kept = list(range(n_layer)) if layers is None else [int(il) for il in layers]
@@ -138,104 +136,40 @@ class UnifiedReference2026:
         self._tv = ggml_type(type_v)
         if v_trans and self._tv.blck_size != 1:
             raise ValueError(f"a transposed V needs a type of one element per block, not {self._tv.name}")
-        self._size = kv_size
-        self._n_layer = n_layer
-        self._layers = tuple(kept)
-        self._v_trans = bool(v_trans)
-        self._n_seq_max = n_seq_max
-        self._n_pad = n_pad
-        self._n_swa = n_swa
-        self._swa_type = swa_type
-        self._kv_unified = bool(kv_unified)
-        self._n_stream = 1 if kv_unified else n_seq_max
+        self.size = kv_size
+        self.n_layer = n_layer
+        self.layers = tuple(kept)
+        self.type_k = str(self._tk.name)
+        self.type_v = str(self._tv.name)
+        self.v_trans = bool(v_trans)
+        self.n_seq_max = n_seq_max
+        self.n_pad = n_pad
+        self.n_swa = n_swa
+        self.swa_type = swa_type
+        self.semantics = "2026"
+        self.kv_unified = bool(kv_unified)
+        self.n_stream = 1 if kv_unified else n_seq_max
         self.streams = [CellTable(kv_size, n_swa, swa_type, empty_keeps_shift=False)
-                        for _ in range(self._n_stream)]
+                        for _ in range(self.n_stream)]
         self._pending: list[tuple[int, int]] = []     # queued stream copies (src, dst), in order
         # a transposed V has the widest row of the model in every layer, as llama.cpp pads it
-        self._v_width = max(self._n_embd_v) if self._v_trans else 0
-        rows = self._n_stream * kv_size
+        self._v_width = max(self._n_embd_v) if self.v_trans else 0
+        rows = self.n_stream * kv_size
         self._k = {il: np.zeros((rows, ggml_row_size(self._tk.id, self._n_embd_k[il])), np.uint8)
-                   for il in self._layers}
-        if self._v_trans:
-            self._v = {il: np.zeros((self._n_stream, self._v_width, kv_size, self._tv.type_size), np.uint8)
-                       for il in self._layers}
+                   for il in self.layers}
+        if self.v_trans:
+            self._v = {il: np.zeros((self.n_stream, self._v_width, kv_size, self._tv.type_size), np.uint8)
+                       for il in self.layers}
         else:
             self._v = {il: np.zeros((rows, ggml_row_size(self._tv.id, self._n_embd_v[il])), np.uint8)
-                       for il in self._layers}
+                       for il in self.layers}
         # the slot and token positions of the last successful find_slot, for store()
         self._last: tuple[SlotInfo, list[_Group]] | None = None
-
-    # --- geometry -----------------------------------------------------------------------
-
-    @property
-    def size(self) -> int:
-        """Cells per stream (``kv_size``)."""
-        return self._size
-
-    @property
-    def n_stream(self) -> int:
-        """Number of cell tables: 1 with ``kv_unified``, else ``n_seq_max``."""
-        return self._n_stream
-
-    @property
-    def kv_unified(self) -> bool:
-        """Whether every sequence shares one stream."""
-        return self._kv_unified
-
-    @property
-    def semantics(self) -> str:
-        """``"2026"``."""
-        return "2026"
-
-    @property
-    def n_seq_max(self) -> int:
-        """Valid sequence ids are ``[0, n_seq_max)``."""
-        return self._n_seq_max
-
-    @property
-    def n_layer(self) -> int:
-        """Number of model layers."""
-        return self._n_layer
-
-    @property
-    def layers(self) -> tuple[int, ...]:
-        """The model layers this cache holds, ascending."""
-        return self._layers
-
-    @property
-    def type_k(self) -> str:
-        """ggml type name of K."""
-        return str(self._tk.name)
-
-    @property
-    def type_v(self) -> str:
-        """ggml type name of V."""
-        return str(self._tv.name)
-
-    @property
-    def v_trans(self) -> bool:
-        """Whether V is stored transposed."""
-        return self._v_trans
-
-    @property
-    def n_pad(self) -> int:
-        """The n_kv padding asked for (at least 256 is applied)."""
-        return self._n_pad
-
-    @property
-    def n_swa(self) -> int:
-        """Sliding window size."""
-        return self._n_swa
-
-    @property
-    def swa_type(self) -> str:
-        """``"none"``, ``"standard"`` or ``"chunked"``."""
-        return self._swa_type
 
     def stream_of(self, seq_id: int) -> int:
         """The stream sequence ``seq_id`` lives in."""
         self._check_seq(seq_id, "seq_id")
-        return 0 if self._n_stream == 1 else seq_id
+        return 0 if self.n_stream == 1 else seq_id
 
     # --- the state of the streams ---------------------------------------------------------
 
@@ -258,8 +192,8 @@ class UnifiedReference2026:
     def n_kv_per_stream(self) -> tuple[int, ...]:
         """Per stream, the cells the attention spans: ``min(kv_size, max(P, roundup(used_max_p1,
         P)))`` with ``P = max(n_pad, 256)``."""
-        p = max(self._n_pad, N_KV_PAD_MIN)
-        return tuple(min(self._size, max(p, _pad(t.used_max_p1, p))) for t in self.streams)
+        p = max(self.n_pad, N_KV_PAD_MIN)
+        return tuple(min(self.size, max(p, _pad(t.used_max_p1, p))) for t in self.streams)
 
     @property
     def has_shift(self) -> bool:
@@ -280,8 +214,8 @@ class UnifiedReference2026:
     def _check_seq(self, s: int, name: str, allow_any: bool = False) -> None:
         if allow_any and s == -1:
             return
-        if not 0 <= s < self._n_seq_max:
-            raise ValueError(f"{name} = {s} is outside [0, {self._n_seq_max})")
+        if not 0 <= s < self.n_seq_max:
+            raise ValueError(f"{name} = {s} is outside [0, {self.n_seq_max})")
 
     def _table(self, seq_id: int) -> CellTable:
         return self.streams[self.stream_of(seq_id)]
@@ -292,12 +226,12 @@ class UnifiedReference2026:
         One stream: one group of every token (tokens of several sequences may interleave, a
         token may carry several ids). Several streams: the tokens grouped per sequence, groups
         in order of appearance, all of one length, every token with exactly one id."""
-        pos, groups, nst = check_ubatch(ub, self._n_seq_max)
+        pos, groups, nst = check_ubatch(ub, self.n_seq_max)
         if not pos:
             raise ValueError("the ubatch has no tokens")
         # a token's ids as listed (duplicates dropped): the mask follows its first one
         ids = [list(dict.fromkeys(groups[t // nst])) for t in range(len(pos))]
-        if self._n_stream == 1:
+        if self.n_stream == 1:
             return pos, ids, [(0, list(range(len(pos))))]
         unq: list[int] = []
         for t_ids in ids:
@@ -320,7 +254,7 @@ class UnifiedReference2026:
         if t.is_empty(i):
             return True
         # a used cell is reused only once the window of its one sequence has left it
-        if len(t.seq[i]) != 1 or self._swa_type == "none":
+        if len(t.seq[i]) != 1 or self.swa_type == "none":
             return False
         (q,) = t.seq[i]
         return t.is_masked_swa(t.pos[i], t.pos_max(q) + 1)
@@ -335,12 +269,12 @@ class UnifiedReference2026:
             # with enough free cells before head, search from the start to fill the cache
             if head > t.used + 2 * n:
                 head = 0
-            if n > self._size:
+            if n > self.size:
                 return None
             idxs: list[int] = []
             n_tested = 0
             while True:
-                if head == self._size:
+                if head == self.size:
                     head = 0
                 i = head
                 head += 1
@@ -349,7 +283,7 @@ class UnifiedReference2026:
                     idxs.append(i)
                 if len(idxs) == n:
                     break
-                if n_tested >= self._size:
+                if n_tested >= self.size:
                     return None
             slot.append((strm, np.array(idxs, dtype=np.int32)))
         return slot
@@ -421,15 +355,15 @@ class UnifiedReference2026:
             raise RuntimeError("store needs a ubatch placed by find_slot")
         self._check_layer(il)
         slot, groups = self._last
-        rows = [strm * self._size + int(c) for (strm, idxs), _ in zip(slot, groups) for c in idxs]
+        rows = [strm * self.size + int(c) for (strm, idxs), _ in zip(slot, groups) for c in idxs]
         n = len(rows)
         if k_rows is not None:
             self._k[il][rows] = self._encode(k_rows, self._tk.id, n, self._n_embd_k[il], "k_rows")
         if v_rows is not None:
             vb = self._encode(v_rows, self._tv.id, n, self._n_embd_v[il], "v_rows")
-            if self._v_trans:
+            if self.v_trans:
                 for r, row in zip(rows, vb):
-                    s, c = divmod(r, self._size)
+                    s, c = divmod(r, self.size)
                     self._v[il][s, :self._n_embd_v[il], c] = row.reshape(-1, self._tv.type_size)
             else:
                 self._v[il][rows] = vb
@@ -469,13 +403,13 @@ class UnifiedReference2026:
         if s0 == s1:
             self.streams[s0].copy(seq_id_src, seq_id_dst, p0, p1)
             return
-        partial = any(p > 0 and p + 1 < self._size for p in (p0, p1))
+        partial = any(p > 0 and p + 1 < self.size for p in (p0, p1))
         if partial:
             raise ValueError(f"seq_cp across streams copies whole sequences only: [{p0}, {p1}) is part "
-                             f"of a stream of {self._size} cells")
+                             f"of a stream of {self.size} cells")
         src, dst = self.streams[s0], self.streams[s1]
         dst.reset_cells()
-        for i in range(self._size):
+        for i in range(self.size):
             if seq_id_src in src.seq[i]:
                 dst.pos[i] = src.pos[i]
                 dst.seq[i] = {seq_id_dst}
@@ -525,14 +459,14 @@ class UnifiedReference2026:
         if not had_shift and not copies:
             return UpdateResult(STATUS_NO_UPDATE, False, 0, False, shift)
         for s0, s1 in copies:
-            for il in self._layers:
+            for il in self.layers:
                 k = self._k[il]
-                k[s1 * self._size:(s1 + 1) * self._size] = k[s0 * self._size:(s0 + 1) * self._size]
+                k[s1 * self.size:(s1 + 1) * self.size] = k[s0 * self.size:(s0 + 1) * self.size]
                 v = self._v[il]
-                if self._v_trans:
+                if self.v_trans:
                     v[s1] = v[s0]
                 else:
-                    v[s1 * self._size:(s1 + 1) * self._size] = v[s0 * self._size:(s0 + 1) * self._size]
+                    v[s1 * self.size:(s1 + 1) * self.size] = v[s0 * self.size:(s0 + 1) * self.size]
         if had_shift:
             for t in self.streams:
                 t.reset_shift()
@@ -559,7 +493,7 @@ class UnifiedReference2026:
     def pos_bucket(self, ub: Any, n_buckets: int) -> np.ndarray:
         """T5 relative position buckets, int32 ``[n_tokens, n_kv]`` over stream 0 (one stream
         only; empty cells count as position -1)."""
-        if self._n_stream != 1:
+        if self.n_stream != 1:
             raise ValueError("position buckets need a cache of one stream")
         pos, _, _ = self._ubatch(ub)
         t = self.streams[0]
@@ -570,7 +504,7 @@ class UnifiedReference2026:
 
     def _check_layer(self, il: int) -> None:
         if il not in self._k:
-            raise ValueError(f"layer {il} is not held by this cache (layers {list(self._layers)})")
+            raise ValueError(f"layer {il} is not held by this cache (layers {list(self.layers)})")
 
     def k(self, il: int) -> np.ndarray:
         """K of model layer ``il``: ``[n_stream * kv_size, n_embd_k_gqa]`` (row ``stream * kv_size
@@ -582,9 +516,9 @@ class UnifiedReference2026:
         """V of model layer ``il``: like ``k``, or transposed ``[n_stream, n_embd_v, kv_size]``
         (``n_embd_v`` the widest V row of the model)."""
         self._check_layer(il)
-        if self._v_trans:
+        if self.v_trans:
             v = self._v[il]
-            return v.reshape(self._n_stream, self._v_width, -1).view(view_dtype(self._tv.id))
+            return v.reshape(self.n_stream, self._v_width, -1).view(view_dtype(self._tv.id))
         return self._v[il].view(view_dtype(self._tv.id))
 
     # --- state blobs ------------------------------------------------------------------------
@@ -599,14 +533,14 @@ class UnifiedReference2026:
         ``llama_state_seq_get_data`` has it after its sequence-blob prefix."""
         self._check_layout(layout)
         self._check_seq(seq_id, "seq_id", allow_any=True)
-        out = bytearray(struct.pack("<I", self._n_stream))
+        out = bytearray(struct.pack("<I", self.n_stream))
         for s, t in enumerate(self.streams):
             if seq_id == -1:
-                listed = [i for i in range(self._size) if not t.is_empty(i)]
+                listed = [i for i in range(self.size) if not t.is_empty(i)]
             else:
                 # the window is the sequence's as of its largest position (not max + 1)
                 p_max = t.pos_max(seq_id)
-                listed = [i for i in range(self._size) if not t.is_empty(i) and seq_id in t.seq[i]
+                listed = [i for i in range(self.size) if not t.is_empty(i) and seq_id in t.seq[i]
                           and not t.is_masked_swa(t.pos[i], p_max)]
             out += struct.pack("<I", len(listed))
             if listed:
@@ -617,18 +551,18 @@ class UnifiedReference2026:
     def _cells_section(self, t: CellTable, listed: list[int], seq_id: int) -> bytes:
         out = bytearray()
         for i in listed:
-            ids = sorted(q for q in t.seq[i] if q < self._n_seq_max) if seq_id == -1 else [seq_id]
+            ids = sorted(q for q in t.seq[i] if q < self.n_seq_max) if seq_id == -1 else [seq_id]
             out += struct.pack(f"<iI{len(ids)}i", t.pos[i], len(ids), *ids)
         return bytes(out)
 
     def _data_section(self, s: int, listed: list[int]) -> bytes:
-        rows = [s * self._size + i for i in listed]
-        out = bytearray(struct.pack("<II", int(self._v_trans), len(self._layers)))
-        for il in self._layers:
+        rows = [s * self.size + i for i in listed]
+        out = bytearray(struct.pack("<II", int(self.v_trans), len(self.layers)))
+        for il in self.layers:
             out += struct.pack("<iQ", self._tk.id, self._k[il].shape[1])
             out += self._k[il][rows].tobytes()
-        for il in self._layers:
-            if self._v_trans:
+        for il in self.layers:
+            if self.v_trans:
                 ne = self._n_embd_v[il]
                 out += struct.pack("<iII", self._tv.id, self._tv.type_size, ne)
                 out += self._v[il][s, :ne][:, listed].tobytes()
@@ -656,9 +590,9 @@ class UnifiedReference2026:
 
     def _read(self, r: _Reader, seq_id: int) -> int:
         n_stream = r.u32("the stream count")
-        if n_stream != self._n_stream:
+        if n_stream != self.n_stream:
             raise StateError(f"n_stream mismatch: the state holds {n_stream} streams, the cache has "
-                             f"{self._n_stream}")
+                             f"{self.n_stream}")
         try:
             if seq_id == -1:
                 self.clear()
@@ -667,9 +601,9 @@ class UnifiedReference2026:
                 if count == 0:
                     continue
                 strm = s if seq_id == -1 else self.stream_of(seq_id)
-                if count > self._size:
+                if count > self.size:
                     raise StateError(f"stream {s} of the state holds {count} cells, a stream of the cache "
-                                     f"{self._size}")
+                                     f"{self.size}")
                 if seq_id == -1:
                     cells = self._read_cells_whole(r, self.streams[strm], count)
                 else:
@@ -686,13 +620,13 @@ class UnifiedReference2026:
             n_ids = r.u32(f"the sequence count of cell {i}")
             if pos < 0:
                 raise StateError(f"cell {i} has position {pos}")
-            if n_ids > self._n_seq_max:
-                raise StateError(f"cell {i} lists {n_ids} sequences, the cache has {self._n_seq_max}")
+            if n_ids > self.n_seq_max:
+                raise StateError(f"cell {i} lists {n_ids} sequences, the cache has {self.n_seq_max}")
             ids: set[int] = set()
             for _ in range(n_ids):
                 q = r.i32(f"a sequence id of cell {i}")
-                if not 0 <= q < self._n_seq_max or q in ids:
-                    raise StateError(f"cell {i} lists sequence id {q} twice or outside [0, {self._n_seq_max})")
+                if not 0 <= q < self.n_seq_max or q in ids:
+                    raise StateError(f"cell {i} lists sequence id {q} twice or outside [0, {self.n_seq_max})")
                 ids.add(q)
             t.pos[i], t.seq[i] = pos, ids
         t.head = 0
@@ -720,22 +654,22 @@ class UnifiedReference2026:
 
     def _read_data(self, r: _Reader, strm: int, cells: list[int]) -> None:
         n = len(cells)
-        rows = [strm * self._size + c for c in cells]
+        rows = [strm * self.size + c for c in cells]
         v_trans = r.u32("the V layout")
         n_layer = r.u32("the layer count")
-        if n_layer != len(self._layers):
-            raise StateError(f"the state holds {n_layer} layers, the cache {len(self._layers)}")
-        if v_trans != int(self._v_trans):
+        if n_layer != len(self.layers):
+            raise StateError(f"the state holds {n_layer} layers, the cache {len(self.layers)}")
+        if v_trans != int(self.v_trans):
             raise StateError(f"the state's V is {'' if v_trans else 'not '}transposed, the cache's "
-                             f"{'is' if self._v_trans else 'is not'}")
-        for il in self._layers:
+                             f"{'is' if self.v_trans else 'is not'}")
+        for il in self.layers:
             self._expect(r.i32(f"the K type of layer {il}"), self._tk.id, f"the K type of layer {il}")
             row = self._k[il].shape[1]
             self._expect(r.u64(f"the K row size of layer {il}"), row, f"the K row size of layer {il}")
             self._k[il][rows] = np.frombuffer(r.take(n * row, f"the K rows of layer {il}"), np.uint8).reshape(n, row)
-        for il in self._layers:
+        for il in self.layers:
             self._expect(r.i32(f"the V type of layer {il}"), self._tv.id, f"the V type of layer {il}")
-            if self._v_trans:
+            if self.v_trans:
                 es, ne = self._tv.type_size, self._n_embd_v[il]
                 self._expect(r.u32(f"the V element size of layer {il}"), es, f"the V element size of layer {il}")
                 self._expect(r.u32(f"the V width of layer {il}"), ne, f"the V width of layer {il}")
@@ -752,5 +686,5 @@ class UnifiedReference2026:
             raise StateError(f"{what} is {got} in the state, {want} in the cache")
 
     def __repr__(self) -> str:
-        return (f"UnifiedReference2026(kv_size={self._size}, n_stream={self._n_stream}, heads={list(self.heads)}, "
-                f"used={list(self.used_per_stream)}, n_seq_max={self._n_seq_max})")
+        return (f"UnifiedReference2026(kv_size={self.size}, n_stream={self.n_stream}, heads={list(self.heads)}, "
+                f"used={list(self.used_per_stream)}, n_seq_max={self.n_seq_max})")

@@ -66,10 +66,10 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from kvcache.conformance import Divergence, unsupported
-from kvcache.conformance.common import blob_fields, fill, read_state, replay_ops
+from kvcache.conformance.common import blob_fields, fill, read_state, replay_ops, seq_op
 
 __all__ = ["Target", "cache_arguments", "reference_target", "kvcache_target", "kvcache_supports_2026",
-           "default_target", "TARGETS", "apply_op", "check_config", "replay"]
+           "default_target", "TARGETS", "OPS", "apply_op", "check_config", "replay"]
 
 
 @dataclass(frozen=True)
@@ -169,10 +169,22 @@ def _mask_fields(m: np.ndarray) -> dict[str, Any]:
             "visible": [np.flatnonzero(row == 0.0).tolist() for row in flat]}
 
 
+#: the ops of kvcache-trace/2026 (no commit / restore / defrag / k_shift any more)
+OPS = frozenset({"find_slot", "prepare", "seq_rm", "seq_cp", "seq_keep", "seq_add", "seq_div", "clear",
+                 "update", "mask", "pos_bucket", "state_write", "state_read", "kvhash", "check"})
+
+
 def apply_op(cache: Any, target: Target, config: dict[str, Any], index: int, op: dict[str, Any]) -> dict[str, Any] | None:
     """Apply op number ``index`` of a trace to ``cache`` (made by ``target``); return the
     fields to compare with its ``expect``. Raises Divergence for an op it does not know."""
     name = op["op"]
+    if name not in OPS or (name == "clear" and op.get("data") is not True):
+        raise unsupported(index, op)
+    shared = seq_op(cache, op)
+    if shared is not None:
+        if name == "seq_cp":
+            shared["pending_copies"] = cache.pending_copies
+        return shared
 
     def ub(o: dict[str, Any]) -> Any:
         return target.make_ubatch(o["pos"], o["seq_id"])
@@ -189,45 +201,28 @@ def apply_op(cache: Any, target: Target, config: dict[str, Any], index: int, op:
     if name == "prepare":
         slots = cache.prepare([ub(u) for u in op["ubatches"]])
         return {"ok": slots is not None, "sinfos": [_slot_fields(s) for s in slots or []]}
-    if name == "seq_rm":
-        return {"ret": cache.seq_rm(op["seq_id"], op["p0"], op["p1"])}
-    if name == "seq_cp":
-        cache.seq_cp(op["src"], op["dst"], op["p0"], op["p1"])
-        return {"pending_copies": cache.pending_copies}
-    if name == "seq_keep":
-        cache.seq_keep(op["seq_id"])
-    elif name == "seq_add":
-        cache.seq_add(op["seq_id"], op["p0"], op["p1"], op["shift"])
-    elif name == "seq_div":
-        cache.seq_div(op["seq_id"], op["p0"], op["p1"], op["d"])
-    elif name == "clear":
-        if op.get("data") is not True:
-            raise unsupported(index, op)
-        cache.clear()
-    elif name == "update":
+    if name == "update":
         r = cache.update()
         return {"status": int(r.status), "had_shift": bool(r.had_shift), "copies": int(r.copies),
                 "has_shift": bool(r.has_shift), "shift": np.asarray(r.shift).tolist()}
-    elif name == "check":
+    if name == "check":
         return _check_fields(cache)
-    elif name == "mask":
+    if name == "mask":
         return _mask_fields(cache.kq_mask(ub(op), causal=op["causal"]))
-    elif name == "pos_bucket":
+    if name == "pos_bucket":
         b = cache.pos_bucket(ub(op), config["n_rel_attn_bkts"])
         got = {"rows": b.shape[0], "cols": b.shape[1], "sha256": _sha256(b, "<i4")}
         if "data" in op["expect"]:
             got["data"] = b.ravel().tolist()
         return got
-    elif name == "state_write":
+    if name == "state_write":
         return blob_fields(cache.state_write(op["seq_id"], layout="2026"), op["expect"])
-    elif name == "state_read":
+    if name == "state_read":
         return {"ok": read_state(lambda blob, seq_id: cache.state_read(blob, seq_id, layout="2026"), op) is not None}
-    elif name == "kvhash":
+    if name == "kvhash":
         return {"layers": [{"il": il, "k": _bytes_sha256(cache.k(il)), "v": _bytes_sha256(cache.v(il))}
                            for il in cache.layers]}
-    else:
-        raise unsupported(index, op)
-    return {}
+    raise unsupported(index, op)   # OPS and this function disagree
 
 
 def check_config(cache: Any, config: dict[str, Any]) -> None:
