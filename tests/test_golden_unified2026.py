@@ -160,6 +160,17 @@ def test_a_config_the_target_disagrees_with_fails_at_the_header():
     assert (e.value.index, e.value.field) == (0, "config.n_stream")
 
 
+def test_a_target_that_cannot_build_the_cache_fails_at_the_header():
+    from kvcache.conformance.unified2026 import Target
+
+    def refuse(config):
+        raise TypeError("no semantics '2026' here")
+    header, ops = _trace(NAMES[0])
+    with pytest.raises(Divergence) as e:
+        replay(header["config"], iter(enumerate(ops, start=1)), Target("refusing", refuse, reference_target().make_ubatch))
+    assert (e.value.index, e.value.field) == (0, "config") and "no semantics" in str(e.value)
+
+
 # --- the CLI --------------------------------------------------------------------------------------
 
 def test_cli_names_the_target_and_fails_on_a_divergence(tmp_path):

@@ -238,6 +238,9 @@ def replay(config: dict[str, Any], ops: Iterator[tuple[int, dict[str, Any]]], ta
     """Replay the ops of a 2026 unified trace against a fresh cache of ``target`` (default:
     :func:`default_target`); raise Divergence at the first mismatch."""
     target = target or default_target()
-    cache = target.make_cache(config)
+    try:
+        cache = target.make_cache(config)
+    except Exception as e:  # noqa: BLE001 - a target that cannot build the cache fails the trace
+        raise Divergence(0, "header", "config", f"a cache of {target.name}", repr(e)) from e
     check_config(cache, config)
     replay_ops(ops, lambda index, op: apply_op(cache, target, config, index, op))
