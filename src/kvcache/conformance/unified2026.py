@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -113,7 +112,6 @@ _PROBE: dict[str, Any] = {"kv_size": 256, "n_layer": 1, "n_embd_k_gqa": 32, "n_e
                           "semantics": "2026"}
 
 
-@lru_cache(maxsize=1)
 def kvcache_supports_2026() -> bool:
     """Whether this kvcache's ``UnifiedCache`` takes ``semantics="2026"``."""
     from kvcache import UnifiedCache
