@@ -674,7 +674,7 @@ class UnifiedReference2026:
                 self._expect(r.u32(f"the V element size of layer {il}"), es, f"the V element size of layer {il}")
                 self._expect(r.u32(f"the V width of layer {il}"), ne, f"the V width of layer {il}")
                 block = np.frombuffer(r.take(ne * n * es, f"the V elements of layer {il}"), np.uint8)
-                self._v[il][strm, :ne, cells] = block.reshape(ne, n, es).transpose(1, 0, 2)
+                self._v[il][strm][:ne, cells] = block.reshape(ne, n, es)
             else:
                 row = self._v[il].shape[1]
                 self._expect(r.u64(f"the V row size of layer {il}"), row, f"the V row size of layer {il}")
