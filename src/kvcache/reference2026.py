@@ -163,8 +163,8 @@ class UnifiedReference2026:
         else:
             self._v = {il: np.zeros((rows, ggml_row_size(self._tv.id, self._n_embd_v[il])), np.uint8)
                        for il in self.layers}
-        # the slot and token positions of the last successful find_slot, for store()
-        self._last: tuple[SlotInfo, list[_Group]] | None = None
+        # the slot of the last successful find_slot, for store()
+        self._last: SlotInfo | None = None
 
     def stream_of(self, seq_id: int) -> int:
         """The stream sequence ``seq_id`` lives in."""
@@ -320,14 +320,14 @@ class UnifiedReference2026:
             self._last = None
             return False
         self._apply(slot, groups, pos, ids)
-        self._last = (slot, groups)
+        self._last = slot
         return True
 
     def slot_info(self) -> SlotInfo:
         """Where the last ``find_slot`` put each token: per group ``(stream, int32 cells)``,
         token ``g * n_seq_tokens + i`` in cell ``cells[i]`` of the group's stream; ``[]`` when
         it failed or none ran yet."""
-        return [] if self._last is None else [(s, idxs.copy()) for s, idxs in self._last[0]]
+        return [] if self._last is None else [(s, idxs.copy()) for s, idxs in self._last]
 
     def prepare(self, ubatches: Sequence[Any]) -> list[SlotInfo] | None:
         """Where ``find_slot`` would place each ubatch after the ones before it, or None when one
@@ -354,8 +354,7 @@ class UnifiedReference2026:
         if self._last is None:
             raise RuntimeError("store needs a ubatch placed by find_slot")
         self._check_layer(il)
-        slot, groups = self._last
-        rows = [strm * self.size + int(c) for (strm, idxs), _ in zip(slot, groups) for c in idxs]
+        rows = [strm * self.size + int(c) for strm, idxs in self._last for c in idxs]
         n = len(rows)
         if k_rows is not None:
             self._k[il][rows] = self._encode(k_rows, self._tk.id, n, self._n_embd_k[il], "k_rows")
