@@ -574,6 +574,7 @@ cdef class UBatch:
         if mem == NULL:
             raise MemoryError("UBatch")
         cdef uint64_t *mask = <uint64_t *>mem
+        self.c.seq_mask = mask          # owned from here on (freed by __dealloc__)
         cdef int32_t *pos_p = <int32_t *>(mem + <size_t>n_groups * 8)
         cdef uint32_t *off = <uint32_t *>(<uint8_t *>pos_p + <size_t>n_tokens * 4)
         cdef int32_t *ids = <int32_t *>(<uint8_t *>off + (<size_t>n_groups + 1) * 4)
