@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvcache._argtypes import count, nonneg_int
+from kvcache.cli._argtypes import count, nonneg_int
 
 NAME = "demo"
 HELP = "serve a toy attention model through UnifiedCache and ISWACache and check it against recomputation"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvcache._argtypes import count
+from kvcache.cli._argtypes import count
 
 NAME = "plan"
 HELP = "the memory a KV cache will take (per cache, per layer, in total) and what llama.cpp logs for it"

@@ -1,6 +1,7 @@
 """The ``kvcache`` command line.
 
-Each subcommand lives in its own module ``kvcache._cli_<name>``, found at start-up, which defines:
+Each subcommand lives in its own module ``kvcache.cli.<name>`` (the modules of this package whose
+names do not start with an underscore), found at start-up, which defines:
 
 - ``NAME``: the subcommand (``kvcache NAME ...``);
 - ``HELP``: one line for ``kvcache --help``;
@@ -22,9 +23,6 @@ import sys
 
 __all__ = ["main", "build_parser", "commands"]
 
-_PREFIX = "_cli_"
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors."""
 
@@ -34,11 +32,10 @@ class _Parser(argparse.ArgumentParser):
 
 def commands() -> dict:
     """The subcommand modules, by name, in alphabetical order."""
-    import kvcache
     found = {}
-    for info in pkgutil.iter_modules(kvcache.__path__):
-        if info.name.startswith(_PREFIX):
-            mod = importlib.import_module(f"kvcache.{info.name}")
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            mod = importlib.import_module(f"{__name__}.{info.name}")
             found[mod.NAME] = mod
     return dict(sorted(found.items()))
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import Any
 
-from kvcache._argtypes import count, nonneg_int, number
+from kvcache.cli._argtypes import count, nonneg_int, number
 
 NAME = "simulate"
 HELP = "run a continuous-batching workload through UnifiedCache and report its bookkeeping"
