@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, mod in commands().items():
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run, _prog=p.prog)
+        p.set_defaults(_run=mod.run, _prog=p.prog, _parser=p)
     return parser
 
 
@@ -61,7 +61,10 @@ def main(argv=None) -> int:
     except Exception as e:   # a subcommand module that fails to import
         return _fail("kvcache", e)
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # the subcommand's parser reports them, so that the error names the subcommand
+            (getattr(args, "_parser", None) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     if args.command is None:
