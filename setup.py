@@ -8,6 +8,9 @@ Environment:
 - KVCACHE_BUILD_JOBS: parallel compiler jobs (default: the CPU count, or `build_ext -j N`);
 - KVCACHE_DEBUG_INFO=1: keep debug information (wheels are built without it and stripped);
 - KVCACHE_SANITIZE: e.g. "address,undefined", a sanitized build (debug information kept);
+- KVCACHE_BENCH: 1 builds kvcache._bench, 0 does not; unset, only a build in place
+  (`setup.py build_ext --inplace`) does: the wheel leaves it out, and users get it from the
+  benchmarks/ project (`pip install ./benchmarks`, built with the definitions of this file);
 - KVCACHE_BUILD_VERBOSE=1: setuptools' own log (every command line) instead of the summary.
 """
 import glob
@@ -141,8 +144,15 @@ class build_ext_parallel(build_ext):
 
     root = ""
 
+    bench = None   # build kvcache._bench: None = only in place (see KVCACHE_BENCH)
+
     def _wants(self, ext):
-        return True
+        if ext.name != BENCH_MODULE:
+            return True
+        env = os.environ.get("KVCACHE_BENCH", "")
+        if env in ("0", "1"):
+            return env == "1"
+        return self.bench if self.bench is not None else bool(self.inplace)
 
     def _jobs(self):
         env = os.environ.get("KVCACHE_BUILD_JOBS", "")
