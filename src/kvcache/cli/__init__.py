@@ -11,7 +11,10 @@ names do not start with an underscore), found at start-up, which defines:
 Such a module should import heavy dependencies inside ``run`` so that ``kvcache --help`` stays
 cheap. Exit status: 0 success, 1 when the command ran and found a problem (e.g. a mismatch),
 2 for a usage or runtime error, which is reported in one line without a traceback (set the
-environment variable ``KVCACHE_TRACEBACK=1`` to see it).
+environment variable ``KVCACHE_TRACEBACK=1`` to see it) and names the subcommand. Output
+follows ``kvcache.cli._output``: one JSON format for every ``--json``, progress on stderr only
+where a person watches (a terminal) unless asked for. ``kvcache.cli._argtypes`` holds the
+argument types the commands share.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import pkgutil
 import sys
 
 __all__ = ["main", "build_parser", "commands"]
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors."""
