@@ -1,9 +1,14 @@
-"""Replay of kvcache-trace/1 files (golden traces recorded from llama.cpp).
+"""Replay of golden trace files (recorded from llama.cpp): ``kvcache-trace/1`` and ``kvcache-trace/2026``.
 
 Each trace kind has a module here exposing ``replay(config, ops)``, where ``ops`` yields
 ``(index, op_dict)`` pairs (index = 1-based line number after the header). It raises
 :class:`Divergence` at the first expected value that does not match, or for an op it
-does not support (an unsupported op is a failure, never a pass)."""
+does not support (an unsupported op is a failure, never a pass).
+
+``kvcache-trace/1`` files (the seed, mid-2025) replay against the caches of ``semantics="2025"``.
+``kvcache-trace/2026`` files (today's llama.cpp) replay through :mod:`kvcache.conformance.unified2026`
+against a target: the C-backed cache once it has ``semantics="2026"``, until then the reference
+model :mod:`kvcache.reference2026` (``--target`` chooses; the report names the target)."""
 from __future__ import annotations
 
 import importlib
@@ -11,12 +16,20 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
+FORMAT_1 = "kvcache-trace/1"
+FORMAT_2026 = "kvcache-trace/2026"
+
 KINDS = {
     "unified": "kvcache.conformance.unified",
     "iswa": "kvcache.conformance.iswa",
     "recurrent": "kvcache.conformance.recurrent",
     "split": "kvcache.conformance.split",
     "rope": "kvcache.conformance.rope",
+}
+
+#: the kinds of kvcache-trace/2026 files and their replay modules
+KINDS_2026 = {
+    "unified": "kvcache.conformance.unified2026",
 }
 
 
@@ -39,6 +52,8 @@ class FileResult:
     kind: str
     n_ops: int
     divergence: Divergence | None
+    #: the implementation a kvcache-trace/2026 file ran against (None for kvcache-trace/1)
+    target: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -46,28 +61,39 @@ class FileResult:
 
 
 def read_trace(path: str) -> tuple[dict, list[dict]]:
-    """Header and op lines of a trace file."""
+    """Header and op lines of a trace file (kvcache-trace/1 or kvcache-trace/2026)."""
     with open(path, "r", encoding="utf-8") as f:
         lines = [json.loads(line) for line in f if line.strip()]
-    if not lines or lines[0].get("format") != "kvcache-trace/1":
-        raise ValueError(f"{path}: not a kvcache-trace/1 file")
+    if not lines or lines[0].get("format") not in (FORMAT_1, FORMAT_2026):
+        raise ValueError(f"{path}: not a {FORMAT_1} or {FORMAT_2026} file")
     return lines[0], lines[1:]
 
 
-def run_file(path: str) -> FileResult:
+def run_file(path: str, target: Any = None) -> FileResult:
+    """Replay one trace file. ``target`` (a :class:`kvcache.conformance.unified2026.Target`)
+    is what kvcache-trace/2026 files run against (default: the C-backed cache when it has the
+    2026 semantics, else the reference model); kvcache-trace/1 files ignore it."""
     header, ops = read_trace(path)
     kind = header.get("kind", "?")
-    if kind not in KINDS:
-        return FileResult(path, kind, len(ops), Divergence(0, "header", "kind", list(KINDS), kind))
+    is_2026 = header["format"] == FORMAT_2026
+    kinds = KINDS_2026 if is_2026 else KINDS
+    if kind not in kinds:
+        return FileResult(path, kind, len(ops), Divergence(0, "header", "kind", list(kinds), kind))
     try:
-        mod = importlib.import_module(KINDS[kind])
+        mod = importlib.import_module(kinds[kind])
     except ImportError as e:
         return FileResult(path, kind, len(ops), Divergence(0, "header", "kind", "supported", f"unsupported ({e})"))
+    name = None
     try:
-        mod.replay(header["config"], iter(enumerate(ops, start=1)))
+        if is_2026:
+            target = target or mod.default_target()
+            name = target.name
+            mod.replay(header["config"], iter(enumerate(ops, start=1)), target)
+        else:
+            mod.replay(header["config"], iter(enumerate(ops, start=1)))
     except Divergence as d:
-        return FileResult(path, kind, len(ops), d)
-    return FileResult(path, kind, len(ops), None)
+        return FileResult(path, kind, len(ops), d, name)
+    return FileResult(path, kind, len(ops), None, name)
 
 
 def unsupported(index: int, op: dict) -> Divergence:
@@ -90,7 +116,13 @@ def main(argv: Iterable[str] | None = None) -> int:
                                  description="Replay kvcache golden traces and report divergences.")
     ap.add_argument("paths", nargs="+", help="trace files or directories holding *.jsonl")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
+    ap.add_argument("--target", choices=["auto", "reference", "kvcache"], default="auto",
+                    help="what kvcache-trace/2026 files replay against: the C-backed cache, the pure-Python "
+                         "reference model, or (auto, the default) the C-backed cache when it has the 2026 "
+                         "semantics and the reference model until then")
     args = ap.parse_args(list(argv) if argv is not None else None)
+    from kvcache.conformance.unified2026 import TARGETS
+    target = TARGETS[args.target]()
 
     files: list[str] = []
     for p in args.paths:
@@ -101,18 +133,19 @@ def main(argv: Iterable[str] | None = None) -> int:
     n_pass = n_fail = 0
     for path in files:
         try:
-            res = run_file(path)
+            res = run_file(path, target)
         except (OSError, ValueError) as e:
             print(f"FAIL {path}: {e}")
             n_fail += 1
             continue
+        against = f" ({res.target})" if res.target else ""
         if res.ok:
             n_pass += 1
             if not args.quiet:
-                print(f"ok   {path} ({res.n_ops} ops)")
+                print(f"ok   {path} ({res.n_ops} ops){against}")
         else:
             n_fail += 1
-            print(f"FAIL {path}: {res.divergence}")
+            print(f"FAIL {path}{against}: {res.divergence}")
     print(f"{n_pass} passed, {n_fail} failed")
     return 0 if n_fail == 0 and n_pass > 0 else 1
 
