@@ -3,7 +3,7 @@ which layers, row widths, sliding window, recurrent state sizes and RoPE paramet
 
 ``kvcache.from_gguf(path, n_ctx)`` returns the cache llama.cpp would create for that model and
 context; ``kvcache.read_gguf(path)`` returns the :class:`ModelGeometry` it is built from. Reading
-needs the ``gguf`` package (``pip install kvcache[gguf]``); only the metadata and, when present,
+needs the ``gguf`` package (``pip install 'kvcache[gguf]'``); only the metadata and, when present,
 the RoPE frequency-factor tensors are read."""
 from __future__ import annotations
 
@@ -197,7 +197,7 @@ def read_gguf(path: Any) -> ModelGeometry:
     try:
         import gguf
     except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("reading GGUF files needs the gguf package: pip install kvcache[gguf]") from None
+        raise ImportError("reading GGUF files needs the gguf package: pip install 'kvcache[gguf]'") from None
     path = str(path)
     try:
         reader = gguf.GGUFReader(path, "r")

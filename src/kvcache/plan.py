@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, layers_arg, widths_arg
+from kvcache._text import plural
 
 __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
            "n_pad_for", "v_trans_for", "swa_size", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
@@ -348,14 +349,14 @@ def format_plan(p: Plan) -> str:
     lines = []
     if p.variant == "recurrent":
         c = p.caches[0]
-        lines.append(f"recurrent cache: {c.kv_size} cells (one per sequence, n_seq_max = {p.n_seq_max}), "
-                     f"{len(c.layers)} layers, K {c.type_k} / V {c.type_v}")
+        lines.append(f"recurrent cache: {plural(c.kv_size, 'cell')} (one per sequence, n_seq_max = {p.n_seq_max}), "
+                     f"{plural(len(c.layers), 'layer')}, K {c.type_k} / V {c.type_v}")
     else:
         c = p.caches[0]
         vt = "V transposed (no flash attention)" if c.v_trans else "V in rows (flash attention)"
         kind = "unified cache" if p.variant == "unified" else "iSWA cache (base + sliding window)"
         lines.append(f"{kind}: n_ctx {p.n_ctx} -> kv_size {p.kv_size} cells (n_pad {c.n_pad}), "
-                     f"{p.n_seq_max} seqs, {vt}")
+                     f"{plural(p.n_seq_max, 'sequence')}, {vt}")
         if p.variant == "iswa":
             s = p.cache("swa")
             lines.append(f"  base: {p.kv_size} cells, layers {_ranges([lp.il for lp in p.caches[0].layers])}")
