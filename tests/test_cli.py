@@ -80,7 +80,7 @@ def test_bench_report(tmp_path, capsys):
     assert err.splitlines() == ["bench: running find_slot ...", "bench: running calls ..."]
     assert "running" not in out
     assert "| case | kvcache (median, min-max) |" in out and "Machine:" in out
-    assert "kvcache/ref: kvcache's time over the yardstick's" in out
+    assert "kvcache/yardstick: kvcache's time over the yardstick's" in out
     rep = json.loads(path.read_text())
     assert rep["quick"] is True and rep["repetitions"] == 3
     rows = rep["rows"]

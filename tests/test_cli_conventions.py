@@ -159,10 +159,10 @@ def test_bench_checks_its_json_path_before_running(capsys, tmp_path):
 def test_bench_explains_its_columns(capsys):
     rc, out, _ = run_cli(capsys, "bench", "--help")
     assert rc == 0
-    for column in ("ref GB/s", "kvcache/ref", "baseline/kvcache", "GB/s"):
+    for column in ("yardstick GB/s", "kvcache/yardstick", "baseline/kvcache", "GB/s", "goal"):
         assert column in out
     rc, out, _ = run_cli(capsys, "bench", "--quick", "--case", "calls")
-    assert rc == 0 and "kvcache/ref: kvcache's time over the yardstick's" in out
+    assert rc == 0 and "kvcache/yardstick: kvcache's time over the yardstick's" in out
 
 
 def test_bench_without_its_extension_says_how_to_get_it(capsys, monkeypatch):

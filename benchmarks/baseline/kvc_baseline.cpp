@@ -118,6 +118,19 @@ void kvb_set_layers(kvb_cache *c, uint32_t n_layer, const kvb_layer *layers) {
 uint32_t kvb_head(const kvb_cache *c) { return c->head; }
 uint32_t kvb_n(const kvb_cache *c) { return c->n; }
 uint32_t kvb_used(const kvb_cache *c) { return (uint32_t)c->cells.used.size(); }
+uint32_t kvb_size(const kvb_cache *c) { return c->cells.size(); }
+
+void kvb_cells(const kvb_cache *c, int32_t *pos, uint64_t *seq) {
+    for (uint32_t i = 0; i < c->cells.size(); ++i) {
+        pos[i] = c->cells.pos[i];
+        seq[i] = c->cells.seq[i].to_ullong();
+    }
+}
+
+uint32_t kvb_defrag_ids(const kvb_cache *c, uint32_t *ids) {
+    if (ids) std::copy(c->ids.begin(), c->ids.end(), ids);
+    return (uint32_t)c->ids.size();
+}
 
 int kvb_find_slot(kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int32_t *seq) {
     cells_t &cells = c->cells;
@@ -162,6 +175,44 @@ int kvb_find_slot(kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int
 }
 
 void kvb_commit(kvb_cache *c) { c->rec.clear(); }
+
+void kvb_store(kvb_cache *c, uint32_t il, uint32_t n_tokens, const uint8_t *k, const uint8_t *v) {
+    const kvb_layer &l = c->layers[il];
+    const size_t head = c->head, size = c->cells.size();
+    std::memcpy(l.k + head * l.k_row_bytes, k, (size_t)n_tokens * l.k_row_bytes);
+    if (!c->v_trans) {
+        std::memcpy(l.v + head * l.v_row_bytes, v, (size_t)n_tokens * l.v_row_bytes);
+        return;
+    }
+    // ggml_cpy into the transposed view: element e of token t to row e, column head + t
+    const size_t el = l.v_el_bytes;
+    for (uint32_t t = 0; t < n_tokens; ++t)
+        for (uint32_t e = 0; e < l.n_embd_v; ++e)
+            std::memcpy(l.v + ((size_t)e * size + head + t) * el, v + ((size_t)t * l.n_embd_v + e) * el, el);
+}
+
+int kvb_step(kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int32_t *seq,
+             const uint8_t *const *k_rows, const uint8_t *const *v_rows, float *mask) {
+    // the simple split's ubatch: token order ids, then per-token pos / n_seq_id / seq_id / output
+    std::vector<int64_t> ids(n_tokens);
+    for (uint32_t i = 0; i < n_tokens; ++i) ids[i] = i;
+    std::vector<int32_t> u_pos(n_tokens), u_n_seq_id(n_tokens), u_seq(n_tokens);
+    std::vector<const int32_t *> u_seq_id(n_tokens);
+    std::vector<int8_t> u_output(n_tokens);
+    for (uint32_t i = 0; i < n_tokens; ++i) {
+        const int64_t t = ids[i];
+        u_pos[i] = pos[t];
+        u_n_seq_id[i] = 1;
+        u_seq[i] = seq[t];
+        u_seq_id[i] = &u_seq[i];
+        u_output[i] = i + 1 == n_tokens;
+    }
+    if (!kvb_find_slot(c, n_tokens, u_pos.data(), u_seq.data())) return 0;
+    for (uint32_t il = 0; il < c->layers.size(); ++il) kvb_store(c, il, n_tokens, k_rows[il], v_rows[il]);
+    kvb_kq_mask(c, n_tokens, u_pos.data(), u_seq.data(), 1, mask);
+    kvb_commit(c);
+    return 1;
+}
 
 int kvb_seq_rm(kvb_cache *c, int32_t s, int32_t p0, int32_t p1) {
     cells_t &cells = c->cells;
@@ -313,7 +364,14 @@ int kvb_state_read(kvb_cache *c, int32_t seq_id, const uint8_t *data, size_t len
     reader io{data, len};
     uint32_t cell_count;
     if (!io.read_to(&cell_count) || cell_count > cells.size()) return 0;
+    // the seed's clear(): the cells reset, head 0 and every K/V buffer zeroed
     cells.resize(cells.size());
+    c->head = 0;
+    for (auto &l : c->layers) {
+        std::memset(l.k, 0, (size_t)cells.size() * l.k_row_bytes);
+        std::memset(l.v, 0, c->v_trans ? (size_t)cells.size() * l.n_embd_v * l.v_el_bytes
+                                        : (size_t)cells.size() * l.v_row_bytes);
+    }
     for (uint32_t i = 0; i < cell_count; ++i) {
         int32_t p; uint32_t n;
         if (!io.read_to(&p) || !io.read_to(&n)) return 0;

@@ -31,10 +31,25 @@ void       kvb_set_layers(kvb_cache *c, uint32_t n_layer, const kvb_layer *layer
 uint32_t   kvb_head(const kvb_cache *c);
 uint32_t   kvb_n(const kvb_cache *c);
 uint32_t   kvb_used(const kvb_cache *c);
+uint32_t   kvb_size(const kvb_cache *c);
+/* The cells: pos[size] (-1 empty) and seq[size] (bit s: sequence s holds the cell). */
+void       kvb_cells(const kvb_cache *c, int32_t *pos, uint64_t *seq);
+/* The plan of the last kvb_defrag_prepare (ids[i]: where cell i goes); returns its length.
+ * ids may be NULL. */
+uint32_t   kvb_defrag_ids(const kvb_cache *c, uint32_t *ids);
 
 /* One sequence id per token. Returns 1 placed / 0 no slot. */
 int  kvb_find_slot(kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int32_t *seq);
 void kvb_commit(kvb_cache *c);
+/* The seed's cpy_k / cpy_v: the K and V rows of the n_tokens tokens placed at head, for layer il
+ * (rows of k_row_bytes / v_row_bytes; V scattered into its rows when transposed). */
+void kvb_store(kvb_cache *c, uint32_t il, uint32_t n_tokens, const uint8_t *k, const uint8_t *v);
+/* One decode step as the seed's llama_decode runs it for a ubatch of one sequence id per token:
+ * the ubatch's per-token vectors (as the simple split builds them), find_slot, the K/V rows of
+ * every layer (k_rows[il], v_rows[il]), the padded f32 KQ mask into mask (pad(n_tokens, 64) rows
+ * of n), commit. Returns 1 placed / 0 no slot (then nothing is written). */
+int  kvb_step(kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int32_t *seq,
+              const uint8_t *const *k_rows, const uint8_t *const *v_rows, float *mask);
 int  kvb_seq_rm(kvb_cache *c, int32_t s, int32_t p0, int32_t p1);
 int32_t kvb_seq_pos_max(const kvb_cache *c, int32_t s);
 void kvb_kq_mask(const kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int32_t *seq, int causal, float *out);

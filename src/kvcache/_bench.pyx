@@ -7,7 +7,7 @@ function returns nanoseconds (and checks that both implementations agree where i
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, uint16_t
 from libc.stdlib cimport malloc, free, calloc
-from libc.string cimport memset, memcpy
+from libc.string cimport memset, memcpy, memcmp
 from kvcache.includes.kvc_common cimport (kvc_ubatch, kvc_err, KVC_TYPE_F16, KVC_STREAM_BYTES, kvc_copy, kvc_stream_fence, kvc_parallel,
                                           kvc_parallel_width)
 
@@ -44,6 +44,96 @@ cdef extern from "kvc_baseline.h" nogil:
     uint32_t kvb_head(const kvb_cache *c)
     uint32_t kvb_n(const kvb_cache *c)
     uint32_t kvb_used(const kvb_cache *c)
+    uint32_t kvb_size(const kvb_cache *c)
+    void kvb_cells(const kvb_cache *c, int32_t *pos, uint64_t *seq)
+    uint32_t kvb_defrag_ids(const kvb_cache *c, uint32_t *ids)
+    void kvb_store(kvb_cache *c, uint32_t il, uint32_t n_tokens, const uint8_t *k, const uint8_t *v)
+    int kvb_step(kvb_cache *c, uint32_t n_tokens, const int32_t *pos, const int32_t *seq,
+                 const uint8_t *const *k_rows, const uint8_t *const *v_rows, float *mask)
+
+
+# --- yardsticks -----------------------------------------------------------------------------------
+cdef extern from *:
+    """
+    #include <string.h>
+    #include <stdint.h>
+    #if defined(__SSE2__) || defined(_M_X64)
+    #include <emmintrin.h>
+    #define KVB_HAVE_STREAM 1
+    #endif
+    /* memset with non-temporal stores, the way kvcache writes a mask of KVC_STREAM_BYTES or more:
+     * the floor of a write that bypasses the caches (plain memset where there are no such stores). */
+    static void kvb_stream_memset(void *dst, int byte, size_t n) {
+    #ifdef KVB_HAVE_STREAM
+        uint8_t *p = (uint8_t *)dst;
+        size_t lead = (16 - ((uintptr_t)p & 15)) & 15, i = 0;
+        if (lead > n) lead = n;
+        memset(p, byte, lead);
+        p += lead;
+        n -= lead;
+        const __m128i x = _mm_set1_epi8((char)byte);
+        for (; i + 64 <= n; i += 64) {
+            _mm_stream_si128((__m128i *)(p + i), x);
+            _mm_stream_si128((__m128i *)(p + i + 16), x);
+            _mm_stream_si128((__m128i *)(p + i + 32), x);
+            _mm_stream_si128((__m128i *)(p + i + 48), x);
+        }
+        for (; i + 16 <= n; i += 16) _mm_stream_si128((__m128i *)(p + i), x);
+        memset(p + i, byte, n - i);
+        _mm_sfence();
+    #else
+        memset(dst, byte, n);
+    #endif
+    }
+    """
+    void stream_memset "kvb_stream_memset"(void *dst, int byte, size_t n) nogil
+
+
+cdef struct CopyJob:
+    uint8_t *dst
+    const uint8_t *src
+    size_t n
+    bint stream
+
+
+cdef void copy_job(void *arg) noexcept nogil:
+    cdef CopyJob *j = <CopyJob *>arg
+    kvc_copy(j.dst, j.src, j.n, j.stream)
+    if j.stream:
+        kvc_stream_fence()
+
+
+cdef unsigned move_threads(size_t moved_bytes, uint32_t n_layer) noexcept nogil:
+    """The threads kvc_unified_defrag_move uses for a move of that many bytes: it streams (and
+    shares the layers among threads) from KVC_STREAM_BYTES on."""
+    if moved_bytes < KVC_STREAM_BYTES:
+        return 1
+    return min(kvc_parallel_width(), n_layer, 4)
+
+
+cdef Py_ssize_t cells_differ(const kvc_cells *a, kvb_cache *b):
+    """The first cell where kvcache's cells and the baseline's differ (position or sequences),
+    -1 when none does."""
+    cdef uint32_t n = kvb_size(b), i
+    if n != a.size:
+        return 0
+    cdef int32_t *pos = <int32_t *>malloc(n * sizeof(int32_t))
+    cdef uint64_t *seq = <uint64_t *>malloc(n * sizeof(uint64_t))
+    if pos == NULL or seq == NULL:
+        free(pos); free(seq)
+        raise MemoryError()
+    kvb_cells(b, pos, seq)
+    cdef Py_ssize_t bad = -1
+    for i in range(n):
+        if pos[i] != a.pos[i] or (pos[i] != -1 and seq[i] != a.seq[i]):
+            bad = i
+            break
+    free(pos); free(seq)
+    return bad
+
+
+#: bytes from which kvcache's masks and moves write with non-temporal stores (KVC_STREAM_BYTES)
+STREAM_BYTES = KVC_STREAM_BYTES
 
 
 cdef inline uint64_t lcg(uint64_t *state) nogil:
@@ -165,6 +255,26 @@ cdef class Workload:
         """K+V bytes of n_cells cells over all layers."""
         return <size_t>n_cells * self.width * 2 * 2 * self.n_layer
 
+    cdef size_t row_move_bytes(self, uint32_t n_cells):
+        # the bytes kvc_unified_defrag_move counts to choose streaming and threads: the K rows
+        # and the V rows of those cells (a transposed V moves by columns and does not count)
+        return <size_t>n_cells * self.width * 2 * self.n_layer * (1 if self.v_trans else 2)
+
+    def move_yardstick(self, uint32_t reps):
+        """(ns per copy of the bytes the current plan moves with the threads and stores the moves
+        use (kvc_copy, streaming from KVC_STREAM_BYTES, the layers shared among threads), the
+        number of threads, whether it streams, ns per single memcpy of them), both in memory
+        allocated as kvcache's owned K/V memory is."""
+        cdef const uint32_t *ids = self.fast.defrag_ids
+        cdef uint32_t n = self.fast.n_defrag_ids, i, moved = 0, t
+        for i in range(n):
+            if ids[i] != i and ids[i] != n:
+                moved += 1
+        cdef size_t nbytes = self.data_bytes(moved)
+        cdef unsigned n_jobs = move_threads(self.row_move_bytes(moved), self.n_layer)
+        cdef bint stream = self.row_move_bytes(moved) >= KVC_STREAM_BYTES
+        return copy_ns(nbytes, reps, n_jobs, stream), n_jobs, stream, memcpy_ns(nbytes, reps, True) // max(reps, 1)
+
     cdef inline void next_token(self, uint32_t k) noexcept nogil:
         self.t_seq = <int32_t>(k % self.n_seqs)
         self.t_pos = self.next_pos[self.t_seq]
@@ -183,11 +293,20 @@ cdef class Workload:
             kvb_commit(self.base)
         return n_tokens
 
-    def fragment(self, double free_fraction, int32_t hole=4):
+    def fragment(self, double free_fraction, int32_t hole=4, uint32_t runs=0, int32_t run_positions=0):
         """Free random runs of `hole` positions of random sequences until that fraction of the
-        cells is free (same holes in both caches)."""
-        cdef uint32_t size = self.fast.cells.size
-        cdef int32_t s, p
+        cells is free (same holes in both caches). First, `runs` windows of `run_positions`
+        positions are freed in every sequence: after fill() (round robin) each is a free run of
+        run_positions * n_seqs cells, long enough for a prompt."""
+        cdef uint32_t size = self.fast.cells.size, k
+        cdef int32_t s, p, p_top = self.next_pos[0]
+        for s in range(<int32_t>self.n_seqs):
+            p_top = min(p_top, self.next_pos[s])
+        for k in range(runs):
+            p = <int32_t>(lcg(&self.rng) % (<uint64_t>max(p_top - run_positions, 0) + 1))
+            for s in range(<int32_t>self.n_seqs):
+                kvc_unified_seq_rm(&self.fast, s, p, p + run_positions)
+                kvb_seq_rm(self.base, s, p, p + run_positions)
         while self.fast.cells.used > <uint32_t>((1.0 - free_fraction) * size):
             s = <int32_t>(lcg(&self.rng) % self.n_seqs)
             p = <int32_t>(lcg(&self.rng) % (<uint64_t>self.next_pos[s] + 1))
@@ -196,12 +315,19 @@ cdef class Workload:
         self.check()
 
     def check(self):
-        """Both caches agree on head, n and used."""
+        """Both caches agree on head, n, used and every cell (position and sequences)."""
         if (self.fast.head != kvb_head(self.base) or self.fast.n != kvb_n(self.base)
                 or self.fast.cells.used != kvb_used(self.base)):
             raise AssertionError(
                 f"kvcache and baseline disagree: head {self.fast.head}/{kvb_head(self.base)} "
                 f"n {self.fast.n}/{kvb_n(self.base)} used {self.fast.cells.used}/{kvb_used(self.base)}")
+        bad = cells_differ(&self.fast.cells, self.base)
+        if bad >= 0:
+            raise AssertionError(f"kvcache and baseline disagree on cell {bad}")
+
+    def _desync(self, int32_t s, int32_t p0, int32_t p1):
+        """For the tests: seq_rm on kvcache's side only, so that the agreement checks must fail."""
+        kvc_unified_seq_rm(&self.fast, s, p0, p1)
 
     def find_slot_1tok(self, uint32_t n_ops):
         """(ns kvcache, ns baseline, ops done): n_ops 1-token find_slot+commit on each cache,
@@ -235,17 +361,21 @@ cdef class Workload:
         return t1 - t0, t2 - t1, done_fast
 
     def prompt(self, uint32_t n_tokens, uint32_t reps):
-        """(ns kvcache, ns baseline) for reps x (find_slot of an n_tokens prompt of a new
-        sequence 0 position run + undo), the cache unchanged afterwards."""
+        """(ns kvcache, ns baseline, prompts placed) for reps x (find_slot of an n_tokens prompt
+        of a new sequence 0 position run + undo), the cache unchanged afterwards. Both must place
+        the same prompts at the same cells, and at least one."""
         cdef int32_t *pos = <int32_t *>malloc(n_tokens * sizeof(int32_t))
         cdef int32_t *seq = <int32_t *>malloc(n_tokens * sizeof(int32_t))
         cdef uint32_t *off = <uint32_t *>malloc((n_tokens + 1) * sizeof(uint32_t))
         cdef uint64_t *mask = <uint64_t *>malloc(n_tokens * sizeof(uint64_t))
         cdef kvc_ubatch ub
         cdef uint32_t i, r
-        cdef int ok_fast = 0, ok_base = 0
+        cdef int ok_fast = 0, ok_base = 0, placed
         cdef uint64_t t0, t1, t2
         cdef int32_t p0 = 1 << 30
+        # where each repetition placed its prompt (-1: not placed), on each side
+        cdef int64_t *at_fast = <int64_t *>malloc(reps * sizeof(int64_t))
+        cdef int64_t *at_base = <int64_t *>malloc(reps * sizeof(int64_t))
         for i in range(n_tokens):
             pos[i] = p0 + <int32_t>i
             seq[i] = 0
@@ -262,26 +392,34 @@ cdef class Workload:
         t0 = perf_counter_ns()
         with nogil:
             for r in range(reps):
-                ok_fast += kvc_unified_find_slot(&self.fast, &ub)
+                placed = kvc_unified_find_slot(&self.fast, &ub)
+                ok_fast += placed
+                at_fast[r] = self.fast.head if placed == 1 else -1
                 kvc_unified_seq_rm(&self.fast, 0, p0, -1)
                 kvc_unified_commit(&self.fast)
         t1 = perf_counter_ns()
         with nogil:
             for r in range(reps):
-                ok_base += kvb_find_slot(self.base, n_tokens, pos, seq)
+                placed = kvb_find_slot(self.base, n_tokens, pos, seq)
+                ok_base += placed
+                at_base[r] = kvb_head(self.base) if placed else -1
                 kvb_seq_rm(self.base, 0, p0, -1)
                 kvb_commit(self.base)
         t2 = perf_counter_ns()
-        free(pos); free(seq); free(off); free(mask)
+        same = memcmp(at_fast, at_base, reps * sizeof(int64_t)) == 0
+        free(pos); free(seq); free(off); free(mask); free(at_fast); free(at_base)
         self.check()
-        if ok_fast != ok_base:
-            raise AssertionError("kvcache and baseline disagree on prompt placement")
-        return t1 - t0, t2 - t1
+        if ok_fast != ok_base or not same:
+            raise AssertionError(f"kvcache and baseline disagree on prompt placement ({ok_fast} / {ok_base} placed)")
+        if ok_fast <= 0:
+            raise AssertionError("no prompt was placed: the case would time a failed search")
+        return t1 - t0, t2 - t1, ok_fast
 
     def mask(self, uint32_t n_tokens, uint32_t n_mask_seqs, int dtype, uint32_t reps):
-        """(ns kvcache, ns baseline (f32 only, else 0), ns memset of the same bytes, bytes) for a
-        causal mask of n_tokens tokens spread over n_mask_seqs interleaved sequences at the
-        sequences' next positions. Checks the f32 masks agree bit for bit."""
+        """(ns kvcache, ns baseline (f32 only, else 0), ns memset of the same bytes, ns streaming
+        memset of them, bytes) for a causal mask of n_tokens tokens spread over n_mask_seqs
+        interleaved sequences at the sequences' next positions, reps times each. Checks the f32
+        masks agree bit for bit."""
         cdef uint32_t n_kv = self.fast.n
         cdef uint32_t rows = ((n_tokens + 63) // 64) * 64
         cdef size_t el = 4 if dtype == 0 else (2 if dtype == 1 else 1)
@@ -294,7 +432,7 @@ cdef class Workload:
         cdef uint64_t *msk = <uint64_t *>malloc(n_tokens * sizeof(uint64_t))
         cdef kvc_ubatch ub
         cdef uint32_t i, r, s
-        cdef uint64_t t0, t1, t2, t3
+        cdef uint64_t t0, t1, t2, t3, t4
         for i in range(n_tokens):
             s = i % n_mask_seqs
             seq[i] = <int32_t>s
@@ -310,7 +448,7 @@ cdef class Workload:
         ub.seq_ids = seq
         ub.seq_mask = msk
         # fault the output pages in first: a server reuses its mask buffer, and the memset
-        # yardstick below writes into pages that are already mapped
+        # yardsticks below write into pages that are already mapped
         memset(out, 0, nbytes)
         if ref != NULL:
             memset(ref, 0, <size_t>rows * n_kv * 4)
@@ -328,23 +466,30 @@ cdef class Workload:
             for r in range(reps):
                 memset(out, r & 0xff, nbytes)
         t3 = perf_counter_ns()
+        with nogil:
+            for r in range(reps):
+                stream_memset(out, r & 0xff, nbytes)
+        t4 = perf_counter_ns()
         same = True
         if dtype == 0:
             kvc_unified_kq_mask(&self.fast, &ub, True, False, 0, out)
-            same = (<bytes>(<char *>out)[:nbytes]) == (<bytes>(<char *>ref)[:nbytes])
+            same = memcmp(out, ref, nbytes) == 0
         free(out); free(ref); free(pos); free(seq); free(off); free(msk)
         if not same:
             raise AssertionError("kvcache and baseline masks differ")
-        return t1 - t0, (t2 - t1) if dtype == 0 else 0, t3 - t2, nbytes
+        return t1 - t0, (t2 - t1) if dtype == 0 else 0, t3 - t2, t4 - t3, nbytes
 
-    def defrag_plan(self, uint32_t reps, uint32_t n_layer=32):
-        """(ns kvcache, ns baseline) per defrag_prepare with an unlimited move budget, each
-        repetition from the same fragmented state (restoring is not timed for kvcache; the
-        baseline plan is made once, as it cannot be undone cheaply). Checks equal plans."""
+    def defrag_plan(self, uint32_t reps):
+        """(ns kvcache, ns baseline) per defrag_prepare with an unlimited move budget from the
+        current (fragmented) state: kvcache's plan reps times from a snapshot of it (restoring
+        is not timed), the baseline's once (it cannot be undone cheaply; a fresh workload per
+        repetition pairs the two). Checks both made the same plan (every cell's destination)
+        and left the same cells."""
         cdef kvc_unified_snapshot snap
-        cdef uint64_t t_fast = 0, t0, t1, t_base
-        cdef uint32_t r
+        cdef uint64_t t_fast = 0, t0, t_base
+        cdef uint32_t r, n_ids
         cdef int res_fast = 0, res_base
+        cdef uint32_t *ids = NULL
         if kvc_unified_snapshot_take(&self.fast, &snap) != 0:
             raise MemoryError()
         try:
@@ -356,13 +501,22 @@ cdef class Workload:
                 t_fast += perf_counter_ns() - t0
             t0 = perf_counter_ns()
             with nogil:
-                res_base = kvb_defrag_prepare(self.base, 2147483647, n_layer)
+                res_base = kvb_defrag_prepare(self.base, 2147483647, self.n_layer)
             t_base = perf_counter_ns() - t0
         finally:
             kvc_unified_snapshot_free(&snap)
-        self.check()
         if res_fast != res_base:
-            raise AssertionError("kvcache and baseline disagree on the defrag plan")
+            raise AssertionError(f"kvcache and baseline disagree on the defrag plan ({res_fast} / {res_base})")
+        n_ids = kvb_defrag_ids(self.base, NULL)
+        if n_ids != self.fast.n_defrag_ids:
+            raise AssertionError(f"the defrag plans have {self.fast.n_defrag_ids} / {n_ids} entries")
+        ids = <uint32_t *>malloc((n_ids + 1) * sizeof(uint32_t))
+        kvb_defrag_ids(self.base, ids)
+        same = memcmp(ids, self.fast.defrag_ids, n_ids * sizeof(uint32_t)) == 0
+        free(ids)
+        if not same:
+            raise AssertionError("kvcache and baseline made different defrag plans")
+        self.check()
         return t_fast // reps, t_base
 
     def defrag_move(self, uint32_t reps):
@@ -414,10 +568,9 @@ cdef class Workload:
                     lines[i] = LINE_FULL
                 elif lines[i] & LINE_WRITE:
                     lines[i] |= LINE_READ
-            # streaming and threads as kvc_unified_defrag_move has them: from KVC_STREAM_BYTES of
-            # rows moved
-            stream = <size_t>n_moved * self.width * 2 * self.n_layer >= KVC_STREAM_BYTES
-            n_jobs = min(kvc_parallel_width(), self.n_layer, 4) if stream else 1
+            # streaming and threads as kvc_unified_defrag_move has them
+            n_jobs = move_threads(self.row_move_bytes(n_moved), self.n_layer)
+            stream = self.row_move_bytes(n_moved) >= KVC_STREAM_BYTES
             for t in range(n_jobs):
                 jobs[t].c = &self.fast
                 jobs[t].l0 = <uint32_t>(<uint64_t>self.n_layer * t // n_jobs)
@@ -439,6 +592,38 @@ cdef class Workload:
             free(runs)
             free(lines)
             free(n_dst)
+
+    def layer_data(self, uint32_t l):
+        """(K, V) of layer l on kvcache's side: uint8 views of the buffers (the baseline holds the
+        same bytes)."""
+        import numpy as np
+        return np.asarray(self.bufs[4 * l]), np.asarray(self.bufs[4 * l + 1])
+
+    def base_layer_data(self, uint32_t l):
+        """(K, V) of layer l on the baseline's side: uint8 views of its buffers."""
+        import numpy as np
+        return np.asarray(self.bufs[4 * l + 2]), np.asarray(self.bufs[4 * l + 3])
+
+    def base_state_write(self, unsigned char[::1] out):
+        """ns for the baseline's whole-cache state write into out; returns (ns, bytes written)."""
+        cdef uint64_t t0
+        cdef size_t n
+        t0 = perf_counter_ns()
+        with nogil:
+            n = kvb_state_write(self.base, -1, &out[0], out.shape[0])
+        return perf_counter_ns() - t0, n
+
+    def base_state_read(self, const unsigned char[::1] data):
+        """ns for the baseline's whole-cache state read of data (with the seed's clear)."""
+        cdef uint64_t t0
+        cdef int ok
+        t0 = perf_counter_ns()
+        with nogil:
+            ok = kvb_state_read(self.base, -1, &data[0], data.shape[0])
+        t0 = perf_counter_ns() - t0
+        if not ok:
+            raise AssertionError("the baseline's state read failed")
+        return t0
 
     def state_io(self, uint32_t reps):
         """(ns write kvcache, ns write baseline, ns read kvcache, ns read baseline, bytes) for the
@@ -564,6 +749,30 @@ def memcpy_ns(size_t nbytes, uint32_t reps, bint kv_memory=False):
             a[r % nbytes] = <uint8_t>r
     t0 = perf_counter_ns() - t0
     return t0
+
+
+def copy_ns(size_t nbytes, uint32_t reps, unsigned n_threads=1, bint stream=False):
+    """Nanoseconds per copy of nbytes split among n_threads threads (kvc_parallel), each part
+    with kvc_copy (non-temporal stores with stream), between buffers allocated as kvcache's
+    owned K/V memory is: the yardstick of a move that uses those threads and stores."""
+    from kvcache._core import _aligned_zeros
+    cdef uint8_t[::1] va = _aligned_zeros(nbytes + 1), vb = _aligned_zeros(nbytes + 1)
+    cdef CopyJob jobs[4]
+    cdef unsigned t, n_jobs = max(1, min(n_threads, 4))
+    cdef uint32_t r
+    cdef uint64_t t0
+    memset(&va[0], 1, nbytes)
+    memset(&vb[0], 2, nbytes)
+    for t in range(n_jobs):
+        jobs[t].src = &va[0] + nbytes * t // n_jobs
+        jobs[t].dst = &vb[0] + nbytes * t // n_jobs
+        jobs[t].n = nbytes * (t + 1) // n_jobs - nbytes * t // n_jobs
+        jobs[t].stream = stream
+    t0 = perf_counter_ns()
+    with nogil:
+        for r in range(reps):
+            kvc_parallel(copy_job, jobs, sizeof(CopyJob), n_jobs)
+    return (perf_counter_ns() - t0) // max(reps, 1)
 
 
 from kvcache._core cimport UnifiedCore

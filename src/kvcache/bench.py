@@ -16,15 +16,22 @@ from typing import Callable
 @dataclass
 class Row:
     case: str
-    kvcache_ns: float              # median per operation
-    kvcache_range: tuple           # (min, max) per operation
+    kvcache_ns: float | None       # median per operation; None: the case waits (the note says for what)
+    kvcache_range: tuple | None    # (min, max) per operation
     baseline_ns: float | None = None
-    ratio: float | None = None     # baseline / kvcache (higher is better)
+    ratio: float | None = None     # baseline / kvcache (higher is better): median of per-repetition pairs
     gbps: float | None = None      # kvcache's bandwidth where data moves
-    ref_gbps: float | None = None  # memcpy / memset of the same bytes
-    ref_ratio: float | None = None  # kvcache time / reference time (lower is better)
+    yardstick: str = ""            # what the yardstick is (memset, streaming memset, memcpy on N threads, ...)
+    yardstick_gbps: float | None = None
+    yardstick_ratio: float | None = None  # kvcache time / yardstick time (lower is better), paired median
+    goal: str = ""                 # the goal this row is held to and whether this run meets it
     note: str = ""
     extra: dict = field(default_factory=dict)
+
+
+def waiting(case: str, why: str) -> Row:
+    """A row for a case that cannot run yet: it says what it waits for."""
+    return Row(case, None, None, note=f"waiting: {why}")
 
 
 def _median_range(values):
@@ -41,6 +48,21 @@ def _repeat(fn: Callable[[], tuple], reps: int) -> list[tuple]:
     return [fn() for _ in range(reps)]
 
 
+def _versus(case: str, fast: list[float], base: list[float], **kw) -> Row:
+    """A row of kvcache against the baseline: medians, and the ratio paired per repetition."""
+    fm, fr = _median_range(fast)
+    return Row(case, fm, fr, statistics.median(base), _paired(base, fast), **kw)
+
+
+def memset_yardstick(nbytes: int) -> tuple[str, int]:
+    """(name, index) of the floor of writing a mask of nbytes as kvcache writes it: a memset with
+    non-temporal stores from KVC_STREAM_BYTES on (kvcache streams such masks), a plain memset
+    below (index 0 into (memset, streaming memset))."""
+    from kvcache import _bench
+
+    return ("streaming memset", 1) if nbytes >= _bench.STREAM_BYTES else ("memset", 0)
+
+
 def bench_find_slot(quick: bool, reps: int) -> list[Row]:
     from kvcache import _bench
 
@@ -52,24 +74,27 @@ def bench_find_slot(quick: bool, reps: int) -> list[Row]:
             if frag:
                 w.fill(size)
                 w.fragment(frag)
-            f, b, n = w.find_slot_1tok(size)
+            f, b, n = w.find_slot_1tok(size)   # checks head, n, used and every cell
             return f / n, b / n
         res = _repeat(one, reps)
-        fm, fr = _median_range([r[0] for r in res])
-        bm, _ = _median_range([r[1] for r in res])
         name = f"find_slot+commit 1 token, 32 seqs, {size} cells" + (", 50% fragmented" if frag else ", clean")
-        rows.append(Row(name, fm, fr, bm, bm / fm))
+        rows.append(_versus(name, [r[0] for r in res], [r[1] for r in res]))
+
+    n_prompts = 20
 
     def prompt():
         w = _bench.Workload(size, 32)
         w.fill(size)
-        w.fragment(0.5)
-        f, b = w.prompt(512, 20)
-        return f / 20, b / 20
+        # holes of 4 positions, and a few free runs of 24 positions x 32 sequences = 768 cells that
+        # a 512-token prompt fits in: the search walks over the small holes to a long one
+        w.fragment(0.5, 4, 4, 24)
+        f, b, placed = w.prompt(512, n_prompts)   # both place the same prompts at the same cells
+        return f / n_prompts, b / n_prompts, placed
     res = _repeat(prompt, reps)
-    fm, fr = _median_range([r[0] for r in res])
-    bm, _ = _median_range([r[1] for r in res])
-    rows.append(Row(f"find_slot 512-token prompt (+seq_rm), {size} cells 50% fragmented", fm, fr, bm, bm / fm))
+    placed = min(r[2] for r in res)
+    rows.append(_versus(f"find_slot 512-token prompt (+seq_rm), {size} cells 50% fragmented",
+                        [r[0] for r in res], [r[1] for r in res],
+                        note=f"{placed} of {n_prompts} prompts placed on both sides", extra={"placed": placed}))
     return rows
 
 
@@ -88,17 +113,23 @@ def bench_mask(quick: bool, reps: int) -> list[Row]:
                     if swa and dtype:
                         continue
                     inner = 3 if n_tokens == 512 else 20
+                    # (kvcache, baseline, memset, streaming memset, bytes): f32 masks compared bit for bit
                     res = _repeat(lambda: w.mask(n_tokens, 8, dtype, inner), reps)
-                    fm, fr = _median_range([r[0] / inner for r in res])
-                    base = [r[1] / inner for r in res if r[1]]
-                    bm = statistics.median(base) if base else None
-                    mm = statistics.median([r[2] / inner for r in res])
-                    nbytes = res[0][3]
-                    rows.append(Row(
-                        f"kq_mask {dname} n_kv={n_kv} n_tokens={n_tokens} causal 8 seqs" + (" swa" if swa else ""),
-                        fm, fr, bm, _paired([r[1] for r in res], [r[0] for r in res]) if bm else None,
-                        nbytes / fm, nbytes / mm, _paired([r[0] for r in res], [r[2] for r in res]),
-                        note="reference: memset of the same bytes"))
+                    fast = [r[0] / inner for r in res]
+                    fm, fr = _median_range(fast)
+                    nbytes = res[0][4]
+                    yname, k = memset_yardstick(nbytes)
+                    floor = [r[2 + k] / inner for r in res]
+                    other = [r[3 - k] / inner for r in res]
+                    row = Row(f"kq_mask {dname} n_kv={n_kv} n_tokens={n_tokens} causal 8 seqs" + (" swa" if swa else ""),
+                              fm, fr, gbps=nbytes / fm, yardstick=yname, yardstick_gbps=nbytes / statistics.median(floor),
+                              yardstick_ratio=_paired(fast, floor),
+                              extra={"bytes": nbytes, ("memset" if k else "streaming memset") + " GB/s":
+                                     nbytes / statistics.median(other)})
+                    if dtype == 0:
+                        base = [r[1] / inner for r in res]
+                        row.baseline_ns, row.ratio = statistics.median(base), _paired(base, fast)
+                    rows.append(row)
     return rows
 
 
@@ -109,14 +140,13 @@ def bench_defrag(quick: bool, reps: int) -> list[Row]:
     rows = []
 
     def plan():
+        # a fresh fragmented workload per repetition: the baseline's plan cannot be undone
         w = _bench.Workload(size, 32)
         w.fill(size)
         w.fragment(0.5)
-        return w.defrag_plan(3)
+        return w.defrag_plan(3)   # checks the two plans (every cell's destination) and the cells
     res = _repeat(plan, reps)
-    fm, fr = _median_range([r[0] for r in res])
-    bm, _ = _median_range([r[1] for r in res])
-    rows.append(Row(f"defrag plan, {size} cells 50% fragmented", fm, fr, bm, bm / fm))
+    rows.append(_versus(f"defrag plan, {size} cells 50% fragmented", [r[0] for r in res], [r[1] for r in res]))
 
     cells = 1024 if quick else 4096
     n_layer = 8 if quick else 32
@@ -128,31 +158,42 @@ def bench_defrag(quick: bool, reps: int) -> list[Row]:
         nbytes = w.defrag_move(1)[1]
 
         def one():
-            # each repetition: the moves, then memcpy of the moved bytes (and, V transposed, the
-            # least-traffic sweep of the same plan) right after, so that all see the same machine
+            # each repetition: the moves, then the copy of the moved bytes with the moves' threads
+            # and stores, one memcpy of them (and, V transposed, the least-traffic sweep of the
+            # same plan) right after, so that all see the same machine
             t = w.defrag_move(3)[0]
             ft = w.defrag_move_floor(3) if v_trans else None
-            return t, _bench.memcpy_ns(nbytes, 3, True) / 3, ft
+            ct, n_threads, stream, mt = w.move_yardstick(3)
+            return t, ct, ft, mt, n_threads, stream
         res = _repeat(one, reps)
-        fm, fr = _median_range([r[0] for r in res])
-        mc = statistics.median([r[1] for r in res])
+        fast = [r[0] for r in res]
+        fm, fr = _median_range(fast)
+        n_threads = res[0][4]
         name = f"defrag moves, {cells} cells, {n_layer} layers x 1024 f16, v_trans={v_trans}"
-        rows.append(Row(name, fm, fr, None, None, nbytes / fm, nbytes / mc, _paired([r[0] for r in res], [r[1] for r in res]),
-                        note="reference: memcpy of the moved bytes"))
+        copy = [r[1] for r in res]
+        yname = (f"copy of the moved bytes, {n_threads} thread{'s' if n_threads > 1 else ''}"
+                 + (", non-temporal stores" if res[0][5] else ""))
+        rows.append(Row(name, fm, fr, gbps=nbytes / fm, yardstick=yname, yardstick_gbps=nbytes / statistics.median(copy),
+                        yardstick_ratio=_paired(fast, copy),
+                        extra={"threads": n_threads, "memcpy 1 thread GB/s": nbytes / statistics.median([r[3] for r in res]),
+                               "kvcache / memcpy 1 thread": _paired(fast, [r[3] for r in res])}))
         if res[0][2] is not None:
             # transposed V: the same run against the least memory traffic its layout allows
-            ft = statistics.median([r[2] for r in res])
-            rows.append(Row(name + " (vs the least-traffic sweep)", fm, fr, None, None, nbytes / fm, nbytes / ft,
-                            _paired([r[0] for r in res], [r[2] for r in res]),
-                            note="reference: reading every line holding a moved cell and writing "
-                                 "back those holding a destination, K rows copied, same threads"))
+            sweep = [r[2] for r in res]
+            rows.append(Row(name + " (vs the least-traffic sweep)", fm, fr, gbps=nbytes / fm,
+                            yardstick="least-traffic sweep of the plan", yardstick_gbps=nbytes / statistics.median(sweep),
+                            yardstick_ratio=_paired(fast, sweep),
+                            note="the sweep reads every line holding a moved cell and writes back those holding a "
+                                 "destination, K rows copied, the moves' threads"))
     return rows
 
 
 def bench_state(quick: bool, reps: int) -> list[Row]:
     """Whole-cache state write/read through the public API (owned buffers, state_write_into a
-    preallocated buffer, state_read from it) against the baseline's per-range copies; the
-    baseline and kvcache's C core are first checked to write identical blobs."""
+    preallocated buffer, state_read from it) against the baseline's per-range copies (its read
+    with the seed's clear(): every K/V buffer zeroed first), paired per repetition. The blobs
+    of the baseline, kvcache's C core and the public API are checked equal, and every read to
+    restore them."""
     import numpy as np
 
     import kvcache
@@ -164,38 +205,49 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
     for v_trans in (False, True):
         w = _bench.Workload(cells, 32, n_layer=n_layer, width=1024, v_trans=v_trans, buffers=True)
         w.fill(cells)
-        base = [w.state_io(1) for _ in range(reps)]   # also checks the two blobs are equal
+        w.state_io(1)    # kvcache's C core and the baseline write identical blobs
         c = kvcache.UnifiedCache(cells, n_layer, 1024, 1024, type_k="f16", type_v="f16", v_trans=v_trans,
                                  n_seq_max=32)
-        rng = np.random.default_rng(0)
         for il in range(n_layer):
-            c.k(il)[:] = rng.standard_normal(c.k(il).shape, dtype=np.float32)
-            c.v(il)[:] = rng.standard_normal(c.v(il).shape, dtype=np.float32)
+            k, v = w.layer_data(il)
+            c.k(il).reshape(-1).view(np.uint8)[:] = k
+            c.v(il).reshape(-1).view(np.uint8)[:] = v
+        # the same cells as the workload's fill: token k of sequence k % 32 at position k // 32
         for k in range(cells):
             c.find_slot(kvcache.UBatch([k // 32], [k % 32]))
             c.commit()
-        blob = bytearray(c.state_size())
-        blob[:] = b"\0" * len(blob)   # pages faulted in, as for the memcpy yardstick
+        nbytes = c.state_size()
+        blob = bytearray(nbytes)
+        blob[:] = b"\0" * nbytes   # pages faulted in, as for the memcpy yardstick
+        base_blob = bytearray(nbytes + 1)
+        base_blob[:] = b"\0" * len(base_blob)
+        _, n_base = w.base_state_write(base_blob)
+        c.state_write_into(blob)
+        if n_base != nbytes or base_blob[:nbytes] != blob:
+            raise AssertionError("the public API's state blob differs from the baseline's")
+        base_view = memoryview(base_blob)[:nbytes]
 
         def write():
             t = time.perf_counter_ns()
             c.state_write_into(blob)
-            return time.perf_counter_ns() - t
+            t = time.perf_counter_ns() - t
+            return t, w.base_state_write(base_blob)[0], _bench.memcpy_ns(nbytes, 2) / 2
 
         def read():
             t = time.perf_counter_ns()
             c.state_read(blob)
-            return time.perf_counter_ns() - t
-        nbytes = len(blob)
-        for k, what, fn in ((1, "write", write), (3, "read", read)):
-            # each repetition: the operation, then memcpy of the blob's bytes right after
-            res = [(fn(), _bench.memcpy_ns(nbytes, 2) / 2) for _ in range(reps)]
-            fm, fr = _median_range([r[0] for r in res])
-            mc = statistics.median([r[1] for r in res])
-            bm = statistics.median([r[k] for r in base])
-            rows.append(Row(f"state {what}, whole cache {cells} cells, {n_layer} layers x 1024 f16, v_trans={v_trans}",
-                            fm, fr, bm, bm / fm, nbytes / fm, nbytes / mc, _paired([r[0] for r in res], [r[1] for r in res]),
-                            note="reference: memcpy of the blob's bytes"))
+            t = time.perf_counter_ns() - t
+            return t, w.base_state_read(base_view), _bench.memcpy_ns(nbytes, 2) / 2
+        for what, fn in (("write", write), ("read", read)):
+            # each repetition: kvcache, the baseline, memcpy of the blob's bytes, back to back
+            res = [fn() for _ in range(reps)]
+            fast, base, mc = [r[0] for r in res], [r[1] for r in res], [r[2] for r in res]
+            rows.append(_versus(f"state {what}, whole cache {cells} cells, {n_layer} layers x 1024 f16, v_trans={v_trans}",
+                                fast, base, gbps=nbytes / statistics.median(fast), yardstick="memcpy of the blob's bytes",
+                                yardstick_gbps=nbytes / statistics.median(mc), yardstick_ratio=_paired(fast, mc)))
+        # the reads restored what was written, on both sides
+        if c.state_write() != bytes(blob) or w.base_state_write(base_blob)[1] != nbytes or base_blob[:nbytes] != blob:
+            raise AssertionError("a state read did not restore the blob it read")
     return rows
 
 
@@ -233,6 +285,19 @@ CASES = {
 }
 
 
+def machine() -> dict:
+    """The machine of a run: platform, processor, CPU count, Python, time and the load average at
+    the end (this bench often runs on shared machines: a figure means little without it)."""
+    import os
+
+    load = None
+    if hasattr(os, "getloadavg"):
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "load": load}
+
+
 def run(quick: bool = False, cases: list[str] | None = None, reps: int | None = None,
         progress: Callable[[str], None] | None = None) -> dict:
     """Run the benchmark cases; returns {"machine": ..., "rows": [...]}."""
@@ -243,8 +308,7 @@ def run(quick: bool = False, cases: list[str] | None = None, reps: int | None = 
             progress(name)
         rows += CASES[name](quick, reps)
     return {
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
+        "machine": machine(),
         "quick": quick,
         "repetitions": reps,
         "rows": [asdict(r) for r in rows],
@@ -258,23 +322,36 @@ def _fmt_ns(ns: float) -> str:
     return f"{ns:.3g} ns"
 
 
+COLUMNS = ("case", "kvcache (median, min-max)", "baseline", "baseline/kvcache", "GB/s", "yardstick", "yardstick GB/s",
+           "kvcache/yardstick", "goal")
+
+
 def format_table(report: dict) -> str:
-    """The report as a Markdown table."""
-    out = ["| case | kvcache (median, min-max) | baseline | baseline/kvcache | GB/s | ref GB/s | kvcache/ref |",
-           "|---|---|---|---|---|---|---|"]
+    """The report as a Markdown table (a row that waits says for what in its kvcache column)."""
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in report["rows"]:
-        lo, hi = r["kvcache_range"]
-        out.append("| {} | {} ({}-{}) | {} | {} | {} | {} | {} |".format(
-            r["case"], _fmt_ns(r["kvcache_ns"]), _fmt_ns(lo), _fmt_ns(hi),
+        if r["kvcache_ns"] is None:
+            timing = r["note"]
+        else:
+            lo, hi = r["kvcache_range"]
+            timing = f"{_fmt_ns(r['kvcache_ns'])} ({_fmt_ns(lo)}-{_fmt_ns(hi)})"
+        out.append("| " + " | ".join((
+            r["case"], timing,
             _fmt_ns(r["baseline_ns"]) if r["baseline_ns"] else "-",
             f"{r['ratio']:.1f}x" if r["ratio"] else "-",
             f"{r['gbps']:.1f}" if r["gbps"] else "-",
-            f"{r['ref_gbps']:.1f}" if r["ref_gbps"] else "-",
-            f"{r['ref_ratio']:.2f}" if r["ref_ratio"] else "-"))
+            r["yardstick"] or "-",
+            f"{r['yardstick_gbps']:.1f}" if r["yardstick_gbps"] else "-",
+            f"{r['yardstick_ratio']:.2f}" if r["yardstick_ratio"] else "-",
+            r["goal"] or "-")) + " |")
     m = report["machine"]
     out.append("")
-    out.append(f"Machine: {m['platform']}, {m['processor']}, Python {m['python']}; {report['repetitions']} "
-               f"repetitions{' (quick)' if report['quick'] else ''}; {m['time']}.")
+    load = f"; load average {m['load']}" if m.get("load") else ""
+    out.append(f"Machine: {m['platform']}, {m['processor']}, {m.get('cpus', '?')} CPUs, Python {m['python']}; "
+               f"{report['repetitions']} repetitions{' (quick)' if report['quick'] else ''}; {m['time']}{load}.")
+    notes = [f"- {r['case']}: {r['note']}" for r in report["rows"] if r["note"] and r["kvcache_ns"] is not None]
+    if notes:
+        out += ["", "Notes:", *notes]
     return "\n".join(out)
 
 

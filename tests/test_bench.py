@@ -1,0 +1,100 @@
+"""``kvcache bench``'s cases in their quick sizes: every agreement check a case makes between
+kvcache and the baseline (or a peer) runs here as a test. Their timings are not checked: speed
+goes in the bench's table, never in a test."""
+import pytest
+
+from conftest import needs_bench
+
+pytestmark = needs_bench
+
+
+def _rows(name):
+    from kvcache import bench
+
+    rows = bench.CASES[name](True, 1)
+    assert rows, f"the {name} case made no row"
+    for r in rows:
+        assert r.kvcache_ns is None or r.kvcache_ns > 0, r
+    return rows
+
+
+def test_find_slot_places_the_same_cells_on_both_sides():
+    rows = _rows("find_slot")
+    prompt = [r for r in rows if "512-token prompt" in r.case]
+    # the prompts were placed (not a failed search timed on both sides), the same ones on each
+    assert len(prompt) == 1 and prompt[0].extra["placed"] > 0
+    assert all(r.baseline_ns and r.ratio for r in rows)
+
+
+def test_the_checks_see_a_difference_in_the_cells():
+    from kvcache import _bench
+
+    w = _bench.Workload(512, 4)
+    w.fill(256)
+    w.check()
+    w._desync(1, 3, 4)            # one cell emptied on kvcache's side only
+    with pytest.raises(AssertionError, match="disagree"):
+        w.check()
+
+
+def test_a_failed_prompt_search_is_not_timed_as_a_placement():
+    from kvcache import _bench
+
+    w = _bench.Workload(1024, 32)
+    w.fill(1024)
+    w.fragment(0.5)               # holes of 4 positions only: no free run of 512 cells
+    with pytest.raises(AssertionError, match="no prompt was placed"):
+        w.prompt(512, 2)
+
+
+def test_defrag_plans_are_compared_cell_by_cell():
+    from kvcache import _bench
+
+    _rows("defrag")
+    w = _bench.Workload(2048, 8)
+    w.fill(2048)
+    w.fragment(0.5)
+    w._desync(0, 0, 64)           # kvcache's side has more holes: its plan differs
+    with pytest.raises(AssertionError, match="defrag plan|cell"):
+        w.defrag_plan(1)
+
+
+def test_masks_agree():
+    rows = _rows("mask")
+    assert any(r.baseline_ns for r in rows)
+    # the yardstick is named for what it is, and is a streaming memset where kvcache streams
+    from kvcache import _bench
+
+    for r in rows:
+        assert r.yardstick == ("streaming memset" if r.extra["bytes"] >= _bench.STREAM_BYTES else "memset")
+
+
+def test_state_blobs_agree_and_reads_restore_them():
+    rows = _rows("state")
+    assert {r.case.split(",")[0] for r in rows} == {"state write", "state read"}
+    assert all(r.baseline_ns and r.yardstick == "memcpy of the blob's bytes" for r in rows)
+
+
+def test_the_baseline_state_read_clears_the_cache_as_the_seed_does():
+    import numpy as np
+
+    from kvcache import _bench
+
+    # random K/V bytes in every cell (_attach), 64 cells in use
+    w = _bench.Workload(256, 4, n_layer=2, width=32, v_trans=False, buffers=True)
+    w.fill(64)
+    blob = bytearray(1 << 20)
+    _, n = w.base_state_write(blob)
+    row = 32 * 2
+    assert all(np.any(b[64 * row:]) for b in w.base_layer_data(1))
+    w.base_state_read(memoryview(blob)[:n])
+    # the cells past the blob's 64 hold zeros, K and V of every layer; the blob reads back as is
+    for il in range(2):
+        for b in w.base_layer_data(il):
+            assert not np.any(b[64 * row:])
+    out = bytearray(1 << 20)
+    assert w.base_state_write(out)[1] == n and out[:n] == blob[:n]
+
+
+def test_calls_case_runs():
+    _rows("calls")
