@@ -98,3 +98,58 @@ def test_the_baseline_state_read_clears_the_cache_as_the_seed_does():
 
 def test_calls_case_runs():
     _rows("calls")
+
+
+def test_decode_steps_agree_with_the_baselines_step():
+    from kvcache._bench_step import capabilities
+
+    rows = _rows("step")
+    timed = [r for r in rows if r.kvcache_ns is not None]
+    assert timed and all(r.yardstick_ratio and r.goal for r in timed)
+    # up to 64 sequences the baseline ran the same step (and agreed, or the case would have raised)
+    assert all(r.baseline_ns for r in timed if "256 seqs" not in r.case)
+    waits = [r for r in rows if r.kvcache_ns is None]
+    assert bool(waits) == (capabilities().max_seqs < 256)
+    assert all("256 sequences" in r.note for r in waits)
+
+
+def test_the_step_checks_see_a_wrong_mask_and_wrong_cells():
+    import numpy as np
+
+    import kvcache
+    from kvcache._bench_step import Busy, _check_step
+
+    busy = Busy(1024, 4, 64, 2, 16, buffers=True, baseline=True)
+    c, base = busy.c, busy.base
+    pos = busy.next_pos.copy()
+    seq = np.arange(4, dtype=np.int32)
+    ub = kvcache.UBatch(pos, seq)
+    assert c.find_slot(ub)
+    k = [np.ones((4, 16), np.float16) for _ in range(2)]
+    for il in range(2):
+        c.store(il, k[il], k[il])
+    c.commit()
+    ptr = np.array([a.ctypes.data for a in k], dtype=np.uint64)
+    ref = np.zeros((64, c.n), np.float32)
+    assert base.step(pos, seq, ptr, ptr, ref)[1]
+    out = c.kq_mask(ub)
+    _check_step(c, base, out, ref, "f32", True, 4, c.head, 2, 32, True)
+    out[1, 5] = -out[1, 5] if out[1, 5] else -np.inf
+    with pytest.raises(AssertionError, match="mask differs"):
+        _check_step(c, base, out, ref, "f32", True, 4, c.head, 2, 32, True)
+    busy.check_cells()
+    c.seq_rm(2, 0, 1)             # kvcache's side only
+    with pytest.raises(AssertionError, match="disagree|different cells"):
+        busy.check_cells()
+
+
+def test_scale_rows_cover_every_operation_and_size(tmp_path):
+    from kvcache import bench
+    from kvcache._bench_step import SCALE_OPS, plot_scale
+
+    rows = _rows("scale")
+    assert {(r.extra["op"], r.extra["cells"]) for r in rows} == {(op, n) for op in SCALE_OPS for n in (4096, 16384)}
+    report = {"rows": [bench.asdict(r) for r in rows], "machine": bench.machine()}
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "scale.png"
+    assert plot_scale(report, str(path)) and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

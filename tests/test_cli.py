@@ -94,7 +94,7 @@ def test_bench_report(tmp_path, capsys):
 def test_bench_every_case_is_offered():
     from kvcache.bench import CASES
 
-    assert set(CASES) == {"find_slot", "mask", "defrag", "state", "calls"}
+    assert set(CASES) == {"find_slot", "mask", "defrag", "state", "calls", "step", "scale"}
 
 
 @pytest.mark.parametrize("argv", [["bench", "--case", "nope"], ["bench", "--bogus"]])
@@ -113,3 +113,20 @@ def test_bench_as_a_program(tmp_path):
     for row in ("Python call: seq_pos_max", "Python call: seq_rm of an absent range",
                 "Cython cimport call: seq_pos_max_c", "Cython cimport call: seq_rm_c of an absent range"):
         assert row in res.stdout, res.stdout
+
+
+@needs_bench
+def test_bench_plot_draws_the_scale_curves(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "scale.png"
+    assert cli.main(["bench", "--quick", "--case", "scale", "--plot", str(path)]) == 0
+    assert "scale: seq_rm of a finished request, 16384 cells" in capsys.readouterr().out
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_plot_needs_the_scale_case(tmp_path, capsys):
+    assert cli.main(["bench", "--quick", "--case", "calls", "--plot", str(tmp_path / "x.png")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--plot draws the scale case: add --case scale" in err
+    assert cli.main(["bench", "--quick", "--plot", "/nonexistent/x.png"]) == 2
+    assert "--plot /nonexistent/x.png: no such directory" in capsys.readouterr().err

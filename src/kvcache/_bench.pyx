@@ -5,7 +5,7 @@ kvcache's C core and the baseline (benchmarks/baseline: the seed's loops with th
 containers) run the same operations in one process; the timed loops hold no Python. Each
 function returns nanoseconds (and checks that both implementations agree where it can)."""
 
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, uint16_t, uintptr_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memset, memcpy, memcmp
 from kvcache.includes.kvc_common cimport (kvc_ubatch, kvc_err, KVC_TYPE_F16, KVC_STREAM_BYTES, kvc_copy, kvc_stream_fence, kvc_parallel,
@@ -795,3 +795,139 @@ def cimport_call_ns(UnifiedCore cache, uint32_t reps):
             acc += cache.seq_rm_c(0, 2000000000, 2000000001)
     t2 = perf_counter_ns()
     return (t1 - t0) / reps, (t2 - t1) / reps, acc
+
+
+# --- the baseline driven from Python: the decode step and the scale cases ------------------------
+
+cdef class Baseline:
+    """The baseline's cache (the seed's loops and containers) with K/V memory of the caller's,
+    driven from Python one operation at a time, for the cases timed as a server calls kvcache.
+
+    ``Baseline(size, n_layer, width, n_pad=32, v_trans=False)``: f16 K and V rows of ``width``
+    elements; ``layer(il)`` gives the (K, V) uint8 arrays of a layer (allocated as kvcache's
+    owned K/V memory is, zeros mapped lazily)."""
+    cdef kvb_cache *c
+    cdef uint32_t n_layer, width, size
+    cdef bint v_trans
+    cdef list bufs
+    cdef kvb_layer *layers
+
+    def __cinit__(self, uint32_t size, uint32_t n_layer, uint32_t width, uint32_t n_pad=32, bint v_trans=False):
+        from kvcache._core import _aligned_zeros
+        cdef uint8_t[::1] kb, vb
+        cdef uint32_t l
+        self.c = kvb_new(size, n_pad, 0, 0, v_trans)
+        self.layers = <kvb_layer *>calloc(n_layer, sizeof(kvb_layer))
+        if self.c == NULL or self.layers == NULL:
+            raise MemoryError()
+        self.n_layer, self.width, self.size, self.v_trans = n_layer, width, size, v_trans
+        self.bufs = []
+        nbytes = <size_t>size * width * 2
+        for l in range(n_layer):
+            kb, vb = _aligned_zeros(nbytes), _aligned_zeros(nbytes)
+            self.bufs.append((kb, vb))
+            self.layers[l].k = &kb[0]
+            self.layers[l].v = &vb[0]
+            self.layers[l].k_row_bytes = width * 2
+            self.layers[l].v_row_bytes = width * 2
+            self.layers[l].v_el_bytes = 2
+            self.layers[l].n_embd_v = width
+            self.layers[l].type_k = 1
+            self.layers[l].type_v = 1
+        kvb_set_layers(self.c, n_layer, self.layers)
+
+    def __dealloc__(self):
+        if self.c != NULL:
+            kvb_free(self.c)
+        free(self.layers)
+
+    def layer(self, uint32_t il):
+        """(K, V) of layer il: uint8 arrays of size * width * 2 bytes."""
+        import numpy as np
+        kb, vb = self.bufs[il]
+        return np.asarray(kb), np.asarray(vb)
+
+    @property
+    def head(self):
+        """Where the next slot search starts (where the last find_slot placed)."""
+        return kvb_head(self.c)
+
+    @property
+    def n(self):
+        """The cells the mask spans."""
+        return kvb_n(self.c)
+
+    @property
+    def used(self):
+        """Cells in use."""
+        return kvb_used(self.c)
+
+    def cells(self):
+        """(pos int32[size], seq uint64[size]): every cell's position (-1 empty) and sequences."""
+        import numpy as np
+        pos = np.empty(self.size, dtype=np.int32)
+        seq = np.empty(self.size, dtype=np.uint64)
+        cdef int32_t[::1] p = pos
+        cdef uint64_t[::1] q = seq
+        kvb_cells(self.c, &p[0], &q[0])
+        return pos, seq
+
+    def find_slot(self, const int32_t[::1] pos, const int32_t[::1] seq):
+        """Place one token per (pos, seq) entry: True when placed."""
+        if pos.shape[0] != seq.shape[0] or pos.shape[0] == 0:
+            raise ValueError("pos and seq need one entry per token")
+        cdef int ok
+        with nogil:
+            ok = kvb_find_slot(self.c, <uint32_t>pos.shape[0], &pos[0], &seq[0])
+        return ok == 1
+
+    def commit(self):
+        """Forget the last find_slot's recovery snapshots."""
+        kvb_commit(self.c)
+
+    def seq_rm(self, int32_t s, int32_t p0=-1, int32_t p1=-1):
+        """Remove sequence s from the cells with positions in [p0, p1)."""
+        kvb_seq_rm(self.c, s, p0, p1)
+
+    def step(self, const int32_t[::1] pos, const int32_t[::1] seq, const uint64_t[::1] k_rows,
+             const uint64_t[::1] v_rows, float[:, ::1] mask):
+        """(ns, placed) of one decode step (kvb_step): the ubatch of one token per (pos, seq),
+        find_slot, the K/V rows of every layer from the addresses k_rows[il] / v_rows[il]
+        (n_tokens rows each), the padded f32 mask into mask, commit."""
+        cdef uint32_t n = <uint32_t>pos.shape[0]
+        if seq.shape[0] != n or n == 0 or k_rows.shape[0] != self.n_layer or v_rows.shape[0] != self.n_layer:
+            raise ValueError("step: one seq per token and one K and V address per layer")
+        if mask.shape[0] != (n + 63) // 64 * 64 or mask.shape[1] < 1:
+            raise ValueError("step: the mask needs pad(n_tokens, 64) rows")
+        cdef uint64_t t0
+        cdef int ok
+        t0 = perf_counter_ns()
+        with nogil:
+            ok = kvb_step(self.c, n, &pos[0], &seq[0], <const uint8_t *const *>&k_rows[0],
+                          <const uint8_t *const *>&v_rows[0], &mask[0, 0])
+        t0 = perf_counter_ns() - t0
+        if ok and mask.shape[1] != kvb_n(self.c):
+            raise ValueError("step: the mask has n columns")
+        return t0, ok == 1
+
+
+def step_floor_ns(unsigned char[::1] mask, const uint64_t[::1] dst, const uint64_t[::1] src, size_t row_bytes):
+    """Nanoseconds of a decode step's floor: writing the mask's bytes at memset speed (with
+    non-temporal stores from STREAM_BYTES on, as kvcache writes such masks) and copying the K/V
+    rows it stores (memcpy of row_bytes from src[i] to dst[i] for every i): the bytes a step
+    must write, written the fastest plain way."""
+    cdef size_t nbytes = mask.shape[0]
+    cdef Py_ssize_t i, n = dst.shape[0]
+    cdef bint stream = nbytes >= KVC_STREAM_BYTES
+    cdef uint64_t t0
+    if src.shape[0] != n:
+        raise ValueError("one source per destination")
+    t0 = perf_counter_ns()
+    with nogil:
+        if stream:
+            stream_memset(&mask[0], 0, nbytes)
+        else:
+            memset(&mask[0], 0, nbytes)
+        for i in range(n):
+            memcpy(<void *><uintptr_t>dst[i], <const void *><uintptr_t>src[i], row_bytes)
+    return perf_counter_ns() - t0

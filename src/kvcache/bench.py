@@ -276,12 +276,29 @@ def bench_calls(quick: bool, reps: int) -> list[Row]:
     return rows
 
 
+def bench_step(quick: bool, reps: int) -> list[Row]:
+    """The decode step from Python against the baseline's same step and the floor
+    (kvcache._bench_step)."""
+    from kvcache._bench_step import bench_step as case
+
+    return case(quick, reps)
+
+
+def bench_scale(quick: bool, reps: int) -> list[Row]:
+    """Each operation's cost as the cache grows (kvcache._bench_step)."""
+    from kvcache._bench_step import bench_scale as case
+
+    return case(quick, reps)
+
+
 CASES = {
     "find_slot": bench_find_slot,
     "mask": bench_mask,
     "defrag": bench_defrag,
     "state": bench_state,
     "calls": bench_calls,
+    "step": bench_step,
+    "scale": bench_scale,
 }
 
 

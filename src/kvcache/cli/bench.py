@@ -43,21 +43,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke run)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--case", action="append", choices=list(CASES), help="run only these cases (repeatable)")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="draw the scale case's curves (cost per operation against cells) into FILE (PNG), "
+                             "when matplotlib is installed")
     parser.add_argument("--progress", action="store_true",
                         help="say which case runs (on stderr), also when stderr is not a terminal")
 
 
-def _check_output(path: str) -> None:
+def _check_output(path: str, flag: str = "--json") -> None:
     """Fail before a run of minutes when its report could not be written."""
     import os
 
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise IsADirectoryError(f"--json {path}: is a directory")
+        raise IsADirectoryError(f"{flag} {path}: is a directory")
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"--json {path}: no such directory: {folder}")
+        raise FileNotFoundError(f"{flag} {path}: no such directory: {folder}")
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise PermissionError(f"--json {path}: not writable")
+        raise PermissionError(f"{flag} {path}: not writable")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json:
         _check_output(args.json)
+    if args.plot:
+        _check_output(args.plot, "--plot")
+        if args.case and "scale" not in args.case:
+            print(f"{args._prog}: error: --plot draws the scale case: add --case scale", file=sys.stderr)
+            return 2
     try:
         importlib.import_module("kvcache._bench")
     except ImportError:
@@ -83,4 +91,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(json_text(report) + "\n")
+    if args.plot:
+        from kvcache._bench_step import plot_scale
+
+        if not plot_scale(report, args.plot):
+            print(f"{args._prog}: --plot {args.plot}: nothing drawn (matplotlib is not installed)", file=sys.stderr)
     return 0
