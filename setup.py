@@ -94,7 +94,8 @@ def extensions(root=""):
     # Benchmark-only: kvcache's C core next to a transcription of the reference's loops
     bench = Extension(
         BENCH_MODULE,
-        sources=[os.path.join(root, "src/kvcache/_bench.pyx"), os.path.join(root, "benchmarks/baseline/kvc_baseline.cpp")],
+        sources=[os.path.join(root, "src/kvcache/_bench.pyx"), os.path.join(root, "benchmarks/baseline/kvc_baseline.cpp"),
+                 os.path.join(root, "benchmarks/baseline/kvc_baseline2026.cpp")],
         include_dirs=[csrc, os.path.join(root, "benchmarks/baseline")],
         depends=depends,
         language="c++",

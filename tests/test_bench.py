@@ -153,3 +153,34 @@ def test_scale_rows_cover_every_operation_and_size(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "scale.png"
     assert plot_scale(report, str(path)) and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_2026_cases_run_todays_loop_and_wait_for_kvcaches_side():
+    from kvcache._bench_step import capabilities
+
+    rows = _rows("2026")
+    timed = rows[:3]
+    assert all(r.baseline_ns for r in timed)     # today's loop placed every token and prompt
+    if not capabilities().semantics_2026:
+        assert all(r.kvcache_ns is None and "semantics=\"2026\"" in r.note for r in rows)
+
+
+def test_the_2026_comparison_of_cells_and_the_cimport_loop():
+    """What the 2026 cases use on kvcache's side, on a workload where both semantics place alike
+    (an empty cache filled round robin)."""
+    import kvcache
+    from kvcache import _bench
+    from kvcache._bench_2026 import N_SEQS, _busy_ops, _same_cells
+
+    import random
+
+    fill, _, _ = _busy_ops(1024, random.Random(0))
+    base = _bench.Baseline2026(1024, 1, N_SEQS, 1)
+    base.run(fill)
+    c = kvcache.UnifiedCache(1024, 1, 8, 8, n_seq_max=N_SEQS, buffers=None)
+    ns, placed = _bench.cimport_find_slot_ns(c, [kvcache.UBatch(p, s) for p, s in fill])
+    assert placed == len(fill) and ns > 0
+    _same_cells(c, base)
+    c.seq_rm(3, 5, 6)
+    with pytest.raises(AssertionError, match="different"):
+        _same_cells(c, base)

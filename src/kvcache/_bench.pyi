@@ -3,7 +3,9 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self
 
-from kvcache._core import UnifiedCore
+from collections.abc import Sequence
+
+from kvcache._core import UBatch, UnifiedCore
 
 class Workload:
     """A kvcache cache and a baseline cache driven through the same operations."""
@@ -73,3 +75,42 @@ class Baseline:
 def step_floor_ns(
     mask: npt.NDArray[np.uint8], dst: npt.NDArray[np.uint64], src: npt.NDArray[np.uint64], row_bytes: int
 ) -> int: ...
+
+_SeqIds = Sequence[int | Sequence[int]]
+
+class Baseline2026:
+    """Today's llama.cpp cache loop, driven from Python."""
+
+    size: int
+    n_stream: int
+    n_seq_max: int
+    def __new__(
+        cls, size: int, n_stream: int = 1, n_seq_max: int = 1, n_pad: int = 1, n_swa: int = 0, swa_type: int = 0
+    ) -> Self: ...
+    @property
+    def heads(self) -> tuple[int, ...]: ...
+    @property
+    def used(self) -> tuple[int, ...]: ...
+    def cells(self, stream: int = 0) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint64]]: ...
+    def find_slot(self, pos: Sequence[int] | npt.NDArray[np.int32], seq_ids: _SeqIds) -> bool: ...
+    def slot(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None: ...
+    def seq_pos_min(self, s: int) -> int: ...
+    def seq_pos_max(self, s: int) -> int: ...
+    def kq_mask(
+        self,
+        pos: Sequence[int] | npt.NDArray[np.int32],
+        seq_ids: _SeqIds,
+        causal: bool = True,
+        out: npt.NDArray[np.float32] | None = None,
+    ) -> npt.NDArray[np.float32]: ...
+    def kq_mask_ns(
+        self, pos: Sequence[int] | npt.NDArray[np.int32], seq_ids: _SeqIds, out: npt.NDArray[np.float32], reps: int
+    ) -> int: ...
+    def run(
+        self, ubatches: list[tuple[Sequence[int] | npt.NDArray[np.int32], _SeqIds]], undo_seq: int = -2, undo_p0: int = 0
+    ) -> tuple[int, int]: ...
+
+def cimport_find_slot_ns(
+    cache: UnifiedCore, ubatches: list[UBatch], undo_seq: int = -2, undo_p0: int = 0
+) -> tuple[int, int]: ...

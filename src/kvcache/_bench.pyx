@@ -775,7 +775,7 @@ def copy_ns(size_t nbytes, uint32_t reps, unsigned n_threads=1, bint stream=Fals
     return (perf_counter_ns() - t0) // max(reps, 1)
 
 
-from kvcache._core cimport UnifiedCore
+from kvcache._core cimport UnifiedCore, UBatch
 
 
 def cimport_call_ns(UnifiedCore cache, uint32_t reps):
@@ -931,3 +931,230 @@ def step_floor_ns(unsigned char[::1] mask, const uint64_t[::1] dst, const uint64
         for i in range(n):
             memcpy(<void *><uintptr_t>dst[i], <const void *><uintptr_t>src[i], row_bytes)
     return perf_counter_ns() - t0
+
+
+# --- today's llama.cpp loop (benchmarks/baseline/kvc_baseline2026.cpp) ----------------------------
+
+cdef extern from "kvc_baseline2026.h" nogil:
+    ctypedef struct kvb26_cache:
+        pass
+    kvb26_cache *kvb26_new(uint32_t size, uint32_t n_stream, uint32_t n_seq_max, uint32_t n_pad, uint32_t n_swa,
+                           int32_t swa_type)
+    void kvb26_free(kvb26_cache *c)
+    uint32_t kvb26_head(const kvb26_cache *c, uint32_t stream)
+    uint32_t kvb26_used(const kvb26_cache *c, uint32_t stream)
+    void kvb26_cells(const kvb26_cache *c, uint32_t stream, int32_t *pos, uint64_t *seq)
+    int kvb26_find_slot(kvb26_cache *c, uint32_t n_tokens, const int32_t *pos, const uint32_t *seq_off,
+                        const int32_t *seq_ids)
+    uint32_t kvb26_slot(const kvb26_cache *c, int32_t *streams, int32_t *cells)
+    int kvb26_seq_rm(kvb26_cache *c, int32_t s, int32_t p0, int32_t p1)
+    int32_t kvb26_seq_pos_min(const kvb26_cache *c, int32_t s)
+    int32_t kvb26_seq_pos_max(const kvb26_cache *c, int32_t s)
+    int kvb26_mask_shape(const kvb26_cache *c, uint32_t n_tokens, const uint32_t *seq_off, const int32_t *seq_ids,
+                         uint32_t *n_blocks, uint32_t *rows, uint32_t *n_kv)
+    int kvb26_kq_mask(const kvb26_cache *c, uint32_t n_tokens, const int32_t *pos, const uint32_t *seq_off,
+                      const int32_t *seq_ids, int causal, float *out)
+
+
+def _flat_ubatch(pos, seq_ids):
+    """(pos int32, seq_off uint32, seq_ids int32) of a ubatch given one entry per token: an id
+    or a list of ids."""
+    import numpy as np
+    lists = [[int(s)] if isinstance(s, (int, np.integer)) else [int(x) for x in s] for s in seq_ids]
+    off = np.zeros(len(lists) + 1, dtype=np.uint32)
+    off[1:] = np.cumsum([len(x) for x in lists])
+    flat = np.array([x for l in lists for x in l] or [0], dtype=np.int32)
+    return np.ascontiguousarray(pos, dtype=np.int32), off, flat
+
+
+cdef class Baseline2026:
+    """Today's llama.cpp cache loop (the team's transcription, kvc_baseline2026.cpp), driven from
+    Python: ``Baseline2026(size, n_stream=1, n_seq_max=1, n_pad=1, n_swa=0, swa_type=0)`` with
+    ``size`` cells per stream; swa_type 0 none, 1 standard, 2 chunked. Ubatches are given as
+    positions and one entry per token of sequence ids (an int or a list)."""
+    cdef kvb26_cache *c
+    cdef readonly uint32_t size, n_stream, n_seq_max
+
+    def __cinit__(self, uint32_t size, uint32_t n_stream=1, uint32_t n_seq_max=1, uint32_t n_pad=1,
+                  uint32_t n_swa=0, int32_t swa_type=0):
+        self.c = kvb26_new(size, n_stream, n_seq_max, n_pad, n_swa, swa_type)
+        if self.c == NULL:
+            raise ValueError("n_stream must be 1 or n_seq_max, n_seq_max in [1, 256]")
+        self.size, self.n_stream, self.n_seq_max = size, n_stream, n_seq_max
+
+    def __dealloc__(self):
+        if self.c != NULL:
+            kvb26_free(self.c)
+
+    @property
+    def heads(self):
+        """The head of each stream."""
+        return tuple(kvb26_head(self.c, s) for s in range(self.n_stream))
+
+    @property
+    def used(self):
+        """The cells in use in each stream."""
+        return tuple(kvb26_used(self.c, s) for s in range(self.n_stream))
+
+    def cells(self, uint32_t stream=0):
+        """(pos int32[size], seq uint64[size, 4]) of a stream: positions (-1 empty) and 256
+        sequence bits per cell."""
+        import numpy as np
+        if stream >= self.n_stream:
+            raise ValueError("no such stream")
+        pos = np.empty(self.size, dtype=np.int32)
+        seq = np.empty((self.size, 4), dtype=np.uint64)
+        cdef int32_t[::1] p = pos
+        cdef uint64_t[:, ::1] q = seq
+        kvb26_cells(self.c, stream, &p[0], &q[0, 0])
+        return pos, seq
+
+    def find_slot(self, pos, seq_ids):
+        """find_slot(ubatch, cont=false) and apply_ubatch: True placed, False no slot (nothing
+        changed); ValueError for a ubatch the cache cannot take."""
+        p, o, f = _flat_ubatch(pos, seq_ids)
+        cdef int32_t[::1] pv = p
+        cdef uint32_t[::1] ov = o
+        cdef int32_t[::1] fv = f
+        if p.shape[0] == 0 or p.shape[0] + 1 != o.shape[0]:
+            raise ValueError("one entry of sequence ids per position, at least one token")
+        cdef int rc
+        with nogil:
+            rc = kvb26_find_slot(self.c, <uint32_t>pv.shape[0], &pv[0], &ov[0], &fv[0])
+        if rc < 0:
+            raise ValueError("a ubatch this cache cannot take")
+        return rc == 1
+
+    def slot(self):
+        """(streams, cells) int32 arrays: where the last successful find_slot put each token."""
+        import numpy as np
+        cdef uint32_t n = kvb26_slot(self.c, NULL, NULL)
+        st = np.empty(n, dtype=np.int32)
+        ce = np.empty(n, dtype=np.int32)
+        cdef int32_t[::1] a = st
+        cdef int32_t[::1] b = ce
+        if n:
+            kvb26_slot(self.c, &a[0], &b[0])
+        return st, ce
+
+    def seq_rm(self, int32_t s, int32_t p0=-1, int32_t p1=-1):
+        """Remove sequence s (-1: every one) from the cells with positions in [p0, p1)."""
+        if not -1 <= s < <int32_t>self.n_seq_max:
+            raise ValueError("no such sequence")
+        kvb26_seq_rm(self.c, s, p0, p1)
+
+    def seq_pos_min(self, int32_t s):
+        """Smallest position of sequence s, -1 when absent."""
+        if not 0 <= s < <int32_t>self.n_seq_max:
+            raise ValueError("no such sequence")
+        return kvb26_seq_pos_min(self.c, s)
+
+    def seq_pos_max(self, int32_t s):
+        """Largest position of sequence s, -1 when absent."""
+        if not 0 <= s < <int32_t>self.n_seq_max:
+            raise ValueError("no such sequence")
+        return kvb26_seq_pos_max(self.c, s)
+
+    def kq_mask(self, pos, seq_ids, bint causal=True, out=None):
+        """The f32 KQ mask [blocks, rows, n_kv] of a ubatch (no padding rows), into out when
+        given (a C-contiguous float32 array of that shape)."""
+        import numpy as np
+        p, o, f = _flat_ubatch(pos, seq_ids)
+        cdef int32_t[::1] pv = p
+        cdef uint32_t[::1] ov = o
+        cdef int32_t[::1] fv = f
+        cdef uint32_t nb, rows, n_kv
+        if p.shape[0] == 0 or p.shape[0] + 1 != o.shape[0] or kvb26_mask_shape(self.c, <uint32_t>pv.shape[0], &ov[0], &fv[0], &nb, &rows, &n_kv) != 0:
+            raise ValueError("a ubatch this cache cannot take")
+        if out is None:
+            out = np.empty((nb, rows, n_kv), dtype=np.float32)
+        elif out.shape != (nb, rows, n_kv) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous float32 array of shape {(nb, rows, n_kv)}")
+        cdef float[:, :, ::1] ov3 = out
+        with nogil:
+            kvb26_kq_mask(self.c, <uint32_t>pv.shape[0], &pv[0], &ov[0], &fv[0], causal, &ov3[0, 0, 0])
+        return out
+
+    def kq_mask_ns(self, pos, seq_ids, out, uint32_t reps):
+        """ns per f32 KQ mask of a ubatch into out (as kq_mask), reps times in a C loop."""
+        self.kq_mask(pos, seq_ids, out=out)     # checks the ubatch and out
+        p, o, f = _flat_ubatch(pos, seq_ids)
+        cdef int32_t[::1] pv = p
+        cdef uint32_t[::1] ov = o
+        cdef int32_t[::1] fv = f
+        cdef float[:, :, ::1] ov3 = out
+        cdef uint32_t r
+        cdef uint64_t t0 = perf_counter_ns()
+        with nogil:
+            for r in range(reps):
+                kvb26_kq_mask(self.c, <uint32_t>pv.shape[0], &pv[0], &ov[0], &fv[0], True, &ov3[0, 0, 0])
+        return (perf_counter_ns() - t0) // max(reps, 1)
+
+    def run(self, list ubatches, int32_t undo_seq=-2, int32_t undo_p0=0):
+        """(ns, placed) for find_slot of each ubatch in turn in a C loop (ubatches: a list of
+        (pos, seq_ids) as find_slot takes them, converted before timing); with undo_seq >= 0 each
+        placement is undone right after by seq_rm(undo_seq, undo_p0, -1)."""
+        import numpy as np
+        conv = [_flat_ubatch(p, s) for p, s in ubatches]
+        cdef Py_ssize_t n = len(conv), k
+        cdef const int32_t **pp = <const int32_t **>malloc((n + 1) * sizeof(void *))
+        cdef const uint32_t **oo = <const uint32_t **>malloc((n + 1) * sizeof(void *))
+        cdef const int32_t **ff = <const int32_t **>malloc((n + 1) * sizeof(void *))
+        cdef uint32_t *nt = <uint32_t *>malloc((n + 1) * sizeof(uint32_t))
+        cdef int32_t[::1] pv
+        cdef uint32_t[::1] ov
+        cdef int32_t[::1] fv
+        cdef uint64_t t0
+        cdef int placed = 0, rc
+        try:
+            for k in range(n):
+                pv, ov, fv = conv[k]
+                pp[k], oo[k], ff[k], nt[k] = &pv[0], &ov[0], &fv[0], <uint32_t>pv.shape[0]
+            t0 = perf_counter_ns()
+            with nogil:
+                for k in range(n):
+                    rc = kvb26_find_slot(self.c, nt[k], pp[k], oo[k], ff[k])
+                    if rc == 1:
+                        placed += 1
+                        if undo_seq >= 0:
+                            kvb26_seq_rm(self.c, undo_seq, undo_p0, -1)
+            return perf_counter_ns() - t0, placed
+        finally:
+            free(pp); free(oo); free(ff); free(nt)
+
+
+def cimport_find_slot_ns(UnifiedCore cache, list ubatches, int32_t undo_seq=-2, int32_t undo_p0=0):
+    """(ns, placed) for find_slot_c + commit_c of each UBatch in turn through the cimport contract
+    (no Python in the loop); with undo_seq >= 0 each placement is undone right after by
+    seq_rm_c(undo_seq, undo_p0, -1). The ubatches are checked against the cache first."""
+    from kvcache._core import UBatch as PyUBatch
+    cdef Py_ssize_t n = len(ubatches), k
+    cdef const kvc_ubatch **ub = <const kvc_ubatch **>malloc((n + 1) * sizeof(void *))
+    cdef UBatch u
+    cdef uint64_t t0, t1
+    cdef int placed = 0, locked
+    try:
+        for k in range(n):
+            if not isinstance(ubatches[k], PyUBatch):
+                raise TypeError("ubatches must be kvcache.UBatch objects")
+            u = <UBatch>ubatches[k]
+            u.check(cache.n_seq_max_c())
+            ub[k] = &u.c
+        # lock_c() may wait: called without the GIL (kvcache/_core.pxd)
+        with nogil:
+            locked = cache.lock_c()
+        if locked != 0:
+            raise RuntimeError("the cache is in the middle of an operation")
+        t0 = perf_counter_ns()
+        with nogil:
+            for k in range(n):
+                if cache.find_slot_c(ub[k]) == 1:
+                    placed += 1
+                    cache.commit_c()
+                    if undo_seq >= 0:
+                        cache.seq_rm_c(undo_seq, undo_p0, -1)
+        t1 = perf_counter_ns()
+        cache.unlock_c()
+        return t1 - t0, placed
+    finally:
+        free(ub)

@@ -291,6 +291,14 @@ def bench_scale(quick: bool, reps: int) -> list[Row]:
     return case(quick, reps)
 
 
+def bench_2026(quick: bool, reps: int) -> list[Row]:
+    """Today's semantics: scatter find_slot and the unpadded decode mask against today's loop
+    (kvcache._bench_2026)."""
+    from kvcache._bench_2026 import bench_2026 as case
+
+    return case(quick, reps)
+
+
 CASES = {
     "find_slot": bench_find_slot,
     "mask": bench_mask,
@@ -299,6 +307,7 @@ CASES = {
     "calls": bench_calls,
     "step": bench_step,
     "scale": bench_scale,
+    "2026": bench_2026,
 }
 
 

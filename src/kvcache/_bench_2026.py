@@ -1,0 +1,180 @@
+"""`kvcache bench` cases of today's cache semantics: the baseline is the team's transcription of
+today's llama.cpp loop (benchmarks/baseline/kvc_baseline2026.cpp, checked against
+kvcache.reference2026 in the tests). The kvcache side runs once ``UnifiedCache(semantics="2026")``
+exists (a capability probe, kvcache._bench_step.capabilities); until then the baseline runs
+alone and the rows say what they wait for."""
+from __future__ import annotations
+
+import random
+import statistics
+
+import numpy as np
+
+from kvcache.bench import Row, _median_range, _paired, waiting
+
+N_SEQS = 32
+GOAL_2026 = 10.0   # at least this many times faster than today's loop
+
+
+def _busy_ops(size: int, rng: random.Random) -> tuple[list, list, list[int]]:
+    """The ubatches that fill `size` cells round robin over N_SEQS sequences (one token of each
+    per ubatch), the seq_rm calls that then free holes of 4 positions until half the cells are
+    free, and the next position of each sequence."""
+    steps = size // N_SEQS
+    seqs = list(range(N_SEQS))
+    fill = [([p] * N_SEQS, seqs) for p in range(steps)]
+    removed: set[tuple[int, int]] = set()
+    rms = []
+    while len(removed) * 1 < size // 2:
+        s, p = rng.randrange(N_SEQS), rng.randrange(steps)
+        rms.append((s, p, p + 4))
+        removed.update((s, q) for q in range(p, min(p + 4, steps)))
+    return fill, rms, [steps] * N_SEQS
+
+
+def _baseline_state(size: int, seed: int):
+    from kvcache import _bench
+
+    base = _bench.Baseline2026(size, 1, N_SEQS, 1)
+    fill, rms, next_pos = _busy_ops(size, random.Random(seed))
+    base.run(fill)
+    for s, p0, p1 in rms:
+        base.seq_rm(s, p0, p1)
+    return base, fill, rms, next_pos
+
+
+def _kvcache_state(size: int, fill, rms):
+    """kvcache's semantics="2026" cache in the same state (metadata only)."""
+    import kvcache
+    from kvcache import _bench
+
+    c = kvcache.UnifiedCache(size, 1, 8, 8, n_seq_max=N_SEQS, buffers=None, semantics="2026")  # type: ignore[call-arg]
+    _bench.cimport_find_slot_ns(c, [kvcache.UBatch(p, s) for p, s in fill])
+    for s, p0, p1 in rms:
+        c.seq_rm(s, p0, p1)
+    return c
+
+
+def _same_cells(c, base) -> None:
+    """kvcache's cells (positions and sequences) are the baseline's."""
+    cells = c.cells()
+    pos, seq = base.cells(0)
+    if not np.array_equal(np.asarray(cells.pos), pos):
+        raise AssertionError("kvcache (2026) and today's loop hold different positions")
+    for i in np.flatnonzero(pos >= 0):
+        ids = [64 * w + b for w in range(4) for b in range(64) if (int(seq[i, w]) >> b) & 1]
+        if ids != cells.seq_ids(int(i)):
+            raise AssertionError(f"kvcache (2026) and today's loop hold different sequences in cell {i}")
+
+
+def bench_2026(quick: bool, reps: int) -> list[Row]:
+    """Scatter placement (find_slot with cont=false: any usable cells from the head on) in a cache
+    with half its cells free in holes of 4 positions: 1-token ubatches of 32 sequences and a
+    512-token prompt (placed, then removed), and the decode mask of 32 sequences (f32, no padding
+    rows), today's loop against kvcache's semantics="2026" cache once it exists; each
+    repetition on a fresh state, the two sides paired and their cells compared."""
+    from kvcache import _bench
+    from kvcache._bench_step import capabilities
+
+    size = 8192 if quick else 32768
+    have = capabilities().semantics_2026
+    n_ops = 512 if quick else 2048
+    n_prompts = 20
+    res: dict[str, list[tuple[float, float | None]]] = {"decode": [], "prompt": [], "mask": []}
+    mask_shape = None
+    for rep in range(reps):
+        base, fill, rms, next_pos = _baseline_state(size, rep)
+        c = _kvcache_state(size, fill, rms) if have else None
+        if c is not None:
+            _same_cells(c, base)
+        # 1-token ubatches round robin at the sequences' next positions
+        decode = [([next_pos[k % N_SEQS] + k // N_SEQS], [k % N_SEQS]) for k in range(n_ops)]
+        tb, placed = base.run(decode)
+        if placed != n_ops:
+            raise AssertionError(f"today's loop placed {placed} of {n_ops} tokens")
+        tk = None
+        if c is not None:
+            import kvcache
+
+            tk, placed_k = _bench.cimport_find_slot_ns(c, [kvcache.UBatch(p, s) for p, s in decode])
+            if placed_k != placed:
+                raise AssertionError(f"kvcache (2026) placed {placed_k} tokens, today's loop {placed}")
+            _same_cells(c, base)
+        res["decode"].append((tb / n_ops, None if tk is None else tk / n_ops))
+        # a 512-token prompt of sequence 0 above its positions, removed after each placement
+        p0 = 1 << 30
+        prompt = [(list(range(p0, p0 + 512)), [0] * 512)] * n_prompts
+        tb, placed = base.run(prompt, 0, p0)
+        if placed != n_prompts:
+            raise AssertionError(f"today's loop placed {placed} of {n_prompts} prompts")
+        tk = None
+        if c is not None:
+            import kvcache
+
+            tk, placed_k = _bench.cimport_find_slot_ns(c, [kvcache.UBatch(p, s) for p, s in prompt], 0, p0)
+            if placed_k != placed:
+                raise AssertionError(f"kvcache (2026) placed {placed_k} prompts, today's loop {placed}")
+            _same_cells(c, base)
+        res["prompt"].append((tb / n_prompts, None if tk is None else tk / n_prompts))
+        # the decode mask of the 32 sequences at their next positions
+        pos = [next_pos[s] + n_ops // N_SEQS for s in range(N_SEQS)]
+        ids = list(range(N_SEQS))
+        ref = base.kq_mask(pos, ids)
+        mask_shape = ref.shape
+        tb = base.kq_mask_ns(pos, ids, ref, 5)
+        tk = None
+        if c is not None:
+            import time
+
+            import kvcache
+
+            ub = kvcache.UBatch(pos, ids)
+            out = c.kq_mask(ub, dtype="f32", pad=False)   # type: ignore[call-overload]
+            t0 = time.perf_counter_ns()
+            for _ in range(5):
+                out = c.kq_mask(ub, out=out, dtype="f32", pad=False)   # type: ignore[call-overload]
+            tk = (time.perf_counter_ns() - t0) / 5
+            if not np.array_equal(np.asarray(out).reshape(ref.shape).view(np.uint32), ref.view(np.uint32)):
+                raise AssertionError("kvcache's (2026) decode mask differs from today's loop's")
+        res["mask"].append((tb, tk))
+    names = {"decode": f"2026: find_slot 1 token (scatter), {N_SEQS} seqs, {size} cells 50% fragmented",
+             "prompt": f"2026: find_slot 512-token prompt (scatter, +seq_rm), {size} cells 50% fragmented",
+             "mask": f"2026: kq_mask f32 unpadded, decode of {N_SEQS} seqs, {size} cells 50% fragmented"
+                     f" ({mask_shape[1] if mask_shape else '?'} rows x {mask_shape[2] if mask_shape else '?'})"}
+    rows = []
+    for key, vals in res.items():
+        base_t = [b for b, _ in vals]
+        if vals[0][1] is None:
+            bm, br = _median_range(base_t)
+            rows.append(Row(names[key], None, None, bm,
+                            note="waiting: UnifiedCache(semantics=\"2026\") (today's loop ran alone)",
+                            extra={"baseline_range": br}))
+            continue
+        fast = [k for _, k in vals if k is not None]
+        fm, fr = _median_range(fast)
+        ratio = _paired(base_t, fast)
+        rows.append(Row(names[key], fm, fr, statistics.median(base_t), ratio,
+                        goal=f">= {GOAL_2026:g}x today's loop: {'met' if ratio >= GOAL_2026 else 'not met'} "
+                             f"({ratio:.1f}x)"))
+    rows.append(_simulate_both_semantics(have))
+    return rows
+
+
+def _simulate_both_semantics(have: bool) -> Row:
+    """The hook for the comparison of one `kvcache simulate` workload under both semantics
+    (find_slot failures, cells moved by defrag, tokens per second): it runs once kvcache has the
+    2026 semantics and `kvcache.simulate.SimConfig` has a `semantics` field."""
+    import dataclasses
+
+    from kvcache import simulate
+
+    name = "2026: one kvcache simulate workload under semantics 2025 and 2026"
+    if not have or "semantics" not in {f.name for f in dataclasses.fields(simulate.SimConfig)}:
+        return waiting(name, "UnifiedCache(semantics=\"2026\") and SimConfig(semantics=...)")
+    out = {}
+    for sem in ("2025", "2026"):
+        rep = simulate.simulate(simulate.SimConfig(semantics=sem))   # type: ignore[call-arg]
+        out[sem] = {"find_slot_failures": rep.find_slot_failures, "cells_moved": rep.cells_moved,
+                    "defrags": rep.defrags, "tokens_placed": rep.tokens_placed}
+    return Row(name, None, None, note="ran under both: " + "; ".join(f"{k}: {v}" for k, v in out.items()),
+               extra=out)
