@@ -299,6 +299,13 @@ def bench_2026(quick: bool, reps: int) -> list[Row]:
     return case(quick, reps)
 
 
+def bench_serving(quick: bool, reps: int) -> list[Row]:
+    """One seeded serving workload through kvcache, vLLM and SGLang (kvcache._bench_serving)."""
+    from kvcache._bench_serving import bench_serving as case
+
+    return case(quick, reps)
+
+
 CASES = {
     "find_slot": bench_find_slot,
     "mask": bench_mask,
@@ -308,6 +315,7 @@ CASES = {
     "step": bench_step,
     "scale": bench_scale,
     "2026": bench_2026,
+    "serving": bench_serving,
 }
 
 
@@ -378,6 +386,12 @@ def format_table(report: dict) -> str:
     notes = [f"- {r['case']}: {r['note']}" for r in report["rows"] if r["note"] and r["kvcache_ns"] is not None]
     if notes:
         out += ["", "Notes:", *notes]
+    from kvcache._bench_serving import format_serving
+
+    serving = format_serving(report)
+    if serving:
+        out += ["", "Serving workload, bookkeeping cost per step from Python (CPU time of the driving thread, best "
+                    "replay):", "", serving]
     return "\n".join(out)
 
 

@@ -1,0 +1,524 @@
+"""`kvcache bench --case serving`: one seeded serving workload replayed identically through
+kvcache and, where they can be imported, the KV bookkeeping of the servers a user would pick
+instead: vLLM v1's ``KVCacheManager`` and SGLang's ``RadixCache`` with its token pools. Only
+the bookkeeping is replayed (no K/V data, no model): what each costs per step, driven from
+Python as its server drives it, measured as the CPU time of the driving thread.
+
+The workload: ``n_slots`` requests run at once, ``8 * n_slots`` in all; a prompt has U[64, 1024]
+tokens (with a shared system prompt its first 256 are the same for every request) and is fed in
+chunks of at most 512 tokens, one chunk per step; then the request decodes one token per step
+until it has U[16, 256] outputs (the first comes with its last chunk); a finished request is
+replaced at once (admitted at the start of the next step). The capacity is 1024 tokens per
+running request."""
+from __future__ import annotations
+
+import gc
+import importlib.abc
+import importlib.machinery
+import random
+import statistics
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvcache.bench import Row, waiting
+
+GOAL_SGLANG = 10.0     # kvcache's bookkeeping at least this many times cheaper per step than SGLang's
+CHUNK = 512
+TOKENS_PER_SLOT = 1024
+SYSTEM_PROMPT = 256
+VOCAB = 32000
+
+
+@dataclass
+class Req:
+    rid: int
+    prompt: list[int]
+    out_len: int
+
+
+def schedule(n_slots: int, n_requests: int, seed: int = 0, system: int = 0) -> list[list[tuple]]:
+    """The events of every step, in order: ("admit", rid, prompt, out_len), ("prefill", rid,
+    start, n), ("decode", rid, pos, token) (the KV of `token` at `pos` is computed), ("finish",
+    rid). Admissions come first in a step, finishes last."""
+    rng = random.Random(seed)
+    sys_prompt = [rng.randrange(VOCAB) for _ in range(system)]
+
+    def new(rid: int) -> dict:
+        p, o = rng.randint(64, 1024), rng.randint(16, 256)
+        body = [rng.randrange(VOCAB) for _ in range(max(0, p - system))]
+        return {"rid": rid, "prompt": (sys_prompt + body)[:p], "out": o, "done": 0, "outputs": []}
+
+    running = [new(r) for r in range(min(n_slots, n_requests))]
+    admit = list(running)
+    next_rid = len(running)
+    steps: list[list[tuple]] = []
+    while running:
+        ev: list[tuple] = [("admit", r["rid"], r["prompt"], r["out"]) for r in admit]
+        admit = []
+        done = []
+        for r in running:
+            n_prompt = len(r["prompt"])
+            if r["done"] < n_prompt:
+                n = min(CHUNK, n_prompt - r["done"])
+                ev.append(("prefill", r["rid"], r["done"], n))
+                r["done"] += n
+                if r["done"] == n_prompt:
+                    r["outputs"].append(rng.randrange(VOCAB))
+            else:
+                ev.append(("decode", r["rid"], r["done"], r["outputs"][-1]))
+                r["done"] += 1
+                r["outputs"].append(rng.randrange(VOCAB))
+            if len(r["outputs"]) >= r["out"]:
+                done.append(r)
+        for r in done:
+            running.remove(r)
+            ev.append(("finish", r["rid"]))
+            if next_rid < n_requests:
+                nr = new(next_rid)
+                next_rid += 1
+                running.append(nr)
+                admit.append(nr)
+        steps.append(ev)
+    return steps
+
+
+@dataclass
+class Replay:
+    """What one replay measured: CPU time of the driving thread per step (ns), wall time per step
+    (ns), tokens served from a cached prefix, and driver-specific counters."""
+    cpu: list[int] = field(default_factory=list)
+    wall: list[int] = field(default_factory=list)
+    hits: int = 0
+    counters: dict = field(default_factory=dict)
+
+    @property
+    def cpu_mean(self) -> float:
+        return sum(self.cpu) / len(self.cpu)
+
+
+def _timed(steps, one_step) -> Replay:
+    out = Replay()
+    gc.collect()
+    for ev in steps:
+        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+        one_step(ev)
+        out.wall.append(time.perf_counter_ns() - w0)
+        out.cpu.append(time.thread_time_ns() - c0)
+    return out
+
+
+# --- kvcache -------------------------------------------------------------------------------------
+
+def replay_kvcache(steps, n_slots: int, capacity: int, system: int) -> Replay:
+    """kvcache as a llama.cpp-style server drives it, metadata only: a sequence id per running
+    request; before each step the scheduled defrag (defrag_sched(0.1) + update(), as llama_decode
+    runs it); each prefill chunk one ubatch (one group), the step's decode tokens one ubatch; a
+    ubatch that finds no slot is halved and retried (as llama.cpp's server halves its batch); a
+    finished request's sequence removed with seq_rm; with a shared system prompt a new request
+    takes the prefix of a running request that has computed it (seq_cp). Checked after every step
+    (untimed): each running request holds exactly positions [0, computed) and the cache ends
+    empty."""
+    import kvcache
+
+    c = kvcache.UnifiedCache(capacity, 1, 8, 8, n_seq_max=n_slots, buffers=None)
+    free_ids = list(range(n_slots - 1, -1, -1))
+    live: dict[int, list] = {}          # rid -> [seq id, prompt, computed]
+    counters = {"defrags": 0, "split ubatches": 0}
+    res_hits = [0]
+
+    def place(ub_pos: np.ndarray, ub_seq) -> None:
+        # one group (an int sequence id) or one sequence id per token (an array)
+        grouped = isinstance(ub_seq, int)
+        ub = (kvcache.UBatch(ub_pos, [ub_seq], n_seq_tokens=len(ub_pos)) if grouped
+              else kvcache.UBatch(ub_pos, ub_seq))
+        if c.find_slot(ub):
+            c.commit()
+            return
+        if len(ub_pos) == 1:
+            raise AssertionError("kvcache: no cell for one token: the cache is full")
+        counters["split ubatches"] += 1
+        h = len(ub_pos) // 2
+        place(ub_pos[:h], ub_seq if grouped else ub_seq[:h])
+        place(ub_pos[h:], ub_seq if grouped else ub_seq[h:])
+
+    def step(ev) -> None:
+        c.defrag_sched(0.1)
+        if c.update().moved:
+            counters["defrags"] += 1
+        dec_pos, dec_seq = [], []
+        for e in ev:
+            kind = e[0]
+            if kind == "admit":
+                _, rid, prompt, _out = e
+                s = free_ids.pop()
+                computed = 0
+                if system:
+                    k = min(system, len(prompt) - 1)
+                    for donor in live.values():
+                        if donor[2] >= k and donor[1][:k] == prompt[:k]:
+                            c.seq_cp(donor[0], s, 0, k)
+                            computed = k
+                            res_hits[0] += k
+                            break
+                live[rid] = [s, prompt, computed]
+            elif kind == "prefill":
+                _, rid, start, n = e
+                r = live[rid]
+                lo, hi = max(start, r[2]), start + n
+                if hi > lo:
+                    place(np.arange(lo, hi, dtype=np.int32), r[0])
+                    r[2] = hi
+            elif kind == "decode":
+                r = live[e[1]]
+                dec_pos.append(e[2])
+                dec_seq.append(r[0])
+                r[2] = e[2] + 1
+            else:
+                if dec_pos:   # the step's decode batch before its finishes
+                    place(np.array(dec_pos, dtype=np.int32), np.array(dec_seq, dtype=np.int32))
+                    dec_pos, dec_seq = [], []
+                s = live.pop(e[1])[0]
+                c.seq_rm(s, -1, -1)
+                free_ids.append(s)
+        if dec_pos:
+            place(np.array(dec_pos, dtype=np.int32), np.array(dec_seq, dtype=np.int32))
+
+    out = Replay()
+    gc.collect()
+    for ev in steps:
+        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+        step(ev)
+        out.wall.append(time.perf_counter_ns() - w0)
+        out.cpu.append(time.thread_time_ns() - c0)
+        for s, _, computed in live.values():
+            if computed and (c.seq_pos_min(s), c.seq_pos_max(s)) != (0, computed - 1):
+                raise AssertionError(f"kvcache: sequence {s} holds [{c.seq_pos_min(s)}, {c.seq_pos_max(s)}], "
+                                     f"not [0, {computed - 1}]")
+    if c.used != 0:
+        raise AssertionError(f"kvcache: {c.used} cells still used after every request finished")
+    out.hits = res_hits[0]
+    out.counters = counters
+    return out
+
+
+# --- vLLM ---------------------------------------------------------------------------------------
+
+def _import_vllm():
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request, RequestStatus
+
+    return types.SimpleNamespace(**locals())
+
+
+def replay_vllm(steps, n_slots: int, capacity: int, system: int, v) -> Replay:
+    """vLLM v1's KVCacheManager as its Scheduler calls it (prefix caching on, sha256 block
+    hashes: vLLM's defaults; blocks of 16 tokens): get_computed_blocks + allocate_slots when a
+    request is admitted, allocate_slots for every chunk and decode token (the caller advances
+    num_computed_tokens and appends the sampled token), free when it finishes, new_step_starts
+    each step. Checked: no allocation fails, and every block is free at the end."""
+    bs = 16
+    spec = v.FullAttentionSpec(block_size=bs, num_kv_heads=8, head_size=128, dtype=v.torch.float16)
+    n_blocks = capacity // bs + 1       # block 0 is the pool's null block
+    cfg = v.KVCacheConfig(num_blocks=n_blocks, kv_cache_tensors=[],
+                          kv_cache_groups=[v.KVCacheGroupSpec(["model.layers.0.self_attn"], spec)])
+    mgr = v.KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=bs, hash_block_size=bs, enable_caching=True)
+    hash_fn = v.get_hash_fn_by_name("sha256")
+    v.init_none_hash(hash_fn)
+    hasher = v.get_request_block_hasher(bs, hash_fn)
+    reqs: dict = {}
+    hits = [0]
+
+    def step(ev) -> None:
+        mgr.new_step_starts()
+        for e in ev:
+            kind = e[0]
+            if kind == "admit":
+                _, rid, prompt, out_len = e
+                reqs[rid] = v.Request(str(rid), list(prompt), v.SamplingParams(max_tokens=out_len), None,
+                                      block_hasher=hasher)
+            elif kind == "prefill":
+                _, rid, start, n = e
+                r = reqs[rid]
+                if r.status == v.RequestStatus.WAITING:
+                    blocks, n_hit, _ = mgr.get_computed_blocks(r)
+                    got = mgr.allocate_slots(r, n - n_hit, n_hit, blocks if n_hit else None)
+                    hits[0] += n_hit
+                    r.status = v.RequestStatus.RUNNING
+                else:
+                    got = mgr.allocate_slots(r, n)
+                if got is None:
+                    raise AssertionError(f"vLLM: no blocks for request {rid}")
+                r.num_computed_tokens += n
+                if r.num_computed_tokens == r.num_prompt_tokens:
+                    r.append_output_token_ids(0)
+            elif kind == "decode":
+                _, rid, _pos, tok = e
+                r = reqs[rid]
+                if mgr.allocate_slots(r, 1) is None:
+                    raise AssertionError(f"vLLM: no block for request {rid}")
+                r.num_computed_tokens += 1
+                r.append_output_token_ids(tok)
+            else:
+                r = reqs.pop(e[1])
+                r.status = v.RequestStatus.FINISHED_LENGTH_CAPPED
+                mgr.free(r)
+
+    out = _timed(steps, step)
+    free = mgr.block_pool.get_num_free_blocks()
+    if free != n_blocks - 1:
+        raise AssertionError(f"vLLM: {n_blocks - 1 - free} blocks still held after every request finished")
+    out.hits = hits[0]
+    return out
+
+
+# --- SGLang -------------------------------------------------------------------------------------
+
+class _NoTorchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """An import-time stand-in for torchvision, for SGLang only: PyPI's torchvision wheels need
+    CUDA libraries that a CPU build of torch does not have, and SGLang's memory-cache modules
+    import it only through its multimodal configuration modules. Nothing of it is called by the
+    KV bookkeeping replayed here; any use of it would fail loudly (its names are placeholders
+    that raise when called)."""
+
+    class _Placeholder:
+        def __init__(self, *a, **k):
+            pass
+
+        def __getattr__(self, name):
+            return _NoTorchvision._Placeholder()
+
+        def __mro_entries__(self, bases):
+            return (object,)
+
+    class _Module(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return _NoTorchvision._Placeholder()
+
+    def find_spec(self, name, path, target=None):
+        if name == "torchvision" or name.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        m = self._Module(spec.name)
+        m.__path__ = []
+        return m
+
+    def exec_module(self, module):
+        pass
+
+
+def _import_sglang():
+    try:
+        import torchvision  # noqa: F401
+    except Exception:   # not installed, or a wheel that cannot load beside this torch
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.meta_path.insert(0, _NoTorchvision())
+    from array import array
+
+    import torch
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+    torch.set_num_threads(1)   # the scheduler's thread does the bookkeeping; thread CPU time measures it
+    return types.SimpleNamespace(**locals())
+
+
+def replay_sglang(steps, n_slots: int, capacity: int, system: int, g) -> Replay:
+    """SGLang's RadixCache + ReqToTokenPool + TokenToKVPoolAllocator (page size 1, CPU tensors,
+    no KV memory), the calls its scheduler's helpers make: match_prefix and a lock at admission,
+    alloc (after evicting from the tree when short) and the row write per chunk, one batched row
+    write of the step's decode slots, an unfinished chunk inserted into the tree and the lock moved
+    (chunked prefill), the finished request inserted, its duplicate slots freed, unlocked, its row
+    freed. Checked: no allocation fails, and at the end every slot is free or in the tree."""
+    torch, array = g.torch, g.array
+    r2t = g.ReqToTokenPool(size=n_slots, max_context_len=4096, device="cpu", enable_memory_saver=False)
+    alloc = g.TokenToKVPoolAllocator(size=capacity, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False)
+    tree = g.RadixCache(g.CacheInitParams(disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc,
+                                          page_size=1))
+    reqs: dict = {}
+    hits = [0]
+    evicted = [0]
+
+    def take(n):
+        if alloc.available_size() < n:
+            evicted[0] += tree.evict(g.EvictParams(num_tokens=n - alloc.available_size())).num_tokens_evicted
+        loc = alloc.alloc(n)
+        if loc is None:
+            raise AssertionError(f"SGLang: no slots for {n} tokens")
+        return loc
+
+    def key(tokens):
+        return g.RadixKey(array("q", tokens))
+
+    def write_decodes(rows, pos):
+        loc = take(len(rows))
+        r2t.req_to_token[torch.tensor(rows), torch.tensor(pos)] = loc.to(torch.int32)
+
+    def step(ev) -> None:
+        rows, pos = [], []
+        for e in ev:
+            kind = e[0]
+            if kind == "admit":
+                _, rid, prompt, _out = e
+                r = types.SimpleNamespace(tokens=list(prompt), n_prompt=len(prompt), row=r2t.alloc_rows(1)[0])
+                m = tree.match_prefix(g.MatchPrefixParams(key=key(prompt)))
+                r.node = m.last_device_node
+                tree.inc_lock_ref(r.node)
+                r.protected = min(m.device_prefix_len, len(prompt) - 1)   # a token is left to compute
+                if r.protected:
+                    r2t.write((r.row, slice(0, r.protected)),
+                              tree.path_device_indices(r.node)[:r.protected].to(torch.int32))
+                hits[0] += r.protected
+                r.seq_len = r.protected
+                reqs[rid] = r
+            elif kind == "prefill":
+                _, rid, start, n = e
+                r = reqs[rid]
+                lo, hi = max(start, r.seq_len), start + n
+                if hi > lo:
+                    r2t.write((r.row, slice(lo, hi)), take(hi - lo).to(torch.int32))
+                    r.seq_len = hi
+                if hi < r.n_prompt:
+                    # an unfinished chunk: into the tree, duplicates freed, the row and the lock moved
+                    kv = r2t.req_to_token[r.row, :hi].to(torch.int64)
+                    ins = tree.insert(g.InsertParams(key=key(r.tokens[:hi]), value=kv))
+                    if ins.prefix_len > r.protected:
+                        alloc.free(kv[r.protected:ins.prefix_len])
+                    m = tree.match_prefix(g.MatchPrefixParams(key=key(r.tokens[:hi])))
+                    new = tree.path_device_indices(m.last_device_node)
+                    r2t.write((r.row, slice(r.protected, len(new))), new[r.protected:].to(torch.int32))
+                    tree.dec_lock_ref(r.node)
+                    r.node = m.last_device_node
+                    tree.inc_lock_ref(r.node)
+                    r.protected = len(new)
+            elif kind == "decode":
+                _, rid, p, tok = e
+                r = reqs[rid]
+                r.tokens.append(tok)
+                rows.append(r.row)
+                pos.append(p)
+                r.seq_len = p + 1
+            else:
+                if rows:    # the step's decode batch before its finishes
+                    write_decodes(rows, pos)
+                    rows, pos = [], []
+                r = reqs.pop(e[1])
+                kv = r2t.req_to_token[r.row, :r.seq_len].to(torch.int64)
+                ins = tree.insert(g.InsertParams(key=key(r.tokens[:r.seq_len]), value=kv))
+                if ins.prefix_len > r.protected:
+                    alloc.free(kv[r.protected:ins.prefix_len])
+                tree.dec_lock_ref(r.node)
+                r2t.free_rows([r.row])
+        if rows:
+            write_decodes(rows, pos)
+
+    out = _timed(steps, step)
+    if alloc.available_size() + tree.total_size() != capacity:
+        raise AssertionError(f"SGLang: {capacity - alloc.available_size() - tree.total_size()} slots lost")
+    out.hits = hits[0]
+    out.counters = {"evicted": evicted[0]}
+    return out
+
+
+# --- the case -------------------------------------------------------------------------------------
+
+def _peers() -> tuple[dict, dict]:
+    """({name: (replay, imported modules)}, {name: why it is not there})."""
+    found, missing = {}, {}
+    for name, imp, fn in (("vLLM", _import_vllm, replay_vllm), ("SGLang", _import_sglang, replay_sglang)):
+        try:
+            found[name] = (fn, imp())
+        except Exception as e:   # not installed, or an installation that does not import
+            missing[name] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
+    return found, missing
+
+
+def bench_serving(quick: bool, reps: int) -> list[Row]:
+    """The serving workload through kvcache and the peers, in one run, each replay repeated and
+    the best kept (the fewest CPU nanoseconds in all: the run least disturbed by the machine), the
+    peers' replays interleaved with kvcache's."""
+    from kvcache._bench_step import capabilities
+
+    caps = capabilities()
+    configs = [(8, 0), (8, SYSTEM_PROMPT)] if quick else [(n, s) for n in (32, 64, 256) for s in (0, SYSTEM_PROMPT)]
+    n_reps = 1 if quick else min(reps, 3)
+    peers, missing = _peers()
+    rows: list[Row] = []
+    for n_slots, system in configs:
+        capacity = TOKENS_PER_SLOT * n_slots
+        name = (f"serving: {n_slots} requests, {capacity} tokens, "
+                + (f"{system}-token shared system prompt" if system else "no shared prefix"))
+        steps = schedule(n_slots, 8 * n_slots if not quick else 2 * n_slots, seed=0, system=system)
+        best: dict[str, Replay] = {}
+        for _ in range(n_reps):
+            runs: dict[str, Replay] = {}
+            if n_slots <= caps.max_seqs:
+                runs["kvcache"] = replay_kvcache(steps, n_slots, capacity, system)
+            for peer, (fn, mods) in peers.items():
+                runs[peer] = fn(steps, n_slots, capacity, system, mods)
+            for k, r in runs.items():
+                if k not in best or sum(r.cpu) < sum(best[k].cpu):
+                    best[k] = r
+        per = {k: r.cpu_mean for k, r in best.items()}
+        extra = {"steps": len(steps), "per_step_ns": per,
+                 "wall_median_ns": {k: statistics.median(r.wall) for k, r in best.items()},
+                 "prefix_hit_tokens": {k: r.hits for k, r in best.items()},
+                 "counters": {k: r.counters for k, r in best.items() if r.counters},
+                 "peers_missing": missing, "serving": True}
+        if "kvcache" not in per:
+            row = waiting(name, f"{n_slots} sequences need n_seq_max {n_slots} (this kvcache holds {caps.max_seqs})")
+            row.extra = extra
+            rows.append(row)
+            continue
+        k = best["kvcache"].cpu
+        ratio = per["SGLang"] / per["kvcache"] if "SGLang" in per else None
+        goal = (f">= {GOAL_SGLANG:g}x SGLang per step: {'met' if ratio >= GOAL_SGLANG else 'not met'} ({ratio:.2f}x)"
+                if ratio is not None else f">= {GOAL_SGLANG:g}x SGLang per step: SGLang not importable")
+        peers_note = ", ".join(f"{p} {per[p] / 1e3:.1f} us" for p in ("vLLM", "SGLang") if p in per)
+        note = (f"per step (CPU): {peers_note}" if peers_note else "") + "".join(
+            f"; {p} skipped ({why})" for p, why in missing.items())
+        rows.append(Row(name, per["kvcache"], (min(k), max(k)), goal=goal, note=note.lstrip("; "), extra=extra))
+    return rows
+
+
+def format_serving(report: dict) -> str:
+    """The serving rows of a report as their own table: per-step cost of each implementation."""
+    rows = [r for r in report["rows"] if r.get("extra", {}).get("serving")]
+    if not rows:
+        return ""
+    out = ["| workload | steps | kvcache us/step | vLLM us/step | SGLang us/step | SGLang/kvcache | vLLM/kvcache | "
+           "prefix-hit tokens (kvcache / vLLM / SGLang) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        per = r["extra"]["per_step_ns"]
+        hits = r["extra"]["prefix_hit_tokens"]
+
+        def us(k):
+            return f"{per[k] / 1e3:.1f}" if k in per else "-"
+
+        def ratio(k):
+            return f"{per[k] / per['kvcache']:.2f}x" if k in per and "kvcache" in per else "-"
+        out.append(f"| {r['case'].removeprefix('serving: ')} | {r['extra']['steps']} | "
+                   f"{us('kvcache') if 'kvcache' in per else r['note']} | {us('vLLM')} | {us('SGLang')} | "
+                   f"{ratio('SGLang')} | {ratio('vLLM')} | "
+                   + " / ".join(str(hits.get(k, "-")) for k in ("kvcache", "vLLM", "SGLang")) + " |")
+    missing = rows[0]["extra"].get("peers_missing") or {}
+    if missing:
+        out.append("")
+        out += [f"{p} not run: {why}" for p, why in missing.items()]
+    return "\n".join(out)
