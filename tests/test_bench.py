@@ -184,3 +184,60 @@ def test_the_2026_comparison_of_cells_and_the_cimport_loop():
     c.seq_rm(3, 5, 6)
     with pytest.raises(AssertionError, match="different"):
         _same_cells(c, base)
+
+
+def test_the_serving_schedule_is_seeded_and_complete():
+    from kvcache._bench_serving import CHUNK, schedule
+
+    steps = schedule(4, 10, seed=3, system=256)
+    assert steps == schedule(4, 10, seed=3, system=256)
+    admitted, finished, computed = {}, [], {}
+    for ev in steps:
+        for e in ev:
+            if e[0] == "admit":
+                assert e[1] not in admitted
+                admitted[e[1]] = e[2]
+                computed[e[1]] = 0
+            elif e[0] == "prefill":
+                assert e[2] == computed[e[1]] and 0 < e[3] <= CHUNK
+                computed[e[1]] += e[3]
+            elif e[0] == "decode":
+                assert e[2] == computed[e[1]] >= len(admitted[e[1]])
+                computed[e[1]] += 1
+            else:
+                finished.append(e[1])
+        assert sum(1 for e in ev if e[0] in ("prefill", "decode")) <= 4   # at most n_slots running
+    assert sorted(admitted) == sorted(finished) == list(range(10))
+    # every prompt starts with the shared system prompt (a short one is a prefix of it)
+    first = admitted[0]
+    assert all(p[:min(256, len(p))] == first[:min(256, len(p))] for p in admitted.values())
+
+
+def test_the_serving_case_replays_through_kvcache_and_says_which_peers_are_missing():
+    rows = _rows("serving")
+    for r in rows:
+        per = r.extra["per_step_ns"]
+        assert per["kvcache"] > 0 and r.kvcache_ns == per["kvcache"]
+        assert set(per) == {"kvcache"} | ({"vLLM", "SGLang"} - set(r.extra["peers_missing"]))
+        if "SGLang" in per:
+            assert "SGLang per step" in r.goal
+    shared = [r for r in rows if "shared system prompt" in r.case]
+    assert shared and all(r.extra["prefix_hit_tokens"]["kvcache"] > 0 for r in shared)
+    from kvcache import bench
+
+    text = bench.format_table({"rows": [bench.asdict(r) for r in rows], "machine": bench.machine(),
+                               "repetitions": 1, "quick": True})
+    assert "| workload | steps | kvcache us/step |" in text
+    for peer, why in rows[0].extra["peers_missing"].items():
+        assert f"{peer} not run: {why}" in text
+
+
+def test_the_kvcache_replay_checks_its_bookkeeping():
+    from kvcache._bench_serving import replay_kvcache, schedule
+
+    steps = schedule(4, 8, seed=1)
+    r = replay_kvcache(steps, 4, 4096, 0)
+    assert len(r.cpu) == len(steps)
+    # a cache too small for the workload: the replay stops instead of timing failed searches
+    with pytest.raises(AssertionError, match="full"):
+        replay_kvcache(steps, 4, 1024, 0)

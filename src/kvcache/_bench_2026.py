@@ -122,7 +122,7 @@ def bench_2026(quick: bool, reps: int) -> list[Row]:
         ref = base.kq_mask(pos, ids)
         mask_shape = ref.shape
         tb = base.kq_mask_ns(pos, ids, ref, 5)
-        tk = None
+        tm: float | None = None
         if c is not None:
             import time
 
@@ -133,10 +133,10 @@ def bench_2026(quick: bool, reps: int) -> list[Row]:
             t0 = time.perf_counter_ns()
             for _ in range(5):
                 out = c.kq_mask(ub, out=out, dtype="f32", pad=False)   # type: ignore[call-overload]
-            tk = (time.perf_counter_ns() - t0) / 5
+            tm = (time.perf_counter_ns() - t0) / 5
             if not np.array_equal(np.asarray(out).reshape(ref.shape).view(np.uint32), ref.view(np.uint32)):
                 raise AssertionError("kvcache's (2026) decode mask differs from today's loop's")
-        res["mask"].append((tb, tk))
+        res["mask"].append((tb, tm))
     names = {"decode": f"2026: find_slot 1 token (scatter), {N_SEQS} seqs, {size} cells 50% fragmented",
              "prompt": f"2026: find_slot 512-token prompt (scatter, +seq_rm), {size} cells 50% fragmented",
              "mask": f"2026: kq_mask f32 unpadded, decode of {N_SEQS} seqs, {size} cells 50% fragmented"

@@ -207,16 +207,23 @@ def replay_kvcache(steps, n_slots: int, capacity: int, system: int) -> Replay:
 
 # --- vLLM ---------------------------------------------------------------------------------------
 
-def _import_vllm():
-    import torch
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.request import Request, RequestStatus
+def _names(*spec: str) -> types.SimpleNamespace:
+    """The names "module:name" (or a module alone) imported from an optional package."""
+    out = types.SimpleNamespace()
+    for item in spec:
+        mod, _, name = item.partition(":")
+        m = importlib.import_module(mod)
+        setattr(out, name or mod.rsplit(".", 1)[-1], getattr(m, name) if name else m)
+    return out
 
-    return types.SimpleNamespace(**locals())
+
+def _import_vllm() -> types.SimpleNamespace:
+    return _names("torch", "vllm.sampling_params:SamplingParams", "vllm.utils.hashing:get_hash_fn_by_name",
+                  "vllm.v1.core.kv_cache_manager:KVCacheManager",
+                  "vllm.v1.core.kv_cache_utils:get_request_block_hasher", "vllm.v1.core.kv_cache_utils:init_none_hash",
+                  "vllm.v1.kv_cache_interface:FullAttentionSpec", "vllm.v1.kv_cache_interface:KVCacheConfig",
+                  "vllm.v1.kv_cache_interface:KVCacheGroupSpec", "vllm.v1.request:Request",
+                  "vllm.v1.request:RequestStatus")
 
 
 def replay_vllm(steps, n_slots: int, capacity: int, system: int, v) -> Replay:
@@ -319,24 +326,22 @@ class _NoTorchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def _import_sglang():
+def _import_sglang() -> types.SimpleNamespace:
     try:
-        import torchvision  # noqa: F401
+        importlib.import_module("torchvision")
     except Exception:   # not installed, or a wheel that cannot load beside this torch
         for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
             del sys.modules[name]
-        sys.meta_path.insert(0, _NoTorchvision())
-    from array import array
-
-    import torch
-    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
-
-    torch.set_num_threads(1)   # the scheduler's thread does the bookkeeping; thread CPU time measures it
-    return types.SimpleNamespace(**locals())
+        if not any(isinstance(f, _NoTorchvision) for f in sys.meta_path):
+            sys.meta_path.insert(0, _NoTorchvision())
+    g = _names("torch", "array:array", "sglang.srt.mem_cache.allocator:TokenToKVPoolAllocator",
+               "sglang.srt.mem_cache.base_prefix_cache:EvictParams", "sglang.srt.mem_cache.base_prefix_cache:InsertParams",
+               "sglang.srt.mem_cache.base_prefix_cache:MatchPrefixParams",
+               "sglang.srt.mem_cache.cache_init_params:CacheInitParams",
+               "sglang.srt.mem_cache.memory_pool:ReqToTokenPool", "sglang.srt.mem_cache.radix_cache:RadixCache",
+               "sglang.srt.mem_cache.radix_cache:RadixKey")
+    g.torch.set_num_threads(1)   # the scheduler's thread does the bookkeeping; thread CPU time measures it
+    return g
 
 
 def replay_sglang(steps, n_slots: int, capacity: int, system: int, g) -> Replay:
@@ -486,14 +491,14 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
             row.extra = extra
             rows.append(row)
             continue
-        k = best["kvcache"].cpu
+        k_cpu = best["kvcache"].cpu
         ratio = per["SGLang"] / per["kvcache"] if "SGLang" in per else None
         goal = (f">= {GOAL_SGLANG:g}x SGLang per step: {'met' if ratio >= GOAL_SGLANG else 'not met'} ({ratio:.2f}x)"
                 if ratio is not None else f">= {GOAL_SGLANG:g}x SGLang per step: SGLang not importable")
         peers_note = ", ".join(f"{p} {per[p] / 1e3:.1f} us" for p in ("vLLM", "SGLang") if p in per)
         note = (f"per step (CPU): {peers_note}" if peers_note else "") + "".join(
             f"; {p} skipped ({why})" for p, why in missing.items())
-        rows.append(Row(name, per["kvcache"], (min(k), max(k)), goal=goal, note=note.lstrip("; "), extra=extra))
+        rows.append(Row(name, per["kvcache"], (min(k_cpu), max(k_cpu)), goal=goal, note=note.lstrip("; "), extra=extra))
     return rows
 
 

@@ -10,7 +10,6 @@ import gc
 import statistics
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -30,9 +29,13 @@ class Capabilities:
     semantics_2026: bool   # UnifiedCache(semantics="2026"): today's llama.cpp placement
 
 
-@lru_cache(maxsize=1)
+_CAPS: list[Capabilities] = []
+
+
 def capabilities() -> Capabilities:
-    """Probe the installed kvcache (small caches, nothing kept)."""
+    """Probe the installed kvcache once (small caches, nothing kept)."""
+    if _CAPS:
+        return _CAPS[0]
     import kvcache
 
     max_seqs = 64
@@ -53,7 +56,8 @@ def capabilities() -> Capabilities:
         semantics = True
     except TypeError:
         semantics = False
-    return Capabilities(max_seqs, unpadded, semantics)
+    _CAPS.append(Capabilities(max_seqs, unpadded, semantics))
+    return _CAPS[0]
 
 
 def kq_mask_into(c, ub, out, dtype: str, pad: bool):
@@ -222,7 +226,7 @@ def _step_case(name, size, kind, n_seq, chunk, n_layer, width, variants, reps, q
 
     rows = []
     for dtype, pad in variants:
-        out = np.empty((mask_rows(n_tok, pad), c.n), dtype=np.float32 if dtype == "f32" else np.bool_)
+        out: np.ndarray = np.empty((mask_rows(n_tok, pad), c.n), dtype=np.float32 if dtype == "f32" else np.bool_)
         out.fill(0)   # faulted in: a server reuses its mask buffer
         fast, slow, floor = [], [], []
         for rep in range(reps + 1):
@@ -239,6 +243,7 @@ def _step_case(name, size, kind, n_seq, chunk, n_layer, width, variants, reps, q
             t1 = time.perf_counter_ns()
             head = c.head
             if base is not None:
+                assert base_mask is not None
                 tb, ok = base.step(pos, seq, k_ptr, v_ptr, base_mask)
                 if not ok or base.head != head:
                     raise AssertionError(f"the baseline placed the step elsewhere ({base.head} / {head})")
@@ -317,7 +322,7 @@ def bench_scale(quick: bool, reps: int) -> list[Row]:
         busy = Busy(size, n_seq, n * n_seq, 1, 8, buffers=False, baseline=False)
         c = busy.c
         t: dict[str, list[float]] = {op: [] for op in SCALE_OPS}
-        out = np.empty((mask_rows(n_seq, pad), c.n), dtype=np.float32 if dtype == "f32" else np.bool_)
+        out: np.ndarray = np.empty((mask_rows(n_seq, pad), c.n), dtype=np.float32 if dtype == "f32" else np.bool_)
         out.fill(0)
         for _ in range(n):
             pos, seq = _step_tokens(busy, "decode", n_seq, 0)

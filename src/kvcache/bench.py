@@ -213,8 +213,8 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
             c.k(il).reshape(-1).view(np.uint8)[:] = k
             c.v(il).reshape(-1).view(np.uint8)[:] = v
         # the same cells as the workload's fill: token k of sequence k % 32 at position k // 32
-        for k in range(cells):
-            c.find_slot(kvcache.UBatch([k // 32], [k % 32]))
+        for t in range(cells):
+            c.find_slot(kvcache.UBatch([t // 32], [t % 32]))
             c.commit()
         nbytes = c.state_size()
         blob = bytearray(nbytes)
