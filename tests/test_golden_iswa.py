@@ -6,6 +6,7 @@ import pytest
 
 from kvcache.conformance import read_trace, run_file
 from kvcache.conformance import iswa
+from kvcache.conformance.ops import replay
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACES = sorted(glob.glob(os.path.join(HERE, "golden", "iswa", "*.jsonl")))
@@ -26,7 +27,7 @@ def test_trace(path):
 def test_trace_diagnostics(path):
     """The partial-window reports of every commit and the bytes every read consumed match too."""
     header, ops = read_trace(path)
-    iswa.replay(header["config"], iter(enumerate(ops, start=1)), strict_info=True)
+    replay(iswa.kvcache_target(), header["config"], iter(enumerate(ops, start=1)), strict=True)
 
 
 def _corrupted(path, pick, change):
@@ -42,7 +43,7 @@ def _corrupted(path, pick, change):
 
 def _diverges(header, ops):
     with pytest.raises(Exception) as ei:
-        iswa.replay(header["config"], iter(enumerate(ops, start=1)))
+        replay(iswa.kvcache_target(), header["config"], iter(enumerate(ops, start=1)))
     return ei.value
 
 
@@ -72,6 +73,6 @@ def test_strict_replay_detects_a_missing_warning():
         if hit:
             hit[0]["info"]["log"] = []
             with pytest.raises(Exception, match="partial SWA"):
-                iswa.replay(header["config"], iter(enumerate(ops, start=1)), strict_info=True)
+                replay(iswa.kvcache_target(), header["config"], iter(enumerate(ops, start=1)), strict=True)
             return
     raise AssertionError("no trace reports a partial SWA cache")

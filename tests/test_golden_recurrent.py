@@ -6,6 +6,7 @@ import pytest
 
 from kvcache.conformance import read_trace, run_file
 from kvcache.conformance import recurrent
+from kvcache.conformance.ops import replay
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACES = sorted(glob.glob(os.path.join(HERE, "golden", "recurrent", "*.jsonl")))
@@ -26,7 +27,7 @@ def test_trace(path):
 def test_trace_diagnostics(path):
     """The diagnostic info matches too: find_slot's warnings and the bytes each read consumed."""
     header, ops = read_trace(path)
-    recurrent.replay(header["config"], iter(enumerate(ops, start=1)), strict_log=True)
+    replay(recurrent.kvcache_target(), header["config"], iter(enumerate(ops, start=1)), strict=True)
 
 
 def test_replay_detects_a_wrong_expectation():
@@ -37,5 +38,5 @@ def test_replay_detects_a_wrong_expectation():
             op["expect"]["used"] += 1
             break
     with pytest.raises(Exception) as ei:
-        recurrent.replay(header["config"], iter(enumerate(ops, start=1)))
+        replay(recurrent.kvcache_target(), header["config"], iter(enumerate(ops, start=1)))
     assert "used" in str(ei.value)

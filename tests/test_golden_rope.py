@@ -8,6 +8,7 @@ import pytest
 
 from kvcache.conformance import Divergence, read_trace, run_file
 from kvcache.conformance import rope as rope_replay
+from kvcache.conformance.ops import replay
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACES = sorted(glob.glob(os.path.join(HERE, "golden", "rope", "*.jsonl")))
@@ -30,7 +31,7 @@ def first_op(name):
 
 
 def replay_one(config, op):
-    rope_replay.replay(config, iter([(1, op)]))
+    replay(rope_replay.kvcache_target(), config, iter([(1, op)]))
 
 
 @pytest.mark.parametrize("name", ["rp01_f32_h8x2_kv32.jsonl", "rp02_f16_h16_2l_kv32.jsonl",

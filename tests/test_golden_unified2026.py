@@ -18,9 +18,10 @@ import pytest
 
 from conftest import GOLDEN, kvcache_env
 from kvcache import StateError
-from kvcache.conformance import Divergence, run_file
+from kvcache.conformance import Divergence, Replay, Target, run_file
 from kvcache.conformance.common import compare_fields
-from kvcache.conformance.unified2026 import apply_op, check_config, default_target, reference_target, replay
+from kvcache.conformance.ops import apply_op, replay
+from kvcache.conformance.unified2026 import FAMILY, check_config, default_target, reference_target
 from kvcache.statefile import _Reader
 
 TRACES = sorted((GOLDEN / "unified2026").glob("*.jsonl"))
@@ -114,7 +115,7 @@ def test_a_changed_expectation_fails_the_replay(name, kind, at):
     _, _, field, mutate = MUTATIONS[kind]
     mutate(ops[at]["expect"])
     with pytest.raises(Divergence) as e:
-        replay(header["config"], iter(enumerate(ops, start=1)), reference_target())
+        replay(reference_target(), header["config"], iter(enumerate(ops, start=1)))
     assert (e.value.index, e.value.field) == (at + 1, field), str(e.value)
 
 
@@ -138,7 +139,7 @@ def test_a_changed_input_blob_fails_at_the_next_kvhash():
     assert ops[at]["seq_id"] == 2 and blob.endswith("00000000")
     ops[at]["hex"] = _flip_hex(blob, len(blob) - 9)
     with pytest.raises(Divergence) as e:
-        replay(header["config"], iter(enumerate(ops, start=1)), reference_target())
+        replay(reference_target(), header["config"], iter(enumerate(ops, start=1)))
     assert e.value.op == "kvhash" and e.value.index > at + 1
 
 
@@ -148,7 +149,7 @@ def test_a_changed_input_blob_fails_at_the_next_kvhash():
 def test_ops_kvcache_trace_2026_does_not_have_fail_the_replay(op):
     header, ops = _trace(NAMES[0])
     with pytest.raises(Divergence) as e:
-        replay(header["config"], iter(enumerate([ops[0], {**op, "expect": {}}], start=1)), reference_target())
+        replay(reference_target(), header["config"], iter(enumerate([ops[0], {**op, "expect": {}}], start=1)))
     assert (e.value.index, e.value.field) == (2, "op")
 
 
@@ -156,18 +157,17 @@ def test_a_config_the_target_disagrees_with_fails_at_the_header():
     header, ops = _trace(NAMES[0])
     config = {**header["config"], "n_stream": 2}
     with pytest.raises(Divergence) as e:
-        replay(config, iter(enumerate(ops[:1], start=1)), reference_target())
+        replay(reference_target(), config, iter(enumerate(ops[:1], start=1)))
     assert (e.value.index, e.value.field) == (0, "config.n_stream")
 
 
 def test_a_target_that_cannot_build_the_cache_fails_at_the_header():
-    from kvcache.conformance.unified2026 import Target
-
     def refuse(config):
         raise TypeError("no semantics '2026' here")
     header, ops = _trace(NAMES[0])
     with pytest.raises(Divergence) as e:
-        replay(header["config"], iter(enumerate(ops, start=1)), Target("refusing", refuse, reference_target().make_ubatch))
+        replay(Target("refusing", refuse, reference_target().make_ubatch, family=FAMILY), header["config"],
+               iter(enumerate(ops, start=1)))
     assert (e.value.index, e.value.field) == (0, "config") and "no semantics" in str(e.value)
 
 
@@ -276,6 +276,7 @@ def test_the_diagnostic_info_is_reproduced(name):
     target = reference_target()
     model = target.make_cache(config)
     check_config(model, config)
+    r = Replay(target, config, model)
     n_read = n_prepare = 0
     for index, op in enumerate(ops, start=1):
         info = op.get("info", {})
@@ -292,5 +293,5 @@ def test_the_diagnostic_info_is_reproduced(name):
         elif op["op"] == "prepare":
             n_prepare += 1
             assert info.get("undo_restored", False) == _llama_undo_changes(model, target, op["ubatches"]), index
-        compare_fields(index, op, op["expect"], apply_op(model, target, config, index, op) or {})
+        compare_fields(index, op, op["expect"], apply_op(r, index, op) or {})
     assert n_read and n_prepare
