@@ -229,79 +229,89 @@ REQUIRED = {
 }
 
 
-def _first(ops: list[dict], op_name: str, qualifies) -> int | None:
-    return next((i for i, op in enumerate(ops) if op["op"] == op_name and qualifies(op["expect"])), None)
-
-
-def _mutation_cases():
+def _change_cases(changes, part):
+    """(file, target, kind of change, index of the op changed) for every kind of change in
+    ``changes`` that a file has an op for and its target compares (``part(op)``: what a change
+    qualifies by)."""
     for path in FILES:
         _, ops = _trace(path)
         for key, target in _targets(path):
-            for kind, (op_name, qualifies, _, _) in MUTATIONS.get(target.family, {}).items():
-                at = _first(ops, op_name, qualifies)
+            for kind, (op_name, qualifies, _, _) in changes.get(target.family, {}).items():
+                at = next((i for i, op in enumerate(ops) if op["op"] == op_name and qualifies(part(op))), None)
                 if at is not None and op_name not in target.instead:
                     yield pytest.param(path, target, kind, at, id=f"{_name(path)}-{key}-{kind.replace(' ', '_')}",
                                        marks=_marks(target))
 
 
-@pytest.mark.parametrize("path,target,kind,at", list(_mutation_cases()))
-def test_a_changed_expectation_fails_the_replay(path, target, kind, at):
+def _with_change(changes, part, path, target, kind, at):
+    """The header and ops of a file with op ``at`` changed, and the field that must diverge."""
     header, ops = _trace(path)
     ops = _changed(ops, at)
-    _, _, field, mutate = MUTATIONS[target.family][kind]
-    mutate(ops[at]["expect"])
+    _, _, field, change = changes[target.family][kind]
+    change(part(ops[at]))
+    return header, ops, field
+
+
+def _expect(op: dict) -> dict:
+    return op["expect"]
+
+
+MUTATION_CASES = list(_change_cases(MUTATIONS, _expect))
+
+
+@pytest.mark.parametrize("path,target,kind,at", MUTATION_CASES)
+def test_a_changed_expectation_fails_the_replay(path, target, kind, at):
+    header, ops, field = _with_change(MUTATIONS, _expect, path, target, kind, at)
     err = _diverges(target, header, ops)
     assert (err.index, err.field) == (at + 1, field), str(err)
 
 
 def test_every_trace_has_the_required_mutations():
-    cases = {(p.values[0], p.values[2]) for p in _mutation_cases()}
+    cases = {(p.values[0], p.values[2]) for p in MUTATION_CASES}
     for path in FILES:
         family = _module(path).FAMILY
         for kind in REQUIRED.get(family, ()):
             assert (path, kind) in cases, (_name(path), kind)
 
 
-# diagnostics, compared when strict: (op name, which of its infos qualify, the field, how to change it)
-_N_READ = ("state_read", lambda op: op["expect"].get("ok") and "n_read" in op.get("info", {}), "info.n_read",
-           lambda info: info.update(n_read=info["n_read"] + 1))
+def _op(op: dict) -> dict:
+    return op
+
+
+def _read_info(key: str):
+    """A change of the bytes a successful read consumed, recorded as ``info[key]``."""
+    return ("state_read", lambda op: op["expect"].get("ok") and key in op.get("info", {}), f"info.{key}",
+            lambda op: op["info"].update({key: op["info"][key] + 1}))
+
+
+def _log(op: dict) -> list:
+    return op.get("info", {}).get("log", [])
+
+
+# diagnostics, compared when strict: (op name, which of its ops qualify, the field, how to change its info)
 DIAGNOSTICS = {
-    "unified": {"bytes read": _N_READ},
-    "iswa": {"bytes read": _N_READ,
-             "partial window": ("commit", lambda op: "partial SWA cache" in " ".join(op.get("info", {}).get("log", [])),
-                                "info.log (partial SWA cache, pmin)", lambda info: info.update(log=[]))},
-    "recurrent": {"bytes read": _N_READ,
-                  "find_slot warning": ("find_slot", lambda op: any(m.startswith("find_slot:") for m in op.get("info", {}).get("log", [])),
-                                        "info.log", lambda info: info.update(log=[]))},
-    "unified2026": {"bytes read": ("state_read", lambda op: op["expect"].get("ok") and "consumed" in op.get("info", {}),
-                                   "info.consumed", lambda info: info.update(consumed=info["consumed"] + 1))},
+    "unified": {"bytes read": _read_info("n_read")},
+    "iswa": {"bytes read": _read_info("n_read"),
+             "partial window": ("commit", lambda op: any("partial SWA cache" in m for m in _log(op)),
+                                "info.log (partial SWA cache, pmin)", lambda op: op["info"].update(log=[]))},
+    "recurrent": {"bytes read": _read_info("n_read"),
+                  "find_slot warning": ("find_slot", lambda op: any(m.startswith("find_slot:") for m in _log(op)),
+                                        "info.log", lambda op: op["info"].update(log=[]))},
+    "unified2026": {"bytes read": _read_info("consumed")},
 }
+DIAGNOSTIC_CASES = list(_change_cases(DIAGNOSTICS, _op))
 
 
-def _diagnostic_cases():
-    for path in FILES:
-        _, ops = _trace(path)
-        for key, target in _targets(path):
-            for kind, (op_name, qualifies, _, _) in DIAGNOSTICS.get(target.family, {}).items():
-                at = next((i for i, op in enumerate(ops) if op["op"] == op_name and qualifies(op)), None)
-                if at is not None and op_name not in target.instead:
-                    yield pytest.param(path, target, kind, at, id=f"{_name(path)}-{key}-{kind.replace(' ', '_')}",
-                                       marks=_marks(target))
-
-
-@pytest.mark.parametrize("path,target,kind,at", list(_diagnostic_cases()))
+@pytest.mark.parametrize("path,target,kind,at", DIAGNOSTIC_CASES)
 def test_a_changed_diagnostic_fails_the_strict_replay(path, target, kind, at):
-    header, ops = _trace(path)
-    ops = _changed(ops, at)
-    _, _, field, mutate = DIAGNOSTICS[target.family][kind]
-    mutate(ops[at]["info"])
+    header, ops, field = _with_change(DIAGNOSTICS, _op, path, target, kind, at)
     replay(target, header["config"], _ops(ops))     # not compared unless strict
     err = _diverges(target, header, ops, strict=True)
     assert (err.index, err.field) == (at + 1, field), str(err)
 
 
 def test_every_family_with_diagnostics_is_mutated_in_each():
-    cases = {(_module(p.values[0]).FAMILY, p.values[2]) for p in _diagnostic_cases()}
+    cases = {(_module(p.values[0]).FAMILY, p.values[2]) for p in DIAGNOSTIC_CASES}
     assert cases == {(family, kind) for family, kinds in DIAGNOSTICS.items() for kind in kinds}
 
 
@@ -467,7 +477,7 @@ def test_cli_names_the_target_and_fails_on_a_divergence(tmp_path):
     assert f"ok   {path} " in good.stdout and "(reference model)" in good.stdout
     assert "1 passed, 0 failed" in good.stdout
     header, ops = _trace(path)
-    at = _first(ops, "find_slot", lambda e: True)
+    at = next(i for i, op in enumerate(ops) if op["op"] == "find_slot")
     ops = _changed(ops, at)
     _UNIFIED2026["head"][3](ops[at]["expect"])
     bad_path = _write(tmp_path / "bad.jsonl", header, ops)
