@@ -147,6 +147,26 @@ def unsupported(index: int, op: dict) -> Divergence:
     return Divergence(index, op.get("op", "?"), "op", "supported", "unsupported op")
 
 
+#: the exception kinds a trace may expect, and what a replayer must see raised for each
+EXCEPTION_KINDS = {"invalid_argument": (ValueError, IndexError, TypeError)}
+
+
+def expected_exception(index: int, op: dict) -> tuple[type[BaseException], ...] | None:
+    """The exceptions an op's ``{"exception": kind}`` expectation stands for, or None when the op
+    expects fields. An expectation the runner does not know (another kind, a value that is not
+    a known kind, or more keys beside it) is a Divergence: it must never pass by default."""
+    expect = op.get("expect", {})
+    if not isinstance(expect, dict):
+        raise Divergence(index, op.get("op", "?"), "expect", "an object", expect)
+    if "exception" not in expect:
+        return None
+    kind = expect["exception"]
+    if len(expect) != 1 or not isinstance(kind, str) or kind not in EXCEPTION_KINDS:
+        raise Divergence(index, op.get("op", "?"), "expect", f"{{'exception': one of {sorted(EXCEPTION_KINDS)}}}",
+                         expect)
+    return EXCEPTION_KINDS[kind]
+
+
 def compare(index: int, op: dict, field: str, expected: Any, got: Any) -> None:
     """Raise Divergence unless expected == got."""
     if expected != got:

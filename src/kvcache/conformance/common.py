@@ -9,10 +9,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from kvcache import StateError, UnifiedCache
-from kvcache.conformance import Divergence, compare
+from kvcache.conformance import EXCEPTION_KINDS, Divergence, compare, expected_exception
 
 #: what an op expecting {"exception": "invalid_argument"} must raise
-INVALID_ARGUMENT = (ValueError, IndexError, TypeError)
+INVALID_ARGUMENT = EXCEPTION_KINDS["invalid_argument"]
 
 
 def fill_rows(il: int, pos: np.ndarray, seq: np.ndarray, n_embd_k: int, n_embd_v: int):
@@ -106,14 +106,16 @@ def compare_fields(index: int, op: dict, expect: dict, got: dict) -> None:
 
 def replay_ops(ops: Iterator[tuple[int, dict]], run: Callable[[int, dict], dict | None]) -> None:
     """Replay ops with run(index, op) -> fields to compare; an op expecting an exception must
-    raise one of INVALID_ARGUMENT, and any other exception is a divergence at its op."""
+    raise one of the exceptions of its kind (an unknown kind is a divergence), and any other
+    exception is a divergence at its op."""
     for index, op in ops:
         expect: dict[str, Any] = op.get("expect", {})
         name = op.get("op", "?")
-        if "exception" in expect:
+        raises = expected_exception(index, op)
+        if raises is not None:
             try:
                 run(index, op)
-            except INVALID_ARGUMENT:
+            except raises:
                 continue
             except Divergence:
                 raise

@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from kvcache._core import RecurrentCache, UBatch
+from kvcache import RecurrentCache, UBatch
 from kvcache.conformance import Replay, Target, common, compare
 from kvcache.conformance.unified import counters
 
