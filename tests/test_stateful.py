@@ -22,8 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import kvcache  # noqa: E402
 from kvcache.conformance import unified  # noqa: E402
-from kvcache.conformance.ops import apply_both, apply_op, start  # noqa: E402
+from kvcache.conformance.ops import apply_op, start  # noqa: E402
 from kvcache.reference import UnifiedReference  # noqa: E402
+from stateful_rules import SequenceRules  # noqa: E402
 
 TARGET = os.environ.get("KVCACHE_STATEFUL_TARGET", "c")
 HAVE_TARGET = TARGET == "reference" or hasattr(kvcache, "UnifiedCache")
@@ -62,7 +63,7 @@ def ubatch_args(pos, seq_id, n_seq_tokens=1):
     return {"pos": pos, "seq_id": seq_id, "n_seq_tokens": n_seq_tokens}
 
 
-class UnifiedCacheMachine(RuleBasedStateMachine):
+class UnifiedCacheMachine(SequenceRules, RuleBasedStateMachine):
     """Both caches receive every operation (the model's results are what the target's must
     be); the invariant compares them after each step."""
 
@@ -85,10 +86,6 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
             self.both("commit")
 
     # --- strategies that depend on the configuration ----------------------------------------
-
-    def seq(self, data, allow_any=False):
-        lo = -1 if allow_any else 0
-        return data.draw(st.integers(lo, self.n_seq_max - 1), label="seq_id")
 
     def prange(self, data):
         """A position range: anywhere, or a short one starting at a position in use (which
@@ -113,10 +110,6 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         else:
             pos = data.draw(st.lists(st.integers(0, P_MAX), min_size=n_tokens, max_size=n_tokens), label="pos")
         return pos, seq_id, n_seq_tokens
-
-    def both(self, name, **args):
-        """Apply one op to both caches; the fields the model gives (the target's are equal)."""
-        return apply_both(*self.replays, {"op": name, **args})
 
     def place(self, pos, seq_id, nst=1):
         """find_slot in both caches (K/V rows filled where they hold data): whether it fit."""
@@ -153,51 +146,15 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
     def commit(self):
         self.both("commit")
 
-    @rule()
-    def restore(self):
-        self.both("restore")
-
-    @rule(data=st.data())
-    def seq_rm(self, data):
-        s = self.seq(data, allow_any=True)
-        p0, p1 = self.prange(data)
-        self.both("seq_rm", seq_id=s, p0=p0, p1=p1)
-
     @rule(data=st.data())
     def drop_sequence(self, data):
         """A finished request: its sequence leaves every cell."""
         self.both("seq_rm", seq_id=self.seq(data), p0=-1, p1=-1)
 
-    @rule(data=st.data())
-    def seq_cp(self, data):
-        src, dst = self.seq(data), self.seq(data)
-        p0, p1 = self.prange(data)
-        self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
-
-    @rule(data=st.data())
-    def seq_keep(self, data):
-        self.both("seq_keep", seq_id=self.seq(data))
-
-    @rule(data=st.data(), shift=st.integers(-12, 12))
-    def seq_add(self, data, shift):
-        s = self.seq(data)
-        p0, p1 = self.prange(data)
-        self.both("seq_add", seq_id=s, p0=p0, p1=p1, shift=shift)
-
-    @rule(data=st.data(), d=st.integers(1, 4))
-    def seq_div(self, data, d):
-        s = self.seq(data)
-        p0, p1 = self.prange(data)
-        self.both("seq_div", seq_id=s, p0=p0, p1=p1, d=d)
-
     @precondition(lambda self: self.ref.used >= self.ref.size // 2)  # keep caches busy
     @rule()
     def clear(self):
         self.both("clear")
-
-    @rule()
-    def set_full(self):
-        self.both("set_full")
 
     @rule()
     def k_shift(self):

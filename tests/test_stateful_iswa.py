@@ -19,8 +19,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import kvcache  # noqa: E402
 from kvcache.conformance import Target, iswa  # noqa: E402
-from kvcache.conformance.ops import apply_both, start  # noqa: E402
+from kvcache.conformance.ops import start  # noqa: E402
 from kvcache.reference import RefUBatch, UnifiedReference  # noqa: E402
+from stateful_rules import SequenceRules  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(kvcache, "ISWACache"), reason="kvcache.ISWACache is not available")
 
@@ -140,10 +141,11 @@ def as_list(a):
 _MODEL_ARGS = ("kv_size", "n_swa", "swa_type", "n_batch", "swa_full", "n_seq_max", "n_pad")
 
 
-class ISWACacheMachine(RuleBasedStateMachine):
+class ISWACacheMachine(SequenceRules, RuleBasedStateMachine):
     """Model and cache receive every operation; the invariant compares them after each step."""
 
     model = ISWAModel
+    p_max = P_MAX
 
     @initialize(cfg=configs())
     def create(self, cfg):
@@ -160,17 +162,6 @@ class ISWACacheMachine(RuleBasedStateMachine):
         self.ref, self.sut = (r.cache for r in self.replays)
 
     # --- helpers -----------------------------------------------------------------------------
-
-    def seq(self, data, allow_any=False):
-        return data.draw(st.integers(-1 if allow_any else 0, self.n_seq_max - 1), label="seq_id")
-
-    def prange(self, data):
-        p0 = data.draw(st.integers(-1, P_MAX), label="p0")
-        return p0, data.draw(st.integers(-1, P_MAX + 1), label="p1")
-
-    def both(self, name, **args):
-        """Apply one op to model and cache; the fields the model gives (the cache's are equal)."""
-        return apply_both(*self.replays, {"op": name, **args})
 
     def shift_if_pending(self):
         """C2: a pending K-shift is applied and reset before a ubatch is placed."""
@@ -243,43 +234,10 @@ class ISWACacheMachine(RuleBasedStateMachine):
     def commit(self):
         self.commit_both()
 
-    @rule()
-    def restore(self):
-        self.both("restore")
-
-    @rule(data=st.data())
-    def seq_rm(self, data):
-        s = self.seq(data, allow_any=True)
-        p0, p1 = self.prange(data)
-        self.both("seq_rm", seq_id=s, p0=p0, p1=p1)
-
-    @rule(data=st.data())
-    def seq_cp(self, data):
-        src, dst, (p0, p1) = self.seq(data), self.seq(data), self.prange(data)
-        self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
-
-    @rule(data=st.data())
-    def seq_keep(self, data):
-        self.both("seq_keep", seq_id=self.seq(data))
-
-    @rule(data=st.data(), shift=st.integers(-8, 8))
-    def seq_add(self, data, shift):
-        s, (p0, p1) = self.seq(data), self.prange(data)
-        self.both("seq_add", seq_id=s, p0=p0, p1=p1, shift=shift)
-
-    @rule(data=st.data(), d=st.integers(1, 3))
-    def seq_div(self, data, d):
-        s, (p0, p1) = self.seq(data), self.prange(data)
-        self.both("seq_div", seq_id=s, p0=p0, p1=p1, d=d)
-
     @precondition(lambda self: hasattr(self, "ref") and self.ref.base.used >= self.ref.base.size // 2)
     @rule()
     def clear(self):
         self.both("clear")
-
-    @rule()
-    def set_full(self):
-        self.both("set_full")
 
     @rule()
     def k_shift(self):

@@ -17,7 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import kvcache  # noqa: E402
 from kvcache.conformance import Divergence, Target, recurrent  # noqa: E402
-from kvcache.conformance.ops import apply_both, start  # noqa: E402
+from kvcache.conformance.ops import start  # noqa: E402
+from stateful_rules import SequenceRules  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(kvcache, "RecurrentCache"), reason="kvcache.RecurrentCache is not available")
 
@@ -232,10 +233,12 @@ class RecurrentModel:
         return out
 
 
-class RecurrentCacheMachine(RuleBasedStateMachine):
+class RecurrentCacheMachine(SequenceRules, RuleBasedStateMachine):
     """Model and cache receive every operation; the invariants compare them after each step."""
 
     model = RecurrentModel
+    p_max = P_MAX
+    seq_rm_any = False    # seq_rm(-1, ...) has the reference's own semantics: seq_rm_all
 
     @initialize(n_seq_max=st.integers(1, 6), extra=st.integers(0, 10), data=st.data())
     def create(self, n_seq_max, extra, data):
@@ -256,17 +259,6 @@ class RecurrentCacheMachine(RuleBasedStateMachine):
         for _ in range(data.draw(st.integers(0, 6), label="prefill")):
             self.find_slot(data, data.draw(st.integers(1, 3), label="nst"))
             self.same_state()
-
-    def seq(self, data):
-        return data.draw(st.integers(0, self.n_seq_max - 1), label="seq_id")
-
-    def prange(self, data):
-        p0 = data.draw(st.integers(-1, P_MAX), label="p0")
-        return p0, data.draw(st.integers(-1, P_MAX + 1), label="p1")
-
-    def both(self, name, **args):
-        """Apply one op to model and cache; the fields the model gives (the cache's are equal)."""
-        return apply_both(*self.replays, {"op": name, **args})
 
     # --- rules -------------------------------------------------------------------------------
 
@@ -302,15 +294,6 @@ class RecurrentCacheMachine(RuleBasedStateMachine):
     def commit(self):
         self.both("commit")
 
-    @rule()
-    def restore(self):
-        self.both("restore")     # nothing is ever pending: the invariant checks nothing moved
-
-    @rule(data=st.data())
-    def seq_rm(self, data):
-        s, (p0, p1) = self.seq(data), self.prange(data)
-        self.both("seq_rm", seq_id=s, p0=p0, p1=p1)
-
     @rule(data=st.data())
     def drop_sequence(self, data):
         """A finished request: its whole state goes (a partial range is mostly refused)."""
@@ -328,11 +311,6 @@ class RecurrentCacheMachine(RuleBasedStateMachine):
             self.both("clear")
 
     @rule(data=st.data())
-    def seq_cp(self, data):
-        src, dst, (p0, p1) = self.seq(data), self.seq(data), self.prange(data)
-        self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
-
-    @rule(data=st.data())
     def fan_out(self, data):
         """Every sequence takes one state (parallel sampling from a prompt): the freed cells do
         not move head, so the next search starts far from the used cells."""
@@ -340,27 +318,9 @@ class RecurrentCacheMachine(RuleBasedStateMachine):
         for dst in range(self.n_seq_max):
             self.both("seq_cp", src=src, dst=dst, p0=-1, p1=-1)
 
-    @rule(data=st.data())
-    def seq_keep(self, data):
-        self.both("seq_keep", seq_id=self.seq(data))
-
-    @rule(data=st.data(), shift=st.integers(-8, 8))
-    def seq_add(self, data, shift):
-        s, (p0, p1) = self.seq(data), self.prange(data)
-        self.both("seq_add", seq_id=s, p0=p0, p1=p1, shift=shift)
-
-    @rule(data=st.data(), d=st.integers(1, 3))
-    def seq_div(self, data, d):
-        s, (p0, p1) = self.seq(data), self.prange(data)
-        self.both("seq_div", seq_id=s, p0=p0, p1=p1, d=d)
-
     @rule()
     def clear(self):
         self.both("clear")
-
-    @rule()
-    def set_full(self):
-        self.both("set_full")
 
     @rule()
     def s_copy(self):
