@@ -847,20 +847,10 @@ cdef class Baseline:
         kb, vb = self.bufs[il]
         return np.asarray(kb), np.asarray(vb)
 
-    @property
-    def head(self):
-        """Where the next slot search starts (where the last find_slot placed)."""
-        return kvb_head(self.c)
-
-    @property
-    def n(self):
-        """The cells the mask spans."""
-        return kvb_n(self.c)
-
-    @property
-    def used(self):
-        """Cells in use."""
-        return kvb_used(self.c)
+    def counters(self):
+        """(head, n, used): where the next slot search starts (where the last find_slot placed),
+        the cells the mask spans, the cells in use."""
+        return kvb_head(self.c), kvb_n(self.c), kvb_used(self.c)
 
     def cells(self):
         """(pos int32[size], seq uint64[size]): every cell's position (-1 empty) and sequences."""

@@ -100,7 +100,8 @@ class Replay:
         return sum(self.cpu) / len(self.cpu)
 
 
-def _timed(steps, one_step) -> Replay:
+def _timed(steps, one_step, check=None) -> Replay:
+    """Run one_step on every step's events, timed; check() after each, untimed."""
     out = Replay()
     gc.collect()
     for ev in steps:
@@ -108,6 +109,8 @@ def _timed(steps, one_step) -> Replay:
         one_step(ev)
         out.wall.append(time.perf_counter_ns() - w0)
         out.cpu.append(time.thread_time_ns() - c0)
+        if check is not None:
+            check()
     return out
 
 
@@ -187,17 +190,13 @@ def replay_kvcache(steps, n_slots: int, capacity: int, system: int) -> Replay:
         if dec_pos:
             place(np.array(dec_pos, dtype=np.int32), np.array(dec_seq, dtype=np.int32))
 
-    out = Replay()
-    gc.collect()
-    for ev in steps:
-        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
-        step(ev)
-        out.wall.append(time.perf_counter_ns() - w0)
-        out.cpu.append(time.thread_time_ns() - c0)
+    def check() -> None:
         for s, _, computed in live.values():
             if computed and (c.seq_pos_min(s), c.seq_pos_max(s)) != (0, computed - 1):
                 raise AssertionError(f"kvcache: sequence {s} holds [{c.seq_pos_min(s)}, {c.seq_pos_max(s)}], "
                                      f"not [0, {computed - 1}]")
+
+    out = _timed(steps, step, check)
     if c.used != 0:
         raise AssertionError(f"kvcache: {c.used} cells still used after every request finished")
     out.hits = res_hits[0]
