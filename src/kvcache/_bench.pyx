@@ -89,6 +89,36 @@ cdef extern from *:
     void stream_memset "kvb_stream_memset"(void *dst, int byte, size_t n) nogil
 
 
+cdef uint8_t *_scrub_buf = NULL
+cdef size_t SCRUB_BYTES = (<size_t>64) << 20
+cdef uint64_t _scrub_sink = 0
+
+
+cdef void scrub_caches() noexcept nogil:
+    """Read 64 MiB (twice a large last-level cache) line by line: afterwards the caches hold
+    clean lines of that buffer, and the dirty lines a previous operation left have been written
+    back. Called before each timed part, so that none pays for the write-backs of the one before
+    it (a memset right after 64 MiB of ordinary stores ran at half its speed here)."""
+    global _scrub_buf, _scrub_sink
+    cdef size_t i
+    cdef uint64_t acc = 0
+    if _scrub_buf == NULL:
+        _scrub_buf = <uint8_t *>malloc(SCRUB_BYTES)
+        if _scrub_buf == NULL:
+            return
+        memset(_scrub_buf, 1, SCRUB_BYTES)
+    for i in range(0, SCRUB_BYTES, 64):
+        acc += _scrub_buf[i]
+    _scrub_sink += acc
+
+
+def scrub():
+    """Write back what the caches hold dirty and fill them with clean lines (untimed, between the
+    timed parts of a case)."""
+    with nogil:
+        scrub_caches()
+
+
 cdef struct CopyJob:
     uint8_t *dst
     const uint8_t *src
@@ -432,7 +462,7 @@ cdef class Workload:
         cdef uint64_t *msk = <uint64_t *>malloc(n_tokens * sizeof(uint64_t))
         cdef kvc_ubatch ub
         cdef uint32_t i, r, s
-        cdef uint64_t t0, t1, t2, t3, t4
+        cdef uint64_t t0, t_fast, t_base, t_memset, t_stream
         for i in range(n_tokens):
             s = i % n_mask_seqs
             seq[i] = <int32_t>s
@@ -452,24 +482,38 @@ cdef class Workload:
         memset(out, 0, nbytes)
         if ref != NULL:
             memset(ref, 0, <size_t>rows * n_kv * 4)
+        # each loop starts with one untimed call: the caches hold what that loop leaves behind,
+        # not the dirty lines of the loop before it (up to a last-level cache of write-backs)
+        scrub_caches()
+        kvc_unified_kq_mask(&self.fast, &ub, True, False, dtype, out)
         t0 = perf_counter_ns()
         with nogil:
             for r in range(reps):
                 kvc_unified_kq_mask(&self.fast, &ub, True, False, dtype, out)
-        t1 = perf_counter_ns()
+        t_fast = perf_counter_ns() - t0
+        t_base = 0
         if dtype == 0:
+            scrub_caches()
+            kvb_kq_mask(self.base, n_tokens, pos, seq, 1, ref)
+            t0 = perf_counter_ns()
             with nogil:
                 for r in range(reps):
                     kvb_kq_mask(self.base, n_tokens, pos, seq, 1, ref)
-        t2 = perf_counter_ns()
+            t_base = perf_counter_ns() - t0
+        scrub_caches()
+        memset(out, 0xff, nbytes)
+        t0 = perf_counter_ns()
         with nogil:
             for r in range(reps):
                 memset(out, r & 0xff, nbytes)
-        t3 = perf_counter_ns()
+        t_memset = perf_counter_ns() - t0
+        scrub_caches()
+        stream_memset(out, 0xff, nbytes)
+        t0 = perf_counter_ns()
         with nogil:
             for r in range(reps):
                 stream_memset(out, r & 0xff, nbytes)
-        t4 = perf_counter_ns()
+        t_stream = perf_counter_ns() - t0
         same = True
         if dtype == 0:
             kvc_unified_kq_mask(&self.fast, &ub, True, False, 0, out)
@@ -477,7 +521,7 @@ cdef class Workload:
         free(out); free(ref); free(pos); free(seq); free(off); free(msk)
         if not same:
             raise AssertionError("kvcache and baseline masks differ")
-        return t1 - t0, (t2 - t1) if dtype == 0 else 0, t3 - t2, t4 - t3, nbytes
+        return t_fast, t_base, t_memset, t_stream, nbytes
 
     def defrag_plan(self, uint32_t reps):
         """(ns kvcache, ns baseline) per defrag_prepare with an unlimited move budget from the
@@ -528,6 +572,7 @@ cdef class Workload:
         for i in range(n):
             if ids[i] != i and ids[i] != n:
                 moved += 1
+        scrub_caches()
         t0 = perf_counter_ns()
         with nogil:
             for r in range(reps):
@@ -582,6 +627,7 @@ cdef class Workload:
                 jobs[t].key = 0
                 jobs[t].acc = 0
                 jobs[t].stream = stream
+            scrub_caches()
             t0 = perf_counter_ns()
             with nogil:
                 for r in range(reps):
@@ -608,6 +654,7 @@ cdef class Workload:
         """ns for the baseline's whole-cache state write into out; returns (ns, bytes written)."""
         cdef uint64_t t0
         cdef size_t n
+        scrub_caches()
         t0 = perf_counter_ns()
         with nogil:
             n = kvb_state_write(self.base, -1, &out[0], out.shape[0])
@@ -617,6 +664,7 @@ cdef class Workload:
         """ns for the baseline's whole-cache state read of data (with the seed's clear)."""
         cdef uint64_t t0
         cdef int ok
+        scrub_caches()
         t0 = perf_counter_ns()
         with nogil:
             ok = kvb_state_read(self.base, -1, &data[0], data.shape[0])
@@ -742,6 +790,7 @@ def memcpy_ns(size_t nbytes, uint32_t reps, bint kv_memory=False):
     cdef uint64_t t0
     memset(a, 1, nbytes)
     memset(b, 2, nbytes)
+    scrub_caches()
     t0 = perf_counter_ns()
     with nogil:
         for r in range(reps):
@@ -768,6 +817,7 @@ def copy_ns(size_t nbytes, uint32_t reps, unsigned n_threads=1, bint stream=Fals
         jobs[t].dst = &vb[0] + nbytes * t // n_jobs
         jobs[t].n = nbytes * (t + 1) // n_jobs - nbytes * t // n_jobs
         jobs[t].stream = stream
+    scrub_caches()
     t0 = perf_counter_ns()
     with nogil:
         for r in range(reps):
@@ -891,6 +941,7 @@ cdef class Baseline:
             raise ValueError("step: the mask needs pad(n_tokens, 64) rows")
         cdef uint64_t t0
         cdef int ok
+        scrub_caches()
         t0 = perf_counter_ns()
         with nogil:
             ok = kvb_step(self.c, n, &pos[0], &seq[0], <const uint8_t *const *>&k_rows[0],
@@ -912,6 +963,7 @@ def step_floor_ns(unsigned char[::1] mask, const uint64_t[::1] dst, const uint64
     cdef uint64_t t0
     if src.shape[0] != n:
         raise ValueError("one source per destination")
+    scrub_caches()
     t0 = perf_counter_ns()
     with nogil:
         if stream:

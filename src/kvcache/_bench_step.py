@@ -231,6 +231,7 @@ def _step_case(name, size, kind, n_seq, chunk, n_layer, width, variants, reps, q
         for rep in range(reps + 1):
             pos, seq = _step_tokens(busy, kind, n_seq, chunk)
             gc.collect()
+            _bench.scrub()   # every timed part starts with clean caches (the floor and baseline's too)
             t0 = time.perf_counter_ns()
             ub = kvcache.UBatch(pos, seq)
             if not c.find_slot(ub):
