@@ -15,7 +15,7 @@ import numpy as np
 
 from kvcache.bench import Row, _median_range, _paired, waiting
 
-#: the goals of the decode step (issue "speed where a server spends it")
+#: the goals of the decode step
 STEP_GOAL_BASELINE = 10.0   # at least this many times faster than the baseline's same step
 STEP_GOAL_FLOOR = 2.0       # at most this many times the floor
 
@@ -24,7 +24,7 @@ STEP_GOAL_FLOOR = 2.0       # at most this many times the floor
 class Capabilities:
     """What this kvcache offers that the cases pick up by themselves once it exists."""
 
-    max_seqs: int          # sequences a UnifiedCache holds (64; 256 from the 256-sequence core on)
+    max_seqs: int          # sequences a UnifiedCache holds (64 today, 256 once the C core holds 256)
     unpadded_mask: bool    # kq_mask(ub, pad=False, dtype=...): n_tokens rows, no padding rows
     semantics_2026: bool   # UnifiedCache(semantics="2026"): today's llama.cpp placement
 
