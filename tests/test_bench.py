@@ -84,16 +84,16 @@ def test_the_baseline_state_read_clears_the_cache_as_the_seed_does():
     w = _bench.Workload(256, 4, n_layer=2, width=32, v_trans=False, buffers=True)
     w.fill(64)
     blob = bytearray(1 << 20)
-    _, n = w.base_state_write(blob)
+    _, n = w.base_state(blob, False)
     row = 32 * 2
     assert all(np.any(b[64 * row:]) for b in w.base_layer_data(1))
-    w.base_state_read(memoryview(blob)[:n])
+    w.base_state(memoryview(blob)[:n], True)
     # the cells past the blob's 64 hold zeros, K and V of every layer; the blob reads back as is
     for il in range(2):
         for b in w.base_layer_data(il):
             assert not np.any(b[64 * row:])
     out = bytearray(1 << 20)
-    assert w.base_state_write(out)[1] == n and out[:n] == blob[:n]
+    assert w.base_state(out, False)[1] == n and out[:n] == blob[:n]
 
 
 def test_calls_case_runs():

@@ -133,12 +133,73 @@ cdef void copy_job(void *arg) noexcept nogil:
         kvc_stream_fence()
 
 
+cdef uint64_t timed_parallel(void (*fn)(void *) noexcept nogil, void *jobs, size_t size, unsigned n_jobs,
+                             uint32_t reps):
+    """ns per run of fn over n_jobs jobs on that many threads (kvc_parallel), from clean caches."""
+    cdef uint32_t r
+    cdef uint64_t t0
+    with nogil:
+        scrub_caches()
+    t0 = perf_counter_ns()
+    with nogil:
+        for r in range(reps):
+            kvc_parallel(fn, jobs, size, n_jobs)
+    return (perf_counter_ns() - t0) // max(reps, 1)
+
+
 cdef unsigned move_threads(size_t moved_bytes, uint32_t n_layer) noexcept nogil:
     """The threads kvc_unified_defrag_move uses for a move of that many bytes: it streams (and
     shares the layers among threads) from KVC_STREAM_BYTES on."""
     if moved_bytes < KVC_STREAM_BYTES:
         return 1
     return min(kvc_parallel_width(), n_layer, 4)
+
+
+cdef enum:
+    MASK_KVCACHE = 0
+    MASK_BASELINE = 1
+    MASK_MEMSET = 2
+    MASK_STREAM_MEMSET = 3
+
+
+cdef struct MaskPart:
+    const kvc_unified *c
+    const kvb_cache *base
+    const kvc_ubatch *ub
+    int dtype
+    uint8_t *out
+    float *ref
+    size_t nbytes
+    uint32_t n_tokens
+    const int32_t *pos
+    const int32_t *seq
+
+
+cdef void run_mask_part(const MaskPart *m, int which, uint32_t n) noexcept nogil:
+    cdef uint32_t r
+    for r in range(n):
+        if which == MASK_KVCACHE:
+            kvc_unified_kq_mask(m.c, m.ub, True, False, m.dtype, m.out)
+        elif which == MASK_BASELINE:
+            kvb_kq_mask(m.base, m.n_tokens, m.pos, m.seq, 1, m.ref)
+        elif which == MASK_MEMSET:
+            memset(m.out, r & 0xff, m.nbytes)
+        else:
+            stream_memset(m.out, r & 0xff, m.nbytes)
+
+
+cdef uint64_t timed_mask_part(const MaskPart *m, int which, uint32_t reps):
+    """ns for reps runs of one part of the mask case. It starts with clean caches and one
+    untimed run: the caches then hold what this part leaves behind, not the dirty lines of the
+    part before it (up to a last-level cache of write-backs)."""
+    cdef uint64_t t0
+    with nogil:
+        scrub_caches()
+        run_mask_part(m, which, 1)
+    t0 = perf_counter_ns()
+    with nogil:
+        run_mask_part(m, which, reps)
+    return perf_counter_ns() - t0
 
 
 cdef Py_ssize_t cells_differ(const kvc_cells *a, kvb_cache *b):
@@ -461,8 +522,8 @@ cdef class Workload:
         cdef uint32_t *off = <uint32_t *>malloc((n_tokens + 1) * sizeof(uint32_t))
         cdef uint64_t *msk = <uint64_t *>malloc(n_tokens * sizeof(uint64_t))
         cdef kvc_ubatch ub
-        cdef uint32_t i, r, s
-        cdef uint64_t t0, t_fast, t_base, t_memset, t_stream
+        cdef uint32_t i, s
+        cdef uint64_t t_fast, t_base, t_memset, t_stream
         for i in range(n_tokens):
             s = i % n_mask_seqs
             seq[i] = <int32_t>s
@@ -482,38 +543,13 @@ cdef class Workload:
         memset(out, 0, nbytes)
         if ref != NULL:
             memset(ref, 0, <size_t>rows * n_kv * 4)
-        # each loop starts with one untimed call: the caches hold what that loop leaves behind,
-        # not the dirty lines of the loop before it (up to a last-level cache of write-backs)
-        scrub_caches()
-        kvc_unified_kq_mask(&self.fast, &ub, True, False, dtype, out)
-        t0 = perf_counter_ns()
-        with nogil:
-            for r in range(reps):
-                kvc_unified_kq_mask(&self.fast, &ub, True, False, dtype, out)
-        t_fast = perf_counter_ns() - t0
-        t_base = 0
-        if dtype == 0:
-            scrub_caches()
-            kvb_kq_mask(self.base, n_tokens, pos, seq, 1, ref)
-            t0 = perf_counter_ns()
-            with nogil:
-                for r in range(reps):
-                    kvb_kq_mask(self.base, n_tokens, pos, seq, 1, ref)
-            t_base = perf_counter_ns() - t0
-        scrub_caches()
-        memset(out, 0xff, nbytes)
-        t0 = perf_counter_ns()
-        with nogil:
-            for r in range(reps):
-                memset(out, r & 0xff, nbytes)
-        t_memset = perf_counter_ns() - t0
-        scrub_caches()
-        stream_memset(out, 0xff, nbytes)
-        t0 = perf_counter_ns()
-        with nogil:
-            for r in range(reps):
-                stream_memset(out, r & 0xff, nbytes)
-        t_stream = perf_counter_ns() - t0
+        cdef MaskPart part
+        part.c, part.base, part.ub, part.dtype, part.out, part.ref = &self.fast, self.base, &ub, dtype, out, ref
+        part.nbytes, part.n_tokens, part.pos, part.seq = nbytes, n_tokens, pos, seq
+        t_fast = timed_mask_part(&part, MASK_KVCACHE, reps)
+        t_base = timed_mask_part(&part, MASK_BASELINE, reps) if dtype == 0 else 0
+        t_memset = timed_mask_part(&part, MASK_MEMSET, reps)
+        t_stream = timed_mask_part(&part, MASK_STREAM_MEMSET, reps)
         same = True
         if dtype == 0:
             kvc_unified_kq_mask(&self.fast, &ub, True, False, 0, out)
@@ -627,13 +663,7 @@ cdef class Workload:
                 jobs[t].key = 0
                 jobs[t].acc = 0
                 jobs[t].stream = stream
-            scrub_caches()
-            t0 = perf_counter_ns()
-            with nogil:
-                for r in range(reps):
-                    kvc_parallel(floor_layers, jobs, sizeof(FloorJob), n_jobs)
-            t0 = perf_counter_ns() - t0
-            return t0 // max(reps, 1)
+            return timed_parallel(floor_layers, jobs, sizeof(FloorJob), n_jobs, reps)
         finally:
             free(runs)
             free(lines)
@@ -650,28 +680,23 @@ cdef class Workload:
         import numpy as np
         return np.asarray(self.bufs[4 * l + 2]), np.asarray(self.bufs[4 * l + 3])
 
-    def base_state_write(self, unsigned char[::1] out):
-        """ns for the baseline's whole-cache state write into out; returns (ns, bytes written)."""
+    def base_state(self, unsigned char[::1] buf, bint read):
+        """(ns, bytes) of the baseline's whole-cache state write into buf, or (read) of its read
+        of buf (with the seed's clear), from clean caches."""
         cdef uint64_t t0
-        cdef size_t n
+        cdef size_t n = 0
+        cdef int ok = 1
         scrub_caches()
         t0 = perf_counter_ns()
         with nogil:
-            n = kvb_state_write(self.base, -1, &out[0], out.shape[0])
-        return perf_counter_ns() - t0, n
-
-    def base_state_read(self, const unsigned char[::1] data):
-        """ns for the baseline's whole-cache state read of data (with the seed's clear)."""
-        cdef uint64_t t0
-        cdef int ok
-        scrub_caches()
-        t0 = perf_counter_ns()
-        with nogil:
-            ok = kvb_state_read(self.base, -1, &data[0], data.shape[0])
+            if read:
+                ok = kvb_state_read(self.base, -1, &buf[0], buf.shape[0])
+            else:
+                n = kvb_state_write(self.base, -1, &buf[0], buf.shape[0])
         t0 = perf_counter_ns() - t0
         if not ok:
             raise AssertionError("the baseline's state read failed")
-        return t0
+        return t0, (buf.shape[0] if read else n)
 
     def state_io(self, uint32_t reps):
         """(ns write kvcache, ns write baseline, ns read kvcache, ns read baseline, bytes) for the
@@ -817,12 +842,7 @@ def copy_ns(size_t nbytes, uint32_t reps, unsigned n_threads=1, bint stream=Fals
         jobs[t].dst = &vb[0] + nbytes * t // n_jobs
         jobs[t].n = nbytes * (t + 1) // n_jobs - nbytes * t // n_jobs
         jobs[t].stream = stream
-    scrub_caches()
-    t0 = perf_counter_ns()
-    with nogil:
-        for r in range(reps):
-            kvc_parallel(copy_job, jobs, sizeof(CopyJob), n_jobs)
-    return (perf_counter_ns() - t0) // max(reps, 1)
+    return timed_parallel(copy_job, jobs, sizeof(CopyJob), n_jobs, reps)
 
 
 from kvcache._core cimport UnifiedCore, UBatch

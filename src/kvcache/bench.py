@@ -224,7 +224,7 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
         blob[:] = b"\0" * nbytes   # pages faulted in, as for the memcpy yardstick
         base_blob = bytearray(nbytes + 1)
         base_blob[:] = b"\0" * len(base_blob)
-        _, n_base = w.base_state_write(base_blob)
+        _, n_base = w.base_state(base_blob, False)
         c.state_write_into(blob)
         if n_base != nbytes or base_blob[:nbytes] != blob:
             raise AssertionError("the public API's state blob differs from the baseline's")
@@ -235,14 +235,14 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
             t = time.perf_counter_ns()
             c.state_write_into(blob)
             t = time.perf_counter_ns() - t
-            return t, w.base_state_write(base_blob)[0], _bench.memcpy_ns(nbytes, 2) / 2
+            return t, w.base_state(base_blob, False)[0], _bench.memcpy_ns(nbytes, 2) / 2
 
         def read():
             _bench.scrub()
             t = time.perf_counter_ns()
             c.state_read(blob)
             t = time.perf_counter_ns() - t
-            return t, w.base_state_read(base_view), _bench.memcpy_ns(nbytes, 2) / 2
+            return t, w.base_state(base_view, True)[0], _bench.memcpy_ns(nbytes, 2) / 2
         for what, fn in (("write", write), ("read", read)):
             # each repetition: kvcache, the baseline, memcpy of the blob's bytes, back to back
             res = [fn() for _ in range(reps)]
@@ -251,7 +251,7 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
                                 fast, base, gbps=nbytes / statistics.median(fast), yardstick="memcpy of the blob's bytes",
                                 yardstick_gbps=nbytes / statistics.median(mc), yardstick_ratio=_paired(fast, mc)))
         # the reads restored what was written, on both sides
-        if c.state_write() != bytes(blob) or w.base_state_write(base_blob)[1] != nbytes or base_blob[:nbytes] != blob:
+        if c.state_write() != bytes(blob) or w.base_state(base_blob, False)[1] != nbytes or base_blob[:nbytes] != blob:
             raise AssertionError("a state read did not restore the blob it read")
     return rows
 
