@@ -1,16 +1,26 @@
 """The reference model of today's cache (kvcache.reference2026) on the rules the 2026 traces
 exercise little: scattered placement and the SWA purge, prepare as a dry run, stream copies
 and their refusals, what llama.cpp aborts on (ValueError, nothing changed), failed reads of
-every kind (rule C7), the empty-blob no-op, trailing bytes, 256 sequences."""
+every kind (rule C7), the empty-blob no-op, trailing bytes, 256 sequences; and the diagnostic
+info of the 2026 traces (what llama.cpp's own failure paths would have changed), reproduced
+with the model. (The traces themselves replay against it in tests/test_golden.py.)"""
 import copy
 import struct
 
 import numpy as np
 import pytest
 
+from conftest import GOLDEN
 from kvcache import StateError
+from kvcache.conformance import read_trace
+from kvcache.conformance.common import compare_fields
+from kvcache.conformance.ops import apply_op, start
+from kvcache.conformance.unified2026 import reference_target
 from kvcache.reference import CellTable, RefUBatch, UnifiedReference
 from kvcache.reference2026 import STATUS_NO_UPDATE, STATUS_SUCCESS, UnifiedReference2026
+from kvcache.statefile import _Reader
+
+TRACES_2026 = sorted((GOLDEN / "unified2026").glob("*.jsonl"))
 
 
 def make(kv_size=16, n_seq_max=4, kv_unified=True, **kw):
@@ -528,3 +538,95 @@ def test_update_with_nothing_to_do():
     r = m.update()
     assert (r.status, r.had_shift) == (STATUS_SUCCESS, True) and r.shift.tolist()[:3] == [0, 1, 1]
     assert cells(m) == [[0, 0, [0], 0], [1, 0, [0], 0], [2, 1, [0], 0]]
+
+
+# --- the diagnostic info of the 2026 traces -------------------------------------------------------
+# Whether llama.cpp's own failure path (``restored``) or its own undo of ``prepare``
+# (``undo_restored``) would have changed the cache where rules C7 / C8 keep it as it was, and the
+# error of every failed read (the bytes a read consumed: tests/test_golden.py, strictly).
+
+def _state(model) -> tuple:
+    """Everything of a reference model that rules C7 / C8 keep."""
+    streams = [(list(t.pos), [sorted(s) for s in t.seq], list(t.shift), t.has_shift, t.head) for t in model.streams]
+    data = [(model.k(il).tobytes(), model.v(il).tobytes()) for il in model.layers]
+    return streams, model.pending_copies, data
+
+
+def _llama_undo_changes(model, target, ubatches) -> bool:
+    """Whether llama.cpp's own undo of prepare would leave the cache changed: it puts back only
+    the cells each slot listed, and the head of the stream of group g from the saved head of
+    stream g."""
+    m = copy.deepcopy(model)
+    before = _state(m)
+    undo = []
+    for u in ubatches:
+        pos, ids, groups = m._ubatch(target.make_ubatch(u["pos"], u["seq_id"]))
+        slot = m._find_slot(groups)
+        if slot is None:
+            break
+        saved = [[(m.streams[s].pos[i], set(m.streams[s].seq[i])) for i in idxs.tolist()] for s, idxs in slot]
+        undo.append((slot, list(m.heads), saved))
+        m._apply(slot, groups, pos, ids)
+    for slot, heads, saved in reversed(undo):
+        for g, ((strm, idxs), cells) in enumerate(zip(slot, saved)):
+            t = m.streams[strm]
+            for i, (p, ss) in zip(idxs.tolist(), cells):
+                t.pos[i], t.seq[i] = p, ss
+            t.head = heads[g]
+    return _state(m) != before
+
+
+def _llama_failed_read_changes(model, op) -> bool:
+    """Whether llama.cpp's failure path would leave the cache changed by a failed read: nothing
+    before the stream count is taken; after it, ``state_clear`` — the whole cache cleared, or
+    the destination sequence removed and the K/V of the cells it had been given zeroed. (The
+    traces fail only on the stream count and inside K/V sections.)"""
+    assert op.get("note") == "n_stream+1" or op.get("note", "").startswith("truncated"), op.get("note")
+    m = copy.deepcopy(model)
+    before = _state(m)
+    seq_id = op["seq_id"]
+    with pytest.raises(StateError):
+        m._read(_Reader(memoryview(bytes.fromhex(op["hex"])), "cache state"), seq_id)
+    if op["note"] == "n_stream+1":
+        assert _state(m) == before
+    elif seq_id == -1:
+        m.clear()
+    else:
+        t = m.streams[m.stream_of(seq_id)]
+        given = [i for i in range(t.size) if seq_id in t.seq[i]]
+        t.remove(seq_id, -1, -1)
+        for il in m.layers:
+            rows = [m.stream_of(seq_id) * t.size + i for i in given]
+            m._k[il][rows] = 0
+            if m.v_trans:
+                m._v[il][m.stream_of(seq_id)][:, given] = 0
+            else:
+                m._v[il][rows] = 0
+    return _state(m) != before
+
+
+@pytest.mark.parametrize("path", TRACES_2026, ids=lambda p: p.stem)
+def test_the_diagnostic_info_is_reproduced(path):
+    header, ops = read_trace(str(path))
+    config = header["config"]
+    target = reference_target()
+    r = start(target, config)
+    model = r.cache
+    n_read = n_prepare = 0
+    for index, op in enumerate(ops, start=1):
+        info = op.get("info", {})
+        if op["op"] == "state_read":
+            n_read += 1
+            blob = bytes.fromhex(op["hex"])
+            if op["expect"]["ok"]:
+                trial = copy.deepcopy(model)
+                assert trial.state_read(blob, op["seq_id"]) == info["consumed"], index
+            else:
+                assert info["restored"] == _llama_failed_read_changes(model, op), index
+                with pytest.raises(StateError, match=f"^{info['error']}"):
+                    copy.deepcopy(model).state_read(blob, op["seq_id"])
+        elif op["op"] == "prepare":
+            n_prepare += 1
+            assert info.get("undo_restored", False) == _llama_undo_changes(model, target, op["ubatches"]), index
+        compare_fields(index, op, op["expect"], apply_op(r, index, op) or {})
+    assert n_read and n_prepare

@@ -1,8 +1,10 @@
-"""Replay of ``kvcache-trace/2026`` unified traces (golden/FORMAT-2026.md) against a target.
+"""``kvcache-trace/2026`` unified traces (golden/FORMAT-2026.md, family ``unified2026``): their
+targets and the ops only they have.
 
 The replay talks to the cache through a small protocol, the API of the C-backed
 ``kvcache.UnifiedCache(semantics="2026")``; :class:`kvcache.reference2026.UnifiedReference2026`
-implements it today. A :class:`Target` names an implementation and makes its caches and ubatches.
+implements it today. A :class:`~kvcache.conformance.Target` names an implementation and makes
+its caches and ubatches.
 
 The target protocol (``cache`` made by ``Target.make_cache(config)``):
 
@@ -52,35 +54,26 @@ Data and state
     blob, without the sequence-blob prefix); ``state_read(blob, seq_id, layout="2026") -> int``
     (bytes consumed) raising ``kvcache.StateError`` — and changing nothing — when it fails.
 
-Derived here, not asked of the target: ``s0``/``s1`` (the smallest / largest stream of the slot),
+Derived by the replay, not asked of the target: ``s0``/``s1`` (the smallest / largest stream of the slot),
 ``n_kv_ubatch`` (the largest ``n_kv_per_stream`` over the slot's streams), the mask's ``visible``
 lists and every hash.
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kvcache.conformance import Divergence, unsupported
-from kvcache.conformance.common import blob_fields, fill, read_state, replay_ops, seq_op
+from kvcache.conformance import Divergence, Replay, Target, unsupported
+from kvcache.conformance.common import fill
+from kvcache.conformance.unified import float32_mask
 
-__all__ = ["Target", "cache_arguments", "reference_target", "kvcache_target", "kvcache_supports_2026",
-           "default_target", "TARGETS", "OPS", "apply_op", "check_config", "replay"]
+__all__ = ["Target", "FAMILY", "cache_arguments", "reference_target", "kvcache_target", "kvcache_supports_2026",
+           "default_target", "TARGETS", "check_config"]
 
-
-@dataclass(frozen=True)
-class Target:
-    """An implementation of the 2026 cache the replay can run against.
-
-    ``name``: how reports call it; ``make_cache(config)``: a fresh cache for a trace header's
-    config; ``make_ubatch(pos, seq_id)``: a ubatch in the form that cache takes."""
-
-    name: str
-    make_cache: Callable[[dict[str, Any]], Any]
-    make_ubatch: Callable[[Sequence[int], Sequence[Sequence[int]]], Any]
+#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+FAMILY = "unified2026"
 
 
 def cache_arguments(config: dict[str, Any]) -> dict[str, Any]:
@@ -98,13 +91,15 @@ def reference_target() -> Target:
     """The pure-Python reference model (:mod:`kvcache.reference2026`)."""
     from kvcache.reference import RefUBatch
     from kvcache.reference2026 import UnifiedReference2026
-    return Target("reference model", lambda config: UnifiedReference2026(**cache_arguments(config)), RefUBatch)
+    return Target("reference model", lambda config: UnifiedReference2026(**cache_arguments(config)), RefUBatch,
+                  family=FAMILY)
 
 
 def kvcache_target() -> Target:
     """The C-backed ``kvcache.UnifiedCache(semantics="2026")``."""
     from kvcache import UBatch, UnifiedCache
-    return Target("kvcache.UnifiedCache", lambda config: UnifiedCache(**cache_arguments(config)), UBatch)
+    return Target("kvcache.UnifiedCache", lambda config: UnifiedCache(**cache_arguments(config)), UBatch,
+                  family=FAMILY)
 
 
 # a small cache of the 2026 semantics, to find out whether the C-backed cache has them
@@ -167,62 +162,6 @@ def _mask_fields(m: np.ndarray) -> dict[str, Any]:
             "visible": [np.flatnonzero(row == 0.0).tolist() for row in flat]}
 
 
-#: the ops of kvcache-trace/2026 (no commit / restore / defrag / k_shift any more)
-OPS = frozenset({"find_slot", "prepare", "seq_rm", "seq_cp", "seq_keep", "seq_add", "seq_div", "clear",
-                 "update", "mask", "pos_bucket", "state_write", "state_read", "kvhash", "check"})
-
-
-def apply_op(cache: Any, target: Target, config: dict[str, Any], index: int, op: dict[str, Any]) -> dict[str, Any] | None:
-    """Apply op number ``index`` of a trace to ``cache`` (made by ``target``); return the
-    fields to compare with its ``expect``. Raises Divergence for an op it does not know."""
-    name = op["op"]
-    if name not in OPS or (name == "clear" and op.get("data") is not True):
-        raise unsupported(index, op)
-    shared = seq_op(cache, op)
-    if shared is not None:
-        if name == "seq_cp":
-            shared["pending_copies"] = cache.pending_copies
-        return shared
-
-    def ub(o: dict[str, Any]) -> Any:
-        return target.make_ubatch(o["pos"], o["seq_id"])
-
-    if name == "find_slot":
-        if not cache.find_slot(ub(op)):
-            return {"ok": False, **_stream_fields(cache)}
-        fill(cache, config, op)
-        slot = cache.slot_info()
-        streams = [int(s) for s, _ in slot]
-        n_kv = cache.n_kv_per_stream
-        return {"ok": True, **_slot_fields(slot), "s0": min(streams), "s1": max(streams),
-                "n_kv_ubatch": max(n_kv[s] for s in streams), **_stream_fields(cache)}
-    if name == "prepare":
-        slots = cache.prepare([ub(u) for u in op["ubatches"]])
-        return {"ok": slots is not None, "sinfos": [_slot_fields(s) for s in slots or []]}
-    if name == "update":
-        r = cache.update()
-        return {"status": int(r.status), "had_shift": bool(r.had_shift), "copies": int(r.copies),
-                "has_shift": bool(r.has_shift), "shift": np.asarray(r.shift).tolist()}
-    if name == "check":
-        return _check_fields(cache)
-    if name == "mask":
-        return _mask_fields(cache.kq_mask(ub(op), causal=op["causal"]))
-    if name == "pos_bucket":
-        b = cache.pos_bucket(ub(op), config["n_rel_attn_bkts"])
-        got = {"rows": b.shape[0], "cols": b.shape[1], "sha256": _sha256(b, "<i4")}
-        if "data" in op["expect"]:
-            got["data"] = b.ravel().tolist()
-        return got
-    if name == "state_write":
-        return blob_fields(cache.state_write(op["seq_id"], layout="2026"), op["expect"])
-    if name == "state_read":
-        return {"ok": read_state(lambda blob, seq_id: cache.state_read(blob, seq_id, layout="2026"), op) is not None}
-    if name == "kvhash":
-        return {"layers": [{"il": il, "k": _bytes_sha256(cache.k(il)), "v": _bytes_sha256(cache.v(il))}
-                           for il in cache.layers]}
-    raise unsupported(index, op)   # OPS and this function disagree
-
-
 def check_config(cache: Any, config: dict[str, Any]) -> None:
     """Raise Divergence when a trace's config asks what the replay does not do (ALiBi masks)
     or the cache disagrees with it (its stream count)."""
@@ -232,13 +171,61 @@ def check_config(cache: Any, config: dict[str, Any]) -> None:
         raise Divergence(0, "header", "config.n_stream", config["n_stream"], cache.n_stream)
 
 
-def replay(config: dict[str, Any], ops: Iterator[tuple[int, dict[str, Any]]], target: Target | None = None) -> None:
-    """Replay the ops of a 2026 unified trace against a fresh cache of ``target`` (default:
-    :func:`default_target`); raise Divergence at the first mismatch."""
-    target = target or default_target()
-    try:
-        cache = target.make_cache(config)
-    except Exception as e:  # noqa: BLE001 - a target that cannot build the cache fails the trace
-        raise Divergence(0, "header", "config", f"a cache of {target.name}", repr(e)) from e
-    check_config(cache, config)
-    replay_ops(ops, lambda index, op: apply_op(cache, target, config, index, op))
+# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+
+def find_slot(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """Place the ubatch for good and fill its K/V rows; where it went, or that it did not fit
+    (a failed find_slot changes nothing)."""
+    cache = r.cache
+    if not cache.find_slot(r.ubatch(op)):
+        return {"ok": False, **_stream_fields(cache)}
+    if r.target.data:
+        fill(cache, r.config, op)
+    slot = cache.slot_info()
+    streams = [int(s) for s, _ in slot]
+    n_kv = cache.n_kv_per_stream
+    return {"ok": True, **_slot_fields(slot), "s0": min(streams), "s1": max(streams),
+            "n_kv_ubatch": max(n_kv[s] for s in streams), **_stream_fields(cache)}
+
+
+def prepare(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """The dry run of placing several ubatches (rule C8)."""
+    slots = r.cache.prepare([r.ubatch(u) for u in op["ubatches"]])
+    return {"ok": slots is not None, "sinfos": [_slot_fields(s) for s in slots or []]}
+
+
+def clear(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """Clear cells and K/V data (the traces have no clear that keeps the data)."""
+    if op.get("data") is not True:
+        raise unsupported(index, op)
+    r.cache.clear()
+    return {}
+
+
+def seq_cp(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """Copy a sequence; the stream copies now queued for the next update."""
+    r.cache.seq_cp(op["src"], op["dst"], op["p0"], op["p1"])
+    return {"pending_copies": r.cache.pending_copies}
+
+
+def update(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """Run the update (queued stream copies, the K-shift); what it did."""
+    u = r.cache.update()
+    return {"status": int(u.status), "had_shift": bool(u.had_shift), "copies": int(u.copies),
+            "has_shift": bool(u.has_shift), "shift": np.asarray(u.shift).tolist()}
+
+
+def check(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """What a check shows of every stream."""
+    return _check_fields(r.cache)
+
+
+def mask(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """The KQ mask of the ubatch, per stream."""
+    return _mask_fields(float32_mask(index, op, r.cache.kq_mask(r.ubatch(op), causal=op["causal"])))
+
+
+def kvhash(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """The hashes of every layer's K and V tensors."""
+    return {"layers": [{"il": il, "k": _bytes_sha256(r.cache.k(il)), "v": _bytes_sha256(r.cache.v(il))}
+                       for il in r.cache.layers]}
