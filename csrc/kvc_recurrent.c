@@ -265,7 +265,8 @@ static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *
             if (!seq_has(t->seq[tl], s)) {
                 return kvc_err_set(err, KVC_E_INTERNAL,
                                    "find_slot: the state record of sequence %d points at cell %d, which does "
-                                   "not hold it (clear() the cache after seq_rm(-1, ...))", s, tl);
+                                   "not hold it (the reference leaves such a record after seq_rm(-1, ...) "
+                                   "without clear(), and when a find_slot lost the sequence's state)", s, tl);
             }
             has_cell = kvc_popcount64(t->seq[tl]) == 1;
         }

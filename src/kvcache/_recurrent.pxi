@@ -340,8 +340,10 @@ cdef class _Recurrent(RecurrentCore):
 
         A state that does not continue at the position where it stopped raises a
         RuntimeWarning (the reference logs it). ValueError for ids outside [0, n_seq_max) or an
-        empty ubatch; RuntimeError when the cells are inconsistent (seq_rm(-1, ...) without a
-        clear()). Errors change nothing."""
+        empty ubatch; RuntimeError where the reference stops on an assertion: a group's first
+        sequence has a record pointing at a cell that does not hold it (left by seq_rm(-1, ...)
+        without clear(), or by a find_slot that lost the sequence's state, as the reference
+        does: docs/server-loop.md). Errors change nothing."""
         cdef kvc_err err
         cdef int r
         ub.check(self.c.n_seq_max)
