@@ -513,15 +513,3 @@ int kvc_sbatch_split(kvc_sbatch *sb, enum kvc_split_mode mode, uint32_t n_ubatch
     publish(sb, &f, out);
     return f.n_tokens > 0 ? 1 : 0;
 }
-
-int kvc_sbatch_split_simple(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err) {
-    return kvc_sbatch_split(sb, KVC_SPLIT_SIMPLE, n_ubatch, out, err);
-}
-
-int kvc_sbatch_split_equal(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err) {
-    return kvc_sbatch_split(sb, KVC_SPLIT_EQUAL, n_ubatch, out, err);
-}
-
-int kvc_sbatch_split_seq(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err) {
-    return kvc_sbatch_split(sb, KVC_SPLIT_SEQ, n_ubatch, out, err);
-}

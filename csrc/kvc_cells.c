@@ -233,35 +233,11 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seq_pos_insert(&c->seq_pos[s], c->pos[i]);
 }
 
-/* Remove cell i's position from the multisets of every sequence in `m`. */
-static void kvc_cells_seq_pos_erase_cell(kvc_cells *c, uint32_t i, uint64_t m) {
-    for (; m; m &= m - 1) {
-        kvc_seq_pos_erase(&c->seq_pos[kvc_ctz64(m)], c->pos[i]);
-    }
-}
-
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
     const uint64_t bit = (uint64_t)1 << s;
     kvc_seq_pos_erase(&c->seq_pos[s], c->pos[i]);
     c->seq[i] &= ~bit;
     if (c->seq[i] == 0) {
-        c->pos[i] = -1;
-        kvc_cells_mark_unused(c, i);
-        return true;
-    }
-    return false;
-}
-
-bool kvc_cells_seq_keep(kvc_cells *c, uint32_t i, int32_t s) {
-    const uint64_t bit = (uint64_t)1 << s;
-    if (c->seq[i] & bit) {
-        kvc_cells_seq_pos_erase_cell(c, i, c->seq[i] & ~bit);
-        c->seq[i] = bit;
-        return false;
-    }
-    if (c->seq[i]) {
-        kvc_cells_seq_pos_erase_cell(c, i, c->seq[i]);
-        c->seq[i] = 0;
         c->pos[i] = -1;
         kvc_cells_mark_unused(c, i);
         return true;

@@ -58,8 +58,6 @@ void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p);
 void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s);
 /* Sequence s leaves cell i (which holds it); returns true when the cell became empty. */
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s);
-/* Cell i keeps only s if it holds s; a cell holding others is emptied (returns true). */
-bool kvc_cells_seq_keep(kvc_cells *c, uint32_t i, int32_t s);
 /* Move cell src to the empty cell dst (defrag): pos, shift and sequences; src becomes empty
  * with shift 0. */
 void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst);

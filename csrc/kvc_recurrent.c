@@ -1,4 +1,5 @@
 #include "kvc_recurrent.h"
+#include "kvc_le.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
@@ -387,8 +388,8 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
         kvc_rec_layer *L = &c->layers[il];
         L->n_embd_k = p->n_embd_k[il];
         L->n_embd_v = p->n_embd_v[il];
-        L->k_row_bytes = (size_t)p->n_embd_k[il] / tk->blck_size * tk->type_size;
-        L->v_row_bytes = (size_t)p->n_embd_v[il] / tv->blck_size * tv->type_size;
+        L->k_row_bytes = kvc_row_size(p->type_k, p->n_embd_k[il]);
+        L->v_row_bytes = kvc_row_size(p->type_v, p->n_embd_v[il]);
     }
     rec_cells_wipe(&c->cells);
     rec_cells_wipe(&c->work);
@@ -647,18 +648,17 @@ static bool get_u32(rec_reader *r, uint32_t *v) {
     if (r->len - r->off < 4) {
         return false;
     }
-    const uint8_t *b = r->p + r->off;
-    *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    *v = kvc_le_get_u32(r->p + r->off);
     r->off += 4;
     return true;
 }
 
 static bool get_i32(rec_reader *r, int32_t *v) {
-    uint32_t u;
-    if (!get_u32(r, &u)) {
+    if (r->len - r->off < 4) {
         return false;
     }
-    memcpy(v, &u, sizeof u);
+    *v = kvc_le_get_i32(r->p + r->off);
+    r->off += 4;
     return true;
 }
 
@@ -666,12 +666,7 @@ static bool get_u64(rec_reader *r, uint64_t *v) {
     if (r->len - r->off < 8) {
         return false;
     }
-    const uint8_t *b = r->p + r->off;
-    uint64_t x = 0;
-    for (int i = 7; i >= 0; i--) {
-        x = x << 8 | b[i];
-    }
-    *v = x;
+    *v = kvc_le_get_u64(r->p + r->off);
     r->off += 8;
     return true;
 }

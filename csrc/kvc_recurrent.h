@@ -79,8 +79,6 @@ void kvc_recurrent_free(kvc_recurrent *c);
 /* Attach the K/V memory of layer il (size rows each; either may be NULL). */
 void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v);
 
-static inline bool kvc_recurrent_cell_is_empty(const kvc_recurrent *c, uint32_t i) { return c->cells.seq[i] == 0; }
-
 /* --- operations; sequence ids are validated by the caller (C5), positions are any int32 --- */
 /* Empty every cell (pos, src, tail -1), head = used = 0, zero the K/V buffers; n is kept. */
 void    kvc_recurrent_clear(kvc_recurrent *c);

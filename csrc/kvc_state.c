@@ -1,42 +1,12 @@
 #include "kvc_state.h"
 
+#include "kvc_le.h"
 #include "kvc_types.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------------------------------------
- * Little-endian scalars. The blob format is little-endian whatever the host; the K/V rows are
- * copied as they are stored.
- * ------------------------------------------------------------------------------------------- */
-
-static void put_u32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-    put_u32(p, (uint32_t)v);
-    put_u32(p + 4, (uint32_t)(v >> 32));
-}
-
-static void put_i32(uint8_t *p, int32_t v) { put_u32(p, (uint32_t)v); }
-
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
-
-/* Two's complement reinterpretation without implementation-defined conversion. */
-static int32_t get_i32(const uint8_t *p) {
-    const uint32_t u = get_u32(p);
-    return u <= (uint32_t)INT32_MAX ? (int32_t)u : -(int32_t)(~u) - 1;
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Writing. A state is produced as a sequence of pieces (scalars, metadata records, runs of rows);
@@ -81,7 +51,7 @@ static bool emit_skip(emitter *e, uint64_t n) {
 
 static void emit_u32(emitter *e, uint32_t v) {
     uint8_t q[4];
-    put_u32(q, v);
+    kvc_le_put_u32(q, v);
     emit(e, q, 4);
 }
 
@@ -162,18 +132,18 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
         for (uint32_t k = 0; k < nr && e->pos < e->hi; k++) {
             for (uint32_t i = runs[2 * k]; i < runs[2 * k + 1]; i++) {
                 size_t n = 8;
-                put_i32(rec, s->pos[i]);
+                kvc_le_put_i32(rec, s->pos[i]);
                 if (s->seq_id >= 0) {
-                    put_u32(rec + 4, s->single_writes_id ? 1u : 0u);
+                    kvc_le_put_u32(rec + 4, s->single_writes_id ? 1u : 0u);
                     if (s->single_writes_id) {
-                        put_i32(rec + 8, s->seq_id);
+                        kvc_le_put_i32(rec + 8, s->seq_id);
                         n = 12;
                     }
                 } else {
                     uint64_t bits = s->seq[i] & ids;
-                    put_u32(rec + 4, kvc_popcount64(bits));
+                    kvc_le_put_u32(rec + 4, kvc_popcount64(bits));
                     for (; bits; bits &= bits - 1, n += 4) {
-                        put_i32(rec + n, (int32_t)kvc_ctz64(bits));
+                        kvc_le_put_i32(rec + n, (int32_t)kvc_ctz64(bits));
                     }
                 }
                 emit(e, rec, n);
@@ -189,8 +159,8 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
             continue;
         }
         uint8_t h[12];
-        put_i32(h, s->type_k);
-        put_u64(h + 4, (uint64_t)l.k_row);
+        kvc_le_put_i32(h, s->type_k);
+        kvc_le_put_u64(h + 4, (uint64_t)l.k_row);
         emit(e, h, 12);
         emit_rows(e, runs, nr, l.k, l.k_row);
     }
@@ -201,15 +171,15 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
             continue;
         }
         uint8_t h[12];
-        put_i32(h, s->type_v);
+        kvc_le_put_i32(h, s->type_v);
         if (!s->v_trans) {
-            put_u64(h + 4, (uint64_t)l.v_row);
+            kvc_le_put_u64(h + 4, (uint64_t)l.v_row);
             emit(e, h, 12);
             emit_rows(e, runs, nr, l.v, l.v_row);
             continue;
         }
-        put_u32(h + 4, (uint32_t)s->v_el);
-        put_u32(h + 8, l.n_embd_v);
+        kvc_le_put_u32(h + 4, (uint32_t)s->v_el);
+        kvc_le_put_u32(h + 8, l.n_embd_v);
         emit(e, h, 12);
         /* row j of the transposed V holds the listed cells' elements j */
         const size_t stride = (size_t)s->size * s->v_el;
@@ -359,7 +329,7 @@ static bool rd_u32(reader *r, uint32_t *v) {
     if (!rd_take(r, 4, &q)) {
         return false;
     }
-    *v = get_u32(q);
+    *v = kvc_le_get_u32(q);
     return true;
 }
 
@@ -368,7 +338,7 @@ static bool rd_i32(reader *r, int32_t *v) {
     if (!rd_take(r, 4, &q)) {
         return false;
     }
-    *v = get_i32(q);
+    *v = kvc_le_get_i32(q);
     return true;
 }
 
@@ -377,7 +347,7 @@ static bool rd_u64(reader *r, uint64_t *v) {
     if (!rd_take(r, 8, &q)) {
         return false;
     }
-    *v = get_u64(q);
+    *v = kvc_le_get_u64(q);
     return true;
 }
 

@@ -83,8 +83,6 @@ void kvc_unified_free(kvc_unified *c);
 /* Attach the K/V memory of kept layer `ikv` (index into layers, not the model index). */
 void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v);
 
-static inline uint32_t kvc_unified_size(const kvc_unified *c) { return c->cells.size; }
-
 /* --- operations; sequence ids and positions are validated by the caller ---------------- */
 void    kvc_unified_clear(kvc_unified *c);           /* also zeroes the K/V buffers; n kept */
 /* Zero the K/V data of cells [from, to) (every layer; columns of a transposed V). */
@@ -125,10 +123,6 @@ bool    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1);
  * KVC_OK or KVC_E_NOMEM (out untouched). */
 int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi,
                             int dtype, void *out);
-static inline int kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
-                                          bool alibi, float *out) {
-    return kvc_unified_kq_mask(c, ub, causal, alibi, KVC_MASK_F32, out);
-}
 /* T5 relative position buckets into out[n_tokens][c->n]. */
 void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out);
 int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets);

@@ -31,7 +31,6 @@ cdef extern from "kvc_cells.h" nogil:
     void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p)
     void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s)
     bint kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s)
-    bint kvc_cells_seq_keep(kvc_cells *c, uint32_t i, int32_t s)
     void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst)
 
     bint kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d)

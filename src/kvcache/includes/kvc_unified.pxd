@@ -59,7 +59,6 @@ cdef extern from "kvc_unified.h" nogil:
     int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
     void kvc_unified_free(kvc_unified *c)
     void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v)
-    uint32_t kvc_unified_size(const kvc_unified *c)
 
     void    kvc_unified_clear(kvc_unified *c)
     bint    kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1)
@@ -86,7 +85,6 @@ cdef extern from "kvc_unified.h" nogil:
         KVC_MASK_BOOL
     int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
                                 int dtype, void *out)
-    int     kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi, float *out)
     void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out)
     int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
     void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out)
