@@ -127,10 +127,10 @@ static void pair_dump(const pair *t, bytes *out) {
             const int32_t mm[2] = { kvc_unified_seq_pos_min(c, s), kvc_unified_seq_pos_max(c, s) };
             bytes_put(out, mm, sizeof mm);
         }
-        bytes_put(out, &c->n_rec, sizeof c->n_rec);
-        bytes_put(out, c->rec, c->n_rec * sizeof *c->rec);
-        bytes_put(out, c->rec_pos, c->n_rec_arena * sizeof *c->rec_pos);
-        bytes_put(out, c->rec_seq, c->n_rec_arena * sizeof *c->rec_seq);
+        bytes_put(out, &c->undo.n_spans, sizeof c->undo.n_spans);
+        bytes_put(out, c->undo.spans, c->undo.n_spans * sizeof *c->undo.spans);
+        bytes_put(out, c->undo.pos, c->undo.n_cells * sizeof *c->undo.pos);
+        bytes_put(out, c->undo.seq, c->undo.n_cells * sizeof *c->undo.seq);
         for (uint32_t l = 0; l < 2; l++) {
             bytes_put(out, c->layers[l].k, size * c->layers[l].k_row_bytes);
             bytes_put(out, c->layers[l].v, size * c->layers[l].v_row_bytes);
@@ -221,7 +221,7 @@ static void test_round_trip(void) {
     CHECK(consumed == blob.n, "consumed");
     CHECK(kvc_unified_seq_pos_min(&b.c[0], 1) == 0 && kvc_unified_seq_pos_max(&b.c[0], 1) == 9, "base: 0..9");
     CHECK(kvc_unified_seq_pos_min(&b.c[1], 1) == 6 && kvc_unified_seq_pos_max(&b.c[1], 1) == 9, "swa: 6..9");
-    CHECK(b.c[0].n_rec == 0 && b.c[1].n_rec == 0, "committed");
+    CHECK(b.c[0].undo.n_spans == 0 && b.c[1].undo.n_spans == 0, "committed");
     bytes_free(&blob);
     bytes_free(&again);
     pair_free(&a);

@@ -216,10 +216,8 @@ typedef struct image {
     bool has_shift;
     uint32_t seq_pos_n[KVC_MAX_SEQ];
     int32_t *seq_pos_v[KVC_MAX_SEQ];
-    uint32_t head, n, n_rec, n_rec_arena, n_defrag_ids;
-    kvc_recovery *rec;
-    int32_t *rec_pos;
-    uint64_t *rec_seq;
+    uint32_t head, n, n_defrag_ids;
+    kvc_undo undo;       /* copies of the log's arrays (lengths only) */
     uint32_t *defrag_ids;
     bool do_defrag;
     fz_kv mem;
@@ -245,11 +243,11 @@ static void image_take(image *m, const cache *t) {
     }
     m->head = c->head;
     m->n = c->n;
-    m->n_rec = c->n_rec;
-    m->n_rec_arena = c->n_rec_arena;
-    m->rec = (kvc_recovery *)fz_dup((const uint8_t *)c->rec, c->n_rec * sizeof *c->rec);
-    m->rec_pos = (int32_t *)fz_dup((const uint8_t *)c->rec_pos, c->n_rec_arena * sizeof *c->rec_pos);
-    m->rec_seq = (uint64_t *)fz_dup((const uint8_t *)c->rec_seq, c->n_rec_arena * sizeof *c->rec_seq);
+    m->undo.n_spans = c->undo.n_spans;
+    m->undo.n_cells = c->undo.n_cells;
+    m->undo.spans = (kvc_undo_span *)fz_dup((const uint8_t *)c->undo.spans, c->undo.n_spans * sizeof *c->undo.spans);
+    m->undo.pos = (int32_t *)fz_dup((const uint8_t *)c->undo.pos, c->undo.n_cells * sizeof *c->undo.pos);
+    m->undo.seq = (uint64_t *)fz_dup((const uint8_t *)c->undo.seq, c->undo.n_cells * sizeof *c->undo.seq);
     m->n_defrag_ids = c->n_defrag_ids;
     m->defrag_ids = (uint32_t *)fz_dup((const uint8_t *)c->defrag_ids, c->n_defrag_ids * sizeof *c->defrag_ids);
     m->do_defrag = c->do_defrag;
@@ -264,9 +262,9 @@ static void image_free(image *m) {
     for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
         free(m->seq_pos_v[s]);
     }
-    free(m->rec);
-    free(m->rec_pos);
-    free(m->rec_seq);
+    free(m->undo.spans);
+    free(m->undo.pos);
+    free(m->undo.seq);
     free(m->defrag_ids);
     fz_kv_free(&m->mem);
     memset(m, 0, sizeof *m);
@@ -294,11 +292,11 @@ static void image_check(const image *m, const cache *t, const char *when) {
     }
     SAME_VALUE(c->head, m->head, "head");
     SAME_VALUE(c->n, m->n, "n");
-    SAME_VALUE(c->n_rec, m->n_rec, "recovery entries");
-    SAME_VALUE(c->n_rec_arena, m->n_rec_arena, "recovery arena");
-    SAME_BYTES(c->rec, m->rec, m->n_rec * sizeof *m->rec, "recovery entries");
-    SAME_BYTES(c->rec_pos, m->rec_pos, m->n_rec_arena * sizeof *m->rec_pos, "recovery positions");
-    SAME_BYTES(c->rec_seq, m->rec_seq, m->n_rec_arena * sizeof *m->rec_seq, "recovery sequence sets");
+    SAME_VALUE(c->undo.n_spans, m->undo.n_spans, "undo spans");
+    SAME_VALUE(c->undo.n_cells, m->undo.n_cells, "undo cells");
+    SAME_BYTES(c->undo.spans, m->undo.spans, m->undo.n_spans * sizeof *m->undo.spans, "undo spans");
+    SAME_BYTES(c->undo.pos, m->undo.pos, m->undo.n_cells * sizeof *m->undo.pos, "undo positions");
+    SAME_BYTES(c->undo.seq, m->undo.seq, m->undo.n_cells * sizeof *m->undo.seq, "undo sequence sets");
     SAME_VALUE(c->n_defrag_ids, m->n_defrag_ids, "defrag plan length");
     SAME_BYTES(c->defrag_ids, m->defrag_ids, m->n_defrag_ids * sizeof *m->defrag_ids, "defrag plan");
     SAME_VALUE(c->do_defrag, m->do_defrag, "do_defrag");
@@ -547,9 +545,9 @@ static void check_seq_result(const image *m, const cache *t, int32_t seq_id, con
     const uint32_t lo = L->cc ? t->c.head : 0, hi = lo + L->cc;
     FUZZ_CHECK(hi <= cl->size, "%s: run [%u, %u) past the cache", when, lo, hi);
     if (L->cc > 0) {
-        SAME_VALUE(t->c.n_rec, 0, "recovery entries after a committed placement");
+        SAME_VALUE(t->c.undo.n_spans, 0, "recovery entries after a committed placement");
     } else {
-        SAME_VALUE(t->c.n_rec, m->n_rec, "recovery entries after removing the sequence");
+        SAME_VALUE(t->c.undo.n_spans, m->undo.n_spans, "recovery entries after removing the sequence");
     }
     for (uint32_t i = 0; i < cl->size; i++) {
         if (i >= lo && i < hi) {
@@ -584,7 +582,7 @@ static void check_whole_result(const image *m, const cache *t, const layout *L) 
     SAME_VALUE(c->head, 0, "head");
     SAME_VALUE(c->n, m->n, "n");
     SAME_VALUE(cl->has_shift, false, "has_shift");
-    SAME_VALUE(c->n_rec, m->n_rec, "recovery entries");
+    SAME_VALUE(c->undo.n_spans, m->undo.n_spans, "undo spans");
     size_t off = 4;
     for (uint32_t i = 0; i < cl->size; i++) {
         SAME_VALUE(cl->shift[i], 0, "shift");
