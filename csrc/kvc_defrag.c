@@ -6,10 +6,19 @@
 
 #include <string.h>
 
+float kvc_unified_fragmentation(const kvc_unified *c) {
+    if (c->n == 0) {
+        return 0.0f;
+    }
+    /* the padding counts as used */
+    const float frag = 1.0f - ((float)(c->cells.used + c->n_pad) / (float)c->n);
+    return frag > 0.0f ? frag : 0.0f;
+}
+
 void kvc_unified_defrag_sched(kvc_unified *c, float thold) {
-    /* small contexts are not worth it; the padding counts as used */
-    const float frag = c->n >= 2048 ? 1.0f - ((float)(c->cells.used + c->n_pad) / (float)c->n) : 0.0f;
-    if ((frag > 0.0f ? frag : 0.0f) > thold) {
+    /* small contexts count as not fragmented (a negative threshold still schedules one) */
+    const float frag = c->n >= 2048 ? kvc_unified_fragmentation(c) : 0.0f;
+    if (frag > thold) {
         c->do_defrag = true;
     }
 }

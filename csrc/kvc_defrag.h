@@ -9,7 +9,10 @@
 extern "C" {
 #endif
 
-/* Schedule a defrag when fragmentation (n >= 2048) exceeds thold. */
+/* The fragmentation llama.cpp's defrag_sched measures, in its float arithmetic:
+ * max(0, 1 - (used + n_pad) / n), 0 while n is 0. */
+float    kvc_unified_fragmentation(const kvc_unified *c);
+/* Schedule a defrag when the fragmentation exceeds thold; below n = 2048 it counts as 0. */
 void     kvc_unified_defrag_sched(kvc_unified *c, float thold);
 /* Plan a defrag (moves the cell metadata, fills defrag_ids). 1 = something to move, 0 = not. */
 int      kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes);

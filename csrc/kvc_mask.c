@@ -249,12 +249,7 @@ static void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible) {
 
 /* The window of key positions [lo, hi] a query at p1 may see. */
 static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, bool causal, int32_t *lo, int32_t *hi) {
-    int64_t l = 0;
-    if (c->swa_type == KVC_SWA_STANDARD) {
-        l = (int64_t)p1 - c->n_swa + 1;       /* masked when p1 - p0 >= n_swa */
-    } else if (c->swa_type == KVC_SWA_CHUNKED) {
-        l = ((int64_t)p1 / c->n_swa) * c->n_swa; /* masked before the chunk start */
-    }
+    const int64_t l = kvc_unified_swa_start(c, p1);
     *lo = (int32_t)(l > 0 ? l : 0);
     *hi = causal ? p1 : INT32_MAX;
 }

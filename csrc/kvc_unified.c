@@ -307,19 +307,6 @@ int kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax)
     return n_attended < need;
 }
 
-bool kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1) {
-    switch (c->swa_type) {
-    case KVC_SWA_STANDARD:
-        return (int64_t)p1 - p0 >= (int64_t)c->n_swa;
-    case KVC_SWA_CHUNKED: {
-        const int64_t chunk_start = ((int64_t)p1 / c->n_swa) * c->n_swa;
-        return p0 < chunk_start;
-    }
-    default:
-        return false;
-    }
-}
-
 /* --- attention inputs ------------------------------------------------------------------ */
 
 int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets) {

@@ -111,8 +111,24 @@ static inline int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s) {
  * KVC_E_ARG for a cache without a sliding window. */
 int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax);
 
+/* The sliding window, the one definition the mask and the pruning share: a query at position p1
+ * sees the keys at positions >= kvc_unified_swa_start(c, p1) (standard: masked when
+ * p1 - p0 >= n_swa; chunked: masked before the chunk holding p1); without a window, every key. */
+static inline int64_t kvc_unified_swa_start(const kvc_unified *c, int32_t p1) {
+    switch (c->swa_type) {
+    case KVC_SWA_STANDARD:
+        return (int64_t)p1 - c->n_swa + 1;
+    case KVC_SWA_CHUNKED:
+        return ((int64_t)p1 / c->n_swa) * c->n_swa;
+    default:
+        return INT64_MIN;
+    }
+}
+
 /* Is the pair (key position p0, query position p1) outside the sliding window? */
-bool    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1);
+static inline bool kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1) {
+    return p0 < kvc_unified_swa_start(c, p1);
+}
 
 /* T5 relative position buckets into out[n_tokens][c->n]. */
 void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out);

@@ -501,6 +501,27 @@ def test_defrag_sched_and_update():
     assert not c.update()
 
 
+def test_fragmentation_is_what_defrag_sched_measures():
+    c = UnifiedCache(8192, 1, 1, 1, n_seq_max=2, n_pad=256)
+    assert c.fragmentation == 0.0                     # n = 0
+    place(c, list(range(3000)), [0, 1] * 1500)
+    c.seq_rm(1)
+    n, used = c.n, c.used
+    assert (n, used) == (3072, 1500)
+    frag = float(np.float32(1) - np.float32(used + 256) / np.float32(n))
+    assert c.fragmentation == frag
+    c.defrag_sched(frag)                              # scheduled only above it
+    assert not c.do_defrag
+    c.defrag_sched(float(np.nextafter(np.float32(frag), np.float32(0))))
+    assert c.do_defrag
+    small = make()
+    place(small, list(range(8)), [0, 1] * 4)
+    small.seq_rm(1)
+    assert small.fragmentation == pytest.approx(max(0.0, 1 - (4 + small.n_pad) / small.n))
+    small.defrag_sched(0.0)                           # n < 2048: counted as 0
+    assert not small.do_defrag
+
+
 # --- inspection ------------------------------------------------------------------------------
 
 def test_cells_snapshot():

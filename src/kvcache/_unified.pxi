@@ -693,6 +693,16 @@ cdef class UnifiedCore:
         return r
 
     @property
+    def fragmentation(self):
+        """The fragmentation defrag_sched measures: max(0, 1 - (used + n_pad) / n) (0 while n is
+        0), in llama.cpp's float32 arithmetic. defrag_sched takes it as 0 below n = 2048."""
+        cdef float r
+        kvc_pylock_acquire(&self._lock)
+        r = kvc_unified_fragmentation(&self.c)
+        kvc_pylock_release(&self._lock)
+        return r
+
+    @property
     def do_defrag(self):
         """True when defrag_sched asked for a defragmentation (cleared by defrag_move/update)."""
         cdef bint r

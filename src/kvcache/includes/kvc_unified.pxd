@@ -103,6 +103,7 @@ cdef extern from "kvc_slot.h" nogil:
     void kvc_unified_snapshot_free(kvc_unified_snapshot *s)
 
 cdef extern from "kvc_defrag.h" nogil:
+    float   kvc_unified_fragmentation(const kvc_unified *c)
     void    kvc_unified_defrag_sched(kvc_unified *c, float thold)
     int     kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes)
     void    kvc_unified_defrag_move(kvc_unified *c)
