@@ -144,10 +144,10 @@ static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, int32_t p) {
     return lo;
 }
 
-bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, int32_t p0, int32_t p1) {
+bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r) {
     const kvc_seq_pos *sp = &c->seq_pos[s];
-    const uint32_t k = kvc_seq_pos_lower(sp, p0);
-    return k < sp->n && sp->v[k] < p1;
+    const uint32_t k = kvc_seq_pos_lower(sp, r.p0);
+    return k < sp->n && sp->v[k] < r.p1;
 }
 
 static void kvc_seq_pos_insert(kvc_seq_pos *sp, int32_t p) {
@@ -169,10 +169,10 @@ static void kvc_seq_pos_erase(kvc_seq_pos *sp, int32_t p) {
     }
 }
 
-void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, int32_t p0, int32_t p1) {
+void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     kvc_seq_pos *sp = &c->seq_pos[s];
-    const uint32_t a = kvc_seq_pos_lower(sp, p0);
-    const uint32_t b = p1 == KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, p1);
+    const uint32_t a = kvc_seq_pos_lower(sp, r.p0);
+    const uint32_t b = r.p1 > KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, (int32_t)r.p1);
     if (a < b) {
         memmove(sp->v + a, sp->v + b, (size_t)(sp->n - b) * sizeof *sp->v);
         sp->n -= b - a;
@@ -257,10 +257,10 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
 }
 
 bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
-    /* int64 so that a huge shift cannot overflow; positions are kept within int32 by callers */
+    /* int64 so that a huge shift cannot overflow: a position pushed past KVC_POS_MAX stays there */
     const int64_t p = (int64_t)c->pos[i] + d;
-    c->pos[i] = (int32_t)(p > INT32_MAX ? INT32_MAX : p);
-    c->shift[i] += d;
+    c->pos[i] = (int32_t)(p > KVC_POS_MAX ? KVC_POS_MAX : p);
+    c->shift[i] = kvc_wrap_add_i32(c->shift[i], d);
     c->has_shift = true;
     if (p < 0) {
         c->seq[i] = 0;
@@ -274,7 +274,7 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
 void kvc_cells_pos_div_raw(kvc_cells *c, uint32_t i, int32_t d) {
     const int32_t old = c->pos[i];
     c->pos[i] = old / d;
-    c->shift[i] += old - c->pos[i];
+    c->shift[i] = kvc_wrap_add_i32(c->shift[i], old - c->pos[i]);
     c->has_shift = true;
 }
 

@@ -47,9 +47,9 @@ static inline bool kvc_cells_is_empty(const kvc_cells *c, uint32_t i) { return c
 static inline bool kvc_cells_seq_has(const kvc_cells *c, uint32_t i, int32_t s) {
     return (c->seq[i] >> s) & 1u;
 }
-/* Non-empty and p0 <= pos < p1. */
-static inline bool kvc_cells_pos_in(const kvc_cells *c, uint32_t i, int32_t p0, int32_t p1) {
-    return c->pos[i] >= p0 && c->pos[i] < p1;
+/* Cell i's position is in r (r.p0 >= 0: an empty cell, pos -1, never is). */
+static inline bool kvc_cells_pos_in(const kvc_cells *c, uint32_t i, kvc_pos_range r) {
+    return kvc_pos_range_has(r, c->pos[i]);
 }
 
 /* Give the empty cell i position p (>= 0); it becomes used (no sequences yet). */
@@ -65,7 +65,8 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst);
 /* Raw edits used by bulk operations: they keep used_bits/used/used_max_p1 right but NOT
  * seq_pos; the caller must call kvc_cells_rebuild_seq_pos(c, mask) with the union of the
  * sequence bits of every cell it touched (before and after). */
-/* pos += d, shift += d, has_shift = true; a cell pushed below 0 is emptied (returns true). */
+/* pos += d (saturating at KVC_POS_MAX), shift += d, has_shift = true; a cell pushed below 0 is
+ * emptied (returns true). */
 bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d);
 /* pos = pos / d (C division), shift += old - new, has_shift = true. */
 void kvc_cells_pos_div_raw(kvc_cells *c, uint32_t i, int32_t d);
@@ -75,8 +76,8 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, uint64_t seq);
 void kvc_cells_clear_raw(kvc_cells *c, uint32_t i);
 /* Recompute seq_pos[s] from the cells for every s whose bit is set in mask. */
 void kvc_cells_rebuild_seq_pos(kvc_cells *c, uint64_t mask);
-/* Remove the entries in [p0, p1) from seq_pos[s] (after clearing s from those cells). */
-void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, int32_t p0, int32_t p1);
+/* Remove the entries in r from seq_pos[s] (after clearing s from those cells). */
+void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r);
 
 /* Smallest / largest position of sequence s, -1 when absent. O(1). */
 static inline int32_t kvc_cells_seq_pos_min(const kvc_cells *c, int32_t s) {
@@ -86,8 +87,8 @@ static inline int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s) {
     return c->seq_pos[s].n ? c->seq_pos[s].v[c->seq_pos[s].n - 1] : -1;
 }
 
-/* Does sequence s hold a position in [p0, p1)? O(log n). */
-bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, int32_t p0, int32_t p1);
+/* Does sequence s hold a position in r? O(log n). */
+bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r);
 
 /* First used cell in [from, to), or `to` when none. */
 uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to);

@@ -32,7 +32,7 @@ extern "C" {
 
 #define KVC_MAX_SEQ 64          /* LLAMA_MAX_PARALLEL_SEQUENCES: one bit per sequence */
 #define KVC_KQ_MASK_PAD 64      /* GGML_KQ_MASK_PAD: mask rows are padded to this */
-#define KVC_POS_MAX INT32_MAX   /* "infinity" for open position ranges */
+#define KVC_POS_MAX INT32_MAX   /* the largest position */
 
 enum kvc_status {
     KVC_OK          =  0,
@@ -51,6 +51,25 @@ typedef struct kvc_err {
 
 /* Fill err (if not NULL) with code and a printf-style message; returns code. */
 int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);
+
+/* The positions p0 <= p < p1 an operation acts on. p1 is wider than a position, so that "no
+ * upper bound" (KVC_POS_END) lies past every position, KVC_POS_MAX included. */
+typedef struct kvc_pos_range {
+    int32_t p0;
+    int64_t p1;
+} kvc_pos_range;
+#define KVC_POS_END ((int64_t)KVC_POS_MAX + 1)
+
+/* The range of an operation's (p0, p1) arguments, as llama.cpp reads them: p0 < 0 means 0,
+ * p1 < 0 no upper bound. */
+static inline kvc_pos_range kvc_pos_range_of(int32_t p0, int32_t p1) {
+    kvc_pos_range r = { p0 < 0 ? 0 : p0, p1 < 0 ? KVC_POS_END : (int64_t)p1 };
+    return r;
+}
+static inline bool kvc_pos_range_has(kvc_pos_range r, int32_t p) { return p >= r.p0 && p < r.p1; }
+
+/* a + b modulo 2**32, as int32 (the shifts a cell accumulates wrap rather than overflow). */
+static inline int32_t kvc_wrap_add_i32(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
 
 /* Round x up to a multiple of n (n > 0). */
 static inline uint32_t kvc_pad_u32(uint32_t x, uint32_t n) { return ((x + n - 1) / n) * n; }

@@ -87,12 +87,7 @@ static inline uint32_t rec_next_empty(const kvc_rec_cells *t, uint32_t from) {
 
 static bool rec_seq_rm(kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
     uint32_t new_head = t->size;
-    if (p0 < 0) {
-        p0 = 0;
-    }
-    if (p1 < 0) {
-        p1 = KVC_POS_MAX;
-    }
+    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
     if (s >= 0 && (uint32_t)s >= t->size) {
         return false;
     }
@@ -101,19 +96,19 @@ static bool rec_seq_rm(kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
         if (tail_id >= 0) {
             const int32_t cpos = t->pos[tail_id];
             /* a state cannot be cut in two */
-            if ((0 < p0 && p0 <= cpos) || (0 < p1 && p1 <= cpos)) {
+            if ((0 < r.p0 && r.p0 <= cpos) || (0 < r.p1 && r.p1 <= cpos)) {
                 return false;
             }
-            if (p0 <= cpos && cpos < p1) {
+            if (kvc_pos_range_has(r, cpos)) {
                 t->tail[s] = -1;
             }
         }
-    } else if (p0 != p1 && (p0 != 0 || p1 != KVC_POS_MAX)) {
+    } else if (r.p0 != r.p1 && (r.p0 != 0 || r.p1 != KVC_POS_END)) {
         /* every sequence: only nothing or everything */
         return false;
     }
     for (uint32_t i = 0; i < t->size; i++) {
-        if (t->pos[i] < p0 || t->pos[i] >= p1) {
+        if (!kvc_pos_range_has(r, t->pos[i])) {
             continue;
         }
         if (s < 0) {
@@ -190,17 +185,12 @@ static void rec_seq_keep(kvc_rec_cells *t, int32_t s) {
 /* The cell holding s's state when it lies in [p0, p1) (after the reference's clamping and
  * early returns), or -1. */
 static int32_t rec_tail_in_range(const kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
-    if (p0 < 0) {
-        p0 = 0;
-    }
-    if (p1 < 0) {
-        p1 = KVC_POS_MAX;
-    }
-    if (p0 == p1 || s < 0 || (uint32_t)s >= t->size) {
+    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
+    if (r.p0 == r.p1 || s < 0 || (uint32_t)s >= t->size) {
         return -1;
     }
     const int32_t tl = t->tail[s];
-    if (tl < 0 || !seq_has(t->seq[tl], s) || t->pos[tl] < p0 || t->pos[tl] >= p1) {
+    if (tl < 0 || !seq_has(t->seq[tl], s) || !kvc_pos_range_has(r, t->pos[tl])) {
         return -1;
     }
     return tl;
@@ -457,7 +447,7 @@ void kvc_recurrent_seq_add(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, 
     }
     const int32_t tl = rec_tail_in_range(&c->cells, s, p0, p1);
     if (tl >= 0) {
-        c->cells.pos[tl] = (int32_t)((uint32_t)c->cells.pos[tl] + (uint32_t)shift);
+        c->cells.pos[tl] = kvc_wrap_add_i32(c->cells.pos[tl], shift);
     }
 }
 
@@ -472,13 +462,13 @@ void kvc_recurrent_seq_div(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, 
 }
 
 int32_t kvc_recurrent_seq_pos_min(const kvc_recurrent *c, int32_t s) {
-    int32_t r = KVC_POS_MAX;
+    int64_t r = KVC_POS_END;   /* past every position: a state at KVC_POS_MAX is one */
     for (uint32_t i = 0; i < c->cells.size; i++) {
         if (seq_has(c->cells.seq[i], s) && c->cells.pos[i] < r) {
             r = c->cells.pos[i];
         }
     }
-    return r == KVC_POS_MAX ? -1 : r;
+    return r == KVC_POS_END ? -1 : (int32_t)r;
 }
 
 int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s) {

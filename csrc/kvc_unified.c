@@ -97,15 +97,6 @@ void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uin
 
 /* --- sequence operations ------------------------------------------------------------- */
 
-static inline void kvc_clamp_range(int32_t *p0, int32_t *p1) {
-    if (*p0 < 0) {
-        *p0 = 0;
-    }
-    if (*p1 < 0) {
-        *p1 = KVC_POS_MAX;
-    }
-}
-
 void kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to) {
     const size_t size = c->cells.size, n = to > from ? to - from : 0;
     if (n == 0) {
@@ -143,16 +134,15 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
     const uint32_t size = cells->size, end = cells->used_max_p1;
     uint32_t new_head = size;
     uint64_t touched = 0;
+    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
 
-    kvc_clamp_range(&p0, &p1);
-
-    /* nothing of the sequence in [p0, p1): no cell changes (the common "absent range" call) */
-    if (s >= 0 && !kvc_cells_seq_pos_any_in(cells, s, p0, p1)) {
+    /* nothing of the sequence in the range: no cell changes (the common "absent range" call) */
+    if (s >= 0 && !kvc_cells_seq_pos_any_in(cells, s, r)) {
         return true;
     }
 
     for (uint32_t i = 0; i < end; i++) {
-        if (!kvc_cells_pos_in(cells, i, p0, p1)) {
+        if (!kvc_cells_pos_in(cells, i, r)) {
             continue;
         }
         if (s < 0) {
@@ -173,12 +163,12 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
         }
     }
 
-    /* every cell holding the sequence within [p0, p1) lost it: drop that slice of positions */
+    /* every cell holding the sequence within the range lost it: drop that slice of positions */
     if (s >= 0) {
-        kvc_cells_seq_pos_rm_range(cells, s, p0, p1);
+        kvc_cells_seq_pos_rm_range(cells, s, r);
     } else {
         for (uint64_t m = touched; m; m &= m - 1) {
-            kvc_cells_seq_pos_rm_range(cells, (int32_t)kvc_ctz64(m), p0, p1);
+            kvc_cells_seq_pos_rm_range(cells, (int32_t)kvc_ctz64(m), r);
         }
     }
 
@@ -193,11 +183,11 @@ void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, in
     if (src == dst) {
         return;
     }
-    kvc_clamp_range(&p0, &p1);
+    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
     const uint64_t bsrc = (uint64_t)1 << src, bdst = (uint64_t)1 << dst;
     bool any = false;
     for (uint32_t i = 0; i < cells->used_max_p1; i++) {
-        if (kvc_cells_pos_in(cells, i, p0, p1) && (cells->seq[i] & bsrc) && !(cells->seq[i] & bdst)) {
+        if (kvc_cells_pos_in(cells, i, r) && (cells->seq[i] & bsrc) && !(cells->seq[i] & bdst)) {
             cells->seq[i] |= bdst;
             any = true;
         }
@@ -244,13 +234,13 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
     }
     const uint32_t size = cells->size, end = cells->used_max_p1;
     uint32_t new_head = size;
-    kvc_clamp_range(&p0, &p1);
-    if (p0 == p1) {
+    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
+    if (r.p0 == r.p1) {
         return;
     }
     uint64_t touched = 0;
     for (uint32_t i = 0; i < end; i++) {
-        if (!kvc_cells_pos_in(cells, i, p0, p1) || !kvc_cells_seq_has(cells, i, s)) {
+        if (!kvc_cells_pos_in(cells, i, r) || !kvc_cells_seq_has(cells, i, s)) {
             continue;
         }
         touched |= cells->seq[i];
@@ -268,13 +258,13 @@ void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
     if (d == 1) {
         return;
     }
-    kvc_clamp_range(&p0, &p1);
-    if (p0 == p1) {
+    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
+    if (r.p0 == r.p1) {
         return;
     }
     uint64_t touched = 0;
     for (uint32_t i = 0; i < cells->used_max_p1; i++) {
-        if (kvc_cells_pos_in(cells, i, p0, p1) && kvc_cells_seq_has(cells, i, s)) {
+        if (kvc_cells_pos_in(cells, i, r) && kvc_cells_seq_has(cells, i, s)) {
             touched |= cells->seq[i];
             kvc_cells_pos_div_raw(cells, i, d);
         }

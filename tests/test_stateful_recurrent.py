@@ -20,7 +20,7 @@ import kvcache  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(kvcache, "RecurrentCache"), reason="kvcache.RecurrentCache is not available")
 
-POS_MAX = 2**31 - 1
+POS_END = 2**31          # the upper bound of an open position range, past every position
 P_MAX = 40
 
 
@@ -56,7 +56,7 @@ class RecurrentModel:
     def seq_rm(self, s, p0, p1):
         new_head = self.size
         p0 = max(p0, 0)
-        p1 = POS_MAX if p1 < 0 else p1
+        p1 = POS_END if p1 < 0 else p1
         if s >= 0:
             t = self.tail[s]
             if t >= 0:
@@ -65,7 +65,7 @@ class RecurrentModel:
                     return False     # a state cannot be cut
                 if p0 <= cp < p1:
                     self.tail[s] = -1
-        elif p0 != p1 and (p0 != 0 or p1 != POS_MAX):
+        elif p0 != p1 and (p0 != 0 or p1 != POS_END):
             return False
         for i in range(self.size):
             if p0 <= self.pos[i] < p1:
@@ -121,7 +121,7 @@ class RecurrentModel:
 
     def _seq_pos_op(self, s, p0, p1, f):
         p0 = max(p0, 0)
-        p1 = POS_MAX if p1 < 0 else p1
+        p1 = POS_END if p1 < 0 else p1
         if p0 == p1:
             return
         t = self.tail[s]

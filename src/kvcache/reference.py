@@ -22,11 +22,12 @@ from typing import Iterable, Sequence
 import numpy as np
 
 __all__ = ["UnifiedReference", "RefUBatch", "CellsSnapshot", "relative_position_bucket",
-           "MAX_SEQ", "KQ_MASK_PAD", "POS_MAX"]
+           "MAX_SEQ", "KQ_MASK_PAD", "POS_MAX", "POS_END"]
 
 MAX_SEQ = 64            # one bit per sequence in a cell
 KQ_MASK_PAD = 64        # mask rows are padded to a multiple of this
-POS_MAX = 2**31 - 1     # "infinity" for an open position range
+POS_MAX = 2**31 - 1     # the largest position
+POS_END = 2**31         # the upper bound of an open position range: past every position
 _U32 = 2**32
 
 SWA_TYPES = ("none", "standard", "chunked")
@@ -176,7 +177,7 @@ class UnifiedReference:
         return False
 
     def _cell_pos_add(self, i: int, d: int) -> bool:
-        self.pos[i] += d
+        self.pos[i] = min(self.pos[i] + d, POS_MAX)   # saturates (llama.cpp would overflow)
         self.shift[i] += d
         self.has_shift = True
         if self.pos[i] < 0:
@@ -202,7 +203,7 @@ class UnifiedReference:
 
     @staticmethod
     def _range(p0: int, p1: int) -> tuple[int, int]:
-        return (0 if p0 < 0 else p0), (POS_MAX if p1 < 0 else p1)
+        return (0 if p0 < 0 else p0), (POS_END if p1 < 0 else p1)
 
     def _pos_in(self, i: int, p0: int, p1: int) -> bool:
         return self.pos[i] != -1 and p0 <= self.pos[i] < p1
