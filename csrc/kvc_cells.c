@@ -11,14 +11,14 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->size = size;
     c->n_seq_max = n_seq_max;
     c->n_words = (size + 63) / 64;
-    c->pos = kvc_malloc((size_t)size * sizeof *c->pos);
+    c->pos = kvc_malloc_n(size, sizeof *c->pos);
     c->shift = kvc_calloc(size, sizeof *c->shift);
     c->seq = kvc_calloc(size, sizeof *c->seq);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
     bool ok = c->pos && c->shift && c->seq && c->used_bits;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
-        c->seq_pos[s].v = kvc_malloc((size_t)size * sizeof(int32_t));
+        c->seq_pos[s].v = kvc_malloc_n(size, sizeof(int32_t));
         ok = c->seq_pos[s].v != NULL;
     }
     if (!ok) {

@@ -143,7 +143,7 @@ static void kvc_cols_plan_ops(kvc_cols *cols) {
         return;
     }
     uint32_t *src_of = kvc_calloc(n_cells, sizeof *src_of);   /* per destination: its source + 1 */
-    kvc_cols_op *ops = kvc_malloc((size_t)cols->n_pairs * sizeof *ops);   /* >= 1 pair per op */
+    kvc_cols_op *ops = kvc_malloc_n(cols->n_pairs, sizeof *ops);   /* >= 1 pair per op */
     if (!src_of || !ops) {
         kvc_free(src_of);
         kvc_free(ops);
@@ -225,7 +225,7 @@ static void kvc_cols_plan_blocks(kvc_cols *cols) {
     for (size_t w = 0; w < (n + 63) / 64; w++) {
         count += (uint32_t)kvc_popcount64(bits[w]);
     }
-    cols->blocks = kvc_malloc((size_t)count * sizeof *cols->blocks);
+    cols->blocks = kvc_malloc_n(count, sizeof *cols->blocks);
     if (cols->blocks) {
         for (size_t b = 0; b < n; b++) {
             if (bits[b / 64] >> (b % 64) & 1u) {

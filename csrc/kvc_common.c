@@ -35,6 +35,16 @@ void *kvc_malloc(size_t n) {
     return malloc(n ? n : 1);
 }
 
+void *kvc_malloc_n(uint64_t count, uint64_t size) {
+    uint64_t n;
+    return kvc_size_mul(count, size, &n) ? kvc_malloc((size_t)n) : NULL;
+}
+
+void *kvc_realloc_n(void *p, uint64_t count, uint64_t size) {
+    uint64_t n;
+    return kvc_size_mul(count, size, &n) ? kvc_realloc(p, (size_t)n) : NULL;
+}
+
 void *kvc_calloc(size_t count, size_t size) {
     if (kvc_alloc_should_fail()) {
         return NULL;

@@ -75,9 +75,28 @@ static inline int32_t kvc_wrap_add_i32(int32_t a, int32_t b) { return (int32_t)(
 static inline uint32_t kvc_pad_u32(uint32_t x, uint32_t n) { return ((x + n - 1) / n) * n; }
 static inline uint32_t kvc_min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
+/* Checked byte arithmetic: *r = a * b (a + b), false when that exceeds SIZE_MAX. */
+static inline bool kvc_size_mul(uint64_t a, uint64_t b, uint64_t *r) {
+    if (a != 0 && b > (uint64_t)SIZE_MAX / a) {
+        return false;
+    }
+    *r = a * b;
+    return true;
+}
+static inline bool kvc_size_add(uint64_t a, uint64_t b, uint64_t *r) {
+    if (b > (uint64_t)SIZE_MAX - a) {
+        return false;
+    }
+    *r = a + b;
+    return true;
+}
+
 /* Test hook: when > 0, the n-th following allocation through kvc_malloc fails. */
 extern int kvc_fail_alloc_after;
 void *kvc_malloc(size_t n);
+/* kvc_malloc of count elements of size bytes; NULL when the product exceeds SIZE_MAX. */
+void *kvc_malloc_n(uint64_t count, uint64_t size);
+void *kvc_realloc_n(void *p, uint64_t count, uint64_t size);   /* likewise (p kept on failure) */
 void *kvc_calloc(size_t count, size_t size);
 void *kvc_realloc(void *p, size_t n);
 void  kvc_free(void *p);

@@ -220,7 +220,7 @@ void kvc_unified_defrag_move(kvc_unified *c) {
     const bool by_cols = c->v_trans && (el == 2 || el == 4);
     uint32_t *runs = NULL, *pairs = NULL;
     if (n_runs) {
-        runs = kvc_malloc((size_t)n_runs * 3 * sizeof *runs);
+        runs = kvc_malloc_n((uint64_t)n_runs * 3, sizeof *runs);
     }
     if (runs) {
         kvc_unified_defrag_runs(c, runs);
@@ -228,7 +228,7 @@ void kvc_unified_defrag_move(kvc_unified *c) {
             n_moved += runs[3 * q + 2];
         }
         if (by_cols) {
-            pairs = kvc_malloc((size_t)n_moved * 2 * sizeof *pairs);
+            pairs = kvc_malloc_n((uint64_t)n_moved * 2, sizeof *pairs);
         }
     }
 

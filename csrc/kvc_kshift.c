@@ -35,8 +35,8 @@ int kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, 
         }
     }
 
-    w->shift = (int32_t *)kvc_malloc((size ? size : 1) * sizeof(int32_t));
-    w->scratch = (float *)kvc_malloc(scratch_floats * sizeof(float));
+    w->shift = (int32_t *)kvc_malloc_n(size ? size : 1, sizeof(int32_t));
+    w->scratch = (float *)kvc_malloc_n(scratch_floats, sizeof(float));
     if (w->shift == NULL || w->scratch == NULL) {
         kvc_kshift_work_free(w);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory for the K-shift");

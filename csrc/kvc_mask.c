@@ -308,7 +308,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     }
 
     const unsigned n_vis = kvc_popcount64(seqs);
-    int32_t *vis = kvc_malloc((size_t)(n_vis ? n_vis : 1) * (n_kv ? n_kv : 1) * sizeof *vis);
+    int32_t *vis = kvc_malloc_n((uint64_t)(n_vis ? n_vis : 1) * (n_kv ? n_kv : 1), sizeof *vis);
     if (!vis) {
         return KVC_E_NOMEM;
     }
@@ -333,7 +333,10 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
 
     uint8_t *scratch = NULL;
     if (n_bases) {
-        scratch = kvc_malloc(n_bases * base_stride + n_edges * sizeof(uint32_t));
+        uint64_t bytes = 0;
+        if (kvc_size_mul(n_bases, base_stride, &bytes) && kvc_size_add(bytes, (uint64_t)n_edges * sizeof(uint32_t), &bytes)) {
+            scratch = kvc_malloc((size_t)bytes);
+        }
         if (!scratch) {
             kvc_free(vis);
             return KVC_E_NOMEM;

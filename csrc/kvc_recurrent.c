@@ -19,10 +19,10 @@ static inline bool seq_has(uint64_t word, int32_t s) {
 static int rec_cells_alloc(kvc_rec_cells *t, uint32_t size) {
     memset(t, 0, sizeof *t);
     t->size = size;
-    t->pos  = kvc_malloc((size_t)size * sizeof *t->pos);
-    t->src  = kvc_malloc((size_t)size * sizeof *t->src);
-    t->tail = kvc_malloc((size_t)size * sizeof *t->tail);
-    t->seq  = kvc_malloc((size_t)size * sizeof *t->seq);
+    t->pos  = kvc_malloc_n(size, sizeof *t->pos);
+    t->src  = kvc_malloc_n(size, sizeof *t->src);
+    t->tail = kvc_malloc_n(size, sizeof *t->tail);
+    t->seq  = kvc_malloc_n(size, sizeof *t->seq);
     if (!t->pos || !t->src || !t->tail || !t->seq) {
         return KVC_E_NOMEM;
     }
@@ -362,6 +362,11 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
                                "block sizes of %s (%u) and %s (%u)", il, p->n_embd_k[il], p->n_embd_v[il],
                                tk->name, tk->blck_size, tv->name, tv->blck_size);
         }
+    }
+    const int rc = kvc_state_check_sizes(p->kv_size, p->n_seq_max, p->type_k, p->type_v, p->n_layer, p->n_embd_k,
+                                         p->n_embd_v, err);
+    if (rc != KVC_OK) {
+        return rc;
     }
     c->n_seq_max = p->n_seq_max;
     c->type_k = p->type_k;

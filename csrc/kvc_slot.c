@@ -10,10 +10,10 @@
 int kvc_undo_init(kvc_undo *u) {
     memset(u, 0, sizeof *u);
     u->cap_spans = 4;
-    u->spans = kvc_malloc(u->cap_spans * sizeof *u->spans);
+    u->spans = kvc_malloc_n(u->cap_spans, sizeof *u->spans);
     u->cap_cells = 64;
-    u->pos = kvc_malloc(u->cap_cells * sizeof *u->pos);
-    u->seq = kvc_malloc(u->cap_cells * sizeof *u->seq);
+    u->pos = kvc_malloc_n(u->cap_cells, sizeof *u->pos);
+    u->seq = kvc_malloc_n(u->cap_cells, sizeof *u->seq);
     if (!u->spans || !u->pos || !u->seq) {
         kvc_undo_free(u);
         return KVC_E_NOMEM;
@@ -32,7 +32,7 @@ void kvc_undo_free(kvc_undo *u) {
 static int kvc_undo_reserve(kvc_undo *u, uint32_t n) {
     if (u->n_spans == u->cap_spans) {
         const uint32_t cap = u->cap_spans * 2;
-        kvc_undo_span *r = kvc_realloc(u->spans, cap * sizeof *r);
+        kvc_undo_span *r = kvc_realloc_n(u->spans, cap, sizeof *r);
         if (!r) {
             return KVC_E_NOMEM;
         }
@@ -47,12 +47,12 @@ static int kvc_undo_reserve(kvc_undo *u, uint32_t n) {
         if (cap > UINT32_MAX) {
             return KVC_E_NOMEM;
         }
-        int32_t *rp = kvc_realloc(u->pos, (size_t)cap * sizeof *rp);
+        int32_t *rp = kvc_realloc_n(u->pos, cap, sizeof *rp);
         if (!rp) {
             return KVC_E_NOMEM;
         }
         u->pos = rp;
-        uint64_t *rs = kvc_realloc(u->seq, (size_t)cap * sizeof *rs);
+        uint64_t *rs = kvc_realloc_n(u->seq, cap, sizeof *rs);
         if (!rs) {
             return KVC_E_NOMEM;
         }
@@ -247,9 +247,9 @@ int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s) {
     }
     kvc_cells_copy(&s->cells, &c->cells);
     const kvc_undo *u = &c->undo;
-    s->undo.spans = kvc_malloc((u->n_spans ? u->n_spans : 1) * sizeof *s->undo.spans);
-    s->undo.pos = kvc_malloc((u->n_cells ? u->n_cells : 1) * sizeof *s->undo.pos);
-    s->undo.seq = kvc_malloc((u->n_cells ? u->n_cells : 1) * sizeof *s->undo.seq);
+    s->undo.spans = kvc_malloc_n(u->n_spans ? u->n_spans : 1, sizeof *s->undo.spans);
+    s->undo.pos = kvc_malloc_n(u->n_cells ? u->n_cells : 1, sizeof *s->undo.pos);
+    s->undo.seq = kvc_malloc_n(u->n_cells ? u->n_cells : 1, sizeof *s->undo.seq);
     if (!s->undo.spans || !s->undo.pos || !s->undo.seq) {
         kvc_unified_snapshot_free(s);
         return KVC_E_NOMEM;

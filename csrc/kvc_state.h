@@ -80,6 +80,13 @@ typedef struct kvc_state_src {
     void          (*layer)(const void *cache, uint32_t il, kvc_state_layer_src *out);
 } kvc_state_src;
 
+/* The byte counts of a cache, checked once at its construction: its K/V memory (size cells of
+ * the rows of n_layer layers: n_embd_k[l] elements of type_k, n_embd_v[l] of type_v) and its
+ * largest state (every cell listing n_seq_max ids) fit in a size_t. KVC_OK, or KVC_E_ARG with
+ * err saying which count does not. */
+int kvc_state_check_sizes(uint32_t size, uint32_t n_seq_max, int32_t type_k, int32_t type_v, uint32_t n_layer,
+                          const uint32_t *n_embd_k, const uint32_t *n_embd_v, kvc_err *err);
+
 /* Bytes of the state src describes. */
 size_t kvc_state_src_size(const kvc_state_src *src);
 /* Bytes [offset, offset + cap) of that state into out; *written as kvc_unified_state_write_range.

@@ -2,6 +2,7 @@
  * kvc_unified.h). */
 #include "kvc_unified.h"
 
+#include "kvc_state.h"
 #include "kvc_types.h"
 
 #include <math.h>
@@ -50,6 +51,12 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
         }
     }
 
+    int rc = kvc_state_check_sizes(p->kv_size, p->n_seq_max, p->type_k, p->type_v, p->n_layer, p->n_embd_k,
+                                   p->n_embd_v, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+
     c->n_seq_max = p->n_seq_max;
     c->n_pad = p->n_pad;
     c->n_swa = p->n_swa;
@@ -63,7 +70,7 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
         goto nomem;
     }
     c->layers = kvc_calloc(p->n_layer ? p->n_layer : 1, sizeof *c->layers);
-    c->defrag_ids = kvc_malloc((size_t)p->kv_size * sizeof *c->defrag_ids);
+    c->defrag_ids = kvc_malloc_n(p->kv_size, sizeof *c->defrag_ids);
     if (!c->layers || !c->defrag_ids || kvc_undo_init(&c->undo) != KVC_OK) {
         goto nomem;
     }

@@ -122,6 +122,14 @@ def test_bad_constructor_arguments(kw, exc):
 
 # --- placement -----------------------------------------------------------------------------
 
+def test_byte_counts_that_do_not_fit_are_refused():
+    # 2**20 cells x 2**16 layers x two 8 GB rows
+    with pytest.raises(ValueError, match="more bytes of K/V memory or state than a size_t can count"):
+        RecurrentCache(1, 2**16, 2**31 - 1, 2**31 - 1, kv_size=2**20, buffers=None)
+    c = RecurrentCache(1, 2**16, 2**31 - 1, 1, kv_size=2**10, buffers=None)
+    assert c.state_size() == 4 + 8 + 2**16 * 24
+
+
 def test_find_slot_places_groups_in_order():
     c = RecurrentCache(4, 1, 2, 2)
     ub = UBatch([0, 1, 0, 1], [[2], [0, 3]], n_seq_tokens=2)

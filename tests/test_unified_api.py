@@ -119,6 +119,24 @@ def test_bad_constructor_args(kw, exc, name):
         make(**kw)
 
 
+def test_byte_counts_that_do_not_fit_are_refused():
+    # 4096 cells x 2**20 layers x 5.5 GB rows: more bytes than 2**64 (they wrapped around)
+    with pytest.raises(ValueError, match="more bytes of K/V memory or state than a size_t can count"):
+        UnifiedCache(4096, 2**20, 1375679233, 1, "f32", v_trans=False, buffers=None)
+    with pytest.raises(ValueError, match="size_t"):
+        UnifiedCache(2**31 - 2**10, 1, 2**32 - 1, 1, "f32", v_trans=False, buffers=None, n_pad=2**10)
+
+
+def test_huge_metadata_only_byte_counts_are_exact():
+    c = UnifiedCache(4096, 2**10, 2**28, 1, "f32", "f32", v_trans=False, buffers=None)
+    assert c.size_k_bytes == 4096 * 2**10 * 2**30 == 2**52
+    assert c.size_v_bytes == 4096 * 2**10 * 4
+    assert c.total_size == 2**52 + 2**24
+    assert c.state_size() == 4 + 8 + 2**10 * 24
+    assert c.find_slot(UBatch(list(range(8)), [0] * 8))
+    assert c.state_size() == 4 + 8 * 12 + 8 + 2**10 * (24 + 8 * 2**30 + 8 * 4)
+
+
 def test_dropped_layers_widths_are_not_checked_against_the_block():
     c = UnifiedCache(32, 2, [32, 3], [32, 5], type_k="q8_0", type_v="q4_0", v_trans=False, layers=[0])
     assert c.layers == (0,)
