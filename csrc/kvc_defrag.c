@@ -24,6 +24,7 @@ void kvc_unified_defrag_sched(kvc_unified *c, float thold) {
 }
 
 int kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes) {
+    kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     const uint32_t n_layer = c->n_layer;
     const uint32_t n_kv = cells->used_max_p1;

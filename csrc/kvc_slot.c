@@ -136,6 +136,7 @@ int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
     if (n_tokens <= cells->size && kvc_undo_reserve(&c->undo, n_tokens) != KVC_OK) {
         return KVC_E_NOMEM;
     }
+    kvc_unified_slot_drop(c);
 
     /* plenty of free cells before head: search from the beginning, hoping to fill it */
     if ((uint64_t)c->head > (uint64_t)cells->used + 2 * (uint64_t)n_tokens) {
@@ -164,6 +165,8 @@ int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
         n = c->n_pad;
     }
     c->n = n < cells->size ? n : cells->size;
+    c->slot.head = head;
+    c->slot.n = n_tokens;
     return 1;
 }
 
@@ -174,6 +177,7 @@ void kvc_unified_commit(kvc_unified *c) {
 
 void kvc_unified_restore(kvc_unified *c) {
     uint64_t touched = 0;
+    kvc_unified_slot_drop(c);
     for (uint32_t k = 0; k < c->undo.n_spans; k++) {
         kvc_undo_apply(&c->undo, k, &c->cells, &touched);
     }
@@ -182,6 +186,7 @@ void kvc_unified_restore(kvc_unified *c) {
 }
 
 void kvc_unified_set_full(kvc_unified *c) {
+    kvc_unified_slot_drop(c);
     c->n = c->cells.size;
     c->head = 0;
 }
@@ -191,6 +196,7 @@ void kvc_unified_set_full(kvc_unified *c) {
 void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m) {
     m->head = c->head;
     m->n = c->n;
+    m->slot = c->slot;
     m->n_spans = c->undo.n_spans;
     m->n_cells = c->undo.n_cells;
 }
@@ -209,23 +215,34 @@ int kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m) {
     c->undo.n_cells = m->n_cells;
     c->head = m->head;
     c->n = m->n;
+    c->slot = m->slot;
     return KVC_OK;
 }
 
 /* --- data ------------------------------------------------------------------------------ */
 
-void kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v) {
+void kvc_unified_slot_cells(const kvc_unified *c, int32_t *out) {
+    for (uint32_t t = 0; t < c->slot.n; t++) {
+        out[t] = (int32_t)kvc_unified_slot_cell(c, t);
+    }
+}
+
+int kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v) {
+    if (c->slot.n == 0 || n_tokens != c->slot.n || ikv >= c->n_layer) {
+        return KVC_E_ARG;
+    }
     const kvc_layer *ly = &c->layers[ikv];
-    const size_t head = c->head, size = c->cells.size;
+    /* the placement is a run of cells: the rows go in at once */
+    const size_t head = kvc_unified_slot_cell(c, 0), size = c->cells.size;
     if (k && ly->k) {
         memcpy(ly->k + head * ly->k_row_bytes, k, n_tokens * ly->k_row_bytes);
     }
     if (!v || !ly->v) {
-        return;
+        return KVC_OK;
     }
     if (!c->v_trans) {
         memcpy(ly->v + head * ly->v_row_bytes, v, n_tokens * ly->v_row_bytes);
-        return;
+        return KVC_OK;
     }
     /* transposed: element e of token t goes to row e, column head + t */
     const size_t el = kvc_type_get(c->type_v)->type_size;
@@ -236,6 +253,7 @@ void kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const vo
             memcpy(dst + (size_t)t * el, src + ((size_t)t * ly->n_embd_v + e) * el, el);
         }
     }
+    return KVC_OK;
 }
 
 /* --- snapshots ------------------------------------------------------------------------- */
@@ -261,6 +279,7 @@ int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s) {
     s->undo.n_cells = s->undo.cap_cells = u->n_cells;
     s->head = c->head;
     s->n = c->n;
+    s->slot = c->slot;
     s->do_defrag = c->do_defrag;
     return KVC_OK;
 }
@@ -276,6 +295,7 @@ void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
     u->n_cells = s->undo.n_cells;
     c->head = s->head;
     c->n = s->n;
+    c->slot = s->slot;
     c->do_defrag = s->do_defrag;
 }
 

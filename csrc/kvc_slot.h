@@ -10,17 +10,31 @@
 extern "C" {
 #endif
 
-/* Place a (checked) ubatch: 1 = placed at head, 0 = no slot (head may have moved, as the
- * seed's), KVC_E_NOMEM (nothing changed). */
+/* Place a (checked) ubatch: 1 = placed at head (the placement below), 0 = no slot (head may have
+ * moved, as the seed's; nothing is placed then), KVC_E_NOMEM (nothing changed). */
 int     kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub);
 void    kvc_unified_commit(kvc_unified *c);
 void    kvc_unified_restore(kvc_unified *c);
 void    kvc_unified_set_full(kvc_unified *c);
 
-/* Write the K / V rows of the n_tokens tokens just placed at head, for kept layer ikv.
- * k: n_tokens rows of k_row_bytes; v: n_tokens rows of v_row_bytes (transposed on store when
- * v_trans). Either may be NULL. The caller checked head + n_tokens <= size. */
-void    kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v);
+/* --- the placement: where the last successful find_slot put its tokens ------------------
+ * It lasts until an operation changes which cells hold what or moves head: restore, every
+ * sequence operation, clear, set_full, defrag_prepare, an update that defragments, a state
+ * read, or the next find_slot (which replaces it, or leaves nothing placed when it fails).
+ * commit and prune_swa keep it. */
+static inline uint32_t kvc_unified_slot_n(const kvc_unified *c) { return c->slot.n; }   /* 0: none */
+/* The cell of placed token t < kvc_unified_slot_n(c). */
+static inline uint32_t kvc_unified_slot_cell(const kvc_unified *c, uint32_t t) { return c->slot.head + t; }
+/* The cells of the placed tokens, in token order, into out[kvc_unified_slot_n(c)]. */
+void    kvc_unified_slot_cells(const kvc_unified *c, int32_t *out);
+/* Forget the placement (every operation above does). */
+static inline void kvc_unified_slot_drop(kvc_unified *c) { c->slot.n = 0; }
+
+/* Write the K / V rows of the placed tokens for kept layer ikv: k holds n_tokens rows of
+ * k_row_bytes, v n_tokens rows of v_row_bytes (V is transposed on the way in when v_trans);
+ * either may be NULL. KVC_E_ARG (nothing written) when nothing is placed, n_tokens is not the
+ * placement's size or ikv is not a kept layer. */
+int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v);
 
 /* The undo log's memory (kvc_unified_init / kvc_unified_free use them). */
 int     kvc_undo_init(kvc_undo *u);   /* KVC_OK / KVC_E_NOMEM (nothing to free then) */
@@ -32,11 +46,12 @@ void    kvc_undo_free(kvc_undo *u);
  * caches of an iSWA cache) fails in its second part after the first succeeded. */
 typedef struct kvc_unified_mark {
     uint32_t head, n;
+    kvc_slot slot;
     uint32_t n_spans, n_cells;   /* the undo log's length */
 } kvc_unified_mark;
 void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m);
 /* Undo every find_slot since m was taken, newest first: the cells they filled get back their
- * previous positions and sequences, head and n their marked values. Only find_slot calls may
+ * previous positions and sequences, head, n and the placement their marked values. Only find_slot calls may
  * have changed c since the mark (KVC_E_ARG, nothing changed, when the undo log is shorter than
  * at the mark, e.g. after a commit). */
 int  kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m);
@@ -45,6 +60,7 @@ int  kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m);
 typedef struct kvc_unified_snapshot {
     kvc_cells cells;
     uint32_t  head, n;
+    kvc_slot  slot;
     kvc_undo  undo;      /* a copy of the log (capacities: exactly its length) */
     bool      do_defrag;
 } kvc_unified_snapshot;

@@ -814,6 +814,10 @@ static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
 /* Whole cache: clear, cell k of the state into cell k, head 0 (the reference's order). The data
  * of cells [0, cell_count) is overwritten below, so only the rest is zeroed. */
 static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
+    /* the cache is replaced: a placement or an undo log from before would refer to cells that
+     * now hold the state's (a restore() would empty them) */
+    kvc_unified_slot_drop(c);
+    kvc_unified_commit(c);
     kvc_cells_reset(&c->cells);
     c->head = 0;
     kvc_unified_zero_cells(c, ps->cell_count, c->cells.size);
@@ -927,6 +931,7 @@ int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
         return found < 0 ? found : KVC_E_INTERNAL;
     }
     kvc_unified_commit(c);
+    kvc_unified_slot_drop(c);
     apply_data(c, plan, c->head);
     return KVC_OK;
 }

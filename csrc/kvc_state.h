@@ -29,7 +29,10 @@ int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, 
  * err filled, and no change at all. A single-sequence part with cell_count 0 removes seq_id
  * (contract C1b). Negative positions and out-of-range sequence ids are rejected. Codes:
  * KVC_E_STATE (malformed or incompatible blob, or no run of free cells for a single sequence),
- * KVC_E_NOMEM, KVC_E_ARG (seq_id outside [-1, n_seq_max)). */
+ * KVC_E_NOMEM, KVC_E_ARG (seq_id outside [-1, n_seq_max)). A successful read leaves nothing
+ * placed (kvc_slot.h); a whole-cache read also empties the undo log, so that a restore()
+ * afterwards cannot empty cells the read filled (a single sequence's read commits when it
+ * places cells, as llama.cpp's). */
 int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                            size_t *consumed, kvc_err *err);
 

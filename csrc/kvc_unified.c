@@ -131,12 +131,14 @@ void kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to) {
 }
 
 void kvc_unified_clear(kvc_unified *c) {
+    kvc_unified_slot_drop(c);
     kvc_cells_reset(&c->cells);
     c->head = 0;
     kvc_unified_zero_cells(c, 0, c->cells.size);
 }
 
 bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
+    kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     const uint32_t size = cells->size, end = cells->used_max_p1;
     uint32_t new_head = size;
@@ -186,6 +188,7 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
 }
 
 void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+    kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     if (src == dst) {
         return;
@@ -205,6 +208,7 @@ void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, in
 }
 
 void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
+    kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     const uint32_t size = cells->size, end = cells->used_max_p1;
     const uint64_t bit = (uint64_t)1 << s;
@@ -235,6 +239,7 @@ void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
 }
 
 void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
+    kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     if (shift == 0) {
         return;
@@ -261,6 +266,7 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
 }
 
 void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
+    kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     if (d == 1) {
         return;

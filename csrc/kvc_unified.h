@@ -51,10 +51,18 @@ typedef struct kvc_undo {
     uint32_t       n_cells, cap_cells;
 } kvc_undo;
 
+/* Where the last successful find_slot put its ubatch: token t is in cell head + t (kvc_slot.h reads
+ * it through kvc_unified_slot_cell, so that a placement in scattered cells can replace the run).
+ * n == 0: nothing is placed. */
+typedef struct kvc_slot {
+    uint32_t head, n;
+} kvc_slot;
+
 typedef struct kvc_unified {
-    /* the cell table and the state that goes with it (head, undo log) */
+    /* the cell table and the state that goes with it (head, placement, undo log) */
     kvc_cells  cells;        /* the cell table */
     uint32_t   head;         /* where the next slot search starts */
+    kvc_slot   slot;         /* the last placement, until an operation changes the cells */
     kvc_undo   undo;         /* what the find_slot calls since the last commit overwrote */
     /* the whole cache */
     uint32_t   n;            /* cells the attention looks at (the mask's columns) */

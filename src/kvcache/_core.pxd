@@ -146,7 +146,6 @@ from kvcache.includes.kvc_unified cimport *
 cdef class UnifiedCore:
     cdef kvc_unified c             # the C cache: cells, head/n, recovery, defrag plan, layer table
     cdef bint _ready               # c is initialised (kvc_unified_free is due)
-    cdef uint32_t _placed_n        # tokens the last successful find_slot put at head (0: none/stale)
     cdef uint32_t _n_layer_model   # model layer count given to the constructor
     cdef tuple _layers             # kept model layer indices, ascending (the cache's layer order)
     cdef dict _ikv                 # model layer index -> index into c.layers
@@ -182,7 +181,7 @@ cdef class UnifiedCore:
     cdef void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil   # d > 0
     cdef void clear_c(self) noexcept nogil
     cdef void set_full_c(self) noexcept nogil
-    cdef void store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil       # rows of the placed ubatch
+    cdef int store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil        # rows of the placed ubatch; < 0: none placed
     cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil
     cdef void k_shift_c(self, int32_t *out) noexcept nogil
     cdef void reset_shift_c(self) noexcept nogil

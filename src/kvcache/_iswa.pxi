@@ -154,7 +154,6 @@ def _find_slot_parts(caches, UBatch ub not None):
     cdef tuple cs = _caches_arg(caches)
     cdef UnifiedCore c
     cdef kvc_unified_mark marks[_MAX_PARTS]
-    cdef uint32_t placed[_MAX_PARTS]
     cdef Py_ssize_t k, j, n = len(cs)
     cdef int r
     for c in cs:
@@ -165,7 +164,6 @@ def _find_slot_parts(caches, UBatch ub not None):
         for k in range(n):
             c = cs[k]
             kvc_unified_mark_take(&c.c, &marks[k])
-            placed[k] = c._placed_n
         found = []
         for k in range(n):
             c = cs[k]
@@ -176,7 +174,6 @@ def _find_slot_parts(caches, UBatch ub not None):
                     c = cs[j]
                     if kvc_unified_rewind(&c.c, &marks[j]) != KVC_OK:
                         raise RuntimeError("find_slot: cannot undo the first part (internal error)")
-                    c._placed_n = placed[j]
                 raise_status(r, NULL, "find_slot")
             found.append(r == 1)
         return found
@@ -287,7 +284,6 @@ def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False):
         if r >= 0:
             for k in range(n):
                 c = cs[k]
-                c._placed_n = 0
                 c._defrag_pending = False
     finally:
         _release_all(order)

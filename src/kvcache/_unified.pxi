@@ -194,7 +194,7 @@ cdef int _require_memory(UnifiedCore self, str what) except -1:
 
 cdef object _rows_arg(UnifiedCore self, object rows, int32_t type_id, uint32_t n_embd, size_t row_bytes, str name):
     """Validate (and for half types convert) the rows handed to store()."""
-    cdef uint32_t n = self._placed_n
+    cdef uint32_t n = kvc_unified_slot_n(&self.c)
     if rows is None:
         return None
     if not isinstance(rows, np.ndarray):
@@ -369,7 +369,6 @@ cdef list _update_caches(tuple cs, object rope, int32_t nmax):
                     # the plan (defrag_ids) outlives the move: the runs are read after it
                     kvc_unified_defrag_move(&c.c)
                 c.c.do_defrag = False
-            c._placed_n = 0
             c._defrag_pending = False
             if r == 1:
                 runs = c.defrag_runs()
@@ -520,52 +519,38 @@ cdef class UnifiedCore:
 
     # --- C-level operations (declared in _core.pxd) ---------------------------------------
     cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
-        cdef int r = kvc_unified_find_slot(&self.c, ub)
-        if r >= 0:      # an error changed nothing, the current placement included
-            self._placed_n = ub.n_tokens if r == 1 else 0
-        return r
+        return kvc_unified_find_slot(&self.c, ub)
 
     cdef void commit_c(self) noexcept nogil:
         kvc_unified_commit(&self.c)
 
     cdef void restore_c(self) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_restore(&self.c)
 
     cdef bint seq_rm_c(self, int32_t s, int32_t p0, int32_t p1) noexcept nogil:
-        self._placed_n = 0
         return kvc_unified_seq_rm(&self.c, s, p0, p1)
 
     cdef void seq_cp_c(self, int32_t src, int32_t dst, int32_t p0, int32_t p1) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_seq_cp(&self.c, src, dst, p0, p1)
 
     cdef void seq_keep_c(self, int32_t s) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_seq_keep(&self.c, s)
 
     cdef void seq_add_c(self, int32_t s, int32_t p0, int32_t p1, int32_t shift) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_seq_add(&self.c, s, p0, p1, shift)
 
     cdef void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_seq_div(&self.c, s, p0, p1, d)
 
     cdef void clear_c(self) noexcept nogil:
-        self._placed_n = 0
         self._defrag_pending = False
         kvc_unified_clear(&self.c)
 
     cdef void set_full_c(self) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_set_full(&self.c)
 
-    cdef void store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
-        # head is where the last find_slot put its tokens as long as _placed_n is set: every
-        # operation that can move head clears it
-        if self._placed_n:
-            kvc_unified_store(&self.c, ikv, self._placed_n, k, v)
+    cdef int store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
+        return kvc_unified_store(&self.c, ikv, kvc_unified_slot_n(&self.c), k, v)
 
     cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
         return kvc_unified_kq_mask(&self.c, ub, causal, alibi, dtype, out)
@@ -674,14 +659,30 @@ cdef class UnifiedCore:
     def slot(self):
         """(head, n_tokens): the cells [head, head + n_tokens) the last successful find_slot
         put its ubatch in, where that ubatch's K/V rows go; None when no placement is current
-        (after restore, a sequence operation, clear, defrag or a state read)."""
+        (after restore, a sequence operation, clear, set_full, defrag or a state read)."""
         cdef uint32_t head, placed
         kvc_pylock_acquire(&self._lock)
-        head, placed = self.c.head, self._placed_n
+        placed = kvc_unified_slot_n(&self.c)
+        head = kvc_unified_slot_cell(&self.c, 0) if placed else 0
         kvc_pylock_release(&self._lock)
         if placed == 0:
             return None
         return (head, placed)
+
+    def slot_indices(self):
+        """The cell of each token the last successful find_slot placed, in token order: an int32
+        array (empty when no placement is current, see ``slot``). Index K/V memory kept
+        elsewhere with it, e.g. ``k_gpu[il].index_copy_(0, idx, k_rows)``."""
+        cdef int32_t[::1] o
+        kvc_pylock_acquire(&self._lock)
+        try:
+            out = np.empty(kvc_unified_slot_n(&self.c), dtype=np.int32)
+            if out.shape[0]:
+                o = out
+                kvc_unified_slot_cells(&self.c, &o[0])
+        finally:
+            kvc_pylock_release(&self._lock)
+        return out
 
     @property
     def has_shift(self):
@@ -866,11 +867,12 @@ cdef class UnifiedCore:
         cdef const uint8_t[::1] mv
         cdef const void *pk = NULL
         cdef const void *pv = NULL
+        cdef int r
         _require_memory(self, "store")
         kvc_pylock_acquire(&self._lock)
         try:
             # the rows must match the placement, which only holds while the lock is held
-            if self._placed_n == 0:
+            if kvc_unified_slot_n(&self.c) == 0:
                 raise RuntimeError("store: no ubatch is placed (call it right after a successful find_slot)")
             lay = &self.c.layers[ikv]
             kb = _rows_arg(self, k_rows, self.c.type_k, lay.n_embd_k, lay.k_row_bytes, "k_rows")
@@ -882,7 +884,8 @@ cdef class UnifiedCore:
                 mv = vb
                 pv = &mv[0]
             with nogil:
-                self.store_c(ikv, pk, pv)
+                r = self.store_c(ikv, pk, pv)
+            check_status(r, NULL, "store")
         finally:
             kvc_pylock_release(&self._lock)
 
@@ -999,7 +1002,6 @@ cdef class UnifiedCore:
             kvc_pylock_acquire_nogil(&self._lock)
             r = kvc_unified_defrag_prepare(&self.c, nmax)
             if r >= 0:
-                self._placed_n = 0
                 self._defrag_pending = r == 1
             kvc_pylock_release(&self._lock)
         if r < 0:

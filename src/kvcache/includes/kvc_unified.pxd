@@ -29,9 +29,13 @@ cdef extern from "kvc_unified.h" nogil:
         uint64_t *seq
         uint32_t n_cells, cap_cells
 
+    ctypedef struct kvc_slot:
+        uint32_t head, n
+
     ctypedef struct kvc_unified:
         kvc_cells cells
         uint32_t head
+        kvc_slot slot
         kvc_undo undo
         uint32_t n
         uint32_t n_seq_max
@@ -86,16 +90,22 @@ cdef extern from "kvc_slot.h" nogil:
     void    kvc_unified_restore(kvc_unified *c)
     void    kvc_unified_set_full(kvc_unified *c)
 
-    void    kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
+    uint32_t kvc_unified_slot_n(const kvc_unified *c)
+    uint32_t kvc_unified_slot_cell(const kvc_unified *c, uint32_t t)
+    void    kvc_unified_slot_cells(const kvc_unified *c, int32_t *out)
+    int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
 
     ctypedef struct kvc_unified_mark:
-        uint32_t head, n, n_spans, n_cells
+        uint32_t head, n
+        kvc_slot slot
+        uint32_t n_spans, n_cells
     void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m)
     int  kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m)
 
     ctypedef struct kvc_unified_snapshot:
         kvc_cells cells
         uint32_t head, n
+        kvc_slot slot
         kvc_undo undo
         bint do_defrag
     int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s)
