@@ -23,8 +23,9 @@ void kvc_unified_defrag_sched(kvc_unified *c, float thold) {
     }
 }
 
-int kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes) {
-    kvc_unified_slot_drop(c);
+/* llama.cpp's defrag plan: the cells move (metadata), defrag_ids says where from. 1 = something
+ * moves, 0 = not. */
+static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
     kvc_cells *cells = &c->cells;
     const uint32_t n_layer = c->n_layer;
     const uint32_t n_kv = cells->used_max_p1;
@@ -207,7 +208,9 @@ static void kvc_move_layers(void *arg) {
     }
 }
 
-void kvc_unified_defrag_move(kvc_unified *c) {
+/* Move the K/V rows of every layer with memory as the plan in defrag_ids says (contiguous runs at
+ * once). */
+static void kvc_defrag_apply(kvc_unified *c) {
     const size_t size = c->cells.size;
     const size_t el = kvc_type_get(c->type_v)->type_size;
     const uint32_t n_runs = kvc_unified_defrag_runs(c, NULL);
@@ -282,5 +285,41 @@ void kvc_unified_defrag_move(kvc_unified *c) {
     }
     kvc_free(pairs);
     kvc_free(runs);
+}
+
+/* Whether the cache holds K/V memory (all of its layers or none do). */
+static bool kvc_has_memory(const kvc_unified *c) {
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        if (c->layers[l].k || c->layers[l].v) {
+            return true;
+        }
+    }
+    return false;
+}
+
+void kvc_unified_defrag_settle_pending(kvc_unified *c) {
+    if (kvc_has_memory(c)) {
+        kvc_defrag_apply(c);
+    } else {
+        c->n_defrag_ids = 0;   /* the owner of the memory had its chance to read the plan */
+    }
+    c->defrag_pending = false;
+}
+
+int kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes) {
+    kvc_unified_defrag_settle(c);
+    kvc_unified_slot_drop(c);
+    const int r = kvc_defrag_plan(c, n_max_nodes);
+    c->defrag_pending = r == 1;
+    return r;
+}
+
+void kvc_unified_defrag_move(kvc_unified *c) {
+    if (c->defrag_pending) {
+        if (kvc_has_memory(c)) {
+            kvc_defrag_apply(c);
+        }
+        c->defrag_pending = false;
+    }
     c->do_defrag = false;
 }

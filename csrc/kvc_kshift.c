@@ -47,6 +47,7 @@ int kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, 
 int kvc_unified_k_shift_run(kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
                             kvc_kshift_work *w, kvc_err *err) {
     const uint32_t size = c->cells.size;
+    kvc_unified_defrag_settle(c);   /* the rows to rotate must be in their cells */
     kvc_unified_k_shift(c, w->shift);
 
     int rc = KVC_OK;

@@ -136,6 +136,7 @@ int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
     if (n_tokens <= cells->size && kvc_undo_reserve(&c->undo, n_tokens) != KVC_OK) {
         return KVC_E_NOMEM;
     }
+    kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
 
     /* plenty of free cells before head: search from the beginning, hoping to fill it */
@@ -177,6 +178,7 @@ void kvc_unified_commit(kvc_unified *c) {
 
 void kvc_unified_restore(kvc_unified *c) {
     uint64_t touched = 0;
+    kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
     for (uint32_t k = 0; k < c->undo.n_spans; k++) {
         kvc_undo_apply(&c->undo, k, &c->cells, &touched);
@@ -231,6 +233,7 @@ int kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const voi
     if (c->slot.n == 0 || n_tokens != c->slot.n || ikv >= c->n_layer) {
         return KVC_E_ARG;
     }
+    kvc_unified_defrag_settle(c);
     const kvc_layer *ly = &c->layers[ikv];
     /* the placement is a run of cells: the rows go in at once */
     const size_t head = kvc_unified_slot_cell(c, 0), size = c->cells.size;
@@ -281,6 +284,7 @@ int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s) {
     s->n = c->n;
     s->slot = c->slot;
     s->do_defrag = c->do_defrag;
+    s->defrag_pending = c->defrag_pending;
     return KVC_OK;
 }
 
@@ -297,6 +301,7 @@ void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
     c->n = s->n;
     c->slot = s->slot;
     c->do_defrag = s->do_defrag;
+    c->defrag_pending = s->defrag_pending;
 }
 
 void kvc_unified_snapshot_free(kvc_unified_snapshot *s) {

@@ -62,7 +62,7 @@ typedef struct kvc_unified_snapshot {
     uint32_t  head, n;
     kvc_slot  slot;
     kvc_undo  undo;      /* a copy of the log (capacities: exactly its length) */
-    bool      do_defrag;
+    bool      do_defrag, defrag_pending;
 } kvc_unified_snapshot;
 int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s);   /* KVC_OK / NOMEM */
 void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s); /* metadata only */

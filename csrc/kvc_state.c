@@ -301,22 +301,24 @@ size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) {
     return kvc_state_src_size(&s);
 }
 
-int kvc_unified_state_write_range(const kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                   size_t cap, size_t *written) {
     *written = 0;
     if (!seq_id_valid(c, seq_id)) {
         return KVC_E_ARG;
     }
+    kvc_unified_defrag_settle(c);
     kvc_state_src s;
     unified_src(c, seq_id, &s);
     return kvc_state_src_write(&s, offset, out, cap, written);
 }
 
-int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
+int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
     *written = 0;
     if (!seq_id_valid(c, seq_id)) {
         return KVC_E_ARG;
     }
+    kvc_unified_defrag_settle(c);
     kvc_state_src s;
     unified_src(c, seq_id, &s);
     const size_t total = kvc_state_src_size(&s);
@@ -857,6 +859,8 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
     if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
     }
+    /* the dry run is undone: it must not settle a pending defrag (move rows) either */
+    c->defrag_pending = false;
     const int found = place_cells(c, ps);
     const uint32_t head = c->head;
     kvc_unified_snapshot_restore(c, &snap);
@@ -917,6 +921,7 @@ int kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *
 }
 
 int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
+    kvc_unified_defrag_settle(c);
     if (plan->seq_id < 0) {
         apply_whole(c, plan);
         return KVC_OK;

@@ -21,8 +21,9 @@ size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id);
 
 /* Write the state of seq_id (-1 = all) into out[0, cap). KVC_OK with *written set, or
  * KVC_E_NOSPACE when cap is too small (nothing meaningful written), KVC_E_ARG for an id outside
- * [-1, n_seq_max). Layers without K/V memory write zeros for their data. */
-int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written);
+ * [-1, n_seq_max). Layers without K/V memory write zeros for their data. A pending defrag is
+ * settled first (kvc_defrag.h), hence the non-const cache. */
+int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written);
 
 /* Read one cache state from data[0, len) into seq_id (-1 = whole cache). On success KVC_OK and
  * *consumed = bytes of the state (trailing bytes are not read). On failure a negative code,
@@ -51,7 +52,7 @@ int kvc_unified_state_read_ex(kvc_unified *c, int32_t seq_id, const uint8_t *dat
 /* Bytes [offset, offset + cap) of the blob kvc_unified_state_write produces, into out (for
  * streaming a state in pieces of bounded size). *written = bytes produced: cap, or fewer at the
  * end of the blob (0 at or past its end). KVC_OK, KVC_E_ARG (bad seq_id), KVC_E_NOMEM. */
-int kvc_unified_state_write_range(const kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                   size_t cap, size_t *written);
 
 /* --- the blob writer shared by the cache variants ----------------------------------------- */

@@ -131,6 +131,7 @@ void kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to) {
 }
 
 void kvc_unified_clear(kvc_unified *c) {
+    kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
     kvc_cells_reset(&c->cells);
     c->head = 0;
@@ -138,6 +139,7 @@ void kvc_unified_clear(kvc_unified *c) {
 }
 
 bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
+    kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     const uint32_t size = cells->size, end = cells->used_max_p1;
@@ -188,6 +190,7 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
 }
 
 void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+    kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     if (src == dst) {
@@ -208,6 +211,7 @@ void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, in
 }
 
 void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
+    kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     const uint32_t size = cells->size, end = cells->used_max_p1;
@@ -239,6 +243,7 @@ void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
 }
 
 void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
+    kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     if (shift == 0) {
@@ -266,6 +271,7 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
 }
 
 void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
+    kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     if (d == 1) {
@@ -292,6 +298,7 @@ int kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax)
     if (c->swa_type == KVC_SWA_NONE) {
         return KVC_E_ARG;
     }
+    kvc_unified_defrag_settle(c);
     int64_t n_attended = 0;
     const uint32_t end = cells->used_max_p1;
     for (uint32_t i = 0; i < end; i++) {

@@ -79,6 +79,7 @@ typedef struct kvc_unified {
     bool       do_defrag;    /* set by defrag_sched, cleared by defrag_move / update */
     uint32_t  *defrag_ids;   /* [size] cell i moves to ids[i] (plan of the last defrag_prepare) */
     uint32_t   n_defrag_ids; /* length of the plan (used_max_p1 when it was made) */
+    bool       defrag_pending; /* the plan's cells moved, their K/V rows not yet */
 } kvc_unified;
 
 typedef struct kvc_unified_params {

@@ -159,7 +159,6 @@ cdef class UnifiedCore:
     cdef object _borrowed          # borrowed mode: the caller's (K, V) objects per kept layer (kept alive)
     cdef tuple _n_embd_head_k      # K head size per model layer, or None (needed by the RoPE K-shift)
     cdef object _rope              # the model's RopeParams, or None (update() rotates K with them)
-    cdef bint _defrag_pending      # the last defrag_prepare moved cells whose K/V rows are not moved yet
     cdef kvc_pylock _lock          # held by every Python method (see "locking" above)
 
     # C-level operations for other extensions (`from kvcache._core cimport UnifiedCore`). They do

@@ -281,10 +281,6 @@ def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False):
     try:
         with nogil:
             r = kvc_unified_state_read_parts_ex(ptrs, <uint32_t>n, s, ptr, nbytes, flags, &consumed, &err)
-        if r >= 0:
-            for k in range(n):
-                c = cs[k]
-                c._defrag_pending = False
     finally:
         _release_all(order)
     if r < 0:

@@ -185,6 +185,14 @@ cdef uint32_t _layer_index(UnifiedCore self, object il) except? 0xFFFFFFFF:
         raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(self._layers)})")
     return <uint32_t>ikv
 
+cdef int _settle(UnifiedCore self) except -1:
+    """Move the rows of a pending defrag before the K/V memory is handed out."""
+    with nogil:
+        kvc_pylock_acquire_nogil(&self._lock)
+        kvc_unified_defrag_settle(&self.c)
+        kvc_pylock_release(&self._lock)
+    return 0
+
 cdef int _require_memory(UnifiedCore self, str what) except -1:
     if self._buffers == "none":
         raise RuntimeError(f"{what}: this cache holds no K/V memory (buffers='none'); its owner "
@@ -365,11 +373,8 @@ cdef list _update_caches(tuple cs, object rope, int32_t nmax):
         if c.c.do_defrag:
             with nogil:
                 r = kvc_unified_defrag_prepare(&c.c, nmax)
-                if r == 1:
-                    # the plan (defrag_ids) outlives the move: the runs are read after it
-                    kvc_unified_defrag_move(&c.c)
-                c.c.do_defrag = False
-            c._defrag_pending = False
+                # the plan (defrag_ids) outlives the move: the runs are read after it
+                kvc_unified_defrag_move(&c.c)
             if r == 1:
                 runs = c.defrag_runs()
                 moved = c._buffers != "none"
@@ -543,7 +548,6 @@ cdef class UnifiedCore:
         kvc_unified_seq_div(&self.c, s, p0, p1, d)
 
     cdef void clear_c(self) noexcept nogil:
-        self._defrag_pending = False
         kvc_unified_clear(&self.c)
 
     cdef void set_full_c(self) noexcept nogil:
@@ -846,6 +850,7 @@ cdef class UnifiedCore:
         libraries through DLPack (``torch.from_dlpack(cache.k(il))``)."""
         cdef uint32_t ikv = _layer_index(self, il)
         _require_memory(self, "k")
+        _settle(self)
         return self._k_view[ikv]
 
     def v(self, il):
@@ -853,6 +858,7 @@ cdef class UnifiedCore:
         (size, row_bytes) uint8 when quantized."""
         cdef uint32_t ikv = _layer_index(self, il)
         _require_memory(self, "v")
+        _settle(self)
         return self._v_view[ikv]
 
     def store(self, il, k_rows, v_rows):
@@ -1001,8 +1007,6 @@ cdef class UnifiedCore:
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
             r = kvc_unified_defrag_prepare(&self.c, nmax)
-            if r >= 0:
-                self._defrag_pending = r == 1
             kvc_pylock_release(&self._lock)
         if r < 0:
             raise_status(r, NULL, "defrag_prepare")
@@ -1041,13 +1045,16 @@ cdef class UnifiedCore:
         return out
 
     def defrag_move(self):
-        """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag."""
+        """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag.
+
+        Until then the plan is pending: the next operation that reads or writes K/V data or
+        changes the cells (find_slot, store, k/v, sequence operations, clear, state writes and
+        reads, update, another defrag_prepare) moves the rows first. A metadata-only cache moves
+        nothing: read defrag_runs() right after defrag_prepare and move your rows; any such
+        operation drops the plan (defrag_runs() is then empty)."""
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
-            if self._defrag_pending:
-                kvc_unified_defrag_move(&self.c)
-                self._defrag_pending = False
-            self.c.do_defrag = False
+            kvc_unified_defrag_move(&self.c)
             kvc_pylock_release(&self._lock)
 
     def _check_update(self, rope, n_max_nodes):
@@ -1144,4 +1151,5 @@ cdef class UnifiedCore:
 
 cdef int _unified_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
                               size_t *written) noexcept nogil:
-    return kvc_unified_state_write_range(<const kvc_unified *>c, seq_id, offset, out, cap, written)
+    # the writer settles a pending defrag first: the cache is not const (state_write_into holds its lock)
+    return kvc_unified_state_write_range(<kvc_unified *>c, seq_id, offset, out, cap, written)

@@ -139,7 +139,7 @@ static void pair_dump(const pair *t, bytes *out) {
 }
 
 /* The state of seq_id of both caches: base part, then SWA part. */
-static void pair_write(const pair *t, int32_t seq_id, bytes *out, size_t *n_base) {
+static void pair_write(pair *t, int32_t seq_id, bytes *out, size_t *n_base) {
     out->n = 0;
     for (int i = 0; i < 2; i++) {
         const size_t n = kvc_unified_state_size(&t->c[i], seq_id);

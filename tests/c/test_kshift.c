@@ -182,6 +182,7 @@ static void test_defrag_runs(void) {
     const uint32_t plan[10] = { 0, 10, 10, 10, 10, 10, 1, 2, 8, 4 };
     memcpy(f.c.defrag_ids, plan, sizeof plan);
     f.c.n_defrag_ids = 10;
+    f.c.defrag_pending = true;   /* as a defrag_prepare leaves it */
     uint32_t runs[9];
     CHECK(kvc_unified_defrag_runs(&f.c, NULL) == 2, "count");
     memset(runs, 0xff, sizeof runs);
@@ -194,6 +195,10 @@ static void test_defrag_runs(void) {
     float row6 = k0[6 * w], row7 = k0[7 * w], row9 = k0[9 * w], row8 = k0[8 * w];
     kvc_unified_defrag_move(&f.c);
     CHECK(k0[1 * w] == row6 && k0[2 * w] == row7 && k0[4 * w] == row9 && k0[8 * w] == row8, "moved rows");
+    CHECK(!f.c.defrag_pending, "applied");
+    k0[1 * w] = -1.0f;
+    kvc_unified_defrag_move(&f.c);
+    CHECK(k0[1 * w] == -1.0f && kvc_unified_defrag_runs(&f.c, NULL) == 2, "applied once, the plan still readable");
     f.c.n_defrag_ids = 0;
     CHECK(kvc_unified_defrag_runs(&f.c, runs) == 0, "empty plan");
     fixture_free(&f);

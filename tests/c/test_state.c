@@ -205,7 +205,7 @@ static void tc_dump(const tc *t, buf *out) {
     }
 }
 
-static bool tc_write(const tc *t, int32_t seq_id, buf *out) {
+static bool tc_write(tc *t, int32_t seq_id, buf *out) {
     const size_t n = kvc_unified_state_size(&t->c, seq_id);
     size_t written = 0;
     out->n = 0;

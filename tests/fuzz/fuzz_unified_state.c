@@ -217,9 +217,10 @@ typedef struct image {
     uint32_t seq_pos_n[KVC_MAX_SEQ];
     int32_t *seq_pos_v[KVC_MAX_SEQ];
     uint32_t head, n, n_defrag_ids;
+    kvc_slot slot;
     kvc_undo undo;       /* copies of the log's arrays (lengths only) */
     uint32_t *defrag_ids;
-    bool do_defrag;
+    bool do_defrag, defrag_pending;
     fz_kv mem;
 } image;
 
@@ -243,6 +244,7 @@ static void image_take(image *m, const cache *t) {
     }
     m->head = c->head;
     m->n = c->n;
+    m->slot = c->slot;
     m->undo.n_spans = c->undo.n_spans;
     m->undo.n_cells = c->undo.n_cells;
     m->undo.spans = (kvc_undo_span *)fz_dup((const uint8_t *)c->undo.spans, c->undo.n_spans * sizeof *c->undo.spans);
@@ -251,6 +253,7 @@ static void image_take(image *m, const cache *t) {
     m->n_defrag_ids = c->n_defrag_ids;
     m->defrag_ids = (uint32_t *)fz_dup((const uint8_t *)c->defrag_ids, c->n_defrag_ids * sizeof *c->defrag_ids);
     m->do_defrag = c->do_defrag;
+    m->defrag_pending = c->defrag_pending;
     fz_kv_copy(&m->mem, &t->mem);
 }
 
@@ -292,6 +295,8 @@ static void image_check(const image *m, const cache *t, const char *when) {
     }
     SAME_VALUE(c->head, m->head, "head");
     SAME_VALUE(c->n, m->n, "n");
+    SAME_VALUE(c->slot.head, m->slot.head, "placement head");
+    SAME_VALUE(c->slot.n, m->slot.n, "placement size");
     SAME_VALUE(c->undo.n_spans, m->undo.n_spans, "undo spans");
     SAME_VALUE(c->undo.n_cells, m->undo.n_cells, "undo cells");
     SAME_BYTES(c->undo.spans, m->undo.spans, m->undo.n_spans * sizeof *m->undo.spans, "undo spans");
@@ -300,6 +305,7 @@ static void image_check(const image *m, const cache *t, const char *when) {
     SAME_VALUE(c->n_defrag_ids, m->n_defrag_ids, "defrag plan length");
     SAME_BYTES(c->defrag_ids, m->defrag_ids, m->n_defrag_ids * sizeof *m->defrag_ids, "defrag plan");
     SAME_VALUE(c->do_defrag, m->do_defrag, "do_defrag");
+    SAME_VALUE(c->defrag_pending, m->defrag_pending, "defrag_pending");
     fz_kv_check(&t->mem, &m->mem, when);
 }
 

@@ -50,6 +50,7 @@ cdef extern from "kvc_unified.h" nogil:
         bint do_defrag
         uint32_t *defrag_ids
         uint32_t n_defrag_ids
+        bint defrag_pending
 
     ctypedef struct kvc_unified_params:
         uint32_t kv_size
@@ -107,7 +108,7 @@ cdef extern from "kvc_slot.h" nogil:
         uint32_t head, n
         kvc_slot slot
         kvc_undo undo
-        bint do_defrag
+        bint do_defrag, defrag_pending
     int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s)
     void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
     void kvc_unified_snapshot_free(kvc_unified_snapshot *s)
@@ -117,6 +118,7 @@ cdef extern from "kvc_defrag.h" nogil:
     void    kvc_unified_defrag_sched(kvc_unified *c, float thold)
     int     kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes)
     void    kvc_unified_defrag_move(kvc_unified *c)
+    void    kvc_unified_defrag_settle(kvc_unified *c)
     uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs)
 
 cdef extern from "kvc_mask.h" nogil:
