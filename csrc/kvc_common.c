@@ -134,7 +134,7 @@ void kvc_parallel(void (*fn)(void *), void *args, size_t arg_size, unsigned n) {
 unsigned kvc_parallel_width(void) {
 #ifdef KVC_HAVE_PTHREADS
     const long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1u : n > (long)KVC_MAX_THREADS ? KVC_MAX_THREADS : (unsigned)n;
+    return n < 1 ? 1u : n > (long)KVC_AUTO_THREADS ? KVC_AUTO_THREADS : (unsigned)n;
 #else
     return 1;
 #endif

@@ -108,14 +108,17 @@ void  kvc_free(void *p);
 void  kvc_copy(void *dst, const void *src, size_t n, bool stream);
 void  kvc_stream_fence(void);
 
-/* Run fn(args + i * arg_size) for every i < n, on up to n threads (the caller's among them) where
- * the platform has POSIX threads, one after the other elsewhere or when a thread cannot be
- * started. The calls must be independent; all have returned when this does. */
+/* Run fn(args + i * arg_size) for every i < n, on up to min(n, KVC_MAX_THREADS) threads (the
+ * caller's among them) where the platform has POSIX threads, one after the other elsewhere, for
+ * the calls past that limit, or when a thread cannot be started. The calls must be independent;
+ * all have returned when this does. */
 void  kvc_parallel(void (*fn)(void *), void *args, size_t arg_size, unsigned n);
-/* Threads worth using for a large memory-bound job: the online processors, at most
- * KVC_MAX_THREADS (1 without POSIX threads). */
+#define KVC_MAX_THREADS 64u
+/* Threads worth using for a large memory-bound job when the caller does not say: the online
+ * processors, at most KVC_AUTO_THREADS (more did not move memory faster), 1 without POSIX
+ * threads. */
 unsigned kvc_parallel_width(void);
-#define KVC_MAX_THREADS 4u
+#define KVC_AUTO_THREADS 4u
 
 /* Huge pages for [p, p + n) where the system offers them on request (Linux transparent huge
  * pages in "madvise" mode): a K/V buffer's scattered accesses (defrag moves, gathers) then miss

@@ -248,9 +248,10 @@ static void kvc_defrag_apply(kvc_unified *c) {
         /* layer by layer, so that each buffer is streamed through once; a large move is
          * shared among threads by layers (scattered copies are bound by how many reads are in
          * flight, and each core adds its own) */
-        const unsigned n_jobs = stream ? kvc_min_u32(kvc_parallel_width(), c->n_layer) : 1;
+        const unsigned width = c->n_threads ? c->n_threads : kvc_parallel_width();
+        const unsigned n_jobs = stream ? kvc_min_u32(kvc_min_u32(width, KVC_MAX_THREADS), c->n_layer) : 1;
         kvc_cols cols;
-        kvc_cols_init(&cols, pairs, by_cols ? n_moved : 0, c->cells.size, (uint32_t)el);
+        kvc_cols_init(&cols, pairs, by_cols ? n_moved : 0, c->cells.size, (uint32_t)el, c->vector_moves);
         kvc_move_job jobs[KVC_MAX_THREADS];
         for (unsigned t = 0; t < n_jobs; t++) {
             jobs[t] = (kvc_move_job){ c, (uint32_t)((uint64_t)c->n_layer * t / n_jobs),
@@ -287,18 +288,8 @@ static void kvc_defrag_apply(kvc_unified *c) {
     kvc_free(runs);
 }
 
-/* Whether the cache holds K/V memory (all of its layers or none do). */
-static bool kvc_has_memory(const kvc_unified *c) {
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        if (c->layers[l].k || c->layers[l].v) {
-            return true;
-        }
-    }
-    return false;
-}
-
 void kvc_unified_defrag_settle_pending(kvc_unified *c) {
-    if (kvc_has_memory(c)) {
+    if (kvc_unified_has_memory(c)) {
         kvc_defrag_apply(c);
     } else {
         c->n_defrag_ids = 0;   /* the owner of the memory had its chance to read the plan */
@@ -316,7 +307,7 @@ int kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes) {
 
 void kvc_unified_defrag_move(kvc_unified *c) {
     if (c->defrag_pending) {
-        if (kvc_has_memory(c)) {
+        if (kvc_unified_has_memory(c)) {
             kvc_defrag_apply(c);
         }
         c->defrag_pending = false;

@@ -2,6 +2,7 @@
  * kvc_unified.h). */
 #include "kvc_unified.h"
 
+#include "kvc_cols.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
@@ -65,6 +66,7 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
     c->type_v = p->type_v;
     c->v_trans = p->v_trans;
     c->n_layer = p->n_layer;
+    c->vector_moves = kvc_cols_vector_available();   /* the environment is read here, once */
 
     if (kvc_cells_init(&c->cells, p->kv_size, p->n_seq_max) != KVC_OK) {
         goto nomem;
@@ -100,6 +102,14 @@ void kvc_unified_free(kvc_unified *c) {
 void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v) {
     c->layers[ikv].k = k;
     c->layers[ikv].v = v;
+}
+
+int kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err) {
+    if (n > KVC_MAX_THREADS) {
+        return kvc_err_set(err, KVC_E_ARG, "n_threads = %u: at most %u (0: as many as useful)", n, KVC_MAX_THREADS);
+    }
+    c->n_threads = n;
+    return KVC_OK;
 }
 
 /* --- sequence operations ------------------------------------------------------------- */

@@ -80,6 +80,8 @@ typedef struct kvc_unified {
     uint32_t  *defrag_ids;   /* [size] cell i moves to ids[i] (plan of the last defrag_prepare) */
     uint32_t   n_defrag_ids; /* length of the plan (used_max_p1 when it was made) */
     bool       defrag_pending; /* the plan's cells moved, their K/V rows not yet */
+    uint32_t   n_threads;    /* threads a large K/V move may use; 0: kvc_parallel_width() */
+    bool       vector_moves; /* transposed-V moves may take the vector path (decided at init) */
 } kvc_unified;
 
 typedef struct kvc_unified_params {
@@ -101,6 +103,19 @@ int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
 void kvc_unified_free(kvc_unified *c);
 /* Attach the K/V memory of kept layer `ikv` (index into layers, not the model index). */
 void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v);
+/* Whether the cache holds K/V memory (the owner attaches it to every layer or to none). */
+static inline bool kvc_unified_has_memory(const kvc_unified *c) {
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        if (c->layers[l].k || c->layers[l].v) {
+            return true;
+        }
+    }
+    return false;
+}
+/* The threads a K/V move of 16 MiB or more may share its layers among (never more than there
+ * are layers): 1..KVC_MAX_THREADS, or 0 for kvc_parallel_width() (the default). KVC_OK or
+ * KVC_E_ARG. */
+int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err);
 
 /* --- operations; sequence ids and positions are validated by the caller ---------------- */
 void    kvc_unified_clear(kvc_unified *c);           /* also zeroes the K/V buffers; n kept */

@@ -6,8 +6,8 @@ from cpython.bool cimport PyBool_Check
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint16_t, INT32_MIN
 from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
-from kvcache.includes.kvc_kshift cimport (kvc_kshift_work, kvc_unified_k_shift_prepare,
-                                          kvc_unified_k_shift_run, kvc_kshift_work_free)
+from kvcache.includes.kvc_update cimport (KVC_UPDATE_MAX_PARTS, kvc_update_opts, kvc_update_result,
+                                          kvc_unified_update_parts)
 from kvcache.includes.kvc_rope cimport kvc_rope_params
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
                                          kvc_unified_state_write_range)
@@ -295,92 +295,79 @@ class UpdatePlan:
                 f"moved={self.moved}, need_reserve={self.need_reserve})")
 
 
-cdef class _ShiftJob:
-    """The K rotation of one cache, checked and with its memory allocated: running it cannot
-    fail, so several caches can be prepared before any of them changes."""
+cdef class _LayerRope:
+    """A cache's RoPE parameters and K head size per kept layer, as C takes them."""
     cdef kvc_rope_params *params   # per kept layer
     cdef uint32_t *hd              # per kept layer: K head size
-    cdef kvc_kshift_work work
-    cdef bint ready                # work holds allocated scratch
 
     def __dealloc__(self):
-        if self.ready:
-            kvc_kshift_work_free(&self.work)
         PyMem_Free(self.params)
         PyMem_Free(self.hd)
 
 
-cdef _ShiftJob _shift_job(UnifiedCore self, RopeParams rope):
-    """Check the rotation of every kept layer's K by rope and allocate its scratch; nothing in
-    the cache changes (ValueError, MemoryError)."""
+cdef _LayerRope _layer_rope(UnifiedCore self, RopeParams rope):
+    """rope for every kept layer of the cache (ValueError naming a layer it does not fit)."""
     cdef uint32_t n = self.c.n_layer, i
-    cdef kvc_err err
-    cdef int r
-    cdef _ShiftJob job = _ShiftJob.__new__(_ShiftJob)
-    job.params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
-    job.hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
-    if job.params == NULL or job.hd == NULL:
+    cdef _LayerRope lr = _LayerRope.__new__(_LayerRope)
+    lr.params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
+    lr.hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
+    if lr.params == NULL or lr.hd == NULL:
         raise MemoryError("update")
     for i in range(n):
         il = self._layers[i]
-        job.hd[i] = self._n_embd_head_k[il]
+        lr.hd[i] = self._n_embd_head_k[il]
         try:
-            rope.fill(&job.params[i], il, job.hd[i])
+            rope.fill(&lr.params[i], il, lr.hd[i])
         except ValueError as e:
             raise ValueError(f"update: layer {il}: {e}") from None
-    err.msg[0] = 0
-    with nogil:
-        r = kvc_unified_k_shift_prepare(&self.c, job.params, job.hd, &job.work, &err)
-    check_status(r, &err, "update")
-    job.ready = True
-    return job
-
-
-cdef int _shift_run(UnifiedCore self, _ShiftJob job) except -1:
-    """Rotate K as prepared (in C without the GIL)."""
-    cdef kvc_err err
-    cdef int r
-    err.msg[0] = 0
-    with nogil:
-        r = kvc_unified_k_shift_run(&self.c, job.params, job.hd, &job.work, &err)
-    job.ready = False          # the run released the scratch
-    check_status(r, &err, "update")
-    return 0
+    return lr
 
 
 cdef list _update_caches(tuple cs, object rope, int32_t nmax):
-    """update() of the caches in cs (whose locks the caller holds), all or nothing: every
-    rotation is checked and allocated before the first cache changes."""
+    """update() of the caches in cs (whose locks the caller holds), all or nothing (C checks and
+    allocates every rotation before the first cache changes)."""
     cdef UnifiedCore c
-    cdef Py_ssize_t k
-    cdef int r = 0
-    shifts, jobs = [], []
-    for c in cs:
-        rp = rope if rope is not None else (c._rope if c._buffers != "none" else None)
-        shift = c.k_shift() if c.c.cells.has_shift else None
-        shifts.append(shift)
-        jobs.append(_shift_job(c, <RopeParams>rp) if shift is not None and rp is not None else None)
-    # from here on nothing fails (the plan objects aside)
-    plans = []
-    for k in range(len(cs)):
+    cdef Py_ssize_t k, n = len(cs)
+    cdef kvc_unified *ptrs[KVC_UPDATE_MAX_PARTS]
+    cdef kvc_update_opts opts[KVC_UPDATE_MAX_PARTS]
+    cdef kvc_update_result res[KVC_UPDATE_MAX_PARTS]
+    cdef _LayerRope lr
+    cdef int32_t[::1] sv
+    cdef kvc_err err
+    cdef int r
+    if n > KVC_UPDATE_MAX_PARTS:
+        raise ValueError(f"update: at most {KVC_UPDATE_MAX_PARTS} caches at once")
+    keep, shifts = [], []
+    for k in range(n):
         c = cs[k]
-        if jobs[k] is not None:
-            _shift_run(c, <_ShiftJob>jobs[k])
-        if shifts[k] is not None:
-            c.reset_shift_c()
-        runs = None
-        moved = False
-        if c.c.do_defrag:
-            with nogil:
-                r = kvc_unified_defrag_prepare(&c.c, nmax)
-                # the plan (defrag_ids) outlives the move: the runs are read after it
-                kvc_unified_defrag_move(&c.c)
-            if r == 1:
-                runs = c.defrag_runs()
-                moved = c._buffers != "none"
-        rotated = jobs[k] is not None
-        todo = c._buffers == "none" and (shifts[k] is not None or runs is not None)
-        plans.append(UpdatePlan(shifts[k], rotated, runs, moved, rotated or moved or todo))
+        ptrs[k] = &c.c
+        opts[k].rope = NULL
+        opts[k].head_dim = NULL
+        opts[k].n_max_nodes = nmax
+        opts[k].k_shift = NULL
+        shift = None
+        if c.c.cells.has_shift:
+            shift = np.zeros(c.c.cells.size, dtype=np.int32)
+            sv = shift
+            opts[k].k_shift = &sv[0]
+            # a cache without memory leaves the rotation to its owner, unless the caller insists
+            rp = rope if rope is not None else (c._rope if c._buffers != "none" else None)
+            if rp is not None:
+                lr = _layer_rope(c, <RopeParams>rp)
+                keep.append(lr)
+                opts[k].rope = lr.params
+                opts[k].head_dim = lr.hd
+        shifts.append(shift)
+    err.msg[0] = 0
+    with nogil:
+        r = kvc_unified_update_parts(ptrs, <uint32_t>n, opts, res, &err)
+    check_status(r, &err, "update")
+    plans = []
+    for k in range(n):
+        c = cs[k]
+        runs = c.defrag_runs() if res[k].defragged else None
+        plans.append(UpdatePlan(shifts[k] if res[k].shifted else None, res[k].rotated, runs, res[k].moved,
+                                res[k].need_reserve))
     return plans
 
 
@@ -696,6 +683,25 @@ cdef class UnifiedCore:
         r = self.c.cells.has_shift
         kvc_pylock_release(&self._lock)
         return r
+
+    @property
+    def n_threads(self):
+        """Threads a K/V move of 16 MiB or more (defrag_move, update) may share its layers among,
+        never more than there are layers: 0 (the default) takes the online processors, at most 4
+        (more did not move memory faster); 1 keeps every move on the calling thread. Settable,
+        up to 64."""
+        return self.c.n_threads
+
+    @n_threads.setter
+    def n_threads(self, value):
+        cdef uint32_t n = <uint32_t>_int_arg(value, "n_threads", 0, 0xFFFFFFFF)
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        kvc_pylock_acquire(&self._lock)
+        r = kvc_unified_set_n_threads(&self.c, n, &err)
+        kvc_pylock_release(&self._lock)
+        check_status(r, &err, "n_threads")
 
     @property
     def fragmentation(self):

@@ -21,6 +21,8 @@ cdef extern from "kvc_common.h" nogil:
     void kvc_stream_fence()
     void kvc_parallel(void (*fn)(void *) noexcept nogil, void *args, size_t arg_size, unsigned int n)
     unsigned int kvc_parallel_width()
+    unsigned int KVC_MAX_THREADS
+    unsigned int KVC_AUTO_THREADS
     size_t KVC_STREAM_BYTES
 
 cdef extern from "kvc_ubatch.h" nogil:

@@ -51,6 +51,8 @@ cdef extern from "kvc_unified.h" nogil:
         uint32_t *defrag_ids
         uint32_t n_defrag_ids
         bint defrag_pending
+        uint32_t n_threads
+        bint vector_moves
 
     ctypedef struct kvc_unified_params:
         uint32_t kv_size
@@ -68,6 +70,8 @@ cdef extern from "kvc_unified.h" nogil:
     int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
     void kvc_unified_free(kvc_unified *c)
     void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v)
+    bint kvc_unified_has_memory(const kvc_unified *c)
+    int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err)
 
     void    kvc_unified_clear(kvc_unified *c)
     bint    kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1)
