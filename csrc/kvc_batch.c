@@ -309,10 +309,9 @@ int kvc_sbatch_init(kvc_sbatch *sb, uint32_t n_tokens, const int32_t *pos, const
     sb->ub_pos = kvc_malloc_n(n, sizeof *sb->ub_pos);
     sb->ub_seq_off = kvc_malloc_n(n + 1, sizeof *sb->ub_seq_off);
     sb->ub_seq_ids = kvc_malloc_n(n_ids, sizeof *sb->ub_seq_ids);
-    sb->ub_seq_mask = kvc_malloc_n(n, sizeof *sb->ub_seq_mask);
     sb->ub_output = kvc_malloc_n(n, sizeof *sb->ub_output);
     if (!sb->pos || !sb->seq_off || !sb->seq_ids || (logits && !sb->logits) || !sb->order || !sb->out_ids ||
-        !sb->ub_token || !sb->ub_pos || !sb->ub_seq_off || !sb->ub_seq_ids || !sb->ub_seq_mask || !sb->ub_output) {
+        !sb->ub_token || !sb->ub_pos || !sb->ub_seq_off || !sb->ub_seq_ids || !sb->ub_output) {
         kvc_sbatch_free(sb);
         return kvc_err_set(err, KVC_E_NOMEM, "batch: out of memory for %u tokens", n_tokens);
     }
@@ -364,7 +363,6 @@ void kvc_sbatch_free(kvc_sbatch *sb) {
     kvc_free(sb->ub_pos);
     kvc_free(sb->ub_seq_off);
     kvc_free(sb->ub_seq_ids);
-    kvc_free(sb->ub_seq_mask);
     kvc_free(sb->ub_output);
     memset(sb, 0, sizeof *sb);
 }
@@ -384,12 +382,9 @@ typedef struct ubatch_fill {
 
 /* Append token t's (or a group's) id list as the next group of the ubatch. */
 static void fill_ids(kvc_sbatch *sb, ubatch_fill *f, uint32_t t) {
-    uint64_t mask = 0;
     for (uint32_t j = sb->seq_off[t]; j < sb->seq_off[t + 1]; j++) {
         sb->ub_seq_ids[f->n_ids++] = sb->seq_ids[j];
-        mask |= (uint64_t)1 << sb->seq_ids[j];
     }
-    sb->ub_seq_mask[f->n_seqs] = mask;
     f->n_seqs++;
     sb->ub_seq_off[f->n_seqs] = f->n_ids;
 }
@@ -437,7 +432,6 @@ static void publish(const kvc_sbatch *sb, const ubatch_fill *f, kvc_sbatch_ubatc
     out->ub.pos = sb->ub_pos;
     out->ub.seq_off = sb->ub_seq_off;
     out->ub.seq_ids = sb->ub_seq_ids;
-    out->ub.seq_mask = sb->ub_seq_mask;
     out->token = sb->ub_token;
     out->output = sb->ub_output;
     out->equal_seqs = f->equal_seqs;

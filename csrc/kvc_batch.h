@@ -65,7 +65,6 @@ typedef struct kvc_sbatch {
     int32_t          *ub_pos;        /* [n_tokens] */
     uint32_t         *ub_seq_off;    /* [n_tokens + 1] */
     int32_t          *ub_seq_ids;    /* [seq_off[n_tokens]] */
-    uint64_t         *ub_seq_mask;   /* [n_tokens] */
     int8_t           *ub_output;     /* [n_tokens] */
 } kvc_sbatch;
 

@@ -30,7 +30,7 @@ extern "C" {
 #define KVC_PRINTF_FORMAT(fmt_index, first_arg)
 #endif
 
-#define KVC_MAX_SEQ 64          /* LLAMA_MAX_PARALLEL_SEQUENCES: one bit per sequence */
+#define KVC_MAX_SEQ 256         /* LLAMA_MAX_SEQ of today's llama.cpp (64 in mid-2025's): ids [0, 256) */
 #define KVC_KQ_MASK_PAD 64      /* GGML_KQ_MASK_PAD: mask rows are padded to this */
 #define KVC_POS_MAX INT32_MAX   /* the largest position */
 

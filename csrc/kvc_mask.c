@@ -260,6 +260,7 @@ static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, b
  * about as much as writing it. Sequences whose edges are many (or ALiBi, whose values differ
  * in every visible cell) have their rows computed from the key positions directly. */
 typedef struct kvc_mask_seq {
+    int32_t        id;           /* the sequence */
     const int32_t *vis;          /* key position of each cell in this sequence, -1 elsewhere */
     bool           use_edges;    /* rows are copies of base plus edges; else computed from vis */
     uint8_t       *base;
@@ -285,44 +286,60 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     /* masks larger than the last-level cache go straight to memory */
     const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
 
-    /* the distinct sequences of the ubatch (tokens interleave) and their tokens' windows */
-    kvc_mask_seq seq[KVC_MAX_SEQ];
-    uint64_t seqs = 0;
+    /* the distinct sequences of the ubatch (tokens interleave), each with a slot, ascending */
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
     for (uint32_t t = 0; t < n_tokens; t++) {
-        const uint32_t s = (uint32_t)ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
+        kvc_seqset_add(&seen, ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]);
+    }
+    uint16_t slot[KVC_MAX_SEQ];
+    uint32_t n_vis = 0;
+    for (int32_t s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, s)) {
+        slot[s] = (uint16_t)n_vis++;
+    }
+    /* per sequence its state, then its key positions */
+    uint64_t bytes = 0;
+    uint8_t *block = NULL;
+    if (kvc_size_mul((uint64_t)(n_vis ? n_vis : 1) * (n_kv ? n_kv : 1), sizeof(int32_t), &bytes) &&
+        kvc_size_add(bytes, (uint64_t)n_vis * sizeof(kvc_mask_seq), &bytes)) {
+        block = kvc_malloc((size_t)bytes);
+    }
+    if (!block) {
+        return KVC_E_NOMEM;
+    }
+    kvc_mask_seq *seq = (kvc_mask_seq *)block;
+    int32_t *vis = (int32_t *)(block + (size_t)n_vis * sizeof(kvc_mask_seq));
+    memset(seq, 0, (size_t)n_vis * sizeof *seq);
+    for (int32_t s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, s)) {
+        seq[slot[s]].id = s;
+    }
+    /* their tokens' windows */
+    for (uint32_t t = 0; t < n_tokens; t++) {
         int32_t lo, hi;
         kvc_unified_visible_range(c, ub->pos[t], causal, &lo, &hi);
-        kvc_mask_seq *q = &seq[s];
-        if (!(seqs >> s & 1u)) {
-            seqs |= (uint64_t)1 << s;
-            memset(q, 0, sizeof *q);
-            q->edge_range[0] = q->edge_range[1] = lo;
-            q->edge_range[2] = q->edge_range[3] = hi;
-        }
-        q->n_tokens++;
+        kvc_mask_seq *q = &seq[slot[ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]]];
         int32_t *r = q->edge_range;
+        if (q->n_tokens++ == 0) {
+            r[0] = r[1] = lo;
+            r[2] = r[3] = hi;
+        }
         r[0] = lo < r[0] ? lo : r[0];
         r[1] = lo > r[1] ? lo : r[1];
         r[2] = hi < r[2] ? hi : r[2];
         r[3] = hi > r[3] ? hi : r[3];
     }
 
-    const unsigned n_vis = kvc_popcount64(seqs);
-    int32_t *vis = kvc_malloc_n((uint64_t)(n_vis ? n_vis : 1) * (n_kv ? n_kv : 1), sizeof *vis);
-    if (!vis) {
-        return KVC_E_NOMEM;
-    }
     const size_t base_stride = kvc_pad_u32((uint32_t)row_bytes, 64);
     size_t n_edges = 0, n_bases = 0;
-    unsigned k = 0;
-    for (uint64_t m = seqs; m; m &= m - 1, k++) {
-        kvc_mask_seq *q = &seq[kvc_ctz64(m)];
+    for (uint32_t k = 0; k < n_vis; k++) {
+        kvc_mask_seq *q = &seq[k];
         const bool try_edges = !alibi && q->n_tokens >= KVC_MASK_MIN_ROWS;
         /* an empty edge range when rows are computed directly */
         const int32_t none[4] = {0, 0, 0, 0};
         q->vis = vis + (size_t)k * n_kv;
-        const uint32_t n_edge = kvc_mask_key_positions(vis + (size_t)k * n_kv, cells->pos, cells->seq, n_kv,
-                                                       kvc_ctz64(m), try_edges ? q->edge_range : none);
+        const uint32_t n_edge = kvc_mask_key_positions(vis + (size_t)k * n_kv, cells->pos,
+                                                       kvc_cells_seq_plane(cells, q->id), n_kv,
+                                                       (unsigned)(q->id & 63), try_edges ? q->edge_range : none);
         if (try_edges && n_edge <= n_kv / KVC_MASK_EDGE_DIV) {
             q->n_edge = n_edge;
             q->use_edges = true;
@@ -338,13 +355,13 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
             scratch = kvc_malloc((size_t)bytes);
         }
         if (!scratch) {
-            kvc_free(vis);
+            kvc_free(block);
             return KVC_E_NOMEM;
         }
         uint8_t *next_base = scratch;
         uint32_t *next_edge = (uint32_t *)(scratch + n_bases * base_stride);
-        for (uint64_t m = seqs; m; m &= m - 1) {
-            kvc_mask_seq *q = &seq[kvc_ctz64(m)];
+        for (uint32_t k = 0; k < n_vis; k++) {
+            kvc_mask_seq *q = &seq[k];
             if (!q->use_edges) {
                 continue;
             }
@@ -357,7 +374,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     }
 
     for (uint32_t t = 0; t < n_tokens; t++) {
-        const kvc_mask_seq *q = &seq[ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]];
+        const kvc_mask_seq *q = &seq[slot[ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]]];
         const int32_t p1 = ub->pos[t];
         int32_t lo, hi;
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
@@ -379,7 +396,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
         }
     }
     kvc_free(scratch);
-    kvc_free(vis);
+    kvc_free(block);
 
     /* padding rows see nothing */
     if (rows > n_tokens && n_kv) {

@@ -4,7 +4,8 @@
  *
  * Cell i has a position (the last one its state has seen), `src` (the cell whose
  * state must be copied in before the next step, -1 = start from zero), the set of
- * sequences sharing the state (a 64-bit word, listed in ascending order), and
+ * sequences sharing the state (word planes as kvc_seqset.h has them, listed in
+ * ascending order), and
  * `tail`: cell i doubles as the record of sequence i, and tail is the index of the
  * cell holding that sequence's state (-1 = none). A cell is empty when its sequence
  * set is empty, whatever its position.
@@ -22,6 +23,7 @@
 
 #include "kvc_common.h"
 #include "kvc_ubatch.h"
+#include "kvc_seqset.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,7 +38,8 @@ typedef struct kvc_rec_cells {
     int32_t  *pos;    /* [size] last position of the state, -1 = none */
     int32_t  *src;    /* [size] cell to copy the state from, -1 = none (state starts at zero) */
     int32_t  *tail;   /* [size] for sequence i: the cell holding its state, -1 = none */
-    uint64_t *seq;    /* [size] bit s set when sequence s shares the cell's state */
+    uint64_t *seq;    /* [seq_words * size] the sequences sharing each cell's state (planes) */
+    uint32_t  seq_words;
 } kvc_rec_cells;
 
 typedef struct kvc_rec_layer {
@@ -66,7 +69,7 @@ typedef struct kvc_recurrent {
 
 typedef struct kvc_recurrent_params {
     uint32_t        kv_size;    /* number of cells, >= max(1, n_seq_max) */
-    uint32_t        n_seq_max;  /* 0..64 */
+    uint32_t        n_seq_max;  /* 0..KVC_MAX_SEQ */
     int32_t         type_k, type_v;
     uint32_t        n_layer;    /* >= 1 */
     const uint32_t *n_embd_k;   /* [n_layer] K row widths, state part included */

@@ -7,13 +7,14 @@
 
 /* --- the undo log ---------------------------------------------------------------------- */
 
-int kvc_undo_init(kvc_undo *u) {
+int kvc_undo_init(kvc_undo *u, uint32_t seq_words) {
     memset(u, 0, sizeof *u);
+    u->seq_words = seq_words;
     u->cap_spans = 4;
     u->spans = kvc_malloc_n(u->cap_spans, sizeof *u->spans);
     u->cap_cells = 64;
     u->pos = kvc_malloc_n(u->cap_cells, sizeof *u->pos);
-    u->seq = kvc_malloc_n(u->cap_cells, sizeof *u->seq);
+    u->seq = kvc_malloc_n((uint64_t)u->cap_cells * seq_words, sizeof *u->seq);
     if (!u->spans || !u->pos || !u->seq) {
         kvc_undo_free(u);
         return KVC_E_NOMEM;
@@ -52,7 +53,7 @@ static int kvc_undo_reserve(kvc_undo *u, uint32_t n) {
             return KVC_E_NOMEM;
         }
         u->pos = rp;
-        uint64_t *rs = kvc_realloc_n(u->seq, cap, sizeof *rs);
+        uint64_t *rs = kvc_realloc_n(u->seq, cap * u->seq_words, sizeof *rs);
         if (!rs) {
             return KVC_E_NOMEM;
         }
@@ -64,21 +65,33 @@ static int kvc_undo_reserve(kvc_undo *u, uint32_t n) {
 
 /* Record cells [i, i + n) as they are now (room was reserved). */
 static void kvc_undo_push(kvc_undo *u, const kvc_cells *cells, uint32_t i, uint32_t n) {
+    const uint32_t nw = u->seq_words;
     kvc_undo_span *r = &u->spans[u->n_spans++];
     r->i = i;
     r->n = n;
     r->off = u->n_cells;
     memcpy(u->pos + r->off, cells->pos + i, (size_t)n * sizeof *cells->pos);
-    memcpy(u->seq + r->off, cells->seq + i, (size_t)n * sizeof *cells->seq);
+    if (nw == 1) {
+        memcpy(u->seq + r->off, cells->seq + i, (size_t)n * sizeof *cells->seq);
+    } else {
+        for (uint32_t j = 0; j < n; j++) {
+            kvc_seqs_get(cells->seq, cells->size, nw, i + j, u->seq + (size_t)(r->off + j) * nw);
+        }
+    }
     u->n_cells += n;
 }
 
 /* Put span k's cells back as they were; adds the sequences it touched to *touched. */
-static void kvc_undo_apply(const kvc_undo *u, uint32_t k, kvc_cells *cells, uint64_t *touched) {
+static void kvc_undo_apply(const kvc_undo *u, uint32_t k, kvc_cells *cells, kvc_seqset *touched) {
+    const uint32_t nw = u->seq_words;
     const kvc_undo_span *r = &u->spans[k];
     for (uint32_t j = 0; j < r->n; j++) {
-        *touched |= cells->seq[r->i + j] | u->seq[r->off + j];
-        kvc_cells_set_raw(cells, r->i + j, u->pos[r->off + j], u->seq[r->off + j]);
+        const uint64_t *was = u->seq + (size_t)(r->off + j) * nw;
+        kvc_cells_seq_or_into(cells, r->i + j, touched);
+        for (uint32_t w = 0; w < nw; w++) {
+            touched->w[w] |= was[w];
+        }
+        kvc_cells_set_raw(cells, r->i + j, u->pos[r->off + j], was);
     }
 }
 
@@ -177,13 +190,14 @@ void kvc_unified_commit(kvc_unified *c) {
 }
 
 void kvc_unified_restore(kvc_unified *c) {
-    uint64_t touched = 0;
+    kvc_seqset touched;
+    kvc_seqset_clear(&touched);
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
     for (uint32_t k = 0; k < c->undo.n_spans; k++) {
         kvc_undo_apply(&c->undo, k, &c->cells, &touched);
     }
-    kvc_cells_rebuild_seq_pos(&c->cells, touched);
+    kvc_cells_rebuild_seq_pos(&c->cells, &touched);
     kvc_unified_commit(c);
 }
 
@@ -207,12 +221,13 @@ int kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m) {
     if (c->undo.n_spans < m->n_spans || c->undo.n_cells < m->n_cells) {
         return KVC_E_ARG;
     }
-    uint64_t touched = 0;
+    kvc_seqset touched;
+    kvc_seqset_clear(&touched);
     /* newest first, so that a cell written twice ends as the oldest snapshot had it */
     for (uint32_t k = c->undo.n_spans; k-- > m->n_spans;) {
         kvc_undo_apply(&c->undo, k, &c->cells, &touched);
     }
-    kvc_cells_rebuild_seq_pos(&c->cells, touched);
+    kvc_cells_rebuild_seq_pos(&c->cells, &touched);
     c->undo.n_spans = m->n_spans;
     c->undo.n_cells = m->n_cells;
     c->head = m->head;
@@ -270,14 +285,15 @@ int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s) {
     const kvc_undo *u = &c->undo;
     s->undo.spans = kvc_malloc_n(u->n_spans ? u->n_spans : 1, sizeof *s->undo.spans);
     s->undo.pos = kvc_malloc_n(u->n_cells ? u->n_cells : 1, sizeof *s->undo.pos);
-    s->undo.seq = kvc_malloc_n(u->n_cells ? u->n_cells : 1, sizeof *s->undo.seq);
+    s->undo.seq = kvc_malloc_n((uint64_t)(u->n_cells ? u->n_cells : 1) * u->seq_words, sizeof *s->undo.seq);
     if (!s->undo.spans || !s->undo.pos || !s->undo.seq) {
         kvc_unified_snapshot_free(s);
         return KVC_E_NOMEM;
     }
     memcpy(s->undo.spans, u->spans, u->n_spans * sizeof *u->spans);
     memcpy(s->undo.pos, u->pos, u->n_cells * sizeof *u->pos);
-    memcpy(s->undo.seq, u->seq, u->n_cells * sizeof *u->seq);
+    memcpy(s->undo.seq, u->seq, (size_t)u->n_cells * u->seq_words * sizeof *u->seq);
+    s->undo.seq_words = u->seq_words;
     s->undo.n_spans = s->undo.cap_spans = u->n_spans;
     s->undo.n_cells = s->undo.cap_cells = u->n_cells;
     s->head = c->head;
@@ -294,7 +310,7 @@ void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
     kvc_undo *u = &c->undo;
     memcpy(u->spans, s->undo.spans, s->undo.n_spans * sizeof *u->spans);
     memcpy(u->pos, s->undo.pos, s->undo.n_cells * sizeof *u->pos);
-    memcpy(u->seq, s->undo.seq, s->undo.n_cells * sizeof *u->seq);
+    memcpy(u->seq, s->undo.seq, (size_t)s->undo.n_cells * u->seq_words * sizeof *u->seq);
     u->n_spans = s->undo.n_spans;
     u->n_cells = s->undo.n_cells;
     c->head = s->head;

@@ -37,7 +37,7 @@ static inline void kvc_unified_slot_drop(kvc_unified *c) { c->slot.n = 0; }
 int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v);
 
 /* The undo log's memory (kvc_unified_init / kvc_unified_free use them). */
-int     kvc_undo_init(kvc_undo *u);   /* KVC_OK / KVC_E_NOMEM (nothing to free then) */
+int     kvc_undo_init(kvc_undo *u, uint32_t seq_words);   /* KVC_OK / KVC_E_NOMEM (nothing to free then) */
 void    kvc_undo_free(kvc_undo *u);
 
 /* --- undoing find_slot calls exactly ---------------------------------------------------- */

@@ -57,9 +57,9 @@ static void emit_u32(emitter *e, uint32_t v) {
 
 static bool src_listed(const kvc_state_src *s, uint32_t i) {
     if (s->seq_id >= 0) {
-        return (s->empty_is_no_seq || s->pos[i] != -1) && ((s->seq[i] >> s->seq_id) & 1u);
+        return (s->empty_is_no_seq || s->pos[i] != -1) && kvc_seqs_has(s->seq, s->size, i, s->seq_id);
     }
-    return s->empty_is_no_seq ? s->seq[i] != 0 : s->pos[i] != -1;
+    return s->empty_is_no_seq ? !kvc_seqs_none(s->seq, s->size, s->seq_words, i) : s->pos[i] != -1;
 }
 
 /* Bytes of listed cell i's metadata record: pos, n_seq_id, the ids. */
@@ -67,7 +67,7 @@ static size_t src_meta_bytes(const kvc_state_src *s, uint32_t i) {
     if (s->seq_id >= 0) {
         return s->single_writes_id ? 12 : 8;
     }
-    return 8 + 4 * (size_t)kvc_popcount64(s->seq[i] & s->seq_valid);
+    return 8 + 4 * (size_t)kvc_seqs_count(s->seq, s->size, s->seq_words, i);
 }
 
 /* Count the listed cells, their runs of consecutive cells and their metadata bytes. */
@@ -148,7 +148,6 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
                        emitter *e) {
     emit_u32(e, cc);
     if (!emit_skip(e, meta)) {
-        const uint64_t ids = s->seq_id >= 0 ? 0 : s->seq_valid;
         uint8_t rec[8 + 4 * KVC_MAX_SEQ];
         for (uint32_t k = 0; k < nr && e->pos < e->hi; k++) {
             for (uint32_t i = runs[2 * k]; i < runs[2 * k + 1]; i++) {
@@ -161,11 +160,13 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
                         n = 12;
                     }
                 } else {
-                    uint64_t bits = s->seq[i] & ids;
-                    kvc_le_put_u32(rec + 4, kvc_popcount64(bits));
-                    for (; bits; bits &= bits - 1, n += 4) {
-                        kvc_le_put_i32(rec + n, (int32_t)kvc_ctz64(bits));
+                    /* the ids ascending, as the reference's std::set */
+                    uint32_t count = 0;
+                    for (int32_t id = kvc_seqs_next(s->seq, s->size, s->seq_words, i, -1); id >= 0;
+                         id = kvc_seqs_next(s->seq, s->size, s->seq_words, i, id), n += 4, count++) {
+                        kvc_le_put_i32(rec + n, id);
                     }
+                    kvc_le_put_u32(rec + 4, count);
                 }
                 emit(e, rec, n);
             }
@@ -252,10 +253,6 @@ int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, s
 
 /* --- the unified cache as a writer source --------------------------------------------------- */
 
-static uint64_t seq_id_mask(uint32_t n_seq_max) {
-    return n_seq_max >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n_seq_max) - 1;
-}
-
 /* Bytes of V element of a transposed V (its type has block size 1). */
 static size_t v_elem_bytes(const kvc_unified *c) {
     const kvc_type_info *t = kvc_type_get(c->type_v);
@@ -279,7 +276,7 @@ static void unified_src(const kvc_unified *c, int32_t seq_id, kvc_state_src *s) 
     s->size = c->cells.size;
     s->pos = c->cells.pos;
     s->seq = c->cells.seq;
-    s->seq_valid = seq_id_mask(c->n_seq_max);
+    s->seq_words = c->cells.seq_words;
     s->seq_id = seq_id;
     s->empty_is_no_seq = false;
     s->single_writes_id = true;
@@ -398,11 +395,12 @@ typedef struct parsed {
     size_t   data_off;   /* where v_trans is */
     size_t   end;        /* bytes of the state */
     int32_t *pos;        /* with a cache: the positions (kvc_malloc'ed), else NULL */
-    uint64_t *seq;       /* with a cache, whole: the sequence sets (kvc_malloc'ed), else NULL */
+    uint64_t *seq;       /* with a cache, whole: the sequence sets, seq_words words per cell
+                          * (kvc_malloc'ed), else NULL */
     /* describing */
     kvc_state_desc       *desc;
     int32_t              *d_pos;
-    uint64_t             *d_seq;
+    uint64_t             *d_seq;          /* KVC_SEQ_WORDS words per cell */
     uint32_t              d_pos_cap;
     kvc_state_layer_desc *d_layers;
     uint32_t              d_layers_cap;
@@ -419,10 +417,11 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                            r->off, r->len, cc, (size_t)cc * min_rec, r->len - r->off);
     }
     /* the apply takes the cells from here, never from the blob again (it may change meanwhile) */
+    const uint32_t nw = c ? c->cells.seq_words : KVC_SEQ_WORDS;
     if (c && cc > 0) {
         ps->pos = kvc_malloc_n(cc, sizeof *ps->pos);
         if (seq_id < 0) {
-            ps->seq = kvc_malloc_n(cc, sizeof *ps->seq);
+            ps->seq = kvc_malloc_n((uint64_t)cc * nw, sizeof *ps->seq);
         }
         if (!ps->pos || (seq_id < 0 && !ps->seq)) {
             return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading a state of %" PRIu32 " cells", cc);
@@ -448,7 +447,6 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
             d->n_seq_id_max = n_seq_id > d->n_seq_id_max ? n_seq_id : d->n_seq_id_max;
             if (i < ps->d_pos_cap) {
                 ps->d_pos[i] = pos;
-                ps->d_seq[i] = 0;
             }
         }
         if (c && seq_id >= 0) {
@@ -471,7 +469,8 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                                " sequence ids, %zu bytes remain",
                                r->off, r->len, i, n_seq_id, r->len - r->off);
         }
-        uint64_t bits = 0;
+        kvc_seqset bits;
+        kvc_seqset_clear(&bits);
         for (uint32_t j = 0; j < n_seq_id; j++) {
             int32_t s;
             if (!rd_i32(r, &s)) {
@@ -484,13 +483,13 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                                    " out of range [0, %" PRIu32 ")",
                                    i, r->off - 4, s, id_limit);
             }
-            bits |= (uint64_t)1 << s; /* a repeated id sets its bit again, as the reference does */
+            kvc_seqset_add(&bits, s); /* a repeated id sets its bit again, as the reference does */
         }
         if (c) {
             ps->pos[i] = pos;
-            ps->seq[i] = bits;
+            memcpy(ps->seq + (size_t)i * nw, bits.w, nw * sizeof *ps->seq);
         } else if (i < ps->d_pos_cap) {
-            ps->d_seq[i] = bits;
+            memcpy(ps->d_seq + (size_t)i * KVC_SEQ_WORDS, bits.w, sizeof bits.w);
         }
     }
     return KVC_OK;
@@ -823,12 +822,17 @@ static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
     kvc_cells_reset(&c->cells);
     c->head = 0;
     kvc_unified_zero_cells(c, ps->cell_count, c->cells.size);
-    uint64_t touched = 0;
+    const uint32_t nw = c->cells.seq_words;
+    kvc_seqset touched;
+    kvc_seqset_clear(&touched);
     for (uint32_t i = 0; i < ps->cell_count; i++) {
-        kvc_cells_set_raw(&c->cells, i, ps->pos[i], ps->seq[i]);
-        touched |= ps->seq[i];
+        const uint64_t *set = ps->seq + (size_t)i * nw;
+        kvc_cells_set_raw(&c->cells, i, ps->pos[i], set);
+        for (uint32_t w = 0; w < nw; w++) {
+            touched.w[w] |= set[w];
+        }
     }
-    kvc_cells_rebuild_seq_pos(&c->cells, touched);
+    kvc_cells_rebuild_seq_pos(&c->cells, &touched);
     c->head = 0;
     apply_data(c, ps, 0);
 }
@@ -841,8 +845,7 @@ static int place_cells(kvc_unified *c, const kvc_state_plan *ps) {
     const int32_t seq_id = ps->seq_id;
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { seq_id };
-    const uint64_t seq_mask[1] = { (uint64_t)1 << seq_id };
-    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, seq_mask };
+    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids };
     kvc_unified_seq_rm(c, seq_id, -1, -1);
     const int found = kvc_unified_find_slot(c, &ub);
     if (found == 1 && c->head + cc > c->cells.size) {

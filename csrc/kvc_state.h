@@ -10,6 +10,7 @@
 
 #include "kvc_common.h"
 #include "kvc_unified.h"
+#include "kvc_seqset.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -71,8 +72,8 @@ typedef struct kvc_state_layer_src {
 typedef struct kvc_state_src {
     uint32_t        size;
     const int32_t  *pos;             /* [size] */
-    const uint64_t *seq;             /* [size] */
-    uint64_t        seq_valid;       /* ids written for a whole-cache state */
+    const uint64_t *seq;             /* [seq_words * size] the cells' sets as word planes (kvc_seqset.h) */
+    uint32_t        seq_words;
     int32_t         seq_id;          /* -1 = whole cache */
     bool            empty_is_no_seq; /* recurrent: a cell is empty when it has no sequence */
     bool            single_writes_id;/* single sequence: n_seq_id 1 + the id (unified), or 0 (recurrent) */
@@ -122,9 +123,10 @@ typedef struct kvc_state_desc {
 } kvc_state_desc;
 
 /* Walk one cache state at data[0, len) with the same checks of structure as the readers (every
- * count against the bytes left, sequence ids in [0, 64), v_trans 0 or 1) but none against a
- * cache. Fills d, and, when given, pos[i] / seq[i] (bit s: cell i lists s) for the first pos_cap
- * cells and layers[il] for the first layers_cap layers. KVC_OK or KVC_E_STATE. */
+ * count against the bytes left, sequence ids in [0, KVC_MAX_SEQ), v_trans 0 or 1) but none
+ * against a cache. Fills d, and, when given, pos[i] and seq[KVC_SEQ_WORDS * i + w] (bit b of
+ * word w: cell i lists sequence 64 * w + b) for the first pos_cap cells and layers[il] for the
+ * first layers_cap layers. KVC_OK or KVC_E_STATE. */
 int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                        uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err);
 
@@ -146,7 +148,8 @@ typedef struct kvc_state_plan {
     size_t         len;        /* bytes of the part */
     int32_t       *pos;        /* the cells' validated positions (owned; NULL without cells) */
     uint32_t       v_trans;    /* the part's V layout (differs from the cache's only when converting) */
-    uint64_t      *seq;        /* whole cache: the cells' validated sequence sets (owned), else NULL */
+    uint64_t      *seq;        /* whole cache: the cells' validated sequence sets, the cache's
+                                * seq_words words per cell (owned), else NULL */
 } kvc_state_plan;
 
 /* Validate the part at data[0, len) for seq_id and, for a single sequence, check that its cells

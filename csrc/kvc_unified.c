@@ -73,7 +73,7 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
     }
     c->layers = kvc_calloc(p->n_layer ? p->n_layer : 1, sizeof *c->layers);
     c->defrag_ids = kvc_malloc_n(p->kv_size, sizeof *c->defrag_ids);
-    if (!c->layers || !c->defrag_ids || kvc_undo_init(&c->undo) != KVC_OK) {
+    if (!c->layers || !c->defrag_ids || kvc_undo_init(&c->undo, c->cells.seq_words) != KVC_OK) {
         goto nomem;
     }
     for (uint32_t l = 0; l < p->n_layer; l++) {
@@ -154,7 +154,8 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
     kvc_cells *cells = &c->cells;
     const uint32_t size = cells->size, end = cells->used_max_p1;
     uint32_t new_head = size;
-    uint64_t touched = 0;
+    kvc_seqset touched;
+    kvc_seqset_clear(&touched);
     const kvc_pos_range r = kvc_pos_range_of(p0, p1);
 
     /* nothing of the sequence in the range: no cell changes (the common "absent range" call) */
@@ -168,14 +169,12 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
         }
         if (s < 0) {
             /* any sequence: the cell goes whatever it holds */
-            touched |= cells->seq[i];
+            kvc_cells_seq_or_into(cells, i, &touched);
             kvc_cells_clear_raw(cells, i);
         } else if (kvc_cells_seq_has(cells, i, s)) {
-            cells->seq[i] &= ~((uint64_t)1 << s);
-            if (cells->seq[i] != 0) {
+            if (!kvc_cells_seq_del_raw(cells, i, s)) {
                 continue;
             }
-            kvc_cells_clear_raw(cells, i);
         } else {
             continue;
         }
@@ -188,8 +187,9 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
     if (s >= 0) {
         kvc_cells_seq_pos_rm_range(cells, s, r);
     } else {
-        for (uint64_t m = touched; m; m &= m - 1) {
-            kvc_cells_seq_pos_rm_range(cells, (int32_t)kvc_ctz64(m), r);
+        const uint32_t nw = cells->seq_words;
+        for (int32_t t = kvc_seqset_next(&touched, nw, -1); t >= 0; t = kvc_seqset_next(&touched, nw, t)) {
+            kvc_cells_seq_pos_rm_range(cells, t, r);
         }
     }
 
@@ -207,16 +207,18 @@ void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, in
         return;
     }
     const kvc_pos_range r = kvc_pos_range_of(p0, p1);
-    const uint64_t bsrc = (uint64_t)1 << src, bdst = (uint64_t)1 << dst;
     bool any = false;
     for (uint32_t i = 0; i < cells->used_max_p1; i++) {
-        if (kvc_cells_pos_in(cells, i, r) && (cells->seq[i] & bsrc) && !(cells->seq[i] & bdst)) {
-            cells->seq[i] |= bdst;
+        if (kvc_cells_pos_in(cells, i, r) && kvc_cells_seq_has(cells, i, src) && !kvc_cells_seq_has(cells, i, dst)) {
+            kvc_seqs_add(cells->seq, cells->size, i, dst);
             any = true;
         }
     }
     if (any) {
-        kvc_cells_rebuild_seq_pos(cells, bdst);
+        kvc_seqset only;
+        kvc_seqset_clear(&only);
+        kvc_seqset_add(&only, dst);
+        kvc_cells_rebuild_seq_pos(cells, &only);
     }
 }
 
@@ -225,15 +227,14 @@ void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
     kvc_unified_slot_drop(c);
     kvc_cells *cells = &c->cells;
     const uint32_t size = cells->size, end = cells->used_max_p1;
-    const uint64_t bit = (uint64_t)1 << s;
     uint32_t new_head = size;
 
     for (uint32_t i = 0; i < end; i++) {
-        if (cells->pos[i] == -1 || cells->seq[i] == 0) {
+        if (cells->pos[i] == -1 || kvc_cells_seq_none(cells, i)) {
             continue;
         }
-        if (cells->seq[i] & bit) {
-            cells->seq[i] = bit;
+        if (kvc_cells_seq_has(cells, i, s)) {
+            kvc_cells_seq_only_raw(cells, i, s);
         } else {
             kvc_cells_clear_raw(cells, i);
             if (new_head == size) {
@@ -265,17 +266,18 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
     if (r.p0 == r.p1) {
         return;
     }
-    uint64_t touched = 0;
+    kvc_seqset touched;
+    kvc_seqset_clear(&touched);
     for (uint32_t i = 0; i < end; i++) {
         if (!kvc_cells_pos_in(cells, i, r) || !kvc_cells_seq_has(cells, i, s)) {
             continue;
         }
-        touched |= cells->seq[i];
+        kvc_cells_seq_or_into(cells, i, &touched);
         if (kvc_cells_pos_add_raw(cells, i, shift) && new_head == size) {
             new_head = i;
         }
     }
-    kvc_cells_rebuild_seq_pos(cells, touched);
+    kvc_cells_rebuild_seq_pos(cells, &touched);
     /* a freed cell is where the next search starts; otherwise start from the beginning */
     c->head = new_head != size ? new_head : 0;
 }
@@ -291,14 +293,15 @@ void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
     if (r.p0 == r.p1) {
         return;
     }
-    uint64_t touched = 0;
+    kvc_seqset touched;
+    kvc_seqset_clear(&touched);
     for (uint32_t i = 0; i < cells->used_max_p1; i++) {
         if (kvc_cells_pos_in(cells, i, r) && kvc_cells_seq_has(cells, i, s)) {
-            touched |= cells->seq[i];
+            kvc_cells_seq_or_into(cells, i, &touched);
             kvc_cells_pos_div_raw(cells, i, d);
         }
     }
-    kvc_cells_rebuild_seq_pos(cells, touched);
+    kvc_cells_rebuild_seq_pos(cells, &touched);
 }
 
 /* --- the sliding window ------------------------------------------------------------------ */

@@ -47,8 +47,9 @@ typedef struct kvc_undo {
     kvc_undo_span *spans;        /* [n_spans] in find_slot order */
     uint32_t       n_spans, cap_spans;
     int32_t       *pos;          /* [n_cells] the overwritten cells' positions */
-    uint64_t      *seq;          /* [n_cells] and sequence words */
+    uint64_t      *seq;          /* [n_cells * seq_words] and sequence sets, a cell's words together */
     uint32_t       n_cells, cap_cells;
+    uint32_t       seq_words;    /* words of a set (the cell table's) */
 } kvc_undo;
 
 /* Where the last successful find_slot put its ubatch: token t is in cell head + t (kvc_slot.h reads
@@ -86,7 +87,7 @@ typedef struct kvc_unified {
 
 typedef struct kvc_unified_params {
     uint32_t        kv_size;
-    uint32_t        n_seq_max;   /* 1..64 */
+    uint32_t        n_seq_max;   /* 1..KVC_MAX_SEQ */
     uint32_t        n_pad;       /* > 0, divides kv_size */
     uint32_t        n_swa;
     int32_t         swa_type;

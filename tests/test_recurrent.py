@@ -98,7 +98,7 @@ def test_size_at_least_one_and_types():
 
 
 @pytest.mark.parametrize("kw, exc", [
-    (dict(n_seq_max=65), ValueError),
+    (dict(n_seq_max=257), ValueError),
     (dict(n_seq_max=-1), ValueError),
     (dict(n_seq_max=2.0), TypeError),
     (dict(n_layer=0), ValueError),

@@ -65,7 +65,6 @@ cdef class Workload:
     # one-token ubatch storage
     cdef int32_t t_pos, t_seq
     cdef uint32_t t_off[2]
-    cdef uint64_t t_mask
     cdef kvc_ubatch ub
 
     cdef uint32_t n_layer, width
@@ -121,7 +120,6 @@ cdef class Workload:
         self.ub.pos = &self.t_pos
         self.ub.seq_off = self.t_off
         self.ub.seq_ids = &self.t_seq
-        self.ub.seq_mask = &self.t_mask
         self.ready = True
 
     def __dealloc__(self):
@@ -169,7 +167,6 @@ cdef class Workload:
         self.t_seq = <int32_t>(k % self.n_seqs)
         self.t_pos = self.next_pos[self.t_seq]
         self.next_pos[self.t_seq] += 1
-        self.t_mask = (<uint64_t>1) << self.t_seq
 
     def fill(self, uint32_t n_tokens):
         """Place n_tokens tokens in both caches (untimed); returns how many were placed."""
@@ -240,7 +237,6 @@ cdef class Workload:
         cdef int32_t *pos = <int32_t *>malloc(n_tokens * sizeof(int32_t))
         cdef int32_t *seq = <int32_t *>malloc(n_tokens * sizeof(int32_t))
         cdef uint32_t *off = <uint32_t *>malloc((n_tokens + 1) * sizeof(uint32_t))
-        cdef uint64_t *mask = <uint64_t *>malloc(n_tokens * sizeof(uint64_t))
         cdef kvc_ubatch ub
         cdef uint32_t i, r
         cdef int ok_fast = 0, ok_base = 0
@@ -250,7 +246,6 @@ cdef class Workload:
             pos[i] = p0 + <int32_t>i
             seq[i] = 0
             off[i] = i
-            mask[i] = 1
         off[n_tokens] = n_tokens
         ub.n_tokens = n_tokens
         ub.n_seq_tokens = 1
@@ -258,7 +253,6 @@ cdef class Workload:
         ub.pos = pos
         ub.seq_off = off
         ub.seq_ids = seq
-        ub.seq_mask = mask
         t0 = perf_counter_ns()
         with nogil:
             for r in range(reps):
@@ -272,7 +266,7 @@ cdef class Workload:
                 kvb_seq_rm(self.base, 0, p0, -1)
                 kvb_commit(self.base)
         t2 = perf_counter_ns()
-        free(pos); free(seq); free(off); free(mask)
+        free(pos); free(seq); free(off)
         self.check()
         if ok_fast != ok_base:
             raise AssertionError("kvcache and baseline disagree on prompt placement")
@@ -291,7 +285,6 @@ cdef class Workload:
         cdef int32_t *pos = <int32_t *>malloc(n_tokens * sizeof(int32_t))
         cdef int32_t *seq = <int32_t *>malloc(n_tokens * sizeof(int32_t))
         cdef uint32_t *off = <uint32_t *>malloc((n_tokens + 1) * sizeof(uint32_t))
-        cdef uint64_t *msk = <uint64_t *>malloc(n_tokens * sizeof(uint64_t))
         cdef kvc_ubatch ub
         cdef uint32_t i, r, s
         cdef uint64_t t0, t1, t2, t3
@@ -300,7 +293,6 @@ cdef class Workload:
             seq[i] = <int32_t>s
             pos[i] = self.next_pos[s] + <int32_t>(i // n_mask_seqs)
             off[i] = i
-            msk[i] = (<uint64_t>1) << s
         off[n_tokens] = n_tokens
         ub.n_tokens = n_tokens
         ub.n_seq_tokens = 1
@@ -308,7 +300,6 @@ cdef class Workload:
         ub.pos = pos
         ub.seq_off = off
         ub.seq_ids = seq
-        ub.seq_mask = msk
         # fault the output pages in first: a server reuses its mask buffer, and the memset
         # yardstick below writes into pages that are already mapped
         memset(out, 0, nbytes)
@@ -332,7 +323,7 @@ cdef class Workload:
         if dtype == 0:
             kvc_unified_kq_mask(&self.fast, &ub, True, False, 0, out)
             same = (<bytes>(<char *>out)[:nbytes]) == (<bytes>(<char *>ref)[:nbytes])
-        free(out); free(ref); free(pos); free(seq); free(off); free(msk)
+        free(out); free(ref); free(pos); free(seq); free(off)
         if not same:
             raise AssertionError("kvcache and baseline masks differ")
         return t1 - t0, (t2 - t1) if dtype == 0 else 0, t3 - t2, nbytes

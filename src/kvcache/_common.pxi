@@ -7,6 +7,10 @@ from kvcache.includes.kvc_common cimport *
 import numpy as np
 
 
+MAX_SEQ = KVC_MAX_SEQ
+"""Sequence ids a cache can hold are below this (llama.cpp's LLAMA_MAX_SEQ): n_seq_max <= MAX_SEQ."""
+
+
 class StateError(ValueError):
     """A state blob is malformed, truncated or does not fit this cache.
 
@@ -111,8 +115,6 @@ cdef class UBatch:
 
     def __cinit__(self, pos, seq_id, n_seq_tokens=1, output=None):
         cdef Py_ssize_t n_tokens, n_groups, g, j, total
-        cdef int32_t s
-        cdef uint64_t m
         pos_arr = np.asarray(pos)
         if pos_arr.size and not np.issubdtype(pos_arr.dtype, np.integer):
             raise TypeError(f"pos must hold integers, got dtype {pos_arr.dtype}")
@@ -153,25 +155,20 @@ cdef class UBatch:
             if not ids:
                 raise ValueError(f"seq_id[{g}] is empty: every token needs a sequence id")
             for x in ids:
-                if x < 0 or x >= 64:
-                    raise ValueError(f"seq_id[{g}] holds {x}, outside [0, 64)")
+                if x < 0 or x >= KVC_MAX_SEQ:
+                    raise ValueError(f"seq_id[{g}] holds {x}, outside [0, {KVC_MAX_SEQ})")
             lists.append(ids)
             total += len(ids)
         self._pos = np.ascontiguousarray(pos_arr, dtype=np.int32)
         self._seq_off = np.zeros(n_groups + 1, dtype=np.uint32)
         self._seq_ids = np.zeros(max(total, 1), dtype=np.int32)
-        self._seq_mask = np.zeros(max(n_groups, 1), dtype=np.uint64)
         cdef uint32_t[::1] off = self._seq_off
         cdef int32_t[::1] ids_v = self._seq_ids
-        cdef uint64_t[::1] mask_v = self._seq_mask
         total = 0
         for g in range(n_groups):
-            m = 0
             for x in lists[g]:
                 ids_v[total] = x
-                m |= (<uint64_t>1) << (<int>x)
                 total += 1
-            mask_v[g] = m
             off[g + 1] = total
         self._seq_lists = lists
         self.output = None if output is None else np.asarray(output, dtype=bool)
@@ -184,7 +181,6 @@ cdef class UBatch:
         self.c.pos = &pos_v[0] if n_tokens else NULL
         self.c.seq_off = &off[0]
         self.c.seq_ids = &ids_v[0]
-        self.c.seq_mask = &mask_v[0]
         self.max_seq = max((max(l) for l in lists), default=-1)
 
     @property

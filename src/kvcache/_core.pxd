@@ -134,7 +134,6 @@ cdef class UBatch:
     cdef object _pos               # int32[n_tokens]
     cdef object _seq_off           # uint32[n_seqs + 1]
     cdef object _seq_ids           # int32[total ids]
-    cdef object _seq_mask          # uint64[n_seqs]
     cdef object _seq_lists         # list of lists of ints, as given
     cdef readonly object output    # per-token output flags or None
     cdef readonly int max_seq      # largest sequence id (-1 when none)

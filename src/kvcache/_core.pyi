@@ -39,6 +39,8 @@ class _BinaryWriter(Protocol):
 
 # --- errors and the type table -------------------------------------------------------------
 
+MAX_SEQ: int
+
 class StateError(ValueError):
     """A state blob is malformed, truncated or does not fit this cache."""
 
@@ -118,7 +120,7 @@ class Batch:
 # --- the unified cache -------------------------------------------------------------------------
 
 class Cells:
-    """A snapshot of a cache's cells: pos, shift and seq_mask, one entry per cell."""
+    """A snapshot of a cache's cells: pos, shift and seq_mask ([size, n_words]) per cell."""
 
     pos: npt.NDArray[np.int32]
     shift: npt.NDArray[np.int32]
@@ -130,6 +132,7 @@ class Cells:
     def __len__(self) -> int: ...
     def __eq__(self, other: object) -> bool: ...
     def seq_ids(self, i: int) -> list[int]: ...
+    def holds(self, seq_id: int) -> npt.NDArray[np.bool_]: ...
     def nonempty(self) -> list[list[int | list[int]]]: ...
 
 class UpdatePlan:

@@ -76,20 +76,12 @@ cdef class SWAPending:
         kvc_pylock_release(&self._lock)
         out = []
         for s in range(KVC_MAX_SEQ):
-            if (c.seqs >> s) & 1:
+            if (c.seqs.w[s >> 6] >> (s & 63)) & 1:
                 out.append([s, c.pmin[s], c.pmax[s]])
         return out
 
     def __len__(self):
-        cdef uint64_t m
-        cdef Py_ssize_t n = 0
-        kvc_pylock_acquire(&self._lock)
-        m = self.c.seqs
-        kvc_pylock_release(&self._lock)
-        while m:
-            m &= m - 1
-            n += 1
-        return n
+        return len(self.items())
 
     def __repr__(self):
         return f"SWAPending({self.items()})"

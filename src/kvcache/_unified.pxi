@@ -230,8 +230,10 @@ cdef object _rows_arg(UnifiedCore self, object rows, int32_t type_id, uint32_t n
 class Cells:
     """A snapshot of a cache's cells (copies; later cache operations do not change it).
 
-    ``pos`` (int32, -1 = empty), ``shift`` (int32, accumulated since the last reset) and
-    ``seq_mask`` (uint64, bit s set when sequence s holds the cell), one entry per cell."""
+    ``pos`` (int32, -1 = empty) and ``shift`` (int32, accumulated since the last reset), one entry
+    per cell, and ``seq_mask``: uint64 [size, n_words], bit b of word w set when sequence
+    64 * w + b holds the cell (n_words = 1 for caches of up to 64 sequences, up to 4 for
+    MAX_SEQ = 256)."""
 
     def __init__(self, pos, shift, seq_mask):
         self.pos = pos
@@ -243,8 +245,16 @@ class Cells:
 
     def seq_ids(self, i):
         """Sequence ids of cell i, ascending."""
-        m = int(self.seq_mask[i])
-        return [s for s in range(64) if (m >> s) & 1]
+        out = []
+        for w, m in enumerate(self.seq_mask[i].tolist()):
+            out += [64 * w + b for b in range(64) if (m >> b) & 1]
+        return out
+
+    def holds(self, seq_id):
+        """Per cell, whether sequence seq_id holds it (a bool array)."""
+        if not 0 <= seq_id < 64 * self.seq_mask.shape[1]:
+            return np.zeros(len(self.pos), dtype=bool)
+        return ((self.seq_mask[:, seq_id >> 6] >> np.uint64(seq_id & 63)) & np.uint64(1)).astype(bool)
 
     def nonempty(self):
         """``[idx, pos, [seq ids ascending], shift]`` for every non-empty cell, by index."""
@@ -1096,20 +1106,20 @@ cdef class UnifiedCore:
     # --- inspection ----------------------------------------------------------------------
     def cells(self):
         """A snapshot (copies) of every cell's pos, shift and sequence bits: a Cells object."""
-        cdef Py_ssize_t n = self.c.cells.size
+        cdef Py_ssize_t n = self.c.cells.size, nw = self.c.cells.seq_words
         pos = np.empty(n, dtype=np.int32)
         shift = np.empty(n, dtype=np.int32)
-        seq = np.empty(n, dtype=np.uint64)
+        planes = np.empty((nw, n), dtype=np.uint64)     # the table's layout: one plane per word
         cdef int32_t[::1] vp = pos
         cdef int32_t[::1] vs = shift
-        cdef uint64_t[::1] vq = seq
+        cdef uint64_t[:, ::1] vq = planes
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
             memcpy(&vp[0], self.c.cells.pos, n * sizeof(int32_t))
             memcpy(&vs[0], self.c.cells.shift, n * sizeof(int32_t))
-            memcpy(&vq[0], self.c.cells.seq, n * sizeof(uint64_t))
+            memcpy(&vq[0, 0], self.c.cells.seq, nw * n * sizeof(uint64_t))
             kvc_pylock_release(&self._lock)
-        return Cells(pos, shift, seq)
+        return Cells(pos, shift, np.ascontiguousarray(planes.T))
 
     # --- state ---------------------------------------------------------------------------
     def state_size(self, seq_id=-1):

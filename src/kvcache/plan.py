@@ -12,13 +12,12 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kvcache._core import ggml_row_size, ggml_type
+from kvcache._core import MAX_SEQ, ggml_row_size, ggml_type  # MAX_SEQ: ids a cell can hold (LLAMA_MAX_SEQ)
 
 __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
            "n_pad_for", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
 
 MIB = 1024 * 1024
-MAX_SEQ = 64                 # sequence ids a cell can hold (llama.cpp's LLAMA_MAX_PARALLEL_SEQUENCES)
 CPU_TENSOR_ALIGNMENT = 32    # ggml's CPU buffer gives every tensor a 32-byte aligned slot
 _SWA_TYPES = ("standard", "chunked")
 

@@ -21,10 +21,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["UnifiedReference", "RefUBatch", "CellsSnapshot", "relative_position_bucket",
+from kvcache._core import MAX_SEQ  # the caches' bound on sequence ids, from the C core
+
+__all__ = ["UnifiedReference", "RefUBatch", "CellsSnapshot", "relative_position_bucket", "seq_words",
            "MAX_SEQ", "KQ_MASK_PAD", "POS_MAX", "POS_END"]
 
-MAX_SEQ = 64            # one bit per sequence in a cell
 KQ_MASK_PAD = 64        # mask rows are padded to a multiple of this
 POS_MAX = 2**31 - 1     # the largest position
 POS_END = 2**31         # the upper bound of an open position range: past every position
@@ -90,20 +91,28 @@ def relative_position_bucket(p0: int, p1: int, n_buckets: int) -> int:
     return min(large, n_buckets - 1)
 
 
-class CellsSnapshot:
-    """A copy of the cell table: ``pos``, ``shift`` (int32) and ``seq_mask`` (uint64) per cell."""
+def seq_words(n_seq_max: int) -> int:
+    """64-bit words of a cell's sequence set for ids [0, n_seq_max) (kvcache.Cells.seq_mask)."""
+    return 1 if n_seq_max <= 64 else (n_seq_max + 63) // 64
 
-    def __init__(self, pos: Iterable[int], shift: Iterable[int], seqs: Iterable[set[int]]):
+
+class CellsSnapshot:
+    """A copy of the cell table: ``pos``, ``shift`` (int32) per cell and ``seq_mask`` (uint64
+    [size, n_words], bit b of word w: sequence 64 * w + b), as kvcache.Cells has them."""
+
+    def __init__(self, pos: Iterable[int], shift: Iterable[int], seqs: Iterable[set[int]], n_words: int = 1):
         self.pos = np.array(list(pos), dtype=np.int32)
         self.shift = np.array(list(shift), dtype=np.int32)
-        self.seq_mask = np.array([sum(1 << s for s in ss) for ss in seqs], dtype=np.uint64)
+        masks = [sum(1 << s for s in ss) for ss in seqs]
+        self.seq_mask = np.array([[(m >> (64 * w)) & (2**64 - 1) for w in range(n_words)] for m in masks],
+                                 dtype=np.uint64).reshape(len(masks), n_words)
 
     def nonempty(self) -> list[list]:
         """``[[idx, pos, [seq ids ascending], shift], ...]`` for every cell with pos != -1."""
         out = []
         for i, p in enumerate(self.pos.tolist()):
             if p != -1:
-                m = int(self.seq_mask[i])
+                m = sum(int(x) << (64 * w) for w, x in enumerate(self.seq_mask[i].tolist()))
                 out.append([i, p, [s for s in range(MAX_SEQ) if (m >> s) & 1], int(self.shift[i])])
         return out
 
@@ -499,7 +508,7 @@ class UnifiedReference:
 
     def cells(self) -> CellsSnapshot:
         """A snapshot of pos / shift / sequence bits per cell."""
-        return CellsSnapshot(self.pos, self.shift, self.seq)
+        return CellsSnapshot(self.pos, self.shift, self.seq, seq_words(self.n_seq_max))
 
     def __repr__(self) -> str:
         return (f"UnifiedReference(size={self.size}, head={self.head}, n={self.n}, "

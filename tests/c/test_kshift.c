@@ -64,12 +64,10 @@ static int fixture_init(fixture *f, int32_t type) {
     int32_t pos[10];
     uint32_t off[11];
     int32_t ids[10];
-    uint64_t mask[10];
     for (int i = 0; i < 10; i++) {
         pos[i] = i;
         off[i] = (uint32_t)i;
         ids[i] = 0;
-        mask[i] = 1;
     }
     off[10] = 10;
     memset(&ub, 0, sizeof ub);
@@ -79,7 +77,6 @@ static int fixture_init(fixture *f, int32_t type) {
     ub.pos = pos;
     ub.seq_off = off;
     ub.seq_ids = ids;
-    ub.seq_mask = mask;
     if (kvc_unified_find_slot(&f->c, &ub) != 1) {
         return -1;
     }

@@ -34,20 +34,17 @@ static int place(kvc_unified *c, uint32_t n, int32_t p0, int32_t s, int32_t t) {
     int32_t pos[64];
     uint32_t off[65];
     int32_t ids[128];
-    uint64_t mask[64];
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         pos[i] = p0 + (int32_t)i;
         off[i] = k;
         ids[k++] = s;
-        mask[i] = (uint64_t)1 << s;
         if (t >= 0) {
             ids[k++] = t;
-            mask[i] |= (uint64_t)1 << t;
         }
     }
     off[n] = k;
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids, mask };
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
     return kvc_unified_find_slot(c, &ub);
 }
 

@@ -160,7 +160,7 @@ static int tc_place(tc *t, uint32_t n, const int32_t *pos, const uint64_t *mask,
         }
     }
     seq_off[n] = k;
-    const kvc_ubatch ub = { n, 1, n, pos, seq_off, seq_ids, mask };
+    const kvc_ubatch ub = { n, 1, n, pos, seq_off, seq_ids };
     const int rc = kvc_unified_find_slot(&t->c, &ub);
     if (rc == 1 && commit) {
         kvc_unified_commit(&t->c);
@@ -1216,7 +1216,7 @@ static void test_describe(void) {
             CHECK(tc_write(&a, seq, &blob), "write");
             kvc_state_desc d;
             int32_t pos[64];
-            uint64_t seqs[64];
+            uint64_t seqs[64 * KVC_SEQ_WORDS];   /* a cell's set in KVC_SEQ_WORDS words */
             kvc_state_layer_desc ld[4];
             kvc_err err = { 0, "" };
             int rc = kvc_state_describe(blob.p, blob.n, &d, pos, seqs, 64, ld, 4, &err);
@@ -1229,7 +1229,9 @@ static void test_describe(void) {
                     continue;
                 }
                 CHECK(k < d.cell_count && pos[k] == cl->pos[i], "cell %u position", i);
-                CHECK(seqs[k] == (seq < 0 ? cl->seq[i] : (uint64_t)1 << seq), "cell %u ids", i);
+                CHECK(seqs[KVC_SEQ_WORDS * k] == (seq < 0 ? cl->seq[i] : (uint64_t)1 << seq) &&
+                      !seqs[KVC_SEQ_WORDS * k + 1] && !seqs[KVC_SEQ_WORDS * k + 2] && !seqs[KVC_SEQ_WORDS * k + 3],
+                      "cell %u ids", i);
                 k++;
             }
             CHECK(k == d.cell_count, "cell count %u != %u", d.cell_count, k);

@@ -108,7 +108,6 @@ static void place(cache *t, fz_rng *g, int32_t *next_pos) {
     }
     int32_t order[KVC_MAX_SEQ], ids[KVC_MAX_SEQ], pos[KVC_MAX_SEQ * 4];
     uint32_t off[KVC_MAX_SEQ + 1];
-    uint64_t mask[KVC_MAX_SEQ];
     for (uint32_t s = 0; s < n_seq; s++) {
         order[s] = (int32_t)s;
     }
@@ -124,10 +123,8 @@ static void place(cache *t, fz_rng *g, int32_t *next_pos) {
     off[0] = 0;
     while (k < n_ids) {
         const uint32_t take = (fz_below(g, 4) == 0 && k + 1 < n_ids) ? 2 : 1;
-        mask[n_groups] = 0;
         for (uint32_t j = 0; j < take; j++, k++) {
             ids[k] = order[k];
-            mask[n_groups] |= (uint64_t)1 << order[k];
         }
         off[++n_groups] = k;
     }
@@ -137,7 +134,7 @@ static void place(cache *t, fz_rng *g, int32_t *next_pos) {
             pos[gi * n_seq_tokens + j] = next_pos[s]++;
         }
     }
-    const kvc_ubatch ub = { n_groups * n_seq_tokens, n_seq_tokens, n_groups, pos, off, ids, mask };
+    const kvc_ubatch ub = { n_groups * n_seq_tokens, n_seq_tokens, n_groups, pos, off, ids };
     kvc_err err = { 0, "" };
     const int r = kvc_recurrent_find_slot(&t->c, &ub, &err);
     FUZZ_CHECK(r == 0 || r == 1 || r == KVC_E_NOSPACE || r == KVC_E_INTERNAL, "prefill find_slot: %d (%s)", r,
@@ -415,8 +412,7 @@ static void check_seq_result(const image *m, const cache *t, const geometry *g, 
     if (L->cc == 1) {
         const int32_t pos = (int32_t)fz_get_u32(blob + 4);
         const uint32_t off[2] = { 0, 1 };
-        const uint64_t mask = (uint64_t)1 << g->seq_id;
-        const kvc_ubatch ub = { 1, 1, 1, &pos, off, &g->seq_id, &mask };
+        const kvc_ubatch ub = { 1, 1, 1, &pos, off, &g->seq_id };
         kvc_err err = { 0, "" };
         const int r = kvc_recurrent_find_slot(&twin.c, &ub, &err);
         FUZZ_CHECK(r == 1, "%s succeeded where seq_rm + find_slot fails (%d: %s)", when, r, err.msg);

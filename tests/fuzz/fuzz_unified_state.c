@@ -135,25 +135,21 @@ static int place(cache *t, fz_rng *g, uint32_t n, int32_t *next_pos, bool commit
     const uint32_t n_seq = t->c.n_seq_max;
     int32_t pos[64], ids[128];
     uint32_t off[65];
-    uint64_t mask[64];
     uint32_t k = 0;
     off[0] = 0;
     for (uint32_t i = 0; i < n; i++) {
         const int32_t s0 = (int32_t)fz_below(g, n_seq);
-        uint64_t m = (uint64_t)1 << s0;
         ids[k++] = s0;
         if (n_seq > 1 && fz_below(g, 4) == 0) {
             const int32_t s1 = (int32_t)fz_below(g, n_seq);
             if (s1 != s0) {
                 ids[k++] = s1;
-                m |= (uint64_t)1 << s1;
             }
         }
         off[i + 1] = k;
-        mask[i] = m;
         pos[i] = next_pos[s0]++;
     }
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids, mask };
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
     const int r = kvc_unified_find_slot(&t->c, &ub);
     FUZZ_CHECK(r == 0 || r == 1, "prefill find_slot returned %d", r);
     if (r == 1 && commit) {
@@ -233,7 +229,7 @@ static void image_take(image *m, const cache *t) {
     m->n_seq_max = cl->n_seq_max;
     m->pos = (int32_t *)fz_dup((const uint8_t *)cl->pos, cl->size * sizeof *cl->pos);
     m->shift = (int32_t *)fz_dup((const uint8_t *)cl->shift, cl->size * sizeof *cl->shift);
-    m->seq = (uint64_t *)fz_dup((const uint8_t *)cl->seq, cl->size * sizeof *cl->seq);
+    m->seq = (uint64_t *)fz_dup((const uint8_t *)cl->seq, (size_t)cl->seq_words * cl->size * sizeof *cl->seq);
     m->used_bits = (uint64_t *)fz_dup((const uint8_t *)cl->used_bits, cl->n_words * sizeof *cl->used_bits);
     m->used = cl->used;
     m->used_max_p1 = cl->used_max_p1;
@@ -249,7 +245,8 @@ static void image_take(image *m, const cache *t) {
     m->undo.n_cells = c->undo.n_cells;
     m->undo.spans = (kvc_undo_span *)fz_dup((const uint8_t *)c->undo.spans, c->undo.n_spans * sizeof *c->undo.spans);
     m->undo.pos = (int32_t *)fz_dup((const uint8_t *)c->undo.pos, c->undo.n_cells * sizeof *c->undo.pos);
-    m->undo.seq = (uint64_t *)fz_dup((const uint8_t *)c->undo.seq, c->undo.n_cells * sizeof *c->undo.seq);
+    m->undo.seq = (uint64_t *)fz_dup((const uint8_t *)c->undo.seq,
+                                     (size_t)c->undo.n_cells * c->undo.seq_words * sizeof *c->undo.seq);
     m->n_defrag_ids = c->n_defrag_ids;
     m->defrag_ids = (uint32_t *)fz_dup((const uint8_t *)c->defrag_ids, c->n_defrag_ids * sizeof *c->defrag_ids);
     m->do_defrag = c->do_defrag;
@@ -284,7 +281,7 @@ static void image_check(const image *m, const cache *t, const char *when) {
     const kvc_cells *cl = &c->cells;
     SAME_BYTES(cl->pos, m->pos, m->size * sizeof *m->pos, "cell positions");
     SAME_BYTES(cl->shift, m->shift, m->size * sizeof *m->shift, "cell shifts");
-    SAME_BYTES(cl->seq, m->seq, m->size * sizeof *m->seq, "cell sequence sets");
+    SAME_BYTES(cl->seq, m->seq, (size_t)cl->seq_words * m->size * sizeof *m->seq, "cell sequence sets");
     SAME_BYTES(cl->used_bits, m->used_bits, m->n_words * sizeof *m->used_bits, "used bits");
     SAME_VALUE(cl->used, m->used, "used");
     SAME_VALUE(cl->used_max_p1, m->used_max_p1, "used_max_p1");
@@ -301,7 +298,8 @@ static void image_check(const image *m, const cache *t, const char *when) {
     SAME_VALUE(c->undo.n_cells, m->undo.n_cells, "undo cells");
     SAME_BYTES(c->undo.spans, m->undo.spans, m->undo.n_spans * sizeof *m->undo.spans, "undo spans");
     SAME_BYTES(c->undo.pos, m->undo.pos, m->undo.n_cells * sizeof *m->undo.pos, "undo positions");
-    SAME_BYTES(c->undo.seq, m->undo.seq, m->undo.n_cells * sizeof *m->undo.seq, "undo sequence sets");
+    SAME_BYTES(c->undo.seq, m->undo.seq, (size_t)m->undo.n_cells * c->undo.seq_words * sizeof *m->undo.seq,
+               "undo sequence sets");
     SAME_VALUE(c->n_defrag_ids, m->n_defrag_ids, "defrag plan length");
     SAME_BYTES(c->defrag_ids, m->defrag_ids, m->n_defrag_ids * sizeof *m->defrag_ids, "defrag plan");
     SAME_VALUE(c->do_defrag, m->do_defrag, "do_defrag");
@@ -326,7 +324,7 @@ static void check_cells(const kvc_cells *cl, const char *when) {
             FUZZ_CHECK(cl->seq[i] == 0, "%s: empty cell %u holds sequences", when, i);
             continue;
         }
-        FUZZ_CHECK(cl->n_seq_max == 64 || (cl->seq[i] >> cl->n_seq_max) == 0, "%s: cell %u holds an id >= n_seq_max", when, i);
+        FUZZ_CHECK(cl->n_seq_max >= 64 || (cl->seq[i] >> cl->n_seq_max) == 0, "%s: cell %u holds an id >= n_seq_max", when, i);
         used++;
         used_max_p1 = i + 1;
     }
@@ -651,7 +649,7 @@ static void check_others_kept(const image *m, const cache *t, int32_t seq_id, co
  * when `read` is given (a whole-cache read of that part succeeded) it must agree with it. */
 static void check_describe(const uint8_t *p, size_t avail, const kvc_unified *c, const layout *read) {
     static int32_t pos[DESC_CELLS];
-    static uint64_t seq[DESC_CELLS];
+    static uint64_t seq[DESC_CELLS * KVC_SEQ_WORDS];   /* a cell's set in KVC_SEQ_WORDS words */
     kvc_state_layer_desc layers[MAX_LAYERS + 1];
     kvc_state_desc d;
     kvc_err err = { 0, "" };
@@ -674,7 +672,10 @@ static void check_describe(const uint8_t *p, size_t avail, const kvc_unified *c,
     SAME_VALUE(d.n_layer, c->n_layer, "layer count");
     for (uint32_t i = 0; i < read->cc && i < DESC_CELLS; i++) {
         SAME_VALUE(pos[i], c->cells.pos[i], "cell position");
-        SAME_VALUE(seq[i], c->cells.seq[i], "cell sequence set");
+        for (uint32_t w = 0; w < KVC_SEQ_WORDS; w++) {
+            SAME_VALUE(seq[KVC_SEQ_WORDS * i + w], w < c->cells.seq_words ? c->cells.seq[(size_t)w * c->cells.size + i] : 0,
+                       "cell sequence set");
+        }
     }
     for (uint32_t l = 0; l < c->n_layer; l++) {
         SAME_VALUE(layers[l].k_offset + 12, read->k_off[l], "K offset");

@@ -11,6 +11,7 @@ cdef extern from "kvc_recurrent.h" nogil:
         int32_t *src
         int32_t *tail
         uint64_t *seq
+        uint32_t seq_words
 
     ctypedef struct kvc_rec_layer:
         uint32_t n_embd_k

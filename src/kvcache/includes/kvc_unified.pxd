@@ -28,6 +28,7 @@ cdef extern from "kvc_unified.h" nogil:
         int32_t *pos
         uint64_t *seq
         uint32_t n_cells, cap_cells
+        uint32_t seq_words
 
     ctypedef struct kvc_slot:
         uint32_t head, n
