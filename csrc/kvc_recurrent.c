@@ -513,6 +513,20 @@ int kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err
     if (st != KVC_OK) {
         return st;
     }
+    /* a state is one cell: a sequence cannot be in two groups of one step */
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
+    for (uint32_t g = 0; g < ub->n_seqs; g++) {
+        for (uint32_t j = ub->seq_off[g]; j < ub->seq_off[g + 1]; j++) {
+            if (kvc_seqset_has(&seen, ub->seq_ids[j])) {
+                return kvc_err_set(err, KVC_E_ARG, "find_slot: sequence %d is in two token groups of the ubatch",
+                                   ub->seq_ids[j]);
+            }
+        }
+        for (uint32_t j = ub->seq_off[g]; j < ub->seq_off[g + 1]; j++) {
+            kvc_seqset_add(&seen, ub->seq_ids[j]);
+        }
+    }
     rec_cells_copy(&c->work, &c->cells);
     const int r = rec_find_slot(&c->work, ub, c, err);
     if (r < 0) {

@@ -99,8 +99,8 @@ int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s);
 
 /* Place a ubatch of n_seqs groups of n_seq_tokens tokens: group k's state ends up in cell
  * head + k. 1 = placed, 0 = the reference's sanity check failed (n < n_seqs; the cells are
- * changed as the reference changes them). Errors change nothing: KVC_E_ARG (empty ubatch or a
- * sequence id outside [0, n_seq_max)), KVC_E_NOSPACE (no empty cell for a sequence that needs
+ * changed as the reference changes them). Errors change nothing: KVC_E_ARG (empty ubatch, a
+ * sequence id outside [0, n_seq_max), or a sequence in two groups), KVC_E_NOSPACE (no empty cell for a sequence that needs
  * one), KVC_E_INTERNAL (a sequence's tail cell does not hold it, e.g. after seq_rm(-1, ...)
  * without clear; the reference aborts). Warnings go to c->warn / c->n_warn. */
 int     kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err);

@@ -130,6 +130,14 @@ def test_byte_counts_that_do_not_fit_are_refused():
     assert c.state_size() == 4 + 8 + 2**16 * 24
 
 
+def test_a_sequence_in_two_groups_is_refused():
+    c = RecurrentCache(4, 1, 2, 2)
+    before = c.cells()
+    with pytest.raises(ValueError, match="sequence 1 is in two token groups"):
+        c.find_slot(UBatch([0, 0], [[1], [2, 1]]))
+    assert c.cells()["seq_id"] == before["seq_id"] and c.used == 0
+
+
 def test_find_slot_places_groups_in_order():
     c = RecurrentCache(4, 1, 2, 2)
     ub = UBatch([0, 1, 0, 1], [[2], [0, 3]], n_seq_tokens=2)
