@@ -369,18 +369,18 @@ static layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *p, size_
     memset(&L, 0, sizeof L);
     L.p = p;
     FUZZ_CHECK(avail >= 4, "a part of %zu bytes was accepted", avail);
-    L.cc = fz_get_u32(p);
+    L.cc = kvc_le_get_u32(p);
     size_t off = 4;
     for (uint32_t i = 0; i < L.cc; i++) {
         FUZZ_CHECK(off + 8 <= avail, "cell %u lies past the consumed bytes", i);
-        const uint32_t n_ids = fz_get_u32(p + off + 4);
+        const uint32_t n_ids = kvc_le_get_u32(p + off + 4);
         FUZZ_CHECK(seq_id < 0 || n_ids == 1, "a single-sequence cell with %u ids was accepted", n_ids);
         FUZZ_CHECK((uint64_t)n_ids * 4 <= avail - off - 8, "cell %u's ids lie past the consumed bytes", i);
         off += 8 + 4 * (size_t)n_ids;
     }
     L.meta_end = off;
     FUZZ_CHECK(off + 8 <= avail, "the data section lies past the consumed bytes");
-    const uint32_t vt = fz_get_u32(p + off);
+    const uint32_t vt = kvc_le_get_u32(p + off);
     FUZZ_CHECK(vt <= 1, "V layout flag %u was accepted", vt);
     /* (without layers there is no V to convert) */
     FUZZ_CHECK(vt == c->v_trans || c->n_layer == 0 || kvc_type_get(c->type_v)->blck_size == 1,
@@ -421,27 +421,27 @@ static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L,
     size_t o = 4, i_off = 4;
     memcpy(out, L->p, 4);
     for (uint32_t i = 0; i < L->cc; i++) {
-        const uint32_t n_ids = fz_get_u32(L->p + i_off + 4);
+        const uint32_t n_ids = kvc_le_get_u32(L->p + i_off + 4);
         memcpy(out + o, L->p + i_off, 4);
         if (seq_id >= 0) {
-            fz_put_u32(out + o + 4, 1);
-            fz_put_u32(out + o + 8, (uint32_t)seq_id);
+            kvc_le_put_u32(out + o + 4, 1);
+            kvc_le_put_u32(out + o + 8, (uint32_t)seq_id);
             o += 12;
         } else {
             uint64_t bits = 0;
             for (uint32_t j = 0; j < n_ids; j++) {
-                bits |= (uint64_t)1 << fz_get_u32(L->p + i_off + 8 + 4 * (size_t)j);
+                bits |= (uint64_t)1 << kvc_le_get_u32(L->p + i_off + 8 + 4 * (size_t)j);
             }
-            fz_put_u32(out + o + 4, kvc_popcount64(bits));
+            kvc_le_put_u32(out + o + 4, kvc_popcount64(bits));
             o += 8;
             for (; bits; bits &= bits - 1) {
-                fz_put_u32(out + o, kvc_ctz64(bits));
+                kvc_le_put_u32(out + o, kvc_ctz64(bits));
                 o += 4;
             }
         }
         i_off += 8 + 4 * (size_t)n_ids;
     }
-    fz_put_u32(out + o, c->v_trans);
+    kvc_le_put_u32(out + o, c->v_trans);
     memcpy(out + o + 4, L->p + L->meta_end + 4, 4);
     o += 8;
     for (uint32_t l = 0; l < c->n_layer; l++) {
@@ -459,12 +459,12 @@ static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L,
         const size_t n = (size_t)L->cc * ly->v_row_bytes, el = v_elem(c);
         memcpy(out + o, L->p + L->v_off[l] - 12, 4); /* the type */
         if (c->v_trans) {
-            fz_put_u32(out + o + 4, (uint32_t)el);
-            fz_put_u32(out + o + 8, ly->n_embd_v);
+            kvc_le_put_u32(out + o + 4, (uint32_t)el);
+            kvc_le_put_u32(out + o + 8, ly->n_embd_v);
         } else {
             const uint64_t row = ly->v_row_bytes;
-            fz_put_u32(out + o + 4, (uint32_t)row);
-            fz_put_u32(out + o + 8, (uint32_t)(row >> 32));
+            kvc_le_put_u32(out + o + 4, (uint32_t)row);
+            kvc_le_put_u32(out + o + 8, (uint32_t)(row >> 32));
         }
         uint8_t *d = out + o + 12;
         if (meta_only) {
@@ -555,7 +555,7 @@ static void check_seq_result(const image *m, const cache *t, int32_t seq_id, con
     }
     for (uint32_t i = 0; i < cl->size; i++) {
         if (i >= lo && i < hi) {
-            const int32_t p = (int32_t)fz_get_u32(L->p + 4 + 12 * (size_t)(i - lo));
+            const int32_t p = (int32_t)kvc_le_get_u32(L->p + 4 + 12 * (size_t)(i - lo));
             FUZZ_CHECK(cl->pos[i] == p && cl->seq[i] == bit, "%s: cell %u is (%d, %llx), the part says (%d, {%d})",
                        when, i, cl->pos[i], (unsigned long long)cl->seq[i], p, seq_id);
             const uint64_t left = m->pos[i] == -1 ? 0 : m->seq[i] & ~bit;
@@ -594,12 +594,12 @@ static void check_whole_result(const image *m, const cache *t, const layout *L) 
             SAME_VALUE(cl->pos[i], -1, "position of a cell past the part's");
             continue;
         }
-        const uint32_t n_ids = fz_get_u32(L->p + off + 4);
+        const uint32_t n_ids = kvc_le_get_u32(L->p + off + 4);
         uint64_t bits = 0;
         for (uint32_t j = 0; j < n_ids; j++) {
-            bits |= (uint64_t)1 << fz_get_u32(L->p + off + 8 + 4 * (size_t)j);
+            bits |= (uint64_t)1 << kvc_le_get_u32(L->p + off + 8 + 4 * (size_t)j);
         }
-        SAME_VALUE(cl->pos[i], (int32_t)fz_get_u32(L->p + off), "restored position");
+        SAME_VALUE(cl->pos[i], (int32_t)kvc_le_get_u32(L->p + off), "restored position");
         SAME_VALUE(cl->seq[i], bits, "restored sequence set");
         off += 8 + 4 * (size_t)n_ids;
     }
