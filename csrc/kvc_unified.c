@@ -41,6 +41,10 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
     if (p->swa_type != KVC_SWA_NONE && p->n_swa == 0) {
         return kvc_err_set(err, KVC_E_ARG, "n_swa must be positive with a sliding window");
     }
+    if (p->swa_type == KVC_SWA_NONE && p->n_swa != 0) {
+        return kvc_err_set(err, KVC_E_ARG, "n_swa (%u) needs a sliding window (swa_type standard or chunked)",
+                           p->n_swa);
+    }
     for (uint32_t l = 0; l < p->n_layer; l++) {
         if (p->n_embd_k[l] == 0 || p->n_embd_k[l] % tk->blck_size != 0) {
             return kvc_err_set(err, KVC_E_ARG, "n_embd_k_gqa of layer %d (%u) must be a positive multiple "

@@ -161,7 +161,7 @@ def _recurrent_methods(c):
         "k": ((0,), {0: rlayer}),
         "v": ((0,), {0: rlayer}),
         "store": ((0, None, None), {0: rlayer, 1: [("shape", np.zeros((1, 3), np.float32), ValueError),
-                                                   ("str", "rows", ValueError),
+                                                   ("str", "rows", TypeError),
                                                    ("past-the-end", np.zeros((99, 6), np.float32), ValueError)]}),
         "state_size": ((0,), {0: seq_any}),
         "state_write": ((0,), {0: seq_any}),

@@ -263,7 +263,7 @@ BAD_BORROWED = [
      TypeError, r"buffers\[0\] K must support the buffer protocol or __dlpack__"),
     ("device", lambda: {0: (_FakeDevice(), np.zeros((32, 32), np.float16)),
                         1: (np.zeros((32, 64), np.float16), np.zeros((32, 32), np.float16))},
-     ValueError, r"buffers\[0\] K is on DLPack device \(2, 0\), not the CPU"),
+     TypeError, r"buffers\[0\] K is on DLPack device \(2, 0\), not the CPU"),
     ("misaligned", lambda: {0: (np.zeros(4097, np.uint8)[1:].view(np.float16), np.zeros((32, 32), np.float16)),
                             1: (np.zeros((32, 64), np.float16), np.zeros((32, 32), np.float16))},
      ValueError, r"buffers\[0\] K is not aligned"),

@@ -185,9 +185,40 @@ def test_index_links_every_page_and_links_resolve():
 def test_readme_keeps_its_commands_and_links_the_docs():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     first = readme.split("```sh", 1)[1].split("```", 1)[0].strip().splitlines()
-    assert first[0].startswith("python3 -m venv .venv") and "pip install ." in first[0] and "kvcache demo" in first[0]
-    assert first[1].startswith("bash .ci/run")
+    assert first[0].startswith("python3 -m venv .venv") and re.search(r"pip install (-v )?\. ", first[0])
+    assert first[0].endswith("kvcache demo")
+    # the daily test command: .ci/run's quick path, with the time it takes here
+    assert first[1].startswith("bash .ci/run --quick") and re.search(r"\d+ minutes", first[1])
     assert "(docs/index.md)" in readme
     for page in PAGES:
         if page != "index.md":
             assert f"(docs/{page})" in readme, page
+
+
+def _texts():
+    for path in [REPO / "README.md", REPO / "benchmarks" / "README.md", *sorted(DOCS.glob("*.md")),
+                 *sorted((REPO / "src" / "kvcache").rglob("*.py"))]:
+        yield path, path.read_text(encoding="utf-8")
+
+
+def test_install_commands_work_today_and_in_any_shell():
+    """No release is on PyPI yet: the docs install from the clone; extras are quoted (zsh reads
+    unquoted brackets as a pattern)."""
+    for path, text in _texts():
+        for n, line in enumerate(text.splitlines(), 1):
+            for cmd in re.findall(r"pip install [^`\n)]*", line):
+                assert not re.search(r"(^|\s)[^\s'\"]*\[", cmd.split("pip install", 1)[1]), \
+                    f"{path}:{n}: unquoted brackets: {cmd}"
+                # (the hints of error messages name the extra as it will be once released)
+                if "released" not in line and path.suffix == ".md":
+                    assert not re.search(r"pip install ['\"]?kvcache\b(?!-)", cmd), f"{path}:{n}: {cmd}"
+
+
+def test_cli_page_says_what_demo_runs():
+    from kvcache.demo import run_demo
+
+    runs = run_demo(steps=1).runs
+    section = (DOCS / "cli.md").read_text(encoding="utf-8").split("## `kvcache demo`", 1)[1].split("\n## ", 1)[0]
+    words = {2: "two", 3: "three", 4: "four"}
+    assert f"runs {words[len(runs)]} configurations" in section
+    assert ("ISWACache" in section) == any(r.swa is not None for r in runs)

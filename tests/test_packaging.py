@@ -1,5 +1,6 @@
 """The installed package: where it comes from and what it ships."""
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,107 @@ def test_get_include_ships_the_c_headers():
         assert (inc / "include" / h.name).is_file(), h.name
     assert (inc / "_core.pxd").is_file()
     assert (inc / "includes" / "kvc_common.pxd").is_file()
+
+
+# --- what the build ships ----------------------------------------------------------------------------
+
+def _manifest_patterns():
+    """(command, directory, pattern) of every pattern of MANIFEST.in."""
+    for line in (REPO / "MANIFEST.in").read_text(encoding="utf-8").splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        cmd, args = words[0], words[1:]
+        if cmd in ("recursive-include", "recursive-exclude"):
+            for pat in args[1:]:
+                yield cmd, args[0], pat
+        elif cmd in ("include", "exclude"):
+            for pat in args:
+                yield cmd, "", pat
+        else:   # global-include/exclude, graft, prune
+            for pat in args:
+                yield cmd, "", pat
+
+
+def test_every_manifest_pattern_matches_a_file():
+    """setuptools warns for each pattern that matches nothing; a build should warn about nothing."""
+    unmatched = []
+    for cmd, folder, pat in _manifest_patterns():
+        if cmd.startswith("recursive-"):
+            found = any(p.is_file() for p in (REPO / folder).rglob(pat))
+        elif cmd in ("include", "exclude"):
+            found = any(p.is_file() for p in REPO.glob(pat))
+        else:
+            found = any(p.exists() for p in REPO.rglob(pat))
+        if not found:
+            unmatched.append(f"{cmd} {folder} {pat}".replace("  ", " "))
+    assert not unmatched, f"MANIFEST.in patterns matching no file: {unmatched}"
+
+
+PROJECT_HOME = "https://github.com/kvcache/kvcache"
+
+
+def test_project_urls_and_authors():
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    project = _toml(text)["project"]
+    assert project["authors"] and all(a.get("name") for a in project["authors"])
+    urls = project["urls"]
+    assert {"Homepage", "Source", "Issues", "Changelog", "Documentation"} <= set(urls)
+    assert all(u.startswith(PROJECT_HOME) for u in urls.values()), urls
+    # one address everywhere it is written
+    import re
+
+    for path in ("README.md", "CHANGELOG.md", "benchmarks/pyproject.toml", "pyproject.toml"):
+        found = set(re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", (REPO / path).read_text(encoding="utf-8")))
+        assert found <= {PROJECT_HOME}, (path, found)
+    assert PROJECT_HOME in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def _toml(text):
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads(text)
+
+
+@pytest.mark.skipif(not INSTALLED, reason="the metadata of an installed kvcache")
+def test_installed_metadata_has_home_page_author_and_urls():
+    from importlib.metadata import metadata
+
+    md = metadata("kvcache")
+    urls = dict(u.split(", ", 1) for u in md.get_all("Project-URL") or [])
+    assert urls.get("Homepage") == PROJECT_HOME
+    assert md["Author"] or md["Author-email"]
+
+
+def _elf_sections(path: Path) -> list:
+    """Section names of an ELF shared object (64-bit little-endian)."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not a 64-bit little-endian ELF file"
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab_off, strtab_size = headers[shstrndx][4], headers[shstrndx][5]
+    strtab = data[strtab_off:strtab_off + strtab_size]
+    return [strtab[h[0]:strtab.index(b"\0", h[0])].decode() for h in headers]
+
+
+@pytest.mark.skipif(not INSTALLED or not sys.platform.startswith("linux"), reason="an installed Linux build")
+def test_the_wheel_is_stripped_and_leaves_the_benchmark_out():
+    from importlib.metadata import distribution
+
+    if os.environ.get("KVCACHE_DEBUG_INFO") == "1":
+        pytest.skip("built with KVCACHE_DEBUG_INFO=1")
+    files = [str(f) for f in distribution("kvcache").files or []]
+    assert any("_core" in f and f.endswith(".so") for f in files)
+    if os.environ.get("KVCACHE_BENCH") != "1":
+        assert not [f for f in files if "_bench" in f and f.endswith(".so")], "kvcache._bench is in the kvcache wheel"
+    core = Path(kvcache._core.__file__)
+    sections = _elf_sections(core)
+    assert ".text" in sections
+    assert not [s for s in sections if s.startswith(".debug") or s == ".symtab"], sections

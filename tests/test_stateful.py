@@ -1,13 +1,16 @@
 """Property test: the C-backed UnifiedCache against the pure-Python reference model.
 
 A hypothesis state machine applies the same random operations to both — slot searches,
-commits and restores, every sequence operation, K-shifts, defrag plans, masks — on small
-caches, and after every step compares everything the cell table shows: positions,
-sequence sets, shifts of non-empty cells, head, n, used, has_shift and the per-sequence
-position range. The golden traces pin the model itself (tests/test_reference.py).
+commits and restores, every sequence operation, K-shifts, defrags, masks — on small caches,
+through the trace-op table (kvcache.conformance.ops: the ops of the unified golden traces,
+with the model's results as the expectation), and after every step compares everything the
+cell table shows: positions, sequence sets, shifts of non-empty cells, head, n, used,
+has_shift and the per-sequence position range. The golden traces pin the model itself
+(tests/test_golden.py).
 
 Set ``KVCACHE_STATEFUL_TARGET=reference`` to drive the model against a second model (a
 check of the machine itself, used before the C-backed cache exists)."""
+import dataclasses
 import os
 
 import numpy as np
@@ -18,7 +21,10 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
 import kvcache  # noqa: E402
-from kvcache.reference import RefUBatch, UnifiedReference  # noqa: E402
+from kvcache.conformance import unified  # noqa: E402
+from kvcache.conformance.ops import apply_op, start  # noqa: E402
+from kvcache.reference import UnifiedReference  # noqa: E402
+from stateful_rules import SequenceRules  # noqa: E402
 
 TARGET = os.environ.get("KVCACHE_STATEFUL_TARGET", "c")
 HAVE_TARGET = TARGET == "reference" or hasattr(kvcache, "UnifiedCache")
@@ -39,34 +45,40 @@ def configs(draw):
                 n_swa=n_swa, swa_type=swa_type, n_layer=draw(st.integers(1, 3)))
 
 
-def make_target(cfg):
-    if TARGET == "reference":
-        return UnifiedReference(**cfg)
-    return kvcache.UnifiedCache(
-        kv_size=cfg["kv_size"], n_layer=cfg["n_layer"], n_embd_k_gqa=N_EMBD, n_embd_v_gqa=N_EMBD,
-        type_k="f32", type_v="f32", v_trans=False, n_seq_max=cfg["n_seq_max"], n_pad=cfg["n_pad"],
-        n_swa=cfg["n_swa"], swa_type=cfg["swa_type"])
+def trace_config(cfg, use_alibi, n_buckets):
+    """The trace header config of the caches of cfg: every layer N_EMBD wide, f32 rows."""
+    n_layer = cfg["n_layer"]
+    return dict(cfg, n_embd_k_gqa=[N_EMBD] * n_layer, n_embd_v_gqa=[N_EMBD] * n_layer, layers=list(range(n_layer)),
+                type_k="f32", type_v="f32", v_trans=False, use_alibi=use_alibi, n_rel_attn_bkts=n_buckets)
 
 
-def make_ubatch(pos, seq_id, n_seq_tokens):
-    return kvcache.UBatch(pos=pos, seq_id=seq_id, n_seq_tokens=n_seq_tokens)
+def make_target():
+    return unified.reference_target() if TARGET == "reference" else unified.kvcache_target()
 
 
 def as_list(a):
     return np.asarray(a).tolist()
 
 
-class UnifiedCacheMachine(RuleBasedStateMachine):
-    """Both caches receive every operation; the invariant compares them after each step."""
+def ubatch_args(pos, seq_id, n_seq_tokens=1):
+    """The arguments of an op on a ubatch (groups of n_seq_tokens tokens)."""
+    return {"pos": pos, "seq_id": seq_id, "n_seq_tokens": n_seq_tokens}
+
+
+class UnifiedCacheMachine(SequenceRules, RuleBasedStateMachine):
+    """Both caches receive every operation (the model's results are what the target's must
+    be); the invariant compares them after each step."""
 
     make_target = staticmethod(make_target)
 
     @initialize(cfg=configs(), data=st.data())
     def create(self, cfg, data):
         self.cfg = cfg
-        self.ref = UnifiedReference(**cfg)
-        self.sut = self.make_target(cfg)
-        self.sut_ubatch = RefUBatch if isinstance(self.sut, UnifiedReference) else make_ubatch
+        # the model's hparams: ALiBi masks or not, the T5 bucket count
+        config = trace_config(cfg, data.draw(st.booleans(), label="alibi"),
+                              data.draw(st.sampled_from([2, 8, 32, 64]), label="n_buckets"))
+        self.replays = (start(unified.reference_target(), config), start(self.make_target(), config))
+        self.ref, self.sut = (r.cache for r in self.replays)
         self.n_seq_max = n = cfg["n_seq_max"]
         # the ids in play: all of a few, or a handful from every word of a wide set
         self.ids = list(range(n)) if n <= 4 else sorted({0, 1, 63, 64, n // 2 + 3, n - 2, n - 1})
@@ -74,16 +86,10 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         prompts = st.tuples(st.sampled_from(self.ids), st.integers(1, 12))
         for s, n in data.draw(st.lists(prompts, max_size=8), label="prefill"):
             p = self.ref.seq_pos_max(s) + 1
-            pos, seq_id = list(range(p, p + n)), [[s]] * n
-            a = self.ref.find_slot(RefUBatch(pos, seq_id))
-            b = self.sut.find_slot(self.sut_ubatch(pos, seq_id, 1))
-            assert a == bool(b), "find_slot result"
+            self.place(list(range(p, p + n)), [[s]] * n)
             self.both("commit")
 
     # --- strategies that depend on the configuration ----------------------------------------
-
-    def seq(self, data, allow_any=False):
-        return data.draw(st.sampled_from(([-1] if allow_any else []) + self.ids), label="seq_id")
 
     def prange(self, data):
         """A position range: anywhere, or a short one starting at a position in use (which
@@ -109,25 +115,17 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
             pos = data.draw(st.lists(st.integers(0, P_MAX), min_size=n_tokens, max_size=n_tokens), label="pos")
         return pos, seq_id, n_seq_tokens
 
-    def both(self, method, *args):
-        """Call one method on both caches and return (model result, target result)."""
-        return getattr(self.ref, method)(*args), getattr(self.sut, method)(*args)
-
-    def apply_k_shift(self):
-        a, b = self.both("k_shift")
-        assert as_list(a) == as_list(b), "k_shift"
-        self.both("reset_shift")
+    def place(self, pos, seq_id, nst=1):
+        """find_slot in both caches (K/V rows filled where they hold data): whether it fit."""
+        if self.ref.has_shift:
+            self.both("k_shift")  # C2: a pending shift is applied before a ubatch is placed
+        return self.both("find_slot", **ubatch_args(pos, seq_id, nst))["ok"]
 
     # --- rules -------------------------------------------------------------------------------
 
     @rule(data=st.data(), commit=st.sampled_from([True, True, True, False]))
     def find_slot(self, data, commit):
-        pos, seq_id, nst = self.ubatch(data)
-        if self.ref.has_shift:
-            self.apply_k_shift()  # C2: a pending shift is applied before a ubatch is placed
-        a = self.ref.find_slot(RefUBatch(pos, seq_id, nst))
-        b = self.sut.find_slot(self.sut_ubatch(pos, seq_id, nst))
-        assert a == bool(b), "find_slot result"
+        self.place(*self.ubatch(data))
         if commit:  # mostly, so that the cache fills up; the rest is left for restore()
             self.both("commit")
 
@@ -136,12 +134,7 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         """A ubatch that often does not fit: the failed search still moves head."""
         n_tokens = data.draw(st.integers(self.cfg["kv_size"] // 4, self.cfg["kv_size"] + 1), label="n_tokens")
         s = self.seq(data)
-        if self.ref.has_shift:
-            self.apply_k_shift()
-        pos = list(range(n_tokens))
-        a = self.ref.find_slot(RefUBatch(pos, [[s]] * n_tokens))
-        b = self.sut.find_slot(self.sut_ubatch(pos, [[s]] * n_tokens, 1))
-        assert a == bool(b), "find_slot result"
+        self.place(list(range(n_tokens)), [[s]] * n_tokens)
 
     @rule(data=st.data())
     def decode_round(self, data):
@@ -150,53 +143,17 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         seqs = data.draw(st.lists(st.sampled_from(self.ids), min_size=1, max_size=4), label="seqs")
         rounds = data.draw(st.integers(1, 4), label="rounds")
         for s in seqs * rounds:
-            if self.ref.has_shift:
-                self.apply_k_shift()
-            p = self.ref.seq_pos_max(s) + 1
-            a = self.ref.find_slot(RefUBatch([p], [[s]]))
-            b = self.sut.find_slot(self.sut_ubatch([p], [[s]], 1))
-            assert a == bool(b), "find_slot result"
+            self.place([self.ref.seq_pos_max(s) + 1], [[s]])
             self.both("commit")
 
     @rule()
     def commit(self):
         self.both("commit")
 
-    @rule()
-    def restore(self):
-        self.both("restore")
-
-    @rule(data=st.data())
-    def seq_rm(self, data):
-        s = self.seq(data, allow_any=True)
-        p0, p1 = self.prange(data)
-        a, b = self.both("seq_rm", s, p0, p1)
-        assert a == bool(b), "seq_rm result"
-
     @rule(data=st.data())
     def drop_sequence(self, data):
         """A finished request: its sequence leaves every cell."""
-        a, b = self.both("seq_rm", self.seq(data), -1, -1)
-        assert a == bool(b), "seq_rm result"
-
-    @rule(data=st.data())
-    def seq_cp(self, data):
-        src, dst = self.seq(data), self.seq(data)
-        self.both("seq_cp", src, dst, *self.prange(data))
-
-    @rule(data=st.data())
-    def seq_keep(self, data):
-        self.both("seq_keep", self.seq(data))
-
-    @rule(data=st.data(), shift=st.integers(-12, 12))
-    def seq_add(self, data, shift):
-        s = self.seq(data)
-        self.both("seq_add", s, *self.prange(data), shift)
-
-    @rule(data=st.data(), d=st.integers(1, 4))
-    def seq_div(self, data, d):
-        s = self.seq(data)
-        self.both("seq_div", s, *self.prange(data), d)
+        self.both("seq_rm", seq_id=self.seq(data), p0=-1, p1=-1)
 
     @precondition(lambda self: self.ref.used >= self.ref.size // 2)  # keep caches busy
     @rule()
@@ -204,12 +161,8 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         self.both("clear")
 
     @rule()
-    def set_full(self):
-        self.both("set_full")
-
-    @rule()
     def k_shift(self):
-        self.apply_k_shift()
+        self.both("k_shift")
 
     def plan_defrag(self, data):
         # budgets of 0..4 moves (n_max_nodes = 2L + 6L*m + r), below 2L (wraps around to
@@ -220,9 +173,7 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
             st.integers(0, 6 * n_layer - 1).map(lambda r: 2 * n_layer + 6 * n_layer * m + r),
             st.integers(-4, 2 * n_layer - 1),
             st.sampled_from([8192, 2**31 - 1])), label="n_max_nodes")
-        a, b = self.both("defrag_prepare", n_max_nodes)
-        assert a == bool(b), "defrag_prepare result"
-        assert as_list(self.ref.defrag_ids) == as_list(self.sut.defrag_ids), "defrag plan"
+        self.both("defrag", n_max_nodes=n_max_nodes)   # the plan, then the moves update() makes
 
     @rule(data=st.data())
     def defrag(self, data):
@@ -236,54 +187,38 @@ class UnifiedCacheMachine(RuleBasedStateMachine):
         occupied = [(p, seqs[0]) for _, p, seqs, _ in self.ref.cells().nonempty()]
         for p, s in data.draw(st.lists(st.sampled_from(occupied), min_size=1, max_size=8, unique=True),
                               label="holes"):
-            a, b = self.both("seq_rm", s, p, p + 1)
-            assert a == bool(b), "seq_rm result"
+            self.both("seq_rm", seq_id=s, p0=p, p1=p + 1)
         self.plan_defrag(data)
 
     @rule(thold=st.sampled_from([-1.0, 0.0, 0.1, 0.5]))
     def defrag_sched(self, thold):
-        self.both("defrag_sched", thold)
-        if hasattr(self.sut, "do_defrag"):
-            assert self.ref.do_defrag == bool(self.sut.do_defrag), "do_defrag"
+        self.both("defrag_sched", thold=thold)
 
-    @rule(data=st.data(), causal=st.booleans(), alibi=st.booleans())
-    def kq_mask(self, data, causal, alibi):
-        pos, seq_id, nst = self.ubatch(data)
-        a = self.ref.kq_mask(RefUBatch(pos, seq_id, nst), causal=causal, alibi=alibi)
-        b = self.sut.kq_mask(self.sut_ubatch(pos, seq_id, nst), causal=causal, alibi=alibi)
-        assert b.dtype == np.float32 and a.shape == b.shape, (a.shape, b.shape)
-        assert a.tobytes() == b.tobytes(), "kq_mask"   # bit for bit: -inf, and +0.0 vs -0.0
+    @rule(data=st.data(), causal=st.booleans())
+    def kq_mask(self, data, causal):
+        # bit for bit (the hash of the float32 values): -inf, and +0.0 vs -0.0
+        self.both("mask", **ubatch_args(*self.ubatch(data)), causal=causal)
 
-    @rule(data=st.data(), n_buckets=st.sampled_from([2, 8, 32, 64]))
-    def pos_bucket(self, data, n_buckets):
-        pos, seq_id, nst = self.ubatch(data)
-        a = self.ref.pos_bucket(RefUBatch(pos, seq_id, nst), n_buckets)
-        b = self.sut.pos_bucket(self.sut_ubatch(pos, seq_id, nst), n_buckets)
-        assert as_list(a) == as_list(b), "pos_bucket"
+    @rule(data=st.data())
+    def pos_bucket(self, data):
+        self.both("pos_bucket", **ubatch_args(*self.ubatch(data)))
 
     @rule(data=st.data())
     def rejected_call(self, data):
         """C5: a call with an out-of-range sequence id raises ValueError and changes nothing
-        (the invariant then compares both caches with each other)."""
+        (what a check shows of each cache; the invariant then compares both caches)."""
         bad = data.draw(st.sampled_from([self.n_seq_max, kvcache.MAX_SEQ, 1000, -7]), label="bad")
-        op = data.draw(st.sampled_from(["seq_rm", "seq_cp", "seq_keep", "seq_add", "seq_div",
-                                        "find_slot", "kq_mask"]), label="op")
-        for cache, ubatch in ((self.ref, RefUBatch), (self.sut, self.sut_ubatch)):
+        op = data.draw(st.sampled_from([
+            {"op": "seq_rm", "seq_id": bad, "p0": -1, "p1": -1},
+            {"op": "seq_cp", "src": 0, "dst": bad, "p0": -1, "p1": -1},
+            {"op": "seq_keep", "seq_id": bad},
+            {"op": "seq_add", "seq_id": bad, "p0": -1, "p1": -1, "shift": 1},
+            {"op": "seq_div", "seq_id": bad, "p0": -1, "p1": -1, "d": 2},
+            {"op": "find_slot", **ubatch_args([0, 1], [[0], [bad]])},
+            {"op": "mask", **ubatch_args([0, 1], [[0], [0, bad]]), "causal": True}]), label="op")
+        for replay in self.replays:
             with pytest.raises(ValueError):
-                if op == "seq_rm":
-                    cache.seq_rm(bad, -1, -1)
-                elif op == "seq_cp":
-                    cache.seq_cp(0, bad, -1, -1)
-                elif op == "seq_keep":
-                    cache.seq_keep(bad)
-                elif op == "seq_add":
-                    cache.seq_add(bad, -1, -1, 1)
-                elif op == "seq_div":
-                    cache.seq_div(bad, -1, -1, 2)
-                elif op == "find_slot":
-                    cache.find_slot(ubatch([0, 1], [[0], [bad]], 1))
-                else:
-                    cache.kq_mask(ubatch([0, 1], [[0], [0, bad]], 1))
+                apply_op(replay, 0, {**op, "expect": {"exception": "invalid_argument"}})
 
     # --- the comparison -------------------------------------------------------------------------
 
@@ -338,7 +273,9 @@ def test_machine_detects_a_divergent_target():
     from hypothesis.stateful import run_state_machine_as_test
 
     class Broken(UnifiedCacheMachine):
-        make_target = staticmethod(lambda cfg: _StickyHeadReference(**cfg))
+        make_target = staticmethod(lambda: dataclasses.replace(
+            unified.reference_target(),
+            make_cache=lambda config: _StickyHeadReference(**unified.reference_arguments(config))))
 
     with pytest.raises(AssertionError, match="head/n/used"):
         run_state_machine_as_test(Broken, settings=settings(

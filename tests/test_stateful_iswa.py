@@ -4,8 +4,10 @@ The model is a base UnifiedReference (kv_size cells, no SWA) and an SWA UnifiedR
 (min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad)) cells), driven as llama.cpp's iSWA
 cache drives its two caches: find_slot in both (the answer is the AND), per-sequence pruning
 ranges recorded by sbatch_init, commit then prune of the SWA cache, restore, sequence
-operations in both, seq_pos_min/max from the SWA cache. After every step both sub-caches'
-cell tables, head, n, used and every sequence's position range are compared."""
+operations in both, seq_pos_min/max from the SWA cache. The operations of the iswa golden
+traces are applied to both through the trace-op table (kvcache.conformance.ops, the model's
+results as the expectation); after every step both sub-caches' cell tables, head, n, used and
+every sequence's position range are compared."""
 import warnings
 
 import numpy as np
@@ -16,7 +18,10 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
 import kvcache  # noqa: E402
+from kvcache.conformance import Target, iswa  # noqa: E402
+from kvcache.conformance.ops import start  # noqa: E402
 from kvcache.reference import RefUBatch, UnifiedReference  # noqa: E402
+from stateful_rules import SequenceRules  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(kvcache, "ISWACache"), reason="kvcache.ISWACache is not available")
 
@@ -44,19 +49,18 @@ class ISWAModel:
         return self.base.has_shift or self.swa.has_shift
 
     def sbatch_init(self, pos, seq_ids):
+        """Record the batch's ranges; the pending ranges as the cache lists them."""
         self.pending = {}
-        if not self.do_prune:
-            return
-        for p, ids in zip(pos, seq_ids):
-            for s in ids:
-                lo_hi = self.pending.setdefault(s, [p, p])
-                lo_hi[0] = min(lo_hi[0], p)
-                lo_hi[1] = max(lo_hi[1], p)
+        if self.do_prune:
+            for p, ids in zip(pos, seq_ids):
+                for s in ids:
+                    lo_hi = self.pending.setdefault(s, [p, p])
+                    lo_hi[0] = min(lo_hi[0], p)
+                    lo_hi[1] = max(lo_hi[1], p)
+        return [[s, lo, hi] for s, (lo, hi) in sorted(self.pending.items())]
 
-    def find_slot(self, ub):
-        a = self.base.find_slot(ub)
-        b = self.swa.find_slot(ub)
-        return a and b
+    def find_slot_each(self, ub):
+        return self.each("find_slot", ub)
 
     def prune_swa(self, s, pmin, pmax):
         """Drop s from the SWA cells no position up to pmax can see; True when fewer than
@@ -89,6 +93,38 @@ class ISWAModel:
         b = getattr(self.swa, method)(*args)
         return a, b
 
+    # the cache's methods that both sub-caches take alike
+    def restore(self):
+        self.each("restore")
+
+    def clear(self):
+        self.each("clear")
+
+    def set_full(self):
+        self.each("set_full")
+
+    def seq_rm(self, seq_id, p0, p1):
+        a, b = self.each("seq_rm", seq_id, p0, p1)
+        return a and b
+
+    def seq_cp(self, src, dst, p0, p1):
+        self.each("seq_cp", src, dst, p0, p1)
+
+    def seq_keep(self, seq_id):
+        self.each("seq_keep", seq_id)
+
+    def seq_add(self, seq_id, p0, p1, shift):
+        self.each("seq_add", seq_id, p0, p1, shift)
+
+    def seq_div(self, seq_id, p0, p1, d):
+        self.each("seq_div", seq_id, p0, p1, d)
+
+    def k_shift(self):
+        return self.each("k_shift")
+
+    def reset_shift(self):
+        self.each("reset_shift")
+
 
 @st.composite
 def configs(draw):
@@ -102,49 +138,43 @@ def as_list(a):
     return np.asarray(a).tolist()
 
 
-class ISWACacheMachine(RuleBasedStateMachine):
+_MODEL_ARGS = ("kv_size", "n_swa", "swa_type", "n_batch", "swa_full", "n_seq_max", "n_pad")
+
+
+class ISWACacheMachine(SequenceRules, RuleBasedStateMachine):
     """Model and cache receive every operation; the invariant compares them after each step."""
 
     model = ISWAModel
+    p_max = P_MAX
 
     @initialize(cfg=configs())
     def create(self, cfg):
         self.cfg = cfg
         self.n_seq_max = cfg["n_seq_max"]
-        self.ref = self.model(**cfg)
-        self.sut = kvcache.ISWACache(
-            kv_size=cfg["kv_size"], n_layer=2, n_embd_k_gqa=N_EMBD, n_embd_v_gqa=N_EMBD, swa_layers=[1],
-            n_swa=cfg["n_swa"], swa_type=cfg["swa_type"], n_batch=cfg["n_batch"], swa_full=cfg["swa_full"],
-            type_k="f32", type_v="f32", v_trans=False, n_seq_max=cfg["n_seq_max"], n_pad=cfg["n_pad"])
-        assert (self.sut.size_base, self.sut.size_swa) == (self.ref.base.size, self.ref.swa.size)
+        config = dict(cfg, n_layer=2, n_embd_k_gqa=[N_EMBD] * 2, n_embd_v_gqa=[N_EMBD] * 2, swa_layers=[1],
+                      type_k="f32", type_v="f32", v_trans=False)
+        target = Target("iSWA model", lambda config: self.model(**{k: config[k] for k in _MODEL_ARGS}), RefUBatch,
+                        family=iswa.FAMILY, data=False)
+        model = start(target, config)
+        # the cache is checked against the sub-cache sizes of the model
+        config = dict(config, size_base=model.cache.base.size, size_swa=model.cache.swa.size)
+        self.replays = (model, start(iswa.kvcache_target(), config))
+        self.ref, self.sut = (r.cache for r in self.replays)
 
     # --- helpers -----------------------------------------------------------------------------
-
-    def seq(self, data, allow_any=False):
-        return data.draw(st.integers(-1 if allow_any else 0, self.n_seq_max - 1), label="seq_id")
-
-    def prange(self, data):
-        p0 = data.draw(st.integers(-1, P_MAX), label="p0")
-        return p0, data.draw(st.integers(-1, P_MAX + 1), label="p1")
 
     def shift_if_pending(self):
         """C2: a pending K-shift is applied and reset before a ubatch is placed."""
         if self.ref.has_shift:
-            assert self.sut.has_shift
-            kb, ks = self.sut.k_shift()
-            assert as_list(kb) == as_list(self.ref.base.k_shift()), "base k_shift"
-            assert as_list(ks) == as_list(self.ref.swa.k_shift()), "swa k_shift"
-            self.sut.reset_shift()
-            self.ref.each("reset_shift")
+            self.both("k_shift")
 
     def place(self, pos, seq_id, nst):
         self.shift_if_pending()
-        a = self.ref.find_slot(RefUBatch(pos, seq_id, nst))
-        b = self.sut.find_slot(kvcache.UBatch(pos, seq_id, n_seq_tokens=nst))
-        assert a == bool(b), "find_slot result"
-        return a
+        return self.both("find_slot", pos=pos, seq_id=seq_id, n_seq_tokens=nst)["ok"]
 
     def commit_both(self):
+        """Commit both; the cache warns of as many partial windows as the model finds (the
+        table's commit compares the warnings with a trace's log only)."""
         partial = self.ref.commit()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -169,9 +199,7 @@ class ISWACacheMachine(RuleBasedStateMachine):
             shared = data.draw(st.lists(st.integers(0, self.n_seq_max - 1), max_size=1), label="also")
             pos += list(range(p, p + n))
             ids += [sorted({s, *shared})] * n
-        self.ref.sbatch_init(pos, ids)
-        self.sut.sbatch_init(pos, ids)
-        assert self.sut.pending == [[s, lo, hi] for s, (lo, hi) in sorted(self.ref.pending.items())], "pending"
+        self.both("sbatch_init", pos=pos, seq_id=ids)
         n_ubatch = data.draw(st.integers(1, 16), label="n_ubatch")
         ok = True
         for i in range(0, len(pos), n_ubatch):
@@ -181,8 +209,7 @@ class ISWACacheMachine(RuleBasedStateMachine):
         if ok and commit:
             self.commit_both()
         else:
-            self.ref.each("restore")
-            self.sut.restore()
+            self.both("restore")
 
     @rule(data=st.data())
     def find_slot(self, data):
@@ -201,59 +228,16 @@ class ISWACacheMachine(RuleBasedStateMachine):
         pos = data.draw(st.lists(st.integers(0, P_MAX), min_size=n, max_size=n), label="pos")
         ids = data.draw(st.lists(st.lists(st.integers(0, self.n_seq_max - 1), min_size=1, max_size=2, unique=True),
                                  min_size=n, max_size=n), label="ids")
-        self.ref.sbatch_init(pos, ids)
-        self.sut.sbatch_init(pos, ids)
+        self.both("sbatch_init", pos=pos, seq_id=ids)
 
     @rule()
     def commit(self):
         self.commit_both()
 
-    @rule()
-    def restore(self):
-        self.ref.each("restore")
-        self.sut.restore()
-
-    @rule(data=st.data())
-    def seq_rm(self, data):
-        s = self.seq(data, allow_any=True)
-        p0, p1 = self.prange(data)
-        a, b = self.ref.each("seq_rm", s, p0, p1)
-        assert (a and b) == bool(self.sut.seq_rm(s, p0, p1)), "seq_rm result"
-
-    @rule(data=st.data())
-    def seq_cp(self, data):
-        args = (self.seq(data), self.seq(data), *self.prange(data))
-        self.ref.each("seq_cp", *args)
-        self.sut.seq_cp(*args)
-
-    @rule(data=st.data())
-    def seq_keep(self, data):
-        s = self.seq(data)
-        self.ref.each("seq_keep", s)
-        self.sut.seq_keep(s)
-
-    @rule(data=st.data(), shift=st.integers(-8, 8))
-    def seq_add(self, data, shift):
-        args = (self.seq(data), *self.prange(data), shift)
-        self.ref.each("seq_add", *args)
-        self.sut.seq_add(*args)
-
-    @rule(data=st.data(), d=st.integers(1, 3))
-    def seq_div(self, data, d):
-        args = (self.seq(data), *self.prange(data), d)
-        self.ref.each("seq_div", *args)
-        self.sut.seq_div(*args)
-
     @precondition(lambda self: hasattr(self, "ref") and self.ref.base.used >= self.ref.base.size // 2)
     @rule()
     def clear(self):
-        self.ref.each("clear")
-        self.sut.clear()
-
-    @rule()
-    def set_full(self):
-        self.ref.each("set_full")
-        self.sut.set_full()
+        self.both("clear")
 
     @rule()
     def k_shift(self):

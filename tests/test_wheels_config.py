@@ -1,6 +1,9 @@
 """The wheel build configuration agrees with itself: pyproject.toml's [tool.cibuildwheel], the
 wheels workflow that runs it, the package metadata and the CI script that checks a wheel here."""
+import os
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -93,3 +96,40 @@ def test_ci_script_checks_the_wheel():
     assert "twine check --strict" in run
     assert "auditwheel\" show" in run and "auditwheel\" repair --plat" in run
     assert re.search(r"manylinux_\*\|musllinux_\*\)", run)
+
+
+def _ci_stages(run: str) -> set:
+    """The switchable stages .ci/run declares (its `stage NAME FULL QUICK "what"` lines)."""
+    return set(re.findall(r"^stage (\w+) ", run, re.M))
+
+
+def test_ci_script_stages_are_switchable_and_the_workflows_use_them():
+    run = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    stages = _ci_stages(run)
+    assert {"checks", "bench", "llama", "torch", "ctests", "fuzz", "sanitize", "demo"} <= stages
+    for name in stages:
+        assert re.search(rf"^stage_{name}\(\) ", run, re.M), f"stage {name} has no stage_{name} function"
+    # environment the script reads besides the stage switches
+    other = {"KVCACHE_CI_WORK", "KVCACHE_CI_EXTRAS", "KVCACHE_CI_LIGHT", "KVCACHE_CI_KEEP"}
+    for wf in sorted((REPO / ".github" / "workflows").glob("*.yml")):
+        for var in re.findall(r"\b(KVCACHE_CI_\w+)\s*:", wf.read_text(encoding="utf-8")):
+            assert var in other or var[len("KVCACHE_CI_"):].lower() in stages, f"{wf.name}: .ci/run has no {var}"
+            assert var in run or var[len("KVCACHE_CI_"):].lower() in stages
+
+
+def test_ci_script_lists_its_stages():
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    run = REPO / ".ci" / "run"
+    full = subprocess.run([bash, str(run), "--list"], capture_output=True, text=True, timeout=60)
+    quick = subprocess.run([bash, str(run), "--quick", "--list", "--with-ctests", "--no-demo"], capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "KVCACHE_CI_TORCH": "1"})
+    assert full.returncode == 0 and quick.returncode == 0, full.stderr + quick.stderr
+    state = {q: dict(line.split()[:2] for line in r.stdout.splitlines()) for q, r in (("full", full), ("quick", quick))}
+    assert set(state["full"]) == _ci_stages(run.read_text(encoding="utf-8"))
+    assert state["full"]["llama"] == "on" and state["quick"]["llama"] == "off"
+    assert state["quick"]["ctests"] == "on" and state["quick"]["demo"] == "off" and state["quick"]["torch"] == "on"
+    assert state["quick"]["bench"] == "on"   # the suite runs `kvcache bench --quick`
+    bad = subprocess.run([bash, str(run), "--no-nothing"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no stage named nothing" in bad.stderr

@@ -6,49 +6,9 @@ from kvcache.includes.kvc_batch cimport *
 _SPLIT_MODES = {"simple": KVC_SPLIT_SIMPLE, "equal": KVC_SPLIT_EQUAL, "seq": KVC_SPLIT_SEQ}
 
 
-cdef list _token_seq_lists(object seq_id, Py_ssize_t n_tokens):
-    """Per-token sequence id lists (ValueError / TypeError naming the bad entry)."""
-    if isinstance(seq_id, np.ndarray):
-        seq_id = seq_id.tolist()
-    try:
-        entries = list(seq_id)
-    except TypeError:
-        raise TypeError("seq_id must be a sequence with one entry per token") from None
-    if len(entries) != n_tokens:
-        raise ValueError(f"seq_id has {len(entries)} entries, but pos has {n_tokens} tokens")
-    cdef list lists = []
-    cdef Py_ssize_t t
-    for t in range(n_tokens):
-        e = entries[t]
-        if isinstance(e, (int, np.integer)) and not isinstance(e, bool):
-            ids = [int(e)]
-        else:
-            if isinstance(e, (str, bytes, bool)):
-                raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}")
-            try:
-                ids = list(e)
-            except TypeError:
-                raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}") from None
-            for x in ids:
-                if not isinstance(x, (int, np.integer)) or isinstance(x, bool):
-                    raise TypeError(f"seq_id[{t}] holds {x!r}, not an int")
-            ids = [int(x) for x in ids]
-        if not ids:
-            raise ValueError(f"seq_id[{t}] is empty: every token needs a sequence id")
-        for x in ids:
-            if x < 0 or x >= KVC_MAX_SEQ:
-                raise ValueError(f"seq_id[{t}] holds {x}, outside [0, {KVC_MAX_SEQ})")
-        lists.append(ids)
-    return lists
-
-
 cdef uint32_t _as_n_ubatch(object n_ubatch) except? 0:
-    if not isinstance(n_ubatch, (int, np.integer)) or isinstance(n_ubatch, bool):
-        raise TypeError(f"n_ubatch must be an int, not {type(n_ubatch).__name__}")
-    if n_ubatch < 1:
-        raise ValueError(f"n_ubatch must be at least 1, got {n_ubatch}")
     # any size beyond the batch takes as much as a size equal to it
-    return <uint32_t>min(int(n_ubatch), UINT32_MAX)
+    return <uint32_t>min(int_c(n_ubatch, "n_ubatch", 1, LLONG_MAX), <long long>UINT32_MAX)
 
 
 cdef class SplitUBatch(UBatch):
@@ -56,6 +16,8 @@ cdef class SplitUBatch(UBatch):
 
     ``ids[i]`` is the index in the batch of the ubatch's i-th token (use it to gather token ids
     or embeddings); ``equal_seqs`` is False for a simple split."""
+    cdef readonly object ids        # int64[n_tokens]: batch index of each token, in ubatch order
+    cdef readonly bint equal_seqs   # False for a simple split
 
     def __repr__(self):
         return (f"SplitUBatch(n_tokens={self.c.n_tokens}, n_seq_tokens={self.c.n_seq_tokens}, "
@@ -78,6 +40,8 @@ cdef class Batch:
     token has been placed; :attr:`out_ids` lists the output tokens in the order they were
     placed, which is the order of the output rows a model computes.
     """
+    cdef kvc_sbatch c               # the splitter (owns copies of the batch and the last ubatch)
+    cdef kvc_pylock _lock           # held while splitting and reading the split state
 
     def __cinit__(self, pos, seq_id, output=None, logits_all=False, simple_split=True):
         cdef kvc_err err
@@ -86,31 +50,23 @@ cdef class Batch:
         err.msg[0] = 0
         if kvc_pylock_init(&self._lock) != 0:
             raise MemoryError("Batch: cannot allocate its lock")
-        pos_arr = np.asarray(pos)
-        if pos_arr.size and not np.issubdtype(pos_arr.dtype, np.integer):
-            raise TypeError(f"pos must hold integers, got dtype {pos_arr.dtype}")
-        if pos_arr.ndim != 1:
-            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
-        n_tokens = pos_arr.shape[0]
+        pos64 = values_c(pos, "pos", VALUES_INT)
+        n_tokens = pos64.shape[0]
         if n_tokens >= UINT32_MAX:
             raise ValueError(f"too many tokens ({n_tokens})")
-        if n_tokens and (pos_arr.min() < 0 or pos_arr.max() > INT32_MAX):
+        if n_tokens and (pos64.min() < 0 or pos64.max() > INT32_MAX):
             raise ValueError("pos values must lie in [0, 2**31 - 1]")
-        lists = _token_seq_lists(seq_id, n_tokens)
+        lists = seq_lists_c(seq_id, n_tokens, "token")
         logits_arr = None
         if output is not None:
-            out_arr = np.asarray(output)
+            out_arr = values_c(output, "output", VALUES_FLAG)
             if out_arr.shape != (n_tokens,):
                 raise ValueError(f"output must have one flag per token ({n_tokens}), got shape {out_arr.shape}")
-            if out_arr.size and not (out_arr.dtype == np.bool_ or np.issubdtype(out_arr.dtype, np.integer)):
-                raise TypeError(f"output must hold bools or ints, got dtype {out_arr.dtype}")
             logits_arr = np.ascontiguousarray(out_arr != 0, dtype=np.int8)
-        if not isinstance(logits_all, (bool, np.bool_)):
-            raise TypeError(f"logits_all must be a bool, not {type(logits_all).__name__}")
-        if not isinstance(simple_split, (bool, np.bool_)):
-            raise TypeError(f"simple_split must be a bool, not {type(simple_split).__name__}")
+        all_ = bool_arg(logits_all, "logits_all")
+        simple = bool_arg(simple_split, "simple_split")
 
-        pos32 = np.ascontiguousarray(pos_arr, dtype=np.int32)
+        pos32 = pos64.astype(np.int32)
         off = np.zeros(n_tokens + 1, dtype=np.uint32)
         off[1:] = np.cumsum([len(l) for l in lists], dtype=np.uint64) if n_tokens else 0
         flat = np.fromiter((x for l in lists for x in l), dtype=np.int32, count=int(off[n_tokens]))
@@ -122,15 +78,15 @@ cdef class Batch:
         cdef int32_t[::1] ids_v = flat
         cdef int8_t[::1] logits_v
         cdef const int8_t *logits_p = NULL
+        cdef bint c_all = all_, c_simple = simple
         if logits_arr is not None:
             if n_tokens == 0:
                 logits_arr = np.zeros(1, dtype=np.int8)
             logits_v = logits_arr
             logits_p = &logits_v[0]
-        cdef bint all_ = bool(logits_all), simple = bool(simple_split)
         cdef uint32_t n = <uint32_t>n_tokens
         with nogil:
-            rc = kvc_sbatch_init(&self.c, n, &pos_v[0], &off_v[0], &ids_v[0], logits_p, all_, simple, &err)
+            rc = kvc_sbatch_init(&self.c, n, &pos_v[0], &off_v[0], &ids_v[0], logits_p, c_all, c_simple, &err)
         check_status(rc, &err, "invalid batch")
 
     def __dealloc__(self):
@@ -166,14 +122,14 @@ cdef class Batch:
         """Batch indices of the output tokens placed so far, in placement order (int64 array)."""
         cdef Py_ssize_t i
         cdef int64_t[::1] v
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, False, "out_ids")
         try:
             res = np.empty(self.c.n_out, dtype=np.int64)
             v = res
             for i in range(self.c.n_out):
                 v[i] = self.c.out_ids[i]
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
         return res
 
     def __len__(self):
@@ -195,7 +151,7 @@ cdef class Batch:
         cdef uint8_t[::1] out_v
         err.msg[0] = 0
         # the split and the copy of its result (which lives in the splitter) under the lock
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, True, "split")
         try:
             rc = kvc_sbatch_split(&self.c, mode, n, &out, &err)
             check_status(rc, &err, "cannot split")
@@ -217,7 +173,7 @@ cdef class Batch:
             n_seq_tokens = out.ub.n_seq_tokens
             equal_seqs = out.equal_seqs
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
         cdef SplitUBatch ub = SplitUBatch(pos, groups, n_seq_tokens, output)
         ub.ids = ids
         ub.equal_seqs = equal_seqs

@@ -1,7 +1,8 @@
 # K/V memory: the three ownership modes, element dtypes, borrowed buffers (buffer protocol
 # or DLPack on the CPU) and the DLPack export of bf16 views.
 
-from cpython.buffer cimport PyObject_CheckBuffer, PyBUF_WRITABLE
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBuffer_IsContiguous, PyBUF_STRIDES,
+                             PyBUF_WRITABLE)
 from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer,
                                 PyCapsule_SetName)
 from cpython.ref cimport Py_INCREF, Py_DECREF
@@ -48,7 +49,7 @@ def view_dtype(type):
     """The numpy dtype of ``k(il)`` / ``v(il)`` for a ggml type name or id: float32 (f32),
     float16 (f16), ``ml_dtypes.bfloat16`` (bf16; uint16 bit patterns when ml_dtypes is not
     installed), uint8 rows of the type's row size for block-quantized types."""
-    cdef const kvc_type_info *info = _type_arg(type, "type")
+    cdef const kvc_type_info *info = type_c(type, "type")
     return _element_dtype(info.id)
 
 
@@ -176,9 +177,13 @@ cdef object _from_dlpack_capsule(object obj, str name):
     cdef _DLTensor *t = &mt.dl_tensor
     cdef int i
     if t.device.device_type != _DL_CPU:
-        raise ValueError(f"{name} is on DLPack device {t.device.device_type}, not the CPU")
+        raise TypeError(f"{name} is on DLPack device {t.device.device_type}, not the CPU")
     dt = _dl_dtype(t.dtype, name)
+    if t.ndim < 0 or t.ndim > 32:
+        raise TypeError(f"{name}: DLPack tensor of {t.ndim} dimensions")
     shape = tuple(t.shape[i] for i in range(t.ndim))
+    if any(d < 0 for d in shape):
+        raise TypeError(f"{name}: DLPack tensor of shape {shape}")
     expect = 1
     if t.strides != NULL:
         for i in range(t.ndim - 1, -1, -1):
@@ -188,21 +193,42 @@ cdef object _from_dlpack_capsule(object obj, str name):
     n = 1
     for d in shape:
         n *= d
+    if n * dt.itemsize > 2**62:
+        raise TypeError(f"{name}: DLPack tensor of shape {shape} is too large")
     mem.ptr = <char *>t.data + t.byte_offset
     mem.nbytes = n * dt.itemsize
     return np.frombuffer(mem, dtype=np.uint8).view(dt).reshape(shape)
 
 
-cdef object _as_host_array(object obj, str name):
-    """A numpy array sharing the memory of obj (ndarray, buffer-protocol object or a CPU
-    tensor with __dlpack__); nothing is copied."""
+# --- the buffer edge: every array argument goes through here -------------------------------------
+
+cdef object host_array(object obj, str name):
+    """A numpy array, of exactly the ndarray type, over the memory of obj (nothing is copied):
+    an ndarray (its own C description: a subclass's properties and hooks are never consulted),
+    a buffer-protocol object (as its exporter describes it) or a CPU tensor with __dlpack__
+    (as the producer's C struct describes it). TypeError for anything else: an object that
+    only claims memory through __array_interface__ is not an array; and for device tensors."""
     if isinstance(obj, np.ndarray):
-        return obj
-    if hasattr(obj, "__dlpack__") and not PyObject_CheckBuffer(obj):
+        return np.ndarray.view(obj, type=np.ndarray)
+    if PyObject_CheckBuffer(obj):
+        try:
+            m = memoryview(obj)
+        except (TypeError, NotImplementedError, BufferError) as e:
+            raise TypeError(f"{name}: unsupported buffer ({e})") from None
+        try:
+            return np.asarray(m)
+        except (TypeError, ValueError, NotImplementedError, BufferError) as e:
+            raise TypeError(f"{name}: unsupported buffer ({e})") from None
+    if hasattr(obj, "__dlpack__"):
         dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_DL_CPU, 0)
-        if int(dev[0]) != _DL_CPU:
-            raise ValueError(f"{name} is on DLPack device {tuple(dev)}, not the CPU: borrowed buffers "
-                             f"must be host memory (use buffers=None for device memory)")
+        try:
+            dev = (int(dev[0]), int(dev[1]))
+        except (TypeError, ValueError, IndexError):
+            raise TypeError(f"{name}: __dlpack_device__() returned {dev!r}, not (device type, id)") from None
+        if dev[0] != _DL_CPU:
+            raise TypeError(f"{name} is on DLPack device {dev}, not the CPU: kvcache reads and writes host "
+                            f"memory only (for K/V on a device, build the cache with buffers=None and "
+                            f"apply its plans there)")
         try:
             return np.from_dlpack(obj)
         except (BufferError, TypeError, ValueError, RuntimeError):
@@ -212,36 +238,79 @@ cdef object _as_host_array(object obj, str name):
             return _from_dlpack_capsule(obj, name)
         except BufferError as e:     # the producer refused (e.g. a tensor that requires grad)
             raise BufferError(f"{name}: {e}") from None
-    if PyObject_CheckBuffer(obj):
-        try:
-            return np.asarray(memoryview(obj))
-        except (TypeError, ValueError, NotImplementedError) as e:
-            raise TypeError(f"{name}: unsupported buffer ({e})") from None
     raise TypeError(f"{name} must support the buffer protocol or __dlpack__, not {type(obj).__name__}")
 
 
+cdef class _HeldBuffer:
+    """An array argument's memory, pinned from the moment it is taken until release(): the
+    exporter's buffer (PyObject_GetBuffer) says where it is, how large it is and whether it is
+    writable, and an exporter that can move or free its memory (bytearray, mmap, array.array)
+    refuses to while it is held. The checks read the buffer, never attributes, so they stay
+    true until the C call."""
+    cdef Py_buffer view
+    cdef bint held
+    cdef readonly object dtype      # element dtype (of the ndarray the memory was described as)
+    cdef readonly object array      # that ndarray (exactly np.ndarray), for numpy-level work
+
+    def __dealloc__(self):
+        self.release()
+
+    cdef void release(self) noexcept:
+        if self.held:
+            self.held = False
+            PyBuffer_Release(&self.view)
+
+    cdef inline bint c_contiguous(self) noexcept:
+        return PyBuffer_IsContiguous(&self.view, b'C') != 0
+
+    cdef inline Py_ssize_t dim(self, int i) noexcept:
+        return self.view.shape[i]
+
+    cdef str describe(self):
+        return f"{self.dtype} {tuple(self.view.shape[i] for i in range(self.view.ndim))}"
+
+
+cdef _HeldBuffer hold_buffer(object obj, str name, bint writable):
+    """Take the memory of an array argument (see host_array) and pin it; ValueError when it
+    must be writable and is not."""
+    arr = host_array(obj, name)
+    cdef _HeldBuffer hb = _HeldBuffer.__new__(_HeldBuffer)
+    # no format requested: numpy exports every dtype (bfloat16 too) this way; the dtype is the
+    # array's own
+    PyObject_GetBuffer(arr, &hb.view, PyBUF_STRIDES)
+    hb.held = True
+    hb.dtype = arr.dtype
+    hb.array = arr
+    if writable and hb.view.readonly:
+        hb.release()
+        raise ValueError(f"{name} is read-only")
+    return hb
+
+
 cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, str name, str layout):
-    """Validate a borrowed K or V buffer and return its first `need` bytes as a uint8 view.
+    """Validate a borrowed K or V buffer and return (its first `need` bytes as a uint8 view,
+    the _HeldBuffer that pins it for the cache's lifetime).
 
     It must be host memory, C-contiguous, writable, aligned, hold at least `need` bytes and
     have the type's element dtype (float32 / float16 / bfloat16 or uint16) or be raw uint8."""
-    arr = _as_host_array(obj, name)
+    cdef _HeldBuffer hb = hold_buffer(obj, name, False)
     tname = kvc_type_get(type_id).name.decode()
     ok = [_element_dtype(type_id), np.dtype(np.uint8)]
     if type_id == KVC_TYPE_BF16:
         ok.append(np.dtype(np.uint16))
-    if arr.dtype not in ok:
+    if hb.dtype not in ok:
         names = " or ".join(dict.fromkeys(str(d) for d in ok))
-        raise TypeError(f"{name} has dtype {arr.dtype}, which cannot hold {tname} data ({names})")
-    if not arr.flags.c_contiguous:
+        raise TypeError(f"{name} has dtype {hb.dtype}, which cannot hold {tname} data ({names})")
+    if not hb.c_contiguous():
         raise ValueError(f"{name} must be C-contiguous")
-    if not arr.flags.writeable:
+    if hb.view.readonly:
         raise ValueError(f"{name} is read-only")
-    if not arr.flags.aligned:
-        raise ValueError(f"{name} is not aligned to its {arr.dtype.itemsize}-byte elements")
-    if <size_t>arr.nbytes < need:
-        raise ValueError(f"{name} holds {arr.nbytes} bytes; the layer needs {need} ({layout})")
-    return arr.reshape(-1).view(np.uint8)[:need]
+    if hb.view.itemsize > 1 and (<uintptr_t>hb.view.buf) % <uintptr_t>hb.view.itemsize:
+        raise ValueError(f"{name} is not aligned to its {hb.view.itemsize}-byte elements")
+    if <size_t>hb.view.len < need:
+        raise ValueError(f"{name} holds {hb.view.len} bytes; the layer needs {need} ({layout})")
+    flat = np.ndarray.view(hb.array.reshape(-1), dtype=np.uint8, type=np.ndarray)[:need]
+    return flat, hb
 
 
 cdef int _check_disjoint(list regions) except -1:

@@ -1,14 +1,18 @@
-# Shared pieces of the bridge: status -> exception mapping and the UBatch class.
+# Shared pieces of the bridge: status -> exception mapping, the per-object lock and operation
+# guard, the one argument layer (types, integers, sequence ids, positions, per-layer lists, layer
+# filters, value arrays) and the UBatch class.
 
-from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t, INT32_MAX
+from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
+from cpython.bool cimport PyBool_Check
+from cpython.number cimport PyNumber_Index
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.buffer cimport PyObject_CheckBuffer
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, INT32_MAX, INT32_MIN, UINT32_MAX
 from libc.string cimport memcpy
+from libc.limits cimport LLONG_MIN, LLONG_MAX
 from kvcache.includes.kvc_common cimport *
 
 import numpy as np
-
-
-MAX_SEQ = KVC_MAX_SEQ
-"""Sequence ids a cache can hold are below this (llama.cpp's LLAMA_MAX_SEQ): n_seq_max <= MAX_SEQ."""
 
 
 class StateError(ValueError):
@@ -39,6 +43,451 @@ cdef inline int check_status(int status, kvc_err *err, str what) except -1:
     return 0
 
 
+# --- locking -----------------------------------------------------------------------------------
+# Every object with mutable state (the caches, Batch, SWAPending) carries a kvc_pylock: its
+# Python methods hold it for the whole operation, including the loops that run without the
+# GIL. The rule that keeps it free of deadlocks with the GIL: nobody blocks on the lock while
+# holding the GIL (a busy lock is waited for with the GIL released; PyMutex does this itself),
+# and several caches are locked in ascending address order. The lock is reentrant for its
+# holder (an iSWA cache holds both of its caches while calling their methods).
+#
+# Reentrancy must not let a change in under an operation: while an operation of the holder is
+# in progress (`busy`), a call of the same thread that would change the object (from a
+# callback: a file's write(), an array's hooks, a finalizer the garbage collector runs) is
+# refused with RuntimeError; reads are allowed. Only the holder ever sees busy != 0: it is back
+# to 0 before the lock is released.
+cdef extern from *:
+    """
+    #ifndef KVC_PYLOCK_DEFINED
+    #define KVC_PYLOCK_DEFINED
+    #include <string.h>
+    #include <pythread.h>
+    #if defined(_MSC_VER) && !defined(__clang__)
+    #include <intrin.h>
+    #define KVC_PYLOCK_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (v))
+    #define KVC_PYLOCK_LOAD(p) _InterlockedOr((volatile long *)(p), 0)
+    #else
+    #define KVC_PYLOCK_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
+    #define KVC_PYLOCK_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #endif
+    /* Python >= 3.13 (free-threaded builds among them): a PyMutex, which parks a waiting thread
+     * with its thread state detached. Before 3.13: a count of the threads holding or waiting
+     * (an atomic add when free, no system call) and a PyThread lock, kept taken, that a waiter
+     * blocks on until the holder hands over by releasing it once. */
+    typedef struct kvc_pylock {
+    #if PY_VERSION_HEX >= 0x030D0000
+        PyMutex mutex;
+    #else
+        long count;                 /* threads holding or waiting for the lock */
+        PyThread_type_lock wake;    /* taken; released once per hand-over to a waiter */
+    #endif
+        long waiting;               /* threads blocked waiting for it (for tests and diagnostics) */
+        unsigned long long owner;   /* thread ident of the holder, 0 when free */
+        unsigned long depth;        /* acquisitions by the holder not yet released */
+        unsigned long busy;         /* operations of the holder in progress that must not see a change */
+    } kvc_pylock;
+    #if PY_VERSION_HEX >= 0x030D0000
+    #define KVC_PYLOCK_OWNER(l) _Py_atomic_load_ullong_relaxed(&(l)->owner)
+    #define KVC_PYLOCK_SET_OWNER(l, v) _Py_atomic_store_ullong_relaxed(&(l)->owner, (v))
+    #else
+    #define KVC_PYLOCK_OWNER(l) ((l)->owner)
+    #define KVC_PYLOCK_SET_OWNER(l, v) ((l)->owner = (v))
+    #endif
+    /* 0, or -1 when the lock cannot be allocated. */
+    static inline int kvc_pylock_init(kvc_pylock *l) {
+        memset(l, 0, sizeof *l);
+    #if PY_VERSION_HEX < 0x030D0000
+        l->wake = PyThread_allocate_lock();
+        if (l->wake == NULL) return -1;
+        PyThread_acquire_lock(l->wake, WAIT_LOCK);
+    #endif
+        return 0;
+    }
+    static inline void kvc_pylock_free(kvc_pylock *l) {
+    #if PY_VERSION_HEX < 0x030D0000
+        if (l->wake != NULL) {
+            PyThread_release_lock(l->wake);   /* nobody waits on a lock that is freed */
+            PyThread_free_lock(l->wake);
+        }
+        l->wake = NULL;
+    #else
+        (void)l;
+    #endif
+    }
+    /* Whether the calling thread holds the lock (only the holder can read its own ident). */
+    static inline int kvc_pylock_mine(const kvc_pylock *l) {
+        return KVC_PYLOCK_OWNER(l) == (unsigned long long)PyThread_get_thread_ident();
+    }
+    /* The holder enters again. */
+    static inline int kvc_pylock_reenter(kvc_pylock *l, unsigned long long me) {
+        if (KVC_PYLOCK_OWNER(l) != me) return 0;
+        l->depth++;
+        return 1;
+    }
+    static inline void kvc_pylock_took(kvc_pylock *l, unsigned long long me) {
+        KVC_PYLOCK_SET_OWNER(l, me);
+        l->depth = 1;
+    }
+    /* Without a thread state (inside `with nogil:`). */
+    static inline void kvc_pylock_acquire_nogil(kvc_pylock *l) {
+        const unsigned long long me = PyThread_get_thread_ident();
+        if (kvc_pylock_reenter(l, me)) return;
+        KVC_PYLOCK_ADD(&l->waiting, 1);
+    #if PY_VERSION_HEX >= 0x030D0000
+        PyMutex_Lock(&l->mutex);
+    #else
+        if (KVC_PYLOCK_ADD(&l->count, 1) > 0) {
+            PyThread_acquire_lock(l->wake, WAIT_LOCK);
+        }
+    #endif
+        KVC_PYLOCK_ADD(&l->waiting, -1);
+        kvc_pylock_took(l, me);
+    }
+    /* With a thread state attached (the GIL held, on builds that have one). */
+    static inline void kvc_pylock_acquire(kvc_pylock *l) {
+        const unsigned long long me = PyThread_get_thread_ident();
+        if (kvc_pylock_reenter(l, me)) return;
+    #if PY_VERSION_HEX >= 0x030D0000
+        KVC_PYLOCK_ADD(&l->waiting, 1);
+        PyMutex_Lock(&l->mutex);
+        KVC_PYLOCK_ADD(&l->waiting, -1);
+        kvc_pylock_took(l, me);
+    #else
+        if (KVC_PYLOCK_ADD(&l->count, 1) > 0) {
+            KVC_PYLOCK_ADD(&l->waiting, 1);
+            Py_BEGIN_ALLOW_THREADS
+            PyThread_acquire_lock(l->wake, WAIT_LOCK);
+            Py_END_ALLOW_THREADS
+            KVC_PYLOCK_ADD(&l->waiting, -1);
+        }
+        kvc_pylock_took(l, me);
+    #endif
+    }
+    static inline void kvc_pylock_release(kvc_pylock *l) {
+        if (--l->depth == 0) {
+            KVC_PYLOCK_SET_OWNER(l, 0);
+    #if PY_VERSION_HEX >= 0x030D0000
+            PyMutex_Unlock(&l->mutex);
+    #else
+            if (KVC_PYLOCK_ADD(&l->count, -1) > 1) {
+                PyThread_release_lock(l->wake);   /* hand over to one waiter */
+            }
+    #endif
+        }
+    }
+    /* Acquire for a change: 0, or -1 (and not held) when the holder is in the middle of an
+     * operation on the object. */
+    static inline int kvc_pylock_acquire_change_nogil(kvc_pylock *l) {
+        kvc_pylock_acquire_nogil(l);
+        if (l->busy) {
+            kvc_pylock_release(l);
+            return -1;
+        }
+        return 0;
+    }
+    static inline long kvc_pylock_waiting(const kvc_pylock *l) {
+        return KVC_PYLOCK_LOAD((long *)&l->waiting);
+    }
+    #endif
+    """
+    ctypedef struct kvc_pylock:
+        unsigned long depth
+        unsigned long busy
+    int  kvc_pylock_init(kvc_pylock *l)
+    void kvc_pylock_free(kvc_pylock *l)
+    void kvc_pylock_acquire(kvc_pylock *l)
+    void kvc_pylock_acquire_nogil(kvc_pylock *l) nogil
+    int  kvc_pylock_acquire_change_nogil(kvc_pylock *l) nogil
+    void kvc_pylock_release(kvc_pylock *l) nogil
+    bint kvc_pylock_mine(const kvc_pylock *l) nogil
+    long kvc_pylock_waiting(const kvc_pylock *l) nogil
+
+
+cdef enum:
+    _BUSY = -0x4B56   # a status of the bridge: the lock was refused (the object is mid-operation)
+
+
+cdef int raise_busy(str what) except -1:
+    raise RuntimeError(f"{what}: the object is in the middle of another operation of this thread (a "
+                       f"callback of that operation called it); nothing was changed")
+
+
+cdef int op_begin(kvc_pylock *l, bint change, str what) except -1:
+    """Lock for an operation that runs Python code while it holds the lock: a change is
+    refused (RuntimeError) when the holder is already in the middle of an operation; while it
+    runs, changes from callbacks are refused. End it with op_end."""
+    kvc_pylock_acquire(l)
+    if change and l.busy:
+        kvc_pylock_release(l)
+        raise_busy(what)
+    l.busy += 1
+    return 0
+
+
+cdef inline void op_end(kvc_pylock *l) noexcept nogil:
+    l.busy -= 1
+    kvc_pylock_release(l)
+
+
+cdef int lock_change(kvc_pylock *l, str what) except -1:
+    """Lock for a change that runs no Python code until it unlocks (kvc_pylock_release)."""
+    kvc_pylock_acquire(l)
+    if l.busy:
+        kvc_pylock_release(l)
+        raise_busy(what)
+    return 0
+
+
+# --- the argument layer ------------------------------------------------------------------------
+# One set of checks for every entry point, the bridge's methods and the Python modules alike
+# (iswa.py, plan.py, geometry.py call the def versions). A value is converted once, from the
+# object itself (an int subclass's comparison operators are never consulted), then bounded in
+# C. Semantic rules (kv_size a multiple of n_pad, widths whole blocks of the type, ...) are not
+# here: the C core checks them and its message reaches the caller.
+
+MAX_SEQ = KVC_MAX_SEQ   # sequence ids of a cache lie in [0, n_seq_max), n_seq_max <= MAX_SEQ
+
+
+cdef object _NP_INTEGER = np.integer
+cdef object _NP_BOOL = np.bool_
+
+
+cdef inline bint _is_bool(object v):
+    return PyBool_Check(v) or isinstance(v, _NP_BOOL)
+
+
+cdef inline bint _is_int(object v):
+    """An int (not a bool) or a numpy integer."""
+    return (PyLong_Check(v) and not PyBool_Check(v)) or isinstance(v, _NP_INTEGER)
+
+
+cdef long long int_c(object v, str name, long long lo, long long hi) except? -1:
+    """An integer argument in [lo, hi] (TypeError for bools, floats and non-integers, ValueError
+    outside the bounds)."""
+    cdef int overflow = 0
+    cdef long long r
+    if PyLong_Check(v) and not PyBool_Check(v):
+        r = PyLong_AsLongLongAndOverflow(v, &overflow)      # an int subclass: its value, no method
+    elif isinstance(v, _NP_INTEGER):
+        r = PyLong_AsLongLongAndOverflow(PyNumber_Index(v), &overflow)
+    elif _is_bool(v):
+        raise TypeError(f"{name} must be an int, not bool")
+    else:
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if overflow or r < lo or r > hi:
+        raise ValueError(f"{name} = {int(PyNumber_Index(v))} is outside [{lo}, {hi}]")
+    return r
+
+
+def int_arg(v, name, lo=None, hi=None):
+    """The int argument ``name`` in [lo, hi] (None: no bound beyond int64), as a Python int;
+    TypeError for bools, floats and other non-integers, ValueError outside the bounds."""
+    return int_c(v, name, LLONG_MIN if lo is None else lo, LLONG_MAX if hi is None else hi)
+
+
+def bool_arg(v, name):
+    """A bool argument (bool or numpy bool; TypeError for anything else, ints included)."""
+    if not _is_bool(v):
+        raise TypeError(f"{name} must be a bool, not {type(v).__name__}")
+    return bool(v)
+
+
+cdef inline int32_t pos_c(object v, str name) except? -2:
+    """A position, bound or shift argument that fits int32."""
+    return <int32_t>int_c(v, name, INT32_MIN, INT32_MAX)
+
+
+cdef inline int32_t seq_c(object v, uint32_t n_seq_max, str name, bint allow_any) except? -2:
+    """A sequence id in [0, n_seq_max), or -1 when allow_any."""
+    cdef long long s = int_c(v, name, LLONG_MIN, LLONG_MAX)
+    if s < 0 or s >= <long long>n_seq_max:
+        if not (allow_any and s == -1):
+            raise ValueError(f"{name} = {s} is outside [{-1 if allow_any else 0}, {n_seq_max})")
+    return <int32_t>s
+
+
+def seq_arg(v, n_seq_max, name="seq_id", allow_any=False):
+    """A sequence id in [0, n_seq_max) (or -1 with allow_any), as a Python int."""
+    return seq_c(v, <uint32_t>int_c(n_seq_max, "n_seq_max", 1, KVC_MAX_SEQ), name, allow_any)
+
+
+cdef const kvc_type_info *type_c(object t, str name) except NULL:
+    """The type-table entry of a ggml type given by name (any case: "f16", "Q8_0") or ggml id."""
+    cdef const kvc_type_info *info = NULL
+    cdef long long i
+    if isinstance(t, str):
+        info = kvc_type_by_name(t.lower().encode("ascii", "replace"))
+    elif _is_int(t):
+        i = int_c(t, name, LLONG_MIN, LLONG_MAX)
+        if INT32_MIN <= i <= INT32_MAX:
+            info = kvc_type_get(<int32_t>i)
+    else:
+        raise TypeError(f"{name} must be a ggml type name such as 'f16' or a ggml type id, not "
+                        f"{type(t).__name__}")
+    if info == NULL:
+        names = ", ".join(kvc_type_at(k).name.decode("ascii") for k in range(kvc_type_count()))
+        raise ValueError(f"{name} = {t!r}: unknown type (the ggml types kvcache supports: {names})")
+    return info
+
+
+def type_arg(t, name="type"):
+    """The GGMLType of a type argument given by name (any case) or ggml id."""
+    cdef const kvc_type_info *info = type_c(t, name)
+    return GGMLType(info.id, info.name.decode("ascii"), info.blck_size, info.type_size)
+
+
+def widths_arg(v, n_layer, name, hi=0x7FFFFFFF):
+    """Per-layer widths: one int for every layer, or a sequence of n_layer ints, each in
+    [0, hi]; a tuple of ints."""
+    cdef Py_ssize_t n = <Py_ssize_t>int_c(n_layer, "n_layer", 0, 0x7FFFFFFF)
+    cdef long long top = hi
+    if _is_int(v):
+        return (int_c(v, name, 0, top),) * n
+    if isinstance(v, (str, bytes)) or _is_bool(v):
+        raise TypeError(f"{name} must be an int or a sequence of ints, not {type(v).__name__}")
+    try:
+        seq = list(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of ints, not {type(v).__name__}") from None
+    if len(seq) != n:
+        raise ValueError(f"{name} has {len(seq)} entries, expected one per layer (n_layer = {n})")
+    return tuple([int_c(x, f"{name}[{i}]", 0, top) for i, x in enumerate(seq)])
+
+
+def layers_arg(layers, n_layer, name="layers", any_order=False):
+    """Model layers as ascending unique indices in [0, n_layer): from None (all of them), a
+    predicate il -> bool, or a sequence of indices (ascending unless any_order; never repeated)."""
+    cdef Py_ssize_t n = <Py_ssize_t>int_c(n_layer, "n_layer", 0, 0x7FFFFFFF)
+    if layers is None:
+        return tuple(range(n))
+    if callable(layers):
+        return tuple(il for il in range(n) if layers(il))
+    if isinstance(layers, (str, bytes)):
+        raise TypeError(f"{name} must be None, a callable il -> bool or a sequence of layer indices")
+    try:
+        seq = list(layers)
+    except TypeError:
+        raise TypeError(f"{name} must be None, a callable il -> bool or a sequence of layer indices") from None
+    out = [int_c(x, f"{name}[{i}]", 0, n - 1) for i, x in enumerate(seq)]
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} has repeated entries: {out}")
+    if not any_order and out != sorted(out):
+        raise ValueError(f"{name} must be ascending: {out}")
+    return tuple(sorted(out))
+
+
+cdef list seq_lists_c(object seq_id, Py_ssize_t n_entries, str unit):
+    """Sequence id lists, one per entry (token or token group): each entry an int or a non-empty
+    list of ints in [0, MAX_SEQ). TypeError / ValueError name the entry."""
+    if isinstance(seq_id, (str, bytes)):
+        raise TypeError(f"seq_id must be a sequence with one entry per {unit}")
+    try:
+        entries = _seq_entries(seq_id)
+    except TypeError:
+        raise TypeError(f"seq_id must be a sequence with one entry per {unit}") from None
+    if len(entries) != n_entries:
+        raise ValueError(f"seq_id has {len(entries)} entries, expected one per {unit} ({n_entries})")
+    cdef list lists = []
+    cdef Py_ssize_t t
+    for t in range(n_entries):
+        e = entries[t]
+        if _is_int(e):
+            lists.append([_seq_id_c(e, t)])
+            continue
+        if isinstance(e, (str, bytes)) or _is_bool(e):
+            raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}")
+        try:
+            ids = _seq_entries(e)
+        except TypeError:
+            raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}") from None
+        if not ids:
+            raise ValueError(f"seq_id[{t}] is empty: every {unit} needs a sequence id")
+        lists.append([_seq_id_c(x, t) for x in ids])
+    return lists
+
+
+cdef int _seq_id_c(object x, Py_ssize_t t) except -1:
+    """One sequence id of entry t, in [0, MAX_SEQ)."""
+    cdef int overflow = 0
+    cdef long long s
+    if not _is_int(x):
+        raise TypeError(f"seq_id[{t}] holds {x!r}, not an int")
+    iv = PyNumber_Index(x)
+    s = PyLong_AsLongLongAndOverflow(iv, &overflow)
+    if overflow or s < 0 or s >= KVC_MAX_SEQ:
+        raise ValueError(f"seq_id[{t}] holds {int(iv)}, outside [0, {KVC_MAX_SEQ})")
+    return <int>s
+
+
+cdef list _seq_entries(object v):
+    """The entries of a sequence-id argument as a list (an integer array by its values)."""
+    if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
+        return values_c(v, "seq_id", VALUES_INT, True).tolist()
+    return list(v)
+
+
+cdef enum:
+    VALUES_INT = 0      # integers (bools refused)
+    VALUES_FLAG = 1     # bools or integers
+    VALUES_FLOAT = 2    # numbers
+
+
+cdef object values_c(object v, str name, int kind, bint nd=False):
+    """A copy, owned by kvcache, of the values of a buffer-protocol object, a CPU DLPack tensor
+    or a sequence of numbers: int64 (VALUES_INT, VALUES_FLAG) or float64 (VALUES_FLOAT),
+    one-dimensional unless nd. The copy is taken before anything is checked, so that no later
+    change to the caller's object reaches the checks or C; memory is described by the exporter's
+    buffer, never by attributes (an object that only claims an __array_interface__ is not an
+    array)."""
+    cdef str what = "numbers" if kind == VALUES_FLOAT else ("bools or ints" if kind == VALUES_FLAG else "integers")
+    if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
+        a = host_array(v, name)
+        ok = a.dtype.kind in "iu" or (kind == VALUES_FLAG and a.dtype == np.bool_) or \
+            (kind == VALUES_FLOAT and (a.dtype.kind == "f" or (_BF16 is not None and a.dtype == _BF16)))
+        if not ok and (a.size or a.dtype == np.bool_ or a.dtype.kind not in "iufb"):
+            raise TypeError(f"{name} must hold {what}, got dtype {a.dtype}")
+        if not nd and a.ndim != 1:
+            raise ValueError(f"{name} must be one-dimensional, got shape {a.shape}")
+        if kind == VALUES_FLOAT:
+            return np.array(a, dtype=np.float64, copy=True)
+        if a.dtype == np.uint64 and a.size and int(a.max()) > 2**63 - 1:
+            raise ValueError(f"{name} holds values beyond int64")
+        return np.array(a, dtype=np.int64, copy=True)
+    if isinstance(v, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of {what} or an array, not {type(v).__name__}")
+    try:
+        items = list(v)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of {what} or an array, not {type(v).__name__}") from None
+    cdef Py_ssize_t i, n = len(items)
+    if kind == VALUES_FLOAT:
+        if nd:
+            return np.array([values_c(x, name, kind, True) if isinstance(x, (list, tuple)) else _float_c(x, name)
+                             for x in items], dtype=np.float64)
+        return np.array([_float_c(x, name) for x in items], dtype=np.float64)
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        x = items[i]
+        if kind == VALUES_FLAG and _is_bool(x):
+            out[i] = 1 if x else 0
+        elif _is_int(x):
+            out[i] = int_c(x, f"{name}[{i}]", LLONG_MIN, LLONG_MAX)
+        elif isinstance(x, (list, tuple)) or PyObject_CheckBuffer(x):
+            raise ValueError(f"{name} must be one-dimensional ({name}[{i}] is a sequence)")
+        else:
+            raise TypeError(f"{name} must hold {what}, not {type(x).__name__} ({name}[{i}])")
+    return out
+
+
+cdef double _float_c(object x, str name) except? -1.0:
+    if _is_bool(x) or isinstance(x, (str, bytes)):
+        raise TypeError(f"{name} must hold numbers, not {type(x).__name__}")
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must hold numbers, not {type(x).__name__}") from None
+
+
 # --- the ggml type table, read-only (csrc/kvc_types.h is the one copy) ---------------------------
 
 from collections import namedtuple as _namedtuple
@@ -60,41 +509,19 @@ def ggml_types():
 
 def ggml_type(t):
     """The GGMLType of a type given by name ("f16", "Q8_0", ...) or ggml id (ValueError if unknown)."""
-    cdef const kvc_type_info *info = NULL
-    if isinstance(t, str):
-        info = kvc_type_by_name(t.lower().encode("ascii", "replace"))
-    elif isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)):
-        if -2**31 <= t < 2**31:
-            info = kvc_type_get(<int32_t>t)
-    else:
-        raise TypeError(f"a ggml type is a name such as 'f16' or an id, not {type(t).__name__}")
-    if info == NULL:
-        names = ", ".join(x.name for x in ggml_types())
-        raise ValueError(f"unknown ggml type {t!r} (supported: {names})")
-    return GGMLType(info.id, info.name.decode("ascii"), info.blck_size, info.type_size)
+    return type_arg(t, "type")
 
 
 def ggml_row_size(t, n):
     """Bytes of a row of n elements of type t (name or id), as ggml_row_size.
 
     ValueError when n is negative or not a whole number of the type's blocks."""
-    info = ggml_type(t)
-    if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)):
-        raise TypeError(f"n must be an int, not {type(n).__name__}")
-    if n < 0 or n >= 2**63:
-        raise ValueError(f"n = {n} must be in [0, 2**63)")
-    if n % info.blck_size:
-        raise ValueError(f"{info.name} rows hold whole blocks of {info.blck_size} elements; {n} is not a multiple")
-    return kvc_row_size(info.id, <uint64_t>n)
-
-
-cdef int32_t as_pos(object v, str name) except? -1:
-    """A position argument as int32 (TypeError / ValueError naming the argument)."""
-    if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    if v > INT32_MAX or v < -2147483648:
-        raise ValueError(f"{name} = {v} is outside int32")
-    return <int32_t>v
+    cdef const kvc_type_info *info = type_c(t, "type")
+    cdef long long m = int_c(n, "n", 0, LLONG_MAX)
+    if m % info.blck_size:
+        raise ValueError(f"{info.name.decode()} rows hold whole blocks of {info.blck_size} elements; "
+                         f"{m} is not a multiple")
+    return kvc_row_size(info.id, <uint64_t>m)
 
 
 cdef class UBatch:
@@ -102,86 +529,78 @@ cdef class UBatch:
 
     ``UBatch(pos, seq_id, n_seq_tokens=1, output=None)``
 
-    - ``pos``: one position per token (ints in [0, 2**31)).
+    - ``pos``: one position per token (ints in [0, 2**31)): a sequence, an integer array or a
+      CPU tensor.
     - ``seq_id``: one entry per token group; an entry is an int or a list of ints (the first id
       of a group is the one its mask rows use). With ``n_seq_tokens == 1`` (simple split) every
       token is its own group; otherwise the tokens are ``len(seq_id)`` groups of
       ``n_seq_tokens`` consecutive tokens (equal split).
     - ``output``: optional per-token output flags (kept for the caller; caches ignore them).
 
-    Read-only attributes: ``n_tokens``, ``n_seq_tokens``, ``n_seqs``, ``pos``, ``seq_id``,
-    ``output`` (bool array or None) and ``max_seq`` (the largest sequence id, -1 when none).
+    The values are copied into memory the ubatch owns: changing the arguments afterwards does
+    not change it. Read-only attributes: ``n_tokens``, ``n_seq_tokens``, ``n_seqs``, ``pos``,
+    ``seq_id``, ``output`` (bool array or None) and ``max_seq`` (the largest sequence id, -1
+    when none).
     """
 
     def __cinit__(self, pos, seq_id, n_seq_tokens=1, output=None):
         cdef Py_ssize_t n_tokens, n_groups, g, j, total
-        pos_arr = np.asarray(pos)
-        if pos_arr.size and not np.issubdtype(pos_arr.dtype, np.integer):
-            raise TypeError(f"pos must hold integers, got dtype {pos_arr.dtype}")
-        if pos_arr.ndim != 1:
-            raise ValueError(f"pos must be one-dimensional, got shape {pos_arr.shape}")
-        n_tokens = pos_arr.shape[0]
-        if n_tokens and (pos_arr.min() < 0 or pos_arr.max() > INT32_MAX):
+        cdef uint32_t nst = <uint32_t>int_c(n_seq_tokens, "n_seq_tokens", 1, UINT32_MAX)
+        pos64 = values_c(pos, "pos", VALUES_INT)
+        n_tokens = pos64.shape[0]
+        if n_tokens > <Py_ssize_t>UINT32_MAX:
+            raise ValueError(f"too many tokens ({n_tokens})")
+        if n_tokens and (pos64.min() < 0 or pos64.max() > INT32_MAX):
             raise ValueError("pos values must lie in [0, 2**31 - 1]")
-        if not isinstance(n_seq_tokens, (int, np.integer)) or n_seq_tokens < 1:
-            raise ValueError(f"n_seq_tokens must be a positive int, got {n_seq_tokens!r}")
-        if isinstance(seq_id, np.ndarray):
-            seq_id = seq_id.tolist()
-        try:
-            groups = list(seq_id)
-        except TypeError:
-            raise TypeError("seq_id must be a sequence (one entry per token group)") from None
-        n_groups = len(groups)
-        if n_groups * n_seq_tokens != n_tokens:
-            raise ValueError(f"seq_id has {n_groups} groups of n_seq_tokens={n_seq_tokens} tokens, "
-                             f"but pos has {n_tokens} tokens")
-        lists = []
+        if n_tokens % nst:
+            raise ValueError(f"pos has {n_tokens} tokens, not a whole number of groups of "
+                             f"n_seq_tokens={nst}")
+        lists = seq_lists_c(seq_id, n_tokens // nst, f"group of n_seq_tokens={nst} tokens"
+                            if nst > 1 else "token")
+        n_groups = len(lists)
+        flags = None
+        if output is not None:
+            flags = values_c(output, "output", VALUES_FLAG)
+            if flags.shape != (n_tokens,):
+                raise ValueError(f"output must have one flag per token ({n_tokens}), got shape {flags.shape}")
+            flags = flags != 0
         total = 0
         for g in range(n_groups):
-            e = groups[g]
-            if isinstance(e, (int, np.integer)) and not isinstance(e, bool):
-                ids = [int(e)]
-            else:
-                if isinstance(e, (str, bytes, bool)):
-                    raise TypeError(f"seq_id[{g}] must be an int or a list of ints, not {type(e).__name__}")
-                try:
-                    ids = list(e)
-                except TypeError:
-                    raise TypeError(f"seq_id[{g}] must be an int or a list of ints") from None
-                for x in ids:
-                    if not isinstance(x, (int, np.integer)) or isinstance(x, bool):
-                        raise TypeError(f"seq_id[{g}] holds {x!r}, not an int")
-                ids = [int(x) for x in ids]
-            if not ids:
-                raise ValueError(f"seq_id[{g}] is empty: every token needs a sequence id")
-            for x in ids:
-                if x < 0 or x >= KVC_MAX_SEQ:
-                    raise ValueError(f"seq_id[{g}] holds {x}, outside [0, {KVC_MAX_SEQ})")
-            lists.append(ids)
-            total += len(ids)
-        self._pos = np.ascontiguousarray(pos_arr, dtype=np.int32)
-        self._seq_off = np.zeros(n_groups + 1, dtype=np.uint32)
-        self._seq_ids = np.zeros(max(total, 1), dtype=np.int32)
-        cdef uint32_t[::1] off = self._seq_off
-        cdef int32_t[::1] ids_v = self._seq_ids
+            total += len(lists[g])
+        # one block owned by the ubatch: seq_off (never empty, so it marks the block), pos, seq_ids
+        cdef size_t nbytes = (<size_t>n_groups + 1) * 4 + <size_t>n_tokens * 4 + <size_t>total * 4
+        cdef uint8_t *mem = <uint8_t *>PyMem_Malloc(nbytes)
+        if mem == NULL:
+            raise MemoryError("UBatch")
+        cdef uint32_t *off = <uint32_t *>mem
+        self.c.seq_off = off            # owned from here on (freed by __dealloc__)
+        cdef int32_t *pos_p = <int32_t *>(mem + (<size_t>n_groups + 1) * 4)
+        cdef int32_t *ids = <int32_t *>(<uint8_t *>pos_p + <size_t>n_tokens * 4)
+        cdef const int64_t[::1] pv = pos64
+        for j in range(n_tokens):
+            pos_p[j] = <int32_t>pv[j]
+        cdef int x
+        cdef int mx = -1
         total = 0
+        off[0] = 0
         for g in range(n_groups):
             for x in lists[g]:
-                ids_v[total] = x
+                ids[total] = x
+                if x > mx:
+                    mx = x
                 total += 1
-            off[g + 1] = total
-        self._seq_lists = lists
-        self.output = None if output is None else np.asarray(output, dtype=bool)
-        if self.output is not None and self.output.shape != (n_tokens,):
-            raise ValueError(f"output must have one flag per token ({n_tokens}), got shape {self.output.shape}")
-        cdef int32_t[::1] pos_v = self._pos
+            off[g + 1] = <uint32_t>total
+        self.output = flags
         self.c.n_tokens = <uint32_t>n_tokens
-        self.c.n_seq_tokens = <uint32_t>n_seq_tokens
+        self.c.n_seq_tokens = nst
         self.c.n_seqs = <uint32_t>n_groups
-        self.c.pos = &pos_v[0] if n_tokens else NULL
-        self.c.seq_off = &off[0]
-        self.c.seq_ids = &ids_v[0]
-        self.max_seq = max((max(l) for l in lists), default=-1)
+        self.c.pos = pos_p if n_tokens else NULL
+        self.c.seq_ids = ids
+        self.max_seq = mx
+
+    def __dealloc__(self):
+        # the block the ubatch owns starts at seq_off (NULL before __cinit__ allocated it)
+        PyMem_Free(<void *>self.c.seq_off)
 
     @property
     def n_tokens(self) -> int:
@@ -200,15 +619,20 @@ cdef class UBatch:
 
     @property
     def pos(self):
-        """Positions (int32 array, read-only view)."""
-        v = self._pos.view()
-        v.flags.writeable = False
-        return v
+        """Positions (a read-only int32 array, a copy)."""
+        out = np.empty(self.c.n_tokens, dtype=np.int32)
+        cdef int32_t[::1] o = out
+        if self.c.n_tokens:
+            memcpy(&o[0], self.c.pos, self.c.n_tokens * sizeof(int32_t))
+        out.flags.writeable = False
+        return out
 
     @property
     def seq_id(self):
         """Sequence ids of each group (list of lists)."""
-        return [list(l) for l in self._seq_lists]
+        cdef uint32_t g, j
+        return [[self.c.seq_ids[j] for j in range(self.c.seq_off[g], self.c.seq_off[g + 1])]
+                for g in range(self.c.n_seqs)]
 
     def __len__(self):
         return self.c.n_tokens

@@ -5,16 +5,15 @@
 from kvcache.includes.kvc_iswa cimport kvc_iswa_pending, kvc_iswa_pending_clear, kvc_iswa_pending_set
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
-                                         kvc_unified_state_read_parts_ex)
+                                         kvc_unified_state_read_parts_ex, KVC_STATE_MAX_PARTS)
 from kvcache.includes.kvc_unified cimport kvc_unified_mark, kvc_unified_mark_take, kvc_unified_rewind
-
-cdef enum:
-    _MAX_PARTS = 8   # KVC_STATE_MAX_PARTS (checked again in C)
 
 
 cdef class SWAPending:
     """The pending SWA-pruning ranges of an iSWA cache: per sequence, the smallest and largest
     position of the batch last given to :meth:`set` (committing prunes the SWA cache with them)."""
+    cdef kvc_iswa_pending c        # per sequence: the smallest and largest position of the last batch
+    cdef kvc_pylock _lock          # held by every method
 
     def __cinit__(self):
         if kvc_pylock_init(&self._lock) != 0:
@@ -30,7 +29,7 @@ cdef class SWAPending:
         Every sequence id must lie in ``[0, n_seq_max)`` (ValueError, ranges unchanged). With
         ``record=False`` the ids are checked and the ranges cleared."""
         cdef kvc_err err
-        cdef uint32_t n, nmax = <uint32_t>_int_arg(n_seq_max, "n_seq_max", 1, KVC_MAX_SEQ)
+        cdef uint32_t n, nmax = <uint32_t>int_c(n_seq_max, "n_seq_max", 1, KVC_MAX_SEQ)
         cdef const int32_t *pos
         cdef const uint32_t *off
         cdef const int32_t *ids
@@ -53,8 +52,8 @@ cdef class SWAPending:
             raise TypeError(f"batch must be a Batch or a UBatch, not {type(batch).__name__}")
         if isinstance(batch, Batch):
             kvc_pylock_acquire(&(<Batch>batch)._lock)     # its arrays stay put while splits run
+        lock_change(&self._lock, "SWAPending.set")
         with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
             rc = kvc_iswa_pending_set(&self.c, n, pos, off, ids, nmax, rec, &err)
             kvc_pylock_release(&self._lock)
         if isinstance(batch, Batch):
@@ -63,7 +62,7 @@ cdef class SWAPending:
 
     def clear(self):
         """Forget every range."""
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "SWAPending.clear")
         kvc_iswa_pending_clear(&self.c)
         kvc_pylock_release(&self._lock)
 
@@ -90,10 +89,10 @@ cdef class SWAPending:
 cdef tuple _caches_arg(object caches):
     """The caches of a multi-part state: a non-empty sequence of distinct UnifiedCore objects."""
     caches = tuple(caches)
-    if not 1 <= len(caches) <= _MAX_PARTS:
-        raise ValueError(f"caches: 1 to {_MAX_PARTS} caches expected, got {len(caches)}")
+    if not 1 <= len(caches) <= KVC_STATE_MAX_PARTS:
+        raise ValueError(f"caches: 1 to {KVC_STATE_MAX_PARTS} caches expected, got {len(caches)}")
     for i, c in enumerate(caches):
-        if not isinstance(c, UnifiedCore):
+        if not isinstance(c, _Unified):
             raise TypeError(f"caches[{i}] must be a UnifiedCache, not {type(c).__name__}")
         for j in range(i):
             if caches[j] is c:
@@ -109,33 +108,88 @@ cdef list _lock_order(tuple caches):
     return sorted(caches, key=id)
 
 
-cdef void _acquire_all(list order):
-    cdef UnifiedCore c
+cdef kvc_pylock *_lock_of(object obj) except NULL:
+    """The lock of a cache, Batch or SWAPending."""
+    if isinstance(obj, _Unified):
+        return &(<_Unified>obj)._lock
+    if isinstance(obj, _Recurrent):
+        return &(<_Recurrent>obj)._lock
+    if isinstance(obj, Batch):
+        return &(<Batch>obj)._lock
+    if isinstance(obj, SWAPending):
+        return &(<SWAPending>obj)._lock
+    raise TypeError(f"{type(obj).__name__} has no kvcache lock")
+
+
+cdef void _lock_all(list order):
     for c in order:
-        kvc_pylock_acquire(&c._lock)
+        kvc_pylock_acquire(_lock_of(c))
 
 
-cdef void _release_all(list order):
-    cdef UnifiedCore c
+cdef void _unlock_all(list order):
     for c in reversed(order):
-        kvc_pylock_release(&c._lock)
+        kvc_pylock_release(_lock_of(c))
+
+
+cdef int _begin_all(list order, bint change, str what) except -1:
+    """op_begin on every cache of order, or on none (RuntimeError) when one is mid-operation."""
+    cdef Py_ssize_t k
+    for k in range(len(order)):
+        try:
+            op_begin(_lock_of(order[k]), change, what)
+        except RuntimeError:
+            _end_all(order[:k])
+            raise
+    return 0
+
+
+cdef void _end_all(list order):
+    for c in reversed(order):
+        op_end(_lock_of(c))
 
 
 cdef class _Hold:
     """``with _Hold(a, b, ...):`` holds the locks of those caches (a composite cache's parts)
     for the block, so that an operation on all of them is atomic for other threads. The
-    locks are reentrant: the caches' own methods can be called inside."""
-    cdef list _order
+    locks are reentrant: the caches' own methods can be called inside. With ``busy=True`` the
+    block is one operation of the caches: a change of either from a callback the block runs
+    (a file's write(), an exporter's hooks) is refused, reads are not.
 
-    def __cinit__(self, *caches):
-        self._order = _lock_order(_caches_arg(caches))
+    Only the thread that entered it can exit it, once per entry (RuntimeError otherwise)."""
+    cdef list _order
+    cdef bint _busy
+    cdef Py_ssize_t _depth     # entries not exited yet (read and written by the holder only)
+
+    def __cinit__(self, *caches, busy=False):
+        if not caches:
+            raise ValueError("_Hold: no cache given")
+        for i, c in enumerate(caches):
+            if not isinstance(c, (_Unified, _Recurrent)):
+                raise TypeError(f"caches[{i}] must be a kvcache cache, not {type(c).__name__}")
+            if any(c is d for d in caches[:i]):
+                raise ValueError(f"caches[{i}] is given twice")
+        self._order = _lock_order(tuple(caches))
+        self._busy = bool_arg(busy, "busy")
 
     def __enter__(self):
-        _acquire_all(self._order)
+        if self._busy:
+            _begin_all(self._order, False, "_Hold")
+        else:
+            _lock_all(self._order)
+        self._depth += 1
         return self
 
     def __exit__(self, *exc):
-        _release_all(self._order)
+        for c in self._order:
+            if not kvc_pylock_mine(_lock_of(c)):
+                raise RuntimeError("_Hold.__exit__: this thread does not hold the caches' locks")
+        if self._depth == 0:
+            raise RuntimeError("_Hold.__exit__: this hold was not entered")
+        self._depth -= 1
+        if self._busy:
+            _end_all(self._order)
+        else:
+            _unlock_all(self._order)
         return False
 
 
@@ -144,14 +198,14 @@ def _find_slot_parts(caches, UBatch ub not None):
     list of their answers. When one raises (MemoryError), the find_slot calls that succeeded
     before it are undone exactly, so every cache is as it was."""
     cdef tuple cs = _caches_arg(caches)
-    cdef UnifiedCore c
-    cdef kvc_unified_mark marks[_MAX_PARTS]
+    cdef _Unified c
+    cdef kvc_unified_mark marks[KVC_STATE_MAX_PARTS]
     cdef Py_ssize_t k, j, n = len(cs)
     cdef int r
     for c in cs:
         ub.check(c.c.n_seq_max)
     order = _lock_order(cs)
-    _acquire_all(order)
+    _begin_all(order, True, "find_slot")
     try:
         for k in range(n):
             c = cs[k]
@@ -170,7 +224,7 @@ def _find_slot_parts(caches, UBatch ub not None):
             found.append(r == 1)
         return found
     finally:
-        _release_all(order)
+        _end_all(order)
 
 
 def _update_parts(caches, rope=None, n_max_nodes=65536):
@@ -178,52 +232,49 @@ def _update_parts(caches, rope=None, n_max_nodes=65536):
     their memory are checked for every cache before the first one changes. Returns their
     UpdatePlans."""
     cdef tuple cs = _caches_arg(caches)
-    cdef UnifiedCore c
-    cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+    cdef _Unified c
+    cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
     for c in cs:
         c._check_update(rope, n_max_nodes)
     order = _lock_order(cs)
-    _acquire_all(order)
+    _begin_all(order, True, "update")
     try:
         return _update_caches(cs, rope, nmax)
     finally:
-        _release_all(order)
+        _end_all(order)
 
 
 def _state_size_parts(caches, seq_id=-1):
     """Bytes of the state of seq_id (-1: all) over several caches: the sum of their parts."""
     cdef tuple cs = _caches_arg(caches)
-    cdef UnifiedCore c
+    cdef _Unified c
     cdef size_t total = 0
-    cdef int32_t s
+    cdef int32_t s = -1
     for c in cs:
-        _seq_arg(seq_id, c.c.n_seq_max, "seq_id", True)
+        s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
     order = _lock_order(cs)
-    _acquire_all(order)
-    try:
-        for c in cs:
-            s = _seq_arg(seq_id, c.c.n_seq_max, "seq_id", True)
-            total += kvc_unified_state_size(&c.c, s)
-    finally:
-        _release_all(order)
+    _lock_all(order)
+    for c in cs:
+        total += kvc_unified_state_size(&c.c, s)
+    _unlock_all(order)
     return total
 
 
 def _state_write_parts(caches, seq_id=-1):
     """The state of seq_id (-1: all) of several caches as one blob: their parts in order."""
     cdef tuple cs = _caches_arg(caches)
-    cdef UnifiedCore c
+    cdef _Unified c
     cdef int32_t s = -1
-    cdef size_t sizes[_MAX_PARTS]
+    cdef size_t sizes[KVC_STATE_MAX_PARTS]
     cdef size_t total = 0, off = 0, written
     cdef Py_ssize_t k, n = len(cs)
     cdef int r
     cdef uint8_t *p
     for k in range(n):
         c = cs[k]
-        s = _seq_arg(seq_id, c.c.n_seq_max, "seq_id", True)
+        s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
     order = _lock_order(cs)
-    _acquire_all(order)
+    _begin_all(order, False, "state_write")
     try:
         for k in range(n):
             c = cs[k]
@@ -242,7 +293,7 @@ def _state_write_parts(caches, seq_id=-1):
                 raise RuntimeError(f"state_write wrote {written} bytes, expected {sizes[k]} (internal error)")
             off += written
     finally:
-        _release_all(order)
+        _end_all(order)
     return out
 
 
@@ -253,28 +304,42 @@ def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False):
     Returns the bytes consumed (bytes after the last part are not read, unless exact: then they
     are an error). convert: accept and convert parts whose V layout differs from their cache's."""
     cdef tuple cs = _caches_arg(caches)
-    cdef kvc_unified *ptrs[_MAX_PARTS]
-    cdef UnifiedCore c
+    cdef kvc_unified *ptrs[KVC_STATE_MAX_PARTS]
+    cdef _Unified c
     cdef Py_ssize_t k, n = len(cs)
     cdef int32_t s = 0
     cdef unsigned flags = state_read_flags(convert, exact)
     for k in range(n):
         c = cs[k]
-        s = _seq_arg(seq_id, c.c.n_seq_max, "seq_id", True)
+        s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
         ptrs[k] = &c.c
     cdef size_t nbytes = 0, consumed = 0
-    keep = state_data_view(data)
+    cdef _HeldBuffer keep = state_data_view(data)
     cdef const uint8_t *ptr = state_data_ptr(keep, &nbytes)
     cdef kvc_err err
     cdef int r
     err.msg[0] = 0
     order = _lock_order(cs)
-    _acquire_all(order)
+    try:
+        _begin_all(order, True, "state_read")
+    except RuntimeError:
+        keep.release()
+        raise
     try:
         with nogil:
             r = kvc_unified_state_read_parts_ex(ptrs, <uint32_t>n, s, ptr, nbytes, flags, &consumed, &err)
     finally:
-        _release_all(order)
+        _end_all(order)
+        keep.release()
     if r < 0:
         raise_status(r, &err, "state_read")
     return consumed
+
+
+def _lock_state(obj):
+    """The lock of a cache, Batch or SWAPending as seen from this thread (for tests):
+    ``{"mine": held by this thread, "waiting": threads blocked on it, "busy": operations of the
+    holder in progress (meaningful when mine)}``."""
+    cdef kvc_pylock *l = _lock_of(obj)
+    mine = kvc_pylock_mine(l)
+    return {"mine": mine, "waiting": kvc_pylock_waiting(l), "busy": l.busy if mine else 0}

@@ -6,62 +6,61 @@ from kvcache.includes.kvc_recurrent cimport *
 import warnings as _warnings
 
 
-cdef object _rec_type(object t, str name):
-    """(type id, type name) of a K/V type given by name or ggml id."""
-    cdef const kvc_type_info *info = NULL
-    if isinstance(t, str):
-        info = kvc_type_by_name(t.encode())
-    elif isinstance(t, (int, np.integer)) and not isinstance(t, bool):
-        if -2147483648 <= t <= INT32_MAX:
-            info = kvc_type_get(<int32_t>t)
-    else:
-        raise TypeError(f"{name} must be a type name or a ggml type id, not {type(t).__name__}")
-    if info == NULL:
-        known = ", ".join(kvc_type_at(i).name.decode() for i in range(kvc_type_count()))
-        raise ValueError(f"{name} = {t!r} is not a supported type ({known})")
-    return info.id, info.name.decode()
-
-
-cdef list _rec_widths(object v, Py_ssize_t n_layer, str name):
-    """A per-layer list of non-negative widths from an int or a sequence of n_layer ints."""
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        vals = [int(v)] * n_layer
-    else:
-        try:
-            vals = [int(x) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) else None
-                    for x in v]
-        except TypeError:
-            raise TypeError(f"{name} must be an int or a list of {n_layer} ints") from None
-        if any(x is None for x in vals):
-            raise TypeError(f"{name} must hold ints")
-        if len(vals) != n_layer:
-            raise ValueError(f"{name} has {len(vals)} entries, expected n_layer = {n_layer}")
-    for x in vals:
-        if x < 0 or x > 2**31 - 1:
-            raise ValueError(f"{name} holds {x}, outside [0, 2**31)")
-    return vals
-
-
-cdef object _rec_layer_view(RecurrentCache cache, list bufs, object il, bint is_k):
+cdef object _rec_layer_view(_Recurrent cache, list bufs, object il, bint is_k):
     """Layer il's K or V memory viewed as one row per cell."""
-    if not isinstance(il, (int, np.integer)) or isinstance(il, bool):
+    if not _is_int(il):
         raise TypeError(f"il must be an int, not {type(il).__name__}")
-    if not 0 <= il < cache.c.n_layer:
-        raise IndexError(f"il = {il} is outside [0, {cache.c.n_layer})")
+    cdef long long i = int_c(il, "il", LLONG_MIN, LLONG_MAX)
+    if not 0 <= i < cache.c.n_layer:
+        raise IndexError(f"il = {i} is outside [0, {cache.c.n_layer})")
     if cache._buffers == "none":
         raise RuntimeError(f"{'k' if is_k else 'v'}: this cache holds no K/V memory (buffers='none')")
-    cdef kvc_rec_layer *L = &cache.c.layers[<uint32_t>il]
+    cdef kvc_rec_layer *L = &cache.c.layers[<uint32_t>i]
     cdef Py_ssize_t size = cache.c.cells.size
     cdef Py_ssize_t row = L.k_row_bytes if is_k else L.v_row_bytes
     cdef Py_ssize_t width = L.n_embd_k if is_k else L.n_embd_v
-    buf = bufs[il][:size * row]
+    buf = bufs[i][:size * row]
     dt = _element_dtype(cache.c.type_k if is_k else cache.c.type_v)
     if dt.itemsize == 1:
         return buf.reshape(size, row)
     return _typed_view(buf, dt, (size, width))
 
 
-cdef class RecurrentCache:
+cdef class RecurrentCore:
+    """The recurrent cache as other extensions cimport it (_core.pxd): C-level methods only.
+    Every instance is a _Recurrent (kvcache.RecurrentCache), which implements them."""
+
+    def __cinit__(self, *args, **kwargs):
+        if not isinstance(self, _Recurrent):
+            raise TypeError("RecurrentCore is the cimport interface of kvcache.RecurrentCache: create a "
+                            "kvcache.RecurrentCache")
+
+    # never reached (every instance is a _Recurrent): inert answers
+    cdef int lock_c(self) noexcept nogil:
+        return -1
+    cdef int unlock_c(self) noexcept nogil:
+        return -1
+    cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
+        return KVC_E_INTERNAL
+    cdef bint seq_rm_c(self, int32_t seq_id, int32_t p0, int32_t p1) noexcept nogil:
+        return False
+    cdef int s_copy_c(self, int32_t *out) noexcept nogil:
+        return KVC_E_INTERNAL
+    cdef int s_mask_c(self, float *out) noexcept nogil:
+        return KVC_E_INTERNAL
+    cdef uint32_t head_c(self) noexcept nogil:
+        return 0
+    cdef uint32_t n_c(self) noexcept nogil:
+        return 0
+    cdef uint32_t used_c(self) noexcept nogil:
+        return 0
+    cdef uint32_t size_c(self) noexcept nogil:
+        return 0
+    cdef uint32_t n_seq_max_c(self) noexcept nogil:
+        return 0
+
+
+cdef class _Recurrent(RecurrentCore):
     """The recurrent-state cache of Mamba / RWKV style models (llama.cpp's
     ``llama_kv_cache_recurrent``): one cell holds the whole state of a sequence.
 
@@ -85,6 +84,17 @@ cdef class RecurrentCache:
     take -1 for the whole cache. Any other id raises ValueError and changes nothing.
     """
 
+    cdef kvc_recurrent c           # the C cache: cells, head/n/used, layer table
+    cdef bint _ready               # c is initialised (and must be freed)
+    cdef list _k                   # per layer: the owned K buffer (uint8, size rows)
+    cdef list _v                   # per layer: the owned V buffer (uint8, size rows)
+    cdef list _warnings            # messages of the last find_slot
+    cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)
+    cdef object _borrowed          # borrowed mode: (the caller's (K, V) objects, their _HeldBuffers)
+    cdef readonly str type_k       # K type name ("f32", "f16", ...)
+    cdef readonly str type_v       # V type name
+    cdef kvc_pylock _lock          # held by every Python method (see "locking" in _common.pxi)
+
     def __cinit__(self, n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type_v="f32",
                   kv_size=None, n_embd_k_s=0, n_embd_v_s=0, buffers="owned"):
         cdef kvc_recurrent_params p
@@ -96,34 +106,28 @@ cdef class RecurrentCache:
         self._k = []
         self._v = []
         self._warnings = []
-        for name, val in (("n_seq_max", n_seq_max), ("n_layer", n_layer)):
-            if not isinstance(val, (int, np.integer)) or isinstance(val, bool):
-                raise TypeError(f"{name} must be an int, not {type(val).__name__}")
-        if not 0 <= n_seq_max <= KVC_MAX_SEQ:
-            raise ValueError(f"n_seq_max = {n_seq_max} must lie in [0, {KVC_MAX_SEQ}]")
-        if not 1 <= n_layer <= 65536:
-            raise ValueError(f"n_layer = {n_layer} must lie in [1, 65536]")
-        if kv_size is None:
-            kv_size = max(1, int(n_seq_max))
-        elif not isinstance(kv_size, (int, np.integer)) or isinstance(kv_size, bool):
-            raise TypeError(f"kv_size must be an int or None, not {type(kv_size).__name__}")
-        if not max(1, n_seq_max) <= kv_size <= INT32_MAX:
-            raise ValueError(f"kv_size = {kv_size} must lie in [max(1, n_seq_max) = {max(1, n_seq_max)}, 2**31)")
+        # arguments converted to their C types here; their meaning (kv_size at least n_seq_max,
+        # widths whole blocks of the type, ...) is kvc_recurrent_init's
+        n_seq = int_c(n_seq_max, "n_seq_max", 0, UINT32_MAX)
+        n_layer = int_c(n_layer, "n_layer", 0, 65536)
+        kv_size = max(1, n_seq) if kv_size is None else int_c(kv_size, "kv_size", 0, UINT32_MAX)
         mode = _buffers_mode(buffers)
-        tk, self.type_k = _rec_type(type_k, "type_k")
-        tv, self.type_v = _rec_type(type_v, "type_v")
-        ek = [a + b for a, b in zip(_rec_widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa"),
-                                    _rec_widths(n_embd_k_s, n_layer, "n_embd_k_s"))]
-        ev = [a + b for a, b in zip(_rec_widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa"),
-                                    _rec_widths(n_embd_v_s, n_layer, "n_embd_v_s"))]
-        if max(ek + ev) > INT32_MAX:
+        tk = type_c(type_k, "type_k").id
+        tv = type_c(type_v, "type_v").id
+        self.type_k = kvc_type_get(tk).name.decode()
+        self.type_v = kvc_type_get(tv).name.decode()
+        ek = [a + b for a, b in zip(widths_arg(n_embd_k_gqa, n_layer, "n_embd_k_gqa"),
+                                    widths_arg(n_embd_k_s, n_layer, "n_embd_k_s"))]
+        ev = [a + b for a, b in zip(widths_arg(n_embd_v_gqa, n_layer, "n_embd_v_gqa"),
+                                    widths_arg(n_embd_v_s, n_layer, "n_embd_v_s"))]
+        if max(ek + ev, default=0) > INT32_MAX:
             raise ValueError("a row width (n_embd_*_gqa + n_embd_*_s) exceeds 2**31 - 1")
         wk = np.asarray(ek, dtype=np.uint32)
         wv = np.asarray(ev, dtype=np.uint32)
-        cdef uint32_t[::1] wk_v = wk
-        cdef uint32_t[::1] wv_v = wv
+        cdef uint32_t[::1] wk_v = np.append(wk, np.uint32(0))     # one spare: never empty
+        cdef uint32_t[::1] wv_v = np.append(wv, np.uint32(0))
         p.kv_size = <uint32_t>kv_size
-        p.n_seq_max = <uint32_t>n_seq_max
+        p.n_seq_max = <uint32_t>n_seq
         p.type_k = <int32_t>tk
         p.type_v = <int32_t>tv
         p.n_layer = <uint32_t>n_layer
@@ -133,7 +137,9 @@ cdef class RecurrentCache:
         check_status(kvc_recurrent_init(&self.c, &p, &err), &err, "RecurrentCache")
         self._ready = True
         self._buffers = mode
-        self._borrowed = _buffer_pairs(buffers, tuple(range(n_layer))) if mode == "borrowed" else None
+        pairs = _buffer_pairs(buffers, tuple(range(n_layer))) if mode == "borrowed" else None
+        held = []                       # the borrowed buffers, pinned as long as the cache lives
+        self._borrowed = (pairs, held)
         if mode == "none":
             return
         regions = []
@@ -144,10 +150,11 @@ cdef class RecurrentCache:
                 k = _aligned_zeros(nk)
                 v = _aligned_zeros(nv)
             else:
-                k = _borrowed_bytes(self._borrowed[il][0], nk, tk, f"buffers[{il}] K",
-                                    f"{kv_size} cells x {self.c.layers[il].k_row_bytes} bytes")
-                v = _borrowed_bytes(self._borrowed[il][1], nv, tv, f"buffers[{il}] V",
-                                    f"{kv_size} cells x {self.c.layers[il].v_row_bytes} bytes")
+                k, hk = _borrowed_bytes(pairs[il][0], nk, tk, f"buffers[{il}] K",
+                                        f"{kv_size} cells x {self.c.layers[il].k_row_bytes} bytes")
+                v, hv = _borrowed_bytes(pairs[il][1], nv, tv, f"buffers[{il}] V",
+                                        f"{kv_size} cells x {self.c.layers[il].v_row_bytes} bytes")
+                held += [hk, hv]
                 regions += [(f"buffers[{il}] K", k), (f"buffers[{il}] V", v)]
             self._k.append(k)
             self._v.append(v)
@@ -281,8 +288,9 @@ cdef class RecurrentCache:
             raise RuntimeError("store: this cache holds no K/V memory (buffers='none')")
         kv = self.k(il)
         vv = self.v(il)
-        ka = None if k_rows is None else np.ascontiguousarray(k_rows, dtype=kv.dtype)
-        va = None if v_rows is None else np.ascontiguousarray(v_rows, dtype=vv.dtype)
+        # the rows as their memory describes them (see host_array), converted to the cache dtype
+        ka = None if k_rows is None else np.ascontiguousarray(host_array(k_rows, "k_rows"), dtype=kv.dtype)
+        va = None if v_rows is None else np.ascontiguousarray(host_array(v_rows, "v_rows"), dtype=vv.dtype)
         n_rows = None
         for name, a, ref in (("k_rows", ka, kv), ("v_rows", va, vv)):
             if a is None:
@@ -301,7 +309,7 @@ cdef class RecurrentCache:
         cdef uint32_t head
         cdef int r
         cdef uint64_t nr = <uint64_t>n_rows
-        cdef uint32_t ilc = <uint32_t>il
+        cdef uint32_t ilc = <uint32_t>int_c(il, "il", 0, UINT32_MAX)
         if ka is not None:
             kb = ka.reshape(-1).view(np.uint8)
             kp = &kb[0]
@@ -309,12 +317,17 @@ cdef class RecurrentCache:
             vb = va.reshape(-1).view(np.uint8)
             vp = &vb[0]
         with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
-            head = self.c.cells.head
-            r = KVC_E_NOSPACE
-            if head + nr <= self.c.cells.size:
-                r = kvc_recurrent_store(&self.c, ilc, <uint32_t>nr, kp, vp)
-            kvc_pylock_release(&self._lock)
+            if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
+                # the placement is read and written under the lock, with no Python code between
+                head = self.c.cells.head
+                r = KVC_E_NOSPACE
+                if head + nr <= self.c.cells.size:
+                    r = kvc_recurrent_store(&self.c, ilc, <uint32_t>nr, kp, vp)
+                kvc_pylock_release(&self._lock)
+            else:
+                r = _BUSY
+        if r == _BUSY:
+            raise_busy("store")
         if r == KVC_E_NOSPACE:
             raise ValueError(f"{n_rows} rows from head {head} pass the last cell ({self.c.cells.size})")
         check_status(r, NULL, "store")
@@ -335,7 +348,7 @@ cdef class RecurrentCache:
         if ub.c.n_seqs == 0:
             raise ValueError("find_slot: the ubatch has no tokens")
         err.msg[0] = 0
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, True, "find_slot")
         try:
             with nogil:
                 r = kvc_recurrent_find_slot(&self.c, &ub.c, &err)
@@ -343,7 +356,7 @@ cdef class RecurrentCache:
             found = ["find_slot: " + m for m in self.c.warn.decode("utf-8", "replace").split("\n") if m]
             self._warnings = found
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
         # issued once the operation is complete (a warning turned into an error interrupts nothing)
         for m in found:
             _warnings.warn(m, RuntimeWarning, stacklevel=2)
@@ -351,26 +364,26 @@ cdef class RecurrentCache:
 
     def commit(self):
         """Accept the last placements (nothing to record for recurrent states)."""
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "commit")
         kvc_recurrent_commit(&self.c)
         kvc_pylock_release(&self._lock)
 
     def restore(self):
         """Undo uncommitted placements: a no-op, as in the reference (nothing is ever pending)."""
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "restore")
         kvc_recurrent_restore(&self.c)
         kvc_pylock_release(&self._lock)
 
     def set_full(self):
         """n = size, head = 0 (what a worst-case graph reservation does)."""
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "set_full")
         kvc_recurrent_set_full(&self.c)
         kvc_pylock_release(&self._lock)
 
     def clear(self):
         """Empty every cell, head = used = 0, zero all K/V memory (n is kept)."""
+        lock_change(&self._lock, "clear")
         with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
             kvc_recurrent_clear(&self.c)
             kvc_pylock_release(&self._lock)
 
@@ -384,14 +397,7 @@ cdef class RecurrentCache:
     # --- sequences ------------------------------------------------------------------------
 
     cdef int _seq(self, object seq_id, str name, bint allow_any) except -2:
-        if not isinstance(seq_id, (int, np.integer)) or isinstance(seq_id, bool):
-            raise TypeError(f"{name} must be an int, not {type(seq_id).__name__}")
-        if allow_any and seq_id == -1:
-            return -1
-        if not 0 <= seq_id < self.c.n_seq_max:
-            raise ValueError(f"{name} {seq_id} is outside [0, {self.c.n_seq_max})"
-                             + (" and not -1" if allow_any else ""))
-        return <int>seq_id
+        return seq_c(seq_id, self.c.n_seq_max, name, allow_any)
 
     def seq_rm(self, seq_id, p0=-1, p1=-1) -> bool:
         """Remove positions [p0, p1) of seq_id (p0 < 0: 0, p1 < 0: infinity). A recurrent state
@@ -399,10 +405,10 @@ cdef class RecurrentCache:
         sequence) accepts only an empty range or the whole one, and then empties every cell
         but keeps the sequences' state records (follow it with clear())."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
-        cdef int32_t a = as_pos(p0, "p0")
-        cdef int32_t b = as_pos(p1, "p1")
+        cdef int32_t a = pos_c(p0, "p0")
+        cdef int32_t b = pos_c(p1, "p1")
         cdef bint r
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "seq_rm")
         r = kvc_recurrent_seq_rm(&self.c, s, a, b)
         kvc_pylock_release(&self._lock)
         return r
@@ -412,38 +418,38 @@ cdef class RecurrentCache:
         a state is copied whole)."""
         cdef int32_t s = self._seq(src, "src", False)
         cdef int32_t d = self._seq(dst, "dst", False)
-        cdef int32_t a = as_pos(p0, "p0")
-        cdef int32_t b = as_pos(p1, "p1")
-        kvc_pylock_acquire(&self._lock)
+        cdef int32_t a = pos_c(p0, "p0")
+        cdef int32_t b = pos_c(p1, "p1")
+        lock_change(&self._lock, "seq_cp")
         kvc_recurrent_seq_cp(&self.c, s, d, a, b)
         kvc_pylock_release(&self._lock)
 
     def seq_keep(self, seq_id):
         """Drop every sequence but seq_id."""
         cdef int32_t s = self._seq(seq_id, "seq_id", False)
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "seq_keep")
         kvc_recurrent_seq_keep(&self.c, s)
         kvc_pylock_release(&self._lock)
 
     def seq_add(self, seq_id, p0, p1, shift):
         """Add shift to the position of seq_id's state when it lies in [p0, p1)."""
         cdef int32_t s = self._seq(seq_id, "seq_id", False)
-        cdef int32_t a = as_pos(p0, "p0")
-        cdef int32_t b = as_pos(p1, "p1")
-        cdef int32_t d = as_pos(shift, "shift")
-        kvc_pylock_acquire(&self._lock)
+        cdef int32_t a = pos_c(p0, "p0")
+        cdef int32_t b = pos_c(p1, "p1")
+        cdef int32_t d = pos_c(shift, "shift")
+        lock_change(&self._lock, "seq_add")
         kvc_recurrent_seq_add(&self.c, s, a, b, d)
         kvc_pylock_release(&self._lock)
 
     def seq_div(self, seq_id, p0, p1, d):
         """Divide the position of seq_id's state by d (> 0) when it lies in [p0, p1)."""
         cdef int32_t s = self._seq(seq_id, "seq_id", False)
-        cdef int32_t a = as_pos(p0, "p0")
-        cdef int32_t b = as_pos(p1, "p1")
-        cdef int32_t q = as_pos(d, "d")
+        cdef int32_t a = pos_c(p0, "p0")
+        cdef int32_t b = pos_c(p1, "p1")
+        cdef int32_t q = pos_c(d, "d")
         if q <= 0:
             raise ValueError(f"d = {d} must be positive")
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "seq_div")
         kvc_recurrent_seq_div(&self.c, s, a, b, q)
         kvc_pylock_release(&self._lock)
 
@@ -470,7 +476,7 @@ cdef class RecurrentCache:
         sources in place as the reference does (each copy happens once)."""
         cdef int32_t[::1] o
         cdef int r = 0
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, True, "s_copy")
         try:
             out = np.empty(self.c.cells.n, dtype=np.int32)
             if self.c.cells.n:
@@ -479,7 +485,7 @@ cdef class RecurrentCache:
                     r = kvc_recurrent_s_copy(&self.c, self.c.cells.n, &o[0])
                 check_status(r, NULL, f"s_copy: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
         return out
 
     def s_mask(self):
@@ -487,7 +493,7 @@ cdef class RecurrentCache:
         zero. Updates the cells' sources in place as the reference does (zeroed once)."""
         cdef float[::1] o
         cdef int r = 0
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, True, "s_mask")
         try:
             out = np.empty(self.c.cells.n, dtype=np.float32)
             if self.c.cells.n:
@@ -496,7 +502,7 @@ cdef class RecurrentCache:
                     r = kvc_recurrent_s_mask(&self.c, self.c.cells.n, &o[0])
                 check_status(r, NULL, f"s_mask: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
         return out
 
     def cell_max(self) -> int:
@@ -556,7 +562,7 @@ cdef class RecurrentCache:
         cdef size_t written = 0
         cdef int r
         cdef uint8_t *p
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, False, "state_write")
         try:
             n = kvc_recurrent_state_size(&self.c, s)
             out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
@@ -564,7 +570,7 @@ cdef class RecurrentCache:
             with nogil:
                 r = kvc_recurrent_state_write(&self.c, s, p, n, &written)
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
         check_status(r, NULL, "state_write")
         return out
 
@@ -573,16 +579,18 @@ cdef class RecurrentCache:
 
         buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes, filled from C
         without an intermediate copy, or a binary file object, written in chunks of bounded
-        size. The cache must not change during the call."""
+        size. The blob is the state of one moment: a change of the cache from the file's write()
+        raises RuntimeError there."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
-        cdef size_t n
-        kvc_pylock_acquire(&self._lock)
+        target = state_target(buf)      # taken before the lock, like every array argument
+        op_begin(&self._lock, False, "state_write_into")
         try:
-            with nogil:
-                n = kvc_recurrent_state_size(&self.c, s)
-            return state_write_into(&self.c, _recurrent_state_range, s, n, buf)
+            return state_write_into(&self.c, _recurrent_state_range, s, kvc_recurrent_state_size(&self.c, s),
+                                    target)
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
+            if isinstance(target, _HeldBuffer):
+                (<_HeldBuffer>target).release()
 
     def state_read(self, data, seq_id=-1, *, convert=False, exact=False) -> int:
         """Restore one cache state from the front of data (bytes-like, not copied) into seq_id
@@ -595,19 +603,33 @@ cdef class RecurrentCache:
         cdef unsigned flags = state_read_flags(False, exact)
         cdef size_t n = 0
         cdef size_t consumed = 0
-        keep = state_data_view(data)
+        cdef _HeldBuffer keep = state_data_view(data)
         cdef const uint8_t *p = state_data_ptr(keep, &n)
         cdef kvc_err err
-        cdef int r
+        cdef int r = 0
         err.msg[0] = 0
         with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
-            r = kvc_recurrent_state_read_ex(&self.c, s, p, n, flags, &consumed, &err)
-            kvc_pylock_release(&self._lock)
+            if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
+                r = kvc_recurrent_state_read_ex(&self.c, s, p, n, flags, &consumed, &err)
+                kvc_pylock_release(&self._lock)
+            else:
+                r = _BUSY
+        keep.release()
+        if r == _BUSY:
+            raise_busy("state_read")
         check_status(r, &err, "state_read")
         return consumed
 
     # --- C level --------------------------------------------------------------------------
+
+    cdef int lock_c(self) noexcept nogil:
+        return kvc_pylock_acquire_change_nogil(&self._lock)
+
+    cdef int unlock_c(self) noexcept nogil:
+        if not kvc_pylock_mine(&self._lock):
+            return -1
+        kvc_pylock_release(&self._lock)
+        return 0
 
     cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
         return kvc_recurrent_find_slot(&self.c, ub, NULL)
@@ -620,6 +642,21 @@ cdef class RecurrentCache:
 
     cdef int s_mask_c(self, float *out) noexcept nogil:
         return kvc_recurrent_s_mask(&self.c, self.c.cells.n, out)
+
+    cdef uint32_t head_c(self) noexcept nogil:
+        return self.c.cells.head
+
+    cdef uint32_t n_c(self) noexcept nogil:
+        return self.c.cells.n
+
+    cdef uint32_t used_c(self) noexcept nogil:
+        return self.c.cells.used
+
+    cdef uint32_t size_c(self) noexcept nogil:
+        return self.c.cells.size
+
+    cdef uint32_t n_seq_max_c(self) noexcept nogil:
+        return self.c.n_seq_max
 
 
 cdef int _recurrent_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,

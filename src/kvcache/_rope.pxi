@@ -7,20 +7,21 @@ from kvcache.includes.kvc_rope cimport *
 _ROPE_MODES = {"normal": 0, "neox": 2}
 
 
-cdef const kvc_type_info *_rope_type(object t, str argname) except NULL:
-    """The type table entry of a type given by name ("q8_0") or ggml id (8)."""
-    cdef const kvc_type_info *info = NULL
-    if isinstance(t, str):
-        info = kvc_type_by_name(t.encode("ascii", "replace"))
-    elif isinstance(t, (int, np.integer)) and not isinstance(t, bool):
-        if -2147483648 <= t <= 2147483647:
-            info = kvc_type_get(<int32_t>t)
-    else:
-        raise TypeError(f"{argname} must be a type name or ggml type id, not {type(t).__name__}")
-    if info == NULL:
-        names = [kvc_type_at(i).name.decode() for i in range(kvc_type_count())]
-        raise ValueError(f"{argname} = {t!r} is not a supported type (one of {', '.join(names)})")
-    return info
+cdef float _finite_f32(object v, str name, bint positive) except? -1.0:
+    """A float parameter of the RoPE math: a number that stays finite in float32 (> 0 when
+    positive). TypeError for non-numbers, ValueError for inf / nan / out of range."""
+    if _is_bool(v) or isinstance(v, (str, bytes)):
+        raise TypeError(f"{name} must be a number, not {type(v).__name__}")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, not {type(v).__name__}") from None
+    cdef float f = <float>x
+    if not (f - f == 0.0):      # inf or nan, also after the rounding to float32
+        raise ValueError(f"{name} = {v} must be finite (in float32)")
+    if positive and not f > 0.0:
+        raise ValueError(f"{name} = {v} must be > 0")
+    return f
 
 
 cdef dict _rope_layer_map(object v, str argname):
@@ -36,14 +37,13 @@ cdef dict _rope_layer_map(object v, str argname):
         except TypeError:
             raise TypeError(f"{argname} must be a dict {{layer: value}} or a list, not {type(v).__name__}") from None
     for il, x in items:
-        if not isinstance(il, (int, np.integer)) or isinstance(il, bool) or il < 0:
-            raise ValueError(f"{argname}: layer {il!r} is not a non-negative int")
+        try:
+            layer = int_c(il, f"{argname}: layer", 0, LLONG_MAX)
+        except TypeError:
+            raise ValueError(f"{argname}: layer {il!r} is not a non-negative int") from None
         if x is None:
             continue
-        x = float(x)
-        if not x > 0.0:
-            raise ValueError(f"{argname}[{il}] = {x} must be > 0")
-        out[int(il)] = x
+        out[layer] = <double>_finite_f32(x, f"{argname}[{layer}]", True)
     return out
 
 
@@ -64,35 +64,32 @@ cdef class RopeParams:
       ``freq_base`` / ``freq_scale``, as a dict ``{layer: value}`` or a list indexed by layer
       (``None`` entries keep the default).
     """
+    cdef kvc_rope_params c         # the C view; c.freq_factors points into _factors
+    cdef object _factors           # float32[n_rot/2] (C-contiguous) or None
+    cdef object _layer_base        # dict model layer -> freq_base override, or None
+    cdef object _layer_scale       # dict model layer -> freq_scale override, or None
 
     def __cinit__(self, n_rot, mode=0, n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0,
                   ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0,
                   freq_factors=None, layer_freq_base=None, layer_freq_scale=None):
-        if not isinstance(n_rot, (int, np.integer)) or isinstance(n_rot, bool):
-            raise TypeError(f"n_rot must be an int, not {type(n_rot).__name__}")
+        n_rot = int_c(n_rot, "n_rot", LLONG_MIN, LLONG_MAX)
         if n_rot < 0 or n_rot % 2 or n_rot > 1 << 20:
             raise ValueError(f"n_rot = {n_rot} must be a non-negative even number")
         if isinstance(mode, str):
             if mode not in _ROPE_MODES:
                 raise ValueError(f"mode = {mode!r} must be 'normal' or 'neox'")
             mode = _ROPE_MODES[mode]
-        if mode not in (0, 2) or isinstance(mode, bool):
+        if _is_bool(mode) or mode not in (0, 2):
             raise ValueError(f"mode = {mode!r} must be 0 (normal) or 2 (neox)")
-        if not isinstance(n_ctx_orig, (int, np.integer)) or isinstance(n_ctx_orig, bool):
-            raise TypeError(f"n_ctx_orig must be an int, not {type(n_ctx_orig).__name__}")
-        if n_ctx_orig < 0 or n_ctx_orig > 2147483647:
-            raise ValueError(f"n_ctx_orig = {n_ctx_orig} must lie in [0, 2**31)")
-        vals = {}
-        for name, v in (("freq_base", freq_base), ("freq_scale", freq_scale), ("ext_factor", ext_factor),
-                        ("attn_factor", attn_factor), ("beta_fast", beta_fast), ("beta_slow", beta_slow)):
-            try:
-                vals[name] = float(v)
-            except (TypeError, ValueError):
-                raise TypeError(f"{name} must be a number, not {type(v).__name__}") from None
-        if not vals["freq_base"] > 0.0:
-            raise ValueError(f"freq_base = {freq_base} must be > 0")
-        if not vals["freq_scale"] > 0.0:
-            raise ValueError(f"freq_scale = {freq_scale} must be > 0")
+        n_ctx_orig = int_c(n_ctx_orig, "n_ctx_orig", 0, INT32_MAX)
+        # every value of the math finite (in float32, as C computes): the rotation of a key is
+        # then finite too
+        vals = {"freq_base": _finite_f32(freq_base, "freq_base", True),
+                "freq_scale": _finite_f32(freq_scale, "freq_scale", True),
+                "ext_factor": _finite_f32(ext_factor, "ext_factor", False),
+                "attn_factor": _finite_f32(attn_factor, "attn_factor", False),
+                "beta_fast": _finite_f32(beta_fast, "beta_fast", False),
+                "beta_slow": _finite_f32(beta_slow, "beta_slow", False)}
         kvc_rope_params_init(&self.c, <int32_t>n_rot)
         self.c.mode = <int32_t>mode
         self.c.n_ctx_orig = <int32_t>n_ctx_orig
@@ -104,9 +101,12 @@ cdef class RopeParams:
         self.c.beta_slow = vals["beta_slow"]
         self._factors = None
         if freq_factors is not None:
-            ff = np.array(freq_factors, dtype=np.float32, copy=True).reshape(-1)
+            ff = values_c(freq_factors, "freq_factors", VALUES_FLOAT, True).reshape(-1).astype(np.float32)
             if ff.shape[0] != n_rot // 2:
                 raise ValueError(f"freq_factors has {ff.shape[0]} values, expected n_rot/2 = {n_rot // 2}")
+            # the angle of a pair is divided by its factor
+            if ff.size and not (np.isfinite(ff).all() and (ff > 0).all()):
+                raise ValueError("freq_factors must be finite and > 0")
             ff.flags.writeable = False
             self._factors = ff
         self._layer_base = _rope_layer_map(layer_freq_base, "layer_freq_base")
@@ -253,76 +253,71 @@ def rope_shift(k, type_k, n_head, head_dim, shift, RopeParams params not None, l
     Quantized rows are decoded, rotated and re-encoded (every block, also rows with
     shift 0), as llama.cpp's K-shift does. Arguments are all checked before any byte
     changes."""
-    cdef const kvc_type_info *info = _rope_type(type_k, "type_k")
+    cdef const kvc_type_info *info = type_c(type_k, "type_k")
     cdef kvc_rope_params p
     cdef Py_ssize_t n_rows, i, row_bytes, expect
     cdef uint32_t nh, hd
     cdef int rc
-    if not isinstance(k, np.ndarray):
-        raise TypeError(f"k must be a numpy array, not {type(k).__name__}")
-    for name, v in (("n_head", n_head), ("head_dim", head_dim)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-        if v <= 0 or v > 1 << 24:
-            raise ValueError(f"{name} = {v} must be positive")
-    nh = <uint32_t>n_head
-    hd = <uint32_t>head_dim
+    nh = <uint32_t>int_c(n_head, "n_head", 1, 1 << 24)
+    hd = <uint32_t>int_c(head_dim, "head_dim", 1, 1 << 24)
     if hd % info.blck_size:
         raise ValueError(f"head_dim = {hd} is not a multiple of the {info.name.decode()} block size {info.blck_size}")
     params.fill(&p, layer, hd)
-    if k.ndim < 2:
-        raise ValueError(f"k must have a row axis and a row content axis (ndim >= 2), got shape {k.shape}")
-    allowed = _ROPE_DTYPES.get(k.dtype)
-    tname = info.name.decode()
-    if allowed is None and k.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
-        raise TypeError(f"k has dtype {k.dtype}; expected float32, float16, uint16 or uint8")
-    if allowed is not None and tname not in allowed:
-        raise TypeError(f"k has dtype {k.dtype}, which cannot hold {tname} data (use a uint8 view)")
-    if not k.flags.writeable:
-        raise ValueError("k is read-only")
-    n_rows = k.shape[0]
-    # the content of a row must be C-contiguous
-    expect = k.itemsize
-    for i in range(k.ndim - 1, 0, -1):
-        if k.shape[i] > 1 and k.strides[i] != expect:
-            raise ValueError("k must be contiguous within each row (rows may be strided)")
-        expect *= k.shape[i]
-    row_bytes = expect
-    need = kvc_row_size(info.id, <uint64_t>nh * hd)
-    if row_bytes < <Py_ssize_t>need:
-        raise ValueError(f"a row of k holds {row_bytes} bytes; n_head * head_dim = {nh * hd} {tname} "
-                         f"elements need {need}")
-    sh = np.asarray(shift)
-    if sh.ndim != 1 or sh.shape[0] != n_rows:
-        raise ValueError(f"shift must hold one value per row of k ({n_rows}), got shape {sh.shape}")
-    if sh.size and not np.issubdtype(sh.dtype, np.integer):
-        raise TypeError(f"shift must hold integers, got dtype {sh.dtype}")
-    if sh.size and (sh.min() < -2147483648 or sh.max() > 2147483647):
+    sh = values_c(shift, "shift", VALUES_INT)
+    if sh.size and (sh.min() < INT32_MIN or sh.max() > INT32_MAX):
         raise ValueError("shift values must fit in int32")
-    sh = np.ascontiguousarray(sh, dtype=np.int32)
-    if n_rows == 0:
-        return
-    if n_rows > 0xFFFFFFFF:
-        raise ValueError(f"k has too many rows ({n_rows})")
-    if n_rows > 1 and k.strides[0] < row_bytes:
-        raise ValueError(f"rows of k overlap (row stride {k.strides[0]} < row size {row_bytes})")
+    sh = sh.astype(np.int32)
+    # k is taken (and pinned) last, after every other argument: its layout comes from its buffer
+    cdef _HeldBuffer kb = hold_buffer(k, "k", True)
+    try:
+        if kb.view.ndim < 2:
+            raise ValueError(f"k must have a row axis and a row content axis (ndim >= 2), got {kb.describe()}")
+        allowed = _ROPE_DTYPES.get(kb.dtype)
+        tname = info.name.decode()
+        if allowed is None and kb.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+            raise TypeError(f"k has dtype {kb.dtype}; expected float32, float16, uint16 or uint8")
+        if allowed is not None and tname not in allowed:
+            raise TypeError(f"k has dtype {kb.dtype}, which cannot hold {tname} data (use a uint8 view)")
+        n_rows = kb.view.shape[0]
+        # the content of a row must be C-contiguous
+        expect = kb.view.itemsize
+        for i in range(kb.view.ndim - 1, 0, -1):
+            if kb.view.shape[i] > 1 and kb.view.strides[i] != expect:
+                raise ValueError("k must be contiguous within each row (rows may be strided)")
+            expect *= kb.view.shape[i]
+        row_bytes = expect
+        need = kvc_row_size(info.id, <uint64_t>nh * hd)
+        if row_bytes < <Py_ssize_t>need:
+            raise ValueError(f"a row of k holds {row_bytes} bytes; n_head * head_dim = {nh * hd} {tname} "
+                             f"elements need {need}")
+        if sh.shape[0] != n_rows:
+            raise ValueError(f"shift must hold one value per row of k ({n_rows}), got shape {sh.shape}")
+        if n_rows == 0:
+            return
+        if n_rows > 0xFFFFFFFF:
+            raise ValueError(f"k has too many rows ({n_rows})")
+        if n_rows > 1 and kb.view.strides[0] < row_bytes:
+            raise ValueError(f"rows of k overlap (row stride {kb.view.strides[0]} < row size {row_bytes})")
+        _rope_shift_held(kb, info.id, <uint32_t>n_rows, nh, hd, row_bytes, sh, &p)
+    finally:
+        kb.release()
+
+
+cdef int _rope_shift_held(_HeldBuffer kb, int32_t tid, uint32_t nr, uint32_t nh, uint32_t hd, Py_ssize_t row_bytes,
+                          object sh, kvc_rope_params *p) except -1:
     cdef const int32_t[::1] shv = sh
-    cdef uint8_t *base = <uint8_t *><size_t>k.__array_interface__["data"][0]
-    cdef size_t stride = <size_t>k.strides[0] if n_rows > 1 else <size_t>row_bytes
-    cdef uint32_t nr = <uint32_t>n_rows
-    cdef int32_t tid = info.id
+    cdef uint8_t *base = <uint8_t *>kb.view.buf
+    cdef size_t stride = <size_t>kb.view.strides[0] if nr > 1 else <size_t>row_bytes
+    cdef int rc
     with nogil:
-        rc = kvc_rope_shift_rows(tid, base, nr, nh, hd, stride, &shv[0], &p, NULL)
+        rc = kvc_rope_shift_rows(tid, base, nr, nh, hd, stride, &shv[0], p, NULL)
     check_status(rc, NULL, "rope_shift")
+    return 0
 
 
 cdef object _rope_bytes(object raw, str argname):
-    """raw as a C-contiguous uint8 array (bytes-like objects are 1-D)."""
-    if isinstance(raw, (bytes, bytearray, memoryview)):
-        return np.frombuffer(raw, dtype=np.uint8)
-    if not isinstance(raw, np.ndarray):
-        raise TypeError(f"{argname} must be a numpy array or bytes-like, not {type(raw).__name__}")
-    arr = np.ascontiguousarray(raw)
+    """raw as a C-contiguous uint8 array (bytes-like objects are 1-D), read from its buffer."""
+    arr = np.ascontiguousarray(host_array(raw, argname))
     if arr.ndim == 0:
         raise ValueError(f"{argname} must have at least one dimension")
     return arr.view(np.uint8)
@@ -333,8 +328,11 @@ def quantize(x, type):
 
     ``n`` must be a multiple of the type's block size (32 for quantized types). The
     quantized encoders are ggml's reference quantizers, byte for byte."""
-    cdef const kvc_type_info *info = _rope_type(type, "type")
-    arr = np.ascontiguousarray(x, dtype=np.float32)
+    cdef const kvc_type_info *info = type_c(type, "type")
+    if PyObject_CheckBuffer(x) or hasattr(x, "__dlpack__"):
+        arr = np.ascontiguousarray(host_array(x, "x"), dtype=np.float32)
+    else:
+        arr = np.ascontiguousarray(values_c(x, "x", VALUES_FLOAT, True), dtype=np.float32)
     if arr.ndim == 0:
         raise ValueError("x must have at least one dimension")
     cdef Py_ssize_t n = arr.shape[arr.ndim - 1]
@@ -362,9 +360,8 @@ def dequantize(raw, type, n):
 
     ``raw`` is a uint8 array (any other dtype is taken as its bytes) or a bytes-like object
     holding one row."""
-    cdef const kvc_type_info *info = _rope_type(type, "type")
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
-        raise TypeError(f"n must be an int, not {n.__class__.__name__}")
+    cdef const kvc_type_info *info = type_c(type, "type")
+    n = int_c(n, "n", -1, 1 << 40)
     if n < 0 or n % info.blck_size:
         raise ValueError(f"n = {n} is not a non-negative multiple of the "
                          f"{info.name.decode()} block size {info.blck_size}")

@@ -14,27 +14,25 @@ ctypedef int (*state_range_fn)(const void *cache, int32_t seq_id, uint64_t offse
                                size_t *written) noexcept nogil
 
 
-cdef object state_data_view(object data):
-    """data as a flat byte memoryview (not copied); keep it alive while using state_data_ptr."""
-    try:
-        m = memoryview(data)
-    except TypeError:
+cdef _HeldBuffer state_data_view(object data):
+    """The bytes of a state argument, taken at the edge and pinned (not copied): a C-contiguous
+    buffer (bytes, bytearray, memoryview, numpy array, mmap, CPU tensor); release() it after use."""
+    if not (PyObject_CheckBuffer(data) or hasattr(data, "__dlpack__")):
         raise TypeError(f"data must be bytes-like (bytes, bytearray, memoryview, numpy array...), "
-                        f"not {type(data).__name__}") from None
-    if not m.c_contiguous:
+                        f"not {type(data).__name__}")
+    cdef _HeldBuffer hb = hold_buffer(data, "data", False)
+    if not hb.c_contiguous():
+        hb.release()
         raise ValueError("data must be a C-contiguous buffer")
-    if m.ndim != 1 or m.itemsize != 1 or m.format != "B":
-        m = m.cast("B")
-    return m
+    return hb
 
 
-cdef const uint8_t *state_data_ptr(object m, size_t *n) except? NULL:
+cdef const uint8_t *state_data_ptr(_HeldBuffer hb, size_t *n) noexcept:
     """Pointer to the bytes of a view from state_data_view (NULL when empty), n its length."""
-    n[0] = <size_t>len(m)
+    n[0] = <size_t>hb.view.len
     if n[0] == 0:
         return NULL
-    cdef const uint8_t[::1] v = m
-    return &v[0]
+    return <const uint8_t *>hb.view.buf
 
 
 cdef unsigned state_read_flags(object convert, object exact):
@@ -46,35 +44,49 @@ cdef unsigned state_read_flags(object convert, object exact):
     return f
 
 
-cdef object state_write_into(const void *cache, state_range_fn fn, int32_t seq_id, size_t total, object buf):
-    """Write a cache's state into a writable buffer (straight from C, no copy in between) or a
-    binary file object (in chunks of _STATE_CHUNK bytes). Returns the bytes written."""
+cdef object state_target(object buf):
+    """The target of a state_write_into, taken at the edge: a pinned writable C-contiguous
+    buffer (_HeldBuffer), or a binary file object (anything with write())."""
+    cdef _HeldBuffer hb
+    if PyObject_CheckBuffer(buf) or hasattr(buf, "__dlpack__"):
+        try:
+            hb = hold_buffer(buf, "buf", False)
+        except ValueError as e:
+            raise ValueError(f"buf: {e}") from None
+        if hb.view.readonly:
+            hb.release()
+            raise TypeError(f"buf must be writable ({type(buf).__name__} is read-only)")
+        if not hb.c_contiguous():
+            hb.release()
+            raise ValueError("buf must be a C-contiguous buffer")
+        return hb
+    if getattr(buf, "write", None) is None:
+        raise TypeError(f"buf must be a writable buffer or a binary file object, not {type(buf).__name__}")
+    return buf
+
+
+cdef object state_write_into(const void *cache, state_range_fn fn, int32_t seq_id, size_t total, object target):
+    """Write a cache's state into a target from state_target: a buffer (straight from C, no copy
+    in between) or a binary file object (in chunks of _STATE_CHUNK bytes). Returns the bytes
+    written. The caller holds the cache's lock as an operation (op_begin): a file's write()
+    that tries to change the cache is refused, so the blob is the state of one moment."""
     cdef size_t written = 0, off = 0
     cdef uint8_t[::1] out
     cdef int r
-    try:
-        m = memoryview(buf)
-    except TypeError:
-        m = None
-    if m is not None:
-        if m.readonly:
-            raise TypeError(f"buf must be writable ({type(buf).__name__} is read-only)")
-        if not m.c_contiguous:
-            raise ValueError("buf must be a C-contiguous buffer")
-        if m.ndim != 1 or m.itemsize != 1 or m.format != "B":
-            m = m.cast("B")
-        if <size_t>m.nbytes < total:
-            raise ValueError(f"buf holds {m.nbytes} bytes, the state needs {total}")
+    cdef _HeldBuffer hb
+    if isinstance(target, _HeldBuffer):
+        hb = <_HeldBuffer>target
+        if <size_t>hb.view.len < total:
+            raise ValueError(f"buf holds {hb.view.len} bytes, the state needs {total}")
         if total == 0:
             return 0
-        out = m
         with nogil:
-            r = fn(cache, seq_id, 0, &out[0], total, &written)
+            r = fn(cache, seq_id, 0, <uint8_t *>hb.view.buf, total, &written)
         check_status(r, NULL, "state_write_into")
         return written
-    write = getattr(buf, "write", None)
+    write = getattr(target, "write", None)
     if write is None:
-        raise TypeError(f"buf must be a writable buffer or a binary file object, not {type(buf).__name__}")
+        raise TypeError(f"buf must be a writable buffer or a binary file object, not {type(target).__name__}")
     chunk = bytearray(min(total, <size_t>_STATE_CHUNK) or 1)
     out = chunk
     view = memoryview(chunk)
@@ -112,7 +124,7 @@ def describe_state(data):
     as the readers check it (StateError says what is wrong and where), but nothing is checked
     against a cache."""
     cdef size_t n = 0
-    keep = state_data_view(data)
+    cdef _HeldBuffer keep = state_data_view(data)
     cdef const uint8_t *p = state_data_ptr(keep, &n)
     cdef kvc_state_desc d
     cdef kvc_err err
@@ -155,9 +167,8 @@ def describe_state(data):
 
 def ggml_type_name(type_id):
     """The ggml name of a K/V type id ("f16", "q8_0", ...), or None for an id kvcache does not know."""
-    if not isinstance(type_id, (int, np.integer)) or isinstance(type_id, bool):
-        raise TypeError(f"type_id must be an int, not {type(type_id).__name__}")
-    if not -2**31 <= type_id < 2**31:
+    cdef long long i = int_c(type_id, "type_id", LLONG_MIN, LLONG_MAX)
+    if not INT32_MIN <= i <= INT32_MAX:
         return None
-    cdef const kvc_type_info *t = kvc_type_get(<int32_t>type_id)
+    cdef const kvc_type_info *t = kvc_type_get(<int32_t>i)
     return t.name.decode() if t != NULL else None

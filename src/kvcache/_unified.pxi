@@ -1,10 +1,8 @@
 # The unified KV cache: UnifiedCore over csrc/kvc_unified.h and its state codec.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
-from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
-from cpython.bool cimport PyBool_Check
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from libc.stdint cimport uint16_t, INT32_MIN
+from libc.stdint cimport uint16_t
+from kvcache.includes.kvc_unified cimport *
 from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
 from kvcache.includes.kvc_update cimport (KVC_UPDATE_MAX_PARTS, kvc_update_opts, kvc_update_result,
                                           kvc_unified_update_parts)
@@ -16,73 +14,6 @@ _SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC
 _SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
 _MASK_DTYPES = {"f32": (KVC_MASK_F32, np.float32), "f16": (KVC_MASK_F16, np.float16),
                 "bool": (KVC_MASK_BOOL, np.bool_)}
-
-
-def _type_names():
-    return [kvc_type_at(i).name.decode() for i in range(kvc_type_count())]
-
-
-cdef const kvc_type_info *_type_arg(object t, str name) except NULL:
-    """The type info of a type given by ggml name ("f16", "q8_0", ...) or ggml id."""
-    cdef const kvc_type_info *info = NULL
-    if isinstance(t, str):
-        info = kvc_type_by_name(t.lower().encode("ascii", "replace"))
-    elif isinstance(t, (int, np.integer)) and not isinstance(t, bool):
-        if -2**31 <= t < 2**31:
-            info = kvc_type_get(<int32_t>t)
-    else:
-        raise TypeError(f"{name} must be a type name such as 'f16', not {type(t).__name__}")
-    if info == NULL:
-        raise ValueError(f"{name}: unknown type {t!r} (supported: {', '.join(_type_names())})")
-    return info
-
-
-cdef long long _int_arg(object v, str name, long long lo, long long hi) except? -1:
-    """An int argument within [lo, hi] (TypeError / ValueError naming it)."""
-    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    if v < lo or v > hi:
-        raise ValueError(f"{name} = {v} is outside [{lo}, {hi}]")
-    return <long long>v
-
-
-cdef tuple _widths_arg(object v, Py_ssize_t n_layer, str name):
-    """Per-layer row widths: one int for every layer, or a sequence of n_layer ints."""
-    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
-        w = _int_arg(v, name, 0, 0xFFFFFFFF)
-        return (w,) * n_layer
-    if isinstance(v, (str, bytes)):
-        raise TypeError(f"{name} must be an int or a sequence of ints, not {type(v).__name__}")
-    try:
-        seq = list(v)
-    except TypeError:
-        raise TypeError(f"{name} must be an int or a sequence of ints, not {type(v).__name__}") from None
-    if len(seq) != n_layer:
-        raise ValueError(f"{name} has {len(seq)} entries, expected n_layer = {n_layer}")
-    return tuple(_int_arg(x, f"{name}[{i}]", 0, 0xFFFFFFFF) for i, x in enumerate(seq))
-
-
-cdef tuple _layers_arg(object layers, Py_ssize_t n_layer):
-    """Kept model layers: None (all), a predicate il -> bool, or ascending unique indices."""
-    if layers is None:
-        return tuple(range(n_layer))
-    if callable(layers):
-        return tuple(il for il in range(n_layer) if layers(il))
-    if isinstance(layers, (str, bytes)):
-        raise TypeError("layers must be None, a callable or a sequence of layer indices")
-    try:
-        seq = list(layers)
-    except TypeError:
-        raise TypeError("layers must be None, a callable or a sequence of layer indices") from None
-    out = []
-    prev = -1
-    for i, x in enumerate(seq):
-        il = _int_arg(x, f"layers[{i}]", 0, n_layer - 1)
-        if il <= prev:
-            raise ValueError(f"layers must be ascending and unique (layers[{i}] = {il} after {prev})")
-        out.append(il)
-        prev = il
-    return tuple(out)
 
 
 cdef object _f32_to_half(object a, bint bf16):
@@ -102,22 +33,12 @@ cdef object _f32_to_half(object a, bint bf16):
     return out
 
 
-cdef int _check_width(long long w, object il, const kvc_type_info *t, str name) except -1:
-    """A kept layer's row width: positive and a whole number of blocks of the type."""
-    if w == 0:
-        raise ValueError(f"{name}[{il}] must be > 0 for a kept layer")
-    if w % t.blck_size:
-        raise ValueError(f"{name}[{il}] = {w} is not a multiple of the "
-                         f"{t.name.decode()} block size {t.blck_size}")
-    return 0
-
-
 cdef tuple _head_dims_arg(object v, Py_ssize_t n_layer, tuple wk, tuple kept):
     """Per-layer K head size (n_embd_head_k), or None when not given: each kept layer's K row
     must be a whole number of heads."""
     if v is None:
         return None
-    hd = _widths_arg(v, n_layer, "n_embd_head_k")
+    hd = widths_arg(v, n_layer, "n_embd_head_k")
     for il in kept:
         if hd[il] == 0 or wk[il] % hd[il]:
             raise ValueError(f"n_embd_k_gqa[{il}] = {wk[il]} is not a whole number of heads of "
@@ -142,90 +63,66 @@ cdef int _check_rope(object rope, tuple head_k, tuple kept, str name) except -1:
     return 0
 
 
-cdef inline long long _ll_arg(object v, str name) except? -1:
-    """An int argument as long long: TypeError for non-integers (floats are not truncated),
-    ValueError when it does not fit."""
-    cdef int overflow = 0
-    cdef long long r
-    if not PyLong_Check(v) or PyBool_Check(v):
-        if PyBool_Check(v):
-            raise TypeError(f"{name} must be an int, not bool")
-        if isinstance(v, np.integer):
-            v = int(v)
-        else:
-            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    r = PyLong_AsLongLongAndOverflow(v, &overflow)
-    if overflow:
-        raise ValueError(f"{name} = {v} is out of range")
-    return r
-
-
-cdef inline int32_t _seq_arg(object v, uint32_t n_seq_max, str name, bint allow_any) except? -2:
-    """A sequence id in [0, n_seq_max), or -1 when allow_any."""
-    cdef long long s = _ll_arg(v, name)
-    if s < 0 or s >= n_seq_max:
-        if not (allow_any and s == -1):
-            raise ValueError(f"{name} = {s} is outside [{-1 if allow_any else 0}, {n_seq_max})")
-    return <int32_t>s
-
-
-cdef inline int32_t _pos_arg(object v, str name) except? -2:
-    """A position (or shift) that fits int32."""
-    cdef long long p = _ll_arg(v, name)
-    if p < INT32_MIN or p > INT32_MAX:
-        raise ValueError(f"{name} = {p} does not fit int32")
-    return <int32_t>p
-
-
-cdef uint32_t _layer_index(UnifiedCore self, object il) except? 0xFFFFFFFF:
-    if not isinstance(il, (int, np.integer)) or isinstance(il, (bool, np.bool_)):
+cdef uint32_t _layer_index(_Unified self, object il) except? 0xFFFFFFFF:
+    if not _is_int(il):
         raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
-    ikv = self._ikv.get(int(il))
+    ikv = self._ikv.get(int_c(il, "il", LLONG_MIN, LLONG_MAX))
     if ikv is None:
         raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(self._layers)})")
     return <uint32_t>ikv
 
-cdef int _settle(UnifiedCore self) except -1:
-    """Move the rows of a pending defrag before the K/V memory is handed out."""
+cdef int _settle(_Unified self, str what) except -1:
+    """Move the rows of a pending defrag before the K/V memory is handed out (a change: refused
+    from a callback of another operation on the cache)."""
+    kvc_pylock_acquire(&self._lock)
+    if self.c.defrag_pending and self._lock.busy:
+        kvc_pylock_release(&self._lock)
+        raise_busy(what)
     with nogil:
-        kvc_pylock_acquire_nogil(&self._lock)
         kvc_unified_defrag_settle(&self.c)
         kvc_pylock_release(&self._lock)
     return 0
 
-cdef int _require_memory(UnifiedCore self, str what) except -1:
+cdef int _require_memory(_Unified self, str what) except -1:
     if self._buffers == "none":
         raise RuntimeError(f"{what}: this cache holds no K/V memory (buffers='none'); its owner "
                            f"writes K/V at .slot and applies update()'s plan with its own kernels")
     return 0
 
 
-cdef object _rows_arg(UnifiedCore self, object rows, int32_t type_id, uint32_t n_embd, size_t row_bytes, str name):
-    """Validate (and for half types convert) the rows handed to store()."""
-    cdef uint32_t n = kvc_unified_slot_n(&self.c)
+cdef _HeldBuffer _rows_buffer(object rows, int32_t type_id, str name):
+    """The rows handed to store(), taken at the edge (see hold_buffer): of the cache's element
+    dtype, C-contiguous; float32 rows of an f16 / bf16 cache are converted into a copy first.
+    None stays None. Their shape is checked against the placement under the lock."""
     if rows is None:
         return None
-    if not isinstance(rows, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, not {type(rows).__name__}")
-    dt = rows.dtype
+    cdef _HeldBuffer hb = hold_buffer(rows, name, False)
+    dt = hb.dtype
     if type_id == KVC_TYPE_F32:
-        ok, shape, want = dt == np.float32, (n, n_embd), "float32"
+        ok, want = dt == np.float32, "float32"
     elif type_id == KVC_TYPE_F16:
-        ok, shape, want = dt == np.float16 or dt == np.float32, (n, n_embd), "float16 or float32"
+        ok, want = dt == np.float16 or dt == np.float32, "float16 or float32"
     elif type_id == KVC_TYPE_BF16:
         ok = dt == np.uint16 or dt == np.float32 or (_BF16 is not None and dt == _BF16)
-        shape, want = (n, n_embd), "bfloat16, uint16 (bf16 bits) or float32"
+        want = "bfloat16, uint16 (bf16 bits) or float32"
     else:
-        ok, shape, want = dt == np.uint8, (n, row_bytes), "uint8 (quantized rows)"
+        ok, want = dt == np.uint8, "uint8 (quantized rows)"
     if not ok:
         raise TypeError(f"{name} must have dtype {want}, not {dt}")
-    if rows.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {rows.shape}")
-    if not rows.flags.c_contiguous:
+    if not hb.c_contiguous():
         raise ValueError(f"{name} must be C-contiguous")
     if dt == np.float32 and type_id != KVC_TYPE_F32:
-        rows = _f32_to_half(rows, type_id == KVC_TYPE_BF16)
-    return rows.reshape(-1).view(np.uint8)
+        half = _f32_to_half(hb.array, type_id == KVC_TYPE_BF16)
+        hb.release()
+        hb = hold_buffer(half, name, False)
+    return hb
+
+
+cdef int _check_rows(_HeldBuffer hb, uint32_t n, size_t width, str name) except -1:
+    """rows of a store(): (n, width) elements of the cache dtype (no Python code on success)."""
+    if hb.view.ndim != 2 or <size_t>hb.view.shape[0] != n or <size_t>hb.view.shape[1] != width:
+        raise ValueError(f"{name} must have shape {(n, width)}, got {hb.describe()}")
+    return 0
 
 class Cells:
     """A snapshot of a cache's cells (copies; later cache operations do not change it).
@@ -315,7 +212,7 @@ cdef class _LayerRope:
         PyMem_Free(self.hd)
 
 
-cdef _LayerRope _layer_rope(UnifiedCore self, RopeParams rope):
+cdef _LayerRope _layer_rope(_Unified self, RopeParams rope):
     """rope for every kept layer of the cache (ValueError naming a layer it does not fit)."""
     cdef uint32_t n = self.c.n_layer, i
     cdef _LayerRope lr = _LayerRope.__new__(_LayerRope)
@@ -336,7 +233,7 @@ cdef _LayerRope _layer_rope(UnifiedCore self, RopeParams rope):
 cdef list _update_caches(tuple cs, object rope, int32_t nmax):
     """update() of the caches in cs (whose locks the caller holds), all or nothing (C checks and
     allocates every rotation before the first cache changes)."""
-    cdef UnifiedCore c
+    cdef _Unified c
     cdef Py_ssize_t k, n = len(cs)
     cdef kvc_unified *ptrs[KVC_UPDATE_MAX_PARTS]
     cdef kvc_update_opts opts[KVC_UPDATE_MAX_PARTS]
@@ -382,7 +279,83 @@ cdef list _update_caches(tuple cs, object rope, int32_t nmax):
 
 
 cdef class UnifiedCore:
+    """The unified KV cache as other extensions cimport it (_core.pxd): C-level methods only.
+    Every instance is a _Unified (kvcache.UnifiedCache), which implements them."""
+
+    def __cinit__(self, *args, **kwargs):
+        if not isinstance(self, _Unified):
+            raise TypeError("UnifiedCore is the cimport interface of kvcache.UnifiedCache: create a "
+                            "kvcache.UnifiedCache")
+
+    # never reached (every instance is a _Unified): inert answers
+    cdef int lock_c(self) noexcept nogil:
+        return -1
+    cdef int unlock_c(self) noexcept nogil:
+        return -1
+    cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
+        return KVC_E_INTERNAL
+    cdef void commit_c(self) noexcept nogil:
+        pass
+    cdef void restore_c(self) noexcept nogil:
+        pass
+    cdef bint seq_rm_c(self, int32_t s, int32_t p0, int32_t p1) noexcept nogil:
+        return False
+    cdef void seq_cp_c(self, int32_t src, int32_t dst, int32_t p0, int32_t p1) noexcept nogil:
+        pass
+    cdef void seq_keep_c(self, int32_t s) noexcept nogil:
+        pass
+    cdef void seq_add_c(self, int32_t s, int32_t p0, int32_t p1, int32_t shift) noexcept nogil:
+        pass
+    cdef void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil:
+        pass
+    cdef void clear_c(self) noexcept nogil:
+        pass
+    cdef void set_full_c(self) noexcept nogil:
+        pass
+    cdef int store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
+        return KVC_E_INTERNAL
+    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
+        return KVC_E_INTERNAL
+    cdef void k_shift_c(self, int32_t *out) noexcept nogil:
+        pass
+    cdef void reset_shift_c(self) noexcept nogil:
+        pass
+    cdef int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
+        return -1
+    cdef int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
+        return -1
+    cdef uint32_t head_c(self) noexcept nogil:
+        return 0
+    cdef uint32_t n_c(self) noexcept nogil:
+        return 0
+    cdef uint32_t used_c(self) noexcept nogil:
+        return 0
+    cdef uint32_t size_c(self) noexcept nogil:
+        return 0
+    cdef uint32_t n_seq_max_c(self) noexcept nogil:
+        return 0
+    cdef uint32_t n_layer_c(self) noexcept nogil:
+        return 0
+
+
+cdef class _Unified(UnifiedCore):
     """The unified KV cache (see kvcache.UnifiedCache for the documented public class)."""
+    cdef kvc_unified c             # the C cache: cells, head/n, recovery, defrag plan, layer table
+    cdef bint _ready               # c is initialised (kvc_unified_free is due)
+    cdef uint32_t _n_layer_model   # model layer count given to the constructor
+    cdef tuple _layers             # kept model layer indices, ascending (the cache's layer order)
+    cdef dict _ikv                 # model layer index -> index into c.layers
+    cdef tuple _n_embd_k           # K row width per model layer
+    cdef tuple _n_embd_v           # V row width per model layer
+    cdef list _k_mem               # per kept layer: K memory as uint8 (owned and aligned, or borrowed); empty without memory
+    cdef list _v_mem               # per kept layer: V memory likewise
+    cdef list _k_view              # per kept layer: K as the cache dtype, (size, n_embd_k) or (size, row_bytes)
+    cdef list _v_view              # per kept layer: V likewise, (n_embd_v, size) when v_trans
+    cdef str _buffers              # buffer mode: "owned", "borrowed" or "none" (metadata only)
+    cdef object _borrowed          # borrowed mode: (the caller's (K, V) objects, their _HeldBuffers) per kept layer
+    cdef tuple _n_embd_head_k      # K head size per model layer, or None (needed by the RoPE K-shift)
+    cdef object _rope              # the model's RopeParams, or None (update() rotates K with them)
+    cdef kvc_pylock _lock          # held by every Python method (see "locking" in _common.pxi)
 
     def __cinit__(self, kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
                   v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None,
@@ -397,38 +370,26 @@ cdef class UnifiedCore:
         if kvc_pylock_init(&self._lock) != 0:
             raise MemoryError("UnifiedCache: cannot allocate its lock")
 
+        # arguments converted to their C types here; their meaning (kv_size a multiple of n_pad,
+        # widths whole blocks of the type, v_trans with a block-1 V type, ...) is kvc_unified_init's
         mode = _buffers_mode(buffers)
-        nl = _int_arg(n_layer, "n_layer", 0, 0x7FFFFFFF)
-        n_pad_ = _int_arg(n_pad, "n_pad", 1, 0x7FFFFFFF)
-        kv_size_ = _int_arg(kv_size, "kv_size", 1, 0x7FFFFFFF)
-        if kv_size_ % n_pad_:
-            raise ValueError(f"kv_size = {kv_size_} is not a multiple of n_pad = {n_pad_}")
-        n_seq_max_ = _int_arg(n_seq_max, "n_seq_max", 1, KVC_MAX_SEQ)
-        tk = _type_arg(type_k, "type_k")
-        tv = _type_arg(type_v, "type_v")
+        nl = int_c(n_layer, "n_layer", 0, 0x7FFFFFFF)
+        n_pad_ = int_c(n_pad, "n_pad", 0, UINT32_MAX)
+        kv_size_ = int_c(kv_size, "kv_size", 0, UINT32_MAX)
+        n_seq_max_ = int_c(n_seq_max, "n_seq_max", 0, UINT32_MAX)
+        tk = type_c(type_k, "type_k")
+        tv = type_c(type_v, "type_v")
         if not isinstance(v_trans, (bool, np.bool_, int, np.integer)):
             raise TypeError(f"v_trans must be a bool, not {type(v_trans).__name__}")
         v_trans_ = bool(v_trans)
-        if v_trans_ and tv.blck_size != 1:
-            raise ValueError(f"v_trans=True needs a V type with one element per block; "
-                             f"type_v = {tv.name.decode()!r} has {tv.blck_size}")
         if not isinstance(swa_type, str):
             raise TypeError(f"swa_type must be a str, not {type(swa_type).__name__}")
         if swa_type not in _SWA_TYPES:
             raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(_SWA_TYPES)}")
-        n_swa_ = _int_arg(n_swa, "n_swa", 0, 0xFFFFFFFF)
-        if swa_type != "none" and n_swa_ == 0:
-            raise ValueError(f"n_swa must be > 0 with swa_type = {swa_type!r}")
-        if swa_type == "none" and n_swa_ != 0:
-            raise ValueError(f"n_swa = {n_swa_} needs a swa_type other than 'none'")
-        wk = _widths_arg(n_embd_k_gqa, nl, "n_embd_k_gqa")
-        wv = _widths_arg(n_embd_v_gqa, nl, "n_embd_v_gqa")
-        kept = _layers_arg(layers, nl)
-        for il in kept:
-            _check_width(wk[il], il, tk, "n_embd_k_gqa")
-            _check_width(wv[il], il, tv, "n_embd_v_gqa")
-        head_k = _head_dims_arg(n_embd_head_k, nl, wk, kept)
-        _check_rope(rope, head_k, kept, "rope")
+        n_swa_ = int_c(n_swa, "n_swa", 0, UINT32_MAX)
+        wk = widths_arg(n_embd_k_gqa, nl, "n_embd_k_gqa", UINT32_MAX)
+        wv = widths_arg(n_embd_v_gqa, nl, "n_embd_v_gqa", UINT32_MAX)
+        kept = layers_arg(layers, nl)
         pairs = _buffer_pairs(buffers, kept) if mode == "borrowed" else None
 
         arr_il = np.asarray(kept, dtype=np.int32).reshape(-1)
@@ -451,6 +412,8 @@ cdef class UnifiedCore:
         p.n_embd_v = &v_v[0]
         check_status(kvc_unified_init(&self.c, &p, &err), &err, "UnifiedCache")
         self._ready = True
+        head_k = _head_dims_arg(n_embd_head_k, nl, wk, kept)
+        _check_rope(rope, head_k, kept, "rope")
 
         self._n_layer_model = <uint32_t>nl
         self._layers = kept
@@ -460,7 +423,8 @@ cdef class UnifiedCore:
         self._n_embd_head_k = head_k
         self._rope = rope
         self._buffers = mode
-        self._borrowed = pairs          # the caller's objects stay alive as long as the cache
+        held = []                       # the borrowed buffers, pinned as long as the cache lives
+        self._borrowed = (pairs, held)
         self._k_mem, self._v_mem, self._k_view, self._v_view = [], [], [], []
         if mode == "none":
             return
@@ -477,9 +441,11 @@ cdef class UnifiedCore:
             else:
                 vlay = (f"{lay.n_embd_v} x {size} cells of {dv.itemsize} bytes, transposed" if v_trans_
                         else f"{size} cells x {lay.v_row_bytes} bytes")
-                kmem = _borrowed_bytes(pairs[i][0], nk, tk.id, f"buffers[{il}] K",
-                                       f"{size} cells x {lay.k_row_bytes} bytes")
-                vmem = _borrowed_bytes(pairs[i][1], nv, tv.id, f"buffers[{il}] V", vlay)
+                kmem, hk = _borrowed_bytes(pairs[i][0], nk, tk.id, f"buffers[{il}] K",
+                                           f"{size} cells x {lay.k_row_bytes} bytes")
+                held.append(hk)
+                vmem, hv = _borrowed_bytes(pairs[i][1], nv, tv.id, f"buffers[{il}] V", vlay)
+                held.append(hv)
                 regions += [(f"buffers[{il}] K", kmem), (f"buffers[{il}] V", vmem)]
             if dk.itemsize == 1:
                 kview = kmem.reshape(size, lay.k_row_bytes)
@@ -520,6 +486,15 @@ cdef class UnifiedCore:
                 f"n={n}, used={used})")
 
     # --- C-level operations (declared in _core.pxd) ---------------------------------------
+    cdef int lock_c(self) noexcept nogil:
+        return kvc_pylock_acquire_change_nogil(&self._lock)
+
+    cdef int unlock_c(self) noexcept nogil:
+        if not kvc_pylock_mine(&self._lock):
+            return -1
+        kvc_pylock_release(&self._lock)
+        return 0
+
     cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
         return kvc_unified_find_slot(&self.c, ub)
 
@@ -561,6 +536,30 @@ cdef class UnifiedCore:
 
     cdef void reset_shift_c(self) noexcept nogil:
         kvc_cells_reset_shift(&self.c.cells)
+
+    cdef int32_t seq_pos_min_c(self, int32_t s) noexcept nogil:
+        return kvc_unified_seq_pos_min(&self.c, s)
+
+    cdef int32_t seq_pos_max_c(self, int32_t s) noexcept nogil:
+        return kvc_unified_seq_pos_max(&self.c, s)
+
+    cdef uint32_t head_c(self) noexcept nogil:
+        return self.c.head
+
+    cdef uint32_t n_c(self) noexcept nogil:
+        return self.c.n
+
+    cdef uint32_t used_c(self) noexcept nogil:
+        return self.c.cells.used
+
+    cdef uint32_t size_c(self) noexcept nogil:
+        return self.c.cells.size
+
+    cdef uint32_t n_seq_max_c(self) noexcept nogil:
+        return self.c.n_seq_max
+
+    cdef uint32_t n_layer_c(self) noexcept nogil:
+        return self.c.n_layer
 
     # --- geometry and counters -----------------------------------------------------------
     @property
@@ -704,11 +703,11 @@ cdef class UnifiedCore:
 
     @n_threads.setter
     def n_threads(self, value):
-        cdef uint32_t n = <uint32_t>_int_arg(value, "n_threads", 0, 0xFFFFFFFF)
+        cdef uint32_t n = <uint32_t>int_c(value, "n_threads", 0, UINT32_MAX)
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "n_threads")
         r = kvc_unified_set_n_threads(&self.c, n, &err)
         kvc_pylock_release(&self._lock)
         check_status(r, &err, "n_threads")
@@ -738,19 +737,23 @@ cdef class UnifiedCore:
 
         Returns True when placed (head is where), False when there is no room; head may move
         either way, as in llama.cpp. Undo with restore(), keep with commit()."""
-        cdef int r
+        cdef int r = 0
         ub.check(self.c.n_seq_max)
         with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
-            r = self.find_slot_c(&ub.c)
-            kvc_pylock_release(&self._lock)
+            if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
+                r = self.find_slot_c(&ub.c)
+                kvc_pylock_release(&self._lock)
+            else:
+                r = _BUSY
+        if r == _BUSY:
+            raise_busy("find_slot")
         if r < 0:
             raise_status(r, NULL, "find_slot")
         return r == 1
 
     def commit(self):
         """Forget the recovery information of the find_slot calls since the last commit."""
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "commit")
         kvc_unified_commit(&self.c)
         kvc_pylock_release(&self._lock)
 
@@ -758,20 +761,20 @@ cdef class UnifiedCore:
         """Undo the cell changes of the find_slot calls since the last commit (data is kept):
         the cells are exactly as before those calls (head stays where the search left it, as
         in llama.cpp)."""
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "restore")
         self.restore_c()
         kvc_pylock_release(&self._lock)
 
     def set_full(self):
         """n = size and head = 0, as when reserving the worst-case graph."""
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "set_full")
         self.set_full_c()
         kvc_pylock_release(&self._lock)
 
     def clear(self):
         """Empty every cell, reset shifts, head = 0 and zero the K/V memory (n is kept)."""
+        lock_change(&self._lock, "clear")
         with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
             self.clear_c()
             kvc_pylock_release(&self._lock)
 
@@ -779,53 +782,53 @@ cdef class UnifiedCore:
         """Remove seq_id (-1: every sequence) from the cells with p0 <= pos < p1.
 
         p0 < 0 means 0, p1 < 0 means no upper bound. Returns True."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef bint r
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "seq_rm")
         r = self.seq_rm_c(s, a, b)
         kvc_pylock_release(&self._lock)
         return r
 
     def seq_cp(self, src, dst, p0=-1, p1=-1):
         """Add dst to every cell of src with p0 <= pos < p1."""
-        cdef int32_t s = _seq_arg(src, self.c.n_seq_max, "src", False)
-        cdef int32_t d = _seq_arg(dst, self.c.n_seq_max, "dst", False)
-        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
-        kvc_pylock_acquire(&self._lock)
+        cdef int32_t s = seq_c(src, self.c.n_seq_max, "src", False)
+        cdef int32_t d = seq_c(dst, self.c.n_seq_max, "dst", False)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        lock_change(&self._lock, "seq_cp")
         self.seq_cp_c(s, d, a, b)
         kvc_pylock_release(&self._lock)
 
     def seq_keep(self, seq_id):
         """Keep only seq_id: cells without it are emptied, cells with it hold only it."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
-        kvc_pylock_acquire(&self._lock)
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
+        lock_change(&self._lock, "seq_keep")
         self.seq_keep_c(s)
         kvc_pylock_release(&self._lock)
 
     def seq_add(self, seq_id, p0, p1, shift):
         """Add shift to the positions of seq_id in [p0, p1); cells pushed below 0 are emptied."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
-        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
-        cdef int32_t d = _pos_arg(shift, "shift")
-        kvc_pylock_acquire(&self._lock)
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef int32_t d = pos_c(shift, "shift")
+        lock_change(&self._lock, "seq_add")
         self.seq_add_c(s, a, b, d)
         kvc_pylock_release(&self._lock)
 
     def seq_div(self, seq_id, p0, p1, d):
         """Integer-divide the positions of seq_id in [p0, p1) by d (> 0)."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
-        cdef int32_t a = _pos_arg(p0, "p0"), b = _pos_arg(p1, "p1")
-        cdef int32_t dd = _pos_arg(d, "d")
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef int32_t dd = pos_c(d, "d")
         if dd <= 0:
             raise ValueError(f"d = {dd} must be positive")
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "seq_div")
         self.seq_div_c(s, a, b, dd)
         kvc_pylock_release(&self._lock)
 
     def seq_pos_min(self, seq_id):
         """Smallest position of seq_id, -1 when it holds no cell."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False), r
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False), r
         kvc_pylock_acquire(&self._lock)
         r = kvc_unified_seq_pos_min(&self.c, s)
         kvc_pylock_release(&self._lock)
@@ -833,7 +836,7 @@ cdef class UnifiedCore:
 
     def seq_pos_max(self, seq_id):
         """Largest position of seq_id, -1 when it holds no cell."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False), r
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False), r
         kvc_pylock_acquire(&self._lock)
         r = kvc_unified_seq_pos_max(&self.c, s)
         kvc_pylock_release(&self._lock)
@@ -846,13 +849,13 @@ cdef class UnifiedCore:
         Returns True when fewer than min(n_swa, pmin) cells of seq_id were visible from pmin,
         i.e. the cache holds only part of the window (information may have been lost). Needs a
         cache with a sliding window (ValueError otherwise)."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", False)
-        cdef int32_t a = _pos_arg(pmin, "pmin"), b = _pos_arg(pmax, "pmax")
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = pos_c(pmin, "pmin"), b = pos_c(pmax, "pmax")
         cdef int r
         if self.c.swa_type == KVC_SWA_NONE:
             raise ValueError("prune_swa: the cache has no sliding window (swa_type 'none')")
+        lock_change(&self._lock, "prune_swa")
         with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
             r = kvc_unified_prune_swa(&self.c, s, a, b)
             kvc_pylock_release(&self._lock)
         if r < 0:
@@ -866,7 +869,7 @@ cdef class UnifiedCore:
         libraries through DLPack (``torch.from_dlpack(cache.k(il))``)."""
         cdef uint32_t ikv = _layer_index(self, il)
         _require_memory(self, "k")
-        _settle(self)
+        _settle(self, "k")
         return self._k_view[ikv]
 
     def v(self, il):
@@ -874,7 +877,7 @@ cdef class UnifiedCore:
         (size, row_bytes) uint8 when quantized."""
         cdef uint32_t ikv = _layer_index(self, il)
         _require_memory(self, "v")
-        _settle(self)
+        _settle(self, "v")
         return self._v_view[ikv]
 
     def store(self, il, k_rows, v_rows):
@@ -882,34 +885,40 @@ cdef class UnifiedCore:
 
         il: model layer index. k_rows / v_rows: (n_tokens, n_embd) arrays of the cache dtype
         (float32 is also accepted for f16 / bf16 caches), or (n_tokens, row_bytes) uint8 for
-        quantized types; either may be None. V is transposed on the way in when v_trans."""
+        quantized types; numpy arrays, buffer-protocol objects or CPU tensors (DLPack), used
+        without a copy; either may be None. V is transposed on the way in when v_trans."""
         cdef uint32_t ikv = _layer_index(self, il)
-        cdef kvc_layer *lay
-        cdef const uint8_t[::1] mk
-        cdef const uint8_t[::1] mv
-        cdef const void *pk = NULL
-        cdef const void *pv = NULL
-        cdef int r
         _require_memory(self, "store")
-        kvc_pylock_acquire(&self._lock)
+        cdef kvc_layer *lay = &self.c.layers[ikv]       # the layer table is fixed at construction
+        cdef bint quant_k = kvc_type_get(self.c.type_k).blck_size != 1
+        cdef bint quant_v = kvc_type_get(self.c.type_v).blck_size != 1
+        # the rows are taken (and pinned) before the cache is locked: the Python code that may
+        # run meanwhile (an exporter's hooks) sees the cache as any other call would
+        cdef _HeldBuffer kb = _rows_buffer(k_rows, self.c.type_k, "k_rows")
+        cdef _HeldBuffer vb = _rows_buffer(v_rows, self.c.type_v, "v_rows")
+        cdef const void *pk = kb.view.buf if kb is not None else NULL
+        cdef const void *pv = vb.view.buf if vb is not None else NULL
+        # from the lock to the copy no Python code runs: the placement checked is the one written
+        cdef uint32_t placed
+        cdef int r
+        lock_change(&self._lock, "store")
         try:
-            # the rows must match the placement, which only holds while the lock is held
-            if kvc_unified_slot_n(&self.c) == 0:
+            placed = kvc_unified_slot_n(&self.c)
+            if placed == 0:
                 raise RuntimeError("store: no ubatch is placed (call it right after a successful find_slot)")
-            lay = &self.c.layers[ikv]
-            kb = _rows_arg(self, k_rows, self.c.type_k, lay.n_embd_k, lay.k_row_bytes, "k_rows")
-            vb = _rows_arg(self, v_rows, self.c.type_v, lay.n_embd_v, lay.v_row_bytes, "v_rows")
             if kb is not None:
-                mk = kb
-                pk = &mk[0]
+                _check_rows(kb, placed, lay.k_row_bytes if quant_k else lay.n_embd_k, "k_rows")
             if vb is not None:
-                mv = vb
-                pv = &mv[0]
+                _check_rows(vb, placed, lay.v_row_bytes if quant_v else lay.n_embd_v, "v_rows")
             with nogil:
                 r = self.store_c(ikv, pk, pv)
             check_status(r, NULL, "store")
         finally:
             kvc_pylock_release(&self._lock)
+            if kb is not None:
+                kb.release()
+            if vb is not None:
+                vb.release()
 
     @property
     def size_k_bytes(self):
@@ -938,44 +947,57 @@ cdef class UnifiedCore:
 
         dtype "f32" (default) or "f16": 0 where token t sees cell j (-|p_cell - p_token| with
         alibi), -inf elsewhere and in the padding rows; "bool": True where it sees the cell.
-        out: a C-contiguous writable array of exactly that shape and dtype, filled and returned."""
+        out: a C-contiguous writable array of exactly that shape and dtype (a numpy array, a
+        buffer-protocol object or a CPU tensor), filled and returned."""
         cdef bint c_causal = causal, c_alibi = alibi
-        cdef int mdt, r
+        cdef int mdt, r = 0
         cdef uint8_t[::1] o
+        cdef void *p = NULL
+        cdef Py_ssize_t rows, cols
+        cdef _HeldBuffer ob = None
         try:
             mdt, npdt = _MASK_DTYPES[dtype]
         except (KeyError, TypeError):
             raise ValueError(f"dtype = {dtype!r}: expected one of {', '.join(_MASK_DTYPES)}") from None
         ub.check(self.c.n_seq_max)
-        if out is not None and not isinstance(out, np.ndarray):
-            raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
-        kvc_pylock_acquire(&self._lock)
-        try:
-            # the shape follows n, which only holds still while the lock is held
-            shape = (<Py_ssize_t>kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD), <Py_ssize_t>self.c.n)
-            if out is None:
-                out = np.empty(shape, dtype=npdt)
-            elif out.dtype != npdt or out.shape != shape or not out.flags.c_contiguous \
-                    or not out.flags.writeable:
+        if out is not None:
+            # taken before the lock: an exporter's hooks see the cache as any other call would
+            ob = hold_buffer(out, "out", True)
+            if ob.dtype != np.dtype(npdt) or not ob.c_contiguous() or ob.view.ndim != 2:
                 raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
-                                 f"{shape}, got {out.dtype} {out.shape}")
-            if out.size == 0:
-                return out
-            o = out.reshape(-1).view(np.uint8)
-            with nogil:
-                r = self.kq_mask_c(&ub.c, c_causal, c_alibi, mdt, &o[0])
+                                 f"(pad(n_tokens, 64), n), got {ob.describe()}")
+        op_begin(&self._lock, False, "kq_mask")
+        try:
+            # the shape follows n, which holds still while the operation runs
+            rows = <Py_ssize_t>kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD)
+            cols = <Py_ssize_t>self.c.n
+            if ob is None:
+                out = np.empty((rows, cols), dtype=npdt)
+                if rows * cols:
+                    o = out.reshape(-1).view(np.uint8)
+                    p = &o[0]
+            else:
+                if ob.dim(0) != rows or ob.dim(1) != cols:
+                    raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
+                                     f"{(rows, cols)}, got {ob.describe()}")
+                p = ob.view.buf
+            if rows * cols:
+                with nogil:
+                    r = self.kq_mask_c(&ub.c, c_causal, c_alibi, mdt, p)
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
+            if ob is not None:
+                ob.release()
         if r < 0:
             raise_status(r, NULL, "kq_mask")
         return out
 
     def pos_bucket(self, UBatch ub not None, n_buckets):
         """T5 relative position buckets of ub against the cache: int32 [n_tokens, n]."""
-        cdef uint32_t nb = <uint32_t>_int_arg(n_buckets, "n_buckets", 2, 0x7FFFFFFF)
+        cdef uint32_t nb = <uint32_t>int_c(n_buckets, "n_buckets", 2, 0x7FFFFFFF)
         cdef int32_t[::1] o
         ub.check(self.c.n_seq_max)
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, False, "pos_bucket")
         try:
             out = np.empty((ub.c.n_tokens, self.c.n), dtype=np.int32)
             if out.size == 0:
@@ -984,7 +1006,7 @@ cdef class UnifiedCore:
             with nogil:
                 kvc_unified_pos_bucket(&self.c, &ub.c, nb, &o[0])
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
         return out
 
     def k_shift(self):
@@ -999,7 +1021,7 @@ cdef class UnifiedCore:
 
     def reset_shift(self):
         """Zero every cell's shift and clear has_shift (after the K-shift was applied)."""
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "reset_shift")
         self.reset_shift_c()
         kvc_pylock_release(&self._lock)
 
@@ -1009,7 +1031,7 @@ cdef class UnifiedCore:
         if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, bool):
             raise TypeError(f"thold must be a number, not {type(thold).__name__}")
         cdef float t = <float>float(thold)
-        kvc_pylock_acquire(&self._lock)
+        lock_change(&self._lock, "defrag_sched")
         kvc_unified_defrag_sched(&self.c, t)
         kvc_pylock_release(&self._lock)
 
@@ -1018,10 +1040,10 @@ cdef class UnifiedCore:
 
         n_max_nodes bounds the moves as llama.cpp's graph budget does. True when
         something moves."""
-        cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         cdef int r
+        lock_change(&self._lock, "defrag_prepare")
         with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
             r = kvc_unified_defrag_prepare(&self.c, nmax)
             kvc_pylock_release(&self._lock)
         if r < 0:
@@ -1032,14 +1054,14 @@ cdef class UnifiedCore:
     def defrag_ids(self):
         """The last plan (a copy): cell i moves to ids[i]; ids[i] == i or len(ids): stays."""
         cdef uint32_t[::1] o
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, False, "defrag_ids")
         try:
             out = np.empty(self.c.n_defrag_ids, dtype=np.uint32)
             o = out
             if self.c.n_defrag_ids:
                 memcpy(&o[0], self.c.defrag_ids, self.c.n_defrag_ids * sizeof(uint32_t))
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
         return out
 
     def defrag_runs(self):
@@ -1049,7 +1071,7 @@ cdef class UnifiedCore:
         metadata-only cache's owner to its own memory)."""
         cdef uint32_t n
         cdef uint32_t[:, ::1] o
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, False, "defrag_runs")
         try:
             n = kvc_unified_defrag_runs(&self.c, NULL)
             out = np.empty((n, 3), dtype=np.uint32)
@@ -1057,7 +1079,7 @@ cdef class UnifiedCore:
             if n:
                 kvc_unified_defrag_runs(&self.c, &o[0, 0])
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
         return out
 
     def defrag_move(self):
@@ -1068,14 +1090,14 @@ cdef class UnifiedCore:
         reads, update, another defrag_prepare) moves the rows first. A metadata-only cache moves
         nothing: read defrag_runs() right after defrag_prepare and move your rows; any such
         operation drops the plan (defrag_runs() is then empty)."""
+        lock_change(&self._lock, "defrag_move")
         with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
             kvc_unified_defrag_move(&self.c)
             kvc_pylock_release(&self._lock)
 
     def _check_update(self, rope, n_max_nodes):
         """Raise what update(rope, n_max_nodes) would raise before changing anything."""
-        _int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         if rope is not None and not isinstance(rope, RopeParams):
             raise TypeError(f"rope must be a RopeParams or None, not {type(rope).__name__}")
         if rope is not None and self._buffers == "none":
@@ -1095,13 +1117,13 @@ cdef class UnifiedCore:
 
         Returns an UpdatePlan (true when the data changed or has to, i.e. the graph needs a new
         reservation). Arguments are checked before anything changes."""
-        cdef int32_t nmax = <int32_t>_int_arg(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         self._check_update(rope, n_max_nodes)
-        kvc_pylock_acquire(&self._lock)
+        op_begin(&self._lock, True, "update")
         try:
             return _update_caches((self,), rope, nmax)[0]
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
 
     # --- inspection ----------------------------------------------------------------------
     def cells(self):
@@ -1124,7 +1146,7 @@ cdef class UnifiedCore:
     # --- state ---------------------------------------------------------------------------
     def state_size(self, seq_id=-1):
         """Bytes state_write(seq_id) produces."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef size_t r
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
@@ -1141,17 +1163,18 @@ cdef class UnifiedCore:
 
         buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes (bytearray,
         numpy array, mmap, memoryview...), filled from C without an intermediate copy; or a
-        binary file object, written in chunks of bounded size. The cache must not change during
-        the call."""
-        cdef int32_t s = _seq_arg(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef size_t n
-        kvc_pylock_acquire(&self._lock)
+        binary file object, written in chunks of bounded size. The blob is the state of one
+        moment: a change of the cache from the file's write() raises RuntimeError there."""
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
+        target = state_target(buf)      # taken before the lock, like every array argument
+        op_begin(&self._lock, False, "state_write_into")
         try:
-            with nogil:
-                n = kvc_unified_state_size(&self.c, s)
-            return state_write_into(&self.c, _unified_state_range, s, n, buf)
+            return state_write_into(&self.c, _unified_state_range, s, kvc_unified_state_size(&self.c, s),
+                                    target)
         finally:
-            kvc_pylock_release(&self._lock)
+            op_end(&self._lock)
+            if isinstance(target, _HeldBuffer):
+                (<_HeldBuffer>target).release()
 
     def state_read(self, data, seq_id=-1, *, convert=False, exact=False):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).

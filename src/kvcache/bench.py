@@ -6,7 +6,6 @@ where data is moved, GB/s next to memset/memcpy of the same bytes measured in th
 Ratios matter, not absolute times: machines are noisy."""
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
@@ -280,19 +279,13 @@ def format_table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    import argparse
+    """``kvcache bench`` as a program (``python -m kvcache.bench``): the command line's ``bench``
+    command (kvcache.cli.bench)."""
+    import sys
 
-    ap = argparse.ArgumentParser(prog="kvcache bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke run)")
-    ap.add_argument("--json", metavar="FILE", help="also write the report as JSON")
-    ap.add_argument("--case", action="append", choices=list(CASES), help="run only these cases")
-    args = ap.parse_args(argv)
-    report = run(args.quick, args.case, progress=lambda n: print(f"running {n} ...", flush=True))
-    print(format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0
+    from kvcache.cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

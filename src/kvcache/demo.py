@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 import kvcache
+from kvcache._text import plural
 
 __all__ = ["ToyModel", "RunConfig", "RunReport", "DemoReport", "run", "run_demo", "iswa_model", "format_report"]
 
@@ -602,11 +603,11 @@ def format_report(rep: DemoReport) -> str:
         lay = f"{r.type_kv} K/V, V {'transposed' if r.v_trans else 'rows'}"
         if r.swa is not None:
             lay += (f", iSWA (window {r.swa['n_swa']} on layers {r.swa['swa_layers']}, "
-                    f"SWA cache {r.swa['size_swa']} cells)")
-        lines.append(f"  {lay}: {r.steps} steps, {r.tokens} tokens in {r.ubatches} ubatches")
+                    f"SWA cache {plural(r.swa['size_swa'], 'cell')})")
+        lines.append(f"  {lay}: {plural(r.steps, 'step')}, {plural(r.tokens, 'token')} in {plural(r.ubatches, 'ubatch')}")
         lines.append(f"    sequences: {r.sequences} started, {r.finished} finished, "
-                     f"{r.shared_prefixes} reusing a prefix ({r.shared_cells} cells shared)")
-        lines.append(f"    defrags: {r.defrags} ({r.cells_moved} cells moved, {r.slot_retries} after a failed "
+                     f"{r.shared_prefixes} reusing a prefix ({plural(r.shared_cells, 'cell')} shared)")
+        lines.append(f"    defrags: {r.defrags} ({plural(r.cells_moved, 'cell')} moved, {r.slot_retries} after a failed "
                      f"find_slot); placements rolled back: {r.rolled_back}")
         lines.append(f"    cache: {r.cache_used}/{r.cache_size} cells used "
                      f"({100.0 * r.cache_used / r.cache_size:.0f}%), n = {r.cache_n}")

@@ -3,7 +3,7 @@ which layers, row widths, sliding window, recurrent state sizes and RoPE paramet
 
 ``kvcache.from_gguf(path, n_ctx)`` returns the cache llama.cpp would create for that model and
 context; ``kvcache.read_gguf(path)`` returns the :class:`ModelGeometry` it is built from. Reading
-needs the ``gguf`` package (``pip install kvcache[gguf]``); only the metadata and, when present,
+needs the ``gguf`` package (``pip install 'kvcache[gguf]'``); only the metadata and, when present,
 the RoPE frequency-factor tensors are read."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, Union, cast
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import RopeParams
+from kvcache._core import RopeParams, bool_arg, int_arg
+from kvcache.plan import _pad, n_pad_for, v_trans_for
 from kvcache.recurrent import RecurrentCache
 from kvcache.unified import UnifiedCache
 
@@ -62,10 +63,6 @@ _SWA_ARCHS: dict[str, tuple[_SwaType, int, int | None, tuple[float, float] | Non
 }
 
 
-def _pad(x: int, n: int) -> int:
-    return (x + n - 1) // n * n
-
-
 @dataclass(frozen=True)
 class ModelGeometry:
     """What a KV cache needs to know about a model.
@@ -108,13 +105,11 @@ class ModelGeometry:
                    flash_attn: bool = False, swa_full: bool = False, n_batch: int = 512,
                    buffers: Any = "owned") -> AnyCache:
         """The cache llama.cpp creates for this model and context (see :func:`from_gguf`)."""
-        n_ctx = _arg_int(n_ctx, "n_ctx", 0)
-        n_seq_max = _arg_int(n_seq_max, "n_seq_max", 1)
-        n_batch = _arg_int(n_batch, "n_batch", 1)
-        if not isinstance(flash_attn, (bool, np.bool_)):
-            raise TypeError(f"flash_attn must be a bool, not {type(flash_attn).__name__}")
-        if not isinstance(swa_full, (bool, np.bool_)):
-            raise TypeError(f"swa_full must be a bool, not {type(swa_full).__name__}")
+        n_ctx = int_arg(n_ctx, "n_ctx", 0, 2**31 - 1)
+        n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, 2**31 - 1)
+        n_batch = int_arg(n_batch, "n_batch", 1, 2**31 - 1)
+        flash_attn = bool_arg(flash_attn, "flash_attn")
+        swa_full = bool_arg(swa_full, "swa_full")
         if self.recurrent:
             # llama.cpp keeps recurrent states in f32 whatever the K/V types asked for, one cell
             # per sequence
@@ -126,29 +121,21 @@ class ModelGeometry:
             raise ValueError(f"{self.arch}: layers {missing} have no KV heads; such models are not supported")
         if n_ctx == 0:
             n_ctx = self.n_ctx_train
-        n_pad = 256 if flash_attn else 32
+        n_pad = n_pad_for(flash_attn)
         kv_size = _pad(n_ctx, n_pad)
         rope = self.rope
         if self.rope_long is not None and rope is not None and kv_size // n_seq_max > rope.n_ctx_orig:
             rope = self.rope_long
         common = dict(n_layer=self.n_layer, n_embd_k_gqa=self.n_embd_k_gqa, n_embd_v_gqa=self.n_embd_v_gqa,
-                      type_k=type_k, type_v=type_v, v_trans=not flash_attn, n_seq_max=n_seq_max,
+                      type_k=type_k, type_v=type_v, v_trans=v_trans_for(flash_attn), n_seq_max=n_seq_max,
                       n_pad=n_pad, n_embd_head_k=self.n_embd_head_k, rope=rope, buffers=buffers)
         if self.swa_type == "none":
             return UnifiedCache(kv_size=kv_size, **common)
         from kvcache.iswa import ISWACache
         # llama.cpp caps the batch at the (unpadded) context of a causal model
         return ISWACache(kv_size=kv_size, swa_layers=self.swa_layers, n_swa=self.n_swa,
-                         swa_type=self.swa_type, n_batch=min(n_ctx, n_batch), swa_full=bool(swa_full),
+                         swa_type=self.swa_type, n_batch=min(n_ctx, n_batch), swa_full=swa_full,
                          **common)
-
-
-def _arg_int(v: Any, name: str, lo: int) -> int:
-    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    if v < lo:
-        raise ValueError(f"{name} = {v} must be >= {lo}")
-    return int(v)
 
 
 class _Fields:
@@ -210,7 +197,7 @@ def read_gguf(path: Any) -> ModelGeometry:
     try:
         import gguf
     except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("reading GGUF files needs the gguf package: pip install kvcache[gguf]") from None
+        raise ImportError("reading GGUF files needs the gguf package: pip install 'kvcache[gguf]'") from None
     path = str(path)
     try:
         reader = gguf.GGUFReader(path, "r")

@@ -9,22 +9,36 @@ blob). The cache variant (unified, iSWA: two cache states back to back, recurren
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["VARIANTS", "report", "report_bytes", "format_report", "main"]
+from kvcache._core import StateError
+from kvcache._text import plural
+
+__all__ = ["VARIANTS", "CacheStateError", "report", "report_bytes", "format_report", "main"]
 
 VARIANTS = ("unified", "iswa", "recurrent")
 
 # architectures whose memory is a recurrent cache in llama.cpp (for the guess from a context state)
 _RECURRENT_ARCHS = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
 
+GGUF_MAGIC = b"GGUF"
+
 KINDS = {"session": "session file", "sequence": "sequence file", "context": "whole-context state",
          "cache": "cache state"}
+
+
+class CacheStateError(StateError):
+    """The cache state inside a file could not be read: a StateError that also says what kind
+    of file held it (``kind``, a key of KINDS) and where its cache state starts (``base``: the
+    codec's byte offsets count from there)."""
+
+    def __init__(self, message: str, kind: str, base: int):
+        super().__init__(message)
+        self.kind = kind
+        self.base = base
 
 
 def _ranges(pos: np.ndarray) -> list:
@@ -79,7 +93,7 @@ def _section(name: str, desc: Mapping[str, Any], offset: int) -> dict[str, Any]:
 def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str | None):
     """Describe the cache states in part (at offset base of the file); returns (variant, guessed,
     sections, trailing bytes)."""
-    from kvcache._core import StateError, describe_state
+    from kvcache._core import describe_state
 
     first = describe_state(part)
     end = first["size"]
@@ -96,15 +110,30 @@ def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str 
         if variant == "unified" and ((arch or "").lower() in _RECURRENT_ARCHS
                                      or (first["cell_count"] and first["n_seq_id_max"] == 0)):
             variant = "recurrent"
+    if not guessed:
+        _check_variant(variant, first)
     if variant == "iswa":
         if end >= len(part):
             raise StateError(f"the iSWA cache state has its base part only ({end} bytes); the SWA part is missing")
         second = describe_state(part[end:])
+        _check_variant(variant, second)
         sections = [_section("base", first, base), _section("swa", second, base + end)]
         end += second["size"]
     else:
         sections = [_section("recurrent" if variant == "recurrent" else "kv", first, base)]
     return variant, guessed, sections, len(part) - end
+
+
+def _check_variant(variant: str, desc: Mapping[str, Any]) -> None:
+    """Refuse a cache state that cannot be of the variant asked for: a recurrent cache never
+    stores V transposed (its reader refuses it), and every cell of a unified cache's state names
+    at least one sequence (only a recurrent single-sequence state has cells without one)."""
+    if variant == "recurrent" and desc["v_trans"]:
+        raise StateError("not a recurrent cache state: it stores V transposed, which a recurrent cache never does")
+    if variant != "recurrent" and desc["cell_count"] and desc["n_seq_id_min"] == 0:
+        name = "an iSWA" if variant == "iswa" else "a unified"
+        raise StateError(f"not {name} cache state: it has cells without a sequence id, as only a recurrent "
+                         "cache's state has")
 
 
 def _blob_kind(sections: list) -> str:
@@ -122,11 +151,13 @@ def report_bytes(data, variant: str | None = None, name: str | None = None) -> d
     """The report on a state held in data (bytes-like). Raises kvcache.StateError when it cannot be
     read. variant: "unified", "iswa", "recurrent" or None to guess."""
     from kvcache import statefile
-    from kvcache._core import StateError, describe_state
+    from kvcache._core import describe_state
 
     if variant is not None and variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
     m = memoryview(data).cast("B")
+    if bytes(m[:4]) == GGUF_MAGIC:
+        raise StateError("this is a GGUF model, not a state file: use `kvcache plan` for the cache it needs")
     kind = statefile.detect(m)
     out: dict[str, Any] = {"file": name, "size": len(m), "kind": KINDS[kind]}
     arch = None
@@ -164,9 +195,10 @@ def report_bytes(data, variant: str | None = None, name: str | None = None) -> d
     try:
         variant, guessed, sections, trailing = _cache_sections(part, base, variant, arch)
     except StateError as e:
-        if kind != "cache":
-            raise
-        raise StateError(f"not a state file kvcache recognises (read as a cache state: {e})") from None
+        if kind == "cache" and variant is None:
+            raise CacheStateError(f"not a state file kvcache recognises (read as a cache state: {e})",
+                                  kind, base) from None
+        raise CacheStateError(str(e), kind, base) from e
     if trailing:
         raise StateError(f"{trailing} trailing bytes after the cache state (it ends at byte "
                          f"{len(m) - trailing} of {len(m)})")
@@ -204,13 +236,15 @@ def format_report(r: dict) -> str:
                      f"{c['logits']} logits" + (f" ({c['n_vocab']} per output)" if c["n_vocab"] else "")
                      + f", {c['embeddings']} embeddings")
     lines.append(f"  cache: {r['variant']}{' (guessed)' if r['variant_guessed'] else ''}, "
-                 f"{r['cell_count']} cells")
+                 f"{plural(r['cell_count'], 'cell')}")
     for s in r["sections"]:
-        lines.append(f"  [{s['name']}] at byte {s['offset']}, {s['size']} bytes: {s['cell_count']} cells, "
-                     f"{s['n_layer']} layers, V {'transposed' if s['v_trans'] else 'rows'}")
+        lines.append(f"  [{s['name']}] at byte {s['offset']}, {plural(s['size'], 'byte')}: "
+                     f"{plural(s['cell_count'], 'cell')}, {plural(s['n_layer'], 'layer')}, "
+                     f"V {'transposed' if s['v_trans'] else 'rows'}")
         for seq, rg in s["sequences"].items():
             text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in rg)
-            lines.append(f"    seq {seq}: positions {text}")
+            single = len(rg) == 1 and rg[0][0] == rg[0][1]
+            lines.append(f"    seq {seq}: position{'' if single else 's'} {text}")
         for l in s["layers"]:
             v = (f"{l['v_type']} transposed, {l['v_width']} x {l['v_elem_size']}-byte elements"
                  if s["v_trans"] else f"{l['v_type']} rows of {l['v_row_size']} bytes")
@@ -219,36 +253,12 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="a state file: sequence or whole-cache blob, context state, session "
-                                     "(ggsn) or sequence (ggsq) file")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--variant", choices=VARIANTS, help="the cache variant (default: guessed)")
-
-
-def run(args) -> int:
-    """Print the report of args.file; 2 with one error line when it cannot be read."""
-    from kvcache._core import StateError
-
-    prog = getattr(args, "_prog", "kvcache inspect")
-    try:
-        r = report(args.file, args.variant)
-    except (StateError, OSError) as e:
-        print(f"{prog}: error: {args.file}: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(r, indent=1))
-    else:
-        print(format_report(r))
-    return 0
-
-
 def main(argv=None) -> int:
-    """``kvcache inspect`` as a program (``python -m kvcache.inspect FILE``)."""
-    parser = argparse.ArgumentParser(prog="kvcache inspect", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return run(args)
+    """``kvcache inspect`` as a program (``python -m kvcache.inspect FILE``): the command line's
+    ``inspect`` command (kvcache.cli.inspect)."""
+    from kvcache.cli import main as cli_main
+
+    return cli_main(["inspect", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

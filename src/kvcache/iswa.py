@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, _find_slot_parts, _Hold, \
-    _state_read_parts, _state_size_parts, _state_write_parts, _update_parts
+from kvcache._core import MAX_SEQ, Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, bool_arg, \
+    int_arg, layers_arg, _find_slot_parts, _Hold, _state_read_parts, _state_size_parts, _state_write_parts, \
+    _update_parts
+from kvcache.plan import swa_size
 from kvcache.unified import UnifiedCache
 
 if TYPE_CHECKING:
@@ -29,35 +31,6 @@ class SWAWarning(UserWarning):
     """The SWA cache held only part of a sequence's window when it was pruned on commit: the
     sequence may have lost information (typically after cells were removed or the SWA cache
     was too small for the batch)."""
-
-
-def _int(v: Any, name: str, lo: int, hi: int | None = None) -> int:
-    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    if v < lo or (hi is not None and v > hi):
-        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} = {v} must be {bound}")
-    return int(v)
-
-
-def _swa_layers(swa_layers: Iterable[int] | Callable[[int], bool], n_layer: int) -> tuple[int, ...]:
-    """The SWA model layers, ascending: from indices (any order, no repeats) or a predicate."""
-    if callable(swa_layers):
-        return tuple(il for il in range(n_layer) if swa_layers(il))
-    if isinstance(swa_layers, (str, bytes)):
-        raise TypeError("swa_layers must be a sequence of layer indices or a callable il -> bool")
-    try:
-        items = list(swa_layers)
-    except TypeError:
-        raise TypeError("swa_layers must be a sequence of layer indices or a callable il -> bool") from None
-    out = [_int(x, f"swa_layers[{i}]", 0, n_layer - 1) for i, x in enumerate(items)]
-    if len(set(out)) != len(out):
-        raise ValueError(f"swa_layers has repeated entries: {items}")
-    return tuple(sorted(out))
-
-
-def _pad(x: int, n: int) -> int:
-    return (x + n - 1) // n * n
 
 
 class ISWAUpdatePlan:
@@ -125,7 +98,7 @@ class ISWACache:
     """
 
     __slots__ = ("_base", "_swa", "_swa_layers", "_n_swa", "_swa_type", "_n_batch", "_swa_full", "_pending",
-                 "_hold")
+                 "_hold", "_op")
 
     # buffers for both caches: a mode name, or the pairs of each cache's layers
     @staticmethod
@@ -152,18 +125,17 @@ class ISWACache:
                  type_k: _GGMLType = "f16", type_v: _GGMLType = "f16", v_trans: bool = True, n_seq_max: int = 1,
                  n_pad: int = 32, buffers: _Buffers = "owned", n_embd_head_k: _PerLayer | None = None,
                  rope: RopeParams | None = None):
-        n_layer = _int(n_layer, "n_layer", 0)
-        layers = _swa_layers(swa_layers, n_layer)
-        n_swa = _int(n_swa, "n_swa", 1, 2**31 - 1)
+        n_layer = int_arg(n_layer, "n_layer", 0, 2**31 - 1)
+        layers = layers_arg(swa_layers, n_layer, "swa_layers", any_order=True)
+        n_swa = int_arg(n_swa, "n_swa", 1, 2**31 - 1)
         if swa_type not in _SWA_TYPES:
             raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(map(repr, _SWA_TYPES))}")
-        n_batch = _int(n_batch, "n_batch", 1)
-        if not isinstance(swa_full, (bool, np.bool_)):
-            raise TypeError(f"swa_full must be a bool, not {type(swa_full).__name__}")
-        kv_size = _int(kv_size, "kv_size", 1)
-        n_pad = _int(n_pad, "n_pad", 1)
-        n_seq_max = _int(n_seq_max, "n_seq_max", 1)
-        size_swa = kv_size if swa_full else min(kv_size, _pad(n_swa * n_seq_max + n_batch, n_pad))
+        n_batch = int_arg(n_batch, "n_batch", 1, 2**31 - 1)
+        swa_full = bool_arg(swa_full, "swa_full")
+        kv_size = int_arg(kv_size, "kv_size", 1, 2**32 - 1)
+        n_pad = int_arg(n_pad, "n_pad", 1, 2**32 - 1)
+        n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, MAX_SEQ)
+        size_swa = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full)
         swa_set = frozenset(layers)
         common: dict[str, Any] = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,
                       type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=n_pad,
@@ -177,9 +149,12 @@ class ISWACache:
         self._n_swa = n_swa
         self._swa_type = swa_type
         self._n_batch = n_batch
-        self._swa_full = bool(swa_full)
+        self._swa_full = swa_full
         self._pending = SWAPending()
         self._hold = _Hold(self._base, self._swa)   # both caches' locks, in the global order
+        # the same, as one operation of both: a callback it runs (a file's write(), an array
+        # exporter's hooks) cannot change either cache under it
+        self._op = _Hold(self._base, self._swa, busy=True)
 
     # --- the parts -------------------------------------------------------------------------
     @property
@@ -459,7 +434,7 @@ class ISWACache:
                 out_base, out_swa = out
             except (TypeError, ValueError):
                 raise TypeError("out must be None or a pair (base_out, swa_out)") from None
-        with self._hold:
+        with self._op:
             return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype),
                     self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype))
 
@@ -511,7 +486,7 @@ class ISWACache:
         """Write the state of seq_id (-1: everything) into buf: a writable buffer of at least
         state_size(seq_id) bytes (each cache writes its part straight into it) or a binary file
         object. Returns the bytes written."""
-        with self._hold:
+        with self._op:
             return self._state_write_into(buf, seq_id)
 
     def _state_write_into(self, buf: Any, seq_id: int) -> int:

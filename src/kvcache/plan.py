@@ -12,19 +12,33 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kvcache._core import MAX_SEQ, ggml_row_size, ggml_type  # MAX_SEQ: ids a cell can hold (LLAMA_MAX_SEQ)
+from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, layers_arg, widths_arg
+from kvcache._text import plural
 
 __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
-           "n_pad_for", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
+           "n_pad_for", "v_trans_for", "swa_size", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
 
 MIB = 1024 * 1024
 CPU_TENSOR_ALIGNMENT = 32    # ggml's CPU buffer gives every tensor a 32-byte aligned slot
 _SWA_TYPES = ("standard", "chunked")
 
 
+# --- the sizing rules of llama.cpp's caches (plan_*, ISWACache and ModelGeometry use these) -----
+
 def n_pad_for(flash_attn: bool) -> int:
     """Cell padding of a unified cache: 256 with flash attention (its kernels need it), else 32."""
     return 256 if flash_attn else 32
+
+
+def v_trans_for(flash_attn: bool) -> bool:
+    """Whether V is stored transposed: without flash attention (its mat-mul reads V by columns)."""
+    return not flash_attn
+
+
+def swa_size(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int, swa_full: bool) -> int:
+    """Cells of an iSWA cache's sliding-window cache: every sequence's window plus one batch,
+    ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``, or ``kv_size`` with swa_full."""
+    return kv_size if swa_full else min(kv_size, _pad(n_swa * n_seq_max + n_batch, n_pad))
 
 
 def _pad(x: int, n: int) -> int:
@@ -156,22 +170,13 @@ class Plan:
 
 # --- arguments ---------------------------------------------------------------------------------
 
-def _int(v: Any, name: str, lo: int, hi: int | None = None) -> int:
-    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    if v < lo or (hi is not None and v > hi):
-        raise ValueError(f"{name} = {v} must be {f'in [{lo}, {hi}]' if hi is not None else f'>= {lo}'}")
-    return int(v)
+def _int(v: Any, name: str, lo: int, hi: int) -> int:
+    return int(int_arg(v, name, lo, hi))
 
 
 def _widths(v: Any, n_layer: int, name: str) -> list:
     """One width per model layer, from an int or a sequence of n_layer ints."""
-    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
-        return [_int(v, name, 0, 2**31 - 1)] * n_layer
-    vals = list(v)
-    if len(vals) != n_layer:
-        raise ValueError(f"{name} has {len(vals)} entries, expected one per layer (n_layer = {n_layer})")
-    return [_int(x, f"{name}[{i}]", 0, 2**31 - 1) for i, x in enumerate(vals)]
+    return list(widths_arg(v, n_layer, name))
 
 
 def _row(t: str, n: int, il: int, what: str) -> int:
@@ -205,9 +210,8 @@ def _common(n_ctx: Any, n_layer: Any, n_seq_max: Any, flash_attn: Any) -> tuple:
     n_ctx = _int(n_ctx, "n_ctx", 1, 2**31 - 1)
     n_layer = _int(n_layer, "n_layer", 1, 65536)
     n_seq_max = _int(n_seq_max, "n_seq_max", 1, MAX_SEQ)
-    if not isinstance(flash_attn, (bool, np.bool_)):
-        raise TypeError(f"flash_attn must be a bool, not {type(flash_attn).__name__}")
-    n_pad = n_pad_for(bool(flash_attn))
+    flash_attn = bool_arg(flash_attn, "flash_attn")
+    n_pad = n_pad_for(flash_attn)
     kv_size = _pad(n_ctx, n_pad)
     if kv_size > 2**31 - 1:
         raise ValueError(f"n_ctx = {n_ctx} padded to {n_pad} exceeds 2**31 - 1 cells")
@@ -227,7 +231,7 @@ def plan_unified(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any 
     wk = _widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
     wv = wk if n_embd_v_gqa is None else _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
     tk, tv = _kv_types(type_k, type_v, fa)
-    c = CachePlan("kv", kv_size, n_seq_max, n_pad, not fa, 0, "none", tk, tv,
+    c = CachePlan("kv", kv_size, n_seq_max, n_pad, v_trans_for(fa), 0, "none", tk, tv,
                   _layers("kv", range(n_layer), wk, wv, tk, tv, kv_size))
     sizing = {"n_pad": n_pad, "kv_size": f"pad(n_ctx, n_pad) = pad({n_ctx}, {n_pad}) = {kv_size}"}
     return Plan("unified", n_ctx, n_seq_max, fa, (c,), sizing, tuple(_unified_log(c)))
@@ -244,17 +248,17 @@ def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = N
     wk = _widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
     wv = wk if n_embd_v_gqa is None else _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
     tk, tv = _kv_types(type_k, type_v, fa)
-    swa = sorted({_int(il, "swa_layers entry", 0, n_layer - 1) for il in swa_layers})
+    swa = list(layers_arg(swa_layers, n_layer, "swa_layers", any_order=True))
     n_swa = _int(n_swa, "n_swa", 1, 2**31 - 1)
     if swa_type not in _SWA_TYPES:
         raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(_SWA_TYPES)}")
     n_batch = _int(n_batch, "n_batch", 1, 2**31 - 1)
-    want = _pad(n_swa * n_seq_max + n_batch, n_pad)
-    size_swa = kv_size if swa_full else min(kv_size, want)
+    swa_full = bool_arg(swa_full, "swa_full")
+    size_swa = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full)
     base_ils = [il for il in range(n_layer) if il not in set(swa)]
-    base = CachePlan("base", kv_size, n_seq_max, n_pad, not fa, 0, "none", tk, tv,
+    base = CachePlan("base", kv_size, n_seq_max, n_pad, v_trans_for(fa), 0, "none", tk, tv,
                      _layers("base", base_ils, wk, wv, tk, tv, kv_size))
-    swac = CachePlan("swa", size_swa, n_seq_max, n_pad, not fa, n_swa, swa_type, tk, tv,
+    swac = CachePlan("swa", size_swa, n_seq_max, n_pad, v_trans_for(fa), n_swa, swa_type, tk, tv,
                      _layers("swa", swa, wk, wv, tk, tv, size_swa))
     sizing = {
         "n_pad": n_pad,
@@ -345,14 +349,14 @@ def format_plan(p: Plan) -> str:
     lines = []
     if p.variant == "recurrent":
         c = p.caches[0]
-        lines.append(f"recurrent cache: {c.kv_size} cells (one per sequence, n_seq_max = {p.n_seq_max}), "
-                     f"{len(c.layers)} layers, K {c.type_k} / V {c.type_v}")
+        lines.append(f"recurrent cache: {plural(c.kv_size, 'cell')} (one per sequence, n_seq_max = {p.n_seq_max}), "
+                     f"{plural(len(c.layers), 'layer')}, K {c.type_k} / V {c.type_v}")
     else:
         c = p.caches[0]
         vt = "V transposed (no flash attention)" if c.v_trans else "V in rows (flash attention)"
         kind = "unified cache" if p.variant == "unified" else "iSWA cache (base + sliding window)"
         lines.append(f"{kind}: n_ctx {p.n_ctx} -> kv_size {p.kv_size} cells (n_pad {c.n_pad}), "
-                     f"{p.n_seq_max} seqs, {vt}")
+                     f"{plural(p.n_seq_max, 'sequence')}, {vt}")
         if p.variant == "iswa":
             s = p.cache("swa")
             lines.append(f"  base: {p.kv_size} cells, layers {_ranges([lp.il for lp in p.caches[0].layers])}")

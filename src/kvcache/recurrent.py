@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from kvcache._core import Batch, SplitUBatch
-from kvcache._core import RecurrentCache as _RecurrentCore
+from kvcache._core import _Recurrent as _RecurrentCore
 
 __all__ = ["RecurrentCache"]
 

@@ -32,9 +32,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 import kvcache
+from kvcache._text import plural
 from kvcache.plan import MAX_SEQ, n_pad_for
 
-__all__ = ["SimConfig", "SimReport", "Simulation", "simulate", "format_report", "plot_report", "DEFRAG_MODES",
+__all__ = ["SimConfig", "SimReport", "Simulation", "simulate", "format_report", "plot_report", "plot_format", "DEFRAG_MODES",
            "LENGTH_DISTS", "FRAGMENTATION_FORMULA"]
 
 DEFRAG_MODES = ("sched", "direct", "off")
@@ -43,6 +44,9 @@ FRAGMENTATION_FORMULA = "max(0, 1 - (used + n_pad) / n)  (llama.cpp's defrag_sch
 # Largest graph of a llama.cpp context (graph_max_nodes); bounds the moves of one defrag plan.
 _MAX_NODES = 65536
 _PREFIX_SEQ = 0
+# Requests a run may expect (arrival_rate * steps): each one waiting is kept in memory, and each
+# step draws its arrivals one by one.
+MAX_ARRIVALS = 1_000_000
 
 
 @dataclass
@@ -78,6 +82,10 @@ class SimConfig:
         need(1 <= self.n_seq_max <= MAX_SEQ, f"n_seq_max = {self.n_seq_max} must be in [1, {MAX_SEQ}]")
         need(math.isfinite(self.arrival_rate) and self.arrival_rate >= 0,
              f"arrival_rate = {self.arrival_rate} must be a finite number >= 0")
+        expected = self.arrival_rate * self.steps
+        need(expected <= MAX_ARRIVALS,
+             f"arrival_rate = {self.arrival_rate} over {self.steps} steps expects {expected:.3g} requests; at most "
+             f"{MAX_ARRIVALS} are simulated (each waiting request is kept): lower the arrival rate or the steps")
         need(0.0 <= self.prefix_share <= 1.0, f"prefix_share = {self.prefix_share} must be in [0, 1]")
         need(self.prefix_len >= 0, f"prefix_len = {self.prefix_len} must be >= 0")
         need(self.dist in LENGTH_DISTS, f"dist = {self.dist!r}: expected one of {', '.join(LENGTH_DISTS)}")
@@ -500,8 +508,8 @@ def format_report(rep: SimReport) -> str:
     a, fa = rep.accounting, rep.failure_actions
     lat = rep.latency_steps
     lines = [
-        f"kvcache simulate: {cfg['steps']} steps, seed {cfg['seed']}",
-        f"  cache: {rep.kv_size} cells (n_pad {rep.n_pad}), {cfg['n_seq_max']} sequences, {cfg['n_layer']} layer(s) "
+        f"kvcache simulate: {plural(cfg['steps'], 'step')}, seed {cfg['seed']}",
+        f"  cache: {rep.kv_size} cells (n_pad {rep.n_pad}), {plural(cfg['n_seq_max'], 'sequence')}, {plural(cfg['n_layer'], 'layer')} "
         f"of width {cfg['n_embd']}, K {cfg['type_k']} / V {cfg['type_v']}",
         f"  workload: {cfg['arrival_rate']} arrivals/step, {cfg['dist']} lengths (prompt mean {cfg['prompt_mean']}, "
         f"output mean {cfg['output_mean']}), {cfg['prefix_share']:.0%} share a {cfg['prefix_len']}-token prefix, "
@@ -541,10 +549,29 @@ def _num(x) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
+def plot_format(path: str) -> str:
+    """The image format of a plot file, from its extension (needs matplotlib); ValueError for an
+    extension matplotlib does not write."""
+    import os
+
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    known = FigureCanvasBase.get_supported_filetypes()
+    if ext not in known:
+        what = f"the extension .{ext}" if ext else "no extension"
+        raise ValueError(f"{path}: {what} names no image format matplotlib writes "
+                         f"({', '.join('.' + k for k in sorted(known))})")
+    return ext
+
+
 def plot_report(rep: SimReport, path: str) -> None:
-    """Draw occupancy and fragmentation over the steps into a PNG (needs matplotlib)."""
+    """Draw occupancy and fragmentation over the steps into an image file, in the format its
+    extension names (.png, .svg, .pdf, ...: :func:`plot_format`; needs matplotlib)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    fmt = plot_format(path)
 
     steps = np.arange(1, len(rep.series["occupancy"]) + 1)
     fig = Figure(figsize=(9, 5.5), dpi=100)
@@ -567,5 +594,5 @@ def plot_report(rep: SimReport, path: str) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(f"kvcache simulate: {rep.kv_size} cells, {rep.config['n_seq_max']} sequences, "
                  f"{rep.defrags} defrags (green), seed {rep.config['seed']}", fontsize=10)
-    fig.savefig(path, format="png")
+    fig.savefig(path, format=fmt)
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from kvcache._core import Batch, Cells, SplitUBatch, UnifiedCore, UpdatePlan
+from kvcache._core import Batch, Cells, SplitUBatch, UpdatePlan, _Unified
 
 __all__ = ["UnifiedCache", "Cells", "UpdatePlan"]
 
 
-class UnifiedCache(UnifiedCore):
+class UnifiedCache(_Unified):
     """A unified KV cache: ``kv_size`` cells shared by up to ``n_seq_max`` sequences.
 
     ``UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",

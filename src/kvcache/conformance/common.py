@@ -1,4 +1,4 @@
-"""Pieces shared by the replays of unified and iSWA traces: the K/V fill rule, the fields of a
+"""Pieces shared by the ops of unified and iSWA traces: the K/V fill rule, the fields of a
 unified (sub-)cache's check / mask / k_shift / defrag / state ops, and the replay loop."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from kvcache import StateError, UBatch, UnifiedCache
-from kvcache.conformance import Divergence, compare
+from kvcache import StateError, UnifiedCache
+from kvcache.conformance import EXCEPTION_KINDS, Divergence, compare, expected_exception
 
 #: what an op expecting {"exception": "invalid_argument"} must raise
-INVALID_ARGUMENT = (ValueError, IndexError, TypeError)
+INVALID_ARGUMENT = EXCEPTION_KINDS["invalid_argument"]
 
 
 def fill_rows(il: int, pos: np.ndarray, seq: np.ndarray, n_embd_k: int, n_embd_v: int):
@@ -28,17 +28,13 @@ def fill_rows(il: int, pos: np.ndarray, seq: np.ndarray, n_embd_k: int, n_embd_v
 
 def fill(cache: UnifiedCache, config: dict, op: dict) -> None:
     """Write the fill rule's K/V rows for the ubatch the last find_slot placed in this cache
-    (every layer it holds, by model layer index)."""
+    (every layer it holds, by model layer index). A token's sequence is the first id of its
+    group (of ``n_seq_tokens`` tokens, one in the traces)."""
     pos = np.asarray(op["pos"], dtype=np.int64)
-    seq = np.asarray([ids[0] for ids in op["seq_id"]], dtype=np.int64)
+    seq = np.repeat(np.asarray([ids[0] for ids in op["seq_id"]], dtype=np.int64), op.get("n_seq_tokens", 1))
     for il in cache.layers:
         k, v = fill_rows(il, pos, seq, config["n_embd_k_gqa"][il], config["n_embd_v_gqa"][il])
         cache.store(il, k, v)
-
-
-def ubatch(op: dict) -> UBatch:
-    """The ubatch of an op (simple split: one token per group)."""
-    return UBatch(op["pos"], op["seq_id"])
 
 
 def float_list(a: np.ndarray) -> list:
@@ -70,11 +66,15 @@ def k_shift_fields(cache: UnifiedCache, shift: np.ndarray) -> dict:
     return {"has_shift": cache.has_shift, "shift": shift.tolist()}
 
 
-def defrag_fields(index: int, cache: UnifiedCache, n_max_nodes: int) -> dict:
-    """Plan a defrag of one cache, move its K/V rows as planned and report the plan."""
+def defrag_fields(index: int, cache: Any, n_max_nodes: int, data: bool = True) -> dict:
+    """Plan a defrag of one cache, move its K/V rows as planned and report the plan (a cache
+    without K/V data, ``data`` false, only has its flag cleared, as update() does)."""
     ret = cache.defrag_prepare(n_max_nodes)
-    got = {"ret": ret, "ids": cache.defrag_ids.tolist()}
-    cache.defrag_move()
+    got = {"ret": ret, "ids": np.asarray(cache.defrag_ids).tolist()}
+    if data:
+        cache.defrag_move()
+    else:
+        cache.do_defrag = False
     if cache.do_defrag:
         raise Divergence(index, "defrag", "do_defrag", False, True)
     return got
@@ -96,32 +96,6 @@ def read_state(read: Callable[[bytes, int], int], op: dict) -> int | None:
         return None
 
 
-def seq_op(cache: Any, op: dict) -> dict | None:
-    """Apply an op that every cache replay applies the same way (restore, clear, set_full and
-    the sequence operations): the fields to compare ({} when none), or None when op is not one
-    of them."""
-    name = op["op"]
-    if name == "restore":
-        cache.restore()
-    elif name == "clear":
-        cache.clear()
-    elif name == "set_full":
-        cache.set_full()
-    elif name == "seq_rm":
-        return {"ret": cache.seq_rm(op["seq_id"], op["p0"], op["p1"])}
-    elif name == "seq_cp":
-        cache.seq_cp(op["src"], op["dst"], op["p0"], op["p1"])
-    elif name == "seq_keep":
-        cache.seq_keep(op["seq_id"])
-    elif name == "seq_add":
-        cache.seq_add(op["seq_id"], op["p0"], op["p1"], op["shift"])
-    elif name == "seq_div":
-        cache.seq_div(op["seq_id"], op["p0"], op["p1"], op["d"])
-    else:
-        return None
-    return {}
-
-
 def compare_fields(index: int, op: dict, expect: dict, got: dict) -> None:
     """Compare every expected key (a missing one is a divergence too)."""
     for key, want in expect.items():
@@ -132,14 +106,16 @@ def compare_fields(index: int, op: dict, expect: dict, got: dict) -> None:
 
 def replay_ops(ops: Iterator[tuple[int, dict]], run: Callable[[int, dict], dict | None]) -> None:
     """Replay ops with run(index, op) -> fields to compare; an op expecting an exception must
-    raise one of INVALID_ARGUMENT, and any other exception is a divergence at its op."""
+    raise one of the exceptions of its kind (an unknown kind is a divergence), and any other
+    exception is a divergence at its op."""
     for index, op in ops:
         expect: dict[str, Any] = op.get("expect", {})
         name = op.get("op", "?")
-        if "exception" in expect:
+        raises = expected_exception(index, op)
+        if raises is not None:
             try:
                 run(index, op)
-            except INVALID_ARGUMENT:
+            except raises:
                 continue
             except Divergence:
                 raise

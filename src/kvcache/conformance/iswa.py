@@ -1,17 +1,21 @@
-"""Replay of ``iswa`` traces against :class:`kvcache.ISWACache` (golden/FORMAT.md): per-cache
-expectations are ``{"base": ..., "swa": ...}``."""
+"""``iswa`` traces (golden/FORMAT.md) against :class:`kvcache.ISWACache`: per-cache
+expectations are ``{"base": ..., "swa": ...}``; the ops only these traces have, or have per
+sub-cache."""
 from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable
 
 from kvcache import ISWACache, SWAWarning
-from kvcache.conformance import Divergence, unsupported
-from kvcache.conformance.common import (seq_op, blob_fields, check_fields, defrag_fields, fill, k_shift_fields,
-                                        mask_fields, read_state, replay_ops, ubatch)
+from kvcache.conformance import Divergence, Replay, Target
+from kvcache.conformance.common import check_fields, defrag_fields, fill, k_shift_fields, mask_fields
+from kvcache.conformance.unified import counters, float32_mask
 
-__all__ = ["make_cache", "replay"]
+__all__ = ["FAMILY", "make_cache", "kvcache_target", "default_target", "TARGETS"]
+
+#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+FAMILY = "iswa"
 
 _PMIN = re.compile(r"pmin = (-?\d+)")
 
@@ -31,72 +35,91 @@ def make_cache(config: dict) -> ISWACache:
     return cache
 
 
-def _partial_pmins(messages: list[str]) -> list[int]:
+def kvcache_target() -> Target:
+    """The C-backed :class:`kvcache.ISWACache`."""
+    from kvcache import UBatch
+    return Target("kvcache.ISWACache", make_cache, UBatch, family=FAMILY)
+
+
+def default_target() -> Target:
+    """What ``python -m kvcache.conformance`` replays iswa traces against: the C-backed cache."""
+    return kvcache_target()
+
+
+#: the targets of iswa traces, by short name
+TARGETS: dict[str, Callable[[], Target]] = {"kvcache": kvcache_target}
+
+
+def partial_pmins(messages: list[str]) -> list[int]:
     """The pmin of every partial-window report among log lines or warning messages, in order."""
     return [int(m.group(1)) for m in map(_PMIN.search, messages) if m and "partial SWA cache" in m.string]
 
 
-def _run(cache: ISWACache, config: dict, index: int, op: dict, strict_info: bool) -> dict | None:
-    """Apply one op; return the fields to compare with its expect. With strict_info, the
-    diagnostics must match too: the partial-window reports of a commit (by pmin) and the bytes
-    a successful state_read consumed."""
-    name = op["op"]
-    shared = seq_op(cache, op)
-    if shared is not None:
-        return shared
-    info = op.get("info", {})
-    parts = (("base", cache.base), ("swa", cache.swa))
-    if name == "find_slot":
-        oks = cache.find_slot_each(ubatch(op))
-        got: dict[str, Any] = {"ok": all(oks)}
-        for (key, sub), ok in zip(parts, oks):
-            if ok:  # the fill rule: every sub-cache whose own find_slot succeeded
-                fill(sub, config, op)
-            got[key] = {"ok": ok, "head": sub.head, "n": sub.n, "used": sub.used}
-        return got
-    if name == "sbatch_init":
-        return {"pending": cache.sbatch_init(op["pos"], op["seq_id"])}
-    if name == "commit":
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", SWAWarning)  # reported like the reference's log line
-            cache.commit()
-        if strict_info:
-            # compared as multisets: the reference visits the sequences in hash-map order, and
-            # pruning one sequence does not affect another
-            want = sorted(_partial_pmins(info.get("log", [])))
-            got_pmins = sorted(_partial_pmins([str(w.message) for w in caught if issubclass(w.category, SWAWarning)]))
-            if want != got_pmins:
-                raise Divergence(index, name, "info.log (partial SWA cache, pmin)", want, got_pmins)
-    elif name == "check":
-        return {key: check_fields(sub) for key, sub in parts}
-    elif name == "mask":
-        masks = cache.kq_mask(ubatch(op), causal=op["causal"], alibi=bool(config.get("use_alibi")))
-        return {key: mask_fields(m, op["expect"].get(key, {})) for (key, _), m in zip(parts, masks)}
-    elif name == "k_shift":
-        shifts = cache.k_shift()
-        got = {key: k_shift_fields(sub, shift) for (key, sub), shift in zip(parts, shifts)}
-        cache.reset_shift()
-        return got
-    elif name == "defrag":
-        # what update() does in each sub-cache
-        return {key: defrag_fields(index, sub, op["n_max_nodes"]) for key, sub in parts}
-    elif name == "defrag_sched":
-        cache.defrag_sched(op["thold"])
-        return {key: {"do_defrag": sub.do_defrag} for key, sub in parts}
-    elif name == "state_write":
-        return blob_fields(cache.state_write(op["seq_id"]), op["expect"])
-    elif name == "state_read":
-        consumed = read_state(cache.state_read, op)
-        if strict_info and consumed is not None and consumed != info.get("n_read"):
-            raise Divergence(index, name, "info.n_read", info.get("n_read"), consumed)
-        return {"ok": consumed is not None}
-    else:
-        raise unsupported(index, op)
+# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+
+def parts(cache: Any) -> tuple[tuple[str, Any], ...]:
+    """The sub-caches by the keys of the expectations."""
+    return (("base", cache.base), ("swa", cache.swa))
+
+
+def find_slot(r: Replay, index: int, op: dict) -> dict:
+    """Place the ubatch in both sub-caches; the fill rule writes every sub-cache whose own
+    find_slot succeeded."""
+    oks = r.cache.find_slot_each(r.ubatch(op))
+    got: dict[str, Any] = {"ok": all(oks)}
+    for (key, sub), ok in zip(parts(r.cache), oks):
+        if ok and r.target.data:
+            fill(sub, r.config, op)
+        got[key] = {"ok": ok, **counters(sub)}
+    return got
+
+
+def sbatch_init(r: Replay, index: int, op: dict) -> dict:
+    """Record a batch's pruning ranges; the pending ranges."""
+    return {"pending": r.cache.sbatch_init(op["pos"], op["seq_id"])}
+
+
+def commit(r: Replay, index: int, op: dict) -> dict:
+    """Commit and slide the window; strictly, the partial-window reports must match the trace's
+    log by pmin."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SWAWarning)  # reported like the reference's log line
+        r.cache.commit()
+    if r.strict:
+        # compared as multisets: the reference visits the sequences in hash-map order, and
+        # pruning one sequence does not affect another
+        want = sorted(partial_pmins(op.get("info", {}).get("log", [])))
+        got = sorted(partial_pmins([str(w.message) for w in caught if issubclass(w.category, SWAWarning)]))
+        if want != got:
+            raise Divergence(index, op["op"], "info.log (partial SWA cache, pmin)", want, got)
     return {}
 
 
-def replay(config: dict, ops: Iterator[tuple[int, dict]], strict_info: bool = False) -> None:
-    """Replay the ops of an iswa trace against a fresh cache; raise Divergence on mismatch.
-    strict_info also compares the diagnostics (see _run)."""
-    cache = make_cache(config)
-    replay_ops(ops, lambda index, op: _run(cache, config, index, op, strict_info))
+def check(r: Replay, index: int, op: dict) -> dict:
+    """What a check shows of each sub-cache."""
+    return {key: check_fields(sub) for key, sub in parts(r.cache)}
+
+
+def mask(r: Replay, index: int, op: dict) -> dict:
+    """The KQ mask of each sub-cache."""
+    masks = r.cache.kq_mask(r.ubatch(op), causal=op["causal"], alibi=bool(r.config.get("use_alibi")))
+    expect = op.get("expect", {})
+    return {key: mask_fields(float32_mask(index, op, m), expect.get(key, {})) for (key, _), m in zip(parts(r.cache), masks)}
+
+
+def k_shift(r: Replay, index: int, op: dict) -> dict:
+    """Read each sub-cache's K-shift input, then reset the shifts."""
+    got = {key: k_shift_fields(sub, shift) for (key, sub), shift in zip(parts(r.cache), r.cache.k_shift())}
+    r.cache.reset_shift()
+    return got
+
+
+def defrag(r: Replay, index: int, op: dict) -> dict:
+    """What update() does in each sub-cache: plan a defrag and carry it out."""
+    return {key: defrag_fields(index, sub, op["n_max_nodes"], r.target.data) for key, sub in parts(r.cache)}
+
+
+def defrag_sched(r: Replay, index: int, op: dict) -> dict:
+    """Schedule a defrag; each sub-cache's flag after it."""
+    r.cache.defrag_sched(op["thold"])
+    return {key: {"do_defrag": sub.do_defrag} for key, sub in parts(r.cache)}

@@ -1,16 +1,20 @@
-"""Replay of ``recurrent`` traces against :class:`kvcache.RecurrentCache`."""
+"""``recurrent`` traces (golden/FORMAT.md) against :class:`kvcache.RecurrentCache`: the K/V
+fill rule of these traces, what a check shows, and the ops only they have."""
 from __future__ import annotations
 
-import hashlib
 import warnings
-from typing import Any, Iterator
+from typing import Callable
 
 import numpy as np
 
-from kvcache._core import RecurrentCache, StateError, UBatch
-from kvcache.conformance import Divergence, compare, unsupported
+from kvcache import RecurrentCache, UBatch
+from kvcache.conformance import Replay, Target, common, compare
+from kvcache.conformance.unified import counters
 
-_INVALID = {"exception": "invalid_argument"}
+__all__ = ["FAMILY", "make_cache", "fill_rows", "check_state", "kvcache_target", "default_target", "TARGETS"]
+
+#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+FAMILY = "recurrent"
 
 
 def make_cache(config: dict) -> RecurrentCache:
@@ -28,17 +32,14 @@ def make_cache(config: dict) -> RecurrentCache:
 
 def fill_rows(cache: RecurrentCache, ub: UBatch) -> None:
     """The traces' K/V data rule after a successful find_slot: group g of the ubatch writes
-    cell head + g of every layer, from its last position and its first sequence id."""
+    cell head + g of every layer, the rows of the unified rule for its last position and its
+    first sequence id (all of each layer's row: the state parts too)."""
     k_tok = ub.n_seq_tokens
     pos = ub.pos
-    p = np.array([pos[k_tok * g + k_tok - 1] for g in range(ub.n_seqs)], dtype=np.int64)[:, None]
-    s = np.array([ids[0] for ids in ub.seq_id], dtype=np.int64)[:, None]
+    p = np.array([pos[k_tok * g + k_tok - 1] for g in range(ub.n_seqs)], dtype=np.int64)
+    s = np.array([ids[0] for ids in ub.seq_id], dtype=np.int64)
     for il in range(cache.n_layer):
-        ek = np.arange(cache.n_embd_k[il], dtype=np.int64)[None, :]
-        ev = np.arange(cache.n_embd_v[il], dtype=np.int64)[None, :]
-        k = ((il * 7 + p * 3 + s * 5 + ek) % 61 - 30) / 4.0
-        v = ((il * 11 + p * 5 + s * 3 + ev * 2) % 53 - 26) / 4.0
-        cache.store(il, k, v)
+        cache.store(il, *common.fill_rows(il, p, s, cache.n_embd_k[il], cache.n_embd_v[il]))
 
 
 def check_state(cache: RecurrentCache) -> dict:
@@ -53,90 +54,54 @@ def check_state(cache: RecurrentCache) -> dict:
     return {"head": cache.head, "n": cache.n, "used": cache.used, "cells": cells, "seq_pos": seq_pos}
 
 
-def _blob_expect(blob: bytes, exp: dict) -> dict:
-    got = {"len": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
-    if "hex" in exp:
-        got["hex"] = blob.hex()
-    return got
+def kvcache_target() -> Target:
+    """The C-backed :class:`kvcache.RecurrentCache`."""
+    return Target("kvcache.RecurrentCache", make_cache, UBatch, family=FAMILY)
 
 
-def _run(cache: RecurrentCache, i: int, op: dict, strict_log: bool) -> Any:
-    """Perform one op; returns what its ``expect`` is compared with."""
-    name = op["op"]
-    exp = op["expect"]
-    if name == "find_slot":
-        ub = UBatch(op["pos"], op["seq_id"], n_seq_tokens=op["n_seq_tokens"])
-        if ub.n_seqs != op["n_seqs"]:
-            raise Divergence(i, name, "n_seqs", op["n_seqs"], ub.n_seqs)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            ok = cache.find_slot(ub)
-        if strict_log:
-            want = [m for m in op.get("info", {}).get("log", []) if m.startswith("find_slot:")]
-            compare(i, op, "info.log", want, cache.warnings)
-        if ok:
-            fill_rows(cache, ub)
-        return {"ok": ok, "head": cache.head, "n": cache.n, "used": cache.used}
-    if name in ("commit", "restore", "clear", "set_full"):
-        getattr(cache, name)()
-        return {}
-    if name == "defrag_sched":
-        cache.defrag_sched(op["thold"])
-        return {}
-    if name == "seq_rm":
-        return {"ret": cache.seq_rm(op["seq_id"], op["p0"], op["p1"])}
-    if name == "seq_cp":
-        cache.seq_cp(op["src"], op["dst"], op["p0"], op["p1"])
-        return {}
-    if name == "seq_keep":
-        cache.seq_keep(op["seq_id"])
-        return {}
-    if name == "seq_add":
-        cache.seq_add(op["seq_id"], op["p0"], op["p1"], op["shift"])
-        return {}
-    if name == "seq_div":
-        cache.seq_div(op["seq_id"], op["p0"], op["p1"], op["d"])
-        return {}
-    if name == "check":
-        return check_state(cache)
-    if name == "s_copy":
-        return {"values": [int(x) for x in cache.s_copy()]}
-    if name == "s_mask":
-        return {"values": [float(x) for x in cache.s_mask()]}
-    if name == "state_write":
-        return _blob_expect(cache.state_write(op["seq_id"]), exp)
-    if name == "state_read":
-        data = bytes.fromhex(op["hex"])
-        try:
-            n_read = cache.state_read(data, op["seq_id"])
-        except StateError:
-            return {"ok": False}
-        if strict_log and "n_read" in op.get("info", {}):
-            compare(i, op, "info.n_read", op["info"]["n_read"], n_read)
-        return {"ok": True}
-    raise unsupported(i, op)
+def default_target() -> Target:
+    """What ``python -m kvcache.conformance`` replays recurrent traces against: the C-backed cache."""
+    return kvcache_target()
 
 
-def replay(config: dict, ops: Iterator[tuple[int, dict]], strict_log: bool = False) -> None:
-    """Replay a recurrent trace; raises Divergence at the first mismatch.
+#: the targets of recurrent traces, by short name
+TARGETS: dict[str, Callable[[], Target]] = {"kvcache": kvcache_target}
 
-    With ``strict_log`` the diagnostic ``info`` is checked too: the find_slot warnings and the
-    bytes a successful state_read consumed."""
-    cache = make_cache(config)
-    for i, op in ops:
-        exp = op["expect"]
-        try:
-            got = _run(cache, i, op, strict_log)
-        except Divergence:
-            raise
-        except (ValueError, TypeError) as e:
-            if exp == _INVALID:
-                continue
-            raise Divergence(i, op.get("op", "?"), "exception", exp, f"{type(e).__name__}: {e}") from e
-        if exp == _INVALID:
-            raise Divergence(i, op.get("op", "?"), "exception", _INVALID, got)
-        for key in exp:
-            compare(i, op, key, exp[key], got.get(key))
-        for key in got:
-            if key not in exp:
-                raise Divergence(i, op.get("op", "?"), key, "absent", got[key])
+
+# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+
+def find_slot(r: Replay, index: int, op: dict) -> dict:
+    """Place an equal-split ubatch (``seq_id`` per sequence), fill its states when it fits;
+    strictly, the warnings must be the trace's find_slot log lines."""
+    ub = r.ubatch(op)
+    compare(index, op, "n_seqs", op["n_seqs"], ub.n_seqs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # a state that does not continue
+        ok = r.cache.find_slot(ub)
+    if r.strict:
+        want = [m for m in op.get("info", {}).get("log", []) if m.startswith("find_slot:")]
+        compare(index, op, "info.log", want, r.cache.warnings)
+    if ok and r.target.data:
+        fill_rows(r.cache, ub)
+    return {"ok": ok, **counters(r.cache)}
+
+
+def defrag_sched(r: Replay, index: int, op: dict) -> dict:
+    """Schedule a defrag (a recurrent cache has no flag to show)."""
+    r.cache.defrag_sched(op["thold"])
+    return {}
+
+
+def check(r: Replay, index: int, op: dict) -> dict:
+    """What a check shows of the cache."""
+    return check_state(r.cache)
+
+
+def s_copy(r: Replay, index: int, op: dict) -> dict:
+    """The state copy sources of cells head .. head + n - 1."""
+    return {"values": [int(x) for x in r.cache.s_copy()]}
+
+
+def s_mask(r: Replay, index: int, op: dict) -> dict:
+    """The state masks of cells head .. head + n - 1."""
+    return {"values": [float(x) for x in r.cache.s_mask()]}

@@ -12,15 +12,34 @@ bytes need not agree):
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable
 
 import numpy as np
 
 import kvcache
-from kvcache.conformance import Divergence, unsupported
+from kvcache.conformance import Divergence, Replay, Target
+
+__all__ = ["FAMILY", "params_of", "tolerance", "kvcache_target", "default_target", "TARGETS"]
+
+#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+FAMILY = "rope"
 
 _OP_PARAMS = ("n_rot", "mode", "n_ctx_orig", "freq_base", "freq_scale", "ext_factor",
               "attn_factor", "beta_fast", "beta_slow")
+
+
+def kvcache_target() -> Target:
+    """kvcache's RoPE K-shift (:func:`kvcache.rope_shift`); these traces need no cache."""
+    return Target("kvcache.rope_shift", lambda config: None, kvcache.UBatch, family=FAMILY)
+
+
+def default_target() -> Target:
+    """What ``python -m kvcache.conformance`` replays rope traces against."""
+    return kvcache_target()
+
+
+#: the targets of rope traces, by short name
+TARGETS: dict[str, Callable[[], Target]] = {"kvcache": kvcache_target}
 
 
 def params_of(op: dict) -> kvcache.RopeParams:
@@ -63,22 +82,22 @@ def _check_layer(index: int, op: dict, il: int, type_k: str, n_embd: int, got: n
                          float(exp[r, e]), float(got[r, e]))
 
 
-def replay(config: dict, ops: Iterator[tuple[int, dict]]) -> None:
-    """Replay the ops of a rope trace; raise Divergence at the first mismatch."""
+# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+
+def rope_shift(r: Replay, index: int, op: dict) -> None:
+    """Rotate the K bytes of every layer the op gives and compare them, decoded, with the
+    recorded values within the tolerances."""
+    config = r.config
     type_k = config["type_k"]
     head_dim = int(config["n_embd_head_k"])
     kv_size = int(config["kv_size"])
-    n_heads = [int(h) for h in config["n_head_kv"]]
-    widths = [int(w) for w in config["n_embd_k_gqa"]]
-    for index, op in ops:
-        if op.get("op") != "rope_shift":
-            raise unsupported(index, op)
-        params = params_of(op)
-        shift = np.asarray(op["shift"], dtype=np.int32)
-        expect = op["expect"]
-        for il in range(int(config["n_layer"])):
-            raw = np.frombuffer(bytes.fromhex(op["before_hex"][il]), dtype=np.uint8)
-            k = raw.reshape(kv_size, -1).copy()
-            kvcache.rope_shift(k, type_k, n_heads[il], head_dim, shift, params)
-            got = kvcache.dequantize(k, type_k, widths[il])
-            _check_layer(index, op, il, type_k, widths[il], got, expect)
+    params = params_of(op)
+    shift = np.asarray(op["shift"], dtype=np.int32)
+    expect = op["expect"]
+    for il in range(int(config["n_layer"])):
+        width = int(config["n_embd_k_gqa"][il])
+        raw = np.frombuffer(bytes.fromhex(op["before_hex"][il]), dtype=np.uint8)
+        k = raw.reshape(kv_size, -1).copy()
+        kvcache.rope_shift(k, type_k, int(config["n_head_kv"][il]), head_dim, shift, params)
+        got = kvcache.dequantize(k, type_k, width)
+        _check_layer(index, op, il, type_k, width, got, expect)

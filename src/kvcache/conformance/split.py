@@ -1,15 +1,34 @@
-"""Replay of ``split`` traces: batches cut into ubatches by :class:`kvcache.Batch`."""
+"""``split`` traces (golden/FORMAT.md): batches cut into ubatches by :class:`kvcache.Batch`."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable
 
-from kvcache import Batch
-from kvcache.conformance import compare, unsupported
+from kvcache import Batch, UBatch
+from kvcache.conformance import Replay, Target, compare, unsupported
+
+__all__ = ["FAMILY", "kvcache_target", "default_target", "TARGETS"]
+
+#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+FAMILY = "split"
 
 _METHODS = {"simple": "split_simple", "equal": "split_equal", "seq": "split_seq"}
 
 
-def _describe(ub) -> dict[str, Any]:
+def kvcache_target() -> Target:
+    """kvcache's batch splitter (:class:`kvcache.Batch`); these traces need no cache."""
+    return Target("kvcache.Batch", lambda config: None, UBatch, family=FAMILY)
+
+
+def default_target() -> Target:
+    """What ``python -m kvcache.conformance`` replays split traces against."""
+    return kvcache_target()
+
+
+#: the targets of split traces, by short name
+TARGETS: dict[str, Callable[[], Target]] = {"kvcache": kvcache_target}
+
+
+def _describe(ub: Any) -> dict[str, Any]:
     """A produced ubatch in the trace's encoding."""
     return {
         "n_tokens": ub.n_tokens,
@@ -22,23 +41,25 @@ def _describe(ub) -> dict[str, Any]:
     }
 
 
-def replay(config: dict, ops: Iterator[tuple[int, dict]]) -> None:
-    """Replay every ``split`` op: split the whole batch, compare ubatches and out_ids."""
-    for index, op in ops:
-        if op.get("op") != "split" or op.get("mode") not in _METHODS:
-            raise unsupported(index, op)
-        batch = Batch(op["pos"], op["seq_id"], output=op["logits"],
-                      logits_all=bool(op.get("logits_all", False)),
-                      simple_split=bool(op["simple_split"]))
-        split = getattr(batch, _METHODS[op["mode"]])
-        got = []
-        while (ub := split(op["n_ubatch"])) is not None:
-            got.append(_describe(ub))
-        expect = op["expect"]
-        want = expect["ubatches"]
-        for k in range(min(len(want), len(got))):
-            for field in want[k]:
-                compare(index, op, f"ubatches[{k}].{field}", want[k][field], got[k].get(field))
-        compare(index, op, "ubatches (count)", len(want), len(got))
-        compare(index, op, "out_ids", expect["out_ids"], batch.out_ids.tolist())
-        compare(index, op, "n_tokens_left", 0, batch.n_tokens_left)
+# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+
+def split(r: Replay, index: int, op: dict) -> None:
+    """Split the whole batch; compare the ubatches (field by field, to name the one that
+    differs), their count and out_ids; nothing is left over."""
+    if op.get("mode") not in _METHODS:
+        raise unsupported(index, op)
+    batch = Batch(op["pos"], op["seq_id"], output=op["logits"],
+                  logits_all=bool(op.get("logits_all", False)),
+                  simple_split=bool(op["simple_split"]))
+    split = getattr(batch, _METHODS[op["mode"]])
+    got = []
+    while (ub := split(op["n_ubatch"])) is not None:
+        got.append(_describe(ub))
+    expect = op["expect"]
+    want = expect["ubatches"]
+    for k in range(min(len(want), len(got))):
+        for field in want[k]:
+            compare(index, op, f"ubatches[{k}].{field}", want[k][field], got[k].get(field))
+    compare(index, op, "ubatches (count)", len(want), len(got))
+    compare(index, op, "out_ids", expect["out_ids"], batch.out_ids.tolist())
+    compare(index, op, "n_tokens_left", 0, batch.n_tokens_left)

@@ -1,15 +1,19 @@
-"""Replay of ``unified`` traces against :class:`kvcache.UnifiedCache` (golden/FORMAT.md)."""
+"""``unified`` traces (golden/FORMAT.md): their targets — :class:`kvcache.UnifiedCache` and the
+reference model :class:`kvcache.reference.UnifiedReference` — and the ops only they have."""
 from __future__ import annotations
 
-import hashlib
-from typing import Iterator
+from typing import Any, Callable
 
 from kvcache import UnifiedCache
-from kvcache.conformance import unsupported
-from kvcache.conformance.common import (seq_op, INVALID_ARGUMENT, blob_fields, check_fields, defrag_fields, fill,
-                                        fill_rows, k_shift_fields, mask_fields, read_state, replay_ops, ubatch)
+from kvcache.conformance import Replay, Target, compare
+from kvcache.conformance.common import INVALID_ARGUMENT, check_fields, defrag_fields, fill, fill_rows, mask_fields
+from kvcache.conformance.common import k_shift_fields
 
-__all__ = ["INVALID_ARGUMENT", "fill", "fill_rows", "make_cache", "replay"]
+__all__ = ["INVALID_ARGUMENT", "FAMILY", "fill", "fill_rows", "make_cache", "reference_arguments", "kvcache_target",
+           "reference_target", "default_target", "TARGETS"]
+
+#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+FAMILY = "unified"
 
 
 def make_cache(config: dict) -> UnifiedCache:
@@ -22,50 +26,117 @@ def make_cache(config: dict) -> UnifiedCache:
         swa_type=config["swa_type"], layers=config["layers"])
 
 
-def _run(cache: UnifiedCache, config: dict, index: int, op: dict) -> dict | None:
-    """Apply one op; return the fields to compare with its expect (None: nothing to compare)."""
-    name = op["op"]
-    shared = seq_op(cache, op)
-    if shared is not None:
-        return shared
-    if name == "find_slot":
-        ok = cache.find_slot(ubatch(op))
-        if ok:
-            fill(cache, config, op)
-        return {"ok": ok, "head": cache.head, "n": cache.n, "used": cache.used}
-    if name == "commit":
+def reference_arguments(config: dict) -> dict[str, Any]:
+    """The arguments of the reference model of the cache a trace header describes (the model
+    keeps cells only: no widths, types or layer filter)."""
+    from kvcache.reference import KQ_MASK_PAD
+    if config.get("kq_mask_pad", KQ_MASK_PAD) != KQ_MASK_PAD:
+        raise ValueError(f"the reference model pads mask rows to {KQ_MASK_PAD}, the trace to {config['kq_mask_pad']}")
+    return dict(kv_size=config["kv_size"], n_seq_max=config["n_seq_max"], n_pad=config["n_pad"],
+                n_swa=config["n_swa"], swa_type=config["swa_type"], n_layer=len(config["layers"]))
+
+
+def _no_state(cache: Any, op: dict) -> None:
+    """What the reference model does for a state_write: nothing (it holds no K/V data)."""
+
+
+def _read_cells(cache: Any, op: dict) -> None:
+    """What the reference model does for a state_read the trace says succeeded: take the cells
+    the blob lists, as the cache would (a whole-cache read puts cell k of the blob into cell k;
+    a single-sequence read replaces the sequence with the blob's cells placed as one ubatch, and
+    an empty part removes it, rule C1b). A failed read changes nothing (rule C1)."""
+    from kvcache.reference import RefUBatch
+    from kvcache.statefile import _Reader
+    if not op["expect"].get("ok"):
+        return
+    seq_id = op["seq_id"]
+    r = _Reader(memoryview(bytes.fromhex(op["hex"])), "cache state")
+    cells = []
+    for _ in range(r.u32("cell_count")):
+        pos, n_ids = r.i32("pos"), r.u32("n_seq_id")
+        cells.append((pos, [r.i32("seq_id") for _ in range(n_ids)]))
+    if seq_id == -1:
+        cache.clear()
+        for i, (pos, ids) in enumerate(cells):
+            cache.pos[i], cache.seq[i] = pos, set(ids)
+        cache.head = 0
+        return
+    cache.seq_rm(seq_id, -1, -1)
+    if cells:
+        if not cache.find_slot(RefUBatch([p for p, _ in cells], [[seq_id]] * len(cells))):
+            raise ValueError("the reference model finds no room for the cells of a blob the cache took")
         cache.commit()
-    elif name == "check":
-        return check_fields(cache)
-    elif name == "mask":
-        m = cache.kq_mask(ubatch(op), causal=op["causal"], alibi=bool(config.get("use_alibi")))
-        return mask_fields(m, op["expect"])
-    elif name == "pos_bucket":
-        b = cache.pos_bucket(ubatch(op), config["n_rel_attn_bkts"])
-        got = {"rows": b.shape[0], "cols": b.shape[1],
-               "sha256": hashlib.sha256(b.astype("<i4").tobytes()).hexdigest()}
-        if "data" in op["expect"]:
-            got["data"] = b.ravel().tolist()
-        return got
-    elif name == "k_shift":
-        got = k_shift_fields(cache, cache.k_shift())
-        cache.reset_shift()
-        return got
-    elif name == "defrag":
-        return defrag_fields(index, cache, op["n_max_nodes"])
-    elif name == "defrag_sched":
-        cache.defrag_sched(op["thold"])
-        return {"do_defrag": cache.do_defrag}
-    elif name == "state_write":
-        return blob_fields(cache.state_write(op["seq_id"]), op["expect"])
-    elif name == "state_read":
-        return {"ok": read_state(cache.state_read, op) is not None}
-    else:
-        raise unsupported(index, op)
-    return {}
 
 
-def replay(config: dict, ops: Iterator[tuple[int, dict]]) -> None:
-    """Replay the ops of a unified trace against a fresh cache; raise Divergence on mismatch."""
-    cache = make_cache(config)
-    replay_ops(ops, lambda index, op: _run(cache, config, index, op))
+def kvcache_target() -> Target:
+    """The C-backed :class:`kvcache.UnifiedCache`."""
+    from kvcache import UBatch
+    return Target("kvcache.UnifiedCache", make_cache, UBatch, family=FAMILY)
+
+
+def reference_target() -> Target:
+    """The pure-Python reference model :class:`kvcache.reference.UnifiedReference`: it keeps the
+    cells only, so K/V data is not written or moved, a state_write is left out and a state_read
+    takes the blob's cells when the trace says it succeeded (neither is compared)."""
+    from kvcache.reference import RefUBatch, UnifiedReference
+    return Target("reference model", lambda config: UnifiedReference(**reference_arguments(config)), RefUBatch,
+                  family=FAMILY, data=False, instead={"state_write": _no_state, "state_read": _read_cells})
+
+
+def default_target() -> Target:
+    """What ``python -m kvcache.conformance`` replays unified traces against: the C-backed cache."""
+    return kvcache_target()
+
+
+#: the targets of unified traces, by short name
+TARGETS: dict[str, Callable[[], Target]] = {"kvcache": kvcache_target, "reference": reference_target}
+
+
+# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+
+def counters(cache: Any) -> dict[str, Any]:
+    """head, n and used of a unified (sub-)cache."""
+    return {"head": cache.head, "n": cache.n, "used": cache.used}
+
+
+def find_slot(r: Replay, index: int, op: dict) -> dict:
+    """Place the ubatch, fill its K/V rows when it fits; the result and the counters."""
+    ok = r.cache.find_slot(r.ubatch(op))
+    if ok and r.target.data:
+        fill(r.cache, r.config, op)
+    return {"ok": ok, **counters(r.cache)}
+
+
+def check(r: Replay, index: int, op: dict) -> dict:
+    """What a check shows of the cache."""
+    return check_fields(r.cache)
+
+
+def float32_mask(index: int, op: dict, m: Any) -> Any:
+    """A KQ mask, which must be float32 (the traces hash its float32 bytes)."""
+    compare(index, op, "dtype", "float32", str(m.dtype))
+    return m
+
+
+def mask(r: Replay, index: int, op: dict) -> dict:
+    """The KQ mask of the ubatch (ALiBi when the model's hparams say so)."""
+    m = r.cache.kq_mask(r.ubatch(op), causal=op["causal"], alibi=bool(r.config.get("use_alibi")))
+    return mask_fields(float32_mask(index, op, m), op.get("expect", {}))
+
+
+def k_shift(r: Replay, index: int, op: dict) -> dict:
+    """Read the K-shift input, then reset the shifts (what update() does after a K-shift)."""
+    got = k_shift_fields(r.cache, r.cache.k_shift())
+    r.cache.reset_shift()
+    return got
+
+
+def defrag(r: Replay, index: int, op: dict) -> dict:
+    """Plan a defrag and carry it out (what update() does)."""
+    return defrag_fields(index, r.cache, op["n_max_nodes"], r.target.data)
+
+
+def defrag_sched(r: Replay, index: int, op: dict) -> dict:
+    """Schedule a defrag; the flag after it."""
+    r.cache.defrag_sched(op["thold"])
+    return {"do_defrag": r.cache.do_defrag}

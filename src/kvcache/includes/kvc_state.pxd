@@ -42,7 +42,7 @@ cdef extern from "kvc_state.h" nogil:
     int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                            uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err)
 
-    int KVC_STATE_MAX_PARTS
+    enum: KVC_STATE_MAX_PARTS
     ctypedef struct kvc_state_plan:
         const uint8_t *data
         int32_t seq_id

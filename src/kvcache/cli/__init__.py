@@ -1,6 +1,7 @@
 """The ``kvcache`` command line.
 
-Each subcommand lives in its own module ``kvcache._cli_<name>``, found at start-up, which defines:
+Each subcommand lives in its own module ``kvcache.cli.<name>`` (the modules of this package whose
+names do not start with an underscore), found at start-up, which defines:
 
 - ``NAME``: the subcommand (``kvcache NAME ...``);
 - ``HELP``: one line for ``kvcache --help``;
@@ -10,7 +11,10 @@ Each subcommand lives in its own module ``kvcache._cli_<name>``, found at start-
 Such a module should import heavy dependencies inside ``run`` so that ``kvcache --help`` stays
 cheap. Exit status: 0 success, 1 when the command ran and found a problem (e.g. a mismatch),
 2 for a usage or runtime error, which is reported in one line without a traceback (set the
-environment variable ``KVCACHE_TRACEBACK=1`` to see it).
+environment variable ``KVCACHE_TRACEBACK=1`` to see it) and names the subcommand. Output
+follows ``kvcache.cli._output``: one JSON format for every ``--json``, progress on stderr only
+where a person watches (a terminal) unless asked for. ``kvcache.cli._argtypes`` holds the
+argument types the commands share.
 """
 from __future__ import annotations
 
@@ -22,8 +26,6 @@ import sys
 
 __all__ = ["main", "build_parser", "commands"]
 
-_PREFIX = "_cli_"
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors."""
@@ -34,11 +36,10 @@ class _Parser(argparse.ArgumentParser):
 
 def commands() -> dict:
     """The subcommand modules, by name, in alphabetical order."""
-    import kvcache
     found = {}
-    for info in pkgutil.iter_modules(kvcache.__path__):
-        if info.name.startswith(_PREFIX):
-            mod = importlib.import_module(f"kvcache.{info.name}")
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            mod = importlib.import_module(f"{__name__}.{info.name}")
             found[mod.NAME] = mod
     return dict(sorted(found.items()))
 
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, mod in commands().items():
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run, _prog=p.prog)
+        p.set_defaults(_run=mod.run, _prog=p.prog, _parser=p)
     return parser
 
 
@@ -64,7 +65,10 @@ def main(argv=None) -> int:
     except Exception as e:   # a subcommand module that fails to import
         return _fail("kvcache", e)
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # the subcommand's parser reports them, so that the error names the subcommand
+            (getattr(args, "_parser", None) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     if args.command is None:

@@ -1,4 +1,4 @@
-"""Argument types shared by the CLI commands (kvcache/_cli_*.py): argparse turns their ArgumentTypeError into a
+"""Argument types shared by the CLI commands (kvcache/cli/*.py): argparse turns their ArgumentTypeError into a
 usage error naming the option."""
 from __future__ import annotations
 

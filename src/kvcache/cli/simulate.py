@@ -5,7 +5,8 @@ import argparse
 import sys
 from typing import Any
 
-from kvcache._argtypes import count, nonneg_int, number
+from kvcache.cli._argtypes import count, nonneg_int, number
+from kvcache.cli._output import print_json, progress_wanted
 
 NAME = "simulate"
 HELP = "run a continuous-batching workload through UnifiedCache and report its bookkeeping"
@@ -87,9 +88,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
     o.add_argument("--series", action="store_true", help="with --json: include the per-step series")
-    o.add_argument("--plot", metavar="FILE.png", help="draw occupancy and fragmentation over time (matplotlib)")
+    o.add_argument("--plot", metavar="FILE.png", help="draw occupancy and fragmentation over time (matplotlib; "
+                   "the format from the extension: .png, .svg, .pdf, ...)")
     o.add_argument("--progress", choices=_PROGRESS, default="auto",
-                   help="progress display on stderr: auto = tqdm, else rich, else a plain line (default auto)")
+                   help="progress display on stderr: auto = tqdm, else rich, else a plain line, and only when "
+                        "stderr is a terminal and the output is not --json; tqdm, rich or plain: that display "
+                        "in any case; none: never (default auto)")
 
 
 def _config(args):
@@ -112,6 +116,9 @@ def _check_plot(path: str) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ValueError("--plot needs matplotlib, which is not installed (pip install 'kvcache[plot]')") from None
+    from kvcache.simulate import plot_format
+
+    plot_format(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"--plot: no such directory: {folder}")
@@ -137,8 +144,9 @@ class _Progress:
             self.bar = tqdm(total=total, desc="simulate", unit="step", file=sys.stderr, leave=False,
                             mininterval=0.2)
         elif self.kind == "rich":
-            from rich.console import Console
-            from rich.progress import Progress
+            # rich is optional (not in the test extra): mypy may not find it
+            from rich.console import Console  # type: ignore[import-not-found,unused-ignore]
+            from rich.progress import Progress  # type: ignore[import-not-found,unused-ignore]
             self.bar = Progress(console=Console(file=sys.stderr), transient=True)
             self.bar.start()
             self.task = self.bar.add_task("simulate", total=total)
@@ -175,8 +183,6 @@ def _importable(name: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from kvcache.simulate import format_report, plot_report, simulate
 
     if args.series and not args.json:
@@ -184,7 +190,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if args.plot:
         _check_plot(args.plot)
-    progress = None if args.progress == "none" else _Progress(args.progress, cfg.steps)
+    shown = args.progress != "none" and progress_wanted(args.progress != "auto") and \
+        (args.progress != "auto" or not args.json)
+    progress = _Progress(args.progress, cfg.steps) if shown else None
     try:
         rep = simulate(cfg, progress)
     finally:
@@ -193,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_report(rep, args.plot)
     if args.json:
-        print(json.dumps(rep.to_dict(series=args.series), indent=2))
+        print_json(rep.to_dict(series=args.series))
     else:
         print(format_report(rep))
         if args.plot:

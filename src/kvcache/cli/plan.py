@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvcache._argtypes import count
+from kvcache.cli._argtypes import count
+from kvcache.cli._output import print_json
 
 NAME = "plan"
 HELP = "the memory a KV cache will take (per cache, per layer, in total) and what llama.cpp logs for it"
@@ -66,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="K row width in elements (n_head_kv * head_dim_k): one, or one per layer")
     g.add_argument("--n-embd-v-gqa", type=_widths, metavar="W[,W...]", help="V row width (default: K's)")
     c = p.add_argument_group("context")
-    c.add_argument("--n-ctx", "--ctx", type=count, metavar="N", help="context size in tokens (default 4096)")
+    c.add_argument("--n-ctx", "--ctx", type=count, metavar="N",
+                   help="context size in tokens (default: a GGUF model's trained context, else 4096)")
     c.add_argument("--n-seq-max", "--parallel", type=count, default=1, metavar="N",
                    help="parallel sequences (default 1)")
     c.add_argument("--type-k", metavar="TYPE", help="K type: f32, f16, bf16, q8_0, q4_0, ... (default f16; "
@@ -99,15 +101,16 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def build_plan(args: argparse.Namespace):
-    """The Plan the parsed arguments describe (ValueError on a contradiction)."""
+def build_plan(args: argparse.Namespace, warn=None):
+    """The Plan the parsed arguments describe (ValueError on a contradiction); warn(text) is told
+    what is allowed but probably not meant."""
     from kvcache.plan import plan_iswa, plan_recurrent, plan_unified, swa_pattern_layers
 
     model = args.gguf or args.model
     if args.gguf and args.model:
         raise ValueError("give the model once: MODEL.gguf or --gguf MODEL")
     if model is not None:
-        return _plan_from_gguf(model, args)
+        return _plan_from_gguf(model, args, warn or (lambda text: None))
     if args.n_layer is None:
         raise ValueError("--n-layer is required (or a GGUF model)")
     if args.recurrent:
@@ -153,7 +156,7 @@ def build_plan(args: argparse.Namespace):
                      n_batch=args.n_batch or 2048, swa_full=args.swa_full)
 
 
-def _plan_from_gguf(path: str, args: argparse.Namespace):
+def _plan_from_gguf(path: str, args: argparse.Namespace, warn):
     """The plan of the cache llama.cpp creates for a GGUF model (kvcache.read_gguf's geometry)."""
     import os
 
@@ -169,7 +172,10 @@ def _plan_from_gguf(path: str, args: argparse.Namespace):
     if args.recurrent:
         raise ValueError("--recurrent comes from the model; leave it out with a GGUF model")
     g = read_gguf(path)
-    n_ctx = args.n_ctx or 4096
+    # llama.cpp's default context (n_ctx 0) is the trained one; past it the model extrapolates
+    n_ctx = args.n_ctx or g.n_ctx_train or 4096
+    if g.n_ctx_train and n_ctx > g.n_ctx_train:
+        warn(f"--n-ctx {n_ctx} exceeds the model's trained context of {g.n_ctx_train} tokens")
     if g.recurrent:
         # llama.cpp keeps recurrent states in f32 whatever the K/V types asked for
         return plan_recurrent(g.n_layer, g.n_embd_k_s, g.n_embd_v_s, args.n_seq_max,
@@ -188,13 +194,13 @@ def _plan_from_gguf(path: str, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
+    import sys
 
     from kvcache.plan import format_plan
 
-    plan = build_plan(args)
+    plan = build_plan(args, warn=lambda text: print(f"{args._prog}: warning: {text}", file=sys.stderr))
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        print_json(plan.to_dict())
     else:
         print(format_plan(plan))
     return 0

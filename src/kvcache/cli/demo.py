@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvcache._argtypes import count, nonneg_int
+from kvcache.cli._argtypes import count, nonneg_int
+from kvcache.cli._output import print_json
 
 NAME = "demo"
 HELP = "serve a toy attention model through UnifiedCache and ISWACache and check it against recomputation"
@@ -28,13 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from kvcache.demo import format_report, run_demo
 
     rep = run_demo(seed=args.seed, steps=args.steps)
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=2))
+        print_json(rep.to_dict())
     else:
         print(format_report(rep))
     return 0 if rep.ok else 1

@@ -1,0 +1,222 @@
+"""The trace ops in one table: for every op of the golden traces, how each family applies it to
+a cache and what is compared.
+
+``OPS[name][family]`` applies op ``name`` to a :class:`~kvcache.conformance.Replay` (a cache of
+a :class:`~kvcache.conformance.Target` of that family) and returns the fields compared with the
+op's ``expect``; the ops of split and rope traces need no cache and check their own results
+(within tolerances, for rope) and return None. A family without an entry for an op does not
+have it: applying it is a divergence. The runner (:func:`replay`), the replays against the
+reference models and the property tests, which apply the same ops to a model and to a cache
+(:func:`apply_both`), all go through this table.
+
+An op may carry what no trace line has: ``n_seq_tokens`` in a unified ubatch (equal splits;
+the traces' unified ubatches are simple splits), and no ``expect`` (nothing to compare)."""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from kvcache.conformance import Divergence, Replay, Target, compare, unsupported
+from kvcache.conformance import iswa, recurrent, rope, split, unified, unified2026
+from kvcache.conformance.common import blob_fields, compare_fields, read_state, replay_ops
+
+__all__ = ["OPS", "CACHE_FAMILIES", "start", "apply_op", "apply_both", "replay"]
+
+#: how an op is applied: (replay, index, op) -> the fields to compare (None: checked already)
+Apply = Callable[[Replay, int, dict[str, Any]], dict[str, Any] | None]
+
+#: the families whose traces replay against a cache (split and rope need none)
+CACHE_FAMILIES = (unified.FAMILY, iswa.FAMILY, recurrent.FAMILY, unified2026.FAMILY)
+_FORMAT_1_CACHES = (unified.FAMILY, iswa.FAMILY, recurrent.FAMILY)
+
+
+# --- the ops every cache family applies the same way ---------------------------------------------
+
+def _call(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """commit, restore, clear, set_full: the method of that name, nothing to compare."""
+    getattr(r.cache, op["op"])()
+    return {}
+
+
+def _seq_rm(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    return {"ret": r.cache.seq_rm(op["seq_id"], op["p0"], op["p1"])}
+
+
+def _seq_cp(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    r.cache.seq_cp(op["src"], op["dst"], op["p0"], op["p1"])
+    return {}
+
+
+def _seq_keep(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    r.cache.seq_keep(op["seq_id"])
+    return {}
+
+
+def _seq_add(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    r.cache.seq_add(op["seq_id"], op["p0"], op["p1"], op["shift"])
+    return {}
+
+
+def _seq_div(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    r.cache.seq_div(op["seq_id"], op["p0"], op["p1"], op["d"])
+    return {}
+
+
+def _pos_bucket(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+    """The T5 position buckets of the ubatch: shape and hash (and values when expected)."""
+    b = r.cache.pos_bucket(r.ubatch(op), r.config["n_rel_attn_bkts"])
+    got = {"rows": b.shape[0], "cols": b.shape[1],
+           "sha256": hashlib.sha256(np.ascontiguousarray(b, dtype="<i4").tobytes()).hexdigest()}
+    if "data" in op.get("expect", {}):
+        got["data"] = b.ravel().tolist()
+    return got
+
+
+def _state_write(**layout: str) -> Apply:
+    def state_write(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+        """Length and hash of the blob (and its bytes when expected)."""
+        return blob_fields(r.cache.state_write(op["seq_id"], **layout), op.get("expect", {}))
+    return state_write
+
+
+def _state_read(consumed: str, **layout: str) -> Apply:
+    def state_read(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
+        """Whether the cache takes the blob; strictly, also the bytes a successful read
+        consumed, where the trace's info records them (under the key ``consumed``)."""
+        n = read_state(lambda blob, seq_id: r.cache.state_read(blob, seq_id, **layout), op)
+        info = op.get("info", {})
+        if r.strict and n is not None and consumed in info:
+            compare(index, op, f"info.{consumed}", info[consumed], n)
+        return {"ok": n is not None}
+    return state_read
+
+
+def _each(apply: Apply, *families: str) -> dict[str, Apply]:
+    return {family: apply for family in families}
+
+
+#: every trace op: name -> {family -> how it is applied}
+OPS: dict[str, dict[str, Apply]] = {
+    "find_slot": {unified.FAMILY: unified.find_slot, iswa.FAMILY: iswa.find_slot,
+                  recurrent.FAMILY: recurrent.find_slot, unified2026.FAMILY: unified2026.find_slot},
+    "prepare": {unified2026.FAMILY: unified2026.prepare},
+    "sbatch_init": {iswa.FAMILY: iswa.sbatch_init},
+    "commit": {unified.FAMILY: _call, iswa.FAMILY: iswa.commit, recurrent.FAMILY: _call},
+    "restore": _each(_call, *_FORMAT_1_CACHES),
+    "clear": {**_each(_call, *_FORMAT_1_CACHES), unified2026.FAMILY: unified2026.clear},
+    "set_full": _each(_call, *_FORMAT_1_CACHES),
+    "seq_rm": _each(_seq_rm, *CACHE_FAMILIES),
+    "seq_cp": {**_each(_seq_cp, *_FORMAT_1_CACHES), unified2026.FAMILY: unified2026.seq_cp},
+    "seq_keep": _each(_seq_keep, *CACHE_FAMILIES),
+    "seq_add": _each(_seq_add, *CACHE_FAMILIES),
+    "seq_div": _each(_seq_div, *CACHE_FAMILIES),
+    "check": {unified.FAMILY: unified.check, iswa.FAMILY: iswa.check, recurrent.FAMILY: recurrent.check,
+              unified2026.FAMILY: unified2026.check},
+    "mask": {unified.FAMILY: unified.mask, iswa.FAMILY: iswa.mask, unified2026.FAMILY: unified2026.mask},
+    "pos_bucket": _each(_pos_bucket, unified.FAMILY, unified2026.FAMILY),
+    "k_shift": {unified.FAMILY: unified.k_shift, iswa.FAMILY: iswa.k_shift},
+    "defrag": {unified.FAMILY: unified.defrag, iswa.FAMILY: iswa.defrag},
+    "defrag_sched": {unified.FAMILY: unified.defrag_sched, iswa.FAMILY: iswa.defrag_sched,
+                     recurrent.FAMILY: recurrent.defrag_sched},
+    "update": {unified2026.FAMILY: unified2026.update},
+    "s_copy": {recurrent.FAMILY: recurrent.s_copy},
+    "s_mask": {recurrent.FAMILY: recurrent.s_mask},
+    "state_write": {**_each(_state_write(), *_FORMAT_1_CACHES), unified2026.FAMILY: _state_write(layout="2026")},
+    "state_read": {**_each(_state_read("n_read"), *_FORMAT_1_CACHES),
+                   unified2026.FAMILY: _state_read("consumed", layout="2026")},
+    "kvhash": {unified2026.FAMILY: unified2026.kvhash},
+    "split": {split.FAMILY: split.split},
+    "rope_shift": {rope.FAMILY: rope.rope_shift},
+}
+
+# what a family checks of a header's config beyond building the cache
+_CONFIG_CHECKS: dict[str, Callable[[Any, dict[str, Any]], None]] = {unified2026.FAMILY: unified2026.check_config}
+
+
+def start(target: Target, config: dict[str, Any], strict: bool = False) -> Replay:
+    """A fresh cache of ``target`` for a trace header's config, under replay (``strict``: the
+    diagnostic info is compared too). A target that cannot build the cache, or a cache that
+    disagrees with the config, fails the trace at its header."""
+    try:
+        cache = target.make_cache(config)
+    except Exception as e:  # noqa: BLE001 - a target that cannot build the cache fails the trace
+        raise Divergence(0, "header", "config", f"a cache of {target.name}", repr(e)) from e
+    check = _CONFIG_CHECKS.get(target.family)
+    if check is not None:
+        check(cache, config)
+    return Replay(target, config, cache, strict)
+
+
+def _shown(r: Replay) -> Any:
+    """What a check shows of the cache (None for families without check)."""
+    check = OPS["check"].get(r.target.family)
+    return None if check is None else check(r, 0, {"op": "check"})
+
+
+def apply_op(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any] | None:
+    """Apply op number ``index`` of a trace to the replay's cache; return the fields to compare
+    with its ``expect``. Raises Divergence for an op the family does not have, and when an op
+    expecting an exception raises one but leaves the cache changed (rule C5: a rejected call
+    changes nothing that a check shows)."""
+    apply = OPS.get(op.get("op", "?"), {}).get(r.target.family)
+    if apply is None:
+        raise unsupported(index, op)
+    if "exception" not in op.get("expect", {}):
+        return apply(r, index, op)
+    before = _shown(r)
+    try:
+        return apply(r, index, op)
+    except Exception:
+        after = _shown(r)
+        if after != before:
+            raise Divergence(index, op["op"], "state after a rejected call", before, after) from None
+        raise
+
+
+def apply_both(model: Replay, cache: Replay, op: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    """Apply one op to a model and to a cache: the model's fields are what the cache's must be
+    (Divergence at the first difference). Returns the model's fields."""
+    want = apply_op(model, index, op) or {}
+    compare_fields(index, op, want, apply_op(cache, index, op) or {})
+    return want
+
+
+def _modelled(r: Replay, ops: Iterator[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The ops the target models; each other op is replaced as the target says, in order."""
+    for index, op in ops:
+        instead = r.target.instead.get(op.get("op", "?"))
+        if instead is None:
+            yield index, op
+            continue
+        try:
+            instead(r.cache, op)
+        except Exception as e:  # noqa: BLE001 - a crash at an op is a divergence there
+            raise Divergence(index, op["op"], "exception", None, repr(e)) from e
+
+
+def _compared(r: Replay) -> Callable[[int, dict[str, Any]], dict[str, Any] | None]:
+    """apply_op, where every field the op produces must be one its expect lists."""
+    def run(index: int, op: dict[str, Any]) -> dict[str, Any] | None:
+        got = apply_op(r, index, op)
+        expect = op.get("expect", {})
+        if got is not None and "exception" not in expect:
+            for key in got:
+                if key not in expect:
+                    raise Divergence(index, op["op"], key, "absent", got[key])
+        return got
+    return run
+
+
+def replay(target: Target, config: dict[str, Any], ops: Iterator[tuple[int, dict[str, Any]]],
+           strict: bool = False) -> None:
+    """Replay the ops of a trace, ``(index, op)`` pairs, against a fresh cache of ``target``;
+    raise Divergence at the first mismatch. ``strict``: the diagnostic info is compared too."""
+    r = start(target, config, strict)
+    if r.cache is None:
+        # split and rope traces: no cache, no rejected calls; every op checks its own results
+        for index, op in ops:
+            apply_op(r, index, op)
+        return
+    replay_ops(_modelled(r, ops), _compared(r))

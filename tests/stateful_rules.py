@@ -1,0 +1,72 @@
+"""The rules every cache's state machine has: restore, set_full and the sequence operations,
+each applied to the model and to the cache through the trace-op table.
+
+A machine mixes :class:`SequenceRules` into its RuleBasedStateMachine and sets ``replays``
+(the model's and the cache's :class:`kvcache.conformance.Replay`) and ``n_seq_max``."""
+from hypothesis import strategies as st
+from hypothesis.stateful import rule
+
+from kvcache.conformance.ops import apply_both
+
+
+class SequenceRules:
+    """restore, set_full, seq_rm, seq_cp, seq_keep, seq_add and seq_div as rules."""
+
+    #: whether seq_rm draws sequence id -1 (any sequence) too
+    seq_rm_any = True
+    #: positions are drawn from [-1, p_max]
+    p_max = 40
+
+    def both(self, name, **args):
+        """Apply one op to model and cache; the fields the model gives (the cache's are equal)."""
+        return apply_both(*self.replays, {"op": name, **args})
+
+    #: the sequence ids in play, or None for all of [0, n_seq_max)
+    ids = None
+
+    def seq(self, data, allow_any=False):
+        """A valid sequence id (or -1, any sequence, with allow_any)."""
+        if self.ids is not None:
+            return data.draw(st.sampled_from(([-1] if allow_any else []) + self.ids), label="seq_id")
+        return data.draw(st.integers(-1 if allow_any else 0, self.n_seq_max - 1), label="seq_id")
+
+    def prange(self, data):
+        """A position range [p0, p1), either end -1 (open) too."""
+        p0 = data.draw(st.integers(-1, self.p_max), label="p0")
+        return p0, data.draw(st.integers(-1, self.p_max + 1), label="p1")
+
+    @rule()
+    def restore(self):
+        self.both("restore")
+
+    @rule()
+    def set_full(self):
+        self.both("set_full")
+
+    @rule(data=st.data())
+    def seq_rm(self, data):
+        s = self.seq(data, allow_any=self.seq_rm_any)
+        p0, p1 = self.prange(data)
+        self.both("seq_rm", seq_id=s, p0=p0, p1=p1)
+
+    @rule(data=st.data())
+    def seq_cp(self, data):
+        src, dst = self.seq(data), self.seq(data)
+        p0, p1 = self.prange(data)
+        self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
+
+    @rule(data=st.data())
+    def seq_keep(self, data):
+        self.both("seq_keep", seq_id=self.seq(data))
+
+    @rule(data=st.data(), shift=st.integers(-12, 12))
+    def seq_add(self, data, shift):
+        s = self.seq(data)
+        p0, p1 = self.prange(data)
+        self.both("seq_add", seq_id=s, p0=p0, p1=p1, shift=shift)
+
+    @rule(data=st.data(), d=st.integers(1, 4))
+    def seq_div(self, data, d):
+        s = self.seq(data)
+        p0, p1 = self.prange(data)
+        self.both("seq_div", seq_id=s, p0=p0, p1=p1, d=d)

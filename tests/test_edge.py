@@ -1,0 +1,432 @@
+"""The edge against hostile callers: array arguments whose Python attributes lie, callbacks that
+re-enter the cache in the middle of an operation, torch tensors and PEP 688 buffers.
+
+Every array argument is taken through the buffer protocol (or DLPack) once, before the cache is
+locked; sizes come from that buffer, never from ``.shape`` / ``.nbytes`` /
+``__array_interface__``; a call that re-enters a cache in the middle of one of its operations
+raises RuntimeError and changes nothing. Reproducers that crashed the interpreter run in a
+subprocess, so that a crash fails the test instead of killing the suite."""
+import io
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache import _core
+from cache_state import snapshot
+from conftest import kvcache_env, wait_for_waiters
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - depends on the environment
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+
+_PRELUDE = textwrap.dedent("""
+    import numpy as np, kvcache
+    from kvcache import UBatch, UnifiedCache
+
+    def lying(a, **claims):
+        # a viewed as an ndarray subclass whose properties claim what they are given
+        cls = type("Lying", (np.ndarray,), {k: property(lambda self, v=v: v) for k, v in claims.items()})
+        return a.view(cls)
+
+    def finalizing(a, call):
+        # a viewed as a subclass whose __array_finalize__ (run by reshape / view) calls call()
+        # once, after arm() -- the reproducer of the reentrancy crash
+        armed = [False]
+        class Evil(np.ndarray):
+            def __array_finalize__(s, o):
+                if armed[0]:
+                    armed[0] = False
+                    call()
+        return a.view(Evil), lambda: armed.__setitem__(0, True)
+""")
+
+
+def run_isolated(code):
+    """Run code in a fresh interpreter; returns its stdout (fails on a crash or an error)."""
+    prog = _PRELUDE + textwrap.dedent(code)
+    r = subprocess.run([sys.executable, "-c", prog], env=kvcache_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+# --- re-entering the cache from the caller's array ---------------------------------------------------
+
+def test_kq_mask_out_whose_views_call_find_slot():
+    out = run_isolated("""
+        cache = UnifiedCache(4096, 1, 8, 8)
+        big = UBatch(list(range(10, 4010)), [0] * 4000)
+        cache.find_slot(UBatch([0], [0])); cache.commit()
+        out, arm = finalizing(np.zeros((64, cache.n), np.float32), lambda: cache.find_slot(big))
+        arm()
+        try:
+            got = cache.kq_mask(UBatch([1], [0]), out=out)
+        except (RuntimeError, ValueError) as e:
+            print("refused", type(e).__name__)
+        else:
+            assert got is out
+            assert np.array_equal(np.asarray(out), cache.kq_mask(UBatch([1], [0])))
+            print("ok")
+    """)
+    assert out.split()[0] in ("ok", "refused")
+
+
+def test_store_rows_whose_views_call_find_slot():
+    out = run_isolated("""
+        cache = UnifiedCache(4096, 1, 8, 8, type_k="f32", type_v="f32", v_trans=False)
+        big = UBatch(list(range(10, 4010)), [0] * 4000)
+        assert cache.find_slot(UBatch([0], [0]))
+        k, arm = finalizing(np.ones((1, 8), np.float32), lambda: cache.find_slot(big))
+        arm()
+        try:
+            cache.store(0, k, None)
+        except (RuntimeError, ValueError) as e:
+            print("refused", type(e).__name__)
+        else:
+            print("ok")
+        # nothing was written past the one placed row
+        assert not cache.k(0)[1:].any()
+    """)
+    assert out.split()[0] in ("ok", "refused")
+
+
+# --- attributes that lie about the memory -----------------------------------------------------------
+
+def test_kq_mask_out_with_a_lying_shape_is_refused():
+    out = run_isolated("""
+        cache = UnifiedCache(4096, 1, 8, 8)
+        cache.set_full()
+        out = lying(np.zeros((64, 32), np.float32), shape=(64, 4096))
+        try:
+            cache.kq_mask(UBatch([1], [0]), out=out)
+        except ValueError as e:
+            print("refused", e)
+    """)
+    assert out.startswith("refused")
+
+
+def test_store_rows_with_a_lying_shape_are_refused():
+    out = run_isolated("""
+        cache = UnifiedCache(4096, 1, 8, 8, type_k="f32", type_v="f32", v_trans=False)
+        assert cache.find_slot(UBatch(list(range(4000)), [0] * 4000))
+        rows = lying(np.ones((1, 8), np.float32), shape=(4000, 8))
+        try:
+            cache.store(0, rows, rows)
+        except ValueError as e:
+            print("refused", e)
+    """)
+    assert out.startswith("refused")
+
+
+def test_rope_shift_with_a_lying_array_interface_is_refused():
+    out = run_isolated("""
+        k = lying(np.zeros((4, 16), np.float32), shape=(1 << 20, 16),
+                  __array_interface__={"data": (8, False), "shape": (1 << 20, 16), "typestr": "<f4", "version": 3})
+        try:
+            # a shift for every row the lie claims
+            kvcache.rope_shift(k, "f32", 1, 16, np.ones(1 << 20, np.int32), kvcache.RopeParams(16))
+        except ValueError as e:
+            print("refused", e)
+        else:
+            print("ok")
+    """)
+    assert out.split()[0] in ("ok", "refused")
+
+
+def test_rope_shift_uses_the_real_memory():
+    k = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    want = k.copy()
+    p = kvcache.RopeParams(16)
+    kvcache.rope_shift(want, "f32", 1, 16, np.arange(4, dtype=np.int32), p)
+
+    class Lying(np.ndarray):
+        @property
+        def __array_interface__(self):
+            return {"data": (8, False), "shape": (4, 16), "typestr": "<f4", "version": 3}
+
+    got = k.copy().view(Lying)
+    kvcache.rope_shift(got, "f32", 1, 16, np.arange(4, dtype=np.int32), p)
+    assert np.array_equal(np.asarray(got), want)
+
+
+def test_borrowed_buffer_with_lying_nbytes_is_refused():
+    out = run_isolated("""
+        class Lying(np.ndarray):
+            nbytes = property(lambda self: 4096 * 8 * 2)      # what the layer needs
+            shape = property(lambda self: (4096 * 8,))
+            def reshape(self, *shape, **kw):
+                return self
+        v = np.zeros(4096 * 8, np.float16)
+        small = np.zeros(64, np.float16).view(Lying)           # 128 bytes
+        try:
+            c = UnifiedCache(4096, 1, 8, 8, buffers={0: (small, v)})
+        except ValueError as e:
+            print("refused", e)
+        else:
+            c.clear()                                          # zeroes what it was given
+            print("accepted")
+    """)
+    assert out.startswith("refused") and "holds 128 bytes" in out
+
+def test_objects_that_only_claim_memory_are_not_arrays():
+    """An object with a forged __array_interface__ (no buffer of its own) is refused where the
+    cache reads or writes memory."""
+    class Claims:
+        __array_interface__ = {"data": (8, False), "shape": (1 << 20,), "typestr": "|u1", "version": 3}
+
+    cache = kvcache.UnifiedCache(64, 1, 8, 8)
+    assert cache.find_slot(kvcache.UBatch([0], [0]))
+    with pytest.raises(TypeError):
+        cache.kq_mask(kvcache.UBatch([1], [0]), out=Claims())
+    with pytest.raises(TypeError):
+        cache.store(0, Claims(), None)
+    with pytest.raises(TypeError):
+        cache.state_read(Claims())
+    with pytest.raises(TypeError):
+        cache.state_write_into(Claims())
+    with pytest.raises(TypeError):
+        kvcache.rope_shift(Claims(), "f16", 1, 8, [0], kvcache.RopeParams(8))
+    with pytest.raises(TypeError):
+        kvcache.UnifiedCache(64, 1, 8, 8, buffers={0: (Claims(), Claims())})
+    with pytest.raises(TypeError):
+        kvcache.UBatch(Claims(), [0])
+
+
+# --- state_write_into while the file changes the cache ----------------------------------------------
+
+class _MeddlingFile(io.RawIOBase):
+    """A file whose write() changes the cache it is being written from."""
+
+    def __init__(self, meddle, swallow=False):
+        self.meddle, self.swallow = meddle, swallow
+        self.data = bytearray()
+        self.errors = []
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        try:
+            self.meddle()
+        except RuntimeError as e:
+            self.errors.append(e)
+            if not self.swallow:
+                raise
+        self.data += bytes(b)
+        return len(b)
+
+
+def _busy_unified():
+    c = kvcache.UnifiedCache(256, 2, 8, 8, n_seq_max=4)
+    assert c.find_slot(kvcache.UBatch(list(range(40)), [i % 3 for i in range(40)]))
+    c.commit()
+    return c
+
+
+@pytest.mark.parametrize("meddle", ["seq_rm", "find_slot", "clear", "state_read", "store"])
+def test_state_write_into_a_file_that_changes_the_cache(meddle):
+    c = _busy_unified()
+    before, blob = snapshot(c), c.state_write()
+    calls = {"seq_rm": lambda: c.seq_rm(0),
+             "find_slot": lambda: c.find_slot(kvcache.UBatch([100], [1])),
+             "clear": c.clear,
+             "state_read": lambda: c.state_read(blob),
+             "store": lambda: c.store(0, None, None)}
+    f = _MeddlingFile(calls[meddle])
+    with pytest.raises(RuntimeError, match="middle of"):
+        c.state_write_into(f)
+    assert snapshot(c) == before
+    # a file that swallows the refusal gets the state as it was
+    f = _MeddlingFile(calls[meddle], swallow=True)
+    assert c.state_write_into(f) == len(blob)
+    assert bytes(f.data) == blob and f.errors
+    assert snapshot(c) == before
+
+
+def test_iswa_state_write_into_a_file_that_changes_either_part():
+    c = kvcache.ISWACache(256, 2, 8, 8, swa_layers=[1], n_swa=8, n_seq_max=2)
+    assert c.find_slot(kvcache.UBatch(list(range(20)), [0] * 20))
+    c.commit()
+    blob = c.state_write()
+    for part in (c.base, c.swa):
+        f = _MeddlingFile(lambda: part.seq_rm(0), swallow=True)
+        assert c.state_write_into(f) == len(blob)
+        assert bytes(f.data) == blob and f.errors
+
+
+def test_recurrent_state_write_into_a_file_that_changes_the_cache():
+    c = kvcache.RecurrentCache(2, 1, 8, 8)
+    assert c.find_slot(kvcache.UBatch([0, 1], [0], n_seq_tokens=2))
+    blob = c.state_write()
+    f = _MeddlingFile(lambda: c.seq_rm(0), swallow=True)
+    assert c.state_write_into(f) == len(blob)
+    assert bytes(f.data) == blob and f.errors
+    assert c.seq_pos_max(0) == 1
+
+
+def test_reads_from_inside_an_operation_are_allowed():
+    c = _busy_unified()
+    seen = []
+    f = _MeddlingFile(lambda: seen.append((c.used, c.seq_pos_max(0), c.cells().nonempty()[:1])))
+    c.state_write_into(f)
+    assert seen and seen[0][0] == 40
+
+
+# --- the lock's owner -------------------------------------------------------------------------------
+
+def test_hold_exit_from_another_thread_is_refused():
+    c = kvcache.UnifiedCache(64, 1, 8, 8)
+    h = _core._Hold(c)
+    h.__enter__()
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, h.__exit__, None, None, None)))
+    t.start()
+    t.join(60)
+    assert errors
+    # still held by this thread: another thread waits for it
+    got = []
+    t = threading.Thread(target=lambda: got.append(c.used))
+    t.start()
+    wait_for_waiters(c, 1)
+    assert not got
+    h.__exit__(None, None, None)
+    t.join(60)
+    assert got == [0]
+
+
+def test_hold_exit_without_enter_is_refused():
+    c = kvcache.UnifiedCache(64, 1, 8, 8)
+    with pytest.raises(RuntimeError):
+        _core._Hold(c).__exit__(None, None, None)
+    h = _core._Hold(c)
+    with h:
+        with pytest.raises(RuntimeError):
+            _core._Hold(c).__exit__(None, None, None)
+    with pytest.raises(RuntimeError):
+        h.__exit__(None, None, None)
+
+
+# --- torch tensors and PEP 688 buffers ---------------------------------------------------------------
+
+@needs_torch
+@pytest.mark.parametrize("tk,tdt", [("f32", "float32"), ("f16", "float16"), ("bf16", "bfloat16")])
+def test_store_and_mask_take_cpu_tensors_without_a_copy(tk, tdt):
+    tdt = getattr(torch, tdt)
+    c = kvcache.UnifiedCache(64, 1, 8, 8, type_k=tk, type_v=tk, v_trans=False)
+    ref = kvcache.UnifiedCache(64, 1, 8, 8, type_k=tk, type_v=tk, v_trans=False)
+    ub = kvcache.UBatch(torch.arange(3), [0, 0, 0])
+    assert c.find_slot(ub) and ref.find_slot(ub)
+    k = torch.randn(3, 8).to(tdt)
+    c.store(0, k, k)
+    ref.store(0, k.float().numpy(), k.float().numpy())
+    assert np.array_equal(np.asarray(c.k(0)).view(np.uint8), np.asarray(ref.k(0)).view(np.uint8))
+    out = torch.empty(64, c.n)
+    got = c.kq_mask(ub, out=out)
+    assert got is out
+    assert np.array_equal(out.numpy(), c.kq_mask(ub))
+
+
+@needs_torch
+def test_rope_shift_state_and_ubatch_take_tensors():
+    k = torch.randn(4, 16)
+    want = k.numpy().copy()
+    p = kvcache.RopeParams(16)
+    kvcache.rope_shift(want, "f32", 1, 16, np.arange(4), p)
+    kvcache.rope_shift(k, "f32", 1, 16, torch.arange(4, dtype=torch.int32), p)   # in place, no copy
+    assert np.array_equal(k.numpy(), want)
+    c = _busy_unified()
+    blob = c.state_write()
+    buf = torch.zeros(len(blob), dtype=torch.uint8)
+    assert c.state_write_into(buf) == len(blob)
+    assert bytes(buf.numpy()) == blob
+    assert c.state_read(buf) == len(blob)
+    b = kvcache.Batch(torch.arange(3), [0, 0, 0], output=torch.tensor([False, False, True]))
+    assert b.n_tokens == 3
+
+
+@needs_torch
+def test_tensors_that_cannot_be_used_are_refused_clearly():
+    c = kvcache.UnifiedCache(64, 1, 8, 8, type_k="f32", type_v="f32", v_trans=False)
+    assert c.find_slot(kvcache.UBatch([0, 1], [0, 0]))
+    with pytest.raises(TypeError, match="dtype"):
+        c.store(0, torch.zeros(2, 8, dtype=torch.float64), None)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        c.store(0, torch.zeros(8, 2).t(), None)
+    with pytest.raises(BufferError, match="gradient"):
+        c.store(0, torch.zeros(2, 8, requires_grad=True), None)
+    with pytest.raises(ValueError, match="shape"):
+        c.kq_mask(kvcache.UBatch([1], [0]), out=torch.empty(64, c.n + 1))
+
+
+class _DeviceTensor:
+    """Claims to live on a CUDA device (DLPack device type 2)."""
+
+    def __dlpack__(self, **kw):
+        raise AssertionError("a device tensor's memory must not be taken")
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_device_tensors_are_a_type_error_everywhere():
+    c = kvcache.UnifiedCache(64, 1, 8, 8)
+    assert c.find_slot(kvcache.UBatch([0], [0]))
+    for call in (lambda: c.store(0, _DeviceTensor(), None),
+                 lambda: c.kq_mask(kvcache.UBatch([1], [0]), out=_DeviceTensor()),
+                 lambda: c.state_read(_DeviceTensor()),
+                 lambda: c.state_write_into(_DeviceTensor()),
+                 lambda: kvcache.rope_shift(_DeviceTensor(), "f16", 1, 8, [0], kvcache.RopeParams(8)),
+                 lambda: kvcache.UBatch(_DeviceTensor(), [0]),
+                 lambda: kvcache.UnifiedCache(64, 1, 8, 8, buffers={0: (_DeviceTensor(), _DeviceTensor())})):
+        with pytest.raises(TypeError, match="not the CPU"):
+            call()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="PEP 688 (__buffer__) needs Python 3.12")
+def test_pep688_buffer_objects():
+    class Rows:
+        def __init__(self, a):
+            self.a = a
+
+        def __buffer__(self, flags):
+            return memoryview(self.a)
+
+    c = kvcache.UnifiedCache(64, 1, 8, 8, type_k="f32", type_v="f32", v_trans=False)
+    assert c.find_slot(kvcache.UBatch([0, 1], [0, 0]))
+    k = np.arange(16, dtype=np.float32).reshape(2, 8)
+    c.store(0, Rows(k), Rows(k))
+    assert np.array_equal(c.k(0)[:2], k)
+    out = np.zeros((64, c.n), np.float32)
+    c.kq_mask(kvcache.UBatch([2], [0]), out=Rows(out))
+    assert np.array_equal(out, c.kq_mask(kvcache.UBatch([2], [0])))
+
+    class Reentering:
+        def __buffer__(self, flags):
+            c.find_slot(kvcache.UBatch(list(range(10, 50)), [0] * 40))   # before the mask is taken
+            return memoryview(np.zeros((64, 32), np.float32))
+
+    with pytest.raises(ValueError, match="shape"):
+        c.kq_mask(kvcache.UBatch([2], [0]), out=Reentering())
+
+
+@needs_torch
+def test_recurrent_store_quantize_and_rope_factors_take_tensors():
+    c = kvcache.RecurrentCache(2, 1, 8, 8)
+    assert c.find_slot(kvcache.UBatch([0, 1], [0], n_seq_tokens=2))
+    c.store(0, torch.ones(1, 8), torch.full((1, 8), 2.0))
+    assert c.k(0)[c.head].tolist() == [1.0] * 8 and c.v(0)[c.head].tolist() == [2.0] * 8
+    x = torch.randn(2, 32)
+    q = kvcache.quantize(x, "q8_0")
+    assert np.array_equal(q, kvcache.quantize(x.numpy(), "q8_0"))
+    assert np.array_equal(kvcache.dequantize(torch.from_numpy(q), "q8_0", 32), kvcache.dequantize(q, "q8_0", 32))
+    p = kvcache.RopeParams(8, freq_factors=torch.tensor([1.0, 2.0, 4.0, 8.0]))
+    assert p.freq_factors.tolist() == [1.0, 2.0, 4.0, 8.0]
