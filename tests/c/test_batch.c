@@ -15,12 +15,6 @@
 
 #define MAXT 400
 
-static uint32_t rng = 362436069u;
-static uint32_t rnd(uint32_t n) {
-    rng = 36969u * (rng & 65535u) + (rng >> 16);
-    return rng % n;
-}
-
 typedef struct batch {
     uint32_t n;
     int32_t pos[MAXT];
@@ -71,18 +65,18 @@ static int cmp_groups(const void *pa, const void *pb) {
  * distinct positions, and the lists' token counts distinct among lists of as many ids. */
 static void make_batch(batch *b) {
     static const int32_t pool[] = { 0, 1, 5, 63, 64, 100, 200, 254, 255 };
-    const uint32_t k = 1 + rnd(7);
+    const uint32_t k = 1 + check_rand(7);
     int32_t lists[8][3];
     uint32_t len[8], nids[8];
     uint32_t used_len[4][64] = { { 0 } };
     for (uint32_t j = 0; j < k; j++) {
         /* a fresh id list: 1 to 3 distinct ids, distinct from the lists before */
         for (bool fresh = false; !fresh;) {
-            nids[j] = 1 + (rnd(3) == 0 ? 1 + rnd(2) : 0);
+            nids[j] = 1 + (check_rand(3) == 0 ? 1 + check_rand(2) : 0);
             for (uint32_t i = 0; i < nids[j]; i++) {
                 bool dup;
                 do {
-                    lists[j][i] = pool[rnd(9)];
+                    lists[j][i] = pool[check_rand(9)];
                     dup = false;
                     for (uint32_t q = 0; q < i; q++) {
                         dup = dup || lists[j][q] == lists[j][i];
@@ -95,7 +89,7 @@ static void make_batch(batch *b) {
             }
         }
         do {
-            len[j] = 1 + rnd(60);
+            len[j] = 1 + check_rand(60);
         } while (used_len[nids[j]][len[j]]);
         used_len[nids[j]][len[j]] = 1;
     }
@@ -111,14 +105,14 @@ static void make_batch(batch *b) {
         if (total == 0 || n == MAXT) {
             break;
         }
-        uint32_t j = rnd(k);
+        uint32_t j = check_rand(k);
         while (!left[j]) {
             j = (j + 1) % k;
         }
-        b->pos[n] = (int32_t)(len[j] - left[j]) * 3 + (int32_t)rnd(3);   /* increasing per list */
+        b->pos[n] = (int32_t)(len[j] - left[j]) * 3 + (int32_t)check_rand(3);   /* increasing per list */
         memcpy(b->ids + b->off[n], lists[j], nids[j] * sizeof(int32_t));
         b->off[n + 1] = b->off[n] + nids[j];
-        b->logits[n] = (int8_t)(rnd(3) == 0);
+        b->logits[n] = (int8_t)(check_rand(3) == 0);
         left[j]--;
         n++;
     }
@@ -155,7 +149,7 @@ static void run_sorted(const batch *b, enum kvc_split_mode mode, int logits_mode
     static uint32_t out_ids[MAXT];
     uint32_t n_out = 0, placed = 0;
     for (int round = 0; round < MAXT; round++) {
-        const uint32_t n_ubatch = 1 + rnd(round % 3 ? 16 : 120);
+        const uint32_t n_ubatch = 1 + check_rand(round % 3 ? 16 : 120);
         kvc_sbatch_ubatch u;
         const int r = kvc_sbatch_split(&sb, mode, n_ubatch, &u, &err);
         while (n_groups > 0 && groups[n_groups - 1].taken == groups[n_groups - 1].length) {
@@ -223,7 +217,7 @@ static void run_simple(const batch *b, int logits_mode) {
     CHECK(kvc_sbatch_split(&sb, KVC_SPLIT_EQUAL, 4, &u, &err) == KVC_E_ARG, "equal on a simple splitter");
     uint32_t next = 0;
     for (;;) {
-        const uint32_t n_ubatch = 1 + rnd(50);
+        const uint32_t n_ubatch = 1 + check_rand(50);
         const int r = kvc_sbatch_split(&sb, KVC_SPLIT_SIMPLE, n_ubatch, &u, &err);
         if (next == b->n) {
             CHECK(r == 0, "exhausted");

@@ -14,14 +14,6 @@
 
 #define MAXN 300
 
-static uint64_t rng = 88172645463325252ull;
-static uint32_t rnd(uint32_t n) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng % n);
-}
-
 /* The model: per cell a position, a shift and a membership flag per sequence. */
 typedef struct model {
     uint32_t size, n_seq;
@@ -80,7 +72,7 @@ static void agree(const kvc_cells *c, const model *m, const char *what) {
           c->used_max_p1, last);
     /* scans from every start, to every end */
     for (uint32_t k = 0; k < 8; k++) {
-        const uint32_t from = rnd(m->size + 1), to = from + rnd(m->size + 1 - from);
+        const uint32_t from = check_rand(m->size + 1), to = from + check_rand(m->size + 1 - from);
         uint32_t want_used = to, want_empty = to;
         for (uint32_t i = from; i < to; i++) {
             if (want_used == to && m->pos[i] != -1) {
@@ -112,14 +104,14 @@ static void agree(const kvc_cells *c, const model *m, const char *what) {
 
 /* A position: small (collisions), or near the top. */
 static int32_t some_pos(void) {
-    return rnd(4) == 0 ? KVC_POS_MAX - (int32_t)rnd(4) : (int32_t)rnd(40);
+    return check_rand(4) == 0 ? KVC_POS_MAX - (int32_t)check_rand(4) : (int32_t)check_rand(40);
 }
 
 static int32_t some_seq(const model *m) {
     /* the ids at the edges of the words as often as the rest */
     const int32_t edges[] = { 0, 63, 64, 127, 128, 255 };
-    const int32_t e = edges[rnd(6)];
-    return rnd(2) && (uint32_t)e < m->n_seq ? e : (int32_t)rnd(m->n_seq);
+    const int32_t e = edges[check_rand(6)];
+    return check_rand(2) && (uint32_t)e < m->n_seq ? e : (int32_t)check_rand(m->n_seq);
 }
 
 static void run(uint32_t size, uint32_t n_seq) {
@@ -135,7 +127,7 @@ static void run(uint32_t size, uint32_t n_seq) {
         m.pos[i] = -1;
     }
     for (int step = 0; step < 3000; step++) {
-        const uint32_t op = rnd(9), i = rnd(size);
+        const uint32_t op = check_rand(9), i = check_rand(size);
         snprintf(what, sizeof what, "%u cells, %u sequences, step %d (op %u)", size, n_seq, step, op);
         if (op < 3) {                                  /* a token: an empty cell gets a position and ids */
             if (m.pos[i] != -1) {
@@ -144,7 +136,7 @@ static void run(uint32_t size, uint32_t n_seq) {
             const int32_t p = some_pos();
             kvc_cells_pos_set(&c, i, p);
             m.pos[i] = p;
-            for (uint32_t k = 1 + rnd(3); k > 0; k--) {
+            for (uint32_t k = 1 + check_rand(3); k > 0; k--) {
                 const int32_t s = some_seq(&m);
                 kvc_cells_seq_add(&c, i, s);
                 m.has[i][s] = true;
@@ -165,7 +157,7 @@ static void run(uint32_t size, uint32_t n_seq) {
                 }
             }
         } else if (op == 4) {                          /* shifts of a range of cells, the index rebuilt */
-            const int32_t d = (int32_t)rnd(21) - 10;
+            const int32_t d = (int32_t)check_rand(21) - 10;
             kvc_seqset touched;
             kvc_seqset_clear(&touched);
             for (uint32_t j = i; j < size && j < i + 8; j++) {
@@ -188,7 +180,7 @@ static void run(uint32_t size, uint32_t n_seq) {
             if (m.pos[i] == -1) {
                 continue;
             }
-            const int32_t d = 1 + (int32_t)rnd(4), old = m.pos[i];
+            const int32_t d = 1 + (int32_t)check_rand(4), old = m.pos[i];
             kvc_seqset touched;
             kvc_seqset_clear(&touched);
             kvc_cells_seq_or_into(&c, i, &touched);
@@ -197,7 +189,7 @@ static void run(uint32_t size, uint32_t n_seq) {
             m.pos[i] = old / d;
             m.shift[i] = kvc_wrap_add_i32(m.shift[i], old - m.pos[i]);
         } else if (op == 6) {                          /* a move to an empty cell */
-            const uint32_t j = rnd(size);
+            const uint32_t j = check_rand(size);
             if (m.pos[i] == -1 || m.pos[j] != -1) {
                 continue;
             }
@@ -210,7 +202,7 @@ static void run(uint32_t size, uint32_t n_seq) {
             memset(m.has[i], 0, sizeof m.has[i]);
         } else if (op == 7) {                          /* range removal of one sequence, as seq_rm does it */
             const int32_t s = some_seq(&m);
-            const kvc_pos_range r = kvc_pos_range_of(rnd(2) ? -1 : some_pos(), rnd(2) ? -1 : some_pos());
+            const kvc_pos_range r = kvc_pos_range_of(check_rand(2) ? -1 : some_pos(), check_rand(2) ? -1 : some_pos());
             bool any = false;
             for (uint32_t j = 0; j < size; j++) {
                 any = any || (m.pos[j] != -1 && m.has[j][s] && kvc_pos_range_has(r, m.pos[j]));
@@ -227,7 +219,7 @@ static void run(uint32_t size, uint32_t n_seq) {
             kvc_cells_seq_pos_rm_range(&c, s, r);
         } else {                                       /* a raw set, as an undo or a state read */
             uint64_t words[KVC_SEQ_WORDS] = { 0 };
-            const int32_t p = rnd(3) ? some_pos() : -1;
+            const int32_t p = check_rand(3) ? some_pos() : -1;
             kvc_seqset was;
             kvc_seqset_clear(&was);
             if (m.pos[i] != -1) {

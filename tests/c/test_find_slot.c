@@ -17,14 +17,6 @@
 #define SIZE 96
 #define WIDTH 3
 
-static uint32_t rng = 2463534242u;
-static uint32_t rnd(uint32_t n) {
-    rng ^= rng << 13;
-    rng ^= rng >> 17;
-    rng ^= rng << 5;
-    return rng % n;
-}
-
 typedef struct fixture {
     kvc_unified c;
     float k[SIZE * WIDTH], v[SIZE * WIDTH];
@@ -33,18 +25,10 @@ typedef struct fixture {
 static int fixture_init(fixture *f, bool v_trans, uint32_t n_pad) {
     const int32_t il[1] = { 0 };
     const uint32_t w[1] = { WIDTH };
-    kvc_unified_params p;
-    memset(&p, 0, sizeof p);
-    p.kv_size = SIZE;
-    p.n_seq_max = 70;
-    p.n_pad = n_pad;
-    p.type_k = KVC_TYPE_F32;
-    p.type_v = KVC_TYPE_F32;
-    p.v_trans = v_trans;
-    p.n_layer = 1;
-    p.layer_il = il;
-    p.n_embd_k = w;
-    p.n_embd_v = w;
+    const kvc_unified_params p = {
+        .kv_size = SIZE, .n_seq_max = 70, .n_pad = n_pad, .type_k = KVC_TYPE_F32, .type_v = KVC_TYPE_F32,
+        .v_trans = v_trans, .n_layer = 1, .layer_il = il, .n_embd_k = w, .n_embd_v = w,
+    };
     memset(f->k, 0, sizeof f->k);
     memset(f->v, 0, sizeof f->v);
     const int rc = kvc_unified_init(&f->c, &p, NULL);
@@ -118,8 +102,8 @@ static void test_search_matches_the_seed(void) {
         kvc_unified *c = &f.c;
         ub_buf b;
         for (int step = 0; step < 200; step++) {
-            const uint32_t n = 1 + (rnd(6) == 0 ? rnd(SIZE + 4) : rnd(6));
-            const int32_t s = (int32_t)rnd(3), t = 64 + (int32_t)rnd(6);
+            const uint32_t n = 1 + (check_rand(6) == 0 ? check_rand(SIZE + 4) : check_rand(6));
+            const int32_t s = (int32_t)check_rand(3), t = 64 + (int32_t)check_rand(6);
             const kvc_ubatch *ub = make_ub(&b, n, 10 * step, s, t);
             uint32_t head = c->head;
             const bool want = naive_search(&c->cells, &head, n);
@@ -140,7 +124,7 @@ static void test_search_matches_the_seed(void) {
                 uint32_t want_n = (c->cells.used_max_p1 + c->n_pad - 1) / c->n_pad * c->n_pad;
                 want_n = want_n < c->n_pad ? c->n_pad : want_n;
                 CHECK(c->n == (want_n < SIZE ? want_n : SIZE), "n %u", c->n);
-                if (rnd(4)) {
+                if (check_rand(4)) {
                     kvc_unified_commit(c);
                 }
             } else {
@@ -148,8 +132,8 @@ static void test_search_matches_the_seed(void) {
                       "no room: nothing placed, no cell changed");
             }
             /* holes: a few tokens leave */
-            if (rnd(3) == 0) {
-                kvc_unified_seq_rm(c, (int32_t)rnd(3), (int32_t)rnd(10 * step + 10), -1);
+            if (check_rand(3) == 0) {
+                kvc_unified_seq_rm(c, (int32_t)check_rand(3), (int32_t)check_rand(10 * step + 10), -1);
             }
         }
         kvc_unified_free(c);

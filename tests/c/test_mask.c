@@ -16,12 +16,6 @@
 
 #define SIZE 256
 
-static uint32_t rng = 1234567u;
-static uint32_t rnd(uint32_t n) {
-    rng = rng * 1103515245u + 12345u;
-    return (rng >> 8) % n;
-}
-
 static bool naive_masked_swa(int32_t swa_type, uint32_t n_swa, int64_t p0, int64_t p1) {
     if (swa_type == KVC_SWA_STANDARD) {
         return p1 - p0 >= (int64_t)n_swa;
@@ -59,19 +53,10 @@ static void expect(const kvc_unified *c, const kvc_ubatch *ub, uint32_t t, uint3
 static int make(kvc_unified *c, uint32_t n_seq_max, int32_t swa_type, uint32_t n_swa) {
     const int32_t il[1] = { 0 };
     const uint32_t w[1] = { 4 };
-    kvc_unified_params p;
-    memset(&p, 0, sizeof p);
-    p.kv_size = SIZE;
-    p.n_seq_max = n_seq_max;
-    p.n_pad = 1;
-    p.n_swa = n_swa;
-    p.swa_type = swa_type;
-    p.type_k = KVC_TYPE_F16;
-    p.type_v = KVC_TYPE_F16;
-    p.n_layer = 1;
-    p.layer_il = il;
-    p.n_embd_k = w;
-    p.n_embd_v = w;
+    const kvc_unified_params p = {
+        .kv_size = SIZE, .n_seq_max = n_seq_max, .n_pad = 1, .n_swa = n_swa, .swa_type = swa_type,
+        .type_k = KVC_TYPE_F16, .type_v = KVC_TYPE_F16, .n_layer = 1, .layer_il = il, .n_embd_k = w, .n_embd_v = w,
+    };
     return kvc_unified_init(c, &p, NULL);
 }
 
@@ -79,18 +64,18 @@ static int make(kvc_unified *c, uint32_t n_seq_max, int32_t swa_type, uint32_t n
 static void fill(kvc_unified *c, uint32_t n_seq, const int32_t *ids) {
     int32_t next[8] = { 0 };
     for (uint32_t i = 0; i < SIZE; i++) {
-        if (rnd(5) == 0) {
+        if (check_rand(5) == 0) {
             continue;
         }
-        const uint32_t k = rnd(n_seq);
+        const uint32_t k = check_rand(n_seq);
         kvc_cells_pos_set(&c->cells, i, next[k]);
-        next[k] += 1 + (int32_t)rnd(2);
+        next[k] += 1 + (int32_t)check_rand(2);
         kvc_cells_seq_add(&c->cells, i, ids[k]);
-        if (rnd(6) == 0) {
+        if (check_rand(6) == 0) {
             kvc_cells_seq_add(&c->cells, i, ids[(k + 1) % n_seq]);
         }
     }
-    c->n = SIZE - 8 * rnd(3);   /* the attended span, as a find_slot leaves it */
+    c->n = SIZE - 8 * check_rand(3);   /* the attended span, as a find_slot leaves it */
 }
 
 static void check_one(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
@@ -135,11 +120,11 @@ static void run(uint32_t n_seq_max, int32_t swa_type, uint32_t n_swa) {
         /* decode (one token per sequence), a prompt chunk of one sequence, interleaved long rows;
          * shapes 6 and 7 continue the sequences past every cell, so that most of a sequence's
          * rows share one base row (the edge path) */
-        const uint32_t n_tokens = shape < 2 ? n_seq : shape < 4 ? 40 + rnd(30) : shape < 6 ? 300 + rnd(200) : 64 + rnd(64);
+        const uint32_t n_tokens = shape < 2 ? n_seq : shape < 4 ? 40 + check_rand(30) : shape < 6 ? 300 + check_rand(200) : 64 + check_rand(64);
         for (uint32_t t = 0; t < n_tokens; t++) {
             const uint32_t k = shape == 2 || shape == 6 ? 1 % n_seq : t % n_seq;
             sid[t] = ids[k];
-            pos[t] = (int32_t)(shape >= 6 ? 400 + t / n_seq : shape >= 4 ? t / n_seq + rnd(3) : rnd(150));
+            pos[t] = (int32_t)(shape >= 6 ? 400 + t / n_seq : shape >= 4 ? t / n_seq + check_rand(3) : check_rand(150));
             off[t] = t;
         }
         off[n_tokens] = n_tokens;
