@@ -265,12 +265,22 @@ bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
 }
 
 void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
-    c->pos[dst] = c->pos[src];
-    c->shift[dst] = c->shift[src];
-    kvc_seqs_copy_cell(c->seq, c->size, c->seq_words, dst, src);
-    c->pos[src] = -1;
-    c->shift[src] = 0;
-    kvc_seqs_put(c->seq, c->size, c->seq_words, src, NULL);
+    /* the fields first: every store below could alias them (no strict aliasing) */
+    int32_t *pos = c->pos, *shift = c->shift;
+    uint64_t *seq = c->seq;
+    const uint32_t nw = c->seq_words;
+    pos[dst] = pos[src];
+    shift[dst] = shift[src];
+    pos[src] = -1;
+    shift[src] = 0;
+    if (nw == 1) {
+        seq[dst] = seq[src];
+        seq[src] = 0;
+    } else {
+        const uint32_t size = c->size;
+        kvc_seqs_copy_cell(seq, size, nw, dst, src);
+        kvc_seqs_put(seq, size, nw, src, NULL);
+    }
     kvc_cells_mark_unused(c, src);
     kvc_cells_mark_used(c, dst);
 }

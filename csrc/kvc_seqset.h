@@ -98,6 +98,10 @@ static inline void kvc_seqs_or_into(const uint64_t *seq, uint32_t size, uint32_t
 }
 /* Cell i's set becomes the words in[0, nw) (NULL: empty). */
 static inline void kvc_seqs_put(uint64_t *seq, uint32_t size, uint32_t nw, uint32_t i, const uint64_t *in) {
+    if (nw == 1) {
+        seq[i] = in ? in[0] : 0;
+        return;
+    }
     for (uint32_t w = 0; w < nw; w++) {
         seq[(size_t)w * size + i] = in ? in[w] : 0;
     }
@@ -109,6 +113,10 @@ static inline void kvc_seqs_only(uint64_t *seq, uint32_t size, uint32_t nw, uint
 }
 /* Copy cell src's set to cell dst (same table). */
 static inline void kvc_seqs_copy_cell(uint64_t *seq, uint32_t size, uint32_t nw, uint32_t dst, uint32_t src) {
+    if (nw == 1) {
+        seq[dst] = seq[src];
+        return;
+    }
     for (uint32_t w = 0; w < nw; w++) {
         seq[(size_t)w * size + dst] = seq[(size_t)w * size + src];
     }
