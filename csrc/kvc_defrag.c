@@ -27,6 +27,7 @@ void kvc_unified_defrag_sched(kvc_unified *c, float thold) {
  * moves, 0 = not. */
 static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
     kvc_cells *cells = &c->cells;
+    const int32_t *pos = cells->pos; /* read once: cell moves change the values, not the array */
     const uint32_t n_layer = c->n_layer;
     const uint32_t n_kv = cells->used_max_p1;
     const uint32_t n_used = cells->used;
@@ -35,6 +36,7 @@ static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
      * 2*n_layer wraps around to "unlimited") */
     const uint32_t max_moves = n_layer ? ((uint32_t)n_max_nodes - 2 * n_layer) / (6 * n_layer) : 0;
     uint32_t n_moves = 0;
+    bool moved = false;
     /* every cell at or above `top` is empty or already moved */
     uint32_t top = n_kv;
 
@@ -44,19 +46,19 @@ static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
     c->n_defrag_ids = n_kv;
 
     for (uint32_t i0 = 0; i0 < n_used; i0++) {
-        if (!kvc_cells_is_empty(cells, i0)) {
+        if (pos[i0] != -1) {
             ids[i0] = i0;
             continue;
         }
         /* a hole: fill it with the last cells of the cache */
         uint32_t nh = 1;
-        while (i0 + nh < n_used && kvc_cells_is_empty(cells, i0 + nh)) {
+        while (i0 + nh < n_used && pos[i0 + nh] == -1) {
             nh++;
         }
         uint32_t nf = 0;
         uint32_t is = top - 1;
         for (; is > i0; is--) {
-            if (kvc_cells_is_empty(cells, is) || ids[is] != n_kv) {
+            if (pos[is] == -1 || ids[is] != n_kv) {
                 continue;
             }
             if (++nf == nh) {
@@ -64,6 +66,9 @@ static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
             }
         }
         if (nf != nh) {
+            if (moved) {
+                c->head = n_used;
+            }
             return KVC_E_INTERNAL; /* the used count disagrees with the cells */
         }
         top = is;
@@ -71,7 +76,7 @@ static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
         nf = 0;
         bool cont = false, stop = false;
         for (uint32_t i1 = is; i1 < n_kv; i1++) {
-            if (kvc_cells_is_empty(cells, i1) || ids[i1] != n_kv) {
+            if (pos[i1] == -1 || ids[i1] != n_kv) {
                 if (n_moves == max_moves) {
                     stop = true;
                     break;
@@ -81,7 +86,7 @@ static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
             }
             ids[i1] = i0 + nf;
             kvc_cells_mv(cells, i1, i0 + nf);
-            c->head = n_used;
+            moved = true;
             if (!cont) {
                 n_moves++;
                 cont = true;
@@ -94,6 +99,9 @@ static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
             break;
         }
         i0 += nh - 1;
+    }
+    if (moved) {
+        c->head = n_used; /* where llama.cpp leaves it after a move */
     }
     return n_moves > 0;
 }
