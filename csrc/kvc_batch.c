@@ -215,13 +215,6 @@ static bool same_ids(const kvc_sbatch *sb, uint32_t a, uint32_t b) {
     return memcmp(sb->seq_ids + sb->seq_off[a], sb->seq_ids + sb->seq_off[b], (size_t)na * sizeof(int32_t)) == 0;
 }
 
-/* kvc_malloc of count elements of size bytes, NULL when the product overflows. */
-static void *alloc_array(size_t count, size_t size) {
-    if (count > SIZE_MAX / size - 1) {
-        return NULL;
-    }
-    return kvc_malloc(count * size);
-}
 
 /* Group the sorted tokens into runs with equal id lists and order the runs. */
 static int build_groups(kvc_sbatch *sb, kvc_err *err) {
@@ -232,9 +225,9 @@ static int build_groups(kvc_sbatch *sb, kvc_err *err) {
             n_groups++;
         }
     }
-    kvc_sbatch_group *runs = alloc_array(n_groups, sizeof *runs);
-    uint32_t *rank = alloc_array(n_groups, sizeof *rank);
-    sb->groups = alloc_array(n_groups, sizeof *sb->groups);
+    kvc_sbatch_group *runs = kvc_malloc_n(n_groups, sizeof *runs);
+    uint32_t *rank = kvc_malloc_n(n_groups, sizeof *rank);
+    sb->groups = kvc_malloc_n(n_groups, sizeof *sb->groups);
     if (!runs || !rank || !sb->groups) {
         kvc_free(runs);
         kvc_free(rank);
@@ -306,20 +299,19 @@ int kvc_sbatch_init(kvc_sbatch *sb, uint32_t n_tokens, const int32_t *pos, const
     sb->n_left = n_tokens;
     sb->simple_split = simple_split;
     sb->logits_all = logits_all;
-    sb->pos = alloc_array(n, sizeof *sb->pos);
-    sb->seq_off = alloc_array(n + 1, sizeof *sb->seq_off);
-    sb->seq_ids = alloc_array(n_ids, sizeof *sb->seq_ids);
-    sb->logits = logits ? alloc_array(n, sizeof *sb->logits) : NULL;
-    sb->order = alloc_array(n, sizeof *sb->order);
-    sb->out_ids = alloc_array(n, sizeof *sb->out_ids);
-    sb->ub_token = alloc_array(n, sizeof *sb->ub_token);
-    sb->ub_pos = alloc_array(n, sizeof *sb->ub_pos);
-    sb->ub_seq_off = alloc_array(n + 1, sizeof *sb->ub_seq_off);
-    sb->ub_seq_ids = alloc_array(n_ids, sizeof *sb->ub_seq_ids);
-    sb->ub_seq_mask = alloc_array(n, sizeof *sb->ub_seq_mask);
-    sb->ub_output = alloc_array(n, sizeof *sb->ub_output);
+    sb->pos = kvc_malloc_n(n, sizeof *sb->pos);
+    sb->seq_off = kvc_malloc_n(n + 1, sizeof *sb->seq_off);
+    sb->seq_ids = kvc_malloc_n(n_ids, sizeof *sb->seq_ids);
+    sb->logits = logits ? kvc_malloc_n(n, sizeof *sb->logits) : NULL;
+    sb->order = kvc_malloc_n(n, sizeof *sb->order);
+    sb->out_ids = kvc_malloc_n(n, sizeof *sb->out_ids);
+    sb->ub_token = kvc_malloc_n(n, sizeof *sb->ub_token);
+    sb->ub_pos = kvc_malloc_n(n, sizeof *sb->ub_pos);
+    sb->ub_seq_off = kvc_malloc_n(n + 1, sizeof *sb->ub_seq_off);
+    sb->ub_seq_ids = kvc_malloc_n(n_ids, sizeof *sb->ub_seq_ids);
+    sb->ub_output = kvc_malloc_n(n, sizeof *sb->ub_output);
     if (!sb->pos || !sb->seq_off || !sb->seq_ids || (logits && !sb->logits) || !sb->order || !sb->out_ids ||
-        !sb->ub_token || !sb->ub_pos || !sb->ub_seq_off || !sb->ub_seq_ids || !sb->ub_seq_mask || !sb->ub_output) {
+        !sb->ub_token || !sb->ub_pos || !sb->ub_seq_off || !sb->ub_seq_ids || !sb->ub_output) {
         kvc_sbatch_free(sb);
         return kvc_err_set(err, KVC_E_NOMEM, "batch: out of memory for %u tokens", n_tokens);
     }
@@ -338,7 +330,7 @@ int kvc_sbatch_init(kvc_sbatch *sb, uint32_t n_tokens, const int32_t *pos, const
     }
 
     if (simple_split) {
-        sb->groups = alloc_array(1, sizeof *sb->groups);
+        sb->groups = kvc_malloc_n(1, sizeof *sb->groups);
         if (!sb->groups) {
             kvc_sbatch_free(sb);
             return kvc_err_set(err, KVC_E_NOMEM, "batch: out of memory");
@@ -371,7 +363,6 @@ void kvc_sbatch_free(kvc_sbatch *sb) {
     kvc_free(sb->ub_pos);
     kvc_free(sb->ub_seq_off);
     kvc_free(sb->ub_seq_ids);
-    kvc_free(sb->ub_seq_mask);
     kvc_free(sb->ub_output);
     memset(sb, 0, sizeof *sb);
 }
@@ -391,12 +382,9 @@ typedef struct ubatch_fill {
 
 /* Append token t's (or a group's) id list as the next group of the ubatch. */
 static void fill_ids(kvc_sbatch *sb, ubatch_fill *f, uint32_t t) {
-    uint64_t mask = 0;
     for (uint32_t j = sb->seq_off[t]; j < sb->seq_off[t + 1]; j++) {
         sb->ub_seq_ids[f->n_ids++] = sb->seq_ids[j];
-        mask |= (uint64_t)1 << sb->seq_ids[j];
     }
-    sb->ub_seq_mask[f->n_seqs] = mask;
     f->n_seqs++;
     sb->ub_seq_off[f->n_seqs] = f->n_ids;
 }
@@ -444,7 +432,6 @@ static void publish(const kvc_sbatch *sb, const ubatch_fill *f, kvc_sbatch_ubatc
     out->ub.pos = sb->ub_pos;
     out->ub.seq_off = sb->ub_seq_off;
     out->ub.seq_ids = sb->ub_seq_ids;
-    out->ub.seq_mask = sb->ub_seq_mask;
     out->token = sb->ub_token;
     out->output = sb->ub_output;
     out->equal_seqs = f->equal_seqs;
@@ -512,16 +499,4 @@ int kvc_sbatch_split(kvc_sbatch *sb, enum kvc_split_mode mode, uint32_t n_ubatch
     }
     publish(sb, &f, out);
     return f.n_tokens > 0 ? 1 : 0;
-}
-
-int kvc_sbatch_split_simple(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err) {
-    return kvc_sbatch_split(sb, KVC_SPLIT_SIMPLE, n_ubatch, out, err);
-}
-
-int kvc_sbatch_split_equal(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err) {
-    return kvc_sbatch_split(sb, KVC_SPLIT_EQUAL, n_ubatch, out, err);
-}
-
-int kvc_sbatch_split_seq(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err) {
-    return kvc_sbatch_split(sb, KVC_SPLIT_SEQ, n_ubatch, out, err);
 }

@@ -65,7 +65,6 @@ typedef struct kvc_sbatch {
     int32_t          *ub_pos;        /* [n_tokens] */
     uint32_t         *ub_seq_off;    /* [n_tokens + 1] */
     int32_t          *ub_seq_ids;    /* [seq_off[n_tokens]] */
-    uint64_t         *ub_seq_mask;   /* [n_tokens] */
     int8_t           *ub_output;     /* [n_tokens] */
 } kvc_sbatch;
 
@@ -86,10 +85,6 @@ void kvc_sbatch_free(kvc_sbatch *sb);
  * needs simple_split, equal and seq modes need it off). */
 int kvc_sbatch_split(kvc_sbatch *sb, enum kvc_split_mode mode, uint32_t n_ubatch,
                      kvc_sbatch_ubatch *out, kvc_err *err);
-
-int kvc_sbatch_split_simple(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err);
-int kvc_sbatch_split_equal(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err);
-int kvc_sbatch_split_seq(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err);
 
 #ifdef __cplusplus
 }

@@ -11,14 +11,16 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->size = size;
     c->n_seq_max = n_seq_max;
     c->n_words = (size + 63) / 64;
-    c->pos = kvc_malloc((size_t)size * sizeof *c->pos);
+    c->seq_words = kvc_seq_words(n_seq_max);
+    c->pos = kvc_malloc_n(size, sizeof *c->pos);
     c->shift = kvc_calloc(size, sizeof *c->shift);
-    c->seq = kvc_calloc(size, sizeof *c->seq);
+    c->seq = kvc_calloc((size_t)c->seq_words * size, sizeof *c->seq);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
-    bool ok = c->pos && c->shift && c->seq && c->used_bits;
+    c->seq_pos = kvc_calloc(n_seq_max ? n_seq_max : 1, sizeof *c->seq_pos);
+    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
-        c->seq_pos[s].v = kvc_malloc((size_t)size * sizeof(int32_t));
+        c->seq_pos[s].v = kvc_malloc_n(size, sizeof(int32_t));
         ok = c->seq_pos[s].v != NULL;
     }
     if (!ok) {
@@ -36,9 +38,10 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->shift);
     kvc_free(c->seq);
     kvc_free(c->used_bits);
-    for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
+    for (uint32_t s = 0; c->seq_pos && s < c->n_seq_max; s++) {
         kvc_free(c->seq_pos[s].v);
     }
+    kvc_free(c->seq_pos);
     memset(c, 0, sizeof *c);
 }
 
@@ -47,7 +50,7 @@ void kvc_cells_reset(kvc_cells *c) {
         c->pos[i] = -1;
     }
     memset(c->shift, 0, (size_t)c->size * sizeof *c->shift);
-    memset(c->seq, 0, (size_t)c->size * sizeof *c->seq);
+    memset(c->seq, 0, (size_t)c->seq_words * c->size * sizeof *c->seq);
     memset(c->used_bits, 0, (size_t)c->n_words * sizeof *c->used_bits);
     c->used = 0;
     c->used_max_p1 = 0;
@@ -144,10 +147,10 @@ static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, int32_t p) {
     return lo;
 }
 
-bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, int32_t p0, int32_t p1) {
+bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r) {
     const kvc_seq_pos *sp = &c->seq_pos[s];
-    const uint32_t k = kvc_seq_pos_lower(sp, p0);
-    return k < sp->n && sp->v[k] < p1;
+    const uint32_t k = kvc_seq_pos_lower(sp, r.p0);
+    return k < sp->n && sp->v[k] < r.p1;
 }
 
 static void kvc_seq_pos_insert(kvc_seq_pos *sp, int32_t p) {
@@ -169,10 +172,10 @@ static void kvc_seq_pos_erase(kvc_seq_pos *sp, int32_t p) {
     }
 }
 
-void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, int32_t p0, int32_t p1) {
+void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     kvc_seq_pos *sp = &c->seq_pos[s];
-    const uint32_t a = kvc_seq_pos_lower(sp, p0);
-    const uint32_t b = p1 == KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, p1);
+    const uint32_t a = kvc_seq_pos_lower(sp, r.p0);
+    const uint32_t b = r.p1 > KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, (int32_t)r.p1);
     if (a < b) {
         memmove(sp->v + a, sp->v + b, (size_t)(sp->n - b) * sizeof *sp->v);
         sp->n -= b - a;
@@ -184,28 +187,42 @@ static int kvc_cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-void kvc_cells_rebuild_seq_pos(kvc_cells *c, uint64_t mask) {
-    if (c->n_seq_max < 64) {
-        mask &= ((uint64_t)1 << c->n_seq_max) - 1;
+void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
+    /* only ids the table has (a mask may come from words of a wider set) */
+    kvc_seqset mask = *touched;
+    const uint32_t nw = c->seq_words;
+    for (uint32_t w = 0; w < KVC_SEQ_WORDS; w++) {
+        const uint32_t lo = 64 * w;
+        if (w >= nw || c->n_seq_max <= lo) {
+            mask.w[w] = 0;
+        } else if (c->n_seq_max - lo < 64) {
+            mask.w[w] &= ((uint64_t)1 << (c->n_seq_max - lo)) - 1;
+        }
     }
-    if (!mask) {
+    if (!kvc_seqset_any(&mask, nw)) {
         return;
     }
-    for (uint64_t m = mask; m; m &= m - 1) {
-        c->seq_pos[kvc_ctz64(m)].n = 0;
+    for (int32_t s = kvc_seqset_next(&mask, nw, -1); s >= 0; s = kvc_seqset_next(&mask, nw, s)) {
+        c->seq_pos[s].n = 0;
     }
-    for (uint32_t i = 0; i < c->used_max_p1; i++) {
-        uint64_t m = c->seq[i] & mask;
-        if (c->pos[i] == -1 || !m) {
+    for (uint32_t w = 0; w < nw; w++) {
+        const uint64_t *plane = c->seq + (size_t)w * c->size;
+        if (!mask.w[w]) {
             continue;
         }
-        for (; m; m &= m - 1) {
-            kvc_seq_pos *sp = &c->seq_pos[kvc_ctz64(m)];
-            sp->v[sp->n++] = c->pos[i];
+        for (uint32_t i = 0; i < c->used_max_p1; i++) {
+            uint64_t m = plane[i] & mask.w[w];
+            if (c->pos[i] == -1 || !m) {
+                continue;
+            }
+            for (; m; m &= m - 1) {
+                kvc_seq_pos *sp = &c->seq_pos[64 * w + kvc_ctz64(m)];
+                sp->v[sp->n++] = c->pos[i];
+            }
         }
     }
-    for (uint64_t m = mask; m; m &= m - 1) {
-        kvc_seq_pos *sp = &c->seq_pos[kvc_ctz64(m)];
+    for (int32_t s = kvc_seqset_next(&mask, nw, -1); s >= 0; s = kvc_seqset_next(&mask, nw, s)) {
+        kvc_seq_pos *sp = &c->seq_pos[s];
         /* most rebuilds find the positions nearly sorted already */
         bool sorted = true;
         for (uint32_t k = 1; k < sp->n && sorted; k++) {
@@ -225,43 +242,21 @@ void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p) {
 }
 
 void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
-    const uint64_t bit = (uint64_t)1 << s;
-    if (c->seq[i] & bit) {
+    if (kvc_seqs_has(c->seq, c->size, i, s)) {
         return;
     }
-    c->seq[i] |= bit;
+    kvc_seqs_add(c->seq, c->size, i, s);
     kvc_seq_pos_insert(&c->seq_pos[s], c->pos[i]);
 }
 
-/* Remove cell i's position from the multisets of every sequence in `m`. */
-static void kvc_cells_seq_pos_erase_cell(kvc_cells *c, uint32_t i, uint64_t m) {
-    for (; m; m &= m - 1) {
-        kvc_seq_pos_erase(&c->seq_pos[kvc_ctz64(m)], c->pos[i]);
-    }
-}
-
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
-    const uint64_t bit = (uint64_t)1 << s;
     kvc_seq_pos_erase(&c->seq_pos[s], c->pos[i]);
-    c->seq[i] &= ~bit;
-    if (c->seq[i] == 0) {
-        c->pos[i] = -1;
-        kvc_cells_mark_unused(c, i);
-        return true;
-    }
-    return false;
+    return kvc_cells_seq_del_raw(c, i, s);
 }
 
-bool kvc_cells_seq_keep(kvc_cells *c, uint32_t i, int32_t s) {
-    const uint64_t bit = (uint64_t)1 << s;
-    if (c->seq[i] & bit) {
-        kvc_cells_seq_pos_erase_cell(c, i, c->seq[i] & ~bit);
-        c->seq[i] = bit;
-        return false;
-    }
-    if (c->seq[i]) {
-        kvc_cells_seq_pos_erase_cell(c, i, c->seq[i]);
-        c->seq[i] = 0;
+bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
+    kvc_seqs_del(c->seq, c->size, i, s);
+    if (kvc_cells_seq_none(c, i)) {
         c->pos[i] = -1;
         kvc_cells_mark_unused(c, i);
         return true;
@@ -270,24 +265,34 @@ bool kvc_cells_seq_keep(kvc_cells *c, uint32_t i, int32_t s) {
 }
 
 void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
-    c->pos[dst] = c->pos[src];
-    c->shift[dst] = c->shift[src];
-    c->seq[dst] = c->seq[src];
-    c->pos[src] = -1;
-    c->shift[src] = 0;
-    c->seq[src] = 0;
+    /* the fields first: every store below could alias them (no strict aliasing) */
+    int32_t *pos = c->pos, *shift = c->shift;
+    uint64_t *seq = c->seq;
+    const uint32_t nw = c->seq_words;
+    pos[dst] = pos[src];
+    shift[dst] = shift[src];
+    pos[src] = -1;
+    shift[src] = 0;
+    if (nw == 1) {
+        seq[dst] = seq[src];
+        seq[src] = 0;
+    } else {
+        const uint32_t size = c->size;
+        kvc_seqs_copy_cell(seq, size, nw, dst, src);
+        kvc_seqs_put(seq, size, nw, src, NULL);
+    }
     kvc_cells_mark_unused(c, src);
     kvc_cells_mark_used(c, dst);
 }
 
 bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
-    /* int64 so that a huge shift cannot overflow; positions are kept within int32 by callers */
+    /* int64 so that a huge shift cannot overflow: a position pushed past KVC_POS_MAX stays there */
     const int64_t p = (int64_t)c->pos[i] + d;
-    c->pos[i] = (int32_t)(p > INT32_MAX ? INT32_MAX : p);
-    c->shift[i] += d;
+    c->pos[i] = (int32_t)(p > KVC_POS_MAX ? KVC_POS_MAX : p);
+    c->shift[i] = kvc_wrap_add_i32(c->shift[i], d);
     c->has_shift = true;
     if (p < 0) {
-        c->seq[i] = 0;
+        kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
         c->pos[i] = -1;
         kvc_cells_mark_unused(c, i);
         return true;
@@ -298,14 +303,14 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
 void kvc_cells_pos_div_raw(kvc_cells *c, uint32_t i, int32_t d) {
     const int32_t old = c->pos[i];
     c->pos[i] = old / d;
-    c->shift[i] += old - c->pos[i];
+    c->shift[i] = kvc_wrap_add_i32(c->shift[i], old - c->pos[i]);
     c->has_shift = true;
 }
 
-void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, uint64_t seq) {
+void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *seq) {
     const bool was = c->pos[i] != -1, now = pos != -1;
     c->pos[i] = pos;
-    c->seq[i] = seq;
+    kvc_seqs_put(c->seq, c->size, c->seq_words, i, seq);
     if (was && !now) {
         kvc_cells_mark_unused(c, i);
     } else if (!was && now) {
@@ -316,7 +321,7 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, uint64_t seq) {
 void kvc_cells_clear_raw(kvc_cells *c, uint32_t i) {
     if (c->pos[i] != -1) {
         c->pos[i] = -1;
-        c->seq[i] = 0;
+        kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
         kvc_cells_mark_unused(c, i);
     }
 }
@@ -325,7 +330,7 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     const size_t n = src->size;
     memcpy(dst->pos, src->pos, n * sizeof *src->pos);
     memcpy(dst->shift, src->shift, n * sizeof *src->shift);
-    memcpy(dst->seq, src->seq, n * sizeof *src->seq);
+    memcpy(dst->seq, src->seq, (size_t)src->seq_words * n * sizeof *src->seq);
     memcpy(dst->used_bits, src->used_bits, (size_t)src->n_words * sizeof *src->used_bits);
     dst->used = src->used;
     dst->used_max_p1 = src->used_max_p1;

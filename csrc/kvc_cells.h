@@ -1,16 +1,20 @@
 /* kvcache — the cell table of a unified KV cache (llama_kv_cells_unified).
  *
- * Struct of arrays over `size` cells: position (-1 = empty), accumulated shift,
- * and a 64-bit sequence membership word per cell. Index structures kept in step:
+ * Struct of arrays over `size` cells: position (-1 = empty), accumulated shift, and the set of
+ * sequences holding the cell (seq_words 64-bit words per cell as word planes, kvc_seqset.h).
+ * Index structures kept in step:
  *   - used_bits: one bit per cell, set when pos != -1 (the free-cell index that
  *     find_slot scans 64 cells at a time), with the count `used` and used_max_p1;
  *   - seq_pos[s]: the sorted multiset of positions of sequence s (one entry per
  *     cell holding s; counted, so duplicates are kept), answering min/max in O(1).
- * Every mutation below keeps all of them consistent unless it says otherwise. */
+ * Every mutation below keeps all of them consistent unless it says otherwise. The table is a
+ * value of its own (it knows nothing of the cache around it): a cache with several streams
+ * keeps one per stream. */
 #ifndef KVC_CELLS_H
 #define KVC_CELLS_H
 
 #include "kvc_common.h"
+#include "kvc_seqset.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,15 +28,16 @@ typedef struct kvc_seq_pos {
 typedef struct kvc_cells {
     uint32_t    size;         /* number of cells */
     uint32_t    n_seq_max;    /* sequences in use: ids [0, n_seq_max) */
-    uint32_t    n_words;      /* (size + 63) / 64 */
+    uint32_t    n_words;      /* (size + 63) / 64: words of used_bits */
+    uint32_t    seq_words;    /* kvc_seq_words(n_seq_max): words of a cell's sequence set */
     int32_t    *pos;          /* [size] position, -1 when empty */
     int32_t    *shift;        /* [size] shift accumulated since the last reset_shift */
-    uint64_t   *seq;          /* [size] bit s set when sequence s occupies the cell */
+    uint64_t   *seq;          /* [seq_words * size] word w of cell i's set at seq[w * size + i] */
     uint64_t   *used_bits;    /* [n_words] bit i set when pos[i] != -1 */
     uint32_t    used;         /* number of cells with pos != -1 */
     uint32_t    used_max_p1;  /* largest used index + 1, or 0 */
     bool        has_shift;    /* some pos_add / pos_div since the last reset_shift */
-    kvc_seq_pos seq_pos[KVC_MAX_SEQ]; /* per sequence (only [0, n_seq_max) allocated) */
+    kvc_seq_pos *seq_pos;     /* [n_seq_max] per sequence */
 } kvc_cells;
 
 int  kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max); /* KVC_OK / KVC_E_NOMEM */
@@ -45,11 +50,23 @@ void kvc_cells_reset_shift(kvc_cells *c);
 
 static inline bool kvc_cells_is_empty(const kvc_cells *c, uint32_t i) { return c->pos[i] == -1; }
 static inline bool kvc_cells_seq_has(const kvc_cells *c, uint32_t i, int32_t s) {
-    return (c->seq[i] >> s) & 1u;
+    return kvc_seqs_has(c->seq, c->size, i, s);
 }
-/* Non-empty and p0 <= pos < p1. */
-static inline bool kvc_cells_pos_in(const kvc_cells *c, uint32_t i, int32_t p0, int32_t p1) {
-    return c->pos[i] >= p0 && c->pos[i] < p1;
+/* Cell i holds no sequence. */
+static inline bool kvc_cells_seq_none(const kvc_cells *c, uint32_t i) {
+    return kvc_seqs_none(c->seq, c->size, c->seq_words, i);
+}
+/* Add cell i's sequences to acc. */
+static inline void kvc_cells_seq_or_into(const kvc_cells *c, uint32_t i, kvc_seqset *acc) {
+    kvc_seqs_or_into(c->seq, c->size, c->seq_words, i, acc);
+}
+/* The plane of the word that holds sequence s's bit (one word per cell). */
+static inline const uint64_t *kvc_cells_seq_plane(const kvc_cells *c, int32_t s) {
+    return c->seq + (size_t)(s >> 6) * c->size;
+}
+/* Cell i's position is in r (r.p0 >= 0: an empty cell, pos -1, never is). */
+static inline bool kvc_cells_pos_in(const kvc_cells *c, uint32_t i, kvc_pos_range r) {
+    return kvc_pos_range_has(r, c->pos[i]);
 }
 
 /* Give the empty cell i position p (>= 0); it becomes used (no sequences yet). */
@@ -58,8 +75,6 @@ void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p);
 void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s);
 /* Sequence s leaves cell i (which holds it); returns true when the cell became empty. */
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s);
-/* Cell i keeps only s if it holds s; a cell holding others is emptied (returns true). */
-bool kvc_cells_seq_keep(kvc_cells *c, uint32_t i, int32_t s);
 /* Move cell src to the empty cell dst (defrag): pos, shift and sequences; src becomes empty
  * with shift 0. */
 void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst);
@@ -67,18 +82,27 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst);
 /* Raw edits used by bulk operations: they keep used_bits/used/used_max_p1 right but NOT
  * seq_pos; the caller must call kvc_cells_rebuild_seq_pos(c, mask) with the union of the
  * sequence bits of every cell it touched (before and after). */
-/* pos += d, shift += d, has_shift = true; a cell pushed below 0 is emptied (returns true). */
+/* pos += d (saturating at KVC_POS_MAX), shift += d, has_shift = true; a cell pushed below 0 is
+ * emptied (returns true). */
 bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d);
 /* pos = pos / d (C division), shift += old - new, has_shift = true. */
 void kvc_cells_pos_div_raw(kvc_cells *c, uint32_t i, int32_t d);
-/* Set cell i to (pos, seq) as a snapshot had it (shift untouched); pos -1 = empty. */
-void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, uint64_t seq);
+/* Set cell i to (pos, the seq_words words of its set) as a snapshot had it (shift untouched);
+ * pos -1 = empty. */
+void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *seq);
+/* Sequence s leaves cell i; a cell left with no sequence is emptied (returns true). The index
+ * (seq_pos) is not updated. */
+bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s);
+/* Cell i keeps only sequence s (which it holds). The index is not updated. */
+static inline void kvc_cells_seq_only_raw(kvc_cells *c, uint32_t i, int32_t s) {
+    kvc_seqs_only(c->seq, c->size, c->seq_words, i, s);
+}
 /* Empty cell i (sequences cleared, shift kept). */
 void kvc_cells_clear_raw(kvc_cells *c, uint32_t i);
-/* Recompute seq_pos[s] from the cells for every s whose bit is set in mask. */
-void kvc_cells_rebuild_seq_pos(kvc_cells *c, uint64_t mask);
-/* Remove the entries in [p0, p1) from seq_pos[s] (after clearing s from those cells). */
-void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, int32_t p0, int32_t p1);
+/* Recompute seq_pos[s] from the cells for every s in mask. */
+void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *mask);
+/* Remove the entries in r from seq_pos[s] (after clearing s from those cells). */
+void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r);
 
 /* Smallest / largest position of sequence s, -1 when absent. O(1). */
 static inline int32_t kvc_cells_seq_pos_min(const kvc_cells *c, int32_t s) {
@@ -88,8 +112,8 @@ static inline int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s) {
     return c->seq_pos[s].n ? c->seq_pos[s].v[c->seq_pos[s].n - 1] : -1;
 }
 
-/* Does sequence s hold a position in [p0, p1)? O(log n). */
-bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, int32_t p0, int32_t p1);
+/* Does sequence s hold a position in r? O(log n). */
+bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r);
 
 /* First used cell in [from, to), or `to` when none. */
 uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to);

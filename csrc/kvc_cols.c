@@ -101,17 +101,22 @@ static kvc_cols_ahead kvc_cols_ahead_of(const kvc_cols *cols, const uint8_t *bas
         }                                                                                           \
     } while (0)
 
-#ifdef KVC_COLS_AVX512
-/* KVCACHE_NO_AVX512 (set, and not "0") keeps the scalar path: for testing it on machines that
- * have AVX-512, and as a way out should the vector path ever misbehave. */
-static bool kvc_cols_vector_ok(void) {
+bool kvc_cols_vector_available(void) {
+    /* KVCACHE_NO_AVX512 (set, and not "0") keeps the scalar path: for testing it on machines that
+     * have AVX-512, and as a way out should the vector path ever misbehave */
     const char *no = getenv("KVCACHE_NO_AVX512");
     if (no && *no && strcmp(no, "0") != 0) {
         return false;
     }
+#ifdef KVC_COLS_AVX512
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+    return false;
+#endif
 }
+
+#ifdef KVC_COLS_AVX512
 
 /* The vector path, for elements of 2 (W = 16) or 4 bytes (W = 32). */
 #define KVC_COLS_VECTOR(W, T, LANES, MASK)                                                              \
@@ -139,11 +144,11 @@ KVC_COLS_VECTOR(32, uint32_t, 16, __mmask16)
  * one before it, and takes only the destinations that one did not). */
 static void kvc_cols_plan_ops(kvc_cols *cols) {
     const uint32_t n_cells = cols->n_cells, el = cols->el, lanes = 64 / el;
-    if (n_cells < 2 * lanes || !kvc_cols_vector_ok()) {
+    if (n_cells < 2 * lanes) {
         return;
     }
     uint32_t *src_of = kvc_calloc(n_cells, sizeof *src_of);   /* per destination: its source + 1 */
-    kvc_cols_op *ops = kvc_malloc((size_t)cols->n_pairs * sizeof *ops);   /* >= 1 pair per op */
+    kvc_cols_op *ops = kvc_malloc_n(cols->n_pairs, sizeof *ops);   /* >= 1 pair per op */
     if (!src_of || !ops) {
         kvc_free(src_of);
         kvc_free(ops);
@@ -225,7 +230,7 @@ static void kvc_cols_plan_blocks(kvc_cols *cols) {
     for (size_t w = 0; w < (n + 63) / 64; w++) {
         count += (uint32_t)kvc_popcount64(bits[w]);
     }
-    cols->blocks = kvc_malloc((size_t)count * sizeof *cols->blocks);
+    cols->blocks = kvc_malloc_n(count, sizeof *cols->blocks);
     if (cols->blocks) {
         for (size_t b = 0; b < n; b++) {
             if (bits[b / 64] >> (b % 64) & 1u) {
@@ -236,13 +241,18 @@ static void kvc_cols_plan_blocks(kvc_cols *cols) {
     kvc_free(bits);
 }
 
-void kvc_cols_init(kvc_cols *cols, const uint32_t *pairs, uint32_t n_pairs, uint32_t n_cells, uint32_t el) {
+void kvc_cols_init(kvc_cols *cols, const uint32_t *pairs, uint32_t n_pairs, uint32_t n_cells, uint32_t el,
+                   bool vector) {
     *cols = (kvc_cols){ n_cells, el, pairs, n_pairs, NULL, 0, NULL, 0 };
     if (!n_pairs) {
         return;
     }
 #ifdef KVC_COLS_AVX512
-    kvc_cols_plan_ops(cols);
+    if (vector) {
+        kvc_cols_plan_ops(cols);
+    }
+#else
+    (void)vector;
 #endif
     kvc_cols_plan_blocks(cols);
 }

@@ -4,6 +4,7 @@
 #ifndef KVC_COLS_H
 #define KVC_COLS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,10 +26,17 @@ typedef struct kvc_cols {
     uint32_t        n_blocks;
 } kvc_cols;
 
+/* Whether the vector path may run: the processor has it (AVX-512BW) and the environment does not
+ * ask for the scalar loop (KVCACHE_NO_AVX512 set and not "0", for testing it or as a way out).
+ * Reads the environment: ask once (a cache does when it is made), not per move. */
+bool kvc_cols_vector_available(void);
+
 /* Prepare n_pairs (dst, src) pairs, no element both a destination and a source, for rows of
- * n_cells elements of el bytes (2 or 4). The pairs must outlive cols. Without memory the moves still
+ * n_cells elements of el bytes (2 or 4), with the vector path when `vector` (and
+ * kvc_cols_vector_available said so). The pairs must outlive cols. Without memory the moves still
  * work, without the vector path or prefetching. */
-void kvc_cols_init(kvc_cols *cols, const uint32_t *pairs, uint32_t n_pairs, uint32_t n_cells, uint32_t el);
+void kvc_cols_init(kvc_cols *cols, const uint32_t *pairs, uint32_t n_pairs, uint32_t n_cells, uint32_t el,
+                   bool vector);
 void kvc_cols_free(kvc_cols *cols);
 
 /* Apply the moves to n_rows rows starting at base, stride bytes apart. */

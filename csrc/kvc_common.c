@@ -35,6 +35,16 @@ void *kvc_malloc(size_t n) {
     return malloc(n ? n : 1);
 }
 
+void *kvc_malloc_n(uint64_t count, uint64_t size) {
+    uint64_t n;
+    return kvc_size_mul(count, size, &n) ? kvc_malloc((size_t)n) : NULL;
+}
+
+void *kvc_realloc_n(void *p, uint64_t count, uint64_t size) {
+    uint64_t n;
+    return kvc_size_mul(count, size, &n) ? kvc_realloc(p, (size_t)n) : NULL;
+}
+
 void *kvc_calloc(size_t count, size_t size) {
     if (kvc_alloc_should_fail()) {
         return NULL;
@@ -124,7 +134,7 @@ void kvc_parallel(void (*fn)(void *), void *args, size_t arg_size, unsigned n) {
 unsigned kvc_parallel_width(void) {
 #ifdef KVC_HAVE_PTHREADS
     const long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1u : n > (long)KVC_MAX_THREADS ? KVC_MAX_THREADS : (unsigned)n;
+    return n < 1 ? 1u : n > (long)KVC_AUTO_THREADS ? KVC_AUTO_THREADS : (unsigned)n;
 #else
     return 1;
 #endif

@@ -30,9 +30,9 @@ extern "C" {
 #define KVC_PRINTF_FORMAT(fmt_index, first_arg)
 #endif
 
-#define KVC_MAX_SEQ 64          /* LLAMA_MAX_PARALLEL_SEQUENCES: one bit per sequence */
+#define KVC_MAX_SEQ 256         /* LLAMA_MAX_SEQ of today's llama.cpp (64 in mid-2025's): ids [0, 256) */
 #define KVC_KQ_MASK_PAD 64      /* GGML_KQ_MASK_PAD: mask rows are padded to this */
-#define KVC_POS_MAX INT32_MAX   /* "infinity" for open position ranges */
+#define KVC_POS_MAX INT32_MAX   /* the largest position */
 
 enum kvc_status {
     KVC_OK          =  0,
@@ -52,13 +52,51 @@ typedef struct kvc_err {
 /* Fill err (if not NULL) with code and a printf-style message; returns code. */
 int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);
 
+/* The positions p0 <= p < p1 an operation acts on. p1 is wider than a position, so that "no
+ * upper bound" (KVC_POS_END) lies past every position, KVC_POS_MAX included. */
+typedef struct kvc_pos_range {
+    int32_t p0;
+    int64_t p1;
+} kvc_pos_range;
+#define KVC_POS_END ((int64_t)KVC_POS_MAX + 1)
+
+/* The range of an operation's (p0, p1) arguments, as llama.cpp reads them: p0 < 0 means 0,
+ * p1 < 0 no upper bound. */
+static inline kvc_pos_range kvc_pos_range_of(int32_t p0, int32_t p1) {
+    kvc_pos_range r = { p0 < 0 ? 0 : p0, p1 < 0 ? KVC_POS_END : (int64_t)p1 };
+    return r;
+}
+static inline bool kvc_pos_range_has(kvc_pos_range r, int32_t p) { return p >= r.p0 && p < r.p1; }
+
+/* a + b modulo 2**32, as int32 (the shifts a cell accumulates wrap rather than overflow). */
+static inline int32_t kvc_wrap_add_i32(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
+
 /* Round x up to a multiple of n (n > 0). */
 static inline uint32_t kvc_pad_u32(uint32_t x, uint32_t n) { return ((x + n - 1) / n) * n; }
 static inline uint32_t kvc_min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
+/* Checked byte arithmetic: *r = a * b (a + b), false when that exceeds SIZE_MAX. */
+static inline bool kvc_size_mul(uint64_t a, uint64_t b, uint64_t *r) {
+    if (a != 0 && b > (uint64_t)SIZE_MAX / a) {
+        return false;
+    }
+    *r = a * b;
+    return true;
+}
+static inline bool kvc_size_add(uint64_t a, uint64_t b, uint64_t *r) {
+    if (b > (uint64_t)SIZE_MAX - a) {
+        return false;
+    }
+    *r = a + b;
+    return true;
+}
+
 /* Test hook: when > 0, the n-th following allocation through kvc_malloc fails. */
 extern int kvc_fail_alloc_after;
 void *kvc_malloc(size_t n);
+/* kvc_malloc of count elements of size bytes; NULL when the product exceeds SIZE_MAX. */
+void *kvc_malloc_n(uint64_t count, uint64_t size);
+void *kvc_realloc_n(void *p, uint64_t count, uint64_t size);   /* likewise (p kept on failure) */
 void *kvc_calloc(size_t count, size_t size);
 void *kvc_realloc(void *p, size_t n);
 void  kvc_free(void *p);
@@ -70,14 +108,17 @@ void  kvc_free(void *p);
 void  kvc_copy(void *dst, const void *src, size_t n, bool stream);
 void  kvc_stream_fence(void);
 
-/* Run fn(args + i * arg_size) for every i < n, on up to n threads (the caller's among them) where
- * the platform has POSIX threads, one after the other elsewhere or when a thread cannot be
- * started. The calls must be independent; all have returned when this does. */
+/* Run fn(args + i * arg_size) for every i < n, on up to min(n, KVC_MAX_THREADS) threads (the
+ * caller's among them) where the platform has POSIX threads, one after the other elsewhere, for
+ * the calls past that limit, or when a thread cannot be started. The calls must be independent;
+ * all have returned when this does. */
 void  kvc_parallel(void (*fn)(void *), void *args, size_t arg_size, unsigned n);
-/* Threads worth using for a large memory-bound job: the online processors, at most
- * KVC_MAX_THREADS (1 without POSIX threads). */
+#define KVC_MAX_THREADS 64u
+/* Threads worth using for a large memory-bound job when the caller does not say: the online
+ * processors, at most KVC_AUTO_THREADS (more did not move memory faster), 1 without POSIX
+ * threads. */
 unsigned kvc_parallel_width(void);
-#define KVC_MAX_THREADS 4u
+#define KVC_AUTO_THREADS 4u
 
 /* Huge pages for [p, p + n) where the system offers them on request (Linux transparent huge
  * pages in "madvise" mode): a K/V buffer's scattered accesses (defrag moves, gathers) then miss

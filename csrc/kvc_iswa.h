@@ -10,13 +10,14 @@
 #define KVC_ISWA_H
 
 #include "kvc_common.h"
+#include "kvc_seqset.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct kvc_iswa_pending {
-    uint64_t seqs;               /* bit s: sequence s has a range */
+    kvc_seqset seqs;             /* the sequences that have a range */
     int32_t  pmin[KVC_MAX_SEQ];  /* smallest position of s in the batch (valid when its bit is set) */
     int32_t  pmax[KVC_MAX_SEQ];  /* largest position */
 } kvc_iswa_pending;

@@ -35,8 +35,8 @@ int kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, 
         }
     }
 
-    w->shift = (int32_t *)kvc_malloc((size ? size : 1) * sizeof(int32_t));
-    w->scratch = (float *)kvc_malloc(scratch_floats * sizeof(float));
+    w->shift = (int32_t *)kvc_malloc_n(size ? size : 1, sizeof(int32_t));
+    w->scratch = (float *)kvc_malloc_n(scratch_floats, sizeof(float));
     if (w->shift == NULL || w->scratch == NULL) {
         kvc_kshift_work_free(w);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory for the K-shift");
@@ -47,6 +47,7 @@ int kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, 
 int kvc_unified_k_shift_run(kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
                             kvc_kshift_work *w, kvc_err *err) {
     const uint32_t size = c->cells.size;
+    kvc_unified_defrag_settle(c);   /* the rows to rotate must be in their cells */
     kvc_unified_k_shift(c, w->shift);
 
     int rc = KVC_OK;

@@ -1,3 +1,6 @@
+/* kvcache — the KQ mask: row kernels (one row of one sequence from its key positions, the rows
+ * that see nothing; each output type's encoding lives here and nowhere else), then the strategy
+ * that decides which rows and windows (kvc_unified_kq_mask). */
 #include "kvc_mask.h"
 #include "kvc_types.h"
 #include "kvc_common.h"
@@ -11,7 +14,8 @@
 /* bytes of the pattern copied at a time when filling hidden rows that stay in the caches */
 #define KVC_FILL_CHUNK ((size_t)4 << 10)
 
-size_t kvc_mask_elsize(int dtype) {
+/* Bytes per mask element of dtype. */
+static size_t kvc_mask_elsize(int dtype) {
     return dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
 }
 
@@ -56,7 +60,11 @@ static inline __m128i kvc_hidden4(const int32_t *vis, __m128i vlo, __m128i vhi) 
 }
 #endif
 
-void kvc_mask_row(void *out, int dtype, const int32_t *vis, uint32_t n, int32_t lo, int32_t hi,
+/* row[i] for i < n: visible where lo <= vis[i] <= hi (vis[i] is the key position of cell i in
+ * the query's sequence, -1 where the cell is empty or not in it; lo >= 0). Visible is 0 (f32,
+ * f16; -|vis[i]-p1| with alibi) or 1 (bool); hidden is -inf or 0. `stream` writes with
+ * non-temporal stores (for outputs larger than the caches; kvc_stream_fence() afterwards). */
+static void kvc_mask_row(void *out, int dtype, const int32_t *vis, uint32_t n, int32_t lo, int32_t hi,
                   int32_t p1, bool alibi, bool stream) {
     uint8_t *row = out;
     uint32_t i = 0;
@@ -99,7 +107,8 @@ void kvc_mask_row(void *out, int dtype, const int32_t *vis, uint32_t n, int32_t 
     kvc_mask_row_scalar(row, dtype, vis, i, n, lo, hi, p1, alibi);
 }
 
-void kvc_mask_fill_hidden(void *out, int dtype, size_t n, bool stream) {
+/* n elements that see nothing (-inf or 0). */
+static void kvc_mask_fill_hidden(void *out, int dtype, size_t n, bool stream) {
     uint8_t *p = out;
     if (dtype == KVC_MASK_BOOL && !stream) {
         memset(p, 0, n);
@@ -160,7 +169,9 @@ static inline void kvc_edge_consts(__m128i e[4], const int32_t edge[4]) {
 }
 #endif
 
-uint32_t kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uint64_t *seq, uint32_t n, unsigned s,
+/* The key positions of sequence s: v[i] = pos[i] where bit s of seq[i] is set, else -1
+ * (i < n). Returns how many of them are edges: within [edge[0], edge[1]) or (edge[2], edge[3]]. */
+static uint32_t kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uint64_t *seq, uint32_t n, unsigned s,
                                 const int32_t edge[4]) {
     uint32_t i = 0, n_edge = 0;
 #ifdef KVC_HAVE_SSE2
@@ -193,7 +204,8 @@ uint32_t kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uint64_t *
     return n_edge;
 }
 
-uint32_t kvc_mask_edges(uint32_t *out, const int32_t *v, uint32_t n, const int32_t edge[4]) {
+/* The indices i < n of the edges of v (as counted above), ascending, into out. Returns the count. */
+static uint32_t kvc_mask_edges(uint32_t *out, const int32_t *v, uint32_t n, const int32_t edge[4]) {
     uint32_t i = 0, k = 0;
 #ifdef KVC_HAVE_SSE2
     __m128i e[4];
@@ -214,7 +226,8 @@ uint32_t kvc_mask_edges(uint32_t *out, const int32_t *v, uint32_t n, const int32
     return k;
 }
 
-void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible) {
+/* Element i of a row: visible (0 or 1, never ALiBi) or hidden. */
+static void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible) {
     switch (dtype) {
     case KVC_MASK_F32: {
         const uint32_t bits = visible ? 0u : KVC_F32_NINF_BITS;
@@ -232,3 +245,165 @@ void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible) {
     }
 }
 
+/* --- the strategy ------------------------------------------------------------------------ */
+
+/* The window of key positions [lo, hi] a query at p1 may see. */
+static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, bool causal, int32_t *lo, int32_t *hi) {
+    const int64_t l = kvc_unified_swa_start(c, p1);
+    *lo = (int32_t)(l > 0 ? l : 0);
+    *hi = causal ? p1 : INT32_MAX;
+}
+
+/* One sequence of the ubatch, as the mask sees it. A row of a sequence with several tokens is
+ * a copy of its base row (the cells every one of its tokens sees) plus the few "edge" cells
+ * whose key position lies where the tokens' windows differ: built once, each row then costs
+ * about as much as writing it. Sequences whose edges are many (or ALiBi, whose values differ
+ * in every visible cell) have their rows computed from the key positions directly. */
+typedef struct kvc_mask_seq {
+    int32_t        id;           /* the sequence */
+    const int32_t *vis;          /* key position of each cell in this sequence, -1 elsewhere */
+    bool           use_edges;    /* rows are copies of base plus edges; else computed from vis */
+    uint8_t       *base;
+    uint32_t      *edge;         /* edge cells */
+    uint32_t       n_edge;
+    uint32_t       n_tokens;
+    /* over the tokens' windows [lo, hi]: min lo, max lo, min hi, max hi. The base row shows
+     * [max lo, min hi]; the edges are the key positions in [min lo, max lo) or (min hi, max hi]. */
+    int32_t        edge_range[4];
+} kvc_mask_seq;
+
+/* Edges are worth it while a row patches at most this fraction of its cells. */
+#define KVC_MASK_EDGE_DIV 16u
+/* ... and while the sequence has enough rows to pay for building its base row. */
+#define KVC_MASK_MIN_ROWS 8u
+
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, void *out) {
+    const kvc_cells *cells = &c->cells;
+    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
+    const uint32_t rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD);
+    const size_t el = kvc_mask_elsize(dtype);
+    const size_t row_bytes = (size_t)n_kv * el;
+    /* masks larger than the last-level cache go straight to memory */
+    const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
+
+    /* the distinct sequences of the ubatch (tokens interleave), each with a slot, ascending */
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        kvc_seqset_add(&seen, ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]);
+    }
+    uint16_t slot[KVC_MAX_SEQ];
+    uint32_t n_vis = 0;
+    for (int32_t s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, s)) {
+        slot[s] = (uint16_t)n_vis++;
+    }
+    /* per sequence its state, then its key positions */
+    uint64_t bytes = 0;
+    uint8_t *block = NULL;
+    if (kvc_size_mul((uint64_t)(n_vis ? n_vis : 1) * (n_kv ? n_kv : 1), sizeof(int32_t), &bytes) &&
+        kvc_size_add(bytes, (uint64_t)n_vis * sizeof(kvc_mask_seq), &bytes)) {
+        block = kvc_malloc((size_t)bytes);
+    }
+    if (!block) {
+        return KVC_E_NOMEM;
+    }
+    kvc_mask_seq *seq = (kvc_mask_seq *)block;
+    int32_t *vis = (int32_t *)(block + (size_t)n_vis * sizeof(kvc_mask_seq));
+    memset(seq, 0, (size_t)n_vis * sizeof *seq);
+    for (int32_t s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, s)) {
+        seq[slot[s]].id = s;
+    }
+    /* their tokens' windows */
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        int32_t lo, hi;
+        kvc_unified_visible_range(c, ub->pos[t], causal, &lo, &hi);
+        kvc_mask_seq *q = &seq[slot[ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]]];
+        int32_t *r = q->edge_range;
+        if (q->n_tokens++ == 0) {
+            r[0] = r[1] = lo;
+            r[2] = r[3] = hi;
+        }
+        r[0] = lo < r[0] ? lo : r[0];
+        r[1] = lo > r[1] ? lo : r[1];
+        r[2] = hi < r[2] ? hi : r[2];
+        r[3] = hi > r[3] ? hi : r[3];
+    }
+
+    const size_t base_stride = kvc_pad_u32((uint32_t)row_bytes, 64);
+    size_t n_edges = 0, n_bases = 0;
+    for (uint32_t k = 0; k < n_vis; k++) {
+        kvc_mask_seq *q = &seq[k];
+        const bool try_edges = !alibi && q->n_tokens >= KVC_MASK_MIN_ROWS;
+        /* an empty edge range when rows are computed directly */
+        const int32_t none[4] = {0, 0, 0, 0};
+        q->vis = vis + (size_t)k * n_kv;
+        const uint32_t n_edge = kvc_mask_key_positions(vis + (size_t)k * n_kv, cells->pos,
+                                                       kvc_cells_seq_plane(cells, q->id), n_kv,
+                                                       (unsigned)(q->id & 63), try_edges ? q->edge_range : none);
+        if (try_edges && n_edge <= n_kv / KVC_MASK_EDGE_DIV) {
+            q->n_edge = n_edge;
+            q->use_edges = true;
+            n_edges += n_edge;
+            n_bases++;
+        }
+    }
+
+    uint8_t *scratch = NULL;
+    if (n_bases) {
+        uint64_t bytes = 0;
+        if (kvc_size_mul(n_bases, base_stride, &bytes) && kvc_size_add(bytes, (uint64_t)n_edges * sizeof(uint32_t), &bytes)) {
+            scratch = kvc_malloc((size_t)bytes);
+        }
+        if (!scratch) {
+            kvc_free(block);
+            return KVC_E_NOMEM;
+        }
+        uint8_t *next_base = scratch;
+        uint32_t *next_edge = (uint32_t *)(scratch + n_bases * base_stride);
+        for (uint32_t k = 0; k < n_vis; k++) {
+            kvc_mask_seq *q = &seq[k];
+            if (!q->use_edges) {
+                continue;
+            }
+            q->base = next_base;
+            next_base += base_stride;
+            kvc_mask_row(q->base, dtype, q->vis, n_kv, q->edge_range[1], q->edge_range[2], 0, false, false);
+            q->edge = next_edge;
+            next_edge += kvc_mask_edges(q->edge, q->vis, n_kv, q->edge_range);
+        }
+    }
+
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        const kvc_mask_seq *q = &seq[slot[ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]]];
+        const int32_t p1 = ub->pos[t];
+        int32_t lo, hi;
+        kvc_unified_visible_range(c, p1, causal, &lo, &hi);
+        uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
+        if (!q->use_edges) {
+            kvc_mask_row(row, dtype, q->vis, n_kv, lo, hi, p1, alibi, stream);
+            continue;
+        }
+        /* the token's edge cells are shown in the base row for the copy, then hidden again */
+        for (uint32_t e = 0; e < q->n_edge; e++) {
+            const int32_t v = q->vis[q->edge[e]];
+            if (v >= lo && v <= hi) {
+                kvc_mask_set(q->base, dtype, q->edge[e], true);
+            }
+        }
+        kvc_copy(row, q->base, row_bytes, stream);
+        for (uint32_t e = 0; e < q->n_edge; e++) {
+            kvc_mask_set(q->base, dtype, q->edge[e], false);
+        }
+    }
+    kvc_free(scratch);
+    kvc_free(block);
+
+    /* padding rows see nothing */
+    if (rows > n_tokens && n_kv) {
+        kvc_mask_fill_hidden((uint8_t *)out + (size_t)n_tokens * row_bytes, dtype, (size_t)(rows - n_tokens) * n_kv, stream);
+    }
+    if (stream) {
+        kvc_stream_fence();
+    }
+    return KVC_OK;
+}

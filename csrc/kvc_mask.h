@@ -1,12 +1,8 @@
-/* Row kernels of the KQ mask: one row of one sequence from its key positions, and the rows
- * that see nothing. The cache decides which rows and windows (kvc_unified_kq_mask); these
- * only write values, so each output type's encoding lives here and nowhere else. */
+/* kvcache — the KQ mask of a ubatch against a unified cache. */
 #ifndef KVC_MASK_H
 #define KVC_MASK_H
 
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "kvc_unified.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,29 +14,11 @@ typedef enum kvc_mask_dtype {
     KVC_MASK_BOOL = 2,  /* 1 where the token attends the cell, 0 elsewhere (alibi ignored) */
 } kvc_mask_dtype;
 
-/* Bytes per mask element of dtype. */
-size_t kvc_mask_elsize(int dtype);
-
-/* row[i] for i < n: visible where lo <= vis[i] <= hi (vis[i] is the key position of cell i in
- * the query's sequence, -1 where the cell is empty or not in it; lo >= 0). Visible is 0 (f32,
- * f16; -|vis[i]-p1| with alibi) or 1 (bool); hidden is -inf or 0. `stream` writes with
- * non-temporal stores (for outputs larger than the caches; kvc_stream_fence() afterwards). */
-void kvc_mask_row(void *row, int dtype, const int32_t *vis, uint32_t n, int32_t lo, int32_t hi,
-                  int32_t p1, bool alibi, bool stream);
-
-/* n elements that see nothing (-inf or 0). */
-void kvc_mask_fill_hidden(void *out, int dtype, size_t n, bool stream);
-
-/* The key positions of sequence s: v[i] = pos[i] where bit s of seq[i] is set, else -1
- * (i < n). Returns how many of them are edges: within [edge[0], edge[1]) or (edge[2], edge[3]]. */
-uint32_t kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uint64_t *seq, uint32_t n, unsigned s,
-                                const int32_t edge[4]);
-
-/* The indices i < n of the edges of v (as counted above), ascending, into out. Returns the count. */
-uint32_t kvc_mask_edges(uint32_t *out, const int32_t *v, uint32_t n, const int32_t edge[4]);
-
-/* Element i of a row: visible (0 or 1, never ALiBi) or hidden. */
-void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible);
+/* KQ mask into out[rows][c->n], rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) (the caller
+ * allocated it), of the given dtype (kvc_mask_dtype): a token sees a cell when the cell holds
+ * the token's first sequence id, is not in its future (causal) and not outside the sliding
+ * window. Padding rows see nothing. KVC_OK or KVC_E_NOMEM (out untouched). */
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, void *out);
 
 #ifdef __cplusplus
 }

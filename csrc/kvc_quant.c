@@ -1,4 +1,5 @@
 #include "kvc_quant.h"
+#include "kvc_le.h"
 
 #include <float.h>
 #include <math.h>
@@ -16,15 +17,6 @@
 const int8_t kvc_iq4nl_values[16] = {
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 };
-
-static inline uint16_t kvc_rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline void kvc_wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline uint32_t kvc_rd32(const uint8_t *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static inline void kvc_wr32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
-}
 
 /* The reference converts `v` to an integer by truncation toward zero and caps it at
  * `hi`; in range that is exactly this, and out of range (inf, nan from a degenerate
@@ -68,7 +60,7 @@ void kvc_quantize_row_q4_0(const float *x, uint8_t *y, int64_t n) {
         /* the extreme element maps to -8, so the opposite side gets the full 7.5 steps */
         const float d = kvc_signed_absmax(x) / -8.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        kvc_wr16(y, kvc_f32_to_f16(d));
+        kvc_le_put_u16(y, kvc_f32_to_f16(d));
         for (int j = 0; j < KVC_QK / 2; j++) {
             const uint8_t lo = kvc_trunc_cap(x[j] * id + 8.5f, 15);
             const uint8_t hi = kvc_trunc_cap(x[j + KVC_QK / 2] * id + 8.5f, 15);
@@ -79,7 +71,7 @@ void kvc_quantize_row_q4_0(const float *x, uint8_t *y, int64_t n) {
 
 void kvc_dequantize_row_q4_0(const uint8_t *x, float *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 18, y += KVC_QK) {
-        const float d = kvc_f16_to_f32(kvc_rd16(x));
+        const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
         for (int j = 0; j < KVC_QK / 2; j++) {
             y[j] = (float)((x[2 + j] & 0x0f) - 8) * d;
             y[j + KVC_QK / 2] = (float)((x[2 + j] >> 4) - 8) * d;
@@ -95,8 +87,8 @@ void kvc_quantize_row_q4_1(const float *x, uint8_t *y, int64_t n) {
         kvc_min_max(x, &mn, &mx);
         const float d = (mx - mn) / 15.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        kvc_wr16(y, kvc_f32_to_f16(d));
-        kvc_wr16(y + 2, kvc_f32_to_f16(mn));
+        kvc_le_put_u16(y, kvc_f32_to_f16(d));
+        kvc_le_put_u16(y + 2, kvc_f32_to_f16(mn));
         for (int j = 0; j < KVC_QK / 2; j++) {
             const uint8_t lo = kvc_trunc_cap((x[j] - mn) * id + 0.5f, 15);
             const uint8_t hi = kvc_trunc_cap((x[j + KVC_QK / 2] - mn) * id + 0.5f, 15);
@@ -107,8 +99,8 @@ void kvc_quantize_row_q4_1(const float *x, uint8_t *y, int64_t n) {
 
 void kvc_dequantize_row_q4_1(const uint8_t *x, float *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 20, y += KVC_QK) {
-        const float d = kvc_f16_to_f32(kvc_rd16(x));
-        const float m = kvc_f16_to_f32(kvc_rd16(x + 2));
+        const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
+        const float m = kvc_f16_to_f32(kvc_le_get_u16(x + 2));
         for (int j = 0; j < KVC_QK / 2; j++) {
             const float p0 = (float)(x[4 + j] & 0x0f) * d;
             const float p1 = (float)(x[4 + j] >> 4) * d;
@@ -128,11 +120,11 @@ static inline void kvc_pack5(const uint8_t *q, uint8_t *qh, uint8_t *qs) {
         h |= (uint32_t)(q[j] >> 4) << j;
         h |= (uint32_t)(q[j + KVC_QK / 2] >> 4) << (j + KVC_QK / 2);
     }
-    kvc_wr32(qh, h);
+    kvc_le_put_u32(qh, h);
 }
 
 static inline void kvc_unpack5(const uint8_t *qh, const uint8_t *qs, int *q) {
-    const uint32_t h = kvc_rd32(qh);
+    const uint32_t h = kvc_le_get_u32(qh);
     for (int j = 0; j < KVC_QK / 2; j++) {
         q[j] = (qs[j] & 0x0f) | (int)(((h >> j) & 1u) << 4);
         q[j + KVC_QK / 2] = (qs[j] >> 4) | (int)(((h >> (j + KVC_QK / 2)) & 1u) << 4);
@@ -144,7 +136,7 @@ void kvc_quantize_row_q5_0(const float *x, uint8_t *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += KVC_QK, y += 22) {
         const float d = kvc_signed_absmax(x) / -16.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        kvc_wr16(y, kvc_f32_to_f16(d));
+        kvc_le_put_u16(y, kvc_f32_to_f16(d));
         for (int j = 0; j < KVC_QK; j++) {
             q[j] = kvc_trunc_cap(x[j] * id + 16.5f, 31);
         }
@@ -155,7 +147,7 @@ void kvc_quantize_row_q5_0(const float *x, uint8_t *y, int64_t n) {
 void kvc_dequantize_row_q5_0(const uint8_t *x, float *y, int64_t n) {
     int q[KVC_QK];
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 22, y += KVC_QK) {
-        const float d = kvc_f16_to_f32(kvc_rd16(x));
+        const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
         kvc_unpack5(x + 2, x + 6, q);
         for (int j = 0; j < KVC_QK; j++) {
             y[j] = (float)(q[j] - 16) * d;
@@ -172,8 +164,8 @@ void kvc_quantize_row_q5_1(const float *x, uint8_t *y, int64_t n) {
         kvc_min_max(x, &mn, &mx);
         const float d = (mx - mn) / 31.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        kvc_wr16(y, kvc_f32_to_f16(d));
-        kvc_wr16(y + 2, kvc_f32_to_f16(mn));
+        kvc_le_put_u16(y, kvc_f32_to_f16(d));
+        kvc_le_put_u16(y + 2, kvc_f32_to_f16(mn));
         for (int j = 0; j < KVC_QK; j++) {
             q[j] = kvc_trunc_cap((x[j] - mn) * id + 0.5f, 31);
         }
@@ -184,8 +176,8 @@ void kvc_quantize_row_q5_1(const float *x, uint8_t *y, int64_t n) {
 void kvc_dequantize_row_q5_1(const uint8_t *x, float *y, int64_t n) {
     int q[KVC_QK];
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 24, y += KVC_QK) {
-        const float d = kvc_f16_to_f32(kvc_rd16(x));
-        const float m = kvc_f16_to_f32(kvc_rd16(x + 2));
+        const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
+        const float m = kvc_f16_to_f32(kvc_le_get_u16(x + 2));
         kvc_unpack5(x + 4, x + 8, q);
         for (int j = 0; j < KVC_QK; j++) {
             const float p = (float)q[j] * d;
@@ -205,7 +197,7 @@ void kvc_quantize_row_q8_0(const float *x, uint8_t *y, int64_t n) {
         }
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        kvc_wr16(y, kvc_f32_to_f16(d));
+        kvc_le_put_u16(y, kvc_f32_to_f16(d));
         for (int j = 0; j < KVC_QK; j++) {
             float r = roundf(x[j] * id); /* halves away from zero */
             /* |x * id| <= 127 up to rounding; the caps only guard degenerate scales */
@@ -223,7 +215,7 @@ void kvc_quantize_row_q8_0(const float *x, uint8_t *y, int64_t n) {
 
 void kvc_dequantize_row_q8_0(const uint8_t *x, float *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 34, y += KVC_QK) {
-        const float d = kvc_f16_to_f32(kvc_rd16(x));
+        const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
         for (int j = 0; j < KVC_QK; j++) {
             y[j] = (float)(int8_t)x[2 + j] * d;
         }
@@ -280,7 +272,7 @@ void kvc_quantize_row_iq4_nl(const float *x, uint8_t *y, int64_t n) {
             }
             d = sumqx / sumq2;
         }
-        kvc_wr16(y, kvc_f32_to_f16(d));
+        kvc_le_put_u16(y, kvc_f32_to_f16(d));
         for (int j = 0; j < KVC_QK / 2; j++) {
             y[2 + j] = (uint8_t)(L[j] | (L[j + KVC_QK / 2] << 4));
         }
@@ -289,7 +281,7 @@ void kvc_quantize_row_iq4_nl(const float *x, uint8_t *y, int64_t n) {
 
 void kvc_dequantize_row_iq4_nl(const uint8_t *x, float *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 18, y += KVC_QK) {
-        const float d = kvc_f16_to_f32(kvc_rd16(x));
+        const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
         for (int j = 0; j < KVC_QK / 2; j++) {
             y[j] = d * (float)kvc_iq4nl_values[x[2 + j] & 0x0f];
             y[j + KVC_QK / 2] = d * (float)kvc_iq4nl_values[x[2 + j] >> 4];
@@ -315,10 +307,10 @@ int kvc_dequantize_row(int32_t type, const void *src, float *dst, int64_t n) {
         memcpy(dst, s, (size_t)n * sizeof(float));
         break;
     case KVC_TYPE_F16:
-        for (int64_t i = 0; i < n; i++) dst[i] = kvc_f16_to_f32(kvc_rd16(s + 2 * i));
+        for (int64_t i = 0; i < n; i++) dst[i] = kvc_f16_to_f32(kvc_le_get_u16(s + 2 * i));
         break;
     case KVC_TYPE_BF16:
-        for (int64_t i = 0; i < n; i++) dst[i] = kvc_bf16_to_f32(kvc_rd16(s + 2 * i));
+        for (int64_t i = 0; i < n; i++) dst[i] = kvc_bf16_to_f32(kvc_le_get_u16(s + 2 * i));
         break;
     case KVC_TYPE_Q4_0:   kvc_dequantize_row_q4_0(s, dst, n); break;
     case KVC_TYPE_Q4_1:   kvc_dequantize_row_q4_1(s, dst, n); break;
@@ -343,10 +335,10 @@ int kvc_quantize_row(int32_t type, const float *src, void *dst, int64_t n) {
         memcpy(d, src, (size_t)n * sizeof(float));
         break;
     case KVC_TYPE_F16:
-        for (int64_t i = 0; i < n; i++) kvc_wr16(d + 2 * i, kvc_f32_to_f16(src[i]));
+        for (int64_t i = 0; i < n; i++) kvc_le_put_u16(d + 2 * i, kvc_f32_to_f16(src[i]));
         break;
     case KVC_TYPE_BF16:
-        for (int64_t i = 0; i < n; i++) kvc_wr16(d + 2 * i, kvc_f32_to_bf16(src[i]));
+        for (int64_t i = 0; i < n; i++) kvc_le_put_u16(d + 2 * i, kvc_f32_to_bf16(src[i]));
         break;
     case KVC_TYPE_Q4_0:   kvc_quantize_row_q4_0(src, d, n); break;
     case KVC_TYPE_Q4_1:   kvc_quantize_row_q4_1(src, d, n); break;

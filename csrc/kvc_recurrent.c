@@ -1,4 +1,5 @@
 #include "kvc_recurrent.h"
+#include "kvc_le.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
@@ -9,19 +10,23 @@
  * cell table helpers
  * --------------------------------------------------------------------------------------- */
 
-static inline uint64_t seq_bit(int32_t s) { return (uint64_t)1 << s; }
-
-static inline bool seq_has(uint64_t word, int32_t s) {
-    return s >= 0 && s < KVC_MAX_SEQ && ((word >> s) & 1u);
+/* Cell i's set of sequences (ids outside the table's words are in no cell). */
+static inline bool rec_has(const kvc_rec_cells *t, uint32_t i, int32_t s) {
+    return s >= 0 && (uint32_t)s < 64 * t->seq_words && kvc_seqs_has(t->seq, t->size, i, s);
 }
+static inline void rec_add(kvc_rec_cells *t, uint32_t i, int32_t s) { kvc_seqs_add(t->seq, t->size, i, s); }
+static inline void rec_del(kvc_rec_cells *t, uint32_t i, int32_t s) { kvc_seqs_del(t->seq, t->size, i, s); }
+static inline bool rec_none(const kvc_rec_cells *t, uint32_t i) { return kvc_seqs_none(t->seq, t->size, t->seq_words, i); }
+static inline void rec_clear(kvc_rec_cells *t, uint32_t i) { kvc_seqs_put(t->seq, t->size, t->seq_words, i, NULL); }
 
-static int rec_cells_alloc(kvc_rec_cells *t, uint32_t size) {
+static int rec_cells_alloc(kvc_rec_cells *t, uint32_t size, uint32_t seq_words) {
     memset(t, 0, sizeof *t);
     t->size = size;
-    t->pos  = kvc_malloc((size_t)size * sizeof *t->pos);
-    t->src  = kvc_malloc((size_t)size * sizeof *t->src);
-    t->tail = kvc_malloc((size_t)size * sizeof *t->tail);
-    t->seq  = kvc_malloc((size_t)size * sizeof *t->seq);
+    t->seq_words = seq_words;
+    t->pos  = kvc_malloc_n(size, sizeof *t->pos);
+    t->src  = kvc_malloc_n(size, sizeof *t->src);
+    t->tail = kvc_malloc_n(size, sizeof *t->tail);
+    t->seq  = kvc_malloc_n((uint64_t)seq_words * size, sizeof *t->seq);
     if (!t->pos || !t->src || !t->tail || !t->seq) {
         return KVC_E_NOMEM;
     }
@@ -42,8 +47,8 @@ static void rec_cells_wipe(kvc_rec_cells *t) {
         t->pos[i] = -1;
         t->src[i] = -1;
         t->tail[i] = -1;
-        t->seq[i] = 0;
     }
+    memset(t->seq, 0, (size_t)t->seq_words * t->size * sizeof *t->seq);
 }
 
 /* dst = src (same size). */
@@ -52,7 +57,7 @@ static void rec_cells_copy(kvc_rec_cells *dst, const kvc_rec_cells *src) {
     memcpy(dst->pos, src->pos, n * sizeof *dst->pos);
     memcpy(dst->src, src->src, n * sizeof *dst->src);
     memcpy(dst->tail, src->tail, n * sizeof *dst->tail);
-    memcpy(dst->seq, src->seq, n * sizeof *dst->seq);
+    memcpy(dst->seq, src->seq, (size_t)src->seq_words * n * sizeof *dst->seq);
     dst->head = src->head;
     dst->n = src->n;
     dst->used = src->used;
@@ -72,7 +77,7 @@ static inline uint32_t rec_next_empty(const kvc_rec_cells *t, uint32_t from) {
         if (i >= t->size) {
             i -= t->size;
         }
-        if (t->seq[i] == 0) {
+        if (rec_none(t, i)) {
             break;
         }
         i += 1;
@@ -86,12 +91,7 @@ static inline uint32_t rec_next_empty(const kvc_rec_cells *t, uint32_t from) {
 
 static bool rec_seq_rm(kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
     uint32_t new_head = t->size;
-    if (p0 < 0) {
-        p0 = 0;
-    }
-    if (p1 < 0) {
-        p1 = KVC_POS_MAX;
-    }
+    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
     if (s >= 0 && (uint32_t)s >= t->size) {
         return false;
     }
@@ -100,29 +100,29 @@ static bool rec_seq_rm(kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
         if (tail_id >= 0) {
             const int32_t cpos = t->pos[tail_id];
             /* a state cannot be cut in two */
-            if ((0 < p0 && p0 <= cpos) || (0 < p1 && p1 <= cpos)) {
+            if ((0 < r.p0 && r.p0 <= cpos) || (0 < r.p1 && r.p1 <= cpos)) {
                 return false;
             }
-            if (p0 <= cpos && cpos < p1) {
+            if (kvc_pos_range_has(r, cpos)) {
                 t->tail[s] = -1;
             }
         }
-    } else if (p0 != p1 && (p0 != 0 || p1 != KVC_POS_MAX)) {
+    } else if (r.p0 != r.p1 && (r.p0 != 0 || r.p1 != KVC_POS_END)) {
         /* every sequence: only nothing or everything */
         return false;
     }
     for (uint32_t i = 0; i < t->size; i++) {
-        if (t->pos[i] < p0 || t->pos[i] >= p1) {
+        if (!kvc_pos_range_has(r, t->pos[i])) {
             continue;
         }
         if (s < 0) {
-            t->seq[i] = 0;
-        } else if (seq_has(t->seq[i], s)) {
-            t->seq[i] &= ~seq_bit(s);
+            rec_clear(t, i);
+        } else if (rec_has(t, i, s)) {
+            rec_del(t, i, s);
         } else {
             continue;
         }
-        if (t->seq[i] == 0) {
+        if (rec_none(t, i)) {
             if (t->pos[i] >= 0) {
                 t->used--;
             }
@@ -148,16 +148,16 @@ static void rec_seq_cp(kvc_rec_cells *t, int32_t s_src, int32_t s_dst) {
     if (t->tail[s_dst] >= 0) {
         /* dst drops its own state */
         const int32_t cd = t->tail[s_dst];
-        t->seq[cd] &= ~seq_bit(s_dst);
+        rec_del(t, (uint32_t)cd, s_dst);
         t->tail[s_dst] = -1;
-        if (t->seq[cd] == 0) {
+        if (rec_none(t, (uint32_t)cd)) {
             rec_cell_drop(t, (uint32_t)cd);
             t->used -= 1;
         }
     }
     if (t->tail[s_src] >= 0) {
         const int32_t cs = t->tail[s_src];
-        t->seq[cs] |= seq_bit(s_dst);
+        rec_add(t, (uint32_t)cs, s_dst);
         t->tail[s_dst] = cs;
     }
 }
@@ -168,17 +168,17 @@ static void rec_seq_keep(kvc_rec_cells *t, int32_t s) {
         if ((int64_t)i != s) {
             t->tail[i] = -1;
         }
-        if (!seq_has(t->seq[i], s)) {
+        if (!rec_has(t, i, s)) {
             if (t->pos[i] >= 0) {
                 t->used--;
             }
             rec_cell_drop(t, i);
-            t->seq[i] = 0;
+            rec_clear(t, i);
             if (new_head == t->size) {
                 new_head = i;
             }
         } else {
-            t->seq[i] = seq_bit(s);
+            kvc_seqs_only(t->seq, t->size, t->seq_words, i, s);
         }
     }
     if (new_head != t->size && new_head < t->head) {
@@ -189,17 +189,12 @@ static void rec_seq_keep(kvc_rec_cells *t, int32_t s) {
 /* The cell holding s's state when it lies in [p0, p1) (after the reference's clamping and
  * early returns), or -1. */
 static int32_t rec_tail_in_range(const kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
-    if (p0 < 0) {
-        p0 = 0;
-    }
-    if (p1 < 0) {
-        p1 = KVC_POS_MAX;
-    }
-    if (p0 == p1 || s < 0 || (uint32_t)s >= t->size) {
+    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
+    if (r.p0 == r.p1 || s < 0 || (uint32_t)s >= t->size) {
         return -1;
     }
     const int32_t tl = t->tail[s];
-    if (tl < 0 || !seq_has(t->seq[tl], s) || t->pos[tl] < p0 || t->pos[tl] >= p1) {
+    if (tl < 0 || !rec_has(t, (uint32_t)tl, s) || !kvc_pos_range_has(r, t->pos[tl])) {
         return -1;
     }
     return tl;
@@ -244,9 +239,9 @@ static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *
             const int32_t s = ub->seq_ids[j];
             const int32_t tl = t->tail[s];
             if (tl >= 0) {
-                t->seq[tl] &= ~seq_bit(s);
+                rec_del(t, (uint32_t)tl, s);
                 t->tail[s] = -1;
-                if (t->seq[tl] == 0) {
+                if (rec_none(t, (uint32_t)tl)) {
                     rec_cell_drop(t, (uint32_t)tl);
                     t->used -= 1;
                 }
@@ -262,23 +257,23 @@ static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *
         const int32_t tl = t->tail[s];
         bool has_cell = false;
         if (tl >= 0) {
-            if (!seq_has(t->seq[tl], s)) {
+            if (!rec_has(t, (uint32_t)tl, s)) {
                 return kvc_err_set(err, KVC_E_INTERNAL,
                                    "find_slot: the state record of sequence %d points at cell %d, which does "
                                    "not hold it (the reference leaves such a record after seq_rm(-1, ...) "
                                    "without clear(), and when a find_slot lost the sequence's state)", s, tl);
             }
-            has_cell = kvc_popcount64(t->seq[tl]) == 1;
+            has_cell = kvc_seqs_count(t->seq, t->size, t->seq_words, (uint32_t)tl) == 1;
         }
         if (!has_cell) {
-            if (next_empty >= size || t->seq[next_empty] != 0) {
+            if (next_empty >= size || !rec_none(t, next_empty)) {
                 return kvc_err_set(err, KVC_E_NOSPACE, "find_slot: no empty cell for the state of sequence %d", s);
             }
             if (tl >= 0) {
                 t->pos[next_empty] = t->pos[tl];
                 t->src[next_empty] = t->src[tl];
-                t->seq[tl] &= ~seq_bit(s);
-                t->seq[next_empty] |= seq_bit(s);
+                rec_del(t, (uint32_t)tl, s);
+                rec_add(t, next_empty, s);
             }
             t->tail[s] = (int32_t)next_empty;
             if (g + 1 < n_seqs) {
@@ -305,12 +300,19 @@ static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *
             const uint32_t d = (uint32_t)dst, r = (uint32_t)src;
             int32_t ti = t->pos[d]; t->pos[d] = t->pos[r]; t->pos[r] = ti;
             ti = t->src[d]; t->src[d] = t->src[r]; t->src[r] = ti;
-            uint64_t tw = t->seq[d]; t->seq[d] = t->seq[r]; t->seq[r] = tw;
-            for (uint64_t w = t->seq[r]; w; w &= w - 1) {
-                t->tail[kvc_ctz64(w)] = (int32_t)r;
+            for (uint32_t w = 0; w < t->seq_words; w++) {
+                uint64_t *plane = t->seq + (size_t)w * size;
+                const uint64_t tw = plane[d];
+                plane[d] = plane[r];
+                plane[r] = tw;
             }
-            for (uint64_t w = t->seq[d]; w; w &= w - 1) {
-                t->tail[kvc_ctz64(w)] = (int32_t)d;
+            for (int32_t q = kvc_seqs_next(t->seq, size, t->seq_words, r, -1); q >= 0;
+                 q = kvc_seqs_next(t->seq, size, t->seq_words, r, q)) {
+                t->tail[q] = (int32_t)r;
+            }
+            for (int32_t q = kvc_seqs_next(t->seq, size, t->seq_words, d, -1); q >= 0;
+                 q = kvc_seqs_next(t->seq, size, t->seq_words, d, q)) {
+                t->tail[q] = (int32_t)d;
             }
         }
     }
@@ -326,10 +328,10 @@ static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *
             }
         }
         t->pos[cell] = last_pos;
-        t->seq[cell] = 0;
+        rec_clear(t, cell);
         for (uint32_t j = ub->seq_off[g]; j < ub->seq_off[g + 1]; j++) {
             const int32_t s = ub->seq_ids[j];
-            t->seq[cell] |= seq_bit(s);
+            rec_add(t, cell, s);
             t->tail[s] = (int32_t)cell;
         }
     }
@@ -338,7 +340,7 @@ static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *
     t->n = (uint32_t)(max - min + 1);
     uint32_t used = 0;
     for (uint32_t i = 0; i < size; i++) {
-        used += t->seq[i] != 0;
+        used += !rec_none(t, i);
     }
     t->used = used;
     return t->n >= n_seqs ? 1 : 0;
@@ -373,14 +375,19 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
                                tk->name, tk->blck_size, tv->name, tv->blck_size);
         }
     }
+    const int rc = kvc_state_check_sizes(p->kv_size, p->n_seq_max, p->type_k, p->type_v, p->n_layer, p->n_embd_k,
+                                         p->n_embd_v, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
     c->n_seq_max = p->n_seq_max;
     c->type_k = p->type_k;
     c->type_v = p->type_v;
     c->n_layer = p->n_layer;
     c->layers = kvc_calloc(p->n_layer, sizeof *c->layers);
     c->read_off = kvc_calloc(2 * (size_t)p->n_layer, sizeof *c->read_off);
-    if (!c->layers || !c->read_off || rec_cells_alloc(&c->cells, p->kv_size) != KVC_OK ||
-        rec_cells_alloc(&c->work, p->kv_size) != KVC_OK) {
+    if (!c->layers || !c->read_off || rec_cells_alloc(&c->cells, p->kv_size, kvc_seq_words(p->n_seq_max)) != KVC_OK ||
+        rec_cells_alloc(&c->work, p->kv_size, kvc_seq_words(p->n_seq_max)) != KVC_OK) {
         kvc_recurrent_free(c);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory for a recurrent cache of %u cells", p->kv_size);
     }
@@ -388,8 +395,8 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
         kvc_rec_layer *L = &c->layers[il];
         L->n_embd_k = p->n_embd_k[il];
         L->n_embd_v = p->n_embd_v[il];
-        L->k_row_bytes = (size_t)p->n_embd_k[il] / tk->blck_size * tk->type_size;
-        L->v_row_bytes = (size_t)p->n_embd_v[il] / tv->blck_size * tv->type_size;
+        L->k_row_bytes = kvc_row_size(p->type_k, p->n_embd_k[il]);
+        L->v_row_bytes = kvc_row_size(p->type_v, p->n_embd_v[il]);
     }
     rec_cells_wipe(&c->cells);
     rec_cells_wipe(&c->work);
@@ -457,7 +464,7 @@ void kvc_recurrent_seq_add(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, 
     }
     const int32_t tl = rec_tail_in_range(&c->cells, s, p0, p1);
     if (tl >= 0) {
-        c->cells.pos[tl] = (int32_t)((uint32_t)c->cells.pos[tl] + (uint32_t)shift);
+        c->cells.pos[tl] = kvc_wrap_add_i32(c->cells.pos[tl], shift);
     }
 }
 
@@ -472,19 +479,19 @@ void kvc_recurrent_seq_div(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, 
 }
 
 int32_t kvc_recurrent_seq_pos_min(const kvc_recurrent *c, int32_t s) {
-    int32_t r = KVC_POS_MAX;
+    int64_t r = KVC_POS_END;   /* past every position: a state at KVC_POS_MAX is one */
     for (uint32_t i = 0; i < c->cells.size; i++) {
-        if (seq_has(c->cells.seq[i], s) && c->cells.pos[i] < r) {
+        if (rec_has(&c->cells, i, s) && c->cells.pos[i] < r) {
             r = c->cells.pos[i];
         }
     }
-    return r == KVC_POS_MAX ? -1 : r;
+    return r == KVC_POS_END ? -1 : (int32_t)r;
 }
 
 int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s) {
     int32_t r = -1;
     for (uint32_t i = 0; i < c->cells.size; i++) {
-        if (seq_has(c->cells.seq[i], s) && c->cells.pos[i] > r) {
+        if (rec_has(&c->cells, i, s) && c->cells.pos[i] > r) {
             r = c->cells.pos[i];
         }
     }
@@ -506,6 +513,20 @@ int kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err
     const int st = kvc_ubatch_check(ub, c->n_seq_max, err);
     if (st != KVC_OK) {
         return st;
+    }
+    /* a state is one cell: a sequence cannot be in two groups of one step */
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
+    for (uint32_t g = 0; g < ub->n_seqs; g++) {
+        for (uint32_t j = ub->seq_off[g]; j < ub->seq_off[g + 1]; j++) {
+            if (kvc_seqset_has(&seen, ub->seq_ids[j])) {
+                return kvc_err_set(err, KVC_E_ARG, "find_slot: sequence %d is in two token groups of the ubatch",
+                                   ub->seq_ids[j]);
+            }
+        }
+        for (uint32_t j = ub->seq_off[g]; j < ub->seq_off[g + 1]; j++) {
+            kvc_seqset_add(&seen, ub->seq_ids[j]);
+        }
     }
     rec_cells_copy(&c->work, &c->cells);
     const int r = rec_find_slot(&c->work, ub, c, err);
@@ -563,7 +584,7 @@ int kvc_recurrent_s_mask(kvc_recurrent *c, uint32_t count, float *out) {
 
 uint32_t kvc_recurrent_cell_max(const kvc_recurrent *c) {
     for (uint32_t i = c->cells.size; i > 0; i--) {
-        if (c->cells.pos[i - 1] >= 0 && c->cells.seq[i - 1] != 0) {
+        if (c->cells.pos[i - 1] >= 0 && !rec_none(&c->cells, i - 1)) {
             return i;
         }
     }
@@ -603,7 +624,7 @@ static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
     s->size = c->cells.size;
     s->pos = c->cells.pos;
     s->seq = c->cells.seq;
-    s->seq_valid = ~(uint64_t)0;
+    s->seq_words = c->cells.seq_words;
     s->seq_id = seq_id;
     s->empty_is_no_seq = true;
     s->single_writes_id = false;
@@ -648,18 +669,17 @@ static bool get_u32(rec_reader *r, uint32_t *v) {
     if (r->len - r->off < 4) {
         return false;
     }
-    const uint8_t *b = r->p + r->off;
-    *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    *v = kvc_le_get_u32(r->p + r->off);
     r->off += 4;
     return true;
 }
 
 static bool get_i32(rec_reader *r, int32_t *v) {
-    uint32_t u;
-    if (!get_u32(r, &u)) {
+    if (r->len - r->off < 4) {
         return false;
     }
-    memcpy(v, &u, sizeof u);
+    *v = kvc_le_get_i32(r->p + r->off);
+    r->off += 4;
     return true;
 }
 
@@ -667,12 +687,7 @@ static bool get_u64(rec_reader *r, uint64_t *v) {
     if (r->len - r->off < 8) {
         return false;
     }
-    const uint8_t *b = r->p + r->off;
-    uint64_t x = 0;
-    for (int i = 7; i >= 0; i--) {
-        x = x << 8 | b[i];
-    }
-    *v = x;
+    *v = kvc_le_get_u64(r->p + r->off);
     r->off += 8;
     return true;
 }
@@ -723,7 +738,7 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
                     return kvc_err_set(err, KVC_E_STATE, "sequence %d appears in cell %u and in cell %d",
                                        s, i, w->tail[s]);
                 }
-                w->seq[i] |= seq_bit(s);
+                rec_add(w, i, s);
                 w->tail[s] = (int32_t)i;
             }
         }
@@ -759,7 +774,6 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
         return KVC_OK; /* the sequence is just removed */
     }
     const uint32_t seq_off[2] = { 0, 1 };
-    const uint64_t mask = seq_bit(seq_id);
     kvc_ubatch ub;
     ub.n_tokens = 1;
     ub.n_seq_tokens = 1;
@@ -767,7 +781,6 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
     ub.pos = &pos;
     ub.seq_off = seq_off;
     ub.seq_ids = &seq_id;
-    ub.seq_mask = &mask;
     kvc_err ferr;
     ferr.msg[0] = 0;
     const int fr = rec_find_slot(w, &ub, NULL, &ferr);

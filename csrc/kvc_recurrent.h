@@ -4,7 +4,8 @@
  *
  * Cell i has a position (the last one its state has seen), `src` (the cell whose
  * state must be copied in before the next step, -1 = start from zero), the set of
- * sequences sharing the state (a 64-bit word, listed in ascending order), and
+ * sequences sharing the state (word planes as kvc_seqset.h has them, listed in
+ * ascending order), and
  * `tail`: cell i doubles as the record of sequence i, and tail is the index of the
  * cell holding that sequence's state (-1 = none). A cell is empty when its sequence
  * set is empty, whatever its position.
@@ -22,6 +23,7 @@
 
 #include "kvc_common.h"
 #include "kvc_ubatch.h"
+#include "kvc_seqset.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,7 +38,8 @@ typedef struct kvc_rec_cells {
     int32_t  *pos;    /* [size] last position of the state, -1 = none */
     int32_t  *src;    /* [size] cell to copy the state from, -1 = none (state starts at zero) */
     int32_t  *tail;   /* [size] for sequence i: the cell holding its state, -1 = none */
-    uint64_t *seq;    /* [size] bit s set when sequence s shares the cell's state */
+    uint64_t *seq;    /* [seq_words * size] the sequences sharing each cell's state (planes) */
+    uint32_t  seq_words;
 } kvc_rec_cells;
 
 typedef struct kvc_rec_layer {
@@ -66,7 +69,7 @@ typedef struct kvc_recurrent {
 
 typedef struct kvc_recurrent_params {
     uint32_t        kv_size;    /* number of cells, >= max(1, n_seq_max) */
-    uint32_t        n_seq_max;  /* 0..64 */
+    uint32_t        n_seq_max;  /* 0..KVC_MAX_SEQ */
     int32_t         type_k, type_v;
     uint32_t        n_layer;    /* >= 1 */
     const uint32_t *n_embd_k;   /* [n_layer] K row widths, state part included */
@@ -78,8 +81,6 @@ int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err
 void kvc_recurrent_free(kvc_recurrent *c);
 /* Attach the K/V memory of layer il (size rows each; either may be NULL). */
 void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v);
-
-static inline bool kvc_recurrent_cell_is_empty(const kvc_recurrent *c, uint32_t i) { return c->cells.seq[i] == 0; }
 
 /* --- operations; sequence ids are validated by the caller (C5), positions are any int32 --- */
 /* Empty every cell (pos, src, tail -1), head = used = 0, zero the K/V buffers; n is kept. */
@@ -98,11 +99,11 @@ int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s);
 
 /* Place a ubatch of n_seqs groups of n_seq_tokens tokens: group k's state ends up in cell
  * head + k. 1 = placed, 0 = the reference's sanity check failed (n < n_seqs; the cells are
- * changed as the reference changes them). Errors change nothing: KVC_E_ARG (empty ubatch or a
- * sequence id outside [0, n_seq_max)), KVC_E_NOSPACE (no empty cell for a sequence that needs
- * one), KVC_E_INTERNAL (a sequence's tail cell does not hold it: after seq_rm(-1, ...)
- * without clear, or after a find_slot that lost its state; the reference aborts). Warnings go
- * to c->warn / c->n_warn. */
+ * changed as the reference changes them). Errors change nothing: KVC_E_ARG (empty ubatch, a
+ * sequence id outside [0, n_seq_max), or a sequence in two groups), KVC_E_NOSPACE (no empty
+ * cell for a sequence that needs one), KVC_E_INTERNAL (a sequence's tail cell does not hold it:
+ * after seq_rm(-1, ...) without clear, or after a find_slot that lost its state; the reference
+ * aborts). Warnings go to c->warn / c->n_warn. */
 int     kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err);
 void    kvc_recurrent_commit(kvc_recurrent *c);   /* nothing to commit */
 void    kvc_recurrent_restore(kvc_recurrent *c);  /* nothing is ever pending: a no-op */

@@ -151,7 +151,7 @@ int kvc_rope_shift_rows(int32_t type, uint8_t *k, uint32_t n_rows, uint32_t n_he
 
     float *owned = NULL;
     if (scratch == NULL) {
-        owned = (float *)kvc_malloc(kvc_rope_scratch_floats(n_head, head_dim, p->n_rot) * sizeof(float));
+        owned = (float *)kvc_malloc_n(kvc_rope_scratch_floats(n_head, head_dim, p->n_rot), sizeof(float));
         if (owned == NULL) {
             return KVC_E_NOMEM;
         }

@@ -1,42 +1,12 @@
 #include "kvc_state.h"
 
+#include "kvc_le.h"
 #include "kvc_types.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------------------------------------
- * Little-endian scalars. The blob format is little-endian whatever the host; the K/V rows are
- * copied as they are stored.
- * ------------------------------------------------------------------------------------------- */
-
-static void put_u32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-    put_u32(p, (uint32_t)v);
-    put_u32(p + 4, (uint32_t)(v >> 32));
-}
-
-static void put_i32(uint8_t *p, int32_t v) { put_u32(p, (uint32_t)v); }
-
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
-
-/* Two's complement reinterpretation without implementation-defined conversion. */
-static int32_t get_i32(const uint8_t *p) {
-    const uint32_t u = get_u32(p);
-    return u <= (uint32_t)INT32_MAX ? (int32_t)u : -(int32_t)(~u) - 1;
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Writing. A state is produced as a sequence of pieces (scalars, metadata records, runs of rows);
@@ -81,15 +51,15 @@ static bool emit_skip(emitter *e, uint64_t n) {
 
 static void emit_u32(emitter *e, uint32_t v) {
     uint8_t q[4];
-    put_u32(q, v);
+    kvc_le_put_u32(q, v);
     emit(e, q, 4);
 }
 
 static bool src_listed(const kvc_state_src *s, uint32_t i) {
     if (s->seq_id >= 0) {
-        return (s->empty_is_no_seq || s->pos[i] != -1) && ((s->seq[i] >> s->seq_id) & 1u);
+        return (s->empty_is_no_seq || s->pos[i] != -1) && kvc_seqs_has(s->seq, s->size, i, s->seq_id);
     }
-    return s->empty_is_no_seq ? s->seq[i] != 0 : s->pos[i] != -1;
+    return s->empty_is_no_seq ? !kvc_seqs_none(s->seq, s->size, s->seq_words, i) : s->pos[i] != -1;
 }
 
 /* Bytes of listed cell i's metadata record: pos, n_seq_id, the ids. */
@@ -97,7 +67,7 @@ static size_t src_meta_bytes(const kvc_state_src *s, uint32_t i) {
     if (s->seq_id >= 0) {
         return s->single_writes_id ? 12 : 8;
     }
-    return 8 + 4 * (size_t)kvc_popcount64(s->seq[i] & s->seq_valid);
+    return 8 + 4 * (size_t)kvc_seqs_count(s->seq, s->size, s->seq_words, i);
 }
 
 /* Count the listed cells, their runs of consecutive cells and their metadata bytes. */
@@ -138,6 +108,27 @@ static uint64_t src_total(const kvc_state_src *s, uint32_t cc, uint64_t meta) {
     return n;
 }
 
+int kvc_state_check_sizes(uint32_t size, uint32_t n_seq_max, int32_t type_k, int32_t type_v, uint32_t n_layer,
+                          const uint32_t *n_embd_k, const uint32_t *n_embd_v, kvc_err *err) {
+    /* the state: cell count, per cell position, id count and ids, V layout, layer count, per
+     * layer two 12-byte headers; the K/V memory: what the state's data sections hold at most */
+    uint64_t meta, total = 4 + 4 + 4;
+    bool ok = kvc_size_mul(size, 8 + 4 * (uint64_t)n_seq_max, &meta) && kvc_size_add(total, meta, &total);
+    for (uint32_t l = 0; ok && l < n_layer; l++) {
+        const uint64_t k_row = kvc_row_size(type_k, n_embd_k[l]), v_row = kvc_row_size(type_v, n_embd_v[l]);
+        uint64_t kb, vb;
+        ok = (k_row || !n_embd_k[l]) && (v_row || !n_embd_v[l]) && kvc_size_mul(k_row, size, &kb) &&
+             kvc_size_mul(v_row, size, &vb) && kvc_size_add(total, 24, &total) && kvc_size_add(total, kb, &total) &&
+             kvc_size_add(total, vb, &total);
+    }
+    if (!ok) {
+        return kvc_err_set(err, KVC_E_ARG, "a cache of %" PRIu32 " cells and %" PRIu32 " layers of these row "
+                           "widths has more bytes of K/V memory or state than a size_t can count (%zu)",
+                           size, n_layer, (size_t)SIZE_MAX);
+    }
+    return KVC_OK;
+}
+
 size_t kvc_state_src_size(const kvc_state_src *s) {
     uint32_t cc, nr;
     uint64_t meta;
@@ -157,24 +148,25 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
                        emitter *e) {
     emit_u32(e, cc);
     if (!emit_skip(e, meta)) {
-        const uint64_t ids = s->seq_id >= 0 ? 0 : s->seq_valid;
         uint8_t rec[8 + 4 * KVC_MAX_SEQ];
         for (uint32_t k = 0; k < nr && e->pos < e->hi; k++) {
             for (uint32_t i = runs[2 * k]; i < runs[2 * k + 1]; i++) {
                 size_t n = 8;
-                put_i32(rec, s->pos[i]);
+                kvc_le_put_i32(rec, s->pos[i]);
                 if (s->seq_id >= 0) {
-                    put_u32(rec + 4, s->single_writes_id ? 1u : 0u);
+                    kvc_le_put_u32(rec + 4, s->single_writes_id ? 1u : 0u);
                     if (s->single_writes_id) {
-                        put_i32(rec + 8, s->seq_id);
+                        kvc_le_put_i32(rec + 8, s->seq_id);
                         n = 12;
                     }
                 } else {
-                    uint64_t bits = s->seq[i] & ids;
-                    put_u32(rec + 4, kvc_popcount64(bits));
-                    for (; bits; bits &= bits - 1, n += 4) {
-                        put_i32(rec + n, (int32_t)kvc_ctz64(bits));
+                    /* the ids ascending, as the reference's std::set */
+                    uint32_t count = 0;
+                    for (int32_t id = kvc_seqs_next(s->seq, s->size, s->seq_words, i, -1); id >= 0;
+                         id = kvc_seqs_next(s->seq, s->size, s->seq_words, i, id), n += 4, count++) {
+                        kvc_le_put_i32(rec + n, id);
                     }
+                    kvc_le_put_u32(rec + 4, count);
                 }
                 emit(e, rec, n);
             }
@@ -189,8 +181,8 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
             continue;
         }
         uint8_t h[12];
-        put_i32(h, s->type_k);
-        put_u64(h + 4, (uint64_t)l.k_row);
+        kvc_le_put_i32(h, s->type_k);
+        kvc_le_put_u64(h + 4, (uint64_t)l.k_row);
         emit(e, h, 12);
         emit_rows(e, runs, nr, l.k, l.k_row);
     }
@@ -201,15 +193,15 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
             continue;
         }
         uint8_t h[12];
-        put_i32(h, s->type_v);
+        kvc_le_put_i32(h, s->type_v);
         if (!s->v_trans) {
-            put_u64(h + 4, (uint64_t)l.v_row);
+            kvc_le_put_u64(h + 4, (uint64_t)l.v_row);
             emit(e, h, 12);
             emit_rows(e, runs, nr, l.v, l.v_row);
             continue;
         }
-        put_u32(h + 4, (uint32_t)s->v_el);
-        put_u32(h + 8, l.n_embd_v);
+        kvc_le_put_u32(h + 4, (uint32_t)s->v_el);
+        kvc_le_put_u32(h + 8, l.n_embd_v);
         emit(e, h, 12);
         /* row j of the transposed V holds the listed cells' elements j */
         const size_t stride = (size_t)s->size * s->v_el;
@@ -233,7 +225,7 @@ int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, s
     const uint64_t n = total - offset < cap ? total - offset : cap;
     uint32_t *runs = NULL;
     if (nr) {
-        runs = kvc_malloc((size_t)nr * 2 * sizeof *runs);
+        runs = kvc_malloc_n((uint64_t)nr * 2, sizeof *runs);
         if (!runs) {
             return KVC_E_NOMEM;
         }
@@ -261,10 +253,6 @@ int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, s
 
 /* --- the unified cache as a writer source --------------------------------------------------- */
 
-static uint64_t seq_id_mask(uint32_t n_seq_max) {
-    return n_seq_max >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n_seq_max) - 1;
-}
-
 /* Bytes of V element of a transposed V (its type has block size 1). */
 static size_t v_elem_bytes(const kvc_unified *c) {
     const kvc_type_info *t = kvc_type_get(c->type_v);
@@ -288,7 +276,7 @@ static void unified_src(const kvc_unified *c, int32_t seq_id, kvc_state_src *s) 
     s->size = c->cells.size;
     s->pos = c->cells.pos;
     s->seq = c->cells.seq;
-    s->seq_valid = seq_id_mask(c->n_seq_max);
+    s->seq_words = c->cells.seq_words;
     s->seq_id = seq_id;
     s->empty_is_no_seq = false;
     s->single_writes_id = true;
@@ -310,22 +298,24 @@ size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) {
     return kvc_state_src_size(&s);
 }
 
-int kvc_unified_state_write_range(const kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                   size_t cap, size_t *written) {
     *written = 0;
     if (!seq_id_valid(c, seq_id)) {
         return KVC_E_ARG;
     }
+    kvc_unified_defrag_settle(c);
     kvc_state_src s;
     unified_src(c, seq_id, &s);
     return kvc_state_src_write(&s, offset, out, cap, written);
 }
 
-int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
+int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
     *written = 0;
     if (!seq_id_valid(c, seq_id)) {
         return KVC_E_ARG;
     }
+    kvc_unified_defrag_settle(c);
     kvc_state_src s;
     unified_src(c, seq_id, &s);
     const size_t total = kvc_state_src_size(&s);
@@ -359,7 +349,7 @@ static bool rd_u32(reader *r, uint32_t *v) {
     if (!rd_take(r, 4, &q)) {
         return false;
     }
-    *v = get_u32(q);
+    *v = kvc_le_get_u32(q);
     return true;
 }
 
@@ -368,7 +358,7 @@ static bool rd_i32(reader *r, int32_t *v) {
     if (!rd_take(r, 4, &q)) {
         return false;
     }
-    *v = get_i32(q);
+    *v = kvc_le_get_i32(q);
     return true;
 }
 
@@ -377,7 +367,7 @@ static bool rd_u64(reader *r, uint64_t *v) {
     if (!rd_take(r, 8, &q)) {
         return false;
     }
-    *v = get_u64(q);
+    *v = kvc_le_get_u64(q);
     return true;
 }
 
@@ -405,11 +395,12 @@ typedef struct parsed {
     size_t   data_off;   /* where v_trans is */
     size_t   end;        /* bytes of the state */
     int32_t *pos;        /* with a cache: the positions (kvc_malloc'ed), else NULL */
-    uint64_t *seq;       /* with a cache, whole: the sequence sets (kvc_malloc'ed), else NULL */
+    uint64_t *seq;       /* with a cache, whole: the sequence sets, seq_words words per cell
+                          * (kvc_malloc'ed), else NULL */
     /* describing */
     kvc_state_desc       *desc;
     int32_t              *d_pos;
-    uint64_t             *d_seq;
+    uint64_t             *d_seq;          /* KVC_SEQ_WORDS words per cell */
     uint32_t              d_pos_cap;
     kvc_state_layer_desc *d_layers;
     uint32_t              d_layers_cap;
@@ -426,10 +417,11 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                            r->off, r->len, cc, (size_t)cc * min_rec, r->len - r->off);
     }
     /* the apply takes the cells from here, never from the blob again (it may change meanwhile) */
+    const uint32_t nw = c ? c->cells.seq_words : KVC_SEQ_WORDS;
     if (c && cc > 0) {
-        ps->pos = kvc_malloc((size_t)cc * sizeof *ps->pos);
+        ps->pos = kvc_malloc_n(cc, sizeof *ps->pos);
         if (seq_id < 0) {
-            ps->seq = kvc_malloc((size_t)cc * sizeof *ps->seq);
+            ps->seq = kvc_malloc_n((uint64_t)cc * nw, sizeof *ps->seq);
         }
         if (!ps->pos || (seq_id < 0 && !ps->seq)) {
             return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading a state of %" PRIu32 " cells", cc);
@@ -455,7 +447,6 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
             d->n_seq_id_max = n_seq_id > d->n_seq_id_max ? n_seq_id : d->n_seq_id_max;
             if (i < ps->d_pos_cap) {
                 ps->d_pos[i] = pos;
-                ps->d_seq[i] = 0;
             }
         }
         if (c && seq_id >= 0) {
@@ -478,7 +469,8 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                                " sequence ids, %zu bytes remain",
                                r->off, r->len, i, n_seq_id, r->len - r->off);
         }
-        uint64_t bits = 0;
+        kvc_seqset bits;
+        kvc_seqset_clear(&bits);
         for (uint32_t j = 0; j < n_seq_id; j++) {
             int32_t s;
             if (!rd_i32(r, &s)) {
@@ -491,13 +483,13 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                                    " out of range [0, %" PRIu32 ")",
                                    i, r->off - 4, s, id_limit);
             }
-            bits |= (uint64_t)1 << s; /* a repeated id sets its bit again, as the reference does */
+            kvc_seqset_add(&bits, s); /* a repeated id sets its bit again, as the reference does */
         }
         if (c) {
             ps->pos[i] = pos;
-            ps->seq[i] = bits;
+            memcpy(ps->seq + (size_t)i * nw, bits.w, nw * sizeof *ps->seq);
         } else if (i < ps->d_pos_cap) {
-            ps->d_seq[i] = bits;
+            memcpy(ps->d_seq + (size_t)i * KVC_SEQ_WORDS, bits.w, sizeof bits.w);
         }
     }
     return KVC_OK;
@@ -823,15 +815,24 @@ static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
 /* Whole cache: clear, cell k of the state into cell k, head 0 (the reference's order). The data
  * of cells [0, cell_count) is overwritten below, so only the rest is zeroed. */
 static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
+    /* the cache is replaced: a placement or an undo log from before would refer to cells that
+     * now hold the state's (a restore() would empty them) */
+    kvc_unified_slot_drop(c);
+    kvc_unified_commit(c);
     kvc_cells_reset(&c->cells);
     c->head = 0;
     kvc_unified_zero_cells(c, ps->cell_count, c->cells.size);
-    uint64_t touched = 0;
+    const uint32_t nw = c->cells.seq_words;
+    kvc_seqset touched;
+    kvc_seqset_clear(&touched);
     for (uint32_t i = 0; i < ps->cell_count; i++) {
-        kvc_cells_set_raw(&c->cells, i, ps->pos[i], ps->seq[i]);
-        touched |= ps->seq[i];
+        const uint64_t *set = ps->seq + (size_t)i * nw;
+        kvc_cells_set_raw(&c->cells, i, ps->pos[i], set);
+        for (uint32_t w = 0; w < nw; w++) {
+            touched.w[w] |= set[w];
+        }
     }
-    kvc_cells_rebuild_seq_pos(&c->cells, touched);
+    kvc_cells_rebuild_seq_pos(&c->cells, &touched);
     c->head = 0;
     apply_data(c, ps, 0);
 }
@@ -844,8 +845,7 @@ static int place_cells(kvc_unified *c, const kvc_state_plan *ps) {
     const int32_t seq_id = ps->seq_id;
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { seq_id };
-    const uint64_t seq_mask[1] = { (uint64_t)1 << seq_id };
-    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, seq_mask };
+    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids };
     kvc_unified_seq_rm(c, seq_id, -1, -1);
     const int found = kvc_unified_find_slot(c, &ub);
     if (found == 1 && c->head + cc > c->cells.size) {
@@ -862,6 +862,8 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
     if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
     }
+    /* the dry run is undone: it must not settle a pending defrag (move rows) either */
+    c->defrag_pending = false;
     const int found = place_cells(c, ps);
     const uint32_t head = c->head;
     kvc_unified_snapshot_restore(c, &snap);
@@ -922,6 +924,7 @@ int kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *
 }
 
 int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
+    kvc_unified_defrag_settle(c);
     if (plan->seq_id < 0) {
         apply_whole(c, plan);
         return KVC_OK;
@@ -936,6 +939,7 @@ int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
         return found < 0 ? found : KVC_E_INTERNAL;
     }
     kvc_unified_commit(c);
+    kvc_unified_slot_drop(c);
     apply_data(c, plan, c->head);
     return KVC_OK;
 }

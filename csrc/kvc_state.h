@@ -10,6 +10,7 @@
 
 #include "kvc_common.h"
 #include "kvc_unified.h"
+#include "kvc_seqset.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,15 +22,19 @@ size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id);
 
 /* Write the state of seq_id (-1 = all) into out[0, cap). KVC_OK with *written set, or
  * KVC_E_NOSPACE when cap is too small (nothing meaningful written), KVC_E_ARG for an id outside
- * [-1, n_seq_max). Layers without K/V memory write zeros for their data. */
-int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written);
+ * [-1, n_seq_max). Layers without K/V memory write zeros for their data. A pending defrag is
+ * settled first (kvc_defrag.h), hence the non-const cache. */
+int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written);
 
 /* Read one cache state from data[0, len) into seq_id (-1 = whole cache). On success KVC_OK and
  * *consumed = bytes of the state (trailing bytes are not read). On failure a negative code,
  * err filled, and no change at all. A single-sequence part with cell_count 0 removes seq_id
  * (contract C1b). Negative positions and out-of-range sequence ids are rejected. Codes:
  * KVC_E_STATE (malformed or incompatible blob, or no run of free cells for a single sequence),
- * KVC_E_NOMEM, KVC_E_ARG (seq_id outside [-1, n_seq_max)). */
+ * KVC_E_NOMEM, KVC_E_ARG (seq_id outside [-1, n_seq_max)). A successful read leaves nothing
+ * placed (kvc_slot.h); a whole-cache read also empties the undo log, so that a restore()
+ * afterwards cannot empty cells the read filled (a single sequence's read commits when it
+ * places cells, as llama.cpp's). */
 int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                            size_t *consumed, kvc_err *err);
 
@@ -48,7 +53,7 @@ int kvc_unified_state_read_ex(kvc_unified *c, int32_t seq_id, const uint8_t *dat
 /* Bytes [offset, offset + cap) of the blob kvc_unified_state_write produces, into out (for
  * streaming a state in pieces of bounded size). *written = bytes produced: cap, or fewer at the
  * end of the blob (0 at or past its end). KVC_OK, KVC_E_ARG (bad seq_id), KVC_E_NOMEM. */
-int kvc_unified_state_write_range(const kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                   size_t cap, size_t *written);
 
 /* --- the blob writer shared by the cache variants ----------------------------------------- */
@@ -67,8 +72,8 @@ typedef struct kvc_state_layer_src {
 typedef struct kvc_state_src {
     uint32_t        size;
     const int32_t  *pos;             /* [size] */
-    const uint64_t *seq;             /* [size] */
-    uint64_t        seq_valid;       /* ids written for a whole-cache state */
+    const uint64_t *seq;             /* [seq_words * size] the cells' sets as word planes (kvc_seqset.h) */
+    uint32_t        seq_words;
     int32_t         seq_id;          /* -1 = whole cache */
     bool            empty_is_no_seq; /* recurrent: a cell is empty when it has no sequence */
     bool            single_writes_id;/* single sequence: n_seq_id 1 + the id (unified), or 0 (recurrent) */
@@ -79,6 +84,13 @@ typedef struct kvc_state_src {
     const void     *cache;           /* passed to layer() */
     void          (*layer)(const void *cache, uint32_t il, kvc_state_layer_src *out);
 } kvc_state_src;
+
+/* The byte counts of a cache, checked once at its construction: its K/V memory (size cells of
+ * the rows of n_layer layers: n_embd_k[l] elements of type_k, n_embd_v[l] of type_v) and its
+ * largest state (every cell listing n_seq_max ids) fit in a size_t. KVC_OK, or KVC_E_ARG with
+ * err saying which count does not. */
+int kvc_state_check_sizes(uint32_t size, uint32_t n_seq_max, int32_t type_k, int32_t type_v, uint32_t n_layer,
+                          const uint32_t *n_embd_k, const uint32_t *n_embd_v, kvc_err *err);
 
 /* Bytes of the state src describes. */
 size_t kvc_state_src_size(const kvc_state_src *src);
@@ -111,9 +123,10 @@ typedef struct kvc_state_desc {
 } kvc_state_desc;
 
 /* Walk one cache state at data[0, len) with the same checks of structure as the readers (every
- * count against the bytes left, sequence ids in [0, 64), v_trans 0 or 1) but none against a
- * cache. Fills d, and, when given, pos[i] / seq[i] (bit s: cell i lists s) for the first pos_cap
- * cells and layers[il] for the first layers_cap layers. KVC_OK or KVC_E_STATE. */
+ * count against the bytes left, sequence ids in [0, KVC_MAX_SEQ), v_trans 0 or 1) but none
+ * against a cache. Fills d, and, when given, pos[i] and seq[KVC_SEQ_WORDS * i + w] (bit b of
+ * word w: cell i lists sequence 64 * w + b) for the first pos_cap cells and layers[il] for the
+ * first layers_cap layers. KVC_OK or KVC_E_STATE. */
 int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                        uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err);
 
@@ -135,7 +148,8 @@ typedef struct kvc_state_plan {
     size_t         len;        /* bytes of the part */
     int32_t       *pos;        /* the cells' validated positions (owned; NULL without cells) */
     uint32_t       v_trans;    /* the part's V layout (differs from the cache's only when converting) */
-    uint64_t      *seq;        /* whole cache: the cells' validated sequence sets (owned), else NULL */
+    uint64_t      *seq;        /* whole cache: the cells' validated sequence sets, the cache's
+                                * seq_words words per cell (owned), else NULL */
 } kvc_state_plan;
 
 /* Validate the part at data[0, len) for seq_id and, for a single sequence, check that its cells

@@ -40,10 +40,11 @@ const kvc_type_info *kvc_type_by_name(const char *name) {
 
 size_t kvc_row_size(int32_t type, uint64_t n) {
     const kvc_type_info *t = kvc_type_get(type);
-    if (!t || n % t->blck_size != 0) {
+    uint64_t bytes;
+    if (!t || n % t->blck_size != 0 || !kvc_size_mul(n / t->blck_size, t->type_size, &bytes)) {
         return 0;
     }
-    return (size_t)(n / t->blck_size) * t->type_size;
+    return (size_t)bytes;
 }
 
 static inline uint32_t kvc_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

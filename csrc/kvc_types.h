@@ -38,8 +38,8 @@ const kvc_type_info *kvc_type_by_name(const char *name);
 size_t kvc_type_count(void);
 const kvc_type_info *kvc_type_at(size_t i);
 
-/* ggml_row_size: bytes of a row of n elements; 0 when n is not a multiple of the block
- * or the type is unknown. */
+/* ggml_row_size: bytes of a row of n elements; 0 when n is not a multiple of the block, the
+ * type is unknown or the bytes exceed SIZE_MAX. */
 size_t kvc_row_size(int32_t type, uint64_t n);
 
 /* f16 / bf16 <-> f32 conversion (IEEE round-to-nearest-even, as ggml). */

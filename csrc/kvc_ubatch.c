@@ -15,17 +15,12 @@ int kvc_ubatch_check(const kvc_ubatch *ub, uint32_t n_seq_max, kvc_err *err) {
         if (e <= b) {
             return kvc_err_set(err, KVC_E_ARG, "ubatch: token group %u has no sequence id", g);
         }
-        uint64_t mask = 0;
         for (uint32_t j = b; j < e; j++) {
             const int32_t s = ub->seq_ids[j];
             if (s < 0 || (uint32_t)s >= n_seq_max) {
                 return kvc_err_set(err, KVC_E_ARG, "ubatch: seq_id %d of token group %u is outside [0, %u)",
                                    s, g, n_seq_max);
             }
-            mask |= (uint64_t)1 << s;
-        }
-        if (mask != ub->seq_mask[g]) {
-            return kvc_err_set(err, KVC_E_ARG, "ubatch: seq_mask of group %u disagrees with its ids", g);
         }
     }
     return KVC_OK;

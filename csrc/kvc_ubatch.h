@@ -3,7 +3,7 @@
  * Tokens are grouped: n_tokens = n_seq_tokens * n_seqs, token t belongs to
  * group t / n_seq_tokens. A simple split has n_seq_tokens = 1 (one group per
  * token). Each group carries its list of sequence ids, in the order given
- * (the mask uses the first one), and the same ids as a bit mask. */
+ * (the mask uses the first one). */
 #ifndef KVC_UBATCH_H
 #define KVC_UBATCH_H
 
@@ -20,7 +20,6 @@ typedef struct kvc_ubatch {
     const int32_t  *pos;           /* [n_tokens] positions */
     const uint32_t *seq_off;       /* [n_seqs + 1] group g's ids: seq_ids[seq_off[g] .. seq_off[g+1]) */
     const int32_t  *seq_ids;       /* flat list of sequence ids */
-    const uint64_t *seq_mask;      /* [n_seqs] the same ids as bits */
 } kvc_ubatch;
 
 /* Check a ubatch against n_seq_max: shapes agree, every group has at least one id, every id is

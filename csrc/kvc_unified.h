@@ -1,6 +1,9 @@
-/* kvcache — the unified KV cache (llama_kv_cache_unified): cells, slot search,
- * sequence operations, recovery, KQ mask, position buckets, K-shift input,
- * defragmentation, and the per-layer K/V buffers it manages.
+/* kvcache — the unified KV cache (llama_kv_cache_unified): its state, construction, the
+ * sequence operations, the sliding window and the per-layer K/V buffers it manages.
+ *
+ * The rest of the cache is declared by concept: kvc_slot.h (slot search, the undo log,
+ * snapshots, storing a ubatch's rows), kvc_defrag.h (defragmentation), kvc_mask.h (the KQ
+ * mask), kvc_kshift.h (the K-shift of the K memory), kvc_state.h (the state codec).
  *
  * The K/V memory is not allocated here: the owner (the Python layer) attaches
  * one K and one V buffer per kept layer with kvc_unified_set_layer_buffers, or
@@ -11,7 +14,6 @@
 #include "kvc_common.h"
 #include "kvc_cells.h"
 #include "kvc_ubatch.h"
-#include "kvc_mask.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,14 +35,37 @@ typedef struct kvc_layer {
     uint8_t *v;            /* size rows of v_row_bytes; transposed: n_embd_v rows of size elements */
 } kvc_layer;
 
-/* One find_slot's snapshot of cells [i, i + n): entries [off, off + n) of the arena. */
-typedef struct kvc_recovery {
+/* One find_slot's overwritten cells [i, i + n), as they were: entries [off, off + n) of the
+ * undo log's arrays. */
+typedef struct kvc_undo_span {
     uint32_t i, n, off;
-} kvc_recovery;
+} kvc_undo_span;
+
+/* The undo log: the cells each find_slot overwrote since the last commit, as they were, so
+ * that restore() (and a rewind) can put them back. */
+typedef struct kvc_undo {
+    kvc_undo_span *spans;        /* [n_spans] in find_slot order */
+    uint32_t       n_spans, cap_spans;
+    int32_t       *pos;          /* [n_cells] the overwritten cells' positions */
+    uint64_t      *seq;          /* [n_cells * seq_words] and sequence sets, a cell's words together */
+    uint32_t       n_cells, cap_cells;
+    uint32_t       seq_words;    /* words of a set (the cell table's) */
+} kvc_undo;
+
+/* Where the last successful find_slot put its ubatch: token t is in cell head + t (kvc_slot.h reads
+ * it through kvc_unified_slot_cell, so that a placement in scattered cells can replace the run).
+ * n == 0: nothing is placed. */
+typedef struct kvc_slot {
+    uint32_t head, n;
+} kvc_slot;
 
 typedef struct kvc_unified {
+    /* the cell table and the state that goes with it (head, placement, undo log) */
     kvc_cells  cells;        /* the cell table */
     uint32_t   head;         /* where the next slot search starts */
+    kvc_slot   slot;         /* the last placement, until an operation changes the cells */
+    kvc_undo   undo;         /* what the find_slot calls since the last commit overwrote */
+    /* the whole cache */
     uint32_t   n;            /* cells the attention looks at (the mask's columns) */
     uint32_t   n_seq_max;    /* valid sequence ids: [0, n_seq_max) */
     uint32_t   n_pad;        /* kv_size and n are multiples of it */
@@ -51,21 +76,18 @@ typedef struct kvc_unified {
     bool       v_trans;      /* V stored transposed */
     uint32_t   n_layer;      /* kept layers */
     kvc_layer *layers;       /* [n_layer] in model order */
-    /* recovery: snapshots of the cells each find_slot overwrote since the last commit */
-    kvc_recovery *rec;       /* [n_rec] in find_slot order */
-    uint32_t   n_rec, cap_rec;
-    int32_t   *rec_pos;      /* arena of snapshot positions */
-    uint64_t  *rec_seq;      /* arena of snapshot sequence words */
-    uint32_t   n_rec_arena, cap_rec_arena;
-    /* defragmentation */
-    bool       do_defrag;    /* set by defrag_sched, cleared by defrag_apply / update */
+    /* defragmentation (kvc_defrag.h) */
+    bool       do_defrag;    /* set by defrag_sched, cleared by defrag_move / update */
     uint32_t  *defrag_ids;   /* [size] cell i moves to ids[i] (plan of the last defrag_prepare) */
     uint32_t   n_defrag_ids; /* length of the plan (used_max_p1 when it was made) */
+    bool       defrag_pending; /* the plan's cells moved, their K/V rows not yet */
+    uint32_t   n_threads;    /* threads a large K/V move may use; 0: kvc_parallel_width() */
+    bool       vector_moves; /* transposed-V moves may take the vector path (decided at init) */
 } kvc_unified;
 
 typedef struct kvc_unified_params {
     uint32_t        kv_size;
-    uint32_t        n_seq_max;   /* 1..64 */
+    uint32_t        n_seq_max;   /* 1..KVC_MAX_SEQ */
     uint32_t        n_pad;       /* > 0, divides kv_size */
     uint32_t        n_swa;
     int32_t         swa_type;
@@ -82,8 +104,19 @@ int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
 void kvc_unified_free(kvc_unified *c);
 /* Attach the K/V memory of kept layer `ikv` (index into layers, not the model index). */
 void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v);
-
-static inline uint32_t kvc_unified_size(const kvc_unified *c) { return c->cells.size; }
+/* Whether the cache holds K/V memory (the owner attaches it to every layer or to none). */
+static inline bool kvc_unified_has_memory(const kvc_unified *c) {
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        if (c->layers[l].k || c->layers[l].v) {
+            return true;
+        }
+    }
+    return false;
+}
+/* The threads a K/V move of 16 MiB or more may share its layers among (never more than there
+ * are layers): 1..KVC_MAX_THREADS, or 0 for kvc_parallel_width() (the default). KVC_OK or
+ * KVC_E_ARG. */
+int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err);
 
 /* --- operations; sequence ids and positions are validated by the caller ---------------- */
 void    kvc_unified_clear(kvc_unified *c);           /* also zeroes the K/V buffers; n kept */
@@ -97,85 +130,43 @@ void    kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, i
 static inline int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s) { return kvc_cells_seq_pos_min(&c->cells, s); }
 static inline int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s) { return kvc_cells_seq_pos_max(&c->cells, s); }
 
-/* Place a (checked) ubatch: 1 = placed at head, 0 = no slot (head may have moved, as the
- * seed's), KVC_E_NOMEM (nothing changed). */
-int     kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub);
-void    kvc_unified_commit(kvc_unified *c);
-void    kvc_unified_restore(kvc_unified *c);
-void    kvc_unified_set_full(kvc_unified *c);
-
-/* Write the K / V rows of the n_tokens tokens just placed at head, for kept layer ikv.
- * k: n_tokens rows of k_row_bytes; v: n_tokens rows of v_row_bytes (transposed on store when
- * v_trans). Either may be NULL. The caller checked head + n_tokens <= size. */
-void    kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v);
-
 /* Slide the window of sequence s after a batch spanning [pmin, pmax] (iSWA commit): the cells of
  * s that no position up to pmax can see lose s. Returns 1 when fewer than min(n_swa, pmin)
  * cells of s were visible from pmin (a partial SWA cache: information may be lost), 0 otherwise,
  * KVC_E_ARG for a cache without a sliding window. */
 int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax);
 
-/* Is the pair (key position p0, query position p1) outside the sliding window? */
-bool    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1);
-
-
-/* KQ mask into out[rows][c->n], rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) (the caller
- * allocated it): a token sees a cell when the cell holds the token's first sequence id, is not
- * in its future (causal) and not outside the sliding window. Padding rows see nothing.
- * KVC_OK or KVC_E_NOMEM (out untouched). */
-int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi,
-                            int dtype, void *out);
-static inline int kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
-                                          bool alibi, float *out) {
-    return kvc_unified_kq_mask(c, ub, causal, alibi, KVC_MASK_F32, out);
+/* The sliding window, the one definition the mask and the pruning share: a query at position p1
+ * sees the keys at positions >= kvc_unified_swa_start(c, p1) (standard: masked when
+ * p1 - p0 >= n_swa; chunked: masked before the chunk holding p1); without a window, every key. */
+static inline int64_t kvc_unified_swa_start(const kvc_unified *c, int32_t p1) {
+    switch (c->swa_type) {
+    case KVC_SWA_STANDARD:
+        return (int64_t)p1 - c->n_swa + 1;
+    case KVC_SWA_CHUNKED:
+        return ((int64_t)p1 / c->n_swa) * c->n_swa;
+    default:
+        return INT64_MIN;
+    }
 }
+
+/* Is the pair (key position p0, query position p1) outside the sliding window? */
+static inline bool kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1) {
+    return p0 < kvc_unified_swa_start(c, p1);
+}
+
 /* T5 relative position buckets into out[n_tokens][c->n]. */
 void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out);
 int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets);
 /* The per-cell shift input: out[i] = shift of cell i (0 when empty), i < size. */
 void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out);
 
-/* Schedule a defrag when fragmentation (n >= 2048) exceeds thold. */
-void    kvc_unified_defrag_sched(kvc_unified *c, float thold);
-/* Plan a defrag (moves the cell metadata, fills defrag_ids). 1 = something to move, 0 = not. */
-int     kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes);
-/* The last plan as runs: cells [src, src + n) move to [dst, dst + n); writes 3 values per run
- * into runs (when not NULL) and returns the number of runs. */
-uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs);
-/* Move the K/V data as the last plan says (contiguous runs at once). */
-void    kvc_unified_defrag_move(kvc_unified *c);
-
-/* --- undoing find_slot calls exactly ---------------------------------------------------- */
-/* What the find_slot calls change besides the cells: head, n and the recovery stack. A mark
- * taken before them lets kvc_unified_rewind undo them all, e.g. when a composite operation
- * (the two caches of an iSWA cache) fails in its second part after the first succeeded. */
-typedef struct kvc_unified_mark {
-    uint32_t head, n;
-    uint32_t n_rec, n_rec_arena;
-} kvc_unified_mark;
-void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m);
-/* Undo every find_slot since m was taken, newest first: the cells they filled get back their
- * previous positions and sequences, head and n their marked values. Only find_slot calls may
- * have changed c since the mark (KVC_E_ARG, nothing changed, when the recovery stack is
- * shorter than at the mark, e.g. after a commit). */
-int  kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m);
-
-/* --- whole-object snapshot, for operations that must leave no trace on failure ---------- */
-typedef struct kvc_unified_snapshot {
-    kvc_cells cells;
-    uint32_t  head, n;
-    uint32_t  n_rec, n_rec_arena;
-    kvc_recovery *rec;
-    int32_t  *rec_pos;
-    uint64_t *rec_seq;
-    bool      do_defrag;
-} kvc_unified_snapshot;
-int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s);   /* KVC_OK / NOMEM */
-void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s); /* metadata only */
-void kvc_unified_snapshot_free(kvc_unified_snapshot *s);
-
 #ifdef __cplusplus
 }
 #endif
+
+#include "kvc_slot.h"
+#include "kvc_defrag.h"
+#include "kvc_mask.h"
 
 #endif

@@ -110,17 +110,18 @@ def check_unified_invariants(c, strict=True):
     strict: every used cell holds a sequence, as after operations through the API (a whole
     cache state read from a blob may, as llama.cpp's, hold used cells listing no sequence)."""
     cells = c.cells()
-    pos, shift, seq = cells.pos, cells.shift, cells.seq_mask
+    pos, shift = cells.pos, cells.shift
+    holds_any = cells.seq_mask.any(axis=1)
     nonempty = pos != -1
     assert c.used == int(nonempty.sum())
-    assert not np.any((seq != 0) & ~nonempty), "an empty cell holds a sequence"
+    assert not np.any(holds_any & ~nonempty), "an empty cell holds a sequence"
     if strict:
-        assert np.all((seq != 0) == nonempty), "a used cell holds no sequence"
+        assert np.all(holds_any == nonempty), "a used cell holds no sequence"
     assert np.all(pos[nonempty] >= 0)
     assert 0 <= c.head <= c.size     # a failed search may leave head at size, as the reference does
     assert c.n <= c.size and c.n % c.n_pad == 0
     for s in range(c.n_seq_max):
-        held = pos[(seq >> np.uint64(s)) & np.uint64(1) == 1]
+        held = pos[cells.holds(s)]
         want = (int(held.min()), int(held.max())) if held.size else (-1, -1)
         assert (c.seq_pos_min(s), c.seq_pos_max(s)) == want, f"sequence {s}"
     if not c.has_shift:
@@ -129,7 +130,7 @@ def check_unified_invariants(c, strict=True):
     ref = UnifiedReference(c.size, c.n_seq_max, c.n_pad, c.n_swa, c.swa_type, n_layer=max(1, len(c.layers)))
     ref.pos = pos.tolist()
     ref.shift = shift.tolist()
-    ref.seq = [{s for s in range(64) if (int(m) >> s) & 1} for m in seq]
+    ref.seq = [set(cells.seq_ids(i)) for i in range(c.size)]
     ref.has_shift = c.has_shift
     ref.head, ref.n = c.head, c.n
     assert ref.used == c.used

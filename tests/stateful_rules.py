@@ -21,8 +21,13 @@ class SequenceRules:
         """Apply one op to model and cache; the fields the model gives (the cache's are equal)."""
         return apply_both(*self.replays, {"op": name, **args})
 
+    #: the sequence ids in play, or None for all of [0, n_seq_max)
+    ids = None
+
     def seq(self, data, allow_any=False):
         """A valid sequence id (or -1, any sequence, with allow_any)."""
+        if self.ids is not None:
+            return data.draw(st.sampled_from(([-1] if allow_any else []) + self.ids), label="seq_id")
         return data.draw(st.integers(-1 if allow_any else 0, self.n_seq_max - 1), label="seq_id")
 
     def prange(self, data):

@@ -123,7 +123,7 @@ def test_int_arguments_are_read_once_from_their_value():
     with pytest.raises(ValueError):
         c.pos_bucket(kvcache.UBatch([0], [0]), _Lying(2**40))
     with pytest.raises(ValueError):
-        kvcache.UBatch([0], [_Lying(64)])
+        kvcache.UBatch([0], [_Lying(kvcache.MAX_SEQ)])
     with pytest.raises(ValueError):
         kvcache.UnifiedCache(_Lying(2**40), 1, 8, 8, n_pad=1)
     assert c.seq_rm(_Lying(1)) is True

@@ -263,7 +263,7 @@ def test_batch_bad_arguments_leave_the_split_state():
 @pytest.mark.parametrize("kwargs,exc", [
     (dict(pos=[0.5], seq_id=[0]), TypeError), (dict(pos=[[0]], seq_id=[0]), ValueError),
     (dict(pos=[-1], seq_id=[0]), ValueError), (dict(pos=[2**31], seq_id=[0]), ValueError),
-    (dict(pos=[0], seq_id=[64]), ValueError), (dict(pos=[0], seq_id=[[]]), ValueError),
+    (dict(pos=[0], seq_id=[kvcache.MAX_SEQ]), ValueError), (dict(pos=[0], seq_id=[[]]), ValueError),
     (dict(pos=[0], seq_id=["a"]), TypeError), (dict(pos=[0], seq_id=5), TypeError),
     (dict(pos=[0, 1], seq_id=[0]), ValueError), (dict(pos=[0], seq_id=[0], output=[1, 1]), ValueError),
 ])
@@ -306,7 +306,7 @@ def test_rope_shift_and_quantize_leave_their_inputs():
 @pytest.mark.parametrize("build,exc", [
     (lambda: kvcache.UnifiedCache(0, 1, 8, 8), ValueError),
     (lambda: kvcache.UnifiedCache(48, 1, 8, 8), ValueError),          # not a multiple of n_pad
-    (lambda: kvcache.UnifiedCache(64, 1, 8, 8, n_seq_max=65), ValueError),
+    (lambda: kvcache.UnifiedCache(64, 1, 8, 8, n_seq_max=kvcache.MAX_SEQ + 1), ValueError),
     (lambda: kvcache.UnifiedCache(64, 1, 8, 8, type_k="f17"), ValueError),
     (lambda: kvcache.UnifiedCache(64, 1, 8, 8, type_k=3.0), TypeError),
     (lambda: kvcache.UnifiedCache("64", 1, 8, 8), TypeError),
@@ -315,7 +315,7 @@ def test_rope_shift_and_quantize_leave_their_inputs():
     (lambda: kvcache.UnifiedCache(64, 1, 8, 8, buffers={0: (np.zeros(10, np.float16),) * 2}), ValueError),
     (lambda: kvcache.UnifiedCache(64, 1, 8, 8, buffers={0: (bytes(1024),) * 2}), ValueError),
     (lambda: kvcache.UnifiedCache(64, 1, 8, 8, buffers={0: (_noncontig(np.float16, 512),) * 2}), ValueError),
-    (lambda: kvcache.RecurrentCache(65, 1, 8, 8), ValueError),
+    (lambda: kvcache.RecurrentCache(kvcache.MAX_SEQ + 1, 1, 8, 8), ValueError),
     (lambda: kvcache.RecurrentCache(2, 1, 8, 8, kv_size=1), ValueError),
     (lambda: kvcache.RecurrentCache(2, 1, -8, 8), ValueError),
     (lambda: kvcache.ISWACache(64, 2, 8, 8, swa_layers=[5], n_swa=4), ValueError),

@@ -221,7 +221,7 @@ def test_id_lists_keep_their_order():
     ([[0, 1]], [0], {}, ValueError, "one-dimensional"),
     ([0.5, 1.0], [0, 0], {}, TypeError, "pos"),
     ([0, 1], [0], {}, ValueError, "seq_id has 1 entries"),
-    ([0, 1], [0, 64], {}, ValueError, "seq_id[1] holds 64"),
+    ([0, 1], [0, 256], {}, ValueError, "seq_id[1] holds 256"),
     ([0, 1], [0, -1], {}, ValueError, "seq_id[1] holds -1"),
     ([0, 1], [0, [2, 1000]], {}, ValueError, "seq_id[1] holds 1000"),
     ([0, 1], [0, []], {}, ValueError, "seq_id[1] is empty"),

@@ -331,14 +331,48 @@ def test_bad_buffers_argument():
 
 def test_slot_tracks_the_placement():
     c = unified(buffers=None)
-    assert c.slot is None
+    assert c.slot is None and c.slot_indices().tolist() == []
     assert c.find_slot(UBatch([0, 1, 2], [0, 0, 0]))
     assert c.slot == (0, 3)
+    idx = c.slot_indices()
+    assert idx.dtype == np.int32 and idx.tolist() == [0, 1, 2]
     c.commit()
+    assert c.slot == (0, 3)                            # commit keeps it
     assert c.find_slot(UBatch([3], [0]))
-    assert c.slot == (3, 1)
+    assert c.slot == (3, 1) and c.slot_indices().tolist() == [3]
     c.restore()
+    assert c.slot is None and c.slot_indices().tolist() == []
+    assert not c.find_slot(UBatch(list(range(33)), [0] * 33))   # no room: nothing placed
     assert c.slot is None
+
+
+@pytest.mark.parametrize("op", [
+    lambda c: c.restore(), lambda c: c.seq_rm(1), lambda c: c.seq_rm(0, 50, 60), lambda c: c.seq_cp(0, 1),
+    lambda c: c.seq_keep(0), lambda c: c.seq_add(0, 0, -1, 1), lambda c: c.seq_div(0, 0, -1, 2),
+    lambda c: c.clear(), lambda c: c.set_full(), lambda c: c.defrag_prepare(65536),
+    lambda c: c.state_read(c.state_write()), lambda c: c.state_read(c.state_write(0), 0),
+])
+def test_every_operation_that_changes_the_cells_drops_the_placement(op):
+    c = unified(buffers=None)
+    assert c.find_slot(UBatch([0, 1], [0, 1]))
+    c.commit()
+    assert c.find_slot(UBatch([2, 3], [0, 0]))
+    op(c)
+    assert c.slot is None and c.slot_indices().tolist() == []
+
+
+def test_whole_state_read_drops_the_undo_log():
+    """A find_slot before a whole-cache read was still pending; restore() afterwards must not
+    empty the cells the read filled."""
+    src = unified()
+    assert src.find_slot(UBatch([0, 1, 2], [0, 0, 0]))
+    src.commit()
+    blob = src.state_write()
+    c = unified()
+    assert c.find_slot(UBatch([7, 8, 9], [1, 1, 1]))   # uncommitted
+    c.state_read(blob)
+    c.restore()
+    assert c.cells().nonempty() == src.cells().nonempty()
 
 
 def _drive(c, rng, mirror=None):

@@ -326,7 +326,7 @@ BAD = [
     (["--n-layer", "2", "--n-embd-k-gqa", "32", "--type-k", "q2_k"], "unknown type"),
     (["--n-layer", "2", "--n-embd-k-gqa", "32", "--type-v", "q8_0"], "needs flash attention"),
     (["--n-layer", "2", "--n-embd-k-gqa", "16", "--type-k", "q8_0", "-fa"], "not a multiple"),
-    (["--n-layer", "2", "--n-embd-k-gqa", "32", "--n-seq-max", "65"], "n_seq_max = 65"),
+    (["--n-layer", "2", "--n-embd-k-gqa", "32", "--n-seq-max", "257"], "n_seq_max = 257"),
     (["--n-layer", "2", "--n-embd-k-gqa", "32", "--swa-layers", "0,2", "--n-swa", "4"], "outside [0, 2)"),
     (["--n-layer", "2", "--n-embd-k-gqa", "32", "--swa-layers", "0,a"], "layer indices"),
     (["--n-layer", "2", "--n-embd-k-gqa", "32", "--swa-layers", "3-1"], "layer indices"),

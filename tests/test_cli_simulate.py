@@ -54,11 +54,10 @@ def check_cells(sim):
     cells = c.cells()
     used = np.flatnonzero(cells.pos != -1)
     assert len(used) == c.used
-    masks = cells.seq_mask[used].astype(np.uint64)
     prefix = cfg.prefix_len if cfg.sharing else 0
 
     def holders(s):
-        return used[(masks >> np.uint64(s)) & np.uint64(1) == 1]
+        return used[cells.holds(s)[used]]
 
     if cfg.sharing:
         p = holders(0)
@@ -72,9 +71,9 @@ def check_cells(sim):
         assert sorted(cells.pos[h].tolist()) == list(range(want))
         own_total += r.placed
     # cells of no live sequence would be a leak; cells of two are the shared prefix only
-    live = np.uint64(sum(1 << s for s in sim.running) | (1 if cfg.sharing else 0))
-    assert np.all(masks & ~live == 0)
-    multi = [i for i, m in zip(used, masks) if bin(int(m)).count("1") > 1]
+    live = set(sim.running) | ({0} if cfg.sharing else set())
+    assert all(set(cells.seq_ids(i)) <= live for i in used)
+    multi = [i for i in used if len(cells.seq_ids(i)) > 1]
     assert all(int(cells.pos[i]) < prefix for i in multi)
     assert c.used == prefix + own_total
 
@@ -291,7 +290,7 @@ BAD = [
     (["--prefix-share", "1.5"], "[0, 1]"),
     (["--prefix-len", "-3"], ">= 0"),
     (["--prefix-len", "600", "--n-ctx", "512"], "leaves no room"),
-    (["--n-seq-max", "65"], "n_seq_max = 65"),
+    (["--n-seq-max", "257"], "n_seq_max = 257"),
     (["--n-seq-max", "1"], "prefix sharing needs n_seq_max >= 2"),
     (["--n-ubatch", "1024", "--n-ctx", "512"], "more than the cache's 512 cells"),
     (["--type-k", "q2_k"], "unknown type"),

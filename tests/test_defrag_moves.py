@@ -78,3 +78,26 @@ def test_moves_match_the_plan(v_trans, type_, kv_size, n_layer, widths, sparse_t
                 v1[dst:dst + n] = v0[src:src + n]
         assert np.array_equal(c.k(il), k1), il
         assert np.array_equal(c.v(il), v1), il
+
+
+@pytest.mark.parametrize("n_threads", [1, 64])
+def test_threads_of_a_large_move(n_threads):
+    """A streamed move shared among the layers' threads (or kept on the caller's) moves the same."""
+    c = fragmented(4096, 8, [1024] * 8, "f16", True, seed=5)
+    ref = fragmented(4096, 8, [1024] * 8, "f16", True, seed=5)
+    assert c.n_threads == 0                              # the default: as many as useful
+    c.n_threads = n_threads
+    assert c.n_threads == n_threads
+    assert c.defrag_prepare(2**31 - 1) and ref.defrag_prepare(2**31 - 1)
+    c.defrag_move()
+    ref.defrag_move()
+    for il in c.layers:
+        assert np.array_equal(c.k(il), ref.k(il)) and np.array_equal(c.v(il), ref.v(il)), il
+
+
+def test_n_threads_is_checked():
+    c = UnifiedCache(64, 1, 4, 4)
+    for bad, exc in ((65, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(exc, match="n_threads"):
+            c.n_threads = bad
+        assert c.n_threads == 0

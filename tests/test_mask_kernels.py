@@ -19,7 +19,7 @@ def expected_mask(c, ub_pos, ub_first_seq, causal, alibi, dtype):
     rows = -(-len(ub_pos) // 64) * 64
     out = np.full((rows, c.n), -np.inf, dtype=np.float64)
     for t, (p1, s) in enumerate(zip(ub_pos, ub_first_seq)):
-        has = ((cells.seq_mask[: c.n] >> np.uint64(s)) & np.uint64(1)).astype(bool)
+        has = cells.holds(s)[: c.n]
         v = np.where(has & (pos[: c.n] >= 0), pos[: c.n], -1)
         lo = 0
         if c.swa_type == "standard":

@@ -98,7 +98,7 @@ def test_size_at_least_one_and_types():
 
 
 @pytest.mark.parametrize("kw, exc", [
-    (dict(n_seq_max=65), ValueError),
+    (dict(n_seq_max=257), ValueError),
     (dict(n_seq_max=-1), ValueError),
     (dict(n_seq_max=2.0), TypeError),
     (dict(n_layer=0), ValueError),
@@ -121,6 +121,22 @@ def test_bad_constructor_arguments(kw, exc):
 
 
 # --- placement -----------------------------------------------------------------------------
+
+def test_byte_counts_that_do_not_fit_are_refused():
+    # 2**20 cells x 2**16 layers x two 8 GB rows
+    with pytest.raises(ValueError, match="more bytes of K/V memory or state than a size_t can count"):
+        RecurrentCache(1, 2**16, 2**31 - 1, 2**31 - 1, kv_size=2**20, buffers=None)
+    c = RecurrentCache(1, 2**16, 2**31 - 1, 1, kv_size=2**10, buffers=None)
+    assert c.state_size() == 4 + 8 + 2**16 * 24
+
+
+def test_a_sequence_in_two_groups_is_refused():
+    c = RecurrentCache(4, 1, 2, 2)
+    before = c.cells()
+    with pytest.raises(ValueError, match="sequence 1 is in two token groups"):
+        c.find_slot(UBatch([0, 0], [[1], [2, 1]]))
+    assert c.cells()["seq_id"] == before["seq_id"] and c.used == 0
+
 
 def test_find_slot_places_groups_in_order():
     c = RecurrentCache(4, 1, 2, 2)

@@ -327,7 +327,9 @@ def test_describe_state_reports_layout():
     nonempty = cache.cells().nonempty()
     assert d["cell_count"] == len(nonempty) and d["v_trans"] == 1 and d["n_layer"] == 3
     assert d["pos"].tolist() == [c[1] for c in nonempty]
-    assert [[s for s in range(64) if int(m) >> s & 1] for m in d["seq"]] == [c[2] for c in nonempty]
+    assert d["seq"].shape == (len(nonempty), 4)          # 4 words: ids up to 255
+    assert [[64 * w + b for w, m in enumerate(row) for b in range(64) if int(m) >> b & 1]
+            for row in d["seq"]] == [c[2] for c in nonempty]
     assert [l["v_width"] for l in d["layers"]] == [12, 20, 8]
     with pytest.raises(kvcache.StateError, match="4294967295 cells need at least"):
         describe_state(b"\xff\xff\xff\xff" + bytes(20))

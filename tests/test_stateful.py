@@ -39,7 +39,9 @@ def configs(draw):
     n_pad = draw(st.sampled_from([p for p in (8, 16, 32, 64) if kv_size % p == 0]))
     swa_type = draw(st.sampled_from(["none", "standard", "chunked"]))
     n_swa = 0 if swa_type == "none" else draw(st.integers(1, 16))
-    return dict(kv_size=kv_size, n_seq_max=draw(st.integers(1, 4)), n_pad=n_pad,
+    # mostly a few sequences; sometimes more than 64, so that cells hold sets of several words
+    n_seq_max = draw(st.one_of(st.integers(1, 4), st.integers(1, 4), st.sampled_from([65, 130, 256])))
+    return dict(kv_size=kv_size, n_seq_max=n_seq_max, n_pad=n_pad,
                 n_swa=n_swa, swa_type=swa_type, n_layer=draw(st.integers(1, 3)))
 
 
@@ -77,9 +79,11 @@ class UnifiedCacheMachine(SequenceRules, RuleBasedStateMachine):
                               data.draw(st.sampled_from([2, 8, 32, 64]), label="n_buckets"))
         self.replays = (start(unified.reference_target(), config), start(self.make_target(), config))
         self.ref, self.sut = (r.cache for r in self.replays)
-        self.n_seq_max = cfg["n_seq_max"]
+        self.n_seq_max = n = cfg["n_seq_max"]
+        # the ids in play: all of a few, or a handful from every word of a wide set
+        self.ids = list(range(n)) if n <= 4 else sorted({0, 1, 63, 64, n // 2 + 3, n - 2, n - 1})
         # most runs start from a busy cache: a few prompts, then interleaved decoding
-        prompts = st.tuples(st.integers(0, self.n_seq_max - 1), st.integers(1, 12))
+        prompts = st.tuples(st.sampled_from(self.ids), st.integers(1, 12))
         for s, n in data.draw(st.lists(prompts, max_size=8), label="prefill"):
             p = self.ref.seq_pos_max(s) + 1
             self.place(list(range(p, p + n)), [[s]] * n)
@@ -101,7 +105,7 @@ class UnifiedCacheMachine(SequenceRules, RuleBasedStateMachine):
     def ubatch(self, data, max_tokens=8):
         n_seq_tokens = data.draw(st.sampled_from([1, 1, 1, 2, 3]), label="n_seq_tokens")
         n_groups = data.draw(st.integers(1, max(1, max_tokens // n_seq_tokens)), label="n_groups")
-        ids = st.lists(st.integers(0, self.n_seq_max - 1), min_size=1, max_size=3)
+        ids = st.lists(st.sampled_from(self.ids), min_size=1, max_size=3)
         seq_id = data.draw(st.lists(ids, min_size=n_groups, max_size=n_groups), label="seq_id")
         n_tokens = n_groups * n_seq_tokens
         if data.draw(st.booleans(), label="consecutive"):
@@ -136,7 +140,7 @@ class UnifiedCacheMachine(SequenceRules, RuleBasedStateMachine):
     def decode_round(self, data):
         """One decoding step of several sequences, token by token (as a server interleaves
         them): leaves each sequence's cells scattered, so removals make holes to defrag."""
-        seqs = data.draw(st.lists(st.integers(0, self.n_seq_max - 1), min_size=1, max_size=4), label="seqs")
+        seqs = data.draw(st.lists(st.sampled_from(self.ids), min_size=1, max_size=4), label="seqs")
         rounds = data.draw(st.integers(1, 4), label="rounds")
         for s in seqs * rounds:
             self.place([self.ref.seq_pos_max(s) + 1], [[s]])
@@ -203,7 +207,7 @@ class UnifiedCacheMachine(SequenceRules, RuleBasedStateMachine):
     def rejected_call(self, data):
         """C5: a call with an out-of-range sequence id raises ValueError and changes nothing
         (what a check shows of each cache; the invariant then compares both caches)."""
-        bad = data.draw(st.sampled_from([self.n_seq_max, 64, 1000, -7]), label="bad")
+        bad = data.draw(st.sampled_from([self.n_seq_max, kvcache.MAX_SEQ, 1000, -7]), label="bad")
         op = data.draw(st.sampled_from([
             {"op": "seq_rm", "seq_id": bad, "p0": -1, "p1": -1},
             {"op": "seq_cp", "src": 0, "dst": bad, "p0": -1, "p1": -1},
@@ -230,7 +234,7 @@ class UnifiedCacheMachine(SequenceRules, RuleBasedStateMachine):
         assert rc.nonempty() == tc.nonempty(), "cells"
         assert as_list(rc.pos) == as_list(tc.pos), "pos"
         assert as_list(rc.seq_mask) == as_list(tc.seq_mask), "seq_mask"
-        for s in range(self.n_seq_max):
+        for s in self.ids:
             assert (r.seq_pos_min(s), r.seq_pos_max(s)) == (t.seq_pos_min(s), t.seq_pos_max(s)), f"seq_pos {s}"
 
     @invariant()

@@ -35,7 +35,7 @@ from stateful_rules import SequenceRules  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(kvcache, "RecurrentCache"), reason="kvcache.RecurrentCache is not available")
 
-POS_MAX = 2**31 - 1
+POS_END = 2**31          # the upper bound of an open position range, past every position
 P_MAX = 40
 U32 = 2**32     # the reference counts used cells in a uint32_t, which wraps
 
@@ -83,7 +83,7 @@ class RecurrentModel:
     def seq_rm(self, s, p0, p1):
         new_head = self.size
         p0 = max(p0, 0)
-        p1 = POS_MAX if p1 < 0 else p1
+        p1 = POS_END if p1 < 0 else p1
         if s >= 0:
             t = self.tail[s]
             if t >= 0:
@@ -92,7 +92,7 @@ class RecurrentModel:
                     return False     # a state cannot be cut
                 if p0 <= cp < p1:
                     self.tail[s] = -1
-        elif p0 != p1 and (p0 != 0 or p1 != POS_MAX):
+        elif p0 != p1 and (p0 != 0 or p1 != POS_END):
             return False
         for i in range(self.size):
             if p0 <= self.pos[i] < p1:
@@ -154,7 +154,7 @@ class RecurrentModel:
 
     def _seq_pos_op(self, s, p0, p1, f):
         p0 = max(p0, 0)
-        p1 = POS_MAX if p1 < 0 else p1
+        p1 = POS_END if p1 < 0 else p1
         if p0 == p1:
             return
         t = self.tail[s]
@@ -285,7 +285,9 @@ class RecurrentCacheMachine(SequenceRules, RuleBasedStateMachine):
     p_max = P_MAX
     seq_rm_any = False    # seq_rm(-1, ...) has the reference's own semantics: seq_rm_all
 
-    @initialize(n_seq_max=st.integers(1, 6), extra=st.integers(0, 10), data=st.data())
+    # mostly a few sequences; sometimes more than 64 (a cell's set of several words)
+    @initialize(n_seq_max=st.one_of(st.integers(1, 6), st.integers(1, 6), st.sampled_from([65, 70, 130])),
+                extra=st.integers(0, 10), data=st.data())
     def create(self, n_seq_max, extra, data):
         self.start(n_seq_max, n_seq_max + extra)
         # most runs start from a busy cache: a few ubatches, some states shared

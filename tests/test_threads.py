@@ -52,7 +52,7 @@ def _consistent_cells(cells):
     """A snapshot taken under the lock is consistent in itself: a cell is used iff a sequence
     holds it (a torn copy would break this)."""
     used = cells.pos != -1
-    assert np.array_equal(cells.seq_mask != 0, used)
+    assert np.array_equal(cells.seq_mask.any(axis=1), used)
 
 
 # --- the stress test ---------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ BAD_ARGS = [
     (dict(n_pad=0), ValueError, "n_pad"),
     (dict(n_layer=-1), ValueError, "n_layer"),
     (dict(n_seq_max=0), ValueError, "n_seq_max"),
-    (dict(n_seq_max=65), ValueError, "n_seq_max"),
+    (dict(n_seq_max=257), ValueError, "n_seq_max"),
     (dict(type_k="f64"), ValueError, "type_k"),
     (dict(type_v="q9_9"), ValueError, "type_v"),
     (dict(type_k=1.0), TypeError, "type_k"),
@@ -117,6 +117,24 @@ BAD_ARGS = [
 def test_bad_constructor_args(kw, exc, name):
     with pytest.raises(exc, match=name):
         make(**kw)
+
+
+def test_byte_counts_that_do_not_fit_are_refused():
+    # 4096 cells x 2**20 layers x 5.5 GB rows: more bytes than 2**64 (they wrapped around)
+    with pytest.raises(ValueError, match="more bytes of K/V memory or state than a size_t can count"):
+        UnifiedCache(4096, 2**20, 1375679233, 1, "f32", v_trans=False, buffers=None)
+    with pytest.raises(ValueError, match="size_t"):
+        UnifiedCache(2**31 - 2**10, 1, 2**32 - 1, 1, "f32", v_trans=False, buffers=None, n_pad=2**10)
+
+
+def test_huge_metadata_only_byte_counts_are_exact():
+    c = UnifiedCache(4096, 2**10, 2**28, 1, "f32", "f32", v_trans=False, buffers=None)
+    assert c.size_k_bytes == 4096 * 2**10 * 2**30 == 2**52
+    assert c.size_v_bytes == 4096 * 2**10 * 4
+    assert c.total_size == 2**52 + 2**24
+    assert c.state_size() == 4 + 8 + 2**10 * 24
+    assert c.find_slot(UBatch(list(range(8)), [0] * 8))
+    assert c.state_size() == 4 + 8 * 12 + 8 + 2**10 * (24 + 8 * 2**30 + 8 * 4)
 
 
 def test_dropped_layers_widths_are_not_checked_against_the_block():
@@ -499,6 +517,27 @@ def test_defrag_sched_and_update():
     assert plan.defrag_runs.tolist() == [[4, 3, 1], [6, 1, 1]]
     assert not c.do_defrag and c.used == 4 and c.cells().pos[:4].tolist() == [0, 6, 2, 4]
     assert not c.update()
+
+
+def test_fragmentation_is_what_defrag_sched_measures():
+    c = UnifiedCache(8192, 1, 1, 1, n_seq_max=2, n_pad=256)
+    assert c.fragmentation == 0.0                     # n = 0
+    place(c, list(range(3000)), [0, 1] * 1500)
+    c.seq_rm(1)
+    n, used = c.n, c.used
+    assert (n, used) == (3072, 1500)
+    frag = float(np.float32(1) - np.float32(used + 256) / np.float32(n))
+    assert c.fragmentation == frag
+    c.defrag_sched(frag)                              # scheduled only above it
+    assert not c.do_defrag
+    c.defrag_sched(float(np.nextafter(np.float32(frag), np.float32(0))))
+    assert c.do_defrag
+    small = make()
+    place(small, list(range(8)), [0, 1] * 4)
+    small.seq_rm(1)
+    assert small.fragmentation == pytest.approx(max(0.0, 1 - (4 + small.n_pad) / small.n))
+    small.defrag_sched(0.0)                           # n < 2048: counted as 0
+    assert not small.do_defrag
 
 
 # --- inspection ------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ cdef class Batch:
     ``Batch(pos, seq_id, output=None, logits_all=False, simple_split=True)``
 
     - ``pos``: one position per token (ints in [0, 2**31)).
-    - ``seq_id``: one entry per token, an int or a non-empty list of ints in [0, 64).
+    - ``seq_id``: one entry per token, an int or a non-empty list of ints in [0, MAX_SEQ = 256).
     - ``output``: optional per-token output flags (bools or ints); without them only the last
       token of the batch is an output; ``logits_all=True`` makes every token one.
     - ``simple_split``: keep the batch in its order for :meth:`split_simple`; with False the

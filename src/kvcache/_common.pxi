@@ -567,48 +567,40 @@ cdef class UBatch:
         total = 0
         for g in range(n_groups):
             total += len(lists[g])
-        # one block owned by the ubatch: seq_mask (8-byte aligned first), pos, seq_off, seq_ids
-        cdef size_t nbytes = (<size_t>n_groups * 8 + <size_t>n_tokens * 4 + (<size_t>n_groups + 1) * 4
-                              + <size_t>total * 4)
-        cdef uint8_t *mem = <uint8_t *>PyMem_Malloc(nbytes if nbytes else 1)
+        # one block owned by the ubatch: seq_off (never empty, so it marks the block), pos, seq_ids
+        cdef size_t nbytes = (<size_t>n_groups + 1) * 4 + <size_t>n_tokens * 4 + <size_t>total * 4
+        cdef uint8_t *mem = <uint8_t *>PyMem_Malloc(nbytes)
         if mem == NULL:
             raise MemoryError("UBatch")
-        cdef uint64_t *mask = <uint64_t *>mem
-        self.c.seq_mask = mask          # owned from here on (freed by __dealloc__)
-        cdef int32_t *pos_p = <int32_t *>(mem + <size_t>n_groups * 8)
-        cdef uint32_t *off = <uint32_t *>(<uint8_t *>pos_p + <size_t>n_tokens * 4)
-        cdef int32_t *ids = <int32_t *>(<uint8_t *>off + (<size_t>n_groups + 1) * 4)
+        cdef uint32_t *off = <uint32_t *>mem
+        self.c.seq_off = off            # owned from here on (freed by __dealloc__)
+        cdef int32_t *pos_p = <int32_t *>(mem + (<size_t>n_groups + 1) * 4)
+        cdef int32_t *ids = <int32_t *>(<uint8_t *>pos_p + <size_t>n_tokens * 4)
         cdef const int64_t[::1] pv = pos64
         for j in range(n_tokens):
             pos_p[j] = <int32_t>pv[j]
-        cdef uint64_t m
         cdef int x
         cdef int mx = -1
         total = 0
         off[0] = 0
         for g in range(n_groups):
-            m = 0
             for x in lists[g]:
                 ids[total] = x
-                m |= (<uint64_t>1) << x
                 if x > mx:
                     mx = x
                 total += 1
-            mask[g] = m
             off[g + 1] = <uint32_t>total
         self.output = flags
         self.c.n_tokens = <uint32_t>n_tokens
         self.c.n_seq_tokens = nst
         self.c.n_seqs = <uint32_t>n_groups
         self.c.pos = pos_p if n_tokens else NULL
-        self.c.seq_off = off
         self.c.seq_ids = ids
-        self.c.seq_mask = mask
         self.max_seq = mx
 
     def __dealloc__(self):
-        # the block the ubatch owns starts at seq_mask (NULL before __cinit__ allocated it)
-        PyMem_Free(<void *>self.c.seq_mask)
+        # the block the ubatch owns starts at seq_off (NULL before __cinit__ allocated it)
+        PyMem_Free(<void *>self.c.seq_off)
 
     @property
     def n_tokens(self) -> int:

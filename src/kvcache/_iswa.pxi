@@ -75,20 +75,12 @@ cdef class SWAPending:
         kvc_pylock_release(&self._lock)
         out = []
         for s in range(KVC_MAX_SEQ):
-            if (c.seqs >> s) & 1:
+            if (c.seqs.w[s >> 6] >> (s & 63)) & 1:
                 out.append([s, c.pmin[s], c.pmax[s]])
         return out
 
     def __len__(self):
-        cdef uint64_t m
-        cdef Py_ssize_t n = 0
-        kvc_pylock_acquire(&self._lock)
-        m = self.c.seqs
-        kvc_pylock_release(&self._lock)
-        while m:
-            m &= m - 1
-            n += 1
-        return n
+        return len(self.items())
 
     def __repr__(self):
         return f"SWAPending({self.items()})"
@@ -208,7 +200,6 @@ def _find_slot_parts(caches, UBatch ub not None):
     cdef tuple cs = _caches_arg(caches)
     cdef _Unified c
     cdef kvc_unified_mark marks[KVC_STATE_MAX_PARTS]
-    cdef uint32_t placed[KVC_STATE_MAX_PARTS]
     cdef Py_ssize_t k, j, n = len(cs)
     cdef int r
     for c in cs:
@@ -219,7 +210,6 @@ def _find_slot_parts(caches, UBatch ub not None):
         for k in range(n):
             c = cs[k]
             kvc_unified_mark_take(&c.c, &marks[k])
-            placed[k] = c._placed_n
         found = []
         for k in range(n):
             c = cs[k]
@@ -230,7 +220,6 @@ def _find_slot_parts(caches, UBatch ub not None):
                     c = cs[j]
                     if kvc_unified_rewind(&c.c, &marks[j]) != KVC_OK:
                         raise RuntimeError("find_slot: cannot undo the first part (internal error)")
-                    c._placed_n = placed[j]
                 raise_status(r, NULL, "find_slot")
             found.append(r == 1)
         return found
@@ -339,11 +328,6 @@ def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False):
     try:
         with nogil:
             r = kvc_unified_state_read_parts_ex(ptrs, <uint32_t>n, s, ptr, nbytes, flags, &consumed, &err)
-        if r >= 0:
-            for k in range(n):
-                c = cs[k]
-                c._placed_n = 0
-                c._defrag_pending = False
     finally:
         _end_all(order)
         keep.release()

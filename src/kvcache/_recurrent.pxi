@@ -519,27 +519,30 @@ cdef class _Recurrent(RecurrentCore):
     def cells(self) -> dict:
         """A snapshot of the cell table: ``pos``, ``src``, ``tail`` (int32 arrays, -1 = none) and
         ``seq_id`` (per cell, its sequence ids ascending)."""
-        cdef Py_ssize_t size = self.c.cells.size, i
-        cdef uint64_t w
+        cdef Py_ssize_t size = self.c.cells.size, nw = self.c.cells.seq_words, i, k
         pos = np.empty(size, dtype=np.int32)
         src = np.empty(size, dtype=np.int32)
         tail = np.empty(size, dtype=np.int32)
-        words = np.empty(size, dtype=np.uint64)
+        planes = np.empty((nw, size), dtype=np.uint64)     # word w of every cell's set
         cdef int32_t[::1] vp = pos
         cdef int32_t[::1] vs = src
         cdef int32_t[::1] vt = tail
-        cdef uint64_t[::1] vw = words
+        cdef uint64_t[:, ::1] vw = planes
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
             memcpy(&vp[0], self.c.cells.pos, size * sizeof(int32_t))
             memcpy(&vs[0], self.c.cells.src, size * sizeof(int32_t))
             memcpy(&vt[0], self.c.cells.tail, size * sizeof(int32_t))
-            memcpy(&vw[0], self.c.cells.seq, size * sizeof(uint64_t))
+            memcpy(&vw[0, 0], self.c.cells.seq, nw * size * sizeof(uint64_t))
             kvc_pylock_release(&self._lock)
+        words = planes.T.tolist()
         seq = []
         for i in range(size):
-            w = vw[i]
-            seq.append([b for b in range(KVC_MAX_SEQ) if (w >> b) & 1])
+            ids = []
+            for k in range(nw):
+                m = words[i][k]
+                ids += [64 * k + b for b in range(64) if (m >> b) & 1]
+            seq.append(ids)
         return {"pos": pos, "src": src, "tail": tail, "seq_id": seq}
 
     # --- state ----------------------------------------------------------------------------

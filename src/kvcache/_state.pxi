@@ -4,6 +4,7 @@
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, kvc_state_desc,
                                          kvc_state_layer_desc, kvc_state_describe)
+from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS
 
 # Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
 _STATE_CHUNK = 1 << 20
@@ -117,8 +118,8 @@ def describe_state(data):
 
     Returns a dict: ``cell_count``, ``v_trans``, ``n_layer``, ``data_offset`` (where the V layout
     flag is), ``size`` (bytes of the state; data may go on after it), ``n_seq_id_min`` /
-    ``n_seq_id_max`` over the cells, ``pos`` (int32 array), ``seq`` (uint64 array, bit s set when
-    the cell lists sequence s) and ``layers`` (one dict per layer: K and V types, row sizes, or
+    ``n_seq_id_max`` over the cells, ``pos`` (int32 array), ``seq`` (uint64 [cell_count, 4], bit b
+    of word w set when the cell lists sequence 64 * w + b) and ``layers`` (one dict per layer: K and V types, row sizes, or
     for a transposed V element size and width, offsets and data bytes). The structure is checked
     as the readers check it (StateError says what is wrong and where), but nothing is checked
     against a cache."""
@@ -134,11 +135,11 @@ def describe_state(data):
     check_status(r, &err, "describe_state")
     # the counts are now known to fit in the data
     pos = np.empty(d.cell_count, dtype=np.int32)
-    seq = np.empty(d.cell_count, dtype=np.uint64)
+    seq = np.empty((d.cell_count, KVC_SEQ_WORDS), dtype=np.uint64)
     cdef int32_t[::1] vp = pos
-    cdef uint64_t[::1] vs = seq
+    cdef uint64_t[:, ::1] vs = seq
     cdef int32_t *pp = &vp[0] if d.cell_count else NULL
-    cdef uint64_t *ps = &vs[0] if d.cell_count else NULL
+    cdef uint64_t *ps = &vs[0, 0] if d.cell_count else NULL
     cdef kvc_state_layer_desc *ld = <kvc_state_layer_desc *>PyMem_Malloc(max(d.n_layer, 1) * sizeof(kvc_state_layer_desc))
     if ld == NULL:
         raise MemoryError()

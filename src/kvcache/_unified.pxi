@@ -4,8 +4,8 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from libc.stdint cimport uint16_t
 from kvcache.includes.kvc_unified cimport *
 from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
-from kvcache.includes.kvc_kshift cimport (kvc_kshift_work, kvc_unified_k_shift_prepare,
-                                          kvc_unified_k_shift_run, kvc_kshift_work_free)
+from kvcache.includes.kvc_update cimport (KVC_UPDATE_MAX_PARTS, kvc_update_opts, kvc_update_result,
+                                          kvc_unified_update_parts)
 from kvcache.includes.kvc_rope cimport kvc_rope_params
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
                                          kvc_unified_state_write_range)
@@ -71,6 +71,18 @@ cdef uint32_t _layer_index(_Unified self, object il) except? 0xFFFFFFFF:
         raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(self._layers)})")
     return <uint32_t>ikv
 
+cdef int _settle(_Unified self, str what) except -1:
+    """Move the rows of a pending defrag before the K/V memory is handed out (a change: refused
+    from a callback of another operation on the cache)."""
+    kvc_pylock_acquire(&self._lock)
+    if self.c.defrag_pending and self._lock.busy:
+        kvc_pylock_release(&self._lock)
+        raise_busy(what)
+    with nogil:
+        kvc_unified_defrag_settle(&self.c)
+        kvc_pylock_release(&self._lock)
+    return 0
+
 cdef int _require_memory(_Unified self, str what) except -1:
     if self._buffers == "none":
         raise RuntimeError(f"{what}: this cache holds no K/V memory (buffers='none'); its owner "
@@ -115,8 +127,10 @@ cdef int _check_rows(_HeldBuffer hb, uint32_t n, size_t width, str name) except 
 class Cells:
     """A snapshot of a cache's cells (copies; later cache operations do not change it).
 
-    ``pos`` (int32, -1 = empty), ``shift`` (int32, accumulated since the last reset) and
-    ``seq_mask`` (uint64, bit s set when sequence s holds the cell), one entry per cell."""
+    ``pos`` (int32, -1 = empty) and ``shift`` (int32, accumulated since the last reset), one entry
+    per cell, and ``seq_mask``: uint64 [size, n_words], bit b of word w set when sequence
+    64 * w + b holds the cell (n_words = 1 for caches of up to 64 sequences, up to 4 for
+    MAX_SEQ = 256)."""
 
     def __init__(self, pos, shift, seq_mask):
         self.pos = pos
@@ -128,8 +142,16 @@ class Cells:
 
     def seq_ids(self, i):
         """Sequence ids of cell i, ascending."""
-        m = int(self.seq_mask[i])
-        return [s for s in range(64) if (m >> s) & 1]
+        out = []
+        for w, m in enumerate(self.seq_mask[i].tolist()):
+            out += [64 * w + b for b in range(64) if (m >> b) & 1]
+        return out
+
+    def holds(self, seq_id):
+        """Per cell, whether sequence seq_id holds it (a bool array)."""
+        if not 0 <= seq_id < 64 * self.seq_mask.shape[1]:
+            return np.zeros(len(self.pos), dtype=bool)
+        return ((self.seq_mask[:, seq_id >> 6] >> np.uint64(seq_id & 63)) & np.uint64(1)).astype(bool)
 
     def nonempty(self):
         """``[idx, pos, [seq ids ascending], shift]`` for every non-empty cell, by index."""
@@ -180,96 +202,79 @@ class UpdatePlan:
                 f"moved={self.moved}, need_reserve={self.need_reserve})")
 
 
-cdef class _ShiftJob:
-    """The K rotation of one cache, checked and with its memory allocated: running it cannot
-    fail, so several caches can be prepared before any of them changes."""
+cdef class _LayerRope:
+    """A cache's RoPE parameters and K head size per kept layer, as C takes them."""
     cdef kvc_rope_params *params   # per kept layer
     cdef uint32_t *hd              # per kept layer: K head size
-    cdef kvc_kshift_work work
-    cdef bint ready                # work holds allocated scratch
 
     def __dealloc__(self):
-        if self.ready:
-            kvc_kshift_work_free(&self.work)
         PyMem_Free(self.params)
         PyMem_Free(self.hd)
 
 
-cdef _ShiftJob _shift_job(_Unified self, RopeParams rope):
-    """Check the rotation of every kept layer's K by rope and allocate its scratch; nothing in
-    the cache changes (ValueError, MemoryError)."""
+cdef _LayerRope _layer_rope(_Unified self, RopeParams rope):
+    """rope for every kept layer of the cache (ValueError naming a layer it does not fit)."""
     cdef uint32_t n = self.c.n_layer, i
-    cdef kvc_err err
-    cdef int r
-    cdef _ShiftJob job = _ShiftJob.__new__(_ShiftJob)
-    job.params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
-    job.hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
-    if job.params == NULL or job.hd == NULL:
+    cdef _LayerRope lr = _LayerRope.__new__(_LayerRope)
+    lr.params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
+    lr.hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
+    if lr.params == NULL or lr.hd == NULL:
         raise MemoryError("update")
     for i in range(n):
         il = self._layers[i]
-        job.hd[i] = self._n_embd_head_k[il]
+        lr.hd[i] = self._n_embd_head_k[il]
         try:
-            rope.fill(&job.params[i], il, job.hd[i])
+            rope.fill(&lr.params[i], il, lr.hd[i])
         except ValueError as e:
             raise ValueError(f"update: layer {il}: {e}") from None
-    err.msg[0] = 0
-    with nogil:
-        r = kvc_unified_k_shift_prepare(&self.c, job.params, job.hd, &job.work, &err)
-    check_status(r, &err, "update")
-    job.ready = True
-    return job
-
-
-cdef int _shift_run(_Unified self, _ShiftJob job) except -1:
-    """Rotate K as prepared (in C without the GIL)."""
-    cdef kvc_err err
-    cdef int r
-    err.msg[0] = 0
-    with nogil:
-        r = kvc_unified_k_shift_run(&self.c, job.params, job.hd, &job.work, &err)
-    job.ready = False          # the run released the scratch
-    check_status(r, &err, "update")
-    return 0
+    return lr
 
 
 cdef list _update_caches(tuple cs, object rope, int32_t nmax):
-    """update() of the caches in cs (whose locks the caller holds), all or nothing: every
-    rotation is checked and allocated before the first cache changes."""
+    """update() of the caches in cs (whose locks the caller holds), all or nothing (C checks and
+    allocates every rotation before the first cache changes)."""
     cdef _Unified c
-    cdef Py_ssize_t k
-    cdef int r = 0
-    shifts, jobs = [], []
-    for c in cs:
-        rp = rope if rope is not None else (c._rope if c._buffers != "none" else None)
-        shift = c.k_shift() if c.c.cells.has_shift else None
-        shifts.append(shift)
-        jobs.append(_shift_job(c, <RopeParams>rp) if shift is not None and rp is not None else None)
-    # from here on nothing fails (the plan objects aside)
-    plans = []
-    for k in range(len(cs)):
+    cdef Py_ssize_t k, n = len(cs)
+    cdef kvc_unified *ptrs[KVC_UPDATE_MAX_PARTS]
+    cdef kvc_update_opts opts[KVC_UPDATE_MAX_PARTS]
+    cdef kvc_update_result res[KVC_UPDATE_MAX_PARTS]
+    cdef _LayerRope lr
+    cdef int32_t[::1] sv
+    cdef kvc_err err
+    cdef int r
+    if n > KVC_UPDATE_MAX_PARTS:
+        raise ValueError(f"update: at most {KVC_UPDATE_MAX_PARTS} caches at once")
+    keep, shifts = [], []
+    for k in range(n):
         c = cs[k]
-        if jobs[k] is not None:
-            _shift_run(c, <_ShiftJob>jobs[k])
-        if shifts[k] is not None:
-            c.reset_shift_c()
-        runs = None
-        moved = False
-        if c.c.do_defrag:
-            with nogil:
-                r = kvc_unified_defrag_prepare(&c.c, nmax)
-                if r == 1:
-                    # the plan (defrag_ids) outlives the move: the runs are read after it
-                    kvc_unified_defrag_move(&c.c)
-                c.c.do_defrag = False
-            c._placed_n = 0
-            c._defrag_pending = False
-            if r == 1:
-                runs = c.defrag_runs()
-                moved = c._buffers != "none"
-        rotated = jobs[k] is not None
-        todo = c._buffers == "none" and (shifts[k] is not None or runs is not None)
-        plans.append(UpdatePlan(shifts[k], rotated, runs, moved, rotated or moved or todo))
+        ptrs[k] = &c.c
+        opts[k].rope = NULL
+        opts[k].head_dim = NULL
+        opts[k].n_max_nodes = nmax
+        opts[k].k_shift = NULL
+        shift = None
+        if c.c.cells.has_shift:
+            shift = np.zeros(c.c.cells.size, dtype=np.int32)
+            sv = shift
+            opts[k].k_shift = &sv[0]
+            # a cache without memory leaves the rotation to its owner, unless the caller insists
+            rp = rope if rope is not None else (c._rope if c._buffers != "none" else None)
+            if rp is not None:
+                lr = _layer_rope(c, <RopeParams>rp)
+                keep.append(lr)
+                opts[k].rope = lr.params
+                opts[k].head_dim = lr.hd
+        shifts.append(shift)
+    err.msg[0] = 0
+    with nogil:
+        r = kvc_unified_update_parts(ptrs, <uint32_t>n, opts, res, &err)
+    check_status(r, &err, "update")
+    plans = []
+    for k in range(n):
+        c = cs[k]
+        runs = c.defrag_runs() if res[k].defragged else None
+        plans.append(UpdatePlan(shifts[k] if res[k].shifted else None, res[k].rotated, runs, res[k].moved,
+                                res[k].need_reserve))
     return plans
 
 
@@ -307,8 +312,8 @@ cdef class UnifiedCore:
         pass
     cdef void set_full_c(self) noexcept nogil:
         pass
-    cdef void store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
-        pass
+    cdef int store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
+        return KVC_E_INTERNAL
     cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
         return KVC_E_INTERNAL
     cdef void k_shift_c(self, int32_t *out) noexcept nogil:
@@ -337,7 +342,6 @@ cdef class _Unified(UnifiedCore):
     """The unified KV cache (see kvcache.UnifiedCache for the documented public class)."""
     cdef kvc_unified c             # the C cache: cells, head/n, recovery, defrag plan, layer table
     cdef bint _ready               # c is initialised (kvc_unified_free is due)
-    cdef uint32_t _placed_n        # tokens the last successful find_slot put at head (0: none/stale)
     cdef uint32_t _n_layer_model   # model layer count given to the constructor
     cdef tuple _layers             # kept model layer indices, ascending (the cache's layer order)
     cdef dict _ikv                 # model layer index -> index into c.layers
@@ -351,7 +355,6 @@ cdef class _Unified(UnifiedCore):
     cdef object _borrowed          # borrowed mode: (the caller's (K, V) objects, their _HeldBuffers) per kept layer
     cdef tuple _n_embd_head_k      # K head size per model layer, or None (needed by the RoPE K-shift)
     cdef object _rope              # the model's RopeParams, or None (update() rotates K with them)
-    cdef bint _defrag_pending      # the last defrag_prepare moved cells whose K/V rows are not moved yet
     cdef kvc_pylock _lock          # held by every Python method (see "locking" in _common.pxi)
 
     def __cinit__(self, kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
@@ -493,52 +496,37 @@ cdef class _Unified(UnifiedCore):
         return 0
 
     cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
-        cdef int r = kvc_unified_find_slot(&self.c, ub)
-        if r >= 0:      # an error changed nothing, the current placement included
-            self._placed_n = ub.n_tokens if r == 1 else 0
-        return r
+        return kvc_unified_find_slot(&self.c, ub)
 
     cdef void commit_c(self) noexcept nogil:
         kvc_unified_commit(&self.c)
 
     cdef void restore_c(self) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_restore(&self.c)
 
     cdef bint seq_rm_c(self, int32_t s, int32_t p0, int32_t p1) noexcept nogil:
-        self._placed_n = 0
         return kvc_unified_seq_rm(&self.c, s, p0, p1)
 
     cdef void seq_cp_c(self, int32_t src, int32_t dst, int32_t p0, int32_t p1) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_seq_cp(&self.c, src, dst, p0, p1)
 
     cdef void seq_keep_c(self, int32_t s) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_seq_keep(&self.c, s)
 
     cdef void seq_add_c(self, int32_t s, int32_t p0, int32_t p1, int32_t shift) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_seq_add(&self.c, s, p0, p1, shift)
 
     cdef void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_seq_div(&self.c, s, p0, p1, d)
 
     cdef void clear_c(self) noexcept nogil:
-        self._placed_n = 0
-        self._defrag_pending = False
         kvc_unified_clear(&self.c)
 
     cdef void set_full_c(self) noexcept nogil:
-        self._placed_n = 0
         kvc_unified_set_full(&self.c)
 
-    cdef void store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
-        # head is where the last find_slot put its tokens as long as _placed_n is set: every
-        # operation that can move head clears it
-        if self._placed_n:
-            kvc_unified_store(&self.c, ikv, self._placed_n, k, v)
+    cdef int store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
+        return kvc_unified_store(&self.c, ikv, kvc_unified_slot_n(&self.c), k, v)
 
     cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
         return kvc_unified_kq_mask(&self.c, ub, causal, alibi, dtype, out)
@@ -671,14 +659,30 @@ cdef class _Unified(UnifiedCore):
     def slot(self):
         """(head, n_tokens): the cells [head, head + n_tokens) the last successful find_slot
         put its ubatch in, where that ubatch's K/V rows go; None when no placement is current
-        (after restore, a sequence operation, clear, defrag or a state read)."""
+        (after restore, a sequence operation, clear, set_full, defrag or a state read)."""
         cdef uint32_t head, placed
         kvc_pylock_acquire(&self._lock)
-        head, placed = self.c.head, self._placed_n
+        placed = kvc_unified_slot_n(&self.c)
+        head = kvc_unified_slot_cell(&self.c, 0) if placed else 0
         kvc_pylock_release(&self._lock)
         if placed == 0:
             return None
         return (head, placed)
+
+    def slot_indices(self):
+        """The cell of each token the last successful find_slot placed, in token order: an int32
+        array (empty when no placement is current, see ``slot``). Index K/V memory kept
+        elsewhere with it, e.g. ``k_gpu[il].index_copy_(0, idx, k_rows)``."""
+        cdef int32_t[::1] o
+        kvc_pylock_acquire(&self._lock)
+        try:
+            out = np.empty(kvc_unified_slot_n(&self.c), dtype=np.int32)
+            if out.shape[0]:
+                o = out
+                kvc_unified_slot_cells(&self.c, &o[0])
+        finally:
+            kvc_pylock_release(&self._lock)
+        return out
 
     @property
     def has_shift(self):
@@ -686,6 +690,35 @@ cdef class _Unified(UnifiedCore):
         cdef bint r
         kvc_pylock_acquire(&self._lock)
         r = self.c.cells.has_shift
+        kvc_pylock_release(&self._lock)
+        return r
+
+    @property
+    def n_threads(self):
+        """Threads a K/V move of 16 MiB or more (defrag_move, update) may share its layers among,
+        never more than there are layers: 0 (the default) takes the online processors, at most 4
+        (more did not move memory faster); 1 keeps every move on the calling thread. Settable,
+        up to 64."""
+        return self.c.n_threads
+
+    @n_threads.setter
+    def n_threads(self, value):
+        cdef uint32_t n = <uint32_t>int_c(value, "n_threads", 0, UINT32_MAX)
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        lock_change(&self._lock, "n_threads")
+        r = kvc_unified_set_n_threads(&self.c, n, &err)
+        kvc_pylock_release(&self._lock)
+        check_status(r, &err, "n_threads")
+
+    @property
+    def fragmentation(self):
+        """The fragmentation defrag_sched measures: max(0, 1 - (used + n_pad) / n) (0 while n is
+        0), in llama.cpp's float32 arithmetic. defrag_sched takes it as 0 below n = 2048."""
+        cdef float r
+        kvc_pylock_acquire(&self._lock)
+        r = kvc_unified_fragmentation(&self.c)
         kvc_pylock_release(&self._lock)
         return r
 
@@ -836,6 +869,7 @@ cdef class _Unified(UnifiedCore):
         libraries through DLPack (``torch.from_dlpack(cache.k(il))``)."""
         cdef uint32_t ikv = _layer_index(self, il)
         _require_memory(self, "k")
+        _settle(self, "k")
         return self._k_view[ikv]
 
     def v(self, il):
@@ -843,6 +877,7 @@ cdef class _Unified(UnifiedCore):
         (size, row_bytes) uint8 when quantized."""
         cdef uint32_t ikv = _layer_index(self, il)
         _require_memory(self, "v")
+        _settle(self, "v")
         return self._v_view[ikv]
 
     def store(self, il, k_rows, v_rows):
@@ -864,16 +899,20 @@ cdef class _Unified(UnifiedCore):
         cdef const void *pk = kb.view.buf if kb is not None else NULL
         cdef const void *pv = vb.view.buf if vb is not None else NULL
         # from the lock to the copy no Python code runs: the placement checked is the one written
+        cdef uint32_t placed
+        cdef int r
         lock_change(&self._lock, "store")
         try:
-            if self._placed_n == 0:
+            placed = kvc_unified_slot_n(&self.c)
+            if placed == 0:
                 raise RuntimeError("store: no ubatch is placed (call it right after a successful find_slot)")
             if kb is not None:
-                _check_rows(kb, self._placed_n, lay.k_row_bytes if quant_k else lay.n_embd_k, "k_rows")
+                _check_rows(kb, placed, lay.k_row_bytes if quant_k else lay.n_embd_k, "k_rows")
             if vb is not None:
-                _check_rows(vb, self._placed_n, lay.v_row_bytes if quant_v else lay.n_embd_v, "v_rows")
+                _check_rows(vb, placed, lay.v_row_bytes if quant_v else lay.n_embd_v, "v_rows")
             with nogil:
-                self.store_c(ikv, pk, pv)
+                r = self.store_c(ikv, pk, pv)
+            check_status(r, NULL, "store")
         finally:
             kvc_pylock_release(&self._lock)
             if kb is not None:
@@ -1006,9 +1045,6 @@ cdef class _Unified(UnifiedCore):
         lock_change(&self._lock, "defrag_prepare")
         with nogil:
             r = kvc_unified_defrag_prepare(&self.c, nmax)
-            if r >= 0:
-                self._placed_n = 0
-                self._defrag_pending = r == 1
             kvc_pylock_release(&self._lock)
         if r < 0:
             raise_status(r, NULL, "defrag_prepare")
@@ -1047,13 +1083,16 @@ cdef class _Unified(UnifiedCore):
         return out
 
     def defrag_move(self):
-        """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag."""
+        """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag.
+
+        Until then the plan is pending: the next operation that reads or writes K/V data or
+        changes the cells (find_slot, store, k/v, sequence operations, clear, state writes and
+        reads, update, another defrag_prepare) moves the rows first. A metadata-only cache moves
+        nothing: read defrag_runs() right after defrag_prepare and move your rows; any such
+        operation drops the plan (defrag_runs() is then empty)."""
         lock_change(&self._lock, "defrag_move")
         with nogil:
-            if self._defrag_pending:
-                kvc_unified_defrag_move(&self.c)
-                self._defrag_pending = False
-            self.c.do_defrag = False
+            kvc_unified_defrag_move(&self.c)
             kvc_pylock_release(&self._lock)
 
     def _check_update(self, rope, n_max_nodes):
@@ -1089,20 +1128,20 @@ cdef class _Unified(UnifiedCore):
     # --- inspection ----------------------------------------------------------------------
     def cells(self):
         """A snapshot (copies) of every cell's pos, shift and sequence bits: a Cells object."""
-        cdef Py_ssize_t n = self.c.cells.size
+        cdef Py_ssize_t n = self.c.cells.size, nw = self.c.cells.seq_words
         pos = np.empty(n, dtype=np.int32)
         shift = np.empty(n, dtype=np.int32)
-        seq = np.empty(n, dtype=np.uint64)
+        planes = np.empty((nw, n), dtype=np.uint64)     # the table's layout: one plane per word
         cdef int32_t[::1] vp = pos
         cdef int32_t[::1] vs = shift
-        cdef uint64_t[::1] vq = seq
+        cdef uint64_t[:, ::1] vq = planes
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
             memcpy(&vp[0], self.c.cells.pos, n * sizeof(int32_t))
             memcpy(&vs[0], self.c.cells.shift, n * sizeof(int32_t))
-            memcpy(&vq[0], self.c.cells.seq, n * sizeof(uint64_t))
+            memcpy(&vq[0, 0], self.c.cells.seq, nw * n * sizeof(uint64_t))
             kvc_pylock_release(&self._lock)
-        return Cells(pos, shift, seq)
+        return Cells(pos, shift, np.ascontiguousarray(planes.T))
 
     # --- state ---------------------------------------------------------------------------
     def state_size(self, seq_id=-1):
@@ -1151,4 +1190,5 @@ cdef class _Unified(UnifiedCore):
 
 cdef int _unified_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
                               size_t *written) noexcept nogil:
-    return kvc_unified_state_write_range(<const kvc_unified *>c, seq_id, offset, out, cap, written)
+    # the writer settles a pending defrag first: the cache is not const (state_write_into holds its lock)
+    return kvc_unified_state_write_range(<kvc_unified *>c, seq_id, offset, out, cap, written)

@@ -53,15 +53,15 @@ def _ranges(pos: np.ndarray) -> list:
 
 
 def _section(name: str, desc: Mapping[str, Any], offset: int) -> dict[str, Any]:
-    from kvcache._core import ggml_type_name
+    from kvcache._core import MAX_SEQ, ggml_type_name
 
-    pos, seq = desc["pos"], desc["seq"]
+    pos, seq = desc["pos"], desc["seq"]          # seq: [cells, words], bit b of word w is id 64 w + b
     sequences = {}
-    for s in range(64):
-        has = (seq >> np.uint64(s)) & np.uint64(1) == 1
+    for s in range(MAX_SEQ):
+        has = (seq[:, s >> 6] >> np.uint64(s & 63)) & np.uint64(1) == 1
         if has.any():
             sequences[str(s)] = _ranges(pos[has])
-    no_id = seq == 0
+    no_id = ~seq.any(axis=1)
     if no_id.any():
         # recurrent single-sequence states carry no id: the reader gives the destination's
         sequences["unnamed"] = _ranges(pos[no_id])

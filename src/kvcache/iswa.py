@@ -233,6 +233,17 @@ class ISWACache:
         return self._base.rope
 
     @property
+    def n_threads(self) -> int:
+        """Threads a large K/V move may use, in both caches (see UnifiedCache.n_threads)."""
+        return self._base.n_threads
+
+    @n_threads.setter
+    def n_threads(self, value: int) -> None:
+        with self._hold:
+            self._base.n_threads = value
+            self._swa.n_threads = value
+
+    @property
     def can_shift(self) -> bool:
         """Whether a K-shift may be applied: only when both caches have the same size (a smaller
         SWA cache has pruned cells whose positions a shift would need)."""

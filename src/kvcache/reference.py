@@ -26,12 +26,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["UnifiedReference", "CellTable", "RefUBatch", "CellsSnapshot", "relative_position_bucket",
-           "is_masked_swa", "pos_range", "check_swa", "check_geometry", "check_divisor", "check_ubatch", "MAX_SEQ", "KQ_MASK_PAD", "POS_MAX"]
+from kvcache._core import MAX_SEQ  # the caches' bound on sequence ids, from the C core
 
-MAX_SEQ = 64            # one bit per sequence in a cell
+__all__ = ["UnifiedReference", "CellTable", "RefUBatch", "CellsSnapshot", "relative_position_bucket",
+           "is_masked_swa", "pos_range", "check_swa", "check_geometry", "check_divisor", "check_ubatch", "seq_words",
+           "MAX_SEQ", "KQ_MASK_PAD", "POS_MAX", "POS_END"]
+
 KQ_MASK_PAD = 64        # mask rows are padded to a multiple of this
-POS_MAX = 2**31 - 1     # "infinity" for an open position range
+POS_MAX = 2**31 - 1     # the largest position
+POS_END = 2**31         # the upper bound of an open position range: past every position
 _U32 = 2**32
 
 SWA_TYPES = ("none", "standard", "chunked")
@@ -70,8 +73,9 @@ def _c_div(a: int, b: int) -> int:
 
 
 def pos_range(p0: int, p1: int) -> tuple[int, int]:
-    """The position range [p0, p1) a sequence operation covers: negative ends are open."""
-    return (0 if p0 < 0 else p0), (POS_MAX if p1 < 0 else p1)
+    """The position range [p0, p1) a sequence operation covers: negative ends are open (an open
+    upper end lies past every position, POS_MAX included)."""
+    return (0 if p0 < 0 else p0), (POS_END if p1 < 0 else p1)
 
 
 def is_masked_swa(swa_type: str, n_swa: int, p0: int, p1: int) -> bool:
@@ -154,18 +158,33 @@ def check_ubatch(ub, n_seq_max: int) -> tuple[list[int], list[list[int]], int]:
     return pos, groups, nst
 
 
-class CellsSnapshot:
-    """A copy of a cell table: ``pos`` and ``shift`` (int32) and the sequence ids per cell."""
+def seq_words(n_seq_max: int) -> int:
+    """64-bit words of a cell's sequence set for ids [0, n_seq_max) (kvcache.Cells.seq_mask)."""
+    return 1 if n_seq_max <= 64 else (n_seq_max + 63) // 64
 
-    def __init__(self, pos: Iterable[int], shift: Iterable[int], seqs: Iterable[set[int]]):
+
+class CellsSnapshot:
+    """A copy of a cell table: ``pos`` and ``shift`` (int32) and the sequence ids per cell.
+
+    ``n_words``: the words of ``seq_mask`` per cell, as the cache's (``seq_words(n_seq_max)``);
+    None: as many as the largest id needs."""
+
+    def __init__(self, pos: Iterable[int], shift: Iterable[int], seqs: Iterable[set[int]],
+                 n_words: int | None = None):
         self.pos = np.array(list(pos), dtype=np.int32)
         self.shift = np.array(list(shift), dtype=np.int32)
         self.seqs: list[list[int]] = [sorted(ss) for ss in seqs]
+        self.n_words = n_words if n_words is not None else seq_words(1 + max((max(ss, default=0) for ss in self.seqs),
+                                                                               default=0))
 
     @property
     def seq_mask(self) -> np.ndarray:
-        """uint64 per cell, bit s set when sequence s holds the cell (sequence ids below 64)."""
-        return np.array([sum(1 << s for s in ss) for ss in self.seqs], dtype=np.uint64)
+        """uint64 [cells, n_words]: bit b of word w set when sequence 64 * w + b holds the cell."""
+        out = np.zeros((len(self.seqs), self.n_words), dtype=np.uint64)
+        for i, ss in enumerate(self.seqs):
+            for s in ss:
+                out[i, s >> 6] |= np.uint64(1 << (s & 63))
+        return out
 
     def nonempty(self) -> list[list]:
         """``[[idx, pos, [seq ids ascending], shift], ...]`` for every cell with pos != -1."""
@@ -235,7 +254,7 @@ class CellTable:
         return False
 
     def _cell_pos_add(self, i: int, d: int) -> bool:
-        self.pos[i] += d
+        self.pos[i] = min(self.pos[i] + d, POS_MAX)   # saturates (llama.cpp would overflow)
         self.shift[i] += d
         self.has_shift = True
         if self.pos[i] < 0:
@@ -391,6 +410,10 @@ class UnifiedReference(CellTable):
         self.defrag_ids: list[int] = []
         # one (first cell, [(pos, seqs) per cell]) per find_slot since the last commit
         self._recovery: list[tuple[int, list[tuple[int, set[int]]]]] = []
+
+    def cells(self) -> CellsSnapshot:
+        """A snapshot of pos / shift / sequence ids per cell, seq_mask as wide as the cache's."""
+        return CellsSnapshot(self.pos, self.shift, self.seq, seq_words(self.n_seq_max))
 
     def _cell_mv(self, src: int, dst: int) -> None:
         self.pos[dst], self.shift[dst], self.seq[dst] = self.pos[src], self.shift[src], self.seq[src]

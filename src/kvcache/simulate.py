@@ -261,9 +261,8 @@ class Simulation:
         self.rep.defrag_steps.append(self.step)
 
     def fragmentation(self) -> float:
-        """The defrag measure max(0, 1 - (used + n_pad) / n), 0 while n is 0."""
-        c = self.cache
-        return max(0.0, 1.0 - (c.used + c.n_pad) / c.n) if c.n else 0.0
+        """The defrag measure max(0, 1 - (used + n_pad) / n), 0 while n is 0 (the cache's own)."""
+        return self.cache.fragmentation
 
     # --- workload --------------------------------------------------------------------------------
     def draw_len(self, mean: int) -> int:

@@ -20,7 +20,7 @@ class UnifiedCache(_Unified):
       in elements, one int for all layers or one per model layer.
     - ``type_k`` / ``type_v``: ggml type names ("f32", "f16", "bf16", "q8_0", "q4_0", ...).
     - ``v_trans``: store V transposed (needs a V type with one element per block).
-    - ``n_seq_max``: valid sequence ids are ``[0, n_seq_max)``, at most 64.
+    - ``n_seq_max``: valid sequence ids are ``[0, n_seq_max)``, at most ``kvcache.MAX_SEQ`` (256).
     - ``n_swa`` / ``swa_type``: sliding window ("none", "standard" or "chunked").
     - ``layers``: the model layers this cache holds: None (all), ascending indices, or a
       predicate ``il -> bool``.

@@ -12,6 +12,7 @@
 
 #include "check.h"
 
+static bool vector;   /* the pass: the vector path where the processor has it, or the scalar one */
 static uint32_t rng_state = 12345;
 static uint32_t rnd(uint32_t n) {
     rng_state = rng_state * 1664525u + 1013904223u;
@@ -62,7 +63,7 @@ static void check_plan(uint32_t n_cells, uint32_t el, uint32_t n_rows, uint32_t 
     }
     kvc_fail_alloc_after = fail_at;
     kvc_cols cols;
-    kvc_cols_init(&cols, pairs, n, n_cells, el);
+    kvc_cols_init(&cols, pairs, n, n_cells, el, vector);
     kvc_fail_alloc_after = 0;
     kvc_cols_apply(&cols, a + skew, stride, n_rows);
     kvc_cols_free(&cols);
@@ -111,7 +112,7 @@ static void test_no_pairs(void) {
         rows[i] = orig[i] = (uint16_t)rnd(65536);
     }
     kvc_cols cols;
-    kvc_cols_init(&cols, NULL, 0, 100, 2);
+    kvc_cols_init(&cols, NULL, 0, 100, 2, vector);
     kvc_cols_apply(&cols, (uint8_t *)rows, 200, 3);
     kvc_cols_free(&cols);
     CHECK(memcmp(rows, orig, sizeof rows) == 0, "no pairs, no change");
@@ -122,6 +123,8 @@ int main(void) {
         if (scalar) {
             setenv("KVCACHE_NO_AVX512", "1", 1);
         }
+        vector = kvc_cols_vector_available();
+        CHECK(!(scalar && vector), "KVCACHE_NO_AVX512 keeps the scalar path");
         test_random_plans();
         test_allocation_failures();
         test_long_rows();

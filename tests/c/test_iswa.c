@@ -83,14 +83,12 @@ static void pair_free(pair *t) {
 static bool pair_place(pair *t, const int32_t *pos, int32_t seq, uint32_t n, bool commit, uint8_t fill) {
     uint32_t off[65];
     int32_t ids[64];
-    uint64_t mask[64];
     for (uint32_t i = 0; i < n; i++) {
         off[i] = i;
         ids[i] = seq;
-        mask[i] = (uint64_t)1 << seq;
     }
     off[n] = n;
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids, mask };
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
     for (int i = 0; i < 2; i++) {
         kvc_unified *c = &t->c[i];
         if (kvc_unified_find_slot(c, &ub) != 1) {
@@ -127,10 +125,10 @@ static void pair_dump(const pair *t, bytes *out) {
             const int32_t mm[2] = { kvc_unified_seq_pos_min(c, s), kvc_unified_seq_pos_max(c, s) };
             bytes_put(out, mm, sizeof mm);
         }
-        bytes_put(out, &c->n_rec, sizeof c->n_rec);
-        bytes_put(out, c->rec, c->n_rec * sizeof *c->rec);
-        bytes_put(out, c->rec_pos, c->n_rec_arena * sizeof *c->rec_pos);
-        bytes_put(out, c->rec_seq, c->n_rec_arena * sizeof *c->rec_seq);
+        bytes_put(out, &c->undo.n_spans, sizeof c->undo.n_spans);
+        bytes_put(out, c->undo.spans, c->undo.n_spans * sizeof *c->undo.spans);
+        bytes_put(out, c->undo.pos, c->undo.n_cells * sizeof *c->undo.pos);
+        bytes_put(out, c->undo.seq, c->undo.n_cells * sizeof *c->undo.seq);
         for (uint32_t l = 0; l < 2; l++) {
             bytes_put(out, c->layers[l].k, size * c->layers[l].k_row_bytes);
             bytes_put(out, c->layers[l].v, size * c->layers[l].v_row_bytes);
@@ -139,7 +137,7 @@ static void pair_dump(const pair *t, bytes *out) {
 }
 
 /* The state of seq_id of both caches: base part, then SWA part. */
-static void pair_write(const pair *t, int32_t seq_id, bytes *out, size_t *n_base) {
+static void pair_write(pair *t, int32_t seq_id, bytes *out, size_t *n_base) {
     out->n = 0;
     for (int i = 0; i < 2; i++) {
         const size_t n = kvc_unified_state_size(&t->c[i], seq_id);
@@ -221,7 +219,7 @@ static void test_round_trip(void) {
     CHECK(consumed == blob.n, "consumed");
     CHECK(kvc_unified_seq_pos_min(&b.c[0], 1) == 0 && kvc_unified_seq_pos_max(&b.c[0], 1) == 9, "base: 0..9");
     CHECK(kvc_unified_seq_pos_min(&b.c[1], 1) == 6 && kvc_unified_seq_pos_max(&b.c[1], 1) == 9, "swa: 6..9");
-    CHECK(b.c[0].n_rec == 0 && b.c[1].n_rec == 0, "committed");
+    CHECK(b.c[0].undo.n_spans == 0 && b.c[1].undo.n_spans == 0, "committed");
     bytes_free(&blob);
     bytes_free(&again);
     pair_free(&a);
@@ -345,7 +343,7 @@ static void test_pending(void) {
     const uint32_t off[6] = { 0, 1, 3, 4, 5, 6 };
     const int32_t ids[6] = { 1, 0, 1, 2, 1, 0 };
     CHECK(kvc_iswa_pending_set(&p, 5, pos, off, ids, 3, true, &err) == KVC_OK, "%s", err.msg);
-    CHECK(p.seqs == 7, "seqs %llx", (unsigned long long)p.seqs);
+    CHECK(p.seqs.w[0] == 7 && !p.seqs.w[1] && !p.seqs.w[2] && !p.seqs.w[3], "seqs %llx", (unsigned long long)p.seqs.w[0]);
     CHECK(p.pmin[0] == 3 && p.pmax[0] == 7, "seq 0: %d..%d", p.pmin[0], p.pmax[0]);
     CHECK(p.pmin[1] == 3 && p.pmax[1] == 5, "seq 1: %d..%d", p.pmin[1], p.pmax[1]);
     CHECK(p.pmin[2] == 9 && p.pmax[2] == 9, "seq 2: %d..%d", p.pmin[2], p.pmax[2]);
@@ -353,8 +351,8 @@ static void test_pending(void) {
     CHECK(kvc_iswa_pending_set(&p, 5, pos, off, ids, 2, true, &err) == KVC_E_ARG && strstr(err.msg, "token 2"),
           "id 2 with n_seq_max 2: %s", err.msg);
     CHECK(memcmp(&p, &keep, sizeof p) == 0, "rejected batch changed the ranges");
-    CHECK(kvc_iswa_pending_set(&p, 5, pos, off, ids, 3, false, &err) == KVC_OK && p.seqs == 0, "not recorded");
-    CHECK(kvc_iswa_pending_set(&p, 0, NULL, off, ids, 3, true, &err) == KVC_OK && p.seqs == 0, "empty batch");
+    CHECK(kvc_iswa_pending_set(&p, 5, pos, off, ids, 3, false, &err) == KVC_OK && !kvc_seqset_any(&p.seqs, KVC_SEQ_WORDS), "not recorded");
+    CHECK(kvc_iswa_pending_set(&p, 0, NULL, off, ids, 3, true, &err) == KVC_OK && !kvc_seqset_any(&p.seqs, KVC_SEQ_WORDS), "empty batch");
 }
 
 int main(void) {

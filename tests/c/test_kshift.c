@@ -1,9 +1,11 @@
-/* Tests of the unified cache's K-shift over its memory (csrc/kvc_kshift.c) and of the defrag
- * runs (kvc_unified_defrag_runs): every layer rotated as kvc_rope_shift_rows rotates it,
- * rejected calls and failed allocations leave the memory unchanged, layers without memory
- * are skipped, and the runs are exactly the moves of the plan. */
+/* Tests of the unified cache's K-shift over its memory (csrc/kvc_kshift.c), of the defrag
+ * runs (kvc_unified_defrag_runs) and of update() (csrc/kvc_update.c): every layer rotated as
+ * kvc_rope_shift_rows rotates it, rejected calls and failed allocations leave the memory
+ * unchanged, layers without memory are skipped, the runs are exactly the moves of the plan, and
+ * an update of two caches changes neither when the second one's rotation is refused. */
 #include "kvc_kshift.h"
 #include "kvc_quant.h"
+#include "kvc_update.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,12 +64,10 @@ static int fixture_init(fixture *f, int32_t type) {
     int32_t pos[10];
     uint32_t off[11];
     int32_t ids[10];
-    uint64_t mask[10];
     for (int i = 0; i < 10; i++) {
         pos[i] = i;
         off[i] = (uint32_t)i;
         ids[i] = 0;
-        mask[i] = 1;
     }
     off[10] = 10;
     memset(&ub, 0, sizeof ub);
@@ -77,7 +77,6 @@ static int fixture_init(fixture *f, int32_t type) {
     ub.pos = pos;
     ub.seq_off = off;
     ub.seq_ids = ids;
-    ub.seq_mask = mask;
     if (kvc_unified_find_slot(&f->c, &ub) != 1) {
         return -1;
     }
@@ -182,6 +181,7 @@ static void test_defrag_runs(void) {
     const uint32_t plan[10] = { 0, 10, 10, 10, 10, 10, 1, 2, 8, 4 };
     memcpy(f.c.defrag_ids, plan, sizeof plan);
     f.c.n_defrag_ids = 10;
+    f.c.defrag_pending = true;   /* as a defrag_prepare leaves it */
     uint32_t runs[9];
     CHECK(kvc_unified_defrag_runs(&f.c, NULL) == 2, "count");
     memset(runs, 0xff, sizeof runs);
@@ -194,9 +194,76 @@ static void test_defrag_runs(void) {
     float row6 = k0[6 * w], row7 = k0[7 * w], row9 = k0[9 * w], row8 = k0[8 * w];
     kvc_unified_defrag_move(&f.c);
     CHECK(k0[1 * w] == row6 && k0[2 * w] == row7 && k0[4 * w] == row9 && k0[8 * w] == row8, "moved rows");
+    CHECK(!f.c.defrag_pending, "applied");
+    k0[1 * w] = -1.0f;
+    kvc_unified_defrag_move(&f.c);
+    CHECK(k0[1 * w] == -1.0f && kvc_unified_defrag_runs(&f.c, NULL) == 2, "applied once, the plan still readable");
     f.c.n_defrag_ids = 0;
     CHECK(kvc_unified_defrag_runs(&f.c, runs) == 0, "empty plan");
     fixture_free(&f);
+}
+
+static void test_update(void) {
+    fixture a, b;
+    if (fixture_init(&a, KVC_TYPE_F32) != 0 || fixture_init(&b, KVC_TYPE_F16) != 0) {
+        CHECK(0, "fixtures");
+        return;
+    }
+    kvc_rope_params good[2], bad[2];
+    const uint32_t hd[2] = { HEAD, HEAD };
+    kvc_rope_params_init(&good[0], HEAD);
+    kvc_rope_params_init(&good[1], HEAD);
+    bad[0] = good[0];
+    bad[1] = good[1];
+    bad[1].n_rot = 3;   /* odd: refused */
+    int32_t shift_a[SIZE], shift_b[SIZE];
+    kvc_update_opts opts[2] = { { good, hd, 65536, shift_a }, { bad, hd, 65536, shift_b } };
+    kvc_update_result res[2];
+    kvc_unified *both[2] = { &a.c, &b.c };
+    uint8_t *ka = malloc(a.k_bytes[0]), *want = malloc(a.k_bytes[0]);
+    memcpy(ka, a.k[0], a.k_bytes[0]);
+    kvc_err err = { 0, "" };
+
+    CHECK(kvc_unified_update_parts(both, 2, opts, res, &err) == KVC_E_ARG, "the second rotation is refused");
+    CHECK(strstr(err.msg, "layer 1") != NULL, "%s", err.msg);
+    CHECK(memcmp(a.k[0], ka, a.k_bytes[0]) == 0 && a.c.cells.has_shift && b.c.cells.has_shift, "nothing changed");
+    kvc_unified *twice[2] = { &a.c, &a.c };
+    CHECK(kvc_unified_update_parts(twice, 2, opts, res, NULL) == KVC_E_ARG, "the same cache twice");
+
+    /* the expectation for a: its rows rotated by the shifts */
+    int32_t shift[SIZE];
+    kvc_unified_k_shift(&a.c, shift);
+    memcpy(want, a.k[0], a.k_bytes[0]);
+    kvc_rope_shift_rows(KVC_TYPE_F32, want, SIZE, 2, HEAD, a.c.layers[0].k_row_bytes, shift, &good[0], NULL);
+    opts[1].rope = NULL;   /* b: no RoPE, the shifts are dropped */
+    a.c.do_defrag = true;
+    CHECK(kvc_unified_update_parts(both, 2, opts, res, &err) == KVC_OK, "%s", err.msg);
+    CHECK(res[0].shifted && res[0].rotated && !res[0].defragged && res[0].need_reserve, "a rotated");
+    CHECK(memcmp(a.k[0], want, a.k_bytes[0]) == 0, "a's keys rotated by its shifts");
+    CHECK(memcmp(shift_a, shift, sizeof shift) == 0, "the shifts handed back");
+    CHECK(res[1].shifted && !res[1].rotated && !res[1].need_reserve, "b dropped its shifts");
+    CHECK(!a.c.cells.has_shift && !b.c.cells.has_shift && !a.c.do_defrag, "reset; the defrag had nothing to do");
+
+    /* a defrag: a hole at cell 2, the last cell fills it */
+    kvc_unified_seq_rm(&a.c, 0, 2, 5);
+    a.c.do_defrag = true;
+    kvc_update_opts plain = { NULL, NULL, 65536, NULL };
+    CHECK(kvc_unified_update(&a.c, &plain, &res[0], &err) == KVC_OK, "%s", err.msg);
+    CHECK(!res[0].shifted && res[0].defragged && res[0].moved && res[0].need_reserve, "defragged");
+    CHECK(kvc_unified_defrag_runs(&a.c, NULL) > 0 && a.c.cells.used_max_p1 == a.c.cells.used && a.c.cells.used == 9 && !a.c.defrag_pending, "compact");
+
+    /* without memory the owner does the work: need_reserve for a shift alone */
+    kvc_unified_set_layer_buffers(&b.c, 0, NULL, NULL);
+    kvc_unified_set_layer_buffers(&b.c, 1, NULL, NULL);
+    kvc_unified_seq_add(&b.c, 0, 0, -1, 1);
+    CHECK(kvc_unified_update(&b.c, &plain, &res[1], &err) == KVC_OK, "%s", err.msg);
+    CHECK(res[1].shifted && !res[1].rotated && res[1].need_reserve, "metadata only: the owner rotates");
+    kvc_unified_set_layer_buffers(&b.c, 0, b.k[0], b.v[0]);
+    kvc_unified_set_layer_buffers(&b.c, 1, b.k[1], b.v[1]);
+    free(ka);
+    free(want);
+    fixture_free(&a);
+    fixture_free(&b);
 }
 
 int main(void) {
@@ -207,6 +274,7 @@ int main(void) {
     }
     test_rejections_and_nomem_leave_memory();
     test_defrag_runs();
+    test_update();
     printf("test_kshift: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
 }

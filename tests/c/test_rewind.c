@@ -1,6 +1,6 @@
 /* Tests of undoing find_slot calls exactly (kvc_unified_mark_take / kvc_unified_rewind) and of
  * the two-step K-shift (kvc_unified_k_shift_prepare / _run): after a rewind the cells, their
- * index structures, head, n and the recovery stack are as at the mark, also when the stack grew
+ * index structures, head, n and the undo log are as at the mark, also when the stack grew
  * in between and when a find_slot failed for lack of memory; a rewind past a commit is refused
  * without a change; a prepared K-shift that is not run changes nothing. */
 #include "kvc_kshift.h"
@@ -34,27 +34,24 @@ static int place(kvc_unified *c, uint32_t n, int32_t p0, int32_t s, int32_t t) {
     int32_t pos[64];
     uint32_t off[65];
     int32_t ids[128];
-    uint64_t mask[64];
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         pos[i] = p0 + (int32_t)i;
         off[i] = k;
         ids[k++] = s;
-        mask[i] = (uint64_t)1 << s;
         if (t >= 0) {
             ids[k++] = t;
-            mask[i] |= (uint64_t)1 << t;
         }
     }
     off[n] = k;
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids, mask };
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
     return kvc_unified_find_slot(c, &ub);
 }
 
 typedef struct seen {
     int32_t pos[SIZE], shift[SIZE];
     uint64_t seq[SIZE];
-    uint32_t used, used_max_p1, head, n, n_rec, n_rec_arena;
+    uint32_t used, used_max_p1, head, n, n_spans, n_cells;
     int32_t lo[4], hi[4];
 } seen;
 
@@ -66,8 +63,8 @@ static void look(const kvc_unified *c, seen *v) {
     v->used_max_p1 = c->cells.used_max_p1;
     v->head = c->head;
     v->n = c->n;
-    v->n_rec = c->n_rec;
-    v->n_rec_arena = c->n_rec_arena;
+    v->n_spans = c->undo.n_spans;
+    v->n_cells = c->undo.n_cells;
     for (int s = 0; s < 4; s++) {
         v->lo[s] = kvc_unified_seq_pos_min(c, s);
         v->hi[s] = kvc_unified_seq_pos_max(c, s);
@@ -89,13 +86,13 @@ static void test_rewind(void) {
     look(&c, &at_mark);
     kvc_unified_mark_take(&c, &m);
 
-    /* enough slots to grow the recovery stack past its first capacity */
+    /* enough slots to grow the undo log past its first capacity */
     for (int i = 0; i < 12; i++) {
         CHECK(place(&c, 7, 200 + 10 * i, i % 4, -1) == 1, "slot %d after the mark", i);
     }
     CHECK(place(&c, 64, 500, 2, -1) == 0, "a slot with no room");
     kvc_fail_alloc_after = 1;
-    CHECK(place(&c, 3, 600, 1, -1) == KVC_E_NOMEM || c.n_rec < c.cap_rec, "a slot without memory");
+    CHECK(place(&c, 3, 600, 1, -1) == KVC_E_NOMEM || c.undo.n_spans < c.undo.cap_spans, "a slot without memory");
     kvc_fail_alloc_after = 0;
     CHECK(kvc_unified_rewind(&c, &m) == KVC_OK, "rewind");
     look(&c, &now);

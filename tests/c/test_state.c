@@ -160,7 +160,7 @@ static int tc_place(tc *t, uint32_t n, const int32_t *pos, const uint64_t *mask,
         }
     }
     seq_off[n] = k;
-    const kvc_ubatch ub = { n, 1, n, pos, seq_off, seq_ids, mask };
+    const kvc_ubatch ub = { n, 1, n, pos, seq_off, seq_ids };
     const int rc = kvc_unified_find_slot(&t->c, &ub);
     if (rc == 1 && commit) {
         kvc_unified_commit(&t->c);
@@ -189,11 +189,11 @@ static void tc_dump(const tc *t, buf *out) {
     }
     buf_u32(out, c->head);
     buf_u32(out, c->n);
-    buf_u32(out, c->n_rec);
-    buf_put(out, c->rec, c->n_rec * sizeof *c->rec);
-    buf_u32(out, c->n_rec_arena);
-    buf_put(out, c->rec_pos, c->n_rec_arena * sizeof *c->rec_pos);
-    buf_put(out, c->rec_seq, c->n_rec_arena * sizeof *c->rec_seq);
+    buf_u32(out, c->undo.n_spans);
+    buf_put(out, c->undo.spans, c->undo.n_spans * sizeof *c->undo.spans);
+    buf_u32(out, c->undo.n_cells);
+    buf_put(out, c->undo.pos, c->undo.n_cells * sizeof *c->undo.pos);
+    buf_put(out, c->undo.seq, c->undo.n_cells * sizeof *c->undo.seq);
     buf_u32(out, c->do_defrag);
     buf_u32(out, c->n_defrag_ids);
     buf_put(out, c->defrag_ids, c->n_defrag_ids * sizeof *c->defrag_ids);
@@ -205,7 +205,7 @@ static void tc_dump(const tc *t, buf *out) {
     }
 }
 
-static bool tc_write(const tc *t, int32_t seq_id, buf *out) {
+static bool tc_write(tc *t, int32_t seq_id, buf *out) {
     const size_t n = kvc_unified_state_size(&t->c, seq_id);
     size_t written = 0;
     out->n = 0;
@@ -492,7 +492,7 @@ static void roundtrip_seq(const geom *g) {
             const int rc = kvc_unified_state_read(&b.c, d, blob.p, blob.n, &consumed, &err);
             CHECK(rc == KVC_OK, "seq %d -> %d: %d %s", s, d, rc, err.msg);
             CHECK(consumed == blob.n, "consumed");
-            CHECK(b.c.n_rec == 0, "committed");
+            CHECK(b.c.undo.n_spans == 0, "committed");
             const uint32_t cc = get_u32_at(blob.p);
             uint32_t k = 0;
             for (uint32_t i = 0; i < g->size && cc; i++) {
@@ -722,12 +722,13 @@ static void test_trailing_and_whole_quirks(void) {
         buf blob = { 0 };
         CHECK(tc_write(&e, -1, &blob), "write empty");
         busy_target(&t);
-        const uint32_t n = t.c.n, n_rec = t.c.n_rec;
+        const uint32_t n = t.c.n, n_spans = t.c.undo.n_spans;
         kvc_err err = { 0, "" };
         size_t consumed = 0;
         CHECK(kvc_unified_state_read(&t.c, -1, blob.p, blob.n, &consumed, &err) == KVC_OK, "%s", err.msg);
         CHECK(consumed == blob.n && t.c.cells.used == 0 && t.c.head == 0 && t.c.n == n, "cleared");
-        CHECK(t.c.n_rec == n_rec, "the recovery stack is not the clear's business");
+        CHECK(n_spans > 0 && t.c.undo.n_spans == 0, "the cache is replaced: its undo log goes");
+        CHECK(kvc_unified_slot_n(&t.c) == 0, "nothing placed");
         bool zero = true;
         for (size_t i = 0; i < (size_t)g.size * t.c.layers[0].k_row_bytes; i++) {
             zero = zero && t.k[0][i] == 0;
@@ -757,14 +758,14 @@ static void test_seq_placement(void) {
         CHECK(tc_write(&e, 3, &blob), "write");
         CHECK(blob.n == 4 + 8 + 24 * g.n_layer, "empty part %zu bytes", blob.n);
         buf_u32(&blob, 0xdeadbeefu);
-        const uint32_t used = t.c.cells.used, head = t.c.head, n_rec = t.c.n_rec;
+        const uint32_t used = t.c.cells.used, head = t.c.head, n_spans = t.c.undo.n_spans;
         kvc_err err = { 0, "" };
         size_t consumed = 0;
         CHECK(kvc_unified_seq_pos_max(&t.c, 0) == 61, "dest present");
         CHECK(kvc_unified_state_read(&t.c, 0, blob.p, blob.n, &consumed, &err) == KVC_OK, "%s", err.msg);
         CHECK(consumed == blob.n - 4, "consumed %zu", consumed);
         CHECK(kvc_unified_seq_pos_max(&t.c, 0) == -1, "dest removed");
-        CHECK(t.c.cells.used == used - 3 && t.c.n_rec == n_rec, "others kept, no commit");
+        CHECK(t.c.cells.used == used - 3 && t.c.undo.n_spans == n_spans, "others kept, no commit");
         CHECK(t.c.head <= head, "head");
         check_cells_consistent(&t, "C1b");
         /* a damaged header after the empty count: nothing is removed */
@@ -834,7 +835,7 @@ static void test_seq_placement(void) {
         kvc_err err = { 0, "" };
         size_t consumed = 0;
         CHECK(kvc_unified_state_read(&t.c, 2, blob.p, blob.n, &consumed, &err) == KVC_OK, "%s", err.msg);
-        CHECK(t.c.n_rec == 0, "committed");
+        CHECK(t.c.undo.n_spans == 0, "committed");
         CHECK(t.c.cells.pos[t.c.head] == (int32_t)get_u32_at(blob.p + 4), "first cell at head");
         check_cells_consistent(&t, "seq read");
         buf_free(&blob);
@@ -1215,7 +1216,7 @@ static void test_describe(void) {
             CHECK(tc_write(&a, seq, &blob), "write");
             kvc_state_desc d;
             int32_t pos[64];
-            uint64_t seqs[64];
+            uint64_t seqs[64 * KVC_SEQ_WORDS];   /* a cell's set in KVC_SEQ_WORDS words */
             kvc_state_layer_desc ld[4];
             kvc_err err = { 0, "" };
             int rc = kvc_state_describe(blob.p, blob.n, &d, pos, seqs, 64, ld, 4, &err);
@@ -1228,7 +1229,9 @@ static void test_describe(void) {
                     continue;
                 }
                 CHECK(k < d.cell_count && pos[k] == cl->pos[i], "cell %u position", i);
-                CHECK(seqs[k] == (seq < 0 ? cl->seq[i] : (uint64_t)1 << seq), "cell %u ids", i);
+                CHECK(seqs[KVC_SEQ_WORDS * k] == (seq < 0 ? cl->seq[i] : (uint64_t)1 << seq) &&
+                      !seqs[KVC_SEQ_WORDS * k + 1] && !seqs[KVC_SEQ_WORDS * k + 2] && !seqs[KVC_SEQ_WORDS * k + 3],
+                      "cell %u ids", i);
                 k++;
             }
             CHECK(k == d.cell_count, "cell count %u != %u", d.cell_count, k);

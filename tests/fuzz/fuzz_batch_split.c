@@ -21,6 +21,7 @@
  * token was placed once. */
 #include "fuzz_common.h"
 #include "kvc_batch.h"
+#include "kvc_seqset.h"
 
 enum { MAX_TOKENS = 1024 };
 
@@ -55,7 +56,6 @@ static void sb_take(sb_copy *m, const kvc_sbatch *sb) {
     m->s.ub_pos = (int32_t *)fz_dup((const uint8_t *)sb->ub_pos, n * sizeof *sb->ub_pos);
     m->s.ub_seq_off = (uint32_t *)fz_dup((const uint8_t *)sb->ub_seq_off, (n + 1) * sizeof *sb->ub_seq_off);
     m->s.ub_seq_ids = (int32_t *)fz_dup((const uint8_t *)sb->ub_seq_ids, n_ids * sizeof *sb->ub_seq_ids);
-    m->s.ub_seq_mask = (uint64_t *)fz_dup((const uint8_t *)sb->ub_seq_mask, n * sizeof *sb->ub_seq_mask);
     m->s.ub_output = (int8_t *)fz_dup((const uint8_t *)sb->ub_output, n * sizeof *sb->ub_output);
 }
 
@@ -71,7 +71,6 @@ static void sb_copy_free(sb_copy *m) {
     free(m->s.ub_pos);
     free(m->s.ub_seq_off);
     free(m->s.ub_seq_ids);
-    free(m->s.ub_seq_mask);
     free(m->s.ub_output);
 }
 
@@ -97,7 +96,6 @@ static void sb_check_same(const sb_copy *m, const kvc_sbatch *sb) {
     SAME_ARRAY(ub_pos, n);
     SAME_ARRAY(ub_seq_off, n + 1);
     SAME_ARRAY(ub_seq_ids, n_ids);
-    SAME_ARRAY(ub_seq_mask, n);
     SAME_ARRAY(ub_output, n);
 }
 
@@ -132,14 +130,19 @@ static void check_ubatch(batch *b, const kvc_sbatch *sb, const kvc_sbatch_ubatch
     if (mode == KVC_SPLIT_SEQ) {
         FUZZ_CHECK(ub->n_seqs == 1, "split_seq made %u groups", ub->n_seqs);
     }
-    uint64_t seen = 0;
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
     for (uint32_t g = 0; g < ub->n_seqs; g++) {
         const int32_t *gids = ub->seq_ids + ub->seq_off[g];
         const uint32_t n_gids = ub->seq_off[g + 1] - ub->seq_off[g];
         if (mode == KVC_SPLIT_EQUAL) {
             FUZZ_CHECK(n_gids == 1 || ub->n_seqs == 1, "a shared id list mixed with %u other groups", ub->n_seqs - 1);
-            FUZZ_CHECK((seen & ub->seq_mask[g]) == 0, "a sequence in two groups of one ubatch");
-            seen |= ub->seq_mask[g];
+            for (uint32_t j = 0; j < n_gids; j++) {
+                FUZZ_CHECK(!kvc_seqset_has(&seen, gids[j]), "a sequence in two groups of one ubatch");
+            }
+            for (uint32_t j = 0; j < n_gids; j++) {
+                kvc_seqset_add(&seen, gids[j]);
+            }
         }
         for (uint32_t j = 0; j < ub->n_seq_tokens; j++) {
             const uint32_t k = g * ub->n_seq_tokens + j;

@@ -5,6 +5,7 @@
 #define KVC_FUZZ_COMMON_H
 
 #include "kvc_common.h"
+#include "kvc_le.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,17 +73,6 @@ static inline void fz_fill(fz_rng *g, uint8_t *p, size_t n) {
     for (; i < n; i++) {
         p[i] = (uint8_t)(fz_next(g) >> 56);
     }
-}
-
-static inline uint32_t fz_get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static inline void fz_put_u32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
 }
 
 /* A copy of n bytes (NULL stays NULL); aborts when memory runs out, which is not a finding. */

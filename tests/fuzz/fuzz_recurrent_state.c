@@ -108,7 +108,6 @@ static void place(cache *t, fz_rng *g, int32_t *next_pos) {
     }
     int32_t order[KVC_MAX_SEQ], ids[KVC_MAX_SEQ], pos[KVC_MAX_SEQ * 4];
     uint32_t off[KVC_MAX_SEQ + 1];
-    uint64_t mask[KVC_MAX_SEQ];
     for (uint32_t s = 0; s < n_seq; s++) {
         order[s] = (int32_t)s;
     }
@@ -124,10 +123,8 @@ static void place(cache *t, fz_rng *g, int32_t *next_pos) {
     off[0] = 0;
     while (k < n_ids) {
         const uint32_t take = (fz_below(g, 4) == 0 && k + 1 < n_ids) ? 2 : 1;
-        mask[n_groups] = 0;
         for (uint32_t j = 0; j < take; j++, k++) {
             ids[k] = order[k];
-            mask[n_groups] |= (uint64_t)1 << order[k];
         }
         off[++n_groups] = k;
     }
@@ -137,7 +134,7 @@ static void place(cache *t, fz_rng *g, int32_t *next_pos) {
             pos[gi * n_seq_tokens + j] = next_pos[s]++;
         }
     }
-    const kvc_ubatch ub = { n_groups * n_seq_tokens, n_seq_tokens, n_groups, pos, off, ids, mask };
+    const kvc_ubatch ub = { n_groups * n_seq_tokens, n_seq_tokens, n_groups, pos, off, ids };
     kvc_err err = { 0, "" };
     const int r = kvc_recurrent_find_slot(&t->c, &ub, &err);
     FUZZ_CHECK(r == 0 || r == 1 || r == KVC_E_NOSPACE || r == KVC_E_INTERNAL, "prefill find_slot: %d (%s)", r,
@@ -267,11 +264,11 @@ static layout walk(const kvc_recurrent *c, const uint8_t *blob, size_t consumed)
     layout L;
     memset(&L, 0, sizeof L);
     FUZZ_CHECK(consumed >= 4, "consumed %zu bytes", consumed);
-    L.cc = fz_get_u32(blob);
+    L.cc = kvc_le_get_u32(blob);
     size_t off = 4;
     for (uint32_t i = 0; i < L.cc; i++) {
         FUZZ_CHECK(off + 8 <= consumed, "cell %u lies past the consumed %zu bytes", i, consumed);
-        const uint32_t n_ids = fz_get_u32(blob + off + 4);
+        const uint32_t n_ids = kvc_le_get_u32(blob + off + 4);
         FUZZ_CHECK((uint64_t)n_ids * 4 <= consumed - off - 8, "cell %u's ids lie past the consumed bytes", i);
         off += 8 + 4 * (size_t)n_ids;
     }
@@ -292,9 +289,9 @@ static layout walk(const kvc_recurrent *c, const uint8_t *blob, size_t consumed)
 
 static uint64_t cell_bits(const uint8_t *blob, size_t off) {
     uint64_t bits = 0;
-    const uint32_t n_ids = fz_get_u32(blob + off + 4);
+    const uint32_t n_ids = kvc_le_get_u32(blob + off + 4);
     for (uint32_t j = 0; j < n_ids; j++) {
-        bits |= (uint64_t)1 << fz_get_u32(blob + off + 8 + 4 * (size_t)j);
+        bits |= (uint64_t)1 << kvc_le_get_u32(blob + off + 8 + 4 * (size_t)j);
     }
     return bits;
 }
@@ -317,18 +314,18 @@ static uint8_t *canonical(const kvc_recurrent *c, int32_t seq_id, const uint8_t 
             keep[i] = true;
             kept++;
         } else if (bits) {
-            fz_put_u32(out + o + 4, kvc_popcount64(bits));
+            kvc_le_put_u32(out + o + 4, kvc_popcount64(bits));
             o += 8;
             for (; bits; bits &= bits - 1) {
-                fz_put_u32(out + o, kvc_ctz64(bits));
+                kvc_le_put_u32(out + o, kvc_ctz64(bits));
                 o += 4;
             }
             keep[i] = true;
             kept++;
         }
-        off += 8 + 4 * fz_get_u32(blob + off + 4);
+        off += 8 + 4 * kvc_le_get_u32(blob + off + 4);
     }
-    fz_put_u32(out, kept);
+    kvc_le_put_u32(out, kept);
     memcpy(out + o, blob + L->meta_end, 8);
     o += 8;
     for (int half = 0; half < 2; half++) {
@@ -392,13 +389,13 @@ static void check_whole_result(const image *m, const cache *t, const uint8_t *bl
             continue;
         }
         const uint64_t bits = cell_bits(blob, off);
-        SAME_VALUE(cl->pos[i], (int32_t)fz_get_u32(blob + off), "restored position");
+        SAME_VALUE(cl->pos[i], (int32_t)kvc_le_get_u32(blob + off), "restored position");
         SAME_VALUE(cl->seq[i], bits, "restored sequence set");
         SAME_VALUE(cl->src[i], (int32_t)i, "restored source");
         for (uint64_t w = bits; w; w &= w - 1) {
             tail[kvc_ctz64(w)] = (int32_t)i;
         }
-        off += 8 + 4 * fz_get_u32(blob + off + 4);
+        off += 8 + 4 * kvc_le_get_u32(blob + off + 4);
     }
     SAME_BYTES(cl->tail, tail, cl->size * sizeof *tail, "sequence tails");
     free(tail);
@@ -413,10 +410,9 @@ static void check_seq_result(const image *m, const cache *t, const geometry *g, 
     prefill(&twin, g->prefill);
     kvc_recurrent_seq_rm(&twin.c, g->seq_id, -1, -1);
     if (L->cc == 1) {
-        const int32_t pos = (int32_t)fz_get_u32(blob + 4);
+        const int32_t pos = (int32_t)kvc_le_get_u32(blob + 4);
         const uint32_t off[2] = { 0, 1 };
-        const uint64_t mask = (uint64_t)1 << g->seq_id;
-        const kvc_ubatch ub = { 1, 1, 1, &pos, off, &g->seq_id, &mask };
+        const kvc_ubatch ub = { 1, 1, 1, &pos, off, &g->seq_id };
         kvc_err err = { 0, "" };
         const int r = kvc_recurrent_find_slot(&twin.c, &ub, &err);
         FUZZ_CHECK(r == 1, "%s succeeded where seq_rm + find_slot fails (%d: %s)", when, r, err.msg);

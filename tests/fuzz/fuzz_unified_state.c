@@ -135,25 +135,21 @@ static int place(cache *t, fz_rng *g, uint32_t n, int32_t *next_pos, bool commit
     const uint32_t n_seq = t->c.n_seq_max;
     int32_t pos[64], ids[128];
     uint32_t off[65];
-    uint64_t mask[64];
     uint32_t k = 0;
     off[0] = 0;
     for (uint32_t i = 0; i < n; i++) {
         const int32_t s0 = (int32_t)fz_below(g, n_seq);
-        uint64_t m = (uint64_t)1 << s0;
         ids[k++] = s0;
         if (n_seq > 1 && fz_below(g, 4) == 0) {
             const int32_t s1 = (int32_t)fz_below(g, n_seq);
             if (s1 != s0) {
                 ids[k++] = s1;
-                m |= (uint64_t)1 << s1;
             }
         }
         off[i + 1] = k;
-        mask[i] = m;
         pos[i] = next_pos[s0]++;
     }
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids, mask };
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
     const int r = kvc_unified_find_slot(&t->c, &ub);
     FUZZ_CHECK(r == 0 || r == 1, "prefill find_slot returned %d", r);
     if (r == 1 && commit) {
@@ -216,12 +212,11 @@ typedef struct image {
     bool has_shift;
     uint32_t seq_pos_n[KVC_MAX_SEQ];
     int32_t *seq_pos_v[KVC_MAX_SEQ];
-    uint32_t head, n, n_rec, n_rec_arena, n_defrag_ids;
-    kvc_recovery *rec;
-    int32_t *rec_pos;
-    uint64_t *rec_seq;
+    uint32_t head, n, n_defrag_ids;
+    kvc_slot slot;
+    kvc_undo undo;       /* copies of the log's arrays (lengths only) */
     uint32_t *defrag_ids;
-    bool do_defrag;
+    bool do_defrag, defrag_pending;
     fz_kv mem;
 } image;
 
@@ -234,7 +229,7 @@ static void image_take(image *m, const cache *t) {
     m->n_seq_max = cl->n_seq_max;
     m->pos = (int32_t *)fz_dup((const uint8_t *)cl->pos, cl->size * sizeof *cl->pos);
     m->shift = (int32_t *)fz_dup((const uint8_t *)cl->shift, cl->size * sizeof *cl->shift);
-    m->seq = (uint64_t *)fz_dup((const uint8_t *)cl->seq, cl->size * sizeof *cl->seq);
+    m->seq = (uint64_t *)fz_dup((const uint8_t *)cl->seq, (size_t)cl->seq_words * cl->size * sizeof *cl->seq);
     m->used_bits = (uint64_t *)fz_dup((const uint8_t *)cl->used_bits, cl->n_words * sizeof *cl->used_bits);
     m->used = cl->used;
     m->used_max_p1 = cl->used_max_p1;
@@ -245,14 +240,17 @@ static void image_take(image *m, const cache *t) {
     }
     m->head = c->head;
     m->n = c->n;
-    m->n_rec = c->n_rec;
-    m->n_rec_arena = c->n_rec_arena;
-    m->rec = (kvc_recovery *)fz_dup((const uint8_t *)c->rec, c->n_rec * sizeof *c->rec);
-    m->rec_pos = (int32_t *)fz_dup((const uint8_t *)c->rec_pos, c->n_rec_arena * sizeof *c->rec_pos);
-    m->rec_seq = (uint64_t *)fz_dup((const uint8_t *)c->rec_seq, c->n_rec_arena * sizeof *c->rec_seq);
+    m->slot = c->slot;
+    m->undo.n_spans = c->undo.n_spans;
+    m->undo.n_cells = c->undo.n_cells;
+    m->undo.spans = (kvc_undo_span *)fz_dup((const uint8_t *)c->undo.spans, c->undo.n_spans * sizeof *c->undo.spans);
+    m->undo.pos = (int32_t *)fz_dup((const uint8_t *)c->undo.pos, c->undo.n_cells * sizeof *c->undo.pos);
+    m->undo.seq = (uint64_t *)fz_dup((const uint8_t *)c->undo.seq,
+                                     (size_t)c->undo.n_cells * c->undo.seq_words * sizeof *c->undo.seq);
     m->n_defrag_ids = c->n_defrag_ids;
     m->defrag_ids = (uint32_t *)fz_dup((const uint8_t *)c->defrag_ids, c->n_defrag_ids * sizeof *c->defrag_ids);
     m->do_defrag = c->do_defrag;
+    m->defrag_pending = c->defrag_pending;
     fz_kv_copy(&m->mem, &t->mem);
 }
 
@@ -264,9 +262,9 @@ static void image_free(image *m) {
     for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
         free(m->seq_pos_v[s]);
     }
-    free(m->rec);
-    free(m->rec_pos);
-    free(m->rec_seq);
+    free(m->undo.spans);
+    free(m->undo.pos);
+    free(m->undo.seq);
     free(m->defrag_ids);
     fz_kv_free(&m->mem);
     memset(m, 0, sizeof *m);
@@ -283,7 +281,7 @@ static void image_check(const image *m, const cache *t, const char *when) {
     const kvc_cells *cl = &c->cells;
     SAME_BYTES(cl->pos, m->pos, m->size * sizeof *m->pos, "cell positions");
     SAME_BYTES(cl->shift, m->shift, m->size * sizeof *m->shift, "cell shifts");
-    SAME_BYTES(cl->seq, m->seq, m->size * sizeof *m->seq, "cell sequence sets");
+    SAME_BYTES(cl->seq, m->seq, (size_t)cl->seq_words * m->size * sizeof *m->seq, "cell sequence sets");
     SAME_BYTES(cl->used_bits, m->used_bits, m->n_words * sizeof *m->used_bits, "used bits");
     SAME_VALUE(cl->used, m->used, "used");
     SAME_VALUE(cl->used_max_p1, m->used_max_p1, "used_max_p1");
@@ -294,14 +292,18 @@ static void image_check(const image *m, const cache *t, const char *when) {
     }
     SAME_VALUE(c->head, m->head, "head");
     SAME_VALUE(c->n, m->n, "n");
-    SAME_VALUE(c->n_rec, m->n_rec, "recovery entries");
-    SAME_VALUE(c->n_rec_arena, m->n_rec_arena, "recovery arena");
-    SAME_BYTES(c->rec, m->rec, m->n_rec * sizeof *m->rec, "recovery entries");
-    SAME_BYTES(c->rec_pos, m->rec_pos, m->n_rec_arena * sizeof *m->rec_pos, "recovery positions");
-    SAME_BYTES(c->rec_seq, m->rec_seq, m->n_rec_arena * sizeof *m->rec_seq, "recovery sequence sets");
+    SAME_VALUE(c->slot.head, m->slot.head, "placement head");
+    SAME_VALUE(c->slot.n, m->slot.n, "placement size");
+    SAME_VALUE(c->undo.n_spans, m->undo.n_spans, "undo spans");
+    SAME_VALUE(c->undo.n_cells, m->undo.n_cells, "undo cells");
+    SAME_BYTES(c->undo.spans, m->undo.spans, m->undo.n_spans * sizeof *m->undo.spans, "undo spans");
+    SAME_BYTES(c->undo.pos, m->undo.pos, m->undo.n_cells * sizeof *m->undo.pos, "undo positions");
+    SAME_BYTES(c->undo.seq, m->undo.seq, (size_t)m->undo.n_cells * c->undo.seq_words * sizeof *m->undo.seq,
+               "undo sequence sets");
     SAME_VALUE(c->n_defrag_ids, m->n_defrag_ids, "defrag plan length");
     SAME_BYTES(c->defrag_ids, m->defrag_ids, m->n_defrag_ids * sizeof *m->defrag_ids, "defrag plan");
     SAME_VALUE(c->do_defrag, m->do_defrag, "do_defrag");
+    SAME_VALUE(c->defrag_pending, m->defrag_pending, "defrag_pending");
     fz_kv_check(&t->mem, &m->mem, when);
 }
 
@@ -322,7 +324,7 @@ static void check_cells(const kvc_cells *cl, const char *when) {
             FUZZ_CHECK(cl->seq[i] == 0, "%s: empty cell %u holds sequences", when, i);
             continue;
         }
-        FUZZ_CHECK(cl->n_seq_max == 64 || (cl->seq[i] >> cl->n_seq_max) == 0, "%s: cell %u holds an id >= n_seq_max", when, i);
+        FUZZ_CHECK(cl->n_seq_max >= 64 || (cl->seq[i] >> cl->n_seq_max) == 0, "%s: cell %u holds an id >= n_seq_max", when, i);
         used++;
         used_max_p1 = i + 1;
     }
@@ -367,18 +369,18 @@ static layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *p, size_
     memset(&L, 0, sizeof L);
     L.p = p;
     FUZZ_CHECK(avail >= 4, "a part of %zu bytes was accepted", avail);
-    L.cc = fz_get_u32(p);
+    L.cc = kvc_le_get_u32(p);
     size_t off = 4;
     for (uint32_t i = 0; i < L.cc; i++) {
         FUZZ_CHECK(off + 8 <= avail, "cell %u lies past the consumed bytes", i);
-        const uint32_t n_ids = fz_get_u32(p + off + 4);
+        const uint32_t n_ids = kvc_le_get_u32(p + off + 4);
         FUZZ_CHECK(seq_id < 0 || n_ids == 1, "a single-sequence cell with %u ids was accepted", n_ids);
         FUZZ_CHECK((uint64_t)n_ids * 4 <= avail - off - 8, "cell %u's ids lie past the consumed bytes", i);
         off += 8 + 4 * (size_t)n_ids;
     }
     L.meta_end = off;
     FUZZ_CHECK(off + 8 <= avail, "the data section lies past the consumed bytes");
-    const uint32_t vt = fz_get_u32(p + off);
+    const uint32_t vt = kvc_le_get_u32(p + off);
     FUZZ_CHECK(vt <= 1, "V layout flag %u was accepted", vt);
     /* (without layers there is no V to convert) */
     FUZZ_CHECK(vt == c->v_trans || c->n_layer == 0 || kvc_type_get(c->type_v)->blck_size == 1,
@@ -419,27 +421,27 @@ static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L,
     size_t o = 4, i_off = 4;
     memcpy(out, L->p, 4);
     for (uint32_t i = 0; i < L->cc; i++) {
-        const uint32_t n_ids = fz_get_u32(L->p + i_off + 4);
+        const uint32_t n_ids = kvc_le_get_u32(L->p + i_off + 4);
         memcpy(out + o, L->p + i_off, 4);
         if (seq_id >= 0) {
-            fz_put_u32(out + o + 4, 1);
-            fz_put_u32(out + o + 8, (uint32_t)seq_id);
+            kvc_le_put_u32(out + o + 4, 1);
+            kvc_le_put_u32(out + o + 8, (uint32_t)seq_id);
             o += 12;
         } else {
             uint64_t bits = 0;
             for (uint32_t j = 0; j < n_ids; j++) {
-                bits |= (uint64_t)1 << fz_get_u32(L->p + i_off + 8 + 4 * (size_t)j);
+                bits |= (uint64_t)1 << kvc_le_get_u32(L->p + i_off + 8 + 4 * (size_t)j);
             }
-            fz_put_u32(out + o + 4, kvc_popcount64(bits));
+            kvc_le_put_u32(out + o + 4, kvc_popcount64(bits));
             o += 8;
             for (; bits; bits &= bits - 1) {
-                fz_put_u32(out + o, kvc_ctz64(bits));
+                kvc_le_put_u32(out + o, kvc_ctz64(bits));
                 o += 4;
             }
         }
         i_off += 8 + 4 * (size_t)n_ids;
     }
-    fz_put_u32(out + o, c->v_trans);
+    kvc_le_put_u32(out + o, c->v_trans);
     memcpy(out + o + 4, L->p + L->meta_end + 4, 4);
     o += 8;
     for (uint32_t l = 0; l < c->n_layer; l++) {
@@ -457,12 +459,12 @@ static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L,
         const size_t n = (size_t)L->cc * ly->v_row_bytes, el = v_elem(c);
         memcpy(out + o, L->p + L->v_off[l] - 12, 4); /* the type */
         if (c->v_trans) {
-            fz_put_u32(out + o + 4, (uint32_t)el);
-            fz_put_u32(out + o + 8, ly->n_embd_v);
+            kvc_le_put_u32(out + o + 4, (uint32_t)el);
+            kvc_le_put_u32(out + o + 8, ly->n_embd_v);
         } else {
             const uint64_t row = ly->v_row_bytes;
-            fz_put_u32(out + o + 4, (uint32_t)row);
-            fz_put_u32(out + o + 8, (uint32_t)(row >> 32));
+            kvc_le_put_u32(out + o + 4, (uint32_t)row);
+            kvc_le_put_u32(out + o + 8, (uint32_t)(row >> 32));
         }
         uint8_t *d = out + o + 12;
         if (meta_only) {
@@ -547,13 +549,13 @@ static void check_seq_result(const image *m, const cache *t, int32_t seq_id, con
     const uint32_t lo = L->cc ? t->c.head : 0, hi = lo + L->cc;
     FUZZ_CHECK(hi <= cl->size, "%s: run [%u, %u) past the cache", when, lo, hi);
     if (L->cc > 0) {
-        SAME_VALUE(t->c.n_rec, 0, "recovery entries after a committed placement");
+        SAME_VALUE(t->c.undo.n_spans, 0, "recovery entries after a committed placement");
     } else {
-        SAME_VALUE(t->c.n_rec, m->n_rec, "recovery entries after removing the sequence");
+        SAME_VALUE(t->c.undo.n_spans, m->undo.n_spans, "recovery entries after removing the sequence");
     }
     for (uint32_t i = 0; i < cl->size; i++) {
         if (i >= lo && i < hi) {
-            const int32_t p = (int32_t)fz_get_u32(L->p + 4 + 12 * (size_t)(i - lo));
+            const int32_t p = (int32_t)kvc_le_get_u32(L->p + 4 + 12 * (size_t)(i - lo));
             FUZZ_CHECK(cl->pos[i] == p && cl->seq[i] == bit, "%s: cell %u is (%d, %llx), the part says (%d, {%d})",
                        when, i, cl->pos[i], (unsigned long long)cl->seq[i], p, seq_id);
             const uint64_t left = m->pos[i] == -1 ? 0 : m->seq[i] & ~bit;
@@ -584,7 +586,7 @@ static void check_whole_result(const image *m, const cache *t, const layout *L) 
     SAME_VALUE(c->head, 0, "head");
     SAME_VALUE(c->n, m->n, "n");
     SAME_VALUE(cl->has_shift, false, "has_shift");
-    SAME_VALUE(c->n_rec, m->n_rec, "recovery entries");
+    SAME_VALUE(c->undo.n_spans, m->undo.n_spans, "undo spans");
     size_t off = 4;
     for (uint32_t i = 0; i < cl->size; i++) {
         SAME_VALUE(cl->shift[i], 0, "shift");
@@ -592,12 +594,12 @@ static void check_whole_result(const image *m, const cache *t, const layout *L) 
             SAME_VALUE(cl->pos[i], -1, "position of a cell past the part's");
             continue;
         }
-        const uint32_t n_ids = fz_get_u32(L->p + off + 4);
+        const uint32_t n_ids = kvc_le_get_u32(L->p + off + 4);
         uint64_t bits = 0;
         for (uint32_t j = 0; j < n_ids; j++) {
-            bits |= (uint64_t)1 << fz_get_u32(L->p + off + 8 + 4 * (size_t)j);
+            bits |= (uint64_t)1 << kvc_le_get_u32(L->p + off + 8 + 4 * (size_t)j);
         }
-        SAME_VALUE(cl->pos[i], (int32_t)fz_get_u32(L->p + off), "restored position");
+        SAME_VALUE(cl->pos[i], (int32_t)kvc_le_get_u32(L->p + off), "restored position");
         SAME_VALUE(cl->seq[i], bits, "restored sequence set");
         off += 8 + 4 * (size_t)n_ids;
     }
@@ -647,7 +649,7 @@ static void check_others_kept(const image *m, const cache *t, int32_t seq_id, co
  * when `read` is given (a whole-cache read of that part succeeded) it must agree with it. */
 static void check_describe(const uint8_t *p, size_t avail, const kvc_unified *c, const layout *read) {
     static int32_t pos[DESC_CELLS];
-    static uint64_t seq[DESC_CELLS];
+    static uint64_t seq[DESC_CELLS * KVC_SEQ_WORDS];   /* a cell's set in KVC_SEQ_WORDS words */
     kvc_state_layer_desc layers[MAX_LAYERS + 1];
     kvc_state_desc d;
     kvc_err err = { 0, "" };
@@ -670,7 +672,10 @@ static void check_describe(const uint8_t *p, size_t avail, const kvc_unified *c,
     SAME_VALUE(d.n_layer, c->n_layer, "layer count");
     for (uint32_t i = 0; i < read->cc && i < DESC_CELLS; i++) {
         SAME_VALUE(pos[i], c->cells.pos[i], "cell position");
-        SAME_VALUE(seq[i], c->cells.seq[i], "cell sequence set");
+        for (uint32_t w = 0; w < KVC_SEQ_WORDS; w++) {
+            SAME_VALUE(seq[KVC_SEQ_WORDS * i + w], w < c->cells.seq_words ? c->cells.seq[(size_t)w * c->cells.size + i] : 0,
+                       "cell sequence set");
+        }
     }
     for (uint32_t l = 0; l < c->n_layer; l++) {
         SAME_VALUE(layers[l].k_offset + 12, read->k_off[l], "K offset");

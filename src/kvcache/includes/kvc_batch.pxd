@@ -40,6 +40,3 @@ cdef extern from "kvc_batch.h" nogil:
     void kvc_sbatch_free(kvc_sbatch *sb)
     int kvc_sbatch_split(kvc_sbatch *sb, kvc_split_mode mode, uint32_t n_ubatch,
                          kvc_sbatch_ubatch *out, kvc_err *err)
-    int kvc_sbatch_split_simple(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err)
-    int kvc_sbatch_split_equal(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err)
-    int kvc_sbatch_split_seq(kvc_sbatch *sb, uint32_t n_ubatch, kvc_sbatch_ubatch *out, kvc_err *err)

@@ -1,5 +1,13 @@
 # Declarations of csrc/kvc_cells.h: the cell table of a unified cache.
 from libc.stdint cimport int32_t, uint32_t, uint64_t
+from kvcache.includes.kvc_common cimport kvc_pos_range
+
+cdef extern from "kvc_seqset.h" nogil:
+    enum:
+        KVC_SEQ_WORDS
+    ctypedef struct kvc_seqset:
+        uint64_t w[4]
+    uint32_t kvc_seq_words(uint32_t n_seq_max)
 
 cdef extern from "kvc_cells.h" nogil:
     ctypedef struct kvc_seq_pos:
@@ -10,6 +18,7 @@ cdef extern from "kvc_cells.h" nogil:
         uint32_t size
         uint32_t n_seq_max
         uint32_t n_words
+        uint32_t seq_words
         int32_t *pos
         int32_t *shift
         uint64_t *seq
@@ -17,7 +26,7 @@ cdef extern from "kvc_cells.h" nogil:
         uint32_t used
         uint32_t used_max_p1
         bint has_shift
-        kvc_seq_pos seq_pos[64]
+        kvc_seq_pos *seq_pos
 
     int  kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max)
     void kvc_cells_free(kvc_cells *c)
@@ -26,20 +35,21 @@ cdef extern from "kvc_cells.h" nogil:
 
     bint kvc_cells_is_empty(const kvc_cells *c, uint32_t i)
     bint kvc_cells_seq_has(const kvc_cells *c, uint32_t i, int32_t s)
-    bint kvc_cells_pos_in(const kvc_cells *c, uint32_t i, int32_t p0, int32_t p1)
+    bint kvc_cells_seq_none(const kvc_cells *c, uint32_t i)
+    bint kvc_cells_pos_in(const kvc_cells *c, uint32_t i, kvc_pos_range r)
 
     void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p)
     void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s)
     bint kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s)
-    bint kvc_cells_seq_keep(kvc_cells *c, uint32_t i, int32_t s)
     void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst)
 
     bint kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d)
     void kvc_cells_pos_div_raw(kvc_cells *c, uint32_t i, int32_t d)
-    void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, uint64_t seq)
+    void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *seq)
+    bint kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s)
     void kvc_cells_clear_raw(kvc_cells *c, uint32_t i)
-    void kvc_cells_rebuild_seq_pos(kvc_cells *c, uint64_t mask)
-    void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, int32_t p0, int32_t p1)
+    void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *mask)
+    void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r)
 
     int32_t kvc_cells_seq_pos_min(const kvc_cells *c, int32_t s)
     int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s)

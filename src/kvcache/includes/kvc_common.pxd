@@ -1,4 +1,4 @@
-from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, uint16_t
 
 cdef extern from "kvc_common.h" nogil:
     enum kvc_status:
@@ -11,6 +11,9 @@ cdef extern from "kvc_common.h" nogil:
     ctypedef struct kvc_err:
         int code
         char msg[256]
+    ctypedef struct kvc_pos_range:
+        int32_t p0
+        int64_t p1
     int KVC_MAX_SEQ
     int KVC_KQ_MASK_PAD
     int kvc_fail_alloc_after
@@ -21,6 +24,8 @@ cdef extern from "kvc_common.h" nogil:
     void kvc_stream_fence()
     void kvc_parallel(void (*fn)(void *) noexcept nogil, void *args, size_t arg_size, unsigned int n)
     unsigned int kvc_parallel_width()
+    unsigned int KVC_MAX_THREADS
+    unsigned int KVC_AUTO_THREADS
     size_t KVC_STREAM_BYTES
 
 cdef extern from "kvc_ubatch.h" nogil:
@@ -31,7 +36,6 @@ cdef extern from "kvc_ubatch.h" nogil:
         const int32_t *pos
         const uint32_t *seq_off
         const int32_t *seq_ids
-        const uint64_t *seq_mask
     int kvc_ubatch_check(const kvc_ubatch *ub, uint32_t n_seq_max, kvc_err *err)
 
 cdef extern from "kvc_types.h" nogil:

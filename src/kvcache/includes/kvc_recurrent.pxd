@@ -11,6 +11,7 @@ cdef extern from "kvc_recurrent.h" nogil:
         int32_t *src
         int32_t *tail
         uint64_t *seq
+        uint32_t seq_words
 
     ctypedef struct kvc_rec_layer:
         uint32_t n_embd_k
@@ -42,7 +43,6 @@ cdef extern from "kvc_recurrent.h" nogil:
     int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err)
     void kvc_recurrent_free(kvc_recurrent *c)
     void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v)
-    bint kvc_recurrent_cell_is_empty(const kvc_recurrent *c, uint32_t i)
 
     void    kvc_recurrent_clear(kvc_recurrent *c)
     bint    kvc_recurrent_seq_rm(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1)

@@ -10,12 +10,12 @@ cdef extern from "kvc_state.h" nogil:
         KVC_STATE_EXACT
 
     size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id)
-    int kvc_unified_state_write(const kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written)
+    int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written)
     int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                                size_t *consumed, kvc_err *err)
     int kvc_unified_state_read_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                                   unsigned flags, size_t *consumed, kvc_err *err)
-    int kvc_unified_state_write_range(const kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+    int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                       size_t cap, size_t *written)
 
     ctypedef struct kvc_state_layer_desc:

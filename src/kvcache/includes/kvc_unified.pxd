@@ -1,4 +1,5 @@
-# Declarations of csrc/kvc_unified.h: the unified KV cache.
+# Declarations of the unified KV cache: csrc/kvc_unified.h (state, construction, sequences, window),
+# kvc_slot.h (slots, undo log, snapshots, store), kvc_defrag.h and kvc_mask.h.
 from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t
 from kvcache.includes.kvc_common cimport kvc_err, kvc_ubatch
 from kvcache.includes.kvc_cells cimport kvc_cells
@@ -18,12 +19,25 @@ cdef extern from "kvc_unified.h" nogil:
         uint8_t *k
         uint8_t *v
 
-    ctypedef struct kvc_recovery:
+    ctypedef struct kvc_undo_span:
         uint32_t i, n, off
+
+    ctypedef struct kvc_undo:
+        kvc_undo_span *spans
+        uint32_t n_spans, cap_spans
+        int32_t *pos
+        uint64_t *seq
+        uint32_t n_cells, cap_cells
+        uint32_t seq_words
+
+    ctypedef struct kvc_slot:
+        uint32_t head, n
 
     ctypedef struct kvc_unified:
         kvc_cells cells
         uint32_t head
+        kvc_slot slot
+        kvc_undo undo
         uint32_t n
         uint32_t n_seq_max
         uint32_t n_pad
@@ -34,14 +48,12 @@ cdef extern from "kvc_unified.h" nogil:
         bint v_trans
         uint32_t n_layer
         kvc_layer *layers
-        kvc_recovery *rec
-        uint32_t n_rec, cap_rec
-        int32_t *rec_pos
-        uint64_t *rec_seq
-        uint32_t n_rec_arena, cap_rec_arena
         bint do_defrag
         uint32_t *defrag_ids
         uint32_t n_defrag_ids
+        bint defrag_pending
+        uint32_t n_threads
+        bint vector_moves
 
     ctypedef struct kvc_unified_params:
         uint32_t kv_size
@@ -59,7 +71,8 @@ cdef extern from "kvc_unified.h" nogil:
     int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
     void kvc_unified_free(kvc_unified *c)
     void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v)
-    uint32_t kvc_unified_size(const kvc_unified *c)
+    bint kvc_unified_has_memory(const kvc_unified *c)
+    int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err)
 
     void    kvc_unified_clear(kvc_unified *c)
     bint    kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1)
@@ -70,45 +83,53 @@ cdef extern from "kvc_unified.h" nogil:
     int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s)
     int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s)
 
+    int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax)
+    bint    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1)
+
+    void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out)
+    int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
+    void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out)
+
+cdef extern from "kvc_slot.h" nogil:
     int     kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub)
     void    kvc_unified_commit(kvc_unified *c)
     void    kvc_unified_restore(kvc_unified *c)
     void    kvc_unified_set_full(kvc_unified *c)
 
-    void    kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
+    uint32_t kvc_unified_slot_n(const kvc_unified *c)
+    uint32_t kvc_unified_slot_cell(const kvc_unified *c, uint32_t t)
+    void    kvc_unified_slot_cells(const kvc_unified *c, int32_t *out)
+    int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
 
-    int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax)
+    ctypedef struct kvc_unified_mark:
+        uint32_t head, n
+        kvc_slot slot
+        uint32_t n_spans, n_cells
+    void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m)
+    int  kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m)
 
-    bint    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1)
+    ctypedef struct kvc_unified_snapshot:
+        kvc_cells cells
+        uint32_t head, n
+        kvc_slot slot
+        kvc_undo undo
+        bint do_defrag, defrag_pending
+    int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s)
+    void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
+    void kvc_unified_snapshot_free(kvc_unified_snapshot *s)
+
+cdef extern from "kvc_defrag.h" nogil:
+    float   kvc_unified_fragmentation(const kvc_unified *c)
+    void    kvc_unified_defrag_sched(kvc_unified *c, float thold)
+    int     kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes)
+    void    kvc_unified_defrag_move(kvc_unified *c)
+    void    kvc_unified_defrag_settle(kvc_unified *c)
+    uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs)
+
+cdef extern from "kvc_mask.h" nogil:
     ctypedef enum kvc_mask_dtype:
         KVC_MASK_F32
         KVC_MASK_F16
         KVC_MASK_BOOL
     int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
                                 int dtype, void *out)
-    int     kvc_unified_kq_mask_f32(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi, float *out)
-    void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out)
-    int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
-    void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out)
-
-    void    kvc_unified_defrag_sched(kvc_unified *c, float thold)
-    int     kvc_unified_defrag_prepare(kvc_unified *c, int32_t n_max_nodes)
-    void    kvc_unified_defrag_move(kvc_unified *c)
-    uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs)
-
-    ctypedef struct kvc_unified_snapshot:
-        kvc_cells cells
-        uint32_t head, n
-        uint32_t n_rec, n_rec_arena
-        kvc_recovery *rec
-        int32_t *rec_pos
-        uint64_t *rec_seq
-        bint do_defrag
-    int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s)
-    void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s)
-    void kvc_unified_snapshot_free(kvc_unified_snapshot *s)
-
-    ctypedef struct kvc_unified_mark:
-        uint32_t head, n, n_rec, n_rec_arena
-    void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m)
-    int  kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m)

@@ -1,0 +1,75 @@
+/* kvcache — placing ubatches in a unified cache: the slot search, the undo log of the
+ * placements since the last commit (restore, and the exact rewind of a composite operation),
+ * whole-object snapshots, and storing the placed tokens' K/V rows. */
+#ifndef KVC_SLOT_H
+#define KVC_SLOT_H
+
+#include "kvc_unified.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Place a (checked) ubatch: 1 = placed at head (the placement below), 0 = no slot (head may have
+ * moved, as the seed's; nothing is placed then), KVC_E_NOMEM (nothing changed). */
+int     kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub);
+void    kvc_unified_commit(kvc_unified *c);
+void    kvc_unified_restore(kvc_unified *c);
+void    kvc_unified_set_full(kvc_unified *c);
+
+/* --- the placement: where the last successful find_slot put its tokens ------------------
+ * It lasts until an operation changes which cells hold what or moves head: restore, every
+ * sequence operation, clear, set_full, defrag_prepare, an update that defragments, a state
+ * read, or the next find_slot (which replaces it, or leaves nothing placed when it fails).
+ * commit and prune_swa keep it. */
+static inline uint32_t kvc_unified_slot_n(const kvc_unified *c) { return c->slot.n; }   /* 0: none */
+/* The cell of placed token t < kvc_unified_slot_n(c). */
+static inline uint32_t kvc_unified_slot_cell(const kvc_unified *c, uint32_t t) { return c->slot.head + t; }
+/* The cells of the placed tokens, in token order, into out[kvc_unified_slot_n(c)]. */
+void    kvc_unified_slot_cells(const kvc_unified *c, int32_t *out);
+/* Forget the placement (every operation above does). */
+static inline void kvc_unified_slot_drop(kvc_unified *c) { c->slot.n = 0; }
+
+/* Write the K / V rows of the placed tokens for kept layer ikv: k holds n_tokens rows of
+ * k_row_bytes, v n_tokens rows of v_row_bytes (V is transposed on the way in when v_trans);
+ * either may be NULL. KVC_E_ARG (nothing written) when nothing is placed, n_tokens is not the
+ * placement's size or ikv is not a kept layer. */
+int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v);
+
+/* The undo log's memory (kvc_unified_init / kvc_unified_free use them). */
+int     kvc_undo_init(kvc_undo *u, uint32_t seq_words);   /* KVC_OK / KVC_E_NOMEM (nothing to free then) */
+void    kvc_undo_free(kvc_undo *u);
+
+/* --- undoing find_slot calls exactly ---------------------------------------------------- */
+/* What the find_slot calls change besides the cells: head, n and the undo log. A mark taken
+ * before them lets kvc_unified_rewind undo them all, e.g. when a composite operation (the two
+ * caches of an iSWA cache) fails in its second part after the first succeeded. */
+typedef struct kvc_unified_mark {
+    uint32_t head, n;
+    kvc_slot slot;
+    uint32_t n_spans, n_cells;   /* the undo log's length */
+} kvc_unified_mark;
+void kvc_unified_mark_take(const kvc_unified *c, kvc_unified_mark *m);
+/* Undo every find_slot since m was taken, newest first: the cells they filled get back their
+ * previous positions and sequences, head, n and the placement their marked values. Only find_slot calls may
+ * have changed c since the mark (KVC_E_ARG, nothing changed, when the undo log is shorter than
+ * at the mark, e.g. after a commit). */
+int  kvc_unified_rewind(kvc_unified *c, const kvc_unified_mark *m);
+
+/* --- whole-object snapshot, for operations that must leave no trace on failure ---------- */
+typedef struct kvc_unified_snapshot {
+    kvc_cells cells;
+    uint32_t  head, n;
+    kvc_slot  slot;
+    kvc_undo  undo;      /* a copy of the log (capacities: exactly its length) */
+    bool      do_defrag, defrag_pending;
+} kvc_unified_snapshot;
+int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s);   /* KVC_OK / NOMEM */
+void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s); /* metadata only */
+void kvc_unified_snapshot_free(kvc_unified_snapshot *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

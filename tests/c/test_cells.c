@@ -1,0 +1,291 @@
+/* Tests of the cell table (csrc/kvc_cells.c) against a naive model kept beside it: random edits
+ * (placing positions, adding and removing sequences, shifts and divisions with the index rebuilt,
+ * moves, raw sets) on tables of one sequence word and of several (65, 130 and 256 sequences),
+ * positions up to 2**31 - 1; after every edit the counters, the free-cell bits, the scans for
+ * used and empty cells, and each sequence's position multiset (min, max, range queries, range
+ * removal) are what the model says. */
+#include "kvc_cells.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+#define MAXN 300
+
+/* The model: per cell a position, a shift and a membership flag per sequence. */
+typedef struct model {
+    uint32_t size, n_seq;
+    int32_t pos[MAXN], shift[MAXN];
+    bool has[MAXN][KVC_MAX_SEQ];
+} model;
+
+static int32_t model_min(const model *m, int32_t s) {
+    int64_t r = -1;
+    for (uint32_t i = 0; i < m->size; i++) {
+        if (m->pos[i] != -1 && m->has[i][s] && (r == -1 || m->pos[i] < r)) {
+            r = m->pos[i];
+        }
+    }
+    return (int32_t)r;
+}
+
+static int32_t model_max(const model *m, int32_t s) {
+    int32_t r = -1;
+    for (uint32_t i = 0; i < m->size; i++) {
+        if (m->pos[i] != -1 && m->has[i][s] && m->pos[i] > r) {
+            r = m->pos[i];
+        }
+    }
+    return r;
+}
+
+static bool model_empty_set(const model *m, uint32_t i) {
+    for (uint32_t s = 0; s < m->n_seq; s++) {
+        if (m->has[i][s]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void agree(const kvc_cells *c, const model *m, const char *what) {
+    uint32_t used = 0, last = 0;
+    bool ok = true;
+    for (uint32_t i = 0; i < m->size; i++) {
+        ok = ok && c->pos[i] == m->pos[i];
+        const bool bit = (c->used_bits[i >> 6] >> (i & 63)) & 1u;
+        ok = ok && bit == (m->pos[i] != -1);
+        if (m->pos[i] != -1) {
+            used++;
+            last = i + 1;
+            ok = ok && c->shift[i] == m->shift[i];
+        }
+        for (uint32_t s = 0; s < m->n_seq; s++) {
+            ok = ok && kvc_cells_seq_has(c, i, (int32_t)s) == (m->pos[i] != -1 && m->has[i][s]);
+        }
+        ok = ok && kvc_cells_seq_none(c, i) == (m->pos[i] == -1 || model_empty_set(m, i));
+    }
+    CHECK(ok, "%s: cells differ from the model", what);
+    CHECK(c->used == used && c->used_max_p1 == last, "%s: used %u/%u, last %u/%u", what, c->used, used,
+          c->used_max_p1, last);
+    /* scans from every start, to every end */
+    for (uint32_t k = 0; k < 8; k++) {
+        const uint32_t from = check_rand(m->size + 1), to = from + check_rand(m->size + 1 - from);
+        uint32_t want_used = to, want_empty = to;
+        for (uint32_t i = from; i < to; i++) {
+            if (want_used == to && m->pos[i] != -1) {
+                want_used = i;
+            }
+            if (want_empty == to && m->pos[i] == -1) {
+                want_empty = i;
+            }
+        }
+        CHECK(kvc_cells_next_used(c, from, to) == want_used, "%s: next used in [%u, %u)", what, from, to);
+        CHECK(kvc_cells_next_empty(c, from, to) == want_empty, "%s: next empty in [%u, %u)", what, from, to);
+    }
+    /* each sequence's multiset: extremes, and the sorted entries themselves */
+    for (uint32_t s = 0; s < m->n_seq; s++) {
+        CHECK(kvc_cells_seq_pos_min(c, (int32_t)s) == model_min(m, (int32_t)s) &&
+                  kvc_cells_seq_pos_max(c, (int32_t)s) == model_max(m, (int32_t)s),
+              "%s: sequence %u extremes", what, s);
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < m->size; i++) {
+            n += m->pos[i] != -1 && m->has[i][s];
+        }
+        bool sorted = c->seq_pos[s].n == n;
+        for (uint32_t k = 1; sorted && k < n; k++) {
+            sorted = c->seq_pos[s].v[k - 1] <= c->seq_pos[s].v[k];
+        }
+        CHECK(sorted, "%s: sequence %u index has %u entries, the cells %u", what, s, c->seq_pos[s].n, n);
+    }
+}
+
+/* A position: small (collisions), or near the top. */
+static int32_t some_pos(void) {
+    return check_rand(4) == 0 ? KVC_POS_MAX - (int32_t)check_rand(4) : (int32_t)check_rand(40);
+}
+
+static int32_t some_seq(const model *m) {
+    /* the ids at the edges of the words as often as the rest */
+    const int32_t edges[] = { 0, 63, 64, 127, 128, 255 };
+    const int32_t e = edges[check_rand(6)];
+    return check_rand(2) && (uint32_t)e < m->n_seq ? e : (int32_t)check_rand(m->n_seq);
+}
+
+static void run(uint32_t size, uint32_t n_seq) {
+    kvc_cells c;
+    static model m;
+    char what[96];
+    REQUIRE(kvc_cells_init(&c, size, n_seq) == KVC_OK, "init");
+    CHECK(c.seq_words == (n_seq <= 64 ? 1u : (n_seq + 63) / 64), "words for %u sequences", n_seq);
+    memset(&m, 0, sizeof m);
+    m.size = size;
+    m.n_seq = n_seq;
+    for (uint32_t i = 0; i < size; i++) {
+        m.pos[i] = -1;
+    }
+    for (int step = 0; step < 3000; step++) {
+        const uint32_t op = check_rand(9), i = check_rand(size);
+        snprintf(what, sizeof what, "%u cells, %u sequences, step %d (op %u)", size, n_seq, step, op);
+        if (op < 3) {                                  /* a token: an empty cell gets a position and ids */
+            if (m.pos[i] != -1) {
+                continue;
+            }
+            const int32_t p = some_pos();
+            kvc_cells_pos_set(&c, i, p);
+            m.pos[i] = p;
+            for (uint32_t k = 1 + check_rand(3); k > 0; k--) {
+                const int32_t s = some_seq(&m);
+                kvc_cells_seq_add(&c, i, s);
+                m.has[i][s] = true;
+            }
+        } else if (op == 3) {                          /* a sequence leaves a cell */
+            if (m.pos[i] == -1) {
+                continue;
+            }
+            for (uint32_t s = 0; s < n_seq; s++) {
+                if (m.has[i][s]) {
+                    const bool emptied = kvc_cells_seq_rm(&c, i, (int32_t)s);
+                    m.has[i][s] = false;
+                    CHECK(emptied == model_empty_set(&m, i), "%s: emptied", what);
+                    if (emptied) {
+                        m.pos[i] = -1;
+                    }
+                    break;
+                }
+            }
+        } else if (op == 4) {                          /* shifts of a range of cells, the index rebuilt */
+            const int32_t d = (int32_t)check_rand(21) - 10;
+            kvc_seqset touched;
+            kvc_seqset_clear(&touched);
+            for (uint32_t j = i; j < size && j < i + 8; j++) {
+                if (m.pos[j] == -1) {
+                    continue;
+                }
+                kvc_cells_seq_or_into(&c, j, &touched);
+                const bool gone = kvc_cells_pos_add_raw(&c, j, d);
+                const int64_t p = (int64_t)m.pos[j] + d;
+                m.shift[j] = kvc_wrap_add_i32(m.shift[j], d);   /* shifts wrap, as the table's */
+                m.pos[j] = p > KVC_POS_MAX ? KVC_POS_MAX : (int32_t)p;
+                CHECK(gone == (p < 0), "%s: pushed below 0", what);
+                if (p < 0) {
+                    m.pos[j] = -1;
+                    memset(m.has[j], 0, sizeof m.has[j]);
+                }
+            }
+            kvc_cells_rebuild_seq_pos(&c, &touched);
+        } else if (op == 5) {                          /* division of one cell */
+            if (m.pos[i] == -1) {
+                continue;
+            }
+            const int32_t d = 1 + (int32_t)check_rand(4), old = m.pos[i];
+            kvc_seqset touched;
+            kvc_seqset_clear(&touched);
+            kvc_cells_seq_or_into(&c, i, &touched);
+            kvc_cells_pos_div_raw(&c, i, d);
+            kvc_cells_rebuild_seq_pos(&c, &touched);
+            m.pos[i] = old / d;
+            m.shift[i] = kvc_wrap_add_i32(m.shift[i], old - m.pos[i]);
+        } else if (op == 6) {                          /* a move to an empty cell */
+            const uint32_t j = check_rand(size);
+            if (m.pos[i] == -1 || m.pos[j] != -1) {
+                continue;
+            }
+            kvc_cells_mv(&c, i, j);
+            m.pos[j] = m.pos[i];
+            m.shift[j] = m.shift[i];
+            memcpy(m.has[j], m.has[i], sizeof m.has[i]);
+            m.pos[i] = -1;
+            m.shift[i] = 0;
+            memset(m.has[i], 0, sizeof m.has[i]);
+        } else if (op == 7) {                          /* range removal of one sequence, as seq_rm does it */
+            const int32_t s = some_seq(&m);
+            const kvc_pos_range r = kvc_pos_range_of(check_rand(2) ? -1 : some_pos(), check_rand(2) ? -1 : some_pos());
+            bool any = false;
+            for (uint32_t j = 0; j < size; j++) {
+                any = any || (m.pos[j] != -1 && m.has[j][s] && kvc_pos_range_has(r, m.pos[j]));
+            }
+            CHECK(kvc_cells_seq_pos_any_in(&c, s, r) == any, "%s: any of sequence %d in the range", what, s);
+            for (uint32_t j = 0; j < size; j++) {
+                if (m.pos[j] != -1 && m.has[j][s] && kvc_pos_range_has(r, m.pos[j])) {
+                    m.has[j][s] = false;
+                    if (kvc_cells_seq_del_raw(&c, j, s)) {
+                        m.pos[j] = -1;
+                    }
+                }
+            }
+            kvc_cells_seq_pos_rm_range(&c, s, r);
+        } else {                                       /* a raw set, as an undo or a state read */
+            uint64_t words[KVC_SEQ_WORDS] = { 0 };
+            const int32_t p = check_rand(3) ? some_pos() : -1;
+            kvc_seqset was;
+            kvc_seqset_clear(&was);
+            if (m.pos[i] != -1) {
+                kvc_cells_seq_or_into(&c, i, &was);
+            }
+            memset(m.has[i], 0, sizeof m.has[i]);
+            if (p != -1) {
+                const int32_t s = some_seq(&m);
+                words[s >> 6] |= (uint64_t)1 << (s & 63);
+                m.has[i][s] = true;
+                kvc_seqset_add(&was, s);
+            }
+            kvc_cells_set_raw(&c, i, p, words);
+            m.pos[i] = p;
+            kvc_cells_rebuild_seq_pos(&c, &was);
+        }
+        agree(&c, &m, what);
+    }
+    /* a copy is the same table */
+    kvc_cells d;
+    REQUIRE(kvc_cells_init(&d, size, n_seq) == KVC_OK, "init copy");
+    kvc_cells_copy(&d, &c);
+    agree(&d, &m, "copy");
+    kvc_cells_reset(&c);
+    for (uint32_t i = 0; i < size; i++) {
+        m.pos[i] = -1;
+        m.shift[i] = 0;
+        memset(m.has[i], 0, sizeof m.has[i]);
+    }
+    agree(&c, &m, "reset");
+    CHECK(!c.has_shift, "reset clears has_shift");
+    kvc_cells_free(&d);
+    kvc_cells_free(&c);
+}
+
+static void test_limits(void) {
+    kvc_cells c;
+    CHECK(kvc_cells_init(&c, 8, KVC_MAX_SEQ + 1) == KVC_E_ARG, "more sequences than the bound");
+    for (int n = 1; n <= 6; n++) {
+        kvc_fail_alloc_after = n;
+        const int rc = kvc_cells_init(&c, 64, 130);
+        kvc_fail_alloc_after = 0;
+        CHECK(rc == KVC_E_NOMEM || rc == KVC_OK, "allocation %d failing: %d", n, rc);
+        if (rc == KVC_OK) {
+            kvc_cells_free(&c);
+        }
+    }
+    /* an open range holds the top position; an explicit one stops before it */
+    REQUIRE(kvc_cells_init(&c, 8, 1) == KVC_OK, "init");
+    kvc_cells_pos_set(&c, 3, KVC_POS_MAX);
+    kvc_cells_seq_add(&c, 3, 0);
+    CHECK(kvc_cells_seq_pos_any_in(&c, 0, kvc_pos_range_of(-1, -1)), "open range");
+    CHECK(!kvc_cells_seq_pos_any_in(&c, 0, kvc_pos_range_of(0, KVC_POS_MAX)), "bounded range");
+    kvc_cells_seq_pos_rm_range(&c, 0, kvc_pos_range_of(KVC_POS_MAX, -1));
+    CHECK(kvc_cells_seq_pos_max(&c, 0) == -1, "removed from the index");
+    kvc_cells_free(&c);
+}
+
+int main(void) {
+    run(37, 1);
+    run(64, 4);
+    run(130, 64);
+    run(200, 65);
+    run(130, 130);
+    run(MAXN, 256);
+    test_limits();
+    printf("test_cells: %d checks, %d failed\n", n_checks, n_failed);
+    return n_failed != 0;
+}

@@ -1,0 +1,213 @@
+/* Tests of the slot search and what goes with it (csrc/kvc_slot.c): find_slot against a naive
+ * transcription of the seed's search (a window tested cell by cell from head, wrapping at the
+ * end, giving up once the head has travelled over the whole cache; head reset to 0 when enough
+ * cells are free before it) on random fragmented tables, including the failure rules (ubatch
+ * larger than the cache, no run left) and where head ends then; the attended span n; the
+ * placement (its cells, store writing exactly there, refusals); restore putting every
+ * overwritten cell back; and find_slot failing for lack of memory changing nothing. */
+#include "kvc_slot.h"
+#include "kvc_types.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+#define SIZE 96
+#define WIDTH 3
+
+typedef struct fixture {
+    kvc_unified c;
+    float k[SIZE * WIDTH], v[SIZE * WIDTH];
+} fixture;
+
+static int fixture_init(fixture *f, bool v_trans, uint32_t n_pad) {
+    const int32_t il[1] = { 0 };
+    const uint32_t w[1] = { WIDTH };
+    const kvc_unified_params p = {
+        .kv_size = SIZE, .n_seq_max = 70, .n_pad = n_pad, .type_k = KVC_TYPE_F32, .type_v = KVC_TYPE_F32,
+        .v_trans = v_trans, .n_layer = 1, .layer_il = il, .n_embd_k = w, .n_embd_v = w,
+    };
+    memset(f->k, 0, sizeof f->k);
+    memset(f->v, 0, sizeof f->v);
+    const int rc = kvc_unified_init(&f->c, &p, NULL);
+    if (rc == KVC_OK) {
+        kvc_unified_set_layer_buffers(&f->c, 0, (uint8_t *)f->k, (uint8_t *)f->v);
+    }
+    return rc;
+}
+
+/* The seed's search, cell by cell: the head it ends at, and whether the window is free. */
+static bool naive_search(const kvc_cells *c, uint32_t *head, uint32_t n) {
+    const uint32_t size = c->size;
+    if (*head > c->used + 2 * n) {
+        *head = 0;
+    }
+    if (n > size) {
+        return false;
+    }
+    uint64_t tested = 0;
+    for (;;) {
+        if (*head + n > size) {
+            tested += size - *head;
+            *head = 0;
+            continue;
+        }
+        bool found = true;
+        for (uint32_t i = 0; i < n; i++) {
+            if (c->pos[*head + i] != -1) {
+                found = false;
+                *head += i + 1;
+                tested += i + 1;
+                break;
+            }
+        }
+        if (found) {
+            return true;
+        }
+        if (tested >= size) {
+            return false;
+        }
+    }
+}
+
+/* A ubatch of n tokens of sequence s (and t, one of the upper word, every third token). */
+typedef struct ub_buf {
+    int32_t pos[SIZE + 8], ids[2 * (SIZE + 8)];
+    uint32_t off[SIZE + 9];
+    kvc_ubatch ub;
+} ub_buf;
+
+static const kvc_ubatch *make_ub(ub_buf *b, uint32_t n, int32_t p0, int32_t s, int32_t t) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        b->pos[i] = p0 + (int32_t)i;
+        b->off[i] = k;
+        b->ids[k++] = s;
+        if (i % 3 == 0) {
+            b->ids[k++] = t;
+        }
+    }
+    b->off[n] = k;
+    b->ub = (kvc_ubatch){ n, 1, n, b->pos, b->off, b->ids };
+    return &b->ub;
+}
+
+static void test_search_matches_the_seed(void) {
+    for (int round = 0; round < 40; round++) {
+        fixture f;
+        static const uint32_t pads[3] = { 1, 8, 32 };
+        REQUIRE(fixture_init(&f, round & 1, pads[round % 3]) == KVC_OK, "init");
+        kvc_unified *c = &f.c;
+        ub_buf b;
+        for (int step = 0; step < 200; step++) {
+            const uint32_t n = 1 + (check_rand(6) == 0 ? check_rand(SIZE + 4) : check_rand(6));
+            const int32_t s = (int32_t)check_rand(3), t = 64 + (int32_t)check_rand(6);
+            const kvc_ubatch *ub = make_ub(&b, n, 10 * step, s, t);
+            uint32_t head = c->head;
+            const bool want = naive_search(&c->cells, &head, n);
+            int32_t before[SIZE];
+            memcpy(before, c->cells.pos, sizeof before);
+            const int r = kvc_unified_find_slot(c, ub);
+            CHECK(r == (want ? 1 : 0), "round %d step %d: %u tokens placed %d, the seed says %d", round, step, n, r, want);
+            CHECK(c->head == head, "round %d step %d: head %u, the seed's %u", round, step, c->head, head);
+            if (r == 1) {
+                CHECK(kvc_unified_slot_n(c) == n && kvc_unified_slot_cell(c, 0) == head, "placement");
+                bool placed = true;
+                for (uint32_t i = 0; i < n; i++) {
+                    placed = placed && before[head + i] == -1 && c->cells.pos[head + i] == ub->pos[i] &&
+                             kvc_cells_seq_has(&c->cells, head + i, s) &&
+                             kvc_cells_seq_has(&c->cells, head + i, t) == (i % 3 == 0);
+                }
+                CHECK(placed, "the tokens are in the window, with their sequences");
+                uint32_t want_n = (c->cells.used_max_p1 + c->n_pad - 1) / c->n_pad * c->n_pad;
+                want_n = want_n < c->n_pad ? c->n_pad : want_n;
+                CHECK(c->n == (want_n < SIZE ? want_n : SIZE), "n %u", c->n);
+                if (check_rand(4)) {
+                    kvc_unified_commit(c);
+                }
+            } else {
+                CHECK(kvc_unified_slot_n(c) == 0 && memcmp(before, c->cells.pos, sizeof before) == 0,
+                      "no room: nothing placed, no cell changed");
+            }
+            /* holes: a few tokens leave */
+            if (check_rand(3) == 0) {
+                kvc_unified_seq_rm(c, (int32_t)check_rand(3), (int32_t)check_rand(10 * step + 10), -1);
+            }
+        }
+        kvc_unified_free(c);
+    }
+}
+
+static void test_restore_and_placement(void) {
+    fixture f;
+    REQUIRE(fixture_init(&f, true, 8) == KVC_OK, "init");
+    kvc_unified *c = &f.c;
+    ub_buf b;
+    REQUIRE(kvc_unified_find_slot(c, make_ub(&b, 20, 0, 1, 65)) == 1, "prefill");
+    kvc_unified_commit(c);
+    kvc_unified_seq_rm(c, 1, 7, 9);                     /* a hole at cells 7, 8 (they hold only 1) */
+    int32_t pos0[SIZE];
+    uint64_t seq0[SIZE * 2];
+    memcpy(pos0, c->cells.pos, sizeof pos0);
+    memcpy(seq0, c->cells.seq, sizeof seq0);
+    const uint32_t used0 = c->cells.used;
+    /* three placements, one into the hole, then undone together */
+    REQUIRE(kvc_unified_find_slot(c, make_ub(&b, 2, 100, 2, 69)) == 1, "into the hole");
+    CHECK(kvc_unified_slot_cell(c, 0) == 7, "the hole is at 7: %u", kvc_unified_slot_cell(c, 0));
+    REQUIRE(kvc_unified_find_slot(c, make_ub(&b, 7, 200, 0, 64)) == 1, "after");
+    /* store writes exactly the placed cells: K rows, and V columns when transposed */
+    float k[7 * WIDTH], v[7 * WIDTH];
+    for (int i = 0; i < 7 * WIDTH; i++) {
+        k[i] = (float)(1000 + i);
+        v[i] = (float)(2000 + i);
+    }
+    const uint32_t at = kvc_unified_slot_cell(c, 0);
+    int32_t cells[8];
+    kvc_unified_slot_cells(c, cells);
+    CHECK(cells[0] == (int32_t)at && cells[6] == (int32_t)at + 6, "the placed cells");
+    CHECK(kvc_unified_store(c, 0, 6, k, v) == KVC_E_ARG, "a row count that is not the placement's");
+    CHECK(kvc_unified_store(c, 1, 7, k, v) == KVC_E_ARG, "no such layer");
+    CHECK(kvc_unified_store(c, 0, 7, k, v) == KVC_OK, "store");
+    bool rows = true;
+    for (uint32_t t = 0; t < 7; t++) {
+        for (uint32_t e = 0; e < WIDTH; e++) {
+            rows = rows && f.k[(at + t) * WIDTH + e] == k[t * WIDTH + e] && f.v[e * SIZE + at + t] == v[t * WIDTH + e];
+        }
+    }
+    CHECK(rows && f.k[(at - 1) * WIDTH] == 0.0f && f.k[(at + 7) * WIDTH] == 0.0f, "rows in the placed cells only");
+    REQUIRE(kvc_unified_find_slot(c, make_ub(&b, 3, 300, 2, 66)) == 1, "a third");
+    kvc_unified_restore(c);
+    CHECK(memcmp(pos0, c->cells.pos, sizeof pos0) == 0 && memcmp(seq0, c->cells.seq, sizeof seq0) == 0 &&
+              c->cells.used == used0, "restore puts every overwritten cell back");
+    CHECK(kvc_unified_slot_n(c) == 0 && kvc_unified_store(c, 0, 3, k, v) == KVC_E_ARG, "nothing placed after it");
+    CHECK(kvc_unified_seq_pos_max(c, 2) == -1 && kvc_unified_seq_pos_max(c, 64) == -1 &&
+              kvc_unified_seq_pos_max(c, 65) == 18 && kvc_unified_seq_pos_max(c, 1) == 19, "the index follows");
+    /* a ubatch larger than the cache: no room, nothing placed */
+    CHECK(kvc_unified_find_slot(c, make_ub(&b, SIZE + 1, 0, 0, 64)) == 0 && kvc_unified_slot_n(c) == 0, "too large");
+    /* without memory for the undo log nothing changes, the placement included */
+    REQUIRE(kvc_unified_find_slot(c, make_ub(&b, 2, 400, 0, 64)) == 1, "placed");
+    const kvc_slot slot = c->slot;
+    memcpy(pos0, c->cells.pos, sizeof pos0);
+    const uint32_t head = c->head;
+    for (int fail = 1; fail <= 2; fail++) {
+        kvc_fail_alloc_after = fail;
+        const int r = kvc_unified_find_slot(c, make_ub(&b, 90, 500, 0, 64));
+        kvc_fail_alloc_after = 0;
+        CHECK(r == KVC_E_NOMEM || r == 0 || r == 1, "result %d", r);
+        if (r == KVC_E_NOMEM) {
+            CHECK(memcmp(pos0, c->cells.pos, sizeof pos0) == 0 && c->head == head && c->slot.n == slot.n &&
+                      c->slot.head == slot.head,
+                  "a failed allocation changed the cache");
+        }
+    }
+    kvc_unified_free(c);
+}
+
+int main(void) {
+    test_search_matches_the_seed();
+    test_restore_and_placement();
+    printf("test_find_slot: %d checks, %d failed\n", n_checks, n_failed);
+    return n_failed != 0;
+}
