@@ -277,12 +277,16 @@ typedef struct kvc_mask_seq {
 /* ... and while the sequence has enough rows to pay for building its base row. */
 #define KVC_MASK_MIN_ROWS 8u
 
-int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, void *out) {
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                        size_t row_stride, void *out) {
     const kvc_cells *cells = &c->cells;
     const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
-    const uint32_t rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD);
+    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
     const size_t el = kvc_mask_elsize(dtype);
     const size_t row_bytes = (size_t)n_kv * el;
+    if (row_stride == 0) {
+        row_stride = row_bytes;
+    }
     /* masks larger than the last-level cache go straight to memory */
     const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
 
@@ -378,7 +382,7 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
         const int32_t p1 = ub->pos[t];
         int32_t lo, hi;
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
-        uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
+        uint8_t *row = (uint8_t *)out + (size_t)t * row_stride;
         if (!q->use_edges) {
             kvc_mask_row(row, dtype, q->vis, n_kv, lo, hi, p1, alibi, stream);
             continue;
@@ -400,7 +404,12 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
 
     /* padding rows see nothing */
     if (rows > n_tokens && n_kv) {
-        kvc_mask_fill_hidden((uint8_t *)out + (size_t)n_tokens * row_bytes, dtype, (size_t)(rows - n_tokens) * n_kv, stream);
+        /* dense rows: one fill; strided rows: the gaps between them are the caller's */
+        const uint32_t n_fill = row_stride == row_bytes ? 1 : rows - n_tokens;
+        const size_t per = row_stride == row_bytes ? (size_t)(rows - n_tokens) * n_kv : n_kv;
+        for (uint32_t r = 0; r < n_fill; r++) {
+            kvc_mask_fill_hidden((uint8_t *)out + (size_t)(n_tokens + r) * row_stride, dtype, per, stream);
+        }
     }
     if (stream) {
         kvc_stream_fence();

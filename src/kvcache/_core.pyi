@@ -232,7 +232,11 @@ class _Unified(UnifiedCore):
     def rope(self) -> RopeParams | None: ...
     @property
     def slot(self) -> tuple[int, int] | None: ...
-    def slot_indices(self) -> npt.NDArray[np.int32]: ...
+    @overload
+    def slot_indices(self, out: None = None) -> npt.NDArray[np.int32]: ...
+    @overload
+    def slot_indices(self, out: Any) -> Any: ...
+    def seq_cells(self, seq_id: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
     @property
     def has_shift(self) -> bool: ...
     @property
@@ -278,6 +282,7 @@ class _Unified(UnifiedCore):
         alibi: bool = False,
         out: npt.NDArray[np.float32] | None = None,
         dtype: Literal["f32"] = "f32",
+        pad: bool = True,
     ) -> npt.NDArray[np.float32]: ...
     @overload
     def kq_mask(
@@ -288,6 +293,7 @@ class _Unified(UnifiedCore):
         out: npt.NDArray[np.float16] | None = None,
         *,
         dtype: Literal["f16"],
+        pad: bool = True,
     ) -> npt.NDArray[np.float16]: ...
     @overload
     def kq_mask(
@@ -298,6 +304,7 @@ class _Unified(UnifiedCore):
         out: npt.NDArray[np.bool_] | None = None,
         *,
         dtype: Literal["bool"],
+        pad: bool = True,
     ) -> npt.NDArray[np.bool_]: ...
     @overload
     def kq_mask(
@@ -307,6 +314,7 @@ class _Unified(UnifiedCore):
         alibi: bool = False,
         out: npt.NDArray[Any] | None = None,
         dtype: _MaskDType = "f32",
+        pad: bool = True,
     ) -> npt.NDArray[Any]: ...
     def pos_bucket(self, ub: UBatch, n_buckets: int) -> npt.NDArray[np.int32]: ...
     def k_shift(self) -> npt.NDArray[np.int32]: ...

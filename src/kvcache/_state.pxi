@@ -4,7 +4,7 @@
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, kvc_state_desc,
                                          kvc_state_layer_desc, kvc_state_describe)
-from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS
+from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS, kvc_cells_seq_cells
 
 # Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
 _STATE_CHUNK = 1 << 20

@@ -132,4 +132,4 @@ cdef extern from "kvc_mask.h" nogil:
         KVC_MASK_F16
         KVC_MASK_BOOL
     int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
-                                int dtype, void *out)
+                                int dtype, bint pad, size_t row_stride, void *out)
