@@ -20,6 +20,7 @@ import torch  # type: ignore[import-not-found,unused-ignore]
 from transformers import Cache  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
 from kvcache._core import UBatch
+from kvcache.geometry import hf_attention
 from kvcache.iswa import ISWACache
 from kvcache.plan import _pad
 from kvcache.unified import UnifiedCache
@@ -45,31 +46,6 @@ class _Layer:
         return f"kvcache layer (sliding window {self.sliding_window})" if self.is_sliding else "kvcache layer"
 
 
-def _text_config(config: Any) -> Any:
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if get is not None else config
-
-
-def layer_types(config: Any) -> list[str]:
-    """"full_attention" or "sliding_attention" for each layer of a transformers config (its
-    ``layer_types``, else every layer sliding when it has a ``sliding_window``, as Mistral).
-    Other kinds (chunked, linear, ...) raise NotImplementedError."""
-    cfg = _text_config(config)
-    n_layer = int(cfg.num_hidden_layers)
-    types = getattr(cfg, "layer_types", None)
-    if types is None:
-        kind = "sliding_attention" if getattr(cfg, "sliding_window", None) else "full_attention"
-        types = [kind] * n_layer
-    types = list(types)
-    if len(types) != n_layer:
-        raise ValueError(f"config.layer_types has {len(types)} entries for {n_layer} layers")
-    other = sorted(set(types) - {"full_attention", "sliding_attention"})
-    if other:
-        raise NotImplementedError(f"layer types {other} have no kvcache equivalent here (full and sliding "
-                                  f"attention only)")
-    return types
-
-
 class KVCache(Cache):  # type: ignore[misc,unused-ignore]
     """transformers' ``Cache`` contract over a kvcache cache, created on the first ``update``
     (when the batch size and dtype are known) or up front with ``batch_size`` and ``dtype``.
@@ -82,17 +58,10 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
 
     def __init__(self, config: Any, n_ctx: int, *, batch_size: int | None = None, dtype: torch.dtype | None = None,
                  n_batch: int | None = None, n_pad: int = 32):
-        cfg = _text_config(config)
-        self._types = layer_types(cfg)
+        _, _, n_kv, head_dim, self._window, self._types = hf_attention(config)
         sliding = [t == "sliding_attention" for t in self._types]
-        window = getattr(cfg, "sliding_window", None)
-        if any(sliding) and not window:
-            raise ValueError("config has sliding layers but no sliding_window")
-        self._window = int(window or 0) if any(sliding) else 0
-        super().__init__(layers=[_Layer(self._window if s else None) for s in sliding])   # type: ignore[arg-type]
-        n_kv = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self._heads = (n_kv, int(head_dim))
+        super().__init__(layers=[_Layer(self._window if s else None) for s in sliding])   # type: ignore[arg-type,misc,unused-ignore]
+        self._heads = (n_kv, head_dim)
         self._n_ctx = int(n_ctx)
         if self._n_ctx < 1:
             raise ValueError(f"n_ctx = {n_ctx}: must be at least 1")
