@@ -175,3 +175,14 @@ def test_a_state_saved_by_a_server_in_another_layout_is_gathered():
     mask2 = torch.cat([mask, torch.ones(2, seq.shape[1] - ids.shape[1], dtype=mask.dtype)], 1)
     want = _generate(model, seq, mask2, ref)
     _same(_generate(model, seq, mask2, restored), want)
+
+
+def test_the_bench_case_runs_and_checks_the_tokens():
+    """`kvcache bench torch` in its quick size: rows for generate and the per-step calls (its
+    own check: the kvcache Cache's tokens are DynamicCache's, or it raises)."""
+    from kvcache import bench
+
+    rows = bench.CASES["torch"](True, 1)
+    assert len(rows) == 3 and all(r.kvcache_ns and r.kvcache_ns > 0 for r in rows)
+    assert rows[0].baseline_ns and rows[0].yardstick == "DynamicCache"
+    assert ["4096" in rows[1].case, "32768" in rows[2].case] == [True, True]
