@@ -316,6 +316,17 @@ class _Unified(UnifiedCore):
         dtype: _MaskDType = "f32",
         pad: bool = True,
     ) -> npt.NDArray[Any]: ...
+    @overload
+    def kq_mask(
+        self,
+        ub: UBatch,
+        causal: bool = True,
+        alibi: bool = False,
+        *,
+        out: Any,
+        dtype: _MaskDType = "f32",
+        pad: bool = True,
+    ) -> Any: ...
     def pos_bucket(self, ub: UBatch, n_buckets: int) -> npt.NDArray[np.int32]: ...
     def k_shift(self) -> npt.NDArray[np.int32]: ...
     def reset_shift(self) -> None: ...

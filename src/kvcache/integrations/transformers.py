@@ -68,6 +68,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._n_batch = n_batch
         self._n_pad = int(n_pad)
         self.kv: UnifiedCache | ISWACache | None = None
+        self._row_ids = self._pos1 = np.zeros(0, dtype=np.int32)
         self._rows = 0              # batch rows = sequences 0 .. rows - 1
         self._n = 0                 # cache indices per row, the current forward's included
         self._strided = True        # cell of (index j, row b) is j * rows + b in the full-attention cache
@@ -76,6 +77,10 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._gather: dict[int, torch.Tensor] = {}   # per kvcache part (id) of this forward: [rows, kv_len]
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
+        self._k4: list[torch.Tensor | None] = []
+        self._v4: list[torch.Tensor | None] = []
+        self._kt: list[torch.Tensor | None] = []
+        self._vt: list[torch.Tensor | None] = []
         if batch_size is not None or dtype is not None:
             if batch_size is None or dtype is None:
                 raise ValueError("batch_size and dtype go together (both create the cache now)")
@@ -102,10 +107,26 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         else:
             self.kv = UnifiedCache(**common)
         self._rows = rows
+        self._row_ids = np.arange(rows, dtype=np.int32)
+        self._pos1 = np.zeros(rows, dtype=np.int32)         # a decode step's positions (copied by UBatch)
         self._k, self._v = [], []
+        self._k4, self._v4, self._kt, self._vt = [], [], [], []
+        full = self._full()
         for il in range(n_layer):
-            self._k.append(_as_torch(self.kv.k(il), dtype))
-            self._v.append(_as_torch(self.kv.v(il), dtype))
+            k, v = _as_torch(self.kv.k(il), dtype), _as_torch(self.kv.v(il), dtype)
+            self._k.append(k)
+            self._v.append(v)
+            # the full-attention layers as [index, row, head, dim] over the strided layout, and
+            # as transformers reads them, [row, head, index, dim]: update slices these
+            k4 = v4 = None
+            if self._part(il) is full:
+                cap = k.shape[0] // rows
+                k4 = k[:cap * rows].view(cap, rows, n_kv, head_dim)
+                v4 = v[:cap * rows].view(cap, rows, n_kv, head_dim)
+            self._k4.append(k4)
+            self._v4.append(v4)
+            self._kt.append(None if k4 is None else k4.permute(1, 2, 0, 3))
+            self._vt.append(None if v4 is None else v4.permute(1, 2, 0, 3))
 
     def _part(self, il: int) -> UnifiedCache:
         kv = self.kv
@@ -140,8 +161,12 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         rows, n = self._rows, self._n
         if n + q > self._n_ctx:
             raise ValueError(f"the cache holds {self._n_ctx} indices per row; {n} are used and {q} more came")
-        pos = np.repeat(np.arange(n, n + q, dtype=np.int32), rows)
-        seq = np.tile(np.arange(rows, dtype=np.int32), q)
+        if q == 1:
+            self._pos1.fill(n)
+            pos, seq = self._pos1, self._row_ids
+        else:
+            pos = np.repeat(np.arange(n, n + q, dtype=np.int32), rows)
+            seq = np.tile(self._row_ids, q)
         ub = UBatch(pos, seq)
         if isinstance(self.kv, ISWACache):
             self.kv.sbatch_init(pos, seq)      # the window slides on commit
@@ -195,24 +220,33 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         elif q != self._q:
             raise ValueError(f"layer {layer_idx} brings {q} indices, the forward {self._q}")
         self._placed.add(layer_idx)
+        k4, v4, kt, vt = self._k4[layer_idx], self._v4[layer_idx], self._kt[layer_idx], self._vt[layer_idx]
+        if self._strided and k4 is not None and v4 is not None and kt is not None and vt is not None:
+            # cell j * rows + b: index j of row b; the run placed is indices n - q .. n - 1
+            k4[self._n - q:self._n].copy_(key_states.permute(2, 0, 1, 3))
+            v4[self._n - q:self._n].copy_(value_states.permute(2, 0, 1, 3))
+            k, v = kt[:, :, :self._n], vt[:, :, :self._n]
+        else:
+            k, v = self._gathered(layer_idx, key_states, value_states)
+        if len(self._placed) == len(self._types):
+            self._commit()
+        return k, v
+
+    def _gathered(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """update's general path: the new rows into the cells placed, the keys gathered."""
+        rows, n_kv, q, head_dim = key_states.shape
         part = self._part(layer_idx)
         slot = part.slot
         assert slot is not None
         head, n_cells = slot
         new = slice(head, head + n_cells)
-        # row b of index j is cell head + j * rows + b
+        # token j * rows + b of the ubatch (index n - q + j of row b) is cell head + j * rows + b
         self._k[layer_idx][new].view(q, rows, n_kv, head_dim).copy_(key_states.permute(2, 0, 1, 3))
         self._v[layer_idx][new].view(q, rows, n_kv, head_dim).copy_(value_states.permute(2, 0, 1, 3))
-        lo = self._offset(layer_idx, self._n - q)
-        if part is self._full() and self._strided:
-            k = self._k[layer_idx][:self._n * rows].view(self._n, rows, n_kv, head_dim)[lo:].permute(1, 2, 0, 3)
-            v = self._v[layer_idx][:self._n * rows].view(self._n, rows, n_kv, head_dim)[lo:].permute(1, 2, 0, 3)
-        else:
-            idx = self._indices(part, lo)
-            k = self._k[layer_idx][idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
-            v = self._v[layer_idx][idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
-        if len(self._placed) == len(self._types):
-            self._commit()
+        idx = self._indices(part, self._offset(layer_idx, self._n - q))
+        k = self._k[layer_idx][idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
+        v = self._v[layer_idx][idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
         return k, v
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
