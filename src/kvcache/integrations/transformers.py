@@ -54,7 +54,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
     ``n_ctx * batch_size`` cells (rounded up to n_pad). n_batch (sliding-window models): the
     most tokens one forward places (batch rows times new tokens), which sizes the window
     cache (default: everything, n_ctx * batch_size). CPU tensors of float32, float16 or
-    bfloat16 only."""
+    bfloat16 only. ``kv`` is the kvcache cache (None until created): row b is its sequence b,
+    cache index j its position j."""
 
     def __init__(self, config: Any, n_ctx: int, *, batch_size: int | None = None, dtype: torch.dtype | None = None,
                  n_batch: int | None = None, n_pad: int = 32):
