@@ -1035,7 +1035,7 @@ cdef class _Unified(UnifiedCore):
                     p = &o[0]
             else:
                 if ob.dim(0) < rows or ob.dim(1) < cols:
-                    raise ValueError(f"out must be a writable 2-D {np.dtype(npdt)} array of at least "
+                    raise ValueError(f"out must be a writable 2-D {np.dtype(npdt)} array of shape at least "
                                      f"{(rows, cols)}, got {ob.describe()}")
                 p = ob.view.buf
                 if rows > 1:
