@@ -51,3 +51,24 @@ def _run_example(name, module, *args):
 def test_the_ray_example_moves_a_sequence_between_two_actors():
     out = _run_example("handoff_ray.py", "ray", "--tokens", "256", "--decode", "8")
     assert "moved sequence 0: 256 cells" in out and "zero-copy read-only view: True" in out
+
+
+def test_the_nixl_example_moves_a_sequence_between_two_processes():
+    out = _run_example("handoff_nixl.py", "nixl", "--tokens", "256", "--decode", "8")
+    assert "moved sequence 0: 256 cells" in out and "NIXL READ over UCX" in out
+
+
+def test_nixl_descriptors_and_cache_memory():
+    from kvcache.integrations.nixl import cache_memory, descriptors
+    c = busy_unified(seed=0)
+    mem = cache_memory(c)
+    assert mem.shape == (2 * len(c.layers), 3) and mem.dtype == np.uint64
+    assert int(mem[:, 1].sum()) == c.total_size
+    assert cache_memory(busy_unified(buffers="none")).shape == (0, 3)
+    exp = c.seq_export(0)
+    d = descriptors(exp.regions)
+    assert d.shape == (len(exp.regions), 3) and (d[:, :2] == exp.regions).all() and not d[:, 2].any()
+    # every region lies inside the registered memory
+    lo, hi = mem[:, 0], mem[:, 0] + mem[:, 1]
+    for a, n in exp.regions.tolist():
+        assert ((lo <= a) & (a + n <= hi)).any()
