@@ -2,7 +2,6 @@
 the two examples run end to end when their library is installed in this interpreter (CI's
 handoff stage installs both; elsewhere the example tests skip, naming what is missing)."""
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import kvcache
 from kvcache.integrations.ray import export_sequence, import_sequence
 from cache_state import assert_unchanged, busy_unified, snapshot
+from conftest import kvcache_env
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "docs" / "examples"
@@ -39,8 +39,7 @@ def _run_example(name, module, *args):
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed in {sys.executable} (pip install kvcache[{module}]; "
                     f"CI's handoff stage installs it)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-               RAY_AUTH_MODE="disabled")
+    env = kvcache_env(RAY_AUTH_MODE="disabled")
     res = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
                          timeout=600, env=env, cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
