@@ -37,7 +37,7 @@ def test_ray_export_and_import_equal_state_read_and_fail_cleanly():
 
 def _run_example(name, module, *args):
     if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed in {sys.executable} (pip install kvcache[{module}]; "
+        pytest.skip(f"{module} is not installed in {sys.executable} (the {module} extra of kvcache; "
                     f"CI's handoff stage installs it)")
     env = kvcache_env(RAY_AUTH_MODE="disabled")
     res = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,

@@ -9,7 +9,7 @@ what moved and how fast; exits 1 unless the tokens and logits match.
 
     python docs/examples/handoff_nixl.py [--tokens 512] [--decode 16]
 
-Needs ``pip install kvcache[nixl]`` (nixl 1.5.1; UCX comes with the wheel; no GPU needed).
+Needs the ``nixl`` extra of kvcache (nixl 1.5.1; UCX comes with the wheel; no GPU needed).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ moved and how fast; exits 1 unless the tokens and logits match.
 
     python docs/examples/handoff_ray.py [--tokens 512] [--decode 16]
 
-Needs ``pip install kvcache[ray]`` (ray 2.60). Set RAY_AUTH_MODE=disabled for a throwaway local
+Needs the ``ray`` extra of kvcache (ray 2.60). Set RAY_AUTH_MODE=disabled for a throwaway local
 cluster without Ray's token authentication.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ sender exports the sequence and ships its header and regions (``SeqExport.region
 agent's metadata over any channel; the receiver begins the import and READs the sender's regions
 straight into the cells it reserved (``pull_sequence``), then commits. No byte of K/V is copied
 through Python or a staging buffer. The library is imported by the functions that use it:
-``pip install kvcache[nixl]``. See docs/disaggregated.md.
+the ``nixl`` extra of kvcache. See docs/disaggregated.md.
 """
 from __future__ import annotations
 
