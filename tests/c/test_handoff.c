@@ -71,6 +71,23 @@ static bool same(const cache *a, const cache *b) {
            !memcmp(a->k, b->k, CELLS * W * 2) && !memcmp(a->v, b->v, CELLS * W * 2);
 }
 
+/* The sender (seed 0), the receiver and a twin of the receiver to compare it with (seed 1). */
+typedef struct trio {
+    cache src, dst, twin;
+} trio;
+
+static void trio_init(trio *t) {
+    cache_init(&t->src, 0);
+    cache_init(&t->dst, 1);
+    cache_init(&t->twin, 1);
+}
+
+static void trio_free(trio *t) {
+    cache_free(&t->src);
+    cache_free(&t->dst);
+    cache_free(&t->twin);
+}
+
 static void copy_all(const kvc_handoff_export *e, const cache *src, kvc_handoff_import *imp) {
     uint8_t *buf = malloc(e->data_bytes);
     if (!buf) {
@@ -82,86 +99,77 @@ static void copy_all(const kvc_handoff_export *e, const cache *src, kvc_handoff_
 }
 
 static void equals_state_read(void) {
-    cache src, dst, ref;
-    cache_init(&src, 0);
-    cache_init(&dst, 1);
-    cache_init(&ref, 1);
+    trio t;
+    trio_init(&t);
+    cache *src = &t.src, *dst = &t.dst, *ref = &t.twin;
     kvc_err err;
     kvc_handoff_export e;
-    REQUIRE(kvc_handoff_export_make(&src.c, 1, &e, &err) == KVC_OK, "export: %s", err.msg);
+    REQUIRE(kvc_handoff_export_make(&src->c, 1, &e, &err) == KVC_OK, "export: %s", err.msg);
     CHECK(e.cell_count == 4 && e.data_bytes == 4u * W * 2 * 2, "%u cells, %llu bytes", e.cell_count,
           (unsigned long long)e.data_bytes);
-    CHECK(kvc_handoff_n_regions(&src.c, e.n_runs) == (uint64_t)e.n_runs * (1 + W), "regions");
+    CHECK(kvc_handoff_n_regions(&src->c, e.n_runs) == (uint64_t)e.n_runs * (1 + W), "regions");
     kvc_handoff_import imp;
-    REQUIRE(kvc_handoff_import_begin(&dst.c, 1, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s", err.msg);
-    copy_all(&e, &src, &imp);
+    REQUIRE(kvc_handoff_import_begin(&dst->c, 1, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s", err.msg);
+    copy_all(&e, src, &imp);
     CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_OK, "commit: %s", err.msg);
-    size_t n = kvc_unified_state_size(&src.c, 1), w = 0, used = 0;
+    size_t n = kvc_unified_state_size(&src->c, 1), w = 0, used = 0;
     uint8_t *blob = malloc(n);
-    REQUIRE(blob && kvc_unified_state_write(&src.c, 1, blob, n, &w) == KVC_OK, "state_write");
-    CHECK(kvc_unified_state_read(&ref.c, 1, blob, n, &used, &err) == KVC_OK, "state_read: %s", err.msg);
-    CHECK(same(&dst, &ref), "the import differs from the state read");
+    REQUIRE(blob && kvc_unified_state_write(&src->c, 1, blob, n, &w) == KVC_OK, "state_write");
+    CHECK(kvc_unified_state_read(&ref->c, 1, blob, n, &used, &err) == KVC_OK, "state_read: %s", err.msg);
+    CHECK(same(dst, ref), "the import differs from the state read");
     free(blob);
     kvc_handoff_export_free(&e);
-    cache_free(&src);
-    cache_free(&dst);
-    cache_free(&ref);
+    trio_free(&t);
 }
 
 static void changed_cache_and_abort(void) {
-    cache src, dst, before;
-    cache_init(&src, 0);
-    cache_init(&dst, 1);
-    cache_init(&before, 1);
+    trio t;
+    trio_init(&t);
+    cache *src = &t.src, *dst = &t.dst, *before = &t.twin;
     kvc_err err;
     kvc_handoff_export e;
-    REQUIRE(kvc_handoff_export_make(&src.c, 0, &e, &err) == KVC_OK, "export: %s", err.msg);
+    REQUIRE(kvc_handoff_export_make(&src->c, 0, &e, &err) == KVC_OK, "export: %s", err.msg);
     kvc_handoff_import imp;
-    REQUIRE(kvc_handoff_import_begin(&dst.c, 0, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s", err.msg);
-    CHECK(same(&dst, &before), "begin changed the cache");
-    copy_all(&e, &src, &imp);
+    REQUIRE(kvc_handoff_import_begin(&dst->c, 0, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s", err.msg);
+    CHECK(same(dst, before), "begin changed the cache");
+    copy_all(&e, src, &imp);
     /* a change behind the bridge's back: commit refuses it and the import stays active */
-    kvc_unified_seq_rm(&dst.c, 2, -1, -1);
+    kvc_unified_seq_rm(&dst->c, 2, -1, -1);
     CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_E_STATE && imp.active, "commit of a changed cache");
     CHECK(strstr(err.msg, "changed") != NULL, "message: %s", err.msg);
     kvc_handoff_import_abort(&imp);
     CHECK(!imp.active, "abort leaves it active");
     kvc_handoff_import_abort(&imp);   /* a no-op now */
     /* the bytes are back; the seq_rm above is the only difference left */
-    kvc_unified_seq_rm(&before.c, 2, -1, -1);
-    CHECK(same(&dst, &before), "abort did not restore the bytes");
+    kvc_unified_seq_rm(&before->c, 2, -1, -1);
+    CHECK(same(dst, before), "abort did not restore the bytes");
     kvc_handoff_export_free(&e);
-    cache_free(&src);
-    cache_free(&dst);
-    cache_free(&before);
+    trio_free(&t);
 }
 
 static void truncations_and_allocation_failures(void) {
-    cache src, dst, before;
-    cache_init(&src, 0);
-    cache_init(&dst, 1);
-    cache_init(&before, 1);
+    trio t;
+    trio_init(&t);
+    cache *src = &t.src, *dst = &t.dst, *before = &t.twin;
     kvc_err err;
     kvc_handoff_export e;
-    REQUIRE(kvc_handoff_export_make(&src.c, 2, &e, &err) == KVC_OK, "export: %s", err.msg);
+    REQUIRE(kvc_handoff_export_make(&src->c, 2, &e, &err) == KVC_OK, "export: %s", err.msg);
     kvc_handoff_import imp;
     for (size_t len = 0; len < e.header_len; len++) {
-        const int rc = kvc_handoff_import_begin(&dst.c, 2, len ? e.header : NULL, len, &imp, &err);
+        const int rc = kvc_handoff_import_begin(&dst->c, 2, len ? e.header : NULL, len, &imp, &err);
         CHECK(rc == KVC_E_STATE && !imp.active, "%zu of %zu bytes: %d", len, e.header_len, rc);
     }
     for (int k = 1; k < 12; k++) {
         kvc_fail_alloc_after = k;
-        const int rc = kvc_handoff_import_begin(&dst.c, 2, e.header, e.header_len, &imp, &err);
+        const int rc = kvc_handoff_import_begin(&dst->c, 2, e.header, e.header_len, &imp, &err);
         kvc_fail_alloc_after = 0;
         CHECK(rc == KVC_OK || rc == KVC_E_NOMEM, "allocation %d: %d", k, rc);
         CHECK(rc == KVC_OK || !imp.active, "allocation %d: a failed begin is active", k);
         kvc_handoff_import_abort(&imp);
     }
-    CHECK(same(&dst, &before), "a failed begin changed the cache");
+    CHECK(same(dst, before), "a failed begin changed the cache");
     kvc_handoff_export_free(&e);
-    cache_free(&src);
-    cache_free(&dst);
-    cache_free(&before);
+    trio_free(&t);
 }
 
 int main(void) {
