@@ -89,12 +89,11 @@ def _in_process(tokens: int, n_layer: int, v_trans: bool, reps: int) -> Row:
 
 def _ray_rows(tokens: int, n_layer: int, v_trans: bool, reps: int) -> Row:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
+    ray: Any = importlib.import_module("ray")
 
     from kvcache.integrations.ray import export_sequence, import_sequence
 
-    @ray.remote(num_cpus=0)
-    class Side:
+    class _Side:
         def __init__(self, fill: bool) -> None:
             self.c = _cache(tokens, n_layer, v_trans, fill)
 
@@ -112,6 +111,8 @@ def _ray_rows(tokens: int, n_layer: int, v_trans: bool, reps: int) -> Row:
 
         def reset(self) -> None:
             self.c.seq_rm(0)
+
+    Side: Any = ray.remote(num_cpus=0)(_Side)
 
     started = not ray.is_initialized()
     if started:
@@ -148,7 +149,8 @@ def _nixl_side(role: str, conn: Any, tokens: int, n_layer: int, v_trans: bool, r
     the interpreter's teardown)."""
     code = 0
     try:
-        from nixl._api import nixl_agent, nixl_agent_config
+        nixl_api: Any = importlib.import_module("nixl._api")
+        nixl_agent, nixl_agent_config = nixl_api.nixl_agent, nixl_api.nixl_agent_config
 
         from kvcache.integrations.nixl import pull_sequence, register_cache
 

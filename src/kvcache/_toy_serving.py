@@ -17,11 +17,10 @@ def toy_model(seed: int = 7) -> ToyModel:
     return ToyModel(seed, n_layer=4, n_head=8, n_head_kv=4, head_dim=32, n_vocab=256)
 
 
-def toy_cache(model: ToyModel, kv_size: int, v_trans: bool = True, type_kv: str = "f16",
-              buffers: object = "owned") -> kvcache.UnifiedCache:
+def toy_cache(model: ToyModel, kv_size: int, v_trans: bool = True, type_kv: str = "f16") -> kvcache.UnifiedCache:
     """A cache for the model's layers."""
     return kvcache.UnifiedCache(kv_size, model.n_layer, model.n_embd_kv, model.n_embd_kv, type_k=type_kv,
-                                type_v=type_kv, v_trans=v_trans, n_seq_max=4, buffers=buffers)
+                                type_v=type_kv, v_trans=v_trans, n_seq_max=4)
 
 
 def _step(model: ToyModel, cache: kvcache.UnifiedCache, tokens: list[int], pos0: int,

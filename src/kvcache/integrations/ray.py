@@ -8,6 +8,7 @@ itself is only needed by ``put_sequence``. See docs/disaggregated.md.
 """
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,7 +29,7 @@ def export_sequence(cache: UnifiedCache, seq_id: int) -> tuple[bytes, npt.NDArra
     return exp.header, exp.gather()
 
 
-def import_sequence(cache: UnifiedCache, header: Buffer, data: Buffer, seq_id: int | None = None) -> int:
+def import_sequence(cache: UnifiedCache, header: Buffer, data: Buffer | npt.NDArray[Any], seq_id: int | None = None) -> int:
     """Restore a sequence from export_sequence's header and data (any C-contiguous buffer, the
     read-only view ray.get returns included) into seq_id (None: the sender's id), exactly as
     state_read would; on any failure the cache is left as it was. Returns the cells placed."""
@@ -41,7 +42,6 @@ def import_sequence(cache: UnifiedCache, header: Buffer, data: Buffer, seq_id: i
 
 def put_sequence(cache: UnifiedCache, seq_id: int) -> tuple[bytes, Any]:
     """export_sequence, with the data put into the object store: (header, ObjectRef)."""
-    import ray
-
+    ray: Any = importlib.import_module("ray")   # optional: imported when used
     header, data = export_sequence(cache, seq_id)
     return header, ray.put(data)
