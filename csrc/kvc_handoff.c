@@ -455,14 +455,22 @@ static bool unchanged(const kvc_unified *c, const kvc_unified_snapshot *s) {
            !memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq);
 }
 
-int kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err) {
+int kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err) {
     if (!imp->active) {
         return kvc_err_set(err, KVC_E_ARG, "the import is no longer active (committed or aborted)");
     }
-    kvc_unified *c = imp->c;
-    if (!unchanged(c, &imp->snap)) {
+    if (!unchanged(imp->c, &imp->snap)) {
         return kvc_err_set(err, KVC_E_STATE, "the cache changed since the import began: abort it and begin again");
     }
+    return KVC_OK;
+}
+
+int kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err) {
+    const int rc = kvc_handoff_import_check(imp, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    kvc_unified *c = imp->c;
     if (imp->cell_count == 0) {
         kvc_unified_seq_rm(c, imp->seq_id, -1, -1);   /* an empty sequence removes it, as the state read */
     } else {

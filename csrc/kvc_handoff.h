@@ -83,6 +83,10 @@ int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *hea
  * hold now). KVC_E_STATE (nothing changed, the import still active) when the cache changed
  * since begin. */
 int  kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err);
+/* KVC_OK when the cache is as at begin (commit would place the sequence), KVC_E_STATE when it
+ * changed, KVC_E_ARG when the import is inactive: lets an import of several parts check every
+ * part before committing any. */
+int  kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err);
 /* Put back the regions' bytes; the cache is as before begin. No-op when inactive. */
 void kvc_handoff_import_abort(kvc_handoff_import *imp);
 

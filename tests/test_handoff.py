@@ -255,3 +255,48 @@ def test_export_and_import_objects():
     imp.abort()
     with pytest.raises(RuntimeError, match="no longer active"):
         imp.scatter(exp.gather())
+
+
+@pytest.mark.parametrize("v_trans", [True, False])
+@pytest.mark.parametrize("seq_id", [0, 1, 2])
+def test_iswa_caches_move_both_parts_like_state_read(v_trans, seq_id):
+    from cache_state import busy_iswa
+
+    src, dst, ref = busy_iswa(v_trans, seed=0), busy_iswa(v_trans, seed=1), busy_iswa(v_trans, seed=1)
+    exp = src.seq_export(seq_id)
+    with dst.seq_import_begin(exp.header) as imp:
+        assert imp.n_bytes == exp.n_bytes
+        copy_regions(exp.regions, imp.regions)
+        imp.commit()
+    assert not imp.active
+    ref.state_read(src.state_write(seq_id), seq_id)
+    assert snapshot(dst) == snapshot(ref)
+    dst2 = busy_iswa(v_trans, seed=1)
+    with dst2.seq_import_begin(exp.header, seq_id=seq_id) as imp:
+        imp.scatter(exp.gather())
+        imp.commit()
+    assert snapshot(dst2) == snapshot(ref)
+
+
+def test_iswa_imports_are_all_or_nothing():
+    from cache_state import busy_iswa
+
+    src, dst = busy_iswa(seed=0), busy_iswa(seed=1)
+    exp = src.seq_export(0)
+    before = snapshot(dst)
+    # the SWA part's header corrupted: the base part's import, begun, is aborted
+    h = bytearray(exp.header)
+    h[-9] ^= 1
+    with pytest.raises(kvcache.StateError, match="corrupted"):
+        dst.seq_import_begin(bytes(h))
+    assert_unchanged(dst, before, "a bad second part")
+    for bad, msg in [(exp.header[:-1], "truncated|trailing"), (b"KVCH" + exp.header[4:], "several parts"),
+                     (exp.header + b"\0", "trailing")]:
+        with pytest.raises(kvcache.StateError, match=msg):
+            dst.seq_import_begin(bad)
+        assert_unchanged(dst, before, msg)
+    with pytest.raises(KeyError):
+        with dst.seq_import_begin(exp.header) as imp:
+            copy_regions(exp.regions, imp.regions)
+            raise KeyError("transfer failed")
+    assert_unchanged(dst, before, "exception")

@@ -6,7 +6,8 @@ from kvcache.includes.kvc_handoff cimport (kvc_run, kvc_handoff_export, kvc_hand
                                            kvc_handoff_export_free, kvc_handoff_n_regions,
                                            kvc_handoff_regions, kvc_handoff_gather, kvc_handoff_scatter,
                                            kvc_handoff_import, kvc_handoff_import_begin,
-                                           kvc_handoff_import_commit, kvc_handoff_import_abort)
+                                           kvc_handoff_import_check, kvc_handoff_import_commit,
+                                           kvc_handoff_import_abort)
 
 
 cdef object _regions_array(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs):
@@ -185,6 +186,18 @@ cdef class SeqImport:
                 kvc_pylock_release(&self._cache._lock)
         finally:
             hb.release()
+
+    def check(self):
+        """Raise StateError when the cache changed since the import began (commit would refuse
+        it); RuntimeError when the import is no longer active. Lets an import of several parts
+        check them all before committing any."""
+        self._require_active("check")
+        cdef kvc_err err
+        cdef int r
+        kvc_pylock_acquire(&self._cache._lock)
+        r = kvc_handoff_import_check(&self.imp, &err)
+        kvc_pylock_release(&self._cache._lock)
+        check_status(r, &err, "check")
 
     def commit(self):
         """Make the sequence visible exactly as state_read would have. StateError (nothing

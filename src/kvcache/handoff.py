@@ -10,13 +10,18 @@ not adjacent: :func:`pair_regions` splits them at the same places. See docs/disa
 from __future__ import annotations
 
 import ctypes
+import struct
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from kvcache._core import SeqExport, SeqImport
 
-__all__ = ["SeqExport", "SeqImport", "copy_regions", "pair_regions"]
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = ["PartsExport", "PartsImport", "SeqExport", "SeqImport", "copy_regions", "pair_regions", "split_parts"]
 
 
 def _regions(r: object, name: str) -> npt.NDArray[np.uint64]:
@@ -58,3 +63,101 @@ def copy_regions(src: object, dst: object) -> int:
     for (sa, n), (da, _) in zip(a.tolist(), b.tolist()):
         ctypes.memmove(da, sa, n)
     return int(a[:, 1].sum()) if len(a) else 0
+
+
+# --- caches of several parts (an ISWACache: its base cache, then its SWA cache) -----------------
+
+_PARTS_MAGIC = b"KVCP"
+_PARTS_VERSION = 1
+
+
+class PartsExport:
+    """A sequence of a cache made of unified parts (``ISWACache.seq_export``): each part's
+    export, framed as one ``header`` (``KVCP``, u32 version 1, u32 parts, then per part u32
+    length and that part's header), and the parts' ``regions`` one after the other."""
+
+    def __init__(self, parts: list[SeqExport]) -> None:
+        self.parts = parts
+        self.header = _PARTS_MAGIC + struct.pack("<II", _PARTS_VERSION, len(parts)) + b"".join(
+            struct.pack("<I", len(p.header)) + p.header for p in parts)
+        self.regions = np.concatenate([p.regions for p in parts]) if parts else np.empty((0, 2), np.uint64)
+        self.regions.flags.writeable = False
+        self.n_bytes = sum(p.n_bytes for p in parts)
+
+    def gather(self) -> npt.NDArray[np.uint8]:
+        """The parts' bytes, in order, in one uint8 array."""
+        return np.concatenate([p.gather() for p in self.parts]) if self.parts else np.empty(0, np.uint8)
+
+
+def split_parts(header: Buffer, n_parts: int) -> list[bytes]:
+    """The part headers of a PartsExport header; StateError when it is not one of n_parts parts."""
+    from kvcache import StateError
+
+    h = bytes(memoryview(header).cast("B"))
+    if len(h) < 12 or h[:4] != _PARTS_MAGIC:
+        raise StateError("not a hand-off header of several parts (magic KVCP)")
+    version, n = struct.unpack_from("<II", h, 4)
+    if version != _PARTS_VERSION or n != n_parts:
+        raise StateError(f"hand-off header of version {version} with {n} parts; this cache takes version "
+                         f"{_PARTS_VERSION} with {n_parts}")
+    out, off = [], 12
+    for k in range(n):
+        if len(h) - off < 4:
+            raise StateError(f"hand-off header truncated at part {k}")
+        (m,) = struct.unpack_from("<I", h, off)
+        if len(h) - off - 4 < m:
+            raise StateError(f"hand-off header truncated in part {k}")
+        out.append(h[off + 4:off + 4 + m])
+        off += 4 + m
+    if off != len(h):
+        raise StateError(f"{len(h) - off} trailing bytes after the hand-off header")
+    return out
+
+
+class PartsImport:
+    """An import into a cache of several parts (``ISWACache.seq_import_begin``): every part's
+    import begun (or none), ``regions`` one part after the other, ``commit()`` checks every part
+    before committing any, ``abort()`` (or an exception in ``with``) aborts them all."""
+
+    def __init__(self, parts: list[SeqImport]) -> None:
+        self.parts = parts
+        self.regions = np.concatenate([p.regions for p in parts]) if parts else np.empty((0, 2), np.uint64)
+        self.regions.flags.writeable = False
+        self.n_bytes = sum(p.n_bytes for p in parts)
+
+    @property
+    def active(self) -> bool:
+        """True until commit() or abort()."""
+        return any(p.active for p in self.parts)
+
+    def scatter(self, data: Buffer | npt.NDArray[np.uint8]) -> None:
+        """Copy data (the parts' bytes in order, as PartsExport.gather gives them) into the regions."""
+        if isinstance(data, np.ndarray):
+            a = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        else:
+            a = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        if a.nbytes != self.n_bytes:
+            raise ValueError(f"data holds {a.nbytes} bytes, the sequence's K/V {self.n_bytes}")
+        off = 0
+        for p in self.parts:
+            p.scatter(a[off:off + p.n_bytes])
+            off += p.n_bytes
+
+    def commit(self) -> None:
+        """Check every part, then commit them all: all or nothing."""
+        for p in self.parts:
+            p.check()
+        for p in self.parts:
+            p.commit()
+
+    def abort(self) -> None:
+        """Abort every part that is still active."""
+        for p in self.parts:
+            p.abort()
+
+    def __enter__(self) -> PartsImport:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> Literal[False]:
+        self.abort()
+        return False

@@ -38,5 +38,6 @@ cdef extern from "kvc_handoff.h" nogil:
 
     int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                                   kvc_handoff_import *imp, kvc_err *err)
+    int  kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err)
     int  kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err)
     void kvc_handoff_import_abort(kvc_handoff_import *imp)
