@@ -312,18 +312,7 @@ class _Unified(UnifiedCore):
         ub: UBatch,
         causal: bool = True,
         alibi: bool = False,
-        out: npt.NDArray[Any] | None = None,
-        dtype: _MaskDType = "f32",
-        pad: bool = True,
-    ) -> npt.NDArray[Any]: ...
-    @overload
-    def kq_mask(
-        self,
-        ub: UBatch,
-        causal: bool = True,
-        alibi: bool = False,
-        *,
-        out: Any,
+        out: Any = None,        # any other buffer: a CPU tensor gives back a tensor
         dtype: _MaskDType = "f32",
         pad: bool = True,
     ) -> Any: ...
