@@ -621,6 +621,8 @@ static void rec_layer(const void *cache, uint32_t il, kvc_state_layer_src *out) 
 /* The cache as the shared state writer sees it: a cell is listed when it holds a sequence; a
  * single-sequence state carries no ids (the reader gives it its own); V is never transposed. */
 static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
+    s->swa = NULL;
+    s->swa_pmax = -1;
     s->size = c->cells.size;
     s->pos = c->cells.pos;
     s->seq = c->cells.seq;
@@ -637,17 +639,45 @@ static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
     s->layer = rec_layer;
 }
 
-size_t kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id) {
+/* The memory state of a recurrent cache has no stream count in any layout (llama.cpp's recurrent
+ * memory kept the seed's shape); of a layout only the sequence-blob prefix applies. */
+static void rec_framed(const kvc_recurrent *c, int32_t seq_id, unsigned layout, kvc_state_src *src,
+                       kvc_state_framed *f) {
+    rec_src(c, seq_id, src);
+    f->layout = 0;
+    f->seq_id = seq_id;
+    f->prefix = seq_id >= 0 && (layout & KVC_LAYOUT_PREFIX);
+    f->n_stream = 1;
+    f->streams = src;
+}
+
+size_t kvc_recurrent_state_size_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout) {
     kvc_state_src s;
-    rec_src(c, seq_id, &s);
-    return kvc_state_src_size(&s);
+    kvc_state_framed f;
+    rec_framed(c, seq_id, layout, &s, &f);
+    return kvc_state_framed_size(&f);
+}
+
+size_t kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id) {
+    return kvc_recurrent_state_size_lay(c, seq_id, 0);
+}
+
+int kvc_recurrent_state_write_range_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout, uint64_t offset,
+                                        uint8_t *out, size_t cap, size_t *written) {
+    kvc_state_src s;
+    kvc_state_framed f;
+    *written = 0;
+    rec_framed(c, seq_id, layout, &s, &f);
+    const uint64_t total = kvc_state_framed_size(&f);
+    if (offset >= total || cap == 0) {
+        return KVC_OK;
+    }
+    return kvc_state_framed_write(&f, offset, out, total - offset < cap ? (size_t)(total - offset) : cap, written);
 }
 
 int kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                     size_t cap, size_t *written) {
-    kvc_state_src s;
-    rec_src(c, seq_id, &s);
-    return kvc_state_src_write(&s, offset, out, cap, written);
+    return kvc_recurrent_state_write_range_lay(c, seq_id, 0, offset, out, cap, written);
 }
 
 int kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
@@ -795,6 +825,36 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
 int kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                              size_t *consumed, kvc_err *err) {
     return kvc_recurrent_state_read_ex(c, seq_id, data, len, 0, consumed, err);
+}
+
+int kvc_recurrent_state_read_lay(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                 unsigned flags, unsigned layout, size_t *consumed, kvc_err *err) {
+    size_t base = 0;
+    *consumed = 0;
+    /* the prefix is the one mark of a layout in a recurrent state: DETECT reads it when it is there */
+    if (layout & (KVC_LAYOUT_PREFIX | KVC_LAYOUT_DETECT)) {
+        int rc = kvc_state_prefix_skip(data, len, &base, err);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+        if (base && seq_id < 0) {
+            return kvc_err_set(err, KVC_E_STATE,
+                               "the state starts with the sequence-blob magic 0x%08x (byte 0): a sequence's state "
+                               "is read into a sequence (seq_id >= 0), not as the whole cache", KVC_SEQ_MAGIC);
+        }
+    }
+    if (!base) {
+        return kvc_recurrent_state_read_ex(c, seq_id, data, len, flags, consumed, err);
+    }
+    int rc = kvc_recurrent_state_read_ex(c, seq_id, data + base, len - base, flags, consumed, err);
+    if (rc != KVC_OK && err) {
+        char inner[sizeof err->msg];
+        memcpy(inner, err->msg, sizeof inner);
+        kvc_err_set(err, rc, "memory state (from byte %zu): %s", base, inner);
+    } else if (rc == KVC_OK) {
+        *consumed += base;
+    }
+    return rc;
 }
 
 int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,

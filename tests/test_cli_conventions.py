@@ -28,7 +28,7 @@ def _unified_blob(tmp_path, pos=(39,)):
     assert c.find_slot(kvcache.UBatch(list(pos), [0] * len(pos)))
     c.commit()
     path = tmp_path / "unified.bin"
-    path.write_bytes(c.state_write())
+    path.write_bytes(c.state_write(layout="2025"))
     return path
 
 
@@ -39,7 +39,7 @@ def _recurrent_blob(tmp_path):
         assert c.find_slot(kvcache.UBatch([0, 1], [[0], [1]]))
     c.commit()
     path = tmp_path / "recurrent.bin"
-    path.write_bytes(c.state_write(0))   # one sequence's: its cells carry no sequence id
+    path.write_bytes(c.state_write(0, layout="2025"))   # one sequence's: its cells carry no sequence id
     return path
 
 

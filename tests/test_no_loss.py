@@ -36,19 +36,19 @@ def _pairs():
         src = busy_unified(seed=1, **kw)
         src.seq_rm(0, 0, 3)
         src.commit()
-        blobs = {"whole": (src.state_write(), -1), "seq1": (src.state_write(1), 1),
-                 "seq0-into-3": (src.state_write(0), 3)}
+        blobs = {"whole": (src.state_write(layout="2025"), -1), "seq1": (src.state_write(1, layout="2025"), 1),
+                 "seq0-into-3": (src.state_write(0, layout="2025"), 3)}
         out.append((f"unified-{name}", lambda kw=kw: busy_unified(seed=2, **kw), blobs))
     src = busy_iswa(seed=1)
     src.seq_rm(1, 0, 4)
     out.append(("iswa", lambda: busy_iswa(seed=2),
-                {"whole": (src.state_write(), -1), "seq0": (src.state_write(0), 0),
-                 "seq2-into-1": (src.state_write(2), 1)}))
+                {"whole": (src.state_write(layout="2025"), -1), "seq0": (src.state_write(0, layout="2025"), 0),
+                 "seq2-into-1": (src.state_write(2, layout="2025"), 1)}))
     src = busy_recurrent(seed=1)
     src.seq_rm(2)
     out.append(("recurrent", lambda: busy_recurrent(seed=2),
-                {"whole": (src.state_write(), -1), "seq1": (src.state_write(1), 1),
-                 "seq0-into-3": (src.state_write(0), 3)}))
+                {"whole": (src.state_write(layout="2025"), -1), "seq1": (src.state_write(1, layout="2025"), 1),
+                 "seq0-into-3": (src.state_write(0, layout="2025"), 3)}))
     return out
 
 
@@ -74,14 +74,14 @@ def test_every_truncation_changes_nothing(name, make, blob, seq_id):
     assert len(blob) > 8
     for cut in range(len(blob)):
         with pytest.raises(kvcache.StateError):
-            cache.state_read(blob[:cut], seq_id)
+            cache.state_read(blob[:cut], seq_id, layout="2025")
         assert_unchanged(cache, before, f"{name}: {cut} of {len(blob)} bytes")
     # one byte too many is an error only for an exact read; either way nothing changes on error
     with pytest.raises(kvcache.StateError):
-        cache.state_read(blob + b"\0", seq_id, exact=True)
+        cache.state_read(blob + b"\0", seq_id, exact=True, layout="2025")
     assert_unchanged(cache, before, f"{name}: trailing byte")
     # and the whole blob reads
-    assert cache.state_read(blob, seq_id, exact=True) == len(blob)
+    assert cache.state_read(blob, seq_id, exact=True, layout="2025") == len(blob)
     _check_invariants(cache)
 
 
@@ -110,7 +110,7 @@ def test_random_corruptions_change_nothing_or_read_consistently(name, make, blob
     for trial in range(150):
         bad = _corrupt(rng, blob)
         try:
-            cache.state_read(bad, seq_id)
+            cache.state_read(bad, seq_id, layout="2025")
         except kvcache.StateError:
             failed += 1
             assert_unchanged(cache, before, f"{name}: corruption {trial}")
@@ -228,14 +228,14 @@ def test_iswa_find_slot_undo_keeps_earlier_slots():
 @pytest.mark.parametrize("make", [_big_unified, _big_iswa, busy_recurrent])
 @pytest.mark.parametrize("seq_id", [-1, 1])
 def test_state_write(make, seq_id):
-    want = make().state_write(seq_id)
+    want = make().state_write(seq_id, layout="2025")
 
     def op(c):
-        assert c.state_write(seq_id) == want
+        assert c.state_write(seq_id, layout="2025") == want
         buf = bytearray(len(want))
-        assert c.state_write_into(buf, seq_id) == len(want) and bytes(buf) == want
+        assert c.state_write_into(buf, seq_id, layout="2025") == len(want) and bytes(buf) == want
         f = io.BytesIO()
-        c.state_write_into(f, seq_id)
+        c.state_write_into(f, seq_id, layout="2025")
         assert f.getvalue() == want
     assert _sweep(make, op) >= 1
 
@@ -245,13 +245,13 @@ def test_state_write(make, seq_id):
                                       (busy_recurrent, lambda: busy_recurrent(seed=7))])
 @pytest.mark.parametrize("seq_id", [-1, 1])
 def test_state_read(make, src, seq_id):
-    blob = src().state_write(seq_id)
+    blob = src().state_write(seq_id, layout="2025")
     done = make()
-    done.state_read(blob, seq_id)
+    done.state_read(blob, seq_id, layout="2025")
     want = snapshot(done)
 
     def op(c):
-        c.state_read(blob, seq_id)
+        c.state_read(blob, seq_id, layout="2025")
         assert snapshot(c) == want
     _sweep(make, op)
 
