@@ -46,6 +46,7 @@ def _recurrent_blob(tmp_path):
 # --- --json ----------------------------------------------------------------------------------------
 
 JSON_RUNS = {
+    "convert": lambda tmp: ["convert", "--json", str(_unified_blob(tmp)), str(tmp / "out.bin"), "--to", "2026"],
     "demo": lambda tmp: ["demo", "--steps", "3", "--json"],
     "inspect": lambda tmp: ["inspect", "--json", str(_unified_blob(tmp))],
     "plan": lambda tmp: ["plan", "--n-layer", "2", "--n-embd-k-gqa", "64", "--n-ctx", "256", "--json"],

@@ -17,6 +17,7 @@ import pytest
 import kvcache
 from kvcache import statefile
 
+from live_llama import LlamaCalls
 from interop_data import interop_dir, make_cache, manifest, model_path
 
 FOLDERS = ["llama_fa0", "llama_fa1", "llama_q8_fa1", "llama_bf16_fa1", "mamba", "gemma2_fa0"]
@@ -155,7 +156,7 @@ def _llama():
     return L
 
 
-class Llama:
+class Llama(LlamaCalls):
     """A llama.cpp model and contexts through llama_cpp's low-level API, quietly."""
 
     _models = {}
@@ -191,22 +192,6 @@ class Llama:
     def free(self, ctx):
         self.L.llama_free(ctx)
 
-    def decode(self, ctx, tokens):
-        """Decode [(token, pos, [seq ids]), ...]; the logits of the last token (a copy)."""
-        L = self.L
-        b = L.llama_batch_init(len(tokens), 0, 4)
-        try:
-            b.n_tokens = len(tokens)
-            for i, (t, p, seqs) in enumerate(tokens):
-                b.token[i], b.pos[i], b.n_seq_id[i] = t, p, len(seqs)
-                for k, s in enumerate(seqs):
-                    b.seq_id[i][k] = s
-                b.logits[i] = i == len(tokens) - 1
-            assert L.llama_decode(ctx, b) == 0
-        finally:
-            L.llama_batch_free(b)
-        return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(self.n_vocab,)).copy()
-
     def replay(self, ctx, m):
         """Run the calls that produced the manifest's blobs."""
         L = self.L
@@ -219,30 +204,6 @@ class Llama:
                 assert L.llama_kv_self_seq_rm(ctx, *op["args"]) == op.get("returned", True)
             else:
                 raise AssertionError(f"unknown op {op}")
-
-    def seq_get(self, ctx, seq_id) -> bytes:
-        L = self.L
-        n = L.llama_state_seq_get_size(ctx, seq_id)
-        buf = (ctypes.c_uint8 * n)()
-        assert L.llama_state_seq_get_data(ctx, buf, n, seq_id) == n
-        return bytes(buf)
-
-    def seq_set(self, ctx, data: bytes, seq_id) -> int:
-        L = self.L
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return L.llama_state_seq_set_data(ctx, buf, len(data), seq_id)
-
-    def state_get(self, ctx) -> bytes:
-        L = self.L
-        n = L.llama_state_get_size(ctx)
-        buf = (ctypes.c_uint8 * n)()
-        assert L.llama_state_get_data(ctx, buf, n) == n
-        return bytes(buf)
-
-    def state_set(self, ctx, data: bytes) -> int:
-        L = self.L
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return L.llama_state_set_data(ctx, buf, len(data))
 
 
 @pytest.fixture(scope="module")

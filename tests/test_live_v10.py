@@ -27,6 +27,7 @@ import pytest
 import kvcache
 from kvcache import statefile
 
+from live_llama import LlamaCalls
 from interop_data import interop_dir, interop_v10_dir, manifest, model_path
 
 # scenario -> (where its manifest is, the reference logits' folder)
@@ -49,7 +50,7 @@ def _llama():
     return L
 
 
-class Live:
+class Live(LlamaCalls):
     """One model through 0.3.36's low-level API, with llama.cpp's log lines kept."""
 
     _models: dict = {}
@@ -99,22 +100,6 @@ class Live:
         assert re.search(rf"(llama_kv_cache: size = .*K \({t}\)|llama_memory_recurrent: size = .*R \({t}\))", log), log
         return ctx
 
-    def decode(self, ctx, tokens):
-        """Decode [(token, pos, [seq ids]), ...]; the logits of the last token (a copy)."""
-        L = self.L
-        b = L.llama_batch_init(len(tokens), 0, 4)
-        try:
-            b.n_tokens = len(tokens)
-            for i, (t, pos, seqs) in enumerate(tokens):
-                b.token[i], b.pos[i], b.n_seq_id[i] = t, pos, len(seqs)
-                for k, s in enumerate(seqs):
-                    b.seq_id[i][k] = s
-                b.logits[i] = i == len(tokens) - 1
-            assert L.llama_decode(ctx, b) == 0
-        finally:
-            L.llama_batch_free(b)
-        return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(self.n_vocab,)).copy()
-
     def replay(self, ctx, script):
         L = self.L
         mem = L.llama_get_memory(ctx)
@@ -127,28 +112,6 @@ class Live:
                 L.llama_memory_seq_rm(mem, *op["args"])
             else:
                 raise AssertionError(f"unknown op {op}")
-
-    def seq_get(self, ctx, seq_id) -> bytes:
-        L = self.L
-        n = L.llama_state_seq_get_size(ctx, seq_id)
-        buf = (ctypes.c_uint8 * n)()
-        assert L.llama_state_seq_get_data(ctx, buf, n, seq_id) == n
-        return bytes(buf)
-
-    def seq_set(self, ctx, data: bytes, seq_id) -> int:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return self.L.llama_state_seq_set_data(ctx, buf, len(data), seq_id)
-
-    def state_get(self, ctx) -> bytes:
-        L = self.L
-        n = L.llama_state_get_size(ctx)
-        buf = (ctypes.c_uint8 * n)()
-        assert L.llama_state_get_data(ctx, buf, n) == n
-        return bytes(buf)
-
-    def state_set(self, ctx, data: bytes) -> int:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return self.L.llama_state_set_data(ctx, buf, len(data))
 
 
 def _manifest(name):

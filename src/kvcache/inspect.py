@@ -313,7 +313,7 @@ def report_bytes(data, variant: str | None = None, name: str | None = None, layo
     found = _layouts_of(kind, variant, framing, file_layout, version)
     if layout is not None and layout not in found:
         raise StateError(f"not a state of layout {layout}: it reads as {', '.join(found) or 'no layout'}")
-    out["layout"] = layout or (found[0] if found else None)
+    out["layout"] = layout or (file_layout if file_layout in found else found[0] if found else None)
     out["layouts"] = found
     if framing is not None:
         out["framing"] = {"stream_counts": framing.streams, "prefix": framing.prefixed,

@@ -48,6 +48,7 @@ __all__ = [
     "ContextState", "SessionFile", "SequenceFile", "Framing",
     "parse_context_state", "parse_session_file", "parse_sequence_file", "parse", "load", "detect",
     "memory_framings", "write_context_state", "write_session_file", "write_sequence_file",
+    "Converted", "convert",
 ]
 
 SESSION_MAGIC = 0x6767736E    # "ggsn"
@@ -337,6 +338,8 @@ def _parse_context(r: _Reader, layout: str | None, candidates: tuple[str, ...] =
         # (a recurrent memory state has none in any layout)
         streams = {f.streams for f in framings}
         pick = _newest(candidates, outputs, streams.pop() if outputs and len(streams) == 1 else None)
+        if outputs and len(streams) != 1:
+            pick = pick[::-1]   # a recurrent state reads either way: the first layout that wrote it
         if pick:
             found.append(ContextState(arch, pos, lg, em, r.buf[r.off:], r.off, pick[0]))
     if len(found) > 1:
@@ -569,3 +572,130 @@ def write_sequence_file(file: _Source, cache: _StateCache, seq_id: int, tokens: 
     finally:
         out.close()
     return out.n
+
+
+# --- converting between layouts ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Converted:
+    """What :func:`convert` produced: ``data`` (the bytes in the target layout), ``kind`` (a key
+    of kvcache.inspect.KINDS, or "sequence blob" / "whole-cache blob"), ``source`` (the layout
+    the input was read in) and ``notes``: what the target layout could not hold or had to leave
+    out, one sentence each."""
+
+    data: bytes = field(repr=False)
+    kind: str
+    source: str
+    layout: str
+    notes: tuple[str, ...]
+
+
+def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, notes: list[str]) -> bytes:
+    """The memory state of an inspect report's sections, framed for layout to."""
+    info = layout_info(to)
+    variant = r["variant"]
+    parts: dict[str, list[dict[str, Any]]] = {}
+    for s in r["sections"]:
+        parts.setdefault(s["name"].split(" ")[0], []).append(s)
+    out = []
+    if r["kind"] == "sequence blob":
+        fr = r.get("framing") or {}
+        sid = seq_id if seq_id is not None else fr.get("src_seq_id")
+        if info["prefix"]:
+            if sid is None:
+                notes.append(f"written without the sequence-blob prefix of layout {to}: the input does not say "
+                             "which sequence it is (pass seq_id)")
+            else:
+                out.append(struct.pack("<Ii", SEQ_MAGIC, sid))
+        elif fr.get("prefix"):
+            notes.append(f"the sequence-blob prefix (source seq {fr.get('src_seq_id')}) left out: layout {to} has none")
+    for name, secs in parts.items():
+        bodies = [bytes(data[s["offset"]:s["offset"] + s["size"]]) for s in secs]
+        empty = [s["n_layer"] == 0 and s["cell_count"] == 0 and s["size"] == 4 for s in secs]
+        if variant == "recurrent" or not info["streams"]:
+            if len(secs) != 1:
+                raise StateError(f"the {name} cache state has {len(secs)} streams; layout {to} has one stream")
+            if empty[0]:
+                raise StateError(f"the {name} cache state's one stream is empty, written as its cell count alone: "
+                                 f"layout {to} writes an empty state with its layer headers, which the input does "
+                                 "not hold (write it from a cache of the model instead)")
+            out.append(bodies[0])
+        else:
+            out.append(struct.pack("<I", len(secs)))
+            out.extend(b"\0\0\0\0" if e or s["cell_count"] == 0 else b for b, s, e in zip(bodies, secs, empty))
+    if variant == "iswa" and r["kind"] == "sequence blob":
+        src_trims = r["layout"] is not None and layout_info(r["layout"])["swa_trim"]
+        if info["swa_trim"] and not src_trims:
+            notes.append(f"the SWA cache's cells outside the window were kept (layout {to}'s llama.cpp leaves them "
+                         "out of a sequence state; it reads them all the same)")
+        elif src_trims and not info["swa_trim"]:
+            notes.append("the SWA cache holds only the cells within the window: the input's layout had left the "
+                         "others out")
+    return b"".join(out)
+
+
+def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, variant: str | None = None,
+            seq_id: int | None = None) -> Converted:
+    """Rewrite a state file (sequence blob, whole-cache blob, whole-context state, session file,
+    sequence file) in layout ``to``, without a cache: the layouts differ in their framing only.
+
+    layout: the input's layout (None: found from the bytes); variant: "unified", "iswa" or
+    "recurrent" (None: found; refused when the bytes do not tell and the framing changes);
+    seq_id: the sequence of a bare sequence state, for the prefix of the layouts that have one
+    (default: the input's prefix). What the target cannot hold is left out and said in
+    ``notes``: the outputs of a whole-context state (to a layout without them), the prefix (to a
+    layout without it). Raises StateError when the input does not read, or ValueError for an
+    unknown layout."""
+    from kvcache.inspect import report_bytes
+
+    layout_info(to)
+    _check_layout(layout)
+    m = _view(data)
+    r = report_bytes(m, variant, layout=layout)
+    if r["variant_guessed"] and r["kind"] in ("sequence blob", "whole-cache blob") and r["variant"] != "iswa":
+        # unified and recurrent states are framed differently from "2025-08" on; the bytes tell
+        # them apart by stream counts, a prefix before a state without them, or a sequence's
+        # cells (a unified state lists the id, a recurrent one none)
+        fr = r.get("framing")
+        told = fr is not None and (fr["stream_counts"] or fr["prefix"])
+        cells = [s for s in r["sections"] if s["cell_count"]]
+        told = told or (r["kind"] == "sequence blob" and bool(cells))
+        told = told or any(s["n_seq_id"][1] == 0 for s in cells)
+        if not told and layout_info(to)["streams"]:
+            raise StateError("the bytes do not say whether this is a unified or a recurrent cache's state, and "
+                             f"layout {to} frames the two differently: pass variant")
+    source = r["layout"] or (r["layouts"][0] if r["layouts"] else "2025")
+    notes: list[str] = []
+    kind = r["kind"]
+    if kind in ("sequence blob", "whole-cache blob"):
+        return Converted(_memory(r, m, to, seq_id, notes), kind, source, to, tuple(notes))
+    info = layout_info(to)
+    wrapper = r["bytes"]["wrapper"]
+    out: list[bytes] = []
+    if kind == "sequence file":
+        toks = np.asarray(r["tokens"]["values"], dtype="<i4")
+        out.append(struct.pack("<III", SEQUENCE_MAGIC, info["sequence_version"], len(toks)) + toks.tobytes())
+        rr = dict(r, kind="whole-cache blob")
+        out.append(_memory(rr, m, to, None, notes))
+        return Converted(b"".join(out), kind, source, to, tuple(notes))
+    # session file or whole-context state
+    if kind == "session file":
+        sf = parse_session_file(m, layout=layout)
+        ctx = sf.context
+        out.append(struct.pack("<III", SESSION_MAGIC, info["session_version"], len(sf.tokens)) + sf.tokens.tobytes())
+    else:
+        ctx = parse_context_state(m, layout=layout)
+    if ctx.cache_offset != wrapper:
+        raise StateError("the wrapper and its cache state disagree (internal error)")
+    pos, lg, em = ctx.output_pos, ctx.logits, ctx.embeddings
+    if not info["outputs"]:
+        if len(pos) or len(lg) or len(em):
+            notes.append(f"left out {len(pos)} outputs, {len(lg)} logits and {len(em)} embeddings: layout {to}'s "
+                         "whole-context state has none")
+        pos, lg, em = _NO_I32, _NO_F32, _NO_F32
+    elif not ctx.has_outputs:
+        notes.append(f"no outputs written (0 outputs, logits, embeddings): layout {ctx.layout} had none to give")
+    out.append(_context_header(ctx.arch, pos, lg, em, to))
+    rr = dict(r, kind="whole-cache blob")
+    out.append(_memory(rr, m, to, None, notes))
+    return Converted(b"".join(out), kind, source, to, tuple(notes))
