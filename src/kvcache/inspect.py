@@ -320,7 +320,11 @@ def report_bytes(data, variant: str | None = None, name: str | None = None, layo
                           "src_seq_id": framing.src_seq_id, "n_stream": [len(p) for p in framing.parts]}
     out["cell_count"] = sum(s["cell_count"] for s in sections)
     out["sections"] = sections
-    out["bytes"] = {"wrapper": base, "cache": len(m) - base}
+    # the bytes of the cache part outside its sections: the prefix, the stream counts
+    framed = 0
+    if framing is not None:
+        framed = (8 if framing.prefixed else 0) + (4 * len(framing.parts) if framing.streams else 0)
+    out["bytes"] = {"wrapper": base, "cache": len(m) - base, "framing": framed}
     return out
 
 
