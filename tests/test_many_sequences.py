@@ -5,10 +5,13 @@ past 63 as it treats the others.
 The unified cache runs a long random workload next to the reference model (kvcache.reference),
 compared after every step; the other caches and the splitter check the ids of the upper words
 by hand."""
+import struct
+
 import numpy as np
 import pytest
 
 import kvcache
+import kvcache.statefile
 from kvcache import Batch, ISWACache, RecurrentCache, StateError, UBatch, UnifiedCache
 from kvcache._core import describe_state
 from kvcache.reference import RefUBatch, UnifiedReference
@@ -196,3 +199,21 @@ def test_batch_splitter_with_ids_of_every_word():
     b = Batch([0, 1, 2], [[255, 3], [255, 3], [70]], simple_split=False)
     out = [ub.seq_id for ub in b.ubatches(4, "seq")]
     assert [[255, 3]] in out and [[70]] in out
+
+
+@pytest.mark.parametrize("layout", kvcache.LAYOUTS)
+def test_every_layout_carries_ids_up_to_255(layout):
+    """Sequence ids below n_seq_max = 256 in every layout: the whole state lists them, a
+    sequence's state (with the prefix naming it, where the layout has one) moves to another id."""
+    c = kvcache.UnifiedCache(512, 1, 8, 8, n_seq_max=256, n_pad=1)
+    assert c.find_slot(kvcache.UBatch([0, 1, 2, 0], [[0, 255], [255], [255], [254]]))
+    c.commit()
+    whole = c.state_write(-1, layout=layout)
+    d = kvcache.UnifiedCache(512, 1, 8, 8, n_seq_max=256, n_pad=1)
+    assert d.state_read(whole, -1, layout=layout) == len(whole)
+    assert d.state_write(-1, layout=layout) == whole and d.seq_pos_max(255) == 2 and d.seq_pos_max(254) == 0
+    one = c.state_write(255, layout=layout)
+    if kvcache._core.layout_info(layout)["prefix"]:
+        assert struct.unpack_from("<Ii", one) == (kvcache.statefile.SEQ_MAGIC, 255)
+    assert d.state_read(one, 200, layout=layout) == len(one)
+    assert d.seq_pos_max(200) == 2
