@@ -1,4 +1,5 @@
 #include "kvc_recurrent.h"
+#include "kvc_cursor.h"
 #include "kvc_le.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
@@ -690,53 +691,13 @@ int kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *o
     return kvc_state_src_write(&s, 0, out, need, written);
 }
 
-typedef struct rec_reader {
-    const uint8_t *p;
-    size_t len, off;
-} rec_reader;
-
-static bool get_u32(rec_reader *r, uint32_t *v) {
-    if (r->len - r->off < 4) {
-        return false;
-    }
-    *v = kvc_le_get_u32(r->p + r->off);
-    r->off += 4;
-    return true;
-}
-
-static bool get_i32(rec_reader *r, int32_t *v) {
-    if (r->len - r->off < 4) {
-        return false;
-    }
-    *v = kvc_le_get_i32(r->p + r->off);
-    r->off += 4;
-    return true;
-}
-
-static bool get_u64(rec_reader *r, uint64_t *v) {
-    if (r->len - r->off < 8) {
-        return false;
-    }
-    *v = kvc_le_get_u64(r->p + r->off);
-    r->off += 8;
-    return true;
-}
-
-static bool skip(rec_reader *r, uint64_t n) {
-    if ((uint64_t)(r->len - r->off) < n) {
-        return false;
-    }
-    r->off += (size_t)n;
-    return true;
-}
-
-static int truncated(kvc_err *err, const rec_reader *r, const char *what) {
-    return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s", r->off, r->len, what);
+static int truncated(kvc_err *err, const kvc_cursor *r, const char *what) {
+    return kvc_cur_truncated(err, r, 0, "%s", what);
 }
 
 /* Parse, check and place the cells of the part into c->work (from a copy of the live table).
  * The live table is not touched. */
-static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t cell_count, kvc_err *err) {
+static int read_cells(kvc_recurrent *c, int32_t seq_id, kvc_cursor *r, uint32_t cell_count, kvc_err *err) {
     kvc_rec_cells *w = &c->work;
     const uint32_t size = c->cells.size;
     if (seq_id == -1) {
@@ -748,7 +709,7 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
         for (uint32_t i = 0; i < cell_count; i++) {
             int32_t pos;
             uint32_t n_seq_id;
-            if (!get_i32(r, &pos) || !get_u32(r, &n_seq_id)) {
+            if (!kvc_cur_i32(r, &pos) || !kvc_cur_u32(r, &n_seq_id)) {
                 return truncated(err, r, "the cell list");
             }
             if (pos < 0) {
@@ -757,7 +718,7 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
             w->pos[i] = pos;
             for (uint32_t j = 0; j < n_seq_id; j++) {
                 int32_t s;
-                if (!get_i32(r, &s)) {
+                if (!kvc_cur_i32(r, &s)) {
                     return truncated(err, r, "the cell list");
                 }
                 if (s < 0 || (uint32_t)s >= c->n_seq_max) {
@@ -787,7 +748,7 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
     int32_t pos = 0;
     if (cell_count == 1) {
         uint32_t n_seq_id;
-        if (!get_i32(r, &pos) || !get_u32(r, &n_seq_id)) {
+        if (!kvc_cur_i32(r, &pos) || !kvc_cur_u32(r, &n_seq_id)) {
             return truncated(err, r, "the cell list");
         }
         if (n_seq_id != 0) {
@@ -862,9 +823,9 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     if (seq_id < -1 || (seq_id >= 0 && (uint32_t)seq_id >= c->n_seq_max)) {
         return kvc_err_set(err, KVC_E_ARG, "seq_id %d is outside [0, %u) and not -1", seq_id, c->n_seq_max);
     }
-    rec_reader r = { data, data ? len : 0, 0 };
+    kvc_cursor r = { data, data ? len : 0, 0 };
     uint32_t cell_count;
-    if (!get_u32(&r, &cell_count)) {
+    if (!kvc_cur_u32(&r, &cell_count)) {
         return truncated(err, &r, "the cell count");
     }
     int st = read_cells(c, seq_id, &r, cell_count, err);
@@ -873,7 +834,7 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     }
 
     uint32_t v_trans, n_layer;
-    if (!get_u32(&r, &v_trans) || !get_u32(&r, &n_layer)) {
+    if (!kvc_cur_u32(&r, &v_trans) || !kvc_cur_u32(&r, &n_layer)) {
         return truncated(err, &r, "the layer header");
     }
     if (n_layer != c->n_layer) {
@@ -890,7 +851,7 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
             const size_t row = half ? c->layers[il].v_row_bytes : c->layers[il].k_row_bytes;
             int32_t t;
             uint64_t row_ref;
-            if (!get_i32(&r, &t) || !get_u64(&r, &row_ref)) {
+            if (!kvc_cur_i32(&r, &t) || !kvc_cur_u64(&r, &row_ref)) {
                 return truncated(err, &r, half ? "a V layer header" : "a K layer header");
             }
             if (t != type) {
@@ -902,7 +863,7 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
                                    il, name, (unsigned long long)row_ref, row);
             }
             c->read_off[2 * il + (uint32_t)half] = r.off;
-            if (!skip(&r, (uint64_t)cell_count * row)) {
+            if (!kvc_cur_skip(&r, (uint64_t)cell_count * row)) {
                 return truncated(err, &r, half ? "V rows" : "K rows");
             }
         }

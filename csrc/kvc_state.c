@@ -1,5 +1,6 @@
 #include "kvc_state.h"
 
+#include "kvc_cursor.h"
 #include "kvc_le.h"
 #include "kvc_types.h"
 
@@ -440,55 +441,17 @@ int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t
  * Reading: a bounds-checked cursor, a validating parse that changes nothing, then the apply.
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct reader {
-    const uint8_t *p;
-    size_t len, off;
-} reader;
-
-/* Take the next n bytes, or false (cursor unmoved) when fewer remain. */
-static bool rd_take(reader *r, size_t n, const uint8_t **out) {
-    if (r->len - r->off < n) {
-        return false;
-    }
-    *out = r->p + r->off;
-    r->off += n;
-    return true;
-}
-
-static bool rd_u32(reader *r, uint32_t *v) {
-    const uint8_t *q;
-    if (!rd_take(r, 4, &q)) {
-        return false;
-    }
-    *v = kvc_le_get_u32(q);
-    return true;
-}
-
-static bool rd_i32(reader *r, int32_t *v) {
-    const uint8_t *q;
-    if (!rd_take(r, 4, &q)) {
-        return false;
-    }
-    *v = kvc_le_get_i32(q);
-    return true;
-}
-
-static bool rd_u64(reader *r, uint64_t *v) {
-    const uint8_t *q;
-    if (!rd_take(r, 8, &q)) {
-        return false;
-    }
-    *v = kvc_le_get_u64(q);
-    return true;
-}
-
 /* "truncated at byte X of N while reading <what>" (X: where the failed read starts). */
-KVC_PRINTF_FORMAT(4, 5) static int fail_truncated(kvc_err *err, const reader *r, size_t need, const char *fmt, ...) {
+int kvc_cur_truncated(kvc_err *err, const kvc_cursor *r, size_t need, const char *fmt, ...) {
     char what[160];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
+    if (!need) {
+        return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s", r->off, r->len,
+                           what);
+    }
     return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s (%zu bytes)",
                        r->off, r->len, what, need);
 }
@@ -517,7 +480,7 @@ typedef struct parsed {
     uint32_t              d_layers_cap;
 } parsed;
 
-static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *ps, kvc_err *err) {
+static int parse_meta(const kvc_unified *c, int32_t seq_id, kvc_cursor *r, parsed *ps, kvc_err *err) {
     const uint32_t cc = ps->cell_count;
     const size_t min_rec = seq_id >= 0 ? 12 : 8;
     /* nothing is allocated for more cells than the bytes left can describe */
@@ -542,15 +505,15 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
     for (uint32_t i = 0; i < cc; i++) {
         int32_t pos;
         uint32_t n_seq_id;
-        if (!rd_i32(r, &pos)) {
-            return fail_truncated(err, r, 4, "the position of cell %" PRIu32 " of %" PRIu32, i, cc);
+        if (!kvc_cur_i32(r, &pos)) {
+            return kvc_cur_truncated(err, r, 4, "the position of cell %" PRIu32 " of %" PRIu32, i, cc);
         }
         if (pos < 0) {
             return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): negative position %" PRId32, i,
                                r->off - 4, pos);
         }
-        if (!rd_u32(r, &n_seq_id)) {
-            return fail_truncated(err, r, 4, "the sequence count of cell %" PRIu32 " of %" PRIu32, i, cc);
+        if (!kvc_cur_u32(r, &n_seq_id)) {
+            return kvc_cur_truncated(err, r, 4, "the sequence count of cell %" PRIu32 " of %" PRIu32, i, cc);
         }
         if (!c) {
             kvc_state_desc *d = ps->desc;
@@ -568,8 +531,8 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                                    i, r->off - 4, n_seq_id);
             }
             int32_t ignored; /* the source sequence id: the destination replaces it */
-            if (!rd_i32(r, &ignored)) {
-                return fail_truncated(err, r, 4, "the sequence id of cell %" PRIu32 " of %" PRIu32, i, cc);
+            if (!kvc_cur_i32(r, &ignored)) {
+                return kvc_cur_truncated(err, r, 4, "the sequence id of cell %" PRIu32 " of %" PRIu32, i, cc);
             }
             ps->pos[i] = pos;
             continue;
@@ -584,8 +547,8 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
         kvc_seqset_clear(&bits);
         for (uint32_t j = 0; j < n_seq_id; j++) {
             int32_t s;
-            if (!rd_i32(r, &s)) {
-                return fail_truncated(err, r, 4, "sequence id %" PRIu32 " of %" PRIu32 " of cell %" PRIu32, j,
+            if (!kvc_cur_i32(r, &s)) {
+                return kvc_cur_truncated(err, r, 4, "sequence id %" PRIu32 " of %" PRIu32 " of cell %" PRIu32, j,
                                       n_seq_id, i);
             }
             if (s < 0 || (uint32_t)s >= id_limit) {
@@ -617,7 +580,7 @@ KVC_PRINTF_FORMAT(4, 5) static int fail_layer(kvc_err *err, int32_t il, size_t a
 }
 
 /* Take the n = count * unit data bytes of a section, checking the product against what is left. */
-static int take_data(reader *r, uint64_t count, uint64_t unit, const char *what, int32_t il, uint64_t *n,
+static int take_data(kvc_cursor *r, uint64_t count, uint64_t unit, const char *what, int32_t il, uint64_t *n,
                      kvc_err *err) {
     const uint8_t *skip;
     const size_t left = r->len - r->off;
@@ -629,19 +592,19 @@ static int take_data(reader *r, uint64_t count, uint64_t unit, const char *what,
                            r->off, r->len, what, il, count, unit, left);
     }
     *n = count * unit;
-    rd_take(r, (size_t)*n, &skip);
+    kvc_cur_take(r, (size_t)*n, &skip);
     return KVC_OK;
 }
 
 /* Per layer V: i32 type, u64 row size (or u32 element size, u32 width when the blob's V is
  * transposed), the data. l is the cache's layer (NULL when describing), il its model index. */
-static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, reader *r, parsed *ps,
+static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, kvc_cursor *r, parsed *ps,
                          kvc_state_layer_desc *ld, kvc_err *err) {
     const uint32_t cc = ps->cell_count;
     const size_t at = r->off;
     int32_t type;
-    if (!rd_i32(r, &type)) {
-        return fail_truncated(err, r, 4, "the value type of layer %" PRId32, il);
+    if (!kvc_cur_i32(r, &type)) {
+        return kvc_cur_truncated(err, r, 4, "the value type of layer %" PRId32, il);
     }
     if (c && type != c->type_v) {
         return fail_layer(err, il, r->off - 4, "value type %" PRId32 " (%s) != cache's %" PRId32 " (%s)",
@@ -649,8 +612,8 @@ static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, r
     }
     if (ps->v_trans) {
         uint32_t el_ref, width;
-        if (!rd_u32(r, &el_ref)) {
-            return fail_truncated(err, r, 4, "the value element size of layer %" PRId32, il);
+        if (!kvc_cur_u32(r, &el_ref)) {
+            return kvc_cur_truncated(err, r, 4, "the value element size of layer %" PRId32, il);
         }
         if (c) {
             /* a transposed V stores single elements: the type must have blocks of one element
@@ -666,8 +629,8 @@ static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, r
                                   el_ref, t->type_size);
             }
         }
-        if (!rd_u32(r, &width)) {
-            return fail_truncated(err, r, 4, "the value width of layer %" PRId32, il);
+        if (!kvc_cur_u32(r, &width)) {
+            return kvc_cur_truncated(err, r, 4, "the value width of layer %" PRId32, il);
         }
         if (c && width != l->n_embd_v) {
             return fail_layer(err, il, r->off - 4, "value width (n_embd_v_gqa) %" PRIu32 " != cache's %" PRIu32,
@@ -688,8 +651,8 @@ static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, r
         return KVC_OK;
     }
     uint64_t row;
-    if (!rd_u64(r, &row)) {
-        return fail_truncated(err, r, 8, "the value row size of layer %" PRId32, il);
+    if (!kvc_cur_u64(r, &row)) {
+        return kvc_cur_truncated(err, r, 8, "the value row size of layer %" PRId32, il);
     }
     /* a transposed cache's v_row_bytes is its width times the element size: what rows of the
      * blob must hold to be converted */
@@ -711,20 +674,20 @@ static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, r
     return KVC_OK;
 }
 
-static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, int32_t il, reader *r, uint32_t cc,
+static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, int32_t il, kvc_cursor *r, uint32_t cc,
                          kvc_state_layer_desc *ld, kvc_err *err) {
     const size_t at = r->off;
     int32_t type;
     uint64_t row;
-    if (!rd_i32(r, &type)) {
-        return fail_truncated(err, r, 4, "the key type of layer %" PRId32, il);
+    if (!kvc_cur_i32(r, &type)) {
+        return kvc_cur_truncated(err, r, 4, "the key type of layer %" PRId32, il);
     }
     if (c && type != c->type_k) {
         return fail_layer(err, il, r->off - 4, "key type %" PRId32 " (%s) != cache's %" PRId32 " (%s)", type,
                           type_name(type), c->type_k, type_name(c->type_k));
     }
-    if (!rd_u64(r, &row)) {
-        return fail_truncated(err, r, 8, "the key row size of layer %" PRId32, il);
+    if (!kvc_cur_u64(r, &row)) {
+        return kvc_cur_truncated(err, r, 8, "the key row size of layer %" PRId32, il);
     }
     if (c && row != (uint64_t)l->k_row_bytes) {
         return fail_layer(err, il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row, l->k_row_bytes);
@@ -741,12 +704,12 @@ static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, int32_t il, r
 }
 
 /* The data section: V layout flag, layer count, every layer's K then every layer's V. */
-static int parse_data(const kvc_unified *c, reader *r, parsed *ps, unsigned flags, kvc_err *err) {
+static int parse_data(const kvc_unified *c, kvc_cursor *r, parsed *ps, unsigned flags, kvc_err *err) {
     static const char *const layout[2] = { "not transposed", "transposed" };
     uint32_t v_trans, n_layer;
     int rc;
-    if (!rd_u32(r, &v_trans)) {
-        return fail_truncated(err, r, 4, "the V layout flag");
+    if (!kvc_cur_u32(r, &v_trans)) {
+        return kvc_cur_truncated(err, r, 4, "the V layout flag");
     }
     if (v_trans > 1) {
         return kvc_err_set(err, KVC_E_STATE, "V layout (byte %zu): flag %" PRIu32 " is neither 0 nor 1",
@@ -758,8 +721,8 @@ static int parse_data(const kvc_unified *c, reader *r, parsed *ps, unsigned flag
                            r->off - 4, layout[v_trans], layout[c->v_trans]);
     }
     ps->v_trans = v_trans;
-    if (!rd_u32(r, &n_layer)) {
-        return fail_truncated(err, r, 4, "the layer count");
+    if (!kvc_cur_u32(r, &n_layer)) {
+        return kvc_cur_truncated(err, r, 4, "the layer count");
     }
     if (c && n_layer != c->n_layer) {
         return kvc_err_set(err, KVC_E_STATE,
@@ -797,10 +760,10 @@ static int parse_data(const kvc_unified *c, reader *r, parsed *ps, unsigned flag
 /* Validate one stream's body at the cursor (the seed's state: cell count, cells, data); nothing in
  * the cache changes. On success ps says where things are (ps->pos and ps->seq must be freed by the
  * caller in every case). */
-static int parse_body(const kvc_unified *c, int32_t seq_id, reader *r, unsigned flags, parsed *ps, kvc_err *err) {
+static int parse_body(const kvc_unified *c, int32_t seq_id, kvc_cursor *r, unsigned flags, parsed *ps, kvc_err *err) {
     int rc;
-    if (!rd_u32(r, &ps->cell_count)) {
-        return fail_truncated(err, r, 4, "the cell count");
+    if (!kvc_cur_u32(r, &ps->cell_count)) {
+        return kvc_cur_truncated(err, r, 4, "the cell count");
     }
     if (c && ps->cell_count > c->cells.size) {
         return kvc_err_set(err, KVC_E_STATE,
@@ -820,9 +783,9 @@ static int parse_body(const kvc_unified *c, int32_t seq_id, reader *r, unsigned 
 
 /* The stream count of a state in the stream layout: want (the cache's) or, with want 0, any
  * count from 1 to KVC_MAX_SEQ. */
-static int parse_stream_count(reader *r, uint32_t want, uint32_t *n, kvc_err *err) {
-    if (!rd_u32(r, n)) {
-        return fail_truncated(err, r, 4, "the stream count");
+static int parse_stream_count(kvc_cursor *r, uint32_t want, uint32_t *n, kvc_err *err) {
+    if (!kvc_cur_u32(r, n)) {
+        return kvc_cur_truncated(err, r, 4, "the stream count");
     }
     if (want && *n != want) {
         return kvc_err_set(err, KVC_E_STATE,
@@ -837,7 +800,7 @@ static int parse_stream_count(reader *r, uint32_t want, uint32_t *n, kvc_err *er
 }
 
 /* True (and the 4-byte count taken) when the stream section at the cursor is empty. */
-static bool take_empty_section(reader *r) {
+static bool take_empty_section(kvc_cursor *r) {
     if (r->len - r->off >= 4 && kvc_le_get_u32(r->p + r->off) == 0) {
         r->off += 4;
         return true;
@@ -850,7 +813,7 @@ static bool take_empty_section(reader *r) {
  * today, so the plan holds one section. */
 static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                        unsigned layout, parsed *ps, bool *noop, kvc_err *err) {
-    reader r = { data, data ? len : 0, 0 };
+    kvc_cursor r = { data, data ? len : 0, 0 };
     *noop = false;
     if (!(layout & KVC_LAYOUT_STREAMS)) {
         return parse_body(c, seq_id, &r, flags, ps, err);
@@ -893,7 +856,7 @@ int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, b
                              kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
                              kvc_err *err) {
     memset(f, 0, sizeof *f);
-    reader r = { data, data ? len : 0, 0 };
+    kvc_cursor r = { data, data ? len : 0, 0 };
     int rc;
     if (allow_prefix && (layout & KVC_LAYOUT_PREFIX)) {
         size_t off;
@@ -951,7 +914,7 @@ int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32
         memset(layers, 0, (size_t)layers_cap * sizeof *layers);
     }
     /* the whole-cache record shape: n_seq_id and the ids are read as they are */
-    reader r = { data, data ? len : 0, 0 };
+    kvc_cursor r = { data, data ? len : 0, 0 };
     const int rc = parse_body(NULL, -1, &r, 0, &ps, err);
     d->cell_count = ps.cell_count;
     d->data_off = ps.data_off;
