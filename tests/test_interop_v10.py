@@ -174,3 +174,16 @@ def test_the_old_whole_state_hazard():
     with pytest.raises(kvcache.StateError, match="trailing bytes"):
         as_new.restore(cache)
     assert cache.used == 0
+
+
+def test_inspect_reads_in_the_layout_it_is_told(capsys):
+    from kvcache.cli import main
+
+    path = interop_v10_dir() / "llama_fa0" / "session.ggsn"
+    assert main(["inspect", "--layout", "2026", "--json", str(path)]) == 0
+    assert '"layout": "2026"' in capsys.readouterr().out
+    assert main(["inspect", "--layout", "2026-06", str(path)]) == 2     # version 10 is 2026's alone
+    assert "version 10 (byte 4) is not layout 2026-06's 9" in capsys.readouterr().err
+    old = interop_dir() / "llama_fa0" / "seq1.bin"
+    assert main(["inspect", "--layout", "2026", str(old)]) == 2
+    capsys.readouterr()
