@@ -128,6 +128,9 @@ void    kvc_unified_seq_keep(kvc_unified *c, int32_t s);
 void    kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift);
 void    kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d); /* d > 0 */
 static inline int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s) { return kvc_cells_seq_pos_min(&c->cells, s); }
+/* The cache's streams (independent cell tables, llama.cpp's kv_unified=false): one today. The state
+ * codec walks a cache through this count and kvc_state.c's per-stream sources. */
+static inline uint32_t kvc_unified_n_stream(const kvc_unified *c) { (void)c; return 1; }
 static inline int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s) { return kvc_cells_seq_pos_max(&c->cells, s); }
 
 /* Slide the window of sequence s after a batch spanning [pmin, pmax] (iSWA commit): the cells of
