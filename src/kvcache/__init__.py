@@ -9,6 +9,7 @@ from kvcache._core import (  # noqa: E402
     Cells,
     RopeParams,
     StateError,
+    StreamUpdate,
     UBatch,
     UpdatePlan,
     dequantize,
@@ -25,7 +26,7 @@ __all__ = [
     "MAX_SEQ", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
     "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
-    "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
+    "StreamUpdate", "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
 ]
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from kvcache._core import Batch, Cells, SplitUBatch, UpdatePlan, _Unified
+from kvcache._core import Batch, Cells, SplitUBatch, StreamUpdate, UpdatePlan, _Unified
 
-__all__ = ["UnifiedCache", "Cells", "UpdatePlan"]
+__all__ = ["UnifiedCache", "Cells", "StreamUpdate", "UpdatePlan"]
 
 
 class UnifiedCache(_Unified):
@@ -13,7 +13,7 @@ class UnifiedCache(_Unified):
 
     ``UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
     v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None, buffers="owned",
-    n_embd_head_k=None, rope=None)``
+    n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True)``
 
     - ``kv_size``: number of cells, a positive multiple of ``n_pad``.
     - ``n_layer``: number of model layers; ``n_embd_k_gqa`` / ``n_embd_v_gqa``: K / V row width
@@ -43,6 +43,17 @@ class UnifiedCache(_Unified):
       each K row holds ``n_embd_k_gqa / n_embd_head_k`` heads.
     - ``rope``: the model's ``RopeParams`` (``update()`` rotates shifted keys with them), or
       None for a model without RoPE. ``kvcache.from_gguf`` fills these from a model file.
+    - ``semantics``: ``"2025"`` (default): the mid-2025 llama.cpp cache, as documented below;
+      ``"2026"``: today's llama.cpp cache (docs/semantics.md): ``find_slot`` places each token
+      group in usable cells of its stream, scattered and final (``slot_info()`` tells where;
+      no commit / restore / set_full / defrag / prune_swa: ValueError), ``prepare()`` is the
+      dry run, ``seq_cp`` across streams copies whole sequences and queues a stream copy that
+      ``update()`` performs (it returns a :class:`StreamUpdate`), ``n_kv_per_stream`` follows
+      each stream's cells and ``kq_mask`` is ``[streams, rows, n_kv]`` without padding rows.
+      The state of a 2026 cache cannot be written or read yet (NotImplementedError).
+    - ``kv_unified`` (semantics "2026"): True (default): one stream for every sequence; False:
+      ``n_seq_max`` streams, sequence s in stream s, each of ``kv_size`` cells with its own head
+      and K/V rows (K / V row ``s * kv_size + cell``; a transposed V per stream).
 
     Typical step, as llama.cpp's decode does it::
 

@@ -1,0 +1,305 @@
+"""Property test: the C-backed ``UnifiedCache(semantics="2026")`` against the pure-Python model
+``kvcache.reference2026.UnifiedReference2026``.
+
+A hypothesis state machine applies the same random operations to both through the trace-op
+table (kvcache.conformance.ops, family ``unified2026``; the model's results are the
+expectation): scattered placements with their K/V rows (the fill rule), dry runs, every
+sequence operation (within and across streams), updates (stream copies, shifts), masks,
+position buckets; caches of one stream and of several, with and without a sliding window.
+After every step it compares what a trace's ``check`` shows (heads, used, used_max_p1, n_kv,
+every cell of every stream, seq_pos, has_shift) and the hash of every K and V byte. What
+today's llama.cpp aborts on must raise ValueError in both and change nothing."""
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
+
+from kvcache import UBatch, UnifiedCache  # noqa: E402
+from kvcache.conformance import unified2026  # noqa: E402
+from kvcache.conformance.ops import apply_both, apply_op, start  # noqa: E402
+from kvcache.reference import RefUBatch  # noqa: E402
+from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not unified2026.kvcache_constructs_2026(),
+                                reason="kvcache.UnifiedCache has no semantics='2026'")
+
+P_MAX = 60
+N_EMBD = 4
+
+
+@st.composite
+def configs(draw):
+    kv_unified = draw(st.booleans())
+    n_seq_max = draw(st.integers(1, 4))
+    kv_size = draw(st.sampled_from([16, 32, 64] if not kv_unified else [16, 32, 64, 320]))
+    n_pad = draw(st.sampled_from([p for p in (1, 8, 16) if kv_size % p == 0]))
+    swa_type = draw(st.sampled_from(["none", "none", "standard", "chunked"]))
+    n_swa = 0 if swa_type == "none" else draw(st.integers(1, 12))
+    n_layer = draw(st.integers(1, 2))
+    return dict(kv_size=kv_size, n_layer=n_layer, n_embd_k_gqa=[N_EMBD] * n_layer,
+                n_embd_v_gqa=[N_EMBD] * n_layer, type_k="f32", type_v=draw(st.sampled_from(["f32", "f16"])),
+                v_trans=draw(st.booleans()), n_seq_max=n_seq_max, n_pad=n_pad, n_swa=n_swa, swa_type=swa_type,
+                layers=list(range(n_layer)), kv_unified=kv_unified, n_stream=1 if kv_unified else n_seq_max,
+                n_rel_attn_bkts=32, use_alibi=False)
+
+
+class Unified2026Machine(RuleBasedStateMachine):
+    """Both caches receive every operation; the invariant compares them after each step."""
+
+    @initialize(cfg=configs())
+    def create(self, cfg):
+        self.cfg = cfg
+        self.replays = (start(unified2026.reference_target(), cfg), start(unified2026.kvcache_target(), cfg))
+        self.ref = self.replays[0].cache
+        self.multi = cfg["n_stream"] > 1
+
+    def both(self, name, **args):
+        return apply_both(*self.replays, {"op": name, **args})
+
+    def rejected(self, name, **args):
+        """An op both must refuse with ValueError, changing nothing a check shows."""
+        op = {"op": name, **args, "expect": {"exception": "invalid_argument"}}
+        for r in self.replays:
+            with pytest.raises(ValueError):
+                apply_op(r, 0, op)
+
+    def seq(self, data):
+        return data.draw(st.integers(0, self.cfg["n_seq_max"] - 1), label="seq_id")
+
+    def prange(self, data):
+        return data.draw(st.integers(-1, P_MAX), label="p0"), data.draw(st.integers(-1, P_MAX + 1), label="p1")
+
+    def ubatch(self, data, max_tokens=8):
+        """pos and seq_id lists of a ubatch the cache takes: one stream: tokens of any
+        sequences, interleaved, a token may carry several ids; several: groups per sequence of
+        one length, one id per token."""
+        if self.multi:
+            seqs = data.draw(st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, unique=True),
+                             label="groups")
+            nst = data.draw(st.integers(1, max(1, max_tokens // len(seqs))), label="n_seq_tokens")
+            seq_id = [[s] for s in seqs for _ in range(nst)]
+            pos = []
+            for s in seqs:
+                p = max(self.ref.seq_pos_max(s) + 1, 0) if data.draw(st.booleans(), label="next") else \
+                    data.draw(st.integers(0, P_MAX), label="start")
+                pos += list(range(p, p + nst))
+            return pos, seq_id
+        n = data.draw(st.integers(1, max_tokens), label="n_tokens")
+        ids = st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, max_size=2)
+        seq_id = data.draw(st.lists(ids, min_size=n, max_size=n), label="seq_id")
+        if data.draw(st.booleans(), label="consecutive"):
+            p = data.draw(st.integers(0, P_MAX), label="start")
+            return list(range(p, p + n)), seq_id
+        return data.draw(st.lists(st.integers(0, P_MAX), min_size=n, max_size=n), label="pos"), seq_id
+
+    def settle(self):
+        # as the traces do (FORMAT-2026 "update"): a pending shift or copy is applied first
+        if self.ref.has_shift or self.ref.pending_copies:
+            self.both("update")
+
+    # --- rules -------------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def find_slot(self, data):
+        self.settle()
+        pos, seq_id = self.ubatch(data)
+        self.both("find_slot", pos=pos, seq_id=seq_id)
+
+    @rule(data=st.data())
+    def decode_round(self, data):
+        """Token by token, one sequence after another: fills the ring, so that placements
+        wrap, skip used cells and (with a window) reuse the cells a window has left."""
+        seqs = data.draw(st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, max_size=4), label="seqs")
+        for _ in range(data.draw(st.integers(1, 6), label="rounds")):
+            for s in seqs:
+                self.settle()
+                self.both("find_slot", pos=[self.ref.seq_pos_max(s) + 1], seq_id=[[s]])
+
+    @rule(data=st.data())
+    def find_slot_large(self, data):
+        """A group that often does not fit (a failed find_slot changes nothing)."""
+        self.settle()
+        n = data.draw(st.integers(self.cfg["kv_size"] // 2, self.cfg["kv_size"] + 1), label="n_tokens")
+        s = self.seq(data)
+        p = max(self.ref.seq_pos_max(s) + 1, 0)
+        self.both("find_slot", pos=list(range(p, p + n)), seq_id=[[s]] * n)
+
+    @rule(data=st.data())
+    def prepare(self, data):
+        self.settle()
+        ubs = [dict(zip(("pos", "seq_id"), self.ubatch(data, 16)))
+               for _ in range(data.draw(st.integers(1, 3), label="n_ubatches"))]
+        self.both("prepare", ubatches=ubs)
+
+    @rule(data=st.data())
+    def seq_rm(self, data):
+        s = data.draw(st.integers(-1, self.cfg["n_seq_max"] - 1), label="seq_id")
+        p0, p1 = self.prange(data)
+        self.both("seq_rm", seq_id=s, p0=p0, p1=p1)
+
+    @rule(data=st.data())
+    def seq_cp(self, data):
+        src, dst = self.seq(data), self.seq(data)
+        if self.multi and src != dst:
+            p0, p1 = data.draw(st.sampled_from([(-1, -1), (0, -1), (-1, 0)]), label="whole")
+        else:
+            p0, p1 = self.prange(data)
+        self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
+
+    @rule(data=st.data())
+    def seq_keep(self, data):
+        self.both("seq_keep", seq_id=self.seq(data))
+
+    @rule(data=st.data(), shift=st.integers(-12, 12))
+    def seq_add(self, data, shift):
+        p0, p1 = self.prange(data)
+        self.both("seq_add", seq_id=self.seq(data), p0=p0, p1=p1, shift=shift)
+
+    @rule(data=st.data(), d=st.integers(1, 4))
+    def seq_div(self, data, d):
+        p0, p1 = self.prange(data)
+        self.both("seq_div", seq_id=self.seq(data), p0=p0, p1=p1, d=d)
+
+    @rule()
+    def update(self):
+        self.both("update")
+
+    @precondition(lambda self: sum(self.ref.used_per_stream) > 0)
+    @rule()
+    def clear(self):
+        self.both("clear", data=True)
+
+    @rule(data=st.data(), causal=st.booleans())
+    def mask(self, data, causal):
+        pos, seq_id = self.ubatch(data, 12)
+        self.both("mask", pos=pos, seq_id=seq_id, causal=causal)
+
+    @precondition(lambda self: not self.multi)
+    @rule(data=st.data())
+    def pos_bucket(self, data):
+        pos, seq_id = self.ubatch(data)
+        self.both("pos_bucket", pos=pos, seq_id=seq_id)
+
+    # --- what today's llama.cpp aborts on ---------------------------------------------------
+
+    @rule(data=st.data())
+    def bad_sequence_id(self, data):
+        bad = data.draw(st.sampled_from([-2, self.cfg["n_seq_max"], 255, 256]), label="bad")
+        name = data.draw(st.sampled_from(["seq_keep", "seq_add", "seq_div", "seq_rm"]), label="op")
+        args = {"seq_keep": {}, "seq_rm": {"p0": -1, "p1": -1}, "seq_add": {"p0": 0, "p1": 4, "shift": 1},
+                "seq_div": {"p0": 0, "p1": 4, "d": 2}}[name]
+        if name == "seq_rm" and bad == -1:
+            return
+        self.rejected(name, seq_id=bad, **args)
+        self.rejected("seq_cp", src=bad, dst=0, p0=-1, p1=-1)
+
+    @precondition(lambda self: self.multi)
+    @rule(data=st.data())
+    def partial_copy_across_streams(self, data):
+        p0 = data.draw(st.integers(1, self.cfg["kv_size"] - 2), label="p0")
+        self.rejected("seq_cp", src=0, dst=1, p0=p0, p1=-1)
+
+    @precondition(lambda self: self.multi)
+    @rule(data=st.data())
+    def ungrouped_ubatch(self, data):
+        bad = data.draw(st.sampled_from([[[0], [1], [0]], [[0], [0], [1]], [[0, 1], [0, 1]]]), label="seq_id")
+        pos = list(range(len(bad)))
+        self.rejected("find_slot", pos=pos, seq_id=bad)
+        self.rejected("mask", pos=pos, seq_id=bad, causal=True)
+        self.rejected("prepare", ubatches=[{"pos": [0], "seq_id": [[0]]}, {"pos": pos, "seq_id": bad}])
+
+    @rule()
+    def bad_divisor_and_empty_prepare(self):
+        self.rejected("seq_div", seq_id=0, p0=0, p1=4, d=0)
+        self.rejected("prepare", ubatches=[])
+
+    @invariant()
+    def same_state(self):
+        if hasattr(self, "replays"):
+            self.both("check")
+            self.both("kvhash")
+
+
+Unified2026Machine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
+test_unified_2026_against_the_model = Unified2026Machine.TestCase
+
+
+# --- direct checks of the API the machine does not reach ---------------------------------------
+
+def _cache(**kw):
+    args = dict(kv_size=64, n_layer=1, n_embd_k_gqa=4, n_embd_v_gqa=4, type_k="f32", type_v="f32", n_pad=1,
+                semantics="2026")
+    args.update(kw)
+    return UnifiedCache(**args)
+
+
+def test_slot_info_and_store_into_scattered_cells_per_stream():
+    c, r = _cache(n_seq_max=2, kv_unified=False, v_trans=True), UnifiedReference2026(
+        64, 1, 4, 4, "f32", "f32", True, n_seq_max=2, n_pad=1, kv_unified=False)
+    for cache, ub in ((c, UBatch), (r, RefUBatch)):
+        assert cache.find_slot(ub([0, 1, 2, 0, 1, 2], [0, 0, 0, 1, 1, 1]))
+        cache.seq_rm(0, 1, 2)                        # a hole in stream 0
+        assert cache.find_slot(ub([3, 4, 3, 4], [0, 0, 1, 1]))
+    got = [(s, cells.tolist()) for s, cells in c.slot_info()]
+    assert got == [(s, cells.tolist()) for s, cells in r.slot_info()] == [(0, [1, 3]), (1, [3, 4])]
+    assert c.slot_indices().tolist() == [1, 3, 3, 4]
+    k = np.arange(16, dtype=np.float32).reshape(4, 4)
+    c.store(0, k, k + 100)
+    r.store(0, k, k + 100)
+    assert np.array_equal(c.k(0), r.k(0)) and np.array_equal(c.v(0), r.v(0))
+    assert c.k(0).shape == (128, 4) and c.v(0).shape == (2, 4, 64)
+    assert c.k(0)[64 + 4].tolist() == k[3].tolist()          # stream 1, cell 4: row 64 + 4
+
+
+def test_metadata_only_cache_hands_out_the_scattered_cells():
+    c = _cache(buffers="none")
+    assert c.find_slot(UBatch([0, 1, 2], [0, 0, 0]))
+    c.seq_rm(0, 1, 2)
+    assert c.find_slot(UBatch([1, 3], [0, 0]))
+    assert [(s, x.tolist()) for s, x in c.slot_info()] == [(0, [1, 3])]
+
+
+def test_the_seed_operations_are_refused_and_change_nothing():
+    c = _cache()
+    assert c.find_slot(UBatch([0, 1], [0, 0]))
+    before = c.stream_cells()
+    for call in (c.commit, c.restore, c.set_full, lambda: c.defrag_sched(0.1), lambda: c.defrag_prepare(100),
+                 c.defrag_move, lambda: c.prune_swa(0, 0, 1), lambda: c.slot):
+        with pytest.raises(ValueError):
+            call()
+    assert c.stream_cells() == before and c.slot_info()[0][1].tolist() == [0, 1]
+    with pytest.raises(NotImplementedError):
+        c.state_write()
+    with pytest.raises(ValueError):
+        c.kq_mask(UBatch([2], [0]), pad=True)
+    with pytest.raises(ValueError):
+        _cache(n_seq_max=2, kv_unified=False).cells()
+    with pytest.raises(ValueError):
+        UnifiedCache(64, 1, 4, 4, n_pad=1, kv_unified=False)      # streams need semantics "2026"
+    with pytest.raises(ValueError):
+        UnifiedCache(64, 1, 4, 4, n_pad=1, semantics="2027")
+
+
+def test_the_seed_semantics_has_one_group_in_slot_info():
+    c = UnifiedCache(64, 1, 4, 4, n_pad=32)
+    assert c.semantics == "2025" and c.n_stream == 1 and c.kv_unified
+    assert c.slot_info() == []
+    assert c.find_slot(UBatch([0, 1, 2], [0, 0, 0]))
+    assert [(s, x.tolist()) for s, x in c.slot_info()] == [(0, [0, 1, 2])]
+    with pytest.raises(ValueError):
+        c.prepare([UBatch([3], [0])])
+
+
+def test_update_returns_the_stream_copies_as_a_plan():
+    c = _cache(n_seq_max=2, kv_unified=False)
+    assert c.find_slot(UBatch([0, 1], [0, 0]))
+    c.store(0, np.ones((2, 4), np.float32), np.ones((2, 4), np.float32))
+    c.seq_cp(0, 1, -1, -1)
+    assert c.pending_copies == 1 and not c.k(0)[64:].any()
+    u = c.update()
+    assert (u.status, u.copies, u.had_shift, bool(u), u.k_shift) == (0, 1, False, True, None)
+    assert np.array_equal(c.k(0)[64:66], c.k(0)[:2]) and c.pending_copies == 0
+    assert c.update().status == 1
