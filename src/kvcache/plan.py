@@ -16,7 +16,7 @@ from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, 
 from kvcache._text import plural
 
 __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
-           "n_pad_for", "v_trans_for", "swa_size", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
+           "n_pad_for", "ctx_pad_for", "SEMANTICS", "v_trans_for", "swa_size", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
 
 MIB = 1024 * 1024
 CPU_TENSOR_ALIGNMENT = 32    # ggml's CPU buffer gives every tensor a 32-byte aligned slot
@@ -25,9 +25,21 @@ _SWA_TYPES = ("standard", "chunked")
 
 # --- the sizing rules of llama.cpp's caches (plan_*, ISWACache and ModelGeometry use these) -----
 
-def n_pad_for(flash_attn: bool) -> int:
-    """Cell padding of a unified cache: 256 with flash attention (its kernels need it), else 32."""
+#: the cache semantics: the mid-2025 llama.cpp (the seed) and today's (kvcache.UnifiedCache(semantics=))
+SEMANTICS = ("2025", "2026")
+
+
+def n_pad_for(flash_attn: bool, semantics: str = "2025") -> int:
+    """Cell padding of a unified cache: the seed's 256 with flash attention (its kernels need
+    it), else 32; today's llama.cpp (semantics "2026") pads no cache (1)."""
+    if semantics == "2026":
+        return 1
     return 256 if flash_attn else 32
+
+
+def ctx_pad_for(flash_attn: bool, semantics: str = "2025") -> int:
+    """What a context's n_ctx is rounded up to: the seed's n_pad, today's 256."""
+    return 256 if semantics == "2026" else n_pad_for(flash_attn)
 
 
 def v_trans_for(flash_attn: bool) -> bool:
