@@ -527,7 +527,7 @@ bool kvc_unified_any_shift(const kvc_unified *c) {
     return false;
 }
 
-bool kvc_unified_update_2026(kvc_unified *c, uint32_t *copies) {
+bool kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts) {
     const size_t size = c->cells.size;
     const bool had_shift = kvc_unified_any_shift(c);
     *copies = c->n_copies;
@@ -545,7 +545,7 @@ bool kvc_unified_update_2026(kvc_unified *c, uint32_t *copies) {
         }
     }
     c->n_copies = 0;
-    if (had_shift) {
+    if (had_shift && drop_shifts) {
         for (uint32_t s = 0; s < c->n_stream; s++) {
             kvc_cells_reset_shift(kvc_unified_stream_cells(c, s));
         }

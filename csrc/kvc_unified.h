@@ -198,9 +198,10 @@ static inline int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s) {
  * room for the stream copy it queues. KVC_OK, KVC_E_ARG or KVC_E_NOMEM with err; c unchanged. */
 int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err);
 /* 2026 update, before a decode: the queued stream copies (every layer's K and V slab of the
- * stream, in order), then the shifts of every stream are dropped (the caller rotated K, or
- * the model has no RoPE). *copies: how many copies ran; returns whether a shift was pending. */
-bool    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies);
+ * stream, in order), then, with drop_shifts, the shifts of every stream are dropped (a model
+ * without RoPE, or the owner rotates; else kvc_unified_update rotates K by them next).
+ * *copies: how many copies ran; returns whether a shift was pending. */
+bool    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts);
 
 /* Slide the window of sequence s after a batch spanning [pmin, pmax] (iSWA commit): the cells of
  * s that no position up to pmax can see lose s. Returns 1 when fewer than min(n_swa, pmin)

@@ -303,3 +303,31 @@ def test_update_returns_the_stream_copies_as_a_plan():
     assert (u.status, u.copies, u.had_shift, bool(u), u.k_shift) == (0, 1, False, True, None)
     assert np.array_equal(c.k(0)[64:66], c.k(0)[:2]) and c.pending_copies == 0
     assert c.update().status == 1
+
+
+def test_update_rotates_every_stream_as_the_seed_rotates_its_cells():
+    """With RoPE, the K rows of each stream turn by their cells' shifts exactly as a seed cache's
+    rows do (after the stream copies)."""
+    from kvcache import RopeParams
+    rope = RopeParams(8, mode="neox", freq_base=10000.0)
+    kw = dict(n_layer=1, n_embd_k_gqa=16, n_embd_v_gqa=4, type_k="f32", type_v="f32", n_embd_head_k=8, rope=rope)
+    today = UnifiedCache(64, n_pad=1, n_seq_max=3, semantics="2026", kv_unified=False, **kw)
+    seed = UnifiedCache(64, n_pad=32, **kw)
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((6, 16)).astype(np.float32)
+    v = np.zeros((6, 4), np.float32)
+    assert today.find_slot(UBatch(list(range(6)), [2] * 6))
+    today.store(0, k, v)
+    assert seed.find_slot(UBatch(list(range(6)), [0] * 6))
+    seed.store(0, k, v)
+    seed.commit()
+    today.seq_cp(2, 1)                          # stream 1 gets stream 2's cells, copied by update
+    for c, s in ((today, 2), (today, 1), (seed, 0)):
+        c.seq_add(s, 2, -1, 5)
+    u = today.update()
+    plan = seed.update()
+    assert (u.copies, u.had_shift, u.rotated, plan.rotated) == (1, True, True, True)
+    assert u.shift[2 * 64:2 * 64 + 6].tolist() == u.shift[64:70].tolist() == [0, 0, 5, 5, 5, 5]
+    for stream in (1, 2):
+        assert np.array_equal(today.k(0)[stream * 64:stream * 64 + 6], seed.k(0)[:6])
+    assert not today.k(0)[:64].any() and not today.has_shift

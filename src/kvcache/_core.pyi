@@ -214,14 +214,14 @@ class _Unified(UnifiedCore):
         buffers: _Buffers = "owned",
         n_embd_head_k: _PerLayer | None = None,
         rope: RopeParams | None = None,
-        semantics: Literal["2025", "2026"] = "2025",
+        semantics: str = "2025",
         kv_unified: bool = True,
     ) -> Self: ...
     # geometry and counters
     @property
     def head(self) -> int: ...
     @property
-    def semantics(self) -> Literal["2025", "2026"]: ...
+    def semantics(self) -> str: ...
     @property
     def kv_unified(self) -> bool: ...
     @property

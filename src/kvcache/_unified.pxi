@@ -312,8 +312,8 @@ cdef list _update_caches(tuple cs, object rope, int32_t nmax):
         opts[k].n_max_nodes = nmax
         opts[k].k_shift = NULL
         shift = None
-        if c.c.cells.has_shift:
-            shift = np.zeros(c.c.cells.size, dtype=np.int32)
+        if kvc_unified_any_shift(&c.c):
+            shift = np.zeros(c.c.cells.size * c.c.n_stream, dtype=np.int32)
             sv = shift
             opts[k].k_shift = &sv[0]
             # a cache without memory leaves the rotation to its owner, unless the caller insists
@@ -647,10 +647,14 @@ cdef class _Unified(UnifiedCore):
 
     @property
     def n(self):
-        """Number of cells the attention looks at (the KQ mask's columns)."""
-        cdef uint32_t r
+        """Number of cells the attention looks at (the KQ mask's columns); semantics '2026':
+        the largest of n_kv_per_stream."""
+        cdef uint32_t r, s
         kvc_pylock_acquire(&self._lock)
         r = self.c.n
+        if self.c.semantics == KVC_SEM_2026:
+            for s in range(self.c.n_stream):
+                r = max(r, kvc_unified_stream_n_kv(&self.c, s))
         kvc_pylock_release(&self._lock)
         return r
 
@@ -1435,7 +1439,7 @@ cdef class _Unified(UnifiedCore):
         # today's update(): the stream copies, then the K-shift (rotated with RoPE when the
         # model has it and the cache holds K, else the shifts are dropped)
         cdef uint32_t copies = 0
-        cdef bint had_shift = False, rotated = False
+        cdef bint had_shift = False, rotated = False, drop
         cdef int32_t[::1] sv
         rp = rope if rope is not None else (self._rope if self._buffers != "none" else None)
         op_begin(&self._lock, True, "update")
@@ -1443,17 +1447,12 @@ cdef class _Unified(UnifiedCore):
             shift = np.empty(self.c.cells.size * self.c.n_stream, dtype=np.int32)
             sv = shift
             kvc_unified_k_shift(&self.c, &sv[0])
-            had_shift = kvc_unified_any_shift(&self.c)
-            if rp is not None and had_shift:
-                if self.c.n_stream != 1:
-                    raise NotImplementedError("update: rotating K of a cache of several streams is not "
-                                              "implemented in this version")
-                # one stream: the seed's K-shift rotates its rows (no copies can be queued)
-                rotated = _update_caches((self,), rp, nmax)[0].rotated
+            drop = rp is None
             with nogil:
-                had_shift = kvc_unified_update_2026(&self.c, &copies)
-            if rotated:
-                had_shift = True
+                had_shift = kvc_unified_update_2026(&self.c, &copies, drop)
+            if had_shift and not drop:
+                # the copied slabs first, then every stream's rows rotated by their shifts
+                rotated = _update_caches((self,), rp, nmax)[0].rotated
         finally:
             op_end(&self._lock)
         return StreamUpdate(0 if had_shift or copies else 1, bool(had_shift), int(copies), False, shift, bool(rotated))

@@ -3,7 +3,8 @@ targets and the ops only they have.
 
 The replay talks to the cache through a small protocol, the API of the C-backed
 ``kvcache.UnifiedCache(semantics="2026")``; :class:`kvcache.reference2026.UnifiedReference2026`
-implements it today. A :class:`~kvcache.conformance.Target` names an implementation and makes
+implements all of it, the C-backed cache all but the state blobs (until they come,
+``kvcache_target(state=False)`` replays a trace's ops before its first ``state_read``). A :class:`~kvcache.conformance.Target` names an implementation and makes
 its caches and ubatches.
 
 The target protocol (``cache`` made by ``Target.make_cache(config)``):
