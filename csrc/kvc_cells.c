@@ -98,12 +98,13 @@ static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
     }
 }
 
-uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to) {
+/* The first cell in [from, to) that is used (flip 0) or empty (flip ~0), or to. */
+static inline uint32_t next_with_bit(const kvc_cells *c, uint32_t from, uint32_t to, uint64_t flip) {
     if (from >= to) {
         return to;
     }
     uint32_t w = from >> 6;
-    uint64_t bits = c->used_bits[w] & (~(uint64_t)0 << (from & 63));
+    uint64_t bits = (c->used_bits[w] ^ flip) & (~(uint64_t)0 << (from & 63));
     for (;;) {
         if (bits) {
             const uint32_t i = (w << 6) + kvc_ctz64(bits);
@@ -112,26 +113,16 @@ uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to) {
         if (++w >= c->n_words || (w << 6) >= to) {
             return to;
         }
-        bits = c->used_bits[w];
+        bits = c->used_bits[w] ^ flip;
     }
 }
 
+uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to) {
+    return next_with_bit(c, from, to, 0);
+}
+
 uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to) {
-    if (from >= to) {
-        return to;
-    }
-    uint32_t w = from >> 6;
-    uint64_t bits = ~c->used_bits[w] & (~(uint64_t)0 << (from & 63));
-    for (;;) {
-        if (bits) {
-            const uint32_t i = (w << 6) + kvc_ctz64(bits);
-            return i < to ? i : to;
-        }
-        if (++w >= c->n_words || (w << 6) >= to) {
-            return to;
-        }
-        bits = ~c->used_bits[w];
-    }
+    return next_with_bit(c, from, to, ~(uint64_t)0);
 }
 
 /* --- per-sequence position multisets ------------------------------------------------- */

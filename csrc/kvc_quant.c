@@ -55,7 +55,7 @@ static inline void kvc_min_max(const float *x, float *mn, float *mx) {
 
 /* ---- q4_0 ------------------------------------------------------------------ */
 
-void kvc_quantize_row_q4_0(const float *x, uint8_t *y, int64_t n) {
+static void kvc_quantize_row_q4_0(const float *x, uint8_t *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += KVC_QK, y += 18) {
         /* the extreme element maps to -8, so the opposite side gets the full 7.5 steps */
         const float d = kvc_signed_absmax(x) / -8.0f;
@@ -69,7 +69,7 @@ void kvc_quantize_row_q4_0(const float *x, uint8_t *y, int64_t n) {
     }
 }
 
-void kvc_dequantize_row_q4_0(const uint8_t *x, float *y, int64_t n) {
+static void kvc_dequantize_row_q4_0(const uint8_t *x, float *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 18, y += KVC_QK) {
         const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
         for (int j = 0; j < KVC_QK / 2; j++) {
@@ -81,7 +81,7 @@ void kvc_dequantize_row_q4_0(const uint8_t *x, float *y, int64_t n) {
 
 /* ---- q4_1 ------------------------------------------------------------------ */
 
-void kvc_quantize_row_q4_1(const float *x, uint8_t *y, int64_t n) {
+static void kvc_quantize_row_q4_1(const float *x, uint8_t *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += KVC_QK, y += 20) {
         float mn, mx;
         kvc_min_max(x, &mn, &mx);
@@ -97,7 +97,7 @@ void kvc_quantize_row_q4_1(const float *x, uint8_t *y, int64_t n) {
     }
 }
 
-void kvc_dequantize_row_q4_1(const uint8_t *x, float *y, int64_t n) {
+static void kvc_dequantize_row_q4_1(const uint8_t *x, float *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 20, y += KVC_QK) {
         const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
         const float m = kvc_f16_to_f32(kvc_le_get_u16(x + 2));
@@ -131,7 +131,7 @@ static inline void kvc_unpack5(const uint8_t *qh, const uint8_t *qs, int *q) {
     }
 }
 
-void kvc_quantize_row_q5_0(const float *x, uint8_t *y, int64_t n) {
+static void kvc_quantize_row_q5_0(const float *x, uint8_t *y, int64_t n) {
     uint8_t q[KVC_QK];
     for (int64_t b = 0; b < n / KVC_QK; b++, x += KVC_QK, y += 22) {
         const float d = kvc_signed_absmax(x) / -16.0f;
@@ -144,7 +144,7 @@ void kvc_quantize_row_q5_0(const float *x, uint8_t *y, int64_t n) {
     }
 }
 
-void kvc_dequantize_row_q5_0(const uint8_t *x, float *y, int64_t n) {
+static void kvc_dequantize_row_q5_0(const uint8_t *x, float *y, int64_t n) {
     int q[KVC_QK];
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 22, y += KVC_QK) {
         const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
@@ -157,7 +157,7 @@ void kvc_dequantize_row_q5_0(const uint8_t *x, float *y, int64_t n) {
 
 /* ---- q5_1 ------------------------------------------------------------------ */
 
-void kvc_quantize_row_q5_1(const float *x, uint8_t *y, int64_t n) {
+static void kvc_quantize_row_q5_1(const float *x, uint8_t *y, int64_t n) {
     uint8_t q[KVC_QK];
     for (int64_t b = 0; b < n / KVC_QK; b++, x += KVC_QK, y += 24) {
         float mn, mx;
@@ -173,7 +173,7 @@ void kvc_quantize_row_q5_1(const float *x, uint8_t *y, int64_t n) {
     }
 }
 
-void kvc_dequantize_row_q5_1(const uint8_t *x, float *y, int64_t n) {
+static void kvc_dequantize_row_q5_1(const uint8_t *x, float *y, int64_t n) {
     int q[KVC_QK];
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 24, y += KVC_QK) {
         const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
@@ -188,7 +188,7 @@ void kvc_dequantize_row_q5_1(const uint8_t *x, float *y, int64_t n) {
 
 /* ---- q8_0 ------------------------------------------------------------------ */
 
-void kvc_quantize_row_q8_0(const float *x, uint8_t *y, int64_t n) {
+static void kvc_quantize_row_q8_0(const float *x, uint8_t *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += KVC_QK, y += 34) {
         float amax = 0.0f;
         for (int j = 0; j < KVC_QK; j++) {
@@ -213,7 +213,7 @@ void kvc_quantize_row_q8_0(const float *x, uint8_t *y, int64_t n) {
     }
 }
 
-void kvc_dequantize_row_q8_0(const uint8_t *x, float *y, int64_t n) {
+static void kvc_dequantize_row_q8_0(const uint8_t *x, float *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 34, y += KVC_QK) {
         const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
         for (int j = 0; j < KVC_QK; j++) {
@@ -240,7 +240,7 @@ static inline int kvc_iq4nl_nearest(float v) {
 /* ggml's reference iq4_nl quantizer: first scale from the extreme element
  * (mapped onto -127), then the scale refitted by weighted least squares
  * (weights x^2) for those indices; the indices are kept. */
-void kvc_quantize_row_iq4_nl(const float *x, uint8_t *y, int64_t n) {
+static void kvc_quantize_row_iq4_nl(const float *x, uint8_t *y, int64_t n) {
     uint8_t L[KVC_QK];
     for (int64_t b = 0; b < n / KVC_QK; b++, x += KVC_QK, y += 18) {
         float amax = 0.0f, max = 0.0f;
@@ -279,7 +279,7 @@ void kvc_quantize_row_iq4_nl(const float *x, uint8_t *y, int64_t n) {
     }
 }
 
-void kvc_dequantize_row_iq4_nl(const uint8_t *x, float *y, int64_t n) {
+static void kvc_dequantize_row_iq4_nl(const uint8_t *x, float *y, int64_t n) {
     for (int64_t b = 0; b < n / KVC_QK; b++, x += 18, y += KVC_QK) {
         const float d = kvc_f16_to_f32(kvc_le_get_u16(x));
         for (int j = 0; j < KVC_QK / 2; j++) {

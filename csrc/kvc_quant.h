@@ -37,21 +37,6 @@ int kvc_quantize_row(int32_t type, const float *src, void *dst, int64_t n);
 /* 1 when `type` is block-quantized (not f32 / f16 / bf16), 0 otherwise. */
 int kvc_type_is_quantized(int32_t type);
 
-/* The per-type encoders and decoders behind the dispatch (n a multiple of 32). */
-void kvc_dequantize_row_q4_0(const uint8_t *src, float *dst, int64_t n);
-void kvc_dequantize_row_q4_1(const uint8_t *src, float *dst, int64_t n);
-void kvc_dequantize_row_q5_0(const uint8_t *src, float *dst, int64_t n);
-void kvc_dequantize_row_q5_1(const uint8_t *src, float *dst, int64_t n);
-void kvc_dequantize_row_q8_0(const uint8_t *src, float *dst, int64_t n);
-void kvc_dequantize_row_iq4_nl(const uint8_t *src, float *dst, int64_t n);
-
-void kvc_quantize_row_q4_0(const float *src, uint8_t *dst, int64_t n);
-void kvc_quantize_row_q4_1(const float *src, uint8_t *dst, int64_t n);
-void kvc_quantize_row_q5_0(const float *src, uint8_t *dst, int64_t n);
-void kvc_quantize_row_q5_1(const float *src, uint8_t *dst, int64_t n);
-void kvc_quantize_row_q8_0(const float *src, uint8_t *dst, int64_t n);
-void kvc_quantize_row_iq4_nl(const float *src, uint8_t *dst, int64_t n);
-
 #ifdef __cplusplus
 }
 #endif

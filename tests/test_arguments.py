@@ -158,3 +158,62 @@ def test_rope_params_finite_values_rotate_to_finite_keys():
     c.seq_add(0, 0, -1, 3)
     assert c.update().rotated
     assert np.isfinite(c.k(0)).all()
+
+
+# --- UBatch: the direct paths (lists of ints, int32 / int64 arrays) and the general one agree -----
+
+def _spellings(values):
+    """The same integers as each kind of argument UBatch takes: the direct paths (a list or tuple of
+    plain ints, native int32 / int64 arrays, strided views) and the general one (other dtypes,
+    non-native byte order, numpy scalars in a list, a generator)."""
+    a = np.asarray(values, dtype=np.int64)
+    strided = np.zeros(2 * len(values), dtype=np.int32)[::2]
+    strided[:] = a
+    return {
+        "list": list(values), "tuple": tuple(values), "int32": a.astype(np.int32), "int64": a,
+        "strided": strided, "uint32": a.astype(np.uint32), "big-endian": a.astype(">i8"),
+        "np-scalars": [np.int64(v) for v in values], "generator": (int(v) for v in values),
+    }
+
+
+def _ubatch_facts(ub):
+    return ub.n_tokens, ub.n_seqs, ub.pos.tolist(), ub.seq_id, ub.max_seq
+
+
+@pytest.mark.parametrize("pos_kind", list(_spellings([0]).keys()))
+@pytest.mark.parametrize("seq_kind", list(_spellings([0]).keys()))
+def test_ubatch_is_the_same_however_its_values_are_given(pos_kind, seq_kind):
+    pos = [7, 2**31 - 1, 0, 40000]
+    seq = [kvcache.MAX_SEQ - 1, 0, 3, 3]
+    ub = kvcache.UBatch(_spellings(pos)[pos_kind], _spellings(seq)[seq_kind])
+    assert _ubatch_facts(ub) == (4, 4, pos, [[s] for s in seq], kvcache.MAX_SEQ - 1)
+    grouped = kvcache.UBatch(_spellings(pos)[pos_kind], _spellings(seq[:2])[seq_kind], n_seq_tokens=2)
+    assert _ubatch_facts(grouped) == (4, 2, pos, [[s] for s in seq[:2]], kvcache.MAX_SEQ - 1)
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "int64", "strided", "np-scalars"])
+def test_ubatch_refuses_bad_values_the_same_way_on_every_path(kind):
+    with pytest.raises(ValueError, match=r"pos values must lie in \[0, 2\*\*31 - 1\]"):
+        kvcache.UBatch(_spellings([0, -1])[kind], [0, 0])
+    if kind != "strided":      # int32 cannot hold 2**31
+        with pytest.raises(ValueError, match=r"pos values must lie in \[0, 2\*\*31 - 1\]"):
+            kvcache.UBatch(_spellings([0, 2**31])[kind], [0, 0])
+    with pytest.raises(ValueError, match=rf"seq_id\[1\] holds {kvcache.MAX_SEQ}, outside \[0, {kvcache.MAX_SEQ}\)"):
+        kvcache.UBatch([0, 1], _spellings([0, kvcache.MAX_SEQ])[kind])
+    with pytest.raises(ValueError, match=r"seq_id\[0\] holds -2, outside"):
+        kvcache.UBatch([0, 1], _spellings([-2, 0])[kind])
+    with pytest.raises(ValueError, match=r"seq_id has 1 entries, expected one per token \(2\)"):
+        kvcache.UBatch([0, 1], _spellings([0])[kind])
+
+
+def test_ubatch_values_are_copied_once():
+    pos = np.array([1, 2, 3], dtype=np.int64)
+    seq = np.array([4, 5, 6], dtype=np.int32)
+    ub = kvcache.UBatch(pos, seq)
+    pos[:] = 9
+    seq[:] = 9
+    assert _ubatch_facts(ub) == (3, 3, [1, 2, 3], [[4], [5], [6]], 6)
+    with pytest.raises(ValueError, match="seq_id"):
+        kvcache.UBatch([0, 1], [2**64, 0])          # beyond long long: refused, not wrapped
+    with pytest.raises(TypeError):
+        kvcache.UBatch([0, 1], [True, 0])           # bools are not sequence ids

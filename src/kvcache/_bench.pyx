@@ -232,6 +232,20 @@ cdef inline uint64_t lcg(uint64_t *state) nogil:
     return state[0] >> 33
 
 
+cdef inline void singles_ubatch(kvc_ubatch *ub, uint32_t n_tokens, int32_t *pos, int32_t *seq,
+                                uint32_t *off) noexcept nogil:
+    # ub over n_tokens tokens, one group each (fills off: off[i] = i)
+    cdef uint32_t i
+    for i in range(n_tokens + 1):
+        off[i] = i
+    ub.n_tokens = n_tokens
+    ub.n_seq_tokens = 1
+    ub.n_seqs = n_tokens
+    ub.pos = pos
+    ub.seq_off = off
+    ub.seq_ids = seq
+
+
 cdef class Workload:
     """A kvcache cache and a baseline cache driven through the same operations.
 
@@ -466,14 +480,7 @@ cdef class Workload:
         for i in range(n_tokens):
             pos[i] = p0 + <int32_t>i
             seq[i] = 0
-            off[i] = i
-        off[n_tokens] = n_tokens
-        ub.n_tokens = n_tokens
-        ub.n_seq_tokens = 1
-        ub.n_seqs = n_tokens
-        ub.pos = pos
-        ub.seq_off = off
-        ub.seq_ids = seq
+        singles_ubatch(&ub, n_tokens, pos, seq, off)
         t0 = perf_counter_ns()
         with nogil:
             for r in range(reps):
@@ -521,14 +528,7 @@ cdef class Workload:
             s = i % n_mask_seqs
             seq[i] = <int32_t>s
             pos[i] = self.next_pos[s] + <int32_t>(i // n_mask_seqs)
-            off[i] = i
-        off[n_tokens] = n_tokens
-        ub.n_tokens = n_tokens
-        ub.n_seq_tokens = 1
-        ub.n_seqs = n_tokens
-        ub.pos = pos
-        ub.seq_off = off
-        ub.seq_ids = seq
+        singles_ubatch(&ub, n_tokens, pos, seq, off)
         # fault the output pages in first: a server reuses its mask buffer, and the memset
         # yardsticks below write into pages that are already mapped
         memset(out, 0, nbytes)

@@ -2,7 +2,7 @@
 # guard, the one argument layer (types, integers, sequence ids, positions, per-layer lists, layer
 # filters, value arrays) and the UBatch class.
 
-from cpython.long cimport PyLong_Check, PyLong_AsLongLongAndOverflow
+from cpython.long cimport PyLong_Check, PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 from cpython.bool cimport PyBool_Check
 from cpython.number cimport PyNumber_Index
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
@@ -524,6 +524,71 @@ def ggml_row_size(t, n):
     return kvc_row_size(info.id, <uint64_t>m)
 
 
+cdef object _flat_ints(object v):
+    """v itself when it is a list or tuple of plain ints, an ndarray over v's memory when v is a
+    one-dimensional native int32 / int64 array (buffer or CPU tensor), else None (the general
+    path handles it, with its messages)."""
+    cdef Py_ssize_t i
+    if type(v) is list or type(v) is tuple:
+        for i in range(len(v)):
+            if not PyLong_CheckExact(v[i]):
+                return None
+        return v
+    if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
+        a = host_array(v, "ubatch values")
+        if a.ndim == 1 and (a.dtype == _I32 or a.dtype == _I64):
+            return a
+    return None
+
+
+cdef int _ints_into(object v, int32_t *dst, Py_ssize_t n, long long hi, str name) except -2:
+    """Copy n values of a _flat_ints result into dst, each read once and checked to lie in
+    [0, hi] (ValueError naming the entry). Returns the largest value (-1 when n is 0)."""
+    cdef Py_ssize_t j
+    cdef long long x
+    cdef long long mx = -1
+    cdef int overflow = 0
+    cdef const int32_t[:] v32
+    cdef const int64_t[:] v64
+    if type(v) is list or type(v) is tuple:
+        for j in range(n):
+            x = PyLong_AsLongLongAndOverflow(v[j], &overflow)
+            if overflow or x < 0 or x > hi:
+                _ints_refuse(v[j], j, hi, name)
+            dst[j] = <int32_t>x
+            if x > mx:
+                mx = x
+    elif v.dtype == _I32:
+        v32 = v
+        for j in range(n):
+            x = v32[j]
+            if x < 0 or x > hi:
+                _ints_refuse(x, j, hi, name)
+            dst[j] = <int32_t>x
+            if x > mx:
+                mx = x
+    else:
+        v64 = v
+        for j in range(n):
+            x = v64[j]
+            if x < 0 or x > hi:
+                _ints_refuse(x, j, hi, name)
+            dst[j] = <int32_t>x
+            if x > mx:
+                mx = x
+    return <int>mx
+
+
+cdef int _ints_refuse(object x, Py_ssize_t j, long long hi, str name) except -1:
+    if name == "pos":
+        raise ValueError("pos values must lie in [0, 2**31 - 1]")
+    raise ValueError(f"{name}[{j}] holds {int(x)}, outside [0, {hi + 1})")
+
+
+_I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
+
+
 cdef class UBatch:
     """A ubatch: the tokens placed into a cache in one step.
 
@@ -544,29 +609,39 @@ cdef class UBatch:
     """
 
     def __cinit__(self, pos, seq_id, n_seq_tokens=1, output=None):
-        cdef Py_ssize_t n_tokens, n_groups, g, j, total
+        cdef Py_ssize_t n_tokens, n_groups, g, total
         cdef uint32_t nst = <uint32_t>int_c(n_seq_tokens, "n_seq_tokens", 1, UINT32_MAX)
-        pos64 = values_c(pos, "pos", VALUES_INT)
-        n_tokens = pos64.shape[0]
+        # pos and (when it is one id per group) seq_id as int32/int64 arrays or lists of ints
+        # are read once, value by value, straight into the ubatch's block, checked as they are
+        # copied; anything else is first copied by values_c / seq_lists_c
+        pos_v = _flat_ints(pos)
+        if pos_v is None:
+            pos_v = values_c(pos, "pos", VALUES_INT)
+        n_tokens = len(pos_v)
         if n_tokens > <Py_ssize_t>UINT32_MAX:
             raise ValueError(f"too many tokens ({n_tokens})")
-        if n_tokens and (pos64.min() < 0 or pos64.max() > INT32_MAX):
-            raise ValueError("pos values must lie in [0, 2**31 - 1]")
         if n_tokens % nst:
             raise ValueError(f"pos has {n_tokens} tokens, not a whole number of groups of "
                              f"n_seq_tokens={nst}")
-        lists = seq_lists_c(seq_id, n_tokens // nst, f"group of n_seq_tokens={nst} tokens"
-                            if nst > 1 else "token")
-        n_groups = len(lists)
+        cdef str unit = f"group of n_seq_tokens={nst} tokens" if nst > 1 else "token"
+        lists = None
+        ids_v = _flat_ints(seq_id)
+        if ids_v is not None and len(ids_v) != n_tokens // nst:
+            raise ValueError(f"seq_id has {len(ids_v)} entries, expected one per {unit} ({n_tokens // nst})")
+        if ids_v is None:
+            lists = seq_lists_c(seq_id, n_tokens // nst, unit)
+            n_groups = len(lists)
+            total = 0
+            for g in range(n_groups):
+                total += len(lists[g])
+        else:
+            n_groups = total = len(ids_v)
         flags = None
         if output is not None:
             flags = values_c(output, "output", VALUES_FLAG)
             if flags.shape != (n_tokens,):
                 raise ValueError(f"output must have one flag per token ({n_tokens}), got shape {flags.shape}")
             flags = flags != 0
-        total = 0
-        for g in range(n_groups):
-            total += len(lists[g])
         # one block owned by the ubatch: seq_off (never empty, so it marks the block), pos, seq_ids
         cdef size_t nbytes = (<size_t>n_groups + 1) * 4 + <size_t>n_tokens * 4 + <size_t>total * 4
         cdef uint8_t *mem = <uint8_t *>PyMem_Malloc(nbytes)
@@ -576,20 +651,25 @@ cdef class UBatch:
         self.c.seq_off = off            # owned from here on (freed by __dealloc__)
         cdef int32_t *pos_p = <int32_t *>(mem + (<size_t>n_groups + 1) * 4)
         cdef int32_t *ids = <int32_t *>(<uint8_t *>pos_p + <size_t>n_tokens * 4)
-        cdef const int64_t[::1] pv = pos64
-        for j in range(n_tokens):
-            pos_p[j] = <int32_t>pv[j]
+        self.c.n_tokens = 0             # nothing readable until the values are in
+        self.c.n_seqs = 0
+        off[0] = 0
+        _ints_into(pos_v, pos_p, n_tokens, INT32_MAX, "pos")
         cdef int x
         cdef int mx = -1
-        total = 0
-        off[0] = 0
-        for g in range(n_groups):
-            for x in lists[g]:
-                ids[total] = x
-                if x > mx:
-                    mx = x
-                total += 1
-            off[g + 1] = <uint32_t>total
+        if ids_v is not None:
+            mx = _ints_into(ids_v, ids, n_groups, KVC_MAX_SEQ - 1, "seq_id")
+            for g in range(n_groups):
+                off[g + 1] = <uint32_t>(g + 1)
+        else:
+            total = 0
+            for g in range(n_groups):
+                for x in lists[g]:
+                    ids[total] = x
+                    if x > mx:
+                        mx = x
+                    total += 1
+                off[g + 1] = <uint32_t>total
         self.output = flags
         self.c.n_tokens = <uint32_t>n_tokens
         self.c.n_seq_tokens = nst
