@@ -19,9 +19,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvcache import UBatch, UnifiedCache  # noqa: E402
 from kvcache.conformance import unified2026  # noqa: E402
-from kvcache.conformance.ops import apply_both, apply_op, start  # noqa: E402
+from kvcache.conformance.ops import apply_op, start  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
+from stateful_rules import SequenceEditRules  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not unified2026.kvcache_constructs_2026(),
                                 reason="kvcache.UnifiedCache has no semantics='2026'")
@@ -46,8 +47,10 @@ def configs(draw):
                 n_rel_attn_bkts=32, use_alibi=False)
 
 
-class Unified2026Machine(RuleBasedStateMachine):
+class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
     """Both caches receive every operation; the invariant compares them after each step."""
+
+    p_max = P_MAX
 
     @initialize(cfg=configs())
     def create(self, cfg):
@@ -55,9 +58,7 @@ class Unified2026Machine(RuleBasedStateMachine):
         self.replays = (start(unified2026.reference_target(), cfg), start(unified2026.kvcache_target(), cfg))
         self.ref = self.replays[0].cache
         self.multi = cfg["n_stream"] > 1
-
-    def both(self, name, **args):
-        return apply_both(*self.replays, {"op": name, **args})
+        self.n_seq_max = cfg["n_seq_max"]
 
     def rejected(self, name, **args):
         """An op both must refuse with ValueError, changing nothing a check shows."""
@@ -65,12 +66,6 @@ class Unified2026Machine(RuleBasedStateMachine):
         for r in self.replays:
             with pytest.raises(ValueError):
                 apply_op(r, 0, op)
-
-    def seq(self, data):
-        return data.draw(st.integers(0, self.cfg["n_seq_max"] - 1), label="seq_id")
-
-    def prange(self, data):
-        return data.draw(st.integers(-1, P_MAX), label="p0"), data.draw(st.integers(-1, P_MAX + 1), label="p1")
 
     def ubatch(self, data, max_tokens=8):
         """pos and seq_id lists of a ubatch the cache takes: one stream: tokens of any
@@ -135,33 +130,14 @@ class Unified2026Machine(RuleBasedStateMachine):
         self.both("prepare", ubatches=ubs)
 
     @rule(data=st.data())
-    def seq_rm(self, data):
-        s = data.draw(st.integers(-1, self.cfg["n_seq_max"] - 1), label="seq_id")
-        p0, p1 = self.prange(data)
-        self.both("seq_rm", seq_id=s, p0=p0, p1=p1)
-
-    @rule(data=st.data())
     def seq_cp(self, data):
+        """Across streams whole sequences only (a part is an abort: see below)."""
         src, dst = self.seq(data), self.seq(data)
         if self.multi and src != dst:
             p0, p1 = data.draw(st.sampled_from([(-1, -1), (0, -1), (-1, 0)]), label="whole")
         else:
             p0, p1 = self.prange(data)
         self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
-
-    @rule(data=st.data())
-    def seq_keep(self, data):
-        self.both("seq_keep", seq_id=self.seq(data))
-
-    @rule(data=st.data(), shift=st.integers(-12, 12))
-    def seq_add(self, data, shift):
-        p0, p1 = self.prange(data)
-        self.both("seq_add", seq_id=self.seq(data), p0=p0, p1=p1, shift=shift)
-
-    @rule(data=st.data(), d=st.integers(1, 4))
-    def seq_div(self, data, d):
-        p0, p1 = self.prange(data)
-        self.both("seq_div", seq_id=self.seq(data), p0=p0, p1=p1, d=d)
 
     @rule()
     def update(self):
