@@ -307,3 +307,16 @@ def test_update_rotates_every_stream_as_the_seed_rotates_its_cells():
     for stream in (1, 2):
         assert np.array_equal(today.k(0)[stream * 64:stream * 64 + 6], seed.k(0)[:6])
     assert not today.k(0)[:64].any() and not today.has_shift
+
+
+def test_a_batch_of_several_sequences_goes_to_the_streams_in_equal_splits():
+    from kvcache import Batch
+    c = _cache(n_seq_max=3, kv_unified=False)
+    b = Batch([0, 1, 2, 0, 1, 2, 0, 1], [0, 0, 0, 1, 1, 1, 2, 2], simple_split=False)
+    placed = 0
+    for ub in c.ubatches(b, 6):
+        assert c.find_slot(ub)
+        placed += sum(len(cells) for _, cells in c.slot_info())
+    assert placed == 8 and c.used_per_stream == (3, 3, 2)
+    with pytest.raises(ValueError):
+        list(c.ubatches(Batch([0], [0]), 4))

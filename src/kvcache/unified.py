@@ -88,9 +88,17 @@ class UnifiedCache(_Unified):
     def ubatches(self, batch: Batch, n_ubatch: int, embd_pooled: bool = False) -> Iterator[SplitUBatch]:
         """Iterate over the ubatches of at most ``n_ubatch`` tokens this cache takes a batch in:
         split in batch order, as llama.cpp does for a unified cache (the :class:`Batch` must be
-        built with ``simple_split=True``; ``embd_pooled`` changes nothing)."""
+        built with ``simple_split=True``; ``embd_pooled`` changes nothing). A cache of several
+        streams takes equal splits (tokens grouped per sequence, every group as long; the Batch
+        built with ``simple_split=False``), as today's llama.cpp splits for it (which also keeps
+        the sequences of one ubatch consecutive ids; this split does not)."""
         if not isinstance(batch, Batch):
             raise TypeError(f"batch must be a Batch, not {type(batch).__name__}")
+        if self.n_stream > 1:
+            if batch.simple_split:
+                raise ValueError("a cache of several streams splits batches by sequence: build the Batch with "
+                                 "simple_split=False")
+            return batch.ubatches(n_ubatch, "equal")
         if not batch.simple_split:
             raise ValueError("this cache splits batches in order: build the Batch with simple_split=True")
         return batch.ubatches(n_ubatch, "simple")
