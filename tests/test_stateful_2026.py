@@ -320,3 +320,46 @@ def test_a_batch_of_several_sequences_goes_to_the_streams_in_equal_splits():
     assert placed == 8 and c.used_per_stream == (3, 3, 2)
     with pytest.raises(ValueError):
         list(c.ubatches(Batch([0], [0]), 4))
+
+
+# what today's llama.cpp aborts on (FORMAT-2026.md "Aborts"), as (call, streams it applies to)
+_ABORTS = [
+    (lambda c: c.seq_rm(-2, -1, -1), (1, 4)),
+    (lambda c: c.seq_rm(4, -1, -1), (1, 4)),            # n_seq_max: llama.cpp's batch check refuses it
+    (lambda c: c.seq_rm(255, -1, -1), (1, 4)),
+    (lambda c: c.seq_cp(-1, 0), (1, 4)),
+    (lambda c: c.seq_cp(0, 4), (1, 4)),
+    (lambda c: c.seq_keep(-1), (1, 4)),
+    (lambda c: c.seq_add(-1, 0, 4, 1), (1, 4)),
+    (lambda c: c.seq_div(4, 0, 4, 2), (1, 4)),
+    (lambda c: c.seq_div(0, 0, 4, 0), (1, 4)),
+    (lambda c: c.seq_pos_min(-1), (1, 4)),
+    (lambda c: c.seq_pos_max(4), (1, 4)),
+    (lambda c: c.find_slot(UBatch([0], [4])), (1, 4)),
+    (lambda c: c.prepare([]), (1, 4)),
+    (lambda c: c.seq_cp(0, 1, 2, -1), (4,)),            # part of a sequence across streams
+    (lambda c: c.seq_cp(0, 1, -1, 7), (4,)),
+    (lambda c: c.find_slot(UBatch([5, 5, 6], [0, 1, 0])), (4,)),      # not grouped per sequence
+    (lambda c: c.find_slot(UBatch([5, 6, 5], [0, 0, 1])), (4,)),      # groups of unequal length
+    (lambda c: c.find_slot(UBatch([5, 6], [[0, 1], [0, 1]])), (4,)),  # a token of two sequences
+    (lambda c: c.kq_mask(UBatch([5, 5, 6], [0, 1, 0])), (4,)),
+    (lambda c: c.prepare([UBatch([5], [0]), UBatch([5, 6, 5], [0, 0, 1])]), (4,)),
+    (lambda c: c.pos_bucket(UBatch([5], [0]), 32), (4,)),
+]
+
+
+@pytest.mark.parametrize("n_stream", [1, 4])
+@pytest.mark.parametrize("k", range(len(_ABORTS)))
+def test_what_llama_cpp_aborts_on_raises_value_error_and_changes_nothing(k, n_stream):
+    call, streams = _ABORTS[k]
+    if n_stream not in streams:
+        pytest.skip("applies to the other stream count")
+    c = _cache(n_seq_max=4, kv_unified=n_stream == 1)
+    assert c.find_slot(UBatch([0, 1, 2, 3, 4] * 4, [s for s in range(4) for _ in range(5)] if n_stream > 1
+                              else [0, 1, 2, 3] * 5))
+    c.store(0, np.ones((20, 4), np.float32), np.ones((20, 4), np.float32))
+    before = (c.stream_cells(), c.heads, c.pending_copies, c.k(0).copy(), c.v(0).copy(), c.slot_indices())
+    with pytest.raises(ValueError):
+        call(c)
+    after = (c.stream_cells(), c.heads, c.pending_copies, c.k(0), c.v(0), c.slot_indices())
+    assert before[:3] == after[:3] and all(np.array_equal(a, b) for a, b in zip(before[3:], after[3:]))
