@@ -272,7 +272,7 @@ def plan_unified(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any 
                f"pad(n_ctx // n_seq_max, 256) = pad({n_ctx // n_seq_max}, 256) = {kv_size} cells in each of "
                f"{n_stream} streams")
         sizing = {"n_pad": n_pad, "kv_size": per, "n_stream": n_stream}
-        return Plan("unified", n_ctx, n_seq_max, fa, (c,), sizing, tuple(_stream_log(c)))
+        return Plan("unified", n_ctx, n_seq_max, fa, (c,), sizing, tuple(_unified_log(c, today=True)))
     sizing = {"n_pad": n_pad, "kv_size": f"pad(n_ctx, n_pad) = pad({n_ctx}, {n_pad}) = {kv_size}"}
     return Plan("unified", n_ctx, n_seq_max, fa, (c,), sizing, tuple(_unified_log(c)))
 
@@ -354,26 +354,18 @@ def _buffer_line(func: str, c: CachePlan) -> str:
     return f"{func}: {'CPU':>10s} KV buffer size = {c.buffer_bytes / 1024.0 / 1024.0:8.2f} MiB"
 
 
-def _unified_log(c: CachePlan) -> list:
+def _unified_log(c: CachePlan, today: bool = False) -> list:
+    """The constructor's log lines: the seed's llama_kv_cache_unified, or today's llama_kv_cache
+    (cells per stream, n_seq_max / n_stream sequences)."""
+    func = "llama_kv_cache" if today else "llama_kv_cache_unified"
+    seqs = f"{c.n_seq_max:2d}/{c.n_stream}" if today else f"{c.n_seq_max:2d}"
     lines = []
     if c.layers:    # a cache without layers allocates no buffer and logs none
-        lines.append(_buffer_line("llama_kv_cache_unified", c))
+        lines.append(_buffer_line(func, c))
     lines.append(
-        f"llama_kv_cache_unified: size = {_mib_f32(c.total_bytes):7.2f} MiB ({c.kv_size:6d} cells, "
-        f"{len(c.layers):3d} layers, {c.n_seq_max:2d} seqs), K ({c.type_k}): {_mib_f32(c.size_k_bytes):7.2f} MiB, "
+        f"{func}: size = {_mib_f32(c.total_bytes):7.2f} MiB ({c.kv_size:6d} cells, "
+        f"{len(c.layers):3d} layers, {seqs} seqs), K ({c.type_k}): {_mib_f32(c.size_k_bytes):7.2f} MiB, "
         f"V ({c.type_v}): {_mib_f32(c.size_v_bytes):7.2f} MiB")
-    return lines
-
-
-def _stream_log(c: CachePlan) -> list:
-    """Today's llama_kv_cache constructor lines: cells per stream, n_seq_max / n_stream."""
-    lines = []
-    if c.layers:
-        lines.append(_buffer_line("llama_kv_cache", c))
-    lines.append(
-        f"llama_kv_cache: size = {_mib_f32(c.total_bytes):7.2f} MiB ({c.kv_size:6d} cells, "
-        f"{len(c.layers):3d} layers, {c.n_seq_max:2d}/{c.n_stream} seqs), K ({c.type_k}): "
-        f"{_mib_f32(c.size_k_bytes):7.2f} MiB, V ({c.type_v}): {_mib_f32(c.size_v_bytes):7.2f} MiB")
     return lines
 
 
