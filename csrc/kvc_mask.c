@@ -425,6 +425,47 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     return KVC_OK;
 }
 
+/* Cells of a row built at a time by kvc_mask_rows_direct: their key positions stay in L1. */
+#define KVC_MASK_CHUNK 1024u
+
+/* Whether every token of [t0, t0 + n) has a sequence of its own (a decode step). */
+static bool kvc_mask_one_token_each(const kvc_ubatch *ub, uint32_t t0, uint32_t n) {
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
+    for (uint32_t t = t0; t < t0 + n; t++) {
+        const int32_t s = ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
+        if (kvc_seqset_has(&seen, s)) {
+            return false;
+        }
+        kvc_seqset_add(&seen, s);
+    }
+    return true;
+}
+
+/* kvc_mask_rows for a block whose every sequence has one token: a row's key positions are read
+ * once, so each row is built straight from the cells a chunk at a time (no per-sequence array
+ * of key positions to write and read back). */
+static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub,
+                                 uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
+                                 void *out) {
+    const size_t el = kvc_mask_elsize(dtype);
+    const int32_t none[4] = {0, 0, 0, 0};
+    int32_t vis[KVC_MASK_CHUNK];
+    for (uint32_t r = 0; r < n_tokens; r++) {
+        const uint32_t t = t0 + r;
+        const int32_t s = ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]], p1 = ub->pos[t];
+        int32_t lo, hi;
+        kvc_unified_visible_range(c, p1, causal, &lo, &hi);
+        const uint64_t *plane = kvc_cells_seq_plane(cells, s);
+        uint8_t *row = (uint8_t *)out + (size_t)r * n_kv * el;
+        for (uint32_t off = 0; off < n_kv; off += KVC_MASK_CHUNK) {
+            const uint32_t m = n_kv - off < KVC_MASK_CHUNK ? n_kv - off : KVC_MASK_CHUNK;
+            kvc_mask_key_positions(vis, cells->pos + off, plane + off, m, (unsigned)(s & 63), none);
+            kvc_mask_row(row + (size_t)off * el, dtype, vis, m, lo, hi, p1, alibi, stream);
+        }
+    }
+}
+
 uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups) {
     uint32_t n_kv = 0;
     for (uint32_t g = 0; g < n_groups; g++) {
@@ -446,8 +487,13 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
     const bool stream = block * n_groups >= KVC_STREAM_BYTES;
     /* one block of rows per token group, over the cells of the group's stream */
     for (uint32_t g = 0; g < n_groups; g++) {
-        rc = kvc_mask_rows(c, kvc_unified_stream_cells_c(c, strm[g]), n_kv, ub, g * nst, nst, causal, alibi, dtype,
-                           stream, (uint8_t *)out + g * block);
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        void *rows = (uint8_t *)out + g * block;
+        if (kvc_mask_one_token_each(ub, g * nst, nst)) {
+            kvc_mask_rows_direct(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, rows);
+            continue;
+        }
+        rc = kvc_mask_rows(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, rows);
         if (rc != KVC_OK) {
             return kvc_err_set(err, rc, "out of memory building the KQ mask");
         }
