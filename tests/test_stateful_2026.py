@@ -363,3 +363,17 @@ def test_what_llama_cpp_aborts_on_raises_value_error_and_changes_nothing(k, n_st
         call(c)
     after = (c.stream_cells(), c.heads, c.pending_copies, c.k(0), c.v(0), c.slot_indices())
     assert before[:3] == after[:3] and all(np.array_equal(a, b) for a, b in zip(before[3:], after[3:]))
+
+
+def test_store_into_borrowed_buffers_of_every_stream():
+    """Borrowed K/V memory holds every stream: K rows stream * size + cell, V transposed per stream."""
+    k_mem = np.zeros((2 * 64, 4), np.float32)
+    v_mem = np.zeros((2, 4, 64), np.float32)
+    c = _cache(n_seq_max=2, kv_unified=False, v_trans=True, buffers={0: (k_mem, v_mem)})
+    assert c.find_slot(UBatch([0, 1, 0, 1], [0, 0, 1, 1]))
+    rows = np.arange(16, dtype=np.float32).reshape(4, 4)
+    c.store(0, rows, rows + 50)
+    assert k_mem[64 + 1].tolist() == rows[3].tolist() and v_mem[1, :, 1].tolist() == (rows[3] + 50).tolist()
+    assert k_mem[0].tolist() == rows[0].tolist() and np.shares_memory(c.k(0), k_mem)
+    with pytest.raises(ValueError):
+        _cache(n_seq_max=2, kv_unified=False, buffers={0: (np.zeros((64, 4), np.float32), v_mem)})
