@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fixture.h"
 
 #define SIZE 200
 #define N_STREAM 3
@@ -32,13 +33,7 @@ static int fixture_init(fixture *f, bool per_seq, uint32_t n_swa, int32_t swa_ty
         .n_swa = n_swa, .swa_type = swa_type, .type_k = KVC_TYPE_F32, .type_v = KVC_TYPE_F32, .v_trans = true,
         .n_layer = 1, .layer_il = il, .n_embd_k = w, .n_embd_v = w,
     };
-    memset(f->k, 0, sizeof f->k);
-    memset(f->v, 0, sizeof f->v);
-    const int rc = kvc_unified_init(&f->c, &p, NULL);
-    if (rc == KVC_OK) {
-        kvc_unified_set_layer_buffers(&f->c, 0, (uint8_t *)f->k, (uint8_t *)f->v);
-    }
-    return rc;
+    return fixture_attach(&f->c, &p, f->k, sizeof f->k, f->v, sizeof f->v);
 }
 
 /* A ubatch of one group: n tokens of sequence s at positions p0, p0 + 1, ... */
