@@ -378,11 +378,21 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
             return rc;
         }
     }
-    /* the state to come back to: every stream's cells and head */
+    /* the state to come back to: the cells and head of every stream a ubatch goes to (a
+     * placement and the purge it causes change only the streams of its groups) */
     kvc_cells *saved = kvc_calloc(c->n_stream, sizeof *saved);
     uint32_t *heads = kvc_malloc_n(c->n_stream, sizeof *heads);
-    bool ok = saved && heads;
+    bool *touched = kvc_calloc(c->n_stream, sizeof *touched);
+    bool ok = saved && heads && touched;
+    for (uint32_t u = 0; ok && u < n_ub; u++) {
+        for (uint32_t g = 0; g < out_groups[u]; g++) {
+            touched[out_strm[(size_t)u * c->n_stream + g]] = true;
+        }
+    }
     for (uint32_t s = 0; ok && s < c->n_stream; s++) {
+        if (!touched[s]) {
+            continue;
+        }
         ok = kvc_cells_init(&saved[s], c->cells.size, c->n_seq_max) == KVC_OK;
         if (ok) {
             kvc_cells_copy(&saved[s], kvc_unified_stream_cells(c, s));
@@ -404,17 +414,20 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
             }
         }
         for (uint32_t s = 0; s < c->n_stream; s++) {
-            kvc_cells_copy(kvc_unified_stream_cells(c, s), &saved[s]);
-            *kvc_unified_stream_head(c, s) = heads[s];
+            if (touched[s]) {
+                kvc_cells_copy(kvc_unified_stream_cells(c, s), &saved[s]);
+                *kvc_unified_stream_head(c, s) = heads[s];
+            }
         }
     }
     if (saved) {
         for (uint32_t s = 0; s < c->n_stream; s++) {
-            kvc_cells_free(&saved[s]);
+            kvc_cells_free(&saved[s]);   /* a table never initialised is zeroed: frees nothing */
         }
     }
     kvc_free(saved);
     kvc_free(heads);
+    kvc_free(touched);
     if (!ok) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory saving the cache for prepare");
     }
