@@ -241,3 +241,14 @@ def test_the_kvcache_replay_checks_its_bookkeeping():
     # a cache too small for the workload: the replay stops instead of timing failed searches
     with pytest.raises(AssertionError, match="full"):
         replay_kvcache(steps, 4, 1024, 0)
+
+
+def test_the_handoff_case_checks_every_move_and_says_which_transports_are_missing():
+    import importlib.util
+
+    rows = _rows("handoff")
+    local = [r for r in rows if r.case.startswith("handoff in one process")]
+    assert len(local) == 2 and all(r.baseline_ns and r.yardstick_gbps for r in local)
+    for name in ("ray", "nixl"):
+        if importlib.util.find_spec(name) is None:
+            assert any(r.case == f"handoff through {name}" and r.note.startswith("waiting") for r in rows)

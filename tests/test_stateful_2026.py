@@ -377,3 +377,12 @@ def test_store_into_borrowed_buffers_of_every_stream():
     assert k_mem[0].tolist() == rows[0].tolist() and np.shares_memory(c.k(0), k_mem)
     with pytest.raises(ValueError):
         _cache(n_seq_max=2, kv_unified=False, buffers={0: (np.zeros((64, 4), np.float32), v_mem)})
+
+
+def test_the_sequence_hand_off_waits_for_the_2026_state_layout():
+    c = _cache()
+    assert c.find_slot(UBatch([0, 1], [0, 0]))
+    with pytest.raises(NotImplementedError):
+        c.seq_export(0)
+    with pytest.raises(NotImplementedError):
+        c.seq_import_begin(b"\0" * 64)

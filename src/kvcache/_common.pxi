@@ -85,6 +85,7 @@ cdef extern from *:
         unsigned long long owner;   /* thread ident of the holder, 0 when free */
         unsigned long depth;        /* acquisitions by the holder not yet released */
         unsigned long busy;         /* operations of the holder in progress that must not see a change */
+        unsigned long imports;      /* sequence imports begun, not yet committed or aborted: no change */
     } kvc_pylock;
     #if PY_VERSION_HEX >= 0x030D0000
     #define KVC_PYLOCK_OWNER(l) _Py_atomic_load_ullong_relaxed(&(l)->owner)
@@ -179,7 +180,7 @@ cdef extern from *:
      * operation on the object. */
     static inline int kvc_pylock_acquire_change_nogil(kvc_pylock *l) {
         kvc_pylock_acquire_nogil(l);
-        if (l->busy) {
+        if (l->busy || l->imports) {
             kvc_pylock_release(l);
             return -1;
         }
@@ -193,6 +194,7 @@ cdef extern from *:
     ctypedef struct kvc_pylock:
         unsigned long depth
         unsigned long busy
+        unsigned long imports
     int  kvc_pylock_init(kvc_pylock *l)
     void kvc_pylock_free(kvc_pylock *l)
     void kvc_pylock_acquire(kvc_pylock *l)
@@ -209,17 +211,27 @@ cdef enum:
 
 cdef int raise_busy(str what) except -1:
     raise RuntimeError(f"{what}: the object is in the middle of another operation of this thread (a "
-                       f"callback of that operation called it); nothing was changed")
+                       f"callback of that operation called it) or of a sequence import (seq_import_begin: "
+                       f"commit or abort it first); nothing was changed")
+
+
+cdef int raise_importing(str what) except -1:
+    raise RuntimeError(f"{what}: a sequence import into this cache is in progress (seq_import_begin); "
+                       f"commit or abort it first; nothing was changed")
 
 
 cdef int op_begin(kvc_pylock *l, bint change, str what) except -1:
     """Lock for an operation that runs Python code while it holds the lock: a change is
-    refused (RuntimeError) when the holder is already in the middle of an operation; while it
-    runs, changes from callbacks are refused. End it with op_end."""
+    refused (RuntimeError) when the holder is already in the middle of an operation or an
+    import is in progress; while it runs, changes from callbacks are refused. End it with
+    op_end."""
     kvc_pylock_acquire(l)
     if change and l.busy:
         kvc_pylock_release(l)
         raise_busy(what)
+    if change and l.imports:
+        kvc_pylock_release(l)
+        raise_importing(what)
     l.busy += 1
     return 0
 
@@ -235,6 +247,9 @@ cdef int lock_change(kvc_pylock *l, str what) except -1:
     if l.busy:
         kvc_pylock_release(l)
         raise_busy(what)
+    if l.imports:
+        kvc_pylock_release(l)
+        raise_importing(what)
     return 0
 
 

@@ -311,6 +311,14 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
     return case(quick, reps)
 
 
+def bench_handoff(quick: bool, reps: int) -> list[Row]:
+    """A sequence moved between caches: in one process, through Ray and NIXL, against memcpy and
+    state_write + pickle (kvcache._bench_handoff)."""
+    from kvcache._bench_handoff import bench_handoff as case
+
+    return case(quick, reps)
+
+
 CASES = {
     "find_slot": bench_find_slot,
     "mask": bench_mask,
@@ -321,6 +329,7 @@ CASES = {
     "scale": bench_scale,
     "2026": bench_2026,
     "serving": bench_serving,
+    "handoff": bench_handoff,
 }
 
 

@@ -15,6 +15,7 @@ import numpy.typing as npt
 from kvcache._core import MAX_SEQ, Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, bool_arg, \
     int_arg, layers_arg, _find_slot_parts, _Hold, _state_read_parts, _state_size_parts, _state_write_parts, \
     _update_parts
+from kvcache.handoff import PartsExport, PartsImport, split_parts
 from kvcache.plan import swa_size
 from kvcache.unified import UnifiedCache
 
@@ -508,6 +509,25 @@ class ISWACache:
         if m.nbytes < n:
             raise ValueError(f"buf holds {m.nbytes} bytes, the state needs {n}")
         return self._base.state_write_into(m[:n_base], seq_id) + self._swa.state_write_into(m[n_base:n], seq_id)
+
+    def seq_export(self, seq_id: int) -> PartsExport:
+        """Sequence seq_id ready for a transfer: each cache's export (UnifiedCache.seq_export),
+        the base cache's then the SWA cache's, framed as one header, their regions in that
+        order. See docs/disaggregated.md."""
+        return PartsExport([self._base.seq_export(seq_id), self._swa.seq_export(seq_id)])
+
+    def seq_import_begin(self, header: Buffer, seq_id: int | None = None) -> PartsImport:
+        """Begin receiving the sequence a PartsExport header describes (UnifiedCache.seq_import_begin
+        for each cache: both begun, or neither, StateError then); its commit() checks both parts
+        before committing either; abort() or an exception in ``with`` leaves both as they were."""
+        h_base, h_swa = split_parts(header, 2)
+        first = self._base.seq_import_begin(h_base, seq_id)
+        try:
+            second = self._swa.seq_import_begin(h_swa, seq_id)
+        except BaseException:
+            first.abort()
+            raise
+        return PartsImport([first, second])
 
     def state_read(self, data: Buffer, seq_id: int = -1, *, convert: bool = False, exact: bool = False) -> int:
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: everything).

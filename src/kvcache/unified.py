@@ -1,9 +1,13 @@
 """The unified KV cache: llama.cpp's ``llama_kv_cache_unified`` over owned, borrowed or no K/V memory."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from kvcache._core import Batch, Cells, SplitUBatch, StreamUpdate, UpdatePlan, _Unified
+from kvcache._core import (Batch, Cells, SeqExport, SeqImport, SplitUBatch, StreamUpdate, UpdatePlan, _seq_export,
+                           _seq_import_begin, _Unified)
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["UnifiedCache", "Cells", "StreamUpdate", "UpdatePlan"]
 
@@ -102,3 +106,21 @@ class UnifiedCache(_Unified):
         if not batch.simple_split:
             raise ValueError("this cache splits batches in order: build the Batch with simple_split=True")
         return batch.ubatches(n_ubatch, "simple")
+
+    def seq_export(self, seq_id: int) -> SeqExport:
+        """Sequence ``seq_id`` ready for a transfer to another process, without a copy: a small
+        ``header`` (its cells, positions and this cache's geometry) and the ``regions``
+        (address, length) of its K/V bytes inside this cache's buffers, valid while the cache
+        is unchanged. A pending defragmentation is settled first. See docs/disaggregated.md."""
+        return _seq_export(self, seq_id)
+
+    def seq_import_begin(self, header: Buffer, seq_id: int | None = None) -> SeqImport:
+        """Begin receiving the sequence an exporter's ``header`` describes into ``seq_id``
+        (None: the exporter's id): the header is checked against this cache (StateError on a
+        foreign geometry, truncation or corruption; "no room: N cells missing" when too full;
+        nothing changes then) and the cells a ``state_read`` of that sequence would take are
+        reserved. The returned import's ``regions`` are where the transfer writes; its
+        ``commit()`` makes the sequence visible as ``state_read`` would have, ``abort()`` (or
+        an exception in ``with``, or garbage collection) leaves the cache as it was. Until
+        then the cache refuses changes."""
+        return _seq_import_begin(self, header, seq_id)

@@ -1,0 +1,498 @@
+#include "kvc_handoff.h"
+
+#include "kvc_le.h"
+#include "kvc_state.h"
+#include "kvc_types.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+/* magic, version, header bytes, flags, type_k, type_v, n_layer, data bytes, sequence id */
+#define FIXED_BYTES 40u
+#define LAYER_BYTES 28u
+#define RUN_BYTES 8u
+#define CELL_BYTES 12u
+#define SUM_BYTES 8u
+
+enum { FLAG_V_TRANS = 1u, FLAG_MEMORY = 2u };
+
+static uint64_t fnv1a(const uint8_t *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325u;
+    for (size_t i = 0; i < n; i++) {
+        h = (h ^ p[i]) * 0x100000001b3u;
+    }
+    return h;
+}
+
+static size_t v_elem_bytes(const kvc_unified *c) {
+    const kvc_type_info *t = kvc_type_get(c->type_v);
+    return t ? t->type_size : 0;
+}
+
+static uint64_t data_bytes_of(const kvc_unified *c, uint32_t cc) {
+    if (!kvc_unified_has_memory(c)) {
+        return 0;
+    }
+    uint64_t n = 0;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        n += (uint64_t)cc * (c->layers[l].k_row_bytes + c->layers[l].v_row_bytes);
+    }
+    return n;
+}
+
+/* --- regions ----------------------------------------------------------------------------- */
+
+typedef void (*region_fn)(void *ctx, uint8_t *addr, size_t len);
+
+/* Every region of the runs' cells, in the documented order. */
+static void walk_regions(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, region_fn fn, void *ctx) {
+    if (!kvc_unified_has_memory(c)) {
+        return;
+    }
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        for (uint32_t r = 0; r < n_runs; r++) {
+            fn(ctx, ly->k + (size_t)runs[r].first * ly->k_row_bytes, (size_t)runs[r].n * ly->k_row_bytes);
+        }
+    }
+    const size_t el = v_elem_bytes(c), size = c->cells.size;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        if (!c->v_trans) {
+            for (uint32_t r = 0; r < n_runs; r++) {
+                fn(ctx, ly->v + (size_t)runs[r].first * ly->v_row_bytes, (size_t)runs[r].n * ly->v_row_bytes);
+            }
+            continue;
+        }
+        for (uint32_t j = 0; j < ly->n_embd_v; j++) {
+            for (uint32_t r = 0; r < n_runs; r++) {
+                fn(ctx, ly->v + ((size_t)j * size + runs[r].first) * el, (size_t)runs[r].n * el);
+            }
+        }
+    }
+}
+
+uint64_t kvc_handoff_n_regions(const kvc_unified *c, uint32_t n_runs) {
+    if (!kvc_unified_has_memory(c)) {
+        return 0;
+    }
+    uint64_t n = 0;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        n += (uint64_t)n_runs * (1 + (c->v_trans ? c->layers[l].n_embd_v : 1));
+    }
+    return n;
+}
+
+static void put_region(void *ctx, uint8_t *addr, size_t len) {
+    uint64_t **out = ctx;
+    (*out)[0] = (uint64_t)(uintptr_t)addr;
+    (*out)[1] = (uint64_t)len;
+    *out += 2;
+}
+
+void kvc_handoff_regions(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint64_t *out) {
+    walk_regions(c, runs, n_runs, put_region, &out);
+}
+
+static void gather_region(void *ctx, uint8_t *addr, size_t len) {
+    uint8_t **out = ctx;
+    memcpy(*out, addr, len);
+    *out += len;
+}
+
+static void scatter_region(void *ctx, uint8_t *addr, size_t len) {
+    const uint8_t **src = ctx;
+    memcpy(addr, *src, len);
+    *src += len;
+}
+
+void kvc_handoff_gather(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint8_t *out) {
+    walk_regions(c, runs, n_runs, gather_region, &out);
+}
+
+void kvc_handoff_scatter(kvc_unified *c, const kvc_run *runs, uint32_t n_runs, const uint8_t *src) {
+    walk_regions(c, runs, n_runs, scatter_region, &src);
+}
+
+/* --- export ------------------------------------------------------------------------------ */
+
+void kvc_handoff_export_free(kvc_handoff_export *e) {
+    kvc_free(e->header);
+    kvc_free(e->runs);
+    memset(e, 0, sizeof *e);
+}
+
+int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kvc_err *err) {
+    memset(e, 0, sizeof *e);
+    kvc_unified_defrag_settle(c);
+    const kvc_cells *cells = &c->cells;
+    uint32_t cc = 0, nr = 0;
+    bool prev = false;
+    for (uint32_t i = 0; i < cells->size; i++) {
+        const bool in = !kvc_cells_is_empty(cells, i) && kvc_cells_seq_has(cells, i, s);
+        cc += in;
+        nr += in && !prev;
+        prev = in;
+    }
+    const size_t cell_section = 4 + (size_t)cc * CELL_BYTES;
+    const size_t len = FIXED_BYTES + (size_t)c->n_layer * LAYER_BYTES + 4 + (size_t)nr * RUN_BYTES + cell_section +
+                       SUM_BYTES;
+    e->header = kvc_malloc(len);
+    e->runs = nr ? kvc_malloc_n(nr, sizeof *e->runs) : NULL;
+    if (!e->header || (nr && !e->runs)) {
+        kvc_handoff_export_free(e);
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory exporting %" PRIu32 " cells", cc);
+    }
+    uint32_t k = 0;
+    prev = false;
+    for (uint32_t i = 0; i < cells->size; i++) {
+        const bool in = !kvc_cells_is_empty(cells, i) && kvc_cells_seq_has(cells, i, s);
+        if (in && !prev) {
+            e->runs[k].first = i;
+            e->runs[k++].n = 0;
+        }
+        if (in) {
+            e->runs[k - 1].n++;
+        }
+        prev = in;
+    }
+    e->n_runs = nr;
+    e->cell_count = cc;
+    e->data_bytes = data_bytes_of(c, cc);
+
+    uint8_t *p = e->header;
+    kvc_le_put_u32(p, KVC_HANDOFF_MAGIC);
+    kvc_le_put_u32(p + 4, KVC_HANDOFF_VERSION);
+    kvc_le_put_u32(p + 8, (uint32_t)len);
+    kvc_le_put_u32(p + 12, (c->v_trans ? FLAG_V_TRANS : 0u) | (kvc_unified_has_memory(c) ? FLAG_MEMORY : 0u));
+    kvc_le_put_i32(p + 16, c->type_k);
+    kvc_le_put_i32(p + 20, c->type_v);
+    kvc_le_put_u32(p + 24, c->n_layer);
+    kvc_le_put_u64(p + 28, e->data_bytes);
+    kvc_le_put_i32(p + 36, s);
+    p += FIXED_BYTES;
+    for (uint32_t l = 0; l < c->n_layer; l++, p += LAYER_BYTES) {
+        const kvc_layer *ly = &c->layers[l];
+        kvc_le_put_i32(p, ly->il);
+        kvc_le_put_u32(p + 4, ly->n_embd_k);
+        kvc_le_put_u32(p + 8, ly->n_embd_v);
+        kvc_le_put_u64(p + 12, ly->k_row_bytes);
+        kvc_le_put_u64(p + 20, ly->v_row_bytes);
+    }
+    kvc_le_put_u32(p, nr);
+    p += 4;
+    for (uint32_t r = 0; r < nr; r++, p += RUN_BYTES) {
+        kvc_le_put_u32(p, e->runs[r].first);
+        kvc_le_put_u32(p + 4, e->runs[r].n);
+    }
+    /* the cell section is the codec's: the first bytes of the sequence's state */
+    size_t written = 0;
+    const int rc = kvc_unified_state_write_range(c, s, 0, p, cell_section, &written);
+    if (rc != KVC_OK || written != cell_section) {
+        kvc_handoff_export_free(e);
+        return kvc_err_set(err, rc == KVC_OK ? KVC_E_INTERNAL : rc, "writing the cell section of sequence %" PRId32,
+                           s);
+    }
+    p += cell_section;
+    kvc_le_put_u64(p, fnv1a(e->header, (size_t)(p - e->header)));
+    e->header_len = len;
+    return KVC_OK;
+}
+
+/* --- import ------------------------------------------------------------------------------ */
+
+static void import_release(kvc_handoff_import *imp) {
+    kvc_free(imp->pos);
+    kvc_free(imp->runs);
+    kvc_free(imp->backup);
+    kvc_unified_snapshot_free(&imp->snap);
+    memset(imp, 0, sizeof *imp);
+}
+
+/* Check the header's fixed part, layers and runs against c; fills the source runs' count and
+ * where the cell section starts. */
+static int check_header(const kvc_unified *c, const uint8_t *h, size_t len, uint32_t *n_runs_out,
+                        size_t *cells_off, kvc_err *err) {
+    if (len < 12) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header truncated: %zu bytes, at least %u needed", len,
+                           FIXED_BYTES);
+    }
+    if (kvc_le_get_u32(h) != KVC_HANDOFF_MAGIC) {
+        return kvc_err_set(err, KVC_E_STATE, "not a hand-off header (magic 0x%08" PRIx32 ")", kvc_le_get_u32(h));
+    }
+    if (kvc_le_get_u32(h + 4) != KVC_HANDOFF_VERSION) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header version %" PRIu32 " (this reader knows %u)",
+                           kvc_le_get_u32(h + 4), KVC_HANDOFF_VERSION);
+    }
+    const uint32_t total = kvc_le_get_u32(h + 8);
+    if (len < total) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header truncated: %zu of its %" PRIu32 " bytes", len, total);
+    }
+    if (len > total) {
+        return kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the hand-off header (%" PRIu32 " bytes)",
+                           len - total, total);
+    }
+    if (total < FIXED_BYTES + 4 + 4 + SUM_BYTES) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header of %" PRIu32 " bytes: too short to be one", total);
+    }
+    if (kvc_le_get_u64(h + total - SUM_BYTES) != fnv1a(h, total - SUM_BYTES)) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header corrupted: its checksum does not match its bytes");
+    }
+    const uint32_t flags = kvc_le_get_u32(h + 12);
+    const int32_t tk = kvc_le_get_i32(h + 16), tv = kvc_le_get_i32(h + 20);
+    const uint32_t n_layer = kvc_le_get_u32(h + 24);
+    if (tk != c->type_k || tv != c->type_v) {
+        return kvc_err_set(err, KVC_E_STATE, "the sequence's K/V types are %" PRId32 "/%" PRId32
+                           ", the cache's %" PRId32 "/%" PRId32, tk, tv, c->type_k, c->type_v);
+    }
+    if (((flags & FLAG_V_TRANS) != 0) != c->v_trans) {
+        return kvc_err_set(err, KVC_E_STATE, "the sequence's V is %stransposed, the cache's is %s",
+                           flags & FLAG_V_TRANS ? "" : "not ", c->v_trans ? "transposed" : "not");
+    }
+    if (n_layer != c->n_layer) {
+        return kvc_err_set(err, KVC_E_STATE, "the sequence has %" PRIu32 " layers, the cache %" PRIu32, n_layer,
+                           c->n_layer);
+    }
+    size_t off = FIXED_BYTES;
+    if ((total - off) / LAYER_BYTES < n_layer) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header too short for %" PRIu32 " layers", n_layer);
+    }
+    for (uint32_t l = 0; l < n_layer; l++, off += LAYER_BYTES) {
+        const kvc_layer *ly = &c->layers[l];
+        const uint8_t *p = h + off;
+        if (kvc_le_get_i32(p) != ly->il || kvc_le_get_u32(p + 4) != ly->n_embd_k ||
+            kvc_le_get_u32(p + 8) != ly->n_embd_v || kvc_le_get_u64(p + 12) != ly->k_row_bytes ||
+            kvc_le_get_u64(p + 20) != ly->v_row_bytes) {
+            return kvc_err_set(err, KVC_E_STATE,
+                               "layer %" PRIu32 " differs: the sequence's is model layer %" PRId32 " with K/V widths %"
+                               PRIu32 "/%" PRIu32 ", the cache's model layer %" PRId32 " with %" PRIu32 "/%" PRIu32,
+                               l, kvc_le_get_i32(p), kvc_le_get_u32(p + 4), kvc_le_get_u32(p + 8), ly->il, ly->n_embd_k,
+                               ly->n_embd_v);
+        }
+    }
+    const uint32_t nr = kvc_le_get_u32(h + off);
+    off += 4;
+    if ((total - off - SUM_BYTES) / RUN_BYTES < nr) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header too short for %" PRIu32 " runs of cells", nr);
+    }
+    *n_runs_out = nr;
+    *cells_off = off + (size_t)nr * RUN_BYTES;
+    return KVC_OK;
+}
+
+/* Longest run of empty cells. */
+static uint32_t longest_free_run(const kvc_cells *cells) {
+    uint32_t best = 0;
+    for (uint32_t i = kvc_cells_next_empty(cells, 0, cells->size); i < cells->size;) {
+        const uint32_t e = kvc_cells_next_used(cells, i, cells->size);
+        best = e - i > best ? e - i : best;
+        i = kvc_cells_next_empty(cells, e, cells->size);
+    }
+    return best;
+}
+
+/* The placement of a single-sequence state read: the destination sequence removed, then the
+ * cells placed as one ubatch of its positions. 1 placed, 0 no room, KVC_E_NOMEM. */
+static int place(kvc_unified *c, const kvc_handoff_import *imp, uint32_t *longest) {
+    const uint32_t seq_off[2] = { 0, 1 };
+    const int32_t seq_ids[1] = { imp->seq_id };
+    const kvc_ubatch ub = { imp->cell_count, imp->cell_count, 1, imp->pos, seq_off, seq_ids };
+    kvc_unified_seq_rm(c, imp->seq_id, -1, -1);
+    if (longest) {
+        *longest = longest_free_run(&c->cells);
+    }
+    return kvc_unified_find_slot(c, &ub);
+}
+
+/* The placed cells as runs, in token order (a run breaks where the next cell is not adjacent). */
+static int runs_of_slot(const kvc_unified *c, kvc_handoff_import *imp) {
+    const uint32_t n = kvc_unified_slot_n(c);
+    uint32_t nr = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        nr += t == 0 || kvc_unified_slot_cell(c, t) != kvc_unified_slot_cell(c, t - 1) + 1;
+    }
+    imp->runs = nr ? kvc_malloc_n(nr, sizeof *imp->runs) : NULL;
+    if (nr && !imp->runs) {
+        return KVC_E_NOMEM;
+    }
+    uint32_t k = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        const uint32_t cell = kvc_unified_slot_cell(c, t);
+        if (t == 0 || cell != kvc_unified_slot_cell(c, t - 1) + 1) {
+            imp->runs[k].first = cell;
+            imp->runs[k++].n = 0;
+        }
+        imp->runs[k - 1].n++;
+    }
+    imp->n_runs = nr;
+    return KVC_OK;
+}
+
+static bool same_runs(const kvc_unified *c, const kvc_handoff_import *imp) {
+    uint32_t t = 0;
+    for (uint32_t r = 0; r < imp->n_runs; r++) {
+        for (uint32_t i = 0; i < imp->runs[r].n; i++, t++) {
+            if (t >= kvc_unified_slot_n(c) || kvc_unified_slot_cell(c, t) != imp->runs[r].first + i) {
+                return false;
+            }
+        }
+    }
+    return t == kvc_unified_slot_n(c);
+}
+
+int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
+                             kvc_handoff_import *imp, kvc_err *err) {
+    memset(imp, 0, sizeof *imp);
+    uint32_t n_src_runs = 0;
+    size_t off = 0;
+    int rc = check_header(c, header, header ? len : 0, &n_src_runs, &off, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    const size_t total = len;
+    if (seq_id < 0) {
+        seq_id = kvc_le_get_i32(header + 36);
+        if (seq_id < 0 || (uint32_t)seq_id >= c->n_seq_max) {
+            return kvc_err_set(err, KVC_E_STATE, "the header's sequence %" PRId32 " is outside this cache's [0, %"
+                               PRIu32 "): give the destination seq_id", seq_id, c->n_seq_max);
+        }
+    }
+    /* the source runs: ascending, disjoint, and as many cells as the cell section lists */
+    uint64_t run_cells = 0, next = 0;
+    for (uint32_t r = 0; r < n_src_runs; r++) {
+        const uint8_t *p = header + off - (size_t)(n_src_runs - r) * RUN_BYTES;
+        const uint32_t first = kvc_le_get_u32(p), n = kvc_le_get_u32(p + 4);
+        if (n == 0 || first < next || (uint64_t)first + n > UINT32_MAX) {
+            return kvc_err_set(err, KVC_E_STATE, "run %" PRIu32 " of the source cells ([%" PRIu32 ", +%" PRIu32
+                               ")) is empty, out of order or out of range", r, first, n);
+        }
+        next = (uint64_t)first + n;
+        run_cells += n;
+    }
+    if (total - off - SUM_BYTES < 4) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header truncated before its cell count");
+    }
+    const uint32_t cc = kvc_le_get_u32(header + off);
+    off += 4;
+    if ((total - off - SUM_BYTES) / CELL_BYTES != cc || (total - off - SUM_BYTES) % CELL_BYTES) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header: %" PRIu32 " cells do not fill its %zu bytes of cells",
+                           cc, total - off - SUM_BYTES);
+    }
+    if (run_cells != cc) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header: its runs hold %" PRIu64 " cells, its cell section %"
+                           PRIu32, run_cells, cc);
+    }
+    const uint64_t want = data_bytes_of(c, cc), have = kvc_le_get_u64(header + 28);
+    if ((kvc_le_get_u32(header + 12) & FLAG_MEMORY) && want && have != want) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header: %" PRIu64 " bytes of K/V, the cache needs %" PRIu64
+                           " for %" PRIu32 " cells", have, want, cc);
+    }
+    imp->c = c;
+    imp->seq_id = seq_id;
+    imp->cell_count = cc;
+    imp->pos = cc ? kvc_malloc_n(cc, sizeof *imp->pos) : NULL;
+    if (cc && !imp->pos) {
+        import_release(imp);
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
+    }
+    for (uint32_t i = 0; i < cc; i++, off += CELL_BYTES) {
+        const int32_t pos = kvc_le_get_i32(header + off);
+        const uint32_t n_ids = kvc_le_get_u32(header + off + 4);
+        if (pos < 0 || n_ids != 1) {
+            import_release(imp);
+            return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " of the hand-off header: position %" PRId32
+                               " with %" PRIu32 " sequence ids (must be >= 0 with 1)", i, pos, n_ids);
+        }
+        imp->pos[i] = pos;
+    }
+    if (cc > 0) {
+        /* the dry run of the placement, undone; like the state reader's, it settles nothing */
+        kvc_unified_snapshot snap;
+        if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
+            import_release(imp);
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
+        }
+        c->defrag_pending = false;
+        uint32_t longest = 0;
+        const int found = place(c, imp, &longest);
+        rc = found == 1 ? runs_of_slot(c, imp) : found;
+        kvc_unified_snapshot_restore(c, &snap);
+        kvc_unified_snapshot_free(&snap);
+        if (found != 1 || rc != KVC_OK) {
+            const uint32_t missing = cc > longest ? cc - longest : 0;
+            import_release(imp);
+            if (found == 0) {
+                return kvc_err_set(err, KVC_E_STATE, "no room: %" PRIu32 " cells missing (sequence %" PRId32
+                                   " needs %" PRIu32 " contiguous free cells, the longest free run is %" PRIu32 ")",
+                                   missing ? missing : 1, seq_id, cc, longest);
+            }
+            return kvc_err_set(err, rc, "out of memory importing %" PRIu32 " cells", cc);
+        }
+    }
+    /* from here the import takes hold: rows of a pending defrag land before the transfer's */
+    kvc_unified_defrag_settle(c);
+    imp->data_bytes = data_bytes_of(c, cc);
+    imp->backup = imp->data_bytes ? kvc_malloc((size_t)imp->data_bytes) : NULL;
+    if ((imp->data_bytes && !imp->backup) || kvc_unified_snapshot_take(c, &imp->snap) != KVC_OK) {
+        import_release(imp);
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
+    }
+    if (imp->backup) {
+        kvc_handoff_gather(c, imp->runs, imp->n_runs, imp->backup);
+    }
+    imp->active = true;
+    return KVC_OK;
+}
+
+/* Is c as the snapshot has it (every field the placement reads or an operation changes)? */
+static bool unchanged(const kvc_unified *c, const kvc_unified_snapshot *s) {
+    const kvc_cells *a = &c->cells, *b = &s->cells;
+    const size_t n = a->size;
+    return c->head == s->head && c->n == s->n && c->slot.head == s->slot.head && c->slot.n == s->slot.n &&
+           c->undo.n_spans == s->undo.n_spans && c->undo.n_cells == s->undo.n_cells && c->do_defrag == s->do_defrag &&
+           c->defrag_pending == s->defrag_pending && a->used == b->used && a->has_shift == b->has_shift &&
+           !memcmp(a->pos, b->pos, n * sizeof *a->pos) && !memcmp(a->shift, b->shift, n * sizeof *a->shift) &&
+           !memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq);
+}
+
+int kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err) {
+    if (!imp->active) {
+        return kvc_err_set(err, KVC_E_ARG, "the import is no longer active (committed or aborted)");
+    }
+    if (!unchanged(imp->c, &imp->snap)) {
+        return kvc_err_set(err, KVC_E_STATE, "the cache changed since the import began: abort it and begin again");
+    }
+    return KVC_OK;
+}
+
+int kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err) {
+    const int rc = kvc_handoff_import_check(imp, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    kvc_unified *c = imp->c;
+    if (imp->cell_count == 0) {
+        kvc_unified_seq_rm(c, imp->seq_id, -1, -1);   /* an empty sequence removes it, as the state read */
+    } else {
+        /* the same search on the same cells as the dry run: the same cells, no allocation */
+        const int found = place(c, imp, NULL);
+        if (found != 1 || !same_runs(c, imp)) {
+            kvc_unified_snapshot_restore(c, &imp->snap);
+            return kvc_err_set(err, found < 0 ? found : KVC_E_INTERNAL, "the placement differs from the dry run's");
+        }
+        kvc_unified_commit(c);
+        kvc_unified_slot_drop(c);
+    }
+    import_release(imp);
+    return KVC_OK;
+}
+
+void kvc_handoff_import_abort(kvc_handoff_import *imp) {
+    if (!imp->active) {
+        return;
+    }
+    if (imp->backup) {
+        kvc_handoff_scatter(imp->c, imp->runs, imp->n_runs, imp->backup);
+    }
+    import_release(imp);
+}

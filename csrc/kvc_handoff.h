@@ -1,0 +1,97 @@
+/* kvcache — handing one sequence of a unified cache to another process without serialising it:
+ * a small header (the sequence's cells and the cache geometry) plus the memory regions of its
+ * K/V rows, which a transfer library reads or writes in place; on the receiving side a
+ * transactional import that reserves cells by the placement of a single-sequence state read,
+ * lets the transfer write into them, then commits (or undoes every byte).
+ *
+ * Layout of the header (little-endian; docs/disaggregated.md):
+ *   u32 magic "KVCH", u32 version (1), u32 header bytes (checksum included), u32 flags
+ *   (bit 0: V transposed, bit 1: the source holds K/V memory), i32 type_k, i32 type_v,
+ *   u32 n_layer, u64 data bytes (the sum of the region lengths), i32 the source sequence id;
+ *   per layer: i32 model layer, u32 n_embd_k, u32 n_embd_v, u64 K row bytes, u64 V row bytes;
+ *   u32 runs, per run u32 first source cell, u32 cells;
+ *   the cell section of a single-sequence state (u32 cell count; per cell i32 pos, u32 1, i32 id),
+ *   written by the state codec;
+ *   u64 FNV-1a checksum of every byte before it.
+ *
+ * Regions enumerate the sequence's K/V bytes in the order of a state's data section: for each
+ * layer its K rows run by run, then for each layer its V rows run by run, or, transposed, for each
+ * element j of a row the run's elements j (one region per element and run: no gather). */
+#ifndef KVC_HANDOFF_H
+#define KVC_HANDOFF_H
+
+#include "kvc_common.h"
+#include "kvc_unified.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVC_HANDOFF_MAGIC 0x4843564Bu /* "KVCH" */
+#define KVC_HANDOFF_VERSION 1u
+
+/* A run of consecutive cells [first, first + n). */
+typedef struct kvc_run {
+    uint32_t first, n;
+} kvc_run;
+
+/* One exported sequence: its header and the runs of its cells in the source cache. */
+typedef struct kvc_handoff_export {
+    uint8_t *header;      /* [header_len] (owned) */
+    size_t   header_len;
+    kvc_run *runs;        /* [n_runs] ascending (owned; NULL without cells) */
+    uint32_t n_runs;
+    uint32_t cell_count;
+    uint64_t data_bytes;  /* sum of the region lengths (0 without K/V memory) */
+} kvc_handoff_export;
+
+/* Export sequence s (valid id) of c: settles a pending defrag first (the regions must hold the
+ * rows). KVC_OK, KVC_E_NOMEM. */
+int  kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kvc_err *err);
+void kvc_handoff_export_free(kvc_handoff_export *e);   /* safe on a zeroed export */
+
+/* Regions of the K/V bytes of the cells of runs[0, n_runs) in c (in the order above); 0 without
+ * K/V memory. */
+uint64_t kvc_handoff_n_regions(const kvc_unified *c, uint32_t n_runs);
+/* out[2k] = address, out[2k + 1] = length of region k, for k < kvc_handoff_n_regions. */
+void     kvc_handoff_regions(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint64_t *out);
+/* Copy the regions' bytes into out[0, data bytes) / from src[0, data bytes) into the regions. */
+void     kvc_handoff_gather(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint8_t *out);
+void     kvc_handoff_scatter(kvc_unified *c, const kvc_run *runs, uint32_t n_runs, const uint8_t *src);
+
+/* An import in progress: the cells it will take, and what they held. */
+typedef struct kvc_handoff_import {
+    kvc_unified *c;
+    int32_t      seq_id;        /* destination */
+    uint32_t     cell_count;
+    int32_t     *pos;           /* [cell_count] positions from the header (owned) */
+    kvc_run     *runs;          /* [n_runs] destination runs, in the sequence's cell order (owned) */
+    uint32_t     n_runs;
+    uint64_t     data_bytes;    /* bytes the regions hold (0 without K/V memory) */
+    uint8_t     *backup;        /* [data_bytes] the regions' bytes at begin, for abort (owned) */
+    kvc_unified_snapshot snap;  /* the cache at begin: commit refuses a cache changed since */
+    bool         active;
+} kvc_handoff_import;
+
+/* Validate header[0, len) against c and reserve the cells its sequence takes when restored into
+ * seq_id (a valid id, or -1 for the header's own), as a single-sequence state read places them; nothing observable changes.
+ * KVC_OK with imp active, or KVC_E_STATE (foreign geometry, truncation, corruption, no room:
+ * err says how many cells are missing), KVC_E_NOMEM; imp inactive then. */
+int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
+                              kvc_handoff_import *imp, kvc_err *err);
+/* Make the sequence visible exactly as the state read would have (its K/V are what the regions
+ * hold now). KVC_E_STATE (nothing changed, the import still active) when the cache changed
+ * since begin. */
+int  kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err);
+/* KVC_OK when the cache is as at begin (commit would place the sequence), KVC_E_STATE when it
+ * changed, KVC_E_ARG when the import is inactive: lets an import of several parts check every
+ * part before committing any. */
+int  kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err);
+/* Put back the regions' bytes; the cache is as before begin. No-op when inactive. */
+void kvc_handoff_import_abort(kvc_handoff_import *imp);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,251 @@
+# Handing one sequence of a unified cache to another process (csrc/kvc_handoff.h): the export
+# (header + the regions of its K/V rows) and the transactional import on the receiving side.
+
+cimport cython
+from kvcache.includes.kvc_handoff cimport (kvc_run, kvc_handoff_export, kvc_handoff_export_make,
+                                           kvc_handoff_export_free, kvc_handoff_n_regions,
+                                           kvc_handoff_regions, kvc_handoff_gather, kvc_handoff_scatter,
+                                           kvc_handoff_import, kvc_handoff_import_begin,
+                                           kvc_handoff_import_check, kvc_handoff_import_commit,
+                                           kvc_handoff_import_abort)
+
+
+cdef object _regions_array(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs):
+    """The regions of the runs' K/V as a read-only (N, 2) uint64 array of (address, length)."""
+    cdef uint64_t n = kvc_handoff_n_regions(c, n_runs)
+    out = np.empty((n, 2), dtype=np.uint64)
+    cdef uint64_t[:, ::1] v = out
+    if n:
+        with nogil:
+            kvc_handoff_regions(c, runs, n_runs, &v[0, 0])
+    out.flags.writeable = False
+    return out
+
+
+cdef object _cells_array(const kvc_run *runs, uint32_t n_runs):
+    """The runs' cell indices, in order, as a read-only int32 array."""
+    parts = [np.arange(runs[r].first, runs[r].first + runs[r].n, dtype=np.int32) for r in range(n_runs)]
+    out = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+    out.flags.writeable = False
+    return out
+
+
+@cython.final
+cdef class SeqExport:
+    """One sequence of a UnifiedCache, ready for a transfer (``UnifiedCache.seq_export``).
+
+    ``header``: bytes naming the sequence's cells and positions and the cache's geometry (layout:
+    docs/disaggregated.md). ``regions``: (N, 2) uint64 array of (address, length) of its K/V bytes
+    inside the cache's buffers, in the order of a state's data section (transposed V: one region
+    per row element and run of cells); empty without K/V memory. ``cells``: the source cells.
+    The addresses stay valid while the cache is alive and unchanged."""
+    cdef kvc_handoff_export e
+    cdef readonly object cache
+    cdef readonly int seq_id
+    cdef readonly bytes header
+    cdef readonly object regions
+    cdef readonly object cells
+
+    def __init__(self):
+        raise TypeError("SeqExport is made by UnifiedCache.seq_export")
+
+    def __dealloc__(self):
+        kvc_handoff_export_free(&self.e)
+
+    @property
+    def n_bytes(self):
+        """Bytes of K/V the regions hold (the sum of their lengths)."""
+        return self.e.data_bytes
+
+    @property
+    def n_cells(self):
+        """Cells of the sequence."""
+        return self.e.cell_count
+
+    def gather(self, out=None):
+        """Copy the regions' bytes, in order, into out (a writable C-contiguous buffer of n_bytes
+        bytes) or a new uint8 array; returns it."""
+        cdef _Unified c = <_Unified>self.cache
+        if out is None:
+            out = np.empty(self.e.data_bytes, dtype=np.uint8)
+        target = state_target(out)
+        if not isinstance(target, _HeldBuffer):
+            raise TypeError(f"out must be a writable buffer, not {type(out).__name__}")
+        cdef _HeldBuffer hb = <_HeldBuffer>target
+        try:
+            if <uint64_t>hb.view.len != self.e.data_bytes:
+                raise ValueError(f"out holds {hb.view.len} bytes, the sequence's K/V {self.e.data_bytes}")
+            kvc_pylock_acquire(&c._lock)
+            with nogil:
+                if self.e.data_bytes:
+                    kvc_handoff_gather(&c.c, self.e.runs, self.e.n_runs, <uint8_t *>hb.view.buf)
+                kvc_pylock_release(&c._lock)
+        finally:
+            hb.release()
+        return out
+
+    def __repr__(self):
+        return (f"SeqExport(seq_id={self.seq_id}, cells={self.e.cell_count}, regions={len(self.regions)}, "
+                f"n_bytes={self.e.data_bytes}, header={len(self.header)} bytes)")
+
+
+def _seq_export(_Unified cache not None, seq_id):
+    """UnifiedCache.seq_export (see there)."""
+    cdef int32_t s = seq_c(seq_id, cache.c.n_seq_max, "seq_id", False)
+    cdef SeqExport x = SeqExport.__new__(SeqExport)
+    cdef kvc_err err
+    cdef int r
+    _refuse_state_2026(cache, "seq_export")     # the export is a state's cell list and K/V
+    _settle(cache, "seq_export")
+    kvc_pylock_acquire(&cache._lock)
+    try:
+        with nogil:
+            r = kvc_handoff_export_make(&cache.c, s, &x.e, &err)
+        check_status(r, &err, "seq_export")
+        x.cache = cache
+        x.seq_id = s
+        x.header = PyBytes_FromStringAndSize(<const char *>x.e.header, <Py_ssize_t>x.e.header_len)
+        x.regions = _regions_array(&cache.c, x.e.runs, x.e.n_runs)
+        x.cells = _cells_array(x.e.runs, x.e.n_runs)
+    finally:
+        kvc_pylock_release(&cache._lock)
+    return x
+
+
+@cython.final
+@cython.no_gc_clear
+cdef class SeqImport:
+    """A sequence being received into a UnifiedCache (``UnifiedCache.seq_import_begin``).
+
+    ``regions``: (N, 2) uint64 array of (address, length) of the reserved cells' K/V bytes, in
+    the order of the exporter's regions (the same bytes, split where either side's cells are
+    not adjacent: pair them with ``kvcache.handoff.pair_regions``); ``cells``: the reserved
+    cells. Write the transfer into the regions (or ``scatter`` a buffer), then ``commit()``;
+    ``abort()``, an exception in a ``with`` block or the garbage collector before commit put
+    every byte back. Until then the cache refuses changes (RuntimeError)."""
+    cdef kvc_handoff_import imp
+    cdef _Unified _cache
+    cdef readonly object regions
+    cdef readonly object cells
+    cdef readonly int seq_id
+
+    def __init__(self):
+        raise TypeError("SeqImport is made by UnifiedCache.seq_import_begin")
+
+    def __dealloc__(self):
+        if self.imp.active:
+            self._finish(False)
+
+    cdef int _finish(self, bint commit) except -1:
+        cdef kvc_err err
+        cdef int r = 0
+        kvc_pylock_acquire(&self._cache._lock)
+        with nogil:
+            if commit:
+                r = kvc_handoff_import_commit(&self.imp, &err)
+            else:
+                kvc_handoff_import_abort(&self.imp)
+            if not self.imp.active:
+                self._cache._lock.imports -= 1
+            kvc_pylock_release(&self._cache._lock)
+        check_status(r, &err, "commit")
+        return 0
+
+    @property
+    def active(self):
+        """True until commit() or abort()."""
+        return bool(self.imp.active)
+
+    @property
+    def n_bytes(self):
+        """Bytes of K/V the regions hold."""
+        return self.imp.data_bytes
+
+    @property
+    def n_cells(self):
+        """Cells of the sequence."""
+        return self.imp.cell_count
+
+    cdef int _require_active(self, str what) except -1:
+        if not self.imp.active:
+            raise RuntimeError(f"{what}: the import is no longer active (committed or aborted)")
+        return 0
+
+    def scatter(self, data):
+        """Copy data (any C-contiguous buffer of n_bytes bytes, read-only ones included: the
+        exporter's gather(), a Ray object) into the regions, in order."""
+        self._require_active("scatter")
+        cdef _HeldBuffer hb = state_data_view(data)
+        try:
+            if <uint64_t>hb.view.len != self.imp.data_bytes:
+                raise ValueError(f"data holds {hb.view.len} bytes, the sequence's K/V {self.imp.data_bytes}")
+            kvc_pylock_acquire(&self._cache._lock)
+            with nogil:
+                if self.imp.data_bytes:
+                    kvc_handoff_scatter(&self._cache.c, self.imp.runs, self.imp.n_runs,
+                                        <const uint8_t *>hb.view.buf)
+                kvc_pylock_release(&self._cache._lock)
+        finally:
+            hb.release()
+
+    def check(self):
+        """Raise StateError when the cache changed since the import began (commit would refuse
+        it); RuntimeError when the import is no longer active. Lets an import of several parts
+        check them all before committing any."""
+        self._require_active("check")
+        cdef kvc_err err
+        cdef int r
+        kvc_pylock_acquire(&self._cache._lock)
+        r = kvc_handoff_import_check(&self.imp, &err)
+        kvc_pylock_release(&self._cache._lock)
+        check_status(r, &err, "check")
+
+    def commit(self):
+        """Make the sequence visible exactly as state_read would have. StateError (nothing
+        changed, still active) when the cache changed since the import began."""
+        self._require_active("commit")
+        self._finish(True)
+
+    def abort(self):
+        """Put back every byte the regions held: the cache is as it was before the import."""
+        if self.imp.active:
+            self._finish(False)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.abort()
+        return False
+
+    def __repr__(self):
+        state = "active" if self.imp.active else "finished"
+        return (f"SeqImport(seq_id={self.seq_id}, cells={self.imp.cell_count}, regions={len(self.regions)}, "
+                f"n_bytes={self.imp.data_bytes}, {state})")
+
+
+def _seq_import_begin(_Unified cache not None, header, seq_id=None):
+    """UnifiedCache.seq_import_begin (see there)."""
+    cdef int32_t s = -1 if seq_id is None else seq_c(seq_id, cache.c.n_seq_max, "seq_id", False)
+    _refuse_state_2026(cache, "seq_import_begin")
+    cdef _HeldBuffer hb = state_data_view(header)
+    cdef SeqImport x = SeqImport.__new__(SeqImport)
+    cdef kvc_err err
+    cdef size_t n
+    cdef const uint8_t *p = state_data_ptr(hb, &n)
+    cdef int r
+    try:
+        lock_change(&cache._lock, "seq_import_begin")
+        with nogil:
+            r = kvc_handoff_import_begin(&cache.c, s, p, n, &x.imp, &err)
+            if r == KVC_OK:
+                cache._lock.imports += 1
+            kvc_pylock_release(&cache._lock)
+    finally:
+        hb.release()
+    check_status(r, &err, "seq_import_begin")
+    x._cache = cache
+    x.seq_id = x.imp.seq_id
+    x.regions = _regions_array(&cache.c, x.imp.runs, x.imp.n_runs)
+    x.cells = _cells_array(x.imp.runs, x.imp.n_runs)
+    return x

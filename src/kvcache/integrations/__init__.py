@@ -1,0 +1,1 @@
+"""Integrations of kvcache with other libraries; each module imports its library only when used."""

@@ -1,0 +1,181 @@
+/* The hand-off of a sequence (kvc_handoff.h): regions copied with memcpy give what the state
+ * codec gives; a cache changed between begin and commit (by a caller that ignored the bridge's
+ * refusal) is refused at commit, unchanged; abort puts every byte back; a truncated header at
+ * every length is refused without a change, and allocation failures at every point of begin
+ * leave nothing behind. */
+#include "kvc_handoff.h"
+#include "kvc_state.h"
+#include "kvc_types.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+#define CELLS 64u
+#define W 4u
+
+typedef struct cache {
+    kvc_unified c;
+    uint8_t *k, *v;
+} cache;
+
+/* CELLS cells, 3 sequences, one f16 layer of width W, V transposed. */
+static void cache_init(cache *t, uint32_t seed) {
+    const int32_t il = 0;
+    const uint32_t w = W;
+    const kvc_unified_params p = {
+        .kv_size = CELLS, .n_seq_max = 3, .n_pad = 32, .n_swa = 0, .swa_type = KVC_SWA_NONE,
+        .type_k = KVC_TYPE_F16, .type_v = KVC_TYPE_F16, .v_trans = true, .n_layer = 1,
+        .layer_il = &il, .n_embd_k = &w, .n_embd_v = &w,
+    };
+    kvc_err err = { 0, "" };
+    if (kvc_unified_init(&t->c, &p, &err) != KVC_OK) {
+        fprintf(stderr, "kvc_unified_init: %s\n", err.msg);
+        abort();
+    }
+    t->k = malloc(CELLS * W * 2);
+    t->v = malloc(CELLS * W * 2);
+    if (!t->k || !t->v) {
+        abort();
+    }
+    for (uint32_t i = 0; i < CELLS * W * 2; i++) {
+        t->k[i] = (uint8_t)(i * 7 + seed);
+        t->v[i] = (uint8_t)(i * 13 + seed);
+    }
+    kvc_unified_set_layer_buffers(&t->c, 0, t->k, t->v);
+    /* sequences 0, 1, 2 interleaved over 12 positions */
+    for (int32_t p0 = 0; p0 < 12; p0++) {
+        const int32_t s = (p0 + (int32_t)seed) % 3;
+        const uint32_t off[2] = { 0, 1 };
+        const kvc_ubatch ub = { 1, 1, 1, &p0, off, &s };
+        if (kvc_unified_find_slot(&t->c, &ub) != 1) {
+            abort();
+        }
+        kvc_unified_commit(&t->c);
+    }
+}
+
+static void cache_free(cache *t) {
+    kvc_unified_free(&t->c);
+    free(t->k);
+    free(t->v);
+}
+
+/* Everything observable: cells, head, n and the bytes. */
+static bool same(const cache *a, const cache *b) {
+    return a->c.head == b->c.head && a->c.n == b->c.n && a->c.cells.used == b->c.cells.used &&
+           !memcmp(a->c.cells.pos, b->c.cells.pos, CELLS * sizeof(int32_t)) &&
+           !memcmp(a->c.cells.seq, b->c.cells.seq, CELLS * a->c.cells.seq_words * sizeof(uint64_t)) &&
+           !memcmp(a->k, b->k, CELLS * W * 2) && !memcmp(a->v, b->v, CELLS * W * 2);
+}
+
+/* The sender (seed 0), the receiver and a twin of the receiver to compare it with (seed 1). */
+typedef struct trio {
+    cache src, dst, twin;
+} trio;
+
+static void trio_init(trio *t) {
+    cache_init(&t->src, 0);
+    cache_init(&t->dst, 1);
+    cache_init(&t->twin, 1);
+}
+
+static void trio_free(trio *t) {
+    cache_free(&t->src);
+    cache_free(&t->dst);
+    cache_free(&t->twin);
+}
+
+static void copy_all(const kvc_handoff_export *e, const cache *src, kvc_handoff_import *imp) {
+    uint8_t *buf = malloc(e->data_bytes);
+    if (!buf) {
+        abort();
+    }
+    kvc_handoff_gather(&src->c, e->runs, e->n_runs, buf);
+    kvc_handoff_scatter(imp->c, imp->runs, imp->n_runs, buf);
+    free(buf);
+}
+
+static void equals_state_read(void) {
+    trio t;
+    trio_init(&t);
+    cache *src = &t.src, *dst = &t.dst, *ref = &t.twin;
+    kvc_err err;
+    kvc_handoff_export e;
+    REQUIRE(kvc_handoff_export_make(&src->c, 1, &e, &err) == KVC_OK, "export: %s", err.msg);
+    CHECK(e.cell_count == 4 && e.data_bytes == 4u * W * 2 * 2, "%u cells, %llu bytes", e.cell_count,
+          (unsigned long long)e.data_bytes);
+    CHECK(kvc_handoff_n_regions(&src->c, e.n_runs) == (uint64_t)e.n_runs * (1 + W), "regions");
+    kvc_handoff_import imp;
+    REQUIRE(kvc_handoff_import_begin(&dst->c, 1, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s", err.msg);
+    copy_all(&e, src, &imp);
+    CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_OK, "commit: %s", err.msg);
+    size_t n = kvc_unified_state_size(&src->c, 1), w = 0, used = 0;
+    uint8_t *blob = malloc(n);
+    REQUIRE(blob && kvc_unified_state_write(&src->c, 1, blob, n, &w) == KVC_OK, "state_write");
+    CHECK(kvc_unified_state_read(&ref->c, 1, blob, n, &used, &err) == KVC_OK, "state_read: %s", err.msg);
+    CHECK(same(dst, ref), "the import differs from the state read");
+    free(blob);
+    kvc_handoff_export_free(&e);
+    trio_free(&t);
+}
+
+static void changed_cache_and_abort(void) {
+    trio t;
+    trio_init(&t);
+    cache *src = &t.src, *dst = &t.dst, *before = &t.twin;
+    kvc_err err;
+    kvc_handoff_export e;
+    REQUIRE(kvc_handoff_export_make(&src->c, 0, &e, &err) == KVC_OK, "export: %s", err.msg);
+    kvc_handoff_import imp;
+    REQUIRE(kvc_handoff_import_begin(&dst->c, 0, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s", err.msg);
+    CHECK(same(dst, before), "begin changed the cache");
+    copy_all(&e, src, &imp);
+    /* a change behind the bridge's back: commit refuses it and the import stays active */
+    kvc_unified_seq_rm(&dst->c, 2, -1, -1);
+    CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_E_STATE && imp.active, "commit of a changed cache");
+    CHECK(strstr(err.msg, "changed") != NULL, "message: %s", err.msg);
+    kvc_handoff_import_abort(&imp);
+    CHECK(!imp.active, "abort leaves it active");
+    kvc_handoff_import_abort(&imp);   /* a no-op now */
+    /* the bytes are back; the seq_rm above is the only difference left */
+    kvc_unified_seq_rm(&before->c, 2, -1, -1);
+    CHECK(same(dst, before), "abort did not restore the bytes");
+    kvc_handoff_export_free(&e);
+    trio_free(&t);
+}
+
+static void truncations_and_allocation_failures(void) {
+    trio t;
+    trio_init(&t);
+    cache *src = &t.src, *dst = &t.dst, *before = &t.twin;
+    kvc_err err;
+    kvc_handoff_export e;
+    REQUIRE(kvc_handoff_export_make(&src->c, 2, &e, &err) == KVC_OK, "export: %s", err.msg);
+    kvc_handoff_import imp;
+    for (size_t len = 0; len < e.header_len; len++) {
+        const int rc = kvc_handoff_import_begin(&dst->c, 2, len ? e.header : NULL, len, &imp, &err);
+        CHECK(rc == KVC_E_STATE && !imp.active, "%zu of %zu bytes: %d", len, e.header_len, rc);
+    }
+    for (int k = 1; k < 12; k++) {
+        kvc_fail_alloc_after = k;
+        const int rc = kvc_handoff_import_begin(&dst->c, 2, e.header, e.header_len, &imp, &err);
+        kvc_fail_alloc_after = 0;
+        CHECK(rc == KVC_OK || rc == KVC_E_NOMEM, "allocation %d: %d", k, rc);
+        CHECK(rc == KVC_OK || !imp.active, "allocation %d: a failed begin is active", k);
+        kvc_handoff_import_abort(&imp);
+    }
+    CHECK(same(dst, before), "a failed begin changed the cache");
+    kvc_handoff_export_free(&e);
+    trio_free(&t);
+}
+
+int main(void) {
+    equals_state_read();
+    changed_cache_and_abort();
+    truncations_and_allocation_failures();
+    printf("test_handoff: %d checks, %d failed\n", n_checks, n_failed);
+    return n_failed != 0;
+}
