@@ -1,4 +1,5 @@
 #include "kvc_recurrent.h"
+#include "kvc_cursor.h"
 #include "kvc_le.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
@@ -621,6 +622,8 @@ static void rec_layer(const void *cache, uint32_t il, kvc_state_layer_src *out) 
 /* The cache as the shared state writer sees it: a cell is listed when it holds a sequence; a
  * single-sequence state carries no ids (the reader gives it its own); V is never transposed. */
 static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
+    s->swa = NULL;
+    s->swa_pmax = -1;
     s->size = c->cells.size;
     s->pos = c->cells.pos;
     s->seq = c->cells.seq;
@@ -637,17 +640,45 @@ static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
     s->layer = rec_layer;
 }
 
-size_t kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id) {
+/* The memory state of a recurrent cache has no stream count in any layout (llama.cpp's recurrent
+ * memory kept the seed's shape); of a layout only the sequence-blob prefix applies. */
+static void rec_framed(const kvc_recurrent *c, int32_t seq_id, unsigned layout, kvc_state_src *src,
+                       kvc_state_framed *f) {
+    rec_src(c, seq_id, src);
+    f->layout = 0;
+    f->seq_id = seq_id;
+    f->prefix = seq_id >= 0 && (layout & KVC_LAYOUT_PREFIX);
+    f->n_stream = 1;
+    f->streams = src;
+}
+
+size_t kvc_recurrent_state_size_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout) {
     kvc_state_src s;
-    rec_src(c, seq_id, &s);
-    return kvc_state_src_size(&s);
+    kvc_state_framed f;
+    rec_framed(c, seq_id, layout, &s, &f);
+    return kvc_state_framed_size(&f);
+}
+
+size_t kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id) {
+    return kvc_recurrent_state_size_lay(c, seq_id, 0);
+}
+
+int kvc_recurrent_state_write_range_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout, uint64_t offset,
+                                        uint8_t *out, size_t cap, size_t *written) {
+    kvc_state_src s;
+    kvc_state_framed f;
+    *written = 0;
+    rec_framed(c, seq_id, layout, &s, &f);
+    const uint64_t total = kvc_state_framed_size(&f);
+    if (offset >= total || cap == 0) {
+        return KVC_OK;
+    }
+    return kvc_state_framed_write(&f, offset, out, total - offset < cap ? (size_t)(total - offset) : cap, written);
 }
 
 int kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                     size_t cap, size_t *written) {
-    kvc_state_src s;
-    rec_src(c, seq_id, &s);
-    return kvc_state_src_write(&s, offset, out, cap, written);
+    return kvc_recurrent_state_write_range_lay(c, seq_id, 0, offset, out, cap, written);
 }
 
 int kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
@@ -660,53 +691,13 @@ int kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *o
     return kvc_state_src_write(&s, 0, out, need, written);
 }
 
-typedef struct rec_reader {
-    const uint8_t *p;
-    size_t len, off;
-} rec_reader;
-
-static bool get_u32(rec_reader *r, uint32_t *v) {
-    if (r->len - r->off < 4) {
-        return false;
-    }
-    *v = kvc_le_get_u32(r->p + r->off);
-    r->off += 4;
-    return true;
-}
-
-static bool get_i32(rec_reader *r, int32_t *v) {
-    if (r->len - r->off < 4) {
-        return false;
-    }
-    *v = kvc_le_get_i32(r->p + r->off);
-    r->off += 4;
-    return true;
-}
-
-static bool get_u64(rec_reader *r, uint64_t *v) {
-    if (r->len - r->off < 8) {
-        return false;
-    }
-    *v = kvc_le_get_u64(r->p + r->off);
-    r->off += 8;
-    return true;
-}
-
-static bool skip(rec_reader *r, uint64_t n) {
-    if ((uint64_t)(r->len - r->off) < n) {
-        return false;
-    }
-    r->off += (size_t)n;
-    return true;
-}
-
-static int truncated(kvc_err *err, const rec_reader *r, const char *what) {
-    return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s", r->off, r->len, what);
+static int truncated(kvc_err *err, const kvc_cursor *r, const char *what) {
+    return kvc_cur_truncated(err, r, 0, "%s", what);
 }
 
 /* Parse, check and place the cells of the part into c->work (from a copy of the live table).
  * The live table is not touched. */
-static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t cell_count, kvc_err *err) {
+static int read_cells(kvc_recurrent *c, int32_t seq_id, kvc_cursor *r, uint32_t cell_count, kvc_err *err) {
     kvc_rec_cells *w = &c->work;
     const uint32_t size = c->cells.size;
     if (seq_id == -1) {
@@ -718,7 +709,7 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
         for (uint32_t i = 0; i < cell_count; i++) {
             int32_t pos;
             uint32_t n_seq_id;
-            if (!get_i32(r, &pos) || !get_u32(r, &n_seq_id)) {
+            if (!kvc_cur_i32(r, &pos) || !kvc_cur_u32(r, &n_seq_id)) {
                 return truncated(err, r, "the cell list");
             }
             if (pos < 0) {
@@ -727,7 +718,7 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
             w->pos[i] = pos;
             for (uint32_t j = 0; j < n_seq_id; j++) {
                 int32_t s;
-                if (!get_i32(r, &s)) {
+                if (!kvc_cur_i32(r, &s)) {
                     return truncated(err, r, "the cell list");
                 }
                 if (s < 0 || (uint32_t)s >= c->n_seq_max) {
@@ -757,7 +748,7 @@ static int read_cells(kvc_recurrent *c, int32_t seq_id, rec_reader *r, uint32_t 
     int32_t pos = 0;
     if (cell_count == 1) {
         uint32_t n_seq_id;
-        if (!get_i32(r, &pos) || !get_u32(r, &n_seq_id)) {
+        if (!kvc_cur_i32(r, &pos) || !kvc_cur_u32(r, &n_seq_id)) {
             return truncated(err, r, "the cell list");
         }
         if (n_seq_id != 0) {
@@ -797,14 +788,44 @@ int kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t *da
     return kvc_recurrent_state_read_ex(c, seq_id, data, len, 0, consumed, err);
 }
 
+int kvc_recurrent_state_read_lay(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                 unsigned flags, unsigned layout, size_t *consumed, kvc_err *err) {
+    size_t base = 0;
+    *consumed = 0;
+    /* the prefix is the one mark of a layout in a recurrent state: DETECT reads it when it is there */
+    if (layout & (KVC_LAYOUT_PREFIX | KVC_LAYOUT_DETECT)) {
+        int rc = kvc_state_prefix_skip(data, len, &base, err);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+        if (base && seq_id < 0) {
+            return kvc_err_set(err, KVC_E_STATE,
+                               "the state starts with the sequence-blob magic 0x%08x (byte 0): a sequence's state "
+                               "is read into a sequence (seq_id >= 0), not as the whole cache", KVC_SEQ_MAGIC);
+        }
+    }
+    if (!base) {
+        return kvc_recurrent_state_read_ex(c, seq_id, data, len, flags, consumed, err);
+    }
+    int rc = kvc_recurrent_state_read_ex(c, seq_id, data + base, len - base, flags, consumed, err);
+    if (rc != KVC_OK && err) {
+        char inner[sizeof err->msg];
+        memcpy(inner, err->msg, sizeof inner);
+        kvc_err_set(err, rc, "memory state (from byte %zu): %s", base, inner);
+    } else if (rc == KVC_OK) {
+        *consumed += base;
+    }
+    return rc;
+}
+
 int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                                 size_t *consumed, kvc_err *err) {
     if (seq_id < -1 || (seq_id >= 0 && (uint32_t)seq_id >= c->n_seq_max)) {
         return kvc_err_set(err, KVC_E_ARG, "seq_id %d is outside [0, %u) and not -1", seq_id, c->n_seq_max);
     }
-    rec_reader r = { data, data ? len : 0, 0 };
+    kvc_cursor r = { data, data ? len : 0, 0 };
     uint32_t cell_count;
-    if (!get_u32(&r, &cell_count)) {
+    if (!kvc_cur_u32(&r, &cell_count)) {
         return truncated(err, &r, "the cell count");
     }
     int st = read_cells(c, seq_id, &r, cell_count, err);
@@ -813,7 +834,7 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     }
 
     uint32_t v_trans, n_layer;
-    if (!get_u32(&r, &v_trans) || !get_u32(&r, &n_layer)) {
+    if (!kvc_cur_u32(&r, &v_trans) || !kvc_cur_u32(&r, &n_layer)) {
         return truncated(err, &r, "the layer header");
     }
     if (n_layer != c->n_layer) {
@@ -830,7 +851,7 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
             const size_t row = half ? c->layers[il].v_row_bytes : c->layers[il].k_row_bytes;
             int32_t t;
             uint64_t row_ref;
-            if (!get_i32(&r, &t) || !get_u64(&r, &row_ref)) {
+            if (!kvc_cur_i32(&r, &t) || !kvc_cur_u64(&r, &row_ref)) {
                 return truncated(err, &r, half ? "a V layer header" : "a K layer header");
             }
             if (t != type) {
@@ -842,7 +863,7 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
                                    il, name, (unsigned long long)row_ref, row);
             }
             c->read_off[2 * il + (uint32_t)half] = r.off;
-            if (!skip(&r, (uint64_t)cell_count * row)) {
+            if (!kvc_cur_skip(&r, (uint64_t)cell_count * row)) {
                 return truncated(err, &r, half ? "V rows" : "K rows");
             }
         }

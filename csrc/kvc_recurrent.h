@@ -143,6 +143,15 @@ int     kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint
  * kvc_unified_state_write_range). KVC_OK or KVC_E_NOMEM. */
 int     kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                         size_t cap, size_t *written);
+/* The same in a layout (enum kvc_layout_bits of kvc_state.h). A recurrent memory state has the
+ * seed's shape in every layout: only KVC_LAYOUT_PREFIX applies (single sequences). The reader
+ * takes a prefix when the layout has one or is KVC_LAYOUT_DETECT; an empty single-sequence state
+ * removes the destination in every layout (llama.cpp's recurrent memory did so throughout). */
+size_t  kvc_recurrent_state_size_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout);
+int     kvc_recurrent_state_write_range_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout,
+                                            uint64_t offset, uint8_t *out, size_t cap, size_t *written);
+int     kvc_recurrent_state_read_lay(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                     unsigned flags, unsigned layout, size_t *consumed, kvc_err *err);
 
 #ifdef __cplusplus
 }

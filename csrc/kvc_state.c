@@ -1,5 +1,6 @@
 #include "kvc_state.h"
 
+#include "kvc_cursor.h"
 #include "kvc_le.h"
 #include "kvc_types.h"
 
@@ -57,7 +58,8 @@ static void emit_u32(emitter *e, uint32_t v) {
 
 static bool src_listed(const kvc_state_src *s, uint32_t i) {
     if (s->seq_id >= 0) {
-        return (s->empty_is_no_seq || s->pos[i] != -1) && kvc_seqs_has(s->seq, s->size, i, s->seq_id);
+        return (s->empty_is_no_seq || s->pos[i] != -1) && kvc_seqs_has(s->seq, s->size, i, s->seq_id) &&
+               !(s->swa && kvc_unified_is_masked_swa(s->swa, s->pos[i], s->swa_pmax));
     }
     return s->empty_is_no_seq ? !kvc_seqs_none(s->seq, s->size, s->seq_words, i) : s->pos[i] != -1;
 }
@@ -251,6 +253,83 @@ int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, s
     return KVC_OK;
 }
 
+/* --- framing: prefix, stream count, per-stream sections --------------------------------------- */
+
+static bool src_empty(const kvc_state_src *s) {
+    for (uint32_t i = 0; i < s->size; i++) {
+        if (src_listed(s, i)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Bytes of stream k's section: its body, or in the stream layout its count alone when empty. */
+static uint64_t framed_section_bytes(const kvc_state_framed *f, uint32_t k) {
+    if ((f->layout & KVC_LAYOUT_STREAMS) && src_empty(&f->streams[k])) {
+        return 4;
+    }
+    return kvc_state_src_size(&f->streams[k]);
+}
+
+static uint64_t framed_head_bytes(const kvc_state_framed *f) {
+    return (f->prefix ? KVC_SEQ_PREFIX_BYTES : 0) + ((f->layout & KVC_LAYOUT_STREAMS) ? 4 : 0);
+}
+
+size_t kvc_state_framed_size(const kvc_state_framed *f) {
+    uint64_t n = framed_head_bytes(f);
+    for (uint32_t k = 0; k < f->n_stream; k++) {
+        n += framed_section_bytes(f, k);
+    }
+    return (size_t)n;
+}
+
+int kvc_state_framed_write(const kvc_state_framed *f, uint64_t offset, uint8_t *out, size_t cap,
+                           size_t *written) {
+    *written = 0;
+    uint8_t head[KVC_SEQ_PREFIX_BYTES + 4];
+    size_t nh = 0;
+    if (f->prefix) {
+        kvc_le_put_u32(head, KVC_SEQ_MAGIC);
+        kvc_le_put_i32(head + 4, f->seq_id);
+        nh = KVC_SEQ_PREFIX_BYTES;
+    }
+    if (f->layout & KVC_LAYOUT_STREAMS) {
+        kvc_le_put_u32(head + nh, f->n_stream);
+        nh += 4;
+    }
+    const uint64_t end = offset + cap;
+    size_t done = 0;
+    /* the header, then each section, each copied where it meets [offset, end) */
+    if (offset < nh) {
+        const size_t n = (size_t)((end < nh ? end : nh) - offset);
+        memcpy(out, head + offset, n);
+        done += n;
+    }
+    uint64_t at = nh;
+    for (uint32_t k = 0; k < f->n_stream && at < end; k++) {
+        const uint64_t nb = framed_section_bytes(f, k);
+        if (at + nb > offset) {
+            const uint64_t lo = offset > at ? offset - at : 0;
+            const uint64_t hi = end - at < nb ? end - at : nb;
+            if (nb == 4 && (f->layout & KVC_LAYOUT_STREAMS) && src_empty(&f->streams[k])) {
+                uint8_t zero[4] = { 0, 0, 0, 0 };
+                memcpy(out + done, zero + lo, (size_t)(hi - lo));
+            } else {
+                size_t w = 0;
+                const int rc = kvc_state_src_write(&f->streams[k], lo, out + done, (size_t)(hi - lo), &w);
+                if (rc != KVC_OK) {
+                    return rc;
+                }
+            }
+            done += (size_t)(hi - lo);
+        }
+        at += nb;
+    }
+    *written = done;
+    return KVC_OK;
+}
+
 /* --- the unified cache as a writer source --------------------------------------------------- */
 
 /* Bytes of V element of a transposed V (its type has block size 1). */
@@ -272,7 +351,16 @@ static void unified_layer(const void *cache, uint32_t il, kvc_state_layer_src *o
     out->n_embd_v = l->n_embd_v;
 }
 
-static void unified_src(const kvc_unified *c, int32_t seq_id, kvc_state_src *s) {
+/* Stream `stream` of the cache as a writer source (one stream today: the cache itself), with the
+ * cells a layout leaves out of a single sequence's state. */
+static void unified_src(const kvc_unified *c, uint32_t stream, int32_t seq_id, unsigned layout, kvc_state_src *s) {
+    (void)stream;
+    s->swa = NULL;
+    s->swa_pmax = -1;
+    if (seq_id >= 0 && (layout & KVC_LAYOUT_SWA_TRIM) && c->swa_type != KVC_SWA_NONE) {
+        s->swa = c;
+        s->swa_pmax = kvc_unified_seq_pos_max(c, seq_id);
+    }
     s->size = c->cells.size;
     s->pos = c->cells.pos;
     s->seq = c->cells.seq;
@@ -289,25 +377,52 @@ static void unified_src(const kvc_unified *c, int32_t seq_id, kvc_state_src *s) 
     s->layer = unified_layer;
 }
 
-size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) {
+/* The cache's memory state in a layout: its streams' sources (src[KVC_MAX_STREAMS_TODAY]) framed. */
+#define KVC_MAX_STREAMS_TODAY 1
+static void unified_framed(const kvc_unified *c, int32_t seq_id, unsigned layout, kvc_state_src *src,
+                           kvc_state_framed *f) {
+    f->layout = layout & ~(unsigned)KVC_LAYOUT_DETECT;
+    f->seq_id = seq_id;
+    f->prefix = seq_id >= 0 && (layout & KVC_LAYOUT_PREFIX);
+    f->n_stream = kvc_unified_n_stream(c);
+    for (uint32_t k = 0; k < f->n_stream; k++) {
+        unified_src(c, k, seq_id, layout, &src[k]);
+    }
+    f->streams = src;
+}
+
+size_t kvc_unified_state_size_lay(const kvc_unified *c, int32_t seq_id, unsigned layout) {
     if (!seq_id_valid(c, seq_id)) {
         return 0;
     }
-    kvc_state_src s;
-    unified_src(c, seq_id, &s);
-    return kvc_state_src_size(&s);
+    kvc_state_src src[KVC_MAX_STREAMS_TODAY];
+    kvc_state_framed f;
+    unified_framed(c, seq_id, layout, src, &f);
+    return kvc_state_framed_size(&f);
 }
 
-int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
-                                  size_t cap, size_t *written) {
+size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) { return kvc_unified_state_size_lay(c, seq_id, 0); }
+
+int kvc_unified_state_write_range_lay(kvc_unified *c, int32_t seq_id, unsigned layout, uint64_t offset,
+                                      uint8_t *out, size_t cap, size_t *written) {
     *written = 0;
     if (!seq_id_valid(c, seq_id)) {
         return KVC_E_ARG;
     }
     kvc_unified_defrag_settle(c);
-    kvc_state_src s;
-    unified_src(c, seq_id, &s);
-    return kvc_state_src_write(&s, offset, out, cap, written);
+    kvc_state_src src[KVC_MAX_STREAMS_TODAY];
+    kvc_state_framed f;
+    unified_framed(c, seq_id, layout, src, &f);
+    const uint64_t total = kvc_state_framed_size(&f);
+    if (offset >= total || cap == 0) {
+        return KVC_OK;
+    }
+    return kvc_state_framed_write(&f, offset, out, total - offset < cap ? (size_t)(total - offset) : cap, written);
+}
+
+int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
+                                  size_t cap, size_t *written) {
+    return kvc_unified_state_write_range_lay(c, seq_id, 0, offset, out, cap, written);
 }
 
 int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written) {
@@ -315,69 +430,28 @@ int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t
     if (!seq_id_valid(c, seq_id)) {
         return KVC_E_ARG;
     }
-    kvc_unified_defrag_settle(c);
-    kvc_state_src s;
-    unified_src(c, seq_id, &s);
-    const size_t total = kvc_state_src_size(&s);
+    const size_t total = kvc_unified_state_size(c, seq_id);
     if (cap < total) {
         return KVC_E_NOSPACE;
     }
-    return kvc_state_src_write(&s, 0, out, total, written);
+    return kvc_unified_state_write_range(c, seq_id, 0, out, total, written);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Reading: a bounds-checked cursor, a validating parse that changes nothing, then the apply.
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct reader {
-    const uint8_t *p;
-    size_t len, off;
-} reader;
-
-/* Take the next n bytes, or false (cursor unmoved) when fewer remain. */
-static bool rd_take(reader *r, size_t n, const uint8_t **out) {
-    if (r->len - r->off < n) {
-        return false;
-    }
-    *out = r->p + r->off;
-    r->off += n;
-    return true;
-}
-
-static bool rd_u32(reader *r, uint32_t *v) {
-    const uint8_t *q;
-    if (!rd_take(r, 4, &q)) {
-        return false;
-    }
-    *v = kvc_le_get_u32(q);
-    return true;
-}
-
-static bool rd_i32(reader *r, int32_t *v) {
-    const uint8_t *q;
-    if (!rd_take(r, 4, &q)) {
-        return false;
-    }
-    *v = kvc_le_get_i32(q);
-    return true;
-}
-
-static bool rd_u64(reader *r, uint64_t *v) {
-    const uint8_t *q;
-    if (!rd_take(r, 8, &q)) {
-        return false;
-    }
-    *v = kvc_le_get_u64(q);
-    return true;
-}
-
 /* "truncated at byte X of N while reading <what>" (X: where the failed read starts). */
-KVC_PRINTF_FORMAT(4, 5) static int fail_truncated(kvc_err *err, const reader *r, size_t need, const char *fmt, ...) {
+int kvc_cur_truncated(kvc_err *err, const kvc_cursor *r, size_t need, const char *fmt, ...) {
     char what[160];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
+    if (!need) {
+        return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s", r->off, r->len,
+                           what);
+    }
     return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s (%zu bytes)",
                        r->off, r->len, what, need);
 }
@@ -406,7 +480,7 @@ typedef struct parsed {
     uint32_t              d_layers_cap;
 } parsed;
 
-static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *ps, kvc_err *err) {
+static int parse_meta(const kvc_unified *c, int32_t seq_id, kvc_cursor *r, parsed *ps, kvc_err *err) {
     const uint32_t cc = ps->cell_count;
     const size_t min_rec = seq_id >= 0 ? 12 : 8;
     /* nothing is allocated for more cells than the bytes left can describe */
@@ -431,15 +505,15 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
     for (uint32_t i = 0; i < cc; i++) {
         int32_t pos;
         uint32_t n_seq_id;
-        if (!rd_i32(r, &pos)) {
-            return fail_truncated(err, r, 4, "the position of cell %" PRIu32 " of %" PRIu32, i, cc);
+        if (!kvc_cur_i32(r, &pos)) {
+            return kvc_cur_truncated(err, r, 4, "the position of cell %" PRIu32 " of %" PRIu32, i, cc);
         }
         if (pos < 0) {
             return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): negative position %" PRId32, i,
                                r->off - 4, pos);
         }
-        if (!rd_u32(r, &n_seq_id)) {
-            return fail_truncated(err, r, 4, "the sequence count of cell %" PRIu32 " of %" PRIu32, i, cc);
+        if (!kvc_cur_u32(r, &n_seq_id)) {
+            return kvc_cur_truncated(err, r, 4, "the sequence count of cell %" PRIu32 " of %" PRIu32, i, cc);
         }
         if (!c) {
             kvc_state_desc *d = ps->desc;
@@ -457,8 +531,8 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
                                    i, r->off - 4, n_seq_id);
             }
             int32_t ignored; /* the source sequence id: the destination replaces it */
-            if (!rd_i32(r, &ignored)) {
-                return fail_truncated(err, r, 4, "the sequence id of cell %" PRIu32 " of %" PRIu32, i, cc);
+            if (!kvc_cur_i32(r, &ignored)) {
+                return kvc_cur_truncated(err, r, 4, "the sequence id of cell %" PRIu32 " of %" PRIu32, i, cc);
             }
             ps->pos[i] = pos;
             continue;
@@ -473,8 +547,8 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, reader *r, parsed *p
         kvc_seqset_clear(&bits);
         for (uint32_t j = 0; j < n_seq_id; j++) {
             int32_t s;
-            if (!rd_i32(r, &s)) {
-                return fail_truncated(err, r, 4, "sequence id %" PRIu32 " of %" PRIu32 " of cell %" PRIu32, j,
+            if (!kvc_cur_i32(r, &s)) {
+                return kvc_cur_truncated(err, r, 4, "sequence id %" PRIu32 " of %" PRIu32 " of cell %" PRIu32, j,
                                       n_seq_id, i);
             }
             if (s < 0 || (uint32_t)s >= id_limit) {
@@ -506,7 +580,7 @@ KVC_PRINTF_FORMAT(4, 5) static int fail_layer(kvc_err *err, int32_t il, size_t a
 }
 
 /* Take the n = count * unit data bytes of a section, checking the product against what is left. */
-static int take_data(reader *r, uint64_t count, uint64_t unit, const char *what, int32_t il, uint64_t *n,
+static int take_data(kvc_cursor *r, uint64_t count, uint64_t unit, const char *what, int32_t il, uint64_t *n,
                      kvc_err *err) {
     const uint8_t *skip;
     const size_t left = r->len - r->off;
@@ -518,19 +592,19 @@ static int take_data(reader *r, uint64_t count, uint64_t unit, const char *what,
                            r->off, r->len, what, il, count, unit, left);
     }
     *n = count * unit;
-    rd_take(r, (size_t)*n, &skip);
+    kvc_cur_take(r, (size_t)*n, &skip);
     return KVC_OK;
 }
 
 /* Per layer V: i32 type, u64 row size (or u32 element size, u32 width when the blob's V is
  * transposed), the data. l is the cache's layer (NULL when describing), il its model index. */
-static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, reader *r, parsed *ps,
+static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, kvc_cursor *r, parsed *ps,
                          kvc_state_layer_desc *ld, kvc_err *err) {
     const uint32_t cc = ps->cell_count;
     const size_t at = r->off;
     int32_t type;
-    if (!rd_i32(r, &type)) {
-        return fail_truncated(err, r, 4, "the value type of layer %" PRId32, il);
+    if (!kvc_cur_i32(r, &type)) {
+        return kvc_cur_truncated(err, r, 4, "the value type of layer %" PRId32, il);
     }
     if (c && type != c->type_v) {
         return fail_layer(err, il, r->off - 4, "value type %" PRId32 " (%s) != cache's %" PRId32 " (%s)",
@@ -538,8 +612,8 @@ static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, r
     }
     if (ps->v_trans) {
         uint32_t el_ref, width;
-        if (!rd_u32(r, &el_ref)) {
-            return fail_truncated(err, r, 4, "the value element size of layer %" PRId32, il);
+        if (!kvc_cur_u32(r, &el_ref)) {
+            return kvc_cur_truncated(err, r, 4, "the value element size of layer %" PRId32, il);
         }
         if (c) {
             /* a transposed V stores single elements: the type must have blocks of one element
@@ -555,8 +629,8 @@ static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, r
                                   el_ref, t->type_size);
             }
         }
-        if (!rd_u32(r, &width)) {
-            return fail_truncated(err, r, 4, "the value width of layer %" PRId32, il);
+        if (!kvc_cur_u32(r, &width)) {
+            return kvc_cur_truncated(err, r, 4, "the value width of layer %" PRId32, il);
         }
         if (c && width != l->n_embd_v) {
             return fail_layer(err, il, r->off - 4, "value width (n_embd_v_gqa) %" PRIu32 " != cache's %" PRIu32,
@@ -577,8 +651,8 @@ static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, r
         return KVC_OK;
     }
     uint64_t row;
-    if (!rd_u64(r, &row)) {
-        return fail_truncated(err, r, 8, "the value row size of layer %" PRId32, il);
+    if (!kvc_cur_u64(r, &row)) {
+        return kvc_cur_truncated(err, r, 8, "the value row size of layer %" PRId32, il);
     }
     /* a transposed cache's v_row_bytes is its width times the element size: what rows of the
      * blob must hold to be converted */
@@ -600,20 +674,20 @@ static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, r
     return KVC_OK;
 }
 
-static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, int32_t il, reader *r, uint32_t cc,
+static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, int32_t il, kvc_cursor *r, uint32_t cc,
                          kvc_state_layer_desc *ld, kvc_err *err) {
     const size_t at = r->off;
     int32_t type;
     uint64_t row;
-    if (!rd_i32(r, &type)) {
-        return fail_truncated(err, r, 4, "the key type of layer %" PRId32, il);
+    if (!kvc_cur_i32(r, &type)) {
+        return kvc_cur_truncated(err, r, 4, "the key type of layer %" PRId32, il);
     }
     if (c && type != c->type_k) {
         return fail_layer(err, il, r->off - 4, "key type %" PRId32 " (%s) != cache's %" PRId32 " (%s)", type,
                           type_name(type), c->type_k, type_name(c->type_k));
     }
-    if (!rd_u64(r, &row)) {
-        return fail_truncated(err, r, 8, "the key row size of layer %" PRId32, il);
+    if (!kvc_cur_u64(r, &row)) {
+        return kvc_cur_truncated(err, r, 8, "the key row size of layer %" PRId32, il);
     }
     if (c && row != (uint64_t)l->k_row_bytes) {
         return fail_layer(err, il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row, l->k_row_bytes);
@@ -630,12 +704,12 @@ static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, int32_t il, r
 }
 
 /* The data section: V layout flag, layer count, every layer's K then every layer's V. */
-static int parse_data(const kvc_unified *c, reader *r, parsed *ps, unsigned flags, kvc_err *err) {
+static int parse_data(const kvc_unified *c, kvc_cursor *r, parsed *ps, unsigned flags, kvc_err *err) {
     static const char *const layout[2] = { "not transposed", "transposed" };
     uint32_t v_trans, n_layer;
     int rc;
-    if (!rd_u32(r, &v_trans)) {
-        return fail_truncated(err, r, 4, "the V layout flag");
+    if (!kvc_cur_u32(r, &v_trans)) {
+        return kvc_cur_truncated(err, r, 4, "the V layout flag");
     }
     if (v_trans > 1) {
         return kvc_err_set(err, KVC_E_STATE, "V layout (byte %zu): flag %" PRIu32 " is neither 0 nor 1",
@@ -647,8 +721,8 @@ static int parse_data(const kvc_unified *c, reader *r, parsed *ps, unsigned flag
                            r->off - 4, layout[v_trans], layout[c->v_trans]);
     }
     ps->v_trans = v_trans;
-    if (!rd_u32(r, &n_layer)) {
-        return fail_truncated(err, r, 4, "the layer count");
+    if (!kvc_cur_u32(r, &n_layer)) {
+        return kvc_cur_truncated(err, r, 4, "the layer count");
     }
     if (c && n_layer != c->n_layer) {
         return kvc_err_set(err, KVC_E_STATE,
@@ -683,28 +757,145 @@ static int parse_data(const kvc_unified *c, reader *r, parsed *ps, unsigned flag
     return KVC_OK;
 }
 
-/* Validate the whole state; nothing in the cache changes. On success ps says where things are
- * (ps->pos and ps->seq must be freed by the caller in every case). */
-static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
-                       parsed *ps, kvc_err *err) {
-    reader r = { data, data ? len : 0, 0 };
+/* Validate one stream's body at the cursor (the seed's state: cell count, cells, data); nothing in
+ * the cache changes. On success ps says where things are (ps->pos and ps->seq must be freed by the
+ * caller in every case). */
+static int parse_body(const kvc_unified *c, int32_t seq_id, kvc_cursor *r, unsigned flags, parsed *ps, kvc_err *err) {
     int rc;
-    if (!rd_u32(&r, &ps->cell_count)) {
-        return fail_truncated(err, &r, 4, "the cell count");
+    if (!kvc_cur_u32(r, &ps->cell_count)) {
+        return kvc_cur_truncated(err, r, 4, "the cell count");
     }
     if (c && ps->cell_count > c->cells.size) {
         return kvc_err_set(err, KVC_E_STATE,
-                           "not enough cells: the state holds %" PRIu32 " cells, the cache has %" PRIu32,
-                           ps->cell_count, c->cells.size);
+                           "not enough cells: the state holds %" PRIu32 " cells (byte %zu), the cache has %" PRIu32,
+                           ps->cell_count, r->off - 4, c->cells.size);
     }
-    if ((rc = parse_meta(c, seq_id, &r, ps, err)) != KVC_OK) {
+    if ((rc = parse_meta(c, seq_id, r, ps, err)) != KVC_OK) {
         return rc;
     }
-    ps->data_off = r.off;
-    if ((rc = parse_data(c, &r, ps, flags, err)) != KVC_OK) {
+    ps->data_off = r->off;
+    if ((rc = parse_data(c, r, ps, flags, err)) != KVC_OK) {
         return rc;
     }
-    ps->end = r.off;
+    ps->end = r->off;
+    return KVC_OK;
+}
+
+/* The stream count of a state in the stream layout: want (the cache's) or, with want 0, any
+ * count from 1 to KVC_MAX_SEQ. */
+static int parse_stream_count(kvc_cursor *r, uint32_t want, uint32_t *n, kvc_err *err) {
+    if (!kvc_cur_u32(r, n)) {
+        return kvc_cur_truncated(err, r, 4, "the stream count");
+    }
+    if (want && *n != want) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "n_stream mismatch: the state has %" PRIu32 " streams (byte %zu), the cache %" PRIu32,
+                           *n, r->off - 4, want);
+    }
+    if (*n == 0 || *n > KVC_MAX_SEQ) {
+        return kvc_err_set(err, KVC_E_STATE, "stream count %" PRIu32 " (byte %zu): expected 1 to %d", *n,
+                           r->off - 4, KVC_MAX_SEQ);
+    }
+    return KVC_OK;
+}
+
+/* True (and the 4-byte count taken) when the stream section at the cursor is empty. */
+static bool take_empty_section(kvc_cursor *r) {
+    if (r->len - r->off >= 4 && kvc_le_get_u32(r->p + r->off) == 0) {
+        r->off += 4;
+        return true;
+    }
+    return false;
+}
+
+/* Validate one cache's memory state in a layout. With streams, each stream section goes to the
+ * cache's stream of the same index (a single sequence: to its stream); the cache has one stream
+ * today, so the plan holds one section. */
+static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                       unsigned layout, parsed *ps, bool *noop, kvc_err *err) {
+    kvc_cursor r = { data, data ? len : 0, 0 };
+    *noop = false;
+    if (!(layout & KVC_LAYOUT_STREAMS)) {
+        return parse_body(c, seq_id, &r, flags, ps, err);
+    }
+    uint32_t n_stream = 0;
+    int rc = parse_stream_count(&r, kvc_unified_n_stream(c), &n_stream, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    for (uint32_t s = 0; s < n_stream; s++) {
+        if (take_empty_section(&r)) {
+            /* an empty section changes nothing of a single sequence; a whole-cache read has
+             * cleared the cache (llama.cpp clears once, before the sections) */
+            *noop = seq_id >= 0;
+            ps->end = r.off;
+            continue;
+        }
+        if ((rc = parse_body(c, seq_id, &r, flags, ps, err)) != KVC_OK) {
+            return rc;
+        }
+    }
+    return KVC_OK;
+}
+
+int kvc_state_prefix_skip(const uint8_t *data, size_t len, size_t *off, kvc_err *err) {
+    *off = 0;
+    if (!data || len < 4 || kvc_le_get_u32(data) != KVC_SEQ_MAGIC) {
+        return KVC_OK;
+    }
+    if (len < KVC_SEQ_PREFIX_BYTES) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte 4 of %zu while reading the sequence id of the sequence-blob "
+                           "prefix (4 bytes)", len);
+    }
+    *off = KVC_SEQ_PREFIX_BYTES;
+    return KVC_OK;
+}
+
+int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix,
+                             kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
+                             kvc_err *err) {
+    memset(f, 0, sizeof *f);
+    kvc_cursor r = { data, data ? len : 0, 0 };
+    int rc;
+    if (allow_prefix && (layout & KVC_LAYOUT_PREFIX)) {
+        size_t off;
+        if ((rc = kvc_state_prefix_skip(data, len, &off, err)) != KVC_OK) {
+            return rc;
+        }
+        if (off) {
+            f->prefixed = true;
+            f->src_seq_id = kvc_le_get_i32(data + 4);
+            r.off = off;
+        }
+    }
+    f->n_stream = 1;
+    if ((layout & KVC_LAYOUT_STREAMS) && (rc = parse_stream_count(&r, 0, &f->n_stream, err)) != KVC_OK) {
+        return rc;
+    }
+    for (uint32_t s = 0; s < f->n_stream; s++) {
+        const size_t at = r.off;
+        uint32_t cells = 0;
+        if (!(layout & KVC_LAYOUT_STREAMS) || !take_empty_section(&r)) {
+            kvc_state_desc d;
+            rc = kvc_state_describe(r.p + r.off, r.len - r.off, &d, NULL, NULL, 0, NULL, 0, err);
+            if (rc != KVC_OK) {
+                if (f->n_stream > 1 || at) {
+                    char inner[sizeof err->msg];
+                    memcpy(inner, err->msg, sizeof inner);
+                    kvc_err_set(err, rc, "stream %" PRIu32 " (from byte %zu): %s", s, at, inner);
+                }
+                return rc;
+            }
+            cells = d.cell_count;
+            r.off += d.end;
+        }
+        if (s < sec_cap) {
+            sec_off[s] = at;
+            sec_cells[s] = cells;
+        }
+    }
+    f->end = r.off;
     return KVC_OK;
 }
 
@@ -723,7 +914,8 @@ int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32
         memset(layers, 0, (size_t)layers_cap * sizeof *layers);
     }
     /* the whole-cache record shape: n_seq_id and the ids are read as they are */
-    const int rc = parse_state(NULL, -1, data, len, 0, &ps, err);
+    kvc_cursor r = { data, data ? len : 0, 0 };
+    const int rc = parse_body(NULL, -1, &r, 0, &ps, err);
     d->cell_count = ps.cell_count;
     d->data_off = ps.data_off;
     d->end = ps.end;
@@ -834,7 +1026,9 @@ static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
     }
     kvc_cells_rebuild_seq_pos(&c->cells, &touched);
     c->head = 0;
-    apply_data(c, ps, 0);
+    if (ps->cell_count) {
+        apply_data(c, ps, 0);
+    }
 }
 
 /* Single sequence, as the reference restores one: remove the destination sequence, then let the
@@ -892,19 +1086,28 @@ void kvc_state_plan_free(kvc_state_plan *plan) {
 
 int kvc_unified_state_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                               kvc_state_plan *plan, kvc_err *err) {
-    return kvc_unified_state_prepare_ex(c, seq_id, data, len, 0, plan, err);
+    return kvc_unified_state_prepare_lay(c, seq_id, data, len, 0, 0, plan, err);
 }
 
 int kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                                  kvc_state_plan *plan, kvc_err *err) {
+    return kvc_unified_state_prepare_lay(c, seq_id, data, len, flags, 0, plan, err);
+}
+
+int kvc_unified_state_prepare_lay(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                                  unsigned layout, kvc_state_plan *plan, kvc_err *err) {
     memset(plan, 0, sizeof *plan);
     if (!seq_id_valid(c, seq_id)) {
         return kvc_err_set(err, KVC_E_ARG, "seq_id %" PRId32 " out of range [-1, %" PRIu32 ")", seq_id,
                            c->n_seq_max);
     }
+    if (layout & KVC_LAYOUT_DETECT) {
+        return kvc_err_set(err, KVC_E_ARG, "a part is prepared in a known layout (detection reads whole states)");
+    }
     parsed ps;
     memset(&ps, 0, sizeof ps);
-    int rc = parse_state(c, seq_id, data, len, flags, &ps, err);
+    bool noop;
+    int rc = parse_state(c, seq_id, data, len, flags, layout, &ps, &noop, err);
     plan->data = data;
     plan->seq_id = seq_id;
     plan->cell_count = ps.cell_count;
@@ -913,6 +1116,10 @@ int kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *
     plan->pos = ps.pos; /* owned by the plan from here */
     plan->seq = ps.seq;
     plan->v_trans = ps.v_trans;
+    plan->noop = noop;
+    if (rc == KVC_OK && noop) {
+        plan->cell_count = 0;
+    }
     /* an empty single-sequence part only removes the sequence (contract C1b): always possible */
     if (rc == KVC_OK && seq_id >= 0 && plan->cell_count > 0) {
         rc = check_room(c, plan, err);
@@ -924,6 +1131,9 @@ int kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t *
 }
 
 int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
+    if (plan->noop) {
+        return KVC_OK;
+    }
     kvc_unified_defrag_settle(c);
     if (plan->seq_id < 0) {
         apply_whole(c, plan);
@@ -946,21 +1156,104 @@ int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
 
 int kvc_unified_state_read_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data,
                                  size_t len, size_t *consumed, kvc_err *err) {
-    return kvc_unified_state_read_parts_ex(caches, n_parts, seq_id, data, len, 0, consumed, err);
+    return kvc_unified_state_read_parts_lay(caches, n_parts, seq_id, data, len, 0, 0, consumed, NULL, err);
 }
 
 int kvc_unified_state_read_parts_ex(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
                                     const uint8_t *data, size_t len, unsigned flags, size_t *consumed,
                                     kvc_err *err) {
-    kvc_state_plan plans[KVC_STATE_MAX_PARTS];
-    size_t off = 0;
-    uint32_t k, n_ready = 0;
+    return kvc_unified_state_read_parts_lay(caches, n_parts, seq_id, data, len, flags, 0, consumed, NULL, err);
+}
+
+/* Phase 1 of a read: validate every part from data[base, len) (and find room for it) while nothing
+ * changes. KVC_OK with plans[0, n_parts) ready and *end = where the last part ends. */
+static int prepare_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data,
+                         size_t len, size_t base, unsigned flags, unsigned layout, kvc_state_plan *plans,
+                         size_t *end, kvc_err *err) {
+    size_t off = base;
     int rc = KVC_OK;
+    uint32_t k;
+    for (k = 0; k < n_parts && rc == KVC_OK; k++) {
+        rc = kvc_unified_state_prepare_lay(caches[k], seq_id, off ? data + off : data, len - off, flags, layout,
+                                           &plans[k], err);
+        if (rc == KVC_OK) {
+            off += plans[k].len;
+        } else if ((n_parts > 1 || off) && err) {
+            char inner[sizeof err->msg];
+            memcpy(inner, err->msg, sizeof inner);
+            if (n_parts > 1) {
+                kvc_err_set(err, rc, "part %" PRIu32 " of %" PRIu32 " (from byte %zu): %s", k, n_parts, off, inner);
+            } else {
+                kvc_err_set(err, rc, "memory state (from byte %zu): %s", off, inner);
+            }
+        }
+    }
+    if (rc == KVC_OK && (flags & KVC_STATE_EXACT) && off != len) {
+        rc = kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)",
+                         len - off, off, len);
+    }
+    if (rc != KVC_OK) {
+        for (uint32_t j = 0; j < k && j < n_parts; j++) {
+            kvc_state_plan_free(&plans[j]);
+        }
+        return rc;
+    }
+    *end = off;
+    return KVC_OK;
+}
+
+static void free_plans(kvc_state_plan *plans, uint32_t n) {
+    for (uint32_t k = 0; k < n; k++) {
+        kvc_state_plan_free(&plans[k]);
+    }
+}
+
+/* Whether data[0, len) is exactly n_parts memory states framed by layout (no prefix). */
+static bool frames_exactly(const uint8_t *data, size_t len, unsigned layout, uint32_t n_parts, kvc_err *err) {
+    size_t off = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        kvc_state_frame f;
+        if (kvc_state_describe_frame(off ? data + off : data, len - off, layout, false, &f, NULL, NULL, 0, err) !=
+            KVC_OK) {
+            return false;
+        }
+        off += f.end;
+    }
+    if (off != len) {
+        kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)", len - off,
+                    off, len);
+        return false;
+    }
+    return true;
+}
+
+/* Where the parts start: after the sequence-blob prefix when the layout has one and it is there. */
+static int parts_base(int32_t seq_id, const uint8_t *data, size_t len, unsigned layout, size_t *base, kvc_err *err) {
+    *base = 0;
+    if (!(layout & KVC_LAYOUT_PREFIX)) {
+        return KVC_OK;
+    }
+    int rc = kvc_state_prefix_skip(data, len, base, err);
+    if (rc == KVC_OK && *base && seq_id < 0) {
+        *base = 0;
+        return kvc_err_set(err, KVC_E_STATE,
+                           "the state starts with the sequence-blob magic 0x%08x (byte 0): a sequence's state "
+                           "is read into a sequence (seq_id >= 0), not as the whole cache", KVC_SEQ_MAGIC);
+    }
+    return rc;
+}
+
+int kvc_unified_state_read_parts_lay(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                     const uint8_t *data, size_t len, unsigned flags, unsigned layout,
+                                     size_t *consumed, unsigned *used, kvc_err *err) {
+    kvc_state_plan plans[KVC_STATE_MAX_PARTS];
+    size_t end = 0, base = 0;
+    int rc;
     *consumed = 0;
     if (n_parts == 0 || n_parts > KVC_STATE_MAX_PARTS) {
         return kvc_err_set(err, KVC_E_ARG, "%" PRIu32 " parts: expected 1 to %d", n_parts, KVC_STATE_MAX_PARTS);
     }
-    for (k = 0; k < n_parts; k++) {
+    for (uint32_t k = 0; k < n_parts; k++) {
         for (uint32_t j = 0; j < k; j++) {
             if (caches[j] == caches[k]) {
                 /* a prepared plan is only valid for the cache as it was */
@@ -968,35 +1261,75 @@ int kvc_unified_state_read_parts_ex(kvc_unified *const *caches, uint32_t n_parts
             }
         }
     }
-    /* phase 1: validate every part (and find room for it) while nothing changes */
-    for (k = 0; k < n_parts && rc == KVC_OK; k++) {
-        rc = kvc_unified_state_prepare_ex(caches[k], seq_id, off ? data + off : data, len - off, flags, &plans[k],
-                                          err);
-        if (rc == KVC_OK) {
-            off += plans[k].len;
-            n_ready++;
-        } else if (n_parts > 1 && err) {
-            char inner[sizeof err->msg];
-            memcpy(inner, err->msg, sizeof inner);
-            kvc_err_set(err, rc, "part %" PRIu32 " of %" PRIu32 " (from byte %zu): %s", k, n_parts, off, inner);
+    if (layout & KVC_LAYOUT_DETECT) {
+        const unsigned streams = layout & ~(unsigned)KVC_LAYOUT_DETECT;
+        if ((rc = parts_base(seq_id, data, len, KVC_LAYOUT_PREFIX, &base, err)) != KVC_OK) {
+            return rc;
         }
+        if (base) {
+            layout = streams; /* only the stream layouts have the prefix */
+            rc = prepare_parts(caches, n_parts, seq_id, data, len, base, flags, layout, plans, &end, err);
+        } else {
+            /* no mark in the bytes: the layout whose read against these caches takes exactly the
+             * input (the checks against the caches tell far more apart than the structure) */
+            kvc_state_plan other[KVC_STATE_MAX_PARTS];
+            kvc_err e_seed, e_streams;
+            size_t end_seed = 0;
+            e_seed.msg[0] = e_streams.msg[0] = 0;
+            const int r_streams = prepare_parts(caches, n_parts, seq_id, data, len, 0, flags | KVC_STATE_EXACT,
+                                                streams, plans, &end, &e_streams);
+            const int r_seed = prepare_parts(caches, n_parts, seq_id, data, len, 0, flags | KVC_STATE_EXACT, 0,
+                                             other, &end_seed, &e_seed);
+            if (r_streams == KVC_OK && r_seed == KVC_OK) {
+                free_plans(plans, n_parts);
+                free_plans(other, n_parts);
+                return kvc_err_set(err, KVC_E_STATE,
+                                   "the state reads both with and without stream counts (%zu bytes): pass the "
+                                   "layout to say which", len);
+            }
+            if (r_seed == KVC_OK) {
+                memcpy(plans, other, sizeof plans);
+                end = end_seed;
+                layout = 0;
+            } else if (r_streams == KVC_OK) {
+                layout = streams;
+            } else {
+                /* neither: the error of the framing the bytes have, when only one fits them */
+                kvc_err scratch;
+                const bool is_streams = frames_exactly(data, len, KVC_LAYOUT_STREAMS, n_parts, &scratch);
+                const bool is_seed = frames_exactly(data, len, 0, n_parts, &scratch);
+                if (is_streams != is_seed) {
+                    const kvc_err *e = is_streams ? &e_streams : &e_seed;
+                    return kvc_err_set(err, is_streams ? r_streams : r_seed, "%s", e->msg);
+                }
+                const int code = r_streams == KVC_E_STATE || r_seed != KVC_E_STATE ? r_streams : r_seed;
+                return kvc_err_set(err, code, "in no layout: with stream counts, %.100s; without, %.100s",
+                                   e_streams.msg, e_seed.msg);
+            }
+            rc = KVC_OK;
+        }
+    } else {
+        if ((rc = parts_base(seq_id, data, len, layout, &base, err)) != KVC_OK) {
+            return rc;
+        }
+        rc = prepare_parts(caches, n_parts, seq_id, data, len, base, flags, layout, plans, &end, err);
     }
-    if (rc == KVC_OK && (flags & KVC_STATE_EXACT) && off != len) {
-        rc = kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)",
-                         len - off, off, len);
+    if (rc != KVC_OK) {
+        return rc;
     }
     /* phase 2: apply them all; a prepared plan applies without failing */
-    for (k = 0; k < n_ready && rc == KVC_OK; k++) {
+    for (uint32_t k = 0; k < n_parts && rc == KVC_OK; k++) {
         rc = kvc_unified_state_apply(caches[k], &plans[k]);
         if (rc != KVC_OK) {
             kvc_err_set(err, rc, "part %" PRIu32 ": the cache changed after it was prepared", k);
         }
     }
-    for (k = 0; k < n_ready; k++) {
-        kvc_state_plan_free(&plans[k]);
-    }
+    free_plans(plans, n_parts);
     if (rc == KVC_OK) {
-        *consumed = off;
+        *consumed = end;
+        if (used) {
+            *used = layout;
+        }
     }
     return rc;
 }

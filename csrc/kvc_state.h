@@ -16,6 +16,24 @@
 extern "C" {
 #endif
 
+/* --- layouts ---------------------------------------------------------------------------------
+ * llama.cpp's memory state changed shape over time (docs/state.md has the table of layouts and
+ * llama.cpp versions). A layout is given to the codec as a set of these bits; 0 is the seed's
+ * layout (llama-cpp-python 0.3.10-0.3.14), and the functions without a layout argument use it. */
+enum kvc_layout_bits {
+    KVC_LAYOUT_STREAMS  = 1u, /* u32 n_stream, then per stream a u32 cell count and, when it is not
+                               * 0, the seed's body for that stream (an empty stream is its count) */
+    KVC_LAYOUT_PREFIX   = 2u, /* single-sequence blobs start with u32 KVC_SEQ_MAGIC, i32 seq id */
+    KVC_LAYOUT_SWA_TRIM = 4u, /* single-sequence blobs leave out the cells SWA-masked against the
+                               * sequence's largest position */
+    KVC_LAYOUT_DETECT   = 0x80000000u, /* readers only: find the layout (see the _lay readers) */
+};
+
+/* The first word of a sequence blob in the layouts with KVC_LAYOUT_PREFIX. */
+#define KVC_SEQ_MAGIC 0xaf143cd8u
+/* Bytes of that prefix: the magic and the source sequence id. */
+#define KVC_SEQ_PREFIX_BYTES 8u
+
 /* Bytes state_write would produce for seq_id (-1 = whole cache); 0 for an id outside
  * [-1, n_seq_max). */
 size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id);
@@ -37,6 +55,12 @@ int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t
  * places cells, as llama.cpp's). */
 int kvc_unified_state_read(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                            size_t *consumed, kvc_err *err);
+
+/* The same in a layout (enum kvc_layout_bits; KVC_LAYOUT_PREFIX is honoured only for a single
+ * sequence: a whole-cache state has no prefix). */
+size_t kvc_unified_state_size_lay(const kvc_unified *c, int32_t seq_id, unsigned layout);
+int kvc_unified_state_write_range_lay(kvc_unified *c, int32_t seq_id, unsigned layout, uint64_t offset,
+                                      uint8_t *out, size_t cap, size_t *written);
 
 /* Flags of the _ex readers. */
 enum kvc_state_flags {
@@ -83,7 +107,24 @@ typedef struct kvc_state_src {
     uint32_t        n_layer;
     const void     *cache;           /* passed to layer() */
     void          (*layer)(const void *cache, uint32_t il, kvc_state_layer_src *out);
+    const kvc_unified *swa;          /* single sequence: leave out the cells this cache's window
+                                      * masks against swa_pmax (NULL: none left out) */
+    int32_t         swa_pmax;
 } kvc_state_src;
+
+/* A memory state as the writer sees it: the streams of a cache, framed by a layout. */
+typedef struct kvc_state_framed {
+    unsigned             layout;     /* enum kvc_layout_bits */
+    int32_t              seq_id;     /* -1 = whole cache; the id of the prefix */
+    bool                 prefix;     /* write the sequence-blob prefix first */
+    uint32_t             n_stream;   /* 1 without KVC_LAYOUT_STREAMS */
+    const kvc_state_src *streams;    /* [n_stream] */
+} kvc_state_framed;
+
+/* Bytes of a framed state, and bytes [offset, offset + cap) of it (as kvc_state_src_write). */
+size_t kvc_state_framed_size(const kvc_state_framed *f);
+int    kvc_state_framed_write(const kvc_state_framed *f, uint64_t offset, uint8_t *out, size_t cap,
+                              size_t *written);
 
 /* The byte counts of a cache, checked once at its construction: its K/V memory (size cells of
  * the rows of n_layer layers: n_embd_k[l] elements of type_k, n_embd_v[l] of type_v) and its
@@ -130,6 +171,23 @@ typedef struct kvc_state_desc {
 int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                        uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err);
 
+/* The framing of a memory state, walked without a cache: whether a sequence-blob prefix leads
+ * (allowed only with allow_prefix and a layout with KVC_LAYOUT_PREFIX), the stream count, and
+ * per stream where its section starts and how many cells it lists. */
+typedef struct kvc_state_frame {
+    bool     prefixed;
+    int32_t  src_seq_id;   /* the prefix's sequence id */
+    uint32_t n_stream;     /* 1 in a layout without KVC_LAYOUT_STREAMS */
+    size_t   end;          /* bytes of the framed state */
+} kvc_state_frame;
+
+/* Walk the framed state at data[0, len) in layout (not DETECT). sec_off[s] / sec_cells[s] for the
+ * first sec_cap streams: the offset of stream s's body (its cell count) and that count. KVC_OK
+ * or KVC_E_STATE (err: what and where). */
+int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix,
+                             kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
+                             kvc_err *err);
+
 /* --- two-phase reading: several parts into several caches, all or nothing ------------------
  * A state may be made of consecutive parts, one per cache (an iSWA cache writes the part of its
  * base cache, then the part of its SWA cache). Reading it must leave every cache unchanged when
@@ -150,6 +208,8 @@ typedef struct kvc_state_plan {
     uint32_t       v_trans;    /* the part's V layout (differs from the cache's only when converting) */
     uint64_t      *seq;        /* whole cache: the cells' validated sequence sets, the cache's
                                 * seq_words words per cell (owned), else NULL */
+    bool           noop;       /* a single sequence's empty stream section (layouts with streams):
+                                * the destination keeps its cells */
 } kvc_state_plan;
 
 /* Validate the part at data[0, len) for seq_id and, for a single sequence, check that its cells
@@ -178,6 +238,22 @@ int  kvc_unified_state_prepare_ex(kvc_unified *c, int32_t seq_id, const uint8_t 
 int  kvc_unified_state_read_parts_ex(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
                                      const uint8_t *data, size_t len, unsigned flags, size_t *consumed,
                                      kvc_err *err);
+
+/* The readers in a layout (enum kvc_layout_bits). With KVC_LAYOUT_STREAMS the stream count must
+ * be the cache's ("n_stream mismatch" otherwise), and a single sequence's state may start with
+ * the sequence-blob prefix (its magic checked, its id ignored, as llama.cpp does). With
+ * KVC_LAYOUT_DETECT the layout is found: a leading KVC_SEQ_MAGIC means the stream layout, else
+ * the state must parse to exactly len bytes in one of the two (seed, streams); when both do,
+ * KVC_E_STATE asks for the layout. *used (may be NULL) = the layout read. */
+int  kvc_unified_state_prepare_lay(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                   unsigned flags, unsigned layout, kvc_state_plan *plan, kvc_err *err);
+int  kvc_unified_state_read_parts_lay(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                      const uint8_t *data, size_t len, unsigned flags, unsigned layout,
+                                      size_t *consumed, unsigned *used, kvc_err *err);
+
+/* The sequence-blob prefix in front of data[0, len) of a single sequence's state: *off = 8 when
+ * it is there, 0 when not. KVC_OK, or KVC_E_STATE when it is cut short. */
+int  kvc_state_prefix_skip(const uint8_t *data, size_t len, size_t *off, kvc_err *err);
 
 #ifdef __cplusplus
 }

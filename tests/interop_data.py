@@ -31,6 +31,15 @@ def interop_dir() -> Path:
     return d
 
 
+def interop_v10_dir() -> Path:
+    """../shared/interop-v10 (the blobs of llama-cpp-python 0.3.36); skips the calling test when
+    it is absent."""
+    d = shared_dir() / "interop-v10"
+    if not d.is_dir():
+        pytest.skip(f"llama.cpp 0.3.36 state blobs not found at {d} (set KVCACHE_SHARED)")
+    return d
+
+
 def model_path(name: str) -> Path:
     """A tiny GGUF model: the copy in tests/data/models, else the reference material's."""
     p = MODELS / name

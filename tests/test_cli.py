@@ -24,6 +24,7 @@ def _state_file(tmp_path):
 # one short, complete run of every command (the JSON output where there is one)
 RUNS = {
     "bench": lambda tmp: ["bench", "--quick", "--case", "find_slot", "--json", str(tmp / "bench.json")],
+    "convert": lambda tmp: ["convert", "--json", str(_state_file(tmp)), str(tmp / "out.bin"), "--to", "2025"],
     "demo": lambda tmp: ["demo", "--steps", "4", "--json"],
     "inspect": lambda tmp: ["inspect", "--json", str(_state_file(tmp))],
     "plan": lambda tmp: ["plan", "--n-layer", "2", "--n-embd-k-gqa", "64", "--n-ctx", "256", "--json"],

@@ -28,7 +28,7 @@ def _unified_blob(tmp_path, pos=(39,)):
     assert c.find_slot(kvcache.UBatch(list(pos), [0] * len(pos)))
     c.commit()
     path = tmp_path / "unified.bin"
-    path.write_bytes(c.state_write())
+    path.write_bytes(c.state_write(layout="2025"))
     return path
 
 
@@ -39,13 +39,14 @@ def _recurrent_blob(tmp_path):
         assert c.find_slot(kvcache.UBatch([0, 1], [[0], [1]]))
     c.commit()
     path = tmp_path / "recurrent.bin"
-    path.write_bytes(c.state_write(0))   # one sequence's: its cells carry no sequence id
+    path.write_bytes(c.state_write(0, layout="2025"))   # one sequence's: its cells carry no sequence id
     return path
 
 
 # --- --json ----------------------------------------------------------------------------------------
 
 JSON_RUNS = {
+    "convert": lambda tmp: ["convert", "--json", str(_unified_blob(tmp)), str(tmp / "out.bin"), "--to", "2026"],
     "demo": lambda tmp: ["demo", "--steps", "3", "--json"],
     "inspect": lambda tmp: ["inspect", "--json", str(_unified_blob(tmp))],
     "plan": lambda tmp: ["plan", "--n-layer", "2", "--n-embd-k-gqa", "64", "--n-ctx", "256", "--json"],

@@ -148,9 +148,9 @@ def test_llama_blobs_restore_into_the_cache_from_gguf(folder, blob):
         data = strip_context(data)
     seq_id = man["seq_id"]
     c = cache_from_manifest(folder)
-    assert c.state_read(data, seq_id) == len(data)
+    assert c.state_read(data, seq_id, layout="2025") == len(data)
     check_cells(c, man["expected"]["sections"], seq_id)
-    assert c.state_write(seq_id) == data
+    assert c.state_write(seq_id, layout="2025") == data
 
 
 # --- tiny models written here ----------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 import kvcache
 from kvcache import statefile
 
+from live_llama import LlamaCalls
 from interop_data import interop_dir, make_cache, manifest, model_path
 
 FOLDERS = ["llama_fa0", "llama_fa1", "llama_q8_fa1", "llama_bf16_fa1", "mamba", "gemma2_fa0"]
@@ -73,7 +74,7 @@ def test_blob_restores_and_writes_back(folder, name):
         assert f.tokens.tolist() == m["expected"]["tokens"]
         assert f.restore(cache, seq_id) == len(f.cache)
         out = io.BytesIO()
-        n = statefile.write_sequence_file(out, cache, seq_id, f.tokens)
+        n = statefile.write_sequence_file(out, cache, seq_id, f.tokens, layout="2025")
         assert n == len(data) and out.getvalue() == data
     elif wrapper == "session_file":
         f = statefile.load(path)
@@ -84,7 +85,7 @@ def test_blob_restores_and_writes_back(folder, name):
         ctx = f.context
         out = io.BytesIO()
         n = statefile.write_session_file(out, cache, ctx.arch, f.tokens, output_pos=ctx.output_pos,
-                                         logits=ctx.logits, embeddings=ctx.embeddings)
+                                         logits=ctx.logits, embeddings=ctx.embeddings, layout="2025")
         assert n == len(data) and out.getvalue() == data
     elif wrapper == "context":
         ctx = statefile.parse_context_state(data)
@@ -92,13 +93,13 @@ def test_blob_restores_and_writes_back(folder, name):
         ctx.restore(cache)
         out = io.BytesIO()
         statefile.write_context_state(out, cache, ctx.arch, output_pos=ctx.output_pos, logits=ctx.logits,
-                                      embeddings=ctx.embeddings)
+                                      embeddings=ctx.embeddings, layout="2025")
         assert out.getvalue() == data
     else:
         assert cache.state_read(data, seq_id, exact=True) == len(data)
-        assert cache.state_write(seq_id) == data
-        buf = bytearray(cache.state_size(seq_id))
-        assert cache.state_write_into(buf, seq_id) == len(data) and buf == data
+        assert cache.state_write(seq_id, layout="2025") == data
+        buf = bytearray(cache.state_size(seq_id, layout="2025"))
+        assert cache.state_write_into(buf, seq_id, layout="2025") == len(data) and buf == data
     _check_cells(cache, m, seq_id)
 
 
@@ -155,7 +156,7 @@ def _llama():
     return L
 
 
-class Llama:
+class Llama(LlamaCalls):
     """A llama.cpp model and contexts through llama_cpp's low-level API, quietly."""
 
     _models = {}
@@ -191,22 +192,6 @@ class Llama:
     def free(self, ctx):
         self.L.llama_free(ctx)
 
-    def decode(self, ctx, tokens):
-        """Decode [(token, pos, [seq ids]), ...]; the logits of the last token (a copy)."""
-        L = self.L
-        b = L.llama_batch_init(len(tokens), 0, 4)
-        try:
-            b.n_tokens = len(tokens)
-            for i, (t, p, seqs) in enumerate(tokens):
-                b.token[i], b.pos[i], b.n_seq_id[i] = t, p, len(seqs)
-                for k, s in enumerate(seqs):
-                    b.seq_id[i][k] = s
-                b.logits[i] = i == len(tokens) - 1
-            assert L.llama_decode(ctx, b) == 0
-        finally:
-            L.llama_batch_free(b)
-        return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(self.n_vocab,)).copy()
-
     def replay(self, ctx, m):
         """Run the calls that produced the manifest's blobs."""
         L = self.L
@@ -219,30 +204,6 @@ class Llama:
                 assert L.llama_kv_self_seq_rm(ctx, *op["args"]) == op.get("returned", True)
             else:
                 raise AssertionError(f"unknown op {op}")
-
-    def seq_get(self, ctx, seq_id) -> bytes:
-        L = self.L
-        n = L.llama_state_seq_get_size(ctx, seq_id)
-        buf = (ctypes.c_uint8 * n)()
-        assert L.llama_state_seq_get_data(ctx, buf, n, seq_id) == n
-        return bytes(buf)
-
-    def seq_set(self, ctx, data: bytes, seq_id) -> int:
-        L = self.L
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return L.llama_state_seq_set_data(ctx, buf, len(data), seq_id)
-
-    def state_get(self, ctx) -> bytes:
-        L = self.L
-        n = L.llama_state_get_size(ctx)
-        buf = (ctypes.c_uint8 * n)()
-        assert L.llama_state_get_data(ctx, buf, n) == n
-        return bytes(buf)
-
-    def state_set(self, ctx, data: bytes) -> int:
-        L = self.L
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return L.llama_state_set_data(ctx, buf, len(data))
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +249,7 @@ def test_live_llama_writes_what_kvcache_reads(folder):
             cache = make_cache(m)
             cache.state_read(live, s, exact=True)
             _check_cells(cache, m, s)
-            assert cache.state_write(s) == live
+            assert cache.state_write(s, layout="2025") == live
         m = manifest(d / "state.bin")
         whole = llama.state_get(ctx)
         assert hashlib.sha256(whole).hexdigest() == m["sha256"]
@@ -298,7 +259,7 @@ def test_live_llama_writes_what_kvcache_reads(folder):
         _check_cells(cache, m, -1)
         out = io.BytesIO()
         statefile.write_context_state(out, cache, ctx_state.arch, output_pos=ctx_state.output_pos,
-                                      logits=ctx_state.logits, embeddings=ctx_state.embeddings)
+                                      logits=ctx_state.logits, embeddings=ctx_state.embeddings, layout="2025")
         assert out.getvalue() == whole
     finally:
         llama.free(ctx)
@@ -316,8 +277,8 @@ def test_live_kvcache_sequence_continues_in_llama(folder):
     blob = (d / "seq0.bin").read_bytes()
     cache = make_cache(m)
     cache.state_read(blob, 0)
-    ours = bytearray(cache.state_size(0))
-    cache.state_write_into(ours, 0)
+    ours = bytearray(cache.state_size(0, layout="2025"))
+    cache.state_write_into(ours, 0, layout="2025")
 
     step = [(ref["token"], ref["pos"], [ref["seq_id"]])]
     results = []
@@ -345,7 +306,7 @@ def test_live_suffix_removed_in_kvcache_matches_llama(folder):
     cache = make_cache(m)
     cache.state_read(blob, 0)
     assert cache.seq_rm(0, 30, -1)
-    ours = cache.state_write(0)
+    ours = cache.state_write(0, layout="2025")
 
     ctx = llama.context(m)
     try:
@@ -378,7 +339,7 @@ def test_live_sequence_and_session_files_load_in_llama(llama, tmp_path):
     cache = make_cache(m)
     seq.restore(cache, 0)
     ours = tmp_path / "ours.ggsq"
-    statefile.write_sequence_file(ours, cache, 0, seq.tokens)
+    statefile.write_sequence_file(ours, cache, 0, seq.tokens, layout="2025")
     results = []
     for path in (d / "seq0.ggsq", ours):
         ctx = llama.context(m)
@@ -398,7 +359,8 @@ def test_live_sequence_and_session_files_load_in_llama(llama, tmp_path):
     sess.restore(cache)
     ours = tmp_path / "ours.ggsn"
     c = sess.context
-    statefile.write_session_file(ours, cache, c.arch, sess.tokens, output_pos=c.output_pos, logits=c.logits)
+    statefile.write_session_file(ours, cache, c.arch, sess.tokens, output_pos=c.output_pos, logits=c.logits,
+                                 layout="2025")
     results = []
     for path in (d / "session.ggsn", ours):
         ctx = llama.context(ms)
@@ -428,7 +390,7 @@ def test_live_converted_layout_loads_in_llama(llama):
     with pytest.raises(kvcache.StateError, match="V layout"):
         cache.state_read(blob, 0)
     cache.state_read(blob, 0, convert=True)
-    ours = cache.state_write(0)
+    ours = cache.state_write(0, layout="2025")
     ref, ref_logits = _ref("llama_fa1")
     ctx = llama.context(m1)
     try:

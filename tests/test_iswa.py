@@ -382,37 +382,37 @@ def filled(**kw):
 def test_state_is_the_base_part_then_the_swa_part():
     a = filled()
     for s in (-1, 0, 1, 2):
-        blob = a.state_write(s)
-        assert blob == a.base.state_write(s) + a.swa.state_write(s)
-        assert len(blob) == a.state_size(s) == a.base.state_size(s) + a.swa.state_size(s)
+        blob = a.state_write(s, layout="2025")
+        assert blob == a.base.state_write(s, layout="2025") + a.swa.state_write(s, layout="2025")
+        assert len(blob) == a.state_size(s, layout="2025") == a.base.state_size(s, layout="2025") + a.swa.state_size(s, layout="2025")
 
 
 def test_state_round_trips():
     a = filled()
-    blob = a.state_write()
+    blob = a.state_write(layout="2025")
     b = make()
-    assert b.state_read(blob + b"\x07" * 16) == len(blob)
-    assert b.state_write() == blob                            # cells and K/V of both caches
+    assert b.state_read(blob + b"\x07" * 16, layout="2025") == len(blob)
+    assert b.state_write(layout="2025") == blob                            # cells and K/V of both caches
     assert b.base.cells() == a.base.cells()                   # no hole in the base cache: same cells
     assert [cell[1:] for cell in b.swa.cells().nonempty()] == [cell[1:] for cell in a.swa.cells().nonempty()]
-    one = a.state_write(0)
+    one = a.state_write(0, layout="2025")
     d = make()
-    assert d.state_read(memoryview(one), 1) == len(one)
+    assert d.state_read(memoryview(one), 1, layout="2025") == len(one)
     assert positions(d.base, 1) == positions(a.base, 0) and positions(d.swa, 1) == positions(a.swa, 0)
 
 
 def test_empty_parts_remove_the_destination_per_cache():
     a = filled()
     a.swa.seq_rm(0)                          # sequence 0 only in the base cache
-    blob = a.state_write(0)
+    blob = a.state_write(0, layout="2025")
     b = filled()
-    assert b.state_read(blob, 2) == len(blob)
+    assert b.state_read(blob, 2, layout="2025") == len(blob)
     assert positions(b.base, 2) == positions(a.base, 0)
     assert positions(b.swa, 2) == []
     # an empty base part followed by the SWA part of another sequence
-    composed = make().base.state_write(0) + a.swa.state_write(1)
+    composed = make().base.state_write(0, layout="2025") + a.swa.state_write(1, layout="2025")
     c = filled()
-    assert c.state_read(composed, 1) == len(composed)
+    assert c.state_read(composed, 1, layout="2025") == len(composed)
     assert positions(c.base, 1) == [] and positions(c.swa, 1) == positions(a.swa, 1)
 
 
@@ -432,8 +432,8 @@ def _restored_cells(c):
 
 def test_failed_read_of_the_swa_part_leaves_everything_as_it_was():
     src = filled()
-    base_part, swa_part = src.base.state_write(), src.swa.state_write()
-    wrong_layers = make(swa_layers=[0]).swa.state_write()       # one SWA layer instead of two
+    base_part, swa_part = src.base.state_write(layout="2025"), src.swa.state_write(layout="2025")
+    wrong_layers = make(swa_layers=[0]).swa.state_write(layout="2025")       # one SWA layer instead of two
     twin = _busy_target()
     expected_after_restore = _restored_cells(twin)
     for bad in (base_part + swa_part[:-1],                      # truncated in the SWA part
@@ -443,29 +443,29 @@ def test_failed_read_of_the_swa_part_leaves_everything_as_it_was():
         c = _busy_target()
         before = snapshot(c)
         with pytest.raises(StateError, match="part 1"):
-            c.state_read(bad)
+            c.state_read(bad, layout="2025")
         assert snapshot(c) == before
         assert _restored_cells(c) == expected_after_restore   # the uncommitted slot survived
 
 
 def test_failed_single_sequence_read_leaves_everything_as_it_was():
     src = filled()
-    blob = src.state_write(0)
-    nb = len(src.base.state_write(0))
+    blob = src.state_write(0, layout="2025")
+    nb = len(src.base.state_write(0, layout="2025"))
     corrupt = bytearray(blob)
     corrupt[nb + 4 + 4:nb + 4 + 8] = (5).to_bytes(4, "little")   # first SWA cell: 5 sequence ids
     for bad in (bytes(corrupt), blob[:-3], blob[:nb]):
         c = _busy_target()
         before = snapshot(c)
         with pytest.raises(StateError, match="part 1"):
-            c.state_read(bad, 2)
+            c.state_read(bad, 2, layout="2025")
         assert snapshot(c) == before
 
 
 def test_no_room_in_the_swa_cache_fails_the_whole_read():
     src = make()
     step(src, list(range(6)), [0] * 6)
-    blob = src.state_write(0)                 # 6 cells in base, 4 in the SWA cache
+    blob = src.state_write(0, layout="2025")                 # 6 cells in base, 4 in the SWA cache
     c = make()
     # fill the 32-cell SWA cache with 30 cells of sequence 1 and 2 (its window is never pruned
     # because no range is recorded), leaving the base cache room to spare
@@ -473,19 +473,19 @@ def test_no_room_in_the_swa_cache_fails_the_whole_read():
     c.commit()
     before = snapshot(c)
     with pytest.raises(StateError, match="part 1.*no room"):
-        c.state_read(blob, 0)
+        c.state_read(blob, 0, layout="2025")
     assert snapshot(c) == before
-    part = src.base.state_write(0)
-    assert c.base.state_read(part, 0) == len(part)            # the base part alone would fit
+    part = src.base.state_write(0, layout="2025")
+    assert c.base.state_read(part, 0, layout="2025") == len(part)            # the base part alone would fit
 
 
 def test_state_read_rejects_before_reading():
     c = filled()
     before = snapshot(c)
     with pytest.raises(ValueError, match="seq_id"):
-        c.state_read(c.state_write(), 3)
+        c.state_read(c.state_write(layout="2025"), 3, layout="2025")
     with pytest.raises(TypeError):
-        c.state_read(123)
+        c.state_read(123, layout="2025")
     with pytest.raises(StateError, match="part 0"):
-        c.state_read(b"")
+        c.state_read(b"", layout="2025")
     assert snapshot(c) == before

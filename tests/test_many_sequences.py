@@ -5,10 +5,13 @@ past 63 as it treats the others.
 The unified cache runs a long random workload next to the reference model (kvcache.reference),
 compared after every step; the other caches and the splitter check the ids of the upper words
 by hand."""
+import struct
+
 import numpy as np
 import pytest
 
 import kvcache
+import kvcache.statefile
 from kvcache import Batch, ISWACache, RecurrentCache, StateError, UBatch, UnifiedCache
 from kvcache._core import describe_state
 from kvcache.reference import RefUBatch, UnifiedReference
@@ -101,20 +104,20 @@ def test_unified_against_the_reference(n_seq_max):
             r.reset_shift()
         _agree(c, r, n_seq_max)
     # the state of every sequence and of the whole cache round-trips, ids past 63 included
-    whole = c.state_write()
+    whole = c.state_write(layout="2025")
     d = UnifiedCache(128, 2, 4, 4, type_k="f32", type_v="f32", v_trans=False, **kw)
-    assert d.state_read(whole, exact=True) == len(whole)
+    assert d.state_read(whole, exact=True, layout="2025") == len(whole)
     # the cells in order, packed from cell 0 (a whole state lists the used cells only)
     assert [x[1:3] for x in d.cells().nonempty()] == [x[1:3] for x in c.cells().nonempty()]
-    assert d.state_write() == whole
+    assert d.state_write(layout="2025") == whole
     for s in hot:
-        blob = c.state_write(s)
+        blob = c.state_write(s, layout="2025")
         e = UnifiedCache(128, 2, 4, 4, type_k="f32", type_v="f32", v_trans=False, **kw)
-        e.state_read(blob, n_seq_max - 1 - s)
+        e.state_read(blob, n_seq_max - 1 - s, layout="2025")
         assert e.seq_pos_max(n_seq_max - 1 - s) == c.seq_pos_max(s)
         back = UnifiedCache(128, 2, 4, 4, type_k="f32", type_v="f32", v_trans=False, **kw)
-        back.state_read(e.state_write(n_seq_max - 1 - s), s)   # through another id and back
-        assert back.state_write(s) == blob
+        back.state_read(e.state_write(n_seq_max - 1 - s, layout="2025"), s, layout="2025")   # through another id and back
+        assert back.state_write(s, layout="2025") == blob
     desc = describe_state(whole)
     for i, (_, p, held, _) in enumerate(c.cells().nonempty()):
         words = desc["seq"][i].tolist()
@@ -125,15 +128,15 @@ def test_unified_against_the_reference(n_seq_max):
 def test_unified_ids_in_a_state_are_checked_against_the_cache(n_seq_max):
     src = UnifiedCache(32, 1, 4, 4, n_seq_max=256, n_pad=8)
     assert src.find_slot(UBatch([0, 1], [[n_seq_max - 1], [n_seq_max - 1, 255]]))
-    blob = src.state_write()
+    blob = src.state_write(layout="2025")
     dst = UnifiedCache(32, 1, 4, 4, n_seq_max=n_seq_max, n_pad=8)
     if n_seq_max == 256:
-        dst.state_read(blob)
+        dst.state_read(blob, layout="2025")
         assert dst.cells().nonempty() == src.cells().nonempty()
     else:
         before = dst.cells()
         with pytest.raises(StateError, match=f"sequence id 255 out of range \\[0, {n_seq_max}\\)"):
-            dst.state_read(blob)
+            dst.state_read(blob, layout="2025")
         assert dst.cells() == before
 
 
@@ -151,9 +154,9 @@ def test_iswa_prunes_sequences_of_every_word(n_seq_max):
     assert (c.base.seq_pos_min(hi), c.base.seq_pos_max(65)) == (0, 3)
     c.seq_cp(hi, 200 % n_seq_max, -1, -1)
     assert c.base.seq_pos_max(200 % n_seq_max) == 3
-    blob = c.state_write(hi)
+    blob = c.state_write(hi, layout="2025")
     d = ISWACache(64, 2, 4, 4, swa_layers=[1], n_swa=2, n_batch=8, n_seq_max=n_seq_max, n_pad=8)
-    d.state_read(blob, 64)
+    d.state_read(blob, 64, layout="2025")
     assert (d.base.seq_pos_min(64), d.swa.seq_pos_min(64)) == (0, 2)
 
 
@@ -170,12 +173,12 @@ def test_recurrent_states_of_every_word(n_seq_max):
     assert [63, hi] in c.cells()["seq_id"]
     c.seq_add(hi, 0, -1, 10)
     assert c.seq_pos_max(63) == 12                       # the shared state moved with it
-    whole = c.state_write()
+    whole = c.state_write(layout="2025")
     d = RecurrentCache(n_seq_max, 1, 4, 4)
-    d.state_read(whole)
-    assert d.cells()["seq_id"] == c.cells()["seq_id"] and d.state_write() == whole
-    one = c.state_write(hi)
-    d.state_read(one, 128 % n_seq_max)
+    d.state_read(whole, layout="2025")
+    assert d.cells()["seq_id"] == c.cells()["seq_id"] and d.state_write(layout="2025") == whole
+    one = c.state_write(hi, layout="2025")
+    d.state_read(one, 128 % n_seq_max, layout="2025")
     assert d.seq_pos_max(128 % n_seq_max) == 12
     assert c.seq_rm(hi, -1, -1)
     assert c.seq_pos_max(hi) == -1 and c.seq_pos_max(63) == 12
@@ -196,3 +199,21 @@ def test_batch_splitter_with_ids_of_every_word():
     b = Batch([0, 1, 2], [[255, 3], [255, 3], [70]], simple_split=False)
     out = [ub.seq_id for ub in b.ubatches(4, "seq")]
     assert [[255, 3]] in out and [[70]] in out
+
+
+@pytest.mark.parametrize("layout", kvcache.LAYOUTS)
+def test_every_layout_carries_ids_up_to_255(layout):
+    """Sequence ids below n_seq_max = 256 in every layout: the whole state lists them, a
+    sequence's state (with the prefix naming it, where the layout has one) moves to another id."""
+    c = kvcache.UnifiedCache(512, 1, 8, 8, n_seq_max=256, n_pad=1)
+    assert c.find_slot(kvcache.UBatch([0, 1, 2, 0], [[0, 255], [255], [255], [254]]))
+    c.commit()
+    whole = c.state_write(-1, layout=layout)
+    d = kvcache.UnifiedCache(512, 1, 8, 8, n_seq_max=256, n_pad=1)
+    assert d.state_read(whole, -1, layout=layout) == len(whole)
+    assert d.state_write(-1, layout=layout) == whole and d.seq_pos_max(255) == 2 and d.seq_pos_max(254) == 0
+    one = c.state_write(255, layout=layout)
+    if kvcache._core.layout_info(layout)["prefix"]:
+        assert struct.unpack_from("<Ii", one) == (kvcache.statefile.SEQ_MAGIC, 255)
+    assert d.state_read(one, 200, layout=layout) == len(one)
+    assert d.seq_pos_max(200) == 2

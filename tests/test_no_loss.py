@@ -36,24 +36,26 @@ def _pairs():
         src = busy_unified(seed=1, **kw)
         src.seq_rm(0, 0, 3)
         src.commit()
-        blobs = {"whole": (src.state_write(), -1), "seq1": (src.state_write(1), 1),
-                 "seq0-into-3": (src.state_write(0), 3)}
+        blobs = {"whole": (src.state_write(layout="2025"), -1), "seq1": (src.state_write(1, layout="2025"), 1),
+                 "seq0-into-3": (src.state_write(0, layout="2025"), 3),
+                 "whole-2026": (src.state_write(), -1), "seq1-2026": (src.state_write(1), 1)}
         out.append((f"unified-{name}", lambda kw=kw: busy_unified(seed=2, **kw), blobs))
     src = busy_iswa(seed=1)
     src.seq_rm(1, 0, 4)
     out.append(("iswa", lambda: busy_iswa(seed=2),
-                {"whole": (src.state_write(), -1), "seq0": (src.state_write(0), 0),
-                 "seq2-into-1": (src.state_write(2), 1)}))
+                {"whole": (src.state_write(layout="2025"), -1), "seq0": (src.state_write(0, layout="2025"), 0),
+                 "seq2-into-1": (src.state_write(2, layout="2025"), 1)}))
     src = busy_recurrent(seed=1)
     src.seq_rm(2)
     out.append(("recurrent", lambda: busy_recurrent(seed=2),
-                {"whole": (src.state_write(), -1), "seq1": (src.state_write(1), 1),
-                 "seq0-into-3": (src.state_write(0), 3)}))
+                {"whole": (src.state_write(layout="2025"), -1), "seq1": (src.state_write(1, layout="2025"), 1),
+                 "seq0-into-3": (src.state_write(0, layout="2025"), 3)}))
     return out
 
 
 PAIRS = _pairs()
-CASES = [(name, make, blob, seq) for name, make, blobs in PAIRS for blob, seq in blobs.values()]
+CASES = [(name, make, blob, seq, "2026" if key.endswith("-2026") else "2025")
+         for name, make, blobs in PAIRS for key, (blob, seq) in blobs.items()]
 IDS = [f"{name}-{b}" for name, _, blobs in PAIRS for b in blobs]
 
 
@@ -67,21 +69,21 @@ def _check_invariants(cache, strict=True):
         check_unified_invariants(cache, strict)
 
 
-@pytest.mark.parametrize("name,make,blob,seq_id", CASES, ids=IDS)
-def test_every_truncation_changes_nothing(name, make, blob, seq_id):
+@pytest.mark.parametrize("name,make,blob,seq_id,layout", CASES, ids=IDS)
+def test_every_truncation_changes_nothing(name, make, blob, seq_id, layout):
     cache = make()
     before = snapshot(cache)
     assert len(blob) > 8
     for cut in range(len(blob)):
         with pytest.raises(kvcache.StateError):
-            cache.state_read(blob[:cut], seq_id)
+            cache.state_read(blob[:cut], seq_id, layout=layout)
         assert_unchanged(cache, before, f"{name}: {cut} of {len(blob)} bytes")
     # one byte too many is an error only for an exact read; either way nothing changes on error
     with pytest.raises(kvcache.StateError):
-        cache.state_read(blob + b"\0", seq_id, exact=True)
+        cache.state_read(blob + b"\0", seq_id, exact=True, layout=layout)
     assert_unchanged(cache, before, f"{name}: trailing byte")
     # and the whole blob reads
-    assert cache.state_read(blob, seq_id, exact=True) == len(blob)
+    assert cache.state_read(blob, seq_id, exact=True, layout=layout) == len(blob)
     _check_invariants(cache)
 
 
@@ -101,8 +103,8 @@ def _corrupt(rng, blob):
     return bytes(b)
 
 
-@pytest.mark.parametrize("name,make,blob,seq_id", CASES, ids=IDS)
-def test_random_corruptions_change_nothing_or_read_consistently(name, make, blob, seq_id):
+@pytest.mark.parametrize("name,make,blob,seq_id,layout", CASES, ids=IDS)
+def test_random_corruptions_change_nothing_or_read_consistently(name, make, blob, seq_id, layout):
     rng = np.random.default_rng(20250 + len(blob))
     cache = make()
     before = snapshot(cache)
@@ -110,7 +112,7 @@ def test_random_corruptions_change_nothing_or_read_consistently(name, make, blob
     for trial in range(150):
         bad = _corrupt(rng, blob)
         try:
-            cache.state_read(bad, seq_id)
+            cache.state_read(bad, seq_id, layout=layout)
         except kvcache.StateError:
             failed += 1
             assert_unchanged(cache, before, f"{name}: corruption {trial}")
@@ -225,17 +227,18 @@ def test_iswa_find_slot_undo_keeps_earlier_slots():
     assert snapshot(cache) == snapshot(control)
 
 
+@pytest.mark.parametrize("layout", ["2025", "2026"])
 @pytest.mark.parametrize("make", [_big_unified, _big_iswa, busy_recurrent])
 @pytest.mark.parametrize("seq_id", [-1, 1])
-def test_state_write(make, seq_id):
-    want = make().state_write(seq_id)
+def test_state_write(make, seq_id, layout):
+    want = make().state_write(seq_id, layout=layout)
 
     def op(c):
-        assert c.state_write(seq_id) == want
+        assert c.state_write(seq_id, layout=layout) == want
         buf = bytearray(len(want))
-        assert c.state_write_into(buf, seq_id) == len(want) and bytes(buf) == want
+        assert c.state_write_into(buf, seq_id, layout=layout) == len(want) and bytes(buf) == want
         f = io.BytesIO()
-        c.state_write_into(f, seq_id)
+        c.state_write_into(f, seq_id, layout=layout)
         assert f.getvalue() == want
     assert _sweep(make, op) >= 1
 
@@ -244,14 +247,16 @@ def test_state_write(make, seq_id):
                                       (_big_iswa, lambda: busy_iswa(swa_full=True, kv_size=128, seed=7)),
                                       (busy_recurrent, lambda: busy_recurrent(seed=7))])
 @pytest.mark.parametrize("seq_id", [-1, 1])
-def test_state_read(make, src, seq_id):
-    blob = src().state_write(seq_id)
+@pytest.mark.parametrize("layout", ["2025", "2026", None])
+def test_state_read(make, src, seq_id, layout):
+    # None: the layout found from the bytes (a "2026" blob)
+    blob = src().state_write(seq_id, layout=layout or "2026")
     done = make()
-    done.state_read(blob, seq_id)
+    done.state_read(blob, seq_id, layout=layout)
     want = snapshot(done)
 
     def op(c):
-        c.state_read(blob, seq_id)
+        c.state_read(blob, seq_id, layout=layout)
         assert snapshot(c) == want
     _sweep(make, op)
 

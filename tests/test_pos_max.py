@@ -83,14 +83,14 @@ def test_masks_and_window_at_the_top():
 
 def test_state_round_trip_and_restore_into_a_sequence_at_the_top():
     c, _ = pair()
-    whole = c.state_write()
-    one = c.state_write(0)
+    whole = c.state_write(layout="2025")
+    one = c.state_write(0, layout="2025")
     d = kvcache.UnifiedCache(32, 1, 4, 4, type_k="f32", type_v="f32", v_trans=False, n_seq_max=3, n_pad=8)
-    d.state_read(whole)
+    d.state_read(whole, layout="2025")
     assert d.cells().nonempty() == c.cells().nonempty()
     assert (d.seq_pos_min(1), d.seq_pos_max(1)) == (TOP, TOP)
     # reading seq 0 again first removes all of seq 0, the cell at TOP included
-    d.state_read(one, 0)
+    d.state_read(one, 0, layout="2025")
     assert sorted(p for _, p, ids, _ in d.cells().nonempty() if 0 in ids) == [0, TOP - 1, TOP]
     assert (d.seq_pos_min(0), d.seq_pos_max(0)) == (0, TOP)
     d.seq_rm(0)
@@ -103,7 +103,7 @@ def test_a_sequence_blob_planting_the_top_position():
     the sequence again leaves nothing behind, index included."""
     src = kvcache.UnifiedCache(32, 1, 4, 4, type_k="f32", type_v="f32", v_trans=False, n_seq_max=2, n_pad=8)
     assert src.find_slot(kvcache.UBatch([TOP], [1]))
-    blob = src.state_write(1)
+    blob = src.state_write(1, layout="2025")
     cell = blob.index((TOP).to_bytes(4, "little"))
     assert cell == 4                                       # cell_count, then the cell's position
     c = kvcache.UnifiedCache(32, 1, 4, 4, type_k="f32", type_v="f32", v_trans=False, n_seq_max=2, n_pad=8)
@@ -112,9 +112,9 @@ def test_a_sequence_blob_planting_the_top_position():
     def held():
         return sorted((p, ids) for _, p, ids, _ in c.cells().nonempty())
 
-    c.state_read(blob, 0)                                  # seq 0 is replaced
+    c.state_read(blob, 0, layout="2025")                                  # seq 0 is replaced
     assert held() == [(4, [1]), (TOP, [0])]
-    c.state_read(blob, 0)                                  # again: the previous TOP cell goes first
+    c.state_read(blob, 0, layout="2025")                                  # again: the previous TOP cell goes first
     assert held() == [(4, [1]), (TOP, [0])]
     assert (c.seq_pos_min(0), c.seq_pos_max(0)) == (TOP, TOP)
     c.seq_rm(0, -1, -1)

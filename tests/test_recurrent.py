@@ -127,7 +127,7 @@ def test_byte_counts_that_do_not_fit_are_refused():
     with pytest.raises(ValueError, match="more bytes of K/V memory or state than a size_t can count"):
         RecurrentCache(1, 2**16, 2**31 - 1, 2**31 - 1, kv_size=2**20, buffers=None)
     c = RecurrentCache(1, 2**16, 2**31 - 1, 1, kv_size=2**10, buffers=None)
-    assert c.state_size() == 4 + 8 + 2**16 * 24
+    assert c.state_size(layout="2025") == 4 + 8 + 2**16 * 24
 
 
 def test_a_sequence_in_two_groups_is_refused():
@@ -200,16 +200,16 @@ def test_invalid_sequence_ids_change_nothing():
         lambda: c.seq_div(0, 0, -1, 0),
         lambda: c.seq_pos_min(4),
         lambda: c.seq_pos_max(-1),
-        lambda: c.state_write(4),
-        lambda: c.state_size(-2),
-        lambda: c.state_read(c.state_write(0), 7),
+        lambda: c.state_write(4, layout="2025"),
+        lambda: c.state_size(-2, layout="2025"),
+        lambda: c.state_read(c.state_write(0, layout="2025"), 7, layout="2025"),
     ]
     for call in calls:
         with pytest.raises(ValueError):
             call()
         assert snapshot(c) == before
     for call in [lambda: c.seq_rm("0"), lambda: c.seq_add(0, 0.5, 1, 1), lambda: c.seq_keep(True),
-                 lambda: c.find_slot([0]), lambda: c.k(0.0), lambda: c.state_read(12)]:
+                 lambda: c.find_slot([0]), lambda: c.k(0.0), lambda: c.state_read(12, layout="2025")]:
         with pytest.raises(TypeError):
             call()
         assert snapshot(c) == before
@@ -277,44 +277,44 @@ def test_store_checks_rows():
 
 def test_state_round_trip_whole_cache():
     c = busy_cache()
-    blob = c.state_write()
-    assert len(blob) == c.state_size()
+    blob = c.state_write(layout="2025")
+    assert len(blob) == c.state_size(layout="2025")
     d = busy_cache()
     d.clear()
-    assert d.state_read(blob) == len(blob)
-    assert d.state_write() == blob
+    assert d.state_read(blob, layout="2025") == len(blob)
+    assert d.state_write(layout="2025") == blob
     cs, ds = c.cells(), d.cells()
     listed = [i for i in range(c.size) if cs["seq_id"][i]]
     assert [ds["seq_id"][k] for k in range(len(listed))] == [cs["seq_id"][i] for i in listed]
     assert ds["src"].tolist()[:len(listed)] == list(range(len(listed)))
     assert d.used == len(listed) and d.head == 0
     for s in range(4):
-        assert d.state_write(s) == c.state_write(s)
+        assert d.state_write(s, layout="2025") == c.state_write(s, layout="2025")
         assert d.seq_pos_max(s) == c.seq_pos_max(s)
 
 
 def test_state_round_trip_one_sequence_into_another():
     c = busy_cache()
-    blob = c.state_write(0)
+    blob = c.state_write(0, layout="2025")
     assert struct.unpack_from("<IiI", blob) == (1, 3, 0)   # one cell, pos 3, no ids
     d = RecurrentCache(4, 2, [3, 4], [5, 2], type_k="f16", type_v="f32", n_embd_k_s=2, n_embd_v_s=[1, 3])
-    assert d.state_read(blob + b"\x01" * 16, 2) == len(blob)
+    assert d.state_read(blob + b"\x01" * 16, 2, layout="2025") == len(blob)
     assert d.seq_pos_max(2) == 3 and d.seq_pos_max(0) == -1
-    assert d.state_write(2) == blob
+    assert d.state_write(2, layout="2025") == blob
     assert d.s_copy().tolist() == [d.head]                  # the restored state is kept
     # an empty sequence's blob removes the destination sequence
     empty = RecurrentCache(4, 2, [3, 4], [5, 2], type_k="f16", type_v="f32", n_embd_k_s=2,
-                           n_embd_v_s=[1, 3]).state_write(1)
+                           n_embd_v_s=[1, 3]).state_write(1, layout="2025")
     assert len(empty) == 4 + 8 + 2 * 2 * 12
-    assert d.state_read(empty, 2) == len(empty)
+    assert d.state_read(empty, 2, layout="2025") == len(empty)
     assert d.seq_pos_max(2) == -1 and d.used == 0
 
 
 def blobs_for_truncation():
     c = busy_cache()
-    return {"whole": c.state_write(), "seq0": c.state_write(0), "shared": c.state_write(3),
+    return {"whole": c.state_write(layout="2025"), "seq0": c.state_write(0, layout="2025"), "shared": c.state_write(3, layout="2025"),
             "empty": RecurrentCache(4, 2, [3, 4], [5, 2], type_k="f16", type_v="f32", n_embd_k_s=2,
-                                    n_embd_v_s=[1, 3]).state_write(0)}
+                                    n_embd_v_s=[1, 3]).state_write(0, layout="2025")}
 
 
 @pytest.mark.parametrize("name", ["whole", "seq0", "shared", "empty"])
@@ -325,9 +325,9 @@ def test_every_truncation_fails_and_changes_nothing(name):
     before = snapshot(c)
     for cut in range(len(blob)):
         with pytest.raises(StateError):
-            c.state_read(blob[:cut], seq_id)
+            c.state_read(blob[:cut], seq_id, layout="2025")
         assert snapshot(c) == before, f"cut at {cut}"
-    assert c.state_read(blob, seq_id) == len(blob)
+    assert c.state_read(blob, seq_id, layout="2025") == len(blob)
 
 
 def _patch(blob, off, fmt, value):
@@ -338,8 +338,8 @@ def _patch(blob, off, fmt, value):
 
 def test_rejected_blobs_change_nothing():
     src = busy_cache()
-    whole = src.state_write()
-    one = src.state_write(0)
+    whole = src.state_write(layout="2025")
+    one = src.state_write(0, layout="2025")
     n_cells = struct.unpack_from("<I", whole)[0]
     # offset of the data section of `one`: count + (pos, n_seq_id)
     one_data = 4 + 8
@@ -370,21 +370,21 @@ def test_rejected_blobs_change_nothing():
     before = snapshot(c)
     for what, (blob, seq_id) in bad.items():
         with pytest.raises(StateError):
-            c.state_read(blob, seq_id)
+            c.state_read(blob, seq_id, layout="2025")
         assert snapshot(c) == before, what
     with pytest.raises(StateError, match="one cell"):
-        c.state_read(bytes(two_cells), 1)
+        c.state_read(bytes(two_cells), 1, layout="2025")
 
 
 def test_state_read_accepts_buffers():
     c = busy_cache()
-    blob = c.state_write()
+    blob = c.state_write(layout="2025")
     d = busy_cache()
     d.clear()
-    assert d.state_read(bytearray(blob)) == len(blob)
-    assert d.state_read(np.frombuffer(blob, dtype=np.uint8)) == len(blob)
-    assert d.state_read(memoryview(blob)) == len(blob)
-    assert d.state_write() == blob
+    assert d.state_read(bytearray(blob), layout="2025") == len(blob)
+    assert d.state_read(np.frombuffer(blob, dtype=np.uint8), layout="2025") == len(blob)
+    assert d.state_read(memoryview(blob), layout="2025") == len(blob)
+    assert d.state_write(layout="2025") == blob
 
 
 # --- random workloads ----------------------------------------------------------------------
@@ -452,23 +452,23 @@ def test_random_workload_invariants(ops, kv_size):
                 assert cells["tail"][s] == holders[0]
     # the codec reproduces the cache: whole and per sequence. A negative seq_add can leave a
     # cell holding sequences at a negative position; such blobs are rejected by contract.
-    blob = c.state_write()
+    blob = c.state_write(layout="2025")
     d = RecurrentCache(4, 2, [2, 3], [4, 1], type_k="f16", kv_size=kv_size)
     final = c.cells()
     negative = any(p < 0 and ids for p, ids in zip(final["pos"], final["seq_id"]))
     if negative:
-        before = d.state_write()
+        before = d.state_write(layout="2025")
         with pytest.raises(StateError, match="negative position"):
-            d.state_read(blob)
-        assert d.state_write() == before
+            d.state_read(blob, layout="2025")
+        assert d.state_write(layout="2025") == before
         return
-    assert d.state_read(blob) == len(blob)
-    assert d.state_write() == blob
+    assert d.state_read(blob, layout="2025") == len(blob)
+    assert d.state_write(layout="2025") == blob
     for s in range(4):
-        one = c.state_write(s)
+        one = c.state_write(s, layout="2025")
         e = RecurrentCache(4, 2, [2, 3], [4, 1], type_k="f16", kv_size=kv_size)
-        assert e.state_read(one, s) == len(one)
-        assert e.state_write(s) == one
+        assert e.state_read(one, s, layout="2025") == len(one)
+        assert e.state_write(s, layout="2025") == one
         assert (e.seq_pos_min(s), e.seq_pos_max(s)) == (c.seq_pos_min(s), c.seq_pos_max(s))
 
 
@@ -537,14 +537,14 @@ def test_interop_sequence_blobs(name):
     blob = cache_part(name)
     seq_id = man["seq_id"]
     c = cache_for(man)
-    assert c.state_read(blob, seq_id) == len(blob)
+    assert c.state_read(blob, seq_id, layout="2025") == len(blob)
     check_expected_cells(c, man, seq_id)
-    assert c.state_write(seq_id) == blob
+    assert c.state_write(seq_id, layout="2025") == blob
     # the state carries no sequence id: it restores under any id and writes back the same
     other = (seq_id + 1) % c.n_seq_max
     d = cache_for(man)
-    assert d.state_read(blob, other) == len(blob)
-    assert d.state_write(other) == blob
+    assert d.state_read(blob, other, layout="2025") == len(blob)
+    assert d.state_write(other, layout="2025") == blob
 
 
 @needs_interop
@@ -553,16 +553,16 @@ def test_interop_whole_state(name):
     man = manifest(name)
     blob = cache_part(name)
     c = cache_for(man)
-    assert c.state_read(blob) == len(blob)
+    assert c.state_read(blob, layout="2025") == len(blob)
     check_expected_cells(c, man, -1)
-    assert c.state_write() == blob
+    assert c.state_write(layout="2025") == blob
     for s, (lo, hi) in man["seq_pos_min_max"].items():
         assert (c.seq_pos_min(int(s)), c.seq_pos_max(int(s))) == (lo, hi)
     # the per-sequence blobs dumped at the same moment hold the same states
     for s in range(c.n_seq_max):
         path = MAMBA / f"seq{s}.bin"
         if path.exists():
-            assert c.state_write(s) == path.read_bytes()
+            assert c.state_write(s, layout="2025") == path.read_bytes()
 
 
 @needs_interop
@@ -570,9 +570,9 @@ def test_interop_truncated_blob_changes_nothing():
     man = manifest("seq1.bin")
     blob = cache_part("seq1.bin")
     c = cache_for(man)
-    c.state_read(cache_part("state.bin"))
+    c.state_read(cache_part("state.bin"), layout="2025")
     before = snapshot(c)
     for cut in (0, 3, 11, 12, 20, 24, 1000, len(blob) - 1):
         with pytest.raises(StateError):
-            c.state_read(blob[:cut], 3)
+            c.state_read(blob[:cut], 3, layout="2025")
         assert snapshot(c) == before

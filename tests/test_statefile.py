@@ -77,20 +77,20 @@ def _iswa(v_trans=True):
 @pytest.mark.parametrize("seq_id", [-1, 0, 1, 2])
 def test_write_into_every_target(make, seq_id):
     cache = make()
-    want = cache.state_write(seq_id)
-    n = cache.state_size(seq_id)
+    want = cache.state_write(seq_id, layout="2025")
+    n = cache.state_size(seq_id, layout="2025")
     assert n == len(want)
 
     ba = bytearray(n + 7)
-    assert cache.state_write_into(ba, seq_id) == n and ba[:n] == want and ba[n:] == bytes(7)
+    assert cache.state_write_into(ba, seq_id, layout="2025") == n and ba[:n] == want and ba[n:] == bytes(7)
     arr = np.zeros(n // 4 + 1, dtype=np.uint32)           # any item size: the bytes are the target
-    assert cache.state_write_into(arr, seq_id) == n and arr.tobytes()[:n] == want
+    assert cache.state_write_into(arr, seq_id, layout="2025") == n and arr.tobytes()[:n] == want
     mv = memoryview(bytearray(n + 3))[3:]
-    assert cache.state_write_into(mv, seq_id) == n and bytes(mv) == want
+    assert cache.state_write_into(mv, seq_id, layout="2025") == n and bytes(mv) == want
     with mmap.mmap(-1, n) as mm:
-        assert cache.state_write_into(mm, seq_id) == n and mm[:] == want
+        assert cache.state_write_into(mm, seq_id, layout="2025") == n and mm[:] == want
     f = io.BytesIO()
-    assert cache.state_write_into(f, seq_id) == n and f.getvalue() == want
+    assert cache.state_write_into(f, seq_id, layout="2025") == n and f.getvalue() == want
 
 
 def test_write_into_files_in_chunks(tmp_path):
@@ -103,32 +103,32 @@ def test_write_into_files_in_chunks(tmp_path):
         cache.k(il).view(np.uint8)[...] = np.arange(cache.k(il).nbytes, dtype=np.uint64).astype(np.uint8).reshape(
             cache.k(il).view(np.uint8).shape)
         cache.v(il).view(np.uint8)[...] = 7
-    want = cache.state_write(-1)
+    want = cache.state_write(-1, layout="2025")
     assert len(want) > 2 << 20
     p = tmp_path / "s.bin"
     with open(p, "wb", buffering=0) as f:
-        assert cache.state_write_into(f, -1) == len(want)
+        assert cache.state_write_into(f, -1, layout="2025") == len(want)
     assert p.read_bytes() == want
     with open(p, "wb") as f:
-        assert cache.state_write_into(f, 1) == cache.state_size(1)
-    assert p.read_bytes() == cache.state_write(1)
+        assert cache.state_write_into(f, 1, layout="2025") == cache.state_size(1, layout="2025")
+    assert p.read_bytes() == cache.state_write(1, layout="2025")
 
 
 def test_write_into_rejects():
     cache = _fill(_unified())
-    n = cache.state_size(0)
+    n = cache.state_size(0, layout="2025")
     with pytest.raises(ValueError, match=f"buf holds {n - 1} bytes, the state needs {n}"):
-        cache.state_write_into(bytearray(n - 1), 0)
+        cache.state_write_into(bytearray(n - 1), 0, layout="2025")
     with pytest.raises(TypeError, match="writable"):
-        cache.state_write_into(bytes(n), 0)
+        cache.state_write_into(bytes(n), 0, layout="2025")
     with pytest.raises(TypeError, match="writable buffer or a binary file object"):
-        cache.state_write_into(12, 0)
+        cache.state_write_into(12, 0, layout="2025")
     with pytest.raises(ValueError, match="C-contiguous"):
-        cache.state_write_into(np.zeros((n, 2), dtype=np.uint8)[:, 0], 0)
+        cache.state_write_into(np.zeros((n, 2), dtype=np.uint8)[:, 0], 0, layout="2025")
     with pytest.raises(ValueError, match="seq_id"):
-        cache.state_write_into(bytearray(n), 9)
+        cache.state_write_into(bytearray(n), 9, layout="2025")
     with pytest.raises(TypeError):
-        cache.state_write_into(io.StringIO(), 0)
+        cache.state_write_into(io.StringIO(), 0, layout="2025")
 
 
 # --- state_read: buffers, exact, convert --------------------------------------------------------
@@ -137,10 +137,10 @@ def test_write_into_rejects():
                                   lambda b: memoryview(b"xyz" + b)[3:]])
 def test_read_any_buffer(wrap):
     src = _fill(_unified())
-    blob = src.state_write(-1)
+    blob = src.state_write(-1, layout="2025")
     dst = _unified()
-    assert dst.state_read(wrap(blob)) == len(blob)
-    assert _listed(dst) == _listed(src) and dst.state_write(-1) == blob
+    assert dst.state_read(wrap(blob), layout="2025") == len(blob)
+    assert _listed(dst) == _listed(src) and dst.state_write(-1, layout="2025") == blob
 
 
 def _listed(cache):
@@ -150,21 +150,21 @@ def _listed(cache):
 
 def test_read_rejects_non_buffers():
     with pytest.raises(TypeError, match="bytes-like"):
-        _unified().state_read("not bytes")
+        _unified().state_read("not bytes", layout="2025")
     with pytest.raises(ValueError, match="C-contiguous"):
-        _unified().state_read(np.zeros((8, 2), np.uint8)[:, 0])
+        _unified().state_read(np.zeros((8, 2), np.uint8)[:, 0], layout="2025")
 
 
 @pytest.mark.parametrize("make", [lambda: _fill(_unified()), _recurrent, _iswa])
 def test_exact(make):
     src = make()
-    blob = src.state_write(1) + b"\0\0"
+    blob = src.state_write(1, layout="2025") + b"\0\0"
     dst = make()
     snap = (dst.base.cells(), dst.swa.cells()) if isinstance(dst, kvcache.ISWACache) else dst.cells()
     with pytest.raises(kvcache.StateError, match="2 trailing bytes after the state"):
-        dst.state_read(blob, 1, exact=True)
+        dst.state_read(blob, 1, exact=True, layout="2025")
     assert _eq_cells((dst.base.cells(), dst.swa.cells()) if isinstance(dst, kvcache.ISWACache) else dst.cells(), snap)
-    assert dst.state_read(blob, 1) == len(blob) - 2
+    assert dst.state_read(blob, 1, layout="2025") == len(blob) - 2
 
 
 def _eq_cells(a, b):
@@ -179,11 +179,11 @@ def _eq_cells(a, b):
 @pytest.mark.parametrize("seq_id", [-1, 0, 1])
 def test_convert_v_layout_both_ways(type_v, seq_id):
     t = _fill(_unified(True, type_v=type_v))
-    blob = t.state_write(seq_id)
+    blob = t.state_write(seq_id, layout="2025")
     rows = _unified(False, type_v=type_v)
     with pytest.raises(kvcache.StateError, match=r"V layout \(byte \d+\): the state has V transposed"):
-        rows.state_read(blob, seq_id)
-    assert rows.state_read(blob, seq_id, convert=True) == len(blob)
+        rows.state_read(blob, seq_id, layout="2025")
+    assert rows.state_read(blob, seq_id, convert=True, layout="2025") == len(blob)
     # the values follow: V element j of each restored cell, compared through the cells' order
     src_cells = [c for c in t.cells().nonempty() if seq_id < 0 or seq_id in c[2]]
     dst_cells = rows.cells().nonempty()
@@ -194,30 +194,30 @@ def test_convert_v_layout_both_ways(type_v, seq_id):
             assert tv[:, si].tobytes() == rv[di].tobytes()
             assert t.k(il)[si].tobytes() == rows.k(il)[di].tobytes()
     back = _unified(True, type_v=type_v)
-    assert back.state_read(rows.state_write(seq_id), seq_id, convert=True)
-    assert back.state_write(seq_id) == blob
+    assert back.state_read(rows.state_write(seq_id, layout="2025"), seq_id, convert=True, layout="2025")
+    assert back.state_write(seq_id, layout="2025") == blob
 
 
 @pytest.mark.parametrize("seq_id", [-1, 1])
 def test_iswa_convert_both_parts(seq_id):
     t = _iswa(True)
-    blob = t.state_write(seq_id)
+    blob = t.state_write(seq_id, layout="2025")
     rows = kvcache.ISWACache(64, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, v_trans=False, n_seq_max=3)
     with pytest.raises(kvcache.StateError, match="part 0 of 2 .*V layout"):
-        rows.state_read(blob, seq_id)
-    assert rows.state_read(blob, seq_id, convert=True, exact=True) == len(blob)
+        rows.state_read(blob, seq_id, layout="2025")
+    assert rows.state_read(blob, seq_id, convert=True, exact=True, layout="2025") == len(blob)
     back = _iswa(True)
-    back.state_read(rows.state_write(seq_id), seq_id, convert=True)
-    assert back.state_write(seq_id) == blob
+    back.state_read(rows.state_write(seq_id, layout="2025"), seq_id, convert=True, layout="2025")
+    assert back.state_write(seq_id, layout="2025") == blob
 
 
 def test_convert_refuses_quantized_transposed():
-    blob = bytearray(_fill(_unified(True, type_k="q8_0", widths=(32, 64), v_widths=(32, 64))).state_write(-1))
+    blob = bytearray(_fill(_unified(True, type_k="q8_0", widths=(32, 64), v_widths=(32, 64))).state_write(-1, layout="2025"))
     q = _unified(False, type_k="q8_0", type_v="q8_0", widths=(32, 64), v_widths=(32, 64))
     d = describe_state(blob)
     struct.pack_into("<i", blob, d["layers"][0]["v_offset"], 8)  # claim q8_0 values, transposed
     with pytest.raises(kvcache.StateError, match="q8_0 has blocks of 32 elements and cannot be transposed"):
-        q.state_read(blob, convert=True)
+        q.state_read(blob, convert=True, layout="2025")
 
 
 # --- every kind of bad blob: a precise message, nothing changed ---------------------------------
@@ -235,8 +235,8 @@ def _patch(blob, at, fmt, value):
 
 def _failure_cases():
     src = _fill(_unified())
-    seq = src.state_write(0)
-    whole = src.state_write(-1)
+    seq = src.state_write(0, layout="2025")
+    whole = src.state_write(-1, layout="2025")
     ds, ls = _offsets(seq)
     dw, lw = _offsets(whole)
     return [
@@ -251,7 +251,7 @@ def _failure_cases():
          r"value width \(n_embd_v_gqa\) 21 != cache's 20"),
         ("v_trans", _patch(seq, ds["data_offset"], "<I", 0), 0, r"V layout .*conversion not requested"),
         ("v_trans value", _patch(seq, ds["data_offset"], "<I", 7), 0, r"flag 7 is neither 0 nor 1"),
-        ("not enough cells", _patch(seq, 0, "<I", 65), 0, r"not enough cells: the state holds 65 cells, the cache has 64"),
+        ("not enough cells", _patch(seq, 0, "<I", 65), 0, r"not enough cells: the state holds 65 cells \(byte 0\), the cache has 64"),
         ("invalid seq id", _patch(whole, 12, "<i", 4), -1, r"sequence id 4 out of range \[0, 4\)"),
         ("n_seq_id", _patch(seq, 8, "<I", 2), 0, r"2 sequence ids in a single-sequence state \(must be 1\)"),
         ("negative position", _patch(seq, 4 + 12, "<i", -3), 0, r"cell 1 \(byte 16\): negative position -3"),
@@ -265,7 +265,7 @@ def test_every_failure_kind_is_precise_and_changes_nothing(case):
     dst = _fill(_unified(), seed=1)
     snap = _snapshot(dst)
     with pytest.raises(kvcache.StateError, match=pattern):
-        dst.state_read(blob, seq_id, exact=True)
+        dst.state_read(blob, seq_id, exact=True, layout="2025")
     _assert_unchanged(dst, snap)
 
 
@@ -273,7 +273,7 @@ def test_no_contiguous_run_is_precise_and_changes_nothing():
     src = _unified(kv_size=32)
     assert src.find_slot(kvcache.UBatch(pos=list(range(10)), seq_id=[0] * 10))
     src.commit()
-    blob = src.state_write(0)
+    blob = src.state_write(0, layout="2025")
     dst = _unified(kv_size=32)
     assert dst.find_slot(kvcache.UBatch(pos=list(range(32)), seq_id=[1] * 32))
     dst.commit()
@@ -281,49 +281,49 @@ def test_no_contiguous_run_is_precise_and_changes_nothing():
         assert dst.seq_rm(1, p0, p0 + 9)
     snap = _snapshot(dst)
     with pytest.raises(kvcache.StateError, match="no room: sequence 3 needs 10 contiguous free cells"):
-        dst.state_read(blob, 3)
+        dst.state_read(blob, 3, layout="2025")
     _assert_unchanged(dst, snap)
 
 
 def test_truncation_at_every_offset_changes_nothing():
     blob = (interop_dir() / "llama_fa0" / "seq1.bin").read_bytes()
     dst = kvcache.UnifiedCache(256, 3, 32, 32, v_trans=True, n_seq_max=4)
-    dst.state_read((interop_dir() / "llama_fa0" / "state.bin").read_bytes()[1233:])
+    dst.state_read((interop_dir() / "llama_fa0" / "state.bin").read_bytes()[1233:], layout="2025")
     snap = _snapshot(dst)
     for n in range(len(blob)):
         with pytest.raises(kvcache.StateError, match="truncated at byte"):
-            dst.state_read(memoryview(blob)[:n], 1)
+            dst.state_read(memoryview(blob)[:n], 1, layout="2025")
     _assert_unchanged(dst, snap)
 
 
 def test_empty_sequence_blob_restores_as_empty():
     src = _unified()
-    blob = src.state_write(3)
+    blob = src.state_write(3, layout="2025")
     assert len(blob) == 4 + 8 + 24 * 3
     dst = _fill(_unified())
     assert dst.seq_pos_max(1) >= 0
-    assert dst.state_read(blob, 1, exact=True) == len(blob)
+    assert dst.state_read(blob, 1, exact=True, layout="2025") == len(blob)
     assert dst.seq_pos_max(1) == -1
 
 
 def test_recurrent_failures_change_nothing():
     src = _recurrent()
-    blob = src.state_write(1)
+    blob = src.state_write(1, layout="2025")
     dst = _recurrent()
-    before = dst.state_write(-1)
+    before = dst.state_write(-1, layout="2025")
     for n in range(len(blob)):
         with pytest.raises(kvcache.StateError, match="truncated at byte"):
-            dst.state_read(blob[:n], 1)
+            dst.state_read(blob[:n], 1, layout="2025")
     with pytest.raises(kvcache.StateError, match="layer 0: K type 1 in the blob, 0 in the cache"):
-        dst.state_read(_patch(blob, describe_state(blob)["layers"][0]["k_offset"], "<i", 1), 1)
-    assert dst.state_write(-1) == before
+        dst.state_read(_patch(blob, describe_state(blob)["layers"][0]["k_offset"], "<i", 1), 1, layout="2025")
+    assert dst.state_write(-1, layout="2025") == before
 
 
 # --- describe_state and the wrappers under hostile input ----------------------------------------
 
 def test_describe_state_reports_layout():
     cache = _fill(_unified())
-    d = describe_state(cache.state_write(-1))
+    d = describe_state(cache.state_write(-1, layout="2025"))
     nonempty = cache.cells().nonempty()
     assert d["cell_count"] == len(nonempty) and d["v_trans"] == 1 and d["n_layer"] == 3
     assert d["pos"].tolist() == [c[1] for c in nonempty]
@@ -338,7 +338,7 @@ def test_describe_state_reports_layout():
 def _seq_file_bytes():
     cache = _fill(_unified())
     f = io.BytesIO()
-    statefile.write_sequence_file(f, cache, 0, [5, 6, 7])
+    statefile.write_sequence_file(f, cache, 0, [5, 6, 7], layout="2025")
     return cache, f.getvalue()
 
 
@@ -347,12 +347,12 @@ def test_sequence_file_round_trip(tmp_path):
     s = statefile.parse(data)
     assert isinstance(s, statefile.SequenceFile)
     assert (s.magic, s.version, s.tokens.tolist(), s.cache_offset) == (statefile.SEQUENCE_MAGIC, 2, [5, 6, 7], 24)
-    assert bytes(s.cache) == cache.state_write(0)
+    assert bytes(s.cache) == cache.state_write(0, layout="2025")
     dst = _unified()
     s.restore(dst, 2)
     assert [c[1] for c in dst.cells().nonempty()] == [c[1] for c in cache.cells().nonempty() if 0 in c[2]]
     p = tmp_path / "x.ggsq"
-    statefile.write_sequence_file(p, cache, 0, np.array([5, 6, 7]))
+    statefile.write_sequence_file(p, cache, 0, np.array([5, 6, 7]), layout="2025")
     assert p.read_bytes() == data
     assert statefile.load(p).tokens.tolist() == [5, 6, 7]
 
@@ -361,7 +361,7 @@ def test_session_file_round_trip(tmp_path):
     cache = _fill(_unified())
     logits = np.arange(10, dtype=np.float32)
     p = tmp_path / "x.ggsn"
-    n = statefile.write_session_file(p, cache, "llama", [1, 2, 3], output_pos=[0, 4], logits=logits)
+    n = statefile.write_session_file(p, cache, "llama", [1, 2, 3], output_pos=[0, 4], logits=logits, layout="2025")
     s = statefile.load(p)
     assert isinstance(s, statefile.SessionFile) and n == p.stat().st_size
     c = s.context
@@ -371,22 +371,25 @@ def test_session_file_round_trip(tmp_path):
     s.restore(dst)
     assert _listed(dst) == _listed(cache)
     ctx = statefile.load(io.BytesIO(p.read_bytes()[12 + 12:]))
-    assert isinstance(ctx, statefile.ContextState) and bytes(ctx.cache) == cache.state_write(-1)
+    assert isinstance(ctx, statefile.ContextState) and bytes(ctx.cache) == cache.state_write(-1, layout="2025")
 
 
 def test_wrappers_truncated_anywhere_raise_state_error():
     _, seqf = _seq_file_bytes()
     cache = _fill(_unified())
     f = io.BytesIO()
-    statefile.write_session_file(f, cache, "gemma2", [9] * 5, output_pos=[1], logits=np.ones(3))
+    statefile.write_session_file(f, cache, "gemma2", [9] * 5, output_pos=[1], logits=np.ones(3), layout="2025")
     sess = f.getvalue()
     for data, parse, header in ((seqf, statefile.parse_sequence_file, 24),
                                 (sess, statefile.parse_session_file, 12 + 20 + 10 + 4 + 4 + 8 + 12 + 8)):
         for n in range(header):
             with pytest.raises(kvcache.StateError, match="truncated at byte"):
                 parse(data[:n])
-        # past the header the cache part is cut short: the cache refuses it, unchanged
-        obj = parse(data[:-3])
+        # past the header the cache part is cut short: a version-9/2 file's layout is then in
+        # no shape that parses to the end; named, the cache refuses it, unchanged
+        with pytest.raises(kvcache.StateError, match="stream counts|any layout"):
+            parse(data[:-3])
+        obj = parse(data[:-3], layout="2025")
         dst = _unified()
         with pytest.raises(kvcache.StateError, match="truncated"):
             obj.restore(dst, 0) if isinstance(obj, statefile.SequenceFile) else obj.restore(dst)
@@ -395,7 +398,7 @@ def test_wrappers_truncated_anywhere_raise_state_error():
 
 @pytest.mark.parametrize("patch,pattern", [
     (lambda b: _patch(b, 0, "<I", 0x6767736F), "magic 0x6767736f is not a sequence file's 0x67677371"),
-    (lambda b: _patch(b, 4, "<I", 3), "version 3 .* knows version 2"),
+    (lambda b: _patch(b, 4, "<I", 4), "version 4 .* knows version 2 or 3"),
     (lambda b: _patch(b, 8, "<I", 0xFFFFFFFF), "the tokens holds 4294967295 items of 4 bytes"),
 ])
 def test_sequence_file_bad_header(patch, pattern):
@@ -414,7 +417,7 @@ def test_sequence_file_bad_header(patch, pattern):
 def test_context_state_bad_header(patch, pattern):
     cache = _fill(_unified())
     f = io.BytesIO()
-    statefile.write_context_state(f, cache, "llama", output_pos=[3], logits=np.ones(4))
+    statefile.write_context_state(f, cache, "llama", output_pos=[3], logits=np.ones(4), layout="2025")
     with pytest.raises(kvcache.StateError, match=pattern):
         statefile.parse_context_state(patch(f.getvalue()))
 
@@ -424,7 +427,7 @@ def test_write_arguments_checked():
     with pytest.raises(ValueError, match="architecture name"):
         statefile.write_context_state(io.BytesIO(), cache, "Llama 3")
     with pytest.raises(ValueError, match="output_pos must not be negative"):
-        statefile.write_context_state(io.BytesIO(), cache, "llama", output_pos=[-1])
+        statefile.write_context_state(io.BytesIO(), cache, "llama", output_pos=[-1], layout="2025")
     with pytest.raises(ValueError, match="seq_id"):
         statefile.write_sequence_file(io.BytesIO(), cache, 9, [])
     with pytest.raises(TypeError, match="tokens"):
@@ -467,7 +470,7 @@ def test_inspect_main_and_report(tmp_path):
 
     cache = _fill(_unified())
     p = tmp_path / "w.bin"
-    p.write_bytes(cache.state_write(-1))
+    p.write_bytes(cache.state_write(-1, layout="2025"))
     r = inspect.report(p)
     assert r["kind"] == "whole-cache blob" and r["variant"] == "unified" and r["variant_guessed"]
     assert r["sections"][0]["sequences"]["1"] == inspect._ranges(

@@ -132,9 +132,9 @@ def test_huge_metadata_only_byte_counts_are_exact():
     assert c.size_k_bytes == 4096 * 2**10 * 2**30 == 2**52
     assert c.size_v_bytes == 4096 * 2**10 * 4
     assert c.total_size == 2**52 + 2**24
-    assert c.state_size() == 4 + 8 + 2**10 * 24
+    assert c.state_size(layout="2025") == 4 + 8 + 2**10 * 24
     assert c.find_slot(UBatch(list(range(8)), [0] * 8))
-    assert c.state_size() == 4 + 8 * 12 + 8 + 2**10 * (24 + 8 * 2**30 + 8 * 4)
+    assert c.state_size(layout="2025") == 4 + 8 * 12 + 8 + 2**10 * (24 + 8 * 2**30 + 8 * 4)
 
 
 def test_dropped_layers_widths_are_not_checked_against_the_block():
@@ -572,30 +572,30 @@ def _filled(**kw):
 
 def test_state_round_trip_whole_cache():
     a = _filled()
-    blob = a.state_write()
-    assert isinstance(blob, bytes) and len(blob) == a.state_size()
+    blob = a.state_write(layout="2025")
+    assert isinstance(blob, bytes) and len(blob) == a.state_size(layout="2025")
     b = make(type_k="f16", type_v="f16", v_trans=True)
     for data in (blob, bytearray(blob), memoryview(blob), np.frombuffer(blob, np.uint8), blob + b"\x01" * 9):
-        assert b.state_read(data) == len(blob)
+        assert b.state_read(data, layout="2025") == len(blob)
         assert b.cells() == a.cells()
         for il in a.layers:
             assert np.array_equal(a.k(il), b.k(il)) and np.array_equal(a.v(il), b.v(il))
-        assert b.state_write() == blob
+        assert b.state_write(layout="2025") == blob
 
 
 def test_state_round_trip_one_sequence():
     a = _filled()
-    blob = a.state_write(1)
-    assert len(blob) == a.state_size(1) < a.state_size()
+    blob = a.state_write(1, layout="2025")
+    assert len(blob) == a.state_size(1, layout="2025") < a.state_size(layout="2025")
     b = make(type_k="f16", type_v="f16", v_trans=True)
-    assert b.state_read(blob, 3) == len(blob)
+    assert b.state_read(blob, 3, layout="2025") == len(blob)
     assert [cell[1:3] for cell in b.cells().nonempty()] == [[2, [3]], [3, [3]]]
     assert (b.seq_pos_min(3), b.seq_pos_max(3)) == (2, 3)
 
 
 def test_state_read_failure_changes_nothing():
     a = _filled()
-    blob = a.state_write()
+    blob = a.state_write(layout="2025")
     b = _filled()
     b.seq_rm(2)
     ub = UBatch([7], [3])
@@ -603,10 +603,10 @@ def test_state_read_failure_changes_nothing():
     before = snapshot(b)
     for bad in (blob[:-1], blob[:3], b"", blob[:4] + b"\xff" * (len(blob) - 4)):
         with pytest.raises(StateError):
-            b.state_read(bad)
+            b.state_read(bad, layout="2025")
         assert snapshot(b) == before
     other = make(type_k="f32", type_v="f16", v_trans=True)
     with pytest.raises(StateError):
-        other.state_read(blob)
+        other.state_read(blob, layout="2025")
     with pytest.raises(TypeError):
-        b.state_read(12345)
+        b.state_read(12345, layout="2025")

@@ -4,6 +4,8 @@ import os as _os
 __version__ = "0.1.0"
 
 from kvcache._core import (  # noqa: E402
+    DEFAULT_LAYOUT,
+    LAYOUTS,
     MAX_SEQ,
     Batch,
     Cells,
@@ -23,7 +25,7 @@ from kvcache.iswa import ISWACache, SWAWarning  # noqa: E402
 from kvcache.geometry import ModelGeometry, from_gguf, read_gguf  # noqa: E402
 
 __all__ = [
-    "MAX_SEQ", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
+    "DEFAULT_LAYOUT", "LAYOUTS", "MAX_SEQ", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
     "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
     "StreamUpdate", "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",

@@ -4,8 +4,8 @@
 
 from kvcache.includes.kvc_iswa cimport kvc_iswa_pending, kvc_iswa_pending_clear, kvc_iswa_pending_set
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
-from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
-                                         kvc_unified_state_read_parts_ex, KVC_STATE_MAX_PARTS)
+from kvcache.includes.kvc_state cimport (kvc_unified_state_size_lay, kvc_unified_state_write_range_lay,
+                                         kvc_unified_state_read_parts_lay, KVC_STATE_MAX_PARTS)
 from kvcache.includes.kvc_unified cimport kvc_unified_mark, kvc_unified_mark_take, kvc_unified_rewind
 
 
@@ -244,27 +244,33 @@ def _update_parts(caches, rope=None, n_max_nodes=65536):
         _end_all(order)
 
 
-def _state_size_parts(caches, seq_id=-1):
-    """Bytes of the state of seq_id (-1: all) over several caches: the sum of their parts."""
+def _state_size_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
+    """Bytes of the state of seq_id (-1: all) over several caches: the sum of their parts (the
+    sequence-blob prefix, when the layout has one, once in front of the first)."""
     cdef tuple cs = _caches_arg(caches)
     cdef _Unified c
     cdef size_t total = 0
     cdef int32_t s = -1
+    cdef Py_ssize_t k
     for c in cs:
         s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
+    cdef unsigned bits = write_layout_bits(layout, prefix, s)
     order = _lock_order(cs)
     _lock_all(order)
-    for c in cs:
-        total += kvc_unified_state_size(&c.c, s)
+    for k in range(len(cs)):
+        c = cs[k]
+        total += kvc_unified_state_size_lay(&c.c, s, bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX))
     _unlock_all(order)
     return total
 
 
-def _state_write_parts(caches, seq_id=-1):
-    """The state of seq_id (-1: all) of several caches as one blob: their parts in order."""
+def _state_write_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
+    """The state of seq_id (-1: all) of several caches as one blob: their parts in order (the
+    sequence-blob prefix, when the layout has one, once in front of the first)."""
     cdef tuple cs = _caches_arg(caches)
     cdef _Unified c
     cdef int32_t s = -1
+    cdef unsigned bits, part_bits
     cdef size_t sizes[KVC_STATE_MAX_PARTS]
     cdef size_t total = 0, off = 0, written
     cdef Py_ssize_t k, n = len(cs)
@@ -273,20 +279,22 @@ def _state_write_parts(caches, seq_id=-1):
     for k in range(n):
         c = cs[k]
         s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
+    bits = write_layout_bits(layout, prefix, s)
     order = _lock_order(cs)
     _begin_all(order, False, "state_write")
     try:
         for k in range(n):
             c = cs[k]
-            sizes[k] = kvc_unified_state_size(&c.c, s)
+            sizes[k] = kvc_unified_state_size_lay(&c.c, s, bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX))
             total += sizes[k]
         out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
         p = <uint8_t *>PyBytes_AS_STRING(out)
         for k in range(n):
             c = cs[k]
             written = 0
+            part_bits = bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX)
             with nogil:
-                r = kvc_unified_state_write(&c.c, s, p + off, sizes[k], &written)
+                r = kvc_unified_state_write_range_lay(&c.c, s, part_bits, 0, p + off, sizes[k], &written)
             if r < 0:
                 raise_status(r, NULL, "state_write")
             if written != sizes[k]:
@@ -297,18 +305,20 @@ def _state_write_parts(caches, seq_id=-1):
     return out
 
 
-def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False):
+def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False, layout=None):
     """Read a blob of consecutive parts, part k into caches[k], for seq_id (-1: whole caches).
 
     All or nothing: on failure (StateError naming the part) every cache is exactly as it was.
     Returns the bytes consumed (bytes after the last part are not read, unless exact: then they
-    are an error). convert: accept and convert parts whose V layout differs from their cache's."""
+    are an error). convert: accept and convert parts whose V layout differs from their cache's.
+    layout: a name of LAYOUTS, or None to find it from the bytes (kvc_unified_state_read_parts_lay)."""
     cdef tuple cs = _caches_arg(caches)
     cdef kvc_unified *ptrs[KVC_STATE_MAX_PARTS]
     cdef _Unified c
     cdef Py_ssize_t k, n = len(cs)
     cdef int32_t s = 0
     cdef unsigned flags = state_read_flags(convert, exact)
+    cdef unsigned bits = read_layout_bits(layout)
     for k in range(n):
         c = cs[k]
         s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
@@ -327,7 +337,8 @@ def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False):
         raise
     try:
         with nogil:
-            r = kvc_unified_state_read_parts_ex(ptrs, <uint32_t>n, s, ptr, nbytes, flags, &consumed, &err)
+            r = kvc_unified_state_read_parts_lay(ptrs, <uint32_t>n, s, ptr, nbytes, flags, bits, &consumed, NULL,
+                                                 &err)
     finally:
         _end_all(order)
         keep.release()

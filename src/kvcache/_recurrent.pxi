@@ -547,62 +547,71 @@ cdef class _Recurrent(RecurrentCore):
 
     # --- state ----------------------------------------------------------------------------
 
-    def state_size(self, seq_id=-1) -> int:
-        """Bytes state_write(seq_id) produces."""
+    def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None) -> int:
+        """Bytes state_write(seq_id, layout=layout, prefix=prefix) produces."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
+        cdef unsigned bits = write_layout_bits(layout, prefix, s)
         cdef size_t r
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
-            r = kvc_recurrent_state_size(&self.c, s)
+            r = kvc_recurrent_state_size_lay(&self.c, s, bits)
             kvc_pylock_release(&self._lock)
         return r
 
-    def state_write(self, seq_id=-1) -> bytes:
-        """The state of seq_id (-1: the whole cache) in llama.cpp's layout."""
+    def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None) -> bytes:
+        """The state of seq_id (-1: the whole cache) in llama.cpp's layout ``layout`` (a name of
+        kvcache.LAYOUTS). The recurrent memory state is the same in every layout; a sequence's
+        state of a layout with the sequence-blob prefix starts with it (prefix=False: without)."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
+        cdef unsigned bits = write_layout_bits(layout, prefix, s)
         cdef size_t n
         cdef size_t written = 0
         cdef int r
         cdef uint8_t *p
         op_begin(&self._lock, False, "state_write")
         try:
-            n = kvc_recurrent_state_size(&self.c, s)
+            n = kvc_recurrent_state_size_lay(&self.c, s, bits)
             out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
             p = <uint8_t *>PyBytes_AS_STRING(out)
             with nogil:
-                r = kvc_recurrent_state_write(&self.c, s, p, n, &written)
+                r = kvc_recurrent_state_write_range_lay(&self.c, s, bits, 0, p, n, &written)
         finally:
             op_end(&self._lock)
         check_status(r, NULL, "state_write")
         return out
 
-    def state_write_into(self, buf, seq_id=-1) -> int:
+    def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None) -> int:
         """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
 
         buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes, filled from C
         without an intermediate copy, or a binary file object, written in chunks of bounded
         size. The blob is the state of one moment: a change of the cache from the file's write()
-        raises RuntimeError there."""
+        raises RuntimeError there. layout, prefix: as state_write."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
+        cdef unsigned bits = write_layout_bits(layout, prefix, s)
         target = state_target(buf)      # taken before the lock, like every array argument
         op_begin(&self._lock, False, "state_write_into")
         try:
-            return state_write_into(&self.c, _recurrent_state_range, s, kvc_recurrent_state_size(&self.c, s),
-                                    target)
+            return state_write_into(&self.c, _recurrent_state_range, s, bits,
+                                    kvc_recurrent_state_size_lay(&self.c, s, bits), target)
         finally:
             op_end(&self._lock)
             if isinstance(target, _HeldBuffer):
                 (<_HeldBuffer>target).release()
 
-    def state_read(self, data, seq_id=-1, *, convert=False, exact=False) -> int:
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False, layout=None) -> int:
         """Restore one cache state from the front of data (bytes-like, not copied) into seq_id
         (-1: the whole cache); returns the bytes consumed (trailing bytes are not read, unless
         exact: then the state must end at the end of data). convert is accepted for the same
-        interface as the attention caches; a recurrent state has no V layout to convert. Raises
-        StateError when the blob is malformed, truncated or does not fit, and then nothing has
-        changed."""
+        interface as the attention caches; a recurrent state has no V layout to convert.
+        layout: a name of kvcache.LAYOUTS or None (found: the memory state is the same in every
+        layout, a sequence-blob prefix is taken when it is there). An empty sequence state
+        removes the destination sequence in every layout, as llama.cpp's recurrent memory does.
+        Raises StateError when the blob is malformed, truncated or does not fit, and then nothing
+        has changed."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
         cdef unsigned flags = state_read_flags(False, exact)
+        cdef unsigned bits = read_layout_bits(layout)
         cdef size_t n = 0
         cdef size_t consumed = 0
         cdef _HeldBuffer keep = state_data_view(data)
@@ -612,7 +621,7 @@ cdef class _Recurrent(RecurrentCore):
         err.msg[0] = 0
         with nogil:
             if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
-                r = kvc_recurrent_state_read_ex(&self.c, s, p, n, flags, &consumed, &err)
+                r = kvc_recurrent_state_read_lay(&self.c, s, p, n, flags, bits, &consumed, &err)
                 kvc_pylock_release(&self._lock)
             else:
                 r = _BUSY
@@ -661,6 +670,7 @@ cdef class _Recurrent(RecurrentCore):
         return self.c.n_seq_max
 
 
-cdef int _recurrent_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
+cdef int _recurrent_state_range(const void *c, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
+                                size_t cap,
                                 size_t *written) noexcept nogil:
-    return kvc_recurrent_state_write_range(<const kvc_recurrent *>c, seq_id, offset, out, cap, written)
+    return kvc_recurrent_state_write_range_lay(<const kvc_recurrent *>c, seq_id, layout, offset, out, cap, written)

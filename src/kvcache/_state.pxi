@@ -3,15 +3,85 @@
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, kvc_state_desc,
-                                         kvc_state_layer_desc, kvc_state_describe)
+                                         kvc_state_layer_desc, kvc_state_describe, KVC_LAYOUT_STREAMS,
+                                         KVC_LAYOUT_PREFIX, KVC_LAYOUT_SWA_TRIM, KVC_LAYOUT_DETECT,
+                                         KVC_SEQ_MAGIC, KVC_SEQ_PREFIX_BYTES, kvc_state_frame,
+                                         kvc_state_describe_frame)
 from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS
 
 # Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
 _STATE_CHUNK = 1 << 20
 
-# Writes bytes [offset, offset + cap) of a cache's state blob (see kvc_unified_state_write_range).
-ctypedef int (*state_range_fn)(const void *cache, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
-                               size_t *written) noexcept nogil
+# Writes bytes [offset, offset + cap) of a cache's state blob in a layout (see
+# kvc_unified_state_write_range_lay).
+ctypedef int (*state_range_fn)(const void *cache, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
+                               size_t cap, size_t *written) noexcept nogil
+
+# --- layouts ------------------------------------------------------------------------------------
+# The one table of llama.cpp's state layouts (docs/state.md): the name a user gives, the codec's
+# bits (csrc/kvc_state.h), what the wrappers of statefile hold, and the releases that wrote it.
+# Named by the month of the llama.cpp that llama-cpp-python vendored.
+_LAYOUT_TABLE = {
+    "2025": (0, True, 9, 2, 0, "0.3.10-0.3.14"),
+    "2025-08": (KVC_LAYOUT_STREAMS, True, 9, 2, 0, "0.3.15-0.3.16"),
+    "2026-03": (KVC_LAYOUT_STREAMS, False, 9, 2, 8, "0.3.17-0.3.22"),
+    "2026-05": (KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX, False, 9, 2, 8, "0.3.23-0.3.25"),
+    "2026-06": (KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX | KVC_LAYOUT_SWA_TRIM, False, 9, 2, 8, "0.3.26-0.3.35"),
+    "2026": (KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX | KVC_LAYOUT_SWA_TRIM, False, 10, 3, 12, "0.3.36"),
+}
+
+#: the layouts state_write and the statefile writers produce, oldest first
+LAYOUTS = tuple(_LAYOUT_TABLE)
+#: what the writers produce unless told otherwise: what today's llama.cpp reads
+DEFAULT_LAYOUT = "2026"
+#: the first word of a sequence blob of the layouts that have the prefix
+SEQ_MAGIC = <uint32_t>KVC_SEQ_MAGIC
+
+
+def layout_info(layout):
+    """What a layout (a name of LAYOUTS) is: a dict with ``streams`` (the memory state has a
+    stream count), ``prefix`` (sequence blobs start with SEQ_MAGIC and the seq id), ``swa_trim``
+    (sequence blobs leave out SWA-masked cells), ``outputs`` (whole-context states hold the
+    outputs, logits and embeddings), ``session_version`` / ``sequence_version`` (of the files),
+    ``cell_ext`` (bytes of the per-cell extension of models that have one) and
+    ``llama_cpp_python`` (the releases that write it)."""
+    bits, outputs, sv, qv, ext, rel = _layout_row(layout)
+    return {"name": layout, "streams": bool(bits & KVC_LAYOUT_STREAMS), "prefix": bool(bits & KVC_LAYOUT_PREFIX),
+            "swa_trim": bool(bits & KVC_LAYOUT_SWA_TRIM), "outputs": outputs, "session_version": sv,
+            "sequence_version": qv, "cell_ext": ext, "llama_cpp_python": rel}
+
+
+cdef tuple _layout_row(object layout):
+    row = _LAYOUT_TABLE.get(layout) if isinstance(layout, str) else None
+    if row is None:
+        if not isinstance(layout, str):
+            raise TypeError(f"layout must be a str (one of {', '.join(LAYOUTS)}), not {type(layout).__name__}")
+        raise ValueError(f"unknown layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    return row
+
+
+cdef unsigned write_layout_bits(object layout, object prefix, int32_t seq_id) except? 0xffffffff:
+    """The codec bits of a writer's layout; prefix None: the layout's own (a sequence blob of a
+    layout with the prefix starts with it), False: the bare memory state, True: insist on it."""
+    cdef unsigned bits = <unsigned>_layout_row(layout)[0]
+    if prefix is None:
+        return bits
+    if not isinstance(prefix, bool):
+        raise TypeError(f"prefix must be a bool or None, not {type(prefix).__name__}")
+    if prefix:
+        if seq_id < 0:
+            raise ValueError("prefix=True: a whole-cache state (seq_id -1) has no sequence-blob prefix")
+        if not bits & KVC_LAYOUT_PREFIX:
+            raise ValueError(f"prefix=True: layout {layout!r} has no sequence-blob prefix")
+        return bits
+    return bits & ~(<unsigned>KVC_LAYOUT_PREFIX)
+
+
+cdef unsigned read_layout_bits(object layout) except? 0xffffffff:
+    """The codec bits of a reader's layout; None: found from the bytes (KVC_LAYOUT_DETECT)."""
+    if layout is None:
+        return KVC_LAYOUT_DETECT | KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX
+    return <unsigned>_layout_row(layout)[0]
 
 
 cdef _HeldBuffer state_data_view(object data):
@@ -65,7 +135,8 @@ cdef object state_target(object buf):
     return buf
 
 
-cdef object state_write_into(const void *cache, state_range_fn fn, int32_t seq_id, size_t total, object target):
+cdef object state_write_into(const void *cache, state_range_fn fn, int32_t seq_id, unsigned layout, size_t total,
+                             object target):
     """Write a cache's state into a target from state_target: a buffer (straight from C, no copy
     in between) or a binary file object (in chunks of _STATE_CHUNK bytes). Returns the bytes
     written. The caller holds the cache's lock as an operation (op_begin): a file's write()
@@ -81,7 +152,7 @@ cdef object state_write_into(const void *cache, state_range_fn fn, int32_t seq_i
         if total == 0:
             return 0
         with nogil:
-            r = fn(cache, seq_id, 0, <uint8_t *>hb.view.buf, total, &written)
+            r = fn(cache, seq_id, layout, 0, <uint8_t *>hb.view.buf, total, &written)
         check_status(r, NULL, "state_write_into")
         return written
     write = getattr(target, "write", None)
@@ -92,7 +163,7 @@ cdef object state_write_into(const void *cache, state_range_fn fn, int32_t seq_i
     view = memoryview(chunk)
     while off < total:
         with nogil:
-            r = fn(cache, seq_id, off, &out[0], <size_t>out.shape[0], &written)
+            r = fn(cache, seq_id, layout, off, &out[0], <size_t>out.shape[0], &written)
         check_status(r, NULL, "state_write_into")
         if written == 0:
             raise RuntimeError("state_write_into: the state ended early (internal error)")
@@ -163,6 +234,35 @@ def describe_state(data):
     return {"cell_count": d.cell_count, "v_trans": d.v_trans, "n_layer": d.n_layer, "data_offset": d.data_off,
             "size": d.end, "n_seq_id_min": d.n_seq_id_min, "n_seq_id_max": d.n_seq_id_max, "pos": pos,
             "seq": seq, "layers": layers}
+
+
+def describe_frame(data, streams, allow_prefix=True):
+    """The framing of one cache's memory state at the front of data, with stream counts (streams
+    true) or without: a dict with ``prefixed`` (a sequence-blob prefix leads; only with allow_prefix),
+    ``src_seq_id`` (its id), ``n_stream`` (1 in the layouts without a stream count), ``size``
+    (bytes of the framed state) and ``sections``: per stream ``(offset, cell_count)``, the
+    offset of the stream's body (pass ``data[offset:]`` to describe_state when cell_count > 0,
+    or in the layouts without streams always). StateError names what is wrong and where."""
+    cdef unsigned bits = (KVC_LAYOUT_STREAMS if streams else 0) | KVC_LAYOUT_PREFIX
+    cdef size_t n = 0
+    cdef _HeldBuffer keep = state_data_view(data)
+    cdef const uint8_t *p = state_data_ptr(keep, &n)
+    cdef kvc_state_frame f
+    cdef kvc_err err
+    cdef int r
+    cdef bint ap = bool(allow_prefix)
+    cdef size_t offs[256]
+    cdef uint32_t cells[256]
+    err.msg[0] = 0
+    try:
+        with nogil:
+            r = kvc_state_describe_frame(p, n, bits, ap, &f, offs, cells, 256, &err)
+    finally:
+        keep.release()
+    check_status(r, &err, "describe_frame")
+    return {"prefixed": bool(f.prefixed), "src_seq_id": f.src_seq_id if f.prefixed else None,
+            "n_stream": f.n_stream, "size": f.end,
+            "sections": [(offs[i], cells[i]) for i in range(min(f.n_stream, 256))]}
 
 
 def ggml_type_name(type_id):

@@ -9,7 +9,8 @@ from kvcache.includes.kvc_update cimport (KVC_UPDATE_MAX_PARTS, kvc_update_opts,
                                           kvc_unified_update_parts)
 from kvcache.includes.kvc_rope cimport kvc_rope_params
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
-                                         kvc_unified_state_write_range)
+                                         kvc_unified_state_write_range, kvc_unified_state_size_lay,
+                                         kvc_unified_state_write_range_lay)
 
 _SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC_SWA_CHUNKED}
 _SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
@@ -1487,55 +1488,65 @@ cdef class _Unified(UnifiedCore):
         return Cells(pos, shift, np.ascontiguousarray(planes.T))
 
     # --- state ---------------------------------------------------------------------------
-    def state_size(self, seq_id=-1):
-        """Bytes state_write(seq_id) produces."""
+    def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
+        """Bytes state_write(seq_id, layout=layout, prefix=prefix) produces."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef unsigned bits = write_layout_bits(layout, prefix, s)
         cdef size_t r
         _refuse_state_2026(self, "state_size")
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
-            r = kvc_unified_state_size(&self.c, s)
+            r = kvc_unified_state_size_lay(&self.c, s, bits)
             kvc_pylock_release(&self._lock)
         return r
 
-    def state_write(self, seq_id=-1):
-        """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout."""
+    def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
+        """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout ``layout``
+        (a name of kvcache.LAYOUTS; "2026": today's llama.cpp, "2025": llama-cpp-python 0.3.10).
+        A sequence's state in a layout with the sequence-blob prefix is what
+        ``llama_state_seq_get_data`` returns (the magic, the seq id, the memory state);
+        prefix=False gives the memory state alone (what a sequence file holds)."""
         _refuse_state_2026(self, "state_write")
-        return _state_write_parts((self,), seq_id)
+        return _state_write_parts((self,), seq_id, layout, prefix)
 
-    def state_write_into(self, buf, seq_id=-1):
+    def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
         """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
 
         buf: a writable C-contiguous buffer of at least state_size(seq_id) bytes (bytearray,
         numpy array, mmap, memoryview...), filled from C without an intermediate copy; or a
         binary file object, written in chunks of bounded size. The blob is the state of one
-        moment: a change of the cache from the file's write() raises RuntimeError there."""
+        moment: a change of the cache from the file's write() raises RuntimeError there.
+        layout, prefix: as state_write."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
+        cdef unsigned bits = write_layout_bits(layout, prefix, s)
         _refuse_state_2026(self, "state_write_into")
         target = state_target(buf)      # taken before the lock, like every array argument
         op_begin(&self._lock, False, "state_write_into")
         try:
-            return state_write_into(&self.c, _unified_state_range, s, kvc_unified_state_size(&self.c, s),
-                                    target)
+            return state_write_into(&self.c, _unified_state_range, s, bits,
+                                    kvc_unified_state_size_lay(&self.c, s, bits), target)
         finally:
             op_end(&self._lock)
             if isinstance(target, _HeldBuffer):
                 (<_HeldBuffer>target).release()
 
-    def state_read(self, data, seq_id=-1, *, convert=False, exact=False):
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False, layout=None):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).
 
         data: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, mmap; not
         copied). Returns the bytes consumed (bytes after the state are not read, unless exact).
         convert: accept a blob whose V layout (transposed or not) differs from this cache's and
         convert it (llama.cpp refuses such a blob). exact: the state must end at the end of
-        data. Raises StateError on a malformed or incompatible blob, leaving the cache exactly as
-        it was."""
+        data. layout: a name of kvcache.LAYOUTS, or None (the default) to find it from the
+        bytes: the sequence-blob magic says a layout with stream counts; otherwise the state must
+        parse to exactly the end of data in one layout (StateError asks for layout= when it does
+        in both). A sequence's state may come with or without the sequence-blob prefix. Raises
+        StateError on a malformed or incompatible blob, leaving the cache exactly as it was."""
         _refuse_state_2026(self, "state_read")
-        return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact)
+        return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact, layout=layout)
 
 
-cdef int _unified_state_range(const void *c, int32_t seq_id, uint64_t offset, uint8_t *out, size_t cap,
-                              size_t *written) noexcept nogil:
+cdef int _unified_state_range(const void *c, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
+                              size_t cap, size_t *written) noexcept nogil:
     # the writer settles a pending defrag first: the cache is not const (state_write_into holds its lock)
-    return kvc_unified_state_write_range(<kvc_unified *>c, seq_id, offset, out, cap, written)
+    return kvc_unified_state_write_range_lay(<kvc_unified *>c, seq_id, layout, offset, out, cap, written)

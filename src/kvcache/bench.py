@@ -219,13 +219,13 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
         for t in range(cells):
             c.find_slot(kvcache.UBatch([t // 32], [t % 32]))
             c.commit()
-        nbytes = c.state_size()
+        nbytes = c.state_size(layout="2025")   # the baseline writes the seed's layout
         blob = bytearray(nbytes)
         blob[:] = b"\0" * nbytes   # pages faulted in, as for the memcpy yardstick
         base_blob = bytearray(nbytes + 1)
         base_blob[:] = b"\0" * len(base_blob)
         _, n_base = w.base_state(base_blob, False)
-        c.state_write_into(blob)
+        c.state_write_into(blob, layout="2025")
         if n_base != nbytes or base_blob[:nbytes] != blob:
             raise AssertionError("the public API's state blob differs from the baseline's")
         base_view = memoryview(base_blob)[:nbytes]
@@ -233,14 +233,14 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
         def write():
             _bench.scrub()   # clean caches before every timed part (the baseline's and memcpy's too)
             t = time.perf_counter_ns()
-            c.state_write_into(blob)
+            c.state_write_into(blob, layout="2025")
             t = time.perf_counter_ns() - t
             return t, w.base_state(base_blob, False)[0], _bench.memcpy_ns(nbytes, 2) / 2
 
         def read():
             _bench.scrub()
             t = time.perf_counter_ns()
-            c.state_read(blob)
+            c.state_read(blob, layout="2025")
             t = time.perf_counter_ns() - t
             return t, w.base_state(base_view, True)[0], _bench.memcpy_ns(nbytes, 2) / 2
         for what, fn in (("write", write), ("read", read)):
@@ -251,7 +251,7 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
                                 fast, base, gbps=nbytes / statistics.median(fast), yardstick="memcpy of the blob's bytes",
                                 yardstick_gbps=nbytes / statistics.median(mc), yardstick_ratio=_paired(fast, mc)))
         # the reads restored what was written, on both sides
-        if c.state_write() != bytes(blob) or w.base_state(base_blob, False)[1] != nbytes or base_blob[:nbytes] != blob:
+        if c.state_write(layout="2025") != bytes(blob) or w.base_state(base_blob, False)[1] != nbytes or base_blob[:nbytes] != blob:
             raise AssertionError("a state read did not restore the blob it read")
     return rows
 

@@ -25,6 +25,7 @@ VARIANTS = ("unified", "iswa", "recurrent")
 _RECURRENT_ARCHS = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
 
 GGUF_MAGIC = b"GGUF"
+SEQ_MAGIC_BYTES = (0xAF143CD8).to_bytes(4, "little")
 
 KINDS = {"session": "session file", "sequence": "sequence file", "context": "whole-context state",
          "cache": "cache state"}
@@ -90,8 +91,76 @@ def _section(name: str, desc: Mapping[str, Any], offset: int) -> dict[str, Any]:
     }
 
 
-def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str | None):
+def _empty_section(name: str, offset: int) -> dict[str, Any]:
+    """A stream section without cells: its cell count alone (the layouts with stream counts)."""
+    return {"name": name, "offset": offset, "size": 4, "cell_count": 0, "v_trans": False, "n_layer": 0,
+            "n_seq_id": [0, 0], "sequences": {}, "layers": []}
+
+
+def _pick_framing(part: memoryview, variant: str | None, arch: str | None, streams: bool | None,
+                  allow_prefix: bool):
+    """The one framing of part that fits what is known (variant, the layout's stream counts),
+    or None."""
+    from kvcache.statefile import memory_framings
+
+    recurrent = variant == "recurrent" or (variant is None and (arch or "").lower() in _RECURRENT_ARCHS)
+    cands = []
+    for f in memory_framings(part, allow_prefix=allow_prefix):
+        if recurrent and f.streams:
+            continue  # a recurrent memory state has no stream count in any layout
+        if streams is not None and f.streams != streams and not recurrent and not (not f.streams and
+                                                                                      variant is None):
+            continue
+        if variant == "iswa" and len(f.parts) != 2 or variant in ("unified", "recurrent") and len(f.parts) != 1:
+            continue
+        cands.append(f)
+    if streams is not None:
+        cands.sort(key=lambda f: f.streams != streams)
+    return cands[0] if cands else None
+
+
+def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str | None,
+                    streams: bool | None = None, allow_prefix: bool = False):
     """Describe the cache states in part (at offset base of the file); returns (variant, guessed,
+    sections, trailing bytes, framing or None: the seed's shape read the old way)."""
+    from kvcache._core import describe_state
+
+    framing = _pick_framing(part, variant, arch, streams, allow_prefix)
+    recurrent = variant == "recurrent" or (variant is None and (arch or "").lower() in _RECURRENT_ARCHS)
+    if framing is None and (allow_prefix and bytes(part[:4]) == SEQ_MAGIC_BYTES or streams and not recurrent):
+        # a state of a layout with the prefix or stream counts that reads in no framing: say where
+        # it stops making sense
+        from kvcache.statefile import _frame
+        _frame(part, not recurrent, 2 if variant == "iswa" else 1, allow_prefix)
+    if framing is None or not framing.streams and not framing.prefixed:
+        return (*_seed_sections(part, base, variant, arch), framing)
+    guessed = variant is None
+    descs = []
+    for k, secs in enumerate(framing.parts):
+        for s, (off, n) in enumerate(secs):
+            descs.append((k, s, off, None if framing.streams and n == 0 else describe_state(part[off:])))
+    if variant is None:
+        variant = "iswa" if len(framing.parts) == 2 else "unified"
+        # a prefix before a state without stream counts: only a recurrent memory state has none
+        # in the layouts with the prefix
+        if variant == "unified" and (not framing.streams or (arch or "").lower() in _RECURRENT_ARCHS or
+                                     any(d and d["cell_count"] and d["n_seq_id_max"] == 0 for *_, d in descs)):
+            variant = "recurrent"
+    names = ["base", "swa"] if variant == "iswa" else ["recurrent" if variant == "recurrent" else "kv"]
+    sections = []
+    for k, s, off, d in descs:
+        name = names[k] + (f" stream {s}" if len(framing.parts[k]) > 1 else "")
+        if d is None:
+            sections.append(_empty_section(name, base + off))
+            continue
+        if not guessed:
+            _check_variant(variant, d)
+        sections.append(_section(name, d, base + off))
+    return variant, guessed, sections, 0, framing
+
+
+def _seed_sections(part: memoryview, base: int, variant: str | None, arch: str | None):
+    """The cache states of the seed's shape (no stream count, no prefix): (variant, guessed,
     sections, trailing bytes)."""
     from kvcache._core import describe_state
 
@@ -124,6 +193,29 @@ def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str 
     return variant, guessed, sections, len(part) - end
 
 
+def _layouts_of(kind: str, variant: str, framing, file_layout: str | None, version: int | None) -> list[str]:
+    """The layouts whose writers produce what was found, newest first."""
+    from kvcache._core import LAYOUTS, layout_info
+
+    out = []
+    for name in reversed(LAYOUTS):
+        i = layout_info(name)
+        if kind == "session" and version != i["session_version"] or \
+                kind == "sequence" and version != i["sequence_version"]:
+            continue
+        if kind in ("session", "context") and file_layout is not None and \
+                i["outputs"] != layout_info(file_layout)["outputs"]:
+            continue
+        streams = framing.streams if framing is not None else False
+        if variant != "recurrent" and i["streams"] != streams:
+            continue
+        prefixed = framing is not None and framing.prefixed
+        if prefixed and not i["prefix"]:
+            continue
+        out.append(name)
+    return out
+
+
 def _check_variant(variant: str, desc: Mapping[str, Any]) -> None:
     """Refuse a cache state that cannot be of the variant asked for: a recurrent cache never
     stores V transposed (its reader refuses it), and every cell of a unified cache's state names
@@ -147,9 +239,11 @@ def _blob_kind(sections: list) -> str:
     return "whole-cache blob"
 
 
-def report_bytes(data, variant: str | None = None, name: str | None = None) -> dict:
+def report_bytes(data, variant: str | None = None, name: str | None = None, layout: str | None = None) -> dict:
     """The report on a state held in data (bytes-like). Raises kvcache.StateError when it cannot be
-    read. variant: "unified", "iswa", "recurrent" or None to guess."""
+    read. variant: "unified", "iswa", "recurrent" or None to guess; layout: a name of
+    kvcache.LAYOUTS or None to find it (the report's ``layout`` names what was found, and
+    ``layouts`` every layout whose writers produce such bytes)."""
     from kvcache import statefile
     from kvcache._core import describe_state
 
@@ -161,28 +255,34 @@ def report_bytes(data, variant: str | None = None, name: str | None = None) -> d
     kind = statefile.detect(m)
     out: dict[str, Any] = {"file": name, "size": len(m), "kind": KINDS[kind]}
     arch = None
+    file_layout = layout
+    version = None
     if kind == "session":
-        sf = statefile.parse_session_file(m)
+        sf = statefile.parse_session_file(m, layout=layout)
+        file_layout, version = sf.layout, sf.version
         ctx = sf.context
         out["header"] = {"magic": f"0x{sf.magic:08x}", "version": sf.version}
         out["tokens"] = {"count": len(sf.tokens), "values": sf.tokens.tolist()}
         part, base = ctx.cache, ctx.cache_offset
     elif kind == "sequence":
-        sq = statefile.parse_sequence_file(m)
+        sq = statefile.parse_sequence_file(m, layout=layout)
+        file_layout, version = sq.layout, sq.version
         out["header"] = {"magic": f"0x{sq.magic:08x}", "version": sq.version}
         out["tokens"] = {"count": len(sq.tokens), "values": sq.tokens.tolist()}
         part, base = sq.cache, sq.cache_offset
         ctx = None
     elif kind == "context":
         try:
-            ctx = statefile.parse_context_state(m)
+            ctx = statefile.parse_context_state(m, layout=layout)
             part, base = ctx.cache, ctx.cache_offset
+            file_layout = ctx.layout
         except StateError as e:
             # a bare cache state can begin like a context state; it is one if it reads as one
-            try:
-                describe_state(m)
-            except StateError:
-                raise e from None
+            if not statefile.memory_framings(m):
+                try:
+                    describe_state(m)
+                except StateError:
+                    raise e from None
             kind, ctx, part, base = "cache", None, m, 0
             out["kind"] = KINDS[kind]
     else:
@@ -190,10 +290,14 @@ def report_bytes(data, variant: str | None = None, name: str | None = None) -> d
         part, base = m, 0
     if ctx is not None:
         arch = ctx.arch
-        out["context"] = {"arch": ctx.arch, "n_outputs": ctx.n_outputs, "output_pos": ctx.output_pos.tolist(),
+        out["context"] = {"arch": ctx.arch, "has_outputs": ctx.has_outputs, "n_outputs": ctx.n_outputs, "output_pos": ctx.output_pos.tolist(),
                           "logits": len(ctx.logits), "n_vocab": ctx.n_vocab, "embeddings": len(ctx.embeddings)}
+    from kvcache._core import layout_info
+
+    streams = None if file_layout is None else layout_info(file_layout)["streams"]
     try:
-        variant, guessed, sections, trailing = _cache_sections(part, base, variant, arch)
+        variant, guessed, sections, trailing, framing = _cache_sections(part, base, variant, arch, streams,
+                                                                        kind == "cache")
     except StateError as e:
         if kind == "cache" and variant is None:
             raise CacheStateError(f"not a state file kvcache recognises (read as a cache state: {e})",
@@ -206,17 +310,41 @@ def report_bytes(data, variant: str | None = None, name: str | None = None) -> d
         out["kind"] = _blob_kind(sections)
     out["variant"] = variant
     out["variant_guessed"] = guessed
+    found = _layouts_of(kind, variant, framing, file_layout, version)
+    if layout is not None and layout not in found:
+        raise StateError(f"not a state of layout {layout}: it reads as {', '.join(found) or 'no layout'}")
+    out["layout"] = layout or (file_layout if file_layout in found else found[0] if found else None)
+    out["layouts"] = found
+    if framing is not None:
+        out["framing"] = {"stream_counts": framing.streams, "prefix": framing.prefixed,
+                          "src_seq_id": framing.src_seq_id, "n_stream": [len(p) for p in framing.parts]}
     out["cell_count"] = sum(s["cell_count"] for s in sections)
     out["sections"] = sections
-    out["bytes"] = {"wrapper": base, "cache": len(m) - base}
+    # the bytes of the cache part outside its sections: the prefix, the stream counts
+    framed = 0
+    if framing is not None:
+        framed = (8 if framing.prefixed else 0) + (4 * len(framing.parts) if framing.streams else 0)
+    out["bytes"] = {"wrapper": base, "cache": len(m) - base, "framing": framed}
     return out
 
 
-def report(path, variant: str | None = None) -> dict:
+def report(path, variant: str | None = None, layout: str | None = None) -> dict:
     """The report on the state file at path (see :func:`report_bytes`)."""
     with open(path, "rb") as f:
         data = f.read()
-    return report_bytes(data, variant, name=str(path))
+    return report_bytes(data, variant, name=str(path), layout=layout)
+
+
+def layout_text(names: list[str]) -> str:
+    """Layout names and the llama-cpp-python releases that write them, as one phrase."""
+    from kvcache._core import layout_info
+
+    if not names:
+        return "no known layout"
+    rel = [layout_info(n)["llama_cpp_python"] for n in reversed(names)]
+    first, last = rel[0].split("-")[0], rel[-1].split("-")[-1]
+    span = names[0] if len(names) == 1 else f"{names[-1]} to {names[0]}"
+    return f"{span} (llama-cpp-python {first}{'' if first == last else '-' + last})"
 
 
 def format_report(r: dict) -> str:
@@ -232,12 +360,21 @@ def format_report(r: dict) -> str:
         lines.append(f"  tokens: {t['count']}" + (f": {head}" if t["count"] else ""))
     if "context" in r:
         c = r["context"]
-        lines.append(f"  arch {c['arch']}, {c['n_outputs']} outputs at batch positions {c['output_pos']}, "
-                     f"{c['logits']} logits" + (f" ({c['n_vocab']} per output)" if c["n_vocab"] else "")
-                     + f", {c['embeddings']} embeddings")
+        if not c.get("has_outputs", True):
+            lines.append(f"  arch {c['arch']} (no outputs, logits or embeddings in this layout)")
+        else:
+            lines.append(f"  arch {c['arch']}, {c['n_outputs']} outputs at batch positions {c['output_pos']}, "
+                         f"{c['logits']} logits" + (f" ({c['n_vocab']} per output)" if c["n_vocab"] else "")
+                         + f", {c['embeddings']} embeddings")
+    lines.append(f"  layout {layout_text(r['layouts'])}")
+    if "framing" in r and r["framing"]["prefix"]:
+        lines.append(f"  sequence-blob prefix: magic 0x{0xaf143cd8:08x}, source seq {r['framing']['src_seq_id']}")
     lines.append(f"  cache: {r['variant']}{' (guessed)' if r['variant_guessed'] else ''}, "
                  f"{plural(r['cell_count'], 'cell')}")
     for s in r["sections"]:
+        if not s["n_layer"] and not s["cell_count"] and s["size"] == 4:
+            lines.append(f"  [{s['name']}] at byte {s['offset']}, 4 bytes: empty (its cell count alone)")
+            continue
         lines.append(f"  [{s['name']}] at byte {s['offset']}, {plural(s['size'], 'byte')}: "
                      f"{plural(s['cell_count'], 'cell')}, {plural(s['n_layer'], 'layer')}, "
                      f"V {'transposed' if s['v_trans'] else 'rows'}")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import MAX_SEQ, Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, bool_arg, \
+from kvcache._core import DEFAULT_LAYOUT, MAX_SEQ, Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, bool_arg, \
     int_arg, layers_arg, _find_slot_parts, _Hold, _state_read_parts, _state_size_parts, _state_write_parts, \
     _update_parts
 from kvcache.handoff import PartsExport, PartsImport, split_parts
@@ -475,24 +475,28 @@ class ISWACache:
         return ISWAUpdatePlan(base, swa)
 
     # --- state -----------------------------------------------------------------------------
-    def state_size(self, seq_id: int = -1) -> int:
-        """Bytes state_write(seq_id) produces."""
-        return _state_size_parts((self._base, self._swa), seq_id)
+    def state_size(self, seq_id: int = -1, *, layout: str = DEFAULT_LAYOUT, prefix: bool | None = None) -> int:
+        """Bytes state_write(seq_id, layout=layout, prefix=prefix) produces."""
+        return _state_size_parts((self._base, self._swa), seq_id, layout, prefix)
 
-    def state_write(self, seq_id: int = -1) -> bytes:
-        """The state of seq_id (-1: everything): the base cache's part, then the SWA cache's."""
-        return _state_write_parts((self._base, self._swa), seq_id)
+    def state_write(self, seq_id: int = -1, *, layout: str = DEFAULT_LAYOUT, prefix: bool | None = None) -> bytes:
+        """The state of seq_id (-1: everything) in llama.cpp's layout ``layout`` (a name of
+        kvcache.LAYOUTS): the base cache's part, then the SWA cache's; a sequence's state of a
+        layout with the sequence-blob prefix starts with it once (prefix=False: without). From
+        "2026-06" on a sequence's state leaves out the SWA cache's cells outside the window."""
+        return _state_write_parts((self._base, self._swa), seq_id, layout, prefix)
 
-    def state_write_into(self, buf: Buffer | _BinaryWriter, seq_id: int = -1) -> int:
+    def state_write_into(self, buf: Buffer | _BinaryWriter, seq_id: int = -1, *, layout: str = DEFAULT_LAYOUT,
+                         prefix: bool | None = None) -> int:
         """Write the state of seq_id (-1: everything) into buf: a writable buffer of at least
         state_size(seq_id) bytes (each cache writes its part straight into it) or a binary file
-        object. Returns the bytes written."""
+        object. Returns the bytes written. layout, prefix: as state_write."""
         with self._op:
-            return self._state_write_into(buf, seq_id)
+            return self._state_write_into(buf, seq_id, layout, prefix)
 
-    def _state_write_into(self, buf: Any, seq_id: int) -> int:
-        n_base = self._base.state_size(seq_id)
-        n = n_base + self._swa.state_size(seq_id)
+    def _state_write_into(self, buf: Any, seq_id: int, layout: str, prefix: bool | None) -> int:
+        n_base = self._base.state_size(seq_id, layout=layout, prefix=prefix)
+        n = n_base + self._swa.state_size(seq_id, layout=layout, prefix=False)
         try:
             m = memoryview(buf)  # a file object raises TypeError
         except TypeError:
@@ -500,7 +504,8 @@ class ISWACache:
         if m is None:
             if not hasattr(buf, "write"):
                 raise TypeError(f"buf must be a writable buffer or a binary file object, not {type(buf).__name__}")
-            return self._base.state_write_into(buf, seq_id) + self._swa.state_write_into(buf, seq_id)
+            return (self._base.state_write_into(buf, seq_id, layout=layout, prefix=prefix) +
+                    self._swa.state_write_into(buf, seq_id, layout=layout, prefix=False))
         if m.readonly:
             raise TypeError(f"buf must be writable ({type(buf).__name__} is read-only)")
         if not m.c_contiguous:
@@ -508,7 +513,8 @@ class ISWACache:
         m = m.cast("B") if m.ndim != 1 or m.format != "B" else m
         if m.nbytes < n:
             raise ValueError(f"buf holds {m.nbytes} bytes, the state needs {n}")
-        return self._base.state_write_into(m[:n_base], seq_id) + self._swa.state_write_into(m[n_base:n], seq_id)
+        return (self._base.state_write_into(m[:n_base], seq_id, layout=layout, prefix=prefix) +
+                self._swa.state_write_into(m[n_base:n], seq_id, layout=layout, prefix=False))
 
     def seq_export(self, seq_id: int) -> PartsExport:
         """Sequence seq_id ready for a transfer: each cache's export (UnifiedCache.seq_export),
@@ -529,12 +535,15 @@ class ISWACache:
             raise
         return PartsImport([first, second])
 
-    def state_read(self, data: Buffer, seq_id: int = -1, *, convert: bool = False, exact: bool = False) -> int:
+    def state_read(self, data: Buffer, seq_id: int = -1, *, convert: bool = False, exact: bool = False,
+                   layout: str | None = None) -> int:
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: everything).
 
         All or nothing: when any part is malformed, does not fit or finds no room, StateError is
         raised and both caches (cells, K/V bytes, uncommitted slots) and the pending ranges are
         exactly as they were. Returns the bytes consumed (bytes after the state are not read,
         unless exact: then they are an error). convert: accept parts whose V layout (transposed
-        or not) differs from the caches' and convert them."""
-        return _state_read_parts((self._base, self._swa), data, seq_id, convert=convert, exact=exact)
+        or not) differs from the caches' and convert them. layout: a name of kvcache.LAYOUTS,
+        or None to find it from the bytes (as UnifiedCache.state_read)."""
+        return _state_read_parts((self._base, self._swa), data, seq_id, convert=convert, exact=exact,
+                                 layout=layout)

@@ -531,12 +531,16 @@ class UnifiedReference2026:
         if layout != "2026":
             raise ValueError(f"the reference model reads and writes layout '2026' only, got {layout!r}")
 
-    def state_write(self, seq_id: int = -1, layout: str = "2026") -> bytes:
+    def state_write(self, seq_id: int = -1, layout: str = "2026", prefix: bool = False) -> bytes:
         """The cache state of sequence ``seq_id`` (-1: the whole cache), as today's
-        ``llama_state_seq_get_data`` has it after its sequence-blob prefix."""
+        ``llama_state_seq_get_data`` has it after its sequence-blob prefix (prefix=True: with the
+        prefix, the magic and the seq id, as that function returns it)."""
         self._check_layout(layout)
         self._check_seq(seq_id, "seq_id", allow_any=True)
-        out = bytearray(struct.pack("<I", self.n_stream))
+        if prefix and seq_id < 0:
+            raise ValueError("prefix=True: a whole-cache state (seq_id -1) has no sequence-blob prefix")
+        out = bytearray(struct.pack("<Ii", 0xAF143CD8, seq_id) if prefix else b"")
+        out += struct.pack("<I", self.n_stream)
         for s, t in enumerate(self.streams):
             if seq_id == -1:
                 listed = [i for i in range(self.size) if not t.is_empty(i)]

@@ -1,14 +1,20 @@
 """llama.cpp's state wrappers: whole-context states, session files and sequence files.
 
-llama.cpp saves a cache in three wrappers around the cache state that ``state_write`` produces:
+llama.cpp saves a cache in three wrappers around the cache's memory state (``state_write``):
 
 - the whole-context state (``llama_state_get_data`` / ``llama_state_set_data``): the model's
-  architecture name, the output positions, logits and embeddings of the last batch, then the state
-  of the whole cache;
-- the session file (``llama_state_save_file``, magic ``ggsn``, version 9): a token list, then a
-  whole-context state;
-- the sequence file (``llama_state_seq_save_file``, magic ``ggsq``, version 2): a token list, then
-  the state of one sequence.
+  architecture name, (in the layouts up to "2025-08" only) the output positions, logits and
+  embeddings of the last batch, then the state of the whole cache;
+- the session file (``llama_state_save_file``, magic ``ggsn``, version 9, or 10 in layout
+  "2026"): a token list, then a whole-context state;
+- the sequence file (``llama_state_seq_save_file``, magic ``ggsq``, version 2, or 3 in layout
+  "2026"): a token list, then the memory state of one sequence (without the sequence-blob prefix).
+
+Every parser takes ``layout=`` (a name of :data:`kvcache.LAYOUTS`, docs/state.md) or finds it
+from the bytes: the file version where it says it, else the one shape that parses to the end
+(:class:`kvcache.StateError` asks for ``layout=`` when two do). Every writer takes ``layout=``
+and defaults to :data:`kvcache.DEFAULT_LAYOUT` ("2026", what today's llama.cpp reads);
+:func:`convert` rewrites a file in another layout without a cache.
 
 The parsers here read the wrappers' headers (every count is checked against the bytes left
 before anything is taken; anything malformed raises :class:`kvcache.StateError` naming the byte),
@@ -35,19 +41,23 @@ from typing import Any, BinaryIO, Protocol, Union
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import StateError
+from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, describe_frame, layout_info
 
 __all__ = [
-    "SESSION_MAGIC", "SESSION_VERSION", "SEQUENCE_MAGIC", "SEQUENCE_VERSION",
-    "ContextState", "SessionFile", "SequenceFile",
-    "parse_context_state", "parse_session_file", "parse_sequence_file", "parse", "load",
-    "write_context_state", "write_session_file", "write_sequence_file",
+    "SESSION_MAGIC", "SESSION_VERSIONS", "SEQUENCE_MAGIC", "SEQUENCE_VERSIONS", "SEQ_MAGIC",
+    "ContextState", "SessionFile", "SequenceFile", "Framing",
+    "parse_context_state", "parse_session_file", "parse_sequence_file", "parse", "load", "detect",
+    "memory_framings", "write_context_state", "write_session_file", "write_sequence_file",
+    "Converted", "convert",
 ]
 
 SESSION_MAGIC = 0x6767736E    # "ggsn"
-SESSION_VERSION = 9
 SEQUENCE_MAGIC = 0x67677371   # "ggsq"
-SEQUENCE_VERSION = 2
+#: file version -> the layouts that write it (layout_info(...)["session_version"] is the inverse)
+SESSION_VERSIONS = {v: tuple(n for n in LAYOUTS if layout_info(n)["session_version"] == v)
+                    for v in sorted({layout_info(n)["session_version"] for n in LAYOUTS})}
+SEQUENCE_VERSIONS = {v: tuple(n for n in LAYOUTS if layout_info(n)["sequence_version"] == v)
+                     for v in sorted({layout_info(n)["sequence_version"] for n in LAYOUTS})}
 
 # llama.cpp's architecture names are short lowercase identifiers ("llama", "gemma2", "nomic-bert",
 # "ernie4_5"); a "name" outside these bounds is not a context state.
@@ -58,11 +68,12 @@ _ARCH_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_.")
 class _StateCache(Protocol):
     """What the wrappers need from a cache (UnifiedCache, ISWACache and RecurrentCache have it)."""
 
-    def state_size(self, seq_id: int = -1) -> int: ...
+    def state_size(self, seq_id: int = -1, *, layout: str = ..., prefix: bool | None = ...) -> int: ...
 
-    def state_write_into(self, buf: Any, seq_id: int = -1) -> int: ...
+    def state_write_into(self, buf: Any, seq_id: int = -1, *, layout: str = ..., prefix: bool | None = ...) -> int: ...
 
-    def state_read(self, data: Any, seq_id: int = -1, *, convert: bool = False, exact: bool = False) -> int: ...
+    def state_read(self, data: Any, seq_id: int = -1, *, convert: bool = False, exact: bool = False,
+                   layout: str | None = ...) -> int: ...
 
 
 # A path or a binary file object opened for reading / writing.
@@ -127,14 +138,65 @@ def _view(data: Any) -> memoryview:
     return m
 
 
+@dataclass(frozen=True)
+class Framing:
+    """How a memory state is framed, as its bytes say (:func:`memory_framings`): ``streams`` (a
+    stream count leads each cache's part), ``prefixed`` (a sequence blob's prefix leads; its id
+    ``src_seq_id``), ``parts``: per cache part (1, or 2 for an iSWA cache: base, SWA) the
+    ``(offset, cell_count)`` of each stream section, offsets into the memory state."""
+
+    streams: bool
+    prefixed: bool
+    src_seq_id: int | None
+    parts: tuple[tuple[tuple[int, int], ...], ...]
+    size: int
+
+
+def _frame(mem: memoryview, streams: bool, n_parts: int, allow_prefix: bool) -> Framing:
+    """The framing of mem as n_parts consecutive parts; StateError unless it takes all of mem."""
+    off = 0
+    parts = []
+    prefixed, src = False, None
+    for k in range(n_parts):
+        f = describe_frame(mem[off:], streams, allow_prefix and k == 0)
+        if k == 0:
+            prefixed, src = f["prefixed"], f["src_seq_id"]
+        parts.append(tuple((off + a, n) for a, n in f["sections"]))
+        off += f["size"]
+    if off != len(mem):
+        raise StateError(f"{len(mem) - off} trailing bytes after the memory state (it ends at byte {off} of "
+                         f"{len(mem)})")
+    return Framing(streams, prefixed, src, tuple(parts), off)
+
+
+def memory_framings(mem: Any, *, allow_prefix: bool = True) -> list[Framing]:
+    """Every framing in which mem (bytes-like) is exactly one memory state: with or without stream
+    counts, of one cache part or two (iSWA). Empty when none is."""
+    m = _view(mem)
+    out = []
+    for streams in (True, False):
+        for n_parts in (1, 2):
+            try:
+                out.append(_frame(m, streams, n_parts, allow_prefix))
+            except StateError:
+                pass
+    return out
+
+
+def _check_layout(layout: str | None) -> None:
+    if layout is not None:
+        layout_info(layout)  # TypeError / ValueError for an unknown name
+
+
 @dataclass(frozen=True, eq=False)
 class ContextState:
     """A whole-context state (``llama_state_get_data``).
 
     ``arch``: the model's architecture name; ``output_pos``: int32, the batch index of each output
     row; ``logits`` / ``embeddings``: float32, flat as stored (``n_outputs`` rows when there are
-    outputs); ``cache``: the whole-cache state, a memoryview into the parsed data;
-    ``cache_offset``: where it starts in the parsed data (in the wrapper, for a session file)."""
+    outputs; empty in the layouts without outputs); ``cache``: the whole-cache state, a
+    memoryview into the parsed data; ``cache_offset``: where it starts in the parsed data (in the
+    wrapper, for a session file); ``layout``: the layout it was read in (given or found)."""
 
     arch: str
     output_pos: npt.NDArray[np.int32]
@@ -142,6 +204,7 @@ class ContextState:
     embeddings: npt.NDArray[np.float32]
     cache: memoryview = field(repr=False)
     cache_offset: int
+    layout: str = DEFAULT_LAYOUT
 
     @property
     def n_outputs(self) -> int:
@@ -157,17 +220,28 @@ class ContextState:
     def restore(self, cache: _StateCache, *, convert: bool = False) -> int:
         """Restore the cache part into cache (as a whole; it must be all that follows the header).
         Returns the bytes consumed; StateError leaves cache as it was."""
-        return cache.state_read(self.cache, -1, convert=convert, exact=True)
+        return cache.state_read(self.cache, -1, convert=convert, exact=True, layout=self.layout)
+
+    @property
+    def has_outputs(self) -> bool:
+        """Whether this state's layout carries the outputs (they may still be none)."""
+        return bool(layout_info(self.layout)["outputs"])
 
 
 @dataclass(frozen=True, eq=False)
 class SessionFile:
-    """A session file (``llama_state_save_file``): ``tokens`` (int32) and the ``context`` state."""
+    """A session file (``llama_state_save_file``): ``tokens`` (int32) and the ``context`` state
+    (whose ``layout`` is the file's)."""
 
     magic: int
     version: int
     tokens: npt.NDArray[np.int32]
     context: ContextState
+
+    @property
+    def layout(self) -> str:
+        """The layout the file was read in."""
+        return self.context.layout
 
     def restore(self, cache: _StateCache, *, convert: bool = False) -> int:
         """Restore the cache part into cache (as a whole)."""
@@ -184,13 +258,24 @@ class SequenceFile:
     tokens: npt.NDArray[np.int32]
     cache: memoryview = field(repr=False)
     cache_offset: int
+    layout: str = DEFAULT_LAYOUT
 
     def restore(self, cache: _StateCache, seq_id: int, *, convert: bool = False) -> int:
         """Restore the sequence into seq_id of cache. Returns the bytes consumed."""
-        return cache.state_read(self.cache, seq_id, convert=convert, exact=True)
+        return cache.state_read(self.cache, seq_id, convert=convert, exact=True, layout=self.layout)
 
 
-def _parse_context(r: _Reader) -> ContextState:
+def _newest(names: tuple[str, ...], outputs: bool | None, streams: bool | None) -> list[str]:
+    """The layouts of names with these properties (None: any), newest first."""
+    out = []
+    for n in reversed(names):
+        i = layout_info(n)
+        if (outputs is None or i["outputs"] == outputs) and (streams is None or i["streams"] == streams):
+            out.append(n)
+    return out
+
+
+def _arch(r: _Reader) -> str:
     n = r.u32("the architecture name length")
     if n < 2 or n > _ARCH_MAX:
         raise StateError(f"{r.what}: architecture name of {n} bytes at byte {r.off - 4} "
@@ -199,6 +284,10 @@ def _parse_context(r: _Reader) -> ContextState:
     if not _arch_like(raw):
         raise StateError(f"{r.what}: the architecture name at byte {r.off - n} is not a model "
                          f"architecture name: {raw!r}")
+    return raw.decode("ascii")
+
+
+def _outputs(r: _Reader) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     n_outputs = r.i32("the output count")
     if n_outputs < 0:
         raise StateError(f"{r.what}: negative output count {n_outputs} at byte {r.off - 4}")
@@ -210,38 +299,115 @@ def _parse_context(r: _Reader) -> ContextState:
                          f"{int(output_pos[i])}")
     logits = r.array(r.u64("the logit count"), np.float32, "the logits")
     embeddings = r.array(r.u64("the embedding count"), np.float32, "the embeddings")
-    return ContextState(raw.decode("ascii"), output_pos, logits, embeddings, r.buf[r.off:], r.off)
+    return output_pos, logits, embeddings
 
 
-def parse_context_state(data: Any) -> ContextState:
-    """Parse a whole-context state (``llama_state_get_data``) without copying it."""
-    return _parse_context(_Reader(_view(data), "context state"))
+_NO_I32 = np.zeros(0, dtype="<i4")
+_NO_F32 = np.zeros(0, dtype="<f4")
 
 
-def _header(r: _Reader, magic: int, version: int, name: str) -> tuple[int, int, npt.NDArray[np.int32]]:
+def _parse_context(r: _Reader, layout: str | None, candidates: tuple[str, ...] = LAYOUTS) -> ContextState:
+    """The whole-context state at r's cursor in layout, or (None) in the one of candidates whose
+    shape (with outputs or without) leaves exactly a memory state after the header."""
+    arch = _arch(r)
+    start = r.off
+    if layout is not None:
+        if layout_info(layout)["outputs"]:
+            pos, lg, em = _outputs(r)
+        else:
+            pos, lg, em = _NO_I32, _NO_F32, _NO_F32
+        return ContextState(arch, pos, lg, em, r.buf[r.off:], r.off, layout)
+    found = []
+    errors = []
+    for outputs in (False, True):
+        names = _newest(candidates, outputs, None)
+        if not names:
+            continue
+        r.off = start
+        try:
+            pos, lg, em = _outputs(r) if outputs else (_NO_I32, _NO_F32, _NO_F32)
+            framings = memory_framings(r.buf[r.off:], allow_prefix=False)
+        except StateError as e:
+            errors.append(f"{'with' if outputs else 'without'} outputs: {e}")
+            continue
+        if not framings:
+            errors.append(f"{'with' if outputs else 'without'} outputs: what follows at byte {r.off} is not a "
+                          "memory state that ends at the end of the data")
+            continue
+        # a stream count tells the layouts with outputs apart; without outputs every layout has it
+        # (a recurrent memory state has none in any layout)
+        streams = {f.streams for f in framings}
+        pick = _newest(candidates, outputs, streams.pop() if outputs and len(streams) == 1 else None)
+        if outputs and len(streams) != 1:
+            pick = pick[::-1]   # a recurrent state reads either way: the first layout that wrote it
+        if pick:
+            found.append(ContextState(arch, pos, lg, em, r.buf[r.off:], r.off, pick[0]))
+    if len(found) > 1:
+        raise StateError(f"{r.what}: it reads both with outputs (layout {found[1].layout}) and without "
+                         f"(layout {found[0].layout}): pass layout= to say which")
+    if not found:
+        raise StateError(f"{r.what}: not a whole-context state in any layout ({'; '.join(errors)})")
+    r.off = found[0].cache_offset
+    return found[0]
+
+
+def parse_context_state(data: Any, *, layout: str | None = None) -> ContextState:
+    """Parse a whole-context state (``llama_state_get_data``) without copying it. layout: a name
+    of kvcache.LAYOUTS, or None to find it (the shape, with outputs or without, after which
+    exactly a memory state follows)."""
+    _check_layout(layout)
+    return _parse_context(_Reader(_view(data), "context state"), layout)
+
+
+def _header(r: _Reader, magic: int, versions: dict[int, tuple[str, ...]], name: str,
+            layout: str | None, key: str) -> tuple[int, int, npt.NDArray[np.int32], tuple[str, ...]]:
+    """Magic, version, tokens; and the layouts the version allows (only layout, when given)."""
     m = r.u32("the magic")
     if m != magic:
         raise StateError(f"{r.what}: magic 0x{m:08x} is not {name}'s 0x{magic:08x}")
     v = r.u32("the version")
-    if v != version:
-        raise StateError(f"{r.what}: version {v} (byte 4), this reader knows version {version}")
+    if v not in versions:
+        known = " or ".join(str(x) for x in versions)
+        raise StateError(f"{r.what}: version {v} (byte 4), this reader knows version {known}")
+    names = versions[v]
+    if layout is not None:
+        if layout not in names:
+            info = layout_info(layout)
+            want = info["session_version"] if key == "session_version" else info["sequence_version"]
+            raise StateError(f"{r.what}: version {v} (byte 4) is not layout {layout}'s {want}")
+        names = (layout,)
     tokens = r.array(r.u32("the token count"), np.int32, "the tokens")
-    return m, v, tokens
+    return m, v, tokens, names
 
 
-def parse_session_file(data: Any) -> SessionFile:
-    """Parse a session file (``ggsn``) held in data (bytes-like) without copying it."""
+def parse_session_file(data: Any, *, layout: str | None = None) -> SessionFile:
+    """Parse a session file (``ggsn``) held in data (bytes-like) without copying it. layout: a name
+    of kvcache.LAYOUTS or None (found: version 10 is "2026"; a version-9 file is found by its
+    shape, see :func:`parse_context_state`)."""
+    _check_layout(layout)
     r = _Reader(_view(data), "session file")
-    m, v, tokens = _header(r, SESSION_MAGIC, SESSION_VERSION, "a session file")
+    m, v, tokens, names = _header(r, SESSION_MAGIC, SESSION_VERSIONS, "a session file", layout, "session_version")
     r.what = "session file context state"
-    return SessionFile(m, v, tokens, _parse_context(r))
+    return SessionFile(m, v, tokens, _parse_context(r, names[0] if len(names) == 1 else None, names))
 
 
-def parse_sequence_file(data: Any) -> SequenceFile:
-    """Parse a sequence file (``ggsq``) held in data (bytes-like) without copying it."""
+def parse_sequence_file(data: Any, *, layout: str | None = None) -> SequenceFile:
+    """Parse a sequence file (``ggsq``) held in data (bytes-like) without copying it. layout: a
+    name of kvcache.LAYOUTS or None (version 3 is "2026"; for version 2 the memory state's shape
+    says whether it has stream counts)."""
+    _check_layout(layout)
     r = _Reader(_view(data), "sequence file")
-    m, v, tokens = _header(r, SEQUENCE_MAGIC, SEQUENCE_VERSION, "a sequence file")
-    return SequenceFile(m, v, tokens, r.buf[r.off:], r.off)
+    m, v, tokens, names = _header(r, SEQUENCE_MAGIC, SEQUENCE_VERSIONS, "a sequence file", layout,
+                                  "sequence_version")
+    if len(names) > 1:
+        streams = {f.streams for f in memory_framings(r.buf[r.off:], allow_prefix=False)}
+        pick = _newest(names, None, streams.pop()) if len(streams) == 1 else []
+        if not pick:
+            raise StateError(f"{r.what}: the memory state after byte {r.off} reads "
+                             f"{'both with and without' if streams else 'neither with nor without'} stream "
+                             f"counts: pass layout= (one of {', '.join(names)})")
+        names = (pick[0],)
+    return SequenceFile(m, v, tokens, r.buf[r.off:], r.off, names[0])
 
 
 def detect(data: Any) -> str:
@@ -259,28 +425,29 @@ def detect(data: Any) -> str:
     return "cache"
 
 
-def parse(data: Any) -> SessionFile | SequenceFile | ContextState | memoryview:
+def parse(data: Any, *, layout: str | None = None) -> SessionFile | SequenceFile | ContextState | memoryview:
     """Parse data as what :func:`detect` says it is: a SessionFile, SequenceFile, ContextState, or,
-    for a bare cache state, the data itself as a memoryview."""
+    for a bare cache state, the data itself as a memoryview. layout: as the parsers."""
     kind = detect(data)
     if kind == "session":
-        return parse_session_file(data)
+        return parse_session_file(data, layout=layout)
     if kind == "sequence":
-        return parse_sequence_file(data)
+        return parse_sequence_file(data, layout=layout)
     if kind == "context":
-        return parse_context_state(data)
+        return parse_context_state(data, layout=layout)
+    _check_layout(layout)
     return _view(data)
 
 
-def load(source: _Source) -> SessionFile | SequenceFile | ContextState | memoryview:
+def load(source: _Source, *, layout: str | None = None) -> SessionFile | SequenceFile | ContextState | memoryview:
     """Read a path (str or os.PathLike) or a binary file object and :func:`parse` its bytes."""
     if isinstance(source, (str, os.PathLike)):
         with open(source, "rb") as f:
-            return parse(f.read())
+            return parse(f.read(), layout=layout)
     read = getattr(source, "read", None)
     if read is None:
         raise TypeError(f"source must be a path or a binary file object, not {type(source).__name__}")
-    return parse(read())
+    return parse(read(), layout=layout)
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -326,7 +493,8 @@ def _f32_array(v: npt.ArrayLike, name: str) -> npt.NDArray[np.float32]:
     return np.ascontiguousarray(a.reshape(-1))
 
 
-def _context_header(arch: str, output_pos: npt.ArrayLike, logits: npt.ArrayLike, embeddings: npt.ArrayLike) -> bytes:
+def _context_header(arch: str, output_pos: npt.ArrayLike, logits: npt.ArrayLike, embeddings: npt.ArrayLike,
+                    layout: str) -> bytes:
     if not isinstance(arch, str):
         raise TypeError(f"arch must be a str, not {type(arch).__name__}")
     raw = arch.encode("ascii", "replace")
@@ -338,22 +506,31 @@ def _context_header(arch: str, output_pos: npt.ArrayLike, logits: npt.ArrayLike,
         raise ValueError("output_pos must not be negative")
     lg = _f32_array(logits, "logits")
     em = _f32_array(embeddings, "embeddings")
-    return b"".join((struct.pack("<I", len(raw)), raw, struct.pack("<i", len(pos)), pos.tobytes(),
+    name = struct.pack("<I", len(raw)) + raw
+    if not layout_info(layout)["outputs"]:
+        if pos.size or lg.size or em.size:
+            raise ValueError(f"layout {layout!r} has no outputs, logits or embeddings in a whole-context state "
+                             "(llama.cpp dropped them): pass none, or a layout that has them ('2025', '2025-08')")
+        return name
+    return b"".join((name, struct.pack("<i", len(pos)), pos.tobytes(),
                      struct.pack("<Q", lg.size), lg.tobytes(), struct.pack("<Q", em.size), em.tobytes()))
 
 
 def write_context_state(file: _Source, cache: _StateCache, arch: str, *, output_pos: npt.ArrayLike = (),
-                        logits: npt.ArrayLike = (), embeddings: npt.ArrayLike = ()) -> int:
-    """Write a whole-context state that ``llama_state_set_data`` loads: arch (the model's
-    architecture name, e.g. "llama"), the outputs of the last batch (their batch positions must be
-    below the loading context's n_batch; none by default), then cache's whole state.
+                        logits: npt.ArrayLike = (), embeddings: npt.ArrayLike = (),
+                        layout: str = DEFAULT_LAYOUT) -> int:
+    """Write a whole-context state that ``llama_state_set_data`` of the llama.cpp of ``layout``
+    loads: arch (the model's architecture name, e.g. "llama"), in the layouts that have them the
+    outputs of the last batch (their batch positions must be below the loading context's n_batch;
+    none by default; ValueError when given for a layout without them), then cache's whole state.
 
     file: a path or a binary file object. Returns the bytes written."""
-    head = _context_header(arch, output_pos, logits, embeddings)
+    _check_layout(layout)
+    head = _context_header(arch, output_pos, logits, embeddings, layout)
     out = _Out(file)
     try:
         out.put(head)
-        out.n += cache.state_write_into(out.f, -1)
+        out.n += cache.state_write_into(out.f, -1, layout=layout)
     finally:
         out.close()
     return out.n
@@ -361,33 +538,164 @@ def write_context_state(file: _Source, cache: _StateCache, arch: str, *, output_
 
 def write_session_file(file: _Source, cache: _StateCache, arch: str, tokens: npt.ArrayLike, *,
                        output_pos: npt.ArrayLike = (), logits: npt.ArrayLike = (),
-                       embeddings: npt.ArrayLike = ()) -> int:
-    """Write a session file that ``llama_state_load_file`` loads: tokens, then the whole-context
-    state of cache (see :func:`write_context_state`). Returns the bytes written."""
+                       embeddings: npt.ArrayLike = (), layout: str = DEFAULT_LAYOUT) -> int:
+    """Write a session file that ``llama_state_load_file`` of the llama.cpp of ``layout`` loads
+    (version 10 for "2026", 9 before): tokens, then the whole-context state of cache (see
+    :func:`write_context_state`). Returns the bytes written."""
+    _check_layout(layout)
     toks = _i32_array(tokens, "tokens")
-    head = _context_header(arch, output_pos, logits, embeddings)
+    head = _context_header(arch, output_pos, logits, embeddings, layout)
     out = _Out(file)
     try:
-        out.put(struct.pack("<III", SESSION_MAGIC, SESSION_VERSION, len(toks)))
+        out.put(struct.pack("<III", SESSION_MAGIC, layout_info(layout)["session_version"], len(toks)))
         out.put(toks.tobytes())
         out.put(head)
-        out.n += cache.state_write_into(out.f, -1)
+        out.n += cache.state_write_into(out.f, -1, layout=layout)
     finally:
         out.close()
     return out.n
 
 
-def write_sequence_file(file: _Source, cache: _StateCache, seq_id: int, tokens: npt.ArrayLike) -> int:
-    """Write a sequence file that ``llama_state_seq_load_file`` loads: tokens, then the state of
-    seq_id in cache. Returns the bytes written."""
+def write_sequence_file(file: _Source, cache: _StateCache, seq_id: int, tokens: npt.ArrayLike, *,
+                        layout: str = DEFAULT_LAYOUT) -> int:
+    """Write a sequence file that ``llama_state_seq_load_file`` of the llama.cpp of ``layout``
+    loads (version 3 for "2026", 2 before): tokens, then the memory state of seq_id in cache
+    (without the sequence-blob prefix, as llama.cpp writes it). Returns the bytes written."""
+    _check_layout(layout)
     toks = _i32_array(tokens, "tokens")
-    size = cache.state_size(seq_id)  # validates seq_id before anything is written
+    cache.state_size(seq_id, layout=layout, prefix=False)  # validates seq_id before anything is written
     out = _Out(file)
     try:
-        out.put(struct.pack("<III", SEQUENCE_MAGIC, SEQUENCE_VERSION, len(toks)))
+        out.put(struct.pack("<III", SEQUENCE_MAGIC, layout_info(layout)["sequence_version"], len(toks)))
         out.put(toks.tobytes())
-        out.n += cache.state_write_into(out.f, seq_id)
+        out.n += cache.state_write_into(out.f, seq_id, layout=layout, prefix=False)
     finally:
         out.close()
-    del size
     return out.n
+
+
+# --- converting between layouts ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Converted:
+    """What :func:`convert` produced: ``data`` (the bytes in the target layout), ``kind`` (a key
+    of kvcache.inspect.KINDS, or "sequence blob" / "whole-cache blob"), ``source`` (the layout
+    the input was read in) and ``notes``: what the target layout could not hold or had to leave
+    out, one sentence each."""
+
+    data: bytes = field(repr=False)
+    kind: str
+    source: str
+    layout: str
+    notes: tuple[str, ...]
+
+
+def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, notes: list[str]) -> bytes:
+    """The memory state of an inspect report's sections, framed for layout to."""
+    info = layout_info(to)
+    variant = r["variant"]
+    parts: dict[str, list[dict[str, Any]]] = {}
+    for s in r["sections"]:
+        parts.setdefault(s["name"].split(" ")[0], []).append(s)
+    out = []
+    if r["kind"] == "sequence blob":
+        fr = r.get("framing") or {}
+        sid = seq_id if seq_id is not None else fr.get("src_seq_id")
+        if info["prefix"]:
+            if sid is None:
+                notes.append(f"written without the sequence-blob prefix of layout {to}: the input does not say "
+                             "which sequence it is (pass seq_id)")
+            else:
+                out.append(struct.pack("<Ii", SEQ_MAGIC, sid))
+        elif fr.get("prefix"):
+            notes.append(f"the sequence-blob prefix (source seq {fr.get('src_seq_id')}) left out: layout {to} has none")
+    for name, secs in parts.items():
+        bodies = [bytes(data[s["offset"]:s["offset"] + s["size"]]) for s in secs]
+        empty = [s["n_layer"] == 0 and s["cell_count"] == 0 and s["size"] == 4 for s in secs]
+        if variant == "recurrent" or not info["streams"]:
+            if len(secs) != 1:
+                raise StateError(f"the {name} cache state has {len(secs)} streams; layout {to} has one stream")
+            if empty[0]:
+                raise StateError(f"the {name} cache state's one stream is empty, written as its cell count alone: "
+                                 f"layout {to} writes an empty state with its layer headers, which the input does "
+                                 "not hold (write it from a cache of the model instead)")
+            out.append(bodies[0])
+        else:
+            out.append(struct.pack("<I", len(secs)))
+            out.extend(b"\0\0\0\0" if e or s["cell_count"] == 0 else b for b, s, e in zip(bodies, secs, empty))
+    if variant == "iswa" and r["kind"] == "sequence blob":
+        src_trims = r["layout"] is not None and layout_info(r["layout"])["swa_trim"]
+        if info["swa_trim"] and not src_trims:
+            notes.append(f"the SWA cache's cells outside the window were kept (layout {to}'s llama.cpp leaves them "
+                         "out of a sequence state; it reads them all the same)")
+        elif src_trims and not info["swa_trim"]:
+            notes.append("the SWA cache holds only the cells within the window: the input's layout had left the "
+                         "others out")
+    return b"".join(out)
+
+
+def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, variant: str | None = None,
+            seq_id: int | None = None) -> Converted:
+    """Rewrite a state file (sequence blob, whole-cache blob, whole-context state, session file,
+    sequence file) in layout ``to``, without a cache: the layouts differ in their framing only.
+
+    layout: the input's layout (None: found from the bytes); variant: "unified", "iswa" or
+    "recurrent" (None: found; refused when the bytes do not tell and the framing changes);
+    seq_id: the sequence of a bare sequence state, for the prefix of the layouts that have one
+    (default: the input's prefix). What the target cannot hold is left out and said in
+    ``notes``: the outputs of a whole-context state (to a layout without them), the prefix (to a
+    layout without it). Raises StateError when the input does not read, or ValueError for an
+    unknown layout."""
+    from kvcache.inspect import report_bytes
+
+    layout_info(to)
+    _check_layout(layout)
+    m = _view(data)
+    r = report_bytes(m, variant, layout=layout)
+    if r["variant_guessed"] and r["kind"] in ("sequence blob", "whole-cache blob") and r["variant"] != "iswa":
+        # unified and recurrent states are framed differently from "2025-08" on; the bytes tell
+        # them apart by stream counts, a prefix before a state without them, or a sequence's
+        # cells (a unified state lists the id, a recurrent one none)
+        fr = r.get("framing")
+        told = fr is not None and (fr["stream_counts"] or fr["prefix"])
+        cells = [s for s in r["sections"] if s["cell_count"]]
+        told = told or (r["kind"] == "sequence blob" and bool(cells))
+        told = told or any(s["n_seq_id"][1] == 0 for s in cells)
+        if not told and layout_info(to)["streams"]:
+            raise StateError("the bytes do not say whether this is a unified or a recurrent cache's state, and "
+                             f"layout {to} frames the two differently: pass variant")
+    source = r["layout"] or (r["layouts"][0] if r["layouts"] else "2025")
+    notes: list[str] = []
+    kind = r["kind"]
+    if kind in ("sequence blob", "whole-cache blob"):
+        return Converted(_memory(r, m, to, seq_id, notes), kind, source, to, tuple(notes))
+    info = layout_info(to)
+    wrapper = r["bytes"]["wrapper"]
+    out: list[bytes] = []
+    if kind == "sequence file":
+        toks = np.asarray(r["tokens"]["values"], dtype="<i4")
+        out.append(struct.pack("<III", SEQUENCE_MAGIC, info["sequence_version"], len(toks)) + toks.tobytes())
+        rr = dict(r, kind="whole-cache blob")
+        out.append(_memory(rr, m, to, None, notes))
+        return Converted(b"".join(out), kind, source, to, tuple(notes))
+    # session file or whole-context state
+    if kind == "session file":
+        sf = parse_session_file(m, layout=layout)
+        ctx = sf.context
+        out.append(struct.pack("<III", SESSION_MAGIC, info["session_version"], len(sf.tokens)) + sf.tokens.tobytes())
+    else:
+        ctx = parse_context_state(m, layout=layout)
+    if ctx.cache_offset != wrapper:
+        raise StateError("the wrapper and its cache state disagree (internal error)")
+    pos, lg, em = ctx.output_pos, ctx.logits, ctx.embeddings
+    if not info["outputs"]:
+        if len(pos) or len(lg) or len(em):
+            notes.append(f"left out {len(pos)} outputs, {len(lg)} logits and {len(em)} embeddings: layout {to}'s "
+                         "whole-context state has none")
+        pos, lg, em = _NO_I32, _NO_F32, _NO_F32
+    elif not ctx.has_outputs:
+        notes.append(f"no outputs written (0 outputs, logits, embeddings): layout {ctx.layout} had none to give")
+    out.append(_context_header(ctx.arch, pos, lg, em, to))
+    rr = dict(r, kind="whole-cache blob")
+    out.append(_memory(rr, m, to, None, notes))
+    return Converted(b"".join(out), kind, source, to, tuple(notes))

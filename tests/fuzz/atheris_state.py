@@ -51,7 +51,7 @@ if atheris is not None and __name__ == "__main__":
 import numpy as np
 
 from kvcache import RecurrentCache, StateError, UBatch, UnifiedCache, inspect, statefile
-from kvcache._core import _state_read_parts
+from kvcache._core import _state_read_parts, _state_write_parts
 
 TYPES = ["f32", "f16", "bf16", "q8_0"]
 UNIFIED_SIZES = [32, 64, 96, 128, 256, 512, 1024, 4096]
@@ -177,17 +177,20 @@ def test_unified(data: bytes) -> None:
     blob = data[18:]
     before = [_unified_image(c) for c in caches]
     try:
-        consumed = _state_read_parts(tuple(caches), blob, seq_id, **flags)
+        consumed = _state_read_parts(tuple(caches), blob, seq_id, layout="2025", **flags)
     except StateError:
         _require(all(_same_unified(b, _unified_image(c)) for b, c in zip(before, caches)),
                  "a failed state_read changed a cache")
         return
     _require(0 < consumed <= len(blob), f"consumed {consumed} of {len(blob)} bytes")
     _require(not flags["exact"] or consumed == len(blob), "an exact read left trailing bytes")
-    w1 = b"".join(c.state_write(seq_id) for c in caches)
-    _require(_state_read_parts(tuple(caches), w1, seq_id, exact=True) == len(w1),
-             "the re-write was not consumed whole")
-    _require(b"".join(c.state_write(seq_id) for c in caches) == w1, "reading the re-write back changed the state")
+    for layout in ("2025", "2026"):
+        # written in each layout, read back in it
+        w1 = _state_write_parts(tuple(caches), seq_id, layout)
+        _require(_state_read_parts(tuple(caches), w1, seq_id, exact=True, layout=layout) == len(w1),
+                 f"the re-write in layout {layout} was not consumed whole")
+        _require(_state_write_parts(tuple(caches), seq_id, layout) == w1,
+                 f"reading the re-write in layout {layout} back changed the state")
 
 
 # --- recurrent -------------------------------------------------------------------------------
@@ -281,14 +284,17 @@ def test_recurrent(data: bytes) -> None:
     blob = data[20:]
     before = _recurrent_image(cache)
     try:
-        consumed = cache.state_read(blob, seq_id)
+        consumed = cache.state_read(blob, seq_id, layout="2025")
     except StateError:
         _require(before == _recurrent_image(cache), "a failed state_read changed the cache")
         return
     _require(0 < consumed <= len(blob), f"consumed {consumed} of {len(blob)} bytes")
-    w1 = cache.state_write(seq_id)
-    _require(cache.state_read(w1, seq_id) == len(w1), "the re-write was not consumed whole")
-    _require(cache.state_write(seq_id) == w1, "reading the re-write back changed the state")
+    for layout in ("2025", "2026"):
+        w1 = cache.state_write(seq_id, layout=layout)
+        _require(cache.state_read(w1, seq_id) == len(w1), f"the re-write in layout {layout} was not consumed whole")
+        # (a recurrent state is the same in every layout: the prefix alone tells them apart)
+        _require(cache.state_write(seq_id, layout=layout) == w1,
+                 f"reading the re-write in layout {layout} back changed the state")
 
 
 # --- state files and kvcache inspect -----------------------------------------------------------
@@ -311,7 +317,7 @@ def _context_fields_ok(ctx, data: bytes, start: int) -> None:
     _require(bytes(ctx.cache) == data[ctx.cache_offset:], "the cache part is not the rest of the input")
     out = io.BytesIO()
     statefile.write_context_state(out, _empty_cache(), ctx.arch, output_pos=ctx.output_pos, logits=ctx.logits,
-                                  embeddings=ctx.embeddings)
+                                  embeddings=ctx.embeddings, layout=ctx.layout)
     _require(out.getvalue()[:ctx.cache_offset - start] == data[start:ctx.cache_offset],
              "write_context_state does not reproduce the parsed header")
 
@@ -335,7 +341,7 @@ def test_statefile(data: bytes) -> None:
         out = io.BytesIO()
         statefile.write_session_file(out, _empty_cache(), obj.context.arch, obj.tokens,
                                      output_pos=obj.context.output_pos, logits=obj.context.logits,
-                                     embeddings=obj.context.embeddings)
+                                     embeddings=obj.context.embeddings, layout=obj.layout)
         head = obj.context.cache_offset
         _require(out.getvalue()[:head] == data[:head], "write_session_file does not reproduce the header")
     else:
@@ -344,7 +350,7 @@ def test_statefile(data: bytes) -> None:
         _require(obj.cache_offset == 12 + 4 * n and bytes(obj.cache) == data[obj.cache_offset:],
                  "the sequence file's parts do not tile the input")
         out = io.BytesIO()
-        statefile.write_sequence_file(out, _empty_cache(), 0, obj.tokens)
+        statefile.write_sequence_file(out, _empty_cache(), 0, obj.tokens, layout=obj.layout)
         _require(out.getvalue()[:obj.cache_offset] == data[:obj.cache_offset],
                  "write_sequence_file does not reproduce the header")
 
@@ -357,8 +363,8 @@ def test_inspect(data: bytes) -> None:
             continue
         _require(r["size"] == len(data), "the report's size is not the input's")
         _require(r["bytes"]["wrapper"] + r["bytes"]["cache"] == r["size"], "wrapper + cache bytes != size")
-        _require(sum(s["size"] for s in r["sections"]) == r["bytes"]["cache"],
-                 "the sections do not tile the cache part")
+        _require(sum(s["size"] for s in r["sections"]) + r["bytes"]["framing"] == r["bytes"]["cache"],
+                 "the sections and the framing do not tile the cache part")
         inspect.format_report(r)
         json.dumps(r)
 

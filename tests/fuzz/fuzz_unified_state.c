@@ -10,7 +10,9 @@
  *   [2]  destination: seq_id = byte % (n_seq_max + 1) - 1 (-1 = whole cache)
  *   [3]  seed of the operations that fill the caches before the read (0: empty caches)
  *   [4]  bits 0-3 allocation fault (0 none, else the n-th allocation inside the read fails),
- *        bit 4 KVC_STATE_CONVERT_V, bit 5 KVC_STATE_EXACT, bit 6 two parts (caches 0 and 1)
+ *        bit 4 KVC_STATE_CONVERT_V, bit 5 KVC_STATE_EXACT, bit 6 two parts (caches 0 and 1),
+ *        bit 7 the layouts of today's llama.cpp: kvc_unified_state_read_parts_lay with the layout
+ *        found from the bytes (the seed's, or stream counts and the sequence-blob prefix)
  *   [5..10]  K and V row widths of the layers 0..2 of cache 0: 1 + byte % 64 (q8_0: 32 or 64)
  *   [11] cache 1: bits 0-2 kv_size, bits 3-4 kept layers (0..3); types, v_trans, n_seq_max and
  *        the memory choice are cache 0's (as for the two halves of an iSWA cache)
@@ -28,7 +30,10 @@
  *     reading that re-write back leaves the same state;
  *   - describe: it fails or succeeds with a description inside the input, and after a
  *     successful whole-cache read it agrees with the read on every part (cells, ids, layout,
- *     offsets). */
+ *     offsets);
+ *   - layouts (bit 7): failure as above; success: consistent cells, and the state re-written in
+ *     the stream layout (with the prefix for a sequence) reads back in that layout to the same
+ *     state, and writes the same bytes again. */
 #include "fuzz_common.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
@@ -54,6 +59,7 @@ typedef struct call {
     int32_t seq_id;
     uint8_t prefill, fault;
     unsigned flags;
+    bool layouts;
 } call;
 
 static uint32_t width_of(int32_t type, uint8_t b) {
@@ -95,6 +101,7 @@ static bool parse_header(const uint8_t *data, size_t size, call *k) {
     k->fault = data[4] & 15;
     k->flags = ((data[4] >> 4) & 1 ? KVC_STATE_CONVERT_V : 0) | ((data[4] >> 5) & 1 ? KVC_STATE_EXACT : 0);
     k->n_parts = (data[4] >> 6) & 1 ? 2 : 1;
+    k->layouts = (data[4] >> 7) & 1;
     if (!part_geometry(&k->g[0], &base, SIZES[data[1] & 7], (data[0] >> 5) & 3, data + 5)) {
         return false;
     }
@@ -634,6 +641,28 @@ static uint8_t *write_parts(cache *t, uint32_t n_parts, int32_t seq_id, size_t *
     return out;
 }
 
+/* The state of the caches in the stream layout (the prefix, for a sequence, in front of part 0). */
+static uint8_t *write_parts_lay(cache *t, uint32_t n_parts, int32_t seq_id, size_t *len) {
+    const unsigned lay = KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX | KVC_LAYOUT_SWA_TRIM;
+    size_t part_len[MAX_PARTS], total = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        part_len[k] = kvc_unified_state_size_lay(&t[k].c, seq_id, k ? lay & ~(unsigned)KVC_LAYOUT_PREFIX : lay);
+        total += part_len[k];
+    }
+    uint8_t *out = fz_alloc(total);
+    size_t off = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        size_t written = 0;
+        const int rc = kvc_unified_state_write_range_lay(&t[k].c, seq_id, k ? lay & ~(unsigned)KVC_LAYOUT_PREFIX : lay,
+                                                         0, out + off, part_len[k], &written);
+        FUZZ_CHECK(rc == KVC_OK && written == part_len[k], "state_write_range_lay: rc %d, %zu of %zu bytes", rc,
+                   written, part_len[k]);
+        off += part_len[k];
+    }
+    *len = total;
+    return out;
+}
+
 /* Cells that do not hold seq_id are as in m. */
 static void check_others_kept(const image *m, const cache *t, int32_t seq_id, const char *when) {
     const kvc_cells *cl = &t->c.cells;
@@ -708,7 +737,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvc_err err = { 0, "" };
     size_t consumed = 12345;
     kvc_fail_alloc_after = k.fault;
-    const int rc = kvc_unified_state_read_parts_ex(cs, k.n_parts, k.seq_id, blob, len, k.flags, &consumed, &err);
+    const unsigned detect = KVC_LAYOUT_DETECT | KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX;
+    const int rc = k.layouts
+        ? kvc_unified_state_read_parts_lay(cs, k.n_parts, k.seq_id, blob, len, k.flags, detect, &consumed, NULL, &err)
+        : kvc_unified_state_read_parts_ex(cs, k.n_parts, k.seq_id, blob, len, k.flags, &consumed, &err);
     const bool fault_pending = kvc_fail_alloc_after > 0;
     kvc_fail_alloc_after = 0;
     if (fz_verbose()) {
@@ -729,6 +761,51 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             image_free(&before[p]);
             cache_free(&t[p]);
         }
+        return 0;
+    }
+    if (k.layouts) {
+        FUZZ_CHECK(consumed <= len, "consumed %zu of %zu bytes", consumed, len);
+        image after[MAX_PARTS];
+        for (uint32_t p = 0; p < k.n_parts; p++) {
+            check_cells(&t[p].c.cells, "after a successful read");
+            image_take(&after[p], &t[p]);
+        }
+        size_t w1_len, w2_len;
+        uint8_t *w1 = write_parts_lay(t, k.n_parts, k.seq_id, &w1_len);
+        /* read back in the layout it was written in (detection may find both layouts fit) */
+        const int rc2 = kvc_unified_state_read_parts_lay(cs, k.n_parts, k.seq_id, w1, w1_len, KVC_STATE_EXACT,
+                                                         detect & ~(unsigned)KVC_LAYOUT_DETECT, &consumed, NULL,
+                                                         &err);
+        if (rc2 != KVC_OK && k.seq_id >= 0 && strstr(err.msg, "no room: sequence") != NULL) {
+            /* an empty stream section reads as a no-op, which leaves a prefilled sequence's cells
+             * where they were: its own state then needs a contiguous run the cache may lack
+             * (the seed's placement of a read sequence) — refused, nothing changed */
+            for (uint32_t p = 0; p < k.n_parts; p++) {
+                image_check(&after[p], &t[p], "after a refused re-read");
+                image_free(&after[p]);
+                image_free(&before[p]);
+                cache_free(&t[p]);
+            }
+            free(w1);
+            return 0;
+        }
+        FUZZ_CHECK(rc2 == KVC_OK && consumed == w1_len, "reading the stream-layout re-write back: %d (%s)", rc2,
+                   err.msg);
+        uint8_t *w2 = write_parts_lay(t, k.n_parts, k.seq_id, &w2_len);
+        FUZZ_CHECK(w2_len == w1_len && memcmp(w1, w2, w1_len) == 0, "second stream-layout re-write differs");
+        for (uint32_t p = 0; p < k.n_parts; p++) {
+            check_cells(&t[p].c.cells, "after reading the re-write");
+            if (k.seq_id < 0) {
+                image_check(&after[p], &t[p], "after reading the stream-layout re-write");
+            } else {
+                check_others_kept(&after[p], &t[p], k.seq_id, "after reading the stream-layout re-write");
+            }
+            image_free(&after[p]);
+            image_free(&before[p]);
+            cache_free(&t[p]);
+        }
+        free(w1);
+        free(w2);
         return 0;
     }
 

@@ -2,7 +2,8 @@
 
 Sources: the state blobs of the golden traces (``hex`` of ``state_read`` ops and of
 ``state_write`` expectations), the ``split`` ops of the split traces, and the blobs written by
-llama.cpp in ``../shared/interop`` (see its README for the layouts). Each seed is the target's
+llama.cpp in ``../shared/interop`` and ``../shared/interop-v10`` (0.3.36: layout "2026", fed to the
+unified target in its layouts mode; see the READMEs for the layouts). Each seed is the target's
 header (which picks a cache geometry the blob fits, the destination sequence and a prefill seed)
 followed by the blob; see the comment at the top of each fuzz_*.c for the header layout.
 
@@ -167,13 +168,19 @@ def file_token_skip(blob: bytes) -> int:
     return 12 + 4 * n_tokens
 
 
-def interop_blobs(folder: Path):
-    """(seq_id, whole-context flag, cache state bytes) of every blob in an interop folder."""
+def interop_blobs(folder: Path, today: bool = False):
+    """(seq_id, cache state bytes) of every blob in an interop folder (today: written by 0.3.36,
+    whose whole-context states hold the architecture name alone before the memory state)."""
     for f in sorted(folder.iterdir()):
         if f.suffix not in (".bin", ".ggsq", ".ggsn"):
             continue
         data = f.read_bytes()
-        if f.name == "state.bin":
+        if today and f.name == "state.bin":
+            yield -1, data[4 + struct.unpack_from("<I", data)[0]:]
+        elif today and f.suffix == ".ggsn":
+            skip = file_token_skip(data)
+            yield -1, data[skip + 4 + struct.unpack_from("<I", data, skip)[0]:]
+        elif f.name == "state.bin":
             yield -1, data[context_cache_offset(data):]
         elif f.suffix == ".ggsn":
             yield -1, data[context_cache_offset(data, file_token_skip(data)):]
@@ -197,14 +204,14 @@ class Corpus:
             self.counts[target] = self.counts.get(target, 0) + 1
 
 
-def add_unified(corpus: Corpus, parts: list[dict], seq_id: int, blob: bytes) -> None:
+def add_unified(corpus: Corpus, parts: list[dict], seq_id: int, blob: bytes, flags: int = 0) -> None:
     for prefill in PREFILL_SEEDS:
-        h = unified_header(parts, seq_id, prefill)
+        h = unified_header(parts, seq_id, prefill, flags)
         if h is not None:
             corpus.add("fuzz_unified_state", h + blob)
     # the same blob into caches of the other V layout, converted on the way in
     flipped = [dict(g, v_trans=not g["v_trans"]) for g in parts]
-    h = unified_header(flipped, seq_id, 0, flags=0x10)
+    h = unified_header(flipped, seq_id, 0, flags=0x10 | flags)
     if h is not None:
         corpus.add("fuzz_unified_state", h + blob)
 
@@ -255,7 +262,9 @@ def from_golden(corpus: Corpus, golden: Path) -> None:
 ATHERIS_FILES = ("seq1.bin", "seq3.bin", "state.bin", "seq0.ggsq", "session.ggsn")
 
 
-def from_interop(corpus: Corpus, interop: Path) -> None:
+def from_interop(corpus: Corpus, interop: Path, today: bool = False) -> None:
+    """today: the blobs of 0.3.36 (their sequence blobs start with the prefix, which the recurrent
+    target does not read: it gets the memory state after it)."""
     for folder in sorted(p for p in interop.iterdir() if p.is_dir() and p.name != "models"):
         if folder.name != "llama_bf16_fa1":  # the same layouts as llama_fa1
             # whole files for the state-file and inspect targets (atheris_state.py)
@@ -269,15 +278,18 @@ def from_interop(corpus: Corpus, interop: Path) -> None:
             geo = dict(type_k=g["layers"][0]["r_type"], type_v=g["layers"][0]["s_type"], kv_size=g["mem_size"],
                        n_seq_max=ctx["n_seq_max"], ek=[l["n_embd_r"] for l in g["layers"]],
                        ev=[l["n_embd_s"] for l in g["layers"]])
-            for seq_id, blob in interop_blobs(folder):
+            for seq_id, blob in interop_blobs(folder, today):
+                if today and blob[:4] == struct.pack("<I", 0xAF143CD8):
+                    blob = blob[8:]
                 add_recurrent(corpus, geo, seq_id, blob)
             continue
         geos = [dict(type_k=g["layers"][0]["type_k"], type_v=g["layers"][0]["type_v"], v_trans=g["v_trans"],
                      kv_size=g["kv_size"], n_seq_max=ctx["n_seq_max"],
                      ek=[l["n_embd_k_gqa"] for l in g["layers"]], ev=[l["n_embd_v_gqa"] for l in g["layers"]])
                 for g in manifest["geometry"]]
-        for seq_id, blob in interop_blobs(folder):
-            add_unified(corpus, geos, seq_id, blob)  # iSWA: the base part, then the SWA part
+        for seq_id, blob in interop_blobs(folder, today):
+            # iSWA: the base part, then the SWA part; today's layouts in the target's layouts mode
+            add_unified(corpus, geos, seq_id, blob, 0x80 if today else 0)
 
 
 def main(argv=None) -> int:
@@ -292,6 +304,8 @@ def main(argv=None) -> int:
     from_golden(corpus, args.golden)
     if (shared / "interop").is_dir():
         from_interop(corpus, shared / "interop")
+        if (shared / "interop-v10").is_dir():
+            from_interop(corpus, shared / "interop-v10", today=True)
     else:
         print(f"no interop blobs under {shared}; golden seeds only", file=sys.stderr)
     for target, n in sorted(corpus.counts.items()):

@@ -21,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--variant", choices=VARIANTS,
                         help="the cache variant (default: guessed); a state that cannot be one is refused")
+    from kvcache import LAYOUTS
+
+    parser.add_argument("--layout", choices=LAYOUTS,
+                        help="the layout to read it in (default: found); a state not of it is refused")
 
 
 def plain_error(e: Exception, path: str, size: int) -> str:
@@ -30,7 +34,8 @@ def plain_error(e: Exception, path: str, size: int) -> str:
 
     text = str(e)
     if text.startswith(("this is a GGUF model", "not a recurrent", "not a unified", "not an iSWA",
-                        "the iSWA cache state has")) or "trailing bytes after" in text:
+                        "the iSWA cache state has", "not a state of layout")) or "trailing bytes after" in text \
+            or " is not layout " in text:
         return f"{path}: {text}"
     kind = getattr(e, "kind", None)
     truncated = re.search(r"truncated at byte (\d+)", text)
@@ -48,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from kvcache.inspect import format_report, report
 
     try:
-        r = report(args.file, args.variant)
+        r = report(args.file, args.variant, args.layout)
     except (IsADirectoryError, FileNotFoundError, PermissionError) as e:
         raise OSError(f"{args.file}: {e.strerror or e}") from None
     except StateError as e:

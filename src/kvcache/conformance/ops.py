@@ -74,7 +74,7 @@ def _pos_bucket(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
     return got
 
 
-def _state_write(**layout: str) -> Apply:
+def _state_write(**layout: Any) -> Apply:
     def state_write(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
         """Length and hash of the blob (and its bytes when expected)."""
         return blob_fields(r.cache.state_write(op["seq_id"], **layout), op.get("expect", {}))
@@ -123,8 +123,11 @@ OPS: dict[str, dict[str, Apply]] = {
     "update": {unified2026.FAMILY: unified2026.update},
     "s_copy": {recurrent.FAMILY: recurrent.s_copy},
     "s_mask": {recurrent.FAMILY: recurrent.s_mask},
-    "state_write": {**_each(_state_write(), *_FORMAT_1_CACHES), unified2026.FAMILY: _state_write(layout="2026")},
-    "state_read": {**_each(_state_read("n_read"), *_FORMAT_1_CACHES),
+    # kvcache-trace/1 holds the seed's bytes (layout "2025"); kvcache-trace/2026 the cache-level
+    # memory state of today's layout, without the sequence-blob prefix of llama_state_seq_get_data
+    "state_write": {**_each(_state_write(layout="2025"), *_FORMAT_1_CACHES),
+                    unified2026.FAMILY: _state_write(layout="2026", prefix=False)},
+    "state_read": {**_each(_state_read("n_read", layout="2025"), *_FORMAT_1_CACHES),
                    unified2026.FAMILY: _state_read("consumed", layout="2026")},
     "kvhash": {unified2026.FAMILY: unified2026.kvhash},
     "split": {split.FAMILY: split.split},

@@ -69,5 +69,10 @@ cdef extern from "kvc_recurrent.h" nogil:
                                     size_t *consumed, kvc_err *err)
     int    kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                                        unsigned flags, size_t *consumed, kvc_err *err)
+    size_t kvc_recurrent_state_size_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout)
+    int    kvc_recurrent_state_write_range_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout,
+                                               uint64_t offset, uint8_t *out, size_t cap, size_t *written)
+    int    kvc_recurrent_state_read_lay(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                        unsigned flags, unsigned layout, size_t *consumed, kvc_err *err)
     int    kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                            size_t cap, size_t *written)

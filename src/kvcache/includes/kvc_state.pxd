@@ -8,6 +8,28 @@ cdef extern from "kvc_state.h" nogil:
     enum:
         KVC_STATE_CONVERT_V
         KVC_STATE_EXACT
+    enum:
+        KVC_LAYOUT_STREAMS
+        KVC_LAYOUT_PREFIX
+        KVC_LAYOUT_SWA_TRIM
+        KVC_LAYOUT_DETECT
+        KVC_SEQ_MAGIC
+        KVC_SEQ_PREFIX_BYTES
+
+    size_t kvc_unified_state_size_lay(const kvc_unified *c, int32_t seq_id, unsigned layout)
+    int kvc_unified_state_write_range_lay(kvc_unified *c, int32_t seq_id, unsigned layout, uint64_t offset,
+                                          uint8_t *out, size_t cap, size_t *written)
+    int kvc_unified_state_read_parts_lay(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
+                                         const uint8_t *data, size_t len, unsigned flags, unsigned layout,
+                                         size_t *consumed, unsigned *used, kvc_err *err)
+    ctypedef struct kvc_state_frame:
+        bint     prefixed
+        int32_t  src_seq_id
+        uint32_t n_stream
+        size_t   end
+    int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bint allow_prefix,
+                                 kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
+                                 kvc_err *err)
 
     size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id)
     int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written)

@@ -1,0 +1,133 @@
+"""kvcache.statefile.convert and `kvcache convert`: a state file in another layout, without a
+cache. The 0.3.10 files of ../shared/interop become, byte for byte, what 0.3.36 wrote for the
+same scenario in ../shared/interop-v10 (the K/V payload did not change; mamba's state values
+did, so there only the framing is compared), and back, less what the target cannot hold."""
+import json
+import struct
+
+import pytest
+
+import kvcache
+from kvcache import statefile
+from kvcache.cli import main
+
+from interop_data import interop_dir, interop_v10_dir, make_cache, manifest
+
+UNIFIED = ["llama_fa0", "llama_fa1", "llama_q8_fa1"]
+FILES = ["seq0.bin", "seq1.bin", "seq2.bin", "state.bin", "session.ggsn", "seq0.ggsq"]
+
+
+def _ctx(obj):
+    return obj.context if isinstance(obj, statefile.SessionFile) else obj
+
+
+@pytest.mark.parametrize("folder", UNIFIED)
+@pytest.mark.parametrize("name", FILES)
+def test_old_files_become_todays(folder, name):
+    old, new = interop_dir() / folder / name, interop_v10_dir() / folder / name
+    seq_id = manifest(new).get("seq_id")
+    c = statefile.convert(old.read_bytes(), "2026", seq_id=seq_id)
+    assert c.data == new.read_bytes() and (c.source, c.layout) == ("2025", "2026")
+    back = statefile.convert(new.read_bytes(), "2025")
+    if name in ("state.bin", "session.ggsn"):
+        # 2025 holds the outputs of the last batch, which 2026 dropped: none are written
+        assert any("no outputs written" in n for n in back.notes)
+        assert any("left out 1 outputs, 300 logits" in n for n in c.notes)
+        ctx = _ctx(statefile.parse(back.data))
+        assert ctx.n_outputs == 0 and bytes(ctx.cache) == bytes(_ctx(statefile.parse(old.read_bytes())).cache)
+    else:
+        assert back.data == old.read_bytes()
+        if name.endswith(".bin"):
+            assert any("prefix (source seq" in n for n in back.notes)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_recurrent_files_change_their_framing_only(name):
+    new = interop_v10_dir() / "mamba" / name
+    data = new.read_bytes()
+    old = statefile.convert(data, "2025")
+    again = statefile.convert(old.data, "2026", seq_id=manifest(new).get("seq_id"))
+    assert again.data == data
+    m = manifest(new)
+    cache = make_cache(m)
+    seq_id = m.get("seq_id", -1)
+    obj = statefile.parse(old.data)
+    if isinstance(obj, memoryview):
+        cache.state_read(obj, seq_id, layout="2025")
+    elif isinstance(obj, statefile.SequenceFile):
+        obj.restore(cache, seq_id)
+    else:
+        obj.restore(cache)
+    assert cache.used == m["expected"]["sections"][0]["cell_count"]
+
+
+def test_every_intermediate_layout_reads_back():
+    data = (interop_v10_dir() / "llama_fa0" / "session.ggsn").read_bytes()
+    m = manifest(interop_v10_dir() / "llama_fa0" / "session.ggsn")
+    want = make_cache(m)
+    statefile.parse(data).restore(want)
+    for to in kvcache.LAYOUTS:
+        c = statefile.convert(data, to)
+        f = statefile.parse(c.data)
+        # the layouts 2026-03 to 2026-06 write the same session files: read as the newest of them
+        info, found = statefile.layout_info(to), statefile.layout_info(f.layout)
+        assert f.version == info["session_version"]
+        assert (found["outputs"], found["streams"], found["session_version"]) == \
+            (info["outputs"], info["streams"], info["session_version"])
+        got = make_cache(m)
+        f.restore(got)
+        assert got.state_write(-1) == want.state_write(-1), to
+        assert statefile.convert(c.data, "2026").data == data
+
+
+def test_what_cannot_be_converted_is_refused_plainly():
+    empty_new = (interop_v10_dir() / "llama_fa0" / "seq3.bin").read_bytes()
+    with pytest.raises(kvcache.StateError, match="empty, written as its cell count alone: layout 2025 writes"):
+        statefile.convert(empty_new, "2025")
+    empty_old = (interop_dir() / "llama_fa0" / "seq3.bin").read_bytes()
+    with pytest.raises(kvcache.StateError, match="unified or a recurrent cache's state.*pass variant"):
+        statefile.convert(empty_old, "2026")
+    c = statefile.convert(empty_old, "2026", variant="unified", seq_id=3)
+    assert c.data == empty_new
+    streams = (interop_v10_dir() / "llama_fa0_streams" / "seq1.bin").read_bytes()
+    with pytest.raises(kvcache.StateError, match="4 streams; layout 2025 has one stream"):
+        statefile.convert(streams, "2025")
+    assert statefile.convert(streams, "2026-05").data == streams
+    with pytest.raises(ValueError, match="unknown layout '2027'"):
+        statefile.convert(empty_new, "2027")
+    with pytest.raises(kvcache.StateError):
+        statefile.convert(b"\x01\x02\x03", "2026")
+
+
+def test_a_prefix_needs_a_sequence_id():
+    old = (interop_dir() / "llama_fa0" / "seq1.bin").read_bytes()
+    c = statefile.convert(old, "2026")
+    assert struct.unpack_from("<I", c.data)[0] == 1 and any("pass seq_id" in n for n in c.notes)  # n_stream 1
+    c = statefile.convert(old, "2026", seq_id=2)
+    assert struct.unpack_from("<Ii", c.data) == (statefile.SEQ_MAGIC, 2)
+
+
+def test_iswa_sequence_states_say_what_the_window_does():
+    old = (interop_dir() / "gemma2_fa0" / "seq0.bin").read_bytes()
+    c = statefile.convert(old, "2026", seq_id=0)
+    assert any("outside the window were kept" in n for n in c.notes)
+    m = manifest(interop_dir() / "gemma2_fa0" / "seq0.bin")
+    cache = make_cache(m)
+    assert cache.state_read(c.data, 0, exact=True) == len(c.data)
+    assert cache.state_write(0, layout="2025") == old
+
+
+def test_cli_convert(tmp_path, capsys):
+    src = interop_dir() / "llama_fa0" / "state.bin"
+    out = tmp_path / "state.bin"
+    assert main(["convert", str(src), str(out), "--to", "2026"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0] == f"{out}: whole-context state, layout 2025 -> 2026, 24745 -> 23525 bytes"
+    assert text[1].startswith("  note: left out 1 outputs, 300 logits and 0 embeddings")
+    assert out.read_bytes() == (interop_v10_dir() / "llama_fa0" / "state.bin").read_bytes()
+    assert main(["convert", "--json", str(out), str(tmp_path / "back.bin"), "--to", "2025"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["from"], r["to"], r["kind"]) == ("2026", "2025", "whole-context state") and r["notes"]
+    assert main(["convert", str(interop_dir() / "llama_fa0" / "seq3.bin"), str(tmp_path / "x"), "--to", "2026"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvcache convert: error: ") and "pass variant" in err and not (tmp_path / "x").exists()

@@ -1,0 +1,237 @@
+"""Live state interop with today's llama.cpp (llama-cpp-python 0.3.36, layout "2026").
+
+Skipped unless llama_cpp 0.3.36 is importable: .ci/run's llama36 stage builds it from source
+into a directory of its own and runs this file in a process of its own (one process loads one
+llama.cpp). For every scenario (f16 with flash attention off and on, q8_0, bf16, gemma2 iSWA,
+mamba) llama.cpp decodes the manifest's script, then:
+
+1. every kind of file it writes (sequence blobs, whole-context state, session file, sequence
+   file) restores into kvcache and is written back byte for byte in layout "2026";
+2. every kind kvcache writes in "2026" loads into a fresh llama.cpp context, and decoding the
+   next token there gives the logits of the uninterrupted run (within 1e-4: a restore compacts
+   the cells, which changes the order of llama.cpp's sums) and exactly those of llama.cpp's own
+   state of the same kind loaded the same way.
+
+0.3.36's ctypes bindings take assignments to fields that no longer exist without a word, so
+each context is checked against llama.cpp's own log lines (flash attention, kv_unified, the
+K/V types) before anything else."""
+import ctypes
+import io
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache import statefile
+
+from live_llama import LlamaCalls
+from interop_data import interop_dir, interop_v10_dir, manifest, model_path
+
+# scenario -> (where its manifest is, the reference logits' folder)
+SCENARIOS = {
+    "llama_fa0": "v10", "llama_fa1": "v10", "llama_q8_fa1": "v10", "mamba": "v10",
+    "llama_bf16_fa1": "v9", "gemma2_fa0": "v9",
+}
+TYPE_NAMES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16"}
+
+
+def _llama():
+    # .ci/run's llama36 stage says it installed 0.3.36: then a skip would hide a broken install
+    missing = pytest.fail if os.environ.get("KVCACHE_EXPECT_LLAMA036") else pytest.skip
+    try:
+        import llama_cpp as L
+    except ImportError as e:
+        missing(f"llama_cpp is not importable ({e}); .ci/run's llama36 stage installs 0.3.36")
+    if getattr(L, "__version__", None) != "0.3.36":
+        missing(f"llama-cpp-python {L.__version__} is importable; these tests are for 0.3.36")
+    return L
+
+
+class Live(LlamaCalls):
+    """One model through 0.3.36's low-level API, with llama.cpp's log lines kept."""
+
+    _models: dict = {}
+    _cb = None
+    lines: list = []
+
+    def __init__(self, model: str):
+        self.L = L = _llama()
+        if Live._cb is None:
+            def log(level, text, user):
+                s = text.decode("utf-8", "replace") if text else ""
+                if level == 5 and Live.lines:      # a continuation of the previous line
+                    Live.lines[-1] += s
+                else:
+                    Live.lines.append(s)
+            Live._cb = L.llama_log_callback(log)
+            L.llama_log_set(Live._cb, ctypes.c_void_p(0))
+            L.llama_backend_init()
+        if model not in Live._models:
+            p = L.llama_model_default_params()
+            p.n_gpu_layers = 0
+            Live._models[model] = L.llama_model_load_from_file(str(model_path(model)).encode(), p)
+            assert Live._models[model], f"llama.cpp could not load {model}"
+        self.model = Live._models[model]
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+
+    def context(self, c: dict):
+        """A context of the manifest's parameters, checked against what llama.cpp logs."""
+        L = self.L
+        p = L.llama_context_default_params()
+        fields = dict(p._fields_)
+        want = {"n_ctx": c["n_ctx_requested"] if "n_ctx_requested" in c else c["n_ctx"], "n_batch": c["n_batch"],
+                "n_ubatch": c["n_ubatch"], "n_seq_max": c["n_seq_max"], "type_k": c["type_k"],
+                "type_v": c["type_v"], "flash_attn_type": 1 if c["flash_attn"] else 0, "swa_full": False,
+                "kv_unified": True, "n_threads": 1, "n_threads_batch": 1}
+        for name, value in want.items():
+            assert name in fields, f"llama_context_params has no field {name} (the bindings changed)"
+            setattr(p, name, value)
+        del Live.lines[:]
+        ctx = L.llama_init_from_model(self.model, p)
+        assert ctx
+        log = "\n".join(Live.lines)
+        fa = "enabled" if c["flash_attn"] else "disabled"
+        assert re.search(rf"llama_context: flash_attn\s+= {fa}", log), log
+        assert re.search(r"llama_context: kv_unified\s+= true", log), log
+        t = TYPE_NAMES[c["type_k"]]
+        assert re.search(rf"(llama_kv_cache: size = .*K \({t}\)|llama_memory_recurrent: size = .*R \({t}\))", log), log
+        return ctx
+
+    def replay(self, ctx, script):
+        L = self.L
+        mem = L.llama_get_memory(ctx)
+        for op in script:
+            if op["op"] == "decode":
+                self.decode(ctx, op["tokens"])
+            elif op["op"] == "seq_cp":
+                L.llama_memory_seq_cp(mem, *op["args"])
+            elif op["op"] == "seq_rm":
+                L.llama_memory_seq_rm(mem, *op["args"])
+            else:
+                raise AssertionError(f"unknown op {op}")
+
+
+def _manifest(name):
+    root = interop_v10_dir() if SCENARIOS[name] == "v10" else interop_dir()
+    return manifest(root / name / "seq0.bin"), root / name
+
+
+def _cache(m):
+    """kvcache's cache of the scenario's context as 0.3.36 builds it (cell padding 1; the SWA
+    cache padded to 256 cells, which ISWACache gets through n_batch until it knows today's rule)."""
+    ctx, geo = m["context"], m["geometry"]
+    if m["memory_kind"] == "recurrent":
+        (g,) = geo
+        ls = g["layers"]
+        return kvcache.RecurrentCache(ctx["n_seq_max"], len(ls), [x["n_embd_r"] for x in ls],
+                                      [x["n_embd_s"] for x in ls], type_k=ls[0]["r_type"], type_v=ls[0]["s_type"],
+                                      kv_size=g["mem_size"])
+    v_trans = not ctx["flash_attn"]
+    if m["memory_kind"] == "iswa":
+        base, swa = geo
+        layers = sorted(base["layers"] + swa["layers"], key=lambda x: x["il"])
+        size_swa = min(base["kv_size"], -(-(swa["n_swa"] * ctx["n_seq_max"] + ctx["n_ubatch"]) // 256) * 256)
+        c = kvcache.ISWACache(base["kv_size"], len(layers), [x["n_embd_k_gqa"] for x in layers],
+                              [x["n_embd_v_gqa"] for x in layers], swa_layers=[x["il"] for x in swa["layers"]],
+                              n_swa=swa["n_swa"], swa_type=swa["swa_type"],
+                              n_batch=size_swa - swa["n_swa"] * ctx["n_seq_max"], type_k=layers[0]["type_k"],
+                              type_v=layers[0]["type_v"], v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1)
+        assert c.swa.size == size_swa
+        return c
+    (g,) = geo
+    ls = g["layers"]
+    return kvcache.UnifiedCache(g["kv_size"], len(ls), [x["n_embd_k_gqa"] for x in ls],
+                                [x["n_embd_v_gqa"] for x in ls], type_k=ls[0]["type_k"], type_v=ls[0]["type_v"],
+                                v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1)
+
+
+def _tokens(script):
+    """All tokens in decode order (a session file's list) and seq 0's (a sequence file's)."""
+    every = [t for op in script if op["op"] == "decode" for t, _, _ in op["tokens"]]
+    seq0 = [t for op in script if op["op"] == "decode" for t, _, seqs in op["tokens"] if 0 in seqs]
+    return every, seq0
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_live_files_cross_both_ways(name, tmp_path):
+    m, folder = _manifest(name)
+    live = Live(m["model"]["file"])
+    L = live.L
+    with open(folder / "ref_next_logits_seq0.json") as f:
+        nxt = json.load(f)
+    every, seq0 = _tokens(m["script"])
+    ctx = live.context(m["context"])
+    try:
+        live.replay(ctx, m["script"])
+        # 1. what llama.cpp writes, kvcache reads and writes back byte for byte
+        blobs = {s: live.seq_get(ctx, s) for s in range(4)}
+        whole = live.state_get(ctx)
+        sess_path, seq_path = tmp_path / "live.ggsn", tmp_path / "live.ggsq"
+        toks = (ctypes.c_int32 * len(every))(*every)
+        assert L.llama_state_save_file(ctx, str(sess_path).encode(), toks, len(every))
+        toks0 = (ctypes.c_int32 * len(seq0))(*seq0)
+        assert L.llama_state_seq_save_file(ctx, str(seq_path).encode(), 0, toks0, len(seq0)) > 0
+        ref = live.decode(ctx, [(nxt["token"], nxt["pos"], [0])])   # the uninterrupted run
+    finally:
+        L.llama_free(ctx)
+    for s, blob in blobs.items():
+        c = _cache(m)
+        assert c.state_read(blob, s, exact=True) == len(blob)
+        assert c.state_write(s) == blob, (name, s)
+    cache = _cache(m)
+    cs = statefile.parse_context_state(whole)
+    assert cs.layout in kvcache.LAYOUTS and not cs.has_outputs
+    cs.restore(cache)
+    out = io.BytesIO()
+    statefile.write_context_state(out, cache, cs.arch)
+    assert out.getvalue() == whole
+    sess = statefile.load(sess_path)
+    assert (sess.version, sess.tokens.tolist()) == (10, every)
+    c2 = _cache(m)
+    sess.restore(c2)
+    statefile.write_session_file(tmp_path / "back.ggsn", c2, sess.context.arch, sess.tokens)
+    assert (tmp_path / "back.ggsn").read_bytes() == sess_path.read_bytes()
+    sq = statefile.load(seq_path)
+    assert (sq.version, sq.tokens.tolist()) == (3, seq0)
+    c3 = _cache(m)
+    sq.restore(c3, 0)
+    statefile.write_sequence_file(tmp_path / "back.ggsq", c3, 0, sq.tokens)
+    assert (tmp_path / "back.ggsq").read_bytes() == seq_path.read_bytes()
+
+    # 2. what kvcache writes in "2026", llama.cpp loads, and decoding goes on as if uninterrupted
+    statefile.write_session_file(tmp_path / "ours.ggsn", cache, cs.arch, every)
+    statefile.write_sequence_file(tmp_path / "ours.ggsq", cache, 0, seq0)
+    ours = {"sequence blob": cache.state_write(0), "whole context": out.getvalue(),
+            "session file": tmp_path / "ours.ggsn", "sequence file": tmp_path / "ours.ggsq"}
+    theirs = {"sequence blob": blobs[0], "whole context": whole, "session file": sess_path,
+              "sequence file": seq_path}
+
+    def load_and_decode(kind, src):
+        b = live.context(m["context"])
+        try:
+            got = (ctypes.c_int32 * 512)()
+            n = ctypes.c_size_t()
+            if kind == "sequence blob":
+                assert live.seq_set(b, src, 0) == len(src)
+            elif kind == "whole context":
+                assert live.state_set(b, src) == len(src)
+            elif kind == "session file":
+                assert L.llama_state_load_file(b, str(src).encode(), got, 512, ctypes.byref(n))
+                assert list(got[:n.value]) == every
+            else:
+                assert L.llama_state_seq_load_file(b, str(src).encode(), 0, got, 512, ctypes.byref(n)) > 0
+                assert list(got[:n.value]) == seq0
+            return live.decode(b, [(nxt["token"], nxt["pos"], [0])])
+        finally:
+            L.llama_free(b)
+
+    for kind in ours:
+        logits = load_and_decode(kind, ours[kind])
+        # a restore compacts the cells (a sequence's lie alone), which changes the order of
+        # llama.cpp's sums: exactly llama.cpp's own state restored the same way, and close to
+        # the uninterrupted run
+        np.testing.assert_array_equal(logits, load_and_decode(kind, theirs[kind]), err_msg=f"{name}: {kind}")
+        np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-4, err_msg=f"{name}: {kind}")
