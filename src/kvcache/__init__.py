@@ -11,6 +11,7 @@ from kvcache._core import (  # noqa: E402
     Cells,
     RopeParams,
     StateError,
+    StreamUpdate,
     UBatch,
     UpdatePlan,
     dequantize,
@@ -27,7 +28,7 @@ __all__ = [
     "DEFAULT_LAYOUT", "LAYOUTS", "MAX_SEQ", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
     "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
-    "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
+    "StreamUpdate", "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
 ]
 
 
