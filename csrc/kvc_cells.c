@@ -76,6 +76,9 @@ static inline void kvc_cells_mark_used(kvc_cells *c, uint32_t i) {
 }
 
 static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
+    if (c->empty_zeroes_shift) {
+        c->shift[i] = 0;
+    }
     c->used_bits[i >> 6] &= ~((uint64_t)1 << (i & 63));
     c->used--;
     if (i + 1 == c->used_max_p1) {

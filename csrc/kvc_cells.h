@@ -37,6 +37,8 @@ typedef struct kvc_cells {
     uint32_t    used;         /* number of cells with pos != -1 */
     uint32_t    used_max_p1;  /* largest used index + 1, or 0 */
     bool        has_shift;    /* some pos_add / pos_div since the last reset_shift */
+    bool        empty_zeroes_shift; /* a cell that empties loses its shift (today's llama.cpp);
+                               * false: it keeps it until reset_shift (the seed's) */
     kvc_seq_pos *seq_pos;     /* [n_seq_max] per sequence */
 } kvc_cells;
 

@@ -6,7 +6,7 @@
 int kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
                                 kvc_kshift_work *w, kvc_err *err) {
     const kvc_type_info *t = kvc_type_get(c->type_k);
-    const uint32_t size = c->cells.size;
+    const size_t rows = (size_t)c->cells.size * c->n_stream;   /* every stream's rows, stream-major */
     size_t scratch_floats = 1;
 
     memset(w, 0, sizeof *w);
@@ -35,7 +35,7 @@ int kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, 
         }
     }
 
-    w->shift = (int32_t *)kvc_malloc_n(size ? size : 1, sizeof(int32_t));
+    w->shift = (int32_t *)kvc_malloc_n(rows ? rows : 1, sizeof(int32_t));
     w->scratch = (float *)kvc_malloc_n(scratch_floats, sizeof(float));
     if (w->shift == NULL || w->scratch == NULL) {
         kvc_kshift_work_free(w);
@@ -46,7 +46,7 @@ int kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, 
 
 int kvc_unified_k_shift_run(kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,
                             kvc_kshift_work *w, kvc_err *err) {
-    const uint32_t size = c->cells.size;
+    const uint32_t rows = c->cells.size * c->n_stream;   /* kvc_unified_init bounds it by INT32_MAX */
     kvc_unified_defrag_settle(c);   /* the rows to rotate must be in their cells */
     kvc_unified_k_shift(c, w->shift);
 
@@ -57,7 +57,7 @@ int kvc_unified_k_shift_run(kvc_unified *c, const kvc_rope_params *p, const uint
             continue;
         }
         /* arguments were checked by the prepare and the scratch is ours: this cannot fail midway */
-        rc = kvc_rope_shift_rows(c->type_k, ly->k, size, ly->n_embd_k / head_dim[l], head_dim[l],
+        rc = kvc_rope_shift_rows(c->type_k, ly->k, rows, ly->n_embd_k / head_dim[l], head_dim[l],
                                  ly->k_row_bytes, w->shift, &p[l], w->scratch);
     }
     kvc_kshift_work_free(w);

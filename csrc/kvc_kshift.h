@@ -13,7 +13,8 @@
 extern "C" {
 #endif
 
-/* Rotate the K rows of every kept layer that has K memory by the cells' shifts.
+/* Rotate the K rows of every kept layer that has K memory by the cells' shifts (the rows of
+ * every stream).
  * p[l] and head_dim[l] are the RoPE parameters and the head size of kept layer l (index
  * into c->layers); a row of layer l holds n_embd_k / head_dim[l] heads. Everything is
  * checked and the scratch allocated before the first byte changes, so on KVC_E_ARG (err
@@ -27,7 +28,7 @@ int kvc_unified_apply_k_shift(kvc_unified *c, const kvc_rope_params *p, const ui
  * cannot fail once prepared against the same c, p and head_dim) and releases it.
  * kvc_kshift_work_free releases a prepared work that is not run. */
 typedef struct kvc_kshift_work {
-    int32_t *shift;     /* [size] */
+    int32_t *shift;     /* [n_stream * size] */
     float   *scratch;   /* the largest scratch any layer needs */
 } kvc_kshift_work;
 int  kvc_unified_k_shift_prepare(const kvc_unified *c, const kvc_rope_params *p, const uint32_t *head_dim,

@@ -277,18 +277,21 @@ typedef struct kvc_mask_seq {
 /* ... and while the sequence has enough rows to pay for building its base row. */
 #define KVC_MASK_MIN_ROWS 8u
 
-int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
-                        size_t row_stride, void *out) {
-    const kvc_cells *cells = &c->cells;
-    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
-    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
+/* The rows of tokens [t0, t0 + n_tokens) of the ubatch over cells [0, n_kv) of one cell table,
+ * into out (row r is token t0 + r, at r * row_stride bytes). KVC_OK or KVC_E_NOMEM (out
+ * untouched). */
+static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub_all,
+                         uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
+                         size_t row_stride, void *out) {
     const size_t el = kvc_mask_elsize(dtype);
     const size_t row_bytes = (size_t)n_kv * el;
-    if (row_stride == 0) {
-        row_stride = row_bytes;
-    }
-    /* masks larger than the last-level cache go straight to memory */
-    const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
+    /* the tokens of the block, as a ubatch of their own */
+    const uint32_t g0 = t0 / ub_all->n_seq_tokens;
+    kvc_ubatch sub = *ub_all;
+    sub.pos = ub_all->pos + t0;
+    sub.seq_off = ub_all->seq_off + g0;
+    sub.n_tokens = n_tokens;
+    const kvc_ubatch *ub = &sub;
 
     /* the distinct sequences of the ubatch (tokens interleave), each with a slot, ascending */
     kvc_seqset seen;
@@ -401,7 +404,23 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     }
     kvc_free(scratch);
     kvc_free(block);
+    return KVC_OK;
+}
 
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                        size_t row_stride, void *out) {
+    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
+    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
+    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
+    if (row_stride == 0) {
+        row_stride = row_bytes;
+    }
+    /* masks larger than the last-level cache go straight to memory */
+    const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
+    const int rc = kvc_mask_rows(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride, out);
+    if (rc != KVC_OK) {
+        return rc;
+    }
     /* padding rows see nothing */
     if (rows > n_tokens && n_kv) {
         /* dense rows: one fill; strided rows: the gaps between them are the caller's */
@@ -409,6 +428,86 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
         const size_t per = row_stride == row_bytes ? (size_t)(rows - n_tokens) * n_kv : n_kv;
         for (uint32_t r = 0; r < n_fill; r++) {
             kvc_mask_fill_hidden((uint8_t *)out + (size_t)(n_tokens + r) * row_stride, dtype, per, stream);
+        }
+    }
+    if (stream) {
+        kvc_stream_fence();
+    }
+    return KVC_OK;
+}
+
+/* Cells of a row built at a time by kvc_mask_rows_direct: their key positions stay in L1. */
+#define KVC_MASK_CHUNK 1024u
+
+/* Whether every token of [t0, t0 + n) has a sequence of its own (a decode step). */
+static bool kvc_mask_one_token_each(const kvc_ubatch *ub, uint32_t t0, uint32_t n) {
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
+    for (uint32_t t = t0; t < t0 + n; t++) {
+        const int32_t s = ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
+        if (kvc_seqset_has(&seen, s)) {
+            return false;
+        }
+        kvc_seqset_add(&seen, s);
+    }
+    return true;
+}
+
+/* kvc_mask_rows for a block whose every sequence has one token: a row's key positions are read
+ * once, so each row is built straight from the cells a chunk at a time (no per-sequence array
+ * of key positions to write and read back). */
+static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub,
+                                 uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
+                                 void *out) {
+    const size_t el = kvc_mask_elsize(dtype);
+    const int32_t none[4] = {0, 0, 0, 0};
+    int32_t vis[KVC_MASK_CHUNK];
+    for (uint32_t r = 0; r < n_tokens; r++) {
+        const uint32_t t = t0 + r;
+        const int32_t s = ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]], p1 = ub->pos[t];
+        int32_t lo, hi;
+        kvc_unified_visible_range(c, p1, causal, &lo, &hi);
+        const uint64_t *plane = kvc_cells_seq_plane(cells, s);
+        uint8_t *row = (uint8_t *)out + (size_t)r * n_kv * el;
+        for (uint32_t off = 0; off < n_kv; off += KVC_MASK_CHUNK) {
+            const uint32_t m = n_kv - off < KVC_MASK_CHUNK ? n_kv - off : KVC_MASK_CHUNK;
+            kvc_mask_key_positions(vis, cells->pos + off, plane + off, m, (unsigned)(s & 63), none);
+            kvc_mask_row(row + (size_t)off * el, dtype, vis, m, lo, hi, p1, alibi, stream);
+        }
+    }
+}
+
+uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups) {
+    uint32_t n_kv = 0;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        const uint32_t n = kvc_unified_stream_n_kv(c, strm[g]);
+        n_kv = n > n_kv ? n : n_kv;
+    }
+    return n_kv;
+}
+
+int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
+                             void *out, kvc_err *err) {
+    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
+    int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    const uint32_t n_kv = kvc_unified_kq_mask_2026_n_kv(c, strm, n_groups);
+    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
+    const size_t block = (size_t)nst * row_bytes;
+    const bool stream = block * n_groups >= KVC_STREAM_BYTES;
+    /* one block of rows per token group, over the cells of the group's stream */
+    for (uint32_t g = 0; g < n_groups; g++) {
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        void *rows = (uint8_t *)out + g * block;
+        if (kvc_mask_one_token_each(ub, g * nst, nst)) {
+            kvc_mask_rows_direct(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, rows);
+            continue;
+        }
+        rc = kvc_mask_rows(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, row_bytes, rows);
+        if (rc != KVC_OK) {
+            return kvc_err_set(err, rc, "out of memory building the KQ mask");
         }
     }
     if (stream) {

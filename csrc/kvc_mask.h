@@ -23,6 +23,14 @@ typedef enum kvc_mask_dtype {
 int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
                         size_t row_stride, void *out);
 
+/* Semantics 2026: the mask of a (checked) ubatch per token group, without padding rows:
+ * out[n_groups][n_seq_tokens][n_kv] (kvc_unified_groups gives the groups), n_kv the largest
+ * kvc_unified_stream_n_kv over the groups' streams (kvc_unified_kq_mask_2026_n_kv); a row
+ * sees the cells of its token's stream. KVC_OK, KVC_E_ARG / KVC_E_NOMEM with err. */
+int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
+                             void *out, kvc_err *err);
+uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups);
+
 #ifdef __cplusplus
 }
 #endif

@@ -143,6 +143,9 @@ static bool kvc_unified_search(kvc_unified *c, uint32_t n_tokens) {
 }
 
 int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
+    if (c->semantics == KVC_SEM_2026) {
+        return kvc_unified_find_slot_2026(c, ub, NULL);
+    }
     kvc_cells *cells = &c->cells;
     const uint32_t n_tokens = ub->n_tokens;
 
@@ -182,6 +185,253 @@ int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
     c->slot.head = head;
     c->slot.n = n_tokens;
     return 1;
+}
+
+/* --- semantics 2026: scattered placement ------------------------------------------------ */
+
+/* The first id of token t (the one its mask row follows). */
+static inline int32_t kvc_ubatch_first_id(const kvc_ubatch *ub, uint32_t t) {
+    return ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
+}
+
+int kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
+                       uint32_t *n_seq_tokens, kvc_err *err) {
+    const uint32_t n = ub->n_tokens;
+    if (n == 0) {
+        return kvc_err_set(err, KVC_E_ARG, "the ubatch has no tokens");
+    }
+    if (c->n_stream == 1) {
+        strm[0] = 0;
+        *n_groups = 1;
+        *n_seq_tokens = n;
+        return KVC_OK;
+    }
+    /* the sequences in order of appearance; ids are < n_seq_max == n_stream */
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
+    uint32_t k = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        const int32_t s = kvc_ubatch_first_id(ub, t);
+        if (!kvc_seqset_has(&seen, s)) {
+            kvc_seqset_add(&seen, s);
+            strm[k++] = (uint32_t)s;
+        }
+    }
+    const uint32_t nst = n / k;
+    bool ok = n % k == 0;
+    for (uint32_t t = 0; ok && t < n; t++) {
+        const uint32_t g = t / ub->n_seq_tokens;
+        for (uint32_t j = ub->seq_off[g]; ok && j < ub->seq_off[g + 1]; j++) {
+            ok = (uint32_t)ub->seq_ids[j] == strm[t / nst];
+        }
+    }
+    if (!ok) {
+        return kvc_err_set(err, KVC_E_ARG, "a ubatch of a cache with several streams must hold the tokens of each "
+                           "sequence together, one sequence id per token, every sequence with as many tokens "
+                           "(%u tokens of %u sequences)", n, k);
+    }
+    *n_groups = k;
+    *n_seq_tokens = nst;
+    return KVC_OK;
+}
+
+/* Can a placement take used cell i of a stream? Only with a sliding window, when its one
+ * sequence's window (as of that sequence's next position) has left it. */
+static bool kvc_stream_reusable(const kvc_unified *c, const kvc_cells *cells, uint32_t i) {
+    if (kvc_seqs_count(cells->seq, cells->size, cells->seq_words, i) != 1) {
+        return false;
+    }
+    const int32_t q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, i, -1);
+    const int32_t p_max = kvc_cells_seq_pos_max(cells, q);
+    return kvc_unified_is_masked_swa(c, cells->pos[i], p_max == KVC_POS_MAX ? KVC_POS_MAX : p_max + 1);
+}
+
+/* The placement rule of one group of n tokens in stream st: the usable cells from the head on,
+ * wrapping, until n are found (into idx) or every cell was tested. Free cells come from the
+ * used bits a word at a time; used cells are looked at only with a sliding window. */
+static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int32_t *idx) {
+    const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
+    const uint32_t size = cells->size;
+    const bool swa = c->swa_type != KVC_SWA_NONE;
+    uint32_t h = kvc_unified_stream_head_c(c, st);
+    /* plenty of free cells before head: search from the beginning, hoping to fill it */
+    if ((uint64_t)h > (uint64_t)cells->used + 2 * (uint64_t)n) {
+        h = 0;
+    }
+    if (n > size) {
+        return false;
+    }
+    uint64_t n_tested = 0;
+    uint32_t got = 0;
+    for (;;) {
+        if (h == size) {
+            h = 0;
+        }
+        const uint32_t base = h & ~63u;
+        uint64_t end = (uint64_t)base + 64;
+        if (end > size) {
+            end = size;
+        }
+        if (end - h > size - n_tested) {
+            end = h + (size - n_tested);
+        }
+        const unsigned lo = h - base, hi = (unsigned)(end - base);
+        const uint64_t range = (hi == 64 ? ~(uint64_t)0 : (((uint64_t)1 << hi) - 1)) & ~(((uint64_t)1 << lo) - 1);
+        const uint64_t used = cells->used_bits[h >> 6] & range;
+        uint64_t ok = ~used & range;
+        if (swa) {
+            for (uint64_t m = used; m; m &= m - 1) {
+                const uint32_t i = base + kvc_ctz64(m);
+                if (kvc_stream_reusable(c, cells, i)) {
+                    ok |= (uint64_t)1 << (i - base);
+                }
+            }
+        }
+        for (; ok; ok &= ok - 1) {
+            idx[got++] = (int32_t)(base + kvc_ctz64(ok));
+            if (got == n) {
+                return true;
+            }
+        }
+        n_tested += end - h;
+        h = (uint32_t)end;
+        if (n_tested >= size) {
+            return false;
+        }
+    }
+}
+
+/* apply_ubatch: the tokens into their cells (a reused cell is emptied first), then every
+ * sequence that lost a cell loses its positions up to the largest one overwritten (so that
+ * its positions stay contiguous), then each group's stream head follows its last cell. */
+static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *idx, const uint32_t *strm,
+                           uint32_t n_groups, uint32_t nst) {
+    int32_t over[KVC_MAX_SEQ];
+    bool any = false;
+    for (uint32_t q = 0; q < c->n_seq_max; q++) {
+        over[q] = -1;
+    }
+    for (uint32_t g = 0; g < n_groups; g++) {
+        kvc_cells *cells = kvc_unified_stream_cells(c, strm[g]);
+        for (uint32_t i = 0; i < nst; i++) {
+            const uint32_t t = g * nst + i, cell = (uint32_t)idx[t];
+            if (!kvc_cells_is_empty(cells, cell)) {
+                const int32_t q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, cell, -1);
+                if (cells->pos[cell] > over[q]) {
+                    over[q] = cells->pos[cell];
+                }
+                any = true;
+                kvc_cells_seq_rm(cells, cell, q);
+            }
+            kvc_cells_pos_set(cells, cell, ub->pos[t]);
+            const uint32_t ug = t / ub->n_seq_tokens;
+            for (uint32_t j = ub->seq_off[ug]; j < ub->seq_off[ug + 1]; j++) {
+                kvc_cells_seq_add(cells, cell, ub->seq_ids[j]);
+            }
+        }
+    }
+    for (uint32_t q = 0; any && q < c->n_seq_max; q++) {
+        if (over[q] < 0) {
+            continue;
+        }
+        const int32_t p_min = kvc_unified_seq_pos_min(c, (int32_t)q);
+        if (p_min >= 0 && p_min <= over[q]) {
+            kvc_unified_stream_seq_rm(c, kvc_unified_stream_of(c, (int32_t)q), (int32_t)q, p_min,
+                                      over[q] == KVC_POS_MAX ? -1 : over[q] + 1);
+        }
+    }
+    for (uint32_t g = 0; g < n_groups; g++) {
+        *kvc_unified_stream_head(c, strm[g]) = (uint32_t)idx[g * nst + nst - 1] + 1;
+    }
+}
+
+int kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err) {
+    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
+    const int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    kvc_unified_slot_drop(c);
+    for (uint32_t g = 0; g < n_groups; g++) {
+        if (!kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst)) {
+            return 0;
+        }
+    }
+    kvc_apply_2026(c, ub, c->scatter.idx, strm, n_groups, nst);
+    memcpy(c->scatter.strm, strm, n_groups * sizeof *strm);
+    c->scatter.n_groups = n_groups;
+    c->scatter.n_seq_tokens = nst;
+    c->slot.n = ub->n_tokens;
+    return 1;
+}
+
+int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_ub, int32_t *out_cells,
+                             uint32_t *out_strm, uint32_t *out_groups, kvc_err *err) {
+    uint32_t nst_of[1];
+    if (n_ub == 0) {
+        return kvc_err_set(err, KVC_E_ARG, "prepare needs at least one ubatch");
+    }
+    /* every ubatch is checked before anything changes */
+    for (uint32_t u = 0; u < n_ub; u++) {
+        const int rc = kvc_unified_groups(c, &ubs[u], out_strm + (size_t)u * c->n_stream, &out_groups[u], nst_of, err);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+    }
+    /* the state to come back to: the cells and head of every stream a ubatch goes to (a
+     * placement and the purge it causes change only the streams of its groups) */
+    kvc_cells *saved = kvc_calloc(c->n_stream, sizeof *saved);
+    uint32_t *heads = kvc_malloc_n(c->n_stream, sizeof *heads);
+    bool *touched = kvc_calloc(c->n_stream, sizeof *touched);
+    bool ok = saved && heads && touched;
+    for (uint32_t u = 0; ok && u < n_ub; u++) {
+        for (uint32_t g = 0; g < out_groups[u]; g++) {
+            touched[out_strm[(size_t)u * c->n_stream + g]] = true;
+        }
+    }
+    for (uint32_t s = 0; ok && s < c->n_stream; s++) {
+        if (!touched[s]) {
+            continue;
+        }
+        ok = kvc_cells_init(&saved[s], c->cells.size, c->n_seq_max) == KVC_OK;
+        if (ok) {
+            kvc_cells_copy(&saved[s], kvc_unified_stream_cells(c, s));
+            heads[s] = kvc_unified_stream_head_c(c, s);
+        }
+    }
+    int placed = 1;
+    if (ok) {
+        size_t off = 0;
+        for (uint32_t u = 0; u < n_ub && placed; u++) {
+            const uint32_t *strm = out_strm + (size_t)u * c->n_stream, ng = out_groups[u];
+            const uint32_t nst = ubs[u].n_tokens / ng;
+            for (uint32_t g = 0; g < ng && placed; g++) {
+                placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst);
+            }
+            if (placed) {
+                kvc_apply_2026(c, &ubs[u], out_cells + off, strm, ng, nst);
+                off += ubs[u].n_tokens;
+            }
+        }
+        for (uint32_t s = 0; s < c->n_stream; s++) {
+            if (touched[s]) {
+                kvc_cells_copy(kvc_unified_stream_cells(c, s), &saved[s]);
+                *kvc_unified_stream_head(c, s) = heads[s];
+            }
+        }
+    }
+    if (saved) {
+        for (uint32_t s = 0; s < c->n_stream; s++) {
+            kvc_cells_free(&saved[s]);   /* a table never initialised is zeroed: frees nothing */
+        }
+    }
+    kvc_free(saved);
+    kvc_free(heads);
+    kvc_free(touched);
+    if (!ok) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory saving the cache for prepare");
+    }
+    return placed;
 }
 
 void kvc_unified_commit(kvc_unified *c) {
@@ -244,12 +494,43 @@ void kvc_unified_slot_cells(const kvc_unified *c, int32_t *out) {
     }
 }
 
+/* The rows of the placed tokens in scattered cells of their streams (2026). */
+static void kvc_unified_store_scattered(kvc_unified *c, const kvc_layer *ly, uint32_t n_tokens, const uint8_t *k,
+                                        const uint8_t *v) {
+    const size_t size = c->cells.size;
+    const size_t el = kvc_type_get(c->type_v)->type_size;
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        const size_t st = kvc_unified_slot_stream(c, t), cell = kvc_unified_slot_cell(c, t);
+        const size_t row = st * size + cell;
+        if (k && ly->k) {
+            memcpy(ly->k + row * ly->k_row_bytes, k + (size_t)t * ly->k_row_bytes, ly->k_row_bytes);
+        }
+        if (!v || !ly->v) {
+            continue;
+        }
+        if (!c->v_trans) {
+            memcpy(ly->v + row * ly->v_row_bytes, v + (size_t)t * ly->v_row_bytes, ly->v_row_bytes);
+            continue;
+        }
+        /* transposed per stream: element e of the token to row e of its stream's block, column cell */
+        uint8_t *dst = ly->v + (st * size * ly->n_embd_v + cell) * el;
+        const uint8_t *src = v + (size_t)t * ly->n_embd_v * el;
+        for (uint32_t e = 0; e < ly->n_embd_v; e++) {
+            memcpy(dst + (size_t)e * size * el, src + (size_t)e * el, el);
+        }
+    }
+}
+
 int kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v) {
     if (c->slot.n == 0 || n_tokens != c->slot.n || ikv >= c->n_layer) {
         return KVC_E_ARG;
     }
     kvc_unified_defrag_settle(c);
     const kvc_layer *ly = &c->layers[ikv];
+    if (c->semantics == KVC_SEM_2026) {
+        kvc_unified_store_scattered(c, ly, n_tokens, k, v);
+        return KVC_OK;
+    }
     /* the placement is a run of cells: the rows go in at once */
     const size_t head = kvc_unified_slot_cell(c, 0), size = c->cells.size;
     if (k && ly->k) {

@@ -23,12 +23,36 @@ void    kvc_unified_set_full(kvc_unified *c);
  * read, or the next find_slot (which replaces it, or leaves nothing placed when it fails).
  * commit and prune_swa keep it. */
 static inline uint32_t kvc_unified_slot_n(const kvc_unified *c) { return c->slot.n; }   /* 0: none */
-/* The cell of placed token t < kvc_unified_slot_n(c). */
-static inline uint32_t kvc_unified_slot_cell(const kvc_unified *c, uint32_t t) { return c->slot.head + t; }
+/* The cell of placed token t < kvc_unified_slot_n(c) (in its stream, kvc_unified_slot_stream). */
+static inline uint32_t kvc_unified_slot_cell(const kvc_unified *c, uint32_t t) {
+    return c->semantics == KVC_SEM_2026 ? (uint32_t)c->scatter.idx[t] : c->slot.head + t;
+}
+/* The stream of placed token t (0 for a 2025 cache). */
+static inline uint32_t kvc_unified_slot_stream(const kvc_unified *c, uint32_t t) {
+    return c->semantics == KVC_SEM_2026 ? c->scatter.strm[t / c->scatter.n_seq_tokens] : 0;
+}
 /* The cells of the placed tokens, in token order, into out[kvc_unified_slot_n(c)]. */
 void    kvc_unified_slot_cells(const kvc_unified *c, int32_t *out);
 /* Forget the placement (every operation above does). */
 static inline void kvc_unified_slot_drop(kvc_unified *c) { c->slot.n = 0; }
+
+/* --- semantics 2026 ----------------------------------------------------------------------
+ * The token groups of a ubatch: one stream: one group of every token; several: the tokens
+ * grouped per sequence in order of appearance, every group as long, one id per token (what
+ * today's llama.cpp asserts). strm[g] the stream of group g (room for n_stream), *n_groups,
+ * *n_seq_tokens. KVC_OK or KVC_E_ARG with err. */
+int  kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
+                        uint32_t *n_seq_tokens, kvc_err *err);
+/* find_slot(cont=false) + apply_ubatch of a (checked) ubatch: 1 placed (kvc_unified_slot_*
+ * tell where), 0 no room (nothing changed), KVC_E_ARG (err: the grouping). */
+int  kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err);
+/* The dry run of placing ubs[0..n_ub) in turn (each against the state holding the ones before
+ * it); the cache is left exactly as it was. For ubatch u: out_cells gets its tokens' cells (in
+ * order, the ubatches one after another), out_strm its groups' streams (n_stream entries per
+ * ubatch), out_groups[u] its group count. 1 all placed, 0 one did not fit, KVC_E_ARG /
+ * KVC_E_NOMEM with err. */
+int  kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_ub, int32_t *out_cells,
+                              uint32_t *out_strm, uint32_t *out_groups, kvc_err *err);
 
 /* Write the K / V rows of the placed tokens for kept layer ikv: k holds n_tokens rows of
  * k_row_bytes, v n_tokens rows of v_row_bytes (V is transposed on the way in when v_trans);

@@ -56,7 +56,19 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
         }
     }
 
-    int rc = kvc_state_check_sizes(p->kv_size, p->n_seq_max, p->type_k, p->type_v, p->n_layer, p->n_embd_k,
+    if (p->semantics != KVC_SEM_2025 && p->semantics != KVC_SEM_2026) {
+        return kvc_err_set(err, KVC_E_ARG, "semantics %d is not 2025 (0) or 2026 (1)", p->semantics);
+    }
+    if (p->semantics == KVC_SEM_2025 && p->stream_per_seq) {
+        return kvc_err_set(err, KVC_E_ARG, "kv_unified false (a stream per sequence) needs semantics 2026");
+    }
+    const uint32_t n_stream = p->stream_per_seq ? p->n_seq_max : 1;
+    if ((uint64_t)p->kv_size * n_stream > (uint64_t)INT32_MAX) {
+        return kvc_err_set(err, KVC_E_ARG, "kv_size (%u) x %u streams is more than %d cells", p->kv_size,
+                           n_stream, INT32_MAX);
+    }
+
+    int rc = kvc_state_check_sizes(p->kv_size * n_stream, p->n_seq_max, p->type_k, p->type_v, p->n_layer, p->n_embd_k,
                                    p->n_embd_v, err);
     if (rc != KVC_OK) {
         return rc;
@@ -71,9 +83,29 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
     c->v_trans = p->v_trans;
     c->n_layer = p->n_layer;
     c->vector_moves = kvc_cols_vector_available();   /* the environment is read here, once */
+    c->semantics = p->semantics;
+    c->n_stream = n_stream;
 
     if (kvc_cells_init(&c->cells, p->kv_size, p->n_seq_max) != KVC_OK) {
         goto nomem;
+    }
+    if (c->semantics == KVC_SEM_2026) {
+        c->cells.empty_zeroes_shift = true;
+        c->more = kvc_calloc(n_stream > 1 ? n_stream - 1 : 1, sizeof *c->more);
+        c->scatter.idx = kvc_malloc_n((uint64_t)p->kv_size * n_stream, sizeof *c->scatter.idx);
+        c->scatter.strm = kvc_malloc_n(n_stream, sizeof *c->scatter.strm);
+        c->cap_copies = 4;
+        c->copy_src = kvc_malloc_n(c->cap_copies, sizeof *c->copy_src);
+        c->copy_dst = kvc_malloc_n(c->cap_copies, sizeof *c->copy_dst);
+        if (!c->more || !c->scatter.idx || !c->scatter.strm || !c->copy_src || !c->copy_dst) {
+            goto nomem;
+        }
+        for (uint32_t s = 1; s < n_stream; s++) {
+            if (kvc_cells_init(&c->more[s - 1].cells, p->kv_size, p->n_seq_max) != KVC_OK) {
+                goto nomem;
+            }
+            c->more[s - 1].cells.empty_zeroes_shift = true;
+        }
     }
     c->layers = kvc_calloc(p->n_layer ? p->n_layer : 1, sizeof *c->layers);
     c->defrag_ids = kvc_malloc_n(p->kv_size, sizeof *c->defrag_ids);
@@ -97,6 +129,16 @@ nomem:
 
 void kvc_unified_free(kvc_unified *c) {
     kvc_cells_free(&c->cells);
+    if (c->more) {
+        for (uint32_t s = 1; s < c->n_stream; s++) {
+            kvc_cells_free(&c->more[s - 1].cells);   /* a zeroed table frees nothing */
+        }
+    }
+    kvc_free(c->more);
+    kvc_free(c->scatter.idx);
+    kvc_free(c->scatter.strm);
+    kvc_free(c->copy_src);
+    kvc_free(c->copy_dst);
     kvc_free(c->layers);
     kvc_free(c->defrag_ids);
     kvc_undo_free(&c->undo);
@@ -147,15 +189,29 @@ void kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to) {
 void kvc_unified_clear(kvc_unified *c) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
-    kvc_cells_reset(&c->cells);
-    c->head = 0;
-    kvc_unified_zero_cells(c, 0, c->cells.size);
+    for (uint32_t s = 0; s < c->n_stream; s++) {
+        kvc_cells_reset(kvc_unified_stream_cells(c, s));
+        *kvc_unified_stream_head(c, s) = 0;
+    }
+    if (c->n_stream == 1) {
+        kvc_unified_zero_cells(c, 0, c->cells.size);
+        return;
+    }
+    const size_t rows = (size_t)c->cells.size * c->n_stream;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const kvc_layer *ly = &c->layers[l];
+        if (ly->k) {
+            memset(ly->k, 0, rows * ly->k_row_bytes);
+        }
+        if (ly->v) {
+            memset(ly->v, 0, rows * ly->v_row_bytes);
+        }
+    }
 }
 
-bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
-    kvc_unified_defrag_settle(c);
-    kvc_unified_slot_drop(c);
-    kvc_cells *cells = &c->cells;
+/* The sequence operations on one cell table and its head (a 2025 cache's only table, or a
+ * stream of a 2026 cache). */
+static void kvc_table_seq_rm(kvc_cells *cells, uint32_t *head, int32_t s, int32_t p0, int32_t p1) {
     const uint32_t size = cells->size, end = cells->used_max_p1;
     uint32_t new_head = size;
     kvc_seqset touched;
@@ -164,7 +220,7 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
 
     /* nothing of the sequence in the range: no cell changes (the common "absent range" call) */
     if (s >= 0 && !kvc_cells_seq_pos_any_in(cells, s, r)) {
-        return true;
+        return;
     }
 
     for (uint32_t i = 0; i < end; i++) {
@@ -197,16 +253,85 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
         }
     }
 
-    if (new_head != size && new_head < c->head) {
-        c->head = new_head;
+    if (new_head != size && new_head < *head) {
+        *head = new_head;
+    }
+}
+
+void kvc_unified_stream_seq_rm(kvc_unified *c, uint32_t st, int32_t s, int32_t p0, int32_t p1) {
+    kvc_table_seq_rm(kvc_unified_stream_cells(c, st), kvc_unified_stream_head(c, st), s, p0, p1);
+}
+
+bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
+    kvc_unified_defrag_settle(c);
+    kvc_unified_slot_drop(c);
+    if (s >= 0) {
+        const uint32_t st = kvc_unified_stream_of(c, s);
+        kvc_table_seq_rm(kvc_unified_stream_cells(c, st), kvc_unified_stream_head(c, st), s, p0, p1);
+        return true;
+    }
+    for (uint32_t st = 0; st < c->n_stream; st++) {
+        kvc_table_seq_rm(kvc_unified_stream_cells(c, st), kvc_unified_stream_head(c, st), s, p0, p1);
     }
     return true;
+}
+
+int kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err) {
+    if (kvc_unified_stream_of(c, src) == kvc_unified_stream_of(c, dst)) {
+        return KVC_OK;
+    }
+    const int64_t last = (int64_t)c->cells.size - 1;
+    if ((p0 > 0 && p0 < last) || (p1 > 0 && p1 < last)) {
+        return kvc_err_set(err, KVC_E_ARG, "seq_cp across streams copies whole sequences only: [%d, %d) is part "
+                           "of a stream of %u cells", p0, p1, c->cells.size);
+    }
+    if (c->n_copies == c->cap_copies) {
+        const uint32_t cap = c->cap_copies * 2;
+        uint32_t *a = kvc_realloc_n(c->copy_src, cap, sizeof *a);
+        if (!a) {
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory queueing a stream copy");
+        }
+        c->copy_src = a;
+        uint32_t *b = kvc_realloc_n(c->copy_dst, cap, sizeof *b);
+        if (!b) {
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory queueing a stream copy");
+        }
+        c->copy_dst = b;
+        c->cap_copies = cap;
+    }
+    return KVC_OK;
+}
+
+/* 2026 seq_cp across streams (checked, room reserved): the destination stream becomes the
+ * source's cells of src, labelled dst, and the K/V copy is queued for the next update. */
+static void kvc_unified_seq_cp_streams(kvc_unified *c, int32_t src, int32_t dst) {
+    const uint32_t s0 = kvc_unified_stream_of(c, src), s1 = kvc_unified_stream_of(c, dst);
+    const kvc_cells *a = kvc_unified_stream_cells(c, s0);
+    kvc_cells *b = kvc_unified_stream_cells(c, s1);
+    kvc_cells_reset(b);
+    for (uint32_t i = 0; i < a->used_max_p1; i++) {
+        if (a->pos[i] == -1 || !kvc_cells_seq_has(a, i, src)) {
+            continue;
+        }
+        kvc_cells_pos_set(b, i, a->pos[i]);
+        kvc_cells_seq_add(b, i, dst);
+        b->shift[i] = a->shift[i];
+        b->has_shift = b->has_shift || a->shift[i] != 0;
+    }
+    *kvc_unified_stream_head(c, s1) = kvc_unified_stream_head_c(c, s0);
+    c->copy_src[c->n_copies] = s0;
+    c->copy_dst[c->n_copies] = s1;
+    c->n_copies++;
 }
 
 void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
-    kvc_cells *cells = &c->cells;
+    if (kvc_unified_stream_of(c, src) != kvc_unified_stream_of(c, dst)) {
+        kvc_unified_seq_cp_streams(c, src, dst);
+        return;
+    }
+    kvc_cells *cells = kvc_unified_stream_cells(c, kvc_unified_stream_of(c, src));
     if (src == dst) {
         return;
     }
@@ -229,7 +354,9 @@ void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, in
 void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
-    kvc_cells *cells = &c->cells;
+    const uint32_t st = kvc_unified_stream_of(c, s);
+    kvc_cells *cells = kvc_unified_stream_cells(c, st);
+    uint32_t *head = kvc_unified_stream_head(c, st);
     const uint32_t size = cells->size, end = cells->used_max_p1;
     uint32_t new_head = size;
 
@@ -252,15 +379,16 @@ void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
             cells->seq_pos[t].n = 0;
         }
     }
-    if (new_head != size && new_head < c->head) {
-        c->head = new_head;
+    if (new_head != size && new_head < *head) {
+        *head = new_head;
     }
 }
 
 void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
-    kvc_cells *cells = &c->cells;
+    const uint32_t st = kvc_unified_stream_of(c, s);
+    kvc_cells *cells = kvc_unified_stream_cells(c, st);
     if (shift == 0) {
         return;
     }
@@ -283,13 +411,13 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
     }
     kvc_cells_rebuild_seq_pos(cells, &touched);
     /* a freed cell is where the next search starts; otherwise start from the beginning */
-    c->head = new_head != size ? new_head : 0;
+    *kvc_unified_stream_head(c, st) = new_head != size ? new_head : 0;
 }
 
 void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
-    kvc_cells *cells = &c->cells;
+    kvc_cells *cells = kvc_unified_stream_cells(c, kvc_unified_stream_of(c, s));
     if (d == 1) {
         return;
     }
@@ -360,7 +488,7 @@ int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
 }
 
 void kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out) {
-    const uint32_t n_kv = c->n;
+    const uint32_t n_kv = c->semantics == KVC_SEM_2026 ? kvc_unified_stream_n_kv(c, 0) : c->n;
     for (uint32_t t = 0; t < ub->n_tokens; t++) {
         for (uint32_t i = 0; i < n_kv; i++) {
             out[(size_t)t * n_kv + i] = kvc_relative_position_bucket(c->cells.pos[i], ub->pos[t], n_buckets);
@@ -369,7 +497,58 @@ void kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t
 }
 
 void kvc_unified_k_shift(const kvc_unified *c, int32_t *out) {
-    for (uint32_t i = 0; i < c->cells.size; i++) {
-        out[i] = c->cells.pos[i] == -1 ? 0 : c->cells.shift[i];
+    const uint32_t size = c->cells.size;
+    for (uint32_t s = 0; s < c->n_stream; s++) {
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, s);
+        for (uint32_t i = 0; i < size; i++) {
+            out[(size_t)s * size + i] = cells->pos[i] == -1 ? 0 : cells->shift[i];
+        }
     }
+}
+
+/* --- streams (2026) -------------------------------------------------------------------- */
+
+uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s) {
+    const uint32_t p = c->n_pad > KVC_N_KV_PAD_MIN ? c->n_pad : KVC_N_KV_PAD_MIN;
+    const uint64_t u = kvc_unified_stream_cells_c(c, s)->used_max_p1;
+    uint64_t n = (u + p - 1) / p * p;
+    if (n < p) {
+        n = p;
+    }
+    return n < c->cells.size ? (uint32_t)n : c->cells.size;
+}
+
+bool kvc_unified_any_shift(const kvc_unified *c) {
+    for (uint32_t s = 0; s < c->n_stream; s++) {
+        if (kvc_unified_stream_cells_c(c, s)->has_shift) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts) {
+    const size_t size = c->cells.size;
+    const bool had_shift = kvc_unified_any_shift(c);
+    *copies = c->n_copies;
+    for (uint32_t k = 0; k < c->n_copies; k++) {
+        const size_t s0 = c->copy_src[k], s1 = c->copy_dst[k];
+        for (uint32_t l = 0; l < c->n_layer; l++) {
+            const kvc_layer *ly = &c->layers[l];
+            /* a stream's slab is contiguous in both V layouts */
+            if (ly->k) {
+                memmove(ly->k + s1 * size * ly->k_row_bytes, ly->k + s0 * size * ly->k_row_bytes, size * ly->k_row_bytes);
+            }
+            if (ly->v) {
+                memmove(ly->v + s1 * size * ly->v_row_bytes, ly->v + s0 * size * ly->v_row_bytes, size * ly->v_row_bytes);
+            }
+        }
+    }
+    c->n_copies = 0;
+    if (had_shift && drop_shifts) {
+        for (uint32_t s = 0; s < c->n_stream; s++) {
+            kvc_cells_reset_shift(kvc_unified_stream_cells(c, s));
+        }
+    }
+    return had_shift;
 }

@@ -25,14 +25,32 @@ typedef enum kvc_swa_type {
     KVC_SWA_CHUNKED  = 2,  /* masked when p0 < (p1 / n_swa) * n_swa */
 } kvc_swa_type;
 
+/* Which llama.cpp the cache follows: the seed (mid-2025: one cell table, contiguous placement
+ * with commit/restore, defragmentation) or today's (streams, scattered placement that is final,
+ * stream copies, no defragmentation). Chosen at construction. */
+typedef enum kvc_semantics {
+    KVC_SEM_2025 = 0,
+    KVC_SEM_2026 = 1,
+} kvc_semantics;
+
+/* n_kv of a 2026 stream is padded to a multiple of at least this many cells */
+#define KVC_N_KV_PAD_MIN 256u
+
+/* A stream of a 2026 cache beyond the first: its own cell table and head (stream 0 is the
+ * cache's `cells` / `head`, so that every single-table operation sees stream 0). */
+typedef struct kvc_stream {
+    kvc_cells cells;
+    uint32_t  head;
+} kvc_stream;
+
 typedef struct kvc_layer {
     int32_t  il;           /* model layer index */
     uint32_t n_embd_k;     /* K row width in elements */
     uint32_t n_embd_v;     /* V row width in elements */
     size_t   k_row_bytes;  /* kvc_row_size(type_k, n_embd_k) */
     size_t   v_row_bytes;  /* kvc_row_size(type_v, n_embd_v) */
-    uint8_t *k;            /* size rows of k_row_bytes, or NULL */
-    uint8_t *v;            /* size rows of v_row_bytes; transposed: n_embd_v rows of size elements */
+    uint8_t *k;            /* n_stream * size rows of k_row_bytes (stream s: rows s * size ..), or NULL */
+    uint8_t *v;            /* likewise; transposed: per stream n_embd_v rows of size elements */
 } kvc_layer;
 
 /* One find_slot's overwritten cells [i, i + n), as they were: entries [off, off + n) of the
@@ -59,11 +77,27 @@ typedef struct kvc_slot {
     uint32_t head, n;
 } kvc_slot;
 
+/* Where the last successful 2026 find_slot put its ubatch: token g * n_seq_tokens + i of group
+ * g went to cell idx[g * n_seq_tokens + i] of stream strm[g] (the buffers are the cache's, of
+ * n_stream * size and n_stream entries; kvc_slot.n counts the tokens). */
+typedef struct kvc_scatter {
+    int32_t  *idx;          /* [n_stream * size] */
+    uint32_t *strm;         /* [n_stream] */
+    uint32_t  n_groups, n_seq_tokens;
+} kvc_scatter;
+
 typedef struct kvc_unified {
     /* the cell table and the state that goes with it (head, placement, undo log) */
     kvc_cells  cells;        /* the cell table */
     uint32_t   head;         /* where the next slot search starts */
     kvc_slot   slot;         /* the last placement, until an operation changes the cells */
+    /* semantics 2026 (KVC_SEM_2026): streams, scattered placement, stream copies */
+    int32_t    semantics;    /* kvc_semantics */
+    uint32_t   n_stream;     /* 1, or n_seq_max (kv_unified false): sequence s in stream s */
+    kvc_stream *more;        /* [n_stream - 1] streams 1.. */
+    kvc_scatter scatter;     /* the cells of the last placement (2026) */
+    uint32_t  *copy_src, *copy_dst; /* [n_copies] stream copies queued for the next update */
+    uint32_t   n_copies, cap_copies;
     kvc_undo   undo;         /* what the find_slot calls since the last commit overwrote */
     /* the whole cache */
     uint32_t   n;            /* cells the attention looks at (the mask's columns) */
@@ -86,7 +120,9 @@ typedef struct kvc_unified {
 } kvc_unified;
 
 typedef struct kvc_unified_params {
-    uint32_t        kv_size;
+    uint32_t        kv_size;     /* cells (of each stream) */
+    int32_t         semantics;   /* kvc_semantics (0: the seed's) */
+    bool            stream_per_seq; /* 2026: a stream per sequence (llama.cpp kv_unified false) */
     uint32_t        n_seq_max;   /* 1..KVC_MAX_SEQ */
     uint32_t        n_pad;       /* > 0, divides kv_size */
     uint32_t        n_swa;
@@ -118,20 +154,58 @@ static inline bool kvc_unified_has_memory(const kvc_unified *c) {
  * KVC_E_ARG. */
 int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err);
 
+/* --- streams (one for a 2025 cache) --------------------------------------------------- */
+static inline kvc_cells *kvc_unified_stream_cells(kvc_unified *c, uint32_t s) {
+    return s ? &c->more[s - 1].cells : &c->cells;
+}
+static inline const kvc_cells *kvc_unified_stream_cells_c(const kvc_unified *c, uint32_t s) {
+    return s ? &c->more[s - 1].cells : &c->cells;
+}
+static inline uint32_t *kvc_unified_stream_head(kvc_unified *c, uint32_t s) {
+    return s ? &c->more[s - 1].head : &c->head;
+}
+static inline uint32_t kvc_unified_stream_head_c(const kvc_unified *c, uint32_t s) {
+    return s ? c->more[s - 1].head : c->head;
+}
+/* The stream of (valid) sequence s. */
+static inline uint32_t kvc_unified_stream_of(const kvc_unified *c, int32_t s) {
+    return c->n_stream == 1 ? 0 : (uint32_t)s;
+}
+/* 2026: the cells the attention of stream s spans: min(size, max(P, pad(used_max_p1, P))),
+ * P = max(n_pad, KVC_N_KV_PAD_MIN). */
+uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s);
+/* Whether any stream has a pending shift. */
+bool     kvc_unified_any_shift(const kvc_unified *c);
+
 /* --- operations; sequence ids and positions are validated by the caller ---------------- */
 void    kvc_unified_clear(kvc_unified *c);           /* also zeroes the K/V buffers; n kept */
 /* Zero the K/V data of cells [from, to) (every layer; columns of a transposed V). */
 void    kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to);
 bool    kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1); /* s -1 = any */
+/* seq_rm on stream st alone, the placement kept (the purge of a 2026 placement). */
+void    kvc_unified_stream_seq_rm(kvc_unified *c, uint32_t st, int32_t s, int32_t p0, int32_t p1);
 void    kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1);
 void    kvc_unified_seq_keep(kvc_unified *c, int32_t s);
 void    kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift);
 void    kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d); /* d > 0 */
-static inline int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s) { return kvc_cells_seq_pos_min(&c->cells, s); }
-/* The cache's streams (independent cell tables, llama.cpp's kv_unified=false): one today. The state
- * codec walks a cache through this count and kvc_state.c's per-stream sources. */
+static inline int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s) {
+    return kvc_cells_seq_pos_min(kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s)), s);
+}
+static inline int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s) {
+    return kvc_cells_seq_pos_max(kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s)), s);
+}
+/* 2026: whether seq_cp(src, dst, p0, p1) is allowed (across streams only whole sequences) and
+ * room for the stream copy it queues. KVC_OK, KVC_E_ARG or KVC_E_NOMEM with err; c unchanged. */
+int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err);
+/* 2026 update, before a decode: the queued stream copies (every layer's K and V slab of the
+ * stream, in order), then, with drop_shifts, the shifts of every stream are dropped (a model
+ * without RoPE, or the owner rotates; else kvc_unified_update rotates K by them next).
+ * *copies: how many copies ran; returns whether a shift was pending. */
+bool    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts);
+/* The streams the state codec walks (kvc_state.c's per-stream sources): one. A cache of
+ * semantics 2026 keeps c->n_stream cell tables, but its state is refused at the bridge until
+ * the codec reads and writes them. */
 static inline uint32_t kvc_unified_n_stream(const kvc_unified *c) { (void)c; return 1; }
-static inline int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s) { return kvc_cells_seq_pos_max(&c->cells, s); }
 
 /* Slide the window of sequence s after a batch spanning [pmin, pmax] (iSWA commit): the cells of
  * s that no position up to pmax can see lose s. Returns 1 when fewer than min(n_swa, pmin)
@@ -161,7 +235,7 @@ static inline bool kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, i
 /* T5 relative position buckets into out[n_tokens][c->n]. */
 void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out);
 int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets);
-/* The per-cell shift input: out[i] = shift of cell i (0 when empty), i < size. */
+/* The per-cell shift input: out[s * size + i] = shift of cell i of stream s (0 when empty). */
 void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out);
 
 #ifdef __cplusplus

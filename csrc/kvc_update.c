@@ -11,7 +11,7 @@ static int kvc_update_run(kvc_unified *c, const kvc_update_opts *o, kvc_kshift_w
     memset(r, 0, sizeof *r);
     kvc_unified_defrag_settle(c);
     const bool memory = kvc_unified_has_memory(c);
-    if (c->cells.has_shift) {
+    if (kvc_unified_any_shift(c)) {
         r->shifted = true;
         if (o->k_shift) {
             kvc_unified_k_shift(c, o->k_shift);
@@ -23,7 +23,9 @@ static int kvc_update_run(kvc_unified *c, const kvc_update_opts *o, kvc_kshift_w
             }
             r->rotated = true;
         }
-        kvc_cells_reset_shift(&c->cells);
+        for (uint32_t s = 0; s < c->n_stream; s++) {
+            kvc_cells_reset_shift(kvc_unified_stream_cells(c, s));
+        }
     }
     if (c->do_defrag) {
         /* the plan (defrag_ids) outlives the move: its runs are read afterwards */
@@ -52,7 +54,7 @@ int kvc_unified_update_parts(kvc_unified *const *caches, uint32_t n, const kvc_u
     }
     /* phase 1: every rotation checked and allocated while nothing changes */
     for (uint32_t k = 0; k < n && rc == KVC_OK; k++) {
-        if (caches[k]->cells.has_shift && opts[k].rope) {
+        if (kvc_unified_any_shift(caches[k]) && opts[k].rope) {
             rc = kvc_unified_k_shift_prepare(caches[k], opts[k].rope, opts[k].head_dim, &works[k], err);
             prepared[k] = rc == KVC_OK;
         }

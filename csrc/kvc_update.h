@@ -16,7 +16,7 @@ typedef struct kvc_update_opts {
                                        * here: the owner rotates) */
     const uint32_t        *head_dim;  /* [n_layer] with rope: the K head size of each kept layer */
     int32_t                n_max_nodes; /* bounds the defrag's moves, as llama.cpp's graph budget */
-    int32_t               *k_shift;   /* [size] or NULL: receives the shift of every cell when one
+    int32_t               *k_shift;   /* [n_stream * size] or NULL: receives the shift of every cell when one
                                        * was pending (0 for empty cells) */
 } kvc_update_opts;
 

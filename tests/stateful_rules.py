@@ -1,16 +1,18 @@
-"""The rules every cache's state machine has: restore, set_full and the sequence operations,
-each applied to the model and to the cache through the trace-op table.
+"""The rules every cache's state machine has: the sequence operations (and, for the seed's
+caches, restore and set_full), each applied to the model and to the cache through the trace-op
+table.
 
-A machine mixes :class:`SequenceRules` into its RuleBasedStateMachine and sets ``replays``
-(the model's and the cache's :class:`kvcache.conformance.Replay`) and ``n_seq_max``."""
+A machine mixes :class:`SequenceRules` (or :class:`SequenceEditRules`, for today's cache)
+into its RuleBasedStateMachine and sets ``replays`` (the model's and the cache's
+:class:`kvcache.conformance.Replay`) and ``n_seq_max``."""
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from kvcache.conformance.ops import apply_both
 
 
-class SequenceRules:
-    """restore, set_full, seq_rm, seq_cp, seq_keep, seq_add and seq_div as rules."""
+class SequenceEditRules:
+    """seq_rm, seq_cp, seq_keep, seq_add and seq_div as rules (every semantics has them)."""
 
     #: whether seq_rm draws sequence id -1 (any sequence) too
     seq_rm_any = True
@@ -34,14 +36,6 @@ class SequenceRules:
         """A position range [p0, p1), either end -1 (open) too."""
         p0 = data.draw(st.integers(-1, self.p_max), label="p0")
         return p0, data.draw(st.integers(-1, self.p_max + 1), label="p1")
-
-    @rule()
-    def restore(self):
-        self.both("restore")
-
-    @rule()
-    def set_full(self):
-        self.both("set_full")
 
     @rule(data=st.data())
     def seq_rm(self, data):
@@ -70,3 +64,15 @@ class SequenceRules:
         s = self.seq(data)
         p0, p1 = self.prange(data)
         self.both("seq_div", seq_id=s, p0=p0, p1=p1, d=d)
+
+
+class SequenceRules(SequenceEditRules):
+    """The sequence edits, restore and set_full (the seed's caches) as rules."""
+
+    @rule()
+    def restore(self):
+        self.both("restore")
+
+    @rule()
+    def set_full(self):
+        self.both("set_full")

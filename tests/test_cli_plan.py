@@ -369,3 +369,25 @@ def test_subprocess():
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == ["kvcache plan: error: --n-embd-k-gqa is required "
                                              "(K row width: n_head_kv * head_dim)"]
+
+
+def test_todays_plan_streams_and_paddings(capsys):
+    """--semantics 2026: n_pad 1, a stream of PAD_256(n_ctx / n_seq_max) cells per sequence (or one
+    of PAD_256(n_ctx) with --kv-unified), V in rows; the bytes are those of the 2026 cache."""
+    from kvcache import UnifiedCache
+    from kvcache.plan import plan_unified
+    p = plan_unified(1000, 2, 64, n_seq_max=3, semantics="2026", kv_unified=False, flash_attn=True)
+    c = p.caches[0]
+    assert (c.kv_size, c.n_stream, c.n_pad, c.v_trans) == (512, 3, 1, False)
+    cache = UnifiedCache(512, 2, 64, 64, v_trans=False, n_seq_max=3, n_pad=1, semantics="2026", kv_unified=False)
+    assert c.total_bytes == cache.total_size
+    assert "(   512 cells,   2 layers,  3/3 seqs)" in p.llama_log[-1]
+    u = plan_unified(300, 2, 64, n_seq_max=256, semantics="2026", flash_attn=True)
+    assert (u.kv_size, u.caches[0].n_stream) == (512, 1)
+    rc, out, _ = run_cli(capsys, "--n-layer", "2", "--n-embd-k-gqa", "64", "--n-ctx", "256", "--n-seq-max", "4",
+                         "--semantics", "2026")
+    assert rc == 0 and "kv_size 256 cells in each of 4 streams (n_pad 1)" in out
+    for bad in (["--kv-unified"], ["--semantics", "2026", "--recurrent", "--n-embd-k-s", "4", "--n-embd-v-s", "4"],
+                ["--semantics", "2026", "--swa-layers", "0", "--n-swa", "8"]):
+        rc, out, err = run_cli(capsys, "--n-layer", "2", "--n-embd-k-gqa", "64", *bad)
+        assert rc == 2 and "kvcache plan: error: " in err and ("2026" in err or "kv-unified" in err)

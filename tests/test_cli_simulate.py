@@ -14,7 +14,7 @@ import pytest
 from conftest import kvcache_env
 
 from kvcache import cli
-from kvcache.simulate import SimConfig, Simulation, simulate
+from kvcache.simulate import SimConfig, Simulation, format_report, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -327,3 +327,23 @@ def test_subprocess(tmp_path):
                        text=True, env=env, timeout=120)
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
+
+
+def test_semantics_2026_places_scattered_without_defrag():
+    """Today's cache: placements are final (no commit), nothing is defragmented, and a failed
+    find_slot means too few free cells (never "defragmented and retried")."""
+    cfg = {**PRESSURE, "semantics": "2026"}
+    sim = Simulation(SimConfig(**cfg), None)
+    rep = sim.run()
+    check_cells(sim)
+    a = rep.accounting
+    assert a["ok"] and a["mismatched_steps"] == 0 and a["cells_used"] == sim.cache.used
+    assert sim.cache.semantics == "2026" and rep.n_pad == 1 and rep.kv_size % 256 == 0
+    assert rep.calls["commit"] == 0 and rep.defrags == 0 and rep.cells_moved == 0
+    assert rep.failure_actions["defrag"] == 0
+    assert rep.find_slot_failures == sum(rep.failure_actions.values()) > 0
+    old = simulate(SimConfig(**{**PRESSURE, "n_ctx": rep.kv_size}))
+    assert old.defrags > 0 and rep.find_slot_failures <= old.find_slot_failures
+    assert "semantics 2026" in format_report(rep) and "defrag: none" in format_report(rep)
+    with pytest.raises(ValueError, match="semantics"):
+        SimConfig(**{**PRESSURE, "semantics": "2024"}).check()

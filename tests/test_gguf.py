@@ -206,6 +206,28 @@ def test_llama_like_per_layer_heads(tmp_path):
     assert from_gguf(p, 0).size == 512          # 0: the training context
 
 
+def test_todays_context_defaults(tmp_path):
+    """semantics "2026": n_pad 1, n_ctx padded to 256, a stream of PAD_256(n_ctx / n_seq_max) cells
+    per sequence unless unified, flash attention "auto" (a V not transposed); the live sizes of
+    FACTS: (256, 4 seqs) -> 4 x 256, (1000, 3) -> 3 x 512, unified (300, 256 seqs) -> 512."""
+    p = write_model(tmp_path / "m.gguf", "llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2)
+    c = from_gguf(p, 256, n_seq_max=4, semantics="2026")
+    assert (c.semantics, c.n_stream, c.size, c.n_pad, c.v_trans, c.kv_unified) == ("2026", 4, 256, 1, False, False)
+    assert from_gguf(p, 1000, n_seq_max=3, semantics="2026").size == 512
+    u = from_gguf(p, 300, n_seq_max=256, semantics="2026", kv_unified=True)
+    assert (u.n_stream, u.size) == (1, 512)
+    assert from_gguf(p, 300, semantics="2026", flash_attn=False).v_trans
+    assert (from_gguf(p, 100).semantics, from_gguf(p, 100).size) == ("2025", 128)
+    with pytest.raises(ValueError):
+        from_gguf(p, 100, kv_unified=False)
+    with pytest.raises(ValueError):
+        from_gguf(p, 100, semantics="2027")
+    swa = write_model(tmp_path / "g.gguf", "gemma2", n_layer=2,
+                      kv={"{arch}.attention.key_length": 16, "{arch}.attention.value_length": 16})
+    with pytest.raises(NotImplementedError):
+        from_gguf(swa, 256, semantics="2026")
+
+
 def test_key_and_value_lengths_and_partial_rotation(tmp_path):
     p = write_model(tmp_path / "m.gguf", "phi2", n_layer=2, n_embd=64, n_head=2, n_head_kv=2,
                     kv={"{arch}.attention.key_length": 40, "{arch}.attention.value_length": 24,

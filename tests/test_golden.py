@@ -116,6 +116,41 @@ def test_trace(path, target):
     assert res.n_ops > 0
 
 
+# --- the C-backed 2026 cache before its state layout: every op up to a trace's first state read ---
+
+from kvcache.conformance.unified2026 import before_state_reads, kvcache_constructs_2026  # noqa: E402
+
+FILES_2026 = [p for p in FILES if p.parent.name == "unified2026"]
+_NO_2026 = pytest.mark.skipif(not kvcache_constructs_2026(), reason="kvcache.UnifiedCache has no semantics='2026'")
+
+
+@_NO_2026
+@pytest.mark.parametrize("path", FILES_2026, ids=_name)
+def test_trace_against_kvcache_before_its_state_reads(path):
+    """Until the cache reads 2026 state blobs, the C-backed cache replays every op of each
+    trace before its first state_read (state writes passed by): placements, slot lists, heads,
+    masks, position buckets, sequence operations, updates and K/V hashes."""
+    from kvcache.conformance.unified2026 import kvcache_target
+    header, ops = _trace(path)
+    prefix = before_state_reads(ops)
+    names = {op["op"] for op in prefix}
+    assert {"find_slot", "check", "mask"} <= names and len(prefix) >= 15
+    replay(kvcache_target(state=False), header["config"], _ops(prefix))
+
+
+@_NO_2026
+@pytest.mark.parametrize("path", FILES_2026, ids=_name)
+def test_a_changed_expectation_before_the_state_reads_fails_against_kvcache(path):
+    from kvcache.conformance.unified2026 import kvcache_target
+    header, ops = _trace(path)
+    prefix = before_state_reads(ops)
+    at = max(i for i, op in enumerate(prefix) if op["op"] == "find_slot" and op["expect"]["ok"])
+    prefix = _changed(prefix, at)
+    _UNIFIED2026["head"][3](prefix[at]["expect"])
+    err = _diverges(kvcache_target(state=False), header, prefix)
+    assert (err.index, err.field) == (at + 1, "heads"), str(err)
+
+
 @pytest.mark.parametrize("path,target", list(_cases(CACHE_FAMILIES)))
 def test_trace_diagnostics(path, target):
     """The diagnostic info matches too: the partial-window reports of every iSWA commit, the

@@ -11,6 +11,7 @@ from kvcache._core import (  # noqa: E402
     Cells,
     RopeParams,
     StateError,
+    StreamUpdate,
     UBatch,
     UpdatePlan,
     dequantize,
@@ -33,8 +34,8 @@ __all__ = [
     "DEFAULT_LAYOUT", "LAYOUTS", "MAX_SEQ", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
     "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
-    "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf", "from_transformers_config",
-    "read_transformers_config",
+    "StreamUpdate", "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
+    "from_transformers_config", "read_transformers_config",
 ]
 
 

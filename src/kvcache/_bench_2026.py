@@ -175,6 +175,7 @@ def _simulate_both_semantics(have: bool) -> Row:
     for sem in ("2025", "2026"):
         rep = simulate.simulate(simulate.SimConfig(semantics=sem))   # type: ignore[call-arg]
         out[sem] = {"find_slot_failures": rep.find_slot_failures, "cells_moved": rep.cells_moved,
-                    "defrags": rep.defrags, "tokens_placed": rep.tokens_placed}
+                    "defrags": rep.defrags, "tokens_placed": rep.tokens_placed,
+                    "tokens_per_s": rep.summary()["tokens_per_s"]}
     return Row(name, None, None, note="ran under both: " + "; ".join(f"{k}: {v}" for k, v in out.items()),
                extra=out)

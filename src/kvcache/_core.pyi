@@ -171,6 +171,24 @@ class UpdatePlan:
     ) -> None: ...
     def __bool__(self) -> bool: ...
 
+class StreamUpdate(UpdatePlan):
+    """What update() of a cache of semantics '2026' did."""
+
+    status: int
+    had_shift: bool
+    copies: int
+    has_shift: bool
+    shift: npt.NDArray[np.int32]
+    def __init__(
+        self,
+        status: int,
+        had_shift: bool,
+        copies: int,
+        has_shift: bool,
+        shift: npt.NDArray[np.int32],
+        rotated: bool = False,
+    ) -> None: ...
+
 class UnifiedCore:
     """The unified KV cache's cimport interface (C-level methods only; see _core.pxd)."""
 
@@ -196,10 +214,28 @@ class _Unified(UnifiedCore):
         buffers: _Buffers = "owned",
         n_embd_head_k: _PerLayer | None = None,
         rope: RopeParams | None = None,
+        semantics: str = "2025",
+        kv_unified: bool = True,
     ) -> Self: ...
     # geometry and counters
     @property
     def head(self) -> int: ...
+    @property
+    def semantics(self) -> str: ...
+    @property
+    def kv_unified(self) -> bool: ...
+    @property
+    def n_stream(self) -> int: ...
+    @property
+    def heads(self) -> tuple[int, ...]: ...
+    @property
+    def used_per_stream(self) -> tuple[int, ...]: ...
+    @property
+    def used_max_p1_per_stream(self) -> tuple[int, ...]: ...
+    @property
+    def n_kv_per_stream(self) -> tuple[int, ...]: ...
+    @property
+    def pending_copies(self) -> int: ...
     @property
     def n(self) -> int: ...
     @property
@@ -237,6 +273,8 @@ class _Unified(UnifiedCore):
     @overload
     def slot_indices(self, out: Any) -> Any: ...
     def seq_cells(self, seq_id: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    def slot_info(self) -> list[tuple[int, npt.NDArray[np.int32]]]: ...
+    def prepare(self, ubatches: Iterable[UBatch]) -> list[list[tuple[int, npt.NDArray[np.int32]]]] | None: ...
     @property
     def has_shift(self) -> bool: ...
     @property
@@ -282,7 +320,7 @@ class _Unified(UnifiedCore):
         alibi: bool = False,
         out: npt.NDArray[np.float32] | None = None,
         dtype: Literal["f32"] = "f32",
-        pad: bool = True,
+        pad: bool | None = None,
     ) -> npt.NDArray[np.float32]: ...
     @overload
     def kq_mask(
@@ -293,7 +331,7 @@ class _Unified(UnifiedCore):
         out: npt.NDArray[np.float16] | None = None,
         *,
         dtype: Literal["f16"],
-        pad: bool = True,
+        pad: bool | None = None,
     ) -> npt.NDArray[np.float16]: ...
     @overload
     def kq_mask(
@@ -304,7 +342,7 @@ class _Unified(UnifiedCore):
         out: npt.NDArray[np.bool_] | None = None,
         *,
         dtype: Literal["bool"],
-        pad: bool = True,
+        pad: bool | None = None,
     ) -> npt.NDArray[np.bool_]: ...
     @overload
     def kq_mask(
@@ -314,7 +352,7 @@ class _Unified(UnifiedCore):
         alibi: bool = False,
         out: Any = None,        # any other buffer: a CPU tensor gives back a tensor
         dtype: _MaskDType = "f32",
-        pad: bool = True,
+        pad: bool | None = None,
     ) -> Any: ...
     def pos_bucket(self, ub: UBatch, n_buckets: int) -> npt.NDArray[np.int32]: ...
     def k_shift(self) -> npt.NDArray[np.int32]: ...
@@ -328,6 +366,7 @@ class _Unified(UnifiedCore):
     def update(self, rope: RopeParams | None = None, n_max_nodes: int = 65536) -> UpdatePlan: ...
     # inspection and state
     def cells(self) -> Cells: ...
+    def stream_cells(self) -> tuple[Cells, ...]: ...
     def state_size(self, seq_id: int = -1, *, layout: str = "2026", prefix: bool | None = None) -> int: ...
     def state_write(self, seq_id: int = -1, *, layout: str = "2026", prefix: bool | None = None) -> bytes: ...
     def state_write_into(

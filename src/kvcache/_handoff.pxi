@@ -95,6 +95,7 @@ def _seq_export(_Unified cache not None, seq_id):
     cdef SeqExport x = SeqExport.__new__(SeqExport)
     cdef kvc_err err
     cdef int r
+    _refuse_state_2026(cache, "seq_export")     # the export is a state's cell list and K/V
     _settle(cache, "seq_export")
     kvc_pylock_acquire(&cache._lock)
     try:
@@ -226,6 +227,7 @@ cdef class SeqImport:
 def _seq_import_begin(_Unified cache not None, header, seq_id=None):
     """UnifiedCache.seq_import_begin (see there)."""
     cdef int32_t s = -1 if seq_id is None else seq_c(seq_id, cache.c.n_seq_max, "seq_id", False)
+    _refuse_state_2026(cache, "seq_import_begin")
     cdef _HeldBuffer hb = state_data_view(header)
     cdef SeqImport x = SeqImport.__new__(SeqImport)
     cdef kvc_err err

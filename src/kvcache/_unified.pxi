@@ -1,7 +1,7 @@
 # The unified KV cache: UnifiedCore over csrc/kvc_unified.h and its state codec.
 
-from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from libc.stdint cimport uint16_t
+from libc.stdlib cimport malloc, free
 from kvcache.includes.kvc_unified cimport *
 from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
 from kvcache.includes.kvc_update cimport (KVC_UPDATE_MAX_PARTS, kvc_update_opts, kvc_update_result,
@@ -83,6 +83,29 @@ cdef int _settle(_Unified self, str what) except -1:
         kvc_unified_defrag_settle(&self.c)
         kvc_pylock_release(&self._lock)
     return 0
+
+_SEMANTICS = {"2025": KVC_SEM_2025, "2026": KVC_SEM_2026}
+
+
+cdef int _refuse_2026(_Unified self, str what, str why) except -1:
+    """The operations of the seed that today's llama.cpp no longer has."""
+    if self.c.semantics == KVC_SEM_2026:
+        raise ValueError(f"{what}: a cache of semantics '2026' has no {what} ({why})")
+    return 0
+
+
+cdef int _refuse_state_2026(_Unified self, str what) except -1:
+    if self.c.semantics == KVC_SEM_2026:
+        raise NotImplementedError(f"{what}: the state of a cache of semantics '2026' (layout '2026') is not "
+                                  f"implemented in this version")
+    return 0
+
+
+cdef int _refuse_2025(_Unified self, str what) except -1:
+    if self.c.semantics != KVC_SEM_2026:
+        raise ValueError(f"{what}: only a cache of semantics '2026' has it")
+    return 0
+
 
 cdef int _require_memory(_Unified self, str what) except -1:
     if self._buffers == "none":
@@ -203,6 +226,41 @@ class UpdatePlan:
                 f"moved={self.moved}, need_reserve={self.need_reserve})")
 
 
+class StreamUpdate(UpdatePlan):
+    """What update() of a cache of semantics '2026' did (llama.cpp's init_update + apply).
+
+    - ``status``: 0 (LLAMA_MEMORY_STATUS_SUCCESS) when there was a shift or a stream copy to
+      apply, else 1 (NO_UPDATE); ``bool(result)`` is ``status == 0``.
+    - ``had_shift``: a shift was pending; ``has_shift``: one is pending afterwards (never).
+    - ``copies``: the stream copies performed (whole K and V slabs of every layer, in order).
+    - ``shift``: int32 ``[n_stream * size]``, the K-shift input read before the update,
+      stream-major, 0 for empty cells.
+    - ``rotated``: kvcache rotated K by it (a model with RoPE and K memory); otherwise the
+      shifts were dropped (no RoPE here, or the owner of the K memory rotates).
+
+    As an UpdatePlan: ``k_shift`` is ``shift`` when one was pending (else None), no defrag
+    runs, and ``need_reserve`` when anything changed.
+    """
+
+    __slots__ = ("status", "had_shift", "copies", "has_shift", "shift")
+
+    def __init__(self, status, had_shift, copies, has_shift, shift, rotated=False):
+        super().__init__(shift if had_shift else None, rotated, None, False, status == 0)
+        self.status = status
+        self.had_shift = had_shift
+        self.copies = copies
+        self.has_shift = has_shift
+        self.shift = shift
+
+    def __bool__(self):
+        return self.status == 0
+
+    def __repr__(self):
+        return (f"StreamUpdate(status={self.status}, had_shift={self.had_shift}, copies={self.copies}, "
+                f"has_shift={self.has_shift}, rotated={self.rotated})")
+
+
+
 cdef class _LayerRope:
     """A cache's RoPE parameters and K head size per kept layer, as C takes them."""
     cdef kvc_rope_params *params   # per kept layer
@@ -254,8 +312,8 @@ cdef list _update_caches(tuple cs, object rope, int32_t nmax):
         opts[k].n_max_nodes = nmax
         opts[k].k_shift = NULL
         shift = None
-        if c.c.cells.has_shift:
-            shift = np.zeros(c.c.cells.size, dtype=np.int32)
+        if kvc_unified_any_shift(&c.c):
+            shift = np.zeros(c.c.cells.size * c.c.n_stream, dtype=np.int32)
             sv = shift
             opts[k].k_shift = &sv[0]
             # a cache without memory leaves the rotation to its owner, unless the caller insists
@@ -361,7 +419,7 @@ cdef class _Unified(UnifiedCore):
 
     def __cinit__(self, kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
                   v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None,
-                  buffers="owned", n_embd_head_k=None, rope=None):
+                  buffers="owned", n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True):
         cdef kvc_unified_params p
         cdef kvc_err err
         cdef const kvc_type_info *tk
@@ -389,6 +447,12 @@ cdef class _Unified(UnifiedCore):
         if swa_type not in _SWA_TYPES:
             raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(_SWA_TYPES)}")
         n_swa_ = int_c(n_swa, "n_swa", 0, UINT32_MAX)
+        if not isinstance(semantics, str):
+            raise TypeError(f"semantics must be a str, not {type(semantics).__name__}")
+        if semantics not in _SEMANTICS:
+            raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(_SEMANTICS)}")
+        if not isinstance(kv_unified, (bool, np.bool_, int, np.integer)):
+            raise TypeError(f"kv_unified must be a bool, not {type(kv_unified).__name__}")
         wk = widths_arg(n_embd_k_gqa, nl, "n_embd_k_gqa", UINT32_MAX)
         wv = widths_arg(n_embd_v_gqa, nl, "n_embd_v_gqa", UINT32_MAX)
         kept = layers_arg(layers, nl)
@@ -401,6 +465,8 @@ cdef class _Unified(UnifiedCore):
         cdef uint32_t[::1] v_k = np.append(arr_k, np.uint32(0))
         cdef uint32_t[::1] v_v = np.append(arr_v, np.uint32(0))
         p.kv_size = <uint32_t>kv_size_
+        p.semantics = _SEMANTICS[semantics]
+        p.stream_per_seq = not bool(kv_unified)
         p.n_seq_max = <uint32_t>n_seq_max_
         p.n_pad = <uint32_t>n_pad_
         p.n_swa = <uint32_t>n_swa_
@@ -432,33 +498,39 @@ cdef class _Unified(UnifiedCore):
             return
         dk, dv = _element_dtype(tk.id), _element_dtype(tv.id)
         size = <Py_ssize_t>self.c.cells.size
+        n_stream = <Py_ssize_t>self.c.n_stream
+        rows = size * n_stream            # K / V rows: stream s at [s * size, (s + 1) * size)
+        is_2026 = self.c.semantics == KVC_SEM_2026
         regions = []
         for i, il in enumerate(kept):
             lay = &self.c.layers[i]
-            nk = size * lay.k_row_bytes
-            nv = size * lay.v_row_bytes
+            nk = rows * lay.k_row_bytes
+            nv = rows * lay.v_row_bytes
             if mode == "owned":
                 kmem = _aligned_zeros(nk)
                 vmem = _aligned_zeros(nv)
             else:
-                vlay = (f"{lay.n_embd_v} x {size} cells of {dv.itemsize} bytes, transposed" if v_trans_
-                        else f"{size} cells x {lay.v_row_bytes} bytes")
+                per = f"{n_stream} streams x " if n_stream > 1 else ""
+                vlay = (f"{per}{lay.n_embd_v} x {size} cells of {dv.itemsize} bytes, transposed" if v_trans_
+                        else f"{per}{size} cells x {lay.v_row_bytes} bytes")
                 kmem, hk = _borrowed_bytes(pairs[i][0], nk, tk.id, f"buffers[{il}] K",
-                                           f"{size} cells x {lay.k_row_bytes} bytes")
+                                           f"{per}{size} cells x {lay.k_row_bytes} bytes")
                 held.append(hk)
                 vmem, hv = _borrowed_bytes(pairs[i][1], nv, tv.id, f"buffers[{il}] V", vlay)
                 held.append(hv)
                 regions += [(f"buffers[{il}] K", kmem), (f"buffers[{il}] V", vmem)]
             if dk.itemsize == 1:
-                kview = kmem.reshape(size, lay.k_row_bytes)
+                kview = kmem.reshape(rows, lay.k_row_bytes)
             else:
-                kview = _typed_view(kmem, dk, (size, lay.n_embd_k))
+                kview = _typed_view(kmem, dk, (rows, lay.n_embd_k))
             if dv.itemsize == 1:
-                vview = vmem.reshape(size, lay.v_row_bytes)
+                vview = vmem.reshape(rows, lay.v_row_bytes)
+            elif v_trans_ and is_2026:
+                vview = _typed_view(vmem, dv, (n_stream, lay.n_embd_v, size))
             elif v_trans_:
                 vview = _typed_view(vmem, dv, (lay.n_embd_v, size))
             else:
-                vview = _typed_view(vmem, dv, (size, lay.n_embd_v))
+                vview = _typed_view(vmem, dv, (rows, lay.n_embd_v))
             self._k_mem.append(kmem)
             self._v_mem.append(vmem)
             self._k_view.append(kview)
@@ -567,7 +639,8 @@ cdef class _Unified(UnifiedCore):
     # --- geometry and counters -----------------------------------------------------------
     @property
     def head(self):
-        """Where the next slot search starts (after find_slot: where the ubatch was placed)."""
+        """Where the next slot search starts (after find_slot: where the ubatch was placed);
+        semantics '2026': stream 0's (see heads)."""
         cdef uint32_t r
         kvc_pylock_acquire(&self._lock)
         r = self.c.head
@@ -576,21 +649,88 @@ cdef class _Unified(UnifiedCore):
 
     @property
     def n(self):
-        """Number of cells the attention looks at (the KQ mask's columns)."""
-        cdef uint32_t r
+        """Number of cells the attention looks at (the KQ mask's columns); semantics '2026':
+        the largest of n_kv_per_stream."""
+        cdef uint32_t r, s
         kvc_pylock_acquire(&self._lock)
         r = self.c.n
+        if self.c.semantics == KVC_SEM_2026:
+            for s in range(self.c.n_stream):
+                r = max(r, kvc_unified_stream_n_kv(&self.c, s))
         kvc_pylock_release(&self._lock)
         return r
 
     @property
     def used(self):
-        """Number of non-empty cells."""
-        cdef uint32_t r
+        """Number of non-empty cells (of every stream)."""
+        cdef uint32_t r = 0, s
         kvc_pylock_acquire(&self._lock)
-        r = self.c.cells.used
+        for s in range(self.c.n_stream):
+            r += kvc_unified_stream_cells_c(&self.c, s).used
         kvc_pylock_release(&self._lock)
         return r
+
+    # --- streams (semantics '2026'; one stream otherwise) ---------------------------------
+    @property
+    def semantics(self):
+        """'2025' (the seed's cache: contiguous placement, commit/restore, defrag) or '2026'
+        (today's llama.cpp: streams, scattered placement, stream copies)."""
+        return "2026" if self.c.semantics == KVC_SEM_2026 else "2025"
+
+    @property
+    def kv_unified(self):
+        """True when every sequence shares one stream (always with semantics '2025')."""
+        return self.c.n_stream == 1
+
+    @property
+    def n_stream(self):
+        """Cell tables (streams): 1, or n_seq_max with kv_unified=False (sequence s in stream s);
+        size is the size of each."""
+        return self.c.n_stream
+
+    cdef tuple _per_stream(self, int what):
+        cdef uint32_t s
+        cdef const kvc_cells *t
+        out = []
+        kvc_pylock_acquire(&self._lock)
+        for s in range(self.c.n_stream):
+            t = kvc_unified_stream_cells_c(&self.c, s)
+            if what == 0:
+                out.append(kvc_unified_stream_head_c(&self.c, s))
+            elif what == 1:
+                out.append(t.used)
+            elif what == 2:
+                out.append(t.used_max_p1)
+            else:
+                out.append(kvc_unified_stream_n_kv(&self.c, s) if self.c.semantics == KVC_SEM_2026 else self.c.n)
+        kvc_pylock_release(&self._lock)
+        return tuple(out)
+
+    @property
+    def heads(self):
+        """Per stream, the cell where the next slot search starts (a tuple)."""
+        return self._per_stream(0)
+
+    @property
+    def used_per_stream(self):
+        """Per stream, the number of non-empty cells."""
+        return self._per_stream(1)
+
+    @property
+    def used_max_p1_per_stream(self):
+        """Per stream, the index of the last non-empty cell + 1 (0 when empty)."""
+        return self._per_stream(2)
+
+    @property
+    def n_kv_per_stream(self):
+        """Per stream, the cells the attention spans: semantics '2026': min(size, max(P,
+        pad(used_max_p1, P))) with P = max(n_pad, 256); '2025': n."""
+        return self._per_stream(3)
+
+    @property
+    def pending_copies(self):
+        """Stream copies queued by seq_cp across streams for the next update()."""
+        return self.c.n_copies
 
     @property
     def size(self):
@@ -664,6 +804,8 @@ cdef class _Unified(UnifiedCore):
         put its ubatch in, where that ubatch's K/V rows go; None when no placement is current
         (after restore, a sequence operation, clear, set_full, defrag or a state read)."""
         cdef uint32_t head, placed
+        if self.c.semantics == KVC_SEM_2026:
+            raise ValueError("slot: a placement of semantics '2026' is scattered; see slot_info() / slot_indices()")
         kvc_pylock_acquire(&self._lock)
         placed = kvc_unified_slot_n(&self.c)
         head = kvc_unified_slot_cell(&self.c, 0) if placed else 0
@@ -675,7 +817,9 @@ cdef class _Unified(UnifiedCore):
     def slot_indices(self, out=None):
         """The cell of each token the last successful find_slot placed, in token order: an int32
         array (empty when no placement is current, see ``slot``). Index K/V memory kept
-        elsewhere with it, e.g. ``k_dev[il].index_copy_(0, idx, k_rows)``.
+        elsewhere with it, e.g. ``k_dev[il].index_copy_(0, idx, k_rows)``. With several
+        streams the cells are those of each token's stream (``slot_info()`` has the streams;
+        the K/V row of a cell c of stream s is ``s * size + c``).
 
         out: a writable 1-D int32 or int64 buffer (numpy, buffer protocol or a CPU tensor: int64
         is what torch's index ops take) of at least that length; its first slot_n elements are
@@ -736,12 +880,90 @@ cdef class _Unified(UnifiedCore):
             raise_status(r, NULL, "seq_cells")
         return cells, pos
 
+    def slot_info(self):
+        """Where the last successful find_slot put each token, per token group: a list of
+        ``(stream, int32 cells)`` — token ``g * n_seq_tokens + i`` of group g in cell
+        ``cells[i]`` of the group's stream; ``[]`` when no placement is current. A cache of
+        semantics '2025' has one group, stream 0, the run of cells of ``slot``."""
+        cdef uint32_t placed, g, ng, nst
+        cdef int32_t[::1] o
+        kvc_pylock_acquire(&self._lock)
+        try:
+            placed = kvc_unified_slot_n(&self.c)
+            if placed == 0:
+                return []
+            cells = np.empty(placed, dtype=np.int32)
+            o = cells
+            kvc_unified_slot_cells(&self.c, &o[0])
+            if self.c.semantics != KVC_SEM_2026:
+                return [(0, cells)]
+            ng, nst = self.c.scatter.n_groups, self.c.scatter.n_seq_tokens
+            return [(<int>self.c.scatter.strm[g], cells[g * nst:(g + 1) * nst].copy()) for g in range(ng)]
+        finally:
+            kvc_pylock_release(&self._lock)
+
+    def prepare(self, ubatches):
+        """The dry run of placing several ubatches in turn (semantics '2026'): the slot_info()
+        each would get, found against the state holding the ubatches before it (placements
+        and the cells they reuse), or None when one does not fit. The cache is left exactly as
+        it was. Every ubatch is checked first (ValueError, nothing changed)."""
+        cdef kvc_err err
+        cdef list ubs = list(ubatches)
+        cdef Py_ssize_t n_ub = len(ubs), u, total = 0, off
+        cdef kvc_ubatch *arr
+        cdef UBatch ub
+        cdef int32_t[::1] oc
+        cdef uint32_t[::1] os_
+        cdef uint32_t[::1] og
+        cdef int r
+        cdef uint32_t ns = self.c.n_stream
+        err.msg[0] = 0
+        _refuse_2025(self, "prepare")
+        if n_ub == 0:
+            raise ValueError("prepare needs at least one ubatch")
+        for u in range(n_ub):
+            if not isinstance(ubs[u], UBatch):
+                raise TypeError(f"ubatches[{u}] must be a UBatch, not {type(ubs[u]).__name__}")
+            (<UBatch>ubs[u]).check(self.c.n_seq_max)
+            total += (<UBatch>ubs[u]).c.n_tokens
+        cells = np.zeros(max(total, 1), dtype=np.int32)
+        strm = np.zeros(n_ub * ns, dtype=np.uint32)
+        groups = np.zeros(n_ub, dtype=np.uint32)
+        oc, os_, og = cells, strm, groups
+        arr = <kvc_ubatch *>malloc(n_ub * sizeof(kvc_ubatch))
+        if arr == NULL:
+            raise MemoryError("prepare")
+        try:
+            for u in range(n_ub):
+                ub = ubs[u]
+                arr[u] = ub.c
+            lock_change(&self._lock, "prepare")
+            with nogil:
+                r = kvc_unified_prepare_2026(&self.c, arr, <uint32_t>n_ub, &oc[0], &os_[0], &og[0], &err)
+                kvc_pylock_release(&self._lock)
+        finally:
+            free(arr)
+        if r < 0:
+            raise_status(r, &err, "prepare")
+        if r == 0:
+            return None
+        out = []
+        off = 0
+        for u in range(n_ub):
+            ub = ubs[u]
+            ng = int(groups[u])
+            nst = ub.c.n_tokens // ng
+            out.append([(int(strm[u * ns + g]), cells[off + g * nst:off + (g + 1) * nst].copy()) for g in range(ng)])
+            off += ub.c.n_tokens
+        return out
+
     @property
     def has_shift(self):
-        """True when positions were shifted since the last reset_shift (a K-shift is due)."""
+        """True when positions were shifted since the last reset_shift (a K-shift is due), in
+        any stream."""
         cdef bint r
         kvc_pylock_acquire(&self._lock)
-        r = self.c.cells.has_shift
+        r = kvc_unified_any_shift(&self.c)
         kvc_pylock_release(&self._lock)
         return r
 
@@ -788,9 +1010,27 @@ cdef class _Unified(UnifiedCore):
         """Place the ubatch's tokens in contiguous empty cells starting at head.
 
         Returns True when placed (head is where), False when there is no room; head may move
-        either way, as in llama.cpp. Undo with restore(), keep with commit()."""
+        either way, as in llama.cpp. Undo with restore(), keep with commit().
+
+        Semantics '2026' (today's find_slot(cont=false) + apply_ubatch): each token group goes
+        to usable cells of its stream from the stream's head on, wrapping, not necessarily
+        contiguous (slot_info() tells where); a cell whose one sequence's sliding window has
+        left it is reused, and that sequence loses its positions up to the one overwritten.
+        The placement is final (no commit / restore); a failed find_slot changes nothing.
+        With several streams the tokens of each sequence must be together, one id per token,
+        every sequence with as many tokens (ValueError otherwise)."""
         cdef int r = 0
+        cdef kvc_err err
+        err.msg[0] = 0
         ub.check(self.c.n_seq_max)
+        if self.c.semantics == KVC_SEM_2026:
+            lock_change(&self._lock, "find_slot")
+            with nogil:
+                r = kvc_unified_find_slot_2026(&self.c, &ub.c, &err)
+                kvc_pylock_release(&self._lock)
+            if r < 0:
+                raise_status(r, &err, "find_slot")
+            return r == 1
         with nogil:
             if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
                 r = self.find_slot_c(&ub.c)
@@ -805,6 +1045,7 @@ cdef class _Unified(UnifiedCore):
 
     def commit(self):
         """Forget the recovery information of the find_slot calls since the last commit."""
+        _refuse_2026(self, "commit", "find_slot places for good; prepare() is the dry run")
         lock_change(&self._lock, "commit")
         kvc_unified_commit(&self.c)
         kvc_pylock_release(&self._lock)
@@ -813,12 +1054,14 @@ cdef class _Unified(UnifiedCore):
         """Undo the cell changes of the find_slot calls since the last commit (data is kept):
         the cells are exactly as before those calls (head stays where the search left it, as
         in llama.cpp)."""
+        _refuse_2026(self, "restore", "find_slot places for good; prepare() is the dry run")
         lock_change(&self._lock, "restore")
         self.restore_c()
         kvc_pylock_release(&self._lock)
 
     def set_full(self):
         """n = size and head = 0, as when reserving the worst-case graph."""
+        _refuse_2026(self, "set_full", "n_kv follows each stream's cells")
         lock_change(&self._lock, "set_full")
         self.set_full_c()
         kvc_pylock_release(&self._lock)
@@ -847,9 +1090,15 @@ cdef class _Unified(UnifiedCore):
         cdef int32_t s = seq_c(src, self.c.n_seq_max, "src", False)
         cdef int32_t d = seq_c(dst, self.c.n_seq_max, "dst", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
         lock_change(&self._lock, "seq_cp")
-        self.seq_cp_c(s, d, a, b)
+        r = kvc_unified_seq_cp_check(&self.c, s, d, a, b, &err)
+        if r == KVC_OK:
+            self.seq_cp_c(s, d, a, b)
         kvc_pylock_release(&self._lock)
+        check_status(r, &err, "seq_cp")
 
     def seq_keep(self, seq_id):
         """Keep only seq_id: cells without it are emptied, cells with it hold only it."""
@@ -904,6 +1153,7 @@ cdef class _Unified(UnifiedCore):
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(pmin, "pmin"), b = pos_c(pmax, "pmax")
         cdef int r
+        _refuse_2026(self, "prune_swa", "find_slot reuses the cells a window has left")
         if self.c.swa_type == KVC_SWA_NONE:
             raise ValueError("prune_swa: the cache has no sliding window (swa_type 'none')")
         lock_change(&self._lock, "prune_swa")
@@ -977,7 +1227,7 @@ cdef class _Unified(UnifiedCore):
         """Bytes of K memory over all kept layers."""
         cdef size_t t = 0
         for i in range(self.c.n_layer):
-            t += self.c.layers[i].k_row_bytes * self.c.cells.size
+            t += self.c.layers[i].k_row_bytes * self.c.cells.size * self.c.n_stream
         return t
 
     @property
@@ -985,7 +1235,7 @@ cdef class _Unified(UnifiedCore):
         """Bytes of V memory over all kept layers."""
         cdef size_t t = 0
         for i in range(self.c.n_layer):
-            t += self.c.layers[i].v_row_bytes * self.c.cells.size
+            t += self.c.layers[i].v_row_bytes * self.c.cells.size * self.c.n_stream
         return t
 
     @property
@@ -994,9 +1244,14 @@ cdef class _Unified(UnifiedCore):
         return self.size_k_bytes + self.size_v_bytes
 
     # --- graph inputs --------------------------------------------------------------------
-    def kq_mask(self, UBatch ub not None, causal=True, alibi=False, out=None, dtype="f32", pad=True):
-        """The KQ mask of ub against the cache: [rows, n], rows = pad(n_tokens, 64) (pad=True,
-        llama.cpp's layout: the padding rows see nothing) or n_tokens (pad=False).
+    def kq_mask(self, UBatch ub not None, causal=True, alibi=False, out=None, dtype="f32", pad=None):
+        """The KQ mask of ub against the cache. Semantics '2025': [rows, n], rows = pad(n_tokens,
+        64) (pad None or True, llama.cpp's layout: the padding rows see nothing) or n_tokens
+        (pad=False).
+
+        Semantics '2026' (pad None or False): [streams, rows, n_kv] without padding rows, a
+        block of rows per token group over the cells of the group's stream (streams 1 and
+        rows n_tokens with one stream), n_kv the largest n_kv_per_stream of those streams.
 
         dtype "f32" (default) or "f16": 0 where token t sees cell j (-|p_cell - p_token| with
         alibi), -inf elsewhere; "bool": True where it sees the cell (torch's
@@ -1005,7 +1260,7 @@ cdef class _Unified(UnifiedCore):
         CPU tensor) of at least [rows, n], each row's elements contiguous, rows any stride
         apart (one [rows_cap, cols_cap] buffer serves as n grows). Only out[:rows, :n] is
         written; returned is out when that is its whole shape, else that block (a view)."""
-        cdef bint c_causal = causal, c_alibi = alibi, c_pad = pad
+        cdef bint c_causal = causal, c_alibi = alibi, c_pad = True if pad is None else pad
         cdef int mdt, r = 0
         cdef uint8_t[::1] o
         cdef void *p = NULL
@@ -1017,17 +1272,21 @@ cdef class _Unified(UnifiedCore):
         except (KeyError, TypeError):
             raise ValueError(f"dtype = {dtype!r}: expected one of {', '.join(_MASK_DTYPES)}") from None
         ub.check(self.c.n_seq_max)
+        if self.c.semantics == KVC_SEM_2026:
+            if pad:
+                raise ValueError("kq_mask: a cache of semantics '2026' has no padding rows (pad=False)")
+            return self._kq_mask_2026(ub, c_causal, c_alibi, mdt, npdt, out)
         if out is not None:
             # taken before the lock: an exporter's hooks see the cache as any other call would
             ob = hold_buffer(out, "out", True)
             if ob.dtype != np.dtype(npdt) or ob.view.ndim != 2 or not _rows_ok(ob):
                 raise ValueError(f"out must be a writable 2-D {np.dtype(npdt)} array with contiguous rows of at "
-                                 f"least (rows, n) (rows = {'pad(n_tokens, 64)' if pad else 'n_tokens'}), "
+                                 f"least (rows, n) (rows = {'pad(n_tokens, 64)' if c_pad else 'n_tokens'}), "
                                  f"got {ob.describe()}")
         op_begin(&self._lock, False, "kq_mask")
         try:
             # the shape follows n, which holds still while the operation runs
-            rows = <Py_ssize_t>(kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD) if pad else ub.c.n_tokens)
+            rows = <Py_ssize_t>(kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD) if c_pad else ub.c.n_tokens)
             cols = <Py_ssize_t>self.c.n
             if ob is None:
                 out = np.empty((rows, cols), dtype=npdt)
@@ -1053,14 +1312,59 @@ cdef class _Unified(UnifiedCore):
             raise_status(r, NULL, "kq_mask")
         return res
 
+    def _kq_mask_2026(self, UBatch ub, bint causal, bint alibi, int mdt, object npdt, object out):
+        cdef uint32_t strm[256]      # KVC_MAX_SEQ groups at most
+        cdef uint32_t ng = 0, nst = 0, n_kv
+        cdef kvc_err err
+        cdef int r = 0
+        cdef uint8_t[::1] o
+        cdef void *p = NULL
+        cdef _HeldBuffer ob = None
+        err.msg[0] = 0
+        if out is not None:
+            ob = hold_buffer(out, "out", True)
+            if ob.dtype != np.dtype(npdt) or not ob.c_contiguous() or ob.view.ndim != 3:
+                raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
+                                 f"(streams, rows, n_kv), got {ob.describe()}")
+        op_begin(&self._lock, False, "kq_mask")
+        try:
+            r = kvc_unified_groups(&self.c, &ub.c, strm, &ng, &nst, &err)
+            if r < 0:
+                raise_status(r, &err, "kq_mask")
+            n_kv = kvc_unified_kq_mask_2026_n_kv(&self.c, strm, ng)
+            shape = (<Py_ssize_t>ng, <Py_ssize_t>nst, <Py_ssize_t>n_kv)
+            if ob is None:
+                out = np.empty(shape, dtype=npdt)
+                if out.size:
+                    o = out.reshape(-1).view(np.uint8)
+                    p = &o[0]
+            else:
+                if (ob.dim(0), ob.dim(1), ob.dim(2)) != shape:
+                    raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
+                                     f"{shape}, got {ob.describe()}")
+                p = ob.view.buf
+            if n_kv:
+                with nogil:
+                    r = kvc_unified_kq_mask_2026(&self.c, &ub.c, causal, alibi, mdt, p, &err)
+        finally:
+            op_end(&self._lock)
+            if ob is not None:
+                ob.release()
+        if r < 0:
+            raise_status(r, &err, "kq_mask")
+        return out
+
     def pos_bucket(self, UBatch ub not None, n_buckets):
         """T5 relative position buckets of ub against the cache: int32 [n_tokens, n]."""
         cdef uint32_t nb = <uint32_t>int_c(n_buckets, "n_buckets", 2, 0x7FFFFFFF)
         cdef int32_t[::1] o
         ub.check(self.c.n_seq_max)
+        if self.c.n_stream != 1:
+            raise ValueError("pos_bucket: position buckets need a cache of one stream")
         op_begin(&self._lock, False, "pos_bucket")
         try:
-            out = np.empty((ub.c.n_tokens, self.c.n), dtype=np.int32)
+            out = np.empty((ub.c.n_tokens, kvc_unified_stream_n_kv(&self.c, 0) if self.c.semantics == KVC_SEM_2026
+                            else self.c.n), dtype=np.int32)
             if out.size == 0:
                 return out
             o = out.reshape(-1)
@@ -1071,8 +1375,9 @@ cdef class _Unified(UnifiedCore):
         return out
 
     def k_shift(self):
-        """The per-cell K-shift input: int32 [size] (0 for empty cells)."""
-        out = np.empty(self.c.cells.size, dtype=np.int32)
+        """The per-cell K-shift input: int32 [size] (0 for empty cells); with several streams
+        [n_stream * size], stream-major."""
+        out = np.empty(self.c.cells.size * self.c.n_stream, dtype=np.int32)
         cdef int32_t[::1] o = out
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
@@ -1092,6 +1397,7 @@ cdef class _Unified(UnifiedCore):
         if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, bool):
             raise TypeError(f"thold must be a number, not {type(thold).__name__}")
         cdef float t = <float>float(thold)
+        _refuse_2026(self, "defrag_sched", "today's llama.cpp does not defragment")
         lock_change(&self._lock, "defrag_sched")
         kvc_unified_defrag_sched(&self.c, t)
         kvc_pylock_release(&self._lock)
@@ -1103,6 +1409,7 @@ cdef class _Unified(UnifiedCore):
         something moves."""
         cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         cdef int r
+        _refuse_2026(self, "defrag_prepare", "today's llama.cpp does not defragment")
         lock_change(&self._lock, "defrag_prepare")
         with nogil:
             r = kvc_unified_defrag_prepare(&self.c, nmax)
@@ -1151,6 +1458,7 @@ cdef class _Unified(UnifiedCore):
         reads, update, another defrag_prepare) moves the rows first. A metadata-only cache moves
         nothing: read defrag_runs() right after defrag_prepare and move your rows; any such
         operation drops the plan (defrag_runs() is then empty)."""
+        _refuse_2026(self, "defrag_move", "today's llama.cpp does not defragment")
         lock_change(&self._lock, "defrag_move")
         with nogil:
             kvc_unified_defrag_move(&self.c)
@@ -1180,16 +1488,51 @@ cdef class _Unified(UnifiedCore):
         reservation). Arguments are checked before anything changes."""
         cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         self._check_update(rope, n_max_nodes)
+        if self.c.semantics == KVC_SEM_2026:
+            return self._update_2026(rope, nmax)
         op_begin(&self._lock, True, "update")
         try:
             return _update_caches((self,), rope, nmax)[0]
         finally:
             op_end(&self._lock)
 
+    def _update_2026(self, rope, int32_t nmax):
+        # today's update(): the stream copies, then the K-shift (rotated with RoPE when the
+        # model has it and the cache holds K, else the shifts are dropped)
+        cdef uint32_t copies = 0
+        cdef bint had_shift = False, rotated = False, drop
+        cdef int32_t[::1] sv
+        rp = rope if rope is not None else (self._rope if self._buffers != "none" else None)
+        op_begin(&self._lock, True, "update")
+        try:
+            shift = np.empty(self.c.cells.size * self.c.n_stream, dtype=np.int32)
+            sv = shift
+            kvc_unified_k_shift(&self.c, &sv[0])
+            drop = rp is None
+            with nogil:
+                had_shift = kvc_unified_update_2026(&self.c, &copies, drop)
+            if had_shift and not drop:
+                # the copied slabs first, then every stream's rows rotated by their shifts
+                rotated = _update_caches((self,), rp, nmax)[0].rotated
+        finally:
+            op_end(&self._lock)
+        return StreamUpdate(0 if had_shift or copies else 1, bool(had_shift), int(copies), False, shift, bool(rotated))
+
     # --- inspection ----------------------------------------------------------------------
     def cells(self):
-        """A snapshot (copies) of every cell's pos, shift and sequence bits: a Cells object."""
-        cdef Py_ssize_t n = self.c.cells.size, nw = self.c.cells.seq_words
+        """A snapshot (copies) of every cell's pos, shift and sequence bits: a Cells object (of
+        the one stream; with several, see stream_cells())."""
+        if self.c.n_stream != 1:
+            raise ValueError("cells: the cache has several streams; stream_cells() has one snapshot per stream")
+        return self._stream_cells(0)
+
+    def stream_cells(self):
+        """One Cells snapshot per stream (a tuple; one entry for a cache of one stream)."""
+        return tuple(self._stream_cells(s) for s in range(self.c.n_stream))
+
+    def _stream_cells(self, uint32_t st):
+        cdef const kvc_cells *t = kvc_unified_stream_cells_c(&self.c, st)
+        cdef Py_ssize_t n = t.size, nw = t.seq_words
         pos = np.empty(n, dtype=np.int32)
         shift = np.empty(n, dtype=np.int32)
         planes = np.empty((nw, n), dtype=np.uint64)     # the table's layout: one plane per word
@@ -1198,9 +1541,9 @@ cdef class _Unified(UnifiedCore):
         cdef uint64_t[:, ::1] vq = planes
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
-            memcpy(&vp[0], self.c.cells.pos, n * sizeof(int32_t))
-            memcpy(&vs[0], self.c.cells.shift, n * sizeof(int32_t))
-            memcpy(&vq[0, 0], self.c.cells.seq, nw * n * sizeof(uint64_t))
+            memcpy(&vp[0], t.pos, n * sizeof(int32_t))
+            memcpy(&vs[0], t.shift, n * sizeof(int32_t))
+            memcpy(&vq[0, 0], t.seq, nw * n * sizeof(uint64_t))
             kvc_pylock_release(&self._lock)
         return Cells(pos, shift, np.ascontiguousarray(planes.T))
 
@@ -1210,6 +1553,7 @@ cdef class _Unified(UnifiedCore):
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef unsigned bits = write_layout_bits(layout, prefix, s)
         cdef size_t r
+        _refuse_state_2026(self, "state_size")
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
             r = kvc_unified_state_size_lay(&self.c, s, bits)
@@ -1222,6 +1566,7 @@ cdef class _Unified(UnifiedCore):
         A sequence's state in a layout with the sequence-blob prefix is what
         ``llama_state_seq_get_data`` returns (the magic, the seq id, the memory state);
         prefix=False gives the memory state alone (what a sequence file holds)."""
+        _refuse_state_2026(self, "state_write")
         return _state_write_parts((self,), seq_id, layout, prefix)
 
     def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
@@ -1234,6 +1579,7 @@ cdef class _Unified(UnifiedCore):
         layout, prefix: as state_write."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef unsigned bits = write_layout_bits(layout, prefix, s)
+        _refuse_state_2026(self, "state_write_into")
         target = state_target(buf)      # taken before the lock, like every array argument
         op_begin(&self._lock, False, "state_write_into")
         try:
@@ -1256,6 +1602,7 @@ cdef class _Unified(UnifiedCore):
         parse to exactly the end of data in one layout (StateError asks for layout= when it does
         in both). A sequence's state may come with or without the sequence-blob prefix. Raises
         StateError on a malformed or incompatible blob, leaving the cache exactly as it was."""
+        _refuse_state_2026(self, "state_read")
         return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact, layout=layout)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcache._core import RopeParams, bool_arg, int_arg
-from kvcache.plan import _pad, n_pad_for, v_trans_for
+from kvcache.plan import context_cells, v_trans_for
 from kvcache.recurrent import RecurrentCache
 from kvcache.unified import UnifiedCache
 
@@ -106,15 +106,20 @@ class ModelGeometry:
         return tuple(self.n_embd_head_v * h for h in self.n_head_kv)
 
     def make_cache(self, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
-                   flash_attn: bool = False, swa_full: bool = False, n_batch: int = 512,
-                   buffers: Any = "owned", v_trans: bool | None = None) -> AnyCache:
+                   flash_attn: bool | None = None, swa_full: bool | None = None, n_batch: int = 512,
+                   buffers: Any = "owned", semantics: str = "2025", kv_unified: bool | None = None,
+                   v_trans: bool | None = None) -> AnyCache:
         """The cache llama.cpp creates for this model and context (see :func:`from_gguf`);
-        ``v_trans`` None: V transposed unless ``flash_attn``, as llama.cpp does."""
+        ``v_trans`` None: V transposed unless flash attention is on, as llama.cpp does."""
         n_ctx = int_arg(n_ctx, "n_ctx", 0, 2**31 - 1)
         n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, 2**31 - 1)
         n_batch = int_arg(n_batch, "n_batch", 1, 2**31 - 1)
-        flash_attn = bool_arg(flash_attn, "flash_attn")
-        swa_full = bool_arg(swa_full, "swa_full")
+        today = semantics == "2026"
+        # the defaults of each era: the seed's flash attention off, no full SWA cache, one
+        # stream; today's flash attention "auto" (a V not transposed), swa_full, a stream per sequence
+        flash_attn = bool_arg(today if flash_attn is None else flash_attn, "flash_attn")
+        swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
+        kv_unified = bool_arg(not today if kv_unified is None else kv_unified, "kv_unified")
         if self.recurrent:
             # llama.cpp keeps recurrent states in f32 whatever the K/V types asked for, one cell
             # per sequence
@@ -126,10 +131,11 @@ class ModelGeometry:
             raise ValueError(f"{self.arch}: layers {missing} have no KV heads; such models are not supported")
         if n_ctx == 0:
             n_ctx = self.n_ctx_train
-        n_pad = n_pad_for(flash_attn)
-        kv_size = _pad(n_ctx, n_pad)
+        n_pad, kv_size, n_stream = context_cells(n_ctx, n_seq_max, flash_attn, semantics, kv_unified)
+        # the context of one sequence: the seed's share of the cells, today's stream (or, unified, all)
+        n_ctx_seq = kv_size if today else kv_size // n_seq_max
         rope = self.rope
-        if self.rope_long is not None and rope is not None and kv_size // n_seq_max > rope.n_ctx_orig:
+        if self.rope_long is not None and rope is not None and n_ctx_seq > rope.n_ctx_orig:
             rope = self.rope_long
         common = dict(n_layer=self.n_layer, n_embd_k_gqa=self.n_embd_k_gqa, n_embd_v_gqa=self.n_embd_v_gqa,
                       type_k=type_k, type_v=type_v,
@@ -137,7 +143,12 @@ class ModelGeometry:
                       n_seq_max=n_seq_max,
                       n_pad=n_pad, n_embd_head_k=self.n_embd_head_k, rope=rope, buffers=buffers)
         if self.swa_type == "none":
+            if today:
+                return UnifiedCache(kv_size=kv_size, semantics="2026", kv_unified=n_stream == 1, **common)
             return UnifiedCache(kv_size=kv_size, **common)
+        if today:
+            raise NotImplementedError(f"{self.arch}: the iSWA cache of semantics '2026' is not implemented in "
+                                      f"this version")
         from kvcache.iswa import ISWACache
         # llama.cpp caps the batch at the (unpadded) context of a causal model
         return ISWACache(kv_size=kv_size, swa_layers=self.swa_layers, n_swa=self.n_swa,
@@ -343,8 +354,8 @@ def _rope_params(f: _Fields, arch: str, n_rot: int, n_ctx_train: int, swa_layers
 
 
 def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
-              flash_attn: bool = False, swa_full: bool = False, n_batch: int = 512, buffers: Any = "owned"
-              ) -> AnyCache:
+              flash_attn: bool | None = None, swa_full: bool | None = None, n_batch: int = 512,
+              buffers: Any = "owned", semantics: str = "2025", kv_unified: bool | None = None) -> AnyCache:
     """The KV cache llama.cpp creates for the model in a GGUF file and this context.
 
     - ``n_ctx``: context size in tokens (0: the model's training context); the cache gets
@@ -353,6 +364,11 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
     - ``type_k`` / ``type_v``: cache types; ``flash_attn``: V is stored transposed without it.
     - ``swa_full``: give the sliding-window cache the full size (and never prune it).
     - ``buffers``: as for the cache classes ("owned", borrowed per-layer buffers, or None).
+    - ``semantics``: "2025" (the seed's llama.cpp, the default) or "2026" (today's: n_pad 1,
+      n_ctx padded to 256; ``kv_unified`` False (its default) gives each sequence a stream of
+      ``pad(n_ctx // n_seq_max, 256)`` cells, True one stream of all; ``flash_attn`` defaults
+      to today's "auto", a V not transposed; ``swa_full`` to True). The seed's defaults:
+      ``flash_attn`` False, ``swa_full`` False, one stream.
 
     Returns a :class:`kvcache.UnifiedCache` (with the model's K head size and RoPE parameters,
     so ``update()`` rotates shifted keys), a :class:`kvcache.ISWACache` for interleaved
@@ -360,7 +376,7 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
     (f32 states, one cell per sequence) for Mamba."""
     return read_gguf(path).make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v,
                                       flash_attn=flash_attn, swa_full=swa_full, n_batch=n_batch,
-                                      buffers=buffers)
+                                      buffers=buffers, semantics=semantics, kv_unified=kv_unified)
 
 
 # --- transformers configs ----------------------------------------------------------------------

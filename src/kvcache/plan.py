@@ -16,7 +16,7 @@ from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, 
 from kvcache._text import plural
 
 __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
-           "n_pad_for", "v_trans_for", "swa_size", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
+           "n_pad_for", "ctx_pad_for", "context_cells", "SEMANTICS", "v_trans_for", "swa_size", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
 
 MIB = 1024 * 1024
 CPU_TENSOR_ALIGNMENT = 32    # ggml's CPU buffer gives every tensor a 32-byte aligned slot
@@ -25,9 +25,37 @@ _SWA_TYPES = ("standard", "chunked")
 
 # --- the sizing rules of llama.cpp's caches (plan_*, ISWACache and ModelGeometry use these) -----
 
-def n_pad_for(flash_attn: bool) -> int:
-    """Cell padding of a unified cache: 256 with flash attention (its kernels need it), else 32."""
+#: the cache semantics: the mid-2025 llama.cpp (the seed) and today's (kvcache.UnifiedCache(semantics=))
+SEMANTICS = ("2025", "2026")
+
+
+def n_pad_for(flash_attn: bool, semantics: str = "2025") -> int:
+    """Cell padding of a unified cache: the seed's 256 with flash attention (its kernels need
+    it), else 32; today's llama.cpp (semantics "2026") pads no cache (1)."""
+    if semantics == "2026":
+        return 1
     return 256 if flash_attn else 32
+
+
+def ctx_pad_for(flash_attn: bool, semantics: str = "2025") -> int:
+    """What a context's n_ctx is rounded up to: the seed's n_pad, today's 256."""
+    return 256 if semantics == "2026" else n_pad_for(flash_attn)
+
+
+def context_cells(n_ctx: int, n_seq_max: int, flash_attn: bool, semantics: str = "2025",
+                  kv_unified: bool = True) -> tuple[int, int, int]:
+    """``(n_pad, kv_size, n_stream)`` of the unified cache of a context: the seed's
+    ``pad(n_ctx, n_pad)`` cells in one stream; today's llama.cpp ``pad(n_ctx, 256)`` cells in
+    one stream, or, not unified, ``n_seq_max`` streams of ``pad(n_ctx // n_seq_max, 256)``
+    cells each (``n_ctx_seq``)."""
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(SEMANTICS)}")
+    if semantics == "2025" and not kv_unified:
+        raise ValueError("kv_unified=False (a stream per sequence) needs semantics '2026'")
+    n_pad, pad = n_pad_for(flash_attn, semantics), ctx_pad_for(flash_attn, semantics)
+    if kv_unified:
+        return n_pad, _pad(n_ctx, pad), 1
+    return n_pad, _pad(n_ctx // n_seq_max, pad), n_seq_max
 
 
 def v_trans_for(flash_attn: bool) -> bool:
@@ -85,6 +113,7 @@ class CachePlan:
     type_k: str
     type_v: str
     layers: tuple
+    n_stream: int = 1       # streams of kv_size cells each (semantics "2026", not unified)
 
     @property
     def size_k_bytes(self) -> int:
@@ -110,7 +139,8 @@ class CachePlan:
     def to_dict(self) -> dict:
         """The cache as plain data, totals included."""
         return {
-            "name": self.name, "kv_size": self.kv_size, "n_seq_max": self.n_seq_max, "n_pad": self.n_pad,
+            "name": self.name, "kv_size": self.kv_size, "n_stream": self.n_stream, "n_seq_max": self.n_seq_max,
+            "n_pad": self.n_pad,
             "v_trans": self.v_trans, "n_swa": self.n_swa, "swa_type": self.swa_type,
             "type_k": self.type_k, "type_v": self.type_v, "n_layers": len(self.layers),
             "size_k_bytes": self.size_k_bytes, "size_v_bytes": self.size_v_bytes,
@@ -206,33 +236,43 @@ def _kv_types(type_k: Any, type_v: Any, flash_attn: bool) -> tuple:
     return tk, info_v.name
 
 
-def _common(n_ctx: Any, n_layer: Any, n_seq_max: Any, flash_attn: Any) -> tuple:
+def _common(n_ctx: Any, n_layer: Any, n_seq_max: Any, flash_attn: Any, semantics: str = "2025",
+            kv_unified: bool = True) -> tuple:
     n_ctx = _int(n_ctx, "n_ctx", 1, 2**31 - 1)
     n_layer = _int(n_layer, "n_layer", 1, 65536)
     n_seq_max = _int(n_seq_max, "n_seq_max", 1, MAX_SEQ)
     flash_attn = bool_arg(flash_attn, "flash_attn")
-    n_pad = n_pad_for(flash_attn)
-    kv_size = _pad(n_ctx, n_pad)
-    if kv_size > 2**31 - 1:
+    n_pad, kv_size, n_stream = context_cells(n_ctx, n_seq_max, flash_attn, semantics, bool_arg(kv_unified, "kv_unified"))
+    if kv_size * n_stream > 2**31 - 1:
         raise ValueError(f"n_ctx = {n_ctx} padded to {n_pad} exceeds 2**31 - 1 cells")
-    return n_ctx, n_layer, n_seq_max, bool(flash_attn), n_pad, kv_size
+    return n_ctx, n_layer, n_seq_max, bool(flash_attn), n_pad, kv_size, n_stream
 
 
 # --- the three variants ------------------------------------------------------------------------
 
 def plan_unified(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = None, n_seq_max: int = 1,
-                 type_k: Any = "f16", type_v: Any = "f16", flash_attn: bool = False) -> Plan:
+                 type_k: Any = "f16", type_v: Any = "f16", flash_attn: bool = False, semantics: str = "2025",
+                 kv_unified: bool = True) -> Plan:
     """The plan of a unified cache: ``kv_size = pad(n_ctx, n_pad)`` cells, every layer in it.
 
     ``n_embd_k_gqa`` / ``n_embd_v_gqa``: K / V row width in elements (one int, or one per layer;
     V defaults to K's). Without flash attention V is stored transposed (so ``type_v`` must have
-    one element per block) and ``n_pad`` is 32; with it, 256."""
-    n_ctx, n_layer, n_seq_max, fa, n_pad, kv_size = _common(n_ctx, n_layer, n_seq_max, flash_attn)
+    one element per block) and ``n_pad`` is 32; with it, 256. ``semantics="2026"`` (today's
+    llama.cpp): ``n_pad`` 1 and n_ctx padded to 256, and with ``kv_unified=False``
+    ``n_seq_max`` streams of ``pad(n_ctx // n_seq_max, 256)`` cells (:func:`context_cells`)."""
+    n_ctx, n_layer, n_seq_max, fa, n_pad, kv_size, n_stream = _common(n_ctx, n_layer, n_seq_max, flash_attn,
+                                                                      semantics, kv_unified)
     wk = _widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
     wv = wk if n_embd_v_gqa is None else _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
     tk, tv = _kv_types(type_k, type_v, fa)
     c = CachePlan("kv", kv_size, n_seq_max, n_pad, v_trans_for(fa), 0, "none", tk, tv,
-                  _layers("kv", range(n_layer), wk, wv, tk, tv, kv_size))
+                  _layers("kv", range(n_layer), wk, wv, tk, tv, kv_size * n_stream), n_stream)
+    if semantics == "2026":
+        per = (f"pad(n_ctx, 256) = pad({n_ctx}, 256) = {kv_size}" if n_stream == 1 else
+               f"pad(n_ctx // n_seq_max, 256) = pad({n_ctx // n_seq_max}, 256) = {kv_size} cells in each of "
+               f"{n_stream} streams")
+        sizing = {"n_pad": n_pad, "kv_size": per, "n_stream": n_stream}
+        return Plan("unified", n_ctx, n_seq_max, fa, (c,), sizing, tuple(_unified_log(c, today=True)))
     sizing = {"n_pad": n_pad, "kv_size": f"pad(n_ctx, n_pad) = pad({n_ctx}, {n_pad}) = {kv_size}"}
     return Plan("unified", n_ctx, n_seq_max, fa, (c,), sizing, tuple(_unified_log(c)))
 
@@ -244,7 +284,7 @@ def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = N
     """The plan of an iSWA pair: a base cache of ``pad(n_ctx, n_pad)`` cells for the full-attention
     layers and a SWA cache of ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))`` cells for
     the ``swa_layers`` (``kv_size`` cells with ``swa_full``)."""
-    n_ctx, n_layer, n_seq_max, fa, n_pad, kv_size = _common(n_ctx, n_layer, n_seq_max, flash_attn)
+    n_ctx, n_layer, n_seq_max, fa, n_pad, kv_size, _ = _common(n_ctx, n_layer, n_seq_max, flash_attn)
     wk = _widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
     wv = wk if n_embd_v_gqa is None else _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
     tk, tv = _kv_types(type_k, type_v, fa)
@@ -314,13 +354,17 @@ def _buffer_line(func: str, c: CachePlan) -> str:
     return f"{func}: {'CPU':>10s} KV buffer size = {c.buffer_bytes / 1024.0 / 1024.0:8.2f} MiB"
 
 
-def _unified_log(c: CachePlan) -> list:
+def _unified_log(c: CachePlan, today: bool = False) -> list:
+    """The constructor's log lines: the seed's llama_kv_cache_unified, or today's llama_kv_cache
+    (cells per stream, n_seq_max / n_stream sequences)."""
+    func = "llama_kv_cache" if today else "llama_kv_cache_unified"
+    seqs = f"{c.n_seq_max:2d}/{c.n_stream}" if today else f"{c.n_seq_max:2d}"
     lines = []
     if c.layers:    # a cache without layers allocates no buffer and logs none
-        lines.append(_buffer_line("llama_kv_cache_unified", c))
+        lines.append(_buffer_line(func, c))
     lines.append(
-        f"llama_kv_cache_unified: size = {_mib_f32(c.total_bytes):7.2f} MiB ({c.kv_size:6d} cells, "
-        f"{len(c.layers):3d} layers, {c.n_seq_max:2d} seqs), K ({c.type_k}): {_mib_f32(c.size_k_bytes):7.2f} MiB, "
+        f"{func}: size = {_mib_f32(c.total_bytes):7.2f} MiB ({c.kv_size:6d} cells, "
+        f"{len(c.layers):3d} layers, {seqs} seqs), K ({c.type_k}): {_mib_f32(c.size_k_bytes):7.2f} MiB, "
         f"V ({c.type_v}): {_mib_f32(c.size_v_bytes):7.2f} MiB")
     return lines
 
@@ -355,7 +399,8 @@ def format_plan(p: Plan) -> str:
         c = p.caches[0]
         vt = "V transposed (no flash attention)" if c.v_trans else "V in rows (flash attention)"
         kind = "unified cache" if p.variant == "unified" else "iSWA cache (base + sliding window)"
-        lines.append(f"{kind}: n_ctx {p.n_ctx} -> kv_size {p.kv_size} cells (n_pad {c.n_pad}), "
+        streams = f" in each of {c.n_stream} streams" if c.n_stream > 1 else ""
+        lines.append(f"{kind}: n_ctx {p.n_ctx} -> kv_size {p.kv_size} cells{streams} (n_pad {c.n_pad}), "
                      f"{plural(p.n_seq_max, 'sequence')}, {vt}")
         if p.variant == "iswa":
             s = p.cache("swa")

@@ -205,9 +205,13 @@ class UnifiedReference2026:
         """Number of stream copies queued by cross-stream ``seq_cp`` for the next ``update()``."""
         return len(self._pending)
 
-    def cells(self) -> tuple[CellsSnapshot, ...]:
+    def stream_cells(self) -> tuple[CellsSnapshot, ...]:
         """A snapshot of each stream's cells."""
         return tuple(t.cells() for t in self.streams)
+
+    def cells(self) -> tuple[CellsSnapshot, ...]:
+        """A snapshot of each stream's cells (as ``stream_cells``)."""
+        return self.stream_cells()
 
     # --- argument checks --------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ import numpy as np
 
 import kvcache
 from kvcache._text import plural
-from kvcache.plan import MAX_SEQ, n_pad_for
+from kvcache.plan import MAX_SEQ, SEMANTICS, ctx_pad_for, n_pad_for
 
 __all__ = ["SimConfig", "SimReport", "Simulation", "simulate", "format_report", "plot_report", "plot_format", "DEFRAG_MODES",
            "LENGTH_DISTS", "FRAGMENTATION_FORMULA"]
@@ -71,6 +71,7 @@ class SimConfig:
     defrag_thold: float = 0.1
     mask: bool = False
     seed: int = 0
+    semantics: str = "2025"
 
     def check(self) -> None:
         """ValueError naming the first setting out of range."""
@@ -89,6 +90,7 @@ class SimConfig:
         need(0.0 <= self.prefix_share <= 1.0, f"prefix_share = {self.prefix_share} must be in [0, 1]")
         need(self.prefix_len >= 0, f"prefix_len = {self.prefix_len} must be >= 0")
         need(self.dist in LENGTH_DISTS, f"dist = {self.dist!r}: expected one of {', '.join(LENGTH_DISTS)}")
+        need(self.semantics in SEMANTICS, f"semantics = {self.semantics!r}: expected one of {', '.join(SEMANTICS)}")
         need(self.defrag in DEFRAG_MODES, f"defrag = {self.defrag!r}: expected one of {', '.join(DEFRAG_MODES)}")
         need(math.isfinite(self.defrag_thold), "defrag_thold must be finite")
         kv_size = self.kv_size
@@ -99,13 +101,20 @@ class SimConfig:
 
     @property
     def n_pad(self) -> int:
-        """Cell padding: 256 with flash attention, else 32."""
-        return n_pad_for(self.flash_attn)
+        """Cell padding: 256 with flash attention, else 32; semantics "2026": 1."""
+        return n_pad_for(self.flash_attn, self.semantics)
 
     @property
     def kv_size(self) -> int:
-        """Cells of the cache: n_ctx padded to n_pad."""
-        return -(-self.n_ctx // self.n_pad) * self.n_pad
+        """Cells of the cache: n_ctx padded to n_pad (semantics "2026": to 256)."""
+        pad = ctx_pad_for(self.flash_attn, self.semantics)
+        return -(-self.n_ctx // pad) * pad
+
+    @property
+    def seed_semantics(self) -> bool:
+        """The seed's cache: placements are committed, and defragmented by the policy (today's
+        llama.cpp has neither: its placements are final and scattered)."""
+        return self.semantics == "2025"
 
     @property
     def sharing(self) -> bool:
@@ -217,7 +226,7 @@ class Simulation:
         self.cache = kvcache.UnifiedCache(
             kv_size=cfg.kv_size, n_layer=cfg.n_layer, n_embd_k_gqa=cfg.n_embd, n_embd_v_gqa=cfg.n_embd,
             type_k=cfg.type_k, type_v=cfg.type_v, v_trans=not cfg.flash_attn, n_seq_max=cfg.n_seq_max,
-            n_pad=cfg.n_pad, buffers="owned")
+            n_pad=cfg.n_pad, buffers="owned", semantics=cfg.semantics)
         self.rep = SimReport(config=asdict(cfg), kv_size=cfg.kv_size, n_pad=cfg.n_pad)
         self.rep.calls = {k: 0 for k in ("ubatch", "find_slot", "commit", "seq_cp", "seq_rm", "kq_mask", "update",
                                          "defrag_sched", "defrag_prepare", "defrag_move")}
@@ -245,9 +254,17 @@ class Simulation:
         self.rep.calls[name] += 1
         return r
 
+    def commit(self) -> None:
+        """Keep the placement (the seed's commit; today's placements are final)."""
+        if self.cfg.seed_semantics:
+            self.call("commit", self.cache.commit)
+
     def defrag_now(self) -> bool:
-        """Plan and apply a defrag; False when nothing had to move."""
+        """Plan and apply a defrag; False when nothing had to move (or, today's llama.cpp,
+        there is no defrag)."""
         c = self.cache
+        if not self.cfg.seed_semantics:
+            return False
         if not self.call("defrag_prepare", c.defrag_prepare, _MAX_NODES):
             return False
         ids = c.defrag_ids
@@ -297,7 +314,7 @@ class Simulation:
             ub = self.call("ubatch", kvcache.UBatch, np.arange(done, done + n), [_PREFIX_SEQ] * n)
             if not self.call("find_slot", c.find_slot, ub):     # an empty cache: cannot happen
                 raise RuntimeError(f"find_slot failed for the shared prefix in an empty cache of {c.size} cells")
-            self.call("commit", c.commit)
+            self.commit()
             done += n
         self.prefix_cells = cfg.prefix_len
 
@@ -429,7 +446,7 @@ class Simulation:
         for self.step in range(cfg.steps):
             self.arrivals()
             self.admit()
-            if cfg.defrag == "sched" and self.running:
+            if cfg.defrag == "sched" and self.running and cfg.seed_semantics:
                 # llama.cpp applies the defrag scheduled by the previous decode when the next begins
                 if c.do_defrag:
                     moved = self.call("update", c.update)
@@ -439,10 +456,12 @@ class Simulation:
             if parts:
                 if cfg.mask:
                     self.call("kq_mask", c.kq_mask, ub)
-                self.call("commit", c.commit)
+                self.commit()
                 self.advance(parts)
             self.finish()
-            if cfg.defrag == "sched" and parts and cfg.defrag_thold >= 0:
+            if not cfg.seed_semantics:
+                pass        # today's llama.cpp does not defragment
+            elif cfg.defrag == "sched" and parts and cfg.defrag_thold >= 0:
                 self.call("defrag_sched", c.defrag_sched, cfg.defrag_thold)
             elif cfg.defrag == "direct" and cfg.defrag_thold >= 0 and self.fragmentation() > cfg.defrag_thold:
                 self.defrag_now()
@@ -510,7 +529,7 @@ def format_report(rep: SimReport) -> str:
     lines = [
         f"kvcache simulate: {plural(cfg['steps'], 'step')}, seed {cfg['seed']}",
         f"  cache: {rep.kv_size} cells (n_pad {rep.n_pad}), {plural(cfg['n_seq_max'], 'sequence')}, {plural(cfg['n_layer'], 'layer')} "
-        f"of width {cfg['n_embd']}, K {cfg['type_k']} / V {cfg['type_v']}",
+        f"of width {cfg['n_embd']}, K {cfg['type_k']} / V {cfg['type_v']}, semantics {cfg.get('semantics', '2025')}",
         f"  workload: {cfg['arrival_rate']} arrivals/step, {cfg['dist']} lengths (prompt mean {cfg['prompt_mean']}, "
         f"output mean {cfg['output_mean']}), {cfg['prefix_share']:.0%} share a {cfg['prefix_len']}-token prefix, "
         f"ubatch {cfg['n_ubatch']} tokens",
@@ -534,8 +553,9 @@ def format_report(rep: SimReport) -> str:
         f"  occupancy (used / cells): mean {s['occupancy_mean']:.1%}, max {s['occupancy_max']:.1%}",
         f"  fragmentation: mean {s['fragmentation_mean']:.3f}, max {s['fragmentation_max']:.3f}",
         f"    = {FRAGMENTATION_FORMULA}",
-        f"  defrag ({cfg['defrag']}, threshold {cfg['defrag_thold']}): {rep.defrags} defrags, "
-        f"{rep.cells_moved} cells moved",
+        (f"  defrag ({cfg['defrag']}, threshold {cfg['defrag_thold']}): {rep.defrags} defrags, "
+         f"{rep.cells_moved} cells moved" if cfg.get("semantics", "2025") == "2025"
+         else "  defrag: none (today's llama.cpp places tokens in any free cells and does not defragment)"),
         f"  find_slot failures {rep.find_slot_failures}: defragmented and retried {fa['defrag']}, "
         f"shrank the ubatch {fa['shrink']}, evicted a request {fa['evict']}",
         "accounting",

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from kvcache._core import (Batch, Cells, SeqExport, SeqImport, SplitUBatch, UpdatePlan, _seq_export,
+from kvcache._core import (Batch, Cells, SeqExport, SeqImport, SplitUBatch, StreamUpdate, UpdatePlan, _seq_export,
                            _seq_import_begin, _Unified)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["UnifiedCache", "Cells", "UpdatePlan"]
+__all__ = ["UnifiedCache", "Cells", "StreamUpdate", "UpdatePlan"]
 
 
 class UnifiedCache(_Unified):
@@ -17,7 +17,7 @@ class UnifiedCache(_Unified):
 
     ``UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
     v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None, buffers="owned",
-    n_embd_head_k=None, rope=None)``
+    n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True)``
 
     - ``kv_size``: number of cells, a positive multiple of ``n_pad``.
     - ``n_layer``: number of model layers; ``n_embd_k_gqa`` / ``n_embd_v_gqa``: K / V row width
@@ -47,6 +47,17 @@ class UnifiedCache(_Unified):
       each K row holds ``n_embd_k_gqa / n_embd_head_k`` heads.
     - ``rope``: the model's ``RopeParams`` (``update()`` rotates shifted keys with them), or
       None for a model without RoPE. ``kvcache.from_gguf`` fills these from a model file.
+    - ``semantics``: ``"2025"`` (default): the mid-2025 llama.cpp cache, as documented below;
+      ``"2026"``: today's llama.cpp cache (docs/semantics.md): ``find_slot`` places each token
+      group in usable cells of its stream, scattered and final (``slot_info()`` tells where;
+      no commit / restore / set_full / defrag / prune_swa: ValueError), ``prepare()`` is the
+      dry run, ``seq_cp`` across streams copies whole sequences and queues a stream copy that
+      ``update()`` performs (it returns a :class:`StreamUpdate`), ``n_kv_per_stream`` follows
+      each stream's cells and ``kq_mask`` is ``[streams, rows, n_kv]`` without padding rows.
+      The state of a 2026 cache cannot be written or read yet (NotImplementedError).
+    - ``kv_unified`` (semantics "2026"): True (default): one stream for every sequence; False:
+      ``n_seq_max`` streams, sequence s in stream s, each of ``kv_size`` cells with its own head
+      and K/V rows (K / V row ``s * kv_size + cell``; a transposed V per stream).
 
     Typical step, as llama.cpp's decode does it::
 
@@ -81,9 +92,17 @@ class UnifiedCache(_Unified):
     def ubatches(self, batch: Batch, n_ubatch: int, embd_pooled: bool = False) -> Iterator[SplitUBatch]:
         """Iterate over the ubatches of at most ``n_ubatch`` tokens this cache takes a batch in:
         split in batch order, as llama.cpp does for a unified cache (the :class:`Batch` must be
-        built with ``simple_split=True``; ``embd_pooled`` changes nothing)."""
+        built with ``simple_split=True``; ``embd_pooled`` changes nothing). A cache of several
+        streams takes equal splits (tokens grouped per sequence, every group as long; the Batch
+        built with ``simple_split=False``), as today's llama.cpp splits for it (which also keeps
+        the sequences of one ubatch consecutive ids; this split does not)."""
         if not isinstance(batch, Batch):
             raise TypeError(f"batch must be a Batch, not {type(batch).__name__}")
+        if self.n_stream > 1:
+            if batch.simple_split:
+                raise ValueError("a cache of several streams splits batches by sequence: build the Batch with "
+                                 "simple_split=False")
+            return batch.ubatches(n_ubatch, "equal")
         if not batch.simple_split:
             raise ValueError("this cache splits batches in order: build the Batch with simple_split=True")
         return batch.ubatches(n_ubatch, "simple")

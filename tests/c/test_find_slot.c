@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fixture.h"
 
 #define SIZE 96
 #define WIDTH 3
@@ -29,13 +30,7 @@ static int fixture_init(fixture *f, bool v_trans, uint32_t n_pad) {
         .kv_size = SIZE, .n_seq_max = 70, .n_pad = n_pad, .type_k = KVC_TYPE_F32, .type_v = KVC_TYPE_F32,
         .v_trans = v_trans, .n_layer = 1, .layer_il = il, .n_embd_k = w, .n_embd_v = w,
     };
-    memset(f->k, 0, sizeof f->k);
-    memset(f->v, 0, sizeof f->v);
-    const int rc = kvc_unified_init(&f->c, &p, NULL);
-    if (rc == KVC_OK) {
-        kvc_unified_set_layer_buffers(&f->c, 0, (uint8_t *)f->k, (uint8_t *)f->v);
-    }
-    return rc;
+    return fixture_attach(&f->c, &p, f->k, sizeof f->k, f->v, sizeof f->v);
 }
 
 /* The seed's search, cell by cell: the head it ends at, and whether the window is free. */

@@ -77,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "needs --flash-attn")
     c.add_argument("--flash-attn", "-fa", action="store_true",
                    help="flash attention: n_pad 256 and V in rows (else n_pad 32 and V transposed)")
+    c.add_argument("--semantics", choices=("2025", "2026"), default="2025",
+                   help="the llama.cpp the plan follows: 2025 (the seed, default) or 2026 (today's: n_pad 1, n_ctx "
+                        "padded to 256, flash attention auto so V in rows, and a stream of PAD_256(n_ctx / "
+                        "n_seq_max) cells per sequence unless --kv-unified; unified caches only)")
+    c.add_argument("--kv-unified", action="store_true",
+                   help="with --semantics 2026: one stream for every sequence (llama.cpp's kv_unified)")
     s = p.add_argument_group("sliding window (iSWA)")
     s.add_argument("--swa-layers", type=_layer_list, metavar="LIST", help="the sliding-window layers (0,2,4-7)")
     s.add_argument("--swa-pattern", type=count, metavar="N",
@@ -101,6 +107,20 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _semantics(args: argparse.Namespace) -> dict:
+    """The semantics arguments of plan_unified (today's: flash attention auto, V in rows)."""
+    if args.semantics == "2025":
+        if args.kv_unified:
+            raise ValueError("--kv-unified needs --semantics 2026 (the seed's cache is always unified)")
+        return {}
+    return {"semantics": "2026", "kv_unified": bool(args.kv_unified), "flash_attn": True}
+
+
+def _no_semantics(args: argparse.Namespace, what: str) -> None:
+    if args.semantics != "2025" or args.kv_unified:
+        raise ValueError(f"--semantics 2026 plans unified caches only, not {what}")
+
+
 def build_plan(args: argparse.Namespace, warn=None):
     """The Plan the parsed arguments describe (ValueError on a contradiction); warn(text) is told
     what is allowed but probably not meant."""
@@ -114,6 +134,7 @@ def build_plan(args: argparse.Namespace, warn=None):
     if args.n_layer is None:
         raise ValueError("--n-layer is required (or a GGUF model)")
     if args.recurrent:
+        _no_semantics(args, "a recurrent cache")
         for name in ("swa_layers", "swa_pattern", *_SWA_OPTS):
             if getattr(args, name) is not None:
                 raise ValueError(f"{_flag(name)} does not apply to --recurrent")
@@ -146,10 +167,11 @@ def build_plan(args: argparse.Namespace, warn=None):
                 raise ValueError(f"{_flag(name)} needs --swa-layers or --swa-pattern")
         if args.swa_full:
             raise ValueError("--swa-full needs --swa-layers or --swa-pattern")
-        return plan_unified(**common)
+        return plan_unified(**{**common, **_semantics(args)})
     bad = [il for il in swa if il >= args.n_layer]
     if bad:
         raise ValueError(f"--swa-layers: layer {bad[0]} is outside [0, {args.n_layer})")
+    _no_semantics(args, "an iSWA pair")
     if args.n_swa is None:
         raise ValueError("an iSWA cache needs --n-swa (the window size)")
     return plan_iswa(**common, swa_layers=swa, n_swa=args.n_swa, swa_type=args.swa_type or "standard",
@@ -177,6 +199,7 @@ def _plan_from_gguf(path: str, args: argparse.Namespace, warn):
     if g.n_ctx_train and n_ctx > g.n_ctx_train:
         warn(f"--n-ctx {n_ctx} exceeds the model's trained context of {g.n_ctx_train} tokens")
     if g.recurrent:
+        _no_semantics(args, "a recurrent cache")
         # llama.cpp keeps recurrent states in f32 whatever the K/V types asked for
         return plan_recurrent(g.n_layer, g.n_embd_k_s, g.n_embd_v_s, args.n_seq_max,
                               n_embd_k_gqa=list(g.n_embd_k_gqa), n_embd_v_gqa=list(g.n_embd_v_gqa), n_ctx=n_ctx)
@@ -187,7 +210,8 @@ def _plan_from_gguf(path: str, args: argparse.Namespace, warn):
         if args.swa_full or args.n_batch is not None:
             raise ValueError(f"{'--swa-full' if args.swa_full else '--n-batch'} applies to sliding-window "
                              f"models; {path} has none")
-        return plan_unified(**common)
+        return plan_unified(**{**common, **_semantics(args)})
+    _no_semantics(args, "an iSWA pair")
     # llama.cpp caps the batch at the context of a causal model
     return plan_iswa(**common, swa_layers=g.swa_layers, n_swa=g.n_swa, swa_type=g.swa_type,
                      n_batch=min(n_ctx, args.n_batch or 2048), swa_full=args.swa_full)

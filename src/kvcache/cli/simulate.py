@@ -49,7 +49,7 @@ def _fraction(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from kvcache.simulate import DEFRAG_MODES, LENGTH_DISTS, SimConfig
+    from kvcache.simulate import DEFRAG_MODES, LENGTH_DISTS, SEMANTICS, SimConfig
 
     d = SimConfig()
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -84,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--defrag-thold", type=number, default=d.defrag_thold, metavar="F",
                    help=f"fragmentation that triggers a defrag; < 0: never (default {d.defrag_thold})")
     w.add_argument("--mask", action="store_true", help="also build the KQ mask of every ubatch")
+    w.add_argument("--semantics", choices=SEMANTICS, default=d.semantics,
+                   help="the cache's semantics: 2025 (the seed: contiguous placement, commit, defrag) or 2026 "
+                        "(today's llama.cpp: scattered placement, no defrag, n_pad 1, n_ctx padded to 256; "
+                        f"--defrag is ignored) (default {d.semantics})")
     w.add_argument("--seed", type=nonneg_int, default=d.seed, metavar="N", help=f"workload seed (default {d.seed})")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -104,7 +108,7 @@ def _config(args):
                     arrival_rate=args.arrival_rate, dist=args.dist, prompt_mean=args.prompt_mean,
                     output_mean=args.output_mean, prefix_share=args.prefix_share, prefix_len=args.prefix_len,
                     n_ubatch=args.n_ubatch, defrag=args.defrag, defrag_thold=args.defrag_thold, mask=args.mask,
-                    seed=args.seed)
+                    seed=args.seed, semantics=args.semantics)
     cfg.check()
     return cfg
 

@@ -12,8 +12,8 @@ unsupported op is a failure, never a pass).
 
 ``kvcache-trace/1`` files (the seed, mid-2025) replay against the caches of ``semantics="2025"``.
 ``kvcache-trace/2026`` files (today's llama.cpp) replay against a target of
-:mod:`kvcache.conformance.unified2026`: the C-backed cache once it has ``semantics="2026"``,
-until then the reference model :mod:`kvcache.reference2026` (``--target`` chooses; the report
+:mod:`kvcache.conformance.unified2026`: the C-backed cache once it has ``semantics="2026"``
+with its state layout, until then the reference model :mod:`kvcache.reference2026` (``--target`` chooses; the report
 names the target)."""
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--target", choices=["auto", "reference", "kvcache"], default="auto",
                     help="what kvcache-trace/2026 files replay against: the C-backed cache, the pure-Python "
                          "reference model, or (auto, the default) the C-backed cache when it has the 2026 "
-                         "semantics and the reference model until then")
+                         "semantics with their state layout and the reference model until then")
     args = ap.parse_args(list(argv) if argv is not None else None)
     from kvcache.conformance.unified2026 import TARGETS
     target = TARGETS[args.target]()

@@ -3,7 +3,8 @@ targets and the ops only they have.
 
 The replay talks to the cache through a small protocol, the API of the C-backed
 ``kvcache.UnifiedCache(semantics="2026")``; :class:`kvcache.reference2026.UnifiedReference2026`
-implements it today. A :class:`~kvcache.conformance.Target` names an implementation and makes
+implements all of it, the C-backed cache all but the state blobs (until they come,
+``kvcache_target(state=False)`` replays a trace's ops before its first ``state_read``). A :class:`~kvcache.conformance.Target` names an implementation and makes
 its caches and ubatches.
 
 The target protocol (``cache`` made by ``Target.make_cache(config)``):
@@ -49,7 +50,7 @@ Attention inputs
 Data and state
     ``k(il)`` / ``v(il)`` -> ndarrays holding every byte of the layer's K / V tensor (all streams,
     llama.cpp's order: K rows ``stream * kv_size + cell``, V likewise or transposed per stream);
-    ``cells()`` -> one snapshot per stream whose ``nonempty()`` lists ``[cell, pos, [seq ids
+    ``stream_cells()`` -> one snapshot per stream whose ``nonempty()`` lists ``[cell, pos, [seq ids
     ascending], shift]`` by cell; ``state_write(seq_id, layout="2026") -> bytes`` (the cache-level
     blob, without the sequence-blob prefix); ``state_read(blob, seq_id, layout="2026") -> int``
     (bytes consumed) raising ``kvcache.StateError`` — and changing nothing — when it fails.
@@ -70,7 +71,7 @@ from kvcache.conformance.common import fill
 from kvcache.conformance.unified import float32_mask
 
 __all__ = ["Target", "FAMILY", "cache_arguments", "reference_target", "kvcache_target", "kvcache_supports_2026",
-           "default_target", "TARGETS", "check_config"]
+           "kvcache_constructs_2026", "before_state_reads", "default_target", "TARGETS", "check_config"]
 
 #: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
 FAMILY = "unified2026"
@@ -95,11 +96,26 @@ def reference_target() -> Target:
                   family=FAMILY)
 
 
-def kvcache_target() -> Target:
-    """The C-backed ``kvcache.UnifiedCache(semantics="2026")``."""
+def _skip_state_write(cache: Any, op: dict[str, Any]) -> None:
+    """A state write changes nothing: a cache without the 2026 state layout passes it by."""
+
+
+def kvcache_target(state: bool = True) -> Target:
+    """The C-backed ``kvcache.UnifiedCache(semantics="2026")``; ``state=False``: its
+    ``state_write`` ops are passed by, not compared (for a cache without the 2026 state
+    layout, replaying the ops before a trace's first ``state_read``: see
+    :func:`before_state_reads`)."""
     from kvcache import UBatch, UnifiedCache
+    instead = {} if state else {"state_write": _skip_state_write}
     return Target("kvcache.UnifiedCache", lambda config: UnifiedCache(**cache_arguments(config)), UBatch,
-                  family=FAMILY)
+                  family=FAMILY, instead=instead)
+
+
+def before_state_reads(ops: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ops of a trace before its first ``state_read``: what replays against a cache that
+    cannot read a 2026 state (with :func:`kvcache_target` ``(state=False)``)."""
+    first = next((i for i, op in enumerate(ops) if op.get("op") == "state_read"), len(ops))
+    return list(ops[:first])
 
 
 # a small cache of the 2026 semantics, to find out whether the C-backed cache has them
@@ -107,7 +123,7 @@ _PROBE: dict[str, Any] = {"kv_size": 256, "n_layer": 1, "n_embd_k_gqa": 32, "n_e
                           "semantics": "2026"}
 
 
-def kvcache_supports_2026() -> bool:
+def kvcache_constructs_2026() -> bool:
     """Whether this kvcache's ``UnifiedCache`` takes ``semantics="2026"``."""
     from kvcache import UnifiedCache
     try:
@@ -117,8 +133,21 @@ def kvcache_supports_2026() -> bool:
     return True
 
 
+def kvcache_supports_2026() -> bool:
+    """Whether this kvcache's ``UnifiedCache`` replays the whole protocol of semantics "2026":
+    it constructs, and writes its state in layout "2026" (which every trace reads back)."""
+    from kvcache import UnifiedCache
+    try:
+        cache: Any = UnifiedCache(**_PROBE)     # the layout argument comes with the 2026 state
+        cache.state_write(-1, layout="2026")
+    except (TypeError, ValueError, NotImplementedError):
+        return False
+    return True
+
+
 def default_target() -> Target:
-    """The C-backed cache when it has the 2026 semantics, else the reference model."""
+    """The C-backed cache when it has the whole 2026 protocol (its state included), else the
+    reference model."""
     return kvcache_target() if kvcache_supports_2026() else reference_target()
 
 
@@ -145,7 +174,7 @@ def _stream_fields(cache: Any) -> dict[str, Any]:
 
 
 def _check_fields(cache: Any) -> dict[str, Any]:
-    cells = [[s, *cell] for s, snap in enumerate(cache.cells()) for cell in snap.nonempty()]
+    cells = [[s, *cell] for s, snap in enumerate(cache.stream_cells()) for cell in snap.nonempty()]
     return {
         **_stream_fields(cache),
         "used_max_p1": list(cache.used_max_p1_per_stream),

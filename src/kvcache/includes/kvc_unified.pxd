@@ -10,6 +10,19 @@ cdef extern from "kvc_unified.h" nogil:
         KVC_SWA_STANDARD
         KVC_SWA_CHUNKED
 
+    ctypedef enum kvc_semantics:
+        KVC_SEM_2025
+        KVC_SEM_2026
+
+    ctypedef struct kvc_stream:
+        kvc_cells cells
+        uint32_t head
+
+    ctypedef struct kvc_scatter:
+        int32_t *idx
+        uint32_t *strm
+        uint32_t n_groups, n_seq_tokens
+
     ctypedef struct kvc_layer:
         int32_t il
         uint32_t n_embd_k
@@ -37,6 +50,11 @@ cdef extern from "kvc_unified.h" nogil:
         kvc_cells cells
         uint32_t head
         kvc_slot slot
+        int32_t semantics
+        uint32_t n_stream
+        kvc_stream *more
+        kvc_scatter scatter
+        uint32_t n_copies
         kvc_undo undo
         uint32_t n
         uint32_t n_seq_max
@@ -57,6 +75,8 @@ cdef extern from "kvc_unified.h" nogil:
 
     ctypedef struct kvc_unified_params:
         uint32_t kv_size
+        int32_t semantics
+        bint stream_per_seq
         uint32_t n_seq_max
         uint32_t n_pad
         uint32_t n_swa
@@ -82,6 +102,12 @@ cdef extern from "kvc_unified.h" nogil:
     void    kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d)
     int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s)
     int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s)
+    int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err)
+    bint    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bint drop_shifts)
+    const kvc_cells *kvc_unified_stream_cells_c(const kvc_unified *c, uint32_t s)
+    uint32_t kvc_unified_stream_head_c(const kvc_unified *c, uint32_t s)
+    uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s)
+    bint    kvc_unified_any_shift(const kvc_unified *c)
 
     int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax)
     bint    kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1)
@@ -99,6 +125,12 @@ cdef extern from "kvc_slot.h" nogil:
     uint32_t kvc_unified_slot_n(const kvc_unified *c)
     uint32_t kvc_unified_slot_cell(const kvc_unified *c, uint32_t t)
     void    kvc_unified_slot_cells(const kvc_unified *c, int32_t *out)
+    uint32_t kvc_unified_slot_stream(const kvc_unified *c, uint32_t t)
+    int     kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
+                               uint32_t *n_seq_tokens, kvc_err *err)
+    int     kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err)
+    int     kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_ub, int32_t *out_cells,
+                                     uint32_t *out_strm, uint32_t *out_groups, kvc_err *err)
     int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
 
     ctypedef struct kvc_unified_mark:
@@ -133,3 +165,6 @@ cdef extern from "kvc_mask.h" nogil:
         KVC_MASK_BOOL
     int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
                                 int dtype, bint pad, size_t row_stride, void *out)
+    int     kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
+                                     int dtype, void *out, kvc_err *err)
+    uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups)

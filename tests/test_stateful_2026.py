@@ -1,0 +1,388 @@
+"""Property test: the C-backed ``UnifiedCache(semantics="2026")`` against the pure-Python model
+``kvcache.reference2026.UnifiedReference2026``.
+
+A hypothesis state machine applies the same random operations to both through the trace-op
+table (kvcache.conformance.ops, family ``unified2026``; the model's results are the
+expectation): scattered placements with their K/V rows (the fill rule), dry runs, every
+sequence operation (within and across streams), updates (stream copies, shifts), masks,
+position buckets; caches of one stream and of several, with and without a sliding window.
+After every step it compares what a trace's ``check`` shows (heads, used, used_max_p1, n_kv,
+every cell of every stream, seq_pos, has_shift) and the hash of every K and V byte. What
+today's llama.cpp aborts on must raise ValueError in both and change nothing."""
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
+
+from kvcache import UBatch, UnifiedCache  # noqa: E402
+from kvcache.conformance import unified2026  # noqa: E402
+from kvcache.conformance.ops import apply_op, start  # noqa: E402
+from kvcache.reference import RefUBatch  # noqa: E402
+from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
+from stateful_rules import SequenceEditRules  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not unified2026.kvcache_constructs_2026(),
+                                reason="kvcache.UnifiedCache has no semantics='2026'")
+
+P_MAX = 60
+N_EMBD = 4
+
+
+@st.composite
+def configs(draw):
+    kv_unified = draw(st.booleans())
+    n_seq_max = draw(st.integers(1, 4))
+    kv_size = draw(st.sampled_from([16, 32, 64] if not kv_unified else [16, 32, 64, 320]))
+    n_pad = draw(st.sampled_from([p for p in (1, 8, 16) if kv_size % p == 0]))
+    swa_type = draw(st.sampled_from(["none", "none", "standard", "chunked"]))
+    n_swa = 0 if swa_type == "none" else draw(st.integers(1, 12))
+    n_layer = draw(st.integers(1, 2))
+    return dict(kv_size=kv_size, n_layer=n_layer, n_embd_k_gqa=[N_EMBD] * n_layer,
+                n_embd_v_gqa=[N_EMBD] * n_layer, type_k="f32", type_v=draw(st.sampled_from(["f32", "f16"])),
+                v_trans=draw(st.booleans()), n_seq_max=n_seq_max, n_pad=n_pad, n_swa=n_swa, swa_type=swa_type,
+                layers=list(range(n_layer)), kv_unified=kv_unified, n_stream=1 if kv_unified else n_seq_max,
+                n_rel_attn_bkts=32, use_alibi=False)
+
+
+class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
+    """Both caches receive every operation; the invariant compares them after each step."""
+
+    p_max = P_MAX
+
+    @initialize(cfg=configs())
+    def create(self, cfg):
+        self.cfg = cfg
+        self.replays = (start(unified2026.reference_target(), cfg), start(unified2026.kvcache_target(), cfg))
+        self.ref = self.replays[0].cache
+        self.multi = cfg["n_stream"] > 1
+        self.n_seq_max = cfg["n_seq_max"]
+
+    def rejected(self, name, **args):
+        """An op both must refuse with ValueError, changing nothing a check shows."""
+        op = {"op": name, **args, "expect": {"exception": "invalid_argument"}}
+        for r in self.replays:
+            with pytest.raises(ValueError):
+                apply_op(r, 0, op)
+
+    def ubatch(self, data, max_tokens=8):
+        """pos and seq_id lists of a ubatch the cache takes: one stream: tokens of any
+        sequences, interleaved, a token may carry several ids; several: groups per sequence of
+        one length, one id per token."""
+        if self.multi:
+            seqs = data.draw(st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, unique=True),
+                             label="groups")
+            nst = data.draw(st.integers(1, max(1, max_tokens // len(seqs))), label="n_seq_tokens")
+            seq_id = [[s] for s in seqs for _ in range(nst)]
+            pos = []
+            for s in seqs:
+                p = max(self.ref.seq_pos_max(s) + 1, 0) if data.draw(st.booleans(), label="next") else \
+                    data.draw(st.integers(0, P_MAX), label="start")
+                pos += list(range(p, p + nst))
+            return pos, seq_id
+        n = data.draw(st.integers(1, max_tokens), label="n_tokens")
+        ids = st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, max_size=2)
+        seq_id = data.draw(st.lists(ids, min_size=n, max_size=n), label="seq_id")
+        if data.draw(st.booleans(), label="consecutive"):
+            p = data.draw(st.integers(0, P_MAX), label="start")
+            return list(range(p, p + n)), seq_id
+        return data.draw(st.lists(st.integers(0, P_MAX), min_size=n, max_size=n), label="pos"), seq_id
+
+    def settle(self):
+        # as the traces do (FORMAT-2026 "update"): a pending shift or copy is applied first
+        if self.ref.has_shift or self.ref.pending_copies:
+            self.both("update")
+
+    # --- rules -------------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def find_slot(self, data):
+        self.settle()
+        pos, seq_id = self.ubatch(data)
+        self.both("find_slot", pos=pos, seq_id=seq_id)
+
+    @rule(data=st.data())
+    def decode_round(self, data):
+        """Token by token, one sequence after another: fills the ring, so that placements
+        wrap, skip used cells and (with a window) reuse the cells a window has left."""
+        seqs = data.draw(st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, max_size=4), label="seqs")
+        for _ in range(data.draw(st.integers(1, 6), label="rounds")):
+            for s in seqs:
+                self.settle()
+                self.both("find_slot", pos=[self.ref.seq_pos_max(s) + 1], seq_id=[[s]])
+
+    @rule(data=st.data())
+    def find_slot_large(self, data):
+        """A group that often does not fit (a failed find_slot changes nothing)."""
+        self.settle()
+        n = data.draw(st.integers(self.cfg["kv_size"] // 2, self.cfg["kv_size"] + 1), label="n_tokens")
+        s = self.seq(data)
+        p = max(self.ref.seq_pos_max(s) + 1, 0)
+        self.both("find_slot", pos=list(range(p, p + n)), seq_id=[[s]] * n)
+
+    @rule(data=st.data())
+    def prepare(self, data):
+        self.settle()
+        ubs = [dict(zip(("pos", "seq_id"), self.ubatch(data, 16)))
+               for _ in range(data.draw(st.integers(1, 3), label="n_ubatches"))]
+        self.both("prepare", ubatches=ubs)
+
+    @rule(data=st.data())
+    def seq_cp(self, data):
+        """Across streams whole sequences only (a part is an abort: see below)."""
+        src, dst = self.seq(data), self.seq(data)
+        if self.multi and src != dst:
+            p0, p1 = data.draw(st.sampled_from([(-1, -1), (0, -1), (-1, 0)]), label="whole")
+        else:
+            p0, p1 = self.prange(data)
+        self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
+
+    @rule()
+    def update(self):
+        self.both("update")
+
+    @precondition(lambda self: sum(self.ref.used_per_stream) > 0)
+    @rule()
+    def clear(self):
+        self.both("clear", data=True)
+
+    @rule(data=st.data(), causal=st.booleans())
+    def mask(self, data, causal):
+        pos, seq_id = self.ubatch(data, 12)
+        self.both("mask", pos=pos, seq_id=seq_id, causal=causal)
+
+    @precondition(lambda self: not self.multi)
+    @rule(data=st.data())
+    def pos_bucket(self, data):
+        pos, seq_id = self.ubatch(data)
+        self.both("pos_bucket", pos=pos, seq_id=seq_id)
+
+    # --- what today's llama.cpp aborts on ---------------------------------------------------
+
+    @rule(data=st.data())
+    def bad_sequence_id(self, data):
+        bad = data.draw(st.sampled_from([-2, self.cfg["n_seq_max"], 255, 256]), label="bad")
+        name = data.draw(st.sampled_from(["seq_keep", "seq_add", "seq_div", "seq_rm"]), label="op")
+        args = {"seq_keep": {}, "seq_rm": {"p0": -1, "p1": -1}, "seq_add": {"p0": 0, "p1": 4, "shift": 1},
+                "seq_div": {"p0": 0, "p1": 4, "d": 2}}[name]
+        if name == "seq_rm" and bad == -1:
+            return
+        self.rejected(name, seq_id=bad, **args)
+        self.rejected("seq_cp", src=bad, dst=0, p0=-1, p1=-1)
+
+    @precondition(lambda self: self.multi)
+    @rule(data=st.data())
+    def partial_copy_across_streams(self, data):
+        p0 = data.draw(st.integers(1, self.cfg["kv_size"] - 2), label="p0")
+        self.rejected("seq_cp", src=0, dst=1, p0=p0, p1=-1)
+
+    @precondition(lambda self: self.multi)
+    @rule(data=st.data())
+    def ungrouped_ubatch(self, data):
+        bad = data.draw(st.sampled_from([[[0], [1], [0]], [[0], [0], [1]], [[0, 1], [0, 1]]]), label="seq_id")
+        pos = list(range(len(bad)))
+        self.rejected("find_slot", pos=pos, seq_id=bad)
+        self.rejected("mask", pos=pos, seq_id=bad, causal=True)
+        self.rejected("prepare", ubatches=[{"pos": [0], "seq_id": [[0]]}, {"pos": pos, "seq_id": bad}])
+
+    @rule()
+    def bad_divisor_and_empty_prepare(self):
+        self.rejected("seq_div", seq_id=0, p0=0, p1=4, d=0)
+        self.rejected("prepare", ubatches=[])
+
+    @invariant()
+    def same_state(self):
+        if hasattr(self, "replays"):
+            self.both("check")
+            self.both("kvhash")
+
+
+Unified2026Machine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
+test_unified_2026_against_the_model = Unified2026Machine.TestCase
+
+
+# --- direct checks of the API the machine does not reach ---------------------------------------
+
+def _cache(**kw):
+    args = dict(kv_size=64, n_layer=1, n_embd_k_gqa=4, n_embd_v_gqa=4, type_k="f32", type_v="f32", n_pad=1,
+                semantics="2026")
+    args.update(kw)
+    return UnifiedCache(**args)
+
+
+def test_slot_info_and_store_into_scattered_cells_per_stream():
+    c, r = _cache(n_seq_max=2, kv_unified=False, v_trans=True), UnifiedReference2026(
+        64, 1, 4, 4, "f32", "f32", True, n_seq_max=2, n_pad=1, kv_unified=False)
+    for cache, ub in ((c, UBatch), (r, RefUBatch)):
+        assert cache.find_slot(ub([0, 1, 2, 0, 1, 2], [0, 0, 0, 1, 1, 1]))
+        cache.seq_rm(0, 1, 2)                        # a hole in stream 0
+        assert cache.find_slot(ub([3, 4, 3, 4], [0, 0, 1, 1]))
+    got = [(s, cells.tolist()) for s, cells in c.slot_info()]
+    assert got == [(s, cells.tolist()) for s, cells in r.slot_info()] == [(0, [1, 3]), (1, [3, 4])]
+    assert c.slot_indices().tolist() == [1, 3, 3, 4]
+    k = np.arange(16, dtype=np.float32).reshape(4, 4)
+    c.store(0, k, k + 100)
+    r.store(0, k, k + 100)
+    assert np.array_equal(c.k(0), r.k(0)) and np.array_equal(c.v(0), r.v(0))
+    assert c.k(0).shape == (128, 4) and c.v(0).shape == (2, 4, 64)
+    assert c.k(0)[64 + 4].tolist() == k[3].tolist()          # stream 1, cell 4: row 64 + 4
+
+
+def test_metadata_only_cache_hands_out_the_scattered_cells():
+    c = _cache(buffers="none")
+    assert c.find_slot(UBatch([0, 1, 2], [0, 0, 0]))
+    c.seq_rm(0, 1, 2)
+    assert c.find_slot(UBatch([1, 3], [0, 0]))
+    assert [(s, x.tolist()) for s, x in c.slot_info()] == [(0, [1, 3])]
+
+
+def test_the_seed_operations_are_refused_and_change_nothing():
+    c = _cache()
+    assert c.find_slot(UBatch([0, 1], [0, 0]))
+    before = c.stream_cells()
+    for call in (c.commit, c.restore, c.set_full, lambda: c.defrag_sched(0.1), lambda: c.defrag_prepare(100),
+                 c.defrag_move, lambda: c.prune_swa(0, 0, 1), lambda: c.slot):
+        with pytest.raises(ValueError):
+            call()
+    assert c.stream_cells() == before and c.slot_info()[0][1].tolist() == [0, 1]
+    with pytest.raises(NotImplementedError):
+        c.state_write()
+    with pytest.raises(ValueError):
+        c.kq_mask(UBatch([2], [0]), pad=True)
+    with pytest.raises(ValueError):
+        _cache(n_seq_max=2, kv_unified=False).cells()
+    with pytest.raises(ValueError):
+        UnifiedCache(64, 1, 4, 4, n_pad=1, kv_unified=False)      # streams need semantics "2026"
+    with pytest.raises(ValueError):
+        UnifiedCache(64, 1, 4, 4, n_pad=1, semantics="2027")
+
+
+def test_the_seed_semantics_has_one_group_in_slot_info():
+    c = UnifiedCache(64, 1, 4, 4, n_pad=32)
+    assert c.semantics == "2025" and c.n_stream == 1 and c.kv_unified
+    assert c.slot_info() == []
+    assert c.find_slot(UBatch([0, 1, 2], [0, 0, 0]))
+    assert [(s, x.tolist()) for s, x in c.slot_info()] == [(0, [0, 1, 2])]
+    with pytest.raises(ValueError):
+        c.prepare([UBatch([3], [0])])
+
+
+def test_update_returns_the_stream_copies_as_a_plan():
+    c = _cache(n_seq_max=2, kv_unified=False)
+    assert c.find_slot(UBatch([0, 1], [0, 0]))
+    c.store(0, np.ones((2, 4), np.float32), np.ones((2, 4), np.float32))
+    c.seq_cp(0, 1, -1, -1)
+    assert c.pending_copies == 1 and not c.k(0)[64:].any()
+    u = c.update()
+    assert (u.status, u.copies, u.had_shift, bool(u), u.k_shift) == (0, 1, False, True, None)
+    assert np.array_equal(c.k(0)[64:66], c.k(0)[:2]) and c.pending_copies == 0
+    assert c.update().status == 1
+
+
+def test_update_rotates_every_stream_as_the_seed_rotates_its_cells():
+    """With RoPE, the K rows of each stream turn by their cells' shifts exactly as a seed cache's
+    rows do (after the stream copies)."""
+    from kvcache import RopeParams
+    rope = RopeParams(8, mode="neox", freq_base=10000.0)
+    kw = dict(n_layer=1, n_embd_k_gqa=16, n_embd_v_gqa=4, type_k="f32", type_v="f32", n_embd_head_k=8, rope=rope)
+    today = UnifiedCache(64, n_pad=1, n_seq_max=3, semantics="2026", kv_unified=False, **kw)
+    seed = UnifiedCache(64, n_pad=32, **kw)
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((6, 16)).astype(np.float32)
+    v = np.zeros((6, 4), np.float32)
+    assert today.find_slot(UBatch(list(range(6)), [2] * 6))
+    today.store(0, k, v)
+    assert seed.find_slot(UBatch(list(range(6)), [0] * 6))
+    seed.store(0, k, v)
+    seed.commit()
+    today.seq_cp(2, 1)                          # stream 1 gets stream 2's cells, copied by update
+    for c, s in ((today, 2), (today, 1), (seed, 0)):
+        c.seq_add(s, 2, -1, 5)
+    u = today.update()
+    plan = seed.update()
+    assert (u.copies, u.had_shift, u.rotated, plan.rotated) == (1, True, True, True)
+    assert u.shift[2 * 64:2 * 64 + 6].tolist() == u.shift[64:70].tolist() == [0, 0, 5, 5, 5, 5]
+    for stream in (1, 2):
+        assert np.array_equal(today.k(0)[stream * 64:stream * 64 + 6], seed.k(0)[:6])
+    assert not today.k(0)[:64].any() and not today.has_shift
+
+
+def test_a_batch_of_several_sequences_goes_to_the_streams_in_equal_splits():
+    from kvcache import Batch
+    c = _cache(n_seq_max=3, kv_unified=False)
+    b = Batch([0, 1, 2, 0, 1, 2, 0, 1], [0, 0, 0, 1, 1, 1, 2, 2], simple_split=False)
+    placed = 0
+    for ub in c.ubatches(b, 6):
+        assert c.find_slot(ub)
+        placed += sum(len(cells) for _, cells in c.slot_info())
+    assert placed == 8 and c.used_per_stream == (3, 3, 2)
+    with pytest.raises(ValueError):
+        list(c.ubatches(Batch([0], [0]), 4))
+
+
+# what today's llama.cpp aborts on (FORMAT-2026.md "Aborts"), as (call, streams it applies to)
+_ABORTS = [
+    (lambda c: c.seq_rm(-2, -1, -1), (1, 4)),
+    (lambda c: c.seq_rm(4, -1, -1), (1, 4)),            # n_seq_max: llama.cpp's batch check refuses it
+    (lambda c: c.seq_rm(255, -1, -1), (1, 4)),
+    (lambda c: c.seq_cp(-1, 0), (1, 4)),
+    (lambda c: c.seq_cp(0, 4), (1, 4)),
+    (lambda c: c.seq_keep(-1), (1, 4)),
+    (lambda c: c.seq_add(-1, 0, 4, 1), (1, 4)),
+    (lambda c: c.seq_div(4, 0, 4, 2), (1, 4)),
+    (lambda c: c.seq_div(0, 0, 4, 0), (1, 4)),
+    (lambda c: c.seq_pos_min(-1), (1, 4)),
+    (lambda c: c.seq_pos_max(4), (1, 4)),
+    (lambda c: c.find_slot(UBatch([0], [4])), (1, 4)),
+    (lambda c: c.prepare([]), (1, 4)),
+    (lambda c: c.seq_cp(0, 1, 2, -1), (4,)),            # part of a sequence across streams
+    (lambda c: c.seq_cp(0, 1, -1, 7), (4,)),
+    (lambda c: c.find_slot(UBatch([5, 5, 6], [0, 1, 0])), (4,)),      # not grouped per sequence
+    (lambda c: c.find_slot(UBatch([5, 6, 5], [0, 0, 1])), (4,)),      # groups of unequal length
+    (lambda c: c.find_slot(UBatch([5, 6], [[0, 1], [0, 1]])), (4,)),  # a token of two sequences
+    (lambda c: c.kq_mask(UBatch([5, 5, 6], [0, 1, 0])), (4,)),
+    (lambda c: c.prepare([UBatch([5], [0]), UBatch([5, 6, 5], [0, 0, 1])]), (4,)),
+    (lambda c: c.pos_bucket(UBatch([5], [0]), 32), (4,)),
+]
+
+
+@pytest.mark.parametrize("n_stream", [1, 4])
+@pytest.mark.parametrize("k", range(len(_ABORTS)))
+def test_what_llama_cpp_aborts_on_raises_value_error_and_changes_nothing(k, n_stream):
+    call, streams = _ABORTS[k]
+    if n_stream not in streams:
+        pytest.skip("applies to the other stream count")
+    c = _cache(n_seq_max=4, kv_unified=n_stream == 1)
+    assert c.find_slot(UBatch([0, 1, 2, 3, 4] * 4, [s for s in range(4) for _ in range(5)] if n_stream > 1
+                              else [0, 1, 2, 3] * 5))
+    c.store(0, np.ones((20, 4), np.float32), np.ones((20, 4), np.float32))
+    before = (c.stream_cells(), c.heads, c.pending_copies, c.k(0).copy(), c.v(0).copy(), c.slot_indices())
+    with pytest.raises(ValueError):
+        call(c)
+    after = (c.stream_cells(), c.heads, c.pending_copies, c.k(0), c.v(0), c.slot_indices())
+    assert before[:3] == after[:3] and all(np.array_equal(a, b) for a, b in zip(before[3:], after[3:]))
+
+
+def test_store_into_borrowed_buffers_of_every_stream():
+    """Borrowed K/V memory holds every stream: K rows stream * size + cell, V transposed per stream."""
+    k_mem = np.zeros((2 * 64, 4), np.float32)
+    v_mem = np.zeros((2, 4, 64), np.float32)
+    c = _cache(n_seq_max=2, kv_unified=False, v_trans=True, buffers={0: (k_mem, v_mem)})
+    assert c.find_slot(UBatch([0, 1, 0, 1], [0, 0, 1, 1]))
+    rows = np.arange(16, dtype=np.float32).reshape(4, 4)
+    c.store(0, rows, rows + 50)
+    assert k_mem[64 + 1].tolist() == rows[3].tolist() and v_mem[1, :, 1].tolist() == (rows[3] + 50).tolist()
+    assert k_mem[0].tolist() == rows[0].tolist() and np.shares_memory(c.k(0), k_mem)
+    with pytest.raises(ValueError):
+        _cache(n_seq_max=2, kv_unified=False, buffers={0: (np.zeros((64, 4), np.float32), v_mem)})
+
+
+def test_the_sequence_hand_off_waits_for_the_2026_state_layout():
+    c = _cache()
+    assert c.find_slot(UBatch([0, 1], [0, 0]))
+    with pytest.raises(NotImplementedError):
+        c.seq_export(0)
+    with pytest.raises(NotImplementedError):
+        c.seq_import_begin(b"\0" * 64)
