@@ -334,3 +334,40 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
         dst->seq_pos[s].n = src->seq_pos[s].n;
     }
 }
+
+static int kvc_u64_cmp(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *pos) {
+    const uint64_t *plane = kvc_cells_seq_plane(c, s);
+    const unsigned bit = (unsigned)(s & 63);
+    uint32_t k = 0;
+    bool sorted = true;
+    for (uint32_t i = 0; i < c->used_max_p1; i++) {
+        if ((plane[i] >> bit) & 1u) {
+            sorted = sorted && (k == 0 || c->pos[i] >= pos[k - 1]);
+            cells[k] = (int32_t)i;
+            pos[k++] = c->pos[i];
+        }
+    }
+    if (sorted) {
+        return KVC_OK;
+    }
+    /* (position, cell) as one key: positions are >= 0 */
+    uint64_t *key = kvc_malloc_n(k, sizeof *key);
+    if (!key) {
+        return KVC_E_NOMEM;
+    }
+    for (uint32_t j = 0; j < k; j++) {
+        key[j] = (uint64_t)(uint32_t)pos[j] << 32 | (uint32_t)cells[j];
+    }
+    qsort(key, k, sizeof *key, kvc_u64_cmp);
+    for (uint32_t j = 0; j < k; j++) {
+        cells[j] = (int32_t)(key[j] & 0xffffffffu);
+        pos[j] = (int32_t)(key[j] >> 32);
+    }
+    kvc_free(key);
+    return KVC_OK;
+}

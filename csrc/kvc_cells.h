@@ -117,6 +117,11 @@ static inline int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s) {
 /* Does sequence s hold a position in r? O(log n). */
 bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r);
 
+/* The cells holding sequence s (c->seq_pos[s].n of them) ordered by position, ties by cell:
+ * cell k into cells[k], its position into pos[k]. KVC_OK or KVC_E_NOMEM (when they had to be
+ * sorted; nothing written). */
+int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *pos);
+
 /* First used cell in [from, to), or `to` when none. */
 uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to);
 /* First empty cell in [from, to), or `to` when none. */

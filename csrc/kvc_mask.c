@@ -278,9 +278,11 @@ typedef struct kvc_mask_seq {
 #define KVC_MASK_MIN_ROWS 8u
 
 /* The rows of tokens [t0, t0 + n_tokens) of the ubatch over cells [0, n_kv) of one cell table,
- * into out (row r is token t0 + r). KVC_OK or KVC_E_NOMEM (out untouched). */
+ * into out (row r is token t0 + r, at r * row_stride bytes). KVC_OK or KVC_E_NOMEM (out
+ * untouched). */
 static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub_all,
-                         uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream, void *out) {
+                         uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
+                         size_t row_stride, void *out) {
     const size_t el = kvc_mask_elsize(dtype);
     const size_t row_bytes = (size_t)n_kv * el;
     /* the tokens of the block, as a ubatch of their own */
@@ -383,7 +385,7 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
         const int32_t p1 = ub->pos[t];
         int32_t lo, hi;
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
-        uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
+        uint8_t *row = (uint8_t *)out + (size_t)t * row_stride;
         if (!q->use_edges) {
             kvc_mask_row(row, dtype, q->vis, n_kv, lo, hi, p1, alibi, stream);
             continue;
@@ -405,19 +407,28 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
     return KVC_OK;
 }
 
-int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, void *out) {
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                        size_t row_stride, void *out) {
     const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
-    const uint32_t rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD);
+    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
     const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
+    if (row_stride == 0) {
+        row_stride = row_bytes;
+    }
     /* masks larger than the last-level cache go straight to memory */
     const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
-    const int rc = kvc_mask_rows(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, out);
+    const int rc = kvc_mask_rows(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride, out);
     if (rc != KVC_OK) {
         return rc;
     }
     /* padding rows see nothing */
     if (rows > n_tokens && n_kv) {
-        kvc_mask_fill_hidden((uint8_t *)out + (size_t)n_tokens * row_bytes, dtype, (size_t)(rows - n_tokens) * n_kv, stream);
+        /* dense rows: one fill; strided rows: the gaps between them are the caller's */
+        const uint32_t n_fill = row_stride == row_bytes ? 1 : rows - n_tokens;
+        const size_t per = row_stride == row_bytes ? (size_t)(rows - n_tokens) * n_kv : n_kv;
+        for (uint32_t r = 0; r < n_fill; r++) {
+            kvc_mask_fill_hidden((uint8_t *)out + (size_t)(n_tokens + r) * row_stride, dtype, per, stream);
+        }
     }
     if (stream) {
         kvc_stream_fence();
@@ -483,7 +494,8 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
         return rc;
     }
     const uint32_t n_kv = kvc_unified_kq_mask_2026_n_kv(c, strm, n_groups);
-    const size_t block = (size_t)nst * n_kv * kvc_mask_elsize(dtype);
+    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
+    const size_t block = (size_t)nst * row_bytes;
     const bool stream = block * n_groups >= KVC_STREAM_BYTES;
     /* one block of rows per token group, over the cells of the group's stream */
     for (uint32_t g = 0; g < n_groups; g++) {
@@ -493,7 +505,7 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
             kvc_mask_rows_direct(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, rows);
             continue;
         }
-        rc = kvc_mask_rows(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, rows);
+        rc = kvc_mask_rows(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, row_bytes, rows);
         if (rc != KVC_OK) {
             return kvc_err_set(err, rc, "out of memory building the KQ mask");
         }

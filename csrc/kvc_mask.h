@@ -14,11 +14,14 @@ typedef enum kvc_mask_dtype {
     KVC_MASK_BOOL = 2,  /* 1 where the token attends the cell, 0 elsewhere (alibi ignored) */
 } kvc_mask_dtype;
 
-/* KQ mask into out[rows][c->n], rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) (the caller
- * allocated it), of the given dtype (kvc_mask_dtype): a token sees a cell when the cell holds
- * the token's first sequence id, is not in its future (causal) and not outside the sliding
- * window. Padding rows see nothing. KVC_OK or KVC_E_NOMEM (out untouched). */
-int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, void *out);
+/* KQ mask into out[rows][c->n], rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) with pad, else
+ * n_tokens (the caller allocated it), row r at out + r * row_stride bytes (0: dense rows of
+ * c->n elements; else at least that; the bytes between rows are not written), of the given
+ * dtype (kvc_mask_dtype): a token sees a cell when the cell holds the token's first sequence
+ * id, is not in its future (causal) and not outside the sliding window. Padding rows see
+ * nothing. KVC_OK or KVC_E_NOMEM (out untouched). */
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                        size_t row_stride, void *out);
 
 /* Semantics 2026: the mask of a (checked) ubatch per token group, without padding rows:
  * out[n_groups][n_seq_tokens][n_kv] (kvc_unified_groups gives the groups), n_kv the largest

@@ -79,7 +79,7 @@ def _unified_methods(c):
         kd, vd = c.k(il).dtype, c.v(il).dtype
         wk = c.k(il).shape[1]
         wv = c.v(il).shape[0] if c.v_trans else c.v(il).shape[1]
-    mask_out = [("list", [0.0], TypeError), ("shape", np.zeros((64, n + 1), np.float32), ValueError),
+    mask_out = [("list", [0.0], TypeError), ("shape", np.zeros((63, n), np.float32), ValueError),
                 ("dtype", np.zeros((64, n), np.float64), ValueError),
                 ("noncontiguous", np.zeros((64, 2 * n), np.float32)[:, ::2], ValueError),
                 ("readonly", np.lib.stride_tricks.as_strided(np.zeros((64, n), np.float32), writeable=False),
@@ -132,8 +132,8 @@ def _iswa_methods(c):
     methods["kq_mask#out"] = ((kvcache.UBatch([40], [0]), True, False, None), {3: [
         ("not-pair", np.zeros((64, n_base), np.float32), TypeError),
         ("triple", (None, None, None), TypeError),
-        ("shape", (np.zeros((64, n_base + 1), np.float32), None), ValueError),
-        ("swa-shape", (None, np.zeros((64, n_swa + 1), np.float32)), ValueError)]})
+        ("shape", (np.zeros((63, n_base), np.float32), None), ValueError),
+        ("swa-shape", (None, np.zeros((63, n_swa), np.float32)), ValueError)]})
     methods["find_slot_each"] = methods["find_slot"]
     methods["sbatch_init"] = (([0, 1], [0, 1]), {0: [("none", None, TypeError), ("float-pos", [0.5, 1.5], TypeError)],
                                                  1: [("seq-too-big", [0, c.n_seq_max], ValueError),

@@ -95,7 +95,7 @@ def test_bench_report(tmp_path, capsys):
 def test_bench_every_case_is_offered():
     from kvcache.bench import CASES
 
-    assert set(CASES) == {"find_slot", "mask", "defrag", "state", "calls", "step", "scale", "2026", "serving", "handoff"}
+    assert set(CASES) == {"find_slot", "mask", "defrag", "state", "calls", "step", "scale", "2026", "serving", "torch", "handoff"}
 
 
 @pytest.mark.parametrize("argv", [["bench", "--case", "nope"], ["bench", "--bogus"]])

@@ -112,8 +112,9 @@ def _unified_op(c, rng, k):
         except kvcache.StateError:
             pass        # no contiguous room for it now
     elif k < 88:
-        blob = c.state_write()
-        c.state_read(blob)
+        blob = c.state_write(layout=kvcache.DEFAULT_LAYOUT)
+        # the layout said: a whole state of a cache this small can parse in both layouts
+        c.state_read(blob, layout=kvcache.DEFAULT_LAYOUT)
     elif k < 93:
         c.defrag_sched(rng.choice([-1.0, 0.1, 0.9]))
         c.update()
@@ -160,7 +161,7 @@ def _iswa_op(c, rng, k):
         except kvcache.StateError:
             pass
     elif k < 80:
-        c.state_read(c.state_write())
+        c.state_read(c.state_write(layout=kvcache.DEFAULT_LAYOUT), layout=kvcache.DEFAULT_LAYOUT)
     elif k < 86:
         c.defrag_sched(-1.0)
         c.update()

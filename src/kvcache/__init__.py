@@ -22,13 +22,20 @@ from kvcache._core import (  # noqa: E402
 from kvcache.unified import UnifiedCache  # noqa: E402
 from kvcache.recurrent import RecurrentCache  # noqa: E402
 from kvcache.iswa import ISWACache, SWAWarning  # noqa: E402
-from kvcache.geometry import ModelGeometry, from_gguf, read_gguf  # noqa: E402
+from kvcache.geometry import (  # noqa: E402
+    ModelGeometry,
+    from_gguf,
+    from_transformers_config,
+    read_gguf,
+    read_transformers_config,
+)
 
 __all__ = [
     "DEFAULT_LAYOUT", "LAYOUTS", "MAX_SEQ", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
     "UnifiedCache",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
     "StreamUpdate", "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
+    "from_transformers_config", "read_transformers_config",
 ]
 
 

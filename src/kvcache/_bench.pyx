@@ -179,7 +179,7 @@ cdef void run_mask_part(const MaskPart *m, int which, uint32_t n) noexcept nogil
     cdef uint32_t r
     for r in range(n):
         if which == MASK_KVCACHE:
-            kvc_unified_kq_mask(m.c, m.ub, True, False, m.dtype, m.out)
+            kvc_unified_kq_mask(m.c, m.ub, True, False, m.dtype, True, 0, m.out)
         elif which == MASK_BASELINE:
             kvb_kq_mask(m.base, m.n_tokens, m.pos, m.seq, 1, m.ref)
         elif which == MASK_MEMSET:
@@ -543,7 +543,7 @@ cdef class Workload:
         t_stream = timed_mask_part(&part, MASK_STREAM_MEMSET, reps)
         same = True
         if dtype == 0:
-            kvc_unified_kq_mask(&self.fast, &ub, True, False, 0, out)
+            kvc_unified_kq_mask(&self.fast, &ub, True, False, 0, True, 0, out)
             same = memcmp(out, ref, nbytes) == 0
         free(out); free(ref); free(pos); free(seq); free(off)
         if not same:

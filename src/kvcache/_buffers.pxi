@@ -220,7 +220,10 @@ cdef object host_array(object obj, str name):
         except (TypeError, ValueError, NotImplementedError, BufferError) as e:
             raise TypeError(f"{name}: unsupported buffer ({e})") from None
     if hasattr(obj, "__dlpack__"):
-        dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_DL_CPU, 0)
+        try:
+            dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_DL_CPU, 0)
+        except (TypeError, ValueError, RuntimeError, BufferError) as e:   # e.g. torch's "meta" device
+            raise TypeError(f"{name}: its device has no DLPack form, not the CPU ({e})") from None
         try:
             dev = (int(dev[0]), int(dev[1]))
         except (TypeError, ValueError, IndexError):
@@ -285,6 +288,33 @@ cdef _HeldBuffer hold_buffer(object obj, str name, bint writable):
         hb.release()
         raise ValueError(f"{name} is read-only")
     return hb
+
+
+cdef bint _rows_ok(_HeldBuffer hb) noexcept:
+    """A 1-D or 2-D output buffer C can fill row by row: the elements of a row contiguous, the
+    rows (2-D) ascending and not overlapping; the row stride is the buffer's own."""
+    cdef int nd = hb.view.ndim
+    cdef Py_ssize_t el = hb.view.itemsize
+    if hb.view.strides == NULL:
+        return True
+    if hb.view.shape[nd - 1] > 1 and hb.view.strides[nd - 1] != el:
+        return False
+    return nd != 2 or hb.view.shape[0] <= 1 or hb.view.strides[0] >= hb.view.shape[1] * el
+
+
+cdef object _block(object out, _HeldBuffer hb, Py_ssize_t rows, Py_ssize_t cols):
+    """What a call that filled the leading [rows, cols] (2-D) or [rows] (1-D) block of a
+    caller's buffer returns: out itself when that is all of it, else the block as a view of
+    out's own kind (numpy for a plain buffer-protocol object)."""
+    cdef tuple shape = (rows,)
+    if hb.view.ndim == 2:
+        shape = (rows, cols)
+    if tuple(hb.view.shape[i] for i in range(hb.view.ndim)) == shape:
+        return out
+    idx = tuple(slice(0, n) for n in shape)
+    if isinstance(out, np.ndarray) or hasattr(out, "__dlpack__"):
+        return out[idx]
+    return hb.array[idx]
 
 
 cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, str name, str layout):

@@ -40,7 +40,8 @@ cdef class UnifiedCore:
     # raw rows of the tokens the last find_slot placed, for the ikv-th kept layer (ikv < n_layer_c());
     # 0, or < 0 (nothing written) when no ubatch is placed
     cdef int store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil
-    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil
+    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, bint pad, size_t row_stride,
+                       void *out) noexcept nogil
     cdef void k_shift_c(self, int32_t *out) noexcept nogil                 # out: size_c() entries
     cdef void reset_shift_c(self) noexcept nogil
     cdef int32_t seq_pos_min_c(self, int32_t s) noexcept nogil

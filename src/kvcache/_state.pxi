@@ -8,7 +8,7 @@ from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, k
                                          KVC_LAYOUT_PREFIX, KVC_LAYOUT_SWA_TRIM, KVC_LAYOUT_DETECT,
                                          KVC_SEQ_MAGIC, KVC_SEQ_PREFIX_BYTES, kvc_state_frame,
                                          kvc_state_describe_frame)
-from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS
+from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS, kvc_cells_seq_cells
 
 # Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
 _STATE_CHUNK = 1 << 20

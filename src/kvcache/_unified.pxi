@@ -373,7 +373,8 @@ cdef class UnifiedCore:
         pass
     cdef int store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
         return KVC_E_INTERNAL
-    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
+    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, bint pad, size_t row_stride,
+                       void *out) noexcept nogil:
         return KVC_E_INTERNAL
     cdef void k_shift_c(self, int32_t *out) noexcept nogil:
         pass
@@ -601,8 +602,9 @@ cdef class _Unified(UnifiedCore):
     cdef int store_c(self, uint32_t ikv, const void *k, const void *v) noexcept nogil:
         return kvc_unified_store(&self.c, ikv, kvc_unified_slot_n(&self.c), k, v)
 
-    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, void *out) noexcept nogil:
-        return kvc_unified_kq_mask(&self.c, ub, causal, alibi, dtype, out)
+    cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, bint pad, size_t row_stride,
+                       void *out) noexcept nogil:
+        return kvc_unified_kq_mask(&self.c, ub, causal, alibi, dtype, pad, row_stride, out)
 
     cdef void k_shift_c(self, int32_t *out) noexcept nogil:
         kvc_unified_k_shift(&self.c, out)
@@ -812,22 +814,71 @@ cdef class _Unified(UnifiedCore):
             return None
         return (head, placed)
 
-    def slot_indices(self):
+    def slot_indices(self, out=None):
         """The cell of each token the last successful find_slot placed, in token order: an int32
         array (empty when no placement is current, see ``slot``). Index K/V memory kept
-        elsewhere with it, e.g. ``k_gpu[il].index_copy_(0, idx, k_rows)``. With several
+        elsewhere with it, e.g. ``k_dev[il].index_copy_(0, idx, k_rows)``. With several
         streams the cells are those of each token's stream (``slot_info()`` has the streams;
-        the K/V row of a cell c of stream s is ``s * size + c``)."""
+        the K/V row of a cell c of stream s is ``s * size + c``).
+
+        out: a writable 1-D int32 or int64 buffer (numpy, buffer protocol or a CPU tensor: int64
+        is what torch's index ops take) of at least that length; its first slot_n elements are
+        written and returned as for kq_mask (out itself when that is all of it)."""
         cdef int32_t[::1] o
+        cdef _HeldBuffer ob = None
+        cdef uint32_t n, t, head
+        cdef int64_t *p64
+        if out is not None:
+            ob = hold_buffer(out, "out", True)
+            if ob.dtype not in (np.dtype(np.int32), np.dtype(np.int64)) or ob.view.ndim != 1 or not _rows_ok(ob):
+                raise ValueError(f"out must be a writable contiguous 1-D int32 or int64 array, got {ob.describe()}")
         kvc_pylock_acquire(&self._lock)
         try:
-            out = np.empty(kvc_unified_slot_n(&self.c), dtype=np.int32)
-            if out.shape[0]:
-                o = out
-                kvc_unified_slot_cells(&self.c, &o[0])
+            n = kvc_unified_slot_n(&self.c)
+            if ob is None:
+                out = np.empty(n, dtype=np.int32)
+                if n:
+                    o = out
+                    kvc_unified_slot_cells(&self.c, &o[0])
+                return out
+            if ob.dim(0) < <Py_ssize_t>n:
+                raise ValueError(f"out holds {ob.dim(0)} elements; the placement has {n} tokens")
+            if n and ob.dtype == np.dtype(np.int32):
+                kvc_unified_slot_cells(&self.c, <int32_t *>ob.view.buf)
+            elif n:
+                p64 = <int64_t *>ob.view.buf
+                with nogil:
+                    for t in range(n):
+                        p64[t] = kvc_unified_slot_cell(&self.c, t)
+            return _block(out, ob, n, 0)
         finally:
             kvc_pylock_release(&self._lock)
-        return out
+            if ob is not None:
+                ob.release()
+
+    def seq_cells(self, seq_id):
+        """The cells of seq_id ordered by position: ``(cells, positions)``, two int32 arrays
+        (empty when it holds none). For attention over K/V kept elsewhere: gather rows
+        ``cells`` of a layer's K/V to get the sequence in position order (varlen / paged
+        attention). After a metadata-only state_read, this is where the restored cells went."""
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
+        cdef int32_t[::1] oc, op
+        cdef int r = 0
+        kvc_pylock_acquire(&self._lock)
+        try:
+            n = self.c.cells.seq_pos[s].n
+            cells = np.empty(n, dtype=np.int32)
+            pos = np.empty(n, dtype=np.int32)
+            if n:
+                oc = cells
+                op = pos
+                with nogil:
+                    r = kvc_cells_seq_cells(&self.c.cells, s, &oc[0], &op[0])
+        finally:
+            kvc_pylock_release(&self._lock)
+        if r < 0:
+            raise_status(r, NULL, "seq_cells")
+        return cells, pos
 
     def slot_info(self):
         """Where the last successful find_slot put each token, per token group: a list of
@@ -1194,21 +1245,27 @@ cdef class _Unified(UnifiedCore):
 
     # --- graph inputs --------------------------------------------------------------------
     def kq_mask(self, UBatch ub not None, causal=True, alibi=False, out=None, dtype="f32", pad=None):
-        """The KQ mask of ub against the cache: [pad(n_tokens, 64), n].
+        """The KQ mask of ub against the cache. Semantics '2025': [rows, n], rows = pad(n_tokens,
+        64) (pad None or True, llama.cpp's layout: the padding rows see nothing) or n_tokens
+        (pad=False).
 
         Semantics '2026' (pad None or False): [streams, rows, n_kv] without padding rows, a
         block of rows per token group over the cells of the group's stream (streams 1 and
         rows n_tokens with one stream), n_kv the largest n_kv_per_stream of those streams.
 
         dtype "f32" (default) or "f16": 0 where token t sees cell j (-|p_cell - p_token| with
-        alibi), -inf elsewhere and in the padding rows; "bool": True where it sees the cell.
-        out: a C-contiguous writable array of exactly that shape and dtype (a numpy array, a
-        buffer-protocol object or a CPU tensor), filled and returned."""
-        cdef bint c_causal = causal, c_alibi = alibi
+        alibi), -inf elsewhere; "bool": True where it sees the cell (torch's
+        scaled_dot_product_attention reads a bool attn_mask the same way: True takes part).
+        out: a writable 2-D array of that dtype (a numpy array, a buffer-protocol object or a
+        CPU tensor) of at least [rows, n], each row's elements contiguous, rows any stride
+        apart (one [rows_cap, cols_cap] buffer serves as n grows). Only out[:rows, :n] is
+        written; returned is out when that is its whole shape, else that block (a view)."""
+        cdef bint c_causal = causal, c_alibi = alibi, c_pad = True if pad is None else pad
         cdef int mdt, r = 0
         cdef uint8_t[::1] o
         cdef void *p = NULL
         cdef Py_ssize_t rows, cols
+        cdef size_t stride = 0
         cdef _HeldBuffer ob = None
         try:
             mdt, npdt = _MASK_DTYPES[dtype]
@@ -1222,13 +1279,14 @@ cdef class _Unified(UnifiedCore):
         if out is not None:
             # taken before the lock: an exporter's hooks see the cache as any other call would
             ob = hold_buffer(out, "out", True)
-            if ob.dtype != np.dtype(npdt) or not ob.c_contiguous() or ob.view.ndim != 2:
-                raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
-                                 f"(pad(n_tokens, 64), n), got {ob.describe()}")
+            if ob.dtype != np.dtype(npdt) or ob.view.ndim != 2 or not _rows_ok(ob):
+                raise ValueError(f"out must be a writable 2-D {np.dtype(npdt)} array with contiguous rows of at "
+                                 f"least (rows, n) (rows = {'pad(n_tokens, 64)' if c_pad else 'n_tokens'}), "
+                                 f"got {ob.describe()}")
         op_begin(&self._lock, False, "kq_mask")
         try:
             # the shape follows n, which holds still while the operation runs
-            rows = <Py_ssize_t>kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD)
+            rows = <Py_ssize_t>(kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD) if c_pad else ub.c.n_tokens)
             cols = <Py_ssize_t>self.c.n
             if ob is None:
                 out = np.empty((rows, cols), dtype=npdt)
@@ -1236,20 +1294,23 @@ cdef class _Unified(UnifiedCore):
                     o = out.reshape(-1).view(np.uint8)
                     p = &o[0]
             else:
-                if ob.dim(0) != rows or ob.dim(1) != cols:
-                    raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
+                if ob.dim(0) < rows or ob.dim(1) < cols:
+                    raise ValueError(f"out must be a writable 2-D {np.dtype(npdt)} array of shape at least "
                                      f"{(rows, cols)}, got {ob.describe()}")
                 p = ob.view.buf
+                if rows > 1:
+                    stride = <size_t>ob.view.strides[0]
             if rows * cols:
                 with nogil:
-                    r = self.kq_mask_c(&ub.c, c_causal, c_alibi, mdt, p)
+                    r = self.kq_mask_c(&ub.c, c_causal, c_alibi, mdt, c_pad, stride, p)
+            res = out if ob is None else _block(out, ob, rows, cols)
         finally:
             op_end(&self._lock)
             if ob is not None:
                 ob.release()
         if r < 0:
             raise_status(r, NULL, "kq_mask")
-        return out
+        return res
 
     def _kq_mask_2026(self, UBatch ub, bint causal, bint alibi, int mdt, object npdt, object out):
         cdef uint32_t strm[256]      # KVC_MAX_SEQ groups at most

@@ -311,6 +311,14 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
     return case(quick, reps)
 
 
+def bench_torch(quick: bool, reps: int) -> list[Row]:
+    """generate with the kvcache transformers Cache against DynamicCache, and kvcache's calls
+    per decode step with K/V in torch tensors (kvcache._bench_torch)."""
+    from kvcache._bench_torch import bench_torch as case
+
+    return case(quick, reps)
+
+
 def bench_handoff(quick: bool, reps: int) -> list[Row]:
     """A sequence moved between caches: in one process, through Ray and NIXL, against memcpy and
     state_write + pickle (kvcache._bench_handoff)."""
@@ -329,6 +337,7 @@ CASES = {
     "scale": bench_scale,
     "2026": bench_2026,
     "serving": bench_serving,
+    "torch": bench_torch,
     "handoff": bench_handoff,
 }
 

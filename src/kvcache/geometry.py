@@ -1,10 +1,13 @@
-"""Cache geometry of a model, read from its GGUF file: which cache llama.cpp builds for it, with
-which layers, row widths, sliding window, recurrent state sizes and RoPE parameters.
+"""Cache geometry of a model, read from its GGUF file or its transformers config: which cache
+llama.cpp builds for it, with which layers, row widths, sliding window, recurrent state sizes and
+RoPE parameters.
 
 ``kvcache.from_gguf(path, n_ctx)`` returns the cache llama.cpp would create for that model and
 context; ``kvcache.read_gguf(path)`` returns the :class:`ModelGeometry` it is built from. Reading
 needs the ``gguf`` package (``pip install 'kvcache[gguf]'``); only the metadata and, when present,
-the RoPE frequency-factor tensors are read."""
+the RoPE frequency-factor tensors are read. ``from_transformers_config(config, n_ctx)`` and
+``read_transformers_config(config)`` do the same for a transformers ``PretrainedConfig`` (or a
+model), with RoPE parameters that rotate keys as the model's own rotary embedding does."""
 from __future__ import annotations
 
 import math
@@ -24,7 +27,8 @@ if TYPE_CHECKING:
 
     _SwaType = Literal["none", "standard", "chunked"]
 
-__all__ = ["ModelGeometry", "read_gguf", "from_gguf"]
+__all__ = ["ModelGeometry", "read_gguf", "from_gguf", "read_transformers_config", "from_transformers_config", "hf_attention",
+           "rope_from_transformers"]
 
 # What from_gguf / ModelGeometry.make_cache build for a model.
 AnyCache = Union[UnifiedCache, "ISWACache", RecurrentCache]
@@ -103,8 +107,10 @@ class ModelGeometry:
 
     def make_cache(self, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
                    flash_attn: bool | None = None, swa_full: bool | None = None, n_batch: int = 512,
-                   buffers: Any = "owned", semantics: str = "2025", kv_unified: bool | None = None) -> AnyCache:
-        """The cache llama.cpp creates for this model and context (see :func:`from_gguf`)."""
+                   buffers: Any = "owned", semantics: str = "2025", kv_unified: bool | None = None,
+                   v_trans: bool | None = None) -> AnyCache:
+        """The cache llama.cpp creates for this model and context (see :func:`from_gguf`);
+        ``v_trans`` None: V transposed unless flash attention is on, as llama.cpp does."""
         n_ctx = int_arg(n_ctx, "n_ctx", 0, 2**31 - 1)
         n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, 2**31 - 1)
         n_batch = int_arg(n_batch, "n_batch", 1, 2**31 - 1)
@@ -132,7 +138,9 @@ class ModelGeometry:
         if self.rope_long is not None and rope is not None and n_ctx_seq > rope.n_ctx_orig:
             rope = self.rope_long
         common = dict(n_layer=self.n_layer, n_embd_k_gqa=self.n_embd_k_gqa, n_embd_v_gqa=self.n_embd_v_gqa,
-                      type_k=type_k, type_v=type_v, v_trans=v_trans_for(flash_attn), n_seq_max=n_seq_max,
+                      type_k=type_k, type_v=type_v,
+                      v_trans=v_trans_for(flash_attn) if v_trans is None else bool_arg(v_trans, "v_trans"),
+                      n_seq_max=n_seq_max,
                       n_pad=n_pad, n_embd_head_k=self.n_embd_head_k, rope=rope, buffers=buffers)
         if self.swa_type == "none":
             if today:
@@ -369,3 +377,159 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
     return read_gguf(path).make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v,
                                       flash_attn=flash_attn, swa_full=swa_full, n_batch=n_batch,
                                       buffers=buffers, semantics=semantics, kv_unified=kv_unified)
+
+
+# --- transformers configs ----------------------------------------------------------------------
+
+# How the modeling code of each transformers architecture (config.model_type) pairs the
+# dimensions it rotates: rotate_half on the two halves is llama.cpp's "neox"; interleaved
+# pairs (rotate_every_two) are its "normal". Not the GGUF table above: llama.cpp's converter
+# permutes Llama's q/k rows so that its files use "normal", while keys computed by transformers
+# are always in the layout of the model's own code.
+_HF_ROPE_NEOX = frozenset("""
+    llama mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe gemma gemma2 gemma3 gemma3_text phi phi3 gpt_neox
+    stablelm falcon olmo olmo2 starcoder2 granite granitemoe persimmon minimax exaone4 smollm3 gpt_oss
+""".split())
+_HF_ROPE_NORMAL = frozenset("gptj codegen cohere cohere2 glm glm4".split())
+
+
+def _hf_text_config(config: Any) -> Any:
+    config = getattr(config, "config", config)          # a model: its config
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if get is not None else config
+
+
+def _hf_layer_rope(cfg: Any, n_rot: int, rp: dict[str, Any], layer_type: str | None,
+                   n_ctx_seq: int | None) -> tuple[float, float, npt.NDArray[np.float32] | None]:
+    """(freq_base, freq_scale, freq_factors) of one RoPE parameter set of a transformers config."""
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    theta = float(rp.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    if kind == "default":
+        return theta, 1.0, None
+    if kind == "linear":
+        return theta, 1.0 / float(rp["factor"]), None
+    if kind == "dynamic":
+        raise ValueError("rope_type 'dynamic' recomputes its base in every forward longer than "
+                         "max_position_embeddings: keys already cached keep the old one, no fixed K-shift matches")
+    if kind not in ("yarn", "llama3", "longrope"):
+        raise ValueError(f"rope_type {kind!r} is not supported")
+    # the model's own inverse frequencies, as factors over the plain ones
+    import torch  # type: ignore[import-not-found,unused-ignore]
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    seq_len = None
+    if kind == "longrope":
+        orig = int(rp.get("original_max_position_embeddings") or cfg.max_position_embeddings)
+        # transformers picks short or long factors per forward; a cache fixes one set: the set
+        # of sequences no longer than the original context, else the long one
+        seq_len = orig + 1 if n_ctx_seq is not None and n_ctx_seq > orig else orig
+    kwargs: dict[str, Any] = {"layer_type": layer_type} if layer_type is not None else {}
+    with torch.no_grad():
+        inv_t, _ = ROPE_INIT_FUNCTIONS[kind](cfg, None, seq_len, **kwargs)
+    inv = np.asarray(inv_t.double().numpy(), dtype=np.float64)
+    if inv.shape[0] != n_rot // 2:
+        raise ValueError(f"the rotary embedding has {inv.shape[0]} frequencies, expected n_rot / 2 = {n_rot // 2}")
+    plain = theta ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    return theta, 1.0, (plain / inv).astype(np.float32)
+
+
+def rope_from_transformers(config: Any, n_ctx_seq: int | None = None) -> RopeParams | None:
+    """The RoPE K-shift parameters of a transformers config (or model): ``RopeParams`` whose
+    rotation by a position delta moves a key the model rotated at position p to p + delta, as
+    the model's own rotary embedding would have rotated it. None for models without RoPE.
+
+    The mode is always explicit: "neox" for the rotate_half architectures (Llama, Mistral,
+    Qwen, Gemma, Phi, ...), "normal" for the interleaved ones (GPT-J, Cohere, GLM); the default
+    mode of ``RopeParams`` ("normal") is llama.cpp's for Llama GGUF files and wrong for keys
+    computed by transformers' Llama. rope_type default, linear, yarn, llama3 and longrope are
+    mapped (yarn, llama3 and longrope as per-pair frequency factors, exact); attention_scaling
+    is not part of a shift (attn_factor 1: the model applied it when it made the key); dynamic
+    raises ValueError. longrope: the short factors unless ``n_ctx_seq`` (cache indices per
+    sequence) exceeds the original context. Gemma 3's per-layer-type parameters become the
+    per-layer base and scale of its sliding layers."""
+    model_config = config
+    cfg = _hf_text_config(config)
+    arch = str(getattr(cfg, "model_type", ""))
+    mode: Literal["normal", "neox"]
+    if arch in _HF_ROPE_NEOX:
+        mode = "neox"
+    elif arch in _HF_ROPE_NORMAL:
+        mode = "normal"
+    else:
+        raise ValueError(f"transformers architecture {arch!r}: its RoPE layout is not known here")
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    types = list(getattr(cfg, "layer_types", None) or [])
+    first = params.get("full_attention", params.get("sliding_attention"))
+    nested = isinstance(first, dict)
+    main: dict[str, Any] = first if isinstance(first, dict) else params
+    factor = float(main.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) or 1.0)
+    n_rot = int(head_dim * factor)
+    rotary = getattr(getattr(model_config, "model", None), "rotary_emb", None)
+    if rotary is not None and hasattr(rotary, "inv_freq"):
+        n_rot = 2 * int(rotary.inv_freq.numel())        # what the model computes (Llama ignores the factor)
+    base, scale, factors = _hf_layer_rope(cfg, n_rot, main, "full_attention" if nested else None, n_ctx_seq)
+    layer_base = layer_scale = None
+    if nested and "sliding_attention" in params and "full_attention" in params:
+        sb, ss, sf = _hf_layer_rope(cfg, n_rot, params["sliding_attention"], "sliding_attention", n_ctx_seq)
+        if sf is not None:
+            raise ValueError("per-layer frequency factors are not supported (sliding layers' rope_type)")
+        sliding = [il for il, t in enumerate(types) if t == "sliding_attention"]
+        layer_base = {il: sb for il in sliding}
+        layer_scale = {il: ss for il in sliding}
+    orig = int(main.get("original_max_position_embeddings") or getattr(cfg, "max_position_embeddings", 0) or 0)
+    return RopeParams(n_rot, mode=mode, n_ctx_orig=orig, freq_base=base, freq_scale=scale, freq_factors=factors,
+                      layer_freq_base=layer_base, layer_freq_scale=layer_scale)
+
+
+def hf_attention(config: Any) -> tuple[int, int, int, int, int, list[str]]:
+    """(n_layer, n_head, n_head_kv, head_dim, sliding_window or 0, layer types) of a
+    transformers config (or model): the layer types are ``layer_types``, else every layer
+    sliding when there is a ``sliding_window`` (Mistral). Types other than "full_attention" and
+    "sliding_attention" raise ValueError."""
+    cfg = _hf_text_config(config)
+    n_layer = int(cfg.num_hidden_layers)
+    n_head = int(cfg.num_attention_heads)
+    n_head_kv = int(getattr(cfg, "num_key_value_heads", None) or n_head)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head)
+    window = getattr(cfg, "sliding_window", None)
+    types = list(getattr(cfg, "layer_types", None) or
+                 ["sliding_attention" if window else "full_attention"] * n_layer)
+    if len(types) != n_layer or set(types) - {"full_attention", "sliding_attention"}:
+        raise ValueError(f"layer_types {sorted(set(types))} ({len(types)} for {n_layer} layers): only full and "
+                         f"sliding attention map to a kvcache cache")
+    if "sliding_attention" in types and not window:
+        raise ValueError("the config has sliding layers but no sliding_window")
+    return n_layer, n_head, n_head_kv, head_dim, int(window or 0) if "sliding_attention" in types else 0, types
+
+
+def read_transformers_config(config: Any, n_ctx_seq: int | None = None) -> ModelGeometry:
+    """The cache geometry of a transformers ``PretrainedConfig`` (or a model): layers, KV heads,
+    head size, sliding-window layers (``layer_types``; every layer when there is a
+    ``sliding_window`` and no ``layer_types``, as Mistral) and :func:`rope_from_transformers`.
+    Layer types other than full and sliding attention raise ValueError."""
+    cfg = _hf_text_config(config)
+    n_layer, n_head, n_head_kv, head_dim, window, types = hf_attention(cfg)
+    swa_layers = tuple(il for il, t in enumerate(types) if t == "sliding_attention")
+    return ModelGeometry(
+        arch=str(getattr(cfg, "model_type", "")), n_layer=n_layer, n_embd=int(cfg.hidden_size),
+        n_ctx_train=int(getattr(cfg, "max_position_embeddings", 0) or 0), n_head=(n_head,) * n_layer,
+        n_head_kv=(n_head_kv,) * n_layer, n_embd_head_k=head_dim, n_embd_head_v=head_dim,
+        n_swa=window, swa_type="standard" if swa_layers else "none", swa_layers=swa_layers,
+        rope=rope_from_transformers(config, n_ctx_seq))
+
+
+def from_transformers_config(config: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
+                             v_trans: bool = False, swa_full: bool = False, n_batch: int = 512,
+                             buffers: Any = "owned") -> AnyCache:
+    """A KV cache for a transformers model: a :class:`UnifiedCache`, or an :class:`ISWACache`
+    when it has sliding-window layers (the window is transformers' ``sliding_window``, the same
+    rule: a key is hidden once the query is ``sliding_window`` positions past it), with the
+    model's head size and RoPE parameters (:func:`rope_from_transformers`) so ``update()``
+    shifts keys as the model rotates them. ``n_ctx`` cells over all sequences (padded to 32);
+    ``v_trans`` False by default: V as torch reads it, without a transpose per layer. The other
+    arguments as :func:`from_gguf`'s."""
+    n_ctx = int_arg(n_ctx, "n_ctx", 1, 2**31 - 1)
+    n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, 2**31 - 1)
+    geo = read_transformers_config(config, n_ctx_seq=max(n_ctx // n_seq_max, 1))
+    return geo.make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v, swa_full=swa_full,
+                          n_batch=n_batch, buffers=buffers, v_trans=v_trans)

@@ -425,9 +425,10 @@ class ISWACache:
     # --- graph inputs ----------------------------------------------------------------------
     def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False,
                 out: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None = None,
-                dtype: _MaskDType = "f32") -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+                dtype: _MaskDType = "f32", pad: bool = True) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """The KQ masks of ub against both caches: ``(base_mask, swa_mask)``; the SWA mask also
-        hides what lies outside the window. ``out``: None or a pair of arrays to fill."""
+        hides what lies outside the window. ``out``: None or a pair of arrays to fill; ``pad``
+        and the shapes as UnifiedCache.kq_mask."""
         if out is None:
             out_base = out_swa = None
         else:
@@ -436,8 +437,8 @@ class ISWACache:
             except (TypeError, ValueError):
                 raise TypeError("out must be None or a pair (base_out, swa_out)") from None
         with self._op:
-            return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype),
-                    self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype))
+            return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype, pad=pad),
+                    self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype, pad=pad))
 
     def k_shift(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """The per-cell K-shift inputs of both caches: ``(base_shift, swa_shift)``."""

@@ -1,7 +1,8 @@
 /* Tests of the KQ mask (csrc/kvc_mask.c) against its definition computed cell by cell: a token
  * sees a cell when the cell holds the token's first sequence id, is not in its future (causal)
  * and not outside the sliding window (standard or chunked); visible is 0 (f32, f16), -|p0 - p1|
- * with ALiBi, or 1 (bool); everything else and the padding rows are -inf / 0. Random tables of
+ * with ALiBi, or 1 (bool); everything else and the padding rows are -inf / 0; with and without
+ * padding rows, dense or with a row stride (the gaps untouched). Random tables of
  * up to 256 sequences and ubatches of few and many tokens per sequence (the rows built from a
  * base row and its edges, and the rows computed directly), every output type. */
 #include "kvc_mask.h"
@@ -78,27 +79,40 @@ static void fill(kvc_unified *c, uint32_t n_seq, const int32_t *ids) {
     c->n = SIZE - 8 * check_rand(3);   /* the attended span, as a find_slot leaves it */
 }
 
-static void check_one(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
-                      const char *what) {
+/* The mask with pad (rows padded to KVC_KQ_MASK_PAD) or without, rows `gap` elements apart
+ * beyond c->n (0: dense); the gaps and the byte past the last row keep their 0xab. */
+static void check_layout(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                         uint32_t gap, const char *what) {
     const size_t el = dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
-    const uint32_t rows = (ub->n_tokens + KVC_KQ_MASK_PAD - 1) / KVC_KQ_MASK_PAD * KVC_KQ_MASK_PAD;
-    const size_t n = (size_t)rows * c->n * el;
+    const uint32_t rows = pad ? (ub->n_tokens + KVC_KQ_MASK_PAD - 1) / KVC_KQ_MASK_PAD * KVC_KQ_MASK_PAD : ub->n_tokens;
+    const size_t stride = ((size_t)c->n + gap) * el;
+    const size_t n = (size_t)rows * stride;
     uint8_t *got = malloc(n + 1), *want = malloc(n + 1);
-    got[n] = 0xab;
-    REQUIRE(kvc_unified_kq_mask(c, ub, causal, alibi, dtype, got) == KVC_OK, "%s: mask", what);
+    memset(got, 0xab, n + 1);
+    memset(want, 0xab, n + 1);
+    REQUIRE(kvc_unified_kq_mask(c, ub, causal, alibi, dtype, pad, gap ? stride : 0, got) == KVC_OK, "%s: mask", what);
     for (uint32_t t = 0; t < rows; t++) {
         for (uint32_t i = 0; i < c->n; i++) {
-            expect(c, ub, t, i, causal, alibi, dtype, want + ((size_t)t * c->n + i) * el);
+            expect(c, ub, t, i, causal, alibi, dtype, want + (size_t)t * stride + (size_t)i * el);
         }
     }
     size_t at = 0;
     while (at < n && got[at] == want[at]) {
         at++;
     }
-    CHECK(at == n, "%s: first difference at byte %zu (row %zu, cell %zu)", what, at, at / el / c->n, at / el % c->n);
+    CHECK(at == n, "%s, pad %d, gap %u: first difference at byte %zu (row %zu, byte %zu)", what, pad, gap, at,
+          at / stride, at % stride);
     CHECK(got[n] == 0xab, "%s: written past the mask", what);
     free(got);
     free(want);
+}
+
+static void check_one(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
+                      const char *what) {
+    check_layout(c, ub, causal, alibi, dtype, true, 0, what);
+    check_layout(c, ub, causal, alibi, dtype, false, 0, what);
+    check_layout(c, ub, causal, alibi, dtype, false, 7, what);
+    check_layout(c, ub, causal, alibi, dtype, true, 16, what);
 }
 
 static void run(uint32_t n_seq_max, int32_t swa_type, uint32_t n_swa) {

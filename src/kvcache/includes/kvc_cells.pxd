@@ -52,6 +52,7 @@ cdef extern from "kvc_cells.h" nogil:
     void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r)
 
     int32_t kvc_cells_seq_pos_min(const kvc_cells *c, int32_t s)
+    int     kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *pos)
     int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s)
 
     uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from_, uint32_t to)

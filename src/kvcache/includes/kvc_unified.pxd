@@ -164,7 +164,7 @@ cdef extern from "kvc_mask.h" nogil:
         KVC_MASK_F16
         KVC_MASK_BOOL
     int     kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
-                                int dtype, void *out)
+                                int dtype, bint pad, size_t row_stride, void *out)
     int     kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
                                      int dtype, void *out, kvc_err *err)
     uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups)

@@ -1,0 +1,130 @@
+"""`kvcache bench` case ``torch``: ``generate`` of a tiny random Llama with the kvcache
+transformers Cache against the same with ``DynamicCache``, paired in one run (the tokens are
+checked equal), and the per-step cost of kvcache's calls in a decode step whose K/V live in
+torch tensors (find_slot, slot_indices into an int64 tensor, the scatter of one layer's rows,
+the unpadded bool mask, commit) at 4096 and 32768 cells, against 10% of the tiny model's
+decode step measured in the same run. torch runs on one thread here and the times are that
+thread's CPU time, so that other processes on a shared machine weigh less (torch's idle pool
+threads spin, and a wall clock counts every other job). Without torch and transformers the rows
+wait."""
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from typing import Any
+
+from kvcache.bench import Row, _median_range, _paired, waiting
+
+N_PROMPT, N_NEW = 20, 32
+SHARE = 0.10       # kvcache's calls: at most this share of a decode step of the tiny model,
+GOAL_NS = 300e3    # ... which takes about 3 ms on an idle 2-core machine here
+
+
+def _model() -> Any:
+    import torch  # type: ignore[import-not-found,unused-ignore]
+    import transformers  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   initializer_range=0.2)
+    return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
+
+
+def _generate_ns(model: Any, ids: Any, cache: Any) -> tuple[int, Any]:
+    import torch  # type: ignore[import-not-found,unused-ignore]
+
+    t0 = time.thread_time_ns()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        out = model.generate(ids, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False, pad_token_id=0,
+                             past_key_values=cache)
+    return time.thread_time_ns() - t0, out
+
+
+def _calls_ns(size: int, steps: int) -> float:
+    """ns per decode step of kvcache's calls for one sequence of size - 64 cells (metadata only,
+    K/V as torch tensors of 2 layers), each step placed, scattered, masked, committed and
+    then removed again so that every step sees the same cache."""
+    import numpy as np
+    import torch  # type: ignore[import-not-found,unused-ignore]
+
+    import kvcache
+
+    width = 64
+    c = kvcache.UnifiedCache(kv_size=size, n_layer=2, n_embd_k_gqa=width, n_embd_v_gqa=width, v_trans=False,
+                             buffers=None)
+    n = size - 64
+    for a in range(0, n, 4096):
+        b = min(a + 4096, n)
+        assert c.find_slot(kvcache.UBatch(np.arange(a, b, dtype=np.int32), np.zeros(b - a, np.int32)))
+        c.commit()
+    k = [torch.zeros(size, width) for _ in range(2)]
+    v = [torch.zeros(size, width) for _ in range(2)]
+    rows = torch.ones(1, width)
+    idx = torch.empty(1, dtype=torch.long)
+    mask = torch.empty(1, size, dtype=torch.bool)
+    ub = kvcache.UBatch([n], [0])
+    t0 = time.thread_time_ns()
+    for _ in range(steps):
+        assert c.find_slot(ub)
+        at = c.slot_indices(out=idx)
+        for il in range(2):
+            k[il].index_copy_(0, at, rows)
+            v[il].index_copy_(0, at, rows)
+        m = c.kq_mask(ub, pad=False, dtype="bool", out=mask)
+        c.commit()
+        c.seq_rm(0, n, -1)
+    dt = (time.thread_time_ns() - t0) / steps
+    assert bool(m[0, 0]) and int(m.sum()) == n + 1       # the step saw the whole sequence and itself
+    return dt
+
+
+def bench_torch(quick: bool, reps: int) -> list[Row]:
+    try:
+        import torch  # type: ignore[import-not-found,unused-ignore]
+        import transformers  # type: ignore[import-not-found,import-untyped,unused-ignore]
+        from transformers import DynamicCache  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+        from kvcache.integrations.transformers import from_model
+    except ImportError:
+        return [waiting("torch: generate with the kvcache Cache vs DynamicCache", "torch and transformers"),
+                waiting("torch: kvcache's calls per decode step", "torch and transformers")]
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return [waiting("torch: generate with the kvcache Cache vs DynamicCache", "transformers 5.x")]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _rows(torch, DynamicCache, from_model, quick, reps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _rows(torch: Any, DynamicCache: Any, from_model: Any, quick: bool, reps: int) -> list[Row]:
+    model = _model()
+    ids = torch.randint(1, 256, (1, N_PROMPT), generator=torch.Generator().manual_seed(3))
+    _generate_ns(model, ids, DynamicCache(config=model.config))       # warm up
+    ours, theirs = [], []
+    for _ in range(reps):
+        t_ours, out_ours = _generate_ns(model, ids, from_model(model, n_ctx=N_PROMPT + N_NEW))
+        t_theirs, out_theirs = _generate_ns(model, ids, DynamicCache(config=model.config))
+        if not torch.equal(out_ours, out_theirs):   # type: ignore[arg-type,unused-ignore]
+            raise RuntimeError("bench torch: generate with the kvcache Cache gave other tokens than DynamicCache")
+        ours.append(t_ours / N_NEW)
+        theirs.append(t_theirs / N_NEW)
+    step = statistics.median(theirs)
+    ratio = _paired(theirs, ours)
+    med, rng = _median_range(ours)
+    rows = [Row(f"torch: generate, tiny Llama (2 layers, sdpa), {N_PROMPT} + {N_NEW} tokens, per new token",
+                med, rng, step, ratio, yardstick="DynamicCache",
+                goal=f"no slower than DynamicCache: {'met' if ratio >= 1.0 else 'not met'} ({ratio:.2f}x)")]
+    for size in (4096, 32768):
+        steps = 200 if quick else 1000
+        per = [_calls_ns(size, steps) for _ in range(reps)]
+        m, r = _median_range(per)
+        rows.append(Row(f"torch: kvcache's calls per decode step (find_slot, slot_indices, scatter 2 layers, bool "
+                        f"mask, commit), {size} cells", m, r,
+                        goal=f"<= {GOAL_NS / 1e3:.0f} us ({SHARE:.0%} of an idle decode step of the model): "
+                             f"{'met' if m <= GOAL_NS else 'not met'}; {m / step:.1%} of this run's step"))
+    return rows

@@ -1,0 +1,188 @@
+"""kvcache.integrations.transformers: unmodified ``model.generate`` over the kvcache Cache gives
+the tokens and logits of transformers' own DynamicCache, for tiny random Llama (full attention,
+eager and SDPA) and Gemma2 (sliding-window layers, eager) models built from configs: batch 1 and
+batches with left padding, beam search, a continuation, and a save and restore into a fresh
+cache."""
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+if int(transformers.__version__.split(".")[0]) < 5:
+    pytest.skip("transformers 5.x is needed", allow_module_level=True)
+
+from transformers import DynamicCache  # noqa: E402
+
+from kvcache.geometry import hf_attention  # noqa: E402
+from kvcache.integrations.transformers import KVCache, from_model  # noqa: E402
+
+N_NEW = 12
+
+
+def _model(kind, attn="eager"):
+    torch.manual_seed(0)
+    common = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(num_hidden_layers=2, initializer_range=0.2, **common)
+        cls = transformers.LlamaForCausalLM
+    else:
+        cfg = transformers.Gemma2Config(num_hidden_layers=4, head_dim=8, sliding_window=6, tie_word_embeddings=False,
+                                        **common)
+        cls = transformers.Gemma2ForCausalLM
+    return cls._from_config(cfg, attn_implementation=attn).eval()
+
+
+def _inputs(pads, length=14):
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 128, (len(pads), length), generator=g)
+    mask = torch.ones_like(ids)
+    for b, p in enumerate(pads):
+        ids[b, :p] = 0
+        mask[b, :p] = 0
+    return ids, mask
+
+
+def _generate(model, ids, mask, cache, n_new=N_NEW, **kw):
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)   # the cache keyword's new name on 5.24
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n_new, do_sample=False, pad_token_id=0,
+                             past_key_values=cache, return_dict_in_generate=True, output_logits=True, **kw)
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+def _same(a, b):
+    assert torch.equal(a[0], b[0])
+    torch.testing.assert_close(a[1], b[1], rtol=0, atol=1e-5)
+
+
+CASES = [("llama", "eager"), ("llama", "sdpa"), ("gemma2", "eager")]
+PADS = [(0,), (0, 5), (3, 0, 7)]
+
+
+@pytest.mark.parametrize("kind,attn", CASES)
+@pytest.mark.parametrize("pads", PADS, ids=["b1", "b2-left-pad", "b3-left-pad"])
+def test_generate_matches_dynamic_cache(kind, attn, pads):
+    model = _model(kind, attn)
+    ids, mask = _inputs(pads)
+    want = _generate(model, ids, mask, DynamicCache(config=model.config))
+    # a small window cache for Gemma2: its cells are reused as the window slides
+    cache = from_model(model, n_ctx=64, n_batch=len(pads) * ids.shape[1])
+    got = _generate(model, ids, mask, cache)
+    _same(got, want)
+    assert cache.get_seq_length() == ids.shape[1] + N_NEW - 1
+    if kind == "gemma2":
+        assert cache.kv.swa.size < cache.kv.base.size
+
+
+@pytest.mark.parametrize("kind,attn", [("llama", "sdpa"), ("gemma2", "eager")])
+def test_save_and_restore_into_a_fresh_cache(kind, attn):
+    model = _model(kind, attn)
+    ids, mask = _inputs((0, 4))
+    first = from_model(model, n_ctx=48)
+    seq, _ = _generate(model, ids, mask, first, n_new=6)
+    blob = first.state_write()
+    mask2 = torch.cat([mask, torch.ones(2, seq.shape[1] - ids.shape[1], dtype=mask.dtype)], 1)
+    ref_cache = DynamicCache(config=model.config)
+    _generate(model, ids, mask, ref_cache, n_new=6)
+    want = _generate(model, seq, mask2, ref_cache)                # DynamicCache continued
+    restored = from_model(model, n_ctx=48)
+    restored.state_read(blob, batch_size=2, dtype=torch.float32)
+    assert restored.get_seq_length() == seq.shape[1] - 1
+    got = _generate(model, seq, mask2, restored)
+    _same(got, want)
+    _same(_generate(model, seq, mask2, first), want)              # and the saved one, continued
+
+
+def test_beam_search_reorders_rows():
+    model = _model("llama")
+    ids, mask = _inputs((0,))
+    want = _generate(model, ids, mask, DynamicCache(config=model.config), num_beams=3)
+    got = _generate(model, ids, mask, from_model(model, n_ctx=32), num_beams=3)
+    assert torch.equal(got[0], want[0])
+
+
+def test_crop_and_reset():
+    model = _model("llama")
+    ids, mask = _inputs((0,))
+    cache = from_model(model, n_ctx=40)
+    _generate(model, ids, mask, cache)
+    n = cache.get_seq_length()
+    cache.crop(-5)
+    assert cache.get_seq_length() == n - 5 and cache.kv.seq_pos_max(0) == n - 6
+    cache.crop(3)
+    assert cache.get_seq_length() == 3
+    cache.reset()
+    assert cache.get_seq_length() == 0 and cache.kv.used == 0
+    _same(_generate(model, ids, mask, cache), _generate(model, ids, mask, DynamicCache(config=model.config)))
+
+
+def test_the_layers_are_what_transformers_reads():
+    model = _model("gemma2")
+    cache = from_model(model, n_ctx=16)
+    assert len(cache.layers) == 4 and cache.is_sliding == [True, False, True, False]
+    assert not any(cache.is_linear) and not cache.is_compileable
+    assert hf_attention(model.config)[-2:] == (6, ["sliding_attention", "full_attention"] * 2)
+
+
+def test_what_it_cannot_do_raises():
+    model = _model("llama")
+    ids, mask = _inputs((0,), length=30)
+    with pytest.raises(ValueError, match="holds 16 indices"):
+        _generate(model, ids, mask, from_model(model, n_ctx=16))
+    cache = from_model(model, n_ctx=64)
+    _generate(model, ids[:, :4], mask[:, :4], cache, n_new=2)
+    with pytest.raises(ValueError, match="batch of 2 rows"):
+        _generate(model, ids[:, :4].repeat(2, 1), mask[:, :4].repeat(2, 1), cache, n_new=2)
+    with pytest.raises(NotImplementedError):
+        cache.batch_repeat_interleave(2)
+    with pytest.raises(NotImplementedError):
+        cache.batch_select_indices(torch.tensor([0, 0]))
+    with pytest.raises(TypeError, match="dtype"):
+        KVCache(model.config, 8, batch_size=1, dtype=torch.float64)
+    with pytest.raises(ValueError, match="batch_size and dtype"):
+        from_model(model, n_ctx=8).state_read(b"")
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, layer_types=["full_attention", "chunked_attention"])
+    with pytest.raises(ValueError, match="chunked"):
+        KVCache(cfg, 8)
+
+
+def test_a_state_saved_by_a_server_in_another_layout_is_gathered():
+    """K/V of a DynamicCache prefill stored by hand into a UnifiedCache row after row (not in
+    the layout the transformers Cache gives a fresh cache), saved, restored into it: the keys
+    come back gathered, and generate continues as DynamicCache does."""
+    import kvcache
+
+    model = _model("llama", "sdpa")
+    ids, mask = _inputs((0, 3))
+    ref = DynamicCache(config=model.config)
+    seq, _ = _generate(model, ids, mask, ref, n_new=4)
+    n = ref.get_seq_length()
+    server = kvcache.UnifiedCache(kv_size=96, n_layer=2, n_embd_k_gqa=16, n_embd_v_gqa=16, type_k="f32",
+                                  type_v="f32", v_trans=False, n_seq_max=2)
+    for b in range(2):
+        assert server.find_slot(kvcache.UBatch(list(range(n)), [b] * n))
+        for il in range(2):
+            k, v = ref.layers[il].keys[b], ref.layers[il].values[b]       # [heads, n, head_dim]
+            server.store(il, k.transpose(0, 1).reshape(n, -1).contiguous(), v.transpose(0, 1).reshape(n, -1).contiguous())
+        server.commit()
+    restored = from_model(model, n_ctx=48)
+    restored.state_read(server.state_write(), batch_size=2, dtype=torch.float32)
+    assert restored.get_seq_length() == n
+    assert restored.kv.seq_cells(1)[0].tolist() == list(range(n, 2 * n))
+    mask2 = torch.cat([mask, torch.ones(2, seq.shape[1] - ids.shape[1], dtype=mask.dtype)], 1)
+    want = _generate(model, seq, mask2, ref)
+    _same(_generate(model, seq, mask2, restored), want)
+
+
+def test_the_bench_case_runs_and_checks_the_tokens():
+    """`kvcache bench torch` in its quick size: rows for generate and the per-step calls (its
+    own check: the kvcache Cache's tokens are DynamicCache's, or it raises)."""
+    from kvcache import bench
+
+    rows = bench.CASES["torch"](True, 1)
+    assert len(rows) == 3 and all(r.kvcache_ns and r.kvcache_ns > 0 for r in rows)
+    assert rows[0].baseline_ns and rows[0].yardstick == "DynamicCache"
+    assert ["4096" in rows[1].case, "32768" in rows[2].case] == [True, True]
