@@ -419,14 +419,9 @@ size_t kvc_unified_state_size_lay(const kvc_unified *c, int32_t seq_id, unsigned
     if (!seq_id_valid(c, seq_id) || !layout_fits(c, layout)) {
         return 0;
     }
-    unified_view *v = kvc_malloc_n(1, sizeof *v);
-    if (!v) {
-        return 0;
-    }
-    unified_framed(c, seq_id, layout, v);
-    const size_t n = kvc_state_framed_size(&v->f);
-    kvc_free(v);
-    return n;
+    unified_view v; /* on the stack (some 32 KiB): sizing and writing a state allocate nothing */
+    unified_framed(c, seq_id, layout, &v);
+    return kvc_state_framed_size(&v.f);
 }
 
 size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) { return kvc_unified_state_size_lay(c, seq_id, 0); }
@@ -438,19 +433,13 @@ int kvc_unified_state_write_range_lay(kvc_unified *c, int32_t seq_id, unsigned l
         return KVC_E_ARG;
     }
     kvc_unified_defrag_settle(c);
-    unified_view *v = kvc_malloc_n(1, sizeof *v);
-    if (!v) {
-        return KVC_E_NOMEM;
+    unified_view v;
+    unified_framed(c, seq_id, layout, &v);
+    const uint64_t total = kvc_state_framed_size(&v.f);
+    if (offset >= total || cap == 0) {
+        return KVC_OK;
     }
-    unified_framed(c, seq_id, layout, v);
-    const uint64_t total = kvc_state_framed_size(&v->f);
-    int rc = KVC_OK;
-    if (offset < total && cap != 0) {
-        rc = kvc_state_framed_write(&v->f, offset, out, total - offset < cap ? (size_t)(total - offset) : cap,
-                                    written);
-    }
-    kvc_free(v);
-    return rc;
+    return kvc_state_framed_write(&v.f, offset, out, total - offset < cap ? (size_t)(total - offset) : cap, written);
 }
 
 int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
