@@ -3,7 +3,6 @@
 # cache, read all or nothing.
 
 from kvcache.includes.kvc_iswa cimport kvc_iswa_pending, kvc_iswa_pending_clear, kvc_iswa_pending_set
-from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size_lay, kvc_unified_state_write_range_lay,
                                          kvc_unified_state_read_parts_lay, KVC_STATE_MAX_PARTS)
 from kvcache.includes.kvc_unified cimport kvc_unified_mark, kvc_unified_mark_take, kvc_unified_rewind
@@ -287,8 +286,7 @@ def _state_write_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
             c = cs[k]
             sizes[k] = kvc_unified_state_size_lay(&c.c, s, bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX))
             total += sizes[k]
-        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
-        p = <uint8_t *>PyBytes_AS_STRING(out)
+        out = new_state_bytes(total, &p)
         for k in range(n):
             c = cs[k]
             written = 0

@@ -1,6 +1,5 @@
 # The recurrent-state cache (Mamba / RWKV): csrc/kvc_recurrent.h behind a Python class.
 
-from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from kvcache.includes.kvc_recurrent cimport *
 
 import warnings as _warnings
@@ -571,8 +570,7 @@ cdef class _Recurrent(RecurrentCore):
         op_begin(&self._lock, False, "state_write")
         try:
             n = kvc_recurrent_state_size_lay(&self.c, s, bits)
-            out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
-            p = <uint8_t *>PyBytes_AS_STRING(out)
+            out = new_state_bytes(n, &p)
             with nogil:
                 r = kvc_recurrent_state_write_range_lay(&self.c, s, bits, 0, p, n, &written)
         finally:

@@ -2,6 +2,7 @@
 # variant; and the description of a blob without a cache (csrc/kvc_state.h).
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, kvc_state_desc,
                                          kvc_state_layer_desc, kvc_state_describe, KVC_LAYOUT_STREAMS,
                                          KVC_LAYOUT_PREFIX, KVC_LAYOUT_SWA_TRIM, KVC_LAYOUT_DETECT,
@@ -112,6 +113,17 @@ cdef unsigned state_read_flags(object convert, object exact):
     if exact:
         f |= KVC_STATE_EXACT
     return f
+
+
+cdef object new_state_bytes(size_t n, uint8_t **p):
+    """A bytes object of n bytes to write a state into (*p its data). Its pages are asked to be
+    huge (kvc_advise_huge_pages) before anything writes them: a state of hundreds of MB then
+    faults 2 MiB pages, not 4 KiB ones one by one."""
+    out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
+    p[0] = <uint8_t *>PyBytes_AS_STRING(out)
+    if n >= 2 * KVC_HUGE_PAGE:
+        kvc_advise_huge_pages(p[0], n)
+    return out
 
 
 cdef object state_target(object buf):

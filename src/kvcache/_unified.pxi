@@ -1,6 +1,5 @@
 # The unified KV cache: UnifiedCore over csrc/kvc_unified.h and its state codec.
 
-from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from libc.stdint cimport uint16_t
 from libc.stdlib cimport malloc, free
 from kvcache.includes.kvc_unified cimport *
