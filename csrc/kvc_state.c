@@ -342,29 +342,41 @@ static bool seq_id_valid(const kvc_unified *c, int32_t seq_id) {
     return seq_id >= -1 && (seq_id < 0 || (uint32_t)seq_id < c->n_seq_max);
 }
 
+/* One stream of a cache, as the writer's layer callback sees it. */
+typedef struct stream_ref {
+    const kvc_unified *c;
+    uint32_t           stream;
+} stream_ref;
+
+/* Layer il of one stream: K rows (and V rows) of stream s start at row s * size; a transposed V
+ * keeps per stream n_embd_v rows of size elements, the same bytes as size rows. */
 static void unified_layer(const void *cache, uint32_t il, kvc_state_layer_src *out) {
-    const kvc_layer *l = &((const kvc_unified *)cache)->layers[il];
-    out->k = l->k;
-    out->v = l->v;
+    const stream_ref *ref = cache;
+    const kvc_layer *l = &ref->c->layers[il];
+    const size_t rows = (size_t)ref->stream * ref->c->cells.size;
+    out->k = l->k ? l->k + rows * l->k_row_bytes : NULL;
+    out->v = l->v ? l->v + rows * l->v_row_bytes : NULL;
     out->k_row = l->k_row_bytes;
     out->v_row = l->v_row_bytes;
     out->n_embd_v = l->n_embd_v;
 }
 
-/* Stream `stream` of the cache as a writer source (one stream today: the cache itself), with the
- * cells a layout leaves out of a single sequence's state. */
-static void unified_src(const kvc_unified *c, uint32_t stream, int32_t seq_id, unsigned layout, kvc_state_src *s) {
-    (void)stream;
+/* Stream `ref->stream` of the cache as a writer source, with the cells a layout leaves out of a
+ * single sequence's state. A sequence's cells are in its stream only, so the other streams of
+ * its state come out empty. */
+static void unified_src(const stream_ref *ref, int32_t seq_id, unsigned layout, kvc_state_src *s) {
+    const kvc_unified *c = ref->c;
+    const kvc_cells *cells = kvc_unified_stream_cells_c(c, ref->stream);
     s->swa = NULL;
     s->swa_pmax = -1;
     if (seq_id >= 0 && (layout & KVC_LAYOUT_SWA_TRIM) && c->swa_type != KVC_SWA_NONE) {
         s->swa = c;
         s->swa_pmax = kvc_unified_seq_pos_max(c, seq_id);
     }
-    s->size = c->cells.size;
-    s->pos = c->cells.pos;
-    s->seq = c->cells.seq;
-    s->seq_words = c->cells.seq_words;
+    s->size = cells->size;
+    s->pos = cells->pos;
+    s->seq = cells->seq;
+    s->seq_words = cells->seq_words;
     s->seq_id = seq_id;
     s->empty_is_no_seq = false;
     s->single_writes_id = true;
@@ -373,32 +385,43 @@ static void unified_src(const kvc_unified *c, uint32_t stream, int32_t seq_id, u
     s->v_trans = c->v_trans;
     s->v_el = v_elem_bytes(c);
     s->n_layer = c->n_layer;
-    s->cache = c;
+    s->cache = ref;
     s->layer = unified_layer;
 }
 
-/* The cache's memory state in a layout: its streams' sources (src[KVC_MAX_STREAMS_TODAY]) framed. */
-#define KVC_MAX_STREAMS_TODAY 1
-static void unified_framed(const kvc_unified *c, int32_t seq_id, unsigned layout, kvc_state_src *src,
-                           kvc_state_framed *f) {
+/* The writer's view of a cache in a layout: a source per stream, framed. */
+typedef struct unified_view {
+    stream_ref       refs[KVC_MAX_SEQ];
+    kvc_state_src    src[KVC_MAX_SEQ];
+    kvc_state_framed f;
+} unified_view;
+
+/* Whether the layout can hold the cache's streams (a layout without stream counts holds one). */
+static bool layout_fits(const kvc_unified *c, unsigned layout) {
+    return (layout & KVC_LAYOUT_STREAMS) || kvc_unified_n_stream(c) == 1;
+}
+
+static void unified_framed(const kvc_unified *c, int32_t seq_id, unsigned layout, unified_view *v) {
+    kvc_state_framed *f = &v->f;
     f->layout = layout & ~(unsigned)KVC_LAYOUT_DETECT;
     f->seq_id = seq_id;
     f->prefix = seq_id >= 0 && (layout & KVC_LAYOUT_PREFIX);
     f->n_stream = kvc_unified_n_stream(c);
     for (uint32_t k = 0; k < f->n_stream; k++) {
-        unified_src(c, k, seq_id, layout, &src[k]);
+        v->refs[k].c = c;
+        v->refs[k].stream = k;
+        unified_src(&v->refs[k], seq_id, layout, &v->src[k]);
     }
-    f->streams = src;
+    f->streams = v->src;
 }
 
 size_t kvc_unified_state_size_lay(const kvc_unified *c, int32_t seq_id, unsigned layout) {
-    if (!seq_id_valid(c, seq_id)) {
+    if (!seq_id_valid(c, seq_id) || !layout_fits(c, layout)) {
         return 0;
     }
-    kvc_state_src src[KVC_MAX_STREAMS_TODAY];
-    kvc_state_framed f;
-    unified_framed(c, seq_id, layout, src, &f);
-    return kvc_state_framed_size(&f);
+    unified_view v; /* on the stack (some 32 KiB): sizing and writing a state allocate nothing */
+    unified_framed(c, seq_id, layout, &v);
+    return kvc_state_framed_size(&v.f);
 }
 
 size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) { return kvc_unified_state_size_lay(c, seq_id, 0); }
@@ -406,18 +429,17 @@ size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) { return kvc
 int kvc_unified_state_write_range_lay(kvc_unified *c, int32_t seq_id, unsigned layout, uint64_t offset,
                                       uint8_t *out, size_t cap, size_t *written) {
     *written = 0;
-    if (!seq_id_valid(c, seq_id)) {
+    if (!seq_id_valid(c, seq_id) || !layout_fits(c, layout)) {
         return KVC_E_ARG;
     }
     kvc_unified_defrag_settle(c);
-    kvc_state_src src[KVC_MAX_STREAMS_TODAY];
-    kvc_state_framed f;
-    unified_framed(c, seq_id, layout, src, &f);
-    const uint64_t total = kvc_state_framed_size(&f);
+    unified_view v;
+    unified_framed(c, seq_id, layout, &v);
+    const uint64_t total = kvc_state_framed_size(&v.f);
     if (offset >= total || cap == 0) {
         return KVC_OK;
     }
-    return kvc_state_framed_write(&f, offset, out, total - offset < cap ? (size_t)(total - offset) : cap, written);
+    return kvc_state_framed_write(&v.f, offset, out, total - offset < cap ? (size_t)(total - offset) : cap, written);
 }
 
 int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,
@@ -556,6 +578,12 @@ static int parse_meta(const kvc_unified *c, int32_t seq_id, kvc_cursor *r, parse
                                    "cell %" PRIu32 " (byte %zu): sequence id %" PRId32
                                    " out of range [0, %" PRIu32 ")",
                                    i, r->off - 4, s, id_limit);
+            }
+            if (c && c->semantics == KVC_SEM_2026 && kvc_seqset_has(&bits, s)) {
+                /* today's llama.cpp keeps a sequence's positions per cell: an id listed twice
+                 * is malformed */
+                return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " listed twice",
+                                   i, r->off - 4, s);
             }
             kvc_seqset_add(&bits, s); /* a repeated id sets its bit again, as the reference does */
         }
@@ -1078,7 +1106,213 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
     return kvc_err_set(err, found, "out of memory restoring %" PRIu32 " cells", cc);
 }
 
+/* --- semantics 2026: a section per stream, scattered placement ----------------------------- */
+
+/* Copy the validated K/V data of section sec into cells[i] of its stream (cells NULL: cell i). */
+static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state_sec *sec, const int32_t *cells) {
+    const uint32_t cc = sec->cell_count;
+    const size_t size = c->cells.size, base = (size_t)sec->stream * size;
+    const size_t el = v_elem_bytes(c);
+    const uint8_t *p = data + sec->data_off + 8;
+    for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
+        const kvc_layer *l = &c->layers[ikv];
+        const size_t row = l->k_row_bytes;
+        const uint8_t *src = p + 12;
+        if (l->k && !cells) {
+            memcpy(l->k + base * row, src, (size_t)cc * row);
+        } else if (l->k) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(l->k + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row);
+            }
+        }
+        p += 12 + (size_t)cc * row;
+    }
+    for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
+        const kvc_layer *l = &c->layers[ikv];
+        const size_t row = l->v_row_bytes;
+        const uint8_t *src = p + 12;
+        if (l->v && c->v_trans) {
+            /* per stream n_embd_v rows of size elements; the blob: n_embd_v rows of cc */
+            uint8_t *v = l->v + base * row;
+            for (uint32_t j = 0; j < l->n_embd_v; j++) {
+                const uint8_t *sj = src + (size_t)j * cc * el;
+                uint8_t *dj = v + (size_t)j * size * el;
+                if (!cells) {
+                    memcpy(dj, sj, (size_t)cc * el);
+                    continue;
+                }
+                for (uint32_t i = 0; i < cc; i++) {
+                    memcpy(dj + (size_t)cells[i] * el, sj + (size_t)i * el, el);
+                }
+            }
+        } else if (l->v && !cells) {
+            memcpy(l->v + base * row, src, (size_t)cc * row);
+        } else if (l->v) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(l->v + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row);
+            }
+        }
+        /* both layouts hold cc * v_row_bytes bytes of data after a 12-byte header */
+        p += 12 + (size_t)cc * row;
+    }
+}
+
+/* One section of a single sequence's state, as the reference reads it: remove the destination
+ * sequence from its stream, then place the cells as one ubatch of it (find_slot, cont false).
+ * 1 placed (c->scatter.idx holds the cells), 0 no room; c is changed in every case. */
+static int place_sec_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *sec) {
+    const uint32_t cc = sec->cell_count;
+    const uint32_t seq_off[2] = { 0, 1 };
+    const int32_t seq_ids[1] = { seq_id };
+    const kvc_ubatch ub = { cc, cc, 1, sec->pos, seq_off, seq_ids };
+    kvc_unified_seq_rm(c, seq_id, -1, -1);
+    if (cc == 0) {
+        return 1;
+    }
+    return kvc_unified_find_slot_2026(c, &ub, NULL);
+}
+
+/* The dry run of a single sequence's sections: is there room for each in turn? The sequence's
+ * stream, its head and the placement are put back as they were. */
+static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
+    const uint32_t st = kvc_unified_stream_of(c, plan->seq_id);
+    kvc_cells saved;
+    const kvc_slot slot = c->slot;
+    const kvc_scatter scat = c->scatter;
+    const uint32_t head = kvc_unified_stream_head_c(c, st);
+    int32_t *idx = kvc_malloc_n(slot.n ? slot.n : 1, sizeof *idx);
+    uint32_t *strm = kvc_malloc_n(c->n_stream, sizeof *strm);
+    if (!idx || !strm || kvc_cells_init(&saved, c->cells.size, c->n_seq_max) != KVC_OK) {
+        kvc_free(idx);
+        kvc_free(strm);
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring sequence %" PRId32, plan->seq_id);
+    }
+    kvc_cells_copy(&saved, kvc_unified_stream_cells(c, st));
+    memcpy(idx, scat.idx, (size_t)slot.n * sizeof *idx);
+    memcpy(strm, scat.strm, (size_t)c->n_stream * sizeof *strm);
+    int found = 1;
+    uint32_t k;
+    for (k = 0; k < plan->n_sec && found == 1; k++) {
+        found = place_sec_2026(c, plan->seq_id, &plan->secs[k]);
+    }
+    const uint32_t used = kvc_unified_stream_cells_c(c, st)->used;
+    kvc_cells_copy(kvc_unified_stream_cells(c, st), &saved);
+    *kvc_unified_stream_head(c, st) = head;
+    memcpy(c->scatter.idx, idx, (size_t)slot.n * sizeof *idx);
+    memcpy(c->scatter.strm, strm, (size_t)c->n_stream * sizeof *strm);
+    c->scatter.n_groups = scat.n_groups;
+    c->scatter.n_seq_tokens = scat.n_seq_tokens;
+    c->slot = slot;
+    kvc_cells_free(&saved);
+    kvc_free(idx);
+    kvc_free(strm);
+    if (found == 1) {
+        return KVC_OK;
+    }
+    return kvc_err_set(err, KVC_E_STATE,
+                       "no room: sequence %" PRId32 " needs %" PRIu32 " free cells in stream %" PRIu32
+                       " (%" PRIu32 " cells, %" PRIu32 " used without the sequence)",
+                       plan->seq_id, plan->secs[k - 1].cell_count, st, c->cells.size, used);
+}
+
+/* Validate a state for a cache of semantics 2026: a section per stream (one in a layout without
+ * stream counts), each against a stream of the cache; for a single sequence, find room. */
+static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                        unsigned layout, kvc_state_plan *plan, kvc_err *err) {
+    kvc_cursor r = { data, data ? len : 0, 0 };
+    uint32_t n_stream = 1;
+    int rc;
+    plan->data = data;
+    plan->seq_id = seq_id;
+    if (flags & KVC_STATE_CONVERT_V) {
+        return kvc_err_set(err, KVC_E_ARG, "converting the V layout is not available for a cache of semantics 2026");
+    }
+    if (layout & KVC_LAYOUT_STREAMS) {
+        if ((rc = parse_stream_count(&r, c->n_stream, &n_stream, err)) != KVC_OK) {
+            return rc;
+        }
+    } else if (c->n_stream != 1) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "n_stream mismatch: a state without stream counts holds 1 stream, the cache %" PRIu32,
+                           c->n_stream);
+    }
+    plan->secs = kvc_calloc(n_stream, sizeof *plan->secs);
+    if (!plan->secs) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading %" PRIu32 " streams", n_stream);
+    }
+    for (uint32_t s = 0; s < n_stream; s++) {
+        const size_t at = r.off;
+        if ((layout & KVC_LAYOUT_STREAMS) && take_empty_section(&r)) {
+            continue;
+        }
+        parsed ps;
+        memset(&ps, 0, sizeof ps);
+        rc = parse_body(c, seq_id, &r, 0, &ps, err);
+        kvc_state_sec *sec = &plan->secs[plan->n_sec++];
+        sec->stream = seq_id < 0 ? s : kvc_unified_stream_of(c, seq_id);
+        sec->cell_count = ps.cell_count;
+        sec->data_off = ps.data_off;
+        sec->pos = ps.pos;
+        sec->seq = ps.seq;
+        if (rc != KVC_OK) {
+            if (n_stream > 1) {
+                char inner[sizeof err->msg];
+                memcpy(inner, err->msg, sizeof inner);
+                kvc_err_set(err, rc, "stream %" PRIu32 " (from byte %zu): %s", s, at, inner);
+            }
+            return rc;
+        }
+    }
+    plan->len = r.off;
+    /* a single sequence's state of empty sections only keeps the destination's cells */
+    plan->noop = seq_id >= 0 && plan->n_sec == 0;
+    if (seq_id >= 0 && plan->n_sec > 0) {
+        return check_room_2026(c, plan, err);
+    }
+    return KVC_OK;
+}
+
+static void apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
+    if (plan->seq_id < 0) {
+        /* clear (every stream, heads 0, K/V zeroed; queued stream copies stay), then cell k of
+         * section s into cell k of stream s */
+        kvc_unified_clear(c);
+        const uint32_t nw = c->cells.seq_words;
+        for (uint32_t k = 0; k < plan->n_sec; k++) {
+            const kvc_state_sec *sec = &plan->secs[k];
+            kvc_cells *cells = kvc_unified_stream_cells(c, sec->stream);
+            kvc_seqset touched;
+            kvc_seqset_clear(&touched);
+            for (uint32_t i = 0; i < sec->cell_count; i++) {
+                const uint64_t *set = sec->seq + (size_t)i * nw;
+                kvc_cells_set_raw(cells, i, sec->pos[i], set);
+                for (uint32_t w = 0; w < nw; w++) {
+                    touched.w[w] |= set[w];
+                }
+            }
+            kvc_cells_rebuild_seq_pos(cells, &touched);
+            if (sec->cell_count) {
+                apply_data_2026(c, plan->data, sec, NULL);
+            }
+        }
+        return;
+    }
+    /* the same steps on the same cells as the prepare's dry run: the same cells, room found */
+    for (uint32_t k = 0; k < plan->n_sec; k++) {
+        const kvc_state_sec *sec = &plan->secs[k];
+        if (place_sec_2026(c, plan->seq_id, sec) == 1 && sec->cell_count) {
+            apply_data_2026(c, plan->data, sec, c->scatter.idx);
+        }
+    }
+    kvc_unified_slot_drop(c);
+}
+
 void kvc_state_plan_free(kvc_state_plan *plan) {
+    for (uint32_t k = 0; k < plan->n_sec; k++) {
+        kvc_free(plan->secs[k].pos);
+        kvc_free(plan->secs[k].seq);
+    }
+    kvc_free(plan->secs);
     kvc_free(plan->pos);
     kvc_free(plan->seq);
     memset(plan, 0, sizeof *plan);
@@ -1103,6 +1337,13 @@ int kvc_unified_state_prepare_lay(kvc_unified *c, int32_t seq_id, const uint8_t 
     }
     if (layout & KVC_LAYOUT_DETECT) {
         return kvc_err_set(err, KVC_E_ARG, "a part is prepared in a known layout (detection reads whole states)");
+    }
+    if (c->semantics == KVC_SEM_2026) {
+        const int rc = prepare_2026(c, seq_id, data, len, flags, layout, plan, err);
+        if (rc != KVC_OK) {
+            kvc_state_plan_free(plan);
+        }
+        return rc;
     }
     parsed ps;
     memset(&ps, 0, sizeof ps);
@@ -1132,6 +1373,10 @@ int kvc_unified_state_prepare_lay(kvc_unified *c, int32_t seq_id, const uint8_t 
 
 int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
     if (plan->noop) {
+        return KVC_OK;
+    }
+    if (c->semantics == KVC_SEM_2026) {
+        apply_2026(c, plan);
         return KVC_OK;
     }
     kvc_unified_defrag_settle(c);

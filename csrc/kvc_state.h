@@ -197,6 +197,15 @@ int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, b
 
 #define KVC_STATE_MAX_PARTS 8
 
+/* One validated stream section of a part read into a cache of semantics 2026. */
+typedef struct kvc_state_sec {
+    uint32_t  stream;     /* the cache's stream it goes to */
+    uint32_t  cell_count;
+    size_t    data_off;   /* offset in the part of its data section (the V layout flag) */
+    int32_t  *pos;        /* the cells' validated positions (owned) */
+    uint64_t *seq;        /* whole cache: the cells' sequence sets (owned), else NULL */
+} kvc_state_sec;
+
 /* One validated part, ready to apply to the cache it was prepared against. */
 typedef struct kvc_state_plan {
     const uint8_t *data;       /* the part (borrowed: must outlive the plan) */
@@ -210,6 +219,8 @@ typedef struct kvc_state_plan {
                                 * seq_words words per cell (owned), else NULL */
     bool           noop;       /* a single sequence's empty stream section (layouts with streams):
                                 * the destination keeps its cells */
+    uint32_t       n_sec;      /* semantics 2026: the part's non-empty stream sections, in order */
+    kvc_state_sec *secs;       /* [n_sec] (owned); the fields above describe no cells then */
 } kvc_state_plan;
 
 /* Validate the part at data[0, len) for seq_id and, for a single sequence, check that its cells

@@ -202,10 +202,8 @@ int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32
  * without RoPE, or the owner rotates; else kvc_unified_update rotates K by them next).
  * *copies: how many copies ran; returns whether a shift was pending. */
 bool    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts);
-/* The streams the state codec walks (kvc_state.c's per-stream sources): one. A cache of
- * semantics 2026 keeps c->n_stream cell tables, but its state is refused at the bridge until
- * the codec reads and writes them. */
-static inline uint32_t kvc_unified_n_stream(const kvc_unified *c) { (void)c; return 1; }
+/* The streams the state codec walks (kvc_state.c: a section per stream): 1 for a 2025 cache. */
+static inline uint32_t kvc_unified_n_stream(const kvc_unified *c) { return c->n_stream; }
 
 /* Slide the window of sequence s after a batch spanning [pmin, pmax] (iSWA commit): the cells of
  * s that no position up to pmax can see lose s. Returns 1 when fewer than min(n_swa, pmin)

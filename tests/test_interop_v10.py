@@ -3,8 +3,9 @@
 Every file 0.3.36 wrote into ../shared/interop-v10 is parsed, restored into a kvcache cache of
 its manifest's geometry (holding the cells the manifest lists) and written back byte for byte
 in layout "2026": sequence blobs (with the 0xaf143cd8 prefix), whole-context states, session
-files (version 10) and sequence files (version 3). The four-stream files (kv_unified=false) are
-refused with "n_stream mismatch" by today's one-stream caches, changing nothing. The live tests
+files (version 10) and sequence files (version 3). The four-stream files (kv_unified=false)
+restore into a 2026 cache of four streams and write back byte for byte; a one-stream cache
+refuses them with "n_stream mismatch", changing nothing. The live tests
 against 0.3.36 itself are in test_live_v10.py."""
 import hashlib
 import io
@@ -82,8 +83,44 @@ def test_file_restores_and_writes_back(folder, name):
     assert _cells(cache) == _expected(m, seq_id)
 
 
+def _streams_cache(m):
+    """The 2026 cache of the four-stream files: a stream of 256 cells per sequence."""
+    (g,) = m["geometry"]
+    ls = g["layers"]
+    return kvcache.UnifiedCache(
+        g["kv_size"], len(ls), [x["n_embd_k_gqa"] for x in ls], [x["n_embd_v_gqa"] for x in ls],
+        type_k=ls[0]["type_k"], type_v=ls[0]["type_v"], v_trans=g["v_trans"], n_seq_max=m["context"]["n_seq_max"],
+        n_pad=m["context"]["n_pad"], semantics="2026", kv_unified=False)
+
+
+def _stream_cells(cache):
+    return [[(p, ids) for _, p, ids, _ in t.nonempty()] for t in cache.stream_cells()]
+
+
 @pytest.mark.parametrize("name", FILES)
-def test_several_streams_are_refused_until_modelled(name):
+def test_several_streams_restore_and_write_back(name):
+    """The four-stream files restore into a 2026 cache of four streams, each section into its
+    stream (a sequence's into the sequence's), and write back byte for byte."""
+    path = interop_v10_dir() / STREAMS / name
+    m = manifest(path)
+    cache = _streams_cache(m)
+    assert cache.n_stream == 4
+    data, back, seq_id = _round_trip(path, m, cache)
+    assert back == data
+    got = _stream_cells(cache)
+    for sec in m["expected"]["sections"]:
+        strm = sec["stream"] if seq_id < 0 else seq_id
+        want = [(c["pos"], c["seq_ids"] if seq_id < 0 else [seq_id]) for c in sec["cells"]]
+        if sec["cell_count"] or seq_id < 0:
+            assert got[strm] == want, (name, strm)
+    if seq_id >= 0:
+        assert all(not cells for s, cells in enumerate(got) if s != seq_id)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_several_streams_are_refused_by_one_stream(name):
+    """A cache of one stream refuses the four-stream files with "n_stream mismatch", changing
+    nothing."""
     path = interop_v10_dir() / STREAMS / name
     m = manifest(path)
     cache = make_cache(m)          # one stream of the same cells and rows

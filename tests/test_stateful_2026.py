@@ -17,7 +17,7 @@ from hypothesis import settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
-from kvcache import UBatch, UnifiedCache  # noqa: E402
+from kvcache import StateError, UBatch, UnifiedCache  # noqa: E402
 from kvcache.conformance import unified2026  # noqa: E402
 from kvcache.conformance.ops import apply_op, start  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
@@ -187,6 +187,41 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
         self.rejected("mask", pos=pos, seq_id=bad, causal=True)
         self.rejected("prepare", ubatches=[{"pos": [0], "seq_id": [[0]]}, {"pos": pos, "seq_id": bad}])
 
+    def read_both(self, blob, seq_id):
+        """state_read into both: the bytes consumed, or that both raise StateError (and then
+        nothing changes, which the invariant sees)."""
+        got = []
+        for r in self.replays:
+            try:
+                got.append(r.cache.state_read(blob, seq_id, layout="2026"))
+            except StateError:
+                got.append("StateError")
+        assert got[0] == got[1], got
+        return got[0]
+
+    @rule(data=st.data())
+    def state_round_trip(self, data):
+        """A state (the whole cache's or a sequence's) written by both, the same bytes, read back
+        into the whole cache or into a sequence (often another one)."""
+        seq_id = data.draw(st.integers(-1, self.n_seq_max - 1), label="seq_id")
+        blobs = [r.cache.state_write(seq_id, layout="2026", prefix=False) for r in self.replays]
+        assert blobs[0] == blobs[1]
+        assert self.replays[1].cache.state_size(seq_id, layout="2026", prefix=False) == len(blobs[1])
+        dst = -1 if seq_id < 0 else self.seq(data)
+        assert self.read_both(blobs[0], dst) in (len(blobs[0]), "StateError")
+
+    @rule(data=st.data())
+    def state_read_damaged(self, data):
+        """A state cut short or with a byte changed: both take it or both refuse it alike."""
+        seq_id = data.draw(st.integers(-1, self.n_seq_max - 1), label="seq_id")
+        blob = bytearray(self.ref.state_write(seq_id, layout="2026"))
+        if data.draw(st.booleans(), label="cut"):
+            blob = blob[:data.draw(st.integers(0, len(blob) - 1), label="length")]
+        else:
+            at = data.draw(st.integers(0, min(len(blob), 64) - 1), label="at")
+            blob[at] ^= data.draw(st.integers(1, 255), label="xor")
+        self.read_both(bytes(blob), -1 if seq_id < 0 else self.seq(data))
+
     @rule()
     def bad_divisor_and_empty_prepare(self):
         self.rejected("seq_div", seq_id=0, p0=0, p1=4, d=0)
@@ -247,8 +282,6 @@ def test_the_seed_operations_are_refused_and_change_nothing():
         with pytest.raises(ValueError):
             call()
     assert c.stream_cells() == before and c.slot_info()[0][1].tolist() == [0, 1]
-    with pytest.raises(NotImplementedError):
-        c.state_write()
     with pytest.raises(ValueError):
         c.kq_mask(UBatch([2], [0]), pad=True)
     with pytest.raises(ValueError):
@@ -386,3 +419,87 @@ def test_the_sequence_hand_off_waits_for_the_2026_state_layout():
         c.seq_export(0)
     with pytest.raises(NotImplementedError):
         c.seq_import_begin(b"\0" * 64)
+
+
+# --- the state of a 2026 cache -----------------------------------------------------------------
+
+def _filled(n_seq_max=4, kv_unified=False, **kw):
+    c = _cache(n_seq_max=n_seq_max, kv_unified=kv_unified, **kw)
+    for s in range(n_seq_max):
+        assert c.find_slot(UBatch(list(range(3 + s)), [s] * (3 + s)))
+        rows = np.arange(4 * (3 + s), dtype=np.float32).reshape(3 + s, 4) + 10 * s
+        c.store(0, rows, rows + 0.5)
+    return c
+
+
+@pytest.mark.parametrize("kv_unified", [True, False])
+@pytest.mark.parametrize("v_trans", [True, False])
+def test_state_round_trips_whole_and_per_sequence(kv_unified, v_trans):
+    c = _filled(kv_unified=kv_unified, v_trans=v_trans)
+    assert c.n_stream == (1 if kv_unified else 4)
+    whole = c.state_write()
+    d = _filled(kv_unified=kv_unified, v_trans=v_trans)
+    d.clear()
+    assert d.state_read(whole) == len(whole) == c.state_size()
+    assert d.stream_cells() == c.stream_cells() and d.state_write() == whole
+    assert np.array_equal(d.k(0), c.k(0)) and np.array_equal(d.v(0), c.v(0))
+    for s in range(4):
+        blob = c.state_write(s)
+        e = _cache(n_seq_max=4, kv_unified=kv_unified, v_trans=v_trans)
+        assert e.state_read(blob, s) == len(blob)
+        assert e.state_write(s) == blob and e.seq_pos_max(s) == 2 + s
+        if not kv_unified:       # the other streams stay empty and are written as such
+            assert all(not t.nonempty() for k, t in enumerate(e.stream_cells()) if k != s)
+            assert len(c.state_write(s, prefix=False)) == len(blob) - 8
+
+
+def test_state_layouts_without_stream_counts_hold_one_stream():
+    one = _filled(n_seq_max=2, kv_unified=True)
+    blob = one.state_write(layout="2025")
+    other = _cache(n_seq_max=2)
+    assert other.state_read(blob, layout="2025") == len(blob) and other.stream_cells() == one.stream_cells()
+    four = _filled()
+    for call in (lambda: four.state_write(layout="2025"), lambda: four.state_size(layout="2025"),
+                 lambda: four.state_write_into(bytearray(1 << 16), layout="2025"),
+                 lambda: four.state_read(blob, layout="2025")):
+        with pytest.raises(ValueError, match="4 streams"):
+            call()
+
+
+def test_bad_state_reads_change_nothing():
+    four, one = _filled(), _filled(kv_unified=True)
+    snap = lambda c: (c.stream_cells(), c.heads, c.state_write(), c.k(0).tobytes(), c.v(0).tobytes())  # noqa: E731
+    before = snap(four)
+    with pytest.raises(StateError, match="n_stream mismatch"):
+        four.state_read(one.state_write())
+    with pytest.raises(StateError, match="n_stream mismatch"):
+        one.state_read(four.state_write(0), 0)
+    whole = four.state_write()
+    for cut in (3, 5, 40, len(whole) - 1):
+        with pytest.raises(StateError):
+            four.state_read(whole[:cut])
+    two = _cache(n_seq_max=2)
+    assert two.find_slot(UBatch([0], [[0, 1]]))
+    twice = bytearray(two.state_write())
+    assert twice[12:24] == bytes([2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0])
+    twice[20] = 0                                                  # the cell lists seq 0 twice
+    with pytest.raises(StateError, match="listed twice"):
+        one.state_read(bytes(twice))
+    with pytest.raises(ValueError):
+        four.state_read(whole, convert=True)
+    # no room: seq 0's 3 cells into the one stream of 64 cells, 62 of them seq 1's
+    full = _cache(n_seq_max=2)
+    assert full.find_slot(UBatch(list(range(62)), [1] * 62))
+    cells, heads = full.stream_cells(), full.heads
+    with pytest.raises(StateError, match="no room"):
+        full.state_read(one.state_write(0), 0)
+    assert full.stream_cells() == cells and full.heads == heads
+    assert snap(four) == before
+
+
+def test_a_sequence_state_of_empty_sections_keeps_the_sequence():
+    four = _filled()
+    before = four.stream_cells()
+    empty = _cache(n_seq_max=4, kv_unified=False).state_write(2)
+    assert len(empty) == 8 + 4 + 4 * 4
+    assert four.state_read(empty, 2) == len(empty) and four.stream_cells() == before

@@ -96,8 +96,16 @@ cdef int _refuse_2026(_Unified self, str what, str why) except -1:
 
 cdef int _refuse_state_2026(_Unified self, str what) except -1:
     if self.c.semantics == KVC_SEM_2026:
-        raise NotImplementedError(f"{what}: the state of a cache of semantics '2026' (layout '2026') is not "
+        raise NotImplementedError(f"{what}: the handoff of a cache of semantics '2026' is not "
                                   f"implemented in this version")
+    return 0
+
+
+cdef int _check_state_layout(_Unified self, unsigned bits, str what) except -1:
+    """A layout without stream counts holds one stream (the codec refuses the others too)."""
+    if self.c.n_stream > 1 and not bits & (KVC_LAYOUT_STREAMS | KVC_LAYOUT_DETECT):
+        raise ValueError(f"{what}: the cache has {self.c.n_stream} streams; a layout without stream counts "
+                         f"holds one (use a layout with them: '2025-08' or later)")
     return 0
 
 
@@ -1553,7 +1561,7 @@ cdef class _Unified(UnifiedCore):
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef unsigned bits = write_layout_bits(layout, prefix, s)
         cdef size_t r
-        _refuse_state_2026(self, "state_size")
+        _check_state_layout(self, bits, "state_size")
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
             r = kvc_unified_state_size_lay(&self.c, s, bits)
@@ -1566,7 +1574,8 @@ cdef class _Unified(UnifiedCore):
         A sequence's state in a layout with the sequence-blob prefix is what
         ``llama_state_seq_get_data`` returns (the magic, the seq id, the memory state);
         prefix=False gives the memory state alone (what a sequence file holds)."""
-        _refuse_state_2026(self, "state_write")
+        _check_state_layout(self, write_layout_bits(layout, prefix, seq_c(seq_id, self.c.n_seq_max, "seq_id", True)),
+                            "state_write")
         return _state_write_parts((self,), seq_id, layout, prefix)
 
     def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
@@ -1579,7 +1588,7 @@ cdef class _Unified(UnifiedCore):
         layout, prefix: as state_write."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef unsigned bits = write_layout_bits(layout, prefix, s)
-        _refuse_state_2026(self, "state_write_into")
+        _check_state_layout(self, bits, "state_write_into")
         target = state_target(buf)      # taken before the lock, like every array argument
         op_begin(&self._lock, False, "state_write_into")
         try:
@@ -1596,13 +1605,14 @@ cdef class _Unified(UnifiedCore):
         data: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, mmap; not
         copied). Returns the bytes consumed (bytes after the state are not read, unless exact).
         convert: accept a blob whose V layout (transposed or not) differs from this cache's and
-        convert it (llama.cpp refuses such a blob). exact: the state must end at the end of
+        convert it (llama.cpp refuses such a blob; not available for a cache of semantics
+        '2026'). exact: the state must end at the end of
         data. layout: a name of kvcache.LAYOUTS, or None (the default) to find it from the
         bytes: the sequence-blob magic says a layout with stream counts; otherwise the state must
         parse to exactly the end of data in one layout (StateError asks for layout= when it does
         in both). A sequence's state may come with or without the sequence-blob prefix. Raises
         StateError on a malformed or incompatible blob, leaving the cache exactly as it was."""
-        _refuse_state_2026(self, "state_read")
+        _check_state_layout(self, read_layout_bits(layout), "state_read")
         return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact, layout=layout)
 
 

@@ -54,7 +54,8 @@ class UnifiedCache(_Unified):
       dry run, ``seq_cp`` across streams copies whole sequences and queues a stream copy that
       ``update()`` performs (it returns a :class:`StreamUpdate`), ``n_kv_per_stream`` follows
       each stream's cells and ``kq_mask`` is ``[streams, rows, n_kv]`` without padding rows.
-      The state of a 2026 cache cannot be written or read yet (NotImplementedError).
+      Its state has a section per stream (layouts with stream counts; ``"2025"`` only for one
+      stream) and a sequence's state is placed in any free cells of its stream (docs/state.md).
     - ``kv_unified`` (semantics "2026"): True (default): one stream for every sequence; False:
       ``n_seq_max`` streams, sequence s in stream s, each of ``kv_size`` cells with its own head
       and K/V rows (K / V row ``s * kv_size + cell``; a transposed V per stream).
