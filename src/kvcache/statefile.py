@@ -527,13 +527,7 @@ def write_context_state(file: _Source, cache: _StateCache, arch: str, *, output_
     file: a path or a binary file object. Returns the bytes written."""
     _check_layout(layout)
     head = _context_header(arch, output_pos, logits, embeddings, layout)
-    out = _Out(file)
-    try:
-        out.put(head)
-        out.n += cache.state_write_into(out.f, -1, layout=layout)
-    finally:
-        out.close()
-    return out.n
+    return _write_state(file, [head], cache, -1, layout)
 
 
 def write_session_file(file: _Source, cache: _StateCache, arch: str, tokens: npt.ArrayLike, *,
@@ -545,15 +539,8 @@ def write_session_file(file: _Source, cache: _StateCache, arch: str, tokens: npt
     _check_layout(layout)
     toks = _i32_array(tokens, "tokens")
     head = _context_header(arch, output_pos, logits, embeddings, layout)
-    out = _Out(file)
-    try:
-        out.put(struct.pack("<III", SESSION_MAGIC, layout_info(layout)["session_version"], len(toks)))
-        out.put(toks.tobytes())
-        out.put(head)
-        out.n += cache.state_write_into(out.f, -1, layout=layout)
-    finally:
-        out.close()
-    return out.n
+    return _write_state(file, [struct.pack("<III", SESSION_MAGIC, layout_info(layout)["session_version"], len(toks)),
+                               toks.tobytes(), head], cache, -1, layout)
 
 
 def write_sequence_file(file: _Source, cache: _StateCache, seq_id: int, tokens: npt.ArrayLike, *,
@@ -564,11 +551,19 @@ def write_sequence_file(file: _Source, cache: _StateCache, seq_id: int, tokens: 
     _check_layout(layout)
     toks = _i32_array(tokens, "tokens")
     cache.state_size(seq_id, layout=layout, prefix=False)  # validates seq_id before anything is written
+    return _write_state(file, [struct.pack("<III", SEQUENCE_MAGIC, layout_info(layout)["sequence_version"], len(toks)),
+                               toks.tobytes()], cache, seq_id, layout, prefix=False)
+
+
+def _write_state(file: _Source, head: list[bytes], cache: _StateCache, seq_id: int, layout: str,
+                 prefix: bool | None = None) -> int:
+    """The bytes of head, then cache's state of seq_id in layout, into file (a path or a binary
+    file object). Returns the bytes written."""
     out = _Out(file)
     try:
-        out.put(struct.pack("<III", SEQUENCE_MAGIC, layout_info(layout)["sequence_version"], len(toks)))
-        out.put(toks.tobytes())
-        out.n += cache.state_write_into(out.f, seq_id, layout=layout, prefix=False)
+        for part in head:
+            out.put(part)
+        out.n += cache.state_write_into(out.f, seq_id, layout=layout, prefix=prefix)
     finally:
         out.close()
     return out.n
