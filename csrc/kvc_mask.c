@@ -204,6 +204,34 @@ static uint32_t kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uin
     return n_edge;
 }
 
+/* The end of the run of blocks marked for sequence s that starts at marked block b (cells
+ * [64 b, result)), at most n cells. */
+static uint32_t kvc_mask_run_end(const kvc_cells *cells, int32_t s, uint32_t b, uint32_t n) {
+    const uint64_t *bits = kvc_cells_blk(cells, s);
+    uint32_t e = b + 1;
+    while ((uint64_t)e * 64 < n && ((bits[e >> 6] >> (e & 63)) & 1u)) {
+        e++;
+    }
+    return (uint64_t)e * 64 < n ? e * 64 : n;
+}
+
+/* kvc_mask_key_positions of sequence s over cells [0, n) of a table: the blocks the sequence
+ * has not marked hold none of its cells, so they are -1 without reading the cells. */
+static uint32_t kvc_mask_key_positions_of(int32_t *v, const kvc_cells *cells, int32_t s, uint32_t n,
+                                          const int32_t edge[4]) {
+    uint32_t done = 0, n_edge = 0;
+    for (uint32_t b = kvc_cells_blk_next(cells, s, 0, n); b != UINT32_MAX; ) {
+        const uint32_t i0 = b * 64, i1 = kvc_mask_run_end(cells, s, b, n);
+        memset(v + done, 0xff, (size_t)(i0 - done) * sizeof *v);
+        n_edge += kvc_mask_key_positions(v + i0, cells->pos + i0, kvc_cells_seq_plane(cells, s) + i0, i1 - i0,
+                                         (unsigned)(s & 63), edge);
+        done = i1;
+        b = i1 >= n ? UINT32_MAX : kvc_cells_blk_next(cells, s, i1 / 64, n);
+    }
+    memset(v + done, 0xff, (size_t)(n - done) * sizeof *v);
+    return n_edge;
+}
+
 /* The indices i < n of the edges of v (as counted above), ascending, into out. Returns the count. */
 static uint32_t kvc_mask_edges(uint32_t *out, const int32_t *v, uint32_t n, const int32_t edge[4]) {
     uint32_t i = 0, k = 0;
@@ -344,9 +372,8 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
         /* an empty edge range when rows are computed directly */
         const int32_t none[4] = {0, 0, 0, 0};
         q->vis = vis + (size_t)k * n_kv;
-        const uint32_t n_edge = kvc_mask_key_positions(vis + (size_t)k * n_kv, cells->pos,
-                                                       kvc_cells_seq_plane(cells, q->id), n_kv,
-                                                       (unsigned)(q->id & 63), try_edges ? q->edge_range : none);
+        const uint32_t n_edge = kvc_mask_key_positions_of(vis + (size_t)k * n_kv, cells, q->id, n_kv,
+                                                          try_edges ? q->edge_range : none);
         if (try_edges && n_edge <= n_kv / KVC_MASK_EDGE_DIV) {
             q->n_edge = n_edge;
             q->use_edges = true;
@@ -407,35 +434,6 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
     return KVC_OK;
 }
 
-int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
-                        size_t row_stride, void *out) {
-    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
-    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
-    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
-    if (row_stride == 0) {
-        row_stride = row_bytes;
-    }
-    /* masks larger than the last-level cache go straight to memory */
-    const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
-    const int rc = kvc_mask_rows(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride, out);
-    if (rc != KVC_OK) {
-        return rc;
-    }
-    /* padding rows see nothing */
-    if (rows > n_tokens && n_kv) {
-        /* dense rows: one fill; strided rows: the gaps between them are the caller's */
-        const uint32_t n_fill = row_stride == row_bytes ? 1 : rows - n_tokens;
-        const size_t per = row_stride == row_bytes ? (size_t)(rows - n_tokens) * n_kv : n_kv;
-        for (uint32_t r = 0; r < n_fill; r++) {
-            kvc_mask_fill_hidden((uint8_t *)out + (size_t)(n_tokens + r) * row_stride, dtype, per, stream);
-        }
-    }
-    if (stream) {
-        kvc_stream_fence();
-    }
-    return KVC_OK;
-}
-
 /* Cells of a row built at a time by kvc_mask_rows_direct: their key positions stay in L1. */
 #define KVC_MASK_CHUNK 1024u
 
@@ -455,10 +453,12 @@ static bool kvc_mask_one_token_each(const kvc_ubatch *ub, uint32_t t0, uint32_t 
 
 /* kvc_mask_rows for a block whose every sequence has one token: a row's key positions are read
  * once, so each row is built straight from the cells a chunk at a time (no per-sequence array
- * of key positions to write and read back). */
+ * of key positions to write and read back), and the blocks of cells its sequence has not
+ * marked are filled as hidden without reading the cells: a row costs about its stores plus
+ * the sequence's own cells. Row r at r * row_stride bytes. */
 static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub,
                                  uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
-                                 void *out) {
+                                 size_t row_stride, void *out) {
     const size_t el = kvc_mask_elsize(dtype);
     const int32_t none[4] = {0, 0, 0, 0};
     int32_t vis[KVC_MASK_CHUNK];
@@ -468,13 +468,59 @@ static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, u
         int32_t lo, hi;
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
         const uint64_t *plane = kvc_cells_seq_plane(cells, s);
-        uint8_t *row = (uint8_t *)out + (size_t)r * n_kv * el;
-        for (uint32_t off = 0; off < n_kv; off += KVC_MASK_CHUNK) {
-            const uint32_t m = n_kv - off < KVC_MASK_CHUNK ? n_kv - off : KVC_MASK_CHUNK;
-            kvc_mask_key_positions(vis, cells->pos + off, plane + off, m, (unsigned)(s & 63), none);
-            kvc_mask_row(row + (size_t)off * el, dtype, vis, m, lo, hi, p1, alibi, stream);
+        uint8_t *row = (uint8_t *)out + (size_t)r * row_stride;
+        uint32_t done = 0;
+        for (uint32_t b = kvc_cells_blk_next(cells, s, 0, n_kv); b != UINT32_MAX; ) {
+            const uint32_t i0 = b * 64, i1 = kvc_mask_run_end(cells, s, b, n_kv);
+            if (i0 > done) {
+                kvc_mask_fill_hidden(row + (size_t)done * el, dtype, i0 - done, stream);
+            }
+            for (uint32_t off = i0; off < i1; off += KVC_MASK_CHUNK) {
+                const uint32_t m = i1 - off < KVC_MASK_CHUNK ? i1 - off : KVC_MASK_CHUNK;
+                kvc_mask_key_positions(vis, cells->pos + off, plane + off, m, (unsigned)(s & 63), none);
+                kvc_mask_row(row + (size_t)off * el, dtype, vis, m, lo, hi, p1, alibi, stream);
+            }
+            done = i1;
+            b = i1 >= n_kv ? UINT32_MAX : kvc_cells_blk_next(cells, s, i1 / 64, n_kv);
+        }
+        if (n_kv > done) {
+            kvc_mask_fill_hidden(row + (size_t)done * el, dtype, n_kv - done, stream);
         }
     }
+}
+
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                        size_t row_stride, void *out) {
+    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
+    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
+    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
+    if (row_stride == 0) {
+        row_stride = row_bytes;
+    }
+    /* masks larger than the last-level cache go straight to memory */
+    const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
+    if (kvc_mask_one_token_each(ub, 0, n_tokens)) {
+        kvc_mask_rows_direct(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride, out);
+    } else {
+        const int rc = kvc_mask_rows(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride,
+                                     out);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+    }
+    /* padding rows see nothing */
+    if (rows > n_tokens && n_kv) {
+        /* dense rows: one fill; strided rows: the gaps between them are the caller's */
+        const uint32_t n_fill = row_stride == row_bytes ? 1 : rows - n_tokens;
+        const size_t per = row_stride == row_bytes ? (size_t)(rows - n_tokens) * n_kv : n_kv;
+        for (uint32_t r = 0; r < n_fill; r++) {
+            kvc_mask_fill_hidden((uint8_t *)out + (size_t)(n_tokens + r) * row_stride, dtype, per, stream);
+        }
+    }
+    if (stream) {
+        kvc_stream_fence();
+    }
+    return KVC_OK;
 }
 
 uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups) {
@@ -502,7 +548,7 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
         const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
         void *rows = (uint8_t *)out + g * block;
         if (kvc_mask_one_token_each(ub, g * nst, nst)) {
-            kvc_mask_rows_direct(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, rows);
+            kvc_mask_rows_direct(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, row_bytes, rows);
             continue;
         }
         rc = kvc_mask_rows(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, row_bytes, rows);
