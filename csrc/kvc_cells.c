@@ -19,7 +19,8 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->seq_pos = kvc_calloc(n_seq_max ? n_seq_max : 1, sizeof *c->seq_pos);
     c->blk_words = (c->n_words + 63) / 64;
     c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
-    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos && c->seq_blk;
+    c->chg = kvc_malloc_n(size ? size : 1, sizeof *c->chg);
+    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
         c->seq_pos[s].v = kvc_malloc_n(size, sizeof(int32_t));
@@ -45,6 +46,7 @@ void kvc_cells_free(kvc_cells *c) {
     }
     kvc_free(c->seq_pos);
     kvc_free(c->seq_blk);
+    kvc_free(c->chg);
     memset(c, 0, sizeof *c);
 }
 
@@ -62,6 +64,7 @@ void kvc_cells_reset(kvc_cells *c) {
         c->seq_pos[s].n = 0;
     }
     memset(c->seq_blk, 0, (size_t)c->n_seq_max * c->blk_words * sizeof *c->seq_blk);
+    kvc_cells_changed_all(c);
 }
 
 void kvc_cells_reset_shift(kvc_cells *c) {
@@ -149,6 +152,13 @@ bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r) {
     const kvc_seq_pos *sp = &c->seq_pos[s];
     const uint32_t k = kvc_seq_pos_lower(sp, r.p0);
     return k < sp->n && sp->v[k] < r.p1;
+}
+
+uint32_t kvc_cells_seq_pos_count_in(const kvc_cells *c, int32_t s, kvc_pos_range r) {
+    const kvc_seq_pos *sp = &c->seq_pos[s];
+    const uint32_t a = kvc_seq_pos_lower(sp, r.p0);
+    const uint32_t b = r.p1 > KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, (int32_t)r.p1);
+    return b > a ? b - a : 0;
 }
 
 static void kvc_seq_pos_insert(kvc_seq_pos *sp, int32_t p) {
@@ -287,6 +297,7 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
 
 void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p) {
     c->pos[i] = p;
+    kvc_cells_changed(c, i);
     kvc_cells_mark_used(c, i);
 }
 
@@ -305,6 +316,7 @@ bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
 
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seqs_del(c->seq, c->size, i, s);
+    kvc_cells_changed(c, i);
     if (kvc_cells_seq_none(c, i)) {
         c->pos[i] = -1;
         kvc_cells_mark_unused(c, i);
@@ -333,6 +345,8 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     kvc_cells_mark_unused(c, src);
     kvc_cells_mark_used(c, dst);
     kvc_cells_blk_mark_all(c, dst);
+    kvc_cells_changed(c, src);
+    kvc_cells_changed(c, dst);
 }
 
 bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
@@ -341,6 +355,7 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
     c->pos[i] = (int32_t)(p > KVC_POS_MAX ? KVC_POS_MAX : p);
     c->shift[i] = kvc_wrap_add_i32(c->shift[i], d);
     c->has_shift = true;
+    kvc_cells_changed(c, i);
     if (p < 0) {
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
         c->pos[i] = -1;
@@ -353,6 +368,7 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
 void kvc_cells_pos_div_raw(kvc_cells *c, uint32_t i, int32_t d) {
     const int32_t old = c->pos[i];
     c->pos[i] = old / d;
+    kvc_cells_changed(c, i);
     c->shift[i] = kvc_wrap_add_i32(c->shift[i], old - c->pos[i]);
     c->has_shift = true;
 }
@@ -362,6 +378,7 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
     c->pos[i] = pos;
     kvc_seqs_put(c->seq, c->size, c->seq_words, i, seq);
     kvc_cells_blk_mark_all(c, i);
+    kvc_cells_changed(c, i);
     if (was && !now) {
         kvc_cells_mark_unused(c, i);
     } else if (!was && now) {
@@ -372,6 +389,7 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
 void kvc_cells_clear_raw(kvc_cells *c, uint32_t i) {
     if (c->pos[i] != -1) {
         c->pos[i] = -1;
+        kvc_cells_changed(c, i);
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
         kvc_cells_mark_unused(c, i);
     }
@@ -387,6 +405,7 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     dst->used_max_p1 = src->used_max_p1;
     dst->has_shift = src->has_shift;
     memcpy(dst->seq_blk, src->seq_blk, (size_t)src->n_seq_max * src->blk_words * sizeof *src->seq_blk);
+    kvc_cells_changed_all(dst);   /* the log is dst's own: whatever it said is void now */
     for (uint32_t s = 0; s < src->n_seq_max; s++) {
         memcpy(dst->seq_pos[s].v, src->seq_pos[s].v, (size_t)src->seq_pos[s].n * sizeof(int32_t));
         dst->seq_pos[s].n = src->seq_pos[s].n;

@@ -10,7 +10,11 @@
  *   - seq_blk: per sequence one bit per block of 64 cells, set for every block in which some
  *     cell holds the sequence (it may stay set after the block lost it: a superset, made exact
  *     again by the walks that find a block empty), so that an operation on one sequence visits
- *     its blocks, not every cell.
+ *     its blocks, not every cell;
+ *   - chg: the cells whose position or sequences changed, in order (a cell may appear more than
+ *     once), since the log last restarted; the log restarts (chg_epoch grows) when it is full
+ *     and whenever the whole table is replaced, so that (chg_epoch, chg_n) taken at one moment
+ *     names everything that changed since: what a mask written then must rewrite.
  * Every mutation below keeps all of them consistent unless it says otherwise. The table is a
  * value of its own (it knows nothing of the cache around it): a cache with several streams
  * keeps one per stream. */
@@ -47,6 +51,9 @@ typedef struct kvc_cells {
     uint32_t    blk_words;    /* (n_words + 63) / 64: words of a sequence's block bits */
     uint64_t   *seq_blk;      /* [n_seq_max * blk_words] bit b of sequence s's words: some cell
                                * in [64 b, 64 b + 64) may hold s (every such block has it set) */
+    uint32_t   *chg;          /* [size] the change log */
+    uint32_t    chg_n;        /* entries in it */
+    uint64_t    chg_epoch;    /* grows every time the log restarts */
 } kvc_cells;
 
 int  kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max); /* KVC_OK / KVC_E_NOMEM */
@@ -76,6 +83,21 @@ static inline const uint64_t *kvc_cells_seq_plane(const kvc_cells *c, int32_t s)
 /* Cell i's position is in r (r.p0 >= 0: an empty cell, pos -1, never is). */
 static inline bool kvc_cells_pos_in(const kvc_cells *c, uint32_t i, kvc_pos_range r) {
     return kvc_pos_range_has(r, c->pos[i]);
+}
+
+/* Cell i changed (position or sequences). */
+static inline void kvc_cells_changed(kvc_cells *c, uint32_t i) {
+    if (c->chg_n < c->size) {
+        c->chg[c->chg_n++] = i;
+    } else {
+        c->chg_epoch++;
+        c->chg_n = 0;
+    }
+}
+/* Every cell may have changed: the log restarts. */
+static inline void kvc_cells_changed_all(kvc_cells *c) {
+    c->chg_epoch++;
+    c->chg_n = 0;
 }
 
 /* The block bits of sequence s (blk_words words). */
@@ -154,10 +176,12 @@ bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s);
 static inline void kvc_cells_seq_add_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seqs_add(c->seq, c->size, i, s);
     kvc_cells_blk_mark(c, i, s);
+    kvc_cells_changed(c, i);
 }
 /* Cell i keeps only sequence s (which it holds). The index is not updated. */
 static inline void kvc_cells_seq_only_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seqs_only(c->seq, c->size, c->seq_words, i, s);
+    kvc_cells_changed(c, i);
 }
 /* Empty cell i (sequences cleared, shift kept). */
 void kvc_cells_clear_raw(kvc_cells *c, uint32_t i);
@@ -177,6 +201,8 @@ static inline int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s) {
 
 /* Does sequence s hold a position in r? O(log n). */
 bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r);
+/* How many cells of sequence s have a position in r? O(log n). */
+uint32_t kvc_cells_seq_pos_count_in(const kvc_cells *c, int32_t s, kvc_pos_range r);
 
 /* The cells holding sequence s (c->seq_pos[s].n of them) ordered by position, ties by cell:
  * cell k into cells[k], its position into pos[k]. KVC_OK or KVC_E_NOMEM (when they had to be

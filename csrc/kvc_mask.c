@@ -561,3 +561,239 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
     }
     return KVC_OK;
 }
+
+/* --- masks rewritten where the cells changed ----------------------------------------------- */
+
+struct kvc_mask_memo {
+    bool        valid;
+    const void *out;
+    size_t      row_stride;
+    uint32_t    n_tokens, rows, n_kv, n_groups, nst;
+    int         dtype;
+    bool        causal, pad;
+    uint32_t    cap;                  /* tokens the row arrays hold */
+    int32_t    *seq, *lo, *hi;        /* [cap] per token: its row's sequence and window */
+    uint32_t   *strm;                 /* [n_stream] the stream of each group */
+    uint64_t   *epoch;                /* [n_stream] each stream's change log as of the write */
+    uint32_t   *chg_n;
+    uint32_t   *cells;                /* [cells_cap] scratch: a stream's changed cells */
+    uint32_t    cells_cap;
+};
+
+void kvc_mask_memo_free(struct kvc_mask_memo *m) {
+    if (!m) {
+        return;
+    }
+    kvc_free(m->seq);
+    kvc_free(m->lo);
+    kvc_free(m->hi);
+    kvc_free(m->strm);
+    kvc_free(m->epoch);
+    kvc_free(m->chg_n);
+    kvc_free(m->cells);
+    kvc_free(m);
+}
+
+/* The memo with room for n_tokens rows, or NULL (out of memory: the mask is then written whole
+ * and not remembered). */
+static struct kvc_mask_memo *kvc_mask_memo_get(kvc_unified *c, uint32_t n_tokens) {
+    struct kvc_mask_memo *m = c->mask_memo;
+    if (!m) {
+        m = kvc_calloc(1, sizeof *m);
+        if (!m) {
+            return NULL;
+        }
+        m->strm = kvc_calloc(c->n_stream, sizeof *m->strm);
+        m->epoch = kvc_calloc(c->n_stream, sizeof *m->epoch);
+        m->chg_n = kvc_calloc(c->n_stream, sizeof *m->chg_n);
+        if (!m->strm || !m->epoch || !m->chg_n) {
+            kvc_mask_memo_free(m);
+            return NULL;
+        }
+        c->mask_memo = m;
+    }
+    if (m->cap < n_tokens) {
+        int32_t *seq = kvc_realloc_n(m->seq, n_tokens, sizeof *seq);
+        m->seq = seq ? seq : m->seq;
+        int32_t *lo = kvc_realloc_n(m->lo, n_tokens, sizeof *lo);
+        m->lo = lo ? lo : m->lo;
+        int32_t *hi = kvc_realloc_n(m->hi, n_tokens, sizeof *hi);
+        m->hi = hi ? hi : m->hi;
+        if (!seq || !lo || !hi) {
+            m->valid = false;
+            return NULL;
+        }
+        m->cap = n_tokens;
+    }
+    return m;
+}
+
+static inline int32_t kvc_mask_row_seq(const kvc_ubatch *ub, uint32_t t) {
+    return ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
+}
+
+/* Remember that out now holds the mask of ub over the groups' streams as they are. */
+static void kvc_mask_memo_record(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                                 size_t row_stride, uint32_t rows, uint32_t n_kv, const uint32_t *strm,
+                                 uint32_t n_groups, uint32_t nst, const void *out) {
+    struct kvc_mask_memo *m = kvc_mask_memo_get(c, ub->n_tokens);
+    if (!m) {
+        return;
+    }
+    /* ALiBi's values follow each token's position: such a mask is always written whole */
+    m->valid = !alibi;
+    m->out = out;
+    m->row_stride = row_stride;
+    m->n_tokens = ub->n_tokens;
+    m->rows = rows;
+    m->n_kv = n_kv;
+    m->n_groups = n_groups;
+    m->nst = nst;
+    m->dtype = dtype;
+    m->causal = causal;
+    m->pad = pad;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        m->strm[g] = strm[g];
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        m->epoch[strm[g]] = cells->chg_epoch;
+        m->chg_n[strm[g]] = cells->chg_n;
+    }
+    for (uint32_t t = 0; t < ub->n_tokens; t++) {
+        m->seq[t] = kvc_mask_row_seq(ub, t);
+        kvc_unified_visible_range(c, ub->pos[t], causal, &m->lo[t], &m->hi[t]);
+    }
+}
+
+static int kvc_u32_cmp(const void *a, const void *b) {
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The distinct cells of stream st's log since the memo, ascending, into m->cells; their count,
+ * or UINT32_MAX when there is no room for them. */
+static uint32_t kvc_mask_changed_cells(struct kvc_mask_memo *m, const kvc_cells *cells, uint32_t st) {
+    const uint32_t n = cells->chg_n - m->chg_n[st];
+    if (n == 0) {
+        return 0;
+    }
+    if (m->cells_cap < n) {
+        uint32_t *a = kvc_realloc_n(m->cells, n, sizeof *a);
+        if (!a) {
+            return UINT32_MAX;
+        }
+        m->cells = a;
+        m->cells_cap = n;
+    }
+    memcpy(m->cells, cells->chg + m->chg_n[st], (size_t)n * sizeof *m->cells);
+    qsort(m->cells, n, sizeof *m->cells, kvc_u32_cmp);
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        if (k == 0 || m->cells[k - 1] != m->cells[j]) {
+            m->cells[k++] = m->cells[j];
+        }
+    }
+    return k;
+}
+
+/* The rewrite of what changed, when the memo matches the call (else false: nothing written). */
+static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                           size_t row_stride, uint32_t rows, uint32_t n_kv, const uint32_t *strm, uint32_t n_groups,
+                           uint32_t nst, void *out) {
+    struct kvc_mask_memo *m = c->mask_memo;
+    if (!m || !m->valid || alibi || m->out != out || m->row_stride != row_stride || m->n_tokens != ub->n_tokens ||
+        m->rows != rows || m->n_kv != n_kv || m->n_groups != n_groups || m->nst != nst || m->dtype != dtype ||
+        m->causal != causal || m->pad != pad) {
+        return false;
+    }
+    uint64_t changes = 0;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        if (m->strm[g] != strm[g] || m->epoch[strm[g]] != cells->chg_epoch || m->chg_n[strm[g]] > cells->chg_n) {
+            return false;
+        }
+        changes += cells->chg_n - m->chg_n[strm[g]];
+    }
+    /* patching costs a store per changed cell and row; past a quarter of the mask, write it whole */
+    if (changes * ub->n_tokens > (uint64_t)rows * n_kv / 4) {
+        return false;
+    }
+    for (uint32_t g = 0; g < n_groups; g++) {
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        const uint32_t n_chg = kvc_mask_changed_cells(m, cells, strm[g]);
+        if (n_chg == UINT32_MAX) {
+            return false;
+        }
+        for (uint32_t t = g * nst; t < (g + 1) * nst; t++) {
+            const int32_t s = kvc_mask_row_seq(ub, t), p1 = ub->pos[t];
+            int32_t lo, hi;
+            kvc_unified_visible_range(c, p1, causal, &lo, &hi);
+            uint8_t *row = (uint8_t *)out + (size_t)t * row_stride;
+            bool whole = s != m->seq[t] || lo != m->lo[t];
+            if (!whole && hi != m->hi[t]) {
+                /* the cells of s between the two windows' ends must all be changed ones */
+                const int32_t a = hi < m->hi[t] ? hi : m->hi[t], b = hi < m->hi[t] ? m->hi[t] : hi;
+                const kvc_pos_range r = { a + 1, (int64_t)b + 1 };
+                uint32_t n_in = 0;
+                for (uint32_t j = 0; j < n_chg; j++) {
+                    const uint32_t i = m->cells[j];
+                    n_in += kvc_cells_seq_has(cells, i, s) && kvc_cells_pos_in(cells, i, r);
+                }
+                whole = kvc_cells_seq_pos_count_in(cells, s, r) != n_in;
+            }
+            if (whole) {
+                kvc_mask_rows_direct(c, cells, n_kv, ub, t, 1, causal, false, dtype, false, row_stride, row);
+                continue;
+            }
+            for (uint32_t j = 0; j < n_chg && m->cells[j] < n_kv; j++) {
+                const uint32_t i = m->cells[j];
+                kvc_mask_set(row, dtype, i, kvc_cells_seq_has(cells, i, s) && cells->pos[i] >= lo &&
+                                            cells->pos[i] <= hi);
+            }
+        }
+    }
+    return true;
+}
+
+int kvc_unified_kq_mask_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                              size_t row_stride, void *out, bool reuse) {
+    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
+    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
+    if (row_stride == 0) {
+        row_stride = (size_t)n_kv * kvc_mask_elsize(dtype);
+    }
+    const uint32_t strm[1] = {0};
+    if (!(reuse && kvc_mask_patch(c, ub, causal, alibi, dtype, pad, row_stride, rows, n_kv, strm, 1, n_tokens, out))) {
+        if (c->mask_memo) {
+            c->mask_memo->valid = false;   /* out is being rewritten: an error leaves it unknown */
+        }
+        const int rc = kvc_unified_kq_mask(c, ub, causal, alibi, dtype, pad, row_stride, out);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+    }
+    kvc_mask_memo_record(c, ub, causal, alibi, dtype, pad, row_stride, rows, n_kv, strm, 1, n_tokens, out);
+    return KVC_OK;
+}
+
+int kvc_unified_kq_mask_2026_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
+                                   void *out, bool reuse, kvc_err *err) {
+    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
+    int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    const uint32_t n_kv = kvc_unified_kq_mask_2026_n_kv(c, strm, n_groups);
+    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
+    if (!(reuse && kvc_mask_patch(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, n_kv, strm, n_groups,
+                                  nst, out))) {
+        if (c->mask_memo) {
+            c->mask_memo->valid = false;
+        }
+        rc = kvc_unified_kq_mask_2026(c, ub, causal, alibi, dtype, out, err);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+    }
+    kvc_mask_memo_record(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, n_kv, strm, n_groups, nst, out);
+    return KVC_OK;
+}

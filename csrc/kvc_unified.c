@@ -3,6 +3,7 @@
 #include "kvc_unified.h"
 
 #include "kvc_cols.h"
+#include "kvc_mask.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
@@ -142,6 +143,7 @@ void kvc_unified_free(kvc_unified *c) {
     kvc_free(c->layers);
     kvc_free(c->defrag_ids);
     kvc_undo_free(&c->undo);
+    kvc_mask_memo_free(c->mask_memo);
     memset(c, 0, sizeof *c);
 }
 

@@ -7,9 +7,13 @@
  * multiples of 64 and of more than 4096 cells (several words of block bits), with 1 and 2 words
  * of sequence sets. After every operation a full scan of every cell is held against the
  * indexes: every cell holding s has its block marked, seq_pos[s] is exactly the sorted positions
- * of the cells holding s, and kvc_cells_seq_cells lists exactly those cells. */
+ * of the cells holding s, and kvc_cells_seq_cells lists exactly those cells; every cell whose
+ * position or sequences changed is in the table's change log since the step before (or the log
+ * restarted); and a mask rewritten where the cells changed (kvc_unified_kq_mask_reuse and its
+ * 2026 twin, into the same buffer step after step) equals a fresh one byte for byte. */
 #include "kvc_cells.h"
 #include "kvc_defrag.h"
+#include "kvc_mask.h"
 #include "kvc_slot.h"
 #include "kvc_types.h"
 #include "kvc_update.h"
@@ -113,6 +117,93 @@ static const kvc_ubatch *make_ub(ubuf *u, uint32_t n, int32_t s, int32_t s2, int
     return &u->ub;
 }
 
+/* The cells as they were at the last look, per stream, and the change log then. */
+typedef struct seen {
+    int32_t *pos;
+    uint64_t *seq;
+    uint64_t *epoch;
+    uint32_t *chg_n;
+} seen;
+
+static void seen_take(seen *v, const kvc_unified *c) {
+    for (uint32_t st = 0; st < c->n_stream; st++) {
+        const kvc_cells *t = kvc_unified_stream_cells_c(c, st);
+        memcpy(v->pos + (size_t)st * t->size, t->pos, t->size * sizeof *t->pos);
+        memcpy(v->seq + (size_t)st * t->size * t->seq_words, t->seq, (size_t)t->size * t->seq_words * sizeof *t->seq);
+        v->epoch[st] = t->chg_epoch;
+        v->chg_n[st] = t->chg_n;
+    }
+}
+
+/* Every cell that differs from the last look is in the log since then. */
+static void check_log(const seen *v, const kvc_unified *c, const char *what, uint32_t step) {
+    for (uint32_t st = 0; st < c->n_stream; st++) {
+        const kvc_cells *t = kvc_unified_stream_cells_c(c, st);
+        if (t->chg_epoch != v->epoch[st]) {
+            continue;
+        }
+        bool logged = t->chg_n >= v->chg_n[st];
+        for (uint32_t i = 0; logged && i < t->size; i++) {
+            bool same = t->pos[i] == v->pos[(size_t)st * t->size + i];
+            for (uint32_t w = 0; w < t->seq_words; w++) {
+                same = same && t->seq[(size_t)w * t->size + i] ==
+                               v->seq[(size_t)st * t->size * t->seq_words + (size_t)w * t->size + i];
+            }
+            if (same) {
+                continue;
+            }
+            bool found = false;
+            for (uint32_t k = v->chg_n[st]; k < t->chg_n && !found; k++) {
+                found = t->chg[k] == i;
+            }
+            logged = found;
+        }
+        CHECK(logged, "%s step %u: a changed cell of stream %u is not in the change log", what, step, st);
+    }
+}
+
+/* The mask of a decode-like ubatch (one token of each sequence in `which`, at the position
+ * each goes on from, less a little) into the reused buffer, against a fresh one. */
+static void check_mask(kvc_unified *c, const int32_t *next, uint64_t which, int dtype, bool pad, uint8_t *reused,
+                       uint8_t *fresh, const char *what, uint32_t step) {
+    ubuf u;
+    uint32_t n = 0, k = 0;
+    for (uint32_t s = 0; s < c->n_seq_max && s < 64; s++) {
+        if (!((which >> s) & 1u)) {
+            continue;
+        }
+        const int32_t back = (int32_t)check_rand(2);
+        u.pos[n] = next[s] > back ? next[s] - back : 0;
+        u.off[n] = k;
+        u.ids[k++] = (int32_t)s;
+        n++;
+    }
+    if (n == 0) {
+        return;
+    }
+    u.off[n] = k;
+    u.ub = (kvc_ubatch){ .n_tokens = n, .n_seq_tokens = 1, .n_seqs = n, .pos = u.pos, .seq_off = u.off,
+                         .seq_ids = u.ids };
+    const size_t el = dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
+    size_t bytes;
+    kvc_err err;
+    if (c->semantics == KVC_SEM_2026) {
+        uint32_t strm[KVC_MAX_SEQ], ng, nst;
+        if (kvc_unified_groups(c, &u.ub, strm, &ng, &nst, &err) != KVC_OK) {
+            return;
+        }
+        bytes = (size_t)n * kvc_unified_kq_mask_2026_n_kv(c, strm, ng) * el;
+        CHECK(kvc_unified_kq_mask_2026_reuse(c, &u.ub, true, false, dtype, reused, true, &err) == KVC_OK, "mask");
+        CHECK(kvc_unified_kq_mask_2026(c, &u.ub, true, false, dtype, fresh, &err) == KVC_OK, "mask");
+    } else {
+        bytes = (size_t)(pad ? kvc_pad_u32(n, KVC_KQ_MASK_PAD) : n) * c->n * el;
+        CHECK(kvc_unified_kq_mask_reuse(c, &u.ub, true, false, dtype, pad, 0, reused, true) == KVC_OK, "mask");
+        CHECK(kvc_unified_kq_mask(c, &u.ub, true, false, dtype, pad, 0, fresh) == KVC_OK, "mask");
+    }
+    CHECK(memcmp(reused, fresh, bytes) == 0, "%s step %u: the reused mask (%u tokens, dtype %d%s) differs from a "
+          "fresh one", what, step, n, dtype, pad ? ", padded" : "");
+}
+
 static int32_t some_pos(uint32_t top) {
     return check_rand(8) == 0 ? -1 : (int32_t)check_rand(top + 1);
 }
@@ -139,6 +230,22 @@ static void run(const setup *su, uint32_t steps) {
     const uint32_t top = 3 * su->size;
     kvc_unified_mark mark;
     kvc_unified_mark_take(&c, &mark);
+    seen was = {
+        malloc((size_t)n_stream * su->size * sizeof *was.pos),
+        malloc((size_t)n_stream * su->size * kvc_seq_words(su->n_seq) * sizeof *was.seq),
+        malloc(n_stream * sizeof *was.epoch), malloc(n_stream * sizeof *was.chg_n),
+    };
+    const size_t mask_bytes = (size_t)(su->n_seq + 64) * su->size * sizeof(float);
+    uint8_t *reused = calloc(mask_bytes, 1), *fresh = calloc(mask_bytes, 1);
+    if (!was.pos || !was.seq || !was.epoch || !was.chg_n || !reused || !fresh) {
+        CHECK(false, "out of memory");
+        steps = 0;
+    } else {
+        seen_take(&was, &c);
+    }
+    uint64_t which = 1;
+    int dtype = KVC_MASK_F32;
+    bool pad = false;
     bool have_mark = su->semantics != KVC_SEM_2026;
     for (uint32_t step = 0; next && step < steps; step++) {
         const uint32_t op = check_rand(12);
@@ -251,7 +358,25 @@ static void run(const setup *su, uint32_t steps) {
             have_mark = false;
         }
         check_cache(&c, su->name, step);
+        check_log(&was, &c, su->name, step);
+        seen_take(&was, &c);
+        /* the mask's shape holds still for a while, as a server's does between steps */
+        if (check_rand(16) == 0) {
+            which = ((uint64_t)check_rand(1u << 16) << 16 | check_rand(1u << 16)) |
+                    (uint64_t)check_rand(1u << 16) << 32;
+            dtype = (int)check_rand(3);
+            pad = check_rand(2);
+        }
+        if (check_rand(2) == 0) {
+            check_mask(&c, next, which, dtype, pad, reused, fresh, su->name, step);
+        }
     }
+    free(was.pos);
+    free(was.seq);
+    free(was.epoch);
+    free(was.chg_n);
+    free(reused);
+    free(fresh);
     free(next);
     kvc_unified_free(&c);
     free(k);
