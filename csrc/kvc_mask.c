@@ -564,18 +564,29 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
 
 /* --- masks rewritten where the cells changed ----------------------------------------------- */
 
-struct kvc_mask_memo {
+/* A buffer the cache wrote a mask into, and what it holds. */
+typedef struct kvc_mask_slot {
     bool        valid;
-    const void *out;
+    const uint8_t *out;
+    size_t      extent;               /* bytes from out that the mask spans */
     size_t      row_stride;
     uint32_t    n_tokens, rows, n_kv, n_groups, nst;
     int         dtype;
     bool        causal, pad;
+    uint64_t    used;                 /* the memo's clock when last written */
     uint32_t    cap;                  /* tokens the row arrays hold */
     int32_t    *seq, *lo, *hi;        /* [cap] per token: its row's sequence and window */
     uint32_t   *strm;                 /* [n_stream] the stream of each group */
     uint64_t   *epoch;                /* [n_stream] each stream's change log as of the write */
     uint32_t   *chg_n;
+} kvc_mask_slot;
+
+/* The last few buffers (a step may write masks of several dtypes or layers' windows). */
+#define KVC_MASK_SLOTS 4
+
+struct kvc_mask_memo {
+    kvc_mask_slot slot[KVC_MASK_SLOTS];
+    uint64_t    clock;
     uint32_t   *cells;                /* [cells_cap] scratch: a stream's changed cells */
     uint32_t    cells_cap;
 };
@@ -584,84 +595,145 @@ void kvc_mask_memo_free(struct kvc_mask_memo *m) {
     if (!m) {
         return;
     }
-    kvc_free(m->seq);
-    kvc_free(m->lo);
-    kvc_free(m->hi);
-    kvc_free(m->strm);
-    kvc_free(m->epoch);
-    kvc_free(m->chg_n);
+    for (int k = 0; k < KVC_MASK_SLOTS; k++) {
+        kvc_mask_slot *sl = &m->slot[k];
+        kvc_free(sl->seq);
+        kvc_free(sl->lo);
+        kvc_free(sl->hi);
+        kvc_free(sl->strm);
+        kvc_free(sl->epoch);
+        kvc_free(sl->chg_n);
+    }
     kvc_free(m->cells);
     kvc_free(m);
 }
 
-/* The memo with room for n_tokens rows, or NULL (out of memory: the mask is then written whole
- * and not remembered). */
-static struct kvc_mask_memo *kvc_mask_memo_get(kvc_unified *c, uint32_t n_tokens) {
+/* The slot remembering out, or NULL. */
+static kvc_mask_slot *kvc_mask_slot_of(const kvc_unified *c, const void *out) {
+    struct kvc_mask_memo *m = c->mask_memo;
+    for (int k = 0; m && k < KVC_MASK_SLOTS; k++) {
+        if (m->slot[k].valid && m->slot[k].out == out) {
+            return &m->slot[k];
+        }
+    }
+    return NULL;
+}
+
+/* out[0, extent) is being written: every slot whose buffer overlaps it is forgotten. */
+static void kvc_mask_forget(kvc_unified *c, const void *out, size_t extent) {
+    struct kvc_mask_memo *m = c->mask_memo;
+    const uint8_t *a = out;
+    for (int k = 0; m && k < KVC_MASK_SLOTS; k++) {
+        kvc_mask_slot *sl = &m->slot[k];
+        if (sl->valid && sl->out < a + extent && a < sl->out + sl->extent) {
+            sl->valid = false;
+        }
+    }
+}
+
+/* A slot for out with room for n_tokens rows (the one remembering it, else the least recently
+ * written), or NULL (out of memory: the mask is then not remembered). */
+static kvc_mask_slot *kvc_mask_slot_for(kvc_unified *c, const void *out, uint32_t n_tokens) {
     struct kvc_mask_memo *m = c->mask_memo;
     if (!m) {
         m = kvc_calloc(1, sizeof *m);
         if (!m) {
             return NULL;
         }
-        m->strm = kvc_calloc(c->n_stream, sizeof *m->strm);
-        m->epoch = kvc_calloc(c->n_stream, sizeof *m->epoch);
-        m->chg_n = kvc_calloc(c->n_stream, sizeof *m->chg_n);
-        if (!m->strm || !m->epoch || !m->chg_n) {
-            kvc_mask_memo_free(m);
-            return NULL;
-        }
         c->mask_memo = m;
     }
-    if (m->cap < n_tokens) {
-        int32_t *seq = kvc_realloc_n(m->seq, n_tokens, sizeof *seq);
-        m->seq = seq ? seq : m->seq;
-        int32_t *lo = kvc_realloc_n(m->lo, n_tokens, sizeof *lo);
-        m->lo = lo ? lo : m->lo;
-        int32_t *hi = kvc_realloc_n(m->hi, n_tokens, sizeof *hi);
-        m->hi = hi ? hi : m->hi;
-        if (!seq || !lo || !hi) {
-            m->valid = false;
+    kvc_mask_slot *sl = NULL;
+    for (int k = 0; k < KVC_MASK_SLOTS && !sl; k++) {
+        if (m->slot[k].out == out) {
+            sl = &m->slot[k];
+        }
+    }
+    for (int k = 0; k < KVC_MASK_SLOTS && !sl; k++) {
+        if (!m->slot[k].valid) {
+            sl = &m->slot[k];
+        }
+    }
+    if (!sl) {
+        sl = &m->slot[0];
+        for (int k = 1; k < KVC_MASK_SLOTS; k++) {
+            if (m->slot[k].used < sl->used) {
+                sl = &m->slot[k];
+            }
+        }
+    }
+    sl->valid = false;
+    if (!sl->strm) {
+        sl->strm = kvc_calloc(c->n_stream, sizeof *sl->strm);
+        sl->epoch = kvc_calloc(c->n_stream, sizeof *sl->epoch);
+        sl->chg_n = kvc_calloc(c->n_stream, sizeof *sl->chg_n);
+        if (!sl->strm || !sl->epoch || !sl->chg_n) {
+            kvc_free(sl->strm);
+            kvc_free(sl->epoch);
+            kvc_free(sl->chg_n);
+            sl->strm = NULL;
+            sl->epoch = NULL;
+            sl->chg_n = NULL;
             return NULL;
         }
-        m->cap = n_tokens;
     }
-    return m;
+    if (sl->cap < n_tokens) {
+        int32_t *seq = kvc_realloc_n(sl->seq, n_tokens, sizeof *seq);
+        sl->seq = seq ? seq : sl->seq;
+        int32_t *lo = kvc_realloc_n(sl->lo, n_tokens, sizeof *lo);
+        sl->lo = lo ? lo : sl->lo;
+        int32_t *hi = kvc_realloc_n(sl->hi, n_tokens, sizeof *hi);
+        sl->hi = hi ? hi : sl->hi;
+        if (!seq || !lo || !hi) {
+            return NULL;
+        }
+        sl->cap = n_tokens;
+    }
+    return sl;
 }
 
 static inline int32_t kvc_mask_row_seq(const kvc_ubatch *ub, uint32_t t) {
     return ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
 }
 
+/* Bytes from out that a mask of rows rows of n_kv elements, row_stride apart, spans. */
+static size_t kvc_mask_extent(uint32_t rows, size_t row_stride, uint32_t n_kv, int dtype) {
+    return rows ? (size_t)(rows - 1) * row_stride + (size_t)n_kv * kvc_mask_elsize(dtype) : 0;
+}
+
 /* Remember that out now holds the mask of ub over the groups' streams as they are. */
 static void kvc_mask_memo_record(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
                                  size_t row_stride, uint32_t rows, uint32_t n_kv, const uint32_t *strm,
                                  uint32_t n_groups, uint32_t nst, const void *out) {
-    struct kvc_mask_memo *m = kvc_mask_memo_get(c, ub->n_tokens);
-    if (!m) {
+    const size_t extent = kvc_mask_extent(rows, row_stride, n_kv, dtype);
+    kvc_mask_forget(c, out, extent);
+    /* ALiBi's values follow each token's position: such a mask is always written whole */
+    kvc_mask_slot *sl = alibi ? NULL : kvc_mask_slot_for(c, out, ub->n_tokens);
+    if (!sl) {
         return;
     }
-    /* ALiBi's values follow each token's position: such a mask is always written whole */
-    m->valid = !alibi;
-    m->out = out;
-    m->row_stride = row_stride;
-    m->n_tokens = ub->n_tokens;
-    m->rows = rows;
-    m->n_kv = n_kv;
-    m->n_groups = n_groups;
-    m->nst = nst;
-    m->dtype = dtype;
-    m->causal = causal;
-    m->pad = pad;
+    sl->out = out;
+    sl->extent = extent;
+    sl->row_stride = row_stride;
+    sl->n_tokens = ub->n_tokens;
+    sl->rows = rows;
+    sl->n_kv = n_kv;
+    sl->n_groups = n_groups;
+    sl->nst = nst;
+    sl->dtype = dtype;
+    sl->causal = causal;
+    sl->pad = pad;
+    sl->used = ++c->mask_memo->clock;
     for (uint32_t g = 0; g < n_groups; g++) {
-        m->strm[g] = strm[g];
+        sl->strm[g] = strm[g];
         const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
-        m->epoch[strm[g]] = cells->chg_epoch;
-        m->chg_n[strm[g]] = cells->chg_n;
+        sl->epoch[strm[g]] = cells->chg_epoch;
+        sl->chg_n[strm[g]] = cells->chg_n;
     }
     for (uint32_t t = 0; t < ub->n_tokens; t++) {
-        m->seq[t] = kvc_mask_row_seq(ub, t);
-        kvc_unified_visible_range(c, ub->pos[t], causal, &m->lo[t], &m->hi[t]);
+        sl->seq[t] = kvc_mask_row_seq(ub, t);
+        kvc_unified_visible_range(c, ub->pos[t], causal, &sl->lo[t], &sl->hi[t]);
     }
+    sl->valid = true;
 }
 
 static int kvc_u32_cmp(const void *a, const void *b) {
@@ -669,10 +741,11 @@ static int kvc_u32_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The distinct cells of stream st's log since the memo, ascending, into m->cells; their count,
- * or UINT32_MAX when there is no room for them. */
-static uint32_t kvc_mask_changed_cells(struct kvc_mask_memo *m, const kvc_cells *cells, uint32_t st) {
-    const uint32_t n = cells->chg_n - m->chg_n[st];
+/* The distinct cells of stream st's log since the slot was written, ascending, into m->cells;
+ * their count, or UINT32_MAX when there is no room for them. */
+static uint32_t kvc_mask_changed_cells(struct kvc_mask_memo *m, const kvc_mask_slot *sl, const kvc_cells *cells,
+                                       uint32_t st) {
+    const uint32_t n = cells->chg_n - sl->chg_n[st];
     if (n == 0) {
         return 0;
     }
@@ -684,7 +757,7 @@ static uint32_t kvc_mask_changed_cells(struct kvc_mask_memo *m, const kvc_cells 
         m->cells = a;
         m->cells_cap = n;
     }
-    memcpy(m->cells, cells->chg + m->chg_n[st], (size_t)n * sizeof *m->cells);
+    memcpy(m->cells, cells->chg + sl->chg_n[st], (size_t)n * sizeof *m->cells);
     qsort(m->cells, n, sizeof *m->cells, kvc_u32_cmp);
     uint32_t k = 0;
     for (uint32_t j = 0; j < n; j++) {
@@ -695,31 +768,33 @@ static uint32_t kvc_mask_changed_cells(struct kvc_mask_memo *m, const kvc_cells 
     return k;
 }
 
-/* The rewrite of what changed, when the memo matches the call (else false: nothing written). */
+/* The rewrite of what changed, when a slot remembers out with the call's shape (else false:
+ * nothing written). */
 static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
                            size_t row_stride, uint32_t rows, uint32_t n_kv, const uint32_t *strm, uint32_t n_groups,
                            uint32_t nst, void *out) {
-    struct kvc_mask_memo *m = c->mask_memo;
-    if (!m || !m->valid || alibi || m->out != out || m->row_stride != row_stride || m->n_tokens != ub->n_tokens ||
-        m->rows != rows || m->n_kv != n_kv || m->n_groups != n_groups || m->nst != nst || m->dtype != dtype ||
-        m->causal != causal || m->pad != pad) {
+    kvc_mask_slot *sl = kvc_mask_slot_of(c, out);
+    if (!sl || alibi || sl->row_stride != row_stride || sl->n_tokens != ub->n_tokens || sl->rows != rows ||
+        sl->n_kv != n_kv || sl->n_groups != n_groups || sl->nst != nst || sl->dtype != dtype ||
+        sl->causal != causal || sl->pad != pad) {
         return false;
     }
     uint64_t changes = 0;
     for (uint32_t g = 0; g < n_groups; g++) {
         const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
-        if (m->strm[g] != strm[g] || m->epoch[strm[g]] != cells->chg_epoch || m->chg_n[strm[g]] > cells->chg_n) {
+        if (sl->strm[g] != strm[g] || sl->epoch[strm[g]] != cells->chg_epoch || sl->chg_n[strm[g]] > cells->chg_n) {
             return false;
         }
-        changes += cells->chg_n - m->chg_n[strm[g]];
+        changes += cells->chg_n - sl->chg_n[strm[g]];
     }
     /* patching costs a store per changed cell and row; past a quarter of the mask, write it whole */
     if (changes * ub->n_tokens > (uint64_t)rows * n_kv / 4) {
         return false;
     }
+    struct kvc_mask_memo *m = c->mask_memo;
     for (uint32_t g = 0; g < n_groups; g++) {
         const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
-        const uint32_t n_chg = kvc_mask_changed_cells(m, cells, strm[g]);
+        const uint32_t n_chg = kvc_mask_changed_cells(m, sl, cells, strm[g]);
         if (n_chg == UINT32_MAX) {
             return false;
         }
@@ -728,10 +803,10 @@ static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bo
             int32_t lo, hi;
             kvc_unified_visible_range(c, p1, causal, &lo, &hi);
             uint8_t *row = (uint8_t *)out + (size_t)t * row_stride;
-            bool whole = s != m->seq[t] || lo != m->lo[t];
-            if (!whole && hi != m->hi[t]) {
+            bool whole = s != sl->seq[t] || lo != sl->lo[t];
+            if (!whole && hi != sl->hi[t]) {
                 /* the cells of s between the two windows' ends must all be changed ones */
-                const int32_t a = hi < m->hi[t] ? hi : m->hi[t], b = hi < m->hi[t] ? m->hi[t] : hi;
+                const int32_t a = hi < sl->hi[t] ? hi : sl->hi[t], b = hi < sl->hi[t] ? sl->hi[t] : hi;
                 const kvc_pos_range r = { a + 1, (int64_t)b + 1 };
                 uint32_t n_in = 0;
                 for (uint32_t j = 0; j < n_chg; j++) {
@@ -763,9 +838,8 @@ int kvc_unified_kq_mask_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal,
     }
     const uint32_t strm[1] = {0};
     if (!(reuse && kvc_mask_patch(c, ub, causal, alibi, dtype, pad, row_stride, rows, n_kv, strm, 1, n_tokens, out))) {
-        if (c->mask_memo) {
-            c->mask_memo->valid = false;   /* out is being rewritten: an error leaves it unknown */
-        }
+        /* out is being rewritten: an error leaves it unknown */
+        kvc_mask_forget(c, out, kvc_mask_extent(rows, row_stride, n_kv, dtype));
         const int rc = kvc_unified_kq_mask(c, ub, causal, alibi, dtype, pad, row_stride, out);
         if (rc != KVC_OK) {
             return rc;
@@ -786,9 +860,7 @@ int kvc_unified_kq_mask_2026_reuse(kvc_unified *c, const kvc_ubatch *ub, bool ca
     const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
     if (!(reuse && kvc_mask_patch(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, n_kv, strm, n_groups,
                                   nst, out))) {
-        if (c->mask_memo) {
-            c->mask_memo->valid = false;
-        }
+        kvc_mask_forget(c, out, kvc_mask_extent(ub->n_tokens, row_bytes, n_kv, dtype));
         rc = kvc_unified_kq_mask_2026(c, ub, causal, alibi, dtype, out, err);
         if (rc != KVC_OK) {
             return rc;
