@@ -532,16 +532,26 @@ uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *str
     return n_kv;
 }
 
-int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
-                             void *out, kvc_err *err) {
-    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
-    int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
-    if (rc != KVC_OK) {
-        return rc;
+/* The layout of a 2026 mask: its token groups (strm[n_groups], nst tokens each) and n_kv. */
+typedef struct kvc_mask_groups {
+    uint32_t strm[KVC_MAX_SEQ], n_groups, nst, n_kv;
+} kvc_mask_groups;
+
+static int kvc_mask_groups_of(const kvc_unified *c, const kvc_ubatch *ub, kvc_mask_groups *g, kvc_err *err) {
+    const int rc = kvc_unified_groups(c, ub, g->strm, &g->n_groups, &g->nst, err);
+    if (rc == KVC_OK) {
+        g->n_kv = kvc_unified_kq_mask_2026_n_kv(c, g->strm, g->n_groups);
     }
-    const uint32_t n_kv = kvc_unified_kq_mask_2026_n_kv(c, strm, n_groups);
+    return rc;
+}
+
+/* kvc_unified_kq_mask_2026 of a ubatch whose groups are known. */
+static int kvc_mask_2026_write(const kvc_unified *c, const kvc_ubatch *ub, const kvc_mask_groups *gr, bool causal,
+                               bool alibi, int dtype, void *out, kvc_err *err) {
+    const uint32_t *strm = gr->strm, n_groups = gr->n_groups, nst = gr->nst, n_kv = gr->n_kv;
     const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
     const size_t block = (size_t)nst * row_bytes;
+    int rc;
     const bool stream = block * n_groups >= KVC_STREAM_BYTES;
     /* one block of rows per token group, over the cells of the group's stream */
     for (uint32_t g = 0; g < n_groups; g++) {
@@ -560,6 +570,13 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
         kvc_stream_fence();
     }
     return KVC_OK;
+}
+
+int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
+                             void *out, kvc_err *err) {
+    kvc_mask_groups gr;
+    const int rc = kvc_mask_groups_of(c, ub, &gr, err);
+    return rc != KVC_OK ? rc : kvc_mask_2026_write(c, ub, &gr, causal, alibi, dtype, out, err);
 }
 
 /* --- masks rewritten where the cells changed ----------------------------------------------- */
@@ -768,6 +785,17 @@ static uint32_t kvc_mask_changed_cells(struct kvc_mask_memo *m, const kvc_mask_s
     return k;
 }
 
+/* Whether sequence s holds a cell with a position in r that is not among the n changed cells
+ * (distinct). */
+static bool kvc_mask_unchanged_in(const kvc_cells *cells, int32_t s, kvc_pos_range r, const uint32_t *changed,
+                                  uint32_t n) {
+    uint32_t n_in = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        n_in += kvc_cells_seq_has(cells, changed[j], s) && kvc_cells_pos_in(cells, changed[j], r);
+    }
+    return kvc_cells_seq_pos_count_in(cells, s, r) != n_in;
+}
+
 /* The rewrite of what changed, when a slot remembers out with the call's shape (else false:
  * nothing written). */
 static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
@@ -792,10 +820,15 @@ static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bo
         return false;
     }
     struct kvc_mask_memo *m = c->mask_memo;
+    /* rows written whole go straight to memory when the mask is larger than the caches */
+    const bool stream = (size_t)rows * n_kv * kvc_mask_elsize(dtype) >= KVC_STREAM_BYTES;
     for (uint32_t g = 0; g < n_groups; g++) {
         const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
         const uint32_t n_chg = kvc_mask_changed_cells(m, sl, cells, strm[g]);
         if (n_chg == UINT32_MAX) {
+            if (stream) {
+                kvc_stream_fence();
+            }
             return false;
         }
         for (uint32_t t = g * nst; t < (g + 1) * nst; t++) {
@@ -803,20 +836,20 @@ static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bo
             int32_t lo, hi;
             kvc_unified_visible_range(c, p1, causal, &lo, &hi);
             uint8_t *row = (uint8_t *)out + (size_t)t * row_stride;
-            bool whole = s != sl->seq[t] || lo != sl->lo[t];
+            bool whole = s != sl->seq[t];
+            /* the cells of s between the old and the new window's start, and between their ends,
+             * change sides: unless every one of them is a changed cell, the row is written whole */
+            if (!whole && lo != sl->lo[t]) {
+                const kvc_pos_range r = { lo < sl->lo[t] ? lo : sl->lo[t], lo < sl->lo[t] ? sl->lo[t] : lo };
+                whole = kvc_mask_unchanged_in(cells, s, r, m->cells, n_chg);
+            }
             if (!whole && hi != sl->hi[t]) {
-                /* the cells of s between the two windows' ends must all be changed ones */
                 const int32_t a = hi < sl->hi[t] ? hi : sl->hi[t], b = hi < sl->hi[t] ? sl->hi[t] : hi;
                 const kvc_pos_range r = { a + 1, (int64_t)b + 1 };
-                uint32_t n_in = 0;
-                for (uint32_t j = 0; j < n_chg; j++) {
-                    const uint32_t i = m->cells[j];
-                    n_in += kvc_cells_seq_has(cells, i, s) && kvc_cells_pos_in(cells, i, r);
-                }
-                whole = kvc_cells_seq_pos_count_in(cells, s, r) != n_in;
+                whole = kvc_mask_unchanged_in(cells, s, r, m->cells, n_chg);
             }
             if (whole) {
-                kvc_mask_rows_direct(c, cells, n_kv, ub, t, 1, causal, false, dtype, false, row_stride, row);
+                kvc_mask_rows_direct(c, cells, n_kv, ub, t, 1, causal, false, dtype, stream, row_stride, row);
                 continue;
             }
             for (uint32_t j = 0; j < n_chg && m->cells[j] < n_kv; j++) {
@@ -825,6 +858,9 @@ static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bo
                                             cells->pos[i] <= hi);
             }
         }
+    }
+    if (stream) {
+        kvc_stream_fence();
     }
     return true;
 }
@@ -851,21 +887,21 @@ int kvc_unified_kq_mask_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal,
 
 int kvc_unified_kq_mask_2026_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
                                    void *out, bool reuse, kvc_err *err) {
-    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
-    int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
+    kvc_mask_groups gr;
+    int rc = kvc_mask_groups_of(c, ub, &gr, err);
     if (rc != KVC_OK) {
         return rc;
     }
-    const uint32_t n_kv = kvc_unified_kq_mask_2026_n_kv(c, strm, n_groups);
-    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
-    if (!(reuse && kvc_mask_patch(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, n_kv, strm, n_groups,
-                                  nst, out))) {
-        kvc_mask_forget(c, out, kvc_mask_extent(ub->n_tokens, row_bytes, n_kv, dtype));
-        rc = kvc_unified_kq_mask_2026(c, ub, causal, alibi, dtype, out, err);
+    const size_t row_bytes = (size_t)gr.n_kv * kvc_mask_elsize(dtype);
+    if (!(reuse && kvc_mask_patch(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, gr.n_kv, gr.strm,
+                                  gr.n_groups, gr.nst, out))) {
+        kvc_mask_forget(c, out, kvc_mask_extent(ub->n_tokens, row_bytes, gr.n_kv, dtype));
+        rc = kvc_mask_2026_write(c, ub, &gr, causal, alibi, dtype, out, err);
         if (rc != KVC_OK) {
             return rc;
         }
     }
-    kvc_mask_memo_record(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, n_kv, strm, n_groups, nst, out);
+    kvc_mask_memo_record(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, gr.n_kv, gr.strm, gr.n_groups,
+                         gr.nst, out);
     return KVC_OK;
 }
