@@ -389,6 +389,13 @@ static void unified_src(const stream_ref *ref, int32_t seq_id, unsigned layout, 
     s->layer = unified_layer;
 }
 
+bool kvc_unified_state_lists(const kvc_unified *c, int32_t seq_id, unsigned layout, uint32_t stream, uint32_t cell) {
+    const stream_ref ref = { c, stream };
+    kvc_state_src src;
+    unified_src(&ref, seq_id, layout, &src);
+    return src_listed(&src, cell);
+}
+
 /* The writer's view of a cache in a layout: a source per stream, framed. */
 typedef struct unified_view {
     stream_ref       refs[KVC_MAX_SEQ];
@@ -1158,13 +1165,11 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
 }
 
 /* One section of a single sequence's state, as the reference reads it: remove the destination
- * sequence from its stream, then place the cells as one ubatch of it (find_slot, cont false).
- * 1 placed (c->scatter.idx holds the cells), 0 no room; c is changed in every case. */
-static int place_sec_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *sec) {
-    const uint32_t cc = sec->cell_count;
+ * sequence from its stream, then place the cells as one ubatch of it (find_slot, cont false). */
+int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos) {
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { seq_id };
-    const kvc_ubatch ub = { cc, cc, 1, sec->pos, seq_off, seq_ids };
+    const kvc_ubatch ub = { cc, cc, 1, pos, seq_off, seq_ids };
     kvc_unified_seq_rm(c, seq_id, -1, -1);
     if (cc == 0) {
         return 1;
@@ -1172,10 +1177,9 @@ static int place_sec_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *s
     return kvc_unified_find_slot_2026(c, &ub, NULL);
 }
 
-/* The dry run of a single sequence's sections: is there room for each in turn? The sequence's
- * stream, its head and the placement are put back as they were. */
-static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
-    const uint32_t st = kvc_unified_stream_of(c, plan->seq_id);
+int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *secs, uint32_t n_sec,
+                                     int32_t *cells, uint32_t *failed, uint32_t *used) {
+    const uint32_t st = kvc_unified_stream_of(c, seq_id);
     kvc_cells saved;
     const kvc_slot slot = c->slot;
     const kvc_scatter scat = c->scatter;
@@ -1185,17 +1189,21 @@ static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *
     if (!idx || !strm || kvc_cells_init(&saved, c->cells.size, c->n_seq_max) != KVC_OK) {
         kvc_free(idx);
         kvc_free(strm);
-        return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring sequence %" PRId32, plan->seq_id);
+        return KVC_E_NOMEM;
     }
     kvc_cells_copy(&saved, kvc_unified_stream_cells(c, st));
     memcpy(idx, scat.idx, (size_t)slot.n * sizeof *idx);
     memcpy(strm, scat.strm, (size_t)c->n_stream * sizeof *strm);
     int found = 1;
     uint32_t k;
-    for (k = 0; k < plan->n_sec && found == 1; k++) {
-        found = place_sec_2026(c, plan->seq_id, &plan->secs[k]);
+    for (k = 0; k < n_sec && found == 1; k++) {
+        found = kvc_unified_state_place_2026(c, seq_id, secs[k].cell_count, secs[k].pos);
     }
-    const uint32_t used = kvc_unified_stream_cells_c(c, st)->used;
+    if (found == 1 && cells && n_sec > 0) {
+        memcpy(cells, c->scatter.idx, (size_t)secs[n_sec - 1].cell_count * sizeof *cells);
+    }
+    *failed = k - 1;
+    *used = kvc_unified_stream_cells_c(c, st)->used;
     kvc_cells_copy(kvc_unified_stream_cells(c, st), &saved);
     *kvc_unified_stream_head(c, st) = head;
     memcpy(c->scatter.idx, idx, (size_t)slot.n * sizeof *idx);
@@ -1206,13 +1214,24 @@ static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *
     kvc_cells_free(&saved);
     kvc_free(idx);
     kvc_free(strm);
+    return found;
+}
+
+/* The dry run of a single sequence's sections: is there room for each in turn? */
+static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
+    uint32_t failed = 0, used = 0;
+    const int found = kvc_unified_state_try_place_2026(c, plan->seq_id, plan->secs, plan->n_sec, NULL, &failed, &used);
     if (found == 1) {
         return KVC_OK;
+    }
+    if (found < 0) {
+        return kvc_err_set(err, found, "out of memory restoring sequence %" PRId32, plan->seq_id);
     }
     return kvc_err_set(err, KVC_E_STATE,
                        "no room: sequence %" PRId32 " needs %" PRIu32 " free cells in stream %" PRIu32
                        " (%" PRIu32 " cells, %" PRIu32 " used without the sequence)",
-                       plan->seq_id, plan->secs[k - 1].cell_count, st, c->cells.size, used);
+                       plan->seq_id, plan->secs[failed].cell_count, kvc_unified_stream_of(c, plan->seq_id),
+                       c->cells.size, used);
 }
 
 /* Validate a state for a cache of semantics 2026: a section per stream (one in a layout without
@@ -1300,7 +1319,7 @@ static void apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
     /* the same steps on the same cells as the prepare's dry run: the same cells, room found */
     for (uint32_t k = 0; k < plan->n_sec; k++) {
         const kvc_state_sec *sec = &plan->secs[k];
-        if (place_sec_2026(c, plan->seq_id, sec) == 1 && sec->cell_count) {
+        if (kvc_unified_state_place_2026(c, plan->seq_id, sec->cell_count, sec->pos) == 1 && sec->cell_count) {
             apply_data_2026(c, plan->data, sec, c->scatter.idx);
         }
     }

@@ -412,15 +412,6 @@ def test_store_into_borrowed_buffers_of_every_stream():
         _cache(n_seq_max=2, kv_unified=False, buffers={0: (np.zeros((64, 4), np.float32), v_mem)})
 
 
-def test_the_sequence_hand_off_waits_for_the_2026_state_layout():
-    c = _cache()
-    assert c.find_slot(UBatch([0, 1], [0, 0]))
-    with pytest.raises(NotImplementedError):
-        c.seq_export(0)
-    with pytest.raises(NotImplementedError):
-        c.seq_import_begin(b"\0" * 64)
-
-
 # --- the state of a 2026 cache -----------------------------------------------------------------
 
 def _filled(n_seq_max=4, kv_unified=False, **kw):

@@ -94,13 +94,6 @@ cdef int _refuse_2026(_Unified self, str what, str why) except -1:
     return 0
 
 
-cdef int _refuse_state_2026(_Unified self, str what) except -1:
-    if self.c.semantics == KVC_SEM_2026:
-        raise NotImplementedError(f"{what}: the handoff of a cache of semantics '2026' is not "
-                                  f"implemented in this version")
-    return 0
-
-
 cdef int _check_state_layout(_Unified self, unsigned bits, str what) except -1:
     """A layout without stream counts holds one stream (the codec refuses the others too)."""
     if self.c.n_stream > 1 and not bits & (KVC_LAYOUT_STREAMS | KVC_LAYOUT_DETECT):
