@@ -371,7 +371,7 @@ static int reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
     if (!cells) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
     }
-    const kvc_state_sec sec = { imp->stream, cc, 0, imp->pos, NULL };
+    const kvc_state_sec sec = { imp->stream, cc, 0, (uint32_t)imp->c->v_trans, imp->pos, NULL };
     uint32_t failed = 0, used = 0;
     const int found = kvc_unified_state_try_place_2026(c, imp->seq_id, &sec, 1, cells, &failed, &used);
     const int rc = found == 1 ? runs_of_cells(cells, cc, imp) : found;

@@ -958,11 +958,20 @@ int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32
 }
 
 /* Scatter cc cells of V given as n_embd_v rows of cc elements (a transposed blob) into rows of
- * the cache (row of cell i at dst + i), or gather the reverse: rows of the blob into the cache's
- * transposed V. el is 2 or 4 for every type a transposed V can have; memcpy of a constant size
- * compiles to a plain load and store. */
+ * the cache (row of cell i at dst + i, or at cells[i] when cells is not NULL), or gather the
+ * reverse: rows of the blob into the cache's transposed V. el is 2 or 4 for every type a
+ * transposed V can have; memcpy of a constant size compiles to a plain load and store. */
 static void v_transpose_in(uint8_t *v, size_t row, const uint8_t *src, uint32_t cc, uint32_t width, size_t el,
-                           uint32_t dst) {
+                           uint32_t dst, const int32_t *cells) {
+    if (cells) {
+        for (uint32_t i = 0; i < cc; i++) {
+            uint8_t *d = v + (size_t)cells[i] * row;
+            for (uint32_t j = 0; j < width; j++) {
+                memcpy(d + (size_t)j * el, src + ((size_t)j * cc + i) * el, el);
+            }
+        }
+        return;
+    }
     for (uint32_t j = 0; j < width; j++) {
         const uint8_t *s = src + (size_t)j * cc * el;
         uint8_t *d = v + (size_t)dst * row + (size_t)j * el;
@@ -983,7 +992,16 @@ static void v_transpose_in(uint8_t *v, size_t row, const uint8_t *src, uint32_t 
 }
 
 static void v_untranspose_in(uint8_t *v, uint32_t size, const uint8_t *src, size_t row, uint32_t cc,
-                             uint32_t width, size_t el, uint32_t dst) {
+                             uint32_t width, size_t el, uint32_t dst, const int32_t *cells) {
+    if (cells) {
+        for (uint32_t j = 0; j < width; j++) {
+            uint8_t *d = v + (size_t)j * size * el;
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)cells[i] * el, src + (size_t)i * row + (size_t)j * el, el);
+            }
+        }
+        return;
+    }
     for (uint32_t j = 0; j < width; j++) {
         uint8_t *d = v + ((size_t)j * size + dst) * el;
         const uint8_t *s = src + (size_t)j * el;
@@ -1027,9 +1045,9 @@ static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
                     memcpy(l->v + ((size_t)j * size + dst) * el, src + (size_t)j * cc * el, (size_t)cc * el);
                 }
             } else if (blob_vt) {
-                v_transpose_in(l->v, l->v_row_bytes, src, cc, l->n_embd_v, el, dst);
+                v_transpose_in(l->v, l->v_row_bytes, src, cc, l->n_embd_v, el, dst, NULL);
             } else if (c->v_trans) {
-                v_untranspose_in(l->v, size, src, l->v_row_bytes, cc, l->n_embd_v, el, dst);
+                v_untranspose_in(l->v, size, src, l->v_row_bytes, cc, l->n_embd_v, el, dst, NULL);
             } else {
                 memcpy(l->v + (size_t)dst * l->v_row_bytes, src, (size_t)cc * l->v_row_bytes);
             }
@@ -1115,7 +1133,8 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
 
 /* --- semantics 2026: a section per stream, scattered placement ----------------------------- */
 
-/* Copy the validated K/V data of section sec into cells[i] of its stream (cells NULL: cell i). */
+/* Copy the validated K/V data of section sec into cells[i] of its stream (cells NULL: cell i),
+ * converting the V layout when the section's differs from the cache's. */
 static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state_sec *sec, const int32_t *cells) {
     const uint32_t cc = sec->cell_count;
     const size_t size = c->cells.size, base = (size_t)sec->stream * size;
@@ -1138,7 +1157,13 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
         const kvc_layer *l = &c->layers[ikv];
         const size_t row = l->v_row_bytes;
         const uint8_t *src = p + 12;
-        if (l->v && c->v_trans) {
+        if (l->v && (sec->v_trans != 0) != c->v_trans) {
+            if (sec->v_trans) {
+                v_transpose_in(l->v + base * row, row, src, cc, l->n_embd_v, el, 0, cells);
+            } else {
+                v_untranspose_in(l->v + base * row, (uint32_t)size, src, row, cc, l->n_embd_v, el, 0, cells);
+            }
+        } else if (l->v && c->v_trans) {
             /* per stream n_embd_v rows of size elements; the blob: n_embd_v rows of cc */
             uint8_t *v = l->v + base * row;
             for (uint32_t j = 0; j < l->n_embd_v; j++) {
@@ -1243,9 +1268,6 @@ static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, siz
     int rc;
     plan->data = data;
     plan->seq_id = seq_id;
-    if (flags & KVC_STATE_CONVERT_V) {
-        return kvc_err_set(err, KVC_E_ARG, "converting the V layout is not available for a cache of semantics 2026");
-    }
     if (layout & KVC_LAYOUT_STREAMS) {
         if ((rc = parse_stream_count(&r, c->n_stream, &n_stream, err)) != KVC_OK) {
             return rc;
@@ -1266,11 +1288,12 @@ static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, siz
         }
         parsed ps;
         memset(&ps, 0, sizeof ps);
-        rc = parse_body(c, seq_id, &r, 0, &ps, err);
+        rc = parse_body(c, seq_id, &r, flags & KVC_STATE_CONVERT_V, &ps, err);
         kvc_state_sec *sec = &plan->secs[plan->n_sec++];
         sec->stream = seq_id < 0 ? s : kvc_unified_stream_of(c, seq_id);
         sec->cell_count = ps.cell_count;
         sec->data_off = ps.data_off;
+        sec->v_trans = ps.v_trans;
         sec->pos = ps.pos;
         sec->seq = ps.seq;
         if (rc != KVC_OK) {

@@ -202,6 +202,7 @@ typedef struct kvc_state_sec {
     uint32_t  stream;     /* the cache's stream it goes to */
     uint32_t  cell_count;
     size_t    data_off;   /* offset in the part of its data section (the V layout flag) */
+    uint32_t  v_trans;    /* the section's V layout (differs from the cache's only when converting) */
     int32_t  *pos;        /* the cells' validated positions (owned) */
     uint64_t *seq;        /* whole cache: the cells' sequence sets (owned), else NULL */
 } kvc_state_sec;
