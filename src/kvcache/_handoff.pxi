@@ -38,7 +38,8 @@ cdef class SeqExport:
     ``header``: bytes naming the sequence's cells and positions and the cache's geometry (layout:
     docs/disaggregated.md). ``regions``: (N, 2) uint64 array of (address, length) of its K/V bytes
     inside the cache's buffers, in the order of a state's data section (transposed V: one region
-    per row element and run of cells); empty without K/V memory. ``cells``: the source cells.
+    per row element and run of cells); empty without K/V memory. ``cells``: the source cells
+    (in the sequence's stream, for a cache of several streams).
     The addresses stay valid while the cache is alive and unchanged."""
     cdef kvc_handoff_export e
     cdef readonly object cache
