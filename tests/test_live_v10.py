@@ -13,6 +13,9 @@ mamba) llama.cpp decodes the manifest's script, then:
    state of the same kind loaded the same way. With several streams every sequence's blob loads
    into its own stream of a fresh context and decodes as llama.cpp's own blob of that sequence.
 
+Each restored sequence is also handed to a fresh cache through seq_export / seq_import_begin,
+which must then write llama.cpp's blob of that sequence.
+
 0.3.36's ctypes bindings take assignments to fields that no longer exist without a word, so
 each context is checked against llama.cpp's own log lines (flash attention, kv_unified and the
 stream count, the K/V types) before anything else."""
@@ -27,6 +30,7 @@ import pytest
 
 import kvcache
 from kvcache import statefile
+from kvcache.handoff import copy_regions
 
 from live_llama import LlamaCalls
 from interop_data import interop_dir, interop_v10_dir, manifest, model_path
@@ -196,6 +200,14 @@ def test_live_files_cross_both_ways(name, tmp_path):
         c = _cache(m)
         assert c.state_read(blob, s, exact=True) == len(blob)
         assert c.state_write(s) == blob, (name, s)
+        if not isinstance(c, kvcache.RecurrentCache):
+            # handed to another cache through the regions: the same sequence, llama.cpp's bytes
+            moved = _cache(m)
+            exp = c.seq_export(s)
+            with moved.seq_import_begin(exp.header) as imp:
+                assert copy_regions(exp.regions, imp.regions) == exp.n_bytes
+                imp.commit()
+            assert moved.state_write(s) == blob, (name, s, "hand-off")
     cache = _cache(m)
     cs = statefile.parse_context_state(whole)
     assert cs.layout in kvcache.LAYOUTS and not cs.has_outputs
