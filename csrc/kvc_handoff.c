@@ -138,13 +138,14 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
     kvc_unified_defrag_settle(c);
     const unsigned layout = export_layout(c);
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
-    uint32_t cc = 0, nr = 0;
-    bool prev = false;
+    uint8_t *listed = kvc_malloc(size);
+    if (!listed) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory exporting sequence %" PRId32, s);
+    }
+    const uint32_t cc = kvc_unified_state_listed(c, s, layout, st, listed);
+    uint32_t nr = 0;
     for (uint32_t i = 0; i < size; i++) {
-        const bool in = kvc_unified_state_lists(c, s, layout, st, i);
-        cc += in;
-        nr += in && !prev;
-        prev = in;
+        nr += listed[i] && (i == 0 || !listed[i - 1]);
     }
     const size_t cell_section = 4 + (size_t)cc * CELL_BYTES;
     const size_t len = FIXED_BYTES + (size_t)c->n_layer * LAYER_BYTES + 4 + (size_t)nr * RUN_BYTES + cell_section +
@@ -152,13 +153,14 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
     e->header = kvc_malloc(len);
     e->runs = nr ? kvc_malloc_n(nr, sizeof *e->runs) : NULL;
     if (!e->header || (nr && !e->runs)) {
+        kvc_free(listed);
         kvc_handoff_export_free(e);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory exporting %" PRIu32 " cells", cc);
     }
     uint32_t k = 0;
-    prev = false;
+    bool prev = false;
     for (uint32_t i = 0; i < size; i++) {
-        const bool in = kvc_unified_state_lists(c, s, layout, st, i);
+        const bool in = listed[i];
         if (in && !prev) {
             e->runs[k].first = i;
             e->runs[k++].n = 0;
@@ -168,6 +170,7 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
         }
         prev = in;
     }
+    kvc_free(listed);
     e->stream = st;
     e->n_runs = nr;
     e->cell_count = cc;

@@ -389,11 +389,17 @@ static void unified_src(const stream_ref *ref, int32_t seq_id, unsigned layout, 
     s->layer = unified_layer;
 }
 
-bool kvc_unified_state_lists(const kvc_unified *c, int32_t seq_id, unsigned layout, uint32_t stream, uint32_t cell) {
+uint32_t kvc_unified_state_listed(const kvc_unified *c, int32_t seq_id, unsigned layout, uint32_t stream,
+                                  uint8_t *listed) {
     const stream_ref ref = { c, stream };
     kvc_state_src src;
     unified_src(&ref, seq_id, layout, &src);
-    return src_listed(&src, cell);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < src.size; i++) {
+        listed[i] = src_listed(&src, i);
+        n += listed[i];
+    }
+    return n;
 }
 
 /* The writer's view of a cache in a layout: a source per stream, framed. */

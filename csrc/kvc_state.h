@@ -207,10 +207,12 @@ typedef struct kvc_state_sec {
     uint64_t *seq;        /* whole cache: the cells' sequence sets (owned), else NULL */
 } kvc_state_sec;
 
-/* Whether cell `cell` of stream `stream` is one of the cells a state of seq_id (>= 0: a single
- * sequence; -1: the whole cache) lists in layout (a single sequence's leave out, in layouts with
- * KVC_LAYOUT_SWA_TRIM, the cells SWA-masked against its largest position). */
-bool kvc_unified_state_lists(const kvc_unified *c, int32_t seq_id, unsigned layout, uint32_t stream, uint32_t cell);
+/* listed[i] = 1 for each cell i of stream `stream` that a state of seq_id (>= 0: a single
+ * sequence; -1: the whole cache) lists in layout, else 0 (a single sequence's state leaves out,
+ * in layouts with KVC_LAYOUT_SWA_TRIM, the cells SWA-masked against its largest position);
+ * listed holds the stream's size entries. Returns how many are listed. */
+uint32_t kvc_unified_state_listed(const kvc_unified *c, int32_t seq_id, unsigned layout, uint32_t stream,
+                                  uint8_t *listed);
 /* Semantics 2026: the placement a single sequence's state section of cc cells at positions pos
  * gets when read into seq_id: the sequence removed from its stream, then the cells placed as one
  * ubatch of it (find_slot with cont false). 1 placed (kvc_unified_slot_cell tells where), 0 no

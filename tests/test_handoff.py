@@ -375,3 +375,15 @@ def test_iswa_imports_are_all_or_nothing():
             copy_regions(exp.regions, imp.regions)
             raise KeyError("transfer failed")
     assert_unchanged(dst, before, "exception")
+
+
+def test_an_iswa_cache_of_semantics_2026_refuses_the_hand_off():
+    import inspect
+
+    if "semantics" not in inspect.signature(kvcache.ISWACache).parameters:
+        pytest.skip("ISWACache has no semantics '2026' in this version")
+    c = kvcache.ISWACache(64, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, n_seq_max=2, semantics="2026")
+    with pytest.raises(NotImplementedError, match="iSWA cache of semantics '2026'"):
+        c.seq_export(0)
+    with pytest.raises(NotImplementedError, match="iSWA cache of semantics '2026'"):
+        c.seq_import_begin(b"KVCP")

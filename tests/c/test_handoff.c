@@ -196,6 +196,17 @@ static void truncations_and_allocation_failures(enum mode m) {
         kvc_handoff_import_abort(&imp);
     }
     CHECK(same(dst, before), "%s: a failed begin changed the cache", MODE_NAME[m]);
+    for (int k = 1; k < 8; k++) {   /* an export that runs out of memory leaves nothing behind */
+        kvc_handoff_export x;
+        kvc_fail_alloc_after = k;
+        const int rc = kvc_handoff_export_make(&src->c, 2, &x, &err);
+        kvc_fail_alloc_after = 0;
+        CHECK(rc == KVC_OK || (rc == KVC_E_NOMEM && !x.header && !x.runs), "%s: export allocation %d: %d",
+              MODE_NAME[m], k, rc);
+        CHECK(rc != KVC_OK || (x.header_len == e.header_len && !memcmp(x.header, e.header, e.header_len)),
+              "%s: export allocation %d: another header", MODE_NAME[m], k);
+        kvc_handoff_export_free(&x);
+    }
     kvc_handoff_export_free(&e);
     trio_free(&t);
 }
