@@ -387,3 +387,45 @@ def test_an_iswa_cache_of_semantics_2026_refuses_the_hand_off():
         c.seq_export(0)
     with pytest.raises(NotImplementedError, match="iSWA cache of semantics '2026'"):
         c.seq_import_begin(b"KVCP")
+
+
+@pytest.mark.parametrize("src_kind, dst_kind", [("2025", "2026"), ("2026", "2025"), ("2026-streams", "2026-streams")])
+def test_a_header_of_either_semantics_imports_into_the_other(src_kind, dst_kind):
+    """The header is the same in both semantics: imported, the sequence is placed as the
+    destination's own state_read of the source's state places it."""
+    src = KINDS[src_kind][0](seed=0, widths=WIDTHS)
+    dst, ref = (KINDS[dst_kind][0](seed=1, widths=WIDTHS) for _ in range(2))
+    for s in (1, 0):
+        exp = src.seq_export(s)
+        with dst.seq_import_begin(exp.header, seq_id=2 if src_kind == dst_kind else None) as imp:
+            copy_regions(exp.regions, imp.regions)
+            imp.commit()
+        layout = KINDS[dst_kind][1]
+        ref.state_read(src.state_write(s, layout=layout), 2 if src_kind == dst_kind else s, layout=layout)
+        _assert_same(dst, ref)
+
+
+def _section(blob, seq_id, n_stream):
+    """The sequence's stream section of its state in layout "2026" (prefix, stream count and
+    the other streams' empty sections cut off)."""
+    k = seq_id if n_stream > 1 else 0
+    return blob[12 + 4 * k:len(blob) - 4 * (n_stream - 1 - k)]
+
+
+@pytest.mark.parametrize("src_kind, dst_kind", [("2025", "2026-streams"), ("2026", "2026-streams"),
+                                                ("2026-streams", "2026"), ("2026-streams", "2025")])
+def test_a_sequence_moves_between_caches_of_other_stream_counts(src_kind, dst_kind):
+    """The header names no stream count: a sequence moves between a cache of one stream and one
+    of a stream per sequence (whose states refuse each other: n_stream mismatch), into the
+    destination sequence's stream, and the destination's state of it holds the source's."""
+    src = KINDS[src_kind][0](seed=0, widths=WIDTHS)
+    for s in (0, 1, 3):
+        dst = KINDS[dst_kind][0](seed=1, widths=WIDTHS)
+        dst.clear()                       # a fresh cache: cells placed in order from cell 0
+        exp = src.seq_export(s)
+        with dst.seq_import_begin(exp.header) as imp:
+            copy_regions(exp.regions, imp.regions)
+            imp.commit()
+        with pytest.raises(kvcache.StateError, match="n_stream mismatch"):
+            dst.state_read(src.state_write(s), s)
+        assert _section(dst.state_write(s), s, dst.n_stream) == _section(src.state_write(s), s, src.n_stream)
