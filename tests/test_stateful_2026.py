@@ -222,6 +222,35 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
             blob[at] ^= data.draw(st.integers(1, 255), label="xor")
         self.read_both(bytes(blob), -1 if seq_id < 0 else self.seq(data))
 
+    @rule(data=st.data())
+    def hand_off(self, data):
+        """A sequence of the cache moved by seq_export / seq_import_begin into a copy of the
+        cache (into a sequence drawn, often another one) gives what state_read of its state
+        gives in another copy, or both refuse alike, changing nothing."""
+        from kvcache.handoff import copy_regions
+        from cache_state import snapshot
+
+        cache = self.replays[1].cache
+        whole = cache.state_write(-1)
+        moved, read = (start(unified2026.kvcache_target(), self.cfg).cache for _ in range(2))
+        for c in (moved, read):
+            c.state_read(whole)
+        seq_id = data.draw(st.integers(0, self.n_seq_max - 1), label="seq_id")
+        dst = self.seq(data)
+        exp = cache.seq_export(seq_id)
+        before = snapshot(moved)
+        try:
+            imp = moved.seq_import_begin(exp.header, dst)
+        except StateError:
+            assert snapshot(moved) == before
+            with pytest.raises(StateError):
+                read.state_read(cache.state_write(seq_id), dst)
+            return
+        copy_regions(exp.regions, imp.regions)
+        imp.commit()
+        read.state_read(cache.state_write(seq_id), dst)
+        assert snapshot(moved) == snapshot(read)
+
     @rule()
     def bad_divisor_and_empty_prepare(self):
         self.rejected("seq_div", seq_id=0, p0=0, p1=4, d=0)
