@@ -429,3 +429,19 @@ def test_a_sequence_moves_between_caches_of_other_stream_counts(src_kind, dst_ki
         with pytest.raises(kvcache.StateError, match="n_stream mismatch"):
             dst.state_read(src.state_write(s), s)
         assert _section(dst.state_write(s), s, dst.n_stream) == _section(src.state_write(s), s, src.n_stream)
+
+
+@pytest.mark.parametrize("seq_id", [0, 3])
+def test_regions_of_a_stream_lie_in_that_stream_of_the_buffers(seq_id):
+    """With a stream per sequence, a sequence's regions lie in its stream's slab of each layer's
+    K and V (rows seq_id * kv_size .. of K; the stream's n_embd_v rows of a transposed V)."""
+    src = busy_unified_2026(kv_unified=False, widths=WIDTHS)
+    exp = src.seq_export(seq_id)
+    slabs = []
+    for il in src.layers:
+        for a in (src.k(il), src.v(il)):
+            per = a.nbytes // src.n_stream
+            slabs.append((a.ctypes.data + seq_id * per, per))
+    for addr, length in exp.regions.tolist():
+        assert any(lo <= addr and addr + length <= lo + n for lo, n in slabs), (addr, length)
+    assert sum(n for _, n in exp.regions.tolist()) == exp.n_bytes > 0
