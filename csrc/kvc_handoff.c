@@ -537,7 +537,8 @@ int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *head
 static bool same_cells(const kvc_cells *a, const kvc_cells *b) {
     const size_t n = a->size;
     return a->used == b->used && a->has_shift == b->has_shift && !memcmp(a->pos, b->pos, n * sizeof *a->pos) &&
-           !memcmp(a->shift, b->shift, n * sizeof *a->shift) && !memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq);
+           !memcmp(a->shift, b->shift, n * sizeof *a->shift) &&
+           !memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq);
 }
 
 /* Is c as at the import's begin (every field the placement reads or an operation changes)? */
@@ -545,7 +546,8 @@ static bool unchanged(const kvc_handoff_import *imp) {
     const kvc_unified *c = imp->c;
     const kvc_unified_snapshot *s = &imp->snap;
     for (uint32_t k = 0; k < imp->n_strms; k++) {
-        if (!same_cells(kvc_unified_stream_cells_c(c, k), &imp->strms[k]) || kvc_unified_stream_head_c(c, k) != imp->heads[k]) {
+        if (!same_cells(kvc_unified_stream_cells_c(c, k), &imp->strms[k]) ||
+            kvc_unified_stream_head_c(c, k) != imp->heads[k]) {
             return false;
         }
     }

@@ -91,8 +91,8 @@ typedef struct kvc_handoff_import {
 int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                               kvc_handoff_import *imp, kvc_err *err);
 /* Make the sequence visible exactly as the state read would have (its K/V are what the regions
- * hold now; in 2026 an empty sequence leaves the destination's cells, as that read does). KVC_E_STATE (nothing changed, the import still active) when the cache changed
- * since begin. */
+ * hold now; in 2026 an empty sequence leaves the destination's cells, as that read does).
+ * KVC_E_STATE (nothing changed, the import still active) when the cache changed since begin. */
 int  kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err);
 /* KVC_OK when the cache is as at begin (commit would place the sequence), KVC_E_STATE when it
  * changed, KVC_E_ARG when the import is inactive: lets an import of several parts check every
