@@ -102,19 +102,7 @@ typedef struct ubuf {
 } ubuf;
 
 static const kvc_ubatch *make_ub(ubuf *u, uint32_t n, int32_t s, int32_t s2, int32_t p0) {
-    uint32_t k = 0;
-    for (uint32_t t = 0; t < n; t++) {
-        u->pos[t] = p0 + (int32_t)t;
-        u->off[t] = k;
-        u->ids[k++] = s;
-        if (s2 >= 0 && s2 != s) {
-            u->ids[k++] = s2;
-        }
-    }
-    u->off[n] = k;
-    u->ub = (kvc_ubatch){ .n_tokens = n, .n_seq_tokens = 1, .n_seqs = n, .pos = u->pos, .seq_off = u->off,
-                          .seq_ids = u->ids };
-    return &u->ub;
+    return fixture_ub(&u->ub, u->pos, u->off, u->ids, n, p0, s, s2, 1);
 }
 
 /* The cells as they were at the last look, per stream, and the change log then. */
