@@ -120,8 +120,9 @@ def _manifest(name):
 
 
 def _cache(m):
-    """kvcache's cache of the scenario's context as 0.3.36 builds it (cell padding 1; the SWA
-    cache padded to 256 cells, which ISWACache gets through n_batch until it knows today's rule)."""
+    """kvcache's cache of the scenario's context as 0.3.36 builds it (cell padding 1; an iSWA
+    pair of semantics "2026", its SWA cache sized by today's rule; the test checks both sizes
+    against the ones llama.cpp logs)."""
     ctx, geo = m["context"], m["geometry"]
     if m["memory_kind"] == "recurrent":
         (g,) = geo
@@ -133,13 +134,13 @@ def _cache(m):
     if m["memory_kind"] == "iswa":
         base, swa = geo
         layers = sorted(base["layers"] + swa["layers"], key=lambda x: x["il"])
-        size_swa = min(base["kv_size"], -(-(swa["n_swa"] * ctx["n_seq_max"] + ctx["n_ubatch"]) // 256) * 256)
         c = kvcache.ISWACache(base["kv_size"], len(layers), [x["n_embd_k_gqa"] for x in layers],
                               [x["n_embd_v_gqa"] for x in layers], swa_layers=[x["il"] for x in swa["layers"]],
-                              n_swa=swa["n_swa"], swa_type=swa["swa_type"],
-                              n_batch=size_swa - swa["n_swa"] * ctx["n_seq_max"], type_k=layers[0]["type_k"],
-                              type_v=layers[0]["type_v"], v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1)
-        assert c.swa.size == size_swa
+                              n_swa=swa["n_swa"], swa_type=swa["swa_type"], n_batch=ctx["n_ubatch"],
+                              swa_full=False, type_k=layers[0]["type_k"], type_v=layers[0]["type_v"],
+                              v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1, semantics="2026")
+        # today's rule, written out: PAD_256(min(kv_size, n_swa * n_seq_max + n_ubatch))
+        assert c.swa.size == -(-min(base["kv_size"], swa["n_swa"] * ctx["n_seq_max"] + ctx["n_ubatch"]) // 256) * 256
         return c
     (g,) = geo
     ls = g["layers"]
@@ -164,6 +165,12 @@ def test_live_files_cross_both_ways(name, tmp_path):
         nxt = json.load(f)
     every, seq0 = _tokens(m["script"])
     ctx = live.context(m["context"])
+    if m["memory_kind"] == "iswa":
+        log = "\n".join(Live.lines)
+        sizes = [int(x) for x in re.findall(r"llama_kv_cache_iswa: creating +(?:non-)?SWA KV cache, size = (\d+) cells",
+                                             log)]
+        c = _cache(m)
+        assert sizes == [c.size_base, c.size_swa], log
     try:
         live.replay(ctx, m["script"])
         # 1. what llama.cpp writes, kvcache reads and writes back byte for byte

@@ -63,10 +63,38 @@ def v_trans_for(flash_attn: bool) -> bool:
     return not flash_attn
 
 
-def swa_size(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int, swa_full: bool) -> int:
-    """Cells of an iSWA cache's sliding-window cache: every sequence's window plus one batch,
-    ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``, or ``kv_size`` with swa_full."""
-    return kv_size if swa_full else min(kv_size, _pad(n_swa * n_seq_max + n_batch, n_pad))
+def swa_size(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int, swa_full: bool,
+             semantics: str = "2025", kv_unified: bool = True) -> int:
+    """Cells of an iSWA cache's sliding-window cache (per stream), or ``kv_size`` with swa_full.
+
+    Every sequence's window plus one ubatch of ``n_batch`` tokens: the seed's
+    ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``; today's llama.cpp (semantics
+    "2026") ``pad(min(kv_size, n_swa * n + n_batch), 256)``, n the sequences sharing a stream
+    (``n_seq_max`` unified, else 1), padded to 256 whatever ``n_pad``."""
+    if swa_full:
+        return kv_size
+    if semantics == "2026":
+        return _pad(min(kv_size, n_swa * (n_seq_max if kv_unified else 1) + n_batch), SWA_PAD_2026)
+    return min(kv_size, _pad(n_swa * n_seq_max + n_batch, n_pad))
+
+
+def swa_size_formula(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int, swa_full: bool,
+                     semantics: str = "2025", kv_unified: bool = True) -> str:
+    """How :func:`swa_size` got its answer, with the numbers (for ``kvcache plan``)."""
+    size = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics, kv_unified)
+    if swa_full:
+        return f"swa_full: kv_size = {kv_size}"
+    if semantics == "2026":
+        n = n_seq_max if kv_unified else 1
+        who = "n_seq_max" if kv_unified else "1"
+        return (f"pad(min(kv_size, n_swa*{who} + n_ubatch), {SWA_PAD_2026}) = "
+                f"pad(min({kv_size}, {n_swa}*{n} + {n_batch}), {SWA_PAD_2026}) = {size}")
+    return (f"min(kv_size, pad(n_swa*n_seq_max + n_batch, n_pad)) = "
+            f"min({kv_size}, pad({n_swa}*{n_seq_max} + {n_batch}, {n_pad})) = {size}")
+
+
+#: today's llama.cpp pads its SWA cache to a multiple of this many cells
+SWA_PAD_2026 = 256
 
 
 def _pad(x: int, n: int) -> int:

@@ -129,6 +129,8 @@ cdef extern from "kvc_slot.h" nogil:
     int     kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
                                uint32_t *n_seq_tokens, kvc_err *err)
     int     kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err)
+    int     kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
+                                             kvc_err *err)
     int     kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_ub, int32_t *out_cells,
                                      uint32_t *out_strm, uint32_t *out_groups, kvc_err *err)
     int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
