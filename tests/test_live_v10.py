@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import kvcache
+import kvcache.plan
 from kvcache import statefile
 
 from live_llama import LlamaCalls
@@ -171,6 +172,18 @@ def test_live_files_cross_both_ways(name, tmp_path):
                                              log)]
         c = _cache(m)
         assert sizes == [c.size_base, c.size_swa], log
+        # and kvcache plan's account of the pair is what llama.cpp logs, line for line
+        base, swa = m["geometry"]
+        layers = sorted(base["layers"] + swa["layers"], key=lambda x: x["il"])
+        cx = m["context"]
+        plan = kvcache.plan.plan_iswa(cx["n_ctx"], len(layers), [x["n_embd_k_gqa"] for x in layers],
+                                      [x["n_embd_v_gqa"] for x in layers], swa_layers=c.swa_layers, n_swa=c.n_swa,
+                                      swa_type=c.swa_type, n_batch=cx["n_ubatch"], swa_full=False,
+                                      n_seq_max=cx["n_seq_max"], type_k=TYPE_NAMES[cx["type_k"]],
+                                      type_v=TYPE_NAMES[cx["type_v"]], flash_attn=cx["flash_attn"],
+                                      semantics="2026", kv_unified=True)
+        logged = [line.rstrip("\n") for line in Live.lines]
+        assert [line for line in plan.llama_log if line in logged] == list(plan.llama_log), (plan.llama_log, log)
     try:
         live.replay(ctx, m["script"])
         # 1. what llama.cpp writes, kvcache reads and writes back byte for byte
