@@ -278,7 +278,8 @@ class ISWACache:
     @property
     def can_shift(self) -> bool:
         """Whether a K-shift may be applied: only when both caches have the same size (a smaller
-        SWA cache has pruned cells whose positions a shift would need)."""
+        SWA cache has pruned cells whose positions a shift would need). Semantics "2026": what
+        today's ``llama_memory_can_shift`` answers (the same rule); update() shifts anyway."""
         return self._base.size == self._swa.size
 
     @property
@@ -508,10 +509,10 @@ class ISWACache:
     # --- graph inputs ----------------------------------------------------------------------
     def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False,
                 out: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None = None,
-                dtype: _MaskDType = "f32", pad: bool = True) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+                dtype: _MaskDType = "f32", pad: bool | None = None) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """The KQ masks of ub against both caches: ``(base_mask, swa_mask)``; the SWA mask also
         hides what lies outside the window. ``out``: None or a pair of arrays to fill; ``pad``
-        and the shapes as UnifiedCache.kq_mask."""
+        (None: the semantics' default) and the shapes as UnifiedCache.kq_mask."""
         if out is None:
             out_base = out_swa = None
         else:
@@ -550,9 +551,11 @@ class ISWACache:
         A K-shift needs :attr:`can_shift`: with a pending shift and caches of different sizes
         this raises RuntimeError and changes nothing. Returns the two caches' UpdatePlans; its
         truth is what llama.cpp's iSWA update returns, the AND of the two. Semantics "2026":
-        each cache's StreamUpdate (its stream copies, then its shifts)."""
+        each cache's StreamUpdate (its stream copies, then its shifts), whatever can_shift
+        says: today's llama.cpp shifts each cache's own cells (a position the SWA cache has
+        dropped is not needed; can_shift is only what ``llama_memory_can_shift`` reports)."""
         with self._hold:
-            if self.has_shift and not self.can_shift:
+            if self.has_shift and not self.can_shift and not self._today:
                 raise RuntimeError(f"update: a K-shift is pending but this cache cannot shift (SWA cache of "
                                    f"{self._swa.size} cells, base cache of {self._base.size}: build it with "
                                    f"swa_full=True to allow position shifts)")
