@@ -503,3 +503,12 @@ def test_a_sequence_state_of_empty_sections_keeps_the_sequence():
     empty = _cache(n_seq_max=4, kv_unified=False).state_write(2)
     assert len(empty) == 8 + 4 + 4 * 4
     assert four.state_read(empty, 2) == len(empty) and four.stream_cells() == before
+
+
+def test_seq_cells_are_those_of_the_sequences_stream():
+    c = _cache(n_seq_max=3, kv_unified=False)
+    assert c.find_slot(UBatch([0, 1, 2, 5, 6, 7], [1, 1, 1, 2, 2, 2]))
+    c.seq_rm(2, 6, 7)
+    assert [x.tolist() for x in c.seq_cells(1)] == [[0, 1, 2], [0, 1, 2]]
+    assert [x.tolist() for x in c.seq_cells(2)] == [[0, 2], [5, 7]]
+    assert [x.tolist() for x in c.seq_cells(0)] == [[], []]
