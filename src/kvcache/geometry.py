@@ -148,7 +148,7 @@ class ModelGeometry:
             return UnifiedCache(kv_size=kv_size, **common)
         from kvcache.iswa import ISWACache
         # llama.cpp caps the batch at the (unpadded) context of a causal model
-        extra = dict(semantics="2026", kv_unified=n_stream == 1) if today else {}
+        extra: dict[str, Any] = dict(semantics="2026", kv_unified=n_stream == 1) if today else {}
         return ISWACache(kv_size=kv_size, swa_layers=self.swa_layers, n_swa=self.n_swa,
                          swa_type=self.swa_type, n_batch=min(n_ctx, n_batch), swa_full=swa_full,
                          **common, **extra)
