@@ -22,7 +22,7 @@ from kvcache.conformance import unified2026  # noqa: E402
 from kvcache.conformance.ops import apply_op, start  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
-from stateful_rules import SequenceEditRules  # noqa: E402
+from stateful_rules import SequenceEditRules, draw_ubatch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not unified2026.kvcache_constructs_2026(),
                                 reason="kvcache.UnifiedCache has no semantics='2026'")
@@ -68,27 +68,8 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
                 apply_op(r, 0, op)
 
     def ubatch(self, data, max_tokens=8):
-        """pos and seq_id lists of a ubatch the cache takes: one stream: tokens of any
-        sequences, interleaved, a token may carry several ids; several: groups per sequence of
-        one length, one id per token."""
-        if self.multi:
-            seqs = data.draw(st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, unique=True),
-                             label="groups")
-            nst = data.draw(st.integers(1, max(1, max_tokens // len(seqs))), label="n_seq_tokens")
-            seq_id = [[s] for s in seqs for _ in range(nst)]
-            pos = []
-            for s in seqs:
-                p = max(self.ref.seq_pos_max(s) + 1, 0) if data.draw(st.booleans(), label="next") else \
-                    data.draw(st.integers(0, P_MAX), label="start")
-                pos += list(range(p, p + nst))
-            return pos, seq_id
-        n = data.draw(st.integers(1, max_tokens), label="n_tokens")
-        ids = st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, max_size=2)
-        seq_id = data.draw(st.lists(ids, min_size=n, max_size=n), label="seq_id")
-        if data.draw(st.booleans(), label="consecutive"):
-            p = data.draw(st.integers(0, P_MAX), label="start")
-            return list(range(p, p + n)), seq_id
-        return data.draw(st.lists(st.integers(0, P_MAX), min_size=n, max_size=n), label="pos"), seq_id
+        """pos and seq_id lists of a ubatch the cache takes (stateful_rules.draw_ubatch)."""
+        return draw_ubatch(data, self.cfg["n_seq_max"], self.multi, self.ref.seq_pos_max, P_MAX, max_tokens)
 
     def settle(self):
         # as the traces do (FORMAT-2026 "update"): a pending shift or copy is applied first

@@ -25,6 +25,7 @@ from kvcache.conformance.unified2026 import _bytes_sha256, _check_fields  # noqa
 from kvcache.plan import swa_size  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
+from stateful_rules import draw_ubatch  # noqa: E402
 
 N_EMBD = 4
 
@@ -114,24 +115,9 @@ class ISWA2026Machine(RuleBasedStateMachine):
                 data.draw(st.integers(-1, self.p_max + 1), label="p1"))
 
     def ubatch(self, data, max_tokens=8):
-        """pos and seq_id of a ubatch the cache takes (several streams: equal groups per sequence)."""
-        if self.multi:
-            seqs = data.draw(st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, unique=True),
-                             label="groups")
-            nst = data.draw(st.integers(1, max(1, max_tokens // len(seqs))), label="n_seq_tokens")
-            pos = []
-            for s in seqs:
-                p = max(self.ref.swa.seq_pos_max(s) + 1, 0) if data.draw(st.booleans(), label="next") else \
-                    data.draw(st.integers(0, self.p_max), label="start")
-                pos += list(range(p, p + nst))
-            return pos, [[s] for s in seqs for _ in range(nst)]
-        n = data.draw(st.integers(1, max_tokens), label="n_tokens")
-        ids = st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, max_size=2)
-        seq_id = data.draw(st.lists(ids, min_size=n, max_size=n), label="seq_id")
-        p = data.draw(st.integers(0, self.p_max), label="start")
-        if data.draw(st.booleans(), label="consecutive"):
-            return list(range(p, p + n)), seq_id
-        return data.draw(st.lists(st.integers(0, self.p_max), min_size=n, max_size=n), label="pos"), seq_id
+        """pos and seq_id of a ubatch the cache takes (stateful_rules.draw_ubatch)."""
+        return draw_ubatch(data, self.cfg["n_seq_max"], self.multi, self.ref.swa.seq_pos_max, self.p_max,
+                           max_tokens)
 
     def settle(self):
         # a pending shift or stream copy is applied before a placement, as a decode does
