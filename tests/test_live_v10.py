@@ -78,14 +78,14 @@ class Live(LlamaCalls):
         self.model = Live._models[model]
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
 
-    def context(self, c: dict):
+    def context(self, c: dict, swa_full: bool = False):
         """A context of the manifest's parameters, checked against what llama.cpp logs."""
         L = self.L
         p = L.llama_context_default_params()
         fields = dict(p._fields_)
         want = {"n_ctx": c["n_ctx_requested"] if "n_ctx_requested" in c else c["n_ctx"], "n_batch": c["n_batch"],
                 "n_ubatch": c["n_ubatch"], "n_seq_max": c["n_seq_max"], "type_k": c["type_k"],
-                "type_v": c["type_v"], "flash_attn_type": 1 if c["flash_attn"] else 0, "swa_full": False,
+                "type_v": c["type_v"], "flash_attn_type": 1 if c["flash_attn"] else 0, "swa_full": swa_full,
                 "kv_unified": True, "n_threads": 1, "n_threads_batch": 1}
         for name, value in want.items():
             assert name in fields, f"llama_context_params has no field {name} (the bindings changed)"
@@ -120,7 +120,7 @@ def _manifest(name):
     return manifest(root / name / "seq0.bin"), root / name
 
 
-def _cache(m):
+def _cache(m, swa_full=False):
     """kvcache's cache of the scenario's context as 0.3.36 builds it (cell padding 1; an iSWA
     pair of semantics "2026", its SWA cache sized by today's rule; the test checks both sizes
     against the ones llama.cpp logs)."""
@@ -138,10 +138,11 @@ def _cache(m):
         c = kvcache.ISWACache(base["kv_size"], len(layers), [x["n_embd_k_gqa"] for x in layers],
                               [x["n_embd_v_gqa"] for x in layers], swa_layers=[x["il"] for x in swa["layers"]],
                               n_swa=swa["n_swa"], swa_type=swa["swa_type"], n_batch=ctx["n_ubatch"],
-                              swa_full=False, type_k=layers[0]["type_k"], type_v=layers[0]["type_v"],
+                              swa_full=swa_full, type_k=layers[0]["type_k"], type_v=layers[0]["type_v"],
                               v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1, semantics="2026")
-        # today's rule, written out: PAD_256(min(kv_size, n_swa * n_seq_max + n_ubatch))
-        assert c.swa.size == -(-min(base["kv_size"], swa["n_swa"] * ctx["n_seq_max"] + ctx["n_ubatch"]) // 256) * 256
+        # today's rule, written out: PAD_256(min(kv_size, n_swa * n_seq_max + n_ubatch)), or kv_size
+        assert c.swa.size == (base["kv_size"] if swa_full else
+                              -(-min(base["kv_size"], swa["n_swa"] * ctx["n_seq_max"] + ctx["n_ubatch"]) // 256) * 256)
         return c
     (g,) = geo
     ls = g["layers"]
@@ -255,3 +256,36 @@ def test_live_files_cross_both_ways(name, tmp_path):
         # the uninterrupted run
         np.testing.assert_array_equal(logits, load_and_decode(kind, theirs[kind]), err_msg=f"{name}: {kind}")
         np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-4, err_msg=f"{name}: {kind}")
+
+
+def test_live_iswa_with_todays_full_size_swa_cache(tmp_path):
+    """swa_full (today's default, and ISWACache's for semantics "2026"): a SWA cache of kv_size
+    cells; llama.cpp's states of the gemma2 context restore into the default 2026 pair and are
+    written back byte for byte."""
+    m, folder = _manifest("gemma2_fa0")
+    live = Live(m["model"]["file"])
+    L = live.L
+    ctx = live.context(m["context"], swa_full=True)
+    try:
+        log = "\n".join(Live.lines)
+        assert "llama_kv_cache_iswa: using full-size SWA cache" in log
+        sizes = [int(x) for x in re.findall(r"llama_kv_cache_iswa: creating +(?:non-)?SWA KV cache, size = (\d+) cells",
+                                             log)]
+        c = _cache(m, swa_full=True)
+        default = _cache(m, swa_full=None)
+        assert sizes == [c.size_base, c.size_swa] == [default.size_base, default.size_swa], log
+        live.replay(ctx, m["script"])
+        blobs = {s: live.seq_get(ctx, s) for s in range(4)}
+        whole = live.state_get(ctx)
+    finally:
+        L.llama_free(ctx)
+    for s, blob in blobs.items():
+        c = _cache(m, swa_full=True)
+        assert c.state_read(blob, s, exact=True) == len(blob)
+        assert c.state_write(s) == blob, s
+    cache = _cache(m, swa_full=True)
+    cs = statefile.parse_context_state(whole)
+    cs.restore(cache)
+    out = io.BytesIO()
+    statefile.write_context_state(out, cache, cs.arch)
+    assert out.getvalue() == whole
