@@ -252,3 +252,20 @@ def test_the_sequence_hand_off_of_a_2026_pair_is_refused():
     _fill(c, [0], 3)
     with pytest.raises(NotImplementedError, match="semantics '2026'"):
         c.seq_export(0)
+
+
+def test_batches_split_as_the_unified_caches_of_the_semantics_do():
+    from kvcache import Batch
+    one = _cache(kv_size=64, n_seq_max=2)
+    placed = 0
+    for ub in one.ubatches(Batch(list(range(10)), [0] * 10), 4):      # in order, nothing recorded
+        assert one.find_slot(ub)
+        placed += len(one.slot_indices()[1])
+    assert placed == 10 and one.base.used == one.swa.used == 10
+    streams = _cache(kv_size=64, n_seq_max=2, kv_unified=False)
+    b = Batch([0, 1, 2, 0, 1], [0, 0, 0, 1, 1], simple_split=False)
+    for ub in streams.ubatches(b, 4):                                 # equal splits per sequence
+        assert streams.find_slot(ub)
+    assert streams.base.used_per_stream == streams.swa.used_per_stream == (3, 2)
+    with pytest.raises(ValueError):
+        list(streams.ubatches(Batch([0], [0]), 4))
