@@ -9,6 +9,29 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 
+def read_alike(*reads):
+    """Run each read (a callable): all return the same byte count, or all raise StateError
+    (then "StateError"); that outcome."""
+    from kvcache import StateError
+
+    got = []
+    for read in reads:
+        try:
+            got.append(read())
+        except StateError:
+            got.append("StateError")
+    assert all(g == got[0] for g in got), got
+    return got[0]
+
+
+def draw_copy_range(data, multi, src, dst, prange):
+    """The [p0, p1) of a seq_cp in today's semantics: across streams (multi, src != dst) whole
+    sequences only (a part is what llama.cpp aborts on); otherwise any ``prange(data)``."""
+    if multi and src != dst:
+        return data.draw(st.sampled_from([(-1, -1), (0, -1), (-1, 0)]), label="whole")
+    return prange(data)
+
+
 def draw_ubatch(data, n_seq_max, multi, pos_max, p_max, max_tokens=8):
     """pos and seq_id lists of a ubatch a cache of today's semantics takes: one stream: tokens
     of any sequences, interleaved, a token may carry several ids; several streams (multi):

@@ -22,7 +22,7 @@ from kvcache.conformance import unified2026  # noqa: E402
 from kvcache.conformance.ops import apply_op, start  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
-from stateful_rules import SequenceEditRules, draw_ubatch  # noqa: E402
+from stateful_rules import SequenceEditRules, draw_copy_range, draw_ubatch, read_alike  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not unified2026.kvcache_constructs_2026(),
                                 reason="kvcache.UnifiedCache has no semantics='2026'")
@@ -114,10 +114,7 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
     def seq_cp(self, data):
         """Across streams whole sequences only (a part is an abort: see below)."""
         src, dst = self.seq(data), self.seq(data)
-        if self.multi and src != dst:
-            p0, p1 = data.draw(st.sampled_from([(-1, -1), (0, -1), (-1, 0)]), label="whole")
-        else:
-            p0, p1 = self.prange(data)
+        p0, p1 = draw_copy_range(data, self.multi, src, dst, self.prange)
         self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
 
     @rule()
@@ -171,14 +168,7 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
     def read_both(self, blob, seq_id):
         """state_read into both: the bytes consumed, or that both raise StateError (and then
         nothing changes, which the invariant sees)."""
-        got = []
-        for r in self.replays:
-            try:
-                got.append(r.cache.state_read(blob, seq_id, layout="2026"))
-            except StateError:
-                got.append("StateError")
-        assert got[0] == got[1], got
-        return got[0]
+        return read_alike(*(lambda c=r.cache: c.state_read(blob, seq_id, layout="2026") for r in self.replays))
 
     @rule(data=st.data())
     def state_round_trip(self, data):

@@ -19,13 +19,13 @@ from hypothesis import settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
-from kvcache import ISWACache, StateError, UBatch  # noqa: E402
+from kvcache import ISWACache, UBatch  # noqa: E402
 from kvcache.conformance.common import fill_rows  # noqa: E402
 from kvcache.conformance.unified2026 import _bytes_sha256, _check_fields  # noqa: E402
 from kvcache.plan import swa_size  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
-from stateful_rules import draw_ubatch  # noqa: E402
+from stateful_rules import draw_copy_range, draw_ubatch, read_alike  # noqa: E402
 
 N_EMBD = 4
 
@@ -192,39 +192,28 @@ class ISWA2026Machine(RuleBasedStateMachine):
         p0, p1 = self.prange(data)
         assert self.cache.seq_rm(s, p0, p1) == (self.ref.base.seq_rm(s, p0, p1) & self.ref.swa.seq_rm(s, p0, p1))
 
+    def each(self, name, *args):
+        """The operation on the pair and on both halves of the model."""
+        getattr(self.cache, name)(*args)
+        for h in self.ref.halves:
+            getattr(h, name)(*args)
+
     @rule(data=st.data())
     def seq_cp(self, data):
         src, dst = self.seq(data), self.seq(data)
-        if self.multi and src != dst:
-            p0, p1 = data.draw(st.sampled_from([(-1, -1), (0, -1), (-1, 0)]), label="whole")
-        else:
-            p0, p1 = self.prange(data)
-        self.cache.seq_cp(src, dst, p0, p1)
-        for h in self.ref.halves:
-            h.seq_cp(src, dst, p0, p1)
+        self.each("seq_cp", src, dst, *draw_copy_range(data, self.multi, src, dst, self.prange))
 
     @rule(data=st.data())
     def seq_keep(self, data):
-        s = self.seq(data)
-        self.cache.seq_keep(s)
-        for h in self.ref.halves:
-            h.seq_keep(s)
+        self.each("seq_keep", self.seq(data))
 
     @rule(data=st.data(), shift=st.integers(-12, 12))
     def seq_add(self, data, shift):
-        s = self.seq(data)
-        p0, p1 = self.prange(data)
-        self.cache.seq_add(s, p0, p1, shift)
-        for h in self.ref.halves:
-            h.seq_add(s, p0, p1, shift)
+        self.each("seq_add", self.seq(data), *self.prange(data), shift)
 
     @rule(data=st.data(), d=st.integers(1, 4))
     def seq_div(self, data, d):
-        s = self.seq(data)
-        p0, p1 = self.prange(data)
-        self.cache.seq_div(s, p0, p1, d)
-        for h in self.ref.halves:
-            h.seq_div(s, p0, p1, d)
+        self.each("seq_div", self.seq(data), *self.prange(data), d)
 
     @rule()
     def update(self):
@@ -236,9 +225,7 @@ class ISWA2026Machine(RuleBasedStateMachine):
     @precondition(lambda self: any(h.used_per_stream != (0,) * h.n_stream for h in self.ref.halves))
     @rule()
     def clear(self):
-        self.cache.clear()
-        for h in self.ref.halves:
-            h.clear()
+        self.each("clear")
 
     @rule(data=st.data(), causal=st.booleans())
     def mask(self, data, causal):
@@ -256,15 +243,8 @@ class ISWA2026Machine(RuleBasedStateMachine):
     # --- states --------------------------------------------------------------------------------
 
     def read_both(self, blob, seq_id):
-        got = []
-        for reader in (lambda: self.cache.state_read(blob, seq_id, layout="2026"),
-                       lambda: self.ref.state_read(blob, seq_id)):
-            try:
-                got.append(reader())
-            except StateError:
-                got.append("StateError")
-        assert got[0] == got[1], got
-        return got[0]
+        return read_alike(lambda: self.cache.state_read(blob, seq_id, layout="2026"),
+                          lambda: self.ref.state_read(blob, seq_id))
 
     @rule(data=st.data())
     def state_round_trip(self, data):
