@@ -193,6 +193,35 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
             blob[at] ^= data.draw(st.integers(1, 255), label="xor")
         self.read_both(bytes(blob), -1 if seq_id < 0 else self.seq(data))
 
+    @rule(data=st.data())
+    def hand_off(self, data):
+        """A sequence of the cache moved by seq_export / seq_import_begin into a copy of the
+        cache (into a sequence drawn, often another one) gives what state_read of its state
+        gives in another copy, or both refuse alike, changing nothing."""
+        from kvcache.handoff import copy_regions
+        from cache_state import snapshot
+
+        cache = self.replays[1].cache
+        whole = cache.state_write(-1)
+        moved, read = (start(unified2026.kvcache_target(), self.cfg).cache for _ in range(2))
+        for c in (moved, read):
+            c.state_read(whole)
+        seq_id = data.draw(st.integers(0, self.n_seq_max - 1), label="seq_id")
+        dst = self.seq(data)
+        exp = cache.seq_export(seq_id)
+        before = snapshot(moved)
+        try:
+            imp = moved.seq_import_begin(exp.header, dst)
+        except StateError:
+            assert snapshot(moved) == before
+            with pytest.raises(StateError):
+                read.state_read(cache.state_write(seq_id), dst)
+            return
+        copy_regions(exp.regions, imp.regions)
+        imp.commit()
+        read.state_read(cache.state_write(seq_id), dst)
+        assert snapshot(moved) == snapshot(read)
+
     @rule()
     def bad_divisor_and_empty_prepare(self):
         self.rejected("seq_div", seq_id=0, p0=0, p1=4, d=0)
@@ -383,15 +412,6 @@ def test_store_into_borrowed_buffers_of_every_stream():
         _cache(n_seq_max=2, kv_unified=False, buffers={0: (np.zeros((64, 4), np.float32), v_mem)})
 
 
-def test_the_sequence_hand_off_waits_for_the_2026_state_layout():
-    c = _cache()
-    assert c.find_slot(UBatch([0, 1], [0, 0]))
-    with pytest.raises(NotImplementedError):
-        c.seq_export(0)
-    with pytest.raises(NotImplementedError):
-        c.seq_import_begin(b"\0" * 64)
-
-
 # --- the state of a 2026 cache -----------------------------------------------------------------
 
 def _filled(n_seq_max=4, kv_unified=False, **kw):
@@ -456,8 +476,8 @@ def test_bad_state_reads_change_nothing():
     twice[20] = 0                                                  # the cell lists seq 0 twice
     with pytest.raises(StateError, match="listed twice"):
         one.state_read(bytes(twice))
-    with pytest.raises(ValueError):
-        four.state_read(whole, convert=True)
+    with pytest.raises(StateError):                               # converting checks as much
+        four.state_read(whole[:-1], convert=True)
     # no room: seq 0's 3 cells into the one stream of 64 cells, 62 of them seq 1's
     full = _cache(n_seq_max=2)
     assert full.find_slot(UBatch(list(range(62)), [1] * 62))
@@ -474,6 +494,51 @@ def test_a_sequence_state_of_empty_sections_keeps_the_sequence():
     empty = _cache(n_seq_max=4, kv_unified=False).state_write(2)
     assert len(empty) == 8 + 4 + 4 * 4
     assert four.state_read(empty, 2) == len(empty) and four.stream_cells() == before
+
+
+def _v_rows(c, il=0):
+    """V of every stream as (n_stream, size, n_embd_v) rows, whatever the cache's V layout."""
+    v = c.v(il)
+    return v.transpose(0, 2, 1) if c.v_trans else v.reshape(c.n_stream, c.size, -1)
+
+
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["one-stream", "streams"])
+@pytest.mark.parametrize("v_trans", [True, False], ids=["from-transposed", "from-rows"])
+def test_state_read_converts_the_v_layout(kv_unified, v_trans):
+    """convert=True reads a state whose V layout is not the cache's: every cell's V row lands in
+    the cell the read places it in (whole: cell k of stream s; a sequence: the cells its
+    placement picks), the rest as without convert; converting back gives the first state."""
+    from cache_state import busy_unified_2026, snapshot
+
+    src = busy_unified_2026(kv_unified, v_trans=v_trans, type_k="f32", type_v="f32")
+    for seq_id in (-1, 1, 2):
+        dst = busy_unified_2026(kv_unified, v_trans=not v_trans, type_k="f32", type_v="f32", seed=5)
+        before = snapshot(dst)
+        blob = src.state_write(seq_id)
+        with pytest.raises(StateError, match="V layout.*conversion not requested"):
+            dst.state_read(blob, seq_id)
+        assert snapshot(dst) == before
+        assert dst.state_read(blob, seq_id, convert=True) == len(blob)
+        got, want = _v_rows(dst), _v_rows(src)
+        for s, (a, b) in enumerate(zip(dst.stream_cells(), src.stream_cells())):
+            if seq_id < 0:
+                held = np.flatnonzero(b.pos != -1)
+                np.testing.assert_array_equal(got[s, :len(held)], want[s, held])
+                assert a.pos[:len(held)].tolist() == b.pos[held].tolist()
+            elif s == (seq_id if src.n_stream > 1 else 0):
+                mine, theirs = np.flatnonzero(a.holds(seq_id)), np.flatnonzero(b.holds(seq_id))
+                mine, theirs = mine[np.argsort(a.pos[mine])], theirs[np.argsort(b.pos[theirs])]
+                assert a.pos[mine].tolist() == b.pos[theirs].tolist() and len(mine) > 0
+                np.testing.assert_array_equal(got[s, mine], want[s, theirs])
+        back = busy_unified_2026(kv_unified, v_trans=v_trans, type_k="f32", type_v="f32", seed=5)
+        ref = busy_unified_2026(kv_unified, v_trans=v_trans, type_k="f32", type_v="f32", seed=5)
+        back.state_read(dst.state_write(seq_id), seq_id, convert=True)
+        ref.state_read(blob, seq_id)
+        assert snapshot(back) == snapshot(ref)
+        # the same layout: convert changes nothing about the read
+        same = busy_unified_2026(kv_unified, v_trans=v_trans, type_k="f32", type_v="f32", seed=5)
+        same.state_read(blob, seq_id, convert=True)
+        assert snapshot(same) == snapshot(ref)
 
 
 def test_seq_cells_are_those_of_the_sequences_stream():

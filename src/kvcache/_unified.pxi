@@ -94,13 +94,6 @@ cdef int _refuse_2026(_Unified self, str what, str why) except -1:
     return 0
 
 
-cdef int _refuse_state_2026(_Unified self, str what) except -1:
-    if self.c.semantics == KVC_SEM_2026:
-        raise NotImplementedError(f"{what}: the handoff of a cache of semantics '2026' is not "
-                                  f"implemented in this version")
-    return 0
-
-
 cdef int _check_state_layout(_Unified self, unsigned bits, str what) except -1:
     """A layout without stream counts holds one stream (the codec refuses the others too)."""
     if self.c.n_stream > 1 and not bits & (KVC_LAYOUT_STREAMS | KVC_LAYOUT_DETECT):
@@ -1608,9 +1601,8 @@ cdef class _Unified(UnifiedCore):
         data: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, mmap; not
         copied). Returns the bytes consumed (bytes after the state are not read, unless exact).
         convert: accept a blob whose V layout (transposed or not) differs from this cache's and
-        convert it (llama.cpp refuses such a blob; not available for a cache of semantics
-        '2026'). exact: the state must end at the end of
-        data. layout: a name of kvcache.LAYOUTS, or None (the default) to find it from the
+        convert it (llama.cpp refuses such a blob), in either semantics. exact: the state must
+        end at the end of data. layout: a name of kvcache.LAYOUTS, or None (the default) to find it from the
         bytes: the sequence-blob magic says a layout with stream counts; otherwise the state must
         parse to exactly the end of data in one layout (StateError asks for layout= when it does
         in both). A sequence's state may come with or without the sequence-blob prefix. Raises
