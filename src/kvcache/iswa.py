@@ -612,7 +612,8 @@ class ISWACache:
     def seq_export(self, seq_id: int) -> PartsExport:
         """Sequence seq_id ready for a transfer: each cache's export (UnifiedCache.seq_export),
         the base cache's then the SWA cache's, framed as one header, their regions in that
-        order. See docs/disaggregated.md."""
+        order (semantics "2026": the SWA cache's without the cells outside the window, as the
+        sequence's state). See docs/disaggregated.md."""
         return PartsExport([self._base.seq_export(seq_id), self._swa.seq_export(seq_id)])
 
     def seq_import_begin(self, header: Buffer, seq_id: int | None = None) -> PartsImport:
