@@ -612,22 +612,14 @@ class ISWACache:
     def seq_export(self, seq_id: int) -> PartsExport:
         """Sequence seq_id ready for a transfer: each cache's export (UnifiedCache.seq_export),
         the base cache's then the SWA cache's, framed as one header, their regions in that
-        order. See docs/disaggregated.md."""
-        self._refuse_handoff_2026("seq_export")
+        order (semantics "2026": the SWA cache's without the cells outside the window, as the
+        sequence's state). See docs/disaggregated.md."""
         return PartsExport([self._base.seq_export(seq_id), self._swa.seq_export(seq_id)])
-
-    def _refuse_handoff_2026(self, what: str) -> None:
-        # each part alone would move, but what the iSWA state of today's llama.cpp holds (its
-        # SWA sizing, the cells either part leaves out) is not pinned for a pair of them yet
-        if self._base.semantics == "2026":
-            raise NotImplementedError(f"{what}: the hand-off of an iSWA cache of semantics '2026' is not "
-                                      f"implemented (the UnifiedCache of semantics '2026' has it)")
 
     def seq_import_begin(self, header: Buffer, seq_id: int | None = None) -> PartsImport:
         """Begin receiving the sequence a PartsExport header describes (UnifiedCache.seq_import_begin
         for each cache: both begun, or neither, StateError then); its commit() checks both parts
         before committing either; abort() or an exception in ``with`` leaves both as they were."""
-        self._refuse_handoff_2026("seq_import_begin")
         h_base, h_swa = split_parts(header, 2)
         first = self._base.seq_import_begin(h_base, seq_id)
         try:
