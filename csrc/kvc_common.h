@@ -51,6 +51,9 @@ typedef struct kvc_err {
 
 /* Fill err (if not NULL) with code and a printf-style message; returns code. */
 int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);
+/* Put "<context>: " in front of err's message (a failure inside a part named by the caller);
+ * returns code. */
+int kvc_err_wrap(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);
 
 /* The positions p0 <= p < p1 an operation acts on. p1 is wider than a position, so that "no
  * upper bound" (KVC_POS_END) lies past every position, KVC_POS_MAX included. */

@@ -61,7 +61,6 @@ typedef struct kvc_recurrent {
     int32_t        type_v;      /* ggml type id of V */
     uint32_t       n_layer;     /* number of layers */
     kvc_rec_layer *layers;      /* [n_layer] */
-    size_t        *read_off;    /* [2 * n_layer] scratch of state_read: data offsets of K, V */
     /* warnings of the last find_slot (the reference logs them), one per line */
     uint32_t       n_warn;      /* how many were raised (may exceed what fits in warn) */
     char           warn[KVC_REC_WARN_CAP]; /* NUL-terminated, lines separated by '\n' */

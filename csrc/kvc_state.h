@@ -89,6 +89,7 @@ typedef struct kvc_state_layer_src {
     size_t         k_row;
     size_t         v_row;
     uint32_t       n_embd_v;
+    int32_t        il;      /* the model's index of the layer (what messages name) */
 } kvc_state_layer_src;
 
 /* A cache as the writer sees it. The listed cells are, for seq_id -1, every cell that is not
