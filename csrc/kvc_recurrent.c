@@ -717,12 +717,15 @@ static int place_cells(kvc_recurrent *c, int32_t seq_id, const kvc_section *sec,
     if (seq_id == -1) {
         rec_cells_wipe(w);
         w->n = c->cells.n; /* clear() keeps n */
+        const uint32_t nw = w->seq_words;
         for (uint32_t i = 0; i < cc; i++) {
+            const uint64_t *set = sec->seq + (size_t)i * nw;
             w->pos[i] = sec->pos[i];
-            kvc_seqs_put(w->seq, w->size, w->seq_words, i, sec->seq + (size_t)i * w->seq_words);
-            for (int32_t s = kvc_seqs_next(w->seq, w->size, w->seq_words, i, -1); s >= 0;
-                 s = kvc_seqs_next(w->seq, w->size, w->seq_words, i, s)) {
-                w->tail[s] = (int32_t)i;
+            kvc_seqs_put(w->seq, w->size, nw, i, set);
+            for (uint32_t k = 0; k < nw; k++) {
+                for (uint64_t m = set[k]; m; m &= m - 1) {
+                    w->tail[64 * k + kvc_ctz64(m)] = (int32_t)i;
+                }
             }
             w->src[i] = (int32_t)i; /* the restored states are kept as they are */
         }

@@ -63,10 +63,20 @@ static int parse_cell_count(kvc_cursor *r, const kvc_sec_dest *d, uint32_t *cc, 
     return KVC_OK;
 }
 
-/* The ids of cell i into bits, checked against d (NULL: against KVC_MAX_SEQ); first_cell[s] is
- * the cell that listed s first, for d->seq_in_one_cell. */
+/* The cell before i of sec (whose sets are parsed) that lists s, or i. */
+static uint32_t cell_listing(const kvc_section *sec, uint32_t nw, uint32_t i, int32_t s) {
+    for (uint32_t k = 0; k < i; k++) {
+        if ((sec->seq[(size_t)k * nw + ((uint32_t)s >> 6)] >> (s & 63)) & 1u) {
+            return k;
+        }
+    }
+    return i;
+}
+
+/* The ids of cell i into bits, checked against d (NULL: against KVC_MAX_SEQ); seen: the ids of
+ * the cells before, for d->seq_in_one_cell. */
 static int parse_ids(kvc_cursor *r, const kvc_sec_dest *d, uint32_t i, uint32_t n_seq_id, kvc_seqset *bits,
-                     int32_t *first_cell, kvc_err *err) {
+                     kvc_seqset *seen, const kvc_section *sec, kvc_err *err) {
     const uint32_t id_limit = d ? d->n_seq_max : KVC_MAX_SEQ;
     if ((r->len - r->off) / 4 < n_seq_id) {
         return kvc_err_set(err, KVC_E_STATE,
@@ -92,15 +102,13 @@ static int parse_ids(kvc_cursor *r, const kvc_sec_dest *d, uint32_t i, uint32_t 
             return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " listed twice",
                                i, r->off - 4, s);
         }
-        if (d && d->seq_in_one_cell) {
+        if (d && d->seq_in_one_cell && (kvc_seqset_has(seen, s) || kvc_seqset_has(bits, s))) {
             /* one cell holds a sequence's whole state: a second listing has nowhere to go */
-            if (first_cell[s] >= 0) {
-                return kvc_err_set(err, KVC_E_STATE,
-                                   "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " is listed by cell %" PRId32
-                                   " already (a sequence's state is one cell)",
-                                   i, r->off - 4, s, first_cell[s]);
-            }
-            first_cell[s] = (int32_t)i;
+            const uint32_t k = kvc_seqset_has(bits, s) ? i : cell_listing(sec, d->seq_words, i, s);
+            return kvc_err_set(err, KVC_E_STATE,
+                               "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " is listed by cell %" PRIu32
+                               " already (a sequence's state is one cell)",
+                               i, r->off - 4, s, k);
         }
         kvc_seqset_add(bits, s); /* a repeated id sets its bit again, as the reference does */
     }
@@ -128,10 +136,8 @@ static int parse_cells(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, k
             return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading a state of %" PRIu32 " cells", cc);
         }
     }
-    int32_t first_cell[KVC_MAX_SEQ];
-    if (d && d->seq_in_one_cell) {
-        memset(first_cell, 0xff, sizeof first_cell);
-    }
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
     for (uint32_t i = 0; i < cc; i++) {
         int32_t pos;
         uint32_t n_seq_id;
@@ -164,13 +170,17 @@ static int parse_cells(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, k
             continue;
         }
         kvc_seqset bits;
-        int rc = parse_ids(r, d, i, n_seq_id, &bits, first_cell, err);
+        int rc = parse_ids(r, d, i, n_seq_id, &bits, &seen, sec, err);
         if (rc != KVC_OK) {
             return rc;
         }
         if (d) {
+            uint64_t *set = sec->seq + (size_t)i * nw;
             sec->pos[i] = pos;
-            memcpy(sec->seq + (size_t)i * nw, bits.w, nw * sizeof *sec->seq);
+            for (uint32_t w = 0; w < nw; w++) {
+                set[w] = bits.w[w];
+                seen.w[w] |= bits.w[w];
+            }
         } else if (i < sec->d_pos_cap) {
             sec->d_pos[i] = pos;
             memcpy(sec->d_seq + (size_t)i * KVC_SEQ_WORDS, bits.w, sizeof bits.w);
