@@ -43,6 +43,18 @@ enum kvc_status {
     KVC_E_INTERNAL  = -5,  /* an invariant does not hold (a bug) */
 };
 
+/* One layer of a cache's K/V memory (the unified cache's and the recurrent cache's: their
+ * headers say how the rows are laid out). */
+typedef struct kvc_layer {
+    int32_t  il;           /* model layer index */
+    uint32_t n_embd_k;     /* K row width in elements */
+    uint32_t n_embd_v;     /* V row width in elements */
+    size_t   k_row_bytes;  /* kvc_row_size(type_k, n_embd_k) */
+    size_t   v_row_bytes;  /* kvc_row_size(type_v, n_embd_v) */
+    uint8_t *k;            /* the K rows, or NULL */
+    uint8_t *v;            /* the V rows, or NULL */
+} kvc_layer;
+
 /* Error details filled by functions that can fail for many reasons. */
 typedef struct kvc_err {
     int  code;       /* one of enum kvc_status */

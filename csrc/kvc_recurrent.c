@@ -392,11 +392,7 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory for a recurrent cache of %u cells", p->kv_size);
     }
     for (uint32_t il = 0; il < p->n_layer; il++) {
-        kvc_rec_layer *L = &c->layers[il];
-        L->n_embd_k = p->n_embd_k[il];
-        L->n_embd_v = p->n_embd_v[il];
-        L->k_row_bytes = kvc_row_size(p->type_k, p->n_embd_k[il]);
-        L->v_row_bytes = kvc_row_size(p->type_v, p->n_embd_v[il]);
+        c->layers[il] = kvc_layer_geometry((int32_t)il, p->type_k, p->type_v, p->n_embd_k[il], p->n_embd_v[il]);
     }
     rec_cells_wipe(&c->cells);
     rec_cells_wipe(&c->work);
@@ -425,7 +421,7 @@ void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, 
 static void rec_zero_data(kvc_recurrent *c) {
     const size_t size = c->cells.size;
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_rec_layer *L = &c->layers[il];
+        const kvc_layer *L = &c->layers[il];
         if (L->k) {
             memset(L->k, 0, size * L->k_row_bytes);
         }
@@ -593,7 +589,7 @@ int kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const vo
     if (il >= c->n_layer || (uint64_t)c->cells.head + n_rows > c->cells.size) {
         return KVC_E_ARG;
     }
-    const kvc_rec_layer *L = &c->layers[il];
+    const kvc_layer *L = &c->layers[il];
     if (k && L->k) {
         memcpy(L->k + (size_t)c->cells.head * L->k_row_bytes, k, (size_t)n_rows * L->k_row_bytes);
     }
@@ -607,14 +603,8 @@ int kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const vo
  * state codec
  * --------------------------------------------------------------------------------------- */
 
-static void rec_layer(const void *cache, uint32_t il, kvc_state_layer_src *out) {
-    const kvc_rec_layer *L = &((const kvc_recurrent *)cache)->layers[il];
-    out->k = L->k;
-    out->v = L->v;
-    out->k_row = L->k_row_bytes;
-    out->v_row = L->v_row_bytes;
-    out->n_embd_v = L->n_embd_v;
-    out->il = (int32_t)il;
+static void rec_layer(const void *cache, uint32_t il, kvc_layer *out) {
+    *out = ((const kvc_recurrent *)cache)->layers[il];
 }
 
 /* The cache as the shared state writer sees it: a cell is listed when it holds a sequence; a
@@ -822,14 +812,14 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     const size_t head = c->cells.head, cc = sec.cell_count;
     const uint8_t *p = data + sec.data_off + 8;
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_rec_layer *L = &c->layers[il];
+        const kvc_layer *L = &c->layers[il];
         if (cc && L->k) {
             memcpy(L->k + head * L->k_row_bytes, p + 12, cc * L->k_row_bytes);
         }
         p += 12 + cc * L->k_row_bytes;
     }
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_rec_layer *L = &c->layers[il];
+        const kvc_layer *L = &c->layers[il];
         if (cc && L->v) {
             memcpy(L->v + head * L->v_row_bytes, p + 12, cc * L->v_row_bytes);
         }
@@ -839,3 +829,5 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     *consumed = r.off;
     return KVC_OK;
 }
+
+KVC_SEQ_OPS_DEFINE(kvc_recurrent, kvc_recurrent);

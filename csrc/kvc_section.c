@@ -218,7 +218,7 @@ static int take_data(kvc_cursor *r, uint64_t count, uint64_t unit, const char *w
 }
 
 /* Layer ikv as the destination has it (l NULL when describing); il: its index in messages. */
-static int32_t dest_layer(const kvc_sec_dest *d, uint32_t ikv, kvc_state_layer_src *l) {
+static int32_t dest_layer(const kvc_sec_dest *d, uint32_t ikv, kvc_layer *l) {
     if (!d) {
         return (int32_t)ikv;
     }
@@ -228,7 +228,7 @@ static int32_t dest_layer(const kvc_sec_dest *d, uint32_t ikv, kvc_state_layer_s
 
 static int parse_layer_k(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, uint32_t cc, kvc_state_layer_desc *ld,
                          kvc_err *err) {
-    kvc_state_layer_src l;
+    kvc_layer l;
     const int32_t il = dest_layer(d, ikv, &l);
     const size_t at = r->off;
     int32_t type;
@@ -243,8 +243,8 @@ static int parse_layer_k(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, uin
     if (!kvc_cur_u64(r, &row)) {
         return kvc_cur_truncated(err, r, 8, "the key row size of layer %" PRId32, il);
     }
-    if (d && row != (uint64_t)l.k_row) {
-        return fail_layer(err, il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row, l.k_row);
+    if (d && row != (uint64_t)l.k_row_bytes) {
+        return fail_layer(err, il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row, l.k_row_bytes);
     }
     uint64_t n;
     int rc = take_data(r, (uint64_t)cc, row, "keys", il, &n, err);
@@ -261,7 +261,7 @@ static int parse_layer_k(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, uin
  * transposed), the data. */
 static int parse_layer_v(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, const kvc_section *sec,
                          kvc_state_layer_desc *ld, kvc_err *err) {
-    kvc_state_layer_src l;
+    kvc_layer l;
     const int32_t il = dest_layer(d, ikv, &l);
     const uint32_t cc = sec->cell_count;
     const size_t at = r->off;
@@ -315,8 +315,8 @@ static int parse_layer_v(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, con
         }
         /* a transposed cache's v_row is its width times the element size: what rows of the
          * section must hold to be converted */
-        if (d && row != (uint64_t)l.v_row) {
-            return fail_layer(err, il, r->off - 8, "value row size %" PRIu64 " != cache's %zu", row, l.v_row);
+        if (d && row != (uint64_t)l.v_row_bytes) {
+            return fail_layer(err, il, r->off - 8, "value row size %" PRIu64 " != cache's %zu", row, l.v_row_bytes);
         }
         if ((rc = take_data(r, (uint64_t)cc, row, "values", il, &n, err)) != KVC_OK) {
             return rc;

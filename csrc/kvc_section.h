@@ -31,7 +31,7 @@ typedef struct kvc_sec_dest {
     bool     can_convert_v;   /* whether the destination converts at all (for the message) */
     uint32_t n_layer;
     const void *cache;        /* passed to layer() */
-    void      (*layer)(const void *cache, uint32_t il, kvc_state_layer_src *out); /* the row sizes */
+    void      (*layer)(const void *cache, uint32_t il, kvc_layer *out); /* the row sizes */
 } kvc_sec_dest;
 
 /* One parsed stream section; offsets are the cursor's (from the start of its bytes). */

@@ -89,19 +89,19 @@ static void src_count(const kvc_state_src *s, uint32_t *cells, uint32_t *runs, u
     *meta = m;
 }
 
-static uint64_t k_piece_bytes(const kvc_state_layer_src *l, uint32_t cc) { return 12 + (uint64_t)cc * l->k_row; }
+static uint64_t k_piece_bytes(const kvc_layer *l, uint32_t cc) { return 12 + (uint64_t)cc * l->k_row_bytes; }
 
-static uint64_t v_piece_bytes(const kvc_state_src *s, const kvc_state_layer_src *l, uint32_t cc) {
+static uint64_t v_piece_bytes(const kvc_state_src *s, const kvc_layer *l, uint32_t cc) {
     if (s->v_trans) {
         return 12 + (uint64_t)l->n_embd_v * cc * s->v_el;
     }
-    return 12 + (uint64_t)cc * l->v_row;
+    return 12 + (uint64_t)cc * l->v_row_bytes;
 }
 
 static uint64_t src_total(const kvc_state_src *s, uint32_t cc, uint64_t meta) {
     uint64_t n = 4 + meta + 8;
     for (uint32_t il = 0; il < s->n_layer; il++) {
-        kvc_state_layer_src l;
+        kvc_layer l;
         s->layer(s->cache, il, &l);
         n += k_piece_bytes(&l, cc) + v_piece_bytes(s, &l, cc);
     }
@@ -175,19 +175,19 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
     emit_u32(e, s->v_trans ? 1u : 0u);
     emit_u32(e, s->n_layer);
     for (uint32_t il = 0; il < s->n_layer && e->pos < e->hi; il++) {
-        kvc_state_layer_src l;
+        kvc_layer l;
         s->layer(s->cache, il, &l);
         if (emit_skip(e, k_piece_bytes(&l, cc))) {
             continue;
         }
         uint8_t h[12];
         kvc_le_put_i32(h, s->type_k);
-        kvc_le_put_u64(h + 4, (uint64_t)l.k_row);
+        kvc_le_put_u64(h + 4, (uint64_t)l.k_row_bytes);
         emit(e, h, 12);
-        emit_rows(e, runs, nr, l.k, l.k_row);
+        emit_rows(e, runs, nr, l.k, l.k_row_bytes);
     }
     for (uint32_t il = 0; il < s->n_layer && e->pos < e->hi; il++) {
-        kvc_state_layer_src l;
+        kvc_layer l;
         s->layer(s->cache, il, &l);
         if (emit_skip(e, v_piece_bytes(s, &l, cc))) {
             continue;
@@ -195,9 +195,9 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
         uint8_t h[12];
         kvc_le_put_i32(h, s->type_v);
         if (!s->v_trans) {
-            kvc_le_put_u64(h + 4, (uint64_t)l.v_row);
+            kvc_le_put_u64(h + 4, (uint64_t)l.v_row_bytes);
             emit(e, h, 12);
-            emit_rows(e, runs, nr, l.v, l.v_row);
+            emit_rows(e, runs, nr, l.v, l.v_row_bytes);
             continue;
         }
         kvc_le_put_u32(h + 4, (uint32_t)s->v_el);
@@ -348,16 +348,13 @@ typedef struct stream_ref {
 
 /* Layer il of one stream: K rows (and V rows) of stream s start at row s * size; a transposed V
  * keeps per stream n_embd_v rows of size elements, the same bytes as size rows. */
-static void unified_layer(const void *cache, uint32_t il, kvc_state_layer_src *out) {
+static void unified_layer(const void *cache, uint32_t il, kvc_layer *out) {
     const stream_ref *ref = cache;
     const kvc_layer *l = &ref->c->layers[il];
     const size_t rows = (size_t)ref->stream * ref->c->cells.size;
+    *out = *l;
     out->k = l->k ? l->k + rows * l->k_row_bytes : NULL;
     out->v = l->v ? l->v + rows * l->v_row_bytes : NULL;
-    out->k_row = l->k_row_bytes;
-    out->v_row = l->v_row_bytes;
-    out->n_embd_v = l->n_embd_v;
-    out->il = l->il;
 }
 
 /* Stream `ref->stream` of the cache as a writer source, with the cells a layout leaves out of a
