@@ -1,7 +1,8 @@
 # Declarations of the unified KV cache: csrc/kvc_unified.h (state, construction, sequences, window),
 # kvc_slot.h (slots, undo log, snapshots, store), kvc_defrag.h and kvc_mask.h.
 from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t
-from kvcache.includes.kvc_common cimport kvc_err, kvc_ubatch
+from kvcache.includes.kvc_common cimport kvc_err, kvc_layer, kvc_ubatch
+from kvcache.includes.kvc_seqops cimport kvc_seq_ops
 from kvcache.includes.kvc_cells cimport kvc_cells
 
 cdef extern from "kvc_unified.h" nogil:
@@ -22,15 +23,6 @@ cdef extern from "kvc_unified.h" nogil:
         int32_t *idx
         uint32_t *strm
         uint32_t n_groups, n_seq_tokens
-
-    ctypedef struct kvc_layer:
-        int32_t il
-        uint32_t n_embd_k
-        uint32_t n_embd_v
-        size_t k_row_bytes
-        size_t v_row_bytes
-        uint8_t *k
-        uint8_t *v
 
     ctypedef struct kvc_undo_span:
         uint32_t i, n, off
@@ -94,17 +86,13 @@ cdef extern from "kvc_unified.h" nogil:
     bint kvc_unified_has_memory(const kvc_unified *c)
     int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err)
 
-    void    kvc_unified_clear(kvc_unified *c)
-    bint    kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1)
-    void    kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1)
-    void    kvc_unified_seq_keep(kvc_unified *c, int32_t s)
-    void    kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift)
-    void    kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d)
+    const kvc_seq_ops kvc_unified_seq_ops   # clear, seq_rm, seq_cp, seq_keep, seq_add, seq_div
     int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s)
     int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s)
     int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err)
     bint    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bint drop_shifts)
     const kvc_cells *kvc_unified_stream_cells_c(const kvc_unified *c, uint32_t s)
+    uint32_t kvc_unified_stream_of(const kvc_unified *c, int32_t s)
     uint32_t kvc_unified_stream_head_c(const kvc_unified *c, uint32_t s)
     uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s)
     bint    kvc_unified_any_shift(const kvc_unified *c)
@@ -129,6 +117,8 @@ cdef extern from "kvc_slot.h" nogil:
     int     kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
                                uint32_t *n_seq_tokens, kvc_err *err)
     int     kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err)
+    int     kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
+                                             kvc_err *err)
     int     kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_ub, int32_t *out_cells,
                                      uint32_t *out_strm, uint32_t *out_groups, kvc_err *err)
     int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
