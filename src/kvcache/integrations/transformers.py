@@ -329,8 +329,31 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         v = self._v[layer_idx][idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
         return k, v
 
+    # what transformers asks on every forward (generate, its mask code), fixed when the cache is
+    # made: answered from the layer types instead of walking the layers each time
+    is_compileable = False
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        """Per layer: whether it is a sliding-window layer."""
+        return [t == "sliding_attention" for t in self._types]
+
+    @property
+    def is_linear(self) -> list[bool]:
+        """Per layer: False (no linear-attention layers)."""
+        return [False] * len(self._types)
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        """Per layer: False (every layer holds its K/V)."""
+        return [False] * len(self._types)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Cache indices stored per row."""
+        return self._n
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """Cache index of the forward's first query: the indices stored per row."""
         return self._n
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
