@@ -70,7 +70,6 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._n_batch = n_batch
         self._n_pad = int(n_pad)
         self.kv: UnifiedCache | ISWACache | None = None
-        self._row_ids = np.zeros(0, dtype=np.int32)
         self._row_list: list[int] = []
         self._rows = 0              # batch rows = sequences 0 .. rows - 1
         self._n = 0                 # cache indices per row, the current forward's included
@@ -143,8 +142,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._iswa = isinstance(self.kv, ISWACache)
         self._full_part = self._full()
         self._rows = rows
-        self._row_ids = np.arange(rows, dtype=np.int32)
-        self._row_list = list(range(rows))      # a decode step's sequences (UBatch reads a list fastest)
+        self._row_list = list(range(rows))      # the sequences of one cache index, in row order
         full_t = _as_torch(store, dtype)
         rows_full = full_t.unbind(0)
         rows_swa = _as_torch(window, dtype).unbind(0) if window is not None else ()
@@ -197,13 +195,9 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         rows, n = self._rows, self._n
         if n + q > self._n_ctx:
             raise ValueError(f"the cache holds {self._n_ctx} indices per row; {n} are used and {q} more came")
-        pos: Any
-        seq: Any
-        if q == 1:
-            pos, seq = [n] * rows, self._row_list
-        else:
-            pos = np.repeat(np.arange(n, n + q, dtype=np.int32), rows)
-            seq = np.tile(self._row_ids, q)
+        # plain lists: UBatch reads them fastest
+        pos = [n] * rows if q == 1 else [j for j in range(n, n + q) for _ in range(rows)]
+        seq = self._row_list * q
         ub = UBatch(pos, seq)
         if self._iswa:
             kv.sbatch_init(pos, seq)      # type: ignore[union-attr]  # the window slides on commit
