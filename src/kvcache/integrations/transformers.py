@@ -459,7 +459,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         return f"KVCache({self.kv!r}, rows={self._rows}, length={self._n})"
 
 
-def _as_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def _as_torch(a: Any, dtype: torch.dtype) -> torch.Tensor:
     """A torch tensor over an array (no copy); bfloat16 is held as uint16."""
     t = torch.from_numpy(a)
     return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
