@@ -44,29 +44,33 @@ static uint64_t data_bytes_of(const kvc_unified *c, uint32_t cc) {
 
 typedef void (*region_fn)(void *ctx, uint8_t *addr, size_t len);
 
-/* Every region of the runs' cells, in the documented order. */
-static void walk_regions(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, region_fn fn, void *ctx) {
+/* Every region of the runs' cells of stream `stream`, in the documented order. A stream's K (V)
+ * rows start at row stream * size; a transposed V keeps per stream n_embd_v rows of size
+ * elements, the same bytes as size rows. */
+static void walk_regions(const kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs, region_fn fn,
+                         void *ctx) {
     if (!kvc_unified_has_memory(c)) {
         return;
     }
+    const size_t el = v_elem_bytes(c), size = c->cells.size, base = (size_t)stream * size;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const kvc_layer *ly = &c->layers[l];
         for (uint32_t r = 0; r < n_runs; r++) {
-            fn(ctx, ly->k + (size_t)runs[r].first * ly->k_row_bytes, (size_t)runs[r].n * ly->k_row_bytes);
+            fn(ctx, ly->k + (base + runs[r].first) * ly->k_row_bytes, (size_t)runs[r].n * ly->k_row_bytes);
         }
     }
-    const size_t el = v_elem_bytes(c), size = c->cells.size;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const kvc_layer *ly = &c->layers[l];
         if (!c->v_trans) {
             for (uint32_t r = 0; r < n_runs; r++) {
-                fn(ctx, ly->v + (size_t)runs[r].first * ly->v_row_bytes, (size_t)runs[r].n * ly->v_row_bytes);
+                fn(ctx, ly->v + (base + runs[r].first) * ly->v_row_bytes, (size_t)runs[r].n * ly->v_row_bytes);
             }
             continue;
         }
+        uint8_t *v = ly->v + base * ly->v_row_bytes;
         for (uint32_t j = 0; j < ly->n_embd_v; j++) {
             for (uint32_t r = 0; r < n_runs; r++) {
-                fn(ctx, ly->v + ((size_t)j * size + runs[r].first) * el, (size_t)runs[r].n * el);
+                fn(ctx, v + ((size_t)j * size + runs[r].first) * el, (size_t)runs[r].n * el);
             }
         }
     }
@@ -90,8 +94,8 @@ static void put_region(void *ctx, uint8_t *addr, size_t len) {
     *out += 2;
 }
 
-void kvc_handoff_regions(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint64_t *out) {
-    walk_regions(c, runs, n_runs, put_region, &out);
+void kvc_handoff_regions(const kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs, uint64_t *out) {
+    walk_regions(c, stream, runs, n_runs, put_region, &out);
 }
 
 static void gather_region(void *ctx, uint8_t *addr, size_t len) {
@@ -106,12 +110,12 @@ static void scatter_region(void *ctx, uint8_t *addr, size_t len) {
     *src += len;
 }
 
-void kvc_handoff_gather(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint8_t *out) {
-    walk_regions(c, runs, n_runs, gather_region, &out);
+void kvc_handoff_gather(const kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs, uint8_t *out) {
+    walk_regions(c, stream, runs, n_runs, gather_region, &out);
 }
 
-void kvc_handoff_scatter(kvc_unified *c, const kvc_run *runs, uint32_t n_runs, const uint8_t *src) {
-    walk_regions(c, runs, n_runs, scatter_region, &src);
+void kvc_handoff_scatter(kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs, const uint8_t *src) {
+    walk_regions(c, stream, runs, n_runs, scatter_region, &src);
 }
 
 /* --- export ------------------------------------------------------------------------------ */
@@ -122,17 +126,26 @@ void kvc_handoff_export_free(kvc_handoff_export *e) {
     memset(e, 0, sizeof *e);
 }
 
+/* The layout whose single-sequence state the header's cells follow: the seed's for a cache of
+ * semantics 2025; today's for 2026 (stream sections; the cells SWA-masked against the
+ * sequence's largest position left out), without the blob prefix. */
+static unsigned export_layout(const kvc_unified *c) {
+    return c->semantics == KVC_SEM_2026 ? (unsigned)(KVC_LAYOUT_STREAMS | KVC_LAYOUT_SWA_TRIM) : 0u;
+}
+
 int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kvc_err *err) {
     memset(e, 0, sizeof *e);
     kvc_unified_defrag_settle(c);
-    const kvc_cells *cells = &c->cells;
-    uint32_t cc = 0, nr = 0;
-    bool prev = false;
-    for (uint32_t i = 0; i < cells->size; i++) {
-        const bool in = !kvc_cells_is_empty(cells, i) && kvc_cells_seq_has(cells, i, s);
-        cc += in;
-        nr += in && !prev;
-        prev = in;
+    const unsigned layout = export_layout(c);
+    const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
+    uint8_t *listed = kvc_malloc(size);
+    if (!listed) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory exporting sequence %" PRId32, s);
+    }
+    const uint32_t cc = kvc_unified_state_listed(c, s, layout, st, listed);
+    uint32_t nr = 0;
+    for (uint32_t i = 0; i < size; i++) {
+        nr += listed[i] && (i == 0 || !listed[i - 1]);
     }
     const size_t cell_section = 4 + (size_t)cc * CELL_BYTES;
     const size_t len = FIXED_BYTES + (size_t)c->n_layer * LAYER_BYTES + 4 + (size_t)nr * RUN_BYTES + cell_section +
@@ -140,13 +153,14 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
     e->header = kvc_malloc(len);
     e->runs = nr ? kvc_malloc_n(nr, sizeof *e->runs) : NULL;
     if (!e->header || (nr && !e->runs)) {
+        kvc_free(listed);
         kvc_handoff_export_free(e);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory exporting %" PRIu32 " cells", cc);
     }
     uint32_t k = 0;
-    prev = false;
-    for (uint32_t i = 0; i < cells->size; i++) {
-        const bool in = !kvc_cells_is_empty(cells, i) && kvc_cells_seq_has(cells, i, s);
+    bool prev = false;
+    for (uint32_t i = 0; i < size; i++) {
+        const bool in = listed[i];
         if (in && !prev) {
             e->runs[k].first = i;
             e->runs[k++].n = 0;
@@ -156,6 +170,8 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
         }
         prev = in;
     }
+    kvc_free(listed);
+    e->stream = st;
     e->n_runs = nr;
     e->cell_count = cc;
     e->data_bytes = data_bytes_of(c, cc);
@@ -185,9 +201,11 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
         kvc_le_put_u32(p, e->runs[r].first);
         kvc_le_put_u32(p + 4, e->runs[r].n);
     }
-    /* the cell section is the codec's: the first bytes of the sequence's state */
+    /* the cell section is the codec's: the first bytes of the sequence's state (after the
+     * stream count and the empty sections of the streams before the sequence's, in 2026) */
+    const uint64_t at = (layout & KVC_LAYOUT_STREAMS) ? 4 + 4 * (uint64_t)st : 0;
     size_t written = 0;
-    const int rc = kvc_unified_state_write_range(c, s, 0, p, cell_section, &written);
+    const int rc = kvc_unified_state_write_range_lay(c, s, layout, at, p, cell_section, &written);
     if (rc != KVC_OK || written != cell_section) {
         kvc_handoff_export_free(e);
         return kvc_err_set(err, rc == KVC_OK ? KVC_E_INTERNAL : rc, "writing the cell section of sequence %" PRId32,
@@ -206,6 +224,11 @@ static void import_release(kvc_handoff_import *imp) {
     kvc_free(imp->runs);
     kvc_free(imp->backup);
     kvc_unified_snapshot_free(&imp->snap);
+    for (uint32_t k = 0; k < imp->n_strms; k++) {
+        kvc_cells_free(&imp->strms[k]);
+    }
+    kvc_free(imp->strms);
+    kvc_free(imp->heads);
     memset(imp, 0, sizeof *imp);
 }
 
@@ -304,12 +327,11 @@ static int place(kvc_unified *c, const kvc_handoff_import *imp, uint32_t *longes
     return kvc_unified_find_slot(c, &ub);
 }
 
-/* The placed cells as runs, in token order (a run breaks where the next cell is not adjacent). */
-static int runs_of_slot(const kvc_unified *c, kvc_handoff_import *imp) {
-    const uint32_t n = kvc_unified_slot_n(c);
+/* Cells cells[0, n) (token order) as runs: a run breaks where the next cell is not adjacent. */
+static int runs_of_cells(const int32_t *cells, uint32_t n, kvc_handoff_import *imp) {
     uint32_t nr = 0;
     for (uint32_t t = 0; t < n; t++) {
-        nr += t == 0 || kvc_unified_slot_cell(c, t) != kvc_unified_slot_cell(c, t - 1) + 1;
+        nr += t == 0 || cells[t] != cells[t - 1] + 1;
     }
     imp->runs = nr ? kvc_malloc_n(nr, sizeof *imp->runs) : NULL;
     if (nr && !imp->runs) {
@@ -317,14 +339,84 @@ static int runs_of_slot(const kvc_unified *c, kvc_handoff_import *imp) {
     }
     uint32_t k = 0;
     for (uint32_t t = 0; t < n; t++) {
-        const uint32_t cell = kvc_unified_slot_cell(c, t);
-        if (t == 0 || cell != kvc_unified_slot_cell(c, t - 1) + 1) {
-            imp->runs[k].first = cell;
+        if (t == 0 || cells[t] != cells[t - 1] + 1) {
+            imp->runs[k].first = (uint32_t)cells[t];
             imp->runs[k++].n = 0;
         }
         imp->runs[k - 1].n++;
     }
     imp->n_runs = nr;
+    return KVC_OK;
+}
+
+/* The placed cells as runs, in token order. */
+static int runs_of_slot(const kvc_unified *c, kvc_handoff_import *imp) {
+    const uint32_t n = kvc_unified_slot_n(c);
+    int32_t *cells = kvc_malloc_n(n ? n : 1, sizeof *cells);
+    if (!cells) {
+        return KVC_E_NOMEM;
+    }
+    kvc_unified_slot_cells(c, cells);
+    const int rc = runs_of_cells(cells, n, imp);
+    kvc_free(cells);
+    return rc;
+}
+
+/* Semantics 2026: the cells a single-sequence state read of the header's cells takes in the
+ * sequence's stream (a dry run that leaves the cache as it was). An empty sequence reserves
+ * nothing: the state read of an empty section keeps the destination's cells. */
+static int reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
+    const uint32_t cc = imp->cell_count;
+    if (cc == 0) {
+        return KVC_OK;
+    }
+    int32_t *cells = kvc_malloc_n(cc, sizeof *cells);
+    if (!cells) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
+    }
+    const kvc_state_sec sec = { imp->stream, cc, 0, (uint32_t)imp->c->v_trans, imp->pos, NULL };
+    uint32_t failed = 0, used = 0;
+    const int found = kvc_unified_state_try_place_2026(c, imp->seq_id, &sec, 1, cells, &failed, &used);
+    const int rc = found == 1 ? runs_of_cells(cells, cc, imp) : found;
+    kvc_free(cells);
+    if (found == 0) {
+        const uint32_t free_cells = c->cells.size - used;
+        return kvc_err_set(err, KVC_E_STATE, "no room: %" PRIu32 " cells missing (sequence %" PRId32 " needs %" PRIu32
+                           " free cells in stream %" PRIu32 ", %" PRIu32 " are free without it)",
+                           cc > free_cells ? cc - free_cells : 1, imp->seq_id, cc, imp->stream, free_cells);
+    }
+    if (rc != KVC_OK) {
+        return kvc_err_set(err, rc, "out of memory importing %" PRIu32 " cells", cc);
+    }
+    return KVC_OK;
+}
+
+/* Semantics 2025: the dry run of the seed's single-sequence state read, undone (like the state
+ * reader's, it settles nothing). */
+static int reserve_2025(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
+    const uint32_t cc = imp->cell_count;
+    if (cc == 0) {
+        return KVC_OK;
+    }
+    kvc_unified_snapshot snap;
+    if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
+    }
+    c->defrag_pending = false;
+    uint32_t longest = 0;
+    const int found = place(c, imp, &longest);
+    const int rc = found == 1 ? runs_of_slot(c, imp) : found;
+    kvc_unified_snapshot_restore(c, &snap);
+    kvc_unified_snapshot_free(&snap);
+    if (found == 0) {
+        const uint32_t missing = cc > longest ? cc - longest : 0;
+        return kvc_err_set(err, KVC_E_STATE, "no room: %" PRIu32 " cells missing (sequence %" PRId32
+                           " needs %" PRIu32 " contiguous free cells, the longest free run is %" PRIu32 ")",
+                           missing ? missing : 1, imp->seq_id, cc, longest);
+    }
+    if (rc != KVC_OK) {
+        return kvc_err_set(err, rc, "out of memory importing %" PRIu32 " cells", cc);
+    }
     return KVC_OK;
 }
 
@@ -405,61 +497,73 @@ int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *head
         }
         imp->pos[i] = pos;
     }
-    if (cc > 0) {
-        /* the dry run of the placement, undone; like the state reader's, it settles nothing */
-        kvc_unified_snapshot snap;
-        if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
-            import_release(imp);
-            return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
-        }
-        c->defrag_pending = false;
-        uint32_t longest = 0;
-        const int found = place(c, imp, &longest);
-        rc = found == 1 ? runs_of_slot(c, imp) : found;
-        kvc_unified_snapshot_restore(c, &snap);
-        kvc_unified_snapshot_free(&snap);
-        if (found != 1 || rc != KVC_OK) {
-            const uint32_t missing = cc > longest ? cc - longest : 0;
-            import_release(imp);
-            if (found == 0) {
-                return kvc_err_set(err, KVC_E_STATE, "no room: %" PRIu32 " cells missing (sequence %" PRId32
-                                   " needs %" PRIu32 " contiguous free cells, the longest free run is %" PRIu32 ")",
-                                   missing ? missing : 1, seq_id, cc, longest);
-            }
-            return kvc_err_set(err, rc, "out of memory importing %" PRIu32 " cells", cc);
-        }
+    imp->stream = kvc_unified_stream_of(c, seq_id);
+    rc = c->semantics == KVC_SEM_2026 ? reserve_2026(c, imp, err) : reserve_2025(c, imp, err);
+    if (rc != KVC_OK) {
+        import_release(imp);
+        return rc;
     }
     /* from here the import takes hold: rows of a pending defrag land before the transfer's */
     kvc_unified_defrag_settle(c);
     imp->data_bytes = data_bytes_of(c, cc);
     imp->backup = imp->data_bytes ? kvc_malloc((size_t)imp->data_bytes) : NULL;
-    if ((imp->data_bytes && !imp->backup) || kvc_unified_snapshot_take(c, &imp->snap) != KVC_OK) {
+    bool ok = (!imp->data_bytes || imp->backup) && kvc_unified_snapshot_take(c, &imp->snap) == KVC_OK;
+    if (ok && c->semantics == KVC_SEM_2026) {
+        /* every stream (the snapshot has stream 0 only) and the queued stream copies */
+        imp->strms = kvc_calloc(c->n_stream, sizeof *imp->strms);
+        imp->heads = kvc_malloc_n(c->n_stream, sizeof *imp->heads);
+        ok = imp->strms && imp->heads;
+        for (uint32_t k = 0; ok && k < c->n_stream; k++) {
+            ok = kvc_cells_init(&imp->strms[k], c->cells.size, c->n_seq_max) == KVC_OK;
+            if (ok) {
+                imp->n_strms++;
+                kvc_cells_copy(&imp->strms[k], kvc_unified_stream_cells_c(c, k));
+                imp->heads[k] = kvc_unified_stream_head_c(c, k);
+            }
+        }
+        imp->n_copies = c->n_copies;
+    }
+    if (!ok) {
         import_release(imp);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
     }
     if (imp->backup) {
-        kvc_handoff_gather(c, imp->runs, imp->n_runs, imp->backup);
+        kvc_handoff_gather(c, imp->stream, imp->runs, imp->n_runs, imp->backup);
     }
     imp->active = true;
     return KVC_OK;
 }
 
-/* Is c as the snapshot has it (every field the placement reads or an operation changes)? */
-static bool unchanged(const kvc_unified *c, const kvc_unified_snapshot *s) {
-    const kvc_cells *a = &c->cells, *b = &s->cells;
+static bool same_cells(const kvc_cells *a, const kvc_cells *b) {
     const size_t n = a->size;
+    return a->used == b->used && a->has_shift == b->has_shift && !memcmp(a->pos, b->pos, n * sizeof *a->pos) &&
+           !memcmp(a->shift, b->shift, n * sizeof *a->shift) &&
+           !memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq);
+}
+
+/* Is c as at the import's begin (every field the placement reads or an operation changes)? */
+static bool unchanged(const kvc_handoff_import *imp) {
+    const kvc_unified *c = imp->c;
+    const kvc_unified_snapshot *s = &imp->snap;
+    for (uint32_t k = 0; k < imp->n_strms; k++) {
+        if (!same_cells(kvc_unified_stream_cells_c(c, k), &imp->strms[k]) ||
+            kvc_unified_stream_head_c(c, k) != imp->heads[k]) {
+            return false;
+        }
+    }
+    if (imp->n_strms && c->n_copies != imp->n_copies) {
+        return false;
+    }
     return c->head == s->head && c->n == s->n && c->slot.head == s->slot.head && c->slot.n == s->slot.n &&
            c->undo.n_spans == s->undo.n_spans && c->undo.n_cells == s->undo.n_cells && c->do_defrag == s->do_defrag &&
-           c->defrag_pending == s->defrag_pending && a->used == b->used && a->has_shift == b->has_shift &&
-           !memcmp(a->pos, b->pos, n * sizeof *a->pos) && !memcmp(a->shift, b->shift, n * sizeof *a->shift) &&
-           !memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq);
+           c->defrag_pending == s->defrag_pending && same_cells(&c->cells, &s->cells);
 }
 
 int kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err) {
     if (!imp->active) {
         return kvc_err_set(err, KVC_E_ARG, "the import is no longer active (committed or aborted)");
     }
-    if (!unchanged(imp->c, &imp->snap)) {
+    if (!unchanged(imp)) {
         return kvc_err_set(err, KVC_E_STATE, "the cache changed since the import began: abort it and begin again");
     }
     return KVC_OK;
@@ -471,7 +575,19 @@ int kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err) {
         return rc;
     }
     kvc_unified *c = imp->c;
-    if (imp->cell_count == 0) {
+    if (c->semantics == KVC_SEM_2026) {
+        /* the state read's placement on the same cells as the dry run: the same cells (an empty
+         * sequence's read changes nothing, not even the last placement) */
+        if (imp->cell_count) {
+            if (kvc_unified_state_place_2026(c, imp->seq_id, imp->cell_count, imp->pos) != 1 || !same_runs(c, imp)) {
+                kvc_cells_copy(kvc_unified_stream_cells(c, imp->stream), &imp->strms[imp->stream]);
+                *kvc_unified_stream_head(c, imp->stream) = imp->heads[imp->stream];
+                kvc_unified_snapshot_restore(c, &imp->snap);
+                return kvc_err_set(err, KVC_E_INTERNAL, "the placement differs from the dry run's");
+            }
+            kvc_unified_slot_drop(c);
+        }
+    } else if (imp->cell_count == 0) {
         kvc_unified_seq_rm(c, imp->seq_id, -1, -1);   /* an empty sequence removes it, as the state read */
     } else {
         /* the same search on the same cells as the dry run: the same cells, no allocation */
@@ -492,7 +608,7 @@ void kvc_handoff_import_abort(kvc_handoff_import *imp) {
         return;
     }
     if (imp->backup) {
-        kvc_handoff_scatter(imp->c, imp->runs, imp->n_runs, imp->backup);
+        kvc_handoff_scatter(imp->c, imp->stream, imp->runs, imp->n_runs, imp->backup);
     }
     import_release(imp);
 }

@@ -2,14 +2,17 @@
  * a small header (the sequence's cells and the cache geometry) plus the memory regions of its
  * K/V rows, which a transfer library reads or writes in place; on the receiving side a
  * transactional import that reserves cells by the placement of a single-sequence state read,
- * lets the transfer write into them, then commits (or undoes every byte).
+ * lets the transfer write into them, then commits (or undoes every byte). Both semantics: the
+ * cells are those of a single-sequence state in the cache's era (2025: the seed's; 2026: the
+ * cells of the sequence's stream that today's state lists, SWA-masked ones left out), the
+ * placement that of the destination's state read.
  *
  * Layout of the header (little-endian; docs/disaggregated.md):
  *   u32 magic "KVCH", u32 version (1), u32 header bytes (checksum included), u32 flags
  *   (bit 0: V transposed, bit 1: the source holds K/V memory), i32 type_k, i32 type_v,
  *   u32 n_layer, u64 data bytes (the sum of the region lengths), i32 the source sequence id;
  *   per layer: i32 model layer, u32 n_embd_k, u32 n_embd_v, u64 K row bytes, u64 V row bytes;
- *   u32 runs, per run u32 first source cell, u32 cells;
+ *   u32 runs, per run u32 first source cell (in the sequence's stream), u32 cells;
  *   the cell section of a single-sequence state (u32 cell count; per cell i32 pos, u32 1, i32 id),
  *   written by the state codec;
  *   u64 FNV-1a checksum of every byte before it.
@@ -39,8 +42,9 @@ typedef struct kvc_run {
 typedef struct kvc_handoff_export {
     uint8_t *header;      /* [header_len] (owned) */
     size_t   header_len;
-    kvc_run *runs;        /* [n_runs] ascending (owned; NULL without cells) */
+    kvc_run *runs;        /* [n_runs] ascending, cells of `stream` (owned; NULL without cells) */
     uint32_t n_runs;
+    uint32_t stream;      /* the sequence's stream (0 with one) */
     uint32_t cell_count;
     uint64_t data_bytes;  /* sum of the region lengths (0 without K/V memory) */
 } kvc_handoff_export;
@@ -50,14 +54,17 @@ typedef struct kvc_handoff_export {
 int  kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kvc_err *err);
 void kvc_handoff_export_free(kvc_handoff_export *e);   /* safe on a zeroed export */
 
-/* Regions of the K/V bytes of the cells of runs[0, n_runs) in c (in the order above); 0 without
- * K/V memory. */
+/* Regions of the K/V bytes of the cells of runs[0, n_runs) of stream `stream` in c (in the order
+ * above); 0 without K/V memory. */
 uint64_t kvc_handoff_n_regions(const kvc_unified *c, uint32_t n_runs);
 /* out[2k] = address, out[2k + 1] = length of region k, for k < kvc_handoff_n_regions. */
-void     kvc_handoff_regions(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint64_t *out);
+void     kvc_handoff_regions(const kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs,
+                             uint64_t *out);
 /* Copy the regions' bytes into out[0, data bytes) / from src[0, data bytes) into the regions. */
-void     kvc_handoff_gather(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint8_t *out);
-void     kvc_handoff_scatter(kvc_unified *c, const kvc_run *runs, uint32_t n_runs, const uint8_t *src);
+void     kvc_handoff_gather(const kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs,
+                            uint8_t *out);
+void     kvc_handoff_scatter(kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs,
+                             const uint8_t *src);
 
 /* An import in progress: the cells it will take, and what they held. */
 typedef struct kvc_handoff_import {
@@ -67,9 +74,13 @@ typedef struct kvc_handoff_import {
     int32_t     *pos;           /* [cell_count] positions from the header (owned) */
     kvc_run     *runs;          /* [n_runs] destination runs, in the sequence's cell order (owned) */
     uint32_t     n_runs;
+    uint32_t     stream;        /* the destination sequence's stream: the runs' cells are its */
     uint64_t     data_bytes;    /* bytes the regions hold (0 without K/V memory) */
     uint8_t     *backup;        /* [data_bytes] the regions' bytes at begin, for abort (owned) */
     kvc_unified_snapshot snap;  /* the cache at begin: commit refuses a cache changed since */
+    kvc_cells   *strms;         /* 2026: [n_strms] every stream's cells at begin (owned) */
+    uint32_t    *heads;         /* 2026: [n_strms] their heads */
+    uint32_t     n_strms, n_copies; /* 2026: streams copied (0 for 2025), queued stream copies */
     bool         active;
 } kvc_handoff_import;
 
@@ -80,8 +91,8 @@ typedef struct kvc_handoff_import {
 int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                               kvc_handoff_import *imp, kvc_err *err);
 /* Make the sequence visible exactly as the state read would have (its K/V are what the regions
- * hold now). KVC_E_STATE (nothing changed, the import still active) when the cache changed
- * since begin. */
+ * hold now; in 2026 an empty sequence leaves the destination's cells, as that read does).
+ * KVC_E_STATE (nothing changed, the import still active) when the cache changed since begin. */
 int  kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err);
 /* KVC_OK when the cache is as at begin (commit would place the sequence), KVC_E_STATE when it
  * changed, KVC_E_ARG when the import is inactive: lets an import of several parts check every

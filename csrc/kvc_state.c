@@ -389,6 +389,19 @@ static void unified_src(const stream_ref *ref, int32_t seq_id, unsigned layout, 
     s->layer = unified_layer;
 }
 
+uint32_t kvc_unified_state_listed(const kvc_unified *c, int32_t seq_id, unsigned layout, uint32_t stream,
+                                  uint8_t *listed) {
+    const stream_ref ref = { c, stream };
+    kvc_state_src src;
+    unified_src(&ref, seq_id, layout, &src);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < src.size; i++) {
+        listed[i] = src_listed(&src, i);
+        n += listed[i];
+    }
+    return n;
+}
+
 /* The writer's view of a cache in a layout: a source per stream, framed. */
 typedef struct unified_view {
     stream_ref       refs[KVC_MAX_SEQ];
@@ -951,11 +964,20 @@ int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32
 }
 
 /* Scatter cc cells of V given as n_embd_v rows of cc elements (a transposed blob) into rows of
- * the cache (row of cell i at dst + i), or gather the reverse: rows of the blob into the cache's
- * transposed V. el is 2 or 4 for every type a transposed V can have; memcpy of a constant size
- * compiles to a plain load and store. */
+ * the cache (row of cell i at dst + i, or at cells[i] when cells is not NULL), or gather the
+ * reverse: rows of the blob into the cache's transposed V. el is 2 or 4 for every type a
+ * transposed V can have; memcpy of a constant size compiles to a plain load and store. */
 static void v_transpose_in(uint8_t *v, size_t row, const uint8_t *src, uint32_t cc, uint32_t width, size_t el,
-                           uint32_t dst) {
+                           uint32_t dst, const int32_t *cells) {
+    if (cells) {
+        for (uint32_t i = 0; i < cc; i++) {
+            uint8_t *d = v + (size_t)cells[i] * row;
+            for (uint32_t j = 0; j < width; j++) {
+                memcpy(d + (size_t)j * el, src + ((size_t)j * cc + i) * el, el);
+            }
+        }
+        return;
+    }
     for (uint32_t j = 0; j < width; j++) {
         const uint8_t *s = src + (size_t)j * cc * el;
         uint8_t *d = v + (size_t)dst * row + (size_t)j * el;
@@ -976,7 +998,16 @@ static void v_transpose_in(uint8_t *v, size_t row, const uint8_t *src, uint32_t 
 }
 
 static void v_untranspose_in(uint8_t *v, uint32_t size, const uint8_t *src, size_t row, uint32_t cc,
-                             uint32_t width, size_t el, uint32_t dst) {
+                             uint32_t width, size_t el, uint32_t dst, const int32_t *cells) {
+    if (cells) {
+        for (uint32_t j = 0; j < width; j++) {
+            uint8_t *d = v + (size_t)j * size * el;
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)cells[i] * el, src + (size_t)i * row + (size_t)j * el, el);
+            }
+        }
+        return;
+    }
     for (uint32_t j = 0; j < width; j++) {
         uint8_t *d = v + ((size_t)j * size + dst) * el;
         const uint8_t *s = src + (size_t)j * el;
@@ -1020,9 +1051,9 @@ static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
                     memcpy(l->v + ((size_t)j * size + dst) * el, src + (size_t)j * cc * el, (size_t)cc * el);
                 }
             } else if (blob_vt) {
-                v_transpose_in(l->v, l->v_row_bytes, src, cc, l->n_embd_v, el, dst);
+                v_transpose_in(l->v, l->v_row_bytes, src, cc, l->n_embd_v, el, dst, NULL);
             } else if (c->v_trans) {
-                v_untranspose_in(l->v, size, src, l->v_row_bytes, cc, l->n_embd_v, el, dst);
+                v_untranspose_in(l->v, size, src, l->v_row_bytes, cc, l->n_embd_v, el, dst, NULL);
             } else {
                 memcpy(l->v + (size_t)dst * l->v_row_bytes, src, (size_t)cc * l->v_row_bytes);
             }
@@ -1108,7 +1139,8 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
 
 /* --- semantics 2026: a section per stream, scattered placement ----------------------------- */
 
-/* Copy the validated K/V data of section sec into cells[i] of its stream (cells NULL: cell i). */
+/* Copy the validated K/V data of section sec into cells[i] of its stream (cells NULL: cell i),
+ * converting the V layout when the section's differs from the cache's. */
 static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state_sec *sec, const int32_t *cells) {
     const uint32_t cc = sec->cell_count;
     const size_t size = c->cells.size, base = (size_t)sec->stream * size;
@@ -1131,7 +1163,13 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
         const kvc_layer *l = &c->layers[ikv];
         const size_t row = l->v_row_bytes;
         const uint8_t *src = p + 12;
-        if (l->v && c->v_trans) {
+        if (l->v && (sec->v_trans != 0) != c->v_trans) {
+            if (sec->v_trans) {
+                v_transpose_in(l->v + base * row, row, src, cc, l->n_embd_v, el, 0, cells);
+            } else {
+                v_untranspose_in(l->v + base * row, (uint32_t)size, src, row, cc, l->n_embd_v, el, 0, cells);
+            }
+        } else if (l->v && c->v_trans) {
             /* per stream n_embd_v rows of size elements; the blob: n_embd_v rows of cc */
             uint8_t *v = l->v + base * row;
             for (uint32_t j = 0; j < l->n_embd_v; j++) {
@@ -1158,13 +1196,11 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
 }
 
 /* One section of a single sequence's state, as the reference reads it: remove the destination
- * sequence from its stream, then place the cells as one ubatch of it (find_slot, cont false).
- * 1 placed (c->scatter.idx holds the cells), 0 no room; c is changed in every case. */
-static int place_sec_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *sec) {
-    const uint32_t cc = sec->cell_count;
+ * sequence from its stream, then place the cells as one ubatch of it (find_slot, cont false). */
+int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos) {
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { seq_id };
-    const kvc_ubatch ub = { cc, cc, 1, sec->pos, seq_off, seq_ids };
+    const kvc_ubatch ub = { cc, cc, 1, pos, seq_off, seq_ids };
     kvc_unified_seq_rm(c, seq_id, -1, -1);
     if (cc == 0) {
         return 1;
@@ -1172,10 +1208,9 @@ static int place_sec_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *s
     return kvc_unified_find_slot_2026(c, &ub, NULL);
 }
 
-/* The dry run of a single sequence's sections: is there room for each in turn? The sequence's
- * stream, its head and the placement are put back as they were. */
-static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
-    const uint32_t st = kvc_unified_stream_of(c, plan->seq_id);
+int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *secs, uint32_t n_sec,
+                                     int32_t *cells, uint32_t *failed, uint32_t *used) {
+    const uint32_t st = kvc_unified_stream_of(c, seq_id);
     kvc_cells saved;
     const kvc_slot slot = c->slot;
     const kvc_scatter scat = c->scatter;
@@ -1185,17 +1220,21 @@ static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *
     if (!idx || !strm || kvc_cells_init(&saved, c->cells.size, c->n_seq_max) != KVC_OK) {
         kvc_free(idx);
         kvc_free(strm);
-        return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring sequence %" PRId32, plan->seq_id);
+        return KVC_E_NOMEM;
     }
     kvc_cells_copy(&saved, kvc_unified_stream_cells(c, st));
     memcpy(idx, scat.idx, (size_t)slot.n * sizeof *idx);
     memcpy(strm, scat.strm, (size_t)c->n_stream * sizeof *strm);
     int found = 1;
     uint32_t k;
-    for (k = 0; k < plan->n_sec && found == 1; k++) {
-        found = place_sec_2026(c, plan->seq_id, &plan->secs[k]);
+    for (k = 0; k < n_sec && found == 1; k++) {
+        found = kvc_unified_state_place_2026(c, seq_id, secs[k].cell_count, secs[k].pos);
     }
-    const uint32_t used = kvc_unified_stream_cells_c(c, st)->used;
+    if (found == 1 && cells && n_sec > 0) {
+        memcpy(cells, c->scatter.idx, (size_t)secs[n_sec - 1].cell_count * sizeof *cells);
+    }
+    *failed = k - 1;
+    *used = kvc_unified_stream_cells_c(c, st)->used;
     kvc_cells_copy(kvc_unified_stream_cells(c, st), &saved);
     *kvc_unified_stream_head(c, st) = head;
     memcpy(c->scatter.idx, idx, (size_t)slot.n * sizeof *idx);
@@ -1206,13 +1245,24 @@ static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *
     kvc_cells_free(&saved);
     kvc_free(idx);
     kvc_free(strm);
+    return found;
+}
+
+/* The dry run of a single sequence's sections: is there room for each in turn? */
+static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
+    uint32_t failed = 0, used = 0;
+    const int found = kvc_unified_state_try_place_2026(c, plan->seq_id, plan->secs, plan->n_sec, NULL, &failed, &used);
     if (found == 1) {
         return KVC_OK;
+    }
+    if (found < 0) {
+        return kvc_err_set(err, found, "out of memory restoring sequence %" PRId32, plan->seq_id);
     }
     return kvc_err_set(err, KVC_E_STATE,
                        "no room: sequence %" PRId32 " needs %" PRIu32 " free cells in stream %" PRIu32
                        " (%" PRIu32 " cells, %" PRIu32 " used without the sequence)",
-                       plan->seq_id, plan->secs[k - 1].cell_count, st, c->cells.size, used);
+                       plan->seq_id, plan->secs[failed].cell_count, kvc_unified_stream_of(c, plan->seq_id),
+                       c->cells.size, used);
 }
 
 /* Validate a state for a cache of semantics 2026: a section per stream (one in a layout without
@@ -1224,9 +1274,6 @@ static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, siz
     int rc;
     plan->data = data;
     plan->seq_id = seq_id;
-    if (flags & KVC_STATE_CONVERT_V) {
-        return kvc_err_set(err, KVC_E_ARG, "converting the V layout is not available for a cache of semantics 2026");
-    }
     if (layout & KVC_LAYOUT_STREAMS) {
         if ((rc = parse_stream_count(&r, c->n_stream, &n_stream, err)) != KVC_OK) {
             return rc;
@@ -1247,11 +1294,12 @@ static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, siz
         }
         parsed ps;
         memset(&ps, 0, sizeof ps);
-        rc = parse_body(c, seq_id, &r, 0, &ps, err);
+        rc = parse_body(c, seq_id, &r, flags & KVC_STATE_CONVERT_V, &ps, err);
         kvc_state_sec *sec = &plan->secs[plan->n_sec++];
         sec->stream = seq_id < 0 ? s : kvc_unified_stream_of(c, seq_id);
         sec->cell_count = ps.cell_count;
         sec->data_off = ps.data_off;
+        sec->v_trans = ps.v_trans;
         sec->pos = ps.pos;
         sec->seq = ps.seq;
         if (rc != KVC_OK) {
@@ -1300,7 +1348,7 @@ static void apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
     /* the same steps on the same cells as the prepare's dry run: the same cells, room found */
     for (uint32_t k = 0; k < plan->n_sec; k++) {
         const kvc_state_sec *sec = &plan->secs[k];
-        if (place_sec_2026(c, plan->seq_id, sec) == 1 && sec->cell_count) {
+        if (kvc_unified_state_place_2026(c, plan->seq_id, sec->cell_count, sec->pos) == 1 && sec->cell_count) {
             apply_data_2026(c, plan->data, sec, c->scatter.idx);
         }
     }

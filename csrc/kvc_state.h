@@ -202,9 +202,28 @@ typedef struct kvc_state_sec {
     uint32_t  stream;     /* the cache's stream it goes to */
     uint32_t  cell_count;
     size_t    data_off;   /* offset in the part of its data section (the V layout flag) */
+    uint32_t  v_trans;    /* the section's V layout (differs from the cache's only when converting) */
     int32_t  *pos;        /* the cells' validated positions (owned) */
     uint64_t *seq;        /* whole cache: the cells' sequence sets (owned), else NULL */
 } kvc_state_sec;
+
+/* listed[i] = 1 for each cell i of stream `stream` that a state of seq_id (>= 0: a single
+ * sequence; -1: the whole cache) lists in layout, else 0 (a single sequence's state leaves out,
+ * in layouts with KVC_LAYOUT_SWA_TRIM, the cells SWA-masked against its largest position);
+ * listed holds the stream's size entries. Returns how many are listed. */
+uint32_t kvc_unified_state_listed(const kvc_unified *c, int32_t seq_id, unsigned layout, uint32_t stream,
+                                  uint8_t *listed);
+/* Semantics 2026: the placement a single sequence's state section of cc cells at positions pos
+ * gets when read into seq_id: the sequence removed from its stream, then the cells placed as one
+ * ubatch of it (find_slot with cont false). 1 placed (kvc_unified_slot_cell tells where), 0 no
+ * room; c is changed in either case. */
+int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos);
+/* The dry run of placing secs[0, n_sec) (their cell counts and positions) into seq_id in turn; c
+ * is left as it was. 1 all placed (cells, when not NULL, gets the last section's cells in its
+ * stream, in token order), 0 section *failed found no room (*used: the stream's used cells
+ * then), KVC_E_NOMEM. */
+int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const struct kvc_state_sec *secs,
+                                     uint32_t n_sec, int32_t *cells, uint32_t *failed, uint32_t *used);
 
 /* One validated part, ready to apply to the cache it was prepared against. */
 typedef struct kvc_state_plan {

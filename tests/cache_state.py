@@ -44,6 +44,27 @@ def busy_unified(type_k="f16", type_v="f16", v_trans=True, kv_size=64, n_seq_max
     return fill_random(c, seed)
 
 
+def busy_unified_2026(kv_unified=True, type_k="f16", type_v="f16", v_trans=True, kv_size=64, n_seq_max=4, seed=0,
+                      buffers="owned", widths=(8, 16), n_swa=0):
+    """A cache of semantics "2026" (one stream, or a stream per sequence) holding sequences 0..3
+    in scattered cells with holes (one stream: some cells shared with sequence 3), a shifted
+    sequence and a last placement; n_swa > 0: a sliding window, so that a sequence's state
+    leaves cells out."""
+    swa = {"n_swa": n_swa, "swa_type": "standard"} if n_swa else {}
+    c = kvcache.UnifiedCache(kv_size, len(widths), list(widths), [2 * w for w in widths], type_k=type_k,
+                             type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=1, buffers=buffers,
+                             semantics="2026", kv_unified=kv_unified, **swa)
+    rng = np.random.default_rng(seed)
+    for p in range(16):
+        s = p % 4
+        ids = [s] + ([3] if kv_unified and s != 3 and rng.random() < 0.3 else [])
+        assert c.find_slot(kvcache.UBatch(pos=[p // 4 * 2 + (s == 1)], seq_id=[ids]))
+    c.seq_rm(2, 2, 5)
+    c.seq_add(1, 3, -1, 2)
+    assert c.find_slot(kvcache.UBatch(pos=[20, 21], seq_id=[0, 0]))
+    return fill_random(c, seed)
+
+
 def busy_iswa(v_trans=True, seed=0, n_seq_max=3, swa_full=False, buffers="owned", kv_size=64):
     """An iSWA cache with three sequences in both parts and random K/V bytes."""
     c = kvcache.ISWACache(kv_size, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, v_trans=v_trans,
@@ -77,6 +98,13 @@ def _unified_snapshot(c):
             _bytes_of(c, c.layers))
 
 
+def _unified_2026_snapshot(c):
+    streams = tuple((t.pos.tobytes(), t.shift.tobytes(), t.seq_mask.tobytes()) for t in c.stream_cells())
+    return ("unified2026", streams, c.heads, c.used_per_stream, c.has_shift, c.pending_copies,
+            tuple((st, cells.tobytes()) for st, cells in c.slot_info()),
+            tuple((c.seq_pos_min(s), c.seq_pos_max(s)) for s in range(c.n_seq_max)), _bytes_of(c, c.layers))
+
+
 def _recurrent_snapshot(c):
     cells = c.cells()
     return ("recurrent", cells["pos"].tobytes(), cells["src"].tobytes(), cells["tail"].tobytes(),
@@ -91,6 +119,8 @@ def snapshot(cache):
         return ("iswa", _unified_snapshot(cache.base), _unified_snapshot(cache.swa), tuple(map(tuple, cache.pending)))
     if isinstance(cache, kvcache.RecurrentCache):
         return _recurrent_snapshot(cache)
+    if cache.semantics == "2026":
+        return _unified_2026_snapshot(cache)
     return _unified_snapshot(cache)
 
 

@@ -1,7 +1,9 @@
 """Export and import of one sequence (UnifiedCache.seq_export / seq_import_begin): moving the
 regions with plain memcpy must give exactly what state_write + state_read give (cells and every
 K/V byte), and every bad header, a full cache, abort, an exception or garbage collection before
-commit must leave the receiving cache exactly as it was."""
+commit must leave the receiving cache exactly as it was. Each test runs for the seed's cache
+(semantics "2025", compared with the state in layout "2025") and today's (semantics "2026" with
+one stream and with a stream per sequence, compared with the state in layout "2026")."""
 import gc
 import struct
 
@@ -10,7 +12,7 @@ import pytest
 
 import kvcache
 from kvcache.handoff import copy_regions, pair_regions
-from cache_state import assert_unchanged, busy_unified, check_unified_invariants, snapshot
+from cache_state import assert_unchanged, busy_unified, busy_unified_2026, check_unified_invariants, snapshot
 
 GEOMETRIES = [
     dict(type_k="f16", type_v="f16", v_trans=True),
@@ -23,11 +25,33 @@ GEOMETRIES = [
 WIDTHS = (32, 64)
 
 
-def _pair(kw, buffers="owned"):
-    src = busy_unified(seed=0, widths=WIDTHS, buffers=buffers, **kw)
-    dst = busy_unified(seed=1, widths=WIDTHS, buffers=buffers, **kw)
-    ref = busy_unified(seed=1, widths=WIDTHS, buffers=buffers, **kw)
+# the busy caches of each kind, and the state layout their era's state_read is compared in
+KINDS = {
+    "2025": (busy_unified, "2025"),
+    "2026": (lambda **kw: busy_unified_2026(kv_unified=True, **kw), "2026"),
+    "2026-streams": (lambda **kw: busy_unified_2026(kv_unified=False, **kw), "2026"),
+    "2026-swa": (lambda **kw: busy_unified_2026(kv_unified=False, n_swa=3, **kw), "2026"),
+}
+kinds = pytest.mark.parametrize("kind", list(KINDS))
+
+
+def _pair(kw, buffers="owned", kind="2025"):
+    busy = KINDS[kind][0]
+    src = busy(seed=0, widths=WIDTHS, buffers=buffers, **kw)
+    dst = busy(seed=1, widths=WIDTHS, buffers=buffers, **kw)
+    ref = busy(seed=1, widths=WIDTHS, buffers=buffers, **kw)
     return src, dst, ref
+
+
+def _state_read(ref, src, seq_id, kind, dst_id=None):
+    """What ref's state_read of src's state of seq_id (into dst_id) gives, in the kind's layout."""
+    layout = KINDS[kind][1]
+    ref.state_read(src.state_write(seq_id, layout=layout), seq_id if dst_id is None else dst_id, layout=layout)
+
+
+def _holds(c, seq_id):
+    """Whether each cell of seq_id's stream holds it."""
+    return c.stream_cells()[seq_id if c.n_stream > 1 else 0].holds(seq_id)
 
 
 def _assert_same(a, b):
@@ -35,54 +59,62 @@ def _assert_same(a, b):
     assert a.state_write(-1) == b.state_write(-1)
 
 
+@kinds
 @pytest.mark.parametrize("kw", GEOMETRIES, ids=lambda kw: f"{kw['type_k']}-{kw['type_v']}-vt{int(kw['v_trans'])}")
 @pytest.mark.parametrize("seq_id", [0, 1, 2, 3])
-def test_memcpy_of_the_regions_equals_state_read(kw, seq_id):
-    src, dst, ref = _pair(kw)
+def test_memcpy_of_the_regions_equals_state_read(kw, seq_id, kind):
+    src, dst, ref = _pair(kw, kind=kind)
     exp = src.seq_export(seq_id)
     imp = dst.seq_import_begin(exp.header)
     assert imp.seq_id == seq_id and imp.n_bytes == exp.n_bytes and imp.n_cells == exp.n_cells
     assert copy_regions(exp.regions, imp.regions) == exp.n_bytes
     imp.commit()
     assert not imp.active
-    ref.state_read(src.state_write(seq_id, layout="2025"), seq_id, layout="2025")
+    _state_read(ref, src, seq_id, kind)
     _assert_same(dst, ref)
-    check_unified_invariants(dst)
+    assert dst.state_write(seq_id, layout=KINDS[kind][1]) == src.state_write(seq_id, layout=KINDS[kind][1])
+    if kind == "2025":
+        check_unified_invariants(dst)
 
 
+@kinds
 @pytest.mark.parametrize("kw", GEOMETRIES[:2], ids=["vt1", "vt0"])
-def test_gather_scatter_and_another_destination_id(kw):
-    src, dst, ref = _pair(kw)
+def test_gather_scatter_and_another_destination_id(kw, kind):
+    src, dst, ref = _pair(kw, kind=kind)
     exp = src.seq_export(1)
     data = exp.gather()
     data.flags.writeable = False            # what ray.get returns: a read-only view
-    with dst.seq_import_begin(exp.header, seq_id=3) as imp:
+    with dst.seq_import_begin(exp.header, seq_id=3) as imp:    # with streams: into another stream
         imp.scatter(data)
         imp.commit()
-    ref.state_read(src.state_write(1), 3)
+    _state_read(ref, src, 1, kind, dst_id=3)
     _assert_same(dst, ref)
 
 
-def test_several_sequences_one_after_the_other():
-    src, dst, ref = _pair(GEOMETRIES[0])
-    for s in (2, 0, 1):
+@kinds
+def test_several_sequences_one_after_the_other(kind):
+    src, dst, ref = _pair(GEOMETRIES[0], kind=kind)
+    for s in (2, 0, 1, 3):
         exp = src.seq_export(s)
         imp = dst.seq_import_begin(exp.header)
         copy_regions(exp.regions, imp.regions)
         imp.commit()
-        ref.state_read(src.state_write(s), s)
+        _state_read(ref, src, s, kind)
         _assert_same(dst, ref)
 
 
-def test_an_absent_sequence_removes_the_destination_like_state_read():
-    src, dst, ref = _pair(GEOMETRIES[0])
+@kinds
+def test_an_absent_sequence_does_to_the_destination_what_state_read_does(kind):
+    src, dst, ref = _pair(GEOMETRIES[0], kind=kind)
     src.seq_rm(2)
     exp = src.seq_export(2)
     assert exp.n_cells == 0 and len(exp.regions) == 0 and exp.n_bytes == 0
     imp = dst.seq_import_begin(exp.header)
     imp.commit()
-    ref.state_read(src.state_write(2, layout="2025"), 2, layout="2025")   # the seed's reading (C1b)
+    _state_read(ref, src, 2, kind)
     _assert_same(dst, ref)
+    # the seed's reading removes the sequence (C1b); today's skips an empty stream section
+    assert (dst.seq_pos_max(2) >= 0) == (kind != "2025")
 
 
 def test_a_pending_defrag_is_settled_by_the_export():
@@ -99,22 +131,41 @@ def test_a_pending_defrag_is_settled_by_the_export():
     _assert_same(dst, ref)
 
 
-def test_metadata_only_caches_get_the_cells_on_both_sides():
-    src, dst, ref = _pair(GEOMETRIES[0], buffers="none")
+@pytest.mark.parametrize("kind", ["2025", "2026", "2026-streams"])
+def test_metadata_only_caches_get_the_cells_on_both_sides(kind):
+    src, dst, ref = _pair(GEOMETRIES[0], buffers="none", kind=kind)
     exp = src.seq_export(0)
     assert len(exp.regions) == 0 and exp.n_bytes == 0
-    np.testing.assert_array_equal(exp.cells, np.flatnonzero(src.cells().holds(0)))
+    np.testing.assert_array_equal(exp.cells, np.flatnonzero(_holds(src, 0)))
     imp = dst.seq_import_begin(exp.header)
     assert len(imp.regions) == 0 and len(imp.cells) == len(exp.cells)
     cells = imp.cells.copy()
     imp.commit()
-    ref.state_read(src.state_write(0), 0)
+    _state_read(ref, src, 0, kind)
     _assert_same(dst, ref)
-    np.testing.assert_array_equal(cells, np.flatnonzero(dst.cells().holds(0)))
+    # the destination cells of seq 0's stream, cell k taking the position of source cell k
+    np.testing.assert_array_equal(np.sort(cells), np.flatnonzero(_holds(dst, 0)))
+    np.testing.assert_array_equal(dst.stream_cells()[0].pos[cells], src.stream_cells()[0].pos[exp.cells])
 
 
-def test_abort_exception_and_garbage_collection_put_every_byte_back():
-    src, dst, _ = _pair(GEOMETRIES[0])
+def test_the_sliding_window_leaves_cells_out_as_the_state_does():
+    """In today's layout a sequence's state leaves out the cells its sliding window masks: so
+    does its export, and the import restores what the state read restores."""
+    src, dst, ref = _pair(GEOMETRIES[0], kind="2026-swa")
+    exp = src.seq_export(0)
+    assert 0 < exp.n_cells < int(_holds(src, 0).sum())
+    # the state's cell count: after the prefix (magic, seq id) and the stream count, stream 0's
+    assert struct.unpack_from("<I", src.state_write(0), 12)[0] == exp.n_cells
+    with dst.seq_import_begin(exp.header) as imp:
+        copy_regions(exp.regions, imp.regions)
+        imp.commit()
+    _state_read(ref, src, 0, "2026-swa")
+    _assert_same(dst, ref)
+
+
+@kinds
+def test_abort_exception_and_garbage_collection_put_every_byte_back(kind):
+    src, dst, _ = _pair(GEOMETRIES[0], kind=kind)
     before = snapshot(dst)
     imp = dst.seq_import_begin(src.seq_export(0).header)
     copy_regions(src.seq_export(0).regions, imp.regions)
@@ -139,8 +190,9 @@ def test_abort_exception_and_garbage_collection_put_every_byte_back():
     dst.seq_rm(0)                            # changes are accepted again
 
 
-def test_changes_are_refused_while_an_import_is_pending():
-    src, dst, _ = _pair(GEOMETRIES[0])
+@kinds
+def test_changes_are_refused_while_an_import_is_pending(kind):
+    src, dst, _ = _pair(GEOMETRIES[0], kind=kind)
     imp = dst.seq_import_begin(src.seq_export(0).header)
     before = snapshot(dst)
     for name, call in [("seq_rm", lambda: dst.seq_rm(1)), ("clear", dst.clear),
@@ -169,8 +221,9 @@ def _resum(h):
     return body + struct.pack("<Q", x)
 
 
-def test_bad_headers_raise_state_error_and_change_nothing():
-    src, dst, _ = _pair(GEOMETRIES[0])
+@kinds
+def test_bad_headers_raise_state_error_and_change_nothing(kind):
+    src, dst, _ = _pair(GEOMETRIES[0], kind=kind)
     header = src.seq_export(0).header
     before = snapshot(dst)
     cases = {
@@ -219,6 +272,28 @@ def test_a_full_cache_says_how_many_cells_are_missing():
     assert_unchanged(dst, before, "no room")
     with pytest.raises(kvcache.StateError, match="no room"):
         dst.state_read(src.state_write(0), 0)   # the state read agrees
+
+
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["one-stream", "streams"])
+def test_a_full_2026_stream_says_how_many_cells_are_missing(kv_unified):
+    """Today's placement takes any free cells of the sequence's stream: what is missing is the
+    cells beyond the stream's free ones (with a stream per sequence, a stream smaller than the
+    sequence)."""
+    def cache(size):
+        return kvcache.UnifiedCache(size, 2, list(WIDTHS), [2 * w for w in WIDTHS], n_seq_max=4, n_pad=1,
+                                    semantics="2026", kv_unified=kv_unified)
+    src = cache(64)
+    assert src.find_slot(kvcache.UBatch(pos=list(range(40)), seq_id=[0] * 40))
+    dst = cache(32)
+    assert dst.find_slot(kvcache.UBatch(pos=list(range(10)), seq_id=[1] * 10))
+    before = snapshot(dst)
+    missing = 40 - (22 if kv_unified else 32)
+    with pytest.raises(kvcache.StateError, match=f"no room: {missing} cells missing"):
+        dst.seq_import_begin(src.seq_export(0).header)
+    assert_unchanged(dst, before, "no room")
+    with pytest.raises(kvcache.StateError, match="no room|not enough cells"):
+        dst.state_read(src.state_write(0), 0)   # the state read agrees
+    assert_unchanged(dst, before, "state_read")
 
 
 def test_pair_regions_splits_both_sides_at_the_same_places():
@@ -300,3 +375,73 @@ def test_iswa_imports_are_all_or_nothing():
             copy_regions(exp.regions, imp.regions)
             raise KeyError("transfer failed")
     assert_unchanged(dst, before, "exception")
+
+
+def test_an_iswa_cache_of_semantics_2026_refuses_the_hand_off():
+    import inspect
+
+    if "semantics" not in inspect.signature(kvcache.ISWACache).parameters:
+        pytest.skip("ISWACache has no semantics '2026' in this version")
+    c = kvcache.ISWACache(64, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, n_seq_max=2, semantics="2026")
+    with pytest.raises(NotImplementedError, match="iSWA cache of semantics '2026'"):
+        c.seq_export(0)
+    with pytest.raises(NotImplementedError, match="iSWA cache of semantics '2026'"):
+        c.seq_import_begin(b"KVCP")
+
+
+@pytest.mark.parametrize("src_kind, dst_kind", [("2025", "2026"), ("2026", "2025"), ("2026-streams", "2026-streams")])
+def test_a_header_of_either_semantics_imports_into_the_other(src_kind, dst_kind):
+    """The header is the same in both semantics: imported, the sequence is placed as the
+    destination's own state_read of the source's state places it."""
+    src = KINDS[src_kind][0](seed=0, widths=WIDTHS)
+    dst, ref = (KINDS[dst_kind][0](seed=1, widths=WIDTHS) for _ in range(2))
+    for s in (1, 0):
+        exp = src.seq_export(s)
+        with dst.seq_import_begin(exp.header, seq_id=2 if src_kind == dst_kind else None) as imp:
+            copy_regions(exp.regions, imp.regions)
+            imp.commit()
+        layout = KINDS[dst_kind][1]
+        ref.state_read(src.state_write(s, layout=layout), 2 if src_kind == dst_kind else s, layout=layout)
+        _assert_same(dst, ref)
+
+
+def _section(blob, seq_id, n_stream):
+    """The sequence's stream section of its state in layout "2026" (prefix, stream count and
+    the other streams' empty sections cut off)."""
+    k = seq_id if n_stream > 1 else 0
+    return blob[12 + 4 * k:len(blob) - 4 * (n_stream - 1 - k)]
+
+
+@pytest.mark.parametrize("src_kind, dst_kind", [("2025", "2026-streams"), ("2026", "2026-streams"),
+                                                ("2026-streams", "2026"), ("2026-streams", "2025")])
+def test_a_sequence_moves_between_caches_of_other_stream_counts(src_kind, dst_kind):
+    """The header names no stream count: a sequence moves between a cache of one stream and one
+    of a stream per sequence (whose states refuse each other: n_stream mismatch), into the
+    destination sequence's stream, and the destination's state of it holds the source's."""
+    src = KINDS[src_kind][0](seed=0, widths=WIDTHS)
+    for s in (0, 1, 3):
+        dst = KINDS[dst_kind][0](seed=1, widths=WIDTHS)
+        dst.clear()                       # a fresh cache: cells placed in order from cell 0
+        exp = src.seq_export(s)
+        with dst.seq_import_begin(exp.header) as imp:
+            copy_regions(exp.regions, imp.regions)
+            imp.commit()
+        with pytest.raises(kvcache.StateError, match="n_stream mismatch"):
+            dst.state_read(src.state_write(s), s)
+        assert _section(dst.state_write(s), s, dst.n_stream) == _section(src.state_write(s), s, src.n_stream)
+
+
+@pytest.mark.parametrize("seq_id", [0, 3])
+def test_regions_of_a_stream_lie_in_that_stream_of_the_buffers(seq_id):
+    """With a stream per sequence, a sequence's regions lie in its stream's slab of each layer's
+    K and V (rows seq_id * kv_size .. of K; the stream's n_embd_v rows of a transposed V)."""
+    src = busy_unified_2026(kv_unified=False, widths=WIDTHS)
+    exp = src.seq_export(seq_id)
+    slabs = []
+    for il in src.layers:
+        for a in (src.k(il), src.v(il)):
+            per = a.nbytes // src.n_stream
+            slabs.append((a.ctypes.data + seq_id * per, per))
+    for addr, length in exp.regions.tolist():
+        assert any(lo <= addr and addr + length <= lo + n for lo, n in slabs), (addr, length)
+    assert sum(n for _, n in exp.regions.tolist()) == exp.n_bytes > 0

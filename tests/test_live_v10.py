@@ -10,11 +10,15 @@ mamba) llama.cpp decodes the manifest's script, then:
 2. every kind kvcache writes in "2026" loads into a fresh llama.cpp context, and decoding the
    next token there gives the logits of the uninterrupted run (within 1e-4: a restore compacts
    the cells, which changes the order of llama.cpp's sums) and exactly those of llama.cpp's own
-   state of the same kind loaded the same way.
+   state of the same kind loaded the same way. With several streams every sequence's blob loads
+   into its own stream of a fresh context and decodes as llama.cpp's own blob of that sequence.
+
+Each restored sequence is also handed to a fresh cache through seq_export / seq_import_begin,
+which must then write llama.cpp's blob of that sequence.
 
 0.3.36's ctypes bindings take assignments to fields that no longer exist without a word, so
-each context is checked against llama.cpp's own log lines (flash attention, kv_unified, the
-K/V types) before anything else."""
+each context is checked against llama.cpp's own log lines (flash attention, kv_unified and the
+stream count, the K/V types) before anything else."""
 import ctypes
 import io
 import json
@@ -25,7 +29,9 @@ import numpy as np
 import pytest
 
 import kvcache
+import kvcache.plan
 from kvcache import statefile
+from kvcache.handoff import copy_regions
 
 from live_llama import LlamaCalls
 from interop_data import interop_dir, interop_v10_dir, manifest, model_path
@@ -33,7 +39,7 @@ from interop_data import interop_dir, interop_v10_dir, manifest, model_path
 # scenario -> (where its manifest is, the reference logits' folder)
 SCENARIOS = {
     "llama_fa0": "v10", "llama_fa1": "v10", "llama_q8_fa1": "v10", "mamba": "v10",
-    "llama_bf16_fa1": "v9", "gemma2_fa0": "v9",
+    "llama_bf16_fa1": "v9", "gemma2_fa0": "v9", "llama_fa0_streams": "v10",
 }
 TYPE_NAMES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16"}
 
@@ -77,15 +83,16 @@ class Live(LlamaCalls):
         self.model = Live._models[model]
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
 
-    def context(self, c: dict):
+    def context(self, m: dict, swa_full: bool = False):
         """A context of the manifest's parameters, checked against what llama.cpp logs."""
         L = self.L
+        c = m["context"]
         p = L.llama_context_default_params()
         fields = dict(p._fields_)
         want = {"n_ctx": c["n_ctx_requested"] if "n_ctx_requested" in c else c["n_ctx"], "n_batch": c["n_batch"],
                 "n_ubatch": c["n_ubatch"], "n_seq_max": c["n_seq_max"], "type_k": c["type_k"],
-                "type_v": c["type_v"], "flash_attn_type": 1 if c["flash_attn"] else 0, "swa_full": False,
-                "kv_unified": True, "n_threads": 1, "n_threads_batch": 1}
+                "type_v": c["type_v"], "flash_attn_type": 1 if c["flash_attn"] else 0, "swa_full": swa_full,
+                "kv_unified": _unified(c), "n_threads": 1, "n_threads_batch": 1}
         for name, value in want.items():
             assert name in fields, f"llama_context_params has no field {name} (the bindings changed)"
             setattr(p, name, value)
@@ -95,7 +102,12 @@ class Live(LlamaCalls):
         log = "\n".join(Live.lines)
         fa = "enabled" if c["flash_attn"] else "disabled"
         assert re.search(rf"llama_context: flash_attn\s+= {fa}", log), log
-        assert re.search(r"llama_context: kv_unified\s+= true", log), log
+        assert re.search(rf"llama_context: kv_unified\s+= {'true' if _unified(c) else 'false'}", log), log
+        if m["memory_kind"] != "recurrent":
+            # each K/V cache logs "n_seq_max/n_stream seqs": one stream per sequence unless unified
+            seqs = re.findall(r"llama_kv_cache: size = .*layers,\s+(\d+)/(\d+) seqs\)", log)
+            n_stream = 1 if _unified(c) else c["n_seq_max"]
+            assert seqs and all(x == (str(c["n_seq_max"]), str(n_stream)) for x in seqs), log
         t = TYPE_NAMES[c["type_k"]]
         assert re.search(rf"(llama_kv_cache: size = .*K \({t}\)|llama_memory_recurrent: size = .*R \({t}\))", log), log
         return ctx
@@ -114,14 +126,21 @@ class Live(LlamaCalls):
                 raise AssertionError(f"unknown op {op}")
 
 
+def _unified(c: dict) -> bool:
+    """Whether the manifest's context has one stream for all sequences (manifests of contexts
+    from before kv_unified existed do not name it)."""
+    return c.get("kv_unified", True)
+
+
 def _manifest(name):
     root = interop_v10_dir() if SCENARIOS[name] == "v10" else interop_dir()
     return manifest(root / name / "seq0.bin"), root / name
 
 
-def _cache(m):
-    """kvcache's cache of the scenario's context as 0.3.36 builds it (cell padding 1; the SWA
-    cache padded to 256 cells, which ISWACache gets through n_batch until it knows today's rule)."""
+def _cache(m, swa_full=False):
+    """kvcache's cache of the scenario's context as 0.3.36 builds it (cell padding 1; an iSWA
+    pair of semantics "2026", its SWA cache sized by today's rule; the test checks both sizes
+    against the ones llama.cpp logs)."""
     ctx, geo = m["context"], m["geometry"]
     if m["memory_kind"] == "recurrent":
         (g,) = geo
@@ -133,19 +152,32 @@ def _cache(m):
     if m["memory_kind"] == "iswa":
         base, swa = geo
         layers = sorted(base["layers"] + swa["layers"], key=lambda x: x["il"])
-        size_swa = min(base["kv_size"], -(-(swa["n_swa"] * ctx["n_seq_max"] + ctx["n_ubatch"]) // 256) * 256)
         c = kvcache.ISWACache(base["kv_size"], len(layers), [x["n_embd_k_gqa"] for x in layers],
                               [x["n_embd_v_gqa"] for x in layers], swa_layers=[x["il"] for x in swa["layers"]],
-                              n_swa=swa["n_swa"], swa_type=swa["swa_type"],
-                              n_batch=size_swa - swa["n_swa"] * ctx["n_seq_max"], type_k=layers[0]["type_k"],
-                              type_v=layers[0]["type_v"], v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1)
-        assert c.swa.size == size_swa
+                              n_swa=swa["n_swa"], swa_type=swa["swa_type"], n_batch=ctx["n_ubatch"],
+                              swa_full=swa_full, type_k=layers[0]["type_k"], type_v=layers[0]["type_v"],
+                              v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1, semantics="2026",
+                              kv_unified=_unified(ctx))
+        # today's rule, written out: PAD_256(min(kv_size, n_swa * n_seq_max + n_ubatch)), or kv_size
+        assert c.swa.size == (base["kv_size"] if swa_full is not False else
+                              -(-min(base["kv_size"], swa["n_swa"] * ctx["n_seq_max"] + ctx["n_ubatch"]) // 256) * 256)
         return c
     (g,) = geo
     ls = g["layers"]
+    # several streams (a cell table of kv_size cells per sequence) exist in semantics "2026" only
+    streams = {} if _unified(ctx) else {"semantics": "2026", "kv_unified": False}
     return kvcache.UnifiedCache(g["kv_size"], len(ls), [x["n_embd_k_gqa"] for x in ls],
                                 [x["n_embd_v_gqa"] for x in ls], type_k=ls[0]["type_k"], type_v=ls[0]["type_v"],
-                                v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1)
+                                v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1, **streams)
+
+
+def _hands_off(cache) -> bool:
+    """Whether the cache has seq_export / seq_import_begin: unified caches of both semantics and
+    iSWA pairs of the seed's (a recurrent cache has none; an iSWA pair of semantics "2026"
+    refuses them)."""
+    if isinstance(cache, kvcache.ISWACache):
+        return getattr(cache, "semantics", "2025") == "2025"
+    return isinstance(cache, kvcache.UnifiedCache)
 
 
 def _tokens(script):
@@ -163,7 +195,25 @@ def test_live_files_cross_both_ways(name, tmp_path):
     with open(folder / "ref_next_logits_seq0.json") as f:
         nxt = json.load(f)
     every, seq0 = _tokens(m["script"])
-    ctx = live.context(m["context"])
+    ctx = live.context(m)
+    if m["memory_kind"] == "iswa":
+        log = "\n".join(Live.lines)
+        sizes = [int(x) for x in re.findall(r"llama_kv_cache_iswa: creating +(?:non-)?SWA KV cache, size = (\d+) cells",
+                                             log)]
+        c = _cache(m)
+        assert sizes == [c.size_base, c.size_swa], log
+        # and kvcache plan's account of the pair is what llama.cpp logs, line for line
+        base, swa = m["geometry"]
+        layers = sorted(base["layers"] + swa["layers"], key=lambda x: x["il"])
+        cx = m["context"]
+        plan = kvcache.plan.plan_iswa(cx["n_ctx"], len(layers), [x["n_embd_k_gqa"] for x in layers],
+                                      [x["n_embd_v_gqa"] for x in layers], swa_layers=c.swa_layers, n_swa=c.n_swa,
+                                      swa_type=c.swa_type, n_batch=cx["n_ubatch"], swa_full=False,
+                                      n_seq_max=cx["n_seq_max"], type_k=TYPE_NAMES[cx["type_k"]],
+                                      type_v=TYPE_NAMES[cx["type_v"]], flash_attn=cx["flash_attn"],
+                                      semantics="2026", kv_unified=_unified(cx))
+        logged = [line.rstrip("\n") for line in Live.lines]
+        assert [line for line in plan.llama_log if line in logged] == list(plan.llama_log), (plan.llama_log, log)
     try:
         live.replay(ctx, m["script"])
         # 1. what llama.cpp writes, kvcache reads and writes back byte for byte
@@ -181,6 +231,14 @@ def test_live_files_cross_both_ways(name, tmp_path):
         c = _cache(m)
         assert c.state_read(blob, s, exact=True) == len(blob)
         assert c.state_write(s) == blob, (name, s)
+        if _hands_off(c):
+            # handed to another cache through the regions: the same sequence, llama.cpp's bytes
+            moved = _cache(m)
+            exp = c.seq_export(s)
+            with moved.seq_import_begin(exp.header) as imp:
+                assert copy_regions(exp.regions, imp.regions) == exp.n_bytes
+                imp.commit()
+            assert moved.state_write(s) == blob, (name, s, "hand-off")
     cache = _cache(m)
     cs = statefile.parse_context_state(whole)
     assert cs.layout in kvcache.LAYOUTS and not cs.has_outputs
@@ -209,13 +267,13 @@ def test_live_files_cross_both_ways(name, tmp_path):
     theirs = {"sequence blob": blobs[0], "whole context": whole, "session file": sess_path,
               "sequence file": seq_path}
 
-    def load_and_decode(kind, src):
-        b = live.context(m["context"])
+    def load_and_decode(kind, src, seq=0, pos=nxt["pos"]):
+        b = live.context(m)
         try:
             got = (ctypes.c_int32 * 512)()
             n = ctypes.c_size_t()
             if kind == "sequence blob":
-                assert live.seq_set(b, src, 0) == len(src)
+                assert live.seq_set(b, src, seq) == len(src)
             elif kind == "whole context":
                 assert live.state_set(b, src) == len(src)
             elif kind == "session file":
@@ -224,7 +282,7 @@ def test_live_files_cross_both_ways(name, tmp_path):
             else:
                 assert L.llama_state_seq_load_file(b, str(src).encode(), 0, got, 512, ctypes.byref(n)) > 0
                 assert list(got[:n.value]) == seq0
-            return live.decode(b, [(nxt["token"], nxt["pos"], [0])])
+            return live.decode(b, [(nxt["token"], pos, [seq])])
         finally:
             L.llama_free(b)
 
@@ -235,3 +293,45 @@ def test_live_files_cross_both_ways(name, tmp_path):
         # the uninterrupted run
         np.testing.assert_array_equal(logits, load_and_decode(kind, theirs[kind]), err_msg=f"{name}: {kind}")
         np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-4, err_msg=f"{name}: {kind}")
+    if not _unified(m["context"]):
+        # each sequence's blob into its own stream: the next token after its last position
+        held = [seq for seq in range(1, m["context"]["n_seq_max"]) if cache.seq_pos_max(seq) >= 0]
+        assert held, "the script leaves sequences besides 0 in the cache"
+        for seq in held:
+            hi = cache.seq_pos_max(seq)
+            logits = load_and_decode("sequence blob", cache.state_write(seq), seq, hi + 1)
+            np.testing.assert_array_equal(logits, load_and_decode("sequence blob", blobs[seq], seq, hi + 1),
+                                          err_msg=f"{name}: sequence blob of seq {seq}")
+
+
+def test_live_iswa_with_todays_full_size_swa_cache(tmp_path):
+    """swa_full (today's default, and ISWACache's for semantics "2026"): a SWA cache of kv_size
+    cells; llama.cpp's states of the gemma2 context restore into the default 2026 pair and are
+    written back byte for byte."""
+    m, folder = _manifest("gemma2_fa0")
+    live = Live(m["model"]["file"])
+    L = live.L
+    ctx = live.context(m, swa_full=True)
+    try:
+        log = "\n".join(Live.lines)
+        assert "llama_kv_cache_iswa: using full-size SWA cache" in log
+        sizes = [int(x) for x in re.findall(r"llama_kv_cache_iswa: creating +(?:non-)?SWA KV cache, size = (\d+) cells",
+                                             log)]
+        c = _cache(m, swa_full=True)
+        default = _cache(m, swa_full=None)
+        assert sizes == [c.size_base, c.size_swa] == [default.size_base, default.size_swa], log
+        live.replay(ctx, m["script"])
+        blobs = {s: live.seq_get(ctx, s) for s in range(4)}
+        whole = live.state_get(ctx)
+    finally:
+        L.llama_free(ctx)
+    for s, blob in blobs.items():
+        c = _cache(m, swa_full=True)
+        assert c.state_read(blob, s, exact=True) == len(blob)
+        assert c.state_write(s) == blob, s
+    cache = _cache(m, swa_full=True)
+    cs = statefile.parse_context_state(whole)
+    cs.restore(cache)
+    out = io.BytesIO()
+    statefile.write_context_state(out, cache, cs.arch)
+    assert out.getvalue() == whole

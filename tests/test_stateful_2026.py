@@ -22,7 +22,7 @@ from kvcache.conformance import unified2026  # noqa: E402
 from kvcache.conformance.ops import apply_op, start  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
-from stateful_rules import SequenceEditRules  # noqa: E402
+from stateful_rules import SequenceEditRules, draw_copy_range, draw_ubatch, read_alike  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not unified2026.kvcache_constructs_2026(),
                                 reason="kvcache.UnifiedCache has no semantics='2026'")
@@ -68,27 +68,8 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
                 apply_op(r, 0, op)
 
     def ubatch(self, data, max_tokens=8):
-        """pos and seq_id lists of a ubatch the cache takes: one stream: tokens of any
-        sequences, interleaved, a token may carry several ids; several: groups per sequence of
-        one length, one id per token."""
-        if self.multi:
-            seqs = data.draw(st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, unique=True),
-                             label="groups")
-            nst = data.draw(st.integers(1, max(1, max_tokens // len(seqs))), label="n_seq_tokens")
-            seq_id = [[s] for s in seqs for _ in range(nst)]
-            pos = []
-            for s in seqs:
-                p = max(self.ref.seq_pos_max(s) + 1, 0) if data.draw(st.booleans(), label="next") else \
-                    data.draw(st.integers(0, P_MAX), label="start")
-                pos += list(range(p, p + nst))
-            return pos, seq_id
-        n = data.draw(st.integers(1, max_tokens), label="n_tokens")
-        ids = st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, max_size=2)
-        seq_id = data.draw(st.lists(ids, min_size=n, max_size=n), label="seq_id")
-        if data.draw(st.booleans(), label="consecutive"):
-            p = data.draw(st.integers(0, P_MAX), label="start")
-            return list(range(p, p + n)), seq_id
-        return data.draw(st.lists(st.integers(0, P_MAX), min_size=n, max_size=n), label="pos"), seq_id
+        """pos and seq_id lists of a ubatch the cache takes (stateful_rules.draw_ubatch)."""
+        return draw_ubatch(data, self.cfg["n_seq_max"], self.multi, self.ref.seq_pos_max, P_MAX, max_tokens)
 
     def settle(self):
         # as the traces do (FORMAT-2026 "update"): a pending shift or copy is applied first
@@ -133,10 +114,7 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
     def seq_cp(self, data):
         """Across streams whole sequences only (a part is an abort: see below)."""
         src, dst = self.seq(data), self.seq(data)
-        if self.multi and src != dst:
-            p0, p1 = data.draw(st.sampled_from([(-1, -1), (0, -1), (-1, 0)]), label="whole")
-        else:
-            p0, p1 = self.prange(data)
+        p0, p1 = draw_copy_range(data, self.multi, src, dst, self.prange)
         self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
 
     @rule()
@@ -190,14 +168,7 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
     def read_both(self, blob, seq_id):
         """state_read into both: the bytes consumed, or that both raise StateError (and then
         nothing changes, which the invariant sees)."""
-        got = []
-        for r in self.replays:
-            try:
-                got.append(r.cache.state_read(blob, seq_id, layout="2026"))
-            except StateError:
-                got.append("StateError")
-        assert got[0] == got[1], got
-        return got[0]
+        return read_alike(*(lambda c=r.cache: c.state_read(blob, seq_id, layout="2026") for r in self.replays))
 
     @rule(data=st.data())
     def state_round_trip(self, data):
@@ -221,6 +192,35 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
             at = data.draw(st.integers(0, min(len(blob), 64) - 1), label="at")
             blob[at] ^= data.draw(st.integers(1, 255), label="xor")
         self.read_both(bytes(blob), -1 if seq_id < 0 else self.seq(data))
+
+    @rule(data=st.data())
+    def hand_off(self, data):
+        """A sequence of the cache moved by seq_export / seq_import_begin into a copy of the
+        cache (into a sequence drawn, often another one) gives what state_read of its state
+        gives in another copy, or both refuse alike, changing nothing."""
+        from kvcache.handoff import copy_regions
+        from cache_state import snapshot
+
+        cache = self.replays[1].cache
+        whole = cache.state_write(-1)
+        moved, read = (start(unified2026.kvcache_target(), self.cfg).cache for _ in range(2))
+        for c in (moved, read):
+            c.state_read(whole)
+        seq_id = data.draw(st.integers(0, self.n_seq_max - 1), label="seq_id")
+        dst = self.seq(data)
+        exp = cache.seq_export(seq_id)
+        before = snapshot(moved)
+        try:
+            imp = moved.seq_import_begin(exp.header, dst)
+        except StateError:
+            assert snapshot(moved) == before
+            with pytest.raises(StateError):
+                read.state_read(cache.state_write(seq_id), dst)
+            return
+        copy_regions(exp.regions, imp.regions)
+        imp.commit()
+        read.state_read(cache.state_write(seq_id), dst)
+        assert snapshot(moved) == snapshot(read)
 
     @rule()
     def bad_divisor_and_empty_prepare(self):
@@ -412,15 +412,6 @@ def test_store_into_borrowed_buffers_of_every_stream():
         _cache(n_seq_max=2, kv_unified=False, buffers={0: (np.zeros((64, 4), np.float32), v_mem)})
 
 
-def test_the_sequence_hand_off_waits_for_the_2026_state_layout():
-    c = _cache()
-    assert c.find_slot(UBatch([0, 1], [0, 0]))
-    with pytest.raises(NotImplementedError):
-        c.seq_export(0)
-    with pytest.raises(NotImplementedError):
-        c.seq_import_begin(b"\0" * 64)
-
-
 # --- the state of a 2026 cache -----------------------------------------------------------------
 
 def _filled(n_seq_max=4, kv_unified=False, **kw):
@@ -485,8 +476,8 @@ def test_bad_state_reads_change_nothing():
     twice[20] = 0                                                  # the cell lists seq 0 twice
     with pytest.raises(StateError, match="listed twice"):
         one.state_read(bytes(twice))
-    with pytest.raises(ValueError):
-        four.state_read(whole, convert=True)
+    with pytest.raises(StateError):                               # converting checks as much
+        four.state_read(whole[:-1], convert=True)
     # no room: seq 0's 3 cells into the one stream of 64 cells, 62 of them seq 1's
     full = _cache(n_seq_max=2)
     assert full.find_slot(UBatch(list(range(62)), [1] * 62))
@@ -503,3 +494,57 @@ def test_a_sequence_state_of_empty_sections_keeps_the_sequence():
     empty = _cache(n_seq_max=4, kv_unified=False).state_write(2)
     assert len(empty) == 8 + 4 + 4 * 4
     assert four.state_read(empty, 2) == len(empty) and four.stream_cells() == before
+
+
+def _v_rows(c, il=0):
+    """V of every stream as (n_stream, size, n_embd_v) rows, whatever the cache's V layout."""
+    v = c.v(il)
+    return v.transpose(0, 2, 1) if c.v_trans else v.reshape(c.n_stream, c.size, -1)
+
+
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["one-stream", "streams"])
+@pytest.mark.parametrize("v_trans", [True, False], ids=["from-transposed", "from-rows"])
+def test_state_read_converts_the_v_layout(kv_unified, v_trans):
+    """convert=True reads a state whose V layout is not the cache's: every cell's V row lands in
+    the cell the read places it in (whole: cell k of stream s; a sequence: the cells its
+    placement picks), the rest as without convert; converting back gives the first state."""
+    from cache_state import busy_unified_2026, snapshot
+
+    src = busy_unified_2026(kv_unified, v_trans=v_trans, type_k="f32", type_v="f32")
+    for seq_id in (-1, 1, 2):
+        dst = busy_unified_2026(kv_unified, v_trans=not v_trans, type_k="f32", type_v="f32", seed=5)
+        before = snapshot(dst)
+        blob = src.state_write(seq_id)
+        with pytest.raises(StateError, match="V layout.*conversion not requested"):
+            dst.state_read(blob, seq_id)
+        assert snapshot(dst) == before
+        assert dst.state_read(blob, seq_id, convert=True) == len(blob)
+        got, want = _v_rows(dst), _v_rows(src)
+        for s, (a, b) in enumerate(zip(dst.stream_cells(), src.stream_cells())):
+            if seq_id < 0:
+                held = np.flatnonzero(b.pos != -1)
+                np.testing.assert_array_equal(got[s, :len(held)], want[s, held])
+                assert a.pos[:len(held)].tolist() == b.pos[held].tolist()
+            elif s == (seq_id if src.n_stream > 1 else 0):
+                mine, theirs = np.flatnonzero(a.holds(seq_id)), np.flatnonzero(b.holds(seq_id))
+                mine, theirs = mine[np.argsort(a.pos[mine])], theirs[np.argsort(b.pos[theirs])]
+                assert a.pos[mine].tolist() == b.pos[theirs].tolist() and len(mine) > 0
+                np.testing.assert_array_equal(got[s, mine], want[s, theirs])
+        back = busy_unified_2026(kv_unified, v_trans=v_trans, type_k="f32", type_v="f32", seed=5)
+        ref = busy_unified_2026(kv_unified, v_trans=v_trans, type_k="f32", type_v="f32", seed=5)
+        back.state_read(dst.state_write(seq_id), seq_id, convert=True)
+        ref.state_read(blob, seq_id)
+        assert snapshot(back) == snapshot(ref)
+        # the same layout: convert changes nothing about the read
+        same = busy_unified_2026(kv_unified, v_trans=v_trans, type_k="f32", type_v="f32", seed=5)
+        same.state_read(blob, seq_id, convert=True)
+        assert snapshot(same) == snapshot(ref)
+
+
+def test_seq_cells_are_those_of_the_sequences_stream():
+    c = _cache(n_seq_max=3, kv_unified=False)
+    assert c.find_slot(UBatch([0, 1, 2, 5, 6, 7], [1, 1, 1, 2, 2, 2]))
+    c.seq_rm(2, 6, 7)
+    assert [x.tolist() for x in c.seq_cells(1)] == [[0, 1, 2], [0, 1, 2]]
+    assert [x.tolist() for x in c.seq_cells(2)] == [[0, 2], [5, 7]]
+    assert [x.tolist() for x in c.seq_cells(0)] == [[], []]

@@ -10,14 +10,15 @@ from kvcache.includes.kvc_handoff cimport (kvc_run, kvc_handoff_export, kvc_hand
                                            kvc_handoff_import_abort)
 
 
-cdef object _regions_array(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs):
-    """The regions of the runs' K/V as a read-only (N, 2) uint64 array of (address, length)."""
+cdef object _regions_array(const kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs):
+    """The regions of the K/V of the runs' cells of a stream as a read-only (N, 2) uint64 array
+    of (address, length)."""
     cdef uint64_t n = kvc_handoff_n_regions(c, n_runs)
     out = np.empty((n, 2), dtype=np.uint64)
     cdef uint64_t[:, ::1] v = out
     if n:
         with nogil:
-            kvc_handoff_regions(c, runs, n_runs, &v[0, 0])
+            kvc_handoff_regions(c, stream, runs, n_runs, &v[0, 0])
     out.flags.writeable = False
     return out
 
@@ -37,7 +38,8 @@ cdef class SeqExport:
     ``header``: bytes naming the sequence's cells and positions and the cache's geometry (layout:
     docs/disaggregated.md). ``regions``: (N, 2) uint64 array of (address, length) of its K/V bytes
     inside the cache's buffers, in the order of a state's data section (transposed V: one region
-    per row element and run of cells); empty without K/V memory. ``cells``: the source cells.
+    per row element and run of cells); empty without K/V memory. ``cells``: the source cells
+    (in the sequence's stream, for a cache of several streams).
     The addresses stay valid while the cache is alive and unchanged."""
     cdef kvc_handoff_export e
     cdef readonly object cache
@@ -78,7 +80,7 @@ cdef class SeqExport:
             kvc_pylock_acquire(&c._lock)
             with nogil:
                 if self.e.data_bytes:
-                    kvc_handoff_gather(&c.c, self.e.runs, self.e.n_runs, <uint8_t *>hb.view.buf)
+                    kvc_handoff_gather(&c.c, self.e.stream, self.e.runs, self.e.n_runs, <uint8_t *>hb.view.buf)
                 kvc_pylock_release(&c._lock)
         finally:
             hb.release()
@@ -95,7 +97,6 @@ def _seq_export(_Unified cache not None, seq_id):
     cdef SeqExport x = SeqExport.__new__(SeqExport)
     cdef kvc_err err
     cdef int r
-    _refuse_state_2026(cache, "seq_export")     # the export is a state's cell list and K/V
     _settle(cache, "seq_export")
     kvc_pylock_acquire(&cache._lock)
     try:
@@ -105,7 +106,7 @@ def _seq_export(_Unified cache not None, seq_id):
         x.cache = cache
         x.seq_id = s
         x.header = PyBytes_FromStringAndSize(<const char *>x.e.header, <Py_ssize_t>x.e.header_len)
-        x.regions = _regions_array(&cache.c, x.e.runs, x.e.n_runs)
+        x.regions = _regions_array(&cache.c, x.e.stream, x.e.runs, x.e.n_runs)
         x.cells = _cells_array(x.e.runs, x.e.n_runs)
     finally:
         kvc_pylock_release(&cache._lock)
@@ -182,7 +183,7 @@ cdef class SeqImport:
             kvc_pylock_acquire(&self._cache._lock)
             with nogil:
                 if self.imp.data_bytes:
-                    kvc_handoff_scatter(&self._cache.c, self.imp.runs, self.imp.n_runs,
+                    kvc_handoff_scatter(&self._cache.c, self.imp.stream, self.imp.runs, self.imp.n_runs,
                                         <const uint8_t *>hb.view.buf)
                 kvc_pylock_release(&self._cache._lock)
         finally:
@@ -227,7 +228,6 @@ cdef class SeqImport:
 def _seq_import_begin(_Unified cache not None, header, seq_id=None):
     """UnifiedCache.seq_import_begin (see there)."""
     cdef int32_t s = -1 if seq_id is None else seq_c(seq_id, cache.c.n_seq_max, "seq_id", False)
-    _refuse_state_2026(cache, "seq_import_begin")
     cdef _HeldBuffer hb = state_data_view(header)
     cdef SeqImport x = SeqImport.__new__(SeqImport)
     cdef kvc_err err
@@ -246,6 +246,6 @@ def _seq_import_begin(_Unified cache not None, header, seq_id=None):
     check_status(r, &err, "seq_import_begin")
     x._cache = cache
     x.seq_id = x.imp.seq_id
-    x.regions = _regions_array(&cache.c, x.imp.runs, x.imp.n_runs)
+    x.regions = _regions_array(&cache.c, x.imp.stream, x.imp.runs, x.imp.n_runs)
     x.cells = _cells_array(x.imp.runs, x.imp.n_runs)
     return x

@@ -94,13 +94,6 @@ cdef int _refuse_2026(_Unified self, str what, str why) except -1:
     return 0
 
 
-cdef int _refuse_state_2026(_Unified self, str what) except -1:
-    if self.c.semantics == KVC_SEM_2026:
-        raise NotImplementedError(f"{what}: the handoff of a cache of semantics '2026' is not "
-                                  f"implemented in this version")
-    return 0
-
-
 cdef int _check_state_layout(_Unified self, unsigned bits, str what) except -1:
     """A layout without stream counts holds one stream (the codec refuses the others too)."""
     if self.c.n_stream > 1 and not bits & (KVC_LAYOUT_STREAMS | KVC_LAYOUT_DETECT):
@@ -866,20 +859,23 @@ cdef class _Unified(UnifiedCore):
         """The cells of seq_id ordered by position: ``(cells, positions)``, two int32 arrays
         (empty when it holds none). For attention over K/V kept elsewhere: gather rows
         ``cells`` of a layer's K/V to get the sequence in position order (varlen / paged
-        attention). After a metadata-only state_read, this is where the restored cells went."""
+        attention). After a metadata-only state_read, this is where the restored cells went.
+        With several streams the cells are those of the sequence's stream."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
         cdef int32_t[::1] oc, op
         cdef int r = 0
+        cdef const kvc_cells *t
         kvc_pylock_acquire(&self._lock)
         try:
-            n = self.c.cells.seq_pos[s].n
+            t = kvc_unified_stream_cells_c(&self.c, kvc_unified_stream_of(&self.c, s))
+            n = t.seq_pos[s].n
             cells = np.empty(n, dtype=np.int32)
             pos = np.empty(n, dtype=np.int32)
             if n:
                 oc = cells
                 op = pos
                 with nogil:
-                    r = kvc_cells_seq_cells(&self.c.cells, s, &oc[0], &op[0])
+                    r = kvc_cells_seq_cells(t, s, &oc[0], &op[0])
         finally:
             kvc_pylock_release(&self._lock)
         if r < 0:
@@ -1603,9 +1599,8 @@ cdef class _Unified(UnifiedCore):
         data: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, mmap; not
         copied). Returns the bytes consumed (bytes after the state are not read, unless exact).
         convert: accept a blob whose V layout (transposed or not) differs from this cache's and
-        convert it (llama.cpp refuses such a blob; not available for a cache of semantics
-        '2026'). exact: the state must end at the end of
-        data. layout: a name of kvcache.LAYOUTS, or None (the default) to find it from the
+        convert it (llama.cpp refuses such a blob), in either semantics. exact: the state must
+        end at the end of data. layout: a name of kvcache.LAYOUTS, or None (the default) to find it from the
         bytes: the sequence-blob magic says a layout with stream counts; otherwise the state must
         parse to exactly the end of data in one layout (StateError asks for layout= when it does
         in both). A sequence's state may come with or without the sequence-blob prefix. Raises

@@ -2,7 +2,8 @@
  * codec gives; a cache changed between begin and commit (by a caller that ignored the bridge's
  * refusal) is refused at commit, unchanged; abort puts every byte back; a truncated header at
  * every length is refused without a change, and allocation failures at every point of begin
- * leave nothing behind. */
+ * leave nothing behind. Each for a cache of semantics 2025, and of 2026 with one stream and
+ * with a stream per sequence. */
 #include "kvc_handoff.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
@@ -16,17 +17,26 @@
 #define CELLS 64u
 #define W 4u
 
+/* the caches of each test: the seed's, today's with one stream, today's with a stream per sequence */
+enum mode { SEED, TODAY, STREAMS, N_MODES };
+static const char *const MODE_NAME[N_MODES] = { "2025", "2026", "2026 streams" };
+
 typedef struct cache {
     kvc_unified c;
     uint8_t *k, *v;
+    size_t bytes;   /* of k and of v: every stream's */
 } cache;
 
-/* CELLS cells, 3 sequences, one f16 layer of width W, V transposed. */
-static void cache_init(cache *t, uint32_t seed) {
+/* The layout of the state the import is compared with: the seed's, or today's streams. */
+static unsigned layout_of(enum mode m) { return m == SEED ? 0u : (unsigned)KVC_LAYOUT_STREAMS; }
+
+/* CELLS cells (per stream), 3 sequences, one f16 layer of width W, V transposed. */
+static void cache_init(cache *t, uint32_t seed, enum mode m) {
     const int32_t il = 0;
     const uint32_t w = W;
     const kvc_unified_params p = {
-        .kv_size = CELLS, .n_seq_max = 3, .n_pad = 32, .n_swa = 0, .swa_type = KVC_SWA_NONE,
+        .kv_size = CELLS, .semantics = m == SEED ? KVC_SEM_2025 : KVC_SEM_2026, .stream_per_seq = m == STREAMS,
+        .n_seq_max = 3, .n_pad = m == SEED ? 32 : 1, .n_swa = 0, .swa_type = KVC_SWA_NONE,
         .type_k = KVC_TYPE_F16, .type_v = KVC_TYPE_F16, .v_trans = true, .n_layer = 1,
         .layer_il = &il, .n_embd_k = &w, .n_embd_v = &w,
     };
@@ -35,12 +45,13 @@ static void cache_init(cache *t, uint32_t seed) {
         fprintf(stderr, "kvc_unified_init: %s\n", err.msg);
         abort();
     }
-    t->k = malloc(CELLS * W * 2);
-    t->v = malloc(CELLS * W * 2);
+    t->bytes = (size_t)t->c.n_stream * CELLS * W * 2;
+    t->k = malloc(t->bytes);
+    t->v = malloc(t->bytes);
     if (!t->k || !t->v) {
         abort();
     }
-    for (uint32_t i = 0; i < CELLS * W * 2; i++) {
+    for (uint32_t i = 0; i < t->bytes; i++) {
         t->k[i] = (uint8_t)(i * 7 + seed);
         t->v[i] = (uint8_t)(i * 13 + seed);
     }
@@ -50,6 +61,12 @@ static void cache_init(cache *t, uint32_t seed) {
         const int32_t s = (p0 + (int32_t)seed) % 3;
         const uint32_t off[2] = { 0, 1 };
         const kvc_ubatch ub = { 1, 1, 1, &p0, off, &s };
+        if (m != SEED) {
+            if (kvc_unified_find_slot_2026(&t->c, &ub, NULL) != 1) {
+                abort();
+            }
+            continue;
+        }
         if (kvc_unified_find_slot(&t->c, &ub) != 1) {
             abort();
         }
@@ -63,12 +80,17 @@ static void cache_free(cache *t) {
     free(t->v);
 }
 
-/* Everything observable: cells, head, n and the bytes. */
+/* Everything observable: every stream's cells and head, n and the bytes. */
 static bool same(const cache *a, const cache *b) {
-    return a->c.head == b->c.head && a->c.n == b->c.n && a->c.cells.used == b->c.cells.used &&
-           !memcmp(a->c.cells.pos, b->c.cells.pos, CELLS * sizeof(int32_t)) &&
-           !memcmp(a->c.cells.seq, b->c.cells.seq, CELLS * a->c.cells.seq_words * sizeof(uint64_t)) &&
-           !memcmp(a->k, b->k, CELLS * W * 2) && !memcmp(a->v, b->v, CELLS * W * 2);
+    for (uint32_t st = 0; st < a->c.n_stream; st++) {
+        const kvc_cells *x = kvc_unified_stream_cells_c(&a->c, st), *y = kvc_unified_stream_cells_c(&b->c, st);
+        if (kvc_unified_stream_head_c(&a->c, st) != kvc_unified_stream_head_c(&b->c, st) || x->used != y->used ||
+            memcmp(x->pos, y->pos, CELLS * sizeof(int32_t)) ||
+            memcmp(x->seq, y->seq, CELLS * x->seq_words * sizeof(uint64_t))) {
+            return false;
+        }
+    }
+    return a->c.n == b->c.n && !memcmp(a->k, b->k, a->bytes) && !memcmp(a->v, b->v, a->bytes);
 }
 
 /* The sender (seed 0), the receiver and a twin of the receiver to compare it with (seed 1). */
@@ -76,10 +98,10 @@ typedef struct trio {
     cache src, dst, twin;
 } trio;
 
-static void trio_init(trio *t) {
-    cache_init(&t->src, 0);
-    cache_init(&t->dst, 1);
-    cache_init(&t->twin, 1);
+static void trio_init(trio *t, enum mode m) {
+    cache_init(&t->src, 0, m);
+    cache_init(&t->dst, 1, m);
+    cache_init(&t->twin, 1, m);
 }
 
 static void trio_free(trio *t) {
@@ -93,38 +115,43 @@ static void copy_all(const kvc_handoff_export *e, const cache *src, kvc_handoff_
     if (!buf) {
         abort();
     }
-    kvc_handoff_gather(&src->c, e->runs, e->n_runs, buf);
-    kvc_handoff_scatter(imp->c, imp->runs, imp->n_runs, buf);
+    kvc_handoff_gather(&src->c, e->stream, e->runs, e->n_runs, buf);
+    kvc_handoff_scatter(imp->c, imp->stream, imp->runs, imp->n_runs, buf);
     free(buf);
 }
 
-static void equals_state_read(void) {
+static void equals_state_read(enum mode m) {
     trio t;
-    trio_init(&t);
+    trio_init(&t, m);
     cache *src = &t.src, *dst = &t.dst, *ref = &t.twin;
     kvc_err err;
     kvc_handoff_export e;
     REQUIRE(kvc_handoff_export_make(&src->c, 1, &e, &err) == KVC_OK, "export: %s", err.msg);
-    CHECK(e.cell_count == 4 && e.data_bytes == 4u * W * 2 * 2, "%u cells, %llu bytes", e.cell_count,
-          (unsigned long long)e.data_bytes);
+    CHECK(e.cell_count == 4 && e.data_bytes == 4u * W * 2 * 2, "%s: %u cells, %llu bytes", MODE_NAME[m],
+          e.cell_count, (unsigned long long)e.data_bytes);
+    CHECK(e.stream == (m == STREAMS ? 1u : 0u), "%s: stream %u", MODE_NAME[m], e.stream);
     CHECK(kvc_handoff_n_regions(&src->c, e.n_runs) == (uint64_t)e.n_runs * (1 + W), "regions");
     kvc_handoff_import imp;
     REQUIRE(kvc_handoff_import_begin(&dst->c, 1, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s", err.msg);
     copy_all(&e, src, &imp);
     CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_OK, "commit: %s", err.msg);
-    size_t n = kvc_unified_state_size(&src->c, 1), w = 0, used = 0;
+    const unsigned lay = layout_of(m);
+    size_t n = kvc_unified_state_size_lay(&src->c, 1, lay), w = 0, used = 0;
     uint8_t *blob = malloc(n);
-    REQUIRE(blob && kvc_unified_state_write(&src->c, 1, blob, n, &w) == KVC_OK, "state_write");
-    CHECK(kvc_unified_state_read(&ref->c, 1, blob, n, &used, &err) == KVC_OK, "state_read: %s", err.msg);
-    CHECK(same(dst, ref), "the import differs from the state read");
+    REQUIRE(blob && kvc_unified_state_write_range_lay(&src->c, 1, lay, 0, blob, n, &w) == KVC_OK && w == n,
+            "state_write");
+    kvc_unified *parts[1] = { &ref->c };
+    CHECK(kvc_unified_state_read_parts_lay(parts, 1, 1, blob, n, 0, lay, &used, NULL, &err) == KVC_OK,
+          "%s: state_read: %s", MODE_NAME[m], err.msg);
+    CHECK(same(dst, ref), "%s: the import differs from the state read", MODE_NAME[m]);
     free(blob);
     kvc_handoff_export_free(&e);
     trio_free(&t);
 }
 
-static void changed_cache_and_abort(void) {
+static void changed_cache_and_abort(enum mode m) {
     trio t;
-    trio_init(&t);
+    trio_init(&t, m);
     cache *src = &t.src, *dst = &t.dst, *before = &t.twin;
     kvc_err err;
     kvc_handoff_export e;
@@ -135,21 +162,22 @@ static void changed_cache_and_abort(void) {
     copy_all(&e, src, &imp);
     /* a change behind the bridge's back: commit refuses it and the import stays active */
     kvc_unified_seq_rm(&dst->c, 2, -1, -1);
-    CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_E_STATE && imp.active, "commit of a changed cache");
+    CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_E_STATE && imp.active, "%s: commit of a changed cache",
+          MODE_NAME[m]);
     CHECK(strstr(err.msg, "changed") != NULL, "message: %s", err.msg);
     kvc_handoff_import_abort(&imp);
     CHECK(!imp.active, "abort leaves it active");
     kvc_handoff_import_abort(&imp);   /* a no-op now */
     /* the bytes are back; the seq_rm above is the only difference left */
     kvc_unified_seq_rm(&before->c, 2, -1, -1);
-    CHECK(same(dst, before), "abort did not restore the bytes");
+    CHECK(same(dst, before), "%s: abort did not restore the bytes", MODE_NAME[m]);
     kvc_handoff_export_free(&e);
     trio_free(&t);
 }
 
-static void truncations_and_allocation_failures(void) {
+static void truncations_and_allocation_failures(enum mode m) {
     trio t;
-    trio_init(&t);
+    trio_init(&t, m);
     cache *src = &t.src, *dst = &t.dst, *before = &t.twin;
     kvc_err err;
     kvc_handoff_export e;
@@ -159,7 +187,7 @@ static void truncations_and_allocation_failures(void) {
         const int rc = kvc_handoff_import_begin(&dst->c, 2, len ? e.header : NULL, len, &imp, &err);
         CHECK(rc == KVC_E_STATE && !imp.active, "%zu of %zu bytes: %d", len, e.header_len, rc);
     }
-    for (int k = 1; k < 12; k++) {
+    for (int k = 1; k < 64; k++) {
         kvc_fail_alloc_after = k;
         const int rc = kvc_handoff_import_begin(&dst->c, 2, e.header, e.header_len, &imp, &err);
         kvc_fail_alloc_after = 0;
@@ -167,15 +195,28 @@ static void truncations_and_allocation_failures(void) {
         CHECK(rc == KVC_OK || !imp.active, "allocation %d: a failed begin is active", k);
         kvc_handoff_import_abort(&imp);
     }
-    CHECK(same(dst, before), "a failed begin changed the cache");
+    CHECK(same(dst, before), "%s: a failed begin changed the cache", MODE_NAME[m]);
+    for (int k = 1; k < 8; k++) {   /* an export that runs out of memory leaves nothing behind */
+        kvc_handoff_export x;
+        kvc_fail_alloc_after = k;
+        const int rc = kvc_handoff_export_make(&src->c, 2, &x, &err);
+        kvc_fail_alloc_after = 0;
+        CHECK(rc == KVC_OK || (rc == KVC_E_NOMEM && !x.header && !x.runs), "%s: export allocation %d: %d",
+              MODE_NAME[m], k, rc);
+        CHECK(rc != KVC_OK || (x.header_len == e.header_len && !memcmp(x.header, e.header, e.header_len)),
+              "%s: export allocation %d: another header", MODE_NAME[m], k);
+        kvc_handoff_export_free(&x);
+    }
     kvc_handoff_export_free(&e);
     trio_free(&t);
 }
 
 int main(void) {
-    equals_state_read();
-    changed_cache_and_abort();
-    truncations_and_allocation_failures();
+    for (int m = 0; m < N_MODES; m++) {
+        equals_state_read((enum mode)m);
+        changed_cache_and_abort((enum mode)m);
+        truncations_and_allocation_failures((enum mode)m);
+    }
     printf("test_handoff: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
 }

@@ -3,7 +3,9 @@
  * cell k of section s into cell k of stream s (heads 0) with its rows and writes back the same
  * bytes; a sequence's state restored into a fragmented cache lands in scattered cells of the
  * sequence's stream with its rows (V transposed per stream or not) and writes back the same
- * bytes; a read that finds no room, or a blob cut short, changes no cell, head or K/V byte. */
+ * bytes; a read that finds no room, or a blob cut short, changes no cell, head or K/V byte; a
+ * state of the other V layout is refused, or converted on request (whole, and a sequence into
+ * scattered cells), each cell's rows where the read puts the cell. */
 #include "kvc_state.h"
 #include "kvc_types.h"
 
@@ -74,11 +76,15 @@ static uint8_t *write_state(fixture *f, int32_t seq_id, size_t *n) {
     return b;
 }
 
-static int read_state(fixture *f, int32_t seq_id, const uint8_t *b, size_t n) {
+static int read_state_flags(fixture *f, int32_t seq_id, const uint8_t *b, size_t n, unsigned flags) {
     kvc_unified *cs[1] = { &f->c };
     size_t used = 0;
     kvc_err err = { 0, "" };
-    return kvc_unified_state_read_parts_lay(cs, 1, seq_id, b, n, 0, KVC_LAYOUT_STREAMS, &used, NULL, &err);
+    return kvc_unified_state_read_parts_lay(cs, 1, seq_id, b, n, flags, KVC_LAYOUT_STREAMS, &used, NULL, &err);
+}
+
+static int read_state(fixture *f, int32_t seq_id, const uint8_t *b, size_t n) {
+    return read_state_flags(f, seq_id, b, n, 0);
 }
 
 /* The cells and heads of every stream, to compare before and after. */
@@ -186,11 +192,61 @@ static void test_round_trips(bool per_seq, bool v_trans) {
     free(b);
 }
 
+/* Every cell of seq_id (-1: every cell) in every stream of f holds its rows. */
+static bool all_rows(const fixture *f, int32_t seq_id, uint32_t *cells) {
+    bool ok = true;
+    *cells = 0;
+    for (uint32_t st = 0; st < f->c.n_stream; st++) {
+        const kvc_cells *t = kvc_unified_stream_cells_c(&f->c, st);
+        for (uint32_t i = 0; i < SIZE; i++) {
+            const int32_t q = t->pos[i] < 0 ? -1 : kvc_seqs_next(t->seq, t->size, t->seq_words, i, -1);
+            if (q >= 0 && (seq_id < 0 || kvc_cells_seq_has(t, i, seq_id))) {
+                ++*cells;
+                ok = ok && rows_of(f, st, i, seq_id < 0 ? q : seq_id);
+            }
+        }
+    }
+    return ok;
+}
+
+static void test_conversions(bool per_seq, bool v_trans) {
+    fixture *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    REQUIRE(a && b && fixture_init(a, per_seq, v_trans) == KVC_OK && fixture_init(b, per_seq, !v_trans) == KVC_OK,
+            "init");
+    fill(a);
+    size_t n;
+    uint8_t *whole = write_state(a, -1, &n);
+    CHECK(read_state(b, -1, whole, n) == KVC_E_STATE, "the other V layout without conversion");
+    CHECK(read_state_flags(b, -1, whole, n, KVC_STATE_CONVERT_V) == KVC_OK, "whole read, converted");
+    uint32_t ca = 0, cb = 0;
+    CHECK(all_rows(a, -1, &ca) && all_rows(b, -1, &cb) && ca == cb && cb > 0, "whole: rows of %u / %u cells", cb, ca);
+    free(whole);
+    /* sequence 1 into scattered cells of its stream */
+    kvc_unified_free(&b->c);
+    REQUIRE(fixture_init(b, per_seq, !v_trans) == KVC_OK, "init");
+    put(b, 1, 100, 4);
+    put(b, 2, 100, 4);
+    kvc_unified_seq_rm(&b->c, 1, -1, -1);
+    uint8_t *one = write_state(a, 1, &n);
+    CHECK(read_state_flags(b, 1, one, n, KVC_STATE_CONVERT_V) == KVC_OK, "seq 1, converted");
+    CHECK(all_rows(b, 1, &cb) && cb == 13 - 3 + 5, "seq 1: rows of %u cells", cb);
+    CHECK(all_rows(b, 2, &cb) && cb == 4, "seq 2 untouched: %u cells", cb);
+    free(one);
+    kvc_unified_free(&a->c);
+    kvc_unified_free(&b->c);
+    free(a);
+    free(b);
+}
+
 int main(void) {
     test_round_trips(true, true);
     test_round_trips(true, false);
     test_round_trips(false, true);
     test_round_trips(false, false);
+    test_conversions(true, true);
+    test_conversions(true, false);
+    test_conversions(false, true);
+    test_conversions(false, false);
     printf("test_state_2026: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
 }

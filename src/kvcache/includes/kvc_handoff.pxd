@@ -13,6 +13,7 @@ cdef extern from "kvc_handoff.h" nogil:
         size_t header_len
         kvc_run *runs
         uint32_t n_runs
+        uint32_t stream
         uint32_t cell_count
         uint64_t data_bytes
 
@@ -20,9 +21,12 @@ cdef extern from "kvc_handoff.h" nogil:
     void kvc_handoff_export_free(kvc_handoff_export *e)
 
     uint64_t kvc_handoff_n_regions(const kvc_unified *c, uint32_t n_runs)
-    void kvc_handoff_regions(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint64_t *out)
-    void kvc_handoff_gather(const kvc_unified *c, const kvc_run *runs, uint32_t n_runs, uint8_t *out)
-    void kvc_handoff_scatter(kvc_unified *c, const kvc_run *runs, uint32_t n_runs, const uint8_t *src)
+    void kvc_handoff_regions(const kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs,
+                             uint64_t *out)
+    void kvc_handoff_gather(const kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs,
+                            uint8_t *out)
+    void kvc_handoff_scatter(kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs,
+                             const uint8_t *src)
 
     ctypedef struct kvc_handoff_import:
         kvc_unified *c
@@ -31,6 +35,7 @@ cdef extern from "kvc_handoff.h" nogil:
         int32_t *pos
         kvc_run *runs
         uint32_t n_runs
+        uint32_t stream
         uint64_t data_bytes
         uint8_t *backup
         kvc_unified_snapshot snap
