@@ -136,7 +136,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             for i, il in enumerate(swa):
                 pairs[il] = (window[2 * i], window[2 * i + 1])
             self.kv = ISWACache(swa_layers=swa, n_swa=self._window, swa_type="standard", n_batch=n_batch,
-                                buffers=pairs, **common)
+                                swa_full=False, buffers=pairs, **common)
         else:
             self.kv = UnifiedCache(buffers=pairs, **common)
         self._iswa = isinstance(self.kv, ISWACache)
