@@ -58,6 +58,8 @@ ROPES = {
     "longrope-short": dict(rope_parameters=dict(rope_type="longrope", short_factor=list(np.linspace(1, 2, HEAD_DIM // 2)),
                                                 long_factor=list(np.linspace(1, 8, HEAD_DIM // 2)),
                                                 original_max_position_embeddings=ORIG, rope_theta=THETA)),
+    # within max_position_embeddings (4 * ORIG here: every position the check rotates) the plain rotation
+    "dynamic": dict(rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=THETA)),
 }
 
 
@@ -100,9 +102,18 @@ def test_longrope_long_factors_past_the_original_context():
     np.testing.assert_allclose(b, np.linspace(1, 8, HEAD_DIM // 2), rtol=1e-6)
 
 
-def test_dynamic_and_unknown_architectures_raise():
+def test_dynamic_past_the_model_context_and_unknown_architectures_raise():
+    cfg = _llama(**ROPES["dynamic"])
+    assert rope_from_transformers(cfg, n_ctx_seq=4 * ORIG) is not None
     with pytest.raises(ValueError, match="dynamic"):
-        rope_from_transformers(_llama(rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=THETA)))
+        rope_from_transformers(cfg, n_ctx_seq=4 * ORIG + 1)
+    with pytest.raises(ValueError, match="dynamic"):
+        kvcache.from_transformers_config(cfg, n_ctx=8 * ORIG)
+    # why: past its context the model's own rotation is no longer the plain one
+    rotary = LlamaRotaryEmbedding(cfg)
+    k = torch.randn(2, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(3))
+    plain = _hf_keys(LlamaRotaryEmbedding(_llama()), k, [5, 8 * ORIG])
+    assert not torch.allclose(_hf_keys(rotary, k, [5, 8 * ORIG]), plain, atol=1e-3)
     cfg = _llama()
     cfg.model_type = "no-such-model"
     with pytest.raises(ValueError, match="RoPE layout"):

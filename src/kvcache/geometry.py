@@ -408,8 +408,16 @@ def _hf_layer_rope(cfg: Any, n_rot: int, rp: dict[str, Any], layer_type: str | N
     if kind == "linear":
         return theta, 1.0 / float(rp["factor"]), None
     if kind == "dynamic":
-        raise ValueError("rope_type 'dynamic' recomputes its base in every forward longer than "
-                         "max_position_embeddings: keys already cached keep the old one, no fixed K-shift matches")
+        # transformers keeps the plain frequencies while a forward's positions stay within
+        # max_position_embeddings and recomputes the base per forward past it: cached keys keep
+        # the old base there, and no fixed K-shift matches
+        orig = int(cfg.max_position_embeddings)
+        if n_ctx_seq is not None and n_ctx_seq > orig:
+            raise ValueError(f"rope_type 'dynamic' with {n_ctx_seq} cache indices per sequence: past "
+                             f"max_position_embeddings ({orig}) the model recomputes its base in every forward "
+                             f"and keys already cached keep the old one; no fixed K-shift matches (use n_ctx <= {orig} "
+                             f"per sequence)")
+        return theta, 1.0, None
     if kind not in ("yarn", "llama3", "longrope"):
         raise ValueError(f"rope_type {kind!r} is not supported")
     # the model's own inverse frequencies, as factors over the plain ones
@@ -442,7 +450,8 @@ def rope_from_transformers(config: Any, n_ctx_seq: int | None = None) -> RopePar
     computed by transformers' Llama. rope_type default, linear, yarn, llama3 and longrope are
     mapped (yarn, llama3 and longrope as per-pair frequency factors, exact); attention_scaling
     is not part of a shift (attn_factor 1: the model applied it when it made the key); dynamic
-    raises ValueError. longrope: the short factors unless ``n_ctx_seq`` (cache indices per
+    is the plain rotation within max_position_embeddings and raises ValueError when ``n_ctx_seq``
+    exceeds it. longrope: the short factors unless ``n_ctx_seq`` (cache indices per
     sequence) exceeds the original context. Gemma 3's per-layer-type parameters become the
     per-layer base and scale of its sliding layers."""
     model_config = config
