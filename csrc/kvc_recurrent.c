@@ -699,24 +699,27 @@ static void rec_dest(const kvc_recurrent *c, int32_t seq_id, kvc_sec_dest *d) {
     d->layer = rec_layer;
 }
 
-/* Place the cells of a validated section into c->work (from a copy of the live table). The live
- * table is not touched. */
-static int place_cells(kvc_recurrent *c, int32_t seq_id, const kvc_section *sec, kvc_err *err) {
+/* Where the parser puts the cells: a whole cache's straight into c->work, wiped (its tails are
+ * the cell that lists each sequence), a sequence's one position into *pos1. */
+static void rec_dest_into(kvc_recurrent *c, int32_t seq_id, int32_t *pos1, kvc_sec_dest *d) {
     kvc_rec_cells *w = &c->work;
-    const uint32_t cc = sec->cell_count;
+    if (seq_id >= 0) {
+        d->into_pos = pos1;
+        return;
+    }
+    rec_cells_wipe(w);
+    d->into_pos = w->pos;
+    d->into_seq = w->seq;
+    d->into_cell_of = w->tail;
+}
+
+/* Complete c->work from a validated section (a whole cache's cells are in it already; a
+ * sequence's cell is placed in a copy of the live table). The live table is not touched. */
+static int place_cells(kvc_recurrent *c, int32_t seq_id, uint32_t cc, int32_t pos, kvc_err *err) {
+    kvc_rec_cells *w = &c->work;
     if (seq_id == -1) {
-        rec_cells_wipe(w);
         w->n = c->cells.n; /* clear() keeps n */
-        const uint32_t nw = w->seq_words;
         for (uint32_t i = 0; i < cc; i++) {
-            const uint64_t *set = sec->seq + (size_t)i * nw;
-            w->pos[i] = sec->pos[i];
-            kvc_seqs_put(w->seq, w->size, nw, i, set);
-            for (uint32_t k = 0; k < nw; k++) {
-                for (uint64_t m = set[k]; m; m &= m - 1) {
-                    w->tail[64 * k + kvc_ctz64(m)] = (int32_t)i;
-                }
-            }
             w->src[i] = (int32_t)i; /* the restored states are kept as they are */
         }
         w->head = 0;
@@ -728,7 +731,6 @@ static int place_cells(kvc_recurrent *c, int32_t seq_id, const kvc_section *sec,
     if (cc == 0) {
         return KVC_OK; /* the sequence is just removed */
     }
-    int32_t pos = sec->pos[0];
     const uint32_t seq_off[2] = { 0, 1 };
     kvc_ubatch ub;
     ub.n_tokens = 1;
@@ -789,14 +791,16 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     kvc_cursor r = { data, data ? len : 0, 0 };
     kvc_sec_dest d;
     kvc_section sec;
+    int32_t pos1 = 0;
     memset(&sec, 0, sizeof sec);
     rec_dest(c, seq_id, &d);
+    rec_dest_into(c, seq_id, &pos1, &d);
     int rc = kvc_sec_parse(&r, &d, &sec, err);
     if (rc == KVC_OK && (flags & KVC_STATE_EXACT)) {
         rc = kvc_state_check_end(r.off, r.len, err);
     }
     if (rc == KVC_OK) {
-        rc = place_cells(c, seq_id, &sec, err);
+        rc = place_cells(c, seq_id, sec.cell_count, pos1, err);
     }
     if (rc != KVC_OK) {
         kvc_sec_free(&sec);

@@ -45,6 +45,10 @@ int kvc_state_check_end(size_t end, size_t len, kvc_err *err) {
 
 /* --- the cells ------------------------------------------------------------------------------ */
 
+/* kvc_cur_truncated of a cursor passed by value (a loop's own cursor does not escape). */
+#define truncated_at(err, cur, need, ...) kvc_cur_truncated((err), &(kvc_cursor){ (cur).p, (cur).len, (cur).off }, \
+                                                           (need), __VA_ARGS__)
+
 static int parse_cell_count(kvc_cursor *r, const kvc_sec_dest *d, uint32_t *cc, kvc_err *err) {
     if (!kvc_cur_u32(r, cc)) {
         return kvc_cur_truncated(err, r, 4, "the cell count");
@@ -73,8 +77,9 @@ static uint32_t cell_listing(const kvc_section *sec, uint32_t nw, uint32_t i, in
     return i;
 }
 
-/* The ids of cell i into bits, checked against d (NULL: against KVC_MAX_SEQ); seen: the ids of
- * the cells before, for d->seq_in_one_cell. */
+/* The ids of cell i into bits, or with d->into_seq into the destination's table; checked against
+ * d (NULL: against KVC_MAX_SEQ); seen: the ids of the cells before, for d->seq_in_one_cell (with
+ * d->into_cell_of, that table answers instead). */
 static int parse_ids(kvc_cursor *r, const kvc_sec_dest *d, uint32_t i, uint32_t n_seq_id, kvc_seqset *bits,
                      kvc_seqset *seen, const kvc_section *sec, kvc_err *err) {
     const uint32_t id_limit = d ? d->n_seq_max : KVC_MAX_SEQ;
@@ -84,38 +89,56 @@ static int parse_ids(kvc_cursor *r, const kvc_sec_dest *d, uint32_t i, uint32_t 
                            " sequence ids, %zu bytes remain",
                            r->off, r->len, i, n_seq_id, r->len - r->off);
     }
-    kvc_seqset_clear(bits);
+    /* the ids are in the bytes (checked above): read in place; the destination's fields in locals,
+     * as the stores into its table could otherwise alias them */
+    const uint8_t *const at = r->p + r->off;
+    r->off += 4 * (size_t)n_seq_id;
+    uint64_t *const into_seq = d ? d->into_seq : NULL;
+    int32_t *const cell_of = d ? d->into_cell_of : NULL;
+    const uint32_t size = d ? d->size : 0;
+    const bool ids_once = d && d->ids_once, one_cell = d && d->seq_in_one_cell;
+    if (!into_seq) {
+        kvc_seqset_clear(bits);
+    }
     for (uint32_t j = 0; j < n_seq_id; j++) {
-        int32_t s;
-        if (!kvc_cur_i32(r, &s)) {
-            return kvc_cur_truncated(err, r, 4, "sequence id %" PRIu32 " of %" PRIu32 " of cell %" PRIu32, j,
-                                     n_seq_id, i);
-        }
+        const int32_t s = kvc_le_get_i32(at + 4 * (size_t)j);
+        const size_t byte = (size_t)(at - r->p) + 4 * (size_t)j;
         if (s < 0 || (uint32_t)s >= id_limit) {
             return kvc_err_set(err, KVC_E_STATE,
                                "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " out of range [0, %" PRIu32 ")",
-                               i, r->off - 4, s, id_limit);
+                               i, byte, s, id_limit);
         }
-        if (d && d->ids_once && kvc_seqset_has(bits, s)) {
+        /* cell_of[s] is i exactly when this cell listed s already */
+        const bool again = into_seq ? cell_of[s] == (int32_t)i : kvc_seqset_has(bits, s);
+        if (ids_once && again) {
             /* today's llama.cpp keeps a sequence's positions per cell: an id listed twice is
              * malformed */
             return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " listed twice",
-                               i, r->off - 4, s);
+                               i, byte, s);
         }
-        if (d && d->seq_in_one_cell && (kvc_seqset_has(seen, s) || kvc_seqset_has(bits, s))) {
+        if (one_cell && (again || (into_seq ? cell_of[s] >= 0 : kvc_seqset_has(seen, s)))) {
             /* one cell holds a sequence's whole state: a second listing has nowhere to go */
-            const uint32_t k = kvc_seqset_has(bits, s) ? i : cell_listing(sec, d->seq_words, i, s);
+            const uint32_t k = again ? i : into_seq ? (uint32_t)cell_of[s] : cell_listing(sec, d->seq_words, i, s);
             return kvc_err_set(err, KVC_E_STATE,
                                "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " is listed by cell %" PRIu32
                                " already (a sequence's state is one cell)",
-                               i, r->off - 4, s, k);
+                               i, byte, s, k);
         }
-        kvc_seqset_add(bits, s); /* a repeated id sets its bit again, as the reference does */
+        /* a repeated id sets its bit again, as the reference does */
+        if (into_seq) {
+            kvc_seqs_add(into_seq, size, i, s);
+            cell_of[s] = (int32_t)i;
+        } else {
+            kvc_seqset_add(bits, s);
+        }
     }
     return KVC_OK;
 }
 
-static int parse_cells(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kvc_err *err) {
+static int parse_cells(kvc_cursor *r_in, const kvc_sec_dest *d, kvc_section *sec, kvc_err *err) {
+    /* a cursor of our own, which no store into a destination table can alias: it stays in
+     * registers (r_in moves past the cells on success) */
+    kvc_cursor cur = *r_in, *const r = &cur;
     const uint32_t cc = sec->cell_count;
     const bool single = d && d->seq_id >= 0;
     const size_t min_rec = single ? 8 + 4 * (size_t)d->single_n_ids : 8;
@@ -127,32 +150,55 @@ static int parse_cells(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, k
                            r->off, r->len, cc, (size_t)cc * min_rec, r->len - r->off);
     }
     const uint32_t nw = d ? d->seq_words : KVC_SEQ_WORDS;
+    const bool direct = d && !single && d->into_seq;
     if (d && cc > 0) {
-        sec->pos = kvc_malloc_n(cc, sizeof *sec->pos);
-        if (!single) {
+        if (!d->into_pos) {
+            sec->pos = kvc_malloc_n(cc, sizeof *sec->pos);
+        }
+        if (!single && !direct) {
             sec->seq = kvc_malloc_n((uint64_t)cc * nw, sizeof *sec->seq);
         }
-        if (!sec->pos || (!single && !sec->seq)) {
+        if ((!d->into_pos && !sec->pos) || (!single && !direct && !sec->seq)) {
             return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading a state of %" PRIu32 " cells", cc);
         }
     }
+    int32_t *const pos_out = d && d->into_pos ? d->into_pos : sec->pos;
+    uint32_t n_min = 0, n_max = 0;
+    uint64_t *const into_seq = direct ? d->into_seq : NULL;
+    int32_t *const into_cell_of = direct ? d->into_cell_of : NULL;
+    const uint32_t size = d ? d->size : 0, id_max = d ? d->n_seq_max : 0;
     kvc_seqset seen;
     kvc_seqset_clear(&seen);
     for (uint32_t i = 0; i < cc; i++) {
+        if (direct && r->len - r->off >= 12) {
+            /* the common cell of a recurrent state, listing one sequence: its record checked in
+             * one piece, in place; any fault is left to the general path below, which names it */
+            const uint8_t *q = r->p + r->off;
+            const int32_t pos = kvc_le_get_i32(q), s = kvc_le_get_i32(q + 8);
+            if (pos >= 0 && kvc_le_get_u32(q + 4) == 1 && s >= 0 && (uint32_t)s < id_max && into_cell_of[s] < 0) {
+                r->off += 12;
+                n_min = i == 0 ? 1 : n_min;
+                n_max = n_max > 1 ? n_max : 1;
+                kvc_seqs_add(into_seq, size, i, s);
+                into_cell_of[s] = (int32_t)i;
+                pos_out[i] = pos;
+                continue;
+            }
+        }
         int32_t pos;
         uint32_t n_seq_id;
         if (!kvc_cur_i32(r, &pos)) {
-            return kvc_cur_truncated(err, r, 4, "the position of cell %" PRIu32 " of %" PRIu32, i, cc);
+            return truncated_at(err, cur, 4, "the position of cell %" PRIu32 " of %" PRIu32, i, cc);
         }
         if (pos < 0) {
             return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): negative position %" PRId32, i,
                                r->off - 4, pos);
         }
         if (!kvc_cur_u32(r, &n_seq_id)) {
-            return kvc_cur_truncated(err, r, 4, "the sequence count of cell %" PRIu32 " of %" PRIu32, i, cc);
+            return truncated_at(err, cur, 4, "the sequence count of cell %" PRIu32 " of %" PRIu32, i, cc);
         }
-        sec->n_seq_id_min = i == 0 || n_seq_id < sec->n_seq_id_min ? n_seq_id : sec->n_seq_id_min;
-        sec->n_seq_id_max = n_seq_id > sec->n_seq_id_max ? n_seq_id : sec->n_seq_id_max;
+        n_min = i == 0 || n_seq_id < n_min ? n_seq_id : n_min;
+        n_max = n_seq_id > n_max ? n_seq_id : n_max;
         if (single) {
             if (n_seq_id != d->single_n_ids) {
                 return kvc_err_set(err, KVC_E_STATE,
@@ -163,10 +209,10 @@ static int parse_cells(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, k
             for (uint32_t j = 0; j < n_seq_id; j++) {
                 int32_t ignored; /* the source sequence id: the destination replaces it */
                 if (!kvc_cur_i32(r, &ignored)) {
-                    return kvc_cur_truncated(err, r, 4, "the sequence id of cell %" PRIu32 " of %" PRIu32, i, cc);
+                    return truncated_at(err, cur, 4, "the sequence id of cell %" PRIu32 " of %" PRIu32, i, cc);
                 }
             }
-            sec->pos[i] = pos;
+            pos_out[i] = pos;
             continue;
         }
         kvc_seqset bits;
@@ -174,9 +220,11 @@ static int parse_cells(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, k
         if (rc != KVC_OK) {
             return rc;
         }
-        if (d) {
+        if (direct) {
+            pos_out[i] = pos;
+        } else if (d) {
             uint64_t *set = sec->seq + (size_t)i * nw;
-            sec->pos[i] = pos;
+            pos_out[i] = pos;
             for (uint32_t w = 0; w < nw; w++) {
                 set[w] = bits.w[w];
                 seen.w[w] |= bits.w[w];
@@ -186,6 +234,9 @@ static int parse_cells(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, k
             memcpy(sec->d_seq + (size_t)i * KVC_SEQ_WORDS, bits.w, sizeof bits.w);
         }
     }
+    sec->n_seq_id_min = n_min;
+    sec->n_seq_id_max = n_max;
+    *r_in = cur;
     return KVC_OK;
 }
 

@@ -32,6 +32,13 @@ typedef struct kvc_sec_dest {
     uint32_t n_layer;
     const void *cache;        /* passed to layer() */
     void      (*layer)(const void *cache, uint32_t il, kvc_layer *out); /* the row sizes */
+    /* Optional: the destination's own cell table, parsed straight into (no allocation, no
+     * second pass over the cells). into_pos: the positions (room for every cell the checks let
+     * through). Whole cache, both or neither: into_seq, word planes of `size` cells, all clear;
+     * into_cell_of, [n_seq_max] all -1, becomes per id the (last) cell that lists it. */
+    int32_t  *into_pos;
+    uint64_t *into_seq;
+    int32_t  *into_cell_of;
 } kvc_sec_dest;
 
 /* One parsed stream section; offsets are the cursor's (from the start of its bytes). */
@@ -43,7 +50,8 @@ typedef struct kvc_section {
     size_t    end;          /* where the section ends */
     uint32_t  n_seq_id_min; /* over the cells (0 when there is none) */
     uint32_t  n_seq_id_max;
-    /* with a destination: taken from the bytes once (the apply never reads the cells again) */
+    /* with a destination: taken from the bytes once (the apply never reads the cells again);
+     * NULL where the destination gave its own table (into_pos, into_seq) */
     int32_t  *pos;          /* [cell_count] (owned; NULL without cells) */
     uint64_t *seq;          /* whole cache: [seq_words * cell_count] the cells' sets (owned), else NULL */
     /* without a destination, where to record, when given (set by the caller before the parse) */
