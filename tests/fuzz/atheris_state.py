@@ -109,6 +109,14 @@ def _unified_geometry(data: bytes):
     return parts, seq_id, data[3], flags
 
 
+def _fill_kv(cache: UnifiedCache, rng: random.Random) -> None:
+    """Noise in every byte of the cache's K and V."""
+    for il in cache.layers:
+        for view in (cache.k(il), cache.v(il)):
+            raw = view.view(np.uint8).reshape(-1)
+            raw[:] = np.frombuffer(rng.randbytes(raw.size), dtype=np.uint8)
+
+
 def _unified_prefill(cache: UnifiedCache, seed: int) -> None:
     rng = random.Random(seed)
     n_seq = cache.n_seq_max
@@ -151,10 +159,7 @@ def _unified_prefill(cache: UnifiedCache, seed: int) -> None:
             cache.seq_div(s, 0, -1, 2)
     if seed & 0x80:
         place(False)  # leaves recovery information behind
-    for il in cache.layers:
-        for view in (cache.k(il), cache.v(il)):
-            raw = view.view(np.uint8).reshape(-1)
-            raw[:] = np.frombuffer(rng.randbytes(raw.size), dtype=np.uint8)
+    _fill_kv(cache, rng)
 
 
 def _unified_image(cache: UnifiedCache):
@@ -253,10 +258,7 @@ def _unified2026_prefill(cache: UnifiedCache, seed: int) -> None:
             cache.seq_add(s, 0, -1, rng.randrange(9) - 4)
         else:
             cache.seq_div(s, 0, -1, 2)
-    for il in cache.layers:
-        for view in (cache.k(il), cache.v(il)):
-            raw = view.view(np.uint8).reshape(-1)
-            raw[:] = np.frombuffer(rng.randbytes(raw.size), dtype=np.uint8)
+    _fill_kv(cache, rng)
 
 
 def _unified2026_image(cache: UnifiedCache):

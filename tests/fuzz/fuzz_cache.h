@@ -97,8 +97,9 @@ static inline void fc_cache_free(fc_cache *t) {
     fz_kv_free(&t->mem);
 }
 
-/* Place a ubatch of n tokens of sequence s (with one stream sometimes a second id per token),
- * positions continuing next_pos; 2025: committed unless `commit` is false. */
+/* Place a ubatch of n tokens of sequence s (s < 0: each token's from the rng; with one stream
+ * sometimes a second id per token), positions continuing next_pos; 2025: committed unless
+ * `commit` is false. */
 static inline void fc_place(fc_cache *t, fz_rng *g, int32_t s, uint32_t n, int32_t *next_pos, bool commit) {
     const uint32_t n_seq = t->c.n_seq_max;
     int32_t pos[64], ids[128];
@@ -106,15 +107,16 @@ static inline void fc_place(fc_cache *t, fz_rng *g, int32_t s, uint32_t n, int32
     uint32_t k = 0;
     off[0] = 0;
     for (uint32_t i = 0; i < n; i++) {
-        ids[k++] = s;
+        const int32_t s0 = s < 0 ? (int32_t)fz_below(g, n_seq) : s;
+        ids[k++] = s0;
         if (t->c.n_stream == 1 && n_seq > 1 && fz_below(g, 4) == 0) {
             const int32_t s1 = (int32_t)fz_below(g, n_seq);
-            if (s1 != s) {
+            if (s1 != s0) {
                 ids[k++] = s1;
             }
         }
         off[i + 1] = k;
-        pos[i] = next_pos[s]++;
+        pos[i] = next_pos[s0]++;
     }
     const kvc_ubatch ub = { n, 1, n, pos, off, ids };
     if (t->c.semantics == KVC_SEM_2026) {

@@ -137,10 +137,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 t.c.swa_type, k.seq_id, len, rc == KVC_OK ? "begun" : err.msg);
     }
     if (rc != KVC_OK) {
-        FUZZ_CHECK(rc == KVC_E_STATE || (rc == KVC_E_NOMEM && k.fault && !fault_pending),
-                   "import_begin failed with %d (%s)", rc, err.msg);
-        FUZZ_CHECK(err.code == rc && err.msg[0] != 0 && memchr(err.msg, 0, sizeof err.msg) != NULL,
-                   "error %d without a message", rc);
+        fz_check_refused(rc, &err, k.fault, fault_pending, "import_begin");
         FUZZ_CHECK(!imp.active, "a failed begin left the import active");
         kvc_handoff_import_abort(&imp); /* a no-op on an inactive import */
         fc_image_check(&before, &t, true, "after a failed begin");

@@ -34,25 +34,19 @@
  *   - layouts (bit 7): failure as above; success: consistent cells, and the state re-written in
  *     the stream layout (with the prefix for a sequence) reads back in that layout to the same
  *     state, and writes the same bytes again. */
-#include "fuzz_common.h"
+#include "fuzz_cache.h"
 #include "fuzz_part.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
 enum { HEADER = 18, MAX_LAYERS = FP_MAX_LAYERS, MAX_PARTS = 2, DESC_CELLS = 256 };
-_Static_assert(MAX_LAYERS <= FZ_MAX_LAYERS, "layers beyond the shared K/V memory");
+_Static_assert(MAX_LAYERS == FC_MAX_LAYERS, "the geometry of fuzz_cache.h holds MAX_LAYERS layers");
 static const size_t MAX_KV_BYTES = (size_t)256 << 10; /* larger geometries are skipped (speed) */
 
 static const int32_t TYPES[4] = { KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0 };
 static const uint32_t SIZES[8] = { 32, 64, 96, 128, 256, 512, 1024, 4096 };
 
-typedef struct geometry {
-    int32_t type_k, type_v;
-    bool v_trans, meta_only;
-    uint32_t n_layer, kv_size, n_seq_max;
-    int32_t il[MAX_LAYERS];
-    uint32_t ek[MAX_LAYERS], ev[MAX_LAYERS];
-} geometry;
+typedef fc_geometry geometry; /* semantics 2025, no window */
 
 typedef struct call {
     geometry g[MAX_PARTS];
@@ -109,62 +103,9 @@ static bool parse_header(const uint8_t *data, size_t size, call *k) {
     return k->n_parts == 1 || part_geometry(&k->g[1], &base, SIZES[data[11] & 7], (data[11] >> 3) & 3, data + 12);
 }
 
-/* --- a cache with its own K/V memory ------------------------------------------------- */
+/* --- a cache with its own K/V memory (fuzz_cache.h) ---------------------------------- */
 
-typedef struct cache {
-    kvc_unified c;
-    fz_kv mem;
-} cache;
-
-static void cache_init(cache *t, const geometry *g) {
-    memset(t, 0, sizeof *t);
-    const kvc_unified_params p = {
-        .kv_size = g->kv_size, .n_seq_max = g->n_seq_max, .n_pad = 32, .n_swa = 0, .swa_type = KVC_SWA_NONE,
-        .type_k = g->type_k, .type_v = g->type_v, .v_trans = g->v_trans, .n_layer = g->n_layer,
-        .layer_il = g->il, .n_embd_k = g->ek, .n_embd_v = g->ev,
-    };
-    kvc_err err = { 0, "" };
-    const int rc = kvc_unified_init(&t->c, &p, &err);
-    FUZZ_CHECK(rc == KVC_OK, "kvc_unified_init: %s", err.msg);
-    for (uint32_t l = 0; l < g->n_layer && !g->meta_only; l++) {
-        fz_kv_layer(&t->mem, l, (size_t)g->kv_size * t->c.layers[l].k_row_bytes,
-                    (size_t)g->kv_size * t->c.layers[l].v_row_bytes);
-        kvc_unified_set_layer_buffers(&t->c, l, t->mem.k[l], t->mem.v[l]);
-    }
-}
-
-static void cache_free(cache *t) {
-    kvc_unified_free(&t->c);
-    fz_kv_free(&t->mem);
-}
-
-/* Place a ubatch of n tokens (ids from the rng, positions continuing each first id's). */
-static int place(cache *t, fz_rng *g, uint32_t n, int32_t *next_pos, bool commit) {
-    const uint32_t n_seq = t->c.n_seq_max;
-    int32_t pos[64], ids[128];
-    uint32_t off[65];
-    uint32_t k = 0;
-    off[0] = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const int32_t s0 = (int32_t)fz_below(g, n_seq);
-        ids[k++] = s0;
-        if (n_seq > 1 && fz_below(g, 4) == 0) {
-            const int32_t s1 = (int32_t)fz_below(g, n_seq);
-            if (s1 != s0) {
-                ids[k++] = s1;
-            }
-        }
-        off[i + 1] = k;
-        pos[i] = next_pos[s0]++;
-    }
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
-    const int r = kvc_unified_find_slot(&t->c, &ub);
-    FUZZ_CHECK(r == 0 || r == 1, "prefill find_slot returned %d", r);
-    if (r == 1 && commit) {
-        kvc_unified_commit(&t->c);
-    }
-    return r;
-}
+typedef fc_cache cache;
 
 /* Fill the cache with a deterministic mix of operations chosen by seed (0: leave it empty),
  * then fill the K/V memory with noise. */
@@ -179,7 +120,7 @@ static void prefill(cache *t, uint8_t seed) {
         const int32_t s = (int32_t)fz_below(&g, n_seq);
         switch (fz_below(&g, 10)) {
         case 0: case 1: case 2: case 3: case 4:
-            place(t, &g, 1 + fz_below(&g, max_ub), next_pos, true);
+            fc_place(t, &g, -1, 1 + fz_below(&g, max_ub), next_pos, true);
             break;
         case 5: {
             const int32_t p0 = (int32_t)fz_below(&g, 64) - 8;
@@ -205,7 +146,7 @@ static void prefill(cache *t, uint8_t seed) {
     }
     /* an uncommitted placement leaves recovery information behind */
     if (seed & 0x80) {
-        place(t, &g, 1 + fz_below(&g, max_ub), next_pos, false);
+        fc_place(t, &g, -1, 1 + fz_below(&g, max_ub), next_pos, false);
     }
     fz_kv_fill(&t->mem, &g);
 }
@@ -598,7 +539,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvc_unified *cs[MAX_PARTS];
     image before[MAX_PARTS];
     for (uint32_t p = 0; p < k.n_parts; p++) {
-        cache_init(&t[p], &k.g[p]);
+        fc_cache_init(&t[p], &k.g[p]);
         prefill(&t[p], (uint8_t)(k.prefill ? k.prefill + 37 * p : 0));
         image_take(&before[p], &t[p]);
         cs[p] = &t[p].c;
@@ -619,17 +560,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
 
     if (rc != KVC_OK) {
-        FUZZ_CHECK(rc == KVC_E_STATE || (rc == KVC_E_NOMEM && k.fault && !fault_pending),
-                   "state_read failed with %d (%s)", rc, err.msg);
-        FUZZ_CHECK(err.code == rc && err.msg[0] != 0 && memchr(err.msg, 0, sizeof err.msg) != NULL,
-                   "error %d without a message", rc);
+        fz_check_refused(rc, &err, k.fault, fault_pending, "state_read");
         for (uint32_t p = 0; p < k.n_parts; p++) {
             image_check(&before[p], &t[p], "after a failed read");
         }
         check_describe(blob, len, NULL, NULL);
         for (uint32_t p = 0; p < k.n_parts; p++) {
             image_free(&before[p]);
-            cache_free(&t[p]);
+            fc_cache_free(&t[p]);
         }
         return 0;
     }
@@ -654,7 +592,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 image_check(&after[p], &t[p], "after a refused re-read");
                 image_free(&after[p]);
                 image_free(&before[p]);
-                cache_free(&t[p]);
+                fc_cache_free(&t[p]);
             }
             free(w1);
             return 0;
@@ -672,7 +610,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             image_free(&after[p]);
             image_free(&before[p]);
-            cache_free(&t[p]);
+            fc_cache_free(&t[p]);
         }
         free(w1);
         free(w2);
@@ -732,7 +670,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         image_free(&after[p]);
         image_free(&before[p]);
-        cache_free(&t[p]);
+        fc_cache_free(&t[p]);
     }
     free(w1);
     return 0;
