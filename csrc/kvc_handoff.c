@@ -293,6 +293,11 @@ static int check_header(const kvc_unified *c, const uint8_t *h, size_t len, uint
                                ly->n_embd_v);
         }
     }
+    /* off <= total here (the layers fit); the run count and the checksum must fit too, or the
+     * room left for the runs below would wrap around */
+    if (total - off < 4 + SUM_BYTES) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header truncated before its runs of cells");
+    }
     const uint32_t nr = kvc_le_get_u32(h + off);
     off += 4;
     if ((total - off - SUM_BYTES) / RUN_BYTES < nr) {
