@@ -1,5 +1,6 @@
 /* kvcache — placing ubatches in a unified cache (see kvc_slot.h). */
 #include "kvc_slot.h"
+#include "kvc_state.h"   /* KVC_STATE_MAX_PARTS: the parts of a composite cache */
 
 #include "kvc_types.h"
 
@@ -345,23 +346,62 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
     }
 }
 
-int kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err) {
-    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
-    const int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
-    if (rc != KVC_OK) {
-        return rc;
-    }
+/* The search half of find_slot: every group's cells into c->scatter.idx (the placement is
+ * dropped first); the cache's cells are not touched. 1 every group found room, 0 not. */
+static int kvc_search_2026(kvc_unified *c, uint32_t *strm, uint32_t n_groups, uint32_t nst) {
     kvc_unified_slot_drop(c);
     for (uint32_t g = 0; g < n_groups; g++) {
         if (!kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst)) {
             return 0;
         }
     }
+    return 1;
+}
+
+/* The apply half: the searched cells get the ubatch, and become the placement. */
+static void kvc_place_2026(kvc_unified *c, const kvc_ubatch *ub, const uint32_t *strm, uint32_t n_groups,
+                           uint32_t nst) {
     kvc_apply_2026(c, ub, c->scatter.idx, strm, n_groups, nst);
     memcpy(c->scatter.strm, strm, n_groups * sizeof *strm);
     c->scatter.n_groups = n_groups;
     c->scatter.n_seq_tokens = nst;
     c->slot.n = ub->n_tokens;
+}
+
+int kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err) {
+    kvc_unified *one[1] = {c};
+    int found[1];
+    return kvc_unified_find_slot_2026_parts(one, 1, ub, found, err);
+}
+
+int kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
+                                     kvc_err *err) {
+    uint32_t strm[KVC_STATE_MAX_PARTS][KVC_MAX_SEQ], n_groups[KVC_STATE_MAX_PARTS], nst[KVC_STATE_MAX_PARTS];
+    if (n == 0 || n > KVC_STATE_MAX_PARTS) {
+        return kvc_err_set(err, KVC_E_ARG, "find_slot: 1 to %d caches expected, got %u", KVC_STATE_MAX_PARTS, n);
+    }
+    /* the grouping of every cache is checked before anything changes */
+    for (uint32_t k = 0; k < n; k++) {
+        const int rc = kvc_unified_groups(cs[k], ub, strm[k], &n_groups[k], &nst[k], err);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+    }
+    /* every cache searches against its unchanged cells, then all are applied or none */
+    int all = 1;
+    for (uint32_t k = 0; k < n; k++) {
+        found[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k]);
+        all &= found[k];
+    }
+    if (!all) {
+        for (uint32_t k = 0; k < n; k++) {
+            kvc_unified_slot_drop(cs[k]);
+        }
+        return 0;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        kvc_place_2026(cs[k], ub, strm[k], n_groups[k], nst[k]);
+    }
     return 1;
 }
 

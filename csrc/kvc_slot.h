@@ -46,6 +46,12 @@ int  kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *st
 /* find_slot(cont=false) + apply_ubatch of a (checked) ubatch: 1 placed (kvc_unified_slot_*
  * tell where), 0 no room (nothing changed), KVC_E_ARG (err: the grouping). */
 int  kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err);
+/* The same over the n (1..KVC_STATE_MAX_PARTS) caches of a composite cache (an iSWA pair), all
+ * or nothing: every cache's grouping is checked (KVC_E_ARG, nothing changed), every cache
+ * searches against its own unchanged cells (found[k]: cache k found room), and only when all
+ * did are all placed (1); else 0, no cell changed and no placement is current in any. */
+int  kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
+                                      kvc_err *err);
 /* The dry run of placing ubs[0..n_ub) in turn (each against the state holding the ones before
  * it); the cache is left exactly as it was. For ubatch u: out_cells gets its tokens' cells (in
  * order, the ubatches one after another), out_strm its groups' streams (n_stream entries per

@@ -8,6 +8,53 @@ into its RuleBasedStateMachine and sets ``replays`` (the model's and the cache's
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
+
+def read_alike(*reads):
+    """Run each read (a callable): all return the same byte count, or all raise StateError
+    (then "StateError"); that outcome."""
+    from kvcache import StateError
+
+    got = []
+    for read in reads:
+        try:
+            got.append(read())
+        except StateError:
+            got.append("StateError")
+    assert all(g == got[0] for g in got), got
+    return got[0]
+
+
+def draw_copy_range(data, multi, src, dst, prange):
+    """The [p0, p1) of a seq_cp in today's semantics: across streams (multi, src != dst) whole
+    sequences only (a part is what llama.cpp aborts on); otherwise any ``prange(data)``."""
+    if multi and src != dst:
+        return data.draw(st.sampled_from([(-1, -1), (0, -1), (-1, 0)]), label="whole")
+    return prange(data)
+
+
+def draw_ubatch(data, n_seq_max, multi, pos_max, p_max, max_tokens=8):
+    """pos and seq_id lists of a ubatch a cache of today's semantics takes: one stream: tokens
+    of any sequences, interleaved, a token may carry several ids; several streams (multi):
+    groups per sequence of one length, one id per token, each group starting after its
+    sequence's largest position (``pos_max(s)``) or anywhere in [0, p_max]."""
+    if multi:
+        seqs = data.draw(st.lists(st.integers(0, n_seq_max - 1), min_size=1, unique=True), label="groups")
+        nst = data.draw(st.integers(1, max(1, max_tokens // len(seqs))), label="n_seq_tokens")
+        seq_id = [[s] for s in seqs for _ in range(nst)]
+        pos = []
+        for s in seqs:
+            p = max(pos_max(s) + 1, 0) if data.draw(st.booleans(), label="next") else \
+                data.draw(st.integers(0, p_max), label="start")
+            pos += list(range(p, p + nst))
+        return pos, seq_id
+    n = data.draw(st.integers(1, max_tokens), label="n_tokens")
+    ids = st.lists(st.integers(0, n_seq_max - 1), min_size=1, max_size=2)
+    seq_id = data.draw(st.lists(ids, min_size=n, max_size=n), label="seq_id")
+    if data.draw(st.booleans(), label="consecutive"):
+        p = data.draw(st.integers(0, p_max), label="start")
+        return list(range(p, p + n)), seq_id
+    return data.draw(st.lists(st.integers(0, p_max), min_size=n, max_size=n), label="pos"), seq_id
+
 from kvcache.conformance.ops import apply_both
 
 

@@ -388,6 +388,44 @@ def test_todays_plan_streams_and_paddings(capsys):
                          "--semantics", "2026")
     assert rc == 0 and "kv_size 256 cells in each of 4 streams (n_pad 1)" in out
     for bad in (["--kv-unified"], ["--semantics", "2026", "--recurrent", "--n-embd-k-s", "4", "--n-embd-v-s", "4"],
-                ["--semantics", "2026", "--swa-layers", "0", "--n-swa", "8"]):
+                ["--swa-layers", "0", "--n-swa", "8", "--n-ubatch", "64"]):
         rc, out, err = run_cli(capsys, "--n-layer", "2", "--n-embd-k-gqa", "64", *bad)
         assert rc == 2 and "kvcache plan: error: " in err and ("2026" in err or "kv-unified" in err)
+
+
+@pytest.mark.parametrize("kv_unified", [True, False])
+@pytest.mark.parametrize("swa_full", [None, False, True])
+def test_todays_iswa_plan_is_the_cache_it_builds(kv_unified, swa_full):
+    """--semantics 2026 with a window: the SWA cache of PAD_256(min(kv_size, n_swa * (n_seq_max or
+    1) + n_ubatch)) cells per stream (kv_size with swa_full, today's default); the plan's sizes
+    and bytes are those of ISWACache(semantics="2026")."""
+    from kvcache import ISWACache
+    from kvcache.plan import plan_iswa
+    p = plan_iswa(4096, 4, 64, swa_layers=[0, 2], n_swa=200, n_batch=64, swa_full=swa_full, n_seq_max=3,
+                  flash_attn=True, semantics="2026", kv_unified=kv_unified)
+    base, swa = p.caches
+    per_stream = 4096 if kv_unified else 1536         # pad(4096 // 3, 256)
+    n_stream = 1 if kv_unified else 3
+    want = per_stream if swa_full is not False else -(-min(per_stream, 200 * (3 if kv_unified else 1) + 64)
+                                                     // 256) * 256
+    assert (base.kv_size, base.n_stream, base.n_pad, swa.kv_size, swa.n_stream) == (per_stream, n_stream, 1, want,
+                                                                                      n_stream)
+    cache = ISWACache(per_stream, 4, 64, 64, swa_layers=[0, 2], n_swa=200, n_batch=64, swa_full=swa_full,
+                      v_trans=False, n_seq_max=3, n_pad=1, semantics="2026", kv_unified=kv_unified)
+    assert (cache.size_base, cache.size_swa, cache.n_stream) == (per_stream, want, n_stream)
+    assert (base.total_bytes, swa.total_bytes) == (cache.base.total_size, cache.swa.total_size)
+    assert p.llama_log[-3] == f"llama_kv_cache_iswa: creating     SWA KV cache, size = {want} cells"
+    assert f"({want:6d} cells,   2 layers,  3/{n_stream} seqs)" in p.llama_log[-1]
+    assert (p.llama_log[0].startswith("llama_kv_cache_iswa: using full-size SWA cache")) == (swa_full is not False)
+
+
+def test_todays_iswa_plan_from_the_command_line(capsys):
+    rc, out, _ = run_cli(capsys, "--n-layer", "4", "--n-embd-k-gqa", "64", "--swa-layers", "0,2", "--n-swa", "8",
+                         "--n-ctx", "256", "--n-seq-max", "4", "--semantics", "2026", "--kv-unified", "--no-swa-full",
+                         "--n-ubatch", "64")
+    assert rc == 0
+    assert "pad(min(kv_size, n_swa*n_seq_max + n_ubatch), 256) = pad(min(256, 8*4 + 64), 256) = 256 cells" in out
+    assert "llama_kv_cache_iswa: creating     SWA KV cache, size = 256 cells" in out
+    rc, out, _ = run_cli(capsys, "--n-layer", "4", "--n-embd-k-gqa", "64", "--swa-layers", "0,2", "--n-swa", "8",
+                         "--n-ctx", "1024", "--n-seq-max", "4", "--semantics", "2026")
+    assert rc == 0 and "swa_full: kv_size = 256 cells" in out and "using full-size SWA cache" in out

@@ -2,6 +2,7 @@
 cache. The 0.3.10 files of ../shared/interop become, byte for byte, what 0.3.36 wrote for the
 same scenario in ../shared/interop-v10 (the K/V payload did not change; mamba's state values
 did, so there only the framing is compared), and back, less what the target cannot hold."""
+import io
 import json
 import struct
 
@@ -115,6 +116,52 @@ def test_iswa_sequence_states_say_what_the_window_does():
     cache = make_cache(m)
     assert cache.state_read(c.data, 0, exact=True) == len(c.data)
     assert cache.state_write(0, layout="2025") == old
+
+
+def test_iswa_sequence_states_lose_the_cells_outside_the_window_given_it():
+    """With the window (the state does not hold it), converting an old sequence state to a
+    layout that trims leaves out the SWA cells outside it: the bytes a cache of the model writes
+    in that layout, with a note saying how many; a sequence file the same."""
+    old = (interop_dir() / "gemma2_fa0" / "seq0.bin").read_bytes()
+    m = manifest(interop_dir() / "gemma2_fa0" / "seq0.bin")
+    swa = m["geometry"][1]
+    cache = make_cache(m)
+    cache.state_read(old, 0, layout="2025")
+    for to in ("2026-06", "2026"):
+        c = statefile.convert(old, to, seq_id=0, n_swa=swa["n_swa"], swa_type=swa["swa_type"])
+        assert c.data == cache.state_write(0, layout=to)
+        assert c.notes == (f"left out 32 of the SWA cache's cells: outside the window (n_swa 8, standard) of the "
+                           f"sequence's last position, as layout {to}'s llama.cpp leaves them out",)
+    # no trimming where the target keeps them, or the input had left them out already
+    c = statefile.convert(old, "2026-05", seq_id=0, n_swa=8)
+    assert c.data == cache.state_write(0, layout="2026-05") and not c.notes
+    new = cache.state_write(0, layout="2026")
+    assert statefile.convert(new, "2026", n_swa=8).data == new
+    # a sequence file of 0.3.10: its state is a sequence's too
+    buf = io.BytesIO()
+    statefile.write_sequence_file(buf, cache, 0, list(range(40)), layout="2025")
+    c = statefile.convert(buf.getvalue(), "2026", n_swa=8)
+    want = io.BytesIO()
+    statefile.write_sequence_file(want, cache, 0, list(range(40)), layout="2026")
+    assert c.data == want.getvalue() and "left out 32" in c.notes[0]
+    # a whole state keeps every cell: a bare blob of one sequence is taken as a sequence's only
+    # with seq_id (a whole state of one sequence has the same bytes)
+    whole = cache.state_write(layout="2025")
+    c = statefile.convert(whole, "2026", n_swa=8)
+    assert c.data == cache.state_write(layout="2026") and "pass seq_id" in c.notes[0]
+    with pytest.raises(ValueError):
+        statefile.convert(old, "2026", n_swa=0)
+    with pytest.raises(ValueError):
+        statefile.convert(old, "2026", n_swa=8, swa_type="none")
+
+
+def test_cli_convert_with_the_window(tmp_path, capsys):
+    src = interop_dir() / "gemma2_fa0" / "seq0.bin"
+    out = tmp_path / "seq0.bin"
+    assert main(["convert", str(src), str(out), "--to", "2026", "--seq-id", "0", "--n-swa", "8"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0] == f"{out}: sequence blob, layout 2025 -> 2026, 21560 -> 13000 bytes"
+    assert text[1].startswith("  note: left out 32 of the SWA cache's cells: outside the window (n_swa 8")
 
 
 def test_cli_convert(tmp_path, capsys):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kvcache
-from kvcache import ModelGeometry, RecurrentCache, RopeParams, UnifiedCache, from_gguf, read_gguf
+from kvcache import ISWACache, ModelGeometry, RecurrentCache, RopeParams, UnifiedCache, from_gguf, read_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -224,8 +224,15 @@ def test_todays_context_defaults(tmp_path):
         from_gguf(p, 100, semantics="2027")
     swa = write_model(tmp_path / "g.gguf", "gemma2", n_layer=2,
                       kv={"{arch}.attention.key_length": 16, "{arch}.attention.value_length": 16})
-    with pytest.raises(NotImplementedError):
-        from_gguf(swa, 256, semantics="2026")
+    g = read_gguf(swa)
+    # today's iSWA pair: both caches 2026, a stream per sequence, full-size SWA cache by default
+    c = from_gguf(swa, 256, n_seq_max=4, semantics="2026")
+    assert isinstance(c, ISWACache) and (c.semantics, c.n_stream, c.size_base, c.size_swa, c.swa_full) == \
+        ("2026", 4, 256, 256, True)
+    assert (c.swa.semantics, c.swa.n_swa, c.base.n_swa, c.base.n_pad, c.swa.v_trans) == ("2026", g.n_swa, 0, 1, False)
+    # and sized by the window: PAD_256(min(kv_size, n_swa * n_seq_max + n_ubatch)) over one stream
+    c = from_gguf(swa, 2048, n_seq_max=2, semantics="2026", kv_unified=True, swa_full=False, n_batch=64)
+    assert (c.n_stream, c.size_base, c.size_swa) == (1, 2048, -(-min(2048, g.n_swa * 2 + 64) // 256) * 256)
 
 
 def test_key_and_value_lengths_and_partial_rotation(tmp_path):

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 import kvcache
+import kvcache.plan
 from kvcache import statefile
 from kvcache.handoff import copy_regions
 
@@ -82,7 +83,7 @@ class Live(LlamaCalls):
         self.model = Live._models[model]
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
 
-    def context(self, m: dict):
+    def context(self, m: dict, swa_full: bool = False):
         """A context of the manifest's parameters, checked against what llama.cpp logs."""
         L = self.L
         c = m["context"]
@@ -90,7 +91,7 @@ class Live(LlamaCalls):
         fields = dict(p._fields_)
         want = {"n_ctx": c["n_ctx_requested"] if "n_ctx_requested" in c else c["n_ctx"], "n_batch": c["n_batch"],
                 "n_ubatch": c["n_ubatch"], "n_seq_max": c["n_seq_max"], "type_k": c["type_k"],
-                "type_v": c["type_v"], "flash_attn_type": 1 if c["flash_attn"] else 0, "swa_full": False,
+                "type_v": c["type_v"], "flash_attn_type": 1 if c["flash_attn"] else 0, "swa_full": swa_full,
                 "kv_unified": _unified(c), "n_threads": 1, "n_threads_batch": 1}
         for name, value in want.items():
             assert name in fields, f"llama_context_params has no field {name} (the bindings changed)"
@@ -136,9 +137,10 @@ def _manifest(name):
     return manifest(root / name / "seq0.bin"), root / name
 
 
-def _cache(m):
-    """kvcache's cache of the scenario's context as 0.3.36 builds it (cell padding 1; the SWA
-    cache padded to 256 cells, which ISWACache gets through n_batch until it knows today's rule)."""
+def _cache(m, swa_full=False):
+    """kvcache's cache of the scenario's context as 0.3.36 builds it (cell padding 1; an iSWA
+    pair of semantics "2026", its SWA cache sized by today's rule; the test checks both sizes
+    against the ones llama.cpp logs)."""
     ctx, geo = m["context"], m["geometry"]
     if m["memory_kind"] == "recurrent":
         (g,) = geo
@@ -150,13 +152,15 @@ def _cache(m):
     if m["memory_kind"] == "iswa":
         base, swa = geo
         layers = sorted(base["layers"] + swa["layers"], key=lambda x: x["il"])
-        size_swa = min(base["kv_size"], -(-(swa["n_swa"] * ctx["n_seq_max"] + ctx["n_ubatch"]) // 256) * 256)
         c = kvcache.ISWACache(base["kv_size"], len(layers), [x["n_embd_k_gqa"] for x in layers],
                               [x["n_embd_v_gqa"] for x in layers], swa_layers=[x["il"] for x in swa["layers"]],
-                              n_swa=swa["n_swa"], swa_type=swa["swa_type"],
-                              n_batch=size_swa - swa["n_swa"] * ctx["n_seq_max"], type_k=layers[0]["type_k"],
-                              type_v=layers[0]["type_v"], v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1)
-        assert c.swa.size == size_swa
+                              n_swa=swa["n_swa"], swa_type=swa["swa_type"], n_batch=ctx["n_ubatch"],
+                              swa_full=swa_full, type_k=layers[0]["type_k"], type_v=layers[0]["type_v"],
+                              v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1, semantics="2026",
+                              kv_unified=_unified(ctx))
+        # today's rule, written out: PAD_256(min(kv_size, n_swa * n_seq_max + n_ubatch)), or kv_size
+        assert c.swa.size == (base["kv_size"] if swa_full is not False else
+                              -(-min(base["kv_size"], swa["n_swa"] * ctx["n_seq_max"] + ctx["n_ubatch"]) // 256) * 256)
         return c
     (g,) = geo
     ls = g["layers"]
@@ -192,6 +196,24 @@ def test_live_files_cross_both_ways(name, tmp_path):
         nxt = json.load(f)
     every, seq0 = _tokens(m["script"])
     ctx = live.context(m)
+    if m["memory_kind"] == "iswa":
+        log = "\n".join(Live.lines)
+        sizes = [int(x) for x in re.findall(r"llama_kv_cache_iswa: creating +(?:non-)?SWA KV cache, size = (\d+) cells",
+                                             log)]
+        c = _cache(m)
+        assert sizes == [c.size_base, c.size_swa], log
+        # and kvcache plan's account of the pair is what llama.cpp logs, line for line
+        base, swa = m["geometry"]
+        layers = sorted(base["layers"] + swa["layers"], key=lambda x: x["il"])
+        cx = m["context"]
+        plan = kvcache.plan.plan_iswa(cx["n_ctx"], len(layers), [x["n_embd_k_gqa"] for x in layers],
+                                      [x["n_embd_v_gqa"] for x in layers], swa_layers=c.swa_layers, n_swa=c.n_swa,
+                                      swa_type=c.swa_type, n_batch=cx["n_ubatch"], swa_full=False,
+                                      n_seq_max=cx["n_seq_max"], type_k=TYPE_NAMES[cx["type_k"]],
+                                      type_v=TYPE_NAMES[cx["type_v"]], flash_attn=cx["flash_attn"],
+                                      semantics="2026", kv_unified=_unified(cx))
+        logged = [line.rstrip("\n") for line in Live.lines]
+        assert [line for line in plan.llama_log if line in logged] == list(plan.llama_log), (plan.llama_log, log)
     try:
         live.replay(ctx, m["script"])
         # 1. what llama.cpp writes, kvcache reads and writes back byte for byte
@@ -280,3 +302,36 @@ def test_live_files_cross_both_ways(name, tmp_path):
             logits = load_and_decode("sequence blob", cache.state_write(seq), seq, hi + 1)
             np.testing.assert_array_equal(logits, load_and_decode("sequence blob", blobs[seq], seq, hi + 1),
                                           err_msg=f"{name}: sequence blob of seq {seq}")
+
+
+def test_live_iswa_with_todays_full_size_swa_cache(tmp_path):
+    """swa_full (today's default, and ISWACache's for semantics "2026"): a SWA cache of kv_size
+    cells; llama.cpp's states of the gemma2 context restore into the default 2026 pair and are
+    written back byte for byte."""
+    m, folder = _manifest("gemma2_fa0")
+    live = Live(m["model"]["file"])
+    L = live.L
+    ctx = live.context(m, swa_full=True)
+    try:
+        log = "\n".join(Live.lines)
+        assert "llama_kv_cache_iswa: using full-size SWA cache" in log
+        sizes = [int(x) for x in re.findall(r"llama_kv_cache_iswa: creating +(?:non-)?SWA KV cache, size = (\d+) cells",
+                                             log)]
+        c = _cache(m, swa_full=True)
+        default = _cache(m, swa_full=None)
+        assert sizes == [c.size_base, c.size_swa] == [default.size_base, default.size_swa], log
+        live.replay(ctx, m["script"])
+        blobs = {s: live.seq_get(ctx, s) for s in range(4)}
+        whole = live.state_get(ctx)
+    finally:
+        L.llama_free(ctx)
+    for s, blob in blobs.items():
+        c = _cache(m, swa_full=True)
+        assert c.state_read(blob, s, exact=True) == len(blob)
+        assert c.state_write(s) == blob, s
+    cache = _cache(m, swa_full=True)
+    cs = statefile.parse_context_state(whole)
+    cs.restore(cache)
+    out = io.BytesIO()
+    statefile.write_context_state(out, cache, cs.arch)
+    assert out.getvalue() == whole

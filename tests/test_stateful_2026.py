@@ -22,7 +22,7 @@ from kvcache.conformance import unified2026  # noqa: E402
 from kvcache.conformance.ops import apply_op, start  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
-from stateful_rules import SequenceEditRules  # noqa: E402
+from stateful_rules import SequenceEditRules, draw_copy_range, draw_ubatch, read_alike  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not unified2026.kvcache_constructs_2026(),
                                 reason="kvcache.UnifiedCache has no semantics='2026'")
@@ -68,27 +68,8 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
                 apply_op(r, 0, op)
 
     def ubatch(self, data, max_tokens=8):
-        """pos and seq_id lists of a ubatch the cache takes: one stream: tokens of any
-        sequences, interleaved, a token may carry several ids; several: groups per sequence of
-        one length, one id per token."""
-        if self.multi:
-            seqs = data.draw(st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, unique=True),
-                             label="groups")
-            nst = data.draw(st.integers(1, max(1, max_tokens // len(seqs))), label="n_seq_tokens")
-            seq_id = [[s] for s in seqs for _ in range(nst)]
-            pos = []
-            for s in seqs:
-                p = max(self.ref.seq_pos_max(s) + 1, 0) if data.draw(st.booleans(), label="next") else \
-                    data.draw(st.integers(0, P_MAX), label="start")
-                pos += list(range(p, p + nst))
-            return pos, seq_id
-        n = data.draw(st.integers(1, max_tokens), label="n_tokens")
-        ids = st.lists(st.integers(0, self.cfg["n_seq_max"] - 1), min_size=1, max_size=2)
-        seq_id = data.draw(st.lists(ids, min_size=n, max_size=n), label="seq_id")
-        if data.draw(st.booleans(), label="consecutive"):
-            p = data.draw(st.integers(0, P_MAX), label="start")
-            return list(range(p, p + n)), seq_id
-        return data.draw(st.lists(st.integers(0, P_MAX), min_size=n, max_size=n), label="pos"), seq_id
+        """pos and seq_id lists of a ubatch the cache takes (stateful_rules.draw_ubatch)."""
+        return draw_ubatch(data, self.cfg["n_seq_max"], self.multi, self.ref.seq_pos_max, P_MAX, max_tokens)
 
     def settle(self):
         # as the traces do (FORMAT-2026 "update"): a pending shift or copy is applied first
@@ -133,10 +114,7 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
     def seq_cp(self, data):
         """Across streams whole sequences only (a part is an abort: see below)."""
         src, dst = self.seq(data), self.seq(data)
-        if self.multi and src != dst:
-            p0, p1 = data.draw(st.sampled_from([(-1, -1), (0, -1), (-1, 0)]), label="whole")
-        else:
-            p0, p1 = self.prange(data)
+        p0, p1 = draw_copy_range(data, self.multi, src, dst, self.prange)
         self.both("seq_cp", src=src, dst=dst, p0=p0, p1=p1)
 
     @rule()
@@ -190,14 +168,7 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
     def read_both(self, blob, seq_id):
         """state_read into both: the bytes consumed, or that both raise StateError (and then
         nothing changes, which the invariant sees)."""
-        got = []
-        for r in self.replays:
-            try:
-                got.append(r.cache.state_read(blob, seq_id, layout="2026"))
-            except StateError:
-                got.append("StateError")
-        assert got[0] == got[1], got
-        return got[0]
+        return read_alike(*(lambda c=r.cache: c.state_read(blob, seq_id, layout="2026") for r in self.replays))
 
     @rule(data=st.data())
     def state_round_trip(self, data):
@@ -568,3 +539,12 @@ def test_state_read_converts_the_v_layout(kv_unified, v_trans):
         same = busy_unified_2026(kv_unified, v_trans=v_trans, type_k="f32", type_v="f32", seed=5)
         same.state_read(blob, seq_id, convert=True)
         assert snapshot(same) == snapshot(ref)
+
+
+def test_seq_cells_are_those_of_the_sequences_stream():
+    c = _cache(n_seq_max=3, kv_unified=False)
+    assert c.find_slot(UBatch([0, 1, 2, 5, 6, 7], [1, 1, 1, 2, 2, 2]))
+    c.seq_rm(2, 6, 7)
+    assert [x.tolist() for x in c.seq_cells(1)] == [[0, 1, 2], [0, 1, 2]]
+    assert [x.tolist() for x in c.seq_cells(2)] == [[0, 2], [5, 7]]
+    assert [x.tolist() for x in c.seq_cells(0)] == [[], []]

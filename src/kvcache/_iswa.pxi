@@ -194,17 +194,38 @@ cdef class _Hold:
 
 def _find_slot_parts(caches, UBatch ub not None):
     """find_slot of ub in each cache in turn (all are tried, as llama.cpp does); returns the
-    list of their answers. When one raises (MemoryError), the find_slot calls that succeeded
-    before it are undone exactly, so every cache is as it was."""
+    list of their answers. Semantics '2025': when one raises (MemoryError), the find_slot calls
+    that succeeded before it are undone exactly, so every cache is as it was. Semantics '2026'
+    (every cache of it): all or nothing, as today's llama.cpp prepares every cache before it
+    applies any: the ubatch is placed in every cache when each finds room, else in none."""
     cdef tuple cs = _caches_arg(caches)
     cdef _Unified c
     cdef kvc_unified_mark marks[KVC_STATE_MAX_PARTS]
+    cdef kvc_unified *ptrs[KVC_STATE_MAX_PARTS]
+    cdef int room[KVC_STATE_MAX_PARTS]
+    cdef kvc_err err
     cdef Py_ssize_t k, j, n = len(cs)
     cdef int r
+    err.msg[0] = 0
     for c in cs:
         ub.check(c.c.n_seq_max)
+    sems = {(<_Unified>c).c.semantics for c in cs}
+    if len(sems) != 1:
+        raise ValueError("find_slot: the caches have different semantics")
     order = _lock_order(cs)
     _begin_all(order, True, "find_slot")
+    if KVC_SEM_2026 in sems:
+        try:
+            for k in range(n):
+                c = cs[k]
+                ptrs[k] = &c.c
+            with nogil:
+                r = kvc_unified_find_slot_2026_parts(ptrs, <uint32_t>n, &ub.c, room, &err)
+            if r < 0:
+                raise_status(r, &err, "find_slot")
+            return [room[k] == 1 for k in range(n)]
+        finally:
+            _end_all(order)
     try:
         for k in range(n):
             c = cs[k]

@@ -861,20 +861,23 @@ cdef class _Unified(UnifiedCore):
         """The cells of seq_id ordered by position: ``(cells, positions)``, two int32 arrays
         (empty when it holds none). For attention over K/V kept elsewhere: gather rows
         ``cells`` of a layer's K/V to get the sequence in position order (varlen / paged
-        attention). After a metadata-only state_read, this is where the restored cells went."""
+        attention). After a metadata-only state_read, this is where the restored cells went.
+        With several streams the cells are those of the sequence's stream."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
         cdef int32_t[::1] oc, op
         cdef int r = 0
+        cdef const kvc_cells *t
         kvc_pylock_acquire(&self._lock)
         try:
-            n = self.c.cells.seq_pos[s].n
+            t = kvc_unified_stream_cells_c(&self.c, kvc_unified_stream_of(&self.c, s))
+            n = t.seq_pos[s].n
             cells = np.empty(n, dtype=np.int32)
             pos = np.empty(n, dtype=np.int32)
             if n:
                 oc = cells
                 op = pos
                 with nogil:
-                    r = kvc_cells_seq_cells(&self.c.cells, s, &oc[0], &op[0])
+                    r = kvc_cells_seq_cells(t, s, &oc[0], &op[0])
         finally:
             kvc_pylock_release(&self._lock)
         if r < 0:

@@ -146,14 +146,12 @@ class ModelGeometry:
             if today:
                 return UnifiedCache(kv_size=kv_size, semantics="2026", kv_unified=n_stream == 1, **common)
             return UnifiedCache(kv_size=kv_size, **common)
-        if today:
-            raise NotImplementedError(f"{self.arch}: the iSWA cache of semantics '2026' is not implemented in "
-                                      f"this version")
         from kvcache.iswa import ISWACache
         # llama.cpp caps the batch at the (unpadded) context of a causal model
+        extra: dict[str, Any] = dict(semantics="2026", kv_unified=n_stream == 1) if today else {}
         return ISWACache(kv_size=kv_size, swa_layers=self.swa_layers, n_swa=self.n_swa,
                          swa_type=self.swa_type, n_batch=min(n_ctx, n_batch), swa_full=swa_full,
-                         **common)
+                         **common, **extra)
 
 
 class _Fields:
@@ -360,9 +358,10 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
 
     - ``n_ctx``: context size in tokens (0: the model's training context); the cache gets
       ``pad(n_ctx, n_pad)`` cells, ``n_pad`` being 256 with ``flash_attn`` and 32 without.
-    - ``n_seq_max``: parallel sequences; ``n_batch``: the largest batch (sizes the SWA cache).
+    - ``n_seq_max``: parallel sequences; ``n_batch``: the largest ubatch (llama.cpp's
+      ``n_ubatch``, default 512: it sizes the SWA cache, see :func:`kvcache.plan.swa_size`).
     - ``type_k`` / ``type_v``: cache types; ``flash_attn``: V is stored transposed without it.
-    - ``swa_full``: give the sliding-window cache the full size (and never prune it).
+    - ``swa_full``: give the sliding-window cache the full size (the seed's: and never prune it).
     - ``buffers``: as for the cache classes ("owned", borrowed per-layer buffers, or None).
     - ``semantics``: "2025" (the seed's llama.cpp, the default) or "2026" (today's: n_pad 1,
       n_ctx padded to 256; ``kv_unified`` False (its default) gives each sequence a stream of

@@ -16,11 +16,11 @@ from kvcache._core import DEFAULT_LAYOUT, MAX_SEQ, Batch, RopeParams, SplitUBatc
     int_arg, layers_arg, _find_slot_parts, _Hold, _state_read_parts, _state_size_parts, _state_write_parts, \
     _update_parts
 from kvcache.handoff import PartsExport, PartsImport, split_parts
-from kvcache.plan import swa_size
+from kvcache.plan import SEMANTICS, swa_size
 from kvcache.unified import UnifiedCache
 
 if TYPE_CHECKING:
-    from kvcache._core import _BinaryWriter, _Buffers, _BufferMode, _GGMLType, _MaskDType, _PerLayer
+    from kvcache._core import _BinaryWriter, _Buffers, _BufferMode, _GGMLType, _MaskDType, _PerLayer, _SlotInfo
     from typing_extensions import Buffer
 
 __all__ = ["ISWACache", "ISWAUpdatePlan", "SWAWarning"]
@@ -59,19 +59,29 @@ class ISWACache:
     SWA cache for the sliding-window layers, driven together.
 
     ``ISWACache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa,
-    swa_type="standard", n_batch=512, swa_full=False, type_k="f16", type_v="f16", v_trans=True,
-    n_seq_max=1, n_pad=32, buffers="owned", n_embd_head_k=None, rope=None)``
+    swa_type="standard", n_batch=512, swa_full=None, type_k="f16", type_v="f16", v_trans=True,
+    n_seq_max=1, n_pad=32, buffers="owned", n_embd_head_k=None, rope=None, semantics="2025",
+    kv_unified=True)``
 
-    - ``kv_size``: cells of the base cache (a positive multiple of ``n_pad``).
+    - ``kv_size``: cells of the base cache (per stream; a positive multiple of ``n_pad``).
     - ``n_layer``, ``n_embd_k_gqa``, ``n_embd_v_gqa``: model layers and their K / V row widths
       (one int or one per model layer), as for :class:`UnifiedCache`.
     - ``swa_layers``: the model layers that use the sliding window (indices, or a predicate
       ``il -> bool``); the others go to the base cache.
     - ``n_swa`` (> 0) and ``swa_type`` (``"standard"`` or ``"chunked"``): the window.
-    - ``n_batch``: the largest batch; the SWA cache gets
-      ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))`` cells, enough for every
-      sequence's window plus one batch.
-    - ``swa_full``: give the SWA cache ``kv_size`` cells and never prune it.
+    - ``n_batch``: the largest ubatch (llama.cpp's ``n_ubatch``); the SWA cache gets enough cells
+      for every sequence's window plus one ubatch (:func:`kvcache.plan.swa_size`): the seed's
+      ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``, today's
+      ``pad(min(kv_size, n_swa * (n_seq_max if kv_unified else 1) + n_batch), 256)``.
+    - ``swa_full``: give the SWA cache ``kv_size`` cells (and, semantics "2025", never prune
+      it). None (default): the default of the semantics, False for "2025", True for "2026".
+    - ``semantics``: "2025" (the seed's iSWA cache, described below) or "2026" (today's
+      llama.cpp): both caches are ``UnifiedCache(semantics="2026")``, the SWA one reusing the
+      cells its window has left instead of being pruned; ``find_slot`` places a ubatch in both
+      or in neither (no commit / restore / set_full / sbatch_init / defrag: ValueError),
+      ``prepare`` is the dry run of both, ``update`` performs both caches' stream copies and
+      shifts (docs/semantics.md).
+    - ``kv_unified`` (semantics "2026"): False gives both caches a stream per sequence.
     - ``buffers``: "owned", None / "none" (metadata only) for both caches, or the borrowed
       (K, V) pairs of every model layer: a dict ``{layer: (K, V)}`` or a list indexed by model
       layer; each cache gets its layers' pairs (see :class:`UnifiedCache`).
@@ -99,7 +109,7 @@ class ISWACache:
     """
 
     __slots__ = ("_base", "_swa", "_swa_layers", "_n_swa", "_swa_type", "_n_batch", "_swa_full", "_pending",
-                 "_hold", "_op")
+                 "_hold", "_op", "_today")
 
     # buffers for both caches: a mode name, or the pairs of each cache's layers
     @staticmethod
@@ -122,25 +132,30 @@ class ISWACache:
 
     def __init__(self, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
                  swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
-                 swa_type: Literal["standard", "chunked"] = "standard", n_batch: int = 512, swa_full: bool = False,
-                 type_k: _GGMLType = "f16", type_v: _GGMLType = "f16", v_trans: bool = True, n_seq_max: int = 1,
-                 n_pad: int = 32, buffers: _Buffers = "owned", n_embd_head_k: _PerLayer | None = None,
-                 rope: RopeParams | None = None):
+                 swa_type: Literal["standard", "chunked"] = "standard", n_batch: int = 512,
+                 swa_full: bool | None = None, type_k: _GGMLType = "f16", type_v: _GGMLType = "f16",
+                 v_trans: bool = True, n_seq_max: int = 1, n_pad: int = 32, buffers: _Buffers = "owned",
+                 n_embd_head_k: _PerLayer | None = None, rope: RopeParams | None = None,
+                 semantics: Literal["2025", "2026"] = "2025", kv_unified: bool = True):
         n_layer = int_arg(n_layer, "n_layer", 0, 2**31 - 1)
         layers = layers_arg(swa_layers, n_layer, "swa_layers", any_order=True)
         n_swa = int_arg(n_swa, "n_swa", 1, 2**31 - 1)
         if swa_type not in _SWA_TYPES:
             raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(map(repr, _SWA_TYPES))}")
         n_batch = int_arg(n_batch, "n_batch", 1, 2**31 - 1)
-        swa_full = bool_arg(swa_full, "swa_full")
+        if not isinstance(semantics, str) or semantics not in SEMANTICS:
+            raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(map(repr, SEMANTICS))}")
+        today = semantics == "2026"
+        swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
+        kv_unified = bool_arg(kv_unified, "kv_unified")
         kv_size = int_arg(kv_size, "kv_size", 1, 2**32 - 1)
         n_pad = int_arg(n_pad, "n_pad", 1, 2**32 - 1)
         n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, MAX_SEQ)
-        size_swa = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full)
+        size_swa = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics, kv_unified)
         swa_set = frozenset(layers)
         common: dict[str, Any] = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,
                       type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=n_pad,
-                      n_embd_head_k=n_embd_head_k, rope=rope)
+                      n_embd_head_k=n_embd_head_k, rope=rope, semantics=semantics, kv_unified=kv_unified)
         buf_base, buf_swa = self._split_buffers(buffers, n_layer, swa_set)
         self._base = UnifiedCache(kv_size=kv_size, n_swa=0, swa_type="none", buffers=buf_base,
                                   layers=[il for il in range(n_layer) if il not in swa_set], **common)
@@ -151,6 +166,7 @@ class ISWACache:
         self._swa_type = swa_type
         self._n_batch = n_batch
         self._swa_full = swa_full
+        self._today = today
         self._pending = SWAPending()
         self._hold = _Hold(self._base, self._swa)   # both caches' locks, in the global order
         # the same, as one operation of both: a callback it runs (a file's write(), an array
@@ -200,8 +216,23 @@ class ISWACache:
 
     @property
     def swa_full(self) -> bool:
-        """True when the SWA cache has kv_size cells and is never pruned."""
+        """True when the SWA cache has kv_size cells (semantics "2025": and is never pruned)."""
         return self._swa_full
+
+    @property
+    def semantics(self) -> str:
+        """'2025' (the seed's iSWA cache) or '2026' (today's llama.cpp), as both caches have it."""
+        return self._base.semantics
+
+    @property
+    def kv_unified(self) -> bool:
+        """True when every sequence shares one stream in both caches."""
+        return self._base.kv_unified
+
+    @property
+    def n_stream(self) -> int:
+        """Streams of each cache (1, or n_seq_max when not kv_unified)."""
+        return self._base.n_stream
 
     @property
     def n_seq_max(self) -> int:
@@ -247,7 +278,8 @@ class ISWACache:
     @property
     def can_shift(self) -> bool:
         """Whether a K-shift may be applied: only when both caches have the same size (a smaller
-        SWA cache has pruned cells whose positions a shift would need)."""
+        SWA cache has pruned cells whose positions a shift would need). Semantics "2026": what
+        today's ``llama_memory_can_shift`` answers (the same rule); update() shifts anyway."""
         return self._base.size == self._swa.size
 
     @property
@@ -279,7 +311,13 @@ class ISWACache:
     def __repr__(self) -> str:
         return (f"ISWACache(kv_size={self._base.size}, n_layer={self.n_layer}, swa_layers={list(self._swa_layers)}, "
                 f"n_swa={self._n_swa}, swa_type={self._swa_type!r}, n_batch={self._n_batch}, "
-                f"swa_full={self._swa_full}, n_seq_max={self.n_seq_max}, size_swa={self._swa.size})")
+                f"swa_full={self._swa_full}, n_seq_max={self.n_seq_max}, size_swa={self._swa.size}"
+                + (f", semantics='2026', kv_unified={self.kv_unified})" if self._today else ")"))
+
+    def _refuse_2026(self, what: str, why: str) -> None:
+        # checked before either cache is touched
+        if self._today:
+            raise ValueError(f"{what}: an iSWA cache of semantics '2026' has no {what} ({why})")
 
     # --- batches ---------------------------------------------------------------------------
     def sbatch_init(self, batch_or_pos: Any, seq_id: Any = None) -> list[list[int]]:
@@ -287,7 +325,9 @@ class ISWACache:
         prunes the SWA cache with these ranges. Nothing is recorded with ``swa_full``.
 
         ``batch_or_pos``: a :class:`Batch` (then ``seq_id`` is not given), or the positions of
-        the batch with ``seq_id`` one id or id list per token. Returns :attr:`pending`."""
+        the batch with ``seq_id`` one id or id list per token. Returns :attr:`pending`.
+        Semantics "2026" has no pruning ranges (ValueError)."""
+        self._refuse_2026("sbatch_init", "find_slot reuses the cells a window has left")
         if isinstance(batch_or_pos, Batch):
             if seq_id is not None:
                 raise TypeError("sbatch_init: seq_id must not be given with a Batch")
@@ -302,7 +342,11 @@ class ISWACache:
     def ubatches(self, batch: Batch, n_ubatch: int, embd_pooled: bool = False) -> Iterator[SplitUBatch]:
         """Record the batch's pruning ranges (sbatch_init), then iterate over its ubatches of at
         most ``n_ubatch`` tokens, split in batch order as llama.cpp does for this cache (the
-        Batch must be built with ``simple_split=True``; ``embd_pooled`` changes nothing)."""
+        Batch must be built with ``simple_split=True``; ``embd_pooled`` changes nothing).
+        Semantics "2026": the splits of UnifiedCache.ubatches (equal splits with several
+        streams), nothing recorded."""
+        if self._today:
+            return self._base.ubatches(batch, n_ubatch, embd_pooled)
         if not isinstance(batch, Batch):
             raise TypeError(f"batch must be a Batch, not {type(batch).__name__}")
         if not batch.simple_split:
@@ -315,19 +359,55 @@ class ISWACache:
     def find_slot_each(self, ub: UBatch) -> tuple[bool, bool]:
         """Place the ubatch in the base cache, then in the SWA cache (both are always tried);
         returns each cache's result. When the SWA cache raises (MemoryError), the base
-        cache's placement is undone: both are as they were."""
+        cache's placement is undone: both are as they were. Semantics "2026": the ubatch is
+        placed in both caches when each found room, else in neither (as today's llama.cpp
+        prepares both before it applies either); the results say which found room."""
         ok_base, ok_swa = _find_slot_parts((self._base, self._swa), ub)
         return ok_base, ok_swa
 
     def find_slot(self, ub: UBatch) -> bool:
-        """Place the ubatch in both caches; True when both found room (restore() undoes it)."""
+        """Place the ubatch in both caches; True when both found room (restore() undoes it;
+        semantics "2026": placed for good, and a False changed nothing)."""
         ok_base, ok_swa = self.find_slot_each(ub)
         return ok_base and ok_swa
+
+    def prepare(self, ubatches: Iterable[UBatch]) -> tuple[list[_SlotInfo], list[_SlotInfo]] | None:
+        """The dry run of placing several ubatches in turn in both caches (semantics "2026", see
+        UnifiedCache.prepare): ``(base_slot_infos, swa_slot_infos)``, or None when one does not
+        fit in either cache. Both caches are left exactly as they were."""
+        ubs = list(ubatches)
+        with self._hold:
+            base = self._base.prepare(ubs)
+            swa = self._swa.prepare(ubs)
+        if base is None or swa is None:
+            return None
+        return base, swa
+
+    def slot_info(self) -> tuple[_SlotInfo, _SlotInfo]:
+        """Where the last successful find_slot put each token in each cache:
+        ``(base.slot_info(), swa.slot_info())``."""
+        with self._hold:
+            return self._base.slot_info(), self._swa.slot_info()
+
+    def slot_indices(self, out: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+        """The cell of each placed token in each cache: ``(base.slot_indices(),
+        swa.slot_indices())`` (see UnifiedCache.slot_indices); ``out``: None or a pair of
+        buffers to fill."""
+        if out is None:
+            out_base = out_swa = None
+        else:
+            try:
+                out_base, out_swa = out
+            except (TypeError, ValueError):
+                raise TypeError("out must be None or a pair (base_out, swa_out)") from None
+        with self._hold:
+            return self._base.slot_indices(out_base), self._swa.slot_indices(out_swa)
 
     def commit(self) -> None:
         """Keep what find_slot placed in both caches, then slide the window: every sequence of
         the last sbatch_init loses the SWA cells no position of that batch can see. Warns
         (:class:`SWAWarning`) when a sequence's window was only partly in the SWA cache."""
+        self._refuse_2026("commit", "find_slot places for good; prepare() is the dry run")
         partial = []
         with self._hold:
             self._base.commit()
@@ -345,12 +425,14 @@ class ISWACache:
 
     def restore(self) -> None:
         """Undo the find_slot calls of both caches since the last commit (data is kept)."""
+        self._refuse_2026("restore", "find_slot places for good; prepare() is the dry run")
         with self._hold:
             self._base.restore()
             self._swa.restore()
 
     def set_full(self) -> None:
         """n = size and head = 0 in both caches (worst-case graph reservation)."""
+        self._refuse_2026("set_full", "n_kv follows each stream's cells")
         with self._hold:
             self._base.set_full()
             self._swa.set_full()
@@ -370,7 +452,9 @@ class ISWACache:
         return ok_base and ok_swa
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Add dst to every cell of src with p0 <= pos < p1, in both caches."""
+        """Add dst to every cell of src with p0 <= pos < p1, in both caches. Semantics "2026"
+        with several streams: across streams whole sequences only (ValueError otherwise,
+        nothing changed; the base cache, never smaller, refuses whatever the SWA cache would)."""
         with self._hold:
             self._base.seq_cp(src, dst, p0, p1)
             self._swa.seq_cp(src, dst, p0, p1)
@@ -425,10 +509,10 @@ class ISWACache:
     # --- graph inputs ----------------------------------------------------------------------
     def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False,
                 out: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None = None,
-                dtype: _MaskDType = "f32", pad: bool = True) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+                dtype: _MaskDType = "f32", pad: bool | None = None) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """The KQ masks of ub against both caches: ``(base_mask, swa_mask)``; the SWA mask also
         hides what lies outside the window. ``out``: None or a pair of arrays to fill; ``pad``
-        and the shapes as UnifiedCache.kq_mask."""
+        (None: the semantics' default) and the shapes as UnifiedCache.kq_mask."""
         if out is None:
             out_base = out_swa = None
         else:
@@ -454,6 +538,7 @@ class ISWACache:
     # --- maintenance -----------------------------------------------------------------------
     def defrag_sched(self, thold: float) -> None:
         """Schedule a defrag in each cache whose fragmentation exceeds thold."""
+        self._refuse_2026("defrag_sched", "today's llama.cpp does not defragment")
         if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, (bool, np.bool_)):
             raise TypeError(f"thold must be a number, not {type(thold).__name__}")
         with self._hold:
@@ -465,12 +550,19 @@ class ISWACache:
 
         A K-shift needs :attr:`can_shift`: with a pending shift and caches of different sizes
         this raises RuntimeError and changes nothing. Returns the two caches' UpdatePlans; its
-        truth is what llama.cpp's iSWA update returns, the AND of the two."""
+        truth is what llama.cpp's iSWA update returns, the AND of the two. Semantics "2026":
+        each cache's StreamUpdate (its stream copies, then its shifts), whatever can_shift
+        says: today's llama.cpp shifts each cache's own cells (a position the SWA cache has
+        dropped is not needed; can_shift is only what ``llama_memory_can_shift`` reports)."""
         with self._hold:
-            if self.has_shift and not self.can_shift:
+            if self.has_shift and not self.can_shift and not self._today:
                 raise RuntimeError(f"update: a K-shift is pending but this cache cannot shift (SWA cache of "
                                    f"{self._swa.size} cells, base cache of {self._base.size}: build it with "
                                    f"swa_full=True to allow position shifts)")
+            if self._today:
+                for c in (self._base, self._swa):
+                    c._check_update(rope, n_max_nodes)
+                return ISWAUpdatePlan(self._base.update(rope, n_max_nodes), self._swa.update(rope, n_max_nodes))
             # arguments, rotations and their memory are checked for both caches before either changes
             base, swa = _update_parts((self._base, self._swa), rope, n_max_nodes)
         return ISWAUpdatePlan(base, swa)

@@ -16,7 +16,8 @@ from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, 
 from kvcache._text import plural
 
 __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
-           "n_pad_for", "ctx_pad_for", "context_cells", "SEMANTICS", "v_trans_for", "swa_size", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
+           "n_pad_for", "ctx_pad_for", "context_cells", "SEMANTICS", "v_trans_for", "swa_size", "swa_size_formula",
+           "SWA_PAD_2026", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
 
 MIB = 1024 * 1024
 CPU_TENSOR_ALIGNMENT = 32    # ggml's CPU buffer gives every tensor a 32-byte aligned slot
@@ -63,10 +64,38 @@ def v_trans_for(flash_attn: bool) -> bool:
     return not flash_attn
 
 
-def swa_size(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int, swa_full: bool) -> int:
-    """Cells of an iSWA cache's sliding-window cache: every sequence's window plus one batch,
-    ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``, or ``kv_size`` with swa_full."""
-    return kv_size if swa_full else min(kv_size, _pad(n_swa * n_seq_max + n_batch, n_pad))
+def swa_size(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int, swa_full: bool,
+             semantics: str = "2025", kv_unified: bool = True) -> int:
+    """Cells of an iSWA cache's sliding-window cache (per stream), or ``kv_size`` with swa_full.
+
+    Every sequence's window plus one ubatch of ``n_batch`` tokens: the seed's
+    ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``; today's llama.cpp (semantics
+    "2026") ``pad(min(kv_size, n_swa * n + n_batch), 256)``, n the sequences sharing a stream
+    (``n_seq_max`` unified, else 1), padded to 256 whatever ``n_pad``."""
+    if swa_full:
+        return kv_size
+    if semantics == "2026":
+        return _pad(min(kv_size, n_swa * (n_seq_max if kv_unified else 1) + n_batch), SWA_PAD_2026)
+    return min(kv_size, _pad(n_swa * n_seq_max + n_batch, n_pad))
+
+
+def swa_size_formula(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int, swa_full: bool,
+                     semantics: str = "2025", kv_unified: bool = True) -> str:
+    """How :func:`swa_size` got its answer, with the numbers (for ``kvcache plan``)."""
+    size = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics, kv_unified)
+    if swa_full:
+        return f"swa_full: kv_size = {kv_size}"
+    if semantics == "2026":
+        n = n_seq_max if kv_unified else 1
+        who = "n_seq_max" if kv_unified else "1"
+        return (f"pad(min(kv_size, n_swa*{who} + n_ubatch), {SWA_PAD_2026}) = "
+                f"pad(min({kv_size}, {n_swa}*{n} + {n_batch}), {SWA_PAD_2026}) = {size}")
+    return (f"min(kv_size, pad(n_swa*n_seq_max + n_batch, n_pad)) = "
+            f"min({kv_size}, pad({n_swa}*{n_seq_max} + {n_batch}, {n_pad})) = {size}")
+
+
+#: today's llama.cpp pads its SWA cache to a multiple of this many cells
+SWA_PAD_2026 = 256
 
 
 def _pad(x: int, n: int) -> int:
@@ -279,12 +308,18 @@ def plan_unified(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any 
 
 def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = None, *,
               swa_layers: Iterable[int], n_swa: int, swa_type: str = "standard", n_batch: int = 2048,
-              swa_full: bool = False, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
-              flash_attn: bool = False) -> Plan:
-    """The plan of an iSWA pair: a base cache of ``pad(n_ctx, n_pad)`` cells for the full-attention
-    layers and a SWA cache of ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))`` cells for
-    the ``swa_layers`` (``kv_size`` cells with ``swa_full``)."""
-    n_ctx, n_layer, n_seq_max, fa, n_pad, kv_size, _ = _common(n_ctx, n_layer, n_seq_max, flash_attn)
+              swa_full: bool | None = None, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
+              flash_attn: bool = False, semantics: str = "2025", kv_unified: bool = True) -> Plan:
+    """The plan of an iSWA pair: a base cache of ``kv_size`` cells for the full-attention layers
+    and a SWA cache of :func:`swa_size` cells for the ``swa_layers``.
+
+    ``n_batch``: the ubatch the SWA cache is sized for. ``swa_full`` None: the semantics'
+    default (False for "2025", True for "2026"). ``semantics="2026"``: today's llama.cpp, the
+    base cache as :func:`plan_unified` sizes it (``n_pad`` 1, ``kv_unified``, streams) and the
+    SWA cache ``pad(min(kv_size, n_swa * (n_seq_max if kv_unified else 1) + n_batch), 256)``."""
+    n_ctx, n_layer, n_seq_max, fa, n_pad, kv_size, n_stream = _common(n_ctx, n_layer, n_seq_max, flash_attn,
+                                                                      semantics, kv_unified)
+    today = semantics == "2026"
     wk = _widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
     wv = wk if n_embd_v_gqa is None else _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
     tk, tv = _kv_types(type_k, type_v, fa)
@@ -293,25 +328,38 @@ def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = N
     if swa_type not in _SWA_TYPES:
         raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(_SWA_TYPES)}")
     n_batch = _int(n_batch, "n_batch", 1, 2**31 - 1)
-    swa_full = bool_arg(swa_full, "swa_full")
-    size_swa = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full)
+    swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
+    unified = n_stream == 1
+    size_swa = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics, unified)
     base_ils = [il for il in range(n_layer) if il not in set(swa)]
     base = CachePlan("base", kv_size, n_seq_max, n_pad, v_trans_for(fa), 0, "none", tk, tv,
-                     _layers("base", base_ils, wk, wv, tk, tv, kv_size))
+                     _layers("base", base_ils, wk, wv, tk, tv, kv_size * n_stream), n_stream)
     swac = CachePlan("swa", size_swa, n_seq_max, n_pad, v_trans_for(fa), n_swa, swa_type, tk, tv,
-                     _layers("swa", swa, wk, wv, tk, tv, size_swa))
+                     _layers("swa", swa, wk, wv, tk, tv, size_swa * n_stream), n_stream)
+    if today:
+        kv = (f"pad(n_ctx, 256) = pad({n_ctx}, 256) = {kv_size}" if unified else
+              f"pad(n_ctx // n_seq_max, 256) = pad({n_ctx // n_seq_max}, 256) = {kv_size} cells in each of "
+              f"{n_stream} streams")
+    else:
+        kv = f"pad(n_ctx, n_pad) = pad({n_ctx}, {n_pad}) = {kv_size}"
     sizing = {
         "n_pad": n_pad,
-        "kv_size": f"pad(n_ctx, n_pad) = pad({n_ctx}, {n_pad}) = {kv_size}",
-        "swa_size": (f"swa_full: kv_size = {kv_size}" if swa_full else
-                     f"min(kv_size, pad(n_swa*n_seq_max + n_batch, n_pad)) = "
-                     f"min({kv_size}, pad({n_swa}*{n_seq_max} + {n_batch}, {n_pad})) = {size_swa}"),
-        "n_batch": n_batch, "swa_full": bool(swa_full),
+        "kv_size": kv,
+        "swa_size": swa_size_formula(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics, unified),
+        ("n_ubatch" if today else "n_batch"): n_batch, "swa_full": bool(swa_full),
     }
-    log = [f"llama_kv_cache_unified_iswa: creating non-SWA KV cache, size = {kv_size} cells",
-           *_unified_log(base),
-           f"llama_kv_cache_unified_iswa: creating     SWA KV cache, size = {size_swa} cells",
-           *_unified_log(swac)]
+    if today:
+        sizing["n_stream"] = n_stream
+        func = "llama_kv_cache_iswa"
+        log = [f"{func}: using full-size SWA cache (ref: "
+               f"https://github.com/ggml-org/llama.cpp/pull/13194#issuecomment-2868343055)"] if swa_full else []
+    else:
+        func = "llama_kv_cache_unified_iswa"
+        log = []
+    log += [f"{func}: creating non-SWA KV cache, size = {kv_size} cells",
+            *_unified_log(base, today),
+            f"{func}: creating     SWA KV cache, size = {size_swa} cells",
+            *_unified_log(swac, today)]
     return Plan("iswa", n_ctx, n_seq_max, fa, (base, swac), sizing, tuple(log))
 
 

@@ -36,12 +36,12 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Protocol, Union
+from typing import Any, BinaryIO, Literal, Protocol, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, describe_frame, layout_info
+from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, describe_frame, int_arg, layout_info
 
 __all__ = [
     "SESSION_MAGIC", "SESSION_VERSIONS", "SEQUENCE_MAGIC", "SEQUENCE_VERSIONS", "SEQ_MAGIC",
@@ -585,9 +585,50 @@ class Converted:
     notes: tuple[str, ...]
 
 
-def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, notes: list[str]) -> bytes:
-    """The memory state of an inspect report's sections, framed for layout to."""
+def _trim_swa(body: bytes, sec: dict[str, Any], n_swa: int, swa_type: Literal["standard", "chunked"]) -> bytes | None:
+    """One stream section of a sequence's SWA cache state (the seed's body: cell count, cells,
+    K/V) without the cells outside the window of the sequence's last position, or None when
+    this section's geometry is not one a cache takes. A one-stream cache of semantics "2026"
+    with the section's geometry and the window reads it and writes it back in a layout that
+    trims: the codec's own rule, not a second one."""
+    from kvcache._core import ggml_type
+    from kvcache.unified import UnifiedCache
+
+    layers = sec["layers"]
+    ids = [k for k in sec["sequences"] if k != "unnamed"]
+    if not layers or len(ids) != 1 or len({(x["k_type_id"], x["v_type_id"]) for x in layers}) != 1:
+        return None
+    sid = int(ids[0])
+    tk, tv = ggml_type(layers[0]["k_type_id"]), ggml_type(layers[0]["v_type_id"])
+
+    def width(row: int, t: Any) -> int:
+        return int(row // t.type_size * t.blck_size)
+
+    wk = [width(x["k_row_size"], tk) for x in layers]
+    wv = [x["v_width"] if sec["v_trans"] else width(x["v_row_size"], tv) for x in layers]
+    try:
+        c = UnifiedCache(sec["cell_count"], len(layers), wk, wv, type_k=tk.name, type_v=tv.name,
+                         v_trans=sec["v_trans"], n_seq_max=sid + 1, n_pad=1, n_swa=n_swa, swa_type=swa_type,
+                         semantics="2026")
+        c.state_read(struct.pack("<I", 1) + body, sid, layout="2025-08", exact=True)
+        return c.state_write(sid, layout="2026-06", prefix=False)[4:]   # without its stream count
+    except (StateError, ValueError):
+        return None
+
+
+def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, notes: list[str],
+            single: bool | None = None, window: tuple[int, Literal["standard", "chunked"]] | None = None) -> bytes:
+    """The memory state of an inspect report's sections, framed for layout to. single: the
+    state is one sequence's (a sequence file's); None: the report's kind says so, and a bare
+    blob is surely a sequence's when it has the prefix or seq_id is given (a whole state of one
+    sequence has the same bytes). window: (n_swa, swa_type) of an iSWA cache, to leave out the
+    SWA cells outside it of a sequence's state when layout to does and the input's did not."""
     info = layout_info(to)
+    sure = single is not None or bool((r.get("framing") or {}).get("prefix")) or seq_id is not None
+    single = r["kind"] == "sequence blob" if single is None else single
+    src_trims = r["layout"] is not None and layout_info(r["layout"])["swa_trim"]
+    trim = r["variant"] == "iswa" and single and info["swa_trim"] and not src_trims
+    left_out = kept = 0
     variant = r["variant"]
     parts: dict[str, list[dict[str, Any]]] = {}
     for s in r["sections"]:
@@ -607,6 +648,17 @@ def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, no
     for name, secs in parts.items():
         bodies = [bytes(data[s["offset"]:s["offset"] + s["size"]]) for s in secs]
         empty = [s["n_layer"] == 0 and s["cell_count"] == 0 and s["size"] == 4 for s in secs]
+        if trim and window is not None and sure and name == "swa":
+            for k, sec in enumerate(secs):
+                if not sec["cell_count"]:
+                    continue
+                new = _trim_swa(bodies[k], sec, *window)
+                if new is None:
+                    kept += sec["cell_count"]
+                    continue
+                # the sequence's last cell is always in its window: the section stays non-empty
+                left_out += sec["cell_count"] - struct.unpack_from("<I", new)[0]
+                bodies[k] = new
         if variant == "recurrent" or not info["streams"]:
             if len(secs) != 1:
                 raise StateError(f"the {name} cache state has {len(secs)} streams; layout {to} has one stream")
@@ -618,19 +670,26 @@ def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, no
         else:
             out.append(struct.pack("<I", len(secs)))
             out.extend(b"\0\0\0\0" if e or s["cell_count"] == 0 else b for b, s, e in zip(bodies, secs, empty))
-    if variant == "iswa" and r["kind"] == "sequence blob":
-        src_trims = r["layout"] is not None and layout_info(r["layout"])["swa_trim"]
-        if info["swa_trim"] and not src_trims:
+    if trim:
+        if window is None or not sure:
+            how = ("give the window, n_swa and swa_type, to leave them out" if window is None else
+                   "the bytes may be a whole state of one sequence: pass seq_id to treat them as a sequence's")
             notes.append(f"the SWA cache's cells outside the window were kept (layout {to}'s llama.cpp leaves them "
-                         "out of a sequence state; it reads them all the same)")
-        elif src_trims and not info["swa_trim"]:
-            notes.append("the SWA cache holds only the cells within the window: the input's layout had left the "
-                         "others out")
+                         f"out of a sequence state; it reads them all the same; {how})")
+        else:
+            notes.append(f"left out {left_out} of the SWA cache's cells: outside the window (n_swa {window[0]}, "
+                         f"{window[1]}) of the sequence's last position, as layout {to}'s llama.cpp leaves them out")
+            if kept:
+                notes.append(f"kept {kept} SWA cells of a section whose geometry no cache takes (mixed K/V types)")
+    elif variant == "iswa" and single and src_trims and not info["swa_trim"]:
+        notes.append("the SWA cache holds only the cells within the window: the input's layout had left the "
+                     "others out")
     return b"".join(out)
 
 
 def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, variant: str | None = None,
-            seq_id: int | None = None) -> Converted:
+            seq_id: int | None = None, n_swa: int | None = None,
+            swa_type: Literal["standard", "chunked"] = "standard") -> Converted:
     """Rewrite a state file (sequence blob, whole-cache blob, whole-context state, session file,
     sequence file) in layout ``to``, without a cache: the layouts differ in their framing only.
 
@@ -639,12 +698,21 @@ def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, v
     seq_id: the sequence of a bare sequence state, for the prefix of the layouts that have one
     (default: the input's prefix). What the target cannot hold is left out and said in
     ``notes``: the outputs of a whole-context state (to a layout without them), the prefix (to a
-    layout without it). Raises StateError when the input does not read, or ValueError for an
-    unknown layout."""
+    layout without it), and, given the window of an iSWA model (``n_swa`` > 0 and ``swa_type``
+    "standard" or "chunked"; the state does not hold it), the SWA cache's cells outside the
+    window of a sequence's state (a sequence blob or a sequence file) converted to a layout
+    that leaves them out ("2026-06" and later) from one that kept them; without the window they
+    are kept, and the notes say so. Raises StateError when the input does not read, or
+    ValueError for an unknown layout or window."""
     from kvcache.inspect import report_bytes
 
     layout_info(to)
     _check_layout(layout)
+    window = None
+    if n_swa is not None:
+        if swa_type not in ("standard", "chunked"):
+            raise ValueError(f"swa_type = {swa_type!r}: expected 'standard' or 'chunked'")
+        window = (int_arg(n_swa, "n_swa", 1, 2**31 - 1), swa_type)
     m = _view(data)
     r = report_bytes(m, variant, layout=layout)
     if r["variant_guessed"] and r["kind"] in ("sequence blob", "whole-cache blob") and r["variant"] != "iswa":
@@ -663,7 +731,7 @@ def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, v
     notes: list[str] = []
     kind = r["kind"]
     if kind in ("sequence blob", "whole-cache blob"):
-        return Converted(_memory(r, m, to, seq_id, notes), kind, source, to, tuple(notes))
+        return Converted(_memory(r, m, to, seq_id, notes, window=window), kind, source, to, tuple(notes))
     info = layout_info(to)
     wrapper = r["bytes"]["wrapper"]
     out: list[bytes] = []
@@ -671,7 +739,7 @@ def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, v
         toks = np.asarray(r["tokens"]["values"], dtype="<i4")
         out.append(struct.pack("<III", SEQUENCE_MAGIC, info["sequence_version"], len(toks)) + toks.tobytes())
         rr = dict(r, kind="whole-cache blob")
-        out.append(_memory(rr, m, to, None, notes))
+        out.append(_memory(rr, m, to, None, notes, single=True, window=window))
         return Converted(b"".join(out), kind, source, to, tuple(notes))
     # session file or whole-context state
     if kind == "session file":

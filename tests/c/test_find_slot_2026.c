@@ -5,7 +5,8 @@
  * of sizes that are not multiples of 64, with and without a sliding window; a failed find_slot
  * changing nothing; the heads after a placement; the refusal of badly grouped ubatches; the
  * dry run (prepare) leaving every stream as it was; the rows of store() in scattered cells of
- * each stream, with V transposed per stream. */
+ * each stream, with V transposed per stream; the placement over two caches (an iSWA pair) in
+ * both or in neither. */
 #include "kvc_slot.h"
 #include "kvc_types.h"
 
@@ -192,12 +193,64 @@ static void test_groups_prepare_and_store(void) {
     kvc_unified_free(&f.c);
 }
 
+/* The same cells: positions, sequences and the used count. */
+static bool same_cells(const kvc_cells *x, const kvc_cells *y) {
+    return x->size == y->size && x->used == y->used && memcmp(x->pos, y->pos, x->size * sizeof *x->pos) == 0 &&
+           memcmp(x->seq, y->seq, (size_t)x->seq_words * x->size * sizeof *x->seq) == 0;
+}
+
+/* Two caches driven as one (an iSWA pair): a ubatch that fits one and not the other changes
+ * neither, one that fits both is placed in both as each alone would place it. */
+static void test_parts_all_or_nothing(void) {
+    fixture a, b;
+    REQUIRE(fixture_init(&a, false, 0, KVC_SWA_NONE) == KVC_OK, "init a");
+    REQUIRE(fixture_init(&b, false, 0, KVC_SWA_NONE) == KVC_OK, "init b");
+    kvc_err err;
+    one_seq o;
+    kvc_unified *both[2] = { &a.c, &b.c };
+    int found[2];
+    /* b: all but 10 cells held by sequence 1 */
+    REQUIRE(kvc_unified_find_slot_2026(&b.c, one_seq_make(&o, SIZE - 10, 1, 0), &err) == 1, "fill b");
+    REQUIRE(kvc_unified_find_slot_2026(&a.c, one_seq_make(&o, 5, 0, 0), &err) == 1, "a: 5 cells");
+    kvc_cells before_a, before_b;
+    REQUIRE(kvc_cells_init(&before_a, SIZE, N_STREAM) == KVC_OK && kvc_cells_init(&before_b, SIZE, N_STREAM) == KVC_OK,
+            "copies");
+    kvc_cells_copy(&before_a, kvc_unified_stream_cells(&a.c, 0));
+    kvc_cells_copy(&before_b, kvc_unified_stream_cells(&b.c, 0));
+    const uint32_t head_a = kvc_unified_stream_head_c(&a.c, 0), head_b = kvc_unified_stream_head_c(&b.c, 0);
+    /* 20 tokens of sequence 2: room in a, 10 free cells in b */
+    CHECK(kvc_unified_find_slot_2026_parts(both, 2, one_seq_make(&o, 20, 2, 0), found, &err) == 0, "no room in b");
+    CHECK(found[0] == 1 && found[1] == 0, "a had room, b had not");
+    CHECK(same_cells(&before_a, kvc_unified_stream_cells(&a.c, 0)) &&
+          same_cells(&before_b, kvc_unified_stream_cells(&b.c, 0)) &&
+          kvc_unified_stream_head_c(&a.c, 0) == head_a && kvc_unified_stream_head_c(&b.c, 0) == head_b,
+          "neither changed");
+    CHECK(kvc_unified_slot_n(&a.c) == 0 && kvc_unified_slot_n(&b.c) == 0, "no placement current");
+    /* 8 tokens fit both: placed in both, where each alone puts them */
+    int32_t want_a[8], want_b[8];
+    CHECK(naive_place(&a.c, 0, 8, want_a) && naive_place(&b.c, 0, 8, want_b), "room in both");
+    CHECK(kvc_unified_find_slot_2026_parts(both, 2, one_seq_make(&o, 8, 2, 0), found, &err) == 1, "placed");
+    CHECK(found[0] == 1 && found[1] == 1 && kvc_unified_slot_n(&a.c) == 8 && kvc_unified_slot_n(&b.c) == 8,
+          "both placements current");
+    for (uint32_t t = 0; t < 8; t++) {
+        CHECK(kvc_unified_slot_cell(&a.c, t) == (uint32_t)want_a[t] &&
+              kvc_unified_slot_cell(&b.c, t) == (uint32_t)want_b[t], "each cache's own cells");
+    }
+    /* a badly grouped ubatch for either: refused before either changes */
+    CHECK(kvc_unified_find_slot_2026_parts(both, 0, &o.ub, found, &err) == KVC_E_ARG, "no caches");
+    kvc_cells_free(&before_a);
+    kvc_cells_free(&before_b);
+    kvc_unified_free(&a.c);
+    kvc_unified_free(&b.c);
+}
+
 int main(void) {
     test_placement_matches_the_rule(false, 0, KVC_SWA_NONE);
     test_placement_matches_the_rule(true, 0, KVC_SWA_NONE);
     test_placement_matches_the_rule(false, 8, KVC_SWA_STANDARD);
     test_placement_matches_the_rule(true, 16, KVC_SWA_CHUNKED);
     test_groups_prepare_and_store();
+    test_parts_all_or_nothing();
     printf("test_find_slot_2026: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
 }

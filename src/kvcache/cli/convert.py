@@ -11,7 +11,9 @@ HELP = "rewrite a state file (blob, context state, session or sequence file) in 
 DESCRIPTION = ("Rewrite a state file written by kvcache or llama.cpp in another layout of llama.cpp's state "
                "(2025: llama-cpp-python 0.3.10; 2026: 0.3.36; the layouts between them), without a cache: the "
                "layouts differ in their framing only. What the target layout cannot hold (the outputs of a "
-               "whole-context state, the sequence-blob prefix) is left out and said.")
+               "whole-context state, the sequence-blob prefix) is left out and said; given the window of an iSWA "
+               "model (--n-swa, --swa-type), so are the SWA cells outside it of a sequence's state converted to a "
+               "layout that leaves them out (2026-06 and later).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the cache variant, when the bytes do not say (an empty or whole bare blob)")
     parser.add_argument("--seq-id", type=int, default=None,
                         help="the sequence of a bare sequence state, for the prefix of the layouts that have one")
+    parser.add_argument("--n-swa", type=int, default=None, metavar="N",
+                        help="the sliding window of an iSWA model: leave out the SWA cells outside it of a "
+                             "sequence's state, as the layouts from 2026-06 on do (the state does not hold it)")
+    parser.add_argument("--swa-type", choices=("standard", "chunked"), default="standard",
+                        help="the kind of window of --n-swa (default standard)")
     parser.add_argument("--json", action="store_true", help="print what was done as JSON")
 
 
@@ -39,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     with open(args.input, "rb") as f:
         data = f.read()
     try:
-        c = statefile.convert(data, args.to, layout=args.source, variant=args.variant, seq_id=args.seq_id)
+        c = statefile.convert(data, args.to, layout=args.source, variant=args.variant, seq_id=args.seq_id,
+                              n_swa=args.n_swa, swa_type=args.swa_type)
     except StateError as e:
         if os.environ.get("KVCACHE_TRACEBACK"):
             raise

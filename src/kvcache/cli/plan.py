@@ -80,7 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--semantics", choices=("2025", "2026"), default="2025",
                    help="the llama.cpp the plan follows: 2025 (the seed, default) or 2026 (today's: n_pad 1, n_ctx "
                         "padded to 256, flash attention auto so V in rows, and a stream of PAD_256(n_ctx / "
-                        "n_seq_max) cells per sequence unless --kv-unified; unified caches only)")
+                        "n_seq_max) cells per sequence unless --kv-unified; an iSWA pair's SWA cache padded to 256 "
+                        "cells and full-size by default)")
     c.add_argument("--kv-unified", action="store_true",
                    help="with --semantics 2026: one stream for every sequence (llama.cpp's kv_unified)")
     s = p.add_argument_group("sliding window (iSWA)")
@@ -90,7 +91,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--n-swa", type=count, metavar="N", help="window size in tokens")
     s.add_argument("--swa-type", choices=("standard", "chunked"), help="window kind (default standard)")
     s.add_argument("--n-batch", type=count, metavar="N", help="logical batch size (default 2048)")
-    s.add_argument("--swa-full", action="store_true", help="a full-size SWA cache (kv_size cells)")
+    s.add_argument("--n-ubatch", type=count, metavar="N",
+                   help="with --semantics 2026: physical batch size (default 512), what sizes the SWA cache")
+    s.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None,
+                   help="a full-size SWA cache (kv_size cells; the default of --semantics 2026, "
+                        "--no-swa-full to size it by the window)")
     r = p.add_argument_group("recurrent")
     r.add_argument("--recurrent", action="store_true", help="a recurrent cache (Mamba, RWKV)")
     r.add_argument("--n-embd-k-s", type=_widths, metavar="W[,W...]",
@@ -100,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
-_SWA_OPTS = ("n_swa", "swa_type", "n_batch")
+_SWA_OPTS = ("n_swa", "swa_type", "n_batch", "n_ubatch")
 
 
 def _flag(name: str) -> str:
@@ -118,7 +123,18 @@ def _semantics(args: argparse.Namespace) -> dict:
 
 def _no_semantics(args: argparse.Namespace, what: str) -> None:
     if args.semantics != "2025" or args.kv_unified:
-        raise ValueError(f"--semantics 2026 plans unified caches only, not {what}")
+        raise ValueError(f"--semantics 2026 plans unified caches and iSWA pairs, not {what}")
+
+
+def _iswa_batch(args: argparse.Namespace, n_ctx: int) -> dict:
+    """The batch arguments of plan_iswa: the seed's SWA cache is sized by n_batch, today's by
+    n_ubatch; llama.cpp caps n_batch at the context (a causal model) and n_ubatch at n_batch."""
+    n_batch = min(n_ctx, args.n_batch or 2048)
+    if args.semantics == "2025":
+        if args.n_ubatch is not None:
+            raise ValueError("--n-ubatch needs --semantics 2026 (the seed sizes the SWA cache by --n-batch)")
+        return {"n_batch": n_batch}
+    return {"n_batch": min(n_batch, args.n_ubatch or 512)}
 
 
 def build_plan(args: argparse.Namespace, warn=None):
@@ -138,9 +154,9 @@ def build_plan(args: argparse.Namespace, warn=None):
         for name in ("swa_layers", "swa_pattern", *_SWA_OPTS):
             if getattr(args, name) is not None:
                 raise ValueError(f"{_flag(name)} does not apply to --recurrent")
-        for name in ("swa_full", "flash_attn"):
-            if getattr(args, name):
-                raise ValueError(f"{_flag(name)} does not apply to --recurrent")
+        if args.swa_full is not None or args.flash_attn:
+            raise ValueError(f"{'--swa-full' if args.flash_attn is False else '--flash-attn'} does not apply to "
+                             f"--recurrent")
         if args.n_embd_k_s is None or args.n_embd_v_s is None:
             raise ValueError("--recurrent needs --n-embd-k-s and --n-embd-v-s (the state widths)")
         wk = args.n_embd_k_gqa if args.n_embd_k_gqa is not None else 0
@@ -165,17 +181,17 @@ def build_plan(args: argparse.Namespace, warn=None):
         for name in _SWA_OPTS:
             if getattr(args, name) is not None:
                 raise ValueError(f"{_flag(name)} needs --swa-layers or --swa-pattern")
-        if args.swa_full:
+        if args.swa_full is not None:
             raise ValueError("--swa-full needs --swa-layers or --swa-pattern")
         return plan_unified(**{**common, **_semantics(args)})
     bad = [il for il in swa if il >= args.n_layer]
     if bad:
         raise ValueError(f"--swa-layers: layer {bad[0]} is outside [0, {args.n_layer})")
-    _no_semantics(args, "an iSWA pair")
     if args.n_swa is None:
         raise ValueError("an iSWA cache needs --n-swa (the window size)")
-    return plan_iswa(**common, swa_layers=swa, n_swa=args.n_swa, swa_type=args.swa_type or "standard",
-                     n_batch=args.n_batch or 2048, swa_full=args.swa_full)
+    return plan_iswa(**{**common, **_semantics(args)}, swa_layers=swa, n_swa=args.n_swa,
+                     swa_type=args.swa_type or "standard", swa_full=args.swa_full,
+                     **_iswa_batch(args, common["n_ctx"]))
 
 
 def _plan_from_gguf(path: str, args: argparse.Namespace, warn):
@@ -207,14 +223,12 @@ def _plan_from_gguf(path: str, args: argparse.Namespace, warn):
                   n_embd_v_gqa=list(g.n_embd_v_gqa), n_seq_max=args.n_seq_max, type_k=args.type_k or "f16",
                   type_v=args.type_v or "f16", flash_attn=args.flash_attn)
     if g.swa_type == "none":
-        if args.swa_full or args.n_batch is not None:
-            raise ValueError(f"{'--swa-full' if args.swa_full else '--n-batch'} applies to sliding-window "
-                             f"models; {path} has none")
+        for name in ("swa_full", "n_batch", "n_ubatch"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"{_flag(name)} applies to sliding-window models; {path} has none")
         return plan_unified(**{**common, **_semantics(args)})
-    _no_semantics(args, "an iSWA pair")
-    # llama.cpp caps the batch at the context of a causal model
-    return plan_iswa(**common, swa_layers=g.swa_layers, n_swa=g.n_swa, swa_type=g.swa_type,
-                     n_batch=min(n_ctx, args.n_batch or 2048), swa_full=args.swa_full)
+    return plan_iswa(**{**common, **_semantics(args)}, swa_layers=g.swa_layers, n_swa=g.n_swa,
+                     swa_type=g.swa_type, swa_full=args.swa_full, **_iswa_batch(args, n_ctx))
 
 
 def run(args: argparse.Namespace) -> int:

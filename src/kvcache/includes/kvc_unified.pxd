@@ -105,6 +105,7 @@ cdef extern from "kvc_unified.h" nogil:
     int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err)
     bint    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bint drop_shifts)
     const kvc_cells *kvc_unified_stream_cells_c(const kvc_unified *c, uint32_t s)
+    uint32_t kvc_unified_stream_of(const kvc_unified *c, int32_t s)
     uint32_t kvc_unified_stream_head_c(const kvc_unified *c, uint32_t s)
     uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s)
     bint    kvc_unified_any_shift(const kvc_unified *c)
@@ -129,6 +130,8 @@ cdef extern from "kvc_slot.h" nogil:
     int     kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
                                uint32_t *n_seq_tokens, kvc_err *err)
     int     kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err)
+    int     kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
+                                             kvc_err *err)
     int     kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_ub, int32_t *out_cells,
                                      uint32_t *out_strm, uint32_t *out_groups, kvc_err *err)
     int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v)
