@@ -170,3 +170,16 @@ int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) {
     }
     return code;
 }
+
+int kvc_err_wrap(kvc_err *err, int code, const char *fmt, ...) {
+    if (err) {
+        char inner[sizeof err->msg], context[sizeof err->msg];
+        memcpy(inner, err->msg, sizeof inner);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(context, sizeof context, fmt, ap);
+        va_end(ap);
+        kvc_err_set(err, code, "%s: %s", context, inner);
+    }
+    return code;
+}

@@ -43,6 +43,18 @@ enum kvc_status {
     KVC_E_INTERNAL  = -5,  /* an invariant does not hold (a bug) */
 };
 
+/* One layer of a cache's K/V memory (the unified cache's and the recurrent cache's: their
+ * headers say how the rows are laid out). */
+typedef struct kvc_layer {
+    int32_t  il;           /* model layer index */
+    uint32_t n_embd_k;     /* K row width in elements */
+    uint32_t n_embd_v;     /* V row width in elements */
+    size_t   k_row_bytes;  /* kvc_row_size(type_k, n_embd_k) */
+    size_t   v_row_bytes;  /* kvc_row_size(type_v, n_embd_v) */
+    uint8_t *k;            /* the K rows, or NULL */
+    uint8_t *v;            /* the V rows, or NULL */
+} kvc_layer;
+
 /* Error details filled by functions that can fail for many reasons. */
 typedef struct kvc_err {
     int  code;       /* one of enum kvc_status */
@@ -51,6 +63,9 @@ typedef struct kvc_err {
 
 /* Fill err (if not NULL) with code and a printf-style message; returns code. */
 int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);
+/* Put "<context>: " in front of err's message (a failure inside a part named by the caller);
+ * returns code. */
+int kvc_err_wrap(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);
 
 /* The positions p0 <= p < p1 an operation acts on. p1 is wider than a position, so that "no
  * upper bound" (KVC_POS_END) lies past every position, KVC_POS_MAX included. */

@@ -1,6 +1,7 @@
-/* Internal to the C core: the one bounds-checked reader of serialized state (the unified and
- * recurrent state readers, the description of a blob without a cache). Every take checks the
- * bytes left first and leaves the cursor unmoved when they are too few. */
+/* Internal to the C core: the one bounds-checked reader of serialized state, under the section
+ * parser (kvc_section.h) that the unified and recurrent state readers and the description of a
+ * blob without a cache share. Every take checks the bytes left first and leaves the cursor
+ * unmoved when they are too few. */
 #ifndef KVC_CURSOR_H
 #define KVC_CURSOR_H
 
@@ -62,7 +63,7 @@ static inline bool kvc_cur_u64(kvc_cursor *r, uint64_t *v) {
 }
 
 /* KVC_E_STATE with "state truncated at byte X of N while reading <what> (<need> bytes)" (X: where
- * the failed read starts; the byte count left out when need is 0). Defined in kvc_state.c. */
+ * the failed read starts; the byte count left out when need is 0). Defined in kvc_section.c. */
 KVC_PRINTF_FORMAT(4, 5) int kvc_cur_truncated(kvc_err *err, const kvc_cursor *r, size_t need, const char *fmt, ...);
 
 #endif

@@ -1,5 +1,5 @@
 #include "kvc_recurrent.h"
-#include "kvc_cursor.h"
+#include "kvc_section.h"
 #include "kvc_le.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
@@ -386,18 +386,13 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
     c->type_v = p->type_v;
     c->n_layer = p->n_layer;
     c->layers = kvc_calloc(p->n_layer, sizeof *c->layers);
-    c->read_off = kvc_calloc(2 * (size_t)p->n_layer, sizeof *c->read_off);
-    if (!c->layers || !c->read_off || rec_cells_alloc(&c->cells, p->kv_size, kvc_seq_words(p->n_seq_max)) != KVC_OK ||
+    if (!c->layers || rec_cells_alloc(&c->cells, p->kv_size, kvc_seq_words(p->n_seq_max)) != KVC_OK ||
         rec_cells_alloc(&c->work, p->kv_size, kvc_seq_words(p->n_seq_max)) != KVC_OK) {
         kvc_recurrent_free(c);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory for a recurrent cache of %u cells", p->kv_size);
     }
     for (uint32_t il = 0; il < p->n_layer; il++) {
-        kvc_rec_layer *L = &c->layers[il];
-        L->n_embd_k = p->n_embd_k[il];
-        L->n_embd_v = p->n_embd_v[il];
-        L->k_row_bytes = kvc_row_size(p->type_k, p->n_embd_k[il]);
-        L->v_row_bytes = kvc_row_size(p->type_v, p->n_embd_v[il]);
+        c->layers[il] = kvc_layer_geometry((int32_t)il, p->type_k, p->type_v, p->n_embd_k[il], p->n_embd_v[il]);
     }
     rec_cells_wipe(&c->cells);
     rec_cells_wipe(&c->work);
@@ -408,9 +403,7 @@ void kvc_recurrent_free(kvc_recurrent *c) {
     rec_cells_release(&c->cells);
     rec_cells_release(&c->work);
     kvc_free(c->layers);
-    kvc_free(c->read_off);
     c->layers = NULL;
-    c->read_off = NULL;
     c->n_layer = 0;
 }
 
@@ -428,7 +421,7 @@ void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, 
 static void rec_zero_data(kvc_recurrent *c) {
     const size_t size = c->cells.size;
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_rec_layer *L = &c->layers[il];
+        const kvc_layer *L = &c->layers[il];
         if (L->k) {
             memset(L->k, 0, size * L->k_row_bytes);
         }
@@ -596,7 +589,7 @@ int kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const vo
     if (il >= c->n_layer || (uint64_t)c->cells.head + n_rows > c->cells.size) {
         return KVC_E_ARG;
     }
-    const kvc_rec_layer *L = &c->layers[il];
+    const kvc_layer *L = &c->layers[il];
     if (k && L->k) {
         memcpy(L->k + (size_t)c->cells.head * L->k_row_bytes, k, (size_t)n_rows * L->k_row_bytes);
     }
@@ -610,13 +603,8 @@ int kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const vo
  * state codec
  * --------------------------------------------------------------------------------------- */
 
-static void rec_layer(const void *cache, uint32_t il, kvc_state_layer_src *out) {
-    const kvc_rec_layer *L = &((const kvc_recurrent *)cache)->layers[il];
-    out->k = L->k;
-    out->v = L->v;
-    out->k_row = L->k_row_bytes;
-    out->v_row = L->v_row_bytes;
-    out->n_embd_v = L->n_embd_v;
+static void rec_layer(const void *cache, uint32_t il, kvc_layer *out) {
+    *out = ((const kvc_recurrent *)cache)->layers[il];
 }
 
 /* The cache as the shared state writer sees it: a cell is listed when it holds a sequence; a
@@ -691,79 +679,56 @@ int kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *o
     return kvc_state_src_write(&s, 0, out, need, written);
 }
 
-static int truncated(kvc_err *err, const kvc_cursor *r, const char *what) {
-    return kvc_cur_truncated(err, r, 0, "%s", what);
+/* The cache as the section parser holds a state to it: a whole cache's cells list their ids,
+ * each sequence in one cell; a sequence's state is at most one cell, listing no id; V is never
+ * transposed. */
+static void rec_dest(const kvc_recurrent *c, int32_t seq_id, kvc_sec_dest *d) {
+    memset(d, 0, sizeof *d);
+    d->seq_id = seq_id;
+    d->size = c->cells.size;
+    d->seq_cells_max = 1;
+    d->single_n_ids = 0;
+    d->n_seq_max = c->n_seq_max;
+    d->seq_words = c->cells.seq_words;
+    d->seq_in_one_cell = true;
+    d->type_k = c->type_k;
+    d->type_v = c->type_v;
+    d->v_trans = false;
+    d->n_layer = c->n_layer;
+    d->cache = c;
+    d->layer = rec_layer;
 }
 
-/* Parse, check and place the cells of the part into c->work (from a copy of the live table).
- * The live table is not touched. */
-static int read_cells(kvc_recurrent *c, int32_t seq_id, kvc_cursor *r, uint32_t cell_count, kvc_err *err) {
+/* Place the cells of a validated section into c->work (from a copy of the live table). The live
+ * table is not touched. */
+static int place_cells(kvc_recurrent *c, int32_t seq_id, const kvc_section *sec, kvc_err *err) {
     kvc_rec_cells *w = &c->work;
-    const uint32_t size = c->cells.size;
+    const uint32_t cc = sec->cell_count;
     if (seq_id == -1) {
-        if (cell_count > size) {
-            return kvc_err_set(err, KVC_E_STATE, "the blob holds %u cells, the cache has %u", cell_count, size);
-        }
         rec_cells_wipe(w);
         w->n = c->cells.n; /* clear() keeps n */
-        for (uint32_t i = 0; i < cell_count; i++) {
-            int32_t pos;
-            uint32_t n_seq_id;
-            if (!kvc_cur_i32(r, &pos) || !kvc_cur_u32(r, &n_seq_id)) {
-                return truncated(err, r, "the cell list");
-            }
-            if (pos < 0) {
-                return kvc_err_set(err, KVC_E_STATE, "cell %u has the negative position %d", i, pos);
-            }
-            w->pos[i] = pos;
-            for (uint32_t j = 0; j < n_seq_id; j++) {
-                int32_t s;
-                if (!kvc_cur_i32(r, &s)) {
-                    return truncated(err, r, "the cell list");
+        const uint32_t nw = w->seq_words;
+        for (uint32_t i = 0; i < cc; i++) {
+            const uint64_t *set = sec->seq + (size_t)i * nw;
+            w->pos[i] = sec->pos[i];
+            kvc_seqs_put(w->seq, w->size, nw, i, set);
+            for (uint32_t k = 0; k < nw; k++) {
+                for (uint64_t m = set[k]; m; m &= m - 1) {
+                    w->tail[64 * k + kvc_ctz64(m)] = (int32_t)i;
                 }
-                if (s < 0 || (uint32_t)s >= c->n_seq_max) {
-                    return kvc_err_set(err, KVC_E_STATE, "cell %u holds sequence id %d, outside [0, %u)",
-                                       i, s, c->n_seq_max);
-                }
-                if (w->tail[s] != -1) {
-                    return kvc_err_set(err, KVC_E_STATE, "sequence %d appears in cell %u and in cell %d",
-                                       s, i, w->tail[s]);
-                }
-                rec_add(w, i, s);
-                w->tail[s] = (int32_t)i;
             }
-        }
-        w->head = 0;
-        w->used = cell_count;
-        for (uint32_t i = 0; i < cell_count; i++) {
             w->src[i] = (int32_t)i; /* the restored states are kept as they are */
         }
+        w->head = 0;
+        w->used = cc;
         return KVC_OK;
-    }
-
-    if (cell_count > 1) {
-        return kvc_err_set(err, KVC_E_STATE, "a sequence's recurrent state is one cell, the blob holds %u",
-                           cell_count);
-    }
-    int32_t pos = 0;
-    if (cell_count == 1) {
-        uint32_t n_seq_id;
-        if (!kvc_cur_i32(r, &pos) || !kvc_cur_u32(r, &n_seq_id)) {
-            return truncated(err, r, "the cell list");
-        }
-        if (n_seq_id != 0) {
-            return kvc_err_set(err, KVC_E_STATE, "a single-sequence cell lists %u sequence ids (expected none)",
-                               n_seq_id);
-        }
-        if (pos < 0) {
-            return kvc_err_set(err, KVC_E_STATE, "the cell has the negative position %d", pos);
-        }
     }
     rec_cells_copy(w, &c->cells);
     rec_seq_rm(w, seq_id, -1, -1);
-    if (cell_count == 0) {
+    if (cc == 0) {
         return KVC_OK; /* the sequence is just removed */
     }
+    int32_t pos = sec->pos[0];
     const uint32_t seq_off[2] = { 0, 1 };
     kvc_ubatch ub;
     ub.n_tokens = 1;
@@ -808,11 +773,9 @@ int kvc_recurrent_state_read_lay(kvc_recurrent *c, int32_t seq_id, const uint8_t
         return kvc_recurrent_state_read_ex(c, seq_id, data, len, flags, consumed, err);
     }
     int rc = kvc_recurrent_state_read_ex(c, seq_id, data + base, len - base, flags, consumed, err);
-    if (rc != KVC_OK && err) {
-        char inner[sizeof err->msg];
-        memcpy(inner, err->msg, sizeof inner);
-        kvc_err_set(err, rc, "memory state (from byte %zu): %s", base, inner);
-    } else if (rc == KVC_OK) {
+    if (rc != KVC_OK) {
+        kvc_err_wrap(err, rc, "memory state (from byte %zu)", base);
+    } else {
         *consumed += base;
     }
     return rc;
@@ -824,71 +787,47 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
         return kvc_err_set(err, KVC_E_ARG, "seq_id %d is outside [0, %u) and not -1", seq_id, c->n_seq_max);
     }
     kvc_cursor r = { data, data ? len : 0, 0 };
-    uint32_t cell_count;
-    if (!kvc_cur_u32(&r, &cell_count)) {
-        return truncated(err, &r, "the cell count");
+    kvc_sec_dest d;
+    kvc_section sec;
+    memset(&sec, 0, sizeof sec);
+    rec_dest(c, seq_id, &d);
+    int rc = kvc_sec_parse(&r, &d, &sec, err);
+    if (rc == KVC_OK && (flags & KVC_STATE_EXACT)) {
+        rc = kvc_state_check_end(r.off, r.len, err);
     }
-    int st = read_cells(c, seq_id, &r, cell_count, err);
-    if (st != KVC_OK) {
-        return st;
+    if (rc == KVC_OK) {
+        rc = place_cells(c, seq_id, &sec, err);
     }
-
-    uint32_t v_trans, n_layer;
-    if (!kvc_cur_u32(&r, &v_trans) || !kvc_cur_u32(&r, &n_layer)) {
-        return truncated(err, &r, "the layer header");
-    }
-    if (n_layer != c->n_layer) {
-        return kvc_err_set(err, KVC_E_STATE, "the blob has %u layers, the cache %u", n_layer, c->n_layer);
-    }
-    if (v_trans != 0) {
-        return kvc_err_set(err, KVC_E_STATE, "the blob stores V transposed (v_trans = %u); a recurrent cache "
-                           "never does", v_trans);
-    }
-    for (int half = 0; half < 2; half++) {
-        const char *name = half ? "V" : "K";
-        const int32_t type = half ? c->type_v : c->type_k;
-        for (uint32_t il = 0; il < c->n_layer; il++) {
-            const size_t row = half ? c->layers[il].v_row_bytes : c->layers[il].k_row_bytes;
-            int32_t t;
-            uint64_t row_ref;
-            if (!kvc_cur_i32(&r, &t) || !kvc_cur_u64(&r, &row_ref)) {
-                return truncated(err, &r, half ? "a V layer header" : "a K layer header");
-            }
-            if (t != type) {
-                return kvc_err_set(err, KVC_E_STATE, "layer %u: %s type %d in the blob, %d in the cache",
-                                   il, name, t, type);
-            }
-            if (row_ref != row) {
-                return kvc_err_set(err, KVC_E_STATE, "layer %u: %s rows of %llu bytes in the blob, %zu in the cache",
-                                   il, name, (unsigned long long)row_ref, row);
-            }
-            c->read_off[2 * il + (uint32_t)half] = r.off;
-            if (!kvc_cur_skip(&r, (uint64_t)cell_count * row)) {
-                return truncated(err, &r, half ? "V rows" : "K rows");
-            }
-        }
+    if (rc != KVC_OK) {
+        kvc_sec_free(&sec);
+        return rc;
     }
 
-    if ((flags & KVC_STATE_EXACT) && r.off != r.len) {
-        return kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)",
-                           r.len - r.off, r.off, r.len);
-    }
-
-    /* everything checked: apply */
+    /* everything checked: apply (the K/V data follow the V layout flag and the layer count, each
+     * after a 12-byte header) */
     rec_swap_work(c);
     if (seq_id == -1) {
         rec_zero_data(c);
     }
-    const size_t head = c->cells.head;
+    const size_t head = c->cells.head, cc = sec.cell_count;
+    const uint8_t *p = data + sec.data_off + 8;
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_rec_layer *L = &c->layers[il];
-        if (cell_count && L->k) {
-            memcpy(L->k + head * L->k_row_bytes, data + c->read_off[2 * il], (size_t)cell_count * L->k_row_bytes);
+        const kvc_layer *L = &c->layers[il];
+        if (cc && L->k) {
+            memcpy(L->k + head * L->k_row_bytes, p + 12, cc * L->k_row_bytes);
         }
-        if (cell_count && L->v) {
-            memcpy(L->v + head * L->v_row_bytes, data + c->read_off[2 * il + 1], (size_t)cell_count * L->v_row_bytes);
-        }
+        p += 12 + cc * L->k_row_bytes;
     }
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const kvc_layer *L = &c->layers[il];
+        if (cc && L->v) {
+            memcpy(L->v + head * L->v_row_bytes, p + 12, cc * L->v_row_bytes);
+        }
+        p += 12 + cc * L->v_row_bytes;
+    }
+    kvc_sec_free(&sec);
     *consumed = r.off;
     return KVC_OK;
 }
+
+KVC_SEQ_OPS_DEFINE(kvc_recurrent, kvc_recurrent);

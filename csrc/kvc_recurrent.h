@@ -22,6 +22,7 @@
 #define KVC_RECURRENT_H
 
 #include "kvc_common.h"
+#include "kvc_seqops.h"
 #include "kvc_ubatch.h"
 #include "kvc_seqset.h"
 
@@ -42,14 +43,8 @@ typedef struct kvc_rec_cells {
     uint32_t  seq_words;
 } kvc_rec_cells;
 
-typedef struct kvc_rec_layer {
-    uint32_t n_embd_k;     /* K row width in elements (rolling state part included) */
-    uint32_t n_embd_v;     /* V row width in elements (recurrent state part included) */
-    size_t   k_row_bytes;  /* kvc_row_size(type_k, n_embd_k) */
-    size_t   v_row_bytes;  /* kvc_row_size(type_v, n_embd_v) */
-    uint8_t *k;            /* size rows of k_row_bytes, or NULL */
-    uint8_t *v;            /* size rows of v_row_bytes, or NULL */
-} kvc_rec_layer;
+/* A layer (kvc_layer, kvc_common.h): il is its index; size rows of K (the rolling state part
+ * included) and of V (the recurrent state part included). */
 
 #define KVC_REC_WARN_CAP 1024
 
@@ -60,8 +55,7 @@ typedef struct kvc_recurrent {
     int32_t        type_k;      /* ggml type id of K */
     int32_t        type_v;      /* ggml type id of V */
     uint32_t       n_layer;     /* number of layers */
-    kvc_rec_layer *layers;      /* [n_layer] */
-    size_t        *read_off;    /* [2 * n_layer] scratch of state_read: data offsets of K, V */
+    kvc_layer     *layers;      /* [n_layer] */
     /* warnings of the last find_slot (the reference logs them), one per line */
     uint32_t       n_warn;      /* how many were raised (may exceed what fits in warn) */
     char           warn[KVC_REC_WARN_CAP]; /* NUL-terminated, lines separated by '\n' */
@@ -83,6 +77,8 @@ void kvc_recurrent_free(kvc_recurrent *c);
 void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v);
 
 /* --- operations; sequence ids are validated by the caller (C5), positions are any int32 --- */
+/* clear, seq_rm, seq_cp, seq_keep, seq_add and seq_div below, as the table of kvc_seqops.h. */
+extern const kvc_seq_ops kvc_recurrent_seq_ops;
 /* Empty every cell (pos, src, tail -1), head = used = 0, zero the K/V buffers; n is kept. */
 void    kvc_recurrent_clear(kvc_recurrent *c);
 /* Remove [p0, p1) of sequence s (s -1: every sequence, only for an empty or the whole range).

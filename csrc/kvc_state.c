@@ -1,12 +1,10 @@
 #include "kvc_state.h"
 
-#include "kvc_cursor.h"
+#include "kvc_section.h"
 #include "kvc_le.h"
 #include "kvc_types.h"
 
 #include <inttypes.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------------
@@ -91,19 +89,19 @@ static void src_count(const kvc_state_src *s, uint32_t *cells, uint32_t *runs, u
     *meta = m;
 }
 
-static uint64_t k_piece_bytes(const kvc_state_layer_src *l, uint32_t cc) { return 12 + (uint64_t)cc * l->k_row; }
+static uint64_t k_piece_bytes(const kvc_layer *l, uint32_t cc) { return 12 + (uint64_t)cc * l->k_row_bytes; }
 
-static uint64_t v_piece_bytes(const kvc_state_src *s, const kvc_state_layer_src *l, uint32_t cc) {
+static uint64_t v_piece_bytes(const kvc_state_src *s, const kvc_layer *l, uint32_t cc) {
     if (s->v_trans) {
         return 12 + (uint64_t)l->n_embd_v * cc * s->v_el;
     }
-    return 12 + (uint64_t)cc * l->v_row;
+    return 12 + (uint64_t)cc * l->v_row_bytes;
 }
 
 static uint64_t src_total(const kvc_state_src *s, uint32_t cc, uint64_t meta) {
     uint64_t n = 4 + meta + 8;
     for (uint32_t il = 0; il < s->n_layer; il++) {
-        kvc_state_layer_src l;
+        kvc_layer l;
         s->layer(s->cache, il, &l);
         n += k_piece_bytes(&l, cc) + v_piece_bytes(s, &l, cc);
     }
@@ -177,19 +175,19 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
     emit_u32(e, s->v_trans ? 1u : 0u);
     emit_u32(e, s->n_layer);
     for (uint32_t il = 0; il < s->n_layer && e->pos < e->hi; il++) {
-        kvc_state_layer_src l;
+        kvc_layer l;
         s->layer(s->cache, il, &l);
         if (emit_skip(e, k_piece_bytes(&l, cc))) {
             continue;
         }
         uint8_t h[12];
         kvc_le_put_i32(h, s->type_k);
-        kvc_le_put_u64(h + 4, (uint64_t)l.k_row);
+        kvc_le_put_u64(h + 4, (uint64_t)l.k_row_bytes);
         emit(e, h, 12);
-        emit_rows(e, runs, nr, l.k, l.k_row);
+        emit_rows(e, runs, nr, l.k, l.k_row_bytes);
     }
     for (uint32_t il = 0; il < s->n_layer && e->pos < e->hi; il++) {
-        kvc_state_layer_src l;
+        kvc_layer l;
         s->layer(s->cache, il, &l);
         if (emit_skip(e, v_piece_bytes(s, &l, cc))) {
             continue;
@@ -197,9 +195,9 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
         uint8_t h[12];
         kvc_le_put_i32(h, s->type_v);
         if (!s->v_trans) {
-            kvc_le_put_u64(h + 4, (uint64_t)l.v_row);
+            kvc_le_put_u64(h + 4, (uint64_t)l.v_row_bytes);
             emit(e, h, 12);
-            emit_rows(e, runs, nr, l.v, l.v_row);
+            emit_rows(e, runs, nr, l.v, l.v_row_bytes);
             continue;
         }
         kvc_le_put_u32(h + 4, (uint32_t)s->v_el);
@@ -350,15 +348,13 @@ typedef struct stream_ref {
 
 /* Layer il of one stream: K rows (and V rows) of stream s start at row s * size; a transposed V
  * keeps per stream n_embd_v rows of size elements, the same bytes as size rows. */
-static void unified_layer(const void *cache, uint32_t il, kvc_state_layer_src *out) {
+static void unified_layer(const void *cache, uint32_t il, kvc_layer *out) {
     const stream_ref *ref = cache;
     const kvc_layer *l = &ref->c->layers[il];
     const size_t rows = (size_t)ref->stream * ref->c->cells.size;
+    *out = *l;
     out->k = l->k ? l->k + rows * l->k_row_bytes : NULL;
     out->v = l->v ? l->v + rows * l->v_row_bytes : NULL;
-    out->k_row = l->k_row_bytes;
-    out->v_row = l->v_row_bytes;
-    out->n_embd_v = l->n_embd_v;
 }
 
 /* Stream `ref->stream` of the cache as a writer source, with the cells a layout leaves out of a
@@ -473,493 +469,52 @@ int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Reading: a bounds-checked cursor, a validating parse that changes nothing, then the apply.
+ * Reading: the section parser (kvc_section.h) validates a state against the cache while nothing
+ * changes, then the apply.
  * ------------------------------------------------------------------------------------------- */
 
-/* "truncated at byte X of N while reading <what>" (X: where the failed read starts). */
-int kvc_cur_truncated(kvc_err *err, const kvc_cursor *r, size_t need, const char *fmt, ...) {
-    char what[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    if (!need) {
-        return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s", r->off, r->len,
-                           what);
-    }
-    return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s (%zu bytes)",
-                       r->off, r->len, what, need);
-}
-
-static const char *type_name(int32_t id) {
-    const kvc_type_info *t = kvc_type_get(id);
-    return t ? t->name : "unknown";
-}
-
-/* What the parse learned; offsets are into the blob. With cache NULL (describing a blob) the
- * fields the cache would be checked against are recorded in desc, pos, seq, layers instead. */
-typedef struct parsed {
-    uint32_t cell_count;
-    uint32_t v_trans;    /* the blob's V layout */
-    size_t   data_off;   /* where v_trans is */
-    size_t   end;        /* bytes of the state */
-    int32_t *pos;        /* with a cache: the positions (kvc_malloc'ed), else NULL */
-    uint64_t *seq;       /* with a cache, whole: the sequence sets, seq_words words per cell
-                          * (kvc_malloc'ed), else NULL */
-    /* describing */
-    kvc_state_desc       *desc;
-    int32_t              *d_pos;
-    uint64_t             *d_seq;          /* KVC_SEQ_WORDS words per cell */
-    uint32_t              d_pos_cap;
-    kvc_state_layer_desc *d_layers;
-    uint32_t              d_layers_cap;
-} parsed;
-
-static int parse_meta(const kvc_unified *c, int32_t seq_id, kvc_cursor *r, parsed *ps, kvc_err *err) {
-    const uint32_t cc = ps->cell_count;
-    const size_t min_rec = seq_id >= 0 ? 12 : 8;
-    /* nothing is allocated for more cells than the bytes left can describe */
-    if ((r->len - r->off) / min_rec < cc) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "state truncated at byte %zu of %zu: %" PRIu32
-                           " cells need at least %zu bytes of metadata, %zu remain",
-                           r->off, r->len, cc, (size_t)cc * min_rec, r->len - r->off);
-    }
-    /* the apply takes the cells from here, never from the blob again (it may change meanwhile) */
-    const uint32_t nw = c ? c->cells.seq_words : KVC_SEQ_WORDS;
-    if (c && cc > 0) {
-        ps->pos = kvc_malloc_n(cc, sizeof *ps->pos);
-        if (seq_id < 0) {
-            ps->seq = kvc_malloc_n((uint64_t)cc * nw, sizeof *ps->seq);
-        }
-        if (!ps->pos || (seq_id < 0 && !ps->seq)) {
-            return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading a state of %" PRIu32 " cells", cc);
-        }
-    }
-    const uint32_t id_limit = c ? c->n_seq_max : KVC_MAX_SEQ;
-    for (uint32_t i = 0; i < cc; i++) {
-        int32_t pos;
-        uint32_t n_seq_id;
-        if (!kvc_cur_i32(r, &pos)) {
-            return kvc_cur_truncated(err, r, 4, "the position of cell %" PRIu32 " of %" PRIu32, i, cc);
-        }
-        if (pos < 0) {
-            return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): negative position %" PRId32, i,
-                               r->off - 4, pos);
-        }
-        if (!kvc_cur_u32(r, &n_seq_id)) {
-            return kvc_cur_truncated(err, r, 4, "the sequence count of cell %" PRIu32 " of %" PRIu32, i, cc);
-        }
-        if (!c) {
-            kvc_state_desc *d = ps->desc;
-            d->n_seq_id_min = i == 0 || n_seq_id < d->n_seq_id_min ? n_seq_id : d->n_seq_id_min;
-            d->n_seq_id_max = n_seq_id > d->n_seq_id_max ? n_seq_id : d->n_seq_id_max;
-            if (i < ps->d_pos_cap) {
-                ps->d_pos[i] = pos;
-            }
-        }
-        if (c && seq_id >= 0) {
-            if (n_seq_id != 1) {
-                return kvc_err_set(err, KVC_E_STATE,
-                                   "cell %" PRIu32 " (byte %zu): %" PRIu32
-                                   " sequence ids in a single-sequence state (must be 1)",
-                                   i, r->off - 4, n_seq_id);
-            }
-            int32_t ignored; /* the source sequence id: the destination replaces it */
-            if (!kvc_cur_i32(r, &ignored)) {
-                return kvc_cur_truncated(err, r, 4, "the sequence id of cell %" PRIu32 " of %" PRIu32, i, cc);
-            }
-            ps->pos[i] = pos;
-            continue;
-        }
-        if ((r->len - r->off) / 4 < n_seq_id) {
-            return kvc_err_set(err, KVC_E_STATE,
-                               "state truncated at byte %zu of %zu: cell %" PRIu32 " lists %" PRIu32
-                               " sequence ids, %zu bytes remain",
-                               r->off, r->len, i, n_seq_id, r->len - r->off);
-        }
-        kvc_seqset bits;
-        kvc_seqset_clear(&bits);
-        for (uint32_t j = 0; j < n_seq_id; j++) {
-            int32_t s;
-            if (!kvc_cur_i32(r, &s)) {
-                return kvc_cur_truncated(err, r, 4, "sequence id %" PRIu32 " of %" PRIu32 " of cell %" PRIu32, j,
-                                      n_seq_id, i);
-            }
-            if (s < 0 || (uint32_t)s >= id_limit) {
-                return kvc_err_set(err, KVC_E_STATE,
-                                   "cell %" PRIu32 " (byte %zu): sequence id %" PRId32
-                                   " out of range [0, %" PRIu32 ")",
-                                   i, r->off - 4, s, id_limit);
-            }
-            if (c && c->semantics == KVC_SEM_2026 && kvc_seqset_has(&bits, s)) {
-                /* today's llama.cpp keeps a sequence's positions per cell: an id listed twice
-                 * is malformed */
-                return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " listed twice",
-                                   i, r->off - 4, s);
-            }
-            kvc_seqset_add(&bits, s); /* a repeated id sets its bit again, as the reference does */
-        }
-        if (c) {
-            ps->pos[i] = pos;
-            memcpy(ps->seq + (size_t)i * nw, bits.w, nw * sizeof *ps->seq);
-        } else if (i < ps->d_pos_cap) {
-            memcpy(ps->d_seq + (size_t)i * KVC_SEQ_WORDS, bits.w, sizeof bits.w);
-        }
-    }
-    return KVC_OK;
-}
-
-/* "layer IL (byte AT): <what>" for a per-layer field that disagrees with the cache. */
-KVC_PRINTF_FORMAT(4, 5) static int fail_layer(kvc_err *err, int32_t il, size_t at, const char *fmt, ...) {
-    char what[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    return kvc_err_set(err, KVC_E_STATE, "layer %" PRId32 " (byte %zu): %s", il, at, what);
-}
-
-/* Take the n = count * unit data bytes of a section, checking the product against what is left. */
-static int take_data(kvc_cursor *r, uint64_t count, uint64_t unit, const char *what, int32_t il, uint64_t *n,
-                     kvc_err *err) {
-    const uint8_t *skip;
-    const size_t left = r->len - r->off;
-    *n = 0;
-    if (unit != 0 && count > left / unit) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "state truncated at byte %zu of %zu while reading the %s of layer %" PRId32
-                           " (%" PRIu64 " x %" PRIu64 " bytes, %zu remain)",
-                           r->off, r->len, what, il, count, unit, left);
-    }
-    *n = count * unit;
-    kvc_cur_take(r, (size_t)*n, &skip);
-    return KVC_OK;
-}
-
-/* Per layer V: i32 type, u64 row size (or u32 element size, u32 width when the blob's V is
- * transposed), the data. l is the cache's layer (NULL when describing), il its model index. */
-static int parse_layer_v(const kvc_unified *c, const kvc_layer *l, int32_t il, kvc_cursor *r, parsed *ps,
-                         kvc_state_layer_desc *ld, kvc_err *err) {
-    const uint32_t cc = ps->cell_count;
-    const size_t at = r->off;
-    int32_t type;
-    if (!kvc_cur_i32(r, &type)) {
-        return kvc_cur_truncated(err, r, 4, "the value type of layer %" PRId32, il);
-    }
-    if (c && type != c->type_v) {
-        return fail_layer(err, il, r->off - 4, "value type %" PRId32 " (%s) != cache's %" PRId32 " (%s)",
-                          type, type_name(type), c->type_v, type_name(c->type_v));
-    }
-    if (ps->v_trans) {
-        uint32_t el_ref, width;
-        if (!kvc_cur_u32(r, &el_ref)) {
-            return kvc_cur_truncated(err, r, 4, "the value element size of layer %" PRId32, il);
-        }
-        if (c) {
-            /* a transposed V stores single elements: the type must have blocks of one element
-             * (the cache's own V may be rows when converting) */
-            const kvc_type_info *t = kvc_type_get(c->type_v);
-            if (t->blck_size != 1) {
-                return fail_layer(err, il, r->off - 4,
-                                  "value type %s has blocks of %" PRIu32 " elements and cannot be transposed",
-                                  t->name, t->blck_size);
-            }
-            if (el_ref != t->type_size) {
-                return fail_layer(err, il, r->off - 4, "value element size %" PRIu32 " != cache's %" PRIu32,
-                                  el_ref, t->type_size);
-            }
-        }
-        if (!kvc_cur_u32(r, &width)) {
-            return kvc_cur_truncated(err, r, 4, "the value width of layer %" PRId32, il);
-        }
-        if (c && width != l->n_embd_v) {
-            return fail_layer(err, il, r->off - 4, "value width (n_embd_v_gqa) %" PRIu32 " != cache's %" PRIu32,
-                              width, l->n_embd_v);
-        }
-        uint64_t n;
-        int rc = take_data(r, (uint64_t)cc, (uint64_t)width * el_ref, "values", il, &n, err);
-        if (rc != KVC_OK) {
-            return rc;
-        }
-        if (ld) {
-            ld->v_type = type;
-            ld->v_elem_size = el_ref;
-            ld->v_width = width;
-            ld->v_offset = at;
-            ld->v_bytes = n;
-        }
-        return KVC_OK;
-    }
-    uint64_t row;
-    if (!kvc_cur_u64(r, &row)) {
-        return kvc_cur_truncated(err, r, 8, "the value row size of layer %" PRId32, il);
-    }
-    /* a transposed cache's v_row_bytes is its width times the element size: what rows of the
-     * blob must hold to be converted */
-    if (c && row != (uint64_t)l->v_row_bytes) {
-        return fail_layer(err, il, r->off - 8, "value row size %" PRIu64 " != cache's %zu", row,
-                          l->v_row_bytes);
-    }
-    uint64_t n;
-    int rc = take_data(r, (uint64_t)cc, row, "values", il, &n, err);
-    if (rc != KVC_OK) {
-        return rc;
-    }
-    if (ld) {
-        ld->v_type = type;
-        ld->v_row_size = row;
-        ld->v_offset = at;
-        ld->v_bytes = n;
-    }
-    return KVC_OK;
-}
-
-static int parse_layer_k(const kvc_unified *c, const kvc_layer *l, int32_t il, kvc_cursor *r, uint32_t cc,
-                         kvc_state_layer_desc *ld, kvc_err *err) {
-    const size_t at = r->off;
-    int32_t type;
-    uint64_t row;
-    if (!kvc_cur_i32(r, &type)) {
-        return kvc_cur_truncated(err, r, 4, "the key type of layer %" PRId32, il);
-    }
-    if (c && type != c->type_k) {
-        return fail_layer(err, il, r->off - 4, "key type %" PRId32 " (%s) != cache's %" PRId32 " (%s)", type,
-                          type_name(type), c->type_k, type_name(c->type_k));
-    }
-    if (!kvc_cur_u64(r, &row)) {
-        return kvc_cur_truncated(err, r, 8, "the key row size of layer %" PRId32, il);
-    }
-    if (c && row != (uint64_t)l->k_row_bytes) {
-        return fail_layer(err, il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row, l->k_row_bytes);
-    }
-    uint64_t n;
-    int rc = take_data(r, (uint64_t)cc, row, "keys", il, &n, err);
-    if (rc == KVC_OK && ld) {
-        ld->k_type = type;
-        ld->k_row_size = row;
-        ld->k_offset = at;
-        ld->k_bytes = n;
-    }
-    return rc;
-}
-
-/* The data section: V layout flag, layer count, every layer's K then every layer's V. */
-static int parse_data(const kvc_unified *c, kvc_cursor *r, parsed *ps, unsigned flags, kvc_err *err) {
-    static const char *const layout[2] = { "not transposed", "transposed" };
-    uint32_t v_trans, n_layer;
-    int rc;
-    if (!kvc_cur_u32(r, &v_trans)) {
-        return kvc_cur_truncated(err, r, 4, "the V layout flag");
-    }
-    if (v_trans > 1) {
-        return kvc_err_set(err, KVC_E_STATE, "V layout (byte %zu): flag %" PRIu32 " is neither 0 nor 1",
-                           r->off - 4, v_trans);
-    }
-    if (c && (v_trans != 0) != c->v_trans && !(flags & KVC_STATE_CONVERT_V)) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "V layout (byte %zu): the state has V %s, the cache %s (conversion not requested)",
-                           r->off - 4, layout[v_trans], layout[c->v_trans]);
-    }
-    ps->v_trans = v_trans;
-    if (!kvc_cur_u32(r, &n_layer)) {
-        return kvc_cur_truncated(err, r, 4, "the layer count");
-    }
-    if (c && n_layer != c->n_layer) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "layer count (byte %zu): the state has %" PRIu32 ", the cache %" PRIu32, r->off - 4,
-                           n_layer, c->n_layer);
-    }
-    /* each layer takes at least 24 bytes of headers */
-    if ((r->len - r->off) / 24 < n_layer) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "state truncated at byte %zu of %zu: %" PRIu32
-                           " layers need at least %zu bytes of headers, %zu remain",
-                           r->off, r->len, n_layer, (size_t)n_layer * 24, r->len - r->off);
-    }
-    if (!c) {
-        ps->desc->v_trans = v_trans;
-        ps->desc->n_layer = n_layer;
-    }
-    for (uint32_t ikv = 0; ikv < n_layer; ikv++) {
-        const kvc_layer *l = c ? &c->layers[ikv] : NULL;
-        kvc_state_layer_desc *ld = !c && ikv < ps->d_layers_cap ? &ps->d_layers[ikv] : NULL;
-        if ((rc = parse_layer_k(c, l, l ? l->il : (int32_t)ikv, r, ps->cell_count, ld, err)) != KVC_OK) {
-            return rc;
-        }
-    }
-    for (uint32_t ikv = 0; ikv < n_layer; ikv++) {
-        const kvc_layer *l = c ? &c->layers[ikv] : NULL;
-        kvc_state_layer_desc *ld = !c && ikv < ps->d_layers_cap ? &ps->d_layers[ikv] : NULL;
-        if ((rc = parse_layer_v(c, l, l ? l->il : (int32_t)ikv, r, ps, ld, err)) != KVC_OK) {
-            return rc;
-        }
-    }
-    return KVC_OK;
-}
-
-/* Validate one stream's body at the cursor (the seed's state: cell count, cells, data); nothing in
- * the cache changes. On success ps says where things are (ps->pos and ps->seq must be freed by the
- * caller in every case). */
-static int parse_body(const kvc_unified *c, int32_t seq_id, kvc_cursor *r, unsigned flags, parsed *ps, kvc_err *err) {
-    int rc;
-    if (!kvc_cur_u32(r, &ps->cell_count)) {
-        return kvc_cur_truncated(err, r, 4, "the cell count");
-    }
-    if (c && ps->cell_count > c->cells.size) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "not enough cells: the state holds %" PRIu32 " cells (byte %zu), the cache has %" PRIu32,
-                           ps->cell_count, r->off - 4, c->cells.size);
-    }
-    if ((rc = parse_meta(c, seq_id, r, ps, err)) != KVC_OK) {
-        return rc;
-    }
-    ps->data_off = r->off;
-    if ((rc = parse_data(c, r, ps, flags, err)) != KVC_OK) {
-        return rc;
-    }
-    ps->end = r->off;
-    return KVC_OK;
-}
-
-/* The stream count of a state in the stream layout: want (the cache's) or, with want 0, any
- * count from 1 to KVC_MAX_SEQ. */
-static int parse_stream_count(kvc_cursor *r, uint32_t want, uint32_t *n, kvc_err *err) {
-    if (!kvc_cur_u32(r, n)) {
-        return kvc_cur_truncated(err, r, 4, "the stream count");
-    }
-    if (want && *n != want) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "n_stream mismatch: the state has %" PRIu32 " streams (byte %zu), the cache %" PRIu32,
-                           *n, r->off - 4, want);
-    }
-    if (*n == 0 || *n > KVC_MAX_SEQ) {
-        return kvc_err_set(err, KVC_E_STATE, "stream count %" PRIu32 " (byte %zu): expected 1 to %d", *n,
-                           r->off - 4, KVC_MAX_SEQ);
-    }
-    return KVC_OK;
-}
-
-/* True (and the 4-byte count taken) when the stream section at the cursor is empty. */
-static bool take_empty_section(kvc_cursor *r) {
-    if (r->len - r->off >= 4 && kvc_le_get_u32(r->p + r->off) == 0) {
-        r->off += 4;
-        return true;
-    }
-    return false;
-}
-
-/* Validate one cache's memory state in a layout. With streams, each stream section goes to the
- * cache's stream of the same index (a single sequence: to its stream); the cache has one stream
- * today, so the plan holds one section. */
-static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
-                       unsigned layout, parsed *ps, bool *noop, kvc_err *err) {
-    kvc_cursor r = { data, data ? len : 0, 0 };
-    *noop = false;
-    if (!(layout & KVC_LAYOUT_STREAMS)) {
-        return parse_body(c, seq_id, &r, flags, ps, err);
-    }
-    uint32_t n_stream = 0;
-    int rc = parse_stream_count(&r, kvc_unified_n_stream(c), &n_stream, err);
-    if (rc != KVC_OK) {
-        return rc;
-    }
-    for (uint32_t s = 0; s < n_stream; s++) {
-        if (take_empty_section(&r)) {
-            /* an empty section changes nothing of a single sequence; a whole-cache read has
-             * cleared the cache (llama.cpp clears once, before the sections) */
-            *noop = seq_id >= 0;
-            ps->end = r.off;
-            continue;
-        }
-        if ((rc = parse_body(c, seq_id, &r, flags, ps, err)) != KVC_OK) {
-            return rc;
-        }
-    }
-    return KVC_OK;
-}
-
-int kvc_state_prefix_skip(const uint8_t *data, size_t len, size_t *off, kvc_err *err) {
-    *off = 0;
-    if (!data || len < 4 || kvc_le_get_u32(data) != KVC_SEQ_MAGIC) {
-        return KVC_OK;
-    }
-    if (len < KVC_SEQ_PREFIX_BYTES) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "state truncated at byte 4 of %zu while reading the sequence id of the sequence-blob "
-                           "prefix (4 bytes)", len);
-    }
-    *off = KVC_SEQ_PREFIX_BYTES;
-    return KVC_OK;
-}
-
-int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix,
-                             kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
-                             kvc_err *err) {
-    memset(f, 0, sizeof *f);
-    kvc_cursor r = { data, data ? len : 0, 0 };
-    int rc;
-    if (allow_prefix && (layout & KVC_LAYOUT_PREFIX)) {
-        size_t off;
-        if ((rc = kvc_state_prefix_skip(data, len, &off, err)) != KVC_OK) {
-            return rc;
-        }
-        if (off) {
-            f->prefixed = true;
-            f->src_seq_id = kvc_le_get_i32(data + 4);
-            r.off = off;
-        }
-    }
-    f->n_stream = 1;
-    if ((layout & KVC_LAYOUT_STREAMS) && (rc = parse_stream_count(&r, 0, &f->n_stream, err)) != KVC_OK) {
-        return rc;
-    }
-    for (uint32_t s = 0; s < f->n_stream; s++) {
-        const size_t at = r.off;
-        uint32_t cells = 0;
-        if (!(layout & KVC_LAYOUT_STREAMS) || !take_empty_section(&r)) {
-            kvc_state_desc d;
-            rc = kvc_state_describe(r.p + r.off, r.len - r.off, &d, NULL, NULL, 0, NULL, 0, err);
-            if (rc != KVC_OK) {
-                if (f->n_stream > 1 || at) {
-                    char inner[sizeof err->msg];
-                    memcpy(inner, err->msg, sizeof inner);
-                    kvc_err_set(err, rc, "stream %" PRIu32 " (from byte %zu): %s", s, at, inner);
-                }
-                return rc;
-            }
-            cells = d.cell_count;
-            r.off += d.end;
-        }
-        if (s < sec_cap) {
-            sec_off[s] = at;
-            sec_cells[s] = cells;
-        }
-    }
-    f->end = r.off;
-    return KVC_OK;
-}
-
-int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
-                       uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err) {
+/* The cache as the section parser holds a state to it (every stream has one geometry: ref names
+ * stream 0, and must outlive d). */
+static void unified_dest(const stream_ref *ref, int32_t seq_id, unsigned flags, kvc_sec_dest *d) {
+    const kvc_unified *c = ref->c;
     memset(d, 0, sizeof *d);
-    parsed ps;
-    memset(&ps, 0, sizeof ps);
-    ps.desc = d;
-    ps.d_pos = pos;
-    ps.d_seq = seq;
-    ps.d_pos_cap = pos && seq ? pos_cap : 0;
-    ps.d_layers = layers;
-    ps.d_layers_cap = layers ? layers_cap : 0;
-    if (layers) {
-        memset(layers, 0, (size_t)layers_cap * sizeof *layers);
-    }
-    /* the whole-cache record shape: n_seq_id and the ids are read as they are */
+    d->seq_id = seq_id;
+    d->size = c->cells.size;
+    d->single_n_ids = 1;
+    d->n_seq_max = c->n_seq_max;
+    d->seq_words = c->cells.seq_words;
+    d->ids_once = c->semantics == KVC_SEM_2026;
+    d->type_k = c->type_k;
+    d->type_v = c->type_v;
+    d->v_trans = c->v_trans;
+    d->convert_v = (flags & KVC_STATE_CONVERT_V) != 0;
+    d->can_convert_v = true;
+    d->n_layer = c->n_layer;
+    d->cache = ref;
+    d->layer = unified_layer;
+}
+
+/* Validate one cache's memory state in a layout (a cache of the seed's semantics: one stream).
+ * With streams, an empty section changes nothing of a single sequence; a whole-cache read has
+ * cleared the cache (llama.cpp clears once, before the sections). sec->pos and sec->seq must be
+ * released by the caller in every case. */
+static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                       unsigned layout, kvc_section *sec, bool *noop, kvc_err *err) {
     kvc_cursor r = { data, data ? len : 0, 0 };
-    const int rc = parse_body(NULL, -1, &r, 0, &ps, err);
-    d->cell_count = ps.cell_count;
-    d->data_off = ps.data_off;
-    d->end = ps.end;
+    const stream_ref ref = { c, 0 };
+    kvc_sec_dest d;
+    kvc_frame f;
+    unified_dest(&ref, seq_id, flags, &d);
+    *noop = false;
+    int rc = kvc_frame_begin(&r, layout, kvc_unified_n_stream(c), &f, err);
+    for (uint32_t s = 0; rc == KVC_OK && s < f.n_stream; s++) {
+        if (kvc_frame_take_empty(&r, &f)) {
+            *noop = seq_id >= 0;
+            sec->end = r.off;
+            continue;
+        }
+        rc = kvc_sec_parse(&r, &d, sec, err);
+    }
     return rc;
 }
 
@@ -1270,43 +825,38 @@ static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *
 static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                         unsigned layout, kvc_state_plan *plan, kvc_err *err) {
     kvc_cursor r = { data, data ? len : 0, 0 };
-    uint32_t n_stream = 1;
+    const stream_ref ref = { c, 0 };
+    kvc_sec_dest d;
+    kvc_frame f;
     int rc;
     plan->data = data;
     plan->seq_id = seq_id;
-    if (layout & KVC_LAYOUT_STREAMS) {
-        if ((rc = parse_stream_count(&r, c->n_stream, &n_stream, err)) != KVC_OK) {
-            return rc;
-        }
-    } else if (c->n_stream != 1) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "n_stream mismatch: a state without stream counts holds 1 stream, the cache %" PRIu32,
-                           c->n_stream);
+    unified_dest(&ref, seq_id, flags, &d);
+    if ((rc = kvc_frame_begin(&r, layout, c->n_stream, &f, err)) != KVC_OK) {
+        return rc;
     }
-    plan->secs = kvc_calloc(n_stream, sizeof *plan->secs);
+    plan->secs = kvc_calloc(f.n_stream, sizeof *plan->secs);
     if (!plan->secs) {
-        return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading %" PRIu32 " streams", n_stream);
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading %" PRIu32 " streams", f.n_stream);
     }
-    for (uint32_t s = 0; s < n_stream; s++) {
+    for (uint32_t s = 0; s < f.n_stream; s++) {
         const size_t at = r.off;
-        if ((layout & KVC_LAYOUT_STREAMS) && take_empty_section(&r)) {
+        if (kvc_frame_take_empty(&r, &f)) {
             continue;
         }
-        parsed ps;
+        kvc_section ps;
         memset(&ps, 0, sizeof ps);
-        rc = parse_body(c, seq_id, &r, flags & KVC_STATE_CONVERT_V, &ps, err);
+        rc = kvc_sec_parse(&r, &d, &ps, err);
         kvc_state_sec *sec = &plan->secs[plan->n_sec++];
         sec->stream = seq_id < 0 ? s : kvc_unified_stream_of(c, seq_id);
         sec->cell_count = ps.cell_count;
         sec->data_off = ps.data_off;
         sec->v_trans = ps.v_trans;
-        sec->pos = ps.pos;
+        sec->pos = ps.pos; /* owned by the plan from here */
         sec->seq = ps.seq;
         if (rc != KVC_OK) {
-            if (n_stream > 1) {
-                char inner[sizeof err->msg];
-                memcpy(inner, err->msg, sizeof inner);
-                kvc_err_set(err, rc, "stream %" PRIu32 " (from byte %zu): %s", s, at, inner);
+            if (f.n_stream > 1) {
+                kvc_err_wrap(err, rc, "stream %" PRIu32 " (from byte %zu)", s, at);
             }
             return rc;
         }
@@ -1393,7 +943,7 @@ int kvc_unified_state_prepare_lay(kvc_unified *c, int32_t seq_id, const uint8_t 
         }
         return rc;
     }
-    parsed ps;
+    kvc_section ps;
     memset(&ps, 0, sizeof ps);
     bool noop;
     int rc = parse_state(c, seq_id, data, len, flags, layout, &ps, &noop, err);
@@ -1471,19 +1021,14 @@ static int prepare_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t s
                                            &plans[k], err);
         if (rc == KVC_OK) {
             off += plans[k].len;
-        } else if ((n_parts > 1 || off) && err) {
-            char inner[sizeof err->msg];
-            memcpy(inner, err->msg, sizeof inner);
-            if (n_parts > 1) {
-                kvc_err_set(err, rc, "part %" PRIu32 " of %" PRIu32 " (from byte %zu): %s", k, n_parts, off, inner);
-            } else {
-                kvc_err_set(err, rc, "memory state (from byte %zu): %s", off, inner);
-            }
+        } else if (n_parts > 1) {
+            kvc_err_wrap(err, rc, "part %" PRIu32 " of %" PRIu32 " (from byte %zu)", k, n_parts, off);
+        } else if (off) {
+            kvc_err_wrap(err, rc, "memory state (from byte %zu)", off);
         }
     }
-    if (rc == KVC_OK && (flags & KVC_STATE_EXACT) && off != len) {
-        rc = kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)",
-                         len - off, off, len);
+    if (rc == KVC_OK && (flags & KVC_STATE_EXACT)) {
+        rc = kvc_state_check_end(off, len, err);
     }
     if (rc != KVC_OK) {
         for (uint32_t j = 0; j < k && j < n_parts; j++) {
@@ -1512,12 +1057,7 @@ static bool frames_exactly(const uint8_t *data, size_t len, unsigned layout, uin
         }
         off += f.end;
     }
-    if (off != len) {
-        kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)", len - off,
-                    off, len);
-        return false;
-    }
-    return true;
+    return kvc_state_check_end(off, len, err) == KVC_OK;
 }
 
 /* Where the parts start: after the sequence-blob prefix when the layout has one and it is there. */

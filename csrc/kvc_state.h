@@ -82,14 +82,6 @@ int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offse
 
 /* --- the blob writer shared by the cache variants ----------------------------------------- */
 
-/* One layer as the writer sees it. */
-typedef struct kvc_state_layer_src {
-    const uint8_t *k;       /* size rows of k_row bytes, or NULL (zeros are written) */
-    const uint8_t *v;       /* size rows of v_row bytes, or, transposed, n_embd_v rows of size elements */
-    size_t         k_row;
-    size_t         v_row;
-    uint32_t       n_embd_v;
-} kvc_state_layer_src;
 
 /* A cache as the writer sees it. The listed cells are, for seq_id -1, every cell that is not
  * empty (empty: pos -1, or with empty_is_no_seq no sequence bit), else the cells holding seq_id. */
@@ -106,7 +98,9 @@ typedef struct kvc_state_src {
     size_t          v_el;            /* bytes per V element when transposed */
     uint32_t        n_layer;
     const void     *cache;           /* passed to layer() */
-    void          (*layer)(const void *cache, uint32_t il, kvc_state_layer_src *out);
+    /* layer il as kvc_layer (kvc_common.h): its rows of this source (k / v NULL: zeros are
+     * written); transposed, n_embd_v rows of size elements */
+    void          (*layer)(const void *cache, uint32_t il, kvc_layer *out);
     const kvc_unified *swa;          /* single sequence: leave out the cells this cache's window
                                       * masks against swa_pmax (NULL: none left out) */
     int32_t         swa_pmax;

@@ -47,6 +47,17 @@ size_t kvc_row_size(int32_t type, uint64_t n) {
     return (size_t)bytes;
 }
 
+kvc_layer kvc_layer_geometry(int32_t il, int32_t type_k, int32_t type_v, uint32_t n_embd_k, uint32_t n_embd_v) {
+    kvc_layer l;
+    memset(&l, 0, sizeof l);
+    l.il = il;
+    l.n_embd_k = n_embd_k;
+    l.n_embd_v = n_embd_v;
+    l.k_row_bytes = kvc_row_size(type_k, n_embd_k);
+    l.v_row_bytes = kvc_row_size(type_v, n_embd_v);
+    return l;
+}
+
 static inline uint32_t kvc_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float kvc_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 

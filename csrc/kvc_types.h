@@ -42,6 +42,10 @@ const kvc_type_info *kvc_type_at(size_t i);
  * type is unknown or the bytes exceed SIZE_MAX. */
 size_t kvc_row_size(int32_t type, uint64_t n);
 
+/* The geometry of model layer il of a cache (no memory attached): its widths and the bytes of
+ * its rows of types type_k / type_v. */
+kvc_layer kvc_layer_geometry(int32_t il, int32_t type_k, int32_t type_v, uint32_t n_embd_k, uint32_t n_embd_v);
+
 /* f16 / bf16 <-> f32 conversion (IEEE round-to-nearest-even, as ggml). */
 float    kvc_f16_to_f32(uint16_t h);
 uint16_t kvc_f32_to_f16(float f);

@@ -113,12 +113,7 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
         goto nomem;
     }
     for (uint32_t l = 0; l < p->n_layer; l++) {
-        kvc_layer *ly = &c->layers[l];
-        ly->il = p->layer_il[l];
-        ly->n_embd_k = p->n_embd_k[l];
-        ly->n_embd_v = p->n_embd_v[l];
-        ly->k_row_bytes = kvc_row_size(p->type_k, p->n_embd_k[l]);
-        ly->v_row_bytes = kvc_row_size(p->type_v, p->n_embd_v[l]);
+        c->layers[l] = kvc_layer_geometry(p->layer_il[l], p->type_k, p->type_v, p->n_embd_k[l], p->n_embd_v[l]);
     }
     return KVC_OK;
 
@@ -552,3 +547,5 @@ bool kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts)
     }
     return had_shift;
 }
+
+KVC_SEQ_OPS_DEFINE(kvc_unified, kvc_unified);

@@ -12,6 +12,7 @@
 #define KVC_UNIFIED_H
 
 #include "kvc_common.h"
+#include "kvc_seqops.h"
 #include "kvc_cells.h"
 #include "kvc_ubatch.h"
 
@@ -43,15 +44,8 @@ typedef struct kvc_stream {
     uint32_t  head;
 } kvc_stream;
 
-typedef struct kvc_layer {
-    int32_t  il;           /* model layer index */
-    uint32_t n_embd_k;     /* K row width in elements */
-    uint32_t n_embd_v;     /* V row width in elements */
-    size_t   k_row_bytes;  /* kvc_row_size(type_k, n_embd_k) */
-    size_t   v_row_bytes;  /* kvc_row_size(type_v, n_embd_v) */
-    uint8_t *k;            /* n_stream * size rows of k_row_bytes (stream s: rows s * size ..), or NULL */
-    uint8_t *v;            /* likewise; transposed: per stream n_embd_v rows of size elements */
-} kvc_layer;
+/* The layers (kvc_layer, kvc_common.h): K rows n_stream * size (stream s: rows s * size ..); V
+ * likewise, or transposed per stream n_embd_v rows of size elements. */
 
 /* One find_slot's overwritten cells [i, i + n), as they were: entries [off, off + n) of the
  * undo log's arrays. */
@@ -178,6 +172,8 @@ uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s);
 bool     kvc_unified_any_shift(const kvc_unified *c);
 
 /* --- operations; sequence ids and positions are validated by the caller ---------------- */
+/* clear, seq_rm, seq_cp, seq_keep, seq_add and seq_div below, as the table of kvc_seqops.h. */
+extern const kvc_seq_ops kvc_unified_seq_ops;
 void    kvc_unified_clear(kvc_unified *c);           /* also zeroes the K/V buffers; n kept */
 /* Zero the K/V data of cells [from, to) (every layer; columns of a transposed V). */
 void    kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to);

@@ -65,13 +65,18 @@ def busy_unified_2026(kv_unified=True, type_k="f16", type_v="f16", v_trans=True,
     return fill_random(c, seed)
 
 
-def busy_iswa(v_trans=True, seed=0, n_seq_max=3, swa_full=False, buffers="owned", kv_size=64):
-    """An iSWA cache with three sequences in both parts and random K/V bytes."""
+def busy_iswa(v_trans=True, seed=0, n_seq_max=3, swa_full=False, buffers="owned", kv_size=64, semantics="2025",
+              kv_unified=True):
+    """An iSWA cache with three sequences in both parts and random K/V bytes; semantics "2026":
+    today's pair (one stream, or a stream per sequence with kv_unified=False), the SWA cache
+    holding cells outside the window that a sequence's state leaves out."""
+    today = dict(semantics="2026", kv_unified=kv_unified, n_pad=1) if semantics == "2026" else {}
     c = kvcache.ISWACache(kv_size, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, v_trans=v_trans,
-                          n_seq_max=n_seq_max, swa_full=swa_full, buffers=buffers)
+                          n_seq_max=n_seq_max, swa_full=swa_full, buffers=buffers, **today)
     for p in range(10):
         assert c.find_slot(kvcache.UBatch(pos=[p], seq_id=[p % 3]))
-        c.commit()
+        if not today:
+            c.commit()
     return fill_random(c, seed)
 
 
@@ -116,7 +121,7 @@ def _recurrent_snapshot(c):
 def snapshot(cache):
     """Everything observable about a cache (without changing it), as a comparable value."""
     if isinstance(cache, kvcache.ISWACache):
-        return ("iswa", _unified_snapshot(cache.base), _unified_snapshot(cache.swa), tuple(map(tuple, cache.pending)))
+        return ("iswa", snapshot(cache.base), snapshot(cache.swa), tuple(map(tuple, cache.pending)))
     if isinstance(cache, kvcache.RecurrentCache):
         return _recurrent_snapshot(cache)
     if cache.semantics == "2026":

@@ -5,6 +5,7 @@ table.
 A machine mixes :class:`SequenceRules` (or :class:`SequenceEditRules`, for today's cache)
 into its RuleBasedStateMachine and sets ``replays`` (the model's and the cache's
 :class:`kvcache.conformance.Replay`) and ``n_seq_max``."""
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
@@ -22,6 +23,29 @@ def read_alike(*reads):
             got.append("StateError")
     assert all(g == got[0] for g in got), got
     return got[0]
+
+
+def hand_off_alike(cache, moved, read, seq_id, dst):
+    """Sequence seq_id of cache moved by seq_export / seq_import_begin into moved (as dst) leaves
+    moved as state_read of its state (layout "2026") leaves read; or both refuse it, StateError,
+    and the import changed nothing. moved and read start alike."""
+    from kvcache import StateError
+    from kvcache.handoff import copy_regions
+    from cache_state import snapshot
+
+    exp = cache.seq_export(seq_id)
+    before = snapshot(moved)
+    try:
+        imp = moved.seq_import_begin(exp.header, dst)
+    except StateError:
+        assert snapshot(moved) == before
+        with pytest.raises(StateError):
+            read.state_read(cache.state_write(seq_id, layout="2026"), dst, layout="2026")
+        return
+    copy_regions(exp.regions, imp.regions)
+    imp.commit()
+    read.state_read(cache.state_write(seq_id, layout="2026"), dst, layout="2026")
+    assert snapshot(moved) == snapshot(read)
 
 
 def draw_copy_range(data, multi, src, dst, prange):

@@ -3,7 +3,8 @@ regions with plain memcpy must give exactly what state_write + state_read give (
 K/V byte), and every bad header, a full cache, abort, an exception or garbage collection before
 commit must leave the receiving cache exactly as it was. Each test runs for the seed's cache
 (semantics "2025", compared with the state in layout "2025") and today's (semantics "2026" with
-one stream and with a stream per sequence, compared with the state in layout "2026")."""
+one stream and with a stream per sequence, compared with the state in layout "2026"); the iSWA
+pairs' tests run for the same three, each with swa_full and without."""
 import gc
 import struct
 
@@ -339,31 +340,98 @@ def test_export_and_import_objects():
         imp.scatter(exp.gather())
 
 
-@pytest.mark.parametrize("v_trans", [True, False])
-@pytest.mark.parametrize("seq_id", [0, 1, 2])
-def test_iswa_caches_move_both_parts_like_state_read(v_trans, seq_id):
+# the iSWA pairs of each semantics (keyword arguments of busy_iswa) and their state layout
+ISWA_KINDS = {
+    "2025": ({}, "2025"),
+    "2026": ({"semantics": "2026"}, "2026"),
+    "2026-streams": ({"semantics": "2026", "kv_unified": False}, "2026"),
+}
+iswa_kinds = pytest.mark.parametrize("iswa_kind", list(ISWA_KINDS))
+swa_fulls = pytest.mark.parametrize("swa_full", [False, True], ids=["swa-sized", "swa-full"])
+
+
+def _iswa(iswa_kind, seed, **kw):
     from cache_state import busy_iswa
 
-    src, dst, ref = busy_iswa(v_trans, seed=0), busy_iswa(v_trans, seed=1), busy_iswa(v_trans, seed=1)
+    return busy_iswa(seed=seed, **ISWA_KINDS[iswa_kind][0], **kw)
+
+
+@iswa_kinds
+@swa_fulls
+@pytest.mark.parametrize("v_trans", [True, False])
+@pytest.mark.parametrize("seq_id", [0, 1, 2])
+def test_iswa_caches_move_both_parts_like_state_read(v_trans, seq_id, swa_full, iswa_kind):
+    layout = ISWA_KINDS[iswa_kind][1]
+    src, dst, ref = (_iswa(iswa_kind, seed, v_trans=v_trans, swa_full=swa_full) for seed in (0, 1, 1))
     exp = src.seq_export(seq_id)
+    # the export lists exactly what the pair's state of the sequence holds, part by part
+    assert exp.n_bytes == len(exp.gather())
     with dst.seq_import_begin(exp.header) as imp:
         assert imp.n_bytes == exp.n_bytes
+        assert [i.n_cells for i in imp.parts] == [e.n_cells for e in exp.parts]
         copy_regions(exp.regions, imp.regions)
         imp.commit()
     assert not imp.active
-    ref.state_read(src.state_write(seq_id, layout="2025"), seq_id, layout="2025")
+    ref.state_read(src.state_write(seq_id, layout=layout), seq_id, layout=layout)
     assert snapshot(dst) == snapshot(ref)
-    dst2 = busy_iswa(v_trans, seed=1)
+    assert dst.state_write(-1, layout=layout) == ref.state_write(-1, layout=layout)
+    assert dst.state_write(seq_id, layout=layout) == src.state_write(seq_id, layout=layout)
+    dst2 = _iswa(iswa_kind, 1, v_trans=v_trans, swa_full=swa_full)
     with dst2.seq_import_begin(exp.header, seq_id=seq_id) as imp:
         imp.scatter(exp.gather())
         imp.commit()
     assert snapshot(dst2) == snapshot(ref)
 
 
-def test_iswa_imports_are_all_or_nothing():
-    from cache_state import busy_iswa
+@iswa_kinds
+@swa_fulls
+def test_iswa_caches_move_a_sequence_into_another_id(swa_full, iswa_kind):
+    layout = ISWA_KINDS[iswa_kind][1]
+    src, dst, ref = (_iswa(iswa_kind, seed, swa_full=swa_full) for seed in (0, 1, 1))
+    exp = src.seq_export(1)
+    with dst.seq_import_begin(exp.header, seq_id=2) as imp:    # with streams: into another stream
+        imp.scatter(exp.gather())
+        imp.commit()
+    ref.state_read(src.state_write(1, layout=layout), 2, layout=layout)
+    assert snapshot(dst) == snapshot(ref)
 
-    src, dst = busy_iswa(seed=0), busy_iswa(seed=1)
+
+def test_a_2026_iswa_export_leaves_out_the_swa_cells_outside_the_window():
+    src, dst, ref = (_iswa("2026", seed) for seed in (0, 1, 1))
+    exp = src.seq_export(0)
+    # sequence 0 holds positions 0, 3, 6, 9: a window of 4 keeps 6 and 9 in the SWA part
+    assert [e.n_cells for e in exp.parts] == [4, 2]
+    dst.seq_rm(0)
+    ref.seq_rm(0)
+    with dst.seq_import_begin(exp.header) as imp:
+        imp.scatter(exp.gather())
+        imp.commit()
+    ref.state_read(src.state_write(0, layout="2026"), 0, layout="2026")
+    assert snapshot(dst) == snapshot(ref)
+    assert dst.swa.seq_cells(0)[1].tolist() == [6, 9]
+
+
+@swa_fulls
+@pytest.mark.parametrize("src_kind, dst_kind", [("2025", "2026"), ("2026", "2025")])
+def test_an_iswa_pair_of_either_semantics_imports_into_the_other(src_kind, dst_kind, swa_full):
+    """The export carries the cells the source's state lists in its own era's layout (today's
+    SWA half: the window only); the destination ends as its state_read of that state."""
+    src = _iswa(src_kind, 0, swa_full=swa_full)
+    dst, ref = (_iswa(dst_kind, 1, swa_full=swa_full) for _ in range(2))
+    layout = ISWA_KINDS[src_kind][1]
+    for s in (1, 0):
+        exp = src.seq_export(s)
+        with dst.seq_import_begin(exp.header) as imp:
+            copy_regions(exp.regions, imp.regions)
+            imp.commit()
+        ref.state_read(src.state_write(s, layout=layout), s, layout=layout)
+        assert snapshot(dst) == snapshot(ref)
+
+
+@iswa_kinds
+@swa_fulls
+def test_iswa_imports_are_all_or_nothing(swa_full, iswa_kind):
+    src, dst = _iswa(iswa_kind, 0, swa_full=swa_full), _iswa(iswa_kind, 1, swa_full=swa_full)
     exp = src.seq_export(0)
     before = snapshot(dst)
     # the SWA part's header corrupted: the base part's import, begun, is aborted
@@ -382,18 +450,10 @@ def test_iswa_imports_are_all_or_nothing():
             copy_regions(exp.regions, imp.regions)
             raise KeyError("transfer failed")
     assert_unchanged(dst, before, "exception")
-
-
-def test_an_iswa_cache_of_semantics_2026_refuses_the_hand_off():
-    import inspect
-
-    if "semantics" not in inspect.signature(kvcache.ISWACache).parameters:
-        pytest.skip("ISWACache has no semantics '2026' in this version")
-    c = kvcache.ISWACache(64, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, n_seq_max=2, semantics="2026")
-    with pytest.raises(NotImplementedError, match="iSWA cache of semantics '2026'"):
-        c.seq_export(0)
-    with pytest.raises(NotImplementedError, match="iSWA cache of semantics '2026'"):
-        c.seq_import_begin(b"KVCP")
+    imp = dst.seq_import_begin(exp.header)
+    imp.scatter(exp.gather())
+    imp.abort()
+    assert_unchanged(dst, before, "abort")
 
 
 @pytest.mark.parametrize("src_kind, dst_kind", [("2025", "2026"), ("2026", "2025"), ("2026-streams", "2026-streams")])

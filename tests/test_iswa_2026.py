@@ -247,11 +247,25 @@ def test_the_seed_semantics_is_unchanged_and_streams_need_2026():
     assert "semantics" not in repr(seed) and "semantics='2026'" in repr(_cache())
 
 
-def test_the_sequence_hand_off_of_a_2026_pair_is_refused():
-    c = _cache()
-    _fill(c, [0], 3)
-    with pytest.raises(NotImplementedError, match="semantics '2026'"):
-        c.seq_export(0)
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_a_handed_off_sequence_carries_the_swa_half_as_its_state_does(swa_full):
+    """seq_export moves what the sequence's state of layout "2026" holds: every base cell, the
+    SWA cells of the window; the receiver ends as state_read of that state leaves it."""
+    from kvcache.handoff import copy_regions
+
+    c = _cache(kv_size=64, n_seq_max=1, n_swa=4, swa_full=swa_full)
+    _fill(c, [0], 12)
+    exp = c.seq_export(0)
+    assert [e.n_cells for e in exp.parts] == [12, 4]
+    d, ref = _cache(kv_size=64, n_seq_max=1, n_swa=4, swa_full=swa_full), _cache(kv_size=64, n_seq_max=1, n_swa=4,
+                                                                                swa_full=swa_full)
+    with d.seq_import_begin(exp.header) as imp:
+        copy_regions(exp.regions, imp.regions)
+        imp.commit()
+    ref.state_read(c.state_write(0, layout="2026"), 0, layout="2026")
+    assert _snapshot(d) == _snapshot(ref)
+    assert d.swa.seq_cells(0)[1].tolist() == list(range(8, 12))
+    assert d.state_write(0, layout="2026") == c.state_write(0, layout="2026")
 
 
 def test_batches_split_as_the_unified_caches_of_the_semantics_do():

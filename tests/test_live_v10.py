@@ -172,12 +172,19 @@ def _cache(m, swa_full=False):
 
 
 def _hands_off(cache) -> bool:
-    """Whether the cache has seq_export / seq_import_begin: unified caches of both semantics and
-    iSWA pairs of the seed's (a recurrent cache has none; an iSWA pair of semantics "2026"
-    refuses them)."""
-    if isinstance(cache, kvcache.ISWACache):
-        return getattr(cache, "semantics", "2025") == "2025"
-    return isinstance(cache, kvcache.UnifiedCache)
+    """Whether the cache has seq_export / seq_import_begin: unified caches and iSWA pairs (a
+    recurrent cache has none)."""
+    return isinstance(cache, (kvcache.UnifiedCache, kvcache.ISWACache))
+
+
+def _assert_hand_off_keeps(c, moved, s, blob, what):
+    """Sequence s of c handed to the empty cache moved through the regions: moved writes
+    llama.cpp's bytes of it (blob)."""
+    exp = c.seq_export(s)
+    with moved.seq_import_begin(exp.header) as imp:
+        assert copy_regions(exp.regions, imp.regions) == exp.n_bytes
+        imp.commit()
+    assert moved.state_write(s) == blob, (what, s, "hand-off")
 
 
 def _tokens(script):
@@ -232,13 +239,7 @@ def test_live_files_cross_both_ways(name, tmp_path):
         assert c.state_read(blob, s, exact=True) == len(blob)
         assert c.state_write(s) == blob, (name, s)
         if _hands_off(c):
-            # handed to another cache through the regions: the same sequence, llama.cpp's bytes
-            moved = _cache(m)
-            exp = c.seq_export(s)
-            with moved.seq_import_begin(exp.header) as imp:
-                assert copy_regions(exp.regions, imp.regions) == exp.n_bytes
-                imp.commit()
-            assert moved.state_write(s) == blob, (name, s, "hand-off")
+            _assert_hand_off_keeps(c, _cache(m), s, blob, name)
     cache = _cache(m)
     cs = statefile.parse_context_state(whole)
     assert cs.layout in kvcache.LAYOUTS and not cs.has_outputs
@@ -329,6 +330,7 @@ def test_live_iswa_with_todays_full_size_swa_cache(tmp_path):
         c = _cache(m, swa_full=True)
         assert c.state_read(blob, s, exact=True) == len(blob)
         assert c.state_write(s) == blob, s
+        _assert_hand_off_keeps(c, _cache(m, swa_full=True), s, blob, "swa_full")
     cache = _cache(m, swa_full=True)
     cs = statefile.parse_context_state(whole)
     cs.restore(cache)

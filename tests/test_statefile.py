@@ -4,6 +4,7 @@ as they were), the llama.cpp wrappers under hostile input, and `kvcache inspect`
 import io
 import json
 import mmap
+import re
 import struct
 
 import numpy as np
@@ -314,8 +315,9 @@ def test_recurrent_failures_change_nothing():
     for n in range(len(blob)):
         with pytest.raises(kvcache.StateError, match="truncated at byte"):
             dst.state_read(blob[:n], 1, layout="2025")
-    with pytest.raises(kvcache.StateError, match="layer 0: K type 1 in the blob, 0 in the cache"):
-        dst.state_read(_patch(blob, describe_state(blob)["layers"][0]["k_offset"], "<i", 1), 1, layout="2025")
+    k_off = describe_state(blob)["layers"][0]["k_offset"]
+    with pytest.raises(kvcache.StateError, match=re.escape(f"layer 0 (byte {k_off}): key type 1 (f16) != cache's 0 (f32)")):
+        dst.state_read(_patch(blob, k_off, "<i", 1), 1, layout="2025")
     assert dst.state_write(-1, layout="2025") == before
 
 

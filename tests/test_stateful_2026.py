@@ -22,7 +22,7 @@ from kvcache.conformance import unified2026  # noqa: E402
 from kvcache.conformance.ops import apply_op, start  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
-from stateful_rules import SequenceEditRules, draw_copy_range, draw_ubatch, read_alike  # noqa: E402
+from stateful_rules import SequenceEditRules, draw_copy_range, draw_ubatch, hand_off_alike, read_alike  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not unified2026.kvcache_constructs_2026(),
                                 reason="kvcache.UnifiedCache has no semantics='2026'")
@@ -198,29 +198,13 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
         """A sequence of the cache moved by seq_export / seq_import_begin into a copy of the
         cache (into a sequence drawn, often another one) gives what state_read of its state
         gives in another copy, or both refuse alike, changing nothing."""
-        from kvcache.handoff import copy_regions
-        from cache_state import snapshot
-
         cache = self.replays[1].cache
         whole = cache.state_write(-1)
         moved, read = (start(unified2026.kvcache_target(), self.cfg).cache for _ in range(2))
         for c in (moved, read):
             c.state_read(whole)
         seq_id = data.draw(st.integers(0, self.n_seq_max - 1), label="seq_id")
-        dst = self.seq(data)
-        exp = cache.seq_export(seq_id)
-        before = snapshot(moved)
-        try:
-            imp = moved.seq_import_begin(exp.header, dst)
-        except StateError:
-            assert snapshot(moved) == before
-            with pytest.raises(StateError):
-                read.state_read(cache.state_write(seq_id), dst)
-            return
-        copy_regions(exp.regions, imp.regions)
-        imp.commit()
-        read.state_read(cache.state_write(seq_id), dst)
-        assert snapshot(moved) == snapshot(read)
+        hand_off_alike(cache, moved, read, seq_id, self.seq(data))
 
     @rule()
     def bad_divisor_and_empty_prepare(self):

@@ -6,9 +6,10 @@ size today's llama.cpp gives it, kvcache.plan.swa_size) as today's llama.cpp dri
 pair: a ubatch is placed only when both caches' dry runs found room (then in both, each as
 its own find_slot places it), prepare is the dry run of both, every sequence operation and
 update goes to both, seq_pos_min/max are the SWA cache's, a state is the base cache's part
-then the SWA cache's, read all or nothing. After every step both halves' cells (every stream,
-heads, used, seq_pos, has_shift) and the hash of every K and V byte are compared. What today's
-llama.cpp aborts on raises ValueError and changes neither half."""
+then the SWA cache's, read all or nothing, and a sequence handed off lands as its state read
+does. After every step both halves' cells (every stream, heads, used, seq_pos, has_shift) and
+the hash of every K and V byte are compared. What today's llama.cpp aborts on raises
+ValueError and changes neither half."""
 import copy
 
 import numpy as np
@@ -25,7 +26,7 @@ from kvcache.conformance.unified2026 import _bytes_sha256, _check_fields  # noqa
 from kvcache.plan import swa_size  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
-from stateful_rules import draw_copy_range, draw_ubatch, read_alike  # noqa: E402
+from stateful_rules import draw_copy_range, draw_ubatch, hand_off_alike, read_alike  # noqa: E402
 
 N_EMBD = 4
 
@@ -97,15 +98,19 @@ class ISWA2026Machine(RuleBasedStateMachine):
     def create(self, cfg):
         self.cfg = cfg
         self.ref = ISWAReference2026(**cfg)
-        self.cache = ISWACache(cfg["kv_size"], cfg["n_layer"], N_EMBD, N_EMBD, swa_layers=cfg["swa_layers"],
-                               n_swa=cfg["n_swa"], swa_type=cfg["swa_type"], n_batch=cfg["n_batch"],
-                               swa_full=cfg["swa_full"], type_k="f32", type_v=cfg["type_v"], v_trans=cfg["v_trans"],
-                               n_seq_max=cfg["n_seq_max"], n_pad=1, semantics="2026", kv_unified=cfg["kv_unified"])
+        self.cache = self.new_cache()
         assert (self.cache.size_base, self.cache.size_swa) == (self.ref.base.size, self.ref.swa.size)
         self.multi = not cfg["kv_unified"] and cfg["n_seq_max"] > 1
         self.p_max = 3 * self.ref.swa.size // 2
 
     # --- helpers -----------------------------------------------------------------------------
+
+    def new_cache(self):
+        cfg = self.cfg
+        return ISWACache(cfg["kv_size"], cfg["n_layer"], N_EMBD, N_EMBD, swa_layers=cfg["swa_layers"],
+                         n_swa=cfg["n_swa"], swa_type=cfg["swa_type"], n_batch=cfg["n_batch"],
+                         swa_full=cfg["swa_full"], type_k="f32", type_v=cfg["type_v"], v_trans=cfg["v_trans"],
+                         n_seq_max=cfg["n_seq_max"], n_pad=1, semantics="2026", kv_unified=cfg["kv_unified"])
 
     def seq(self, data):
         return data.draw(st.integers(0, self.cfg["n_seq_max"] - 1), label="seq_id")
@@ -269,6 +274,17 @@ class ISWA2026Machine(RuleBasedStateMachine):
             at = data.draw(st.integers(0, len(blob) - 1), label="at")
             blob[at] ^= data.draw(st.integers(1, 255), label="xor")
         self.read_both(bytes(blob), -1 if seq_id < 0 else self.seq(data))
+
+    @rule(data=st.data())
+    def hand_off(self, data):
+        """A sequence moved by seq_export / seq_import_begin into a copy of the pair (into a
+        sequence drawn) leaves it as state_read of the sequence's state leaves another copy, or
+        both refuse alike and neither half changed."""
+        whole = self.cache.state_write(-1)
+        moved, read = self.new_cache(), self.new_cache()
+        for c in (moved, read):
+            c.state_read(whole)
+        hand_off_alike(self.cache, moved, read, self.seq(data), self.seq(data))
 
     # --- what today's llama.cpp aborts on --------------------------------------------------------
 

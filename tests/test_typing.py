@@ -160,6 +160,9 @@ def _members(cls):
                 yield name, "attribute", bool(_doc(v)) or named
             elif callable(v):
                 yield name, "method", bool(_doc(v))
+            elif hasattr(type(v), "__get__"):
+                # an attribute descriptor of kvcache's own (ISWACache's shared attributes)
+                yield name, "attribute", bool(_doc(v))
 
 
 def test_every_public_name_has_a_docstring():

@@ -91,6 +91,8 @@ def iswa_step() -> list[npt.NDArray[Any]]:
         masks = [base_mask, swa_mask]
     cache.commit()
     assert cache.swa_layers == (1,) and cache.base_layers == (0,)
+    # the file writers take any cache with a state (UnifiedCache, ISWACache, RecurrentCache)
+    assert statefile.write_sequence_file(io.BytesIO(), cache, seq_id=0, tokens=list(range(6))) > 0
     return masks
 
 
@@ -107,6 +109,7 @@ def recurrent_step() -> npt.NDArray[np.int32]:
         cache.commit()
     cells = cache.cells()
     assert_type(cells["seq_id"], list[list[int]])
+    assert statefile.write_sequence_file(io.BytesIO(), cache, seq_id=1, tokens=[0]) > 0
     return copies
 
 

@@ -407,12 +407,12 @@ cdef class Workload:
         for k in range(runs):
             p = <int32_t>(lcg(&self.rng) % (<uint64_t>max(p_top - run_positions, 0) + 1))
             for s in range(<int32_t>self.n_seqs):
-                kvc_unified_seq_rm(&self.fast, s, p, p + run_positions)
+                kvc_unified_seq_ops.seq_rm(&self.fast, s, p, p + run_positions)
                 kvb_seq_rm(self.base, s, p, p + run_positions)
         while self.fast.cells.used > <uint32_t>((1.0 - free_fraction) * size):
             s = <int32_t>(lcg(&self.rng) % self.n_seqs)
             p = <int32_t>(lcg(&self.rng) % (<uint64_t>self.next_pos[s] + 1))
-            kvc_unified_seq_rm(&self.fast, s, p, p + hole)
+            kvc_unified_seq_ops.seq_rm(&self.fast, s, p, p + hole)
             kvb_seq_rm(self.base, s, p, p + hole)
         self.check()
 
@@ -429,7 +429,7 @@ cdef class Workload:
 
     def _desync(self, int32_t s, int32_t p0, int32_t p1):
         """For the tests: seq_rm on kvcache's side only, so that the agreement checks must fail."""
-        kvc_unified_seq_rm(&self.fast, s, p0, p1)
+        kvc_unified_seq_ops.seq_rm(&self.fast, s, p0, p1)
 
     def find_slot_1tok(self, uint32_t n_ops):
         """(ns kvcache, ns baseline, ops done): n_ops 1-token find_slot+commit on each cache,
@@ -487,7 +487,7 @@ cdef class Workload:
                 placed = kvc_unified_find_slot(&self.fast, &ub)
                 ok_fast += placed
                 at_fast[r] = self.fast.head if placed == 1 else -1
-                kvc_unified_seq_rm(&self.fast, 0, p0, -1)
+                kvc_unified_seq_ops.seq_rm(&self.fast, 0, p0, -1)
                 kvc_unified_commit(&self.fast)
         t1 = perf_counter_ns()
         with nogil:

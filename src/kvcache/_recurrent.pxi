@@ -14,7 +14,7 @@ cdef object _rec_layer_view(_Recurrent cache, list bufs, object il, bint is_k):
         raise IndexError(f"il = {i} is outside [0, {cache.c.n_layer})")
     if cache._buffers == "none":
         raise RuntimeError(f"{'k' if is_k else 'v'}: this cache holds no K/V memory (buffers='none')")
-    cdef kvc_rec_layer *L = &cache.c.layers[<uint32_t>i]
+    cdef kvc_layer *L = &cache.c.layers[<uint32_t>i]
     cdef Py_ssize_t size = cache.c.cells.size
     cdef Py_ssize_t row = L.k_row_bytes if is_k else L.v_row_bytes
     cdef Py_ssize_t width = L.n_embd_k if is_k else L.n_embd_v
@@ -385,7 +385,7 @@ cdef class _Recurrent(RecurrentCore):
         """Empty every cell, head = used = 0, zero all K/V memory (n is kept)."""
         lock_change(&self._lock, "clear")
         with nogil:
-            kvc_recurrent_clear(&self.c)
+            kvc_recurrent_seq_ops.clear(&self.c)
             kvc_pylock_release(&self._lock)
 
     def defrag_sched(self, thold):
@@ -410,7 +410,7 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t b = pos_c(p1, "p1")
         cdef bint r
         lock_change(&self._lock, "seq_rm")
-        r = kvc_recurrent_seq_rm(&self.c, s, a, b)
+        r = kvc_recurrent_seq_ops.seq_rm(&self.c, s, a, b)
         kvc_pylock_release(&self._lock)
         return r
 
@@ -422,14 +422,14 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t a = pos_c(p0, "p0")
         cdef int32_t b = pos_c(p1, "p1")
         lock_change(&self._lock, "seq_cp")
-        kvc_recurrent_seq_cp(&self.c, s, d, a, b)
+        kvc_recurrent_seq_ops.seq_cp(&self.c, s, d, a, b)
         kvc_pylock_release(&self._lock)
 
     def seq_keep(self, seq_id):
         """Drop every sequence but seq_id."""
         cdef int32_t s = self._seq(seq_id, "seq_id", False)
         lock_change(&self._lock, "seq_keep")
-        kvc_recurrent_seq_keep(&self.c, s)
+        kvc_recurrent_seq_ops.seq_keep(&self.c, s)
         kvc_pylock_release(&self._lock)
 
     def seq_add(self, seq_id, p0, p1, shift):
@@ -439,7 +439,7 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t b = pos_c(p1, "p1")
         cdef int32_t d = pos_c(shift, "shift")
         lock_change(&self._lock, "seq_add")
-        kvc_recurrent_seq_add(&self.c, s, a, b, d)
+        kvc_recurrent_seq_ops.seq_add(&self.c, s, a, b, d)
         kvc_pylock_release(&self._lock)
 
     def seq_div(self, seq_id, p0, p1, d):
@@ -451,7 +451,7 @@ cdef class _Recurrent(RecurrentCore):
         if q <= 0:
             raise ValueError(f"d = {d} must be positive")
         lock_change(&self._lock, "seq_div")
-        kvc_recurrent_seq_div(&self.c, s, a, b, q)
+        kvc_recurrent_seq_ops.seq_div(&self.c, s, a, b, q)
         kvc_pylock_release(&self._lock)
 
     def seq_pos_min(self, seq_id) -> int:
@@ -644,7 +644,7 @@ cdef class _Recurrent(RecurrentCore):
         return kvc_recurrent_find_slot(&self.c, ub, NULL)
 
     cdef bint seq_rm_c(self, int32_t seq_id, int32_t p0, int32_t p1) noexcept nogil:
-        return kvc_recurrent_seq_rm(&self.c, seq_id, p0, p1)
+        return kvc_recurrent_seq_ops.seq_rm(&self.c, seq_id, p0, p1)
 
     cdef int s_copy_c(self, int32_t *out) noexcept nogil:
         return kvc_recurrent_s_copy(&self.c, self.c.cells.n, out)

@@ -580,22 +580,22 @@ cdef class _Unified(UnifiedCore):
         kvc_unified_restore(&self.c)
 
     cdef bint seq_rm_c(self, int32_t s, int32_t p0, int32_t p1) noexcept nogil:
-        return kvc_unified_seq_rm(&self.c, s, p0, p1)
+        return kvc_unified_seq_ops.seq_rm(&self.c, s, p0, p1)
 
     cdef void seq_cp_c(self, int32_t src, int32_t dst, int32_t p0, int32_t p1) noexcept nogil:
-        kvc_unified_seq_cp(&self.c, src, dst, p0, p1)
+        kvc_unified_seq_ops.seq_cp(&self.c, src, dst, p0, p1)
 
     cdef void seq_keep_c(self, int32_t s) noexcept nogil:
-        kvc_unified_seq_keep(&self.c, s)
+        kvc_unified_seq_ops.seq_keep(&self.c, s)
 
     cdef void seq_add_c(self, int32_t s, int32_t p0, int32_t p1, int32_t shift) noexcept nogil:
-        kvc_unified_seq_add(&self.c, s, p0, p1, shift)
+        kvc_unified_seq_ops.seq_add(&self.c, s, p0, p1, shift)
 
     cdef void seq_div_c(self, int32_t s, int32_t p0, int32_t p1, int32_t d) noexcept nogil:
-        kvc_unified_seq_div(&self.c, s, p0, p1, d)
+        kvc_unified_seq_ops.seq_div(&self.c, s, p0, p1, d)
 
     cdef void clear_c(self) noexcept nogil:
-        kvc_unified_clear(&self.c)
+        kvc_unified_seq_ops.clear(&self.c)
 
     cdef void set_full_c(self) noexcept nogil:
         kvc_unified_set_full(&self.c)

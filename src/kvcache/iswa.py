@@ -7,7 +7,7 @@ the windowed ones, usually much smaller — and drives them together."""
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Literal, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +52,49 @@ class ISWAUpdatePlan:
 
     def __repr__(self) -> str:
         return f"ISWAUpdatePlan(base={self.base!r}, swa={self.swa!r})"
+
+
+
+
+def _out_pair(out: Any) -> tuple[Any, Any]:
+    """The base and SWA buffers of an ``out`` argument: None, or a pair."""
+    if out is None:
+        return None, None
+    try:
+        out_base, out_swa = out
+    except (TypeError, ValueError):
+        raise TypeError("out must be None or a pair (base_out, swa_out)") from None
+    return out_base, out_swa
+
+_T = TypeVar("_T")
+
+
+class _Attr(Generic[_T]):
+    """A read-only attribute of the pair: attribute `attr` (by default the same name) of `part`
+    ("_base" or "_swa", one of its caches; "" the pair itself)."""
+
+    def __init__(self, doc: str, part: str = "_base", attr: str = "") -> None:
+        self.__doc__ = doc
+        self._part = part
+        self._attr = attr
+        self._name = attr
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+        self._attr = self._attr or name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Attr[_T]: ...
+    @overload
+    def __get__(self, obj: ISWACache, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: ISWACache | None, owner: type | None = None) -> _T | _Attr[_T]:
+        if obj is None:
+            return self
+        value: _T = getattr(getattr(obj, self._part) if self._part else obj, self._attr)
+        return value
+
+    def __set__(self, obj: ISWACache, value: object) -> None:
+        raise AttributeError(f"ISWACache.{self._name} is read-only")
 
 
 class ISWACache:
@@ -108,7 +151,7 @@ class ISWACache:
     so it is atomic for other threads, and one that raises leaves both caches as they were.
     """
 
-    __slots__ = ("_base", "_swa", "_swa_layers", "_n_swa", "_swa_type", "_n_batch", "_swa_full", "_pending",
+    __slots__ = ("_base", "_swa", "_swa_layers", "_n_batch", "_swa_full", "_pending",
                  "_hold", "_op", "_today")
 
     # buffers for both caches: a mode name, or the pairs of each cache's layers
@@ -162,8 +205,6 @@ class ISWACache:
         self._swa = UnifiedCache(kv_size=size_swa, n_swa=n_swa, swa_type=swa_type, layers=list(layers),
                                  buffers=buf_swa, **common)
         self._swa_layers = layers
-        self._n_swa = n_swa
-        self._swa_type = swa_type
         self._n_batch = n_batch
         self._swa_full = swa_full
         self._today = today
@@ -173,96 +214,26 @@ class ISWACache:
         # exporter's hooks) cannot change either cache under it
         self._op = _Hold(self._base, self._swa, busy=True)
 
-    # --- the parts -------------------------------------------------------------------------
-    @property
-    def base(self) -> UnifiedCache:
-        """The cache of the full-attention layers (kv_size cells, no window)."""
-        return self._base
-
-    @property
-    def swa(self) -> UnifiedCache:
-        """The cache of the sliding-window layers."""
-        return self._swa
-
-    @property
-    def n_layer(self) -> int:
-        """Number of model layers."""
-        return self._base.n_layer
-
-    @property
-    def swa_layers(self) -> tuple[int, ...]:
-        """Model layers held by the SWA cache, ascending."""
-        return self._swa_layers
-
-    @property
-    def base_layers(self) -> tuple[int, ...]:
-        """Model layers held by the base cache, ascending."""
-        return self._base.layers
-
-    @property
-    def n_swa(self) -> int:
-        """Sliding window size."""
-        return self._n_swa
-
-    @property
-    def swa_type(self) -> str:
-        """'standard' or 'chunked'."""
-        return self._swa_type
-
-    @property
-    def n_batch(self) -> int:
-        """The batch size the SWA cache was sized for."""
-        return self._n_batch
-
-    @property
-    def swa_full(self) -> bool:
-        """True when the SWA cache has kv_size cells (semantics "2025": and is never pruned)."""
-        return self._swa_full
-
-    @property
-    def semantics(self) -> str:
-        """'2025' (the seed's iSWA cache) or '2026' (today's llama.cpp), as both caches have it."""
-        return self._base.semantics
-
-    @property
-    def kv_unified(self) -> bool:
-        """True when every sequence shares one stream in both caches."""
-        return self._base.kv_unified
-
-    @property
-    def n_stream(self) -> int:
-        """Streams of each cache (1, or n_seq_max when not kv_unified)."""
-        return self._base.n_stream
-
-    @property
-    def n_seq_max(self) -> int:
-        """Valid sequence ids are [0, n_seq_max)."""
-        return self._base.n_seq_max
-
-    @property
-    def size_base(self) -> int:
-        """Cells of the base cache."""
-        return self._base.size
-
-    @property
-    def size_swa(self) -> int:
-        """Cells of the SWA cache."""
-        return self._swa.size
-
-    @property
-    def buffers(self) -> _BufferMode:
-        """How the K/V memory is held: 'owned', 'borrowed' or 'none' (see UnifiedCache)."""
-        return self._base.buffers
-
-    @property
-    def n_embd_head_k(self) -> tuple[int, ...] | None:
-        """K head size per model layer, or None."""
-        return self._base.n_embd_head_k
-
-    @property
-    def rope(self) -> RopeParams | None:
-        """The model's RopeParams (update() rotates K with them), or None."""
-        return self._base.rope
+    # --- the parts and the geometry (read-only) ----------------------------------------------
+    base: _Attr[UnifiedCache] = _Attr('The cache of the full-attention layers (kv_size cells, no window).', "", '_base')
+    swa: _Attr[UnifiedCache] = _Attr('The cache of the sliding-window layers.', "", '_swa')
+    n_layer: _Attr[int] = _Attr('Number of model layers.')
+    swa_layers: _Attr[tuple[int, ...]] = _Attr('Model layers held by the SWA cache, ascending.', "_swa", "layers")
+    base_layers: _Attr[tuple[int, ...]] = _Attr('Model layers held by the base cache, ascending.', "_base", "layers")
+    n_swa: _Attr[int] = _Attr('Sliding window size.', "_swa")
+    swa_type: _Attr[str] = _Attr("'standard' or 'chunked'.", "_swa")
+    semantics: _Attr[str] = _Attr("'2025' (the seed's iSWA cache) or '2026' (today's llama.cpp), as both caches have it.")
+    kv_unified: _Attr[bool] = _Attr('True when every sequence shares one stream in both caches.')
+    n_stream: _Attr[int] = _Attr('Streams of each cache (1, or n_seq_max when not kv_unified).')
+    n_seq_max: _Attr[int] = _Attr('Valid sequence ids are [0, n_seq_max).')
+    size_base: _Attr[int] = _Attr('Cells of the base cache.', "_base", "size")
+    size_swa: _Attr[int] = _Attr('Cells of the SWA cache.', "_swa", "size")
+    buffers: _Attr[_BufferMode] = _Attr("How the K/V memory is held: 'owned', 'borrowed' or 'none' (see UnifiedCache).")
+    n_embd_head_k: _Attr[tuple[int, ...] | None] = _Attr('K head size per model layer, or None.')
+    rope: _Attr[RopeParams | None] = _Attr("The model's RopeParams (update() rotates K with them), or None.")
+    n_batch: _Attr[int] = _Attr('The batch size the SWA cache was sized for.', "", '_n_batch')
+    swa_full: _Attr[bool] = _Attr('True when the SWA cache has kv_size cells (semantics "2025": and is never pruned).',
+                                  "", '_swa_full')
 
     @property
     def n_threads(self) -> int:
@@ -310,7 +281,7 @@ class ISWACache:
 
     def __repr__(self) -> str:
         return (f"ISWACache(kv_size={self._base.size}, n_layer={self.n_layer}, swa_layers={list(self._swa_layers)}, "
-                f"n_swa={self._n_swa}, swa_type={self._swa_type!r}, n_batch={self._n_batch}, "
+                f"n_swa={self.n_swa}, swa_type={self.swa_type!r}, n_batch={self._n_batch}, "
                 f"swa_full={self._swa_full}, n_seq_max={self.n_seq_max}, size_swa={self._swa.size}"
                 + (f", semantics='2026', kv_unified={self.kv_unified})" if self._today else ")"))
 
@@ -393,13 +364,7 @@ class ISWACache:
         """The cell of each placed token in each cache: ``(base.slot_indices(),
         swa.slot_indices())`` (see UnifiedCache.slot_indices); ``out``: None or a pair of
         buffers to fill."""
-        if out is None:
-            out_base = out_swa = None
-        else:
-            try:
-                out_base, out_swa = out
-            except (TypeError, ValueError):
-                raise TypeError("out must be None or a pair (base_out, swa_out)") from None
+        out_base, out_swa = _out_pair(out)
         with self._hold:
             return self._base.slot_indices(out_base), self._swa.slot_indices(out_swa)
 
@@ -419,7 +384,7 @@ class ISWACache:
                     partial.append((s, pmin))
         # warned once every sequence is pruned (a warning turned into an error stops nothing)
         for s, pmin in partial:
-            warnings.warn(f"partial SWA cache for sequence {s}: fewer than min(n_swa = {self._n_swa}, "
+            warnings.warn(f"partial SWA cache for sequence {s}: fewer than min(n_swa = {self.n_swa}, "
                           f"pmin = {pmin}) cells before position {pmin} are in the cache; information "
                           f"may have been lost", SWAWarning, stacklevel=2)
 
@@ -513,13 +478,7 @@ class ISWACache:
         """The KQ masks of ub against both caches: ``(base_mask, swa_mask)``; the SWA mask also
         hides what lies outside the window. ``out``: None or a pair of arrays to fill; ``pad``
         (None: the semantics' default) and the shapes as UnifiedCache.kq_mask."""
-        if out is None:
-            out_base = out_swa = None
-        else:
-            try:
-                out_base, out_swa = out
-            except (TypeError, ValueError):
-                raise TypeError("out must be None or a pair (base_out, swa_out)") from None
+        out_base, out_swa = _out_pair(out)
         with self._op:
             return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype, pad=pad),
                     self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype, pad=pad))
@@ -612,22 +571,14 @@ class ISWACache:
     def seq_export(self, seq_id: int) -> PartsExport:
         """Sequence seq_id ready for a transfer: each cache's export (UnifiedCache.seq_export),
         the base cache's then the SWA cache's, framed as one header, their regions in that
-        order. See docs/disaggregated.md."""
-        self._refuse_handoff_2026("seq_export")
+        order (semantics "2026": the SWA cache's without the cells outside the window, as the
+        sequence's state). See docs/disaggregated.md."""
         return PartsExport([self._base.seq_export(seq_id), self._swa.seq_export(seq_id)])
-
-    def _refuse_handoff_2026(self, what: str) -> None:
-        # each part alone would move, but what the iSWA state of today's llama.cpp holds (its
-        # SWA sizing, the cells either part leaves out) is not pinned for a pair of them yet
-        if self._base.semantics == "2026":
-            raise NotImplementedError(f"{what}: the hand-off of an iSWA cache of semantics '2026' is not "
-                                      f"implemented (the UnifiedCache of semantics '2026' has it)")
 
     def seq_import_begin(self, header: Buffer, seq_id: int | None = None) -> PartsImport:
         """Begin receiving the sequence a PartsExport header describes (UnifiedCache.seq_import_begin
         for each cache: both begun, or neither, StateError then); its commit() checks both parts
         before committing either; abort() or an exception in ``with`` leaves both as they were."""
-        self._refuse_handoff_2026("seq_import_begin")
         h_base, h_swa = split_parts(header, 2)
         first = self._base.seq_import_begin(h_base, seq_id)
         try:

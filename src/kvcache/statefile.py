@@ -36,12 +36,16 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Literal, Protocol, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Union
 
 import numpy as np
 import numpy.typing as npt
 
 from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, describe_frame, int_arg, layout_info
+
+if TYPE_CHECKING:
+    # what the wrappers need of a cache: its state (UnifiedCache, ISWACache and RecurrentCache have it)
+    from kvcache._core import _StateIO
 
 __all__ = [
     "SESSION_MAGIC", "SESSION_VERSIONS", "SEQUENCE_MAGIC", "SEQUENCE_VERSIONS", "SEQ_MAGIC",
@@ -63,17 +67,6 @@ SEQUENCE_VERSIONS = {v: tuple(n for n in LAYOUTS if layout_info(n)["sequence_ver
 # "ernie4_5"); a "name" outside these bounds is not a context state.
 _ARCH_MAX = 64
 _ARCH_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_.")
-
-
-class _StateCache(Protocol):
-    """What the wrappers need from a cache (UnifiedCache, ISWACache and RecurrentCache have it)."""
-
-    def state_size(self, seq_id: int = -1, *, layout: str = ..., prefix: bool | None = ...) -> int: ...
-
-    def state_write_into(self, buf: Any, seq_id: int = -1, *, layout: str = ..., prefix: bool | None = ...) -> int: ...
-
-    def state_read(self, data: Any, seq_id: int = -1, *, convert: bool = False, exact: bool = False,
-                   layout: str | None = ...) -> int: ...
 
 
 # A path or a binary file object opened for reading / writing.
@@ -217,7 +210,7 @@ class ContextState:
         n = self.n_outputs
         return len(self.logits) // n if n and len(self.logits) % n == 0 else None
 
-    def restore(self, cache: _StateCache, *, convert: bool = False) -> int:
+    def restore(self, cache: _StateIO, *, convert: bool = False) -> int:
         """Restore the cache part into cache (as a whole; it must be all that follows the header).
         Returns the bytes consumed; StateError leaves cache as it was."""
         return cache.state_read(self.cache, -1, convert=convert, exact=True, layout=self.layout)
@@ -243,7 +236,7 @@ class SessionFile:
         """The layout the file was read in."""
         return self.context.layout
 
-    def restore(self, cache: _StateCache, *, convert: bool = False) -> int:
+    def restore(self, cache: _StateIO, *, convert: bool = False) -> int:
         """Restore the cache part into cache (as a whole)."""
         return self.context.restore(cache, convert=convert)
 
@@ -260,7 +253,7 @@ class SequenceFile:
     cache_offset: int
     layout: str = DEFAULT_LAYOUT
 
-    def restore(self, cache: _StateCache, seq_id: int, *, convert: bool = False) -> int:
+    def restore(self, cache: _StateIO, seq_id: int, *, convert: bool = False) -> int:
         """Restore the sequence into seq_id of cache. Returns the bytes consumed."""
         return cache.state_read(self.cache, seq_id, convert=convert, exact=True, layout=self.layout)
 
@@ -516,7 +509,7 @@ def _context_header(arch: str, output_pos: npt.ArrayLike, logits: npt.ArrayLike,
                      struct.pack("<Q", lg.size), lg.tobytes(), struct.pack("<Q", em.size), em.tobytes()))
 
 
-def write_context_state(file: _Source, cache: _StateCache, arch: str, *, output_pos: npt.ArrayLike = (),
+def write_context_state(file: _Source, cache: _StateIO, arch: str, *, output_pos: npt.ArrayLike = (),
                         logits: npt.ArrayLike = (), embeddings: npt.ArrayLike = (),
                         layout: str = DEFAULT_LAYOUT) -> int:
     """Write a whole-context state that ``llama_state_set_data`` of the llama.cpp of ``layout``
@@ -530,7 +523,7 @@ def write_context_state(file: _Source, cache: _StateCache, arch: str, *, output_
     return _write_state(file, [head], cache, -1, layout)
 
 
-def write_session_file(file: _Source, cache: _StateCache, arch: str, tokens: npt.ArrayLike, *,
+def write_session_file(file: _Source, cache: _StateIO, arch: str, tokens: npt.ArrayLike, *,
                        output_pos: npt.ArrayLike = (), logits: npt.ArrayLike = (),
                        embeddings: npt.ArrayLike = (), layout: str = DEFAULT_LAYOUT) -> int:
     """Write a session file that ``llama_state_load_file`` of the llama.cpp of ``layout`` loads
@@ -543,7 +536,7 @@ def write_session_file(file: _Source, cache: _StateCache, arch: str, tokens: npt
                                toks.tobytes(), head], cache, -1, layout)
 
 
-def write_sequence_file(file: _Source, cache: _StateCache, seq_id: int, tokens: npt.ArrayLike, *,
+def write_sequence_file(file: _Source, cache: _StateIO, seq_id: int, tokens: npt.ArrayLike, *,
                         layout: str = DEFAULT_LAYOUT) -> int:
     """Write a sequence file that ``llama_state_seq_load_file`` of the llama.cpp of ``layout``
     loads (version 3 for "2026", 2 before): tokens, then the memory state of seq_id in cache
@@ -555,7 +548,7 @@ def write_sequence_file(file: _Source, cache: _StateCache, seq_id: int, tokens: 
                                toks.tobytes()], cache, seq_id, layout, prefix=False)
 
 
-def _write_state(file: _Source, head: list[bytes], cache: _StateCache, seq_id: int, layout: str,
+def _write_state(file: _Source, head: list[bytes], cache: _StateIO, seq_id: int, layout: str,
                  prefix: bool | None = None) -> int:
     """The bytes of head, then cache's state of seq_id in layout, into file (a path or a binary
     file object). Returns the bytes written."""

@@ -11,6 +11,14 @@ cdef extern from "kvc_common.h" nogil:
     ctypedef struct kvc_err:
         int code
         char msg[256]
+    ctypedef struct kvc_layer:
+        int32_t il
+        uint32_t n_embd_k
+        uint32_t n_embd_v
+        size_t k_row_bytes
+        size_t v_row_bytes
+        uint8_t *k
+        uint8_t *v
     ctypedef struct kvc_pos_range:
         int32_t p0
         int64_t p1

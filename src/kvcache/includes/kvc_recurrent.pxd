@@ -1,5 +1,6 @@
 from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t
-from kvcache.includes.kvc_common cimport kvc_err, kvc_ubatch
+from kvcache.includes.kvc_common cimport kvc_err, kvc_layer, kvc_ubatch
+from kvcache.includes.kvc_seqops cimport kvc_seq_ops
 
 cdef extern from "kvc_recurrent.h" nogil:
     ctypedef struct kvc_rec_cells:
@@ -13,21 +14,13 @@ cdef extern from "kvc_recurrent.h" nogil:
         uint64_t *seq
         uint32_t seq_words
 
-    ctypedef struct kvc_rec_layer:
-        uint32_t n_embd_k
-        uint32_t n_embd_v
-        size_t k_row_bytes
-        size_t v_row_bytes
-        uint8_t *k
-        uint8_t *v
-
     ctypedef struct kvc_recurrent:
         kvc_rec_cells cells
         uint32_t n_seq_max
         int32_t type_k
         int32_t type_v
         uint32_t n_layer
-        kvc_rec_layer *layers
+        kvc_layer *layers
         uint32_t n_warn
         char warn[1024]
 
@@ -44,12 +37,7 @@ cdef extern from "kvc_recurrent.h" nogil:
     void kvc_recurrent_free(kvc_recurrent *c)
     void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v)
 
-    void    kvc_recurrent_clear(kvc_recurrent *c)
-    bint    kvc_recurrent_seq_rm(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1)
-    void    kvc_recurrent_seq_cp(kvc_recurrent *c, int32_t src, int32_t dst, int32_t p0, int32_t p1)
-    void    kvc_recurrent_seq_keep(kvc_recurrent *c, int32_t s)
-    void    kvc_recurrent_seq_add(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, int32_t shift)
-    void    kvc_recurrent_seq_div(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, int32_t d)
+    const kvc_seq_ops kvc_recurrent_seq_ops   # clear, seq_rm, seq_cp, seq_keep, seq_add, seq_div
     int32_t kvc_recurrent_seq_pos_min(const kvc_recurrent *c, int32_t s)
     int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s)
 

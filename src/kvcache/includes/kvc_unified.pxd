@@ -1,7 +1,8 @@
 # Declarations of the unified KV cache: csrc/kvc_unified.h (state, construction, sequences, window),
 # kvc_slot.h (slots, undo log, snapshots, store), kvc_defrag.h and kvc_mask.h.
 from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t
-from kvcache.includes.kvc_common cimport kvc_err, kvc_ubatch
+from kvcache.includes.kvc_common cimport kvc_err, kvc_layer, kvc_ubatch
+from kvcache.includes.kvc_seqops cimport kvc_seq_ops
 from kvcache.includes.kvc_cells cimport kvc_cells
 
 cdef extern from "kvc_unified.h" nogil:
@@ -22,15 +23,6 @@ cdef extern from "kvc_unified.h" nogil:
         int32_t *idx
         uint32_t *strm
         uint32_t n_groups, n_seq_tokens
-
-    ctypedef struct kvc_layer:
-        int32_t il
-        uint32_t n_embd_k
-        uint32_t n_embd_v
-        size_t k_row_bytes
-        size_t v_row_bytes
-        uint8_t *k
-        uint8_t *v
 
     ctypedef struct kvc_undo_span:
         uint32_t i, n, off
@@ -94,12 +86,7 @@ cdef extern from "kvc_unified.h" nogil:
     bint kvc_unified_has_memory(const kvc_unified *c)
     int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err)
 
-    void    kvc_unified_clear(kvc_unified *c)
-    bint    kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1)
-    void    kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1)
-    void    kvc_unified_seq_keep(kvc_unified *c, int32_t s)
-    void    kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift)
-    void    kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d)
+    const kvc_seq_ops kvc_unified_seq_ops   # clear, seq_rm, seq_cp, seq_keep, seq_add, seq_div
     int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s)
     int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s)
     int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err)

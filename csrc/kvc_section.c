@@ -1,0 +1,522 @@
+#include "kvc_section.h"
+
+#include "kvc_le.h"
+#include "kvc_types.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* "truncated at byte X of N while reading <what>" (X: where the failed read starts). */
+int kvc_cur_truncated(kvc_err *err, const kvc_cursor *r, size_t need, const char *fmt, ...) {
+    char what[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (!need) {
+        return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s", r->off, r->len,
+                           what);
+    }
+    return kvc_err_set(err, KVC_E_STATE, "state truncated at byte %zu of %zu while reading %s (%zu bytes)",
+                       r->off, r->len, what, need);
+}
+
+static const char *type_name(int32_t id) {
+    const kvc_type_info *t = kvc_type_get(id);
+    return t ? t->name : "unknown";
+}
+
+void kvc_sec_free(kvc_section *sec) {
+    kvc_free(sec->pos);
+    kvc_free(sec->seq);
+    sec->pos = NULL;
+    sec->seq = NULL;
+}
+
+int kvc_state_check_end(size_t end, size_t len, kvc_err *err) {
+    if (end == len) {
+        return KVC_OK;
+    }
+    return kvc_err_set(err, KVC_E_STATE, "%zu trailing bytes after the state (it ends at byte %zu of %zu)",
+                       len - end, end, len);
+}
+
+/* --- the cells ------------------------------------------------------------------------------ */
+
+static int parse_cell_count(kvc_cursor *r, const kvc_sec_dest *d, uint32_t *cc, kvc_err *err) {
+    if (!kvc_cur_u32(r, cc)) {
+        return kvc_cur_truncated(err, r, 4, "the cell count");
+    }
+    if (d && d->seq_id >= 0 && d->seq_cells_max && *cc > d->seq_cells_max) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "a sequence's state holds at most %s in this cache, the state holds %" PRIu32
+                           " (byte %zu)",
+                           d->seq_cells_max == 1 ? "one cell" : "its cells", *cc, r->off - 4);
+    }
+    if (d && *cc > d->size) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "not enough cells: the state holds %" PRIu32 " cells (byte %zu), the cache has %" PRIu32,
+                           *cc, r->off - 4, d->size);
+    }
+    return KVC_OK;
+}
+
+/* The cell before i of sec (whose sets are parsed) that lists s, or i. */
+static uint32_t cell_listing(const kvc_section *sec, uint32_t nw, uint32_t i, int32_t s) {
+    for (uint32_t k = 0; k < i; k++) {
+        if ((sec->seq[(size_t)k * nw + ((uint32_t)s >> 6)] >> (s & 63)) & 1u) {
+            return k;
+        }
+    }
+    return i;
+}
+
+/* The ids of cell i into bits, checked against d (NULL: against KVC_MAX_SEQ); seen: the ids of
+ * the cells before, for d->seq_in_one_cell. */
+static int parse_ids(kvc_cursor *r, const kvc_sec_dest *d, uint32_t i, uint32_t n_seq_id, kvc_seqset *bits,
+                     kvc_seqset *seen, const kvc_section *sec, kvc_err *err) {
+    const uint32_t id_limit = d ? d->n_seq_max : KVC_MAX_SEQ;
+    if ((r->len - r->off) / 4 < n_seq_id) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte %zu of %zu: cell %" PRIu32 " lists %" PRIu32
+                           " sequence ids, %zu bytes remain",
+                           r->off, r->len, i, n_seq_id, r->len - r->off);
+    }
+    kvc_seqset_clear(bits);
+    for (uint32_t j = 0; j < n_seq_id; j++) {
+        int32_t s;
+        if (!kvc_cur_i32(r, &s)) {
+            return kvc_cur_truncated(err, r, 4, "sequence id %" PRIu32 " of %" PRIu32 " of cell %" PRIu32, j,
+                                     n_seq_id, i);
+        }
+        if (s < 0 || (uint32_t)s >= id_limit) {
+            return kvc_err_set(err, KVC_E_STATE,
+                               "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " out of range [0, %" PRIu32 ")",
+                               i, r->off - 4, s, id_limit);
+        }
+        if (d && d->ids_once && kvc_seqset_has(bits, s)) {
+            /* today's llama.cpp keeps a sequence's positions per cell: an id listed twice is
+             * malformed */
+            return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " listed twice",
+                               i, r->off - 4, s);
+        }
+        if (d && d->seq_in_one_cell && (kvc_seqset_has(seen, s) || kvc_seqset_has(bits, s))) {
+            /* one cell holds a sequence's whole state: a second listing has nowhere to go */
+            const uint32_t k = kvc_seqset_has(bits, s) ? i : cell_listing(sec, d->seq_words, i, s);
+            return kvc_err_set(err, KVC_E_STATE,
+                               "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " is listed by cell %" PRIu32
+                               " already (a sequence's state is one cell)",
+                               i, r->off - 4, s, k);
+        }
+        kvc_seqset_add(bits, s); /* a repeated id sets its bit again, as the reference does */
+    }
+    return KVC_OK;
+}
+
+static int parse_cells(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kvc_err *err) {
+    const uint32_t cc = sec->cell_count;
+    const bool single = d && d->seq_id >= 0;
+    const size_t min_rec = single ? 8 + 4 * (size_t)d->single_n_ids : 8;
+    /* nothing is allocated for more cells than the bytes left can describe */
+    if ((r->len - r->off) / min_rec < cc) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte %zu of %zu: %" PRIu32
+                           " cells need at least %zu bytes of metadata, %zu remain",
+                           r->off, r->len, cc, (size_t)cc * min_rec, r->len - r->off);
+    }
+    const uint32_t nw = d ? d->seq_words : KVC_SEQ_WORDS;
+    if (d && cc > 0) {
+        sec->pos = kvc_malloc_n(cc, sizeof *sec->pos);
+        if (!single) {
+            sec->seq = kvc_malloc_n((uint64_t)cc * nw, sizeof *sec->seq);
+        }
+        if (!sec->pos || (!single && !sec->seq)) {
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading a state of %" PRIu32 " cells", cc);
+        }
+    }
+    kvc_seqset seen;
+    kvc_seqset_clear(&seen);
+    for (uint32_t i = 0; i < cc; i++) {
+        int32_t pos;
+        uint32_t n_seq_id;
+        if (!kvc_cur_i32(r, &pos)) {
+            return kvc_cur_truncated(err, r, 4, "the position of cell %" PRIu32 " of %" PRIu32, i, cc);
+        }
+        if (pos < 0) {
+            return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " (byte %zu): negative position %" PRId32, i,
+                               r->off - 4, pos);
+        }
+        if (!kvc_cur_u32(r, &n_seq_id)) {
+            return kvc_cur_truncated(err, r, 4, "the sequence count of cell %" PRIu32 " of %" PRIu32, i, cc);
+        }
+        sec->n_seq_id_min = i == 0 || n_seq_id < sec->n_seq_id_min ? n_seq_id : sec->n_seq_id_min;
+        sec->n_seq_id_max = n_seq_id > sec->n_seq_id_max ? n_seq_id : sec->n_seq_id_max;
+        if (single) {
+            if (n_seq_id != d->single_n_ids) {
+                return kvc_err_set(err, KVC_E_STATE,
+                                   "cell %" PRIu32 " (byte %zu): %" PRIu32
+                                   " sequence ids in a single-sequence state (must be %" PRIu32 ")",
+                                   i, r->off - 4, n_seq_id, d->single_n_ids);
+            }
+            for (uint32_t j = 0; j < n_seq_id; j++) {
+                int32_t ignored; /* the source sequence id: the destination replaces it */
+                if (!kvc_cur_i32(r, &ignored)) {
+                    return kvc_cur_truncated(err, r, 4, "the sequence id of cell %" PRIu32 " of %" PRIu32, i, cc);
+                }
+            }
+            sec->pos[i] = pos;
+            continue;
+        }
+        kvc_seqset bits;
+        int rc = parse_ids(r, d, i, n_seq_id, &bits, &seen, sec, err);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+        if (d) {
+            uint64_t *set = sec->seq + (size_t)i * nw;
+            sec->pos[i] = pos;
+            for (uint32_t w = 0; w < nw; w++) {
+                set[w] = bits.w[w];
+                seen.w[w] |= bits.w[w];
+            }
+        } else if (i < sec->d_pos_cap) {
+            sec->d_pos[i] = pos;
+            memcpy(sec->d_seq + (size_t)i * KVC_SEQ_WORDS, bits.w, sizeof bits.w);
+        }
+    }
+    return KVC_OK;
+}
+
+/* --- the data: V layout, layer count, per layer K, then per layer V --------------------------- */
+
+/* "layer IL (byte AT): <what>" for a per-layer field that disagrees with the destination. */
+KVC_PRINTF_FORMAT(4, 5) static int fail_layer(kvc_err *err, int32_t il, size_t at, const char *fmt, ...) {
+    char what[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return kvc_err_set(err, KVC_E_STATE, "layer %" PRId32 " (byte %zu): %s", il, at, what);
+}
+
+/* Take the n = count * unit data bytes of a section, checking the product against what is left. */
+static int take_data(kvc_cursor *r, uint64_t count, uint64_t unit, const char *what, int32_t il, uint64_t *n,
+                     kvc_err *err) {
+    const size_t left = r->len - r->off;
+    *n = 0;
+    if (unit != 0 && count > left / unit) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte %zu of %zu while reading the %s of layer %" PRId32
+                           " (%" PRIu64 " x %" PRIu64 " bytes, %zu remain)",
+                           r->off, r->len, what, il, count, unit, left);
+    }
+    *n = count * unit;
+    r->off += (size_t)*n;
+    return KVC_OK;
+}
+
+/* Layer ikv as the destination has it (l NULL when describing); il: its index in messages. */
+static int32_t dest_layer(const kvc_sec_dest *d, uint32_t ikv, kvc_layer *l) {
+    if (!d) {
+        return (int32_t)ikv;
+    }
+    d->layer(d->cache, ikv, l);
+    return l->il;
+}
+
+static int parse_layer_k(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, uint32_t cc, kvc_state_layer_desc *ld,
+                         kvc_err *err) {
+    kvc_layer l;
+    const int32_t il = dest_layer(d, ikv, &l);
+    const size_t at = r->off;
+    int32_t type;
+    uint64_t row;
+    if (!kvc_cur_i32(r, &type)) {
+        return kvc_cur_truncated(err, r, 4, "the key type of layer %" PRId32, il);
+    }
+    if (d && type != d->type_k) {
+        return fail_layer(err, il, r->off - 4, "key type %" PRId32 " (%s) != cache's %" PRId32 " (%s)", type,
+                          type_name(type), d->type_k, type_name(d->type_k));
+    }
+    if (!kvc_cur_u64(r, &row)) {
+        return kvc_cur_truncated(err, r, 8, "the key row size of layer %" PRId32, il);
+    }
+    if (d && row != (uint64_t)l.k_row_bytes) {
+        return fail_layer(err, il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row, l.k_row_bytes);
+    }
+    uint64_t n;
+    int rc = take_data(r, (uint64_t)cc, row, "keys", il, &n, err);
+    if (rc == KVC_OK && ld) {
+        ld->k_type = type;
+        ld->k_row_size = row;
+        ld->k_offset = at;
+        ld->k_bytes = n;
+    }
+    return rc;
+}
+
+/* Per layer V: i32 type, u64 row size (or u32 element size, u32 width when the section's V is
+ * transposed), the data. */
+static int parse_layer_v(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, const kvc_section *sec,
+                         kvc_state_layer_desc *ld, kvc_err *err) {
+    kvc_layer l;
+    const int32_t il = dest_layer(d, ikv, &l);
+    const uint32_t cc = sec->cell_count;
+    const size_t at = r->off;
+    int32_t type;
+    if (!kvc_cur_i32(r, &type)) {
+        return kvc_cur_truncated(err, r, 4, "the value type of layer %" PRId32, il);
+    }
+    if (d && type != d->type_v) {
+        return fail_layer(err, il, r->off - 4, "value type %" PRId32 " (%s) != cache's %" PRId32 " (%s)",
+                          type, type_name(type), d->type_v, type_name(d->type_v));
+    }
+    uint64_t n;
+    int rc;
+    if (sec->v_trans) {
+        uint32_t el_ref, width;
+        if (!kvc_cur_u32(r, &el_ref)) {
+            return kvc_cur_truncated(err, r, 4, "the value element size of layer %" PRId32, il);
+        }
+        if (d) {
+            /* a transposed V stores single elements: the type must have blocks of one element
+             * (the destination's own V may be rows when converting) */
+            const kvc_type_info *t = kvc_type_get(d->type_v);
+            if (t->blck_size != 1) {
+                return fail_layer(err, il, r->off - 4,
+                                  "value type %s has blocks of %" PRIu32 " elements and cannot be transposed",
+                                  t->name, t->blck_size);
+            }
+            if (el_ref != t->type_size) {
+                return fail_layer(err, il, r->off - 4, "value element size %" PRIu32 " != cache's %" PRIu32,
+                                  el_ref, t->type_size);
+            }
+        }
+        if (!kvc_cur_u32(r, &width)) {
+            return kvc_cur_truncated(err, r, 4, "the value width of layer %" PRId32, il);
+        }
+        if (d && width != l.n_embd_v) {
+            return fail_layer(err, il, r->off - 4, "value width (n_embd_v_gqa) %" PRIu32 " != cache's %" PRIu32,
+                              width, l.n_embd_v);
+        }
+        if ((rc = take_data(r, (uint64_t)cc, (uint64_t)width * el_ref, "values", il, &n, err)) != KVC_OK) {
+            return rc;
+        }
+        if (ld) {
+            ld->v_elem_size = el_ref;
+            ld->v_width = width;
+        }
+    } else {
+        uint64_t row;
+        if (!kvc_cur_u64(r, &row)) {
+            return kvc_cur_truncated(err, r, 8, "the value row size of layer %" PRId32, il);
+        }
+        /* a transposed cache's v_row is its width times the element size: what rows of the
+         * section must hold to be converted */
+        if (d && row != (uint64_t)l.v_row_bytes) {
+            return fail_layer(err, il, r->off - 8, "value row size %" PRIu64 " != cache's %zu", row, l.v_row_bytes);
+        }
+        if ((rc = take_data(r, (uint64_t)cc, row, "values", il, &n, err)) != KVC_OK) {
+            return rc;
+        }
+        if (ld) {
+            ld->v_row_size = row;
+        }
+    }
+    if (ld) {
+        ld->v_type = type;
+        ld->v_offset = at;
+        ld->v_bytes = n;
+    }
+    return KVC_OK;
+}
+
+static int parse_data(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kvc_err *err) {
+    static const char *const layout[2] = { "not transposed", "transposed" };
+    uint32_t v_trans, n_layer;
+    int rc;
+    if (!kvc_cur_u32(r, &v_trans)) {
+        return kvc_cur_truncated(err, r, 4, "the V layout flag");
+    }
+    if (v_trans > 1) {
+        return kvc_err_set(err, KVC_E_STATE, "V layout (byte %zu): flag %" PRIu32 " is neither 0 nor 1",
+                           r->off - 4, v_trans);
+    }
+    if (d && (v_trans != 0) != d->v_trans && !d->convert_v) {
+        return kvc_err_set(err, KVC_E_STATE, "V layout (byte %zu): the state has V %s, the cache %s (%s)",
+                           r->off - 4, layout[v_trans], layout[d->v_trans],
+                           d->can_convert_v ? "conversion not requested" : "it keeps V in one layout only");
+    }
+    sec->v_trans = v_trans;
+    if (!kvc_cur_u32(r, &n_layer)) {
+        return kvc_cur_truncated(err, r, 4, "the layer count");
+    }
+    if (d && n_layer != d->n_layer) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "layer count (byte %zu): the state has %" PRIu32 ", the cache %" PRIu32, r->off - 4,
+                           n_layer, d->n_layer);
+    }
+    /* each layer takes at least 24 bytes of headers */
+    if ((r->len - r->off) / 24 < n_layer) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte %zu of %zu: %" PRIu32
+                           " layers need at least %zu bytes of headers, %zu remain",
+                           r->off, r->len, n_layer, (size_t)n_layer * 24, r->len - r->off);
+    }
+    sec->n_layer = n_layer;
+    for (uint32_t ikv = 0; ikv < n_layer; ikv++) {
+        kvc_state_layer_desc *ld = !d && ikv < sec->d_layers_cap ? &sec->d_layers[ikv] : NULL;
+        if ((rc = parse_layer_k(r, d, ikv, sec->cell_count, ld, err)) != KVC_OK) {
+            return rc;
+        }
+    }
+    for (uint32_t ikv = 0; ikv < n_layer; ikv++) {
+        kvc_state_layer_desc *ld = !d && ikv < sec->d_layers_cap ? &sec->d_layers[ikv] : NULL;
+        if ((rc = parse_layer_v(r, d, ikv, sec, ld, err)) != KVC_OK) {
+            return rc;
+        }
+    }
+    return KVC_OK;
+}
+
+int kvc_sec_parse(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kvc_err *err) {
+    int rc;
+    if ((rc = parse_cell_count(r, d, &sec->cell_count, err)) != KVC_OK ||
+        (rc = parse_cells(r, d, sec, err)) != KVC_OK) {
+        return rc;
+    }
+    sec->data_off = r->off;
+    if ((rc = parse_data(r, d, sec, err)) != KVC_OK) {
+        return rc;
+    }
+    sec->end = r->off;
+    return KVC_OK;
+}
+
+/* --- the framing ---------------------------------------------------------------------------- */
+
+int kvc_frame_begin(kvc_cursor *r, unsigned layout, uint32_t want, kvc_frame *f, kvc_err *err) {
+    f->streams = (layout & KVC_LAYOUT_STREAMS) != 0;
+    f->n_stream = 1;
+    if (!f->streams) {
+        if (want > 1) {
+            return kvc_err_set(err, KVC_E_STATE,
+                               "n_stream mismatch: a state without stream counts holds 1 stream, the cache %" PRIu32,
+                               want);
+        }
+        return KVC_OK;
+    }
+    if (!kvc_cur_u32(r, &f->n_stream)) {
+        return kvc_cur_truncated(err, r, 4, "the stream count");
+    }
+    if (want && f->n_stream != want) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "n_stream mismatch: the state has %" PRIu32 " streams (byte %zu), the cache %" PRIu32,
+                           f->n_stream, r->off - 4, want);
+    }
+    if (f->n_stream == 0 || f->n_stream > KVC_MAX_SEQ) {
+        return kvc_err_set(err, KVC_E_STATE, "stream count %" PRIu32 " (byte %zu): expected 1 to %d", f->n_stream,
+                           r->off - 4, KVC_MAX_SEQ);
+    }
+    return KVC_OK;
+}
+
+bool kvc_frame_take_empty(kvc_cursor *r, const kvc_frame *f) {
+    if (f->streams && r->len - r->off >= 4 && kvc_le_get_u32(r->p + r->off) == 0) {
+        r->off += 4;
+        return true;
+    }
+    return false;
+}
+
+/* --- describing a blob without a cache ------------------------------------------------------ */
+
+int kvc_state_prefix_skip(const uint8_t *data, size_t len, size_t *off, kvc_err *err) {
+    *off = 0;
+    if (!data || len < 4 || kvc_le_get_u32(data) != KVC_SEQ_MAGIC) {
+        return KVC_OK;
+    }
+    if (len < KVC_SEQ_PREFIX_BYTES) {
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte 4 of %zu while reading the sequence id of the sequence-blob "
+                           "prefix (4 bytes)", len);
+    }
+    *off = KVC_SEQ_PREFIX_BYTES;
+    return KVC_OK;
+}
+
+int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix,
+                             kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
+                             kvc_err *err) {
+    memset(f, 0, sizeof *f);
+    kvc_cursor r = { data, data ? len : 0, 0 };
+    int rc;
+    if (allow_prefix && (layout & KVC_LAYOUT_PREFIX)) {
+        size_t off;
+        if ((rc = kvc_state_prefix_skip(data, len, &off, err)) != KVC_OK) {
+            return rc;
+        }
+        if (off) {
+            f->prefixed = true;
+            f->src_seq_id = kvc_le_get_i32(data + 4);
+            r.off = off;
+        }
+    }
+    kvc_frame fr;
+    if ((rc = kvc_frame_begin(&r, layout, 0, &fr, err)) != KVC_OK) {
+        return rc;
+    }
+    f->n_stream = fr.n_stream;
+    for (uint32_t s = 0; s < fr.n_stream; s++) {
+        const size_t at = r.off;
+        uint32_t cells = 0;
+        if (!kvc_frame_take_empty(&r, &fr)) {
+            /* a stream's errors name bytes of its section, the wrap says where it starts */
+            kvc_cursor body = { r.p ? r.p + r.off : NULL, r.len - r.off, 0 };
+            kvc_section sec;
+            memset(&sec, 0, sizeof sec);
+            if ((rc = kvc_sec_parse(&body, NULL, &sec, err)) != KVC_OK) {
+                if (fr.n_stream > 1 || at) {
+                    kvc_err_wrap(err, rc, "stream %" PRIu32 " (from byte %zu)", s, at);
+                }
+                return rc;
+            }
+            cells = sec.cell_count;
+            r.off += body.off;
+        }
+        if (s < sec_cap) {
+            sec_off[s] = at;
+            sec_cells[s] = cells;
+        }
+    }
+    f->end = r.off;
+    return KVC_OK;
+}
+
+int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
+                       uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err) {
+    memset(d, 0, sizeof *d);
+    kvc_section sec;
+    memset(&sec, 0, sizeof sec);
+    sec.d_pos = pos;
+    sec.d_seq = seq;
+    sec.d_pos_cap = pos && seq ? pos_cap : 0;
+    sec.d_layers = layers;
+    sec.d_layers_cap = layers ? layers_cap : 0;
+    if (layers) {
+        memset(layers, 0, (size_t)layers_cap * sizeof *layers);
+    }
+    /* the whole-cache record shape: n_seq_id and the ids are read as they are */
+    kvc_cursor r = { data, data ? len : 0, 0 };
+    const int rc = kvc_sec_parse(&r, NULL, &sec, err);
+    d->cell_count = sec.cell_count;
+    d->v_trans = sec.v_trans;
+    d->n_layer = sec.n_layer;
+    d->data_off = sec.data_off;
+    d->end = sec.end;
+    d->n_seq_id_min = sec.n_seq_id_min;
+    d->n_seq_id_max = sec.n_seq_id_max;
+    return rc;
+}

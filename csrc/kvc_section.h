@@ -1,0 +1,80 @@
+/* Internal to the C core: the one parser of a memory state's sections, used by the unified reader
+ * (kvc_state.c), the recurrent reader (kvc_recurrent.c) and the description of a blob without a
+ * cache (kvc_state_describe, kvc_state_describe_frame). Layout: golden/FORMAT.md ("state_write /
+ * state_read blobs"), the stream framing: docs/state.md.
+ *
+ * A stream section is the seed's memory state: u32 cell count; per cell i32 pos, u32 n_seq_id and
+ * the ids; u32 V layout flag, u32 layer count; per layer K (i32 type, u64 row size, the rows), then
+ * per layer V (i32 type and u64 row size, or when transposed u32 element size and u32 width, then
+ * the data). Every field is checked against the bytes left before it is read; against a
+ * destination's geometry when one is given. Errors name the byte and what was expected. */
+#ifndef KVC_SECTION_H
+#define KVC_SECTION_H
+
+#include "kvc_cursor.h"
+#include "kvc_state.h"
+
+/* What a destination cache holds a section to; a NULL destination checks the structure alone
+ * (ids in [0, KVC_MAX_SEQ), V layout 0 or 1). */
+typedef struct kvc_sec_dest {
+    int32_t  seq_id;          /* -1: cells list their ids; else a single sequence's state */
+    uint32_t size;            /* cells the destination has */
+    uint32_t seq_cells_max;   /* single sequence: cells a state may hold (0: size) */
+    uint32_t single_n_ids;    /* single sequence: the ids each cell lists (read and ignored) */
+    uint32_t n_seq_max;       /* ids must be in [0, n_seq_max) */
+    uint32_t seq_words;       /* words per cell of the parsed sequence sets */
+    bool     ids_once;        /* an id listed twice by one cell is malformed */
+    bool     seq_in_one_cell; /* a sequence listed by two cells is malformed */
+    int32_t  type_k, type_v;
+    bool     v_trans;         /* the destination's V layout */
+    bool     convert_v;       /* accept the other V layout (the reader converts it) */
+    bool     can_convert_v;   /* whether the destination converts at all (for the message) */
+    uint32_t n_layer;
+    const void *cache;        /* passed to layer() */
+    void      (*layer)(const void *cache, uint32_t il, kvc_layer *out); /* the row sizes */
+} kvc_sec_dest;
+
+/* One parsed stream section; offsets are the cursor's (from the start of its bytes). */
+typedef struct kvc_section {
+    uint32_t  cell_count;
+    uint32_t  v_trans;      /* the section's V layout */
+    uint32_t  n_layer;
+    size_t    data_off;     /* where the V layout flag is */
+    size_t    end;          /* where the section ends */
+    uint32_t  n_seq_id_min; /* over the cells (0 when there is none) */
+    uint32_t  n_seq_id_max;
+    /* with a destination: taken from the bytes once (the apply never reads the cells again) */
+    int32_t  *pos;          /* [cell_count] (owned; NULL without cells) */
+    uint64_t *seq;          /* whole cache: [seq_words * cell_count] the cells' sets (owned), else NULL */
+    /* without a destination, where to record, when given (set by the caller before the parse) */
+    int32_t              *d_pos;      /* [d_pos_cap] */
+    uint64_t             *d_seq;      /* [KVC_SEQ_WORDS * d_pos_cap] */
+    uint32_t              d_pos_cap;
+    kvc_state_layer_desc *d_layers;   /* [d_layers_cap] */
+    uint32_t              d_layers_cap;
+} kvc_section;
+
+/* Parse the stream section at the cursor (moved past it on success). sec must be zeroed but for
+ * the d_ fields. KVC_OK, KVC_E_STATE or KVC_E_NOMEM (err: what and where); sec->pos and
+ * sec->seq are to be released with kvc_sec_free in every case. */
+int  kvc_sec_parse(kvc_cursor *r, const kvc_sec_dest *dest, kvc_section *sec, kvc_err *err);
+void kvc_sec_free(kvc_section *sec);
+/* KVC_OK when a state that ends at byte end takes all len bytes, else KVC_E_STATE naming the
+ * trailing bytes (a reader asked for an exact parse). */
+int  kvc_state_check_end(size_t end, size_t len, kvc_err *err);
+
+/* The framing around the sections: in a layout with KVC_LAYOUT_STREAMS a u32 stream count, then
+ * per stream a section, or for an empty stream its zero cell count alone; without, one section. */
+typedef struct kvc_frame {
+    uint32_t n_stream;
+    bool     streams;       /* the layout has stream counts */
+} kvc_frame;
+
+/* Take the framing's head at the cursor: the stream count must be want (the destination's), or
+ * with want 0 anything from 1 to KVC_MAX_SEQ; a layout without counts holds 1 stream, refused
+ * when want is more. KVC_OK or KVC_E_STATE. */
+int  kvc_frame_begin(kvc_cursor *r, unsigned layout, uint32_t want, kvc_frame *f, kvc_err *err);
+/* True (and the count taken) when the next stream's section is an empty stream's. */
+bool kvc_frame_take_empty(kvc_cursor *r, const kvc_frame *f);
+
+#endif
