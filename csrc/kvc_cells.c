@@ -17,7 +17,10 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->seq = kvc_calloc((size_t)c->seq_words * size, sizeof *c->seq);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
     c->seq_pos = kvc_calloc(n_seq_max ? n_seq_max : 1, sizeof *c->seq_pos);
-    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos;
+    c->blk_words = (c->n_words + 63) / 64;
+    c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
+    c->chg = kvc_malloc_n(size ? size : 1, sizeof *c->chg);
+    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
         c->seq_pos[s].v = kvc_malloc_n(size, sizeof(int32_t));
@@ -42,6 +45,8 @@ void kvc_cells_free(kvc_cells *c) {
         kvc_free(c->seq_pos[s].v);
     }
     kvc_free(c->seq_pos);
+    kvc_free(c->seq_blk);
+    kvc_free(c->chg);
     memset(c, 0, sizeof *c);
 }
 
@@ -58,6 +63,8 @@ void kvc_cells_reset(kvc_cells *c) {
     for (uint32_t s = 0; s < c->n_seq_max; s++) {
         c->seq_pos[s].n = 0;
     }
+    memset(c->seq_blk, 0, (size_t)c->n_seq_max * c->blk_words * sizeof *c->seq_blk);
+    kvc_cells_changed_all(c);
 }
 
 void kvc_cells_reset_shift(kvc_cells *c) {
@@ -147,6 +154,13 @@ bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r) {
     return k < sp->n && sp->v[k] < r.p1;
 }
 
+uint32_t kvc_cells_seq_pos_count_in(const kvc_cells *c, int32_t s, kvc_pos_range r) {
+    const kvc_seq_pos *sp = &c->seq_pos[s];
+    const uint32_t a = kvc_seq_pos_lower(sp, r.p0);
+    const uint32_t b = r.p1 > KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, (int32_t)r.p1);
+    return b > a ? b - a : 0;
+}
+
 static void kvc_seq_pos_insert(kvc_seq_pos *sp, int32_t p) {
     if (sp->n == 0 || sp->v[sp->n - 1] <= p) {
         sp->v[sp->n++] = p; /* the common case: positions grow */
@@ -181,6 +195,40 @@ static int kvc_cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+uint32_t kvc_cells_blk_count(const kvc_cells *c, int32_t s) {
+    const uint64_t *bits = kvc_cells_blk(c, s);
+    uint32_t n = 0;
+    for (uint32_t w = 0; w < c->blk_words; w++) {
+        n += kvc_popcount64(bits[w]);
+    }
+    return n;
+}
+
+/* Mark cell i's block for every sequence it holds. */
+static void kvc_cells_blk_mark_all(kvc_cells *c, uint32_t i) {
+    for (uint32_t w = 0; w < c->seq_words; w++) {
+        for (uint64_t m = c->seq[(size_t)w * c->size + i]; m; m &= m - 1) {
+            kvc_cells_blk_mark(c, i, (int32_t)(64 * w + kvc_ctz64(m)));
+        }
+    }
+}
+
+/* seq_pos[s] from the cells of s, found through its blocks (whose bits become exact). */
+static void kvc_cells_rebuild_one(kvc_cells *c, int32_t s) {
+    kvc_seq_pos *sp = &c->seq_pos[s];
+    sp->n = 0;
+    for (uint32_t b = kvc_cells_blk_next(c, s, 0, c->used_max_p1); b != UINT32_MAX;
+         b = kvc_cells_blk_next(c, s, b + 1, c->used_max_p1)) {
+        uint64_t m = kvc_cells_blk_cells(c, s, b);
+        if (!m) {
+            kvc_cells_blk_drop(c, s, b);
+        }
+        for (; m; m &= m - 1) {
+            sp->v[sp->n++] = c->pos[(b << 6) + kvc_ctz64(m)];
+        }
+    }
+}
+
 void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
     /* only ids the table has (a mask may come from words of a wider set) */
     kvc_seqset mask = *touched;
@@ -196,10 +244,25 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
     if (!kvc_seqset_any(&mask, nw)) {
         return;
     }
+    /* a walk reads 64 cells per marked block, a pass every used cell once per plane */
+    uint64_t walk = 0;
     for (int32_t s = kvc_seqset_next(&mask, nw, -1); s >= 0; s = kvc_seqset_next(&mask, nw, s)) {
-        c->seq_pos[s].n = 0;
+        walk += (uint64_t)kvc_cells_blk_count(c, s) * 64;
     }
+    uint32_t planes = 0;
     for (uint32_t w = 0; w < nw; w++) {
+        planes += mask.w[w] != 0;
+    }
+    const bool by_walk = walk <= (uint64_t)c->used_max_p1 * planes;
+    for (int32_t s = kvc_seqset_next(&mask, nw, -1); s >= 0; s = kvc_seqset_next(&mask, nw, s)) {
+        if (by_walk) {
+            kvc_cells_rebuild_one(c, s);
+        } else {
+            c->seq_pos[s].n = 0;
+            memset(kvc_cells_blk(c, s), 0, (size_t)c->blk_words * sizeof *c->seq_blk);
+        }
+    }
+    for (uint32_t w = 0; !by_walk && w < nw; w++) {
         const uint64_t *plane = c->seq + (size_t)w * c->size;
         if (!mask.w[w]) {
             continue;
@@ -210,8 +273,10 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
                 continue;
             }
             for (; m; m &= m - 1) {
-                kvc_seq_pos *sp = &c->seq_pos[64 * w + kvc_ctz64(m)];
+                const int32_t s = (int32_t)(64 * w + kvc_ctz64(m));
+                kvc_seq_pos *sp = &c->seq_pos[s];
                 sp->v[sp->n++] = c->pos[i];
+                kvc_cells_blk_mark(c, i, s);
             }
         }
     }
@@ -232,6 +297,7 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
 
 void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p) {
     c->pos[i] = p;
+    kvc_cells_changed(c, i);
     kvc_cells_mark_used(c, i);
 }
 
@@ -239,7 +305,7 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
     if (kvc_seqs_has(c->seq, c->size, i, s)) {
         return;
     }
-    kvc_seqs_add(c->seq, c->size, i, s);
+    kvc_cells_seq_add_raw(c, i, s);
     kvc_seq_pos_insert(&c->seq_pos[s], c->pos[i]);
 }
 
@@ -250,6 +316,7 @@ bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
 
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seqs_del(c->seq, c->size, i, s);
+    kvc_cells_changed(c, i);
     if (kvc_cells_seq_none(c, i)) {
         c->pos[i] = -1;
         kvc_cells_mark_unused(c, i);
@@ -277,6 +344,9 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     }
     kvc_cells_mark_unused(c, src);
     kvc_cells_mark_used(c, dst);
+    kvc_cells_blk_mark_all(c, dst);
+    kvc_cells_changed(c, src);
+    kvc_cells_changed(c, dst);
 }
 
 bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
@@ -285,6 +355,7 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
     c->pos[i] = (int32_t)(p > KVC_POS_MAX ? KVC_POS_MAX : p);
     c->shift[i] = kvc_wrap_add_i32(c->shift[i], d);
     c->has_shift = true;
+    kvc_cells_changed(c, i);
     if (p < 0) {
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
         c->pos[i] = -1;
@@ -297,6 +368,7 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
 void kvc_cells_pos_div_raw(kvc_cells *c, uint32_t i, int32_t d) {
     const int32_t old = c->pos[i];
     c->pos[i] = old / d;
+    kvc_cells_changed(c, i);
     c->shift[i] = kvc_wrap_add_i32(c->shift[i], old - c->pos[i]);
     c->has_shift = true;
 }
@@ -305,6 +377,8 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
     const bool was = c->pos[i] != -1, now = pos != -1;
     c->pos[i] = pos;
     kvc_seqs_put(c->seq, c->size, c->seq_words, i, seq);
+    kvc_cells_blk_mark_all(c, i);
+    kvc_cells_changed(c, i);
     if (was && !now) {
         kvc_cells_mark_unused(c, i);
     } else if (!was && now) {
@@ -315,6 +389,7 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
 void kvc_cells_clear_raw(kvc_cells *c, uint32_t i) {
     if (c->pos[i] != -1) {
         c->pos[i] = -1;
+        kvc_cells_changed(c, i);
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
         kvc_cells_mark_unused(c, i);
     }
@@ -329,6 +404,8 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     dst->used = src->used;
     dst->used_max_p1 = src->used_max_p1;
     dst->has_shift = src->has_shift;
+    memcpy(dst->seq_blk, src->seq_blk, (size_t)src->n_seq_max * src->blk_words * sizeof *src->seq_blk);
+    kvc_cells_changed_all(dst);   /* the log is dst's own: whatever it said is void now */
     for (uint32_t s = 0; s < src->n_seq_max; s++) {
         memcpy(dst->seq_pos[s].v, src->seq_pos[s].v, (size_t)src->seq_pos[s].n * sizeof(int32_t));
         dst->seq_pos[s].n = src->seq_pos[s].n;
@@ -341,12 +418,12 @@ static int kvc_u64_cmp(const void *a, const void *b) {
 }
 
 int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *pos) {
-    const uint64_t *plane = kvc_cells_seq_plane(c, s);
-    const unsigned bit = (unsigned)(s & 63);
     uint32_t k = 0;
     bool sorted = true;
-    for (uint32_t i = 0; i < c->used_max_p1; i++) {
-        if ((plane[i] >> bit) & 1u) {
+    for (uint32_t b = kvc_cells_blk_next(c, s, 0, c->used_max_p1); b != UINT32_MAX;
+         b = kvc_cells_blk_next(c, s, b + 1, c->used_max_p1)) {
+        for (uint64_t m = kvc_cells_blk_cells(c, s, b); m; m &= m - 1) {
+            const uint32_t i = (b << 6) + kvc_ctz64(m);
             sorted = sorted && (k == 0 || c->pos[i] >= pos[k - 1]);
             cells[k] = (int32_t)i;
             pos[k++] = c->pos[i];

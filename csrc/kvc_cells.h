@@ -6,7 +6,15 @@
  *   - used_bits: one bit per cell, set when pos != -1 (the free-cell index that
  *     find_slot scans 64 cells at a time), with the count `used` and used_max_p1;
  *   - seq_pos[s]: the sorted multiset of positions of sequence s (one entry per
- *     cell holding s; counted, so duplicates are kept), answering min/max in O(1).
+ *     cell holding s; counted, so duplicates are kept), answering min/max in O(1);
+ *   - seq_blk: per sequence one bit per block of 64 cells, set for every block in which some
+ *     cell holds the sequence (it may stay set after the block lost it: a superset, made exact
+ *     again by the walks that find a block empty), so that an operation on one sequence visits
+ *     its blocks, not every cell;
+ *   - chg: the cells whose position or sequences changed, in order (a cell may appear more than
+ *     once), since the log last restarted; the log restarts (chg_epoch grows) when it is full
+ *     and whenever the whole table is replaced, so that (chg_epoch, chg_n) taken at one moment
+ *     names everything that changed since: what a mask written then must rewrite.
  * Every mutation below keeps all of them consistent unless it says otherwise. The table is a
  * value of its own (it knows nothing of the cache around it): a cache with several streams
  * keeps one per stream. */
@@ -40,6 +48,12 @@ typedef struct kvc_cells {
     bool        empty_zeroes_shift; /* a cell that empties loses its shift (today's llama.cpp);
                                * false: it keeps it until reset_shift (the seed's) */
     kvc_seq_pos *seq_pos;     /* [n_seq_max] per sequence */
+    uint32_t    blk_words;    /* (n_words + 63) / 64: words of a sequence's block bits */
+    uint64_t   *seq_blk;      /* [n_seq_max * blk_words] bit b of sequence s's words: some cell
+                               * in [64 b, 64 b + 64) may hold s (every such block has it set) */
+    uint32_t   *chg;          /* [size] the change log */
+    uint32_t    chg_n;        /* entries in it */
+    uint64_t    chg_epoch;    /* grows every time the log restarts */
 } kvc_cells;
 
 int  kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max); /* KVC_OK / KVC_E_NOMEM */
@@ -71,6 +85,68 @@ static inline bool kvc_cells_pos_in(const kvc_cells *c, uint32_t i, kvc_pos_rang
     return kvc_pos_range_has(r, c->pos[i]);
 }
 
+/* Cell i changed (position or sequences). */
+static inline void kvc_cells_changed(kvc_cells *c, uint32_t i) {
+    if (c->chg_n < c->size) {
+        c->chg[c->chg_n++] = i;
+    } else {
+        c->chg_epoch++;
+        c->chg_n = 0;
+    }
+}
+/* Every cell may have changed: the log restarts. */
+static inline void kvc_cells_changed_all(kvc_cells *c) {
+    c->chg_epoch++;
+    c->chg_n = 0;
+}
+
+/* The block bits of sequence s (blk_words words). */
+static inline uint64_t *kvc_cells_blk(const kvc_cells *c, int32_t s) {
+    return c->seq_blk + (size_t)s * c->blk_words;
+}
+/* Cell i may hold s from now on: its block's bit. */
+static inline void kvc_cells_blk_mark(kvc_cells *c, uint32_t i, int32_t s) {
+    kvc_cells_blk(c, s)[i >> 12] |= (uint64_t)1 << ((i >> 6) & 63);
+}
+/* The first block >= b whose bit sequence s has set and that starts below `end` cells, or
+ * UINT32_MAX. */
+static inline uint32_t kvc_cells_blk_next(const kvc_cells *c, int32_t s, uint32_t b, uint32_t end) {
+    const uint64_t *bits = kvc_cells_blk(c, s);
+    const uint32_t n_blk = (end + 63) >> 6;
+    if (b >= n_blk) {
+        return UINT32_MAX;
+    }
+    uint32_t w = b >> 6;
+    uint64_t m = bits[w] & (~(uint64_t)0 << (b & 63));
+    for (;;) {
+        if (m) {
+            const uint32_t k = (w << 6) + kvc_ctz64(m);
+            return k < n_blk ? k : UINT32_MAX;
+        }
+        if (++w >= (n_blk + 63) >> 6) {
+            return UINT32_MAX;
+        }
+        m = bits[w];
+    }
+}
+/* The cells of block b holding sequence s, bit j for cell 64 b + j (exact; from the cells). */
+static inline uint64_t kvc_cells_blk_cells(const kvc_cells *c, int32_t s, uint32_t b) {
+    const uint64_t *plane = kvc_cells_seq_plane(c, s) + ((size_t)b << 6);
+    const unsigned bit = (unsigned)(s & 63);
+    const uint32_t n = c->size - (b << 6) < 64 ? c->size - (b << 6) : 64;
+    uint64_t m = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        m |= ((plane[j] >> bit) & 1u) << j;
+    }
+    return m;
+}
+/* Block b holds no cell of s any more: its bit goes. */
+static inline void kvc_cells_blk_drop(kvc_cells *c, int32_t s, uint32_t b) {
+    kvc_cells_blk(c, s)[b >> 6] &= ~((uint64_t)1 << (b & 63));
+}
+/* Blocks sequence s has marked. */
+uint32_t kvc_cells_blk_count(const kvc_cells *c, int32_t s);
+
 /* Give the empty cell i position p (>= 0); it becomes used (no sequences yet). */
 void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p);
 /* Sequence s joins non-empty cell i (no-op when already there). */
@@ -95,13 +171,22 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
 /* Sequence s leaves cell i; a cell left with no sequence is emptied (returns true). The index
  * (seq_pos) is not updated. */
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s);
+/* Sequence s joins non-empty cell i (no-op when already there). The index (seq_pos) is not
+ * updated. */
+static inline void kvc_cells_seq_add_raw(kvc_cells *c, uint32_t i, int32_t s) {
+    kvc_seqs_add(c->seq, c->size, i, s);
+    kvc_cells_blk_mark(c, i, s);
+    kvc_cells_changed(c, i);
+}
 /* Cell i keeps only sequence s (which it holds). The index is not updated. */
 static inline void kvc_cells_seq_only_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seqs_only(c->seq, c->size, c->seq_words, i, s);
+    kvc_cells_changed(c, i);
 }
 /* Empty cell i (sequences cleared, shift kept). */
 void kvc_cells_clear_raw(kvc_cells *c, uint32_t i);
-/* Recompute seq_pos[s] from the cells for every s in mask. */
+/* Recompute seq_pos[s] from the cells for every s in mask (walking their blocks when they are
+ * few, else one pass over the cells that also makes their block bits exact). */
 void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *mask);
 /* Remove the entries in r from seq_pos[s] (after clearing s from those cells). */
 void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r);
@@ -116,6 +201,8 @@ static inline int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s) {
 
 /* Does sequence s hold a position in r? O(log n). */
 bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r);
+/* How many cells of sequence s have a position in r? O(log n). */
+uint32_t kvc_cells_seq_pos_count_in(const kvc_cells *c, int32_t s, kvc_pos_range r);
 
 /* The cells holding sequence s (c->seq_pos[s].n of them) ordered by position, ties by cell:
  * cell k into cells[k], its position into pos[k]. KVC_OK or KVC_E_NOMEM (when they had to be

@@ -204,6 +204,34 @@ static uint32_t kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uin
     return n_edge;
 }
 
+/* The end of the run of blocks marked for sequence s that starts at marked block b (cells
+ * [64 b, result)), at most n cells. */
+static uint32_t kvc_mask_run_end(const kvc_cells *cells, int32_t s, uint32_t b, uint32_t n) {
+    const uint64_t *bits = kvc_cells_blk(cells, s);
+    uint32_t e = b + 1;
+    while ((uint64_t)e * 64 < n && ((bits[e >> 6] >> (e & 63)) & 1u)) {
+        e++;
+    }
+    return (uint64_t)e * 64 < n ? e * 64 : n;
+}
+
+/* kvc_mask_key_positions of sequence s over cells [0, n) of a table: the blocks the sequence
+ * has not marked hold none of its cells, so they are -1 without reading the cells. */
+static uint32_t kvc_mask_key_positions_of(int32_t *v, const kvc_cells *cells, int32_t s, uint32_t n,
+                                          const int32_t edge[4]) {
+    uint32_t done = 0, n_edge = 0;
+    for (uint32_t b = kvc_cells_blk_next(cells, s, 0, n); b != UINT32_MAX; ) {
+        const uint32_t i0 = b * 64, i1 = kvc_mask_run_end(cells, s, b, n);
+        memset(v + done, 0xff, (size_t)(i0 - done) * sizeof *v);
+        n_edge += kvc_mask_key_positions(v + i0, cells->pos + i0, kvc_cells_seq_plane(cells, s) + i0, i1 - i0,
+                                         (unsigned)(s & 63), edge);
+        done = i1;
+        b = i1 >= n ? UINT32_MAX : kvc_cells_blk_next(cells, s, i1 / 64, n);
+    }
+    memset(v + done, 0xff, (size_t)(n - done) * sizeof *v);
+    return n_edge;
+}
+
 /* The indices i < n of the edges of v (as counted above), ascending, into out. Returns the count. */
 static uint32_t kvc_mask_edges(uint32_t *out, const int32_t *v, uint32_t n, const int32_t edge[4]) {
     uint32_t i = 0, k = 0;
@@ -344,9 +372,8 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
         /* an empty edge range when rows are computed directly */
         const int32_t none[4] = {0, 0, 0, 0};
         q->vis = vis + (size_t)k * n_kv;
-        const uint32_t n_edge = kvc_mask_key_positions(vis + (size_t)k * n_kv, cells->pos,
-                                                       kvc_cells_seq_plane(cells, q->id), n_kv,
-                                                       (unsigned)(q->id & 63), try_edges ? q->edge_range : none);
+        const uint32_t n_edge = kvc_mask_key_positions_of(vis + (size_t)k * n_kv, cells, q->id, n_kv,
+                                                          try_edges ? q->edge_range : none);
         if (try_edges && n_edge <= n_kv / KVC_MASK_EDGE_DIV) {
             q->n_edge = n_edge;
             q->use_edges = true;
@@ -407,35 +434,6 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
     return KVC_OK;
 }
 
-int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
-                        size_t row_stride, void *out) {
-    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
-    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
-    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
-    if (row_stride == 0) {
-        row_stride = row_bytes;
-    }
-    /* masks larger than the last-level cache go straight to memory */
-    const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
-    const int rc = kvc_mask_rows(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride, out);
-    if (rc != KVC_OK) {
-        return rc;
-    }
-    /* padding rows see nothing */
-    if (rows > n_tokens && n_kv) {
-        /* dense rows: one fill; strided rows: the gaps between them are the caller's */
-        const uint32_t n_fill = row_stride == row_bytes ? 1 : rows - n_tokens;
-        const size_t per = row_stride == row_bytes ? (size_t)(rows - n_tokens) * n_kv : n_kv;
-        for (uint32_t r = 0; r < n_fill; r++) {
-            kvc_mask_fill_hidden((uint8_t *)out + (size_t)(n_tokens + r) * row_stride, dtype, per, stream);
-        }
-    }
-    if (stream) {
-        kvc_stream_fence();
-    }
-    return KVC_OK;
-}
-
 /* Cells of a row built at a time by kvc_mask_rows_direct: their key positions stay in L1. */
 #define KVC_MASK_CHUNK 1024u
 
@@ -455,10 +453,12 @@ static bool kvc_mask_one_token_each(const kvc_ubatch *ub, uint32_t t0, uint32_t 
 
 /* kvc_mask_rows for a block whose every sequence has one token: a row's key positions are read
  * once, so each row is built straight from the cells a chunk at a time (no per-sequence array
- * of key positions to write and read back). */
+ * of key positions to write and read back), and the blocks of cells its sequence has not
+ * marked are filled as hidden without reading the cells: a row costs about its stores plus
+ * the sequence's own cells. Row r at r * row_stride bytes. */
 static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub,
                                  uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
-                                 void *out) {
+                                 size_t row_stride, void *out) {
     const size_t el = kvc_mask_elsize(dtype);
     const int32_t none[4] = {0, 0, 0, 0};
     int32_t vis[KVC_MASK_CHUNK];
@@ -468,13 +468,59 @@ static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, u
         int32_t lo, hi;
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
         const uint64_t *plane = kvc_cells_seq_plane(cells, s);
-        uint8_t *row = (uint8_t *)out + (size_t)r * n_kv * el;
-        for (uint32_t off = 0; off < n_kv; off += KVC_MASK_CHUNK) {
-            const uint32_t m = n_kv - off < KVC_MASK_CHUNK ? n_kv - off : KVC_MASK_CHUNK;
-            kvc_mask_key_positions(vis, cells->pos + off, plane + off, m, (unsigned)(s & 63), none);
-            kvc_mask_row(row + (size_t)off * el, dtype, vis, m, lo, hi, p1, alibi, stream);
+        uint8_t *row = (uint8_t *)out + (size_t)r * row_stride;
+        uint32_t done = 0;
+        for (uint32_t b = kvc_cells_blk_next(cells, s, 0, n_kv); b != UINT32_MAX; ) {
+            const uint32_t i0 = b * 64, i1 = kvc_mask_run_end(cells, s, b, n_kv);
+            if (i0 > done) {
+                kvc_mask_fill_hidden(row + (size_t)done * el, dtype, i0 - done, stream);
+            }
+            for (uint32_t off = i0; off < i1; off += KVC_MASK_CHUNK) {
+                const uint32_t m = i1 - off < KVC_MASK_CHUNK ? i1 - off : KVC_MASK_CHUNK;
+                kvc_mask_key_positions(vis, cells->pos + off, plane + off, m, (unsigned)(s & 63), none);
+                kvc_mask_row(row + (size_t)off * el, dtype, vis, m, lo, hi, p1, alibi, stream);
+            }
+            done = i1;
+            b = i1 >= n_kv ? UINT32_MAX : kvc_cells_blk_next(cells, s, i1 / 64, n_kv);
+        }
+        if (n_kv > done) {
+            kvc_mask_fill_hidden(row + (size_t)done * el, dtype, n_kv - done, stream);
         }
     }
+}
+
+int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                        size_t row_stride, void *out) {
+    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
+    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
+    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
+    if (row_stride == 0) {
+        row_stride = row_bytes;
+    }
+    /* masks larger than the last-level cache go straight to memory */
+    const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
+    if (kvc_mask_one_token_each(ub, 0, n_tokens)) {
+        kvc_mask_rows_direct(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride, out);
+    } else {
+        const int rc = kvc_mask_rows(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride,
+                                     out);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+    }
+    /* padding rows see nothing */
+    if (rows > n_tokens && n_kv) {
+        /* dense rows: one fill; strided rows: the gaps between them are the caller's */
+        const uint32_t n_fill = row_stride == row_bytes ? 1 : rows - n_tokens;
+        const size_t per = row_stride == row_bytes ? (size_t)(rows - n_tokens) * n_kv : n_kv;
+        for (uint32_t r = 0; r < n_fill; r++) {
+            kvc_mask_fill_hidden((uint8_t *)out + (size_t)(n_tokens + r) * row_stride, dtype, per, stream);
+        }
+    }
+    if (stream) {
+        kvc_stream_fence();
+    }
+    return KVC_OK;
 }
 
 uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups) {
@@ -486,23 +532,33 @@ uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *str
     return n_kv;
 }
 
-int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
-                             void *out, kvc_err *err) {
-    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
-    int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
-    if (rc != KVC_OK) {
-        return rc;
+/* The layout of a 2026 mask: its token groups (strm[n_groups], nst tokens each) and n_kv. */
+typedef struct kvc_mask_groups {
+    uint32_t strm[KVC_MAX_SEQ], n_groups, nst, n_kv;
+} kvc_mask_groups;
+
+static int kvc_mask_groups_of(const kvc_unified *c, const kvc_ubatch *ub, kvc_mask_groups *g, kvc_err *err) {
+    const int rc = kvc_unified_groups(c, ub, g->strm, &g->n_groups, &g->nst, err);
+    if (rc == KVC_OK) {
+        g->n_kv = kvc_unified_kq_mask_2026_n_kv(c, g->strm, g->n_groups);
     }
-    const uint32_t n_kv = kvc_unified_kq_mask_2026_n_kv(c, strm, n_groups);
+    return rc;
+}
+
+/* kvc_unified_kq_mask_2026 of a ubatch whose groups are known. */
+static int kvc_mask_2026_write(const kvc_unified *c, const kvc_ubatch *ub, const kvc_mask_groups *gr, bool causal,
+                               bool alibi, int dtype, void *out, kvc_err *err) {
+    const uint32_t *strm = gr->strm, n_groups = gr->n_groups, nst = gr->nst, n_kv = gr->n_kv;
     const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
     const size_t block = (size_t)nst * row_bytes;
+    int rc;
     const bool stream = block * n_groups >= KVC_STREAM_BYTES;
     /* one block of rows per token group, over the cells of the group's stream */
     for (uint32_t g = 0; g < n_groups; g++) {
         const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
         void *rows = (uint8_t *)out + g * block;
         if (kvc_mask_one_token_each(ub, g * nst, nst)) {
-            kvc_mask_rows_direct(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, rows);
+            kvc_mask_rows_direct(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, row_bytes, rows);
             continue;
         }
         rc = kvc_mask_rows(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, row_bytes, rows);
@@ -513,5 +569,339 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
     if (stream) {
         kvc_stream_fence();
     }
+    return KVC_OK;
+}
+
+int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
+                             void *out, kvc_err *err) {
+    kvc_mask_groups gr;
+    const int rc = kvc_mask_groups_of(c, ub, &gr, err);
+    return rc != KVC_OK ? rc : kvc_mask_2026_write(c, ub, &gr, causal, alibi, dtype, out, err);
+}
+
+/* --- masks rewritten where the cells changed ----------------------------------------------- */
+
+/* A buffer the cache wrote a mask into, and what it holds. */
+typedef struct kvc_mask_slot {
+    bool        valid;
+    const uint8_t *out;
+    size_t      extent;               /* bytes from out that the mask spans */
+    size_t      row_stride;
+    uint32_t    n_tokens, rows, n_kv, n_groups, nst;
+    int         dtype;
+    bool        causal, pad;
+    uint64_t    used;                 /* the memo's clock when last written */
+    uint32_t    cap;                  /* tokens the row arrays hold */
+    int32_t    *seq, *lo, *hi;        /* [cap] per token: its row's sequence and window */
+    uint32_t   *strm;                 /* [n_stream] the stream of each group */
+    uint64_t   *epoch;                /* [n_stream] each stream's change log as of the write */
+    uint32_t   *chg_n;
+} kvc_mask_slot;
+
+/* The last few buffers (a step may write masks of several dtypes or layers' windows). */
+#define KVC_MASK_SLOTS 4
+
+struct kvc_mask_memo {
+    kvc_mask_slot slot[KVC_MASK_SLOTS];
+    uint64_t    clock;
+    uint32_t   *cells;                /* [cells_cap] scratch: a stream's changed cells */
+    uint32_t    cells_cap;
+};
+
+void kvc_mask_memo_free(struct kvc_mask_memo *m) {
+    if (!m) {
+        return;
+    }
+    for (int k = 0; k < KVC_MASK_SLOTS; k++) {
+        kvc_mask_slot *sl = &m->slot[k];
+        kvc_free(sl->seq);
+        kvc_free(sl->lo);
+        kvc_free(sl->hi);
+        kvc_free(sl->strm);
+        kvc_free(sl->epoch);
+        kvc_free(sl->chg_n);
+    }
+    kvc_free(m->cells);
+    kvc_free(m);
+}
+
+/* The slot remembering out, or NULL. */
+static kvc_mask_slot *kvc_mask_slot_of(const kvc_unified *c, const void *out) {
+    struct kvc_mask_memo *m = c->mask_memo;
+    for (int k = 0; m && k < KVC_MASK_SLOTS; k++) {
+        if (m->slot[k].valid && m->slot[k].out == out) {
+            return &m->slot[k];
+        }
+    }
+    return NULL;
+}
+
+/* out[0, extent) is being written: every slot whose buffer overlaps it is forgotten. */
+static void kvc_mask_forget(kvc_unified *c, const void *out, size_t extent) {
+    struct kvc_mask_memo *m = c->mask_memo;
+    const uint8_t *a = out;
+    for (int k = 0; m && k < KVC_MASK_SLOTS; k++) {
+        kvc_mask_slot *sl = &m->slot[k];
+        if (sl->valid && sl->out < a + extent && a < sl->out + sl->extent) {
+            sl->valid = false;
+        }
+    }
+}
+
+/* A slot for out with room for n_tokens rows (the one remembering it, else the least recently
+ * written), or NULL (out of memory: the mask is then not remembered). */
+static kvc_mask_slot *kvc_mask_slot_for(kvc_unified *c, const void *out, uint32_t n_tokens) {
+    struct kvc_mask_memo *m = c->mask_memo;
+    if (!m) {
+        m = kvc_calloc(1, sizeof *m);
+        if (!m) {
+            return NULL;
+        }
+        c->mask_memo = m;
+    }
+    kvc_mask_slot *sl = NULL;
+    for (int k = 0; k < KVC_MASK_SLOTS && !sl; k++) {
+        if (m->slot[k].out == out) {
+            sl = &m->slot[k];
+        }
+    }
+    for (int k = 0; k < KVC_MASK_SLOTS && !sl; k++) {
+        if (!m->slot[k].valid) {
+            sl = &m->slot[k];
+        }
+    }
+    if (!sl) {
+        sl = &m->slot[0];
+        for (int k = 1; k < KVC_MASK_SLOTS; k++) {
+            if (m->slot[k].used < sl->used) {
+                sl = &m->slot[k];
+            }
+        }
+    }
+    sl->valid = false;
+    if (!sl->strm) {
+        sl->strm = kvc_calloc(c->n_stream, sizeof *sl->strm);
+        sl->epoch = kvc_calloc(c->n_stream, sizeof *sl->epoch);
+        sl->chg_n = kvc_calloc(c->n_stream, sizeof *sl->chg_n);
+        if (!sl->strm || !sl->epoch || !sl->chg_n) {
+            kvc_free(sl->strm);
+            kvc_free(sl->epoch);
+            kvc_free(sl->chg_n);
+            sl->strm = NULL;
+            sl->epoch = NULL;
+            sl->chg_n = NULL;
+            return NULL;
+        }
+    }
+    if (sl->cap < n_tokens) {
+        int32_t *seq = kvc_realloc_n(sl->seq, n_tokens, sizeof *seq);
+        sl->seq = seq ? seq : sl->seq;
+        int32_t *lo = kvc_realloc_n(sl->lo, n_tokens, sizeof *lo);
+        sl->lo = lo ? lo : sl->lo;
+        int32_t *hi = kvc_realloc_n(sl->hi, n_tokens, sizeof *hi);
+        sl->hi = hi ? hi : sl->hi;
+        if (!seq || !lo || !hi) {
+            return NULL;
+        }
+        sl->cap = n_tokens;
+    }
+    return sl;
+}
+
+static inline int32_t kvc_mask_row_seq(const kvc_ubatch *ub, uint32_t t) {
+    return ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
+}
+
+/* Bytes from out that a mask of rows rows of n_kv elements, row_stride apart, spans. */
+static size_t kvc_mask_extent(uint32_t rows, size_t row_stride, uint32_t n_kv, int dtype) {
+    return rows ? (size_t)(rows - 1) * row_stride + (size_t)n_kv * kvc_mask_elsize(dtype) : 0;
+}
+
+/* Remember that out now holds the mask of ub over the groups' streams as they are. */
+static void kvc_mask_memo_record(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                                 size_t row_stride, uint32_t rows, uint32_t n_kv, const uint32_t *strm,
+                                 uint32_t n_groups, uint32_t nst, const void *out) {
+    const size_t extent = kvc_mask_extent(rows, row_stride, n_kv, dtype);
+    kvc_mask_forget(c, out, extent);
+    /* ALiBi's values follow each token's position: such a mask is always written whole */
+    kvc_mask_slot *sl = alibi ? NULL : kvc_mask_slot_for(c, out, ub->n_tokens);
+    if (!sl) {
+        return;
+    }
+    sl->out = out;
+    sl->extent = extent;
+    sl->row_stride = row_stride;
+    sl->n_tokens = ub->n_tokens;
+    sl->rows = rows;
+    sl->n_kv = n_kv;
+    sl->n_groups = n_groups;
+    sl->nst = nst;
+    sl->dtype = dtype;
+    sl->causal = causal;
+    sl->pad = pad;
+    sl->used = ++c->mask_memo->clock;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        sl->strm[g] = strm[g];
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        sl->epoch[strm[g]] = cells->chg_epoch;
+        sl->chg_n[strm[g]] = cells->chg_n;
+    }
+    for (uint32_t t = 0; t < ub->n_tokens; t++) {
+        sl->seq[t] = kvc_mask_row_seq(ub, t);
+        kvc_unified_visible_range(c, ub->pos[t], causal, &sl->lo[t], &sl->hi[t]);
+    }
+    sl->valid = true;
+}
+
+static int kvc_u32_cmp(const void *a, const void *b) {
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The distinct cells of stream st's log since the slot was written, ascending, into m->cells;
+ * their count, or UINT32_MAX when there is no room for them. */
+static uint32_t kvc_mask_changed_cells(struct kvc_mask_memo *m, const kvc_mask_slot *sl, const kvc_cells *cells,
+                                       uint32_t st) {
+    const uint32_t n = cells->chg_n - sl->chg_n[st];
+    if (n == 0) {
+        return 0;
+    }
+    if (m->cells_cap < n) {
+        uint32_t *a = kvc_realloc_n(m->cells, n, sizeof *a);
+        if (!a) {
+            return UINT32_MAX;
+        }
+        m->cells = a;
+        m->cells_cap = n;
+    }
+    memcpy(m->cells, cells->chg + sl->chg_n[st], (size_t)n * sizeof *m->cells);
+    qsort(m->cells, n, sizeof *m->cells, kvc_u32_cmp);
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        if (k == 0 || m->cells[k - 1] != m->cells[j]) {
+            m->cells[k++] = m->cells[j];
+        }
+    }
+    return k;
+}
+
+/* Whether sequence s holds a cell with a position in r that is not among the n changed cells
+ * (distinct). */
+static bool kvc_mask_unchanged_in(const kvc_cells *cells, int32_t s, kvc_pos_range r, const uint32_t *changed,
+                                  uint32_t n) {
+    uint32_t n_in = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        n_in += kvc_cells_seq_has(cells, changed[j], s) && kvc_cells_pos_in(cells, changed[j], r);
+    }
+    return kvc_cells_seq_pos_count_in(cells, s, r) != n_in;
+}
+
+/* The rewrite of what changed, when a slot remembers out with the call's shape (else false:
+ * nothing written). */
+static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                           size_t row_stride, uint32_t rows, uint32_t n_kv, const uint32_t *strm, uint32_t n_groups,
+                           uint32_t nst, void *out) {
+    kvc_mask_slot *sl = kvc_mask_slot_of(c, out);
+    if (!sl || alibi || sl->row_stride != row_stride || sl->n_tokens != ub->n_tokens || sl->rows != rows ||
+        sl->n_kv != n_kv || sl->n_groups != n_groups || sl->nst != nst || sl->dtype != dtype ||
+        sl->causal != causal || sl->pad != pad) {
+        return false;
+    }
+    uint64_t changes = 0;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        if (sl->strm[g] != strm[g] || sl->epoch[strm[g]] != cells->chg_epoch || sl->chg_n[strm[g]] > cells->chg_n) {
+            return false;
+        }
+        changes += cells->chg_n - sl->chg_n[strm[g]];
+    }
+    /* patching costs a store per changed cell and row; past a quarter of the mask, write it whole */
+    if (changes * ub->n_tokens > (uint64_t)rows * n_kv / 4) {
+        return false;
+    }
+    struct kvc_mask_memo *m = c->mask_memo;
+    /* rows written whole go straight to memory when the mask is larger than the caches */
+    const bool stream = (size_t)rows * n_kv * kvc_mask_elsize(dtype) >= KVC_STREAM_BYTES;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        const uint32_t n_chg = kvc_mask_changed_cells(m, sl, cells, strm[g]);
+        if (n_chg == UINT32_MAX) {
+            if (stream) {
+                kvc_stream_fence();
+            }
+            return false;
+        }
+        for (uint32_t t = g * nst; t < (g + 1) * nst; t++) {
+            const int32_t s = kvc_mask_row_seq(ub, t), p1 = ub->pos[t];
+            int32_t lo, hi;
+            kvc_unified_visible_range(c, p1, causal, &lo, &hi);
+            uint8_t *row = (uint8_t *)out + (size_t)t * row_stride;
+            bool whole = s != sl->seq[t];
+            /* the cells of s between the old and the new window's start, and between their ends,
+             * change sides: unless every one of them is a changed cell, the row is written whole */
+            if (!whole && lo != sl->lo[t]) {
+                const kvc_pos_range r = { lo < sl->lo[t] ? lo : sl->lo[t], lo < sl->lo[t] ? sl->lo[t] : lo };
+                whole = kvc_mask_unchanged_in(cells, s, r, m->cells, n_chg);
+            }
+            if (!whole && hi != sl->hi[t]) {
+                const int32_t a = hi < sl->hi[t] ? hi : sl->hi[t], b = hi < sl->hi[t] ? sl->hi[t] : hi;
+                const kvc_pos_range r = { a + 1, (int64_t)b + 1 };
+                whole = kvc_mask_unchanged_in(cells, s, r, m->cells, n_chg);
+            }
+            if (whole) {
+                kvc_mask_rows_direct(c, cells, n_kv, ub, t, 1, causal, false, dtype, stream, row_stride, row);
+                continue;
+            }
+            for (uint32_t j = 0; j < n_chg && m->cells[j] < n_kv; j++) {
+                const uint32_t i = m->cells[j];
+                kvc_mask_set(row, dtype, i, kvc_cells_seq_has(cells, i, s) && cells->pos[i] >= lo &&
+                                            cells->pos[i] <= hi);
+            }
+        }
+    }
+    if (stream) {
+        kvc_stream_fence();
+    }
+    return true;
+}
+
+int kvc_unified_kq_mask_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                              size_t row_stride, void *out, bool reuse) {
+    const uint32_t n_kv = c->n, n_tokens = ub->n_tokens;
+    const uint32_t rows = pad ? kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) : n_tokens;
+    if (row_stride == 0) {
+        row_stride = (size_t)n_kv * kvc_mask_elsize(dtype);
+    }
+    const uint32_t strm[1] = {0};
+    if (!(reuse && kvc_mask_patch(c, ub, causal, alibi, dtype, pad, row_stride, rows, n_kv, strm, 1, n_tokens, out))) {
+        /* out is being rewritten: an error leaves it unknown */
+        kvc_mask_forget(c, out, kvc_mask_extent(rows, row_stride, n_kv, dtype));
+        const int rc = kvc_unified_kq_mask(c, ub, causal, alibi, dtype, pad, row_stride, out);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+    }
+    kvc_mask_memo_record(c, ub, causal, alibi, dtype, pad, row_stride, rows, n_kv, strm, 1, n_tokens, out);
+    return KVC_OK;
+}
+
+int kvc_unified_kq_mask_2026_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
+                                   void *out, bool reuse, kvc_err *err) {
+    kvc_mask_groups gr;
+    int rc = kvc_mask_groups_of(c, ub, &gr, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    const size_t row_bytes = (size_t)gr.n_kv * kvc_mask_elsize(dtype);
+    if (!(reuse && kvc_mask_patch(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, gr.n_kv, gr.strm,
+                                  gr.n_groups, gr.nst, out))) {
+        kvc_mask_forget(c, out, kvc_mask_extent(ub->n_tokens, row_bytes, gr.n_kv, dtype));
+        rc = kvc_mask_2026_write(c, ub, &gr, causal, alibi, dtype, out, err);
+        if (rc != KVC_OK) {
+            return rc;
+        }
+    }
+    kvc_mask_memo_record(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, gr.n_kv, gr.strm, gr.n_groups,
+                         gr.nst, out);
     return KVC_OK;
 }

@@ -31,6 +31,22 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
                              void *out, kvc_err *err);
 uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups);
 
+/* The same masks into a buffer the cache remembers (kvc_unified.mask_memo: the last buffer
+ * written this way, its shape and what each of its rows showed). With reuse, when out is that
+ * buffer, untouched since, and the call asks for a mask of the same shape (dtype, rows, n_kv,
+ * row stride, padding, causal, token groups and their streams), only what changed since is
+ * rewritten: for each row the cells whose position or sequences changed, and a whole row where
+ * its sequence or the start of its window changed or where cells that did not change came into
+ * (or left) its causal window; every other case (ALiBi, a cell table replaced, more changes
+ * than a full write costs) writes the whole mask. The result equals a fresh mask's. Without
+ * reuse the whole mask is written. Either way out is remembered. */
+int kvc_unified_kq_mask_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
+                              size_t row_stride, void *out, bool reuse);
+int kvc_unified_kq_mask_2026_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
+                                   void *out, bool reuse, kvc_err *err);
+/* Free what kvc_unified.mask_memo holds (kvc_unified_free calls it). */
+void kvc_mask_memo_free(struct kvc_mask_memo *m);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,6 +3,7 @@
 #include "kvc_unified.h"
 
 #include "kvc_cols.h"
+#include "kvc_mask.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
@@ -137,6 +138,7 @@ void kvc_unified_free(kvc_unified *c) {
     kvc_free(c->layers);
     kvc_free(c->defrag_ids);
     kvc_undo_free(&c->undo);
+    kvc_mask_memo_free(c->mask_memo);
     memset(c, 0, sizeof *c);
 }
 
@@ -218,23 +220,36 @@ static void kvc_table_seq_rm(kvc_cells *cells, uint32_t *head, int32_t s, int32_
         return;
     }
 
-    for (uint32_t i = 0; i < end; i++) {
-        if (!kvc_cells_pos_in(cells, i, r)) {
-            continue;
+    if (s >= 0) {
+        /* the sequence's blocks, ascending: the first cell emptied is the lowest */
+        for (uint32_t b = kvc_cells_blk_next(cells, s, 0, end); b != UINT32_MAX; b = kvc_cells_blk_next(cells, s, b + 1, end)) {
+            const uint64_t held = kvc_cells_blk_cells(cells, s, b);
+            uint64_t left = held;
+            for (uint64_t m = held; m; m &= m - 1) {
+                const uint32_t i = (b << 6) + kvc_ctz64(m);
+                if (!kvc_cells_pos_in(cells, i, r)) {
+                    continue;
+                }
+                left &= ~((uint64_t)1 << (i & 63));
+                if (kvc_cells_seq_del_raw(cells, i, s) && new_head == size) {
+                    new_head = i;
+                }
+            }
+            if (!left) {
+                kvc_cells_blk_drop(cells, s, b);
+            }
         }
-        if (s < 0) {
+    } else {
+        for (uint32_t i = 0; i < end; i++) {
+            if (!kvc_cells_pos_in(cells, i, r)) {
+                continue;
+            }
             /* any sequence: the cell goes whatever it holds */
             kvc_cells_seq_or_into(cells, i, &touched);
             kvc_cells_clear_raw(cells, i);
-        } else if (kvc_cells_seq_has(cells, i, s)) {
-            if (!kvc_cells_seq_del_raw(cells, i, s)) {
-                continue;
+            if (new_head == size) {
+                new_head = i;
             }
-        } else {
-            continue;
-        }
-        if (new_head == size) {
-            new_head = i;
         }
     }
 
@@ -304,14 +319,15 @@ static void kvc_unified_seq_cp_streams(kvc_unified *c, int32_t src, int32_t dst)
     const kvc_cells *a = kvc_unified_stream_cells(c, s0);
     kvc_cells *b = kvc_unified_stream_cells(c, s1);
     kvc_cells_reset(b);
-    for (uint32_t i = 0; i < a->used_max_p1; i++) {
-        if (a->pos[i] == -1 || !kvc_cells_seq_has(a, i, src)) {
-            continue;
+    for (uint32_t k = kvc_cells_blk_next(a, src, 0, a->used_max_p1); k != UINT32_MAX;
+         k = kvc_cells_blk_next(a, src, k + 1, a->used_max_p1)) {
+        for (uint64_t m = kvc_cells_blk_cells(a, src, k); m; m &= m - 1) {
+            const uint32_t i = (k << 6) + kvc_ctz64(m);
+            kvc_cells_pos_set(b, i, a->pos[i]);
+            kvc_cells_seq_add(b, i, dst);
+            b->shift[i] = a->shift[i];
+            b->has_shift = b->has_shift || a->shift[i] != 0;
         }
-        kvc_cells_pos_set(b, i, a->pos[i]);
-        kvc_cells_seq_add(b, i, dst);
-        b->shift[i] = a->shift[i];
-        b->has_shift = b->has_shift || a->shift[i] != 0;
     }
     *kvc_unified_stream_head(c, s1) = kvc_unified_stream_head_c(c, s0);
     c->copy_src[c->n_copies] = s0;
@@ -332,10 +348,18 @@ void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, in
     }
     const kvc_pos_range r = kvc_pos_range_of(p0, p1);
     bool any = false;
-    for (uint32_t i = 0; i < cells->used_max_p1; i++) {
-        if (kvc_cells_pos_in(cells, i, r) && kvc_cells_seq_has(cells, i, src) && !kvc_cells_seq_has(cells, i, dst)) {
-            kvc_seqs_add(cells->seq, cells->size, i, dst);
-            any = true;
+    const uint32_t end = cells->used_max_p1;
+    for (uint32_t b = kvc_cells_blk_next(cells, src, 0, end); b != UINT32_MAX; b = kvc_cells_blk_next(cells, src, b + 1, end)) {
+        const uint64_t held = kvc_cells_blk_cells(cells, src, b);
+        if (!held) {
+            kvc_cells_blk_drop(cells, src, b);
+        }
+        for (uint64_t m = held; m; m &= m - 1) {
+            const uint32_t i = (b << 6) + kvc_ctz64(m);
+            if (kvc_cells_pos_in(cells, i, r) && !kvc_cells_seq_has(cells, i, dst)) {
+                kvc_cells_seq_add_raw(cells, i, dst);
+                any = true;
+            }
         }
     }
     if (any) {
@@ -372,6 +396,7 @@ void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
     for (uint32_t t = 0; t < cells->n_seq_max; t++) {
         if ((int32_t)t != s) {
             cells->seq_pos[t].n = 0;
+            memset(kvc_cells_blk(cells, (int32_t)t), 0, (size_t)cells->blk_words * sizeof *cells->seq_blk);
         }
     }
     if (new_head != size && new_head < *head) {
@@ -395,13 +420,16 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
     }
     kvc_seqset touched;
     kvc_seqset_clear(&touched);
-    for (uint32_t i = 0; i < end; i++) {
-        if (!kvc_cells_pos_in(cells, i, r) || !kvc_cells_seq_has(cells, i, s)) {
-            continue;
-        }
-        kvc_cells_seq_or_into(cells, i, &touched);
-        if (kvc_cells_pos_add_raw(cells, i, shift) && new_head == size) {
-            new_head = i;
+    for (uint32_t b = kvc_cells_blk_next(cells, s, 0, end); b != UINT32_MAX; b = kvc_cells_blk_next(cells, s, b + 1, end)) {
+        for (uint64_t m = kvc_cells_blk_cells(cells, s, b); m; m &= m - 1) {
+            const uint32_t i = (b << 6) + kvc_ctz64(m);
+            if (!kvc_cells_pos_in(cells, i, r)) {
+                continue;
+            }
+            kvc_cells_seq_or_into(cells, i, &touched);
+            if (kvc_cells_pos_add_raw(cells, i, shift) && new_head == size) {
+                new_head = i;
+            }
         }
     }
     kvc_cells_rebuild_seq_pos(cells, &touched);
@@ -422,10 +450,14 @@ void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
     }
     kvc_seqset touched;
     kvc_seqset_clear(&touched);
-    for (uint32_t i = 0; i < cells->used_max_p1; i++) {
-        if (kvc_cells_pos_in(cells, i, r) && kvc_cells_seq_has(cells, i, s)) {
-            kvc_cells_seq_or_into(cells, i, &touched);
-            kvc_cells_pos_div_raw(cells, i, d);
+    const uint32_t end = cells->used_max_p1;
+    for (uint32_t b = kvc_cells_blk_next(cells, s, 0, end); b != UINT32_MAX; b = kvc_cells_blk_next(cells, s, b + 1, end)) {
+        for (uint64_t m = kvc_cells_blk_cells(cells, s, b); m; m &= m - 1) {
+            const uint32_t i = (b << 6) + kvc_ctz64(m);
+            if (kvc_cells_pos_in(cells, i, r)) {
+                kvc_cells_seq_or_into(cells, i, &touched);
+                kvc_cells_pos_div_raw(cells, i, d);
+            }
         }
     }
     kvc_cells_rebuild_seq_pos(cells, &touched);
@@ -441,16 +473,16 @@ int kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax)
     kvc_unified_defrag_settle(c);
     int64_t n_attended = 0;
     const uint32_t end = cells->used_max_p1;
-    for (uint32_t i = 0; i < end; i++) {
-        if (cells->pos[i] == -1 || !kvc_cells_seq_has(cells, i, s)) {
-            continue;
-        }
-        const int32_t p0 = cells->pos[i];
-        if (p0 <= pmin && !kvc_unified_is_masked_swa(c, p0, pmin)) {
-            n_attended++;
-        }
-        if (kvc_unified_is_masked_swa(c, p0, pmax)) {
-            kvc_cells_seq_rm(cells, i, s);
+    for (uint32_t b = kvc_cells_blk_next(cells, s, 0, end); b != UINT32_MAX; b = kvc_cells_blk_next(cells, s, b + 1, end)) {
+        for (uint64_t m = kvc_cells_blk_cells(cells, s, b); m; m &= m - 1) {
+            const uint32_t i = (b << 6) + kvc_ctz64(m);
+            const int32_t p0 = cells->pos[i];
+            if (p0 <= pmin && !kvc_unified_is_masked_swa(c, p0, pmin)) {
+                n_attended++;
+            }
+            if (kvc_unified_is_masked_swa(c, p0, pmax)) {
+                kvc_cells_seq_rm(cells, i, s);
+            }
         }
     }
     const int64_t need = (int64_t)c->n_swa < pmin ? (int64_t)c->n_swa : pmin;

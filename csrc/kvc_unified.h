@@ -111,6 +111,8 @@ typedef struct kvc_unified {
     bool       defrag_pending; /* the plan's cells moved, their K/V rows not yet */
     uint32_t   n_threads;    /* threads a large K/V move may use; 0: kvc_parallel_width() */
     bool       vector_moves; /* transposed-V moves may take the vector path (decided at init) */
+    struct kvc_mask_memo *mask_memo; /* the last mask buffer written with kvc_unified_kq_mask_reuse
+                                      * (kvc_mask.h), NULL before */
 } kvc_unified;
 
 typedef struct kvc_unified_params {

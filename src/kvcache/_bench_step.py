@@ -27,6 +27,7 @@ class Capabilities:
     max_seqs: int          # sequences a UnifiedCache holds (64 today, 256 once the C core holds 256)
     unpadded_mask: bool    # kq_mask(ub, pad=False, dtype=...): n_tokens rows, no padding rows
     semantics_2026: bool   # UnifiedCache(semantics="2026"): today's llama.cpp placement
+    mask_reuse: bool = False   # kq_mask(ub, out=prev, reuse=True): only what changed is rewritten
 
 
 _CAPS: list[Capabilities] = []
@@ -56,15 +57,23 @@ def capabilities() -> Capabilities:
         semantics = True
     except TypeError:
         semantics = False
-    _CAPS.append(Capabilities(max_seqs, unpadded, semantics))
+    try:
+        prev = c.kq_mask(ub)
+        c.kq_mask(ub, out=prev, reuse=True)   # type: ignore[call-arg,call-overload]
+        reuse = True
+    except TypeError:
+        reuse = False
+    _CAPS.append(Capabilities(max_seqs, unpadded, semantics, reuse))
     return _CAPS[0]
 
 
 def kq_mask_into(c, ub, out, dtype: str, pad: bool):
-    """c.kq_mask into out, unpadded where asked (only when the API has it: see capabilities)."""
+    """c.kq_mask into out as a decode loop calls it (out holds the previous step's mask: reused
+    where the API can), unpadded where asked (only when the API has it: see capabilities)."""
+    kw = {"reuse": True} if capabilities().mask_reuse else {}
     if pad:
-        return c.kq_mask(ub, out=out, dtype=dtype)
-    return c.kq_mask(ub, out=out, dtype=dtype, pad=False)
+        return c.kq_mask(ub, out=out, dtype=dtype, **kw)
+    return c.kq_mask(ub, out=out, dtype=dtype, pad=False, **kw)
 
 
 def mask_rows(n_tokens: int, pad: bool) -> int:
@@ -229,6 +238,8 @@ def _step_case(name, size, kind, n_seq, chunk, n_layer, width, variants, reps, q
     for dtype, pad in variants:
         out: np.ndarray = np.empty((mask_rows(n_tok, pad), c.n), dtype=np.float32 if dtype == "f32" else np.bool_)
         out.fill(0)   # faulted in: a server reuses its mask buffer
+        # the floor's memset gets a buffer of its own: out holds the previous step's mask
+        floor_buf = np.zeros(out.nbytes, dtype=np.uint8)
         fast, slow, floor = [], [], []
         for rep in range(reps + 1):
             pos, seq = _step_tokens(busy, kind, n_seq, chunk)
@@ -254,7 +265,7 @@ def _step_case(name, size, kind, n_seq, chunk, n_layer, width, variants, reps, q
             dst = np.array([c.k(il)[head:].ctypes.data for il in range(n_layer)]
                            + [c.v(il)[head:].ctypes.data for il in range(n_layer)], dtype=np.uint64)
             src = np.concatenate([k_ptr, v_ptr])
-            tf = _bench.step_floor_ns(out.reshape(-1).view(np.uint8), dst, src, n_tok * row_bytes)
+            tf = _bench.step_floor_ns(floor_buf, dst, src, n_tok * row_bytes)
             if rep:   # the first step warms up
                 fast.append(t1 - t0)
                 floor.append(tf)
@@ -274,8 +285,10 @@ def _step_case(name, size, kind, n_seq, chunk, n_layer, width, variants, reps, q
                         yardstick_ratio=floor_ratio, goal=_goal(ratio, floor_ratio),
                         note="" if base is not None else "no baseline: the seed's cells hold 64 sequences",
                         extra={"mask_bytes": mask_bytes, "kv_bytes": 2 * n_layer * n_tok * row_bytes,
-                               "tokens": n_tok, "baseline mask": "f32 padded"}))
-        del out
+                               "tokens": n_tok, "baseline mask": "f32 padded",
+                               "mask buffer": "reused (only what changed rewritten)" if capabilities().mask_reuse
+                               else "rewritten whole"}))
+        del out, floor_buf
     return rows
 
 

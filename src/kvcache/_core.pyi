@@ -347,6 +347,7 @@ class _Unified(UnifiedCore, _CacheCore):
         out: npt.NDArray[np.float32] | None = None,
         dtype: Literal["f32"] = "f32",
         pad: bool | None = None,
+        reuse: bool = False,
     ) -> npt.NDArray[np.float32]: ...
     @overload
     def kq_mask(
@@ -358,6 +359,7 @@ class _Unified(UnifiedCore, _CacheCore):
         *,
         dtype: Literal["f16"],
         pad: bool | None = None,
+        reuse: bool = False,
     ) -> npt.NDArray[np.float16]: ...
     @overload
     def kq_mask(
@@ -369,6 +371,7 @@ class _Unified(UnifiedCore, _CacheCore):
         *,
         dtype: Literal["bool"],
         pad: bool | None = None,
+        reuse: bool = False,
     ) -> npt.NDArray[np.bool_]: ...
     @overload
     def kq_mask(
@@ -379,6 +382,7 @@ class _Unified(UnifiedCore, _CacheCore):
         out: Any = None,        # any other buffer: a CPU tensor gives back a tensor
         dtype: _MaskDType = "f32",
         pad: bool | None = None,
+        reuse: bool = False,
     ) -> Any: ...
     def pos_bucket(self, ub: UBatch, n_buckets: int) -> npt.NDArray[np.int32]: ...
     def k_shift(self) -> npt.NDArray[np.int32]: ...

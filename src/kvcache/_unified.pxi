@@ -605,7 +605,8 @@ cdef class _Unified(UnifiedCore):
 
     cdef int kq_mask_c(self, const kvc_ubatch *ub, bint causal, bint alibi, int dtype, bint pad, size_t row_stride,
                        void *out) noexcept nogil:
-        return kvc_unified_kq_mask(&self.c, ub, causal, alibi, dtype, pad, row_stride, out)
+        # remembered as the buffer's content, so that a later kq_mask(reuse=True) into it is exact
+        return kvc_unified_kq_mask_reuse(&self.c, ub, causal, alibi, dtype, pad, row_stride, out, False)
 
     cdef void k_shift_c(self, int32_t *out) noexcept nogil:
         kvc_unified_k_shift(&self.c, out)
@@ -1248,7 +1249,7 @@ cdef class _Unified(UnifiedCore):
         return self.size_k_bytes + self.size_v_bytes
 
     # --- graph inputs --------------------------------------------------------------------
-    def kq_mask(self, UBatch ub not None, causal=True, alibi=False, out=None, dtype="f32", pad=None):
+    def kq_mask(self, UBatch ub not None, causal=True, alibi=False, out=None, dtype="f32", pad=None, reuse=False):
         """The KQ mask of ub against the cache. Semantics '2025': [rows, n], rows = pad(n_tokens,
         64) (pad None or True, llama.cpp's layout: the padding rows see nothing) or n_tokens
         (pad=False).
@@ -1263,8 +1264,17 @@ cdef class _Unified(UnifiedCore):
         out: a writable 2-D array of that dtype (a numpy array, a buffer-protocol object or a
         CPU tensor) of at least [rows, n], each row's elements contiguous, rows any stride
         apart (one [rows_cap, cols_cap] buffer serves as n grows). Only out[:rows, :n] is
-        written; returned is out when that is its whole shape, else that block (a view)."""
+        written; returned is out when that is its whole shape, else that block (a view).
+
+        reuse=True (a decode loop's mask): out holds the mask this cache last wrote into it,
+        untouched since. When this call's mask has the same shape there (dtype, rows, n, row
+        stride, padding, causal, the ubatch's token groups and streams), only what changed is
+        rewritten: the cells whose position or sequences changed since, and whole rows whose
+        sequence or window start moved; anything else (ALiBi, another buffer or shape, a cache
+        restored from a state, more changes than a full write costs) writes the whole mask. The
+        result is always equal to a fresh mask."""
         cdef bint c_causal = causal, c_alibi = alibi, c_pad = True if pad is None else pad
+        cdef bint c_reuse = reuse
         cdef int mdt, r = 0
         cdef uint8_t[::1] o
         cdef void *p = NULL
@@ -1276,10 +1286,12 @@ cdef class _Unified(UnifiedCore):
         except (KeyError, TypeError):
             raise ValueError(f"dtype = {dtype!r}: expected one of {', '.join(_MASK_DTYPES)}") from None
         ub.check(self.c.n_seq_max)
+        if c_reuse and out is None:
+            raise ValueError("kq_mask: reuse=True needs out (the buffer of the previous mask)")
         if self.c.semantics == KVC_SEM_2026:
             if pad:
                 raise ValueError("kq_mask: a cache of semantics '2026' has no padding rows (pad=False)")
-            return self._kq_mask_2026(ub, c_causal, c_alibi, mdt, npdt, out)
+            return self._kq_mask_2026(ub, c_causal, c_alibi, mdt, npdt, out, c_reuse)
         if out is not None:
             # taken before the lock: an exporter's hooks see the cache as any other call would
             ob = hold_buffer(out, "out", True)
@@ -1306,7 +1318,7 @@ cdef class _Unified(UnifiedCore):
                     stride = <size_t>ob.view.strides[0]
             if rows * cols:
                 with nogil:
-                    r = self.kq_mask_c(&ub.c, c_causal, c_alibi, mdt, c_pad, stride, p)
+                    r = kvc_unified_kq_mask_reuse(&self.c, &ub.c, c_causal, c_alibi, mdt, c_pad, stride, p, c_reuse)
             res = out if ob is None else _block(out, ob, rows, cols)
         finally:
             op_end(&self._lock)
@@ -1316,7 +1328,7 @@ cdef class _Unified(UnifiedCore):
             raise_status(r, NULL, "kq_mask")
         return res
 
-    def _kq_mask_2026(self, UBatch ub, bint causal, bint alibi, int mdt, object npdt, object out):
+    def _kq_mask_2026(self, UBatch ub, bint causal, bint alibi, int mdt, object npdt, object out, bint reuse):
         cdef uint32_t strm[256]      # KVC_MAX_SEQ groups at most
         cdef uint32_t ng = 0, nst = 0, n_kv
         cdef kvc_err err
@@ -1349,7 +1361,7 @@ cdef class _Unified(UnifiedCore):
                 p = ob.view.buf
             if n_kv:
                 with nogil:
-                    r = kvc_unified_kq_mask_2026(&self.c, &ub.c, causal, alibi, mdt, p, &err)
+                    r = kvc_unified_kq_mask_2026_reuse(&self.c, &ub.c, causal, alibi, mdt, p, reuse, &err)
         finally:
             op_end(&self._lock)
             if ob is not None:

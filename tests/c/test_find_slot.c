@@ -75,18 +75,7 @@ typedef struct ub_buf {
 } ub_buf;
 
 static const kvc_ubatch *make_ub(ub_buf *b, uint32_t n, int32_t p0, int32_t s, int32_t t) {
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        b->pos[i] = p0 + (int32_t)i;
-        b->off[i] = k;
-        b->ids[k++] = s;
-        if (i % 3 == 0) {
-            b->ids[k++] = t;
-        }
-    }
-    b->off[n] = k;
-    b->ub = (kvc_ubatch){ n, 1, n, b->pos, b->off, b->ids };
-    return &b->ub;
+    return fixture_ub(&b->ub, b->pos, b->off, b->ids, n, p0, s, t, 3);
 }
 
 static void test_search_matches_the_seed(void) {

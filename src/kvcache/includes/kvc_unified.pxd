@@ -158,3 +158,7 @@ cdef extern from "kvc_mask.h" nogil:
     int     kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi,
                                      int dtype, void *out, kvc_err *err)
     uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups)
+    int     kvc_unified_kq_mask_reuse(kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi, int dtype,
+                                      bint pad, size_t row_stride, void *out, bint reuse)
+    int     kvc_unified_kq_mask_2026_reuse(kvc_unified *c, const kvc_ubatch *ub, bint causal, bint alibi, int dtype,
+                                           void *out, bint reuse, kvc_err *err)
