@@ -186,3 +186,66 @@ def test_the_bench_case_runs_and_checks_the_tokens():
     assert len(rows) == 3 and all(r.kvcache_ns and r.kvcache_ns > 0 for r in rows)
     assert rows[0].baseline_ns and rows[0].yardstick == "DynamicCache"
     assert ["4096" in rows[1].case, "32768" in rows[2].case] == [True, True]
+
+
+def _kv(rows, q, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, 2, q, 8, generator=g).to(dtype), torch.randn(rows, 2, q, 8, generator=g).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_update_keeps_the_rows_in_the_kvcache_cache(dtype):
+    """update by hand, as a model's layers call it: the keys returned are every row's keys so
+    far, and they are the kvcache cache's own memory (its k()/v() rows, cell = index * rows +
+    row), so its state holds them."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    cache = KVCache(cfg, 16, batch_size=3, dtype=dtype)
+    assert cache.kv.buffers == "borrowed"
+    seen = {0: [], 1: []}
+    for step, q in enumerate([4, 1, 1, 2]):
+        for il in range(2):
+            k, v = _kv(3, q, 10 * step + il, dtype)
+            seen[il].append((k, v))
+            got_k, got_v = cache.update(k, v, il)
+            assert torch.equal(got_k, torch.cat([s[0] for s in seen[il]], 2))
+            assert torch.equal(got_v, torch.cat([s[1] for s in seen[il]], 2))
+    n = cache.get_seq_length()
+    assert n == 8 and all(cache.kv.seq_cells(b)[0].tolist() == [j * 3 + b for j in range(n)] for b in range(3))
+    for il in range(2):
+        want = torch.cat([s[0] for s in seen[il]], 2)                      # [rows, heads, n, dim]
+        rows = np.asarray(cache.kv.k(il))
+        rows = torch.from_numpy(rows.view(np.uint16)).view(dtype) if dtype == torch.bfloat16 else torch.from_numpy(rows)
+        assert torch.equal(rows[:n * 3].view(n, 3, 2, 8).permute(1, 2, 0, 3), want)
+
+
+def test_update_in_another_layer_order_and_bad_kv():
+    """Layers in any order make one forward (a layer seen twice starts the next); K/V the cache
+    cannot take raise and change nothing, on the first layer of a forward and on a later one."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    cache = KVCache(cfg, 8, batch_size=1, dtype=torch.float32)
+    k, v = _kv(1, 2, 0)
+    for il in (2, 0, 1):
+        cache.update(k, v, il)
+    assert cache.get_seq_length() == 2 and cache.kv.seq_pos_max(0) == 1
+    k1, v1 = _kv(1, 1, 1)
+    got, _ = cache.update(k1, v1, 1)
+    assert torch.equal(got, torch.cat([k, k1], 2)) and cache.get_seq_length() == 3
+    bad = [((k1.double(), v1.double()), TypeError, "dtype"), ((k1, v1.half()), TypeError, "dtype"),
+           ((k1[:, :1], v1[:, :1]), ValueError, "kv heads"), ((k1, _kv(1, 2, 2)[1]), ValueError, "both alike"),
+           ((k1.expand(2, -1, -1, -1), v1.expand(2, -1, -1, -1)), ValueError, "batch of 2 rows"),
+           ((k1.numpy(), v1.numpy()), TypeError, "torch tensors")]
+    for (bk, bv), err, msg in bad:
+        with pytest.raises(err, match=msg):
+            cache.update(bk, bv, 0)                       # later layer of the forward under way
+        with pytest.raises(IndexError):
+            cache.update(k1, v1, 3)
+        assert cache.get_seq_length() == 3 and cache.kv.seq_pos_max(0) == 2
+    for il in (0, 2):
+        cache.update(k1, v1, il)
+    assert cache.kv.seq_pos_max(0) == 2
+    with pytest.raises(ValueError, match="layer 1 brings 1 indices, the forward 2"):
+        cache.update(k, v, 0)                             # the next forward's first layer: fine ...
+        cache.update(k1, v1, 1)                           # ... another count in the same forward: not
+    for bk, bv in ((k1.double(), v1.double()), (k1[:, :1], v1[:, :1])):
+        with pytest.raises((TypeError, ValueError)):
+            cache.update(bk, bv, 2)

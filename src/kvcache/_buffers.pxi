@@ -20,16 +20,26 @@ _DL_CPU = 1       # DLPack device type of host memory
 _DL_BFLOAT = 4    # DLPack type code of bfloat16
 
 
+cdef size_t _data_address(object arr) except? 0:
+    """Where an array's data starts, as arr.ctypes.data says, without making the ctypes object
+    (a few microseconds each; a cache's constructor asks it of every K/V buffer)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(arr, &view, PyBUF_STRIDES)
+    cdef size_t addr = <size_t>view.buf
+    PyBuffer_Release(&view)
+    return addr
+
+
 def _aligned_zeros(size_t nbytes):
     """A zeroed uint8 array of nbytes whose data starts on a _MEM_ALIGN boundary; from 4 MiB on,
     on a huge-page boundary with huge pages requested (kvc_advise_huge_pages): the owned K/V
     memory. The zeros are mapped lazily, so the alignment slack costs no memory."""
     cdef size_t align = _MEM_ALIGN if nbytes < 2 * KVC_HUGE_PAGE else KVC_HUGE_PAGE
     raw = np.zeros(nbytes + align, dtype=np.uint8)
-    off = (-raw.ctypes.data) % align
+    cdef size_t off = (align - _data_address(raw) % align) % align
     out = raw[off:off + nbytes]
     if align != _MEM_ALIGN:
-        kvc_advise_huge_pages(<void *><uintptr_t>out.ctypes.data, nbytes)
+        kvc_advise_huge_pages(<void *><uintptr_t>_data_address(out), nbytes)
     return out
 
 
@@ -345,8 +355,12 @@ cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, str name, 
 
 cdef int _check_disjoint(list regions) except -1:
     """regions: (name, uint8 array) of borrowed memory; no two may overlap."""
-    spans = sorted((<size_t>a.ctypes.data, <size_t>a.ctypes.data + <size_t>a.nbytes, nm)
-                   for nm, a in regions if a.nbytes)
+    spans = []
+    for nm, a in regions:
+        if a.nbytes:
+            start = _data_address(a)
+            spans.append((start, start + <size_t>a.nbytes, nm))
+    spans.sort()
     for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
         if s1 < e0:
             raise ValueError(f"{n0} and {n1} overlap in memory")

@@ -459,12 +459,10 @@ cdef class _Unified(UnifiedCore):
         kept = layers_arg(layers, nl)
         pairs = _buffer_pairs(buffers, kept) if mode == "borrowed" else None
 
-        arr_il = np.asarray(kept, dtype=np.int32).reshape(-1)
-        arr_k = np.asarray([wk[il] for il in kept], dtype=np.uint32).reshape(-1)
-        arr_v = np.asarray([wv[il] for il in kept], dtype=np.uint32).reshape(-1)
-        cdef int32_t[::1] v_il = np.append(arr_il, np.int32(0))    # one spare: never empty
-        cdef uint32_t[::1] v_k = np.append(arr_k, np.uint32(0))
-        cdef uint32_t[::1] v_v = np.append(arr_v, np.uint32(0))
+        # one spare entry each: never empty (arrays made from lists: np.append costs microseconds)
+        cdef int32_t[::1] v_il = np.asarray(list(kept) + [0], dtype=np.int32)
+        cdef uint32_t[::1] v_k = np.asarray([wk[il] for il in kept] + [0], dtype=np.uint32)
+        cdef uint32_t[::1] v_v = np.asarray([wv[il] for il in kept] + [0], dtype=np.uint32)
         p.kv_size = <uint32_t>kv_size_
         p.semantics = _SEMANTICS[semantics]
         p.stream_per_seq = not bool(kv_unified)

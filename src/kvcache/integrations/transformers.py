@@ -5,11 +5,11 @@ keys and values held by a :class:`~kvcache.UnifiedCache` (full attention) or an
 ``from_model(model, n_ctx=...)`` builds one. Each row of the batch is one kvcache sequence (row b
 = sequence b) and each of transformers' cache indices one cell (left-padding tokens included,
 as transformers stores them), at the kvcache position equal to that index, so kvcache's causal
-and sliding-window rules are the ones transformers' masks apply. K/V live in the cache's own
-memory (CPU, ``v_trans=False``), seen from torch without a copy; ``update`` writes the new rows
-there and returns views when the cells of every row lie in the layout a fresh cache gives them
-(cell = index * batch + row), a gather of exactly the expected keys otherwise (sliding layers,
-whose cells are reused; a cache restored elsewhere). Anything that would not give transformers
+and sliding-window rules are the ones transformers' masks apply. K/V live in one torch tensor
+per kvcache part (CPU, ``v_trans=False``) that the kvcache cache borrows as its layers'
+buffers; ``update`` writes the new rows there and returns views when the cells of every row lie
+in the layout a fresh cache gives them (cell = index * batch + row), a gather of exactly the
+expected keys otherwise (sliding layers, whose cells are reused; a cache restored elsewhere). Anything that would not give transformers
 exactly the keys it expects raises instead. Needs ``torch`` and ``transformers`` 5.x."""
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ from transformers import Cache  # type: ignore[import-not-found,import-untyped,u
 from kvcache._core import UBatch
 from kvcache.geometry import hf_attention
 from kvcache.iswa import ISWACache
-from kvcache.plan import _pad
+from kvcache.plan import _pad, swa_size
 from kvcache.unified import UnifiedCache
 
 __all__ = ["KVCache", "from_model"]
 
 _TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_NUMPY = {torch.float32: np.float32, torch.float16: np.float16}    # bfloat16: held as uint16
 
 
 class _Layer:
@@ -69,23 +70,39 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._n_batch = n_batch
         self._n_pad = int(n_pad)
         self.kv: UnifiedCache | ISWACache | None = None
-        self._row_ids = self._pos1 = np.zeros(0, dtype=np.int32)
+        self._row_list: list[int] = []
         self._rows = 0              # batch rows = sequences 0 .. rows - 1
         self._n = 0                 # cache indices per row, the current forward's included
         self._strided = True        # cell of (index j, row b) is j * rows + b in the full-attention cache
-        self._placed: set[int] = set()   # layers written in the forward under way (placed, not committed)
-        self._q = 0
         self._gather: dict[int, torch.Tensor] = {}   # per kvcache part (id) of this forward: [rows, kv_len]
-        self._k: list[torch.Tensor] = []
+        self._k: list[torch.Tensor] = []             # per layer: its part's K rows, [cells, kv heads * head dim]
         self._v: list[torch.Tensor] = []
-        self._k4: list[torch.Tensor | None] = []
-        self._v4: list[torch.Tensor | None] = []
-        self._kt: list[torch.Tensor | None] = []
-        self._vt: list[torch.Tensor | None] = []
+        # the full-attention layers' K and V (layer i of the part at 2i and 2i + 1) over the
+        # strided layout as transformers reads them, [2 * layers, row, head, index, dim]
+        self._full5: torch.Tensor | None = None
+        self._at: list[int] = []    # per layer: its K's place in _full5, -1 for a sliding layer
+        self._full6: torch.Tensor | None = None
+        self._iswa = False
+        self._full_part: UnifiedCache | None = None
+        # the K/V shape (rows, kv heads, tokens, head dim) and dtype last checked: update checks
+        # no further while they stay
+        self._shape: torch.Size | None = None
+        self._dtype: torch.dtype | None = None
+        self._placed: set[int] = set()   # layers written in the forward under way (placed, not committed)
+        self._forward_clear()
         if batch_size is not None or dtype is not None:
             if batch_size is None or dtype is None:
                 raise ValueError("batch_size and dtype go together (both create the cache now)")
             self._create(int(batch_size), dtype)
+
+    def _forward_clear(self) -> None:
+        """No forward under way: the next update places one."""
+        self._placed.clear()
+        self._q = 0
+        self._next = -1             # the layer after those of the forward so far, while they came in order
+        # the forward's views of _full5 (strided layout only): every layer's keys, the new rows' place
+        self._ret: tuple[torch.Tensor, ...] | None = None
+        self._dst: tuple[torch.Tensor, ...] | None = None
 
     # --- the kvcache cache -------------------------------------------------------------------
     def _create(self, rows: int, dtype: torch.dtype) -> None:
@@ -101,33 +118,47 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                                       type_k=_TYPES[dtype], type_v=_TYPES[dtype], v_trans=False, n_seq_max=rows,
                                       n_pad=self._n_pad)
         swa = [il for il, t in enumerate(self._types) if t == "sliding_attention"]
+        full = [il for il in range(n_layer) if il not in swa]
+        n_batch = self._n_batch if self._n_batch is not None else self._n_ctx * rows
+        # one array per part, [2 * its layers, cells, width] (K of its layer i at 2i, V at 2i + 1),
+        # lent to kvcache as the layers' buffers and seen from torch without a copy
+        elem = np.uint16 if dtype == torch.bfloat16 else _NUMPY[dtype]
+        store = np.zeros((2 * len(full), kv_size, width), dtype=elem)
+        pairs: list[Any] = [None] * n_layer
+        at = [-1] * n_layer
+        for i, il in enumerate(full):
+            pairs[il] = (store[2 * i], store[2 * i + 1])
+            at[il] = 2 * i
+        window = None
         if swa:
-            n_batch = self._n_batch if self._n_batch is not None else self._n_ctx * rows
+            size_swa = swa_size(kv_size, self._window, rows, n_batch, self._n_pad, False)
+            window = np.zeros((2 * len(swa), size_swa, width), dtype=elem)
+            for i, il in enumerate(swa):
+                pairs[il] = (window[2 * i], window[2 * i + 1])
             self.kv = ISWACache(swa_layers=swa, n_swa=self._window, swa_type="standard", n_batch=n_batch,
-                                **common)
+                                swa_full=False, buffers=pairs, **common)
         else:
-            self.kv = UnifiedCache(**common)
+            self.kv = UnifiedCache(buffers=pairs, **common)
+        self._iswa = isinstance(self.kv, ISWACache)
+        self._full_part = self._full()
         self._rows = rows
-        self._row_ids = np.arange(rows, dtype=np.int32)
-        self._pos1 = np.zeros(rows, dtype=np.int32)         # a decode step's positions (copied by UBatch)
+        self._row_list = list(range(rows))      # the sequences of one cache index, in row order
+        full_t = _as_torch(store, dtype)
+        rows_full = full_t.unbind(0)
+        rows_swa = _as_torch(window, dtype).unbind(0) if window is not None else ()
         self._k, self._v = [], []
-        self._k4, self._v4, self._kt, self._vt = [], [], [], []
-        full = self._full()
         for il in range(n_layer):
-            k, v = _as_torch(self.kv.k(il), dtype), _as_torch(self.kv.v(il), dtype)
-            self._k.append(k)
-            self._v.append(v)
-            # the full-attention layers as [index, row, head, dim] over the strided layout, and
-            # as transformers reads them, [row, head, index, dim]: update slices these
-            k4 = v4 = None
-            if self._part(il) is full:
-                cap = k.shape[0] // rows
-                k4 = k[:cap * rows].view(cap, rows, n_kv, head_dim)
-                v4 = v[:cap * rows].view(cap, rows, n_kv, head_dim)
-            self._k4.append(k4)
-            self._v4.append(v4)
-            self._kt.append(None if k4 is None else k4.permute(1, 2, 0, 3))
-            self._vt.append(None if v4 is None else v4.permute(1, 2, 0, 3))
+            part, i = (rows_full, at[il]) if at[il] >= 0 else (rows_swa, 2 * swa.index(il))
+            self._k.append(part[i])
+            self._v.append(part[i + 1])
+        cap = kv_size // rows
+        # [2 * layers, cap, rows, heads, dim] -> [2 * layers, rows, heads, cap, dim]
+        self._full5 = full_t[:, :cap * rows].view(2 * len(full), cap, rows, n_kv, head_dim).permute(0, 2, 3, 1, 4) \
+            if full else None
+        # the same with the cache index first and a unit index dimension: a decode step's new
+        # rows of every layer, [2 * layers, rows, heads, 1, dim], are one index away
+        self._full6 = self._full5.unsqueeze(4).permute(3, 0, 1, 2, 4, 5) if self._full5 is not None else None
+        self._at = at
 
     def _part(self, il: int) -> UnifiedCache:
         kv = self.kv
@@ -145,8 +176,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if self._placed:
             assert self.kv is not None
             self.kv.commit()
-            self._placed.clear()
             self._gather.clear()
+        self._forward_clear()
 
     def _offset(self, layer_idx: int, n: int) -> int:
         """First cache index the layer attends to with n indices already stored."""
@@ -157,28 +188,31 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
     def _place(self, q: int) -> None:
         """One forward's q new indices of every row: one ubatch, index-major (row b of index j
         is token j * rows + b), placed as one run of cells."""
-        assert self.kv is not None
-        self._commit()
+        kv = self.kv
+        assert kv is not None
+        if self._placed:
+            self._commit()
         rows, n = self._rows, self._n
         if n + q > self._n_ctx:
             raise ValueError(f"the cache holds {self._n_ctx} indices per row; {n} are used and {q} more came")
-        if q == 1:
-            self._pos1.fill(n)
-            pos, seq = self._pos1, self._row_ids
-        else:
-            pos = np.repeat(np.arange(n, n + q, dtype=np.int32), rows)
-            seq = np.tile(self._row_ids, q)
+        # plain lists: UBatch reads them fastest
+        pos = [n] * rows if q == 1 else [j for j in range(n, n + q) for _ in range(rows)]
+        seq = self._row_list * q
         ub = UBatch(pos, seq)
-        if isinstance(self.kv, ISWACache):
-            self.kv.sbatch_init(pos, seq)      # the window slides on commit
-        if not self.kv.find_slot(ub):
+        if self._iswa:
+            kv.sbatch_init(pos, seq)      # type: ignore[union-attr]  # the window slides on commit
+        if not kv.find_slot(ub):
             raise RuntimeError(f"kvcache found no room for {rows * q} cells (n_ctx={self._n_ctx}, n_batch="
                                f"{self._n_batch})")
-        full = self._full()
+        full = self._full_part
         if full is not None and full.slot != (n * rows, q * rows):
             self._strided = False
         self._q = q
         self._n = n + q
+        if self._strided and self._full5 is not None and self._full6 is not None:
+            # every full-attention layer's views for this forward, two calls each
+            self._ret = self._full5.narrow(3, 0, n + q).unbind(0)
+            self._dst = (self._full6[n] if q == 1 else self._full5.narrow(3, n, q)).unbind(0)
 
     def _indices(self, part: UnifiedCache, lo: int) -> torch.Tensor:
         """[rows, n - lo] cells of indices lo .. n - 1 of every row, checked."""
@@ -198,39 +232,78 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self._gather[key] = idx
         return idx
 
+    def _check(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """update's checks of K/V of a shape, dtype or device other than those checked last:
+        raises, changing nothing, on K/V the cache cannot take (it creates the cache on the
+        first K/V)."""
+        if not isinstance(key_states, torch.Tensor) or not isinstance(value_states, torch.Tensor):
+            raise TypeError(f"K/V must be torch tensors, not {type(key_states).__name__} / "
+                            f"{type(value_states).__name__}")
+        if key_states.device.type != "cpu" or value_states.device.type != "cpu":
+            raise NotImplementedError(f"K/V on {key_states.device}: this cache keeps CPU tensors (for K/V on a "
+                                      f"device, use kvcache's metadata-only mode, see docs/torch.md)")
+        if key_states.dim() != 4 or value_states.shape != key_states.shape:
+            raise ValueError(f"K/V of shape {tuple(key_states.shape)} / {tuple(value_states.shape)}: expected "
+                             f"[rows, kv heads, tokens, head dim], both alike")
+        rows, n_kv, q, head_dim = key_states.shape
+        if (n_kv, head_dim) != self._heads or q < 1:
+            raise ValueError(f"K/V of shape {tuple(key_states.shape)}: the config says {self._heads[0]} kv heads "
+                             f"of {self._heads[1]}")
+        if value_states.dtype != key_states.dtype:
+            raise TypeError(f"K of dtype {key_states.dtype}, V of dtype {value_states.dtype}")
+        if self.kv is None:
+            self._create(rows, key_states.dtype)
+        if rows != self._rows:
+            raise ValueError(f"batch of {rows} rows; the cache holds {self._rows}")
+        if key_states.dtype != self._k[0].dtype:
+            raise TypeError(f"K/V of dtype {key_states.dtype}; the cache holds {self._k[0].dtype}")
+        self._shape, self._dtype = key_states.shape, key_states.dtype
+        self._next = -1             # the forward under way (if any) sees other K/V: _begin decides
+
+    def _begin(self, layer_idx: int) -> None:
+        """A layer the forward so far does not lead update to expect: the first of a new
+        forward (when none is under way, or layer_idx was written in it already), or one more
+        of the forward under way, in another order."""
+        if not 0 <= layer_idx < len(self._types):
+            raise IndexError(f"layer {layer_idx}: the model has {len(self._types)} layers")
+        assert self._shape is not None
+        q = self._shape[2]
+        if not self._placed or layer_idx in self._placed:
+            self._place(q)
+        elif q != self._q:
+            raise ValueError(f"layer {layer_idx} brings {q} indices, the forward {self._q}")
+
     # --- transformers' Cache -----------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new K/V of layer_idx ([rows, kv_heads, q, head_dim], rotated) and return the
         layer's keys and values from get_mask_sizes' kv_offset on, in cache-index order."""
-        if key_states.device.type != "cpu" or value_states.device.type != "cpu":
-            raise NotImplementedError(f"K/V on {key_states.device}: this cache keeps CPU tensors (for K/V on a "
-                                      f"device, use kvcache's metadata-only mode, see docs/torch.md)")
-        rows, n_kv, q, head_dim = key_states.shape
-        if (n_kv, head_dim) != self._heads or tuple(value_states.shape) != tuple(key_states.shape):
-            raise ValueError(f"K/V of shape {tuple(key_states.shape)} / {tuple(value_states.shape)}: the config "
-                             f"says {self._heads[0]} kv heads of {self._heads[1]}")
-        if self.kv is None:
-            self._create(rows, key_states.dtype)
-        if rows != self._rows:
-            raise ValueError(f"batch of {rows} rows; the cache holds {self._rows}")
-        if key_states.dtype != self._k[layer_idx].dtype:
-            raise TypeError(f"K/V of dtype {key_states.dtype}; the cache holds {self._k[layer_idx].dtype}")
-        if not self._placed or layer_idx in self._placed:
-            self._place(q)
-        elif q != self._q:
-            raise ValueError(f"layer {layer_idx} brings {q} indices, the forward {self._q}")
-        self._placed.add(layer_idx)
-        k4, v4, kt, vt = self._k4[layer_idx], self._v4[layer_idx], self._kt[layer_idx], self._vt[layer_idx]
-        if self._strided and k4 is not None and v4 is not None and kt is not None and vt is not None:
-            # cell j * rows + b: index j of row b; the run placed is indices n - q .. n - 1
-            k4[self._n - q:self._n].copy_(key_states.permute(2, 0, 1, 3))
-            v4[self._n - q:self._n].copy_(value_states.permute(2, 0, 1, 3))
-            k, v = kt[:, :, :self._n], vt[:, :, :self._n]
+        # K/V as checked last (shape, dtype, CPU) and the layer after the forward's so far: a
+        # decode step's later layers take the hot path, nothing more to check or place
+        shape = self._shape
+        if (key_states.shape != shape or value_states.shape != shape or key_states.dtype is not self._dtype
+                or value_states.dtype is not self._dtype or not (key_states.is_cpu and value_states.is_cpu)):
+            self._check(key_states, value_states)
+        expected = layer_idx == self._next
+        if not expected:
+            self._begin(layer_idx)
+        placed = self._placed
+        placed.add(layer_idx)
+        at = self._at[layer_idx]
+        ret, dst = self._ret, self._dst
+        if ret is not None and dst is not None and at >= 0:
+            # the new rows into their cells (index n - q .. n - 1 of every row), the keys as views
+            dst[at].copy_(key_states)
+            dst[at + 1].copy_(value_states)
+            k, v = ret[at], ret[at + 1]
         else:
             k, v = self._gathered(layer_idx, key_states, value_states)
-        if len(self._placed) == len(self._types):
+        if len(placed) == len(self._types):
             self._commit()
+        elif expected or (layer_idx == 0 and len(placed) == 1):
+            self._next = layer_idx + 1
+        else:
+            self._next = -1
         return k, v
 
     def _gathered(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
@@ -250,8 +323,31 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         v = self._v[layer_idx][idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
         return k, v
 
+    # what transformers asks on every forward (generate, its mask code), fixed when the cache is
+    # made: answered from the layer types instead of walking the layers each time
+    is_compileable = False
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        """Per layer: whether it is a sliding-window layer."""
+        return [t == "sliding_attention" for t in self._types]
+
+    @property
+    def is_linear(self) -> list[bool]:
+        """Per layer: False (no linear-attention layers)."""
+        return [False] * len(self._types)
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        """Per layer: False (every layer holds its K/V)."""
+        return [False] * len(self._types)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Cache indices stored per row."""
+        return self._n
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """Cache index of the forward's first query: the indices stored per row."""
         return self._n
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
@@ -318,7 +414,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         """Empty every row (the cache and its memory are kept)."""
         if self.kv is not None:
             self.kv.clear()
-        self._placed.clear()
+        self._forward_clear()
         self._gather.clear()
         self._n = 0
         self._strided = True
@@ -343,7 +439,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         elif batch_size is not None and batch_size != self._rows:
             raise ValueError(f"batch_size {batch_size}; the cache holds {self._rows} rows")
         assert self.kv is not None
-        self._placed.clear()
+        self._forward_clear()
         self._gather.clear()
         self.kv.state_read(data)
         ends = {self.kv.seq_pos_max(b) + 1 for b in range(self._rows)}
@@ -364,10 +460,9 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
 
 
 def _as_torch(a: Any, dtype: torch.dtype) -> torch.Tensor:
-    """A torch tensor over a cache buffer view (no copy)."""
-    if dtype == torch.bfloat16:
-        return torch.from_numpy(np.asarray(a).view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(np.asarray(a))
+    """A torch tensor over an array (no copy); bfloat16 is held as uint16."""
+    t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
 
 
 def from_model(model: Any, n_ctx: int, **options: Any) -> KVCache:
