@@ -16,7 +16,7 @@
 
 enum { FLAG_V_TRANS = 1u, FLAG_MEMORY = 2u };
 
-static uint64_t fnv1a(const uint8_t *p, size_t n) {
+uint64_t kvc_handoff_checksum(const uint8_t *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325u;
     for (size_t i = 0; i < n; i++) {
         h = (h ^ p[i]) * 0x100000001b3u;
@@ -212,7 +212,7 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
                            s);
     }
     p += cell_section;
-    kvc_le_put_u64(p, fnv1a(e->header, (size_t)(p - e->header)));
+    kvc_le_put_u64(p, kvc_handoff_checksum(e->header, (size_t)(p - e->header)));
     e->header_len = len;
     return KVC_OK;
 }
@@ -258,7 +258,7 @@ static int check_header(const kvc_unified *c, const uint8_t *h, size_t len, uint
     if (total < FIXED_BYTES + 4 + 4 + SUM_BYTES) {
         return kvc_err_set(err, KVC_E_STATE, "hand-off header of %" PRIu32 " bytes: too short to be one", total);
     }
-    if (kvc_le_get_u64(h + total - SUM_BYTES) != fnv1a(h, total - SUM_BYTES)) {
+    if (kvc_le_get_u64(h + total - SUM_BYTES) != kvc_handoff_checksum(h, total - SUM_BYTES)) {
         return kvc_err_set(err, KVC_E_STATE, "hand-off header corrupted: its checksum does not match its bytes");
     }
     const uint32_t flags = kvc_le_get_u32(h + 12);
@@ -292,6 +292,11 @@ static int check_header(const kvc_unified *c, const uint8_t *h, size_t len, uint
                                l, kvc_le_get_i32(p), kvc_le_get_u32(p + 4), kvc_le_get_u32(p + 8), ly->il, ly->n_embd_k,
                                ly->n_embd_v);
         }
+    }
+    /* off <= total here (the layers fit); the run count and the checksum must fit too, or the
+     * room left for the runs below would wrap around */
+    if (total - off < 4 + SUM_BYTES) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header truncated before its runs of cells");
     }
     const uint32_t nr = kvc_le_get_u32(h + off);
     off += 4;

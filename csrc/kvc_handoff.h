@@ -33,6 +33,9 @@ extern "C" {
 #define KVC_HANDOFF_MAGIC 0x4843564Bu /* "KVCH" */
 #define KVC_HANDOFF_VERSION 1u
 
+/* The header's checksum: FNV-1a (64 bits) of p[0, n). */
+uint64_t kvc_handoff_checksum(const uint8_t *p, size_t n);
+
 /* A run of consecutive cells [first, first + n). */
 typedef struct kvc_run {
     uint32_t first, n;

@@ -31,6 +31,7 @@ def seeds(name):
 
 
 @pytest.mark.parametrize("target, corpus", [("test_unified", "fuzz_unified_state"),
+                                            ("test_unified2026", "fuzz_state2026"),
                                             ("test_recurrent", "fuzz_recurrent_state"),
                                             ("test_statefile", "atheris_files"),
                                             ("test_inspect", "atheris_files")])

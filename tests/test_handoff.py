@@ -243,6 +243,13 @@ def test_bad_headers_raise_state_error_and_change_nothing(kind):
         "cell count": (_resum(_bad(header, len(header) - 8 - 12 * src.seq_export(0).n_cells - 4, "<I", 1)),
                        "do not fill"),
     }
+    # sealed (length and checksum agreeing) with less than the run count and the checksum after
+    # the layers: once read the run count from the checksum's bytes and the runs past the end
+    runs_at = 40 + 28 * struct.unpack_from("<I", header, 24)[0]
+    for extra in range(8, 12):
+        cut = header[:runs_at + extra]
+        cases[f"sealed after the layers + {extra}"] = (_resum(_bad(cut, 8, "<I", len(cut))),
+                                                       "truncated before its runs")
     for name, (h, msg) in cases.items():
         with pytest.raises(kvcache.StateError, match=msg):
             dst.seq_import_begin(h)

@@ -1,10 +1,11 @@
 /* The hand-off of a sequence (kvc_handoff.h): regions copied with memcpy give what the state
  * codec gives; a cache changed between begin and commit (by a caller that ignored the bridge's
  * refusal) is refused at commit, unchanged; abort puts every byte back; a truncated header at
- * every length is refused without a change, and allocation failures at every point of begin
- * leave nothing behind. Each for a cache of semantics 2025, and of 2026 with one stream and
+ * every length, and one sealed with too few bytes after its layers, is refused without a
+ * change, and allocation failures at every point of begin leave nothing behind. Each for a cache of semantics 2025, and of 2026 with one stream and
  * with a stream per sequence. */
 #include "kvc_handoff.h"
+#include "kvc_le.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
@@ -186,6 +187,23 @@ static void truncations_and_allocation_failures(enum mode m) {
     for (size_t len = 0; len < e.header_len; len++) {
         const int rc = kvc_handoff_import_begin(&dst->c, 2, len ? e.header : NULL, len, &imp, &err);
         CHECK(rc == KVC_E_STATE && !imp.active, "%zu of %zu bytes: %d", len, e.header_len, rc);
+    }
+    /* sealed (length and checksum agreeing) with less than the run count and the checksum after
+     * the layers: the room left for the runs once wrapped around, and the runs were read past
+     * the header's end */
+    const size_t runs_at = 40 + 28 * (size_t)dst->c.n_layer;
+    for (size_t extra = 0; extra < 12; extra++) {
+        const size_t n = runs_at + extra;
+        uint8_t *h = malloc(n);
+        REQUIRE(h != NULL, "out of memory");
+        memcpy(h, e.header, n);
+        kvc_le_put_u32(h + 8, (uint32_t)n);
+        if (n >= 8) {
+            kvc_le_put_u64(h + n - 8, kvc_handoff_checksum(h, n - 8));
+        }
+        const int rc = kvc_handoff_import_begin(&dst->c, 2, h, n, &imp, &err);
+        CHECK(rc == KVC_E_STATE && !imp.active, "%s: sealed after the layers + %zu: %d", MODE_NAME[m], extra, rc);
+        free(h);
     }
     for (int k = 1; k < 64; k++) {
         kvc_fail_alloc_after = k;

@@ -8,6 +8,9 @@ TARGET is one of:
   and, for two parts, the iSWA reader over two caches; the input is laid out as for the
   libFuzzer target fuzz_unified_state (18-byte header choosing the caches, the destination, a
   prefill seed and the flags, then the blob), so tests/fuzz/corpus/fuzz_unified_state seeds it;
+- ``unified2026``: ``UnifiedCache.state_read`` into a cache of semantics 2026 (one stream or one
+  per sequence, with or without a window, each layout or the one found from the bytes), input as
+  for fuzz_state2026 (12-byte header, then the blob);
 - ``recurrent``: ``RecurrentCache.state_read``, input as for fuzz_recurrent_state (20-byte
   header, then the blob);
 - ``statefile``: ``kvcache.statefile.parse`` of a whole input (session file, sequence file,
@@ -106,6 +109,14 @@ def _unified_geometry(data: bytes):
     return parts, seq_id, data[3], flags
 
 
+def _fill_kv(cache: UnifiedCache, rng: random.Random) -> None:
+    """Noise in every byte of the cache's K and V."""
+    for il in cache.layers:
+        for view in (cache.k(il), cache.v(il)):
+            raw = view.view(np.uint8).reshape(-1)
+            raw[:] = np.frombuffer(rng.randbytes(raw.size), dtype=np.uint8)
+
+
 def _unified_prefill(cache: UnifiedCache, seed: int) -> None:
     rng = random.Random(seed)
     n_seq = cache.n_seq_max
@@ -148,10 +159,7 @@ def _unified_prefill(cache: UnifiedCache, seed: int) -> None:
             cache.seq_div(s, 0, -1, 2)
     if seed & 0x80:
         place(False)  # leaves recovery information behind
-    for il in cache.layers:
-        for view in (cache.k(il), cache.v(il)):
-            raw = view.view(np.uint8).reshape(-1)
-            raw[:] = np.frombuffer(rng.randbytes(raw.size), dtype=np.uint8)
+    _fill_kv(cache, rng)
 
 
 def _unified_image(cache: UnifiedCache):
@@ -190,6 +198,109 @@ def test_unified(data: bytes) -> None:
         _require(_state_read_parts(tuple(caches), w1, seq_id, exact=True, layout=layout) == len(w1),
                  f"the re-write in layout {layout} was not consumed whole")
         _require(_state_write_parts(tuple(caches), seq_id, layout) == w1,
+                 f"reading the re-write in layout {layout} back changed the state")
+
+
+# --- unified, semantics 2026 ------------------------------------------------------------------
+
+CACHE_SIZES = [32, 64, 96, 128, 256, 512, 1024, 2048]
+
+
+def _unified2026_geometry(data: bytes):
+    """The cache, destination, prefill seed, read flags and layout of a fuzz_state2026 input (the
+    geometry bytes of tests/fuzz/fuzz_cache.h; the allocation fault is ignored)."""
+    if len(data) < 12:
+        return None
+    b0, b1, b2, b4 = data[0], data[1], data[2], data[4]
+    tk, tv = TYPES[b0 & 3], TYPES[(b0 >> 2) & 3]
+    n_layer = min(1 + ((b0 >> 5) & 3), 3)
+    n_seq_max = 1 + ((b1 >> 3) & 3)
+    streams = bool((b1 >> 6) & 1)
+
+    def width(t, b):
+        return 32 * (1 + b % 2) if t == "q8_0" else 1 + b % 64
+
+    ek = [width(tk, data[5 + 2 * l]) for l in range(n_layer)]
+    ev = [width(tv, data[6 + 2 * l]) for l in range(n_layer)]
+    kv_size = CACHE_SIZES[b1 & 7]
+    rows = kv_size * (n_seq_max if streams else 1)
+    if sum(_row_bytes(tk, ek[l]) + _row_bytes(tv, ev[l]) for l in range(n_layer)) * rows > 2 * MAX_KV_BYTES:
+        return None
+    swa = dict(n_swa=1 + (b2 & 31), swa_type="chunked" if (b2 >> 5) & 1 else "standard") if b1 >> 7 else {}
+    geometry = dict(kv_size=kv_size, n_layer=n_layer, n_embd_k_gqa=ek, n_embd_v_gqa=ev, type_k=tk, type_v=tv,
+                    v_trans=bool((b0 >> 4) & 1) and tv != "q8_0", n_seq_max=n_seq_max, n_pad=32,
+                    semantics="2026", kv_unified=not streams, **swa)
+    flags = dict(convert=bool((b4 >> 4) & 1), exact=bool((b4 >> 5) & 1),
+                 layout=None if (b4 >> 6) & 1 else "2026" if b4 >> 7 else "2025")
+    return geometry, data[11] % (n_seq_max + 1) - 1, data[3], flags
+
+
+def _unified2026_prefill(cache: UnifiedCache, seed: int) -> None:
+    rng = random.Random(seed)
+    n_seq = cache.n_seq_max
+    next_pos = [0] * n_seq
+    max_ub = min(cache.size // 4, 64)
+    for _ in range(1 + rng.randrange(24) if seed else 0):
+        s = rng.randrange(n_seq)
+        op = rng.randrange(9)
+        if op < 5:
+            n = 1 + rng.randrange(max_ub)
+            cache.find_slot(UBatch(list(range(next_pos[s], next_pos[s] + n)), [s] * n))
+            next_pos[s] += n
+        elif op == 5:
+            p0 = rng.randrange(64) - 8
+            cache.seq_rm(-1 if rng.randrange(4) == 0 else s, p0, p0 + rng.randrange(48))
+        elif op == 6:
+            cache.seq_cp(s, rng.randrange(n_seq))  # across streams: a queued stream copy
+            if rng.randrange(2):
+                cache.update()
+        elif op == 7:
+            cache.seq_add(s, 0, -1, rng.randrange(9) - 4)
+        else:
+            cache.seq_div(s, 0, -1, 2)
+    _fill_kv(cache, rng)
+
+
+def _unified2026_image(cache: UnifiedCache):
+    return (cache.stream_cells(), cache.heads, cache.n, cache.used_per_stream, cache.has_shift,
+            cache.pending_copies,
+            [(bytes(cache.k(il).view(np.uint8)), bytes(cache.v(il).view(np.uint8))) for il in cache.layers])
+
+
+def test_unified2026(data: bytes) -> None:
+    parsed = _unified2026_geometry(data)
+    if parsed is None:
+        return
+    geometry, seq_id, seed, flags = parsed
+    cache = UnifiedCache(**geometry)
+    _unified2026_prefill(cache, seed)
+    blob = data[12:]
+    before = _unified2026_image(cache)
+    try:
+        consumed = cache.state_read(blob, seq_id, **flags)
+    except StateError:
+        _require(before == _unified2026_image(cache), "a failed state_read changed the cache")
+        return
+    _require(0 < consumed <= len(blob), f"consumed {consumed} of {len(blob)} bytes")
+    _require(not flags["exact"] or consumed == len(blob), "an exact read left trailing bytes")
+    layouts = ("2026",) if cache.n_stream > 1 else ("2025", "2026")
+    for layout in layouts:
+        w1 = cache.state_write(seq_id, layout=layout)
+        # into an empty twin the cells go in order: the state written again is the same
+        twin = UnifiedCache(**geometry)
+        _require(twin.state_read(w1, seq_id, exact=True, layout=layout) == len(w1),
+                 f"the re-write in layout {layout} was not consumed whole by an empty cache")
+        _require(twin.state_write(seq_id, layout=layout) == w1,
+                 f"the re-write in layout {layout}, read into an empty cache, wrote other bytes")
+        try:
+            n = cache.state_read(w1, seq_id, exact=True, layout=layout)
+        except StateError as e:
+            # a sequence's cells that other sequences share stay taken: its state may not fit
+            _require(seq_id >= 0 and "no room" in str(e), f"the re-write in layout {layout} refused: {e}")
+            continue
+        _require(n == len(w1), f"the re-write in layout {layout} was not consumed whole")
+        # (a sequence's cells may come back rotated: today's find_slot wraps around the head)
+        _require(seq_id >= 0 or cache.state_write(seq_id, layout=layout) == w1,
                  f"reading the re-write in layout {layout} back changed the state")
 
 
@@ -369,7 +480,7 @@ def test_inspect(data: bytes) -> None:
         json.dumps(r)
 
 
-TARGETS = {"unified": test_unified, "recurrent": test_recurrent, "statefile": test_statefile,
+TARGETS = {"unified": test_unified, "unified2026": test_unified2026, "recurrent": test_recurrent, "statefile": test_statefile,
            "inspect": test_inspect}
 
 

@@ -32,6 +32,15 @@ static inline bool fz_verbose(void) {
     return v != 0;
 }
 
+/* A refused call: KVC_E_STATE, or KVC_E_NOMEM when an injected allocation fault (`fault`) was
+ * used up (not `fault_pending`), with a message in err. */
+static inline void fz_check_refused(int rc, const kvc_err *err, bool fault, bool fault_pending, const char *call) {
+    FUZZ_CHECK(rc == KVC_E_STATE || (rc == KVC_E_NOMEM && fault && !fault_pending), "%s failed with %d (%s)", call, rc,
+               err->msg);
+    FUZZ_CHECK(err->code == rc && err->msg[0] != 0 && memchr(err->msg, 0, sizeof err->msg) != NULL,
+               "error %d without a message", rc);
+}
+
 /* Reads bytes from the front of the input; past the end every read yields 0. */
 typedef struct fz_reader {
     const uint8_t *p;

@@ -488,9 +488,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fprintf(stderr, "seq_id %d, %zu bytes: %s\n", g.seq_id, len, rc == KVC_OK ? "read" : err.msg);
     }
     if (rc != KVC_OK) {
-        FUZZ_CHECK(rc == KVC_E_STATE, "state_read failed with %d (%s)", rc, err.msg);
-        FUZZ_CHECK(err.code == rc && err.msg[0] != 0 && memchr(err.msg, 0, sizeof err.msg) != NULL,
-                   "error %d without a message", rc);
+        fz_check_refused(rc, &err, false, false, "state_read");
         image_check(&before, &t, "after a failed read");
         check_describe(blob, len, NULL);
         image_free(&before);

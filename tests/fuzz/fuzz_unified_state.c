@@ -34,24 +34,19 @@
  *   - layouts (bit 7): failure as above; success: consistent cells, and the state re-written in
  *     the stream layout (with the prefix for a sequence) reads back in that layout to the same
  *     state, and writes the same bytes again. */
-#include "fuzz_common.h"
+#include "fuzz_cache.h"
+#include "fuzz_part.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
-enum { HEADER = 18, MAX_LAYERS = 3, MAX_PARTS = 2, DESC_CELLS = 256 };
-_Static_assert(MAX_LAYERS <= FZ_MAX_LAYERS, "layers beyond the shared K/V memory");
+enum { HEADER = 18, MAX_LAYERS = FP_MAX_LAYERS, MAX_PARTS = 2, DESC_CELLS = 256 };
+_Static_assert(MAX_LAYERS == FC_MAX_LAYERS, "the geometry of fuzz_cache.h holds MAX_LAYERS layers");
 static const size_t MAX_KV_BYTES = (size_t)256 << 10; /* larger geometries are skipped (speed) */
 
 static const int32_t TYPES[4] = { KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0 };
 static const uint32_t SIZES[8] = { 32, 64, 96, 128, 256, 512, 1024, 4096 };
 
-typedef struct geometry {
-    int32_t type_k, type_v;
-    bool v_trans, meta_only;
-    uint32_t n_layer, kv_size, n_seq_max;
-    int32_t il[MAX_LAYERS];
-    uint32_t ek[MAX_LAYERS], ev[MAX_LAYERS];
-} geometry;
+typedef fc_geometry geometry; /* semantics 2025, no window */
 
 typedef struct call {
     geometry g[MAX_PARTS];
@@ -108,62 +103,9 @@ static bool parse_header(const uint8_t *data, size_t size, call *k) {
     return k->n_parts == 1 || part_geometry(&k->g[1], &base, SIZES[data[11] & 7], (data[11] >> 3) & 3, data + 12);
 }
 
-/* --- a cache with its own K/V memory ------------------------------------------------- */
+/* --- a cache with its own K/V memory (fuzz_cache.h) ---------------------------------- */
 
-typedef struct cache {
-    kvc_unified c;
-    fz_kv mem;
-} cache;
-
-static void cache_init(cache *t, const geometry *g) {
-    memset(t, 0, sizeof *t);
-    const kvc_unified_params p = {
-        .kv_size = g->kv_size, .n_seq_max = g->n_seq_max, .n_pad = 32, .n_swa = 0, .swa_type = KVC_SWA_NONE,
-        .type_k = g->type_k, .type_v = g->type_v, .v_trans = g->v_trans, .n_layer = g->n_layer,
-        .layer_il = g->il, .n_embd_k = g->ek, .n_embd_v = g->ev,
-    };
-    kvc_err err = { 0, "" };
-    const int rc = kvc_unified_init(&t->c, &p, &err);
-    FUZZ_CHECK(rc == KVC_OK, "kvc_unified_init: %s", err.msg);
-    for (uint32_t l = 0; l < g->n_layer && !g->meta_only; l++) {
-        fz_kv_layer(&t->mem, l, (size_t)g->kv_size * t->c.layers[l].k_row_bytes,
-                    (size_t)g->kv_size * t->c.layers[l].v_row_bytes);
-        kvc_unified_set_layer_buffers(&t->c, l, t->mem.k[l], t->mem.v[l]);
-    }
-}
-
-static void cache_free(cache *t) {
-    kvc_unified_free(&t->c);
-    fz_kv_free(&t->mem);
-}
-
-/* Place a ubatch of n tokens (ids from the rng, positions continuing each first id's). */
-static int place(cache *t, fz_rng *g, uint32_t n, int32_t *next_pos, bool commit) {
-    const uint32_t n_seq = t->c.n_seq_max;
-    int32_t pos[64], ids[128];
-    uint32_t off[65];
-    uint32_t k = 0;
-    off[0] = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const int32_t s0 = (int32_t)fz_below(g, n_seq);
-        ids[k++] = s0;
-        if (n_seq > 1 && fz_below(g, 4) == 0) {
-            const int32_t s1 = (int32_t)fz_below(g, n_seq);
-            if (s1 != s0) {
-                ids[k++] = s1;
-            }
-        }
-        off[i + 1] = k;
-        pos[i] = next_pos[s0]++;
-    }
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
-    const int r = kvc_unified_find_slot(&t->c, &ub);
-    FUZZ_CHECK(r == 0 || r == 1, "prefill find_slot returned %d", r);
-    if (r == 1 && commit) {
-        kvc_unified_commit(&t->c);
-    }
-    return r;
-}
+typedef fc_cache cache;
 
 /* Fill the cache with a deterministic mix of operations chosen by seed (0: leave it empty),
  * then fill the K/V memory with noise. */
@@ -178,7 +120,7 @@ static void prefill(cache *t, uint8_t seed) {
         const int32_t s = (int32_t)fz_below(&g, n_seq);
         switch (fz_below(&g, 10)) {
         case 0: case 1: case 2: case 3: case 4:
-            place(t, &g, 1 + fz_below(&g, max_ub), next_pos, true);
+            fc_place(t, &g, -1, 1 + fz_below(&g, max_ub), next_pos, true);
             break;
         case 5: {
             const int32_t p0 = (int32_t)fz_below(&g, 64) - 8;
@@ -204,7 +146,7 @@ static void prefill(cache *t, uint8_t seed) {
     }
     /* an uncommitted placement leaves recovery information behind */
     if (seed & 0x80) {
-        place(t, &g, 1 + fz_below(&g, max_ub), next_pos, false);
+        fc_place(t, &g, -1, 1 + fz_below(&g, max_ub), next_pos, false);
     }
     fz_kv_fill(&t->mem, &g);
 }
@@ -355,141 +297,10 @@ static void check_cells(const kvc_cells *cl, const char *when) {
     free(expect);
 }
 
-/* --- the blob as a cache reads it ------------------------------------------------------ */
-
-/* Where the parts of a successfully read state lie (the oracle's own walk over the blob). */
-typedef struct layout {
-    const uint8_t *p;                /* the part */
-    uint32_t cc;
-    bool vt;                         /* the part's V layout */
-    size_t meta_end;                 /* offset of v_trans */
-    size_t k_off[MAX_LAYERS];        /* first K row of layer l */
-    size_t v_off[MAX_LAYERS];        /* first V byte of layer l */
-    size_t end;
-} layout;
-
-static size_t v_elem(const kvc_unified *c) { return kvc_type_get(c->type_v)->type_size; }
-
-/* Walk the part at p (of at most avail bytes) as cache c read it. */
-static layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *p, size_t avail) {
-    layout L;
-    memset(&L, 0, sizeof L);
-    L.p = p;
-    FUZZ_CHECK(avail >= 4, "a part of %zu bytes was accepted", avail);
-    L.cc = kvc_le_get_u32(p);
-    size_t off = 4;
-    for (uint32_t i = 0; i < L.cc; i++) {
-        FUZZ_CHECK(off + 8 <= avail, "cell %u lies past the consumed bytes", i);
-        const uint32_t n_ids = kvc_le_get_u32(p + off + 4);
-        FUZZ_CHECK(seq_id < 0 || n_ids == 1, "a single-sequence cell with %u ids was accepted", n_ids);
-        FUZZ_CHECK((uint64_t)n_ids * 4 <= avail - off - 8, "cell %u's ids lie past the consumed bytes", i);
-        off += 8 + 4 * (size_t)n_ids;
-    }
-    L.meta_end = off;
-    FUZZ_CHECK(off + 8 <= avail, "the data section lies past the consumed bytes");
-    const uint32_t vt = kvc_le_get_u32(p + off);
-    FUZZ_CHECK(vt <= 1, "V layout flag %u was accepted", vt);
-    /* (without layers there is no V to convert) */
-    FUZZ_CHECK(vt == c->v_trans || c->n_layer == 0 || kvc_type_get(c->type_v)->blck_size == 1,
-               "a V layout the cache cannot convert was accepted");
-    L.vt = vt;
-    off += 8;
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        L.k_off[l] = off + 12;
-        off += 12 + (size_t)L.cc * c->layers[l].k_row_bytes;
-    }
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        /* rows or transposed, V holds cc * v_row_bytes bytes after a 12-byte header */
-        L.v_off[l] = off + 12;
-        off += 12 + (size_t)L.cc * c->layers[l].v_row_bytes;
-    }
-    L.end = off;
-    FUZZ_CHECK(L.end <= avail, "the part spans %zu bytes, %zu were consumed", L.end, avail);
-    return L;
-}
-
-/* Byte address, in the part, of V element j of the part's cell k (one-element blocks). */
-static const uint8_t *blob_v_elem(const kvc_unified *c, const layout *L, uint32_t l, uint32_t k, uint32_t j) {
-    const size_t el = v_elem(c);
-    return L->p + L->v_off[l] + (L->vt ? ((size_t)j * L->cc + k) * el : (size_t)k * c->layers[l].v_row_bytes + (size_t)j * el);
-}
-
 /* Byte address, in the cache, of V element j of cell i. */
 static const uint8_t *cache_v_elem(const kvc_unified *c, const uint8_t *v, uint32_t l, uint32_t i, uint32_t j) {
     const size_t el = v_elem(c);
     return v + (c->v_trans ? ((size_t)j * c->cells.size + i) * el : (size_t)i * c->layers[l].v_row_bytes + (size_t)j * el);
-}
-
-/* The bytes state_write must produce after the read: the consumed part with canonical ids
- * (per sequence: the destination id; whole cache: ascending, each once), V in the cache's
- * layout and, without K/V memory, zero rows. */
-static uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L, bool meta_only, size_t *len) {
-    uint8_t *out = fz_alloc(L->end);
-    size_t o = 4, i_off = 4;
-    memcpy(out, L->p, 4);
-    for (uint32_t i = 0; i < L->cc; i++) {
-        const uint32_t n_ids = kvc_le_get_u32(L->p + i_off + 4);
-        memcpy(out + o, L->p + i_off, 4);
-        if (seq_id >= 0) {
-            kvc_le_put_u32(out + o + 4, 1);
-            kvc_le_put_u32(out + o + 8, (uint32_t)seq_id);
-            o += 12;
-        } else {
-            uint64_t bits = 0;
-            for (uint32_t j = 0; j < n_ids; j++) {
-                bits |= (uint64_t)1 << kvc_le_get_u32(L->p + i_off + 8 + 4 * (size_t)j);
-            }
-            kvc_le_put_u32(out + o + 4, kvc_popcount64(bits));
-            o += 8;
-            for (; bits; bits &= bits - 1) {
-                kvc_le_put_u32(out + o, kvc_ctz64(bits));
-                o += 4;
-            }
-        }
-        i_off += 8 + 4 * (size_t)n_ids;
-    }
-    kvc_le_put_u32(out + o, c->v_trans);
-    memcpy(out + o + 4, L->p + L->meta_end + 4, 4);
-    o += 8;
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        const size_t n = (size_t)L->cc * c->layers[l].k_row_bytes;
-        memcpy(out + o, L->p + L->k_off[l] - 12, 12);
-        if (meta_only) {
-            memset(out + o + 12, 0, n);
-        } else {
-            memcpy(out + o + 12, L->p + L->k_off[l], n);
-        }
-        o += 12 + n;
-    }
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        const kvc_layer *ly = &c->layers[l];
-        const size_t n = (size_t)L->cc * ly->v_row_bytes, el = v_elem(c);
-        memcpy(out + o, L->p + L->v_off[l] - 12, 4); /* the type */
-        if (c->v_trans) {
-            kvc_le_put_u32(out + o + 4, (uint32_t)el);
-            kvc_le_put_u32(out + o + 8, ly->n_embd_v);
-        } else {
-            const uint64_t row = ly->v_row_bytes;
-            kvc_le_put_u32(out + o + 4, (uint32_t)row);
-            kvc_le_put_u32(out + o + 8, (uint32_t)(row >> 32));
-        }
-        uint8_t *d = out + o + 12;
-        if (meta_only) {
-            memset(d, 0, n);
-        } else if (L->vt == c->v_trans) {
-            memcpy(d, L->p + L->v_off[l], n);
-        } else {
-            for (uint32_t k = 0; k < L->cc; k++) {
-                for (uint32_t j = 0; j < ly->n_embd_v; j++) {
-                    const size_t at = c->v_trans ? ((size_t)j * L->cc + k) * el : (size_t)k * ly->v_row_bytes + (size_t)j * el;
-                    memcpy(d + at, blob_v_elem(c, L, l, k, j), el);
-                }
-            }
-        }
-        o += 12 + n;
-    }
-    *len = o;
-    return out;
 }
 
 /* Cell k of the part sits in cell dst + k: its K row, and its V row or V column. */
@@ -728,7 +539,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvc_unified *cs[MAX_PARTS];
     image before[MAX_PARTS];
     for (uint32_t p = 0; p < k.n_parts; p++) {
-        cache_init(&t[p], &k.g[p]);
+        fc_cache_init(&t[p], &k.g[p]);
         prefill(&t[p], (uint8_t)(k.prefill ? k.prefill + 37 * p : 0));
         image_take(&before[p], &t[p]);
         cs[p] = &t[p].c;
@@ -749,17 +560,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
 
     if (rc != KVC_OK) {
-        FUZZ_CHECK(rc == KVC_E_STATE || (rc == KVC_E_NOMEM && k.fault && !fault_pending),
-                   "state_read failed with %d (%s)", rc, err.msg);
-        FUZZ_CHECK(err.code == rc && err.msg[0] != 0 && memchr(err.msg, 0, sizeof err.msg) != NULL,
-                   "error %d without a message", rc);
+        fz_check_refused(rc, &err, k.fault, fault_pending, "state_read");
         for (uint32_t p = 0; p < k.n_parts; p++) {
             image_check(&before[p], &t[p], "after a failed read");
         }
         check_describe(blob, len, NULL, NULL);
         for (uint32_t p = 0; p < k.n_parts; p++) {
             image_free(&before[p]);
-            cache_free(&t[p]);
+            fc_cache_free(&t[p]);
         }
         return 0;
     }
@@ -784,7 +592,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 image_check(&after[p], &t[p], "after a refused re-read");
                 image_free(&after[p]);
                 image_free(&before[p]);
-                cache_free(&t[p]);
+                fc_cache_free(&t[p]);
             }
             free(w1);
             return 0;
@@ -802,7 +610,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             image_free(&after[p]);
             image_free(&before[p]);
-            cache_free(&t[p]);
+            fc_cache_free(&t[p]);
         }
         free(w1);
         free(w2);
@@ -862,7 +670,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         image_free(&after[p]);
         image_free(&before[p]);
-        cache_free(&t[p]);
+        fc_cache_free(&t[p]);
     }
     free(w1);
     return 0;

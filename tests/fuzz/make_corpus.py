@@ -1,9 +1,13 @@
 """Build the seed corpora of the libFuzzer targets in tests/fuzz from real blobs.
 
 Sources: the state blobs of the golden traces (``hex`` of ``state_read`` ops and of
-``state_write`` expectations), the ``split`` ops of the split traces, and the blobs written by
+``state_write`` expectations), the ``split`` ops of the split traces, the blobs written by
 llama.cpp in ``../shared/interop`` and ``../shared/interop-v10`` (0.3.36: layout "2026", fed to the
-unified target in its layouts mode; see the READMEs for the layouts). Each seed is the target's
+unified target in its layouts mode and to fuzz_state2026, ``llama_fa0_streams`` into a cache
+with a stream per sequence; see the READMEs for the layouts), and, when kvcache is importable
+(``PYTHONPATH=src`` after an in-place build), states and hand-off headers written by kvcache
+itself from caches of both semantics, one stream or several, with and without a sliding window
+(fuzz_state2026, fuzz_handoff). Each seed is the target's
 header (which picks a cache geometry the blob fits, the destination sequence and a prefill seed)
 followed by the blob; see the comment at the top of each fuzz_*.c for the header layout.
 
@@ -79,6 +83,123 @@ def unified_header(parts: list[dict], seq_id: int, prefill: int, flags: int = 0)
     b4 = flags | (0x40 if len(parts) == 2 else 0)
     second = [sizes[1] | len(parts[1]["ek"]) << 3] + layer_bytes[1] if len(parts) == 2 else [0] * 7
     return bytes([b0, b1, seq_id + 1, prefill, b4] + layer_bytes[0] + second)
+
+
+# --- caches of either semantics (fuzz_cache.h: fuzz_state2026, fuzz_handoff) ---------------
+
+CACHE_SIZES = [32, 64, 96, 128, 256, 512, 1024, 2048]
+
+
+def cache_geometry(geo: dict, prefill: int, flags: int, *, today: bool = True, streams: bool = False,
+                   swa: tuple[str, int] | None = None) -> bytes | None:
+    """The 11 geometry bytes of fuzz_cache.h (byte 4 = flags), or None when the geometry has no
+    encoding. geo as for unified_header; swa: (type, n_swa) of a sliding window."""
+    tk, tv = type_id(geo["type_k"]), type_id(geo["type_v"])
+    v_trans, n_seq_max, n_layer = bool(geo["v_trans"]), geo["n_seq_max"], len(geo["ek"])
+    if tk not in TYPE_INDEX or tv not in TYPE_INDEX or (v_trans and tv == 8) or not 1 <= n_layer <= 3:
+        return None
+    if geo["kv_size"] not in CACHE_SIZES or not 1 <= n_seq_max <= 4:
+        return None
+    w = unified_widths(tk, tv, geo["ek"], geo["ev"])
+    if w is None:
+        return None
+    b0 = TYPE_INDEX[tk] | TYPE_INDEX[tv] << 2 | int(v_trans) << 4 | (n_layer - 1) << 5
+    b1 = CACHE_SIZES.index(geo["kv_size"]) | (n_seq_max - 1) << 3 | int(today) << 5 | int(streams) << 6
+    b2 = 0
+    if swa is not None:
+        kind, n_swa = swa
+        if not 1 <= n_swa <= 32:
+            return None
+        b1 |= 0x80
+        b2 = (n_swa - 1) | int(kind == "chunked") << 5
+    return bytes([b0, b1, b2, prefill, flags] + w)
+
+
+STATE2026_DETECT, STATE2026_STREAMS, STATE2026_CONVERT = 0x40, 0x80, 0x10
+
+
+def add_state2026(corpus: Corpus, geo: dict, seq_id: int, blob: bytes, *, streams: bool = False,
+                  swa: tuple[str, int] | None = None, layouts=(STATE2026_DETECT, STATE2026_STREAMS)) -> None:
+    """The blob into a 2026 cache of its geometry, in each of `layouts` (byte 4 of the header),
+    and into one of the other V layout with conversion."""
+    seeds = [(geo, prefill, lay) for prefill in PREFILL_SEEDS for lay in layouts]
+    if type_id(geo["type_v"]) != 8:
+        seeds.append((dict(geo, v_trans=not geo["v_trans"]), 0, layouts[0] | STATE2026_CONVERT))
+    for g, prefill, flags in seeds:
+        h = cache_geometry(g, prefill, flags, streams=streams, swa=swa)
+        if h is not None:
+            corpus.add("fuzz_state2026", h + bytes([seq_id + 1]) + blob)
+
+
+HANDOFF_COMMIT, HANDOFF_FIX_SUM, HANDOFF_NOISE = 0x10, 0x20, 0x40
+
+
+def add_handoff(corpus: Corpus, geo: dict, header: bytes, seq_id: int, *, today: bool, streams: bool,
+                swa: tuple[str, int] | None = None) -> None:
+    """An exported header into a cache of its geometry: aborted, committed with noise in the
+    regions, and committed into another sequence (-1: the header's own id)."""
+    for prefill, flags, dst in ((0, 0, -1), (0x5A, HANDOFF_COMMIT | HANDOFF_NOISE | HANDOFF_FIX_SUM, -1),
+                                (0, HANDOFF_COMMIT | HANDOFF_FIX_SUM, (seq_id + 1) % geo["n_seq_max"])):
+        h = cache_geometry(geo, prefill, flags, today=today, streams=streams, swa=swa)
+        if h is not None:
+            corpus.add("fuzz_handoff", h + bytes([dst + 1]) + header)
+
+
+# shapes of the kvcache-written seeds: (semantics 2026, kv_unified false, window, types, V transposed)
+WRITTEN_SHAPES = (
+    (True, False, None, ("f16", "f16"), True),
+    (True, False, None, ("f32", "q8_0"), False),
+    (True, True, None, ("f16", "f16"), True),
+    (True, True, None, ("bf16", "f16"), False),
+    (True, False, ("standard", 8), ("f16", "f16"), True),
+    (True, True, ("chunked", 16), ("f16", "f16"), False),
+    (False, False, None, ("f16", "f16"), True),
+    (False, False, ("standard", 8), ("q8_0", "f32"), True),
+)
+
+
+def from_kvcache(corpus: Corpus) -> None:
+    """States and hand-off headers written by kvcache itself (caches of the shapes above, three
+    sequences over interleaved positions, a stream copy and a removal)."""
+    try:
+        import numpy as np
+        import kvcache
+    except ImportError as e:  # the package is not built: no such seeds
+        print(f"kvcache not importable ({e}); no kvcache-written seeds", file=sys.stderr)
+        return
+    rng = np.random.default_rng(7)
+    for today, streams, swa, (tk, tv), v_trans in WRITTEN_SHAPES:
+        ek, ev = [32, 8], [16, 32] if tk != "q8_0" and tv != "q8_0" else [32, 32]
+        if tk == "q8_0" or tv == "q8_0":
+            ek = [32, 64]
+        n_seq = 3
+        c = kvcache.UnifiedCache(64, 2, ek, ev, type_k=tk, type_v=tv, v_trans=v_trans, n_seq_max=n_seq,
+                                 n_swa=swa[1] if swa else 0, swa_type=swa[0] if swa else "none",
+                                 semantics="2026" if today else "2025", kv_unified=not streams)
+        for il in c.layers:
+            for a in (c.k(il), c.v(il)):
+                a.view(np.uint8)[...] = rng.integers(0, 256, a.nbytes, dtype=np.uint8).reshape(a.view(np.uint8).shape)
+        for step in range(6):
+            for s in range(n_seq):
+                n = 1 + (step + s) % 4
+                p0 = sum(1 + (k + s) % 4 for k in range(step))
+                ub = kvcache.UBatch(pos=list(range(p0, p0 + n)), seq_id=[s] * n)
+                if c.find_slot(ub) and not today:
+                    c.commit()
+        c.seq_rm(1, 2, 5)
+        c.seq_cp(0, 2, -1, -1) if streams else c.seq_cp(0, 2, 0, 4)
+        c.update()
+        geo = dict(type_k=tk, type_v=tv, v_trans=v_trans, kv_size=64, n_seq_max=n_seq, ek=ek, ev=ev)
+        for s in range(n_seq):
+            add_handoff(corpus, geo, c.seq_export(s).header, s, today=today, streams=streams, swa=swa)
+        if not today:
+            continue
+        layouts = ("2026", "2025") if not streams else ("2026",)
+        for layout in layouts:
+            flags = (STATE2026_DETECT, STATE2026_STREAMS) if layout == "2026" else (STATE2026_DETECT, 0)
+            for s in (-1, *range(n_seq)):
+                add_state2026(corpus, geo, s, c.state_write(s, layout=layout), streams=streams, swa=swa,
+                              layouts=flags)
 
 
 # --- recurrent -----------------------------------------------------------------------------
@@ -290,6 +411,8 @@ def from_interop(corpus: Corpus, interop: Path, today: bool = False) -> None:
         for seq_id, blob in interop_blobs(folder, today):
             # iSWA: the base part, then the SWA part; today's layouts in the target's layouts mode
             add_unified(corpus, geos, seq_id, blob, 0x80 if today else 0)
+            if today and len(geos) == 1:
+                add_state2026(corpus, geos[0], seq_id, blob, streams=not ctx.get("kv_unified", True))
 
 
 def main(argv=None) -> int:
@@ -308,6 +431,7 @@ def main(argv=None) -> int:
             from_interop(corpus, shared / "interop-v10", today=True)
     else:
         print(f"no interop blobs under {shared}; golden seeds only", file=sys.stderr)
+    from_kvcache(corpus)
     for target, n in sorted(corpus.counts.items()):
         print(f"{target}: {n} new seeds")
     total = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
