@@ -10,19 +10,9 @@ from kvcache._core import UBatch, UnifiedCore
 class Workload:
     """A kvcache cache and a baseline cache driven through the same operations."""
 
-    def __new__(
-        cls,
-        size: int,
-        n_seqs: int = 32,
-        n_pad: int = 32,
-        n_swa: int = 0,
-        swa_type: int = 0,
-        seed: int = 1,
-        n_layer: int = 1,
-        width: int = 32,
-        v_trans: bool = True,
-        buffers: bool = False,
-    ) -> Self: ...
+    def __new__(cls, size: int, n_seqs: int = 32, n_pad: int = 32, n_swa: int = 0, swa_type: int = 0,
+                seed: int = 1, n_layer: int = 1, width: int = 32, v_trans: bool = True,
+                buffers: bool = False) -> Self: ...
     def _attach(self, size: int) -> None: ...
     def data_bytes(self, n_cells: int) -> int: ...
     def fill(self, n_tokens: int) -> int: ...

@@ -1,6 +1,6 @@
 """Type stubs of kvcache._core, the compiled bridge over the C core (see the .pxi sources)."""
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Literal, NamedTuple, Protocol, TypedDict, final, overload
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, TypedDict, TypeVar, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,11 @@ _Buffers: TypeAlias = (
 _BufferMode: TypeAlias = Literal["owned", "borrowed", "none"]
 _SwaType: TypeAlias = Literal["none", "standard", "chunked"]
 _MaskDType: TypeAlias = Literal["f32", "f16", "bool"]
+# kq_mask's options: a caller's output array of the mask's dtype; rows padded (None: the
+# semantics' default)
+_MaskScalar = TypeVar("_MaskScalar", bound=np.generic)
+_Out: TypeAlias = npt.NDArray[_MaskScalar] | None
+_Pad: TypeAlias = bool | None
 _SplitMode: TypeAlias = Literal["simple", "equal", "seq"]
 # a placement: per token group, its stream and the cells of its tokens
 _SlotInfo: TypeAlias = list[tuple[int, npt.NDArray[np.int32]]]
@@ -337,53 +342,20 @@ class _Unified(UnifiedCore, _CacheCore):
     def prune_swa(self, seq_id: int, pmin: int, pmax: int) -> bool: ...
     # K/V data
     def store(self, il: int, k_rows: npt.NDArray[Any] | None, v_rows: npt.NDArray[Any] | None) -> None: ...
-    # graph inputs
+    # graph inputs: the mask's dtype follows `dtype` (or a numpy `out`); any other buffer, such
+    # as a CPU tensor, is given back as it came
     @overload
-    def kq_mask(
-        self,
-        ub: UBatch,
-        causal: bool = True,
-        alibi: bool = False,
-        out: npt.NDArray[np.float32] | None = None,
-        dtype: Literal["f32"] = "f32",
-        pad: bool | None = None,
-        reuse: bool = False,
-    ) -> npt.NDArray[np.float32]: ...
+    def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False, out: _Out[np.float32] = None,
+                dtype: Literal["f32"] = "f32", pad: _Pad = None, reuse: bool = False) -> npt.NDArray[np.float32]: ...
     @overload
-    def kq_mask(
-        self,
-        ub: UBatch,
-        causal: bool = True,
-        alibi: bool = False,
-        out: npt.NDArray[np.float16] | None = None,
-        *,
-        dtype: Literal["f16"],
-        pad: bool | None = None,
-        reuse: bool = False,
-    ) -> npt.NDArray[np.float16]: ...
+    def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False, out: _Out[np.float16] = None, *,
+                dtype: Literal["f16"], pad: _Pad = None, reuse: bool = False) -> npt.NDArray[np.float16]: ...
     @overload
-    def kq_mask(
-        self,
-        ub: UBatch,
-        causal: bool = True,
-        alibi: bool = False,
-        out: npt.NDArray[np.bool_] | None = None,
-        *,
-        dtype: Literal["bool"],
-        pad: bool | None = None,
-        reuse: bool = False,
-    ) -> npt.NDArray[np.bool_]: ...
+    def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False, out: _Out[np.bool_] = None, *,
+                dtype: Literal["bool"], pad: _Pad = None, reuse: bool = False) -> npt.NDArray[np.bool_]: ...
     @overload
-    def kq_mask(
-        self,
-        ub: UBatch,
-        causal: bool = True,
-        alibi: bool = False,
-        out: Any = None,        # any other buffer: a CPU tensor gives back a tensor
-        dtype: _MaskDType = "f32",
-        pad: bool | None = None,
-        reuse: bool = False,
-    ) -> Any: ...
+    def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False, out: Any = None,
+                dtype: _MaskDType = "f32", pad: _Pad = None, reuse: bool = False) -> Any: ...
     def pos_bucket(self, ub: UBatch, n_buckets: int) -> npt.NDArray[np.int32]: ...
     def k_shift(self) -> npt.NDArray[np.int32]: ...
     def reset_shift(self) -> None: ...
