@@ -25,7 +25,6 @@ from conftest import GOLDEN, kvcache_env
 from kvcache.conformance import FORMAT_2026, KINDS, KINDS_2026, Divergence, read_trace, run_file
 from kvcache.conformance import rope
 from kvcache.conformance.ops import CACHE_FAMILIES, OPS, replay
-from kvcache.conformance.unified2026 import default_target, kvcache_supports_2026
 from kvcache.reference import UnifiedReference
 
 #: the trace files of each directory of tests/golden
@@ -56,17 +55,12 @@ def _targets(path: Path):
     return [(key, make()) for key, make in _module(path).TARGETS.items() if key != "auto"]
 
 
-def _marks(target) -> list:
-    if target.family == "unified2026" and target.name == "kvcache.UnifiedCache" and not kvcache_supports_2026():
-        return [pytest.mark.skip(reason="kvcache.UnifiedCache has no semantics='2026' yet")]
-    return []
-
 
 def _cases(families=None):
     for path in FILES:
         for key, target in _targets(path):
             if families is None or target.family in families:
-                yield pytest.param(path, target, id=f"{_name(path)}-{key}", marks=_marks(target))
+                yield pytest.param(path, target, id=f"{_name(path)}-{key}")
 
 
 def _ops(ops: list[dict]):
@@ -114,41 +108,6 @@ def test_trace(path, target):
     assert res.ok, str(res.divergence)
     assert (res.kind, res.n_ops, res.target) == (header["kind"], len(ops), target.name)
     assert res.n_ops > 0
-
-
-# --- the C-backed 2026 cache before its state layout: every op up to a trace's first state read ---
-
-from kvcache.conformance.unified2026 import before_state_reads, kvcache_constructs_2026  # noqa: E402
-
-FILES_2026 = [p for p in FILES if p.parent.name == "unified2026"]
-_NO_2026 = pytest.mark.skipif(not kvcache_constructs_2026(), reason="kvcache.UnifiedCache has no semantics='2026'")
-
-
-@_NO_2026
-@pytest.mark.parametrize("path", FILES_2026, ids=_name)
-def test_trace_against_kvcache_before_its_state_reads(path):
-    """Until the cache reads 2026 state blobs, the C-backed cache replays every op of each
-    trace before its first state_read (state writes passed by): placements, slot lists, heads,
-    masks, position buckets, sequence operations, updates and K/V hashes."""
-    from kvcache.conformance.unified2026 import kvcache_target
-    header, ops = _trace(path)
-    prefix = before_state_reads(ops)
-    names = {op["op"] for op in prefix}
-    assert {"find_slot", "check", "mask"} <= names and len(prefix) >= 15
-    replay(kvcache_target(state=False), header["config"], _ops(prefix))
-
-
-@_NO_2026
-@pytest.mark.parametrize("path", FILES_2026, ids=_name)
-def test_a_changed_expectation_before_the_state_reads_fails_against_kvcache(path):
-    from kvcache.conformance.unified2026 import kvcache_target
-    header, ops = _trace(path)
-    prefix = before_state_reads(ops)
-    at = max(i for i, op in enumerate(prefix) if op["op"] == "find_slot" and op["expect"]["ok"])
-    prefix = _changed(prefix, at)
-    _UNIFIED2026["head"][3](prefix[at]["expect"])
-    err = _diverges(kvcache_target(state=False), header, prefix)
-    assert (err.index, err.field) == (at + 1, "heads"), str(err)
 
 
 @pytest.mark.parametrize("path,target", list(_cases(CACHE_FAMILIES)))
@@ -274,8 +233,7 @@ def _change_cases(changes, part):
             for kind, (op_name, qualifies, _, _) in changes.get(target.family, {}).items():
                 at = next((i for i, op in enumerate(ops) if op["op"] == op_name and qualifies(part(op))), None)
                 if at is not None and op_name not in target.instead:
-                    yield pytest.param(path, target, kind, at, id=f"{_name(path)}-{key}-{kind.replace(' ', '_')}",
-                                       marks=_marks(target))
+                    yield pytest.param(path, target, kind, at, id=f"{_name(path)}-{key}-{kind.replace(' ', '_')}")
 
 
 def _with_change(changes, part, path, target, kind, at):
@@ -370,7 +328,7 @@ def _foreign_op_cases():
             ops.append({"op": "clear", "data": False, "expect": {}})   # the traces' clear keeps no data
         for op in ops:
             suffix = "-no-data" if "data" in op else ""
-            yield pytest.param(path, target, op, id=f"{family}-{key}-{op['op']}{suffix}", marks=_marks(target))
+            yield pytest.param(path, target, op, id=f"{family}-{key}-{op['op']}{suffix}")
 
 
 @pytest.mark.parametrize("path,target,op", list(_foreign_op_cases()))
@@ -383,7 +341,7 @@ def test_an_op_the_family_does_not_have_fails_the_replay(path, target, op):
 def _cache_family_cases():
     for family, path, key, target in _one_per_family():
         if family in CACHE_FAMILIES:
-            yield pytest.param(path, target, id=f"{family}-{key}", marks=_marks(target))
+            yield pytest.param(path, target, id=f"{family}-{key}")
 
 
 @pytest.mark.parametrize("path,target", list(_cache_family_cases()))
@@ -524,11 +482,11 @@ def test_cli_names_the_target_and_fails_on_a_divergence(tmp_path):
 
 def test_cli_replays_both_formats():
     """A kvcache-trace/1 file is reported as before (no target), a 2026 one with the target that
-    ran it (by default the C-backed cache once it has the 2026 semantics)."""
+    ran it (by default the C-backed cache)."""
     old, new = GOLDEN / "unified" / "u01_fill_f32_small.jsonl", GOLDEN / "unified2026" / "p01_unified_pos_bucket_384.jsonl"
     res = _cli(old, new)
     assert res.returncode == 0, res.stdout
     lines = res.stdout.strip().splitlines()
     assert lines[0].startswith(f"ok   {old} (") and lines[0].endswith(" ops)")
-    assert lines[1].startswith(f"ok   {new} (") and lines[1].endswith(f" ops) ({default_target().name})")
+    assert lines[1].startswith(f"ok   {new} (") and lines[1].endswith(" ops) (kvcache.UnifiedCache)")
     assert lines[2] == "2 passed, 0 failed"

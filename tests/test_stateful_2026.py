@@ -24,8 +24,6 @@ from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
 from stateful_rules import SequenceEditRules, draw_copy_range, draw_ubatch, hand_off_alike, read_alike  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not unified2026.kvcache_constructs_2026(),
-                                reason="kvcache.UnifiedCache has no semantics='2026'")
 
 P_MAX = 60
 N_EMBD = 4

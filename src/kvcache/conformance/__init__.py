@@ -12,9 +12,8 @@ unsupported op is a failure, never a pass).
 
 ``kvcache-trace/1`` files (the seed, mid-2025) replay against the caches of ``semantics="2025"``.
 ``kvcache-trace/2026`` files (today's llama.cpp) replay against a target of
-:mod:`kvcache.conformance.unified2026`: the C-backed cache once it has ``semantics="2026"``
-with its state layout, until then the reference model :mod:`kvcache.reference2026` (``--target`` chooses; the report
-names the target)."""
+:mod:`kvcache.conformance.unified2026`: the C-backed cache of ``semantics="2026"``, or the
+reference model :mod:`kvcache.reference2026` (``--target`` chooses; the report names the target)."""
 from __future__ import annotations
 
 import importlib
@@ -119,8 +118,7 @@ def read_trace(path: str) -> tuple[dict, list[dict]]:
 def run_file(path: str, target: Target | None = None) -> FileResult:
     """Replay one trace file against ``target`` when it is a :class:`Target` of the file's
     family, else against the family's default target: for kvcache-trace/1 files the C-backed
-    caches, for kvcache-trace/2026 files the C-backed cache when it has the 2026 semantics and
-    the reference model until then. The result names the target of a kvcache-trace/2026 file,
+    caches, for kvcache-trace/2026 files the C-backed cache of the 2026 semantics. The result names the target of a kvcache-trace/2026 file,
     and of any file that ran against ``target``."""
     header, ops = read_trace(path)
     kind = header.get("kind", "?")
@@ -183,9 +181,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("paths", nargs="+", help="trace files or directories holding *.jsonl")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
     ap.add_argument("--target", choices=["auto", "reference", "kvcache"], default="auto",
-                    help="what kvcache-trace/2026 files replay against: the C-backed cache, the pure-Python "
-                         "reference model, or (auto, the default) the C-backed cache when it has the 2026 "
-                         "semantics with their state layout and the reference model until then")
+                    help="what kvcache-trace/2026 files replay against: the C-backed cache (auto, the default, "
+                         "or kvcache) or the pure-Python reference model")
     args = ap.parse_args(list(argv) if argv is not None else None)
     from kvcache.conformance.unified2026 import TARGETS
     target = TARGETS[args.target]()

@@ -70,8 +70,8 @@ from kvcache.conformance import Divergence, Replay, Target, unsupported
 from kvcache.conformance.common import fill
 from kvcache.conformance.unified import float32_mask
 
-__all__ = ["Target", "FAMILY", "cache_arguments", "reference_target", "kvcache_target", "kvcache_supports_2026",
-           "kvcache_constructs_2026", "before_state_reads", "default_target", "TARGETS", "check_config"]
+__all__ = ["Target", "FAMILY", "cache_arguments", "reference_target", "kvcache_target", "default_target", "TARGETS",
+           "check_config"]
 
 #: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
 FAMILY = "unified2026"
@@ -96,59 +96,16 @@ def reference_target() -> Target:
                   family=FAMILY)
 
 
-def _skip_state_write(cache: Any, op: dict[str, Any]) -> None:
-    """A state write changes nothing: a cache without the 2026 state layout passes it by."""
-
-
-def kvcache_target(state: bool = True) -> Target:
-    """The C-backed ``kvcache.UnifiedCache(semantics="2026")``; ``state=False``: its
-    ``state_write`` ops are passed by, not compared (for a cache without the 2026 state
-    layout, replaying the ops before a trace's first ``state_read``: see
-    :func:`before_state_reads`)."""
+def kvcache_target() -> Target:
+    """The C-backed ``kvcache.UnifiedCache(semantics="2026")``."""
     from kvcache import UBatch, UnifiedCache
-    instead = {} if state else {"state_write": _skip_state_write}
     return Target("kvcache.UnifiedCache", lambda config: UnifiedCache(**cache_arguments(config)), UBatch,
-                  family=FAMILY, instead=instead)
-
-
-def before_state_reads(ops: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ops of a trace before its first ``state_read``: what replays against a cache that
-    cannot read a 2026 state (with :func:`kvcache_target` ``(state=False)``)."""
-    first = next((i for i, op in enumerate(ops) if op.get("op") == "state_read"), len(ops))
-    return list(ops[:first])
-
-
-# a small cache of the 2026 semantics, to find out whether the C-backed cache has them
-_PROBE: dict[str, Any] = {"kv_size": 256, "n_layer": 1, "n_embd_k_gqa": 32, "n_embd_v_gqa": 32, "n_pad": 1,
-                          "semantics": "2026"}
-
-
-def kvcache_constructs_2026() -> bool:
-    """Whether this kvcache's ``UnifiedCache`` takes ``semantics="2026"``."""
-    from kvcache import UnifiedCache
-    try:
-        UnifiedCache(**_PROBE)
-    except (TypeError, ValueError, NotImplementedError):
-        return False
-    return True
-
-
-def kvcache_supports_2026() -> bool:
-    """Whether this kvcache's ``UnifiedCache`` replays the whole protocol of semantics "2026":
-    it constructs, and writes its state in layout "2026" (which every trace reads back)."""
-    from kvcache import UnifiedCache
-    try:
-        cache: Any = UnifiedCache(**_PROBE)     # the layout argument comes with the 2026 state
-        cache.state_write(-1, layout="2026")
-    except (TypeError, ValueError, NotImplementedError):
-        return False
-    return True
+                  family=FAMILY)
 
 
 def default_target() -> Target:
-    """The C-backed cache when it has the whole 2026 protocol (its state included), else the
-    reference model."""
-    return kvcache_target() if kvcache_supports_2026() else reference_target()
+    """The C-backed cache."""
+    return kvcache_target()
 
 
 #: the targets ``python -m kvcache.conformance --target`` names
