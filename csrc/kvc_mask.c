@@ -451,11 +451,19 @@ static bool kvc_mask_one_token_each(const kvc_ubatch *ub, uint32_t t0, uint32_t 
     return true;
 }
 
-/* kvc_mask_rows for a block whose every sequence has one token: a row's key positions are read
- * once, so each row is built straight from the cells a chunk at a time (no per-sequence array
- * of key positions to write and read back), and the blocks of cells its sequence has not
- * marked are filled as hidden without reading the cells: a row costs about its stores plus
- * the sequence's own cells. Row r at r * row_stride bytes. */
+/* A row is written from its sequence's index (hidden, then its visible cells over it) while
+ * the cells it sees are fewer than 1/KVC_MASK_SPARSE of the cells of the blocks it would read. */
+#define KVC_MASK_SPARSE 4u
+
+/* kvc_mask_rows for a block whose every sequence has one token. A row that sees few cells
+ * (a decode step of many sequences) is filled as hidden and the cells its window takes from
+ * the sequence's index (cells_seq_pos_span) are shown over it: the other cells are not read.
+ * Otherwise a row's key positions are read once, so it is built straight from the cells a
+ * chunk at a time (no per-sequence array of key positions to write and read back), and the
+ * blocks of cells its sequence has not marked are filled as hidden without reading the cells.
+ * Either way a row costs about its stores plus the sequence's own cells. The first way is not
+ * taken when streaming: stores over non-temporal ones would read the lines back. Row r at r *
+ * row_stride bytes. */
 static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub,
                                  uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
                                  size_t row_stride, void *out) {
@@ -469,6 +477,20 @@ static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, u
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
         const uint64_t *plane = kvc_cells_seq_plane(cells, s);
         uint8_t *row = (uint8_t *)out + (size_t)r * row_stride;
+        const kvc_pos_range window = {lo, (int64_t)hi + 1};
+        uint32_t a, e;
+        kvc_cells_seq_pos_span(cells, s, window, &a, &e);
+        if (!stream && (uint64_t)(e - a) * KVC_MASK_SPARSE < (uint64_t)kvc_cells_blk_count(cells, s) * 64) {
+            const kvc_seq_pos *sp = &cells->seq_pos[s];
+            kvc_mask_fill_hidden(row, dtype, n_kv, false);
+            for (uint32_t k = a; k < e; k++) {
+                const uint32_t i = (uint32_t)sp->cell[k];
+                if (i < n_kv) {
+                    kvc_mask_row_scalar(row + (size_t)i * el, dtype, sp->v + k, 0, 1, lo, hi, p1, alibi);
+                }
+            }
+            continue;
+        }
         uint32_t done = 0;
         for (uint32_t b = kvc_cells_blk_next(cells, s, 0, n_kv); b != UINT32_MAX; ) {
             const uint32_t i0 = b * 64, i1 = kvc_mask_run_end(cells, s, b, n_kv);
