@@ -20,13 +20,11 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->blk_words = (c->n_words + 63) / 64;
     c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
     c->chg = kvc_malloc_n(size ? size : 1, sizeof *c->chg);
-    c->sort_tmp = kvc_malloc_n(size ? size : 1, sizeof *c->sort_tmp);
-    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos && c->seq_blk && c->chg && c->sort_tmp;
+    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
-        c->seq_pos[s].v = kvc_malloc_n(size, sizeof(int32_t));
-        c->seq_pos[s].cell = kvc_malloc_n(size, sizeof(int32_t));
-        ok = c->seq_pos[s].v != NULL && c->seq_pos[s].cell != NULL;
+        c->seq_pos[s].key = kvc_malloc_n(size, sizeof(uint64_t));
+        ok = c->seq_pos[s].key != NULL;
     }
     if (!ok) {
         kvc_cells_free(c);
@@ -44,13 +42,11 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->seq);
     kvc_free(c->used_bits);
     for (uint32_t s = 0; c->seq_pos && s < c->n_seq_max; s++) {
-        kvc_free(c->seq_pos[s].v);
-        kvc_free(c->seq_pos[s].cell);
+        kvc_free(c->seq_pos[s].key);
     }
     kvc_free(c->seq_pos);
     kvc_free(c->seq_blk);
     kvc_free(c->chg);
-    kvc_free(c->sort_tmp);
     memset(c, 0, sizeof *c);
 }
 
@@ -138,26 +134,12 @@ uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to) {
 
 /* --- per-sequence (position, cell) index ------------------------------------------------ */
 
-/* Index of the first entry with position >= p. */
-static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, int32_t p) {
+/* Index of the first entry >= key. */
+static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, uint64_t key) {
     uint32_t lo = 0, hi = sp->n;
     while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
-        if (sp->v[mid] < p) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo;
-}
-
-/* Index of the first entry >= (p, i). */
-static uint32_t kvc_seq_pos_lower_at(const kvc_seq_pos *sp, int32_t p, int32_t i) {
-    uint32_t lo = 0, hi = sp->n;
-    while (lo < hi) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        if (sp->v[mid] < p || (sp->v[mid] == p && sp->cell[mid] < i)) {
+        if (sp->key[mid] < key) {
             lo = mid + 1;
         } else {
             hi = mid;
@@ -168,8 +150,8 @@ static uint32_t kvc_seq_pos_lower_at(const kvc_seq_pos *sp, int32_t p, int32_t i
 
 void kvc_cells_seq_pos_span(const kvc_cells *c, int32_t s, kvc_pos_range r, uint32_t *a, uint32_t *b) {
     const kvc_seq_pos *sp = &c->seq_pos[s];
-    *a = kvc_seq_pos_lower(sp, r.p0);
-    *b = r.p1 > KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, (int32_t)r.p1);
+    *a = kvc_seq_pos_lower(sp, kvc_seq_key(r.p0, 0));
+    *b = r.p1 > KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, kvc_seq_key((int32_t)r.p1, 0));
     if (*b < *a) {
         *b = *a;
     }
@@ -187,49 +169,43 @@ uint32_t kvc_cells_seq_pos_count_in(const kvc_cells *c, int32_t s, kvc_pos_range
     return b - a;
 }
 
-static void kvc_seq_pos_insert(kvc_seq_pos *sp, int32_t p, int32_t i) {
+static void kvc_seq_pos_insert(kvc_seq_pos *sp, uint64_t key) {
     uint32_t k = sp->n;
     /* the common case (positions grow) appends */
-    if (k && (sp->v[k - 1] > p || (sp->v[k - 1] == p && sp->cell[k - 1] > i))) {
-        k = kvc_seq_pos_lower_at(sp, p, i);
-        memmove(sp->v + k + 1, sp->v + k, (size_t)(sp->n - k) * sizeof *sp->v);
-        memmove(sp->cell + k + 1, sp->cell + k, (size_t)(sp->n - k) * sizeof *sp->cell);
+    if (k && sp->key[k - 1] > key) {
+        k = kvc_seq_pos_lower(sp, key);
+        memmove(sp->key + k + 1, sp->key + k, (size_t)(sp->n - k) * sizeof *sp->key);
     }
-    sp->v[k] = p;
-    sp->cell[k] = i;
+    sp->key[k] = key;
     sp->n++;
 }
 
-static void kvc_seq_pos_erase(kvc_seq_pos *sp, int32_t p, int32_t i) {
-    const uint32_t k = kvc_seq_pos_lower_at(sp, p, i);
-    if (k < sp->n && sp->v[k] == p && sp->cell[k] == i) {
-        memmove(sp->v + k, sp->v + k + 1, (size_t)(sp->n - k - 1) * sizeof *sp->v);
-        memmove(sp->cell + k, sp->cell + k + 1, (size_t)(sp->n - k - 1) * sizeof *sp->cell);
+static void kvc_seq_pos_erase(kvc_seq_pos *sp, uint64_t key) {
+    const uint32_t k = kvc_seq_pos_lower(sp, key);
+    if (k < sp->n && sp->key[k] == key) {
+        memmove(sp->key + k, sp->key + k + 1, (size_t)(sp->n - k - 1) * sizeof *sp->key);
         sp->n--;
     }
 }
 
-/* The entry (p, src) becomes (p, dst): only the entries of position p between the two move. */
-static void kvc_seq_pos_recell(kvc_seq_pos *sp, int32_t p, int32_t src, int32_t dst) {
-    uint32_t k = kvc_seq_pos_lower_at(sp, p, src);
-    if (k >= sp->n || sp->v[k] != p || sp->cell[k] != src) {
+/* The entry `from` becomes `to` (same position): only the entries between the two move. */
+static void kvc_seq_pos_rekey(kvc_seq_pos *sp, uint64_t from, uint64_t to) {
+    uint32_t k = kvc_seq_pos_lower(sp, from);
+    if (k >= sp->n || sp->key[k] != from) {
         return;
     }
-    while (k + 1 < sp->n && sp->v[k + 1] == p && sp->cell[k + 1] < dst) {
-        sp->cell[k] = sp->cell[k + 1];
-        k++;
+    for (; k + 1 < sp->n && sp->key[k + 1] < to; k++) {
+        sp->key[k] = sp->key[k + 1];
     }
-    while (k > 0 && sp->v[k - 1] == p && sp->cell[k - 1] > dst) {
-        sp->cell[k] = sp->cell[k - 1];
-        k--;
+    for (; k > 0 && sp->key[k - 1] > to; k--) {
+        sp->key[k] = sp->key[k - 1];
     }
-    sp->cell[k] = dst;
+    sp->key[k] = to;
 }
 
 static void kvc_seq_pos_cut(kvc_seq_pos *sp, uint32_t a, uint32_t b) {
     if (a < b) {
-        memmove(sp->v + a, sp->v + b, (size_t)(sp->n - b) * sizeof *sp->v);
-        memmove(sp->cell + a, sp->cell + b, (size_t)(sp->n - b) * sizeof *sp->cell);
+        memmove(sp->key + a, sp->key + b, (size_t)(sp->n - b) * sizeof *sp->key);
         sp->n -= b - a;
     }
 }
@@ -245,26 +221,16 @@ static int kvc_u64_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Put seq_pos[s] (filled in any order) in (position, cell) order. */
+/* Put seq_pos[s] (filled in any order) in order. */
 static void kvc_cells_seq_pos_sort(kvc_cells *c, int32_t s) {
     kvc_seq_pos *sp = &c->seq_pos[s];
     /* most rebuilds find the entries in order already */
     bool sorted = true;
     for (uint32_t k = 1; k < sp->n && sorted; k++) {
-        sorted = sp->v[k - 1] < sp->v[k] || (sp->v[k - 1] == sp->v[k] && sp->cell[k - 1] < sp->cell[k]);
+        sorted = sp->key[k - 1] < sp->key[k];
     }
-    if (sorted) {
-        return;
-    }
-    /* (position, cell) as one key: both are >= 0 */
-    uint64_t *key = c->sort_tmp;
-    for (uint32_t k = 0; k < sp->n; k++) {
-        key[k] = (uint64_t)(uint32_t)sp->v[k] << 32 | (uint32_t)sp->cell[k];
-    }
-    qsort(key, sp->n, sizeof *key, kvc_u64_cmp);
-    for (uint32_t k = 0; k < sp->n; k++) {
-        sp->v[k] = (int32_t)(key[k] >> 32);
-        sp->cell[k] = (int32_t)(key[k] & 0xffffffffu);
+    if (!sorted) {
+        qsort(sp->key, sp->n, sizeof *sp->key, kvc_u64_cmp);
     }
 }
 
@@ -298,8 +264,7 @@ static void kvc_cells_rebuild_one(kvc_cells *c, int32_t s) {
         }
         for (; m; m &= m - 1) {
             const uint32_t i = (b << 6) + kvc_ctz64(m);
-            sp->v[sp->n] = c->pos[i];
-            sp->cell[sp->n++] = (int32_t)i;
+            sp->key[sp->n++] = kvc_seq_key(c->pos[i], i);
         }
     }
 }
@@ -350,8 +315,7 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
             for (; m; m &= m - 1) {
                 const int32_t s = (int32_t)(64 * w + kvc_ctz64(m));
                 kvc_seq_pos *sp = &c->seq_pos[s];
-                sp->v[sp->n] = c->pos[i];
-                sp->cell[sp->n++] = (int32_t)i;
+                sp->key[sp->n++] = kvc_seq_key(c->pos[i], i);
                 kvc_cells_blk_mark(c, i, s);
             }
         }
@@ -374,11 +338,11 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
         return;
     }
     kvc_cells_seq_add_raw(c, i, s);
-    kvc_seq_pos_insert(&c->seq_pos[s], c->pos[i], (int32_t)i);
+    kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
 }
 
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
-    kvc_seq_pos_erase(&c->seq_pos[s], c->pos[i], (int32_t)i);
+    kvc_seq_pos_erase(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
     return kvc_cells_seq_del_raw(c, i, s);
 }
 
@@ -398,7 +362,7 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     uint32_t a, b, lowest = c->size, runs = 0, prev = UINT32_MAX;
     kvc_cells_seq_pos_span(c, s, r, &a, &b);
     for (uint32_t k = a; k < b; k++) {
-        const uint32_t i = (uint32_t)sp->cell[k];
+        const uint32_t i = kvc_seq_key_cell(sp->key[k]);
         if (kvc_cells_seq_del_raw(c, i, s) && i < lowest) {
             lowest = i;
         }
@@ -415,7 +379,7 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     if (stay && (uint64_t)runs * 64 <= stay) {
         prev = UINT32_MAX;
         for (uint32_t k = a; k < b; k++) {
-            const uint32_t blk = (uint32_t)sp->cell[k] >> 6;
+            const uint32_t blk = kvc_seq_key_cell(sp->key[k]) >> 6;
             if (blk != prev && !kvc_cells_blk_cells(c, s, blk)) {
                 kvc_cells_blk_drop(c, s, blk);
             }
@@ -426,7 +390,7 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
         kvc_seq_pos_cut(sp, a, b);
         memset(bits, 0, (size_t)c->blk_words * sizeof *bits);
         for (uint32_t k = 0; k < sp->n; k++) {
-            kvc_cells_blk_mark(c, (uint32_t)sp->cell[k], s);
+            kvc_cells_blk_mark(c, kvc_seq_key_cell(sp->key[k]), s);
         }
     }
     return lowest;
@@ -453,7 +417,7 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     kvc_cells_mark_used(c, dst);
     kvc_cells_blk_mark_all(c, dst);
     for (int32_t s = kvc_seqs_next(seq, c->size, nw, dst, -1); s >= 0; s = kvc_seqs_next(seq, c->size, nw, dst, s)) {
-        kvc_seq_pos_recell(&c->seq_pos[s], pos[dst], (int32_t)src, (int32_t)dst);
+        kvc_seq_pos_rekey(&c->seq_pos[s], kvc_seq_key(pos[dst], src), kvc_seq_key(pos[dst], dst));
     }
     kvc_cells_changed(c, src);
     kvc_cells_changed(c, dst);
@@ -517,15 +481,16 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     memcpy(dst->seq_blk, src->seq_blk, (size_t)src->n_seq_max * src->blk_words * sizeof *src->seq_blk);
     kvc_cells_changed_all(dst);   /* the log is dst's own: whatever it said is void now */
     for (uint32_t s = 0; s < src->n_seq_max; s++) {
-        memcpy(dst->seq_pos[s].v, src->seq_pos[s].v, (size_t)src->seq_pos[s].n * sizeof(int32_t));
-        memcpy(dst->seq_pos[s].cell, src->seq_pos[s].cell, (size_t)src->seq_pos[s].n * sizeof(int32_t));
+        memcpy(dst->seq_pos[s].key, src->seq_pos[s].key, (size_t)src->seq_pos[s].n * sizeof(uint64_t));
         dst->seq_pos[s].n = src->seq_pos[s].n;
     }
 }
 
 int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *pos) {
     const kvc_seq_pos *sp = &c->seq_pos[s];
-    memcpy(cells, sp->cell, (size_t)sp->n * sizeof *cells);
-    memcpy(pos, sp->v, (size_t)sp->n * sizeof *pos);
+    for (uint32_t k = 0; k < sp->n; k++) {
+        cells[k] = (int32_t)kvc_seq_key_cell(sp->key[k]);
+        pos[k] = kvc_seq_key_pos(sp->key[k]);
+    }
     return KVC_OK;
 }

@@ -30,10 +30,14 @@ extern "C" {
 #endif
 
 typedef struct kvc_seq_pos {
-    int32_t *v;      /* ascending positions, one per cell holding the sequence */
-    int32_t *cell;   /* the cell of each entry (ascending among equal positions) */
+    uint64_t *key;   /* ascending, one per cell holding the sequence: position << 32 | cell
+                      * (kvc_seq_key_pos / kvc_seq_key_cell), so that an entry is one word */
     uint32_t n;      /* number of entries (capacity is the cell count) */
 } kvc_seq_pos;
+
+static inline uint64_t kvc_seq_key(int32_t pos, uint32_t cell) { return (uint64_t)(uint32_t)pos << 32 | cell; }
+static inline int32_t kvc_seq_key_pos(uint64_t key) { return (int32_t)(key >> 32); }
+static inline uint32_t kvc_seq_key_cell(uint64_t key) { return (uint32_t)key; }
 
 typedef struct kvc_cells {
     uint32_t    size;         /* number of cells */
@@ -56,8 +60,6 @@ typedef struct kvc_cells {
     uint32_t   *chg;          /* [size] the change log */
     uint32_t    chg_n;        /* entries in it */
     uint64_t    chg_epoch;    /* grows every time the log restarts */
-    uint64_t   *sort_tmp;     /* [size] scratch of the index rebuilds (allocated once: they
-                               * cannot fail) */
 } kvc_cells;
 
 int  kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max); /* KVC_OK / KVC_E_NOMEM */
@@ -203,10 +205,10 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r);
 
 /* Smallest / largest position of sequence s, -1 when absent. O(1). */
 static inline int32_t kvc_cells_seq_pos_min(const kvc_cells *c, int32_t s) {
-    return c->seq_pos[s].n ? c->seq_pos[s].v[0] : -1;
+    return c->seq_pos[s].n ? kvc_seq_key_pos(c->seq_pos[s].key[0]) : -1;
 }
 static inline int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s) {
-    return c->seq_pos[s].n ? c->seq_pos[s].v[c->seq_pos[s].n - 1] : -1;
+    return c->seq_pos[s].n ? kvc_seq_key_pos(c->seq_pos[s].key[c->seq_pos[s].n - 1]) : -1;
 }
 
 /* Does sequence s hold a position in r? O(log n). */

@@ -484,9 +484,10 @@ static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, u
             const kvc_seq_pos *sp = &cells->seq_pos[s];
             kvc_mask_fill_hidden(row, dtype, n_kv, false);
             for (uint32_t k = a; k < e; k++) {
-                const uint32_t i = (uint32_t)sp->cell[k];
+                const uint32_t i = kvc_seq_key_cell(sp->key[k]);
+                const int32_t v = kvc_seq_key_pos(sp->key[k]);
                 if (i < n_kv) {
-                    kvc_mask_row_scalar(row + (size_t)i * el, dtype, sp->v + k, 0, 1, lo, hi, p1, alibi);
+                    kvc_mask_row_scalar(row + (size_t)i * el, dtype, &v, 0, 1, lo, hi, p1, alibi);
                 }
             }
             continue;

@@ -67,7 +67,7 @@ static void check_table(const kvc_cells *t, const char *what, uint32_t step) {
         qsort(pos, n, sizeof *pos, cmp_i32);
         bool same = t->seq_pos[s].n == n;
         for (uint32_t k = 0; same && k < n; k++) {
-            same = t->seq_pos[s].v[k] == pos[k];
+            same = kvc_seq_key_pos(t->seq_pos[s].key[k]) == pos[k];
         }
         CHECK(same, "%s step %u: sequence %u has %u positions indexed, the cells %u", what, step, s,
               t->seq_pos[s].n, n);
