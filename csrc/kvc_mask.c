@@ -273,6 +273,39 @@ static void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible) {
     }
 }
 
+/* Show in a hidden row of n_kv elements the cells of the sequence index entries key[0, n),
+ * whose positions are in the row's window [lo, hi] (entries of cells from n_kv on are not in
+ * the row). */
+static void kvc_mask_show_keys(uint8_t *row, int dtype, const uint64_t *key, uint32_t n, uint32_t n_kv, int32_t lo,
+                               int32_t hi, int32_t p1, bool alibi) {
+    if (alibi && dtype != KVC_MASK_BOOL) {
+        const size_t el = kvc_mask_elsize(dtype);
+        for (uint32_t k = 0; k < n; k++) {
+            const uint32_t i = kvc_seq_key_cell(key[k]);
+            const int32_t v = kvc_seq_key_pos(key[k]);
+            if (i < n_kv) {
+                kvc_mask_row_scalar(row + (size_t)i * el, dtype, &v, 0, 1, lo, hi, p1, true);
+            }
+        }
+        return;
+    }
+    /* one loop per type: a visible element is then one constant store */
+    switch (dtype) {
+#define KVC_SHOW_KEYS(T)                                                                           \
+    for (uint32_t k = 0; k < n; k++) {                                                             \
+        const uint32_t i = kvc_seq_key_cell(key[k]);                                               \
+        if (i < n_kv) {                                                                            \
+            kvc_mask_set(row, T, i, true);                                                         \
+        }                                                                                          \
+    }                                                                                              \
+    break;
+    case KVC_MASK_F32: KVC_SHOW_KEYS(KVC_MASK_F32)
+    case KVC_MASK_F16: KVC_SHOW_KEYS(KVC_MASK_F16)
+    default: KVC_SHOW_KEYS(KVC_MASK_BOOL)
+#undef KVC_SHOW_KEYS
+    }
+}
+
 /* --- the strategy ------------------------------------------------------------------------ */
 
 /* The window of key positions [lo, hi] a query at p1 may see. */
@@ -481,15 +514,8 @@ static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, u
         uint32_t a, e;
         kvc_cells_seq_pos_span(cells, s, window, &a, &e);
         if (!stream && (uint64_t)(e - a) * KVC_MASK_SPARSE < (uint64_t)kvc_cells_blk_count(cells, s) * 64) {
-            const kvc_seq_pos *sp = &cells->seq_pos[s];
             kvc_mask_fill_hidden(row, dtype, n_kv, false);
-            for (uint32_t k = a; k < e; k++) {
-                const uint32_t i = kvc_seq_key_cell(sp->key[k]);
-                const int32_t v = kvc_seq_key_pos(sp->key[k]);
-                if (i < n_kv) {
-                    kvc_mask_row_scalar(row + (size_t)i * el, dtype, &v, 0, 1, lo, hi, p1, alibi);
-                }
-            }
+            kvc_mask_show_keys(row, dtype, cells->seq_pos[s].key + a, e - a, n_kv, lo, hi, p1, alibi);
             continue;
         }
         uint32_t done = 0;
