@@ -23,8 +23,8 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
-        c->seq_pos[s].v = kvc_malloc_n(size, sizeof(int32_t));
-        ok = c->seq_pos[s].v != NULL;
+        c->seq_pos[s].key = kvc_malloc_n(size, sizeof(uint64_t));
+        ok = c->seq_pos[s].key != NULL;
     }
     if (!ok) {
         kvc_cells_free(c);
@@ -42,7 +42,7 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->seq);
     kvc_free(c->used_bits);
     for (uint32_t s = 0; c->seq_pos && s < c->n_seq_max; s++) {
-        kvc_free(c->seq_pos[s].v);
+        kvc_free(c->seq_pos[s].key);
     }
     kvc_free(c->seq_pos);
     kvc_free(c->seq_blk);
@@ -132,14 +132,14 @@ uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to) {
     return next_with_bit(c, from, to, ~(uint64_t)0);
 }
 
-/* --- per-sequence position multisets ------------------------------------------------- */
+/* --- per-sequence (position, cell) index ------------------------------------------------ */
 
-/* Index of the first entry >= p. */
-static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, int32_t p) {
+/* Index of the first entry >= key. */
+static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, uint64_t key) {
     uint32_t lo = 0, hi = sp->n;
     while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
-        if (sp->v[mid] < p) {
+        if (sp->key[mid] < key) {
             lo = mid + 1;
         } else {
             hi = mid;
@@ -148,51 +148,90 @@ static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, int32_t p) {
     return lo;
 }
 
-bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r) {
+void kvc_cells_seq_pos_span(const kvc_cells *c, int32_t s, kvc_pos_range r, uint32_t *a, uint32_t *b) {
     const kvc_seq_pos *sp = &c->seq_pos[s];
-    const uint32_t k = kvc_seq_pos_lower(sp, r.p0);
-    return k < sp->n && sp->v[k] < r.p1;
+    *a = kvc_seq_pos_lower(sp, kvc_seq_key(r.p0, 0));
+    *b = r.p1 > KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, kvc_seq_key((int32_t)r.p1, 0));
+    if (*b < *a) {
+        *b = *a;
+    }
+}
+
+bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r) {
+    uint32_t a, b;
+    kvc_cells_seq_pos_span(c, s, r, &a, &b);
+    return a < b;
 }
 
 uint32_t kvc_cells_seq_pos_count_in(const kvc_cells *c, int32_t s, kvc_pos_range r) {
-    const kvc_seq_pos *sp = &c->seq_pos[s];
-    const uint32_t a = kvc_seq_pos_lower(sp, r.p0);
-    const uint32_t b = r.p1 > KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, (int32_t)r.p1);
-    return b > a ? b - a : 0;
+    uint32_t a, b;
+    kvc_cells_seq_pos_span(c, s, r, &a, &b);
+    return b - a;
 }
 
-static void kvc_seq_pos_insert(kvc_seq_pos *sp, int32_t p) {
-    if (sp->n == 0 || sp->v[sp->n - 1] <= p) {
-        sp->v[sp->n++] = p; /* the common case: positions grow */
-        return;
+static void kvc_seq_pos_insert(kvc_seq_pos *sp, uint64_t key) {
+    uint32_t k = sp->n;
+    /* the common case (positions grow) appends */
+    if (k && sp->key[k - 1] > key) {
+        k = kvc_seq_pos_lower(sp, key);
+        memmove(sp->key + k + 1, sp->key + k, (size_t)(sp->n - k) * sizeof *sp->key);
     }
-    const uint32_t k = kvc_seq_pos_lower(sp, p);
-    memmove(sp->v + k + 1, sp->v + k, (size_t)(sp->n - k) * sizeof *sp->v);
-    sp->v[k] = p;
+    sp->key[k] = key;
     sp->n++;
 }
 
-static void kvc_seq_pos_erase(kvc_seq_pos *sp, int32_t p) {
-    const uint32_t k = kvc_seq_pos_lower(sp, p);
-    if (k < sp->n && sp->v[k] == p) {
-        memmove(sp->v + k, sp->v + k + 1, (size_t)(sp->n - k - 1) * sizeof *sp->v);
+static void kvc_seq_pos_erase(kvc_seq_pos *sp, uint64_t key) {
+    const uint32_t k = kvc_seq_pos_lower(sp, key);
+    if (k < sp->n && sp->key[k] == key) {
+        memmove(sp->key + k, sp->key + k + 1, (size_t)(sp->n - k - 1) * sizeof *sp->key);
         sp->n--;
     }
 }
 
-void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
-    kvc_seq_pos *sp = &c->seq_pos[s];
-    const uint32_t a = kvc_seq_pos_lower(sp, r.p0);
-    const uint32_t b = r.p1 > KVC_POS_MAX ? sp->n : kvc_seq_pos_lower(sp, (int32_t)r.p1);
+/* The entry `from` becomes `to` (same position): only the entries between the two move. */
+static void kvc_seq_pos_rekey(kvc_seq_pos *sp, uint64_t from, uint64_t to) {
+    uint32_t k = kvc_seq_pos_lower(sp, from);
+    if (k >= sp->n || sp->key[k] != from) {
+        return;
+    }
+    for (; k + 1 < sp->n && sp->key[k + 1] < to; k++) {
+        sp->key[k] = sp->key[k + 1];
+    }
+    for (; k > 0 && sp->key[k - 1] > to; k--) {
+        sp->key[k] = sp->key[k - 1];
+    }
+    sp->key[k] = to;
+}
+
+static void kvc_seq_pos_cut(kvc_seq_pos *sp, uint32_t a, uint32_t b) {
     if (a < b) {
-        memmove(sp->v + a, sp->v + b, (size_t)(sp->n - b) * sizeof *sp->v);
+        memmove(sp->key + a, sp->key + b, (size_t)(sp->n - b) * sizeof *sp->key);
         sp->n -= b - a;
     }
 }
 
-static int kvc_cmp_i32(const void *a, const void *b) {
-    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
+    uint32_t a, b;
+    kvc_cells_seq_pos_span(c, s, r, &a, &b);
+    kvc_seq_pos_cut(&c->seq_pos[s], a, b);
+}
+
+static int kvc_u64_cmp(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x > y) - (x < y);
+}
+
+/* Put seq_pos[s] (filled in any order) in order. */
+static void kvc_cells_seq_pos_sort(kvc_cells *c, int32_t s) {
+    kvc_seq_pos *sp = &c->seq_pos[s];
+    /* most rebuilds find the entries in order already */
+    bool sorted = true;
+    for (uint32_t k = 1; k < sp->n && sorted; k++) {
+        sorted = sp->key[k - 1] < sp->key[k];
+    }
+    if (!sorted) {
+        qsort(sp->key, sp->n, sizeof *sp->key, kvc_u64_cmp);
+    }
 }
 
 uint32_t kvc_cells_blk_count(const kvc_cells *c, int32_t s) {
@@ -224,7 +263,8 @@ static void kvc_cells_rebuild_one(kvc_cells *c, int32_t s) {
             kvc_cells_blk_drop(c, s, b);
         }
         for (; m; m &= m - 1) {
-            sp->v[sp->n++] = c->pos[(b << 6) + kvc_ctz64(m)];
+            const uint32_t i = (b << 6) + kvc_ctz64(m);
+            sp->key[sp->n++] = kvc_seq_key(c->pos[i], i);
         }
     }
 }
@@ -275,21 +315,13 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
             for (; m; m &= m - 1) {
                 const int32_t s = (int32_t)(64 * w + kvc_ctz64(m));
                 kvc_seq_pos *sp = &c->seq_pos[s];
-                sp->v[sp->n++] = c->pos[i];
+                sp->key[sp->n++] = kvc_seq_key(c->pos[i], i);
                 kvc_cells_blk_mark(c, i, s);
             }
         }
     }
     for (int32_t s = kvc_seqset_next(&mask, nw, -1); s >= 0; s = kvc_seqset_next(&mask, nw, s)) {
-        kvc_seq_pos *sp = &c->seq_pos[s];
-        /* most rebuilds find the positions nearly sorted already */
-        bool sorted = true;
-        for (uint32_t k = 1; k < sp->n && sorted; k++) {
-            sorted = sp->v[k - 1] <= sp->v[k];
-        }
-        if (!sorted) {
-            qsort(sp->v, sp->n, sizeof *sp->v, kvc_cmp_i32);
-        }
+        kvc_cells_seq_pos_sort(c, s);
     }
 }
 
@@ -306,11 +338,11 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
         return;
     }
     kvc_cells_seq_add_raw(c, i, s);
-    kvc_seq_pos_insert(&c->seq_pos[s], c->pos[i]);
+    kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
 }
 
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
-    kvc_seq_pos_erase(&c->seq_pos[s], c->pos[i]);
+    kvc_seq_pos_erase(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
     return kvc_cells_seq_del_raw(c, i, s);
 }
 
@@ -323,6 +355,45 @@ bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
         return true;
     }
     return false;
+}
+
+uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
+    kvc_seq_pos *sp = &c->seq_pos[s];
+    uint32_t a, b, lowest = c->size, runs = 0, prev = UINT32_MAX;
+    kvc_cells_seq_pos_span(c, s, r, &a, &b);
+    for (uint32_t k = a; k < b; k++) {
+        const uint32_t i = kvc_seq_key_cell(sp->key[k]);
+        if (kvc_cells_seq_del_raw(c, i, s) && i < lowest) {
+            lowest = i;
+        }
+        runs += (i >> 6) != prev;
+        prev = i >> 6;
+    }
+    if (a == b) {
+        return lowest;
+    }
+    /* the blocks that may have lost their last cell of s: checked one by one (64 cells each)
+     * when they are few, else the bits are redone from the entries that stay */
+    const uint32_t stay = sp->n - (b - a);
+    uint64_t *bits = kvc_cells_blk(c, s);
+    if (stay && (uint64_t)runs * 64 <= stay) {
+        prev = UINT32_MAX;
+        for (uint32_t k = a; k < b; k++) {
+            const uint32_t blk = kvc_seq_key_cell(sp->key[k]) >> 6;
+            if (blk != prev && !kvc_cells_blk_cells(c, s, blk)) {
+                kvc_cells_blk_drop(c, s, blk);
+            }
+            prev = blk;
+        }
+        kvc_seq_pos_cut(sp, a, b);
+    } else {
+        kvc_seq_pos_cut(sp, a, b);
+        memset(bits, 0, (size_t)c->blk_words * sizeof *bits);
+        for (uint32_t k = 0; k < sp->n; k++) {
+            kvc_cells_blk_mark(c, kvc_seq_key_cell(sp->key[k]), s);
+        }
+    }
+    return lowest;
 }
 
 void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
@@ -345,6 +416,9 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     kvc_cells_mark_unused(c, src);
     kvc_cells_mark_used(c, dst);
     kvc_cells_blk_mark_all(c, dst);
+    for (int32_t s = kvc_seqs_next(seq, c->size, nw, dst, -1); s >= 0; s = kvc_seqs_next(seq, c->size, nw, dst, s)) {
+        kvc_seq_pos_rekey(&c->seq_pos[s], kvc_seq_key(pos[dst], src), kvc_seq_key(pos[dst], dst));
+    }
     kvc_cells_changed(c, src);
     kvc_cells_changed(c, dst);
 }
@@ -407,44 +481,16 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     memcpy(dst->seq_blk, src->seq_blk, (size_t)src->n_seq_max * src->blk_words * sizeof *src->seq_blk);
     kvc_cells_changed_all(dst);   /* the log is dst's own: whatever it said is void now */
     for (uint32_t s = 0; s < src->n_seq_max; s++) {
-        memcpy(dst->seq_pos[s].v, src->seq_pos[s].v, (size_t)src->seq_pos[s].n * sizeof(int32_t));
+        memcpy(dst->seq_pos[s].key, src->seq_pos[s].key, (size_t)src->seq_pos[s].n * sizeof(uint64_t));
         dst->seq_pos[s].n = src->seq_pos[s].n;
     }
 }
 
-static int kvc_u64_cmp(const void *a, const void *b) {
-    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
 int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *pos) {
-    uint32_t k = 0;
-    bool sorted = true;
-    for (uint32_t b = kvc_cells_blk_next(c, s, 0, c->used_max_p1); b != UINT32_MAX;
-         b = kvc_cells_blk_next(c, s, b + 1, c->used_max_p1)) {
-        for (uint64_t m = kvc_cells_blk_cells(c, s, b); m; m &= m - 1) {
-            const uint32_t i = (b << 6) + kvc_ctz64(m);
-            sorted = sorted && (k == 0 || c->pos[i] >= pos[k - 1]);
-            cells[k] = (int32_t)i;
-            pos[k++] = c->pos[i];
-        }
+    const kvc_seq_pos *sp = &c->seq_pos[s];
+    for (uint32_t k = 0; k < sp->n; k++) {
+        cells[k] = (int32_t)kvc_seq_key_cell(sp->key[k]);
+        pos[k] = kvc_seq_key_pos(sp->key[k]);
     }
-    if (sorted) {
-        return KVC_OK;
-    }
-    /* (position, cell) as one key: positions are >= 0 */
-    uint64_t *key = kvc_malloc_n(k, sizeof *key);
-    if (!key) {
-        return KVC_E_NOMEM;
-    }
-    for (uint32_t j = 0; j < k; j++) {
-        key[j] = (uint64_t)(uint32_t)pos[j] << 32 | (uint32_t)cells[j];
-    }
-    qsort(key, k, sizeof *key, kvc_u64_cmp);
-    for (uint32_t j = 0; j < k; j++) {
-        cells[j] = (int32_t)(key[j] & 0xffffffffu);
-        pos[j] = (int32_t)(key[j] >> 32);
-    }
-    kvc_free(key);
     return KVC_OK;
 }

@@ -5,8 +5,9 @@
  * Index structures kept in step:
  *   - used_bits: one bit per cell, set when pos != -1 (the free-cell index that
  *     find_slot scans 64 cells at a time), with the count `used` and used_max_p1;
- *   - seq_pos[s]: the sorted multiset of positions of sequence s (one entry per
- *     cell holding s; counted, so duplicates are kept), answering min/max in O(1);
+ *   - seq_pos[s]: one entry (position, cell) per cell holding sequence s, ordered by position
+ *     then cell (positions may repeat), answering min/max in O(1) and naming the cells of a
+ *     range of positions without reading the other cells;
  *   - seq_blk: per sequence one bit per block of 64 cells, set for every block in which some
  *     cell holds the sequence (it may stay set after the block lost it: a superset, made exact
  *     again by the walks that find a block empty), so that an operation on one sequence visits
@@ -29,9 +30,14 @@ extern "C" {
 #endif
 
 typedef struct kvc_seq_pos {
-    int32_t *v;      /* ascending positions, one per cell holding the sequence */
+    uint64_t *key;   /* ascending, one per cell holding the sequence: position << 32 | cell
+                      * (kvc_seq_key_pos / kvc_seq_key_cell), so that an entry is one word */
     uint32_t n;      /* number of entries (capacity is the cell count) */
 } kvc_seq_pos;
+
+static inline uint64_t kvc_seq_key(int32_t pos, uint32_t cell) { return (uint64_t)(uint32_t)pos << 32 | cell; }
+static inline int32_t kvc_seq_key_pos(uint64_t key) { return (int32_t)(key >> 32); }
+static inline uint32_t kvc_seq_key_cell(uint64_t key) { return (uint32_t)key; }
 
 typedef struct kvc_cells {
     uint32_t    size;         /* number of cells */
@@ -190,13 +196,19 @@ void kvc_cells_clear_raw(kvc_cells *c, uint32_t i);
 void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *mask);
 /* Remove the entries in r from seq_pos[s] (after clearing s from those cells). */
 void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r);
+/* The entries of seq_pos[s] whose position is in r: [*a, *b). O(log n). */
+void kvc_cells_seq_pos_span(const kvc_cells *c, int32_t s, kvc_pos_range r, uint32_t *a, uint32_t *b);
+/* Sequence s leaves every cell whose position is in r (cells found through seq_pos[s]: the
+ * others are not read; every index kept, and no block left without s keeps its bit). Returns
+ * the lowest cell that became empty, or c->size when none did. */
+uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r);
 
 /* Smallest / largest position of sequence s, -1 when absent. O(1). */
 static inline int32_t kvc_cells_seq_pos_min(const kvc_cells *c, int32_t s) {
-    return c->seq_pos[s].n ? c->seq_pos[s].v[0] : -1;
+    return c->seq_pos[s].n ? kvc_seq_key_pos(c->seq_pos[s].key[0]) : -1;
 }
 static inline int32_t kvc_cells_seq_pos_max(const kvc_cells *c, int32_t s) {
-    return c->seq_pos[s].n ? c->seq_pos[s].v[c->seq_pos[s].n - 1] : -1;
+    return c->seq_pos[s].n ? kvc_seq_key_pos(c->seq_pos[s].key[c->seq_pos[s].n - 1]) : -1;
 }
 
 /* Does sequence s hold a position in r? O(log n). */
@@ -205,8 +217,8 @@ bool kvc_cells_seq_pos_any_in(const kvc_cells *c, int32_t s, kvc_pos_range r);
 uint32_t kvc_cells_seq_pos_count_in(const kvc_cells *c, int32_t s, kvc_pos_range r);
 
 /* The cells holding sequence s (c->seq_pos[s].n of them) ordered by position, ties by cell:
- * cell k into cells[k], its position into pos[k]. KVC_OK or KVC_E_NOMEM (when they had to be
- * sorted; nothing written). */
+ * cell k into cells[k], its position into pos[k]. KVC_OK (it cannot fail: the index is in that
+ * order). */
 int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *pos);
 
 /* First used cell in [from, to), or `to` when none. */

@@ -273,6 +273,39 @@ static void kvc_mask_set(void *row, int dtype, uint32_t i, bool visible) {
     }
 }
 
+/* Show in a hidden row of n_kv elements the cells of the sequence index entries key[0, n),
+ * whose positions are in the row's window [lo, hi] (entries of cells from n_kv on are not in
+ * the row). */
+static void kvc_mask_show_keys(uint8_t *row, int dtype, const uint64_t *key, uint32_t n, uint32_t n_kv, int32_t lo,
+                               int32_t hi, int32_t p1, bool alibi) {
+    if (alibi && dtype != KVC_MASK_BOOL) {
+        const size_t el = kvc_mask_elsize(dtype);
+        for (uint32_t k = 0; k < n; k++) {
+            const uint32_t i = kvc_seq_key_cell(key[k]);
+            const int32_t v = kvc_seq_key_pos(key[k]);
+            if (i < n_kv) {
+                kvc_mask_row_scalar(row + (size_t)i * el, dtype, &v, 0, 1, lo, hi, p1, true);
+            }
+        }
+        return;
+    }
+    /* one loop per type: a visible element is then one constant store */
+    switch (dtype) {
+#define KVC_SHOW_KEYS(T)                                                                           \
+    for (uint32_t k = 0; k < n; k++) {                                                             \
+        const uint32_t i = kvc_seq_key_cell(key[k]);                                               \
+        if (i < n_kv) {                                                                            \
+            kvc_mask_set(row, T, i, true);                                                         \
+        }                                                                                          \
+    }                                                                                              \
+    break;
+    case KVC_MASK_F32: KVC_SHOW_KEYS(KVC_MASK_F32)
+    case KVC_MASK_F16: KVC_SHOW_KEYS(KVC_MASK_F16)
+    default: KVC_SHOW_KEYS(KVC_MASK_BOOL)
+#undef KVC_SHOW_KEYS
+    }
+}
+
 /* --- the strategy ------------------------------------------------------------------------ */
 
 /* The window of key positions [lo, hi] a query at p1 may see. */
@@ -451,11 +484,19 @@ static bool kvc_mask_one_token_each(const kvc_ubatch *ub, uint32_t t0, uint32_t 
     return true;
 }
 
-/* kvc_mask_rows for a block whose every sequence has one token: a row's key positions are read
- * once, so each row is built straight from the cells a chunk at a time (no per-sequence array
- * of key positions to write and read back), and the blocks of cells its sequence has not
- * marked are filled as hidden without reading the cells: a row costs about its stores plus
- * the sequence's own cells. Row r at r * row_stride bytes. */
+/* A row is written from its sequence's index (hidden, then its visible cells over it) while
+ * the cells it sees are fewer than 1/KVC_MASK_SPARSE of the cells of the blocks it would read. */
+#define KVC_MASK_SPARSE 4u
+
+/* kvc_mask_rows for a block whose every sequence has one token. A row that sees few cells
+ * (a decode step of many sequences) is filled as hidden and the cells its window takes from
+ * the sequence's index (cells_seq_pos_span) are shown over it: the other cells are not read.
+ * Otherwise a row's key positions are read once, so it is built straight from the cells a
+ * chunk at a time (no per-sequence array of key positions to write and read back), and the
+ * blocks of cells its sequence has not marked are filled as hidden without reading the cells.
+ * Either way a row costs about its stores plus the sequence's own cells. The first way is not
+ * taken when streaming: stores over non-temporal ones would read the lines back. Row r at r *
+ * row_stride bytes. */
 static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub,
                                  uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
                                  size_t row_stride, void *out) {
@@ -469,6 +510,14 @@ static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, u
         kvc_unified_visible_range(c, p1, causal, &lo, &hi);
         const uint64_t *plane = kvc_cells_seq_plane(cells, s);
         uint8_t *row = (uint8_t *)out + (size_t)r * row_stride;
+        const kvc_pos_range window = {lo, (int64_t)hi + 1};
+        uint32_t a, e;
+        kvc_cells_seq_pos_span(cells, s, window, &a, &e);
+        if (!stream && (uint64_t)(e - a) * KVC_MASK_SPARSE < (uint64_t)kvc_cells_blk_count(cells, s) * 64) {
+            kvc_mask_fill_hidden(row, dtype, n_kv, false);
+            kvc_mask_show_keys(row, dtype, cells->seq_pos[s].key + a, e - a, n_kv, lo, hi, p1, alibi);
+            continue;
+        }
         uint32_t done = 0;
         for (uint32_t b = kvc_cells_blk_next(cells, s, 0, n_kv); b != UINT32_MAX; ) {
             const uint32_t i0 = b * 64, i1 = kvc_mask_run_end(cells, s, b, n_kv);

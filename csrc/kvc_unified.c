@@ -221,24 +221,8 @@ static void kvc_table_seq_rm(kvc_cells *cells, uint32_t *head, int32_t s, int32_
     }
 
     if (s >= 0) {
-        /* the sequence's blocks, ascending: the first cell emptied is the lowest */
-        for (uint32_t b = kvc_cells_blk_next(cells, s, 0, end); b != UINT32_MAX; b = kvc_cells_blk_next(cells, s, b + 1, end)) {
-            const uint64_t held = kvc_cells_blk_cells(cells, s, b);
-            uint64_t left = held;
-            for (uint64_t m = held; m; m &= m - 1) {
-                const uint32_t i = (b << 6) + kvc_ctz64(m);
-                if (!kvc_cells_pos_in(cells, i, r)) {
-                    continue;
-                }
-                left &= ~((uint64_t)1 << (i & 63));
-                if (kvc_cells_seq_del_raw(cells, i, s) && new_head == size) {
-                    new_head = i;
-                }
-            }
-            if (!left) {
-                kvc_cells_blk_drop(cells, s, b);
-            }
-        }
+        /* the sequence's cells in the range, from its index */
+        new_head = kvc_cells_seq_rm_range(cells, s, r);
     } else {
         for (uint32_t i = 0; i < end; i++) {
             if (!kvc_cells_pos_in(cells, i, r)) {
@@ -251,12 +235,7 @@ static void kvc_table_seq_rm(kvc_cells *cells, uint32_t *head, int32_t s, int32_
                 new_head = i;
             }
         }
-    }
-
-    /* every cell holding the sequence within the range lost it: drop that slice of positions */
-    if (s >= 0) {
-        kvc_cells_seq_pos_rm_range(cells, s, r);
-    } else {
+        /* every cell in the range lost its sequences: drop that slice of their positions */
         const uint32_t nw = cells->seq_words;
         for (int32_t t = kvc_seqset_next(&touched, nw, -1); t >= 0; t = kvc_seqset_next(&touched, nw, t)) {
             kvc_cells_seq_pos_rm_range(cells, t, r);

@@ -96,7 +96,8 @@ static void agree(const kvc_cells *c, const model *m, const char *what) {
         }
         bool sorted = c->seq_pos[s].n == n;
         for (uint32_t k = 1; sorted && k < n; k++) {
-            sorted = c->seq_pos[s].v[k - 1] <= c->seq_pos[s].v[k];
+            /* ascending (position, cell): no entry twice */
+            sorted = c->seq_pos[s].key[k - 1] < c->seq_pos[s].key[k];
         }
         CHECK(sorted, "%s: sequence %u index has %u entries, the cells %u", what, s, c->seq_pos[s].n, n);
     }

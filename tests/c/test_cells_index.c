@@ -6,8 +6,9 @@
  * stream and a stream per sequence, with and without a sliding window), of sizes that are not
  * multiples of 64 and of more than 4096 cells (several words of block bits), with 1 and 2 words
  * of sequence sets. After every operation a full scan of every cell is held against the
- * indexes: every cell holding s has its block marked, seq_pos[s] is exactly the sorted positions
- * of the cells holding s, and kvc_cells_seq_cells lists exactly those cells; every cell whose
+ * indexes: every cell holding s has its block marked (and after a seq_rm of s no block
+ * where it lost its last cell), seq_pos[s] is exactly the sorted positions of the cells holding s, and
+ * kvc_cells_seq_cells (a copy of the index's cells) lists exactly those cells; every cell whose
  * position or sequences changed is in the table's change log since the step before (or the log
  * restarted); and a mask rewritten where the cells changed (kvc_unified_kq_mask_reuse and its
  * 2026 twin, into the same buffer step after step) equals a fresh one byte for byte. */
@@ -66,7 +67,7 @@ static void check_table(const kvc_cells *t, const char *what, uint32_t step) {
         qsort(pos, n, sizeof *pos, cmp_i32);
         bool same = t->seq_pos[s].n == n;
         for (uint32_t k = 0; same && k < n; k++) {
-            same = t->seq_pos[s].v[k] == pos[k];
+            same = kvc_seq_key_pos(t->seq_pos[s].key[k]) == pos[k];
         }
         CHECK(same, "%s step %u: sequence %u has %u positions indexed, the cells %u", what, step, s,
               t->seq_pos[s].n, n);
@@ -272,8 +273,27 @@ static void run(const setup *su, uint32_t steps) {
             break;
         }
         case 3: {
-            const int32_t p0 = some_pos(top), p1 = some_pos(top);
-            kvc_unified_seq_rm(&c, check_rand(6) == 0 ? -1 : s, p0, p1);
+            const int32_t p0 = some_pos(top), p1 = some_pos(top), who = check_rand(6) == 0 ? -1 : s;
+            const kvc_cells *t = kvc_unified_stream_cells_c(&c, kvc_unified_stream_of(&c, s));
+            const kvc_pos_range r = kvc_pos_range_of(p0, p1);
+            /* the blocks where s loses cells */
+            uint8_t *lost = calloc(t->n_words + 1, 1);
+            for (uint32_t i = 0; lost && i < t->size; i++) {
+                if (kvc_cells_seq_has(t, i, s) && kvc_pos_range_has(r, t->pos[i])) {
+                    lost[i >> 6] = 1;
+                }
+            }
+            kvc_unified_seq_rm(&c, who, p0, p1);
+            if (who >= 0 && lost) {
+                /* removing through the index drops the bit of every block left without s */
+                bool exact = true;
+                for (uint32_t b = 0; b < t->n_words; b++) {
+                    const bool marked = (kvc_cells_blk(t, s)[b >> 6] >> (b & 63)) & 1u;
+                    exact = exact && (!lost[b] || !marked || kvc_cells_blk_cells(t, s, b) != 0);
+                }
+                CHECK(exact, "%s step %u: block bits of sequence %d after its seq_rm", su->name, step, s);
+            }
+            free(lost);
             break;
         }
         case 4: {

@@ -185,7 +185,7 @@ static void tc_dump(const tc *t, buf *out) {
     buf_u32(out, cl->has_shift);
     for (uint32_t s = 0; s < cl->n_seq_max; s++) {
         buf_u32(out, cl->seq_pos[s].n);
-        buf_put(out, cl->seq_pos[s].v, cl->seq_pos[s].n * sizeof(int32_t));
+        buf_put(out, cl->seq_pos[s].key, cl->seq_pos[s].n * sizeof(uint64_t));
     }
     buf_u32(out, c->head);
     buf_u32(out, c->n);

@@ -11,7 +11,7 @@ cdef extern from "kvc_seqset.h" nogil:
 
 cdef extern from "kvc_cells.h" nogil:
     ctypedef struct kvc_seq_pos:
-        int32_t *v
+        uint64_t *key
         uint32_t n
 
     ctypedef struct kvc_cells:
