@@ -269,7 +269,7 @@ class UnifiedReference2026:
         if not 0 <= s < self.n_seq_max:
             raise ValueError(f"{name} = {s} is outside [0, {self.n_seq_max})")
 
-    def _table(self, seq_id: int) -> CellTable:
+    def _table(self, seq_id: int) -> _ExtTable:
         return self.streams[self.stream_of(seq_id)]
 
     def _ubatch_ext(self, ub: Any, n: int) -> list[tuple[int, int, int]] | None:
