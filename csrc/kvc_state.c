@@ -1098,9 +1098,22 @@ static int parts_base(int32_t seq_id, const uint8_t *data, size_t len, unsigned 
     return rc;
 }
 
+/* Whether prepared plans hold any cell (without one, the size of a cell's extension is moot). */
+static bool plans_have_cells(const kvc_state_plan *plans, uint32_t n) {
+    for (uint32_t k = 0; k < n; k++) {
+        for (uint32_t s = 0; s < plans[k].n_sec; s++) {
+            if (plans[k].secs[s].cell_count) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 /* Detection for caches with the per-cell extension: the layouts a state of theirs may be in (the
  * newest first; with the prefix, those that have one), each tried against the caches; exactly
- * one must take the input whole. KVC_OK with plans ready, *end and *layout set. */
+ * one must take the input whole (a state without cells reads alike in each: the first is
+ * taken). KVC_OK with plans ready, *end and *layout set. */
 static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data, size_t len,
                       size_t base, unsigned flags, unsigned streams, kvc_state_plan *plans, size_t *end,
                       unsigned *layout, kvc_err *err) {
@@ -1137,6 +1150,9 @@ static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_
         }
         *end = e_end;
         *layout = cand[k];
+        if (!plans_have_cells(plans, n_parts)) {
+            break;
+        }
     }
     if (n_ok == 0 && n_framed == 1) {
         return kvc_err_set(err, KVC_E_STATE, "%s", fail.msg);

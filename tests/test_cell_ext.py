@@ -283,3 +283,16 @@ def test_cache_less_readers_find_the_extension(layout, tmp_path):
     if layout != "2026":
         want[:, 2] = -1
     assert d.cells().pos[:3].tolist() == [0, 1, 1] and d.cells().ext[:3].tolist() == want.tolist()
+
+
+def test_states_without_cells_are_found_without_a_layout():
+    c = cache()
+    for seq_id in (-1, 0):
+        for layout in EXT_LAYOUTS:
+            blob = c.state_write(seq_id, layout=layout)
+            d = cache()
+            assert d.state_read(blob, seq_id) == len(blob)
+    iswa = kvcache.ISWACache(kv_size=256, n_layer=2, n_embd_k_gqa=4, n_embd_v_gqa=4, swa_layers=[1], n_swa=4,
+                             semantics="2026", cell_ext=True)
+    iswa.state_read(iswa.state_write(0), 0)
+    iswa.state_read(iswa.state_write())
