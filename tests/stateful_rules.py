@@ -82,6 +82,21 @@ def draw_ubatch(data, n_seq_max, multi, pos_max, p_max, max_tokens=8):
 from kvcache.conformance.ops import apply_both
 
 
+def draw_ext(data, n, cell_ext):
+    """The optional token ids and 2-D positions of a ubatch of n tokens (op fields), for a cache
+    with the per-cell extension: none, token ids, 2-D positions or both; 2-D positions from a
+    small range, so that tokens at one position often compare by them."""
+    if not cell_ext:
+        return {}
+    out = {}
+    if data.draw(st.booleans(), label="tokens"):
+        out["tokens"] = data.draw(st.lists(st.integers(-1, 50), min_size=n, max_size=n), label="token ids")
+    if data.draw(st.booleans(), label="2-D"):
+        out["pos_x"] = data.draw(st.lists(st.integers(-1, 3), min_size=n, max_size=n), label="pos_x")
+        out["pos_y"] = data.draw(st.lists(st.integers(-1, 3), min_size=n, max_size=n), label="pos_y")
+    return out
+
+
 class SequenceEditRules:
     """seq_rm, seq_cp, seq_keep, seq_add and seq_div as rules (every semantics has them)."""
 

@@ -421,3 +421,21 @@ def test_gemma2_iswa_from_gguf():
     assert full.size_swa == 256 and full.can_shift
     meta = from_gguf(model, 256, buffers=None)
     assert meta.buffers == "none" and meta.total_size == from_gguf(model, 256).total_size
+
+
+def test_mrope_and_ple_models_get_the_per_cell_extension_today(tmp_path):
+    p = write_model(tmp_path / "vl.gguf", "qwen2vl", kv={"{arch}.rope.dimension_sections": [16, 24, 24, 0]})
+    g = read_gguf(p)
+    assert g.cell_ext and g.ple_token is None
+    c = from_gguf(p, 256, semantics="2026")
+    assert c.cell_ext and c.ple_token is None
+    assert not from_gguf(p, 256).cell_ext            # the seed's cells had no extension
+    p = write_model(tmp_path / "ple.gguf", "llama", kv={"{arch}.ple.ngram_size": 3, "{arch}.ple.heads_per_ngram": 2,
+                                                       "{arch}.ple.eos_token_id": 2})
+    g = read_gguf(p)
+    assert g.cell_ext and g.ple_token == 2
+    p = write_model(tmp_path / "ple2.gguf", "llama", kv={"{arch}.ple.ngram_size": 3, "{arch}.ple.heads_per_ngram": 2,
+                                                        "{arch}.ple.eos_token_id": 2, "{arch}.ple.image_token_id": 9})
+    assert from_gguf(p, 256, semantics="2026").ple_token == 9
+    p = write_model(tmp_path / "plain.gguf", "llama")
+    assert not read_gguf(p).cell_ext and not from_gguf(p, 256, semantics="2026").cell_ext

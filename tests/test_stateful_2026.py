@@ -7,7 +7,9 @@ expectation): scattered placements with their K/V rows (the fill rule), dry runs
 sequence operation (within and across streams), updates (stream copies, shifts), masks,
 position buckets; caches of one stream and of several, with and without a sliding window.
 After every step it compares what a trace's ``check`` shows (heads, used, used_max_p1, n_kv,
-every cell of every stream, seq_pos, has_shift) and the hash of every K and V byte. What
+every cell of every stream, seq_pos, has_shift; with the per-cell extension, every cell's) and
+the hash of every K and V byte. Caches with the per-cell extension get token ids and 2-D
+positions in their ubatches (masks of 2-D ubatches, state round trips carrying it). What
 today's llama.cpp aborts on must raise ValueError in both and change nothing."""
 import numpy as np
 import pytest
@@ -22,7 +24,8 @@ from kvcache.conformance import unified2026  # noqa: E402
 from kvcache.conformance.ops import apply_op, start  # noqa: E402
 from kvcache.reference import RefUBatch  # noqa: E402
 from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
-from stateful_rules import SequenceEditRules, draw_copy_range, draw_ubatch, hand_off_alike, read_alike  # noqa: E402
+from stateful_rules import (SequenceEditRules, draw_copy_range, draw_ext, draw_ubatch, hand_off_alike,  # noqa: E402
+                            read_alike)
 
 
 P_MAX = 60
@@ -38,7 +41,9 @@ def configs(draw):
     swa_type = draw(st.sampled_from(["none", "none", "standard", "chunked"]))
     n_swa = 0 if swa_type == "none" else draw(st.integers(1, 12))
     n_layer = draw(st.integers(1, 2))
-    return dict(kv_size=kv_size, n_layer=n_layer, n_embd_k_gqa=[N_EMBD] * n_layer,
+    cell_ext = draw(st.booleans())
+    ext = dict(cell_ext=True, **({"ple_token": 7} if draw(st.booleans()) else {})) if cell_ext else {}
+    return dict(**ext, kv_size=kv_size, n_layer=n_layer, n_embd_k_gqa=[N_EMBD] * n_layer,
                 n_embd_v_gqa=[N_EMBD] * n_layer, type_k="f32", type_v=draw(st.sampled_from(["f32", "f16"])),
                 v_trans=draw(st.booleans()), n_seq_max=n_seq_max, n_pad=n_pad, n_swa=n_swa, swa_type=swa_type,
                 layers=list(range(n_layer)), kv_unified=kv_unified, n_stream=1 if kv_unified else n_seq_max,
@@ -69,6 +74,10 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
         """pos and seq_id lists of a ubatch the cache takes (stateful_rules.draw_ubatch)."""
         return draw_ubatch(data, self.cfg["n_seq_max"], self.multi, self.ref.seq_pos_max, P_MAX, max_tokens)
 
+    def ext(self, data, n):
+        """The ubatch's token ids and 2-D positions, for a cache with the per-cell extension."""
+        return draw_ext(data, n, self.cfg.get("cell_ext", False))
+
     def settle(self):
         # as the traces do (FORMAT-2026 "update"): a pending shift or copy is applied first
         if self.ref.has_shift or self.ref.pending_copies:
@@ -80,7 +89,7 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
     def find_slot(self, data):
         self.settle()
         pos, seq_id = self.ubatch(data)
-        self.both("find_slot", pos=pos, seq_id=seq_id)
+        self.both("find_slot", pos=pos, seq_id=seq_id, **self.ext(data, len(pos)))
 
     @rule(data=st.data())
     def decode_round(self, data):
@@ -127,7 +136,7 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
     @rule(data=st.data(), causal=st.booleans())
     def mask(self, data, causal):
         pos, seq_id = self.ubatch(data, 12)
-        self.both("mask", pos=pos, seq_id=seq_id, causal=causal)
+        self.both("mask", pos=pos, seq_id=seq_id, causal=causal, **self.ext(data, len(pos)))
 
     @precondition(lambda self: not self.multi)
     @rule(data=st.data())
@@ -191,6 +200,7 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
             blob[at] ^= data.draw(st.integers(1, 255), label="xor")
         self.read_both(bytes(blob), -1 if seq_id < 0 else self.seq(data))
 
+    @precondition(lambda self: not self.cfg.get("cell_ext"))
     @rule(data=st.data())
     def hand_off(self, data):
         """A sequence of the cache moved by seq_export / seq_import_begin into a copy of the
@@ -202,6 +212,10 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
         for c in (moved, read):
             c.state_read(whole)
         seq_id = data.draw(st.integers(0, self.n_seq_max - 1), label="seq_id")
+        if self.multi and any(snap.holds(seq_id).any() for k, snap in enumerate(cache.stream_cells()) if k != seq_id):
+            # a whole state read takes cells of a sequence in another's stream (as llama.cpp does, a
+            # damaged state can hold them); a hand-off moves the sequence's own stream only
+            return
         hand_off_alike(cache, moved, read, seq_id, self.seq(data))
 
     @rule()

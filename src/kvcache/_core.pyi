@@ -4,7 +4,7 @@ from typing import Any, ClassVar, Literal, NamedTuple, Protocol, TypedDict, Type
 
 import numpy as np
 import numpy.typing as npt
-from typing_extensions import Buffer, Self, TypeAlias
+from typing_extensions import Buffer, NotRequired, Self, TypeAlias
 
 # --- argument types ------------------------------------------------------------------------
 
@@ -155,8 +155,22 @@ class UBatch:
     @property
     def max_seq(self) -> int: ...
     def __new__(
-        cls, pos: _IntArray, seq_id: _SeqIdArg, n_seq_tokens: int = 1, output: _Flags | None = None
+        cls,
+        pos: _IntArray,
+        seq_id: _SeqIdArg,
+        n_seq_tokens: int = 1,
+        output: _Flags | None = None,
+        *,
+        tokens: _IntArray | None = None,
+        pos_x: _IntArray | None = None,
+        pos_y: _IntArray | None = None,
     ) -> Self: ...
+    @property
+    def tokens(self) -> npt.NDArray[np.int32] | None: ...
+    @property
+    def pos_x(self) -> npt.NDArray[np.int32] | None: ...
+    @property
+    def pos_y(self) -> npt.NDArray[np.int32] | None: ...
     @property
     def n_tokens(self) -> int: ...
     @property
@@ -212,9 +226,14 @@ class Cells:
     pos: npt.NDArray[np.int32]
     shift: npt.NDArray[np.int32]
     seq_mask: npt.NDArray[np.uint64]
+    ext: npt.NDArray[np.int32] | None
     __hash__: ClassVar[None]  # type: ignore[assignment]
     def __init__(
-        self, pos: npt.NDArray[np.int32], shift: npt.NDArray[np.int32], seq_mask: npt.NDArray[np.uint64]
+        self,
+        pos: npt.NDArray[np.int32],
+        shift: npt.NDArray[np.int32],
+        seq_mask: npt.NDArray[np.uint64],
+        ext: npt.NDArray[np.int32] | None = None,
     ) -> None: ...
     def __len__(self) -> int: ...
     def __eq__(self, other: object) -> bool: ...
@@ -285,12 +304,18 @@ class _Unified(UnifiedCore, _CacheCore):
         rope: RopeParams | None = None,
         semantics: str = "2025",
         kv_unified: bool = True,
+        cell_ext: bool = False,
+        ple_token: int | None = None,
     ) -> Self: ...
     # geometry and counters
     @property
     def semantics(self) -> str: ...
     @property
     def kv_unified(self) -> bool: ...
+    @property
+    def cell_ext(self) -> bool: ...
+    @property
+    def ple_token(self) -> int | None: ...
     @property
     def n_stream(self) -> int: ...
     @property
@@ -521,8 +546,9 @@ class _StateDescription(TypedDict):
     pos: npt.NDArray[np.int32]
     seq: npt.NDArray[np.uint64]
     layers: list[_LayerDescription]
+    ext: NotRequired[npt.NDArray[np.int32]]
 
-def describe_state(data: Buffer) -> _StateDescription: ...
+def describe_state(data: Buffer, cell_ext: int = 0) -> _StateDescription: ...
 
 class _LayoutInfo(TypedDict):
     name: str
@@ -547,7 +573,9 @@ DEFAULT_LAYOUT: str
 SEQ_MAGIC: int
 
 def layout_info(layout: str) -> _LayoutInfo: ...
-def describe_frame(data: Buffer, streams: bool, allow_prefix: bool = True) -> _FrameDescription: ...
+def describe_frame(
+    data: Buffer, streams: bool, allow_prefix: bool = True, cell_ext: int = 0
+) -> _FrameDescription: ...
 
 class SWAPending:
     """The pending SWA-pruning ranges of an iSWA cache."""

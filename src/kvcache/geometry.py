@@ -74,9 +74,14 @@ class ModelGeometry:
     Per-layer tuples have ``n_layer`` entries. ``n_embd_k_gqa[il] = n_embd_head_k * n_head_kv[il]``
     (likewise V). ``swa_layers`` are the layers using the sliding window (empty without one).
     Recurrent models (``recurrent``) keep ``n_embd_k_s`` / ``n_embd_v_s`` elements of state per
-    layer and sequence instead of per-token rows. ``rope`` is None for models without RoPE;
+    layer and sequence instead of per-token rows. ``rope`` is None for models without RoPE and
+    for M-RoPE models (llama.cpp never shifts their keys);
     ``rope_long`` holds the long-context frequency factors of Phi-3 style models (used when a
-    sequence's share of the context exceeds ``rope.n_ctx_orig``)."""
+    sequence's share of the context exceeds ``rope.n_ctx_orig``). ``cell_ext``: today's
+    llama.cpp gives the cache's cells its per-cell extension (M-RoPE models, whose GGUF has
+    ``{arch}.rope.dimension_sections``, and per-layer-embedding models, ``{arch}.ple.*``);
+    ``ple_token``: a per-layer-embedding model's token for ubatches without token ids (its image
+    token, else its EOS token), None for other models."""
 
     arch: str
     n_layer: int
@@ -94,6 +99,8 @@ class ModelGeometry:
     n_embd_v_s: int = 0
     rope: RopeParams | None = None
     rope_long: RopeParams | None = None
+    cell_ext: bool = False
+    ple_token: int | None = None
 
     @property
     def n_embd_k_gqa(self) -> tuple[int, ...]:
@@ -142,13 +149,15 @@ class ModelGeometry:
                       v_trans=v_trans_for(flash_attn) if v_trans is None else bool_arg(v_trans, "v_trans"),
                       n_seq_max=n_seq_max,
                       n_pad=n_pad, n_embd_head_k=self.n_embd_head_k, rope=rope, buffers=buffers)
+        # the seed's cells had no extension: its caches of these models have none either
+        ext: dict[str, Any] = dict(cell_ext=True, ple_token=self.ple_token) if today and self.cell_ext else {}
         if self.swa_type == "none":
             if today:
-                return UnifiedCache(kv_size=kv_size, semantics="2026", kv_unified=n_stream == 1, **common)
+                return UnifiedCache(kv_size=kv_size, semantics="2026", kv_unified=n_stream == 1, **common, **ext)
             return UnifiedCache(kv_size=kv_size, **common)
         from kvcache.iswa import ISWACache
         # llama.cpp caps the batch at the (unpadded) context of a causal model
-        extra: dict[str, Any] = dict(semantics="2026", kv_unified=n_stream == 1) if today else {}
+        extra: dict[str, Any] = dict(semantics="2026", kv_unified=n_stream == 1, **ext) if today else {}
         return ISWACache(kv_size=kv_size, swa_layers=self.swa_layers, n_swa=self.n_swa,
                          swa_type=self.swa_type, n_batch=min(n_ctx, n_batch), swa_full=swa_full,
                          **common, **extra)
@@ -199,6 +208,16 @@ class _Fields:
                 raise ValueError(f"{self.path}: {name} has {len(v)} entries, expected one per layer ({n_layer})")
             return tuple(int(x) for x in v)
         return (int(v),) * n_layer
+
+    def ints(self, key: str) -> tuple[int, ...]:
+        """An array of integers, or () when the file lacks the key."""
+        field = self._r.fields.get(key.format(arch=self.arch))
+        if field is None:
+            return ()
+        v = field.contents()
+        if not isinstance(v, list) or not all(isinstance(x, (int, np.integer)) for x in v):
+            raise ValueError(f"{self.path}: {key.format(arch=self.arch)} is not an array of integers")
+        return tuple(int(x) for x in v)
 
     def tensor(self, name: str) -> npt.NDArray[np.float32] | None:
         for t in self._r.tensors:
@@ -254,14 +273,23 @@ def read_gguf(path: Any) -> ModelGeometry:
         n_embd_v_s = d_state * d_inner
 
     n_swa, swa_type, swa_layers, swa_rope = _sliding_window(f, arch, n_layer)
+    # llama.cpp's has_cell_ext(): M-RoPE (positions in sections) or per-layer embeddings
+    # (ple_n_heads = (ngram_size - 1) * heads_per_ngram gathers per token)
+    mrope = any(f.ints("{arch}.rope.dimension_sections"))
+    ple = (f.get("{arch}.ple.ngram_size", int, 0) - 1) * f.get("{arch}.ple.heads_per_ngram", int, 0) > 0
+    ple_token = None
+    if ple:
+        ple_token = f.get("{arch}.ple.image_token_id", int, 0) or f.get("{arch}.ple.eos_token_id", int, 0)
     rope = rope_long = None
-    if not recurrent and head0 > 0:
+    # M-RoPE keys are never shifted (llama.cpp cannot: get_can_shift() is false for them)
+    if not recurrent and head0 > 0 and not mrope:
         rope, rope_long = _rope_params(f, arch, n_rot, n_ctx_train, swa_layers, swa_rope)
     return ModelGeometry(arch=arch, n_layer=n_layer, n_embd=n_embd, n_ctx_train=n_ctx_train,
                          n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=n_embd_head_k,
                          n_embd_head_v=n_embd_head_v, n_swa=n_swa, swa_type=swa_type,
                          swa_layers=swa_layers, recurrent=recurrent, n_embd_k_s=n_embd_k_s,
-                         n_embd_v_s=n_embd_v_s, rope=rope, rope_long=rope_long)
+                         n_embd_v_s=n_embd_v_s, rope=rope, rope_long=rope_long, cell_ext=mrope or ple,
+                         ple_token=ple_token)
 
 
 def _sliding_window(f: _Fields, arch: str, n_layer: int
@@ -372,7 +400,9 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
     Returns a :class:`kvcache.UnifiedCache` (with the model's K head size and RoPE parameters,
     so ``update()`` rotates shifted keys), a :class:`kvcache.ISWACache` for interleaved
     sliding-window models (Gemma 2/3, Cohere 2, Llama 4), or a :class:`kvcache.RecurrentCache`
-    (f32 states, one cell per sequence) for Mamba."""
+    (f32 states, one cell per sequence) for Mamba. With semantics "2026", the caches of M-RoPE
+    and per-layer-embedding models have the per-cell extension (``cell_ext``, ``ple_token``:
+    see :class:`ModelGeometry`)."""
     return read_gguf(path).make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v,
                                       flash_attn=flash_attn, swa_full=swa_full, n_batch=n_batch,
                                       buffers=buffers, semantics=semantics, kv_unified=kv_unified)

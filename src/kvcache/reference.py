@@ -51,6 +51,9 @@ class RefUBatch:
     pos: Sequence[int]
     seq_id: Sequence[Sequence[int]]
     n_seq_tokens: int = 1
+    tokens: Sequence[int] | None = None     # token ids, one per token
+    pos_x: Sequence[int] | None = None      # 2-D positions, both or neither
+    pos_y: Sequence[int] | None = None
 
 
 def _groups(ub) -> tuple[list[int], list[list[int]], int]:

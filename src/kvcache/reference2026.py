@@ -29,6 +29,15 @@ What it models:
   rows; T5 position buckets (one stream only); the K-shift input of every stream.
 - **K/V data** in llama.cpp's layout: per layer, K rows ``stream * kv_size + cell``; V the same,
   or transposed per stream (element e of cell c at ``[stream, e, c]``); zeroed by ``clear``.
+- **The per-cell extension** (``cell_ext=True``: M-RoPE and per-layer-embedding models): each
+  cell's 2-D position (x, y) and token id (defaults 0, 0, -1). A ubatch with 2-D positions
+  (``pos_x``, ``pos_y``) or token ids, or every ubatch of a cache with ``ple_token``, sets it in
+  the cells it takes (what the ubatch lacks at its default; no token id: ``ple_token`` when
+  given); a cell that empties gets the defaults back, except one pushed below position 0 by
+  ``seq_add``. ``seq_cp`` across streams copies it. The mask of a ubatch with 2-D positions
+  (causal) also hides, at a token's own position, the cells of its sequence whose 2-D position
+  comes after the token's (y first, then x). The states carry it after each cell's ``n_seq_id``
+  (12 bytes: x, y, token id); a sequence's state puts it back into the cells it is placed in.
 - **State blobs** (the cache part of ``llama_state_seq_get_data`` without the sequence-blob
   prefix): ``u32 n_stream``, then per stream ``u32 cell_count`` and, when it is not 0, the
   seed's cell list and K/V sections. Single-sequence blobs leave out the cells that the
@@ -102,13 +111,49 @@ def _per_layer(v: int | Sequence[int], n_layer: int, name: str) -> list[int]:
     return vals
 
 
+#: a cell's extension when nothing set it: (x, y, token id)
+EXT_DEFAULT = (0, 0, -1)
+
+
+class _ExtTable(CellTable):
+    """A cell table that may carry the per-cell extension (``ext``: per cell (x, y, tok), or
+    None for a cache without it)."""
+
+    def __init__(self, size: int, n_swa: int, swa_type: str, ext: bool):
+        super().__init__(size, n_swa, swa_type, empty_keeps_shift=False)
+        self.ext: list[tuple[int, int, int]] | None = [EXT_DEFAULT] * size if ext else None
+
+    def reset_cells(self) -> None:
+        super().reset_cells()
+        if self.ext is not None:
+            self.ext = [EXT_DEFAULT] * self.size
+
+    def _empty_cell(self, i: int) -> None:
+        super()._empty_cell(i)
+        if self.ext is not None:
+            self.ext[i] = EXT_DEFAULT
+
+    def _cell_pos_add(self, i: int, d: int) -> bool:
+        # llama.cpp's pos_add empties a cell pushed below 0 without touching its extension
+        kept = self.ext[i] if self.ext is not None else None
+        emptied = super()._cell_pos_add(i, d)
+        if self.ext is not None and kept is not None:
+            self.ext[i] = kept
+        return emptied
+
+    def cells(self) -> CellsSnapshot:
+        snap = super().cells()
+        snap.ext = None if self.ext is None else np.array(self.ext, dtype=np.int32).reshape(self.size, 3)  # type: ignore[attr-defined]
+        return snap
+
+
 class UnifiedReference2026:
     """Today's llama.cpp unified cache: ``n_stream`` cell tables of ``kv_size`` cells, their
     K/V data and state blobs.
 
     ``UnifiedReference2026(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16",
     type_v="f16", v_trans=True, n_seq_max=1, n_pad=1, n_swa=0, swa_type="none",
-    semantics="2026", kv_unified=True, layers=None)`` — the arguments of the C-backed
+    semantics="2026", kv_unified=True, layers=None, cell_ext=False, ple_token=None)`` — the arguments of the C-backed
     ``kvcache.UnifiedCache(semantics="2026")``: ``n_embd_*_gqa`` one int or one per model layer,
     ``layers`` the model layers kept (None: all), ``kv_size`` cells per stream.
 
@@ -122,7 +167,7 @@ class UnifiedReference2026:
                  n_embd_v_gqa: int | Sequence[int], type_k: str | int = "f16", type_v: str | int = "f16",
                  v_trans: bool = True, n_seq_max: int = 1, n_pad: int = 1, n_swa: int = 0,
                  swa_type: str = "none", semantics: str = "2026", kv_unified: bool = True,
-                 layers: Iterable[int] | None = None):
+                 layers: Iterable[int] | None = None, cell_ext: bool = False, ple_token: int | None = None):
         if semantics != "2026":
             raise ValueError(f"this is the model of semantics '2026' (the seed's is "
                              f"kvcache.reference.UnifiedReference), got {semantics!r}")
@@ -149,8 +194,11 @@ class UnifiedReference2026:
         self.semantics = "2026"
         self.kv_unified = bool(kv_unified)
         self.n_stream = 1 if kv_unified else n_seq_max
-        self.streams = [CellTable(kv_size, n_swa, swa_type, empty_keeps_shift=False)
-                        for _ in range(self.n_stream)]
+        if ple_token is not None and not cell_ext:
+            raise ValueError("ple_token needs the per-cell extension (cell_ext=True)")
+        self.cell_ext = bool(cell_ext)
+        self.ple_token = None if ple_token is None else int(ple_token)
+        self.streams = [_ExtTable(kv_size, n_swa, swa_type, self.cell_ext) for _ in range(self.n_stream)]
         self._pending: list[tuple[int, int]] = []     # queued stream copies (src, dst), in order
         # a transposed V has the widest row of the model in every layer, as llama.cpp pads it
         self._v_width = max(self._n_embd_v) if self.v_trans else 0
@@ -221,8 +269,21 @@ class UnifiedReference2026:
         if not 0 <= s < self.n_seq_max:
             raise ValueError(f"{name} = {s} is outside [0, {self.n_seq_max})")
 
-    def _table(self, seq_id: int) -> CellTable:
+    def _table(self, seq_id: int) -> _ExtTable:
         return self.streams[self.stream_of(seq_id)]
+
+    def _ubatch_ext(self, ub: Any, n: int) -> list[tuple[int, int, int]] | None:
+        """The extension each token of a ubatch sets, or None when it sets none."""
+        xs, ys, toks = (getattr(ub, k, None) for k in ("pos_x", "pos_y", "tokens"))
+        if (xs is None) != (ys is None):
+            raise ValueError("a 2-D position needs both pos_x and pos_y")
+        if xs is not None and not self.cell_ext:
+            raise ValueError("a ubatch with 2-D positions needs a cache with the per-cell extension")
+        if xs is None and toks is None and self.ple_token is None:
+            return None
+        return [(int(xs[t]) if xs is not None else 0, int(ys[t]) if ys is not None else 0,
+                 int(toks[t]) if toks is not None else self.ple_token if self.ple_token is not None else -1)
+                for t in range(n)]
 
     def _ubatch(self, ub: Any) -> tuple[list[int], list[list[int]], list[_Group]]:
         """Positions, sequence ids per token and the token groups of a ubatch.
@@ -292,8 +353,10 @@ class UnifiedReference2026:
             slot.append((strm, np.array(idxs, dtype=np.int32)))
         return slot
 
-    def _apply(self, slot: SlotInfo, groups: list[_Group], pos: list[int], ids: list[list[int]]) -> None:
-        """Put the tokens into their cells, purge what they overwrote, move the heads."""
+    def _apply(self, slot: SlotInfo, groups: list[_Group], pos: list[int], ids: list[list[int]],
+               ext: list[tuple[int, int, int]] | None = None) -> None:
+        """Put the tokens into their cells (with their extensions, when the ubatch sets them),
+        purge what they overwrote, move the heads."""
         overwritten: dict[int, int] = {}    # sequence -> largest position overwritten
         for (strm, idxs), (_, toks) in zip(slot, groups):
             t = self.streams[strm]
@@ -304,6 +367,8 @@ class UnifiedReference2026:
                     t._empty_cell(i)
                 t.pos[i] = pos[tok]
                 t.seq[i] = set(ids[tok])
+                if t.ext is not None and ext is not None:
+                    t.ext[i] = ext[tok]
         # keep every sequence's positions contiguous: drop what lies below an overwritten one
         for q in sorted(overwritten):
             t = self._table(q)
@@ -319,11 +384,12 @@ class UnifiedReference2026:
         On success ``slot_info()`` tells where each token went and ``store`` writes its K/V
         rows; on failure nothing changes."""
         pos, ids, groups = self._ubatch(ub)
+        ext = self._ubatch_ext(ub, len(pos))
         slot = self._find_slot(groups)
         if slot is None:
             self._last = None
             return False
-        self._apply(slot, groups, pos, ids)
+        self._apply(slot, groups, pos, ids, ext)
         self._last = slot
         return True
 
@@ -418,6 +484,8 @@ class UnifiedReference2026:
                 dst.seq[i] = {seq_id_dst}
                 dst.shift[i] = src.shift[i]
                 dst.has_shift = dst.has_shift or src.shift[i] != 0
+                if dst.ext is not None and src.ext is not None:
+                    dst.ext[i] = src.ext[i]
         dst.head = src.head
         self._pending.append((s0, s1))
 
@@ -483,6 +551,7 @@ class UnifiedReference2026:
         token; several: a block per token group. ``n_kv`` is the largest over the ubatch's
         streams; ``pad`` adds -inf rows up to a multiple of 64 per stream (the seed's layout)."""
         pos, ids, groups = self._ubatch(ub)
+        ext = self._ubatch_ext(ub, len(pos)) if getattr(ub, "pos_x", None) is not None else None
         n_kv_all = self.n_kv_per_stream
         n_kv = max(n_kv_all[strm] for strm, _ in groups)
         rows = len(groups[0][1])
@@ -490,7 +559,15 @@ class UnifiedReference2026:
         for g, (_, toks) in enumerate(groups):
             for r, tok in enumerate(toks):
                 s = ids[tok][0]
-                out[g, r] = self._table(s).mask_row(s, pos[tok], n_kv, causal, alibi)
+                t = self._table(s)
+                out[g, r] = t.mask_row(s, pos[tok], n_kv, causal, alibi)
+                if ext is not None and causal and t.ext is not None:
+                    # M-RoPE: at the token's own position, the cells 2-D after it are hidden too
+                    x, y, _ = ext[tok]
+                    for i in range(n_kv):
+                        cx, cy, _ = t.ext[i]
+                        if t.pos[i] == pos[tok] and s in t.seq[i] and (cy > y or (cy == y and cx > x)):
+                            out[g, r, i] = -np.inf
         return out
 
     def pos_bucket(self, ub: Any, n_buckets: int) -> np.ndarray:
@@ -555,11 +632,14 @@ class UnifiedReference2026:
                 out += self._data_section(s, listed)
         return bytes(out)
 
-    def _cells_section(self, t: CellTable, listed: list[int], seq_id: int) -> bytes:
+    def _cells_section(self, t: _ExtTable, listed: list[int], seq_id: int) -> bytes:
         out = bytearray()
         for i in listed:
             ids = sorted(q for q in t.seq[i] if q < self.n_seq_max) if seq_id == -1 else [seq_id]
-            out += struct.pack(f"<iI{len(ids)}i", t.pos[i], len(ids), *ids)
+            out += struct.pack("<iI", t.pos[i], len(ids))
+            if t.ext is not None:
+                out += struct.pack("<3i", *t.ext[i])
+            out += struct.pack(f"<{len(ids)}i", *ids)
         return bytes(out)
 
     def _data_section(self, s: int, listed: list[int]) -> bytes:
@@ -620,11 +700,19 @@ class UnifiedReference2026:
             raise StateError(f"failed to restore kv cache: {e}") from None
         return r.off
 
-    def _read_cells_whole(self, r: _Reader, t: CellTable, count: int) -> list[int]:
+    def _read_ext(self, r: _Reader, t: _ExtTable, i: int) -> tuple[int, int, int] | None:
+        if t.ext is None:
+            return None
+        return (r.i32(f"the x of cell {i}"), r.i32(f"the y of cell {i}"), r.i32(f"the token id of cell {i}"))
+
+    def _read_cells_whole(self, r: _Reader, t: _ExtTable, count: int) -> list[int]:
         """Cell k of the section into cell k of the (cleared) stream."""
         for i in range(count):
             pos = r.i32(f"the position of cell {i}")
             n_ids = r.u32(f"the sequence count of cell {i}")
+            ext = self._read_ext(r, t, i)
+            if ext is not None and t.ext is not None:
+                t.ext[i] = ext
             if pos < 0:
                 raise StateError(f"cell {i} has position {pos}")
             if n_ids > self.n_seq_max:
@@ -641,13 +729,18 @@ class UnifiedReference2026:
 
     def _read_cells_seq(self, r: _Reader, strm: int, count: int, seq_id: int) -> list[int]:
         """The cells placed as one ubatch of ``seq_id`` after removing the sequence."""
-        self.streams[strm].remove(seq_id, -1, -1)
+        t = self.streams[strm]
+        t.remove(seq_id, -1, -1)
         pos: list[int] = []
+        exts: list[tuple[int, int, int]] = []
         for i in range(count):
             p = r.i32(f"the position of cell {i}")
             n_ids = r.u32(f"the sequence count of cell {i}")
             if n_ids != 1:
                 raise StateError(f"cell {i} of a sequence's state lists {n_ids} sequences, not 1")
+            ext = self._read_ext(r, t, i)
+            if ext is not None:
+                exts.append(ext)
             r.i32(f"the sequence id of cell {i}")     # the destination id replaces it
             if p < 0:
                 raise StateError(f"cell {i} has position {p}")
@@ -656,7 +749,8 @@ class UnifiedReference2026:
         slot = self._find_slot(groups)
         if slot is None:
             raise StateError(f"failed to find {count} available cells in kv cache")
-        self._apply(slot, groups, pos, [[seq_id]] * count)
+        # placed as a ubatch, then the saved extensions put back into the cells it took
+        self._apply(slot, groups, pos, [[seq_id]] * count, exts or None)
         return [int(c) for c in slot[0][1]]
 
     def _read_data(self, r: _Reader, strm: int, cells: list[int]) -> None:

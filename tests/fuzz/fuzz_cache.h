@@ -118,7 +118,7 @@ static inline void fc_place(fc_cache *t, fz_rng *g, int32_t s, uint32_t n, int32
         off[i + 1] = k;
         pos[i] = next_pos[s0]++;
     }
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids, NULL, NULL, NULL };
     if (t->c.semantics == KVC_SEM_2026) {
         kvc_err err = { 0, "" };
         const int r = kvc_unified_find_slot_2026(&t->c, &ub, &err);

@@ -85,10 +85,10 @@ class Replay:
 
     def ubatch(self, op: dict[str, Any]) -> Any:
         """The ubatch of an op (``pos``, ``seq_id`` and, when it has one, ``n_seq_tokens``) in
-        the form the cache takes."""
-        if "n_seq_tokens" in op:
-            return self.target.make_ubatch(op["pos"], op["seq_id"], n_seq_tokens=op["n_seq_tokens"])
-        return self.target.make_ubatch(op["pos"], op["seq_id"])
+        the form the cache takes; with the token ids and 2-D positions it has (``tokens``,
+        ``pos_x``, ``pos_y``: a cache with the per-cell extension stores them)."""
+        extra = {k: op[k] for k in ("n_seq_tokens", "tokens", "pos_x", "pos_y") if k in op}
+        return self.target.make_ubatch(op["pos"], op["seq_id"], **extra)
 
 
 @dataclass

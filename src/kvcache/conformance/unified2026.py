@@ -85,7 +85,7 @@ def cache_arguments(config: dict[str, Any]) -> dict[str, Any]:
         type_k=config["type_k"], type_v=config["type_v"], v_trans=config["v_trans"],
         n_seq_max=config["n_seq_max"], n_pad=config["n_pad"], n_swa=config["n_swa"],
         swa_type=config["swa_type"], layers=config["layers"], semantics="2026",
-        kv_unified=config["kv_unified"])
+        kv_unified=config["kv_unified"], **{k: config[k] for k in ("cell_ext", "ple_token") if k in config})
 
 
 def reference_target() -> Target:
@@ -138,6 +138,9 @@ def _check_fields(cache: Any) -> dict[str, Any]:
         "cells": cells,
         "seq_pos": [[s, cache.seq_pos_min(s), cache.seq_pos_max(s)] for s in range(cache.n_seq_max)],
         "has_shift": bool(cache.has_shift),
+        # the per-cell extension of every non-empty cell, for a cache that has one
+        **({"ext": [[s, i, *snap.ext[i].tolist()] for s, snap in enumerate(cache.stream_cells())
+                    for i in np.flatnonzero(snap.pos != -1).tolist()]} if getattr(cache, "cell_ext", False) else {}),
     }
 
 
