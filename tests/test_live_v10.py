@@ -16,6 +16,9 @@ mamba) llama.cpp decodes the manifest's script, then:
 Each restored sequence is also handed to a fresh cache through seq_export / seq_import_begin,
 which must then write llama.cpp's blob of that sequence.
 
+A tiny M-RoPE model (qwen2vl, random weights) is written with the gguf package at test time: its
+cell records carry llama.cpp's 12-byte per-cell extension (x, y, token), checked byte by byte.
+
 0.3.36's ctypes bindings take assignments to fields that no longer exist without a word, so
 each context is checked against llama.cpp's own log lines (flash attention, kv_unified and the
 stream count, the K/V types) before anything else."""
@@ -75,12 +78,14 @@ class Live(LlamaCalls):
             Live._cb = L.llama_log_callback(log)
             L.llama_log_set(Live._cb, ctypes.c_void_p(0))
             L.llama_backend_init()
-        if model not in Live._models:
+        # a name of the shared models, or the path of a model file written here
+        path = str(model) if isinstance(model, os.PathLike) else str(model_path(model))
+        if path not in Live._models:
             p = L.llama_model_default_params()
             p.n_gpu_layers = 0
-            Live._models[model] = L.llama_model_load_from_file(str(model_path(model)).encode(), p)
-            assert Live._models[model], f"llama.cpp could not load {model}"
-        self.model = Live._models[model]
+            Live._models[path] = L.llama_model_load_from_file(path.encode(), p)
+            assert Live._models[path], f"llama.cpp could not load {model}"
+        self.model = Live._models[path]
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
 
     def context(self, m: dict, swa_full: bool = False):
@@ -337,3 +342,246 @@ def test_live_iswa_with_todays_full_size_swa_cache(tmp_path):
     out = io.BytesIO()
     statefile.write_context_state(out, cache, cs.arch)
     assert out.getvalue() == whole
+
+
+# --- an M-RoPE model: cells with the per-cell extension ----------------------------------------
+
+# The tiny qwen2vl text model the tests below write with the gguf package: 2 layers, n_embd 64,
+# 4 query heads and 2 KV heads of 16 dimensions (all rotated), M-RoPE sections 2, 3, 3, 0 (pairs of
+# dimensions per position plane; 8 = n_rot / 2), random weights, the vocabulary of tiny_llama.gguf.
+MROPE = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128, "sections": [2, 3, 3, 0]}
+LLAMA_ROPE_TYPE_MROPE = 8
+# the context the tests make for it, in the manifests' terms (Live.context checks it in the log)
+MROPE_CTX = {"context": {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 4, "type_k": 1, "type_v": 1,
+                         "flash_attn": False, "kv_unified": True},
+             "memory_kind": "unified"}
+# shared cells (seq 1 copies seq 0's first 6), a sequence cut short (seq 2) and, as M-RoPE lets
+# text positions jump forward, a gap in seq 3 (positions 3..6 never decoded)
+MROPE_SCRIPT = [
+    {"op": "decode", "tokens": [(10 + 23 * i, i, [0]) for i in range(12)]},
+    {"op": "seq_cp", "args": [0, 1, 0, 6]},
+    {"op": "decode", "tokens": [(201, 6, [1]), (202, 7, [1]), (203, 8, [1])]},
+    {"op": "decode", "tokens": [(31, 0, [2]), (32, 1, [2]), (33, 2, [2]), (34, 3, [2]),
+                                (41, 0, [3]), (42, 1, [3]), (43, 2, [3])]},
+    {"op": "seq_rm", "args": [2, 2, -1]},
+    {"op": "decode", "tokens": [(47, 7, [3]), (48, 8, [3])]},
+]
+MROPE_NEXT = (77, 12)    # the token seq 0 decodes next, and its position
+SEQ_STATE_MAGIC = 0xAF143CD8
+
+
+def _gguf():
+    missing = pytest.fail if os.environ.get("KVCACHE_EXPECT_LLAMA036") else pytest.skip
+    try:
+        import gguf
+    except ImportError as e:
+        missing(f"the gguf package is not importable ({e}); it is in kvcache's test extra")
+    return gguf
+
+
+def write_mrope_model(path, vocab_from, seed=0):
+    """Write the tiny qwen2vl model MROPE describes to path, with the tokenizer keys of the GGUF
+    file vocab_from. The keys are the ones llama.cpp's qwen2vl loader reads (the hyperparameters
+    every model has, plus rope.dimension_sections, which it requires); qwen2vl's rope type is
+    M-RoPE whatever the file says."""
+    gguf = _gguf()
+    g = MROPE
+    arch, n_embd, head = "qwen2vl", g["n_embd"], g["n_embd"] // g["n_head"]
+    n_kv = head * g["n_head_kv"]
+    src = gguf.GGUFReader(str(vocab_from))
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.context_length", 512)
+    w.add_uint32(f"{arch}.embedding_length", n_embd)
+    w.add_uint32(f"{arch}.block_count", g["n_layer"])
+    w.add_uint32(f"{arch}.feed_forward_length", g["n_ff"])
+    w.add_uint32(f"{arch}.attention.head_count", g["n_head"])
+    w.add_uint32(f"{arch}.attention.head_count_kv", g["n_head_kv"])
+    w.add_uint32(f"{arch}.rope.dimension_count", head)
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_array(f"{arch}.rope.dimension_sections", list(g["sections"]))
+    n_vocab = 0
+    V = gguf.GGUFValueType
+    for key, f in src.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        kind = f.types[0]
+        if kind == V.ARRAY:
+            sub = f.types[1]
+            if sub == V.STRING:
+                vals = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            else:
+                vals = [f.parts[i][0].item() for i in f.data]
+            if key == "tokenizer.ggml.tokens":
+                n_vocab = len(vals)
+            w.add_key_value(key, vals, kind, sub_type=sub)
+        elif kind == V.STRING:
+            w.add_key_value(key, bytes(f.parts[f.data[0]]).decode("utf-8"), kind)
+        else:
+            w.add_key_value(key, f.parts[f.data[0]][0].item(), kind)
+    assert n_vocab, f"{vocab_from} has no tokenizer.ggml.tokens"
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape):      # numpy's shape is GGUF's reversed: (rows, row length)
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    ones = np.ones(n_embd, np.float32)
+    w.add_tensor("token_embd.weight", rand(n_vocab, n_embd))
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output.weight", rand(n_vocab, n_embd))
+    for il in range(g["n_layer"]):
+        b = f"blk.{il}."
+        w.add_tensor(b + "attn_norm.weight", ones)
+        w.add_tensor(b + "attn_q.weight", rand(n_embd, n_embd))
+        w.add_tensor(b + "attn_k.weight", rand(n_kv, n_embd))
+        w.add_tensor(b + "attn_v.weight", rand(n_kv, n_embd))
+        w.add_tensor(b + "attn_q.bias", rand(n_embd))
+        w.add_tensor(b + "attn_k.bias", rand(n_kv))
+        w.add_tensor(b + "attn_v.bias", rand(n_kv))
+        w.add_tensor(b + "attn_output.weight", rand(n_embd, n_embd))
+        w.add_tensor(b + "ffn_norm.weight", ones)
+        w.add_tensor(b + "ffn_gate.weight", rand(g["n_ff"], n_embd))
+        w.add_tensor(b + "ffn_up.weight", rand(g["n_ff"], n_embd))
+        w.add_tensor(b + "ffn_down.weight", rand(n_embd, g["n_ff"]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def mrope_model(tmp_path_factory):
+    _llama()     # skips (or fails) first when llama.cpp 0.3.36 is not here
+    return write_mrope_model(tmp_path_factory.mktemp("mrope") / "tiny_qwen2vl.gguf", model_path("tiny_llama.gguf"))
+
+
+def _mrope_live(path):
+    """Live of the M-RoPE model, checked to be one: llama.cpp gives it rope type M-RoPE."""
+    live = Live(path)
+    assert live.L.llama_model_rope_type(live.model) == LLAMA_ROPE_TYPE_MROPE
+    return live
+
+
+def _held(script):
+    """What each sequence holds after the script, by position: {seq: {pos: token}} (a copied
+    cell holds the token its source decoded)."""
+    held = {s: {} for s in range(4)}
+    for op in script:
+        if op["op"] == "decode":
+            for t, p, seqs in op["tokens"]:
+                for s in seqs:
+                    held[s][p] = t
+        elif op["op"] == "seq_cp":
+            src, dst, p0, p1 = op["args"]
+            held[dst].update({p: t for p, t in held[src].items() if p0 <= p and (p1 < 0 or p < p1)})
+        elif op["op"] == "seq_rm":
+            s, p0, p1 = op["args"]
+            held[s] = {p: t for p, t in held[s].items() if not (p0 <= p and (p1 < 0 or p < p1))}
+    return held
+
+
+def _ext_section(data, off, n_layer, n_embd_kv):
+    """Parse one stream's section of a memory state whose cell records carry the 12-byte extension
+    (llama_kv_cache::state_write_meta / state_write_data): u32 cell count; per cell i32 pos, u32
+    n_seq_id, i32 x, i32 y, i32 tok, n_seq_id x i32 seq id; then u32 v_trans, u32 n_layer and per
+    layer the K rows (i32 type, u64 row size, the rows), then V (transposed: i32 type, u32 element
+    size, u32 n_embd_v_gqa, the elements). Returns the cells [(pos, [seq ids], x, y, tok)] and the
+    offset after the section; checks the K/V sizes (f16) against the cell count."""
+    (n,) = np.frombuffer(data, "<u4", 1, off)
+    off += 4
+    cells = []
+    for _ in range(int(n)):
+        pos, n_seq, x, y, tok = (int(v) for v in np.frombuffer(data, "<i4", 5, off))
+        off += 20
+        cells.append((pos, [int(v) for v in np.frombuffer(data, "<i4", n_seq, off)], x, y, tok))
+        off += 4 * n_seq
+    if n == 0:
+        return cells, off
+    v_trans, layers = (int(v) for v in np.frombuffer(data, "<u4", 2, off))
+    off += 8
+    assert layers == n_layer
+    for _ in range(n_layer):        # K
+        k_type, row = int(np.frombuffer(data, "<i4", 1, off)[0]), int(np.frombuffer(data, "<u8", 1, off + 4)[0])
+        assert (k_type, row) == (1, 2 * n_embd_kv)
+        off += 12 + row * len(cells)
+    for _ in range(n_layer):        # V
+        if v_trans:
+            v_type, el, dim = (int(v) for v in np.frombuffer(data, "<u4", 3, off))
+            assert (v_type, el, dim) == (1, 2, n_embd_kv)
+            off += 12 + el * dim * len(cells)
+        else:
+            v_type, row = int(np.frombuffer(data, "<i4", 1, off)[0]), int(np.frombuffer(data, "<u8", 1, off + 4)[0])
+            assert (v_type, row) == (1, 2 * n_embd_kv)
+            off += 12 + row * len(cells)
+    return cells, off
+
+
+def test_live_mrope_cells_carry_position_and_token(mrope_model, tmp_path):
+    """llama.cpp 0.3.36 loads the M-RoPE model written here, decodes text, and writes each cell
+    record with 12 more bytes after n_seq_id: x, y, tok (llama_kv_cell_ext). A text batch has one
+    position per token, which llama_batch_allocr broadcasts to every M-RoPE position plane, and
+    apply_ubatch takes y from plane 1 and x from plane 2: for a text token x = y = its position
+    and tok = its token id (a copied cell keeps its source's). llama.cpp reads its own sequence
+    state back into a fresh context and writes the same bytes."""
+    live = _mrope_live(mrope_model)
+    L = live.L
+    held = _held(MROPE_SCRIPT)
+    n_layer, n_embd_kv = MROPE["n_layer"], MROPE["n_embd"] // MROPE["n_head"] * MROPE["n_head_kv"]
+    ctx = live.context(MROPE_CTX)
+    try:
+        live.replay(ctx, MROPE_SCRIPT)
+        blobs = {s: live.seq_get(ctx, s) for s in range(4)}
+        whole = live.state_get(ctx)
+        every, seq0 = _tokens(MROPE_SCRIPT)
+        sess_path, seq_path = tmp_path / "m.ggsn", tmp_path / "m.ggsq"
+        assert L.llama_state_save_file(ctx, str(sess_path).encode(), (ctypes.c_int32 * len(every))(*every), len(every))
+        assert L.llama_state_seq_save_file(ctx, str(seq_path).encode(), 0, (ctypes.c_int32 * len(seq0))(*seq0),
+                                           len(seq0)) > 0
+    finally:
+        L.llama_free(ctx)
+
+    # sequence blobs: u32 magic, i32 seq id, u32 n_stream (1), the section of the sequence's cells
+    for s, blob in blobs.items():
+        magic, sid, n_stream = np.frombuffer(blob, "<u4", 3, 0)
+        assert (int(magic), int(sid), int(n_stream)) == (SEQ_STATE_MAGIC, s, 1)
+        cells, end = _ext_section(blob, 12, n_layer, n_embd_kv)
+        assert end == len(blob), s
+        # one cell per position held; not in position order (seq 3's 7 and 8 took the cells seq 2 freed)
+        assert sorted(c[0] for c in cells) == sorted(held[s]), s
+        for pos, seqs, x, y, tok in cells:
+            assert seqs == [s]
+            assert (x, y, tok) == (pos, pos, held[s][pos]), (s, pos)
+
+    # the whole context: u32 length + architecture name, u32 n_stream, every cell with all its ids
+    (n_arch,) = np.frombuffer(whole, "<u4", 1, 0)
+    assert whole[4:4 + n_arch] == b"qwen2vl"
+    off = 4 + int(n_arch)
+    assert int(np.frombuffer(whole, "<u4", 1, off)[0]) == 1
+    cells, end = _ext_section(whole, off + 4, n_layer, n_embd_kv)
+    assert end == len(whole)
+    by_seq = {s: {} for s in range(4)}
+    for pos, seqs, x, y, tok in cells:
+        assert (x, y) == (pos, pos)
+        for s in seqs:
+            assert tok == held[s][pos], (s, pos)
+            by_seq[s][pos] = tok
+    assert by_seq == held
+    assert any(len(c[1]) == 2 for c in cells)      # seq 0 and 1 share cells
+
+    # the files wrap the same memory state: a session file (magic, version 10, token count,
+    # tokens) around the whole context, a sequence file (magic, version 3, token count, tokens)
+    # around seq 0's state without the sequence-blob prefix
+    sess, sq = sess_path.read_bytes(), seq_path.read_bytes()
+    assert sess[12 + 4 * len(every):] == whole
+    assert sq[12 + 4 * len(seq0):] == blobs[0][8:]
+
+    # llama.cpp's own restore keeps the extension (a sequence's cells land in a fresh context in
+    # the same order)
+    for s, blob in blobs.items():
+        b = live.context(MROPE_CTX)
+        try:
+            assert live.seq_set(b, blob, s) == len(blob)
+            assert live.seq_get(b, s) == blob, s
+        finally:
+            L.llama_free(b)
