@@ -203,10 +203,8 @@ def _tokens(script):
 def test_live_files_cross_both_ways(name, tmp_path):
     m, folder = _manifest(name)
     live = Live(m["model"]["file"])
-    L = live.L
     with open(folder / "ref_next_logits_seq0.json") as f:
         nxt = json.load(f)
-    every, seq0 = _tokens(m["script"])
     ctx = live.context(m)
     if m["memory_kind"] == "iswa":
         log = "\n".join(Live.lines)
@@ -226,6 +224,15 @@ def test_live_files_cross_both_ways(name, tmp_path):
                                       semantics="2026", kv_unified=_unified(cx))
         logged = [line.rstrip("\n") for line in Live.lines]
         assert [line for line in plan.llama_log if line in logged] == list(plan.llama_log), (plan.llama_log, log)
+    _cross_both_ways(live, ctx, m, nxt, tmp_path, name)
+
+
+def _cross_both_ways(live, ctx, m, nxt, tmp_path, name):
+    """The two directions of test_live_files_cross_both_ways on a fresh context ctx of the
+    manifest m (which this frees): llama.cpp replays m's script, then writes every kind of file,
+    and decodes the token nxt names for seq 0."""
+    L = live.L
+    every, seq0 = _tokens(m["script"])
     try:
         live.replay(ctx, m["script"])
         # 1. what llama.cpp writes, kvcache reads and writes back byte for byte
