@@ -17,7 +17,8 @@ Each restored sequence is also handed to a fresh cache through seq_export / seq_
 which must then write llama.cpp's blob of that sequence.
 
 A tiny M-RoPE model (qwen2vl, random weights) is written with the gguf package at test time: its
-cell records carry llama.cpp's 12-byte per-cell extension (x, y, token), checked byte by byte.
+cell records carry llama.cpp's 12-byte per-cell extension (x, y, token), checked byte by byte
+for text tokens and for an image's embeddings.
 
 0.3.36's ctypes bindings take assignments to fields that no longer exist without a word, so
 each context is checked against llama.cpp's own log lines (flash attention, kv_unified and the
@@ -127,8 +128,17 @@ class Live(LlamaCalls):
                 L.llama_memory_seq_cp(mem, *op["args"])
             elif op["op"] == "seq_rm":
                 L.llama_memory_seq_rm(mem, *op["args"])
+            elif op["op"] == "decode_embd":
+                self.decode_embd(ctx, _embd_items(op, L.llama_model_n_embd(self.model)))
             else:
                 raise AssertionError(f"unknown op {op}")
+
+
+def _embd_items(op: dict, n_embd: int) -> list:
+    """The items of a decode_embd op, {"seed", "items": [(positions per plane, [seq ids])]}:
+    each with a vector of n_embd random floats drawn from the seed."""
+    rng = np.random.default_rng(op["seed"])
+    return [((rng.standard_normal(n_embd) * 0.1).astype(np.float32), pos, seqs) for pos, seqs in op["items"]]
 
 
 def _unified(c: dict) -> bool:
@@ -362,10 +372,14 @@ LLAMA_ROPE_TYPE_MROPE = 8
 MROPE_CTX = {"context": {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 4, "type_k": 1, "type_v": 1,
                          "flash_attn": False, "kv_unified": True},
              "memory_kind": "unified"}
-# shared cells (seq 1 copies seq 0's first 6), a sequence cut short (seq 2) and, as M-RoPE lets
-# text positions jump forward, a gap in seq 3 (positions 3..6 never decoded)
+# seq 0: text, then an "image" of 2 x 3 embeddings as a multimodal chunk of a qwen2vl model has
+# it (planes: the image's position t for all, y = t + row, x = t + column); seq 1 shares seq 0's
+# first 6 cells, seq 2 is cut short, and seq 3's text positions jump forward (3..6 never decoded;
+# M-RoPE allows it)
+MROPE_IMAGE = [([8, 8 + row, 8 + col, 0], [0]) for row in range(2) for col in range(3)]
 MROPE_SCRIPT = [
-    {"op": "decode", "tokens": [(10 + 23 * i, i, [0]) for i in range(12)]},
+    {"op": "decode", "tokens": [(10 + 23 * i, i, [0]) for i in range(8)]},
+    {"op": "decode_embd", "seed": 1, "items": MROPE_IMAGE},
     {"op": "seq_cp", "args": [0, 1, 0, 6]},
     {"op": "decode", "tokens": [(201, 6, [1]), (202, 7, [1]), (203, 8, [1])]},
     {"op": "decode", "tokens": [(31, 0, [2]), (32, 1, [2]), (33, 2, [2]), (34, 3, [2]),
@@ -373,7 +387,11 @@ MROPE_SCRIPT = [
     {"op": "seq_rm", "args": [2, 2, -1]},
     {"op": "decode", "tokens": [(47, 7, [3]), (48, 8, [3])]},
 ]
-MROPE_NEXT = (77, 12)    # the token seq 0 decodes next, and its position
+# the next step of seq 0: one more embedding of the image (row 0, column 1), which attends to the
+# cells of the image's position whose (y, x) is not past its own (llama.cpp's M-RoPE causal mask,
+# which reads y and x from the cells' extension)
+MROPE_NEXT = {"op": "decode_embd", "seed": 2, "items": [([8, 8, 9, 0], [0])]}
+LLAMA_TOKEN_NULL = -1
 SEQ_STATE_MAGIC = 0xAF143CD8
 
 
@@ -471,21 +489,28 @@ def _mrope_live(path):
 
 
 def _held(script):
-    """What each sequence holds after the script, by position: {seq: {pos: token}} (a copied
-    cell holds the token its source decoded)."""
-    held = {s: {} for s in range(4)}
+    """The cells each sequence holds after the script, as llama.cpp fills their extension:
+    {seq: sorted [(pos, x, y, tok)]}. A text token has one position, which llama_batch_allocr
+    gives every M-RoPE plane, and apply_ubatch takes y from plane 1, x from plane 2 and tok from
+    the token: (pos, pos, pos, token). An embedding (no token ids, not a per-layer-embedding
+    model) keeps tok = LLAMA_TOKEN_NULL. A copied cell is the same cell."""
+    held: dict = {s: [] for s in range(4)}
     for op in script:
         if op["op"] == "decode":
             for t, p, seqs in op["tokens"]:
                 for s in seqs:
-                    held[s][p] = t
+                    held[s].append((p, p, p, t))
+        elif op["op"] == "decode_embd":
+            for (p, y, x, _), seqs in op["items"]:
+                for s in seqs:
+                    held[s].append((p, x, y, LLAMA_TOKEN_NULL))
         elif op["op"] == "seq_cp":
             src, dst, p0, p1 = op["args"]
-            held[dst].update({p: t for p, t in held[src].items() if p0 <= p and (p1 < 0 or p < p1)})
+            held[dst] += [c for c in held[src] if p0 <= c[0] and (p1 < 0 or c[0] < p1)]
         elif op["op"] == "seq_rm":
             s, p0, p1 = op["args"]
-            held[s] = {p: t for p, t in held[s].items() if not (p0 <= p and (p1 < 0 or p < p1))}
-    return held
+            held[s] = [c for c in held[s] if not (p0 <= c[0] and (p1 < 0 or c[0] < p1))]
+    return {s: sorted(cells) for s, cells in held.items()}
 
 
 def _ext_section(data, off, n_layer, n_embd_kv):
@@ -493,16 +518,16 @@ def _ext_section(data, off, n_layer, n_embd_kv):
     (llama_kv_cache::state_write_meta / state_write_data): u32 cell count; per cell i32 pos, u32
     n_seq_id, i32 x, i32 y, i32 tok, n_seq_id x i32 seq id; then u32 v_trans, u32 n_layer and per
     layer the K rows (i32 type, u64 row size, the rows), then V (transposed: i32 type, u32 element
-    size, u32 n_embd_v_gqa, the elements). Returns the cells [(pos, [seq ids], x, y, tok)] and the
-    offset after the section; checks the K/V sizes (f16) against the cell count."""
+    size, u32 n_embd_v_gqa, the elements). Returns the cells [(pos, [seq ids], x, y, tok, offset of
+    the record)] and the offset after the section; checks the K/V sizes (f16) against the cell
+    count."""
     (n,) = np.frombuffer(data, "<u4", 1, off)
     off += 4
     cells = []
     for _ in range(int(n)):
         pos, n_seq, x, y, tok = (int(v) for v in np.frombuffer(data, "<i4", 5, off))
-        off += 20
-        cells.append((pos, [int(v) for v in np.frombuffer(data, "<i4", n_seq, off)], x, y, tok))
-        off += 4 * n_seq
+        cells.append((pos, [int(v) for v in np.frombuffer(data, "<i4", n_seq, off + 20)], x, y, tok, off))
+        off += 20 + 4 * n_seq
     if n == 0:
         return cells, off
     v_trans, layers = (int(v) for v in np.frombuffer(data, "<u4", 2, off))
@@ -525,22 +550,24 @@ def _ext_section(data, off, n_layer, n_embd_kv):
 
 
 def test_live_mrope_cells_carry_position_and_token(mrope_model, tmp_path):
-    """llama.cpp 0.3.36 loads the M-RoPE model written here, decodes text, and writes each cell
-    record with 12 more bytes after n_seq_id: x, y, tok (llama_kv_cell_ext). A text batch has one
-    position per token, which llama_batch_allocr broadcasts to every M-RoPE position plane, and
-    apply_ubatch takes y from plane 1 and x from plane 2: for a text token x = y = its position
-    and tok = its token id (a copied cell keeps its source's). llama.cpp reads its own sequence
-    state back into a fresh context and writes the same bytes."""
+    """llama.cpp 0.3.36 loads the M-RoPE model written here, decodes text and an image's
+    embeddings, and writes each cell record with 12 more bytes after n_seq_id: x, y, tok
+    (llama_kv_cell_ext, three i32). For a text token x = y = its position and tok = its token id;
+    for an embedding x and y are its planes 2 and 1 and tok is LLAMA_TOKEN_NULL (_held). The
+    files wrap the same bytes; llama.cpp reads its own sequence state back into a fresh context
+    and writes the same bytes; and the extension matters to the next step: the same state with
+    the image's x and y zeroed decodes the next embedding of the image differently."""
     live = _mrope_live(mrope_model)
     L = live.L
     held = _held(MROPE_SCRIPT)
     n_layer, n_embd_kv = MROPE["n_layer"], MROPE["n_embd"] // MROPE["n_head"] * MROPE["n_head_kv"]
+    nxt = _embd_items(MROPE_NEXT, L.llama_model_n_embd(live.model))
+    every, seq0 = _tokens(MROPE_SCRIPT)
     ctx = live.context(MROPE_CTX)
     try:
         live.replay(ctx, MROPE_SCRIPT)
         blobs = {s: live.seq_get(ctx, s) for s in range(4)}
         whole = live.state_get(ctx)
-        every, seq0 = _tokens(MROPE_SCRIPT)
         sess_path, seq_path = tmp_path / "m.ggsn", tmp_path / "m.ggsq"
         assert L.llama_state_save_file(ctx, str(sess_path).encode(), (ctypes.c_int32 * len(every))(*every), len(every))
         assert L.llama_state_seq_save_file(ctx, str(seq_path).encode(), 0, (ctypes.c_int32 * len(seq0))(*seq0),
@@ -549,16 +576,17 @@ def test_live_mrope_cells_carry_position_and_token(mrope_model, tmp_path):
         L.llama_free(ctx)
 
     # sequence blobs: u32 magic, i32 seq id, u32 n_stream (1), the section of the sequence's cells
+    offsets = {}         # blob offset of each cell record of seq 0
     for s, blob in blobs.items():
         magic, sid, n_stream = np.frombuffer(blob, "<u4", 3, 0)
         assert (int(magic), int(sid), int(n_stream)) == (SEQ_STATE_MAGIC, s, 1)
         cells, end = _ext_section(blob, 12, n_layer, n_embd_kv)
         assert end == len(blob), s
-        # one cell per position held; not in position order (seq 3's 7 and 8 took the cells seq 2 freed)
-        assert sorted(c[0] for c in cells) == sorted(held[s]), s
-        for pos, seqs, x, y, tok in cells:
-            assert seqs == [s]
-            assert (x, y, tok) == (pos, pos, held[s][pos]), (s, pos)
+        assert all(seqs == [s] for _, seqs, _, _, _, _ in cells)
+        # cell order is not position order (seq 3's 7 and 8 took the cells seq 2 freed)
+        assert sorted((pos, x, y, tok) for pos, _, x, y, tok, _ in cells) == held[s], s
+        if s == 0:
+            offsets = {(pos, x, y): at for pos, _, x, y, _, at in cells}
 
     # the whole context: u32 length + architecture name, u32 n_stream, every cell with all its ids
     (n_arch,) = np.frombuffer(whole, "<u4", 1, 0)
@@ -567,28 +595,39 @@ def test_live_mrope_cells_carry_position_and_token(mrope_model, tmp_path):
     assert int(np.frombuffer(whole, "<u4", 1, off)[0]) == 1
     cells, end = _ext_section(whole, off + 4, n_layer, n_embd_kv)
     assert end == len(whole)
-    by_seq = {s: {} for s in range(4)}
-    for pos, seqs, x, y, tok in cells:
-        assert (x, y) == (pos, pos)
-        for s in seqs:
-            assert tok == held[s][pos], (s, pos)
-            by_seq[s][pos] = tok
-    assert by_seq == held
+    assert {s: sorted((pos, x, y, tok) for pos, seqs, x, y, tok, _ in cells if s in seqs) for s in range(4)} == held
     assert any(len(c[1]) == 2 for c in cells)      # seq 0 and 1 share cells
 
     # the files wrap the same memory state: a session file (magic, version 10, token count,
     # tokens) around the whole context, a sequence file (magic, version 3, token count, tokens)
     # around seq 0's state without the sequence-blob prefix
-    sess, sq = sess_path.read_bytes(), seq_path.read_bytes()
-    assert sess[12 + 4 * len(every):] == whole
-    assert sq[12 + 4 * len(seq0):] == blobs[0][8:]
+    assert sess_path.read_bytes()[12 + 4 * len(every):] == whole
+    assert seq_path.read_bytes()[12 + 4 * len(seq0):] == blobs[0][8:]
 
     # llama.cpp's own restore keeps the extension (a sequence's cells land in a fresh context in
     # the same order)
-    for s, blob in blobs.items():
+    def restore(blob, s):
         b = live.context(MROPE_CTX)
+        assert live.seq_set(b, blob, s) == len(blob)
+        return b
+
+    for s, blob in blobs.items():
+        b = restore(blob, s)
         try:
-            assert live.seq_set(b, blob, s) == len(blob)
             assert live.seq_get(b, s) == blob, s
         finally:
             L.llama_free(b)
+
+    # seq 0's blob with the image's x, y zeroed: the next embedding sees all of the image
+    flat = bytearray(blobs[0])
+    for (pos, x, y), at in offsets.items():
+        if (x, y) != (pos, pos):
+            flat[at + 8:at + 16] = bytes(8)
+    steps = []
+    for blob in (blobs[0], bytes(flat)):
+        b = restore(blob, 0)
+        try:
+            steps.append(live.decode_embd(b, nxt))
+        finally:
+            L.llama_free(b)
+    assert np.abs(steps[0] - steps[1]).max() > 1e-3
