@@ -432,6 +432,7 @@ static void publish(const kvc_sbatch *sb, const ubatch_fill *f, kvc_sbatch_ubatc
     out->ub.pos = sb->ub_pos;
     out->ub.seq_off = sb->ub_seq_off;
     out->ub.seq_ids = sb->ub_seq_ids;
+    out->ub.pos_x = out->ub.pos_y = out->ub.token = NULL;
     out->token = sb->ub_token;
     out->output = sb->ub_output;
     out->equal_seqs = f->equal_seqs;

@@ -36,7 +36,32 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     return KVC_OK;
 }
 
+int kvc_cells_ext_enable(kvc_cells *c) {
+    kvc_cell_ext *e = kvc_malloc_n(c->size ? c->size : 1, sizeof *e);
+    if (!e) {
+        return KVC_E_NOMEM;
+    }
+    for (uint32_t i = 0; i < c->size; i++) {
+        e[i] = kvc_cell_ext_default();
+    }
+    kvc_free(c->ext);
+    c->ext = e;
+    return KVC_OK;
+}
+
+int kvc_cells_init_like(kvc_cells *dst, const kvc_cells *src) {
+    int rc = kvc_cells_init(dst, src->size, src->n_seq_max);
+    if (rc == KVC_OK && src->ext && (rc = kvc_cells_ext_enable(dst)) != KVC_OK) {
+        kvc_cells_free(dst);
+    }
+    if (rc == KVC_OK) {
+        dst->empty_zeroes_shift = src->empty_zeroes_shift;
+    }
+    return rc;
+}
+
 void kvc_cells_free(kvc_cells *c) {
+    kvc_free(c->ext);
     kvc_free(c->pos);
     kvc_free(c->shift);
     kvc_free(c->seq);
@@ -64,6 +89,9 @@ void kvc_cells_reset(kvc_cells *c) {
         c->seq_pos[s].n = 0;
     }
     memset(c->seq_blk, 0, (size_t)c->n_seq_max * c->blk_words * sizeof *c->seq_blk);
+    for (uint32_t i = 0; c->ext && i < c->size; i++) {
+        c->ext[i] = kvc_cell_ext_default();
+    }
     kvc_cells_changed_all(c);
 }
 
@@ -319,6 +347,7 @@ bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_cells_changed(c, i);
     if (kvc_cells_seq_none(c, i)) {
         c->pos[i] = -1;
+        kvc_cells_ext_reset(c, i);
         kvc_cells_mark_unused(c, i);
         return true;
     }
@@ -334,6 +363,10 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     shift[dst] = shift[src];
     pos[src] = -1;
     shift[src] = 0;
+    if (c->ext) {
+        c->ext[dst] = c->ext[src];
+        c->ext[src] = kvc_cell_ext_default();
+    }
     if (nw == 1) {
         seq[dst] = seq[src];
         seq[src] = 0;
@@ -357,6 +390,7 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
     c->has_shift = true;
     kvc_cells_changed(c, i);
     if (p < 0) {
+        /* the extension stays, as llama.cpp's pos_add leaves it */
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
         c->pos[i] = -1;
         kvc_cells_mark_unused(c, i);
@@ -379,6 +413,9 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
     kvc_seqs_put(c->seq, c->size, c->seq_words, i, seq);
     kvc_cells_blk_mark_all(c, i);
     kvc_cells_changed(c, i);
+    if (!now) {
+        kvc_cells_ext_reset(c, i);
+    }
     if (was && !now) {
         kvc_cells_mark_unused(c, i);
     } else if (!was && now) {
@@ -389,6 +426,7 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
 void kvc_cells_clear_raw(kvc_cells *c, uint32_t i) {
     if (c->pos[i] != -1) {
         c->pos[i] = -1;
+        kvc_cells_ext_reset(c, i);
         kvc_cells_changed(c, i);
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
         kvc_cells_mark_unused(c, i);
@@ -405,6 +443,9 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     dst->used_max_p1 = src->used_max_p1;
     dst->has_shift = src->has_shift;
     memcpy(dst->seq_blk, src->seq_blk, (size_t)src->n_seq_max * src->blk_words * sizeof *src->seq_blk);
+    if (src->ext && dst->ext) {
+        memcpy(dst->ext, src->ext, n * sizeof *src->ext);
+    }
     kvc_cells_changed_all(dst);   /* the log is dst's own: whatever it said is void now */
     for (uint32_t s = 0; s < src->n_seq_max; s++) {
         memcpy(dst->seq_pos[s].v, src->seq_pos[s].v, (size_t)src->seq_pos[s].n * sizeof(int32_t));

@@ -15,6 +15,9 @@
  *     once), since the log last restarted; the log restarts (chg_epoch grows) when it is full
  *     and whenever the whole table is replaced, so that (chg_epoch, chg_n) taken at one moment
  *     names everything that changed since: what a mask written then must rewrite.
+ * A table may carry the per-cell extension (llama_kv_cell_ext: a 2-D position for M-RoPE, the token
+ * id for per-layer embeddings), allocated only for the caches of models that have it; a cell that
+ * empties gets its defaults back except through pos_add_raw (llama.cpp's pos_add leaves it).
  * Every mutation below keeps all of them consistent unless it says otherwise. The table is a
  * value of its own (it knows nothing of the cache around it): a cache with several streams
  * keeps one per stream. */
@@ -27,6 +30,24 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The token id of a cell that has none (LLAMA_TOKEN_NULL). */
+#define KVC_TOKEN_NULL (-1)
+
+/* A cell's extension: its 2-D position (x, y) and token id; defaults 0, 0, KVC_TOKEN_NULL. */
+typedef struct kvc_cell_ext {
+    int32_t x, y, tok;
+} kvc_cell_ext;
+
+static inline kvc_cell_ext kvc_cell_ext_default(void) {
+    const kvc_cell_ext e = { 0, 0, KVC_TOKEN_NULL };
+    return e;
+}
+
+/* Is the 2-D position (x, y) after (ox, oy) (row-major: y first)? */
+static inline bool kvc_cell_ext_2d_gt(const kvc_cell_ext *e, int32_t ox, int32_t oy) {
+    return e->y > oy || (e->y == oy && e->x > ox);
+}
 
 typedef struct kvc_seq_pos {
     int32_t *v;      /* ascending positions, one per cell holding the sequence */
@@ -54,12 +75,24 @@ typedef struct kvc_cells {
     uint32_t   *chg;          /* [size] the change log */
     uint32_t    chg_n;        /* entries in it */
     uint64_t    chg_epoch;    /* grows every time the log restarts */
+    kvc_cell_ext *ext;        /* [size] each cell's extension, or NULL: the table has none */
 } kvc_cells;
 
 int  kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max); /* KVC_OK / KVC_E_NOMEM */
 void kvc_cells_free(kvc_cells *c);
+/* Give an initialised table the per-cell extension (every cell at its defaults). KVC_OK or
+ * KVC_E_NOMEM (the table unchanged). */
+int  kvc_cells_ext_enable(kvc_cells *c);
+/* Initialise dst as a table of src's size, n_seq_max and extension (for kvc_cells_copy). */
+int  kvc_cells_init_like(kvc_cells *dst, const kvc_cells *src);
+/* Cell i's extension back to its defaults (no-op for a table without one). */
+static inline void kvc_cells_ext_reset(kvc_cells *c, uint32_t i) {
+    if (c->ext) {
+        c->ext[i] = kvc_cell_ext_default();
+    }
+}
 
-/* Empty every cell, zero every shift, has_shift = false. */
+/* Empty every cell (extensions at their defaults), zero every shift, has_shift = false. */
 void kvc_cells_reset(kvc_cells *c);
 /* Zero every shift, has_shift = false. */
 void kvc_cells_reset_shift(kvc_cells *c);
@@ -214,8 +247,9 @@ uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to);
 /* First empty cell in [from, to), or `to` when none. */
 uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to);
 
-/* Copy the whole table (arrays, counters, seq_pos) from src into dst, both initialised with
- * the same size and n_seq_max (snapshots for transactional operations). */
+/* Copy the whole table (arrays, counters, seq_pos, extensions) from src into dst, both
+ * initialised with the same size, n_seq_max and extension (kvc_cells_init_like; snapshots for
+ * transactional operations). */
 void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src);
 
 #ifdef __cplusplus

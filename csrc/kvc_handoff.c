@@ -135,6 +135,10 @@ static unsigned export_layout(const kvc_unified *c) {
 
 int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kvc_err *err) {
     memset(e, 0, sizeof *e);
+    if (kvc_unified_has_ext(c)) {
+        /* the hand-off's cell records have no room for it: it would be lost on the way */
+        return kvc_err_set(err, KVC_E_ARG, "a hand-off does not carry the per-cell extension of this cache's cells");
+    }
     kvc_unified_defrag_settle(c);
     const unsigned layout = export_layout(c);
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
@@ -324,7 +328,7 @@ static uint32_t longest_free_run(const kvc_cells *cells) {
 static int place(kvc_unified *c, const kvc_handoff_import *imp, uint32_t *longest) {
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { imp->seq_id };
-    const kvc_ubatch ub = { imp->cell_count, imp->cell_count, 1, imp->pos, seq_off, seq_ids };
+    const kvc_ubatch ub = { imp->cell_count, imp->cell_count, 1, imp->pos, seq_off, seq_ids, NULL, NULL, NULL };
     kvc_unified_seq_rm(c, imp->seq_id, -1, -1);
     if (longest) {
         *longest = longest_free_run(&c->cells);
@@ -379,7 +383,7 @@ static int reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
     if (!cells) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
     }
-    const kvc_state_sec sec = { imp->stream, cc, 0, (uint32_t)imp->c->v_trans, imp->pos, NULL };
+    const kvc_state_sec sec = { imp->stream, cc, 0, (uint32_t)imp->c->v_trans, imp->pos, NULL, NULL };
     uint32_t failed = 0, used = 0;
     const int found = kvc_unified_state_try_place_2026(c, imp->seq_id, &sec, 1, cells, &failed, &used);
     const int rc = found == 1 ? runs_of_cells(cells, cc, imp) : found;
@@ -440,6 +444,9 @@ static bool same_runs(const kvc_unified *c, const kvc_handoff_import *imp) {
 int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                              kvc_handoff_import *imp, kvc_err *err) {
     memset(imp, 0, sizeof *imp);
+    if (kvc_unified_has_ext(c)) {
+        return kvc_err_set(err, KVC_E_ARG, "a hand-off does not carry the per-cell extension of this cache's cells");
+    }
     uint32_t n_src_runs = 0;
     size_t off = 0;
     int rc = check_header(c, header, header ? len : 0, &n_src_runs, &off, err);
@@ -519,7 +526,7 @@ int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *head
         imp->heads = kvc_malloc_n(c->n_stream, sizeof *imp->heads);
         ok = imp->strms && imp->heads;
         for (uint32_t k = 0; ok && k < c->n_stream; k++) {
-            ok = kvc_cells_init(&imp->strms[k], c->cells.size, c->n_seq_max) == KVC_OK;
+            ok = kvc_cells_init_like(&imp->strms[k], kvc_unified_stream_cells_c(c, k)) == KVC_OK;
             if (ok) {
                 imp->n_strms++;
                 kvc_cells_copy(&imp->strms[k], kvc_unified_stream_cells_c(c, k));

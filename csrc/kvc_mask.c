@@ -545,6 +545,47 @@ static int kvc_mask_groups_of(const kvc_unified *c, const kvc_ubatch *ub, kvc_ma
     return rc;
 }
 
+/* The M-RoPE causal rule of a ubatch with 2-D positions, over rows already written: a cell of the
+ * token's sequence at the token's own position is hidden too when its 2-D position is after the
+ * token's. Only cells whose position some token of the group has can be affected: they are
+ * collected once per group. KVC_OK or KVC_E_NOMEM. */
+static int kvc_mask_2d(const kvc_unified *c, const kvc_ubatch *ub, const kvc_mask_groups *gr, int dtype, void *out) {
+    const uint32_t n_kv = gr->n_kv, nst = gr->nst;
+    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
+    uint32_t *cand = kvc_malloc_n(n_kv ? n_kv : 1, sizeof *cand);
+    if (!cand) {
+        return KVC_E_NOMEM;
+    }
+    for (uint32_t g = 0; g < gr->n_groups; g++) {
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, gr->strm[g]);
+        int32_t pmin = INT32_MAX, pmax = -1;
+        for (uint32_t t = g * nst; t < (g + 1) * nst; t++) {
+            pmin = ub->pos[t] < pmin ? ub->pos[t] : pmin;
+            pmax = ub->pos[t] > pmax ? ub->pos[t] : pmax;
+        }
+        const uint32_t end = n_kv < cells->used_max_p1 ? n_kv : cells->used_max_p1;
+        uint32_t n_cand = 0;
+        for (uint32_t j = 0; j < end; j++) {
+            if (cells->pos[j] >= pmin && cells->pos[j] <= pmax) {
+                cand[n_cand++] = j;
+            }
+        }
+        for (uint32_t t = g * nst; t < (g + 1) * nst && n_cand; t++) {
+            const int32_t s = ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]], p1 = ub->pos[t];
+            uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
+            for (uint32_t k = 0; k < n_cand; k++) {
+                const uint32_t j = cand[k];
+                if (cells->pos[j] == p1 && kvc_cells_seq_has(cells, j, s) &&
+                    kvc_cell_ext_2d_gt(&cells->ext[j], ub->pos_x[t], ub->pos_y[t])) {
+                    kvc_mask_set(row, dtype, j, false);
+                }
+            }
+        }
+    }
+    kvc_free(cand);
+    return KVC_OK;
+}
+
 /* kvc_unified_kq_mask_2026 of a ubatch whose groups are known. */
 static int kvc_mask_2026_write(const kvc_unified *c, const kvc_ubatch *ub, const kvc_mask_groups *gr, bool causal,
                                bool alibi, int dtype, void *out, kvc_err *err) {
@@ -565,6 +606,10 @@ static int kvc_mask_2026_write(const kvc_unified *c, const kvc_ubatch *ub, const
         if (rc != KVC_OK) {
             return kvc_err_set(err, rc, "out of memory building the KQ mask");
         }
+    }
+    /* only ubatches with 2-D positions (the groups' check refused them without the extension) */
+    if (causal && kvc_ubatch_is_2d(ub) && kvc_mask_2d(c, ub, gr, dtype, out) != KVC_OK) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory building the KQ mask");
     }
     if (stream) {
         kvc_stream_fence();
@@ -893,6 +938,11 @@ int kvc_unified_kq_mask_2026_reuse(kvc_unified *c, const kvc_ubatch *ub, bool ca
         return rc;
     }
     const size_t row_bytes = (size_t)gr.n_kv * kvc_mask_elsize(dtype);
+    if (kvc_ubatch_is_2d(ub)) {
+        /* the patch knows nothing of the 2-D rule: such a mask is written whole and not remembered */
+        kvc_mask_forget(c, out, kvc_mask_extent(ub->n_tokens, row_bytes, gr.n_kv, dtype));
+        return kvc_mask_2026_write(c, ub, &gr, causal, alibi, dtype, out, err);
+    }
     if (!(reuse && kvc_mask_patch(c, ub, causal, alibi, dtype, false, row_bytes, ub->n_tokens, gr.n_kv, gr.strm,
                                   gr.n_groups, gr.nst, out))) {
         kvc_mask_forget(c, out, kvc_mask_extent(ub->n_tokens, row_bytes, gr.n_kv, dtype));

@@ -626,6 +626,8 @@ static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
     s->n_layer = c->n_layer;
     s->cache = c;
     s->layer = rec_layer;
+    s->ext = NULL;          /* a recurrent memory's cells have no extension */
+    s->ext_bytes = 0;
 }
 
 /* The memory state of a recurrent cache has no stream count in any layout (llama.cpp's recurrent
@@ -733,6 +735,7 @@ static int place_cells(kvc_recurrent *c, int32_t seq_id, uint32_t cc, int32_t po
     }
     const uint32_t seq_off[2] = { 0, 1 };
     kvc_ubatch ub;
+    memset(&ub, 0, sizeof ub);
     ub.n_tokens = 1;
     ub.n_seq_tokens = 1;
     ub.n_seqs = 1;

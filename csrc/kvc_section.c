@@ -31,8 +31,10 @@ static const char *type_name(int32_t id) {
 void kvc_sec_free(kvc_section *sec) {
     kvc_free(sec->pos);
     kvc_free(sec->seq);
+    kvc_free(sec->ext);
     sec->pos = NULL;
     sec->seq = NULL;
+    sec->ext = NULL;
 }
 
 int kvc_state_check_end(size_t end, size_t len, kvc_err *err) {
@@ -141,7 +143,8 @@ static int parse_cells(kvc_cursor *r_in, const kvc_sec_dest *d, kvc_section *sec
     kvc_cursor cur = *r_in, *const r = &cur;
     const uint32_t cc = sec->cell_count;
     const bool single = d && d->seq_id >= 0;
-    const size_t min_rec = single ? 8 + 4 * (size_t)d->single_n_ids : 8;
+    const uint32_t eb = d ? d->ext_bytes : sec->d_ext_bytes;
+    const size_t min_rec = (single ? 8 + 4 * (size_t)d->single_n_ids : 8) + eb;
     /* nothing is allocated for more cells than the bytes left can describe */
     if ((r->len - r->off) / min_rec < cc) {
         return kvc_err_set(err, KVC_E_STATE,
@@ -158,7 +161,10 @@ static int parse_cells(kvc_cursor *r_in, const kvc_sec_dest *d, kvc_section *sec
         if (!single && !direct) {
             sec->seq = kvc_malloc_n((uint64_t)cc * nw, sizeof *sec->seq);
         }
-        if ((!d->into_pos && !sec->pos) || (!single && !direct && !sec->seq)) {
+        if (eb) {
+            sec->ext = kvc_malloc_n(cc, sizeof *sec->ext);
+        }
+        if ((!d->into_pos && !sec->pos) || (!single && !direct && !sec->seq) || (eb && !sec->ext)) {
             return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading a state of %" PRIu32 " cells", cc);
         }
     }
@@ -170,7 +176,7 @@ static int parse_cells(kvc_cursor *r_in, const kvc_sec_dest *d, kvc_section *sec
     kvc_seqset seen;
     kvc_seqset_clear(&seen);
     for (uint32_t i = 0; i < cc; i++) {
-        if (direct && r->len - r->off >= 12) {
+        if (direct && !eb && r->len - r->off >= 12) {
             /* the common cell of a recurrent state, listing one sequence: its record checked in
              * one piece, in place; any fault is left to the general path below, which names it */
             const uint8_t *q = r->p + r->off;
@@ -199,6 +205,23 @@ static int parse_cells(kvc_cursor *r_in, const kvc_sec_dest *d, kvc_section *sec
         }
         n_min = i == 0 || n_seq_id < n_min ? n_seq_id : n_min;
         n_max = n_seq_id > n_max ? n_seq_id : n_max;
+        if (eb) {
+            kvc_cell_ext e = kvc_cell_ext_default();
+            if (r->len - r->off < eb) {
+                return truncated_at(err, cur, eb, "the extension of cell %" PRIu32 " of %" PRIu32, i, cc);
+            }
+            e.x = kvc_le_get_i32(r->p + r->off);
+            e.y = kvc_le_get_i32(r->p + r->off + 4);
+            if (eb == 12) {
+                e.tok = kvc_le_get_i32(r->p + r->off + 8);
+            }
+            r->off += eb;
+            if (sec->ext) {
+                sec->ext[i] = e;
+            } else if (sec->d_ext && i < sec->d_pos_cap) {
+                sec->d_ext[i] = e;
+            }
+        }
         if (single) {
             if (n_seq_id != d->single_n_ids) {
                 return kvc_err_set(err, KVC_E_STATE,
@@ -528,6 +551,7 @@ int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, b
             kvc_cursor body = { r.p ? r.p + r.off : NULL, r.len - r.off, 0 };
             kvc_section sec;
             memset(&sec, 0, sizeof sec);
+            sec.d_ext_bytes = (layout & KVC_LAYOUT_CELL_EXT) ? kvc_layout_ext_bytes(layout) : 0;
             if ((rc = kvc_sec_parse(&body, NULL, &sec, err)) != KVC_OK) {
                 if (fr.n_stream > 1 || at) {
                     kvc_err_wrap(err, rc, "stream %" PRIu32 " (from byte %zu)", s, at);
@@ -548,9 +572,20 @@ int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, b
 
 int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                        uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err) {
+    return kvc_state_describe_ext(data, len, 0, d, pos, seq, NULL, pos_cap, layers, layers_cap, err);
+}
+
+int kvc_state_describe_ext(const uint8_t *data, size_t len, uint32_t ext_bytes, kvc_state_desc *d, int32_t *pos,
+                           uint64_t *seq, kvc_cell_ext *ext, uint32_t pos_cap, kvc_state_layer_desc *layers,
+                           uint32_t layers_cap, kvc_err *err) {
     memset(d, 0, sizeof *d);
     kvc_section sec;
     memset(&sec, 0, sizeof sec);
+    if (ext_bytes != 0 && ext_bytes != 8 && ext_bytes != 12) {
+        return kvc_err_set(err, KVC_E_ARG, "a cell's extension has 0, 8 or 12 bytes, not %" PRIu32, ext_bytes);
+    }
+    sec.d_ext_bytes = ext_bytes;
+    sec.d_ext = pos && seq ? ext : NULL;
     sec.d_pos = pos;
     sec.d_seq = seq;
     sec.d_pos_cap = pos && seq ? pos_cap : 0;

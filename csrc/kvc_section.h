@@ -3,8 +3,9 @@
  * cache (kvc_state_describe, kvc_state_describe_frame). Layout: golden/FORMAT.md ("state_write /
  * state_read blobs"), the stream framing: docs/state.md.
  *
- * A stream section is the seed's memory state: u32 cell count; per cell i32 pos, u32 n_seq_id and
- * the ids; u32 V layout flag, u32 layer count; per layer K (i32 type, u64 row size, the rows), then
+ * A stream section is the seed's memory state: u32 cell count; per cell i32 pos, u32 n_seq_id, the
+ * per-cell extension of models that have one (layouts from 0.3.17: i32 x, i32 y, from 0.3.36 also
+ * i32 tok), the ids; u32 V layout flag, u32 layer count; per layer K (i32 type, u64 row size, the rows), then
  * per layer V (i32 type and u64 row size, or when transposed u32 element size and u32 width, then
  * the data). Every field is checked against the bytes left before it is read; against a
  * destination's geometry when one is given. Errors name the byte and what was expected. */
@@ -39,6 +40,7 @@ typedef struct kvc_sec_dest {
     int32_t  *into_pos;
     uint64_t *into_seq;
     int32_t  *into_cell_of;
+    uint32_t  ext_bytes;      /* bytes of the per-cell extension after n_seq_id (0, 8 or 12) */
 } kvc_sec_dest;
 
 /* One parsed stream section; offsets are the cursor's (from the start of its bytes). */
@@ -54,9 +56,12 @@ typedef struct kvc_section {
      * NULL where the destination gave its own table (into_pos, into_seq) */
     int32_t  *pos;          /* [cell_count] (owned; NULL without cells) */
     uint64_t *seq;          /* whole cache: [seq_words * cell_count] the cells' sets (owned), else NULL */
+    kvc_cell_ext *ext;      /* with ext_bytes: [cell_count] the cells' extensions (owned), else NULL */
     /* without a destination, where to record, when given (set by the caller before the parse) */
     int32_t              *d_pos;      /* [d_pos_cap] */
     uint64_t             *d_seq;      /* [KVC_SEQ_WORDS * d_pos_cap] */
+    kvc_cell_ext         *d_ext;      /* [d_pos_cap] (may be NULL) */
+    uint32_t              d_ext_bytes;/* the extension's bytes in each cell record */
     uint32_t              d_pos_cap;
     kvc_state_layer_desc *d_layers;   /* [d_layers_cap] */
     uint32_t              d_layers_cap;

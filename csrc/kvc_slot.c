@@ -201,6 +201,9 @@ int kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *str
     if (n == 0) {
         return kvc_err_set(err, KVC_E_ARG, "the ubatch has no tokens");
     }
+    if (ub->pos_x && !kvc_unified_has_ext(c)) {
+        return kvc_err_set(err, KVC_E_ARG, "a ubatch with 2-D positions needs a cache with the per-cell extension");
+    }
     if (c->n_stream == 1) {
         strm[0] = 0;
         *n_groups = 1;
@@ -325,6 +328,12 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
                 kvc_cells_seq_rm(cells, cell, q);
             }
             kvc_cells_pos_set(cells, cell, ub->pos[t]);
+            if (cells->ext && (ub->pos_x || ub->token || c->ple)) {
+                /* a ubatch with neither leaves the cell's extension as it was (llama.cpp) */
+                const kvc_cell_ext e = { ub->pos_x ? ub->pos_x[t] : 0, ub->pos_y ? ub->pos_y[t] : 0,
+                                         ub->token ? ub->token[t] : c->ple ? c->ple_token : KVC_TOKEN_NULL };
+                cells->ext[cell] = e;
+            }
             const uint32_t ug = t / ub->n_seq_tokens;
             for (uint32_t j = ub->seq_off[ug]; j < ub->seq_off[ug + 1]; j++) {
                 kvc_cells_seq_add(cells, cell, ub->seq_ids[j]);
@@ -433,7 +442,7 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
         if (!touched[s]) {
             continue;
         }
-        ok = kvc_cells_init(&saved[s], c->cells.size, c->n_seq_max) == KVC_OK;
+        ok = kvc_cells_init_like(&saved[s], kvc_unified_stream_cells(c, s)) == KVC_OK;
         if (ok) {
             kvc_cells_copy(&saved[s], kvc_unified_stream_cells(c, s));
             heads[s] = kvc_unified_stream_head_c(c, s);
@@ -599,7 +608,7 @@ int kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const voi
 
 int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s) {
     memset(s, 0, sizeof *s);
-    if (kvc_cells_init(&s->cells, c->cells.size, c->cells.n_seq_max) != KVC_OK) {
+    if (kvc_cells_init_like(&s->cells, &c->cells) != KVC_OK) {
         return KVC_E_NOMEM;
     }
     kvc_cells_copy(&s->cells, &c->cells);

@@ -62,12 +62,12 @@ static bool src_listed(const kvc_state_src *s, uint32_t i) {
     return s->empty_is_no_seq ? !kvc_seqs_none(s->seq, s->size, s->seq_words, i) : s->pos[i] != -1;
 }
 
-/* Bytes of listed cell i's metadata record: pos, n_seq_id, the ids. */
+/* Bytes of listed cell i's metadata record: pos, n_seq_id, the extension, the ids. */
 static size_t src_meta_bytes(const kvc_state_src *s, uint32_t i) {
     if (s->seq_id >= 0) {
-        return s->single_writes_id ? 12 : 8;
+        return (s->single_writes_id ? 12 : 8) + s->ext_bytes;
     }
-    return 8 + 4 * (size_t)kvc_seqs_count(s->seq, s->size, s->seq_words, i);
+    return 8 + s->ext_bytes + 4 * (size_t)kvc_seqs_count(s->seq, s->size, s->seq_words, i);
 }
 
 /* Count the listed cells, their runs of consecutive cells and their metadata bytes. */
@@ -148,16 +148,23 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
                        emitter *e) {
     emit_u32(e, cc);
     if (!emit_skip(e, meta)) {
-        uint8_t rec[8 + 4 * KVC_MAX_SEQ];
+        uint8_t rec[8 + 12 + 4 * KVC_MAX_SEQ];
         for (uint32_t k = 0; k < nr && e->pos < e->hi; k++) {
             for (uint32_t i = runs[2 * k]; i < runs[2 * k + 1]; i++) {
-                size_t n = 8;
+                size_t n = 8 + s->ext_bytes;
                 kvc_le_put_i32(rec, s->pos[i]);
+                if (s->ext_bytes) {
+                    kvc_le_put_i32(rec + 8, s->ext[i].x);
+                    kvc_le_put_i32(rec + 12, s->ext[i].y);
+                    if (s->ext_bytes == 12) {
+                        kvc_le_put_i32(rec + 16, s->ext[i].tok);
+                    }
+                }
                 if (s->seq_id >= 0) {
                     kvc_le_put_u32(rec + 4, s->single_writes_id ? 1u : 0u);
                     if (s->single_writes_id) {
-                        kvc_le_put_i32(rec + 8, s->seq_id);
-                        n = 12;
+                        kvc_le_put_i32(rec + n, s->seq_id);
+                        n += 4;
                     }
                 } else {
                     /* the ids ascending, as the reference's std::set */
@@ -383,6 +390,8 @@ static void unified_src(const stream_ref *ref, int32_t seq_id, unsigned layout, 
     s->n_layer = c->n_layer;
     s->cache = ref;
     s->layer = unified_layer;
+    s->ext = cells->ext;
+    s->ext_bytes = cells->ext ? kvc_layout_ext_bytes(layout) : 0;
 }
 
 uint32_t kvc_unified_state_listed(const kvc_unified *c, int32_t seq_id, unsigned layout, uint32_t stream,
@@ -405,9 +414,11 @@ typedef struct unified_view {
     kvc_state_framed f;
 } unified_view;
 
-/* Whether the layout can hold the cache's streams (a layout without stream counts holds one). */
+/* Whether the layout can hold the cache's streams (a layout without stream counts holds one) and
+ * its cells' extensions (the layouts before 0.3.17 have none: writing them there would lose them). */
 static bool layout_fits(const kvc_unified *c, unsigned layout) {
-    return (layout & KVC_LAYOUT_STREAMS) || kvc_unified_n_stream(c) == 1;
+    return ((layout & KVC_LAYOUT_STREAMS) || kvc_unified_n_stream(c) == 1) &&
+           ((layout & KVC_LAYOUT_EXT_XY) || !kvc_unified_has_ext(c));
 }
 
 static void unified_framed(const kvc_unified *c, int32_t seq_id, unsigned layout, unified_view *v) {
@@ -475,9 +486,10 @@ int kvc_unified_state_write(kvc_unified *c, int32_t seq_id, uint8_t *out, size_t
 
 /* The cache as the section parser holds a state to it (every stream has one geometry: ref names
  * stream 0, and must outlive d). */
-static void unified_dest(const stream_ref *ref, int32_t seq_id, unsigned flags, kvc_sec_dest *d) {
+static void unified_dest(const stream_ref *ref, int32_t seq_id, unsigned flags, unsigned layout, kvc_sec_dest *d) {
     const kvc_unified *c = ref->c;
     memset(d, 0, sizeof *d);
+    d->ext_bytes = kvc_unified_has_ext(c) ? kvc_layout_ext_bytes(layout) : 0;
     d->seq_id = seq_id;
     d->size = c->cells.size;
     d->single_n_ids = 1;
@@ -504,7 +516,7 @@ static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data
     const stream_ref ref = { c, 0 };
     kvc_sec_dest d;
     kvc_frame f;
-    unified_dest(&ref, seq_id, flags, &d);
+    unified_dest(&ref, seq_id, flags, layout, &d);
     *noop = false;
     int rc = kvc_frame_begin(&r, layout, kvc_unified_n_stream(c), &f, err);
     for (uint32_t s = 0; rc == KVC_OK && s < f.n_stream; s++) {
@@ -653,7 +665,7 @@ static int place_cells(kvc_unified *c, const kvc_state_plan *ps) {
     const int32_t seq_id = ps->seq_id;
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { seq_id };
-    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids };
+    const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, NULL, NULL, NULL };
     kvc_unified_seq_rm(c, seq_id, -1, -1);
     const int found = kvc_unified_find_slot(c, &ub);
     if (found == 1 && c->head + cc > c->cells.size) {
@@ -755,7 +767,7 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
 int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos) {
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { seq_id };
-    const kvc_ubatch ub = { cc, cc, 1, pos, seq_off, seq_ids };
+    const kvc_ubatch ub = { cc, cc, 1, pos, seq_off, seq_ids, NULL, NULL, NULL };
     kvc_unified_seq_rm(c, seq_id, -1, -1);
     if (cc == 0) {
         return 1;
@@ -772,7 +784,7 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
     const uint32_t head = kvc_unified_stream_head_c(c, st);
     int32_t *idx = kvc_malloc_n(slot.n ? slot.n : 1, sizeof *idx);
     uint32_t *strm = kvc_malloc_n(c->n_stream, sizeof *strm);
-    if (!idx || !strm || kvc_cells_init(&saved, c->cells.size, c->n_seq_max) != KVC_OK) {
+    if (!idx || !strm || kvc_cells_init_like(&saved, kvc_unified_stream_cells(c, st)) != KVC_OK) {
         kvc_free(idx);
         kvc_free(strm);
         return KVC_E_NOMEM;
@@ -831,7 +843,7 @@ static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, siz
     int rc;
     plan->data = data;
     plan->seq_id = seq_id;
-    unified_dest(&ref, seq_id, flags, &d);
+    unified_dest(&ref, seq_id, flags, layout, &d);
     if ((rc = kvc_frame_begin(&r, layout, c->n_stream, &f, err)) != KVC_OK) {
         return rc;
     }
@@ -854,6 +866,7 @@ static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, siz
         sec->v_trans = ps.v_trans;
         sec->pos = ps.pos; /* owned by the plan from here */
         sec->seq = ps.seq;
+        sec->ext = ps.ext;
         if (rc != KVC_OK) {
             if (f.n_stream > 1) {
                 kvc_err_wrap(err, rc, "stream %" PRIu32 " (from byte %zu)", s, at);
@@ -884,6 +897,9 @@ static void apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
             for (uint32_t i = 0; i < sec->cell_count; i++) {
                 const uint64_t *set = sec->seq + (size_t)i * nw;
                 kvc_cells_set_raw(cells, i, sec->pos[i], set);
+                if (sec->ext) {
+                    cells->ext[i] = sec->ext[i];
+                }
                 for (uint32_t w = 0; w < nw; w++) {
                     touched.w[w] |= set[w];
                 }
@@ -900,6 +916,11 @@ static void apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
         const kvc_state_sec *sec = &plan->secs[k];
         if (kvc_unified_state_place_2026(c, plan->seq_id, sec->cell_count, sec->pos) == 1 && sec->cell_count) {
             apply_data_2026(c, plan->data, sec, c->scatter.idx);
+            /* the saved extensions go back as they were (llama.cpp puts them back after placing) */
+            kvc_cells *cells = kvc_unified_stream_cells(c, sec->stream);
+            for (uint32_t i = 0; sec->ext && i < sec->cell_count; i++) {
+                cells->ext[c->scatter.idx[i]] = sec->ext[i];
+            }
         }
     }
     kvc_unified_slot_drop(c);
@@ -909,6 +930,7 @@ void kvc_state_plan_free(kvc_state_plan *plan) {
     for (uint32_t k = 0; k < plan->n_sec; k++) {
         kvc_free(plan->secs[k].pos);
         kvc_free(plan->secs[k].seq);
+        kvc_free(plan->secs[k].ext);
     }
     kvc_free(plan->secs);
     kvc_free(plan->pos);
@@ -1076,6 +1098,55 @@ static int parts_base(int32_t seq_id, const uint8_t *data, size_t len, unsigned 
     return rc;
 }
 
+/* Detection for caches with the per-cell extension: the layouts a state of theirs may be in (the
+ * newest first; with the prefix, those that have one), each tried against the caches; exactly
+ * one must take the input whole. KVC_OK with plans ready, *end and *layout set. */
+static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data, size_t len,
+                      size_t base, unsigned flags, unsigned streams, kvc_state_plan *plans, size_t *end,
+                      unsigned *layout, kvc_err *err) {
+    const unsigned xy = streams | KVC_LAYOUT_EXT_XY;
+    const unsigned cand[4] = { xy | KVC_LAYOUT_EXT_TOK, xy, streams, 0 };
+    const uint32_t n_cand = base ? 2 : 4;
+    kvc_state_plan other[KVC_STATE_MAX_PARTS];
+    kvc_err fail, first;
+    uint32_t n_ok = 0, n_framed = 0;
+    fail.msg[0] = first.msg[0] = 0;
+    for (uint32_t k = 0; k < n_cand; k++) {
+        kvc_err e, scratch;
+        size_t e_end = 0;
+        e.msg[0] = 0;
+        const int rc = prepare_parts(caches, n_parts, seq_id, data, len, base, flags | KVC_STATE_EXACT, cand[k],
+                                     n_ok ? other : plans, &e_end, &e);
+        if (rc != KVC_OK) {
+            /* the error worth telling: the one of the layout whose framing the bytes have */
+            if (k == 0) {
+                first = e;
+            }
+            if (frames_exactly(base ? data + base : data, len - base, cand[k] | KVC_LAYOUT_CELL_EXT, n_parts, &scratch)) {
+                n_framed++;
+                fail = e;
+            }
+            continue;
+        }
+        if (n_ok++) {
+            free_plans(plans, n_parts);
+            free_plans(other, n_parts);
+            return kvc_err_set(err, KVC_E_STATE,
+                               "the state reads in more than one layout (%zu bytes; cells with and without their "
+                               "extension, or with streams and without): pass the layout to say which", len);
+        }
+        *end = e_end;
+        *layout = cand[k];
+    }
+    if (n_ok == 0 && n_framed == 1) {
+        return kvc_err_set(err, KVC_E_STATE, "%s", fail.msg);
+    }
+    if (n_ok == 0) {
+        return kvc_err_set(err, KVC_E_STATE, "in no layout; as today's (12-byte cell extensions): %.200s", first.msg);
+    }
+    return KVC_OK;
+}
+
 int kvc_unified_state_read_parts_lay(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
                                      const uint8_t *data, size_t len, unsigned flags, unsigned layout,
                                      size_t *consumed, unsigned *used, kvc_err *err) {
@@ -1099,7 +1170,17 @@ int kvc_unified_state_read_parts_lay(kvc_unified *const *caches, uint32_t n_part
         if ((rc = parts_base(seq_id, data, len, KVC_LAYOUT_PREFIX, &base, err)) != KVC_OK) {
             return rc;
         }
-        if (base) {
+        bool ext = false;
+        for (uint32_t k = 0; k < n_parts; k++) {
+            ext = ext || kvc_unified_has_ext(caches[k]);
+        }
+        if (ext) {
+            rc = detect_ext(caches, n_parts, seq_id, data, len, base, flags, KVC_LAYOUT_STREAMS, plans, &end,
+                            &layout, err);
+            if (rc == KVC_OK && base) {
+                layout |= KVC_LAYOUT_PREFIX;
+            }
+        } else if (base) {
             layout = streams; /* only the stream layouts have the prefix */
             rc = prepare_parts(caches, n_parts, seq_id, data, len, base, flags, layout, plans, &end, err);
         } else {

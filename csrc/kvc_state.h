@@ -26,8 +26,17 @@ enum kvc_layout_bits {
     KVC_LAYOUT_PREFIX   = 2u, /* single-sequence blobs start with u32 KVC_SEQ_MAGIC, i32 seq id */
     KVC_LAYOUT_SWA_TRIM = 4u, /* single-sequence blobs leave out the cells SWA-masked against the
                                * sequence's largest position */
+    KVC_LAYOUT_EXT_XY   = 8u, /* the cell records of a cache with the per-cell extension (kvc_cells.h)
+                               * carry it after n_seq_id: i32 x, i32 y */
+    KVC_LAYOUT_EXT_TOK  = 16u,/* ... and i32 tok after them (with KVC_LAYOUT_EXT_XY) */
+    KVC_LAYOUT_CELL_EXT = 32u,/* readers without a cache: the cells have the extension (the model's) */
     KVC_LAYOUT_DETECT   = 0x80000000u, /* readers only: find the layout (see the _lay readers) */
 };
+
+/* Bytes of a cell's extension in a layout, for a cache that has one: 0, 8 or 12. */
+static inline uint32_t kvc_layout_ext_bytes(unsigned layout) {
+    return (layout & KVC_LAYOUT_EXT_XY) ? ((layout & KVC_LAYOUT_EXT_TOK) ? 12u : 8u) : 0u;
+}
 
 /* The first word of a sequence blob in the layouts with KVC_LAYOUT_PREFIX. */
 #define KVC_SEQ_MAGIC 0xaf143cd8u
@@ -101,6 +110,8 @@ typedef struct kvc_state_src {
     /* layer il as kvc_layer (kvc_common.h): its rows of this source (k / v NULL: zeros are
      * written); transposed, n_embd_v rows of size elements */
     void          (*layer)(const void *cache, uint32_t il, kvc_layer *out);
+    const struct kvc_cell_ext *ext;  /* [size] the cells' extensions (ext_bytes > 0) */
+    uint32_t        ext_bytes;       /* bytes of it in each cell record: 0, 8 (x, y) or 12 (x, y, tok) */
     const kvc_unified *swa;          /* single sequence: leave out the cells this cache's window
                                       * masks against swa_pmax (NULL: none left out) */
     int32_t         swa_pmax;
@@ -165,6 +176,12 @@ typedef struct kvc_state_desc {
 int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                        uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err);
 
+/* kvc_state_describe of a state whose cell records carry ext_bytes (0, 8 or 12) of the per-cell
+ * extension; ext (may be NULL) gets the first pos_cap cells' (tok KVC_TOKEN_NULL with 8 bytes). */
+int kvc_state_describe_ext(const uint8_t *data, size_t len, uint32_t ext_bytes, kvc_state_desc *d, int32_t *pos,
+                           uint64_t *seq, struct kvc_cell_ext *ext, uint32_t pos_cap, kvc_state_layer_desc *layers,
+                           uint32_t layers_cap, kvc_err *err);
+
 /* The framing of a memory state, walked without a cache: whether a sequence-blob prefix leads
  * (allowed only with allow_prefix and a layout with KVC_LAYOUT_PREFIX), the stream count, and
  * per stream where its section starts and how many cells it lists. */
@@ -175,7 +192,8 @@ typedef struct kvc_state_frame {
     size_t   end;          /* bytes of the framed state */
 } kvc_state_frame;
 
-/* Walk the framed state at data[0, len) in layout (not DETECT). sec_off[s] / sec_cells[s] for the
+/* Walk the framed state at data[0, len) in layout (not DETECT; with KVC_LAYOUT_CELL_EXT the cell
+ * records carry the layout's extension bytes). sec_off[s] / sec_cells[s] for the
  * first sec_cap streams: the offset of stream s's body (its cell count) and that count. KVC_OK
  * or KVC_E_STATE (err: what and where). */
 int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix,
@@ -199,6 +217,7 @@ typedef struct kvc_state_sec {
     uint32_t  v_trans;    /* the section's V layout (differs from the cache's only when converting) */
     int32_t  *pos;        /* the cells' validated positions (owned) */
     uint64_t *seq;        /* whole cache: the cells' sequence sets (owned), else NULL */
+    struct kvc_cell_ext *ext; /* the cells' extensions when the section has them (owned), else NULL */
 } kvc_state_sec;
 
 /* listed[i] = 1 for each cell i of stream `stream` that a state of seq_id (>= 0: a single

@@ -5,6 +5,9 @@ int kvc_ubatch_check(const kvc_ubatch *ub, uint32_t n_seq_max, kvc_err *err) {
         return kvc_err_set(err, KVC_E_ARG, "ubatch: n_tokens (%u) != n_seq_tokens (%u) * n_seqs (%u)",
                            ub->n_tokens, ub->n_seq_tokens, ub->n_seqs);
     }
+    if ((ub->pos_x == NULL) != (ub->pos_y == NULL)) {
+        return kvc_err_set(err, KVC_E_ARG, "ubatch: a 2-D position needs both pos_x and pos_y");
+    }
     for (uint32_t t = 0; t < ub->n_tokens; t++) {
         if (ub->pos[t] < 0) {
             return kvc_err_set(err, KVC_E_ARG, "ubatch: pos[%u] = %d is negative", t, ub->pos[t]);

@@ -63,6 +63,12 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
     if (p->semantics == KVC_SEM_2025 && p->stream_per_seq) {
         return kvc_err_set(err, KVC_E_ARG, "kv_unified false (a stream per sequence) needs semantics 2026");
     }
+    if (p->semantics == KVC_SEM_2025 && p->cell_ext) {
+        return kvc_err_set(err, KVC_E_ARG, "the per-cell extension needs semantics 2026 (the seed's cells have none)");
+    }
+    if (p->ple && !p->cell_ext) {
+        return kvc_err_set(err, KVC_E_ARG, "a per-layer-embedding token needs the per-cell extension");
+    }
     const uint32_t n_stream = p->stream_per_seq ? p->n_seq_max : 1;
     if ((uint64_t)p->kv_size * n_stream > (uint64_t)INT32_MAX) {
         return kvc_err_set(err, KVC_E_ARG, "kv_size (%u) x %u streams is more than %d cells", p->kv_size,
@@ -107,6 +113,13 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
             }
             c->more[s - 1].cells.empty_zeroes_shift = true;
         }
+        for (uint32_t s = 0; p->cell_ext && s < n_stream; s++) {
+            if (kvc_cells_ext_enable(kvc_unified_stream_cells(c, s)) != KVC_OK) {
+                goto nomem;
+            }
+        }
+        c->ple = p->ple;
+        c->ple_token = p->ple_token;
     }
     c->layers = kvc_calloc(p->n_layer ? p->n_layer : 1, sizeof *c->layers);
     c->defrag_ids = kvc_malloc_n(p->kv_size, sizeof *c->defrag_ids);
@@ -325,6 +338,9 @@ static void kvc_unified_seq_cp_streams(kvc_unified *c, int32_t src, int32_t dst)
             const uint32_t i = (k << 6) + kvc_ctz64(m);
             kvc_cells_pos_set(b, i, a->pos[i]);
             kvc_cells_seq_add(b, i, dst);
+            if (b->ext) {
+                b->ext[i] = a->ext[i];
+            }
             b->shift[i] = a->shift[i];
             b->has_shift = b->has_shift || a->shift[i] != 0;
         }

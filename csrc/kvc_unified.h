@@ -113,6 +113,10 @@ typedef struct kvc_unified {
     bool       vector_moves; /* transposed-V moves may take the vector path (decided at init) */
     struct kvc_mask_memo *mask_memo; /* the last mask buffer written with kvc_unified_kq_mask_reuse
                                       * (kvc_mask.h), NULL before */
+    /* the per-cell extension (2026 only): every stream's table has one when the cache has it */
+    bool       ple;          /* every ubatch sets the extension, a ubatch without token ids
+                              * storing ple_token (llama.cpp's per-layer-embedding models) */
+    int32_t    ple_token;
 } kvc_unified;
 
 typedef struct kvc_unified_params {
@@ -129,6 +133,10 @@ typedef struct kvc_unified_params {
     const int32_t  *layer_il;    /* [n_layer] model layer indices */
     const uint32_t *n_embd_k;    /* [n_layer] */
     const uint32_t *n_embd_v;    /* [n_layer] */
+    bool            cell_ext;    /* 2026: the per-cell extension (kvc_cells.h), as llama.cpp gives the
+                                  * caches of M-RoPE and per-layer-embedding models */
+    bool            ple;         /* with cell_ext: kvc_unified.ple */
+    int32_t         ple_token;
 } kvc_unified_params;
 
 /* Validate params and initialise (buffers NULL). KVC_OK, KVC_E_ARG (err says why), KVC_E_NOMEM. */
@@ -200,6 +208,8 @@ int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32
  * without RoPE, or the owner rotates; else kvc_unified_update rotates K by them next).
  * *copies: how many copies ran; returns whether a shift was pending. */
 bool    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts);
+/* Whether the cache's cells carry the per-cell extension. */
+static inline bool kvc_unified_has_ext(const kvc_unified *c) { return c->cells.ext != NULL; }
 /* The streams the state codec walks (kvc_state.c: a section per stream): 1 for a 2025 cache. */
 static inline uint32_t kvc_unified_n_stream(const kvc_unified *c) { return c->n_stream; }
 

@@ -244,6 +244,9 @@ cdef inline void singles_ubatch(kvc_ubatch *ub, uint32_t n_tokens, int32_t *pos,
     ub.pos = pos
     ub.seq_off = off
     ub.seq_ids = seq
+    ub.pos_x = NULL
+    ub.pos_y = NULL
+    ub.token = NULL
 
 
 cdef class Workload:

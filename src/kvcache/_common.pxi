@@ -616,14 +616,21 @@ cdef class UBatch:
       token is its own group; otherwise the tokens are ``len(seq_id)`` groups of
       ``n_seq_tokens`` consecutive tokens (equal split).
     - ``output``: optional per-token output flags (kept for the caller; caches ignore them).
+    - ``tokens``: optional token ids, one per token (int32; llama.cpp's ``ubatch.token``).
+    - ``pos_x``, ``pos_y``: optional 2-D positions, one each per token (both or neither): the
+      ubatch has 2-D positions (M-RoPE: llama.cpp's position planes 2 and 1, ``pos`` being plane
+      0). A cache with the per-cell extension (``cell_ext=True``) stores them and the token ids
+      in the cells it places them in; the KQ mask of a ubatch with 2-D positions also hides, at
+      the token's own position, the cells whose 2-D position comes after the token's. Other
+      caches ignore ``tokens`` and refuse 2-D positions.
 
     The values are copied into memory the ubatch owns: changing the arguments afterwards does
     not change it. Read-only attributes: ``n_tokens``, ``n_seq_tokens``, ``n_seqs``, ``pos``,
-    ``seq_id``, ``output`` (bool array or None) and ``max_seq`` (the largest sequence id, -1
-    when none).
+    ``seq_id``, ``output`` (bool array or None), ``tokens``, ``pos_x``, ``pos_y`` (int32 arrays
+    or None) and ``max_seq`` (the largest sequence id, -1 when none).
     """
 
-    def __cinit__(self, pos, seq_id, n_seq_tokens=1, output=None):
+    def __cinit__(self, pos, seq_id, n_seq_tokens=1, output=None, *, tokens=None, pos_x=None, pos_y=None):
         cdef Py_ssize_t n_tokens, n_groups, g, total
         cdef uint32_t nst = <uint32_t>int_c(n_seq_tokens, "n_seq_tokens", 1, UINT32_MAX)
         # pos and (when it is one id per group) seq_id as int32/int64 arrays or lists of ints
@@ -692,6 +699,24 @@ cdef class UBatch:
         self.c.pos = pos_p if n_tokens else NULL
         self.c.seq_ids = ids
         self.max_seq = mx
+        self._ext = None
+        if tokens is not None or pos_x is not None or pos_y is not None:
+            _ubatch_set_ext(self, tokens, pos_x, pos_y, n_tokens)
+
+    @property
+    def tokens(self):
+        """Token ids (a read-only int32 array), or None."""
+        return self._ext[2, :self.c.n_tokens] if self.c.token != NULL else None
+
+    @property
+    def pos_x(self):
+        """The x of each token's 2-D position (a read-only int32 array), or None."""
+        return self._ext[0, :self.c.n_tokens] if self.c.pos_x != NULL else None
+
+    @property
+    def pos_y(self):
+        """The y of each token's 2-D position (a read-only int32 array), or None."""
+        return self._ext[1, :self.c.n_tokens] if self.c.pos_y != NULL else None
 
     def __dealloc__(self):
         # the block the ubatch owns starts at seq_off (NULL before __cinit__ allocated it)
@@ -735,14 +760,41 @@ cdef class UBatch:
     def __repr__(self):
         return f"UBatch(n_tokens={self.c.n_tokens}, n_seq_tokens={self.c.n_seq_tokens}, n_seqs={self.c.n_seqs})"
 
-    cdef int check(self, uint32_t n_seq_max) except -1:
-        """Check the ids against a cache's n_seq_max (ValueError naming the bad id)."""
+    cdef int check(self, uint32_t n_seq_max, bint cell_ext=False) except -1:
+        """Check the ids against a cache's n_seq_max (ValueError naming the bad id); 2-D
+        positions need a cache with the per-cell extension (cell_ext)."""
         cdef kvc_err err
         err.msg[0] = 0
+        if self.c.pos_x != NULL and not cell_ext:
+            raise ValueError("a ubatch with 2-D positions (pos_x, pos_y) needs a cache with the per-cell "
+                             "extension (cell_ext=True)")
         if self.max_seq >= <int>n_seq_max:
             raise ValueError(f"seq_id {self.max_seq} in the ubatch is outside [0, {n_seq_max})")
         check_status(kvc_ubatch_check(&self.c, n_seq_max, &err), &err, "invalid ubatch")
         return 0
+
+
+cdef int _ubatch_set_ext(UBatch self, object tokens, object pos_x, object pos_y, Py_ssize_t n_tokens) except -1:
+    """The optional per-token values of a UBatch (int32 [3, n_tokens] it owns: pos_x, pos_y, tokens)."""
+    if (pos_x is None) != (pos_y is None):
+        raise ValueError("pos_x and pos_y: a 2-D position needs both (or neither)")
+    ext = np.zeros((3, max(n_tokens, 1)), dtype=np.int32)
+    for k, (v, name) in enumerate(((pos_x, "pos_x"), (pos_y, "pos_y"), (tokens, "tokens"))):
+        if v is None:
+            continue
+        a = values_c(v, name, VALUES_INT)
+        if a.shape != (n_tokens,):
+            raise ValueError(f"{name} must have one value per token ({n_tokens}), got shape {a.shape}")
+        if n_tokens and (a.min() < INT32_MIN or a.max() > INT32_MAX):
+            raise ValueError(f"{name} values must be int32")
+        ext[k, :n_tokens] = a
+    ext.flags.writeable = False
+    cdef const int32_t[:, ::1] e = ext
+    self._ext = ext
+    self.c.pos_x = &e[0, 0] if pos_x is not None else NULL
+    self.c.pos_y = &e[1, 0] if pos_y is not None else NULL
+    self.c.token = &e[2, 0] if tokens is not None else NULL
+    return 0
 
 
 def _fail_alloc_after(n=None):

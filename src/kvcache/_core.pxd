@@ -18,7 +18,9 @@ cdef class UBatch:
     cdef kvc_ubatch c              # the tokens as C sees them (memory the ubatch owns; read-only)
     cdef readonly object output    # per-token output flags or None
     cdef readonly int max_seq      # largest sequence id (-1 when none)
-    cdef int check(self, uint32_t n_seq_max) except -1     # ValueError unless the ids fit
+    cdef object _ext               # int32 [3, n_tokens]: pos_x, pos_y, token (what c points into), or None
+    # ValueError unless the ids fit (and 2-D positions have a cache with the per-cell extension)
+    cdef int check(self, uint32_t n_seq_max, bint cell_ext=*) except -1
 
 # --- unified -----------------------------------------------------------------
 cdef class UnifiedCore:

@@ -208,7 +208,7 @@ def _find_slot_parts(caches, UBatch ub not None):
     cdef int r
     err.msg[0] = 0
     for c in cs:
-        ub.check(c.c.n_seq_max)
+        ub.check(c.c.n_seq_max, kvc_unified_has_ext(&c.c))
     sems = {(<_Unified>c).c.semantics for c in cs}
     if len(sems) != 1:
         raise ValueError("find_slot: the caches have different semantics")
@@ -275,6 +275,8 @@ def _state_size_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
     for c in cs:
         s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
     cdef unsigned bits = write_layout_bits(layout, prefix, s)
+    for c in cs:
+        _check_state_layout(c, bits, "state_size")
     order = _lock_order(cs)
     _lock_all(order)
     for k in range(len(cs)):
@@ -300,6 +302,8 @@ def _state_write_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
         c = cs[k]
         s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
     bits = write_layout_bits(layout, prefix, s)
+    for k in range(n):
+        _check_state_layout(cs[k], bits, "state_write")
     order = _lock_order(cs)
     _begin_all(order, False, "state_write")
     try:

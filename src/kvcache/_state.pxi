@@ -7,7 +7,8 @@ from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, k
                                          kvc_state_layer_desc, kvc_state_describe, KVC_LAYOUT_STREAMS,
                                          KVC_LAYOUT_PREFIX, KVC_LAYOUT_SWA_TRIM, KVC_LAYOUT_DETECT,
                                          KVC_SEQ_MAGIC, KVC_SEQ_PREFIX_BYTES, kvc_state_frame,
-                                         kvc_state_describe_frame)
+                                         kvc_state_describe_frame, KVC_LAYOUT_EXT_XY, KVC_LAYOUT_EXT_TOK,
+                                         KVC_LAYOUT_CELL_EXT, kvc_layout_ext_bytes, kvc_state_describe_ext)
 from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS, kvc_cells_seq_cells
 
 # Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
@@ -22,13 +23,15 @@ ctypedef int (*state_range_fn)(const void *cache, int32_t seq_id, unsigned layou
 # The one table of llama.cpp's state layouts (docs/state.md): the name a user gives, the codec's
 # bits (csrc/kvc_state.h), what the wrappers of statefile hold, and the releases that wrote it.
 # Named by the month of the llama.cpp that llama-cpp-python vendored.
+_XY = KVC_LAYOUT_EXT_XY
 _LAYOUT_TABLE = {
-    "2025": (0, True, 9, 2, 0, "0.3.10-0.3.14"),
-    "2025-08": (KVC_LAYOUT_STREAMS, True, 9, 2, 0, "0.3.15-0.3.16"),
-    "2026-03": (KVC_LAYOUT_STREAMS, False, 9, 2, 8, "0.3.17-0.3.22"),
-    "2026-05": (KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX, False, 9, 2, 8, "0.3.23-0.3.25"),
-    "2026-06": (KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX | KVC_LAYOUT_SWA_TRIM, False, 9, 2, 8, "0.3.26-0.3.35"),
-    "2026": (KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX | KVC_LAYOUT_SWA_TRIM, False, 10, 3, 12, "0.3.36"),
+    "2025": (0, True, 9, 2, "0.3.10-0.3.14"),
+    "2025-08": (KVC_LAYOUT_STREAMS, True, 9, 2, "0.3.15-0.3.16"),
+    "2026-03": (KVC_LAYOUT_STREAMS | _XY, False, 9, 2, "0.3.17-0.3.22"),
+    "2026-05": (KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX | _XY, False, 9, 2, "0.3.23-0.3.25"),
+    "2026-06": (KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX | KVC_LAYOUT_SWA_TRIM | _XY, False, 9, 2, "0.3.26-0.3.35"),
+    "2026": (KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX | KVC_LAYOUT_SWA_TRIM | _XY | KVC_LAYOUT_EXT_TOK, False, 10, 3,
+             "0.3.36"),
 }
 
 #: the layouts state_write and the statefile writers produce, oldest first
@@ -44,9 +47,10 @@ def layout_info(layout):
     stream count), ``prefix`` (sequence blobs start with SEQ_MAGIC and the seq id), ``swa_trim``
     (sequence blobs leave out SWA-masked cells), ``outputs`` (whole-context states hold the
     outputs, logits and embeddings), ``session_version`` / ``sequence_version`` (of the files),
-    ``cell_ext`` (bytes of the per-cell extension of models that have one) and
-    ``llama_cpp_python`` (the releases that write it)."""
-    bits, outputs, sv, qv, ext, rel = _layout_row(layout)
+    ``cell_ext`` (bytes of the per-cell extension of models that have one: 0, 8 for x, y, 12
+    for x, y and the token id) and ``llama_cpp_python`` (the releases that write it)."""
+    bits, outputs, sv, qv, rel = _layout_row(layout)
+    ext = kvc_layout_ext_bytes(bits)
     return {"name": layout, "streams": bool(bits & KVC_LAYOUT_STREAMS), "prefix": bool(bits & KVC_LAYOUT_PREFIX),
             "swa_trim": bool(bits & KVC_LAYOUT_SWA_TRIM), "outputs": outputs, "session_version": sv,
             "sequence_version": qv, "cell_ext": ext, "llama_cpp_python": rel}

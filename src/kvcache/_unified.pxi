@@ -3,7 +3,7 @@
 from libc.stdint cimport uint16_t
 from libc.stdlib cimport malloc, free
 from kvcache.includes.kvc_unified cimport *
-from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift
+from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift, kvc_cell_ext
 from kvcache.includes.kvc_update cimport (KVC_UPDATE_MAX_PARTS, kvc_update_opts, kvc_update_result,
                                           kvc_unified_update_parts)
 from kvcache.includes.kvc_rope cimport kvc_rope_params
@@ -94,11 +94,15 @@ cdef int _refuse_2026(_Unified self, str what, str why) except -1:
     return 0
 
 
-cdef int _check_state_layout(_Unified self, unsigned bits, str what) except -1:
-    """A layout without stream counts holds one stream (the codec refuses the others too)."""
+cdef int _check_state_layout(_Unified self, unsigned bits, str what, bint writes=True) except -1:
+    """A layout without stream counts holds one stream, one without cell extensions writes none
+    (the codec refuses them too; a reader leaves the extensions at their defaults)."""
     if self.c.n_stream > 1 and not bits & (KVC_LAYOUT_STREAMS | KVC_LAYOUT_DETECT):
         raise ValueError(f"{what}: the cache has {self.c.n_stream} streams; a layout without stream counts "
                          f"holds one (use a layout with them: '2025-08' or later)")
+    if writes and kvc_unified_has_ext(&self.c) and not bits & KVC_LAYOUT_EXT_XY:
+        raise ValueError(f"{what}: the cache's cells carry the per-cell extension, which layouts before "
+                         f"'2026-03' have no room for (it would be lost): use '2026-03' or later")
     return 0
 
 
@@ -155,12 +159,14 @@ class Cells:
     ``pos`` (int32, -1 = empty) and ``shift`` (int32, accumulated since the last reset), one entry
     per cell, and ``seq_mask``: uint64 [size, n_words], bit b of word w set when sequence
     64 * w + b holds the cell (n_words = 1 for caches of up to 64 sequences, up to 4 for
-    MAX_SEQ = 256)."""
+    MAX_SEQ = 256). ``ext``: for a cache with the per-cell extension, int32 [size, 3], per cell
+    its x, y (2-D position) and token id (-1: none); else None."""
 
-    def __init__(self, pos, shift, seq_mask):
+    def __init__(self, pos, shift, seq_mask, ext=None):
         self.pos = pos
         self.shift = shift
         self.seq_mask = seq_mask
+        self.ext = ext
 
     def __len__(self):
         return len(self.pos)
@@ -187,7 +193,9 @@ class Cells:
         if not isinstance(other, Cells):
             return NotImplemented
         return (np.array_equal(self.pos, other.pos) and np.array_equal(self.shift, other.shift)
-                and np.array_equal(self.seq_mask, other.seq_mask))
+                and np.array_equal(self.seq_mask, other.seq_mask)
+                and (self.ext is None) == (other.ext is None)
+                and (self.ext is None or np.array_equal(self.ext, other.ext)))
 
     __hash__ = None
 
@@ -420,7 +428,8 @@ cdef class _Unified(UnifiedCore):
 
     def __cinit__(self, kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
                   v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None,
-                  buffers="owned", n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True):
+                  buffers="owned", n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True,
+                  cell_ext=False, ple_token=None):
         cdef kvc_unified_params p
         cdef kvc_err err
         cdef const kvc_type_info *tk
@@ -454,6 +463,14 @@ cdef class _Unified(UnifiedCore):
             raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(_SEMANTICS)}")
         if not isinstance(kv_unified, (bool, np.bool_, int, np.integer)):
             raise TypeError(f"kv_unified must be a bool, not {type(kv_unified).__name__}")
+        cell_ext_ = bool_arg(cell_ext, "cell_ext")
+        if cell_ext_ and semantics != "2026":
+            raise ValueError("cell_ext: the per-cell extension is today's llama.cpp's (semantics='2026'); "
+                             "the seed's cells have none")
+        if ple_token is not None and not cell_ext_:
+            raise ValueError("ple_token: a per-layer-embedding model's cache has the per-cell extension "
+                             "(cell_ext=True)")
+        ple_token_ = pos_c(ple_token, "ple_token") if ple_token is not None else 0
         wk = widths_arg(n_embd_k_gqa, nl, "n_embd_k_gqa", UINT32_MAX)
         wv = widths_arg(n_embd_v_gqa, nl, "n_embd_v_gqa", UINT32_MAX)
         kept = layers_arg(layers, nl)
@@ -477,6 +494,9 @@ cdef class _Unified(UnifiedCore):
         p.layer_il = &v_il[0]
         p.n_embd_k = &v_k[0]
         p.n_embd_v = &v_v[0]
+        p.cell_ext = cell_ext_
+        p.ple = ple_token is not None
+        p.ple_token = ple_token_
         check_status(kvc_unified_init(&self.c, &p, &err), &err, "UnifiedCache")
         self._ready = True
         head_k = _head_dims_arg(n_embd_head_k, nl, wk, kept)
@@ -681,6 +701,19 @@ cdef class _Unified(UnifiedCore):
     def kv_unified(self):
         """True when every sequence shares one stream (always with semantics '2025')."""
         return self.c.n_stream == 1
+
+    @property
+    def cell_ext(self):
+        """True when every cell carries llama.cpp's per-cell extension (a 2-D position and a token
+        id: the caches of M-RoPE and per-layer-embedding models; semantics '2026' only)."""
+        return kvc_unified_has_ext(&self.c)
+
+    @property
+    def ple_token(self):
+        """The token id a ubatch without token ids stores in the cells (a per-layer-embedding
+        model's image or EOS token), or None: such a ubatch stores an extension only when it has
+        2-D positions."""
+        return self.c.ple_token if self.c.ple else None
 
     @property
     def n_stream(self):
@@ -927,7 +960,7 @@ cdef class _Unified(UnifiedCore):
         for u in range(n_ub):
             if not isinstance(ubs[u], UBatch):
                 raise TypeError(f"ubatches[{u}] must be a UBatch, not {type(ubs[u]).__name__}")
-            (<UBatch>ubs[u]).check(self.c.n_seq_max)
+            (<UBatch>ubs[u]).check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
             total += (<UBatch>ubs[u]).c.n_tokens
         cells = np.zeros(max(total, 1), dtype=np.int32)
         strm = np.zeros(n_ub * ns, dtype=np.uint32)
@@ -1025,7 +1058,7 @@ cdef class _Unified(UnifiedCore):
         cdef int r = 0
         cdef kvc_err err
         err.msg[0] = 0
-        ub.check(self.c.n_seq_max)
+        ub.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
         if self.c.semantics == KVC_SEM_2026:
             lock_change(&self._lock, "find_slot")
             with nogil:
@@ -1283,7 +1316,7 @@ cdef class _Unified(UnifiedCore):
             mdt, npdt = _MASK_DTYPES[dtype]
         except (KeyError, TypeError):
             raise ValueError(f"dtype = {dtype!r}: expected one of {', '.join(_MASK_DTYPES)}") from None
-        ub.check(self.c.n_seq_max)
+        ub.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
         if c_reuse and out is None:
             raise ValueError("kq_mask: reuse=True needs out (the buffer of the previous mask)")
         if self.c.semantics == KVC_SEM_2026:
@@ -1372,7 +1405,7 @@ cdef class _Unified(UnifiedCore):
         """T5 relative position buckets of ub against the cache: int32 [n_tokens, n]."""
         cdef uint32_t nb = <uint32_t>int_c(n_buckets, "n_buckets", 2, 0x7FFFFFFF)
         cdef int32_t[::1] o
-        ub.check(self.c.n_seq_max)
+        ub.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
         if self.c.n_stream != 1:
             raise ValueError("pos_bucket: position buckets need a cache of one stream")
         op_begin(&self._lock, False, "pos_bucket")
@@ -1550,16 +1583,24 @@ cdef class _Unified(UnifiedCore):
         pos = np.empty(n, dtype=np.int32)
         shift = np.empty(n, dtype=np.int32)
         planes = np.empty((nw, n), dtype=np.uint64)     # the table's layout: one plane per word
+        ext = np.empty((max(n, 1), 3), dtype=np.int32) if t.ext != NULL else None
         cdef int32_t[::1] vp = pos
         cdef int32_t[::1] vs = shift
         cdef uint64_t[:, ::1] vq = planes
+        cdef int32_t[:, ::1] ve
+        cdef int32_t *pe = NULL
+        if ext is not None:
+            ve = ext
+            pe = &ve[0, 0]
         with nogil:
             kvc_pylock_acquire_nogil(&self._lock)
             memcpy(&vp[0], t.pos, n * sizeof(int32_t))
             memcpy(&vs[0], t.shift, n * sizeof(int32_t))
             memcpy(&vq[0, 0], t.seq, nw * n * sizeof(uint64_t))
+            if pe != NULL:
+                memcpy(pe, t.ext, n * sizeof(kvc_cell_ext))
             kvc_pylock_release(&self._lock)
-        return Cells(pos, shift, np.ascontiguousarray(planes.T))
+        return Cells(pos, shift, np.ascontiguousarray(planes.T), None if ext is None else ext[:n])
 
     # --- state ---------------------------------------------------------------------------
     def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
@@ -1617,7 +1658,7 @@ cdef class _Unified(UnifiedCore):
         parse to exactly the end of data in one layout (StateError asks for layout= when it does
         in both). A sequence's state may come with or without the sequence-blob prefix. Raises
         StateError on a malformed or incompatible blob, leaving the cache exactly as it was."""
-        _check_state_layout(self, read_layout_bits(layout), "state_read")
+        _check_state_layout(self, read_layout_bits(layout), "state_read", False)
         return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact, layout=layout)
 
 

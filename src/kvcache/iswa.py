@@ -104,7 +104,7 @@ class ISWACache:
     ``ISWACache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa,
     swa_type="standard", n_batch=512, swa_full=None, type_k="f16", type_v="f16", v_trans=True,
     n_seq_max=1, n_pad=32, buffers="owned", n_embd_head_k=None, rope=None, semantics="2025",
-    kv_unified=True)``
+    kv_unified=True, cell_ext=False, ple_token=None)``
 
     - ``kv_size``: cells of the base cache (per stream; a positive multiple of ``n_pad``).
     - ``n_layer``, ``n_embd_k_gqa``, ``n_embd_v_gqa``: model layers and their K / V row widths
@@ -125,6 +125,8 @@ class ISWACache:
       ``prepare`` is the dry run of both, ``update`` performs both caches' stream copies and
       shifts (docs/semantics.md).
     - ``kv_unified`` (semantics "2026"): False gives both caches a stream per sequence.
+    - ``cell_ext``, ``ple_token`` (semantics "2026"): the per-cell extension in both caches, as
+      for :class:`UnifiedCache`.
     - ``buffers``: "owned", None / "none" (metadata only) for both caches, or the borrowed
       (K, V) pairs of every model layer: a dict ``{layer: (K, V)}`` or a list indexed by model
       layer; each cache gets its layers' pairs (see :class:`UnifiedCache`).
@@ -179,7 +181,8 @@ class ISWACache:
                  swa_full: bool | None = None, type_k: _GGMLType = "f16", type_v: _GGMLType = "f16",
                  v_trans: bool = True, n_seq_max: int = 1, n_pad: int = 32, buffers: _Buffers = "owned",
                  n_embd_head_k: _PerLayer | None = None, rope: RopeParams | None = None,
-                 semantics: Literal["2025", "2026"] = "2025", kv_unified: bool = True):
+                 semantics: Literal["2025", "2026"] = "2025", kv_unified: bool = True, cell_ext: bool = False,
+                 ple_token: int | None = None):
         n_layer = int_arg(n_layer, "n_layer", 0, 2**31 - 1)
         layers = layers_arg(swa_layers, n_layer, "swa_layers", any_order=True)
         n_swa = int_arg(n_swa, "n_swa", 1, 2**31 - 1)
@@ -198,7 +201,8 @@ class ISWACache:
         swa_set = frozenset(layers)
         common: dict[str, Any] = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,
                       type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=n_pad,
-                      n_embd_head_k=n_embd_head_k, rope=rope, semantics=semantics, kv_unified=kv_unified)
+                      n_embd_head_k=n_embd_head_k, rope=rope, semantics=semantics, kv_unified=kv_unified,
+                      cell_ext=cell_ext, ple_token=ple_token)
         buf_base, buf_swa = self._split_buffers(buffers, n_layer, swa_set)
         self._base = UnifiedCache(kv_size=kv_size, n_swa=0, swa_type="none", buffers=buf_base,
                                   layers=[il for il in range(n_layer) if il not in swa_set], **common)
@@ -224,6 +228,8 @@ class ISWACache:
     swa_type: _Attr[str] = _Attr("'standard' or 'chunked'.", "_swa")
     semantics: _Attr[str] = _Attr("'2025' (the seed's iSWA cache) or '2026' (today's llama.cpp), as both caches have it.")
     kv_unified: _Attr[bool] = _Attr('True when every sequence shares one stream in both caches.')
+    cell_ext: _Attr[bool] = _Attr("True when both caches' cells carry the per-cell extension (see UnifiedCache).")
+    ple_token: _Attr[int | None] = _Attr('The token id a ubatch without token ids stores (see UnifiedCache), or None.')
     n_stream: _Attr[int] = _Attr('Streams of each cache (1, or n_seq_max when not kv_unified).')
     n_seq_max: _Attr[int] = _Attr('Valid sequence ids are [0, n_seq_max).')
     size_base: _Attr[int] = _Attr('Cells of the base cache.', "_base", "size")
@@ -283,7 +289,8 @@ class ISWACache:
         return (f"ISWACache(kv_size={self._base.size}, n_layer={self.n_layer}, swa_layers={list(self._swa_layers)}, "
                 f"n_swa={self.n_swa}, swa_type={self.swa_type!r}, n_batch={self._n_batch}, "
                 f"swa_full={self._swa_full}, n_seq_max={self.n_seq_max}, size_swa={self._swa.size}"
-                + (f", semantics='2026', kv_unified={self.kv_unified})" if self._today else ")"))
+                + (f", semantics='2026', kv_unified={self.kv_unified}"
+                   + (", cell_ext=True)" if self.cell_ext else ")") if self._today else ")"))
 
     def _refuse_2026(self, what: str, why: str) -> None:
         # checked before either cache is touched

@@ -17,7 +17,7 @@ class UnifiedCache(_Unified):
 
     ``UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
     v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None, buffers="owned",
-    n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True)``
+    n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True, cell_ext=False, ple_token=None)``
 
     - ``kv_size``: number of cells, a positive multiple of ``n_pad``.
     - ``n_layer``: number of model layers; ``n_embd_k_gqa`` / ``n_embd_v_gqa``: K / V row width
@@ -59,6 +59,15 @@ class UnifiedCache(_Unified):
     - ``kv_unified`` (semantics "2026"): True (default): one stream for every sequence; False:
       ``n_seq_max`` streams, sequence s in stream s, each of ``kv_size`` cells with its own head
       and K/V rows (K / V row ``s * kv_size + cell``; a transposed V per stream).
+    - ``cell_ext`` (semantics "2026"): every cell carries llama.cpp's per-cell extension, as the
+      caches of M-RoPE and per-layer-embedding models have it: a 2-D position (x, y) and a token
+      id, set from a ubatch's ``pos_x`` / ``pos_y`` / ``tokens`` (:class:`UBatch`), used by the
+      KQ mask of ubatches with 2-D positions, copied by ``seq_cp`` across streams, reset when a
+      cell empties, and saved in the cell records of the states (layouts from ``"2026-03"``:
+      x, y; ``"2026"``: x, y and the token id). ``cells().ext`` shows it.
+    - ``ple_token`` (with ``cell_ext``, a per-layer-embedding model): every ubatch sets the
+      extension, one without token ids (embeddings) storing this token id (llama.cpp: the
+      model's image token, else its EOS token).
 
     Typical step, as llama.cpp's decode does it::
 

@@ -34,7 +34,7 @@ static inline const kvc_ubatch *fixture_ub(kvc_ubatch *ub, int32_t *pos, uint32_
         }
     }
     off[n] = k;
-    *ub = (kvc_ubatch){ n, 1, n, pos, off, ids };
+    *ub = (kvc_ubatch){ n, 1, n, pos, off, ids, NULL, NULL, NULL };
     return ub;
 }
 

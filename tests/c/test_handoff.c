@@ -61,7 +61,7 @@ static void cache_init(cache *t, uint32_t seed, enum mode m) {
     for (int32_t p0 = 0; p0 < 12; p0++) {
         const int32_t s = (p0 + (int32_t)seed) % 3;
         const uint32_t off[2] = { 0, 1 };
-        const kvc_ubatch ub = { 1, 1, 1, &p0, off, &s };
+        const kvc_ubatch ub = { 1, 1, 1, &p0, off, &s, NULL, NULL, NULL };
         if (m != SEED) {
             if (kvc_unified_find_slot_2026(&t->c, &ub, NULL) != 1) {
                 abort();

@@ -88,7 +88,7 @@ static bool pair_place(pair *t, const int32_t *pos, int32_t seq, uint32_t n, boo
         ids[i] = seq;
     }
     off[n] = n;
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids, NULL, NULL, NULL };
     for (int i = 0; i < 2; i++) {
         kvc_unified *c = &t->c[i];
         if (kvc_unified_find_slot(c, &ub) != 1) {

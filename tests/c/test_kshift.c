@@ -61,6 +61,7 @@ static int fixture_init(fixture *f, int32_t type) {
     }
     /* cells 0..9 of sequence 0 at positions 0..9, then shift positions 3.. by 5 */
     kvc_ubatch ub;
+    memset(&ub, 0, sizeof ub);
     int32_t pos[10];
     uint32_t off[11];
     int32_t ids[10];

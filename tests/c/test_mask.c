@@ -142,7 +142,7 @@ static void run(uint32_t n_seq_max, int32_t swa_type, uint32_t n_swa) {
             off[t] = t;
         }
         off[n_tokens] = n_tokens;
-        const kvc_ubatch ub = { n_tokens, 1, n_tokens, pos, off, sid };
+        const kvc_ubatch ub = { n_tokens, 1, n_tokens, pos, off, sid, NULL, NULL, NULL };
         for (int dtype = 0; dtype < 3; dtype++) {
             for (int flags = 0; flags < 4; flags++) {
                 snprintf(what, sizeof what, "%u seqs, swa %d/%u, shape %d, dtype %d, causal %d, alibi %d", n_seq_max,
@@ -161,7 +161,7 @@ static void run(uint32_t n_seq_max, int32_t swa_type, uint32_t n_swa) {
         sid[2 * g + 1] = ids[(g + 1) % n_seq];
     }
     off[4] = 8;
-    const kvc_ubatch eq = { 20, 5, 4, pos, off, sid };
+    const kvc_ubatch eq = { 20, 5, 4, pos, off, sid, NULL, NULL, NULL };
     check_one(&c, &eq, true, false, KVC_MASK_F32, "equal split");
     kvc_unified_free(&c);
 }

@@ -27,7 +27,7 @@ static int make(kvc_recurrent *c, uint32_t n_seq_max, uint32_t kv_size, float *k
 /* find_slot of groups of n_seq_tokens tokens: group g holds the ids ids[off[g] .. off[g+1]). */
 static int place(kvc_recurrent *c, uint32_t n_seqs, uint32_t n_seq_tokens, const int32_t *pos, const uint32_t *off,
                  const int32_t *ids) {
-    const kvc_ubatch ub = { n_seqs * n_seq_tokens, n_seq_tokens, n_seqs, pos, off, ids };
+    const kvc_ubatch ub = { n_seqs * n_seq_tokens, n_seq_tokens, n_seqs, pos, off, ids, NULL, NULL, NULL };
     kvc_err err = { 0, "" };
     return kvc_recurrent_find_slot(c, &ub, &err);
 }

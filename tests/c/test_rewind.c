@@ -44,7 +44,7 @@ static int place(kvc_unified *c, uint32_t n, int32_t p0, int32_t s, int32_t t) {
         }
     }
     off[n] = k;
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids };
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids, NULL, NULL, NULL };
     return kvc_unified_find_slot(c, &ub);
 }
 

@@ -160,7 +160,7 @@ static int tc_place(tc *t, uint32_t n, const int32_t *pos, const uint64_t *mask,
         }
     }
     seq_off[n] = k;
-    const kvc_ubatch ub = { n, 1, n, pos, seq_off, seq_ids };
+    const kvc_ubatch ub = { n, 1, n, pos, seq_off, seq_ids, NULL, NULL, NULL };
     const int rc = kvc_unified_find_slot(&t->c, &ub);
     if (rc == 1 && commit) {
         kvc_unified_commit(&t->c);

@@ -58,7 +58,7 @@ static uint8_t *whole_blob(size_t *len) {
     const int32_t pos[3] = { 5, 6, 7 };
     const uint32_t off[4] = { 0, 1, 3, 4 };
     const int32_t ids[4] = { 0, 0, 1, 1 };
-    const kvc_ubatch ub = { 3, 1, 3, pos, off, ids };
+    const kvc_ubatch ub = { 3, 1, 3, pos, off, ids, NULL, NULL, NULL };
     if (kvc_unified_find_slot(&t.c, &ub) != 1) {
         abort();
     }

@@ -134,7 +134,7 @@ static void place(cache *t, fz_rng *g, int32_t *next_pos) {
             pos[gi * n_seq_tokens + j] = next_pos[s]++;
         }
     }
-    const kvc_ubatch ub = { n_groups * n_seq_tokens, n_seq_tokens, n_groups, pos, off, ids };
+    const kvc_ubatch ub = { n_groups * n_seq_tokens, n_seq_tokens, n_groups, pos, off, ids, NULL, NULL, NULL };
     kvc_err err = { 0, "" };
     const int r = kvc_recurrent_find_slot(&t->c, &ub, &err);
     FUZZ_CHECK(r == 0 || r == 1 || r == KVC_E_NOSPACE || r == KVC_E_INTERNAL, "prefill find_slot: %d (%s)", r,
@@ -412,7 +412,7 @@ static void check_seq_result(const image *m, const cache *t, const geometry *g, 
     if (L->cc == 1) {
         const int32_t pos = (int32_t)kvc_le_get_u32(blob + 4);
         const uint32_t off[2] = { 0, 1 };
-        const kvc_ubatch ub = { 1, 1, 1, &pos, off, &g->seq_id };
+        const kvc_ubatch ub = { 1, 1, 1, &pos, off, &g->seq_id, NULL, NULL, NULL };
         kvc_err err = { 0, "" };
         const int r = kvc_recurrent_find_slot(&twin.c, &ub, &err);
         FUZZ_CHECK(r == 1, "%s succeeded where seq_rm + find_slot fails (%d: %s)", when, r, err.msg);

@@ -14,6 +14,9 @@ cdef extern from "kvc_cells.h" nogil:
         int32_t *v
         uint32_t n
 
+    ctypedef struct kvc_cell_ext:
+        int32_t x, y, tok
+
     ctypedef struct kvc_cells:
         uint32_t size
         uint32_t n_seq_max
@@ -27,6 +30,7 @@ cdef extern from "kvc_cells.h" nogil:
         uint32_t used_max_p1
         bint has_shift
         kvc_seq_pos *seq_pos
+        kvc_cell_ext *ext
 
     int  kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max)
     void kvc_cells_free(kvc_cells *c)

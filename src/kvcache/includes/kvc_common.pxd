@@ -44,6 +44,9 @@ cdef extern from "kvc_ubatch.h" nogil:
         const int32_t *pos
         const uint32_t *seq_off
         const int32_t *seq_ids
+        const int32_t *pos_x
+        const int32_t *pos_y
+        const int32_t *token
     int kvc_ubatch_check(const kvc_ubatch *ub, uint32_t n_seq_max, kvc_err *err)
 
 cdef extern from "kvc_types.h" nogil:

@@ -3,6 +3,7 @@
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from kvcache.includes.kvc_common cimport kvc_err
 from kvcache.includes.kvc_unified cimport kvc_unified
+from kvcache.includes.kvc_cells cimport kvc_cell_ext
 
 cdef extern from "kvc_state.h" nogil:
     enum:
@@ -13,6 +14,9 @@ cdef extern from "kvc_state.h" nogil:
         KVC_LAYOUT_PREFIX
         KVC_LAYOUT_SWA_TRIM
         KVC_LAYOUT_DETECT
+        KVC_LAYOUT_EXT_XY
+        KVC_LAYOUT_EXT_TOK
+        KVC_LAYOUT_CELL_EXT
         KVC_SEQ_MAGIC
         KVC_SEQ_PREFIX_BYTES
 
@@ -61,6 +65,10 @@ cdef extern from "kvc_state.h" nogil:
         uint32_t n_seq_id_min
         uint32_t n_seq_id_max
 
+    uint32_t kvc_layout_ext_bytes(unsigned layout)
+    int kvc_state_describe_ext(const uint8_t *data, size_t len, uint32_t ext_bytes, kvc_state_desc *d, int32_t *pos,
+                               uint64_t *seq, kvc_cell_ext *ext, uint32_t pos_cap, kvc_state_layer_desc *layers,
+                               uint32_t layers_cap, kvc_err *err)
     int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                            uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err)
 

@@ -64,6 +64,8 @@ cdef extern from "kvc_unified.h" nogil:
         bint defrag_pending
         uint32_t n_threads
         bint vector_moves
+        bint ple
+        int32_t ple_token
 
     ctypedef struct kvc_unified_params:
         uint32_t kv_size
@@ -79,6 +81,9 @@ cdef extern from "kvc_unified.h" nogil:
         const int32_t *layer_il
         const uint32_t *n_embd_k
         const uint32_t *n_embd_v
+        bint cell_ext
+        bint ple
+        int32_t ple_token
 
     int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
     void kvc_unified_free(kvc_unified *c)
@@ -95,6 +100,7 @@ cdef extern from "kvc_unified.h" nogil:
     uint32_t kvc_unified_stream_of(const kvc_unified *c, int32_t s)
     uint32_t kvc_unified_stream_head_c(const kvc_unified *c, uint32_t s)
     uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s)
+    bint     kvc_unified_has_ext(const kvc_unified *c)
     bint    kvc_unified_any_shift(const kvc_unified *c)
 
     int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax)
