@@ -9,7 +9,7 @@ from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, k
                                          KVC_SEQ_MAGIC, KVC_SEQ_PREFIX_BYTES, kvc_state_frame,
                                          kvc_state_describe_frame, KVC_LAYOUT_EXT_XY, KVC_LAYOUT_EXT_TOK,
                                          KVC_LAYOUT_CELL_EXT, kvc_layout_ext_bytes, kvc_state_describe_ext)
-from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS, kvc_cells_seq_cells
+from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS, kvc_cells_seq_cells, kvc_cell_ext
 
 # Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
 _STATE_CHUNK = 1 << 20
@@ -200,7 +200,14 @@ cdef _write_all(write, view):
         done += k
 
 
-def describe_state(data):
+cdef uint32_t _cell_ext_arg(object cell_ext) except? 0xffffffff:
+    cdef long long n = int_c(cell_ext, "cell_ext", 0, 12)
+    if n not in (0, 8, 12):
+        raise ValueError(f"cell_ext = {n}: a cell's extension has 0, 8 (x, y) or 12 (x, y, token) bytes")
+    return <uint32_t>n
+
+
+def describe_state(data, cell_ext=0):
     """Describe one cache state at the front of data without restoring it.
 
     Returns a dict: ``cell_count``, ``v_trans``, ``n_layer``, ``data_offset`` (where the V layout
@@ -209,7 +216,10 @@ def describe_state(data):
     of word w set when the cell lists sequence 64 * w + b) and ``layers`` (one dict per layer: K and V types, row sizes, or
     for a transposed V element size and width, offsets and data bytes). The structure is checked
     as the readers check it (StateError says what is wrong and where), but nothing is checked
-    against a cache."""
+    against a cache. cell_ext: the bytes of the per-cell extension in each cell record (0, or
+    for a model that has one 8 or 12: layout_info(layout)["cell_ext"]); with them the dict also
+    has ``ext``: int32 [cell_count, 3], each cell's x, y and token id (-1 with 8 bytes)."""
+    cdef uint32_t eb = _cell_ext_arg(cell_ext)
     cdef size_t n = 0
     cdef _HeldBuffer keep = state_data_view(data)
     cdef const uint8_t *p = state_data_ptr(keep, &n)
@@ -218,7 +228,7 @@ def describe_state(data):
     cdef int r
     err.msg[0] = 0
     with nogil:
-        r = kvc_state_describe(p, n, &d, NULL, NULL, 0, NULL, 0, &err)
+        r = kvc_state_describe_ext(p, n, eb, &d, NULL, NULL, NULL, 0, NULL, 0, &err)
     check_status(r, &err, "describe_state")
     # the counts are now known to fit in the data
     pos = np.empty(d.cell_count, dtype=np.int32)
@@ -227,12 +237,15 @@ def describe_state(data):
     cdef uint64_t[:, ::1] vs = seq
     cdef int32_t *pp = &vp[0] if d.cell_count else NULL
     cdef uint64_t *ps = &vs[0, 0] if d.cell_count else NULL
+    ext = np.empty((max(d.cell_count, 1), 3), dtype=np.int32)
+    cdef int32_t[:, ::1] ve = ext
     cdef kvc_state_layer_desc *ld = <kvc_state_layer_desc *>PyMem_Malloc(max(d.n_layer, 1) * sizeof(kvc_state_layer_desc))
     if ld == NULL:
         raise MemoryError()
     try:
         with nogil:
-            r = kvc_state_describe(p, n, &d, pp, ps, d.cell_count, ld, d.n_layer, &err)
+            r = kvc_state_describe_ext(p, n, eb, &d, pp, ps, <kvc_cell_ext *>&ve[0, 0] if eb else NULL,
+                                       d.cell_count, ld, d.n_layer, &err)
         check_status(r, &err, "describe_state")
         layers = []
         for i in range(d.n_layer):
@@ -247,19 +260,26 @@ def describe_state(data):
             layers.append(e)
     finally:
         PyMem_Free(ld)
-    return {"cell_count": d.cell_count, "v_trans": d.v_trans, "n_layer": d.n_layer, "data_offset": d.data_off,
-            "size": d.end, "n_seq_id_min": d.n_seq_id_min, "n_seq_id_max": d.n_seq_id_max, "pos": pos,
-            "seq": seq, "layers": layers}
+    out = {"cell_count": d.cell_count, "v_trans": d.v_trans, "n_layer": d.n_layer, "data_offset": d.data_off,
+           "size": d.end, "n_seq_id_min": d.n_seq_id_min, "n_seq_id_max": d.n_seq_id_max, "pos": pos,
+           "seq": seq, "layers": layers}
+    if eb:
+        out["ext"] = ext[:d.cell_count]
+    return out
 
 
-def describe_frame(data, streams, allow_prefix=True):
+def describe_frame(data, streams, allow_prefix=True, cell_ext=0):
     """The framing of one cache's memory state at the front of data, with stream counts (streams
     true) or without: a dict with ``prefixed`` (a sequence-blob prefix leads; only with allow_prefix),
     ``src_seq_id`` (its id), ``n_stream`` (1 in the layouts without a stream count), ``size``
     (bytes of the framed state) and ``sections``: per stream ``(offset, cell_count)``, the
     offset of the stream's body (pass ``data[offset:]`` to describe_state when cell_count > 0,
-    or in the layouts without streams always). StateError names what is wrong and where."""
+    or in the layouts without streams always). cell_ext: the bytes of the per-cell extension in
+    each cell record (0, 8 or 12, as describe_state). StateError names what is wrong and where."""
+    cdef uint32_t eb = _cell_ext_arg(cell_ext)
     cdef unsigned bits = (KVC_LAYOUT_STREAMS if streams else 0) | KVC_LAYOUT_PREFIX
+    if eb:
+        bits |= KVC_LAYOUT_CELL_EXT | KVC_LAYOUT_EXT_XY | (KVC_LAYOUT_EXT_TOK if eb == 12 else 0)
     cdef size_t n = 0
     cdef _HeldBuffer keep = state_data_view(data)
     cdef const uint8_t *p = state_data_ptr(keep, &n)

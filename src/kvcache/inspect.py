@@ -138,7 +138,8 @@ def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str 
     descs = []
     for k, secs in enumerate(framing.parts):
         for s, (off, n) in enumerate(secs):
-            descs.append((k, s, off, None if framing.streams and n == 0 else describe_state(part[off:])))
+            descs.append((k, s, off, None if framing.streams and n == 0 else
+                          describe_state(part[off:], framing.cell_ext)))
     if variant is None:
         variant = "iswa" if len(framing.parts) == 2 else "unified"
         # a prefix before a state without stream counts: only a recurrent memory state has none
@@ -211,6 +212,8 @@ def _layouts_of(kind: str, variant: str, framing, file_layout: str | None, versi
             continue
         prefixed = framing is not None and framing.prefixed
         if prefixed and not i["prefix"]:
+            continue
+        if framing is not None and framing.cell_ext and i["cell_ext"] != framing.cell_ext:
             continue
         out.append(name)
     return out
@@ -318,6 +321,8 @@ def report_bytes(data, variant: str | None = None, name: str | None = None, layo
     if framing is not None:
         out["framing"] = {"stream_counts": framing.streams, "prefix": framing.prefixed,
                           "src_seq_id": framing.src_seq_id, "n_stream": [len(p) for p in framing.parts]}
+        if framing.cell_ext:
+            out["framing"]["cell_ext"] = framing.cell_ext
     out["cell_count"] = sum(s["cell_count"] for s in sections)
     out["sections"] = sections
     # the bytes of the cache part outside its sections: the prefix, the stream counts
@@ -369,6 +374,9 @@ def format_report(r: dict) -> str:
     lines.append(f"  layout {layout_text(r['layouts'])}")
     if "framing" in r and r["framing"]["prefix"]:
         lines.append(f"  sequence-blob prefix: magic 0x{0xaf143cd8:08x}, source seq {r['framing']['src_seq_id']}")
+    if "framing" in r and r["framing"].get("cell_ext"):
+        what = "x, y, token id" if r["framing"]["cell_ext"] == 12 else "x, y"
+        lines.append(f"  per-cell extension: {r['framing']['cell_ext']} bytes per cell ({what})")
     lines.append(f"  cache: {r['variant']}{' (guessed)' if r['variant_guessed'] else ''}, "
                  f"{plural(r['cell_count'], 'cell')}")
     for s in r["sections"]:

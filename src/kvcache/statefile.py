@@ -136,22 +136,25 @@ class Framing:
     """How a memory state is framed, as its bytes say (:func:`memory_framings`): ``streams`` (a
     stream count leads each cache's part), ``prefixed`` (a sequence blob's prefix leads; its id
     ``src_seq_id``), ``parts``: per cache part (1, or 2 for an iSWA cache: base, SWA) the
-    ``(offset, cell_count)`` of each stream section, offsets into the memory state."""
+    ``(offset, cell_count)`` of each stream section, offsets into the memory state;
+    ``cell_ext``: the bytes of the per-cell extension in each cell record (0, or 8 / 12 for the
+    models that have one, in the layouts with stream counts)."""
 
     streams: bool
     prefixed: bool
     src_seq_id: int | None
     parts: tuple[tuple[tuple[int, int], ...], ...]
     size: int
+    cell_ext: int = 0
 
 
-def _frame(mem: memoryview, streams: bool, n_parts: int, allow_prefix: bool) -> Framing:
+def _frame(mem: memoryview, streams: bool, n_parts: int, allow_prefix: bool, cell_ext: int = 0) -> Framing:
     """The framing of mem as n_parts consecutive parts; StateError unless it takes all of mem."""
     off = 0
     parts = []
     prefixed, src = False, None
     for k in range(n_parts):
-        f = describe_frame(mem[off:], streams, allow_prefix and k == 0)
+        f = describe_frame(mem[off:], streams, allow_prefix and k == 0, cell_ext)
         if k == 0:
             prefixed, src = f["prefixed"], f["src_seq_id"]
         parts.append(tuple((off + a, n) for a, n in f["sections"]))
@@ -159,20 +162,26 @@ def _frame(mem: memoryview, streams: bool, n_parts: int, allow_prefix: bool) -> 
     if off != len(mem):
         raise StateError(f"{len(mem) - off} trailing bytes after the memory state (it ends at byte {off} of "
                          f"{len(mem)})")
-    return Framing(streams, prefixed, src, tuple(parts), off)
+    return Framing(streams, prefixed, src, tuple(parts), off, cell_ext)
 
 
 def memory_framings(mem: Any, *, allow_prefix: bool = True) -> list[Framing]:
     """Every framing in which mem (bytes-like) is exactly one memory state: with or without stream
-    counts, of one cache part or two (iSWA). Empty when none is."""
+    counts, of one cache part or two (iSWA), with stream counts also with a per-cell extension
+    of 12 or 8 bytes (listed after the one without, and only for states with cells, which
+    alone tell them apart). Empty when none is."""
     m = _view(mem)
     out = []
     for streams in (True, False):
         for n_parts in (1, 2):
-            try:
-                out.append(_frame(m, streams, n_parts, allow_prefix))
-            except StateError:
-                pass
+            for ext in ((0, 12, 8) if streams else (0,)):
+                try:
+                    f = _frame(m, streams, n_parts, allow_prefix, ext)
+                except StateError:
+                    continue
+                if ext and not any(n for p in f.parts for _, n in p):
+                    continue
+                out.append(f)
     return out
 
 
@@ -609,6 +618,24 @@ def _trim_swa(body: bytes, sec: dict[str, Any], n_swa: int, swa_type: Literal["s
         return None
 
 
+def _reext(body: bytes, src: int, dst: int) -> bytes:
+    """A stream section's body with each cell's extension of src bytes rewritten as dst bytes
+    (12 -> 8 drops the token id, 8 -> 12 gives it -1, llama.cpp's none)."""
+    cc = struct.unpack_from("<I", body)[0]
+    out = [body[:4]]
+    off = 4
+    for _ in range(cc):
+        n = struct.unpack_from("<I", body, off + 4)[0]
+        out.append(body[off:off + 16])                                  # pos, n_seq_id, x, y
+        if dst == 12:
+            out.append(body[off + 16:off + 20] if src == 12 else struct.pack("<i", -1))
+        off += 8 + src
+        out.append(body[off:off + 4 * n])
+        off += 4 * n
+    out.append(body[off:])
+    return b"".join(out)
+
+
 def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, notes: list[str],
             single: bool | None = None, window: tuple[int, Literal["standard", "chunked"]] | None = None) -> bytes:
     """The memory state of an inspect report's sections, framed for layout to. single: the
@@ -627,6 +654,13 @@ def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, no
     for s in r["sections"]:
         parts.setdefault(s["name"].split(" ")[0], []).append(s)
     out = []
+    src_ext, dst_ext = (r.get("framing") or {}).get("cell_ext", 0), info["cell_ext"]
+    if src_ext and not dst_ext:
+        raise StateError(f"the cells carry the per-cell extension ({src_ext} bytes each), which layout {to} has no "
+                         "room for")
+    if src_ext and src_ext != dst_ext:
+        notes.append(f"the per-cell extension rewritten from {src_ext} to {dst_ext} bytes"
+                     + (" (the token ids dropped)" if dst_ext < src_ext else " (token ids -1: the input has none)"))
     if r["kind"] == "sequence blob":
         fr = r.get("framing") or {}
         sid = seq_id if seq_id is not None else fr.get("src_seq_id")
@@ -640,6 +674,8 @@ def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, no
             notes.append(f"the sequence-blob prefix (source seq {fr.get('src_seq_id')}) left out: layout {to} has none")
     for name, secs in parts.items():
         bodies = [bytes(data[s["offset"]:s["offset"] + s["size"]]) for s in secs]
+        if src_ext and src_ext != dst_ext:
+            bodies = [_reext(b, src_ext, dst_ext) if s["cell_count"] else b for b, s in zip(bodies, secs)]
         empty = [s["n_layer"] == 0 and s["cell_count"] == 0 and s["size"] == 4 for s in secs]
         if trim and window is not None and sure and name == "swa":
             for k, sec in enumerate(secs):
