@@ -3,7 +3,7 @@
 Skipped unless llama_cpp 0.3.36 is importable: .ci/run's llama36 stage builds it from source
 into a directory of its own and runs this file in a process of its own (one process loads one
 llama.cpp). For every scenario (f16 with flash attention off and on, q8_0, bf16, gemma2 iSWA,
-mamba) llama.cpp decodes the manifest's script, then:
+mamba, and the M-RoPE model below) llama.cpp decodes the manifest's script, then:
 
 1. every kind of file it writes (sequence blobs, whole-context state, session file, sequence
    file) restores into kvcache and is written back byte for byte in layout "2026";
@@ -14,11 +14,14 @@ mamba) llama.cpp decodes the manifest's script, then:
    into its own stream of a fresh context and decodes as llama.cpp's own blob of that sequence.
 
 Each restored sequence is also handed to a fresh cache through seq_export / seq_import_begin,
-which must then write llama.cpp's blob of that sequence.
+which must then write llama.cpp's blob of that sequence (not for the M-RoPE model: hand-offs
+refuse caches with the per-cell extension).
 
 A tiny M-RoPE model (qwen2vl, random weights) is written with the gguf package at test time: its
 cell records carry llama.cpp's 12-byte per-cell extension (x, y, token), checked byte by byte
-for text tokens and for an image's embeddings.
+for text tokens and for an image's embeddings; its files restore into
+UnifiedCache(semantics="2026", cell_ext=True), and its next step is one more embedding of the
+image, which llama.cpp's M-RoPE mask decodes by the cells' x and y.
 
 0.3.36's ctypes bindings take assignments to fields that no longer exist without a word, so
 each context is checked against llama.cpp's own log lines (flash attention, kv_unified and the
@@ -179,17 +182,23 @@ def _cache(m, swa_full=False):
         return c
     (g,) = geo
     ls = g["layers"]
-    # several streams (a cell table of kv_size cells per sequence) exist in semantics "2026" only
-    streams = {} if _unified(ctx) else {"semantics": "2026", "kv_unified": False}
+    # several streams (a cell table of kv_size cells per sequence) and the per-cell extension
+    # exist in semantics "2026" only
+    today: dict = {}
+    if not _unified(ctx):
+        today.update(semantics="2026", kv_unified=False)
+    if g.get("cell_ext"):
+        today.update(semantics="2026", cell_ext=True)
     return kvcache.UnifiedCache(g["kv_size"], len(ls), [x["n_embd_k_gqa"] for x in ls],
                                 [x["n_embd_v_gqa"] for x in ls], type_k=ls[0]["type_k"], type_v=ls[0]["type_v"],
-                                v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1, **streams)
+                                v_trans=v_trans, n_seq_max=ctx["n_seq_max"], n_pad=1, **today)
 
 
 def _hands_off(cache) -> bool:
     """Whether the cache has seq_export / seq_import_begin: unified caches and iSWA pairs (a
-    recurrent cache has none)."""
-    return isinstance(cache, (kvcache.UnifiedCache, kvcache.ISWACache))
+    recurrent cache has none) without the per-cell extension (a hand-off's records have no room
+    for it: such caches refuse)."""
+    return isinstance(cache, (kvcache.UnifiedCache, kvcache.ISWACache)) and not cache.cell_ext
 
 
 def _assert_hand_off_keeps(c, moved, s, blob, what):
@@ -240,9 +249,16 @@ def test_live_files_cross_both_ways(name, tmp_path):
 def _cross_both_ways(live, ctx, m, nxt, tmp_path, name):
     """The two directions of test_live_files_cross_both_ways on a fresh context ctx of the
     manifest m (which this frees): llama.cpp replays m's script, then writes every kind of file,
-    and decodes the token nxt names for seq 0."""
+    and decodes the next step of seq 0: the token nxt names ({"token", "pos"}), or nxt's
+    embeddings (a decode_embd op of seq 0)."""
     L = live.L
     every, seq0 = _tokens(m["script"])
+
+    def step(b, seq=0, pos=None):
+        if nxt.get("op") == "decode_embd":
+            return live.decode_embd(b, _embd_items(nxt, L.llama_model_n_embd(live.model)))
+        return live.decode(b, [(nxt["token"], nxt["pos"] if pos is None else pos, [seq])])
+
     try:
         live.replay(ctx, m["script"])
         # 1. what llama.cpp writes, kvcache reads and writes back byte for byte
@@ -253,7 +269,7 @@ def _cross_both_ways(live, ctx, m, nxt, tmp_path, name):
         assert L.llama_state_save_file(ctx, str(sess_path).encode(), toks, len(every))
         toks0 = (ctypes.c_int32 * len(seq0))(*seq0)
         assert L.llama_state_seq_save_file(ctx, str(seq_path).encode(), 0, toks0, len(seq0)) > 0
-        ref = live.decode(ctx, [(nxt["token"], nxt["pos"], [0])])   # the uninterrupted run
+        ref = step(ctx)   # the uninterrupted run
     finally:
         L.llama_free(ctx)
     for s, blob in blobs.items():
@@ -290,7 +306,7 @@ def _cross_both_ways(live, ctx, m, nxt, tmp_path, name):
     theirs = {"sequence blob": blobs[0], "whole context": whole, "session file": sess_path,
               "sequence file": seq_path}
 
-    def load_and_decode(kind, src, seq=0, pos=nxt["pos"]):
+    def load_and_decode(kind, src, seq=0, pos=None):
         b = live.context(m)
         try:
             got = (ctypes.c_int32 * 512)()
@@ -305,7 +321,7 @@ def _cross_both_ways(live, ctx, m, nxt, tmp_path, name):
             else:
                 assert L.llama_state_seq_load_file(b, str(src).encode(), 0, got, 512, ctypes.byref(n)) > 0
                 assert list(got[:n.value]) == seq0
-            return live.decode(b, [(nxt["token"], pos, [seq])])
+            return step(b, seq, pos)
         finally:
             L.llama_free(b)
 
@@ -325,6 +341,7 @@ def _cross_both_ways(live, ctx, m, nxt, tmp_path, name):
             logits = load_and_decode("sequence blob", cache.state_write(seq), seq, hi + 1)
             np.testing.assert_array_equal(logits, load_and_decode("sequence blob", blobs[seq], seq, hi + 1),
                                           err_msg=f"{name}: sequence blob of seq {seq}")
+    return cache
 
 
 def test_live_iswa_with_todays_full_size_swa_cache(tmp_path):
@@ -368,10 +385,15 @@ def test_live_iswa_with_todays_full_size_swa_cache(tmp_path):
 # dimensions per position plane; 8 = n_rot / 2), random weights, the vocabulary of tiny_llama.gguf.
 MROPE = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128, "sections": [2, 3, 3, 0]}
 LLAMA_ROPE_TYPE_MROPE = 8
-# the context the tests make for it, in the manifests' terms (Live.context checks it in the log)
+# the context the tests make for it, in the manifests' terms (Live.context checks it in the log):
+# 256 cells of f16 K and transposed f16 V (flash attention off), cells with the extension
+_N_KV = MROPE["n_embd"] // MROPE["n_head"] * MROPE["n_head_kv"]
 MROPE_CTX = {"context": {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 4, "type_k": 1, "type_v": 1,
                          "flash_attn": False, "kv_unified": True},
-             "memory_kind": "unified"}
+             "memory_kind": "unified",
+             "geometry": [{"kv_size": 256, "cell_ext": True,
+                           "layers": [{"il": il, "n_embd_k_gqa": _N_KV, "n_embd_v_gqa": _N_KV, "type_k": 1, "type_v": 1}
+                                      for il in range(MROPE["n_layer"])]}]}
 # seq 0: text, then an "image" of 2 x 3 embeddings as a multimodal chunk of a qwen2vl model has
 # it (planes: the image's position t for all, y = t + row, x = t + column); seq 1 shares seq 0's
 # first 6 cells, seq 2 is cut short, and seq 3's text positions jump forward (3..6 never decoded;
@@ -631,3 +653,22 @@ def test_live_mrope_cells_carry_position_and_token(mrope_model, tmp_path):
         finally:
             L.llama_free(b)
     assert np.abs(steps[0] - steps[1]).max() > 1e-3
+
+
+def test_live_mrope_files_cross_both_ways(mrope_model, tmp_path):
+    """test_live_files_cross_both_ways for the M-RoPE model: every kind of file llama.cpp writes
+    restores into a UnifiedCache(semantics="2026", cell_ext=True) (kvcache.from_gguf does not
+    know qwen2vl: the cache of the context llama.cpp logs, made here) and is written back byte
+    for byte; every kind kvcache writes loads into llama.cpp and the image's next embedding
+    decodes as after llama.cpp's own state (its M-RoPE mask reads the restored x, y). The cache
+    restored from the whole context holds llama.cpp's extensions (Cells.ext)."""
+    live = _mrope_live(mrope_model)
+    m = dict(MROPE_CTX, script=MROPE_SCRIPT)
+    ctx = live.context(m)
+    assert re.search(r"llama_kv_cache: size = .*\(\s*256 cells,\s+2 layers", "\n".join(Live.lines)), Live.lines
+    cache = _cross_both_ways(live, ctx, m, MROPE_NEXT, tmp_path, "mrope")
+    assert cache.cell_ext
+    cells = cache.cells()
+    got = {s: sorted((int(cells.pos[i]), *(int(v) for v in cells.ext[i])) for i in range(len(cells))
+                     if s in cells.seq_ids(i)) for s in range(4)}
+    assert got == _held(MROPE_SCRIPT)
