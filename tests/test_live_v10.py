@@ -386,7 +386,7 @@ def test_live_iswa_with_todays_full_size_swa_cache(tmp_path):
 MROPE = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128, "sections": [2, 3, 3, 0]}
 LLAMA_ROPE_TYPE_MROPE = 8
 # the context the tests make for it, in the manifests' terms (Live.context checks it in the log):
-# 256 cells of f16 K and transposed f16 V (flash attention off), cells with the extension
+# 256 cells of f16 K and V (flash attention off: V transposed), cells with the extension
 _N_KV = MROPE["n_embd"] // MROPE["n_head"] * MROPE["n_head_kv"]
 MROPE_CTX = {"context": {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 4, "type_k": 1, "type_v": 1,
                          "flash_attn": False, "kv_unified": True},
@@ -655,19 +655,21 @@ def test_live_mrope_cells_carry_position_and_token(mrope_model, tmp_path):
     assert np.abs(steps[0] - steps[1]).max() > 1e-3
 
 
-def test_live_mrope_files_cross_both_ways(mrope_model, tmp_path):
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_live_mrope_files_cross_both_ways(mrope_model, flash_attn, tmp_path):
     """test_live_files_cross_both_ways for the M-RoPE model: every kind of file llama.cpp writes
     restores into a UnifiedCache(semantics="2026", cell_ext=True) (kvcache.from_gguf does not
     know qwen2vl: the cache of the context llama.cpp logs, made here) and is written back byte
     for byte; every kind kvcache writes loads into llama.cpp and the image's next embedding
     decodes as after llama.cpp's own state (its M-RoPE mask reads the restored x, y). The cache
-    restored from the whole context holds llama.cpp's extensions (Cells.ext)."""
+    restored from the whole context holds llama.cpp's extensions (Cells.ext). With flash
+    attention off (V transposed) and on."""
     live = _mrope_live(mrope_model)
-    m = dict(MROPE_CTX, script=MROPE_SCRIPT)
+    m = dict(MROPE_CTX, context=dict(MROPE_CTX["context"], flash_attn=flash_attn), script=MROPE_SCRIPT)
     ctx = live.context(m)
     assert re.search(r"llama_kv_cache: size = .*\(\s*256 cells,\s+2 layers", "\n".join(Live.lines)), Live.lines
     cache = _cross_both_ways(live, ctx, m, MROPE_NEXT, tmp_path, "mrope")
-    assert cache.cell_ext
+    assert cache.cell_ext and cache.v_trans == (not flash_attn)
     cells = cache.cells()
     got = {s: sorted((int(cells.pos[i]), *(int(v) for v in cells.ext[i])) for i in range(len(cells))
                      if s in cells.seq_ids(i)) for s in range(4)}
