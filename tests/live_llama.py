@@ -47,3 +47,22 @@ class LlamaCalls:
     def state_set(self, ctx, data: bytes) -> int:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         return self.L.llama_state_set_data(ctx, buf, len(data))
+
+    def decode_embd(self, ctx, items):
+        """Decode embeddings, as a multimodal chunk: [(vector, positions, [seq ids]), ...] with one
+        position per plane (an M-RoPE model's 4: sequential, y, x, other), which llama.cpp reads
+        plane by plane (n_tokens positions each); the logits of the last one (a copy)."""
+        L = self.L
+        n, planes = len(items), len(items[0][1])
+        embd = np.ascontiguousarray([v for v, _, _ in items], dtype=np.float32)
+        pos = (ctypes.c_int32 * (n * planes))(*[p[j] for j in range(planes) for _, p, _ in items])
+        ids = [(ctypes.c_int32 * len(s))(*s) for _, _, s in items]
+        b = L.llama_batch()
+        b.n_tokens = n
+        b.embd = embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        b.pos = ctypes.cast(pos, b.pos.__class__)   # the arrays above live until the call returns
+        b.n_seq_id = (ctypes.c_int32 * n)(*[len(s) for _, _, s in items])
+        b.seq_id = (ctypes.POINTER(ctypes.c_int32) * n)(*[ctypes.cast(a, ctypes.POINTER(ctypes.c_int32)) for a in ids])
+        b.logits = (ctypes.c_int8 * n)(*[i == n - 1 for i in range(n)])
+        assert L.llama_decode(ctx, b) == 0
+        return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(self.n_vocab,)).copy()
