@@ -142,6 +142,15 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
     kvc_unified_defrag_settle(c);
     const unsigned layout = export_layout(c);
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
+    for (uint32_t k = 0; k < kvc_unified_n_stream(c); k++) {
+        /* a whole-cache state read may put cells of s in another stream, as llama.cpp does; its
+         * sequence state then has several sections, the hand-off's header one */
+        if (k != st && kvc_cells_seq_pos_max(kvc_unified_stream_cells_c(c, k), s) >= 0) {
+            return kvc_err_set(err, KVC_E_ARG, "sequence %" PRId32 " holds cells in stream %" PRIu32
+                               ", not its own (%" PRIu32 "): a hand-off moves one stream; use state_write / "
+                               "state_read", s, k, st);
+        }
+    }
     uint8_t *listed = kvc_malloc(size);
     if (!listed) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory exporting sequence %" PRId32, s);

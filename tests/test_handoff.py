@@ -512,3 +512,29 @@ def test_regions_of_a_stream_lie_in_that_stream_of_the_buffers(seq_id):
     for addr, length in exp.regions.tolist():
         assert any(lo <= addr and addr + length <= lo + n for lo, n in slabs), (addr, length)
     assert sum(n for _, n in exp.regions.tolist()) == exp.n_bytes > 0
+
+
+def test_a_sequence_with_cells_outside_its_stream_is_refused():
+    """A whole-cache state read puts the cells a state lists in its streams, even cells of a
+    sequence in another sequence's stream (as llama.cpp does with such a state); that sequence's
+    state then has two non-empty sections, which one header cannot carry: the export refuses it,
+    naming the stream, and the other sequences still move."""
+    src = kvcache.UnifiedCache(32, 1, 8, 8, n_seq_max=2, n_pad=1, semantics="2026", kv_unified=False)
+    assert src.find_slot(kvcache.UBatch(pos=[0, 1], seq_id=[0, 0]))
+    assert src.find_slot(kvcache.UBatch(pos=[0, 1, 2], seq_id=[1, 1, 1]))
+    blob = bytearray(src.state_write(-1))
+    # u32 n_stream, stream 0 (u32 count 2, two cells of 12 bytes, then its V layout, layers and
+    # K/V), stream 1: the first cell of stream 1 said to be sequence 0's
+    n0 = len(src.state_write(0)) - 8 - 4 - 4      # the bytes of stream 0's section
+    at = 4 + n0 + 4 + 8
+    assert struct.unpack_from("<iIi", blob, at - 8) == (0, 1, 1)
+    struct.pack_into("<i", blob, at, 0)
+    cache = kvcache.UnifiedCache(32, 1, 8, 8, n_seq_max=2, n_pad=1, semantics="2026", kv_unified=False)
+    cache.state_read(bytes(blob))
+    assert cache.stream_cells()[1].holds(0).any()
+    with pytest.raises(ValueError, match=r"sequence 0 holds cells in stream 1, not its own \(0\)"):
+        cache.seq_export(0)
+    dst = kvcache.UnifiedCache(32, 1, 8, 8, n_seq_max=2, n_pad=1, semantics="2026", kv_unified=False)
+    with dst.seq_import_begin(cache.seq_export(1).header) as imp:
+        imp.commit()
+    assert dst.state_write(1) == cache.state_write(1)

@@ -214,7 +214,9 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
         seq_id = data.draw(st.integers(0, self.n_seq_max - 1), label="seq_id")
         if self.multi and any(snap.holds(seq_id).any() for k, snap in enumerate(cache.stream_cells()) if k != seq_id):
             # a whole state read takes cells of a sequence in another's stream (as llama.cpp does, a
-            # damaged state can hold them); a hand-off moves the sequence's own stream only
+            # damaged state can hold them); a hand-off moves one stream, so it refuses the sequence
+            with pytest.raises(ValueError, match="a hand-off moves one stream"):
+                cache.seq_export(seq_id)
             return
         hand_off_alike(cache, moved, read, seq_id, self.seq(data))
 
