@@ -1,8 +1,8 @@
 /* The unified caches of the targets that read into caches of either semantics (fuzz_state2026,
  * fuzz_handoff): a geometry decoded from header bytes, a cache with its own K/V memory (every
  * stream's), a prefill by a deterministic mix of operations, and a deep image of everything an
- * operation that fails must leave alone (every stream's cell table and head, the placement, the
- * queued stream copies, the defrag plan, every K/V byte).
+ * operation that fails must leave alone (every stream's cell table with each cell's extension,
+ * and head, the placement, the queued stream copies, the defrag plan, every K/V byte).
  *
  * The geometry bytes (5 of them, then 6 width bytes):
  *   [0] bits 0-1 type_k (f32, f16, bf16, q8_0), bits 2-3 type_v (same list), bit 4 v_trans
@@ -10,7 +10,8 @@
  *   [1] bits 0-2 kv_size per stream (32, 64, 96, 128, 256, 512, 1024, 2048), bits 3-4 n_seq_max - 1,
  *       bit 5 semantics 2026 (else the seed's), bit 6 a stream per sequence (2026 only),
  *       bit 7 a sliding window
- *   [2] bits 0-4 n_swa - 1, bit 5 chunked window (else standard)
+ *   [2] bits 0-4 n_swa - 1, bit 5 chunked window (else standard), bit 6 the per-cell extension
+ *       (2026 only), bit 7 with it, placements without token ids store FC_PLE_TOKEN (ple)
  *   [3] prefill seed (0: empty cache; bit 7: an uncommitted placement is left behind, 2025)
  *   [4] reserved for the target (flags)
  *   [5..10] K and V row widths of the layers 0..2: 1 + byte % 64 (q8_0: 32 or 64) */
@@ -23,12 +24,12 @@
 #include "kvc_types.h"
 #include "kvc_unified.h"
 
-enum { FC_GEOMETRY_BYTES = 11, FC_MAX_LAYERS = 3 };
+enum { FC_GEOMETRY_BYTES = 11, FC_MAX_LAYERS = 3, FC_PLE_TOKEN = 262144 };
 _Static_assert(FC_MAX_LAYERS <= FZ_MAX_LAYERS, "layers beyond the shared K/V memory");
 
 typedef struct fc_geometry {
     int32_t type_k, type_v, semantics, swa_type;
-    bool v_trans, meta_only, stream_per_seq;
+    bool v_trans, meta_only, stream_per_seq, cell_ext, ple;
     uint32_t n_layer, kv_size, n_seq_max, n_swa;
     int32_t il[FC_MAX_LAYERS];
     uint32_t ek[FC_MAX_LAYERS], ev[FC_MAX_LAYERS];
@@ -50,6 +51,8 @@ static inline bool fc_geometry_parse(fc_geometry *g, const uint8_t *b, size_t ma
     g->n_seq_max = 1u + ((b[1] >> 3) & 3);
     g->semantics = (b[1] >> 5) & 1 ? KVC_SEM_2026 : KVC_SEM_2025;
     g->stream_per_seq = g->semantics == KVC_SEM_2026 && (b[1] >> 6) & 1;
+    g->cell_ext = g->semantics == KVC_SEM_2026 && (b[2] >> 6) & 1;
+    g->ple = g->cell_ext && b[2] >> 7;
     if (b[1] >> 7) {
         g->swa_type = (b[2] >> 5) & 1 ? KVC_SWA_CHUNKED : KVC_SWA_STANDARD;
         g->n_swa = 1u + (b[2] & 31);
@@ -81,6 +84,7 @@ static inline void fc_cache_init(fc_cache *t, const fc_geometry *g) {
         .n_seq_max = g->n_seq_max, .n_pad = 32, .n_swa = g->n_swa, .swa_type = g->swa_type,
         .type_k = g->type_k, .type_v = g->type_v, .v_trans = g->v_trans, .n_layer = g->n_layer,
         .layer_il = g->il, .n_embd_k = g->ek, .n_embd_v = g->ev,
+        .cell_ext = g->cell_ext, .ple = g->ple, .ple_token = FC_PLE_TOKEN,
     };
     kvc_err err = { 0, "" };
     const int rc = kvc_unified_init(&t->c, &p, &err);
@@ -99,10 +103,12 @@ static inline void fc_cache_free(fc_cache *t) {
 
 /* Place a ubatch of n tokens of sequence s (s < 0: each token's from the rng; with one stream
  * sometimes a second id per token), positions continuing next_pos; 2025: committed unless
- * `commit` is false. */
+ * `commit` is false. A cache with the per-cell extension gets 2-D positions, token ids, both or
+ * neither. */
 static inline void fc_place(fc_cache *t, fz_rng *g, int32_t s, uint32_t n, int32_t *next_pos, bool commit) {
     const uint32_t n_seq = t->c.n_seq_max;
-    int32_t pos[64], ids[128];
+    int32_t pos[64], ids[128], x[64], y[64], tok[64];
+    const uint32_t ext = kvc_unified_has_ext(&t->c) ? fz_below(g, 4) : 0; /* bit 0 2-D, bit 1 tokens */
     uint32_t off[65];
     uint32_t k = 0;
     off[0] = 0;
@@ -117,8 +123,13 @@ static inline void fc_place(fc_cache *t, fz_rng *g, int32_t s, uint32_t n, int32
         }
         off[i + 1] = k;
         pos[i] = next_pos[s0]++;
+        if (ext) {
+            x[i] = (int32_t)fz_below(g, 64);
+            y[i] = (int32_t)fz_below(g, 64);
+            tok[i] = (int32_t)fz_below(g, 1u << 20) - 1;
+        }
     }
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids, NULL, NULL, NULL };
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids, ext & 1 ? x : NULL, ext & 1 ? y : NULL, ext & 2 ? tok : NULL };
     if (t->c.semantics == KVC_SEM_2026) {
         kvc_err err = { 0, "" };
         const int r = kvc_unified_find_slot_2026(&t->c, &ub, &err);
@@ -208,7 +219,7 @@ static inline void fc_image_take(fc_image *m, const fc_cache *t) {
     m->n_stream = c->n_stream;
     for (uint32_t s = 0; s < c->n_stream; s++) {
         const kvc_cells *cl = kvc_unified_stream_cells_c(c, s);
-        FUZZ_CHECK(kvc_cells_init(&m->cells[s], cl->size, cl->n_seq_max) == KVC_OK, "out of memory");
+        FUZZ_CHECK(kvc_cells_init_like(&m->cells[s], cl) == KVC_OK, "out of memory");
         kvc_cells_copy(&m->cells[s], cl);
         m->heads[s] = kvc_unified_stream_head_c(c, s);
     }
@@ -253,6 +264,10 @@ static inline void fc_cells_same(const kvc_cells *a, const kvc_cells *b, const c
     FC_SAME_VALUE(a->used, b->used, "used");
     FC_SAME_VALUE(a->used_max_p1, b->used_max_p1, "used_max_p1");
     FC_SAME_VALUE(a->has_shift, b->has_shift, "has_shift");
+    FC_SAME_VALUE(a->ext != NULL, b->ext != NULL, "the extension's presence");
+    if (a->ext && b->ext) {
+        FC_SAME_BYTES(a->ext, b->ext, a->size * sizeof *a->ext, "cell extensions");
+    }
     for (uint32_t s = 0; s < a->n_seq_max; s++) {
         FC_SAME_VALUE(a->seq_pos[s].n, b->seq_pos[s].n, "seq_pos count");
         FC_SAME_BYTES(a->seq_pos[s].key, b->seq_pos[s].key, a->seq_pos[s].n * sizeof(uint64_t), "seq_pos entries");

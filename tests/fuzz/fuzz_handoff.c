@@ -4,7 +4,8 @@
  * regions and commit.
  *
  * Input: a 12-byte header, then the hand-off header.
- *   [0..10] the cache geometry of fuzz_cache.h, with
+ *   [0..10] the cache geometry of fuzz_cache.h (its extension bits are ignored: a hand-off does
+ *        not carry the extension, caches with it refuse one), with
  *        [4] bits 0-3 allocation fault (0 none, else the n-th allocation inside begin fails),
  *            bit 4 commit (else abort), bit 5 the harness makes the header's length field and
  *            checksum agree with the bytes (so that mutations reach the fields behind them),
@@ -41,7 +42,10 @@ static bool parse_header(const uint8_t *data, size_t size, call *k) {
         return false;
     }
     memset(k, 0, sizeof *k);
-    if (!fc_geometry_parse(&k->g, data, MAX_KV_BYTES)) {
+    uint8_t b[FC_GEOMETRY_BYTES];
+    memcpy(b, data, sizeof b);
+    b[2] &= 0x3f; /* a hand-off does not carry the per-cell extension: caches without it */
+    if (!fc_geometry_parse(&k->g, b, MAX_KV_BYTES)) {
         return false;
     }
     k->prefill = data[3];

@@ -1,7 +1,8 @@
 /* The oracle's own reading of one part of a state in the seed's layout (u32 cell count, the
  * cells, the V layout, the layers' K and V), shared by the state targets: where its sections lie
  * once a cache accepted it, and the bytes state_write must give back for it. A section of a
- * state with stream counts that holds cells is such a part. */
+ * state with stream counts that holds cells is such a part. The cell records of a cache with the
+ * per-cell extension may carry it (0, 8 or 12 bytes after n_seq_id: x, y, tok). */
 #ifndef KVC_FUZZ_PART_H
 #define KVC_FUZZ_PART_H
 
@@ -15,6 +16,7 @@ enum { FP_MAX_LAYERS = 3 };
 typedef struct layout {
     const uint8_t *p;                /* the part */
     uint32_t cc;
+    uint32_t ext;                    /* bytes of the extension in each cell record */
     bool vt;                         /* the part's V layout */
     size_t meta_end;                 /* offset of v_trans */
     size_t k_off[FP_MAX_LAYERS];        /* first K row of layer l */
@@ -24,20 +26,22 @@ typedef struct layout {
 
 static inline size_t v_elem(const kvc_unified *c) { return kvc_type_get(c->type_v)->type_size; }
 
-/* Walk the part at p (of at most avail bytes) as cache c read it. */
-static inline layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *p, size_t avail) {
+/* Walk the part at p (of at most avail bytes) as cache c read it, ext bytes of extension in each
+ * cell record. */
+static inline layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *p, size_t avail, uint32_t ext) {
     layout L;
     memset(&L, 0, sizeof L);
     L.p = p;
+    L.ext = ext;
     FUZZ_CHECK(avail >= 4, "a part of %zu bytes was accepted", avail);
     L.cc = kvc_le_get_u32(p);
     size_t off = 4;
     for (uint32_t i = 0; i < L.cc; i++) {
-        FUZZ_CHECK(off + 8 <= avail, "cell %u lies past the consumed bytes", i);
+        FUZZ_CHECK(off + 8 + ext <= avail, "cell %u lies past the consumed bytes", i);
         const uint32_t n_ids = kvc_le_get_u32(p + off + 4);
         FUZZ_CHECK(seq_id < 0 || n_ids == 1, "a single-sequence cell with %u ids was accepted", n_ids);
-        FUZZ_CHECK((uint64_t)n_ids * 4 <= avail - off - 8, "cell %u's ids lie past the consumed bytes", i);
-        off += 8 + 4 * (size_t)n_ids;
+        FUZZ_CHECK((uint64_t)n_ids * 4 <= avail - off - 8 - ext, "cell %u's ids lie past the consumed bytes", i);
+        off += 8 + ext + 4 * (size_t)n_ids;
     }
     L.meta_end = off;
     FUZZ_CHECK(off + 8 <= avail, "the data section lies past the consumed bytes");
@@ -69,32 +73,40 @@ static inline const uint8_t *blob_v_elem(const kvc_unified *c, const layout *L, 
 }
 
 /* The bytes state_write must produce after the read: the consumed part with canonical ids
- * (per sequence: the destination id; whole cache: ascending, each once), V in the cache's
+ * (per sequence: the destination id; whole cache: ascending, each once), ext bytes of each cell's
+ * extension (those the part has, the defaults 0, 0, KVC_TOKEN_NULL for the rest), V in the cache's
  * layout and, without K/V memory, zero rows. */
-static inline uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L, bool meta_only, size_t *len) {
-    uint8_t *out = fz_alloc(L->end);
+static inline uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const layout *L, bool meta_only, uint32_t ext,
+                                 size_t *len) {
+    const uint8_t defaults[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff };
+    FUZZ_CHECK(ext <= sizeof defaults, "an extension of %u bytes", ext);
+    uint8_t *out = fz_alloc(L->end + (size_t)L->cc * ext);
     size_t o = 4, i_off = 4;
     memcpy(out, L->p, 4);
     for (uint32_t i = 0; i < L->cc; i++) {
         const uint32_t n_ids = kvc_le_get_u32(L->p + i_off + 4);
+        const size_t kept = L->ext < ext ? L->ext : ext;
         memcpy(out + o, L->p + i_off, 4);
+        memcpy(out + o + 8, L->p + i_off + 8, kept);
+        memcpy(out + o + 8 + kept, defaults + kept, ext - kept);
+        const size_t ids = i_off + 8 + L->ext;
         if (seq_id >= 0) {
             kvc_le_put_u32(out + o + 4, 1);
-            kvc_le_put_u32(out + o + 8, (uint32_t)seq_id);
-            o += 12;
+            kvc_le_put_u32(out + o + 8 + ext, (uint32_t)seq_id);
+            o += 12 + ext;
         } else {
             uint64_t bits = 0;
             for (uint32_t j = 0; j < n_ids; j++) {
-                bits |= (uint64_t)1 << kvc_le_get_u32(L->p + i_off + 8 + 4 * (size_t)j);
+                bits |= (uint64_t)1 << kvc_le_get_u32(L->p + ids + 4 * (size_t)j);
             }
             kvc_le_put_u32(out + o + 4, kvc_popcount64(bits));
-            o += 8;
+            o += 8 + ext;
             for (; bits; bits &= bits - 1) {
                 kvc_le_put_u32(out + o, kvc_ctz64(bits));
                 o += 4;
             }
         }
-        i_off += 8 + 4 * (size_t)n_ids;
+        i_off = ids + 4 * (size_t)n_ids;
     }
     kvc_le_put_u32(out + o, c->v_trans);
     memcpy(out + o + 4, L->p + L->meta_end + 4, 4);

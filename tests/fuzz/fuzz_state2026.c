@@ -1,23 +1,30 @@
 /* libFuzzer target: the state decoders into caches of semantics 2026 (csrc/kvc_state.c: a section
  * per stream, scattered placement, V layout conversion into scattered cells):
  * kvc_unified_state_read_parts_lay into one cache, whole or one sequence, one stream or a stream
- * per sequence, with or without a sliding window, in a given layout or the one found from the bytes.
+ * per sequence, with or without a sliding window, with or without the per-cell extension (cell
+ * records of 8 or 12 more bytes), in a given layout or the one found from the bytes.
  *
  * Input: a 12-byte header, then the state blob.
- *   [0..10] the cache geometry of fuzz_cache.h (its semantics bit is ignored: always 2026), with
+ *   [0..10] the cache geometry of fuzz_cache.h (its semantics bit is ignored: always 2026; [2]
+ *        bits 6-7 the per-cell extension), with
  *        [4] bits 0-3 allocation fault (0 none, else the n-th allocation inside the read fails),
  *            bit 4 KVC_STATE_CONVERT_V, bit 5 KVC_STATE_EXACT, bit 6 the layout found from the
  *            bytes (KVC_LAYOUT_DETECT), else bit 7 chooses it: today's streams (with the
  *            sequence-blob prefix allowed) or the seed's
- *   [11] destination: seq_id = byte % (n_seq_max + 1) - 1 (-1 = whole cache)
+ *   [11] bits 0-2 destination: seq_id = bits % (n_seq_max + 1) - 1 (-1 = whole cache); bit 3
+ *        KVC_LAYOUT_EXT_XY, bit 4 KVC_LAYOUT_EXT_TOK added to a given layout (the extension's
+ *        bytes in the cell records of a cache that has it: none, x y, or x y tok)
  *
  * Contract checked on every input:
  *   - failure: KVC_E_STATE (or KVC_E_NOMEM under an injected fault) with a message, and the cache
  *     exactly as before (every stream's cells and head, placement, queued copies, K/V bytes);
  *   - success: at most len bytes consumed (exactly len with the exact flag), every stream's cell
- *     table consistent; after a whole-cache read the state written back is the consumed bytes
- *     made canonical (ids ascending and each once, V in the cache's layout: nothing accepted is
- *     lost); the state written back reads into an empty twin cache and writes the same bytes
+ *     table consistent; the state is written back in the layout read, or, for a cache with the
+ *     extension read from a layout without it, in that layout with 12-byte extensions (a layout
+ *     without them cannot hold the cells: refused); after a whole-cache read the state written
+ *     back is the consumed bytes made canonical (ids ascending and each once, each cell's
+ *     extension as read or its defaults, V in the cache's layout: nothing accepted is lost); the
+ *     state written back reads into an empty twin cache and writes the same bytes
  *     there; the state written back in the layout read reads back in that layout, consuming all
  *     of it, and writes the same bytes again (a sequence's: the same cells, in whatever order
  *     the placement gave them); a whole-cache read of it leaves the cache exactly as the first
@@ -53,18 +60,29 @@ static bool parse_header(const uint8_t *data, size_t size, call *k) {
     k->flags = ((data[4] >> 4) & 1 ? KVC_STATE_CONVERT_V : 0) | ((data[4] >> 5) & 1 ? KVC_STATE_EXACT : 0);
     const unsigned streams = KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX;
     k->layout = (data[4] >> 6) & 1 ? KVC_LAYOUT_DETECT | streams : (data[4] >> 7) & 1 ? streams : 0u;
-    k->seq_id = (int32_t)(data[11] % (k->g.n_seq_max + 1)) - 1;
+    if (!(k->layout & KVC_LAYOUT_DETECT)) {
+        k->layout |= ((data[11] >> 3) & 1 ? KVC_LAYOUT_EXT_XY : 0u) | ((data[11] >> 4) & 1 ? KVC_LAYOUT_EXT_TOK : 0u);
+    }
+    k->seq_id = (int32_t)((data[11] & 7) % (k->g.n_seq_max + 1)) - 1;
     return true;
 }
 
-/* What state_write must give back after a whole-cache read of blob[0, consumed) in layout lay:
- * the stream count (with KVC_LAYOUT_STREAMS), then each section canonical (ids ascending and
- * each once, V in the cache's layout, zero rows without K/V memory); an empty section of the
- * stream layout is its count alone. lay: the layout read. */
+/* Bytes of the extension in each cell record of cache c's state in layout lay. */
+static uint32_t ext_bytes(const kvc_unified *c, unsigned lay) {
+    return kvc_unified_has_ext(c) ? kvc_layout_ext_bytes(lay) : 0;
+}
+
+/* What state_write in layout wlay must give back after a whole-cache read of blob[0, consumed)
+ * in layout lay: the stream count (with KVC_LAYOUT_STREAMS), then each section canonical (ids
+ * ascending and each once, the extension as read or its defaults, V in the cache's layout, zero
+ * rows without K/V memory); an empty section of the stream layout is its count alone. */
 static uint8_t *canonical_whole(const kvc_unified *c, const uint8_t *blob, size_t consumed, unsigned lay,
-                                bool meta_only, size_t *len) {
+                                unsigned wlay, bool meta_only, size_t *len) {
     const bool streams = lay & KVC_LAYOUT_STREAMS;
-    uint8_t *out = fz_alloc(consumed + 4);
+    const uint32_t ext_r = ext_bytes(c, lay), ext_w = ext_bytes(c, wlay);
+    /* each record grows by at most ext_w bytes, and a record takes at least 8 */
+    const size_t cap = consumed + 4 + (consumed / 8) * ext_w;
+    uint8_t *out = fz_alloc(cap);
     size_t off = 0, o = 0;
     uint32_t n_sec = 1;
     if (streams) {
@@ -82,10 +100,10 @@ static uint8_t *canonical_whole(const kvc_unified *c, const uint8_t *blob, size_
             o += 4;
             continue;
         }
-        const layout L = walk(c, -1, blob + off, consumed - off);
+        const layout L = walk(c, -1, blob + off, consumed - off, ext_r);
         size_t n;
-        uint8_t *part = canonical(c, -1, &L, meta_only, &n);
-        FUZZ_CHECK(o + n <= consumed + 4, "the canonical state outgrows the input");
+        uint8_t *part = canonical(c, -1, &L, meta_only, ext_w, &n);
+        FUZZ_CHECK(o + n <= cap, "the canonical state outgrows the input");
         memcpy(out + o, part, n);
         free(part);
         off += L.end;
@@ -107,8 +125,8 @@ static uint8_t *write_lay(kvc_unified *c, int32_t seq_id, unsigned layout, size_
     return out;
 }
 
-/* The key of each cell of a sequence's section: its 12 bytes of metadata, then its K row and V
- * row of every layer. */
+/* The key of each cell of a sequence's section: its metadata record (12 bytes and the
+ * extension's), then its K row and V row of every layer. */
 static const uint8_t *g_keys;
 static size_t g_key_len;
 static int cmp_key(const void *a, const void *b) {
@@ -135,8 +153,9 @@ static uint8_t *cells_sorted(const kvc_unified *c, int32_t seq_id, unsigned lay,
             off += 4;
             continue;
         }
-        const layout L = walk(c, seq_id, w + off, len - off);
-        size_t key_len = 12;
+        const uint32_t rec = 12 + ext_bytes(c, lay);
+        const layout L = walk(c, seq_id, w + off, len - off, ext_bytes(c, lay));
+        size_t key_len = rec;
         for (uint32_t l = 0; l < c->n_layer; l++) {
             key_len += c->layers[l].k_row_bytes + c->layers[l].v_row_bytes;
         }
@@ -145,8 +164,8 @@ static uint8_t *cells_sorted(const kvc_unified *c, int32_t seq_id, unsigned lay,
         const size_t el = c->n_layer ? v_elem(c) : 0;
         for (uint32_t k = 0; k < cc; k++) {
             uint8_t *q = keys + (size_t)k * key_len;
-            memcpy(q, L.p + 4 + 12 * (size_t)k, 12);
-            q += 12;
+            memcpy(q, L.p + 4 + rec * (size_t)k, rec);
+            q += rec;
             for (uint32_t l = 0; l < c->n_layer; l++) {
                 const kvc_layer *ly = &c->layers[l];
                 memcpy(q, L.p + L.k_off[l] + (size_t)k * ly->k_row_bytes, ly->k_row_bytes);
@@ -168,10 +187,10 @@ static uint8_t *cells_sorted(const kvc_unified *c, int32_t seq_id, unsigned lay,
         uint8_t *o = out + off;
         memcpy(o, L.p, 4);
         for (uint32_t k = 0; k < cc; k++) {
-            memcpy(o + 4 + 12 * (size_t)k, keys + order[k] * key_len, 12);
+            memcpy(o + 4 + rec * (size_t)k, keys + order[k] * key_len, rec);
         }
         memcpy(o + L.meta_end, L.p + L.meta_end, 8);
-        size_t at = 12;
+        size_t at = rec;
         for (uint32_t l = 0; l < c->n_layer; l++) {
             const kvc_layer *ly = &c->layers[l];
             memcpy(o + L.k_off[l] - 12, L.p + L.k_off[l] - 12, 12);
@@ -234,12 +253,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fc_check_streams(c, "after a successful read");
 
     size_t w1_len, w2_len;
-    const unsigned layout = used & ~(unsigned)KVC_LAYOUT_DETECT;
+    const unsigned read_lay = used & ~(unsigned)KVC_LAYOUT_DETECT;
+    unsigned layout = read_lay;
+    if (kvc_unified_has_ext(c) && !(read_lay & KVC_LAYOUT_EXT_XY)) {
+        /* the cells' extensions have no place in the layout read: it is refused for writing */
+        FUZZ_CHECK(kvc_unified_state_size_lay(c, k.seq_id, read_lay) == 0,
+                   "a layout without the extension (%#x) sized for a cache with it", read_lay);
+        layout = read_lay | KVC_LAYOUT_EXT_XY | KVC_LAYOUT_EXT_TOK;
+    }
     uint8_t *w1 = write_lay(c, k.seq_id, layout, &w1_len);
     if (k.seq_id < 0) {
         /* nothing the whole-cache read accepted is lost on the way out */
         size_t want_len;
-        uint8_t *want = canonical_whole(c, blob, consumed, layout, k.g.meta_only, &want_len);
+        uint8_t *want = canonical_whole(c, blob, consumed, read_lay, layout, k.g.meta_only, &want_len);
         FUZZ_CHECK(want_len == w1_len && memcmp(want, w1, w1_len) == 0,
                    "the re-write (%zu bytes) is not the consumed state made canonical (%zu bytes; at %ld)", w1_len,
                    want_len, want_len == w1_len ? fz_first_diff(want, w1, w1_len) : -1L);

@@ -624,7 +624,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t off = 0;
     for (uint32_t p = 0; p < k.n_parts; p++) {
         check_cells(&t[p].c.cells, "after a successful read");
-        L[p] = walk(&t[p].c, k.seq_id, blob + off, consumed - off);
+        L[p] = walk(&t[p].c, k.seq_id, blob + off, consumed - off, 0);
         if (k.seq_id >= 0) {
             check_seq_result(&before[p], &t[p], k.seq_id, &L[p]);
         } else {
@@ -641,7 +641,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     off = 0;
     for (uint32_t p = 0; p < k.n_parts; p++) {
         size_t want_len;
-        uint8_t *want = canonical(&t[p].c, k.seq_id, &L[p], k.g[p].meta_only, &want_len);
+        uint8_t *want = canonical(&t[p].c, k.seq_id, &L[p], k.g[p].meta_only, 0, &want_len);
         FUZZ_CHECK(part_len[p] == want_len, "re-write of part %u has %zu bytes, expected %zu", p, part_len[p], want_len);
         FUZZ_CHECK(memcmp(w1 + off, want, want_len) == 0, "re-write of part %u differs at byte %ld", p,
                    fz_first_diff(w1 + off, want, want_len));
