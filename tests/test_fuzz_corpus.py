@@ -47,6 +47,17 @@ def test_seeds_keep_the_contract(targets, target, corpus):
             pytest.fail(f"{f.name}: {e}")
 
 
+def test_seeds_reach_the_extension(targets):
+    # the 2026 seeds include caches with the per-cell extension, read in layouts of 8- and 12-byte
+    # extensions, found from the bytes, and from a state without it
+    layouts = set()
+    for f in seeds("fuzz_state2026"):
+        parsed = targets._unified2026_geometry(f.read_bytes())
+        if parsed is not None and parsed[0].get("cell_ext"):
+            layouts.add(parsed[3]["layout"])
+    assert {None, "2026", "2026-05", "2025-08"} <= layouts
+
+
 def test_checks_can_fail(targets):
     # a read that changes the cache must be reported: a UnifiedCache whose state_read also
     # scribbles on K after failing

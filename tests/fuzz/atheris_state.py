@@ -9,8 +9,8 @@ TARGET is one of:
   libFuzzer target fuzz_unified_state (18-byte header choosing the caches, the destination, a
   prefill seed and the flags, then the blob), so tests/fuzz/corpus/fuzz_unified_state seeds it;
 - ``unified2026``: ``UnifiedCache.state_read`` into a cache of semantics 2026 (one stream or one
-  per sequence, with or without a window, each layout or the one found from the bytes), input as
-  for fuzz_state2026 (12-byte header, then the blob);
+  per sequence, with or without a window, with or without the per-cell extension, each layout or
+  the one found from the bytes), input as for fuzz_state2026 (12-byte header, then the blob);
 - ``recurrent``: ``RecurrentCache.state_read``, input as for fuzz_recurrent_state (20-byte
   header, then the blob);
 - ``statefile``: ``kvcache.statefile.parse`` of a whole input (session file, sequence file,
@@ -204,11 +204,17 @@ def test_unified(data: bytes) -> None:
 # --- unified, semantics 2026 ------------------------------------------------------------------
 
 CACHE_SIZES = [32, 64, 96, 128, 256, 512, 1024, 2048]
+FC_PLE_TOKEN = 262144  # tests/fuzz/fuzz_cache.h
+# the layout given for a cache with the per-cell extension: (stream counts, bytes of it) -> name
+EXT_LAYOUT_NAMES = {(True, 0): "2025-08", (True, 8): "2026-05", (True, 12): "2026", (False, 0): "2025",
+                    (False, 8): "2025", (False, 12): "2025"}
 
 
 def _unified2026_geometry(data: bytes):
     """The cache, destination, prefill seed, read flags and layout of a fuzz_state2026 input (the
-    geometry bytes of tests/fuzz/fuzz_cache.h; the allocation fault is ignored)."""
+    geometry bytes of tests/fuzz/fuzz_cache.h; the allocation fault is ignored). A cache with the
+    per-cell extension is given the named layout nearest to the header's (no name has the
+    extension without stream counts)."""
     if len(data) < 12:
         return None
     b0, b1, b2, b4 = data[0], data[1], data[2], data[4]
@@ -227,16 +233,23 @@ def _unified2026_geometry(data: bytes):
     if sum(_row_bytes(tk, ek[l]) + _row_bytes(tv, ev[l]) for l in range(n_layer)) * rows > 2 * MAX_KV_BYTES:
         return None
     swa = dict(n_swa=1 + (b2 & 31), swa_type="chunked" if (b2 >> 5) & 1 else "standard") if b1 >> 7 else {}
+    ext = dict(cell_ext=True, ple_token=FC_PLE_TOKEN if b2 >> 7 else None) if (b2 >> 6) & 1 else {}
     geometry = dict(kv_size=kv_size, n_layer=n_layer, n_embd_k_gqa=ek, n_embd_v_gqa=ev, type_k=tk, type_v=tv,
                     v_trans=bool((b0 >> 4) & 1) and tv != "q8_0", n_seq_max=n_seq_max, n_pad=32,
-                    semantics="2026", kv_unified=not streams, **swa)
-    flags = dict(convert=bool((b4 >> 4) & 1), exact=bool((b4 >> 5) & 1),
-                 layout=None if (b4 >> 6) & 1 else "2026" if b4 >> 7 else "2025")
-    return geometry, data[11] % (n_seq_max + 1) - 1, data[3], flags
+                    semantics="2026", kv_unified=not streams, **swa, **ext)
+    layout = None if (b4 >> 6) & 1 else "2026" if b4 >> 7 else "2025"
+    if ext and layout is not None:
+        ext_bytes = (12 if (data[11] >> 4) & 1 else 8) if (data[11] >> 3) & 1 else 0
+        layout = EXT_LAYOUT_NAMES[(layout == "2026", ext_bytes)]
+    flags = dict(convert=bool((b4 >> 4) & 1), exact=bool((b4 >> 5) & 1), layout=layout)
+    return geometry, (data[11] & 7) % (n_seq_max + 1) - 1, data[3], flags
 
 
 def _unified2026_prefill(cache: UnifiedCache, seed: int) -> None:
+    """A mix of operations; the placements into a cache with the per-cell extension carry 2-D
+    positions, token ids, both or neither."""
     rng = random.Random(seed)
+    ext = cache.stream_cells()[0].ext is not None
     n_seq = cache.n_seq_max
     next_pos = [0] * n_seq
     max_ub = min(cache.size // 4, 64)
@@ -245,7 +258,13 @@ def _unified2026_prefill(cache: UnifiedCache, seed: int) -> None:
         op = rng.randrange(9)
         if op < 5:
             n = 1 + rng.randrange(max_ub)
-            cache.find_slot(UBatch(list(range(next_pos[s], next_pos[s] + n)), [s] * n))
+            kind = rng.randrange(4) if ext else 0
+            more = {}
+            if kind & 1:
+                more.update(pos_x=[rng.randrange(64) for _ in range(n)], pos_y=[rng.randrange(64) for _ in range(n)])
+            if kind & 2:
+                more.update(tokens=[rng.randrange(1 << 20) - 1 for _ in range(n)])
+            cache.find_slot(UBatch(list(range(next_pos[s], next_pos[s] + n)), [s] * n, **more))
             next_pos[s] += n
         elif op == 5:
             p0 = rng.randrange(64) - 8
@@ -283,7 +302,10 @@ def test_unified2026(data: bytes) -> None:
         return
     _require(0 < consumed <= len(blob), f"consumed {consumed} of {len(blob)} bytes")
     _require(not flags["exact"] or consumed == len(blob), "an exact read left trailing bytes")
-    layouts = ("2026",) if cache.n_stream > 1 else ("2025", "2026")
+    if geometry.get("cell_ext"):
+        layouts = ("2026", "2026-03")  # the cells' extensions whole, then without token ids
+    else:
+        layouts = ("2026",) if cache.n_stream > 1 else ("2025", "2026")
     for layout in layouts:
         w1 = cache.state_write(seq_id, layout=layout)
         # into an empty twin the cells go in order: the state written again is the same

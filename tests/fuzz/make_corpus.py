@@ -7,7 +7,9 @@ unified target in its layouts mode and to fuzz_state2026, ``llama_fa0_streams`` 
 with a stream per sequence; see the READMEs for the layouts), and, when kvcache is importable
 (``PYTHONPATH=src`` after an in-place build), states and hand-off headers written by kvcache
 itself from caches of both semantics, one stream or several, with and without a sliding window
-(fuzz_state2026, fuzz_handoff). Each seed is the target's
+(fuzz_state2026, fuzz_handoff), and states of caches of semantics 2026 with the per-cell extension
+(x, y and token ids set by the placements) in each layout that holds it, plus a state without it
+read into such a cache (fuzz_state2026). Each seed is the target's
 header (which picks a cache geometry the blob fits, the destination sequence and a prefill seed)
 followed by the blob; see the comment at the top of each fuzz_*.c for the header layout.
 
@@ -93,7 +95,8 @@ CACHE_SIZES = [32, 64, 96, 128, 256, 512, 1024, 2048]
 def cache_geometry(geo: dict, prefill: int, flags: int, *, today: bool = True, streams: bool = False,
                    swa: tuple[str, int] | None = None) -> bytes | None:
     """The 11 geometry bytes of fuzz_cache.h (byte 4 = flags), or None when the geometry has no
-    encoding. geo as for unified_header; swa: (type, n_swa) of a sliding window."""
+    encoding. geo as for unified_header (plus cell_ext, ple: the per-cell extension, and every
+    placement setting it); swa: (type, n_swa) of a sliding window."""
     tk, tv = type_id(geo["type_k"]), type_id(geo["type_v"])
     v_trans, n_seq_max, n_layer = bool(geo["v_trans"]), geo["n_seq_max"], len(geo["ek"])
     if tk not in TYPE_INDEX or tv not in TYPE_INDEX or (v_trans and tv == 8) or not 1 <= n_layer <= 3:
@@ -105,30 +108,34 @@ def cache_geometry(geo: dict, prefill: int, flags: int, *, today: bool = True, s
         return None
     b0 = TYPE_INDEX[tk] | TYPE_INDEX[tv] << 2 | int(v_trans) << 4 | (n_layer - 1) << 5
     b1 = CACHE_SIZES.index(geo["kv_size"]) | (n_seq_max - 1) << 3 | int(today) << 5 | int(streams) << 6
-    b2 = 0
+    b2 = int(bool(geo.get("cell_ext"))) << 6 | int(bool(geo.get("ple"))) << 7
     if swa is not None:
         kind, n_swa = swa
         if not 1 <= n_swa <= 32:
             return None
         b1 |= 0x80
-        b2 = (n_swa - 1) | int(kind == "chunked") << 5
+        b2 |= (n_swa - 1) | int(kind == "chunked") << 5
     return bytes([b0, b1, b2, prefill, flags] + w)
 
 
 STATE2026_DETECT, STATE2026_STREAMS, STATE2026_CONVERT = 0x40, 0x80, 0x10
+# byte 11 of fuzz_state2026: the extension's bytes added to a given layout (x y; x y tok)
+STATE2026_EXT = {0: 0, 8: 0x08, 12: 0x18}
 
 
 def add_state2026(corpus: Corpus, geo: dict, seq_id: int, blob: bytes, *, streams: bool = False,
-                  swa: tuple[str, int] | None = None, layouts=(STATE2026_DETECT, STATE2026_STREAMS)) -> None:
+                  swa: tuple[str, int] | None = None, layouts=(STATE2026_DETECT, STATE2026_STREAMS),
+                  ext: int = 0) -> None:
     """The blob into a 2026 cache of its geometry, in each of `layouts` (byte 4 of the header),
-    and into one of the other V layout with conversion."""
+    and into one of the other V layout with conversion; ext: bytes of the per-cell extension in
+    the blob's cell records (a given layout says so)."""
     seeds = [(geo, prefill, lay) for prefill in PREFILL_SEEDS for lay in layouts]
     if type_id(geo["type_v"]) != 8:
         seeds.append((dict(geo, v_trans=not geo["v_trans"]), 0, layouts[0] | STATE2026_CONVERT))
     for g, prefill, flags in seeds:
         h = cache_geometry(g, prefill, flags, streams=streams, swa=swa)
         if h is not None:
-            corpus.add("fuzz_state2026", h + bytes([seq_id + 1]) + blob)
+            corpus.add("fuzz_state2026", h + bytes([seq_id + 1 | STATE2026_EXT[ext]]) + blob)
 
 
 HANDOFF_COMMIT, HANDOFF_FIX_SUM, HANDOFF_NOISE = 0x10, 0x20, 0x40
@@ -158,9 +165,57 @@ WRITTEN_SHAPES = (
 )
 
 
+# shapes of the kvcache-written seeds with the per-cell extension (semantics 2026): (kv_unified
+# false, window, types, V transposed, ple_token: placements without token ids store it)
+EXT_SHAPES = (
+    (False, None, ("f16", "f16"), True, None),
+    (True, None, ("f32", "f16"), False, None),
+    (False, ("standard", 8), ("f16", "f16"), False, None),
+    (True, ("chunked", 16), ("bf16", "f16"), True, 262144),  # FC_PLE_TOKEN of fuzz_cache.h
+)
+# ext bytes of the layouts with the extension, and the header bits that give those layouts
+EXT_LAYOUTS = (("2026-03", 8), ("2026-05", 8), ("2026-06", 8), ("2026", 12))
+
+
+def written_cache(kvcache, np, rng, *, today: bool, streams: bool, swa, types, v_trans: bool,
+                  ext: bool = False, ple_token=None):
+    """A cache of one of the shapes above filled as the seeds want it: three sequences over
+    interleaved positions, a stream copy and a removal; with the extension, every other placement
+    with 2-D positions and token ids (x, y, tok off their defaults). Returns (cache, geo)."""
+    tk, tv = types
+    ek, ev = [32, 8], [16, 32] if tk != "q8_0" and tv != "q8_0" else [32, 32]
+    if tk == "q8_0" or tv == "q8_0":
+        ek = [32, 64]
+    n_seq = 3
+    kw = dict(cell_ext=True, ple_token=ple_token) if ext else {}
+    c = kvcache.UnifiedCache(64, 2, ek, ev, type_k=tk, type_v=tv, v_trans=v_trans, n_seq_max=n_seq,
+                             n_swa=swa[1] if swa else 0, swa_type=swa[0] if swa else "none",
+                             semantics="2026" if today else "2025", kv_unified=not streams, **kw)
+    for il in c.layers:
+        for a in (c.k(il), c.v(il)):
+            a.view(np.uint8)[...] = rng.integers(0, 256, a.nbytes, dtype=np.uint8).reshape(a.view(np.uint8).shape)
+    for step in range(6):
+        for s in range(n_seq):
+            n = 1 + (step + s) % 4
+            p0 = sum(1 + (k + s) % 4 for k in range(step))
+            pos = list(range(p0, p0 + n))
+            more = {}
+            if ext and (step + s) % 2 == 0:
+                more = dict(pos_x=[p % 5 + s for p in pos], pos_y=[p // 5 + 1 for p in pos],
+                            tokens=[1000 * (s + 1) + p for p in pos])
+            ub = kvcache.UBatch(pos=pos, seq_id=[s] * n, **more)
+            if c.find_slot(ub) and not today:
+                c.commit()
+    c.seq_rm(1, 2, 5)
+    c.seq_cp(0, 2, -1, -1) if streams else c.seq_cp(0, 2, 0, 4)
+    c.update()
+    geo = dict(type_k=tk, type_v=tv, v_trans=v_trans, kv_size=64, n_seq_max=n_seq, ek=ek, ev=ev,
+               cell_ext=ext, ple=ple_token is not None)
+    return c, geo
+
+
 def from_kvcache(corpus: Corpus) -> None:
-    """States and hand-off headers written by kvcache itself (caches of the shapes above, three
-    sequences over interleaved positions, a stream copy and a removal)."""
+    """States and hand-off headers written by kvcache itself (caches of the shapes above)."""
     try:
         import numpy as np
         import kvcache
@@ -168,28 +223,9 @@ def from_kvcache(corpus: Corpus) -> None:
         print(f"kvcache not importable ({e}); no kvcache-written seeds", file=sys.stderr)
         return
     rng = np.random.default_rng(7)
-    for today, streams, swa, (tk, tv), v_trans in WRITTEN_SHAPES:
-        ek, ev = [32, 8], [16, 32] if tk != "q8_0" and tv != "q8_0" else [32, 32]
-        if tk == "q8_0" or tv == "q8_0":
-            ek = [32, 64]
-        n_seq = 3
-        c = kvcache.UnifiedCache(64, 2, ek, ev, type_k=tk, type_v=tv, v_trans=v_trans, n_seq_max=n_seq,
-                                 n_swa=swa[1] if swa else 0, swa_type=swa[0] if swa else "none",
-                                 semantics="2026" if today else "2025", kv_unified=not streams)
-        for il in c.layers:
-            for a in (c.k(il), c.v(il)):
-                a.view(np.uint8)[...] = rng.integers(0, 256, a.nbytes, dtype=np.uint8).reshape(a.view(np.uint8).shape)
-        for step in range(6):
-            for s in range(n_seq):
-                n = 1 + (step + s) % 4
-                p0 = sum(1 + (k + s) % 4 for k in range(step))
-                ub = kvcache.UBatch(pos=list(range(p0, p0 + n)), seq_id=[s] * n)
-                if c.find_slot(ub) and not today:
-                    c.commit()
-        c.seq_rm(1, 2, 5)
-        c.seq_cp(0, 2, -1, -1) if streams else c.seq_cp(0, 2, 0, 4)
-        c.update()
-        geo = dict(type_k=tk, type_v=tv, v_trans=v_trans, kv_size=64, n_seq_max=n_seq, ek=ek, ev=ev)
+    for today, streams, swa, types, v_trans in WRITTEN_SHAPES:
+        c, geo = written_cache(kvcache, np, rng, today=today, streams=streams, swa=swa, types=types, v_trans=v_trans)
+        n_seq = geo["n_seq_max"]
         for s in range(n_seq):
             add_handoff(corpus, geo, c.seq_export(s).header, s, today=today, streams=streams, swa=swa)
         if not today:
@@ -200,6 +236,17 @@ def from_kvcache(corpus: Corpus) -> None:
             for s in (-1, *range(n_seq)):
                 add_state2026(corpus, geo, s, c.state_write(s, layout=layout), streams=streams, swa=swa,
                               layouts=flags)
+    for streams, swa, types, v_trans, ple_token in EXT_SHAPES:
+        c, geo = written_cache(kvcache, np, rng, today=True, streams=streams, swa=swa, types=types,
+                               v_trans=v_trans, ext=True, ple_token=ple_token)
+        # the same steps without the extension: its states read into the cache with it (defaults)
+        plain, _ = written_cache(kvcache, np, rng, today=True, streams=streams, swa=swa, types=types,
+                                 v_trans=v_trans)
+        for s in (-1, *range(geo["n_seq_max"])):
+            for layout, ext in EXT_LAYOUTS:
+                add_state2026(corpus, geo, s, c.state_write(s, layout=layout), streams=streams, swa=swa,
+                              ext=ext)
+            add_state2026(corpus, geo, s, plain.state_write(s, layout="2025-08"), streams=streams, swa=swa)
 
 
 # --- recurrent -----------------------------------------------------------------------------
