@@ -7,10 +7,11 @@
 #define KVC_FUZZ_PART_H
 
 #include "fuzz_common.h"
+#include "kvc_state.h"
 #include "kvc_types.h"
 #include "kvc_unified.h"
 
-enum { FP_MAX_LAYERS = 3 };
+enum { FP_MAX_LAYERS = 3, FP_DESC_CELLS = 256 };
 
 /* Where the parts of a successfully read state lie (the oracle's own walk over the blob). */
 typedef struct layout {
@@ -150,6 +151,59 @@ static inline uint8_t *canonical(const kvc_unified *c, int32_t seq_id, const lay
     }
     *len = o;
     return out;
+}
+
+/* kvc_state_describe_ext of the part at p (of at most avail bytes), its cell records carrying ext
+ * bytes of the extension: fails cleanly, or describes something inside the input; when `read` is
+ * given (a whole-cache read of that part into cache c put its cells into `cells`, cell k into
+ * cell k) it must agree with it, the cells' extensions included. */
+static inline void fp_check_describe(const uint8_t *p, size_t avail, uint32_t ext, const kvc_unified *c,
+                                     const kvc_cells *cells, const layout *read) {
+    static int32_t pos[FP_DESC_CELLS];
+    static uint64_t seq[FP_DESC_CELLS * KVC_SEQ_WORDS];   /* a cell's set in KVC_SEQ_WORDS words */
+    static kvc_cell_ext exts[FP_DESC_CELLS];
+    kvc_state_layer_desc layers[FP_MAX_LAYERS + 1];
+    kvc_state_desc d;
+    kvc_err err = { 0, "" };
+    const int rc = kvc_state_describe_ext(p, avail, ext, &d, pos, seq, exts, FP_DESC_CELLS, layers, FP_MAX_LAYERS + 1,
+                                          &err);
+    if (rc != KVC_OK) {
+        FUZZ_CHECK(rc == KVC_E_STATE && err.msg[0], "describe failed with %d (%s)", rc, err.msg);
+        FUZZ_CHECK(!read, "describe refused a part a whole-cache read accepted: %s", err.msg);
+        return;
+    }
+    FUZZ_CHECK(d.end <= avail && d.data_off < d.end && d.v_trans <= 1, "describe: end %zu, data at %zu, of %zu bytes",
+               d.end, d.data_off, avail);
+    if (!read) {
+        return;
+    }
+#define FP_SAME(a, b, what)                                                                                    \
+    FUZZ_CHECK((a) == (b), "describe after a whole-cache read: %s %lld != %lld", what, (long long)(a), (long long)(b))
+    FP_SAME(d.cell_count, read->cc, "cell count");
+    FP_SAME(d.end, read->end, "end");
+    FP_SAME(d.data_off, read->meta_end, "data offset");
+    FP_SAME(d.v_trans, read->vt, "V layout");
+    FP_SAME(d.n_layer, c->n_layer, "layer count");
+    for (uint32_t i = 0; i < read->cc && i < FP_DESC_CELLS; i++) {
+        FP_SAME(pos[i], cells->pos[i], "cell position");
+        for (uint32_t w = 0; w < KVC_SEQ_WORDS; w++) {
+            FP_SAME(seq[KVC_SEQ_WORDS * i + w], w < cells->seq_words ? cells->seq[(size_t)w * cells->size + i] : 0,
+                    "cell sequence set");
+        }
+        if (ext) {
+            FP_SAME(exts[i].x, cells->ext[i].x, "cell x");
+            FP_SAME(exts[i].y, cells->ext[i].y, "cell y");
+            FP_SAME(exts[i].tok, cells->ext[i].tok, "cell token");
+        }
+    }
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        FP_SAME(layers[l].k_offset + 12, read->k_off[l], "K offset");
+        FP_SAME(layers[l].v_offset + 12, read->v_off[l], "V offset");
+        FP_SAME(layers[l].k_row_size, c->layers[l].k_row_bytes, "K row size");
+        FP_SAME(layers[l].k_bytes + layers[l].v_bytes,
+                (uint64_t)read->cc * (c->layers[l].k_row_bytes + c->layers[l].v_row_bytes), "data bytes");
+    }
+#undef FP_SAME
 }
 
 #endif

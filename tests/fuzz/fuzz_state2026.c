@@ -28,7 +28,10 @@
  *     there; the state written back in the layout read reads back in that layout, consuming all
  *     of it, and writes the same bytes again (a sequence's: the same cells, in whatever order
  *     the placement gave them); a whole-cache read of it leaves the cache exactly as the first
- *     read did. */
+ *     read did;
+ *   - describe (kvc_state_describe_ext, no cache): of a refused blob it fails cleanly or stays
+ *     inside the input; of each section a whole-cache read accepted it agrees with the stream
+ *     (cells, positions, sequence sets, extensions, offsets, data sizes). */
 #include "fuzz_cache.h"
 #include "fuzz_part.h"
 #include "kvc_state.h"
@@ -75,7 +78,8 @@ static uint32_t ext_bytes(const kvc_unified *c, unsigned lay) {
 /* What state_write in layout wlay must give back after a whole-cache read of blob[0, consumed)
  * in layout lay: the stream count (with KVC_LAYOUT_STREAMS), then each section canonical (ids
  * ascending and each once, the extension as read or its defaults, V in the cache's layout, zero
- * rows without K/V memory); an empty section of the stream layout is its count alone. */
+ * rows without K/V memory); an empty section of the stream layout is its count alone. Each
+ * section with cells, described without a cache, agrees with what its stream holds. */
 static uint8_t *canonical_whole(const kvc_unified *c, const uint8_t *blob, size_t consumed, unsigned lay,
                                 unsigned wlay, bool meta_only, size_t *len) {
     const bool streams = lay & KVC_LAYOUT_STREAMS;
@@ -101,6 +105,7 @@ static uint8_t *canonical_whole(const kvc_unified *c, const uint8_t *blob, size_
             continue;
         }
         const layout L = walk(c, -1, blob + off, consumed - off, ext_r);
+        fp_check_describe(blob + off, consumed - off, ext_r, c, kvc_unified_stream_cells_c(c, s), &L);
         size_t n;
         uint8_t *part = canonical(c, -1, &L, meta_only, ext_w, &n);
         FUZZ_CHECK(o + n <= cap, "the canonical state outgrows the input");
@@ -244,6 +249,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rc != KVC_OK) {
         fz_check_refused(rc, &err, k.fault, fault_pending, "state_read");
         fc_image_check(&before, &t, true, "after a failed read");
+        fp_check_describe(blob, len, kvc_layout_ext_bytes(k.layout & ~(unsigned)KVC_LAYOUT_DETECT), NULL, NULL, NULL);
         fc_image_free(&before);
         fc_cache_free(&t);
         return 0;

@@ -39,7 +39,7 @@
 #include "kvc_state.h"
 #include "kvc_types.h"
 
-enum { HEADER = 18, MAX_LAYERS = FP_MAX_LAYERS, MAX_PARTS = 2, DESC_CELLS = 256 };
+enum { HEADER = 18, MAX_LAYERS = FP_MAX_LAYERS, MAX_PARTS = 2 };
 _Static_assert(MAX_LAYERS == FC_MAX_LAYERS, "the geometry of fuzz_cache.h holds MAX_LAYERS layers");
 static const size_t MAX_KV_BYTES = (size_t)256 << 10; /* larger geometries are skipped (speed) */
 
@@ -488,47 +488,6 @@ static void check_others_kept(const image *m, const cache *t, int32_t seq_id, co
     }
 }
 
-/* kvc_state_describe of the part at p: fails cleanly, or describes something inside the input;
- * when `read` is given (a whole-cache read of that part succeeded) it must agree with it. */
-static void check_describe(const uint8_t *p, size_t avail, const kvc_unified *c, const layout *read) {
-    static int32_t pos[DESC_CELLS];
-    static uint64_t seq[DESC_CELLS * KVC_SEQ_WORDS];   /* a cell's set in KVC_SEQ_WORDS words */
-    kvc_state_layer_desc layers[MAX_LAYERS + 1];
-    kvc_state_desc d;
-    kvc_err err = { 0, "" };
-    const int rc = kvc_state_describe(p, avail, &d, pos, seq, DESC_CELLS, layers, MAX_LAYERS + 1, &err);
-    if (rc != KVC_OK) {
-        FUZZ_CHECK(rc == KVC_E_STATE && err.msg[0], "describe failed with %d (%s)", rc, err.msg);
-        FUZZ_CHECK(!read, "describe refused a part a whole-cache read accepted: %s", err.msg);
-        return;
-    }
-    FUZZ_CHECK(d.end <= avail && d.data_off < d.end && d.v_trans <= 1, "describe: end %zu, data at %zu, of %zu bytes",
-               d.end, d.data_off, avail);
-    if (!read) {
-        return;
-    }
-    const char *when = "describe after a whole-cache read";
-    SAME_VALUE(d.cell_count, read->cc, "cell count");
-    SAME_VALUE(d.end, read->end, "end");
-    SAME_VALUE(d.data_off, read->meta_end, "data offset");
-    SAME_VALUE(d.v_trans, read->vt, "V layout");
-    SAME_VALUE(d.n_layer, c->n_layer, "layer count");
-    for (uint32_t i = 0; i < read->cc && i < DESC_CELLS; i++) {
-        SAME_VALUE(pos[i], c->cells.pos[i], "cell position");
-        for (uint32_t w = 0; w < KVC_SEQ_WORDS; w++) {
-            SAME_VALUE(seq[KVC_SEQ_WORDS * i + w], w < c->cells.seq_words ? c->cells.seq[(size_t)w * c->cells.size + i] : 0,
-                       "cell sequence set");
-        }
-    }
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        SAME_VALUE(layers[l].k_offset + 12, read->k_off[l], "K offset");
-        SAME_VALUE(layers[l].v_offset + 12, read->v_off[l], "V offset");
-        SAME_VALUE(layers[l].k_row_size, c->layers[l].k_row_bytes, "K row size");
-        SAME_VALUE(layers[l].k_bytes + layers[l].v_bytes, (uint64_t)read->cc * (c->layers[l].k_row_bytes + c->layers[l].v_row_bytes),
-                   "data bytes");
-    }
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     call k;
     if (!parse_header(data, size, &k)) {
@@ -565,7 +524,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (uint32_t p = 0; p < k.n_parts; p++) {
             image_check(&before[p], &t[p], "after a failed read");
         }
-        check_describe(blob, len, NULL, NULL);
+        fp_check_describe(blob, len, 0, NULL, NULL, NULL);
         for (uint32_t p = 0; p < k.n_parts; p++) {
             image_free(&before[p]);
             fc_cache_free(&t[p]);
@@ -630,7 +589,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         } else {
             check_whole_result(&before[p], &t[p], &L[p]);
         }
-        check_describe(blob + off, len - off, &t[p].c, k.seq_id < 0 ? &L[p] : NULL);
+        fp_check_describe(blob + off, len - off, 0, &t[p].c, &t[p].c.cells, k.seq_id < 0 ? &L[p] : NULL);
         off += L[p].end;
     }
     FUZZ_CHECK(off == consumed, "the parts span %zu bytes, the read consumed %zu", off, consumed);
