@@ -296,3 +296,38 @@ def test_states_without_cells_are_found_without_a_layout():
                              semantics="2026", cell_ext=True)
     iswa.state_read(iswa.state_write(0), 0)
     iswa.state_read(iswa.state_write())
+
+
+@pytest.mark.parametrize("simple", [True, False])
+def test_batch_splits_carry_tokens_and_2d_positions(simple):
+    """A Batch's splits carry the token ids and 2-D positions of their tokens (gathered by the
+    split's ids), so ubatches from a Batch set a cache's extensions as the same ubatches built by
+    hand do; a Batch refuses what a UBatch refuses."""
+    pos = [0, 1, 2, 0, 1, 3]
+    seq = [0, 0, 0, 1, 1, 0]
+    tok = [10, 11, 12, 20, 21, 13]
+    px, py = [0, 1, 2, 5, 6, 3], [0, 0, 1, 5, 5, 2]
+    b = kvcache.Batch(pos, seq, simple_split=simple, tokens=tok, pos_x=px, pos_y=py)
+    split = list(b.ubatches(4))
+    assert sum(u.n_tokens for u in split) == len(pos)
+    kw = dict(kv_size=32, n_layer=1, n_embd_k_gqa=8, n_embd_v_gqa=8, n_seq_max=2, n_pad=1, semantics="2026",
+              cell_ext=True)
+    via_batch, by_hand = kvcache.UnifiedCache(**kw), kvcache.UnifiedCache(**kw)
+    for u in split:
+        ids = u.ids
+        assert u.tokens.tolist() == [tok[i] for i in ids]
+        assert u.pos_x.tolist() == [px[i] for i in ids] and u.pos_y.tolist() == [py[i] for i in ids]
+        assert via_batch.find_slot(u)
+        groups = [u.seq_id[g] for g in range(u.n_seqs)]
+        same = kvcache.UBatch(u.pos, groups, u.n_seq_tokens, tokens=[tok[i] for i in ids],
+                              pos_x=[px[i] for i in ids], pos_y=[py[i] for i in ids])
+        assert by_hand.find_slot(same)
+    assert via_batch.cells().ext.tolist() == by_hand.cells().ext.tolist()
+    assert sorted(map(tuple, via_batch.cells().ext[:6].tolist())) == sorted(zip(px, py, tok))
+    assert via_batch.state_write(-1) == by_hand.state_write(-1)
+    plain = kvcache.Batch(pos, seq, simple_split=simple)
+    assert all(u.tokens is None and u.pos_x is None for u in plain.ubatches(4))
+    with pytest.raises(ValueError, match="pos_x and pos_y"):
+        kvcache.Batch(pos, seq, pos_x=px)
+    with pytest.raises(ValueError, match="tokens must have one value per token"):
+        kvcache.Batch(pos, seq, tokens=tok[:-1])

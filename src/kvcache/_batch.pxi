@@ -27,7 +27,8 @@ cdef class SplitUBatch(UBatch):
 cdef class Batch:
     """A batch of tokens cut into ubatches the way llama.cpp's decoder does.
 
-    ``Batch(pos, seq_id, output=None, logits_all=False, simple_split=True)``
+    ``Batch(pos, seq_id, output=None, logits_all=False, simple_split=True, *, tokens=None,
+    pos_x=None, pos_y=None)``
 
     - ``pos``: one position per token (ints in [0, 2**31)).
     - ``seq_id``: one entry per token, an int or a non-empty list of ints in [0, MAX_SEQ = 256).
@@ -35,6 +36,8 @@ cdef class Batch:
       token of the batch is an output; ``logits_all=True`` makes every token one.
     - ``simple_split``: keep the batch in its order for :meth:`split_simple`; with False the
       tokens are grouped by sequence for :meth:`split_equal` / :meth:`split_seq`.
+    - ``tokens``, ``pos_x``, ``pos_y``: optional token ids and 2-D positions, one per token, as
+      :class:`UBatch` takes them; each split carries those of its tokens.
 
     Each split returns the next :class:`SplitUBatch` (a :class:`UBatch`) or None once every
     token has been placed; :attr:`out_ids` lists the output tokens in the order they were
@@ -42,8 +45,10 @@ cdef class Batch:
     """
     cdef kvc_sbatch c               # the splitter (owns copies of the batch and the last ubatch)
     cdef kvc_pylock _lock           # held while splitting and reading the split state
+    cdef object _ext                # the checked tokens / 2-D positions (see _ext_values), or None
 
-    def __cinit__(self, pos, seq_id, output=None, logits_all=False, simple_split=True):
+    def __cinit__(self, pos, seq_id, output=None, logits_all=False, simple_split=True, *, tokens=None, pos_x=None,
+                  pos_y=None):
         cdef kvc_err err
         cdef int rc
         cdef Py_ssize_t n_tokens, t, k
@@ -57,6 +62,9 @@ cdef class Batch:
         if n_tokens and (pos64.min() < 0 or pos64.max() > INT32_MAX):
             raise ValueError("pos values must lie in [0, 2**31 - 1]")
         lists = seq_lists_c(seq_id, n_tokens, "token")
+        self._ext = None
+        if tokens is not None or pos_x is not None or pos_y is not None:
+            self._ext = _ext_values(tokens, pos_x, pos_y, n_tokens)
         logits_arr = None
         if output is not None:
             out_arr = values_c(output, "output", VALUES_FLAG)
@@ -174,7 +182,14 @@ cdef class Batch:
             equal_seqs = out.equal_seqs
         finally:
             op_end(&self._lock)
-        cdef SplitUBatch ub = SplitUBatch(pos, groups, n_seq_tokens, output)
+        ext = {}
+        if self._ext is not None:
+            vals, (has_xy, has_tok) = self._ext
+            if has_xy:
+                ext.update(pos_x=vals[0][ids], pos_y=vals[1][ids])
+            if has_tok:
+                ext["tokens"] = vals[2][ids]
+        cdef SplitUBatch ub = SplitUBatch(pos, groups, n_seq_tokens, output, **ext)
         ub.ids = ids
         ub.equal_seqs = equal_seqs
         return ub

@@ -774,8 +774,9 @@ cdef class UBatch:
         return 0
 
 
-cdef int _ubatch_set_ext(UBatch self, object tokens, object pos_x, object pos_y, Py_ssize_t n_tokens) except -1:
-    """The optional per-token values of a UBatch (int32 [3, n_tokens] it owns: pos_x, pos_y, tokens)."""
+cdef object _ext_values(object tokens, object pos_x, object pos_y, Py_ssize_t n_tokens):
+    """The optional per-token values of a UBatch or a Batch, checked: an int32 [3, n_tokens]
+    array (rows pos_x, pos_y, tokens; rows not given are 0) and which rows were given."""
     if (pos_x is None) != (pos_y is None):
         raise ValueError("pos_x and pos_y: a 2-D position needs both (or neither)")
     ext = np.zeros((3, max(n_tokens, 1)), dtype=np.int32)
@@ -789,11 +790,17 @@ cdef int _ubatch_set_ext(UBatch self, object tokens, object pos_x, object pos_y,
             raise ValueError(f"{name} values must be int32")
         ext[k, :n_tokens] = a
     ext.flags.writeable = False
+    return ext, (pos_x is not None, tokens is not None)
+
+
+cdef int _ubatch_set_ext(UBatch self, object tokens, object pos_x, object pos_y, Py_ssize_t n_tokens) except -1:
+    """The optional per-token values of a UBatch (int32 [3, n_tokens] it owns: pos_x, pos_y, tokens)."""
+    ext, (has_xy, has_tok) = _ext_values(tokens, pos_x, pos_y, n_tokens)
     cdef const int32_t[:, ::1] e = ext
     self._ext = ext
-    self.c.pos_x = &e[0, 0] if pos_x is not None else NULL
-    self.c.pos_y = &e[1, 0] if pos_y is not None else NULL
-    self.c.token = &e[2, 0] if tokens is not None else NULL
+    self.c.pos_x = &e[0, 0] if has_xy else NULL
+    self.c.pos_y = &e[1, 0] if has_xy else NULL
+    self.c.token = &e[2, 0] if has_tok else NULL
     return 0
 
 

@@ -201,6 +201,10 @@ class Batch:
         output: _Flags | None = None,
         logits_all: bool = False,
         simple_split: bool = True,
+        *,
+        tokens: _IntArray | None = None,
+        pos_x: _IntArray | None = None,
+        pos_y: _IntArray | None = None,
     ) -> Self: ...
     @property
     def n_tokens(self) -> int: ...
