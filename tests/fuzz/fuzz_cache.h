@@ -255,7 +255,7 @@ static inline void fc_cells_same(const kvc_cells *a, const kvc_cells *b, const c
     FC_SAME_VALUE(a->has_shift, b->has_shift, "has_shift");
     for (uint32_t s = 0; s < a->n_seq_max; s++) {
         FC_SAME_VALUE(a->seq_pos[s].n, b->seq_pos[s].n, "seq_pos count");
-        FC_SAME_BYTES(a->seq_pos[s].v, b->seq_pos[s].v, a->seq_pos[s].n * sizeof(int32_t), "seq_pos entries");
+        FC_SAME_BYTES(a->seq_pos[s].key, b->seq_pos[s].key, a->seq_pos[s].n * sizeof(uint64_t), "seq_pos entries");
     }
 }
 
@@ -307,7 +307,7 @@ static inline void fc_check_cells(const kvc_cells *cl, const char *when) {
         FUZZ_CHECK(count[s] == cl->seq_pos[s].n, "%s: sequence %u in %u cells, seq_pos has %u", when, s, count[s],
                    cl->seq_pos[s].n);
         for (uint32_t j = 1; j < cl->seq_pos[s].n; j++) {
-            FUZZ_CHECK(cl->seq_pos[s].v[j - 1] <= cl->seq_pos[s].v[j], "%s: seq_pos of %u unsorted", when, s);
+            FUZZ_CHECK(cl->seq_pos[s].key[j - 1] < cl->seq_pos[s].key[j], "%s: seq_pos of %u unsorted", when, s);
         }
     }
 }

@@ -160,7 +160,7 @@ typedef struct image {
     uint32_t used, used_max_p1;
     bool has_shift;
     uint32_t seq_pos_n[KVC_MAX_SEQ];
-    int32_t *seq_pos_v[KVC_MAX_SEQ];
+    uint64_t *seq_pos_key[KVC_MAX_SEQ];
     uint32_t head, n, n_defrag_ids;
     kvc_slot slot;
     kvc_undo undo;       /* copies of the log's arrays (lengths only) */
@@ -185,7 +185,7 @@ static void image_take(image *m, const cache *t) {
     m->has_shift = cl->has_shift;
     for (uint32_t s = 0; s < cl->n_seq_max; s++) {
         m->seq_pos_n[s] = cl->seq_pos[s].n;
-        m->seq_pos_v[s] = (int32_t *)fz_dup((const uint8_t *)cl->seq_pos[s].v, cl->seq_pos[s].n * sizeof(int32_t));
+        m->seq_pos_key[s] = (uint64_t *)fz_dup((const uint8_t *)cl->seq_pos[s].key, cl->seq_pos[s].n * sizeof(uint64_t));
     }
     m->head = c->head;
     m->n = c->n;
@@ -209,7 +209,7 @@ static void image_free(image *m) {
     free(m->seq);
     free(m->used_bits);
     for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
-        free(m->seq_pos_v[s]);
+        free(m->seq_pos_key[s]);
     }
     free(m->undo.spans);
     free(m->undo.pos);
@@ -237,7 +237,7 @@ static void image_check(const image *m, const cache *t, const char *when) {
     SAME_VALUE(cl->has_shift, m->has_shift, "has_shift");
     for (uint32_t s = 0; s < m->n_seq_max; s++) {
         SAME_VALUE(cl->seq_pos[s].n, m->seq_pos_n[s], "seq_pos count");
-        SAME_BYTES(cl->seq_pos[s].v, m->seq_pos_v[s], m->seq_pos_n[s] * sizeof(int32_t), "seq_pos entries");
+        SAME_BYTES(cl->seq_pos[s].key, m->seq_pos_key[s], m->seq_pos_n[s] * sizeof(uint64_t), "seq_pos entries");
     }
     SAME_VALUE(c->head, m->head, "head");
     SAME_VALUE(c->n, m->n, "n");
@@ -258,8 +258,8 @@ static void image_check(const image *m, const cache *t, const char *when) {
 
 /* --- invariants of the cell table ------------------------------------------------------ */
 
-static int cmp_i32(const void *a, const void *b) {
-    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+static int cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x > y) - (x < y);
 }
 
@@ -282,17 +282,17 @@ static void check_cells(const kvc_cells *cl, const char *when) {
     }
     SAME_VALUE(cl->used, used, "used count");
     SAME_VALUE(cl->used_max_p1, used_max_p1, "used_max_p1");
-    int32_t *expect = fz_alloc((cl->size ? cl->size : 1) * sizeof *expect);
+    uint64_t *expect = fz_alloc((cl->size ? cl->size : 1) * sizeof *expect);   /* index keys: pos << 32 | cell */
     for (uint32_t s = 0; s < cl->n_seq_max; s++) {
         uint32_t k = 0;
         for (uint32_t i = 0; i < cl->size; i++) {
             if (cl->pos[i] != -1 && ((cl->seq[i] >> s) & 1)) {
-                expect[k++] = cl->pos[i];
+                expect[k++] = kvc_seq_key(cl->pos[i], i);
             }
         }
-        qsort(expect, k, sizeof *expect, cmp_i32);
+        qsort(expect, k, sizeof *expect, cmp_u64);
         SAME_VALUE(cl->seq_pos[s].n, k, "seq_pos count");
-        SAME_BYTES(cl->seq_pos[s].v, expect, k * sizeof *expect, "seq_pos entries");
+        SAME_BYTES(cl->seq_pos[s].key, expect, k * sizeof *expect, "seq_pos entries");
     }
     free(expect);
 }
