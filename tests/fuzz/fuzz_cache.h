@@ -12,7 +12,8 @@
  *       bit 7 a sliding window
  *   [2] bits 0-4 n_swa - 1, bit 5 chunked window (else standard)
  *   [3] prefill seed (0: empty cache; bit 7: an uncommitted placement is left behind, 2025)
- *   [4] reserved for the target (flags)
+ *   [4] reserved for the target (flags; a target may give a 2026 cache the per-cell extension,
+ *       fc_geometry.cell_ext, with which the prefill's ubatches carry token ids and 2-D positions)
  *   [5..10] K and V row widths of the layers 0..2: 1 + byte % 64 (q8_0: 32 or 64) */
 #ifndef KVC_FUZZ_CACHE_H
 #define KVC_FUZZ_CACHE_H
@@ -29,6 +30,7 @@ _Static_assert(FC_MAX_LAYERS <= FZ_MAX_LAYERS, "layers beyond the shared K/V mem
 typedef struct fc_geometry {
     int32_t type_k, type_v, semantics, swa_type;
     bool v_trans, meta_only, stream_per_seq;
+    bool cell_ext;   /* set by the target (2026 only): the per-cell extension */
     uint32_t n_layer, kv_size, n_seq_max, n_swa;
     int32_t il[FC_MAX_LAYERS];
     uint32_t ek[FC_MAX_LAYERS], ev[FC_MAX_LAYERS];
@@ -81,6 +83,7 @@ static inline void fc_cache_init(fc_cache *t, const fc_geometry *g) {
         .n_seq_max = g->n_seq_max, .n_pad = 32, .n_swa = g->n_swa, .swa_type = g->swa_type,
         .type_k = g->type_k, .type_v = g->type_v, .v_trans = g->v_trans, .n_layer = g->n_layer,
         .layer_il = g->il, .n_embd_k = g->ek, .n_embd_v = g->ev,
+        .cell_ext = g->cell_ext && g->semantics == KVC_SEM_2026,
     };
     kvc_err err = { 0, "" };
     const int rc = kvc_unified_init(&t->c, &p, &err);
@@ -99,10 +102,11 @@ static inline void fc_cache_free(fc_cache *t) {
 
 /* Place a ubatch of n tokens of sequence s (s < 0: each token's from the rng; with one stream
  * sometimes a second id per token), positions continuing next_pos; 2025: committed unless
- * `commit` is false. */
+ * `commit` is false. A cache with the per-cell extension: token ids, 2-D positions, both or
+ * neither, from the rng. */
 static inline void fc_place(fc_cache *t, fz_rng *g, int32_t s, uint32_t n, int32_t *next_pos, bool commit) {
     const uint32_t n_seq = t->c.n_seq_max;
-    int32_t pos[64], ids[128];
+    int32_t pos[64], ids[128], px[64], py[64], tok[64];
     uint32_t off[65];
     uint32_t k = 0;
     off[0] = 0;
@@ -118,7 +122,13 @@ static inline void fc_place(fc_cache *t, fz_rng *g, int32_t s, uint32_t n, int32
         off[i + 1] = k;
         pos[i] = next_pos[s0]++;
     }
-    const kvc_ubatch ub = { n, 1, n, pos, off, ids, NULL, NULL, NULL };
+    const uint32_t ext = t->c.cells.ext ? fz_below(g, 4) : 0;   /* bit 0 token ids, bit 1 2-D */
+    for (uint32_t i = 0; ext && i < n; i++) {
+        tok[i] = (int32_t)fz_below(g, 1000);
+        px[i] = (int32_t)fz_below(g, 8);
+        py[i] = (int32_t)fz_below(g, 8);
+    }
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids, ext & 2 ? px : NULL, ext & 2 ? py : NULL, ext & 1 ? tok : NULL };
     if (t->c.semantics == KVC_SEM_2026) {
         kvc_err err = { 0, "" };
         const int r = kvc_unified_find_slot_2026(&t->c, &ub, &err);
@@ -208,7 +218,7 @@ static inline void fc_image_take(fc_image *m, const fc_cache *t) {
     m->n_stream = c->n_stream;
     for (uint32_t s = 0; s < c->n_stream; s++) {
         const kvc_cells *cl = kvc_unified_stream_cells_c(c, s);
-        FUZZ_CHECK(kvc_cells_init(&m->cells[s], cl->size, cl->n_seq_max) == KVC_OK, "out of memory");
+        FUZZ_CHECK(kvc_cells_init_like(&m->cells[s], cl) == KVC_OK, "out of memory");
         kvc_cells_copy(&m->cells[s], cl);
         m->heads[s] = kvc_unified_stream_head_c(c, s);
     }
@@ -249,6 +259,10 @@ static inline void fc_cells_same(const kvc_cells *a, const kvc_cells *b, const c
     FC_SAME_BYTES(a->pos, b->pos, a->size * sizeof *a->pos, "cell positions");
     FC_SAME_BYTES(a->shift, b->shift, a->size * sizeof *a->shift, "cell shifts");
     FC_SAME_BYTES(a->seq, b->seq, (size_t)a->seq_words * a->size * sizeof *a->seq, "cell sequence sets");
+    FC_SAME_VALUE(!a->ext, !b->ext, "no cell extensions");
+    if (a->ext && b->ext) {
+        FC_SAME_BYTES(a->ext, b->ext, a->size * sizeof *a->ext, "cell extensions");
+    }
     FC_SAME_BYTES(a->used_bits, b->used_bits, a->n_words * sizeof *a->used_bits, "used bits");
     FC_SAME_VALUE(a->used, b->used, "used");
     FC_SAME_VALUE(a->used_max_p1, b->used_max_p1, "used_max_p1");

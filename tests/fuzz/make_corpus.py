@@ -131,16 +131,17 @@ def add_state2026(corpus: Corpus, geo: dict, seq_id: int, blob: bytes, *, stream
             corpus.add("fuzz_state2026", h + bytes([seq_id + 1]) + blob)
 
 
-HANDOFF_COMMIT, HANDOFF_FIX_SUM, HANDOFF_NOISE = 0x10, 0x20, 0x40
+HANDOFF_COMMIT, HANDOFF_FIX_SUM, HANDOFF_NOISE, HANDOFF_EXT = 0x10, 0x20, 0x40, 0x80
 
 
 def add_handoff(corpus: Corpus, geo: dict, header: bytes, seq_id: int, *, today: bool, streams: bool,
-                swa: tuple[str, int] | None = None) -> None:
-    """An exported header into a cache of its geometry: aborted, committed with noise in the
-    regions, and committed into another sequence (-1: the header's own id)."""
+                swa: tuple[str, int] | None = None, ext: bool = False) -> None:
+    """An exported header into a cache of its geometry (ext: with the per-cell extension):
+    aborted, committed with noise in the regions, and committed into another sequence (-1: the
+    header's own id)."""
     for prefill, flags, dst in ((0, 0, -1), (0x5A, HANDOFF_COMMIT | HANDOFF_NOISE | HANDOFF_FIX_SUM, -1),
                                 (0, HANDOFF_COMMIT | HANDOFF_FIX_SUM, (seq_id + 1) % geo["n_seq_max"])):
-        h = cache_geometry(geo, prefill, flags, today=today, streams=streams, swa=swa)
+        h = cache_geometry(geo, prefill, flags | (HANDOFF_EXT if ext else 0), today=today, streams=streams, swa=swa)
         if h is not None:
             corpus.add("fuzz_handoff", h + bytes([dst + 1]) + header)
 
@@ -200,6 +201,20 @@ def from_kvcache(corpus: Corpus) -> None:
             for s in (-1, *range(n_seq)):
                 add_state2026(corpus, geo, s, c.state_write(s, layout=layout), streams=streams, swa=swa,
                               layouts=flags)
+    # hand-off headers of caches with the per-cell extension (token ids and 2-D positions)
+    for streams in (False, True):
+        c = kvcache.UnifiedCache(64, 2, [32, 8], [16, 32], type_k="f16", type_v="f16", v_trans=not streams,
+                                 n_seq_max=3, semantics="2026", kv_unified=not streams, cell_ext=True)
+        for step in range(4):
+            for s in range(3):
+                n, p0 = 2 + s, step * 4
+                ext = {"tokens": [100 * s + step + t for t in range(n)]} if (step + s) % 3 else {}
+                if (step + s) % 2:
+                    ext.update(pos_x=[p0 + t % 2 for t in range(n)], pos_y=[p0 + t // 2 for t in range(n)])
+                assert c.find_slot(kvcache.UBatch(pos=list(range(p0, p0 + n)), seq_id=[s] * n, **ext))
+        geo = dict(type_k="f16", type_v="f16", v_trans=not streams, kv_size=64, n_seq_max=3, ek=[32, 8], ev=[16, 32])
+        for s in range(3):
+            add_handoff(corpus, geo, c.seq_export(s).header, s, today=True, streams=streams, ext=True)
 
 
 # --- recurrent -----------------------------------------------------------------------------
