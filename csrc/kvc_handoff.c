@@ -11,10 +11,10 @@
 #define FIXED_BYTES 40u
 #define LAYER_BYTES 28u
 #define RUN_BYTES 8u
-#define CELL_BYTES 12u
+#define CELL_BYTES 12u /* without the extension */
 #define SUM_BYTES 8u
 
-enum { FLAG_V_TRANS = 1u, FLAG_MEMORY = 2u };
+enum { FLAG_V_TRANS = 1u, FLAG_MEMORY = 2u, FLAG_EXT = 4u, FLAGS_KNOWN = 7u };
 
 uint64_t kvc_handoff_checksum(const uint8_t *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325u;
@@ -128,17 +128,20 @@ void kvc_handoff_export_free(kvc_handoff_export *e) {
 
 /* The layout whose single-sequence state the header's cells follow: the seed's for a cache of
  * semantics 2025; today's for 2026 (stream sections; the cells SWA-masked against the
- * sequence's largest position left out), without the blob prefix. */
+ * sequence's largest position left out; the per-cell extension, x, y and token id, after each
+ * record's n_seq_id when the cache has it), without the blob prefix. */
 static unsigned export_layout(const kvc_unified *c) {
-    return c->semantics == KVC_SEM_2026 ? (unsigned)(KVC_LAYOUT_STREAMS | KVC_LAYOUT_SWA_TRIM) : 0u;
+    return c->semantics == KVC_SEM_2026 ? (unsigned)(KVC_LAYOUT_STREAMS | KVC_LAYOUT_SWA_TRIM | KVC_LAYOUT_EXT_XY |
+                                                     KVC_LAYOUT_EXT_TOK) : 0u;
+}
+
+/* Bytes of a cell record of the header's cell section: pos, n_seq_id (1), the extension, the id. */
+static size_t cell_bytes(bool ext) {
+    return CELL_BYTES + (ext ? kvc_layout_ext_bytes(KVC_LAYOUT_EXT_XY | KVC_LAYOUT_EXT_TOK) : 0u);
 }
 
 int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kvc_err *err) {
     memset(e, 0, sizeof *e);
-    if (kvc_unified_has_ext(c)) {
-        /* the hand-off's cell records have no room for it: it would be lost on the way */
-        return kvc_err_set(err, KVC_E_ARG, "a hand-off does not carry the per-cell extension of this cache's cells");
-    }
     kvc_unified_defrag_settle(c);
     const unsigned layout = export_layout(c);
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
@@ -160,7 +163,8 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
     for (uint32_t i = 0; i < size; i++) {
         nr += listed[i] && (i == 0 || !listed[i - 1]);
     }
-    const size_t cell_section = 4 + (size_t)cc * CELL_BYTES;
+    const bool ext = kvc_unified_has_ext(c);
+    const size_t cell_section = 4 + (size_t)cc * cell_bytes(ext);
     const size_t len = FIXED_BYTES + (size_t)c->n_layer * LAYER_BYTES + 4 + (size_t)nr * RUN_BYTES + cell_section +
                        SUM_BYTES;
     e->header = kvc_malloc(len);
@@ -193,7 +197,8 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
     kvc_le_put_u32(p, KVC_HANDOFF_MAGIC);
     kvc_le_put_u32(p + 4, KVC_HANDOFF_VERSION);
     kvc_le_put_u32(p + 8, (uint32_t)len);
-    kvc_le_put_u32(p + 12, (c->v_trans ? FLAG_V_TRANS : 0u) | (kvc_unified_has_memory(c) ? FLAG_MEMORY : 0u));
+    kvc_le_put_u32(p + 12, (c->v_trans ? FLAG_V_TRANS : 0u) | (kvc_unified_has_memory(c) ? FLAG_MEMORY : 0u) |
+                               (ext ? FLAG_EXT : 0u));
     kvc_le_put_i32(p + 16, c->type_k);
     kvc_le_put_i32(p + 20, c->type_v);
     kvc_le_put_u32(p + 24, c->n_layer);
@@ -234,6 +239,7 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
 
 static void import_release(kvc_handoff_import *imp) {
     kvc_free(imp->pos);
+    kvc_free(imp->ext);
     kvc_free(imp->runs);
     kvc_free(imp->backup);
     kvc_unified_snapshot_free(&imp->snap);
@@ -280,6 +286,14 @@ static int check_header(const kvc_unified *c, const uint8_t *h, size_t len, uint
     if (tk != c->type_k || tv != c->type_v) {
         return kvc_err_set(err, KVC_E_STATE, "the sequence's K/V types are %" PRId32 "/%" PRId32
                            ", the cache's %" PRId32 "/%" PRId32, tk, tv, c->type_k, c->type_v);
+    }
+    if (flags & ~FLAGS_KNOWN) {
+        return kvc_err_set(err, KVC_E_STATE, "hand-off header flags 0x%" PRIx32 " (this reader knows 0x%x)", flags,
+                           FLAGS_KNOWN);
+    }
+    if (((flags & FLAG_EXT) != 0) != kvc_unified_has_ext(c)) {
+        return kvc_err_set(err, KVC_E_STATE, "the sequence's cells %s the per-cell extension, the cache's %s",
+                           flags & FLAG_EXT ? "carry" : "do not carry", kvc_unified_has_ext(c) ? "do" : "do not");
     }
     if (((flags & FLAG_V_TRANS) != 0) != c->v_trans) {
         return kvc_err_set(err, KVC_E_STATE, "the sequence's V is %stransposed, the cache's is %s",
@@ -453,9 +467,6 @@ static bool same_runs(const kvc_unified *c, const kvc_handoff_import *imp) {
 int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                              kvc_handoff_import *imp, kvc_err *err) {
     memset(imp, 0, sizeof *imp);
-    if (kvc_unified_has_ext(c)) {
-        return kvc_err_set(err, KVC_E_ARG, "a hand-off does not carry the per-cell extension of this cache's cells");
-    }
     uint32_t n_src_runs = 0;
     size_t off = 0;
     int rc = check_header(c, header, header ? len : 0, &n_src_runs, &off, err);
@@ -487,7 +498,9 @@ int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *head
     }
     const uint32_t cc = kvc_le_get_u32(header + off);
     off += 4;
-    if ((total - off - SUM_BYTES) / CELL_BYTES != cc || (total - off - SUM_BYTES) % CELL_BYTES) {
+    const bool ext = kvc_unified_has_ext(c);   /* the header's flag says the same (check_header) */
+    const size_t cb = cell_bytes(ext);
+    if ((total - off - SUM_BYTES) / cb != cc || (total - off - SUM_BYTES) % cb) {
         return kvc_err_set(err, KVC_E_STATE, "hand-off header: %" PRIu32 " cells do not fill its %zu bytes of cells",
                            cc, total - off - SUM_BYTES);
     }
@@ -504,13 +517,19 @@ int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *head
     imp->seq_id = seq_id;
     imp->cell_count = cc;
     imp->pos = cc ? kvc_malloc_n(cc, sizeof *imp->pos) : NULL;
-    if (cc && !imp->pos) {
+    imp->ext = cc && ext ? kvc_malloc_n(cc, sizeof *imp->ext) : NULL;
+    if (cc && (!imp->pos || (ext && !imp->ext))) {
         import_release(imp);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
     }
-    for (uint32_t i = 0; i < cc; i++, off += CELL_BYTES) {
+    for (uint32_t i = 0; i < cc; i++, off += cb) {
         const int32_t pos = kvc_le_get_i32(header + off);
         const uint32_t n_ids = kvc_le_get_u32(header + off + 4);
+        if (imp->ext) {
+            imp->ext[i].x = kvc_le_get_i32(header + off + 8);
+            imp->ext[i].y = kvc_le_get_i32(header + off + 12);
+            imp->ext[i].tok = kvc_le_get_i32(header + off + 16);
+        }
         if (pos < 0 || n_ids != 1) {
             import_release(imp);
             return kvc_err_set(err, KVC_E_STATE, "cell %" PRIu32 " of the hand-off header: position %" PRId32
@@ -559,7 +578,8 @@ static bool same_cells(const kvc_cells *a, const kvc_cells *b) {
     const size_t n = a->size;
     return a->used == b->used && a->has_shift == b->has_shift && !memcmp(a->pos, b->pos, n * sizeof *a->pos) &&
            !memcmp(a->shift, b->shift, n * sizeof *a->shift) &&
-           !memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq);
+           !memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq) &&
+           (!a->ext || !b->ext || !memcmp(a->ext, b->ext, n * sizeof *a->ext));
 }
 
 /* Is c as at the import's begin (every field the placement reads or an operation changes)? */
@@ -606,6 +626,7 @@ int kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err) {
                 kvc_unified_snapshot_restore(c, &imp->snap);
                 return kvc_err_set(err, KVC_E_INTERNAL, "the placement differs from the dry run's");
             }
+            kvc_unified_state_put_ext_2026(c, imp->stream, imp->cell_count, imp->ext);
             kvc_unified_slot_drop(c);
         }
     } else if (imp->cell_count == 0) {

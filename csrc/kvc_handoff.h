@@ -9,12 +9,14 @@
  *
  * Layout of the header (little-endian; docs/disaggregated.md):
  *   u32 magic "KVCH", u32 version (1), u32 header bytes (checksum included), u32 flags
- *   (bit 0: V transposed, bit 1: the source holds K/V memory), i32 type_k, i32 type_v,
+ *   (bit 0: V transposed, bit 1: the source holds K/V memory, bit 2: the cells carry the per-cell
+ *   extension; a header with other bits is refused), i32 type_k, i32 type_v,
  *   u32 n_layer, u64 data bytes (the sum of the region lengths), i32 the source sequence id;
  *   per layer: i32 model layer, u32 n_embd_k, u32 n_embd_v, u64 K row bytes, u64 V row bytes;
  *   u32 runs, per run u32 first source cell (in the sequence's stream), u32 cells;
- *   the cell section of a single-sequence state (u32 cell count; per cell i32 pos, u32 1, i32 id),
- *   written by the state codec;
+ *   the cell section of a single-sequence state (u32 cell count; per cell i32 pos, u32 1, with
+ *   bit 2 i32 x, i32 y, i32 tok (layout "2026"'s 12 bytes of extension), then i32 id), written by
+ *   the state codec;
  *   u64 FNV-1a checksum of every byte before it.
  *
  * Regions enumerate the sequence's K/V bytes in the order of a state's data section: for each
@@ -75,6 +77,7 @@ typedef struct kvc_handoff_import {
     int32_t      seq_id;        /* destination */
     uint32_t     cell_count;
     int32_t     *pos;           /* [cell_count] positions from the header (owned) */
+    struct kvc_cell_ext *ext;   /* [cell_count] their extensions (owned), NULL when the cache has none */
     kvc_run     *runs;          /* [n_runs] destination runs, in the sequence's cell order (owned) */
     uint32_t     n_runs;
     uint32_t     stream;        /* the destination sequence's stream: the runs' cells are its */
@@ -87,14 +90,15 @@ typedef struct kvc_handoff_import {
     bool         active;
 } kvc_handoff_import;
 
-/* Validate header[0, len) against c and reserve the cells its sequence takes when restored into
+/* Validate header[0, len) against c (its extension flag must be c's) and reserve the cells its sequence takes when restored into
  * seq_id (a valid id, or -1 for the header's own), as a single-sequence state read places them; nothing observable changes.
  * KVC_OK with imp active, or KVC_E_STATE (foreign geometry, truncation, corruption, no room:
  * err says how many cells are missing), KVC_E_NOMEM; imp inactive then. */
 int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                               kvc_handoff_import *imp, kvc_err *err);
 /* Make the sequence visible exactly as the state read would have (its K/V are what the regions
- * hold now; in 2026 an empty sequence leaves the destination's cells, as that read does).
+ * hold now, its cells' extensions the header's; in 2026 an empty sequence leaves the
+ * destination's cells, as that read does).
  * KVC_E_STATE (nothing changed, the import still active) when the cache changed since begin. */
 int  kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err);
 /* KVC_OK when the cache is as at begin (commit would place the sequence), KVC_E_STATE when it

@@ -775,6 +775,14 @@ int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, co
     return kvc_unified_find_slot_2026(c, &ub, NULL);
 }
 
+void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc, const kvc_cell_ext *ext) {
+    /* the saved extensions go back as they were (llama.cpp puts them back after placing) */
+    kvc_cells *cells = kvc_unified_stream_cells(c, stream);
+    for (uint32_t i = 0; ext && cells->ext && i < cc; i++) {
+        cells->ext[c->scatter.idx[i]] = ext[i];
+    }
+}
+
 int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *secs, uint32_t n_sec,
                                      int32_t *cells, uint32_t *failed, uint32_t *used) {
     const uint32_t st = kvc_unified_stream_of(c, seq_id);
@@ -916,11 +924,7 @@ static void apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
         const kvc_state_sec *sec = &plan->secs[k];
         if (kvc_unified_state_place_2026(c, plan->seq_id, sec->cell_count, sec->pos) == 1 && sec->cell_count) {
             apply_data_2026(c, plan->data, sec, c->scatter.idx);
-            /* the saved extensions go back as they were (llama.cpp puts them back after placing) */
-            kvc_cells *cells = kvc_unified_stream_cells(c, sec->stream);
-            for (uint32_t i = 0; sec->ext && i < sec->cell_count; i++) {
-                cells->ext[c->scatter.idx[i]] = sec->ext[i];
-            }
+            kvc_unified_state_put_ext_2026(c, sec->stream, sec->cell_count, sec->ext);
         }
     }
     kvc_unified_slot_drop(c);

@@ -231,6 +231,11 @@ uint32_t kvc_unified_state_listed(const kvc_unified *c, int32_t seq_id, unsigned
  * ubatch of it (find_slot with cont false). 1 placed (kvc_unified_slot_cell tells where), 0 no
  * room; c is changed in either case. */
 int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos);
+/* After kvc_unified_state_place_2026 placed cc cells in stream `stream`: the saved extensions
+ * ext[0, cc) (token order; NULL: none saved, the cells keep what the placement gave them) into
+ * the cells it placed, as a sequence's state read puts them back. No-op for a cache without the
+ * extension. */
+void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc, const struct kvc_cell_ext *ext);
 /* The dry run of placing secs[0, n_sec) (their cell counts and positions) into seq_id in turn; c
  * is left as it was. 1 all placed (cells, when not NULL, gets the last section's cells in its
  * stream, in token order), 0 section *failed found no room (*used: the stream's used cells

@@ -44,37 +44,51 @@ def busy_unified(type_k="f16", type_v="f16", v_trans=True, kv_size=64, n_seq_max
     return fill_random(c, seed)
 
 
+def _ext_of(p, n, cell_ext):
+    """The per-cell extension fields of a ubatch of n tokens, the first at step p, for a cache
+    with it (cell_ext): token ids, 2-D positions, both or neither, by p; {} otherwise."""
+    if not cell_ext:
+        return {}
+    tokens = {"tokens": [1000 + 7 * p + t for t in range(n)]} if p % 4 != 3 else {}
+    grid = {"pos_x": [(p + t) % 3 + 1 for t in range(n)], "pos_y": [(p + t) % 5 + 2 for t in range(n)]}
+    return {**tokens, **(grid if p % 4 in (1, 3) else {})}
+
+
 def busy_unified_2026(kv_unified=True, type_k="f16", type_v="f16", v_trans=True, kv_size=64, n_seq_max=4, seed=0,
-                      buffers="owned", widths=(8, 16), n_swa=0):
+                      buffers="owned", widths=(8, 16), n_swa=0, cell_ext=False):
     """A cache of semantics "2026" (one stream, or a stream per sequence) holding sequences 0..3
     in scattered cells with holes (one stream: some cells shared with sequence 3), a shifted
     sequence and a last placement; n_swa > 0: a sliding window, so that a sequence's state
-    leaves cells out."""
+    leaves cells out; cell_ext: with the per-cell extension, the ubatches giving token ids and
+    2-D positions (most cells' extensions not at their defaults)."""
     swa = {"n_swa": n_swa, "swa_type": "standard"} if n_swa else {}
     c = kvcache.UnifiedCache(kv_size, len(widths), list(widths), [2 * w for w in widths], type_k=type_k,
                              type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=1, buffers=buffers,
-                             semantics="2026", kv_unified=kv_unified, **swa)
+                             semantics="2026", kv_unified=kv_unified, cell_ext=cell_ext, **swa)
     rng = np.random.default_rng(seed)
     for p in range(16):
         s = p % 4
         ids = [s] + ([3] if kv_unified and s != 3 and rng.random() < 0.3 else [])
-        assert c.find_slot(kvcache.UBatch(pos=[p // 4 * 2 + (s == 1)], seq_id=[ids]))
+        assert c.find_slot(kvcache.UBatch(pos=[p // 4 * 2 + (s == 1)], seq_id=[ids], **_ext_of(p + seed, 1, cell_ext)))
     c.seq_rm(2, 2, 5)
     c.seq_add(1, 3, -1, 2)
-    assert c.find_slot(kvcache.UBatch(pos=[20, 21], seq_id=[0, 0]))
+    assert c.find_slot(kvcache.UBatch(pos=[20, 21], seq_id=[0, 0], **_ext_of(16 + seed, 2, cell_ext)))
     return fill_random(c, seed)
 
 
 def busy_iswa(v_trans=True, seed=0, n_seq_max=3, swa_full=False, buffers="owned", kv_size=64, semantics="2025",
-              kv_unified=True):
+              kv_unified=True, cell_ext=False):
     """An iSWA cache with three sequences in both parts and random K/V bytes; semantics "2026":
     today's pair (one stream, or a stream per sequence with kv_unified=False), the SWA cache
-    holding cells outside the window that a sequence's state leaves out."""
+    holding cells outside the window that a sequence's state leaves out; cell_ext (2026): with
+    the per-cell extension, set by the ubatches."""
     today = dict(semantics="2026", kv_unified=kv_unified, n_pad=1) if semantics == "2026" else {}
+    if cell_ext:
+        today["cell_ext"] = True
     c = kvcache.ISWACache(kv_size, 4, 8, 8, swa_layers=[0, 2], n_swa=4, n_batch=8, v_trans=v_trans,
                           n_seq_max=n_seq_max, swa_full=swa_full, buffers=buffers, **today)
     for p in range(10):
-        assert c.find_slot(kvcache.UBatch(pos=[p], seq_id=[p % 3]))
+        assert c.find_slot(kvcache.UBatch(pos=[p], seq_id=[p % 3], **_ext_of(p + seed, 1, cell_ext)))
         if not today:
             c.commit()
     return fill_random(c, seed)
@@ -104,7 +118,8 @@ def _unified_snapshot(c):
 
 
 def _unified_2026_snapshot(c):
-    streams = tuple((t.pos.tobytes(), t.shift.tobytes(), t.seq_mask.tobytes()) for t in c.stream_cells())
+    streams = tuple((t.pos.tobytes(), t.shift.tobytes(), t.seq_mask.tobytes(),
+                     None if t.ext is None else t.ext.tobytes()) for t in c.stream_cells())
     return ("unified2026", streams, c.heads, c.used_per_stream, c.has_shift, c.pending_copies,
             tuple((st, cells.tobytes()) for st, cells in c.slot_info()),
             tuple((c.seq_pos_min(s), c.seq_pos_max(s)) for s in range(c.n_seq_max)), _bytes_of(c, c.layers))

@@ -3,8 +3,10 @@ regions with plain memcpy must give exactly what state_write + state_read give (
 K/V byte), and every bad header, a full cache, abort, an exception or garbage collection before
 commit must leave the receiving cache exactly as it was. Each test runs for the seed's cache
 (semantics "2025", compared with the state in layout "2025") and today's (semantics "2026" with
-one stream and with a stream per sequence, compared with the state in layout "2026"); the iSWA
-pairs' tests run for the same three, each with swa_full and without."""
+one stream and with a stream per sequence, compared with the state in layout "2026"), and
+today's with the per-cell extension (x, y, token id: the header's cells carry it; the busy
+caches' ubatches give token ids and 2-D positions); the iSWA pairs' tests run for the same,
+each with swa_full and without."""
 import gc
 import struct
 
@@ -32,7 +34,15 @@ KINDS = {
     "2026": (lambda **kw: busy_unified_2026(kv_unified=True, **kw), "2026"),
     "2026-streams": (lambda **kw: busy_unified_2026(kv_unified=False, **kw), "2026"),
     "2026-swa": (lambda **kw: busy_unified_2026(kv_unified=False, n_swa=3, **kw), "2026"),
+    "2026-ext": (lambda **kw: busy_unified_2026(kv_unified=True, cell_ext=True, **kw), "2026"),
+    "2026-streams-ext": (lambda **kw: busy_unified_2026(kv_unified=False, cell_ext=True, **kw), "2026"),
 }
+EXT_KINDS = [k for k in KINDS if k.endswith("-ext")]
+
+
+def _cell_bytes(cache):
+    """Bytes of a cell record of a header's cell section: pos, n_seq_id, the extension, the id."""
+    return 24 if cache.cell_ext else 12
 kinds = pytest.mark.parametrize("kind", list(KINDS))
 
 
@@ -132,7 +142,7 @@ def test_a_pending_defrag_is_settled_by_the_export():
     _assert_same(dst, ref)
 
 
-@pytest.mark.parametrize("kind", ["2025", "2026", "2026-streams"])
+@pytest.mark.parametrize("kind", ["2025", "2026", "2026-streams", "2026-ext", "2026-streams-ext"])
 def test_metadata_only_caches_get_the_cells_on_both_sides(kind):
     src, dst, ref = _pair(GEOMETRIES[0], buffers="none", kind=kind)
     exp = src.seq_export(0)
@@ -227,6 +237,7 @@ def test_bad_headers_raise_state_error_and_change_nothing(kind):
     src, dst, _ = _pair(GEOMETRIES[0], kind=kind)
     header = src.seq_export(0).header
     before = snapshot(dst)
+    cb, flags = _cell_bytes(src), struct.unpack_from("<I", header, 12)[0]
     cases = {
         "truncated": (header[:-1], "truncated"),
         "empty": (b"", "truncated"),
@@ -235,13 +246,15 @@ def test_bad_headers_raise_state_error_and_change_nothing(kind):
         "version": (_bad(header, 4, "<I", 9), "version"),
         "corrupted": (_bad(header, len(header) - 9, "<B", header[-9] ^ 1), "corrupted"),
         "type": (_resum(_bad(header, 16, "<i", 0)), "types"),
-        "v_trans": (_resum(_bad(header, 12, "<I", 2)), "transposed"),
+        "v_trans": (_resum(_bad(header, 12, "<I", flags ^ 1)), "transposed"),
         "layers": (_resum(_bad(header, 24, "<I", 3)), "layers"),
         "width": (_resum(_bad(header, 40 + 4, "<I", 31)), "layer 0 differs"),
-        "position": (_resum(_bad(header, len(header) - 8 - 12, "<i", -5)), "position"),
-        "n_seq_id": (_resum(_bad(header, len(header) - 8 - 8, "<I", 2)), "sequence ids"),
-        "cell count": (_resum(_bad(header, len(header) - 8 - 12 * src.seq_export(0).n_cells - 4, "<I", 1)),
+        "position": (_resum(_bad(header, len(header) - 8 - cb, "<i", -5)), "position"),
+        "n_seq_id": (_resum(_bad(header, len(header) - 8 - cb + 4, "<I", 2)), "sequence ids"),
+        "cell count": (_resum(_bad(header, len(header) - 8 - cb * src.seq_export(0).n_cells - 4, "<I", 1)),
                        "do not fill"),
+        "flags": (_resum(_bad(header, 12, "<I", flags | 8)), "flags"),
+        "extension flag": (_resum(_bad(header, 12, "<I", flags ^ 4)), "per-cell extension"),
     }
     # sealed (length and checksum agreeing) with less than the run count and the checksum after
     # the layers: once read the run count from the checksum's bytes and the runs past the end
@@ -254,14 +267,15 @@ def test_bad_headers_raise_state_error_and_change_nothing(kind):
         with pytest.raises(kvcache.StateError, match=msg):
             dst.seq_import_begin(h)
         assert_unchanged(dst, before, name)
-    foreign = kvcache.UnifiedCache(64, 2, [32, 48], [64, 128], n_seq_max=4)
+    like = dict(semantics="2026", cell_ext=True) if src.cell_ext else {}   # refused for their layers only
+    foreign = kvcache.UnifiedCache(64, 2, [32, 48], [64, 128], n_seq_max=4, **like)
     with pytest.raises(kvcache.StateError, match="layer 1 differs"):
         foreign.seq_import_begin(header)
     with pytest.raises(ValueError, match="seq_id"):
         dst.seq_import_begin(header, seq_id=4)
     with pytest.raises(TypeError):
         dst.seq_import_begin(12)
-    small = kvcache.UnifiedCache(64, 2, list(WIDTHS), [2 * w for w in WIDTHS], n_seq_max=2)
+    small = kvcache.UnifiedCache(64, 2, list(WIDTHS), [2 * w for w in WIDTHS], n_seq_max=2, **like)
     with pytest.raises(kvcache.StateError, match="sequence 3 is outside"):
         small.seq_import_begin(src.seq_export(3).header)
     assert_unchanged(dst, before, "arguments")
@@ -345,6 +359,8 @@ ISWA_KINDS = {
     "2025": ({}, "2025"),
     "2026": ({"semantics": "2026"}, "2026"),
     "2026-streams": ({"semantics": "2026", "kv_unified": False}, "2026"),
+    "2026-ext": ({"semantics": "2026", "cell_ext": True}, "2026"),
+    "2026-streams-ext": ({"semantics": "2026", "kv_unified": False, "cell_ext": True}, "2026"),
 }
 iswa_kinds = pytest.mark.parametrize("iswa_kind", list(ISWA_KINDS))
 swa_fulls = pytest.mark.parametrize("swa_full", [False, True], ids=["swa-sized", "swa-full"])
@@ -480,7 +496,8 @@ def _section(blob, seq_id, n_stream):
 
 
 @pytest.mark.parametrize("src_kind, dst_kind", [("2025", "2026-streams"), ("2026", "2026-streams"),
-                                                ("2026-streams", "2026"), ("2026-streams", "2025")])
+                                                ("2026-streams", "2026"), ("2026-streams", "2025"),
+                                                ("2026-ext", "2026-streams-ext"), ("2026-streams-ext", "2026-ext")])
 def test_a_sequence_moves_between_caches_of_other_stream_counts(src_kind, dst_kind):
     """The header names no stream count: a sequence moves between a cache of one stream and one
     of a stream per sequence (whose states refuse each other: n_stream mismatch), into the
@@ -538,3 +555,108 @@ def test_a_sequence_with_cells_outside_its_stream_is_refused():
     with dst.seq_import_begin(cache.seq_export(1).header) as imp:
         imp.commit()
     assert dst.state_write(1) == cache.state_write(1)
+
+
+# --- the per-cell extension ------------------------------------------------------------------
+
+def _ext_at(cache, seq_id, cells):
+    """The extensions (x, y, token id) of cells of seq_id's stream."""
+    return cache.stream_cells()[seq_id if cache.n_stream > 1 else 0].ext[cells]
+
+
+@pytest.mark.parametrize("kind", EXT_KINDS)
+@pytest.mark.parametrize("kw", GEOMETRIES[:2], ids=["vt1", "vt0"])
+@pytest.mark.parametrize("buffers", ["owned", "none"])
+def test_the_cells_take_the_saved_extension_as_state_read_gives_it(kind, kw, buffers):
+    """Token ids and 2-D positions go with the cells: destination cell k gets the x, y and token
+    id of source cell k, and the destination writes the source's state of the sequence."""
+    src, dst, ref = _pair(kw, buffers=buffers, kind=kind)
+    for s in (1, 0, 3, 2):
+        exp = src.seq_export(s)
+        src_ext = _ext_at(src, s, exp.cells)
+        with dst.seq_import_begin(exp.header) as imp:
+            copy_regions(exp.regions, imp.regions)
+            cells = imp.cells.copy()
+            imp.commit()
+        _state_read(ref, src, s, kind)
+        _assert_same(dst, ref)
+        assert dst.state_write(s) == src.state_write(s)
+        np.testing.assert_array_equal(_ext_at(dst, s, cells), src_ext)
+        if s != 2:                               # sequence 2's cells were removed by seq_rm
+            assert (src_ext != [0, 0, -1]).any(axis=1).all(), (s, src_ext)
+
+
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["one-stream", "streams"])
+def test_a_per_layer_embedding_cache_keeps_the_saved_tokens(kv_unified):
+    """A cache with ple_token sets the token id of every cell a placement takes (the import's
+    too): the commit puts the saved ones back, as state_read does."""
+    src = busy_unified_2026(kv_unified=kv_unified, cell_ext=True, widths=WIDTHS)
+    dst, ref = (kvcache.UnifiedCache(64, 2, list(WIDTHS), [2 * w for w in WIDTHS], type_k="f16", type_v="f16",
+                                     n_seq_max=4, n_pad=1, semantics="2026", kv_unified=kv_unified, cell_ext=True,
+                                     ple_token=7) for _ in range(2))
+    for s in (0, 1):
+        exp = src.seq_export(s)
+        with dst.seq_import_begin(exp.header) as imp:
+            copy_regions(exp.regions, imp.regions)
+            cells = imp.cells.copy()
+            imp.commit()
+        ref.state_read(src.state_write(s), s)
+        _assert_same(dst, ref)
+        np.testing.assert_array_equal(_ext_at(dst, s, cells), _ext_at(src, s, exp.cells))
+        assert 7 not in _ext_at(dst, s, cells)[:, 2]
+
+
+@pytest.mark.parametrize("kind", EXT_KINDS)
+def test_the_extension_is_read_from_the_header(kind):
+    """A header whose extension bytes were changed (and resealed) gives the cells those values;
+    changed without resealing, it is refused as corrupted."""
+    src, dst, _ = _pair(GEOMETRIES[0], kind=kind)
+    exp = src.seq_export(0)
+    n = exp.n_cells
+    first = len(exp.header) - 8 - 24 * n          # the first cell record: pos, n_seq_id, x, y, tok, id
+    changed = _resum(_bad(_bad(_bad(exp.header, first + 8, "<i", -3), first + 12, "<i", 1 << 20),
+                          first + 16, "<i", 424242))
+    before = snapshot(dst)
+    with pytest.raises(kvcache.StateError, match="corrupted"):
+        dst.seq_import_begin(changed[:first + 16] + bytes([changed[first + 16] ^ 1]) + changed[first + 17:])
+    assert_unchanged(dst, before, "corrupted extension")
+    with dst.seq_import_begin(changed) as imp:
+        copy_regions(exp.regions, imp.regions)
+        cells = imp.cells.copy()
+        imp.commit()
+    want = _ext_at(src, 0, exp.cells).copy()
+    want[0] = [-3, 1 << 20, 424242]
+    np.testing.assert_array_equal(_ext_at(dst, 0, cells), want)
+
+
+@pytest.mark.parametrize("ext_kind, plain_kind", [("2026-ext", "2026"), ("2026-streams-ext", "2026-streams"),
+                                                  ("2026-ext", "2025")])
+def test_a_cache_with_the_extension_and_one_without_refuse_each_others_headers(ext_kind, plain_kind):
+    ext, plain = KINDS[ext_kind][0](seed=0, widths=WIDTHS), KINDS[plain_kind][0](seed=1, widths=WIDTHS)
+    for src, dst, msg in [(ext, plain, "the sequence's cells carry the per-cell extension, the cache's do not"),
+                          (plain, ext, "the sequence's cells do not carry the per-cell extension, the cache's do")]:
+        before = snapshot(dst)
+        with pytest.raises(kvcache.StateError, match=msg):
+            dst.seq_import_begin(src.seq_export(0).header)
+        assert_unchanged(dst, before, msg)
+
+
+@pytest.mark.parametrize("kind", EXT_KINDS)
+def test_an_aborted_import_leaves_every_extension(kind):
+    """Abort, an exception and a refused commit (the cache changed) leave the destination's
+    extensions (and everything else) as they were."""
+    src, dst, _ = _pair(GEOMETRIES[1], kind=kind)
+    exts = [t.ext.copy() for t in dst.stream_cells()]
+    before = snapshot(dst)
+    for s in (0, 1):
+        imp = dst.seq_import_begin(src.seq_export(s).header)
+        copy_regions(src.seq_export(s).regions, imp.regions)
+        imp.abort()
+        assert_unchanged(dst, before, "abort")
+    with pytest.raises(KeyError):
+        with dst.seq_import_begin(src.seq_export(3).header) as imp:
+            imp.scatter(src.seq_export(3).gather())
+            raise KeyError("transfer failed")
+    assert_unchanged(dst, before, "exception")
+    for t, e in zip(dst.stream_cells(), exts):
+        np.testing.assert_array_equal(t.ext, e)

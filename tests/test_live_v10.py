@@ -14,8 +14,8 @@ mamba, and the M-RoPE model below) llama.cpp decodes the manifest's script, then
    into its own stream of a fresh context and decodes as llama.cpp's own blob of that sequence.
 
 Each restored sequence is also handed to a fresh cache through seq_export / seq_import_begin,
-which must then write llama.cpp's blob of that sequence (not for the M-RoPE model: hand-offs
-refuse caches with the per-cell extension).
+which must then write llama.cpp's blob of that sequence (for the M-RoPE model too: the hand-off
+carries the per-cell extension).
 
 A tiny M-RoPE model (qwen2vl, random weights) is written with the gguf package at test time: its
 cell records carry llama.cpp's 12-byte per-cell extension (x, y, token), checked byte by byte
@@ -196,9 +196,8 @@ def _cache(m, swa_full=False):
 
 def _hands_off(cache) -> bool:
     """Whether the cache has seq_export / seq_import_begin: unified caches and iSWA pairs (a
-    recurrent cache has none) without the per-cell extension (a hand-off's records have no room
-    for it: such caches refuse)."""
-    return isinstance(cache, (kvcache.UnifiedCache, kvcache.ISWACache)) and not cache.cell_ext
+    recurrent cache has none)."""
+    return isinstance(cache, (kvcache.UnifiedCache, kvcache.ISWACache))
 
 
 def _assert_hand_off_keeps(c, moved, s, blob, what):

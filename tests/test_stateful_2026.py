@@ -200,7 +200,6 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
             blob[at] ^= data.draw(st.integers(1, 255), label="xor")
         self.read_both(bytes(blob), -1 if seq_id < 0 else self.seq(data))
 
-    @precondition(lambda self: not self.cfg.get("cell_ext"))
     @rule(data=st.data())
     def hand_off(self, data):
         """A sequence of the cache moved by seq_export / seq_import_begin into a copy of the

@@ -127,7 +127,8 @@ class UnifiedCache(_Unified):
     def seq_import_begin(self, header: Buffer, seq_id: int | None = None) -> SeqImport:
         """Begin receiving the sequence an exporter's ``header`` describes into ``seq_id``
         (None: the exporter's id): the header is checked against this cache (StateError on a
-        foreign geometry, truncation or corruption; "no room: N cells missing" when too full;
+        foreign geometry, the per-cell extension on one side only, truncation or corruption;
+        "no room: N cells missing" when too full;
         nothing changes then) and the cells a ``state_read`` of that sequence would take are
         reserved. The returned import's ``regions`` are where the transfer writes; its
         ``commit()`` makes the sequence visible as ``state_read`` would have, ``abort()`` (or

@@ -3,7 +3,9 @@
  * refusal) is refused at commit, unchanged; abort puts every byte back; a truncated header at
  * every length, and one sealed with too few bytes after its layers, is refused without a
  * change, and allocation failures at every point of begin leave nothing behind. Each for a cache of semantics 2025, and of 2026 with one stream and
- * with a stream per sequence. */
+ * with a stream per sequence, each of these with the per-cell extension too (the ubatches give
+ * token ids and 2-D positions: the import's cells get the source cells' x, y and token id; a
+ * change of an extension alone between begin and commit is refused). */
 #include "kvc_handoff.h"
 #include "kvc_le.h"
 #include "kvc_state.h"
@@ -19,8 +21,10 @@
 #define W 4u
 
 /* the caches of each test: the seed's, today's with one stream, today's with a stream per sequence */
-enum mode { SEED, TODAY, STREAMS, N_MODES };
-static const char *const MODE_NAME[N_MODES] = { "2025", "2026", "2026 streams" };
+enum mode { SEED, TODAY, STREAMS, TODAY_EXT, STREAMS_EXT, N_MODES };
+static const char *const MODE_NAME[N_MODES] = { "2025", "2026", "2026 streams", "2026 ext", "2026 streams ext" };
+
+static bool has_ext(enum mode m) { return m == TODAY_EXT || m == STREAMS_EXT; }
 
 typedef struct cache {
     kvc_unified c;
@@ -29,14 +33,17 @@ typedef struct cache {
 } cache;
 
 /* The layout of the state the import is compared with: the seed's, or today's streams. */
-static unsigned layout_of(enum mode m) { return m == SEED ? 0u : (unsigned)KVC_LAYOUT_STREAMS; }
+static unsigned layout_of(enum mode m) {
+    return m == SEED ? 0u : (unsigned)KVC_LAYOUT_STREAMS | (has_ext(m) ? KVC_LAYOUT_EXT_XY | KVC_LAYOUT_EXT_TOK : 0u);
+}
 
 /* CELLS cells (per stream), 3 sequences, one f16 layer of width W, V transposed. */
 static void cache_init(cache *t, uint32_t seed, enum mode m) {
     const int32_t il = 0;
     const uint32_t w = W;
     const kvc_unified_params p = {
-        .kv_size = CELLS, .semantics = m == SEED ? KVC_SEM_2025 : KVC_SEM_2026, .stream_per_seq = m == STREAMS,
+        .kv_size = CELLS, .semantics = m == SEED ? KVC_SEM_2025 : KVC_SEM_2026,
+        .stream_per_seq = m == STREAMS || m == STREAMS_EXT, .cell_ext = has_ext(m),
         .n_seq_max = 3, .n_pad = m == SEED ? 32 : 1, .n_swa = 0, .swa_type = KVC_SWA_NONE,
         .type_k = KVC_TYPE_F16, .type_v = KVC_TYPE_F16, .v_trans = true, .n_layer = 1,
         .layer_il = &il, .n_embd_k = &w, .n_embd_v = &w,
@@ -59,9 +66,10 @@ static void cache_init(cache *t, uint32_t seed, enum mode m) {
     kvc_unified_set_layer_buffers(&t->c, 0, t->k, t->v);
     /* sequences 0, 1, 2 interleaved over 12 positions */
     for (int32_t p0 = 0; p0 < 12; p0++) {
-        const int32_t s = (p0 + (int32_t)seed) % 3;
+        const int32_t s = (p0 + (int32_t)seed) % 3, x = p0 % 4 + 1, y = p0 / 4 + 2, tok = 500 + p0 + (int32_t)seed;
         const uint32_t off[2] = { 0, 1 };
-        const kvc_ubatch ub = { 1, 1, 1, &p0, off, &s, NULL, NULL, NULL };
+        const bool two_d = has_ext(m) && p0 % 2, toks = has_ext(m) && p0 % 3;
+        const kvc_ubatch ub = { 1, 1, 1, &p0, off, &s, two_d ? &x : NULL, two_d ? &y : NULL, toks ? &tok : NULL };
         if (m != SEED) {
             if (kvc_unified_find_slot_2026(&t->c, &ub, NULL) != 1) {
                 abort();
@@ -87,7 +95,8 @@ static bool same(const cache *a, const cache *b) {
         const kvc_cells *x = kvc_unified_stream_cells_c(&a->c, st), *y = kvc_unified_stream_cells_c(&b->c, st);
         if (kvc_unified_stream_head_c(&a->c, st) != kvc_unified_stream_head_c(&b->c, st) || x->used != y->used ||
             memcmp(x->pos, y->pos, CELLS * sizeof(int32_t)) ||
-            memcmp(x->seq, y->seq, CELLS * x->seq_words * sizeof(uint64_t))) {
+            memcmp(x->seq, y->seq, CELLS * x->seq_words * sizeof(uint64_t)) || !x->ext != !y->ext ||
+            (x->ext && memcmp(x->ext, y->ext, CELLS * sizeof *x->ext))) {
             return false;
         }
     }
@@ -130,11 +139,23 @@ static void equals_state_read(enum mode m) {
     REQUIRE(kvc_handoff_export_make(&src->c, 1, &e, &err) == KVC_OK, "export: %s", err.msg);
     CHECK(e.cell_count == 4 && e.data_bytes == 4u * W * 2 * 2, "%s: %u cells, %llu bytes", MODE_NAME[m],
           e.cell_count, (unsigned long long)e.data_bytes);
-    CHECK(e.stream == (m == STREAMS ? 1u : 0u), "%s: stream %u", MODE_NAME[m], e.stream);
+    CHECK(e.stream == (m == STREAMS || m == STREAMS_EXT ? 1u : 0u), "%s: stream %u", MODE_NAME[m], e.stream);
     CHECK(kvc_handoff_n_regions(&src->c, e.n_runs) == (uint64_t)e.n_runs * (1 + W), "regions");
     kvc_handoff_import imp;
     REQUIRE(kvc_handoff_import_begin(&dst->c, 1, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s", err.msg);
     copy_all(&e, src, &imp);
+    uint32_t scells[CELLS], dcells[CELLS], ns = 0, nd = 0;   /* cell k of the source, of the destination */
+    for (uint32_t r = 0; r < e.n_runs; r++) {
+        for (uint32_t i = 0; i < e.runs[r].n; i++) {
+            scells[ns++] = e.runs[r].first + i;
+        }
+    }
+    for (uint32_t r = 0; r < imp.n_runs; r++) {
+        for (uint32_t i = 0; i < imp.runs[r].n; i++) {
+            dcells[nd++] = imp.runs[r].first + i;
+        }
+    }
+    CHECK(ns == e.cell_count && nd == ns, "%s: %u and %u cells", MODE_NAME[m], ns, nd);
     CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_OK, "commit: %s", err.msg);
     const unsigned lay = layout_of(m);
     size_t n = kvc_unified_state_size_lay(&src->c, 1, lay), w = 0, used = 0;
@@ -145,6 +166,19 @@ static void equals_state_read(enum mode m) {
     CHECK(kvc_unified_state_read_parts_lay(parts, 1, 1, blob, n, 0, lay, &used, NULL, &err) == KVC_OK,
           "%s: state_read: %s", MODE_NAME[m], err.msg);
     CHECK(same(dst, ref), "%s: the import differs from the state read", MODE_NAME[m]);
+    if (has_ext(m)) {
+        /* destination cell k has the x, y and token id of source cell k, not all defaults */
+        const kvc_cells *sc = kvc_unified_stream_cells_c(&src->c, e.stream);
+        const kvc_cells *dc = kvc_unified_stream_cells_c(&dst->c, e.stream);
+        uint32_t k = 0, set = 0;
+        for (uint32_t t = 0; t < ns; t++) {
+            const kvc_cell_ext *a = &sc->ext[scells[t]], *b = &dc->ext[dcells[t]];
+            k += a->x == b->x && a->y == b->y && a->tok == b->tok;
+            set += a->tok != KVC_TOKEN_NULL || a->x != 0;
+        }
+        CHECK(k == e.cell_count && set == e.cell_count, "%s: %u of %u extensions carried, %u set", MODE_NAME[m], k,
+              e.cell_count, set);
+    }
     free(blob);
     kvc_handoff_export_free(&e);
     trio_free(&t);
@@ -168,6 +202,18 @@ static void changed_cache_and_abort(enum mode m) {
     CHECK(strstr(err.msg, "changed") != NULL, "message: %s", err.msg);
     kvc_handoff_import_abort(&imp);
     CHECK(!imp.active, "abort leaves it active");
+    if (has_ext(m)) {
+        /* an extension alone changed: the commit refuses too */
+        REQUIRE(kvc_handoff_import_begin(&dst->c, 0, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s",
+                err.msg);
+        kvc_cells *cells = kvc_unified_stream_cells(&dst->c, 0);
+        const kvc_cell_ext was = cells->ext[CELLS - 1];
+        cells->ext[CELLS - 1].tok = 12345;
+        CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_E_STATE && imp.active, "%s: commit after an extension "
+              "changed", MODE_NAME[m]);
+        cells->ext[CELLS - 1] = was;
+        kvc_handoff_import_abort(&imp);
+    }
     kvc_handoff_import_abort(&imp);   /* a no-op now */
     /* the bytes are back; the seq_rm above is the only difference left */
     kvc_unified_seq_rm(&before->c, 2, -1, -1);

@@ -1,11 +1,10 @@
 /* libFuzzer target: the hand-off header decoder (csrc/kvc_handoff.h): kvc_handoff_import_begin of
  * untrusted bytes into caches of both semantics (2025; 2026 with one stream or a stream per
- * sequence, with or without a sliding window), then abort, or a transfer into the reserved
- * regions and commit.
+ * sequence, with or without a sliding window, with or without the per-cell extension), then
+ * abort, or a transfer into the reserved regions and commit.
  *
  * Input: a 12-byte header, then the hand-off header.
- *   [0..10] the cache geometry of fuzz_cache.h (its extension bits are ignored: a hand-off does
- *        not carry the extension, caches with it refuse one), with
+ *   [0..10] the cache geometry of fuzz_cache.h (the per-cell extension included), with
  *        [4] bits 0-3 allocation fault (0 none, else the n-th allocation inside begin fails),
  *            bit 4 commit (else abort), bit 5 the harness makes the header's length field and
  *            checksum agree with the bytes (so that mutations reach the fields behind them),
@@ -21,8 +20,9 @@
  *     to data_bytes; import_check agrees;
  *   - abort: the cache exactly as before, every K/V byte too;
  *   - commit: KVC_OK, every stream's cells consistent, and exporting the sequence back gives the
- *     header's cells (same positions, in order) and the bytes written into the regions (with a
- *     sliding window: at most the header's cells, the export leaving out the masked ones). */
+ *     header's cells (same positions and extensions, in order) and the bytes written into the
+ *     regions (with a sliding window: at most the header's cells, the export leaving out the
+ *     masked ones). */
 #include "fuzz_cache.h"
 #include "kvc_handoff.h"
 #include "kvc_state.h"
@@ -42,10 +42,7 @@ static bool parse_header(const uint8_t *data, size_t size, call *k) {
         return false;
     }
     memset(k, 0, sizeof *k);
-    uint8_t b[FC_GEOMETRY_BYTES];
-    memcpy(b, data, sizeof b);
-    b[2] &= 0x3f; /* a hand-off does not carry the per-cell extension: caches without it */
-    if (!fc_geometry_parse(&k->g, b, MAX_KV_BYTES)) {
+    if (!fc_geometry_parse(&k->g, data, MAX_KV_BYTES)) {
         return false;
     }
     k->prefill = data[3];
@@ -185,6 +182,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         uint32_t cc_in, cc_out;
         const uint8_t *in = cell_section(h, len, &cc_in);
         const uint8_t *out = cell_section(e.header, e.header_len, &cc_out);
+        const size_t rec = t.c.cells.ext ? 24 : 12;   /* pos, n_seq_id, (x, y, tok), id */
         FUZZ_CHECK(cc_in == want_cells, "import of %u cells from a header of %u", want_cells, cc_in);
         if (t.c.swa_type != KVC_SWA_NONE) {
             /* the export leaves out the cells its window masks against the sequence's largest
@@ -193,8 +191,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         } else {
             FUZZ_CHECK(cc_out == cc_in, "exported back %u cells, imported %u", cc_out, cc_in);
             for (uint32_t i = 0; i < cc_in; i++) {
-                const int32_t p_in = kvc_le_get_i32(in + 4 + 12 * (size_t)i), p_out = kvc_le_get_i32(out + 4 + 12 * (size_t)i);
+                const uint8_t *a = in + 4 + rec * i, *b = out + 4 + rec * i;
+                const int32_t p_in = kvc_le_get_i32(a), p_out = kvc_le_get_i32(b);
                 FUZZ_CHECK(p_in == p_out, "cell %u: position %d imported, %d exported", i, p_in, p_out);
+                FUZZ_CHECK(rec == 12 || memcmp(a + 8, b + 8, 12) == 0, "cell %u: another extension exported", i);
             }
             FUZZ_CHECK(e.data_bytes == want_bytes, "exported back %llu data bytes, imported %llu",
                        (unsigned long long)e.data_bytes, (unsigned long long)want_bytes);

@@ -248,6 +248,22 @@ def from_kvcache(corpus: Corpus) -> None:
                               ext=ext)
             add_state2026(corpus, geo, s, plain.state_write(s, layout="2025-08"), streams=streams, swa=swa)
 
+    # hand-off headers of caches with the per-cell extension (token ids and 2-D positions)
+    for streams in (False, True):
+        c = kvcache.UnifiedCache(64, 2, [32, 8], [16, 32], type_k="f16", type_v="f16", v_trans=not streams,
+                                 n_seq_max=3, semantics="2026", kv_unified=not streams, cell_ext=True)
+        for step in range(4):
+            for s in range(3):
+                n, p0 = 2 + s, step * 4
+                ext = {"tokens": [100 * s + step + t for t in range(n)]} if (step + s) % 3 else {}
+                if (step + s) % 2:
+                    ext.update(pos_x=[p0 + t % 2 for t in range(n)], pos_y=[p0 + t // 2 for t in range(n)])
+                assert c.find_slot(kvcache.UBatch(pos=list(range(p0, p0 + n)), seq_id=[s] * n, **ext))
+        geo = dict(type_k="f16", type_v="f16", v_trans=not streams, kv_size=64, n_seq_max=3, ek=[32, 8], ev=[16, 32],
+                   cell_ext=True)
+        for s in range(3):
+            add_handoff(corpus, geo, c.seq_export(s).header, s, today=True, streams=streams)
+
 
 # --- recurrent -----------------------------------------------------------------------------
 
