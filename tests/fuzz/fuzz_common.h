@@ -106,6 +106,23 @@ static inline void *fz_alloc(size_t n) {
 }
 
 /* Bytes [0, n) of a equal b's, or are all 0 when b is NULL. */
+/* The K/V data of a state section whose first layer header starts at off: every layer's K,
+ * then every layer's V, each a 12-byte header and cc rows. Fills the offset of each layer's
+ * first K / V byte and returns where the data ends. */
+static inline size_t fz_data_offsets(const kvc_layer *layers, uint32_t n_layer, uint32_t cc, size_t off,
+                                     size_t *k_off, size_t *v_off) {
+    for (uint32_t l = 0; l < n_layer; l++) {
+        k_off[l] = off + 12;
+        off += 12 + (size_t)cc * layers[l].k_row_bytes;
+    }
+    for (uint32_t l = 0; l < n_layer; l++) {
+        /* rows or transposed, V holds cc * v_row_bytes bytes after its header */
+        v_off[l] = off + 12;
+        off += 12 + (size_t)cc * layers[l].v_row_bytes;
+    }
+    return off;
+}
+
 static inline bool fz_same_or_zero(const uint8_t *a, const uint8_t *b, size_t n) {
     if (b) {
         return memcmp(a, b, n) == 0;

@@ -52,17 +52,7 @@ static inline layout walk(const kvc_unified *c, int32_t seq_id, const uint8_t *p
     FUZZ_CHECK(vt == c->v_trans || c->n_layer == 0 || kvc_type_get(c->type_v)->blck_size == 1,
                "a V layout the cache cannot convert was accepted");
     L.vt = vt;
-    off += 8;
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        L.k_off[l] = off + 12;
-        off += 12 + (size_t)L.cc * c->layers[l].k_row_bytes;
-    }
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        /* rows or transposed, V holds cc * v_row_bytes bytes after a 12-byte header */
-        L.v_off[l] = off + 12;
-        off += 12 + (size_t)L.cc * c->layers[l].v_row_bytes;
-    }
-    L.end = off;
+    L.end = fz_data_offsets(c->layers, c->n_layer, L.cc, off + 8, L.k_off, L.v_off);
     FUZZ_CHECK(L.end <= avail, "the part spans %zu bytes, %zu were consumed", L.end, avail);
     return L;
 }

@@ -273,16 +273,7 @@ static layout walk(const kvc_recurrent *c, const uint8_t *blob, size_t consumed)
         off += 8 + 4 * (size_t)n_ids;
     }
     L.meta_end = off;
-    off += 8;
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        L.k_off[l] = off + 12;
-        off += 12 + (size_t)L.cc * c->layers[l].k_row_bytes;
-    }
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        L.v_off[l] = off + 12;
-        off += 12 + (size_t)L.cc * c->layers[l].v_row_bytes;
-    }
-    L.end = off;
+    L.end = fz_data_offsets(c->layers, c->n_layer, L.cc, off + 8, L.k_off, L.v_off);
     FUZZ_CHECK(L.end == consumed, "the state spans %zu bytes, the read consumed %zu", L.end, consumed);
     return L;
 }
