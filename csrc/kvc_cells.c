@@ -176,6 +176,10 @@ static uint32_t kvc_seq_pos_lower(const kvc_seq_pos *sp, uint64_t key) {
     return lo;
 }
 
+uint32_t kvc_cells_seq_pos_from(const kvc_cells *c, int32_t s, int32_t p) {
+    return kvc_seq_pos_lower(&c->seq_pos[s], kvc_seq_key(p, 0));
+}
+
 void kvc_cells_seq_pos_span(const kvc_cells *c, int32_t s, kvc_pos_range r, uint32_t *a, uint32_t *b) {
     const kvc_seq_pos *sp = &c->seq_pos[s];
     *a = kvc_seq_pos_lower(sp, kvc_seq_key(r.p0, 0));

@@ -231,6 +231,8 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *mask);
 void kvc_cells_seq_pos_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r);
 /* The entries of seq_pos[s] whose position is in r: [*a, *b). O(log n). */
 void kvc_cells_seq_pos_span(const kvc_cells *c, int32_t s, kvc_pos_range r, uint32_t *a, uint32_t *b);
+/* The first entry of seq_pos[s] whose position is p or more (seq_pos[s].n when none). O(log n). */
+uint32_t kvc_cells_seq_pos_from(const kvc_cells *c, int32_t s, int32_t p);
 /* Sequence s leaves every cell whose position is in r (cells found through seq_pos[s]: the
  * others are not read; every index kept, and no block left without s keeps its bit). Returns
  * the lowest cell that became empty, or c->size when none did. */

@@ -150,36 +150,13 @@ static void kvc_mask_fill_hidden(void *out, int dtype, size_t n, bool stream) {
     }
 }
 
-static inline bool kvc_is_edge(int32_t v, const int32_t edge[4]) {
-    return (v >= edge[0] && v < edge[1]) || (v > edge[2] && v <= edge[3]);
-}
-
-#ifdef KVC_HAVE_SSE2
-/* all ones in the lanes of v that are edges */
-static inline __m128i kvc_edge4(__m128i v, const __m128i e[4]) {
-    const __m128i low = _mm_andnot_si128(_mm_cmplt_epi32(v, e[0]), _mm_cmplt_epi32(v, e[1]));
-    const __m128i high = _mm_andnot_si128(_mm_cmpgt_epi32(v, e[3]), _mm_cmpgt_epi32(v, e[2]));
-    return _mm_or_si128(low, high);
-}
-
-static inline void kvc_edge_consts(__m128i e[4], const int32_t edge[4]) {
-    for (int k = 0; k < 4; k++) {
-        e[k] = _mm_set1_epi32(edge[k]);
-    }
-}
-#endif
-
 /* The key positions of sequence s: v[i] = pos[i] where bit s of seq[i] is set, else -1
- * (i < n). Returns how many of them are edges: within [edge[0], edge[1]) or (edge[2], edge[3]]. */
-static uint32_t kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uint64_t *seq, uint32_t n, unsigned s,
-                                const int32_t edge[4]) {
-    uint32_t i = 0, n_edge = 0;
+ * (i < n). */
+static void kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uint64_t *seq, uint32_t n, unsigned s) {
+    uint32_t i = 0;
 #ifdef KVC_HAVE_SSE2
-    __m128i e[4];
-    kvc_edge_consts(e, edge);
     const __m128i one = _mm_set1_epi32(1);
     const __m128i shift = _mm_cvtsi32_si128((int)s);
-    __m128i count = _mm_setzero_si128();
     for (; i + 4 <= n; i += 4) {
         const __m128i s01 = _mm_srl_epi64(_mm_loadu_si128((const __m128i *)(seq + i)), shift);
         const __m128i s23 = _mm_srl_epi64(_mm_loadu_si128((const __m128i *)(seq + i + 2)), shift);
@@ -188,20 +165,13 @@ static uint32_t kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uin
                                                 _mm_shuffle_epi32(s23, _MM_SHUFFLE(2, 0, 2, 0)));
         /* has - 1: 0 where the cell holds s, all ones elsewhere */
         const __m128i absent = _mm_sub_epi32(_mm_and_si128(lows, one), one);
-        const __m128i x = _mm_or_si128(_mm_loadu_si128((const __m128i *)(pos + i)), absent);
-        _mm_storeu_si128((__m128i *)(v + i), x);
-        count = _mm_sub_epi32(count, kvc_edge4(x, e));
+        _mm_storeu_si128((__m128i *)(v + i), _mm_or_si128(_mm_loadu_si128((const __m128i *)(pos + i)), absent));
     }
-    int32_t lanes[4];
-    _mm_storeu_si128((__m128i *)lanes, count);
-    n_edge = (uint32_t)lanes[0] + (uint32_t)lanes[1] + (uint32_t)lanes[2] + (uint32_t)lanes[3];
 #endif
     for (; i < n; i++) {
         const int32_t has = (int32_t)((seq[i] >> s) & 1u);
         v[i] = pos[i] | (has - 1);
-        n_edge += kvc_is_edge(v[i], edge);
     }
-    return n_edge;
 }
 
 /* The end of the run of blocks marked for sequence s that starts at marked block b (cells
@@ -213,45 +183,6 @@ static uint32_t kvc_mask_run_end(const kvc_cells *cells, int32_t s, uint32_t b, 
         e++;
     }
     return (uint64_t)e * 64 < n ? e * 64 : n;
-}
-
-/* kvc_mask_key_positions of sequence s over cells [0, n) of a table: the blocks the sequence
- * has not marked hold none of its cells, so they are -1 without reading the cells. */
-static uint32_t kvc_mask_key_positions_of(int32_t *v, const kvc_cells *cells, int32_t s, uint32_t n,
-                                          const int32_t edge[4]) {
-    uint32_t done = 0, n_edge = 0;
-    for (uint32_t b = kvc_cells_blk_next(cells, s, 0, n); b != UINT32_MAX; ) {
-        const uint32_t i0 = b * 64, i1 = kvc_mask_run_end(cells, s, b, n);
-        memset(v + done, 0xff, (size_t)(i0 - done) * sizeof *v);
-        n_edge += kvc_mask_key_positions(v + i0, cells->pos + i0, kvc_cells_seq_plane(cells, s) + i0, i1 - i0,
-                                         (unsigned)(s & 63), edge);
-        done = i1;
-        b = i1 >= n ? UINT32_MAX : kvc_cells_blk_next(cells, s, i1 / 64, n);
-    }
-    memset(v + done, 0xff, (size_t)(n - done) * sizeof *v);
-    return n_edge;
-}
-
-/* The indices i < n of the edges of v (as counted above), ascending, into out. Returns the count. */
-static uint32_t kvc_mask_edges(uint32_t *out, const int32_t *v, uint32_t n, const int32_t edge[4]) {
-    uint32_t i = 0, k = 0;
-#ifdef KVC_HAVE_SSE2
-    __m128i e[4];
-    kvc_edge_consts(e, edge);
-    for (; i + 4 <= n; i += 4) {
-        /* edges are few: skip four cells at a time */
-        int bits = _mm_movemask_ps(_mm_castsi128_ps(kvc_edge4(_mm_loadu_si128((const __m128i *)(v + i)), e)));
-        for (; bits; bits &= bits - 1) {
-            out[k++] = i + (uint32_t)kvc_ctz64((uint64_t)bits);
-        }
-    }
-#endif
-    for (; i < n; i++) {
-        if (kvc_is_edge(v[i], edge)) {
-            out[k++] = i;
-        }
-    }
-    return k;
 }
 
 /* Element i of a row: visible (0 or 1, never ALiBi) or hidden. */
@@ -315,227 +246,164 @@ static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, b
     *hi = causal ? p1 : INT32_MAX;
 }
 
-/* One sequence of the ubatch, as the mask sees it. A row of a sequence with several tokens is
- * a copy of its base row (the cells every one of its tokens sees) plus the few "edge" cells
- * whose key position lies where the tokens' windows differ: built once, each row then costs
- * about as much as writing it. Sequences whose edges are many (or ALiBi, whose values differ
- * in every visible cell) have their rows computed from the key positions directly. */
-typedef struct kvc_mask_seq {
-    int32_t        id;           /* the sequence */
-    const int32_t *vis;          /* key position of each cell in this sequence, -1 elsewhere */
-    bool           use_edges;    /* rows are copies of base plus edges; else computed from vis */
-    uint8_t       *base;
-    uint32_t      *edge;         /* edge cells */
-    uint32_t       n_edge;
-    uint32_t       n_tokens;
-    /* over the tokens' windows [lo, hi]: min lo, max lo, min hi, max hi. The base row shows
-     * [max lo, min hi]; the edges are the key positions in [min lo, max lo) or (min hi, max hi]. */
-    int32_t        edge_range[4];
-} kvc_mask_seq;
-
-/* Edges are worth it while a row patches at most this fraction of its cells. */
-#define KVC_MASK_EDGE_DIV 16u
-/* ... and while the sequence has enough rows to pay for building its base row. */
-#define KVC_MASK_MIN_ROWS 8u
-
-/* The rows of tokens [t0, t0 + n_tokens) of the ubatch over cells [0, n_kv) of one cell table,
- * into out (row r is token t0 + r, at r * row_stride bytes). KVC_OK or KVC_E_NOMEM (out
- * untouched). */
-static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub_all,
-                         uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
-                         size_t row_stride, void *out) {
-    const size_t el = kvc_mask_elsize(dtype);
-    const size_t row_bytes = (size_t)n_kv * el;
-    /* the tokens of the block, as a ubatch of their own */
-    const uint32_t g0 = t0 / ub_all->n_seq_tokens;
-    kvc_ubatch sub = *ub_all;
-    sub.pos = ub_all->pos + t0;
-    sub.seq_off = ub_all->seq_off + g0;
-    sub.n_tokens = n_tokens;
-    const kvc_ubatch *ub = &sub;
-
-    /* the distinct sequences of the ubatch (tokens interleave), each with a slot, ascending */
-    kvc_seqset seen;
-    kvc_seqset_clear(&seen);
-    for (uint32_t t = 0; t < n_tokens; t++) {
-        kvc_seqset_add(&seen, ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]);
-    }
-    uint16_t slot[KVC_MAX_SEQ];
-    uint32_t n_vis = 0;
-    for (int32_t s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, s)) {
-        slot[s] = (uint16_t)n_vis++;
-    }
-    /* per sequence its state, then its key positions */
-    uint64_t bytes = 0;
-    uint8_t *block = NULL;
-    if (kvc_size_mul((uint64_t)(n_vis ? n_vis : 1) * (n_kv ? n_kv : 1), sizeof(int32_t), &bytes) &&
-        kvc_size_add(bytes, (uint64_t)n_vis * sizeof(kvc_mask_seq), &bytes)) {
-        block = kvc_malloc((size_t)bytes);
-    }
-    if (!block) {
-        return KVC_E_NOMEM;
-    }
-    kvc_mask_seq *seq = (kvc_mask_seq *)block;
-    int32_t *vis = (int32_t *)(block + (size_t)n_vis * sizeof(kvc_mask_seq));
-    memset(seq, 0, (size_t)n_vis * sizeof *seq);
-    for (int32_t s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&seen, KVC_SEQ_WORDS, s)) {
-        seq[slot[s]].id = s;
-    }
-    /* their tokens' windows */
-    for (uint32_t t = 0; t < n_tokens; t++) {
-        int32_t lo, hi;
-        kvc_unified_visible_range(c, ub->pos[t], causal, &lo, &hi);
-        kvc_mask_seq *q = &seq[slot[ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]]];
-        int32_t *r = q->edge_range;
-        if (q->n_tokens++ == 0) {
-            r[0] = r[1] = lo;
-            r[2] = r[3] = hi;
-        }
-        r[0] = lo < r[0] ? lo : r[0];
-        r[1] = lo > r[1] ? lo : r[1];
-        r[2] = hi < r[2] ? hi : r[2];
-        r[3] = hi > r[3] ? hi : r[3];
-    }
-
-    const size_t base_stride = kvc_pad_u32((uint32_t)row_bytes, 64);
-    size_t n_edges = 0, n_bases = 0;
-    for (uint32_t k = 0; k < n_vis; k++) {
-        kvc_mask_seq *q = &seq[k];
-        const bool try_edges = !alibi && q->n_tokens >= KVC_MASK_MIN_ROWS;
-        /* an empty edge range when rows are computed directly */
-        const int32_t none[4] = {0, 0, 0, 0};
-        q->vis = vis + (size_t)k * n_kv;
-        const uint32_t n_edge = kvc_mask_key_positions_of(vis + (size_t)k * n_kv, cells, q->id, n_kv,
-                                                          try_edges ? q->edge_range : none);
-        if (try_edges && n_edge <= n_kv / KVC_MASK_EDGE_DIV) {
-            q->n_edge = n_edge;
-            q->use_edges = true;
-            n_edges += n_edge;
-            n_bases++;
-        }
-    }
-
-    uint8_t *scratch = NULL;
-    if (n_bases) {
-        uint64_t bytes = 0;
-        if (kvc_size_mul(n_bases, base_stride, &bytes) && kvc_size_add(bytes, (uint64_t)n_edges * sizeof(uint32_t), &bytes)) {
-            scratch = kvc_malloc((size_t)bytes);
-        }
-        if (!scratch) {
-            kvc_free(block);
-            return KVC_E_NOMEM;
-        }
-        uint8_t *next_base = scratch;
-        uint32_t *next_edge = (uint32_t *)(scratch + n_bases * base_stride);
-        for (uint32_t k = 0; k < n_vis; k++) {
-            kvc_mask_seq *q = &seq[k];
-            if (!q->use_edges) {
-                continue;
-            }
-            q->base = next_base;
-            next_base += base_stride;
-            kvc_mask_row(q->base, dtype, q->vis, n_kv, q->edge_range[1], q->edge_range[2], 0, false, false);
-            q->edge = next_edge;
-            next_edge += kvc_mask_edges(q->edge, q->vis, n_kv, q->edge_range);
-        }
-    }
-
-    for (uint32_t t = 0; t < n_tokens; t++) {
-        const kvc_mask_seq *q = &seq[slot[ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]]]];
-        const int32_t p1 = ub->pos[t];
-        int32_t lo, hi;
-        kvc_unified_visible_range(c, p1, causal, &lo, &hi);
-        uint8_t *row = (uint8_t *)out + (size_t)t * row_stride;
-        if (!q->use_edges) {
-            kvc_mask_row(row, dtype, q->vis, n_kv, lo, hi, p1, alibi, stream);
-            continue;
-        }
-        /* the token's edge cells are shown in the base row for the copy, then hidden again */
-        for (uint32_t e = 0; e < q->n_edge; e++) {
-            const int32_t v = q->vis[q->edge[e]];
-            if (v >= lo && v <= hi) {
-                kvc_mask_set(q->base, dtype, q->edge[e], true);
-            }
-        }
-        kvc_copy(row, q->base, row_bytes, stream);
-        for (uint32_t e = 0; e < q->n_edge; e++) {
-            kvc_mask_set(q->base, dtype, q->edge[e], false);
-        }
-    }
-    kvc_free(scratch);
-    kvc_free(block);
-    return KVC_OK;
+static inline int32_t kvc_mask_row_seq(const kvc_ubatch *ub, uint32_t t) {
+    return ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
 }
 
-/* Cells of a row built at a time by kvc_mask_rows_direct: their key positions stay in L1. */
+/* Cells of a row built at a time by kvc_mask_row_of: their key positions stay in L1. */
 #define KVC_MASK_CHUNK 1024u
-
-/* Whether every token of [t0, t0 + n) has a sequence of its own (a decode step). */
-static bool kvc_mask_one_token_each(const kvc_ubatch *ub, uint32_t t0, uint32_t n) {
-    kvc_seqset seen;
-    kvc_seqset_clear(&seen);
-    for (uint32_t t = t0; t < t0 + n; t++) {
-        const int32_t s = ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
-        if (kvc_seqset_has(&seen, s)) {
-            return false;
-        }
-        kvc_seqset_add(&seen, s);
-    }
-    return true;
-}
 
 /* A row is written from its sequence's index (hidden, then its visible cells over it) while
  * the cells it sees are fewer than 1/KVC_MASK_SPARSE of the cells of the blocks it would read. */
 #define KVC_MASK_SPARSE 4u
 
-/* kvc_mask_rows for a block whose every sequence has one token. A row that sees few cells
- * (a decode step of many sequences) is filled as hidden and the cells its window takes from
- * the sequence's index (cells_seq_pos_span) are shown over it: the other cells are not read.
- * Otherwise a row's key positions are read once, so it is built straight from the cells a
- * chunk at a time (no per-sequence array of key positions to write and read back), and the
- * blocks of cells its sequence has not marked are filled as hidden without reading the cells.
- * Either way a row costs about its stores plus the sequence's own cells. The first way is not
- * taken when streaming: stores over non-temporal ones would read the lines back. Row r at r *
- * row_stride bytes. */
-static void kvc_mask_rows_direct(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub,
-                                 uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
-                                 size_t row_stride, void *out) {
+/* The row of sequence s for a query at p1 that sees key positions [lo, hi], over cells [0, n_kv)
+ * of a table. A row that sees few cells (a decode step of many sequences) is filled as hidden
+ * and the cells its window takes from the sequence's index (cells_seq_pos_span) are shown over
+ * it: the other cells are not read. Otherwise the row is built straight from the cells a chunk
+ * at a time, and the blocks of cells the sequence has not marked are filled as hidden without
+ * reading the cells. Either way a row costs about its stores plus the sequence's own cells. The
+ * first way is not taken when streaming: stores over non-temporal ones would read the lines
+ * back. */
+static void kvc_mask_row_of(const kvc_cells *cells, uint32_t n_kv, int32_t s, int32_t lo, int32_t hi, int32_t p1,
+                            bool alibi, int dtype, bool stream, uint8_t *row) {
     const size_t el = kvc_mask_elsize(dtype);
-    const int32_t none[4] = {0, 0, 0, 0};
     int32_t vis[KVC_MASK_CHUNK];
-    for (uint32_t r = 0; r < n_tokens; r++) {
-        const uint32_t t = t0 + r;
-        const int32_t s = ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]], p1 = ub->pos[t];
-        int32_t lo, hi;
-        kvc_unified_visible_range(c, p1, causal, &lo, &hi);
-        const uint64_t *plane = kvc_cells_seq_plane(cells, s);
-        uint8_t *row = (uint8_t *)out + (size_t)r * row_stride;
-        const kvc_pos_range window = {lo, (int64_t)hi + 1};
-        uint32_t a, e;
-        kvc_cells_seq_pos_span(cells, s, window, &a, &e);
-        if (!stream && (uint64_t)(e - a) * KVC_MASK_SPARSE < (uint64_t)kvc_cells_blk_count(cells, s) * 64) {
-            kvc_mask_fill_hidden(row, dtype, n_kv, false);
-            kvc_mask_show_keys(row, dtype, cells->seq_pos[s].key + a, e - a, n_kv, lo, hi, p1, alibi);
-            continue;
+    const uint64_t *plane = kvc_cells_seq_plane(cells, s);
+    const kvc_pos_range window = {lo, (int64_t)hi + 1};
+    uint32_t a, e;
+    kvc_cells_seq_pos_span(cells, s, window, &a, &e);
+    if (!stream && (uint64_t)(e - a) * KVC_MASK_SPARSE < (uint64_t)kvc_cells_blk_count(cells, s) * 64) {
+        kvc_mask_fill_hidden(row, dtype, n_kv, false);
+        kvc_mask_show_keys(row, dtype, cells->seq_pos[s].key + a, e - a, n_kv, lo, hi, p1, alibi);
+        return;
+    }
+    uint32_t done = 0;
+    for (uint32_t b = kvc_cells_blk_next(cells, s, 0, n_kv); b != UINT32_MAX; ) {
+        const uint32_t i0 = b * 64, i1 = kvc_mask_run_end(cells, s, b, n_kv);
+        if (i0 > done) {
+            kvc_mask_fill_hidden(row + (size_t)done * el, dtype, i0 - done, stream);
         }
-        uint32_t done = 0;
-        for (uint32_t b = kvc_cells_blk_next(cells, s, 0, n_kv); b != UINT32_MAX; ) {
-            const uint32_t i0 = b * 64, i1 = kvc_mask_run_end(cells, s, b, n_kv);
-            if (i0 > done) {
-                kvc_mask_fill_hidden(row + (size_t)done * el, dtype, i0 - done, stream);
-            }
-            for (uint32_t off = i0; off < i1; off += KVC_MASK_CHUNK) {
-                const uint32_t m = i1 - off < KVC_MASK_CHUNK ? i1 - off : KVC_MASK_CHUNK;
-                kvc_mask_key_positions(vis, cells->pos + off, plane + off, m, (unsigned)(s & 63), none);
-                kvc_mask_row(row + (size_t)off * el, dtype, vis, m, lo, hi, p1, alibi, stream);
-            }
-            done = i1;
-            b = i1 >= n_kv ? UINT32_MAX : kvc_cells_blk_next(cells, s, i1 / 64, n_kv);
+        for (uint32_t off = i0; off < i1; off += KVC_MASK_CHUNK) {
+            const uint32_t m = i1 - off < KVC_MASK_CHUNK ? i1 - off : KVC_MASK_CHUNK;
+            kvc_mask_key_positions(vis, cells->pos + off, plane + off, m, (unsigned)(s & 63));
+            kvc_mask_row(row + (size_t)off * el, dtype, vis, m, lo, hi, p1, alibi, stream);
         }
-        if (n_kv > done) {
-            kvc_mask_fill_hidden(row + (size_t)done * el, dtype, n_kv - done, stream);
+        done = i1;
+        b = i1 >= n_kv ? UINT32_MAX : kvc_cells_blk_next(cells, s, i1 / 64, n_kv);
+    }
+    if (n_kv > done) {
+        kvc_mask_fill_hidden(row + (size_t)done * el, dtype, n_kv - done, stream);
+    }
+}
+
+/* The cells of sequence s (below n_kv) whose positions are in [p0, p1) set visible or hidden.
+ * One search for the first: the span is walked (it holds the cells to set). */
+static void kvc_mask_set_span(uint8_t *row, int dtype, const kvc_cells *cells, int32_t s, uint32_t n_kv, int64_t p0,
+                              int64_t p1, bool visible) {
+    if (p0 < 0) {
+        p0 = 0;
+    }
+    if (p0 >= p1 || p0 > KVC_POS_MAX) {
+        return;
+    }
+    const kvc_seq_pos *sp = &cells->seq_pos[s];
+    for (uint32_t a = kvc_cells_seq_pos_from(cells, s, (int32_t)p0); a < sp->n && kvc_seq_key_pos(sp->key[a]) < p1;
+         a++) {
+        const uint32_t i = kvc_seq_key_cell(sp->key[a]);
+        if (i < n_kv) {
+            kvc_mask_set(row, dtype, i, visible);
         }
     }
+}
+
+/* The cells of sequence s with positions in [lo, hi] but not in [olo, ohi] (below the other
+ * window and above it) set visible or hidden. */
+static void kvc_mask_set_outside(uint8_t *row, int dtype, const kvc_cells *cells, int32_t s, uint32_t n_kv,
+                                 int32_t lo, int32_t hi, int32_t olo, int32_t ohi, bool visible) {
+    const int64_t below = (int64_t)hi + 1 < olo ? (int64_t)hi + 1 : olo;
+    const int64_t above = (int64_t)ohi + 1 > lo ? (int64_t)ohi + 1 : lo;
+    kvc_mask_set_span(row, dtype, cells, s, n_kv, lo, below, visible);
+    kvc_mask_set_span(row, dtype, cells, s, n_kv, above, (int64_t)hi + 1, visible);
+}
+
+/* The rows of tokens [t0, t0 + n_tokens) of the ubatch over cells [0, n_kv) of one cell table,
+ * into out (row r is token t0 + r, at r * row_stride bytes). A sequence with one token (or
+ * ALiBi, whose values differ in every visible cell) has each row written by kvc_mask_row_of.
+ * The rows of a sequence with several tokens differ only in the cells whose positions lie
+ * between their windows: its first token's row is built once, and each next row is a copy of
+ * the row before with the window moved through the sequence's index (the cells that change
+ * sides, a few for tokens at neighbouring positions), so a row costs about as much as writing
+ * it. The row before is read back from out while it is in the caches; a streamed mask keeps it
+ * in a scratch row instead. KVC_OK or KVC_E_NOMEM (out untouched). */
+static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub,
+                         uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
+                         size_t row_stride, void *out) {
+    if (n_kv == 0 || n_tokens == 0) {
+        return KVC_OK;
+    }
+    const size_t row_bytes = (size_t)n_kv * kvc_mask_elsize(dtype);
+    /* the tokens grouped by sequence, in ubatch order within one (a counting sort) */
+    uint32_t first[KVC_MAX_SEQ + 1] = {0};
+    for (uint32_t t = t0; t < t0 + n_tokens; t++) {
+        first[kvc_mask_row_seq(ub, t) + 1]++;
+    }
+    bool shared = false;
+    for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
+        shared |= first[s + 1] > 1;
+        first[s + 1] += first[s];
+    }
+    /* a scratch row only when streaming: else a sequence's next row starts as a copy of its
+     * row before, still in the caches */
+    const bool scratch = shared && !alibi && stream;
+    uint32_t *order = kvc_malloc((size_t)n_tokens * sizeof *order);
+    uint8_t *base = scratch ? kvc_malloc(row_bytes) : NULL;
+    if (!order || (scratch && !base)) {
+        kvc_free(order);
+        kvc_free(base);
+        return KVC_E_NOMEM;
+    }
+    uint32_t fill[KVC_MAX_SEQ];
+    memcpy(fill, first, sizeof fill);
+    for (uint32_t t = t0; t < t0 + n_tokens; t++) {
+        order[fill[kvc_mask_row_seq(ub, t)]++] = t;
+    }
+    for (int32_t s = 0; s < KVC_MAX_SEQ; s++) {
+        const uint32_t k0 = first[s], k1 = first[s + 1];
+        int32_t lo0 = 0, hi0 = 0;
+        uint8_t *prev = NULL;
+        for (uint32_t k = k0; k < k1; k++) {
+            const uint32_t t = order[k];
+            const int32_t p1 = ub->pos[t];
+            int32_t lo, hi;
+            kvc_unified_visible_range(c, p1, causal, &lo, &hi);
+            uint8_t *row = (uint8_t *)out + (size_t)(t - t0) * row_stride;
+            if (alibi || k1 - k0 == 1) {
+                kvc_mask_row_of(cells, n_kv, s, lo, hi, p1, alibi, dtype, stream, row);
+                continue;
+            }
+            /* the row (or the scratch row) with this token's window */
+            uint8_t *dst = scratch ? base : row;
+            if (k == k0) {
+                kvc_mask_row_of(cells, n_kv, s, lo, hi, p1, false, dtype, false, dst);
+            } else {
+                if (!scratch) {
+                    kvc_copy(row, prev, row_bytes, false);
+                }
+                kvc_mask_set_outside(dst, dtype, cells, s, n_kv, lo0, hi0, lo, hi, false);
+                kvc_mask_set_outside(dst, dtype, cells, s, n_kv, lo, hi, lo0, hi0, true);
+            }
+            if (scratch) {
+                kvc_copy(row, base, row_bytes, true);
+            }
+            prev = dst;
+            lo0 = lo;
+            hi0 = hi;
+        }
+    }
+    kvc_free(base);
+    kvc_free(order);
+    return KVC_OK;
 }
 
 int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype, bool pad,
@@ -548,14 +416,9 @@ int kvc_unified_kq_mask(const kvc_unified *c, const kvc_ubatch *ub, bool causal,
     }
     /* masks larger than the last-level cache go straight to memory */
     const bool stream = (size_t)rows * row_bytes >= KVC_STREAM_BYTES;
-    if (kvc_mask_one_token_each(ub, 0, n_tokens)) {
-        kvc_mask_rows_direct(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride, out);
-    } else {
-        const int rc = kvc_mask_rows(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride,
-                                     out);
-        if (rc != KVC_OK) {
-            return rc;
-        }
+    const int rc = kvc_mask_rows(c, &c->cells, n_kv, ub, 0, n_tokens, causal, alibi, dtype, stream, row_stride, out);
+    if (rc != KVC_OK) {
+        return rc;
     }
     /* padding rows see nothing */
     if (rows > n_tokens && n_kv) {
@@ -647,10 +510,6 @@ static int kvc_mask_2026_write(const kvc_unified *c, const kvc_ubatch *ub, const
     for (uint32_t g = 0; g < n_groups; g++) {
         const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
         void *rows = (uint8_t *)out + g * block;
-        if (kvc_mask_one_token_each(ub, g * nst, nst)) {
-            kvc_mask_rows_direct(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, row_bytes, rows);
-            continue;
-        }
         rc = kvc_mask_rows(c, cells, n_kv, ub, g * nst, nst, causal, alibi, dtype, stream, row_bytes, rows);
         if (rc != KVC_OK) {
             return kvc_err_set(err, rc, "out of memory building the KQ mask");
@@ -802,9 +661,6 @@ static kvc_mask_slot *kvc_mask_slot_for(kvc_unified *c, const void *out, uint32_
     return sl;
 }
 
-static inline int32_t kvc_mask_row_seq(const kvc_ubatch *ub, uint32_t t) {
-    return ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
-}
 
 /* Bytes from out that a mask of rows rows of n_kv elements, row_stride apart, spans. */
 static size_t kvc_mask_extent(uint32_t rows, size_t row_stride, uint32_t n_kv, int dtype) {
@@ -943,7 +799,7 @@ static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bo
                 whole = kvc_mask_unchanged_in(cells, s, r, m->cells, n_chg);
             }
             if (whole) {
-                kvc_mask_rows_direct(c, cells, n_kv, ub, t, 1, causal, false, dtype, stream, row_stride, row);
+                kvc_mask_row_of(cells, n_kv, s, lo, hi, p1, false, dtype, stream, row);
                 continue;
             }
             for (uint32_t j = 0; j < n_chg && m->cells[j] < n_kv; j++) {
