@@ -171,7 +171,7 @@ def _spellings(values):
     strided[:] = a
     return {
         "list": list(values), "tuple": tuple(values), "int32": a.astype(np.int32), "int64": a,
-        "strided": strided, "uint32": a.astype(np.uint32), "big-endian": a.astype(">i8"),
+        "strided": strided, "reversed": a[::-1].copy()[::-1], "uint32": a.astype(np.uint32), "big-endian": a.astype(">i8"),
         "np-scalars": [np.int64(v) for v in values], "generator": (int(v) for v in values),
     }
 
@@ -191,7 +191,7 @@ def test_ubatch_is_the_same_however_its_values_are_given(pos_kind, seq_kind):
     assert _ubatch_facts(grouped) == (4, 2, pos, [[s] for s in seq[:2]], kvcache.MAX_SEQ - 1)
 
 
-@pytest.mark.parametrize("kind", ["list", "tuple", "int64", "strided", "np-scalars"])
+@pytest.mark.parametrize("kind", ["list", "tuple", "int64", "strided", "reversed", "np-scalars"])
 def test_ubatch_refuses_bad_values_the_same_way_on_every_path(kind):
     with pytest.raises(ValueError, match=r"pos values must lie in \[0, 2\*\*31 - 1\]"):
         kvcache.UBatch(_spellings([0, -1])[kind], [0, 0])

@@ -218,6 +218,8 @@ cdef object host_array(object obj, str name):
     a buffer-protocol object (as its exporter describes it) or a CPU tensor with __dlpack__
     (as the producer's C struct describes it). TypeError for anything else: an object that
     only claims memory through __array_interface__ is not an array; and for device tensors."""
+    if type(obj) is np.ndarray:
+        return obj           # exactly an ndarray: nothing of it but numpy's own C runs
     if isinstance(obj, np.ndarray):
         return np.ndarray.view(obj, type=np.ndarray)
     if PyObject_CheckBuffer(obj):

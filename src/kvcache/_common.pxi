@@ -551,7 +551,8 @@ cdef object _flat_ints(object v):
         return v
     if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
         a = host_array(v, "ubatch values")
-        if a.ndim == 1 and (a.dtype == _I32 or a.dtype == _I64):
+        dt = a.dtype
+        if a.ndim == 1 and (dt is _I32 or dt is _I64 or dt == _I32 or dt == _I64):
             return a
     return None
 
@@ -559,12 +560,12 @@ cdef object _flat_ints(object v):
 cdef int _ints_into(object v, int32_t *dst, Py_ssize_t n, long long hi, str name) except -2:
     """Copy n values of a _flat_ints result into dst, each read once and checked to lie in
     [0, hi] (ValueError naming the entry). Returns the largest value (-1 when n is 0)."""
-    cdef Py_ssize_t j
+    cdef Py_ssize_t j, step
     cdef long long x
     cdef long long mx = -1
     cdef int overflow = 0
-    cdef const int32_t[:] v32
-    cdef const int64_t[:] v64
+    cdef Py_buffer view
+    cdef const char *p
     if type(v) is list or type(v) is tuple:
         for j in range(n):
             x = PyLong_AsLongLongAndOverflow(v[j], &overflow)
@@ -573,24 +574,26 @@ cdef int _ints_into(object v, int32_t *dst, Py_ssize_t n, long long hi, str name
             dst[j] = <int32_t>x
             if x > mx:
                 mx = x
-    elif v.dtype == _I32:
-        v32 = v
+        return <int>mx
+    # an int32 or int64 ndarray (_flat_ints): read through its buffer, as numpy describes it
+    PyObject_GetBuffer(v, &view, PyBUF_STRIDES)
+    try:
+        if view.ndim != 1 or view.shape[0] != n or (view.itemsize != 4 and view.itemsize != 8):
+            raise ValueError(f"{name}: expected {n} int32 or int64 values")
+        step = view.strides[0] if view.strides != NULL else view.itemsize
+        p = <const char *>view.buf
         for j in range(n):
-            x = v32[j]
+            if view.itemsize == 4:
+                x = (<const int32_t *>(p + j * step))[0]
+            else:
+                x = (<const int64_t *>(p + j * step))[0]
             if x < 0 or x > hi:
                 _ints_refuse(x, j, hi, name)
             dst[j] = <int32_t>x
             if x > mx:
                 mx = x
-    else:
-        v64 = v
-        for j in range(n):
-            x = v64[j]
-            if x < 0 or x > hi:
-                _ints_refuse(x, j, hi, name)
-            dst[j] = <int32_t>x
-            if x > mx:
-                mx = x
+    finally:
+        PyBuffer_Release(&view)
     return <int>mx
 
 
@@ -645,7 +648,7 @@ cdef class UBatch:
         if n_tokens % nst:
             raise ValueError(f"pos has {n_tokens} tokens, not a whole number of groups of "
                              f"n_seq_tokens={nst}")
-        cdef str unit = f"group of n_seq_tokens={nst} tokens" if nst > 1 else "token"
+        cdef str unit = "token" if nst == 1 else f"group of n_seq_tokens={nst} tokens"
         lists = None
         ids_v = _flat_ints(seq_id)
         if ids_v is not None and len(ids_v) != n_tokens // nst:

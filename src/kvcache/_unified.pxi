@@ -65,6 +65,9 @@ cdef int _check_rope(object rope, tuple head_k, tuple kept, str name) except -1:
 
 
 cdef uint32_t _layer_index(_Unified self, object il) except? 0xFFFFFFFF:
+    ikv = self._ikv.get(il) if type(il) is int else None
+    if ikv is not None:
+        return <uint32_t>ikv
     if not _is_int(il):
         raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
     ikv = self._ikv.get(int_c(il, "il", LLONG_MIN, LLONG_MAX))
@@ -112,6 +115,11 @@ cdef int _refuse_2025(_Unified self, str what) except -1:
     return 0
 
 
+# bytes a call copies without releasing the GIL (more take long enough for other threads to run)
+cdef enum:
+    _SMALL_COPY = 65536
+
+
 cdef int _require_memory(_Unified self, str what) except -1:
     if self._buffers == "none":
         raise RuntimeError(f"{what}: this cache holds no K/V memory (buffers='none'); its owner "
@@ -127,6 +135,8 @@ cdef _HeldBuffer _rows_buffer(object rows, int32_t type_id, str name):
         return None
     cdef _HeldBuffer hb = hold_buffer(rows, name, False)
     dt = hb.dtype
+    if dt is _element_dtype(type_id) and hb.c_contiguous():
+        return hb            # the common case, without comparing dtypes by value
     if type_id == KVC_TYPE_F32:
         ok, want = dt == np.float32, "float32"
     elif type_id == KVC_TYPE_F16:
@@ -1248,8 +1258,12 @@ cdef class _Unified(UnifiedCore):
                 _check_rows(kb, placed, lay.k_row_bytes if quant_k else lay.n_embd_k, "k_rows")
             if vb is not None:
                 _check_rows(vb, placed, lay.v_row_bytes if quant_v else lay.n_embd_v, "v_rows")
-            with nogil:
+            # a decode step's few rows are copied holding the GIL: releasing it would cost more
+            if <size_t>placed * (lay.k_row_bytes + lay.v_row_bytes) <= _SMALL_COPY:
                 r = self.store_c(ikv, pk, pv)
+            else:
+                with nogil:
+                    r = self.store_c(ikv, pk, pv)
             check_status(r, NULL, "store")
         finally:
             kvc_pylock_release(&self._lock)
