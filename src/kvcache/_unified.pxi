@@ -13,8 +13,8 @@ from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_sta
 
 _SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC_SWA_CHUNKED}
 _SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
-_MASK_DTYPES = {"f32": (KVC_MASK_F32, np.float32), "f16": (KVC_MASK_F16, np.float16),
-                "bool": (KVC_MASK_BOOL, np.bool_)}
+_MASK_DTYPES = {"f32": (KVC_MASK_F32, np.dtype(np.float32)), "f16": (KVC_MASK_F16, np.dtype(np.float16)),
+                "bool": (KVC_MASK_BOOL, np.dtype(np.bool_))}
 
 
 cdef object _f32_to_half(object a, bint bf16):
@@ -1340,8 +1340,8 @@ cdef class _Unified(UnifiedCore):
         if out is not None:
             # taken before the lock: an exporter's hooks see the cache as any other call would
             ob = hold_buffer(out, "out", True)
-            if ob.dtype != np.dtype(npdt) or ob.view.ndim != 2 or not _rows_ok(ob):
-                raise ValueError(f"out must be a writable 2-D {np.dtype(npdt)} array with contiguous rows of at "
+            if (ob.dtype is not npdt and ob.dtype != npdt) or ob.view.ndim != 2 or not _rows_ok(ob):
+                raise ValueError(f"out must be a writable 2-D {npdt} array with contiguous rows of at "
                                  f"least (rows, n) (rows = {'pad(n_tokens, 64)' if c_pad else 'n_tokens'}), "
                                  f"got {ob.describe()}")
         op_begin(&self._lock, False, "kq_mask")
@@ -1356,7 +1356,7 @@ cdef class _Unified(UnifiedCore):
                     p = &o[0]
             else:
                 if ob.dim(0) < rows or ob.dim(1) < cols:
-                    raise ValueError(f"out must be a writable 2-D {np.dtype(npdt)} array of shape at least "
+                    raise ValueError(f"out must be a writable 2-D {npdt} array of shape at least "
                                      f"{(rows, cols)}, got {ob.describe()}")
                 p = ob.view.buf
                 if rows > 1:
@@ -1384,8 +1384,8 @@ cdef class _Unified(UnifiedCore):
         err.msg[0] = 0
         if out is not None:
             ob = hold_buffer(out, "out", True)
-            if ob.dtype != np.dtype(npdt) or not ob.c_contiguous() or ob.view.ndim != 3:
-                raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
+            if (ob.dtype is not npdt and ob.dtype != npdt) or not ob.c_contiguous() or ob.view.ndim != 3:
+                raise ValueError(f"out must be a writable C-contiguous {npdt} array of shape "
                                  f"(streams, rows, n_kv), got {ob.describe()}")
         op_begin(&self._lock, False, "kq_mask")
         try:
@@ -1401,7 +1401,7 @@ cdef class _Unified(UnifiedCore):
                     p = &o[0]
             else:
                 if (ob.dim(0), ob.dim(1), ob.dim(2)) != shape:
-                    raise ValueError(f"out must be a writable C-contiguous {np.dtype(npdt)} array of shape "
+                    raise ValueError(f"out must be a writable C-contiguous {npdt} array of shape "
                                      f"{shape}, got {ob.describe()}")
                 p = ob.view.buf
             if n_kv:
