@@ -327,6 +327,61 @@ static void kvc_mask_set_outside(uint8_t *row, int dtype, const kvc_cells *cells
     kvc_mask_set_span(row, dtype, cells, s, n_kv, above, (int64_t)hi + 1, visible);
 }
 
+/* A share of kvc_mask_rows' rows: entries [k0, k1) of the tokens ordered by sequence. */
+typedef struct kvc_mask_part {
+    const kvc_unified *c;
+    const kvc_cells   *cells;
+    const kvc_ubatch  *ub;
+    const uint32_t    *order;       /* token indices, grouped by sequence */
+    const uint32_t    *first;       /* first[s] .. first[s + 1]: the entries of sequence s */
+    uint32_t           k0, k1;
+    uint32_t           n_kv, t0;
+    bool               causal, alibi, stream;
+    int                dtype;
+    size_t             row_stride;
+    void              *out;
+    uint8_t           *base;        /* a scratch row (streaming), else NULL */
+} kvc_mask_part;
+
+static void kvc_mask_part_run(void *arg) {
+    const kvc_mask_part *p = arg;
+    const size_t row_bytes = (size_t)p->n_kv * kvc_mask_elsize(p->dtype);
+    int32_t lo0 = 0, hi0 = 0, s0 = -1;
+    uint8_t *prev = NULL;
+    for (uint32_t k = p->k0; k < p->k1; k++) {
+        const uint32_t t = p->order[k];
+        const int32_t s = kvc_mask_row_seq(p->ub, t), p1 = p->ub->pos[t];
+        int32_t lo, hi;
+        kvc_unified_visible_range(p->c, p1, p->causal, &lo, &hi);
+        uint8_t *row = (uint8_t *)p->out + (size_t)(t - p->t0) * p->row_stride;
+        if (p->alibi || p->first[s + 1] - p->first[s] == 1) {
+            kvc_mask_row_of(p->cells, p->n_kv, s, lo, hi, p1, p->alibi, p->dtype, p->stream, row);
+            continue;
+        }
+        /* the row (or the scratch row) with this token's window */
+        uint8_t *dst = p->base ? p->base : row;
+        if (s != s0) {
+            kvc_mask_row_of(p->cells, p->n_kv, s, lo, hi, p1, false, p->dtype, false, dst);
+        } else {
+            if (!p->base) {
+                kvc_copy(row, prev, row_bytes, false);
+            }
+            kvc_mask_set_outside(dst, p->dtype, p->cells, s, p->n_kv, lo0, hi0, lo, hi, false);
+            kvc_mask_set_outside(dst, p->dtype, p->cells, s, p->n_kv, lo, hi, lo0, hi0, true);
+        }
+        if (p->base) {
+            kvc_copy(row, p->base, row_bytes, true);
+        }
+        prev = dst;
+        s0 = s;
+        lo0 = lo;
+        hi0 = hi;
+    }
+    if (p->stream) {
+        kvc_stream_fence();
+    }
+}
+
 /* The rows of tokens [t0, t0 + n_tokens) of the ubatch over cells [0, n_kv) of one cell table,
  * into out (row r is token t0 + r, at r * row_stride bytes). A sequence with one token (or
  * ALiBi, whose values differ in every visible cell) has each row written by kvc_mask_row_of.
@@ -335,7 +390,9 @@ static void kvc_mask_set_outside(uint8_t *row, int dtype, const kvc_cells *cells
  * the row before with the window moved through the sequence's index (the cells that change
  * sides, a few for tokens at neighbouring positions), so a row costs about as much as writing
  * it. The row before is read back from out while it is in the caches; a streamed mask keeps it
- * in a scratch row instead. KVC_OK or KVC_E_NOMEM (out untouched). */
+ * in a scratch row instead, and its rows are shared among the cache's n_threads threads when
+ * the caller set more than one (each builds the first row of its share afresh). KVC_OK or
+ * KVC_E_NOMEM (out untouched). */
 static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t n_kv, const kvc_ubatch *ub,
                          uint32_t t0, uint32_t n_tokens, bool causal, bool alibi, int dtype, bool stream,
                          size_t row_stride, void *out) {
@@ -353,11 +410,17 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
         shared |= first[s + 1] > 1;
         first[s + 1] += first[s];
     }
-    /* a scratch row only when streaming: else a sequence's next row starts as a copy of its
-     * row before, still in the caches */
+    /* threads only when the caller set n_threads, and only for masks that stream (their stores,
+     * not the caches, are the cost): a thread costs tens of microseconds to start, and on a busy
+     * machine it competes with the caller's own */
+    unsigned n_parts = stream && c->n_threads > 1 ? c->n_threads : 1;
+    n_parts = n_parts > n_tokens ? n_tokens : n_parts;
+    /* a scratch row per share only when streaming: else a sequence's next row starts as a copy
+     * of its row before, still in the caches */
     const bool scratch = shared && !alibi && stream;
+    const size_t base_stride = kvc_pad_u32((uint32_t)row_bytes, 64);
     uint32_t *order = kvc_malloc((size_t)n_tokens * sizeof *order);
-    uint8_t *base = scratch ? kvc_malloc(row_bytes) : NULL;
+    uint8_t *base = scratch ? kvc_malloc_n(n_parts, base_stride) : NULL;
     if (!order || (scratch && !base)) {
         kvc_free(order);
         kvc_free(base);
@@ -368,39 +431,17 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
     for (uint32_t t = t0; t < t0 + n_tokens; t++) {
         order[fill[kvc_mask_row_seq(ub, t)]++] = t;
     }
-    for (int32_t s = 0; s < KVC_MAX_SEQ; s++) {
-        const uint32_t k0 = first[s], k1 = first[s + 1];
-        int32_t lo0 = 0, hi0 = 0;
-        uint8_t *prev = NULL;
-        for (uint32_t k = k0; k < k1; k++) {
-            const uint32_t t = order[k];
-            const int32_t p1 = ub->pos[t];
-            int32_t lo, hi;
-            kvc_unified_visible_range(c, p1, causal, &lo, &hi);
-            uint8_t *row = (uint8_t *)out + (size_t)(t - t0) * row_stride;
-            if (alibi || k1 - k0 == 1) {
-                kvc_mask_row_of(cells, n_kv, s, lo, hi, p1, alibi, dtype, stream, row);
-                continue;
-            }
-            /* the row (or the scratch row) with this token's window */
-            uint8_t *dst = scratch ? base : row;
-            if (k == k0) {
-                kvc_mask_row_of(cells, n_kv, s, lo, hi, p1, false, dtype, false, dst);
-            } else {
-                if (!scratch) {
-                    kvc_copy(row, prev, row_bytes, false);
-                }
-                kvc_mask_set_outside(dst, dtype, cells, s, n_kv, lo0, hi0, lo, hi, false);
-                kvc_mask_set_outside(dst, dtype, cells, s, n_kv, lo, hi, lo0, hi0, true);
-            }
-            if (scratch) {
-                kvc_copy(row, base, row_bytes, true);
-            }
-            prev = dst;
-            lo0 = lo;
-            hi0 = hi;
-        }
+    kvc_mask_part parts[KVC_MAX_THREADS];
+    for (unsigned i = 0; i < n_parts; i++) {
+        kvc_mask_part *p = &parts[i];
+        *p = (kvc_mask_part){ .c = c, .cells = cells, .ub = ub, .order = order, .first = first,
+                              .k0 = (uint32_t)((uint64_t)n_tokens * i / n_parts),
+                              .k1 = (uint32_t)((uint64_t)n_tokens * (i + 1) / n_parts), .n_kv = n_kv, .t0 = t0,
+                              .causal = causal, .alibi = alibi, .stream = stream, .dtype = dtype,
+                              .row_stride = row_stride, .out = out,
+                              .base = base ? base + (size_t)i * base_stride : NULL };
     }
+    kvc_parallel(kvc_mask_part_run, parts, sizeof parts[0], n_parts);
     kvc_free(base);
     kvc_free(order);
     return KVC_OK;

@@ -87,17 +87,25 @@ def test_small_masks_every_offset(kv_size, swa):
                     assert out.tobytes() == want.tobytes(), (dtype, alibi, causal, offset)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype,n_tokens", [("f32", 128), ("f16", 256), ("bool", 512)])
-def test_streamed_masks(dtype, n_tokens):
-    """Masks of 16 MiB and more bypass the caches (non-temporal stores)."""
+def test_streamed_masks(dtype, n_tokens, n_threads):
+    """Masks of 16 MiB and more bypass the caches (non-temporal stores), their rows shared among
+    the cache's n_threads threads: a share may start in the middle of a sequence's rows."""
     rng = np.random.default_rng(n_tokens)
     c, nxt = filled_cache(32768, 8, rng, holes=0.1)
+    c.n_threads = n_threads
     seq = [i % 8 for i in range(n_tokens - 3)]
     pos = [nxt[s] + i // 8 for i, s in enumerate(seq)]
     ub = UBatch(pos, seq)
     want = expected_mask(c, pos, seq, True, False, dtype)
     assert want.nbytes >= 16 << 20
     assert c.kq_mask(ub, dtype=dtype).tobytes() == want.tobytes()
+    # one sequence's rows, split among the threads
+    one = [3] * (n_tokens - 3)
+    pos1 = [nxt[3] + i for i in range(len(one))]
+    want1 = expected_mask(c, pos1, one, True, False, dtype)
+    assert c.kq_mask(UBatch(pos1, one), dtype=dtype).tobytes() == want1.tobytes()
     out = offset_out(want.shape, NP_DTYPES[dtype], 4 if dtype != "bool" else 3)
     c.kq_mask(ub, dtype=dtype, out=out)
     assert out.tobytes() == want.tobytes()
@@ -106,9 +114,9 @@ def test_streamed_masks(dtype, n_tokens):
 @pytest.mark.parametrize("swa", [("none", 0), ("standard", 5), ("chunked", 7)])
 @pytest.mark.parametrize("spread", [4, 40, 400])
 def test_many_tokens_per_sequence(swa, spread):
-    """Sequences with many rows in the ubatch: rows copied from a base row plus edge cells when
-    the tokens' windows differ in few cells (spread 4), computed directly when they differ in
-    many (spread 400); unsorted and repeated positions; causal or not."""
+    """Sequences with many rows in the ubatch, each a copy of the row before with the window
+    moved: by few cells (spread 4) or many (spread 400), back and forth (unsorted and repeated
+    positions); causal or not."""
     rng = np.random.default_rng(spread)
     c, nxt = filled_cache(1000, 3, rng, swa_type=swa[0], n_swa=swa[1])
     n_tok = 70
