@@ -3,6 +3,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Every word of used_bits is 0: every bit of free_words below n_words set. */
+static void kvc_cells_free_words_all(kvc_cells *c) {
+    const uint32_t n = (c->n_words + 63) / 64;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t left = c->n_words - 64 * k;
+        c->free_words[k] = left >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << left) - 1;
+    }
+}
+
 int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     memset(c, 0, sizeof *c);
     if (n_seq_max > KVC_MAX_SEQ) {
@@ -16,11 +25,12 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->shift = kvc_calloc(size, sizeof *c->shift);
     c->seq = kvc_calloc((size_t)c->seq_words * size, sizeof *c->seq);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
+    c->free_words = kvc_calloc((c->n_words + 63) / 64 + 1, sizeof *c->free_words);
     c->seq_pos = kvc_calloc(n_seq_max ? n_seq_max : 1, sizeof *c->seq_pos);
     c->blk_words = (c->n_words + 63) / 64;
     c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
     c->chg = kvc_malloc_n(size ? size : 1, sizeof *c->chg);
-    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos && c->seq_blk && c->chg;
+    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->free_words && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
         c->seq_pos[s].key = kvc_malloc_n(size, sizeof(uint64_t));
@@ -33,6 +43,7 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     for (uint32_t i = 0; i < size; i++) {
         c->pos[i] = -1;
     }
+    kvc_cells_free_words_all(c);
     return KVC_OK;
 }
 
@@ -66,6 +77,7 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->shift);
     kvc_free(c->seq);
     kvc_free(c->used_bits);
+    kvc_free(c->free_words);
     for (uint32_t s = 0; c->seq_pos && s < c->n_seq_max; s++) {
         kvc_free(c->seq_pos[s].key);
     }
@@ -82,6 +94,7 @@ void kvc_cells_reset(kvc_cells *c) {
     memset(c->shift, 0, (size_t)c->size * sizeof *c->shift);
     memset(c->seq, 0, (size_t)c->seq_words * c->size * sizeof *c->seq);
     memset(c->used_bits, 0, (size_t)c->n_words * sizeof *c->used_bits);
+    kvc_cells_free_words_all(c);
     c->used = 0;
     c->used_max_p1 = 0;
     c->has_shift = false;
@@ -103,6 +116,7 @@ void kvc_cells_reset_shift(kvc_cells *c) {
 /* --- used-set bookkeeping ------------------------------------------------------------ */
 
 static inline void kvc_cells_mark_used(kvc_cells *c, uint32_t i) {
+    c->free_words[i >> 12] &= ~((uint64_t)1 << ((i >> 6) & 63));
     c->used_bits[i >> 6] |= (uint64_t)1 << (i & 63);
     c->used++;
     if (i + 1 > c->used_max_p1) {
@@ -114,7 +128,9 @@ static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
     if (c->empty_zeroes_shift) {
         c->shift[i] = 0;
     }
-    c->used_bits[i >> 6] &= ~((uint64_t)1 << (i & 63));
+    if (!(c->used_bits[i >> 6] &= ~((uint64_t)1 << (i & 63)))) {
+        c->free_words[i >> 12] |= (uint64_t)1 << ((i >> 6) & 63);
+    }
     c->used--;
     if (i + 1 == c->used_max_p1) {
         /* the last used cell went away: find the new last one */
@@ -160,6 +176,126 @@ uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to) {
     return next_with_bit(c, from, to, ~(uint64_t)0);
 }
 
+/* The first word >= w whose free_words bit is `want` (1: an empty word, 0: a word with a used
+ * cell), or n_words. */
+static uint32_t kvc_cells_next_word(const kvc_cells *c, uint32_t w, bool want) {
+    const uint64_t flip = want ? 0 : ~(uint64_t)0;
+    const uint32_t nk = (c->n_words + 63) / 64;
+    uint32_t k = w >> 6;
+    if (k >= nk) {
+        return c->n_words;
+    }
+    uint64_t m = (c->free_words[k] ^ flip) & (~(uint64_t)0 << (w & 63));
+    for (;;) {
+        if (m) {
+            const uint32_t r = (k << 6) + kvc_ctz64(m);
+            return r < c->n_words ? r : c->n_words;
+        }
+        if (++k >= nk) {
+            return c->n_words;
+        }
+        m = c->free_words[k] ^ flip;
+    }
+}
+
+/* The empty cells at the top of a word of used bits. */
+static inline uint32_t free_top(uint64_t used) {
+    return used ? 63u - kvc_msb64(used) : 64u;
+}
+
+uint32_t kvc_cells_first_free_run(const kvc_cells *c, uint32_t a, uint32_t b, uint32_t n) {
+    if (a > b || n == 0) {
+        return a <= b ? a : UINT32_MAX;
+    }
+    if (n >= 127) {
+        /* a run of n empty cells holds a whole empty word: from one run of empty words to the
+         * next, each widened by the empty cells on either side */
+        for (uint32_t w = a >> 6; w < c->n_words;) {
+            const uint32_t z = kvc_cells_next_word(c, w, true);
+            if (z >= c->n_words) {
+                return UINT32_MAX;
+            }
+            const uint32_t e = kvc_cells_next_word(c, z, false);
+            uint64_t start = ((uint64_t)z << 6) - (z ? free_top(c->used_bits[z - 1]) : 0);
+            if (start < a) {
+                start = a;
+            }
+            if (start > b) {
+                return UINT32_MAX;
+            }
+            const uint64_t end = ((uint64_t)e << 6) + (e < c->n_words ? kvc_ctz64(c->used_bits[e]) : 0);
+            if (end - start >= n) {
+                return (uint32_t)start;
+            }
+            w = e + 1;
+        }
+        return UINT32_MAX;
+    }
+    /* word by word: `run` empty cells end where word w starts */
+    uint32_t w = a >> 6;
+    uint64_t used = c->used_bits[w] | (((uint64_t)1 << (a & 63)) - 1);   /* cells below a count as used */
+    uint64_t run = 0;
+    for (;;) {
+        const uint64_t base = (uint64_t)w << 6;
+        if (used == 0) {
+            run += 64;
+            if (run >= n) {
+                const uint64_t p = base + 64 - run;
+                return p <= b ? (uint32_t)p : UINT32_MAX;
+            }
+        } else {
+            if (run + kvc_ctz64(used) >= n) {
+                const uint64_t p = base - run;
+                return p <= b ? (uint32_t)p : UINT32_MAX;
+            }
+            if (n <= 64) {
+                /* windows inside the word: bit i of ok set when cells i .. i + n - 1 are empty */
+                uint64_t ok = ~used;
+                for (uint32_t have = 1; have < n && ok;) {
+                    const uint32_t sh = have < n - have ? have : n - have;
+                    ok &= ok >> sh;
+                    have += sh;
+                }
+                if (ok) {
+                    const uint64_t p = base + kvc_ctz64(ok);
+                    return p <= b ? (uint32_t)p : UINT32_MAX;
+                }
+            }
+            run = free_top(used);
+        }
+        if (base + 64 - run > b || ++w >= c->n_words) {
+            return UINT32_MAX;
+        }
+        used = c->used_bits[w];
+    }
+}
+
+uint32_t kvc_cells_kth_used_back(const kvc_cells *c, uint32_t lo, uint32_t end, uint32_t k) {
+    if (end <= lo || k == 0) {
+        return UINT32_MAX;
+    }
+    uint32_t w = (end - 1) >> 6;
+    const unsigned top = end - (w << 6);   /* bits of word w below end: 1..64 */
+    uint64_t bits = c->used_bits[w] & (top == 64 ? ~(uint64_t)0 : (((uint64_t)1 << top) - 1));
+    for (;;) {
+        if (w == lo >> 6) {
+            bits &= ~(uint64_t)0 << (lo & 63);
+        }
+        const uint32_t n = kvc_popcount64(bits);
+        if (n >= k) {
+            for (; k > 1; k--) {
+                bits &= ~((uint64_t)1 << kvc_msb64(bits));
+            }
+            return (w << 6) + kvc_msb64(bits);
+        }
+        k -= n;
+        if (w == lo >> 6) {
+            return UINT32_MAX;
+        }
+        bits = c->used_bits[--w];
+    }
+}
+
 /* --- per-sequence (position, cell) index ------------------------------------------------ */
 
 /* Index of the first entry >= key. */
@@ -197,6 +333,21 @@ uint32_t kvc_cells_seq_pos_count_in(const kvc_cells *c, int32_t s, kvc_pos_range
     return b - a;
 }
 
+/* Index of the entry equal to key, or sp->n when there is none. A sequence usually holds one
+ * cell per position, its positions contiguous: the entry of position p is then the (p - first)-th,
+ * which is tried before the binary search. */
+static uint32_t kvc_seq_pos_find(const kvc_seq_pos *sp, uint64_t key) {
+    if (sp->n == 0) {
+        return 0;
+    }
+    const int64_t guess = (int64_t)kvc_seq_key_pos(key) - kvc_seq_key_pos(sp->key[0]);
+    if (guess >= 0 && guess < sp->n && sp->key[guess] == key) {
+        return (uint32_t)guess;
+    }
+    const uint32_t k = kvc_seq_pos_lower(sp, key);
+    return k < sp->n && sp->key[k] == key ? k : sp->n;
+}
+
 static void kvc_seq_pos_insert(kvc_seq_pos *sp, uint64_t key) {
     uint32_t k = sp->n;
     /* the common case (positions grow) appends */
@@ -209,8 +360,8 @@ static void kvc_seq_pos_insert(kvc_seq_pos *sp, uint64_t key) {
 }
 
 static void kvc_seq_pos_erase(kvc_seq_pos *sp, uint64_t key) {
-    const uint32_t k = kvc_seq_pos_lower(sp, key);
-    if (k < sp->n && sp->key[k] == key) {
+    const uint32_t k = kvc_seq_pos_find(sp, key);
+    if (k < sp->n) {
         memmove(sp->key + k, sp->key + k + 1, (size_t)(sp->n - k - 1) * sizeof *sp->key);
         sp->n--;
     }
@@ -218,8 +369,8 @@ static void kvc_seq_pos_erase(kvc_seq_pos *sp, uint64_t key) {
 
 /* The entry `from` becomes `to` (same position): only the entries between the two move. */
 static void kvc_seq_pos_rekey(kvc_seq_pos *sp, uint64_t from, uint64_t to) {
-    uint32_t k = kvc_seq_pos_lower(sp, from);
-    if (k >= sp->n || sp->key[k] != from) {
+    uint32_t k = kvc_seq_pos_find(sp, from);
+    if (k >= sp->n) {
         return;
     }
     for (; k + 1 < sp->n && sp->key[k + 1] < to; k++) {
@@ -456,6 +607,12 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     kvc_cells_changed(c, dst);
 }
 
+void kvc_cells_mv_run(kvc_cells *c, uint32_t src, uint32_t dst, uint32_t n) {
+    for (uint32_t j = 0; j < n; j++) {
+        kvc_cells_mv(c, src + j, dst + j);
+    }
+}
+
 bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
     /* int64 so that a huge shift cannot overflow: a position pushed past KVC_POS_MAX stays there */
     const int64_t p = (int64_t)c->pos[i] + d;
@@ -513,6 +670,7 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     memcpy(dst->shift, src->shift, n * sizeof *src->shift);
     memcpy(dst->seq, src->seq, (size_t)src->seq_words * n * sizeof *src->seq);
     memcpy(dst->used_bits, src->used_bits, (size_t)src->n_words * sizeof *src->used_bits);
+    memcpy(dst->free_words, src->free_words, (size_t)(src->n_words + 63) / 64 * sizeof *src->free_words);
     dst->used = src->used;
     dst->used_max_p1 = src->used_max_p1;
     dst->has_shift = src->has_shift;

@@ -92,6 +92,7 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
     c->vector_moves = kvc_cols_vector_available();   /* the environment is read here, once */
     c->semantics = p->semantics;
     c->n_stream = n_stream;
+    c->n_defrag_runs = KVC_RUNS_FROM_IDS;
 
     if (kvc_cells_init(&c->cells, p->kv_size, p->n_seq_max) != KVC_OK) {
         goto nomem;
@@ -150,6 +151,7 @@ void kvc_unified_free(kvc_unified *c) {
     kvc_free(c->copy_dst);
     kvc_free(c->layers);
     kvc_free(c->defrag_ids);
+    kvc_free(c->defrag_run_list);
     kvc_undo_free(&c->undo);
     kvc_mask_memo_free(c->mask_memo);
     memset(c, 0, sizeof *c);

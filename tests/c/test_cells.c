@@ -1,8 +1,9 @@
 /* Tests of the cell table (csrc/kvc_cells.c) against a naive model kept beside it: random edits
  * (placing positions, adding and removing sequences, shifts and divisions with the index rebuilt,
  * moves, raw sets) on tables of one sequence word and of several (65, 130 and 256 sequences),
- * positions up to 2**31 - 1; after every edit the counters, the free-cell bits, the scans for
- * used and empty cells, and each sequence's position multiset (min, max, range queries, range
+ * positions up to 2**31 - 1; after every edit the counters, the free-cell bits and the
+ * empty-word bits, the scans for used and empty cells, for runs of empty cells and for the k-th
+ * used cell from an end, and each sequence's position multiset (min, max, range queries, range
  * removal) are what the model says. */
 #include "kvc_cells.h"
 
@@ -84,6 +85,34 @@ static void agree(const kvc_cells *c, const model *m, const char *what) {
         }
         CHECK(kvc_cells_next_used(c, from, to) == want_used, "%s: next used in [%u, %u)", what, from, to);
         CHECK(kvc_cells_next_empty(c, from, to) == want_empty, "%s: next empty in [%u, %u)", what, from, to);
+    }
+    /* the empty-word bits; the first run of n empty cells starting in [a, b]; the used cell with
+     * k used cells from it to an end */
+    bool words = true;
+    for (uint32_t w = 0; w < c->n_words; w++) {
+        words = words && ((c->free_words[w >> 6] >> (w & 63)) & 1u) == (c->used_bits[w] == 0);
+    }
+    CHECK(words, "%s: the empty-word bits", what);
+    for (uint32_t k = 0; k < 8; k++) {
+        const uint32_t n = k & 1 ? check_rand(m->size + 1) : check_rand(9);
+        const uint32_t a = check_rand(m->size - n + 1), b = a + check_rand(m->size - n + 1 - a);
+        uint32_t want = UINT32_MAX;
+        for (uint32_t q = a; q <= b && want == UINT32_MAX; q++) {
+            uint32_t e = 0;
+            while (e < n && m->pos[q + e] == -1) {
+                e++;
+            }
+            want = e == n ? q : UINT32_MAX;
+        }
+        CHECK(kvc_cells_first_free_run(c, a, b, n) == want, "%s: first run of %u empty cells from [%u, %u]", what, n, a, b);
+        const uint32_t lo = check_rand(m->size + 1), end = lo + check_rand(m->size + 1 - lo), kk = 1 + check_rand(20);
+        uint32_t back = UINT32_MAX, seen = 0;
+        for (uint32_t i = end; i-- > lo && back == UINT32_MAX;) {
+            if (m->pos[i] != -1 && ++seen == kk) {
+                back = i;
+            }
+        }
+        CHECK(kvc_cells_kth_used_back(c, lo, end, kk) == back, "%s: used cell %u from %u down to %u", what, kk, end, lo);
     }
     /* each sequence's multiset: extremes, and the sorted entries themselves */
     for (uint32_t s = 0; s < m->n_seq; s++) {
