@@ -124,6 +124,31 @@ static inline void kvc_cells_mark_used(kvc_cells *c, uint32_t i) {
     }
 }
 
+/* used_max_p1 anew, knowing that no cell at or above `end` is used: the words below it that
+ * hold a used cell are found through free_words. */
+static void kvc_cells_find_used_max(kvc_cells *c, uint32_t end) {
+    uint32_t w = end >> 6;
+    uint64_t bits = w < c->n_words ? c->used_bits[w] : 0;
+    if (!bits) {
+        /* the last word with a used cell below w */
+        uint32_t k = w >> 6;
+        uint64_t m = k < (c->n_words + 63) / 64 ? ~c->free_words[k] & (((uint64_t)1 << (w & 63)) - 1) : 0;
+        while (!m && k > 0) {
+            m = ~c->free_words[--k];
+            if (k == (c->n_words - 1) >> 6 && (c->n_words & 63)) {
+                m &= ((uint64_t)1 << (c->n_words & 63)) - 1;   /* no words past n_words */
+            }
+        }
+        if (!m) {
+            c->used_max_p1 = 0;
+            return;
+        }
+        w = (k << 6) + kvc_msb64(m);
+        bits = c->used_bits[w];
+    }
+    c->used_max_p1 = (w << 6) + kvc_msb64(bits) + 1;
+}
+
 static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
     if (c->empty_zeroes_shift) {
         c->shift[i] = 0;
@@ -133,19 +158,7 @@ static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
     }
     c->used--;
     if (i + 1 == c->used_max_p1) {
-        /* the last used cell went away: find the new last one */
-        uint32_t w = i >> 6;
-        for (;;) {
-            if (c->used_bits[w]) {
-                c->used_max_p1 = (w << 6) + kvc_msb64(c->used_bits[w]) + 1;
-                return;
-            }
-            if (w == 0) {
-                break;
-            }
-            w--;
-        }
-        c->used_max_p1 = 0;
+        kvc_cells_find_used_max(c, i);   /* the last used cell went away */
     }
 }
 
@@ -576,6 +589,40 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     return lowest;
 }
 
+bool kvc_cells_seq_cp_range(kvc_cells *c, int32_t src, int32_t dst, kvc_pos_range r) {
+    const uint64_t *from = c->seq_pos[src].key;
+    kvc_seq_pos *to = &c->seq_pos[dst];
+    uint32_t a, b, added = 0;
+    kvc_cells_seq_pos_span(c, src, r, &a, &b);
+    for (uint32_t k = a; k < b; k++) {
+        added += !kvc_cells_seq_has(c, kvc_seq_key_cell(from[k]), dst);
+    }
+    if (!added) {
+        return false;
+    }
+    /* the new entries (cells not holding dst yet) merged into dst's from the back; no key is in
+     * both lists, a cell being in one entry of each at most */
+    uint32_t out = to->n + added, have = to->n;
+    for (uint32_t k = b; k-- > a;) {
+        const uint64_t key = from[k];
+        if (kvc_cells_seq_has(c, kvc_seq_key_cell(key), dst)) {
+            continue;
+        }
+        while (have && to->key[have - 1] > key) {
+            to->key[--out] = to->key[--have];
+        }
+        to->key[--out] = key;
+    }
+    to->n += added;
+    for (uint32_t k = a; k < b; k++) {
+        const uint32_t i = kvc_seq_key_cell(from[k]);
+        if (!kvc_cells_seq_has(c, i, dst)) {
+            kvc_cells_seq_add_raw(c, i, dst);
+        }
+    }
+    return true;
+}
+
 void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     /* the fields first: every store below could alias them (no strict aliasing) */
     int32_t *pos = c->pos, *shift = c->shift;
@@ -607,9 +654,63 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     kvc_cells_changed(c, dst);
 }
 
+/* Set (used) or clear the used bits of cells [i, i + n), free_words kept; the counts are the
+ * caller's. */
+static void kvc_cells_used_range(kvc_cells *c, uint32_t i, uint32_t n, bool used) {
+    for (uint32_t end = i + n; i < end;) {
+        const uint32_t w = i >> 6, lo = i & 63, k = end - i < 64 - lo ? end - i : 64 - lo;
+        const uint64_t m = (k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1)) << lo;
+        const uint64_t fbit = (uint64_t)1 << (w & 63);
+        if (used) {
+            c->used_bits[w] |= m;
+            c->free_words[w >> 6] &= ~fbit;
+        } else if (!(c->used_bits[w] &= ~m)) {
+            c->free_words[w >> 6] |= fbit;
+        }
+        i += k;
+    }
+}
+
 void kvc_cells_mv_run(kvc_cells *c, uint32_t src, uint32_t dst, uint32_t n) {
+    if (n == 0) {
+        return;
+    }
+    const uint32_t size = c->size, nw = c->seq_words;
+    int32_t *pos = c->pos;
+    memcpy(pos + dst, pos + src, (size_t)n * sizeof *pos);
+    memcpy(c->shift + dst, c->shift + src, (size_t)n * sizeof *c->shift);
+    memset(c->shift + src, 0, (size_t)n * sizeof *c->shift);
     for (uint32_t j = 0; j < n; j++) {
-        kvc_cells_mv(c, src + j, dst + j);
+        pos[src + j] = -1;
+    }
+    for (uint32_t w = 0; w < nw; w++) {
+        uint64_t *plane = c->seq + (size_t)w * size;
+        memcpy(plane + dst, plane + src, (size_t)n * sizeof *plane);
+        memset(plane + src, 0, (size_t)n * sizeof *plane);
+    }
+    if (c->ext) {
+        memcpy(c->ext + dst, c->ext + src, (size_t)n * sizeof *c->ext);
+        for (uint32_t j = 0; j < n; j++) {
+            c->ext[src + j] = kvc_cell_ext_default();
+        }
+    }
+    kvc_cells_used_range(c, dst, n, true);
+    kvc_cells_used_range(c, src, n, false);
+    if (src + n >= c->used_max_p1) {
+        kvc_cells_find_used_max(c, src + n);
+    }
+    /* per cell, as kvc_cells_mv: its sequences' blocks and index entries, then the log */
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t d = dst + j;
+        for (uint32_t w = 0; w < nw; w++) {
+            for (uint64_t m = c->seq[(size_t)w * size + d]; m; m &= m - 1) {
+                const int32_t s = (int32_t)(64 * w + kvc_ctz64(m));
+                kvc_cells_blk_mark(c, d, s);
+                kvc_seq_pos_rekey(&c->seq_pos[s], kvc_seq_key(pos[d], src + j), kvc_seq_key(pos[d], d));
+            }
+        }
+        kvc_cells_changed(c, src + j);
+        kvc_cells_changed(c, d);
     }
 }
 

@@ -242,6 +242,11 @@ void kvc_cells_seq_pos_span(const kvc_cells *c, int32_t s, kvc_pos_range r, uint
  * the lowest cell that became empty, or c->size when none did. */
 uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r);
 
+/* Sequence dst (!= src) joins every cell of sequence src whose position is in r (cells found
+ * through seq_pos[src], dst's entries merged into seq_pos[dst]: O(cells in r + cells of dst),
+ * every index kept). Returns whether any cell changed. */
+bool kvc_cells_seq_cp_range(kvc_cells *c, int32_t src, int32_t dst, kvc_pos_range r);
+
 /* Smallest / largest position of sequence s, -1 when absent. O(1). */
 static inline int32_t kvc_cells_seq_pos_min(const kvc_cells *c, int32_t s) {
     return c->seq_pos[s].n ? kvc_seq_key_pos(c->seq_pos[s].key[0]) : -1;

@@ -1,10 +1,11 @@
 /* Tests of the cell table (csrc/kvc_cells.c) against a naive model kept beside it: random edits
- * (placing positions, adding and removing sequences, shifts and divisions with the index rebuilt,
- * moves, raw sets) on tables of one sequence word and of several (65, 130 and 256 sequences),
- * positions up to 2**31 - 1; after every edit the counters, the free-cell bits and the
- * empty-word bits, the scans for used and empty cells, for runs of empty cells and for the k-th
- * used cell from an end, and each sequence's position multiset (min, max, range queries, range
- * removal) are what the model says. */
+ * (placing positions, adding and removing sequences, a sequence joining another's cells in a
+ * range, shifts and divisions with the index rebuilt, moves of one cell and of runs, raw sets)
+ * on tables of one sequence word and of several (65, 130 and 256 sequences), positions up to
+ * 2**31 - 1; after every edit the counters, the free-cell bits and the empty-word bits, the scans
+ * for used and empty cells, for runs of empty cells and for the k-th used cell from an end, and
+ * each sequence's position multiset (min, max, range queries, range removal) are what the model
+ * says. */
 #include "kvc_cells.h"
 
 #include <stdio.h>
@@ -144,6 +145,16 @@ static int32_t some_seq(const model *m) {
     return check_rand(2) && (uint32_t)e < m->n_seq ? e : (int32_t)check_rand(m->n_seq);
 }
 
+/* The model of kvc_cells_mv. */
+static void model_mv(model *m, uint32_t i, uint32_t j) {
+    m->pos[j] = m->pos[i];
+    m->shift[j] = m->shift[i];
+    memcpy(m->has[j], m->has[i], sizeof m->has[i]);
+    m->pos[i] = -1;
+    m->shift[i] = 0;
+    memset(m->has[i], 0, sizeof m->has[i]);
+}
+
 static void run(uint32_t size, uint32_t n_seq) {
     kvc_cells c;
     static model m;
@@ -218,18 +229,44 @@ static void run(uint32_t size, uint32_t n_seq) {
             kvc_cells_rebuild_seq_pos(&c, &touched);
             m.pos[i] = old / d;
             m.shift[i] = kvc_wrap_add_i32(m.shift[i], old - m.pos[i]);
-        } else if (op == 6) {                          /* a move to an empty cell */
+        } else if (op == 6 && check_rand(2)) {         /* a move to an empty cell */
             const uint32_t j = check_rand(size);
             if (m.pos[i] == -1 || m.pos[j] != -1) {
                 continue;
             }
             kvc_cells_mv(&c, i, j);
-            m.pos[j] = m.pos[i];
-            m.shift[j] = m.shift[i];
-            memcpy(m.has[j], m.has[i], sizeof m.has[i]);
-            m.pos[i] = -1;
-            m.shift[i] = 0;
-            memset(m.has[i], 0, sizeof m.has[i]);
+            model_mv(&m, i, j);
+        } else if (op == 6) {                          /* a run of used cells moved down into empty cells */
+            uint32_t n = 0;
+            while (i + n < size && n < 12 && m.pos[i + n] != -1) {
+                n++;
+            }
+            const uint32_t j = n ? check_rand(i + 1) : 0;
+            bool empty = n > 0 && j + n <= i;
+            for (uint32_t k = 0; empty && k < n; k++) {
+                empty = m.pos[j + k] == -1;
+            }
+            if (!empty) {
+                continue;
+            }
+            kvc_cells_mv_run(&c, i, j, n);
+            for (uint32_t k = 0; k < n; k++) {
+                model_mv(&m, i + k, j + k);
+            }
+        } else if (op == 7 && check_rand(4) == 0) {    /* a sequence joins the cells of another in a range */
+            const int32_t s = some_seq(&m), t = some_seq(&m);
+            const kvc_pos_range r = kvc_pos_range_of(check_rand(2) ? -1 : some_pos(), check_rand(2) ? -1 : some_pos());
+            if (s == t) {
+                continue;
+            }
+            bool any = false;
+            for (uint32_t j = 0; j < size; j++) {
+                if (m.pos[j] != -1 && m.has[j][s] && kvc_pos_range_has(r, m.pos[j])) {
+                    any = any || !m.has[j][t];
+                    m.has[j][t] = true;
+                }
+            }
+            CHECK(kvc_cells_seq_cp_range(&c, s, t, r) == any, "%s: sequence %d joined %d", what, t, s);
         } else if (op == 7) {                          /* range removal of one sequence, as seq_rm does it */
             const int32_t s = some_seq(&m);
             const kvc_pos_range r = kvc_pos_range_of(check_rand(2) ? -1 : some_pos(), check_rand(2) ? -1 : some_pos());
