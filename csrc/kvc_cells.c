@@ -162,6 +162,23 @@ static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
     }
 }
 
+/* Set (used) or clear the used bits of cells [i, i + n), free_words kept; the counts are the
+ * caller's. */
+static void kvc_cells_used_range(kvc_cells *c, uint32_t i, uint32_t n, bool used) {
+    for (uint32_t end = i + n; i < end;) {
+        const uint32_t w = i >> 6, lo = i & 63, k = end - i < 64 - lo ? end - i : 64 - lo;
+        const uint64_t m = (k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1)) << lo;
+        const uint64_t fbit = (uint64_t)1 << (w & 63);
+        if (used) {
+            c->used_bits[w] |= m;
+            c->free_words[w >> 6] &= ~fbit;
+        } else if (!(c->used_bits[w] &= ~m)) {
+            c->free_words[w >> 6] |= fbit;
+        }
+        i += k;
+    }
+}
+
 /* The first cell in [from, to) that is used (flip 0) or empty (flip ~0), or to. */
 static inline uint32_t next_with_bit(const kvc_cells *c, uint32_t from, uint32_t to, uint64_t flip) {
     if (from >= to) {
@@ -533,6 +550,65 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
 }
 
+/* Whether ids[q] is also among ids[0 .. q). */
+static bool id_seen_before(const int32_t *ids, uint32_t q) {
+    for (uint32_t r = 0; r < q; r++) {
+        if (ids[r] == ids[q]) {
+            return true;
+        }
+    }
+    return false;
+}
+
+void kvc_cells_place_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos, const int32_t *ids, uint32_t n_ids) {
+    if (n == 0) {
+        return;
+    }
+    memcpy(c->pos + i, pos, (size_t)n * sizeof *pos);
+    kvc_cells_used_range(c, i, n, true);
+    c->used += n;
+    if (i + n > c->used_max_p1) {
+        c->used_max_p1 = i + n;
+    }
+    /* the distinct ids (a repeated id joins a cell once) */
+    uint32_t k = 0;
+    for (uint32_t q = 0; q < n_ids; q++) {
+        k += !id_seen_before(ids, q);
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        for (uint32_t e = 0; e <= k; e++) {
+            kvc_cells_changed(c, i + j);   /* the position, then each sequence joining */
+        }
+    }
+    for (uint32_t q = 0; q < n_ids; q++) {
+        const int32_t s = ids[q];
+        if (id_seen_before(ids, q)) {
+            continue;
+        }
+        uint64_t *plane = c->seq + (size_t)(s >> 6) * c->size;
+        const uint64_t bit = (uint64_t)1 << (s & 63);
+        for (uint32_t j = 0; j < n; j++) {
+            plane[i + j] |= bit;
+        }
+        for (uint32_t b = i >> 6; b <= (i + n - 1) >> 6; b++) {
+            kvc_cells_blk_mark(c, b << 6, s);
+        }
+        /* the entries in order after the last: appended; else one by one */
+        kvc_seq_pos *sp = &c->seq_pos[s];
+        bool append = !sp->n || sp->key[sp->n - 1] < kvc_seq_key(pos[0], i);
+        for (uint32_t j = 1; append && j < n; j++) {
+            append = pos[j - 1] < pos[j];
+        }
+        for (uint32_t j = 0; j < n; j++) {
+            if (append) {
+                sp->key[sp->n++] = kvc_seq_key(pos[j], i + j);
+            } else {
+                kvc_seq_pos_insert(sp, kvc_seq_key(pos[j], i + j));
+            }
+        }
+    }
+}
+
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seq_pos_erase(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
     return kvc_cells_seq_del_raw(c, i, s);
@@ -652,23 +728,6 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     }
     kvc_cells_changed(c, src);
     kvc_cells_changed(c, dst);
-}
-
-/* Set (used) or clear the used bits of cells [i, i + n), free_words kept; the counts are the
- * caller's. */
-static void kvc_cells_used_range(kvc_cells *c, uint32_t i, uint32_t n, bool used) {
-    for (uint32_t end = i + n; i < end;) {
-        const uint32_t w = i >> 6, lo = i & 63, k = end - i < 64 - lo ? end - i : 64 - lo;
-        const uint64_t m = (k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1)) << lo;
-        const uint64_t fbit = (uint64_t)1 << (w & 63);
-        if (used) {
-            c->used_bits[w] |= m;
-            c->free_words[w >> 6] &= ~fbit;
-        } else if (!(c->used_bits[w] &= ~m)) {
-            c->free_words[w >> 6] |= fbit;
-        }
-        i += k;
-    }
 }
 
 void kvc_cells_mv_run(kvc_cells *c, uint32_t src, uint32_t dst, uint32_t n) {

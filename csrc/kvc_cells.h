@@ -193,6 +193,10 @@ uint32_t kvc_cells_blk_count(const kvc_cells *c, int32_t s);
 void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p);
 /* Sequence s joins non-empty cell i (no-op when already there). */
 void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s);
+/* The empty cells [i, i + n) get positions pos[0 .. n) and each the sequences ids[0 .. n_ids),
+ * as kvc_cells_pos_set and kvc_cells_seq_add of every id would, cell after cell, with one pass
+ * per array (a sequence's index entries appended at once when they come after its last). */
+void kvc_cells_place_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos, const int32_t *ids, uint32_t n_ids);
 /* Sequence s leaves cell i (which holds it); returns true when the cell became empty. */
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s);
 /* Move cell src to the empty cell dst (defrag): pos, shift and sequences; src becomes empty

@@ -189,12 +189,9 @@ int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
 
     const uint32_t head = c->head;
     kvc_undo_push(&c->undo, cells, head, n_tokens);
-    for (uint32_t t = 0; t < n_tokens; t++) {
-        const uint32_t g = t / ub->n_seq_tokens;
-        kvc_cells_pos_set(cells, head + t, ub->pos[t]);
-        for (uint32_t k = ub->seq_off[g]; k < ub->seq_off[g + 1]; k++) {
-            kvc_cells_seq_add(cells, head + t, ub->seq_ids[k]);
-        }
+    for (uint32_t g = 0, nst = ub->n_seq_tokens; g < ub->n_seqs; g++) {
+        const uint32_t b = ub->seq_off[g];
+        kvc_cells_place_run(cells, head + g * nst, nst, ub->pos + g * nst, ub->seq_ids + b, ub->seq_off[g + 1] - b);
     }
 
     /* attend only to the part of the cache in use, padded */

@@ -1,11 +1,11 @@
 /* Tests of the cell table (csrc/kvc_cells.c) against a naive model kept beside it: random edits
- * (placing positions, adding and removing sequences, a sequence joining another's cells in a
- * range, shifts and divisions with the index rebuilt, moves of one cell and of runs, raw sets)
- * on tables of one sequence word and of several (65, 130 and 256 sequences), positions up to
- * 2**31 - 1; after every edit the counters, the free-cell bits and the empty-word bits, the scans
- * for used and empty cells, for runs of empty cells and for the k-th used cell from an end, and
- * each sequence's position multiset (min, max, range queries, range removal) are what the model
- * says. */
+ * (placing positions, one cell at a time and in runs, adding and removing sequences, a sequence
+ * joining another's cells in a range, shifts and divisions with the index rebuilt, moves of one
+ * cell and of runs, raw sets) on tables of one sequence word and of several (65, 130 and 256
+ * sequences), positions up to 2**31 - 1; after every edit the counters, the free-cell bits and
+ * the empty-word bits, the scans for used and empty cells, for runs of empty cells and for the
+ * k-th used cell from an end, and each sequence's position multiset (min, max, range queries,
+ * range removal) are what the model says. */
 #include "kvc_cells.h"
 
 #include <stdio.h>
@@ -170,7 +170,29 @@ static void run(uint32_t size, uint32_t n_seq) {
     for (int step = 0; step < 3000; step++) {
         const uint32_t op = check_rand(9), i = check_rand(size);
         snprintf(what, sizeof what, "%u cells, %u sequences, step %d (op %u)", size, n_seq, step, op);
-        if (op < 3) {                                  /* a token: an empty cell gets a position and ids */
+        if (op == 0 && check_rand(2)) {                /* a run of empty cells placed, as find_slot does */
+            uint32_t n = 0;
+            while (i + n < size && n < 12 && m.pos[i + n] == -1) {
+                n++;
+            }
+            int32_t pos[12], ids[3];
+            const int32_t p0 = some_pos();
+            const uint32_t n_ids = 1 + check_rand(3);
+            for (uint32_t k = 0; k < n; k++) {
+                /* ascending mostly, or a position again (the index inserts those one by one) */
+                pos[k] = check_rand(4) ? (int32_t)(p0 + k > KVC_POS_MAX ? KVC_POS_MAX : p0 + k) : some_pos();
+            }
+            for (uint32_t q = 0; q < n_ids; q++) {
+                ids[q] = some_seq(&m);   /* may repeat */
+            }
+            kvc_cells_place_run(&c, i, n, pos, ids, n_ids);
+            for (uint32_t k = 0; k < n; k++) {
+                m.pos[i + k] = pos[k];
+                for (uint32_t q = 0; q < n_ids; q++) {
+                    m.has[i + k][ids[q]] = true;
+                }
+            }
+        } else if (op < 3) {                           /* a token: an empty cell gets a position and ids */
             if (m.pos[i] != -1) {
                 continue;
             }
