@@ -617,7 +617,8 @@ bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seqs_del(c->seq, c->size, i, s);
     kvc_cells_changed(c, i);
-    if (kvc_cells_seq_none(c, i)) {
+    /* another id in s's own word: the cell stays, its other words are not read */
+    if (!c->seq[(size_t)(s >> 6) * c->size + i] && kvc_cells_seq_none(c, i)) {
         c->pos[i] = -1;
         kvc_cells_ext_reset(c, i);
         kvc_cells_mark_unused(c, i);
