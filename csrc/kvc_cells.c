@@ -3,6 +3,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Every word of used_bits is 0: every bit of free_words below n_words set. */
+static void kvc_cells_free_words_all(kvc_cells *c) {
+    const uint32_t n = (c->n_words + 63) / 64;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t left = c->n_words - 64 * k;
+        c->free_words[k] = left >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << left) - 1;
+    }
+}
+
 int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     memset(c, 0, sizeof *c);
     if (n_seq_max > KVC_MAX_SEQ) {
@@ -16,11 +25,12 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->shift = kvc_calloc(size, sizeof *c->shift);
     c->seq = kvc_calloc((size_t)c->seq_words * size, sizeof *c->seq);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
+    c->free_words = kvc_calloc((c->n_words + 63) / 64 + 1, sizeof *c->free_words);
     c->seq_pos = kvc_calloc(n_seq_max ? n_seq_max : 1, sizeof *c->seq_pos);
     c->blk_words = (c->n_words + 63) / 64;
     c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
     c->chg = kvc_malloc_n(size ? size : 1, sizeof *c->chg);
-    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->seq_pos && c->seq_blk && c->chg;
+    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->free_words && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
         c->seq_pos[s].key = kvc_malloc_n(size, sizeof(uint64_t));
@@ -33,6 +43,7 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     for (uint32_t i = 0; i < size; i++) {
         c->pos[i] = -1;
     }
+    kvc_cells_free_words_all(c);
     return KVC_OK;
 }
 
@@ -66,6 +77,7 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->shift);
     kvc_free(c->seq);
     kvc_free(c->used_bits);
+    kvc_free(c->free_words);
     for (uint32_t s = 0; c->seq_pos && s < c->n_seq_max; s++) {
         kvc_free(c->seq_pos[s].key);
     }
@@ -82,6 +94,7 @@ void kvc_cells_reset(kvc_cells *c) {
     memset(c->shift, 0, (size_t)c->size * sizeof *c->shift);
     memset(c->seq, 0, (size_t)c->seq_words * c->size * sizeof *c->seq);
     memset(c->used_bits, 0, (size_t)c->n_words * sizeof *c->used_bits);
+    kvc_cells_free_words_all(c);
     c->used = 0;
     c->used_max_p1 = 0;
     c->has_shift = false;
@@ -103,6 +116,7 @@ void kvc_cells_reset_shift(kvc_cells *c) {
 /* --- used-set bookkeeping ------------------------------------------------------------ */
 
 static inline void kvc_cells_mark_used(kvc_cells *c, uint32_t i) {
+    c->free_words[i >> 12] &= ~((uint64_t)1 << ((i >> 6) & 63));
     c->used_bits[i >> 6] |= (uint64_t)1 << (i & 63);
     c->used++;
     if (i + 1 > c->used_max_p1) {
@@ -110,26 +124,58 @@ static inline void kvc_cells_mark_used(kvc_cells *c, uint32_t i) {
     }
 }
 
+/* used_max_p1 anew, knowing that no cell at or above `end` is used: the words below it that
+ * hold a used cell are found through free_words. */
+static void kvc_cells_find_used_max(kvc_cells *c, uint32_t end) {
+    uint32_t w = end >> 6;
+    uint64_t bits = w < c->n_words ? c->used_bits[w] : 0;
+    if (!bits) {
+        /* the last word with a used cell below w */
+        uint32_t k = w >> 6;
+        uint64_t m = k < (c->n_words + 63) / 64 ? ~c->free_words[k] & (((uint64_t)1 << (w & 63)) - 1) : 0;
+        while (!m && k > 0) {
+            m = ~c->free_words[--k];
+            if (k == (c->n_words - 1) >> 6 && (c->n_words & 63)) {
+                m &= ((uint64_t)1 << (c->n_words & 63)) - 1;   /* no words past n_words */
+            }
+        }
+        if (!m) {
+            c->used_max_p1 = 0;
+            return;
+        }
+        w = (k << 6) + kvc_msb64(m);
+        bits = c->used_bits[w];
+    }
+    c->used_max_p1 = (w << 6) + kvc_msb64(bits) + 1;
+}
+
 static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
     if (c->empty_zeroes_shift) {
         c->shift[i] = 0;
     }
-    c->used_bits[i >> 6] &= ~((uint64_t)1 << (i & 63));
+    if (!(c->used_bits[i >> 6] &= ~((uint64_t)1 << (i & 63)))) {
+        c->free_words[i >> 12] |= (uint64_t)1 << ((i >> 6) & 63);
+    }
     c->used--;
     if (i + 1 == c->used_max_p1) {
-        /* the last used cell went away: find the new last one */
-        uint32_t w = i >> 6;
-        for (;;) {
-            if (c->used_bits[w]) {
-                c->used_max_p1 = (w << 6) + kvc_msb64(c->used_bits[w]) + 1;
-                return;
-            }
-            if (w == 0) {
-                break;
-            }
-            w--;
+        kvc_cells_find_used_max(c, i);   /* the last used cell went away */
+    }
+}
+
+/* Set (used) or clear the used bits of cells [i, i + n), free_words kept; the counts are the
+ * caller's. */
+static void kvc_cells_used_range(kvc_cells *c, uint32_t i, uint32_t n, bool used) {
+    for (uint32_t end = i + n; i < end;) {
+        const uint32_t w = i >> 6, lo = i & 63, k = end - i < 64 - lo ? end - i : 64 - lo;
+        const uint64_t m = (k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1)) << lo;
+        const uint64_t fbit = (uint64_t)1 << (w & 63);
+        if (used) {
+            c->used_bits[w] |= m;
+            c->free_words[w >> 6] &= ~fbit;
+        } else if (!(c->used_bits[w] &= ~m)) {
+            c->free_words[w >> 6] |= fbit;
         }
-        c->used_max_p1 = 0;
+        i += k;
     }
 }
 
@@ -158,6 +204,126 @@ uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to) {
 
 uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to) {
     return next_with_bit(c, from, to, ~(uint64_t)0);
+}
+
+/* The first word >= w whose free_words bit is `want` (1: an empty word, 0: a word with a used
+ * cell), or n_words. */
+static uint32_t kvc_cells_next_word(const kvc_cells *c, uint32_t w, bool want) {
+    const uint64_t flip = want ? 0 : ~(uint64_t)0;
+    const uint32_t nk = (c->n_words + 63) / 64;
+    uint32_t k = w >> 6;
+    if (k >= nk) {
+        return c->n_words;
+    }
+    uint64_t m = (c->free_words[k] ^ flip) & (~(uint64_t)0 << (w & 63));
+    for (;;) {
+        if (m) {
+            const uint32_t r = (k << 6) + kvc_ctz64(m);
+            return r < c->n_words ? r : c->n_words;
+        }
+        if (++k >= nk) {
+            return c->n_words;
+        }
+        m = c->free_words[k] ^ flip;
+    }
+}
+
+/* The empty cells at the top of a word of used bits. */
+static inline uint32_t free_top(uint64_t used) {
+    return used ? 63u - kvc_msb64(used) : 64u;
+}
+
+uint32_t kvc_cells_first_free_run(const kvc_cells *c, uint32_t a, uint32_t b, uint32_t n) {
+    if (a > b || n == 0) {
+        return a <= b ? a : UINT32_MAX;
+    }
+    if (n >= 127) {
+        /* a run of n empty cells holds a whole empty word: from one run of empty words to the
+         * next, each widened by the empty cells on either side */
+        for (uint32_t w = a >> 6; w < c->n_words;) {
+            const uint32_t z = kvc_cells_next_word(c, w, true);
+            if (z >= c->n_words) {
+                return UINT32_MAX;
+            }
+            const uint32_t e = kvc_cells_next_word(c, z, false);
+            uint64_t start = ((uint64_t)z << 6) - (z ? free_top(c->used_bits[z - 1]) : 0);
+            if (start < a) {
+                start = a;
+            }
+            if (start > b) {
+                return UINT32_MAX;
+            }
+            const uint64_t end = ((uint64_t)e << 6) + (e < c->n_words ? kvc_ctz64(c->used_bits[e]) : 0);
+            if (end - start >= n) {
+                return (uint32_t)start;
+            }
+            w = e + 1;
+        }
+        return UINT32_MAX;
+    }
+    /* word by word: `run` empty cells end where word w starts */
+    uint32_t w = a >> 6;
+    uint64_t used = c->used_bits[w] | (((uint64_t)1 << (a & 63)) - 1);   /* cells below a count as used */
+    uint64_t run = 0;
+    for (;;) {
+        const uint64_t base = (uint64_t)w << 6;
+        if (used == 0) {
+            run += 64;
+            if (run >= n) {
+                const uint64_t p = base + 64 - run;
+                return p <= b ? (uint32_t)p : UINT32_MAX;
+            }
+        } else {
+            if (run + kvc_ctz64(used) >= n) {
+                const uint64_t p = base - run;
+                return p <= b ? (uint32_t)p : UINT32_MAX;
+            }
+            if (n <= 64) {
+                /* windows inside the word: bit i of ok set when cells i .. i + n - 1 are empty */
+                uint64_t ok = ~used;
+                for (uint32_t have = 1; have < n && ok;) {
+                    const uint32_t sh = have < n - have ? have : n - have;
+                    ok &= ok >> sh;
+                    have += sh;
+                }
+                if (ok) {
+                    const uint64_t p = base + kvc_ctz64(ok);
+                    return p <= b ? (uint32_t)p : UINT32_MAX;
+                }
+            }
+            run = free_top(used);
+        }
+        if (base + 64 - run > b || ++w >= c->n_words) {
+            return UINT32_MAX;
+        }
+        used = c->used_bits[w];
+    }
+}
+
+uint32_t kvc_cells_kth_used_back(const kvc_cells *c, uint32_t lo, uint32_t end, uint32_t k) {
+    if (end <= lo || k == 0) {
+        return UINT32_MAX;
+    }
+    uint32_t w = (end - 1) >> 6;
+    const unsigned top = end - (w << 6);   /* bits of word w below end: 1..64 */
+    uint64_t bits = c->used_bits[w] & (top == 64 ? ~(uint64_t)0 : (((uint64_t)1 << top) - 1));
+    for (;;) {
+        if (w == lo >> 6) {
+            bits &= ~(uint64_t)0 << (lo & 63);
+        }
+        const uint32_t n = kvc_popcount64(bits);
+        if (n >= k) {
+            for (; k > 1; k--) {
+                bits &= ~((uint64_t)1 << kvc_msb64(bits));
+            }
+            return (w << 6) + kvc_msb64(bits);
+        }
+        k -= n;
+        if (w == lo >> 6) {
+            return UINT32_MAX;
+        }
+        bits = c->used_bits[--w];
+    }
 }
 
 /* --- per-sequence (position, cell) index ------------------------------------------------ */
@@ -201,6 +367,21 @@ uint32_t kvc_cells_seq_pos_count_in(const kvc_cells *c, int32_t s, kvc_pos_range
     return b - a;
 }
 
+/* Index of the entry equal to key, or sp->n when there is none. A sequence usually holds one
+ * cell per position, its positions contiguous: the entry of position p is then the (p - first)-th,
+ * which is tried before the binary search. */
+static uint32_t kvc_seq_pos_find(const kvc_seq_pos *sp, uint64_t key) {
+    if (sp->n == 0) {
+        return 0;
+    }
+    const int64_t guess = (int64_t)kvc_seq_key_pos(key) - kvc_seq_key_pos(sp->key[0]);
+    if (guess >= 0 && guess < sp->n && sp->key[guess] == key) {
+        return (uint32_t)guess;
+    }
+    const uint32_t k = kvc_seq_pos_lower(sp, key);
+    return k < sp->n && sp->key[k] == key ? k : sp->n;
+}
+
 static void kvc_seq_pos_insert(kvc_seq_pos *sp, uint64_t key) {
     uint32_t k = sp->n;
     /* the common case (positions grow) appends */
@@ -213,8 +394,8 @@ static void kvc_seq_pos_insert(kvc_seq_pos *sp, uint64_t key) {
 }
 
 static void kvc_seq_pos_erase(kvc_seq_pos *sp, uint64_t key) {
-    const uint32_t k = kvc_seq_pos_lower(sp, key);
-    if (k < sp->n && sp->key[k] == key) {
+    const uint32_t k = kvc_seq_pos_find(sp, key);
+    if (k < sp->n) {
         memmove(sp->key + k, sp->key + k + 1, (size_t)(sp->n - k - 1) * sizeof *sp->key);
         sp->n--;
     }
@@ -222,8 +403,8 @@ static void kvc_seq_pos_erase(kvc_seq_pos *sp, uint64_t key) {
 
 /* The entry `from` becomes `to` (same position): only the entries between the two move. */
 static void kvc_seq_pos_rekey(kvc_seq_pos *sp, uint64_t from, uint64_t to) {
-    uint32_t k = kvc_seq_pos_lower(sp, from);
-    if (k >= sp->n || sp->key[k] != from) {
+    uint32_t k = kvc_seq_pos_find(sp, from);
+    if (k >= sp->n) {
         return;
     }
     for (; k + 1 < sp->n && sp->key[k + 1] < to; k++) {
@@ -373,6 +554,65 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
 }
 
+/* Whether ids[q] is also among ids[0 .. q). */
+static bool id_seen_before(const int32_t *ids, uint32_t q) {
+    for (uint32_t r = 0; r < q; r++) {
+        if (ids[r] == ids[q]) {
+            return true;
+        }
+    }
+    return false;
+}
+
+void kvc_cells_place_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos, const int32_t *ids, uint32_t n_ids) {
+    if (n == 0) {
+        return;
+    }
+    memcpy(c->pos + i, pos, (size_t)n * sizeof *pos);
+    kvc_cells_used_range(c, i, n, true);
+    c->used += n;
+    if (i + n > c->used_max_p1) {
+        c->used_max_p1 = i + n;
+    }
+    /* the distinct ids (a repeated id joins a cell once) */
+    uint32_t k = 0;
+    for (uint32_t q = 0; q < n_ids; q++) {
+        k += !id_seen_before(ids, q);
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        for (uint32_t e = 0; e <= k; e++) {
+            kvc_cells_changed(c, i + j);   /* the position, then each sequence joining */
+        }
+    }
+    for (uint32_t q = 0; q < n_ids; q++) {
+        const int32_t s = ids[q];
+        if (id_seen_before(ids, q)) {
+            continue;
+        }
+        uint64_t *plane = c->seq + (size_t)(s >> 6) * c->size;
+        const uint64_t bit = (uint64_t)1 << (s & 63);
+        for (uint32_t j = 0; j < n; j++) {
+            plane[i + j] |= bit;
+        }
+        for (uint32_t b = i >> 6; b <= (i + n - 1) >> 6; b++) {
+            kvc_cells_blk_mark(c, b << 6, s);
+        }
+        /* the entries in order after the last: appended; else one by one */
+        kvc_seq_pos *sp = &c->seq_pos[s];
+        bool append = !sp->n || sp->key[sp->n - 1] < kvc_seq_key(pos[0], i);
+        for (uint32_t j = 1; append && j < n; j++) {
+            append = pos[j - 1] < pos[j];
+        }
+        for (uint32_t j = 0; j < n; j++) {
+            if (append) {
+                sp->key[sp->n++] = kvc_seq_key(pos[j], i + j);
+            } else {
+                kvc_seq_pos_insert(sp, kvc_seq_key(pos[j], i + j));
+            }
+        }
+    }
+}
+
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seq_pos_erase(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
     return kvc_cells_seq_del_raw(c, i, s);
@@ -381,7 +621,8 @@ bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seqs_del(c->seq, c->size, i, s);
     kvc_cells_changed(c, i);
-    if (kvc_cells_seq_none(c, i)) {
+    /* another id in s's own word: the cell stays, its other words are not read */
+    if (!c->seq[(size_t)(s >> 6) * c->size + i] && kvc_cells_seq_none(c, i)) {
         c->pos[i] = -1;
         kvc_cells_ext_reset(c, i);
         kvc_cells_mark_unused(c, i);
@@ -429,6 +670,40 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     return lowest;
 }
 
+bool kvc_cells_seq_cp_range(kvc_cells *c, int32_t src, int32_t dst, kvc_pos_range r) {
+    const uint64_t *from = c->seq_pos[src].key;
+    kvc_seq_pos *to = &c->seq_pos[dst];
+    uint32_t a, b, added = 0;
+    kvc_cells_seq_pos_span(c, src, r, &a, &b);
+    for (uint32_t k = a; k < b; k++) {
+        added += !kvc_cells_seq_has(c, kvc_seq_key_cell(from[k]), dst);
+    }
+    if (!added) {
+        return false;
+    }
+    /* the new entries (cells not holding dst yet) merged into dst's from the back; no key is in
+     * both lists, a cell being in one entry of each at most */
+    uint32_t out = to->n + added, have = to->n;
+    for (uint32_t k = b; k-- > a;) {
+        const uint64_t key = from[k];
+        if (kvc_cells_seq_has(c, kvc_seq_key_cell(key), dst)) {
+            continue;
+        }
+        while (have && to->key[have - 1] > key) {
+            to->key[--out] = to->key[--have];
+        }
+        to->key[--out] = key;
+    }
+    to->n += added;
+    for (uint32_t k = a; k < b; k++) {
+        const uint32_t i = kvc_seq_key_cell(from[k]);
+        if (!kvc_cells_seq_has(c, i, dst)) {
+            kvc_cells_seq_add_raw(c, i, dst);
+        }
+    }
+    return true;
+}
+
 void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     /* the fields first: every store below could alias them (no strict aliasing) */
     int32_t *pos = c->pos, *shift = c->shift;
@@ -458,6 +733,49 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     }
     kvc_cells_changed(c, src);
     kvc_cells_changed(c, dst);
+}
+
+void kvc_cells_mv_run(kvc_cells *c, uint32_t src, uint32_t dst, uint32_t n) {
+    if (n == 0) {
+        return;
+    }
+    const uint32_t size = c->size, nw = c->seq_words;
+    int32_t *pos = c->pos;
+    memcpy(pos + dst, pos + src, (size_t)n * sizeof *pos);
+    memcpy(c->shift + dst, c->shift + src, (size_t)n * sizeof *c->shift);
+    memset(c->shift + src, 0, (size_t)n * sizeof *c->shift);
+    for (uint32_t j = 0; j < n; j++) {
+        pos[src + j] = -1;
+    }
+    for (uint32_t w = 0; w < nw; w++) {
+        uint64_t *plane = c->seq + (size_t)w * size;
+        memcpy(plane + dst, plane + src, (size_t)n * sizeof *plane);
+        memset(plane + src, 0, (size_t)n * sizeof *plane);
+    }
+    if (c->ext) {
+        memcpy(c->ext + dst, c->ext + src, (size_t)n * sizeof *c->ext);
+        for (uint32_t j = 0; j < n; j++) {
+            c->ext[src + j] = kvc_cell_ext_default();
+        }
+    }
+    kvc_cells_used_range(c, dst, n, true);
+    kvc_cells_used_range(c, src, n, false);
+    if (src + n >= c->used_max_p1) {
+        kvc_cells_find_used_max(c, src + n);
+    }
+    /* per cell, as kvc_cells_mv: its sequences' blocks and index entries, then the log */
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t d = dst + j;
+        for (uint32_t w = 0; w < nw; w++) {
+            for (uint64_t m = c->seq[(size_t)w * size + d]; m; m &= m - 1) {
+                const int32_t s = (int32_t)(64 * w + kvc_ctz64(m));
+                kvc_cells_blk_mark(c, d, s);
+                kvc_seq_pos_rekey(&c->seq_pos[s], kvc_seq_key(pos[d], src + j), kvc_seq_key(pos[d], d));
+            }
+        }
+        kvc_cells_changed(c, src + j);
+        kvc_cells_changed(c, d);
+    }
 }
 
 bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
@@ -517,6 +835,7 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     memcpy(dst->shift, src->shift, n * sizeof *src->shift);
     memcpy(dst->seq, src->seq, (size_t)src->seq_words * n * sizeof *src->seq);
     memcpy(dst->used_bits, src->used_bits, (size_t)src->n_words * sizeof *src->used_bits);
+    memcpy(dst->free_words, src->free_words, (size_t)(src->n_words + 63) / 64 * sizeof *src->free_words);
     dst->used = src->used;
     dst->used_max_p1 = src->used_max_p1;
     dst->has_shift = src->has_shift;

@@ -5,6 +5,8 @@
  * Index structures kept in step:
  *   - used_bits: one bit per cell, set when pos != -1 (the free-cell index that
  *     find_slot scans 64 cells at a time), with the count `used` and used_max_p1;
+ *   - free_words: one bit per word of used_bits, set when that word is 0 (64 empty cells), so
+ *     that a search for a long run of empty cells visits only the words that can hold one;
  *   - seq_pos[s]: one entry (position, cell) per cell holding sequence s, ordered by position
  *     then cell (positions may repeat), answering min/max in O(1) and naming the cells of a
  *     range of positions without reading the other cells;
@@ -69,6 +71,7 @@ typedef struct kvc_cells {
     int32_t    *shift;        /* [size] shift accumulated since the last reset_shift */
     uint64_t   *seq;          /* [seq_words * size] word w of cell i's set at seq[w * size + i] */
     uint64_t   *used_bits;    /* [n_words] bit i set when pos[i] != -1 */
+    uint64_t   *free_words;   /* [(n_words + 63) / 64] bit w set when used_bits[w] == 0 */
     uint32_t    used;         /* number of cells with pos != -1 */
     uint32_t    used_max_p1;  /* largest used index + 1, or 0 */
     bool        has_shift;    /* some pos_add / pos_div since the last reset_shift */
@@ -190,11 +193,18 @@ uint32_t kvc_cells_blk_count(const kvc_cells *c, int32_t s);
 void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p);
 /* Sequence s joins non-empty cell i (no-op when already there). */
 void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s);
+/* The empty cells [i, i + n) get positions pos[0 .. n) and each the sequences ids[0 .. n_ids),
+ * as kvc_cells_pos_set and kvc_cells_seq_add of every id would, cell after cell, with one pass
+ * per array (a sequence's index entries appended at once when they come after its last). */
+void kvc_cells_place_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos, const int32_t *ids, uint32_t n_ids);
 /* Sequence s leaves cell i (which holds it); returns true when the cell became empty. */
 bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s);
 /* Move cell src to the empty cell dst (defrag): pos, shift and sequences; src becomes empty
  * with shift 0. */
 void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst);
+/* kvc_cells_mv of cells src + j to dst + j for j = 0 .. n - 1, in that order (the two ranges
+ * apart, every destination empty). */
+void kvc_cells_mv_run(kvc_cells *c, uint32_t src, uint32_t dst, uint32_t n);
 
 /* Raw edits used by bulk operations: they keep used_bits/used/used_max_p1 right but NOT
  * seq_pos; the caller must call kvc_cells_rebuild_seq_pos(c, mask) with the union of the
@@ -238,6 +248,11 @@ uint32_t kvc_cells_seq_pos_from(const kvc_cells *c, int32_t s, int32_t p);
  * the lowest cell that became empty, or c->size when none did. */
 uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r);
 
+/* Sequence dst (!= src) joins every cell of sequence src whose position is in r (cells found
+ * through seq_pos[src], dst's entries merged into seq_pos[dst]: O(cells in r + cells of dst),
+ * every index kept). Returns whether any cell changed. */
+bool kvc_cells_seq_cp_range(kvc_cells *c, int32_t src, int32_t dst, kvc_pos_range r);
+
 /* Smallest / largest position of sequence s, -1 when absent. O(1). */
 static inline int32_t kvc_cells_seq_pos_min(const kvc_cells *c, int32_t s) {
     return c->seq_pos[s].n ? kvc_seq_key_pos(c->seq_pos[s].key[0]) : -1;
@@ -258,6 +273,13 @@ int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *
 
 /* First used cell in [from, to), or `to` when none. */
 uint32_t kvc_cells_next_used(const kvc_cells *c, uint32_t from, uint32_t to);
+/* The first p in [a, b] such that cells [p, p + n) are all empty (b + n <= size), or
+ * UINT32_MAX. Reads the used bits of [a, p + n) a word at a time, or for n >= 127 (a run that
+ * long holds a whole empty word) only the words around the empty ones. */
+uint32_t kvc_cells_first_free_run(const kvc_cells *c, uint32_t a, uint32_t b, uint32_t n);
+/* The used cell u in [lo, end) such that [u, end) holds exactly k (>= 1) used cells, or
+ * UINT32_MAX when [lo, end) holds fewer. Reads the used bits a word at a time from end down. */
+uint32_t kvc_cells_kth_used_back(const kvc_cells *c, uint32_t lo, uint32_t end, uint32_t k);
 /* First empty cell in [from, to), or `to` when none. */
 uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to);
 

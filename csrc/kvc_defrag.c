@@ -23,11 +23,46 @@ void kvc_unified_defrag_sched(kvc_unified *c, float thold) {
     }
 }
 
+/* Room in the plan's run list for one more run; false (the list is given up: the runs are then
+ * read from defrag_ids) when there is no memory for it. */
+static bool kvc_defrag_run_room(kvc_unified *c) {
+    if (c->n_defrag_runs < c->cap_defrag_runs) {
+        return true;
+    }
+    const uint32_t cap = c->cap_defrag_runs ? 2 * c->cap_defrag_runs : 64;
+    uint32_t *r = kvc_realloc_n(c->defrag_run_list, (uint64_t)cap * 3, sizeof *r);
+    if (!r) {
+        return false;
+    }
+    c->defrag_run_list = r;
+    c->cap_defrag_runs = cap;
+    return true;
+}
+
+/* Reverse runs [a, b) of the list in place. */
+static void kvc_defrag_runs_reverse(uint32_t *runs, uint32_t a, uint32_t b) {
+    for (; a + 1 < b; a++, b--) {
+        for (unsigned k = 0; k < 3; k++) {
+            const uint32_t t = runs[3 * a + k];
+            runs[3 * a + k] = runs[3 * (b - 1) + k];
+            runs[3 * (b - 1) + k] = t;
+        }
+    }
+}
+
 /* llama.cpp's defrag plan: the cells move (metadata), defrag_ids says where from. 1 = something
- * moves, 0 = not. */
+ * moves, 0 = not.
+ *
+ * The seed walks the cells below the used count; each hole is filled with the last used cells of
+ * the cache, taken from above a falling mark `top` (every cell at or above it is empty or already
+ * moved), in ascending order, a run of contiguous sources counting as one move against the graph
+ * budget. Here the walk goes from hole to hole and from source run to source run through the used
+ * bits (the cells between are not read), and the runs go into the plan's run list as they are made:
+ * a hole's sources lie below those of every earlier hole, so each hole's runs are put in
+ * descending order and the whole list reversed at the end, which gives them in the order of their
+ * sources, each a maximal run (two holes' runs never join: their destinations are apart). */
 static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
     kvc_cells *cells = &c->cells;
-    const int32_t *pos = cells->pos; /* read once: cell moves change the values, not the array */
     const uint32_t n_layer = c->n_layer;
     const uint32_t n_kv = cells->used_max_p1;
     const uint32_t n_used = cells->used;
@@ -36,74 +71,82 @@ static int kvc_defrag_plan(kvc_unified *c, int32_t n_max_nodes) {
      * 2*n_layer wraps around to "unlimited") */
     const uint32_t max_moves = n_layer ? ((uint32_t)n_max_nodes - 2 * n_layer) / (6 * n_layer) : 0;
     uint32_t n_moves = 0;
-    bool moved = false;
-    /* every cell at or above `top` is empty or already moved */
+    bool moved = false, listed = true;
     uint32_t top = n_kv;
+    int rc = KVC_OK;
 
     for (uint32_t i = 0; i < n_kv; i++) {
         ids[i] = n_kv;
     }
     c->n_defrag_ids = n_kv;
+    c->n_defrag_runs = 0;
 
-    for (uint32_t i0 = 0; i0 < n_used; i0++) {
-        if (pos[i0] != -1) {
+    uint32_t i0 = 0;
+    while (i0 < n_used) {
+        /* the used cells up to the next hole stay */
+        for (const uint32_t h = kvc_cells_next_empty(cells, i0, n_used); i0 < h; i0++) {
             ids[i0] = i0;
-            continue;
         }
-        /* a hole: fill it with the last cells of the cache */
-        uint32_t nh = 1;
-        while (i0 + nh < n_used && pos[i0 + nh] == -1) {
-            nh++;
+        if (i0 == n_used) {
+            break;
         }
-        uint32_t nf = 0;
-        uint32_t is = top - 1;
-        for (; is > i0; is--) {
-            if (pos[is] == -1 || ids[is] != n_kv) {
-                continue;
-            }
-            if (++nf == nh) {
-                break;
-            }
+        /* the hole [i0, i0 + nh), filled from the nh used cells just below top */
+        const uint32_t nh = kvc_cells_next_used(cells, i0, n_used) - i0;
+        const uint32_t is = kvc_cells_kth_used_back(cells, i0 + 1, top, nh);
+        if (is == UINT32_MAX) {
+            rc = KVC_E_INTERNAL; /* the used count disagrees with the cells */
+            break;
         }
-        if (nf != nh) {
-            if (moved) {
-                c->head = n_used;
-            }
-            return KVC_E_INTERNAL; /* the used count disagrees with the cells */
-        }
+        const uint32_t top_was = top, first_run = c->n_defrag_runs;
         top = is;
-
-        nf = 0;
-        bool cont = false, stop = false;
-        for (uint32_t i1 = is; i1 < n_kv; i1++) {
-            if (pos[i1] == -1 || ids[i1] != n_kv) {
-                if (n_moves == max_moves) {
-                    stop = true;
-                    break;
-                }
-                cont = false;
-                continue;
+        uint32_t nf = 0, i1 = is;
+        bool stop = false;
+        for (;;) {
+            /* a run of contiguous sources: one move */
+            uint32_t m = kvc_cells_next_empty(cells, i1, top_was) - i1;
+            if (m > nh - nf) {
+                m = nh - nf;
             }
-            ids[i1] = i0 + nf;
-            kvc_cells_mv(cells, i1, i0 + nf);
+            for (uint32_t j = 0; j < m; j++) {
+                ids[i1 + j] = i0 + nf + j;
+            }
+            kvc_cells_mv_run(cells, i1, i0 + nf, m);
+            if (listed && (listed = kvc_defrag_run_room(c))) {
+                uint32_t *r = c->defrag_run_list + 3 * c->n_defrag_runs++;
+                r[0] = i1;
+                r[1] = i0 + nf;
+                r[2] = m;
+            }
             moved = true;
-            if (!cont) {
-                n_moves++;
-                cont = true;
-            }
-            if (++nf == nh) {
+            n_moves++;
+            nf += m;
+            if (nf == nh) {
                 break;
             }
+            /* a gap before the next source: the budget is checked there */
+            if (n_moves == max_moves) {
+                stop = true;
+                break;
+            }
+            i1 = kvc_cells_next_used(cells, i1 + m, top_was);
+        }
+        if (listed) {
+            kvc_defrag_runs_reverse(c->defrag_run_list, first_run, c->n_defrag_runs);
         }
         if (stop || n_moves == max_moves) {
             break;
         }
-        i0 += nh - 1;
+        i0 += nh;
+    }
+    if (listed) {
+        kvc_defrag_runs_reverse(c->defrag_run_list, 0, c->n_defrag_runs);
+    } else {
+        c->n_defrag_runs = KVC_RUNS_FROM_IDS;
     }
     if (moved) {
         c->head = n_used; /* where llama.cpp leaves it after a move */
     }
-    return n_moves > 0;
+    return rc != KVC_OK ? rc : n_moves > 0;
 }
 
 /* The next run of the plan at or after *i: cells [src, src + nm) move to [dst, dst + nm).
@@ -130,6 +173,15 @@ static bool kvc_defrag_next_run(const uint32_t *ids, uint32_t n_ids, uint32_t *i
 }
 
 uint32_t kvc_unified_defrag_runs(const kvc_unified *c, uint32_t *runs) {
+    if (c->n_defrag_ids == 0) {
+        return 0;
+    }
+    if (c->n_defrag_runs != KVC_RUNS_FROM_IDS) {
+        if (runs && c->n_defrag_runs) {
+            memcpy(runs, c->defrag_run_list, (size_t)c->n_defrag_runs * 3 * sizeof *runs);
+        }
+        return c->n_defrag_runs;
+    }
     uint32_t i = 0, src, dst, nm, n = 0;
     while (kvc_defrag_next_run(c->defrag_ids, c->n_defrag_ids, &i, &src, &dst, &nm)) {
         if (runs) {
@@ -301,6 +353,7 @@ void kvc_unified_defrag_settle_pending(kvc_unified *c) {
         kvc_defrag_apply(c);
     } else {
         c->n_defrag_ids = 0;   /* the owner of the memory had its chance to read the plan */
+        c->n_defrag_runs = 0;
     }
     c->defrag_pending = false;
 }

@@ -101,7 +101,7 @@ static void kvc_undo_apply(const kvc_undo *u, uint32_t k, kvc_cells *cells, kvc_
 /* The seed's search loop, with runs of used cells skipped 64 at a time. `n_tested` counts the
  * cells the head has travelled over; the search gives up once it reaches the cache size
  * (checked only after a failed window, as the seed does). */
-static bool kvc_unified_search(kvc_unified *c, uint32_t n_tokens) {
+static bool kvc_unified_search_walk(kvc_unified *c, uint32_t n_tokens) {
     const kvc_cells *cells = &c->cells;
     const uint32_t size = cells->size;
     uint64_t n_tested = 0;
@@ -143,6 +143,26 @@ static bool kvc_unified_search(kvc_unified *c, uint32_t n_tokens) {
     return found;
 }
 
+/* The seed's search, found without walking the holes: the windows it tries lie at the head, at
+ * the first empty cell after each used one, and at 0 after it wraps, in that order around the
+ * cache, and it stops at the first that is empty throughout. That is the first window from the
+ * head to the end, else the first from the start of the cache on, and it is reached before the
+ * search has travelled a whole cache size. When no window is empty the walk itself runs, to give
+ * up where the seed does (head then moved as the seed moves it). */
+static bool kvc_unified_search(kvc_unified *c, uint32_t n_tokens) {
+    const kvc_cells *cells = &c->cells;
+    const uint32_t size = cells->size, h0 = c->head, last_fit = size - n_tokens;
+    uint32_t p = h0 <= last_fit ? kvc_cells_first_free_run(cells, h0, last_fit, n_tokens) : UINT32_MAX;
+    if (p == UINT32_MAX && h0 > 0) {
+        p = kvc_cells_first_free_run(cells, 0, h0 - 1 < last_fit ? h0 - 1 : last_fit, n_tokens);
+    }
+    if (p == UINT32_MAX) {
+        return kvc_unified_search_walk(c, n_tokens);
+    }
+    c->head = p;
+    return true;
+}
+
 int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
     if (c->semantics == KVC_SEM_2026) {
         return kvc_unified_find_slot_2026(c, ub, NULL);
@@ -169,12 +189,9 @@ int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
 
     const uint32_t head = c->head;
     kvc_undo_push(&c->undo, cells, head, n_tokens);
-    for (uint32_t t = 0; t < n_tokens; t++) {
-        const uint32_t g = t / ub->n_seq_tokens;
-        kvc_cells_pos_set(cells, head + t, ub->pos[t]);
-        for (uint32_t k = ub->seq_off[g]; k < ub->seq_off[g + 1]; k++) {
-            kvc_cells_seq_add(cells, head + t, ub->seq_ids[k]);
-        }
+    for (uint32_t g = 0, nst = ub->n_seq_tokens; g < ub->n_seqs; g++) {
+        const uint32_t b = ub->seq_off[g];
+        kvc_cells_place_run(cells, head + g * nst, nst, ub->pos + g * nst, ub->seq_ids + b, ub->seq_off[g + 1] - b);
     }
 
     /* attend only to the part of the cache in use, padded */

@@ -92,6 +92,7 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
     c->vector_moves = kvc_cols_vector_available();   /* the environment is read here, once */
     c->semantics = p->semantics;
     c->n_stream = n_stream;
+    c->n_defrag_runs = KVC_RUNS_FROM_IDS;
 
     if (kvc_cells_init(&c->cells, p->kv_size, p->n_seq_max) != KVC_OK) {
         goto nomem;
@@ -150,6 +151,7 @@ void kvc_unified_free(kvc_unified *c) {
     kvc_free(c->copy_dst);
     kvc_free(c->layers);
     kvc_free(c->defrag_ids);
+    kvc_free(c->defrag_run_list);
     kvc_undo_free(&c->undo);
     kvc_mask_memo_free(c->mask_memo);
     memset(c, 0, sizeof *c);
@@ -341,28 +343,7 @@ void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, in
     if (src == dst) {
         return;
     }
-    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
-    bool any = false;
-    const uint32_t end = cells->used_max_p1;
-    for (uint32_t b = kvc_cells_blk_next(cells, src, 0, end); b != UINT32_MAX; b = kvc_cells_blk_next(cells, src, b + 1, end)) {
-        const uint64_t held = kvc_cells_blk_cells(cells, src, b);
-        if (!held) {
-            kvc_cells_blk_drop(cells, src, b);
-        }
-        for (uint64_t m = held; m; m &= m - 1) {
-            const uint32_t i = (b << 6) + kvc_ctz64(m);
-            if (kvc_cells_pos_in(cells, i, r) && !kvc_cells_seq_has(cells, i, dst)) {
-                kvc_cells_seq_add_raw(cells, i, dst);
-                any = true;
-            }
-        }
-    }
-    if (any) {
-        kvc_seqset only;
-        kvc_seqset_clear(&only);
-        kvc_seqset_add(&only, dst);
-        kvc_cells_rebuild_seq_pos(cells, &only);
-    }
+    kvc_cells_seq_cp_range(cells, src, dst, kvc_pos_range_of(p0, p1));
 }
 
 void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {

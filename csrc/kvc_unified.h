@@ -34,6 +34,9 @@ typedef enum kvc_semantics {
     KVC_SEM_2026 = 1,
 } kvc_semantics;
 
+/* n_defrag_runs of a plan whose runs are known from defrag_ids alone */
+#define KVC_RUNS_FROM_IDS UINT32_MAX
+
 /* n_kv of a 2026 stream is padded to a multiple of at least this many cells */
 #define KVC_N_KV_PAD_MIN 256u
 
@@ -108,6 +111,11 @@ typedef struct kvc_unified {
     bool       do_defrag;    /* set by defrag_sched, cleared by defrag_move / update */
     uint32_t  *defrag_ids;   /* [size] cell i moves to ids[i] (plan of the last defrag_prepare) */
     uint32_t   n_defrag_ids; /* length of the plan (used_max_p1 when it was made) */
+    uint32_t  *defrag_run_list; /* [3 * n_defrag_runs] the plan's runs as kvc_unified_defrag_runs
+                              * gives them, written by the planner along with defrag_ids */
+    uint32_t   n_defrag_runs;  /* how many; KVC_RUNS_FROM_IDS: read them from defrag_ids (a plan
+                              * that was written there by other means) */
+    uint32_t   cap_defrag_runs;
     bool       defrag_pending; /* the plan's cells moved, their K/V rows not yet */
     uint32_t   n_threads;    /* threads a large K/V move may use; 0: kvc_parallel_width() */
     bool       vector_moves; /* transposed-V moves may take the vector path (decided at init) */

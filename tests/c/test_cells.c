@@ -1,9 +1,11 @@
 /* Tests of the cell table (csrc/kvc_cells.c) against a naive model kept beside it: random edits
- * (placing positions, adding and removing sequences, shifts and divisions with the index rebuilt,
- * moves, raw sets) on tables of one sequence word and of several (65, 130 and 256 sequences),
- * positions up to 2**31 - 1; after every edit the counters, the free-cell bits, the scans for
- * used and empty cells, and each sequence's position multiset (min, max, range queries, range
- * removal) are what the model says. */
+ * (placing positions, one cell at a time and in runs, adding and removing sequences, a sequence
+ * joining another's cells in a range, shifts and divisions with the index rebuilt, moves of one
+ * cell and of runs, raw sets) on tables of one sequence word and of several (65, 130 and 256
+ * sequences), positions up to 2**31 - 1; after every edit the counters, the free-cell bits and
+ * the empty-word bits, the scans for used and empty cells, for runs of empty cells and for the
+ * k-th used cell from an end, and each sequence's position multiset (min, max, range queries,
+ * range removal) are what the model says. */
 #include "kvc_cells.h"
 
 #include <stdio.h>
@@ -85,6 +87,34 @@ static void agree(const kvc_cells *c, const model *m, const char *what) {
         CHECK(kvc_cells_next_used(c, from, to) == want_used, "%s: next used in [%u, %u)", what, from, to);
         CHECK(kvc_cells_next_empty(c, from, to) == want_empty, "%s: next empty in [%u, %u)", what, from, to);
     }
+    /* the empty-word bits; the first run of n empty cells starting in [a, b]; the used cell with
+     * k used cells from it to an end */
+    bool words = true;
+    for (uint32_t w = 0; w < c->n_words; w++) {
+        words = words && ((c->free_words[w >> 6] >> (w & 63)) & 1u) == (c->used_bits[w] == 0);
+    }
+    CHECK(words, "%s: the empty-word bits", what);
+    for (uint32_t k = 0; k < 8; k++) {
+        const uint32_t n = k & 1 ? check_rand(m->size + 1) : check_rand(9);
+        const uint32_t a = check_rand(m->size - n + 1), b = a + check_rand(m->size - n + 1 - a);
+        uint32_t want = UINT32_MAX;
+        for (uint32_t q = a; q <= b && want == UINT32_MAX; q++) {
+            uint32_t e = 0;
+            while (e < n && m->pos[q + e] == -1) {
+                e++;
+            }
+            want = e == n ? q : UINT32_MAX;
+        }
+        CHECK(kvc_cells_first_free_run(c, a, b, n) == want, "%s: first run of %u empty cells from [%u, %u]", what, n, a, b);
+        const uint32_t lo = check_rand(m->size + 1), end = lo + check_rand(m->size + 1 - lo), kk = 1 + check_rand(20);
+        uint32_t back = UINT32_MAX, seen = 0;
+        for (uint32_t i = end; i-- > lo && back == UINT32_MAX;) {
+            if (m->pos[i] != -1 && ++seen == kk) {
+                back = i;
+            }
+        }
+        CHECK(kvc_cells_kth_used_back(c, lo, end, kk) == back, "%s: used cell %u from %u down to %u", what, kk, end, lo);
+    }
     /* each sequence's multiset: extremes, and the sorted entries themselves */
     for (uint32_t s = 0; s < m->n_seq; s++) {
         CHECK(kvc_cells_seq_pos_min(c, (int32_t)s) == model_min(m, (int32_t)s) &&
@@ -115,6 +145,16 @@ static int32_t some_seq(const model *m) {
     return check_rand(2) && (uint32_t)e < m->n_seq ? e : (int32_t)check_rand(m->n_seq);
 }
 
+/* The model of kvc_cells_mv. */
+static void model_mv(model *m, uint32_t i, uint32_t j) {
+    m->pos[j] = m->pos[i];
+    m->shift[j] = m->shift[i];
+    memcpy(m->has[j], m->has[i], sizeof m->has[i]);
+    m->pos[i] = -1;
+    m->shift[i] = 0;
+    memset(m->has[i], 0, sizeof m->has[i]);
+}
+
 static void run(uint32_t size, uint32_t n_seq) {
     kvc_cells c;
     static model m;
@@ -130,7 +170,29 @@ static void run(uint32_t size, uint32_t n_seq) {
     for (int step = 0; step < 3000; step++) {
         const uint32_t op = check_rand(9), i = check_rand(size);
         snprintf(what, sizeof what, "%u cells, %u sequences, step %d (op %u)", size, n_seq, step, op);
-        if (op < 3) {                                  /* a token: an empty cell gets a position and ids */
+        if (op == 0 && check_rand(2)) {                /* a run of empty cells placed, as find_slot does */
+            uint32_t n = 0;
+            while (i + n < size && n < 12 && m.pos[i + n] == -1) {
+                n++;
+            }
+            int32_t pos[12], ids[3];
+            const int32_t p0 = some_pos();
+            const uint32_t n_ids = 1 + check_rand(3);
+            for (uint32_t k = 0; k < n; k++) {
+                /* ascending mostly, or a position again (the index inserts those one by one) */
+                pos[k] = check_rand(4) ? (int32_t)(p0 + k > KVC_POS_MAX ? KVC_POS_MAX : p0 + k) : some_pos();
+            }
+            for (uint32_t q = 0; q < n_ids; q++) {
+                ids[q] = some_seq(&m);   /* may repeat */
+            }
+            kvc_cells_place_run(&c, i, n, pos, ids, n_ids);
+            for (uint32_t k = 0; k < n; k++) {
+                m.pos[i + k] = pos[k];
+                for (uint32_t q = 0; q < n_ids; q++) {
+                    m.has[i + k][ids[q]] = true;
+                }
+            }
+        } else if (op < 3) {                           /* a token: an empty cell gets a position and ids */
             if (m.pos[i] != -1) {
                 continue;
             }
@@ -189,18 +251,44 @@ static void run(uint32_t size, uint32_t n_seq) {
             kvc_cells_rebuild_seq_pos(&c, &touched);
             m.pos[i] = old / d;
             m.shift[i] = kvc_wrap_add_i32(m.shift[i], old - m.pos[i]);
-        } else if (op == 6) {                          /* a move to an empty cell */
+        } else if (op == 6 && check_rand(2)) {         /* a move to an empty cell */
             const uint32_t j = check_rand(size);
             if (m.pos[i] == -1 || m.pos[j] != -1) {
                 continue;
             }
             kvc_cells_mv(&c, i, j);
-            m.pos[j] = m.pos[i];
-            m.shift[j] = m.shift[i];
-            memcpy(m.has[j], m.has[i], sizeof m.has[i]);
-            m.pos[i] = -1;
-            m.shift[i] = 0;
-            memset(m.has[i], 0, sizeof m.has[i]);
+            model_mv(&m, i, j);
+        } else if (op == 6) {                          /* a run of used cells moved down into empty cells */
+            uint32_t n = 0;
+            while (i + n < size && n < 12 && m.pos[i + n] != -1) {
+                n++;
+            }
+            const uint32_t j = n ? check_rand(i + 1) : 0;
+            bool empty = n > 0 && j + n <= i;
+            for (uint32_t k = 0; empty && k < n; k++) {
+                empty = m.pos[j + k] == -1;
+            }
+            if (!empty) {
+                continue;
+            }
+            kvc_cells_mv_run(&c, i, j, n);
+            for (uint32_t k = 0; k < n; k++) {
+                model_mv(&m, i + k, j + k);
+            }
+        } else if (op == 7 && check_rand(4) == 0) {    /* a sequence joins the cells of another in a range */
+            const int32_t s = some_seq(&m), t = some_seq(&m);
+            const kvc_pos_range r = kvc_pos_range_of(check_rand(2) ? -1 : some_pos(), check_rand(2) ? -1 : some_pos());
+            if (s == t) {
+                continue;
+            }
+            bool any = false;
+            for (uint32_t j = 0; j < size; j++) {
+                if (m.pos[j] != -1 && m.has[j][s] && kvc_pos_range_has(r, m.pos[j])) {
+                    any = any || !m.has[j][t];
+                    m.has[j][t] = true;
+                }
+            }
+            CHECK(kvc_cells_seq_cp_range(&c, s, t, r) == any, "%s: sequence %d joined %d", what, t, s);
         } else if (op == 7) {                          /* range removal of one sequence, as seq_rm does it */
             const int32_t s = some_seq(&m);
             const kvc_pos_range r = kvc_pos_range_of(check_rand(2) ? -1 : some_pos(), check_rand(2) ? -1 : some_pos());

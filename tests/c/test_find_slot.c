@@ -1,7 +1,8 @@
 /* Tests of the slot search and what goes with it (csrc/kvc_slot.c): find_slot against a naive
  * transcription of the seed's search (a window tested cell by cell from head, wrapping at the
  * end, giving up once the head has travelled over the whole cache; head reset to 0 when enough
- * cells are free before it) on random fragmented tables, including the failure rules (ubatch
+ * cells are free before it) on random fragmented tables, small and large (windows of many
+ * words), including the failure rules (ubatch
  * larger than the cache, no run left) and where head ends then; the attended span n; the
  * placement (its cells, store writing exactly there, refusals); restore putting every
  * overwritten cell back; and find_slot failing for lack of memory changing nothing. */
@@ -124,6 +125,62 @@ static void test_search_matches_the_seed(void) {
     }
 }
 
+/* The same on a larger metadata-only table, fragmented as a server fragments it: interleaved
+ * one-token placements of several sequences (a finished one leaves holes of one cell) between
+ * long runs, with windows up to several words long. */
+static void test_search_matches_the_seed_large(void) {
+    enum { BIG = 4096, NSEQ = 8 };
+    static int32_t pos[BIG], ids[2 * BIG];
+    static uint32_t off[BIG + 1];
+    const int32_t il[1] = { 0 };
+    const uint32_t w[1] = { WIDTH };
+    const kvc_unified_params p = {
+        .kv_size = BIG, .n_seq_max = NSEQ, .n_pad = 32, .type_k = KVC_TYPE_F32, .type_v = KVC_TYPE_F32,
+        .n_layer = 1, .layer_il = il, .n_embd_k = w, .n_embd_v = w,
+    };
+    for (int round = 0; round < 6; round++) {
+        kvc_unified c;
+        REQUIRE(kvc_unified_init(&c, &p, NULL) == KVC_OK, "init");
+        int32_t next[NSEQ] = { 0 };
+        for (int step = 0; step < 400; step++) {
+            kvc_ubatch ub;
+            const uint32_t kind = check_rand(4);
+            uint32_t n;
+            if (kind == 0) {
+                /* one token of each sequence, interleaved */
+                n = NSEQ;
+                for (uint32_t t = 0; t < n; t++) {
+                    pos[t] = next[t]++;
+                    ids[t] = (int32_t)t;
+                    off[t] = t;
+                }
+                off[n] = n;
+                ub = (kvc_ubatch){ n, 1, n, pos, off, ids, NULL, NULL, NULL };
+            } else {
+                static const uint32_t sizes[] = { 1, 5, 63, 64, 65, 126, 127, 128, 129, 191, 256, 300, 513 };
+                n = kind == 1 ? 1 + check_rand(BIG / 4) : sizes[check_rand(sizeof sizes / sizeof sizes[0])];
+                const int32_t s = (int32_t)check_rand(NSEQ);
+                fixture_ub(&ub, pos, off, ids, n, next[s], s, -1, 1);
+                next[s] += (int32_t)n;
+            }
+            uint32_t head = c.head;
+            const bool want = naive_search(&c.cells, &head, n);
+            const int r = kvc_unified_find_slot(&c, &ub);
+            CHECK(r == (want ? 1 : 0), "round %d step %d: %u tokens placed %d, the seed says %d", round, step, n, r, want);
+            CHECK(c.head == head, "round %d step %d: head %u, the seed's %u", round, step, c.head, head);
+            kvc_unified_commit(&c);
+            /* a sequence finishes now and then, or loses a stretch */
+            if (check_rand(5) == 0) {
+                const int32_t s = (int32_t)check_rand(NSEQ);
+                const int32_t p0 = check_rand(2) ? 0 : (int32_t)check_rand((uint32_t)next[s] + 1);
+                kvc_unified_seq_rm(&c, s, p0, -1);
+                next[s] = p0;
+            }
+        }
+        kvc_unified_free(&c);
+    }
+}
+
 static void test_restore_and_placement(void) {
     fixture f;
     REQUIRE(fixture_init(&f, true, 8) == KVC_OK, "init");
@@ -191,6 +248,7 @@ static void test_restore_and_placement(void) {
 
 int main(void) {
     test_search_matches_the_seed();
+    test_search_matches_the_seed_large();
     test_restore_and_placement();
     printf("test_find_slot: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;

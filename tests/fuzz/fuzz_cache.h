@@ -318,6 +318,9 @@ static inline void fc_check_cells(const kvc_cells *cl, const char *when) {
     }
     FUZZ_CHECK(used == cl->used && used_max_p1 == cl->used_max_p1, "%s: used %u/%u, used_max_p1 %u/%u", when, used,
                cl->used, used_max_p1, cl->used_max_p1);
+    for (uint32_t w = 0; w < cl->n_words; w++) {
+        FUZZ_CHECK(((cl->free_words[w >> 6] >> (w & 63)) & 1) == (cl->used_bits[w] == 0), "%s: empty-word bit %u", when, w);
+    }
     for (uint32_t s = 0; s < cl->n_seq_max; s++) {
         FUZZ_CHECK(count[s] == cl->seq_pos[s].n, "%s: sequence %u in %u cells, seq_pos has %u", when, s, count[s],
                    cl->seq_pos[s].n);

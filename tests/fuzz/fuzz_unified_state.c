@@ -281,6 +281,9 @@ static void check_cells(const kvc_cells *cl, const char *when) {
     for (uint32_t b = cl->size; b < cl->n_words * 64; b++) {
         FUZZ_CHECK(!((cl->used_bits[b >> 6] >> (b & 63)) & 1), "%s: used bit past the end", when);
     }
+    for (uint32_t w = 0; w < cl->n_words; w++) {
+        FUZZ_CHECK(((cl->free_words[w >> 6] >> (w & 63)) & 1) == (cl->used_bits[w] == 0), "%s: empty-word bit %u", when, w);
+    }
     SAME_VALUE(cl->used, used, "used count");
     SAME_VALUE(cl->used_max_p1, used_max_p1, "used_max_p1");
     uint64_t *expect = fz_alloc((cl->size ? cl->size : 1) * sizeof *expect);
