@@ -18,12 +18,14 @@ typedef struct emitter {
     uint64_t pos;    /* blob offset of the next piece */
     uint64_t lo, hi; /* the window */
     uint8_t *out;    /* out[0] is blob byte lo */
+    bool     stream; /* K/V data with non-temporal stores (a window of KVC_STREAM_BYTES or more) */
 } emitter;
 
-/* Copy n bytes from src, or zeros when the layer has no memory attached. */
-static void copy_or_zero(uint8_t *dst, const uint8_t *src, size_t n) {
+/* Copy n bytes from src (streamed from 256 bytes on when stream), or zeros when the layer has no
+ * memory attached. */
+static void copy_or_zero(uint8_t *dst, const uint8_t *src, size_t n, bool stream) {
     if (src) {
-        memcpy(dst, src, n);
+        kvc_copy(dst, src, n, stream && n >= 256);
     } else {
         memset(dst, 0, n);
     }
@@ -34,7 +36,7 @@ static void emit(emitter *e, const uint8_t *src, size_t n) {
     if (b > e->lo && a < e->hi) {
         const uint64_t s = a > e->lo ? a : e->lo;
         const uint64_t t = b < e->hi ? b : e->hi;
-        copy_or_zero(e->out + (size_t)(s - e->lo), src ? src + (size_t)(s - a) : NULL, (size_t)(t - s));
+        copy_or_zero(e->out + (size_t)(s - e->lo), src ? src + (size_t)(s - a) : NULL, (size_t)(t - s), e->stream);
     }
     e->pos = b;
 }
@@ -210,8 +212,13 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
         kvc_le_put_u32(h + 4, (uint32_t)s->v_el);
         kvc_le_put_u32(h + 8, l.n_embd_v);
         emit(e, h, 12);
-        /* row j of the transposed V holds the listed cells' elements j */
+        /* row j of the transposed V holds the listed cells' elements j: with every cell listed,
+         * the rows are the layer's V as it is */
         const size_t stride = (size_t)s->size * s->v_el;
+        if (nr == 1 && runs[0] == 0 && runs[1] == s->size) {
+            emit(e, l.v, (size_t)l.n_embd_v * stride);
+            continue;
+        }
         for (uint32_t j = 0; j < l.n_embd_v && e->pos < e->hi; j++) {
             if (!emit_skip(e, (uint64_t)cc * s->v_el)) {
                 emit_rows(e, runs, nr, l.v ? l.v + (size_t)j * stride : NULL, s->v_el);
@@ -220,7 +227,9 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
     }
 }
 
-int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, size_t cap, size_t *written) {
+/* kvc_state_src_write; may_stream: a window of KVC_STREAM_BYTES or more streams its K/V data. */
+static int src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, size_t cap, size_t *written,
+                     bool may_stream) {
     *written = 0;
     uint32_t cc, nr;
     uint64_t meta;
@@ -251,11 +260,18 @@ int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, s
             runs[2 * k++ + 1] = s->size;
         }
     }
-    emitter e = { 0, offset, offset + n, out };
+    emitter e = { 0, offset, offset + n, out, may_stream && n >= KVC_STREAM_BYTES };
     emit_state(s, cc, meta, runs, nr, &e);
+    if (e.stream) {
+        kvc_stream_fence();
+    }
     kvc_free(runs);
     *written = (size_t)n;
     return KVC_OK;
+}
+
+int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, size_t cap, size_t *written) {
+    return src_write(s, offset, out, cap, written, true);
 }
 
 /* --- framing: prefix, stream count, per-stream sections --------------------------------------- */
@@ -322,7 +338,8 @@ int kvc_state_framed_write(const kvc_state_framed *f, uint64_t offset, uint8_t *
                 memcpy(out + done, zero + lo, (size_t)(hi - lo));
             } else {
                 size_t w = 0;
-                const int rc = kvc_state_src_write(&f->streams[k], lo, out + done, (size_t)(hi - lo), &w);
+                const int rc = src_write(&f->streams[k], lo, out + done, (size_t)(hi - lo), &w,
+                                         !(f->layout & KVC_LAYOUT_FRESH_OUT));
                 if (rc != KVC_OK) {
                     return rc;
                 }
@@ -594,17 +611,41 @@ static void v_untranspose_in(uint8_t *v, uint32_t size, const uint8_t *src, size
     }
 }
 
+/* Whether a read copies the K/V data of cc cells with non-temporal stores: from KVC_STREAM_BYTES
+ * on (data that does not stay in the caches anyway). */
+static bool stream_data(const kvc_unified *c, uint32_t cc) {
+    uint64_t n = 0;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        n += (uint64_t)cc * (c->layers[il].k_row_bytes + c->layers[il].v_row_bytes);
+    }
+    return n >= KVC_STREAM_BYTES;
+}
+
+/* n_rows transposed V rows of cc elements el, src's one after the other, into rows of `size`
+ * elements from element dst (one copy when the rows are the whole buffer). */
+static void v_rows_in(uint8_t *v, uint32_t size, const uint8_t *src, uint32_t cc, uint32_t n_rows, size_t el,
+                      uint32_t dst, bool stream) {
+    if (cc == size && dst == 0) {
+        kvc_copy(v, src, (size_t)n_rows * cc * el, stream);
+        return;
+    }
+    for (uint32_t j = 0; j < n_rows; j++) {
+        kvc_copy(v + ((size_t)j * size + dst) * el, src + (size_t)j * cc * el, (size_t)cc * el, stream);
+    }
+}
+
 /* Copy the validated K/V data of the blob into cells [dst, dst + cc), converting the V layout
  * when the blob's differs from the cache's. */
 static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
     const uint32_t cc = ps->cell_count;
     const uint32_t size = c->cells.size;
     const bool blob_vt = ps->v_trans != 0;
+    const bool stream = stream_data(c, cc);
     const uint8_t *p = ps->data + ps->data_off + 8;
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
         const kvc_layer *l = &c->layers[ikv];
         if (l->k && cc) {
-            memcpy(l->k + (size_t)dst * l->k_row_bytes, p + 12, (size_t)cc * l->k_row_bytes);
+            kvc_copy(l->k + (size_t)dst * l->k_row_bytes, p + 12, (size_t)cc * l->k_row_bytes, stream);
         }
         p += 12 + (size_t)cc * l->k_row_bytes;
     }
@@ -614,19 +655,20 @@ static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
         const uint8_t *src = p + 12;
         if (l->v && cc) {
             if (blob_vt && c->v_trans) {
-                for (uint32_t j = 0; j < l->n_embd_v; j++) {
-                    memcpy(l->v + ((size_t)j * size + dst) * el, src + (size_t)j * cc * el, (size_t)cc * el);
-                }
+                v_rows_in(l->v, size, src, cc, l->n_embd_v, el, dst, stream);
             } else if (blob_vt) {
                 v_transpose_in(l->v, l->v_row_bytes, src, cc, l->n_embd_v, el, dst, NULL);
             } else if (c->v_trans) {
                 v_untranspose_in(l->v, size, src, l->v_row_bytes, cc, l->n_embd_v, el, dst, NULL);
             } else {
-                memcpy(l->v + (size_t)dst * l->v_row_bytes, src, (size_t)cc * l->v_row_bytes);
+                kvc_copy(l->v + (size_t)dst * l->v_row_bytes, src, (size_t)cc * l->v_row_bytes, stream);
             }
         }
         /* both layouts hold cc * v_row_bytes bytes of data after a 12-byte header */
         p += 12 + (size_t)cc * l->v_row_bytes;
+    }
+    if (stream) {
+        kvc_stream_fence();
     }
 }
 
@@ -639,7 +681,7 @@ static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
     kvc_unified_commit(c);
     kvc_cells_reset(&c->cells);
     c->head = 0;
-    kvc_unified_zero_cells(c, ps->cell_count, c->cells.size);
+    kvc_unified_zero_cells(c, 0, ps->cell_count, c->cells.size);
     const uint32_t nw = c->cells.seq_words;
     kvc_seqset touched;
     kvc_seqset_clear(&touched);
@@ -712,16 +754,17 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
     const uint32_t cc = sec->cell_count;
     const size_t size = c->cells.size, base = (size_t)sec->stream * size;
     const size_t el = v_elem_bytes(c);
+    const bool stream = stream_data(c, cc);
     const uint8_t *p = data + sec->data_off + 8;
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
         const kvc_layer *l = &c->layers[ikv];
         const size_t row = l->k_row_bytes;
         const uint8_t *src = p + 12;
         if (l->k && !cells) {
-            memcpy(l->k + base * row, src, (size_t)cc * row);
+            kvc_copy(l->k + base * row, src, (size_t)cc * row, stream);
         } else if (l->k) {
             for (uint32_t i = 0; i < cc; i++) {
-                memcpy(l->k + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row);
+                kvc_copy(l->k + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row, stream);
             }
         }
         p += 12 + (size_t)cc * row;
@@ -736,29 +779,30 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
             } else {
                 v_untranspose_in(l->v + base * row, (uint32_t)size, src, row, cc, l->n_embd_v, el, 0, cells);
             }
-        } else if (l->v && c->v_trans) {
+        } else if (l->v && c->v_trans && !cells) {
             /* per stream n_embd_v rows of size elements; the blob: n_embd_v rows of cc */
+            v_rows_in(l->v + base * row, (uint32_t)size, src, cc, l->n_embd_v, el, 0, stream);
+        } else if (l->v && c->v_trans) {
             uint8_t *v = l->v + base * row;
             for (uint32_t j = 0; j < l->n_embd_v; j++) {
                 const uint8_t *sj = src + (size_t)j * cc * el;
                 uint8_t *dj = v + (size_t)j * size * el;
-                if (!cells) {
-                    memcpy(dj, sj, (size_t)cc * el);
-                    continue;
-                }
                 for (uint32_t i = 0; i < cc; i++) {
                     memcpy(dj + (size_t)cells[i] * el, sj + (size_t)i * el, el);
                 }
             }
         } else if (l->v && !cells) {
-            memcpy(l->v + base * row, src, (size_t)cc * row);
+            kvc_copy(l->v + base * row, src, (size_t)cc * row, stream);
         } else if (l->v) {
             for (uint32_t i = 0; i < cc; i++) {
-                memcpy(l->v + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row);
+                kvc_copy(l->v + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row, stream);
             }
         }
         /* both layouts hold cc * v_row_bytes bytes of data after a 12-byte header */
         p += 12 + (size_t)cc * row;
+    }
+    if (stream) {
+        kvc_stream_fence();
     }
 }
 
@@ -893,9 +937,17 @@ static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, siz
 
 static void apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
     if (plan->seq_id < 0) {
-        /* clear (every stream, heads 0, K/V zeroed; queued stream copies stay), then cell k of
-         * section s into cell k of stream s */
-        kvc_unified_clear(c);
+        /* clear (every stream, heads 0; queued stream copies stay), then cell k of section s into
+         * cell k of stream s; of the K/V data only what no section overwrites is zeroed (the
+         * K/V bytes end as llama.cpp's clear and read leave them) */
+        kvc_unified_clear_cells(c);
+        uint32_t filled[KVC_MAX_SEQ] = { 0 };
+        for (uint32_t k = 0; k < plan->n_sec; k++) {
+            filled[plan->secs[k].stream] = plan->secs[k].cell_count;
+        }
+        for (uint32_t s = 0; s < c->n_stream; s++) {
+            kvc_unified_zero_cells(c, s, filled[s], c->cells.size);
+        }
         const uint32_t nw = c->cells.seq_words;
         for (uint32_t k = 0; k < plan->n_sec; k++) {
             const kvc_state_sec *sec = &plan->secs[k];
