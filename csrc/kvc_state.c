@@ -146,8 +146,51 @@ static void emit_rows(emitter *e, const uint32_t *runs, uint32_t nr, const uint8
     }
 }
 
+/* Runs of fewer cells than this on average: a transposed V row is gathered element by element
+ * (a copy call for a run of a cell or two costs several times its bytes' time). */
+#define GATHER_RUN 16u
+/* Bytes of the tile a gathered row goes through before it is streamed out. */
+#define GATHER_TILE 4096u
+
+/* Elements idx[0, n) of el bytes of row into d. */
+static void gather_elems(uint8_t *d, const uint8_t *row, const uint32_t *idx, uint32_t n, size_t el) {
+    if (el == 2) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(d + 2 * (size_t)i, row + 2 * (size_t)idx[i], 2);
+        }
+    } else if (el == 4) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(d + 4 * (size_t)i, row + 4 * (size_t)idx[i], 4);
+        }
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(d + el * i, row + el * idx[i], el);
+        }
+    }
+}
+
+/* The elements of the listed cells idx[0, cc) of one row of a transposed V into out; with
+ * stream through a tile that stays in the first-level cache and is then streamed out, so that
+ * the row's reads and the blob's writes both go in address order. */
+static void gather_row(uint8_t *out, const uint8_t *row, const uint32_t *idx, uint32_t cc, size_t el, bool stream) {
+    if (!stream) {
+        gather_elems(out, row, idx, cc, el);
+        return;
+    }
+    uint8_t tile[GATHER_TILE];
+    const uint32_t per = (uint32_t)(GATHER_TILE / el);
+    for (uint32_t i = 0; i < cc; i += per) {
+        const uint32_t m = cc - i < per ? cc - i : per;
+        gather_elems(tile, row, idx + i, m, el);
+        kvc_copy(out, tile, (size_t)m * el, true);
+        out += (size_t)m * el;
+    }
+}
+
+/* The state into the emitter's window; idx: the listed cells one by one, for gathering a
+ * transposed V (NULL: each row copied by runs). */
 static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const uint32_t *runs, uint32_t nr,
-                       emitter *e) {
+                       const uint32_t *idx, emitter *e) {
     emit_u32(e, cc);
     if (!emit_skip(e, meta)) {
         uint8_t rec[8 + 12 + 4 * KVC_MAX_SEQ];
@@ -219,8 +262,16 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
             emit(e, l.v, (size_t)l.n_embd_v * stride);
             continue;
         }
+        const uint64_t row_bytes = (uint64_t)cc * s->v_el;
         for (uint32_t j = 0; j < l.n_embd_v && e->pos < e->hi; j++) {
-            if (!emit_skip(e, (uint64_t)cc * s->v_el)) {
+            if (emit_skip(e, row_bytes)) {
+                continue;
+            }
+            if (idx && l.v && e->pos >= e->lo && e->pos + row_bytes <= e->hi) {
+                /* the whole row is in the window */
+                gather_row(e->out + (size_t)(e->pos - e->lo), l.v + (size_t)j * stride, idx, cc, s->v_el, e->stream);
+                e->pos += row_bytes;
+            } else {
                 emit_rows(e, runs, nr, l.v ? l.v + (size_t)j * stride : NULL, s->v_el);
             }
         }
@@ -260,11 +311,21 @@ static int src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, size
             runs[2 * k++ + 1] = s->size;
         }
     }
+    /* short runs of a transposed V are gathered cell by cell (without memory for the list, by runs) */
+    uint32_t *idx = NULL;
+    if (s->v_trans && nr && cc < GATHER_RUN * nr && (idx = kvc_malloc_n(cc, sizeof *idx)) != NULL) {
+        for (uint32_t k = 0, m = 0; k < nr; k++) {
+            for (uint32_t i = runs[2 * k]; i < runs[2 * k + 1]; i++) {
+                idx[m++] = i;
+            }
+        }
+    }
     emitter e = { 0, offset, offset + n, out, may_stream && n >= KVC_STREAM_BYTES };
-    emit_state(s, cc, meta, runs, nr, &e);
+    emit_state(s, cc, meta, runs, nr, idx, &e);
     if (e.stream) {
         kvc_stream_fence();
     }
+    kvc_free(idx);
     kvc_free(runs);
     *written = (size_t)n;
     return KVC_OK;
@@ -748,6 +809,23 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
 
 /* --- semantics 2026: a section per stream, scattered placement ----------------------------- */
 
+/* Elements src[0, n) of el bytes into row at element cells[i] (constant-size moves for 2 and 4). */
+static void scatter_elems(uint8_t *row, const int32_t *cells, const uint8_t *src, uint32_t n, size_t el) {
+    if (el == 2) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(row + 2 * (size_t)cells[i], src + 2 * (size_t)i, 2);
+        }
+    } else if (el == 4) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(row + 4 * (size_t)cells[i], src + 4 * (size_t)i, 4);
+        }
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(row + el * (size_t)cells[i], src + el * i, el);
+        }
+    }
+}
+
 /* Copy the validated K/V data of section sec into cells[i] of its stream (cells NULL: cell i),
  * converting the V layout when the section's differs from the cache's. */
 static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state_sec *sec, const int32_t *cells) {
@@ -787,9 +865,7 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
             for (uint32_t j = 0; j < l->n_embd_v; j++) {
                 const uint8_t *sj = src + (size_t)j * cc * el;
                 uint8_t *dj = v + (size_t)j * size * el;
-                for (uint32_t i = 0; i < cc; i++) {
-                    memcpy(dj + (size_t)cells[i] * el, sj + (size_t)i * el, el);
-                }
+                scatter_elems(dj, cells, sj, cc, el);
             }
         } else if (l->v && !cells) {
             kvc_copy(l->v + base * row, src, (size_t)cc * row, stream);
