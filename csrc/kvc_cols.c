@@ -102,10 +102,7 @@ static kvc_cols_ahead kvc_cols_ahead_of(const kvc_cols *cols, const uint8_t *bas
     } while (0)
 
 bool kvc_cols_vector_available(void) {
-    /* KVCACHE_NO_AVX512 (set, and not "0") keeps the scalar path: for testing it on machines that
-     * have AVX-512, and as a way out should the vector path ever misbehave */
-    const char *no = getenv("KVCACHE_NO_AVX512");
-    if (no && *no && strcmp(no, "0") != 0) {
+    if (!kvc_avx512_wanted()) {
         return false;
     }
 #ifdef KVC_COLS_AVX512

@@ -61,24 +61,102 @@ void *kvc_realloc(void *p, size_t n) {
 
 void kvc_free(void *p) { free(p); }
 
+#ifdef KVC_HAVE_SSE2
+/* One 64-byte line from s to d (16-byte aligned) with non-temporal stores. */
+static inline void kvc_stream_line(uint8_t *d, const uint8_t *s) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)s);
+    const __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+    const __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+    const __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+    _mm_stream_si128((__m128i *)d, a);
+    _mm_stream_si128((__m128i *)(d + 16), b);
+    _mm_stream_si128((__m128i *)(d + 32), c);
+    _mm_stream_si128((__m128i *)(d + 48), e);
+}
+#endif
+
+/* 4 KiB pages: a streamed copy of at least KVC_COPY_PAGED bytes goes four pages at a time. */
+#define KVC_PAGE 4096u
+#define KVC_COPY_PAGED ((size_t)8 * KVC_PAGE)
+
+bool kvc_avx512_wanted(void) {
+    const char *no = getenv("KVCACHE_NO_AVX512");
+    return !(no && *no && strcmp(no, "0") != 0);
+}
+
+#if defined(KVC_HAVE_SSE2) && (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#define KVC_COPY_AVX512 1
+#include <immintrin.h>
+#include <stdatomic.h>
+
+/* Whether the four-page blocks go with AVX-512 (a 64-byte store, one whole line each): 0.9x of
+ * the SSE2 loop's time here. The processor and the environment (kvc_avx512_wanted) are asked
+ * once. */
+static bool kvc_pages_avx512(void) {
+    static atomic_int have = -1;
+    int h = atomic_load_explicit(&have, memory_order_relaxed);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = kvc_avx512_wanted() && __builtin_cpu_supports("avx512f");
+        atomic_store_explicit(&have, h, memory_order_relaxed);
+    }
+    return h != 0;
+}
+
+/* n bytes (a multiple of four pages; d 64-byte aligned) four pages at a time, as kvc_copy. */
+__attribute__((target("avx512f"))) static void kvc_stream_pages_avx512(uint8_t *d, const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n; i += 4 * KVC_PAGE) {
+        for (size_t o = i; o < i + KVC_PAGE; o += 64) {
+            const __m512i a = _mm512_loadu_si512((const void *)(s + o));
+            const __m512i b = _mm512_loadu_si512((const void *)(s + o + KVC_PAGE));
+            const __m512i c = _mm512_loadu_si512((const void *)(s + o + 2 * KVC_PAGE));
+            const __m512i e = _mm512_loadu_si512((const void *)(s + o + 3 * KVC_PAGE));
+            _mm512_stream_si512((__m512i *)(d + o), a);
+            _mm512_stream_si512((__m512i *)(d + o + KVC_PAGE), b);
+            _mm512_stream_si512((__m512i *)(d + o + 2 * KVC_PAGE), c);
+            _mm512_stream_si512((__m512i *)(d + o + 3 * KVC_PAGE), e);
+        }
+    }
+}
+#endif
+
 void kvc_copy(void *dst, const void *src, size_t n, bool stream) {
     uint8_t *d = dst;
     const uint8_t *s = src;
     size_t i = 0;
 #ifdef KVC_HAVE_SSE2
     if (stream) {
-        for (; i < n && ((uintptr_t)(d + i) & 15u); i++) {
-            d[i] = s[i];
+        /* whole lines of the destination: the bytes before its first line boundary plainly */
+        i = (64u - ((uintptr_t)d & 63u)) & 63u;
+        i = i < n ? i : n;
+        memcpy(d, s, i);
+        if (n - i >= KVC_COPY_PAGED) {
+            /* to the destination's next page boundary, then four of its pages at a time, a line
+             * of each in turn: the hardware prefetchers follow a stream of loads within a 4 KiB
+             * page only, so four streams keep more reads in flight than one (with 4 KiB pages on
+             * either side, one stream ran at 0.7x of memcpy here, four at 0.9-1x) */
+            for (const size_t e = i + ((KVC_PAGE - ((uintptr_t)(d + i) & (KVC_PAGE - 1))) & (KVC_PAGE - 1)); i < e;
+                 i += 64) {
+                kvc_stream_line(d + i, s + i);
+            }
+#ifdef KVC_COPY_AVX512
+            if (kvc_pages_avx512()) {
+                const size_t blocks = (n - i) / (4 * KVC_PAGE) * (4 * KVC_PAGE);
+                kvc_stream_pages_avx512(d + i, s + i, blocks);
+                i += blocks;
+            }
+#endif
+            for (; i + 4 * KVC_PAGE <= n; i += 4 * KVC_PAGE) {
+                for (size_t o = i; o < i + KVC_PAGE; o += 64) {
+                    kvc_stream_line(d + o, s + o);
+                    kvc_stream_line(d + o + KVC_PAGE, s + o + KVC_PAGE);
+                    kvc_stream_line(d + o + 2 * KVC_PAGE, s + o + 2 * KVC_PAGE);
+                    kvc_stream_line(d + o + 3 * KVC_PAGE, s + o + 3 * KVC_PAGE);
+                }
+            }
         }
         for (; i + 64 <= n; i += 64) {
-            const __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
-            const __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-            const __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
-            const __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-            _mm_stream_si128((__m128i *)(d + i), a);
-            _mm_stream_si128((__m128i *)(d + i + 16), b);
-            _mm_stream_si128((__m128i *)(d + i + 32), c);
-            _mm_stream_si128((__m128i *)(d + i + 48), e);
+            kvc_stream_line(d + i, s + i);
         }
     }
 #else

@@ -121,6 +121,10 @@ void  kvc_free(void *p);
  * whose destination is not read again soon); kvc_stream_fence() orders them before later
  * reads. */
 void  kvc_copy(void *dst, const void *src, size_t n, bool stream);
+/* Whether the environment lets the AVX-512 paths run where the processor has them: not when
+ * KVCACHE_NO_AVX512 is set and not "0" (for testing the others, or as a way out). Reads the
+ * environment: ask once. */
+bool  kvc_avx512_wanted(void);
 void  kvc_stream_fence(void);
 
 /* Run fn(args + i * arg_size) for every i < n, on up to min(n, KVC_MAX_THREADS) threads (the

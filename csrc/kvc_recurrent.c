@@ -635,7 +635,7 @@ static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
 static void rec_framed(const kvc_recurrent *c, int32_t seq_id, unsigned layout, kvc_state_src *src,
                        kvc_state_framed *f) {
     rec_src(c, seq_id, src);
-    f->layout = 0;
+    f->layout = layout & KVC_LAYOUT_FRESH_OUT;
     f->seq_id = seq_id;
     f->prefix = seq_id >= 0 && (layout & KVC_LAYOUT_PREFIX);
     f->n_stream = 1;

@@ -18,12 +18,14 @@ typedef struct emitter {
     uint64_t pos;    /* blob offset of the next piece */
     uint64_t lo, hi; /* the window */
     uint8_t *out;    /* out[0] is blob byte lo */
+    bool     stream; /* K/V data with non-temporal stores (a window of KVC_STREAM_BYTES or more) */
 } emitter;
 
-/* Copy n bytes from src, or zeros when the layer has no memory attached. */
-static void copy_or_zero(uint8_t *dst, const uint8_t *src, size_t n) {
+/* Copy n bytes from src (streamed from 256 bytes on when stream), or zeros when the layer has no
+ * memory attached. */
+static void copy_or_zero(uint8_t *dst, const uint8_t *src, size_t n, bool stream) {
     if (src) {
-        memcpy(dst, src, n);
+        kvc_copy(dst, src, n, stream && n >= 256);
     } else {
         memset(dst, 0, n);
     }
@@ -34,7 +36,7 @@ static void emit(emitter *e, const uint8_t *src, size_t n) {
     if (b > e->lo && a < e->hi) {
         const uint64_t s = a > e->lo ? a : e->lo;
         const uint64_t t = b < e->hi ? b : e->hi;
-        copy_or_zero(e->out + (size_t)(s - e->lo), src ? src + (size_t)(s - a) : NULL, (size_t)(t - s));
+        copy_or_zero(e->out + (size_t)(s - e->lo), src ? src + (size_t)(s - a) : NULL, (size_t)(t - s), e->stream);
     }
     e->pos = b;
 }
@@ -144,8 +146,51 @@ static void emit_rows(emitter *e, const uint32_t *runs, uint32_t nr, const uint8
     }
 }
 
+/* Runs of fewer cells than this on average: a transposed V row is gathered element by element
+ * (a copy call for a run of a cell or two costs several times its bytes' time). */
+#define GATHER_RUN 16u
+/* Bytes of the tile a gathered row goes through before it is streamed out. */
+#define GATHER_TILE 4096u
+
+/* Elements idx[0, n) of el bytes of row into d. */
+static void gather_elems(uint8_t *d, const uint8_t *row, const uint32_t *idx, uint32_t n, size_t el) {
+    if (el == 2) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(d + 2 * (size_t)i, row + 2 * (size_t)idx[i], 2);
+        }
+    } else if (el == 4) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(d + 4 * (size_t)i, row + 4 * (size_t)idx[i], 4);
+        }
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(d + el * i, row + el * idx[i], el);
+        }
+    }
+}
+
+/* The elements of the listed cells idx[0, cc) of one row of a transposed V into out; with
+ * stream through a tile that stays in the first-level cache and is then streamed out, so that
+ * the row's reads and the blob's writes both go in address order. */
+static void gather_row(uint8_t *out, const uint8_t *row, const uint32_t *idx, uint32_t cc, size_t el, bool stream) {
+    if (!stream) {
+        gather_elems(out, row, idx, cc, el);
+        return;
+    }
+    uint8_t tile[GATHER_TILE];
+    const uint32_t per = (uint32_t)(GATHER_TILE / el);
+    for (uint32_t i = 0; i < cc; i += per) {
+        const uint32_t m = cc - i < per ? cc - i : per;
+        gather_elems(tile, row, idx + i, m, el);
+        kvc_copy(out, tile, (size_t)m * el, true);
+        out += (size_t)m * el;
+    }
+}
+
+/* The state into the emitter's window; idx: the listed cells one by one, for gathering a
+ * transposed V (NULL: each row copied by runs). */
 static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const uint32_t *runs, uint32_t nr,
-                       emitter *e) {
+                       const uint32_t *idx, emitter *e) {
     emit_u32(e, cc);
     if (!emit_skip(e, meta)) {
         uint8_t rec[8 + 12 + 4 * KVC_MAX_SEQ];
@@ -210,17 +255,32 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
         kvc_le_put_u32(h + 4, (uint32_t)s->v_el);
         kvc_le_put_u32(h + 8, l.n_embd_v);
         emit(e, h, 12);
-        /* row j of the transposed V holds the listed cells' elements j */
+        /* row j of the transposed V holds the listed cells' elements j: with every cell listed,
+         * the rows are the layer's V as it is */
         const size_t stride = (size_t)s->size * s->v_el;
+        if (nr == 1 && runs[0] == 0 && runs[1] == s->size) {
+            emit(e, l.v, (size_t)l.n_embd_v * stride);
+            continue;
+        }
+        const uint64_t row_bytes = (uint64_t)cc * s->v_el;
         for (uint32_t j = 0; j < l.n_embd_v && e->pos < e->hi; j++) {
-            if (!emit_skip(e, (uint64_t)cc * s->v_el)) {
+            if (emit_skip(e, row_bytes)) {
+                continue;
+            }
+            if (idx && l.v && e->pos >= e->lo && e->pos + row_bytes <= e->hi) {
+                /* the whole row is in the window */
+                gather_row(e->out + (size_t)(e->pos - e->lo), l.v + (size_t)j * stride, idx, cc, s->v_el, e->stream);
+                e->pos += row_bytes;
+            } else {
                 emit_rows(e, runs, nr, l.v ? l.v + (size_t)j * stride : NULL, s->v_el);
             }
         }
     }
 }
 
-int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, size_t cap, size_t *written) {
+/* kvc_state_src_write; may_stream: a window of KVC_STREAM_BYTES or more streams its K/V data. */
+static int src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, size_t cap, size_t *written,
+                     bool may_stream) {
     *written = 0;
     uint32_t cc, nr;
     uint64_t meta;
@@ -251,11 +311,28 @@ int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, s
             runs[2 * k++ + 1] = s->size;
         }
     }
-    emitter e = { 0, offset, offset + n, out };
-    emit_state(s, cc, meta, runs, nr, &e);
+    /* short runs of a transposed V are gathered cell by cell (without memory for the list, by runs) */
+    uint32_t *idx = NULL;
+    if (s->v_trans && nr && cc < GATHER_RUN * nr && (idx = kvc_malloc_n(cc, sizeof *idx)) != NULL) {
+        for (uint32_t k = 0, m = 0; k < nr; k++) {
+            for (uint32_t i = runs[2 * k]; i < runs[2 * k + 1]; i++) {
+                idx[m++] = i;
+            }
+        }
+    }
+    emitter e = { 0, offset, offset + n, out, may_stream && n >= KVC_STREAM_BYTES };
+    emit_state(s, cc, meta, runs, nr, idx, &e);
+    if (e.stream) {
+        kvc_stream_fence();
+    }
+    kvc_free(idx);
     kvc_free(runs);
     *written = (size_t)n;
     return KVC_OK;
+}
+
+int kvc_state_src_write(const kvc_state_src *s, uint64_t offset, uint8_t *out, size_t cap, size_t *written) {
+    return src_write(s, offset, out, cap, written, true);
 }
 
 /* --- framing: prefix, stream count, per-stream sections --------------------------------------- */
@@ -322,7 +399,8 @@ int kvc_state_framed_write(const kvc_state_framed *f, uint64_t offset, uint8_t *
                 memcpy(out + done, zero + lo, (size_t)(hi - lo));
             } else {
                 size_t w = 0;
-                const int rc = kvc_state_src_write(&f->streams[k], lo, out + done, (size_t)(hi - lo), &w);
+                const int rc = src_write(&f->streams[k], lo, out + done, (size_t)(hi - lo), &w,
+                                         !(f->layout & KVC_LAYOUT_FRESH_OUT));
                 if (rc != KVC_OK) {
                     return rc;
                 }
@@ -594,17 +672,41 @@ static void v_untranspose_in(uint8_t *v, uint32_t size, const uint8_t *src, size
     }
 }
 
+/* Whether a read copies the K/V data of cc cells with non-temporal stores: from KVC_STREAM_BYTES
+ * on (data that does not stay in the caches anyway). */
+static bool stream_data(const kvc_unified *c, uint32_t cc) {
+    uint64_t n = 0;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        n += (uint64_t)cc * (c->layers[il].k_row_bytes + c->layers[il].v_row_bytes);
+    }
+    return n >= KVC_STREAM_BYTES;
+}
+
+/* n_rows transposed V rows of cc elements el, src's one after the other, into rows of `size`
+ * elements from element dst (one copy when the rows are the whole buffer). */
+static void v_rows_in(uint8_t *v, uint32_t size, const uint8_t *src, uint32_t cc, uint32_t n_rows, size_t el,
+                      uint32_t dst, bool stream) {
+    if (cc == size && dst == 0) {
+        kvc_copy(v, src, (size_t)n_rows * cc * el, stream);
+        return;
+    }
+    for (uint32_t j = 0; j < n_rows; j++) {
+        kvc_copy(v + ((size_t)j * size + dst) * el, src + (size_t)j * cc * el, (size_t)cc * el, stream);
+    }
+}
+
 /* Copy the validated K/V data of the blob into cells [dst, dst + cc), converting the V layout
  * when the blob's differs from the cache's. */
 static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
     const uint32_t cc = ps->cell_count;
     const uint32_t size = c->cells.size;
     const bool blob_vt = ps->v_trans != 0;
+    const bool stream = stream_data(c, cc);
     const uint8_t *p = ps->data + ps->data_off + 8;
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
         const kvc_layer *l = &c->layers[ikv];
         if (l->k && cc) {
-            memcpy(l->k + (size_t)dst * l->k_row_bytes, p + 12, (size_t)cc * l->k_row_bytes);
+            kvc_copy(l->k + (size_t)dst * l->k_row_bytes, p + 12, (size_t)cc * l->k_row_bytes, stream);
         }
         p += 12 + (size_t)cc * l->k_row_bytes;
     }
@@ -614,19 +716,20 @@ static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
         const uint8_t *src = p + 12;
         if (l->v && cc) {
             if (blob_vt && c->v_trans) {
-                for (uint32_t j = 0; j < l->n_embd_v; j++) {
-                    memcpy(l->v + ((size_t)j * size + dst) * el, src + (size_t)j * cc * el, (size_t)cc * el);
-                }
+                v_rows_in(l->v, size, src, cc, l->n_embd_v, el, dst, stream);
             } else if (blob_vt) {
                 v_transpose_in(l->v, l->v_row_bytes, src, cc, l->n_embd_v, el, dst, NULL);
             } else if (c->v_trans) {
                 v_untranspose_in(l->v, size, src, l->v_row_bytes, cc, l->n_embd_v, el, dst, NULL);
             } else {
-                memcpy(l->v + (size_t)dst * l->v_row_bytes, src, (size_t)cc * l->v_row_bytes);
+                kvc_copy(l->v + (size_t)dst * l->v_row_bytes, src, (size_t)cc * l->v_row_bytes, stream);
             }
         }
         /* both layouts hold cc * v_row_bytes bytes of data after a 12-byte header */
         p += 12 + (size_t)cc * l->v_row_bytes;
+    }
+    if (stream) {
+        kvc_stream_fence();
     }
 }
 
@@ -639,7 +742,7 @@ static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
     kvc_unified_commit(c);
     kvc_cells_reset(&c->cells);
     c->head = 0;
-    kvc_unified_zero_cells(c, ps->cell_count, c->cells.size);
+    kvc_unified_zero_cells(c, 0, ps->cell_count, c->cells.size);
     const uint32_t nw = c->cells.seq_words;
     kvc_seqset touched;
     kvc_seqset_clear(&touched);
@@ -706,22 +809,40 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
 
 /* --- semantics 2026: a section per stream, scattered placement ----------------------------- */
 
+/* Elements src[0, n) of el bytes into row at element cells[i] (constant-size moves for 2 and 4). */
+static void scatter_elems(uint8_t *row, const int32_t *cells, const uint8_t *src, uint32_t n, size_t el) {
+    if (el == 2) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(row + 2 * (size_t)cells[i], src + 2 * (size_t)i, 2);
+        }
+    } else if (el == 4) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(row + 4 * (size_t)cells[i], src + 4 * (size_t)i, 4);
+        }
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(row + el * (size_t)cells[i], src + el * i, el);
+        }
+    }
+}
+
 /* Copy the validated K/V data of section sec into cells[i] of its stream (cells NULL: cell i),
  * converting the V layout when the section's differs from the cache's. */
 static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state_sec *sec, const int32_t *cells) {
     const uint32_t cc = sec->cell_count;
     const size_t size = c->cells.size, base = (size_t)sec->stream * size;
     const size_t el = v_elem_bytes(c);
+    const bool stream = stream_data(c, cc);
     const uint8_t *p = data + sec->data_off + 8;
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
         const kvc_layer *l = &c->layers[ikv];
         const size_t row = l->k_row_bytes;
         const uint8_t *src = p + 12;
         if (l->k && !cells) {
-            memcpy(l->k + base * row, src, (size_t)cc * row);
+            kvc_copy(l->k + base * row, src, (size_t)cc * row, stream);
         } else if (l->k) {
             for (uint32_t i = 0; i < cc; i++) {
-                memcpy(l->k + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row);
+                kvc_copy(l->k + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row, stream);
             }
         }
         p += 12 + (size_t)cc * row;
@@ -736,29 +857,28 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
             } else {
                 v_untranspose_in(l->v + base * row, (uint32_t)size, src, row, cc, l->n_embd_v, el, 0, cells);
             }
-        } else if (l->v && c->v_trans) {
+        } else if (l->v && c->v_trans && !cells) {
             /* per stream n_embd_v rows of size elements; the blob: n_embd_v rows of cc */
+            v_rows_in(l->v + base * row, (uint32_t)size, src, cc, l->n_embd_v, el, 0, stream);
+        } else if (l->v && c->v_trans) {
             uint8_t *v = l->v + base * row;
             for (uint32_t j = 0; j < l->n_embd_v; j++) {
                 const uint8_t *sj = src + (size_t)j * cc * el;
                 uint8_t *dj = v + (size_t)j * size * el;
-                if (!cells) {
-                    memcpy(dj, sj, (size_t)cc * el);
-                    continue;
-                }
-                for (uint32_t i = 0; i < cc; i++) {
-                    memcpy(dj + (size_t)cells[i] * el, sj + (size_t)i * el, el);
-                }
+                scatter_elems(dj, cells, sj, cc, el);
             }
         } else if (l->v && !cells) {
-            memcpy(l->v + base * row, src, (size_t)cc * row);
+            kvc_copy(l->v + base * row, src, (size_t)cc * row, stream);
         } else if (l->v) {
             for (uint32_t i = 0; i < cc; i++) {
-                memcpy(l->v + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row);
+                kvc_copy(l->v + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row, stream);
             }
         }
         /* both layouts hold cc * v_row_bytes bytes of data after a 12-byte header */
         p += 12 + (size_t)cc * row;
+    }
+    if (stream) {
+        kvc_stream_fence();
     }
 }
 
@@ -893,9 +1013,17 @@ static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, siz
 
 static void apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
     if (plan->seq_id < 0) {
-        /* clear (every stream, heads 0, K/V zeroed; queued stream copies stay), then cell k of
-         * section s into cell k of stream s */
-        kvc_unified_clear(c);
+        /* clear (every stream, heads 0; queued stream copies stay), then cell k of section s into
+         * cell k of stream s; of the K/V data only what no section overwrites is zeroed (the
+         * K/V bytes end as llama.cpp's clear and read leave them) */
+        kvc_unified_clear_cells(c);
+        uint32_t filled[KVC_MAX_SEQ] = { 0 };
+        for (uint32_t k = 0; k < plan->n_sec; k++) {
+            filled[plan->secs[k].stream] = plan->secs[k].cell_count;
+        }
+        for (uint32_t s = 0; s < c->n_stream; s++) {
+            kvc_unified_zero_cells(c, s, filled[s], c->cells.size);
+        }
         const uint32_t nw = c->cells.seq_words;
         for (uint32_t k = 0; k < plan->n_sec; k++) {
             const kvc_state_sec *sec = &plan->secs[k];

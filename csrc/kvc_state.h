@@ -30,6 +30,10 @@ enum kvc_layout_bits {
                                * carry it after n_seq_id: i32 x, i32 y */
     KVC_LAYOUT_EXT_TOK  = 16u,/* ... and i32 tok after them (with KVC_LAYOUT_EXT_XY) */
     KVC_LAYOUT_CELL_EXT = 32u,/* readers without a cache: the cells have the extension (the model's) */
+    KVC_LAYOUT_FRESH_OUT = 0x40000000u, /* writers only: out is memory just allocated, whose pages the
+                                         * first stores fault in (zeroed by the system): plain stores,
+                                         * which find those lines in the caches. Else a window of
+                                         * KVC_STREAM_BYTES or more gets its K/V data streamed */
     KVC_LAYOUT_DETECT   = 0x80000000u, /* readers only: find the layout (see the _lay readers) */
 };
 

@@ -172,8 +172,8 @@ int kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err) {
 
 /* --- sequence operations ------------------------------------------------------------- */
 
-void kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to) {
-    const size_t size = c->cells.size, n = to > from ? to - from : 0;
+void kvc_unified_zero_cells(kvc_unified *c, uint32_t stream, uint32_t from, uint32_t to) {
+    const size_t size = c->cells.size, n = to > from ? to - from : 0, base = (size_t)stream * size;
     if (n == 0) {
         return;
     }
@@ -181,32 +181,38 @@ void kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to) {
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const kvc_layer *ly = &c->layers[l];
         if (ly->k) {
-            memset(ly->k + from * ly->k_row_bytes, 0, n * ly->k_row_bytes);
+            memset(ly->k + (base + from) * ly->k_row_bytes, 0, n * ly->k_row_bytes);
         }
         if (!ly->v) {
             continue;
         }
+        /* a transposed V keeps per stream n_embd_v rows of size elements, the bytes of size rows */
+        uint8_t *v = ly->v + base * ly->v_row_bytes;
         if (!c->v_trans) {
-            memset(ly->v + from * ly->v_row_bytes, 0, n * ly->v_row_bytes);
+            memset(v + from * ly->v_row_bytes, 0, n * ly->v_row_bytes);
         } else if (n == size) {
-            memset(ly->v, 0, size * ly->v_row_bytes); /* every column: the whole buffer */
+            memset(v, 0, size * ly->v_row_bytes); /* every column: the stream's whole V */
         } else {
             for (uint32_t e = 0; e < ly->n_embd_v; e++) {
-                memset(ly->v + ((size_t)e * size + from) * el, 0, n * el);
+                memset(v + ((size_t)e * size + from) * el, 0, n * el);
             }
         }
     }
 }
 
-void kvc_unified_clear(kvc_unified *c) {
+void kvc_unified_clear_cells(kvc_unified *c) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
     for (uint32_t s = 0; s < c->n_stream; s++) {
         kvc_cells_reset(kvc_unified_stream_cells(c, s));
         *kvc_unified_stream_head(c, s) = 0;
     }
+}
+
+void kvc_unified_clear(kvc_unified *c) {
+    kvc_unified_clear_cells(c);
     if (c->n_stream == 1) {
-        kvc_unified_zero_cells(c, 0, c->cells.size);
+        kvc_unified_zero_cells(c, 0, 0, c->cells.size);
         return;
     }
     const size_t rows = (size_t)c->cells.size * c->n_stream;

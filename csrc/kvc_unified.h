@@ -193,8 +193,12 @@ bool     kvc_unified_any_shift(const kvc_unified *c);
 /* clear, seq_rm, seq_cp, seq_keep, seq_add and seq_div below, as the table of kvc_seqops.h. */
 extern const kvc_seq_ops kvc_unified_seq_ops;
 void    kvc_unified_clear(kvc_unified *c);           /* also zeroes the K/V buffers; n kept */
-/* Zero the K/V data of cells [from, to) (every layer; columns of a transposed V). */
-void    kvc_unified_zero_cells(kvc_unified *c, uint32_t from, uint32_t to);
+/* kvc_unified_clear but the K/V buffers, which keep their bytes (for a caller that writes or
+ * zeroes every cell's data itself). */
+void    kvc_unified_clear_cells(kvc_unified *c);
+/* Zero the K/V data of cells [from, to) of stream `stream` (every layer; columns of a
+ * transposed V). */
+void    kvc_unified_zero_cells(kvc_unified *c, uint32_t stream, uint32_t from, uint32_t to);
 bool    kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1); /* s -1 = any */
 /* seq_rm on stream st alone, the placement kept (the purge of a 2026 placement). */
 void    kvc_unified_stream_seq_rm(kvc_unified *c, uint32_t st, int32_t s, int32_t p0, int32_t p1);

@@ -803,9 +803,26 @@ def memcpy_ns(size_t nbytes, uint32_t reps, bint kv_memory=False):
     import numpy as np
     from kvcache._core import _aligned_zeros
     alloc = _aligned_zeros if kv_memory else (lambda n: np.zeros(n, dtype=np.uint8))
-    cdef uint8_t[::1] va = alloc(nbytes), vb = alloc(nbytes)
-    cdef uint8_t *a = &va[0]
-    cdef uint8_t *b = &vb[0]
+    return memcpy_into_ns(alloc(nbytes), alloc(nbytes), reps)
+
+
+def kv_memory(size_t nbytes):
+    """A zeroed uint8 array of nbytes allocated as kvcache's owned K/V memory is (huge pages where
+    the system offers them)."""
+    from kvcache._core import _aligned_zeros
+    return _aligned_zeros(nbytes)
+
+
+def memcpy_into_ns(dst, src, uint32_t reps):
+    """Nanoseconds for reps memcpy from the buffer src into the buffer dst (writable, C-contiguous,
+    both of len(dst) bytes), written before timing so that their pages are faulted in: the
+    yardstick of a copy between memory of those kinds (say a bytearray and huge pages)."""
+    cdef uint8_t[::1] vd = memoryview(dst).cast("B"), vs = memoryview(src).cast("B")
+    cdef size_t nbytes = <size_t>vd.shape[0]
+    if <size_t>vs.shape[0] != nbytes or nbytes == 0:
+        raise ValueError(f"src holds {vs.shape[0]} bytes, dst {nbytes}: expected the same number, not 0")
+    cdef uint8_t *a = &vs[0]
+    cdef uint8_t *b = &vd[0]
     cdef uint32_t r
     cdef uint64_t t0
     memset(a, 1, nbytes)
@@ -816,8 +833,7 @@ def memcpy_ns(size_t nbytes, uint32_t reps, bint kv_memory=False):
         for r in range(reps):
             memcpy(b, a, nbytes)
             a[r % nbytes] = <uint8_t>r
-    t0 = perf_counter_ns() - t0
-    return t0
+    return perf_counter_ns() - t0
 
 
 def copy_ns(size_t nbytes, uint32_t reps, unsigned n_threads=1, bint stream=False):

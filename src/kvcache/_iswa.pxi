@@ -317,7 +317,8 @@ def _state_write_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
             written = 0
             part_bits = bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX)
             with nogil:
-                r = kvc_unified_state_write_range_lay(&c.c, s, part_bits, 0, p + off, sizes[k], &written)
+                r = kvc_unified_state_write_range_lay(&c.c, s, part_bits | KVC_LAYOUT_FRESH_OUT, 0, p + off, sizes[k],
+                                                      &written)
             if r < 0:
                 raise_status(r, NULL, "state_write")
             if written != sizes[k]:

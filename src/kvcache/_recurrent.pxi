@@ -572,7 +572,7 @@ cdef class _Recurrent(RecurrentCore):
             n = kvc_recurrent_state_size_lay(&self.c, s, bits)
             out = new_state_bytes(n, &p)
             with nogil:
-                r = kvc_recurrent_state_write_range_lay(&self.c, s, bits, 0, p, n, &written)
+                r = kvc_recurrent_state_write_range_lay(&self.c, s, bits | KVC_LAYOUT_FRESH_OUT, 0, p, n, &written)
         finally:
             op_end(&self._lock)
         check_status(r, NULL, "state_write")

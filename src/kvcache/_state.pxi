@@ -8,7 +8,8 @@ from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, k
                                          KVC_LAYOUT_PREFIX, KVC_LAYOUT_SWA_TRIM, KVC_LAYOUT_DETECT,
                                          KVC_SEQ_MAGIC, KVC_SEQ_PREFIX_BYTES, kvc_state_frame,
                                          kvc_state_describe_frame, KVC_LAYOUT_EXT_XY, KVC_LAYOUT_EXT_TOK,
-                                         KVC_LAYOUT_CELL_EXT, kvc_layout_ext_bytes, kvc_state_describe_ext)
+                                         KVC_LAYOUT_CELL_EXT, kvc_layout_ext_bytes, kvc_state_describe_ext,
+                                         KVC_LAYOUT_FRESH_OUT)
 from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS, kvc_cells_seq_cells, kvc_cell_ext
 
 # Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
@@ -120,9 +121,10 @@ cdef unsigned state_read_flags(object convert, object exact):
 
 
 cdef object new_state_bytes(size_t n, uint8_t **p):
-    """A bytes object of n bytes to write a state into (*p its data). Its pages are asked to be
-    huge (kvc_advise_huge_pages) before anything writes them: a state of hundreds of MB then
-    faults 2 MiB pages, not 4 KiB ones one by one."""
+    """A bytes object of n bytes to write a state into (*p its data), with the writer's layout
+    bits | KVC_LAYOUT_FRESH_OUT (plain stores into the pages as they fault in). Its pages are
+    asked to be huge (kvc_advise_huge_pages) before anything writes them: a state of hundreds
+    of MB then faults 2 MiB pages, not 4 KiB ones one by one."""
     out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
     p[0] = <uint8_t *>PyBytes_AS_STRING(out)
     if n >= 2 * KVC_HUGE_PAGE:

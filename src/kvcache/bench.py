@@ -194,9 +194,12 @@ def bench_defrag(quick: bool, reps: int) -> list[Row]:
 def bench_state(quick: bool, reps: int) -> list[Row]:
     """Whole-cache state write/read through the public API (owned buffers, state_write_into a
     preallocated buffer, state_read from it) against the baseline's per-range copies (its read
-    with the seed's clear(): every K/V buffer zeroed first), paired per repetition. The blobs
-    of the baseline, kvcache's C core and the public API are checked equal, and every read to
-    restore them."""
+    with the seed's clear(): every K/V buffer zeroed first), paired per repetition with a memcpy
+    of the blob's bytes between memory of the kinds they copy between (a bytearray as the blob,
+    huge pages as the owned K/V memory). And state_write() returning a fresh bytes object
+    against a fresh numpy copy of the blob's bytes (np.copy), paired likewise. The blobs of the
+    baseline, kvcache's C core and the public API are checked equal, and every read to restore
+    them."""
     import numpy as np
 
     import kvcache
@@ -229,31 +232,64 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
         if n_base != nbytes or base_blob[:nbytes] != blob:
             raise AssertionError("the public API's state blob differs from the baseline's")
         base_view = memoryview(base_blob)[:nbytes]
+        # the memcpy yardstick's two sides: memory of the blob's kind and of the K/V memory's
+        yard_blob, yard_kv = bytearray(nbytes), _bench.kv_memory(nbytes)
 
         def write():
             _bench.scrub()   # clean caches before every timed part (the baseline's and memcpy's too)
             t = time.perf_counter_ns()
             c.state_write_into(blob, layout="2025")
             t = time.perf_counter_ns() - t
-            return t, w.base_state(base_blob, False)[0], _bench.memcpy_ns(nbytes, 2) / 2
+            return t, w.base_state(base_blob, False)[0], _bench.memcpy_into_ns(yard_blob, yard_kv, 2) / 2
 
         def read():
             _bench.scrub()
             t = time.perf_counter_ns()
             c.state_read(blob, layout="2025")
             t = time.perf_counter_ns() - t
-            return t, w.base_state(base_view, True)[0], _bench.memcpy_ns(nbytes, 2) / 2
+            return t, w.base_state(base_view, True)[0], _bench.memcpy_into_ns(yard_kv, yard_blob, 2) / 2
+        name = f"whole cache {cells} cells, {n_layer} layers x 1024 f16, v_trans={v_trans}"
         for what, fn in (("write", write), ("read", read)):
             # each repetition: kvcache, the baseline, memcpy of the blob's bytes, back to back
             res = [fn() for _ in range(reps)]
             fast, base, mc = [r[0] for r in res], [r[1] for r in res], [r[2] for r in res]
-            rows.append(_versus(f"state {what}, whole cache {cells} cells, {n_layer} layers x 1024 f16, v_trans={v_trans}",
-                                fast, base, gbps=nbytes / statistics.median(fast), yardstick="memcpy of the blob's bytes",
-                                yardstick_gbps=nbytes / statistics.median(mc), yardstick_ratio=_paired(fast, mc)))
+            rows.append(_versus(f"state {what}, {name}", fast, base, gbps=nbytes / statistics.median(fast),
+                                yardstick="memcpy of the blob's bytes", yardstick_gbps=nbytes / statistics.median(mc),
+                                yardstick_ratio=_paired(fast, mc)))
+        rows.append(_fresh_state_write(c, yard_kv, reps, name))
         # the reads restored what was written, on both sides
         if c.state_write(layout="2025") != bytes(blob) or w.base_state(base_blob, False)[1] != nbytes or base_blob[:nbytes] != blob:
             raise AssertionError("a state read did not restore the blob it read")
     return rows
+
+
+def _fresh_state_write(c, src, reps: int, name: str) -> Row:
+    """state_write() (a new bytes object each time) against np.copy of as many bytes from src, a
+    uint8 array in memory of the K/V memory's kind (a new array each time), paired per
+    repetition; both objects are dropped untimed."""
+    import numpy as np
+
+    from kvcache import _bench
+
+    nbytes = len(src)
+    fast, npc = [], []
+    for _ in range(reps):
+        _bench.scrub()
+        t = time.perf_counter_ns()
+        out = c.state_write(layout="2025")
+        fast.append(time.perf_counter_ns() - t)
+        if len(out) != nbytes:
+            raise AssertionError("state_write() returned a blob of another size")
+        del out
+        _bench.scrub()
+        t = time.perf_counter_ns()
+        out = np.copy(src)
+        npc.append(time.perf_counter_ns() - t)
+        del out
+    m, r = _median_range(fast)
+    return Row(f"state_write() to a fresh bytes object, {name}", m, r, gbps=nbytes / m,
+               yardstick="fresh numpy copy of the blob's bytes (np.copy)", yardstick_gbps=nbytes / statistics.median(npc),
+               yardstick_ratio=_paired(fast, npc))
 
 
 def bench_calls(quick: bool, reps: int) -> list[Row]:

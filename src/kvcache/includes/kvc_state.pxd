@@ -14,6 +14,7 @@ cdef extern from "kvc_state.h" nogil:
         KVC_LAYOUT_PREFIX
         KVC_LAYOUT_SWA_TRIM
         KVC_LAYOUT_DETECT
+        KVC_LAYOUT_FRESH_OUT
         KVC_LAYOUT_EXT_XY
         KVC_LAYOUT_EXT_TOK
         KVC_LAYOUT_CELL_EXT
