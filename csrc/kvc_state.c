@@ -524,6 +524,44 @@ size_t kvc_unified_state_size_lay(const kvc_unified *c, int32_t seq_id, unsigned
 
 size_t kvc_unified_state_size(const kvc_unified *c, int32_t seq_id) { return kvc_unified_state_size_lay(c, seq_id, 0); }
 
+/* One thread's share of a state window: bytes [offset, offset + n) of the blob. */
+typedef struct state_share {
+    const kvc_state_framed *f;
+    uint64_t                offset;
+    uint8_t                *out;
+    size_t                  n, written;
+    int                     rc;
+} state_share;
+
+static void state_share_run(void *arg) {
+    state_share *s = arg;
+    s->rc = kvc_state_framed_write(s->f, s->offset, s->out, s->n, &s->written);
+}
+
+/* The window [offset, offset + n) of the blob written as `width` windows of whole pages, one a
+ * thread: the writer copies any window on its own, reading the cache only. */
+static int state_write_shared(const kvc_state_framed *f, uint64_t offset, uint8_t *out, size_t n, unsigned width,
+                              size_t *written) {
+    state_share shares[KVC_MAX_THREADS];
+    const size_t per = (n / width + 4095) & ~(size_t)4095;
+    unsigned k = 0;
+    for (size_t done = 0; done < n; k++) {
+        const size_t m = n - done < per ? n - done : per;
+        shares[k] = (state_share){ f, offset + done, out + done, m, 0, KVC_OK };
+        done += m;
+    }
+    kvc_parallel(state_share_run, shares, sizeof shares[0], k);
+    size_t total = 0;
+    for (unsigned i = 0; i < k; i++) {
+        if (shares[i].rc != KVC_OK) {
+            return shares[i].rc;
+        }
+        total += shares[i].written;
+    }
+    *written = total;
+    return KVC_OK;
+}
+
 int kvc_unified_state_write_range_lay(kvc_unified *c, int32_t seq_id, unsigned layout, uint64_t offset,
                                       uint8_t *out, size_t cap, size_t *written) {
     *written = 0;
@@ -537,7 +575,16 @@ int kvc_unified_state_write_range_lay(kvc_unified *c, int32_t seq_id, unsigned l
     if (offset >= total || cap == 0) {
         return KVC_OK;
     }
-    return kvc_state_framed_write(&v.f, offset, out, total - offset < cap ? (size_t)(total - offset) : cap, written);
+    const size_t n = total - offset < cap ? (size_t)(total - offset) : cap;
+    /* threads only when the caller set n_threads, and only while each share still streams */
+    unsigned width = c->n_threads > KVC_MAX_THREADS ? KVC_MAX_THREADS : c->n_threads;
+    while (width > 1 && n / width < KVC_STREAM_BYTES) {
+        width--;
+    }
+    if (width > 1) {
+        return state_write_shared(&v.f, offset, out, n, width, written);
+    }
+    return kvc_state_framed_write(&v.f, offset, out, n, written);
 }
 
 int kvc_unified_state_write_range(kvc_unified *c, int32_t seq_id, uint64_t offset, uint8_t *out,

@@ -114,3 +114,28 @@ def test_large_whole_reads_into_streams_zero_what_no_section_fills(v_trans):
     k = fresh.k(0).reshape(4, 512, -1)
     assert not k[2].any() and not k[1, 120:].any() and not k[0, 500:].any()
     assert np.array_equal(k[3].view(np.uint16), src.k(0).reshape(4, 512, -1)[3].view(np.uint16))
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_a_state_written_on_several_threads_is_the_same_bytes(v_trans):
+    """n_threads above 1: a state window of n_threads x 16 MiB or more is written as that many
+    windows of whole pages, one a thread; the bytes are those of one thread, into a buffer, a
+    fresh object and at an offset (a whole cache and one sequence), and they read back."""
+    c = kvcache.UnifiedCache(2560, LAYERS, WIDTH, WIDTH, type_k="f16", type_v="f16", v_trans=v_trans, n_seq_max=4)
+    _fill_kv(c, 11)
+    for t in range(2560):
+        assert c.find_slot(kvcache.UBatch([t // 4], [t % 4]))
+        c.commit()
+    c.seq_rm(2, 100, 300)
+    ref, ref0 = c.state_write(), c.state_write(seq_id=0)
+    assert len(ref) >= 3 * (16 << 20)
+    for n in (2, 3, 4):
+        c.n_threads = n
+        assert c.state_write() == ref
+        buf = bytearray(len(ref) + 5)
+        c.state_write_into(memoryview(buf)[5:])
+        assert buf[5:] == ref
+        assert c.state_write(seq_id=0) == ref0
+    c.clear()
+    c.state_read(ref)
+    assert c.state_write() == ref

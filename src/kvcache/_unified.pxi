@@ -1018,8 +1018,9 @@ cdef class _Unified(UnifiedCore):
         """Threads a K/V move of 16 MiB or more (defrag_move, update) may share its layers among,
         never more than there are layers: 0 (the default) takes the online processors, at most 4
         (more did not move memory faster); 1 keeps every move on the calling thread. Settable,
-        up to 64. A KQ mask of 16 MiB or more shares its rows among this many threads only when
-        it is set above 1 (with 0, the default, masks are written on the calling thread)."""
+        up to 64. A KQ mask of 16 MiB or more shares its rows, and a state write of this many
+        times 16 MiB or more its bytes, among this many threads only when it is set above 1
+        (with 0, the default, masks and states are written on the calling thread)."""
         return self.c.n_threads
 
     @n_threads.setter
