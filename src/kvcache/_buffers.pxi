@@ -43,16 +43,19 @@ def _aligned_zeros(size_t nbytes):
     return out
 
 
+_F32, _F16, _U16, _U8 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint16), np.dtype(np.uint8)
+
+
 cdef object _element_dtype(int32_t type_id):
     """numpy dtype of the k()/v() views of a type: float32, float16, bfloat16 (ml_dtypes; uint16
     bit patterns without it), uint8 bytes for block-quantized types."""
     if type_id == KVC_TYPE_F32:
-        return np.dtype(np.float32)
+        return _F32
     if type_id == KVC_TYPE_F16:
-        return np.dtype(np.float16)
+        return _F16
     if type_id == KVC_TYPE_BF16:
-        return _BF16 if _BF16 is not None else np.dtype(np.uint16)
-    return np.dtype(np.uint8)
+        return _BF16 if _BF16 is not None else _U16
+    return _U8
 
 
 def view_dtype(type):
@@ -336,13 +339,15 @@ cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, str name, 
     It must be host memory, C-contiguous, writable, aligned, hold at least `need` bytes and
     have the type's element dtype (float32 / float16 / bfloat16 or uint16) or be raw uint8."""
     cdef _HeldBuffer hb = hold_buffer(obj, name, False)
-    tname = kvc_type_get(type_id).name.decode()
-    ok = [_element_dtype(type_id), np.dtype(np.uint8)]
-    if type_id == KVC_TYPE_BF16:
-        ok.append(np.dtype(np.uint16))
-    if hb.dtype not in ok:
-        names = " or ".join(dict.fromkeys(str(d) for d in ok))
-        raise TypeError(f"{name} has dtype {hb.dtype}, which cannot hold {tname} data ({names})")
+    el = _element_dtype(type_id)
+    dt = hb.dtype
+    # numpy's builtin dtypes are singletons: the usual case is settled without comparing
+    if not (dt is el or dt is _U8 or (type_id == KVC_TYPE_BF16 and dt is _U16)):
+        ok = [el, _U8] + ([_U16] if type_id == KVC_TYPE_BF16 else [])
+        if dt not in ok:
+            names = " or ".join(dict.fromkeys(str(d) for d in ok))
+            tname = kvc_type_get(type_id).name.decode()
+            raise TypeError(f"{name} has dtype {dt}, which cannot hold {tname} data ({names})")
     if not hb.c_contiguous():
         raise ValueError(f"{name} must be C-contiguous")
     if hb.view.readonly:
@@ -435,6 +440,6 @@ class BFloat16View(np.ndarray):
 cdef object _typed_view(object mem, object dt, tuple shape):
     """mem (uint8) as dtype dt in shape; bf16 views can be exported through DLPack."""
     v = mem.view(dt).reshape(shape)
-    if _BF16 is not None and dt == _BF16:
+    if _BF16 is not None and dt is _BF16:
         v = v.view(BFloat16View)
     return v

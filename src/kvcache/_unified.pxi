@@ -565,12 +565,9 @@ cdef class _Unified(UnifiedCore):
             self._k_view.append(kview)
             self._v_view.append(vview)
         _check_disjoint(regions)
-        cdef uint8_t[::1] mk
-        cdef uint8_t[::1] mv
         for i in range(len(kept)):
-            mk = self._k_mem[i]
-            mv = self._v_mem[i]
-            kvc_unified_set_layer_buffers(&self.c, <uint32_t>i, &mk[0], &mv[0])
+            kvc_unified_set_layer_buffers(&self.c, <uint32_t>i, <uint8_t *><uintptr_t>_data_address(self._k_mem[i]),
+                                          <uint8_t *><uintptr_t>_data_address(self._v_mem[i]))
 
     def __dealloc__(self):
         if self._ready:
