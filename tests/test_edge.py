@@ -367,6 +367,32 @@ def test_tensors_that_cannot_be_used_are_refused_clearly():
         c.kq_mask(kvcache.UBatch([1], [0]), out=torch.empty(63, c.n))   # fewer rows than the mask has
 
 
+@needs_torch
+def test_a_tensor_is_read_through_torch_never_through_what_it_claims():
+    """An exact torch.Tensor is read through torch's own Tensor.numpy (an attribute set on the
+    instance is not consulted); a subclass goes the DLPack route (its numpy is never called);
+    both are the tensor's own memory, a view's offset included."""
+    c = kvcache.UnifiedCache(64, 1, 8, 8, type_k="f32", type_v="f32", v_trans=False)
+    assert c.find_slot(kvcache.UBatch([0, 1], [0, 0]))
+    big = torch.arange(48, dtype=torch.float32).reshape(6, 8)
+    rows = big[2:4]                                       # storage offset 16
+    rows.numpy = lambda: np.full((2, 8), -1, np.float32)  # not torch's: never called
+    c.store(0, rows, rows)
+    assert np.array_equal(c.k(0)[c.slot[0]:c.slot[0] + 2], big[2:4].numpy())
+
+    class Claims(torch.Tensor):
+        def numpy(self, *a, **k):
+            raise AssertionError("a subclass's numpy must not be called")
+
+    other = big[4:6].as_subclass(Claims)
+    c.store(0, other, other)
+    assert np.array_equal(c.v(0)[c.slot[0]:c.slot[0] + 2], big[4:6].numpy())
+    out = torch.empty(64, c.n)
+    out.numpy = lambda: np.empty((64, c.n), np.float32)   # the mask lands in the tensor all the same
+    assert c.kq_mask(kvcache.UBatch([2], [0]), out=out) is out
+    assert np.array_equal(torch.Tensor.numpy(out), c.kq_mask(kvcache.UBatch([2], [0])))
+
+
 class _DeviceTensor:
     """Claims to live on a CUDA device (DLPack device type 2)."""
 

@@ -178,14 +178,16 @@ def test_a_state_saved_by_a_server_in_another_layout_is_gathered():
 
 
 def test_the_bench_case_runs_and_checks_the_tokens():
-    """`kvcache bench torch` in its quick size: rows for generate and the per-step calls (its
-    own check: the kvcache Cache's tokens are DynamicCache's, or it raises)."""
+    """`kvcache bench torch` in its quick size: rows for generate (kvcache's Cache and the
+    views-only floor) and the per-step calls (its own check: the tokens of both are
+    DynamicCache's, or it raises)."""
     from kvcache import bench
 
     rows = bench.CASES["torch"](True, 1)
-    assert len(rows) == 3 and all(r.kvcache_ns and r.kvcache_ns > 0 for r in rows)
-    assert rows[0].baseline_ns and rows[0].yardstick == "DynamicCache"
-    assert ["4096" in rows[1].case, "32768" in rows[2].case] == [True, True]
+    assert len(rows) == 4 and all(r.kvcache_ns and r.kvcache_ns > 0 for r in rows)
+    assert rows[0].baseline_ns and rows[0].yardstick == rows[1].yardstick == "DynamicCache"
+    assert "views-only" in rows[1].case and rows[1].ratio
+    assert ["4096" in rows[2].case, "32768" in rows[3].case] == [True, True]
 
 
 def _kv(rows, q, seed, dtype=torch.float32):

@@ -215,6 +215,31 @@ cdef object _from_dlpack_capsule(object obj, str name):
 
 # --- the buffer edge: every array argument goes through here -------------------------------------
 
+cdef object _torch_tensor = None    # torch.Tensor, once torch is imported (kvcache never imports it)
+
+
+cdef object _torch_cpu_array(object obj):
+    """A numpy array over an exact torch.Tensor's memory, from torch's own Tensor.numpy (called
+    through the class: an attribute set on the instance is not consulted), or None when torch
+    refuses (a device tensor, bfloat16, one that requires grad, ...) and the DLPack route must
+    decide. A fraction of the DLPack route's cost: a decode step passes several small tensors."""
+    global _torch_tensor
+    if _torch_tensor is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        _torch_tensor = getattr(torch, "Tensor", None)
+        if _torch_tensor is None:
+            return None
+    if type(obj) is not _torch_tensor:
+        return None
+    try:
+        a = _torch_tensor.numpy(obj)
+    except (TypeError, RuntimeError, ValueError):
+        return None
+    return a if type(a) is np.ndarray else None
+
+
 cdef object host_array(object obj, str name):
     """A numpy array, of exactly the ndarray type, over the memory of obj (nothing is copied):
     an ndarray (its own C description: a subclass's properties and hooks are never consulted),
@@ -234,6 +259,9 @@ cdef object host_array(object obj, str name):
             return np.asarray(m)
         except (TypeError, ValueError, NotImplementedError, BufferError) as e:
             raise TypeError(f"{name}: unsupported buffer ({e})") from None
+    a = _torch_cpu_array(obj)
+    if a is not None:
+        return a
     if hasattr(obj, "__dlpack__"):
         try:
             dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_DL_CPU, 0)

@@ -13,6 +13,7 @@ from libc.limits cimport LLONG_MIN, LLONG_MAX
 from kvcache.includes.kvc_common cimport *
 
 import numpy as np
+import sys
 
 
 class StateError(ValueError):
