@@ -538,15 +538,21 @@ static void state_share_run(void *arg) {
     s->rc = kvc_state_framed_write(s->f, s->offset, s->out, s->n, &s->written);
 }
 
-/* The window [offset, offset + n) of the blob written as `width` windows of whole pages, one a
- * thread: the writer copies any window on its own, reading the cache only. */
+size_t kvc_state_share_bytes(size_t n, unsigned width) {
+    /* n / width rounded up before the pages are: rounded down, `width` shares can fall short */
+    const size_t each = n / width + (n % width != 0);
+    return (each + 4095) & ~(size_t)4095;
+}
+
+/* The window [offset, offset + n) of the blob written as at most `width` windows of whole pages,
+ * one a thread: the writer copies any window on its own, reading the cache only. */
 static int state_write_shared(const kvc_state_framed *f, uint64_t offset, uint8_t *out, size_t n, unsigned width,
                               size_t *written) {
     state_share shares[KVC_MAX_THREADS];
-    const size_t per = (n / width + 4095) & ~(size_t)4095;
+    const size_t per = kvc_state_share_bytes(n, width);
     unsigned k = 0;
-    for (size_t done = 0; done < n; k++) {
-        const size_t m = n - done < per ? n - done : per;
+    for (size_t done = 0; done < n && k < width; k++) {
+        const size_t m = n - done < per || k == width - 1 ? n - done : per;
         shares[k] = (state_share){ f, offset + done, out + done, m, 0, KVC_OK };
         done += m;
     }

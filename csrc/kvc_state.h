@@ -135,6 +135,10 @@ size_t kvc_state_framed_size(const kvc_state_framed *f);
 int    kvc_state_framed_write(const kvc_state_framed *f, uint64_t offset, uint8_t *out, size_t cap,
                               size_t *written);
 
+/* The bytes of each of up to `width` threads' shares of an n-byte window: whole 4 KiB pages
+ * (the last share takes the rest), never more than `width` shares (width >= 1). */
+size_t kvc_state_share_bytes(size_t n, unsigned width);
+
 /* The byte counts of a cache, checked once at its construction: its K/V memory (size cells of
  * the rows of n_layer layers: n_embd_k[l] elements of type_k, n_embd_v[l] of type_v) and its
  * largest state (every cell listing n_seq_max ids) fit in a size_t. KVC_OK, or KVC_E_ARG with

@@ -1083,6 +1083,29 @@ static void test_write_range(const geom *g) {
     tc_free(&a);
 }
 
+/* A threaded state write's shares: whole pages, at most `width` of them, covering the window,
+ * for every width and windows around the sizes where rounding n / width down first fell short
+ * (n / width a whole number of pages with a remainder: width + 1 shares, past the array). */
+static void test_share_bytes(void) {
+    static const size_t pages[] = { 1, 2, 4096, 4097, 65536 };
+    for (unsigned width = 1; width <= KVC_MAX_THREADS; width++) {
+        for (size_t i = 0; i < sizeof pages / sizeof pages[0]; i++) {
+            const size_t base = pages[i] * 4096 * width;
+            const size_t ns[] = { base - 1, base, base + 1, base + width - 1, base + width, base + 4095,
+                                  base + (size_t)check_rand(1u << 20) };
+            for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
+                const size_t n = ns[j];
+                const size_t per = kvc_state_share_bytes(n, width);
+                const size_t shares = n / per + (n % per != 0);
+                CHECK(per % 4096 == 0 && per > 0 && shares <= width,
+                      "n %zu width %u: shares of %zu bytes, %zu of them", n, width, per, shares);
+            }
+        }
+    }
+    CHECK(kvc_state_share_bytes((size_t)64 * (16u << 20) + 40, 64) == (16u << 20) + 4096,
+          "64 threads, 1 GiB + 40 bytes: each share a page more than 16 MiB");
+}
+
 /* V transposed -> rows -> transposed with the convert flag: the data follows and the final
  * blob is the original's; without the flag the read is refused and nothing changes. */
 static void test_convert(int32_t type_v) {
@@ -1288,6 +1311,7 @@ int main(void) {
     test_write_range(&gs[2]);
     test_write_range(&gs[4]);
     test_write_range(&gs[5]);
+    test_share_bytes();
     test_convert(KVC_TYPE_F16);
     test_convert(KVC_TYPE_F32);
     test_exact();
