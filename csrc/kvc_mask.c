@@ -418,7 +418,7 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
     /* a scratch row per share only when streaming: else a sequence's next row starts as a copy
      * of its row before, still in the caches */
     const bool scratch = shared && !alibi && stream;
-    const size_t base_stride = kvc_pad_u32((uint32_t)row_bytes, 64);
+    const size_t base_stride = (row_bytes + 63) & ~(size_t)63;   /* a row can pass 4 GiB */
     uint32_t *order = kvc_malloc((size_t)n_tokens * sizeof *order);
     uint8_t *base = scratch ? kvc_malloc_n(n_parts, base_stride) : NULL;
     if (!order || (scratch && !base)) {
