@@ -43,35 +43,38 @@ def _generate_ns(model: Any, ids: Any, cache: Any) -> tuple[int, Any]:
     return time.thread_time_ns() - t0, out
 
 
+def _views_only_update(self: Any, key_states: Any, value_states: Any, layer_idx: int, *args: Any,
+                       **kwargs: Any) -> Any:
+    """update of the views-only Cache (see _floor_cache)."""
+    import torch  # type: ignore[import-not-found,unused-ignore]
+
+    if layer_idx == 0:
+        rows, heads, q, dim = key_states.shape
+        if self._n == 0:
+            # [2 * layers, rows, heads, index, dim], and the same with the index first
+            full = torch.zeros(2 * len(self._types), rows, heads, self._n_ctx, dim, dtype=key_states.dtype)
+            self.floor = (full, full.unsqueeze(4).permute(3, 0, 1, 2, 4, 5))
+        full, by_index = self.floor
+        n = self._n
+        self._n = n + q
+        self.views = full.narrow(3, 0, n + q).unbind(0)
+        self.dst = (by_index[n] if q == 1 else full.narrow(3, n, q)).unbind(0)
+    at = 2 * layer_idx
+    self.dst[at].copy_(key_states)
+    self.dst[at + 1].copy_(value_states)
+    return self.views[at], self.views[at + 1]
+
+
 def _floor_cache(model: Any, n_ctx: int) -> Any:
     """A transformers Cache that does only what any cache returning views of its own memory
     must: one torch tensor for every layer's K/V (made on the first update), each forward's new
     rows copied in, the keys returned as views. No cells, no placement, no checks: the floor
     the kvcache Cache is held against (its answers to transformers' other questions are the
     kvcache Cache's own, so only update differs)."""
-    import torch  # type: ignore[import-not-found,unused-ignore]
-
     from kvcache.integrations.transformers import KVCache
 
-    class ViewsOnly(KVCache):  # type: ignore[misc,valid-type,unused-ignore]
-        def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
-            if layer_idx == 0:
-                rows, heads, q, dim = key_states.shape
-                if self._n == 0:
-                    # [2 * layers, rows, heads, index, dim], and the same with the index first
-                    full = torch.zeros(2 * len(self._types), rows, heads, self._n_ctx, dim, dtype=key_states.dtype)
-                    self.floor = (full, full.unsqueeze(4).permute(3, 0, 1, 2, 4, 5))
-                full, by_index = self.floor
-                n = self._n
-                self._n = n + q
-                self.views = full.narrow(3, 0, n + q).unbind(0)
-                self.dst = (by_index[n] if q == 1 else full.narrow(3, n, q)).unbind(0)
-            at = 2 * layer_idx
-            self.dst[at].copy_(key_states)
-            self.dst[at + 1].copy_(value_states)
-            return self.views[at], self.views[at + 1]
-
-    return ViewsOnly(model.config, n_ctx)
+    views_only = type("ViewsOnly", (KVCache,), {"update": _views_only_update})
+    return views_only(model.config, n_ctx)
 
 
 def _calls_ns(size: int, steps: int) -> float:
