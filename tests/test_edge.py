@@ -393,6 +393,34 @@ def test_a_tensor_is_read_through_torch_never_through_what_it_claims():
     assert np.array_equal(torch.Tensor.numpy(out), c.kq_mask(kvcache.UBatch([2], [0])))
 
 
+@needs_torch
+def test_tensors_whose_memory_is_not_their_values_are_refused():
+    """A tensor with the negative bit set holds its values negated (DLPack would export that
+    memory as it is): TypeError, for a subclass too, and nothing is stored; a tensor whose
+    __dlpack__ fails inside torch (a nested tensor) is a TypeError naming the argument."""
+    import warnings
+
+    c = kvcache.UnifiedCache(64, 1, 8, 8, type_k="f32", type_v="f32", v_trans=False)
+    assert c.find_slot(kvcache.UBatch([0, 1], [0, 0]))
+    before = np.array(c.k(0))
+    neg = (torch.arange(16, dtype=torch.float32).reshape(2, 8) + 1)._neg_view()
+
+    class Sub(torch.Tensor):
+        pass
+
+    for t in (neg, neg.as_subclass(Sub)):
+        with pytest.raises(TypeError, match="negative bit"):
+            c.store(0, t, t)
+    assert np.array_equal(c.k(0), before)
+    c.store(0, neg.resolve_neg(), neg.resolve_neg())
+    assert np.array_equal(c.k(0)[c.slot[0]:c.slot[0] + 2], -(np.arange(16, dtype=np.float32).reshape(2, 8) + 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nested = torch.nested.nested_tensor([torch.zeros(8), torch.zeros(8)])
+    with pytest.raises(TypeError, match="k_rows"):
+        c.store(0, nested, nested)
+
+
 class _DeviceTensor:
     """Claims to live on a CUDA device (DLPack device type 2)."""
 

@@ -218,11 +218,13 @@ cdef object _from_dlpack_capsule(object obj, str name):
 cdef object _torch_tensor = None    # torch.Tensor, once torch is imported (kvcache never imports it)
 
 
-cdef object _torch_cpu_array(object obj):
+cdef object _torch_cpu_array(object obj, str name):
     """A numpy array over an exact torch.Tensor's memory, from torch's own Tensor.numpy (called
     through the class: an attribute set on the instance is not consulted), or None when torch
-    refuses (a device tensor, bfloat16, one that requires grad, ...) and the DLPack route must
-    decide. A fraction of the DLPack route's cost: a decode step passes several small tensors."""
+    refuses (a device tensor, bfloat16, one that requires grad, ...) or obj is a subclass, and
+    the DLPack route must decide. A fraction of the DLPack route's cost: a decode step passes
+    several small tensors. TypeError for a tensor whose negative bit is set: its memory holds
+    the values negated, and DLPack would export that memory as it is."""
     global _torch_tensor
     if _torch_tensor is None:
         torch = sys.modules.get("torch")
@@ -231,6 +233,12 @@ cdef object _torch_cpu_array(object obj):
         _torch_tensor = getattr(torch, "Tensor", None)
         if _torch_tensor is None:
             return None
+    if not isinstance(obj, _torch_tensor):
+        return None
+    is_neg = getattr(_torch_tensor, "is_neg", None)
+    if is_neg is not None and is_neg(obj):
+        raise TypeError(f"{name} has the negative bit set (its memory holds the values negated): pass "
+                        f"tensor.resolve_neg()")
     if type(obj) is not _torch_tensor:
         return None
     try:
@@ -259,7 +267,7 @@ cdef object host_array(object obj, str name):
             return np.asarray(m)
         except (TypeError, ValueError, NotImplementedError, BufferError) as e:
             raise TypeError(f"{name}: unsupported buffer ({e})") from None
-    a = _torch_cpu_array(obj)
+    a = _torch_cpu_array(obj, name)
     if a is not None:
         return a
     if hasattr(obj, "__dlpack__"):
@@ -284,6 +292,8 @@ cdef object host_array(object obj, str name):
             return _from_dlpack_capsule(obj, name)
         except BufferError as e:     # the producer refused (e.g. a tensor that requires grad)
             raise BufferError(f"{name}: {e}") from None
+        except RuntimeError as e:    # the producer failed (e.g. a nested tensor)
+            raise TypeError(f"{name}: its __dlpack__() failed ({e})") from None
     raise TypeError(f"{name} must support the buffer protocol or __dlpack__, not {type(obj).__name__}")
 
 
