@@ -86,6 +86,9 @@ def _unified_methods(c):
                  ValueError)]
     return {
         "find_slot": ((ub,), {0: _ub_bad(c.n_seq_max)}),
+        "place_seqs": ((40, 2, 2), {0: POS + [("negative", -1, ValueError)],
+                                    1: COUNT + [("zero", 0, ValueError), ("past-int32", 2**31 - 40, ValueError)],
+                                    2: COUNT + [("zero", 0, ValueError), ("too-many", c.n_seq_max + 1, ValueError)]}),
         "seq_rm": ((0, 0, 5), {0: seq_any, 1: POS, 2: POS}),
         "seq_cp": ((0, 1, 0, 5), {0: seq, 1: seq, 2: POS, 3: POS}),
         "seq_keep": ((0,), {0: seq}),
@@ -121,7 +124,7 @@ def _unified_methods(c):
 
 def _iswa_methods(c):
     methods = _unified_methods(c.base)
-    for name in ("prune_swa", "defrag_prepare", "pos_bucket"):
+    for name in ("prune_swa", "defrag_prepare", "pos_bucket", "place_seqs"):
         del methods[name]
     layer = [(l, v, IndexError if isinstance(v, int) else e) for l, v, e in LAYER]
     for name in ("k", "v"):

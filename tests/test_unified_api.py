@@ -361,6 +361,69 @@ def test_find_slot_full_cache_and_restore():
     assert (c.n, c.head) == (32, 0)
 
 
+@pytest.mark.parametrize("semantics", ["2025", "2026"])
+@pytest.mark.parametrize("pos,n_tokens,n_seqs", [(0, 1, 1), (0, 5, 3), (7, 1, 4), (3, 2, 2), (0, 40, 2)])
+def test_place_seqs_is_find_slot_of_the_index_major_ubatch_and_commit(semantics, pos, n_tokens, n_seqs):
+    """place_seqs(pos, q, r) leaves the cache exactly as find_slot of the ubatch whose token
+    j * r + s is sequence s at pos + j, then commit, would (2026: find_slot alone), on a cache
+    already holding cells with holes; it returns the first cell when the cells run on."""
+    def busy():
+        c = make(kv_size=128, semantics=semantics)
+        for p in range(12):
+            assert c.find_slot(UBatch([p], [p % 3]))
+            if semantics == "2025":
+                c.commit()
+        c.seq_rm(1, 0, 6)
+        return c
+    a, b = busy(), busy()
+    ub = UBatch([pos + j for j in range(n_tokens) for _ in range(n_seqs)], list(range(n_seqs)) * n_tokens)
+    assert b.find_slot(ub)
+    if semantics == "2025":
+        b.commit()
+    cells = b.slot_indices().tolist()
+    got = a.place_seqs(pos, n_tokens, n_seqs)
+    assert got == (cells[0] if cells == list(range(cells[0], cells[0] + len(cells))) else -1)
+    assert snapshot(a) == snapshot(b)
+    assert a.slot_indices().tolist() == cells
+    if semantics == "2025":
+        assert a.slot == (cells[0], len(cells)) and got == cells[0]
+        a.restore()                                 # committed: nothing to undo
+        assert snapshot(a) == snapshot(b)
+
+
+@pytest.mark.parametrize("semantics", ["2025", "2026"])
+def test_place_seqs_without_room_returns_none_and_places_nothing(semantics):
+    c = make(kv_size=32, semantics=semantics)
+    assert c.place_seqs(0, 15, 2) == 0
+    before = c.cells()
+    assert c.place_seqs(15, 2, 2) is None           # 4 cells wanted, 2 free
+    assert c.cells() == before and c.used == 30
+    assert c.place_seqs(15, 1, 2) == 30
+
+
+def test_place_seqs_then_store_and_mask():
+    """The placement is current, as after find_slot: store writes its rows, kq_mask sees it."""
+    c = make()
+    assert c.place_seqs(0, 2, 2) == 0
+    k = np.arange(4 * 4, dtype=np.float32).reshape(4, 4)
+    c.store(0, k, np.zeros((4, 6), np.float32))
+    assert np.array_equal(c.k(0)[:4], k)
+    mask = c.kq_mask(UBatch([0, 0, 1, 1], [0, 1, 0, 1]), pad=False)
+    assert mask.shape[0] == 4 and np.isfinite(mask[3, [1, 3]]).all() and np.isinf(mask[3, [0, 2]]).all()
+
+
+def test_place_seqs_of_a_cache_with_a_stream_per_sequence():
+    """One token per sequence goes to each sequence's stream (cells of different streams: -1);
+    several tokens per sequence, interleaved, are refused as find_slot refuses them."""
+    c = make(semantics="2026", kv_unified=False, n_seq_max=2)
+    assert c.place_seqs(0, 1, 2) == -1
+    assert [c.seq_cells(s)[0].tolist() for s in range(2)] == [[0], [0]]
+    before = c.stream_cells()
+    with pytest.raises(ValueError):
+        c.place_seqs(1, 2, 2)
+    assert c.stream_cells() == before
+
+
 def test_clear_keeps_n():
     c = make()
     place(c, [0, 1], [0, 0], fill=2.0)

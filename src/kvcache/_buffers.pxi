@@ -216,6 +216,7 @@ cdef object _from_dlpack_capsule(object obj, str name):
 # --- the buffer edge: every array argument goes through here -------------------------------------
 
 cdef object _torch_tensor = None    # torch.Tensor, once torch is imported (kvcache never imports it)
+cdef object _torch_is_neg = None    # torch.Tensor.is_neg (None in a torch without it)
 
 
 cdef object _torch_cpu_array(object obj, str name):
@@ -225,18 +226,19 @@ cdef object _torch_cpu_array(object obj, str name):
     the DLPack route must decide. A fraction of the DLPack route's cost: a decode step passes
     several small tensors. TypeError for a tensor whose negative bit is set: its memory holds
     the values negated, and DLPack would export that memory as it is."""
-    global _torch_tensor
+    global _torch_tensor, _torch_is_neg
     if _torch_tensor is None:
         torch = sys.modules.get("torch")
         if torch is None:
             return None
-        _torch_tensor = getattr(torch, "Tensor", None)
-        if _torch_tensor is None:
+        tensor = getattr(torch, "Tensor", None)
+        if tensor is None:
             return None
+        _torch_is_neg = getattr(tensor, "is_neg", None)
+        _torch_tensor = tensor
     if not isinstance(obj, _torch_tensor):
         return None
-    is_neg = getattr(_torch_tensor, "is_neg", None)
-    if is_neg is not None and is_neg(obj):
+    if _torch_is_neg is not None and _torch_is_neg(obj):
         raise TypeError(f"{name} has the negative bit set (its memory holds the values negated): pass "
                         f"tensor.resolve_neg()")
     if type(obj) is not _torch_tensor:
@@ -370,13 +372,23 @@ cdef object _block(object out, _HeldBuffer hb, Py_ssize_t rows, Py_ssize_t cols)
     return hb.array[idx]
 
 
-cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, str name, str layout):
+cdef str _text(object x):
+    """A name or layout of an error message: a str, or a tuple (format, *args) formatted now
+    (callers pass tuples so that nothing is formatted unless a message is raised)."""
+    return x if isinstance(x, str) else x[0].format(*x[1:])
+
+
+cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, object name, object layout):
     """Validate a borrowed K or V buffer and return (its first `need` bytes as a uint8 view,
-    the _HeldBuffer that pins it for the cache's lifetime).
+    the _HeldBuffer that pins it for the cache's lifetime). name, layout: see _text.
 
     It must be host memory, C-contiguous, writable, aligned, hold at least `need` bytes and
     have the type's element dtype (float32 / float16 / bfloat16 or uint16) or be raw uint8."""
-    cdef _HeldBuffer hb = hold_buffer(obj, name, False)
+    cdef _HeldBuffer hb
+    if isinstance(obj, np.ndarray):
+        hb = hold_buffer(obj, "", False)          # an ndarray is host memory: no name needed
+    else:
+        hb = hold_buffer(obj, _text(name), False)
     el = _element_dtype(type_id)
     dt = hb.dtype
     # numpy's builtin dtypes are singletons: the usual case is settled without comparing
@@ -385,31 +397,35 @@ cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, str name, 
         if dt not in ok:
             names = " or ".join(dict.fromkeys(str(d) for d in ok))
             tname = kvc_type_get(type_id).name.decode()
-            raise TypeError(f"{name} has dtype {dt}, which cannot hold {tname} data ({names})")
+            raise TypeError(f"{_text(name)} has dtype {dt}, which cannot hold {tname} data ({names})")
     if not hb.c_contiguous():
-        raise ValueError(f"{name} must be C-contiguous")
+        raise ValueError(f"{_text(name)} must be C-contiguous")
     if hb.view.readonly:
-        raise ValueError(f"{name} is read-only")
+        raise ValueError(f"{_text(name)} is read-only")
     if hb.view.itemsize > 1 and (<uintptr_t>hb.view.buf) % <uintptr_t>hb.view.itemsize:
-        raise ValueError(f"{name} is not aligned to its {hb.view.itemsize}-byte elements")
+        raise ValueError(f"{_text(name)} is not aligned to its {hb.view.itemsize}-byte elements")
     if <size_t>hb.view.len < need:
-        raise ValueError(f"{name} holds {hb.view.len} bytes; the layer needs {need} ({layout})")
+        raise ValueError(f"{_text(name)} holds {hb.view.len} bytes; the layer needs {need} ({_text(layout)})")
     flat = np.ndarray.view(hb.array.reshape(-1), dtype=np.uint8, type=np.ndarray)[:need]
     return flat, hb
 
 
 cdef int _check_disjoint(list regions) except -1:
-    """regions: (name, uint8 array) of borrowed memory; no two may overlap."""
+    """regions: (name, uint8 array) of borrowed memory (name: see _text); no two may overlap."""
     spans = []
     for nm, a in regions:
         if a.nbytes:
             start = _data_address(a)
             spans.append((start, start + <size_t>a.nbytes, nm))
-    spans.sort()
+    spans.sort(key=_span_start)
     for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
         if s1 < e0:
-            raise ValueError(f"{n0} and {n1} overlap in memory")
+            raise ValueError(f"{_text(n0)} and {_text(n1)} overlap in memory")
     return 0
+
+
+def _span_start(span):
+    return span[0]
 
 
 # --- DLPack export of bf16 views (numpy exports the other dtypes itself) ----------------------

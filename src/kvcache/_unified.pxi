@@ -525,12 +525,13 @@ cdef class _Unified(UnifiedCore):
         self._k_mem, self._v_mem, self._k_view, self._v_view = [], [], [], []
         if mode == "none":
             return
-        dk, dv = _element_dtype(tk.id), _element_dtype(tv.id)
+        dv = _element_dtype(tv.id)
         size = <Py_ssize_t>self.c.cells.size
         n_stream = <Py_ssize_t>self.c.n_stream
         rows = size * n_stream            # K / V rows: stream s at [s * size, (s + 1) * size)
-        is_2026 = self.c.semantics == KVC_SEM_2026
         regions = []
+        # error messages are formatted only when one is raised (a constructor runs inside decode loops)
+        per = f"{n_stream} streams x " if n_stream > 1 else ""
         for i, il in enumerate(kept):
             lay = &self.c.layers[i]
             nk = rows * lay.k_row_bytes
@@ -539,35 +540,47 @@ cdef class _Unified(UnifiedCore):
                 kmem = _aligned_zeros(nk)
                 vmem = _aligned_zeros(nv)
             else:
-                per = f"{n_stream} streams x " if n_stream > 1 else ""
-                vlay = (f"{per}{lay.n_embd_v} x {size} cells of {dv.itemsize} bytes, transposed" if v_trans_
-                        else f"{per}{size} cells x {lay.v_row_bytes} bytes")
-                kmem, hk = _borrowed_bytes(pairs[i][0], nk, tk.id, f"buffers[{il}] K",
-                                           f"{per}{size} cells x {lay.k_row_bytes} bytes")
+                vlay = (("{}{} x {} cells of {} bytes, transposed", per, lay.n_embd_v, size, dv.itemsize) if v_trans_
+                        else ("{}{} cells x {} bytes", per, size, lay.v_row_bytes))
+                kmem, hk = _borrowed_bytes(pairs[i][0], nk, tk.id, ("buffers[{}] K", il),
+                                           ("{}{} cells x {} bytes", per, size, lay.k_row_bytes))
                 held.append(hk)
-                vmem, hv = _borrowed_bytes(pairs[i][1], nv, tv.id, f"buffers[{il}] V", vlay)
+                vmem, hv = _borrowed_bytes(pairs[i][1], nv, tv.id, ("buffers[{}] V", il), vlay)
                 held.append(hv)
-                regions += [(f"buffers[{il}] K", kmem), (f"buffers[{il}] V", vmem)]
-            if dk.itemsize == 1:
-                kview = kmem.reshape(rows, lay.k_row_bytes)
-            else:
-                kview = _typed_view(kmem, dk, (rows, lay.n_embd_k))
-            if dv.itemsize == 1:
-                vview = vmem.reshape(rows, lay.v_row_bytes)
-            elif v_trans_ and is_2026:
-                vview = _typed_view(vmem, dv, (n_stream, lay.n_embd_v, size))
-            elif v_trans_:
-                vview = _typed_view(vmem, dv, (lay.n_embd_v, size))
-            else:
-                vview = _typed_view(vmem, dv, (rows, lay.n_embd_v))
+                regions += [(("buffers[{}] K", il), kmem), (("buffers[{}] V", il), vmem)]
             self._k_mem.append(kmem)
             self._v_mem.append(vmem)
-            self._k_view.append(kview)
-            self._v_view.append(vview)
+            self._k_view.append(None)   # made by the first k(il) / v(il)
+            self._v_view.append(None)
         _check_disjoint(regions)
         for i in range(len(kept)):
             kvc_unified_set_layer_buffers(&self.c, <uint32_t>i, <uint8_t *><uintptr_t>_data_address(self._k_mem[i]),
                                           <uint8_t *><uintptr_t>_data_address(self._v_mem[i]))
+
+    cdef object _layer_view(self, Py_ssize_t i, bint is_v):
+        """The typed view k(il) / v(il) returns of kept layer i (made once, then kept)."""
+        views = self._v_view if is_v else self._k_view
+        view = views[i]
+        if view is not None:
+            return view
+        cdef kvc_layer *lay = &self.c.layers[i]
+        cdef Py_ssize_t size = <Py_ssize_t>self.c.cells.size
+        cdef Py_ssize_t n_stream = <Py_ssize_t>self.c.n_stream
+        cdef Py_ssize_t rows = size * n_stream
+        mem = self._v_mem[i] if is_v else self._k_mem[i]
+        dt = _element_dtype(self.c.type_v if is_v else self.c.type_k)
+        if not is_v:
+            view = mem.reshape(rows, lay.k_row_bytes) if dt.itemsize == 1 else _typed_view(mem, dt, (rows, lay.n_embd_k))
+        elif dt.itemsize == 1:
+            view = mem.reshape(rows, lay.v_row_bytes)
+        elif self.c.v_trans and self.c.semantics == KVC_SEM_2026:
+            view = _typed_view(mem, dt, (n_stream, lay.n_embd_v, size))
+        elif self.c.v_trans:
+            view = _typed_view(mem, dt, (lay.n_embd_v, size))
+        else:
+            view = _typed_view(mem, dt, (rows, lay.n_embd_v))
+        views[i] = view
+        return view
 
     def __dealloc__(self):
         if self._ready:
@@ -1088,6 +1101,82 @@ cdef class _Unified(UnifiedCore):
             raise_status(r, NULL, "find_slot")
         return r == 1
 
+    def place_seqs(self, pos, n_tokens=1, n_seqs=1):
+        """Place, for good, positions ``pos .. pos + n_tokens - 1`` of each of the sequences
+        ``0 .. n_seqs - 1`` (a batch of equal rows: row s is sequence s), in one call and
+        without a UBatch: the ubatch whose token ``j * n_seqs + s`` is sequence s at position
+        ``pos + j`` (one token per group), found a slot for and committed (semantics "2026":
+        find_slot alone, final there).
+
+        Returns the cell of the first token when the tokens' cells are consecutive in token
+        order (always so in "2025": ``slot`` is then ``(cell, n_tokens * n_seqs)``), -1 when
+        they are scattered ("2026": ``slot_indices()`` lists them), None when there is no room
+        (nothing placed; as after a failed find_slot, ``head`` may have moved). Commits the
+        find_slot calls before it too."""
+        cdef int32_t p0 = pos_c(pos, "pos")
+        cdef uint32_t q = <uint32_t>int_c(n_tokens, "n_tokens", 1, INT32_MAX)
+        cdef uint32_t rows = <uint32_t>int_c(n_seqs, "n_seqs", 1, KVC_MAX_SEQ)
+        cdef uint64_t n = <uint64_t>q * rows
+        cdef uint32_t t, first = 0
+        cdef int r = 0
+        cdef kvc_err err
+        cdef kvc_ubatch ub
+        # one block: seq_off [n + 1], pos [n], seq_ids [n]; small ubatches (a decode step) on the stack
+        cdef uint32_t small[3 * 64 + 1]
+        cdef uint32_t *mem = small
+        err.msg[0] = 0
+        if p0 < 0 or <int64_t>p0 + q - 1 > INT32_MAX:
+            raise ValueError(f"pos .. pos + n_tokens - 1 = {p0} .. {<int64_t>p0 + q - 1} must lie in [0, 2**31 - 1]")
+        if rows > self.c.n_seq_max:
+            raise ValueError(f"n_seqs = {rows}: the cache holds sequences 0 .. {self.c.n_seq_max - 1}")
+        if n > UINT32_MAX // 4:
+            raise ValueError(f"{n} tokens in one placement")
+        if n > 64:
+            mem = <uint32_t *>PyMem_Malloc((3 * <size_t>n + 1) * sizeof(uint32_t))
+            if mem == NULL:
+                raise MemoryError("place_seqs")
+        cdef uint32_t *off = mem
+        cdef int32_t *pp = <int32_t *>(mem + n + 1)
+        cdef int32_t *ids = pp + n
+        try:
+            for t in range(<uint32_t>n):
+                off[t] = t
+                pp[t] = p0 + <int32_t>(t // rows)
+                ids[t] = <int32_t>(t % rows)
+            off[n] = <uint32_t>n
+            ub.n_tokens = <uint32_t>n
+            ub.n_seq_tokens = 1
+            ub.n_seqs = <uint32_t>n
+            ub.pos = pp
+            ub.seq_off = off
+            ub.seq_ids = ids
+            ub.pos_x = NULL
+            ub.pos_y = NULL
+            ub.token = NULL
+            lock_change(&self._lock, "place_seqs")
+            with nogil:
+                if self.c.semantics == KVC_SEM_2026:
+                    r = kvc_unified_find_slot_2026(&self.c, &ub, &err)
+                else:
+                    r = kvc_unified_find_slot(&self.c, &ub)
+                    if r == 1:
+                        kvc_unified_commit(&self.c)
+                if r == 1:
+                    first = kvc_unified_slot_cell(&self.c, 0)
+                    for t in range(1, <uint32_t>n):
+                        if kvc_unified_slot_cell(&self.c, t) != first + t:
+                            first = UINT32_MAX
+                            break
+                kvc_pylock_release(&self._lock)
+        finally:
+            if mem != small:
+                PyMem_Free(mem)
+        if r < 0:
+            raise_status(r, &err if self.c.semantics == KVC_SEM_2026 else NULL, "place_seqs")
+        if r == 0:
+            return None
+        return -1 if first == UINT32_MAX else first
+
     def commit(self):
         """Forget the recovery information of the find_slot calls since the last commit."""
         _refuse_2026(self, "commit", "find_slot places for good; prepare() is the dry run")
@@ -1217,7 +1306,7 @@ cdef class _Unified(UnifiedCore):
         cdef uint32_t ikv = _layer_index(self, il)
         _require_memory(self, "k")
         _settle(self, "k")
-        return self._k_view[ikv]
+        return self._layer_view(ikv, False)
 
     def v(self, il):
         """V of model layer il: a view (size, n_embd_v), (n_embd_v, size) when v_trans, or
@@ -1225,7 +1314,7 @@ cdef class _Unified(UnifiedCore):
         cdef uint32_t ikv = _layer_index(self, il)
         _require_memory(self, "v")
         _settle(self, "v")
-        return self._v_view[ikv]
+        return self._layer_view(ikv, True)
 
     def store(self, il, k_rows, v_rows):
         """Write the K and V rows of the tokens placed by the last successful find_slot.
