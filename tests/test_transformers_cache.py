@@ -178,16 +178,18 @@ def test_a_state_saved_by_a_server_in_another_layout_is_gathered():
 
 
 def test_the_bench_case_runs_and_checks_the_tokens():
-    """`kvcache bench torch` in its quick size: rows for generate (kvcache's Cache and the
-    views-only floor) and the per-step calls (its own check: the tokens of both are
+    """`kvcache bench torch` in its quick size: rows for generate after a short and a long prompt
+    (kvcache's Cache and the views-only floor) and the per-step calls (its own check: the tokens of both are
     DynamicCache's, or it raises)."""
     from kvcache import bench
 
     rows = bench.CASES["torch"](True, 1)
-    assert len(rows) == 4 and all(r.kvcache_ns and r.kvcache_ns > 0 for r in rows)
-    assert rows[0].baseline_ns and rows[0].yardstick == rows[1].yardstick == "DynamicCache"
-    assert "views-only" in rows[1].case and rows[1].ratio
-    assert ["4096" in rows[2].case, "32768" in rows[3].case] == [True, True]
+    assert len(rows) == 6 and all(r.kvcache_ns and r.kvcache_ns > 0 for r in rows)
+    for short_or_long in (rows[:2], rows[2:4]):
+        assert short_or_long[0].baseline_ns and all(r.yardstick == "DynamicCache" for r in short_or_long)
+        assert "views-only" in short_or_long[1].case and short_or_long[1].ratio
+    assert ["20 + 32" in rows[0].case, "2000 + 32" in rows[2].case] == [True, True]
+    assert ["4096" in rows[4].case, "32768" in rows[5].case] == [True, True]
 
 
 def _kv(rows, q, seed, dtype=torch.float32):
@@ -218,6 +220,33 @@ def test_update_keeps_the_rows_in_the_kvcache_cache(dtype):
         rows = np.asarray(cache.kv.k(il))
         rows = torch.from_numpy(rows.view(np.uint16)).view(dtype) if dtype == torch.bfloat16 else torch.from_numpy(rows)
         assert torch.equal(rows[:n * 3].view(n, 3, 2, 8).permute(1, 2, 0, 3), want)
+
+
+def test_update_after_crop_continues_every_row():
+    """crop(-1) forgets the last index of both rows; the next forwards write index 5 and 6 in
+    its place: the keys returned are every row's, in index order, the cells those of a fresh
+    cache (cell = index * rows + row)."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    cache = KVCache(cfg, 16, batch_size=2, dtype=torch.float32)
+    seen: dict[int, list] = {0: [], 1: []}
+    for step, q in enumerate([3, 1, 1]):
+        for il in range(2):
+            k, v = _kv(2, q, 10 * step + il)
+            seen[il].append((k, v))
+            cache.update(k, v, il)
+    cache.crop(-1)
+    for il in range(2):
+        last_k, last_v = seen[il].pop()
+        seen[il].append((last_k[:, :, :0], last_v[:, :, :0]))
+    for step in (3, 4):
+        for il in range(2):
+            k, v = _kv(2, 1, 10 * step + il)
+            seen[il].append((k, v))
+            got_k, got_v = cache.update(k, v, il)
+            assert torch.equal(got_k, torch.cat([s[0] for s in seen[il]], 2))
+            assert torch.equal(got_v, torch.cat([s[1] for s in seen[il]], 2))
+    assert cache.get_seq_length() == 6
+    assert [cache.kv.seq_cells(b)[0].tolist() for b in range(2)] == [list(range(b, 12, 2)) for b in range(2)]
 
 
 def test_update_in_another_layer_order_and_bad_kv():

@@ -28,7 +28,6 @@ from kvcache.unified import UnifiedCache
 __all__ = ["KVCache", "from_model"]
 
 _TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-_NUMPY = {torch.float32: np.float32, torch.float16: np.float16}    # bfloat16: held as uint16
 
 
 class _Layer:
@@ -64,6 +63,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         sliding = [t == "sliding_attention" for t in self._types]
         super().__init__(layers=[_Layer(self._window if s else None) for s in sliding])   # type: ignore[arg-type,misc,unused-ignore]
         self._heads = (n_kv, head_dim)
+        self._n_layers = len(self._types)
         self._n_ctx = int(n_ctx)
         if self._n_ctx < 1:
             raise ValueError(f"n_ctx = {n_ctx}: must be at least 1")
@@ -81,14 +81,13 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         # strided layout as transformers reads them, [2 * layers, row, head, index, dim]
         self._full5: torch.Tensor | None = None
         self._at: list[int] = []    # per layer: its K's place in _full5, -1 for a sliding layer
-        self._full6: torch.Tensor | None = None
-        self._iswa = False
         self._full_part: UnifiedCache | None = None
         # the K/V shape (rows, kv heads, tokens, head dim) and dtype last checked: update checks
         # no further while they stay
         self._shape: torch.Size | None = None
         self._dtype: torch.dtype | None = None
-        self._placed: set[int] = set()   # layers written in the forward under way (placed, not committed)
+        self._placed: set[int] = set()   # layers written in the forward under way
+        self._pending = False            # a placement of the window cache (iSWA) is not committed yet
         self._forward_clear()
         if batch_size is not None or dtype is not None:
             if batch_size is None or dtype is None:
@@ -120,44 +119,42 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         swa = [il for il, t in enumerate(self._types) if t == "sliding_attention"]
         full = [il for il in range(n_layer) if il not in swa]
         n_batch = self._n_batch if self._n_batch is not None else self._n_ctx * rows
-        # one array per part, [2 * its layers, cells, width] (K of its layer i at 2i, V at 2i + 1),
-        # lent to kvcache as the layers' buffers and seen from torch without a copy
-        elem = np.uint16 if dtype == torch.bfloat16 else _NUMPY[dtype]
-        store = np.zeros((2 * len(full), kv_size, width), dtype=elem)
+        # one tensor per part, [2 * its layers, cells, width] (K of its layer i at 2i, V at
+        # 2i + 1), whose planes kvcache borrows as the layers' buffers
+        full_t = torch.zeros(2 * len(full), kv_size, width, dtype=dtype)
+        planes = _planes(full_t)
         pairs: list[Any] = [None] * n_layer
         at = [-1] * n_layer
         for i, il in enumerate(full):
-            pairs[il] = (store[2 * i], store[2 * i + 1])
+            pairs[il] = (planes[2 * i], planes[2 * i + 1])
             at[il] = 2 * i
-        window = None
+        window_t = None
         if swa:
             size_swa = swa_size(kv_size, self._window, rows, n_batch, self._n_pad, False)
-            window = np.zeros((2 * len(swa), size_swa, width), dtype=elem)
+            window_t = torch.zeros(2 * len(swa), size_swa, width, dtype=dtype)
+            window = _planes(window_t)
             for i, il in enumerate(swa):
                 pairs[il] = (window[2 * i], window[2 * i + 1])
             self.kv = ISWACache(swa_layers=swa, n_swa=self._window, swa_type="standard", n_batch=n_batch,
                                 swa_full=False, buffers=pairs, **common)
         else:
             self.kv = UnifiedCache(buffers=pairs, **common)
-        self._iswa = isinstance(self.kv, ISWACache)
         self._full_part = self._full()
         self._rows = rows
         self._row_list = list(range(rows))      # the sequences of one cache index, in row order
-        full_t = _as_torch(store, dtype)
-        rows_full = full_t.unbind(0)
-        rows_swa = _as_torch(window, dtype).unbind(0) if window is not None else ()
+        # torch's view of each layer's K and V (the planes kvcache was lent, as numpy)
+        views_full = full_t.unbind(0)
+        views_swa = window_t.unbind(0) if window_t is not None else ()
         self._k, self._v = [], []
         for il in range(n_layer):
-            part, i = (rows_full, at[il]) if at[il] >= 0 else (rows_swa, 2 * swa.index(il))
+            part, i = (views_full, at[il]) if at[il] >= 0 else (views_swa, 2 * swa.index(il))
             self._k.append(part[i])
             self._v.append(part[i + 1])
         cap = kv_size // rows
         # [2 * layers, cap, rows, heads, dim] -> [2 * layers, rows, heads, cap, dim]
-        self._full5 = full_t[:, :cap * rows].view(2 * len(full), cap, rows, n_kv, head_dim).permute(0, 2, 3, 1, 4) \
-            if full else None
-        # the same with the cache index first and a unit index dimension: a decode step's new
-        # rows of every layer, [2 * layers, rows, heads, 1, dim], are one index away
-        self._full6 = self._full5.unsqueeze(4).permute(3, 0, 1, 2, 4, 5) if self._full5 is not None else None
+        if cap * rows != kv_size:
+            full_t = full_t.narrow(1, 0, cap * rows)
+        self._full5 = full_t.view(2 * len(full), cap, rows, n_kv, head_dim).permute(0, 2, 3, 1, 4) if full else None
         self._at = at
 
     def _part(self, il: int) -> UnifiedCache:
@@ -173,10 +170,12 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         return kv
 
     def _commit(self) -> None:
-        if self._placed:
+        """End the forward under way (if any): its placement is kept."""
+        if self._pending:
             assert self.kv is not None
             self.kv.commit()
-            self._gather.clear()
+            self._pending = False
+        self._gather.clear()
         self._forward_clear()
 
     def _offset(self, layer_idx: int, n: int) -> int:
@@ -190,29 +189,41 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         is token j * rows + b), placed as one run of cells."""
         kv = self.kv
         assert kv is not None
-        if self._placed:
+        if self._pending:
             self._commit()
+        else:
+            self._placed.clear()
+            if self._gather:
+                self._gather.clear()
+            self._ret = self._dst = None
         rows, n = self._rows, self._n
         if n + q > self._n_ctx:
             raise ValueError(f"the cache holds {self._n_ctx} indices per row; {n} are used and {q} more came")
-        # plain lists: UBatch reads them fastest
-        pos = [n] * rows if q == 1 else [j for j in range(n, n + q) for _ in range(rows)]
-        seq = self._row_list * q
-        ub = UBatch(pos, seq)
-        if self._iswa:
-            kv.sbatch_init(pos, seq)      # type: ignore[union-attr]  # the window slides on commit
-        if not kv.find_slot(ub):
+        head: int | None
+        if isinstance(kv, ISWACache):
+            # plain lists: UBatch reads them fastest
+            pos = [n] * rows if q == 1 else [j for j in range(n, n + q) for _ in range(rows)]
+            seq = self._row_list * q
+            kv.sbatch_init(pos, seq)      # the window slides on commit
+            self._pending = kv.find_slot(UBatch(pos, seq))
+            full = self._full_part
+            slot = full.slot if self._pending and full is not None else None
+            head = None if not self._pending else n * rows if full is None else slot[0] if slot is not None else -1
+        else:
+            # one call, no UBatch: index n .. n + q - 1 of every row, placed and committed
+            head = kv.place_seqs(n, q, rows)
+        if head is None:
             raise RuntimeError(f"kvcache found no room for {rows * q} cells (n_ctx={self._n_ctx}, n_batch="
                                f"{self._n_batch})")
-        full = self._full_part
-        if full is not None and full.slot != (n * rows, q * rows):
+        if head != n * rows:
             self._strided = False
         self._q = q
         self._n = n + q
-        if self._strided and self._full5 is not None and self._full6 is not None:
+        full5 = self._full5
+        if self._strided and full5 is not None:
             # every full-attention layer's views for this forward, two calls each
-            self._ret = self._full5.narrow(3, 0, n + q).unbind(0)
-            self._dst = (self._full6[n] if q == 1 else self._full5.narrow(3, n, q)).unbind(0)
+            self._ret = full5.narrow(3, 0, n + q).unbind(0)
+            self._dst = full5.narrow(3, n, q).unbind(0)
 
     def _indices(self, part: UnifiedCache, lo: int) -> torch.Tensor:
         """[rows, n - lo] cells of indices lo .. n - 1 of every row, checked."""
@@ -258,20 +269,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if key_states.dtype != self._k[0].dtype:
             raise TypeError(f"K/V of dtype {key_states.dtype}; the cache holds {self._k[0].dtype}")
         self._shape, self._dtype = key_states.shape, key_states.dtype
-        self._next = -1             # the forward under way (if any) sees other K/V: _begin decides
-
-    def _begin(self, layer_idx: int) -> None:
-        """A layer the forward so far does not lead update to expect: the first of a new
-        forward (when none is under way, or layer_idx was written in it already), or one more
-        of the forward under way, in another order."""
-        if not 0 <= layer_idx < len(self._types):
-            raise IndexError(f"layer {layer_idx}: the model has {len(self._types)} layers")
-        assert self._shape is not None
-        q = self._shape[2]
-        if not self._placed or layer_idx in self._placed:
-            self._place(q)
-        elif q != self._q:
-            raise ValueError(f"layer {layer_idx} brings {q} indices, the forward {self._q}")
+        self._next = -1             # the forward under way (if any) sees other K/V: update decides
 
     # --- transformers' Cache -----------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
@@ -284,26 +282,36 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if (key_states.shape != shape or value_states.shape != shape or key_states.dtype is not self._dtype
                 or value_states.dtype is not self._dtype or not (key_states.is_cpu and value_states.is_cpu)):
             self._check(key_states, value_states)
-        expected = layer_idx == self._next
-        if not expected:
-            self._begin(layer_idx)
+            shape = self._shape
         placed = self._placed
+        if layer_idx == self._next:
+            in_order = True             # the layer after those of the forward so far, in order from 0
+        else:
+            if not 0 <= layer_idx < self._n_layers:
+                raise IndexError(f"layer {layer_idx}: the model has {self._n_layers} layers")
+            assert shape is not None
+            if not placed or layer_idx in placed:
+                self._place(shape[2])   # the first layer of a new forward
+                in_order = layer_idx == 0
+            elif shape[2] != self._q:
+                raise ValueError(f"layer {layer_idx} brings {shape[2]} indices, the forward {self._q}")
+            else:
+                in_order = False        # one more layer of the forward under way, in another order
         placed.add(layer_idx)
         at = self._at[layer_idx]
-        ret, dst = self._ret, self._dst
-        if ret is not None and dst is not None and at >= 0:
+        dst = self._dst
+        if dst is not None and at >= 0:
             # the new rows into their cells (index n - q .. n - 1 of every row), the keys as views
             dst[at].copy_(key_states)
             dst[at + 1].copy_(value_states)
-            k, v = ret[at], ret[at + 1]
+            ret = self._ret
+            k, v = ret[at], ret[at + 1]   # type: ignore[index]
         else:
             k, v = self._gathered(layer_idx, key_states, value_states)
-        if len(placed) == len(self._types):
-            self._commit()
-        elif expected or (layer_idx == 0 and len(placed) == 1):
-            self._next = layer_idx + 1
+        if self._pending and len(placed) == self._n_layers:
+            self._commit()              # the window cache slides now
         else:
-            self._next = -1
+            self._next = layer_idx + 1 if in_order and layer_idx + 1 < self._n_layers else -1
         return k, v
 
     def _gathered(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
@@ -412,10 +420,9 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
 
     def reset(self) -> None:
         """Empty every row (the cache and its memory are kept)."""
+        self._commit()
         if self.kv is not None:
             self.kv.clear()
-        self._forward_clear()
-        self._gather.clear()
         self._n = 0
         self._strided = True
 
@@ -439,8 +446,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         elif batch_size is not None and batch_size != self._rows:
             raise ValueError(f"batch_size {batch_size}; the cache holds {self._rows} rows")
         assert self.kv is not None
-        self._forward_clear()
-        self._gather.clear()
+        self._commit()
         self.kv.state_read(data)
         ends = {self.kv.seq_pos_max(b) + 1 for b in range(self._rows)}
         full = self._full()
@@ -459,10 +465,12 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         return f"KVCache({self.kv!r}, rows={self._rows}, length={self._n})"
 
 
-def _as_torch(a: Any, dtype: torch.dtype) -> torch.Tensor:
-    """A torch tensor over an array (no copy); bfloat16 is held as uint16."""
-    t = torch.from_numpy(a)
-    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+def _planes(t: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """The planes t[0], t[1], ... as numpy arrays over t's memory (bfloat16 as uint16)."""
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+        return tuple(t.numpy().view(np.uint16))
+    return tuple(t.numpy())
 
 
 def from_model(model: Any, n_ctx: int, **options: Any) -> KVCache:
