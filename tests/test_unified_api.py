@@ -73,6 +73,24 @@ def test_layer_filter(layers, kept):
     assert c.size_k_bytes == sum(32 * 4 * [2, 4, 6, 8][il] for il in kept)
 
 
+@pytest.mark.parametrize("n_layer", [64, 65, 66, 130])
+def test_many_layers_widths_reach_c(n_layer):
+    """Each kept layer's K and V widths reach C (the constructor's layer table: on the stack up
+    to 64 kept layers, allocated beyond), including when a filter leaves a spare layer out."""
+    wk = [2 * (1 + il % 5) for il in range(n_layer)]
+    wv = [1 + il % 7 for il in range(n_layer)]
+    c = UnifiedCache(32, n_layer, wk, wv, type_k="f32", type_v="f32", v_trans=False,
+                     layers=lambda il: il != 1)
+    assert len(c.layers) == n_layer - 1
+    for il in c.layers:
+        assert c.k(il).shape == (32, wk[il]) and c.v(il).shape == (32, wv[il])
+    assert c.size_k_bytes == sum(32 * 4 * wk[il] for il in c.layers)
+    assert c.size_v_bytes == sum(32 * 4 * wv[il] for il in c.layers)
+    wk[n_layer - 1] = 0                     # refused by C, the table freed either way
+    with pytest.raises(ValueError, match=f"layer {n_layer - 1}"):
+        UnifiedCache(32, n_layer, wk, wv, type_k="f32", type_v="f32", v_trans=False)
+
+
 BAD_ARGS = [
     (dict(n_swaa=4), TypeError, "n_swaa"),
     (dict(kv_size=0), ValueError, "kv_size"),

@@ -378,9 +378,9 @@ cdef str _text(object x):
     return x if isinstance(x, str) else x[0].format(*x[1:])
 
 
-cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, object name, object layout):
-    """Validate a borrowed K or V buffer and return (its first `need` bytes as a uint8 view,
-    the _HeldBuffer that pins it for the cache's lifetime). name, layout: see _text.
+cdef _HeldBuffer _borrowed_held(object obj, size_t need, int32_t type_id, object name, object layout):
+    """Validate a borrowed K or V buffer and return the _HeldBuffer that pins it for the cache's
+    lifetime (the layer's bytes are its first `need`). name, layout: see _text.
 
     It must be host memory, C-contiguous, writable, aligned, hold at least `need` bytes and
     have the type's element dtype (float32 / float16 / bfloat16 or uint16) or be raw uint8."""
@@ -406,17 +406,27 @@ cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, object nam
         raise ValueError(f"{_text(name)} is not aligned to its {hb.view.itemsize}-byte elements")
     if <size_t>hb.view.len < need:
         raise ValueError(f"{_text(name)} holds {hb.view.len} bytes; the layer needs {need} ({_text(layout)})")
-    flat = np.ndarray.view(hb.array.reshape(-1), dtype=np.uint8, type=np.ndarray)[:need]
-    return flat, hb
+    return hb
+
+
+cdef object _held_bytes(_HeldBuffer hb, size_t need):
+    """The first `need` bytes of a held buffer, as a uint8 ndarray over its memory."""
+    return np.ndarray.view(hb.array.reshape(-1), dtype=np.uint8, type=np.ndarray)[:need]
+
+
+cdef object _borrowed_bytes(object obj, size_t need, int32_t type_id, object name, object layout):
+    """_borrowed_held, and the buffer's first `need` bytes as a uint8 view: (view, held buffer)."""
+    cdef _HeldBuffer hb = _borrowed_held(obj, need, type_id, name, layout)
+    return _held_bytes(hb, need), hb
 
 
 cdef int _check_disjoint(list regions) except -1:
-    """regions: (name, uint8 array) of borrowed memory (name: see _text); no two may overlap."""
+    """regions: (name, start address, byte count) of borrowed memory (name: see _text); no two
+    may overlap."""
     spans = []
-    for nm, a in regions:
-        if a.nbytes:
-            start = _data_address(a)
-            spans.append((start, start + <size_t>a.nbytes, nm))
+    for nm, start, n in regions:
+        if n:
+            spans.append((start, start + n, nm))
     spans.sort(key=_span_start)
     for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
         if s1 < e0:

@@ -154,7 +154,7 @@ cdef class _Recurrent(RecurrentCore):
                 v, hv = _borrowed_bytes(pairs[il][1], nv, tv, f"buffers[{il}] V",
                                         f"{kv_size} cells x {self.c.layers[il].v_row_bytes} bytes")
                 held += [hk, hv]
-                regions += [(f"buffers[{il}] K", k), (f"buffers[{il}] V", v)]
+                regions += [(f"buffers[{il}] K", _data_address(k), nk), (f"buffers[{il}] V", _data_address(v), nv)]
             self._k.append(k)
             self._v.append(v)
         _check_disjoint(regions)

@@ -426,7 +426,8 @@ cdef class _Unified(UnifiedCore):
     cdef dict _ikv                 # model layer index -> index into c.layers
     cdef tuple _n_embd_k           # K row width per model layer
     cdef tuple _n_embd_v           # V row width per model layer
-    cdef list _k_mem               # per kept layer: K memory as uint8 (owned and aligned, or borrowed); empty without memory
+    cdef list _k_mem               # per kept layer: K memory as uint8 (owned, aligned; borrowed: None until
+                                   # a view is made); empty without memory
     cdef list _v_mem               # per kept layer: V memory likewise
     cdef list _k_view              # per kept layer: K as the cache dtype, (size, n_embd_k) or (size, row_bytes)
     cdef list _v_view              # per kept layer: V likewise, (n_embd_v, size) when v_trans
@@ -486,10 +487,26 @@ cdef class _Unified(UnifiedCore):
         kept = layers_arg(layers, nl)
         pairs = _buffer_pairs(buffers, kept) if mode == "borrowed" else None
 
-        # one spare entry each: never empty (arrays made from lists: np.append costs microseconds)
-        cdef int32_t[::1] v_il = np.asarray(list(kept) + [0], dtype=np.int32)
-        cdef uint32_t[::1] v_k = np.asarray([wk[il] for il in kept] + [0], dtype=np.uint32)
-        cdef uint32_t[::1] v_v = np.asarray([wv[il] for il in kept] + [0], dtype=np.uint32)
+        # the layer table C copies: kept layer, K and V widths, one spare entry each (never empty);
+        # on the stack for up to 64 kept layers (no numpy: a constructor runs inside decode loops)
+        cdef Py_ssize_t n_kept = len(kept)
+        cdef uint32_t table_small[3 * 65]
+        cdef uint32_t *table = table_small
+        if n_kept > 64:
+            table = <uint32_t *>PyMem_Malloc(3 * (<size_t>n_kept + 1) * sizeof(uint32_t))
+            if table == NULL:
+                raise MemoryError("UnifiedCache")
+        cdef int32_t *t_il = <int32_t *>table
+        cdef uint32_t *t_k = table + n_kept + 1
+        cdef uint32_t *t_v = t_k + n_kept + 1
+        for i in range(n_kept):
+            il = kept[i]
+            t_il[i] = <int32_t>il
+            t_k[i] = <uint32_t>wk[il]
+            t_v[i] = <uint32_t>wv[il]
+        t_il[n_kept] = 0
+        t_k[n_kept] = 0
+        t_v[n_kept] = 0
         p.kv_size = <uint32_t>kv_size_
         p.semantics = _SEMANTICS[semantics]
         p.stream_per_seq = not bool(kv_unified)
@@ -500,14 +517,18 @@ cdef class _Unified(UnifiedCore):
         p.type_k = tk.id
         p.type_v = tv.id
         p.v_trans = v_trans_
-        p.n_layer = <uint32_t>len(kept)
-        p.layer_il = &v_il[0]
-        p.n_embd_k = &v_k[0]
-        p.n_embd_v = &v_v[0]
+        p.n_layer = <uint32_t>n_kept
+        p.layer_il = t_il
+        p.n_embd_k = t_k
+        p.n_embd_v = t_v
         p.cell_ext = cell_ext_
         p.ple = ple_token is not None
         p.ple_token = ple_token_
-        check_status(kvc_unified_init(&self.c, &p, &err), &err, "UnifiedCache")
+        try:
+            check_status(kvc_unified_init(&self.c, &p, &err), &err, "UnifiedCache")
+        finally:
+            if table != table_small:
+                PyMem_Free(table)
         self._ready = True
         head_k = _head_dims_arg(n_embd_head_k, nl, wk, kept)
         _check_rope(rope, head_k, kept, "rope")
@@ -532,6 +553,7 @@ cdef class _Unified(UnifiedCore):
         regions = []
         # error messages are formatted only when one is raised (a constructor runs inside decode loops)
         per = f"{n_stream} streams x " if n_stream > 1 else ""
+        addr = []                       # per kept layer: where its K and V memory starts
         for i, il in enumerate(kept):
             lay = &self.c.layers[i]
             nk = rows * lay.k_row_bytes
@@ -539,23 +561,27 @@ cdef class _Unified(UnifiedCore):
             if mode == "owned":
                 kmem = _aligned_zeros(nk)
                 vmem = _aligned_zeros(nv)
+                addr.append((_data_address(kmem), _data_address(vmem)))
             else:
+                # the caller's memory, held; its uint8 views are made with the first k(il) / v(il)
                 vlay = (("{}{} x {} cells of {} bytes, transposed", per, lay.n_embd_v, size, dv.itemsize) if v_trans_
                         else ("{}{} cells x {} bytes", per, size, lay.v_row_bytes))
-                kmem, hk = _borrowed_bytes(pairs[i][0], nk, tk.id, ("buffers[{}] K", il),
-                                           ("{}{} cells x {} bytes", per, size, lay.k_row_bytes))
+                hk = _borrowed_held(pairs[i][0], nk, tk.id, ("buffers[{}] K", il),
+                                    ("{}{} cells x {} bytes", per, size, lay.k_row_bytes))
                 held.append(hk)
-                vmem, hv = _borrowed_bytes(pairs[i][1], nv, tv.id, ("buffers[{}] V", il), vlay)
+                hv = _borrowed_held(pairs[i][1], nv, tv.id, ("buffers[{}] V", il), vlay)
                 held.append(hv)
-                regions += [(("buffers[{}] K", il), kmem), (("buffers[{}] V", il), vmem)]
+                kmem = vmem = None
+                addr.append((<size_t>(<_HeldBuffer>hk).view.buf, <size_t>(<_HeldBuffer>hv).view.buf))
+                regions += [(("buffers[{}] K", il), addr[i][0], nk), (("buffers[{}] V", il), addr[i][1], nv)]
             self._k_mem.append(kmem)
             self._v_mem.append(vmem)
             self._k_view.append(None)   # made by the first k(il) / v(il)
             self._v_view.append(None)
         _check_disjoint(regions)
-        for i in range(len(kept)):
-            kvc_unified_set_layer_buffers(&self.c, <uint32_t>i, <uint8_t *><uintptr_t>_data_address(self._k_mem[i]),
-                                          <uint8_t *><uintptr_t>_data_address(self._v_mem[i]))
+        for i in range(n_kept):
+            kvc_unified_set_layer_buffers(&self.c, <uint32_t>i, <uint8_t *><uintptr_t>addr[i][0],
+                                          <uint8_t *><uintptr_t>addr[i][1])
 
     cdef object _layer_view(self, Py_ssize_t i, bint is_v):
         """The typed view k(il) / v(il) returns of kept layer i (made once, then kept)."""
@@ -567,10 +593,15 @@ cdef class _Unified(UnifiedCore):
         cdef Py_ssize_t size = <Py_ssize_t>self.c.cells.size
         cdef Py_ssize_t n_stream = <Py_ssize_t>self.c.n_stream
         cdef Py_ssize_t rows = size * n_stream
-        mem = self._v_mem[i] if is_v else self._k_mem[i]
+        mems = self._v_mem if is_v else self._k_mem
+        mem = mems[i]
+        if mem is None:                 # borrowed: the held buffer's bytes of this layer
+            mem = mems[i] = _held_bytes(self._borrowed[1][2 * i + is_v],
+                                        <size_t>rows * (lay.v_row_bytes if is_v else lay.k_row_bytes))
         dt = _element_dtype(self.c.type_v if is_v else self.c.type_k)
         if not is_v:
-            view = mem.reshape(rows, lay.k_row_bytes) if dt.itemsize == 1 else _typed_view(mem, dt, (rows, lay.n_embd_k))
+            view = (mem.reshape(rows, lay.k_row_bytes) if dt.itemsize == 1
+                    else _typed_view(mem, dt, (rows, lay.n_embd_k)))
         elif dt.itemsize == 1:
             view = mem.reshape(rows, lay.v_row_bytes)
         elif self.c.v_trans and self.c.semantics == KVC_SEM_2026:
