@@ -215,6 +215,12 @@ cdef object _from_dlpack_capsule(object obj, str name):
 
 # --- the buffer edge: every array argument goes through here -------------------------------------
 
+cdef str _text(object x):
+    """A name or layout of an error message: a str, or a tuple (format, *args) formatted now
+    (callers pass tuples so that nothing is formatted unless a message is raised)."""
+    return x if isinstance(x, str) else x[0].format(*x[1:])
+
+
 cdef object _torch_tensor = None    # torch.Tensor, once torch is imported (kvcache never imports it)
 cdef object _torch_is_neg = None    # torch.Tensor.is_neg (None in a torch without it)
 
@@ -328,10 +334,10 @@ cdef class _HeldBuffer:
         return f"{self.dtype} {tuple(self.view.shape[i] for i in range(self.view.ndim))}"
 
 
-cdef _HeldBuffer hold_buffer(object obj, str name, bint writable):
+cdef _HeldBuffer hold_buffer(object obj, object name, bint writable):
     """Take the memory of an array argument (see host_array) and pin it; ValueError when it
-    must be writable and is not."""
-    arr = host_array(obj, name)
+    must be writable and is not. name: see _text (an exact ndarray never needs it)."""
+    arr = obj if type(obj) is np.ndarray else host_array(obj, _text(name))
     cdef _HeldBuffer hb = _HeldBuffer.__new__(_HeldBuffer)
     # no format requested: numpy exports every dtype (bfloat16 too) this way; the dtype is the
     # array's own
@@ -341,7 +347,7 @@ cdef _HeldBuffer hold_buffer(object obj, str name, bint writable):
     hb.array = arr
     if writable and hb.view.readonly:
         hb.release()
-        raise ValueError(f"{name} is read-only")
+        raise ValueError(f"{_text(name)} is read-only")
     return hb
 
 
@@ -372,23 +378,13 @@ cdef object _block(object out, _HeldBuffer hb, Py_ssize_t rows, Py_ssize_t cols)
     return hb.array[idx]
 
 
-cdef str _text(object x):
-    """A name or layout of an error message: a str, or a tuple (format, *args) formatted now
-    (callers pass tuples so that nothing is formatted unless a message is raised)."""
-    return x if isinstance(x, str) else x[0].format(*x[1:])
-
-
 cdef _HeldBuffer _borrowed_held(object obj, size_t need, int32_t type_id, object name, object layout):
     """Validate a borrowed K or V buffer and return the _HeldBuffer that pins it for the cache's
     lifetime (the layer's bytes are its first `need`). name, layout: see _text.
 
     It must be host memory, C-contiguous, writable, aligned, hold at least `need` bytes and
     have the type's element dtype (float32 / float16 / bfloat16 or uint16) or be raw uint8."""
-    cdef _HeldBuffer hb
-    if isinstance(obj, np.ndarray):
-        hb = hold_buffer(obj, "", False)          # an ndarray is host memory: no name needed
-    else:
-        hb = hold_buffer(obj, _text(name), False)
+    cdef _HeldBuffer hb = hold_buffer(obj, name, False)
     el = _element_dtype(type_id)
     dt = hb.dtype
     # numpy's builtin dtypes are singletons: the usual case is settled without comparing
