@@ -280,3 +280,104 @@ def test_update_in_another_layer_order_and_bad_kv():
     for bk, bv in ((k1.double(), v1.double()), (k1[:, :1], v1[:, :1])):
         with pytest.raises((TypeError, ValueError)):
             cache.update(bk, bv, 2)
+
+
+MODES = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}
+
+
+def _forwards(model, cache, ids, modes):
+    """One forward per mode (the prompt, then one token a forward), the logits of each, and
+    the gradients of every parameter of the sum of the logits of the forwards made with
+    autograd on (None when none was)."""
+    model.zero_grad(set_to_none=True)
+    logits, loss, at = [], None, 0
+    for i, mode in enumerate(modes):
+        step = ids[:, at:at + (ids.shape[1] - len(modes) + 1 if i == 0 else 1)]
+        at += step.shape[1]
+        with warnings.catch_warnings(), MODES[mode]():
+            warnings.simplefilter("ignore", FutureWarning)
+            out = model(step, past_key_values=cache, use_cache=True).logits
+        logits.append(out.detach().clone())
+        if mode == "grad":
+            loss = out.sum() if loss is None else loss + out.sum()
+    if loss is None:
+        return logits, None
+    loss.backward()
+    return logits, [p.grad.clone() if p.grad is not None else None for p in model.parameters()]
+
+
+@pytest.mark.parametrize("kind,attn", [("llama", "sdpa"), ("gemma2", "eager")])
+@pytest.mark.parametrize("first", list(MODES))
+@pytest.mark.parametrize("second", list(MODES))
+def test_forwards_in_any_autograd_mode(kind, attn, first, second):
+    """A forward without no_grad (as a plain ``model(ids, ...)`` runs), under no_grad or under
+    inference_mode, and the next in any mode: the logits of DynamicCache, and with autograd on
+    the gradients of DynamicCache (through the keys of earlier forwards made with autograd)."""
+    model = _model(kind, attn)
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(5))
+    want = _forwards(model, DynamicCache(config=model.config), ids, [first, second])
+    got = _forwards(model, from_model(model, n_ctx=12), ids, [first, second])
+    for a, b in zip(got[0], want[0]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert (got[1] is None) == (want[1] is None) == (second != "grad" and first != "grad")
+    for a, b in zip(got[1] or [], want[1] or []):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,attn", [("llama", "eager"), ("gemma2", "eager")])
+def test_autograd_history_ends_where_a_forward_without_it_writes(kind, attn):
+    """Forwards with autograd, without, and with it again, past the sliding window (cells
+    reused): the gradients are DynamicCache's, which keep no history through a forward made
+    without autograd; a restore drops the history too."""
+    model = _model(kind, attn)
+    ids = torch.randint(1, 128, (2, 16), generator=torch.Generator().manual_seed(6))
+    modes = ["grad", "grad", "no_grad", "inference", "no_grad", "grad", "no_grad", "grad", "grad"]
+    want = _forwards(model, DynamicCache(config=model.config), ids, modes)
+    got = _forwards(model, from_model(model, n_ctx=16), ids, modes)
+    for a, b in zip(got[0], want[0]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    for a, b in zip(got[1], want[1]):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # a state saved without autograd, restored into a cache whose rows have history: the next
+    # forward's gradients are those of a DynamicCache filled without autograd
+    saved = from_model(model, n_ctx=16)
+    _forwards(model, saved, ids[:, :8], ["no_grad"])
+    cache = from_model(model, n_ctx=16)
+    _forwards(model, cache, ids[:, :8], ["grad"])
+    cache.state_read(saved.state_write())
+    want = _forwards(model, DynamicCache(config=model.config), ids[:, :9], ["no_grad", "grad"])
+    model.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        out = model(ids[:, 8:9], past_key_values=cache, use_cache=True).logits
+    out.sum().backward()
+    torch.testing.assert_close(out.detach(), want[0][1], rtol=0, atol=1e-5)
+    for p, b in zip(model.parameters(), want[1]):
+        assert (p.grad is None) == (b is None)
+        if b is not None:
+            torch.testing.assert_close(p.grad, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,attn", [("llama", "eager"), ("gemma2", "eager")])
+def test_reorder_with_autograd(kind, attn):
+    """reorder_cache between two forwards with autograd on: logits and gradients of
+    DynamicCache (the rows' history moves with them)."""
+    model = _model(kind, attn)
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(7))
+    res = []
+    for cache in (DynamicCache(config=model.config), from_model(model, n_ctx=12)):
+        model.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            out1 = model(ids[:, :8], past_key_values=cache, use_cache=True).logits
+            cache.reorder_cache(torch.tensor([1, 0]))
+            out2 = model(ids[:, 8:], past_key_values=cache, use_cache=True).logits
+        (out1.sum() + out2.sum()).backward()
+        res.append((out2.detach(), [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(res[1][0], res[0][0], rtol=0, atol=1e-5)
+    for a, b in zip(res[1][1], res[0][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

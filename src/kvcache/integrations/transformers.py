@@ -82,6 +82,9 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._full5: torch.Tensor | None = None
         self._at: list[int] = []    # per layer: its K's place in _full5, -1 for a sliding layer
         self._full_part: UnifiedCache | None = None
+        # the K/V tensors kvcache borrows (full-attention part, window part; None where none)
+        self._stores: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        self._history = False       # a forward with autograd on wrote K/V that require grad
         # the K/V shape (rows, kv heads, tokens, head dim) and dtype last checked: update checks
         # no further while they stay
         self._shape: torch.Size | None = None
@@ -120,18 +123,21 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         full = [il for il in range(n_layer) if il not in swa]
         n_batch = self._n_batch if self._n_batch is not None else self._n_ctx * rows
         # one tensor per part, [2 * its layers, cells, width] (K of its layer i at 2i, V at
-        # 2i + 1), whose planes kvcache borrows as the layers' buffers
-        full_t = torch.zeros(2 * len(full), kv_size, width, dtype=dtype)
+        # 2i + 1), whose planes kvcache borrows as the layers' buffers; normal tensors even
+        # under torch.inference_mode, so that later forwards in other modes can write them
+        with torch.inference_mode(False):
+            full_t = torch.zeros(2 * len(full), kv_size, width, dtype=dtype)
+            window_t = None
+            if swa:
+                size_swa = swa_size(kv_size, self._window, rows, n_batch, self._n_pad, False)
+                window_t = torch.zeros(2 * len(swa), size_swa, width, dtype=dtype)
         planes = _planes(full_t)
         pairs: list[Any] = [None] * n_layer
         at = [-1] * n_layer
         for i, il in enumerate(full):
             pairs[il] = (planes[2 * i], planes[2 * i + 1])
             at[il] = 2 * i
-        window_t = None
-        if swa:
-            size_swa = swa_size(kv_size, self._window, rows, n_batch, self._n_pad, False)
-            window_t = torch.zeros(2 * len(swa), size_swa, width, dtype=dtype)
+        if window_t is not None:
             window = _planes(window_t)
             for i, il in enumerate(swa):
                 pairs[il] = (window[2 * i], window[2 * i + 1])
@@ -142,20 +148,47 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._full_part = self._full()
         self._rows = rows
         self._row_list = list(range(rows))      # the sequences of one cache index, in row order
-        # torch's view of each layer's K and V (the planes kvcache was lent, as numpy)
-        views_full = full_t.unbind(0)
-        views_swa = window_t.unbind(0) if window_t is not None else ()
-        self._k, self._v = [], []
-        for il in range(n_layer):
-            part, i = (views_full, at[il]) if at[il] >= 0 else (views_swa, 2 * swa.index(il))
-            self._k.append(part[i])
-            self._v.append(part[i + 1])
-        cap = kv_size // rows
-        # [2 * layers, cap, rows, heads, dim] -> [2 * layers, rows, heads, cap, dim]
-        if cap * rows != kv_size:
-            full_t = full_t.narrow(1, 0, cap * rows)
-        self._full5 = full_t.view(2 * len(full), cap, rows, n_kv, head_dim).permute(0, 2, 3, 1, 4) if full else None
+        self._stores = (full_t if full else None, window_t)
         self._at = at
+        with torch.inference_mode(False):
+            # torch's view of each layer's K and V (the planes kvcache was lent, as numpy)
+            views_full = full_t.unbind(0)
+            views_swa = window_t.unbind(0) if window_t is not None else ()
+            self._k, self._v = [], []
+            for il in range(n_layer):
+                part, i = (views_full, at[il]) if at[il] >= 0 else (views_swa, 2 * swa.index(il))
+                self._k.append(part[i])
+                self._v.append(part[i + 1])
+            cap = kv_size // rows
+            # [2 * layers, cap, rows, heads, dim] -> [2 * layers, rows, heads, cap, dim]
+            if cap * rows != kv_size:
+                full_t = full_t.narrow(1, 0, cap * rows)
+            self._full5 = full_t.view(2 * len(full), cap, rows, n_kv, head_dim).permute(0, 2, 3, 1, 4) if full else None
+
+    def _forget_history(self) -> None:
+        """Drop the autograd history of the K/V tensors: a write without autograd (a forward
+        under no_grad or inference_mode, a reorder, a restore) makes it wrong for the rows it
+        writes, and a DynamicCache's keys lose theirs at such a forward too."""
+        with torch.inference_mode(False):      # detach_ does nothing in inference mode
+            for t in self._stores:
+                if t is not None:
+                    t.detach_()
+        self._history = False
+
+    def _plane(self, il: int, i: int) -> torch.Tensor:
+        """Layer il's K (i = 0) or V (i = 1) rows, [cells, width], as a view made now. With
+        autograd on, a forward writes and reads the tensors through views made after its
+        previous write: autograd refuses in-place writes through older views of a tensor that
+        had no history then (and the views of unbind altogether), and reads through them would
+        miss the rows' history."""
+        at = self._at[il]
+        if at >= 0:
+            store = self._stores[0]
+        else:
+            store = self._stores[1]
+            at = 2 * sum(1 for j in range(il) if self._at[j] < 0)
+        assert store is not None
+        return store.select(0, at + i)
 
     def _part(self, il: int) -> UnifiedCache:
         kv = self.kv
@@ -219,9 +252,13 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self._strided = False
         self._q = q
         self._n = n + q
+        grad = torch.is_grad_enabled()
+        if self._history and not grad:
+            self._forget_history()
         full5 = self._full5
-        if self._strided and full5 is not None:
-            # every full-attention layer's views for this forward, two calls each
+        if self._strided and full5 is not None and not grad:
+            # every full-attention layer's views for this forward, two calls each (with
+            # autograd on, update takes the general path: see _plane)
             self._ret = full5.narrow(3, 0, n + q).unbind(0)
             self._dst = full5.narrow(3, n, q).unbind(0)
 
@@ -323,12 +360,18 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         assert slot is not None
         head, n_cells = slot
         new = slice(head, head + n_cells)
-        # token j * rows + b of the ubatch (index n - q + j of row b) is cell head + j * rows + b
-        self._k[layer_idx][new].view(q, rows, n_kv, head_dim).copy_(key_states.permute(2, 0, 1, 3))
-        self._v[layer_idx][new].view(q, rows, n_kv, head_dim).copy_(value_states.permute(2, 0, 1, 3))
         idx = self._indices(part, self._offset(layer_idx, self._n - q))
-        k = self._k[layer_idx][idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
-        v = self._v[layer_idx][idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
+        grad = torch.is_grad_enabled()
+        # token j * rows + b of the ubatch (index n - q + j of row b) is cell head + j * rows + b
+        k_rows = self._plane(layer_idx, 0) if grad else self._k[layer_idx]
+        k_rows[new].view(q, rows, n_kv, head_dim).copy_(key_states.permute(2, 0, 1, 3))
+        v_rows = self._plane(layer_idx, 1) if grad else self._v[layer_idx]
+        v_rows[new].view(q, rows, n_kv, head_dim).copy_(value_states.permute(2, 0, 1, 3))
+        if grad:
+            k_rows = self._plane(layer_idx, 0)      # after the writes (see _plane)
+            self._history = self._history or key_states.requires_grad or value_states.requires_grad
+        k = k_rows[idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
+        v = v_rows[idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
         return k, v
 
     # what transformers asks on every forward (generate, its mask code), fixed when the cache is
@@ -407,6 +450,9 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         order = torch.as_tensor(order).to("cpu", torch.long).reshape(-1)
         if order.shape[0] != self._rows:
             raise ValueError(f"{order.shape[0]} rows given, the cache holds {self._rows}")
+        grad = torch.is_grad_enabled()
+        if self._history and not grad:
+            self._forget_history()
         by_part: dict[int, torch.Tensor] = {}
         for il in range(len(self._types)):
             part = self._part(il)
@@ -414,8 +460,10 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             if idx is None:
                 # all rows hold the same indices: their cells line up index by index
                 idx = by_part[id(part)] = self._indices(part, self._offset(il, self._n))
-            self._k[il][idx] = self._k[il][idx[order]]
-            self._v[il][idx] = self._v[il][idx[order]]
+            for i, rows in enumerate((self._k[il], self._v[il])):
+                if grad:
+                    rows = self._plane(il, i)   # see _plane
+                rows[idx] = rows[idx[order]]
         self._gather.clear()
 
     def reset(self) -> None:
@@ -448,6 +496,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         assert self.kv is not None
         self._commit()
         self.kv.state_read(data)
+        if self._history:
+            self._forget_history()      # kvcache wrote the tensors' memory
         ends = {self.kv.seq_pos_max(b) + 1 for b in range(self._rows)}
         full = self._full()
         starts = {full.seq_pos_min(b) for b in range(self._rows)} if full is not None else {0}
