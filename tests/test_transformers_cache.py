@@ -381,3 +381,34 @@ def test_reorder_with_autograd(kind, attn):
     torch.testing.assert_close(res[1][0], res[0][0], rtol=0, atol=1e-5)
     for a, b in zip(res[1][1], res[0][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_a_prompt_cache_reused_through_deepcopy(kind):
+    """transformers' way to reuse a prompt's cache: fill it once, then generate each
+    continuation from a copy.deepcopy of it. Tokens and logits of the same with DynamicCache;
+    the prompt's cache is left as it was; pickle gives the same copy; copy.copy is refused."""
+    import copy
+    import pickle
+
+    model = _model(kind)
+    ids, mask = _inputs((0, 2), length=10)
+    caches = {}
+    for name, make in (("dyn", lambda: DynamicCache(config=model.config)), ("ours", lambda: from_model(model, n_ctx=24))):
+        prompt = make()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model(ids[:, :6], attention_mask=mask[:, :6], past_key_values=prompt, use_cache=True)
+        caches[name] = prompt
+    before = caches["ours"].state_write()
+    for tail in (ids[:, 6:8], ids[:, 6:10]):
+        full = torch.cat([ids[:, :6], tail], 1)
+        fmask = mask[:, :full.shape[1]]
+        want = _generate(model, full, fmask, copy.deepcopy(caches["dyn"]), n_new=5)
+        _same(_generate(model, full, fmask, copy.deepcopy(caches["ours"]), n_new=5), want)
+        _same(_generate(model, full, fmask, pickle.loads(pickle.dumps(caches["ours"])), n_new=5), want)
+    assert caches["ours"].get_seq_length() == 6 and caches["ours"].state_write() == before
+    empty = copy.deepcopy(from_model(model, n_ctx=24))
+    assert empty.kv is None and empty.get_seq_length() == 0
+    with pytest.raises(TypeError, match="deepcopy"):
+        copy.copy(caches["ours"])

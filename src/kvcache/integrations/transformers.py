@@ -60,6 +60,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
     def __init__(self, config: Any, n_ctx: int, *, batch_size: int | None = None, dtype: torch.dtype | None = None,
                  n_batch: int | None = None, n_pad: int = 32):
         _, _, n_kv, head_dim, self._window, self._types = hf_attention(config)
+        self._config = config
         sliding = [t == "sliding_attention" for t in self._types]
         super().__init__(layers=[_Layer(self._window if s else None) for s in sliding])   # type: ignore[arg-type,misc,unused-ignore]
         self._heads = (n_kv, head_dim)
@@ -511,8 +512,32 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._strided = full is None or all(
             np.array_equal(full.seq_cells(b)[0], np.arange(self._n) * self._rows + b) for b in range(self._rows))
 
+    # --- copies ------------------------------------------------------------------------------
+    def __reduce__(self) -> tuple[Any, ...]:
+        """``pickle`` and ``copy.deepcopy`` (transformers' way to reuse a prompt's cache for
+        several continuations): a new cache of the same model and sizes holding this one's rows,
+        through ``state_write`` / ``state_read``."""
+        if self.kv is None:
+            return _restored, (self._config, self._n_ctx, self._n_batch, self._n_pad, None, None, None)
+        return _restored, (self._config, self._n_ctx, self._n_batch, self._n_pad, self._rows, self._k[0].dtype,
+                           self.state_write())
+
+    def __copy__(self) -> KVCache:
+        """Refused: a shallow copy would share the kvcache cache with this one while counting
+        its rows apart; ``copy.deepcopy`` copies the rows."""
+        raise TypeError("copy.copy of a kvcache transformers Cache: use copy.deepcopy (a copy of the rows)")
+
     def __repr__(self) -> str:
         return f"KVCache({self.kv!r}, rows={self._rows}, length={self._n})"
+
+
+def _restored(config: Any, n_ctx: int, n_batch: int | None, n_pad: int, rows: int | None, dtype: torch.dtype | None,
+              state: bytes | None) -> KVCache:
+    """A KVCache rebuilt from what __reduce__ gave (holding the state's rows, if any)."""
+    cache = KVCache(config, n_ctx, n_batch=n_batch, n_pad=n_pad)
+    if state is not None:
+        cache.state_read(state, batch_size=rows, dtype=dtype)
+    return cache
 
 
 def _planes(t: torch.Tensor) -> tuple[np.ndarray, ...]:
