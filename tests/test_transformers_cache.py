@@ -412,3 +412,29 @@ def test_a_prompt_cache_reused_through_deepcopy(kind):
     assert empty.kv is None and empty.get_seq_length() == 0
     with pytest.raises(TypeError, match="deepcopy"):
         copy.copy(caches["ours"])
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_the_layers_keys_and_values_are_dynamic_caches(kind):
+    """cache.layers[i].keys / .values and iterating the cache give what a DynamicCache's do
+    after the same forwards (a sliding layer: the last window - 1 indices), with autograd on
+    or off and after a restore; None before the first update."""
+    model = _model(kind)
+    ids, mask = _inputs((0, 3), length=12)
+    dyn, ours = DynamicCache(config=model.config), from_model(model, n_ctx=20)
+    assert ours.layers[0].keys is None and [kv[0] for kv in ours] == [None] * len(ours.layers)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for cache in (dyn, ours):
+            model(ids[:, :9], attention_mask=mask[:, :9], past_key_values=cache)
+            for j in range(9, 12):
+                model(ids[:, j:j + 1], attention_mask=mask[:, :j + 1], past_key_values=cache)
+    restored = from_model(model, n_ctx=20)
+    restored.state_read(ours.state_write(), batch_size=2, dtype=torch.float32)
+    for cache in (ours, restored):
+        for grad in (False, True):
+            with torch.set_grad_enabled(grad):
+                got = list(cache)
+                for il, (k, v, _) in enumerate(dyn):
+                    assert torch.equal(got[il][0], k) and torch.equal(got[il][1], v)
+                    assert torch.equal(cache.layers[il].keys, k) and torch.equal(cache.layers[il].values, v)

@@ -13,7 +13,8 @@ expected keys otherwise (sliding layers, whose cells are reused; a cache restore
 exactly the keys it expects raises instead. Needs ``torch`` and ``transformers`` 5.x."""
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Iterator
 
 import numpy as np
 import torch  # type: ignore[import-not-found,unused-ignore]
@@ -32,15 +33,31 @@ _TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 class _Layer:
     """What transformers reads off a cache layer (``Cache.is_sliding`` and the properties beside
-    it): one per model layer, holding nothing."""
+    it): one per model layer. Its ``keys`` and ``values`` are read from the cache."""
     supports_early_init = False
     is_initialized = True
     is_compileable = False          # update returns exactly the keys written: the masks may be skipped
     is_croppable = True
 
-    def __init__(self, sliding_window: int | None):
+    def __init__(self, sliding_window: int | None, cache: KVCache, layer_idx: int):
         self.is_sliding = sliding_window is not None
         self.sliding_window = sliding_window
+        self._cache = weakref.ref(cache)     # no cycle: the cache is freed when its last user lets go
+        self._layer_idx = layer_idx
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """The layer's keys, [rows, kv heads, indices, head dim], as the next one-token forward
+        attends to them besides its own (a sliding layer: the last window - 1); None before the
+        first update."""
+        cache = self._cache()
+        return None if cache is None else cache._layer_kv(self._layer_idx, 0)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """The layer's values, as ``keys``."""
+        cache = self._cache()
+        return None if cache is None else cache._layer_kv(self._layer_idx, 1)
 
     def __repr__(self) -> str:
         return f"kvcache layer (sliding window {self.sliding_window})" if self.is_sliding else "kvcache layer"
@@ -62,7 +79,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         _, _, n_kv, head_dim, self._window, self._types = hf_attention(config)
         self._config = config
         sliding = [t == "sliding_attention" for t in self._types]
-        super().__init__(layers=[_Layer(self._window if s else None) for s in sliding])   # type: ignore[arg-type,misc,unused-ignore]
+        super().__init__(layers=[_Layer(self._window if s else None, self, il)   # type: ignore[arg-type,misc,unused-ignore]
+                                 for il, s in enumerate(sliding)])
         self._heads = (n_kv, head_dim)
         self._n_layers = len(self._types)
         self._n_ctx = int(n_ctx)
@@ -374,6 +392,26 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         k = k_rows[idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
         v = v_rows[idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
         return k, v
+
+    def _layer_kv(self, layer_idx: int, i: int) -> torch.Tensor | None:
+        """Layer layer_idx's keys (i = 0) or values (i = 1) from get_mask_sizes' kv_offset on:
+        views while the layout is strided (autograd off), a gather else."""
+        if self.kv is None:
+            return None
+        n_kv, head_dim = self._heads
+        lo = self._offset(layer_idx, self._n)
+        at = self._at[layer_idx]
+        grad = torch.is_grad_enabled()
+        if self._strided and at >= 0 and not grad and self._full5 is not None:
+            return self._full5[at + i].narrow(2, lo, self._n - lo)
+        rows = self._plane(layer_idx, i) if grad else (self._k, self._v)[i][layer_idx]
+        idx = self._indices(self._part(layer_idx), lo)
+        return rows[idx].view(self._rows, -1, n_kv, head_dim).transpose(1, 2)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None, None]]:
+        """(keys, values, None) of every layer, as a DynamicCache iterates."""
+        for il in range(self._n_layers):
+            yield self._layer_kv(il, 0), self._layer_kv(il, 1), None
 
     # what transformers asks on every forward (generate, its mask code), fixed when the cache is
     # made: answered from the layer types instead of walking the layers each time
