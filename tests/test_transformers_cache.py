@@ -438,3 +438,59 @@ def test_the_layers_keys_and_values_are_dynamic_caches(kind):
                 for il, (k, v, _) in enumerate(dyn):
                     assert torch.equal(got[il][0], k) and torch.equal(got[il][1], v)
                     assert torch.equal(cache.layers[il].keys, k) and torch.equal(cache.layers[il].values, v)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+@pytest.mark.parametrize("how", ["prompt_lookup", "assistant"])
+def test_assisted_decoding(kind, how):
+    """Assisted decoding (prompt lookup, an assistant model): the candidates' forwards and the
+    crops that undo the rejected ones (crop(0), crop(-k), a sliding layer's past recorded until
+    the crop) give DynamicCache's tokens and logits."""
+    model = _model(kind)
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    kw = dict(prompt_lookup_num_tokens=3) if how == "prompt_lookup" else dict(assistant_model=_model(kind))
+    mask = torch.ones_like(ids)
+    want = _generate(model, ids, mask, DynamicCache(config=model.config), n_new=16, **kw)
+    _same(_generate(model, ids, mask, from_model(model, n_ctx=40), n_new=16, **kw), want)
+
+
+def _forward(model, cache, ids):
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return model(ids, past_key_values=cache, use_cache=True).logits
+
+
+def test_crop_semantics_of_transformers_5():
+    """crop(0) removes nothing, crop(-k) the last k indices; with sliding layers (window 6), a
+    crop past what the window still holds raises and changes nothing unless the past was
+    recorded (activate_past_recording), and then the next forward sees DynamicCache's keys."""
+    model = _model("llama")
+    ids = torch.randint(1, 128, (1, 12), generator=torch.Generator().manual_seed(8))
+    cache = from_model(model, n_ctx=16)
+    _forward(model, cache, ids[:, :10])
+    cache.crop(0)
+    assert cache.get_seq_length() == 10 and cache.kv.seq_pos_max(0) == 9
+    cache.crop(-3)
+    assert cache.get_seq_length() == 7 and cache.kv.seq_pos_max(0) == 6
+
+    model = _model("gemma2")
+    ours, dyn = from_model(model, n_ctx=16), DynamicCache(config=model.config)
+    for cache in (ours, dyn):
+        _forward(model, cache, ids[:, :8])
+        _forward(model, cache, ids[:, 8:10])
+    before = ours.state_write()
+    with pytest.raises(RuntimeError, match="activate_past_recording"):
+        ours.crop(-2)
+    with pytest.raises(RuntimeError, match="activate_past_recording"):
+        dyn.crop(-2)
+    assert ours.state_write() == before and ours.get_seq_length() == 10
+    for cache in (ours, dyn):
+        cache.activate_past_recording()
+        assert cache.is_recording_past(0) and not cache.is_recording_past(1)
+        _forward(model, cache, ids[:, 10:12])
+        cache.crop(-2)
+        assert cache.get_seq_length() == 10
+    window = ours.kv.cache_of(0)
+    assert window.seq_pos_min(0) == 10 - 6 + 1 and window.seq_pos_max(0) == 9      # back to the window
+    torch.testing.assert_close(_forward(model, ours, ids[:, 10:11]), _forward(model, dyn, ids[:, 10:11]),
+                               rtol=0, atol=1e-5)

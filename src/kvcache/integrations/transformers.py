@@ -44,6 +44,14 @@ class _Layer:
         self.sliding_window = sliding_window
         self._cache = weakref.ref(cache)     # no cycle: the cache is freed when its last user lets go
         self._layer_idx = layer_idx
+        # transformers' flag (assisted decoding sets it, and clears it when done): a sliding
+        # layer keeps what its window has left until crop, so that crop can undo forwards
+        self.record_past = False
+
+    def activate_past_recording(self) -> None:
+        """A sliding layer keeps the positions its window leaves until the next crop (see
+        record_past); a full-attention layer keeps everything anyway."""
+        self.record_past = self.is_sliding
 
     @property
     def keys(self) -> torch.Tensor | None:
@@ -214,6 +222,13 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         assert kv is not None
         return kv.cache_of(il) if isinstance(kv, ISWACache) else kv
 
+    def _window_part(self) -> UnifiedCache | None:
+        """The sliding-window part (None without sliding layers or before the first update)."""
+        kv = self.kv
+        if not isinstance(kv, ISWACache) or "sliding_attention" not in self._types:
+            return None
+        return kv.cache_of(self._types.index("sliding_attention"))
+
     def _full(self) -> UnifiedCache | None:
         """The full-attention part (None when every layer slides)."""
         kv = self.kv
@@ -256,7 +271,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             # plain lists: UBatch reads them fastest
             pos = [n] * rows if q == 1 else [j for j in range(n, n + q) for _ in range(rows)]
             seq = self._row_list * q
-            kv.sbatch_init(pos, seq)      # the window slides on commit
+            if not self._recording():
+                kv.sbatch_init(pos, seq)  # the window slides on commit (recording: at crop)
             self._pending = kv.find_slot(UBatch(pos, seq))
             full = self._full_part
             slot = full.slot if self._pending and full is not None else None
@@ -449,18 +465,39 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         """Cache indices a row can hold (n_ctx)."""
         return self._n_ctx
 
+    def _recording(self) -> bool:
+        """Whether a sliding layer records its past (transformers' record_past)."""
+        return any(layer.record_past for layer in self.layers if layer.is_sliding)   # type: ignore[union-attr]
+
     def crop(self, max_length: int) -> None:
-        """crop(-k) forgets the last k indices of every row (transformers 5.x); crop(m >= 0) keeps
-        the first m (transformers 4.x)."""
-        keep = self._n + max_length if max_length < 0 else max_length
-        keep = max(keep, 0)
-        if keep >= self._n:
+        """crop(-k) forgets the last k indices of every row, crop(0) none (transformers 5.x);
+        crop(m > 0) keeps the first m (the older absolute form). With sliding layers that record
+        their past, the window then keeps only what the next forward sees; without, forgetting
+        indices whose window the cache has already left raises RuntimeError, changing nothing
+        (as a DynamicCache's sliding layers do)."""
+        keep = self._n + max_length if max_length <= 0 else max_length
+        keep = min(max(keep, 0), self._n)
+        kv = self.kv
+        window = self._window_part()
+        if kv is None:
+            self._n = keep
             return
+        recording = self._recording()
+        if window is not None and keep < self._n and not recording:
+            lo = self._offset(self._types.index("sliding_attention"), keep)
+            lost = [b for b in range(self._rows) if keep > 0 and not window.seq_pos_min(b) <= lo]
+            if lost:
+                raise RuntimeError(f"crop to {keep} indices: the sliding-window layers of row {lost[0]} no longer hold "
+                                   f"index {lo} (their window has moved on); call activate_past_recording() before "
+                                   f"the forwards that crop undoes")
         self._commit()
-        if self.kv is not None:
+        if keep < self._n:
             for b in range(self._rows):
-                self.kv.seq_rm(b, keep, -1)
-        self._n = keep
+                kv.seq_rm(b, keep, -1)
+            self._n = keep
+        if window is not None and recording:
+            for b in range(self._rows):
+                window.prune_swa(b, keep, keep)   # what the next forward (index keep) cannot see
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Row b takes the K/V of row beam_idx[b] (beam search)."""
