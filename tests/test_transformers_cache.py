@@ -28,6 +28,11 @@ def _model(kind, attn="eager"):
     if kind == "llama":
         cfg = transformers.LlamaConfig(num_hidden_layers=2, initializer_range=0.2, **common)
         cls = transformers.LlamaForCausalLM
+    elif kind == "llama4":
+        # chunked attention (chunks of 4) in three layers of four, as Llama 4 has it
+        cfg = transformers.Llama4TextConfig(num_hidden_layers=4, head_dim=8, attention_chunk_size=4,
+                                            intermediate_size_mlp=64, num_local_experts=2, **common)
+        cls = transformers.Llama4ForCausalLM
     else:
         cfg = transformers.Gemma2Config(num_hidden_layers=4, head_dim=8, sliding_window=6, tie_word_embeddings=False,
                                         **common)
@@ -58,7 +63,7 @@ def _same(a, b):
     torch.testing.assert_close(a[1], b[1], rtol=0, atol=1e-5)
 
 
-CASES = [("llama", "eager"), ("llama", "sdpa"), ("gemma2", "eager")]
+CASES = [("llama", "eager"), ("llama", "sdpa"), ("gemma2", "eager"), ("llama4", "sdpa")]
 PADS = [(0,), (0, 5), (3, 0, 7)]
 
 
@@ -125,6 +130,14 @@ def test_the_layers_are_what_transformers_reads():
     assert len(cache.layers) == 4 and cache.is_sliding == [True, False, True, False]
     assert not any(cache.is_linear) and not cache.is_compileable
     assert hf_attention(model.config)[-2:] == (6, ["sliding_attention", "full_attention"] * 2)
+    # Llama 4's chunked layers: windows of the chunk size, as DynamicCache's layers for them
+    model = _model("llama4")
+    cache, dyn = from_model(model, n_ctx=16), DynamicCache(config=model.config)
+    assert cache.is_sliding == dyn.is_sliding == [True, True, True, False]
+    assert [layer.sliding_window for layer in cache.layers[:3]] == [4] * 3
+    with pytest.raises(ValueError, match="only full and sliding"):
+        hf_attention(model.config)
+    assert hf_attention(model.config, chunked_as_sliding=True)[-2:] == (4, ["sliding_attention"] * 3 + ["full_attention"])
 
 
 def test_what_it_cannot_do_raises():
@@ -145,7 +158,14 @@ def test_what_it_cannot_do_raises():
     with pytest.raises(ValueError, match="batch_size and dtype"):
         from_model(model, n_ctx=8).state_read(b"")
     cfg = transformers.LlamaConfig(num_hidden_layers=2, layer_types=["full_attention", "chunked_attention"])
-    with pytest.raises(ValueError, match="chunked"):
+    with pytest.raises(ValueError, match="chunked layers but no attention_chunk_size"):
+        KVCache(cfg, 8)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"])
+    with pytest.raises(ValueError, match="only full and sliding"):
+        KVCache(cfg, 8)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, layer_types=["sliding_attention", "chunked_attention"],
+                                   sliding_window=4, attention_chunk_size=4)
+    with pytest.raises(ValueError, match="both sliding and chunked"):
         KVCache(cfg, 8)
 
 

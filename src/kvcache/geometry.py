@@ -519,11 +519,14 @@ def rope_from_transformers(config: Any, n_ctx_seq: int | None = None) -> RopePar
                       layer_freq_base=layer_base, layer_freq_scale=layer_scale)
 
 
-def hf_attention(config: Any) -> tuple[int, int, int, int, int, list[str]]:
+def hf_attention(config: Any, chunked_as_sliding: bool = False) -> tuple[int, int, int, int, int, list[str]]:
     """(n_layer, n_head, n_head_kv, head_dim, sliding_window or 0, layer types) of a
     transformers config (or model): the layer types are ``layer_types``, else every layer
     sliding when there is a ``sliding_window`` (Mistral). Types other than "full_attention" and
-    "sliding_attention" raise ValueError."""
+    "sliding_attention" raise ValueError. With ``chunked_as_sliding``, "chunked_attention"
+    layers (Llama 4) are given as "sliding_attention" of a window of ``attention_chunk_size``:
+    the positions a chunk's queries can see lie in that window, which is how transformers'
+    own caches keep them (its masks then apply the chunks)."""
     cfg = _hf_text_config(config)
     n_layer = int(cfg.num_hidden_layers)
     n_head = int(cfg.num_attention_heads)
@@ -532,6 +535,13 @@ def hf_attention(config: Any) -> tuple[int, int, int, int, int, list[str]]:
     window = getattr(cfg, "sliding_window", None)
     types = list(getattr(cfg, "layer_types", None) or
                  ["sliding_attention" if window else "full_attention"] * n_layer)
+    if chunked_as_sliding and "chunked_attention" in types:
+        if "sliding_attention" in types:
+            raise ValueError("the config has both sliding and chunked layers: one window size maps to a kvcache cache")
+        window = getattr(cfg, "attention_chunk_size", None)
+        if not window:
+            raise ValueError("the config has chunked layers but no attention_chunk_size")
+        types = ["sliding_attention" if t == "chunked_attention" else t for t in types]
     if len(types) != n_layer or set(types) - {"full_attention", "sliding_attention"}:
         raise ValueError(f"layer_types {sorted(set(types))} ({len(types)} for {n_layer} layers): only full and "
                          f"sliding attention map to a kvcache cache")

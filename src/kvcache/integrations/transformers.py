@@ -1,6 +1,7 @@
 """A transformers ``Cache`` over kvcache: ``model.generate(..., past_key_values=cache)`` with the
 keys and values held by a :class:`~kvcache.UnifiedCache` (full attention) or an
-:class:`~kvcache.ISWACache` (models with sliding-window layers).
+:class:`~kvcache.ISWACache` (models with sliding-window layers, or chunked-attention layers:
+a window of the chunk size, as transformers' own caches keep them).
 
 ``from_model(model, n_ctx=...)`` builds one. Each row of the batch is one kvcache sequence (row b
 = sequence b) and each of transformers' cache indices one cell (left-padding tokens included,
@@ -84,7 +85,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
 
     def __init__(self, config: Any, n_ctx: int, *, batch_size: int | None = None, dtype: torch.dtype | None = None,
                  n_batch: int | None = None, n_pad: int = 32):
-        _, _, n_kv, head_dim, self._window, self._types = hf_attention(config)
+        _, _, n_kv, head_dim, self._window, self._types = hf_attention(config, chunked_as_sliding=True)
         self._config = config
         sliding = [t == "sliding_attention" for t in self._types]
         super().__init__(layers=[_Layer(self._window if s else None, self, il)   # type: ignore[arg-type,misc,unused-ignore]
