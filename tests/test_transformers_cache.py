@@ -514,3 +514,28 @@ def test_crop_semantics_of_transformers_5():
     assert window.seq_pos_min(0) == 10 - 6 + 1 and window.seq_pos_max(0) == 9      # back to the window
     torch.testing.assert_close(_forward(model, ours, ids[:, 10:11]), _forward(model, dyn, ids[:, 10:11]),
                                rtol=0, atol=1e-5)
+
+
+def test_bad_crop_and_reorder_arguments_change_nothing():
+    """crop takes an int (or what stands for one: a numpy int, a 0-d tensor); reorder_cache
+    integer row indices in range, one per row. Anything else raises and changes nothing."""
+    model = _model("llama")
+    ids, mask = _inputs((0, 3), length=10)
+    cache = from_model(model, n_ctx=30)
+    _generate(model, ids, mask, cache, n_new=2)
+    before, n = cache.state_write(), cache.get_seq_length()
+    for bad in (1.5, -1.5, "x", None, [1]):
+        with pytest.raises(TypeError):
+            cache.crop(bad)
+    for bad, err in ((torch.tensor([0.0, 1.0]), TypeError), (torch.tensor([True, False]), TypeError),
+                     (torch.tensor([5, 0]), IndexError), (torch.tensor([-1, 0]), IndexError),
+                     (torch.tensor([0]), ValueError), ([0, 1, 1], ValueError)):
+        with pytest.raises(err):
+            cache.reorder_cache(bad)
+    assert cache.state_write() == before and cache.get_seq_length() == n
+    cache.crop(np.int64(-1))
+    cache.crop(torch.tensor(-1))
+    assert cache.get_seq_length() == n - 2
+    cache.reorder_cache(torch.tensor([[1, 1]]))                   # beams may repeat a row
+    k = cache.layers[0].keys
+    assert torch.equal(k[0], k[1])

@@ -14,6 +14,7 @@ expected keys otherwise (sliding layers, whose cells are reused; a cache restore
 exactly the keys it expects raises instead. Needs ``torch`` and ``transformers`` 5.x."""
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import Any, Iterator
 
@@ -476,6 +477,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         their past, the window then keeps only what the next forward sees; without, forgetting
         indices whose window the cache has already left raises RuntimeError, changing nothing
         (as a DynamicCache's sliding layers do)."""
+        max_length = operator.index(max_length)    # an int (or what stands for one), else TypeError
         keep = self._n + max_length if max_length <= 0 else max_length
         keep = min(max(keep, 0), self._n)
         kv = self.kv
@@ -521,12 +523,18 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                                   "created; build it for the expanded batch")
 
     def _permute(self, order: torch.Tensor) -> None:
-        self._commit()
+        """Row b takes row order[b]'s K/V (checked first: bad indices change nothing)."""
+        order = torch.as_tensor(order)
+        if order.dtype.is_floating_point or order.dtype.is_complex or order.dtype == torch.bool:
+            raise TypeError(f"row indices of dtype {order.dtype}: integers expected")
         if self.kv is None or self._n == 0:
             return
-        order = torch.as_tensor(order).to("cpu", torch.long).reshape(-1)
+        order = order.to("cpu", torch.long).reshape(-1)
         if order.shape[0] != self._rows:
             raise ValueError(f"{order.shape[0]} rows given, the cache holds {self._rows}")
+        if int(order.min()) < 0 or int(order.max()) >= self._rows:
+            raise IndexError(f"row indices {order.tolist()}: the cache holds rows 0 .. {self._rows - 1}")
+        self._commit()
         grad = torch.is_grad_enabled()
         if self._history and not grad:
             self._forget_history()
