@@ -539,3 +539,36 @@ def test_bad_crop_and_reorder_arguments_change_nothing():
     cache.reorder_cache(torch.tensor([[1, 1]]))                   # beams may repeat a row
     k = cache.layers[0].keys
     assert torch.equal(k[0], k[1])
+
+
+def test_a_state_the_cache_cannot_take_changes_nothing():
+    """state_read of a state the cache cannot take (more indices per row than n_ctx, another
+    dtype, batch size or model, damaged bytes) raises and leaves the cache as it was: not
+    created when it was not, holding its rows when it held some."""
+    from kvcache import StateError
+
+    model, other = _model("llama"), _model("gemma2")
+    ids, mask = _inputs((0, 3), length=10)
+    source = from_model(model, n_ctx=30)
+    _generate(model, ids, mask, source, n_new=2)
+    blob = source.state_write()                                   # 11 indices per row
+    bad = [(from_model(model, n_ctx=8), dict(batch_size=2, dtype=torch.float32), ValueError, "n_ctx"),
+           (from_model(model, n_ctx=30), dict(batch_size=2, dtype=torch.float16), StateError, "type"),
+           (from_model(model, n_ctx=60), dict(batch_size=1, dtype=torch.float32), StateError, "sequence"),
+           (from_model(other, n_ctx=30), dict(batch_size=2, dtype=torch.float32), StateError, None)]
+    for cache, kw, err, msg in bad:
+        with pytest.raises(err, match=msg):
+            cache.state_read(blob, **kw)
+        assert cache.kv is None and cache.get_seq_length() == 0
+    small = from_model(model, n_ctx=8)
+    seq, _ = _generate(model, ids[:, :4], mask[:, :4], small, n_new=2)
+    held = small.state_write()
+    for data, err in ((blob, ValueError), (blob[:100] + bytes(50), StateError)):
+        with pytest.raises(err):
+            small.state_read(data)
+        assert small.state_write() == held and small.get_seq_length() == 5
+    # the rows it held go on as from a cache restored from them
+    restored = from_model(model, n_ctx=8)
+    restored.state_read(held, batch_size=2, dtype=torch.float32)
+    mask2 = torch.cat([mask[:, :4], torch.ones(2, 2, dtype=mask.dtype)], 1)
+    _same(_generate(model, seq, mask2, small, n_new=2), _generate(model, seq, mask2, restored, n_new=2))

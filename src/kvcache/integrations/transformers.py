@@ -571,30 +571,53 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
     def state_read(self, data: bytes, batch_size: int | None = None, dtype: torch.dtype | None = None) -> None:
         """Restore what state_write saved. A cache not created yet is created with batch_size
         and dtype; afterwards get_seq_length is the saved length, so generate continues the
-        saved rows when given their whole sequences so far."""
-        if self.kv is None:
-            if batch_size is None or dtype is None:
-                raise ValueError("state_read into a cache not created yet needs batch_size and dtype")
-            self._create(int(batch_size), dtype)
-        elif batch_size is not None and batch_size != self._rows:
+        saved rows when given their whole sequences so far. A state this cache cannot take
+        raises (kvcache's StateError, or ValueError) and leaves the cache as it was."""
+        if self.kv is not None and batch_size is not None and batch_size != self._rows:
             raise ValueError(f"batch_size {batch_size}; the cache holds {self._rows} rows")
-        assert self.kv is not None
+        if self.kv is None and (batch_size is None or dtype is None):
+            raise ValueError("state_read into a cache not created yet needs batch_size and dtype")
         self._commit()
-        self.kv.state_read(data)
-        if self._history:
-            self._forget_history()      # kvcache wrote the tensors' memory
-        ends = {self.kv.seq_pos_max(b) + 1 for b in range(self._rows)}
+        before = dict(self.__dict__)    # the attributes _create replaces
+        old_kv = self.kv
+        old_rows = old_kv.state_write() if old_kv is not None and self._n else None
+        try:
+            if self.kv is None:
+                assert batch_size is not None and dtype is not None
+                self._create(int(batch_size), dtype)
+            assert self.kv is not None
+            self.kv.state_read(data)
+            self._take_restored_rows()
+        except BaseException:
+            if old_kv is not None:      # kvcache's own state_read changes nothing when it fails
+                if old_rows is not None:
+                    old_kv.state_read(old_rows)
+                else:
+                    old_kv.clear()
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+        finally:
+            if self._history:
+                self._forget_history()  # kvcache wrote the tensors' memory
+
+    def _take_restored_rows(self) -> None:
+        """After the kvcache cache's state_read: the rows' length and layout, or ValueError."""
+        kv = self.kv
+        assert kv is not None
+        ends = {kv.seq_pos_max(b) + 1 for b in range(self._rows)}
         full = self._full()
         starts = {full.seq_pos_min(b) for b in range(self._rows)} if full is not None else {0}
         if len(ends) != 1:
-            self.reset()
             raise ValueError(f"the saved rows have different lengths {sorted(ends)}")
-        self._n = ends.pop()
-        if full is not None and self._n and starts != {0}:
-            self.reset()
+        n = ends.pop()
+        if n > self._n_ctx:
+            raise ValueError(f"the saved rows hold {n} indices; this cache holds {self._n_ctx} per row (n_ctx)")
+        if full is not None and n and starts != {0}:
             raise ValueError("the saved rows do not start at index 0")
+        self._n = n
         self._strided = full is None or all(
-            np.array_equal(full.seq_cells(b)[0], np.arange(self._n) * self._rows + b) for b in range(self._rows))
+            np.array_equal(full.seq_cells(b)[0], np.arange(n) * self._rows + b) for b in range(self._rows))
 
     # --- copies ------------------------------------------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:
