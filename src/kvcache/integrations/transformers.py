@@ -110,6 +110,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         # strided layout as transformers reads them, [2 * layers, row, head, index, dim]
         self._full5: torch.Tensor | None = None
         self._at: list[int] = []    # per layer: its K's place in _full5, -1 for a sliding layer
+        # per layer: (part, plane of its K) in _stores, part 0 full attention, 1 the window
+        self._where: list[tuple[int, int]] = []
         self._full_part: UnifiedCache | None = None
         # the K/V tensors kvcache borrows (full-attention part, window part; None where none)
         self._stores: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
@@ -179,15 +181,12 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._row_list = list(range(rows))      # the sequences of one cache index, in row order
         self._stores = (full_t if full else None, window_t)
         self._at = at
+        self._where = [(0, at[il]) if at[il] >= 0 else (1, 2 * swa.index(il)) for il in range(n_layer)]
         with torch.inference_mode(False):
             # torch's view of each layer's K and V (the planes kvcache was lent, as numpy)
-            views_full = full_t.unbind(0)
-            views_swa = window_t.unbind(0) if window_t is not None else ()
-            self._k, self._v = [], []
-            for il in range(n_layer):
-                part, i = (views_full, at[il]) if at[il] >= 0 else (views_swa, 2 * swa.index(il))
-                self._k.append(part[i])
-                self._v.append(part[i + 1])
+            views = (full_t.unbind(0), window_t.unbind(0) if window_t is not None else ())
+            self._k = [views[part][j] for part, j in self._where]
+            self._v = [views[part][j + 1] for part, j in self._where]
             cap = kv_size // rows
             # [2 * layers, cap, rows, heads, dim] -> [2 * layers, rows, heads, cap, dim]
             if cap * rows != kv_size:
@@ -205,19 +204,17 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._history = False
 
     def _plane(self, il: int, i: int) -> torch.Tensor:
-        """Layer il's K (i = 0) or V (i = 1) rows, [cells, width], as a view made now. With
-        autograd on, a forward writes and reads the tensors through views made after its
-        previous write: autograd refuses in-place writes through older views of a tensor that
-        had no history then (and the views of unbind altogether), and reads through them would
-        miss the rows' history."""
-        at = self._at[il]
-        if at >= 0:
-            store = self._stores[0]
-        else:
-            store = self._stores[1]
-            at = 2 * sum(1 for j in range(il) if self._at[j] < 0)
+        """Layer il's K (i = 0) or V (i = 1) rows, [cells, width]. With autograd on, a view made
+        now: a forward writes and reads the tensors through views made after its previous
+        write, since autograd refuses in-place writes through older views of a tensor that had
+        no history then (and the views of unbind altogether), and reads through them would
+        miss the rows' history. Otherwise the views made with the cache."""
+        if not torch.is_grad_enabled():
+            return (self._k, self._v)[i][il]
+        part, j = self._where[il]
+        store = self._stores[part]
         assert store is not None
-        return store.select(0, at + i)
+        return store.select(0, j + i)
 
     def _part(self, il: int) -> UnifiedCache:
         kv = self.kv
@@ -398,14 +395,12 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         head, n_cells = slot
         new = slice(head, head + n_cells)
         idx = self._indices(part, self._offset(layer_idx, self._n - q))
-        grad = torch.is_grad_enabled()
         # token j * rows + b of the ubatch (index n - q + j of row b) is cell head + j * rows + b
-        k_rows = self._plane(layer_idx, 0) if grad else self._k[layer_idx]
-        k_rows[new].view(q, rows, n_kv, head_dim).copy_(key_states.permute(2, 0, 1, 3))
-        v_rows = self._plane(layer_idx, 1) if grad else self._v[layer_idx]
+        self._plane(layer_idx, 0)[new].view(q, rows, n_kv, head_dim).copy_(key_states.permute(2, 0, 1, 3))
+        v_rows = self._plane(layer_idx, 1)
         v_rows[new].view(q, rows, n_kv, head_dim).copy_(value_states.permute(2, 0, 1, 3))
-        if grad:
-            k_rows = self._plane(layer_idx, 0)      # after the writes (see _plane)
+        k_rows = self._plane(layer_idx, 0)          # after the writes (see _plane)
+        if torch.is_grad_enabled():
             self._history = self._history or key_states.requires_grad or value_states.requires_grad
         k = k_rows[idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
         v = v_rows[idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
@@ -419,12 +414,10 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         n_kv, head_dim = self._heads
         lo = self._offset(layer_idx, self._n)
         at = self._at[layer_idx]
-        grad = torch.is_grad_enabled()
-        if self._strided and at >= 0 and not grad and self._full5 is not None:
+        if self._strided and at >= 0 and not torch.is_grad_enabled() and self._full5 is not None:
             return self._full5[at + i].narrow(2, lo, self._n - lo)
-        rows = self._plane(layer_idx, i) if grad else (self._k, self._v)[i][layer_idx]
         idx = self._indices(self._part(layer_idx), lo)
-        return rows[idx].view(self._rows, -1, n_kv, head_dim).transpose(1, 2)
+        return self._plane(layer_idx, i)[idx].view(self._rows, -1, n_kv, head_dim).transpose(1, 2)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None, None]]:
         """(keys, values, None) of every layer, as a DynamicCache iterates."""
@@ -545,9 +538,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             if idx is None:
                 # all rows hold the same indices: their cells line up index by index
                 idx = by_part[id(part)] = self._indices(part, self._offset(il, self._n))
-            for i, rows in enumerate((self._k[il], self._v[il])):
-                if grad:
-                    rows = self._plane(il, i)   # see _plane
+            for i in (0, 1):
+                rows = self._plane(il, i)
                 rows[idx] = rows[idx[order]]
         self._gather.clear()
 
