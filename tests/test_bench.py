@@ -256,3 +256,17 @@ def test_the_handoff_case_checks_every_move_and_says_which_transports_are_missin
     for name in ("ray", "nixl"):
         if importlib.util.find_spec(name) is None:
             assert any(r.case == f"handoff through {name}" and r.note.startswith("waiting") for r in rows)
+
+
+def test_the_paired_interval_holds_the_median_and_is_repeatable():
+    """The interval a bench verdict is drawn from (the torch case's "no slower than"): it holds
+    the paired median, the same times give the same interval, and a lower level a narrower one."""
+    from kvcache.bench import _paired, _paired_interval
+
+    a = [100 + i % 7 for i in range(25)]
+    b = [98 + (i * 3) % 11 for i in range(25)]
+    lo, hi = _paired_interval(a, b)
+    assert lo <= _paired(a, b) <= hi and (lo, hi) == _paired_interval(a, b)
+    lo50, hi50 = _paired_interval(a, b, level=0.5)
+    assert lo <= lo50 <= hi50 <= hi and hi50 - lo50 < hi - lo
+    assert _paired_interval([2.0] * 9, [1.0] * 9) == (2.0, 2.0)      # pairs that all agree leave no doubt

@@ -7,6 +7,7 @@ Ratios matter, not absolute times: machines are noisy."""
 from __future__ import annotations
 
 import platform
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -42,6 +43,16 @@ def _paired(a, b) -> float:
     """Median over the repetitions of a[i] / b[i]: two things timed back to back in each
     repetition, so that a slow spell of the machine slows both."""
     return statistics.median(x / y for x, y in zip(a, b))
+
+
+def _paired_interval(a, b, level: float = 0.95, resamples: int = 2000) -> tuple[float, float]:
+    """The bootstrap interval of _paired(a, b) at this level: the medians of resamplings of the
+    per-repetition ratios, seeded so that the same times give the same interval."""
+    ratios = [x / y for x, y in zip(a, b)]
+    draw = random.Random(0)
+    medians = sorted(statistics.median(draw.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    cut = int(resamples * (1 - level) / 2)
+    return medians[cut], medians[resamples - 1 - cut]
 
 
 def _repeat(fn: Callable[[], tuple], reps: int) -> list[tuple]:
