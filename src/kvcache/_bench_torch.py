@@ -1,13 +1,14 @@
 """`kvcache bench` case ``torch``: ``generate`` of a tiny random Llama with the kvcache
 transformers Cache against the same with ``DynamicCache``, paired in one run (the tokens are
-checked equal; the verdict from the paired ratio's 95% bootstrap interval), after a short prompt (where every cache's fixed costs weigh most) and a long one
-(where the copies DynamicCache's concatenation makes grow), and the per-step cost of kvcache's calls in a decode step whose K/V live in
-torch tensors (find_slot, slot_indices into an int64 tensor, the scatter of one layer's rows,
-the unpadded bool mask, commit) at 4096 and 32768 cells, against 10% of the tiny model's
-decode step measured in the same run. torch runs on one thread here and the times are that
-thread's CPU time, so that other processes on a shared machine weigh less (torch's idle pool
-threads spin, and a wall clock counts every other job). Without torch and transformers the rows
-wait."""
+checked equal; the verdict from the paired ratio's 95% bootstrap interval), after a short
+prompt (where every cache's fixed costs weigh most) and a long one (where the copies
+DynamicCache's concatenation makes grow), and the per-step cost of kvcache's calls in a decode
+step whose K/V live in torch tensors (find_slot, slot_indices into an int64 tensor, the scatter
+of one layer's rows, the unpadded bool mask, commit) at 4096 and 32768 cells, against 10% of the
+tiny model's decode step measured in the same run. torch runs on one thread here and the times
+are that thread's CPU time, so that other processes on a shared machine weigh less (torch's idle
+pool threads spin, and a wall clock counts every other job). Without torch and transformers the
+rows wait."""
 from __future__ import annotations
 
 import random
