@@ -218,13 +218,16 @@ def _kv(rows, q, seed, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_update_keeps_the_rows_in_the_kvcache_cache(dtype):
+def test_update_keeps_the_rows_and_the_state_holds_them(dtype):
     """update by hand, as a model's layers call it: the keys returned are every row's keys so
-    far, and they are the kvcache cache's own memory (its k()/v() rows, cell = index * rows +
-    row), so its state holds them."""
+    far, views of the cache's tensors while the cells lie as a fresh cache places them (cell =
+    index * rows + row); kvcache keeps the cells (metadata mode), and the state holds the K/V as
+    kvcache rows: restored into a plain kvcache cache, its k()/v() are the rows."""
+    import kvcache
+
     cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
     cache = KVCache(cfg, 16, batch_size=3, dtype=dtype)
-    assert cache.kv.buffers == "borrowed"
+    assert cache.kv.buffers == "none"
     seen = {0: [], 1: []}
     for step, q in enumerate([4, 1, 1, 2]):
         for il in range(2):
@@ -233,13 +236,19 @@ def test_update_keeps_the_rows_in_the_kvcache_cache(dtype):
             got_k, got_v = cache.update(k, v, il)
             assert torch.equal(got_k, torch.cat([s[0] for s in seen[il]], 2))
             assert torch.equal(got_v, torch.cat([s[1] for s in seen[il]], 2))
+            assert got_k._base is not None and got_v._base is not None          # views, no gather
     n = cache.get_seq_length()
     assert n == 8 and all(cache.kv.seq_cells(b)[0].tolist() == [j * 3 + b for j in range(n)] for b in range(3))
+    name = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    plain = kvcache.UnifiedCache(kv_size=cache.kv.size, n_layer=2, n_embd_k_gqa=16, n_embd_v_gqa=16, type_k=name,
+                                 type_v=name, v_trans=False, n_seq_max=3)
+    plain.state_read(cache.state_write())
     for il in range(2):
-        want = torch.cat([s[0] for s in seen[il]], 2)                      # [rows, heads, n, dim]
-        rows = np.asarray(cache.kv.k(il))
-        rows = torch.from_numpy(rows.view(np.uint16)).view(dtype) if dtype == torch.bfloat16 else torch.from_numpy(rows)
-        assert torch.equal(rows[:n * 3].view(n, 3, 2, 8).permute(1, 2, 0, 3), want)
+        for i, get in enumerate((plain.k, plain.v)):
+            want = torch.cat([s[i] for s in seen[il]], 2)                  # [rows, heads, n, dim]
+            rows = np.asarray(get(il))
+            rows = torch.from_numpy(rows.view(np.uint16)).view(dtype) if dtype == torch.bfloat16 else torch.from_numpy(rows)
+            assert torch.equal(rows[:n * 3].view(n, 3, 2, 8).permute(1, 2, 0, 3), want)
 
 
 def test_update_after_crop_continues_every_row():

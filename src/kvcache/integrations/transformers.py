@@ -1,17 +1,19 @@
 """A transformers ``Cache`` over kvcache: ``model.generate(..., past_key_values=cache)`` with the
-keys and values held by a :class:`~kvcache.UnifiedCache` (full attention) or an
+cells kept by a :class:`~kvcache.UnifiedCache` (full attention) or an
 :class:`~kvcache.ISWACache` (models with sliding-window layers, or chunked-attention layers:
 a window of the chunk size, as transformers' own caches keep them).
 
 ``from_model(model, n_ctx=...)`` builds one. Each row of the batch is one kvcache sequence (row b
 = sequence b) and each of transformers' cache indices one cell (left-padding tokens included,
 as transformers stores them), at the kvcache position equal to that index, so kvcache's causal
-and sliding-window rules are the ones transformers' masks apply. K/V live in one torch tensor
-per kvcache part (CPU, ``v_trans=False``) that the kvcache cache borrows as its layers'
-buffers; ``update`` writes the new rows there and returns views when the cells of every row lie
-in the layout a fresh cache gives them (cell = index * batch + row), a gather of exactly the
-expected keys otherwise (sliding layers, whose cells are reused; a cache restored elsewhere). Anything that would not give transformers
-exactly the keys it expects raises instead. Needs ``torch`` and ``transformers`` 5.x."""
+and sliding-window rules are the ones transformers' masks apply. The kvcache cache keeps the
+cells only (metadata mode); K/V live in one CPU torch tensor per kvcache part, head by head as
+attention reads them. ``update`` writes the new rows there and returns views when the cells of
+every row lie in the layout a fresh cache gives them (cell = index * batch + row), a gather of
+exactly the expected keys otherwise (sliding layers, whose cells are reused; a cache restored
+elsewhere). State blobs hold the K/V as kvcache rows (``v_trans=False``), as a plain kvcache
+cache's. Anything that would not give transformers exactly the keys it expects raises instead.
+Needs ``torch`` and ``transformers`` 5.x."""
 from __future__ import annotations
 
 import operator
@@ -81,8 +83,9 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
     ``n_ctx * batch_size`` cells (rounded up to n_pad). n_batch (sliding-window models): the
     most tokens one forward places (batch rows times new tokens), which sizes the window
     cache (default: everything, n_ctx * batch_size). CPU tensors of float32, float16 or
-    bfloat16 only. ``kv`` is the kvcache cache (None until created): row b is its sequence b,
-    cache index j its position j."""
+    bfloat16 only. ``kv`` is the kvcache cache (None until created; metadata mode: it keeps the
+    cells, the K/V are this Cache's tensors): row b is its sequence b, cache index j its
+    position j."""
 
     def __init__(self, config: Any, n_ctx: int, *, batch_size: int | None = None, dtype: torch.dtype | None = None,
                  n_batch: int | None = None, n_pad: int = 32):
@@ -99,12 +102,13 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._n_batch = n_batch
         self._n_pad = int(n_pad)
         self.kv: UnifiedCache | ISWACache | None = None
+        self._kv_args: dict[str, Any] = {}     # kv's arguments (its twin's, with K/V of its own)
         self._row_list: list[int] = []
         self._rows = 0              # batch rows = sequences 0 .. rows - 1
         self._n = 0                 # cache indices per row, the current forward's included
         self._strided = True        # cell of (index j, row b) is j * rows + b in the full-attention cache
         self._gather: dict[int, torch.Tensor] = {}   # per kvcache part (id) of this forward: [rows, kv_len]
-        self._k: list[torch.Tensor] = []             # per layer: its part's K rows, [cells, kv heads * head dim]
+        self._k: list[torch.Tensor] = []             # per layer: its K, [kv heads, cells, head dim]
         self._v: list[torch.Tensor] = []
         # the full-attention layers' K and V (layer i of the part at 2i and 2i + 1) over the
         # strided layout as transformers reads them, [2 * layers, row, head, index, dim]
@@ -113,7 +117,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         # per layer: (part, plane of its K) in _stores, part 0 full attention, 1 the window
         self._where: list[tuple[int, int]] = []
         self._full_part: UnifiedCache | None = None
-        # the K/V tensors kvcache borrows (full-attention part, window part; None where none)
+        # the K/V tensors (full-attention part, window part; None where none)
         self._stores: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._history = False       # a forward with autograd on wrote K/V that require grad
         # the K/V shape (rows, kv heads, tokens, head dim) and dtype last checked: update checks
@@ -153,45 +157,76 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         swa = [il for il, t in enumerate(self._types) if t == "sliding_attention"]
         full = [il for il in range(n_layer) if il not in swa]
         n_batch = self._n_batch if self._n_batch is not None else self._n_ctx * rows
-        # one tensor per part, [2 * its layers, cells, width] (K of its layer i at 2i, V at
-        # 2i + 1), whose planes kvcache borrows as the layers' buffers; normal tensors even
-        # under torch.inference_mode, so that later forwards in other modes can write them
-        with torch.inference_mode(False):
-            full_t = torch.zeros(2 * len(full), kv_size, width, dtype=dtype)
+        if swa:
+            common.update(swa_layers=swa, n_swa=self._window, swa_type="standard", n_batch=n_batch, swa_full=False)
+        # kvcache keeps the cells only (metadata mode); the K/V are one torch tensor per part,
+        # [2 * its layers, kv heads, cells, head dim] (K of its layer i at 2i, V at 2i + 1): head
+        # by head, as attention reads them (over kvcache's rows of all heads of a cell, the
+        # attention of a long context reads slower); state_write / state_read carry them
+        # through a twin that holds them as kvcache rows (_twin)
+        self._kv_args = common
+        self.kv = (ISWACache if swa else UnifiedCache)(buffers=None, **common)
+        with torch.inference_mode(False):     # normal tensors, which forwards in any mode can write
+            full_t = torch.zeros(2 * len(full), n_kv, kv_size, head_dim, dtype=dtype) if full else None
             window_t = None
             if swa:
                 size_swa = swa_size(kv_size, self._window, rows, n_batch, self._n_pad, False)
-                window_t = torch.zeros(2 * len(swa), size_swa, width, dtype=dtype)
-        planes = _planes(full_t)
-        pairs: list[Any] = [None] * n_layer
-        at = [-1] * n_layer
-        for i, il in enumerate(full):
-            pairs[il] = (planes[2 * i], planes[2 * i + 1])
-            at[il] = 2 * i
-        if window_t is not None:
-            window = _planes(window_t)
-            for i, il in enumerate(swa):
-                pairs[il] = (window[2 * i], window[2 * i + 1])
-            self.kv = ISWACache(swa_layers=swa, n_swa=self._window, swa_type="standard", n_batch=n_batch,
-                                swa_full=False, buffers=pairs, **common)
-        else:
-            self.kv = UnifiedCache(buffers=pairs, **common)
+                window_t = torch.zeros(2 * len(swa), n_kv, size_swa, head_dim, dtype=dtype)
         self._full_part = self._full()
         self._rows = rows
         self._row_list = list(range(rows))      # the sequences of one cache index, in row order
-        self._stores = (full_t if full else None, window_t)
-        self._at = at
-        self._where = [(0, at[il]) if at[il] >= 0 else (1, 2 * swa.index(il)) for il in range(n_layer)]
+        self._stores = (full_t, window_t)
+        self._at = [2 * full.index(il) if il in full else -1 for il in range(n_layer)]
+        self._where = [(0, self._at[il]) if self._at[il] >= 0 else (1, 2 * swa.index(il)) for il in range(n_layer)]
         with torch.inference_mode(False):
-            # torch's view of each layer's K and V (the planes kvcache was lent, as numpy)
-            views = (full_t.unbind(0), window_t.unbind(0) if window_t is not None else ())
+            # each layer's K and V, [kv heads, cells, head dim]
+            views = (full_t.unbind(0) if full_t is not None else (), window_t.unbind(0) if window_t is not None else ())
             self._k = [views[part][j] for part, j in self._where]
             self._v = [views[part][j + 1] for part, j in self._where]
-            cap = kv_size // rows
-            # [2 * layers, cap, rows, heads, dim] -> [2 * layers, rows, heads, cap, dim]
-            if cap * rows != kv_size:
-                full_t = full_t.narrow(1, 0, cap * rows)
-            self._full5 = full_t.view(2 * len(full), cap, rows, n_kv, head_dim).permute(0, 2, 3, 1, 4) if full else None
+            self._full5 = None
+            if full_t is not None:
+                cap = kv_size // rows
+                if cap * rows != kv_size:
+                    full_t = full_t.narrow(2, 0, cap * rows)
+                # cell j * rows + b is index j of row b: [2 * layers, heads, cap, rows, dim] ->
+                # [2 * layers, rows, heads, cap, dim]
+                self._full5 = full_t.view(2 * len(full), n_kv, cap, rows, head_dim).permute(0, 3, 1, 2, 4)
+
+    def _twin(self) -> UnifiedCache | ISWACache:
+        """An empty kvcache cache like kv that holds K/V of its own (kvcache rows): the state
+        blobs' K/V pass through it (_rows_to)."""
+        return (ISWACache if "swa_layers" in self._kv_args else UnifiedCache)(**self._kv_args)
+
+    def _rows_to(self, twin: UnifiedCache | ISWACache, into_twin: bool) -> None:
+        """Copy every row's K/V between this cache's tensors and twin's kvcache rows (into_twin:
+        to twin), cell for cell of the same row and cache index in the two."""
+        n_kv, head_dim = self._heads
+        cells: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}    # per part: (its cells, twin's)
+        for il in range(self._n_layers):
+            part, twin_part = self._part(il), (twin.cache_of(il) if isinstance(twin, ISWACache) else twin)
+            if id(part) not in cells:
+                ours_c, theirs_c = [], []
+                for b in range(self._rows):
+                    c, pos = part.seq_cells(b)
+                    tc, tpos = twin_part.seq_cells(b)
+                    if not np.array_equal(pos, tpos):
+                        raise RuntimeError(f"kvcache placed row {b}'s cells unlike its twin")
+                    ours_c.append(c)
+                    theirs_c.append(tc)
+                cells[id(part)] = (torch.from_numpy(np.concatenate(ours_c).astype(np.int64)),
+                                   torch.from_numpy(np.concatenate(theirs_c).astype(np.int64)))
+            ours, theirs = cells[id(part)]
+            for i in (0, 1):
+                plane = self._plane(il, i)                                   # [heads, cells, dim]
+                rows = np.asarray(twin_part.k(il) if i == 0 else twin_part.v(il))
+                t = torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16) if plane.dtype == torch.bfloat16 \
+                    else torch.from_numpy(rows)
+                t = t.view(-1, n_kv, head_dim)                               # [cells, heads, dim]
+                with torch.no_grad():
+                    if into_twin:
+                        t[theirs] = plane[:, ours].transpose(0, 1)
+                    else:
+                        plane[:, ours] = t[theirs].transpose(0, 1)
 
     def _forget_history(self) -> None:
         """Drop the autograd history of the K/V tensors: a write without autograd (a forward
@@ -204,7 +239,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._history = False
 
     def _plane(self, il: int, i: int) -> torch.Tensor:
-        """Layer il's K (i = 0) or V (i = 1) rows, [cells, width]. With autograd on, a view made
+        """Layer il's K (i = 0) or V (i = 1), [kv heads, cells, head dim]. With autograd on, a view made
         now: a forward writes and reads the tensors through views made after its previous
         write, since autograd refuses in-place writes through older views of a tensor that had
         no history then (and the views of unbind altogether), and reads through them would
@@ -396,28 +431,25 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         new = slice(head, head + n_cells)
         idx = self._indices(part, self._offset(layer_idx, self._n - q))
         # token j * rows + b of the ubatch (index n - q + j of row b) is cell head + j * rows + b
-        self._plane(layer_idx, 0)[new].view(q, rows, n_kv, head_dim).copy_(key_states.permute(2, 0, 1, 3))
+        self._plane(layer_idx, 0)[:, new].view(n_kv, q, rows, head_dim).copy_(key_states.permute(1, 2, 0, 3))
         v_rows = self._plane(layer_idx, 1)
-        v_rows[new].view(q, rows, n_kv, head_dim).copy_(value_states.permute(2, 0, 1, 3))
+        v_rows[:, new].view(n_kv, q, rows, head_dim).copy_(value_states.permute(1, 2, 0, 3))
         k_rows = self._plane(layer_idx, 0)          # after the writes (see _plane)
         if torch.is_grad_enabled():
             self._history = self._history or key_states.requires_grad or value_states.requires_grad
-        k = k_rows[idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
-        v = v_rows[idx].view(rows, -1, n_kv, head_dim).transpose(1, 2)
-        return k, v
+        return k_rows[:, idx].transpose(0, 1), v_rows[:, idx].transpose(0, 1)
 
     def _layer_kv(self, layer_idx: int, i: int) -> torch.Tensor | None:
         """Layer layer_idx's keys (i = 0) or values (i = 1) from get_mask_sizes' kv_offset on:
         views while the layout is strided (autograd off), a gather else."""
         if self.kv is None:
             return None
-        n_kv, head_dim = self._heads
         lo = self._offset(layer_idx, self._n)
         at = self._at[layer_idx]
         if self._strided and at >= 0 and not torch.is_grad_enabled() and self._full5 is not None:
             return self._full5[at + i].narrow(2, lo, self._n - lo)
         idx = self._indices(self._part(layer_idx), lo)
-        return self._plane(layer_idx, i)[idx].view(self._rows, -1, n_kv, head_dim).transpose(1, 2)
+        return self._plane(layer_idx, i)[:, idx].transpose(0, 1)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None, None]]:
         """(keys, values, None) of every layer, as a DynamicCache iterates."""
@@ -539,8 +571,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                 # all rows hold the same indices: their cells line up index by index
                 idx = by_part[id(part)] = self._indices(part, self._offset(il, self._n))
             for i in (0, 1):
-                rows = self._plane(il, i)
-                rows[idx] = rows[idx[order]]
+                plane = self._plane(il, i)
+                plane[:, idx] = plane[:, idx[order]]
         self._gather.clear()
 
     def reset(self) -> None:
@@ -553,12 +585,15 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
 
     # --- save and restore --------------------------------------------------------------------
     def state_write(self) -> bytes:
-        """The whole cache as a kvcache state blob (cells and K/V): restore it with state_read
-        into a cache of the same model, n_ctx and batch size."""
+        """The whole cache as a kvcache state blob (cells and K/V, in kvcache's layout of rows):
+        restore it with state_read into a cache of the same model, n_ctx and batch size."""
         if self.kv is None:
             raise RuntimeError("state_write: nothing stored yet")
         self._commit()
-        return self.kv.state_write()
+        twin = self._twin()
+        twin.state_read(self.kv.state_write())      # the cells (kv writes zeros for the K/V)
+        self._rows_to(twin, True)
+        return twin.state_write()
 
     def state_read(self, data: bytes, batch_size: int | None = None, dtype: torch.dtype | None = None) -> None:
         """Restore what state_write saved. A cache not created yet is created with batch_size
@@ -571,27 +606,35 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             raise ValueError("state_read into a cache not created yet needs batch_size and dtype")
         self._commit()
         before = dict(self.__dict__)    # the attributes _create replaces
-        old_kv = self.kv
-        old_rows = old_kv.state_write() if old_kv is not None and self._n else None
+        old = self.state_write() if self.kv is not None and self._n else None
+        read = False
         try:
             if self.kv is None:
                 assert batch_size is not None and dtype is not None
                 self._create(int(batch_size), dtype)
             assert self.kv is not None
+            twin = self._twin()
+            twin.state_read(data)       # checks the whole state; its K/V land in the twin
+            read = True
             self.kv.state_read(data)
             self._take_restored_rows()
+            self._rows_to(twin, False)
         except BaseException:
-            if old_kv is not None:      # kvcache's own state_read changes nothing when it fails
-                if old_rows is not None:
-                    old_kv.state_read(old_rows)
-                else:
-                    old_kv.clear()
             self.__dict__.clear()
             self.__dict__.update(before)
+            if read and self.kv is not None:    # kvcache's own state_read changes nothing when it fails
+                if old is not None:
+                    self.kv.state_read(old)
+                    self._take_restored_rows()
+                    twin = self._twin()
+                    twin.state_read(old)
+                    self._rows_to(twin, False)
+                else:
+                    self.kv.clear()
             raise
         finally:
             if self._history:
-                self._forget_history()  # kvcache wrote the tensors' memory
+                self._forget_history()  # the tensors' memory was written without autograd
 
     def _take_restored_rows(self) -> None:
         """After the kvcache cache's state_read: the rows' length and layout, or ValueError."""
@@ -637,14 +680,6 @@ def _restored(config: Any, n_ctx: int, n_batch: int | None, n_pad: int, rows: in
     if state is not None:
         cache.state_read(state, batch_size=rows, dtype=dtype)
     return cache
-
-
-def _planes(t: torch.Tensor) -> tuple[np.ndarray, ...]:
-    """The planes t[0], t[1], ... as numpy arrays over t's memory (bfloat16 as uint16)."""
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-        return tuple(t.numpy().view(np.uint16))
-    return tuple(t.numpy())
 
 
 def from_model(model: Any, n_ctx: int, **options: Any) -> KVCache:
