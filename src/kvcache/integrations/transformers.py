@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch  # type: ignore[import-not-found,unused-ignore]
+import torch.utils.dlpack  # type: ignore[import-not-found,unused-ignore]
 from transformers import Cache  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
 from kvcache._core import UBatch
@@ -218,10 +219,9 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             ours, theirs = cells[id(part)]
             for i in (0, 1):
                 plane = self._plane(il, i)                                   # [heads, cells, dim]
-                rows = np.asarray(twin_part.k(il) if i == 0 else twin_part.v(il))
-                t = torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16) if plane.dtype == torch.bfloat16 \
-                    else torch.from_numpy(rows)
-                t = t.view(-1, n_kv, head_dim)                               # [cells, heads, dim]
+                # the twin's rows without a copy, [cells, heads, dim]
+                rows = twin_part.k(il) if i == 0 else twin_part.v(il)
+                t = torch.utils.dlpack.from_dlpack(rows).view(-1, n_kv, head_dim)
                 with torch.no_grad():
                     if into_twin:
                         t[theirs] = plane[:, ours].transpose(0, 1)
@@ -607,34 +607,33 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._commit()
         before = dict(self.__dict__)    # the attributes _create replaces
         old = self.state_write() if self.kv is not None and self._n else None
-        read = False
         try:
             if self.kv is None:
                 assert batch_size is not None and dtype is not None
                 self._create(int(batch_size), dtype)
-            assert self.kv is not None
-            twin = self._twin()
-            twin.state_read(data)       # checks the whole state; its K/V land in the twin
-            read = True
-            self.kv.state_read(data)
-            self._take_restored_rows()
-            self._rows_to(twin, False)
+            self._read(data)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(before)
-            if read and self.kv is not None:    # kvcache's own state_read changes nothing when it fails
+            if self.kv is not None:     # the cache it held, whatever the read got to
                 if old is not None:
-                    self.kv.state_read(old)
-                    self._take_restored_rows()
-                    twin = self._twin()
-                    twin.state_read(old)
-                    self._rows_to(twin, False)
+                    self._read(old)
                 else:
                     self.kv.clear()
             raise
         finally:
             if self._history:
                 self._forget_history()  # the tensors' memory was written without autograd
+
+    def _read(self, data: bytes) -> None:
+        """kv's state_read of data (whole cache), its rows' length and layout, and its K/V into
+        this cache's tensors (through a twin)."""
+        assert self.kv is not None
+        twin = self._twin()
+        twin.state_read(data)       # checks the whole state; its K/V land in the twin
+        self.kv.state_read(data)
+        self._take_restored_rows()
+        self._rows_to(twin, False)
 
     def _take_restored_rows(self) -> None:
         """After the kvcache cache's state_read: the rows' length and layout, or ValueError."""
