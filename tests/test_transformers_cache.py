@@ -16,9 +16,20 @@ if int(transformers.__version__.split(".")[0]) < 5:
 from transformers import DynamicCache  # noqa: E402
 
 from kvcache.geometry import hf_attention  # noqa: E402
+from kvcache.integrations import transformers as tx  # noqa: E402
 from kvcache.integrations.transformers import KVCache, from_model  # noqa: E402
 
 N_NEW = 12
+
+
+@pytest.fixture(params=[None, 0, 18], ids=["short-rows-concatenated", "views-throughout", "views-from-18"])
+def cat_max(request, monkeypatch):
+    """The indices per row up to which the Cache's full-attention layers concatenate (CAT_MAX):
+    as shipped (more than any test here holds), 0 (views of the cache's tensor from the first
+    forward on) and 18 (the switch within a test's generate, its K/V moved into the tensor)."""
+    if request.param is not None:
+        monkeypatch.setattr(tx, "CAT_MAX", request.param)
+    return tx.CAT_MAX
 
 
 def _model(kind, attn="eager"):
@@ -69,6 +80,7 @@ PADS = [(0,), (0, 5), (3, 0, 7)]
 
 @pytest.mark.parametrize("kind,attn", CASES)
 @pytest.mark.parametrize("pads", PADS, ids=["b1", "b2-left-pad", "b3-left-pad"])
+@pytest.mark.usefixtures("cat_max")
 def test_generate_matches_dynamic_cache(kind, attn, pads):
     model = _model(kind, attn)
     ids, mask = _inputs(pads)
@@ -83,6 +95,7 @@ def test_generate_matches_dynamic_cache(kind, attn, pads):
 
 
 @pytest.mark.parametrize("kind,attn", [("llama", "sdpa"), ("gemma2", "eager")])
+@pytest.mark.usefixtures("cat_max")
 def test_save_and_restore_into_a_fresh_cache(kind, attn):
     model = _model(kind, attn)
     ids, mask = _inputs((0, 4))
@@ -101,6 +114,7 @@ def test_save_and_restore_into_a_fresh_cache(kind, attn):
     _same(_generate(model, seq, mask2, first), want)              # and the saved one, continued
 
 
+@pytest.mark.usefixtures("cat_max")
 def test_beam_search_reorders_rows():
     model = _model("llama")
     ids, mask = _inputs((0,))
@@ -109,6 +123,7 @@ def test_beam_search_reorders_rows():
     assert torch.equal(got[0], want[0])
 
 
+@pytest.mark.usefixtures("cat_max")
 def test_crop_and_reset():
     model = _model("llama")
     ids, mask = _inputs((0,))
@@ -218,11 +233,14 @@ def _kv(rows, q, seed, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_update_keeps_the_rows_and_the_state_holds_them(dtype):
+@pytest.mark.parametrize("grad", [True, False], ids=["autograd", "no_grad"])
+def test_update_keeps_the_rows_and_the_state_holds_them(dtype, grad, cat_max):
     """update by hand, as a model's layers call it: the keys returned are every row's keys so
-    far, views of the cache's tensors while the cells lie as a fresh cache places them (cell =
-    index * rows + row); kvcache keeps the cells (metadata mode), and the state holds the K/V as
-    kvcache rows: restored into a plain kvcache cache, its k()/v() are the rows."""
+    far: while the rows are short (autograd off) concatenations, else views of the cache's
+    tensors while the cells lie as a fresh cache places them (cell = index * rows + row);
+    kvcache keeps the cells (metadata mode), and the state holds the K/V as kvcache rows:
+    restored into a plain kvcache cache, its k()/v() are the rows. Byte for byte the same state
+    whether the rows were concatenated or written into the tensor."""
     import kvcache
 
     cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
@@ -233,10 +251,12 @@ def test_update_keeps_the_rows_and_the_state_holds_them(dtype):
         for il in range(2):
             k, v = _kv(3, q, 10 * step + il, dtype)
             seen[il].append((k, v))
-            got_k, got_v = cache.update(k, v, il)
+            with torch.set_grad_enabled(grad):
+                got_k, got_v = cache.update(k, v, il)
             assert torch.equal(got_k, torch.cat([s[0] for s in seen[il]], 2))
             assert torch.equal(got_v, torch.cat([s[1] for s in seen[il]], 2))
-            assert got_k._base is not None and got_v._base is not None          # views, no gather
+            views = grad or sum(s[0].shape[2] for s in seen[il]) > cat_max
+            assert (got_k._base is not None and got_v._base is not None) == views    # views, no gather
     n = cache.get_seq_length()
     assert n == 8 and all(cache.kv.seq_cells(b)[0].tolist() == [j * 3 + b for j in range(n)] for b in range(3))
     name = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
@@ -249,9 +269,16 @@ def test_update_keeps_the_rows_and_the_state_holds_them(dtype):
             rows = np.asarray(get(il))
             rows = torch.from_numpy(rows.view(np.uint16)).view(dtype) if dtype == torch.bfloat16 else torch.from_numpy(rows)
             assert torch.equal(rows[:n * 3].view(n, 3, 2, 8).permute(1, 2, 0, 3), want)
+    views = KVCache(cfg, 16, batch_size=3, dtype=dtype)
+    for step, q in enumerate([4, 1, 1, 2]):
+        for il in range(2):
+            with torch.enable_grad():
+                views.update(*seen[il][step], il)
+    assert views.state_write() == cache.state_write()
 
 
-def test_update_after_crop_continues_every_row():
+@pytest.mark.parametrize("grad", [True, False], ids=["autograd", "no_grad"])
+def test_update_after_crop_continues_every_row(grad, cat_max):
     """crop(-1) forgets the last index of both rows; the next forwards write index 5 and 6 in
     its place: the keys returned are every row's, in index order, the cells those of a fresh
     cache (cell = index * rows + row)."""
@@ -262,7 +289,8 @@ def test_update_after_crop_continues_every_row():
         for il in range(2):
             k, v = _kv(2, q, 10 * step + il)
             seen[il].append((k, v))
-            cache.update(k, v, il)
+            with torch.set_grad_enabled(grad):
+                cache.update(k, v, il)
     cache.crop(-1)
     for il in range(2):
         last_k, last_v = seen[il].pop()
@@ -271,7 +299,8 @@ def test_update_after_crop_continues_every_row():
         for il in range(2):
             k, v = _kv(2, 1, 10 * step + il)
             seen[il].append((k, v))
-            got_k, got_v = cache.update(k, v, il)
+            with torch.set_grad_enabled(grad):
+                got_k, got_v = cache.update(k, v, il)
             assert torch.equal(got_k, torch.cat([s[0] for s in seen[il]], 2))
             assert torch.equal(got_v, torch.cat([s[1] for s in seen[il]], 2))
     assert cache.get_seq_length() == 6
@@ -309,6 +338,41 @@ def test_update_in_another_layer_order_and_bad_kv():
     for bk, bv in ((k1.double(), v1.double()), (k1[:, :1], v1[:, :1])):
         with pytest.raises((TypeError, ValueError)):
             cache.update(bk, bv, 2)
+
+
+def test_decode_steps_of_short_rows_check_and_place_like_any_other():
+    """Autograd off, the layers in order, rows short: update's hot path (concatenation, the
+    placement in kvcache made when the kvcache cache is next consulted). K/V it cannot take on
+    a later layer raise and change nothing; another count in the same forward raises; the
+    kvcache cache, consulted at any point, holds every index placed as a fresh cache places
+    it; the state equals that of the same updates with autograd on (views of the tensor)."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    caches = [KVCache(cfg, 12, batch_size=2, dtype=torch.float32) for _ in range(2)]
+    for grad, cache in zip((False, True), caches):
+        seen: dict[int, list] = {il: [] for il in range(3)}
+        with torch.set_grad_enabled(grad):
+            for il in range(3):
+                k, v = _kv(2, 3, il)
+                seen[il].append((k, v))
+                cache.update(k, v, il)
+            for step in range(1, 6):
+                for il in range(3):
+                    k, v = _kv(2, 1, 10 * step + il)
+                    seen[il].append((k, v))
+                    if il == 1 and not grad:
+                        with pytest.raises(TypeError, match="dtype"):
+                            cache.update(k.double(), v.double(), il)
+                        with pytest.raises(ValueError, match="layer 1 brings 2 indices, the forward 1"):
+                            cache.update(*_kv(2, 2, 0), il)
+                    got_k, got_v = cache.update(k, v, il)
+                    assert torch.equal(got_k, torch.cat([s[0] for s in seen[il]], 2))
+                    assert torch.equal(got_v, torch.cat([s[1] for s in seen[il]], 2))
+                    if il == step % 3:          # consulted mid-forward, at each layer in turn
+                        assert cache.kv.seq_pos_max(0) == cache.kv.seq_pos_max(1) == 2 + step
+                        assert [cache.kv.seq_cells(b)[0].tolist() for b in range(2)] == \
+                            [list(range(b, 2 * (3 + step), 2)) for b in range(2)]
+    assert caches[0].get_seq_length() == caches[1].get_seq_length() == 8
+    assert caches[0].state_write() == caches[1].state_write()
 
 
 MODES = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}
@@ -444,6 +508,7 @@ def test_a_prompt_cache_reused_through_deepcopy(kind):
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma2"])
+@pytest.mark.usefixtures("cat_max")
 def test_the_layers_keys_and_values_are_dynamic_caches(kind):
     """cache.layers[i].keys / .values and iterating the cache give what a DynamicCache's do
     after the same forwards (a sliding layer: the last window - 1 indices), with autograd on
@@ -471,6 +536,7 @@ def test_the_layers_keys_and_values_are_dynamic_caches(kind):
 
 @pytest.mark.parametrize("kind", ["llama", "gemma2"])
 @pytest.mark.parametrize("how", ["prompt_lookup", "assistant"])
+@pytest.mark.usefixtures("cat_max")
 def test_assisted_decoding(kind, how):
     """Assisted decoding (prompt lookup, an assistant model): the candidates' forwards and the
     crops that undo the rejected ones (crop(0), crop(-k), a sliding layer's past recorded until
@@ -489,6 +555,7 @@ def _forward(model, cache, ids):
         return model(ids, past_key_values=cache, use_cache=True).logits
 
 
+@pytest.mark.usefixtures("cat_max")
 def test_crop_semantics_of_transformers_5():
     """crop(0) removes nothing, crop(-k) the last k indices; with sliding layers (window 6), a
     crop past what the window still holds raises and changes nothing unless the past was

@@ -11,11 +11,16 @@ cells only (metadata mode); K/V live in one CPU torch tensor per kvcache part, h
 attention reads them. ``update`` writes the new rows there and returns views when the cells of
 every row lie in the layout a fresh cache gives them (cell = index * batch + row), a gather of
 exactly the expected keys otherwise (sliding layers, whose cells are reused; a cache restored
-elsewhere). State blobs hold the K/V as kvcache rows (``v_trans=False``), as a plain kvcache
-cache's. Anything that would not give transformers exactly the keys it expects raises instead.
-Needs ``torch`` and ``transformers`` 5.x."""
+elsewhere). While rows are short (up to CAT_MAX indices, autograd off) the full-attention
+layers' K/V grow by concatenation instead, as a ``DynamicCache``'s (cheaper there than a write
+and a view), and go into the tensor when the rows grow past that or anything else needs them
+there; a UnifiedCache's forwards of such rows are placed in kvcache when it is next consulted
+(``kv``), in one call. State blobs hold the K/V as kvcache rows (``v_trans=False``), as a plain
+kvcache cache's. Anything that would not give transformers exactly the keys it expects raises
+instead. Needs ``torch`` and ``transformers`` 5.x."""
 from __future__ import annotations
 
+import contextlib
 import operator
 import weakref
 from typing import Any, Iterator
@@ -34,6 +39,10 @@ from kvcache.unified import UnifiedCache
 __all__ = ["KVCache", "from_model"]
 
 _TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# cache indices per row up to which the full-attention layers' K/V grow by concatenation (see
+# KVCache._cat): below about this length one concatenation per tensor costs less than a write
+# and a view of the cache's tensor; above, its copies cost more
+CAT_MAX = 1024
 
 
 class _Layer:
@@ -86,7 +95,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
     cache (default: everything, n_ctx * batch_size). CPU tensors of float32, float16 or
     bfloat16 only. ``kv`` is the kvcache cache (None until created; metadata mode: it keeps the
     cells, the K/V are this Cache's tensors): row b is its sequence b, cache index j its
-    position j."""
+    position j; consulted, it holds every index this Cache holds."""
 
     def __init__(self, config: Any, n_ctx: int, *, batch_size: int | None = None, dtype: torch.dtype | None = None,
                  n_batch: int | None = None, n_pad: int = 32):
@@ -98,11 +107,15 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._heads = (n_kv, head_dim)
         self._n_layers = len(self._types)
         self._n_ctx = int(n_ctx)
+        self._cat_max = min(CAT_MAX, self._n_ctx)
         if self._n_ctx < 1:
             raise ValueError(f"n_ctx = {n_ctx}: must be at least 1")
         self._n_batch = n_batch
         self._n_pad = int(n_pad)
-        self.kv: UnifiedCache | ISWACache | None = None
+        self._kv: UnifiedCache | ISWACache | None = None
+        # indices per row (the last ones) update has not placed in _kv yet: forwards of short
+        # rows on a UnifiedCache, whose placement waits until _kv is next consulted (see kv)
+        self._unplaced = 0
         self._kv_args: dict[str, Any] = {}     # kv's arguments (its twin's, with K/V of its own)
         self._row_list: list[int] = []
         self._rows = 0              # batch rows = sequences 0 .. rows - 1
@@ -114,6 +127,11 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         # the full-attention layers' K and V (layer i of the part at 2i and 2i + 1) over the
         # strided layout as transformers reads them, [2 * layers, row, head, index, dim]
         self._full5: torch.Tensor | None = None
+        # while rows are short (n <= CAT_MAX, strided layout, autograd off): per full-attention
+        # layer its K and V as transformers reads them ([rows, heads, index, dim], at _at[il] and
+        # _at[il] + 1), grown by concatenation as a DynamicCache's, and _full5 not yet written;
+        # None once they went into _full5 (_spill) and for good until reset
+        self._cat: list[torch.Tensor] | None = None
         self._at: list[int] = []    # per layer: its K's place in _full5, -1 for a sliding layer
         # per layer: (part, plane of its K) in _stores, part 0 full attention, 1 the window
         self._where: list[tuple[int, int]] = []
@@ -141,6 +159,11 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         # the forward's views of _full5 (strided layout only): every layer's keys, the new rows' place
         self._ret: tuple[torch.Tensor, ...] | None = None
         self._dst: tuple[torch.Tensor, ...] | None = None
+        self._catting = False       # the forward's full-attention layers concatenate (see _cat)
+        # the layer update's hot path takes next, -1 for none: while a UnifiedCache's rows are
+        # short (see _cat) and the layers come in order with K/V as checked last, each forward's
+        # layer 0 placing it (_place_short), update concatenates and nothing more
+        self._short = -1
 
     # --- the kvcache cache -------------------------------------------------------------------
     def _create(self, rows: int, dtype: torch.dtype) -> None:
@@ -166,20 +189,21 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         # attention of a long context reads slower); state_write / state_read carry them
         # through a twin that holds them as kvcache rows (_twin)
         self._kv_args = common
-        self.kv = (ISWACache if swa else UnifiedCache)(buffers=None, **common)
-        with torch.inference_mode(False):     # normal tensors, which forwards in any mode can write
+        self._kv = (ISWACache if swa else UnifiedCache)(buffers=None, **common)
+        self._unplaced = 0
+        self._full_part = self._full()
+        self._rows = rows
+        self._row_list = list(range(rows))      # the sequences of one cache index, in row order
+        self._at = [2 * full.index(il) if il in full else -1 for il in range(n_layer)]
+        self._where = [(0, self._at[il]) if self._at[il] >= 0 else (1, 2 * swa.index(il)) for il in range(n_layer)]
+        # normal tensors (and views), which forwards in any mode can write
+        with torch.inference_mode(False) if torch.is_inference_mode_enabled() else contextlib.nullcontext():
             full_t = torch.zeros(2 * len(full), n_kv, kv_size, head_dim, dtype=dtype) if full else None
             window_t = None
             if swa:
                 size_swa = swa_size(kv_size, self._window, rows, n_batch, self._n_pad, False)
                 window_t = torch.zeros(2 * len(swa), n_kv, size_swa, head_dim, dtype=dtype)
-        self._full_part = self._full()
-        self._rows = rows
-        self._row_list = list(range(rows))      # the sequences of one cache index, in row order
-        self._stores = (full_t, window_t)
-        self._at = [2 * full.index(il) if il in full else -1 for il in range(n_layer)]
-        self._where = [(0, self._at[il]) if self._at[il] >= 0 else (1, 2 * swa.index(il)) for il in range(n_layer)]
-        with torch.inference_mode(False):
+            self._stores = (full_t, window_t)
             # each layer's K and V, [kv heads, cells, head dim]
             views = (full_t.unbind(0) if full_t is not None else (), window_t.unbind(0) if window_t is not None else ())
             self._k = [views[part][j] for part, j in self._where]
@@ -192,6 +216,38 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                 # cell j * rows + b is index j of row b: [2 * layers, heads, cap, rows, dim] ->
                 # [2 * layers, rows, heads, cap, dim]
                 self._full5 = full_t.view(2 * len(full), n_kv, cap, rows, head_dim).permute(0, 3, 1, 2, 4)
+        self._cat_start()
+
+    def _cat_start(self) -> None:
+        """Empty rows: the full-attention layers' K/V start out concatenated (see _cat)."""
+        full5 = self._full5
+        self._cat = None
+        if full5 is not None:
+            rows, n_kv, _, head_dim = full5.shape[1:]
+            self._cat = [torch.empty(rows, n_kv, 0, head_dim, dtype=full5.dtype)] * full5.shape[0]
+
+    def _spill(self) -> None:
+        """The concatenated K/V (if any) into their cells in the tensor, where they stay from now
+        on (see _cat)."""
+        cat, full, store, full5 = self._cat, self._full_part, self._stores[0], self._full5
+        if cat is None:
+            return
+        if self._unplaced:
+            self._place_unplaced()
+        n = cat[0].shape[2]
+        # outside the strided layout: [rows, n] cells of indices 0 .. n - 1 (checked)
+        idx = self._indices(full, 0)[:, :n] if n and not self._strided and full is not None else None
+        self._cat = None
+        self._catting = False
+        if self._short >= 0:
+            self._short_end()
+        if n and store is not None and full5 is not None:
+            with torch.no_grad():
+                for at, t in enumerate(cat):
+                    if idx is None:
+                        full5[at].narrow(2, 0, n).copy_(t)
+                    else:
+                        store.select(0, at)[:, idx] = t.transpose(0, 1)
 
     def _twin(self) -> UnifiedCache | ISWACache:
         """An empty kvcache cache like kv that holds K/V of its own (kvcache rows): the state
@@ -243,7 +299,10 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         now: a forward writes and reads the tensors through views made after its previous
         write, since autograd refuses in-place writes through older views of a tensor that had
         no history then (and the views of unbind altogether), and reads through them would
-        miss the rows' history. Otherwise the views made with the cache."""
+        miss the rows' history. Otherwise the views made with the cache. A full-attention
+        layer's K/V still concatenated go into the tensor first."""
+        if self._cat is not None and self._at[il] >= 0:
+            self._spill()
         if not torch.is_grad_enabled():
             return (self._k, self._v)[i][il]
         part, j = self._where[il]
@@ -297,6 +356,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             if self._gather:
                 self._gather.clear()
             self._ret = self._dst = None
+            self._catting = False
         rows, n = self._rows, self._n
         if n + q > self._n_ctx:
             raise ValueError(f"the cache holds {self._n_ctx} indices per row; {n} are used and {q} more came")
@@ -325,11 +385,57 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if self._history and not grad:
             self._forget_history()
         full5 = self._full5
+        if self._cat is not None:
+            if self._strided and not grad and n + q <= self._cat_max:
+                self._catting = True
+                return
+            self._spill()
         if self._strided and full5 is not None and not grad:
             # every full-attention layer's views for this forward, two calls each (with
             # autograd on, update takes the general path: see _plane)
             self._ret = full5.narrow(3, 0, n + q).unbind(0)
             self._dst = full5.narrow(3, n, q).unbind(0)
+
+    def _place_short(self, q: int) -> bool:
+        """update's hot path (see _short): a new forward of q indices per row, when the rows
+        stay short; its placement waits until kv is consulted (see kv). Else False, nothing
+        changed (update then takes its general path)."""
+        n = self._n
+        if n + q > self._cat_max or torch.is_grad_enabled():
+            return False
+        self._unplaced += q
+        self._q = q
+        self._n = n + q
+        return True
+
+    @property
+    def kv(self) -> UnifiedCache | ISWACache | None:
+        """The kvcache cache (None until created), with every index this Cache holds placed."""
+        if self._unplaced:
+            self._place_unplaced()
+        return self._kv
+
+    def _place_unplaced(self) -> None:
+        """Place the indices update's hot path left unplaced (see _place_short): one call for
+        any number of forwards, the cells those forwards would have got one by one."""
+        kv, q, rows = self._kv, self._unplaced, self._rows
+        assert isinstance(kv, UnifiedCache)     # the hot path's cache (see _short)
+        n = self._n - q
+        head = kv.place_seqs(n, q, rows)
+        if head is None:
+            raise RuntimeError(f"kvcache found no room for indices {n} .. {self._n - 1} of {rows} rows (its cells "
+                               f"were changed besides this Cache)")
+        self._unplaced = 0
+        if head != n * rows:
+            self._strided = False
+
+    def _short_end(self) -> None:
+        """Leave update's hot path: what the general path keeps of the forward so far (the
+        hot path keeps _short alone)."""
+        short = self._short
+        self._short = -1
+        self._placed = set(range(short)) if short else set(range(self._n_layers))
+        self._next = short if short else -1
 
     def _indices(self, part: UnifiedCache, lo: int) -> torch.Tensor:
         """[rows, n - lo] cells of indices lo .. n - 1 of every row, checked."""
@@ -375,6 +481,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if key_states.dtype != self._k[0].dtype:
             raise TypeError(f"K/V of dtype {key_states.dtype}; the cache holds {self._k[0].dtype}")
         self._shape, self._dtype = key_states.shape, key_states.dtype
+        if self._short >= 0:
+            self._short_end()
         self._next = -1             # the forward under way (if any) sees other K/V: update decides
 
     # --- transformers' Cache -----------------------------------------------------------------
@@ -389,6 +497,17 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                 or value_states.dtype is not self._dtype or not (key_states.is_cpu and value_states.is_cpu)):
             self._check(key_states, value_states)
             shape = self._shape
+        if layer_idx == self._short and (layer_idx or self._place_short(shape[2])):   # type: ignore[index]
+            # short rows of a UnifiedCache, the layers in order (see _short)
+            cat = self._cat
+            at = 2 * layer_idx
+            k = cat[at] = torch.cat((cat[at], key_states), 2)                 # type: ignore[index]
+            v = cat[at + 1] = torch.cat((cat[at + 1], value_states), 2)       # type: ignore[index]
+            layer_idx += 1
+            self._short = layer_idx if layer_idx < self._n_layers else 0
+            return k, v
+        if self._short >= 0:
+            self._short_end()
         placed = self._placed
         if layer_idx == self._next:
             in_order = True             # the layer after those of the forward so far, in order from 0
@@ -406,7 +525,13 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         placed.add(layer_idx)
         at = self._at[layer_idx]
         dst = self._dst
-        if dst is not None and at >= 0:
+        if self._catting and at >= 0:
+            # short rows: the K/V concatenated, as a DynamicCache's (see _cat)
+            cat = self._cat
+            assert cat is not None
+            k = cat[at] = torch.cat((cat[at], key_states), 2)
+            v = cat[at + 1] = torch.cat((cat[at + 1], value_states), 2)
+        elif dst is not None and at >= 0:
             # the new rows into their cells (index n - q .. n - 1 of every row), the keys as views
             dst[at].copy_(key_states)
             dst[at + 1].copy_(value_states)
@@ -418,6 +543,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self._commit()              # the window cache slides now
         else:
             self._next = layer_idx + 1 if in_order and layer_idx + 1 < self._n_layers else -1
+        if self._catting and in_order and not isinstance(self.kv, ISWACache):
+            self._short = self._next if self._next >= 0 else 0     # the hot path takes over
         return k, v
 
     def _gathered(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
@@ -446,6 +573,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             return None
         lo = self._offset(layer_idx, self._n)
         at = self._at[layer_idx]
+        if self._cat is not None and at >= 0:
+            return self._cat[at + i]
         if self._strided and at >= 0 and not torch.is_grad_enabled() and self._full5 is not None:
             return self._full5[at + i].narrow(2, lo, self._n - lo)
         idx = self._indices(self._part(layer_idx), lo)
@@ -523,6 +652,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             for b in range(self._rows):
                 kv.seq_rm(b, keep, -1)
             self._n = keep
+            if self._cat is not None:
+                self._cat = [t.narrow(2, 0, keep) for t in self._cat]
         if window is not None and recording:
             for b in range(self._rows):
                 window.prune_swa(b, keep, keep)   # what the next forward (index keep) cannot see
@@ -582,6 +713,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self.kv.clear()
         self._n = 0
         self._strided = True
+        self._cat_start()
 
     # --- save and restore --------------------------------------------------------------------
     def state_write(self) -> bytes:
@@ -650,6 +782,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if full is not None and n and starts != {0}:
             raise ValueError("the saved rows do not start at index 0")
         self._n = n
+        self._cat = None            # the restored K/V are in the tensors
         self._strided = full is None or all(
             np.array_equal(full.seq_cells(b)[0], np.arange(n) * self._rows + b) for b in range(self._rows))
 
