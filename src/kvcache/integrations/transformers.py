@@ -129,8 +129,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._full5: torch.Tensor | None = None
         # while rows are short (n <= CAT_MAX, strided layout, autograd off): per full-attention
         # layer its K and V as transformers reads them ([rows, heads, index, dim], at _at[il] and
-        # _at[il] + 1), grown by concatenation as a DynamicCache's, and _full5 not yet written;
-        # None once they went into _full5 (_spill) and for good until reset
+        # _at[il] + 1), grown by concatenation as a DynamicCache's, the full-attention tensor not
+        # yet written; None once they went into their cells there (_spill), for good until reset
         self._cat: list[torch.Tensor] | None = None
         self._at: list[int] = []    # per layer: its K's place in _full5, -1 for a sliding layer
         # per layer: (part, plane of its K) in _stores, part 0 full attention, 1 the window
@@ -568,7 +568,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
 
     def _layer_kv(self, layer_idx: int, i: int) -> torch.Tensor | None:
         """Layer layer_idx's keys (i = 0) or values (i = 1) from get_mask_sizes' kv_offset on:
-        views while the layout is strided (autograd off), a gather else."""
+        a full-attention layer's concatenation while rows are short (see _cat), views while the
+        layout is strided (autograd off), a gather else."""
         if self.kv is None:
             return None
         lo = self._offset(layer_idx, self._n)
