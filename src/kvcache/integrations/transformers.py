@@ -162,7 +162,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._catting = False       # the forward's full-attention layers concatenate (see _cat)
         # the layer update's hot path takes next, -1 for none: while a UnifiedCache's rows are
         # short (see _cat) and the layers come in order with K/V as checked last, each forward's
-        # layer 0 placing it (_place_short), update concatenates and nothing more
+        # layer 0 counting its indices as unplaced (_short_forward), update concatenates and
+        # nothing more
         self._short = -1
 
     # --- the kvcache cache -------------------------------------------------------------------
@@ -396,7 +397,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self._ret = full5.narrow(3, 0, n + q).unbind(0)
             self._dst = full5.narrow(3, n, q).unbind(0)
 
-    def _place_short(self, q: int) -> bool:
+    def _short_forward(self, q: int) -> bool:
         """update's hot path (see _short): a new forward of q indices per row, when the rows
         stay short; its placement waits until kv is consulted (see kv). Else False, nothing
         changed (update then takes its general path)."""
@@ -416,7 +417,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         return self._kv
 
     def _place_unplaced(self) -> None:
-        """Place the indices update's hot path left unplaced (see _place_short): one call for
+        """Place the indices update's hot path left unplaced (see _short_forward): one call for
         any number of forwards, the cells those forwards would have got one by one."""
         kv, q, rows = self._kv, self._unplaced, self._rows
         assert isinstance(kv, UnifiedCache)     # the hot path's cache (see _short)
@@ -497,7 +498,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                 or value_states.dtype is not self._dtype or not (key_states.is_cpu and value_states.is_cpu)):
             self._check(key_states, value_states)
             shape = self._shape
-        if layer_idx == self._short and (layer_idx or self._place_short(shape[2])):   # type: ignore[index]
+        if layer_idx == self._short and (layer_idx or self._short_forward(shape[2])):   # type: ignore[index]
             # short rows of a UnifiedCache, the layers in order (see _short)
             cat = self._cat
             at = 2 * layer_idx
