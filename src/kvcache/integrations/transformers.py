@@ -500,13 +500,9 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             shape = self._shape
         if layer_idx == self._short and (layer_idx or self._short_forward(shape[2])):   # type: ignore[index]
             # short rows of a UnifiedCache, the layers in order (see _short)
-            cat = self._cat
-            at = 2 * layer_idx
-            k = cat[at] = torch.cat((cat[at], key_states), 2)                 # type: ignore[index]
-            v = cat[at + 1] = torch.cat((cat[at + 1], value_states), 2)       # type: ignore[index]
-            layer_idx += 1
-            self._short = layer_idx if layer_idx < self._n_layers else 0
-            return k, v
+            nxt = layer_idx + 1
+            self._short = nxt if nxt < self._n_layers else 0
+            return self._concat(2 * layer_idx, key_states, value_states)
         if self._short >= 0:
             self._short_end()
         placed = self._placed
@@ -527,11 +523,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         at = self._at[layer_idx]
         dst = self._dst
         if self._catting and at >= 0:
-            # short rows: the K/V concatenated, as a DynamicCache's (see _cat)
-            cat = self._cat
-            assert cat is not None
-            k = cat[at] = torch.cat((cat[at], key_states), 2)
-            v = cat[at + 1] = torch.cat((cat[at + 1], value_states), 2)
+            k, v = self._concat(at, key_states, value_states)
         elif dst is not None and at >= 0:
             # the new rows into their cells (index n - q .. n - 1 of every row), the keys as views
             dst[at].copy_(key_states)
@@ -546,6 +538,16 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self._next = layer_idx + 1 if in_order and layer_idx + 1 < self._n_layers else -1
         if self._catting and in_order and not isinstance(self.kv, ISWACache):
             self._short = self._next if self._next >= 0 else 0     # the hot path takes over
+        return k, v
+
+    def _concat(self, at: int, key_states: torch.Tensor, value_states: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Short rows (see _cat): the new rows concatenated to the keys and values at at, at + 1
+        of _cat, as a DynamicCache's; the results, kept and returned."""
+        cat = self._cat
+        assert cat is not None
+        k = cat[at] = torch.cat((cat[at], key_states), 2)
+        v = cat[at + 1] = torch.cat((cat[at + 1], value_states), 2)
         return k, v
 
     def _gathered(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
