@@ -6,8 +6,9 @@ same from the source tree and from anywhere else against an installed kvcache:
 - ``REPO``: the repository root (the parent of tests/);
 - ``GOLDEN``: tests/golden, the golden traces shipped with the repository;
 - ``SHARED``: the reference material beside the repository (``../shared``, or the directory
-  named by ``KVCACHE_SHARED``). Tests that need it take the ``shared_dir`` fixture and are
-  skipped when it is missing (e.g. on hosted CI runners).
+  named by ``KVCACHE_SHARED``). Everything the suite reads ships in tests/ (tests/golden,
+  tests/data); the ``shared_dir`` fixture only adds cross-checks against the originals, skipped
+  where they are absent (e.g. on hosted CI runners).
 """
 import os
 from pathlib import Path

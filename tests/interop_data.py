@@ -1,47 +1,39 @@
 """Where the llama.cpp state blobs and models are, and how to build the cache a manifest describes.
 
-The blobs live in ``interop/`` of the reference material beside the repository (``../shared``,
-one level further up from a worktree, or ``KVCACHE_SHARED``); the model the live tests load is
-also shipped in ``tests/data/models``."""
+The blobs ship with the repository: ``tests/data/interop`` (written by llama-cpp-python 0.3.10)
+and ``tests/data/interop-v10`` (0.3.36), each with its README and a JSON manifest per blob; the
+model the live tests load is in ``tests/data/models``."""
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-MODELS = REPO / "tests" / "data" / "models"
+DATA = REPO / "tests" / "data"
+MODELS = DATA / "models"
+INTEROP = DATA / "interop"
+INTEROP_V10 = DATA / "interop-v10"
 
 
-def shared_dir() -> Path:
-    env = os.environ.get("KVCACHE_SHARED")
-    if env:
-        return Path(env).resolve()
-    for cand in (REPO.parent / "shared", REPO.parent.parent / "shared"):
-        if cand.is_dir():
-            return cand.resolve()
-    return (REPO.parent / "shared").resolve()
+def _present(d: Path) -> Path:
+    # shipped with the tests: a missing folder is a broken checkout or sdist, never a reason to skip
+    if not d.is_dir():
+        pytest.fail(f"the llama.cpp state blobs are missing: {d} (they ship in tests/data)")
+    return d
 
 
 def interop_dir() -> Path:
-    """../shared/interop; skips the calling test when it is absent."""
-    d = shared_dir() / "interop"
-    if not d.is_dir():
-        pytest.skip(f"llama.cpp state blobs not found at {d} (set KVCACHE_SHARED)")
-    return d
+    """tests/data/interop: the blobs of llama-cpp-python 0.3.10."""
+    return _present(INTEROP)
 
 
 def interop_v10_dir() -> Path:
-    """../shared/interop-v10 (the blobs of llama-cpp-python 0.3.36); skips the calling test when
-    it is absent."""
-    d = shared_dir() / "interop-v10"
-    if not d.is_dir():
-        pytest.skip(f"llama.cpp 0.3.36 state blobs not found at {d} (set KVCACHE_SHARED)")
-    return d
+    """tests/data/interop-v10: the blobs of llama-cpp-python 0.3.36."""
+    return _present(INTEROP_V10)
 
 
 def model_path(name: str) -> Path:
-    """A tiny GGUF model: the copy in tests/data/models, else the reference material's."""
+    """A tiny GGUF model: tests/data/models, else the models of tests/data/interop."""
     p = MODELS / name
     if p.is_file():
         return p
@@ -51,8 +43,6 @@ def model_path(name: str) -> Path:
 def manifest(path: Path) -> dict:
     with open(str(path) + ".json") as f:
         return json.load(f)
-
-
 
 
 def make_cache(m: dict):

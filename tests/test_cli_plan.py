@@ -2,7 +2,6 @@
 of the command; bad arguments as one-line errors."""
 import glob
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,16 +14,9 @@ import kvcache
 from kvcache import RecurrentCache, UnifiedCache, cli
 from kvcache.plan import plan_iswa, plan_recurrent, plan_unified, swa_pattern_layers
 
-ROOT = Path(__file__).resolve().parents[1]
+from interop_data import interop_dir
+
 MIB = 1024 * 1024
-
-
-def shared_dir():
-    """../shared from the repository root (or its parent for a nested worktree), or $KVCACHE_SHARED."""
-    for c in (os.environ.get("KVCACHE_SHARED"), ROOT.parent / "shared", ROOT.parent.parent / "shared"):
-        if c and (Path(c) / "interop").is_dir():
-            return Path(c)
-    return None
 
 
 def run_cli(capsys, *argv):
@@ -145,10 +137,7 @@ def test_buffer_pads_each_tensor_to_32_bytes():
 
 
 def _manifests():
-    sd = shared_dir()
-    if sd is None:
-        return []
-    return sorted(glob.glob(str(sd / "interop" / "*" / "state.bin.json")))
+    return sorted(glob.glob(str(interop_dir() / "*" / "state.bin.json")))
 
 
 def _plan_of_manifest(d):
@@ -166,7 +155,6 @@ def _plan_of_manifest(d):
     return plan_unified(ctx["n_ctx_requested"], model["n_layer"], wk, wv, **kw)
 
 
-@pytest.mark.skipif(not _manifests(), reason="the shared interop folder is not available")
 @pytest.mark.parametrize("path", _manifests(), ids=lambda p: Path(p).parent.name)
 def test_llama_cpp_log_lines(path):
     d = json.load(open(path))
@@ -285,12 +273,9 @@ TYPE_NAMES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16"}
 def test_gguf_model(capsys, folder):
     """The plan of an interop model logs the cache sizes llama.cpp logged for it."""
     pytest.importorskip("gguf")
-    sd = shared_dir()
-    if sd is None:
-        pytest.skip("shared interop folder not found")
-    man = json.loads((sd / "interop" / folder / "state.bin.json").read_text())
+    man = json.loads((interop_dir() / folder / "state.bin.json").read_text())
     ctx = man["context"]
-    model = sd / "interop" / "models" / man["model"]["file"]
+    model = interop_dir() / "models" / man["model"]["file"]
     argv = [str(model), "--ctx", str(ctx["n_ctx"]), "--parallel", str(ctx["n_seq_max"]),
             "--type-k", TYPE_NAMES[ctx["type_k"]], "--type-v", TYPE_NAMES[ctx["type_v"]]]
     if ctx["flash_attn"]:

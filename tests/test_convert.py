@@ -1,6 +1,6 @@
 """kvcache.statefile.convert and `kvcache convert`: a state file in another layout, without a
-cache. The 0.3.10 files of ../shared/interop become, byte for byte, what 0.3.36 wrote for the
-same scenario in ../shared/interop-v10 (the K/V payload did not change; mamba's state values
+cache. The 0.3.10 files of tests/data/interop become, byte for byte, what 0.3.36 wrote for
+the same scenario in tests/data/interop-v10 (the K/V payload did not change; mamba's state values
 did, so there only the framing is compared), and back, less what the target cannot hold."""
 import io
 import json

@@ -2,9 +2,7 @@
 manifests, cache-size log lines and state blobs), and tiny models written here with the gguf
 package (per-layer heads, sliding-window layouts, RoPE scaling and factors, Mamba, bad files)."""
 import json
-import os
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,23 +10,12 @@ import pytest
 import kvcache
 from kvcache import ISWACache, ModelGeometry, RecurrentCache, RopeParams, UnifiedCache, from_gguf, read_gguf
 
+from interop_data import interop_dir
+
 gguf = pytest.importorskip("gguf")
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def shared_dir():
-    cands = [os.environ.get("KVCACHE_SHARED"), ROOT.parent / "shared", ROOT.parent.parent / "shared",
-             Path("/work/shared")]
-    for c in cands:
-        if c and (Path(c) / "interop").is_dir():
-            return Path(c)
-    return None
-
-
-SHARED = shared_dir()
-INTEROP = SHARED / "interop" if SHARED else None
-needs_interop = pytest.mark.skipif(INTEROP is None, reason="shared interop folder not found")
+INTEROP = interop_dir()
 FOLDERS = ["llama_fa0", "llama_fa1", "llama_q8_fa1", "llama_bf16_fa1", "gemma2_fa0", "mamba"]
 TYPE_NAMES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16"}
 
@@ -70,7 +57,6 @@ def mib(nbytes):
     return f"{nbytes / (1024.0 * 1024.0):7.2f}"
 
 
-@needs_interop
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_geometry_matches_the_manifest(folder):
     man = manifest(folder)
@@ -100,7 +86,6 @@ def test_geometry_matches_the_manifest(folder):
                 assert u.v(il).nbytes == u.size * L["v_size_row"]
 
 
-@needs_interop
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_sizes_match_llama_log_lines(folder):
     """llama.cpp prints each cache's size when it creates it; the caches from_gguf builds have
@@ -138,7 +123,6 @@ def check_cells(c, sections, seq_id):
         assert got == want
 
 
-@needs_interop
 @pytest.mark.parametrize("folder", FOLDERS)
 @pytest.mark.parametrize("blob", ["seq0.bin", "seq1.bin", "seq2.bin", "seq3.bin", "state.bin"])
 def test_llama_blobs_restore_into_the_cache_from_gguf(folder, blob):
@@ -410,7 +394,6 @@ def test_geometry_is_a_value():
         g.n_layer = 3
 
 
-@needs_interop
 def test_gemma2_iswa_from_gguf():
     model = INTEROP / "models" / "tiny_gemma2.gguf"
     c = from_gguf(model, 256, n_seq_max=4, n_batch=64)

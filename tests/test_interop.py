@@ -1,6 +1,6 @@
 """State interop with llama.cpp.
 
-1. Every blob llama.cpp wrote into ../shared/interop (through llama-cpp-python 0.3.10) restores
+1. Every blob llama.cpp wrote into tests/data/interop (through llama-cpp-python 0.3.10) restores
    into a kvcache cache of its manifest's geometry, holds the cells the manifest expects, and is
    written back byte for byte (bare blobs, whole-context states, session and sequence files).
 2. Live, against llama.cpp itself (skipped when llama_cpp is not importable): states kvcache

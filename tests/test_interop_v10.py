@@ -1,6 +1,6 @@
 """State interop with today's llama.cpp (llama-cpp-python 0.3.36, layout "2026").
 
-Every file 0.3.36 wrote into ../shared/interop-v10 is parsed, restored into a kvcache cache of
+Every file 0.3.36 wrote into tests/data/interop-v10 is parsed, restored into a kvcache cache of
 its manifest's geometry (holding the cells the manifest lists) and written back byte for byte
 in layout "2026": sequence blobs (with the 0xaf143cd8 prefix), whole-context states, session
 files (version 10) and sequence files (version 3). The four-stream files (kv_unified=false)

@@ -67,6 +67,17 @@ def test_every_manifest_pattern_matches_a_file():
     assert not unmatched, f"MANIFEST.in patterns matching no file: {unmatched}"
 
 
+def test_manifest_ships_the_test_data():
+    """Every file the tests read from tests/data goes into the sdist: a blob left out would fail
+    the suite of whoever tests from the sdist."""
+    import fnmatch
+
+    rules = [(REPO / folder, pat) for cmd, folder, pat in _manifest_patterns() if cmd == "recursive-include"]
+    left_out = [str(p.relative_to(REPO)) for p in sorted((REPO / "tests" / "data").rglob("*"))
+                if p.is_file() and not any(p.is_relative_to(d) and fnmatch.fnmatch(p.name, pat) for d, pat in rules)]
+    assert not left_out, f"files under tests/data that MANIFEST.in leaves out: {left_out}"
+
+
 PROJECT_HOME = "https://github.com/kvcache/kvcache"
 
 

@@ -1,10 +1,8 @@
 """RecurrentCache: API, argument checks, state codec (round trips, truncation, rejected blobs)
 and the blobs llama.cpp wrote for a Mamba model."""
 import json
-import os
 import struct
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,17 +11,7 @@ from hypothesis import example, given, settings, strategies as st
 import kvcache
 from kvcache import RecurrentCache, StateError, UBatch
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def shared_dir():
-    """The shared reference folder: ../shared from the repository root (or its parent for a
-    worktree nested one level deeper), or $KVCACHE_SHARED."""
-    cands = [os.environ.get("KVCACHE_SHARED"), ROOT.parent / "shared", ROOT.parent.parent / "shared"]
-    for c in cands:
-        if c and (Path(c) / "interop").is_dir():
-            return Path(c)
-    return None
+from interop_data import interop_dir
 
 
 def snapshot(c):
@@ -474,9 +462,7 @@ def test_random_workload_invariants(ops, kv_size):
 
 # --- blobs written by llama.cpp ------------------------------------------------------------
 
-SHARED = shared_dir()
-MAMBA = SHARED / "interop" / "mamba" if SHARED else None
-needs_interop = pytest.mark.skipif(MAMBA is None or not MAMBA.is_dir(), reason="shared interop blobs not found")
+MAMBA = interop_dir() / "mamba"
 
 
 def manifest(name):
@@ -530,7 +516,6 @@ def check_expected_cells(c, man, seq_id):
     assert sorted(got) == sorted(want)
 
 
-@needs_interop
 @pytest.mark.parametrize("name", ["seq0.bin", "seq1.bin", "seq2.bin", "seq3.bin", "seq0.ggsq"])
 def test_interop_sequence_blobs(name):
     man = manifest(name)
@@ -547,7 +532,6 @@ def test_interop_sequence_blobs(name):
     assert d.state_write(other, layout="2025") == blob
 
 
-@needs_interop
 @pytest.mark.parametrize("name", ["state.bin", "session.ggsn"])
 def test_interop_whole_state(name):
     man = manifest(name)
@@ -565,7 +549,6 @@ def test_interop_whole_state(name):
             assert c.state_write(s, layout="2025") == path.read_bytes()
 
 
-@needs_interop
 def test_interop_truncated_blob_changes_nothing():
     man = manifest("seq1.bin")
     blob = cache_part("seq1.bin")

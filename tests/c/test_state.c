@@ -1,6 +1,6 @@
 /* Tests of the unified cache's state codec (csrc/kvc_state.c): byte layout, round trips,
  * transactional failure on every truncation and corrupted field, trailing bytes, empty parts,
- * and the blobs written by llama.cpp in ../shared/interop. */
+ * and the blobs written by llama.cpp in tests/data/interop. */
 #include "kvc_state.h"
 #include "kvc_types.h"
 
@@ -883,22 +883,11 @@ static const char *jkey(const char *from, const char *key) {
 
 static long jnum(const char *p) { return p ? strtol(p, NULL, 10) : -999999; }
 
+/* The blobs ship with the tests (the Makefile runs the tests from tests/c); KVC_INTEROP_DIR
+ * points at another copy. */
 static const char *interop_dir(void) {
-    static const char *candidates[] = { "../../../shared/interop", "../../../../shared/interop" };
     const char *env = getenv("KVC_INTEROP_DIR");
-    if (env) {
-        return env;
-    }
-    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
-        char path[256];
-        snprintf(path, sizeof path, "%s/README.md", candidates[i]);
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            fclose(f);
-            return candidates[i];
-        }
-    }
-    return NULL;
+    return env ? env : "../data/interop";
 }
 
 /* Geometry of a manifest's unified cache. */
@@ -1029,10 +1018,11 @@ static void test_interop_blob(const char *dir, const char *folder, const char *f
 
 static void test_interop(void) {
     const char *dir = interop_dir();
-    if (!dir) {
-        printf("SKIP interop: ../shared/interop not found beside the repository (set KVC_INTEROP_DIR)\n");
-        return;
-    }
+    char readme[512];
+    snprintf(readme, sizeof readme, "%s/README.md", dir);
+    FILE *f = fopen(readme, "rb");
+    REQUIRE(f != NULL, "the llama.cpp blobs are missing: no %s", readme);
+    fclose(f);
     static const char *folders[] = { "llama_fa0", "llama_fa1", "llama_q8_fa1", "llama_bf16_fa1" };
     static const char *files[] = { "seq0.bin", "seq1.bin", "seq2.bin", "seq3.bin", "state.bin" };
     for (size_t f = 0; f < sizeof folders / sizeof folders[0]; f++) {

@@ -2,8 +2,8 @@
 
 Sources: the state blobs of the golden traces (``hex`` of ``state_read`` ops and of
 ``state_write`` expectations), the ``split`` ops of the split traces, the blobs written by
-llama.cpp in ``../shared/interop`` and ``../shared/interop-v10`` (0.3.36: layout "2026", fed to the
-unified target in its layouts mode and to fuzz_state2026, ``llama_fa0_streams`` into a cache
+llama.cpp in ``tests/data/interop`` and ``tests/data/interop-v10`` (0.3.36: layout "2026", fed to
+the unified target in its layouts mode and to fuzz_state2026, ``llama_fa0_streams`` into a cache
 with a stream per sequence; see the READMEs for the layouts), and, when kvcache is importable
 (``PYTHONPATH=src`` after an in-place build), states and hand-off headers written by kvcache
 itself from caches of both semantics, one stream or several, with and without a sliding window
@@ -480,12 +480,12 @@ def from_interop(corpus: Corpus, interop: Path, today: bool = False) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", type=Path, default=REPO.parent / "shared",
-                    help="the shared reference folder (holds interop/); default ../shared")
+    ap.add_argument("--shared", type=Path, default=REPO / "tests" / "data",
+                    help="the folder that holds interop/ and interop-v10/; default tests/data")
     ap.add_argument("--golden", type=Path, default=REPO / "tests" / "golden")
     ap.add_argument("--out", type=Path, default=HERE / "corpus")
     args = ap.parse_args(argv)
-    shared = args.shared if args.shared.exists() else Path("/work/shared")
+    shared = args.shared
     corpus = Corpus(args.out)
     from_golden(corpus, args.golden)
     if (shared / "interop").is_dir():
