@@ -4,12 +4,12 @@ A snapshot holds the cells, the counters, the current placement, the flags, ever
 position range and every K/V byte: two equal snapshots mean no caller could tell the caches
 apart. The reliability tests compare them around operations that fail ("a call that raises
 leaves the cache exactly as it was") and check the cell invariants the reference model
-(kvcache.reference) keeps by construction after operations that succeed.
+(tests/reference.py) keeps by construction after operations that succeed.
 """
 import numpy as np
 
 import kvcache
-from kvcache.reference import UnifiedReference
+from reference import UnifiedReference
 
 
 def fill_random(cache, seed):

@@ -1,5 +1,5 @@
 """The benchmark's transcription of today's llama.cpp loop (benchmarks/baseline/kvc_baseline2026.cpp)
-against the reference model of the 2026 semantics (kvcache.reference2026): on random workloads
+against the reference model of the 2026 semantics (tests/reference2026.py): on random workloads
 both place every ubatch in the same cells, hold the same cells and heads, and write the same
 masks. The baseline is what `kvcache bench` times the 2026 cases against, so it must be today's
 loop, not something near it."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import needs_bench
-from kvcache.reference import RefUBatch
-from kvcache.reference2026 import UnifiedReference2026
+from reference import RefUBatch
+from reference2026 import UnifiedReference2026
 
 pytestmark = needs_bench
 

@@ -2,7 +2,7 @@
 
 - every trace file under tests/golden/ (every kind, both formats) replays through the runner
   against every target of its family: the C-backed cache, and the reference model where one
-  exists (``unified``: kvcache.reference; ``unified2026``: kvcache.reference2026), also with
+  exists (``unified``: tests/reference.py; ``unified2026``: tests/reference2026.py), also with
   the diagnostic ``info`` compared (strict);
 - copies with one expected value changed diverge exactly there, for every file and target of
   every cache family and of split; strictly, a changed diagnostic diverges too; a rope op with
@@ -25,7 +25,7 @@ from conftest import GOLDEN, kvcache_env
 from kvcache.conformance import FORMAT_2026, KINDS, KINDS_2026, Divergence, read_trace, run_file
 from kvcache.conformance import rope
 from kvcache.conformance.ops import CACHE_FAMILIES, OPS, replay
-from kvcache.reference import UnifiedReference
+from reference import UnifiedReference
 
 #: the trace files of each directory of tests/golden
 COUNTS = {"unified": 12, "iswa": 5, "recurrent": 4, "split": 3, "rope": 8, "unified2026": 6}

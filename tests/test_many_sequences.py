@@ -2,7 +2,7 @@
 sequence set spans several 64-bit words, and every operation of every cache must treat the ids
 past 63 as it treats the others.
 
-The unified cache runs a long random workload next to the reference model (kvcache.reference),
+The unified cache runs a long random workload next to the reference model (tests/reference.py),
 compared after every step; the other caches and the splitter check the ids of the upper words
 by hand."""
 import struct
@@ -14,7 +14,7 @@ import kvcache
 import kvcache.statefile
 from kvcache import Batch, ISWACache, RecurrentCache, StateError, UBatch, UnifiedCache
 from kvcache._core import describe_state
-from kvcache.reference import RefUBatch, UnifiedReference
+from reference import RefUBatch, UnifiedReference
 
 SIZES = [65, 128, 200, 256]
 

@@ -1,13 +1,13 @@
 """The largest position, 2**31 - 1: an open range (p1 < 0, "no upper bound") includes it in every
 operation of every cache, and the per-sequence position index stays in step with the cells.
 
-Each unified-cache operation runs on the C cache and on the reference model (kvcache.reference)
+Each unified-cache operation runs on the C cache and on the reference model (tests/reference.py)
 from the same start; both must show the same cells and the same seq_pos_min / seq_pos_max."""
 import numpy as np
 import pytest
 
 import kvcache
-from kvcache.reference import RefUBatch, UnifiedReference
+from reference import RefUBatch, UnifiedReference
 
 TOP = 2**31 - 1
 

@@ -1,4 +1,4 @@
-"""The reference model of today's cache (kvcache.reference2026) on the rules the 2026 traces
+"""The reference model of today's cache (tests/reference2026.py) on the rules the 2026 traces
 exercise little: scattered placement and the SWA purge, prepare as a dry run, stream copies
 and their refusals, what llama.cpp aborts on (ValueError, nothing changed), failed reads of
 every kind (rule C7), the empty-blob no-op, trailing bytes, 256 sequences; and the diagnostic
@@ -16,8 +16,8 @@ from kvcache.conformance import read_trace
 from kvcache.conformance.common import compare_fields
 from kvcache.conformance.ops import apply_op, start
 from kvcache.conformance.unified2026 import reference_target
-from kvcache.reference import CellTable, RefUBatch, UnifiedReference
-from kvcache.reference2026 import STATUS_NO_UPDATE, STATUS_SUCCESS, UnifiedReference2026
+from reference import CellTable, RefUBatch, UnifiedReference
+from reference2026 import STATUS_NO_UPDATE, STATUS_SUCCESS, UnifiedReference2026
 from kvcache.statefile import _Reader
 
 TRACES_2026 = sorted((GOLDEN / "unified2026").glob("*.jsonl"))

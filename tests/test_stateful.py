@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import kvcache  # noqa: E402
 from kvcache.conformance import unified  # noqa: E402
 from kvcache.conformance.ops import apply_op, start  # noqa: E402
-from kvcache.reference import UnifiedReference  # noqa: E402
+from reference import UnifiedReference  # noqa: E402
 from stateful_rules import SequenceRules  # noqa: E402
 
 TARGET = os.environ.get("KVCACHE_STATEFUL_TARGET", "c")

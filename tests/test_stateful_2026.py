@@ -1,5 +1,5 @@
 """Property test: the C-backed ``UnifiedCache(semantics="2026")`` against the pure-Python model
-``kvcache.reference2026.UnifiedReference2026``.
+``reference2026.UnifiedReference2026`` (tests/reference2026.py).
 
 A hypothesis state machine applies the same random operations to both through the trace-op
 table (kvcache.conformance.ops, family ``unified2026``; the model's results are the
@@ -22,8 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvcache import StateError, UBatch, UnifiedCache  # noqa: E402
 from kvcache.conformance import unified2026  # noqa: E402
 from kvcache.conformance.ops import apply_op, start  # noqa: E402
-from kvcache.reference import RefUBatch  # noqa: E402
-from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
+from reference import RefUBatch  # noqa: E402
+from reference2026 import UnifiedReference2026  # noqa: E402
 from stateful_rules import (SequenceEditRules, draw_copy_range, draw_ext, draw_ubatch, hand_off_alike,  # noqa: E402
                             read_alike)
 

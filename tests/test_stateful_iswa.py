@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import kvcache  # noqa: E402
 from kvcache.conformance import Target, iswa  # noqa: E402
 from kvcache.conformance.ops import start  # noqa: E402
-from kvcache.reference import RefUBatch, UnifiedReference  # noqa: E402
+from reference import RefUBatch, UnifiedReference  # noqa: E402
 from stateful_rules import SequenceRules  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(kvcache, "ISWACache"), reason="kvcache.ISWACache is not available")

@@ -24,8 +24,8 @@ from kvcache import ISWACache, UBatch  # noqa: E402
 from kvcache.conformance.common import fill_rows  # noqa: E402
 from kvcache.conformance.unified2026 import _bytes_sha256, _check_fields  # noqa: E402
 from kvcache.plan import swa_size  # noqa: E402
-from kvcache.reference import RefUBatch  # noqa: E402
-from kvcache.reference2026 import UnifiedReference2026  # noqa: E402
+from reference import RefUBatch  # noqa: E402
+from reference2026 import UnifiedReference2026  # noqa: E402
 from stateful_rules import draw_copy_range, draw_ubatch, hand_off_alike, read_alike  # noqa: E402
 
 N_EMBD = 4

@@ -347,7 +347,7 @@ def test_batch_splits_from_several_threads_hand_out_each_token_once():
 @pytest.mark.skipif(not sysconfig.get_config_var("Py_GIL_DISABLED"),
                     reason="needs a free-threaded CPython (3.13t / 3.14t)")
 def test_import_does_not_reenable_the_gil():
-    code = ("import sys, kvcache, kvcache._core, kvcache.statefile, kvcache.inspect, kvcache.reference; "
+    code = ("import sys, kvcache, kvcache._core, kvcache.statefile, kvcache.inspect; "
             "kvcache.UnifiedCache(64, 1, 8, 8); "
             "sys.exit(1 if sys._is_gil_enabled() else 0)")
     env = kvcache_env()

@@ -66,9 +66,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from kvcache._core import StateError, ggml_row_size, ggml_type, quantize, view_dtype
-from kvcache.reference import (CellTable, CellsSnapshot, KQ_MASK_PAD, _pad, check_divisor, check_geometry,
-                               check_ubatch)
 from kvcache.statefile import _Reader, _view
+from reference import (CellTable, CellsSnapshot, KQ_MASK_PAD, _pad, check_divisor, check_geometry,
+                       check_ubatch)
 
 __all__ = ["UnifiedReference2026", "UpdateResult", "SlotInfo", "LLAMA_MAX_SEQ", "N_KV_PAD_MIN",
            "STATUS_SUCCESS", "STATUS_NO_UPDATE"]
@@ -161,7 +161,7 @@ class UnifiedReference2026:
     ``kv_unified``, else ``n_seq_max``), ``kv_unified``, ``semantics``, ``n_seq_max``, ``n_layer``,
     ``layers`` (tuple, ascending), ``type_k`` / ``type_v`` (ggml type names), ``v_trans``,
     ``n_pad`` (at least 256 is applied to ``n_kv``), ``n_swa``, ``swa_type``; ``streams``: the
-    cell table of each stream (:class:`kvcache.reference.CellTable`)."""
+    cell table of each stream (:class:`reference.CellTable`)."""
 
     def __init__(self, kv_size: int, n_layer: int, n_embd_k_gqa: int | Sequence[int],
                  n_embd_v_gqa: int | Sequence[int], type_k: str | int = "f16", type_v: str | int = "f16",
@@ -170,7 +170,7 @@ class UnifiedReference2026:
                  layers: Iterable[int] | None = None, cell_ext: bool = False, ple_token: int | None = None):
         if semantics != "2026":
             raise ValueError(f"this is the model of semantics '2026' (the seed's is "
-                             f"kvcache.reference.UnifiedReference), got {semantics!r}")
+                             f"reference.UnifiedReference), got {semantics!r}")
         check_geometry(kv_size, n_pad, n_seq_max, LLAMA_MAX_SEQ, n_swa, swa_type, n_layer)
         self._n_embd_k = _per_layer(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
         self._n_embd_v = _per_layer(n_embd_v_gqa, n_layer, "n_embd_v_gqa")

@@ -10,7 +10,7 @@ same way. Two models are built on it:
   :class:`kvcache.UnifiedCache` tracks about its cells and holds no K/V data. The property
   tests drive it and the C-backed cache with the same random operations, and the golden
   traces check the model itself.
-- :class:`kvcache.reference2026.UnifiedReference2026`: today's cache (``semantics="2026"``):
+- :class:`reference2026.UnifiedReference2026`: today's cache (``semantics="2026"``):
   one table per stream, scattered placement, prepare, stream copies, K/V data and state blobs.
 
 Where llama.cpp's unified cache is defective, the models follow kvcache's contract
