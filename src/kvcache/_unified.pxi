@@ -91,7 +91,7 @@ _SEMANTICS = {"2025": KVC_SEM_2025, "2026": KVC_SEM_2026}
 
 
 cdef int _refuse_2026(_Unified self, str what, str why) except -1:
-    """The operations of the seed that today's llama.cpp no longer has."""
+    """The operations of the 2025 semantics that today's llama.cpp no longer has."""
     if self.c.semantics == KVC_SEM_2026:
         raise ValueError(f"{what}: a cache of semantics '2026' has no {what} ({why})")
     return 0
@@ -477,7 +477,7 @@ cdef class _Unified(UnifiedCore):
         cell_ext_ = bool_arg(cell_ext, "cell_ext")
         if cell_ext_ and semantics != "2026":
             raise ValueError("cell_ext: the per-cell extension is today's llama.cpp's (semantics='2026'); "
-                             "the seed's cells have none")
+                             "the cells of semantics '2025' have none")
         if ple_token is not None and not cell_ext_:
             raise ValueError("ple_token: a per-layer-embedding model's cache has the per-cell extension "
                              "(cell_ext=True)")
@@ -744,7 +744,7 @@ cdef class _Unified(UnifiedCore):
     # --- streams (semantics '2026'; one stream otherwise) ---------------------------------
     @property
     def semantics(self):
-        """'2025' (the seed's cache: contiguous placement, commit/restore, defrag) or '2026'
+        """'2025' (llama.cpp as of mid-2025: contiguous placement, commit/restore, defrag) or '2026'
         (today's llama.cpp: streams, scattered placement, stream copies)."""
         return "2026" if self.c.semantics == KVC_SEM_2026 else "2025"
 

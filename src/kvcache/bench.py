@@ -1,4 +1,4 @@
-"""`kvcache bench`: kvcache's C core against a transcription of the seed's loops, one process.
+"""`kvcache bench`: kvcache's C core against a transcription of llama.cpp's loops, one process.
 
 Every case runs both implementations on the same workload (checking they agree), repeats the
 measurement, and reports the median with the min-max range, the ratio baseline / kvcache and,
@@ -205,7 +205,7 @@ def bench_defrag(quick: bool, reps: int) -> list[Row]:
 def bench_state(quick: bool, reps: int) -> list[Row]:
     """Whole-cache state write/read through the public API (owned buffers, state_write_into a
     preallocated buffer, state_read from it) against the baseline's per-range copies (its read
-    with the seed's clear(): every K/V buffer zeroed first), paired per repetition with a memcpy
+    with mid-2025 llama.cpp's clear(): every K/V buffer zeroed first), paired per repetition with a memcpy
     of the blob's bytes between memory of the kinds they copy between (a bytearray as the blob,
     huge pages as the owned K/V memory). And state_write() returning a fresh bytes object
     against a fresh numpy copy of the blob's bytes (np.copy), paired likewise. The blobs of the
@@ -233,7 +233,7 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
         for t in range(cells):
             c.find_slot(kvcache.UBatch([t // 32], [t % 32]))
             c.commit()
-        nbytes = c.state_size(layout="2025")   # the baseline writes the seed's layout
+        nbytes = c.state_size(layout="2025")   # the baseline writes layout 2025
         blob = bytearray(nbytes)
         blob[:] = b"\0" * nbytes   # pages faulted in, as for the memcpy yardstick
         base_blob = bytearray(nbytes + 1)

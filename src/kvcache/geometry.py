@@ -389,12 +389,13 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
     - ``n_seq_max``: parallel sequences; ``n_batch``: the largest ubatch (llama.cpp's
       ``n_ubatch``, default 512: it sizes the SWA cache, see :func:`kvcache.plan.swa_size`).
     - ``type_k`` / ``type_v``: cache types; ``flash_attn``: V is stored transposed without it.
-    - ``swa_full``: give the sliding-window cache the full size (the seed's: and never prune it).
+    - ``swa_full``: give the sliding-window cache the full size (with semantics "2025": and never
+      prune it).
     - ``buffers``: as for the cache classes ("owned", borrowed per-layer buffers, or None).
-    - ``semantics``: "2025" (the seed's llama.cpp, the default) or "2026" (today's: n_pad 1,
-      n_ctx padded to 256; ``kv_unified`` False (its default) gives each sequence a stream of
-      ``pad(n_ctx // n_seq_max, 256)`` cells, True one stream of all; ``flash_attn`` defaults
-      to today's "auto", a V not transposed; ``swa_full`` to True). The seed's defaults:
+    - ``semantics``: "2025" (llama.cpp as of mid-2025, llama-cpp-python 0.3.10; the default) or
+      "2026" (today's: n_pad 1, n_ctx padded to 256; ``kv_unified`` False (its default) gives each
+      sequence a stream of ``pad(n_ctx // n_seq_max, 256)`` cells, True one stream of all; ``flash_attn`` defaults
+      to today's "auto", a V not transposed; ``swa_full`` to True). The 2025 defaults:
       ``flash_attn`` False, ``swa_full`` False, one stream.
 
     Returns a :class:`kvcache.UnifiedCache` (with the model's K head size and RoPE parameters,

@@ -122,7 +122,7 @@ def _pick_framing(part: memoryview, variant: str | None, arch: str | None, strea
 def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str | None,
                     streams: bool | None = None, allow_prefix: bool = False):
     """Describe the cache states in part (at offset base of the file); returns (variant, guessed,
-    sections, trailing bytes, framing or None: the seed's shape read the old way)."""
+    sections, trailing bytes, framing or None: layout 2025's shape read the old way)."""
     from kvcache._core import describe_state
 
     framing = _pick_framing(part, variant, arch, streams, allow_prefix)
@@ -161,7 +161,7 @@ def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str 
 
 
 def _seed_sections(part: memoryview, base: int, variant: str | None, arch: str | None):
-    """The cache states of the seed's shape (no stream count, no prefix): (variant, guessed,
+    """The cache states of layout 2025's shape (no stream count, no prefix): (variant, guessed,
     sections, trailing bytes)."""
     from kvcache._core import describe_state
 

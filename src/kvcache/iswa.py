@@ -113,14 +113,15 @@ class ISWACache:
       ``il -> bool``); the others go to the base cache.
     - ``n_swa`` (> 0) and ``swa_type`` (``"standard"`` or ``"chunked"``): the window.
     - ``n_batch``: the largest ubatch (llama.cpp's ``n_ubatch``); the SWA cache gets enough cells
-      for every sequence's window plus one ubatch (:func:`kvcache.plan.swa_size`): the seed's
-      ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``, today's
+      for every sequence's window plus one ubatch (:func:`kvcache.plan.swa_size`): in the 2025
+      semantics ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``, today's
       ``pad(min(kv_size, n_swa * (n_seq_max if kv_unified else 1) + n_batch), 256)``.
     - ``swa_full``: give the SWA cache ``kv_size`` cells (and, semantics "2025", never prune
       it). None (default): the default of the semantics, False for "2025", True for "2026".
-    - ``semantics``: "2025" (the seed's iSWA cache, described below) or "2026" (today's
-      llama.cpp): both caches are ``UnifiedCache(semantics="2026")``, the SWA one reusing the
-      cells its window has left instead of being pruned; ``find_slot`` places a ubatch in both
+    - ``semantics``: "2025" (llama.cpp's iSWA cache as of mid-2025, llama-cpp-python 0.3.10,
+      described below) or "2026" (today's llama.cpp): both caches are
+      ``UnifiedCache(semantics="2026")``, the SWA one reusing the cells its window has left
+      instead of being pruned; ``find_slot`` places a ubatch in both
       or in neither (no commit / restore / set_full / sbatch_init / defrag: ValueError),
       ``prepare`` is the dry run of both, ``update`` performs both caches' stream copies and
       shifts (docs/semantics.md).
@@ -226,7 +227,8 @@ class ISWACache:
     base_layers: _Attr[tuple[int, ...]] = _Attr('Model layers held by the base cache, ascending.', "_base", "layers")
     n_swa: _Attr[int] = _Attr('Sliding window size.', "_swa")
     swa_type: _Attr[str] = _Attr("'standard' or 'chunked'.", "_swa")
-    semantics: _Attr[str] = _Attr("'2025' (the seed's iSWA cache) or '2026' (today's llama.cpp), as both caches have it.")
+    semantics: _Attr[str] = _Attr("'2025' (llama.cpp's iSWA cache as of mid-2025) or '2026' (today's llama.cpp), "
+                                  "as both caches have it.")
     kv_unified: _Attr[bool] = _Attr('True when every sequence shares one stream in both caches.')
     cell_ext: _Attr[bool] = _Attr("True when both caches' cells carry the per-cell extension (see UnifiedCache).")
     ple_token: _Attr[int | None] = _Attr('The token id a ubatch without token ids stores (see UnifiedCache), or None.')

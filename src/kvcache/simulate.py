@@ -112,7 +112,7 @@ class SimConfig:
 
     @property
     def seed_semantics(self) -> bool:
-        """The seed's cache: placements are committed, and defragmented by the policy (today's
+        """The 2025 semantics: placements are committed, and defragmented by the policy (today's
         llama.cpp has neither: its placements are final and scattered)."""
         return self.semantics == "2025"
 
@@ -255,7 +255,7 @@ class Simulation:
         return r
 
     def commit(self) -> None:
-        """Keep the placement (the seed's commit; today's placements are final)."""
+        """Keep the placement (the 2025 semantics' commit; today's placements are final)."""
         if self.cfg.seed_semantics:
             self.call("commit", self.cache.commit)
 

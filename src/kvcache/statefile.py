@@ -588,7 +588,7 @@ class Converted:
 
 
 def _trim_swa(body: bytes, sec: dict[str, Any], n_swa: int, swa_type: Literal["standard", "chunked"]) -> bytes | None:
-    """One stream section of a sequence's SWA cache state (the seed's body: cell count, cells,
+    """One stream section of a sequence's SWA cache state (layout 2025's body: cell count, cells,
     K/V) without the cells outside the window of the sequence's last position, or None when
     this section's geometry is not one a cache takes. A one-stream cache of semantics "2026"
     with the section's geometry and the window reads it and writes it back in a layout that

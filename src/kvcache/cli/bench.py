@@ -1,4 +1,4 @@
-"""``kvcache bench``: kvcache's C core against the seed-loop baseline, side by side."""
+"""``kvcache bench``: kvcache's C core against a transcription of llama.cpp's loops, side by side."""
 from __future__ import annotations
 
 import argparse

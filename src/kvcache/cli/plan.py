@@ -78,10 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--flash-attn", "-fa", action="store_true",
                    help="flash attention: n_pad 256 and V in rows (else n_pad 32 and V transposed)")
     c.add_argument("--semantics", choices=("2025", "2026"), default="2025",
-                   help="the llama.cpp the plan follows: 2025 (the seed, default) or 2026 (today's: n_pad 1, n_ctx "
-                        "padded to 256, flash attention auto so V in rows, and a stream of PAD_256(n_ctx / "
-                        "n_seq_max) cells per sequence unless --kv-unified; an iSWA pair's SWA cache padded to 256 "
-                        "cells and full-size by default)")
+                   help="the llama.cpp the plan follows: 2025 (llama.cpp as of mid-2025, llama-cpp-python 0.3.10; the "
+                        "default) or 2026 (today's: n_pad 1, n_ctx padded to 256, flash attention auto so V in "
+                        "rows, and a stream of PAD_256(n_ctx / n_seq_max) cells per sequence unless --kv-unified; "
+                        "an iSWA pair's SWA cache padded to 256 cells and full-size by default)")
     c.add_argument("--kv-unified", action="store_true",
                    help="with --semantics 2026: one stream for every sequence (llama.cpp's kv_unified)")
     s = p.add_argument_group("sliding window (iSWA)")
@@ -116,7 +116,7 @@ def _semantics(args: argparse.Namespace) -> dict:
     """The semantics arguments of plan_unified (today's: flash attention auto, V in rows)."""
     if args.semantics == "2025":
         if args.kv_unified:
-            raise ValueError("--kv-unified needs --semantics 2026 (the seed's cache is always unified)")
+            raise ValueError("--kv-unified needs --semantics 2026 (the 2025 cache is always unified)")
         return {}
     return {"semantics": "2026", "kv_unified": bool(args.kv_unified), "flash_attn": True}
 
@@ -127,12 +127,12 @@ def _no_semantics(args: argparse.Namespace, what: str) -> None:
 
 
 def _iswa_batch(args: argparse.Namespace, n_ctx: int) -> dict:
-    """The batch arguments of plan_iswa: the seed's SWA cache is sized by n_batch, today's by
+    """The batch arguments of plan_iswa: the 2025 SWA cache is sized by n_batch, today's by
     n_ubatch; llama.cpp caps n_batch at the context (a causal model) and n_ubatch at n_batch."""
     n_batch = min(n_ctx, args.n_batch or 2048)
     if args.semantics == "2025":
         if args.n_ubatch is not None:
-            raise ValueError("--n-ubatch needs --semantics 2026 (the seed sizes the SWA cache by --n-batch)")
+            raise ValueError("--n-ubatch needs --semantics 2026 (the 2025 semantics size the SWA cache by --n-batch)")
         return {"n_batch": n_batch}
     return {"n_batch": min(n_batch, args.n_ubatch or 512)}
 

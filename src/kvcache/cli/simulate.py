@@ -85,9 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"fragmentation that triggers a defrag; < 0: never (default {d.defrag_thold})")
     w.add_argument("--mask", action="store_true", help="also build the KQ mask of every ubatch")
     w.add_argument("--semantics", choices=SEMANTICS, default=d.semantics,
-                   help="the cache's semantics: 2025 (the seed: contiguous placement, commit, defrag) or 2026 "
-                        "(today's llama.cpp: scattered placement, no defrag, n_pad 1, n_ctx padded to 256; "
-                        f"--defrag is ignored) (default {d.semantics})")
+                   help="the cache's semantics: 2025 (llama.cpp as of mid-2025, llama-cpp-python 0.3.10: contiguous "
+                        "placement, commit, defrag) or 2026 (today's llama.cpp: scattered placement, no defrag, "
+                        f"n_pad 1, n_ctx padded to 256; --defrag is ignored) (default {d.semantics})")
     w.add_argument("--seed", type=nonneg_int, default=d.seed, metavar="N", help=f"workload seed (default {d.seed})")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
