@@ -41,8 +41,8 @@ def _prompt(args: argparse.Namespace) -> list[int]:
 def prefill_process(conn, args: argparse.Namespace) -> None:
     from nixl._api import nixl_agent, nixl_agent_config
 
-    from kvcache._toy_serving import decode, prefill, toy_cache, toy_model
     from kvcache.integrations.nixl import register_cache
+    from toy_serving import decode, prefill, toy_cache, toy_model
 
     model = toy_model()
     cache = toy_cache(model, _kv_size(args))
@@ -68,8 +68,8 @@ def main() -> int:
     args = ap.parse_args()
     from nixl._api import nixl_agent, nixl_agent_config
 
-    from kvcache._toy_serving import decode, toy_cache, toy_model
     from kvcache.integrations.nixl import pull_sequence, register_cache
+    from toy_serving import decode, toy_cache, toy_model
 
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()

@@ -30,8 +30,8 @@ def main() -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    from kvcache._toy_serving import decode, prefill, toy_cache, toy_model
     from kvcache.integrations.ray import export_sequence, import_sequence
+    from toy_serving import decode, prefill, toy_cache, toy_model
 
     kv_size = ((args.tokens + args.decode + 255) // 256) * 256
 
@@ -68,7 +68,9 @@ def main() -> int:
         def decode(self, token: int, pos: int, n: int) -> tuple[list[int], np.ndarray]:
             return decode(self.model, self.cache, token, pos, n)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the actors call toy_serving, which lies beside this script: the workers get this folder
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"working_dir": os.path.dirname(os.path.abspath(__file__))})
     try:
         prompt = [int(t) for t in np.random.default_rng(1).integers(0, 256, args.tokens)]
         p, d = Prefill.remote(), Decode.remote()

@@ -1,5 +1,6 @@
 """Prefill and greedy decoding of one sequence of the demo's ToyModel over a UnifiedCache: the
-workload the hand-off examples (docs/examples/handoff_*.py) move between processes."""
+workload the hand-off examples (handoff_ray.py, handoff_nixl.py beside this file) move between
+processes. They import it as ``toy_serving``: a script's folder is first on its sys.path."""
 from __future__ import annotations
 
 import numpy as np
