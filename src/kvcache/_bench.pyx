@@ -1,7 +1,7 @@
 # cython: language_level=3
 """C-level workloads for `kvcache bench`.
 
-kvcache's C core and the baseline (benchmarks/baseline: the seed's loops with the seed's
+kvcache's C core and the baseline (benchmarks/baseline: mid-2025 llama.cpp's loops with its
 containers) run the same operations in one process; the timed loops hold no Python. Each
 function returns nanoseconds (and checks that both implementations agree where it can)."""
 
@@ -677,7 +677,7 @@ cdef class Workload:
 
     def base_state(self, unsigned char[::1] buf, bint read):
         """(ns, bytes) of the baseline's whole-cache state write into buf, or (read) of its read
-        of buf (with the seed's clear), from clean caches."""
+        of buf (with mid-2025 llama.cpp's clear), from clean caches."""
         cdef uint64_t t0
         cdef size_t n = 0
         cdef int ok = 1
@@ -881,7 +881,7 @@ def cimport_call_ns(UnifiedCore cache, uint32_t reps):
 # --- the baseline driven from Python: the decode step and the scale cases ------------------------
 
 cdef class Baseline:
-    """The baseline's cache (the seed's loops and containers) with K/V memory of the caller's,
+    """The baseline's cache (mid-2025 llama.cpp's loops and containers) with K/V memory of the caller's,
     driven from Python one operation at a time, for the cases timed as a server calls kvcache.
 
     ``Baseline(size, n_layer, width, n_pad=32, v_trans=False)``: f16 K and V rows of ``width``

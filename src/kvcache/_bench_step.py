@@ -182,7 +182,7 @@ def bench_step(quick: bool, reps: int) -> list[Row]:
     """The decode step of a server, timed from Python: UBatch from numpy arrays, find_slot, store
     of every layer's K and V rows, the KQ mask into a reused buffer, commit; B sequences x 1 token
     (B = 1, 32, 256) and a mixed step (a prefill chunk and 31 decode tokens), against the
-    baseline's same step (one C++ call: the seed's ubatch vectors, find_slot, cpy_k/cpy_v, the
+    baseline's same step (one C++ call: mid-2025 llama.cpp's ubatch vectors, find_slot, cpy_k/cpy_v, the
     padded f32 mask, commit) and against the floor (the mask's bytes at memset speed, streaming
     where kvcache streams, and the K/V rows at memcpy speed), all three in every repetition.
     Every step is checked: same cells on both sides, same K/V rows, masks equal to the
@@ -210,7 +210,7 @@ def _step_case(name, size, kind, n_seq, chunk, n_layer, width, variants, reps, q
     import kvcache
 
     n_tok = n_seq if kind == "decode" else n_seq - 1 + chunk
-    # the seed's cells hold 64 sequences: beyond that there is no baseline of the same step
+    # mid-2025 llama.cpp's cells hold 64 sequences: beyond that there is no baseline of the same step
     with_base = n_seq <= 64
     steps = (reps + 1) * len(variants)
     busy = Busy(size, n_seq, steps * n_tok, n_layer, width, buffers=True, baseline=with_base)
@@ -283,7 +283,7 @@ def _step_case(name, size, kind, n_seq, chunk, n_layer, width, variants, reps, q
                                   + " of the mask + memcpy of the K/V rows",
                         yardstick_gbps=(mask_bytes + 2 * n_layer * n_tok * row_bytes) / statistics.median(floor),
                         yardstick_ratio=floor_ratio, goal=_goal(ratio, floor_ratio),
-                        note="" if base is not None else "no baseline: the seed's cells hold 64 sequences",
+                        note="" if base is not None else "no baseline: mid-2025 llama.cpp's cells hold 64 sequences",
                         extra={"mask_bytes": mask_bytes, "kv_bytes": 2 * n_layer * n_tok * row_bytes,
                                "tokens": n_tok, "baseline mask": "f32 padded",
                                "mask buffer": "reused (only what changed rewritten)" if capabilities().mask_reuse

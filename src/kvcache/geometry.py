@@ -122,7 +122,7 @@ class ModelGeometry:
         n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, 2**31 - 1)
         n_batch = int_arg(n_batch, "n_batch", 1, 2**31 - 1)
         today = semantics == "2026"
-        # the defaults of each era: the seed's flash attention off, no full SWA cache, one
+        # the defaults of each era: mid-2025 llama.cpp's flash attention off, no full SWA cache, one
         # stream; today's flash attention "auto" (a V not transposed), swa_full, a stream per sequence
         flash_attn = bool_arg(today if flash_attn is None else flash_attn, "flash_attn")
         swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
@@ -139,7 +139,7 @@ class ModelGeometry:
         if n_ctx == 0:
             n_ctx = self.n_ctx_train
         n_pad, kv_size, n_stream = context_cells(n_ctx, n_seq_max, flash_attn, semantics, kv_unified)
-        # the context of one sequence: the seed's share of the cells, today's stream (or, unified, all)
+        # the context of one sequence: the 2025 share of the cells, today's stream (or, unified, all)
         n_ctx_seq = kv_size if today else kv_size // n_seq_max
         rope = self.rope
         if self.rope_long is not None and rope is not None and n_ctx_seq > rope.n_ctx_orig:
@@ -149,7 +149,7 @@ class ModelGeometry:
                       v_trans=v_trans_for(flash_attn) if v_trans is None else bool_arg(v_trans, "v_trans"),
                       n_seq_max=n_seq_max,
                       n_pad=n_pad, n_embd_head_k=self.n_embd_head_k, rope=rope, buffers=buffers)
-        # the seed's cells had no extension: its caches of these models have none either
+        # mid-2025 llama.cpp's cells had no extension: its caches of these models have none either
         ext: dict[str, Any] = dict(cell_ext=True, ple_token=self.ple_token) if today and self.cell_ext else {}
         if self.swa_type == "none":
             if today:

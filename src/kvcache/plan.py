@@ -26,27 +26,27 @@ _SWA_TYPES = ("standard", "chunked")
 
 # --- the sizing rules of llama.cpp's caches (plan_*, ISWACache and ModelGeometry use these) -----
 
-#: the cache semantics: the mid-2025 llama.cpp (the seed) and today's (kvcache.UnifiedCache(semantics=))
+#: the cache semantics: llama.cpp as of mid-2025 and today's (kvcache.UnifiedCache(semantics=))
 SEMANTICS = ("2025", "2026")
 
 
 def n_pad_for(flash_attn: bool, semantics: str = "2025") -> int:
-    """Cell padding of a unified cache: the seed's 256 with flash attention (its kernels need
-    it), else 32; today's llama.cpp (semantics "2026") pads no cache (1)."""
+    """Cell padding of a unified cache: in the 2025 semantics 256 with flash attention (its kernels
+    need it), else 32; today's llama.cpp (semantics "2026") pads no cache (1)."""
     if semantics == "2026":
         return 1
     return 256 if flash_attn else 32
 
 
 def ctx_pad_for(flash_attn: bool, semantics: str = "2025") -> int:
-    """What a context's n_ctx is rounded up to: the seed's n_pad, today's 256."""
+    """What a context's n_ctx is rounded up to: the 2025 semantics' n_pad, today's 256."""
     return 256 if semantics == "2026" else n_pad_for(flash_attn)
 
 
 def context_cells(n_ctx: int, n_seq_max: int, flash_attn: bool, semantics: str = "2025",
                   kv_unified: bool = True) -> tuple[int, int, int]:
-    """``(n_pad, kv_size, n_stream)`` of the unified cache of a context: the seed's
-    ``pad(n_ctx, n_pad)`` cells in one stream; today's llama.cpp ``pad(n_ctx, 256)`` cells in
+    """``(n_pad, kv_size, n_stream)`` of the unified cache of a context: in the 2025
+    semantics ``pad(n_ctx, n_pad)`` cells in one stream; today's llama.cpp ``pad(n_ctx, 256)`` cells in
     one stream, or, not unified, ``n_seq_max`` streams of ``pad(n_ctx // n_seq_max, 256)``
     cells each (``n_ctx_seq``)."""
     if semantics not in SEMANTICS:
@@ -68,8 +68,8 @@ def swa_size(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int,
              semantics: str = "2025", kv_unified: bool = True) -> int:
     """Cells of an iSWA cache's sliding-window cache (per stream), or ``kv_size`` with swa_full.
 
-    Every sequence's window plus one ubatch of ``n_batch`` tokens: the seed's
-    ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``; today's llama.cpp (semantics
+    Every sequence's window plus one ubatch of ``n_batch`` tokens: in the 2025
+    semantics ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``; today's llama.cpp (semantics
     "2026") ``pad(min(kv_size, n_swa * n + n_batch), 256)``, n the sequences sharing a stream
     (``n_seq_max`` unified, else 1), padded to 256 whatever ``n_pad``."""
     if swa_full:
@@ -403,7 +403,7 @@ def _buffer_line(func: str, c: CachePlan) -> str:
 
 
 def _unified_log(c: CachePlan, today: bool = False) -> list:
-    """The constructor's log lines: the seed's llama_kv_cache_unified, or today's llama_kv_cache
+    """The constructor's log lines: mid-2025 llama.cpp's llama_kv_cache_unified, or today's llama_kv_cache
     (cells per stream, n_seq_max / n_stream sequences)."""
     func = "llama_kv_cache" if today else "llama_kv_cache_unified"
     seqs = f"{c.n_seq_max:2d}/{c.n_stream}" if today else f"{c.n_seq_max:2d}"
