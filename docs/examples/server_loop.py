@@ -127,6 +127,8 @@ def main() -> dict:
         assert len(r.outputs) == len(r.tokens) - 1 and len(r.tokens) == r.n_prompt + r.max_new
     print(f"{len(requests)} requests served in {stats['steps']} steps, {stats['ubatches']} ubatches, "
           f"{stats['tokens']} tokens; at most {stats['max_used']} cells in use; every output checked")
+    # 10 requests served in 16 steps, 28 ubatches, 164 tokens; at most 71 cells in use;
+    # every output checked
     return stats
 
 
