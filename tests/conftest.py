@@ -35,7 +35,7 @@ SHARED = _find_shared()
 
 try:
     from hypothesis import HealthCheck, settings
-except ImportError:  # hypothesis comes with the `test` extra; without it only its tests skip
+except ImportError:  # hypothesis comes with the `test` extra; without it only its tests skip (need)
     settings = None
 
 if settings is not None:
@@ -45,6 +45,65 @@ if settings is not None:
     settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True)
     default = "ci" if os.environ.get("CI") else "dev"
     settings.load_profile(os.environ.get("KVCACHE_HYPOTHESIS_PROFILE", default))
+
+
+# --- optional dependencies: skipped where absent, a failure where CI installed them ----------------
+
+#: what each name of KVCACHE_EXPECT stands for: a stage of .ci/run, or the `test` extra
+STAGES = {
+    "test": "kvcache's test extra (hypothesis, ml_dtypes, gguf, matplotlib, Cython, mypy)",
+    "bench": "the benchmark extension kvcache._bench (pip install ./benchmarks)",
+    "llama": "llama-cpp-python 0.3.10 (the live interop tests of layout 2025)",
+    "llama36": "llama-cpp-python 0.3.36 (tests/test_live_v10.py)",
+    "torch": "torch",
+    "transformers": "transformers 5.x",
+    "handoff": "ray and nixl (the hand-off examples)",
+}
+
+#: the name of KVCACHE_EXPECT that stands for each module a block of docs/ may need
+#: (``needs: module``); any other comes with the test extra
+MODULE_STAGE = {"torch": "torch", "transformers": "transformers", "ray": "handoff", "nixl": "handoff"}
+
+
+# .ci/run names each stage it installed; a test of such a stage that would skip fails instead, so
+# that a broken install cannot pass as a missing optional dependency
+EXPECTED = frozenset(n.strip() for n in os.environ.get("KVCACHE_EXPECT", "").split(",") if n.strip())
+
+
+def need(stage: str, reason: str):
+    """Skip the calling test (or module) because what ``stage`` installs is missing, for ``reason``;
+    fail it instead when KVCACHE_EXPECT names ``stage``."""
+    assert stage in STAGES, stage
+    if stage in EXPECTED:
+        pytest.fail(f"{reason} (KVCACHE_EXPECT names {stage}: {STAGES[stage]} should be here)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def need_module(stage: str, name: str, minversion: str | None = None):
+    """pytest.importorskip through :func:`need`: the module, else a skip (or the failure of an
+    expected ``stage``)."""
+    try:
+        return pytest.importorskip(name, minversion=minversion)
+    except pytest.skip.Exception as e:
+        need(stage, str(e))
+
+
+def needs(stage: str, missing: bool, reason: str) -> pytest.MarkDecorator:
+    """A mark: the test needs what ``stage`` installs, which is ``missing`` (see :func:`need`)."""
+    return pytest.mark.needs(stage, missing=missing, reason=reason)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs(stage, missing, reason): an optional dependency (conftest.needs)")
+    unknown = sorted(EXPECTED - STAGES.keys())
+    if unknown:
+        raise pytest.UsageError(f"KVCACHE_EXPECT: expected names among {', '.join(STAGES)}, found {', '.join(unknown)}")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("needs"):
+        if mark.kwargs["missing"]:
+            need(mark.args[0], mark.kwargs["reason"])
 
 
 def _has_bench() -> bool:
@@ -57,10 +116,10 @@ def _has_bench() -> bool:
 
 
 # `kvcache bench` needs the benchmark extension, which the kvcache wheel leaves out (benchmarks/
-# builds it; .ci/run installs it and sets KVCACHE_EXPECT_BENCH=1, where its absence fails a test)
+# builds it; .ci/run's bench stage installs it)
 HAS_BENCH = _has_bench()
-needs_bench = pytest.mark.skipif(not HAS_BENCH, reason="the benchmark extension kvcache._bench is not installed "
-                                                       "(pip install ./benchmarks)")
+needs_bench = needs("bench", not HAS_BENCH, "the benchmark extension kvcache._bench is not installed "
+                                            "(pip install ./benchmarks)")
 
 
 @pytest.fixture(scope="session")

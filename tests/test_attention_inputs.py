@@ -6,6 +6,7 @@ import pytest
 
 from kvcache import ISWACache, UBatch, UnifiedCache
 
+from conftest import need_module
 from test_mask_kernels import NP_DTYPES, expected_mask, filled_cache
 
 
@@ -143,7 +144,7 @@ def test_seq_cells_tell_where_a_metadata_only_read_put_the_sequence():
 
 
 def _torch():
-    return pytest.importorskip("torch")
+    return need_module("torch", "torch")
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bool"])

@@ -3,7 +3,7 @@ kvcache and the baseline (or a peer) runs here as a test. Their timings are not 
 goes in the bench's table, never in a test."""
 import pytest
 
-from conftest import needs_bench
+from conftest import need_module, needs_bench
 
 pytestmark = needs_bench
 
@@ -154,7 +154,7 @@ def test_scale_rows_cover_every_operation_and_size(tmp_path):
     rows = _rows("scale")
     assert {(r.extra["op"], r.extra["cells"]) for r in rows} == {(op, n) for op in SCALE_OPS for n in (4096, 16384)}
     report = {"rows": [bench.asdict(r) for r in rows], "machine": bench.machine()}
-    pytest.importorskip("matplotlib")
+    need_module("test", "matplotlib")
     path = tmp_path / "scale.png"
     assert plot_scale(report, str(path)) and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -9,6 +9,8 @@ import pytest
 import kvcache
 from kvcache import RecurrentCache, UBatch, UnifiedCache
 
+from conftest import need, needs
+
 try:
     import torch
 except ImportError:  # pragma: no cover - depends on the environment
@@ -18,7 +20,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     ml_dtypes = None
 
-needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+needs_torch = needs("torch", torch is None, "torch is not installed")
 
 FLOAT_TYPES = ["f32", "f16", "bf16"]
 QUANT_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
@@ -79,7 +81,7 @@ def test_owned_views(tk, v_trans):
 
 def test_bf16_views_hold_bfloat16():
     if ml_dtypes is None:
-        pytest.skip("ml_dtypes is not installed")
+        need("test", "ml_dtypes is not installed")
     c = unified(type_k="bf16", type_v="bf16", v_trans=False)
     assert c.find_slot(UBatch([0, 1], [0, 0]))
     k = np.array([[1.5] * 32, [-2.25] * 32], dtype=np.float32)
@@ -111,7 +113,7 @@ def test_dlpack_into_torch_is_zero_copy(t, tdt):
 @needs_torch
 def test_bf16_export_keeps_the_memory_alive():
     if ml_dtypes is None:
-        pytest.skip("ml_dtypes is not installed")
+        need("test", "ml_dtypes is not installed")
     c = unified(type_k="bf16", type_v="f16")
     c.k(0)[0, 0] = 3.0
     tt = torch.from_dlpack(c.k(0))
@@ -154,7 +156,7 @@ def as_bytes(obj):
                                              ("bf16", "f32", True), ("q8_0", "q4_0", False)])
 def test_borrowed_memory_is_the_callers(kind, tk, tv, v_trans):
     if kind == "torch" and torch is None:
-        pytest.skip("torch is not installed")
+        need("torch", "torch is not installed")
     bufs = borrowed_pairs(tk, tv, v_trans, kind)
     c = unified(type_k=tk, type_v=tv, v_trans=v_trans, buffers=bufs)
     own = unified(type_k=tk, type_v=tv, v_trans=v_trans)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import kvcache
-from conftest import kvcache_env, needs_bench
+from conftest import kvcache_env, need_module, needs_bench
 from kvcache import cli
 
 
@@ -118,7 +118,7 @@ def test_bench_as_a_program(tmp_path):
 
 @needs_bench
 def test_bench_plot_draws_the_scale_curves(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    need_module("test", "matplotlib")
     path = tmp_path / "scale.png"
     assert cli.main(["bench", "--quick", "--case", "scale", "--plot", str(path)]) == 0
     assert "scale: seq_rm of a finished request, 16384 cells" in capsys.readouterr().out

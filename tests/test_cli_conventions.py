@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kvcache
-from conftest import HAS_BENCH, kvcache_env, needs_bench
+from conftest import HAS_BENCH, kvcache_env, need_module, needs_bench
 from interop_data import model_path
 from kvcache import cli
 
@@ -175,8 +175,7 @@ def test_bench_without_its_extension_says_how_to_get_it(capsys, monkeypatch):
         "it out): from a clone of kvcache, `pip install ./benchmarks` builds it (see benchmarks/README.md)"]
 
 
-@pytest.mark.skipif(os.environ.get("KVCACHE_EXPECT_BENCH") != "1",
-                    reason="the benchmark extension is optional; .ci/run installs it and sets KVCACHE_EXPECT_BENCH")
+@needs_bench
 def test_the_benchmark_extension_is_installed_when_expected():
     from kvcache import _bench
 
@@ -186,7 +185,7 @@ def test_the_benchmark_extension_is_installed_when_expected():
 # --- plan ------------------------------------------------------------------------------------------
 
 def test_plan_of_a_model_defaults_to_its_trained_context(capsys):
-    pytest.importorskip("gguf")
+    need_module("test", "gguf")
     model = str(model_path("tiny_llama.gguf"))
     trained = kvcache.read_gguf(model).n_ctx_train
     rc, out, err = run_cli(capsys, "plan", model, "--json")
@@ -268,7 +267,7 @@ def _cache_with(blob):
 # --- simulate --------------------------------------------------------------------------------------
 
 def test_simulate_plot_refuses_an_unknown_format_before_running(capsys, tmp_path):
-    pytest.importorskip("matplotlib")
+    need_module("test", "matplotlib")
     bad = tmp_path / "x.jpgx"
     rc, out, err = run_cli(capsys, "simulate", "--steps", "5", "--plot", str(bad))
     assert rc == 2 and out == "" and not bad.exists()

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import kvcache_env
+from conftest import kvcache_env, need_module
 
 import kvcache
 from kvcache import RecurrentCache, UnifiedCache, cli
@@ -272,7 +272,7 @@ TYPE_NAMES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16"}
 @pytest.mark.parametrize("folder", ["llama_fa0", "llama_fa1", "llama_q8_fa1", "llama_bf16_fa1", "gemma2_fa0"])
 def test_gguf_model(capsys, folder):
     """The plan of an interop model logs the cache sizes llama.cpp logged for it."""
-    pytest.importorskip("gguf")
+    need_module("test", "gguf")
     man = json.loads((interop_dir() / folder / "state.bin.json").read_text())
     ctx = man["context"]
     model = interop_dir() / "models" / man["model"]["file"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import kvcache_env
+from conftest import kvcache_env, need
 
 from kvcache import cli
 from kvcache.simulate import SimConfig, Simulation, format_report, simulate
@@ -252,7 +252,7 @@ def _png_size(path):
 
 def test_plot(capsys, tmp_path):
     if not _importable("matplotlib"):
-        pytest.skip("matplotlib is not installed")
+        need("test", "matplotlib is not installed")
     png = tmp_path / "sim.png"
     rc, out, err = run_cli(capsys, *SMALL, "--plot", str(png))
     assert rc == 0, err
@@ -275,7 +275,7 @@ def test_plot_without_matplotlib(capsys, tmp_path, monkeypatch):
 
 def test_plot_into_missing_folder(capsys, tmp_path):
     if not _importable("matplotlib"):
-        pytest.skip("matplotlib is not installed")
+        need("test", "matplotlib is not installed")
     rc, out, err = run_cli(capsys, *SMALL, "--plot", str(tmp_path / "no" / "sim.png"))
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "no such directory" in err
 

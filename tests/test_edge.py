@@ -18,14 +18,14 @@ import pytest
 import kvcache
 from kvcache import _core
 from cache_state import snapshot
-from conftest import kvcache_env, wait_for_waiters
+from conftest import kvcache_env, needs, wait_for_waiters
 
 try:
     import torch
 except ImportError:  # pragma: no cover - depends on the environment
     torch = None
 
-needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+needs_torch = needs("torch", torch is None, "torch is not installed")
 
 
 _PRELUDE = textwrap.dedent("""

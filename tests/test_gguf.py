@@ -10,9 +10,10 @@ import pytest
 import kvcache
 from kvcache import ISWACache, ModelGeometry, RecurrentCache, RopeParams, UnifiedCache, from_gguf, read_gguf
 
+from conftest import need_module
 from interop_data import interop_dir
 
-gguf = pytest.importorskip("gguf")
+gguf = need_module("test", "gguf")
 
 
 INTEROP = interop_dir()

@@ -12,7 +12,7 @@ import pytest
 import kvcache
 from kvcache.integrations.ray import export_sequence, import_sequence
 from cache_state import assert_unchanged, busy_unified, snapshot
-from conftest import kvcache_env
+from conftest import kvcache_env, need
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "docs" / "examples"
@@ -37,8 +37,8 @@ def test_ray_export_and_import_equal_state_read_and_fail_cleanly():
 
 def _run_example(name, module, *args):
     if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed in {sys.executable} (the {module} extra of kvcache; "
-                    f"CI's handoff stage installs it)")
+        need("handoff", f"{module} is not installed in {sys.executable} (the {module} extra of kvcache; "
+                        f"CI's handoff stage installs it)")
     env = kvcache_env(RAY_AUTH_MODE="disabled")
     res = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
                          timeout=600, env=env, cwd=ROOT)

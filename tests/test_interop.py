@@ -17,6 +17,7 @@ import pytest
 import kvcache
 from kvcache import statefile
 
+from conftest import need
 from live_llama import LlamaCalls
 from interop_data import interop_dir, make_cache, manifest, model_path
 
@@ -150,9 +151,9 @@ def _llama():
     try:
         import llama_cpp as L
     except ImportError as e:
-        pytest.skip(f"llama_cpp is not importable ({e}); install llama-cpp-python==0.3.10 (the `interop` extra)")
+        need("llama", f"llama_cpp is not importable ({e}); .ci/run's llama stage installs llama-cpp-python==0.3.10")
     if getattr(L, "__version__", None) != "0.3.10":
-        pytest.skip(f"llama-cpp-python {L.__version__} is installed; the blobs and their layout are 0.3.10's")
+        need("llama", f"llama-cpp-python {L.__version__} is installed; the blobs and their layout are 0.3.10's")
     return L
 
 

@@ -40,6 +40,7 @@ import kvcache.plan
 from kvcache import statefile
 from kvcache.handoff import copy_regions
 
+from conftest import need, need_module
 from live_llama import LlamaCalls
 from interop_data import interop_dir, interop_v10_dir, manifest, model_path
 
@@ -52,14 +53,12 @@ TYPE_NAMES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16"}
 
 
 def _llama():
-    # .ci/run's llama36 stage says it installed 0.3.36: then a skip would hide a broken install
-    missing = pytest.fail if os.environ.get("KVCACHE_EXPECT_LLAMA036") else pytest.skip
     try:
         import llama_cpp as L
     except ImportError as e:
-        missing(f"llama_cpp is not importable ({e}); .ci/run's llama36 stage installs 0.3.36")
+        need("llama36", f"llama_cpp is not importable ({e}); .ci/run's llama36 stage installs 0.3.36")
     if getattr(L, "__version__", None) != "0.3.36":
-        missing(f"llama-cpp-python {L.__version__} is importable; these tests are for 0.3.36")
+        need("llama36", f"llama-cpp-python {L.__version__} is importable; these tests are for 0.3.36")
     return L
 
 
@@ -416,21 +415,12 @@ LLAMA_TOKEN_NULL = -1
 SEQ_STATE_MAGIC = 0xAF143CD8
 
 
-def _gguf():
-    missing = pytest.fail if os.environ.get("KVCACHE_EXPECT_LLAMA036") else pytest.skip
-    try:
-        import gguf
-    except ImportError as e:
-        missing(f"the gguf package is not importable ({e}); it is in kvcache's test extra")
-    return gguf
-
-
 def write_mrope_model(path, vocab_from, seed=0):
     """Write the tiny qwen2vl model MROPE describes to path, with the tokenizer keys of the GGUF
     file vocab_from. The keys are the ones llama.cpp's qwen2vl loader reads (the hyperparameters
     every model has, plus rope.dimension_sections, which it requires); qwen2vl's rope type is
     M-RoPE whatever the file says."""
-    gguf = _gguf()
+    gguf = need_module("test", "gguf")
     g = MROPE
     arch, n_embd, head = "qwen2vl", g["n_embd"], g["n_embd"] // g["n_head"]
     n_kv = head * g["n_head_kv"]

@@ -7,10 +7,12 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from conftest import need, need_module
+
+torch = need_module("torch", "torch")
+transformers = need_module("transformers", "transformers")
 if int(transformers.__version__.split(".")[0]) < 5:
-    pytest.skip("transformers 5.x is needed", allow_module_level=True)
+    need("transformers", f"transformers 5.x is needed, {transformers.__version__} is installed")
 
 import kvcache  # noqa: E402
 from kvcache.geometry import from_transformers_config, read_transformers_config, rope_from_transformers  # noqa: E402

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 import kvcache
-from conftest import wait_for_waiters
+from conftest import need_module, wait_for_waiters
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -63,7 +63,7 @@ SETUP = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def ext(tmp_path_factory):
     """The example extension, built against the installed package's headers and .pxd files."""
-    pytest.importorskip("Cython")
+    need_module("test", "Cython")
     tmp_path = tmp_path_factory.mktemp("ext")
     pkg = kvcache.get_include()
     headers = [os.path.join(pkg, "include"), os.path.join(HERE, os.pardir, "csrc")]

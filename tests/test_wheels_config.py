@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, need_module
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-yaml = pytest.importorskip("yaml")   # PyYAML comes with the gguf package of the test extra
+yaml = need_module("test", "yaml")   # PyYAML comes with the gguf package of the test extra
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 CIBW = PYPROJECT["tool"]["cibuildwheel"]
