@@ -38,7 +38,7 @@ import pytest
 from packaging.version import Version
 
 import kvcache
-from conftest import REPO, kvcache_env
+from conftest import EXPECTED, MODULE_STAGE, REPO, kvcache_env, need
 
 DOCS = REPO / "docs"
 PAGES = sorted(p.name for p in DOCS.glob("*.md"))
@@ -156,7 +156,12 @@ def _run_blocks(path, blocks, namespace: dict) -> tuple[int, int]:
         for marker, lang, code, line in blocks:
             if lang != "python" or marker.startswith(("not run", "excerpt")):
                 continue
-            if marker.startswith("needs:") and _unmet(marker):
+            unmet = _unmet(marker) if marker.startswith("needs:") else []
+            for req in unmet:      # what CI installed must not pass as missing
+                stage = MODULE_STAGE.get(re.split("[<>=]", req)[0], "test")
+                if stage in EXPECTED:
+                    need(stage, f"{path.name}, line {line}: the block needs {req}")
+            if unmet:
                 missing += 1
                 continue
             code = "\n" * (line - 1) + code        # the page's line numbers in tracebacks and messages

@@ -12,6 +12,7 @@
 - the CLI's report and exit code; the copies in tests/golden are the recorded traces."""
 import copy
 import dataclasses
+import hashlib
 import importlib
 import json
 import subprocess
@@ -88,8 +89,23 @@ def test_traces_present(kind):
     assert (GOLDEN / ("FORMAT-2026.md" if kind == "unified2026" else "FORMAT.md")).is_file()
 
 
+def _recorded_sums() -> dict[str, str]:
+    """tests/data/golden-sha256.txt: the SHA-256 of every recorded file, as sha256sum writes it."""
+    lines = (GOLDEN.parent / "data" / "golden-sha256.txt").read_text().splitlines()
+    return {name: digest for digest, name in (line.split("  ", 1) for line in lines)}
+
+
+def test_traces_match_their_recorded_checksums():
+    """tests/golden holds exactly the recorded files, unchanged: a trace edited by hand (or one
+    added or lost) fails here, wherever the suite runs."""
+    ours = {p.relative_to(GOLDEN).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in GOLDEN.rglob("*") if p.is_file()}
+    assert ours == _recorded_sums()
+
+
 def test_traces_are_the_recorded_ones(shared_dir):
-    """The copies in tests/golden are byte for byte the traces recorded from llama.cpp."""
+    """Where the reference material lies beside the repository: the copies in tests/golden are
+    byte for byte its recorded traces (the checksums above tie them everywhere else)."""
     recorded = shared_dir / "golden"
     if not recorded.is_dir():
         pytest.skip("no recorded traces beside the repository")

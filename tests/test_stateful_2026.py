@@ -14,7 +14,9 @@ today's llama.cpp aborts on must raise ValueError in both and change nothing."""
 import numpy as np
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
+from conftest import need_module
+
+hypothesis = need_module("test", "hypothesis")
 from hypothesis import settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402

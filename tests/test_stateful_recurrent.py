@@ -24,7 +24,9 @@ import copy
 
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
+from conftest import need_module
+
+hypothesis = need_module("test", "hypothesis")
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
 

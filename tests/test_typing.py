@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import kvcache
-from conftest import HAS_BENCH, TESTS, kvcache_env
+from conftest import HAS_BENCH, TESTS, kvcache_env, need_module
 
 PACKAGE = Path(kvcache.__file__).resolve().parent
 EXAMPLE = TESTS / "typed_usage.py"
@@ -55,7 +55,7 @@ def _mypy_env() -> dict:
 
 @pytest.fixture(scope="module")
 def mypy_cache(tmp_path_factory):
-    pytest.importorskip("mypy")
+    need_module("test", "mypy")
     return tmp_path_factory.mktemp("mypy-cache")
 
 
@@ -70,16 +70,33 @@ def test_mypy_strict_accepts_the_typed_usage_example(mypy_cache, tmp_path):
 
 
 # the modules of the main API are annotated throughout (the rest passes plain mypy via stubtest)
-CORE_MODULES = ["__init__.py", "unified.py", "recurrent.py", "iswa.py", "batch.py", "geometry.py", "statefile.py"]
+CORE_MODULES = ["kvcache", "kvcache.unified", "kvcache.recurrent", "kvcache.iswa", "kvcache.batch",
+                "kvcache.geometry", "kvcache.statefile"]
+
+
+def _strict_core(mypy_cache, tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    # by module name, mypy checks the kvcache this suite imports: src/ through MYPYPATH, or the
+    # installed package (its files in site-packages are checked like any other)
+    modules = [arg for name in CORE_MODULES for arg in ("-m", name)]
+    return _run(["mypy", "--strict", "--follow-imports=silent", "--cache-dir", str(mypy_cache), "--no-color-output",
+                 *extra, *modules], tmp_path)
 
 
 def test_core_modules_pass_mypy_strict(mypy_cache, tmp_path):
-    if "MYPYPATH" not in _mypy_env():
-        pytest.skip("checked on the source tree (mypy does not check files inside site-packages)")
-    files = [str(PACKAGE / name) for name in CORE_MODULES]
-    res = _run(["mypy", "--strict", "--follow-imports=silent", "--cache-dir", str(mypy_cache), "--no-color-output",
-                *files], tmp_path)
+    res = _strict_core(mypy_cache, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{len(CORE_MODULES)} source files" in res.stdout, res.stdout
+
+
+def test_core_check_reads_the_imported_package(mypy_cache, tmp_path):
+    """The check can fail, on the files this suite imports: an error put into the imported
+    unified.py (through --shadow-file, which applies only to the file mypy really reads) is found."""
+    target = PACKAGE / "unified.py"
+    shadow = tmp_path / "unified.py"
+    shadow.write_text(target.read_text(encoding="utf-8") + '\nnot_an_int: int = "0"\n', encoding="utf-8")
+    res = _strict_core(mypy_cache, tmp_path, "--shadow-file", str(target), str(shadow))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert 'Incompatible types in assignment (expression has type "str", variable has type "int")' in res.stdout
 
 
 def test_mypy_strict_rejects_a_misuse(mypy_cache, tmp_path):
