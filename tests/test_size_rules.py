@@ -4,6 +4,7 @@
   llama-kv-cache.cpp): ``size_swa = min(size_base, GGML_PAD(n_swa*n_seq_max + n_ubatch, n_pad))``,
   ``size_base`` with swa_full. Today's llama.cpp: ``GGML_PAD(min(size_base, n_swa*(unified ?
   n_seq_max : 1) + n_ubatch), 256)`` per stream, whatever n_pad; ``size_base`` with swa_full;
+- the cells of a context's cache (n_pad, kv_size, streams) in both semantics;
 - the bytes of a K/V row per type: ggml's type table (elements per block, bytes per block):
   f32 1/4, f16 1/2, bf16 1/2, q8_0 32/34, q4_0 32/18, q4_1 32/20, q5_0 32/22, q5_1 32/24,
   iq4_nl 32/18.
@@ -109,3 +110,29 @@ def test_row_bytes(args, row):
     c = kvcache.UnifiedCache(64, 1, n_embd, n_embd, type_k=t, type_v=t, v_trans=False, n_pad=1)
     assert c.k(0).nbytes == c.v(0).nbytes == 64 * row
     assert c.size_k_bytes == c.size_v_bytes == 64 * row
+
+
+# (n_ctx, n_seq_max, flash_attn, semantics, kv_unified) -> (n_pad, kv_size, n_stream). Mid-2025:
+# n_pad 256 with flash attention, else 32 (llama_kv_cache_unified::get_padding), the context padded
+# to it. Today: no cache padding (1), the context padded to 256; a stream per sequence holds
+# n_ctx / n_seq_max cells (0.3.36's log of tests/data/interop-v10/llama_fa0_streams: n_ctx 1024,
+# 4 sequences, n_ctx_seq 256)
+CONTEXTS = [
+    ((4096, 1, False, "2025", True), (32, 4096, 1)),
+    ((1000, 1, False, "2025", True), (32, 1024, 1)),
+    ((1000, 1, True, "2025", True), (256, 1024, 1)),
+    ((1025, 4, False, "2025", True), (32, 1056, 1)),
+    ((1025, 4, True, "2025", True), (256, 1280, 1)),
+    ((100, 2, False, "2025", True), (32, 128, 1)),
+    ((1000, 1, False, "2026", True), (1, 1024, 1)),
+    ((1000, 1, True, "2026", True), (1, 1024, 1)),
+    ((1025, 4, False, "2026", True), (1, 1280, 1)),
+    ((256, 4, False, "2026", True), (1, 256, 1)),
+    ((1024, 4, False, "2026", False), (1, 256, 4)),
+]
+
+
+@pytest.mark.parametrize("args,want", CONTEXTS, ids=[str(a) for a, _ in CONTEXTS])
+def test_context_cells(args, want):
+    n_ctx, n_seq_max, flash_attn, semantics, unified = args
+    assert plan.context_cells(n_ctx, n_seq_max, flash_attn, semantics, unified) == want
