@@ -1,6 +1,7 @@
 """Cache geometry from GGUF models: the models llama.cpp wrote the interop blobs with (their
 manifests, cache-size log lines and state blobs), and tiny models written here with the gguf
 package (per-layer heads, sliding-window layouts, RoPE scaling and factors, Mamba, bad files)."""
+import dataclasses
 import json
 import struct
 
@@ -391,7 +392,7 @@ def test_geometry_is_a_value():
     assert g.n_embd_k_gqa == (16, 32) and g.n_embd_v_gqa == (8, 16)
     c = g.make_cache(64, type_k="f32")
     assert [c.k(il).shape[1] for il in c.layers] == [16, 32]
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         g.n_layer = 3
 
 

@@ -69,7 +69,7 @@ def test_reused_mask_equals_fresh(semantics, streams, swa, dtype):
                 # in the layout it was written in: a whole state this small can parse in both
                 c.state_read(saved, layout=kvcache.DEFAULT_LAYOUT)
             else:
-                with pytest.raises(Exception):
+                with pytest.raises(kvcache.StateError):
                     c.state_read(b"\x00" * 16)
         elif op == 8 and semantics == "2025":
             c.update(n_max_nodes=65536)
