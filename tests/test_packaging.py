@@ -102,8 +102,10 @@ def _toml(text):
 
     if sys.version_info >= (3, 11):
         import tomllib
-    else:  # pragma: no cover - Python 3.10
-        tomllib = pytest.importorskip("tomli")
+    else:  # pragma: no cover - Python 3.10 (pytest needs tomli there)
+        from conftest import need_module
+
+        tomllib = need_module("test", "tomli")
     return tomllib.loads(text)
 
 

@@ -13,7 +13,7 @@ from conftest import REPO, need_module
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
-    tomllib = pytest.importorskip("tomli")
+    tomllib = need_module("test", "tomli")   # pytest needs it there
 
 yaml = need_module("test", "yaml")   # PyYAML comes with the gguf package of the test extra
 
