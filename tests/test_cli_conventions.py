@@ -344,3 +344,43 @@ def test_modules_run_as_programs_are_the_commands(tmp_path):
     r = subprocess.run([sys.executable, "-m", "kvcache.inspect", "/nonexistent"], capture_output=True, text=True,
                        env=kvcache_env(), timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("kvcache inspect: error: /nonexistent: ")
+
+
+# --- numeric options -------------------------------------------------------------------------------
+
+def _numeric_options():
+    """(command, option, its type) for every option of every command that takes a number."""
+    import argparse
+
+    out = []
+    for name, mod in cli.commands().items():
+        p = argparse.ArgumentParser()
+        mod.add_arguments(p)
+        for a in p._actions:
+            if a.type is not None and a.option_strings:
+                out.append((name, a, a.type))
+    return out
+
+
+def test_every_numeric_option_is_range_checked():
+    """Each takes a type of kvcache.cli._argtypes, which checks its range (plan's --swa-layers
+    checks each index with one); a bare int or float would let any value through."""
+    for name, action, typ in _numeric_options():
+        assert hasattr(typ, "bounds") or (name, action.dest) == ("plan", "swa_layers"), (name, action.option_strings)
+
+
+@pytest.mark.parametrize("name,action,typ", [o for o in _numeric_options() if hasattr(o[2], "bounds")],
+                         ids=lambda x: x if isinstance(x, str) else getattr(x, "dest", ""))
+def test_numbers_out_of_range_name_their_option(name, action, typ, capsys):
+    lo, hi = typ.bounds
+    step = 1 if typ.__name__ != "number" else 0.5
+    option = action.option_strings[0]
+    for value, words in ((lo - step if lo is not None else None, "must be "), (hi + step if hi is not None else None,
+                                                                              "must be "), ("x", "expected ")):
+        if value is None:
+            continue
+        rc, out, err = run_cli(capsys, name, f"{option}={value}")
+        assert rc == 2 and out == "", (option, value)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"kvcache {name}: error: argument "
+                                                       f"{'/'.join(action.option_strings)}: {words}"), err

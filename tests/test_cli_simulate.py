@@ -290,7 +290,7 @@ BAD = [
     (["--prefix-share", "1.5"], "[0, 1]"),
     (["--prefix-len", "-3"], ">= 0"),
     (["--prefix-len", "600", "--n-ctx", "512"], "leaves no room"),
-    (["--n-seq-max", "257"], "n_seq_max = 257"),
+    (["--n-seq-max", "257"], "argument --n-seq-max/--parallel: must be at most 256, got 257"),
     (["--n-seq-max", "1"], "prefix sharing needs n_seq_max >= 2"),
     (["--n-ubatch", "1024", "--n-ctx", "512"], "more than the cache's 512 cells"),
     (["--type-k", "q2_k"], "unknown type"),

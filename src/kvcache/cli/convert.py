@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvcache.cli._argtypes import count, whole
 from kvcache.cli._output import print_json
 
 NAME = "convert"
@@ -17,7 +18,7 @@ DESCRIPTION = ("Rewrite a state file written by kvcache or llama.cpp in another 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvcache import LAYOUTS
+    from kvcache import LAYOUTS, MAX_SEQ
     from kvcache.inspect import VARIANTS
 
     parser.add_argument("input", help="the state file to read")
@@ -27,9 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the input's layout (default: found from the bytes)")
     parser.add_argument("--variant", choices=VARIANTS,
                         help="the cache variant, when the bytes do not say (an empty or whole bare blob)")
-    parser.add_argument("--seq-id", type=int, default=None,
-                        help="the sequence of a bare sequence state, for the prefix of the layouts that have one")
-    parser.add_argument("--n-swa", type=int, default=None, metavar="N",
+    parser.add_argument("--seq-id", type=whole(0, MAX_SEQ - 1), default=None, metavar="N",
+                        help="the sequence named in the sequence-blob prefix of the layouts that have one (2026-05 "
+                             "and later), which llama.cpp reads and does not use (default: the input's prefix, "
+                             "else 0)")
+    parser.add_argument("--n-swa", type=count, default=None, metavar="N",
                         help="the sliding window of an iSWA model: leave out the SWA cells outside it of a "
                              "sequence's state, as the layouts from 2026-06 on do (the state does not hold it)")
     parser.add_argument("--swa-type", choices=("standard", "chunked"), default="standard",

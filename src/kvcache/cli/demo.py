@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvcache.cli._argtypes import count, nonneg_int
+from kvcache.cli._argtypes import count, seed
 from kvcache.cli._output import print_json
 
 NAME = "demo"
@@ -21,7 +21,7 @@ pruned on every commit (tolerance 1e-4). Exit status 1 on any mismatch in any ru
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--seed", type=nonneg_int, default=0, metavar="N",
+    p.add_argument("--seed", type=seed, default=0, metavar="N",
                    help="seed of the weights and the workload (default 0)")
     p.add_argument("--steps", type=count, default=48, metavar="N",
                    help="decode steps of the main run (default 48)")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvcache.cli._argtypes import count
+from kvcache.cli._argtypes import count, nonneg_int, whole, wholes
 from kvcache.cli._output import print_json
 
 NAME = "plan"
@@ -25,17 +25,6 @@ examples:
   kvcache plan --recurrent --n-layer 64 --n-embd-k-s 15360 --n-embd-v-s 81920 --n-seq-max 8"""
 
 
-def _widths(text: str):
-    """An int, or a comma list of ints (one per layer)."""
-    try:
-        vals = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int or a comma list of ints, got {text!r}") from None
-    if any(v < 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"widths must be >= 0, got {text!r}")
-    return vals[0] if len(vals) == 1 else vals
-
-
 def _layer_list(text: str) -> list:
     """Layer indices: a comma list of indices and ranges (0,2,4-7)."""
     out: list[int] = []
@@ -51,12 +40,18 @@ def _layer_list(text: str) -> list:
                 out.append(int(part))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected layer indices such as 0,2,4-7, got {text!r}") from None
-    if any(v < 0 for v in out):
-        raise argparse.ArgumentTypeError(f"layer indices must be >= 0, got {text!r}")
+    for v in out:
+        nonneg_int(str(v))
     return out
 
 
+#: row widths: one, or a comma list with one per layer
+_widths = wholes(0)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvcache import MAX_SEQ
+
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("model", nargs="?", metavar="MODEL.gguf", help="a GGUF model to read the geometry from "
                    "(the same as --gguf)")
@@ -69,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("context")
     c.add_argument("--n-ctx", "--ctx", type=count, metavar="N",
                    help="context size in tokens (default: a GGUF model's trained context, else 4096)")
-    c.add_argument("--n-seq-max", "--parallel", type=count, default=1, metavar="N",
+    c.add_argument("--n-seq-max", "--parallel", type=whole(1, MAX_SEQ), default=1, metavar="N",
                    help="parallel sequences (default 1)")
     c.add_argument("--type-k", metavar="TYPE", help="K type: f32, f16, bf16, q8_0, q4_0, ... (default f16; "
                    "f32 for --recurrent)")

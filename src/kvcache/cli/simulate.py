@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import Any
 
-from kvcache.cli._argtypes import count, nonneg_int, number
+from kvcache.cli._argtypes import count, nonneg_int, number, real, seed, whole
 from kvcache.cli._output import print_json, progress_wanted
 
 NAME = "simulate"
@@ -34,21 +34,8 @@ off = never (find_slot failures still defragment)."""
 _PROGRESS = ("auto", "tqdm", "rich", "plain", "none")
 
 
-def _rate(text: str) -> float:
-    v = number(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
-
-
-def _fraction(text: str) -> float:
-    v = number(text)
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvcache import MAX_SEQ
     from kvcache.simulate import DEFRAG_MODES, LENGTH_DISTS, SEMANTICS, SimConfig
 
     d = SimConfig()
@@ -56,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("geometry")
     g.add_argument("--n-ctx", "--ctx", type=count, default=d.n_ctx, metavar="N",
                    help=f"cells, padded to n_pad (default {d.n_ctx})")
-    g.add_argument("--n-seq-max", "--parallel", type=count, default=d.n_seq_max, metavar="N",
+    g.add_argument("--n-seq-max", "--parallel", type=whole(1, MAX_SEQ), default=d.n_seq_max, metavar="N",
                    help=f"sequence slots; with prefix sharing one holds the prefix (default {d.n_seq_max})")
     g.add_argument("--n-layer", type=count, default=d.n_layer, metavar="N", help=f"layers (default {d.n_layer})")
     g.add_argument("--n-embd", type=count, default=d.n_embd, metavar="N",
@@ -66,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flash-attn", "-fa", action="store_true", help="n_pad 256 and V in rows (else 32, transposed)")
     w = p.add_argument_group("workload")
     w.add_argument("--steps", type=count, default=d.steps, metavar="N", help=f"steps to run (default {d.steps})")
-    w.add_argument("--arrival-rate", type=_rate, default=d.arrival_rate, metavar="R",
+    w.add_argument("--arrival-rate", type=real(0), default=d.arrival_rate, metavar="R",
                    help=f"mean new requests per step (Poisson; default {d.arrival_rate})")
     w.add_argument("--dist", choices=LENGTH_DISTS, default=d.dist,
                    help=f"length distribution, with the means below (default {d.dist})")
@@ -74,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"mean prompt length (default {d.prompt_mean})")
     w.add_argument("--output-mean", type=count, default=d.output_mean, metavar="N",
                    help=f"mean output length (default {d.output_mean})")
-    w.add_argument("--prefix-share", type=_fraction, default=d.prefix_share, metavar="F",
+    w.add_argument("--prefix-share", type=real(0, 1), default=d.prefix_share, metavar="F",
                    help=f"share of requests starting with the shared prefix (default {d.prefix_share})")
     w.add_argument("--prefix-len", type=nonneg_int, default=d.prefix_len, metavar="N",
                    help=f"tokens of the shared prefix; 0: no sharing (default {d.prefix_len})")
@@ -88,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the cache's semantics: 2025 (llama.cpp as of mid-2025, llama-cpp-python 0.3.10: contiguous "
                         "placement, commit, defrag) or 2026 (today's llama.cpp: scattered placement, no defrag, "
                         f"n_pad 1, n_ctx padded to 256; --defrag is ignored) (default {d.semantics})")
-    w.add_argument("--seed", type=nonneg_int, default=d.seed, metavar="N", help=f"workload seed (default {d.seed})")
+    w.add_argument("--seed", type=seed, default=d.seed, metavar="N", help=f"workload seed (default {d.seed})")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
     o.add_argument("--series", action="store_true", help="with --json: include the per-step series")
