@@ -4,7 +4,7 @@ table.
 
 A machine mixes :class:`SequenceRules` (or :class:`SequenceEditRules`, for today's cache)
 into its RuleBasedStateMachine and sets ``replays`` (the model's and the cache's
-:class:`kvcache.conformance.Replay`) and ``n_seq_max``."""
+:class:`conformance.Replay`) and ``n_seq_max``."""
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
@@ -79,7 +79,7 @@ def draw_ubatch(data, n_seq_max, multi, pos_max, p_max, max_tokens=8):
         return list(range(p, p + n)), seq_id
     return data.draw(st.lists(st.integers(0, p_max), min_size=n, max_size=n), label="pos"), seq_id
 
-from kvcache.conformance.ops import apply_both
+from conformance.ops import apply_both
 
 
 def draw_ext(data, n, cell_ext):

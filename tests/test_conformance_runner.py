@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import GOLDEN
-from kvcache.conformance import run_file
+from conformance import run_file
 
 TRACES = {"unified": GOLDEN / "unified" / "u01_fill_f32_small.jsonl",
           "iswa": GOLDEN / "iswa" / "i01_standard_nseq1.jsonl",

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import GOLDEN, kvcache_env
-from kvcache.conformance import FORMAT_2026, KINDS, KINDS_2026, Divergence, read_trace, run_file
-from kvcache.conformance import rope
-from kvcache.conformance.ops import CACHE_FAMILIES, OPS, replay
+from conftest import GOLDEN, TESTS, kvcache_env
+from conformance import FORMAT_2026, KINDS, KINDS_2026, Divergence, read_trace, run_file
+from conformance import rope
+from conformance.ops import CACHE_FAMILIES, OPS, replay
 from reference import UnifiedReference
 
 #: the trace files of each directory of tests/golden
@@ -388,7 +388,7 @@ class _ClearingReference(UnifiedReference):
 
 
 def test_a_rejected_call_that_changes_the_cache_fails_the_replay():
-    from kvcache.conformance.unified import reference_arguments, reference_target
+    from conformance.unified import reference_arguments, reference_target
     path = GOLDEN / "unified" / "u01_fill_f32_small.jsonl"
     header, ops = _trace(path)
     at = next(i for i, op in enumerate(ops) if op["op"] == "seq_keep" and "exception" in op["expect"])
@@ -400,7 +400,7 @@ def test_a_rejected_call_that_changes_the_cache_fails_the_replay():
 
 
 def test_a_config_the_2026_target_disagrees_with_fails_at_the_header():
-    from kvcache.conformance.unified2026 import reference_target
+    from conformance.unified2026 import reference_target
     header, ops = _trace(GOLDEN / "unified2026" / "p01_unified_pos_bucket_384.jsonl")
     err = _diverges(reference_target(), {"config": {**header["config"], "n_stream": 2}}, ops[:1])
     assert (err.index, err.field) == (0, "config.n_stream")
@@ -408,7 +408,7 @@ def test_a_config_the_2026_target_disagrees_with_fails_at_the_header():
 
 def test_a_changed_input_blob_fails_at_the_next_kvhash():
     """A K/V byte of a blob that a read takes changes what the next kvhash sees."""
-    from kvcache.conformance.unified2026 import reference_target
+    from conformance.unified2026 import reference_target
     header, ops = _trace(GOLDEN / "unified2026" / "v03_multistream_nsm4.jsonl")
     at = next(i for i, op in enumerate(ops) if op["op"] == "state_read" and op["expect"]["ok"]
               and len(op["hex"]) > 1000 and any(o["op"] == "kvhash" for o in ops[i + 1:i + 4]))
@@ -464,8 +464,9 @@ def _write(path: Path, header: dict, ops: list[dict]) -> Path:
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvcache.conformance", *map(str, args)],
-                          capture_output=True, text=True, env=kvcache_env())
+    # run as documented: from tests/, where the runner and the reference models are importable
+    return subprocess.run([sys.executable, "-m", "conformance", *map(str, args)],
+                          capture_output=True, text=True, env=kvcache_env(), cwd=TESTS)
 
 
 def test_cli_summary(tmp_path):

@@ -1,6 +1,6 @@
 """The pure-Python reference model of the seed's cache (tests/reference.py) on what the unified
 golden traces exercise little: T5 position buckets. The traces themselves replay against the
-model through the trace-op table (its target ``kvcache.conformance.unified.reference_target``)
+model through the trace-op table (its target ``conformance.unified.reference_target``)
 in tests/test_golden.py, and tests/test_stateful.py drives it beside the C-backed cache."""
 import pytest
 

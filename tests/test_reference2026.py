@@ -12,10 +12,10 @@ import pytest
 
 from conftest import GOLDEN
 from kvcache import StateError
-from kvcache.conformance import read_trace
-from kvcache.conformance.common import compare_fields
-from kvcache.conformance.ops import apply_op, start
-from kvcache.conformance.unified2026 import reference_target
+from conformance import read_trace
+from conformance.common import compare_fields
+from conformance.ops import apply_op, start
+from conformance.unified2026 import reference_target
 from reference import CellTable, RefUBatch, UnifiedReference
 from reference2026 import STATUS_NO_UPDATE, STATUS_SUCCESS, UnifiedReference2026
 from kvcache.statefile import _Reader

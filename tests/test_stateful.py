@@ -2,7 +2,7 @@
 
 A hypothesis state machine applies the same random operations to both — slot searches,
 commits and restores, every sequence operation, K-shifts, defrags, masks — on small caches,
-through the trace-op table (kvcache.conformance.ops: the ops of the unified golden traces,
+through the trace-op table (conformance.ops: the ops of the unified golden traces,
 with the model's results as the expectation), and after every step compares everything the
 cell table shows: positions, sequence sets, shifts of non-empty cells, head, n, used,
 has_shift and the per-sequence position range. The golden traces pin the model itself
@@ -23,8 +23,8 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
 import kvcache  # noqa: E402
-from kvcache.conformance import unified  # noqa: E402
-from kvcache.conformance.ops import apply_op, start  # noqa: E402
+from conformance import unified  # noqa: E402
+from conformance.ops import apply_op, start  # noqa: E402
 from reference import UnifiedReference  # noqa: E402
 from stateful_rules import SequenceRules  # noqa: E402
 

@@ -2,7 +2,7 @@
 ``reference2026.UnifiedReference2026`` (tests/reference2026.py).
 
 A hypothesis state machine applies the same random operations to both through the trace-op
-table (kvcache.conformance.ops, family ``unified2026``; the model's results are the
+table (conformance.ops, family ``unified2026``; the model's results are the
 expectation): scattered placements with their K/V rows (the fill rule), dry runs, every
 sequence operation (within and across streams), updates (stream copies, shifts), masks,
 position buckets; caches of one stream and of several, with and without a sliding window.
@@ -22,8 +22,8 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
 from kvcache import StateError, UBatch, UnifiedCache  # noqa: E402
-from kvcache.conformance import unified2026  # noqa: E402
-from kvcache.conformance.ops import apply_op, start  # noqa: E402
+from conformance import unified2026  # noqa: E402
+from conformance.ops import apply_op, start  # noqa: E402
 from reference import RefUBatch  # noqa: E402
 from reference2026 import UnifiedReference2026  # noqa: E402
 from stateful_rules import (SequenceEditRules, draw_copy_range, draw_ext, draw_ubatch, hand_off_alike,  # noqa: E402

@@ -5,7 +5,7 @@ The model is a base UnifiedReference (kv_size cells, no SWA) and an SWA UnifiedR
 cache drives its two caches: find_slot in both (the answer is the AND), per-sequence pruning
 ranges recorded by sbatch_init, commit then prune of the SWA cache, restore, sequence
 operations in both, seq_pos_min/max from the SWA cache. The operations of the iswa golden
-traces are applied to both through the trace-op table (kvcache.conformance.ops, the model's
+traces are applied to both through the trace-op table (conformance.ops, the model's
 results as the expectation); after every step both sub-caches' cell tables, head, n, used and
 every sequence's position range are compared."""
 import warnings
@@ -20,8 +20,8 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
 import kvcache  # noqa: E402
-from kvcache.conformance import Target, iswa  # noqa: E402
-from kvcache.conformance.ops import start  # noqa: E402
+from conformance import Target, iswa  # noqa: E402
+from conformance.ops import start  # noqa: E402
 from reference import RefUBatch, UnifiedReference  # noqa: E402
 from stateful_rules import SequenceRules  # noqa: E402
 

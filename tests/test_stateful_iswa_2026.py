@@ -23,8 +23,8 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
 from kvcache import ISWACache, UBatch  # noqa: E402
-from kvcache.conformance.common import fill_rows  # noqa: E402
-from kvcache.conformance.unified2026 import _bytes_sha256, _check_fields  # noqa: E402
+from conformance.common import fill_rows  # noqa: E402
+from conformance.unified2026 import _bytes_sha256, _check_fields  # noqa: E402
 from kvcache.plan import swa_size  # noqa: E402
 from reference import RefUBatch  # noqa: E402
 from reference2026 import UnifiedReference2026  # noqa: E402

@@ -5,7 +5,7 @@ The model below follows llama.cpp's ``llama_kv_cache_recurrent`` rule by rule: o
 state with a position, a copy source and a sequence set, and per sequence id a ``tail`` (the
 cell holding its state, stored in the cell of the same index). A hypothesis state machine
 applies the same operations to both — equal-split ubatches, commit / restore, every sequence
-operation, s_copy / s_mask — through the trace-op table (kvcache.conformance.ops: the ops of
+operation, s_copy / s_mask — through the trace-op table (conformance.ops: the ops of
 the recurrent golden traces, the model's results as the expectation), and after every step
 compares the cell tables, head, n, used and the sequences' position ranges, and checks the
 invariants the cell table must keep.
@@ -31,8 +31,8 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
 
 import kvcache  # noqa: E402
-from kvcache.conformance import Divergence, Target, recurrent  # noqa: E402
-from kvcache.conformance.ops import start  # noqa: E402
+from conformance import Divergence, Target, recurrent  # noqa: E402
+from conformance.ops import start  # noqa: E402
 from stateful_rules import SequenceRules  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(kvcache, "RecurrentCache"), reason="kvcache.RecurrentCache is not available")

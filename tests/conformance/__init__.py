@@ -1,19 +1,25 @@
 """Replay of golden trace files (recorded from llama.cpp): ``kvcache-trace/1`` and ``kvcache-trace/2026``.
 
+Test tooling, not part of the kvcache package: it replays the traces of a clone (tests/golden),
+and imports the reference models beside it (tests/reference.py, tests/reference2026.py). Under
+pytest, tests/ is on ``sys.path``; from the command line, run it from tests/::
+
+    cd tests && PYTHONPATH=../src python -m conformance golden/    # or one file / directory
+
 A *family* is a kind of trace file: ``unified``, ``iswa``, ``recurrent``, ``split`` and ``rope``
 (``kvcache-trace/1``) and ``unified2026`` (``kvcache-trace/2026`` files of kind ``unified``).
 Each family has a module here (:data:`KINDS`, :data:`KINDS_2026`): its targets (:class:`Target`,
 the implementations its traces replay against) and the ops it applies its own way.
-Every op of every family is applied through one table, :data:`kvcache.conformance.ops.OPS`;
-:func:`kvcache.conformance.ops.replay` replays a trace's ops, given as ``(index, op_dict)``
+Every op of every family is applied through one table, :data:`conformance.ops.OPS`;
+:func:`conformance.ops.replay` replays a trace's ops, given as ``(index, op_dict)``
 pairs (index = 1-based line number after the header), and raises :class:`Divergence` at the
 first expected value that does not match, or for an op the family does not have (an
 unsupported op is a failure, never a pass).
 
 ``kvcache-trace/1`` files (the seed, mid-2025) replay against the caches of ``semantics="2025"``.
 ``kvcache-trace/2026`` files (today's llama.cpp) replay against a target of
-:mod:`kvcache.conformance.unified2026`: the C-backed cache of ``semantics="2026"``, or the
-reference model :mod:`kvcache.reference2026` (``--target`` chooses; the report names the target)."""
+:mod:`conformance.unified2026`: the C-backed cache of ``semantics="2026"``, or the
+reference model :mod:`reference2026` (``--target`` chooses; the report names the target)."""
 from __future__ import annotations
 
 import importlib
@@ -25,16 +31,16 @@ FORMAT_1 = "kvcache-trace/1"
 FORMAT_2026 = "kvcache-trace/2026"
 
 KINDS = {
-    "unified": "kvcache.conformance.unified",
-    "iswa": "kvcache.conformance.iswa",
-    "recurrent": "kvcache.conformance.recurrent",
-    "split": "kvcache.conformance.split",
-    "rope": "kvcache.conformance.rope",
+    "unified": "conformance.unified",
+    "iswa": "conformance.iswa",
+    "recurrent": "conformance.recurrent",
+    "split": "conformance.split",
+    "rope": "conformance.rope",
 }
 
 #: the kinds of kvcache-trace/2026 files and their replay modules
 KINDS_2026 = {
-    "unified": "kvcache.conformance.unified2026",
+    "unified": "conformance.unified2026",
 }
 
 
@@ -128,7 +134,7 @@ def run_file(path: str, target: Target | None = None) -> FileResult:
         return FileResult(path, kind, len(ops), Divergence(0, "header", "kind", list(kinds), kind))
     try:
         mod = importlib.import_module(kinds[kind])
-        from kvcache.conformance.ops import replay
+        from conformance.ops import replay
     except ImportError as e:
         return FileResult(path, kind, len(ops), Divergence(0, "header", "kind", "supported", f"unsupported ({e})"))
     use = target if target is not None and target.family == mod.FAMILY else mod.default_target()
@@ -176,15 +182,16 @@ def main(argv: Iterable[str] | None = None) -> int:
     import glob
     import os
 
-    ap = argparse.ArgumentParser(prog="python -m kvcache.conformance",
-                                 description="Replay kvcache golden traces and report divergences.")
+    ap = argparse.ArgumentParser(prog="python -m conformance",
+                                 description="Replay kvcache golden traces and report divergences "
+                                             "(run from tests/, beside the reference models).")
     ap.add_argument("paths", nargs="+", help="trace files or directories holding *.jsonl")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
     ap.add_argument("--target", choices=["auto", "reference", "kvcache"], default="auto",
                     help="what kvcache-trace/2026 files replay against: the C-backed cache (auto, the default, "
                          "or kvcache) or the pure-Python reference model")
     args = ap.parse_args(list(argv) if argv is not None else None)
-    from kvcache.conformance.unified2026 import TARGETS
+    from conformance.unified2026 import TARGETS
     target = TARGETS[args.target]()
 
     files: list[str] = []

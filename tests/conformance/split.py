@@ -4,11 +4,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from kvcache import Batch, UBatch
-from kvcache.conformance import Replay, Target, compare, unsupported
+from conformance import Replay, Target, compare, unsupported
 
 __all__ = ["FAMILY", "kvcache_target", "default_target", "TARGETS"]
 
-#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+#: the family of these traces (the key of their ops in :data:`conformance.ops.OPS`)
 FAMILY = "split"
 
 _METHODS = {"simple": "split_simple", "equal": "split_equal", "seq": "split_seq"}
@@ -20,7 +20,7 @@ def kvcache_target() -> Target:
 
 
 def default_target() -> Target:
-    """What ``python -m kvcache.conformance`` replays split traces against."""
+    """What ``python -m conformance`` replays split traces against."""
     return kvcache_target()
 
 
@@ -41,7 +41,7 @@ def _describe(ub: Any) -> dict[str, Any]:
     }
 
 
-# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+# --- the ops (the table: conformance.ops.OPS) ------------------------------------------
 
 def split(r: Replay, index: int, op: dict) -> None:
     """Split the whole batch; compare the ubatches (field by field, to name the one that

@@ -17,11 +17,11 @@ from typing import Callable
 import numpy as np
 
 import kvcache
-from kvcache.conformance import Divergence, Replay, Target
+from conformance import Divergence, Replay, Target
 
 __all__ = ["FAMILY", "params_of", "tolerance", "kvcache_target", "default_target", "TARGETS"]
 
-#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+#: the family of these traces (the key of their ops in :data:`conformance.ops.OPS`)
 FAMILY = "rope"
 
 _OP_PARAMS = ("n_rot", "mode", "n_ctx_orig", "freq_base", "freq_scale", "ext_factor",
@@ -34,7 +34,7 @@ def kvcache_target() -> Target:
 
 
 def default_target() -> Target:
-    """What ``python -m kvcache.conformance`` replays rope traces against."""
+    """What ``python -m conformance`` replays rope traces against."""
     return kvcache_target()
 
 
@@ -82,7 +82,7 @@ def _check_layer(index: int, op: dict, il: int, type_k: str, n_embd: int, got: n
                          float(exp[r, e]), float(got[r, e]))
 
 
-# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+# --- the ops (the table: conformance.ops.OPS) ------------------------------------------
 
 def rope_shift(r: Replay, index: int, op: dict) -> None:
     """Rotate the K bytes of every layer the op gives and compare them, decoded, with the

@@ -8,13 +8,13 @@ import warnings
 from typing import Any, Callable
 
 from kvcache import ISWACache, SWAWarning
-from kvcache.conformance import Divergence, Replay, Target
-from kvcache.conformance.common import check_fields, defrag_fields, fill, k_shift_fields, mask_fields
-from kvcache.conformance.unified import counters, float32_mask
+from conformance import Divergence, Replay, Target
+from conformance.common import check_fields, defrag_fields, fill, k_shift_fields, mask_fields
+from conformance.unified import counters, float32_mask
 
 __all__ = ["FAMILY", "make_cache", "kvcache_target", "default_target", "TARGETS"]
 
-#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+#: the family of these traces (the key of their ops in :data:`conformance.ops.OPS`)
 FAMILY = "iswa"
 
 _PMIN = re.compile(r"pmin = (-?\d+)")
@@ -42,7 +42,7 @@ def kvcache_target() -> Target:
 
 
 def default_target() -> Target:
-    """What ``python -m kvcache.conformance`` replays iswa traces against: the C-backed cache."""
+    """What ``python -m conformance`` replays iswa traces against: the C-backed cache."""
     return kvcache_target()
 
 
@@ -55,7 +55,7 @@ def partial_pmins(messages: list[str]) -> list[int]:
     return [int(m.group(1)) for m in map(_PMIN.search, messages) if m and "partial SWA cache" in m.string]
 
 
-# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+# --- the ops (the table: conformance.ops.OPS) ------------------------------------------
 
 def parts(cache: Any) -> tuple[tuple[str, Any], ...]:
     """The sub-caches by the keys of the expectations."""

@@ -1,18 +1,18 @@
 """``unified`` traces (golden/FORMAT.md): their targets — :class:`kvcache.UnifiedCache` and the
-reference model :class:`kvcache.reference.UnifiedReference` — and the ops only they have."""
+reference model :class:`reference.UnifiedReference` — and the ops only they have."""
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from kvcache import UnifiedCache
-from kvcache.conformance import Replay, Target, compare
-from kvcache.conformance.common import INVALID_ARGUMENT, check_fields, defrag_fields, fill, fill_rows, mask_fields
-from kvcache.conformance.common import k_shift_fields
+from conformance import Replay, Target, compare
+from conformance.common import INVALID_ARGUMENT, check_fields, defrag_fields, fill, fill_rows, mask_fields
+from conformance.common import k_shift_fields
 
 __all__ = ["INVALID_ARGUMENT", "FAMILY", "fill", "fill_rows", "make_cache", "reference_arguments", "kvcache_target",
            "reference_target", "default_target", "TARGETS"]
 
-#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+#: the family of these traces (the key of their ops in :data:`conformance.ops.OPS`)
 FAMILY = "unified"
 
 
@@ -29,7 +29,7 @@ def make_cache(config: dict) -> UnifiedCache:
 def reference_arguments(config: dict) -> dict[str, Any]:
     """The arguments of the reference model of the cache a trace header describes (the model
     keeps cells only: no widths, types or layer filter)."""
-    from kvcache.reference import KQ_MASK_PAD
+    from reference import KQ_MASK_PAD
     if config.get("kq_mask_pad", KQ_MASK_PAD) != KQ_MASK_PAD:
         raise ValueError(f"the reference model pads mask rows to {KQ_MASK_PAD}, the trace to {config['kq_mask_pad']}")
     return dict(kv_size=config["kv_size"], n_seq_max=config["n_seq_max"], n_pad=config["n_pad"],
@@ -45,7 +45,7 @@ def _read_cells(cache: Any, op: dict) -> None:
     the blob lists, as the cache would (a whole-cache read puts cell k of the blob into cell k;
     a single-sequence read replaces the sequence with the blob's cells placed as one ubatch, and
     an empty part removes it, rule C1b). A failed read changes nothing (rule C1)."""
-    from kvcache.reference import RefUBatch
+    from reference import RefUBatch
     from kvcache.statefile import _Reader
     if not op["expect"].get("ok"):
         return
@@ -75,16 +75,16 @@ def kvcache_target() -> Target:
 
 
 def reference_target() -> Target:
-    """The pure-Python reference model :class:`kvcache.reference.UnifiedReference`: it keeps the
+    """The pure-Python reference model :class:`reference.UnifiedReference`: it keeps the
     cells only, so K/V data is not written or moved, a state_write is left out and a state_read
     takes the blob's cells when the trace says it succeeded (neither is compared)."""
-    from kvcache.reference import RefUBatch, UnifiedReference
+    from reference import RefUBatch, UnifiedReference
     return Target("reference model", lambda config: UnifiedReference(**reference_arguments(config)), RefUBatch,
                   family=FAMILY, data=False, instead={"state_write": _no_state, "state_read": _read_cells})
 
 
 def default_target() -> Target:
-    """What ``python -m kvcache.conformance`` replays unified traces against: the C-backed cache."""
+    """What ``python -m conformance`` replays unified traces against: the C-backed cache."""
     return kvcache_target()
 
 
@@ -92,7 +92,7 @@ def default_target() -> Target:
 TARGETS: dict[str, Callable[[], Target]] = {"kvcache": kvcache_target, "reference": reference_target}
 
 
-# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+# --- the ops (the table: conformance.ops.OPS) ------------------------------------------
 
 def counters(cache: Any) -> dict[str, Any]:
     """head, n and used of a unified (sub-)cache."""

@@ -8,12 +8,12 @@ from typing import Callable
 import numpy as np
 
 from kvcache import RecurrentCache, UBatch
-from kvcache.conformance import Replay, Target, common, compare
-from kvcache.conformance.unified import counters
+from conformance import Replay, Target, common, compare
+from conformance.unified import counters
 
 __all__ = ["FAMILY", "make_cache", "fill_rows", "check_state", "kvcache_target", "default_target", "TARGETS"]
 
-#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+#: the family of these traces (the key of their ops in :data:`conformance.ops.OPS`)
 FAMILY = "recurrent"
 
 
@@ -60,7 +60,7 @@ def kvcache_target() -> Target:
 
 
 def default_target() -> Target:
-    """What ``python -m kvcache.conformance`` replays recurrent traces against: the C-backed cache."""
+    """What ``python -m conformance`` replays recurrent traces against: the C-backed cache."""
     return kvcache_target()
 
 
@@ -68,7 +68,7 @@ def default_target() -> Target:
 TARGETS: dict[str, Callable[[], Target]] = {"kvcache": kvcache_target}
 
 
-# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+# --- the ops (the table: conformance.ops.OPS) ------------------------------------------
 
 def find_slot(r: Replay, index: int, op: dict) -> dict:
     """Place an equal-split ubatch (``seq_id`` per sequence), fill its states when it fits;

@@ -1,8 +1,8 @@
 """The trace ops in one table: for every op of the golden traces, how each family applies it to
 a cache and what is compared.
 
-``OPS[name][family]`` applies op ``name`` to a :class:`~kvcache.conformance.Replay` (a cache of
-a :class:`~kvcache.conformance.Target` of that family) and returns the fields compared with the
+``OPS[name][family]`` applies op ``name`` to a :class:`~conformance.Replay` (a cache of
+a :class:`~conformance.Target` of that family) and returns the fields compared with the
 op's ``expect``; the ops of split and rope traces need no cache and check their own results
 (within tolerances, for rope) and return None. A family without an entry for an op does not
 have it: applying it is a divergence. The runner (:func:`replay`), the replays against the
@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from kvcache.conformance import Divergence, Replay, Target, compare, unsupported
-from kvcache.conformance import iswa, recurrent, rope, split, unified, unified2026
-from kvcache.conformance.common import blob_fields, compare_fields, read_state, replay_ops
+from conformance import Divergence, Replay, Target, compare, unsupported
+from conformance import iswa, recurrent, rope, split, unified, unified2026
+from conformance.common import blob_fields, compare_fields, read_state, replay_ops
 
 __all__ = ["OPS", "CACHE_FAMILIES", "start", "apply_op", "apply_both", "replay"]
 

@@ -2,9 +2,9 @@
 targets and the ops only they have.
 
 The replay talks to the cache through a small protocol, the API of the C-backed
-``kvcache.UnifiedCache(semantics="2026")``; :class:`kvcache.reference2026.UnifiedReference2026`
+``kvcache.UnifiedCache(semantics="2026")``; :class:`reference2026.UnifiedReference2026`
 implements all of it, the C-backed cache all but the state blobs (until they come,
-``kvcache_target(state=False)`` replays a trace's ops before its first ``state_read``). A :class:`~kvcache.conformance.Target` names an implementation and makes
+``kvcache_target(state=False)`` replays a trace's ops before its first ``state_read``). A :class:`~conformance.Target` names an implementation and makes
 its caches and ubatches.
 
 The target protocol (``cache`` made by ``Target.make_cache(config)``):
@@ -66,14 +66,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kvcache.conformance import Divergence, Replay, Target, unsupported
-from kvcache.conformance.common import fill
-from kvcache.conformance.unified import float32_mask
+from conformance import Divergence, Replay, Target, unsupported
+from conformance.common import fill
+from conformance.unified import float32_mask
 
 __all__ = ["Target", "FAMILY", "cache_arguments", "reference_target", "kvcache_target", "default_target", "TARGETS",
            "check_config"]
 
-#: the family of these traces (the key of their ops in :data:`kvcache.conformance.ops.OPS`)
+#: the family of these traces (the key of their ops in :data:`conformance.ops.OPS`)
 FAMILY = "unified2026"
 
 
@@ -89,9 +89,9 @@ def cache_arguments(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def reference_target() -> Target:
-    """The pure-Python reference model (:mod:`kvcache.reference2026`)."""
-    from kvcache.reference import RefUBatch
-    from kvcache.reference2026 import UnifiedReference2026
+    """The pure-Python reference model (:mod:`reference2026`)."""
+    from reference import RefUBatch
+    from reference2026 import UnifiedReference2026
     return Target("reference model", lambda config: UnifiedReference2026(**cache_arguments(config)), RefUBatch,
                   family=FAMILY)
 
@@ -108,7 +108,7 @@ def default_target() -> Target:
     return kvcache_target()
 
 
-#: the targets ``python -m kvcache.conformance --target`` names
+#: the targets ``python -m conformance --target`` names
 TARGETS: dict[str, Callable[[], Target]] = {
     "auto": default_target, "reference": reference_target, "kvcache": kvcache_target,
 }
@@ -160,7 +160,7 @@ def check_config(cache: Any, config: dict[str, Any]) -> None:
         raise Divergence(0, "header", "config.n_stream", config["n_stream"], cache.n_stream)
 
 
-# --- the ops (the table: kvcache.conformance.ops.OPS) ------------------------------------------
+# --- the ops (the table: conformance.ops.OPS) ------------------------------------------
 
 def find_slot(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
     """Place the ubatch for good and fill its K/V rows; where it went, or that it did not fit

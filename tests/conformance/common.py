@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from kvcache import StateError, UnifiedCache
-from kvcache.conformance import EXCEPTION_KINDS, Divergence, compare, expected_exception
+from conformance import EXCEPTION_KINDS, Divergence, compare, expected_exception
 
 #: what an op expecting {"exception": "invalid_argument"} must raise
 INVALID_ARGUMENT = EXCEPTION_KINDS["invalid_argument"]

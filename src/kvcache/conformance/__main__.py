@@ -1,5 +1,0 @@
-import sys
-
-from kvcache.conformance import main
-
-sys.exit(main())
