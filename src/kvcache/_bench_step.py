@@ -7,12 +7,14 @@ while) except a hole that a finished request left, where the steps place their t
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from kvcache._atomic import atomic_write
 from kvcache.bench import Row, _median_range, _paired, waiting
 
 #: the goals of the decode step
@@ -420,6 +422,10 @@ def plot_scale(report: dict, path: str) -> bool:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_write(path) as f:
+            # matplotlib takes the format from a path's extension, not from a file object
+            fig.savefig(f, dpi=120, format=os.path.splitext(path)[1][1:] or None)
+    finally:
+        plt.close(fig)
     return True

@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 import kvcache
+from kvcache._atomic import atomic_write
 from kvcache._text import plural
 from kvcache.plan import MAX_SEQ, SEMANTICS, ctx_pad_for, n_pad_for
 
@@ -614,5 +615,6 @@ def plot_report(rep: SimReport, path: str) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(f"kvcache simulate: {rep.kv_size} cells, {rep.config['n_seq_max']} sequences, "
                  f"{rep.defrags} defrags (green), seed {rep.config['seed']}", fontsize=10)
-    fig.savefig(path, format=fmt)
+    with atomic_write(path) as f:
+        fig.savefig(f, format=fmt)
 

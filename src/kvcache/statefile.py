@@ -14,7 +14,10 @@ Every parser takes ``layout=`` (a name of :data:`kvcache.LAYOUTS`, docs/state.md
 from the bytes: the file version where it says it, else the one shape that parses to the end
 (:class:`kvcache.StateError` asks for ``layout=`` when two do). Every writer takes ``layout=``
 and defaults to :data:`kvcache.DEFAULT_LAYOUT` ("2026", what today's llama.cpp reads);
-:func:`convert` rewrites a file in another layout without a cache.
+:func:`convert` rewrites a file in another layout without a cache. Every writer takes a path or
+a binary file object: a path gets a temporary file in its folder that replaces it only once the
+whole file is written (a failed write leaves what was there as it was); a file object, the
+caller's, is written at its position and left open.
 
 The parsers here read the wrappers' headers (every count is checked against the bytes left
 before anything is taken; anything malformed raises :class:`kvcache.StateError` naming the byte),
@@ -36,11 +39,12 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Union, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from kvcache._atomic import atomic_write
 from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, describe_frame, int_arg, layout_info
 
 if TYPE_CHECKING:
@@ -455,13 +459,12 @@ def load(source: _Source, *, layout: str | None = None) -> SessionFile | Sequenc
 # --- writing -----------------------------------------------------------------------------------
 
 class _Out:
-    """Writes into a binary file object or a path (opened and closed here)."""
+    """Writes into a binary file object, counting the bytes."""
 
-    def __init__(self, file: _Source):
-        self.own = isinstance(file, (str, os.PathLike))
-        self.f: BinaryIO = open(file, "wb") if isinstance(file, (str, os.PathLike)) else file
-        if not hasattr(self.f, "write"):
-            raise TypeError(f"file must be a path or a binary file object, not {type(file).__name__}")
+    def __init__(self, f: BinaryIO):
+        if not hasattr(f, "write"):
+            raise TypeError(f"file must be a path or a binary file object, not {type(f).__name__}")
+        self.f = f
         self.n = 0
 
     def put(self, b: Any) -> None:
@@ -475,10 +478,6 @@ class _Out:
                 raise OSError("the file accepted no bytes")
             done += k
         self.n += len(m)
-
-    def close(self) -> None:
-        if self.own:
-            self.f.close()
 
 
 def _i32_array(v: npt.ArrayLike, name: str) -> npt.NDArray[np.int32]:
@@ -559,15 +558,16 @@ def write_sequence_file(file: _Source, cache: _StateIO, seq_id: int, tokens: npt
 
 def _write_state(file: _Source, head: list[bytes], cache: _StateIO, seq_id: int, layout: str,
                  prefix: bool | None = None) -> int:
-    """The bytes of head, then cache's state of seq_id in layout, into file (a path or a binary
-    file object). Returns the bytes written."""
+    """The bytes of head, then cache's state of seq_id in layout, into file: a binary file object
+    (the caller's: written at its position, left open), or a path, replaced only once the whole
+    file is written (kvcache._atomic). Returns the bytes written."""
+    if isinstance(file, (str, os.PathLike)):
+        with atomic_write(file) as f:
+            return _write_state(cast(BinaryIO, f), head, cache, seq_id, layout, prefix)
     out = _Out(file)
-    try:
-        for part in head:
-            out.put(part)
-        out.n += cache.state_write_into(out.f, seq_id, layout=layout, prefix=prefix)
-    finally:
-        out.close()
+    for part in head:
+        out.put(part)
+    out.n += cache.state_write_into(out.f, seq_id, layout=layout, prefix=prefix)
     return out.n
 
 

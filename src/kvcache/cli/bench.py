@@ -50,28 +50,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="say which case runs (on stderr), also when stderr is not a terminal")
 
 
-def _check_output(path: str, flag: str = "--json") -> None:
-    """Fail before a run of minutes when its report could not be written."""
-    import os
-
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{flag} {path}: is a directory")
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"{flag} {path}: no such directory: {folder}")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise PermissionError(f"{flag} {path}: not writable")
-
-
 def run(args: argparse.Namespace) -> int:
     import importlib
 
+    from kvcache._atomic import atomic_write, check_target
     from kvcache.bench import format_table, run as run_bench
 
+    # a run takes minutes: an output that could not be written fails before it
     if args.json:
-        _check_output(args.json)
+        check_target(args.json, label=f"--json {args.json}")
     if args.plot:
-        _check_output(args.plot, "--plot")
+        check_target(args.plot, sources={f"the file of --json {args.json}": args.json} if args.json else None,
+                     label=f"--plot {args.plot}")
         if args.case and "scale" not in args.case:
             print(f"{args._prog}: error: --plot draws the scale case: add --case scale", file=sys.stderr)
             return 2
@@ -89,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(LEGEND)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
+        with atomic_write(args.json, "w", encoding="utf-8", label=f"--json {args.json}") as f:
             f.write(json_text(report) + "\n")
     if args.plot:
         from kvcache._bench_step import plot_scale

@@ -14,7 +14,8 @@ DESCRIPTION = ("Rewrite a state file written by kvcache or llama.cpp in another 
                "layouts differ in their framing only. What the target layout cannot hold (the outputs of a "
                "whole-context state, the sequence-blob prefix) is left out and said; given the window of an iSWA "
                "model (--n-swa, --swa-type), so are the SWA cells outside it of a sequence's state converted to a "
-               "layout that leaves them out (2026-06 and later).")
+               "layout that leaves them out (2026-06 and later). The output is written whole or not at all (a "
+               "failed write leaves what was there), and never over the input.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,8 +45,11 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from kvcache import statefile
+    from kvcache._atomic import atomic_write, check_target
     from kvcache._core import StateError
 
+    sources = {f"the input {args.input}": args.input}
+    check_target(args.output, sources=sources)   # before the work: a bad output fails at once
     with open(args.input, "rb") as f:
         data = f.read()
     try:
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         if os.environ.get("KVCACHE_TRACEBACK"):
             raise
         raise StateError(f"{args.input}: {e}") from None
-    with open(args.output, "wb") as f:
+    with atomic_write(args.output, sources=sources) as f:
         f.write(c.data)
     if args.json:
         print_json({"input": args.input, "output": args.output, "kind": c.kind, "from": c.source, "to": c.layout,

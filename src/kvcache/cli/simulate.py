@@ -101,7 +101,7 @@ def _config(args):
 
 
 def _check_plot(path: str) -> None:
-    import os
+    from kvcache._atomic import check_target
 
     try:
         import matplotlib  # noqa: F401
@@ -110,9 +110,7 @@ def _check_plot(path: str) -> None:
     from kvcache.simulate import plot_format
 
     plot_format(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"--plot: no such directory: {folder}")
+    check_target(path, label=f"--plot {path}")
 
 
 class _Progress:
