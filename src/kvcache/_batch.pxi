@@ -47,8 +47,11 @@ cdef class Batch:
     cdef kvc_pylock _lock           # held while splitting and reading the split state
     cdef object _ext                # the checked tokens / 2-D positions (see _ext_values), or None
 
-    def __cinit__(self, pos, seq_id, output=None, logits_all=False, simple_split=True, *, tokens=None, pos_x=None,
-                  pos_y=None):
+    __signature__ = _signatures.ClassSignature(_signatures.batch)
+
+    def __cinit__(self, *args, **kwargs):
+        pos, seq_id, output, logits_all, simple_split, tokens, pos_x, pos_y = _signatures.bind(
+            _signatures.batch, type(self), args, kwargs)
         cdef kvc_err err
         cdef int rc
         cdef Py_ssize_t n_tokens, t, k

@@ -330,8 +330,11 @@ cdef class _HeldBuffer:
     cdef inline Py_ssize_t dim(self, int i) noexcept:
         return self.view.shape[i]
 
+    cdef tuple shape(self):
+        return tuple(self.view.shape[i] for i in range(self.view.ndim))
+
     cdef str describe(self):
-        return f"{self.dtype} {tuple(self.view.shape[i] for i in range(self.view.ndim))}"
+        return f"{self.dtype} {self.shape()}"
 
 
 cdef _HeldBuffer hold_buffer(object obj, object name, bint writable):

@@ -15,6 +15,8 @@ from kvcache.includes.kvc_common cimport *
 import numpy as np
 import sys
 
+from kvcache import _signatures
+
 
 class StateError(ValueError):
     """A state blob is malformed, truncated or does not fit this cache.
@@ -299,6 +301,16 @@ def int_arg(v, name, lo=None, hi=None):
     """The int argument ``name`` in [lo, hi] (None: no bound beyond int64), as a Python int;
     TypeError for bools, floats and other non-integers, ValueError outside the bounds."""
     return int_c(v, name, LLONG_MIN if lo is None else lo, LLONG_MAX if hi is None else hi)
+
+
+def n_seq_max_arg(v):
+    """The n_seq_max argument by the rule every cache's constructor applies (kvc_n_seq_max_check):
+    TypeError for non-integers, ValueError outside it."""
+    cdef kvc_err err
+    cdef long long n = int_c(v, "n_seq_max", 0, UINT32_MAX)
+    if kvc_n_seq_max_check(<uint32_t>n, &err) != KVC_OK:
+        raise ValueError(err.msg.decode())
+    return n
 
 
 def bool_arg(v, name):
@@ -634,8 +646,12 @@ cdef class UBatch:
     or None) and ``max_seq`` (the largest sequence id, -1 when none).
     """
 
-    def __cinit__(self, pos, seq_id, n_seq_tokens=1, output=None, *, tokens=None, pos_x=None, pos_y=None):
+    __signature__ = _signatures.ClassSignature(_signatures.ubatch)
+
+    def __cinit__(self, *args, **kwargs):
         cdef Py_ssize_t n_tokens, n_groups, g, total
+        pos, seq_id, n_seq_tokens, output, tokens, pos_x, pos_y = _signatures.bind(_signatures.ubatch, type(self),
+                                                                                   args, kwargs)
         cdef uint32_t nst = <uint32_t>int_c(n_seq_tokens, "n_seq_tokens", 1, UINT32_MAX)
         # pos and (when it is one id per group) seq_id as int32/int64 arrays or lists of ints
         # are read once, value by value, straight into the ubatch's block, checked as they are
@@ -776,6 +792,14 @@ cdef class UBatch:
             raise ValueError(f"seq_id {self.max_seq} in the ubatch is outside [0, {n_seq_max})")
         check_status(kvc_ubatch_check(&self.c, n_seq_max, &err), &err, "invalid ubatch")
         return 0
+
+
+cdef UBatch ubatch_c(object ub):
+    """A ubatch argument (``ub``) as the UBatch it must be; TypeError in the user's words
+    otherwise (a typed parameter's own error names the module's internals)."""
+    if not isinstance(ub, UBatch):
+        raise TypeError(f"ub must be a kvcache.UBatch, not {type(ub).__name__}")
+    return <UBatch>ub
 
 
 cdef object _ext_values(object tokens, object pos_x, object pos_y, Py_ssize_t n_tokens):

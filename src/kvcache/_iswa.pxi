@@ -192,12 +192,13 @@ cdef class _Hold:
         return False
 
 
-def _find_slot_parts(caches, UBatch ub not None):
+def _find_slot_parts(caches, ub):
     """find_slot of ub in each cache in turn (all are tried, as llama.cpp does); returns the
     list of their answers. Semantics '2025': when one raises (MemoryError), the find_slot calls
     that succeeded before it are undone exactly, so every cache is as it was. Semantics '2026'
     (every cache of it): all or nothing, as today's llama.cpp prepares every cache before it
     applies any: the ubatch is placed in every cache when each finds room, else in none."""
+    cdef UBatch u = ubatch_c(ub)
     cdef tuple cs = _caches_arg(caches)
     cdef _Unified c
     cdef kvc_unified_mark marks[KVC_STATE_MAX_PARTS]
@@ -208,7 +209,7 @@ def _find_slot_parts(caches, UBatch ub not None):
     cdef int r
     err.msg[0] = 0
     for c in cs:
-        ub.check(c.c.n_seq_max, kvc_unified_has_ext(&c.c))
+        u.check(c.c.n_seq_max, kvc_unified_has_ext(&c.c))
     sems = {(<_Unified>c).c.semantics for c in cs}
     if len(sems) != 1:
         raise ValueError("find_slot: the caches have different semantics")
@@ -220,7 +221,7 @@ def _find_slot_parts(caches, UBatch ub not None):
                 c = cs[k]
                 ptrs[k] = &c.c
             with nogil:
-                r = kvc_unified_find_slot_2026_parts(ptrs, <uint32_t>n, &ub.c, room, &err)
+                r = kvc_unified_find_slot_2026_parts(ptrs, <uint32_t>n, &u.c, room, &err)
             if r < 0:
                 raise_status(r, &err, "find_slot")
             return [room[k] == 1 for k in range(n)]
@@ -234,7 +235,7 @@ def _find_slot_parts(caches, UBatch ub not None):
         for k in range(n):
             c = cs[k]
             with nogil:
-                r = c.find_slot_c(&ub.c)
+                r = c.find_slot_c(&u.c)
             if r < 0:
                 for j in range(k - 1, -1, -1):
                     c = cs[j]

@@ -94,8 +94,11 @@ cdef class _Recurrent(RecurrentCore):
     cdef readonly str type_v       # V type name
     cdef kvc_pylock _lock          # held by every Python method (see "locking" in _common.pxi)
 
-    def __cinit__(self, n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type_v="f32",
-                  kv_size=None, n_embd_k_s=0, n_embd_v_s=0, buffers="owned"):
+    __signature__ = _signatures.ClassSignature(_signatures.recurrent)
+
+    def __cinit__(self, *args, **kwargs):
+        (n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k, type_v, kv_size, n_embd_k_s, n_embd_v_s,
+         buffers) = _signatures.bind(_signatures.recurrent, type(self), args, kwargs)
         cdef kvc_recurrent_params p
         cdef kvc_err err
         cdef Py_ssize_t il
@@ -295,7 +298,7 @@ cdef class _Recurrent(RecurrentCore):
             if a is None:
                 continue
             if a.ndim != 2 or a.shape[1] != ref.shape[1]:
-                raise ValueError(f"{name} must have shape (n_rows, {ref.shape[1]}), got {a.shape}")
+                raise ValueError(f"{name} must have shape (n_rows, {ref.shape[1]}), not {a.shape}")
             if n_rows is not None and a.shape[0] != n_rows:
                 raise ValueError(f"k_rows has {n_rows} rows, v_rows {a.shape[0]}")
             n_rows = a.shape[0]
@@ -333,7 +336,7 @@ cdef class _Recurrent(RecurrentCore):
 
     # --- placement ------------------------------------------------------------------------
 
-    def find_slot(self, UBatch ub not None) -> bool:
+    def find_slot(self, ub) -> bool:
         """Place a ubatch (``UBatch(pos, seq_id, n_seq_tokens=k)``: groups of k tokens, one per
         sequence): group g's state ends up in cell ``head + g``. Returns the reference's answer.
 
@@ -343,16 +346,17 @@ cdef class _Recurrent(RecurrentCore):
         sequence has a record pointing at a cell that does not hold it (left by seq_rm(-1, ...)
         without clear(), or by a find_slot that lost the sequence's state, as the reference
         does: docs/server-loop.md). Errors change nothing."""
+        cdef UBatch u = ubatch_c(ub)
         cdef kvc_err err
         cdef int r
-        ub.check(self.c.n_seq_max)
-        if ub.c.n_seqs == 0:
+        u.check(self.c.n_seq_max)
+        if u.c.n_seqs == 0:
             raise ValueError("find_slot: the ubatch has no tokens")
         err.msg[0] = 0
         op_begin(&self._lock, True, "find_slot")
         try:
             with nogil:
-                r = kvc_recurrent_find_slot(&self.c, &ub.c, &err)
+                r = kvc_recurrent_find_slot(&self.c, &u.c, &err)
             check_status(r, &err, "find_slot")
             found = ["find_slot: " + m for m in self.c.warn.decode("utf-8", "replace").split("\n") if m]
             self._warnings = found

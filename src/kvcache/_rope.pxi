@@ -69,9 +69,11 @@ cdef class RopeParams:
     cdef object _layer_base        # dict model layer -> freq_base override, or None
     cdef object _layer_scale       # dict model layer -> freq_scale override, or None
 
-    def __cinit__(self, n_rot, mode=0, n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0,
-                  ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0,
-                  freq_factors=None, layer_freq_base=None, layer_freq_scale=None):
+    __signature__ = _signatures.ClassSignature(_signatures.rope_params)
+
+    def __cinit__(self, *args, **kwargs):
+        (n_rot, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, freq_factors,
+         layer_freq_base, layer_freq_scale) = _signatures.bind(_signatures.rope_params, type(self), args, kwargs)
         n_rot = int_c(n_rot, "n_rot", LLONG_MIN, LLONG_MAX)
         if n_rot < 0 or n_rot % 2 or n_rot > 1 << 20:
             raise ValueError(f"n_rot = {n_rot} must be a non-negative even number")
@@ -141,13 +143,14 @@ cdef class RopeParams:
             return self._layer_scale[layer]
         return self.c.freq_scale
 
-    def angles(self, int32_t pos, layer=None):
+    def angles(self, pos, layer=None):
         """(cos, sin) arrays of the n_rot/2 pairs for position delta ``pos``, magnitude included."""
+        cdef int32_t delta = <int32_t>int_c(pos, "pos", INT32_MIN, INT32_MAX)
         cdef kvc_rope_params p
         self.fill(&p, layer, <uint32_t>self.c.n_rot)
         cs = np.empty(max(self.c.n_rot, 1), dtype=np.float32)
         cdef float[::1] v = cs
-        kvc_rope_angles(&p, pos, &v[0])
+        kvc_rope_angles(&p, delta, &v[0])
         return cs[0:self.c.n_rot:2].copy(), cs[1:self.c.n_rot:2].copy()
 
     def corr_dims(self, layer=None):
@@ -238,7 +241,7 @@ if _BF16 is not None:
     _ROPE_DTYPES[_BF16] = ("bf16",)
 
 
-def rope_shift(k, type_k, n_head, head_dim, shift, RopeParams params not None, layer=None):
+def rope_shift(k, type_k, n_head, head_dim, shift, params, layer=None):
     """Apply a RoPE K-shift in place: rotate row r of ``k`` by the position delta ``shift[r]``.
 
     - ``k``: writable numpy array whose first axis is the rows (cells); each row holds
@@ -258,11 +261,13 @@ def rope_shift(k, type_k, n_head, head_dim, shift, RopeParams params not None, l
     cdef Py_ssize_t n_rows, i, row_bytes, expect
     cdef uint32_t nh, hd
     cdef int rc
+    if not isinstance(params, RopeParams):
+        raise TypeError(f"params must be a kvcache.RopeParams, not {type(params).__name__}")
     nh = <uint32_t>int_c(n_head, "n_head", 1, 1 << 24)
     hd = <uint32_t>int_c(head_dim, "head_dim", 1, 1 << 24)
     if hd % info.blck_size:
         raise ValueError(f"head_dim = {hd} is not a multiple of the {info.name.decode()} block size {info.blck_size}")
-    params.fill(&p, layer, hd)
+    (<RopeParams>params).fill(&p, layer, hd)
     sh = values_c(shift, "shift", VALUES_INT)
     if sh.size and (sh.min() < INT32_MIN or sh.max() > INT32_MAX):
         raise ValueError("shift values must fit in int32")

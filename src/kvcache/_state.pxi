@@ -231,7 +231,7 @@ def describe_state(data, cell_ext=0):
     err.msg[0] = 0
     with nogil:
         r = kvc_state_describe_ext(p, n, eb, &d, NULL, NULL, NULL, 0, NULL, 0, &err)
-    check_status(r, &err, "describe_state")
+    check_status(r, &err, "cache state")
     # the counts are now known to fit in the data
     pos = np.empty(d.cell_count, dtype=np.int32)
     seq = np.empty((d.cell_count, KVC_SEQ_WORDS), dtype=np.uint64)
@@ -248,7 +248,7 @@ def describe_state(data, cell_ext=0):
         with nogil:
             r = kvc_state_describe_ext(p, n, eb, &d, pp, ps, <kvc_cell_ext *>&ve[0, 0] if eb else NULL,
                                        d.cell_count, ld, d.n_layer, &err)
-        check_status(r, &err, "describe_state")
+        check_status(r, &err, "cache state")
         layers = []
         for i in range(d.n_layer):
             e = {"k_type": ld[i].k_type, "k_row_size": ld[i].k_row_size, "k_offset": ld[i].k_offset,
@@ -297,7 +297,7 @@ def describe_frame(data, streams, allow_prefix=True, cell_ext=0):
             r = kvc_state_describe_frame(p, n, bits, ap, &f, offs, cells, 256, &err)
     finally:
         keep.release()
-    check_status(r, &err, "describe_frame")
+    check_status(r, &err, "cache state framing")
     return {"prefixed": bool(f.prefixed), "src_seq_id": f.src_seq_id if f.prefixed else None,
             "n_stream": f.n_stream, "size": f.end,
             "sections": [(offs[i], cells[i]) for i in range(min(f.n_stream, 256))]}

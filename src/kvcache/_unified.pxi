@@ -160,7 +160,9 @@ cdef _HeldBuffer _rows_buffer(object rows, int32_t type_id, str name):
 cdef int _check_rows(_HeldBuffer hb, uint32_t n, size_t width, str name) except -1:
     """rows of a store(): (n, width) elements of the cache dtype (no Python code on success)."""
     if hb.view.ndim != 2 or <size_t>hb.view.shape[0] != n or <size_t>hb.view.shape[1] != width:
-        raise ValueError(f"{name} must have shape {(n, width)}, got {hb.describe()}")
+        # the shape alone: the dtype was checked already (and float32 rows of a half cache are a
+        # converted copy by now)
+        raise ValueError(f"{name} must have shape {(n, width)}, not {hb.shape()}")
     return 0
 
 class Cells:
@@ -437,10 +439,12 @@ cdef class _Unified(UnifiedCore):
     cdef object _rope              # the model's RopeParams, or None (update() rotates K with them)
     cdef kvc_pylock _lock          # held by every Python method (see "locking" in _common.pxi)
 
-    def __cinit__(self, kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
-                  v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None,
-                  buffers="owned", n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True,
-                  cell_ext=False, ple_token=None):
+    __signature__ = _signatures.ClassSignature(_signatures.unified)
+
+    def __cinit__(self, *args, **kwargs):
+        (kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k, type_v, v_trans, n_seq_max, n_pad, n_swa, swa_type,
+         layers, buffers, n_embd_head_k, rope, semantics, kv_unified, cell_ext,
+         ple_token) = _signatures.bind(_signatures.unified, type(self), args, kwargs)
         cdef kvc_unified_params p
         cdef kvc_err err
         cdef const kvc_type_info *tk
@@ -1095,7 +1099,7 @@ cdef class _Unified(UnifiedCore):
         return r
 
     # --- slots and sequences -------------------------------------------------------------
-    def find_slot(self, UBatch ub not None):
+    def find_slot(self, ub):
         """Place the ubatch's tokens in contiguous empty cells starting at head.
 
         Returns True when placed (head is where), False when there is no room; head may move
@@ -1108,21 +1112,22 @@ cdef class _Unified(UnifiedCore):
         The placement is final (no commit / restore); a failed find_slot changes nothing.
         With several streams the tokens of each sequence must be together, one id per token,
         every sequence with as many tokens (ValueError otherwise)."""
+        cdef UBatch u = ubatch_c(ub)
         cdef int r = 0
         cdef kvc_err err
         err.msg[0] = 0
-        ub.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
+        u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
         if self.c.semantics == KVC_SEM_2026:
             lock_change(&self._lock, "find_slot")
             with nogil:
-                r = kvc_unified_find_slot_2026(&self.c, &ub.c, &err)
+                r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
                 kvc_pylock_release(&self._lock)
             if r < 0:
                 raise_status(r, &err, "find_slot")
             return r == 1
         with nogil:
             if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
-                r = self.find_slot_c(&ub.c)
+                r = self.find_slot_c(&u.c)
                 kvc_pylock_release(&self._lock)
             else:
                 r = _BUSY
@@ -1413,7 +1418,7 @@ cdef class _Unified(UnifiedCore):
         return self.size_k_bytes + self.size_v_bytes
 
     # --- graph inputs --------------------------------------------------------------------
-    def kq_mask(self, UBatch ub not None, causal=True, alibi=False, out=None, dtype="f32", pad=None, reuse=False):
+    def kq_mask(self, ub, causal=True, alibi=False, out=None, dtype="f32", pad=None, reuse=False):
         """The KQ mask of ub against the cache. Semantics '2025': [rows, n], rows = pad(n_tokens,
         64) (pad None or True, llama.cpp's layout: the padding rows see nothing) or n_tokens
         (pad=False).
@@ -1437,6 +1442,7 @@ cdef class _Unified(UnifiedCore):
         sequence or window start moved; anything else (ALiBi, another buffer or shape, a cache
         restored from a state, more changes than a full write costs) writes the whole mask. The
         result is always equal to a fresh mask."""
+        cdef UBatch u = ubatch_c(ub)
         cdef bint c_causal = causal, c_alibi = alibi, c_pad = True if pad is None else pad
         cdef bint c_reuse = reuse
         cdef int mdt, r = 0
@@ -1449,13 +1455,13 @@ cdef class _Unified(UnifiedCore):
             mdt, npdt = _MASK_DTYPES[dtype]
         except (KeyError, TypeError):
             raise ValueError(f"dtype = {dtype!r}: expected one of {', '.join(_MASK_DTYPES)}") from None
-        ub.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
+        u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
         if c_reuse and out is None:
             raise ValueError("kq_mask: reuse=True needs out (the buffer of the previous mask)")
         if self.c.semantics == KVC_SEM_2026:
             if pad:
                 raise ValueError("kq_mask: a cache of semantics '2026' has no padding rows (pad=False)")
-            return self._kq_mask_2026(ub, c_causal, c_alibi, mdt, npdt, out, c_reuse)
+            return self._kq_mask_2026(u, c_causal, c_alibi, mdt, npdt, out, c_reuse)
         if out is not None:
             # taken before the lock: an exporter's hooks see the cache as any other call would
             ob = hold_buffer(out, "out", True)
@@ -1466,7 +1472,7 @@ cdef class _Unified(UnifiedCore):
         op_begin(&self._lock, False, "kq_mask")
         try:
             # the shape follows n, which holds still while the operation runs
-            rows = <Py_ssize_t>(kvc_pad_u32(ub.c.n_tokens, KVC_KQ_MASK_PAD) if c_pad else ub.c.n_tokens)
+            rows = <Py_ssize_t>(kvc_pad_u32(u.c.n_tokens, KVC_KQ_MASK_PAD) if c_pad else u.c.n_tokens)
             cols = <Py_ssize_t>self.c.n
             if ob is None:
                 out = np.empty((rows, cols), dtype=npdt)
@@ -1482,7 +1488,7 @@ cdef class _Unified(UnifiedCore):
                     stride = <size_t>ob.view.strides[0]
             if rows * cols:
                 with nogil:
-                    r = kvc_unified_kq_mask_reuse(&self.c, &ub.c, c_causal, c_alibi, mdt, c_pad, stride, p, c_reuse)
+                    r = kvc_unified_kq_mask_reuse(&self.c, &u.c, c_causal, c_alibi, mdt, c_pad, stride, p, c_reuse)
             res = out if ob is None else _block(out, ob, rows, cols)
         finally:
             op_end(&self._lock)
@@ -1534,22 +1540,23 @@ cdef class _Unified(UnifiedCore):
             raise_status(r, &err, "kq_mask")
         return out
 
-    def pos_bucket(self, UBatch ub not None, n_buckets):
+    def pos_bucket(self, ub, n_buckets):
         """T5 relative position buckets of ub against the cache: int32 [n_tokens, n]."""
+        cdef UBatch u = ubatch_c(ub)
         cdef uint32_t nb = <uint32_t>int_c(n_buckets, "n_buckets", 2, 0x7FFFFFFF)
         cdef int32_t[::1] o
-        ub.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
+        u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
         if self.c.n_stream != 1:
             raise ValueError("pos_bucket: position buckets need a cache of one stream")
         op_begin(&self._lock, False, "pos_bucket")
         try:
-            out = np.empty((ub.c.n_tokens, kvc_unified_stream_n_kv(&self.c, 0) if self.c.semantics == KVC_SEM_2026
+            out = np.empty((u.c.n_tokens, kvc_unified_stream_n_kv(&self.c, 0) if self.c.semantics == KVC_SEM_2026
                             else self.c.n), dtype=np.int32)
             if out.size == 0:
                 return out
             o = out.reshape(-1)
             with nogil:
-                kvc_unified_pos_bucket(&self.c, &ub.c, nb, &o[0])
+                kvc_unified_pos_bucket(&self.c, &u.c, nb, &o[0])
         finally:
             op_end(&self._lock)
         return out

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Li
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import DEFAULT_LAYOUT, MAX_SEQ, Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, bool_arg, \
-    int_arg, layers_arg, _find_slot_parts, _Hold, _state_read_parts, _state_size_parts, _state_write_parts, \
+from kvcache._core import DEFAULT_LAYOUT, Batch, RopeParams, SplitUBatch, SWAPending, UBatch, UpdatePlan, bool_arg, \
+    int_arg, layers_arg, n_seq_max_arg, _find_slot_parts, _Hold, _state_read_parts, _state_size_parts, _state_write_parts, \
     _update_parts
+from kvcache._signatures import named_errors
 from kvcache.handoff import PartsExport, PartsImport, split_parts
 from kvcache.plan import SEMANTICS, swa_size
 from kvcache.unified import UnifiedCache
@@ -176,6 +177,7 @@ class ISWACache:
         swa = {il: kv for il, kv in pairs.items() if il in swa_set}
         return base, swa
 
+    @named_errors
     def __init__(self, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
                  swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
                  swa_type: Literal["standard", "chunked"] = "standard", n_batch: int = 512,
@@ -197,7 +199,7 @@ class ISWACache:
         kv_unified = bool_arg(kv_unified, "kv_unified")
         kv_size = int_arg(kv_size, "kv_size", 1, 2**32 - 1)
         n_pad = int_arg(n_pad, "n_pad", 1, 2**32 - 1)
-        n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, MAX_SEQ)
+        n_seq_max = n_seq_max_arg(n_seq_max)
         size_swa = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics, kv_unified)
         swa_set = frozenset(layers)
         common: dict[str, Any] = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,
