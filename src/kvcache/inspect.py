@@ -9,6 +9,7 @@ blob). The cache variant (unified, iSWA: two cache states back to back, recurren
 """
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any, Mapping
 
@@ -28,7 +29,11 @@ GGUF_MAGIC = b"GGUF"
 SEQ_MAGIC_BYTES = (0xAF143CD8).to_bytes(4, "little")
 
 KINDS = {"session": "session file", "sequence": "sequence file", "context": "whole-context state",
-         "cache": "cache state"}
+         "cache": "cache state", "blob": "2026 sequence blob"}
+
+# what a state file starts with, for the bytes that start like none
+NOT_A_STATE = ("not a state file: it starts with no state file's magic (session file 'ggsn', sequence file 'ggsq', "
+               "2026 sequence blob 0xaf143cd8) and does not read as a whole-context or cache state")
 
 
 class CacheStateError(StateError):
@@ -53,7 +58,9 @@ def _ranges(pos: np.ndarray) -> list:
     return [[int(p[a]), int(p[b])] for a, b in zip(starts, ends)]
 
 
-def _section(name: str, desc: Mapping[str, Any], offset: int) -> dict[str, Any]:
+def _section(name: str, desc: Mapping[str, Any], offset: int, seq_id: int | None = None) -> dict[str, Any]:
+    """One cache state's report; seq_id: the sequence a prefix names (a recurrent single-sequence
+    state's cells carry no id of their own), or None."""
     from kvcache._core import MAX_SEQ, ggml_type_name
 
     pos, seq = desc["pos"], desc["seq"]          # seq: [cells, words], bit b of word w is id 64 w + b
@@ -64,8 +71,9 @@ def _section(name: str, desc: Mapping[str, Any], offset: int) -> dict[str, Any]:
             sequences[str(s)] = _ranges(pos[has])
     no_id = ~seq.any(axis=1)
     if no_id.any():
-        # recurrent single-sequence states carry no id: the reader gives the destination's
-        sequences["unnamed"] = _ranges(pos[no_id])
+        # recurrent single-sequence states carry no id: the reader gives the destination's; a
+        # sequence-blob prefix names the source's
+        sequences["unnamed" if seq_id is None else str(seq_id)] = _ranges(pos[no_id])
     layers = []
     for i, l in enumerate(desc["layers"]):
         e = {"index": i, "k_type": ggml_type_name(l["k_type"]) or f"unknown ({l['k_type']})",
@@ -156,7 +164,7 @@ def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str 
             continue
         if not guessed:
             _check_variant(variant, d)
-        sections.append(_section(name, d, base + off))
+        sections.append(_section(name, d, base + off, framing.src_seq_id if framing.prefixed else None))
     return variant, guessed, sections, 0, framing
 
 
@@ -242,6 +250,29 @@ def _blob_kind(sections: list) -> str:
     return "whole-cache blob"
 
 
+def _reach(e: StateError) -> int:
+    """The byte of the file past which a failed read could not go (-1 when it does not say)."""
+    at = re.search(r"(?:truncated at|after) byte (\d+)", str(e))
+    return -1 if at is None else int(at.group(1)) + getattr(e, "base", 0)
+
+
+def _furthest(m: memoryview, kind: str, variant: str | None, layout: str | None, e: StateError) -> CacheStateError:
+    """Why a session or sequence file does not read: without a layout, the failure of the layout
+    that reads furthest into it (a truncated file breaks off in every layout; the one of its
+    shape breaks off last, where the bytes end)."""
+    best = CacheStateError(str(e), kind, 0)
+    if layout is None:
+        from kvcache._core import LAYOUTS
+
+        for name in LAYOUTS:
+            try:
+                report_bytes(m, variant, layout=name)
+            except StateError as x:
+                if _reach(x) > _reach(best):
+                    best = x if isinstance(x, CacheStateError) else CacheStateError(str(x), kind, 0)
+    return best
+
+
 def report_bytes(data, variant: str | None = None, name: str | None = None, layout: str | None = None) -> dict:
     """The report on a state held in data (bytes-like). Raises kvcache.StateError when it cannot be
     read. variant: "unified", "iswa", "recurrent" or None to guess; layout: a name of
@@ -261,14 +292,20 @@ def report_bytes(data, variant: str | None = None, name: str | None = None, layo
     file_layout = layout
     version = None
     if kind == "session":
-        sf = statefile.parse_session_file(m, layout=layout)
+        try:
+            sf = statefile.parse_session_file(m, layout=layout)
+        except StateError as e:
+            raise _furthest(m, kind, variant, layout, e) from None
         file_layout, version = sf.layout, sf.version
         ctx = sf.context
         out["header"] = {"magic": f"0x{sf.magic:08x}", "version": sf.version}
         out["tokens"] = {"count": len(sf.tokens), "values": sf.tokens.tolist()}
         part, base = ctx.cache, ctx.cache_offset
     elif kind == "sequence":
-        sq = statefile.parse_sequence_file(m, layout=layout)
+        try:
+            sq = statefile.parse_sequence_file(m, layout=layout)
+        except StateError as e:
+            raise _furthest(m, kind, variant, layout, e) from None
         file_layout, version = sq.layout, sq.version
         out["header"] = {"magic": f"0x{sq.magic:08x}", "version": sq.version}
         out["tokens"] = {"count": len(sq.tokens), "values": sq.tokens.tolist()}
@@ -302,9 +339,11 @@ def report_bytes(data, variant: str | None = None, name: str | None = None, layo
         variant, guessed, sections, trailing, framing = _cache_sections(part, base, variant, arch, streams,
                                                                         kind == "cache")
     except StateError as e:
+        if kind == "cache" and bytes(m[:4]) == SEQ_MAGIC_BYTES:
+            raise CacheStateError(f"a {KINDS['blob']} (it starts with its prefix magic) that does not read as one: "
+                                  f"{e}", "blob", base) from None
         if kind == "cache" and variant is None:
-            raise CacheStateError(f"not a state file kvcache recognises (read as a cache state: {e})",
-                                  kind, base) from None
+            raise CacheStateError(NOT_A_STATE, kind, base) from None
         raise CacheStateError(str(e), kind, base) from e
     if trailing:
         raise StateError(f"{trailing} trailing bytes after the cache state (it ends at byte "
@@ -329,7 +368,7 @@ def report_bytes(data, variant: str | None = None, name: str | None = None, layo
     framed = 0
     if framing is not None:
         framed = (8 if framing.prefixed else 0) + (4 * len(framing.parts) if framing.streams else 0)
-    out["bytes"] = {"wrapper": base, "cache": len(m) - base, "framing": framed}
+    out["bytes"] = {"wrapper": base, "cache": len(m) - base - framed, "framing": framed}
     return out
 
 
@@ -354,8 +393,10 @@ def layout_text(names: list[str]) -> str:
 
 def format_report(r: dict) -> str:
     """The report as text, one fact per line."""
+    b = r["bytes"]
+    framing = f" + {b['framing']} framing" if b["framing"] else ""
     lines = [f"{r['file'] or '<data>'}: {r['kind']}, {r['size']} bytes "
-             f"({r['bytes']['wrapper']} wrapper + {r['bytes']['cache']} cache state)"]
+             f"({b['wrapper']} wrapper{framing} + {b['cache']} cache state)"]
     if "header" in r:
         h = r["header"]
         lines.append(f"  magic {h['magic']}, version {h['version']}")
@@ -373,7 +414,8 @@ def format_report(r: dict) -> str:
                          + f", {c['embeddings']} embeddings")
     lines.append(f"  layout {layout_text(r['layouts'])}")
     if "framing" in r and r["framing"]["prefix"]:
-        lines.append(f"  sequence-blob prefix: magic 0x{0xaf143cd8:08x}, source seq {r['framing']['src_seq_id']}")
+        lines.append(f"  sequence-blob prefix, 8 bytes: magic 0x{int.from_bytes(SEQ_MAGIC_BYTES, 'little'):08x}, "
+                     f"source seq {r['framing']['src_seq_id']}")
     if "framing" in r and r["framing"].get("cell_ext"):
         what = "x, y, token id" if r["framing"]["cell_ext"] == 12 else "x, y"
         lines.append(f"  per-cell extension: {r['framing']['cell_ext']} bytes per cell ({what})")
@@ -389,7 +431,8 @@ def format_report(r: dict) -> str:
         for seq, rg in s["sequences"].items():
             text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in rg)
             single = len(rg) == 1 and rg[0][0] == rg[0][1]
-            lines.append(f"    seq {seq}: position{'' if single else 's'} {text}")
+            who = "(its id is not stored)" if seq == "unnamed" else seq
+            lines.append(f"    seq {who}: position{'' if single else 's'} {text}")
         for l in s["layers"]:
             v = (f"{l['v_type']} transposed, {l['v_width']} x {l['v_elem_size']}-byte elements"
                  if s["v_trans"] else f"{l['v_type']} rows of {l['v_row_size']} bytes")

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def plain_error(e: Exception, path: str, size: int) -> str:
     """What went wrong reading path, in the user's terms: the kind of file and where it stops
     making sense, not the codec's arithmetic (KVCACHE_TRACEBACK=1 shows the full error)."""
-    from kvcache.inspect import KINDS
+    from kvcache.inspect import KINDS, NOT_A_STATE
 
     text = str(e)
     if text.startswith(("this is a GGUF model", "not a recurrent", "not a unified", "not an iSWA",
@@ -38,12 +38,16 @@ def plain_error(e: Exception, path: str, size: int) -> str:
             or " is not layout " in text:
         return f"{path}: {text}"
     kind = getattr(e, "kind", None)
-    truncated = re.search(r"truncated at byte (\d+)", text)
+    at = re.search(r"(?:truncated at|after) byte (\d+)", text)
     if kind in (None, "cache"):
-        return (f"{path}: not a valid state file ({size} bytes): neither a session or sequence file, a "
-                "whole-context state nor a cache state kvcache can read")
-    where = f" past byte {int(truncated.group(1)) + getattr(e, 'base', 0)} of {size}" if truncated else ""
-    return f"{path}: not a valid {KINDS[kind]}: it does not read as one{where} (damaged or truncated)"
+        return f"{path}: {NOT_A_STATE.replace(':', f' ({size} bytes):', 1)}"
+    if at is None:
+        return f"{path}: a damaged {KINDS[kind]} ({size} bytes): it does not read as one"
+    where = int(at.group(1)) + getattr(e, "base", 0)
+    # a read that needed more bytes than the file has left: the file ends too early
+    if "truncated" in text:
+        return f"{path}: a truncated {KINDS[kind]}: it breaks off in the part that starts at byte {where} of {size}"
+    return f"{path}: a damaged {KINDS[kind]}: it does not read as one past byte {where} of {size}"
 
 
 def run(args: argparse.Namespace) -> int:
