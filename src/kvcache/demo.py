@@ -49,11 +49,11 @@ class ToyModel:
                  head_dim: int = 16, n_vocab: int = 64, rope_base: float = 10000.0,
                  swa_layers=(), n_swa: int = 0):
         if n_head % n_head_kv:
-            raise ValueError("n_head must be a multiple of n_head_kv")
+            raise ValueError(f"n_head = {n_head}: expected a multiple of n_head_kv = {n_head_kv}")
         if head_dim % 2:
-            raise ValueError("head_dim must be even (RoPE rotates pairs)")
+            raise ValueError(f"head_dim = {head_dim}: expected an even number (RoPE rotates pairs)")
         if swa_layers and n_swa < 1:
-            raise ValueError("sliding-window layers need n_swa >= 1")
+            raise ValueError(f"n_swa = {n_swa}: expected at least 1 with swa_layers (sliding-window layers)")
         self.n_layer, self.n_head, self.n_head_kv, self.head_dim = n_layer, n_head, n_head_kv, head_dim
         # layers whose token at position p1 sees only keys at p0 with p1 - p0 < n_swa
         self.swa_layers = tuple(sorted(set(int(il) for il in swa_layers)))

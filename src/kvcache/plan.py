@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, layers_arg, widths_arg
+from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, layers_arg, type_arg, widths_arg
 from kvcache._text import plural
 
 __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
@@ -238,30 +238,36 @@ def _widths(v: Any, n_layer: int, name: str) -> list:
     return list(widths_arg(v, n_layer, name))
 
 
-def _row(t: str, n: int, il: int, what: str) -> int:
+def _row(t: str, n: int, il: int | None, width: str, type_name: str) -> int:
+    """Bytes of a row of n elements of type t (of layer il; None: of every layer); width and
+    type_name: the keywords that gave them."""
     info = ggml_type(t)
     if n % info.blck_size:
-        raise ValueError(f"layer {il}: {what} = {n} is not a multiple of the {info.name} block "
-                         f"({info.blck_size} elements)")
+        where = "" if il is None else f" (layer {il})"
+        raise ValueError(f"{width} = {n}{where}: expected a multiple of {info.blck_size}, the block size of "
+                         f"{type_name} = {info.name}")
     return ggml_row_size(info.name, n)
 
 
 def _layers(cache: str, ils: Iterable[int], wk: Sequence[int], wv: Sequence[int], tk: str, tv: str,
             cells: int) -> tuple:
     out = []
+    # a recurrent cache's rows also hold the states
+    k, v = ("n_embd_k_gqa + n_embd_k_s", "n_embd_v_gqa + n_embd_v_s") if cache == "recurrent" else \
+        ("n_embd_k_gqa", "n_embd_v_gqa")
     for il in ils:
-        rk = _row(tk, wk[il], il, "K width")
-        rv = _row(tv, wv[il], il, "V width")
+        rk = _row(tk, wk[il], il, k, "type_k")
+        rv = _row(tv, wv[il], il, v, "type_v")
         out.append(LayerPlan(il, cache, tk, tv, wk[il], wv[il], rk, rv, rk * cells, rv * cells))
     return tuple(out)
 
 
 def _kv_types(type_k: Any, type_v: Any, flash_attn: bool) -> tuple:
-    tk = ggml_type(type_k).name
-    info_v = ggml_type(type_v)
+    tk = type_arg(type_k, "type_k").name
+    info_v = type_arg(type_v, "type_v")
     if not flash_attn and info_v.blck_size != 1:
-        raise ValueError(f"type_v = {info_v.name} needs flash attention: without it V is stored "
-                         "transposed, one element per cell, which a block type cannot do")
+        raise ValueError(f"type_v = {info_v.name}: expected a type of one element per block without flash_attn "
+                         "(V is stored transposed), found a block type")
     return tk, info_v.name
 
 
@@ -378,7 +384,7 @@ def plan_recurrent(n_layer: int, n_embd_k_s: Any, n_embd_v_s: Any, n_seq_max: in
                                 _widths(n_embd_k_s, n_layer, "n_embd_k_s"))]
     wv = [a + b for a, b in zip(_widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa"),
                                 _widths(n_embd_v_s, n_layer, "n_embd_v_s"))]
-    tk, tv = ggml_type(type_k).name, ggml_type(type_v).name
+    tk, tv = type_arg(type_k, "type_k").name, type_arg(type_v, "type_v").name
     cells = max(1, n_seq_max)
     c = CachePlan("recurrent", cells, n_seq_max, None, False, 0, "none", tk, tv,
                   _layers("recurrent", range(n_layer), wk, wv, tk, tv, cells))

@@ -22,6 +22,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import sys
 
 __all__ = ["main", "build_parser", "commands"]
@@ -85,13 +86,30 @@ def main(argv=None) -> int:
         _silence_stdout()
         return 0
     except Exception as e:
-        return _fail(args._prog, e)
+        return _fail(args._prog, e, args._parser)
 
 
-def _fail(prog: str, e: BaseException) -> int:
+def _in_flags(msg: str, parser: argparse.ArgumentParser) -> str:
+    """An error of the Python API in the command line's words: each keyword of the message that
+    is one of the command's flags (``n_embd``, ``type_k = 'q7'``) named as that flag (``--n-embd``,
+    ``--type-k 'q7'``). Only keywords with an underscore: a plain word (``steps``, ``mask``) may be
+    just a word."""
+    for action in parser._actions:
+        dest, flags = action.dest, [f for f in action.option_strings if f.startswith("--")]
+        if "_" not in dest or not flags:
+            continue
+        flag = next((f for f in flags if f == "--" + dest.replace("_", "-")), flags[0])
+        msg = re.sub(rf"(?<![\w.-]){re.escape(dest)}(?!\w)(?: = )?",
+                     lambda m: flag + (" " if m.group(0) != dest else ""), msg)
+    return msg
+
+
+def _fail(prog: str, e: BaseException, parser: argparse.ArgumentParser | None = None) -> int:
     if os.environ.get("KVCACHE_TRACEBACK"):
         raise e
     msg = str(e) or type(e).__name__
+    if parser is not None:
+        msg = _in_flags(msg, parser)
     if not isinstance(e, (ValueError, TypeError, IndexError, KeyError, OSError)):
         msg = f"{type(e).__name__}: {msg}"
     first = msg.splitlines()[0] if msg.splitlines() else msg
