@@ -178,3 +178,74 @@ def test_cli_convert(tmp_path, capsys):
     assert main(["convert", str(interop_dir() / "llama_fa0" / "seq3.bin"), str(tmp_path / "x"), "--to", "2026"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvcache convert: error: ") and "pass variant" in err and not (tmp_path / "x").exists()
+
+
+# --- `kvcache convert`'s sequence id and its options' ranges -----------------------------------
+
+@pytest.mark.parametrize("folder", UNIFIED)
+@pytest.mark.parametrize("name", ["seq0.bin", "seq1.bin", "seq2.bin"])
+def test_cli_convert_gives_an_old_sequence_blob_the_prefix(folder, name, tmp_path, capsys):
+    """0.3.10's sequence blobs have no prefix, which today's llama.cpp requires: without --seq-id
+    the prefix names seq 0 (llama.cpp does not use the id), with --seq-id the bytes are 0.3.36's."""
+    old, new = interop_dir() / folder / name, interop_v10_dir() / folder / name
+    want = new.read_bytes()
+    sid = manifest(new)["seq_id"]
+    out = tmp_path / name
+    assert main(["convert", str(old), str(out), "--to", "2026"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[1] == ("  note: the sequence-blob prefix of layout 2026 names seq 0: the input does not say which "
+                       "sequence it is (llama.cpp reads the id and does not use it)")
+    got = out.read_bytes()
+    assert struct.unpack_from("<Ii", got) == (statefile.SEQ_MAGIC, 0) and got[8:] == want[8:]
+    cache = make_cache(manifest(new))
+    assert cache.state_read(got, sid, exact=True) == len(got)
+    assert main(["convert", str(old), str(out), "--to", "2026", "--seq-id", str(sid)]) == 0
+    assert out.read_bytes() == want and len(capsys.readouterr().out.splitlines()) == 1   # no note
+
+
+def test_cli_convert_keeps_the_prefix_the_input_has(tmp_path, capsys):
+    new = interop_v10_dir() / "llama_fa0" / "seq1.bin"
+    out = tmp_path / "seq1.bin"
+    assert main(["convert", str(new), str(out), "--to", "2026-05"]) == 0
+    assert struct.unpack_from("<Ii", out.read_bytes()) == (statefile.SEQ_MAGIC, 1)
+    assert main(["convert", str(new), str(out), "--to", "2026", "--seq-id", "3"]) == 0
+    assert struct.unpack_from("<Ii", out.read_bytes()) == (statefile.SEQ_MAGIC, 3)
+
+
+def test_cli_convert_to_a_layout_without_the_prefix_names_no_sequence(tmp_path, capsys):
+    old = interop_dir() / "llama_fa0" / "seq1.bin"
+    out = tmp_path / "seq1.bin"
+    assert main(["convert", str(old), str(out), "--to", "2025-08"]) == 0
+    assert "note" not in capsys.readouterr().out and struct.unpack_from("<I", out.read_bytes())[0] == 1   # n_stream
+
+
+def test_library_convert_checks_the_sequence_id():
+    old = (interop_dir() / "llama_fa0" / "seq1.bin").read_bytes()
+    for sid, err in ((256, ValueError), (-2, ValueError), (2**40, ValueError), ("1", TypeError)):
+        with pytest.raises(err, match="seq_id"):
+            statefile.convert(old, "2026", seq_id=sid)
+    with pytest.raises(ValueError, match=r"^default_seq_id = 300 is outside \[-1, 255\]$"):
+        statefile.convert(old, "2026", default_seq_id=300)
+    c = statefile.convert(old, "2026", default_seq_id=5)
+    assert struct.unpack_from("<Ii", c.data) == (statefile.SEQ_MAGIC, 5) and "names seq 5" in c.notes[0]
+
+
+CONVERT_RANGES = [
+    (["--seq-id", "99999999999"], "argument --seq-id: must be at most 255, got 99999999999"),
+    (["--seq-id", "256"], "argument --seq-id: must be at most 255, got 256"),
+    (["--seq-id", "-7"], "argument --seq-id: must be >= 0, got -7"),
+    (["--seq-id", "one"], "argument --seq-id: expected a whole number, got 'one'"),
+    (["--seq-id", "1.5"], "argument --seq-id: expected a whole number, got '1.5'"),
+    (["--n-swa", "0"], "argument --n-swa: must be at least 1, got 0"),
+    (["--n-swa", "-7"], "argument --n-swa: must be at least 1, got -7"),
+    (["--n-swa", "99999999999"], "argument --n-swa: must be at most 2147483647, got 99999999999"),
+]
+
+
+@pytest.mark.parametrize("opts,msg", CONVERT_RANGES, ids=[" ".join(o) for o, _ in CONVERT_RANGES])
+def test_cli_convert_checks_its_numbers(opts, msg, tmp_path, capsys):
+    out = tmp_path / "out.bin"
+    rc = main(["convert", str(interop_dir() / "llama_fa0" / "seq1.bin"), str(out), "--to", "2026", *opts])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == "" and not out.exists()
+    assert captured.err == f"kvcache convert: error: {msg} (see 'kvcache convert --help')\n"

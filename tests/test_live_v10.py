@@ -663,3 +663,53 @@ def test_live_mrope_files_cross_both_ways(mrope_model, flash_attn, tmp_path):
     got = {s: sorted((int(cells.pos[i]), *(int(v) for v in cells.ext[i])) for i in range(len(cells))
                      if s in cells.seq_ids(i)) for s in range(4)}
     assert got == _held(MROPE_SCRIPT)
+
+
+@pytest.mark.parametrize("name", ["llama_fa0", "llama_fa1", "llama_q8_fa1", "mamba"])
+def test_live_convert_of_an_old_sequence_state_loads_and_decodes(name, tmp_path):
+    """0.3.10's sequence blob and sequence file of seq 0 (../interop), rewritten by `kvcache
+    convert --to 2026` without --seq-id (the prefix names seq 0, the default), load into a fresh
+    0.3.36 context (llama_state_seq_set_data, llama_state_seq_load_file), into seq 0 and into
+    seq 2 (llama.cpp does not use the prefix's id), and decoding the next token gives the logits
+    of llama.cpp's own 0.3.36 state loaded the same way (mamba's: within 1e-5, its state values
+    changed between the versions) and of the uninterrupted run within 1e-4."""
+    from kvcache import cli
+
+    m, folder = _manifest(name)
+    live = Live(m["model"]["file"])
+    L = live.L
+    with open(folder / "ref_next_logits_seq0.json") as f:
+        nxt = json.load(f)
+    ref = np.load(folder / "ref_next_logits_seq0.npy")
+    converted = {}
+    for kind, file in (("sequence blob", "seq0.bin"), ("sequence file", "seq0.ggsq")):
+        out = tmp_path / file
+        assert cli.main(["convert", str(interop_dir() / name / file), str(out), "--to", "2026"]) == 0
+        converted[kind] = out
+    assert converted["sequence blob"].read_bytes()[4:8] == bytes(4)   # seq 0 in the prefix
+    seq0 = statefile.load(folder / "seq0.ggsq").tokens.tolist()
+
+    def load_and_decode(kind, path, seq):
+        b = live.context(m)
+        try:
+            if kind == "sequence blob":
+                data = path.read_bytes()
+                assert live.seq_set(b, data, seq) == len(data)
+            else:
+                got, n = (ctypes.c_int32 * 512)(), ctypes.c_size_t()
+                assert L.llama_state_seq_load_file(b, str(path).encode(), seq, got, 512, ctypes.byref(n)) > 0
+                assert list(got[:n.value]) == seq0
+            return live.decode(b, [(nxt["token"], nxt["pos"], [seq])])
+        finally:
+            L.llama_free(b)
+
+    theirs = {"sequence blob": folder / "seq0.bin", "sequence file": folder / "seq0.ggsq"}
+    for kind, path in converted.items():
+        for seq in (0, 2):
+            logits = load_and_decode(kind, path, seq)
+            own = load_and_decode(kind, theirs[kind], seq)
+            if name == "mamba":
+                np.testing.assert_allclose(logits, own, rtol=0, atol=1e-5, err_msg=f"{name}: {kind}, seq {seq}")
+            else:
+                np.testing.assert_array_equal(logits, own, err_msg=f"{name}: {kind}, seq {seq}")
+            np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-4, err_msg=f"{name}: {kind}, seq {seq}")

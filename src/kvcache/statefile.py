@@ -45,7 +45,8 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcache._atomic import atomic_write
-from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, describe_frame, int_arg, layout_info
+from kvcache._core import (DEFAULT_LAYOUT, LAYOUTS, MAX_SEQ, SEQ_MAGIC, StateError, describe_frame, int_arg,
+                           layout_info)
 
 if TYPE_CHECKING:
     # what the wrappers need of a cache: its state (UnifiedCache, ISWACache and RecurrentCache have it)
@@ -637,14 +638,17 @@ def _reext(body: bytes, src: int, dst: int) -> bytes:
 
 
 def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, notes: list[str],
-            single: bool | None = None, window: tuple[int, Literal["standard", "chunked"]] | None = None) -> bytes:
+            single: bool | None = None, window: tuple[int, Literal["standard", "chunked"]] | None = None,
+            default_seq_id: int | None = None) -> bytes:
     """The memory state of an inspect report's sections, framed for layout to. single: the
     state is one sequence's (a sequence file's); None: the report's kind says so, and a bare
-    blob is surely a sequence's when it has the prefix or seq_id is given (a whole state of one
-    sequence has the same bytes). window: (n_swa, swa_type) of an iSWA cache, to leave out the
-    SWA cells outside it of a sequence's state when layout to does and the input's did not."""
+    blob is surely a sequence's when it has the prefix or seq_id or default_seq_id is given (a
+    whole state of one sequence has the same bytes). window: (n_swa, swa_type) of an iSWA cache,
+    to leave out the SWA cells outside it of a sequence's state when layout to does and the
+    input's did not. default_seq_id: the id of a prefix the input does not give."""
     info = layout_info(to)
-    sure = single is not None or bool((r.get("framing") or {}).get("prefix")) or seq_id is not None
+    sure = single is not None or bool((r.get("framing") or {}).get("prefix")) or seq_id is not None or \
+        default_seq_id is not None
     single = r["kind"] == "sequence blob" if single is None else single
     src_trims = r["layout"] is not None and layout_info(r["layout"])["swa_trim"]
     trim = r["variant"] == "iswa" and single and info["swa_trim"] and not src_trims
@@ -665,6 +669,10 @@ def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, no
         fr = r.get("framing") or {}
         sid = seq_id if seq_id is not None else fr.get("src_seq_id")
         if info["prefix"]:
+            if sid is None and default_seq_id is not None:
+                sid = default_seq_id
+                notes.append(f"the sequence-blob prefix of layout {to} names seq {sid}: the input does not say which "
+                             "sequence it is (llama.cpp reads the id and does not use it)")
             if sid is None:
                 notes.append(f"written without the sequence-blob prefix of layout {to}: the input does not say "
                              "which sequence it is (pass seq_id)")
@@ -718,25 +726,30 @@ def _memory(r: dict[str, Any], data: memoryview, to: str, seq_id: int | None, no
 
 def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, variant: str | None = None,
             seq_id: int | None = None, n_swa: int | None = None,
-            swa_type: Literal["standard", "chunked"] = "standard") -> Converted:
+            swa_type: Literal["standard", "chunked"] = "standard", default_seq_id: int | None = None) -> Converted:
     """Rewrite a state file (sequence blob, whole-cache blob, whole-context state, session file,
     sequence file) in layout ``to``, without a cache: the layouts differ in their framing only.
 
     layout: the input's layout (None: found from the bytes); variant: "unified", "iswa" or
     "recurrent" (None: found; refused when the bytes do not tell and the framing changes);
     seq_id: the sequence of a bare sequence state, for the prefix of the layouts that have one
-    (default: the input's prefix). What the target cannot hold is left out and said in
-    ``notes``: the outputs of a whole-context state (to a layout without them), the prefix (to a
-    layout without it), and, given the window of an iSWA model (``n_swa`` > 0 and ``swa_type``
-    "standard" or "chunked"; the state does not hold it), the SWA cache's cells outside the
-    window of a sequence's state (a sequence blob or a sequence file) converted to a layout
-    that leaves them out ("2026-06" and later) from one that kept them; without the window they
-    are kept, and the notes say so. Raises StateError when the input does not read, or
-    ValueError for an unknown layout or window."""
+    (default: the input's prefix; else default_seq_id, noted; else, None, no prefix is written
+    and the notes say so: the bytes may be a whole state of one sequence). What the target
+    cannot hold is left out and said in ``notes``: the outputs of a whole-context state (to a
+    layout without them), the prefix (to a layout without it), and, given the window of an iSWA
+    model (``n_swa`` > 0 and ``swa_type`` "standard" or "chunked"; the state does not hold it),
+    the SWA cache's cells outside the window of a sequence's state (a sequence blob or a
+    sequence file) converted to a layout that leaves them out ("2026-06" and later) from one
+    that kept them; without the window they are kept, and the notes say so. Raises StateError
+    when the input does not read, or ValueError for an unknown layout or window, or a seq_id
+    outside [-1, MAX_SEQ)."""
     from kvcache.inspect import report_bytes
 
     layout_info(to)
     _check_layout(layout)
+    for name, sid in (("seq_id", seq_id), ("default_seq_id", default_seq_id)):
+        if sid is not None:
+            int_arg(sid, name, -1, MAX_SEQ - 1)   # -1: llama.cpp's every sequence
     window = None
     if n_swa is not None:
         if swa_type not in ("standard", "chunked"):
@@ -760,7 +773,8 @@ def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, v
     notes: list[str] = []
     kind = r["kind"]
     if kind in ("sequence blob", "whole-cache blob"):
-        return Converted(_memory(r, m, to, seq_id, notes, window=window), kind, source, to, tuple(notes))
+        return Converted(_memory(r, m, to, seq_id, notes, window=window, default_seq_id=default_seq_id), kind, source,
+                         to, tuple(notes))
     info = layout_info(to)
     wrapper = r["bytes"]["wrapper"]
     out: list[bytes] = []

@@ -14,8 +14,10 @@ DESCRIPTION = ("Rewrite a state file written by kvcache or llama.cpp in another 
                "layouts differ in their framing only. What the target layout cannot hold (the outputs of a "
                "whole-context state, the sequence-blob prefix) is left out and said; given the window of an iSWA "
                "model (--n-swa, --swa-type), so are the SWA cells outside it of a sequence's state converted to a "
-               "layout that leaves them out (2026-06 and later). The output is written whole or not at all (a "
-               "failed write leaves what was there), and never over the input.")
+               "layout that leaves them out (2026-06 and later). A sequence blob without the prefix (0.3.10's) "
+               "converted to a layout with one (2026-05 and later) gets a prefix naming --seq-id, default 0: "
+               "llama.cpp refuses the blob without it and does not use the id. The output is written whole or "
+               "not at all (a failed write leaves what was there), and never over the input.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
     with open(args.input, "rb") as f:
         data = f.read()
     try:
+        # a bare sequence state without a prefix gets one naming seq 0: today's llama.cpp refuses a
+        # sequence blob without it, and does not use the id
         c = statefile.convert(data, args.to, layout=args.source, variant=args.variant, seq_id=args.seq_id,
-                              n_swa=args.n_swa, swa_type=args.swa_type)
+                              n_swa=args.n_swa, swa_type=args.swa_type, default_seq_id=0)
     except StateError as e:
         if os.environ.get("KVCACHE_TRACEBACK"):
             raise
