@@ -34,7 +34,7 @@ import numpy as np
 import kvcache
 from kvcache._atomic import atomic_write
 from kvcache._text import plural
-from kvcache.plan import MAX_SEQ, SEMANTICS, ctx_pad_for, n_pad_for
+from kvcache.plan import MAX_SEQ, SEMANTICS, _kv_types, _row, ctx_pad_for, n_pad_for
 
 __all__ = ["SimConfig", "SimReport", "Simulation", "simulate", "format_report", "plot_report", "plot_format", "DEFRAG_MODES",
            "LENGTH_DISTS", "FRAGMENTATION_FORMULA"]
@@ -94,6 +94,10 @@ class SimConfig:
         need(self.semantics in SEMANTICS, f"semantics = {self.semantics!r}: expected one of {', '.join(SEMANTICS)}")
         need(self.defrag in DEFRAG_MODES, f"defrag = {self.defrag!r}: expected one of {', '.join(DEFRAG_MODES)}")
         need(math.isfinite(self.defrag_thold), "defrag_thold must be finite")
+        # the cache's rows: n_embd elements of each type, V transposed without flash attention
+        tk, tv = _kv_types(self.type_k, self.type_v, self.flash_attn)
+        _row(tk, self.n_embd, None, "n_embd", "type_k")
+        _row(tv, self.n_embd, None, "n_embd", "type_v")
         kv_size = self.kv_size
         need(self.n_ubatch <= kv_size, f"n_ubatch = {self.n_ubatch} is more than the cache's {kv_size} cells")
         if self.sharing:
