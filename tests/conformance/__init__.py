@@ -16,6 +16,12 @@ pairs (index = 1-based line number after the header), and raises :class:`Diverge
 first expected value that does not match, or for an op the family does not have (an
 unsupported op is a failure, never a pass).
 
+Every family is compared strictly, by the rules of :func:`conformance.common.compare_fields`
+(the table of what each op may leave out or compare within a tolerance:
+:data:`conformance.ops.FIELDS`): an expectation key the op does not produce fails, a field
+the op produces that the trace lacks fails unless the table calls it optional, and a trace's
+``atol`` never loosens a comparison beyond the family's cap.
+
 ``kvcache-trace/1`` files (the seed, mid-2025) replay against the caches of ``semantics="2025"``.
 ``kvcache-trace/2026`` files (today's llama.cpp) replay against a target of
 :mod:`conformance.unified2026`: the C-backed cache of ``semantics="2026"``, or the
@@ -45,11 +51,14 @@ KINDS_2026 = {
 
 
 class Divergence(Exception):
-    """The first place a replay disagrees with a trace."""
+    """The first place a replay disagrees with a trace: op number ``index`` (its line in the
+    file is ``index + 1``), named ``op``, at ``field``; ``reason`` says what is wrong when it is
+    not a plain difference of values."""
 
-    def __init__(self, index: int, op: str, field: str, expected: Any, got: Any):
+    def __init__(self, index: int, op: str, field: str, expected: Any, got: Any, reason: str | None = None):
         self.index, self.op, self.field, self.expected, self.got = index, op, field, expected, got
-        super().__init__(f"op #{index} ({op}): {field}: expected {_short(expected)}, got {_short(got)}")
+        detail = reason if reason is not None else f"expected {_short(expected)}, got {_short(got)}"
+        super().__init__(f"op #{index} ({op}): {field}: {detail}")
 
 
 def _short(v: Any, limit: int = 300) -> str:

@@ -103,8 +103,7 @@ def check(r: Replay, index: int, op: dict) -> dict:
 def mask(r: Replay, index: int, op: dict) -> dict:
     """The KQ mask of each sub-cache."""
     masks = r.cache.kq_mask(r.ubatch(op), causal=op["causal"], alibi=bool(r.config.get("use_alibi")))
-    expect = op.get("expect", {})
-    return {key: mask_fields(float32_mask(index, op, m), expect.get(key, {})) for (key, _), m in zip(parts(r.cache), masks)}
+    return {key: mask_fields(float32_mask(index, op, m)) for (key, _), m in zip(parts(r.cache), masks)}
 
 
 def k_shift(r: Replay, index: int, op: dict) -> dict:

@@ -2,12 +2,14 @@
 a cache and what is compared.
 
 ``OPS[name][family]`` applies op ``name`` to a :class:`~conformance.Replay` (a cache of
-a :class:`~conformance.Target` of that family) and returns the fields compared with the
-op's ``expect``; the ops of split and rope traces need no cache and check their own results
-(within tolerances, for rope) and return None. A family without an entry for an op does not
-have it: applying it is a divergence. The runner (:func:`replay`), the replays against the
-reference models and the property tests, which apply the same ops to a model and to a cache
-(:func:`apply_both`), all go through this table.
+a :class:`~conformance.Target` of that family; the ops of split and rope traces need no
+cache) and returns the fields it produced, which :func:`compare_op` holds against the op's
+``expect`` by the rules of :func:`conformance.common.compare_fields` and the op's entry in
+:data:`FIELDS` (what a trace may leave out, what is compared within a tolerance, and the
+family's cap on it). A family without an entry in OPS for an op does not have it: applying it
+is a divergence. The runner (:func:`replay`), the replays against the reference models and the
+property tests, which apply the same ops to a model and to a cache (:func:`apply_both`), all
+go through these tables.
 
 An op may carry what no trace line has: ``n_seq_tokens`` in a unified ubatch (equal splits;
 the traces' unified ubatches are simple splits), and no ``expect`` (nothing to compare)."""
@@ -20,11 +22,11 @@ import numpy as np
 
 from conformance import Divergence, Replay, Target, compare, unsupported
 from conformance import iswa, recurrent, rope, split, unified, unified2026
-from conformance.common import blob_fields, compare_fields, read_state, replay_ops
+from conformance.common import EXACT, Fields, blob_fields, compare_fields, read_state, replay_ops
 
-__all__ = ["OPS", "CACHE_FAMILIES", "start", "apply_op", "apply_both", "replay"]
+__all__ = ["OPS", "FIELDS", "CACHE_FAMILIES", "start", "apply_op", "compare_op", "apply_both", "replay"]
 
-#: how an op is applied: (replay, index, op) -> the fields to compare (None: checked already)
+#: how an op is applied: (replay, index, op) -> the fields it produced (None: nothing to compare)
 Apply = Callable[[Replay, int, dict[str, Any]], dict[str, Any] | None]
 
 #: the families whose traces replay against a cache (split and rope need none)
@@ -65,19 +67,17 @@ def _seq_div(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
 
 
 def _pos_bucket(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
-    """The T5 position buckets of the ubatch: shape and hash (and values when expected)."""
+    """The T5 position buckets of the ubatch: shape, hash and values."""
     b = r.cache.pos_bucket(r.ubatch(op), r.config["n_rel_attn_bkts"])
-    got = {"rows": b.shape[0], "cols": b.shape[1],
-           "sha256": hashlib.sha256(np.ascontiguousarray(b, dtype="<i4").tobytes()).hexdigest()}
-    if "data" in op.get("expect", {}):
-        got["data"] = b.ravel().tolist()
-    return got
+    return {"rows": b.shape[0], "cols": b.shape[1],
+            "sha256": hashlib.sha256(np.ascontiguousarray(b, dtype="<i4").tobytes()).hexdigest(),
+            "data": b.ravel().tolist()}
 
 
 def _state_write(**layout: Any) -> Apply:
     def state_write(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any]:
-        """Length and hash of the blob (and its bytes when expected)."""
-        return blob_fields(r.cache.state_write(op["seq_id"], **layout), op.get("expect", {}))
+        """Length, hash and bytes of the blob."""
+        return blob_fields(r.cache.state_write(op["seq_id"], **layout))
     return state_write
 
 
@@ -93,8 +93,8 @@ def _state_read(consumed: str, **layout: str) -> Apply:
     return state_read
 
 
-def _each(apply: Apply, *families: str) -> dict[str, Apply]:
-    return {family: apply for family in families}
+def _each(value: Any, *families: str) -> dict[str, Any]:
+    return {family: value for family in families}
 
 
 #: every trace op: name -> {family -> how it is applied}
@@ -132,6 +132,22 @@ OPS: dict[str, dict[str, Apply]] = {
     "kvhash": {unified2026.FAMILY: unified2026.kvhash},
     "split": {split.FAMILY: split.split},
     "rope_shift": {rope.FAMILY: rope.rope_shift},
+}
+
+# why a trace may leave out a produced field: the formats list the values only of small results
+_MASK_DATA = "listed only for masks of rows * cols <= 4096 (golden/FORMAT.md); sha256 covers every value"
+_BUCKET_DATA = "listed only for rows * cols <= 4096 (golden/FORMAT.md, FORMAT-2026.md); sha256 covers every value"
+_BLOB_HEX = "listed only for blobs of len <= 8192 (golden/FORMAT.md, FORMAT-2026.md); sha256 covers every byte"
+
+#: how the fields of an op are held against a trace beyond the rules every family shares (every
+#: produced field listed, compared exactly, no unknown expectation key): name -> {family ->
+#: Fields}; an op of a family without an entry here is compared by those rules alone
+FIELDS: dict[str, dict[str, Fields]] = {
+    "mask": {unified.FAMILY: Fields(optional={"data": _MASK_DATA}),
+             iswa.FAMILY: Fields(optional={"base.data": _MASK_DATA, "swa.data": _MASK_DATA})},
+    "pos_bucket": _each(Fields(optional={"data": _BUCKET_DATA}), unified.FAMILY, unified2026.FAMILY),
+    "state_write": _each(Fields(optional={"hex": _BLOB_HEX}), *CACHE_FAMILIES),
+    "rope_shift": {rope.FAMILY: rope.FIELDS},
 }
 
 # what a family checks of a header's config beyond building the cache
@@ -178,9 +194,16 @@ def apply_op(r: Replay, index: int, op: dict[str, Any]) -> dict[str, Any] | None
         raise
 
 
+def compare_op(r: Replay, index: int, op: dict[str, Any], got: dict[str, Any] | None) -> None:
+    """Hold the fields op number ``index`` produced against its ``expect`` (Divergence at the
+    first difference), by the rules every family shares and the op's entry in :data:`FIELDS`."""
+    fields = FIELDS.get(op.get("op", "?"), {}).get(r.target.family, EXACT)
+    compare_fields(index, op, op.get("expect", {}), got or {}, fields, r.config)
+
+
 def apply_both(model: Replay, cache: Replay, op: dict[str, Any], index: int = 0) -> dict[str, Any]:
-    """Apply one op to a model and to a cache: the model's fields are what the cache's must be
-    (Divergence at the first difference). Returns the model's fields."""
+    """Apply one op to a model and to a cache: the model's fields are what the cache's must be,
+    all of them, exactly (Divergence at the first difference). Returns the model's fields."""
     want = apply_op(model, index, op) or {}
     compare_fields(index, op, want, apply_op(cache, index, op) or {})
     return want
@@ -199,27 +222,10 @@ def _modelled(r: Replay, ops: Iterator[tuple[int, dict[str, Any]]]) -> Iterator[
             raise Divergence(index, op["op"], "exception", None, repr(e)) from e
 
 
-def _compared(r: Replay) -> Callable[[int, dict[str, Any]], dict[str, Any] | None]:
-    """apply_op, where every field the op produces must be one its expect lists."""
-    def run(index: int, op: dict[str, Any]) -> dict[str, Any] | None:
-        got = apply_op(r, index, op)
-        expect = op.get("expect", {})
-        if got is not None and "exception" not in expect:
-            for key in got:
-                if key not in expect:
-                    raise Divergence(index, op["op"], key, "absent", got[key])
-        return got
-    return run
-
-
 def replay(target: Target, config: dict[str, Any], ops: Iterator[tuple[int, dict[str, Any]]],
            strict: bool = False) -> None:
     """Replay the ops of a trace, ``(index, op)`` pairs, against a fresh cache of ``target``;
     raise Divergence at the first mismatch. ``strict``: the diagnostic info is compared too."""
     r = start(target, config, strict)
-    if r.cache is None:
-        # split and rope traces: no cache, no rejected calls; every op checks its own results
-        for index, op in ops:
-            apply_op(r, index, op)
-        return
-    replay_ops(_modelled(r, ops), _compared(r))
+    replay_ops(_modelled(r, ops), lambda index, op: apply_op(r, index, op),
+               lambda index, op, got: compare_op(r, index, op, got))

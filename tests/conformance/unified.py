@@ -121,7 +121,7 @@ def float32_mask(index: int, op: dict, m: Any) -> Any:
 def mask(r: Replay, index: int, op: dict) -> dict:
     """The KQ mask of the ubatch (ALiBi when the model's hparams say so)."""
     m = r.cache.kq_mask(r.ubatch(op), causal=op["causal"], alibi=bool(r.config.get("use_alibi")))
-    return mask_fields(float32_mask(index, op, m), op.get("expect", {}))
+    return mask_fields(float32_mask(index, op, m))
 
 
 def k_shift(r: Replay, index: int, op: dict) -> dict:
