@@ -3,7 +3,8 @@
 :class:`UnifiedReference2026` is an executable description of the cache of llama.cpp commit
 0c1e57098 (llama-cpp-python 0.3.36) as ``tests/golden/FORMAT-2026.md`` describes it, written
 to be read, not to be fast. It replays every trace in ``tests/golden/unified2026/``
-(``python -m kvcache.conformance``), and the C-backed cache is checked against it.
+(``python -m conformance --target reference``, run from tests/), and the C-backed cache is checked
+against it.
 
 What it models:
 
