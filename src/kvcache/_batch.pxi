@@ -63,7 +63,8 @@ cdef class Batch:
         if n_tokens >= UINT32_MAX:
             raise ValueError(f"too many tokens ({n_tokens})")
         if n_tokens and (pos64.min() < 0 or pos64.max() > INT32_MAX):
-            raise ValueError("pos values must lie in [0, 2**31 - 1]")
+            k = int(np.flatnonzero((pos64 < 0) | (pos64 > INT32_MAX))[0])
+            _ints_refuse(pos64[k], k, INT32_MAX, "pos")
         lists = seq_lists_c(seq_id, n_tokens, "token")
         self._ext = None
         if tokens is not None or pos_x is not None or pos_y is not None:

@@ -611,8 +611,6 @@ cdef int _ints_into(object v, int32_t *dst, Py_ssize_t n, long long hi, str name
 
 
 cdef int _ints_refuse(object x, Py_ssize_t j, long long hi, str name) except -1:
-    if name == "pos":
-        raise ValueError("pos values must lie in [0, 2**31 - 1]")
     raise ValueError(f"{name}[{j}] holds {int(x)}, outside [0, {hi + 1})")
 
 

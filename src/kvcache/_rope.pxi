@@ -108,7 +108,8 @@ cdef class RopeParams:
                 raise ValueError(f"freq_factors has {ff.shape[0]} values, expected n_rot/2 = {n_rot // 2}")
             # the angle of a pair is divided by its factor
             if ff.size and not (np.isfinite(ff).all() and (ff > 0).all()):
-                raise ValueError("freq_factors must be finite and > 0")
+                j = int(np.flatnonzero(~(np.isfinite(ff) & (ff > 0)))[0])
+                raise ValueError(f"freq_factors[{j}] holds {ff[j]}: expected a finite number > 0")
             ff.flags.writeable = False
             self._factors = ff
         self._layer_base = _rope_layer_map(layer_freq_base, "layer_freq_base")
@@ -270,7 +271,8 @@ def rope_shift(k, type_k, n_head, head_dim, shift, params, layer=None):
     (<RopeParams>params).fill(&p, layer, hd)
     sh = values_c(shift, "shift", VALUES_INT)
     if sh.size and (sh.min() < INT32_MIN or sh.max() > INT32_MAX):
-        raise ValueError("shift values must fit in int32")
+        j = int(np.flatnonzero((sh < INT32_MIN) | (sh > INT32_MAX))[0])
+        raise ValueError(f"shift[{j}] holds {int(sh[j])}, outside the int32 range")
     sh = sh.astype(np.int32)
     # k is taken (and pinned) last, after every other argument: its layout comes from its buffer
     cdef _HeldBuffer kb = hold_buffer(k, "k", True)
