@@ -249,6 +249,13 @@ int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) {
     return code;
 }
 
+int kvc_n_seq_max_check(uint32_t n_seq_max, kvc_err *err) {
+    if (n_seq_max == 0 || n_seq_max > KVC_MAX_SEQ) {
+        return kvc_err_set(err, KVC_E_ARG, "n_seq_max (%u) must be in [1, %d]", n_seq_max, KVC_MAX_SEQ);
+    }
+    return KVC_OK;
+}
+
 int kvc_err_wrap(kvc_err *err, int code, const char *fmt, ...) {
     if (err) {
         char inner[sizeof err->msg], context[sizeof err->msg];

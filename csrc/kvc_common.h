@@ -67,6 +67,10 @@ int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(
  * returns code. */
 int kvc_err_wrap(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);
 
+/* KVC_OK when a cache may be made for n_seq_max sequences (1 .. KVC_MAX_SEQ), else KVC_E_ARG
+ * with err: the one rule of every cache's constructor, so that they refuse alike. */
+int kvc_n_seq_max_check(uint32_t n_seq_max, kvc_err *err);
+
 /* The positions p0 <= p < p1 an operation acts on. p1 is wider than a position, so that "no
  * upper bound" (KVC_POS_END) lies past every position, KVC_POS_MAX included. */
 typedef struct kvc_pos_range {

@@ -353,13 +353,12 @@ static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *
 
 int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err) {
     memset(c, 0, sizeof *c);
-    if (p->n_seq_max > KVC_MAX_SEQ) {
-        return kvc_err_set(err, KVC_E_ARG, "n_seq_max = %u exceeds %d", p->n_seq_max, KVC_MAX_SEQ);
+    if (kvc_n_seq_max_check(p->n_seq_max, err) != KVC_OK) {
+        return KVC_E_ARG;
     }
-    const uint32_t min_size = p->n_seq_max > 1 ? p->n_seq_max : 1;
-    if (p->kv_size < min_size || p->kv_size > (uint32_t)INT32_MAX) {
-        return kvc_err_set(err, KVC_E_ARG, "kv_size = %u must lie in [max(1, n_seq_max) = %u, 2**31)",
-                           p->kv_size, min_size);
+    if (p->kv_size < p->n_seq_max || p->kv_size > (uint32_t)INT32_MAX) {
+        return kvc_err_set(err, KVC_E_ARG, "kv_size = %u must lie in [n_seq_max = %u, 2**31)", p->kv_size,
+                           p->n_seq_max);
     }
     if (p->n_layer == 0) {
         return kvc_err_set(err, KVC_E_ARG, "n_layer must be at least 1");

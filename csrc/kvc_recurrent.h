@@ -62,8 +62,8 @@ typedef struct kvc_recurrent {
 } kvc_recurrent;
 
 typedef struct kvc_recurrent_params {
-    uint32_t        kv_size;    /* number of cells, >= max(1, n_seq_max) */
-    uint32_t        n_seq_max;  /* 0..KVC_MAX_SEQ */
+    uint32_t        kv_size;    /* number of cells, >= n_seq_max */
+    uint32_t        n_seq_max;  /* 1..KVC_MAX_SEQ */
     int32_t         type_k, type_v;
     uint32_t        n_layer;    /* >= 1 */
     const uint32_t *n_embd_k;   /* [n_layer] K row widths, state part included */

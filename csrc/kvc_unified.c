@@ -22,8 +22,8 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
         return kvc_err_set(err, KVC_E_ARG, "kv_size (%u) must be a positive multiple of n_pad (%u)",
                            p->kv_size, p->n_pad);
     }
-    if (p->n_seq_max == 0 || p->n_seq_max > KVC_MAX_SEQ) {
-        return kvc_err_set(err, KVC_E_ARG, "n_seq_max (%u) must be in [1, %d]", p->n_seq_max, KVC_MAX_SEQ);
+    if (kvc_n_seq_max_check(p->n_seq_max, err) != KVC_OK) {
+        return KVC_E_ARG;
     }
     const kvc_type_info *tk = kvc_type_get(p->type_k), *tv = kvc_type_get(p->type_v);
     if (!tk) {

@@ -74,7 +74,7 @@ def test_defaults_and_geometry():
 
 
 def test_size_at_least_one_and_types():
-    c = RecurrentCache(0, 1, 4, 4)
+    c = RecurrentCache(1, 1, 4, 4)
     assert c.size == 1
     c = RecurrentCache(2, 1, 32, 64, type_k="q8_0", type_v="bf16", kv_size=5)
     assert c.size == 5 and c.type_k == "q8_0" and c.type_v == "bf16"
@@ -87,6 +87,7 @@ def test_size_at_least_one_and_types():
 
 @pytest.mark.parametrize("kw, exc", [
     (dict(n_seq_max=257), ValueError),
+    (dict(n_seq_max=0), ValueError),
     (dict(n_seq_max=-1), ValueError),
     (dict(n_seq_max=2.0), TypeError),
     (dict(n_layer=0), ValueError),

@@ -131,6 +131,8 @@ static void test_rejections(void) {
     const uint32_t w[1] = { 2 };
     kvc_recurrent_params p = { 4, KVC_MAX_SEQ + 1, KVC_TYPE_F32, KVC_TYPE_F32, 1, w, w };
     CHECK(kvc_recurrent_init(&c, &p, &err) == KVC_E_ARG, "past the bound: %s", err.msg);
+    p.n_seq_max = 0;      /* no sequence at all: refused as the unified cache refuses it */
+    CHECK(kvc_recurrent_init(&c, &p, &err) == KVC_E_ARG && strstr(err.msg, "n_seq_max (0)"), "none: %s", err.msg);
     p.n_seq_max = 8;
     CHECK(kvc_recurrent_init(&c, &p, &err) == KVC_E_ARG, "fewer cells than sequences");
     p.kv_size = 8;

@@ -4,7 +4,7 @@
  * Input: a 20-byte header that chooses the cache and the call, then the state blob.
  *   [0]  bits 0-1 type_k (f32, f16, bf16, q8_0), bits 2-3 type_v (same list), bits 4-5 layers - 1,
  *        bit 6 no K/V memory attached
- *   [1]  bits 0-3 kv_size - 1 (1..16), bits 4-7 n_seq_max (at most kv_size)
+ *   [1]  bits 0-3 kv_size - 1 (1..16), bits 4-7 n_seq_max (1..kv_size: 0 reads as 1)
  *   [2]  destination: seq_id = byte % (n_seq_max + 1) - 1 (-1 = whole cache)
  *   [3]  seed of the operations that fill the cache before the read (0: empty cache)
  *   [4..19] little-endian u16 K and V row widths of layers 0..3: the low 12 bits
@@ -55,6 +55,9 @@ static bool parse_header(const uint8_t *data, size_t size, geometry *g) {
     g->meta_only = (data[0] >> 6) & 1;
     g->kv_size = 1u + (data[1] & 15);
     g->n_seq_max = data[1] >> 4;
+    if (g->n_seq_max == 0) {
+        g->n_seq_max = 1;   /* a cache holds at least one sequence */
+    }
     if (g->n_seq_max > g->kv_size) {
         g->n_seq_max = g->kv_size;
     }
@@ -103,9 +106,6 @@ static void cache_free(cache *t) {
  * sequence in at most one group, a group's first id owns its state. */
 static void place(cache *t, fz_rng *g, int32_t *next_pos) {
     const uint32_t n_seq = t->c.n_seq_max;
-    if (n_seq == 0) {
-        return;
-    }
     int32_t order[KVC_MAX_SEQ], ids[KVC_MAX_SEQ], pos[KVC_MAX_SEQ * 4];
     uint32_t off[KVC_MAX_SEQ + 1];
     for (uint32_t s = 0; s < n_seq; s++) {
@@ -147,7 +147,7 @@ static void prefill(cache *t, uint8_t seed) {
     fz_rng g;
     fz_rng_seed(&g, seed);
     kvc_recurrent *c = &t->c;
-    const uint32_t n_seq = c->n_seq_max ? c->n_seq_max : 1;
+    const uint32_t n_seq = c->n_seq_max;
     int32_t next_pos[KVC_MAX_SEQ] = { 0 };
     const uint32_t n_ops = seed ? 1 + fz_below(&g, 16) : 0;
     for (uint32_t op = 0; op < n_ops; op++) {

@@ -26,6 +26,7 @@ cdef extern from "kvc_common.h" nogil:
     int KVC_KQ_MASK_PAD
     int kvc_fail_alloc_after
     uint32_t kvc_pad_u32(uint32_t x, uint32_t n)
+    int kvc_n_seq_max_check(uint32_t n_seq_max, kvc_err *err)
     void kvc_advise_huge_pages(void *p, size_t n)
     size_t KVC_HUGE_PAGE
     void kvc_copy(void *dst, const void *src, size_t n, bint stream)
