@@ -1,5 +1,6 @@
 """Type stubs of kvcache._core, the compiled bridge over the C core (see the .pxi sources)."""
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from inspect import Signature
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol, TypedDict, TypeVar, final, overload
 
 import numpy as np
@@ -152,6 +153,8 @@ def view_dtype(type: _GGMLType) -> np.dtype[Any]: ...
 class UBatch:
     """A ubatch: the tokens placed into a cache in one step."""
 
+    # the constructor's parameters (kvcache._signatures)
+    __signature__: ClassVar[Signature]
     @property
     def output(self) -> npt.NDArray[np.bool_] | None: ...
     @property
@@ -196,6 +199,8 @@ class SplitUBatch(UBatch):
 class Batch:
     """A batch of tokens cut into ubatches the way llama.cpp's decoder does."""
 
+    # the constructor's parameters (kvcache._signatures)
+    __signature__: ClassVar[Signature]
     def __new__(
         cls,
         pos: _IntArray,
@@ -291,6 +296,8 @@ class UnifiedCore:
 class _Unified(UnifiedCore, _CacheCore):
     """The unified KV cache (kvcache.UnifiedCache is the documented public class)."""
 
+    # the constructor's parameters (kvcache._signatures)
+    __signature__: ClassVar[Signature]
     def __new__(
         cls,
         kv_size: int,
@@ -416,6 +423,8 @@ class RecurrentCore:
 class _Recurrent(RecurrentCore, _CacheCore):
     """The recurrent-state cache of Mamba / RWKV style models."""
 
+    # the constructor's parameters (kvcache._signatures)
+    __signature__: ClassVar[Signature]
     def __new__(
         cls,
         n_seq_max: int,
@@ -454,6 +463,8 @@ _LayerValues: TypeAlias = Mapping[int, float | None] | Sequence[float | None]
 class RopeParams:
     """The parameters of a RoPE K-shift, as ggml's extended RoPE takes them."""
 
+    # the constructor's parameters (kvcache._signatures)
+    __signature__: ClassVar[Signature]
     def __new__(
         cls,
         n_rot: int,
