@@ -143,6 +143,25 @@ static bool kvc_unified_search_walk(kvc_unified *c, uint32_t n_tokens) {
     return found;
 }
 
+/* Where the seed's search leaves the head when it gives up because fewer than n_tokens cells are
+ * empty (so every window it tries holds a used cell), found without the walk. The walk lands
+ * on j + 1 for a used cell j (the first at or after the window's start), or on 0 when the window
+ * no longer fits (past s = size - n_tokens), and gives up at the first landing at or after the
+ * head it started from, one lap on (t: that head, size for 0). Below t every landing it can
+ * make from a start up to s comes from the first used cell at or after t - 1, so it gives up
+ * there when t - 1 <= s; otherwise its last start up to s lands after the first used cell at
+ * or after s, and when that is still short of t it wraps to 0 and gives up after the first
+ * used cell of the cache. */
+static uint32_t kvc_unified_search_end(const kvc_cells *cells, uint32_t h0, uint32_t n_tokens) {
+    const uint32_t size = cells->size, s = size - n_tokens;
+    const uint32_t t = h0 == 0 ? size : h0;
+    if (t - 1 <= s) {
+        return kvc_cells_next_used(cells, t - 1, size) + 1;
+    }
+    const uint32_t l = kvc_cells_next_used(cells, s, size) + 1;
+    return l >= t ? l : kvc_cells_next_used(cells, 0, size) + 1;
+}
+
 /* The seed's search, found without walking the holes: the windows it tries lie at the head, at
  * the first empty cell after each used one, and at 0 after it wraps, in that order around the
  * cache, and it stops at the first that is empty throughout. That is the first window from the
@@ -152,6 +171,11 @@ static bool kvc_unified_search_walk(kvc_unified *c, uint32_t n_tokens) {
 static bool kvc_unified_search(kvc_unified *c, uint32_t n_tokens) {
     const kvc_cells *cells = &c->cells;
     const uint32_t size = cells->size, h0 = c->head, last_fit = size - n_tokens;
+    if (size - cells->used < n_tokens) {
+        /* no window can be empty: give up at once, the head where the walk would leave it */
+        c->head = kvc_unified_search_end(cells, h0, n_tokens);
+        return false;
+    }
     uint32_t p = h0 <= last_fit ? kvc_cells_first_free_run(cells, h0, last_fit, n_tokens) : UINT32_MAX;
     if (p == UINT32_MAX && h0 > 0) {
         p = kvc_cells_first_free_run(cells, 0, h0 - 1 < last_fit ? h0 - 1 : last_fit, n_tokens);
@@ -281,6 +305,9 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
     }
     if (n > size) {
         return false;
+    }
+    if (!swa && size - cells->used < n) {
+        return false;   /* only empty cells can be taken, and fewer than n are */
     }
     uint64_t n_tested = 0;
     uint32_t got = 0;
