@@ -1,5 +1,5 @@
 """Build of kvcache's extensions: the C core in csrc/ plus the Cython bridge (kvcache._core), and
-the benchmark's C-level workloads (kvcache._bench).
+the benchmark's C-level workloads (kvcache_bench._bench, of the kvcache-bench project in benchmarks/).
 
 Every object file (the C core's and each extension's) compiles in one pool of parallel jobs, the
 Cython-generated files first since they take longest, with one line of progress per file.
@@ -8,9 +8,11 @@ Environment:
 - KVCACHE_BUILD_JOBS: parallel compiler jobs (default: the CPU count, or `build_ext -j N`);
 - KVCACHE_DEBUG_INFO=1: keep debug information (wheels are built without it and stripped);
 - KVCACHE_SANITIZE: e.g. "address,undefined", a sanitized build (debug information kept);
-- KVCACHE_BENCH: 1 builds kvcache._bench, 0 does not; unset, only a build in place
-  (`setup.py build_ext --inplace`) does: the wheel leaves it out, and users get it from the
-  benchmarks/ project (`pip install ./benchmarks`, built with the definitions of this file);
+- KVCACHE_BENCH=0: a build in place (`setup.py build_ext --inplace`) leaves kvcache_bench._bench
+  out; otherwise it builds it beside its Python side, in benchmarks/kvcache_bench/ (run from
+  the tree with `PYTHONPATH=src:benchmarks`). Other builds never do: the kvcache wheel holds
+  the runtime only, and benchmarks/setup.py (`pip install ./benchmarks`) builds kvcache-bench
+  with the definitions of this file;
 - KVCACHE_BUILD_VERBOSE=1: setuptools' own log (every command line) instead of the summary.
 """
 import glob
@@ -30,7 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = "csrc"
 SANITIZE = os.environ.get("KVCACHE_SANITIZE", "")
 DEBUG_INFO = os.environ.get("KVCACHE_DEBUG_INFO", "") == "1" or bool(SANITIZE)
-BENCH_MODULE = "kvcache._bench"
+BENCH_MODULE = "kvcache_bench._bench"
+BENCH_PROJECT = "benchmarks"   # the kvcache-bench project: its package kvcache_bench lies in it
 
 MSVC = sys.platform == "win32" and "GCC" not in sys.version
 # The benchmark baseline needs C++14; some compilers default to an older standard (Apple
@@ -92,11 +95,12 @@ def extensions(root=""):
         extra_link_args=LDFLAGS,
     )
     # Benchmark-only: kvcache's C core next to a transcription of the reference's loops
+    bench_dir = os.path.join(root, BENCH_PROJECT)
     bench = Extension(
         BENCH_MODULE,
-        sources=[os.path.join(root, "src/kvcache/_bench.pyx"), os.path.join(root, "benchmarks/baseline/kvc_baseline.cpp"),
-                 os.path.join(root, "benchmarks/baseline/kvc_baseline2026.cpp")],
-        include_dirs=[csrc, os.path.join(root, "benchmarks/baseline")],
+        sources=[os.path.join(bench_dir, "kvcache_bench/_bench.pyx"), os.path.join(bench_dir, "baseline/kvc_baseline.cpp"),
+                 os.path.join(bench_dir, "baseline/kvc_baseline2026.cpp")],
+        include_dirs=[csrc, os.path.join(bench_dir, "baseline")],
         depends=depends,
         language="c++",
         extra_compile_args=CYTHON_CFLAGS + [CXX_STD],
@@ -145,15 +149,28 @@ class build_ext_parallel(build_ext):
 
     root = ""
 
-    bench = None   # build kvcache._bench: None = only in place (see KVCACHE_BENCH)
-
     def _wants(self, ext):
+        """Whether to build ext: kvcache._core always, the bench extension in place (see
+        KVCACHE_BENCH)."""
         if ext.name != BENCH_MODULE:
             return True
-        env = os.environ.get("KVCACHE_BENCH", "")
-        if env in ("0", "1"):
-            return env == "1"
-        return self.bench if self.bench is not None else bool(self.inplace)
+        return bool(self.inplace) and os.environ.get("KVCACHE_BENCH", "") != "0"
+
+    def _get_inplace_equivalent(self, build_py, ext):
+        # the bench extension's package is in benchmarks/, outside the src/ layout of kvcache's
+        inplace_file, regular_file = super()._get_inplace_equivalent(build_py, ext)
+        if ext.name == BENCH_MODULE:
+            inplace_file = self._bench_inplace_path()
+        return inplace_file, regular_file
+
+    def get_ext_fullpath(self, ext_name):
+        if self.inplace and ext_name == BENCH_MODULE:
+            return self._bench_inplace_path()
+        return super().get_ext_fullpath(ext_name)
+
+    def _bench_inplace_path(self):
+        *package, name = BENCH_MODULE.split(".")
+        return os.path.join(self.root or HERE, BENCH_PROJECT, *package, self.get_ext_filename(name))
 
     def _jobs(self):
         env = os.environ.get("KVCACHE_BUILD_JOBS", "")

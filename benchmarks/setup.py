@@ -1,6 +1,7 @@
-"""Build of kvcache-bench: the kvcache._bench extension, as the project's setup.py defines and
-builds it (one definition for both), into a wheel of its own. Its version is kvcache's, which it
-requires exactly: it is compiled against the C core and the cimport contract of that version."""
+"""Build of kvcache-bench: the package kvcache_bench (the cases of `kvcache bench`) and its
+extension kvcache_bench._bench, defined and built by the project's setup.py (one definition for
+both), into a wheel of its own. Its version is kvcache's, which it requires exactly: the
+extension is compiled against the C core and the cimport contract of that version."""
 import os
 import re
 import runpy
@@ -9,7 +10,7 @@ from setuptools import setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if not os.path.isfile(os.path.join(ROOT, "src", "kvcache", "_bench.pyx")):
+if not os.path.isfile(os.path.join(ROOT, "setup.py")) or not os.path.isdir(os.path.join(ROOT, "csrc")):
     raise SystemExit("kvcache-bench builds from a clone of kvcache: pip install ./benchmarks in the clone")
 
 kv = runpy.run_path(os.path.join(ROOT, "setup.py"), run_name="kvcache_setup")
@@ -18,10 +19,9 @@ with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
 
 
 class build_bench(kv["build_ext_parallel"]):
-    """Only kvcache._bench (its stubs ship with kvcache, for kvcache.bench)."""
+    """Only kvcache_bench._bench, into the wheel (not only in place as kvcache's build does)."""
 
     root = ROOT
-    bench = True
 
     def _wants(self, ext):
         return True

@@ -52,7 +52,7 @@ if settings is not None:
 #: what each name of KVCACHE_EXPECT stands for: a stage of .ci/run, or the `test` extra
 STAGES = {
     "test": "kvcache's test extra (hypothesis, ml_dtypes, gguf, matplotlib, Cython, mypy)",
-    "bench": "the benchmark extension kvcache._bench (pip install ./benchmarks)",
+    "bench": "kvcache-bench, the cases of kvcache bench and their extension (pip install ./benchmarks)",
     "llama": "llama-cpp-python 0.3.10 (the live interop tests of layout 2025)",
     "llama36": "llama-cpp-python 0.3.36 (tests/test_live_v10.py)",
     "torch": "torch",
@@ -110,15 +110,17 @@ def _has_bench() -> bool:
     import importlib.util
 
     try:
-        return importlib.util.find_spec("kvcache._bench") is not None
+        return importlib.util.find_spec("kvcache_bench._bench") is not None
     except (ImportError, ValueError):
         return False
 
 
-# `kvcache bench` needs the benchmark extension, which the kvcache wheel leaves out (benchmarks/
-# builds it; .ci/run's bench stage installs it)
+# `kvcache bench` needs kvcache-bench (the package kvcache_bench and its extension), which the
+# kvcache wheel leaves out (`pip install ./benchmarks` installs it, .ci/run's bench stage too; in
+# the source tree, `setup.py build_ext --inplace` builds it into benchmarks/, then
+# PYTHONPATH=src:benchmarks)
 HAS_BENCH = _has_bench()
-needs_bench = needs("bench", not HAS_BENCH, "the benchmark extension kvcache._bench is not installed "
+needs_bench = needs("bench", not HAS_BENCH, "kvcache-bench (kvcache_bench._bench) is not installed "
                                             "(pip install ./benchmarks)")
 
 
@@ -146,12 +148,21 @@ def shared_dir() -> Path:
 
 def kvcache_env(**extra) -> dict:
     """Environment for a subprocess that must import the same kvcache as this process (the
-    source tree in development, the installed wheel in CI)."""
+    source tree in development, the installed wheel in CI), and the same kvcache_bench where this
+    process finds one."""
+    import importlib.util
+
     import kvcache
 
-    where = os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))
+    where = [os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))]
+    try:
+        bench = importlib.util.find_spec("kvcache_bench")
+    except (ImportError, ValueError):
+        bench = None
+    if bench is not None and bench.origin:
+        where.append(os.path.dirname(os.path.dirname(bench.origin)))
     env = dict(os.environ, **extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*where, os.environ.get("PYTHONPATH", "")) if p)
     return env
 
 

@@ -16,7 +16,7 @@ pytestmark = needs_bench
 
 
 def _pair(size, n_seq_max, kv_unified, n_swa=0, swa_type="none"):
-    from kvcache import _bench
+    from kvcache_bench import _bench
 
     ref = UnifiedReference2026(size, 1, 4, 4, n_seq_max=n_seq_max, n_swa=n_swa, swa_type=swa_type,
                                kv_unified=kv_unified)
@@ -96,7 +96,7 @@ def test_the_2026_baseline_is_todays_loop(kv_unified, swa_type, n_swa, seed):
 
 
 def test_the_2026_baseline_refuses_what_llama_cpp_aborts_on():
-    from kvcache import _bench
+    from kvcache_bench import _bench
 
     base = _bench.Baseline2026(64, 4, 4)
     with pytest.raises(ValueError):

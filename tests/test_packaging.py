@@ -133,16 +133,44 @@ def _elf_sections(path: Path) -> list:
     return [strtab[h[0]:strtab.index(b"\0", h[0])].decode() for h in headers]
 
 
+# What the kvcache wheel leaves to others, by the start of a name directly in kvcache/: the bench
+# (the kvcache-bench distribution in benchmarks/), the test suite's reference models and
+# conformance runner (tests/), the hand-off examples' toy workload (docs/examples/)
+NOT_SHIPPED = ("bench", "_bench", "reference", "conformance", "_toy_serving")
+
+
+def _not_shipped(files: list) -> list:
+    """The files of kvcache (paths from above the package, as a wheel lists them) named in NOT_SHIPPED."""
+    return [f for f in files if len(Path(f).parts) > 1 and Path(f).parts[0] == "kvcache"
+            and Path(f).parts[1].startswith(NOT_SHIPPED)]
+
+
+def test_the_package_source_holds_the_runtime_only():
+    """The wheel is built from src/kvcache: nothing of the tools may lie there."""
+    src = REPO / "src"
+    files = [p.relative_to(src).as_posix() for p in (src / "kvcache").rglob("*")
+             if p.suffix in (".py", ".pyi", ".pyx", ".pxd", ".pxi")]
+    assert "kvcache/cli/bench.py" in files     # the command stays, it imports kvcache_bench
+    assert not _not_shipped(files)
+
+
+@pytest.mark.skipif(not INSTALLED, reason="an installed kvcache")
+def test_the_wheel_holds_the_runtime_only():
+    from importlib.metadata import distribution
+
+    files = [str(f) for f in distribution("kvcache").files or []]
+    assert any("_core" in f for f in files)
+    assert not _not_shipped(files), "the kvcache wheel holds files of the bench, the tests or the examples"
+
+
 @pytest.mark.skipif(not INSTALLED or not sys.platform.startswith("linux"), reason="an installed Linux build")
-def test_the_wheel_is_stripped_and_leaves_the_benchmark_out():
+def test_the_wheel_is_stripped():
     from importlib.metadata import distribution
 
     if os.environ.get("KVCACHE_DEBUG_INFO") == "1":
         pytest.skip("built with KVCACHE_DEBUG_INFO=1")
     files = [str(f) for f in distribution("kvcache").files or []]
     assert any("_core" in f and f.endswith(".so") for f in files)
-    if os.environ.get("KVCACHE_BENCH") != "1":
-        assert not [f for f in files if "_bench" in f and f.endswith(".so")], "kvcache._bench is in the kvcache wheel"
     core = Path(kvcache._core.__file__)
     sections = _elf_sections(core)
     assert ".text" in sections

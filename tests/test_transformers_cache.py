@@ -218,7 +218,7 @@ def test_the_bench_case_runs_and_checks_the_tokens():
     """`kvcache bench torch` in its quick size: rows for generate after a short and a long prompt
     (kvcache's Cache and the views-only floor) and the per-step calls (its own check: the tokens of both are
     DynamicCache's, or it raises)."""
-    from kvcache import bench
+    bench = need_module("bench", "kvcache_bench")
 
     rows = bench.CASES["torch"](True, 1)
     assert len(rows) == 6 and all(r.kvcache_ns and r.kvcache_ns > 0 for r in rows)

@@ -1,6 +1,6 @@
 """Typing and documentation of the public surface.
 
-- the package ships its stubs (``_core.pyi``, ``_bench.pyi``) and ``py.typed``;
+- the package ships its stubs (``_core.pyi``) and ``py.typed``;
 - ``mypy --strict`` accepts tests/typed_usage.py, a program over the main API whose
   ``assert_type`` lines pin what the stubs promise, and that program runs;
 - ``mypy.stubtest`` finds the stubs consistent with the compiled module;
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import kvcache
-from conftest import HAS_BENCH, TESTS, kvcache_env, need_module
+from conftest import TESTS, kvcache_env, need_module
 
 PACKAGE = Path(kvcache.__file__).resolve().parent
 EXAMPLE = TESTS / "typed_usage.py"
@@ -31,11 +31,11 @@ ALLOWLIST = TESTS / "stubtest_allowlist.txt"
 # the modules whose __all__ is public API
 MODULES = ["kvcache", "kvcache.unified", "kvcache.recurrent", "kvcache.iswa", "kvcache.batch",
            "kvcache.geometry", "kvcache.statefile", "kvcache.inspect", "kvcache.plan", "kvcache.simulate",
-           "kvcache.demo", "kvcache.bench", "kvcache.cli"]
+           "kvcache.demo", "kvcache.cli"]
 
 
 def test_stubs_and_marker_ship_with_the_package():
-    for name in ("py.typed", "_core.pyi", "_bench.pyi"):
+    for name in ("py.typed", "_core.pyi"):
         assert (PACKAGE / name).is_file(), f"{name} is missing from {PACKAGE}"
 
 
@@ -132,17 +132,11 @@ def test_stubtest_finds_the_stubs_consistent(mypy_cache, tmp_path):
     # PEP 800 (disjoint bases) is not declared for the Cython classes; older mypy does not check it
     flags = ["--ignore-disjoint-bases"] if "--ignore-disjoint-bases" in help_text else []
     allowlist = ALLOWLIST
-    if not HAS_BENCH:
-        # the wheel ships the benchmark extension's stubs (kvcache.bench is typed against them)
-        # but not the extension (benchmarks/ builds it)
-        allowlist = tmp_path / "allowlist.txt"
-        allowlist.write_text(ALLOWLIST.read_text(encoding="utf-8") + "kvcache\\._bench(\\..*)?\n", encoding="utf-8")
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
         # the optional integration imports what it adapts
-        extra = allowlist if allowlist != ALLOWLIST else tmp_path / "allowlist.txt"
-        base = extra.read_text(encoding="utf-8") if extra.exists() else ALLOWLIST.read_text(encoding="utf-8")
-        extra.write_text(base + "kvcache\\.integrations\\.transformers(\\..*)?\n", encoding="utf-8")
-        allowlist = extra
+        allowlist = tmp_path / "allowlist.txt"
+        allowlist.write_text(ALLOWLIST.read_text(encoding="utf-8") + "kvcache\\.integrations\\.transformers(\\..*)?\n",
+                             encoding="utf-8")
     res = _run(["mypy.stubtest", "kvcache", "--concise", "--allowlist", str(allowlist), *flags], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
 

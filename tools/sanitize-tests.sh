@@ -62,7 +62,8 @@ if [ -f tests/c/Makefile ] && [ "${KVCACHE_SKIP_CTESTS:-0}" != 1 ]; then
 fi
 
 echo "==> pytest under the sanitizers"
-export PYTHONPATH="$TREE/src${PYTHONPATH:+:$PYTHONPATH}"
+# benchmarks/: the sanitized build of the bench's extension (kvcache_bench), before any installed one
+export PYTHONPATH="$TREE/src:$TREE/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONMALLOC=malloc
 if [[ "$KVCACHE_SANITIZE" == *address* ]]; then
     # libstdc++ is loaded up front too: the runtime resolves the real __cxa_throw when it starts,

@@ -11,8 +11,9 @@ HELP = "measure kvcache against a transcription of llama.cpp's loops (one proces
 DESCRIPTION = """\
 Time kvcache's C core and a baseline (a C++ transcription of llama.cpp's own loops and containers)
 on the same workloads in one process, checking that they agree: find_slot, KQ masks, defrag plans
-and moves, state I/O, calls through the cimport API. Needs the benchmark extension kvcache._bench,
-which the kvcache wheel leaves out (`pip install ./benchmarks` from a clone builds it).
+and moves, state I/O, calls through the cimport API. Needs the cases, the package kvcache_bench,
+which the kvcache wheel leaves out (`pip install ./benchmarks` from a clone installs it). It
+reports measurements and ratios; benchmarks/README.md says what they are held to.
 
 columns:
   kvcache            median time per operation over the repetitions (min-max in brackets)
@@ -26,23 +27,33 @@ columns:
                      timed right after the operation in each repetition
   yardstick GB/s     the yardstick's bandwidth
   kvcache/yardstick  kvcache's time over the yardstick's (median of the paired ratios): 1.0 = as
-                     fast as the yardstick, lower is better
-  goal               the goal a row is held to and whether this run meets it"""
+                     fast as the yardstick, lower is better"""
 
 LEGEND = ("yardstick: what kvcache is held to, timed in the same repetitions; kvcache/yardstick: kvcache's time "
           "over the yardstick's, 1.0 = as fast, lower is better; baseline/kvcache: higher is better")
 
-MISSING = ("the benchmark extension kvcache._bench is not installed (the kvcache wheel leaves it out): from a "
-           "clone of kvcache, `pip install ./benchmarks` builds it (see benchmarks/README.md)")
+MISSING = ("the benchmark cases (package kvcache_bench) are not installed: the kvcache wheel leaves them out; "
+           "from a clone of kvcache, `pip install ./benchmarks` installs them (see benchmarks/README.md)")
+
+
+def _bench(module: str = "kvcache_bench"):
+    """A module of kvcache-bench, a distribution of its own: imported by name (ImportError where
+    it is not installed), so that kvcache's type checks do not need it."""
+    import importlib
+
+    return importlib.import_module(module)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvcache.bench import CASES
+    try:
+        cases = list(_bench().CASES)
+    except ImportError:   # run() says how to install it; until then any case name parses
+        cases = None
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke run)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
-    parser.add_argument("--case", action="append", choices=list(CASES), help="run only these cases (repeatable)")
+    parser.add_argument("--case", action="append", choices=cases, help="run only these cases (repeatable)")
     parser.add_argument("--plot", metavar="FILE",
                         help="draw the scale case's curves (cost per operation against cells) into FILE (PNG), "
                              "when matplotlib is installed")
@@ -51,10 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import importlib
-
     from kvcache._atomic import atomic_write, check_target
-    from kvcache.bench import format_table, run as run_bench
 
     # a run takes minutes: an output that could not be written fails before it
     if args.json:
@@ -66,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{args._prog}: error: --plot draws the scale case: add --case scale", file=sys.stderr)
             return 2
     try:
-        importlib.import_module("kvcache._bench")
+        _bench("kvcache_bench._bench")   # every case's workloads, built with the package
+        bench = _bench()
     except ImportError:
         print(f"{args._prog}: error: {MISSING}", file=sys.stderr)
         return 2
@@ -74,16 +83,14 @@ def run(args: argparse.Namespace) -> int:
     if progress_wanted(args.progress):
         def progress(name: str) -> None:
             print(f"bench: running {name} ...", file=sys.stderr, flush=True)
-    report = run_bench(args.quick, args.case, progress=progress)
-    print(format_table(report))
+    report = bench.run(args.quick, args.case, progress=progress)
+    print(bench.format_table(report))
     print()
     print(LEGEND)
     if args.json:
         with atomic_write(args.json, "w", encoding="utf-8", label=f"--json {args.json}") as f:
             f.write(json_text(report) + "\n")
     if args.plot:
-        from kvcache._bench_step import plot_scale
-
-        if not plot_scale(report, args.plot):
+        if not _bench("kvcache_bench.case_step").plot_scale(report, args.plot):
             print(f"{args._prog}: --plot {args.plot}: nothing drawn (matplotlib is not installed)", file=sys.stderr)
     return 0

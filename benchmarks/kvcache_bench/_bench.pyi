@@ -1,4 +1,4 @@
-"""Type stubs of kvcache._bench, the C-level workloads of ``kvcache bench`` (see _bench.pyx)."""
+"""Type stubs of kvcache_bench._bench, the C-level workloads of ``kvcache bench`` (see _bench.pyx)."""
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer, Self

@@ -1,10 +1,10 @@
 """`kvcache bench` case ``torch``: ``generate`` of a tiny random Llama with the kvcache
 transformers Cache against the same with ``DynamicCache``, paired in one run (the tokens are
-checked equal; the verdict from the paired ratio's 95% bootstrap interval), after a short
+checked equal; the paired ratio with its 95% bootstrap interval), after a short
 prompt (where every cache's fixed costs weigh most) and a long one (where the copies
 DynamicCache's concatenation makes grow), and the per-step cost of kvcache's calls in a decode
 step whose K/V live in torch tensors (find_slot, slot_indices into an int64 tensor, the scatter
-of one layer's rows, the unpadded bool mask, commit) at 4096 and 32768 cells, against 10% of the
+of one layer's rows, the unpadded bool mask, commit) at 4096 and 32768 cells, as a share of the
 tiny model's decode step measured in the same run. torch runs on one thread here and the times
 are that thread's CPU time, so that other processes on a shared machine weigh less (torch's idle
 pool threads spin, and a wall clock counts every other job). Without torch and transformers the
@@ -17,12 +17,10 @@ import time
 import warnings
 from typing import Any
 
-from kvcache.bench import Row, _median_range, _paired, _paired_interval, waiting
+from kvcache_bench import Row, _median_range, _paired, _paired_interval, waiting
 
 N_PROMPT, N_NEW = 20, 32
 N_PROMPT_LONG = 2000
-SHARE = 0.10       # kvcache's calls: at most this share of a decode step of the tiny model,
-GOAL_NS = 300e3    # ... which takes about 3 ms on an idle 2-core machine here
 # generate's repetitions (at least): the caches differ by a few tenths of a percent at the short
 # prompt, which the machine's noise hides in fewer pairs
 GENERATE_REPS = 100
@@ -163,16 +161,15 @@ def _rows(torch: Any, DynamicCache: Any, from_model: Any, quick: bool, reps: int
         m, r = _median_range(per)
         rows.append(Row(f"torch: kvcache's calls per decode step (find_slot, slot_indices, scatter 2 layers, bool "
                         f"mask, commit), {size} cells", m, r,
-                        goal=f"<= {GOAL_NS / 1e3:.0f} us ({SHARE:.0%} of an idle decode step of the model): "
-                             f"{'met' if m <= GOAL_NS else 'not met'}; {m / step:.1%} of this run's step"))
+                        note=f"{m / step:.1%} of this run's decode step of the model"))
     return rows
 
 
 def _generate_rows(torch: Any, DynamicCache: Any, from_model: Any, model: Any, n_prompt: int, reps: int
                    ) -> tuple[list[Row], float]:
     """The two generate rows after an n_prompt-token prompt, and DynamicCache's time per new token.
-    The goal's verdict comes from the 95% bootstrap interval of the paired ratio: met when all of
-    it is at least 1.0, not met when all of it is below, undecided when the run cannot tell."""
+    The paired ratio comes with its 95% bootstrap interval: whether the run can tell the caches
+    apart."""
     ids = torch.randint(1, 256, (1, n_prompt), generator=torch.Generator().manual_seed(3))
     _generate_ns(model, ids, DynamicCache(config=model.config))       # warm up
     caches = {"ours": lambda: from_model(model, n_ctx=n_prompt + N_NEW),
@@ -194,14 +191,13 @@ def _generate_rows(torch: Any, DynamicCache: Any, from_model: Any, model: Any, n
     step = statistics.median(theirs)
     ratio = _paired(theirs, ours)
     lo, hi = _paired_interval(theirs, ours)
-    verdict = "met" if lo >= 1.0 else "not met" if hi < 1.0 else "undecided"
     ratio_floor = _paired(theirs, floor)
     med, rng = _median_range(ours)
     fmed, frng = _median_range(floor)
     return [Row(f"torch: generate, tiny Llama (2 layers, sdpa), {n_prompt} + {N_NEW} tokens, per new token",
                 med, rng, step, ratio, yardstick="DynamicCache",
-                goal=f"no slower than DynamicCache: {verdict} ({ratio:.3f}x, 95% interval {lo:.3f}-{hi:.3f} over "
-                     f"{reps} pairs; a cache that only returns views of its memory: {ratio_floor:.3f}x)"),
+                note=f"DynamicCache/kvcache {ratio:.3f}x, 95% interval {lo:.3f}-{hi:.3f} over {reps} pairs; a cache "
+                     f"that only returns views of its memory: {ratio_floor:.3f}x"),
             Row(f"torch: the same ({n_prompt} + {N_NEW} tokens) with a views-only Cache (K/V copied into one tensor, "
                 f"views returned, no cells: the floor of a cache that returns views of its tensor)", fmed, frng, step,
-                ratio_floor, yardstick="DynamicCache", goal="- (bounds the row above)")], step
+                ratio_floor, yardstick="DynamicCache", note="bounds the row above")], step

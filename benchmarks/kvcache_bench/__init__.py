@@ -1,4 +1,7 @@
-"""`kvcache bench`: kvcache's C core against a transcription of llama.cpp's loops, one process.
+"""kvcache-bench: the cases of `kvcache bench`, kvcache's C core against a transcription of
+llama.cpp's loops, one process. `kvcache bench` imports this package (the cases are listed in
+CASES, each a function of (quick, repetitions) returning rows); it is installed apart from
+kvcache (`pip install ./benchmarks` from a clone).
 
 Every case runs both implementations on the same workload (checking they agree), repeats the
 measurement, and reports the median with the min-max range, the ratio baseline / kvcache and,
@@ -25,7 +28,6 @@ class Row:
     yardstick: str = ""            # what the yardstick is (memset, streaming memset, memcpy on N threads, ...)
     yardstick_gbps: float | None = None
     yardstick_ratio: float | None = None  # kvcache time / yardstick time (lower is better), paired median
-    goal: str = ""                 # the goal this row is held to and whether this run meets it
     note: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -69,13 +71,13 @@ def memset_yardstick(nbytes: int) -> tuple[str, int]:
     """(name, index) of the floor of writing a mask of nbytes as kvcache writes it: a memset with
     non-temporal stores from KVC_STREAM_BYTES on (kvcache streams such masks), a plain memset
     below (index 0 into (memset, streaming memset))."""
-    from kvcache import _bench
+    from kvcache_bench import _bench
 
     return ("streaming memset", 1) if nbytes >= _bench.STREAM_BYTES else ("memset", 0)
 
 
 def bench_find_slot(quick: bool, reps: int) -> list[Row]:
-    from kvcache import _bench
+    from kvcache_bench import _bench
 
     size = 8192 if quick else 32768
     rows = []
@@ -110,7 +112,7 @@ def bench_find_slot(quick: bool, reps: int) -> list[Row]:
 
 
 def bench_mask(quick: bool, reps: int) -> list[Row]:
-    from kvcache import _bench
+    from kvcache_bench import _bench
 
     rows = []
     sizes = (4096,) if quick else (4096, 32768)
@@ -145,7 +147,7 @@ def bench_mask(quick: bool, reps: int) -> list[Row]:
 
 
 def bench_defrag(quick: bool, reps: int) -> list[Row]:
-    from kvcache import _bench
+    from kvcache_bench import _bench
 
     size = 8192 if quick else 32768
     rows = []
@@ -214,7 +216,7 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
     import numpy as np
 
     import kvcache
-    from kvcache import _bench
+    from kvcache_bench import _bench
 
     cells = 1024 if quick else 4096
     n_layer = 8 if quick else 32
@@ -280,7 +282,7 @@ def _fresh_state_write(c, src, reps: int, name: str) -> Row:
     repetition; both objects are dropped untimed."""
     import numpy as np
 
-    from kvcache import _bench
+    from kvcache_bench import _bench
 
     nbytes = len(src)
     fast, npc = [], []
@@ -308,7 +310,7 @@ def bench_calls(quick: bool, reps: int) -> list[Row]:
     import timeit
 
     import kvcache
-    from kvcache import _bench
+    from kvcache_bench import _bench
 
     c = kvcache.UnifiedCache(kv_size=4096, n_layer=1, n_embd_k_gqa=64, n_embd_v_gqa=64, n_seq_max=4)
     ub = kvcache.UBatch(list(range(100)), [0] * 100)
@@ -330,46 +332,46 @@ def bench_calls(quick: bool, reps: int) -> list[Row]:
 
 def bench_step(quick: bool, reps: int) -> list[Row]:
     """The decode step from Python against the baseline's same step and the floor
-    (kvcache._bench_step)."""
-    from kvcache._bench_step import bench_step as case
+    (kvcache_bench.case_step)."""
+    from kvcache_bench.case_step import bench_step as case
 
     return case(quick, reps)
 
 
 def bench_scale(quick: bool, reps: int) -> list[Row]:
-    """Each operation's cost as the cache grows (kvcache._bench_step)."""
-    from kvcache._bench_step import bench_scale as case
+    """Each operation's cost as the cache grows (kvcache_bench.case_step)."""
+    from kvcache_bench.case_step import bench_scale as case
 
     return case(quick, reps)
 
 
 def bench_2026(quick: bool, reps: int) -> list[Row]:
     """Today's semantics: scatter find_slot and the unpadded decode mask against today's loop
-    (kvcache._bench_2026)."""
-    from kvcache._bench_2026 import bench_2026 as case
+    (kvcache_bench.case_2026)."""
+    from kvcache_bench.case_2026 import bench_2026 as case
 
     return case(quick, reps)
 
 
 def bench_serving(quick: bool, reps: int) -> list[Row]:
-    """One seeded serving workload through kvcache, vLLM and SGLang (kvcache._bench_serving)."""
-    from kvcache._bench_serving import bench_serving as case
+    """One seeded serving workload through kvcache, vLLM and SGLang (kvcache_bench.case_serving)."""
+    from kvcache_bench.case_serving import bench_serving as case
 
     return case(quick, reps)
 
 
 def bench_torch(quick: bool, reps: int) -> list[Row]:
     """generate with the kvcache transformers Cache against DynamicCache, and kvcache's calls
-    per decode step with K/V in torch tensors (kvcache._bench_torch)."""
-    from kvcache._bench_torch import bench_torch as case
+    per decode step with K/V in torch tensors (kvcache_bench.case_torch)."""
+    from kvcache_bench.case_torch import bench_torch as case
 
     return case(quick, reps)
 
 
 def bench_handoff(quick: bool, reps: int) -> list[Row]:
     """A sequence moved between caches: in one process, through Ray and NIXL, against memcpy and
-    state_write + pickle (kvcache._bench_handoff)."""
-    from kvcache._bench_handoff import bench_handoff as case
+    state_write + pickle (kvcache_bench.case_handoff)."""
+    from kvcache_bench.case_handoff import bench_handoff as case
 
     return case(quick, reps)
 
@@ -427,7 +429,7 @@ def _fmt_ns(ns: float) -> str:
 
 
 COLUMNS = ("case", "kvcache (median, min-max)", "baseline", "baseline/kvcache", "GB/s", "yardstick", "yardstick GB/s",
-           "kvcache/yardstick", "goal")
+           "kvcache/yardstick")
 
 
 def format_table(report: dict) -> str:
@@ -446,8 +448,7 @@ def format_table(report: dict) -> str:
             f"{r['gbps']:.1f}" if r["gbps"] else "-",
             r["yardstick"] or "-",
             f"{r['yardstick_gbps']:.1f}" if r["yardstick_gbps"] else "-",
-            f"{r['yardstick_ratio']:.2f}" if r["yardstick_ratio"] else "-",
-            r["goal"] or "-")) + " |")
+            f"{r['yardstick_ratio']:.2f}" if r["yardstick_ratio"] else "-")) + " |")
     m = report["machine"]
     out.append("")
     load = f"; load average {m['load']}" if m.get("load") else ""
@@ -456,7 +457,7 @@ def format_table(report: dict) -> str:
     notes = [f"- {r['case']}: {r['note']}" for r in report["rows"] if r["note"] and r["kvcache_ns"] is not None]
     if notes:
         out += ["", "Notes:", *notes]
-    from kvcache._bench_serving import format_serving
+    from kvcache_bench.case_serving import format_serving
 
     serving = format_serving(report)
     if serving:
@@ -466,14 +467,10 @@ def format_table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """``kvcache bench`` as a program (``python -m kvcache.bench``): the command line's ``bench``
+    """``kvcache bench`` as a program (``python -m kvcache_bench``): the command line's ``bench``
     command (kvcache.cli.bench)."""
     import sys
 
     from kvcache.cli import main as cli_main
 
     return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
