@@ -1,4 +1,21 @@
-"""kvcache: llama.cpp's KV-cache manager for Python inference servers."""
+"""kvcache: llama.cpp's KV-cache manager for Python inference servers.
+
+Read first: README.md (what kvcache is and how to install it), then docs/quickstart.md (a first
+cache and one decode step); docs/index.md lists the other pages (buffers, the two semantics, a
+server loop, saved states, PyTorch, the command line). They are in the repository,
+https://github.com/kvcache/kvcache, under docs/.
+
+The caches:
+
+- UnifiedCache: one table of cells for every layer, llama.cpp's unified cache;
+- ISWACache: a full-attention and a sliding-window cache for models that interleave them;
+- RecurrentCache: the recurrent states of Mamba and RWKV style models.
+
+Each is driven as llama.cpp drives its own: find_slot(UBatch) for the cells of a ubatch, its
+attention mask, store the layers' K/V, commit. Batch splits a batch into ubatches as llama.cpp
+does; ModelGeometry, from_gguf and from_transformers_config give a model's cache dimensions.
+Every class documents itself (help(kvcache.UnifiedCache)); the command line is ``kvcache --help``.
+"""
 import os as _os
 
 __version__ = "0.1.0"
