@@ -15,7 +15,7 @@ import pytest
 import kvcache
 from conftest import HAS_BENCH, kvcache_env, need_module, needs_bench
 from interop_data import model_path
-from kvcache import cli
+from kvcache import cli, statefile
 
 
 def run_cli(capsys, *argv):
@@ -237,7 +237,7 @@ def test_inspect_of_a_model_points_to_plan(capsys):
 def test_inspect_of_hostile_files_says_so_plainly(capsys, tmp_path):
     blob = _unified_blob(tmp_path, pos=(0, 1, 2)).read_bytes()
     seq = tmp_path / "s.ggsq"
-    kvcache.statefile.write_sequence_file(seq, _cache_with(blob), seq_id=0, tokens=[1, 2, 3])
+    statefile.write_sequence_file(seq, _cache_with(blob), seq_id=0, tokens=[1, 2, 3])
     whole = seq.read_bytes()
     cases = {
         "huge cell count": b"\x88\x88\xc3\x9c" + blob[4:],
