@@ -551,6 +551,19 @@ def test_assisted_decoding(kind, how):
     _same(_generate(model, ids, mask, from_model(model, n_ctx=40), n_new=16, **kw), want)
 
 
+def test_past_recording_takes_the_recurrent_states_to_keep():
+    """transformers 5.25 passes recurrent_states_to_keep when it starts recording (assisted
+    decoding): the layers take it (they hold no recurrent state), only the sliding ones record,
+    and the cache asks for no recurrent states."""
+    cache = from_model(_model("gemma2"), n_ctx=16)
+    for layer in cache.layers:
+        layer.activate_past_recording(recurrent_states_to_keep=3)
+    assert [layer.record_past for layer in cache.layers] == cache.is_sliding and any(cache.is_sliding)
+    if hasattr(cache, "get_recurrent_states_to_keep"):     # transformers >= 5.25
+        cache.activate_past_recording(recurrent_states_to_keep=3)
+        assert cache.get_recurrent_states_to_keep() == 0
+
+
 def _forward(model, cache, ids):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -62,9 +62,11 @@ class _Layer:
         # layer keeps what its window has left until crop, so that crop can undo forwards
         self.record_past = False
 
-    def activate_past_recording(self) -> None:
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None) -> None:
         """A sliding layer keeps the positions its window leaves until the next crop (see
-        record_past); a full-attention layer keeps everything anyway."""
+        record_past); a full-attention layer keeps everything anyway. recurrent_states_to_keep
+        (passed from transformers 5.25 on) sizes a recurrent layer's history: these layers have
+        none, so it changes nothing."""
         self.record_past = self.is_sliding
 
     @property
