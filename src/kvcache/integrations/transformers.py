@@ -173,7 +173,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if dtype not in _TYPES:
             raise TypeError(f"K/V of dtype {dtype}: kvcache keeps float32, float16 or bfloat16")
         if rows < 1:
-            raise ValueError(f"batch size {rows}")
+            raise ValueError(f"batch_size = {rows}: expected at least 1 row")
         n_kv, head_dim = self._heads
         width = n_kv * head_dim
         n_layer = len(self._types)
@@ -476,7 +476,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             raise ValueError(f"K/V of shape {tuple(key_states.shape)}: the config says {self._heads[0]} kv heads "
                              f"of {self._heads[1]}")
         if value_states.dtype != key_states.dtype:
-            raise TypeError(f"K of dtype {key_states.dtype}, V of dtype {value_states.dtype}")
+            raise TypeError(f"key_states and value_states must have one dtype, not {key_states.dtype} and "
+                            f"{value_states.dtype}")
         if self.kv is None:
             self._create(rows, key_states.dtype)
         if rows != self._rows:
