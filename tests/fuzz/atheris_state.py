@@ -495,9 +495,9 @@ def test_inspect(data: bytes) -> None:
         except StateError:
             continue
         _require(r["size"] == len(data), "the report's size is not the input's")
-        _require(r["bytes"]["wrapper"] + r["bytes"]["cache"] == r["size"], "wrapper + cache bytes != size")
-        _require(sum(s["size"] for s in r["sections"]) + r["bytes"]["framing"] == r["bytes"]["cache"],
-                 "the sections and the framing do not tile the cache part")
+        b = r["bytes"]
+        _require(b["wrapper"] + b["framing"] + b["cache"] == r["size"], "wrapper + framing + cache bytes != size")
+        _require(sum(s["size"] for s in r["sections"]) == b["cache"], "the sections do not tile the cache state")
         inspect.format_report(r)
         json.dumps(r)
 
