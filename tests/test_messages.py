@@ -207,6 +207,15 @@ TABLE = [
                 r"starts at byte \d+ of 40")),
     ("cli-inspect-missing", ["inspect", "{missing}"],
      "kvcache inspect: error: {missing}: No such file or directory"),
+    # convert says of an input that is no state what inspect says
+    ("cli-convert-text", ["convert", "{text}", "{missing}", "--to", "2026"],
+     "kvcache convert: error: {text}: " + NOT_A_STATE.format(size=f" ({len(TEXT)} bytes)")),
+    ("cli-convert-truncated-sequence-file", ["convert", "{ggsq}", "{missing}", "--to", "2025"],
+     re.compile(r"kvcache convert: error: {ggsq}: a truncated sequence file: it breaks off in the part that "
+                r"starts at byte \d+ of {ggsq_size}")),
+    ("cli-convert-truncated-blob", ["convert", "{blob}", "{missing}", "--to", "2025"],
+     re.compile(r"kvcache convert: error: {blob}: a truncated 2026 sequence blob: it breaks off in the part "
+                r"that starts at byte \d+ of 40")),
 ]
 
 

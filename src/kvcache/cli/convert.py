@@ -43,6 +43,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print what was done as JSON")
 
 
+def _plain(e: Exception, args: argparse.Namespace, data: bytes) -> str:
+    """Why the input does not convert, in the user's terms: when it does not read as a state at
+    all, what `kvcache inspect` says of it (the kind of file and where it breaks off); otherwise
+    the conversion's own reason."""
+    from kvcache._core import StateError
+    from kvcache.cli.inspect import plain_error
+    from kvcache.inspect import report_bytes
+
+    try:
+        report_bytes(data, args.variant, layout=args.source)
+    except StateError as x:
+        return plain_error(x, args.input, len(data))
+    return f"{args.input}: {e}"
+
+
 def run(args: argparse.Namespace) -> int:
     import os
 
@@ -62,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     except StateError as e:
         if os.environ.get("KVCACHE_TRACEBACK"):
             raise
-        raise StateError(f"{args.input}: {e}") from None
+        raise StateError(_plain(e, args, data)) from None
     with atomic_write(args.output, sources=sources) as f:
         f.write(c.data)
     if args.json:
