@@ -1,5 +1,5 @@
-"""A transformers ``Cache`` over kvcache: ``model.generate(..., past_key_values=cache)`` with the
-cells kept by a :class:`~kvcache.UnifiedCache` (full attention) or an
+"""A transformers ``Cache`` over kvcache: ``model.generate(..., cache=cache)`` (the keyword of
+transformers 5.24 and later; ``past_key_values=cache`` before) with the cells kept by a :class:`~kvcache.UnifiedCache` (full attention) or an
 :class:`~kvcache.ISWACache` (models with sliding-window layers, or chunked-attention layers:
 a window of the chunk size, as transformers' own caches keep them).
 
