@@ -1,5 +1,5 @@
 /* kvcache — the state codec of the unified cache, byte-identical to llama.cpp's
- * llama_kv_cache_unified::state_write / state_read (layout: ../golden/FORMAT.md,
+ * llama_kv_cache_unified::state_write / state_read (layout: tests/golden/FORMAT.md,
  * "state_write / state_read blobs").
  *
  * Reading is transactional: the whole blob is parsed and validated before anything
