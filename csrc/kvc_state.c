@@ -1417,6 +1417,14 @@ int kvc_unified_state_read_parts_lay(kvc_unified *const *caches, uint32_t n_part
                     const kvc_err *e = is_streams ? &e_streams : &e_seed;
                     return kvc_err_set(err, is_streams ? r_streams : r_seed, "%s", e->msg);
                 }
+                if (!is_streams) {
+                    /* the bytes are no state's in either framing: what either read made of its
+                     * counts would be numbers read from garbage, so say what the bytes are not */
+                    return kvc_err_set(err, KVC_E_STATE,
+                                       "not a cache state (%zu bytes): it frames as one in no layout, with or "
+                                       "without stream counts (damaged, truncated or other data; pass the "
+                                       "layout to see where a read of it stops)", len);
+                }
                 const int code = r_streams == KVC_E_STATE || r_seed != KVC_E_STATE ? r_streams : r_seed;
                 return kvc_err_set(err, code, "in no layout: with stream counts, %.100s; without, %.100s",
                                    e_streams.msg, e_seed.msg);

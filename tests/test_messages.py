@@ -153,6 +153,13 @@ TABLE = [
     ("simulate-v-trans", lambda: simulate.SimConfig(type_v="q8_0", n_embd=32).check(),
      "type_v = q8_0: expected a type of one element per block without flash_attn (V is stored transposed), "
      "found a block type"),
+    # a cache's state_read of bytes that are no state: no counts read from them
+    ("state-read-text", lambda: _cache().state_read(TEXT),
+     f"state_read: not a cache state ({len(TEXT)} bytes): it frames as one in no layout, with or without stream "
+     "counts (damaged, truncated or other data; pass the layout to see where a read of it stops)"),
+    ("state-read-ones", lambda: _cache(semantics="2026").state_read(b"\xff" * 64),
+     "state_read: not a cache state (64 bytes): it frames as one in no layout, with or without stream counts "
+     "(damaged, truncated or other data; pass the layout to see where a read of it stops)"),
     # kvcache.inspect and kvcache.statefile
     ("inspect-text", lambda: kinspect.report_bytes(TEXT), NOT_A_STATE.format(size="")),
     ("inspect-empty", lambda: kinspect.report_bytes(b""), NOT_A_STATE.format(size="")),
