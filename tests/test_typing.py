@@ -63,6 +63,7 @@ def _run(args: list, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=_mypy_env(), capture_output=True, text=True)
 
 
+@pytest.mark.static_analysis
 def test_mypy_strict_accepts_the_typed_usage_example(mypy_cache, tmp_path):
     res = _run(["mypy", "--strict", "--cache-dir", str(mypy_cache), "--no-color-output", str(EXAMPLE)], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -82,12 +83,14 @@ def _strict_core(mypy_cache, tmp_path, *extra: str) -> subprocess.CompletedProce
                  *extra, *modules], tmp_path)
 
 
+@pytest.mark.static_analysis
 def test_core_modules_pass_mypy_strict(mypy_cache, tmp_path):
     res = _strict_core(mypy_cache, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"{len(CORE_MODULES)} source files" in res.stdout, res.stdout
 
 
+@pytest.mark.static_analysis
 def test_core_check_reads_the_imported_package(mypy_cache, tmp_path):
     """The check can fail, on the files this suite imports: an error put into the imported
     unified.py (through --shadow-file, which applies only to the file mypy really reads) is found."""
@@ -99,6 +102,7 @@ def test_core_check_reads_the_imported_package(mypy_cache, tmp_path):
     assert 'Incompatible types in assignment (expression has type "str", variable has type "int")' in res.stdout
 
 
+@pytest.mark.static_analysis
 def test_mypy_strict_rejects_a_misuse(mypy_cache, tmp_path):
     """The check can fail: a wrong argument type and a wrong promised type are reported."""
     bad = tmp_path / "misuse.py"
@@ -127,6 +131,7 @@ def test_the_typed_usage_example_runs():
     mod.main(with_gguf=with_gguf)
 
 
+@pytest.mark.static_analysis
 def test_stubtest_finds_the_stubs_consistent(mypy_cache, tmp_path):
     help_text = _run(["mypy.stubtest", "--help"], tmp_path).stdout
     # PEP 800 (disjoint bases) is not declared for the Cython classes; older mypy does not check it
