@@ -1,6 +1,30 @@
 #include "kvc_iswa.h"
 
+#include "kvc_slot.h"
+
 #include <inttypes.h>
+
+/* --- sizing ------------------------------------------------------------------------------ */
+
+static uint64_t pad_up(uint64_t x, uint64_t n) {
+    return (x + n - 1) / n * n;
+}
+
+uint64_t kvc_iswa_swa_size(const kvc_iswa_sizing *s) {
+    if (s->swa_full) {
+        return s->kv_size;
+    }
+    /* every operand is below 2**32: products and sums stay below 2**64 */
+    if (s->semantics == KVC_SEM_2026) {
+        const uint64_t n = s->kv_unified ? s->n_seq_max : 1;
+        const uint64_t want = (uint64_t)s->n_swa * n + s->n_ubatch;
+        return pad_up(want < s->kv_size ? want : s->kv_size, KVC_ISWA_PAD_2026);
+    }
+    const uint64_t want = pad_up((uint64_t)s->n_swa * s->n_seq_max + s->n_ubatch, s->n_pad ? s->n_pad : 1);
+    return want < s->kv_size ? want : s->kv_size;
+}
+
+/* --- the pending pruning ranges ---------------------------------------------------------- */
 
 void kvc_iswa_pending_clear(kvc_iswa_pending *p) {
     kvc_seqset_clear(&p->seqs);
@@ -43,4 +67,122 @@ int kvc_iswa_pending_set(kvc_iswa_pending *p, uint32_t n_tokens, const int32_t *
         }
     }
     return KVC_OK;
+}
+
+/* --- the pair ---------------------------------------------------------------------------- */
+
+int kvc_iswa_init(kvc_iswa *c, kvc_unified *base, kvc_unified *swa, bool swa_full, kvc_err *err) {
+    if (base == swa) {
+        return kvc_err_set(err, KVC_E_ARG, "the base and SWA caches are the same cache");
+    }
+    if (base->semantics != swa->semantics || base->n_stream != swa->n_stream || base->n_seq_max != swa->n_seq_max) {
+        return kvc_err_set(err, KVC_E_ARG, "the base and SWA caches differ in semantics, streams or n_seq_max");
+    }
+    if (swa->swa_type == KVC_SWA_NONE) {
+        return kvc_err_set(err, KVC_E_ARG, "the SWA cache has no sliding window");
+    }
+    c->base = base;
+    c->swa = swa;
+    c->swa_full = swa_full;
+    kvc_iswa_pending_clear(&c->pending);
+    return KVC_OK;
+}
+
+int kvc_iswa_sbatch_init(kvc_iswa *c, uint32_t n_tokens, const int32_t *pos, const uint32_t *seq_off,
+                         const int32_t *seq_ids, kvc_err *err) {
+    return kvc_iswa_pending_set(&c->pending, n_tokens, pos, seq_off, seq_ids, c->swa->n_seq_max, !c->swa_full, err);
+}
+
+int kvc_iswa_find_slot(kvc_iswa *c, const kvc_ubatch *ub, bool found[2], kvc_err *err) {
+    if (c->base->semantics == KVC_SEM_2026) {
+        kvc_unified *const parts[2] = { c->base, c->swa };
+        int room[2] = { 0, 0 };
+        const int r = kvc_unified_find_slot_2026_parts(parts, 2, ub, room, err);
+        found[0] = room[0] == 1;
+        found[1] = room[1] == 1;
+        return r;
+    }
+    kvc_unified_mark mark;
+    kvc_unified_mark_take(c->base, &mark);
+    const int rb = kvc_unified_find_slot(c->base, ub);
+    if (rb < 0) {
+        return rb;
+    }
+    const int rs = kvc_unified_find_slot(c->swa, ub);
+    if (rs < 0) {
+        /* only find_slot changed the base cache since the mark: the rewind cannot fail */
+        (void)kvc_unified_rewind(c->base, &mark);
+        return rs;
+    }
+    found[0] = rb == 1;
+    found[1] = rs == 1;
+    return found[0] && found[1];
+}
+
+uint32_t kvc_iswa_commit(kvc_iswa *c, kvc_iswa_pending *partial) {
+    kvc_unified_commit(c->base);
+    kvc_unified_commit(c->swa);
+    /* the ranges are consumed before pruning, as llama.cpp swaps them out */
+    const kvc_iswa_pending *p = &c->pending;
+    kvc_iswa_pending_clear(partial);
+    uint32_t n = 0;
+    for (int32_t s = kvc_seqset_next(&p->seqs, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&p->seqs, KVC_SEQ_WORDS, s)) {
+        if (kvc_unified_prune_swa(c->swa, s, p->pmin[s], p->pmax[s]) == 1) {
+            kvc_seqset_add(&partial->seqs, s);
+            partial->pmin[s] = p->pmin[s];
+            partial->pmax[s] = p->pmax[s];
+            n++;
+        }
+    }
+    kvc_iswa_pending_clear(&c->pending);
+    return n;
+}
+
+void kvc_iswa_restore(kvc_iswa *c) {
+    kvc_unified_restore(c->base);
+    kvc_unified_restore(c->swa);
+}
+
+void kvc_iswa_set_full(kvc_iswa *c) {
+    kvc_unified_set_full(c->base);
+    kvc_unified_set_full(c->swa);
+}
+
+void kvc_iswa_clear(kvc_iswa *c) {
+    kvc_unified_clear(c->base);
+    kvc_unified_clear(c->swa);
+}
+
+bool kvc_iswa_seq_rm(kvc_iswa *c, int32_t s, int32_t p0, int32_t p1) {
+    const bool in_base = kvc_unified_seq_rm(c->base, s, p0, p1);
+    const bool in_swa = kvc_unified_seq_rm(c->swa, s, p0, p1);
+    return in_base && in_swa;
+}
+
+int kvc_iswa_seq_cp(kvc_iswa *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err) {
+    int r = kvc_unified_seq_cp_check(c->base, src, dst, p0, p1, err);
+    if (r == KVC_OK) {
+        r = kvc_unified_seq_cp_check(c->swa, src, dst, p0, p1, err);
+    }
+    if (r != KVC_OK) {
+        return r;
+    }
+    kvc_unified_seq_cp(c->base, src, dst, p0, p1);
+    kvc_unified_seq_cp(c->swa, src, dst, p0, p1);
+    return KVC_OK;
+}
+
+void kvc_iswa_seq_keep(kvc_iswa *c, int32_t s) {
+    kvc_unified_seq_keep(c->base, s);
+    kvc_unified_seq_keep(c->swa, s);
+}
+
+void kvc_iswa_seq_add(kvc_iswa *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
+    kvc_unified_seq_add(c->base, s, p0, p1, shift);
+    kvc_unified_seq_add(c->swa, s, p0, p1, shift);
+}
+
+void kvc_iswa_seq_div(kvc_iswa *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
+    kvc_unified_seq_div(c->base, s, p0, p1, d);
+    kvc_unified_seq_div(c->swa, s, p0, p1, d);
 }

@@ -1,5 +1,7 @@
 /* Tests of what the iSWA cache adds in C: multi-part state reads that change no cache unless
- * every part succeeds (csrc/kvc_state.c), and the pending pruning ranges (csrc/kvc_iswa.c). */
+ * every part succeeds (csrc/kvc_state.c), and the rules of the pair (csrc/kvc_iswa.c): the SWA
+ * cache's size, the pending pruning ranges, find_slot in both caches, commit-and-prune and the
+ * sequence operations. */
 #include "kvc_iswa.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
@@ -355,6 +357,191 @@ static void test_pending(void) {
     CHECK(kvc_iswa_pending_set(&p, 0, NULL, off, ids, 3, true, &err) == KVC_OK && !kvc_seqset_any(&p.seqs, KVC_SEQ_WORDS), "empty batch");
 }
 
+
+static void test_swa_size(void) {
+    /* kv_size, n_swa, n_seq_max, n_ubatch, n_pad, swa_full, kv_unified, semantics -> cells */
+    static const struct { kvc_iswa_sizing s; uint64_t cells; } cases[] = {
+        { { 4096, 128, 1, 512, 32, false, true, KVC_SEM_2025 }, 640 },      /* pad(640, 32) */
+        { { 4096, 100, 3, 16, 32, false, true, KVC_SEM_2025 }, 320 },       /* pad(316, 32) */
+        { { 256, 100, 3, 16, 32, false, true, KVC_SEM_2025 }, 256 },        /* capped at kv_size */
+        { { 4096, 128, 1, 512, 0, false, true, KVC_SEM_2025 }, 640 },       /* n_pad 0: none */
+        { { 4096, 128, 1, 512, 32, true, true, KVC_SEM_2025 }, 4096 },      /* swa_full */
+        { { 4096, 128, 4, 512, 32, false, false, KVC_SEM_2025 }, 1024 },    /* 2025: one stream always */
+        { { 1024, 100, 3, 16, 1, false, true, KVC_SEM_2026 }, 512 },        /* pad(316, 256) */
+        { { 1024, 100, 3, 16, 1, false, false, KVC_SEM_2026 }, 256 },       /* one window per stream */
+        { { 1000, 4, 4096, 512, 1, false, true, KVC_SEM_2026 }, 1024 },     /* capped, then padded past it */
+        { { 1024, 100, 3, 16, 1, true, false, KVC_SEM_2026 }, 1024 },       /* swa_full */
+        /* the largest inputs: exact in 64 bits */
+        { { UINT32_MAX, UINT32_MAX, UINT32_MAX, UINT32_MAX, UINT32_MAX, false, true, KVC_SEM_2025 }, UINT32_MAX },
+        { { UINT32_MAX, UINT32_MAX, 2, 0, 1, false, true, KVC_SEM_2026 }, (uint64_t)UINT32_MAX + 1 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const uint64_t got = kvc_iswa_swa_size(&cases[i].s);
+        CHECK(got == cases[i].cells, "case %zu: %llu cells, expected %llu", i, (unsigned long long)got,
+              (unsigned long long)cases[i].cells);
+    }
+}
+
+static bool iswa_of(kvc_iswa *c, pair *t, bool swa_full) {
+    kvc_err err = { 0, "" };
+    if (kvc_iswa_init(c, &t->c[0], &t->c[1], swa_full, &err) != KVC_OK) {
+        fprintf(stderr, "kvc_iswa_init: %s\n", err.msg);
+        return false;
+    }
+    return true;
+}
+
+static void test_init(void) {
+    pair t;
+    kvc_iswa c;
+    kvc_err err = { 0, "" };
+    REQUIRE(pair_init(&t), "init");
+    CHECK(kvc_iswa_init(&c, &t.c[0], &t.c[0], false, &err) == KVC_E_ARG && strstr(err.msg, "same"), "same: %s",
+          err.msg);
+    CHECK(kvc_iswa_init(&c, &t.c[1], &t.c[0], false, &err) == KVC_E_ARG && strstr(err.msg, "window"),
+          "no window: %s", err.msg);
+    t.c[1].n_seq_max = 2;
+    CHECK(kvc_iswa_init(&c, &t.c[0], &t.c[1], false, &err) == KVC_E_ARG, "n_seq_max differs");
+    t.c[1].n_seq_max = 3;
+    CHECK(iswa_of(&c, &t, false) && !kvc_seqset_any(&c.pending.seqs, KVC_SEQ_WORDS), "bound");
+    pair_free(&t);
+}
+
+/* A batch of one sequence at positions from..from+n-1, recorded and placed in one ubatch. */
+static int place(kvc_iswa *c, int32_t seq, int32_t from, uint32_t n, bool found[2]) {
+    uint32_t off[65];
+    int32_t pos[64], ids[64];
+    for (uint32_t i = 0; i < n; i++) {
+        off[i] = i;
+        pos[i] = from + (int32_t)i;
+        ids[i] = seq;
+    }
+    off[n] = n;
+    kvc_err err = { 0, "" };
+    if (kvc_iswa_sbatch_init(c, n, pos, off, ids, &err) != KVC_OK) {
+        return KVC_E_ARG;
+    }
+    const kvc_ubatch ub = { n, 1, n, pos, off, ids, NULL, NULL, NULL };
+    return kvc_iswa_find_slot(c, &ub, found, &err);
+}
+
+static void test_commit_prunes_the_window(void) {
+    pair t;
+    kvc_iswa c;
+    kvc_iswa_pending partial;
+    bool found[2];
+    REQUIRE(pair_init(&t) && iswa_of(&c, &t, false), "init");
+    /* 10 positions of sequence 0: the SWA cache (n_swa 4) keeps what position 9 can see */
+    CHECK(place(&c, 0, 0, 10, found) == 1 && found[0] && found[1], "placed");
+    CHECK(c.pending.pmin[0] == 0 && c.pending.pmax[0] == 9, "pending 0..9");
+    CHECK(kvc_iswa_commit(&c, &partial) == 0 && !kvc_seqset_any(&partial.seqs, KVC_SEQ_WORDS), "a whole window");
+    CHECK(!kvc_seqset_any(&c.pending.seqs, KVC_SEQ_WORDS), "pending consumed");
+    CHECK(t.c[0].undo.n_spans == 0 && t.c[1].undo.n_spans == 0, "both committed");
+    CHECK(kvc_iswa_seq_pos_min(&c, 0) == 6 && kvc_iswa_seq_pos_max(&c, 0) == 9, "swa: %d..%d",
+          kvc_iswa_seq_pos_min(&c, 0), kvc_iswa_seq_pos_max(&c, 0));
+    CHECK(kvc_unified_seq_pos_min(&t.c[0], 0) == 0, "the base cache keeps everything");
+    /* a gap: positions 20..21 see nothing of 6..9, and the window before 20 is lost */
+    CHECK(place(&c, 0, 20, 2, found) == 1, "placed");
+    CHECK(kvc_iswa_commit(&c, &partial) == 1 && kvc_seqset_has(&partial.seqs, 0), "partial");
+    CHECK(partial.pmin[0] == 20 && partial.pmax[0] == 21, "partial range %d..%d", partial.pmin[0], partial.pmax[0]);
+    CHECK(kvc_iswa_seq_pos_min(&c, 0) == 20, "pruned to %d", kvc_iswa_seq_pos_min(&c, 0));
+    /* restore undoes both caches, and the next commit prunes with the ranges then pending */
+    CHECK(place(&c, 1, 0, 3, found) == 1, "placed");
+    kvc_iswa_restore(&c);
+    CHECK(kvc_unified_seq_pos_max(&t.c[0], 1) == -1 && kvc_iswa_seq_pos_max(&c, 1) == -1, "restored");
+    pair_free(&t);
+}
+
+static void test_swa_full_never_prunes(void) {
+    pair t;
+    kvc_iswa c;
+    kvc_iswa_pending partial;
+    bool found[2];
+    REQUIRE(pair_init(&t) && iswa_of(&c, &t, true), "init");
+    CHECK(place(&c, 0, 0, 10, found) == 1, "placed");
+    CHECK(!kvc_seqset_any(&c.pending.seqs, KVC_SEQ_WORDS), "nothing recorded");
+    CHECK(kvc_iswa_commit(&c, &partial) == 0 && kvc_iswa_seq_pos_min(&c, 0) == 0, "nothing pruned");
+    pair_free(&t);
+}
+
+static void test_find_slot_undoes_the_base_cache(void) {
+    bool done = false;
+    for (int k = 1; k < 20 && !done; k++) {
+        pair t;
+        kvc_iswa c;
+        bool found[2] = { false, false };
+        REQUIRE(pair_init(&t) && iswa_of(&c, &t, false), "init");
+        bytes before = { 0 }, after = { 0 };
+        pair_dump(&t, &before);
+        kvc_fail_alloc_after = k;
+        const int r = place(&c, 0, 0, 10, found);
+        kvc_fail_alloc_after = 0;
+        pair_dump(&t, &after);
+        done = r == 1;
+        if (!done) {
+            CHECK(r == KVC_E_NOMEM, "allocation %d: rc %d", k, r);
+            CHECK(before.n == after.n && memcmp(before.p, after.p, before.n) == 0, "allocation %d: a cache changed",
+                  k);
+        }
+        bytes_free(&before);
+        bytes_free(&after);
+        pair_free(&t);
+    }
+    CHECK(done, "find_slot never succeeded");
+}
+
+static void test_no_room_in_one(void) {
+    pair t;
+    kvc_iswa c;
+    bool found[2];
+    kvc_iswa_pending partial;
+    REQUIRE(pair_init(&t) && iswa_of(&c, &t, false), "init");
+    /* 40 tokens: room in the base cache (64 cells), none in the SWA cache (32) */
+    int32_t pos[40];
+    uint32_t off[41];
+    int32_t ids[40];
+    for (uint32_t i = 0; i < 40; i++) {
+        pos[i] = (int32_t)i;
+        off[i] = i;
+        ids[i] = 0;
+    }
+    off[40] = 40;
+    const kvc_ubatch ub = { 40, 1, 40, pos, off, ids, NULL, NULL, NULL };
+    kvc_err err = { 0, "" };
+    CHECK(kvc_iswa_find_slot(&c, &ub, found, &err) == 0 && found[0] && !found[1], "base only");
+    kvc_iswa_restore(&c);
+    CHECK(kvc_unified_seq_pos_max(&t.c[0], 0) == -1, "restored");
+    (void)kvc_iswa_commit(&c, &partial);
+    pair_free(&t);
+}
+
+static void test_sequence_operations(void) {
+    pair t;
+    kvc_iswa c;
+    bool found[2];
+    kvc_iswa_pending partial;
+    kvc_err err = { 0, "" };
+    REQUIRE(pair_init(&t) && iswa_of(&c, &t, false), "init");
+    REQUIRE(place(&c, 0, 0, 3, found) == 1, "placed");
+    (void)kvc_iswa_commit(&c, &partial);
+    CHECK(kvc_iswa_seq_cp(&c, 0, 2, -1, -1, &err) == KVC_OK, "%s", err.msg);
+    CHECK(kvc_unified_seq_pos_max(&t.c[0], 2) == 2 && kvc_iswa_seq_pos_max(&c, 2) == 2, "copied in both");
+    kvc_iswa_seq_add(&c, 2, 0, -1, 5);
+    CHECK(kvc_unified_seq_pos_max(&t.c[0], 2) == 7 && kvc_iswa_seq_pos_max(&c, 2) == 7, "shifted in both");
+    CHECK(kvc_iswa_has_shift(&c) && !kvc_iswa_can_shift(&c) && kvc_iswa_shift_refused(&c), "a shift it cannot apply");
+    kvc_iswa_seq_div(&c, 2, 0, -1, 2);
+    CHECK(kvc_unified_seq_pos_max(&t.c[0], 2) == 3 && kvc_iswa_seq_pos_max(&c, 2) == 3, "divided in both");
+    CHECK(kvc_iswa_seq_rm(&c, 2, 3, -1), "removed");
+    CHECK(kvc_unified_seq_pos_max(&t.c[0], 2) == 2 && kvc_iswa_seq_pos_max(&c, 2) == 2, "removed from both");
+    kvc_iswa_seq_keep(&c, 2);
+    CHECK(kvc_unified_seq_pos_max(&t.c[0], 0) == -1 && kvc_iswa_seq_pos_max(&c, 0) == -1, "kept 2 only");
+    kvc_iswa_set_full(&c);
+    CHECK(t.c[0].n == 64 && t.c[1].n == 32, "set_full: n %u, %u", t.c[0].n, t.c[1].n);
+    kvc_iswa_clear(&c);
+    CHECK(t.c[0].cells.used == 0 && t.c[1].cells.used == 0, "cleared");
+    pair_free(&t);
+}
+
 int main(void) {
     test_round_trip();
     test_failing_second_part();
@@ -362,6 +549,13 @@ int main(void) {
     test_allocation_failures();
     test_bad_part_lists();
     test_pending();
+    test_swa_size();
+    test_init();
+    test_commit_prunes_the_window();
+    test_swa_full_never_prunes();
+    test_find_slot_undoes_the_base_cache();
+    test_no_room_in_one();
+    test_sequence_operations();
     printf("test_iswa: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed ? 1 : 0;
 }
