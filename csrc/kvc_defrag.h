@@ -3,7 +3,7 @@
 #ifndef KVC_DEFRAG_H
 #define KVC_DEFRAG_H
 
-#include "kvc_unified.h"
+#include "kvc_unified_types.h"
 
 #ifdef __cplusplus
 extern "C" {

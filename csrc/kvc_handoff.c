@@ -1,4 +1,5 @@
 #include "kvc_handoff.h"
+#include "kvc_defrag.h"
 
 #include "kvc_le.h"
 #include "kvc_state.h"

@@ -26,6 +26,7 @@
 #define KVC_HANDOFF_H
 
 #include "kvc_common.h"
+#include "kvc_slot.h"
 #include "kvc_unified.h"
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 /* kvcache — the unified cache's K-shift over its K memory (see kvc_kshift.h). */
 #include "kvc_kshift.h"
+#include "kvc_defrag.h"
 
 #include <string.h>
 

@@ -2,6 +2,9 @@
  * that see nothing; each output type's encoding lives here and nowhere else), then the strategy
  * that decides which rows and windows (kvc_unified_kq_mask). */
 #include "kvc_mask.h"
+#include "kvc_mask_memo.h"
+#include "kvc_slot.h"
+#include "kvc_unified.h"
 #include "kvc_types.h"
 #include "kvc_common.h"
 #include "kvc_simd.h"
@@ -575,49 +578,6 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
 
 /* --- masks rewritten where the cells changed ----------------------------------------------- */
 
-/* A buffer the cache wrote a mask into, and what it holds. */
-typedef struct kvc_mask_slot {
-    bool        valid;
-    const uint8_t *out;
-    size_t      extent;               /* bytes from out that the mask spans */
-    size_t      row_stride;
-    uint32_t    n_tokens, rows, n_kv, n_groups, nst;
-    int         dtype;
-    bool        causal, pad;
-    uint64_t    used;                 /* the memo's clock when last written */
-    uint32_t    cap;                  /* tokens the row arrays hold */
-    int32_t    *seq, *lo, *hi;        /* [cap] per token: its row's sequence and window */
-    uint32_t   *strm;                 /* [n_stream] the stream of each group */
-    uint64_t   *epoch;                /* [n_stream] each stream's change log as of the write */
-    uint32_t   *chg_n;
-} kvc_mask_slot;
-
-/* The last few buffers (a step may write masks of several dtypes or layers' windows). */
-#define KVC_MASK_SLOTS 4
-
-struct kvc_mask_memo {
-    kvc_mask_slot slot[KVC_MASK_SLOTS];
-    uint64_t    clock;
-    uint32_t   *cells;                /* [cells_cap] scratch: a stream's changed cells */
-    uint32_t    cells_cap;
-};
-
-void kvc_mask_memo_free(struct kvc_mask_memo *m) {
-    if (!m) {
-        return;
-    }
-    for (int k = 0; k < KVC_MASK_SLOTS; k++) {
-        kvc_mask_slot *sl = &m->slot[k];
-        kvc_free(sl->seq);
-        kvc_free(sl->lo);
-        kvc_free(sl->hi);
-        kvc_free(sl->strm);
-        kvc_free(sl->epoch);
-        kvc_free(sl->chg_n);
-    }
-    kvc_free(m->cells);
-    kvc_free(m);
-}
 
 /* The slot remembering out, or NULL. */
 static kvc_mask_slot *kvc_mask_slot_of(const kvc_unified *c, const void *out) {

@@ -2,7 +2,8 @@
 #ifndef KVC_MASK_H
 #define KVC_MASK_H
 
-#include "kvc_unified.h"
+#include "kvc_ubatch.h"
+#include "kvc_unified_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,8 +45,6 @@ int kvc_unified_kq_mask_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal,
                               size_t row_stride, void *out, bool reuse);
 int kvc_unified_kq_mask_2026_reuse(kvc_unified *c, const kvc_ubatch *ub, bool causal, bool alibi, int dtype,
                                    void *out, bool reuse, kvc_err *err);
-/* Free what kvc_unified.mask_memo holds (kvc_unified_free calls it). */
-void kvc_mask_memo_free(struct kvc_mask_memo *m);
 
 #ifdef __cplusplus
 }

@@ -12,8 +12,13 @@
 #ifndef KVC_SECTION_H
 #define KVC_SECTION_H
 
+#include "kvc_cells.h"
 #include "kvc_cursor.h"
-#include "kvc_state.h"
+#include "kvc_layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* What a destination cache holds a section to; a NULL destination checks the structure alone
  * (ids in [0, KVC_MAX_SEQ), V layout 0 or 1). */
@@ -89,5 +94,37 @@ typedef struct kvc_frame {
 int  kvc_frame_begin(kvc_cursor *r, unsigned layout, uint32_t want, kvc_frame *f, kvc_err *err);
 /* True (and the count taken) when the next stream's section is an empty stream's. */
 bool kvc_frame_take_empty(kvc_cursor *r, const kvc_frame *f);
+
+/* --- describing a blob without a cache (public: the Python layer's inspection) ------------- */
+
+/* Walk one cache state at data[0, len) with the same checks of structure as the readers (every
+ * count against the bytes left, sequence ids in [0, KVC_MAX_SEQ), v_trans 0 or 1) but none
+ * against a cache. Fills d, and, when given, pos[i] and seq[KVC_SEQ_WORDS * i + w] (bit b of
+ * word w: cell i lists sequence 64 * w + b) for the first pos_cap cells and layers[il] for the
+ * first layers_cap layers. KVC_OK or KVC_E_STATE. */
+int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
+                       uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err);
+
+/* kvc_state_describe of a state whose cell records carry ext_bytes (0, 8 or 12) of the per-cell
+ * extension; ext (may be NULL) gets the first pos_cap cells' (tok KVC_TOKEN_NULL with 8 bytes). */
+int kvc_state_describe_ext(const uint8_t *data, size_t len, uint32_t ext_bytes, kvc_state_desc *d, int32_t *pos,
+                           uint64_t *seq, struct kvc_cell_ext *ext, uint32_t pos_cap, kvc_state_layer_desc *layers,
+                           uint32_t layers_cap, kvc_err *err);
+
+/* Walk the framed state at data[0, len) in layout (not DETECT; with KVC_LAYOUT_CELL_EXT the cell
+ * records carry the layout's extension bytes). sec_off[s] / sec_cells[s] for the
+ * first sec_cap streams: the offset of stream s's body (its cell count) and that count. KVC_OK
+ * or KVC_E_STATE (err: what and where). */
+int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix,
+                             kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
+                             kvc_err *err);
+
+/* The sequence-blob prefix in front of data[0, len) of a single sequence's state: *off = 8 when
+ * it is there, 0 when not. KVC_OK, or KVC_E_STATE when it is cut short. */
+int  kvc_state_prefix_skip(const uint8_t *data, size_t len, size_t *off, kvc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -33,8 +33,6 @@ static inline uint32_t kvc_unified_slot_stream(const kvc_unified *c, uint32_t t)
 }
 /* The cells of the placed tokens, in token order, into out[kvc_unified_slot_n(c)]. */
 void    kvc_unified_slot_cells(const kvc_unified *c, int32_t *out);
-/* Forget the placement (every operation above does). */
-static inline void kvc_unified_slot_drop(kvc_unified *c) { c->slot.n = 0; }
 
 /* --- semantics 2026 ----------------------------------------------------------------------
  * The token groups of a ubatch: one stream: one group of every token; several: the tokens
@@ -65,10 +63,6 @@ int  kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_
  * either may be NULL. KVC_E_ARG (nothing written) when nothing is placed, n_tokens is not the
  * placement's size or ikv is not a kept layer. */
 int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v);
-
-/* The undo log's memory (kvc_unified_init / kvc_unified_free use them). */
-int     kvc_undo_init(kvc_undo *u, uint32_t seq_words);   /* KVC_OK / KVC_E_NOMEM (nothing to free then) */
-void    kvc_undo_free(kvc_undo *u);
 
 /* --- undoing find_slot calls exactly ---------------------------------------------------- */
 /* What the find_slot calls change besides the cells: head, n and the undo log. A mark taken

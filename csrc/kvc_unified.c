@@ -3,8 +3,9 @@
 #include "kvc_unified.h"
 
 #include "kvc_cols.h"
-#include "kvc_mask.h"
-#include "kvc_state.h"
+#include "kvc_defrag.h"
+#include "kvc_layout.h"
+#include "kvc_mask_memo.h"
 #include "kvc_types.h"
 
 #include <math.h>

@@ -1,9 +1,11 @@
 /* kvcache — the unified KV cache (llama_kv_cache_unified): its state, construction, the
  * sequence operations, the sliding window and the per-layer K/V buffers it manages.
  *
- * The rest of the cache is declared by concept: kvc_slot.h (slot search, the undo log,
- * snapshots, storing a ubatch's rows), kvc_defrag.h (defragmentation), kvc_mask.h (the KQ
- * mask), kvc_kshift.h (the K-shift of the K memory), kvc_state.h (the state codec).
+ * The struct and its field accessors are in kvc_unified_types.h, below this header. The rest of
+ * the cache is declared by concept: kvc_defrag.h (defragmentation, below the operations: each
+ * settles a pending plan first), and above this header kvc_slot.h (slot search, the undo log,
+ * snapshots, storing a ubatch's rows), kvc_mask.h (the KQ mask), kvc_kshift.h (the K-shift of
+ * the K memory), kvc_state.h (the state codec). csrc/LAYERS lists the order.
  *
  * The K/V memory is not allocated here: the owner (the Python layer) attaches
  * one K and one V buffer per kept layer with kvc_unified_set_layer_buffers, or
@@ -15,174 +17,22 @@
 #include "kvc_seqops.h"
 #include "kvc_cells.h"
 #include "kvc_ubatch.h"
+#include "kvc_unified_types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum kvc_swa_type {
-    KVC_SWA_NONE     = 0,
-    KVC_SWA_STANDARD = 1,  /* masked when p1 - p0 >= n_swa */
-    KVC_SWA_CHUNKED  = 2,  /* masked when p0 < (p1 / n_swa) * n_swa */
-} kvc_swa_type;
-
-/* Which llama.cpp the cache follows: the seed (mid-2025: one cell table, contiguous placement
- * with commit/restore, defragmentation) or today's (streams, scattered placement that is final,
- * stream copies, no defragmentation). Chosen at construction. */
-typedef enum kvc_semantics {
-    KVC_SEM_2025 = 0,
-    KVC_SEM_2026 = 1,
-} kvc_semantics;
-
-/* n_defrag_runs of a plan whose runs are known from defrag_ids alone */
-#define KVC_RUNS_FROM_IDS UINT32_MAX
-
-/* n_kv of a 2026 stream is padded to a multiple of at least this many cells */
-#define KVC_N_KV_PAD_MIN 256u
-
-/* A stream of a 2026 cache beyond the first: its own cell table and head (stream 0 is the
- * cache's `cells` / `head`, so that every single-table operation sees stream 0). */
-typedef struct kvc_stream {
-    kvc_cells cells;
-    uint32_t  head;
-} kvc_stream;
-
-/* The layers (kvc_layer, kvc_common.h): K rows n_stream * size (stream s: rows s * size ..); V
- * likewise, or transposed per stream n_embd_v rows of size elements. */
-
-/* One find_slot's overwritten cells [i, i + n), as they were: entries [off, off + n) of the
- * undo log's arrays. */
-typedef struct kvc_undo_span {
-    uint32_t i, n, off;
-} kvc_undo_span;
-
-/* The undo log: the cells each find_slot overwrote since the last commit, as they were, so
- * that restore() (and a rewind) can put them back. */
-typedef struct kvc_undo {
-    kvc_undo_span *spans;        /* [n_spans] in find_slot order */
-    uint32_t       n_spans, cap_spans;
-    int32_t       *pos;          /* [n_cells] the overwritten cells' positions */
-    uint64_t      *seq;          /* [n_cells * seq_words] and sequence sets, a cell's words together */
-    uint32_t       n_cells, cap_cells;
-    uint32_t       seq_words;    /* words of a set (the cell table's) */
-} kvc_undo;
-
-/* Where the last successful find_slot put its ubatch: token t is in cell head + t (kvc_slot.h reads
- * it through kvc_unified_slot_cell, so that a placement in scattered cells can replace the run).
- * n == 0: nothing is placed. */
-typedef struct kvc_slot {
-    uint32_t head, n;
-} kvc_slot;
-
-/* Where the last successful 2026 find_slot put its ubatch: token g * n_seq_tokens + i of group
- * g went to cell idx[g * n_seq_tokens + i] of stream strm[g] (the buffers are the cache's, of
- * n_stream * size and n_stream entries; kvc_slot.n counts the tokens). */
-typedef struct kvc_scatter {
-    int32_t  *idx;          /* [n_stream * size] */
-    uint32_t *strm;         /* [n_stream] */
-    uint32_t  n_groups, n_seq_tokens;
-} kvc_scatter;
-
-typedef struct kvc_unified {
-    /* the cell table and the state that goes with it (head, placement, undo log) */
-    kvc_cells  cells;        /* the cell table */
-    uint32_t   head;         /* where the next slot search starts */
-    kvc_slot   slot;         /* the last placement, until an operation changes the cells */
-    /* semantics 2026 (KVC_SEM_2026): streams, scattered placement, stream copies */
-    int32_t    semantics;    /* kvc_semantics */
-    uint32_t   n_stream;     /* 1, or n_seq_max (kv_unified false): sequence s in stream s */
-    kvc_stream *more;        /* [n_stream - 1] streams 1.. */
-    kvc_scatter scatter;     /* the cells of the last placement (2026) */
-    uint32_t  *copy_src, *copy_dst; /* [n_copies] stream copies queued for the next update */
-    uint32_t   n_copies, cap_copies;
-    kvc_undo   undo;         /* what the find_slot calls since the last commit overwrote */
-    /* the whole cache */
-    uint32_t   n;            /* cells the attention looks at (the mask's columns) */
-    uint32_t   n_seq_max;    /* valid sequence ids: [0, n_seq_max) */
-    uint32_t   n_pad;        /* kv_size and n are multiples of it */
-    uint32_t   n_swa;        /* sliding window size (0 with KVC_SWA_NONE) */
-    int32_t    swa_type;     /* kvc_swa_type */
-    int32_t    type_k;       /* ggml type id of K */
-    int32_t    type_v;       /* ggml type id of V */
-    bool       v_trans;      /* V stored transposed */
-    uint32_t   n_layer;      /* kept layers */
-    kvc_layer *layers;       /* [n_layer] in model order */
-    /* defragmentation (kvc_defrag.h) */
-    bool       do_defrag;    /* set by defrag_sched, cleared by defrag_move / update */
-    uint32_t  *defrag_ids;   /* [size] cell i moves to ids[i] (plan of the last defrag_prepare) */
-    uint32_t   n_defrag_ids; /* length of the plan (used_max_p1 when it was made) */
-    uint32_t  *defrag_run_list; /* [3 * n_defrag_runs] the plan's runs as kvc_unified_defrag_runs
-                              * gives them, written by the planner along with defrag_ids */
-    uint32_t   n_defrag_runs;  /* how many; KVC_RUNS_FROM_IDS: read them from defrag_ids (a plan
-                              * that was written there by other means) */
-    uint32_t   cap_defrag_runs;
-    bool       defrag_pending; /* the plan's cells moved, their K/V rows not yet */
-    uint32_t   n_threads;    /* threads a large K/V move may use; 0: kvc_parallel_width() */
-    bool       vector_moves; /* transposed-V moves may take the vector path (decided at init) */
-    struct kvc_mask_memo *mask_memo; /* the last mask buffer written with kvc_unified_kq_mask_reuse
-                                      * (kvc_mask.h), NULL before */
-    /* the per-cell extension (2026 only): every stream's table has one when the cache has it */
-    bool       ple;          /* every ubatch sets the extension, a ubatch without token ids
-                              * storing ple_token (llama.cpp's per-layer-embedding models) */
-    int32_t    ple_token;
-} kvc_unified;
-
-typedef struct kvc_unified_params {
-    uint32_t        kv_size;     /* cells (of each stream) */
-    int32_t         semantics;   /* kvc_semantics (0: the seed's) */
-    bool            stream_per_seq; /* 2026: a stream per sequence (llama.cpp kv_unified false) */
-    uint32_t        n_seq_max;   /* 1..KVC_MAX_SEQ */
-    uint32_t        n_pad;       /* > 0, divides kv_size */
-    uint32_t        n_swa;
-    int32_t         swa_type;
-    int32_t         type_k, type_v;
-    bool            v_trans;     /* requires a V type with block size 1 */
-    uint32_t        n_layer;     /* kept layers */
-    const int32_t  *layer_il;    /* [n_layer] model layer indices */
-    const uint32_t *n_embd_k;    /* [n_layer] */
-    const uint32_t *n_embd_v;    /* [n_layer] */
-    bool            cell_ext;    /* 2026: the per-cell extension (kvc_cells.h), as llama.cpp gives the
-                                  * caches of M-RoPE and per-layer-embedding models */
-    bool            ple;         /* with cell_ext: kvc_unified.ple */
-    int32_t         ple_token;
-} kvc_unified_params;
 
 /* Validate params and initialise (buffers NULL). KVC_OK, KVC_E_ARG (err says why), KVC_E_NOMEM. */
 int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err);
 void kvc_unified_free(kvc_unified *c);
 /* Attach the K/V memory of kept layer `ikv` (index into layers, not the model index). */
 void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v);
-/* Whether the cache holds K/V memory (the owner attaches it to every layer or to none). */
-static inline bool kvc_unified_has_memory(const kvc_unified *c) {
-    for (uint32_t l = 0; l < c->n_layer; l++) {
-        if (c->layers[l].k || c->layers[l].v) {
-            return true;
-        }
-    }
-    return false;
-}
 /* The threads a K/V move of 16 MiB or more may share its layers among (never more than there
  * are layers): 1..KVC_MAX_THREADS, or 0 for kvc_parallel_width() (the default). KVC_OK or
  * KVC_E_ARG. */
 int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err);
 
-/* --- streams (one for a 2025 cache) --------------------------------------------------- */
-static inline kvc_cells *kvc_unified_stream_cells(kvc_unified *c, uint32_t s) {
-    return s ? &c->more[s - 1].cells : &c->cells;
-}
-static inline const kvc_cells *kvc_unified_stream_cells_c(const kvc_unified *c, uint32_t s) {
-    return s ? &c->more[s - 1].cells : &c->cells;
-}
-static inline uint32_t *kvc_unified_stream_head(kvc_unified *c, uint32_t s) {
-    return s ? &c->more[s - 1].head : &c->head;
-}
-static inline uint32_t kvc_unified_stream_head_c(const kvc_unified *c, uint32_t s) {
-    return s ? c->more[s - 1].head : c->head;
-}
-/* The stream of (valid) sequence s. */
-static inline uint32_t kvc_unified_stream_of(const kvc_unified *c, int32_t s) {
-    return c->n_stream == 1 ? 0 : (uint32_t)s;
-}
 /* 2026: the cells the attention of stream s spans: min(size, max(P, pad(used_max_p1, P))),
  * P = max(n_pad, KVC_N_KV_PAD_MIN). */
 uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s);
@@ -206,12 +56,6 @@ void    kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0,
 void    kvc_unified_seq_keep(kvc_unified *c, int32_t s);
 void    kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift);
 void    kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d); /* d > 0 */
-static inline int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s) {
-    return kvc_cells_seq_pos_min(kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s)), s);
-}
-static inline int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s) {
-    return kvc_cells_seq_pos_max(kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s)), s);
-}
 /* 2026: whether seq_cp(src, dst, p0, p1) is allowed (across streams only whole sequences) and
  * room for the stream copy it queues. KVC_OK, KVC_E_ARG or KVC_E_NOMEM with err; c unchanged. */
 int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err);
@@ -220,35 +64,12 @@ int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32
  * without RoPE, or the owner rotates; else kvc_unified_update rotates K by them next).
  * *copies: how many copies ran; returns whether a shift was pending. */
 bool    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts);
-/* Whether the cache's cells carry the per-cell extension. */
-static inline bool kvc_unified_has_ext(const kvc_unified *c) { return c->cells.ext != NULL; }
-/* The streams the state codec walks (kvc_state.c: a section per stream): 1 for a 2025 cache. */
-static inline uint32_t kvc_unified_n_stream(const kvc_unified *c) { return c->n_stream; }
 
 /* Slide the window of sequence s after a batch spanning [pmin, pmax] (iSWA commit): the cells of
  * s that no position up to pmax can see lose s. Returns 1 when fewer than min(n_swa, pmin)
  * cells of s were visible from pmin (a partial SWA cache: information may be lost), 0 otherwise,
  * KVC_E_ARG for a cache without a sliding window. */
 int     kvc_unified_prune_swa(kvc_unified *c, int32_t s, int32_t pmin, int32_t pmax);
-
-/* The sliding window, the one definition the mask and the pruning share: a query at position p1
- * sees the keys at positions >= kvc_unified_swa_start(c, p1) (standard: masked when
- * p1 - p0 >= n_swa; chunked: masked before the chunk holding p1); without a window, every key. */
-static inline int64_t kvc_unified_swa_start(const kvc_unified *c, int32_t p1) {
-    switch (c->swa_type) {
-    case KVC_SWA_STANDARD:
-        return (int64_t)p1 - c->n_swa + 1;
-    case KVC_SWA_CHUNKED:
-        return ((int64_t)p1 / c->n_swa) * c->n_swa;
-    default:
-        return INT64_MIN;
-    }
-}
-
-/* Is the pair (key position p0, query position p1) outside the sliding window? */
-static inline bool kvc_unified_is_masked_swa(const kvc_unified *c, int32_t p0, int32_t p1) {
-    return p0 < kvc_unified_swa_start(c, p1);
-}
 
 /* T5 relative position buckets into out[n_tokens][c->n]. */
 void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out);
@@ -259,9 +80,5 @@ void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out);
 #ifdef __cplusplus
 }
 #endif
-
-#include "kvc_slot.h"
-#include "kvc_defrag.h"
-#include "kvc_mask.h"
 
 #endif

@@ -1,5 +1,6 @@
 /* kvcache — the update() of unified caches (see kvc_update.h). */
 #include "kvc_update.h"
+#include "kvc_defrag.h"
 
 #include "kvc_kshift.h"
 

@@ -5,6 +5,7 @@
  * state writes them in the layouts that have them (8 or 12 bytes), reads them back (whole and a
  * sequence) to the same bytes, refuses a layout without them, and a state cut anywhere changes
  * nothing; the seed's semantics and a cache without them refuse what needs them. */
+#include "kvc_mask.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 

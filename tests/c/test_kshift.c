@@ -3,8 +3,10 @@
  * kvc_rope_shift_rows rotates it, rejected calls and failed allocations leave the memory
  * unchanged, layers without memory are skipped, the runs are exactly the moves of the plan, and
  * an update of two caches changes neither when the second one's rotation is refused. */
+#include "kvc_defrag.h"
 #include "kvc_kshift.h"
 #include "kvc_quant.h"
+#include "kvc_slot.h"
 #include "kvc_update.h"
 
 #include <stdio.h>

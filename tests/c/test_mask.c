@@ -6,6 +6,8 @@
  * up to 256 sequences and ubatches of few and many tokens per sequence (the rows built from a
  * base row and its edges, and the rows computed directly), every output type. */
 #include "kvc_mask.h"
+#include "kvc_slot.h"
+#include "kvc_unified.h"
 #include "kvc_types.h"
 
 #include <math.h>

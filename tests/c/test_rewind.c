@@ -4,6 +4,7 @@
  * in between and when a find_slot failed for lack of memory; a rewind past a commit is refused
  * without a change; a prepared K-shift that is not run changes nothing. */
 #include "kvc_kshift.h"
+#include "kvc_slot.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,0 +1,254 @@
+/* kvcache — reading a memory state into a cache of semantics 2026 (see kvc_state_2026.h). */
+#include "kvc_state_2026.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+/* Elements src[0, n) of el bytes into row at element cells[i] (constant-size moves for 2 and 4). */
+static void scatter_elems(uint8_t *row, const int32_t *cells, const uint8_t *src, uint32_t n, size_t el) {
+    if (el == 2) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(row + 2 * (size_t)cells[i], src + 2 * (size_t)i, 2);
+        }
+    } else if (el == 4) {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(row + 4 * (size_t)cells[i], src + 4 * (size_t)i, 4);
+        }
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(row + el * (size_t)cells[i], src + el * i, el);
+        }
+    }
+}
+
+/* Copy the validated K/V data of section sec into cells[i] of its stream (cells NULL: cell i),
+ * converting the V layout when the section's differs from the cache's. */
+static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state_sec *sec, const int32_t *cells) {
+    const uint32_t cc = sec->cell_count;
+    const size_t size = c->cells.size, base = (size_t)sec->stream * size;
+    const size_t el = kvc_state_v_el(c);
+    const bool stream = kvc_state_stream_data(c, cc);
+    const uint8_t *p = data + sec->data_off + 8;
+    for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
+        const kvc_layer *l = &c->layers[ikv];
+        const size_t row = l->k_row_bytes;
+        const uint8_t *src = p + 12;
+        if (l->k && !cells) {
+            kvc_copy(l->k + base * row, src, (size_t)cc * row, stream);
+        } else if (l->k) {
+            for (uint32_t i = 0; i < cc; i++) {
+                kvc_copy(l->k + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row, stream);
+            }
+        }
+        p += 12 + (size_t)cc * row;
+    }
+    for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
+        const kvc_layer *l = &c->layers[ikv];
+        const size_t row = l->v_row_bytes;
+        const uint8_t *src = p + 12;
+        if (l->v && (sec->v_trans != 0) != c->v_trans) {
+            if (sec->v_trans) {
+                kvc_state_v_transpose_in(l->v + base * row, row, src, cc, l->n_embd_v, el, 0, cells);
+            } else {
+                kvc_state_v_untranspose_in(l->v + base * row, (uint32_t)size, src, row, cc, l->n_embd_v, el, 0, cells);
+            }
+        } else if (l->v && c->v_trans && !cells) {
+            /* per stream n_embd_v rows of size elements; the blob: n_embd_v rows of cc */
+            kvc_state_v_rows_in(l->v + base * row, (uint32_t)size, src, cc, l->n_embd_v, el, 0, stream);
+        } else if (l->v && c->v_trans) {
+            uint8_t *v = l->v + base * row;
+            for (uint32_t j = 0; j < l->n_embd_v; j++) {
+                const uint8_t *sj = src + (size_t)j * cc * el;
+                uint8_t *dj = v + (size_t)j * size * el;
+                scatter_elems(dj, cells, sj, cc, el);
+            }
+        } else if (l->v && !cells) {
+            kvc_copy(l->v + base * row, src, (size_t)cc * row, stream);
+        } else if (l->v) {
+            for (uint32_t i = 0; i < cc; i++) {
+                kvc_copy(l->v + (base + (size_t)cells[i]) * row, src + (size_t)i * row, row, stream);
+            }
+        }
+        /* both layouts hold cc * v_row_bytes bytes of data after a 12-byte header */
+        p += 12 + (size_t)cc * row;
+    }
+    if (stream) {
+        kvc_stream_fence();
+    }
+}
+
+/* One section of a single sequence's state, as the reference reads it: remove the destination
+ * sequence from its stream, then place the cells as one ubatch of it (find_slot, cont false). */
+int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos) {
+    const uint32_t seq_off[2] = { 0, 1 };
+    const int32_t seq_ids[1] = { seq_id };
+    const kvc_ubatch ub = { cc, cc, 1, pos, seq_off, seq_ids, NULL, NULL, NULL };
+    kvc_unified_seq_rm(c, seq_id, -1, -1);
+    if (cc == 0) {
+        return 1;
+    }
+    return kvc_unified_find_slot_2026(c, &ub, NULL);
+}
+
+void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc, const kvc_cell_ext *ext) {
+    /* the saved extensions go back as they were (llama.cpp puts them back after placing) */
+    kvc_cells *cells = kvc_unified_stream_cells(c, stream);
+    for (uint32_t i = 0; ext && cells->ext && i < cc; i++) {
+        cells->ext[c->scatter.idx[i]] = ext[i];
+    }
+}
+
+int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *secs, uint32_t n_sec,
+                                     int32_t *cells, uint32_t *failed, uint32_t *used) {
+    const uint32_t st = kvc_unified_stream_of(c, seq_id);
+    kvc_cells saved;
+    const kvc_slot slot = c->slot;
+    const kvc_scatter scat = c->scatter;
+    const uint32_t head = kvc_unified_stream_head_c(c, st);
+    int32_t *idx = kvc_malloc_n(slot.n ? slot.n : 1, sizeof *idx);
+    uint32_t *strm = kvc_malloc_n(c->n_stream, sizeof *strm);
+    if (!idx || !strm || kvc_cells_init_like(&saved, kvc_unified_stream_cells(c, st)) != KVC_OK) {
+        kvc_free(idx);
+        kvc_free(strm);
+        return KVC_E_NOMEM;
+    }
+    kvc_cells_copy(&saved, kvc_unified_stream_cells(c, st));
+    memcpy(idx, scat.idx, (size_t)slot.n * sizeof *idx);
+    memcpy(strm, scat.strm, (size_t)c->n_stream * sizeof *strm);
+    int found = 1;
+    uint32_t k;
+    for (k = 0; k < n_sec && found == 1; k++) {
+        found = kvc_unified_state_place_2026(c, seq_id, secs[k].cell_count, secs[k].pos);
+    }
+    if (found == 1 && cells && n_sec > 0) {
+        memcpy(cells, c->scatter.idx, (size_t)secs[n_sec - 1].cell_count * sizeof *cells);
+    }
+    *failed = k - 1;
+    *used = kvc_unified_stream_cells_c(c, st)->used;
+    kvc_cells_copy(kvc_unified_stream_cells(c, st), &saved);
+    *kvc_unified_stream_head(c, st) = head;
+    memcpy(c->scatter.idx, idx, (size_t)slot.n * sizeof *idx);
+    memcpy(c->scatter.strm, strm, (size_t)c->n_stream * sizeof *strm);
+    c->scatter.n_groups = scat.n_groups;
+    c->scatter.n_seq_tokens = scat.n_seq_tokens;
+    c->slot = slot;
+    kvc_cells_free(&saved);
+    kvc_free(idx);
+    kvc_free(strm);
+    return found;
+}
+
+/* The dry run of a single sequence's sections: is there room for each in turn? */
+static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
+    uint32_t failed = 0, used = 0;
+    const int found = kvc_unified_state_try_place_2026(c, plan->seq_id, plan->secs, plan->n_sec, NULL, &failed, &used);
+    if (found == 1) {
+        return KVC_OK;
+    }
+    if (found < 0) {
+        return kvc_err_set(err, found, "out of memory restoring sequence %" PRId32, plan->seq_id);
+    }
+    return kvc_err_set(err, KVC_E_STATE,
+                       "no room: sequence %" PRId32 " needs %" PRIu32 " free cells in stream %" PRIu32
+                       " (%" PRIu32 " cells, %" PRIu32 " used without the sequence)",
+                       plan->seq_id, plan->secs[failed].cell_count, kvc_unified_stream_of(c, plan->seq_id),
+                       c->cells.size, used);
+}
+
+/* Validate a state for a cache of semantics 2026: a section per stream (one in a layout without
+ * stream counts), each against a stream of the cache; for a single sequence, find room. */
+int kvc_state_prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                        unsigned layout, kvc_state_plan *plan, kvc_err *err) {
+    kvc_cursor r = { data, data ? len : 0, 0 };
+    const kvc_state_stream ref = { c, 0 };
+    kvc_sec_dest d;
+    kvc_frame f;
+    int rc;
+    plan->data = data;
+    plan->seq_id = seq_id;
+    kvc_state_dest(&ref, seq_id, flags, layout, &d);
+    if ((rc = kvc_frame_begin(&r, layout, c->n_stream, &f, err)) != KVC_OK) {
+        return rc;
+    }
+    plan->secs = kvc_calloc(f.n_stream, sizeof *plan->secs);
+    if (!plan->secs) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading %" PRIu32 " streams", f.n_stream);
+    }
+    for (uint32_t s = 0; s < f.n_stream; s++) {
+        const size_t at = r.off;
+        if (kvc_frame_take_empty(&r, &f)) {
+            continue;
+        }
+        kvc_section ps;
+        memset(&ps, 0, sizeof ps);
+        rc = kvc_sec_parse(&r, &d, &ps, err);
+        kvc_state_sec *sec = &plan->secs[plan->n_sec++];
+        sec->stream = seq_id < 0 ? s : kvc_unified_stream_of(c, seq_id);
+        sec->cell_count = ps.cell_count;
+        sec->data_off = ps.data_off;
+        sec->v_trans = ps.v_trans;
+        sec->pos = ps.pos; /* owned by the plan from here */
+        sec->seq = ps.seq;
+        sec->ext = ps.ext;
+        if (rc != KVC_OK) {
+            if (f.n_stream > 1) {
+                kvc_err_wrap(err, rc, "stream %" PRIu32 " (from byte %zu)", s, at);
+            }
+            return rc;
+        }
+    }
+    plan->len = r.off;
+    /* a single sequence's state of empty sections only keeps the destination's cells */
+    plan->noop = seq_id >= 0 && plan->n_sec == 0;
+    if (seq_id >= 0 && plan->n_sec > 0) {
+        return check_room_2026(c, plan, err);
+    }
+    return KVC_OK;
+}
+
+void kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
+    if (plan->seq_id < 0) {
+        /* clear (every stream, heads 0; queued stream copies stay), then cell k of section s into
+         * cell k of stream s; of the K/V data only what no section overwrites is zeroed (the
+         * K/V bytes end as llama.cpp's clear and read leave them) */
+        kvc_unified_clear_cells(c);
+        uint32_t filled[KVC_MAX_SEQ] = { 0 };
+        for (uint32_t k = 0; k < plan->n_sec; k++) {
+            filled[plan->secs[k].stream] = plan->secs[k].cell_count;
+        }
+        for (uint32_t s = 0; s < c->n_stream; s++) {
+            kvc_unified_zero_cells(c, s, filled[s], c->cells.size);
+        }
+        const uint32_t nw = c->cells.seq_words;
+        for (uint32_t k = 0; k < plan->n_sec; k++) {
+            const kvc_state_sec *sec = &plan->secs[k];
+            kvc_cells *cells = kvc_unified_stream_cells(c, sec->stream);
+            kvc_seqset touched;
+            kvc_seqset_clear(&touched);
+            for (uint32_t i = 0; i < sec->cell_count; i++) {
+                const uint64_t *set = sec->seq + (size_t)i * nw;
+                kvc_cells_set_raw(cells, i, sec->pos[i], set);
+                if (sec->ext) {
+                    cells->ext[i] = sec->ext[i];
+                }
+                for (uint32_t w = 0; w < nw; w++) {
+                    touched.w[w] |= set[w];
+                }
+            }
+            kvc_cells_rebuild_seq_pos(cells, &touched);
+            if (sec->cell_count) {
+                apply_data_2026(c, plan->data, sec, NULL);
+            }
+        }
+        return;
+    }
+    /* the same steps on the same cells as the prepare's dry run: the same cells, room found */
+    for (uint32_t k = 0; k < plan->n_sec; k++) {
+        const kvc_state_sec *sec = &plan->secs[k];
+        if (kvc_unified_state_place_2026(c, plan->seq_id, sec->cell_count, sec->pos) == 1 && sec->cell_count) {
+            apply_data_2026(c, plan->data, sec, c->scatter.idx);
+            kvc_unified_state_put_ext_2026(c, sec->stream, sec->cell_count, sec->ext);
+        }
+    }
+    kvc_unified_slot_drop(c);
+}

@@ -1,0 +1,44 @@
+/* kvcache — reading a memory state into a unified cache of semantics 2026: a section per
+ * stream, each against a stream of the cache; a single sequence's sections placed in any free
+ * cells of its stream (today's find_slot), all checked by a dry run before anything changes. */
+#ifndef KVC_STATE_2026_H
+#define KVC_STATE_2026_H
+
+#include "kvc_common.h"
+#include "kvc_slot.h"
+#include "kvc_state_plan.h"
+#include "kvc_unified.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Semantics 2026: the placement a single sequence's state section of cc cells at positions pos
+ * gets when read into seq_id: the sequence removed from its stream, then the cells placed as one
+ * ubatch of it (find_slot with cont false). 1 placed (kvc_unified_slot_cell tells where), 0 no
+ * room; c is changed in either case. */
+int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos);
+/* After kvc_unified_state_place_2026 placed cc cells in stream `stream`: the saved extensions
+ * ext[0, cc) (token order; NULL: none saved, the cells keep what the placement gave them) into
+ * the cells it placed, as a sequence's state read puts them back. No-op for a cache without the
+ * extension. */
+void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc, const struct kvc_cell_ext *ext);
+/* The dry run of placing secs[0, n_sec) (their cell counts and positions) into seq_id in turn; c
+ * is left as it was. 1 all placed (cells, when not NULL, gets the last section's cells in its
+ * stream, in token order), 0 section *failed found no room (*used: the stream's used cells
+ * then), KVC_E_NOMEM. */
+int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const struct kvc_state_sec *secs,
+                                     uint32_t n_sec, int32_t *cells, uint32_t *failed, uint32_t *used);
+
+/* Validate a state for a cache of semantics 2026 into plan (kvc_unified_state_prepare_lay's work
+ * for such a cache): KVC_OK, or a negative code with err (the caller frees the plan). */
+int  kvc_state_prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                            unsigned layout, kvc_state_plan *plan, kvc_err *err);
+/* Apply a plan kvc_state_prepare_2026 made against c, unchanged since. */
+void kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,125 @@
+/* kvcache — the plan of a state read and what the readers share (see kvc_state_plan.h). */
+#include "kvc_state_plan.h"
+
+#include <string.h>
+
+void kvc_state_plan_free(kvc_state_plan *plan) {
+    for (uint32_t k = 0; k < plan->n_sec; k++) {
+        kvc_free(plan->secs[k].pos);
+        kvc_free(plan->secs[k].seq);
+        kvc_free(plan->secs[k].ext);
+    }
+    kvc_free(plan->secs);
+    kvc_free(plan->pos);
+    kvc_free(plan->seq);
+    memset(plan, 0, sizeof *plan);
+}
+
+/* The cache as the section parser holds a state to it (every stream has one geometry: ref names
+ * stream 0, and must outlive d). */
+void kvc_state_dest(const kvc_state_stream *ref, int32_t seq_id, unsigned flags, unsigned layout, kvc_sec_dest *d) {
+    const kvc_unified *c = ref->c;
+    memset(d, 0, sizeof *d);
+    d->ext_bytes = kvc_unified_has_ext(c) ? kvc_layout_ext_bytes(layout) : 0;
+    d->seq_id = seq_id;
+    d->size = c->cells.size;
+    d->single_n_ids = 1;
+    d->n_seq_max = c->n_seq_max;
+    d->seq_words = c->cells.seq_words;
+    d->ids_once = c->semantics == KVC_SEM_2026;
+    d->type_k = c->type_k;
+    d->type_v = c->type_v;
+    d->v_trans = c->v_trans;
+    d->convert_v = (flags & KVC_STATE_CONVERT_V) != 0;
+    d->can_convert_v = true;
+    d->n_layer = c->n_layer;
+    d->cache = ref;
+    d->layer = kvc_state_stream_layer;
+}
+
+/* Scatter cc cells of V given as n_embd_v rows of cc elements (a transposed blob) into rows of
+ * the cache (row of cell i at dst + i, or at cells[i] when cells is not NULL), or gather the
+ * reverse: rows of the blob into the cache's transposed V. el is 2 or 4 for every type a
+ * transposed V can have; memcpy of a constant size compiles to a plain load and store. */
+void kvc_state_v_transpose_in(uint8_t *v, size_t row, const uint8_t *src, uint32_t cc, uint32_t width, size_t el,
+                           uint32_t dst, const int32_t *cells) {
+    if (cells) {
+        for (uint32_t i = 0; i < cc; i++) {
+            uint8_t *d = v + (size_t)cells[i] * row;
+            for (uint32_t j = 0; j < width; j++) {
+                memcpy(d + (size_t)j * el, src + ((size_t)j * cc + i) * el, el);
+            }
+        }
+        return;
+    }
+    for (uint32_t j = 0; j < width; j++) {
+        const uint8_t *s = src + (size_t)j * cc * el;
+        uint8_t *d = v + (size_t)dst * row + (size_t)j * el;
+        if (el == 2) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * row, s + (size_t)i * 2, 2);
+            }
+        } else if (el == 4) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * row, s + (size_t)i * 4, 4);
+            }
+        } else {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * row, s + (size_t)i * el, el);
+            }
+        }
+    }
+}
+
+void kvc_state_v_untranspose_in(uint8_t *v, uint32_t size, const uint8_t *src, size_t row, uint32_t cc,
+                             uint32_t width, size_t el, uint32_t dst, const int32_t *cells) {
+    if (cells) {
+        for (uint32_t j = 0; j < width; j++) {
+            uint8_t *d = v + (size_t)j * size * el;
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)cells[i] * el, src + (size_t)i * row + (size_t)j * el, el);
+            }
+        }
+        return;
+    }
+    for (uint32_t j = 0; j < width; j++) {
+        uint8_t *d = v + ((size_t)j * size + dst) * el;
+        const uint8_t *s = src + (size_t)j * el;
+        if (el == 2) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * 2, s + (size_t)i * row, 2);
+            }
+        } else if (el == 4) {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * 4, s + (size_t)i * row, 4);
+            }
+        } else {
+            for (uint32_t i = 0; i < cc; i++) {
+                memcpy(d + (size_t)i * el, s + (size_t)i * row, el);
+            }
+        }
+    }
+}
+
+/* Whether a read copies the K/V data of cc cells with non-temporal stores: from KVC_STREAM_BYTES
+ * on (data that does not stay in the caches anyway). */
+bool kvc_state_stream_data(const kvc_unified *c, uint32_t cc) {
+    uint64_t n = 0;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        n += (uint64_t)cc * (c->layers[il].k_row_bytes + c->layers[il].v_row_bytes);
+    }
+    return n >= KVC_STREAM_BYTES;
+}
+
+/* n_rows transposed V rows of cc elements el, src's one after the other, into rows of `size`
+ * elements from element dst (one copy when the rows are the whole buffer). */
+void kvc_state_v_rows_in(uint8_t *v, uint32_t size, const uint8_t *src, uint32_t cc, uint32_t n_rows, size_t el,
+                      uint32_t dst, bool stream) {
+    if (cc == size && dst == 0) {
+        kvc_copy(v, src, (size_t)n_rows * cc * el, stream);
+        return;
+    }
+    for (uint32_t j = 0; j < n_rows; j++) {
+        kvc_copy(v + ((size_t)j * size + dst) * el, src + (size_t)j * cc * el, (size_t)cc * el, stream);
+    }
+}
