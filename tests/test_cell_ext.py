@@ -10,6 +10,7 @@ import kvcache
 from kvcache import statefile
 from kvcache._core import SEQ_MAGIC, describe_state, layout_info
 import kvcache.inspect
+from kvcache.convert import convert
 
 N_EMBD = 4          # f32 K / V rows of 16 bytes
 SIZE = 256
@@ -267,13 +268,13 @@ def test_cache_less_readers_find_the_extension(layout, tmp_path):
     r = kvcache.inspect.report_bytes(c.state_write(0, layout=layout))
     assert r["framing"]["cell_ext"] == ext_bytes(layout) and layout in r["layouts"]
     for lay in EXT_LAYOUTS:
-        cv = statefile.convert(c.state_write(0, layout=layout), lay, seq_id=0)
+        cv = convert(c.state_write(0, layout=layout), lay, seq_id=0)
         d = cache()
         d.state_read(cv.data, 0, layout=lay)
         toks = [3, 4, 5] if layout == lay == "2026" else [-1, -1, -1]
         assert d.cells().ext[:3].tolist() == [[0, 0, toks[0]], [0, 0, toks[1]], [1, 0, toks[2]]]
     with pytest.raises(kvcache.StateError, match="no room"):
-        statefile.convert(c.state_write(0, layout=layout), "2025")
+        convert(c.state_write(0, layout=layout), "2025")
     path = tmp_path / "seq.ggsq"
     statefile.write_sequence_file(path, c, seq_id=0, tokens=[3, 4, 5], layout=layout)
     f = statefile.load(path)

@@ -1,4 +1,4 @@
-"""kvcache.statefile.convert and `kvcache convert`: a state file in another layout, without a
+"""kvcache.convert.convert and `kvcache convert`: a state file in another layout, without a
 cache. The 0.3.10 files of tests/data/interop become, byte for byte, what 0.3.36 wrote for
 the same scenario in tests/data/interop-v10 (the K/V payload did not change; mamba's state values
 did, so there only the framing is compared), and back, less what the target cannot hold."""
@@ -10,6 +10,7 @@ import pytest
 
 import kvcache
 from kvcache import statefile
+from kvcache.convert import convert
 from kvcache.cli import main
 
 from interop_data import interop_dir, interop_v10_dir, make_cache, manifest
@@ -27,9 +28,9 @@ def _ctx(obj):
 def test_old_files_become_todays(folder, name):
     old, new = interop_dir() / folder / name, interop_v10_dir() / folder / name
     seq_id = manifest(new).get("seq_id")
-    c = statefile.convert(old.read_bytes(), "2026", seq_id=seq_id)
+    c = convert(old.read_bytes(), "2026", seq_id=seq_id)
     assert c.data == new.read_bytes() and (c.source, c.layout) == ("2025", "2026")
-    back = statefile.convert(new.read_bytes(), "2025")
+    back = convert(new.read_bytes(), "2025")
     if name in ("state.bin", "session.ggsn"):
         # 2025 holds the outputs of the last batch, which 2026 dropped: none are written
         assert any("no outputs written" in n for n in back.notes)
@@ -46,8 +47,8 @@ def test_old_files_become_todays(folder, name):
 def test_recurrent_files_change_their_framing_only(name):
     new = interop_v10_dir() / "mamba" / name
     data = new.read_bytes()
-    old = statefile.convert(data, "2025")
-    again = statefile.convert(old.data, "2026", seq_id=manifest(new).get("seq_id"))
+    old = convert(data, "2025")
+    again = convert(old.data, "2026", seq_id=manifest(new).get("seq_id"))
     assert again.data == data
     m = manifest(new)
     cache = make_cache(m)
@@ -68,7 +69,7 @@ def test_every_intermediate_layout_reads_back():
     want = make_cache(m)
     statefile.parse(data).restore(want)
     for to in kvcache.LAYOUTS:
-        c = statefile.convert(data, to)
+        c = convert(data, to)
         f = statefile.parse(c.data)
         # the layouts 2026-03 to 2026-06 write the same session files: read as the newest of them
         info, found = statefile.layout_info(to), statefile.layout_info(f.layout)
@@ -78,39 +79,39 @@ def test_every_intermediate_layout_reads_back():
         got = make_cache(m)
         f.restore(got)
         assert got.state_write(-1) == want.state_write(-1), to
-        assert statefile.convert(c.data, "2026").data == data
+        assert convert(c.data, "2026").data == data
 
 
 def test_what_cannot_be_converted_is_refused_plainly():
     empty_new = (interop_v10_dir() / "llama_fa0" / "seq3.bin").read_bytes()
     with pytest.raises(kvcache.StateError, match="empty, written as its cell count alone: layout 2025 writes"):
-        statefile.convert(empty_new, "2025")
+        convert(empty_new, "2025")
     empty_old = (interop_dir() / "llama_fa0" / "seq3.bin").read_bytes()
     with pytest.raises(kvcache.StateError, match="unified or a recurrent cache's state.*pass variant"):
-        statefile.convert(empty_old, "2026")
-    c = statefile.convert(empty_old, "2026", variant="unified", seq_id=3)
+        convert(empty_old, "2026")
+    c = convert(empty_old, "2026", variant="unified", seq_id=3)
     assert c.data == empty_new
     streams = (interop_v10_dir() / "llama_fa0_streams" / "seq1.bin").read_bytes()
     with pytest.raises(kvcache.StateError, match="4 streams; layout 2025 has one stream"):
-        statefile.convert(streams, "2025")
-    assert statefile.convert(streams, "2026-05").data == streams
+        convert(streams, "2025")
+    assert convert(streams, "2026-05").data == streams
     with pytest.raises(ValueError, match="unknown layout '2027'"):
-        statefile.convert(empty_new, "2027")
+        convert(empty_new, "2027")
     with pytest.raises(kvcache.StateError):
-        statefile.convert(b"\x01\x02\x03", "2026")
+        convert(b"\x01\x02\x03", "2026")
 
 
 def test_a_prefix_needs_a_sequence_id():
     old = (interop_dir() / "llama_fa0" / "seq1.bin").read_bytes()
-    c = statefile.convert(old, "2026")
+    c = convert(old, "2026")
     assert struct.unpack_from("<I", c.data)[0] == 1 and any("pass seq_id" in n for n in c.notes)  # n_stream 1
-    c = statefile.convert(old, "2026", seq_id=2)
+    c = convert(old, "2026", seq_id=2)
     assert struct.unpack_from("<Ii", c.data) == (statefile.SEQ_MAGIC, 2)
 
 
 def test_iswa_sequence_states_say_what_the_window_does():
     old = (interop_dir() / "gemma2_fa0" / "seq0.bin").read_bytes()
-    c = statefile.convert(old, "2026", seq_id=0)
+    c = convert(old, "2026", seq_id=0)
     assert any("outside the window were kept" in n for n in c.notes)
     m = manifest(interop_dir() / "gemma2_fa0" / "seq0.bin")
     cache = make_cache(m)
@@ -128,31 +129,31 @@ def test_iswa_sequence_states_lose_the_cells_outside_the_window_given_it():
     cache = make_cache(m)
     cache.state_read(old, 0, layout="2025")
     for to in ("2026-06", "2026"):
-        c = statefile.convert(old, to, seq_id=0, n_swa=swa["n_swa"], swa_type=swa["swa_type"])
+        c = convert(old, to, seq_id=0, n_swa=swa["n_swa"], swa_type=swa["swa_type"])
         assert c.data == cache.state_write(0, layout=to)
         assert c.notes == (f"left out 32 of the SWA cache's cells: outside the window (n_swa 8, standard) of the "
                            f"sequence's last position, as layout {to}'s llama.cpp leaves them out",)
     # no trimming where the target keeps them, or the input had left them out already
-    c = statefile.convert(old, "2026-05", seq_id=0, n_swa=8)
+    c = convert(old, "2026-05", seq_id=0, n_swa=8)
     assert c.data == cache.state_write(0, layout="2026-05") and not c.notes
     new = cache.state_write(0, layout="2026")
-    assert statefile.convert(new, "2026", n_swa=8).data == new
+    assert convert(new, "2026", n_swa=8).data == new
     # a sequence file of 0.3.10: its state is a sequence's too
     buf = io.BytesIO()
     statefile.write_sequence_file(buf, cache, 0, list(range(40)), layout="2025")
-    c = statefile.convert(buf.getvalue(), "2026", n_swa=8)
+    c = convert(buf.getvalue(), "2026", n_swa=8)
     want = io.BytesIO()
     statefile.write_sequence_file(want, cache, 0, list(range(40)), layout="2026")
     assert c.data == want.getvalue() and "left out 32" in c.notes[0]
     # a whole state keeps every cell: a bare blob of one sequence is taken as a sequence's only
     # with seq_id (a whole state of one sequence has the same bytes)
     whole = cache.state_write(layout="2025")
-    c = statefile.convert(whole, "2026", n_swa=8)
+    c = convert(whole, "2026", n_swa=8)
     assert c.data == cache.state_write(layout="2026") and "pass seq_id" in c.notes[0]
     with pytest.raises(ValueError):
-        statefile.convert(old, "2026", n_swa=0)
+        convert(old, "2026", n_swa=0)
     with pytest.raises(ValueError):
-        statefile.convert(old, "2026", n_swa=8, swa_type="none")
+        convert(old, "2026", n_swa=8, swa_type="none")
 
 
 def test_cli_convert_with_the_window(tmp_path, capsys):
@@ -223,10 +224,10 @@ def test_library_convert_checks_the_sequence_id():
     old = (interop_dir() / "llama_fa0" / "seq1.bin").read_bytes()
     for sid, err in ((256, ValueError), (-2, ValueError), (2**40, ValueError), ("1", TypeError)):
         with pytest.raises(err, match="seq_id"):
-            statefile.convert(old, "2026", seq_id=sid)
+            convert(old, "2026", seq_id=sid)
     with pytest.raises(ValueError, match=r"^default_seq_id = 300 is outside \[-1, 255\]$"):
-        statefile.convert(old, "2026", default_seq_id=300)
-    c = statefile.convert(old, "2026", default_seq_id=5)
+        convert(old, "2026", default_seq_id=300)
+    c = convert(old, "2026", default_seq_id=5)
     assert struct.unpack_from("<Ii", c.data) == (statefile.SEQ_MAGIC, 5) and "names seq 5" in c.notes[0]
 
 
@@ -249,3 +250,21 @@ def test_cli_convert_checks_its_numbers(opts, msg, tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 2 and captured.out == "" and not out.exists()
     assert captured.err == f"kvcache convert: error: {msg} (see 'kvcache convert --help')\n"
+
+
+def test_modules_import_downward_only():
+    """statefile (the wrappers, detection) < inspect (the report) < convert: no module imports one
+    above it, not even inside a function."""
+    import ast
+    from pathlib import Path
+
+    order = ["kvcache.statefile", "kvcache.inspect", "kvcache.convert"]
+    src = Path(kvcache.__file__).parent
+    for i, mod in enumerate(order):
+        tree = ast.parse((src / (mod.split(".")[1] + ".py")).read_text(encoding="utf-8"))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                     for a in n.names}
+        above = sorted(m for m in imported if m in order[i + 1:])
+        assert not above, f"{mod} imports {above}, above it"

@@ -108,12 +108,13 @@ def _empty_section(name: str, offset: int) -> dict[str, Any]:
 def _pick_framing(part: memoryview, variant: str | None, arch: str | None, streams: bool | None,
                   allow_prefix: bool):
     """The one framing of part that fits what is known (variant, the layout's stream counts),
-    or None."""
-    from kvcache.statefile import memory_framings
+    or None; and why part is not framed as each (streams, n_parts) it is not (statefile._framings)."""
+    from kvcache.statefile import _framings
 
     recurrent = variant == "recurrent" or (variant is None and (arch or "").lower() in _RECURRENT_ARCHS)
     cands = []
-    for f in memory_framings(part, allow_prefix=allow_prefix):
+    framings, errors = _framings(part, allow_prefix)
+    for f in framings:
         if recurrent and f.streams:
             continue  # a recurrent memory state has no stream count in any layout
         if streams is not None and f.streams != streams and not recurrent and not (not f.streams and
@@ -124,7 +125,7 @@ def _pick_framing(part: memoryview, variant: str | None, arch: str | None, strea
         cands.append(f)
     if streams is not None:
         cands.sort(key=lambda f: f.streams != streams)
-    return cands[0] if cands else None
+    return (cands[0] if cands else None), errors
 
 
 def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str | None,
@@ -133,13 +134,14 @@ def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str 
     sections, trailing bytes, framing or None: layout 2025's shape read the old way)."""
     from kvcache._core import describe_state
 
-    framing = _pick_framing(part, variant, arch, streams, allow_prefix)
+    framing, errors = _pick_framing(part, variant, arch, streams, allow_prefix)
     recurrent = variant == "recurrent" or (variant is None and (arch or "").lower() in _RECURRENT_ARCHS)
     if framing is None and (allow_prefix and bytes(part[:4]) == SEQ_MAGIC_BYTES or streams and not recurrent):
         # a state of a layout with the prefix or stream counts that reads in no framing: say where
-        # it stops making sense
-        from kvcache.statefile import _frame
-        _frame(part, not recurrent, 2 if variant == "iswa" else 1, allow_prefix)
+        # it stops making sense (what the walk of that framing found)
+        error = errors.get((not recurrent, 2 if variant == "iswa" else 1))
+        if error is not None:
+            raise error
     if framing is None or not framing.streams and not framing.prefixed:
         return (*_seed_sections(part, base, variant, arch), framing)
     guessed = variant is None

@@ -1,5 +1,5 @@
 """``kvcache convert IN OUT --to LAYOUT``: a state file rewritten in another layout (see
-kvcache.statefile.convert)."""
+kvcache.convert.convert)."""
 from __future__ import annotations
 
 import argparse
@@ -61,9 +61,9 @@ def _plain(e: Exception, args: argparse.Namespace, data: bytes) -> str:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from kvcache import statefile
     from kvcache._atomic import atomic_write, check_target
     from kvcache._core import StateError
+    from kvcache.convert import convert
 
     sources = {f"the input {args.input}": args.input}
     check_target(args.output, sources=sources)   # before the work: a bad output fails at once
@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # a bare sequence state without a prefix gets one naming seq 0: today's llama.cpp refuses a
         # sequence blob without it, and does not use the id
-        c = statefile.convert(data, args.to, layout=args.source, variant=args.variant, seq_id=args.seq_id,
-                              n_swa=args.n_swa, swa_type=args.swa_type, default_seq_id=0)
+        c = convert(data, args.to, layout=args.source, variant=args.variant, seq_id=args.seq_id,
+                    n_swa=args.n_swa, swa_type=args.swa_type, default_seq_id=0)
     except StateError as e:
         if os.environ.get("KVCACHE_TRACEBACK"):
             raise
