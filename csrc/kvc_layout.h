@@ -1,7 +1,7 @@
 /* kvcache — the memory state's wire format as constants and descriptors: the layout bits, the
  * sequence-blob magic, the records a description of a blob fills, and the byte counts a cache
  * is checked against. The bottom of the state codec: the section parser (kvc_section.h) and the
- * codec (kvc_state.h) both build on it. The byte layout itself: tests/golden/FORMAT.md. */
+ * codec (kvc_state.h) both build on it. The byte layout itself: docs/format.md. */
 #ifndef KVC_LAYOUT_H
 #define KVC_LAYOUT_H
 

@@ -118,7 +118,7 @@ uint32_t kvc_recurrent_cell_max(const kvc_recurrent *c);
  * v_row_bytes; either may be NULL. KVC_E_ARG when il or the rows are out of range. */
 int     kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const void *k, const void *v);
 
-/* --- state codec (layout: golden/FORMAT.md "state_write / state_read blobs") -------------- */
+/* --- state codec (the bytes: docs/format.md, "A section") ---------------------------------- */
 /* Bytes state_write would produce for seq_id (-1 = whole cache). */
 size_t  kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id);
 /* Write the state of seq_id (-1 = all) into out[0, cap): KVC_OK with *written, or

@@ -1,7 +1,7 @@
 /* Internal to the C core: the one parser of a memory state's sections, used by the unified reader
  * (kvc_state.c), the recurrent reader (kvc_recurrent.c) and the description of a blob without a
- * cache (kvc_state_describe, kvc_state_describe_frame). Layout: golden/FORMAT.md ("state_write /
- * state_read blobs"), the stream framing: docs/state.md.
+ * cache (kvc_state_describe, kvc_state_describe_frame). The bytes of a section and of the framing:
+ * docs/format.md.
  *
  * A stream section is the seed's memory state: u32 cell count; per cell i32 pos, u32 n_seq_id, the
  * per-cell extension of models that have one (layouts from 0.3.17: i32 x, i32 y, from 0.3.36 also

@@ -1,6 +1,6 @@
 /* kvcache — the state codec of the unified cache, byte-identical to llama.cpp's
- * llama_kv_cache_unified::state_write / state_read (layout: tests/golden/FORMAT.md,
- * "state_write / state_read blobs"). The codec's public header; its parts, bottom up:
+ * llama_kv_cache_unified::state_write / state_read (the bytes: docs/format.md). The codec's
+ * public header; its parts, bottom up:
  * kvc_layout.h (layout bits, magic, descriptors), kvc_section.h (the one parser of a section),
  * kvc_state_write.h (writing), kvc_state_plan.h (a validated part and what both semantics' readers
  * share), kvc_state_2025.h and kvc_state_2026.h (the readers of the two semantics), and here the

@@ -1,6 +1,6 @@
 /* kvcache — writing memory states: the blob writer the cache variants share (a cache described
  * as a kvc_state_src, framed by a layout) and the unified cache's writes through it, whole or in
- * windows of bounded size. The byte layout: tests/golden/FORMAT.md. */
+ * windows of bounded size. The byte layout: docs/format.md. */
 #ifndef KVC_STATE_WRITE_H
 #define KVC_STATE_WRITE_H
 

@@ -127,3 +127,29 @@ def test_a_malformed_layers_file_is_refused():
         read_layers("a: x\nb: x\n")
     with pytest.raises(AssertionError, match="name: modules"):
         read_layers("just words\n")
+
+
+# --- the wire format has one home -------------------------------------------------------------
+
+FORMAT_HOME = "docs/format.md"
+DOC_PATH = re.compile(r"(?<![\w/.])((?:tests/)?golden/[\w.-]+\.md|docs/[\w.-]+\.md)")
+
+
+def _pointer_sources():
+    yield from sorted(CSRC.glob("*.[ch]"))
+    yield from sorted((ROOT / "src" / "kvcache").rglob("*.py*"))
+    yield ROOT / "CONTRIBUTING.md"
+
+
+def test_the_state_code_points_to_the_one_description_of_the_bytes():
+    assert (ROOT / FORMAT_HOME).is_file()
+    for name in ("csrc/kvc_layout.h", "csrc/kvc_section.h", "csrc/kvc_state.h", "csrc/kvc_state_write.h",
+                 "src/kvcache/statefile.py"):
+        assert FORMAT_HOME in (ROOT / name).read_text(encoding="utf-8"), f"{name} does not name {FORMAT_HOME}"
+
+
+def test_every_document_the_code_names_exists():
+    for path in _pointer_sources():
+        for name in DOC_PATH.findall(path.read_text(encoding="utf-8")):
+            target = ROOT / ("tests/" + name if name.startswith("golden/") else name)
+            assert target.is_file(), f"{path.relative_to(ROOT)} names {name}, which does not exist"
