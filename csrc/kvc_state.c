@@ -98,20 +98,6 @@ static void free_plans(kvc_state_plan *plans, uint32_t n) {
     }
 }
 
-/* Whether data[0, len) is exactly n_parts memory states framed by layout (no prefix). */
-static bool frames_exactly(const uint8_t *data, size_t len, unsigned layout, uint32_t n_parts, kvc_err *err) {
-    size_t off = 0;
-    for (uint32_t k = 0; k < n_parts; k++) {
-        kvc_state_frame f;
-        if (kvc_state_describe_frame(off ? data + off : data, len - off, layout, false, &f, NULL, NULL, 0, err) !=
-            KVC_OK) {
-            return false;
-        }
-        off += f.end;
-    }
-    return kvc_state_check_end(off, len, err) == KVC_OK;
-}
-
 /* Where the parts start: after the sequence-blob prefix when the layout has one and it is there. */
 static int parts_base(int32_t seq_id, const uint8_t *data, size_t len, unsigned layout, size_t *base, kvc_err *err) {
     *base = 0;
@@ -140,35 +126,109 @@ static bool plans_have_cells(const kvc_state_plan *plans, uint32_t n) {
     return false;
 }
 
+/* --- detection: the layout of a state that does not say it ------------------------------------
+ * Each candidate layout is read against the caches once. Only when none takes the bytes is each
+ * walked once more, without the caches (the section parser's checks of structure alone), to say
+ * which layouts the bytes at least frame in: that picks the error worth telling. The walk cannot
+ * stand in for the read, nor the read for the walk: a sequence's read ignores the ids its cells
+ * list, which the walk checks, and the read checks everything against the caches. */
+
+/* Whether data[0, len) is exactly n_parts memory states framed by layout (no prefix). */
+static bool frames_exactly(const uint8_t *data, size_t len, unsigned layout, uint32_t n_parts) {
+    kvc_err scratch;
+    size_t off = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        kvc_state_frame f;
+        if (kvc_state_describe_frame(off ? data + off : data, len - off, layout, false, &f, NULL, NULL, 0,
+                                     &scratch) != KVC_OK) {
+            return false;
+        }
+        off += f.end;
+    }
+    return kvc_state_check_end(off, len, &scratch) == KVC_OK;
+}
+
+/* A candidate layout of a detection and the caches' verdict on it. */
+typedef struct detect_cand {
+    unsigned layout;   /* what the read is given */
+    unsigned walk;     /* what the walk is given */
+    int      rc;       /* KVC_OK: the plans are ready */
+    size_t   end;
+    kvc_err  err;
+} detect_cand;
+
+/* The read of the parts in candidate c, to exactly len. */
+static void detect_read(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data, size_t len,
+                        size_t base, unsigned flags, detect_cand *c, kvc_state_plan *plans) {
+    c->err.msg[0] = 0;
+    c->end = 0;
+    c->rc = prepare_parts(caches, n_parts, seq_id, data, len, base, flags | KVC_STATE_EXACT, c->layout, plans,
+                          &c->end, &c->err);
+}
+
+/* Detection for caches without the per-cell extension and bytes without the prefix: with stream
+ * counts (`streams`) or without; the read against the caches tells far more apart than the
+ * structure. Exactly one must take the bytes. KVC_OK with plans ready, *end and *layout set. */
+static int detect_streams(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data,
+                          size_t len, unsigned flags, unsigned streams, kvc_state_plan *plans, size_t *end,
+                          unsigned *layout, kvc_err *err) {
+    detect_cand cand[2] = { { .layout = streams, .walk = KVC_LAYOUT_STREAMS }, { .layout = 0, .walk = 0 } };
+    kvc_state_plan other[KVC_STATE_MAX_PARTS];
+    detect_read(caches, n_parts, seq_id, data, len, 0, flags, &cand[0], plans);
+    detect_read(caches, n_parts, seq_id, data, len, 0, flags, &cand[1], other);
+    if (cand[0].rc == KVC_OK && cand[1].rc == KVC_OK) {
+        free_plans(plans, n_parts);
+        free_plans(other, n_parts);
+        return kvc_err_set(err, KVC_E_STATE,
+                           "the state reads both with and without stream counts (%zu bytes): pass the layout to "
+                           "say which", len);
+    }
+    if (cand[1].rc == KVC_OK) {
+        memcpy(plans, other, sizeof other);
+    }
+    for (uint32_t k = 0; k < 2; k++) {
+        if (cand[k].rc == KVC_OK) {
+            *end = cand[k].end;
+            *layout = cand[k].layout;
+            return KVC_OK;
+        }
+    }
+    /* neither: the error of the framing the bytes have, when only one fits them */
+    const bool framed[2] = { frames_exactly(data, len, cand[0].walk, n_parts),
+                             frames_exactly(data, len, cand[1].walk, n_parts) };
+    if (framed[0] != framed[1]) {
+        const detect_cand *c = &cand[framed[0] ? 0 : 1];
+        return kvc_err_set(err, c->rc, "%s", c->err.msg);
+    }
+    if (!framed[0]) {
+        /* the bytes are no state's in either framing: what either read made of its counts would be
+         * numbers read from garbage, so say what the bytes are not */
+        return kvc_err_set(err, KVC_E_STATE,
+                           "not a cache state (%zu bytes): it frames as one in no layout, with or without stream "
+                           "counts (damaged, truncated or other data; pass the layout to see where a read of it "
+                           "stops)", len);
+    }
+    const int code = cand[0].rc == KVC_E_STATE || cand[1].rc != KVC_E_STATE ? cand[0].rc : cand[1].rc;
+    return kvc_err_set(err, code, "in no layout: with stream counts, %.100s; without, %.100s", cand[0].err.msg,
+                       cand[1].err.msg);
+}
+
 /* Detection for caches with the per-cell extension: the layouts a state of theirs may be in (the
- * newest first; with the prefix, those that have one), each tried against the caches; exactly
- * one must take the input whole (a state without cells reads alike in each: the first is
- * taken). KVC_OK with plans ready, *end and *layout set. */
+ * newest first; with the prefix, those that have one), each read against the caches; exactly one
+ * must take the input whole (a state without cells reads alike in each: the first is taken).
+ * KVC_OK with plans ready, *end and *layout set. */
 static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data, size_t len,
-                      size_t base, unsigned flags, unsigned streams, kvc_state_plan *plans, size_t *end,
-                      unsigned *layout, kvc_err *err) {
-    const unsigned xy = streams | KVC_LAYOUT_EXT_XY;
-    const unsigned cand[4] = { xy | KVC_LAYOUT_EXT_TOK, xy, streams, 0 };
+                      size_t base, unsigned flags, kvc_state_plan *plans, size_t *end, unsigned *layout,
+                      kvc_err *err) {
+    const unsigned xy = KVC_LAYOUT_STREAMS | KVC_LAYOUT_EXT_XY;
+    detect_cand cand[4] = { { .layout = xy | KVC_LAYOUT_EXT_TOK }, { .layout = xy }, { .layout = KVC_LAYOUT_STREAMS },
+                            { .layout = 0 } };
     const uint32_t n_cand = base ? 2 : 4;
     kvc_state_plan other[KVC_STATE_MAX_PARTS];
-    kvc_err fail, first;
-    uint32_t n_ok = 0, n_framed = 0;
-    fail.msg[0] = first.msg[0] = 0;
+    uint32_t n_ok = 0;
     for (uint32_t k = 0; k < n_cand; k++) {
-        kvc_err e, scratch;
-        size_t e_end = 0;
-        e.msg[0] = 0;
-        const int rc = prepare_parts(caches, n_parts, seq_id, data, len, base, flags | KVC_STATE_EXACT, cand[k],
-                                     n_ok ? other : plans, &e_end, &e);
-        if (rc != KVC_OK) {
-            /* the error worth telling: the one of the layout whose framing the bytes have */
-            if (k == 0) {
-                first = e;
-            }
-            if (frames_exactly(base ? data + base : data, len - base, cand[k] | KVC_LAYOUT_CELL_EXT, n_parts, &scratch)) {
-                n_framed++;
-                fail = e;
-            }
+        detect_read(caches, n_parts, seq_id, data, len, base, flags, &cand[k], n_ok ? other : plans);
+        if (cand[k].rc != KVC_OK) {
             continue;
         }
         if (n_ok++) {
@@ -178,19 +238,29 @@ static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_
                                "the state reads in more than one layout (%zu bytes; cells with and without their "
                                "extension, or with streams and without): pass the layout to say which", len);
         }
-        *end = e_end;
-        *layout = cand[k];
+        *end = cand[k].end;
+        *layout = cand[k].layout;
         if (!plans_have_cells(plans, n_parts)) {
             break;
         }
     }
-    if (n_ok == 0 && n_framed == 1) {
-        return kvc_err_set(err, KVC_E_STATE, "%s", fail.msg);
+    if (n_ok) {
+        return KVC_OK;
     }
-    if (n_ok == 0) {
-        return kvc_err_set(err, KVC_E_STATE, "in no layout; as today's (12-byte cell extensions): %.200s", first.msg);
+    /* none: the error worth telling is the one of the layout whose framing the bytes have */
+    const detect_cand *framed = NULL;
+    uint32_t n_framed = 0;
+    for (uint32_t k = 0; k < n_cand; k++) {
+        if (frames_exactly(base ? data + base : data, len - base, cand[k].layout | KVC_LAYOUT_CELL_EXT, n_parts)) {
+            n_framed++;
+            framed = &cand[k];
+        }
     }
-    return KVC_OK;
+    if (n_framed == 1) {
+        return kvc_err_set(err, KVC_E_STATE, "%s", framed->err.msg);
+    }
+    return kvc_err_set(err, KVC_E_STATE, "in no layout; as today's (12-byte cell extensions): %.200s",
+                       cand[0].err.msg);
 }
 
 int kvc_unified_state_read_parts_lay(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id,
@@ -221,8 +291,7 @@ int kvc_unified_state_read_parts_lay(kvc_unified *const *caches, uint32_t n_part
             ext = ext || kvc_unified_has_ext(caches[k]);
         }
         if (ext) {
-            rc = detect_ext(caches, n_parts, seq_id, data, len, base, flags, KVC_LAYOUT_STREAMS, plans, &end,
-                            &layout, err);
+            rc = detect_ext(caches, n_parts, seq_id, data, len, base, flags, plans, &end, &layout, err);
             if (rc == KVC_OK && base) {
                 layout |= KVC_LAYOUT_PREFIX;
             }
@@ -230,51 +299,7 @@ int kvc_unified_state_read_parts_lay(kvc_unified *const *caches, uint32_t n_part
             layout = streams; /* only the stream layouts have the prefix */
             rc = prepare_parts(caches, n_parts, seq_id, data, len, base, flags, layout, plans, &end, err);
         } else {
-            /* no mark in the bytes: the layout whose read against these caches takes exactly the
-             * input (the checks against the caches tell far more apart than the structure) */
-            kvc_state_plan other[KVC_STATE_MAX_PARTS];
-            kvc_err e_seed, e_streams;
-            size_t end_seed = 0;
-            e_seed.msg[0] = e_streams.msg[0] = 0;
-            const int r_streams = prepare_parts(caches, n_parts, seq_id, data, len, 0, flags | KVC_STATE_EXACT,
-                                                streams, plans, &end, &e_streams);
-            const int r_seed = prepare_parts(caches, n_parts, seq_id, data, len, 0, flags | KVC_STATE_EXACT, 0,
-                                             other, &end_seed, &e_seed);
-            if (r_streams == KVC_OK && r_seed == KVC_OK) {
-                free_plans(plans, n_parts);
-                free_plans(other, n_parts);
-                return kvc_err_set(err, KVC_E_STATE,
-                                   "the state reads both with and without stream counts (%zu bytes): pass the "
-                                   "layout to say which", len);
-            }
-            if (r_seed == KVC_OK) {
-                memcpy(plans, other, sizeof plans);
-                end = end_seed;
-                layout = 0;
-            } else if (r_streams == KVC_OK) {
-                layout = streams;
-            } else {
-                /* neither: the error of the framing the bytes have, when only one fits them */
-                kvc_err scratch;
-                const bool is_streams = frames_exactly(data, len, KVC_LAYOUT_STREAMS, n_parts, &scratch);
-                const bool is_seed = frames_exactly(data, len, 0, n_parts, &scratch);
-                if (is_streams != is_seed) {
-                    const kvc_err *e = is_streams ? &e_streams : &e_seed;
-                    return kvc_err_set(err, is_streams ? r_streams : r_seed, "%s", e->msg);
-                }
-                if (!is_streams) {
-                    /* the bytes are no state's in either framing: what either read made of its
-                     * counts would be numbers read from garbage, so say what the bytes are not */
-                    return kvc_err_set(err, KVC_E_STATE,
-                                       "not a cache state (%zu bytes): it frames as one in no layout, with or "
-                                       "without stream counts (damaged, truncated or other data; pass the "
-                                       "layout to see where a read of it stops)", len);
-                }
-                const int code = r_streams == KVC_E_STATE || r_seed != KVC_E_STATE ? r_streams : r_seed;
-                return kvc_err_set(err, code, "in no layout: with stream counts, %.100s; without, %.100s",
-                                   e_streams.msg, e_seed.msg);
-            }
-            rc = KVC_OK;
+            rc = detect_streams(caches, n_parts, seq_id, data, len, flags, streams, plans, &end, &layout, err);
         }
     } else {
         if ((rc = parts_base(seq_id, data, len, layout, &base, err)) != KVC_OK) {
