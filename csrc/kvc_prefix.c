@@ -1,0 +1,891 @@
+/* The prefix index (kvc_prefix.h): a radix tree in a node pool, a child table, a cell map and
+ * one LRU list of the unprotected nodes. */
+#include "kvc_prefix.h"
+
+#include <string.h>
+
+#define NIL 0u                      /* no node; slot 0 is the LRU list's head */
+#define TENTATIVE UINT32_MAX        /* place[].node of a cell an insert is validating */
+#define POOL_MIN 64u
+#define TABLE_MIN 128u
+#define EDGE_BYTES 12u              /* per token: token, cell, stream */
+
+/* --- the cell map ------------------------------------------------------------------------------ */
+
+static inline kvc_prefix_place *place_of(const kvc_prefix *idx, uint32_t stream, uint32_t cell) {
+    return &idx->place[(size_t)stream * idx->n_cells + cell];
+}
+
+static inline bool cell_in_range(const kvc_prefix *idx, uint32_t stream, uint32_t cell) {
+    return stream < idx->n_stream && cell < idx->n_cells;
+}
+
+/* --- the child table --------------------------------------------------------------------------- */
+
+static inline uint32_t table_home(const kvc_prefix *idx, uint32_t parent, uint64_t label) {
+    /* splitmix64's finalizer over the pair */
+    uint64_t h = label ^ ((uint64_t)parent * 0x9E3779B97F4A7C15u);
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9u;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBu;
+    h ^= h >> 31;
+    return (uint32_t)h & (idx->table_size - 1);
+}
+
+/* The slot of (parent, label), or of the empty slot where it would go. */
+static uint32_t table_probe(const kvc_prefix *idx, uint32_t parent, uint64_t label) {
+    const uint32_t mask = idx->table_size - 1;
+    uint32_t i = table_home(idx, parent, label);
+    while (idx->table[i].child != NIL && (idx->table[i].parent != parent || idx->table[i].label != label)) {
+        i = (i + 1) & mask;
+    }
+    return i;
+}
+
+static inline uint32_t table_find(const kvc_prefix *idx, uint32_t parent, uint64_t label) {
+    return idx->table[table_probe(idx, parent, label)].child;
+}
+
+/* Add or replace (parent, label) -> child; the caller reserved room (table_reserve). */
+static void table_set(kvc_prefix *idx, uint32_t parent, uint64_t label, uint32_t child) {
+    kvc_prefix_slot *s = &idx->table[table_probe(idx, parent, label)];
+    if (s->child == NIL) {
+        idx->table_used++;
+    }
+    *s = (kvc_prefix_slot){ label, parent, child };
+}
+
+static void table_del(kvc_prefix *idx, uint32_t parent, uint64_t label) {
+    const uint32_t mask = idx->table_size - 1;
+    uint32_t i = table_probe(idx, parent, label);
+    if (idx->table[i].child == NIL) {
+        return;
+    }
+    idx->table_used--;
+    /* backward shift: move up every later entry of the run whose home does not lie in (i, j] */
+    for (uint32_t j = (i + 1) & mask; idx->table[j].child != NIL; j = (j + 1) & mask) {
+        const uint32_t home = table_home(idx, idx->table[j].parent, idx->table[j].label);
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            idx->table[i] = idx->table[j];
+            i = j;
+        }
+    }
+    idx->table[i].child = NIL;
+}
+
+/* Room for `more` entries at a load of at most one half. */
+static int table_reserve(kvc_prefix *idx, uint32_t more) {
+    uint64_t size = idx->table_size;
+    while (((uint64_t)idx->table_used + more) * 2 > size) {
+        size *= 2;
+    }
+    if (size == idx->table_size) {
+        return KVC_OK;
+    }
+    if (size > ((uint64_t)1 << 31)) {
+        return KVC_E_NOMEM;
+    }
+    kvc_prefix_slot *old = idx->table;
+    const uint32_t old_size = idx->table_size;
+    kvc_prefix_slot *t = kvc_calloc((size_t)size, sizeof *t);
+    if (!t) {
+        return KVC_E_NOMEM;
+    }
+    idx->table = t;
+    idx->table_size = (uint32_t)size;
+    idx->table_used = 0;
+    for (uint32_t i = 0; i < old_size; i++) {
+        if (old[i].child != NIL) {
+            table_set(idx, old[i].parent, old[i].label, old[i].child);
+        }
+    }
+    kvc_free(old);
+    return KVC_OK;
+}
+
+/* --- the node pool ----------------------------------------------------------------------------- */
+
+/* Slots [from, to) onto the free list, the lowest first out. */
+static void pool_free_range(kvc_prefix *idx, uint32_t from, uint32_t to) {
+    for (uint32_t i = to; i-- > from;) {
+        idx->nodes[i].live = false;
+        idx->nodes[i].next_sib = idx->free_head;
+        idx->free_head = i;
+        idx->n_free++;
+    }
+}
+
+/* At least `more` free slots and room for as many table entries. */
+static int pool_reserve(kvc_prefix *idx, uint32_t more) {
+    if (idx->n_free < more) {
+        const uint64_t want = (uint64_t)idx->n_slots * 2 > (uint64_t)idx->n_slots + more
+                                  ? (uint64_t)idx->n_slots * 2 : (uint64_t)idx->n_slots + more;
+        if (want > ((uint64_t)1 << 31)) {
+            return KVC_E_NOMEM;
+        }
+        kvc_prefix_node *p = kvc_realloc_n(idx->nodes, want, sizeof *p);
+        if (!p) {
+            return KVC_E_NOMEM;
+        }
+        memset(p + idx->n_slots, 0, (size_t)(want - idx->n_slots) * sizeof *p);
+        idx->nodes = p;
+        const uint32_t old = idx->n_slots;
+        idx->n_slots = (uint32_t)want;
+        pool_free_range(idx, old, idx->n_slots);
+    }
+    return table_reserve(idx, more);
+}
+
+/* A node from the free list (pool_reserve made sure there is one). */
+static uint32_t node_new(kvc_prefix *idx) {
+    const uint32_t i = idx->free_head;
+    kvc_prefix_node *n = &idx->nodes[i];
+    idx->free_head = n->next_sib;
+    idx->n_free--;
+    const uint32_t gen = n->gen;
+    *n = (kvc_prefix_node){ 0 };
+    n->gen = gen;
+    n->live = true;
+    return i;
+}
+
+static void node_release(kvc_prefix *idx, uint32_t i) {
+    kvc_prefix_node *n = &idx->nodes[i];
+    kvc_free(n->mem);
+    const uint32_t gen = n->gen + 1;
+    *n = (kvc_prefix_node){ 0 };
+    n->gen = gen;
+    n->next_sib = idx->free_head;
+    idx->free_head = i;
+    idx->n_free++;
+}
+
+/* An edge's storage for len tokens: tokens, then cells, then streams. */
+static void *edge_alloc(uint32_t len) { return kvc_malloc_n(len, EDGE_BYTES); }
+
+static void edge_attach(kvc_prefix_node *n, void *mem, uint32_t len) {
+    n->mem = mem;
+    n->tok = mem;
+    n->cell = (uint32_t *)(n->tok + len);
+    n->strm = n->cell + len;
+    n->len = len;
+}
+
+/* --- the LRU list ------------------------------------------------------------------------------ */
+
+static void lru_unlink(kvc_prefix *idx, uint32_t i) {
+    kvc_prefix_node *n = &idx->nodes[i];
+    idx->nodes[n->lru_prev].lru_next = n->lru_next;
+    idx->nodes[n->lru_next].lru_prev = n->lru_prev;
+    n->lru_prev = n->lru_next = NIL;
+}
+
+/* Put i after `after` (NIL: the head, i.e. the tail is nodes[NIL].lru_prev). */
+static void lru_insert_after(kvc_prefix *idx, uint32_t after, uint32_t i) {
+    kvc_prefix_node *n = &idx->nodes[i];
+    n->lru_prev = after;
+    n->lru_next = idx->nodes[after].lru_next;
+    idx->nodes[n->lru_next].lru_prev = i;
+    idx->nodes[after].lru_next = i;
+}
+
+static inline void lru_append(kvc_prefix *idx, uint32_t i) { lru_insert_after(idx, idx->nodes[NIL].lru_prev, i); }
+
+/* Use of the path from i up: its unprotected nodes, i first, go to the recent end. Nodes above
+ * a protected one are protected, so the walk stops at the first. */
+static void touch(kvc_prefix *idx, uint32_t i) {
+    for (; i != NIL && !idx->nodes[i].root && idx->nodes[i].prot == 0; i = idx->nodes[i].parent) {
+        lru_unlink(idx, i);
+        lru_append(idx, i);
+    }
+}
+
+/* a more locks or pins at i: the path's nodes that were unprotected leave the list. */
+static void prot_add(kvc_prefix *idx, uint32_t i, uint32_t a) {
+    for (; !idx->nodes[i].root; i = idx->nodes[i].parent) {
+        kvc_prefix_node *n = &idx->nodes[i];
+        if (n->prot == 0) {
+            lru_unlink(idx, i);
+            idx->n_evictable -= n->len;
+        }
+        n->prot += a;
+    }
+}
+
+/* a fewer: the nodes left unprotected join the list's recent end, the deepest first. */
+static void prot_sub(kvc_prefix *idx, uint32_t i, uint32_t a) {
+    for (; !idx->nodes[i].root; i = idx->nodes[i].parent) {
+        kvc_prefix_node *n = &idx->nodes[i];
+        n->prot -= a;
+        if (n->prot == 0) {
+            lru_append(idx, i);
+            idx->n_evictable += n->len;
+        }
+    }
+}
+
+/* --- the tree ---------------------------------------------------------------------------------- */
+
+static void child_append(kvc_prefix *idx, uint32_t parent, uint32_t c) {
+    kvc_prefix_node *p = &idx->nodes[parent];
+    kvc_prefix_node *n = &idx->nodes[c];
+    n->parent = parent;
+    n->prev_sib = p->last_child;
+    n->next_sib = NIL;
+    if (p->last_child != NIL) {
+        idx->nodes[p->last_child].next_sib = c;
+    } else {
+        p->first_child = c;
+    }
+    p->last_child = c;
+    p->n_child++;
+    table_set(idx, parent, n->label, c);
+}
+
+/* Take c out of its parent's children; a root left without children goes too. */
+static void child_detach(kvc_prefix *idx, uint32_t c) {
+    kvc_prefix_node *n = &idx->nodes[c];
+    const uint32_t parent = n->parent;
+    kvc_prefix_node *p = &idx->nodes[parent];
+    table_del(idx, parent, n->label);
+    if (n->prev_sib != NIL) {
+        idx->nodes[n->prev_sib].next_sib = n->next_sib;
+    } else {
+        p->first_child = n->next_sib;
+    }
+    if (n->next_sib != NIL) {
+        idx->nodes[n->next_sib].prev_sib = n->prev_sib;
+    } else {
+        p->last_child = n->prev_sib;
+    }
+    n->prev_sib = n->next_sib = NIL;
+    p->n_child--;
+    if (p->root && p->n_child == 0) {
+        table_del(idx, NIL, p->label);
+        node_release(idx, parent);
+    }
+}
+
+/* Tokens [from, len) of node i to the freed list, unless the remove in progress named them. */
+static void edge_let_go(kvc_prefix *idx, uint32_t i, uint32_t from) {
+    const kvc_prefix_node *n = &idx->nodes[i];
+    for (uint32_t k = from; k < n->len; k++) {
+        kvc_prefix_place *pl = place_of(idx, n->strm[k], n->cell[k]);
+        if (!(pl->depth & KVC_PREFIX_MARK)) {
+            idx->freed_cell[idx->n_freed] = n->cell[k];
+            idx->freed_strm[idx->n_freed] = n->strm[k];
+            idx->n_freed++;
+        }
+        *pl = (kvc_prefix_place){ 0, 0 };
+    }
+}
+
+/* Drop leaf i (its cells let go already): the counts, the list, its parent's children. */
+static void leaf_drop(kvc_prefix *idx, uint32_t i) {
+    kvc_prefix_node *n = &idx->nodes[i];
+    idx->n_held -= n->len;
+    idx->n_nodes--;
+    if (n->prot == 0) {
+        idx->n_evictable -= n->len;
+        lru_unlink(idx, i);
+    }
+    child_detach(idx, i);
+    node_release(idx, i);
+}
+
+/* Evict from the list's old end, sparing nodes on an insert's path, until `want` cells went or
+ * none is left; the cells are appended to the freed list. Every node taken is a leaf: its
+ * children were unprotected too, so before it in the list, and went first. */
+static uint32_t evict_walk(kvc_prefix *idx, uint64_t want) {
+    uint32_t got = 0;
+    uint32_t i = idx->nodes[NIL].lru_next;
+    while (i != NIL && got < want) {
+        const uint32_t next = idx->nodes[i].lru_next;
+        if (!idx->nodes[i].on_path) {
+            got += idx->nodes[i].len;
+            edge_let_go(idx, i, 0);
+            leaf_drop(idx, i);
+        }
+        i = next;
+    }
+    return got;
+}
+
+/* --- the public functions ---------------------------------------------------------------------- */
+
+int kvc_prefix_init(kvc_prefix *idx, uint32_t n_stream, uint32_t n_cells, uint32_t cap, kvc_err *err) {
+    *idx = (kvc_prefix){ 0 };
+    const uint64_t total = (uint64_t)n_stream * n_cells;
+    if (n_stream == 0 || n_cells == 0 || total > KVC_PREFIX_MARK) {
+        return kvc_err_set(err, KVC_E_ARG, "a prefix index needs 1 to 2**31 cells in all, not %u streams of %u",
+                           n_stream, n_cells);
+    }
+    idx->n_stream = n_stream;
+    idx->n_cells = n_cells;
+    idx->cap = cap;
+    idx->place = kvc_calloc((size_t)total, sizeof *idx->place);
+    idx->freed_cell = kvc_malloc_n(total, sizeof *idx->freed_cell);
+    idx->freed_strm = kvc_malloc_n(total, sizeof *idx->freed_strm);
+    idx->nodes = kvc_calloc(POOL_MIN, sizeof *idx->nodes);
+    idx->table = kvc_calloc(TABLE_MIN, sizeof *idx->table);
+    if (!idx->place || !idx->freed_cell || !idx->freed_strm || !idx->nodes || !idx->table) {
+        kvc_prefix_free(idx);
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory for a prefix index of %llu cells",
+                           (unsigned long long)total);
+    }
+    idx->n_slots = POOL_MIN;
+    idx->table_size = TABLE_MIN;
+    pool_free_range(idx, 1, POOL_MIN);
+    return KVC_OK;
+}
+
+void kvc_prefix_free(kvc_prefix *idx) {
+    if (idx->nodes) {
+        for (uint32_t i = 1; i < idx->n_slots; i++) {
+            if (idx->nodes[i].live) {
+                kvc_free(idx->nodes[i].mem);
+            }
+        }
+    }
+    kvc_free(idx->nodes);
+    kvc_free(idx->table);
+    kvc_free(idx->place);
+    kvc_free(idx->freed_cell);
+    kvc_free(idx->freed_strm);
+    *idx = (kvc_prefix){ 0 };
+}
+
+void kvc_prefix_clear(kvc_prefix *idx) {
+    for (uint32_t i = 1; i < idx->n_slots; i++) {
+        if (idx->nodes[i].live) {
+            kvc_free(idx->nodes[i].mem);
+            idx->nodes[i].mem = NULL;
+            idx->nodes[i].gen++;
+        }
+    }
+    /* every slot free again, each keeping its generation */
+    for (uint32_t i = 0; i < idx->n_slots; i++) {
+        const uint32_t gen = idx->nodes[i].gen;
+        idx->nodes[i] = (kvc_prefix_node){ 0 };
+        idx->nodes[i].gen = gen;
+    }
+    idx->free_head = NIL;
+    idx->n_free = 0;
+    pool_free_range(idx, 1, idx->n_slots);
+    memset(idx->table, 0, (size_t)idx->table_size * sizeof *idx->table);
+    idx->table_used = 0;
+    memset(idx->place, 0, (size_t)idx->n_stream * idx->n_cells * sizeof *idx->place);
+    idx->n_freed = idx->n_held = idx->n_evictable = idx->n_nodes = 0;
+}
+
+void kvc_prefix_set_cap(kvc_prefix *idx, uint32_t cap) { idx->cap = cap; }
+
+static kvc_prefix_handle handle_of(const kvc_prefix *idx, uint32_t i) {
+    return i == NIL ? (kvc_prefix_handle){ 0, 0 } : (kvc_prefix_handle){ i, idx->nodes[i].gen };
+}
+
+/* The walk of a prompt down the tree: the node where it stops matching and how far. */
+typedef struct prefix_walk {
+    uint32_t root;     /* the salt's root, NIL when none */
+    uint32_t deepest;  /* the node holding the last matched token, NIL when none */
+    uint32_t off;      /* tokens of `deepest` matched (its len unless the match ends inside) */
+    uint32_t n;        /* tokens matched */
+} prefix_walk;
+
+/* Walk tokens[0, n) under salt; with out_cells / out_streams, their cells as it goes. */
+static prefix_walk walk_prompt(const kvc_prefix *idx, uint64_t salt, const int32_t *tokens, uint32_t n,
+                               uint32_t *out_cells, uint32_t *out_streams) {
+    prefix_walk w = { table_find(idx, NIL, salt), NIL, 0, 0 };
+    uint32_t at = w.root;
+    while (at != NIL && w.n < n) {
+        const uint32_t c = table_find(idx, at, (uint32_t)tokens[w.n]);
+        if (c == NIL) {
+            break;
+        }
+        const kvc_prefix_node *e = &idx->nodes[c];
+        const uint32_t lim = e->len < n - w.n ? e->len : n - w.n;
+        uint32_t k = 1;   /* the table matched the first */
+        while (k < lim && e->tok[k] == tokens[w.n + k]) {
+            k++;
+        }
+        if (out_cells) {
+            memcpy(out_cells + w.n, e->cell, (size_t)k * sizeof *out_cells);
+        }
+        if (out_streams) {
+            memcpy(out_streams + w.n, e->strm, (size_t)k * sizeof *out_streams);
+        }
+        w.deepest = c;
+        w.off = k;
+        w.n += k;
+        if (k < e->len) {
+            break;
+        }
+        at = c;
+    }
+    return w;
+}
+
+uint32_t kvc_prefix_match(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, uint32_t n, uint32_t max_len,
+                          uint32_t *out_cells, uint32_t *out_streams, kvc_prefix_handle *end) {
+    const prefix_walk w = walk_prompt(idx, salt, tokens, n < max_len ? n : max_len, out_cells, out_streams);
+    touch(idx, w.deepest);
+    if (end) {
+        *end = handle_of(idx, w.deepest);
+    }
+    return w.n;
+}
+
+/* Take back the marks an insert's validation left on tokens [0, upto). */
+static void unmark_tentative(kvc_prefix *idx, const uint32_t *cells, const uint32_t *streams, uint32_t upto) {
+    for (uint32_t i = 0; i < upto; i++) {
+        kvc_prefix_place *pl = place_of(idx, streams[i], cells[i]);
+        if (pl->node == TENTATIVE) {
+            pl->node = NIL;
+        }
+    }
+}
+
+static void mark_path(kvc_prefix *idx, uint32_t i, bool on) {
+    for (; i != NIL && !idx->nodes[i].root; i = idx->nodes[i].parent) {
+        idx->nodes[i].on_path = on;
+    }
+}
+
+/* Split node i after its first k tokens (0 < k < len): a new node takes them and i's place; i
+ * keeps the rest below it (its handles stay good: the old path still runs through it). */
+static uint32_t split(kvc_prefix *idx, uint32_t i, uint32_t k, void *upper_mem) {
+    const uint32_t u = node_new(idx);
+    kvc_prefix_node *n = &idx->nodes[i], *up = &idx->nodes[u];
+    edge_attach(up, upper_mem, k);
+    memcpy(up->tok, n->tok, (size_t)k * sizeof *up->tok);
+    memcpy(up->cell, n->cell, (size_t)k * sizeof *up->cell);
+    memcpy(up->strm, n->strm, (size_t)k * sizeof *up->strm);
+    up->label = n->label;
+    up->depth = n->depth;
+    up->parent = n->parent;
+    up->prot = n->prot;
+    /* u takes i's place among its siblings and in the table */
+    up->prev_sib = n->prev_sib;
+    up->next_sib = n->next_sib;
+    kvc_prefix_node *p = &idx->nodes[n->parent];
+    if (n->prev_sib != NIL) {
+        idx->nodes[n->prev_sib].next_sib = u;
+    } else {
+        p->first_child = u;
+    }
+    if (n->next_sib != NIL) {
+        idx->nodes[n->next_sib].prev_sib = u;
+    } else {
+        p->last_child = u;
+    }
+    table_set(idx, n->parent, n->label, u);
+    for (uint32_t t = 0; t < k; t++) {
+        place_of(idx, up->strm[t], up->cell[t])->node = u;
+    }
+    /* i: the rest, as u's only child */
+    n->tok += k;
+    n->cell += k;
+    n->strm += k;
+    n->len -= k;
+    n->depth += k;
+    n->label = (uint32_t)n->tok[0];
+    n->prev_sib = n->next_sib = NIL;
+    child_append(idx, u, i);
+    if (n->prot == 0) {
+        lru_insert_after(idx, i, u);
+    }
+    idx->n_nodes++;
+    return u;
+}
+
+int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells,
+                      const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
+                      kvc_prefix_inserted *res, kvc_err *err) {
+    *res = (kvc_prefix_inserted){ 0 };
+    if (n == 0) {
+        return KVC_OK;
+    }
+    if (!tokens || !cells || !streams) {
+        return kvc_err_set(err, KVC_E_ARG, "an insert of %u tokens needs their tokens, cells and streams", n);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (!cell_in_range(idx, streams[i], cells[i])) {
+            return kvc_err_set(err, KVC_E_ARG, "token %u: cell %u of stream %u is out of range (%u streams of %u cells)",
+                               i, cells[i], streams[i], idx->n_stream, idx->n_cells);
+        }
+    }
+    const prefix_walk w = walk_prompt(idx, salt, tokens, n, NULL, NULL);
+    /* The cells the index takes, and the caller's duplicates, must be held nowhere and named
+     * once: each is marked TENTATIVE while the rest is checked (and unmarked at the end). */
+    int rc = KVC_OK;
+    uint32_t n_dup = 0, i = 0;
+    for (uint32_t at = w.root; i < n;) {
+        /* along the matched path, an edge at a time; the index's own cells pass */
+        const kvc_prefix_node *e = NULL;
+        uint32_t k_end = 1;
+        if (i < w.n) {
+            at = table_find(idx, at, (uint32_t)tokens[i]);
+            e = &idx->nodes[at];
+            k_end = at == w.deepest ? w.off : e->len;
+        }
+        for (uint32_t k = 0; k < k_end; k++, i++) {
+            if (e && e->cell[k] == cells[i] && e->strm[k] == streams[i]) {
+                continue;
+            }
+            kvc_prefix_place *pl = place_of(idx, streams[i], cells[i]);
+            if (pl->node != NIL) {
+                rc = kvc_err_set(err, KVC_E_ARG, pl->node == TENTATIVE
+                                 ? "token %u: cell %u of stream %u is named twice"
+                                 : "token %u: cell %u of stream %u is held for another token",
+                                 i, cells[i], streams[i]);
+                goto fail;
+            }
+            pl->node = TENTATIVE;
+            if (e) {
+                if (dup_cells) {
+                    dup_cells[n_dup] = cells[i];
+                }
+                if (dup_streams) {
+                    dup_streams[n_dup] = streams[i];
+                }
+                n_dup++;
+            }
+        }
+    }
+    res->n_present = w.n;
+    res->n_dup = n_dup;
+    const uint32_t n_new = n - w.n;
+    if (n_new == 0) {
+        unmark_tentative(idx, cells, streams, n);
+        touch(idx, w.deepest);
+        res->end = handle_of(idx, w.deepest);
+        return KVC_OK;
+    }
+    /* the cap: evict first, sparing the prompt's own path, or refuse */
+    uint64_t need = 0;
+    if (idx->cap != 0 && (uint64_t)idx->n_held + n_new > idx->cap) {
+        need = (uint64_t)idx->n_held + n_new - idx->cap;
+        mark_path(idx, w.deepest, true);
+        uint32_t spared = 0;
+        for (uint32_t i = w.deepest; i != NIL && !idx->nodes[i].root; i = idx->nodes[i].parent) {
+            spared += idx->nodes[i].prot == 0 ? idx->nodes[i].len : 0;
+        }
+        if ((uint64_t)idx->n_evictable - spared < need) {
+            mark_path(idx, w.deepest, false);
+            rc = kvc_err_set(err, KVC_E_NOSPACE,
+                             "keeping %u new cells under the cap of %u needs %llu cells evicted, and %u can be "
+                             "(the others are locked, pinned or on the prompt's path)",
+                             n_new, idx->cap, (unsigned long long)need, idx->n_evictable - spared);
+            goto fail;
+        }
+    }
+    /* every allocation before any change */
+    const bool inside = w.deepest != NIL && w.off < idx->nodes[w.deepest].len;
+    void *leaf_mem = NULL, *upper_mem = NULL;
+    rc = pool_reserve(idx, 3);
+    if (rc == KVC_OK) {
+        leaf_mem = edge_alloc(n_new);
+        upper_mem = inside ? edge_alloc(w.off) : NULL;
+        if (!leaf_mem || (inside && !upper_mem)) {
+            rc = KVC_E_NOMEM;
+        }
+    }
+    if (rc != KVC_OK) {
+        kvc_free(leaf_mem);
+        kvc_free(upper_mem);
+        mark_path(idx, w.deepest, false);
+        rc = kvc_err_set(err, KVC_E_NOMEM, "out of memory inserting a prompt of %u tokens", n);
+        goto fail;
+    }
+    if (need > 0) {
+        idx->n_freed = 0;
+        res->n_evicted = evict_walk(idx, need);
+        mark_path(idx, w.deepest, false);
+    } else {
+        idx->n_freed = 0;
+    }
+    /* the root (an eviction may have taken it when nothing matched), the split, the leaf */
+    uint32_t parent = w.deepest;
+    if (parent == NIL) {
+        parent = table_find(idx, NIL, salt);
+        if (parent == NIL) {
+            parent = node_new(idx);
+            idx->nodes[parent].root = true;
+            idx->nodes[parent].label = salt;
+            table_set(idx, NIL, salt, parent);
+        }
+    } else if (inside) {
+        parent = split(idx, w.deepest, w.off, upper_mem);
+    }
+    const uint32_t leaf = node_new(idx);
+    kvc_prefix_node *l = &idx->nodes[leaf];
+    edge_attach(l, leaf_mem, n_new);
+    memcpy(l->tok, tokens + w.n, (size_t)n_new * sizeof *l->tok);
+    memcpy(l->cell, cells + w.n, (size_t)n_new * sizeof *l->cell);
+    memcpy(l->strm, streams + w.n, (size_t)n_new * sizeof *l->strm);
+    l->label = (uint32_t)tokens[w.n];
+    l->depth = w.n;
+    child_append(idx, parent, leaf);
+    for (uint32_t k = 0; k < n_new; k++) {
+        *place_of(idx, l->strm[k], l->cell[k]) = (kvc_prefix_place){ leaf, w.n + k };
+    }
+    idx->n_held += n_new;
+    idx->n_evictable += n_new;
+    idx->n_nodes++;
+    lru_append(idx, leaf);
+    touch(idx, leaf);
+    unmark_tentative(idx, cells, streams, w.n);   /* the duplicates' marks */
+    res->n_added = n_new;
+    res->end = handle_of(idx, leaf);
+    return KVC_OK;
+fail:
+    unmark_tentative(idx, cells, streams, i);
+    *res = (kvc_prefix_inserted){ 0 };
+    return rc;
+}
+
+bool kvc_prefix_handle_valid(const kvc_prefix *idx, kvc_prefix_handle h) {
+    return h.node != NIL && h.node < idx->n_slots && idx->nodes[h.node].live && !idx->nodes[h.node].root &&
+           idx->nodes[h.node].gen == h.gen;
+}
+
+/* Change the locks (pin false) or pins of h's node by +1 or -1. */
+static int protect(kvc_prefix *idx, kvc_prefix_handle h, bool pin, int by, kvc_err *err) {
+    if (h.node == NIL && h.gen == 0) {
+        return KVC_OK;
+    }
+    if (!kvc_prefix_handle_valid(idx, h)) {
+        return kvc_err_set(err, KVC_E_ARG, "the prefix handle (%u, %u) is stale: its node was evicted, removed or cleared",
+                           h.node, h.gen);
+    }
+    kvc_prefix_node *n = &idx->nodes[h.node];
+    uint32_t *own = pin ? &n->n_pin : &n->n_lock;
+    if (by > 0) {
+        /* the node below the root counts every lock and pin of its subtree */
+        uint32_t top = h.node;
+        while (!idx->nodes[idx->nodes[top].parent].root) {
+            top = idx->nodes[top].parent;
+        }
+        if (idx->nodes[top].prot == UINT32_MAX) {
+            return kvc_err_set(err, KVC_E_ARG, "the prefix handle (%u, %u): 2**32 - 1 locks and pins on its path",
+                               h.node, h.gen);
+        }
+        (*own)++;
+        prot_add(idx, h.node, 1);
+        return KVC_OK;
+    }
+    if (*own == 0) {
+        return kvc_err_set(err, KVC_E_ARG, "the prefix handle (%u, %u) holds no %s", h.node, h.gen, pin ? "pin" : "lock");
+    }
+    (*own)--;
+    prot_sub(idx, h.node, 1);
+    return KVC_OK;
+}
+
+int kvc_prefix_lock(kvc_prefix *idx, kvc_prefix_handle h, kvc_err *err) { return protect(idx, h, false, 1, err); }
+int kvc_prefix_unlock(kvc_prefix *idx, kvc_prefix_handle h, kvc_err *err) { return protect(idx, h, false, -1, err); }
+int kvc_prefix_pin(kvc_prefix *idx, kvc_prefix_handle h, kvc_err *err) { return protect(idx, h, true, 1, err); }
+int kvc_prefix_unpin(kvc_prefix *idx, kvc_prefix_handle h, kvc_err *err) { return protect(idx, h, true, -1, err); }
+
+uint32_t kvc_prefix_evict(kvc_prefix *idx, uint32_t n_cells) {
+    idx->n_freed = 0;
+    return evict_walk(idx, n_cells);
+}
+
+/* Drop node i's tokens from `from` on and everything below it. */
+static void truncate_at(kvc_prefix *idx, uint32_t x, uint32_t from) {
+    /* the cells, top down: x's tail, then its subtree in pre-order */
+    edge_let_go(idx, x, from);
+    uint32_t dropped_prot = 0;
+    for (uint32_t i = idx->nodes[x].first_child; i != NIL;) {
+        edge_let_go(idx, i, 0);
+        dropped_prot += idx->nodes[i].n_lock + idx->nodes[i].n_pin;
+        if (idx->nodes[i].first_child != NIL) {
+            i = idx->nodes[i].first_child;
+            continue;
+        }
+        while (i != x && idx->nodes[i].next_sib == NIL) {
+            i = idx->nodes[i].parent;
+        }
+        i = i == x ? NIL : idx->nodes[i].next_sib;
+    }
+    /* the nodes below x, leaves first */
+    uint32_t i = x;
+    while (idx->nodes[x].n_child > 0) {
+        while (idx->nodes[i].first_child != NIL) {
+            i = idx->nodes[i].first_child;
+        }
+        const uint32_t p = idx->nodes[i].parent;
+        leaf_drop(idx, i);
+        i = p;
+    }
+    kvc_prefix_node *n = &idx->nodes[x];
+    const uint32_t parent = n->parent;
+    if (from == 0) {
+        dropped_prot += n->n_lock + n->n_pin;
+        leaf_drop(idx, x);
+        if (dropped_prot > 0 && idx->nodes[parent].live && !idx->nodes[parent].root) {
+            prot_sub(idx, parent, dropped_prot);
+        }
+        return;
+    }
+    const uint32_t cut = n->len - from;
+    n->len = from;
+    idx->n_held -= cut;
+    if (n->prot == 0) {
+        idx->n_evictable -= cut;
+    }
+    if (dropped_prot > 0) {
+        prot_sub(idx, x, dropped_prot);
+    }
+}
+
+uint32_t kvc_prefix_remove_cells(kvc_prefix *idx, const uint32_t *cells, const uint32_t *streams, uint32_t n) {
+    idx->n_freed = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (cell_in_range(idx, streams[i], cells[i])) {
+            kvc_prefix_place *pl = place_of(idx, streams[i], cells[i]);
+            if (pl->node != NIL) {
+                pl->depth |= KVC_PREFIX_MARK;
+            }
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (!cell_in_range(idx, streams[i], cells[i])) {
+            continue;
+        }
+        const kvc_prefix_place pl = *place_of(idx, streams[i], cells[i]);
+        if (pl.node != NIL) {
+            truncate_at(idx, pl.node, (pl.depth & ~KVC_PREFIX_MARK) - idx->nodes[pl.node].depth);
+        }
+    }
+    return idx->n_freed;
+}
+
+uint32_t kvc_prefix_freed(const kvc_prefix *idx, const uint32_t **cells, const uint32_t **streams) {
+    if (cells) {
+        *cells = idx->freed_cell;
+    }
+    if (streams) {
+        *streams = idx->freed_strm;
+    }
+    return idx->n_freed;
+}
+
+/* --- the checker ------------------------------------------------------------------------------- */
+
+#define CHECK_THAT(cond, ...)                                                  \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            kvc_free(pos);                                                     \
+            return kvc_err_set(err, KVC_E_INTERNAL, __VA_ARGS__);              \
+        }                                                                      \
+    } while (0)
+
+int kvc_prefix_check(const kvc_prefix *idx, kvc_err *err) {
+    uint32_t *pos = kvc_calloc(idx->n_slots, sizeof *pos);   /* 1 + place in the LRU list */
+    if (!pos) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory checking a prefix index");
+    }
+    /* the free list */
+    uint32_t n_free = 0;
+    for (uint32_t i = idx->free_head; i != NIL; i = idx->nodes[i].next_sib) {
+        CHECK_THAT(i < idx->n_slots && !idx->nodes[i].live && n_free < idx->n_slots, "free list: slot %u", i);
+        n_free++;
+    }
+    CHECK_THAT(n_free == idx->n_free, "free list: %u slots, counted %u", n_free, idx->n_free);
+    /* the LRU list: unprotected nodes, each after its children */
+    uint32_t n_lru = 0;
+    for (uint32_t i = idx->nodes[NIL].lru_next, prev = NIL; i != NIL; prev = i, i = idx->nodes[i].lru_next) {
+        CHECK_THAT(i < idx->n_slots && n_lru < idx->n_slots, "LRU list: slot %u out of range or a cycle", i);
+        const kvc_prefix_node *n = &idx->nodes[i];
+        CHECK_THAT(n->live && !n->root && n->prot == 0, "LRU list: node %u is not an unprotected edge", i);
+        CHECK_THAT(n->lru_prev == prev, "LRU list: node %u's previous is %u, not %u", i, n->lru_prev, prev);
+        CHECK_THAT(pos[i] == 0, "LRU list: node %u twice", i);
+        pos[i] = ++n_lru;
+        for (uint32_t c = n->first_child; c != NIL; c = idx->nodes[c].next_sib) {
+            CHECK_THAT(c < idx->n_slots && pos[c] != 0, "LRU list: node %u comes before its child %u", i, c);
+        }
+    }
+    CHECK_THAT(idx->nodes[NIL].lru_prev == NIL || pos[idx->nodes[NIL].lru_prev] == n_lru, "LRU list: wrong tail");
+    /* every node */
+    uint32_t live = 0, held = 0, evictable = 0, nodes = 0, unprot = 0;
+    for (uint32_t i = 1; i < idx->n_slots; i++) {
+        const kvc_prefix_node *n = &idx->nodes[i];
+        if (!n->live) {
+            continue;
+        }
+        live++;
+        CHECK_THAT(!n->on_path, "node %u is still marked as on an insert's path", i);
+        uint32_t kids = 0, kids_prot = 0, prev = NIL;
+        for (uint32_t c = n->first_child; c != NIL; prev = c, c = idx->nodes[c].next_sib) {
+            CHECK_THAT(c < idx->n_slots && kids < idx->n_slots, "node %u: child list broken", i);
+            const kvc_prefix_node *ch = &idx->nodes[c];
+            CHECK_THAT(ch->live && !ch->root && ch->parent == i && ch->prev_sib == prev,
+                       "node %u: child %u does not link back", i, c);
+            kids++;
+            kids_prot += ch->prot;
+        }
+        CHECK_THAT(kids == n->n_child && n->last_child == prev, "node %u: %u children listed, %u counted", i, kids,
+                   n->n_child);
+        if (n->root) {
+            CHECK_THAT(n->len == 0 && n->parent == NIL && n->prot == 0 && n->n_lock == 0 && n->n_pin == 0,
+                       "root %u has tokens, a parent or protection", i);
+            CHECK_THAT(kids > 0, "root %u (salt %llu) has no children", i, (unsigned long long)n->label);
+            CHECK_THAT(table_find(idx, NIL, n->label) == i, "root %u is not in the child table", i);
+            continue;
+        }
+        nodes++;
+        CHECK_THAT(n->len > 0 && n->parent < idx->n_slots && idx->nodes[n->parent].live, "node %u: no tokens or parent", i);
+        const kvc_prefix_node *p = &idx->nodes[n->parent];
+        CHECK_THAT(n->label == (uint32_t)n->tok[0], "node %u: label %llu, first token %d", i,
+                   (unsigned long long)n->label, n->tok[0]);
+        CHECK_THAT(table_find(idx, n->parent, n->label) == i, "node %u is not in the child table", i);
+        CHECK_THAT(n->depth == (p->root ? 0 : p->depth + p->len), "node %u: depth %u, its parent ends at %u", i,
+                   n->depth, p->root ? 0 : p->depth + p->len);
+        CHECK_THAT(n->prot == n->n_lock + n->n_pin + kids_prot, "node %u: protection %u, locks %u, pins %u, below %u", i,
+                   n->prot, n->n_lock, n->n_pin, kids_prot);
+        CHECK_THAT((n->prot == 0) == (pos[i] != 0), "node %u: protection %u but %s the LRU list", i, n->prot,
+                   pos[i] ? "in" : "not in");
+        for (uint32_t k = 0; k < n->len; k++) {
+            CHECK_THAT(cell_in_range(idx, n->strm[k], n->cell[k]), "node %u: cell %u of stream %u out of range", i,
+                       n->cell[k], n->strm[k]);
+            const kvc_prefix_place *pl = place_of(idx, n->strm[k], n->cell[k]);
+            CHECK_THAT(pl->node == i && pl->depth == n->depth + k,
+                       "cell %u of stream %u: held by node %u at %u, placed at node %u, %u", n->cell[k], n->strm[k], i,
+                       n->depth + k, pl->node, pl->depth);
+        }
+        held += n->len;
+        if (n->prot == 0) {
+            evictable += n->len;
+            unprot++;
+        }
+    }
+    CHECK_THAT(live + n_free + 1 == idx->n_slots, "%u live and %u free slots of %u", live, n_free, idx->n_slots);
+    CHECK_THAT(unprot == n_lru, "%u unprotected nodes, %u in the LRU list", unprot, n_lru);
+    CHECK_THAT(held == idx->n_held && evictable == idx->n_evictable && nodes == idx->n_nodes,
+               "counted %u cells held, %u evictable, %u nodes; the index says %u, %u, %u", held, evictable, nodes,
+               idx->n_held, idx->n_evictable, idx->n_nodes);
+    uint32_t used = 0;
+    for (uint32_t s = 0; s < idx->table_size; s++) {
+        const kvc_prefix_slot *t = &idx->table[s];
+        if (t->child == NIL) {
+            continue;
+        }
+        used++;
+        CHECK_THAT(t->child < idx->n_slots && idx->nodes[t->child].live && idx->nodes[t->child].parent == t->parent &&
+                       idx->nodes[t->child].label == t->label && idx->nodes[t->child].root == (t->parent == NIL),
+                   "child table: slot %u names node %u wrongly", s, t->child);
+    }
+    CHECK_THAT(used == idx->table_used && used == live && used * 2 <= idx->table_size,
+               "child table: %u entries, counted %u, %u live nodes, size %u", used, idx->table_used, live,
+               idx->table_size);
+    uint64_t placed = 0;
+    const uint64_t total = (uint64_t)idx->n_stream * idx->n_cells;
+    for (uint64_t c = 0; c < total; c++) {
+        placed += idx->place[c].node != NIL;
+        CHECK_THAT(!(idx->place[c].depth & KVC_PREFIX_MARK), "cell %llu still marked", (unsigned long long)c);
+    }
+    CHECK_THAT(placed == held, "%llu cells placed, %u held", (unsigned long long)placed, held);
+    kvc_free(pos);
+    return KVC_OK;
+}

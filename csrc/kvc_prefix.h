@@ -1,0 +1,196 @@
+/* kvcache — a prefix index: which cells already hold the K/V of which token prefixes, so that a
+ * new request reuses the longest one instead of computing it again (what vLLM does with hashed
+ * blocks, SGLang with a radix tree, llama.cpp's server with its prompt cache). Self-contained: it
+ * knows cells only as (stream, cell) pairs and never touches a cache; placing the matched cells
+ * in a sequence, and freeing the cells it hands back, is its caller's part.
+ *
+ * A radix tree over token ids with one token per cell, not a table of hashed blocks: kvcache's
+ * cells are pages of one token, so a prefix is found exactly at any length (no rounding down to a
+ * block), and a lookup costs what it matches (O(tokens matched), one child lookup per edge), not
+ * a hash per block over the whole prompt. Each edge holds a run of tokens and, per token, the
+ * (stream, cell) holding its K/V. Every namespace has its own root, keyed by a 64-bit salt
+ * (tenant, LoRA adapter, multimodal hash; 0 = none): two prompts share cells only under the same
+ * salt.
+ *
+ * Keeping and letting go:
+ * - a live sequence attached to a prefix holds a lock on its node (kvc_prefix_lock), an operator
+ *   may pin one (kvc_prefix_pin): a node with a lock or pin at or below it is protected, and so is
+ *   every node above it, and is never evicted;
+ * - eviction takes unprotected leaves, least recently used first, whole nodes at a time; a node
+ *   whose last child goes becomes a leaf and takes its turn. Use is a match, an insert, or a
+ *   node's last lock or pin going (the sequence that held it just used it); each moves the nodes
+ *   of the path, deepest first, to the recent end of one list of the unprotected nodes. That list
+ *   is the order: no ties, no pointers compared, and its oldest node is always a leaf (a node
+ *   only ever moves with its ancestors behind it);
+ * - a cap bounds the cells the index holds: an insert past it evicts first, or fails with
+ *   KVC_E_NOSPACE, unchanged, when only protected nodes (or its own path) stand in the way.
+ *
+ * Costs: insert and match O(tokens touched), lock and pin O(path nodes), evict O(cells evicted),
+ * remove O(cells removed); the node pool and the child table grow by doubling (amortized).
+ * Failures leave the index as it was: an insert reserves every allocation before it changes
+ * anything. Not thread-safe: the caller serializes (as it does for the cache). */
+#ifndef KVC_PREFIX_H
+#define KVC_PREFIX_H
+
+#include "kvc_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A node of the tree, as a handle: valid until the node is evicted, removed or cleared (a
+ * split keeps it valid: the handle stays with the deeper part, which the old path passes
+ * through). {0, 0} is no node (the handle of an empty match). */
+typedef struct kvc_prefix_handle {
+    uint32_t node;   /* slot in the node pool, 0 for none */
+    uint32_t gen;    /* the slot's generation when the handle was made */
+} kvc_prefix_handle;
+
+/* A node: a root (a salt's, no tokens) or an edge of len tokens below its parent. */
+typedef struct kvc_prefix_node {
+    uint64_t  label;         /* roots: the salt; others: the first token (as uint32) */
+    int32_t  *tok;           /* [len] the edge's tokens */
+    uint32_t *cell;          /* [len] the cell holding each token's K/V */
+    uint32_t *strm;          /* [len] its stream */
+    void     *mem;           /* the allocation tok/cell/strm lie in (a split advances them in it) */
+    uint32_t  len;           /* tokens of the edge (0 for roots) */
+    uint32_t  depth;         /* tokens above the edge's first (its position in the prompt) */
+    uint32_t  parent;        /* parent slot; 0 for roots */
+    uint32_t  first_child;   /* children: a list in the order they came (a split node takes its
+                              * child's place), for the walks of remove and check; 0: none */
+    uint32_t  last_child;    /* the list's last, where a new child goes */
+    uint32_t  next_sib;      /* next sibling, or 0; on the free list: the next free slot */
+    uint32_t  prev_sib;      /* previous sibling, or 0 */
+    uint32_t  n_child;       /* children */
+    uint32_t  prot;          /* locks and pins of this node and every node below it */
+    uint32_t  n_lock;        /* locks of this node */
+    uint32_t  n_pin;         /* pins of this node */
+    uint32_t  lru_prev;      /* neighbours in the list of unprotected nodes (slot 0 is its head) */
+    uint32_t  lru_next;
+    uint32_t  gen;           /* bumped when the slot is freed: stale handles are refused */
+    bool      live;          /* in use (a root or an edge) */
+    bool      root;          /* a salt's root */
+    bool      on_path;       /* during an insert: on its own path, which its eviction spares */
+} kvc_prefix_node;
+
+/* Where a held cell lies: node slot (0: not held) and the token's position in its prompt. */
+typedef struct kvc_prefix_place {
+    uint32_t node;
+    uint32_t depth;   /* KVC_PREFIX_MARK set: named by the remove in progress */
+} kvc_prefix_place;
+#define KVC_PREFIX_MARK 0x80000000u
+
+/* One slot of the child table: the child of `parent` whose label is `label` (parent 0: the
+ * root of salt `label`). Open addressing, linear probing, deletion by backward shift. */
+typedef struct kvc_prefix_slot {
+    uint64_t label;
+    uint32_t parent;
+    uint32_t child;   /* 0: empty */
+} kvc_prefix_slot;
+
+typedef struct kvc_prefix {
+    kvc_prefix_node  *nodes;       /* [n_slots] the pool; slot 0 is the head of the LRU list */
+    uint32_t          n_slots;     /* slots allocated */
+    uint32_t          free_head;   /* first free slot (linked by next_sib), 0 when none */
+    uint32_t          n_free;      /* free slots */
+    kvc_prefix_slot  *table;       /* [table_size] the child table */
+    uint32_t          table_size;  /* a power of two, at least twice the live nodes */
+    uint32_t          table_used;  /* entries (= live nodes, roots included) */
+    kvc_prefix_place *place;       /* [n_stream * n_cells] where each cell lies */
+    uint32_t         *freed_cell;  /* [n_stream * n_cells] cells let go by the last evict or remove */
+    uint32_t         *freed_strm;  /* [n_stream * n_cells] their streams */
+    uint32_t          n_freed;     /* entries of freed_cell / freed_strm */
+    uint32_t          n_stream;    /* streams of the cells it may hold */
+    uint32_t          n_cells;     /* cells per stream */
+    uint32_t          cap;         /* the most cells it may hold; 0: no cap */
+    uint32_t          n_held;      /* cells held */
+    uint32_t          n_evictable; /* cells of unprotected nodes */
+    uint32_t          n_nodes;     /* nodes with tokens (roots not counted) */
+} kvc_prefix;
+
+/* An index of cells of n_stream streams of n_cells cells each (n_stream * n_cells at most
+ * 2**31), holding at most cap cells (0: no cap). KVC_OK, KVC_E_ARG, KVC_E_NOMEM. */
+int  kvc_prefix_init(kvc_prefix *idx, uint32_t n_stream, uint32_t n_cells, uint32_t cap, kvc_err *err);
+void kvc_prefix_free(kvc_prefix *idx);   /* safe on a zeroed index */
+/* Forget everything (the cache was cleared or read from a state): every handle goes stale, no
+ * cell is handed back. */
+void kvc_prefix_clear(kvc_prefix *idx);
+/* Set the cap (0: none). It is enforced by the next insert; kvc_prefix_evict brings the index
+ * under it now. */
+void kvc_prefix_set_cap(kvc_prefix *idx, uint32_t cap);
+
+/* What an insert did. */
+typedef struct kvc_prefix_inserted {
+    uint32_t n_present;   /* leading tokens the index held already (their cells are kept) */
+    uint32_t n_dup;       /* of those, the ones whose cell the caller passed is another: the
+                           * caller's cells to free, in dup_cells / dup_streams */
+    uint32_t n_added;     /* tokens whose cells the index took: n - n_present */
+    uint32_t n_evicted;   /* cells evicted to stay under the cap: kvc_prefix_freed */
+    kvc_prefix_handle end;   /* the node holding the last token ({0, 0} when n is 0) */
+} kvc_prefix_inserted;
+
+/* Record that cells[i] of stream streams[i] holds the K/V of tokens[i], i < n, the prompt under
+ * salt. Where the index holds a prefix of it already, its cells are kept: the caller's cells
+ * for those tokens that differ go to dup_cells / dup_streams (room for n), for the caller to
+ * free. The cells the index takes must be held nowhere in it and named once; a cell the index
+ * holds for the same token may be passed back (a sequence attached to a match). Past the cap,
+ * the least recently used unprotected nodes off the prompt's path are evicted first
+ * (kvc_prefix_freed: the caller frees them). The prompt's path is touched.
+ * KVC_OK; KVC_E_ARG (a cell out of range, held for another token or named twice);
+ * KVC_E_NOSPACE (the cap cannot be met without a protected node); KVC_E_NOMEM; nothing changed
+ * on failure. */
+int  kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells,
+                       const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
+                       kvc_prefix_inserted *res, kvc_err *err);
+
+/* The longest prefix of tokens[0, min(n, max_len)) the index holds under salt: its length; the
+ * cells and streams of its tokens in out_cells / out_streams (room for that many; either may be
+ * NULL), the node holding its last token in *end ({0, 0} for none). The path is touched. A
+ * caller that must compute at least one token passes max_len = n - 1. */
+uint32_t kvc_prefix_match(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, uint32_t n, uint32_t max_len,
+                          uint32_t *out_cells, uint32_t *out_streams, kvc_prefix_handle *end);
+
+/* Whether h names a node (not stale, not {0, 0}). */
+bool kvc_prefix_handle_valid(const kvc_prefix *idx, kvc_prefix_handle h);
+/* A lock on h's node (a sequence attached to its prefix): it and its path are not evicted until
+ * the lock goes. Locks and pins count. KVC_OK ({0, 0}: nothing to do), KVC_E_ARG (a stale
+ * handle; for unlock and unpin also a node without a lock or pin). A last lock or pin going
+ * touches the nodes it leaves unprotected. */
+int  kvc_prefix_lock(kvc_prefix *idx, kvc_prefix_handle h, kvc_err *err);
+int  kvc_prefix_unlock(kvc_prefix *idx, kvc_prefix_handle h, kvc_err *err);
+/* A pin on h's node: as a lock, for prefixes kept on purpose (a system prompt). */
+int  kvc_prefix_pin(kvc_prefix *idx, kvc_prefix_handle h, kvc_err *err);
+int  kvc_prefix_unpin(kvc_prefix *idx, kvc_prefix_handle h, kvc_err *err);
+
+/* Evict unprotected nodes, least recently used first, until n_cells cells are freed or none is
+ * left; returns the cells freed, which kvc_prefix_freed lists in the order they went (each
+ * node's tokens in order). */
+uint32_t kvc_prefix_evict(kvc_prefix *idx, uint32_t n_cells);
+
+/* The cache let go of cells[i] of streams[i], i < n, by other means (overwritten, freed): the
+ * index drops every token from each such cell on (the rest of its edge and everything below),
+ * locks and pins there included (their handles go stale; the nodes above that lose their last
+ * protection are touched). Cells it does not hold are ignored; out-of-range ones too. Returns
+ * the cells dropped that were not named (kvc_prefix_freed lists them: the caller frees them),
+ * each edge's tokens in order, an edge before its children, children in the order they came. */
+uint32_t kvc_prefix_remove_cells(kvc_prefix *idx, const uint32_t *cells, const uint32_t *streams, uint32_t n);
+
+/* The cells the last kvc_prefix_evict, kvc_prefix_remove_cells or evicting kvc_prefix_insert
+ * let go (valid until the next of those calls): their count, with *cells and *streams set. */
+uint32_t kvc_prefix_freed(const kvc_prefix *idx, const uint32_t **cells, const uint32_t **streams);
+
+static inline uint32_t kvc_prefix_n_held(const kvc_prefix *idx) { return idx->n_held; }
+static inline uint32_t kvc_prefix_n_evictable(const kvc_prefix *idx) { return idx->n_evictable; }
+static inline uint32_t kvc_prefix_n_nodes(const kvc_prefix *idx) { return idx->n_nodes; }
+
+/* KVC_OK when every invariant holds (each cell held once and placed right, parents, children
+ * and the child table agree, protection counts add up, the LRU list holds exactly the
+ * unprotected nodes, each after its children, the counters match); KVC_E_INTERNAL with err
+ * naming the first that does not. O(index size): for the tests. */
+int  kvc_prefix_check(const kvc_prefix *idx, kvc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
