@@ -556,6 +556,7 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
     const uint32_t n_new = n - w.n;
     if (n_new == 0) {
         unmark_tentative(idx, cells, streams, n);
+        idx->n_freed = 0;
         touch(idx, w.deepest);
         res->end = handle_of(idx, w.deepest);
         return KVC_OK;
@@ -596,12 +597,10 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
         rc = kvc_err_set(err, KVC_E_NOMEM, "out of memory inserting a prompt of %u tokens", n);
         goto fail;
     }
+    idx->n_freed = 0;
     if (need > 0) {
-        idx->n_freed = 0;
         res->n_evicted = evict_walk(idx, need);
         mark_path(idx, w.deepest, false);
-    } else {
-        idx->n_freed = 0;
     }
     /* the root (an eviction may have taken it when nothing matched), the split, the leaf */
     uint32_t parent = w.deepest;

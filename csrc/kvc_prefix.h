@@ -26,7 +26,10 @@
  *   KVC_E_NOSPACE, unchanged, when only protected nodes (or its own path) stand in the way.
  *
  * Costs: insert and match O(tokens touched), lock and pin O(path nodes), evict O(cells evicted),
- * remove O(cells removed); the node pool and the child table grow by doubling (amortized).
+ * remove O(cells dropped); the node pool and the child table grow by doubling (amortized); clear
+ * O(cells of the cache). Memory: 16 bytes per cell of the cache (where each lies, and room to
+ * list every cell it lets go, so that evict and remove never allocate), 12 per token held, a node
+ * per edge.
  * Failures leave the index as it was: an insert reserves every allocation before it changes
  * anything. Not thread-safe: the caller serializes (as it does for the cache). */
 #ifndef KVC_PREFIX_H
@@ -175,8 +178,9 @@ uint32_t kvc_prefix_evict(kvc_prefix *idx, uint32_t n_cells);
  * each edge's tokens in order, an edge before its children, children in the order they came. */
 uint32_t kvc_prefix_remove_cells(kvc_prefix *idx, const uint32_t *cells, const uint32_t *streams, uint32_t n);
 
-/* The cells the last kvc_prefix_evict, kvc_prefix_remove_cells or evicting kvc_prefix_insert
- * let go (valid until the next of those calls): their count, with *cells and *streams set. */
+/* The cells the last kvc_prefix_evict, kvc_prefix_remove_cells or successful kvc_prefix_insert
+ * let go (none for an insert that evicted nothing; valid until the next of those calls): their
+ * count, with *cells and *streams set. */
 uint32_t kvc_prefix_freed(const kvc_prefix *idx, const uint32_t **cells, const uint32_t **streams);
 
 static inline uint32_t kvc_prefix_n_held(const kvc_prefix *idx) { return idx->n_held; }
