@@ -497,6 +497,61 @@ static uint32_t split(kvc_prefix *idx, uint32_t i, uint32_t k, void *upper_mem) 
     return u;
 }
 
+/* Whether the caller's cells for the prompt may go in: each the index would take, and each
+ * duplicate, held nowhere and named once (each is marked TENTATIVE, the index's own cells on
+ * the matched path pass). KVC_OK with the duplicates in dup_cells / dup_streams and *n_dup;
+ * KVC_E_ARG with err. *marked: the tokens looked at, whose marks unmark_tentative takes back. */
+static int check_cells(kvc_prefix *idx, const prefix_walk *w, const int32_t *tokens, const uint32_t *cells,
+                       const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
+                       uint32_t *n_dup, uint32_t *marked, kvc_err *err) {
+    uint32_t i = 0;
+    *n_dup = 0;
+    for (uint32_t at = w->root; i < n;) {
+        /* along the matched path an edge at a time, then a token at a time */
+        const kvc_prefix_node *e = NULL;
+        uint32_t k_end = 1;
+        if (i < w->n) {
+            at = table_find(idx, at, (uint32_t)tokens[i]);
+            e = &idx->nodes[at];
+            k_end = at == w->deepest ? w->off : e->len;
+        }
+        for (uint32_t k = 0; k < k_end; k++, i++) {
+            if (e && e->cell[k] == cells[i] && e->strm[k] == streams[i]) {
+                continue;
+            }
+            kvc_prefix_place *pl = place_of(idx, streams[i], cells[i]);
+            if (pl->node != NIL) {
+                *marked = i;
+                return kvc_err_set(err, KVC_E_ARG, pl->node == TENTATIVE
+                                   ? "token %u: cell %u of stream %u is named twice"
+                                   : "token %u: cell %u of stream %u is held for another token",
+                                   i, cells[i], streams[i]);
+            }
+            pl->node = TENTATIVE;
+            if (e) {
+                if (dup_cells) {
+                    dup_cells[*n_dup] = cells[i];
+                }
+                if (dup_streams) {
+                    dup_streams[*n_dup] = streams[i];
+                }
+                (*n_dup)++;
+            }
+        }
+    }
+    *marked = n;
+    return KVC_OK;
+}
+
+/* The evictable cells off the path from node i up (the nodes an insert spares). */
+static uint32_t evictable_off_path(const kvc_prefix *idx, uint32_t i) {
+    uint32_t on = 0;
+    for (; i != NIL && !idx->nodes[i].root; i = idx->nodes[i].parent) {
+        on += idx->nodes[i].prot == 0 ? idx->nodes[i].len : 0;
+    }
+    return idx->n_evictable - on;
+}
+
 int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells,
                       const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
                       kvc_prefix_inserted *res, kvc_err *err) {
@@ -514,42 +569,10 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
         }
     }
     const prefix_walk w = walk_prompt(idx, salt, tokens, n, NULL, NULL);
-    /* The cells the index takes, and the caller's duplicates, must be held nowhere and named
-     * once: each is marked TENTATIVE while the rest is checked (and unmarked at the end). */
-    int rc = KVC_OK;
-    uint32_t n_dup = 0, i = 0;
-    for (uint32_t at = w.root; i < n;) {
-        /* along the matched path, an edge at a time; the index's own cells pass */
-        const kvc_prefix_node *e = NULL;
-        uint32_t k_end = 1;
-        if (i < w.n) {
-            at = table_find(idx, at, (uint32_t)tokens[i]);
-            e = &idx->nodes[at];
-            k_end = at == w.deepest ? w.off : e->len;
-        }
-        for (uint32_t k = 0; k < k_end; k++, i++) {
-            if (e && e->cell[k] == cells[i] && e->strm[k] == streams[i]) {
-                continue;
-            }
-            kvc_prefix_place *pl = place_of(idx, streams[i], cells[i]);
-            if (pl->node != NIL) {
-                rc = kvc_err_set(err, KVC_E_ARG, pl->node == TENTATIVE
-                                 ? "token %u: cell %u of stream %u is named twice"
-                                 : "token %u: cell %u of stream %u is held for another token",
-                                 i, cells[i], streams[i]);
-                goto fail;
-            }
-            pl->node = TENTATIVE;
-            if (e) {
-                if (dup_cells) {
-                    dup_cells[n_dup] = cells[i];
-                }
-                if (dup_streams) {
-                    dup_streams[n_dup] = streams[i];
-                }
-                n_dup++;
-            }
-        }
+    uint32_t n_dup = 0, marked = 0;
+    int rc = check_cells(idx, &w, tokens, cells, streams, n, dup_cells, dup_streams, &n_dup, &marked, err);
+    if (rc != KVC_OK) {
+        goto fail;
     }
     res->n_present = w.n;
     res->n_dup = n_dup;
@@ -565,17 +588,12 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
     uint64_t need = 0;
     if (idx->cap != 0 && (uint64_t)idx->n_held + n_new > idx->cap) {
         need = (uint64_t)idx->n_held + n_new - idx->cap;
-        mark_path(idx, w.deepest, true);
-        uint32_t spared = 0;
-        for (uint32_t i = w.deepest; i != NIL && !idx->nodes[i].root; i = idx->nodes[i].parent) {
-            spared += idx->nodes[i].prot == 0 ? idx->nodes[i].len : 0;
-        }
-        if ((uint64_t)idx->n_evictable - spared < need) {
-            mark_path(idx, w.deepest, false);
+        const uint32_t can = evictable_off_path(idx, w.deepest);
+        if (can < need) {
             rc = kvc_err_set(err, KVC_E_NOSPACE,
                              "keeping %u new cells under the cap of %u needs %llu cells evicted, and %u can be "
                              "(the others are locked, pinned or on the prompt's path)",
-                             n_new, idx->cap, (unsigned long long)need, idx->n_evictable - spared);
+                             n_new, idx->cap, (unsigned long long)need, can);
             goto fail;
         }
     }
@@ -593,12 +611,12 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
     if (rc != KVC_OK) {
         kvc_free(leaf_mem);
         kvc_free(upper_mem);
-        mark_path(idx, w.deepest, false);
         rc = kvc_err_set(err, KVC_E_NOMEM, "out of memory inserting a prompt of %u tokens", n);
         goto fail;
     }
     idx->n_freed = 0;
     if (need > 0) {
+        mark_path(idx, w.deepest, true);
         res->n_evicted = evict_walk(idx, need);
         mark_path(idx, w.deepest, false);
     }
@@ -637,7 +655,7 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
     res->end = handle_of(idx, leaf);
     return KVC_OK;
 fail:
-    unmark_tentative(idx, cells, streams, i);
+    unmark_tentative(idx, cells, streams, marked);
     *res = (kvc_prefix_inserted){ 0 };
     return rc;
 }
