@@ -51,9 +51,34 @@ int kvc_state_check_end(size_t end, size_t len, kvc_err *err) {
 #define truncated_at(err, cur, need, ...) kvc_cur_truncated((err), &(kvc_cursor){ (cur).p, (cur).len, (cur).off }, \
                                                            (need), __VA_ARGS__)
 
-static int parse_cell_count(kvc_cursor *r, const kvc_sec_dest *d, uint32_t *cc, kvc_err *err) {
+/* The fewest bytes a cell's record takes: position, id count, the ids a single-sequence state
+ * lists, the extension. */
+static size_t cell_record_min(const kvc_sec_dest *d, const kvc_section *sec) {
+    const bool single = d && d->seq_id >= 0;
+    return (single ? 8 + 4 * (size_t)d->single_n_ids : 8) + (d ? d->ext_bytes : sec->d_ext_bytes);
+}
+
+/* "truncated at byte X of N: the <what> (byte B) says C <unit>, which need at least ..." for a
+ * count read at B whose items cannot fit in the bytes after it: the count is no more than a
+ * number read from the bytes, so it is named as what they say, never compared with the cache. */
+static int count_truncated(kvc_err *err, const kvc_cursor *r, const char *what, uint32_t count, const char *unit,
+                           size_t min_each) {
+    return kvc_err_set(err, KVC_E_STATE,
+                       "state truncated at byte %zu of %zu: the %s (byte %zu) says %" PRIu32
+                       " %s, which need at least %zu bytes, %zu remain",
+                       r->off, r->len, what, r->off - 4, count, unit, (size_t)count * min_each, r->len - r->off);
+}
+
+static int parse_cell_count(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kvc_err *err) {
+    uint32_t *const cc = &sec->cell_count;
     if (!kvc_cur_u32(r, cc)) {
         return kvc_cur_truncated(err, r, 4, "the cell count");
+    }
+    /* nothing is compared with the cache, nor allocated, for more cells than the bytes left can
+     * describe */
+    const size_t min_rec = cell_record_min(d, sec);
+    if ((r->len - r->off) / min_rec < *cc) {
+        return count_truncated(err, r, "cell count", *cc, "cells", min_rec);
     }
     if (d && d->seq_id >= 0 && d->seq_cells_max && *cc > d->seq_cells_max) {
         return kvc_err_set(err, KVC_E_STATE,
@@ -144,14 +169,7 @@ static int parse_cells(kvc_cursor *r_in, const kvc_sec_dest *d, kvc_section *sec
     const uint32_t cc = sec->cell_count;
     const bool single = d && d->seq_id >= 0;
     const uint32_t eb = d ? d->ext_bytes : sec->d_ext_bytes;
-    const size_t min_rec = (single ? 8 + 4 * (size_t)d->single_n_ids : 8) + eb;
-    /* nothing is allocated for more cells than the bytes left can describe */
-    if ((r->len - r->off) / min_rec < cc) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "state truncated at byte %zu of %zu: %" PRIu32
-                           " cells need at least %zu bytes of metadata, %zu remain",
-                           r->off, r->len, cc, (size_t)cc * min_rec, r->len - r->off);
-    }
+    /* the records of cc cells fit in the bytes left (parse_cell_count) */
     const uint32_t nw = d ? d->seq_words : KVC_SEQ_WORDS;
     const bool direct = d && !single && d->into_seq;
     if (d && cc > 0) {
@@ -275,12 +293,17 @@ KVC_PRINTF_FORMAT(4, 5) static int fail_layer(kvc_err *err, int32_t il, size_t a
     return kvc_err_set(err, KVC_E_STATE, "layer %" PRId32 " (byte %zu): %s", il, at, what);
 }
 
+/* Whether count items of unit bytes fit in what is left of r. */
+static bool data_fits(const kvc_cursor *r, uint64_t count, uint64_t unit) {
+    return unit == 0 || count <= (r->len - r->off) / unit;
+}
+
 /* Take the n = count * unit data bytes of a section, checking the product against what is left. */
 static int take_data(kvc_cursor *r, uint64_t count, uint64_t unit, const char *what, int32_t il, uint64_t *n,
                      kvc_err *err) {
     const size_t left = r->len - r->off;
     *n = 0;
-    if (unit != 0 && count > left / unit) {
+    if (!data_fits(r, count, unit)) {
         return kvc_err_set(err, KVC_E_STATE,
                            "state truncated at byte %zu of %zu while reading the %s of layer %" PRId32
                            " (%" PRIu64 " x %" PRIu64 " bytes, %zu remain)",
@@ -317,10 +340,12 @@ static int parse_layer_k(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, uin
     if (!kvc_cur_u64(r, &row)) {
         return kvc_cur_truncated(err, r, 8, "the key row size of layer %" PRId32, il);
     }
-    if (d && row != (uint64_t)l.k_row_bytes) {
+    /* a row size the cells' data cannot have in the bytes left is a truncation's (take_data's
+     * error), not a number to compare with the cache */
+    uint64_t n;
+    if (d && row != (uint64_t)l.k_row_bytes && data_fits(r, cc, row)) {
         return fail_layer(err, il, r->off - 8, "key row size %" PRIu64 " != cache's %zu", row, l.k_row_bytes);
     }
-    uint64_t n;
     int rc = take_data(r, (uint64_t)cc, row, "keys", il, &n, err);
     if (rc == KVC_OK && ld) {
         ld->k_type = type;
@@ -364,14 +389,17 @@ static int parse_layer_v(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, con
                                   t->name, t->blck_size);
             }
             if (el_ref != t->type_size) {
-                return fail_layer(err, il, r->off - 4, "value element size %" PRIu32 " != cache's %" PRIu32,
-                                  el_ref, t->type_size);
+                /* every cell has at least one element of this size (the width is at least 1) */
+                return data_fits(r, cc, el_ref)
+                           ? fail_layer(err, il, r->off - 4, "value element size %" PRIu32 " != cache's %" PRIu32,
+                                        el_ref, t->type_size)
+                           : take_data(r, (uint64_t)cc, el_ref, "values", il, &n, err);
             }
         }
         if (!kvc_cur_u32(r, &width)) {
             return kvc_cur_truncated(err, r, 4, "the value width of layer %" PRId32, il);
         }
-        if (d && width != l.n_embd_v) {
+        if (d && width != l.n_embd_v && data_fits(r, cc, (uint64_t)width * el_ref)) {
             return fail_layer(err, il, r->off - 4, "value width (n_embd_v_gqa) %" PRIu32 " != cache's %" PRIu32,
                               width, l.n_embd_v);
         }
@@ -389,7 +417,7 @@ static int parse_layer_v(kvc_cursor *r, const kvc_sec_dest *d, uint32_t ikv, con
         }
         /* a transposed cache's v_row is its width times the element size: what rows of the
          * section must hold to be converted */
-        if (d && row != (uint64_t)l.v_row_bytes) {
+        if (d && row != (uint64_t)l.v_row_bytes && data_fits(r, cc, row)) {
             return fail_layer(err, il, r->off - 8, "value row size %" PRIu64 " != cache's %zu", row, l.v_row_bytes);
         }
         if ((rc = take_data(r, (uint64_t)cc, row, "values", il, &n, err)) != KVC_OK) {
@@ -427,17 +455,15 @@ static int parse_data(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kv
     if (!kvc_cur_u32(r, &n_layer)) {
         return kvc_cur_truncated(err, r, 4, "the layer count");
     }
+    /* each layer takes at least 24 bytes of headers: a count of more is a truncation's, not a
+     * number to compare with the cache */
+    if ((r->len - r->off) / 24 < n_layer) {
+        return count_truncated(err, r, "layer count", n_layer, "layers", 24);
+    }
     if (d && n_layer != d->n_layer) {
         return kvc_err_set(err, KVC_E_STATE,
                            "layer count (byte %zu): the state has %" PRIu32 ", the cache %" PRIu32, r->off - 4,
                            n_layer, d->n_layer);
-    }
-    /* each layer takes at least 24 bytes of headers */
-    if ((r->len - r->off) / 24 < n_layer) {
-        return kvc_err_set(err, KVC_E_STATE,
-                           "state truncated at byte %zu of %zu: %" PRIu32
-                           " layers need at least %zu bytes of headers, %zu remain",
-                           r->off, r->len, n_layer, (size_t)n_layer * 24, r->len - r->off);
     }
     sec->n_layer = n_layer;
     for (uint32_t ikv = 0; ikv < n_layer; ikv++) {
@@ -457,7 +483,7 @@ static int parse_data(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kv
 
 int kvc_sec_parse(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kvc_err *err) {
     int rc;
-    if ((rc = parse_cell_count(r, d, &sec->cell_count, err)) != KVC_OK ||
+    if ((rc = parse_cell_count(r, d, sec, err)) != KVC_OK ||
         (rc = parse_cells(r, d, sec, err)) != KVC_OK) {
         return rc;
     }
@@ -484,6 +510,11 @@ int kvc_frame_begin(kvc_cursor *r, unsigned layout, uint32_t want, kvc_frame *f,
     }
     if (!kvc_cur_u32(r, &f->n_stream)) {
         return kvc_cur_truncated(err, r, 4, "the stream count");
+    }
+    /* each stream takes at least its 4-byte cell count: a count of more is a truncation's, not a
+     * number to compare with the cache */
+    if ((r->len - r->off) / 4 < f->n_stream) {
+        return count_truncated(err, r, "stream count", f->n_stream, "streams", 4);
     }
     if (want && f->n_stream != want) {
         return kvc_err_set(err, KVC_E_STATE,

@@ -59,6 +59,16 @@ def _iswa(**kw):
     return kvcache.ISWACache(256, 2, 64, 64, [1], 4, **kw)
 
 
+def _recurrent():
+    return kvcache.RecurrentCache(2, 1, 8, 8)
+
+
+# what the first four bytes of TEXT say as a count, and the bytes after them
+TEXT_COUNT, TEXT_REST = int.from_bytes(TEXT[:4], "little"), len(TEXT) - 4
+TEXT_CELLS = (f"state truncated at byte 4 of {len(TEXT)}: the cell count (byte 0) says {TEXT_COUNT} cells, which "
+              f"need at least {{need}} bytes, {TEXT_REST} remain")
+
+
 # (id, the call, the message); "cli" calls are argv lists whose "{name}" parts name the files of
 # the `files` fixture
 TABLE = [
@@ -160,6 +170,29 @@ TABLE = [
     ("state-read-ones", lambda: _cache(semantics="2026").state_read(b"\xff" * 64),
      "state_read: not a cache state (64 bytes): it frames as one in no layout, with or without stream counts "
      "(damaged, truncated or other data; pass the layout to see where a read of it stops)"),
+    # ... and with the layout named, or into a recurrent cache: a count the bytes after it cannot
+    # hold is named as what the bytes say, never compared with the cache
+    ("state-read-text-layout", lambda: _cache().state_read(TEXT, layout="2025"),
+     "state_read: " + TEXT_CELLS.format(need=8 * TEXT_COUNT)),
+    ("state-read-text-seq", lambda: _cache().state_read(TEXT, 0, layout="2025"),
+     "state_read: " + TEXT_CELLS.format(need=12 * TEXT_COUNT)),
+    ("state-read-text-streams", lambda: _cache(semantics="2026").state_read(TEXT, layout="2026"),
+     f"state_read: state truncated at byte 4 of {len(TEXT)}: the stream count (byte 0) says {TEXT_COUNT} streams, "
+     f"which need at least {4 * TEXT_COUNT} bytes, {TEXT_REST} remain"),
+    ("iswa-state-read-text-layout", lambda: _iswa().state_read(TEXT, layout="2025"),
+     "state_read: part 0 of 2 (from byte 0): " + TEXT_CELLS.format(need=8 * TEXT_COUNT)),
+    ("recurrent-state-read-text", lambda: _recurrent().state_read(TEXT),
+     "state_read: " + TEXT_CELLS.format(need=8 * TEXT_COUNT)),
+    ("recurrent-state-read-text-seq", lambda: _recurrent().state_read(TEXT, 1),
+     "state_read: " + TEXT_CELLS.format(need=8 * TEXT_COUNT)),
+    ("state-read-layer-count", lambda: _cache().state_read(bytes(4) + b"\x01\0\0\0" + b"\xff" * 4, layout="2025"),
+     "state_read: state truncated at byte 12 of 12: the layer count (byte 8) says 4294967295 layers, which need at "
+     "least 103079215080 bytes, 0 remain"),
+    # a count the bytes can hold, of more cells than the cache has
+    ("recurrent-state-read-cells", lambda: _recurrent().state_read(b"\x03\0\0\0" + bytes(100)),
+     "state_read: not enough cells: the state holds 3 cells (byte 0), the cache has 2"),
+    ("recurrent-state-read-seq-cells", lambda: _recurrent().state_read(b"\x02\0\0\0" + bytes(100), 0),
+     "state_read: a sequence's state holds at most one cell in this cache, the state holds 2 (byte 0)"),
     # kvcache.inspect and kvcache.statefile
     ("inspect-text", lambda: kinspect.report_bytes(TEXT), NOT_A_STATE.format(size="")),
     ("inspect-empty", lambda: kinspect.report_bytes(b""), NOT_A_STATE.format(size="")),
@@ -310,3 +343,4 @@ def test_signature_defaults_are_the_constructors():
     ub = kvcache.UBatch([0, 1], [0, 0], **{n: p.default for n, p in inspect.signature(kvcache.UBatch).parameters.items()
                                             if p.default is not inspect.Parameter.empty})
     assert ub.n_tokens == 2 and ub.tokens is None
+

@@ -252,7 +252,12 @@ def _failure_cases():
          r"value width \(n_embd_v_gqa\) 21 != cache's 20"),
         ("v_trans", _patch(seq, ds["data_offset"], "<I", 0), 0, r"V layout .*conversion not requested"),
         ("v_trans value", _patch(seq, ds["data_offset"], "<I", 7), 0, r"flag 7 is neither 0 nor 1"),
-        ("not enough cells", _patch(seq, 0, "<I", 65), 0, r"not enough cells: the state holds 65 cells \(byte 0\), the cache has 64"),
+        # a count the bytes can hold (its cells' records fit after it) that the cache cannot
+        ("not enough cells", _patch(seq, 0, "<I", 65) + bytes(12 * 65), 0,
+         r"not enough cells: the state holds 65 cells \(byte 0\), the cache has 64"),
+        ("cell count beyond the bytes", _patch(seq, 0, "<I", 65), 0,
+         r"state truncated at byte 4 of %d: the cell count \(byte 0\) says 65 cells, which need at least 780 "
+         r"bytes, %d remain" % (len(seq), len(seq) - 4)),
         ("invalid seq id", _patch(whole, 12, "<i", 4), -1, r"sequence id 4 out of range \[0, 4\)"),
         ("n_seq_id", _patch(seq, 8, "<I", 2), 0, r"2 sequence ids in a single-sequence state \(must be 1\)"),
         ("negative position", _patch(seq, 4 + 12, "<i", -3), 0, r"cell 1 \(byte 16\): negative position -3"),
@@ -333,7 +338,8 @@ def test_describe_state_reports_layout():
     assert [[64 * w + b for w, m in enumerate(row) for b in range(64) if int(m) >> b & 1]
             for row in d["seq"]] == [c[2] for c in nonempty]
     assert [l["v_width"] for l in d["layers"]] == [12, 20, 8]
-    with pytest.raises(kvcache.StateError, match="4294967295 cells need at least"):
+    with pytest.raises(kvcache.StateError,
+                       match=r"the cell count \(byte 0\) says 4294967295 cells, which need at least"):
         describe_state(b"\xff\xff\xff\xff" + bytes(20))
 
 

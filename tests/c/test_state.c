@@ -604,7 +604,10 @@ static void test_corruptions(void) {
             }
             const size_t d = 4 + meta; /* v_trans */
             corrupt(&t, seq, &blob, 0, g.size + 1, "not enough cells", "cell count > size");
-            corrupt(&t, seq, &blob, 0, 0xffffffffu, "not enough cells", "cell count 2^32-1");
+            /* a count whose cells' records cannot fit in the bytes is no number to compare with the
+             * cache: the bytes are truncated */
+            corrupt(&t, seq, &blob, 0, 0xffffffffu, "the cell count (byte 0) says 4294967295 cells",
+                    "cell count 2^32-1");
             corrupt(&t, seq, &blob, 0, cc + 1, NULL, "cell count + 1");
             corrupt(&t, seq, &blob, 4, (uint32_t)-1, "negative position -1", "negative position");
             corrupt(&t, seq, &blob, 4 + 12, 0x80000000u, "cell 1", "INT32_MIN position");
@@ -628,7 +631,11 @@ static void test_corruptions(void) {
             corrupt(&t, seq, &blob, k2, KVC_TYPE_Q8_0, "key type 8 (q8_0) != cache's 1 (f16)", "layer 2 key type");
             corrupt(&t, seq, &blob, k2, 77, "key type 77 (unknown)", "unknown key type");
             corrupt(&t, seq, &blob, k1 + 4, 33, "key row size 33", "key row size");
-            corrupt(&t, seq, &blob, k1 + 8, 1, "key row size", "key row size high word");
+            /* the high word counts: the rows it makes cannot fit in the bytes */
+            char rows[64];
+            snprintf(rows, sizeof rows, "(%u x %llu bytes", (unsigned)cc,
+                     (unsigned long long)(((uint64_t)1 << 32) + a.c.layers[1].k_row_bytes));
+            corrupt(&t, seq, &blob, k1 + 8, 1, rows, "key row size high word");
             const size_t v0 = k2 + 12 + (size_t)cc * a.c.layers[2].k_row_bytes;
             corrupt(&t, seq, &blob, v0, KVC_TYPE_BF16, "value type 30 (bf16)", "layer 0 value type");
             if (vt) {
@@ -1270,7 +1277,7 @@ static void test_describe(void) {
     kvc_state_desc d;
     kvc_err err = { 0, "" };
     CHECK(kvc_state_describe(tiny, sizeof tiny, &d, NULL, NULL, 0, NULL, 0, &err) == KVC_E_STATE &&
-              strstr(err.msg, "4294967295 cells need at least"),
+              strstr(err.msg, "the cell count (byte 0) says 4294967295 cells, which need at least"),
           "huge count: %s", err.msg);
 }
 
