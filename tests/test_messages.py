@@ -93,6 +93,16 @@ TABLE = [
      "UBatch() got an unexpected keyword argument 'token'"),
     ("ubatch-keyword-only", lambda: kvcache.UBatch([0], [0], 1, None, [5]),
      "UBatch() takes from 2 to 4 positional arguments but 5 were given"),
+    ("cells-missing", lambda: kvcache.Cells(np.zeros(2, np.int32)),
+     "Cells() missing 2 required positional arguments: 'shift' and 'seq_mask'"),
+    ("cells-unknown-keyword", lambda: kvcache.Cells(None, None, None, mask=None),
+     "Cells() got an unexpected keyword argument 'mask'"),
+    ("update-plan-too-many", lambda: kvcache.UpdatePlan(None, False, None, False, False, 0),
+     "UpdatePlan() takes from 0 to 5 positional arguments but 6 were given"),
+    ("update-plan-unknown-keyword", lambda: kvcache.UpdatePlan(rotate=True),
+     "UpdatePlan() got an unexpected keyword argument 'rotate'"),
+    ("stream-update-missing", lambda: kvcache.StreamUpdate(0, False),
+     "StreamUpdate() missing 3 required positional arguments: 'copies', 'has_shift', and 'shift'"),
     ("batch-missing", lambda: kvcache.Batch(), "Batch() missing 2 required positional arguments: 'pos' and 'seq_id'"),
     ("rope-missing", lambda: kvcache.RopeParams(), "RopeParams() missing 1 required positional argument: 'n_rot'"),
     # constructors: the values
@@ -113,6 +123,10 @@ TABLE = [
      "swa_type = 'sliding': expected one of 'standard', 'chunked'"),
     ("recurrent-kv-size", lambda: kvcache.RecurrentCache(4, 1, 8, 8, kv_size=2),
      "RecurrentCache: kv_size = 2 must lie in [n_seq_max = 4, 2**31)"),
+    ("recurrent-row-width", lambda: kvcache.RecurrentCache(1, 1, 2**31 - 1, 8, n_embd_k_s=1),
+     "n_embd_k_gqa + n_embd_k_s = 2147483647 + 1 = 2147483648 (layer 0): expected at most 2**31 - 1"),
+    ("recurrent-row-width-layer", lambda: kvcache.RecurrentCache(1, 2, 8, 8, n_embd_v_s=[0, 2**31 - 8]),
+     "n_embd_v_gqa + n_embd_v_s = 8 + 2147483640 = 2147483648 (layer 1): expected at most 2**31 - 1"),
     ("ubatch-seq-id", lambda: kvcache.UBatch([0, 1], [0]), "seq_id has 1 entries, expected one per token (2)"),
     ("ubatch-pos", lambda: kvcache.UBatch([0, -1], [0, 0]), "pos[1] holds -1, outside [0, 2147483648)"),
     ("batch-pos", lambda: kvcache.Batch([0, 1, 2**31], [0, 0, 0]),
@@ -129,6 +143,18 @@ TABLE = [
     # methods
     ("find-slot-not-a-ubatch", lambda: _cache().find_slot([0]), "ub must be a kvcache.UBatch, not list"),
     ("kq-mask-not-a-ubatch", lambda: _cache().kq_mask(None), "ub must be a kvcache.UBatch, not NoneType"),
+    ("kq-mask-causal", lambda: _cache().kq_mask(kvcache.UBatch([0], [0]), causal="no"),
+     "causal must be a bool, not str"),
+    ("kq-mask-pad", lambda: _cache().kq_mask(kvcache.UBatch([0], [0]), pad=0), "pad must be a bool, not int"),
+    ("kq-mask-reuse", lambda: _cache().kq_mask(kvcache.UBatch([0], [0]), reuse=None),
+     "reuse must be a bool, not NoneType"),
+    ("iswa-kq-mask-alibi", lambda: _iswa().kq_mask(kvcache.UBatch([0], [0]), alibi=1), "alibi must be a bool, not int"),
+    ("state-read-exact", lambda: _cache().state_read(b"", exact="yes"), "exact must be a bool, not str"),
+    ("iswa-state-read-convert", lambda: _iswa().state_read(b"", convert=1), "convert must be a bool, not int"),
+    ("recurrent-state-read-exact", lambda: _recurrent().state_read(b"", exact=1), "exact must be a bool, not int"),
+    ("swa-pending-equal-split", lambda: kvcache._core.SWAPending().set(kvcache.UBatch([0, 1], [0], n_seq_tokens=2), 1),
+     "batch: expected a UBatch of one token per group (n_seq_tokens = 1, as UBatch(pos, seq_id) builds and a simple "
+     "split gives), found n_seq_tokens = 2"),
     ("iswa-find-slot-not-a-ubatch", lambda: _iswa().find_slot((0, 0)), "ub must be a kvcache.UBatch, not tuple"),
     ("recurrent-find-slot-not-a-ubatch", lambda: kvcache.RecurrentCache(1, 1, 8, 8).find_slot(0),
      "ub must be a kvcache.UBatch, not int"),
@@ -315,6 +341,8 @@ PARAMETERS = {
                         "n_embd_head_k", "rope", "semantics", "kv_unified", "cell_ext", "ple_token"],
     kvcache.UBatch: ["pos", "seq_id", "n_seq_tokens", "output", "tokens", "pos_x", "pos_y"],
     kvcache.Batch: ["pos", "seq_id", "output", "logits_all", "simple_split", "tokens", "pos_x", "pos_y"],
+    kvcache.Cells: ["pos", "shift", "seq_mask", "ext"],
+    kvcache.StreamUpdate: ["status", "had_shift", "copies", "has_shift", "shift", "rotated"],
     kvcache.RopeParams: ["n_rot", "mode", "n_ctx_orig", "freq_base", "freq_scale", "ext_factor", "attn_factor",
                          "beta_fast", "beta_slow", "freq_factors", "layer_freq_base", "layer_freq_scale"],
 }
@@ -343,4 +371,12 @@ def test_signature_defaults_are_the_constructors():
     ub = kvcache.UBatch([0, 1], [0, 0], **{n: p.default for n, p in inspect.signature(kvcache.UBatch).parameters.items()
                                             if p.default is not inspect.Parameter.empty})
     assert ub.n_tokens == 2 and ub.tokens is None
+
+
+def test_update_plan_signature_shows_the_real_parameters():
+    """UpdatePlan's parameters all have defaults: its signature shows them, and it builds with none."""
+    sig = inspect.signature(kvcache.UpdatePlan)
+    assert list(sig.parameters) == ["k_shift", "rotated", "defrag_runs", "moved", "need_reserve"]
+    plan = kvcache.UpdatePlan(**{n: p.default for n, p in sig.parameters.items()})
+    assert not plan and plan.k_shift is None and plan.defrag_runs is None
 

@@ -313,11 +313,20 @@ def n_seq_max_arg(v):
     return n
 
 
-def bool_arg(v, name):
+cdef inline bint bool_c(object v, str name) except -1:
     """A bool argument (bool or numpy bool; TypeError for anything else, ints included)."""
+    if v is True:
+        return True
+    if v is False:
+        return False
     if not _is_bool(v):
         raise TypeError(f"{name} must be a bool, not {type(v).__name__}")
     return bool(v)
+
+
+def bool_arg(v, name):
+    """A bool argument (bool or numpy bool; TypeError for anything else, ints included)."""
+    return bool_c(v, name)
 
 
 cdef inline int32_t pos_c(object v, str name) except? -2:

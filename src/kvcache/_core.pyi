@@ -239,6 +239,8 @@ class Cells:
     seq_mask: npt.NDArray[np.uint64]
     ext: npt.NDArray[np.int32] | None
     __hash__: ClassVar[None]  # type: ignore[assignment]
+    # the constructor's parameters (kvcache._signatures)
+    __signature__: ClassVar[Signature]
     def __init__(
         self,
         pos: npt.NDArray[np.int32],
@@ -260,6 +262,8 @@ class UpdatePlan:
     defrag_runs: npt.NDArray[np.uint32] | None
     moved: bool
     need_reserve: bool
+    # the constructor's parameters (kvcache._signatures)
+    __signature__: ClassVar[Signature]
     def __init__(
         self,
         k_shift: npt.NDArray[np.int32] | None = None,
@@ -278,6 +282,8 @@ class StreamUpdate(UpdatePlan):
     copies: int
     has_shift: bool
     shift: npt.NDArray[np.int32]
+    # the constructor's parameters (kvcache._signatures)
+    __signature__: ClassVar[Signature]
     def __init__(
         self,
         status: int,

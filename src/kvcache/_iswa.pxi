@@ -42,7 +42,9 @@ cdef class SWAPending:
             ids = (<Batch>batch).c.seq_ids
         elif isinstance(batch, UBatch):
             if (<UBatch>batch).c.n_seq_tokens != 1:
-                raise ValueError("batch: a UBatch with one token per group (n_seq_tokens = 1) is expected")
+                raise ValueError(f"batch: expected a UBatch of one token per group (n_seq_tokens = 1, as "
+                                 f"UBatch(pos, seq_id) builds and a simple split gives), found n_seq_tokens = "
+                                 f"{(<UBatch>batch).c.n_seq_tokens}")
             n = (<UBatch>batch).c.n_tokens
             pos = (<UBatch>batch).c.pos
             off = (<UBatch>batch).c.seq_off

@@ -118,12 +118,18 @@ cdef class _Recurrent(RecurrentCore):
         tv = type_c(type_v, "type_v").id
         self.type_k = kvc_type_get(tk).name.decode()
         self.type_v = kvc_type_get(tv).name.decode()
-        ek = [a + b for a, b in zip(widths_arg(n_embd_k_gqa, n_layer, "n_embd_k_gqa"),
-                                    widths_arg(n_embd_k_s, n_layer, "n_embd_k_s"))]
-        ev = [a + b for a, b in zip(widths_arg(n_embd_v_gqa, n_layer, "n_embd_v_gqa"),
-                                    widths_arg(n_embd_v_s, n_layer, "n_embd_v_s"))]
-        if max(ek + ev, default=0) > INT32_MAX:
-            raise ValueError("a row width (n_embd_*_gqa + n_embd_*_s) exceeds 2**31 - 1")
+        # a row holds the layer's attention width and its state width
+        k_parts = list(zip(widths_arg(n_embd_k_gqa, n_layer, "n_embd_k_gqa"),
+                           widths_arg(n_embd_k_s, n_layer, "n_embd_k_s")))
+        v_parts = list(zip(widths_arg(n_embd_v_gqa, n_layer, "n_embd_v_gqa"),
+                           widths_arg(n_embd_v_s, n_layer, "n_embd_v_s")))
+        for kv, parts in (("k", k_parts), ("v", v_parts)):
+            for il, (a, b) in enumerate(parts):
+                if a + b > INT32_MAX:
+                    raise ValueError(f"n_embd_{kv}_gqa + n_embd_{kv}_s = {a} + {b} = {a + b} (layer {il}): expected "
+                                     f"at most 2**31 - 1")
+        ek = [a + b for a, b in k_parts]
+        ev = [a + b for a, b in v_parts]
         wk = np.asarray(ek, dtype=np.uint32)
         wv = np.asarray(ev, dtype=np.uint32)
         cdef uint32_t[::1] wk_v = np.append(wk, np.uint32(0))     # one spare: never empty

@@ -44,6 +44,21 @@ def rope_params(n_rot, mode=0, n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0, 
             freq_factors, layer_freq_base, layer_freq_scale)
 
 
+def cells(pos, shift, seq_mask, ext=None):
+    """kvcache.Cells's parameters."""
+    return pos, shift, seq_mask, ext
+
+
+def update_plan(k_shift=None, rotated=False, defrag_runs=None, moved=False, need_reserve=False):
+    """kvcache.UpdatePlan's parameters."""
+    return k_shift, rotated, defrag_runs, moved, need_reserve
+
+
+def stream_update(status, had_shift, copies, has_shift, shift, rotated=False):
+    """kvcache.StreamUpdate's parameters."""
+    return status, had_shift, copies, has_shift, shift, rotated
+
+
 def bind(params: Callable[..., tuple[Any, ...]], cls: type, args: tuple[Any, ...],
          kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """The arguments of a call of ``cls`` bound to the parameters of ``params``, in order; a call

@@ -111,11 +111,11 @@ cdef const uint8_t *state_data_ptr(_HeldBuffer hb, size_t *n) noexcept:
     return <const uint8_t *>hb.view.buf
 
 
-cdef unsigned state_read_flags(object convert, object exact):
+cdef unsigned state_read_flags(object convert, object exact) except? 0:
     cdef unsigned f = 0
-    if convert:
+    if bool_c(convert, "convert"):
         f |= KVC_STATE_CONVERT_V
-    if exact:
+    if bool_c(exact, "exact"):
         f |= KVC_STATE_EXACT
     return f
 

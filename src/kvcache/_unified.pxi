@@ -174,11 +174,11 @@ class Cells:
     MAX_SEQ = 256). ``ext``: for a cache with the per-cell extension, int32 [size, 3], per cell
     its x, y (2-D position) and token id (-1: none); else None."""
 
-    def __init__(self, pos, shift, seq_mask, ext=None):
-        self.pos = pos
-        self.shift = shift
-        self.seq_mask = seq_mask
-        self.ext = ext
+    __signature__ = _signatures.ClassSignature(_signatures.cells)
+
+    def __init__(self, *args, **kwargs):
+        self.pos, self.shift, self.seq_mask, self.ext = (
+            args if len(args) == 4 and not kwargs else _signatures.bind(_signatures.cells, type(self), args, kwargs))
 
     def __len__(self):
         return len(self.pos)
@@ -230,12 +230,12 @@ class UpdatePlan:
 
     __slots__ = ("k_shift", "rotated", "defrag_runs", "moved", "need_reserve")
 
-    def __init__(self, k_shift=None, rotated=False, defrag_runs=None, moved=False, need_reserve=False):
-        self.k_shift = k_shift
-        self.rotated = rotated
-        self.defrag_runs = defrag_runs
-        self.moved = moved
-        self.need_reserve = need_reserve
+    __signature__ = _signatures.ClassSignature(_signatures.update_plan)
+
+    def __init__(self, *args, **kwargs):
+        self.k_shift, self.rotated, self.defrag_runs, self.moved, self.need_reserve = (
+            args if len(args) == 5 and not kwargs
+            else _signatures.bind(_signatures.update_plan, type(self), args, kwargs))
 
     def __bool__(self):
         return bool(self.need_reserve)
@@ -265,7 +265,12 @@ class StreamUpdate(UpdatePlan):
 
     __slots__ = ("status", "had_shift", "copies", "has_shift", "shift")
 
-    def __init__(self, status, had_shift, copies, has_shift, shift, rotated=False):
+    __signature__ = _signatures.ClassSignature(_signatures.stream_update)
+
+    def __init__(self, *args, **kwargs):
+        status, had_shift, copies, has_shift, shift, rotated = (
+            args if len(args) == 6 and not kwargs
+            else _signatures.bind(_signatures.stream_update, type(self), args, kwargs))
         super().__init__(shift if had_shift else None, rotated, None, False, status == 0)
         self.status = status
         self.had_shift = had_shift
@@ -1443,8 +1448,9 @@ cdef class _Unified(UnifiedCore):
         restored from a state, more changes than a full write costs) writes the whole mask. The
         result is always equal to a fresh mask."""
         cdef UBatch u = ubatch_c(ub)
-        cdef bint c_causal = causal, c_alibi = alibi, c_pad = True if pad is None else pad
-        cdef bint c_reuse = reuse
+        cdef bint c_causal = bool_c(causal, "causal"), c_alibi = bool_c(alibi, "alibi")
+        cdef bint c_pad = True if pad is None else bool_c(pad, "pad")
+        cdef bint c_reuse = bool_c(reuse, "reuse")
         cdef int mdt, r = 0
         cdef uint8_t[::1] o
         cdef void *p = NULL
