@@ -93,6 +93,10 @@ TABLE = [
      "UBatch() got an unexpected keyword argument 'token'"),
     ("ubatch-keyword-only", lambda: kvcache.UBatch([0], [0], 1, None, [5]),
      "UBatch() takes from 2 to 4 positional arguments but 5 were given"),
+    ("ubatch-twice", lambda: kvcache.UBatch([0], [0], 1, n_seq_tokens=1),
+     "UBatch() got multiple values for argument 'n_seq_tokens'"),
+    ("ubatch-keyword-missing", lambda: kvcache.UBatch(pos=[0], tokens=[1]),
+     "UBatch() missing 1 required positional argument: 'seq_id'"),
     ("cells-missing", lambda: kvcache.Cells(np.zeros(2, np.int32)),
      "Cells() missing 2 required positional arguments: 'shift' and 'seq_mask'"),
     ("cells-unknown-keyword", lambda: kvcache.Cells(None, None, None, mask=None),
@@ -380,3 +384,18 @@ def test_update_plan_signature_shows_the_real_parameters():
     plan = kvcache.UpdatePlan(**{n: p.default for n, p in sig.parameters.items()})
     assert not plan and plan.k_shift is None and plan.defrag_runs is None
 
+
+def test_ubatch_keywords_bind_as_the_signature_says():
+    """UBatch binds its arguments itself for the common calls: every way of passing them builds the
+    same ubatch as the positional call."""
+    a = kvcache.UBatch([0, 1, 2, 3], [0, 1], 2, [True, False, True, False], tokens=[5, 6, 7, 8])
+    for args, kw in [(([0, 1, 2, 3],), dict(seq_id=[0, 1], n_seq_tokens=2, output=[True, False, True, False],
+                                             tokens=[5, 6, 7, 8])),
+                     ((), dict(pos=[0, 1, 2, 3], seq_id=[0, 1], n_seq_tokens=2, output=[True, False, True, False],
+                               tokens=[5, 6, 7, 8])),
+                     (([0, 1, 2, 3], [0, 1], 2), dict(output=[True, False, True, False], tokens=[5, 6, 7, 8]))]:
+        b = kvcache.UBatch(*args, **kw)
+        assert (b.pos.tolist(), b.seq_id, b.n_seq_tokens, b.output.tolist(), b.tokens.tolist()) == \
+            (a.pos.tolist(), a.seq_id, a.n_seq_tokens, a.output.tolist(), a.tokens.tolist())
+    c = kvcache.UBatch([0, 1], [0, 0], pos_x=[1, 2], pos_y=[3, 4])
+    assert c.pos_x.tolist() == [1, 2] and c.pos_y.tolist() == [3, 4] and c.tokens is None

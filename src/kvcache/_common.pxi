@@ -624,6 +624,16 @@ cdef int _ints_refuse(object x, Py_ssize_t j, long long hi, str name) except -1:
 
 
 _I32 = np.dtype(np.int32)
+cdef object _UNBOUND = object()   # a required argument no argument of the call gave
+
+
+cdef inline object _kwarg(dict kwargs, str name, object value, Py_ssize_t *taken):
+    """kwargs[name] when the call gave it (counted in taken), else value."""
+    v = kwargs.get(name, _UNBOUND)
+    if v is _UNBOUND:
+        return value
+    taken[0] += 1
+    return v
 _I64 = np.dtype(np.int64)
 
 
@@ -657,8 +667,30 @@ cdef class UBatch:
 
     def __cinit__(self, *args, **kwargs):
         cdef Py_ssize_t n_tokens, n_groups, g, total
-        pos, seq_id, n_seq_tokens, output, tokens, pos_x, pos_y = _signatures.bind(_signatures.ubatch, type(self),
-                                                                                   args, kwargs)
+        # the arguments bound here as _signatures.ubatch binds them (a server builds a ubatch per
+        # step): any call that does not fit goes to _signatures.bind, which words the error
+        cdef Py_ssize_t na = len(args), taken = 0
+        pos = args[0] if na > 0 else _UNBOUND
+        seq_id = args[1] if na > 1 else _UNBOUND
+        n_seq_tokens = args[2] if na > 2 else 1
+        output = args[3] if na > 3 else None
+        tokens = pos_x = pos_y = None
+        if kwargs:
+            # a keyword that repeats a positional argument, or that no parameter has, is not taken
+            if na < 1:
+                pos = _kwarg(kwargs, "pos", pos, &taken)
+            if na < 2:
+                seq_id = _kwarg(kwargs, "seq_id", seq_id, &taken)
+            if na < 3:
+                n_seq_tokens = _kwarg(kwargs, "n_seq_tokens", n_seq_tokens, &taken)
+            if na < 4:
+                output = _kwarg(kwargs, "output", output, &taken)
+            tokens = _kwarg(kwargs, "tokens", None, &taken)
+            pos_x = _kwarg(kwargs, "pos_x", None, &taken)
+            pos_y = _kwarg(kwargs, "pos_y", None, &taken)
+        if na > 4 or taken != len(kwargs) or pos is _UNBOUND or seq_id is _UNBOUND:
+            pos, seq_id, n_seq_tokens, output, tokens, pos_x, pos_y = _signatures.bind(
+                _signatures.ubatch, type(self), args, kwargs)
         cdef uint32_t nst = <uint32_t>int_c(n_seq_tokens, "n_seq_tokens", 1, UINT32_MAX)
         # pos and (when it is one id per group) seq_id as int32/int64 arrays or lists of ints
         # are read once, value by value, straight into the ubatch's block, checked as they are
