@@ -104,17 +104,20 @@ def test_core_check_reads_the_imported_package(mypy_cache, tmp_path):
 
 @pytest.mark.static_analysis
 def test_mypy_strict_rejects_a_misuse(mypy_cache, tmp_path):
-    """The check can fail: a wrong argument type and a wrong promised type are reported."""
+    """The check can fail: a wrong argument type, a wrong promised type and a member the cache's
+    semantics does not have are reported."""
     bad = tmp_path / "misuse.py"
     bad.write_text(
         "import numpy as np\nimport numpy.typing as npt\nimport kvcache\nfrom typing_extensions import assert_type\n"
         "c = kvcache.UnifiedCache(64, 1, 8, 8)\n"
         "c.seq_rm('0')\n"
-        "assert_type(c.kq_mask(kvcache.UBatch([0], [0])), npt.NDArray[np.float16])\n")
+        "assert_type(c.kq_mask(kvcache.UBatch([0], [0])), npt.NDArray[np.float16])\n"
+        "kvcache.UnifiedCache(64, 1, 8, 8, semantics='2026').commit()\n")
     res = _run(["mypy", "--strict", "--cache-dir", str(mypy_cache), "--no-color-output", str(bad)], tmp_path)
     assert res.returncode == 1
     assert 'incompatible type "str"; expected "int"' in res.stdout
     assert "[assert-type]" in res.stdout
+    assert '"UnifiedCache2026" has no attribute "commit"' in res.stdout
 
 
 def test_the_typed_usage_example_runs():

@@ -1,10 +1,12 @@
 """UnifiedCache's Python surface: construction, argument checks, data views, store, masks,
 shifts, defrag, inspection and state."""
+import inspect
+
 import numpy as np
 import pytest
 
 import kvcache
-from kvcache import Cells, StateError, UBatch, UnifiedCache
+from kvcache import Cells, StateError, UBatch, UnifiedCache, UnifiedCache2025, UnifiedCache2026
 
 
 def make(**kw):
@@ -17,7 +19,8 @@ def make(**kw):
 def snapshot(c):
     """Everything observable about a cache: counters, cells, K/V bytes."""
     kv = [(c.k(il).tobytes(), c.v(il).tobytes()) for il in c.layers]
-    return (c.head, c.n, c.used, c.has_shift, c.do_defrag, c.cells(), kv)
+    defrag = c.do_defrag if isinstance(c, UnifiedCache2025) else None     # today's cache does not defragment
+    return (c.head, c.n, c.used, c.has_shift, defrag, c.cells(), kv)
 
 
 def place(c, pos, seq_id, fill=None):
@@ -39,6 +42,62 @@ def test_public_names():
     assert kvcache.UnifiedCache is UnifiedCache
     assert issubclass(kvcache.StateError, ValueError)
     assert kvcache.UBatch is UBatch and kvcache.Cells is Cells
+
+
+@pytest.mark.parametrize("semantics, cls", [("2025", UnifiedCache2025), ("2026", UnifiedCache2026)])
+def test_a_class_per_semantics(semantics, cls):
+    """UnifiedCache(semantics=...) makes the class of that semantics (UnifiedCache2025 by
+    default); each class can be made directly, with its own semantics or none, and is a
+    UnifiedCache."""
+    made = [UnifiedCache(64, 1, 4, 4, semantics=semantics), cls(64, 1, 4, 4), cls(64, 1, 4, 4, semantics=semantics),
+            UnifiedCache(64, 1, 4, 4, "f16", "f16", True, 1, 32, 0, "none", None, "owned", None, None, semantics)]
+    for c in made:
+        assert type(c) is cls and isinstance(c, UnifiedCache) and c.semantics == semantics
+        assert repr(c).startswith(f"{cls.__name__}(kv_size=64")
+    assert type(UnifiedCache(64, 1, 4, 4)) is UnifiedCache2025
+    other = "2026" if semantics == "2025" else "2025"
+    with pytest.raises(ValueError, match=f"semantics = '{other}': a {cls.__name__} is a cache of semantics"):
+        cls(64, 1, 4, 4, semantics=other)
+    with pytest.raises(TypeError, match="semantics must be a str"):
+        cls(64, 1, 4, 4, semantics=2025)
+    with pytest.raises(TypeError, match=r"^UnifiedCache2025\(\) missing"):
+        UnifiedCache2025(64)
+    assert inspect.signature(UnifiedCache).parameters["semantics"].default == "2025"
+    assert inspect.signature(cls).parameters["semantics"].default is None
+
+
+def test_the_factory_refuses_what_is_no_semantics():
+    with pytest.raises(ValueError, match="semantics = '2027': expected one of 2025, 2026"):
+        UnifiedCache(64, 1, 4, 4, semantics="2027")
+    with pytest.raises(TypeError, match="semantics must be a str"):
+        UnifiedCache(64, 1, 4, 4, semantics=2026)
+    with pytest.raises(TypeError, match=r"^UnifiedCache\(\) missing"):
+        UnifiedCache(64)
+
+    class Mine(UnifiedCache):
+        __slots__ = ()
+    with pytest.raises(TypeError, match="UnifiedCache2025 or a UnifiedCache2026"):
+        Mine(64, 1, 4, 4)
+
+    class Mine2026(UnifiedCache2026):
+        __slots__ = ()
+    assert isinstance(Mine2026(64, 1, 4, 4), UnifiedCache2026)
+
+
+def test_each_class_has_only_its_semantics_members():
+    """What only one semantics has is absent from the other's class (AttributeError), not a
+    method that refuses."""
+    only_2025 = {"commit", "restore", "set_full", "prune_swa", "slot", "do_defrag", "defrag_sched", "defrag_prepare",
+                 "defrag_ids", "defrag_runs", "defrag_move"}
+    only_2026 = {"prepare", "pending_copies"}
+    for name in only_2025:
+        assert hasattr(UnifiedCache2025, name) and not hasattr(UnifiedCache2026, name), name
+        assert not hasattr(UnifiedCache, name), name
+    for name in only_2026:
+        assert hasattr(UnifiedCache2026, name) and not hasattr(UnifiedCache2025, name), name
+        assert not hasattr(UnifiedCache, name), name
+    for name in ("find_slot", "place_seqs", "kq_mask", "update", "slot_info"):
+        assert getattr(UnifiedCache2025, name).__doc__ != getattr(UnifiedCache2026, name).__doc__, name
 
 
 def test_defaults_and_properties():

@@ -122,3 +122,5 @@ def test_the_contract_classes_cannot_be_made_directly():
         _core.UnifiedCore()
     with pytest.raises(TypeError, match="RecurrentCache"):
         _core.RecurrentCore()
+    with pytest.raises(TypeError, match="create a kvcache.UnifiedCache"):
+        _core._Unified(64, 1, 4, 4)

@@ -113,6 +113,21 @@ def recurrent_step() -> npt.NDArray[np.int32]:
     return copies
 
 
+def today_step() -> int:
+    """Today's cache: UnifiedCache makes the class its semantics names; placements are final."""
+    cache = kvcache.UnifiedCache(64, 1, 8, 8, n_pad=1, semantics="2026")
+    assert_type(cache, kvcache.UnifiedCache2026)
+    assert isinstance(cache, kvcache.UnifiedCache)
+    assert cache.find_slot(kvcache.UBatch([0, 1], [0, 0]))
+    slots = cache.prepare([kvcache.UBatch([2], [0])])
+    assert slots is not None and slots[0][0][1].tolist() == [2]
+    plan = cache.update()
+    assert_type(plan, kvcache.StreamUpdate)
+    seed = kvcache.UnifiedCache2025(64, 1, 8, 8)
+    assert_type(seed.slot, "tuple[int, int] | None")
+    return cache.pending_copies
+
+
 def model_cache(n_ctx: int) -> int:
     """The cache llama.cpp would build for a GGUF model: its size in bytes."""
     cache = kvcache.from_gguf(MODEL, n_ctx=n_ctx, n_seq_max=2)
@@ -131,6 +146,7 @@ def main(with_gguf: bool = True) -> None:
     assert isinstance(blob, bytes) and sequence_file_round_trip(cache) > len(blob)
     assert len(iswa_step()) == 2
     assert recurrent_step().shape == (2,)
+    assert today_step() == 0
     if with_gguf:
         assert model_cache(128) > 0
 

@@ -4,13 +4,16 @@
 One module assembled from one .pxi per concept (the file tree is the architecture):
 arguments are validated once here, then C does the work, with the GIL released in
 long loops. The cimport-able contract is _core.pxd: C-level methods of UnifiedCore and
-RecurrentCore (implemented by the private _Unified and _Recurrent) and UBatch."""
+RecurrentCore (implemented by the private _Unified2025 / _Unified2026 and _Recurrent) and UBatch."""
 
 include "_common.pxi"
 include "_buffers.pxi"
 include "_state.pxi"
 include "_rope.pxi"
+include "_unified_support.pxi"
 include "_unified.pxi"
+include "_unified2025.pxi"
+include "_unified2026.pxi"
 include "_batch.pxi"
 include "_recurrent.pxi"
 include "_iswa.pxi"

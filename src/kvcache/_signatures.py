@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 def unified(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16", v_trans=True, n_seq_max=1,
             n_pad=32, n_swa=0, swa_type="none", layers=None, buffers="owned", n_embd_head_k=None, rope=None,
-            semantics="2025", kv_unified=True, cell_ext=False, ple_token=None):
-    """kvcache.UnifiedCache's parameters."""
+            semantics=None, kv_unified=True, cell_ext=False, ple_token=None):
+    """kvcache.UnifiedCache's parameters (semantics None: the class's; UnifiedCache's is "2025")."""
     return (kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k, type_v, v_trans, n_seq_max, n_pad, n_swa,
             swa_type, layers, buffers, n_embd_head_k, rope, semantics, kv_unified, cell_ext, ple_token)
 
@@ -88,10 +88,16 @@ def named_errors(init: Callable[..., None]) -> Callable[..., None]:
 
 class ClassSignature:
     """``__signature__`` of a class whose constructor takes the parameters of a function of this
-    module (computed when asked for: importing kvcache does not need inspect's parsing)."""
+    module, with the given defaults in place of the function's (computed when asked for:
+    importing kvcache does not need inspect's parsing)."""
 
-    def __init__(self, params: Callable[..., tuple[Any, ...]]) -> None:
+    def __init__(self, params: Callable[..., tuple[Any, ...]], **defaults: Any) -> None:
         self._params = params
+        self._defaults = defaults
 
     def __get__(self, obj: Any, owner: Any = None) -> inspect.Signature:
-        return inspect.signature(self._params)
+        sig = inspect.signature(self._params)
+        if not self._defaults:
+            return sig
+        return sig.replace(parameters=[p.replace(default=self._defaults.get(p.name, p.default))
+                                       for p in sig.parameters.values()])

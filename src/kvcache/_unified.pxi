@@ -1,371 +1,11 @@
-# The unified KV cache: UnifiedCore over csrc/kvc_unified.h and its state codec.
-
-from libc.stdint cimport uint16_t
-from libc.stdlib cimport malloc, free
-from kvcache.includes.kvc_unified cimport *
-from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift, kvc_cell_ext
-from kvcache.includes.kvc_update cimport (KVC_UPDATE_MAX_PARTS, kvc_update_opts, kvc_update_result,
-                                          kvc_unified_update_parts)
-from kvcache.includes.kvc_rope cimport kvc_rope_params
-from kvcache.includes.kvc_state cimport (kvc_unified_state_size, kvc_unified_state_write,
-                                         kvc_unified_state_write_range, kvc_unified_state_size_lay,
-                                         kvc_unified_state_write_range_lay)
-
-_SWA_TYPES = {"none": KVC_SWA_NONE, "standard": KVC_SWA_STANDARD, "chunked": KVC_SWA_CHUNKED}
-_SWA_NAMES = {v: k for k, v in _SWA_TYPES.items()}
-_MASK_DTYPES = {"f32": (KVC_MASK_F32, np.dtype(np.float32)), "f16": (KVC_MASK_F16, np.dtype(np.float16)),
-                "bool": (KVC_MASK_BOOL, np.dtype(np.bool_))}
-
-
-cdef object _f32_to_half(object a, bint bf16):
-    """float32 array -> uint16 array of f16 (or bf16) bits, with the C core's rounding."""
-    src = np.ascontiguousarray(a, dtype=np.float32)
-    out = np.empty(src.shape, dtype=np.uint16)
-    cdef const float[::1] s = src.reshape(-1)
-    cdef uint16_t[::1] d = out.reshape(-1)
-    cdef Py_ssize_t i, n = s.shape[0]
-    with nogil:
-        if bf16:
-            for i in range(n):
-                d[i] = kvc_f32_to_bf16(s[i])
-        else:
-            for i in range(n):
-                d[i] = kvc_f32_to_f16(s[i])
-    return out
-
-
-cdef tuple _head_dims_arg(object v, Py_ssize_t n_layer, tuple wk, tuple kept):
-    """Per-layer K head size (n_embd_head_k), or None when not given: each kept layer's K row
-    must be a whole number of heads."""
-    if v is None:
-        return None
-    hd = widths_arg(v, n_layer, "n_embd_head_k")
-    for il in kept:
-        if hd[il] == 0 or wk[il] % hd[il]:
-            raise ValueError(f"n_embd_k_gqa[{il}] = {wk[il]} is not a whole number of heads of "
-                             f"n_embd_head_k = {hd[il]}")
-    return hd
-
-
-cdef int _check_rope(object rope, tuple head_k, tuple kept, str name) except -1:
-    """rope: None or RopeParams that fit every kept layer's heads (needs their size)."""
-    cdef kvc_rope_params p
-    if rope is None:
-        return 0
-    if not isinstance(rope, RopeParams):
-        raise TypeError(f"{name} must be a RopeParams or None, not {type(rope).__name__}")
-    if head_k is None:
-        raise ValueError(f"{name}: rotating keys needs the K head size; give n_embd_head_k too")
-    for il in kept:
-        try:
-            (<RopeParams>rope).fill(&p, il, head_k[il])
-        except ValueError as e:
-            raise ValueError(f"{name}: layer {il}: {e}") from None
-    return 0
-
-
-cdef uint32_t _layer_index(_Unified self, object il) except? 0xFFFFFFFF:
-    ikv = self._ikv.get(il) if type(il) is int else None
-    if ikv is not None:
-        return <uint32_t>ikv
-    if not _is_int(il):
-        raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
-    ikv = self._ikv.get(int_c(il, "il", LLONG_MIN, LLONG_MAX))
-    if ikv is None:
-        raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(self._layers)})")
-    return <uint32_t>ikv
-
-cdef int _settle(_Unified self, str what) except -1:
-    """Move the rows of a pending defrag before the K/V memory is handed out (a change: refused
-    from a callback of another operation on the cache)."""
-    kvc_pylock_acquire(&self._lock)
-    if self.c.defrag_pending and self._lock.busy:
-        kvc_pylock_release(&self._lock)
-        raise_busy(what)
-    with nogil:
-        kvc_unified_defrag_settle(&self.c)
-        kvc_pylock_release(&self._lock)
-    return 0
-
-_SEMANTICS = {"2025": KVC_SEM_2025, "2026": KVC_SEM_2026}
-
-
-cdef int _refuse_2026(_Unified self, str what, str why) except -1:
-    """The operations of the 2025 semantics that today's llama.cpp no longer has."""
-    if self.c.semantics == KVC_SEM_2026:
-        raise ValueError(f"{what}: a cache of semantics '2026' has no {what} ({why})")
-    return 0
-
-
-cdef int _check_state_layout(_Unified self, unsigned bits, str what, bint writes=True) except -1:
-    """A layout without stream counts holds one stream, one without cell extensions writes none
-    (the codec refuses them too; a reader leaves the extensions at their defaults)."""
-    if self.c.n_stream > 1 and not bits & (KVC_LAYOUT_STREAMS | KVC_LAYOUT_DETECT):
-        raise ValueError(f"{what}: the cache has {self.c.n_stream} streams; a layout without stream counts "
-                         f"holds one (use a layout with them: '2025-08' or later)")
-    if writes and kvc_unified_has_ext(&self.c) and not bits & KVC_LAYOUT_EXT_XY:
-        raise ValueError(f"{what}: the cache's cells carry the per-cell extension, which layouts before "
-                         f"'2026-03' have no room for (it would be lost): use '2026-03' or later")
-    return 0
-
-
-cdef int _refuse_2025(_Unified self, str what) except -1:
-    if self.c.semantics != KVC_SEM_2026:
-        raise ValueError(f"{what}: only a cache of semantics '2026' has it")
-    return 0
-
-
-# bytes a call copies without releasing the GIL (more take long enough for other threads to run)
-cdef enum:
-    _SMALL_COPY = 65536
-
-
-cdef int _require_memory(_Unified self, str what) except -1:
-    if self._buffers == "none":
-        raise RuntimeError(f"{what}: this cache holds no K/V memory (buffers='none'); its owner "
-                           f"writes K/V at .slot and applies update()'s plan with its own kernels")
-    return 0
-
-
-cdef _HeldBuffer _rows_buffer(object rows, int32_t type_id, str name):
-    """The rows handed to store(), taken at the edge (see hold_buffer): of the cache's element
-    dtype, C-contiguous; float32 rows of an f16 / bf16 cache are converted into a copy first.
-    None stays None. Their shape is checked against the placement under the lock."""
-    if rows is None:
-        return None
-    cdef _HeldBuffer hb = hold_buffer(rows, name, False)
-    dt = hb.dtype
-    if dt is _element_dtype(type_id) and hb.c_contiguous():
-        return hb            # the common case, without comparing dtypes by value
-    if type_id == KVC_TYPE_F32:
-        ok, want = dt == np.float32, "float32"
-    elif type_id == KVC_TYPE_F16:
-        ok, want = dt == np.float16 or dt == np.float32, "float16 or float32"
-    elif type_id == KVC_TYPE_BF16:
-        ok = dt == np.uint16 or dt == np.float32 or (_BF16 is not None and dt == _BF16)
-        want = "bfloat16, uint16 (bf16 bits) or float32"
-    else:
-        ok, want = dt == np.uint8, "uint8 (quantized rows)"
-    if not ok:
-        raise TypeError(f"{name} must have dtype {want}, not {dt}")
-    if not hb.c_contiguous():
-        raise ValueError(f"{name} must be C-contiguous")
-    if dt == np.float32 and type_id != KVC_TYPE_F32:
-        half = _f32_to_half(hb.array, type_id == KVC_TYPE_BF16)
-        hb.release()
-        hb = hold_buffer(half, name, False)
-    return hb
-
-
-cdef int _check_rows(_HeldBuffer hb, uint32_t n, size_t width, str name) except -1:
-    """rows of a store(): (n, width) elements of the cache dtype (no Python code on success)."""
-    if hb.view.ndim != 2 or <size_t>hb.view.shape[0] != n or <size_t>hb.view.shape[1] != width:
-        # the shape alone: the dtype was checked already (and float32 rows of a half cache are a
-        # converted copy by now)
-        raise ValueError(f"{name} must have shape {(n, width)}, not {hb.shape()}")
-    return 0
-
-class Cells:
-    """A snapshot of a cache's cells (copies; later cache operations do not change it).
-
-    ``pos`` (int32, -1 = empty) and ``shift`` (int32, accumulated since the last reset), one entry
-    per cell, and ``seq_mask``: uint64 [size, n_words], bit b of word w set when sequence
-    64 * w + b holds the cell (n_words = 1 for caches of up to 64 sequences, up to 4 for
-    MAX_SEQ = 256). ``ext``: for a cache with the per-cell extension, int32 [size, 3], per cell
-    its x, y (2-D position) and token id (-1: none); else None."""
-
-    __signature__ = _signatures.ClassSignature(_signatures.cells)
-
-    def __init__(self, *args, **kwargs):
-        self.pos, self.shift, self.seq_mask, self.ext = (
-            args if len(args) == 4 and not kwargs else _signatures.bind(_signatures.cells, type(self), args, kwargs))
-
-    def __len__(self):
-        return len(self.pos)
-
-    def seq_ids(self, i):
-        """Sequence ids of cell i, ascending."""
-        out = []
-        for w, m in enumerate(self.seq_mask[i].tolist()):
-            out += [64 * w + b for b in range(64) if (m >> b) & 1]
-        return out
-
-    def holds(self, seq_id):
-        """Per cell, whether sequence seq_id holds it (a bool array)."""
-        if not 0 <= seq_id < 64 * self.seq_mask.shape[1]:
-            return np.zeros(len(self.pos), dtype=bool)
-        return ((self.seq_mask[:, seq_id >> 6] >> np.uint64(seq_id & 63)) & np.uint64(1)).astype(bool)
-
-    def nonempty(self):
-        """``[idx, pos, [seq ids ascending], shift]`` for every non-empty cell, by index."""
-        idx = np.flatnonzero(self.pos != -1)
-        return [[int(i), int(self.pos[i]), self.seq_ids(i), int(self.shift[i])] for i in idx]
-
-    def __eq__(self, other):
-        if not isinstance(other, Cells):
-            return NotImplemented
-        return (np.array_equal(self.pos, other.pos) and np.array_equal(self.shift, other.shift)
-                and np.array_equal(self.seq_mask, other.seq_mask)
-                and (self.ext is None) == (other.ext is None)
-                and (self.ext is None or np.array_equal(self.ext, other.ext)))
-
-    __hash__ = None
-
-    def __repr__(self):
-        return f"Cells(size={len(self.pos)}, used={int(np.count_nonzero(self.pos != -1))})"
-
-
-class UpdatePlan:
-    """What update() did, and what the owner of the K/V memory still has to do.
-
-    - ``k_shift``: int32 [size], the per-cell shift that was pending (None when none was).
-    - ``rotated``: kvcache rotated K by it (update got ``rope``).
-    - ``defrag_runs``: uint32 [n, 3] of (src, dst, count) cell runs the defrag moved (None when
-      no defrag ran).
-    - ``moved``: kvcache moved its K/V rows along those runs.
-    - ``need_reserve`` (also ``bool(plan)``): the data changed, or has to be changed by the
-      caller of a metadata-only cache: first rotate cell i's keys by ``k_shift[i]``, then move
-      the runs.
-    """
-
-    __slots__ = ("k_shift", "rotated", "defrag_runs", "moved", "need_reserve")
-
-    __signature__ = _signatures.ClassSignature(_signatures.update_plan)
-
-    def __init__(self, *args, **kwargs):
-        self.k_shift, self.rotated, self.defrag_runs, self.moved, self.need_reserve = (
-            args if len(args) == 5 and not kwargs
-            else _signatures.bind(_signatures.update_plan, type(self), args, kwargs))
-
-    def __bool__(self):
-        return bool(self.need_reserve)
-
-    def __repr__(self):
-        ns = None if self.k_shift is None else int(np.count_nonzero(self.k_shift))
-        nr = None if self.defrag_runs is None else len(self.defrag_runs)
-        return (f"UpdatePlan(shifted_cells={ns}, rotated={self.rotated}, defrag_runs={nr}, "
-                f"moved={self.moved}, need_reserve={self.need_reserve})")
-
-
-class StreamUpdate(UpdatePlan):
-    """What update() of a cache of semantics '2026' did (llama.cpp's init_update + apply).
-
-    - ``status``: 0 (LLAMA_MEMORY_STATUS_SUCCESS) when there was a shift or a stream copy to
-      apply, else 1 (NO_UPDATE); ``bool(result)`` is ``status == 0``.
-    - ``had_shift``: a shift was pending; ``has_shift``: one is pending afterwards (never).
-    - ``copies``: the stream copies performed (whole K and V slabs of every layer, in order).
-    - ``shift``: int32 ``[n_stream * size]``, the K-shift input read before the update,
-      stream-major, 0 for empty cells.
-    - ``rotated``: kvcache rotated K by it (a model with RoPE and K memory); otherwise the
-      shifts were dropped (no RoPE here, or the owner of the K memory rotates).
-
-    As an UpdatePlan: ``k_shift`` is ``shift`` when one was pending (else None), no defrag
-    runs, and ``need_reserve`` when anything changed.
-    """
-
-    __slots__ = ("status", "had_shift", "copies", "has_shift", "shift")
-
-    __signature__ = _signatures.ClassSignature(_signatures.stream_update)
-
-    def __init__(self, *args, **kwargs):
-        status, had_shift, copies, has_shift, shift, rotated = (
-            args if len(args) == 6 and not kwargs
-            else _signatures.bind(_signatures.stream_update, type(self), args, kwargs))
-        super().__init__(shift if had_shift else None, rotated, None, False, status == 0)
-        self.status = status
-        self.had_shift = had_shift
-        self.copies = copies
-        self.has_shift = has_shift
-        self.shift = shift
-
-    def __bool__(self):
-        return self.status == 0
-
-    def __repr__(self):
-        return (f"StreamUpdate(status={self.status}, had_shift={self.had_shift}, copies={self.copies}, "
-                f"has_shift={self.has_shift}, rotated={self.rotated})")
-
-
-
-cdef class _LayerRope:
-    """A cache's RoPE parameters and K head size per kept layer, as C takes them."""
-    cdef kvc_rope_params *params   # per kept layer
-    cdef uint32_t *hd              # per kept layer: K head size
-
-    def __dealloc__(self):
-        PyMem_Free(self.params)
-        PyMem_Free(self.hd)
-
-
-cdef _LayerRope _layer_rope(_Unified self, RopeParams rope):
-    """rope for every kept layer of the cache (ValueError naming a layer it does not fit)."""
-    cdef uint32_t n = self.c.n_layer, i
-    cdef _LayerRope lr = _LayerRope.__new__(_LayerRope)
-    lr.params = <kvc_rope_params *>PyMem_Malloc(max(n, 1) * sizeof(kvc_rope_params))
-    lr.hd = <uint32_t *>PyMem_Malloc(max(n, 1) * sizeof(uint32_t))
-    if lr.params == NULL or lr.hd == NULL:
-        raise MemoryError("update")
-    for i in range(n):
-        il = self._layers[i]
-        lr.hd[i] = self._n_embd_head_k[il]
-        try:
-            rope.fill(&lr.params[i], il, lr.hd[i])
-        except ValueError as e:
-            raise ValueError(f"update: layer {il}: {e}") from None
-    return lr
-
-
-cdef list _update_caches(tuple cs, object rope, int32_t nmax):
-    """update() of the caches in cs (whose locks the caller holds), all or nothing (C checks and
-    allocates every rotation before the first cache changes)."""
-    cdef _Unified c
-    cdef Py_ssize_t k, n = len(cs)
-    cdef kvc_unified *ptrs[KVC_UPDATE_MAX_PARTS]
-    cdef kvc_update_opts opts[KVC_UPDATE_MAX_PARTS]
-    cdef kvc_update_result res[KVC_UPDATE_MAX_PARTS]
-    cdef _LayerRope lr
-    cdef int32_t[::1] sv
-    cdef kvc_err err
-    cdef int r
-    if n > KVC_UPDATE_MAX_PARTS:
-        raise ValueError(f"update: at most {KVC_UPDATE_MAX_PARTS} caches at once")
-    keep, shifts = [], []
-    for k in range(n):
-        c = cs[k]
-        ptrs[k] = &c.c
-        opts[k].rope = NULL
-        opts[k].head_dim = NULL
-        opts[k].n_max_nodes = nmax
-        opts[k].k_shift = NULL
-        shift = None
-        if kvc_unified_any_shift(&c.c):
-            shift = np.zeros(c.c.cells.size * c.c.n_stream, dtype=np.int32)
-            sv = shift
-            opts[k].k_shift = &sv[0]
-            # a cache without memory leaves the rotation to its owner, unless the caller insists
-            rp = rope if rope is not None else (c._rope if c._buffers != "none" else None)
-            if rp is not None:
-                lr = _layer_rope(c, <RopeParams>rp)
-                keep.append(lr)
-                opts[k].rope = lr.params
-                opts[k].head_dim = lr.hd
-        shifts.append(shift)
-    err.msg[0] = 0
-    with nogil:
-        r = kvc_unified_update_parts(ptrs, <uint32_t>n, opts, res, &err)
-    check_status(r, &err, "update")
-    plans = []
-    for k in range(n):
-        c = cs[k]
-        runs = c.defrag_runs() if res[k].defragged else None
-        plans.append(UpdatePlan(shifts[k] if res[k].shifted else None, res[k].rotated, runs, res[k].moved,
-                                res[k].need_reserve))
-    return plans
-
+# The unified KV cache: UnifiedCore (the cimport interface) and _Unified, what the caches of both
+# semantics share (construction, the sequence operations, K/V memory, masks, inspection, state);
+# _unified2025.pxi and _unified2026.pxi hold what only one semantics has.
 
 cdef class UnifiedCore:
     """The unified KV cache as other extensions cimport it (_core.pxd): C-level methods only.
-    Every instance is a _Unified (kvcache.UnifiedCache), which implements them."""
+    Every instance is a _Unified2025 or _Unified2026 (kvcache.UnifiedCache2025 / UnifiedCache2026),
+    which implement them."""
 
     def __cinit__(self, *args, **kwargs):
         if not isinstance(self, _Unified):
@@ -425,7 +65,8 @@ cdef class UnifiedCore:
 
 
 cdef class _Unified(UnifiedCore):
-    """The unified KV cache (see kvcache.UnifiedCache for the documented public class)."""
+    """What the unified caches of both semantics share (see kvcache.UnifiedCache for the
+    documented public class); every instance is a _Unified2025 or a _Unified2026."""
     cdef kvc_unified c             # the C cache: cells, head/n, recovery, defrag plan, layer table
     cdef bint _ready               # c is initialised (kvc_unified_free is due)
     cdef uint32_t _n_layer_model   # model layer count given to the constructor
@@ -444,9 +85,18 @@ cdef class _Unified(UnifiedCore):
     cdef object _rope              # the model's RopeParams, or None (update() rotates K with them)
     cdef kvc_pylock _lock          # held by every Python method (see "locking" in _common.pxi)
 
-    __signature__ = _signatures.ClassSignature(_signatures.unified)
+    # kvcache.UnifiedCache's (semantics: "2025" unless given); each semantics' class has its own
+    __signature__ = _signatures.ClassSignature(_signatures.unified, semantics="2025")
 
     def __cinit__(self, *args, **kwargs):
+        # the semantics is the class's (kvcache.UnifiedCache(semantics=...) picks the class)
+        if isinstance(self, _Unified2026):
+            own = "2026"
+        elif isinstance(self, _Unified2025):
+            own = "2025"
+        else:
+            raise TypeError(f"{type(self).__name__}: create a kvcache.UnifiedCache (or a UnifiedCache2025 / "
+                            f"UnifiedCache2026)")
         (kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k, type_v, v_trans, n_seq_max, n_pad, n_swa, swa_type,
          layers, buffers, n_embd_head_k, rope, semantics, kv_unified, cell_ext,
          ple_token) = _signatures.bind(_signatures.unified, type(self), args, kwargs)
@@ -477,14 +127,15 @@ cdef class _Unified(UnifiedCore):
         if swa_type not in _SWA_TYPES:
             raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(_SWA_TYPES)}")
         n_swa_ = int_c(n_swa, "n_swa", 0, UINT32_MAX)
-        if not isinstance(semantics, str):
+        if semantics is not None and not isinstance(semantics, str):
             raise TypeError(f"semantics must be a str, not {type(semantics).__name__}")
-        if semantics not in _SEMANTICS:
-            raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(_SEMANTICS)}")
+        if semantics is not None and semantics != own:
+            raise ValueError(f"semantics = {semantics!r}: a {type(self).__name__} is a cache of semantics '{own}' "
+                             f"(kvcache.UnifiedCache(semantics=...) makes the cache of a semantics)")
         if not isinstance(kv_unified, (bool, np.bool_, int, np.integer)):
             raise TypeError(f"kv_unified must be a bool, not {type(kv_unified).__name__}")
         cell_ext_ = bool_arg(cell_ext, "cell_ext")
-        if cell_ext_ and semantics != "2026":
+        if cell_ext_ and own != "2026":
             raise ValueError("cell_ext: the per-cell extension is today's llama.cpp's (semantics='2026'); "
                              "the cells of semantics '2025' have none")
         if ple_token is not None and not cell_ext_:
@@ -517,7 +168,7 @@ cdef class _Unified(UnifiedCore):
         t_k[n_kept] = 0
         t_v[n_kept] = 0
         p.kv_size = <uint32_t>kv_size_
-        p.semantics = _SEMANTICS[semantics]
+        p.semantics = KVC_SEM_2026 if own == "2026" else KVC_SEM_2025
         p.stream_per_seq = not bool(kv_unified)
         p.n_seq_max = <uint32_t>n_seq_max_
         p.n_pad = <uint32_t>n_pad_
@@ -613,14 +264,25 @@ cdef class _Unified(UnifiedCore):
                     else _typed_view(mem, dt, (rows, lay.n_embd_k)))
         elif dt.itemsize == 1:
             view = mem.reshape(rows, lay.v_row_bytes)
-        elif self.c.v_trans and self.c.semantics == KVC_SEM_2026:
-            view = _typed_view(mem, dt, (n_stream, lay.n_embd_v, size))
         elif self.c.v_trans:
-            view = _typed_view(mem, dt, (lay.n_embd_v, size))
+            view = _typed_view(mem, dt, self._v_trans_shape(lay.n_embd_v))
         else:
             view = _typed_view(mem, dt, (rows, lay.n_embd_v))
         views[i] = view
         return view
+
+    # --- what each semantics does its own way (_Unified2025 / _Unified2026 override them) -----
+    cdef tuple _v_trans_shape(self, Py_ssize_t n_embd_v):
+        """The shape of a transposed V view."""
+        raise NotImplementedError
+
+    cdef uint32_t _n_kv(self, uint32_t s) noexcept nogil:
+        """The cells the attention spans in stream s (the KQ mask's columns)."""
+        return 0
+
+    cdef int _place(self, const kvc_ubatch *ub, kvc_err *err) noexcept nogil:
+        """Place a (checked) ubatch for good: 1 placed, 0 no room (nothing placed), < 0 error."""
+        return KVC_E_INTERNAL
 
     def __dealloc__(self):
         if self._ready:
@@ -729,14 +391,13 @@ cdef class _Unified(UnifiedCore):
 
     @property
     def n(self):
-        """Number of cells the attention looks at (the KQ mask's columns); semantics '2026':
-        the largest of n_kv_per_stream."""
+        """Number of cells the attention looks at (the KQ mask's columns): the largest of
+        n_kv_per_stream."""
         cdef uint32_t r, s
         kvc_pylock_acquire(&self._lock)
         r = self.c.n
-        if self.c.semantics == KVC_SEM_2026:
-            for s in range(self.c.n_stream):
-                r = max(r, kvc_unified_stream_n_kv(&self.c, s))
+        for s in range(self.c.n_stream):
+            r = max(r, self._n_kv(s))
         kvc_pylock_release(&self._lock)
         return r
 
@@ -795,7 +456,7 @@ cdef class _Unified(UnifiedCore):
             elif what == 2:
                 out.append(t.used_max_p1)
             else:
-                out.append(kvc_unified_stream_n_kv(&self.c, s) if self.c.semantics == KVC_SEM_2026 else self.c.n)
+                out.append(self._n_kv(s))
         kvc_pylock_release(&self._lock)
         return tuple(out)
 
@@ -819,11 +480,6 @@ cdef class _Unified(UnifiedCore):
         """Per stream, the cells the attention spans: semantics '2026': min(size, max(P,
         pad(used_max_p1, P))) with P = max(n_pad, 256); '2025': n."""
         return self._per_stream(3)
-
-    @property
-    def pending_copies(self):
-        """Stream copies queued by seq_cp across streams for the next update()."""
-        return self.c.n_copies
 
     @property
     def size(self):
@@ -891,25 +547,9 @@ cdef class _Unified(UnifiedCore):
         """The model's RopeParams given to the constructor (update() rotates K with them), or None."""
         return self._rope
 
-    @property
-    def slot(self):
-        """(head, n_tokens): the cells [head, head + n_tokens) the last successful find_slot
-        put its ubatch in, where that ubatch's K/V rows go; None when no placement is current
-        (after restore, a sequence operation, clear, set_full, defrag or a state read)."""
-        cdef uint32_t head, placed
-        if self.c.semantics == KVC_SEM_2026:
-            raise ValueError("slot: a placement of semantics '2026' is scattered; see slot_info() / slot_indices()")
-        kvc_pylock_acquire(&self._lock)
-        placed = kvc_unified_slot_n(&self.c)
-        head = kvc_unified_slot_cell(&self.c, 0) if placed else 0
-        kvc_pylock_release(&self._lock)
-        if placed == 0:
-            return None
-        return (head, placed)
-
     def slot_indices(self, out=None):
         """The cell of each token the last successful find_slot placed, in token order: an int32
-        array (empty when no placement is current, see ``slot``). Index K/V memory kept
+        array (empty when no placement is current). Index K/V memory kept
         elsewhere with it, e.g. ``k_dev[il].index_copy_(0, idx, k_rows)``. With several
         streams the cells are those of each token's stream (``slot_info()`` has the streams;
         the K/V row of a cell c of stream s is ``s * size + c``).
@@ -976,83 +616,6 @@ cdef class _Unified(UnifiedCore):
             raise_status(r, NULL, "seq_cells")
         return cells, pos
 
-    def slot_info(self):
-        """Where the last successful find_slot put each token, per token group: a list of
-        ``(stream, int32 cells)`` — token ``g * n_seq_tokens + i`` of group g in cell
-        ``cells[i]`` of the group's stream; ``[]`` when no placement is current. A cache of
-        semantics '2025' has one group, stream 0, the run of cells of ``slot``."""
-        cdef uint32_t placed, g, ng, nst
-        cdef int32_t[::1] o
-        kvc_pylock_acquire(&self._lock)
-        try:
-            placed = kvc_unified_slot_n(&self.c)
-            if placed == 0:
-                return []
-            cells = np.empty(placed, dtype=np.int32)
-            o = cells
-            kvc_unified_slot_cells(&self.c, &o[0])
-            if self.c.semantics != KVC_SEM_2026:
-                return [(0, cells)]
-            ng, nst = self.c.scatter.n_groups, self.c.scatter.n_seq_tokens
-            return [(<int>self.c.scatter.strm[g], cells[g * nst:(g + 1) * nst].copy()) for g in range(ng)]
-        finally:
-            kvc_pylock_release(&self._lock)
-
-    def prepare(self, ubatches):
-        """The dry run of placing several ubatches in turn (semantics '2026'): the slot_info()
-        each would get, found against the state holding the ubatches before it (placements
-        and the cells they reuse), or None when one does not fit. The cache is left exactly as
-        it was. Every ubatch is checked first (ValueError, nothing changed)."""
-        cdef kvc_err err
-        cdef list ubs = list(ubatches)
-        cdef Py_ssize_t n_ub = len(ubs), u, total = 0, off
-        cdef kvc_ubatch *arr
-        cdef UBatch ub
-        cdef int32_t[::1] oc
-        cdef uint32_t[::1] os_
-        cdef uint32_t[::1] og
-        cdef int r
-        cdef uint32_t ns = self.c.n_stream
-        err.msg[0] = 0
-        _refuse_2025(self, "prepare")
-        if n_ub == 0:
-            raise ValueError("prepare needs at least one ubatch")
-        for u in range(n_ub):
-            if not isinstance(ubs[u], UBatch):
-                raise TypeError(f"ubatches[{u}] must be a UBatch, not {type(ubs[u]).__name__}")
-            (<UBatch>ubs[u]).check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
-            total += (<UBatch>ubs[u]).c.n_tokens
-        cells = np.zeros(max(total, 1), dtype=np.int32)
-        strm = np.zeros(n_ub * ns, dtype=np.uint32)
-        groups = np.zeros(n_ub, dtype=np.uint32)
-        oc, os_, og = cells, strm, groups
-        arr = <kvc_ubatch *>malloc(n_ub * sizeof(kvc_ubatch))
-        if arr == NULL:
-            raise MemoryError("prepare")
-        try:
-            for u in range(n_ub):
-                ub = ubs[u]
-                arr[u] = ub.c
-            lock_change(&self._lock, "prepare")
-            with nogil:
-                r = kvc_unified_prepare_2026(&self.c, arr, <uint32_t>n_ub, &oc[0], &os_[0], &og[0], &err)
-                kvc_pylock_release(&self._lock)
-        finally:
-            free(arr)
-        if r < 0:
-            raise_status(r, &err, "prepare")
-        if r == 0:
-            return None
-        out = []
-        off = 0
-        for u in range(n_ub):
-            ub = ubs[u]
-            ng = int(groups[u])
-            nst = ub.c.n_tokens // ng
-            out.append([(int(strm[u * ns + g]), cells[off + g * nst:off + (g + 1) * nst].copy()) for g in range(ng)])
-            off += ub.c.n_tokens
-        return out
-
     @property
     def has_shift(self):
         """True when positions were shifted since the last reset_shift (a K-shift is due), in
@@ -1094,66 +657,11 @@ cdef class _Unified(UnifiedCore):
         kvc_pylock_release(&self._lock)
         return r
 
-    @property
-    def do_defrag(self):
-        """True when defrag_sched asked for a defragmentation (cleared by defrag_move/update)."""
-        cdef bint r
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.do_defrag
-        kvc_pylock_release(&self._lock)
-        return r
-
     # --- slots and sequences -------------------------------------------------------------
-    def find_slot(self, ub):
-        """Place the ubatch's tokens in contiguous empty cells starting at head.
-
-        Returns True when placed (head is where), False when there is no room; head may move
-        either way, as in llama.cpp. Undo with restore(), keep with commit().
-
-        Semantics '2026' (today's find_slot(cont=false) + apply_ubatch): each token group goes
-        to usable cells of its stream from the stream's head on, wrapping, not necessarily
-        contiguous (slot_info() tells where); a cell whose one sequence's sliding window has
-        left it is reused, and that sequence loses its positions up to the one overwritten.
-        The placement is final (no commit / restore); a failed find_slot changes nothing.
-        With several streams the tokens of each sequence must be together, one id per token,
-        every sequence with as many tokens (ValueError otherwise)."""
-        cdef UBatch u = ubatch_c(ub)
-        cdef int r = 0
-        cdef kvc_err err
-        err.msg[0] = 0
-        u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
-        if self.c.semantics == KVC_SEM_2026:
-            lock_change(&self._lock, "find_slot")
-            with nogil:
-                r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
-                kvc_pylock_release(&self._lock)
-            if r < 0:
-                raise_status(r, &err, "find_slot")
-            return r == 1
-        with nogil:
-            if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
-                r = self.find_slot_c(&u.c)
-                kvc_pylock_release(&self._lock)
-            else:
-                r = _BUSY
-        if r == _BUSY:
-            raise_busy("find_slot")
-        if r < 0:
-            raise_status(r, NULL, "find_slot")
-        return r == 1
-
-    def place_seqs(self, pos, n_tokens=1, n_seqs=1):
-        """Place, for good, positions ``pos .. pos + n_tokens - 1`` of each of the sequences
-        ``0 .. n_seqs - 1`` (a batch of equal rows: row s is sequence s), in one call and
-        without a UBatch: the ubatch whose token ``j * n_seqs + s`` is sequence s at position
-        ``pos + j`` (one token per group), found a slot for and committed (semantics "2026":
-        find_slot alone, final there).
-
-        Returns the cell of the first token when the tokens' cells are consecutive in token
-        order (always so in "2025": ``slot`` is then ``(cell, n_tokens * n_seqs)``), -1 when
-        they are scattered ("2026": ``slot_indices()`` lists them), None when there is no room
-        (nothing placed; as after a failed find_slot, ``head`` may have moved). Commits the
-        find_slot calls before it too."""
+    cdef object _place_seqs(self, object pos, object n_tokens, object n_seqs):
+        """place_seqs of either semantics: the ubatch of equal rows, placed by _place; the cell of
+        the first token when the cells are consecutive in token order, -1 when not, None when
+        there is no room."""
         cdef int32_t p0 = pos_c(pos, "pos")
         cdef uint32_t q = <uint32_t>int_c(n_tokens, "n_tokens", 1, INT32_MAX)
         cdef uint32_t rows = <uint32_t>int_c(n_seqs, "n_seqs", 1, KVC_MAX_SEQ)
@@ -1196,12 +704,7 @@ cdef class _Unified(UnifiedCore):
             ub.token = NULL
             lock_change(&self._lock, "place_seqs")
             with nogil:
-                if self.c.semantics == KVC_SEM_2026:
-                    r = kvc_unified_find_slot_2026(&self.c, &ub, &err)
-                else:
-                    r = kvc_unified_find_slot(&self.c, &ub)
-                    if r == 1:
-                        kvc_unified_commit(&self.c)
+                r = self._place(&ub, &err)
                 if r == 1:
                     first = kvc_unified_slot_cell(&self.c, 0)
                     for t in range(1, <uint32_t>n):
@@ -1213,33 +716,10 @@ cdef class _Unified(UnifiedCore):
             if mem != small:
                 PyMem_Free(mem)
         if r < 0:
-            raise_status(r, &err if self.c.semantics == KVC_SEM_2026 else NULL, "place_seqs")
+            raise_status(r, &err, "place_seqs")
         if r == 0:
             return None
         return -1 if first == UINT32_MAX else first
-
-    def commit(self):
-        """Forget the recovery information of the find_slot calls since the last commit."""
-        _refuse_2026(self, "commit", "find_slot places for good; prepare() is the dry run")
-        lock_change(&self._lock, "commit")
-        kvc_unified_commit(&self.c)
-        kvc_pylock_release(&self._lock)
-
-    def restore(self):
-        """Undo the cell changes of the find_slot calls since the last commit (data is kept):
-        the cells are exactly as before those calls (head stays where the search left it, as
-        in llama.cpp)."""
-        _refuse_2026(self, "restore", "find_slot places for good; prepare() is the dry run")
-        lock_change(&self._lock, "restore")
-        self.restore_c()
-        kvc_pylock_release(&self._lock)
-
-    def set_full(self):
-        """n = size and head = 0, as when reserving the worst-case graph."""
-        _refuse_2026(self, "set_full", "n_kv follows each stream's cells")
-        lock_change(&self._lock, "set_full")
-        self.set_full_c()
-        kvc_pylock_release(&self._lock)
 
     def clear(self):
         """Empty every cell, reset shifts, head = 0 and zero the K/V memory (n is kept)."""
@@ -1317,27 +797,6 @@ cdef class _Unified(UnifiedCore):
         r = kvc_unified_seq_pos_max(&self.c, s)
         kvc_pylock_release(&self._lock)
         return r
-
-    def prune_swa(self, seq_id, pmin, pmax):
-        """Slide the window of seq_id after a batch that gave it positions pmin..pmax (what an
-        iSWA cache does on commit): seq_id leaves every cell that no position up to pmax can see.
-
-        Returns True when fewer than min(n_swa, pmin) cells of seq_id were visible from pmin,
-        i.e. the cache holds only part of the window (information may have been lost). Needs a
-        cache with a sliding window (ValueError otherwise)."""
-        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
-        cdef int32_t a = pos_c(pmin, "pmin"), b = pos_c(pmax, "pmax")
-        cdef int r
-        _refuse_2026(self, "prune_swa", "find_slot reuses the cells a window has left")
-        if self.c.swa_type == KVC_SWA_NONE:
-            raise ValueError("prune_swa: the cache has no sliding window (swa_type 'none')")
-        lock_change(&self._lock, "prune_swa")
-        with nogil:
-            r = kvc_unified_prune_swa(&self.c, s, a, b)
-            kvc_pylock_release(&self._lock)
-        if r < 0:
-            raise_status(r, NULL, "prune_swa")
-        return r == 1
 
     # --- K/V data ------------------------------------------------------------------------
     def k(self, il):
@@ -1423,129 +882,6 @@ cdef class _Unified(UnifiedCore):
         return self.size_k_bytes + self.size_v_bytes
 
     # --- graph inputs --------------------------------------------------------------------
-    def kq_mask(self, ub, causal=True, alibi=False, out=None, dtype="f32", pad=None, reuse=False):
-        """The KQ mask of ub against the cache. Semantics '2025': [rows, n], rows = pad(n_tokens,
-        64) (pad None or True, llama.cpp's layout: the padding rows see nothing) or n_tokens
-        (pad=False).
-
-        Semantics '2026' (pad None or False): [streams, rows, n_kv] without padding rows, a
-        block of rows per token group over the cells of the group's stream (streams 1 and
-        rows n_tokens with one stream), n_kv the largest n_kv_per_stream of those streams.
-
-        dtype "f32" (default) or "f16": 0 where token t sees cell j (-|p_cell - p_token| with
-        alibi), -inf elsewhere; "bool": True where it sees the cell (torch's
-        scaled_dot_product_attention reads a bool attn_mask the same way: True takes part).
-        out: a writable 2-D array of that dtype (a numpy array, a buffer-protocol object or a
-        CPU tensor) of at least [rows, n], each row's elements contiguous, rows any stride
-        apart (one [rows_cap, cols_cap] buffer serves as n grows). Only out[:rows, :n] is
-        written; returned is out when that is its whole shape, else that block (a view).
-
-        reuse=True (a decode loop's mask): out holds the mask this cache last wrote into it,
-        untouched since. When this call's mask has the same shape there (dtype, rows, n, row
-        stride, padding, causal, the ubatch's token groups and streams), only what changed is
-        rewritten: the cells whose position or sequences changed since, and whole rows whose
-        sequence or window start moved; anything else (ALiBi, another buffer or shape, a cache
-        restored from a state, more changes than a full write costs) writes the whole mask. The
-        result is always equal to a fresh mask."""
-        cdef UBatch u = ubatch_c(ub)
-        cdef bint c_causal = bool_c(causal, "causal"), c_alibi = bool_c(alibi, "alibi")
-        cdef bint c_pad = True if pad is None else bool_c(pad, "pad")
-        cdef bint c_reuse = bool_c(reuse, "reuse")
-        cdef int mdt, r = 0
-        cdef uint8_t[::1] o
-        cdef void *p = NULL
-        cdef Py_ssize_t rows, cols
-        cdef size_t stride = 0
-        cdef _HeldBuffer ob = None
-        try:
-            mdt, npdt = _MASK_DTYPES[dtype]
-        except (KeyError, TypeError):
-            raise ValueError(f"dtype = {dtype!r}: expected one of {', '.join(_MASK_DTYPES)}") from None
-        u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
-        if c_reuse and out is None:
-            raise ValueError("kq_mask: reuse=True needs out (the buffer of the previous mask)")
-        if self.c.semantics == KVC_SEM_2026:
-            if pad:
-                raise ValueError("kq_mask: a cache of semantics '2026' has no padding rows (pad=False)")
-            return self._kq_mask_2026(u, c_causal, c_alibi, mdt, npdt, out, c_reuse)
-        if out is not None:
-            # taken before the lock: an exporter's hooks see the cache as any other call would
-            ob = hold_buffer(out, "out", True)
-            if (ob.dtype is not npdt and ob.dtype != npdt) or ob.view.ndim != 2 or not _rows_ok(ob):
-                raise ValueError(f"out must be a writable 2-D {npdt} array with contiguous rows of at "
-                                 f"least (rows, n) (rows = {'pad(n_tokens, 64)' if c_pad else 'n_tokens'}), "
-                                 f"got {ob.describe()}")
-        op_begin(&self._lock, False, "kq_mask")
-        try:
-            # the shape follows n, which holds still while the operation runs
-            rows = <Py_ssize_t>(kvc_pad_u32(u.c.n_tokens, KVC_KQ_MASK_PAD) if c_pad else u.c.n_tokens)
-            cols = <Py_ssize_t>self.c.n
-            if ob is None:
-                out = np.empty((rows, cols), dtype=npdt)
-                if rows * cols:
-                    o = out.reshape(-1).view(np.uint8)
-                    p = &o[0]
-            else:
-                if ob.dim(0) < rows or ob.dim(1) < cols:
-                    raise ValueError(f"out must be a writable 2-D {npdt} array of shape at least "
-                                     f"{(rows, cols)}, got {ob.describe()}")
-                p = ob.view.buf
-                if rows > 1:
-                    stride = <size_t>ob.view.strides[0]
-            if rows * cols:
-                with nogil:
-                    r = kvc_unified_kq_mask_reuse(&self.c, &u.c, c_causal, c_alibi, mdt, c_pad, stride, p, c_reuse)
-            res = out if ob is None else _block(out, ob, rows, cols)
-        finally:
-            op_end(&self._lock)
-            if ob is not None:
-                ob.release()
-        if r < 0:
-            raise_status(r, NULL, "kq_mask")
-        return res
-
-    def _kq_mask_2026(self, UBatch ub, bint causal, bint alibi, int mdt, object npdt, object out, bint reuse):
-        cdef uint32_t strm[256]      # KVC_MAX_SEQ groups at most
-        cdef uint32_t ng = 0, nst = 0, n_kv
-        cdef kvc_err err
-        cdef int r = 0
-        cdef uint8_t[::1] o
-        cdef void *p = NULL
-        cdef _HeldBuffer ob = None
-        err.msg[0] = 0
-        if out is not None:
-            ob = hold_buffer(out, "out", True)
-            if (ob.dtype is not npdt and ob.dtype != npdt) or not ob.c_contiguous() or ob.view.ndim != 3:
-                raise ValueError(f"out must be a writable C-contiguous {npdt} array of shape "
-                                 f"(streams, rows, n_kv), got {ob.describe()}")
-        op_begin(&self._lock, False, "kq_mask")
-        try:
-            r = kvc_unified_groups(&self.c, &ub.c, strm, &ng, &nst, &err)
-            if r < 0:
-                raise_status(r, &err, "kq_mask")
-            n_kv = kvc_unified_kq_mask_2026_n_kv(&self.c, strm, ng)
-            shape = (<Py_ssize_t>ng, <Py_ssize_t>nst, <Py_ssize_t>n_kv)
-            if ob is None:
-                out = np.empty(shape, dtype=npdt)
-                if out.size:
-                    o = out.reshape(-1).view(np.uint8)
-                    p = &o[0]
-            else:
-                if (ob.dim(0), ob.dim(1), ob.dim(2)) != shape:
-                    raise ValueError(f"out must be a writable C-contiguous {npdt} array of shape "
-                                     f"{shape}, got {ob.describe()}")
-                p = ob.view.buf
-            if n_kv:
-                with nogil:
-                    r = kvc_unified_kq_mask_2026_reuse(&self.c, &ub.c, causal, alibi, mdt, p, reuse, &err)
-        finally:
-            op_end(&self._lock)
-            if ob is not None:
-                ob.release()
-        if r < 0:
-            raise_status(r, &err, "kq_mask")
-        return out
-
     def pos_bucket(self, ub, n_buckets):
         """T5 relative position buckets of ub against the cache: int32 [n_tokens, n]."""
         cdef UBatch u = ubatch_c(ub)
@@ -1556,8 +892,7 @@ cdef class _Unified(UnifiedCore):
             raise ValueError("pos_bucket: position buckets need a cache of one stream")
         op_begin(&self._lock, False, "pos_bucket")
         try:
-            out = np.empty((u.c.n_tokens, kvc_unified_stream_n_kv(&self.c, 0) if self.c.semantics == KVC_SEM_2026
-                            else self.c.n), dtype=np.int32)
+            out = np.empty((u.c.n_tokens, self._n_kv(0)), dtype=np.int32)
             if out.size == 0:
                 return out
             o = out.reshape(-1)
@@ -1584,79 +919,7 @@ cdef class _Unified(UnifiedCore):
         self.reset_shift_c()
         kvc_pylock_release(&self._lock)
 
-    # --- defragmentation -----------------------------------------------------------------
-    def defrag_sched(self, thold):
-        """Request a defrag (do_defrag) when fragmentation exceeds thold (only for n >= 2048)."""
-        if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, bool):
-            raise TypeError(f"thold must be a number, not {type(thold).__name__}")
-        cdef float t = <float>float(thold)
-        _refuse_2026(self, "defrag_sched", "today's llama.cpp does not defragment")
-        lock_change(&self._lock, "defrag_sched")
-        kvc_unified_defrag_sched(&self.c, t)
-        kvc_pylock_release(&self._lock)
-
-    def defrag_prepare(self, n_max_nodes):
-        """Plan a defrag and move the cell metadata; the K/V moves are in defrag_ids.
-
-        n_max_nodes bounds the moves as llama.cpp's graph budget does. True when
-        something moves."""
-        cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
-        cdef int r
-        _refuse_2026(self, "defrag_prepare", "today's llama.cpp does not defragment")
-        lock_change(&self._lock, "defrag_prepare")
-        with nogil:
-            r = kvc_unified_defrag_prepare(&self.c, nmax)
-            kvc_pylock_release(&self._lock)
-        if r < 0:
-            raise_status(r, NULL, "defrag_prepare")
-        return r == 1
-
-    @property
-    def defrag_ids(self):
-        """The last plan (a copy): cell i moves to ids[i]; ids[i] == i or len(ids): stays."""
-        cdef uint32_t[::1] o
-        op_begin(&self._lock, False, "defrag_ids")
-        try:
-            out = np.empty(self.c.n_defrag_ids, dtype=np.uint32)
-            o = out
-            if self.c.n_defrag_ids:
-                memcpy(&o[0], self.c.defrag_ids, self.c.n_defrag_ids * sizeof(uint32_t))
-        finally:
-            op_end(&self._lock)
-        return out
-
-    def defrag_runs(self):
-        """The last plan as runs: uint32 [n_runs, 3] of (src, dst, count), cells
-        [src, src + count) moving to [dst, dst + count). No run reads cells another run writes,
-        so they can be applied in any order; defrag_move applies them to the K/V rows (and a
-        metadata-only cache's owner to its own memory)."""
-        cdef uint32_t n
-        cdef uint32_t[:, ::1] o
-        op_begin(&self._lock, False, "defrag_runs")
-        try:
-            n = kvc_unified_defrag_runs(&self.c, NULL)
-            out = np.empty((n, 3), dtype=np.uint32)
-            o = out
-            if n:
-                kvc_unified_defrag_runs(&self.c, &o[0, 0])
-        finally:
-            op_end(&self._lock)
-        return out
-
-    def defrag_move(self):
-        """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag.
-
-        Until then the plan is pending: the next operation that reads or writes K/V data or
-        changes the cells (find_slot, store, k/v, sequence operations, clear, state writes and
-        reads, update, another defrag_prepare) moves the rows first. A metadata-only cache moves
-        nothing: read defrag_runs() right after defrag_prepare and move your rows; any such
-        operation drops the plan (defrag_runs() is then empty)."""
-        _refuse_2026(self, "defrag_move", "today's llama.cpp does not defragment")
-        lock_change(&self._lock, "defrag_move")
-        with nogil:
-            kvc_unified_defrag_move(&self.c)
-            kvc_pylock_release(&self._lock)
-
+    # --- update --------------------------------------------------------------------------
     def _check_update(self, rope, n_max_nodes):
         """Raise what update(rope, n_max_nodes) would raise before changing anything."""
         int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
@@ -1667,49 +930,6 @@ cdef class _Unified(UnifiedCore):
                              "without rope and apply the plan's k_shift with your own kernels")
         if rope is not None:
             _check_rope(rope, self._n_embd_head_k, self._layers, "rope")
-
-    def update(self, rope=None, n_max_nodes=65536):
-        """Apply the pending K-shift, then the scheduled defrag, as llama.cpp's update() does.
-
-        rope: the model's RopeParams (default: the ones given to the constructor): every kept
-        layer's K is rotated in place by each cell's shift, with the layer's freq_base /
-        freq_scale overrides (needs n_embd_head_k from the constructor). Without any, the model
-        has no RoPE and the shifts are dropped. A metadata-only cache rotates and moves nothing:
-        apply the returned plan's k_shift, then its defrag_runs, to your own K/V memory.
-
-        Returns an UpdatePlan (true when the data changed or has to, i.e. the graph needs a new
-        reservation). Arguments are checked before anything changes."""
-        cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
-        self._check_update(rope, n_max_nodes)
-        if self.c.semantics == KVC_SEM_2026:
-            return self._update_2026(rope, nmax)
-        op_begin(&self._lock, True, "update")
-        try:
-            return _update_caches((self,), rope, nmax)[0]
-        finally:
-            op_end(&self._lock)
-
-    def _update_2026(self, rope, int32_t nmax):
-        # today's update(): the stream copies, then the K-shift (rotated with RoPE when the
-        # model has it and the cache holds K, else the shifts are dropped)
-        cdef uint32_t copies = 0
-        cdef bint had_shift = False, rotated = False, drop
-        cdef int32_t[::1] sv
-        rp = rope if rope is not None else (self._rope if self._buffers != "none" else None)
-        op_begin(&self._lock, True, "update")
-        try:
-            shift = np.empty(self.c.cells.size * self.c.n_stream, dtype=np.int32)
-            sv = shift
-            kvc_unified_k_shift(&self.c, &sv[0])
-            drop = rp is None
-            with nogil:
-                had_shift = kvc_unified_update_2026(&self.c, &copies, drop)
-            if had_shift and not drop:
-                # the copied slabs first, then every stream's rows rotated by their shifts
-                rotated = _update_caches((self,), rp, nmax)[0].rotated
-        finally:
-            op_end(&self._lock)
-        return StreamUpdate(0 if had_shift or copies else 1, bool(had_shift), int(copies), False, shift, bool(rotated))
 
     # --- inspection ----------------------------------------------------------------------
     def cells(self):

@@ -278,9 +278,9 @@ class _Server:
         else:
             if model.swa_layers:
                 raise ValueError("a model with sliding-window layers needs an iSWA run")
-            self.c = kvcache.UnifiedCache(cfg.kv_size, model.n_layer, model.n_embd_kv, model.n_embd_kv,
-                                          type_k=g, type_v=g, v_trans=cfg.v_trans, n_seq_max=cfg.n_seq_max,
-                                          n_pad=cfg.n_pad)
+            self.c = kvcache.UnifiedCache2025(cfg.kv_size, model.n_layer, model.n_embd_kv, model.n_embd_kv,
+                                              type_k=g, type_v=g, v_trans=cfg.v_trans, n_seq_max=cfg.n_seq_max,
+                                              n_pad=cfg.n_pad)
             self.full = self.c
             self.parts = (self.c,)
         self.rng = np.random.default_rng(seed)

@@ -20,7 +20,7 @@ import numpy.typing as npt
 from kvcache._core import RopeParams, bool_arg, int_arg
 from kvcache.plan import context_cells, v_trans_for
 from kvcache.recurrent import RecurrentCache
-from kvcache.unified import UnifiedCache
+from kvcache.unified import UnifiedCache, UnifiedCache2025, UnifiedCache2026
 
 if TYPE_CHECKING:
     from kvcache.iswa import ISWACache
@@ -153,8 +153,8 @@ class ModelGeometry:
         ext: dict[str, Any] = dict(cell_ext=True, ple_token=self.ple_token) if today and self.cell_ext else {}
         if self.swa_type == "none":
             if today:
-                return UnifiedCache(kv_size=kv_size, semantics="2026", kv_unified=n_stream == 1, **common, **ext)
-            return UnifiedCache(kv_size=kv_size, **common)
+                return UnifiedCache2026(kv_size=kv_size, kv_unified=n_stream == 1, **common, **ext)
+            return UnifiedCache2025(kv_size=kv_size, **common)
         from kvcache.iswa import ISWACache
         # llama.cpp caps the batch at the (unpadded) context of a causal model
         extra: dict[str, Any] = dict(semantics="2026", kv_unified=n_stream == 1, **ext) if today else {}

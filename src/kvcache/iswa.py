@@ -7,7 +7,7 @@ the windowed ones, usually much smaller — and drives them together."""
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Literal, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +18,7 @@ from kvcache._core import DEFAULT_LAYOUT, Batch, RopeParams, SplitUBatch, SWAPen
 from kvcache._signatures import named_errors
 from kvcache.handoff import PartsExport, PartsImport, split_parts
 from kvcache.plan import SEMANTICS, swa_size
-from kvcache.unified import UnifiedCache
+from kvcache.unified import UnifiedCache, UnifiedCache2025, UnifiedCache2026
 
 if TYPE_CHECKING:
     from kvcache._core import _BinaryWriter, _Buffers, _BufferMode, _GGMLType, _MaskDType, _PerLayer, _SlotInfo
@@ -207,9 +207,9 @@ class ISWACache:
                       n_embd_head_k=n_embd_head_k, rope=rope, semantics=semantics, kv_unified=kv_unified,
                       cell_ext=cell_ext, ple_token=ple_token)
         buf_base, buf_swa = self._split_buffers(buffers, n_layer, swa_set)
-        self._base = UnifiedCache(kv_size=kv_size, n_swa=0, swa_type="none", buffers=buf_base,
+        self._base: UnifiedCache = UnifiedCache(kv_size=kv_size, n_swa=0, swa_type="none", buffers=buf_base,
                                   layers=[il for il in range(n_layer) if il not in swa_set], **common)
-        self._swa = UnifiedCache(kv_size=size_swa, n_swa=n_swa, swa_type=swa_type, layers=list(layers),
+        self._swa: UnifiedCache = UnifiedCache(kv_size=size_swa, n_swa=n_swa, swa_type=swa_type, layers=list(layers),
                                  buffers=buf_swa, **common)
         self._swa_layers = layers
         self._n_batch = n_batch
@@ -301,6 +301,10 @@ class ISWACache:
         if self._today:
             raise ValueError(f"{what}: an iSWA cache of semantics '2026' has no {what} ({why})")
 
+    def _parts_2025(self) -> tuple[UnifiedCache2025, UnifiedCache2025]:
+        # the two caches of semantics "2025" (the caller refused "2026" first)
+        return cast(UnifiedCache2025, self._base), cast(UnifiedCache2025, self._swa)
+
     # --- batches ---------------------------------------------------------------------------
     def sbatch_init(self, batch_or_pos: Any, seq_id: Any = None) -> list[list[int]]:
         """Record, per sequence, the smallest and largest position of a whole batch: commit()
@@ -359,8 +363,8 @@ class ISWACache:
         fit in either cache. Both caches are left exactly as they were."""
         ubs = list(ubatches)
         with self._hold:
-            base = self._base.prepare(ubs)
-            swa = self._swa.prepare(ubs)
+            base = cast(UnifiedCache2026, self._base).prepare(ubs)
+            swa = cast(UnifiedCache2026, self._swa).prepare(ubs)
         if base is None or swa is None:
             return None
         return base, swa
@@ -385,13 +389,14 @@ class ISWACache:
         (:class:`SWAWarning`) when a sequence's window was only partly in the SWA cache."""
         self._refuse_2026("commit", "find_slot places for good; prepare() is the dry run")
         partial = []
+        base, swa = self._parts_2025()
         with self._hold:
-            self._base.commit()
-            self._swa.commit()
+            base.commit()
+            swa.commit()
             pending = self._pending.items()
             self._pending.clear()
             for s, pmin, pmax in pending:
-                if self._swa.prune_swa(s, pmin, pmax):
+                if swa.prune_swa(s, pmin, pmax):
                     partial.append((s, pmin))
         # warned once every sequence is pruned (a warning turned into an error stops nothing)
         for s, pmin in partial:
@@ -402,16 +407,18 @@ class ISWACache:
     def restore(self) -> None:
         """Undo the find_slot calls of both caches since the last commit (data is kept)."""
         self._refuse_2026("restore", "find_slot places for good; prepare() is the dry run")
+        base, swa = self._parts_2025()
         with self._hold:
-            self._base.restore()
-            self._swa.restore()
+            base.restore()
+            swa.restore()
 
     def set_full(self) -> None:
         """n = size and head = 0 in both caches (worst-case graph reservation)."""
         self._refuse_2026("set_full", "n_kv follows each stream's cells")
+        base, swa = self._parts_2025()
         with self._hold:
-            self._base.set_full()
-            self._swa.set_full()
+            base.set_full()
+            swa.set_full()
 
     def clear(self) -> None:
         """Empty both caches (the pending ranges are kept, as llama.cpp does)."""
@@ -511,9 +518,10 @@ class ISWACache:
         self._refuse_2026("defrag_sched", "today's llama.cpp does not defragment")
         if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, (bool, np.bool_)):
             raise TypeError(f"thold must be a number, not {type(thold).__name__}")
+        base, swa = self._parts_2025()
         with self._hold:
-            self._base.defrag_sched(thold)
-            self._swa.defrag_sched(thold)
+            base.defrag_sched(thold)
+            swa.defrag_sched(thold)
 
     def update(self, rope: RopeParams | None = None, n_max_nodes: int = 65536) -> ISWAUpdatePlan:
         """Apply the pending K-shift and scheduled defrag of both caches (UnifiedCache.update).

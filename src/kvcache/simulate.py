@@ -261,14 +261,14 @@ class Simulation:
 
     def commit(self) -> None:
         """Keep the placement (the 2025 semantics' commit; today's placements are final)."""
-        if self.cfg.seed_semantics:
+        if isinstance(self.cache, kvcache.UnifiedCache2025):
             self.call("commit", self.cache.commit)
 
     def defrag_now(self) -> bool:
         """Plan and apply a defrag; False when nothing had to move (or, today's llama.cpp,
         there is no defrag)."""
         c = self.cache
-        if not self.cfg.seed_semantics:
+        if not isinstance(c, kvcache.UnifiedCache2025):
             return False
         if not self.call("defrag_prepare", c.defrag_prepare, _MAX_NODES):
             return False
@@ -451,7 +451,7 @@ class Simulation:
         for self.step in range(cfg.steps):
             self.arrivals()
             self.admit()
-            if cfg.defrag == "sched" and self.running and cfg.seed_semantics:
+            if cfg.defrag == "sched" and self.running and isinstance(c, kvcache.UnifiedCache2025):
                 # llama.cpp applies the defrag scheduled by the previous decode when the next begins
                 if c.do_defrag:
                     moved = self.call("update", c.update)
@@ -464,7 +464,7 @@ class Simulation:
                 self.commit()
                 self.advance(parts)
             self.finish()
-            if not cfg.seed_semantics:
+            if not isinstance(c, kvcache.UnifiedCache2025):
                 pass        # today's llama.cpp does not defragment
             elif cfg.defrag == "sched" and parts and cfg.defrag_thold >= 0:
                 self.call("defrag_sched", c.defrag_sched, cfg.defrag_thold)

@@ -1,15 +1,22 @@
-"""The unified KV cache: llama.cpp's ``llama_kv_cache_unified`` over owned, borrowed or no K/V memory."""
+"""The unified KV cache: llama.cpp's ``llama_kv_cache_unified`` over owned, borrowed or no K/V memory,
+in either semantics: :class:`UnifiedCache2025` (llama.cpp as of mid-2025) and :class:`UnifiedCache2026`
+(today's llama.cpp), both a :class:`UnifiedCache`, which makes the one its ``semantics`` names."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Literal, overload
 
+from kvcache import _signatures
 from kvcache._core import (Batch, Cells, SeqExport, SeqImport, SplitUBatch, StreamUpdate, UpdatePlan, _seq_export,
-                           _seq_import_begin, _Unified)
+                           _seq_import_begin, _Unified, _Unified2025, _Unified2026)
+from kvcache.plan import SEMANTICS
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["UnifiedCache", "Cells", "StreamUpdate", "UpdatePlan"]
+__all__ = ["UnifiedCache", "UnifiedCache2025", "UnifiedCache2026", "Cells", "StreamUpdate", "UpdatePlan"]
+
+# where the constructor's parameters have semantics
+_SEMANTICS_ARG = _signatures.unified.__code__.co_varnames.index("semantics")
 
 
 class UnifiedCache(_Unified):
@@ -18,6 +25,10 @@ class UnifiedCache(_Unified):
     ``UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="f16",
     v_trans=True, n_seq_max=1, n_pad=32, n_swa=0, swa_type="none", layers=None, buffers="owned",
     n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True, cell_ext=False, ple_token=None)``
+    makes a :class:`UnifiedCache2025` (``semantics="2025"``, the default: the mid-2025 llama.cpp
+    cache) or a :class:`UnifiedCache2026` (``semantics="2026"``: today's llama.cpp cache,
+    docs/semantics.md); both are UnifiedCache instances and can be made directly (without
+    ``semantics``). This class has what both have; each adds what only its llama.cpp has.
 
     - ``kv_size``: number of cells, a positive multiple of ``n_pad``.
     - ``n_layer``: number of model layers; ``n_embd_k_gqa`` / ``n_embd_v_gqa``: K / V row width
@@ -39,50 +50,20 @@ class UnifiedCache(_Unified):
         ``size * row_bytes`` bytes (V transposed: ``n_embd_v * size`` elements). The cache
         keeps them alive and never reallocates them;
       - ``None`` / ``"none"``: metadata only, for K/V living elsewhere (a GPU): the cache does
-        all the bookkeeping and hands over plans: ``slot`` after find_slot, ``k_shift()``,
-        ``defrag_runs()``, and the UpdatePlan of ``update()``. ``k``, ``v`` and ``store``
-        raise RuntimeError; ``state_write`` writes zero K/V bytes and ``state_read`` restores
-        the cells only (the data is the owner's to save and restore).
+        all the bookkeeping and hands over plans: ``slot_indices()`` after find_slot,
+        ``k_shift()`` and what ``update()`` returns (the 2025 cache's ``defrag_runs()`` too).
+        ``k``, ``v`` and ``store`` raise RuntimeError; ``state_write`` writes zero K/V bytes
+        and ``state_read`` restores the cells only (the data is the owner's to save and restore).
     - ``n_embd_head_k``: K head size (one int, or one per model layer), needed to rotate keys;
       each K row holds ``n_embd_k_gqa / n_embd_head_k`` heads.
     - ``rope``: the model's ``RopeParams`` (``update()`` rotates shifted keys with them), or
       None for a model without RoPE. ``kvcache.from_gguf`` fills these from a model file.
-    - ``semantics``: ``"2025"`` (default): the mid-2025 llama.cpp cache, as documented below;
-      ``"2026"``: today's llama.cpp cache (docs/semantics.md): ``find_slot`` places each token
-      group in usable cells of its stream, scattered and final (``slot_info()`` tells where;
-      no commit / restore / set_full / defrag / prune_swa: ValueError), ``prepare()`` is the
-      dry run, ``seq_cp`` across streams copies whole sequences and queues a stream copy that
-      ``update()`` performs (it returns a :class:`StreamUpdate`), ``n_kv_per_stream`` follows
-      each stream's cells and ``kq_mask`` is ``[streams, rows, n_kv]`` without padding rows.
-      Its state has a section per stream (layouts with stream counts; ``"2025"`` only for one
-      stream) and a sequence's state is placed in any free cells of its stream (docs/state.md).
-    - ``kv_unified`` (semantics "2026"): True (default): one stream for every sequence; False:
-      ``n_seq_max`` streams, sequence s in stream s, each of ``kv_size`` cells with its own head
-      and K/V rows (K / V row ``s * kv_size + cell``; a transposed V per stream).
-    - ``cell_ext`` (semantics "2026"): every cell carries llama.cpp's per-cell extension, as the
-      caches of M-RoPE and per-layer-embedding models have it: a 2-D position (x, y) and a token
-      id, set from a ubatch's ``pos_x`` / ``pos_y`` / ``tokens`` (:class:`UBatch`), used by the
-      KQ mask of ubatches with 2-D positions, copied by ``seq_cp`` across streams, reset when a
-      cell empties, and saved in the cell records of the states (layouts from ``"2026-03"``:
-      x, y; ``"2026"``: x, y and the token id). ``cells().ext`` shows it.
-    - ``ple_token`` (with ``cell_ext``, a per-layer-embedding model): every ubatch sets the
-      extension, one without token ids (embeddings) storing this token id (llama.cpp: the
-      model's image token, else its EOS token).
-
-    Typical step, as llama.cpp's decode does it::
-
-        ub = kvcache.UBatch(pos=[0, 1, 2], seq_id=[0, 0, 0])
-        if cache.find_slot(ub):
-            for il in cache.layers:
-                cache.store(il, k_rows, v_rows)
-            mask = cache.kq_mask(ub)
-            cache.commit()
-        else:
-            cache.restore()
+    - ``semantics``: ``"2025"`` or ``"2026"``, the class made (see above).
+    - ``kv_unified``, ``cell_ext``, ``ple_token``: today's streams and per-cell extension, for
+      semantics "2026" only (see :class:`UnifiedCache2026`).
 
     After sequence edits (``seq_add`` / ``seq_div``, a context shift) and before the next
-    decode, ``cache.update()`` rotates the cached keys to their new
-    positions and runs a scheduled defragmentation.
+    decode, ``cache.update()`` rotates the cached keys to their new positions.
 
     The cache is thread-safe: every method holds the cache's own lock for the whole
     operation, also while it runs without the GIL, so calls from several threads are
@@ -98,6 +79,27 @@ class UnifiedCache(_Unified):
     """
 
     __slots__ = ()
+
+    @overload
+    def __new__(cls, *args: Any, semantics: Literal["2026"], **kwargs: Any) -> UnifiedCache2026: ...
+    @overload
+    def __new__(cls, *args: Any, semantics: Literal["2025"] = ..., **kwargs: Any) -> UnifiedCache2025: ...
+    @overload
+    def __new__(cls, *args: Any, semantics: str, **kwargs: Any) -> UnifiedCache: ...
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> UnifiedCache:
+        if cls is not UnifiedCache:
+            raise TypeError(f"{cls.__name__}: a UnifiedCache is a UnifiedCache2025 or a UnifiedCache2026; "
+                            f"derive from one of them")
+        semantics = _signatures.bind(_signatures.unified, cls, args, kwargs)[_SEMANTICS_ARG]
+        if semantics is None:
+            semantics = "2025"
+        if not isinstance(semantics, str):
+            raise TypeError(f"semantics must be a str, not {type(semantics).__name__}")
+        if semantics not in SEMANTICS:
+            raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(SEMANTICS)}")
+        made: UnifiedCache = _BY_SEMANTICS[semantics](*args, **kwargs)
+        return made
 
     def ubatches(self, batch: Batch, n_ubatch: int, embd_pooled: bool = False) -> Iterator[SplitUBatch]:
         """Iterate over the ubatches of at most ``n_ubatch`` tokens this cache takes a batch in:
@@ -135,3 +137,72 @@ class UnifiedCache(_Unified):
         an exception in ``with``, or garbage collection) leaves the cache as it was. Until
         then the cache refuses changes."""
         return _seq_import_begin(self, header, seq_id)
+
+
+class UnifiedCache2025(_Unified2025, UnifiedCache):
+    """The unified KV cache of llama.cpp as of mid-2025 (llama-cpp-python 0.3.10):
+    ``UnifiedCache(..., semantics="2025")`` or ``UnifiedCache2025(...)``, with the parameters of
+    :class:`UnifiedCache` (no streams: ``kv_unified`` stays True, no ``cell_ext``).
+
+    find_slot puts a ubatch in contiguous cells from ``head`` on (``slot``); ``restore()``
+    undoes the find_slot calls since the last ``commit()``. ``kq_mask`` pads its rows to 64.
+    ``update()`` applies the K-shift, then a defragmentation ``defrag_sched`` scheduled
+    (``defrag_prepare`` / ``defrag_move`` defragment at once). An iSWA cache slides its window
+    with ``prune_swa``.
+
+    Typical step, as llama.cpp's decode does it::
+
+        ub = kvcache.UBatch(pos=[0, 1, 2], seq_id=[0, 0, 0])
+        if cache.find_slot(ub):
+            for il in cache.layers:
+                cache.store(il, k_rows, v_rows)
+            mask = cache.kq_mask(ub)
+            cache.commit()
+        else:
+            cache.restore()
+    """
+
+    __slots__ = ()
+
+
+class UnifiedCache2026(_Unified2026, UnifiedCache):
+    """The unified KV cache of today's llama.cpp (llama-cpp-python 0.3.36, docs/semantics.md):
+    ``UnifiedCache(..., semantics="2026")`` or ``UnifiedCache2026(...)``, with the parameters of
+    :class:`UnifiedCache` and these:
+
+    - ``kv_unified``: True (default): one stream for every sequence; False: ``n_seq_max``
+      streams, sequence s in stream s, each of ``kv_size`` cells with its own head and K/V rows
+      (K / V row ``s * kv_size + cell``; a transposed V per stream).
+    - ``cell_ext``: every cell carries llama.cpp's per-cell extension, as the caches of M-RoPE
+      and per-layer-embedding models have it: a 2-D position (x, y) and a token id, set from a
+      ubatch's ``pos_x`` / ``pos_y`` / ``tokens`` (:class:`UBatch`), used by the KQ mask of
+      ubatches with 2-D positions, copied by ``seq_cp`` across streams, reset when a cell
+      empties, and saved in the cell records of the states (layouts from ``"2026-03"``: x, y;
+      ``"2026"``: x, y and the token id). ``cells().ext`` shows it.
+    - ``ple_token`` (with ``cell_ext``, a per-layer-embedding model): every ubatch sets the
+      extension, one without token ids (embeddings) storing this token id (llama.cpp: the
+      model's image token, else its EOS token).
+
+    ``find_slot`` places each token group in usable cells of its stream, scattered and final
+    (``slot_info()`` / ``slot_indices()`` tell where; there is nothing to commit or restore);
+    ``prepare()`` is the dry run. ``seq_cp`` across streams copies whole sequences and queues a
+    stream copy (``pending_copies``) that ``update()`` performs (it returns a
+    :class:`StreamUpdate`; nothing defragments). ``n_kv_per_stream`` follows each stream's
+    cells and ``kq_mask`` is ``[streams, rows, n_kv]`` without padding rows. Its state has a
+    section per stream (layouts with stream counts; ``"2025"`` only for one stream) and a
+    sequence's state is placed in any free cells of its stream (docs/state.md).
+
+    Typical step::
+
+        ub = kvcache.UBatch(pos=[0, 1, 2], seq_id=[0, 0, 0])
+        if cache.find_slot(ub):
+            for il in cache.layers:
+                cache.store(il, k_rows, v_rows)
+            mask = cache.kq_mask(ub)
+    """
+
+    __slots__ = ()
+
+
+_CLASSES: tuple[type[UnifiedCache], ...] = (UnifiedCache2025, UnifiedCache2026)
+_BY_SEMANTICS = dict(zip(SEMANTICS, _CLASSES))

@@ -51,6 +51,7 @@ _widths = wholes(0)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from kvcache import MAX_SEQ
+    from kvcache.plan import SEMANTICS
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("model", nargs="?", metavar="MODEL.gguf", help="a GGUF model to read the geometry from "
@@ -72,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "needs --flash-attn")
     c.add_argument("--flash-attn", "-fa", action="store_true",
                    help="flash attention: n_pad 256 and V in rows (else n_pad 32 and V transposed)")
-    c.add_argument("--semantics", choices=("2025", "2026"), default="2025",
+    c.add_argument("--semantics", choices=SEMANTICS, default="2025",
                    help="the llama.cpp the plan follows: 2025 (llama.cpp as of mid-2025, llama-cpp-python 0.3.10; the "
                         "default) or 2026 (today's: n_pad 1, n_ctx padded to 256, flash attention auto so V in "
                         "rows, and a stream of PAD_256(n_ctx / n_seq_max) cells per sequence unless --kv-unified; "

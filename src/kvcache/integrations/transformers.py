@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import numpy as np
 import torch  # type: ignore[import-not-found,unused-ignore]
@@ -34,7 +34,7 @@ from kvcache._core import UBatch
 from kvcache.geometry import hf_attention
 from kvcache.iswa import ISWACache
 from kvcache.plan import _pad, swa_size
-from kvcache.unified import UnifiedCache
+from kvcache.unified import UnifiedCache2025
 
 __all__ = ["KVCache", "from_model"]
 
@@ -114,7 +114,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             raise ValueError(f"n_ctx = {n_ctx}: must be at least 1")
         self._n_batch = n_batch
         self._n_pad = int(n_pad)
-        self._kv: UnifiedCache | ISWACache | None = None
+        self._kv: UnifiedCache2025 | ISWACache | None = None
         # indices per row (the last ones) update has not placed in _kv yet: forwards of short
         # rows on a UnifiedCache, whose placement waits until _kv is next consulted (see kv)
         self._unplaced = 0
@@ -137,7 +137,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._at: list[int] = []    # per layer: its K's place in _full5, -1 for a sliding layer
         # per layer: (part, plane of its K) in _stores, part 0 full attention, 1 the window
         self._where: list[tuple[int, int]] = []
-        self._full_part: UnifiedCache | None = None
+        self._full_part: UnifiedCache2025 | None = None
         # the K/V tensors (full-attention part, window part; None where none)
         self._stores: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._history = False       # a forward with autograd on wrote K/V that require grad
@@ -192,7 +192,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         # attention of a long context reads slower); state_write / state_read carry them
         # through a twin that holds them as kvcache rows (_twin)
         self._kv_args = common
-        self._kv = (ISWACache if swa else UnifiedCache)(buffers=None, **common)
+        self._kv = (ISWACache if swa else UnifiedCache2025)(buffers=None, **common)
         self._unplaced = 0
         self._full_part = self._full()
         self._rows = rows
@@ -252,12 +252,12 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                     else:
                         store.select(0, at)[:, idx] = t.transpose(0, 1)
 
-    def _twin(self) -> UnifiedCache | ISWACache:
+    def _twin(self) -> UnifiedCache2025 | ISWACache:
         """An empty kvcache cache like kv that holds K/V of its own (kvcache rows): the state
         blobs' K/V pass through it (_rows_to)."""
-        return (ISWACache if "swa_layers" in self._kv_args else UnifiedCache)(**self._kv_args)
+        return (ISWACache if "swa_layers" in self._kv_args else UnifiedCache2025)(**self._kv_args)
 
-    def _rows_to(self, twin: UnifiedCache | ISWACache, into_twin: bool) -> None:
+    def _rows_to(self, twin: UnifiedCache2025 | ISWACache, into_twin: bool) -> None:
         """Copy every row's K/V between this cache's tensors and twin's kvcache rows (into_twin:
         to twin), cell for cell of the same row and cache index in the two."""
         n_kv, head_dim = self._heads
@@ -313,23 +313,24 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         assert store is not None
         return store.select(0, j + i)
 
-    def _part(self, il: int) -> UnifiedCache:
+    def _part(self, il: int) -> UnifiedCache2025:
         kv = self.kv
         assert kv is not None
-        return kv.cache_of(il) if isinstance(kv, ISWACache) else kv
+        # the parts of an ISWACache of semantics "2025" (what this Cache makes)
+        return cast(UnifiedCache2025, kv.cache_of(il)) if isinstance(kv, ISWACache) else kv
 
-    def _window_part(self) -> UnifiedCache | None:
+    def _window_part(self) -> UnifiedCache2025 | None:
         """The sliding-window part (None without sliding layers or before the first update)."""
         kv = self.kv
         if not isinstance(kv, ISWACache) or "sliding_attention" not in self._types:
             return None
-        return kv.cache_of(self._types.index("sliding_attention"))
+        return cast(UnifiedCache2025, kv.cache_of(self._types.index("sliding_attention")))
 
-    def _full(self) -> UnifiedCache | None:
+    def _full(self) -> UnifiedCache2025 | None:
         """The full-attention part (None when every layer slides)."""
         kv = self.kv
         if isinstance(kv, ISWACache):
-            return kv.base if kv.base_layers else None
+            return cast(UnifiedCache2025, kv.base) if kv.base_layers else None
         return kv
 
     def _commit(self) -> None:
@@ -412,7 +413,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         return True
 
     @property
-    def kv(self) -> UnifiedCache | ISWACache | None:
+    def kv(self) -> UnifiedCache2025 | ISWACache | None:
         """The kvcache cache (None until created), with every index this Cache holds placed."""
         if self._unplaced:
             self._place_unplaced()
@@ -422,7 +423,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         """Place the indices update's hot path left unplaced (see _short_forward): one call for
         any number of forwards, the cells those forwards would have got one by one."""
         kv, q, rows = self._kv, self._unplaced, self._rows
-        assert isinstance(kv, UnifiedCache)     # the hot path's cache (see _short)
+        assert isinstance(kv, UnifiedCache2025)     # the hot path's cache (see _short)
         n = self._n - q
         head = kv.place_seqs(n, q, rows)
         if head is None:
@@ -440,7 +441,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         self._placed = set(range(short)) if short else set(range(self._n_layers))
         self._next = short if short else -1
 
-    def _indices(self, part: UnifiedCache, lo: int) -> torch.Tensor:
+    def _indices(self, part: UnifiedCache2025, lo: int) -> torch.Tensor:
         """[rows, n - lo] cells of indices lo .. n - 1 of every row, checked."""
         key = id(part)
         idx = self._gather.get(key)

@@ -1,0 +1,244 @@
+# The unified cache of today's llama.cpp (semantics "2026"): streams, each token group placed for
+# good in usable cells of its stream (prepare() is the dry run), stream copies that update()
+# performs, masks without padding rows; no defragmentation.
+
+
+cdef class _Unified2026(_Unified):
+    """Today's unified cache (kvcache.UnifiedCache2026 is the documented public class)."""
+
+    __signature__ = _signatures.ClassSignature(_signatures.unified)   # semantics None: "2026"
+
+    cdef tuple _v_trans_shape(self, Py_ssize_t n_embd_v):
+        return (<Py_ssize_t>self.c.n_stream, n_embd_v, <Py_ssize_t>self.c.cells.size)
+
+    cdef uint32_t _n_kv(self, uint32_t s) noexcept nogil:
+        return kvc_unified_stream_n_kv(&self.c, s)
+
+    cdef int _place(self, const kvc_ubatch *ub, kvc_err *err) noexcept nogil:
+        return kvc_unified_find_slot_2026(&self.c, ub, err)
+
+    # --- placement -----------------------------------------------------------------------
+    def find_slot(self, ub):
+        """Place the ubatch for good, as today's llama.cpp does (find_slot(cont=false) +
+        apply_ubatch): each token group goes to usable cells of its stream from the stream's
+        head on, wrapping, not necessarily contiguous (slot_info() tells where); a cell whose one
+        sequence's sliding window has left it is reused, and that sequence loses its positions
+        up to the one overwritten. Returns True when placed, False when there is no room (then
+        nothing changed); prepare() is the dry run. With several streams the tokens of each
+        sequence must be together, one id per token, every sequence with as many tokens
+        (ValueError otherwise)."""
+        cdef UBatch u = ubatch_c(ub)
+        cdef int r = 0
+        cdef kvc_err err
+        err.msg[0] = 0
+        u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
+        lock_change(&self._lock, "find_slot")
+        with nogil:
+            r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
+            kvc_pylock_release(&self._lock)
+        if r < 0:
+            raise_status(r, &err, "find_slot")
+        return r == 1
+
+    def place_seqs(self, pos, n_tokens=1, n_seqs=1):
+        """Place, for good, positions ``pos .. pos + n_tokens - 1`` of each of the sequences
+        ``0 .. n_seqs - 1`` (a batch of equal rows: row s is sequence s), in one call and
+        without a UBatch: the ubatch whose token ``j * n_seqs + s`` is sequence s at position
+        ``pos + j`` (one token per group), placed by find_slot.
+
+        Returns the cell of the first token when the tokens' cells are consecutive in token
+        order, -1 when they are scattered (``slot_indices()`` lists them), None when there is
+        no room (nothing placed)."""
+        return self._place_seqs(pos, n_tokens, n_seqs)
+
+    def slot_info(self):
+        """Where the last successful find_slot put each token, per token group: a list of
+        ``(stream, int32 cells)`` — token ``g * n_seq_tokens + i`` of group g in cell
+        ``cells[i]`` of the group's stream; ``[]`` when no placement is current."""
+        cdef uint32_t placed, g, ng, nst
+        cdef int32_t[::1] o
+        kvc_pylock_acquire(&self._lock)
+        try:
+            placed = kvc_unified_slot_n(&self.c)
+            if placed == 0:
+                return []
+            cells = np.empty(placed, dtype=np.int32)
+            o = cells
+            kvc_unified_slot_cells(&self.c, &o[0])
+            ng, nst = self.c.scatter.n_groups, self.c.scatter.n_seq_tokens
+            return [(<int>self.c.scatter.strm[g], cells[g * nst:(g + 1) * nst].copy()) for g in range(ng)]
+        finally:
+            kvc_pylock_release(&self._lock)
+
+    def prepare(self, ubatches):
+        """The dry run of placing several ubatches in turn: the slot_info()
+        each would get, found against the state holding the ubatches before it (placements
+        and the cells they reuse), or None when one does not fit. The cache is left exactly as
+        it was. Every ubatch is checked first (ValueError, nothing changed)."""
+        cdef kvc_err err
+        cdef list ubs = list(ubatches)
+        cdef Py_ssize_t n_ub = len(ubs), u, total = 0, off
+        cdef kvc_ubatch *arr
+        cdef UBatch ub
+        cdef int32_t[::1] oc
+        cdef uint32_t[::1] os_
+        cdef uint32_t[::1] og
+        cdef int r
+        cdef uint32_t ns = self.c.n_stream
+        err.msg[0] = 0
+        if n_ub == 0:
+            raise ValueError("prepare needs at least one ubatch")
+        for u in range(n_ub):
+            if not isinstance(ubs[u], UBatch):
+                raise TypeError(f"ubatches[{u}] must be a UBatch, not {type(ubs[u]).__name__}")
+            (<UBatch>ubs[u]).check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
+            total += (<UBatch>ubs[u]).c.n_tokens
+        cells = np.zeros(max(total, 1), dtype=np.int32)
+        strm = np.zeros(n_ub * ns, dtype=np.uint32)
+        groups = np.zeros(n_ub, dtype=np.uint32)
+        oc, os_, og = cells, strm, groups
+        arr = <kvc_ubatch *>malloc(n_ub * sizeof(kvc_ubatch))
+        if arr == NULL:
+            raise MemoryError("prepare")
+        try:
+            for u in range(n_ub):
+                ub = ubs[u]
+                arr[u] = ub.c
+            lock_change(&self._lock, "prepare")
+            with nogil:
+                r = kvc_unified_prepare_2026(&self.c, arr, <uint32_t>n_ub, &oc[0], &os_[0], &og[0], &err)
+                kvc_pylock_release(&self._lock)
+        finally:
+            free(arr)
+        if r < 0:
+            raise_status(r, &err, "prepare")
+        if r == 0:
+            return None
+        out = []
+        off = 0
+        for u in range(n_ub):
+            ub = ubs[u]
+            ng = int(groups[u])
+            nst = ub.c.n_tokens // ng
+            out.append([(int(strm[u * ns + g]), cells[off + g * nst:off + (g + 1) * nst].copy()) for g in range(ng)])
+            off += ub.c.n_tokens
+        return out
+
+    # --- stream copies -------------------------------------------------------------------
+    @property
+    def pending_copies(self):
+        """Stream copies queued by seq_cp across streams for the next update()."""
+        return self.c.n_copies
+
+    # --- graph inputs --------------------------------------------------------------------
+    def kq_mask(self, ub, causal=True, alibi=False, out=None, dtype="f32", pad=None, reuse=False):
+        """The KQ mask of ub against the cache, as today's llama.cpp builds it: [streams, rows,
+        n_kv] without padding rows (pad None or False), a block of rows per token group over the
+        cells of the group's stream (streams 1 and rows n_tokens with one stream), n_kv the
+        largest n_kv_per_stream of those streams.
+
+        dtype "f32" (default) or "f16": 0 where token t sees cell j (-|p_cell - p_token| with
+        alibi), -inf elsewhere; "bool": True where it sees the cell (torch's
+        scaled_dot_product_attention reads a bool attn_mask the same way: True takes part).
+        out: a writable C-contiguous array of that dtype (a numpy array, a buffer-protocol
+        object or a CPU tensor) of exactly that shape, written and returned.
+
+        reuse=True (a decode loop's mask): out holds the mask this cache last wrote into it,
+        untouched since. When this call's mask has the same shape there (dtype, shape, causal,
+        the ubatch's token groups and streams), only what changed is rewritten: the cells whose
+        position or sequences changed since, and whole rows whose sequence or window start
+        moved; anything else (ALiBi, another buffer or shape, a cache restored from a state,
+        more changes than a full write costs) writes the whole mask. The result is always equal
+        to a fresh mask."""
+        cdef UBatch u = ubatch_c(ub)
+        cdef bint c_causal = bool_c(causal, "causal"), c_alibi = bool_c(alibi, "alibi")
+        cdef bint c_pad = False if pad is None else bool_c(pad, "pad")
+        cdef bint c_reuse = bool_c(reuse, "reuse")
+        mdt, npdt = _mask_dtype(dtype)
+        u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
+        if c_reuse and out is None:
+            raise ValueError("kq_mask: reuse=True needs out (the buffer of the previous mask)")
+        if c_pad:
+            raise ValueError("kq_mask: a cache of semantics '2026' has no padding rows (pad=False)")
+        return self._kq_mask(u, c_causal, c_alibi, mdt, npdt, out, c_reuse)
+
+    cdef object _kq_mask(self, UBatch ub, bint causal, bint alibi, int mdt, object npdt, object out, bint reuse):
+        cdef uint32_t strm[256]      # KVC_MAX_SEQ groups at most
+        cdef uint32_t ng = 0, nst = 0, n_kv
+        cdef kvc_err err
+        cdef int r = 0
+        cdef uint8_t[::1] o
+        cdef void *p = NULL
+        cdef _HeldBuffer ob = None
+        err.msg[0] = 0
+        if out is not None:
+            ob = hold_buffer(out, "out", True)
+            if (ob.dtype is not npdt and ob.dtype != npdt) or not ob.c_contiguous() or ob.view.ndim != 3:
+                raise ValueError(f"out must be a writable C-contiguous {npdt} array of shape "
+                                 f"(streams, rows, n_kv), got {ob.describe()}")
+        op_begin(&self._lock, False, "kq_mask")
+        try:
+            r = kvc_unified_groups(&self.c, &ub.c, strm, &ng, &nst, &err)
+            if r < 0:
+                raise_status(r, &err, "kq_mask")
+            n_kv = kvc_unified_kq_mask_2026_n_kv(&self.c, strm, ng)
+            shape = (<Py_ssize_t>ng, <Py_ssize_t>nst, <Py_ssize_t>n_kv)
+            if ob is None:
+                out = np.empty(shape, dtype=npdt)
+                if out.size:
+                    o = out.reshape(-1).view(np.uint8)
+                    p = &o[0]
+            else:
+                if (ob.dim(0), ob.dim(1), ob.dim(2)) != shape:
+                    raise ValueError(f"out must be a writable C-contiguous {npdt} array of shape "
+                                     f"{shape}, got {ob.describe()}")
+                p = ob.view.buf
+            if n_kv:
+                with nogil:
+                    r = kvc_unified_kq_mask_2026_reuse(&self.c, &ub.c, causal, alibi, mdt, p, reuse, &err)
+        finally:
+            op_end(&self._lock)
+            if ob is not None:
+                ob.release()
+        if r < 0:
+            raise_status(r, &err, "kq_mask")
+        return out
+
+    # --- update --------------------------------------------------------------------------
+    def update(self, rope=None, n_max_nodes=65536):
+        """Apply the queued stream copies (seq_cp across streams), then the pending K-shift, as
+        today's llama.cpp's update does (it does not defragment).
+
+        rope: the model's RopeParams (default: the ones given to the constructor, for a cache
+        holding K): every stream's K is rotated in place by each cell's shift, with the layer's
+        freq_base / freq_scale overrides (needs n_embd_head_k from the constructor). Without
+        any, the model has no RoPE and the shifts are dropped. A metadata-only cache copies and
+        rotates nothing: the returned StreamUpdate says what to apply to your own K/V memory.
+
+        Returns a :class:`StreamUpdate` (true when anything changed). Arguments are checked
+        before anything changes."""
+        cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
+        self._check_update(rope, n_max_nodes)
+        return self._update(rope, nmax)
+
+    cdef object _update(self, object rope, int32_t nmax):
+        # today's update(): the stream copies, then the K-shift (rotated with RoPE when the
+        # model has it and the cache holds K, else the shifts are dropped)
+        cdef uint32_t copies = 0
+        cdef bint had_shift = False, rotated = False, drop
+        cdef int32_t[::1] sv
+        rp = rope if rope is not None else (self._rope if self._buffers != "none" else None)
+        op_begin(&self._lock, True, "update")
+        try:
+            shift = np.empty(self.c.cells.size * self.c.n_stream, dtype=np.int32)
+            sv = shift
+            kvc_unified_k_shift(&self.c, &sv[0])
+            drop = rp is None
+            with nogil:
+                had_shift = kvc_unified_update_2026(&self.c, &copies, drop)
+            if had_shift and not drop:
+                # the copied slabs first, then every stream's rows rotated by their shifts
+                rotated = _update_caches((self,), rp, nmax)[0].rotated
+        finally:
+            op_end(&self._lock)
+        return StreamUpdate(0 if had_shift or copies else 1, bool(had_shift), int(copies), False, shift, bool(rotated))
