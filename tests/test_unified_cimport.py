@@ -88,6 +88,23 @@ def test_extension_cimports_unified_core(ext):
     assert (c.used, c.head, c.n) == (used, head, n) == (60, 55, 64)
 
 
+@pytest.mark.parametrize("kv_unified", [True, False])
+def test_todays_cache_places_through_the_contract_as_find_slot_does(ext, kv_unified):
+    """find_slot_c of a UnifiedCache2026 is its find_slot: the same scattered, final placement."""
+    def today():
+        c = kvcache.UnifiedCache2026(64, 1, 4, 4, n_seq_max=2, n_pad=1, kv_unified=kv_unified)
+        for p in range(6):
+            assert c.find_slot(kvcache.UBatch([p], [p % 2]))
+        c.seq_rm(0, 1, 3)                       # holes the next placement reuses, not contiguous
+        return c
+    ub = kvcache.UBatch([9, 10, 11], [1, 1, 1])
+    a, b = today(), today()
+    assert ext.fill(a, ub, 1)[0] == 1
+    assert b.find_slot(ub)
+    assert a.stream_cells() == b.stream_cells() and a.heads == b.heads
+    assert [(s, x.tolist()) for s, x in a.slot_info()] == [(s, x.tolist()) for s, x in b.slot_info()]
+
+
 def test_the_lock_of_the_contract_excludes_python_callers(ext):
     c = kvcache.UnifiedCache(64, 1, 4, 4, n_seq_max=2)
     assert ext.lock(c) == 0

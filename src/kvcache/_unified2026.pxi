@@ -17,6 +17,10 @@ cdef class _Unified2026(_Unified):
     cdef int _place(self, const kvc_ubatch *ub, kvc_err *err) noexcept nogil:
         return kvc_unified_find_slot_2026(&self.c, ub, err)
 
+    # the cimport API's placement is find_slot's (kvc_unified_find_slot_2026)
+    cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
+        return kvc_unified_find_slot_2026(&self.c, ub, NULL)
+
     # --- placement -----------------------------------------------------------------------
     def find_slot(self, ub):
         """Place the ubatch for good, as today's llama.cpp does (find_slot(cont=false) +
