@@ -284,6 +284,34 @@ cdef class _Unified(UnifiedCore):
         """Place a (checked) ubatch for good: 1 placed, 0 no room (nothing placed), < 0 error."""
         return KVC_E_INTERNAL
 
+    # every UnifiedCache has these, each semantics' class its own (with its own docstring);
+    # no instance is of this class alone
+    def find_slot(self, ub):
+        """Place the ubatch's tokens in the cells: True when placed, False when there is no room
+        (UnifiedCache2025.find_slot: contiguous, undone by restore; UnifiedCache2026.find_slot:
+        scattered and final)."""
+        raise NotImplementedError("find_slot")
+
+    def place_seqs(self, pos, n_tokens=1, n_seqs=1):
+        """Place positions ``pos .. pos + n_tokens - 1`` of the sequences ``0 .. n_seqs - 1``
+        in one call (see UnifiedCache2025.place_seqs / UnifiedCache2026.place_seqs)."""
+        raise NotImplementedError("place_seqs")
+
+    def slot_info(self):
+        """Where the last successful find_slot put each token, per token group: a list of
+        ``(stream, int32 cells)`` (see UnifiedCache2025.slot_info / UnifiedCache2026.slot_info)."""
+        raise NotImplementedError("slot_info")
+
+    def kq_mask(self, ub, causal=True, alibi=False, out=None, dtype="f32", pad=None, reuse=False):
+        """The KQ mask of ub against the cache, in each semantics' layout (see
+        UnifiedCache2025.kq_mask / UnifiedCache2026.kq_mask)."""
+        raise NotImplementedError("kq_mask")
+
+    def update(self, rope=None, n_max_nodes=65536):
+        """Apply what is pending before the next decode: the K-shift (and UnifiedCache2025's
+        scheduled defrag, UnifiedCache2026's stream copies); see each class's update."""
+        raise NotImplementedError("update")
+
     def __dealloc__(self):
         if self._ready:
             kvc_unified_free(&self.c)
