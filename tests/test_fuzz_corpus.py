@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import kvcache
+
 FUZZ = Path(__file__).resolve().parent / "fuzz"
 CORPUS = FUZZ / "corpus"
 
@@ -60,8 +62,8 @@ def test_seeds_reach_the_extension(targets):
 
 def test_checks_can_fail(targets):
     # a read that changes the cache must be reported: a UnifiedCache whose state_read also
-    # scribbles on K after failing
-    class Scribbler(targets.UnifiedCache):
+    # scribbles on K after failing (a subclass derives from its semantics' class)
+    class Scribbler(kvcache.UnifiedCache2025):
         def state_read(self, *a, **k):
             try:
                 return super().state_read(*a, **k)
