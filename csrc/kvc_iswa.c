@@ -93,7 +93,7 @@ int kvc_iswa_sbatch_init(kvc_iswa *c, uint32_t n_tokens, const int32_t *pos, con
     return kvc_iswa_pending_set(&c->pending, n_tokens, pos, seq_off, seq_ids, c->swa->n_seq_max, !c->swa_full, err);
 }
 
-int kvc_iswa_find_slot(kvc_iswa *c, const kvc_ubatch *ub, bool found[2], kvc_err *err) {
+int kvc_iswa_find_slot(kvc_iswa *c, const kvc_ubatch *ub, int found[2], kvc_err *err) {
     if (c->base->semantics == KVC_SEM_2026) {
         kvc_unified *const parts[2] = { c->base, c->swa };
         int room[2] = { 0, 0 };
@@ -126,7 +126,8 @@ uint32_t kvc_iswa_commit(kvc_iswa *c, kvc_iswa_pending *partial) {
     const kvc_iswa_pending *p = &c->pending;
     kvc_iswa_pending_clear(partial);
     uint32_t n = 0;
-    for (int32_t s = kvc_seqset_next(&p->seqs, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&p->seqs, KVC_SEQ_WORDS, s)) {
+    for (int32_t s = kvc_seqset_next(&p->seqs, KVC_SEQ_WORDS, -1); s >= 0;
+         s = kvc_seqset_next(&p->seqs, KVC_SEQ_WORDS, s)) {
         if (kvc_unified_prune_swa(c->swa, s, p->pmin[s], p->pmax[s]) == 1) {
             kvc_seqset_add(&partial->seqs, s);
             partial->pmin[s] = p->pmin[s];

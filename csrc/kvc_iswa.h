@@ -83,12 +83,12 @@ int  kvc_iswa_init(kvc_iswa *c, kvc_unified *base, kvc_unified *swa, bool swa_fu
 int  kvc_iswa_sbatch_init(kvc_iswa *c, uint32_t n_tokens, const int32_t *pos, const uint32_t *seq_off,
                           const int32_t *seq_ids, kvc_err *err);
 
-/* Place a (checked) ubatch in the base cache, then in the SWA cache; found[k]: cache k found room.
- * 2025: both are tried (kvc_unified_find_slot); when the SWA cache fails with an error, the base
- * cache's placement is undone exactly and the error returned. 2026: in both or in neither
- * (kvc_unified_find_slot_2026_parts). Returns 1 when both found room, 0 when one did not, or a
- * negative status (err set in 2026). */
-int  kvc_iswa_find_slot(kvc_iswa *c, const kvc_ubatch *ub, bool found[2], kvc_err *err);
+/* Place a (checked) ubatch in the base cache, then in the SWA cache; found[k]: 1 when cache k
+ * found room, else 0. 2025: both are tried (kvc_unified_find_slot); when the SWA cache fails with
+ * an error, the base cache's placement is undone exactly and the error returned. 2026: in both or
+ * in neither (kvc_unified_find_slot_2026_parts). Returns 1 when both found room, 0 when one did
+ * not, or a negative status (err set in 2026). */
+int  kvc_iswa_find_slot(kvc_iswa *c, const kvc_ubatch *ub, int found[2], kvc_err *err);
 
 /* 2025: keep what find_slot placed in both caches, then slide the window: every sequence of the
  * pending ranges leaves the SWA cells that no position up to its pmax can see, and the ranges

@@ -156,9 +156,6 @@ TABLE = [
     ("state-read-exact", lambda: _cache().state_read(b"", exact="yes"), "exact must be a bool, not str"),
     ("iswa-state-read-convert", lambda: _iswa().state_read(b"", convert=1), "convert must be a bool, not int"),
     ("recurrent-state-read-exact", lambda: _recurrent().state_read(b"", exact=1), "exact must be a bool, not int"),
-    ("swa-pending-equal-split", lambda: kvcache._core.SWAPending().set(kvcache.UBatch([0, 1], [0], n_seq_tokens=2), 1),
-     "batch: expected a UBatch of one token per group (n_seq_tokens = 1, as UBatch(pos, seq_id) builds and a simple "
-     "split gives), found n_seq_tokens = 2"),
     ("iswa-find-slot-not-a-ubatch", lambda: _iswa().find_slot((0, 0)), "ub must be a kvcache.UBatch, not tuple"),
     ("recurrent-find-slot-not-a-ubatch", lambda: kvcache.RecurrentCache(1, 1, 8, 8).find_slot(0),
      "ub must be a kvcache.UBatch, not int"),

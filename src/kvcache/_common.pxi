@@ -334,6 +334,14 @@ cdef inline int32_t pos_c(object v, str name) except? -2:
     return <int32_t>int_c(v, name, INT32_MIN, INT32_MAX)
 
 
+cdef inline int32_t divisor_c(object v) except? -2:
+    """A position divisor argument ``d``: an int32 above 0."""
+    cdef int32_t d = pos_c(v, "d")
+    if d <= 0:
+        raise ValueError(f"d = {d} must be positive")
+    return d
+
+
 cdef inline int32_t seq_c(object v, uint32_t n_seq_max, str name, bint allow_any) except? -2:
     """A sequence id in [0, n_seq_max), or -1 when allow_any."""
     cdef long long s = int_c(v, name, LLONG_MIN, LLONG_MAX)

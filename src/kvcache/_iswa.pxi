@@ -1,90 +1,38 @@
-# _iswa: what the interleaved sliding-window cache (kvcache.iswa.ISWACache, a composition of two
-# UnifiedCore objects) needs from C: its pending pruning ranges, and states made of one part per
-# cache, read all or nothing.
+# _iswa: the interleaved sliding-window cache (kvcache.ISWACache): two UnifiedCache objects, a
+# base cache for the full-attention layers and a SWA cache for the windowed ones, driven together
+# by the rules of csrc/kvc_iswa.h; and the operations over several caches, all or nothing, that
+# it shares with the other composite uses (states of one part per cache, updates, held locks).
 
-from kvcache.includes.kvc_iswa cimport kvc_iswa_pending, kvc_iswa_pending_clear, kvc_iswa_pending_set
+import warnings
+
+from kvcache.includes.kvc_iswa cimport (KVC_ISWA_PAD_2026, kvc_iswa, kvc_iswa_pending, kvc_iswa_sizing, kvc_iswa_swa_size, kvc_iswa_init,
+                                        kvc_iswa_sbatch_init, kvc_iswa_find_slot, kvc_iswa_commit, kvc_iswa_restore,
+                                        kvc_iswa_set_full, kvc_iswa_clear, kvc_iswa_seq_rm, kvc_iswa_seq_cp,
+                                        kvc_iswa_seq_keep, kvc_iswa_seq_add, kvc_iswa_seq_div, kvc_iswa_seq_pos_min,
+                                        kvc_iswa_seq_pos_max, kvc_iswa_can_shift, kvc_iswa_has_shift,
+                                        kvc_iswa_shift_refused)
+from kvcache.includes.kvc_cells cimport kvc_seqset_next
 from kvcache.includes.kvc_state cimport (kvc_unified_state_size_lay, kvc_unified_state_write_range_lay,
                                          kvc_unified_state_read_parts_lay, KVC_STATE_MAX_PARTS)
-from kvcache.includes.kvc_unified cimport kvc_unified_mark, kvc_unified_mark_take, kvc_unified_rewind
 
 
-cdef class SWAPending:
-    """The pending SWA-pruning ranges of an iSWA cache: per sequence, the smallest and largest
-    position of the batch last given to :meth:`set` (committing prunes the SWA cache with them)."""
-    cdef kvc_iswa_pending c        # per sequence: the smallest and largest position of the last batch
-    cdef kvc_pylock _lock          # held by every method
+#: today's llama.cpp pads its SWA cache to a multiple of this many cells
+SWA_PAD_2026 = KVC_ISWA_PAD_2026
 
-    def __cinit__(self):
-        if kvc_pylock_init(&self._lock) != 0:
-            raise MemoryError("SWAPending: cannot allocate its lock")
-        kvc_iswa_pending_clear(&self.c)
 
-    def __dealloc__(self):
-        kvc_pylock_free(&self._lock)
-
-    def set(self, batch, n_seq_max, record=True):
-        """Replace the ranges by those of ``batch`` (a :class:`Batch` or a :class:`UBatch`).
-
-        Every sequence id must lie in ``[0, n_seq_max)`` (ValueError, ranges unchanged). With
-        ``record=False`` the ids are checked and the ranges cleared."""
-        cdef kvc_err err
-        cdef uint32_t n, nmax = <uint32_t>int_c(n_seq_max, "n_seq_max", 1, KVC_MAX_SEQ)
-        cdef const int32_t *pos
-        cdef const uint32_t *off
-        cdef const int32_t *ids
-        cdef bint rec = bool(record)
-        cdef int rc
-        err.msg[0] = 0
-        if isinstance(batch, Batch):
-            n = (<Batch>batch).c.n_tokens
-            pos = (<Batch>batch).c.pos
-            off = (<Batch>batch).c.seq_off
-            ids = (<Batch>batch).c.seq_ids
-        elif isinstance(batch, UBatch):
-            if (<UBatch>batch).c.n_seq_tokens != 1:
-                raise ValueError(f"batch: expected a UBatch of one token per group (n_seq_tokens = 1, as "
-                                 f"UBatch(pos, seq_id) builds and a simple split gives), found n_seq_tokens = "
-                                 f"{(<UBatch>batch).c.n_seq_tokens}")
-            n = (<UBatch>batch).c.n_tokens
-            pos = (<UBatch>batch).c.pos
-            off = (<UBatch>batch).c.seq_off
-            ids = (<UBatch>batch).c.seq_ids
-        else:
-            raise TypeError(f"batch must be a Batch or a UBatch, not {type(batch).__name__}")
-        if isinstance(batch, Batch):
-            kvc_pylock_acquire(&(<Batch>batch)._lock)     # its arrays stay put while splits run
-        lock_change(&self._lock, "SWAPending.set")
-        with nogil:
-            rc = kvc_iswa_pending_set(&self.c, n, pos, off, ids, nmax, rec, &err)
-            kvc_pylock_release(&self._lock)
-        if isinstance(batch, Batch):
-            kvc_pylock_release(&(<Batch>batch)._lock)
-        check_status(rc, &err, "sbatch_init")
-
-    def clear(self):
-        """Forget every range."""
-        lock_change(&self._lock, "SWAPending.clear")
-        kvc_iswa_pending_clear(&self.c)
-        kvc_pylock_release(&self._lock)
-
-    def items(self):
-        """``[[seq_id, pmin, pmax], ...]`` in ascending sequence order."""
-        cdef kvc_iswa_pending c
-        cdef int s
-        kvc_pylock_acquire(&self._lock)
-        c = self.c
-        kvc_pylock_release(&self._lock)
-        out = []
-        for s in range(KVC_MAX_SEQ):
-            if (c.seqs.w[s >> 6] >> (s & 63)) & 1:
-                out.append([s, c.pmin[s], c.pmax[s]])
-        return out
-
-    def __len__(self):
-        return len(self.items())
-
-    def __repr__(self):
-        return f"SWAPending({self.items()})"
+def swa_cells(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics="2025", kv_unified=True):
+    """Cells of an iSWA cache's SWA cache (per stream), by the rule of kvc_iswa_swa_size
+    (kvcache.plan.swa_size documents it); every count in [0, 2**32 - 1]."""
+    cdef kvc_iswa_sizing z
+    z.kv_size = <uint32_t>int_c(kv_size, "kv_size", 0, UINT32_MAX)
+    z.n_swa = <uint32_t>int_c(n_swa, "n_swa", 0, UINT32_MAX)
+    z.n_seq_max = <uint32_t>int_c(n_seq_max, "n_seq_max", 0, UINT32_MAX)
+    z.n_ubatch = <uint32_t>int_c(n_batch, "n_batch", 0, UINT32_MAX)
+    z.n_pad = <uint32_t>int_c(n_pad, "n_pad", 0, UINT32_MAX)
+    z.swa_full = bool(swa_full)
+    z.kv_unified = bool(kv_unified)
+    z.semantics = KVC_SEM_2026 if semantics == "2026" else KVC_SEM_2025
+    return kvc_iswa_swa_size(&z)
 
 
 cdef tuple _caches_arg(object caches):
@@ -110,15 +58,13 @@ cdef list _lock_order(tuple caches):
 
 
 cdef kvc_pylock *_lock_of(object obj) except NULL:
-    """The lock of a cache, Batch or SWAPending."""
+    """The lock of a cache or Batch."""
     if isinstance(obj, _Unified):
         return &(<_Unified>obj)._lock
     if isinstance(obj, _Recurrent):
         return &(<_Recurrent>obj)._lock
     if isinstance(obj, Batch):
         return &(<Batch>obj)._lock
-    if isinstance(obj, SWAPending):
-        return &(<SWAPending>obj)._lock
     raise TypeError(f"{type(obj).__name__} has no kvcache lock")
 
 
@@ -192,62 +138,6 @@ cdef class _Hold:
         else:
             _unlock_all(self._order)
         return False
-
-
-def _find_slot_parts(caches, ub):
-    """find_slot of ub in each cache in turn (all are tried, as llama.cpp does); returns the
-    list of their answers. Semantics '2025': when one raises (MemoryError), the find_slot calls
-    that succeeded before it are undone exactly, so every cache is as it was. Semantics '2026'
-    (every cache of it): all or nothing, as today's llama.cpp prepares every cache before it
-    applies any: the ubatch is placed in every cache when each finds room, else in none."""
-    cdef UBatch u = ubatch_c(ub)
-    cdef tuple cs = _caches_arg(caches)
-    cdef _Unified c
-    cdef kvc_unified_mark marks[KVC_STATE_MAX_PARTS]
-    cdef kvc_unified *ptrs[KVC_STATE_MAX_PARTS]
-    cdef int room[KVC_STATE_MAX_PARTS]
-    cdef kvc_err err
-    cdef Py_ssize_t k, j, n = len(cs)
-    cdef int r
-    err.msg[0] = 0
-    for c in cs:
-        u.check(c.c.n_seq_max, kvc_unified_has_ext(&c.c))
-    sems = {(<_Unified>c).c.semantics for c in cs}
-    if len(sems) != 1:
-        raise ValueError("find_slot: the caches have different semantics")
-    order = _lock_order(cs)
-    _begin_all(order, True, "find_slot")
-    if KVC_SEM_2026 in sems:
-        try:
-            for k in range(n):
-                c = cs[k]
-                ptrs[k] = &c.c
-            with nogil:
-                r = kvc_unified_find_slot_2026_parts(ptrs, <uint32_t>n, &u.c, room, &err)
-            if r < 0:
-                raise_status(r, &err, "find_slot")
-            return [room[k] == 1 for k in range(n)]
-        finally:
-            _end_all(order)
-    try:
-        for k in range(n):
-            c = cs[k]
-            kvc_unified_mark_take(&c.c, &marks[k])
-        found = []
-        for k in range(n):
-            c = cs[k]
-            with nogil:
-                r = c.find_slot_c(&u.c)
-            if r < 0:
-                for j in range(k - 1, -1, -1):
-                    c = cs[j]
-                    if kvc_unified_rewind(&c.c, &marks[j]) != KVC_OK:
-                        raise RuntimeError("find_slot: cannot undo the first part (internal error)")
-                raise_status(r, NULL, "find_slot")
-            found.append(r == 1)
-        return found
-    finally:
-        _end_all(order)
 
 
 def _update_parts(caches, rope=None, n_max_nodes=65536):
@@ -375,9 +265,685 @@ def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False, la
 
 
 def _lock_state(obj):
-    """The lock of a cache, Batch or SWAPending as seen from this thread (for tests):
+    """The lock of a cache or Batch as seen from this thread (for tests):
     ``{"mine": held by this thread, "waiting": threads blocked on it, "busy": operations of the
     holder in progress (meaningful when mine)}``."""
     cdef kvc_pylock *l = _lock_of(obj)
     mine = kvc_pylock_mine(l)
     return {"mine": mine, "waiting": kvc_pylock_waiting(l), "busy": l.busy if mine else 0}
+
+
+cdef list _pending_items(const kvc_iswa_pending *p):
+    """``[[seq_id, pmin, pmax], ...]`` of a set of ranges, in ascending sequence order."""
+    out = []
+    cdef int s = kvc_seqset_next(&p.seqs, KVC_SEQ_WORDS, -1)
+    while s >= 0:
+        out.append([s, p.pmin[s], p.pmax[s]])
+        s = kvc_seqset_next(&p.seqs, KVC_SEQ_WORDS, s)
+    return out
+
+
+class SWAWarning(UserWarning):
+    """The SWA cache held only part of a sequence's window when it was pruned on commit: the
+    sequence may have lost information (typically after cells were removed or the SWA cache
+    was too small for the batch)."""
+
+
+class ISWAUpdatePlan:
+    """The UpdatePlans of an iSWA cache's two parts (``base``, ``swa``); true when both are
+    (llama.cpp's iSWA update returns the AND of its caches' answers)."""
+
+    __slots__ = ("base", "swa")
+
+    def __init__(self, base, swa):
+        self.base = base
+        self.swa = swa
+
+    def __bool__(self):
+        return bool(self.base) and bool(self.swa)
+
+    def __iter__(self):
+        return iter((self.base, self.swa))
+
+    def __repr__(self):
+        return f"ISWAUpdatePlan(base={self.base!r}, swa={self.swa!r})"
+
+
+_ISWA_SWA_TYPES = ("standard", "chunked")
+
+
+cdef tuple _out_pair(object out):
+    """The base and SWA buffers of an ``out`` argument: None, or a pair."""
+    if out is None:
+        return None, None
+    try:
+        out_base, out_swa = out
+    except (TypeError, ValueError):
+        raise TypeError("out must be None or a pair (base_out, swa_out)") from None
+    return out_base, out_swa
+
+
+cdef tuple _split_buffers(object buffers, Py_ssize_t n_layer, frozenset swa_set):
+    """buffers for both caches: a mode name, or the pairs of each cache's layers."""
+    if buffers is None or isinstance(buffers, str):
+        return buffers, buffers
+    if isinstance(buffers, dict):
+        pairs = buffers
+    elif isinstance(buffers, (list, tuple)):
+        if len(buffers) != n_layer:
+            raise ValueError(f"buffers has {len(buffers)} entries, expected one (K, V) pair per model "
+                             f"layer ({n_layer})")
+        pairs = dict(enumerate(buffers))
+    else:
+        raise TypeError(f"buffers must be 'owned', None, 'none', a dict {{layer: (K, V)}} or a list of "
+                        f"(K, V) pairs, not {type(buffers).__name__}")
+    base = {il: kv for il, kv in pairs.items() if il not in swa_set}
+    swa = {il: kv for il, kv in pairs.items() if il in swa_set}
+    return base, swa
+
+
+cdef class _ISWA:
+    """The interleaved sliding-window cache (kvcache.ISWACache is the documented public class)."""
+    cdef kvc_iswa c                # the pair in C: both caches' structs, swa_full, the pending ranges
+    cdef _Unified _base            # the full-attention layers' cache (a UnifiedCache)
+    cdef _Unified _swa             # the sliding-window layers' cache (a UnifiedCache)
+    cdef _Unified _first           # the two in the global lock order (ascending address)
+    cdef _Unified _second
+    cdef tuple _swa_layers         # model layers of the SWA cache, ascending
+    cdef dict _part_of             # model layer index -> the cache holding it
+    cdef uint32_t _n_batch         # the ubatch size the SWA cache was sized for
+    cdef bint _today               # semantics "2026"
+    cdef readonly _Hold _hold      # both caches' locks, in the global order
+    # the same, as one operation of both: a callback it runs (a file's write(), an array
+    # exporter's hooks) cannot change either cache under it
+    cdef _Hold _op
+
+    __signature__ = _signatures.ClassSignature(_signatures.iswa)
+
+    def __cinit__(self, *args, **kwargs):
+        (kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_type, n_batch, swa_full, type_k, type_v,
+         v_trans, n_seq_max, n_pad, buffers, n_embd_head_k, rope, semantics, kv_unified, cell_ext,
+         ple_token) = _signatures.bind(_signatures.iswa, type(self), args, kwargs)
+        cdef kvc_iswa_sizing z
+        cdef kvc_err err
+        err.msg[0] = 0
+        from kvcache.unified import UnifiedCache      # the public class of the parts (a layer above)
+        n_layer = int_arg(n_layer, "n_layer", 0, 2**31 - 1)
+        layers = layers_arg(swa_layers, n_layer, "swa_layers", any_order=True)
+        n_swa = int_arg(n_swa, "n_swa", 1, 2**31 - 1)
+        if swa_type not in _ISWA_SWA_TYPES:
+            raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(map(repr, _ISWA_SWA_TYPES))}")
+        n_batch = int_arg(n_batch, "n_batch", 1, 2**31 - 1)
+        if not isinstance(semantics, str) or semantics not in _SEMANTICS:
+            raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(map(repr, _SEMANTICS))}")
+        today = semantics == "2026"
+        swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
+        kv_unified = bool_arg(kv_unified, "kv_unified")
+        kv_size = int_arg(kv_size, "kv_size", 1, 2**32 - 1)
+        n_pad = int_arg(n_pad, "n_pad", 1, 2**32 - 1)
+        n_seq_max = n_seq_max_arg(n_seq_max)
+        z.kv_size = <uint32_t>kv_size
+        z.n_swa = <uint32_t>n_swa
+        z.n_seq_max = <uint32_t>n_seq_max
+        z.n_ubatch = <uint32_t>n_batch
+        z.n_pad = <uint32_t>n_pad
+        z.swa_full = swa_full
+        z.kv_unified = kv_unified
+        z.semantics = _SEMANTICS[semantics]
+        size_swa = kvc_iswa_swa_size(&z)
+        swa_set = frozenset(layers)
+        common = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,
+                      type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=n_pad,
+                      n_embd_head_k=n_embd_head_k, rope=rope, semantics=semantics, kv_unified=kv_unified,
+                      cell_ext=cell_ext, ple_token=ple_token)
+        buf_base, buf_swa = _split_buffers(buffers, n_layer, swa_set)
+        self._base = UnifiedCache(kv_size=kv_size, n_swa=0, swa_type="none", buffers=buf_base,
+                                  layers=[il for il in range(n_layer) if il not in swa_set], **common)
+        self._swa = UnifiedCache(kv_size=size_swa, n_swa=n_swa, swa_type=swa_type, layers=list(layers),
+                                 buffers=buf_swa, **common)
+        check_status(kvc_iswa_init(&self.c, &self._base.c, &self._swa.c, swa_full, &err), &err, "ISWACache")
+        self._first, self._second = _lock_order((self._base, self._swa))
+        self._swa_layers = layers
+        self._part_of = {il: (self._swa if il in swa_set else self._base) for il in range(n_layer)}
+        self._n_batch = <uint32_t>n_batch
+        self._today = today
+        self._hold = _Hold(self._base, self._swa)
+        self._op = _Hold(self._base, self._swa, busy=True)
+
+    # both caches locked for a change that runs no Python code (see "locking" in _common.pxi)
+    cdef int _lock_change(self, str what) except -1:
+        lock_change(&self._first._lock, what)
+        try:
+            lock_change(&self._second._lock, what)
+        except BaseException:
+            kvc_pylock_release(&self._first._lock)
+            raise
+        return 0
+
+    # both caches locked for a read, or for the pair's own pending ranges
+    cdef void _acquire(self) noexcept:
+        kvc_pylock_acquire(&self._first._lock)
+        kvc_pylock_acquire(&self._second._lock)
+
+    cdef void _release(self) noexcept nogil:
+        kvc_pylock_release(&self._second._lock)
+        kvc_pylock_release(&self._first._lock)
+
+    cdef int _refuse_2026(self, str what, str why) except -1:
+        # checked before either cache is touched
+        if self._today:
+            raise ValueError(f"{what}: an iSWA cache of semantics '2026' has no {what} ({why})")
+        return 0
+
+    # --- the parts and the geometry (read-only) ----------------------------------------------
+    @property
+    def base(self):
+        """The cache of the full-attention layers (kv_size cells, no window)."""
+        return self._base
+
+    @property
+    def swa(self):
+        """The cache of the sliding-window layers."""
+        return self._swa
+
+    @property
+    def n_layer(self):
+        """Number of model layers."""
+        return self._base.n_layer
+
+    @property
+    def swa_layers(self):
+        """Model layers held by the SWA cache, ascending."""
+        return self._swa.layers
+
+    @property
+    def base_layers(self):
+        """Model layers held by the base cache, ascending."""
+        return self._base.layers
+
+    @property
+    def n_swa(self):
+        """Sliding window size."""
+        return self._swa.n_swa
+
+    @property
+    def swa_type(self):
+        """'standard' or 'chunked'."""
+        return self._swa.swa_type
+
+    @property
+    def semantics(self):
+        """'2025' (llama.cpp's iSWA cache as of mid-2025) or '2026' (today's llama.cpp), as both caches have it."""
+        return self._base.semantics
+
+    @property
+    def kv_unified(self):
+        """True when every sequence shares one stream in both caches."""
+        return self._base.kv_unified
+
+    @property
+    def cell_ext(self):
+        """True when both caches' cells carry the per-cell extension (see UnifiedCache)."""
+        return self._base.cell_ext
+
+    @property
+    def ple_token(self):
+        """The token id a ubatch without token ids stores (see UnifiedCache), or None."""
+        return self._base.ple_token
+
+    @property
+    def n_stream(self):
+        """Streams of each cache (1, or n_seq_max when not kv_unified)."""
+        return self._base.n_stream
+
+    @property
+    def n_seq_max(self):
+        """Valid sequence ids are [0, n_seq_max)."""
+        return self._base.n_seq_max
+
+    @property
+    def size_base(self):
+        """Cells of the base cache."""
+        return self._base.size
+
+    @property
+    def size_swa(self):
+        """Cells of the SWA cache."""
+        return self._swa.size
+
+    @property
+    def buffers(self):
+        """How the K/V memory is held: 'owned', 'borrowed' or 'none' (see UnifiedCache)."""
+        return self._base.buffers
+
+    @property
+    def n_embd_head_k(self):
+        """K head size per model layer, or None."""
+        return self._base.n_embd_head_k
+
+    @property
+    def rope(self):
+        """The model's RopeParams (update() rotates K with them), or None."""
+        return self._base.rope
+
+    @property
+    def n_batch(self):
+        """The batch size the SWA cache was sized for."""
+        return self._n_batch
+
+    @property
+    def swa_full(self):
+        """True when the SWA cache has kv_size cells (semantics "2025": and is never pruned)."""
+        return self.c.swa_full
+
+    @property
+    def n_threads(self):
+        """Threads a large K/V move may use, in both caches (see UnifiedCache.n_threads)."""
+        return self._base.n_threads
+
+    @n_threads.setter
+    def n_threads(self, value):
+        with self._hold:
+            self._base.n_threads = value
+            self._swa.n_threads = value
+
+    @property
+    def can_shift(self):
+        """Whether a K-shift may be applied: only when both caches have the same size (a smaller
+        SWA cache has pruned cells whose positions a shift would need). Semantics "2026": what
+        today's ``llama_memory_can_shift`` answers (the same rule); update() shifts anyway."""
+        return kvc_iswa_can_shift(&self.c)
+
+    @property
+    def has_shift(self):
+        """True when either cache has a pending K-shift."""
+        cdef bint r
+        self._acquire()
+        r = kvc_iswa_has_shift(&self.c)
+        self._release()
+        return r
+
+    @property
+    def pending(self):
+        """The pruning ranges recorded by the last sbatch_init: ``[[seq, pmin, pmax], ...]``."""
+        cdef kvc_iswa_pending p
+        self._acquire()
+        p = self.c.pending
+        self._release()
+        return _pending_items(&p)
+
+    @property
+    def size_k_bytes(self):
+        """Bytes of K memory of both caches."""
+        return self._base.size_k_bytes + self._swa.size_k_bytes
+
+    @property
+    def size_v_bytes(self):
+        """Bytes of V memory of both caches."""
+        return self._base.size_v_bytes + self._swa.size_v_bytes
+
+    @property
+    def total_size(self):
+        """size_k_bytes + size_v_bytes."""
+        return self.size_k_bytes + self.size_v_bytes
+
+    def __repr__(self):
+        return (f"ISWACache(kv_size={self._base.size}, n_layer={self.n_layer}, swa_layers={list(self._swa_layers)}, "
+                f"n_swa={self.n_swa}, swa_type={self.swa_type!r}, n_batch={self._n_batch}, "
+                f"swa_full={self.swa_full}, n_seq_max={self.n_seq_max}, size_swa={self._swa.size}"
+                + (f", semantics='2026', kv_unified={self.kv_unified}"
+                   + (", cell_ext=True)" if self.cell_ext else ")") if self._today else ")"))
+
+    # --- batches ---------------------------------------------------------------------------
+    def sbatch_init(self, batch_or_pos, seq_id=None):
+        """Record, per sequence, the smallest and largest position of a whole batch: commit()
+        prunes the SWA cache with these ranges. Nothing is recorded with ``swa_full``.
+
+        ``batch_or_pos``: a :class:`Batch` (then ``seq_id`` is not given), or the positions of
+        the batch with ``seq_id`` one id or id list per token. Returns :attr:`pending`.
+        Semantics "2026" has no pruning ranges (ValueError)."""
+        cdef kvc_err err
+        cdef int rc
+        cdef kvc_iswa_pending p
+        cdef Batch b
+        cdef UBatch u
+        self._refuse_2026("sbatch_init", "find_slot reuses the cells a window has left")
+        err.msg[0] = 0
+        if isinstance(batch_or_pos, Batch):
+            if seq_id is not None:
+                raise TypeError("sbatch_init: seq_id must not be given with a Batch")
+            b = <Batch>batch_or_pos
+            kvc_pylock_acquire(&b._lock)     # its arrays stay put while the ranges are taken
+            self._acquire()
+            with nogil:
+                rc = kvc_iswa_sbatch_init(&self.c, b.c.n_tokens, b.c.pos, b.c.seq_off, b.c.seq_ids, &err)
+                p = self.c.pending
+                self._release()
+                kvc_pylock_release(&b._lock)
+        else:
+            if seq_id is None:
+                raise TypeError("sbatch_init: seq_id is required with positions")
+            u = UBatch(batch_or_pos, seq_id)
+            self._acquire()
+            with nogil:
+                rc = kvc_iswa_sbatch_init(&self.c, u.c.n_tokens, u.c.pos, u.c.seq_off, u.c.seq_ids, &err)
+                p = self.c.pending
+                self._release()
+        check_status(rc, &err, "sbatch_init")
+        return _pending_items(&p)
+
+    def ubatches(self, batch, n_ubatch, embd_pooled=False):
+        """Record the batch's pruning ranges (sbatch_init), then iterate over its ubatches of at
+        most ``n_ubatch`` tokens, split in batch order as llama.cpp does for this cache (the
+        Batch must be built with ``simple_split=True``; ``embd_pooled`` changes nothing).
+        Semantics "2026": the splits of UnifiedCache.ubatches (equal splits with several
+        streams), nothing recorded."""
+        if self._today:
+            return self._base.ubatches(batch, n_ubatch, embd_pooled)
+        if not isinstance(batch, Batch):
+            raise TypeError(f"batch must be a Batch, not {type(batch).__name__}")
+        if not batch.simple_split:
+            raise ValueError("this cache splits batches in order: build the Batch with simple_split=True")
+        it = batch.ubatches(n_ubatch, "simple")
+        self.sbatch_init(batch)
+        return it
+
+    # --- slots -----------------------------------------------------------------------------
+    def find_slot_each(self, ub):
+        """Place the ubatch in the base cache, then in the SWA cache (both are always tried);
+        returns each cache's result. When the SWA cache raises (MemoryError), the base
+        cache's placement is undone: both are as they were. Semantics "2026": the ubatch is
+        placed in both caches when each found room, else in neither (as today's llama.cpp
+        prepares both before it applies either); the results say which found room."""
+        cdef int found[2]
+        cdef int r
+        cdef kvc_err err
+        cdef UBatch u = ubatch_c(ub)
+        err.msg[0] = 0
+        found[0] = found[1] = False
+        u.check(self.c.base.n_seq_max, kvc_unified_has_ext(self.c.base))
+        self._lock_change("find_slot")
+        with nogil:
+            r = kvc_iswa_find_slot(&self.c, &u.c, found, &err)
+            self._release()
+        if r < 0:
+            raise_status(r, &err if self._today else NULL, "find_slot")
+        return found[0], found[1]
+
+    def find_slot(self, ub):
+        """Place the ubatch in both caches; True when both found room (restore() undoes it;
+        semantics "2026": placed for good, and a False changed nothing)."""
+        cdef int found[2]
+        cdef int r
+        cdef kvc_err err
+        cdef UBatch u = ubatch_c(ub)
+        err.msg[0] = 0
+        u.check(self.c.base.n_seq_max, kvc_unified_has_ext(self.c.base))
+        self._lock_change("find_slot")
+        with nogil:
+            r = kvc_iswa_find_slot(&self.c, &u.c, found, &err)
+            self._release()
+        if r < 0:
+            raise_status(r, &err if self._today else NULL, "find_slot")
+        return r == 1
+
+    def prepare(self, ubatches):
+        """The dry run of placing several ubatches in turn in both caches (semantics "2026", see
+        UnifiedCache.prepare): ``(base_slot_infos, swa_slot_infos)``, or None when one does not
+        fit in either cache. Both caches are left exactly as they were."""
+        ubs = list(ubatches)
+        with self._hold:
+            base = self._base.prepare(ubs)
+            swa = self._swa.prepare(ubs)
+        if base is None or swa is None:
+            return None
+        return base, swa
+
+    def slot_info(self):
+        """Where the last successful find_slot put each token in each cache:
+        ``(base.slot_info(), swa.slot_info())``."""
+        with self._hold:
+            return self._base.slot_info(), self._swa.slot_info()
+
+    def slot_indices(self, out=None):
+        """The cell of each placed token in each cache: ``(base.slot_indices(),
+        swa.slot_indices())`` (see UnifiedCache.slot_indices); ``out``: None or a pair of
+        buffers to fill."""
+        out_base, out_swa = _out_pair(out)
+        with self._hold:
+            return self._base.slot_indices(out_base), self._swa.slot_indices(out_swa)
+
+    def commit(self):
+        """Keep what find_slot placed in both caches, then slide the window: every sequence of
+        the last sbatch_init loses the SWA cells no position of that batch can see. Warns
+        (:class:`SWAWarning`) when a sequence's window was only partly in the SWA cache."""
+        cdef kvc_iswa_pending partial
+        cdef uint32_t n
+        self._refuse_2026("commit", "find_slot places for good; prepare() is the dry run")
+        self._lock_change("commit")
+        with nogil:
+            n = kvc_iswa_commit(&self.c, &partial)
+            self._release()
+        if n:
+            # warned once every sequence is pruned (a warning turned into an error stops nothing)
+            n_swa = self._swa.c.n_swa
+            for s, pmin, _ in _pending_items(&partial):
+                warnings.warn(f"partial SWA cache for sequence {s}: fewer than min(n_swa = {n_swa}, "
+                              f"pmin = {pmin}) cells before position {pmin} are in the cache; information "
+                              f"may have been lost", SWAWarning, stacklevel=2)
+
+    def restore(self):
+        """Undo the find_slot calls of both caches since the last commit (data is kept)."""
+        self._refuse_2026("restore", "find_slot places for good; prepare() is the dry run")
+        self._lock_change("restore")
+        kvc_iswa_restore(&self.c)
+        self._release()
+
+    def set_full(self):
+        """n = size and head = 0 in both caches (worst-case graph reservation)."""
+        self._refuse_2026("set_full", "n_kv follows each stream's cells")
+        self._lock_change("set_full")
+        kvc_iswa_set_full(&self.c)
+        self._release()
+
+    def clear(self):
+        """Empty both caches (the pending ranges are kept, as llama.cpp does)."""
+        self._lock_change("clear")
+        with nogil:
+            kvc_iswa_clear(&self.c)
+            self._release()
+
+    # --- sequences -------------------------------------------------------------------------
+    def seq_rm(self, seq_id, p0=-1, p1=-1):
+        """Remove seq_id (-1: any) from the cells with p0 <= pos < p1 of both caches."""
+        cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", True)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef bint r
+        self._lock_change("seq_rm")
+        r = kvc_iswa_seq_rm(&self.c, s, a, b)
+        self._release()
+        return r
+
+    def seq_cp(self, src, dst, p0=-1, p1=-1):
+        """Add dst to every cell of src with p0 <= pos < p1, in both caches. Semantics "2026"
+        with several streams: across streams whole sequences only (ValueError otherwise,
+        nothing changed in either cache)."""
+        cdef int32_t s = seq_c(src, self.c.base.n_seq_max, "src", False)
+        cdef int32_t d = seq_c(dst, self.c.base.n_seq_max, "dst", False)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        self._lock_change("seq_cp")
+        r = kvc_iswa_seq_cp(&self.c, s, d, a, b, &err)
+        self._release()
+        check_status(r, &err, "seq_cp")
+
+    def seq_keep(self, seq_id):
+        """Keep only seq_id, in both caches."""
+        cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
+        self._lock_change("seq_keep")
+        kvc_iswa_seq_keep(&self.c, s)
+        self._release()
+
+    def seq_add(self, seq_id, p0, p1, shift):
+        """Shift the positions of seq_id in [p0, p1), in both caches."""
+        cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef int32_t d = pos_c(shift, "shift")
+        self._lock_change("seq_add")
+        kvc_iswa_seq_add(&self.c, s, a, b, d)
+        self._release()
+
+    def seq_div(self, seq_id, p0, p1, d):
+        """Integer-divide the positions of seq_id in [p0, p1) by d (> 0), in both caches."""
+        cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef int32_t dd = divisor_c(d)
+        self._lock_change("seq_div")
+        kvc_iswa_seq_div(&self.c, s, a, b, dd)
+        self._release()
+
+    def seq_pos_min(self, seq_id):
+        """Smallest position of seq_id in the SWA cache (-1 when absent)."""
+        cdef int32_t s = seq_c(seq_id, self.c.swa.n_seq_max, "seq_id", False), r
+        kvc_pylock_acquire(&self._swa._lock)
+        r = kvc_iswa_seq_pos_min(&self.c, s)
+        kvc_pylock_release(&self._swa._lock)
+        return r
+
+    def seq_pos_max(self, seq_id):
+        """Largest position of seq_id (the SWA cache's answer; -1 when absent)."""
+        cdef int32_t s = seq_c(seq_id, self.c.swa.n_seq_max, "seq_id", False), r
+        kvc_pylock_acquire(&self._swa._lock)
+        r = kvc_iswa_seq_pos_max(&self.c, s)
+        kvc_pylock_release(&self._swa._lock)
+        return r
+
+    # --- K/V data --------------------------------------------------------------------------
+    def cache_of(self, il):
+        """The cache holding model layer il."""
+        c = self._part_of.get(il) if type(il) is int else None
+        if c is not None:
+            return c
+        if not _is_int(il):
+            raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
+        c = self._part_of.get(int(il))
+        if c is None:
+            raise IndexError(f"il = {il} is not a model layer (n_layer = {self.n_layer})")
+        return c
+
+    def k(self, il):
+        """K of model layer il (a view into the cache holding it)."""
+        return self.cache_of(il).k(il)
+
+    def v(self, il):
+        """V of model layer il (a view into the cache holding it)."""
+        return self.cache_of(il).v(il)
+
+    def store(self, il, k_rows, v_rows):
+        """Write the K/V rows of model layer il for the ubatch just placed (see UnifiedCache.store)."""
+        self.cache_of(il).store(il, k_rows, v_rows)
+
+    # --- graph inputs ----------------------------------------------------------------------
+    def kq_mask(self, ub, causal=True, alibi=False, out=None, dtype="f32", pad=None):
+        """The KQ masks of ub against both caches: ``(base_mask, swa_mask)``; the SWA mask also
+        hides what lies outside the window. ``out``: None or a pair of arrays to fill; ``pad``
+        (None: the semantics' default) and the shapes as UnifiedCache.kq_mask."""
+        out_base, out_swa = _out_pair(out)
+        with self._op:
+            return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype, pad=pad),
+                    self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype, pad=pad))
+
+    def k_shift(self):
+        """The per-cell K-shift inputs of both caches: ``(base_shift, swa_shift)``."""
+        with self._hold:
+            return self._base.k_shift(), self._swa.k_shift()
+
+    def reset_shift(self):
+        """Clear the pending shifts of both caches (after the K-shift was applied)."""
+        with self._hold:
+            self._base.reset_shift()
+            self._swa.reset_shift()
+
+    # --- maintenance -----------------------------------------------------------------------
+    def defrag_sched(self, thold):
+        """Schedule a defrag in each cache whose fragmentation exceeds thold."""
+        self._refuse_2026("defrag_sched", "today's llama.cpp does not defragment")
+        if not isinstance(thold, (int, float, np.integer, np.floating)) or _is_bool(thold):
+            raise TypeError(f"thold must be a number, not {type(thold).__name__}")
+        with self._hold:
+            self._base.defrag_sched(thold)
+            self._swa.defrag_sched(thold)
+
+    def update(self, rope=None, n_max_nodes=65536):
+        """Apply the pending K-shift and scheduled defrag of both caches (UnifiedCache.update).
+
+        A K-shift needs :attr:`can_shift`: with a pending shift and caches of different sizes
+        this raises RuntimeError and changes nothing. Returns the two caches' UpdatePlans; its
+        truth is what llama.cpp's iSWA update returns, the AND of the two. Semantics "2026":
+        each cache's StreamUpdate (its stream copies, then its shifts), whatever can_shift
+        says: today's llama.cpp shifts each cache's own cells (a position the SWA cache has
+        dropped is not needed; can_shift is only what ``llama_memory_can_shift`` reports)."""
+        with self._hold:
+            if kvc_iswa_shift_refused(&self.c):
+                raise RuntimeError(f"update: a K-shift is pending but this cache cannot shift (SWA cache of "
+                                   f"{self._swa.size} cells, base cache of {self._base.size}: build it with "
+                                   f"swa_full=True to allow position shifts)")
+            if self._today:
+                for c in (self._base, self._swa):
+                    c._check_update(rope, n_max_nodes)
+                return ISWAUpdatePlan(self._base.update(rope, n_max_nodes), self._swa.update(rope, n_max_nodes))
+            # arguments, rotations and their memory are checked for both caches before either changes
+            base, swa = _update_parts((self._base, self._swa), rope, n_max_nodes)
+        return ISWAUpdatePlan(base, swa)
+
+    # --- state -----------------------------------------------------------------------------
+    def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
+        """Bytes state_write(seq_id, layout=layout, prefix=prefix) produces."""
+        return _state_size_parts((self._base, self._swa), seq_id, layout, prefix)
+
+    def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
+        """The state of seq_id (-1: everything) in llama.cpp's layout ``layout`` (a name of
+        kvcache.LAYOUTS): the base cache's part, then the SWA cache's; a sequence's state of a
+        layout with the sequence-blob prefix starts with it once (prefix=False: without). From
+        "2026-06" on a sequence's state leaves out the SWA cache's cells outside the window."""
+        return _state_write_parts((self._base, self._swa), seq_id, layout, prefix)
+
+    def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
+        """Write the state of seq_id (-1: everything) into buf: a writable buffer of at least
+        state_size(seq_id) bytes (each cache writes its part straight into it) or a binary file
+        object. Returns the bytes written. layout, prefix: as state_write."""
+        with self._op:
+            n_base = self._base.state_size(seq_id, layout=layout, prefix=prefix)
+            n = n_base + self._swa.state_size(seq_id, layout=layout, prefix=False)
+            try:
+                m = memoryview(buf)  # a file object raises TypeError
+            except TypeError:
+                m = None
+            if m is None:
+                if not hasattr(buf, "write"):
+                    raise TypeError(f"buf must be a writable buffer or a binary file object, not {type(buf).__name__}")
+                return (self._base.state_write_into(buf, seq_id, layout=layout, prefix=prefix) +
+                        self._swa.state_write_into(buf, seq_id, layout=layout, prefix=False))
+            if m.readonly:
+                raise TypeError(f"buf must be writable ({type(buf).__name__} is read-only)")
+            if not m.c_contiguous:
+                raise ValueError("buf must be a C-contiguous buffer")
+            m = m.cast("B") if m.ndim != 1 or m.format != "B" else m
+            if m.nbytes < n:
+                raise ValueError(f"buf holds {m.nbytes} bytes, the state needs {n}")
+            return (self._base.state_write_into(m[:n_base], seq_id, layout=layout, prefix=prefix) +
+                    self._swa.state_write_into(m[n_base:n], seq_id, layout=layout, prefix=False))
+
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False, layout=None):
+        """Restore a state written by state_write (or llama.cpp) into seq_id (-1: everything).
+
+        All or nothing: when any part is malformed, does not fit or finds no room, StateError is
+        raised and both caches (cells, K/V bytes, uncommitted slots) and the pending ranges are
+        exactly as they were. Returns the bytes consumed (bytes after the state are not read,
+        unless exact: then they are an error). convert: accept parts whose V layout (transposed
+        or not) differs from the caches' and convert them. layout: a name of kvcache.LAYOUTS,
+        or None to find it from the bytes (as UnifiedCache.state_read)."""
+        return _state_read_parts((self._base, self._swa), data, seq_id, convert=convert, exact=exact,
+                                 layout=layout)

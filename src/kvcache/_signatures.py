@@ -20,6 +20,15 @@ def unified(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="
             swa_type, layers, buffers, n_embd_head_k, rope, semantics, kv_unified, cell_ext, ple_token)
 
 
+def iswa(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_type="standard", n_batch=512,
+         swa_full=None, type_k="f16", type_v="f16", v_trans=True, n_seq_max=1, n_pad=32, buffers="owned",
+         n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True, cell_ext=False, ple_token=None):
+    """kvcache.ISWACache's parameters."""
+    return (kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_type, n_batch, swa_full, type_k,
+            type_v, v_trans, n_seq_max, n_pad, buffers, n_embd_head_k, rope, semantics, kv_unified, cell_ext,
+            ple_token)
+
+
 def recurrent(n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type_v="f32", kv_size=None,
               n_embd_k_s=0, n_embd_v_s=0, buffers="owned"):
     """kvcache.RecurrentCache's parameters."""

@@ -12,7 +12,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, layers_arg, type_arg, widths_arg
+from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, layers_arg, swa_cells, type_arg, \
+    widths_arg, SWA_PAD_2026
 from kvcache._text import plural
 
 __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
@@ -72,11 +73,7 @@ def swa_size(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int,
     semantics ``min(kv_size, pad(n_swa * n_seq_max + n_batch, n_pad))``; today's llama.cpp (semantics
     "2026") ``pad(min(kv_size, n_swa * n + n_batch), 256)``, n the sequences sharing a stream
     (``n_seq_max`` unified, else 1), padded to 256 whatever ``n_pad``."""
-    if swa_full:
-        return kv_size
-    if semantics == "2026":
-        return _pad(min(kv_size, n_swa * (n_seq_max if kv_unified else 1) + n_batch), SWA_PAD_2026)
-    return min(kv_size, _pad(n_swa * n_seq_max + n_batch, n_pad))
+    return swa_cells(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics, kv_unified)
 
 
 def swa_size_formula(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int, swa_full: bool,
@@ -92,10 +89,6 @@ def swa_size_formula(kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_p
                 f"pad(min({kv_size}, {n_swa}*{n} + {n_batch}), {SWA_PAD_2026}) = {size}")
     return (f"min(kv_size, pad(n_swa*n_seq_max + n_batch, n_pad)) = "
             f"min({kv_size}, pad({n_swa}*{n_seq_max} + {n_batch}, {n_pad})) = {size}")
-
-
-#: today's llama.cpp pads its SWA cache to a multiple of this many cells
-SWA_PAD_2026 = 256
 
 
 def _pad(x: int, n: int) -> int:

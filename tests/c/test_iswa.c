@@ -408,7 +408,7 @@ static void test_init(void) {
 }
 
 /* A batch of one sequence at positions from..from+n-1, recorded and placed in one ubatch. */
-static int place(kvc_iswa *c, int32_t seq, int32_t from, uint32_t n, bool found[2]) {
+static int place(kvc_iswa *c, int32_t seq, int32_t from, uint32_t n, int found[2]) {
     uint32_t off[65];
     int32_t pos[64], ids[64];
     for (uint32_t i = 0; i < n; i++) {
@@ -429,7 +429,7 @@ static void test_commit_prunes_the_window(void) {
     pair t;
     kvc_iswa c;
     kvc_iswa_pending partial;
-    bool found[2];
+    int found[2];
     REQUIRE(pair_init(&t) && iswa_of(&c, &t, false), "init");
     /* 10 positions of sequence 0: the SWA cache (n_swa 4) keeps what position 9 can see */
     CHECK(place(&c, 0, 0, 10, found) == 1 && found[0] && found[1], "placed");
@@ -456,7 +456,7 @@ static void test_swa_full_never_prunes(void) {
     pair t;
     kvc_iswa c;
     kvc_iswa_pending partial;
-    bool found[2];
+    int found[2];
     REQUIRE(pair_init(&t) && iswa_of(&c, &t, true), "init");
     CHECK(place(&c, 0, 0, 10, found) == 1, "placed");
     CHECK(!kvc_seqset_any(&c.pending.seqs, KVC_SEQ_WORDS), "nothing recorded");
@@ -469,7 +469,7 @@ static void test_find_slot_undoes_the_base_cache(void) {
     for (int k = 1; k < 20 && !done; k++) {
         pair t;
         kvc_iswa c;
-        bool found[2] = { false, false };
+        int found[2] = { 0, 0 };
         REQUIRE(pair_init(&t) && iswa_of(&c, &t, false), "init");
         bytes before = { 0 }, after = { 0 };
         pair_dump(&t, &before);
@@ -493,7 +493,7 @@ static void test_find_slot_undoes_the_base_cache(void) {
 static void test_no_room_in_one(void) {
     pair t;
     kvc_iswa c;
-    bool found[2];
+    int found[2];
     kvc_iswa_pending partial;
     REQUIRE(pair_init(&t) && iswa_of(&c, &t, false), "init");
     /* 40 tokens: room in the base cache (64 cells), none in the SWA cache (32) */
@@ -518,7 +518,7 @@ static void test_no_room_in_one(void) {
 static void test_sequence_operations(void) {
     pair t;
     kvc_iswa c;
-    bool found[2];
+    int found[2];
     kvc_iswa_pending partial;
     kvc_err err = { 0, "" };
     REQUIRE(pair_init(&t) && iswa_of(&c, &t, false), "init");

@@ -8,6 +8,7 @@ cdef extern from "kvc_seqset.h" nogil:
     ctypedef struct kvc_seqset:
         uint64_t w[4]
     uint32_t kvc_seq_words(uint32_t n_seq_max)
+    int32_t kvc_seqset_next(const kvc_seqset *s, uint32_t nw, int32_t after)
 
 cdef extern from "kvc_cells.h" nogil:
     ctypedef struct kvc_seq_pos:
