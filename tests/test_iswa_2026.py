@@ -8,7 +8,7 @@ files of 0.3.36's gemma2 context are tests/test_live_v10.py's."""
 import numpy as np
 import pytest
 
-from kvcache import ISWACache, StateError, UBatch
+from kvcache import ISWACache, ISWACache2025, ISWACache2026, StateError, UBatch
 from kvcache.plan import swa_size
 
 
@@ -210,11 +210,6 @@ _REFUSED = [
     (lambda c: c.prepare([]), False),
     (lambda c: c.prepare([UBatch([0], [0]), UBatch([1], [5])]), False),
     (lambda c: c.kq_mask(UBatch([0], [0]), pad=True), False),
-    (lambda c: c.commit(), False),
-    (lambda c: c.restore(), False),
-    (lambda c: c.set_full(), False),
-    (lambda c: c.defrag_sched(0.1), False),
-    (lambda c: c.sbatch_init([0], [0]), False),
     (lambda c: c.seq_cp(0, 1, 2, -1), True),            # part of a sequence across streams
     (lambda c: c.seq_cp(0, 1, -1, 7), True),
     (lambda c: c.find_slot(UBatch([5, 5, 6], [0, 1, 0])), True),      # not grouped per sequence
@@ -235,6 +230,26 @@ def test_refused_with_value_error_and_nothing_changed(k, kv_unified):
     with pytest.raises(ValueError):
         call(c)
     assert (_snapshot(c), [[x.tolist() for _, x in h] for h in c.slot_info()]) == before
+
+
+# the operations of one semantics only
+_SEED_ONLY = ("commit", "restore", "set_full", "defrag_sched", "sbatch_init")
+_TODAY_ONLY = ("prepare",)
+
+
+def test_each_semantics_is_a_class_with_its_own_operations():
+    today = _cache(kv_size=64, n_seq_max=2)
+    seed = ISWACache(64, 2, 4, 4, swa_layers=[0], n_swa=4, n_batch=16)
+    assert type(today) is ISWACache2026 and type(seed) is ISWACache2025
+    assert isinstance(today, ISWACache) and isinstance(seed, ISWACache)
+    assert (today.semantics, seed.semantics) == ("2026", "2025")
+    assert [n for n in _SEED_ONLY if hasattr(today, n)] == [] and all(hasattr(seed, n) for n in _SEED_ONLY)
+    assert [n for n in _TODAY_ONLY if hasattr(seed, n)] == [] and all(hasattr(today, n) for n in _TODAY_ONLY)
+    # the classes build their own semantics, and refuse the other
+    assert ISWACache2026(64, 2, 4, 4, swa_layers=[0], n_swa=4, n_batch=16).semantics == "2026"
+    assert ISWACache2025(64, 2, 4, 4, swa_layers=[0], n_swa=4, n_batch=16, semantics="2025").swa_full is False
+    with pytest.raises(ValueError, match="semantics = '2025': an ISWACache2026 has semantics '2026'"):
+        ISWACache2026(64, 2, 4, 4, swa_layers=[0], n_swa=4, semantics="2025")
 
 
 def test_the_seed_semantics_is_unchanged_and_streams_need_2026():

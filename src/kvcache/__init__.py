@@ -9,7 +9,8 @@ The caches:
 
 - UnifiedCache: one table of cells for every layer, llama.cpp's unified cache (UnifiedCache2025,
   mid-2025 llama.cpp's, or UnifiedCache2026, today's: UnifiedCache(semantics=...) makes either);
-- ISWACache: a full-attention and a sliding-window cache for models that interleave them;
+- ISWACache: a full-attention and a sliding-window cache for models that interleave them
+  (ISWACache2025 or ISWACache2026 likewise);
 - RecurrentCache: the recurrent states of Mamba and RWKV style models.
 
 Each is driven as llama.cpp drives its own: find_slot(UBatch) for the cells of a ubatch, its
@@ -39,7 +40,7 @@ from kvcache._core import (  # noqa: E402
 )
 from kvcache.unified import UnifiedCache, UnifiedCache2025, UnifiedCache2026  # noqa: E402
 from kvcache.recurrent import RecurrentCache  # noqa: E402
-from kvcache.iswa import ISWACache, SWAWarning  # noqa: E402
+from kvcache.iswa import ISWACache, ISWACache2025, ISWACache2026, SWAWarning  # noqa: E402
 from kvcache.geometry import (  # noqa: E402
     ModelGeometry,
     from_gguf,
@@ -50,7 +51,7 @@ from kvcache.geometry import (  # noqa: E402
 
 __all__ = [
     "DEFAULT_LAYOUT", "LAYOUTS", "MAX_SEQ", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
-    "UnifiedCache", "UnifiedCache2025", "UnifiedCache2026",
+    "UnifiedCache", "UnifiedCache2025", "UnifiedCache2026", "ISWACache2025", "ISWACache2026",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
     "StreamUpdate", "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
     "from_transformers_config", "read_transformers_config",

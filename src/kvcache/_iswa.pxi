@@ -352,7 +352,6 @@ cdef class _ISWA:
     cdef tuple _swa_layers         # model layers of the SWA cache, ascending
     cdef dict _part_of             # model layer index -> the cache holding it
     cdef uint32_t _n_batch         # the ubatch size the SWA cache was sized for
-    cdef bint _today               # semantics "2026"
     cdef readonly _Hold _hold      # both caches' locks, in the global order
     # the same, as one operation of both: a callback it runs (a file's write(), an array
     # exporter's hooks) cannot change either cache under it
@@ -374,8 +373,16 @@ cdef class _ISWA:
         if swa_type not in _ISWA_SWA_TYPES:
             raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(map(repr, _ISWA_SWA_TYPES))}")
         n_batch = int_arg(n_batch, "n_batch", 1, 2**31 - 1)
-        if not isinstance(semantics, str) or semantics not in _SEMANTICS:
+        if semantics is not None and (not isinstance(semantics, str) or semantics not in _SEMANTICS):
             raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(map(repr, _SEMANTICS))}")
+        # each class is one semantics (ISWACache(...) picks the class)
+        fixed = "2025" if isinstance(self, _ISWA2025) else "2026" if isinstance(self, _ISWA2026) else None
+        if fixed is None:
+            raise TypeError(f"{type(self).__name__}: an iSWA cache is an ISWACache2025 or an ISWACache2026 "
+                            f"(ISWACache(..., semantics=...) makes the one asked for)")
+        if semantics is not None and semantics != fixed:
+            raise ValueError(f"semantics = {semantics!r}: an {type(self).__name__} has semantics {fixed!r}")
+        semantics = fixed
         today = semantics == "2026"
         swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
         kv_unified = bool_arg(kv_unified, "kv_unified")
@@ -406,7 +413,6 @@ cdef class _ISWA:
         self._swa_layers = layers
         self._part_of = {il: (self._swa if il in swa_set else self._base) for il in range(n_layer)}
         self._n_batch = <uint32_t>n_batch
-        self._today = today
         self._hold = _Hold(self._base, self._swa)
         self._op = _Hold(self._base, self._swa, busy=True)
 
@@ -428,12 +434,6 @@ cdef class _ISWA:
     cdef void _release(self) noexcept nogil:
         kvc_pylock_release(&self._second._lock)
         kvc_pylock_release(&self._first._lock)
-
-    cdef int _refuse_2026(self, str what, str why) except -1:
-        # checked before either cache is touched
-        if self._today:
-            raise ValueError(f"{what}: an iSWA cache of semantics '2026' has no {what} ({why})")
-        return 0
 
     # --- the parts and the geometry (read-only) ----------------------------------------------
     @property
@@ -592,63 +592,27 @@ cdef class _ISWA:
                 f"n_swa={self.n_swa}, swa_type={self.swa_type!r}, n_batch={self._n_batch}, "
                 f"swa_full={self.swa_full}, n_seq_max={self.n_seq_max}, size_swa={self._swa.size}"
                 + (f", semantics='2026', kv_unified={self.kv_unified}"
-                   + (", cell_ext=True)" if self.cell_ext else ")") if self._today else ")"))
+                   + (", cell_ext=True)" if self.cell_ext else ")") if self.c.base.semantics == KVC_SEM_2026
+                   else ")"))
 
     # --- batches ---------------------------------------------------------------------------
-    def sbatch_init(self, batch_or_pos, seq_id=None):
-        """Record, per sequence, the smallest and largest position of a whole batch: commit()
-        prunes the SWA cache with these ranges. Nothing is recorded with ``swa_full``.
-
-        ``batch_or_pos``: a :class:`Batch` (then ``seq_id`` is not given), or the positions of
-        the batch with ``seq_id`` one id or id list per token. Returns :attr:`pending`.
-        Semantics "2026" has no pruning ranges (ValueError)."""
-        cdef kvc_err err
-        cdef int rc
-        cdef kvc_iswa_pending p
-        cdef Batch b
-        cdef UBatch u
-        self._refuse_2026("sbatch_init", "find_slot reuses the cells a window has left")
-        err.msg[0] = 0
-        if isinstance(batch_or_pos, Batch):
-            if seq_id is not None:
-                raise TypeError("sbatch_init: seq_id must not be given with a Batch")
-            b = <Batch>batch_or_pos
-            kvc_pylock_acquire(&b._lock)     # its arrays stay put while the ranges are taken
-            self._acquire()
-            with nogil:
-                rc = kvc_iswa_sbatch_init(&self.c, b.c.n_tokens, b.c.pos, b.c.seq_off, b.c.seq_ids, &err)
-                p = self.c.pending
-                self._release()
-                kvc_pylock_release(&b._lock)
-        else:
-            if seq_id is None:
-                raise TypeError("sbatch_init: seq_id is required with positions")
-            u = UBatch(batch_or_pos, seq_id)
-            self._acquire()
-            with nogil:
-                rc = kvc_iswa_sbatch_init(&self.c, u.c.n_tokens, u.c.pos, u.c.seq_off, u.c.seq_ids, &err)
-                p = self.c.pending
-                self._release()
-        check_status(rc, &err, "sbatch_init")
-        return _pending_items(&p)
-
-    def ubatches(self, batch, n_ubatch, embd_pooled=False):
-        """Record the batch's pruning ranges (sbatch_init), then iterate over its ubatches of at
-        most ``n_ubatch`` tokens, split in batch order as llama.cpp does for this cache (the
-        Batch must be built with ``simple_split=True``; ``embd_pooled`` changes nothing).
-        Semantics "2026": the splits of UnifiedCache.ubatches (equal splits with several
-        streams), nothing recorded."""
-        if self._today:
-            return self._base.ubatches(batch, n_ubatch, embd_pooled)
-        if not isinstance(batch, Batch):
-            raise TypeError(f"batch must be a Batch, not {type(batch).__name__}")
-        if not batch.simple_split:
-            raise ValueError("this cache splits batches in order: build the Batch with simple_split=True")
-        it = batch.ubatches(n_ubatch, "simple")
-        self.sbatch_init(batch)
-        return it
-
     # --- slots -----------------------------------------------------------------------------
+    cdef int _place(self, object ub, int *found) except -1:
+        # kvc_iswa_find_slot under both locks: 1 placed in both, 0 not
+        cdef int r
+        cdef kvc_err err
+        cdef UBatch u = ubatch_c(ub)
+        err.msg[0] = 0
+        found[0] = found[1] = 0
+        u.check(self.c.base.n_seq_max, kvc_unified_has_ext(self.c.base))
+        self._lock_change("find_slot")
+        with nogil:
+            r = kvc_iswa_find_slot(&self.c, &u.c, found, &err)
+            self._release()
+        if r < 0:
+            raise_status(r, &err, "find_slot")
+        return r
+
     def find_slot_each(self, ub):
         """Place the ubatch in the base cache, then in the SWA cache (both are always tried);
         returns each cache's result. When the SWA cache raises (MemoryError), the base
@@ -656,48 +620,14 @@ cdef class _ISWA:
         placed in both caches when each found room, else in neither (as today's llama.cpp
         prepares both before it applies either); the results say which found room."""
         cdef int found[2]
-        cdef int r
-        cdef kvc_err err
-        cdef UBatch u = ubatch_c(ub)
-        err.msg[0] = 0
-        found[0] = found[1] = False
-        u.check(self.c.base.n_seq_max, kvc_unified_has_ext(self.c.base))
-        self._lock_change("find_slot")
-        with nogil:
-            r = kvc_iswa_find_slot(&self.c, &u.c, found, &err)
-            self._release()
-        if r < 0:
-            raise_status(r, &err if self._today else NULL, "find_slot")
-        return found[0], found[1]
+        self._place(ub, found)
+        return found[0] == 1, found[1] == 1
 
     def find_slot(self, ub):
         """Place the ubatch in both caches; True when both found room (restore() undoes it;
         semantics "2026": placed for good, and a False changed nothing)."""
         cdef int found[2]
-        cdef int r
-        cdef kvc_err err
-        cdef UBatch u = ubatch_c(ub)
-        err.msg[0] = 0
-        u.check(self.c.base.n_seq_max, kvc_unified_has_ext(self.c.base))
-        self._lock_change("find_slot")
-        with nogil:
-            r = kvc_iswa_find_slot(&self.c, &u.c, found, &err)
-            self._release()
-        if r < 0:
-            raise_status(r, &err if self._today else NULL, "find_slot")
-        return r == 1
-
-    def prepare(self, ubatches):
-        """The dry run of placing several ubatches in turn in both caches (semantics "2026", see
-        UnifiedCache.prepare): ``(base_slot_infos, swa_slot_infos)``, or None when one does not
-        fit in either cache. Both caches are left exactly as they were."""
-        ubs = list(ubatches)
-        with self._hold:
-            base = self._base.prepare(ubs)
-            swa = self._swa.prepare(ubs)
-        if base is None or swa is None:
-            return None
-        return base, swa
+        return self._place(ub, found) == 1
 
     def slot_info(self):
         """Where the last successful find_slot put each token in each cache:
@@ -712,39 +642,6 @@ cdef class _ISWA:
         out_base, out_swa = _out_pair(out)
         with self._hold:
             return self._base.slot_indices(out_base), self._swa.slot_indices(out_swa)
-
-    def commit(self):
-        """Keep what find_slot placed in both caches, then slide the window: every sequence of
-        the last sbatch_init loses the SWA cells no position of that batch can see. Warns
-        (:class:`SWAWarning`) when a sequence's window was only partly in the SWA cache."""
-        cdef kvc_iswa_pending partial
-        cdef uint32_t n
-        self._refuse_2026("commit", "find_slot places for good; prepare() is the dry run")
-        self._lock_change("commit")
-        with nogil:
-            n = kvc_iswa_commit(&self.c, &partial)
-            self._release()
-        if n:
-            # warned once every sequence is pruned (a warning turned into an error stops nothing)
-            n_swa = self._swa.c.n_swa
-            for s, pmin, _ in _pending_items(&partial):
-                warnings.warn(f"partial SWA cache for sequence {s}: fewer than min(n_swa = {n_swa}, "
-                              f"pmin = {pmin}) cells before position {pmin} are in the cache; information "
-                              f"may have been lost", SWAWarning, stacklevel=2)
-
-    def restore(self):
-        """Undo the find_slot calls of both caches since the last commit (data is kept)."""
-        self._refuse_2026("restore", "find_slot places for good; prepare() is the dry run")
-        self._lock_change("restore")
-        kvc_iswa_restore(&self.c)
-        self._release()
-
-    def set_full(self):
-        """n = size and head = 0 in both caches (worst-case graph reservation)."""
-        self._refuse_2026("set_full", "n_kv follows each stream's cells")
-        self._lock_change("set_full")
-        kvc_iswa_set_full(&self.c)
-        self._release()
 
     def clear(self):
         """Empty both caches (the pending ranges are kept, as llama.cpp does)."""
@@ -867,37 +764,6 @@ cdef class _ISWA:
             self._swa.reset_shift()
 
     # --- maintenance -----------------------------------------------------------------------
-    def defrag_sched(self, thold):
-        """Schedule a defrag in each cache whose fragmentation exceeds thold."""
-        self._refuse_2026("defrag_sched", "today's llama.cpp does not defragment")
-        if not isinstance(thold, (int, float, np.integer, np.floating)) or _is_bool(thold):
-            raise TypeError(f"thold must be a number, not {type(thold).__name__}")
-        with self._hold:
-            self._base.defrag_sched(thold)
-            self._swa.defrag_sched(thold)
-
-    def update(self, rope=None, n_max_nodes=65536):
-        """Apply the pending K-shift and scheduled defrag of both caches (UnifiedCache.update).
-
-        A K-shift needs :attr:`can_shift`: with a pending shift and caches of different sizes
-        this raises RuntimeError and changes nothing. Returns the two caches' UpdatePlans; its
-        truth is what llama.cpp's iSWA update returns, the AND of the two. Semantics "2026":
-        each cache's StreamUpdate (its stream copies, then its shifts), whatever can_shift
-        says: today's llama.cpp shifts each cache's own cells (a position the SWA cache has
-        dropped is not needed; can_shift is only what ``llama_memory_can_shift`` reports)."""
-        with self._hold:
-            if kvc_iswa_shift_refused(&self.c):
-                raise RuntimeError(f"update: a K-shift is pending but this cache cannot shift (SWA cache of "
-                                   f"{self._swa.size} cells, base cache of {self._base.size}: build it with "
-                                   f"swa_full=True to allow position shifts)")
-            if self._today:
-                for c in (self._base, self._swa):
-                    c._check_update(rope, n_max_nodes)
-                return ISWAUpdatePlan(self._base.update(rope, n_max_nodes), self._swa.update(rope, n_max_nodes))
-            # arguments, rotations and their memory are checked for both caches before either changes
-            base, swa = _update_parts((self._base, self._swa), rope, n_max_nodes)
-        return ISWAUpdatePlan(base, swa)
-
     # --- state -----------------------------------------------------------------------------
     def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
         """Bytes state_write(seq_id, layout=layout, prefix=prefix) produces."""
@@ -947,3 +813,143 @@ cdef class _ISWA:
         or None to find it from the bytes (as UnifiedCache.state_read)."""
         return _state_read_parts((self._base, self._swa), data, seq_id, convert=convert, exact=exact,
                                  layout=layout)
+
+
+cdef class _ISWA2025(_ISWA):
+    """The iSWA cache of llama.cpp as of mid-2025 (kvcache.ISWACache2025 is the documented class):
+    find_slot is undone by restore or kept by commit, which prunes the SWA cache with the
+    ranges the batch's split recorded."""
+
+    def sbatch_init(self, batch_or_pos, seq_id=None):
+        """Record, per sequence, the smallest and largest position of a whole batch: commit()
+        prunes the SWA cache with these ranges. Nothing is recorded with ``swa_full``.
+
+        ``batch_or_pos``: a :class:`Batch` (then ``seq_id`` is not given), or the positions of
+        the batch with ``seq_id`` one id or id list per token. Returns :attr:`pending`."""
+        cdef kvc_err err
+        cdef int rc
+        cdef kvc_iswa_pending p
+        cdef Batch b
+        cdef UBatch u
+        err.msg[0] = 0
+        if isinstance(batch_or_pos, Batch):
+            if seq_id is not None:
+                raise TypeError("sbatch_init: seq_id must not be given with a Batch")
+            b = <Batch>batch_or_pos
+            kvc_pylock_acquire(&b._lock)     # its arrays stay put while the ranges are taken
+            self._acquire()
+            with nogil:
+                rc = kvc_iswa_sbatch_init(&self.c, b.c.n_tokens, b.c.pos, b.c.seq_off, b.c.seq_ids, &err)
+                p = self.c.pending
+                self._release()
+                kvc_pylock_release(&b._lock)
+        else:
+            if seq_id is None:
+                raise TypeError("sbatch_init: seq_id is required with positions")
+            u = UBatch(batch_or_pos, seq_id)
+            self._acquire()
+            with nogil:
+                rc = kvc_iswa_sbatch_init(&self.c, u.c.n_tokens, u.c.pos, u.c.seq_off, u.c.seq_ids, &err)
+                p = self.c.pending
+                self._release()
+        check_status(rc, &err, "sbatch_init")
+        return _pending_items(&p)
+
+    def ubatches(self, batch, n_ubatch, embd_pooled=False):
+        """Record the batch's pruning ranges (sbatch_init), then iterate over its ubatches of at
+        most ``n_ubatch`` tokens, split in batch order as llama.cpp does for this cache (the
+        Batch must be built with ``simple_split=True``; ``embd_pooled`` changes nothing)."""
+        if not isinstance(batch, Batch):
+            raise TypeError(f"batch must be a Batch, not {type(batch).__name__}")
+        if not batch.simple_split:
+            raise ValueError("this cache splits batches in order: build the Batch with simple_split=True")
+        it = batch.ubatches(n_ubatch, "simple")
+        self.sbatch_init(batch)
+        return it
+
+    def commit(self):
+        """Keep what find_slot placed in both caches, then slide the window: every sequence of
+        the last sbatch_init loses the SWA cells no position of that batch can see. Warns
+        (:class:`SWAWarning`) when a sequence's window was only partly in the SWA cache."""
+        cdef kvc_iswa_pending partial
+        cdef uint32_t n
+        self._lock_change("commit")
+        with nogil:
+            n = kvc_iswa_commit(&self.c, &partial)
+            self._release()
+        if n:
+            # warned once every sequence is pruned (a warning turned into an error stops nothing)
+            n_swa = self._swa.c.n_swa
+            for s, pmin, _ in _pending_items(&partial):
+                warnings.warn(f"partial SWA cache for sequence {s}: fewer than min(n_swa = {n_swa}, "
+                              f"pmin = {pmin}) cells before position {pmin} are in the cache; information "
+                              f"may have been lost", SWAWarning, stacklevel=2)
+
+    def restore(self):
+        """Undo the find_slot calls of both caches since the last commit (data is kept)."""
+        self._lock_change("restore")
+        kvc_iswa_restore(&self.c)
+        self._release()
+
+    def set_full(self):
+        """n = size and head = 0 in both caches (worst-case graph reservation)."""
+        self._lock_change("set_full")
+        kvc_iswa_set_full(&self.c)
+        self._release()
+
+    def defrag_sched(self, thold):
+        """Schedule a defrag in each cache whose fragmentation exceeds thold."""
+        if not isinstance(thold, (int, float, np.integer, np.floating)) or _is_bool(thold):
+            raise TypeError(f"thold must be a number, not {type(thold).__name__}")
+        with self._hold:
+            self._base.defrag_sched(thold)
+            self._swa.defrag_sched(thold)
+
+    def update(self, rope=None, n_max_nodes=65536):
+        """Apply the pending K-shift and scheduled defrag of both caches (UnifiedCache.update).
+
+        A K-shift needs :attr:`can_shift`: with a pending shift and caches of different sizes
+        this raises RuntimeError and changes nothing. Returns the two caches' UpdatePlans; its
+        truth is what llama.cpp's iSWA update returns, the AND of the two. Arguments, rotations
+        and their memory are checked for both caches before either changes."""
+        with self._hold:
+            if kvc_iswa_shift_refused(&self.c):
+                raise RuntimeError(f"update: a K-shift is pending but this cache cannot shift (SWA cache of "
+                                   f"{self._swa.size} cells, base cache of {self._base.size}: build it with "
+                                   f"swa_full=True to allow position shifts)")
+            base, swa = _update_parts((self._base, self._swa), rope, n_max_nodes)
+        return ISWAUpdatePlan(base, swa)
+
+
+cdef class _ISWA2026(_ISWA):
+    """Today's llama.cpp iSWA cache (kvcache.ISWACache2026 is the documented class): find_slot
+    places a ubatch in both caches for good, or in neither; prepare is its dry run."""
+
+    def ubatches(self, batch, n_ubatch, embd_pooled=False):
+        """Iterate over the ubatches of at most ``n_ubatch`` tokens of a batch: the splits of
+        UnifiedCache.ubatches (in order, equal splits with several streams); nothing is
+        recorded (no ranges to prune)."""
+        return self._base.ubatches(batch, n_ubatch, embd_pooled)
+
+    def prepare(self, ubatches):
+        """The dry run of placing several ubatches in turn in both caches (see
+        UnifiedCache.prepare): ``(base_slot_infos, swa_slot_infos)``, or None when one does not
+        fit in either cache. Both caches are left exactly as they were."""
+        ubs = list(ubatches)
+        with self._hold:
+            base = self._base.prepare(ubs)
+            swa = self._swa.prepare(ubs)
+        if base is None or swa is None:
+            return None
+        return base, swa
+
+    def update(self, rope=None, n_max_nodes=65536):
+        """Each cache's StreamUpdate (UnifiedCache.update: its stream copies, then its shifts),
+        whatever can_shift says: today's llama.cpp shifts each cache's own cells (a position
+        the SWA cache has dropped is not needed; can_shift is only what
+        ``llama_memory_can_shift`` reports). Arguments are checked for both caches before
+        either changes. Returns an ISWAUpdatePlan of the two, true when both are."""
+        with self._hold:
+            for c in (self._base, self._swa):
+                c._check_update(rope, n_max_nodes)
+            return ISWAUpdatePlan(self._base.update(rope, n_max_nodes), self._swa.update(rope, n_max_nodes))

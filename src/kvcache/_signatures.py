@@ -22,8 +22,8 @@ def unified(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="
 
 def iswa(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_type="standard", n_batch=512,
          swa_full=None, type_k="f16", type_v="f16", v_trans=True, n_seq_max=1, n_pad=32, buffers="owned",
-         n_embd_head_k=None, rope=None, semantics="2025", kv_unified=True, cell_ext=False, ple_token=None):
-    """kvcache.ISWACache's parameters."""
+         n_embd_head_k=None, rope=None, semantics=None, kv_unified=True, cell_ext=False, ple_token=None):
+    """kvcache.ISWACache's parameters (semantics None: the class's, "2025" for ISWACache)."""
     return (kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_type, n_batch, swa_full, type_k,
             type_v, v_trans, n_seq_max, n_pad, buffers, n_embd_head_k, rope, semantics, kv_unified, cell_ext,
             ple_token)

@@ -6,17 +6,19 @@ layers that attend only to a sliding window. :class:`ISWACache` keeps the two ki
 the windowed ones, usually much smaller — and drives them together."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, overload
 
-from kvcache._core import ISWAUpdatePlan, SWAWarning, _ISWA
+from kvcache import _signatures
+from kvcache._core import ISWAUpdatePlan, SWAWarning, _ISWA, _ISWA2025, _ISWA2026
 from kvcache.handoff import PartsExport, PartsImport, split_parts
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
+    from kvcache._core import RopeParams, _Buffers, _GGMLType, _PerLayer
     from kvcache.unified import UnifiedCache
 
-__all__ = ["ISWACache", "ISWAUpdatePlan", "SWAWarning"]
+__all__ = ["ISWACache", "ISWACache2025", "ISWACache2026", "ISWAUpdatePlan", "SWAWarning"]
 
 
 class ISWACache(_ISWA):
@@ -26,7 +28,9 @@ class ISWACache(_ISWA):
     ``ISWACache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa,
     swa_type="standard", n_batch=512, swa_full=None, type_k="f16", type_v="f16", v_trans=True,
     n_seq_max=1, n_pad=32, buffers="owned", n_embd_head_k=None, rope=None, semantics="2025",
-    kv_unified=True, cell_ext=False, ple_token=None)``
+    kv_unified=True, cell_ext=False, ple_token=None)`` makes an :class:`ISWACache2025` or, with
+    ``semantics="2026"``, an :class:`ISWACache2026`: each class is one semantics, and has the
+    operations of that semantics only.
 
     - ``kv_size``: cells of the base cache (per stream; a positive multiple of ``n_pad``).
     - ``n_layer``, ``n_embd_k_gqa``, ``n_embd_v_gqa``: model layers and their K / V row widths
@@ -44,9 +48,9 @@ class ISWACache(_ISWA):
       described below) or "2026" (today's llama.cpp): both caches are
       ``UnifiedCache(semantics="2026")``, the SWA one reusing the cells its window has left
       instead of being pruned; ``find_slot`` places a ubatch in both
-      or in neither (no commit / restore / set_full / sbatch_init / defrag: ValueError),
-      ``prepare`` is the dry run of both, ``update`` performs both caches' stream copies and
-      shifts (docs/semantics.md).
+      or in neither (an ISWACache2026 has no commit / restore / set_full / sbatch_init /
+      defrag_sched), ``prepare`` is the dry run of both, ``update`` performs both caches'
+      stream copies and shifts (docs/semantics.md).
     - ``kv_unified`` (semantics "2026"): False gives both caches a stream per sequence.
     - ``cell_ext``, ``ple_token`` (semantics "2026"): the per-cell extension in both caches, as
       for :class:`UnifiedCache`.
@@ -78,6 +82,38 @@ class ISWACache(_ISWA):
 
     __slots__ = ()
 
+    # ISWACache(...) is the ISWACache2025 or ISWACache2026 its semantics asks for
+    @overload
+    def __new__(cls, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
+                swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
+                swa_type: Literal["standard", "chunked"] = ..., n_batch: int = ..., swa_full: bool | None = ...,
+                type_k: _GGMLType = ..., type_v: _GGMLType = ..., v_trans: bool = ..., n_seq_max: int = ...,
+                n_pad: int = ..., buffers: _Buffers = ..., n_embd_head_k: _PerLayer | None = ...,
+                rope: RopeParams | None = ..., *, semantics: Literal["2026"], kv_unified: bool = ...,
+                cell_ext: bool = ..., ple_token: int | None = ...) -> ISWACache2026: ...
+    @overload
+    def __new__(cls, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
+                swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
+                swa_type: Literal["standard", "chunked"] = ..., n_batch: int = ..., swa_full: bool | None = ...,
+                type_k: _GGMLType = ..., type_v: _GGMLType = ..., v_trans: bool = ..., n_seq_max: int = ...,
+                n_pad: int = ..., buffers: _Buffers = ..., n_embd_head_k: _PerLayer | None = ...,
+                rope: RopeParams | None = ..., *, semantics: Literal["2025"] | None = ..., kv_unified: bool = ...,
+                cell_ext: bool = ..., ple_token: int | None = ...) -> ISWACache2025: ...
+    @overload
+    def __new__(cls, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
+                swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
+                swa_type: Literal["standard", "chunked"] = ..., n_batch: int = ..., swa_full: bool | None = ...,
+                type_k: _GGMLType = ..., type_v: _GGMLType = ..., v_trans: bool = ..., n_seq_max: int = ...,
+                n_pad: int = ..., buffers: _Buffers = ..., n_embd_head_k: _PerLayer | None = ...,
+                rope: RopeParams | None = ..., semantics: str | None = ..., kv_unified: bool = ...,
+                cell_ext: bool = ..., ple_token: int | None = ...) -> ISWACache: ...
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is not ISWACache:
+            return super().__new__(cls, *args, **kwargs)
+        semantics = _signatures.bind(_signatures.iswa, cls, args, kwargs)[17]
+        made = ISWACache2026 if semantics == "2026" else ISWACache2025
+        return made.__new__(made, *args, **kwargs)
+
     if TYPE_CHECKING:
         # the parts are UnifiedCache objects (the compiled class knows them as its base class)
         @property
@@ -105,3 +141,22 @@ class ISWACache(_ISWA):
             first.abort()
             raise
         return PartsImport([first, second])
+
+
+class ISWACache2025(_ISWA2025, ISWACache):
+    """The iSWA cache of llama.cpp as of mid-2025 (llama-cpp-python 0.3.10): what
+    ``ISWACache(...)`` makes by default. find_slot places a ubatch in both caches, restore()
+    undoes the placements since the last commit(), which keeps them and prunes the SWA cache
+    with the ranges the batch's split recorded (ubatches / sbatch_init); set_full and
+    defrag_sched as UnifiedCache's. See :class:`ISWACache` for the arguments."""
+
+    __slots__ = ()
+
+
+class ISWACache2026(_ISWA2026, ISWACache):
+    """Today's llama.cpp iSWA cache (llama-cpp-python 0.3.36): what ``ISWACache(...,
+    semantics="2026")`` makes. find_slot places a ubatch in both caches for good, or in
+    neither; prepare() is the dry run; update() performs both caches' stream copies and
+    shifts. See :class:`ISWACache` for the arguments (semantics None or "2026")."""
+
+    __slots__ = ()

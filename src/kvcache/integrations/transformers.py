@@ -32,7 +32,7 @@ from transformers import Cache  # type: ignore[import-not-found,import-untyped,u
 
 from kvcache._core import UBatch
 from kvcache.geometry import hf_attention
-from kvcache.iswa import ISWACache
+from kvcache.iswa import ISWACache2025
 from kvcache.plan import _pad, swa_size
 from kvcache.unified import UnifiedCache2025
 
@@ -114,7 +114,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             raise ValueError(f"n_ctx = {n_ctx}: must be at least 1")
         self._n_batch = n_batch
         self._n_pad = int(n_pad)
-        self._kv: UnifiedCache2025 | ISWACache | None = None
+        self._kv: UnifiedCache2025 | ISWACache2025 | None = None
         # indices per row (the last ones) update has not placed in _kv yet: forwards of short
         # rows on a UnifiedCache, whose placement waits until _kv is next consulted (see kv)
         self._unplaced = 0
@@ -192,7 +192,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         # attention of a long context reads slower); state_write / state_read carry them
         # through a twin that holds them as kvcache rows (_twin)
         self._kv_args = common
-        self._kv = (ISWACache if swa else UnifiedCache2025)(buffers=None, **common)
+        self._kv = (ISWACache2025 if swa else UnifiedCache2025)(buffers=None, **common)
         self._unplaced = 0
         self._full_part = self._full()
         self._rows = rows
@@ -252,18 +252,18 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                     else:
                         store.select(0, at)[:, idx] = t.transpose(0, 1)
 
-    def _twin(self) -> UnifiedCache2025 | ISWACache:
+    def _twin(self) -> UnifiedCache2025 | ISWACache2025:
         """An empty kvcache cache like kv that holds K/V of its own (kvcache rows): the state
         blobs' K/V pass through it (_rows_to)."""
-        return (ISWACache if "swa_layers" in self._kv_args else UnifiedCache2025)(**self._kv_args)
+        return (ISWACache2025 if "swa_layers" in self._kv_args else UnifiedCache2025)(**self._kv_args)
 
-    def _rows_to(self, twin: UnifiedCache2025 | ISWACache, into_twin: bool) -> None:
+    def _rows_to(self, twin: UnifiedCache2025 | ISWACache2025, into_twin: bool) -> None:
         """Copy every row's K/V between this cache's tensors and twin's kvcache rows (into_twin:
         to twin), cell for cell of the same row and cache index in the two."""
         n_kv, head_dim = self._heads
         cells: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}    # per part: (its cells, twin's)
         for il in range(self._n_layers):
-            part, twin_part = self._part(il), (twin.cache_of(il) if isinstance(twin, ISWACache) else twin)
+            part, twin_part = self._part(il), (twin.cache_of(il) if isinstance(twin, ISWACache2025) else twin)
             if id(part) not in cells:
                 ours_c, theirs_c = [], []
                 for b in range(self._rows):
@@ -316,20 +316,20 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
     def _part(self, il: int) -> UnifiedCache2025:
         kv = self.kv
         assert kv is not None
-        # the parts of an ISWACache of semantics "2025" (what this Cache makes)
-        return cast(UnifiedCache2025, kv.cache_of(il)) if isinstance(kv, ISWACache) else kv
+        # the parts of the ISWACache2025 this Cache makes
+        return cast(UnifiedCache2025, kv.cache_of(il)) if isinstance(kv, ISWACache2025) else kv
 
     def _window_part(self) -> UnifiedCache2025 | None:
         """The sliding-window part (None without sliding layers or before the first update)."""
         kv = self.kv
-        if not isinstance(kv, ISWACache) or "sliding_attention" not in self._types:
+        if not isinstance(kv, ISWACache2025) or "sliding_attention" not in self._types:
             return None
         return cast(UnifiedCache2025, kv.cache_of(self._types.index("sliding_attention")))
 
     def _full(self) -> UnifiedCache2025 | None:
         """The full-attention part (None when every layer slides)."""
         kv = self.kv
-        if isinstance(kv, ISWACache):
+        if isinstance(kv, ISWACache2025):
             return cast(UnifiedCache2025, kv.base) if kv.base_layers else None
         return kv
 
@@ -365,7 +365,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if n + q > self._n_ctx:
             raise ValueError(f"the cache holds {self._n_ctx} indices per row; {n} are used and {q} more came")
         head: int | None
-        if isinstance(kv, ISWACache):
+        if isinstance(kv, ISWACache2025):
             # plain lists: UBatch reads them fastest
             pos = [n] * rows if q == 1 else [j for j in range(n, n + q) for _ in range(rows)]
             seq = self._row_list * q
@@ -413,7 +413,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         return True
 
     @property
-    def kv(self) -> UnifiedCache2025 | ISWACache | None:
+    def kv(self) -> UnifiedCache2025 | ISWACache2025 | None:
         """The kvcache cache (None until created), with every index this Cache holds placed."""
         if self._unplaced:
             self._place_unplaced()
@@ -540,7 +540,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self._commit()              # the window cache slides now
         else:
             self._next = layer_idx + 1 if in_order and layer_idx + 1 < self._n_layers else -1
-        if self._catting and in_order and not isinstance(self.kv, ISWACache):
+        if self._catting and in_order and not isinstance(self.kv, ISWACache2025):
             self._short = self._next if self._next >= 0 else 0     # the hot path takes over
         return k, v
 
