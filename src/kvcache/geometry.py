@@ -158,9 +158,10 @@ class ModelGeometry:
         from kvcache.iswa import ISWACache
         # llama.cpp caps the batch at the (unpadded) context of a causal model
         extra: dict[str, Any] = dict(semantics="2026", kv_unified=n_stream == 1, **ext) if today else {}
-        return ISWACache(kv_size=kv_size, swa_layers=self.swa_layers, n_swa=self.n_swa,
-                         swa_type=self.swa_type, n_batch=min(n_ctx, n_batch), swa_full=swa_full,
-                         **common, **extra)
+        pair: ISWACache = ISWACache(kv_size=kv_size, swa_layers=self.swa_layers, n_swa=self.n_swa,
+                                    swa_type=self.swa_type, n_batch=min(n_ctx, n_batch), swa_full=swa_full,
+                                    **common, **extra)
+        return pair
 
 
 class _Fields:
