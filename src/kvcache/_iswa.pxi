@@ -373,8 +373,6 @@ cdef class _ISWA:
         if swa_type not in _ISWA_SWA_TYPES:
             raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(map(repr, _ISWA_SWA_TYPES))}")
         n_batch = int_arg(n_batch, "n_batch", 1, 2**31 - 1)
-        if semantics is not None and (not isinstance(semantics, str) or semantics not in _SEMANTICS):
-            raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(map(repr, _SEMANTICS))}")
         # each class is one semantics (ISWACache(...) picks the class)
         fixed = "2025" if isinstance(self, _ISWA2025) else "2026" if isinstance(self, _ISWA2026) else None
         if fixed is None:
@@ -396,7 +394,7 @@ cdef class _ISWA:
         z.n_pad = <uint32_t>n_pad
         z.swa_full = swa_full
         z.kv_unified = kv_unified
-        z.semantics = _SEMANTICS[semantics]
+        z.semantics = KVC_SEM_2026 if semantics == "2026" else KVC_SEM_2025
         size_swa = kvc_iswa_swa_size(&z)
         swa_set = frozenset(layers)
         common = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,
