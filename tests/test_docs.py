@@ -184,10 +184,11 @@ def test_python_examples_run(page, tmp_path, monkeypatch):
     skipped, and so are blocks marked ``needs: ...`` when this environment lacks what they need."""
     monkeypatch.chdir(tmp_path)
     ran, missing = _run_blocks(DOCS / page, _page_blocks(page), {"__name__": f"docs_{page}"})
-    # reference pages (the command line, the API table, the contributors' fuzzing notes) and
+    # reference pages (the command line, the API table, the contributors' fuzzing and architecture notes) and
     # design pages (of parts without a Python API yet) hold shell commands and tables rather
     # than Python
-    if page not in ("index.md", "cli.md", "llama-cpp-api.md", "fuzzing.md", "prefix-reuse.md"):
+    if page not in ("index.md", "cli.md", "llama-cpp-api.md", "fuzzing.md", "architecture.md",
+                    "prefix-reuse.md"):
         assert ran or missing, f"{page} has no runnable example"
     if missing and not ran:
         pytest.skip(f"{page}: its examples need modules this environment lacks")
