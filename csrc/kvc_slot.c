@@ -1,5 +1,6 @@
 /* kvcache — placing ubatches in a unified cache (see kvc_slot.h). */
 #include "kvc_slot.h"
+#include "kvc_reuse.h"
 #include "kvc_defrag.h"
 #include "kvc_layout.h"   /* KVC_STATE_MAX_PARTS: the parts of a composite cache */
 
@@ -305,9 +306,10 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
         const unsigned lo = h - base, hi = (unsigned)(end - base);
         const uint64_t range = (hi == 64 ? ~(uint64_t)0 : (((uint64_t)1 << hi) - 1)) & ~(((uint64_t)1 << lo) - 1);
         const uint64_t used = cells->used_bits[h >> 6] & range;
-        uint64_t ok = ~used & range;
+        const uint64_t held = kvc_reuse_held_word(c, st, h >> 6);   /* the prefix index's cells stay */
+        uint64_t ok = ~(used | held) & range;
         if (swa) {
-            for (uint64_t m = used; m; m &= m - 1) {
+            for (uint64_t m = used & ~held; m; m &= m - 1) {
                 const uint32_t i = base + kvc_ctz64(m);
                 if (kvc_stream_reusable(c, cells, i)) {
                     ok |= (uint64_t)1 << (i - base);
@@ -332,7 +334,7 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
  * sequence that lost a cell loses its positions up to the largest one overwritten (so that
  * its positions stay contiguous), then each group's stream head follows its last cell. */
 static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *idx, const uint32_t *strm,
-                           uint32_t n_groups, uint32_t nst) {
+                           uint32_t n_groups, uint32_t nst, bool dry) {
     int32_t over[KVC_MAX_SEQ];
     bool any = false;
     for (uint32_t q = 0; q < c->n_seq_max; q++) {
@@ -351,6 +353,9 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
                 kvc_cells_seq_rm(cells, cell, q);
             }
             kvc_cells_pos_set(cells, cell, ub->pos[t]);
+            if (!dry) {
+                kvc_reuse_note_token(c, strm[g], cell, ub->token ? ub->token[t] : KVC_TOKEN_NULL);
+            }
             if (cells->ext && (ub->pos_x || ub->token || c->ple)) {
                 /* a ubatch with neither leaves the cell's extension as it was (llama.cpp) */
                 const kvc_cell_ext e = { ub->pos_x ? ub->pos_x[t] : 0, ub->pos_y ? ub->pos_y[t] : 0,
@@ -383,8 +388,10 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
 static int kvc_search_2026(kvc_unified *c, uint32_t *strm, uint32_t n_groups, uint32_t nst) {
     kvc_unified_slot_drop(c);
     for (uint32_t g = 0; g < n_groups; g++) {
-        if (!kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst)) {
-            return 0;
+        while (!kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst)) {
+            if (!kvc_reuse_make_room(c, strm[g], nst)) {
+                return 0;
+            }
         }
     }
     return 1;
@@ -393,7 +400,7 @@ static int kvc_search_2026(kvc_unified *c, uint32_t *strm, uint32_t n_groups, ui
 /* The apply half: the searched cells get the ubatch, and become the placement. */
 static void kvc_place_2026(kvc_unified *c, const kvc_ubatch *ub, const uint32_t *strm, uint32_t n_groups,
                            uint32_t nst) {
-    kvc_apply_2026(c, ub, c->scatter.idx, strm, n_groups, nst);
+    kvc_apply_2026(c, ub, c->scatter.idx, strm, n_groups, nst, false);
     memcpy(c->scatter.strm, strm, n_groups * sizeof *strm);
     c->scatter.n_groups = n_groups;
     c->scatter.n_seq_tokens = nst;
@@ -478,10 +485,12 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
             const uint32_t *strm = out_strm + (size_t)u * c->n_stream, ng = out_groups[u];
             const uint32_t nst = ubs[u].n_tokens / ng;
             for (uint32_t g = 0; g < ng && placed; g++) {
-                placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst);
+                do {
+                    placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst);
+                } while (!placed && kvc_reuse_make_room(c, strm[g], nst));
             }
             if (placed) {
-                kvc_apply_2026(c, &ubs[u], out_cells + off, strm, ng, nst);
+                kvc_apply_2026(c, &ubs[u], out_cells + off, strm, ng, nst, true);
                 off += ubs[u].n_tokens;
             }
         }

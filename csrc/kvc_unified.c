@@ -1,6 +1,7 @@
 /* kvcache — the unified cache: construction, sequence operations, the sliding window (see
  * kvc_unified.h). */
 #include "kvc_unified.h"
+#include "kvc_reuse.h"
 
 #include "kvc_cols.h"
 #include "kvc_defrag.h"
@@ -155,6 +156,7 @@ void kvc_unified_free(kvc_unified *c) {
     kvc_free(c->defrag_run_list);
     kvc_undo_free(&c->undo);
     kvc_mask_memo_free(c->mask_memo);
+    kvc_reuse_disable(c);
     memset(c, 0, sizeof *c);
 }
 
@@ -204,6 +206,7 @@ void kvc_unified_zero_cells(kvc_unified *c, uint32_t stream, uint32_t from, uint
 void kvc_unified_clear_cells(kvc_unified *c) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
+    kvc_reuse_clear(c);   /* the callers zero or overwrite the K/V */
     for (uint32_t s = 0; s < c->n_stream; s++) {
         kvc_cells_reset(kvc_unified_stream_cells(c, s));
         *kvc_unified_stream_head(c, s) = 0;
@@ -279,11 +282,12 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
     if (s >= 0) {
         const uint32_t st = kvc_unified_stream_of(c, s);
         kvc_table_seq_rm(kvc_unified_stream_cells(c, st), kvc_unified_stream_head(c, st), s, p0, p1);
-        return true;
+    } else {
+        for (uint32_t st = 0; st < c->n_stream; st++) {
+            kvc_table_seq_rm(kvc_unified_stream_cells(c, st), kvc_unified_stream_head(c, st), s, p0, p1);
+        }
     }
-    for (uint32_t st = 0; st < c->n_stream; st++) {
-        kvc_table_seq_rm(kvc_unified_stream_cells(c, st), kvc_unified_stream_head(c, st), s, p0, p1);
-    }
+    kvc_reuse_sync(c);
     return true;
 }
 
@@ -319,6 +323,8 @@ static void kvc_unified_seq_cp_streams(kvc_unified *c, int32_t src, int32_t dst)
     const uint32_t s0 = kvc_unified_stream_of(c, src), s1 = kvc_unified_stream_of(c, dst);
     const kvc_cells *a = kvc_unified_stream_cells(c, s0);
     kvc_cells *b = kvc_unified_stream_cells(c, s1);
+    kvc_reuse_forget_stream(c, s1);   /* the copy overwrites every row of the stream */
+    kvc_reuse_copy_tokens(c, s0, s1);
     kvc_cells_reset(b);
     for (uint32_t k = kvc_cells_blk_next(a, src, 0, a->used_max_p1); k != UINT32_MAX;
          k = kvc_cells_blk_next(a, src, k + 1, a->used_max_p1)) {
@@ -344,6 +350,7 @@ void kvc_unified_seq_cp(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, in
     kvc_unified_slot_drop(c);
     if (kvc_unified_stream_of(c, src) != kvc_unified_stream_of(c, dst)) {
         kvc_unified_seq_cp_streams(c, src, dst);
+        kvc_reuse_sync(c);
         return;
     }
     kvc_cells *cells = kvc_unified_stream_cells(c, kvc_unified_stream_of(c, src));
@@ -385,6 +392,7 @@ void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
     if (new_head != size && new_head < *head) {
         *head = new_head;
     }
+    kvc_reuse_sync(c);
 }
 
 void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
@@ -410,6 +418,7 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
                 continue;
             }
             kvc_cells_seq_or_into(cells, i, &touched);
+            kvc_reuse_forget_cell(c, st, i);   /* its K/V no longer belong to the index's position */
             if (kvc_cells_pos_add_raw(cells, i, shift) && new_head == size) {
                 new_head = i;
             }
@@ -418,12 +427,14 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
     kvc_cells_rebuild_seq_pos(cells, &touched);
     /* a freed cell is where the next search starts; otherwise start from the beginning */
     *kvc_unified_stream_head(c, st) = new_head != size ? new_head : 0;
+    kvc_reuse_sync(c);
 }
 
 void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
-    kvc_cells *cells = kvc_unified_stream_cells(c, kvc_unified_stream_of(c, s));
+    const uint32_t st = kvc_unified_stream_of(c, s);
+    kvc_cells *cells = kvc_unified_stream_cells(c, st);
     if (d == 1) {
         return;
     }
@@ -439,6 +450,9 @@ void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
             const uint32_t i = (b << 6) + kvc_ctz64(m);
             if (kvc_cells_pos_in(cells, i, r)) {
                 kvc_cells_seq_or_into(cells, i, &touched);
+                if (cells->pos[i] / d != cells->pos[i]) {
+                    kvc_reuse_forget_cell(c, st, i);
+                }
                 kvc_cells_pos_div_raw(cells, i, d);
             }
         }

@@ -101,6 +101,9 @@ typedef struct kvc_unified {
     bool       ple;          /* every ubatch sets the extension, a ubatch without token ids
                               * storing ple_token (llama.cpp's per-layer-embedding models) */
     int32_t    ple_token;
+    /* prefix reuse (kvc_reuse.h, 2026 only): the index of the cells kept for later requests and
+     * which cells it holds; NULL while reuse is off, which leaves every operation as llama.cpp's */
+    struct kvc_reuse *reuse;
 } kvc_unified;
 
 typedef struct kvc_unified_params {

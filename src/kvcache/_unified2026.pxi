@@ -2,6 +2,33 @@
 # good in usable cells of its stream (prepare() is the dry run), stream copies that update()
 # performs, masks without padding rows; no defragmentation.
 
+from kvcache.includes.kvc_retain cimport *
+
+import hashlib
+
+
+cdef uint64_t salt_c(object salt) except? 0:
+    """A request's namespace for prefix reuse: None (0), or the 64-bit hash of a str / bytes."""
+    if salt is None:
+        return 0
+    if isinstance(salt, str):
+        salt = salt.encode("utf-8")
+    elif not isinstance(salt, (bytes, bytearray)):
+        raise TypeError(f"salt must be str, bytes or None, not {type(salt).__name__}")
+    cdef uint64_t h = int.from_bytes(hashlib.blake2b(bytes(salt), digest_size=8).digest(), "little")
+    return h if h else 1   # 0 is no salt's
+
+
+cdef object tokens_c(object tokens, str name="tokens"):
+    """Token ids as a C-contiguous int32 copy owned by kvcache (ids in [0, 2**31))."""
+    a = values_c(tokens, name, VALUES_INT)
+    if a.shape[0] >= UINT32_MAX:
+        raise ValueError(f"{name}: too many tokens ({a.shape[0]})")
+    if a.shape[0] and (a.min() < 0 or a.max() > INT32_MAX):
+        raise ValueError(f"{name} must hold token ids in [0, {INT32_MAX}], got values in [{a.min()}, {a.max()}]")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
 
 cdef class _Unified2026(_Unified):
     """Today's unified cache (kvcache.UnifiedCache2026 is the documented public class)."""
@@ -246,3 +273,186 @@ cdef class _Unified2026(_Unified):
         finally:
             op_end(&self._lock)
         return StreamUpdate(0 if had_shift or copies else 1, bool(had_shift), int(copies), False, shift, bool(rotated))
+
+    # --- prefix reuse (docs/prefix-reuse.md; csrc/kvc_reuse.h, kvc_retain.h) -------------------
+    cdef kvc_reuse *_reuse(self, str what) except NULL:
+        if self.c.reuse == NULL:
+            raise RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
+        return <kvc_reuse *>self.c.reuse
+
+    def enable_prefix_reuse(self, cap=0):
+        """Keep finished requests' cells for later ones: from now on :meth:`prefix_release`
+        hands a sequence's cells to the cache's prefix index instead of freeing them, and
+        :meth:`prefix_attach` starts a new sequence from the longest prefix it holds.
+
+        ``cap``: the most cells the index may hold (0: no cap other than the cache). Cells the
+        index holds for no live sequence belong to no sequence (no mask shows them, no state
+        holds them, ``used`` does not count them) and placement evicts them, least recently
+        used first, when it needs room. Calling it again sets the cap. Not available for caches
+        whose cells carry 2-D positions or per-layer-embedding tokens (ValueError)."""
+        cdef uint32_t ccap = <uint32_t>int_c(cap, "cap", 0, UINT32_MAX)
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        lock_change(&self._lock, "enable_prefix_reuse")
+        try:
+            r = kvc_reuse_enable(&self.c, ccap, &err)
+            if r == KVC_OK and ccap and (<kvc_reuse *>self.c.reuse).idx.n_held > ccap:
+                kvc_reuse_evict(&self.c, (<kvc_reuse *>self.c.reuse).idx.n_held - ccap)
+        finally:
+            kvc_pylock_release(&self._lock)
+        check_status(r, &err, "enable_prefix_reuse")
+
+    def disable_prefix_reuse(self):
+        """Turn prefix reuse off: the index forgets every prefix (its cells become free)."""
+        lock_change(&self._lock, "disable_prefix_reuse")
+        kvc_reuse_disable(&self.c)
+        kvc_pylock_release(&self._lock)
+
+    @property
+    def prefix_reuse(self):
+        """Whether prefix reuse is on (:meth:`enable_prefix_reuse`)."""
+        return self.c.reuse != NULL
+
+    @property
+    def prefix_stats(self):
+        """The prefix index now: ``{"cells": held cells, "evictable": cells of prefixes no live
+        sequence or pin protects, "nodes": radix-tree edges, "cap": the cap (0: none)}``; None
+        while reuse is off."""
+        cdef kvc_reuse *r
+        kvc_pylock_acquire(&self._lock)
+        try:
+            if self.c.reuse == NULL:
+                return None
+            r = <kvc_reuse *>self.c.reuse
+            return {"cells": int(r.idx.n_held), "evictable": int(r.idx.n_evictable), "nodes": int(r.idx.n_nodes),
+                    "cap": int(r.idx.cap)}
+        finally:
+            kvc_pylock_release(&self._lock)
+
+    def prefix_match(self, tokens, salt=None):
+        """How many leading tokens of a new request the index holds under ``salt`` (what
+        :meth:`prefix_attach` would attach), at most ``len(tokens) - 1``: the last token is
+        always computed, for its logits. 0 while reuse is off. The prefix counts as used."""
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], r
+        lock_change(&self._lock, "prefix_match")
+        with nogil:
+            r = kvc_retain_match(&self.c, cs, &tv[0] if n else NULL, n)
+            kvc_pylock_release(&self._lock)
+        return int(r)
+
+    def prefix_attach(self, seq_id, tokens, salt=None):
+        """Start sequence ``seq_id`` (which must hold no cell) from the longest prefix of
+        ``tokens`` the index holds under ``salt``, at most ``len(tokens) - 1`` tokens: those
+        cells join the sequence at positions ``0 .. k - 1`` without copying K/V, and the prefix
+        is not evicted while the sequence holds it. Returns k: compute ``tokens[k:]`` at
+        positions ``k ..``. With a stream per sequence (``kv_unified=False``) a prefix held in
+        another stream is brought over by a stream copy, which the next :meth:`update` performs
+        (as :meth:`seq_cp` across streams)."""
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], k = 0
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        self._reuse("prefix_attach")
+        lock_change(&self._lock, "prefix_attach")
+        with nogil:
+            r = kvc_retain_attach(&self.c, s, cs, &tv[0] if n else NULL, n, &k, &err)
+            kvc_pylock_release(&self._lock)
+        check_status(r, &err, "prefix_attach")
+        return int(k)
+
+    def prefix_release(self, seq_id, tokens=None, salt=None):
+        """End sequence ``seq_id``, keeping its cells for later requests: the cells of its
+        leading tokens (positions 0, 1, ... each in a cell not moved since it was computed)
+        go to the index under ``salt``, then the sequence leaves every cell (as
+        ``seq_rm(seq_id)``). A cell's token is the one its ubatch carried (``tokens=`` of
+        UBatch / Batch); ``tokens`` here, when given, supplies the tokens of cells placed
+        without them and bounds what is kept (a cell whose recorded token differs ends it).
+
+        Returns the number of leading tokens the index now holds (0 when it could not keep
+        them: the cap is taken by pinned or attached prefixes). Without reuse on, RuntimeError."""
+        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
+        t = None if tokens is None else tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv
+        cdef const int32_t *tp = NULL
+        cdef uint32_t n = 0
+        cdef kvc_retained res
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        if t is not None and t.shape[0]:
+            tv = t
+            tp = &tv[0]
+            n = <uint32_t>t.shape[0]
+        elif t is not None:
+            tp = <const int32_t *>&n   # an empty list of tokens: nothing is kept
+        self._reuse("prefix_release")
+        lock_change(&self._lock, "prefix_release")
+        with nogil:
+            r = kvc_retain_release(&self.c, s, cs, tp, n, &res, &err)
+            kvc_pylock_release(&self._lock)
+        check_status(r, &err, "prefix_release")
+        return int(res.n_kept)
+
+    def prefix_pin(self, tokens, salt=None):
+        """Keep the prefix ``tokens`` (all of which the index must hold: ValueError otherwise)
+        from eviction until :meth:`prefix_unpin` (a system prompt, say). Returns the pin, an
+        opaque int. Pins count: a prefix pinned twice needs two unpins."""
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0]
+        cdef kvc_prefix_handle h
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        self._reuse("prefix_pin")
+        lock_change(&self._lock, "prefix_pin")
+        r = kvc_retain_pin(&self.c, cs, &tv[0] if n else NULL, n, &h, &err)
+        kvc_pylock_release(&self._lock)
+        check_status(r, &err, "prefix_pin")
+        return (<uint64_t>h.gen << 32) | h.node
+
+    def prefix_unpin(self, pin):
+        """Let go of a pin :meth:`prefix_pin` returned (ValueError for anything else)."""
+        cdef long long v = int_c(pin, "pin", 0, LLONG_MAX)
+        cdef kvc_prefix_handle h
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        h.node = <uint32_t>(v & 0xFFFFFFFF)
+        h.gen = <uint32_t>(v >> 32)
+        self._reuse("prefix_unpin")
+        lock_change(&self._lock, "prefix_unpin")
+        r = kvc_retain_unpin(&self.c, h, &err)
+        kvc_pylock_release(&self._lock)
+        check_status(r, &err, "prefix_unpin")
+
+    def prefix_evict(self, n_cells):
+        """Evict up to ``n_cells`` cells from the index now (least recently used prefixes no
+        live sequence or pin protects, leaves first); returns how many went."""
+        cdef uint32_t n = <uint32_t>int_c(n_cells, "n_cells", 0, UINT32_MAX), r
+        self._reuse("prefix_evict")
+        lock_change(&self._lock, "prefix_evict")
+        r = kvc_reuse_evict(&self.c, n)
+        kvc_pylock_release(&self._lock)
+        return int(r)
+
+    def _prefix_check(self):
+        """Raise RuntimeError unless the prefix index and the cells agree (for tests)."""
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        kvc_pylock_acquire(&self._lock)
+        r = kvc_reuse_check(&self.c, &err)
+        kvc_pylock_release(&self._lock)
+        if r != KVC_OK:
+            raise RuntimeError(err.msg.decode())

@@ -66,6 +66,7 @@ cdef extern from "kvc_unified.h" nogil:
         bint vector_moves
         bint ple
         int32_t ple_token
+        void *reuse          # kvc_reuse * (kvcache.includes.kvc_retain), NULL while prefix reuse is off
 
     ctypedef struct kvc_unified_params:
         uint32_t kv_size

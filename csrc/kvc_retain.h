@@ -1,0 +1,59 @@
+/* kvcache — prefix reuse, the requests' side: a finished request hands its cells to the cache's
+ * prefix index (kvc_retain_release), a new one takes the longest prefix the index holds
+ * (kvc_retain_attach) and computes only the rest. The rules the cache follows for the cells the
+ * index holds are kvc_reuse.h's.
+ *
+ * Prompts start at position 0: token i of a prompt is at position i. A sequence's cells are
+ * kept for the leading tokens whose cell sits at exactly that position with no shift pending
+ * (a sequence moved by seq_add keeps nothing from the first moved cell on). Attaching puts the
+ * matched cells in the sequence (a cell the index holds for no live sequence gets its position
+ * back; K/V are never copied) and locks the prefix, so that it is not evicted while the sequence
+ * holds it; with a stream per sequence, a prefix held in another stream is brought over with a
+ * stream copy, which the next update performs (as seq_cp across streams). */
+#ifndef KVC_RETAIN_H
+#define KVC_RETAIN_H
+
+#include "kvc_reuse.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a release did. */
+typedef struct kvc_retained {
+    uint32_t n_kept;      /* leading tokens of the prompt the index holds now (0: it could not keep
+                           * it: the cap is taken by protected prefixes) */
+    uint32_t n_new;       /* of those, the cells the index took from the sequence */
+    uint32_t n_evicted;   /* cells evicted to stay under the cap */
+} kvc_retained;
+
+/* Sequence s ends: the cells holding tokens[0 .. n) (the longest run of them at positions 0, 1,
+ * ..., unshifted) go to the index under salt, the sequence leaves every cell (seq_rm(s)); cells
+ * only the sequence held and the index did not take become free. KVC_OK with *res;
+ * KVC_E_ARG (reuse off; a cell the index holds for another token), KVC_E_NOMEM (nothing changed). */
+int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
+                       kvc_retained *res, kvc_err *err);
+
+/* The longest prefix of tokens[0 .. n) the index holds under salt, leaving at least one token to
+ * compute: at most n - 1 (0 when reuse is off). Touches the prefix (it becomes recently used). */
+uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n);
+
+/* Sequence s (which holds no cell) takes the longest prefix of tokens[0 .. n) the index holds
+ * under salt, at most n - 1 tokens: *n_attached of them, at positions 0 .. *n_attached - 1.
+ * KVC_OK; KVC_E_ARG (reuse off, s not empty); KVC_E_NOMEM (a stream copy could not be queued;
+ * nothing changed). */
+int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
+                      uint32_t *n_attached, kvc_err *err);
+
+/* Pin the prefix tokens[0 .. n) (all of it must be held): it is not evicted until unpinned.
+ * *pin names the pin for kvc_retain_unpin. KVC_OK, KVC_E_ARG (not held, reuse off). */
+int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_prefix_handle *pin,
+                   kvc_err *err);
+/* KVC_OK, KVC_E_ARG (not a pin of this index: unknown, already unpinned, or its prefix left). */
+int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

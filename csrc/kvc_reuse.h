@@ -1,0 +1,92 @@
+/* kvcache — prefix reuse, the cache's side of the prefix index (kvc_prefix.h): which cells of a
+ * today's-semantics unified cache the index holds, and the rules every cache operation follows
+ * for them. The requests' side (handing a finished sequence's cells to the index, attaching a
+ * match to a new sequence, pins) is kvc_retain.h.
+ *
+ * A cell the index holds keeps the K/V of token depth of a prompt, computed at position depth.
+ * While a live sequence holds the cell too, it is an ordinary cell of the table; once none does,
+ * the table shows it empty (no mask, no state, no `used` count sees it) but placement does not
+ * take it: only eviction gives it back. So the index holds a cell exactly as long as its K/V stay
+ * what the index says:
+ * - placement skips held cells (kvc_reuse_held_word), and when it finds no room it evicts the
+ *   least recently used unprotected prefixes and searches again (kvc_reuse_make_room);
+ * - an operation that changes the position of a held cell (seq_add, seq_div) or overwrites its
+ *   K/V (a stream copy into its stream, a whole state read, clear) makes the index forget it
+ *   first (and whatever the index kept after it in the same prompts);
+ * - a sequence attached to a prefix holds a lock on it (kvc_reuse.lock) until it has no cell
+ *   left, whichever operation emptied it (kvc_reuse_sync).
+ * The cache's lock serializes these as every other operation. */
+#ifndef KVC_REUSE_H
+#define KVC_REUSE_H
+
+#include "kvc_prefix.h"
+#include "kvc_unified_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvc_reuse {
+    kvc_prefix         idx;       /* the index over (stream, cell) */
+    uint64_t          *held;      /* [n_stream * n_words] bit i of stream s: the index holds the cell */
+    uint32_t           n_words;   /* words per stream (the cell table's n_words) */
+    kvc_prefix_handle *lock;      /* [n_seq_max] the prefix each sequence is attached to, {0, 0}: none */
+    int32_t           *tok;       /* [n_stream * size] the token id each cell was last placed with
+                                   * (KVC_TOKEN_NULL: placed without one, or before reuse was on) */
+    uint32_t          *tmp_cell;  /* [n_stream * size] scratch for matches and removals */
+    uint32_t          *tmp_strm;
+} kvc_reuse;
+
+/* Turn prefix reuse on for a 2026 cache (cap: the most cells the index may hold, 0 for no cap).
+ * KVC_OK (also when it is on already: the cap is set), KVC_E_ARG (a 2025 cache, or one whose
+ * cells carry the per-cell extension), KVC_E_NOMEM (nothing changed). */
+int  kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err);
+/* Cell i of stream st was placed with token tok (the placement's record, for kvc_retain). */
+static inline void kvc_reuse_note_token(kvc_unified *c, uint32_t st, uint32_t i, int32_t tok) {
+    if (c->reuse) {
+        c->reuse->tok[(size_t)st * c->cells.size + i] = tok;
+    }
+}
+/* Stream dst's cells became copies of stream src's (seq_cp across streams): their tokens too. */
+void kvc_reuse_copy_tokens(kvc_unified *c, uint32_t src, uint32_t dst);
+/* Turn it off: the index and its cells are forgotten (they are empty cells again). */
+void kvc_reuse_disable(kvc_unified *c);
+
+/* The held bits of word w of stream st's cells (0 when reuse is off). */
+static inline uint64_t kvc_reuse_held_word(const kvc_unified *c, uint32_t st, uint32_t w) {
+    const kvc_reuse *r = c->reuse;
+    return r ? r->held[(size_t)st * r->n_words + w] : 0;
+}
+static inline bool kvc_reuse_is_held(const kvc_unified *c, uint32_t st, uint32_t i) {
+    return (kvc_reuse_held_word(c, st, i >> 6) >> (i & 63)) & 1u;
+}
+
+/* The index forgets cell i of stream st, and every token after it in the prompts through it (the
+ * cells only it held become free). No-op for a cell it does not hold. */
+void kvc_reuse_forget_cell(kvc_unified *c, uint32_t st, uint32_t i);
+/* The index forgets every cell of stream st (its K/V are about to be overwritten). */
+void kvc_reuse_forget_stream(kvc_unified *c, uint32_t st);
+/* The index forgets everything (clear, a whole state read). */
+void kvc_reuse_clear(kvc_unified *c);
+/* Evict up to n cells (least recently used unprotected prefixes, leaves first): the cells freed. */
+uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n);
+/* Placement in stream st needs n cells that are neither used nor held: evict until there are or
+ * nothing evictable is left. Returns whether anything was evicted. */
+bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n);
+/* Locks of sequences that have no cell any more are released, stale ones dropped (after every
+ * operation that removes cells from sequences). */
+void kvc_reuse_sync(kvc_unified *c);
+/* Record the effect of the index's last insert (n_added cells from cells / streams + n_present
+ * on) and of the cells it let go. */
+void kvc_reuse_note_insert(kvc_unified *c, const uint32_t *cells, const uint32_t *streams, uint32_t from,
+                           uint32_t to);
+
+/* KVC_OK when the held bits are exactly the index's cells and the index's own invariants hold,
+ * every lock is valid for a sequence that holds cells; KVC_E_INTERNAL with err otherwise. */
+int  kvc_reuse_check(const kvc_unified *c, kvc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

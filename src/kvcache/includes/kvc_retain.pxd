@@ -1,0 +1,34 @@
+# Declarations of csrc/kvc_reuse.h and csrc/kvc_retain.h: prefix reuse on a 2026 unified cache.
+from libc.stdint cimport int32_t, uint32_t, uint64_t
+from kvcache.includes.kvc_common cimport kvc_err
+from kvcache.includes.kvc_unified cimport kvc_unified
+
+cdef extern from "kvc_retain.h" nogil:
+    ctypedef struct kvc_prefix_handle:
+        uint32_t node
+        uint32_t gen
+    ctypedef struct kvc_prefix:
+        uint32_t cap
+        uint32_t n_held
+        uint32_t n_evictable
+        uint32_t n_nodes
+    ctypedef struct kvc_reuse:
+        kvc_prefix idx
+
+    int  kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err)
+    void kvc_reuse_disable(kvc_unified *c)
+    uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n)
+    int  kvc_reuse_check(const kvc_unified *c, kvc_err *err)
+
+    ctypedef struct kvc_retained:
+        uint32_t n_kept
+        uint32_t n_new
+        uint32_t n_evicted
+    int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
+                           kvc_retained *res, kvc_err *err)
+    uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n)
+    int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
+                          uint32_t *n_attached, kvc_err *err)
+    int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_prefix_handle *pin,
+                       kvc_err *err)
+    int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err)
