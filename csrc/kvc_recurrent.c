@@ -26,9 +26,12 @@ static int rec_cells_alloc(kvc_rec_cells *t, uint32_t size, uint32_t seq_words) 
     t->seq_words = seq_words;
     t->pos  = kvc_malloc_n(size, sizeof *t->pos);
     t->src  = kvc_malloc_n(size, sizeof *t->src);
+    t->src0 = kvc_malloc_n(size, sizeof *t->src0);
     t->tail = kvc_malloc_n(size, sizeof *t->tail);
+    t->rs_idx = kvc_malloc_n(size, sizeof *t->rs_idx);
+    t->snap = kvc_malloc_n(size, sizeof *t->snap);
     t->seq  = kvc_malloc_n((uint64_t)seq_words * size, sizeof *t->seq);
-    if (!t->pos || !t->src || !t->tail || !t->seq) {
+    if (!t->pos || !t->src || !t->src0 || !t->tail || !t->rs_idx || !t->snap || !t->seq) {
         return KVC_E_NOMEM;
     }
     return KVC_OK;
@@ -37,18 +40,24 @@ static int rec_cells_alloc(kvc_rec_cells *t, uint32_t size, uint32_t seq_words) 
 static void rec_cells_release(kvc_rec_cells *t) {
     kvc_free(t->pos);
     kvc_free(t->src);
+    kvc_free(t->src0);
     kvc_free(t->tail);
+    kvc_free(t->rs_idx);
+    kvc_free(t->snap);
     kvc_free(t->seq);
     memset(t, 0, sizeof *t);
 }
 
-/* Every cell new: pos, src, tail -1, no sequence. Counters untouched. */
+/* Every cell new: pos, src, tail -1, no sequence, no pending rollback nor snapshot. Counters
+ * and src0 untouched (llama.cpp's clear leaves the staged sources). */
 static void rec_cells_wipe(kvc_rec_cells *t) {
     for (uint32_t i = 0; i < t->size; i++) {
         t->pos[i] = -1;
         t->src[i] = -1;
         t->tail[i] = -1;
     }
+    memset(t->rs_idx, 0, t->size * sizeof *t->rs_idx);
+    memset(t->snap, 0, t->size * sizeof *t->snap);
     memset(t->seq, 0, (size_t)t->seq_words * t->size * sizeof *t->seq);
 }
 
@@ -57,11 +66,15 @@ static void rec_cells_copy(kvc_rec_cells *dst, const kvc_rec_cells *src) {
     const size_t n = src->size;
     memcpy(dst->pos, src->pos, n * sizeof *dst->pos);
     memcpy(dst->src, src->src, n * sizeof *dst->src);
+    memcpy(dst->src0, src->src0, n * sizeof *dst->src0);
     memcpy(dst->tail, src->tail, n * sizeof *dst->tail);
+    memcpy(dst->rs_idx, src->rs_idx, n * sizeof *dst->rs_idx);
+    memcpy(dst->snap, src->snap, n * sizeof *dst->snap);
     memcpy(dst->seq, src->seq, (size_t)src->seq_words * n * sizeof *dst->seq);
     dst->head = src->head;
     dst->n = src->n;
     dst->used = src->used;
+    dst->rs_z = src->rs_z;
 }
 
 /* Empty cell i the way the reference does when its last sequence leaves. */
@@ -90,22 +103,73 @@ static inline uint32_t rec_next_empty(const kvc_rec_cells *t, uint32_t from) {
  * operations on a table (the live one, or the work copy of a transactional operation)
  * --------------------------------------------------------------------------------------- */
 
-static bool rec_seq_rm(kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
+/* Sequence s (or every one, s < 0) loses its state: a pending rollback goes with it (kvcache's
+ * rule C9: llama.cpp keeps it, and the sequence's next state would start from a snapshot plane). */
+static void rec_forget_rollback(kvc_rec_cells *t, int32_t s) {
+    if (s < 0) {
+        memset(t->rs_idx, 0, t->size * sizeof *t->rs_idx);
+    } else {
+        t->rs_idx[s] = 0;
+    }
+}
+
+/* 2026: the rollback seq_rm(s, p0, -1 or past the state) means, as rec_rollback_len. */
+static int32_t rec_rollback_len(const kvc_rec_cells *t, int32_t s, int32_t p0, int64_t p1) {
+    if (s < 0 || (uint32_t)s >= t->size || t->tail[s] < 0) {
+        return 0;
+    }
+    const int32_t cpos = t->pos[t->tail[s]];
+    if (0 < p0 && p0 <= cpos && p1 > cpos) {
+        return (int32_t)((int64_t)cpos - p0 + 1);
+    }
+    return 0;
+}
+
+static bool rec_rollback_ok(const kvc_recurrent *c, const kvc_rec_cells *t, int32_t s, int32_t r) {
+    if (c->semantics != KVC_REC_2026 || s < 0 || (uint32_t)s >= t->size || t->tail[s] < 0) {
+        return false;
+    }
+    const uint32_t cell = (uint32_t)t->tail[s];
+    /* llama.cpp's rule: one pending rollback at a time, at most n_rs_seq back */
+    if (t->rs_idx[s] != 0 || r < 1 || (uint32_t)r > c->n_rs_seq) {
+        return false;
+    }
+    /* C9: plane r must hold the state r tokens back, and the state must be s's alone */
+    return (uint32_t)r <= t->snap[cell] && kvc_seqs_count(t->seq, t->size, t->seq_words, cell) == 1;
+}
+
+static bool rec_seq_rm(const kvc_recurrent *c, kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1) {
     uint32_t new_head = t->size;
     const kvc_pos_range r = kvc_pos_range_of(p0, p1);
+    const bool today = c->semantics == KVC_REC_2026;
     if (s >= 0 && (uint32_t)s >= t->size) {
         return false;
+    }
+    if (today && r.p0 == 0 && r.p1 == KVC_POS_END) {
+        rec_forget_rollback(t, s);
     }
     if (s >= 0) {
         const int32_t tail_id = t->tail[s];
         if (tail_id >= 0) {
             const int32_t cpos = t->pos[tail_id];
-            /* a state cannot be cut in two */
+            if (today) {
+                const int32_t back = rec_rollback_len(t, s, r.p0, r.p1);
+                if (back > 0) {
+                    if (!rec_rollback_ok(c, t, s, back)) {
+                        return false;
+                    }
+                    t->rs_idx[s] = (uint32_t)back;
+                    t->pos[tail_id] = r.p0 - 1;
+                    return true;
+                }
+            }
+            /* a state cannot be cut in two (C9: today's llama.cpp says true and keeps it whole) */
             if ((0 < r.p0 && r.p0 <= cpos) || (0 < r.p1 && r.p1 <= cpos)) {
                 return false;
             }
             if (kvc_pos_range_has(r, cpos)) {
                 t->tail[s] = -1;
+                rec_forget_rollback(t, s);
             }
         }
     } else if (r.p0 != r.p1 && (r.p0 != 0 || r.p1 != KVC_POS_END)) {
@@ -156,10 +220,13 @@ static void rec_seq_cp(kvc_rec_cells *t, int32_t s_src, int32_t s_dst) {
             t->used -= 1;
         }
     }
+    /* C9: dst takes src's pending rollback with its state (llama.cpp's dst would read plane 0) */
+    t->rs_idx[s_dst] = 0;
     if (t->tail[s_src] >= 0) {
         const int32_t cs = t->tail[s_src];
         rec_add(t, (uint32_t)cs, s_dst);
         t->tail[s_dst] = cs;
+        t->rs_idx[s_dst] = t->rs_idx[s_src];
     }
 }
 
@@ -168,6 +235,7 @@ static void rec_seq_keep(kvc_rec_cells *t, int32_t s) {
     for (uint32_t i = 0; i < t->size; i++) {
         if ((int64_t)i != s) {
             t->tail[i] = -1;
+            t->rs_idx[i] = 0;
         }
         if (!rec_has(t, i, s)) {
             if (t->pos[i] >= 0) {
@@ -219,15 +287,53 @@ static void warn_non_consecutive(kvc_recurrent *c, int32_t pos, int32_t last, in
              pos, last, s, n_new);
 }
 
+/* Today's end of find_slot: the first cell of [min, max] no cell copies from becomes the zero
+ * state rs_z; every cell of the range stages its source in src0 (rs_z when its state is new) and
+ * becomes its own source. The n_seqs cells from min on are the ubatch's: their last ubatch wrote
+ * snapshot planes 1 .. min(n_seq_tokens - 1, n_rs_seq) (kvcache's record for rule C9). */
+static int rec_stage_sources(const kvc_recurrent *c, kvc_rec_cells *t, uint32_t min, uint32_t max, uint32_t n_seqs,
+                             uint32_t n_seq_tokens, kvc_err *err) {
+    t->rs_z = -1;
+    for (uint32_t i = min; i <= max && t->rs_z < 0; i++) {
+        bool referenced = false;
+        for (uint32_t j = 0; j < t->size && !referenced; j++) {
+            referenced = t->src[j] == (int32_t)i;
+        }
+        if (!referenced) {
+            t->rs_z = (int32_t)i;
+        }
+    }
+    for (uint32_t i = min; i <= max; i++) {
+        if (t->src[i] < 0) {
+            if (t->rs_z < 0) {
+                return kvc_err_set(err, KVC_E_INTERNAL, "find_slot: cell %u starts a new state but every cell "
+                                   "of [%u, %u] is another cell's source (llama.cpp aborts)", i, min, max);
+            }
+            t->src0[i] = t->rs_z;
+        } else {
+            t->src0[i] = t->src[i];
+        }
+        t->src[i] = (int32_t)i;
+    }
+    const uint32_t kept = n_seq_tokens - 1 < c->n_rs_seq ? n_seq_tokens - 1 : c->n_rs_seq;
+    for (uint32_t g = 0; g < n_seqs; g++) {
+        t->snap[min + g] = kept;
+    }
+    return KVC_OK;
+}
+
 /* The reference's find_slot on table t (a work copy: on error it is left half changed and the
  * caller drops it). Ids are valid and n_seqs >= 1. */
-static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *warn_to, kvc_err *err) {
+static int rec_find_slot(const kvc_recurrent *c, kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *warn_to,
+                         kvc_err *err) {
     const uint32_t size = t->size;
     const uint32_t n_seqs = ub->n_seqs;
     const uint32_t n_seq_tokens = ub->n_seq_tokens;
+    const bool today = c->semantics == KVC_REC_2026;
 
-    /* enough unused cells before head: search from the start, hoping to fill it */
-    if (t->head > t->used + 2 * ub->n_tokens) {
+    /* enough unused cells before head: search from the start, hoping to fill it (today's
+     * llama.cpp counts the ubatch's sequences, the mid-2025 one its tokens) */
+    if (t->head > t->used + 2 * (today ? n_seqs : ub->n_tokens)) {
         t->head = 0;
     }
 
@@ -242,6 +348,7 @@ static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *
             if (tl >= 0) {
                 rec_del(t, (uint32_t)tl, s);
                 t->tail[s] = -1;
+                rec_forget_rollback(t, s);
                 if (rec_none(t, (uint32_t)tl)) {
                     rec_cell_drop(t, (uint32_t)tl);
                     t->used -= 1;
@@ -337,6 +444,13 @@ static int rec_find_slot(kvc_rec_cells *t, const kvc_ubatch *ub, kvc_recurrent *
         }
     }
 
+    if (today) {
+        const int st = rec_stage_sources(c, t, (uint32_t)min, (uint32_t)max, n_seqs, n_seq_tokens, err);
+        if (st != KVC_OK) {
+            return st;
+        }
+    }
+
     t->head = (uint32_t)min;
     t->n = (uint32_t)(max - min + 1);
     uint32_t used = 0;
@@ -363,6 +477,21 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
     if (p->n_layer == 0) {
         return kvc_err_set(err, KVC_E_ARG, "n_layer must be at least 1");
     }
+    if (p->semantics != KVC_REC_2025 && p->semantics != KVC_REC_2026) {
+        return kvc_err_set(err, KVC_E_ARG, "unknown recurrent semantics %d", p->semantics);
+    }
+    if (p->n_rs_seq > KVC_REC_MAX_RS_SEQ || (p->n_rs_seq && p->semantics != KVC_REC_2026)) {
+        if (p->semantics != KVC_REC_2026) {
+            return kvc_err_set(err, KVC_E_ARG, "n_rs_seq = %u: expected 0 (mid-2025 llama.cpp keeps no snapshots)",
+                               p->n_rs_seq);
+        }
+        return kvc_err_set(err, KVC_E_ARG, "n_rs_seq = %u: expected at most %u", p->n_rs_seq, KVC_REC_MAX_RS_SEQ);
+    }
+    if ((uint64_t)p->kv_size * (1u + (uint64_t)p->n_rs_seq) > (uint64_t)INT32_MAX) {
+        return kvc_err_set(err, KVC_E_ARG, "kv_size = %u with n_rs_seq = %u snapshots: %llu rows, expected fewer "
+                           "than 2**31", p->kv_size, p->n_rs_seq,
+                           (unsigned long long)p->kv_size * (1u + (unsigned long long)p->n_rs_seq));
+    }
     const kvc_type_info *tk = kvc_type_get(p->type_k);
     const kvc_type_info *tv = kvc_type_get(p->type_v);
     if (!tk || !tv) {
@@ -384,6 +513,8 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
     c->type_k = p->type_k;
     c->type_v = p->type_v;
     c->n_layer = p->n_layer;
+    c->semantics = p->semantics;
+    c->n_rs_seq = p->n_rs_seq;
     c->layers = kvc_calloc(p->n_layer, sizeof *c->layers);
     if (!c->layers || rec_cells_alloc(&c->cells, p->kv_size, kvc_seq_words(p->n_seq_max)) != KVC_OK ||
         rec_cells_alloc(&c->work, p->kv_size, kvc_seq_words(p->n_seq_max)) != KVC_OK) {
@@ -395,6 +526,10 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
     }
     rec_cells_wipe(&c->cells);
     rec_cells_wipe(&c->work);
+    c->cells.rs_z = c->work.rs_z = -1;
+    for (uint32_t i = 0; i < p->kv_size; i++) {
+        c->cells.src0[i] = c->work.src0[i] = -1;
+    }
     return KVC_OK;
 }
 
@@ -417,8 +552,13 @@ void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, 
  * operations
  * --------------------------------------------------------------------------------------- */
 
+/* Rows of each layer's memory: the states and their snapshot planes. */
+static size_t rec_rows(const kvc_recurrent *c) {
+    return (size_t)c->cells.size * (1u + (size_t)c->n_rs_seq);
+}
+
 static void rec_zero_data(kvc_recurrent *c) {
-    const size_t size = c->cells.size;
+    const size_t size = rec_rows(c);
     for (uint32_t il = 0; il < c->n_layer; il++) {
         const kvc_layer *L = &c->layers[il];
         if (L->k) {
@@ -431,14 +571,14 @@ static void rec_zero_data(kvc_recurrent *c) {
 }
 
 void kvc_recurrent_clear(kvc_recurrent *c) {
-    rec_cells_wipe(&c->cells);
+    rec_cells_wipe(&c->cells);   /* pending rollbacks included */
     c->cells.head = 0;
     c->cells.used = 0;
     rec_zero_data(c);
 }
 
 bool kvc_recurrent_seq_rm(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1) {
-    return rec_seq_rm(&c->cells, s, p0, p1);
+    return rec_seq_rm(c, &c->cells, s, p0, p1);
 }
 
 void kvc_recurrent_seq_cp(kvc_recurrent *c, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
@@ -491,6 +631,14 @@ int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s) {
     return r;
 }
 
+int32_t kvc_recurrent_rollback_len(const kvc_recurrent *c, int32_t s, int32_t p0) {
+    return c->semantics == KVC_REC_2026 ? rec_rollback_len(&c->cells, s, p0, KVC_POS_END) : 0;
+}
+
+bool kvc_recurrent_rollback_ok(const kvc_recurrent *c, int32_t s, int32_t r) {
+    return rec_rollback_ok(c, &c->cells, s, r);
+}
+
 static void rec_swap_work(kvc_recurrent *c) {
     const kvc_rec_cells t = c->cells;
     c->cells = c->work;
@@ -522,7 +670,7 @@ int kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err
         }
     }
     rec_cells_copy(&c->work, &c->cells);
-    const int r = rec_find_slot(&c->work, ub, c, err);
+    const int r = rec_find_slot(c, &c->work, ub, c, err);
     if (r < 0) {
         c->n_warn = 0;
         c->warn[0] = 0;
@@ -546,6 +694,19 @@ int kvc_recurrent_s_copy(kvc_recurrent *c, uint32_t count, int32_t *out) {
     if ((uint64_t)t->head + count > t->size) {
         return KVC_E_ARG;
     }
+    if (c->semantics == KVC_REC_2026) {
+        for (uint32_t i = 0; i < count; i++) {
+            const uint32_t cell = t->head + i;
+            uint32_t plane = 0;
+            const int32_t first = kvc_seqs_next(t->seq, t->size, t->seq_words, cell, -1);
+            if (c->n_rs_seq && first >= 0) {
+                plane = t->rs_idx[first];
+                t->rs_idx[first] = 0;   /* a pending rollback is read once */
+            }
+            out[i] = (int32_t)(plane * t->size) + t->src0[cell];
+        }
+        return KVC_OK;
+    }
     for (uint32_t i = 0; i < count; i++) {
         const int32_t cell = (int32_t)(t->head + i);
         /* out-of-range sources read the cell itself */
@@ -561,7 +722,7 @@ int kvc_recurrent_s_copy(kvc_recurrent *c, uint32_t count, int32_t *out) {
 
 int kvc_recurrent_s_mask(kvc_recurrent *c, uint32_t count, float *out) {
     kvc_rec_cells *t = &c->cells;
-    if ((uint64_t)t->head + count > t->size) {
+    if (c->semantics == KVC_REC_2026 || (uint64_t)t->head + count > t->size) {
         return KVC_E_ARG;
     }
     for (uint32_t i = 0; i < count; i++) {
@@ -584,18 +745,24 @@ uint32_t kvc_recurrent_cell_max(const kvc_recurrent *c) {
     return 0;
 }
 
-int kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const void *k, const void *v) {
-    if (il >= c->n_layer || (uint64_t)c->cells.head + n_rows > c->cells.size) {
+int kvc_recurrent_store_plane(kvc_recurrent *c, uint32_t il, uint32_t plane, uint32_t n_rows, const void *k,
+                              const void *v) {
+    if (il >= c->n_layer || plane > c->n_rs_seq || (uint64_t)c->cells.head + n_rows > c->cells.size) {
         return KVC_E_ARG;
     }
     const kvc_layer *L = &c->layers[il];
+    const size_t row0 = (size_t)plane * c->cells.size + c->cells.head;
     if (k && L->k) {
-        memcpy(L->k + (size_t)c->cells.head * L->k_row_bytes, k, (size_t)n_rows * L->k_row_bytes);
+        memcpy(L->k + row0 * L->k_row_bytes, k, (size_t)n_rows * L->k_row_bytes);
     }
     if (v && L->v) {
-        memcpy(L->v + (size_t)c->cells.head * L->v_row_bytes, v, (size_t)n_rows * L->v_row_bytes);
+        memcpy(L->v + row0 * L->v_row_bytes, v, (size_t)n_rows * L->v_row_bytes);
     }
     return KVC_OK;
+}
+
+int kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const void *k, const void *v) {
+    return kvc_recurrent_store_plane(c, il, 0, n_rows, k, v);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -608,6 +775,14 @@ static void rec_layer(const void *cache, uint32_t il, kvc_layer *out) {
 
 /* The cache as the shared state writer sees it: a cell is listed when it holds a sequence; a
  * single-sequence state carries no ids (the reader gives it its own); V is never transposed. */
+/* The plane holding cell i's current state: a pending rollback's (of the written sequence, or for
+ * the whole cache of the cell's first sequence, the one s_copy reads). */
+static uint32_t rec_plane(const kvc_state_src *s, uint32_t i) {
+    const kvc_rec_cells *t = &((const kvc_recurrent *)s->cache)->cells;
+    const int32_t q = s->seq_id >= 0 ? s->seq_id : kvc_seqs_next(t->seq, t->size, t->seq_words, i, -1);
+    return q >= 0 ? t->rs_idx[q] : 0;
+}
+
 static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
     s->swa = NULL;
     s->swa_pmax = -1;
@@ -627,6 +802,7 @@ static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
     s->layer = rec_layer;
     s->ext = NULL;          /* a recurrent memory's cells have no extension */
     s->ext_bytes = 0;
+    s->plane = c->n_rs_seq ? rec_plane : NULL;
 }
 
 /* The memory state of a recurrent cache has no stream count in any layout (llama.cpp's recurrent
@@ -719,7 +895,9 @@ static void rec_dest_into(kvc_recurrent *c, int32_t seq_id, int32_t *pos1, kvc_s
 static int place_cells(kvc_recurrent *c, int32_t seq_id, uint32_t cc, int32_t pos, kvc_err *err) {
     kvc_rec_cells *w = &c->work;
     if (seq_id == -1) {
-        w->n = c->cells.n; /* clear() keeps n */
+        w->n = c->cells.n; /* clear() keeps n, and today's the staged sources and the zero row */
+        w->rs_z = c->cells.rs_z;
+        memcpy(w->src0, c->cells.src0, (size_t)w->size * sizeof *w->src0);
         for (uint32_t i = 0; i < cc; i++) {
             w->src[i] = (int32_t)i; /* the restored states are kept as they are */
         }
@@ -728,7 +906,7 @@ static int place_cells(kvc_recurrent *c, int32_t seq_id, uint32_t cc, int32_t po
         return KVC_OK;
     }
     rec_cells_copy(w, &c->cells);
-    rec_seq_rm(w, seq_id, -1, -1);
+    rec_seq_rm(c, w, seq_id, -1, -1);
     if (cc == 0) {
         return KVC_OK; /* the sequence is just removed */
     }
@@ -743,7 +921,7 @@ static int place_cells(kvc_recurrent *c, int32_t seq_id, uint32_t cc, int32_t po
     ub.seq_ids = &seq_id;
     kvc_err ferr;
     ferr.msg[0] = 0;
-    const int fr = rec_find_slot(w, &ub, NULL, &ferr);
+    const int fr = rec_find_slot(c, w, &ub, NULL, &ferr);
     if (fr != 1) {
         return kvc_err_set(err, KVC_E_STATE, "no cell available for the state of sequence %d%s%s", seq_id,
                            fr < 0 ? ": " : "", fr < 0 ? ferr.msg : "");

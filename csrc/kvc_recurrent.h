@@ -36,9 +36,15 @@ typedef struct kvc_rec_cells {
     uint32_t  head;   /* first cell of the last placed ubatch (where s_copy / s_mask start) */
     uint32_t  n;      /* cells the last ubatch spans */
     uint32_t  used;   /* the reference's count of used cells (not always the true count) */
+    int32_t   rs_z;   /* 2026: the cell of the last ubatch whose row is the zero state, -1 = none */
     int32_t  *pos;    /* [size] last position of the state, -1 = none */
     int32_t  *src;    /* [size] cell to copy the state from, -1 = none (state starts at zero) */
+    int32_t  *src0;   /* [size] 2026: the source find_slot staged for s_copy (rs_z for a new state) */
     int32_t  *tail;   /* [size] for sequence i: the cell holding its state, -1 = none */
+    uint32_t *rs_idx; /* [size] 2026, for sequence i: the snapshot plane a pending rollback reads
+                       * (0 = none) */
+    uint32_t *snap;   /* [size] 2026: snapshot planes of cell i its last ubatch wrote (kvcache's
+                       * record: a rollback further back than this is refused) */
     uint64_t *seq;    /* [seq_words * size] the sequences sharing each cell's state (planes) */
     uint32_t  seq_words;
 } kvc_rec_cells;
@@ -47,6 +53,16 @@ typedef struct kvc_rec_cells {
  * included) and of V (the recurrent state part included). */
 
 #define KVC_REC_WARN_CAP 1024
+/* The most rollback snapshots a state keeps (llama.cpp sets no bound; each costs a copy of every
+ * state). */
+#define KVC_REC_MAX_RS_SEQ 64u
+
+/* Which llama.cpp's recurrent memory a cache reproduces. */
+enum kvc_rec_semantics {
+    KVC_REC_2025 = 0,   /* llama_kv_cache_recurrent (mid-2025): s_copy / s_mask move `src` */
+    KVC_REC_2026 = 1,   /* llama_memory_recurrent (today): s_copy reads `src0`, a zero row rs_z,
+                         * rollback snapshots when n_rs_seq > 0 */
+};
 
 typedef struct kvc_recurrent {
     kvc_rec_cells  cells;       /* the live table */
@@ -56,6 +72,10 @@ typedef struct kvc_recurrent {
     int32_t        type_v;      /* ggml type id of V */
     uint32_t       n_layer;     /* number of layers */
     kvc_layer     *layers;      /* [n_layer] */
+    int32_t        semantics;   /* enum kvc_rec_semantics */
+    uint32_t       n_rs_seq;    /* 2026: rollback snapshots per state; each layer's rows are
+                                 * (1 + n_rs_seq) planes of size rows, plane p = the state p
+                                 * tokens before the last one the cell's last ubatch saw */
     /* warnings of the last find_slot (the reference logs them), one per line */
     uint32_t       n_warn;      /* how many were raised (may exceed what fits in warn) */
     char           warn[KVC_REC_WARN_CAP]; /* NUL-terminated, lines separated by '\n' */
@@ -68,12 +88,14 @@ typedef struct kvc_recurrent_params {
     uint32_t        n_layer;    /* >= 1 */
     const uint32_t *n_embd_k;   /* [n_layer] K row widths, state part included */
     const uint32_t *n_embd_v;   /* [n_layer] V row widths, state part included */
+    int32_t         semantics;  /* enum kvc_rec_semantics (0: 2025) */
+    uint32_t        n_rs_seq;   /* 2026 only (0 for 2025): rollback snapshots per state, <= 64 */
 } kvc_recurrent_params;
 
 /* Validate params and initialise an empty cache (buffers NULL). KVC_OK, KVC_E_ARG, KVC_E_NOMEM. */
 int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err);
 void kvc_recurrent_free(kvc_recurrent *c);
-/* Attach the K/V memory of layer il (size rows each; either may be NULL). */
+/* Attach the K/V memory of layer il (size * (1 + n_rs_seq) rows each; either may be NULL). */
 void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v);
 
 /* --- operations; sequence ids are validated by the caller (C5), positions are any int32 --- */
@@ -82,7 +104,10 @@ extern const kvc_seq_ops kvc_recurrent_seq_ops;
 /* Empty every cell (pos, src, tail -1), head = used = 0, zero the K/V buffers; n is kept. */
 void    kvc_recurrent_clear(kvc_recurrent *c);
 /* Remove [p0, p1) of sequence s (s -1: every sequence, only for an empty or the whole range).
- * false when that would cut a state in two (nothing changes then). */
+ * false when that would cut a state in two (nothing changes then). 2026: a range that takes
+ * the tail of s's state from p0 > 0 on is a rollback to position p0 - 1 (kvc_recurrent_rollback_ok
+ * says whether it is accepted); any other cut is refused as mid-2025's llama.cpp refused it
+ * (rule C9: today's answers true and keeps the whole state). */
 bool    kvc_recurrent_seq_rm(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1);
 /* dst shares src's state (dst's own state is dropped). The range is not used. */
 void    kvc_recurrent_seq_cp(kvc_recurrent *c, int32_t src, int32_t dst, int32_t p0, int32_t p1);
@@ -92,6 +117,15 @@ void    kvc_recurrent_seq_add(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p
 void    kvc_recurrent_seq_div(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, int32_t d);
 int32_t kvc_recurrent_seq_pos_min(const kvc_recurrent *c, int32_t s);
 int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s);
+
+/* 2026: the number of positions seq_rm(s, p0, -1) rolls s's state back by (its position - p0 + 1),
+ * 0 when the range is no rollback (p0 <= 0, no state, or p0 past the state). */
+int32_t kvc_recurrent_rollback_len(const kvc_recurrent *c, int32_t s, int32_t p0);
+/* 2026: whether a rollback of r positions of s's state is accepted. llama.cpp's rule: none
+ * pending for s, 1 <= r <= n_rs_seq. kvcache's rule C9 on top: the state's last ubatch saw more
+ * than r of its tokens (its snapshot plane r holds the state r tokens back; llama.cpp accepts a
+ * rollback past them and reads an older plane), and no other sequence shares the state. */
+bool    kvc_recurrent_rollback_ok(const kvc_recurrent *c, int32_t s, int32_t r);
 
 /* Place a ubatch of n_seqs groups of n_seq_tokens tokens: group k's state ends up in cell
  * head + k. 1 = placed, 0 = the reference's sanity check failed (n < n_seqs; the cells are
@@ -106,9 +140,11 @@ void    kvc_recurrent_restore(kvc_recurrent *c);  /* nothing is ever pending: a 
 void    kvc_recurrent_set_full(kvc_recurrent *c); /* n = size, head = 0 */
 
 /* The graph inputs for cells head + i, i in [0, count): s_copy is the cell to copy the state
- * from, s_mask 1.0 when the state is kept, 0.0 when it starts from zero. Both update src in
- * place as the reference does (so a second call answers differently). KVC_E_ARG when
- * head + count > size (nothing changes). */
+ * from, s_mask 1.0 when the state is kept, 0.0 when it starts from zero. 2025: both update src in
+ * place as the reference does (so a second call answers differently). 2026: s_copy is the row
+ * (plane * size + src0) to read, the plane a pending rollback of the cell's first sequence
+ * (which s_copy then consumes); s_mask is KVC_E_ARG (today's graph zeroes row rs_z instead).
+ * KVC_E_ARG when head + count > size (nothing changes). */
 int     kvc_recurrent_s_copy(kvc_recurrent *c, uint32_t count, int32_t *out);
 int     kvc_recurrent_s_mask(kvc_recurrent *c, uint32_t count, float *out);
 /* Index + 1 of the last cell with pos >= 0 and a sequence, or 0. */
@@ -117,6 +153,10 @@ uint32_t kvc_recurrent_cell_max(const kvc_recurrent *c);
 /* Write rows [head, head + n_rows) of layer il: k holds n_rows rows of k_row_bytes, v of
  * v_row_bytes; either may be NULL. KVC_E_ARG when il or the rows are out of range. */
 int     kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const void *k, const void *v);
+/* The same into snapshot plane `plane` (0 = the current states, as kvc_recurrent_store; p in
+ * [1, n_rs_seq]: the states p tokens back). KVC_E_ARG when plane > n_rs_seq. */
+int     kvc_recurrent_store_plane(kvc_recurrent *c, uint32_t il, uint32_t plane, uint32_t n_rows, const void *k,
+                                  const void *v);
 
 /* --- state codec (the bytes: docs/format.md, "A section") ---------------------------------- */
 /* Bytes state_write would produce for seq_id (-1 = whole cache). */

@@ -125,6 +125,28 @@ static void emit_rows(emitter *e, const uint32_t *runs, uint32_t nr, const uint8
     }
 }
 
+/* The same where each cell's rows lie in its snapshot plane (s->plane): a run is cut where the
+ * plane changes. */
+static void emit_plane_rows(emitter *e, const kvc_state_src *s, const uint32_t *runs, uint32_t nr,
+                            const uint8_t *base, size_t row) {
+    if (!s->plane || !base) {
+        emit_rows(e, runs, nr, base, row);
+        return;
+    }
+    for (uint32_t k = 0; k < nr && e->pos < e->hi; k++) {
+        uint32_t b = runs[2 * k];
+        while (b < runs[2 * k + 1] && e->pos < e->hi) {
+            const uint32_t p = s->plane(s, b);
+            uint32_t end = b + 1;
+            while (end < runs[2 * k + 1] && s->plane(s, end) == p) {
+                end++;
+            }
+            emit(e, base + ((size_t)p * s->size + b) * row, (size_t)(end - b) * row);
+            b = end;
+        }
+    }
+}
+
 /* Runs of fewer cells than this on average: a transposed V row is gathered element by element
  * (a copy call for a run of a cell or two costs several times its bytes' time). */
 #define GATHER_RUN 16u
@@ -215,7 +237,7 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
         kvc_le_put_i32(h, s->type_k);
         kvc_le_put_u64(h + 4, (uint64_t)l.k_row_bytes);
         emit(e, h, 12);
-        emit_rows(e, runs, nr, l.k, l.k_row_bytes);
+        emit_plane_rows(e, s, runs, nr, l.k, l.k_row_bytes);
     }
     for (uint32_t il = 0; il < s->n_layer && e->pos < e->hi; il++) {
         kvc_layer l;
@@ -228,7 +250,7 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
         if (!s->v_trans) {
             kvc_le_put_u64(h + 4, (uint64_t)l.v_row_bytes);
             emit(e, h, 12);
-            emit_rows(e, runs, nr, l.v, l.v_row_bytes);
+            emit_plane_rows(e, s, runs, nr, l.v, l.v_row_bytes);
             continue;
         }
         kvc_le_put_u32(h + 4, (uint32_t)s->v_el);
@@ -422,6 +444,7 @@ static void unified_src(const kvc_state_stream *ref, int32_t seq_id, unsigned la
     s->layer = kvc_state_stream_layer;
     s->ext = cells->ext;
     s->ext_bytes = cells->ext ? kvc_layout_ext_bytes(layout) : 0;
+    s->plane = NULL;
 }
 
 uint32_t kvc_unified_state_listed(const kvc_unified *c, int32_t seq_id, unsigned layout, uint32_t stream,

@@ -64,6 +64,9 @@ typedef struct kvc_state_src {
     void          (*layer)(const void *cache, uint32_t il, kvc_layer *out);
     const struct kvc_cell_ext *ext;  /* [size] the cells' extensions (ext_bytes > 0) */
     uint32_t        ext_bytes;       /* bytes of it in each cell record: 0, 8 (x, y) or 12 (x, y, tok) */
+    /* the snapshot plane cell i's rows are read from: row plane * size + i of the layer's memory
+     * (a recurrent memory's pending rollback); NULL: plane 0 */
+    uint32_t      (*plane)(const struct kvc_state_src *s, uint32_t i);
     const kvc_unified *swa;          /* single sequence: leave out the cells this cache's window
                                       * masks against swa_pmax (NULL: none left out) */
     int32_t         swa_pmax;

@@ -336,7 +336,7 @@ PARAMETERS = {
                            "n_seq_max", "n_pad", "n_swa", "swa_type", "layers", "buffers", "n_embd_head_k", "rope",
                            "semantics", "kv_unified", "cell_ext", "ple_token"],
     kvcache.RecurrentCache: ["n_seq_max", "n_layer", "n_embd_k_gqa", "n_embd_v_gqa", "type_k", "type_v", "kv_size",
-                             "n_embd_k_s", "n_embd_v_s", "buffers"],
+                             "n_embd_k_s", "n_embd_v_s", "buffers", "semantics", "n_rs_seq"],
     kvcache.ISWACache: ["kv_size", "n_layer", "n_embd_k_gqa", "n_embd_v_gqa", "swa_layers", "n_swa", "swa_type",
                         "n_batch", "swa_full", "type_k", "type_v", "v_trans", "n_seq_max", "n_pad", "buffers",
                         "n_embd_head_k", "rope", "semantics", "kv_unified", "cell_ext", "ple_token"],

@@ -5,24 +5,35 @@ from kvcache.includes.kvc_recurrent cimport *
 import warnings as _warnings
 
 
-cdef object _rec_layer_view(_Recurrent cache, list bufs, object il, bint is_k):
-    """Layer il's K or V memory viewed as one row per cell."""
+cdef object _rec_layer_view(_Recurrent cache, list bufs, object il, bint is_k, object plane=0):
+    """Layer il's K or V memory (snapshot plane `plane`) viewed as one row per cell."""
     if not _is_int(il):
         raise TypeError(f"il must be an int, not {type(il).__name__}")
     cdef long long i = int_c(il, "il", LLONG_MIN, LLONG_MAX)
     if not 0 <= i < cache.c.n_layer:
         raise IndexError(f"il = {i} is outside [0, {cache.c.n_layer})")
+    cdef Py_ssize_t pl = _rec_plane(cache, plane)
     if cache._buffers == "none":
         raise RuntimeError(f"{'k' if is_k else 'v'}: this cache holds no K/V memory (buffers='none')")
     cdef kvc_layer *L = &cache.c.layers[<uint32_t>i]
     cdef Py_ssize_t size = cache.c.cells.size
     cdef Py_ssize_t row = L.k_row_bytes if is_k else L.v_row_bytes
     cdef Py_ssize_t width = L.n_embd_k if is_k else L.n_embd_v
-    buf = bufs[i][:size * row]
+    buf = bufs[i][pl * size * row:(pl + 1) * size * row]
     dt = _element_dtype(cache.c.type_k if is_k else cache.c.type_v)
     if dt.itemsize == 1:
         return buf.reshape(size, row)
     return _typed_view(buf, dt, (size, width))
+
+
+cdef Py_ssize_t _rec_plane(_Recurrent cache, object plane) except -1:
+    """plane as a snapshot plane of the cache: 0 (the states) .. n_rs_seq."""
+    if not _is_int(plane):
+        raise TypeError(f"plane must be an int, not {type(plane).__name__}")
+    cdef long long p = int_c(plane, "plane", LLONG_MIN, LLONG_MAX)
+    if not 0 <= p <= cache.c.n_rs_seq:
+        raise ValueError(f"plane = {p} is outside [0, n_rs_seq = {cache.c.n_rs_seq}]")
+    return <Py_ssize_t>p
 
 
 cdef class RecurrentCore:
@@ -61,10 +72,19 @@ cdef class RecurrentCore:
 
 cdef class _Recurrent(RecurrentCore):
     """The recurrent-state cache of Mamba / RWKV style models (llama.cpp's
-    ``llama_kv_cache_recurrent``): one cell holds the whole state of a sequence.
+    ``llama_kv_cache_recurrent``, today ``llama_memory_recurrent``): one cell holds the whole
+    state of a sequence.
 
     ``RecurrentCache(n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type_v="f32",
-    kv_size=None, n_embd_k_s=0, n_embd_v_s=0, buffers="owned")``
+    kv_size=None, n_embd_k_s=0, n_embd_v_s=0, buffers="owned", semantics="2025", n_rs_seq=0)``
+
+    - ``semantics``: ``"2025"`` (llama.cpp as of mid-2025: ``s_copy`` / ``s_mask`` move the cells'
+      sources) or ``"2026"`` (today's: ``find_slot`` stages each cell's source, ``s_copy`` reads
+      it, a new state reads the zero row ``rs_z``; no ``s_mask``).
+    - ``n_rs_seq`` (``"2026"`` only, at most 64): rollback snapshots per state. Each layer's memory
+      holds ``1 + n_rs_seq`` planes of ``kv_size`` rows: plane p the states p tokens before the
+      last one (``k(il, plane)``, ``store(..., plane=p)``), and ``seq_rm(s, p0, -1)`` with
+      ``0 < p0 <= seq_pos_max(s)`` rolls s back to position ``p0 - 1`` (docs/semantics.md, rule C9).
 
     - ``n_embd_k_gqa`` / ``n_embd_v_gqa`` and ``n_embd_k_s`` / ``n_embd_v_s``: an int or one int
       per layer; a layer's K row holds ``n_embd_k_gqa + n_embd_k_s`` elements (the rolling state),
@@ -98,7 +118,7 @@ cdef class _Recurrent(RecurrentCore):
 
     def __cinit__(self, *args, **kwargs):
         (n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k, type_v, kv_size, n_embd_k_s, n_embd_v_s,
-         buffers) = _signatures.bind(_signatures.recurrent, type(self), args, kwargs)
+         buffers, semantics, n_rs_seq) = _signatures.bind(_signatures.recurrent, type(self), args, kwargs)
         cdef kvc_recurrent_params p
         cdef kvc_err err
         cdef Py_ssize_t il
@@ -113,6 +133,11 @@ cdef class _Recurrent(RecurrentCore):
         n_seq = int_c(n_seq_max, "n_seq_max", 0, UINT32_MAX)
         n_layer = int_c(n_layer, "n_layer", 0, 65536)
         kv_size = max(1, n_seq) if kv_size is None else int_c(kv_size, "kv_size", 0, UINT32_MAX)
+        if not isinstance(semantics, str):
+            raise TypeError(f"semantics must be a str, not {type(semantics).__name__}")
+        if semantics not in ("2025", "2026"):
+            raise ValueError(f"semantics = {semantics!r}: expected '2025' or '2026'")
+        n_rs = int_c(n_rs_seq, "n_rs_seq", 0, UINT32_MAX)
         mode = _buffers_mode(buffers)
         tk = type_c(type_k, "type_k").id
         tv = type_c(type_v, "type_v").id
@@ -141,8 +166,12 @@ cdef class _Recurrent(RecurrentCore):
         p.n_layer = <uint32_t>n_layer
         p.n_embd_k = &wk_v[0]
         p.n_embd_v = &wv_v[0]
+        p.semantics = KVC_REC_2026 if semantics == "2026" else KVC_REC_2025
+        p.n_rs_seq = <uint32_t>n_rs
         err.msg[0] = 0
         check_status(kvc_recurrent_init(&self.c, &p, &err), &err, "RecurrentCache")
+        # every plane of every layer: the states and their snapshots
+        cdef Py_ssize_t rows = <Py_ssize_t>kv_size * (1 + <Py_ssize_t>n_rs)
         self._ready = True
         self._buffers = mode
         pairs = _buffer_pairs(buffers, tuple(range(n_layer))) if mode == "borrowed" else None
@@ -152,16 +181,16 @@ cdef class _Recurrent(RecurrentCore):
             return
         regions = []
         for il in range(n_layer):
-            nk = <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].k_row_bytes
-            nv = <Py_ssize_t>kv_size * <Py_ssize_t>self.c.layers[il].v_row_bytes
+            nk = rows * <Py_ssize_t>self.c.layers[il].k_row_bytes
+            nv = rows * <Py_ssize_t>self.c.layers[il].v_row_bytes
             if mode == "owned":
                 k = _aligned_zeros(nk)
                 v = _aligned_zeros(nv)
             else:
                 k, hk = _borrowed_bytes(pairs[il][0], nk, tk, f"buffers[{il}] K",
-                                        f"{kv_size} cells x {self.c.layers[il].k_row_bytes} bytes")
+                                        f"{rows} rows x {self.c.layers[il].k_row_bytes} bytes")
                 v, hv = _borrowed_bytes(pairs[il][1], nv, tv, f"buffers[{il}] V",
-                                        f"{kv_size} cells x {self.c.layers[il].v_row_bytes} bytes")
+                                        f"{rows} rows x {self.c.layers[il].v_row_bytes} bytes")
                 held += [hk, hv]
                 regions += [(f"buffers[{il}] K", _data_address(k), nk), (f"buffers[{il}] V", _data_address(v), nv)]
             self._k.append(k)
@@ -227,6 +256,26 @@ cdef class _Recurrent(RecurrentCore):
         return self.c.n_layer
 
     @property
+    def semantics(self) -> str:
+        """Which llama.cpp's recurrent memory this cache reproduces: '2025' or '2026'."""
+        return "2026" if self.c.semantics == KVC_REC_2026 else "2025"
+
+    @property
+    def n_rs_seq(self) -> int:
+        """Rollback snapshots per state (0: none; semantics '2026' only)."""
+        return self.c.n_rs_seq
+
+    @property
+    def rs_z(self) -> int:
+        """Semantics '2026': the cell of the last placed ubatch whose row the graph zeroes (the
+        source of every new state), -1 when none."""
+        cdef int32_t r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.cells.rs_z
+        kvc_pylock_release(&self._lock)
+        return r
+
+    @property
     def buffers(self) -> str:
         """How the K/V memory is held: 'owned', 'borrowed' or 'none' (metadata only)."""
         return self._buffers
@@ -248,13 +297,15 @@ cdef class _Recurrent(RecurrentCore):
 
     @property
     def size_k_bytes(self) -> int:
-        """Bytes of K memory over all layers."""
-        return sum(self.c.layers[i].k_row_bytes for i in range(self.c.n_layer)) * self.c.cells.size
+        """Bytes of K memory over all layers (snapshot planes included)."""
+        return (sum(self.c.layers[i].k_row_bytes for i in range(self.c.n_layer)) * self.c.cells.size
+                * (1 + self.c.n_rs_seq))
 
     @property
     def size_v_bytes(self) -> int:
-        """Bytes of V memory over all layers."""
-        return sum(self.c.layers[i].v_row_bytes for i in range(self.c.n_layer)) * self.c.cells.size
+        """Bytes of V memory over all layers (snapshot planes included)."""
+        return (sum(self.c.layers[i].v_row_bytes for i in range(self.c.n_layer)) * self.c.cells.size
+                * (1 + self.c.n_rs_seq))
 
     @property
     def total_size(self) -> int:
@@ -274,26 +325,31 @@ cdef class _Recurrent(RecurrentCore):
         kvc_pylock_acquire(&self._lock)
         head, n, used = self.c.cells.head, self.c.cells.n, self.c.cells.used
         kvc_pylock_release(&self._lock)
+        extra = "" if self.c.semantics == KVC_REC_2025 else f"semantics='2026', n_rs_seq={self.c.n_rs_seq}, "
         return (f"RecurrentCache(size={self.c.cells.size}, n_seq_max={self.c.n_seq_max}, "
-                f"n_layer={self.c.n_layer}, type_k={self.type_k!r}, type_v={self.type_v!r}, "
+                f"n_layer={self.c.n_layer}, type_k={self.type_k!r}, type_v={self.type_v!r}, {extra}"
                 f"head={head}, n={n}, used={used})")
 
     # --- data -----------------------------------------------------------------------------
 
-    def k(self, il):
+    def k(self, il, plane=0):
         """Layer il's K memory (rolling states) as a writable view, one row per cell: float32 /
-        float16 elements for f32 / f16, uint16 bit patterns for bf16, raw bytes otherwise."""
-        return _rec_layer_view(self, self._k, il, True)
+        float16 elements for f32 / f16, uint16 bit patterns for bf16, raw bytes otherwise.
+        plane: a snapshot plane (0: the states; p <= n_rs_seq: the states p tokens back)."""
+        return _rec_layer_view(self, self._k, il, True, plane)
 
-    def v(self, il):
+    def v(self, il, plane=0):
         """Layer il's V memory (recurrent states) as a writable view; see k()."""
-        return _rec_layer_view(self, self._v, il, False)
+        return _rec_layer_view(self, self._v, il, False, plane)
 
-    def store(self, il, k_rows=None, v_rows=None):
+    def store(self, il, k_rows=None, v_rows=None, *, plane=0):
         """Write the states of the ubatch just placed: rows ``[head, head + len(rows))`` of layer
-        il get ``k_rows`` / ``v_rows`` (shaped like ``k(il)`` / ``v(il)`` rows; either may be None)."""
+        il get ``k_rows`` / ``v_rows`` (shaped like ``k(il)`` / ``v(il)`` rows; either may be None).
+        plane: the snapshot plane written (0: the states; p: the states p tokens before the last,
+        which a ubatch of more than p tokens per sequence writes for rollbacks)."""
         if self._buffers == "none":
             raise RuntimeError("store: this cache holds no K/V memory (buffers='none')")
+        cdef uint32_t pl = <uint32_t>_rec_plane(self, plane)
         kv = self.k(il)
         vv = self.v(il)
         # the rows as their memory describes them (see host_array), converted to the cache dtype
@@ -330,7 +386,7 @@ cdef class _Recurrent(RecurrentCore):
                 head = self.c.cells.head
                 r = KVC_E_NOSPACE
                 if head + nr <= self.c.cells.size:
-                    r = kvc_recurrent_store(&self.c, ilc, <uint32_t>nr, kp, vp)
+                    r = kvc_recurrent_store_plane(&self.c, ilc, pl, <uint32_t>nr, kp, vp)
                 kvc_pylock_release(&self._lock)
             else:
                 r = _BUSY
@@ -414,7 +470,14 @@ cdef class _Recurrent(RecurrentCore):
         """Remove positions [p0, p1) of seq_id (p0 < 0: 0, p1 < 0: infinity). A recurrent state
         cannot be cut: False (and no change) when the range splits it. seq_id -1 (every
         sequence) accepts only an empty range or the whole one, and then empties every cell
-        but keeps the sequences' state records (follow it with clear())."""
+        but keeps the sequences' state records (follow it with clear()).
+
+        Semantics '2026': a range that takes the tail of the state from ``p0 > 0`` on is a
+        rollback to position ``p0 - 1``, accepted (True) when no rollback of seq_id is pending,
+        it goes back at most n_rs_seq positions, the state's last ubatch had more tokens than
+        that (its snapshot exists) and no other sequence shares the state (rule C9: llama.cpp
+        accepts a rollback past the snapshots and leaves an older state); the next s_copy then
+        reads that snapshot plane."""
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
         cdef int32_t a = pos_c(p0, "p0")
         cdef int32_t b = pos_c(p1, "p1")
@@ -482,9 +545,32 @@ cdef class _Recurrent(RecurrentCore):
 
     # --- graph inputs ---------------------------------------------------------------------
 
+    def pending_rollback(self, seq_id) -> int:
+        """Semantics '2026': the snapshot plane a pending rollback of seq_id makes the next
+        s_copy read (the positions it went back), 0 when none."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        cdef uint32_t r
+        kvc_pylock_acquire(&self._lock)
+        r = self.c.cells.rs_idx[s]
+        kvc_pylock_release(&self._lock)
+        return r
+
+    def rollback_ok(self, seq_id, n) -> bool:
+        """Semantics '2026': whether a rollback of seq_id's state by n positions would be
+        accepted (what seq_rm(seq_id, seq_pos_max(seq_id) - n + 1, -1) answers); nothing changes."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        cdef int32_t r = pos_c(n, "n")
+        cdef bint ok
+        kvc_pylock_acquire(&self._lock)
+        ok = kvc_recurrent_rollback_ok(&self.c, s, r)
+        kvc_pylock_release(&self._lock)
+        return ok
+
     def s_copy(self):
-        """int32[n]: for cells head + i, the cell whose state is copied in. Updates the cells'
-        sources in place as the reference does (each copy happens once)."""
+        """int32[n]: for cells head + i, the row whose state is copied in. Semantics '2025':
+        a cell; updates the cells' sources in place as the reference does (each copy happens
+        once). Semantics '2026': ``plane * size + src`` (the source find_slot staged; plane: a
+        pending rollback's, consumed by this call)."""
         cdef int32_t[::1] o
         cdef int r = 0
         op_begin(&self._lock, True, "s_copy")
@@ -501,9 +587,13 @@ cdef class _Recurrent(RecurrentCore):
 
     def s_mask(self):
         """float32[n]: for cells head + i, 1.0 when the state is kept, 0.0 when it starts from
-        zero. Updates the cells' sources in place as the reference does (zeroed once)."""
+        zero. Updates the cells' sources in place as the reference does (zeroed once).
+        Semantics '2025' only (today's graph zeroes row rs_z instead: RuntimeError)."""
         cdef float[::1] o
         cdef int r = 0
+        if self.c.semantics == KVC_REC_2026:
+            raise RuntimeError("s_mask: today's llama.cpp (semantics '2026') has no s_mask: a new state is "
+                               "copied from the zero row rs_z")
         op_begin(&self._lock, True, "s_mask")
         try:
             out = np.empty(self.c.cells.n, dtype=np.float32)

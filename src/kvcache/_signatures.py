@@ -30,10 +30,10 @@ def iswa(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_ty
 
 
 def recurrent(n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type_v="f32", kv_size=None,
-              n_embd_k_s=0, n_embd_v_s=0, buffers="owned"):
+              n_embd_k_s=0, n_embd_v_s=0, buffers="owned", semantics="2025", n_rs_seq=0):
     """kvcache.RecurrentCache's parameters."""
     return (n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k, type_v, kv_size, n_embd_k_s, n_embd_v_s,
-            buffers)
+            buffers, semantics, n_rs_seq)
 
 
 def ubatch(pos, seq_id, n_seq_tokens=1, output=None, *, tokens=None, pos_x=None, pos_y=None):

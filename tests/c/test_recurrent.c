@@ -16,7 +16,7 @@
 
 static int make(kvc_recurrent *c, uint32_t n_seq_max, uint32_t kv_size, float *k, float *v) {
     const uint32_t w[1] = { 2 };
-    kvc_recurrent_params p = { kv_size, n_seq_max, KVC_TYPE_F32, KVC_TYPE_F32, 1, w, w };
+    kvc_recurrent_params p = { kv_size, n_seq_max, KVC_TYPE_F32, KVC_TYPE_F32, 1, w, w, KVC_REC_2025, 0 };
     const int rc = kvc_recurrent_init(c, &p, NULL);
     if (rc == KVC_OK && k) {
         kvc_recurrent_set_layer_buffers(c, 0, (uint8_t *)k, (uint8_t *)v);
@@ -129,7 +129,7 @@ static void test_rejections(void) {
     kvc_recurrent c;
     kvc_err err = { 0, "" };
     const uint32_t w[1] = { 2 };
-    kvc_recurrent_params p = { 4, KVC_MAX_SEQ + 1, KVC_TYPE_F32, KVC_TYPE_F32, 1, w, w };
+    kvc_recurrent_params p = { 4, KVC_MAX_SEQ + 1, KVC_TYPE_F32, KVC_TYPE_F32, 1, w, w, KVC_REC_2025, 0 };
     CHECK(kvc_recurrent_init(&c, &p, &err) == KVC_E_ARG, "past the bound: %s", err.msg);
     p.n_seq_max = 0;      /* no sequence at all: refused as the unified cache refuses it */
     CHECK(kvc_recurrent_init(&c, &p, &err) == KVC_E_ARG && strstr(err.msg, "n_seq_max (0)"), "none: %s", err.msg);

@@ -8,9 +8,13 @@ cdef extern from "kvc_recurrent.h" nogil:
         uint32_t head
         uint32_t n
         uint32_t used
+        int32_t rs_z
         int32_t *pos
         int32_t *src
+        int32_t *src0
         int32_t *tail
+        uint32_t *rs_idx
+        uint32_t *snap
         uint64_t *seq
         uint32_t seq_words
 
@@ -21,6 +25,8 @@ cdef extern from "kvc_recurrent.h" nogil:
         int32_t type_v
         uint32_t n_layer
         kvc_layer *layers
+        int32_t semantics
+        uint32_t n_rs_seq
         uint32_t n_warn
         char warn[1024]
 
@@ -32,6 +38,13 @@ cdef extern from "kvc_recurrent.h" nogil:
         uint32_t n_layer
         const uint32_t *n_embd_k
         const uint32_t *n_embd_v
+        int32_t semantics
+        uint32_t n_rs_seq
+
+    enum:
+        KVC_REC_2025
+        KVC_REC_2026
+        KVC_REC_MAX_RS_SEQ
 
     int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err)
     void kvc_recurrent_free(kvc_recurrent *c)
@@ -50,6 +63,10 @@ cdef extern from "kvc_recurrent.h" nogil:
     int      kvc_recurrent_s_mask(kvc_recurrent *c, uint32_t count, float *out)
     uint32_t kvc_recurrent_cell_max(const kvc_recurrent *c)
     int      kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, const void *k, const void *v)
+    int      kvc_recurrent_store_plane(kvc_recurrent *c, uint32_t il, uint32_t plane, uint32_t n_rows, const void *k,
+                                       const void *v)
+    int32_t  kvc_recurrent_rollback_len(const kvc_recurrent *c, int32_t s, int32_t p0)
+    bint     kvc_recurrent_rollback_ok(const kvc_recurrent *c, int32_t s, int32_t r)
 
     size_t kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id)
     int    kvc_recurrent_state_write(const kvc_recurrent *c, int32_t seq_id, uint8_t *out, size_t cap, size_t *written)
