@@ -242,16 +242,6 @@ static void kvc_mask_show_keys(uint8_t *row, int dtype, const uint64_t *key, uin
 
 /* --- the strategy ------------------------------------------------------------------------ */
 
-/* The window of key positions [lo, hi] a query at p1 may see. */
-static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, bool causal, int32_t *lo, int32_t *hi) {
-    const int64_t l = kvc_unified_swa_start(c, p1);
-    *lo = (int32_t)(l > 0 ? l : 0);
-    *hi = causal ? p1 : INT32_MAX;
-}
-
-static inline int32_t kvc_mask_row_seq(const kvc_ubatch *ub, uint32_t t) {
-    return ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
-}
 
 /* Cells of a row built at a time by kvc_mask_row_of: their key positions stay in L1. */
 #define KVC_MASK_CHUNK 1024u
@@ -353,7 +343,7 @@ static void kvc_mask_part_run(void *arg) {
     uint8_t *prev = NULL;
     for (uint32_t k = p->k0; k < p->k1; k++) {
         const uint32_t t = p->order[k];
-        const int32_t s = kvc_mask_row_seq(p->ub, t), p1 = p->ub->pos[t];
+        const int32_t s = kvc_ubatch_first_id(p->ub, t), p1 = p->ub->pos[t];
         int32_t lo, hi;
         kvc_unified_visible_range(p->c, p1, p->causal, &lo, &hi);
         uint8_t *row = (uint8_t *)p->out + (size_t)(t - p->t0) * p->row_stride;
@@ -406,7 +396,7 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
     /* the tokens grouped by sequence, in ubatch order within one (a counting sort) */
     uint32_t first[KVC_MAX_SEQ + 1] = {0};
     for (uint32_t t = t0; t < t0 + n_tokens; t++) {
-        first[kvc_mask_row_seq(ub, t) + 1]++;
+        first[kvc_ubatch_first_id(ub, t) + 1]++;
     }
     bool shared = false;
     for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
@@ -432,7 +422,7 @@ static int kvc_mask_rows(const kvc_unified *c, const kvc_cells *cells, uint32_t 
     uint32_t fill[KVC_MAX_SEQ];
     memcpy(fill, first, sizeof fill);
     for (uint32_t t = t0; t < t0 + n_tokens; t++) {
-        order[fill[kvc_mask_row_seq(ub, t)]++] = t;
+        order[fill[kvc_ubatch_first_id(ub, t)]++] = t;
     }
     kvc_mask_part parts[KVC_MAX_THREADS];
     for (unsigned i = 0; i < n_parts; i++) {
@@ -527,7 +517,7 @@ static int kvc_mask_2d(const kvc_unified *c, const kvc_ubatch *ub, const kvc_mas
             }
         }
         for (uint32_t t = g * nst; t < (g + 1) * nst && n_cand; t++) {
-            const int32_t s = ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]], p1 = ub->pos[t];
+            const int32_t s = kvc_ubatch_first_id(ub, t), p1 = ub->pos[t];
             uint8_t *row = (uint8_t *)out + (size_t)t * row_bytes;
             for (uint32_t k = 0; k < n_cand; k++) {
                 const uint32_t j = cand[k];
@@ -698,7 +688,7 @@ static void kvc_mask_memo_record(kvc_unified *c, const kvc_ubatch *ub, bool caus
         sl->chg_n[strm[g]] = cells->chg_n;
     }
     for (uint32_t t = 0; t < ub->n_tokens; t++) {
-        sl->seq[t] = kvc_mask_row_seq(ub, t);
+        sl->seq[t] = kvc_ubatch_first_id(ub, t);
         kvc_unified_visible_range(c, ub->pos[t], causal, &sl->lo[t], &sl->hi[t]);
     }
     sl->valid = true;
@@ -783,7 +773,7 @@ static bool kvc_mask_patch(kvc_unified *c, const kvc_ubatch *ub, bool causal, bo
             return false;
         }
         for (uint32_t t = g * nst; t < (g + 1) * nst; t++) {
-            const int32_t s = kvc_mask_row_seq(ub, t), p1 = ub->pos[t];
+            const int32_t s = kvc_ubatch_first_id(ub, t), p1 = ub->pos[t];
             int32_t lo, hi;
             kvc_unified_visible_range(c, p1, causal, &lo, &hi);
             uint8_t *row = (uint8_t *)out + (size_t)t * row_stride;

@@ -15,6 +15,14 @@ typedef enum kvc_mask_dtype {
     KVC_MASK_BOOL = 2,  /* 1 where the token attends the cell, 0 elsewhere (alibi ignored) */
 } kvc_mask_dtype;
 
+/* The window of key positions [lo, hi] a query at p1 may see (the mask's rule, and the
+ * attention indices', kvc_attn.h). */
+static inline void kvc_unified_visible_range(const kvc_unified *c, int32_t p1, bool causal, int32_t *lo, int32_t *hi) {
+    const int64_t l = kvc_unified_swa_start(c, p1);
+    *lo = (int32_t)(l > 0 ? l : 0);
+    *hi = causal ? p1 : INT32_MAX;
+}
+
 /* KQ mask into out[rows][c->n], rows = kvc_pad_u32(n_tokens, KVC_KQ_MASK_PAD) with pad, else
  * n_tokens (the caller allocated it), row r at out + r * row_stride bytes (0: dense rows of
  * c->n elements; else at least that; the bytes between rows are not written), of the given

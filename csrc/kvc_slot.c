@@ -211,11 +211,6 @@ int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
 
 /* --- semantics 2026: scattered placement ------------------------------------------------ */
 
-/* The first id of token t (the one its mask row follows). */
-static inline int32_t kvc_ubatch_first_id(const kvc_ubatch *ub, uint32_t t) {
-    return ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
-}
-
 int kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
                        uint32_t *n_seq_tokens, kvc_err *err) {
     const uint32_t n = ub->n_tokens;

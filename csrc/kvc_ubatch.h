@@ -36,6 +36,11 @@ int kvc_ubatch_check(const kvc_ubatch *ub, uint32_t n_seq_max, kvc_err *err);
 /* Does the ubatch carry 2-D positions (llama_ubatch::is_pos_2d)? */
 static inline bool kvc_ubatch_is_2d(const kvc_ubatch *ub) { return ub->pos_x != NULL; }
 
+/* The first sequence id of token t: the one its mask row follows. */
+static inline int32_t kvc_ubatch_first_id(const kvc_ubatch *ub, uint32_t t) {
+    return ub->seq_ids[ub->seq_off[t / ub->n_seq_tokens]];
+}
+
 #ifdef __cplusplus
 }
 #endif
