@@ -46,6 +46,9 @@ def unified_decode() -> tuple[kvcache.UnifiedCache, bytes]:
         half = cache.kq_mask(ub, dtype="f16")
         assert_type(half, npt.NDArray[np.float16])
         assert mask.shape == half.shape == (64, cache.n)
+        idx = cache.attention_indices(ub, out=kvcache.AttentionIndices.buffers(4, 64))
+        assert_type(idx.kv_indices, npt.NDArray[np.int32])
+        assert int(idx.qo_indptr[-1]) == n_tokens and idx.n_kv == cache.n
         cache.commit()
     assert_type(batch.out_ids, npt.NDArray[np.int64])
 

@@ -26,6 +26,7 @@ from kvcache._core import (  # noqa: E402
     DEFAULT_LAYOUT,
     LAYOUTS,
     MAX_SEQ,
+    AttentionIndices,
     Batch,
     Cells,
     RopeParams,
@@ -50,7 +51,7 @@ from kvcache.geometry import (  # noqa: E402
 )
 
 __all__ = [
-    "DEFAULT_LAYOUT", "LAYOUTS", "MAX_SEQ", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
+    "DEFAULT_LAYOUT", "LAYOUTS", "MAX_SEQ", "AttentionIndices", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
     "UnifiedCache", "UnifiedCache2025", "UnifiedCache2026", "ISWACache2025", "ISWACache2026",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
     "StreamUpdate", "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",

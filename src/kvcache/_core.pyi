@@ -119,6 +119,19 @@ class GGMLType(NamedTuple):
 
 def ggml_types() -> tuple[GGMLType, ...]: ...
 
+class AttentionIndices(NamedTuple):
+    """The cells each query token group of a ubatch attends to (UnifiedCache.attention_indices)."""
+
+    qo_indptr: npt.NDArray[np.int32]
+    kv_indptr: npt.NDArray[np.int32]
+    kv_indices: npt.NDArray[np.int32]
+    causal: npt.NDArray[np.bool_]
+    stream: npt.NDArray[np.int32]
+    kv_pos: npt.NDArray[np.int32] | None
+    n_kv: int
+    @classmethod
+    def buffers(cls, n_groups: int, n_indices: int, positions: bool = False) -> AttentionIndices: ...
+
 # --- the argument layer (shared by the bridge and the Python modules) ------------------------------
 
 MAX_SEQ: int
@@ -399,6 +412,8 @@ class _Unified(UnifiedCore, _CacheCore):
     @overload
     def kq_mask(self, ub: UBatch, causal: bool = True, alibi: bool = False, out: Any = None,
                 dtype: _MaskDType = "f32", pad: _Pad = None, reuse: bool = False) -> Any: ...
+    def attention_indices(self, ub: UBatch, causal: bool = True, positions: bool = False,
+                          out: AttentionIndices | None = None) -> AttentionIndices: ...
     def update(self, rope: RopeParams | None = None, n_max_nodes: int = 65536) -> UpdatePlan: ...
     def _check_update(self, rope: RopeParams | None, n_max_nodes: int) -> None: ...
     # inspection
@@ -818,6 +833,13 @@ class _ISWA(_StateIO):
         dtype: _MaskDType = "f32",
         pad: bool | None = None,
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]: ...
+    def attention_indices(
+        self,
+        ub: UBatch,
+        causal: bool = True,
+        positions: bool = False,
+        out: tuple[AttentionIndices, AttentionIndices] | None = None,
+    ) -> tuple[AttentionIndices, AttentionIndices]: ...
     def k_shift(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
     def reset_shift(self) -> None: ...
 

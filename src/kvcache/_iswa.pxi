@@ -750,6 +750,15 @@ cdef class _ISWA:
             return (self._base.kq_mask(ub, causal=causal, alibi=alibi, out=out_base, dtype=dtype, pad=pad),
                     self._swa.kq_mask(ub, causal=causal, alibi=alibi, out=out_swa, dtype=dtype, pad=pad))
 
+    def attention_indices(self, ub, causal=True, positions=False, out=None):
+        """The attention indices of ub against both caches: ``(base, swa)`` AttentionIndices
+        (the SWA half's also leave out what lies outside the window). ``out``: None or a pair
+        of AttentionIndices to fill; the rest as UnifiedCache.attention_indices."""
+        out_base, out_swa = _out_pair(out)
+        with self._op:
+            return (self._base.attention_indices(ub, causal=causal, positions=positions, out=out_base),
+                    self._swa.attention_indices(ub, causal=causal, positions=positions, out=out_swa))
+
     def k_shift(self):
         """The per-cell K-shift inputs of both caches: ``(base_shift, swa_shift)``."""
         with self._hold:

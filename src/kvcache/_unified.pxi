@@ -307,6 +307,24 @@ cdef class _Unified(UnifiedCore):
         UnifiedCache2025.kq_mask / UnifiedCache2026.kq_mask)."""
         raise NotImplementedError("kq_mask")
 
+    def attention_indices(self, ub, causal=True, positions=False, out=None):
+        """The cells each query token group of ub attends to, as the CSR arrays of paged
+        attention (FlashInfer's page table with pages of one cell, or a gather per group for
+        torch's scaled_dot_product_attention): an AttentionIndices. Exactly the cells kq_mask
+        shows each token (the same causal, sliding-window and 2-D rules), found through each
+        sequence's cells, so a step costs what its sequences hold, not the whole cache.
+
+        ub must be the ubatch the last find_slot placed (ValueError otherwise: a sequence
+        operation since forgets the placement). causal: as kq_mask's; every group of several
+        tokens is then causal by index order (the rows ordered by position), and a run of
+        tokens whose mask that rule does not reproduce (holes or repeats in its positions,
+        tokens out of order, a sliding window, 2-D positions) comes as one group per token.
+        positions=True adds each row's position (kv_pos, for ALiBi). out: an AttentionIndices
+        of arrays to fill (AttentionIndices.buffers), reused step after step; the result's
+        arrays are views of it (ValueError naming the array that is too small or of the wrong
+        dtype)."""
+        return _attention_indices(self, ub, causal, positions, out)
+
     def update(self, rope=None, n_max_nodes=65536):
         """Apply what is pending before the next decode: the K-shift (and UnifiedCache2025's
         scheduled defrag, UnifiedCache2026's stream copies); see each class's update."""
