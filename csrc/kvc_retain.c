@@ -20,6 +20,7 @@ int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const kvc_seq_pos *sp = &cells->seq_pos[s];
     const int32_t *tok_of = r->tok + (size_t)st * size;
+    const uint64_t *born = r->born + (size_t)st * size;
     /* the cells of positions 0, 1, ... (the first cell of each), unshifted, with a known token
      * that agrees with the caller's */
     const uint32_t m = sp->n ? sp->n : 1;
@@ -35,7 +36,10 @@ int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
         if (p < (int32_t)k) {
             continue;   /* a second cell at a position already taken */
         }
-        if (p != (int32_t)k || (tokens && k >= n) || cells->shift[i] != 0) {
+        /* the K/V of a token depend on every token before it: a cell counts only when computed
+         * no earlier than the cell before it and never moved since */
+        if (p != (int32_t)k || (tokens && k >= n) || cells->shift[i] != 0 || born[i] == KVC_REUSE_MOVED ||
+            (k > 0 && born[i] < born[r->tmp_cell[k - 1]])) {
             break;
         }
         int32_t t = tok_of[i];
@@ -57,9 +61,10 @@ int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
      * that prefix, a held cell belongs to another prompt and ends what can be kept */
     if (k > 0) {
         kvc_prefix_handle end;
-        const uint32_t held = kvc_prefix_match(&r->idx, salt, toks, k, k, NULL, NULL, &end);
-        for (uint32_t j = held; j < k; j++) {
-            if (kvc_reuse_is_held(c, st, r->tmp_cell[j])) {
+        const uint32_t held = kvc_prefix_match(&r->idx, salt, toks, k, k, dup_cells, dup_strms, &end);
+        for (uint32_t j = 0; j < k; j++) {
+            const uint32_t i = r->tmp_cell[j];
+            if (kvc_reuse_is_held(c, st, i) && (j >= held || dup_cells[j] != i || dup_strms[j] != st)) {
                 k = j;
                 break;
             }
@@ -147,7 +152,7 @@ int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
         }
         kvc_cells_seq_add(cells, cell, s);
         if (src != st) {
-            kvc_reuse_note_token(c, st, cell, tokens[i]);
+            kvc_reuse_copy_cells(c, src, st, cell);
         }
     }
     (void)kvc_prefix_lock(&r->idx, end, NULL);

@@ -39,9 +39,10 @@ int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
     r->held = kvc_calloc((size_t)ns * r->n_words, sizeof *r->held);
     r->lock = kvc_calloc(c->n_seq_max, sizeof *r->lock);
     r->tok = kvc_malloc_n((uint64_t)ns * size, sizeof *r->tok);
+    r->born = kvc_calloc((size_t)ns * size, sizeof *r->born);
     r->tmp_cell = kvc_malloc_n((uint64_t)ns * size, sizeof *r->tmp_cell);
     r->tmp_strm = kvc_malloc_n((uint64_t)ns * size, sizeof *r->tmp_strm);
-    int rc = (r->held && r->lock && r->tok && r->tmp_cell && r->tmp_strm) ? KVC_OK
+    int rc = (r->held && r->lock && r->tok && r->born && r->tmp_cell && r->tmp_strm) ? KVC_OK
                                                                  : kvc_err_set(err, KVC_E_NOMEM, "out of memory for the prefix index");
     if (rc == KVC_OK) {
         rc = kvc_prefix_init(&r->idx, ns, size, cap, err);
@@ -50,6 +51,7 @@ int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
         r->tok[i] = KVC_TOKEN_NULL;
     }
     if (rc != KVC_OK) {
+        kvc_free(r->born);
         kvc_free(r->tok);
         kvc_free(r->held);
         kvc_free(r->lock);
@@ -68,6 +70,7 @@ void kvc_reuse_disable(kvc_unified *c) {
         return;
     }
     kvc_prefix_free(&r->idx);
+    kvc_free(r->born);
     kvc_free(r->tok);
     kvc_free(r->held);
     kvc_free(r->lock);
@@ -102,16 +105,18 @@ void kvc_reuse_forget_stream(kvc_unified *c, uint32_t st) {
     if (!r) {
         return;
     }
-    uint32_t n = 0;
+    /* a word of cells at a time, on the stack: the scratch arrays may hold the caller's match */
+    uint32_t cells[64], strms[64];
     const uint64_t *w = r->held + (size_t)st * r->n_words;
     for (uint32_t k = 0; k < r->n_words; k++) {
+        uint32_t n = 0;
         for (uint64_t m = w[k]; m; m &= m - 1) {
-            r->tmp_cell[n] = (k << 6) + kvc_ctz64(m);
-            r->tmp_strm[n] = st;
+            cells[n] = (k << 6) + kvc_ctz64(m);
+            strms[n] = st;
             n++;
         }
+        forget(r, cells, strms, n);
     }
-    forget(r, r->tmp_cell, r->tmp_strm, n);
 }
 
 void kvc_reuse_clear(kvc_unified *c) {
@@ -124,15 +129,33 @@ void kvc_reuse_clear(kvc_unified *c) {
     memset(r->lock, 0, c->n_seq_max * sizeof *r->lock);
     for (size_t i = 0; i < (size_t)c->n_stream * c->cells.size; i++) {
         r->tok[i] = KVC_TOKEN_NULL;
+        r->born[i] = 0;
     }
 }
 
-void kvc_reuse_copy_tokens(kvc_unified *c, uint32_t src, uint32_t dst) {
+void kvc_reuse_copy_cells(kvc_unified *c, uint32_t src, uint32_t st, uint32_t i) {
     kvc_reuse *r = c->reuse;
-    if (r) {
-        const size_t size = c->cells.size;
-        memcpy(r->tok + dst * size, r->tok + src * size, size * sizeof *r->tok);
+    if (!r) {
+        return;
     }
+    const size_t size = c->cells.size;
+    if (i == UINT32_MAX) {
+        memcpy(r->tok + st * size, r->tok + src * size, size * sizeof *r->tok);
+        memcpy(r->born + st * size, r->born + src * size, size * sizeof *r->born);
+    } else {
+        r->tok[st * size + i] = r->tok[src * size + i];
+        r->born[st * size + i] = r->born[src * size + i];
+    }
+}
+
+void kvc_reuse_moved(kvc_unified *c, uint32_t st, uint32_t i) {
+    kvc_reuse *r = c->reuse;
+    if (!r) {
+        return;
+    }
+    kvc_reuse_forget_cell(c, st, i);
+    r->tok[(size_t)st * c->cells.size + i] = KVC_TOKEN_NULL;
+    r->born[(size_t)st * c->cells.size + i] = KVC_REUSE_MOVED;
 }
 
 uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n) {

@@ -26,6 +26,8 @@
 extern "C" {
 #endif
 
+#define KVC_REUSE_MOVED UINT64_MAX
+
 typedef struct kvc_reuse {
     kvc_prefix         idx;       /* the index over (stream, cell) */
     uint64_t          *held;      /* [n_stream * n_words] bit i of stream s: the index holds the cell */
@@ -33,6 +35,10 @@ typedef struct kvc_reuse {
     kvc_prefix_handle *lock;      /* [n_seq_max] the prefix each sequence is attached to, {0, 0}: none */
     int32_t           *tok;       /* [n_stream * size] the token id each cell was last placed with
                                    * (KVC_TOKEN_NULL: placed without one, or before reuse was on) */
+    uint64_t          *born;      /* [n_stream * size] the placement that computed it (serial), or
+                                   * KVC_REUSE_MOVED: its position changed since, so its K/V belong
+                                   * to another context and are never kept */
+    uint64_t           serial;    /* placements so far */
     uint32_t          *tmp_cell;  /* [n_stream * size] scratch for matches and removals */
     uint32_t          *tmp_strm;
 } kvc_reuse;
@@ -41,14 +47,27 @@ typedef struct kvc_reuse {
  * KVC_OK (also when it is on already: the cap is set), KVC_E_ARG (a 2025 cache, or one whose
  * cells carry the per-cell extension), KVC_E_NOMEM (nothing changed). */
 int  kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err);
-/* Cell i of stream st was placed with token tok (the placement's record, for kvc_retain). */
-static inline void kvc_reuse_note_token(kvc_unified *c, uint32_t st, uint32_t i, int32_t tok) {
+/* A placement begins: the cells it fills are computed after every cell placed before. */
+static inline void kvc_reuse_placing(kvc_unified *c) {
     if (c->reuse) {
-        c->reuse->tok[(size_t)st * c->cells.size + i] = tok;
+        c->reuse->serial++;
     }
 }
-/* Stream dst's cells became copies of stream src's (seq_cp across streams): their tokens too. */
-void kvc_reuse_copy_tokens(kvc_unified *c, uint32_t src, uint32_t dst);
+/* Cell i of stream st gets a token of the current placement (tok: its id, or KVC_TOKEN_NULL). */
+static inline void kvc_reuse_note_placed(kvc_unified *c, uint32_t st, uint32_t i, int32_t tok) {
+    kvc_reuse *r = c->reuse;
+    if (r) {
+        const size_t k = (size_t)st * c->cells.size + i;
+        r->tok[k] = tok;
+        r->born[k] = r->serial;
+    }
+}
+/* Cell i of stream st of stream src became a copy of the same cell of stream src (what it
+ * holds and when it was computed); every cell of the stream when i is UINT32_MAX. */
+void kvc_reuse_copy_cells(kvc_unified *c, uint32_t src, uint32_t st, uint32_t i);
+/* The position of cell i of stream st changed (seq_add, seq_div): the index forgets it and it is
+ * never kept again (its K/V were computed in another context). */
+void kvc_reuse_moved(kvc_unified *c, uint32_t st, uint32_t i);
 /* Turn it off: the index and its cells are forgotten (they are empty cells again). */
 void kvc_reuse_disable(kvc_unified *c);
 

@@ -332,6 +332,9 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
                            uint32_t n_groups, uint32_t nst, bool dry) {
     int32_t over[KVC_MAX_SEQ];
     bool any = false;
+    if (!dry) {
+        kvc_reuse_placing(c);
+    }
     for (uint32_t q = 0; q < c->n_seq_max; q++) {
         over[q] = -1;
     }
@@ -349,7 +352,7 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
             }
             kvc_cells_pos_set(cells, cell, ub->pos[t]);
             if (!dry) {
-                kvc_reuse_note_token(c, strm[g], cell, ub->token ? ub->token[t] : KVC_TOKEN_NULL);
+                kvc_reuse_note_placed(c, strm[g], cell, ub->token ? ub->token[t] : KVC_TOKEN_NULL);
             }
             if (cells->ext && (ub->pos_x || ub->token || c->ple)) {
                 /* a ubatch with neither leaves the cell's extension as it was (llama.cpp) */

@@ -324,7 +324,7 @@ static void kvc_unified_seq_cp_streams(kvc_unified *c, int32_t src, int32_t dst)
     const kvc_cells *a = kvc_unified_stream_cells(c, s0);
     kvc_cells *b = kvc_unified_stream_cells(c, s1);
     kvc_reuse_forget_stream(c, s1);   /* the copy overwrites every row of the stream */
-    kvc_reuse_copy_tokens(c, s0, s1);
+    kvc_reuse_copy_cells(c, s0, s1, UINT32_MAX);
     kvc_cells_reset(b);
     for (uint32_t k = kvc_cells_blk_next(a, src, 0, a->used_max_p1); k != UINT32_MAX;
          k = kvc_cells_blk_next(a, src, k + 1, a->used_max_p1)) {
@@ -418,7 +418,7 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
                 continue;
             }
             kvc_cells_seq_or_into(cells, i, &touched);
-            kvc_reuse_forget_cell(c, st, i);   /* its K/V no longer belong to the index's position */
+            kvc_reuse_moved(c, st, i);   /* its K/V belong to the context it was computed in */
             if (kvc_cells_pos_add_raw(cells, i, shift) && new_head == size) {
                 new_head = i;
             }
@@ -451,7 +451,7 @@ void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
             if (kvc_cells_pos_in(cells, i, r)) {
                 kvc_cells_seq_or_into(cells, i, &touched);
                 if (cells->pos[i] / d != cells->pos[i]) {
-                    kvc_reuse_forget_cell(c, st, i);
+                    kvc_reuse_moved(c, st, i);
                 }
                 kvc_cells_pos_div_raw(cells, i, d);
             }

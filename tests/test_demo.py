@@ -10,7 +10,7 @@ from conftest import kvcache_env
 
 import kvcache
 from kvcache import cli
-from kvcache.demo import RunConfig, ToyModel, iswa_model, run, run_demo
+from kvcache.demo import RunConfig, ToyModel, iswa_model, reuse_run, run, run_demo
 
 # seed 0 reaches a finished sequence, a shared prefix and a defrag within this many steps
 STEPS = 20
@@ -87,6 +87,7 @@ def test_demo_in_process(capsys):
     assert "result: ok" in out
     assert "f32 K/V, V transposed" in out and "f16 K/V, V rows" in out
     assert "iSWA (window 8 on layers [0]" in out and "SWA cache:" in out
+    assert "prefix reuse (today's cache, f32 K/V): 9 chat turns" in out
 
 
 def test_demo_json_report(capsys):
@@ -105,6 +106,9 @@ def test_demo_json_report(capsys):
     assert main["finished"] > 0 and main["shared_prefixes"] > 0 and main["defrags"] > 0
     assert main["tokens"] > main["steps"] and main["sequences"] > main["finished"] - 1
     assert 0 < main["cache_used"] <= main["cache_size"] and 0 < main["occupancy"] <= 1
+    reuse = rep["reuse"]
+    assert reuse["ok"] is True and reuse["tol"] == 1e-6 and reuse["max_abs_err"] <= 1e-6
+    assert reuse["turns"] == 9 and 0 < reuse["reused_tokens"] < reuse["prompt_tokens"]
 
 
 def test_demo_is_deterministic():
@@ -224,3 +228,17 @@ def test_demo_exit_status_on_mismatch(monkeypatch, capsys):
     monkeypatch.setattr(demo, "run_demo", lambda **kw: real(tamper=_corrupt_k(2), **kw))
     assert cli.main(["demo", "--steps", "6"]) == 1
     assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_reused_prefix_matches_recomputation_and_a_corrupted_one_is_caught():
+    rep = reuse_run(ToyModel(0), 3)
+    assert rep.ok and rep.mismatches == 0 and rep.max_abs_err <= 1e-6
+    # the later turns start from cells computed by earlier ones: most of their prompts
+    assert rep.reused_tokens > rep.prompt_tokens // 2
+
+    def tamper(c, step, il):
+        if step == 6 and il == 0:
+            c.k(il)[0] += np.float32(0.5)   # cell 0: a system-prompt token every later turn reuses
+
+    bad = reuse_run(ToyModel(0), 3, tamper=tamper)
+    assert not bad.ok and bad.mismatches > 0

@@ -6,7 +6,9 @@ positions, random weights from a fixed seed; numpy only) the way an inference se
 llama.cpp: several sequences share one cache and are prefilled and decoded together in one
 ubatch per step (continuous batching). Sequences finish and leave holes (``seq_rm``), new ones
 arrive, some reuse the cells of another sequence's prompt prefix (``seq_cp``), and the cache is
-defragmented when the holes pile up.
+defragmented when the holes pile up. A last run serves multi-turn chats through today's cache
+with prefix reuse: each turn starts from the cells its earlier turns left in the cache's prefix
+index.
 
 Every step places the ubatch (``find_slot``), stores the new K/V rows of each layer, builds the
 mask (``kq_mask``), attends over the cache's own K/V buffers (``k(il)`` / ``v(il)``, first ``n``
@@ -31,7 +33,8 @@ import numpy as np
 import kvcache
 from kvcache._text import plural
 
-__all__ = ["ToyModel", "RunConfig", "RunReport", "DemoReport", "run", "run_demo", "iswa_model", "format_report"]
+__all__ = ["ToyModel", "RunConfig", "RunReport", "ReuseReport", "DemoReport", "run", "run_demo", "reuse_run", "iswa_model",
+           "format_report"]
 
 # Largest graph of a llama.cpp context (graph_max_nodes); bounds the moves of one defrag plan.
 _MAX_NODES = 65536
@@ -215,21 +218,48 @@ class RunReport:
 
 
 @dataclass
+class ReuseReport:
+    """The prefix-reuse run: chats whose turns start from the cells of their earlier turns
+    (:meth:`kvcache.UnifiedCache2026.prefix_attach`), every token checked against recomputation."""
+    turns: int = 0
+    prompt_tokens: int = 0        # prompt tokens of every turn
+    reused_tokens: int = 0        # of those, taken from the prefix index instead of computed
+    computed_tokens: int = 0      # tokens placed and computed (prompt suffixes and answers)
+    max_abs_err: float = 0.0      # largest |reused - recomputed| relative to max(1, |recomputed|)
+    tol: float = 0.0
+    mismatches: int = 0           # computed ubatches over the tolerance
+
+    @property
+    def ok(self) -> bool:
+        """Every turn matched recomputation, and the chats did reuse their history."""
+        return self.mismatches == 0 and self.reused_tokens > 0
+
+    def to_dict(self) -> dict:
+        """The report as plain JSON-ready values (with ``ok``)."""
+        d = dataclasses.asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+@dataclass
 class DemoReport:
     """The report of ``kvcache demo``: one or more runs of the same model."""
     seed: int
     model: dict
     runs: list
+    reuse: Optional[ReuseReport] = None
 
     @property
     def ok(self) -> bool:
         """Every run passed."""
-        return all(r.ok for r in self.runs)
+        return all(r.ok for r in self.runs) and (self.reuse is None or self.reuse.ok)
 
     def to_dict(self) -> dict:
         """The report as plain JSON-ready values."""
-        return {"seed": self.seed, "model": self.model, "ok": self.ok,
-                "runs": [r.to_dict() for r in self.runs]}
+        d = {"seed": self.seed, "model": self.model, "ok": self.ok, "runs": [r.to_dict() for r in self.runs]}
+        if self.reuse is not None:
+            d["reuse"] = self.reuse.to_dict()
+        return d
 
 
 class _Seq:
@@ -576,9 +606,77 @@ def iswa_model(seed: int, n_swa: int = ISWA_N_SWA) -> ToyModel:
     return ToyModel(seed, swa_layers=(0,), n_swa=n_swa)
 
 
+def reuse_run(model: ToyModel, seed: int, n_chats: int = 3, n_turns: int = 3, system_len: int = 12,
+              tol: float = 1e-6, tamper: Optional[Tamper] = None) -> ReuseReport:
+    """Chats served through a today's-semantics cache with prefix reuse: every chat starts
+    with the same system prompt; each turn's prompt is the previous turn's prompt, its answer
+    and a new message. A turn attaches the longest prefix the cache's index holds
+    (``prefix_attach``), computes the rest of its prompt in one ubatch, decodes a few tokens
+    greedily, and ends into the index (``prefix_release``). Every computed token's outputs, at
+    every layer, are compared with the model recomputed from scratch over the whole turn."""
+    rng = np.random.default_rng(seed)
+    c = kvcache.UnifiedCache(256, model.n_layer, model.n_embd_kv, model.n_embd_kv, type_k="f32", type_v="f32",
+                             v_trans=False, n_seq_max=n_chats, semantics="2026")
+    c.enable_prefix_reuse()
+    rep = ReuseReport(tol=tol)
+    system = [int(t) for t in rng.integers(0, model.n_vocab, system_len)]
+    history = [list(system) for _ in range(n_chats)]
+    step = 0
+
+    def compute(s: int, tokens: list, start: int) -> np.ndarray:
+        # place tokens[start:], store each layer's K/V, attend over the cache under its mask
+        nonlocal step
+        n = len(tokens) - start
+        pos = np.arange(start, len(tokens), dtype=np.int32)
+        ub = kvcache.UBatch(pos, [s] * n, tokens=tokens[start:])
+        if not c.find_slot(ub):
+            raise RuntimeError("reuse run: the cache is full")
+        mask = np.asarray(c.kq_mask(ub)).reshape(n, -1)
+        x = model.embed(tokens[start:])
+        outs = []
+        for il in range(model.n_layer):
+            q, k, v = model.qkv(il, x, pos)
+            c.store(il, k, v)
+            if tamper is not None:
+                tamper(c, step, il)
+            kc = np.asarray(c.k(il))[:mask.shape[1]]
+            vc = np.asarray(c.v(il))[:mask.shape[1]]
+            a = model.attend(q, kc, vc, mask)
+            outs.append(a)
+            x = model.residual(il, x, a)
+        outs.append(x)
+        step += 1
+        ref = model.forward(tokens)
+        # relative to the magnitude of the values (the residual stream grows with the layers)
+        err = max(float(np.max(np.abs(got - want[start:])) / max(1.0, float(np.max(np.abs(want[start:])))))
+                  for got, want in zip(outs, ref))
+        rep.max_abs_err = max(rep.max_abs_err, err if not np.isnan(err) else float("inf"))
+        if not err <= tol:
+            rep.mismatches += 1
+        rep.computed_tokens += n
+        return outs[-1][-1]
+
+    for _turn in range(n_turns):
+        for s in range(n_chats):
+            prompt = history[s] + [int(t) for t in rng.integers(0, model.n_vocab, int(rng.integers(2, 6)))]
+            k = c.prefix_attach(s, prompt)
+            rep.turns += 1
+            rep.prompt_tokens += len(prompt)
+            rep.reused_tokens += k
+            tokens = list(prompt)
+            last = compute(s, tokens, k)
+            for _ in range(3):
+                tokens.append(model.next_token(last))
+                last = compute(s, tokens, len(tokens) - 1)
+            c.prefix_release(s)
+            history[s] = tokens
+    return rep
+
+
 def run_demo(seed: int = 0, steps: int = 48, tamper: Optional[Tamper] = None,
              second_run: bool = True, iswa_run: bool = True,
-             iswa_tamper: Optional[Tamper] = None) -> DemoReport:
+             iswa_tamper: Optional[Tamper] = None, reuse: bool = True,
+             reuse_tamper: Optional[Tamper] = None) -> DemoReport:
     """The demo: a run with f32 K/V and transposed V (tolerance 1e-4), then a shorter one with
     f16 K/V stored as rows (its tolerance allows for f16 rounding), then a run of the same
     model with a sliding window on layer 0 served through :class:`kvcache.ISWACache` (f32 K/V,
@@ -591,7 +689,8 @@ def run_demo(seed: int = 0, steps: int = 48, tamper: Optional[Tamper] = None,
                                          tol=5e-3), seed + 1))
     if iswa_run:
         runs.append(run(iswa_model(seed), RunConfig(steps=steps, iswa=True), seed + 2, iswa_tamper))
-    return DemoReport(seed=seed, model=model_info(model), runs=runs)
+    rrep = reuse_run(model, seed + 3, tamper=reuse_tamper) if reuse else None
+    return DemoReport(seed=seed, model=model_info(model), runs=runs, reuse=rrep)
 
 
 def format_report(rep: DemoReport) -> str:
@@ -624,5 +723,13 @@ def format_report(rep: DemoReport) -> str:
             lines.append(f"    {r.mismatches} mismatching (step, sequence) pairs")
         for e in r.cache_errors[:5]:
             lines.append(f"    cache error: {e}")
+    if rep.reuse is not None:
+        u = rep.reuse
+        lines.append(f"  prefix reuse (today's cache, f32 K/V): {plural(u.turns, 'chat turn')}, "
+                     f"{u.reused_tokens} of {plural(u.prompt_tokens, 'prompt token')} reused from earlier turns, "
+                     f"{plural(u.computed_tokens, 'token')} computed")
+        verdict = "ok" if u.ok else "MISMATCH"
+        lines.append(f"    max |reused - recomputed| / max |recomputed| = {u.max_abs_err:.2e} (tolerance {u.tol:.0e}): "
+                     f"{verdict}")
     lines.append("result: " + ("ok" if rep.ok else "FAILED"))
     return "\n".join(lines)

@@ -1,0 +1,439 @@
+"""Prefix reuse on today's unified cache (docs/prefix-reuse.md): finished sequences hand their
+cells to the cache's prefix index, new ones attach the longest held prefix.
+
+The K rows in these tests are a fingerprint of the tokens the row was computed after (the token
+and every token before it), which is what a real model's K/V depend on. So "a reused cell holds
+the K/V of the same computation from scratch" is checked exactly: an attached cell's row must be
+the fingerprint of the new request's own prefix."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import kvcache
+from kvcache import UBatch, UnifiedCache
+
+E = 4   # K / V row width
+
+
+def fingerprint(prefix) -> np.ndarray:
+    """The K row of the last token of `prefix`, computed after all of it."""
+    d = hashlib.blake2b(np.asarray(prefix, dtype=np.int64).tobytes(), digest_size=8).digest()
+    return (np.frombuffer(d, dtype=np.uint16).astype(np.float32))
+
+
+def make(kv_size=64, n_seq_max=4, **kw) -> UnifiedCache:
+    c = UnifiedCache(kv_size, 1, E, E, type_k="f32", type_v="f32", v_trans=False, n_seq_max=n_seq_max, n_pad=32,
+                     semantics="2026", **kw)
+    c.enable_prefix_reuse()
+    return c
+
+
+def compute(c, s, tokens, start, prefix=None):
+    """Place tokens[start:] of sequence s at positions start.. and store their rows; the rows are
+    the fingerprints of (prefix or tokens)[:p + 1]. Returns whether it fitted."""
+    n = len(tokens) - start
+    if n <= 0:
+        return True
+    ub = UBatch(list(range(start, len(tokens))), [s] * n, tokens=list(tokens[start:]))
+    if not c.find_slot(ub):
+        return False
+    full = list(prefix if prefix is not None else tokens)
+    rows = np.stack([fingerprint(full[:p + 1]) for p in range(start, len(tokens))])
+    c.store(0, rows, rows)
+    return True
+
+
+def rows_of(c, s):
+    """Sequence s's (positions, K rows) in position order."""
+    cells, pos = c.seq_cells(s)
+    k = np.asarray(c.k(0)).reshape(c.n_stream, -1, E)[s if c.n_stream > 1 else 0]   # a stream per sequence
+    return pos, k[cells]
+
+
+# --- the basic flow ---------------------------------------------------------------------------
+
+def test_release_match_attach_reuses_the_cells_without_copying():
+    c = make()
+    prompt = [11, 12, 13, 14, 15]
+    assert compute(c, 0, prompt, 0)
+    cells0, _ = c.seq_cells(0)
+    assert c.prefix_release(0) == 5
+    assert c.used == 0 and c.seq_pos_max(0) == -1
+    assert c.prefix_stats == {"cells": 5, "evictable": 5, "nodes": 1, "cap": 0}
+    # at least one token is always left to compute
+    assert c.prefix_match(prompt) == 4
+    assert c.prefix_match(prompt + [16, 17]) == 5
+    assert c.prefix_match([11, 12, 99]) == 2
+    assert c.prefix_match([99, 12]) == 0
+    assert c.prefix_match([11]) == 0
+    k = c.prefix_attach(1, prompt + [16, 17])
+    assert k == 5
+    cells1, pos1 = c.seq_cells(1)
+    assert list(pos1) == [0, 1, 2, 3, 4] and sorted(cells1) == sorted(cells0)
+    assert c.used == 5
+    assert c.prefix_stats["evictable"] == 0          # attached: protected
+    assert compute(c, 1, prompt + [16, 17], k)
+    pos, rows = rows_of(c, 1)
+    for p in range(7):
+        np.testing.assert_array_equal(rows[p], fingerprint((prompt + [16, 17])[:p + 1]))
+    c._prefix_check()
+
+
+def test_salts_are_namespaces():
+    c = make()
+    compute(c, 0, [1, 2, 3, 4], 0)
+    c.prefix_release(0, salt="tenant-a")
+    assert c.prefix_match([1, 2, 3, 4, 5], salt="tenant-a") == 4
+    assert c.prefix_match([1, 2, 3, 4, 5], salt=b"tenant-a") == 4
+    assert c.prefix_match([1, 2, 3, 4, 5]) == 0
+    assert c.prefix_match([1, 2, 3, 4, 5], salt="tenant-b") == 0
+    assert c.prefix_attach(2, [1, 2, 3, 4, 5], salt="tenant-b") == 0
+
+
+def test_held_cells_are_in_no_mask_state_or_used_count():
+    c = make()
+    compute(c, 0, [1, 2, 3, 4, 5, 6], 0)
+    c.prefix_release(0)
+    compute(c, 1, [7, 8], 0)
+    assert c.used == 2
+    m = c.kq_mask(UBatch([2], [1]))
+    shown = set(np.flatnonzero(m.reshape(-1) == 0))
+    assert shown == set(c.seq_cells(1)[0])
+    # the whole-cache state holds sequence 1's cells only: as a cache that never held the others
+    d = make()
+    compute(d, 1, [7, 8], 0)
+    assert len(c.state_write()) == len(d.state_write())
+    assert c.state_write(0) == d.state_write(0)
+
+
+def test_placement_evicts_held_cells_lru_and_never_a_live_sequence():
+    c = make(kv_size=64)
+    for s, base in enumerate((100, 200, 300)):
+        assert compute(c, s, list(range(base, base + 20)), 0)
+    c.prefix_release(0)
+    c.prefix_release(2)
+    c.prefix_release(1)          # order of use: 0, 2, 1
+    assert c.prefix_stats["cells"] == 60 and c.used == 0
+    assert c.prefix_attach(3, list(range(200, 220)) + [1]) == 20   # 1 is attached: protected
+    # 24 new cells need 20 evicted: the least recently used unprotected prefix (sequence 0's) goes
+    assert compute(c, 0, list(range(24)), 0)
+    assert c.prefix_match(list(range(100, 121))) == 0
+    assert c.prefix_match(list(range(300, 321))) == 20
+    assert c.prefix_match(list(range(200, 221))) == 20
+    # no room even after evicting everything evictable: nothing placed, the live cells intact
+    before = c.seq_cells(3)
+    assert not compute(c, 2, list(range(500, 540)), 0)
+    assert all(np.array_equal(a, b) for a, b in zip(before, c.seq_cells(3)))
+    assert c.prefix_match(list(range(200, 221))) == 20
+    c._prefix_check()
+
+
+def test_pins_and_the_cap():
+    c = make()
+    compute(c, 0, [1, 2, 3, 4], 0)
+    c.prefix_release(0)
+    pin = c.prefix_pin([1, 2, 3])
+    assert c.prefix_evict(100) == 0
+    assert c.prefix_match([1, 2, 3, 4, 5]) == 4
+    c.prefix_unpin(pin)
+    with pytest.raises(ValueError, match="not a pin"):
+        c.prefix_unpin(pin)
+    with pytest.raises(ValueError, match="holds 0 of the 2 tokens"):
+        c.prefix_pin([9, 9])
+    assert c.prefix_evict(100) == 4
+    c.enable_prefix_reuse(cap=6)
+    compute(c, 0, list(range(10, 15)), 0)
+    compute(c, 1, list(range(20, 25)), 0)
+    assert c.prefix_release(0) == 5
+    assert c.prefix_release(1) == 5          # the first one evicted to stay under the cap
+    assert c.prefix_stats["cells"] == 5
+    assert c.prefix_match(list(range(10, 16))) == 0
+    # a prefix larger than the cap cannot be kept: the release says so and frees the cells
+    compute(c, 0, list(range(30, 40)), 0)
+    assert c.prefix_release(0) == 0
+    assert c.used == 0
+
+
+def test_moved_cells_are_forgotten_and_never_kept():
+    c = make()
+    prompt = list(range(1, 11))
+    compute(c, 0, prompt, 0)
+    c.prefix_release(0)
+    assert c.prefix_attach(1, prompt + [11]) == 10
+    # a context shift on the attached sequence moves cells the index holds: it forgets them from
+    # the first moved one on (the removed ones stay: the index still holds them, unchanged)
+    c.seq_rm(1, 2, 4)
+    c.seq_add(1, 4, -1, -2)
+    assert c.prefix_match(prompt + [11]) == 4
+    c.update()
+    # released again, only the unmoved head is kept (the moved cells' K/V saw tokens 3 and 4)
+    assert c.prefix_release(1) == 2
+    c._prefix_check()
+
+
+def test_a_recomputed_middle_ends_what_is_kept():
+    c = make()
+    prompt = list(range(1, 11))
+    compute(c, 0, prompt, 0)
+    c.seq_rm(0, 3, 6)
+    other = prompt[:3] + [90, 91, 92] + prompt[6:]
+    compute(c, 0, other[:6], 3)      # positions 3..5 again, with other tokens
+    # positions 6.. were computed after the old 3..5: not a prefix of anything computed now
+    assert c.prefix_release(0) == 6
+
+
+def test_tokens_argument_supplies_and_bounds():
+    c = make()
+    ub = UBatch([0, 1, 2, 3], [0] * 4)           # placed without token ids
+    assert c.find_slot(ub)
+    assert c.prefix_release(0) == 0              # unknown tokens: nothing kept
+    assert c.find_slot(ub)
+    assert c.prefix_release(0, tokens=[5, 6, 7, 8]) == 4
+    assert c.prefix_match([5, 6, 7, 8, 9]) == 4
+    compute(c, 1, [1, 2, 3, 4], 0)
+    assert c.prefix_release(1, tokens=[1, 2, 9]) == 2   # a recorded token that differs ends it
+
+
+def test_clear_and_state_read_forget_the_index():
+    c = make()
+    compute(c, 0, [1, 2, 3, 4], 0)
+    blob = c.state_write()
+    c.prefix_release(0)
+    c.state_read(blob)
+    assert c.prefix_stats["cells"] == 0 and c.seq_pos_max(0) == 3
+    c.prefix_release(0)
+    assert c.prefix_stats["cells"] == 0     # restored cells carry no token ids
+    compute(c, 1, [1, 2, 3], 0)
+    c.prefix_release(1)
+    c.clear()
+    assert c.prefix_stats["cells"] == 0 and c.prefix_match([1, 2, 3, 4]) == 0
+    c._prefix_check()
+
+
+def test_held_cells_take_no_sequence_id():
+    c = make(kv_size=1024, n_seq_max=256)
+    for s in range(256):
+        compute(c, s, [1000 + s, 1, 2], 0)
+    for s in range(256):
+        assert c.prefix_release(s) == 3
+    assert c.prefix_stats["cells"] == 768
+    for s in range(256):
+        assert c.prefix_attach(s, [1000 + s, 1, 2, 3]) == 3
+    c._prefix_check()
+
+
+def test_a_hit_in_another_stream_is_a_stream_copy():
+    c = make(kv_size=64, n_seq_max=2, kv_unified=False)
+    prompt = [5, 6, 7, 8]
+    compute(c, 0, prompt, 0)
+    c.prefix_release(0)
+    assert c.prefix_attach(1, prompt + [9]) == 4
+    assert c.pending_copies == 1
+    c.update()
+    compute(c, 1, prompt + [9], 4)
+    cells, pos = c.seq_cells(1)
+    k = np.asarray(c.k(0)).reshape(2, 64, E)[1]
+    for p, cell in zip(pos, cells):
+        np.testing.assert_array_equal(k[cell], fingerprint((prompt + [9])[:p + 1]))
+    c._prefix_check()
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def test_bad_input_changes_nothing():
+    c = make()
+    compute(c, 0, [1, 2, 3], 0)
+    c.prefix_release(0)
+    compute(c, 1, [1, 2], 0)
+    before = (c.prefix_stats, c.seq_cells(1)[0].tolist())
+    with pytest.raises(ValueError, match="sequence 1 is not empty"):
+        c.prefix_attach(1, [1, 2, 3, 4])
+    with pytest.raises(TypeError, match="salt must be str, bytes or None"):
+        c.prefix_attach(2, [1, 2, 3, 4], salt=3)
+    with pytest.raises(TypeError, match="tokens must"):
+        c.prefix_match("1234")
+    with pytest.raises(ValueError, match="one-dimensional"):
+        c.prefix_match(np.zeros((2, 2), dtype=np.int32))
+    with pytest.raises(ValueError, match="token ids"):
+        c.prefix_attach(2, [1, -2, 3])
+    with pytest.raises(TypeError):
+        c.prefix_attach(2, [1.5, 2])
+    with pytest.raises(ValueError, match="seq_id"):
+        c.prefix_attach(9, [1, 2])
+    assert (c.prefix_stats, c.seq_cells(1)[0].tolist()) == before
+    c._prefix_check()
+
+
+def test_reuse_off_and_unavailable():
+    c = UnifiedCache(64, 1, E, E, n_seq_max=2, semantics="2026")
+    assert not c.prefix_reuse and c.prefix_stats is None
+    assert c.prefix_match([1, 2, 3]) == 0
+    with pytest.raises(RuntimeError, match="prefix reuse is off"):
+        c.prefix_release(0)
+    assert not hasattr(UnifiedCache(64, 1, E, E), "enable_prefix_reuse")   # the 2025 cache has none
+    m = UnifiedCache(64, 1, E, E, semantics="2026", cell_ext=True)
+    with pytest.raises(ValueError, match="2-D positions"):
+        m.enable_prefix_reuse()
+    c.enable_prefix_reuse()
+    compute(c, 0, [1, 2, 3], 0)
+    c.prefix_release(0)
+    c.disable_prefix_reuse()
+    assert c.prefix_stats is None and c.used == 0
+
+
+# --- the state machine ------------------------------------------------------------------------
+
+PROMPTS = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8], [9, 8, 7], [1, 2], [4, 4, 4, 4, 4, 4, 4, 4]]
+
+
+class PrefixReuseMachine(RuleBasedStateMachine):
+    """Requests start from a match, compute, decode, shift, copy, save and restore, end into the
+    index; placement evicts. Every step: the index agrees with the cells, every live sequence's
+    rows are the fingerprints of what its cells were computed after, the mask shows each
+    sequence exactly its own cells."""
+
+    N_SEQ = 3
+    KW: dict = {}
+
+    def __init__(self):
+        super().__init__()
+        self.c = make(kv_size=32, n_seq_max=self.N_SEQ, **self.KW)
+        self.toks = {s: [] for s in range(self.N_SEQ)}     # the live sequences' tokens
+        self.keys = {s: [] for s in range(self.N_SEQ)}     # what each position's row was computed after
+        self.pins = []
+
+    def _live(self, s):
+        return bool(self.toks[s])
+
+    def _clear(self, s):
+        self.toks[s], self.keys[s] = [], []
+
+    @rule(s=st.integers(0, 2), base=st.sampled_from(PROMPTS), tail=st.lists(st.integers(1, 9), max_size=4),
+          salt=st.sampled_from([None, "x"]))
+    def start(self, s, base, tail, salt):
+        if self._live(s):
+            return
+        prompt = base + tail
+        k = self.c.prefix_attach(s, prompt, salt=salt)
+        assert 0 <= k <= len(prompt) - 1
+        if self.c.pending_copies:
+            self.c.update()   # a prefix from another stream: its rows come with the stream copy
+        pos, rows = rows_of(self.c, s)
+        assert list(pos) == list(range(k))
+        for p in range(k):
+            np.testing.assert_array_equal(rows[p], fingerprint(prompt[:p + 1]), err_msg=f"attached position {p}")
+        self.toks[s], self.keys[s] = prompt[:k], [tuple(prompt[:p + 1]) for p in range(k)]
+        if compute(self.c, s, prompt, k):
+            self.toks[s] = list(prompt)
+            self.keys[s] = [tuple(prompt[:p + 1]) for p in range(len(prompt))]
+        else:
+            self.c.seq_rm(s, -1, -1)
+            self._clear(s)
+
+    @rule(s=st.integers(0, 2), t=st.integers(1, 9))
+    def decode(self, s, t):
+        if not self._live(s):
+            return
+        toks = self.toks[s] + [t]
+        if compute(self.c, s, toks, len(toks) - 1):
+            self.toks[s] = toks
+            self.keys[s] = self.keys[s] + [tuple(toks)]
+
+    @rule(s=st.integers(0, 2), salt=st.sampled_from([None, "x"]))
+    def release(self, s, salt):
+        if not self._live(s):
+            return
+        kept = self.c.prefix_release(s, salt=salt)
+        # only rows computed after exactly the sequence's own prefix can be kept
+        good = 0
+        while good < len(self.toks[s]) and self.keys[s][good] == tuple(self.toks[s][:good + 1]):
+            good += 1
+        assert kept <= good
+        self._clear(s)
+
+    @rule(s=st.integers(0, 2), p0=st.integers(0, 8))
+    def truncate(self, s, p0):
+        if not self._live(s):
+            return
+        self.c.seq_rm(s, p0, -1)
+        self.toks[s], self.keys[s] = self.toks[s][:p0], self.keys[s][:p0]
+
+    @rule(s=st.integers(0, 2), a=st.integers(0, 4), d=st.integers(1, 3))
+    def context_shift(self, s, a, d):
+        n = len(self.toks[s])
+        mine = set(self.c.seq_cells(s)[0].tolist())
+        shared = any(mine & set(self.c.seq_cells(o)[0].tolist()) for o in range(self.N_SEQ) if o != s)
+        if n < a + d + 1 or shared:
+            return   # a shift moves shared cells for every sequence holding them (not modelled here)
+        self.c.seq_rm(s, a, a + d)
+        self.c.seq_add(s, a + d, -1, -d)
+        self.c.update()
+        self.toks[s] = self.toks[s][:a] + self.toks[s][a + d:]
+        self.keys[s] = self.keys[s][:a] + self.keys[s][a + d:]
+
+    @rule(src=st.integers(0, 2), dst=st.integers(0, 2))
+    def copy(self, src, dst):
+        if src == dst or not self._live(src) or self._live(dst) or self.c.n_stream > 1:
+            return
+        self.c.seq_cp(src, dst, -1, -1)
+        self.toks[dst], self.keys[dst] = list(self.toks[src]), list(self.keys[src])
+
+    @rule(s=st.integers(0, 2))
+    def save_restore(self, s):
+        if not self._live(s):
+            return
+        blob = self.c.state_write(s)
+        self.c.seq_rm(s, -1, -1)
+        self.c.state_read(blob, s)
+
+    @rule(n=st.integers(0, 40))
+    def evict(self, n):
+        self.c.prefix_evict(n)
+
+    @rule(base=st.sampled_from(PROMPTS), n=st.integers(1, 6))
+    def pin(self, base, n):
+        if self.c.prefix_match(base[:n] + [0]) == min(n, len(base)):
+            self.pins.append(self.c.prefix_pin(base[:n]))
+
+    @precondition(lambda self: self.pins)
+    @rule()
+    def unpin(self):
+        try:
+            self.c.prefix_unpin(self.pins.pop())
+        except ValueError:
+            pass    # its prefix left the index (a shift moved its cells)
+
+    @invariant()
+    def agrees(self):
+        self.c._prefix_check()
+        used = 0
+        for s in range(self.N_SEQ):
+            pos, rows = rows_of(self.c, s)
+            assert list(pos) == list(range(len(self.toks[s])))
+            for p in range(len(pos)):
+                np.testing.assert_array_equal(rows[p], fingerprint(self.keys[s][p]), err_msg=f"seq {s} pos {p}")
+            if self._live(s):
+                used += len(pos)
+                m = self.c.kq_mask(UBatch([len(pos)], [s]))
+                shown = set(np.flatnonzero(m.reshape(-1) == 0))
+                assert shown == set(self.c.seq_cells(s)[0])
+        if self.c.n_stream == 1:
+            assert self.c.used == len({int(x) for s in range(self.N_SEQ) for x in self.c.seq_cells(s)[0]})
+
+
+PrefixReuseMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+test_prefix_reuse_against_fingerprints = PrefixReuseMachine.TestCase
+
+
+class PrefixReuseStreamsMachine(PrefixReuseMachine):
+    KW = {"kv_unified": False}
+
+
+PrefixReuseStreamsMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+test_prefix_reuse_streams_against_fingerprints = PrefixReuseStreamsMachine.TestCase
