@@ -1,16 +1,19 @@
-"""Continuous batching over a kvcache.UnifiedCache: a compact server loop.
+"""Continuous batching over a kvcache.UnifiedCache2026 with prefix reuse: a compact server loop.
 
-Requests arrive with prompts of different lengths. Every step, each running request offers its
-pending tokens (a chunk of its prompt, or the token it generated last), and these form one
-batch. The batch is split into ubatches exactly as llama.cpp splits it, and each ubatch goes
-through
+Requests arrive with prompts of different lengths that begin with the same system prompt. A new
+request first takes the longest prefix of its prompt that the cache still holds from requests
+that ended before (prefix_attach: no K/V is computed or copied for it). Every step, each running
+request offers its pending tokens (a chunk of its prompt, or the token it generated last), and
+these form one batch. The batch is split into ubatches exactly as llama.cpp splits it, and each
+ubatch goes through
 
-    find_slot -> store K/V -> kq_mask -> attention -> (next ubatch) ... -> commit
+    find_slot -> store K/V -> kq_mask -> attention -> (next ubatch) ...
 
-A request that has generated enough tokens leaves with seq_rm; its cells become free for the
-next one. The "model" is one attention layer with random projections (numpy), and every output
-row is compared with the same attention recomputed from scratch over the request's whole
-history, so the example also proves that the cache holds the right K/V in the right cells.
+A request that has generated enough tokens ends with prefix_release: its cells stay in the
+cache's prefix index for later requests, which placement evicts (least recently used first) when
+it needs the room. The "model" is one attention layer with random projections (numpy), and every
+output row is compared with the same attention recomputed from scratch over the request's whole
+history, so the example also proves that reused cells hold the right K/V.
 
 Run it: ``python docs/examples/server_loop.py`` (the test suite does)."""
 from __future__ import annotations
@@ -24,6 +27,7 @@ import kvcache
 
 D = 16        # K/V row width (one head of 16)
 VOCAB = 32
+SYSTEM = 8    # tokens of the system prompt every request starts with
 rng = np.random.default_rng(0)
 EMBED = rng.standard_normal((VOCAB, D)).astype(np.float32)
 WQ, WK, WV = (rng.standard_normal((D, D)).astype(np.float32) / 4 for _ in range(3))
@@ -43,6 +47,7 @@ class Request:
     max_new: int
     seq_id: int = -1        # its sequence in the cache while it runs
     n_cached: int = 0       # tokens whose K/V are in the cache
+    n_reused: int = 0       # of those, taken from earlier requests' cells
     outputs: list = field(default_factory=list)
 
     @property
@@ -53,17 +58,22 @@ class Request:
 
 def serve(requests: list, kv_size: int = 128, n_seq_max: int = 4, n_batch: int = 24, n_ubatch: int = 8) -> dict:
     """Serve the requests to completion; returns counters."""
-    cache = kvcache.UnifiedCache(kv_size=kv_size, n_layer=1, n_embd_k_gqa=D, n_embd_v_gqa=D,
-                                 type_k="f32", type_v="f32", v_trans=False, n_seq_max=n_seq_max)
+    cache = kvcache.UnifiedCache2026(kv_size=kv_size, n_layer=1, n_embd_k_gqa=D, n_embd_v_gqa=D,
+                                     type_k="f32", type_v="f32", v_trans=False, n_seq_max=n_seq_max)
+    cache.enable_prefix_reuse()
     waiting, running = deque(requests), {}
     free = list(range(n_seq_max))
-    stats = {"steps": 0, "ubatches": 0, "tokens": 0, "max_used": 0}
+    stats = {"steps": 0, "ubatches": 0, "tokens": 0, "max_used": 0, "reused": 0}
 
     while waiting or running:
         stats["steps"] += 1
         while waiting and free:                       # admit while a sequence id is free
             r = waiting.popleft()
             r.seq_id = free.pop(0)
+            # the longest prefix earlier requests left in the cache (at least one token is left
+            # to compute: its output is the first generated token)
+            r.n_cached = r.n_reused = cache.prefix_attach(r.seq_id, r.tokens[:r.n_prompt])
+            stats["reused"] += r.n_reused
             running[r.seq_id] = r
 
         # one batch: every running request's pending tokens (prompt chunks are cut to fit)
@@ -75,22 +85,21 @@ def serve(requests: list, kv_size: int = 128, n_seq_max: int = 4, n_batch: int =
                 seq.append(r.seq_id)
                 tok.append(r.tokens[i])
                 owner.append(r)
-        batch = kvcache.Batch(pos, seq)               # simple split: the batch in its order
+        batch = kvcache.Batch(pos, seq, tokens=tok)   # the cells learn their tokens
 
         for ub in cache.ubatches(batch, n_ubatch):
-            if not cache.find_slot(ub):               # no room: undo this batch's placements
-                cache.restore()
+            if not cache.find_slot(ub):               # even after evicting every held prefix
                 raise MemoryError(f"no room for {ub.n_tokens} tokens ({cache.size - cache.used} cells free)")
             ids = ub.ids                              # batch index of each ubatch token
             x = EMBED[[tok[i] for i in ids]]
             q, k, v = x @ WQ, x @ WK, x @ WV
             cache.store(0, k, v)                      # rows go to the cells find_slot chose
-            mask = cache.kq_mask(ub)[:ub.n_tokens]    # [n_tokens, n]: rows past n_tokens are padding
-            out = attention(q, cache.k(0)[:cache.n], cache.v(0)[:cache.n], mask)
+            mask = cache.kq_mask(ub)[0]               # [n_tokens, n_kv]: one token group, one stream
+            n_kv = mask.shape[1]
+            out = attention(q, cache.k(0)[:n_kv], cache.v(0)[:n_kv], mask)
             for row, i in enumerate(ids):
                 owner[i].outputs.append((pos[i], out[row]))
             stats["ubatches"] += 1
-        cache.commit()                                # the batch is kept
         stats["tokens"] += len(pos)
         stats["max_used"] = max(stats["max_used"], cache.used)
 
@@ -101,10 +110,11 @@ def serve(requests: list, kv_size: int = 128, n_seq_max: int = 4, n_batch: int =
                 last = r.outputs[-1][1]
                 r.tokens.append(int(np.argmax(last @ EMBED.T)))
         for r in [r for r in running.values() if r.done]:
-            cache.seq_rm(r.seq_id)                    # its cells are free again
+            cache.prefix_release(r.seq_id)            # its cells stay for later requests
             free.append(r.seq_id)
             del running[r.seq_id]
-    assert cache.used == 0
+    assert cache.used == 0                            # held cells belong to no sequence
+    stats["held"] = cache.prefix_stats["cells"]
     return stats
 
 
@@ -118,17 +128,19 @@ def check(r: Request) -> None:
 
 
 def main() -> dict:
+    system = rng.integers(0, VOCAB, size=SYSTEM).tolist()
     lengths = rng.integers(3, 20, size=10)
-    requests = [Request(tokens=rng.integers(0, VOCAB, size=int(n)).tolist(), n_prompt=int(n), max_new=5)
-                for n in lengths]
+    requests = [Request(tokens=system + rng.integers(0, VOCAB, size=int(n)).tolist(), n_prompt=SYSTEM + int(n),
+                        max_new=5) for n in lengths]
     stats = serve(requests)
     for r in requests:
         check(r)
-        assert len(r.outputs) == len(r.tokens) - 1 and len(r.tokens) == r.n_prompt + r.max_new
+        assert len(r.outputs) == len(r.tokens) - 1 - r.n_reused and len(r.tokens) == r.n_prompt + r.max_new
     print(f"{len(requests)} requests served in {stats['steps']} steps, {stats['ubatches']} ubatches, "
-          f"{stats['tokens']} tokens; at most {stats['max_used']} cells in use; every output checked")
-    # 10 requests served in 16 steps, 28 ubatches, 164 tokens; at most 71 cells in use;
-    # every output checked
+          f"{stats['tokens']} tokens; {stats['reused']} prompt tokens reused; at most {stats['max_used']} cells "
+          f"in use; every output checked")
+    # 10 requests served in 17 steps, 31 ubatches, 182 tokens; 49 prompt tokens reused; at most 99 cells
+    # in use; every output checked
     return stats
 
 
