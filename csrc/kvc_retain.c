@@ -190,3 +190,87 @@ int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err) {
     }
     return kvc_prefix_unpin(&c->reuse->idx, pin, err);
 }
+
+/* --- composite caches -------------------------------------------------------------------- */
+
+int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t cap, kvc_err *err) {
+    bool was_on[8];
+    if (n_parts > 8) {
+        return kvc_err_set(err, KVC_E_ARG, "at most 8 parts, got %u", n_parts);
+    }
+    for (uint32_t k = 0; k < n_parts; k++) {
+        was_on[k] = cs[k]->reuse != NULL;
+        const int rc = kvc_reuse_enable(cs[k], cap, err);
+        if (rc != KVC_OK) {
+            for (uint32_t j = 0; j < k; j++) {
+                if (!was_on[j]) {
+                    kvc_reuse_disable(cs[j]);
+                }
+            }
+            return rc;
+        }
+    }
+    return KVC_OK;
+}
+
+uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                                uint32_t n) {
+    uint32_t p = n;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        const uint32_t q = kvc_retain_match(cs[k], salt, tokens, n);
+        p = q < p ? q : p;
+    }
+    return n_parts ? p : 0;
+}
+
+int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                            const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err) {
+    *n_attached = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        if (!cs[k]->reuse) {
+            return reuse_off(err);
+        }
+        if (kvc_unified_seq_pos_max(cs[k], s) >= 0) {
+            return kvc_err_set(err, KVC_E_ARG, "sequence %d is not empty: a prefix attaches to a new sequence "
+                               "(seq_rm(%d) first)", s, s);
+        }
+    }
+    const uint32_t p = kvc_retain_match_parts(cs, n_parts, salt, tokens, n);
+    if (p == 0) {
+        return KVC_OK;
+    }
+    /* every part holds p tokens: attaching p + 1 tokens' prefix takes exactly p in each */
+    for (uint32_t k = 0; k < n_parts; k++) {
+        uint32_t got = 0;
+        const int rc = kvc_retain_attach(cs[k], s, salt, tokens, p + 1, &got, err);
+        if (rc != KVC_OK || got != p) {
+            for (uint32_t j = 0; j <= k; j++) {
+                kvc_unified_seq_rm(cs[j], s, -1, -1);   /* back to empty; the locks go with it */
+            }
+            return rc != KVC_OK ? rc : kvc_err_set(err, KVC_E_INTERNAL, "part %u attached %u of %u tokens", k, got, p);
+        }
+    }
+    *n_attached = p;
+    return KVC_OK;
+}
+
+int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                             const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err) {
+    memset(res, 0, sizeof *res);
+    res->n_kept = UINT32_MAX;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        kvc_retained one;
+        const int rc = kvc_retain_release(cs[k], s, salt, tokens, n, &one, err);
+        if (rc != KVC_OK) {
+            res->n_kept = 0;
+            return rc;
+        }
+        res->n_kept = one.n_kept < res->n_kept ? one.n_kept : res->n_kept;
+        res->n_new += one.n_new;
+        res->n_evicted += one.n_evicted;
+    }
+    if (res->n_kept == UINT32_MAX) {
+        res->n_kept = 0;
+    }
+    return KVC_OK;
+}

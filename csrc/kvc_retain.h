@@ -52,6 +52,22 @@ int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_
 /* KVC_OK, KVC_E_ARG (not a pin of this index: unknown, already unpinned, or its prefix left). */
 int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err);
 
+/* --- composite caches (an iSWA pair): a prefix counts as far as every part holds it ------- */
+/* Turn reuse on in every part (all or none). */
+int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t cap, kvc_err *err);
+/* The smallest of the parts' matches. */
+uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                                uint32_t n);
+/* Attach that many tokens in every part, or nothing (KVC_E_ARG: s not empty in some part;
+ * KVC_E_NOMEM). */
+int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                            const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err);
+/* Release in every part: res->n_kept the smallest of the parts' (what a later request can reuse),
+ * n_new and n_evicted summed. A failure (KVC_E_NOMEM) in a part leaves the parts before it
+ * released. */
+int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                             const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -244,6 +244,57 @@ def test_a_hit_in_another_stream_is_a_stream_copy():
     c._prefix_check()
 
 
+# --- iSWA ---------------------------------------------------------------------------------------
+
+def _iswa(**kw):
+    c = kvcache.ISWACache(64, 2, E, E, swa_layers=[1], n_swa=4, type_k="f32", type_v="f32", v_trans=False,
+                          n_seq_max=3, n_pad=32, semantics="2026", **kw)
+    return c
+
+
+def _iswa_compute(c, s, tokens, start):
+    n = len(tokens) - start
+    if not c.find_slot(UBatch(list(range(start, len(tokens))), [s] * n, tokens=list(tokens[start:]))):
+        return False
+    rows = np.stack([fingerprint(tokens[:p + 1]) for p in range(start, len(tokens))])
+    for il in range(2):
+        c.store(il, rows + il, rows + il)
+    return True
+
+
+def test_iswa_reuses_what_both_caches_hold():
+    c = _iswa()
+    c.enable_prefix_reuse()
+    prompt = list(range(1, 13))
+    assert _iswa_compute(c, 0, prompt, 0)
+    assert c.prefix_release(0) == 12
+    stats = c.prefix_stats
+    assert stats["base"]["cells"] == 12 and stats["swa"]["cells"] == 12
+    second = prompt[:9] + [50, 51]
+    assert c.prefix_match(second) == 9
+    assert c.prefix_attach(1, second) == 9
+    assert _iswa_compute(c, 1, second, 9)
+    for part, il in ((c.base, 0), (c.swa, 1)):
+        cells, pos = part.seq_cells(1)
+        k = np.asarray(part.k(il))
+        for p, cell in zip(pos, cells):
+            np.testing.assert_array_equal(k[cell], fingerprint(second[:p + 1]) + il)
+    # a prefix one cache lost is not reused: the SWA cache's cells of the first prompt evicted
+    c.prefix_release(1)
+    c.swa.prefix_evict(100)
+    assert c.prefix_match(prompt + [1]) == 0
+    assert c.prefix_attach(2, prompt + [1]) == 0 and c.base.seq_pos_max(2) == -1
+    c.base._prefix_check()
+    c.swa._prefix_check()
+
+
+def test_iswa_needs_a_full_size_swa_cache():
+    c = _iswa(swa_full=False)
+    with pytest.raises(ValueError, match="swa_full=True"):
+        c.enable_prefix_reuse()
+    assert not c.prefix_reuse
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 def test_bad_input_changes_nothing():

@@ -5,6 +5,8 @@
 
 import warnings
 
+from kvcache.includes.kvc_retain cimport (kvc_retained, kvc_retain_enable_parts, kvc_retain_match_parts,
+                                         kvc_retain_attach_parts, kvc_retain_release_parts)
 from kvcache.includes.kvc_iswa cimport (KVC_ISWA_PAD_2026, kvc_iswa, kvc_iswa_pending, kvc_iswa_sizing, kvc_iswa_swa_size, kvc_iswa_init,
                                         kvc_iswa_sbatch_init, kvc_iswa_find_slot, kvc_iswa_commit, kvc_iswa_restore,
                                         kvc_iswa_set_full, kvc_iswa_clear, kvc_iswa_seq_rm, kvc_iswa_seq_cp,
@@ -949,6 +951,135 @@ cdef class _ISWA2026(_ISWA):
         if base is None or swa is None:
             return None
         return base, swa
+
+    # --- prefix reuse (docs/prefix-reuse.md): both caches, a prefix as far as both hold it -----
+    def enable_prefix_reuse(self, cap=0):
+        """Prefix reuse in both caches (see UnifiedCache2026.enable_prefix_reuse; ``cap`` bounds
+        each cache's index). Needs ``swa_full=True`` (the default of today's llama.cpp): a
+        smaller SWA cache keeps only the window before each sequence's last position, which a
+        prefix index cannot hand to a request that stops earlier (ValueError)."""
+        cdef uint32_t ccap = <uint32_t>int_c(cap, "cap", 0, UINT32_MAX)
+        cdef kvc_unified *parts[2]
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        if not self.c.swa_full:
+            raise ValueError("enable_prefix_reuse: an iSWA cache reuses prefixes only with swa_full=True (its SWA "
+                             "cache as large as the base cache); a smaller SWA cache holds only each sequence's "
+                             "last window")
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_change("enable_prefix_reuse")
+        r = kvc_retain_enable_parts(parts, 2, ccap, &err)
+        self._release()
+        check_status(r, &err, "enable_prefix_reuse")
+
+    def disable_prefix_reuse(self):
+        """Turn prefix reuse off in both caches (their indexes forget every prefix)."""
+        with self._hold:
+            self._base.disable_prefix_reuse()
+            self._swa.disable_prefix_reuse()
+
+    @property
+    def prefix_reuse(self):
+        """Whether prefix reuse is on."""
+        return self._base.prefix_reuse
+
+    @property
+    def prefix_stats(self):
+        """``{"base": ..., "swa": ...}``: each cache's UnifiedCache2026.prefix_stats; None while
+        reuse is off."""
+        with self._hold:
+            if not self._base.prefix_reuse:
+                return None
+            return {"base": self._base.prefix_stats, "swa": self._swa.prefix_stats}
+
+    def prefix_match(self, tokens, salt=None):
+        """How many leading tokens of a new request both caches hold under ``salt`` (at most
+        ``len(tokens) - 1``)."""
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], r
+        cdef kvc_unified *parts[2]
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_change("prefix_match")
+        with nogil:
+            r = kvc_retain_match_parts(parts, 2, cs, &tv[0] if n else NULL, n)
+            self._release()
+        return int(r)
+
+    def prefix_attach(self, seq_id, tokens, salt=None):
+        """Start sequence ``seq_id`` (empty in both caches) from the longest prefix of
+        ``tokens`` both caches hold, in both (UnifiedCache2026.prefix_attach); returns its
+        length k. Nothing changes in either cache on failure."""
+        cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], k = 0
+        cdef kvc_unified *parts[2]
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_change("prefix_attach")
+        with nogil:
+            r = kvc_retain_attach_parts(parts, 2, s, cs, &tv[0] if n else NULL, n, &k, &err)
+            self._release()
+        check_status(r, &err, "prefix_attach")
+        return int(k)
+
+    def prefix_release(self, seq_id, tokens=None, salt=None):
+        """End sequence ``seq_id`` in both caches, keeping its cells (UnifiedCache2026.
+        prefix_release); returns how many leading tokens both caches now hold for it."""
+        cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
+        t = None if tokens is None else tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv
+        cdef const int32_t *tp = NULL
+        cdef uint32_t n = 0
+        cdef kvc_retained res
+        cdef kvc_unified *parts[2]
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        if t is not None and t.shape[0]:
+            tv = t
+            tp = &tv[0]
+            n = <uint32_t>t.shape[0]
+        elif t is not None:
+            tp = <const int32_t *>&n   # no tokens: nothing is kept
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_change("prefix_release")
+        with nogil:
+            r = kvc_retain_release_parts(parts, 2, s, cs, tp, n, &res, &err)
+            self._release()
+        check_status(r, &err, "prefix_release")
+        return int(res.n_kept)
+
+    def prefix_evict(self, n_cells):
+        """Evict up to ``n_cells`` cells from each cache's index; returns how many went in all."""
+        with self._hold:
+            return self._base.prefix_evict(n_cells) + self._swa.prefix_evict(n_cells)
+
+    def prefix_pin(self, tokens, salt=None):
+        """Pin the prefix in both caches (see UnifiedCache2026.prefix_pin); returns the pin."""
+        with self._hold:
+            pb = self._base.prefix_pin(tokens, salt)
+            try:
+                ps = self._swa.prefix_pin(tokens, salt)
+            except BaseException:
+                self._base.prefix_unpin(pb)
+                raise
+            return (pb, ps)
+
+    def prefix_unpin(self, pin):
+        """Let go of a pin prefix_pin returned."""
+        if not isinstance(pin, tuple) or len(pin) != 2:
+            raise ValueError("not a pin of this cache's prefix index (prefix_pin returns a pair)")
+        with self._hold:
+            self._base.prefix_unpin(pin[0])
+            self._swa.prefix_unpin(pin[1])
 
     def update(self, rope=None, n_max_nodes=65536):
         """Each cache's StreamUpdate (UnifiedCache.update: its stream copies, then its shifts),

@@ -32,3 +32,10 @@ cdef extern from "kvc_retain.h" nogil:
     int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_prefix_handle *pin,
                        kvc_err *err)
     int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err)
+    int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t cap, kvc_err *err)
+    uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                                    uint32_t n)
+    int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                                const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err)
+    int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                                 const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err)
