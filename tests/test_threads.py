@@ -245,6 +245,34 @@ def test_stress_8_threads_mixed_operations():
         assert fresh.state_write() == blob
 
 
+def test_prefix_reuse_from_several_threads():
+    """Each thread serves requests on its own sequence id of one today's-semantics cache with
+    prefix reuse: attach, place the rest with token ids, release. The prompts share prefixes
+    across threads, so attaches, releases and the evictions of placement interleave on shared
+    cells; the index and the cells agree at the end and no live sequence lost a cell."""
+    c = kvcache.UnifiedCache(256, 1, 8, 8, n_seq_max=N_THREADS, semantics="2026", buffers=None)
+    c.enable_prefix_reuse()
+    n_req = max(50, min(2000, N_OPS // 100))
+
+    def work(i):
+        rng = np.random.default_rng(i)
+        for _ in range(n_req):
+            prompt = [1, 2, 3, 4] + rng.integers(0, 4, int(rng.integers(1, 12))).tolist()
+            k = c.prefix_attach(i, prompt)
+            assert c.seq_pos_max(i) == k - 1
+            ub = kvcache.UBatch(list(range(k, len(prompt))), [i] * (len(prompt) - k), tokens=prompt[k:])
+            if c.find_slot(ub):
+                assert c.seq_pos_max(i) == len(prompt) - 1 and c.seq_pos_min(i) == 0
+                c.prefix_release(i)
+            else:
+                c.seq_rm(i)
+
+    _run_threads(work, N_THREADS)
+    c._prefix_check()
+    _consistent_cells(c.cells())
+    assert c.used == 0 and c.prefix_stats["cells"] > 0
+
+
 # --- what the locks promise -----------------------------------------------------------------------
 
 class _BlockingFile(io.RawIOBase):
