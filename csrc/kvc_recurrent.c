@@ -645,9 +645,9 @@ static void rec_swap_work(kvc_recurrent *c) {
     c->work = t;
 }
 
-int kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err) {
-    c->n_warn = 0;
-    c->warn[0] = 0;
+/* What find_slot refuses before it changes anything: no token, an id outside [0, n_seq_max), a
+ * sequence in two groups. */
+static int rec_ubatch_check(const kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err) {
     if (ub->n_seqs == 0) {
         return kvc_err_set(err, KVC_E_ARG, "find_slot: the ubatch has no tokens");
     }
@@ -669,6 +669,16 @@ int kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err
             kvc_seqset_add(&seen, ub->seq_ids[j]);
         }
     }
+    return KVC_OK;
+}
+
+int kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err) {
+    c->n_warn = 0;
+    c->warn[0] = 0;
+    const int st = rec_ubatch_check(c, ub, err);
+    if (st != KVC_OK) {
+        return st;
+    }
     rec_cells_copy(&c->work, &c->cells);
     const int r = rec_find_slot(c, &c->work, ub, c, err);
     if (r < 0) {
@@ -677,7 +687,36 @@ int kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err
         return r;
     }
     rec_swap_work(c);
+    c->can_unplace = true;
     return r;
+}
+
+int kvc_recurrent_unplace(kvc_recurrent *c) {
+    if (!c->can_unplace) {
+        return KVC_E_ARG;
+    }
+    rec_swap_work(c);
+    c->can_unplace = false;
+    c->n_warn = 0;
+    c->warn[0] = 0;
+    return KVC_OK;
+}
+
+int kvc_recurrent_prepare(kvc_recurrent *c, const kvc_ubatch *ubs, uint32_t n_ub, kvc_err *err) {
+    /* the ubatches are placed in turn on the work copy, which is then dropped */
+    rec_cells_copy(&c->work, &c->cells);
+    c->can_unplace = false;
+    for (uint32_t u = 0; u < n_ub; u++) {
+        int r = rec_ubatch_check(c, &ubs[u], err);
+        if (r != KVC_OK) {
+            return r;
+        }
+        r = rec_find_slot(c, &c->work, &ubs[u], NULL, err);
+        if (r != 1) {
+            return r;
+        }
+    }
+    return 1;
 }
 
 void kvc_recurrent_commit(kvc_recurrent *c) { (void)c; }
@@ -990,6 +1029,7 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     /* everything checked: apply (the K/V data follow the V layout flag and the layer count, each
      * after a 12-byte header) */
     rec_swap_work(c);
+    c->can_unplace = false;
     if (seq_id == -1) {
         rec_zero_data(c);
     }

@@ -73,6 +73,7 @@ typedef struct kvc_recurrent {
     uint32_t       n_layer;     /* number of layers */
     kvc_layer     *layers;      /* [n_layer] */
     int32_t        semantics;   /* enum kvc_rec_semantics */
+    bool           can_unplace; /* work holds the table from before the last find_slot */
     uint32_t       n_rs_seq;    /* 2026: rollback snapshots per state; each layer's rows are
                                  * (1 + n_rs_seq) planes of size rows, plane p = the state p
                                  * tokens before the last one the cell's last ubatch saw */
@@ -135,6 +136,14 @@ bool    kvc_recurrent_rollback_ok(const kvc_recurrent *c, int32_t s, int32_t r);
  * after seq_rm(-1, ...) without clear, or after a find_slot that lost its state; the reference
  * aborts). Warnings go to c->warn / c->n_warn. */
 int     kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err);
+/* Undo the last find_slot that placed (returned 0 or 1): the cells, counters and warnings as they
+ * were before it. Valid only with no other change since (a composite cache whose other part then
+ * failed); KVC_E_ARG (nothing changes) when no such find_slot is recorded. */
+int     kvc_recurrent_unplace(kvc_recurrent *c);
+/* The dry run of placing ubs[0 .. n_ub) in turn (each against the state holding the ones before
+ * it), as llama.cpp's prepare: 1 every one placed, 0 one failed the sanity check, an error as
+ * find_slot's (err). The cache is left exactly as it was. */
+int     kvc_recurrent_prepare(kvc_recurrent *c, const kvc_ubatch *ubs, uint32_t n_ub, kvc_err *err);
 void    kvc_recurrent_commit(kvc_recurrent *c);   /* nothing to commit */
 void    kvc_recurrent_restore(kvc_recurrent *c);  /* nothing is ever pending: a no-op */
 void    kvc_recurrent_set_full(kvc_recurrent *c); /* n = size, head = 0 */

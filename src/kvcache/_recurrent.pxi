@@ -429,6 +429,38 @@ cdef class _Recurrent(RecurrentCore):
             _warnings.warn(m, RuntimeWarning, stacklevel=2)
         return r == 1
 
+    def prepare(self, ubatches) -> bool:
+        """The dry run of placing several ubatches in turn (each against the state holding the
+        ones before it), as llama.cpp's prepare: True when every one is placed. The cache is
+        left exactly as it was. Every ubatch is checked (ValueError, nothing changed)."""
+        cdef kvc_err err
+        cdef list ubs = list(ubatches)
+        cdef Py_ssize_t n_ub = len(ubs), u
+        cdef kvc_ubatch *arr
+        cdef int r
+        err.msg[0] = 0
+        if n_ub == 0:
+            raise ValueError("prepare needs at least one ubatch")
+        for u in range(n_ub):
+            if not isinstance(ubs[u], UBatch):
+                raise TypeError(f"ubatches[{u}] must be a UBatch, not {type(ubs[u]).__name__}")
+            (<UBatch>ubs[u]).check(self.c.n_seq_max)
+        arr = <kvc_ubatch *>malloc(n_ub * sizeof(kvc_ubatch))
+        if arr == NULL:
+            raise MemoryError("prepare")
+        try:
+            for u in range(n_ub):
+                arr[u] = (<UBatch>ubs[u]).c
+            lock_change(&self._lock, "prepare")
+            with nogil:
+                r = kvc_recurrent_prepare(&self.c, arr, <uint32_t>n_ub, &err)
+                kvc_pylock_release(&self._lock)
+        finally:
+            free(arr)
+        if r < 0:
+            raise_status(r, &err, "prepare")
+        return r == 1
+
     def commit(self):
         """Accept the last placements (nothing to record for recurrent states)."""
         lock_change(&self._lock, "commit")

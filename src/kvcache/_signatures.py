@@ -36,6 +36,14 @@ def recurrent(n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type
             buffers, semantics, n_rs_seq)
 
 
+def hybrid(kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r, n_embd_s=0, n_seq_max=1,
+           type_k="f16", type_v="f16", v_trans=True, n_rs_seq=0, attn_layers=None, kv_unified=True,
+           n_embd_head_k=None, rope=None, buffers="owned"):
+    """kvcache.HybridCache's parameters."""
+    return (kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r, n_embd_s, n_seq_max, type_k,
+            type_v, v_trans, n_rs_seq, attn_layers, kv_unified, n_embd_head_k, rope, buffers)
+
+
 def ubatch(pos, seq_id, n_seq_tokens=1, output=None, *, tokens=None, pos_x=None, pos_y=None):
     """kvcache.UBatch's parameters."""
     return pos, seq_id, n_seq_tokens, output, tokens, pos_x, pos_y

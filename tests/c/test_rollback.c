@@ -142,7 +142,28 @@ static void test_no_snapshots(void) {
     kvc_recurrent_free(&c);
 }
 
+/* What the hybrid memory needs of its recurrent part: a dry run over several ubatches that leaves
+ * the cache as it was, and the undo of the last placement. */
+static void test_prepare_unplace(void) {
+    kvc_recurrent c;
+    REQUIRE(make(&c, RS, NULL, NULL) == KVC_OK, "init");
+    const kvc_rec_cells *t = &c.cells;
+    CHECK(kvc_recurrent_unplace(&c) == KVC_E_ARG, "nothing to undo");
+    CHECK(decode(&c, 0, 0, 3) == 1, "decode");
+    int32_t pos[2] = { 3, 4 }, s = 0;
+    const uint32_t off[2] = { 0, 1 };
+    const kvc_ubatch ubs[2] = { { 1, 1, 1, pos, off, &s, NULL, NULL, NULL }, { 1, 1, 1, pos + 1, off, &s, NULL, NULL, NULL } };
+    kvc_err err = { 0, "" };
+    CHECK(kvc_recurrent_prepare(&c, ubs, 2, &err) == 1 && t->pos[0] == 2 && t->snap[0] == 2, "a dry run");
+    CHECK(kvc_recurrent_unplace(&c) == KVC_E_ARG, "a dry run leaves nothing to undo");
+    CHECK(decode(&c, 0, 3, 1) == 1 && t->pos[0] == 3 && t->snap[0] == 0, "placed");
+    CHECK(kvc_recurrent_unplace(&c) == KVC_OK && t->pos[0] == 2 && t->snap[0] == 2, "undone");
+    CHECK(kvc_recurrent_unplace(&c) == KVC_E_ARG, "once");
+    kvc_recurrent_free(&c);
+}
+
 int main(void) {
+    test_prepare_unplace();
     test_params();
     test_rollback_after(12, 4, false);
     test_rollback_after(11, 5, true);

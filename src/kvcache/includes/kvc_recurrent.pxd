@@ -55,6 +55,8 @@ cdef extern from "kvc_recurrent.h" nogil:
     int32_t kvc_recurrent_seq_pos_max(const kvc_recurrent *c, int32_t s)
 
     int     kvc_recurrent_find_slot(kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err)
+    int     kvc_recurrent_unplace(kvc_recurrent *c)
+    int     kvc_recurrent_prepare(kvc_recurrent *c, const kvc_ubatch *ubs, uint32_t n_ub, kvc_err *err)
     void    kvc_recurrent_commit(kvc_recurrent *c)
     void    kvc_recurrent_restore(kvc_recurrent *c)
     void    kvc_recurrent_set_full(kvc_recurrent *c)

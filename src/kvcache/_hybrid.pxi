@@ -1,0 +1,313 @@
+# _hybrid: the hybrid memory of models mixing attention and recurrent layers (kvcache.HybridCache):
+# a UnifiedCache of semantics "2026" for the attention layers and a RecurrentCache of semantics
+# "2026" for the recurrent ones, driven together by the rules of csrc/kvc_hybrid.h.
+
+from kvcache.includes.kvc_hybrid cimport (kvc_hybrid, kvc_hybrid_init, kvc_hybrid_find_slot, kvc_hybrid_clear,
+                                          kvc_hybrid_seq_rm, kvc_hybrid_seq_cp, kvc_hybrid_seq_keep,
+                                          kvc_hybrid_seq_add, kvc_hybrid_seq_div, kvc_hybrid_seq_pos_min,
+                                          kvc_hybrid_seq_pos_max)
+
+
+cdef tuple _hybrid_buffers(object buffers, tuple recr_layers):
+    """buffers for both parts: a mode name for both, or (attention part's, recurrent part's) with
+    the recurrent part's {model layer: (R, S)} renumbered to its own layers."""
+    if buffers is None or isinstance(buffers, str):
+        return buffers, buffers
+    if not isinstance(buffers, tuple) or len(buffers) != 2:
+        raise TypeError(f"buffers must be 'owned', None, 'none' or a pair (attention buffers, recurrent "
+                        f"buffers), not {type(buffers).__name__}")
+    attn, recr = buffers
+    if isinstance(recr, dict):
+        index = {il: k for k, il in enumerate(recr_layers)}
+        for il in recr:
+            if il not in index:
+                raise ValueError(f"buffers[1]: layer {il} is not a recurrent layer ({list(recr_layers)})")
+        recr = {index[il]: kv for il, kv in recr.items()}
+    return attn, recr
+
+
+cdef class _Hybrid:
+    """The hybrid memory (kvcache.HybridCache is the documented public class)."""
+    cdef kvc_hybrid c              # the pair in C: both parts' structs
+    cdef _Unified _attn            # the attention layers' cache (a UnifiedCache2026)
+    cdef _Recurrent _recr          # the recurrent layers' memory (a RecurrentCache of semantics 2026)
+    cdef object _first             # the two in the global lock order (ascending address)
+    cdef object _second
+    cdef tuple _attn_layers        # model layers of the attention part, ascending
+    cdef tuple _recr_layers        # model layers of the recurrent part, ascending
+    cdef uint32_t _n_layer         # the model's layers
+    cdef readonly _Hold _hold      # both parts' locks, in the global order
+
+    __signature__ = _signatures.ClassSignature(_signatures.hybrid)
+
+    def __cinit__(self, *args, **kwargs):
+        (kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r, n_embd_s, n_seq_max, type_k,
+         type_v, v_trans, n_rs_seq, attn_layers, kv_unified, n_embd_head_k, rope,
+         buffers) = _signatures.bind(_signatures.hybrid, type(self), args, kwargs)
+        cdef kvc_err err
+        err.msg[0] = 0
+        from kvcache.unified import UnifiedCache      # the public classes of the parts (a layer above)
+        from kvcache.recurrent import RecurrentCache
+        n_layer = int_arg(n_layer, "n_layer", 1, 65536)
+        recr = layers_arg(recurrent_layers, n_layer, "recurrent_layers", any_order=True)
+        if not recr:
+            raise ValueError("recurrent_layers: a hybrid memory needs at least one recurrent layer")
+        recr_set = frozenset(recr)
+        if attn_layers is None:
+            attn = tuple(il for il in range(n_layer) if il not in recr_set)
+        else:
+            attn = layers_arg(attn_layers, n_layer, "attn_layers", any_order=True)
+        if not attn:
+            raise ValueError("attn_layers: a hybrid memory needs at least one attention layer")
+        n_seq_max = n_seq_max_arg(n_seq_max)
+        r_widths = widths_arg(n_embd_r, n_layer, "n_embd_r")
+        s_widths = widths_arg(n_embd_s, n_layer, "n_embd_s")
+        buf_attn, buf_recr = _hybrid_buffers(buffers, recr)
+        # llama.cpp: the attention part has no padding, the recurrent part a cell per sequence, f32
+        self._attn = UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k=type_k, type_v=type_v,
+                                  v_trans=v_trans, n_seq_max=n_seq_max, n_pad=1, layers=list(attn),
+                                  buffers=buf_attn, n_embd_head_k=n_embd_head_k, rope=rope, semantics="2026",
+                                  kv_unified=kv_unified)
+        self._recr = RecurrentCache(n_seq_max, len(recr), [r_widths[il] for il in recr],
+                                    [s_widths[il] for il in recr], type_k="f32", type_v="f32",
+                                    kv_size=max(1, n_seq_max), buffers=buf_recr, semantics="2026",
+                                    n_rs_seq=n_rs_seq)
+        check_status(kvc_hybrid_init(&self.c, &self._attn.c, &self._recr.c, &err), &err, "HybridCache")
+        self._first, self._second = _lock_order((self._attn, self._recr))
+        self._attn_layers = attn
+        self._recr_layers = recr
+        self._n_layer = <uint32_t>n_layer
+        self._hold = _Hold(self._attn, self._recr)
+
+    # both parts locked for a change that runs no Python code (see "locking" in _common.pxi)
+    cdef int _lock_change(self, str what) except -1:
+        lock_change(_lock_of(self._first), what)
+        try:
+            lock_change(_lock_of(self._second), what)
+        except BaseException:
+            kvc_pylock_release(_lock_of(self._first))
+            raise
+        return 0
+
+    cdef void _release(self) noexcept:
+        kvc_pylock_release(_lock_of(self._second))
+        kvc_pylock_release(_lock_of(self._first))
+
+    cdef void _acquire(self) noexcept:
+        kvc_pylock_acquire(_lock_of(self._first))
+        kvc_pylock_acquire(_lock_of(self._second))
+
+    # --- the parts and the geometry (read-only) ----------------------------------------------
+    @property
+    def attn(self):
+        """The attention layers' cache (a UnifiedCache2026 without padding)."""
+        return self._attn
+
+    @property
+    def recr(self):
+        """The recurrent layers' memory (a RecurrentCache of semantics '2026', a cell per sequence)."""
+        return self._recr
+
+    @property
+    def n_layer(self):
+        """Number of model layers."""
+        return self._n_layer
+
+    @property
+    def attn_layers(self):
+        """Model layers of the attention part, ascending."""
+        return self._attn_layers
+
+    @property
+    def recurrent_layers(self):
+        """Model layers of the recurrent part, ascending (a layer may be in both, or in neither)."""
+        return self._recr_layers
+
+    @property
+    def n_seq_max(self):
+        """Valid sequence ids are [0, n_seq_max)."""
+        return self._attn.n_seq_max
+
+    @property
+    def n_rs_seq(self):
+        """Rollback snapshots per recurrent state (0: no rollback)."""
+        return self._recr.n_rs_seq
+
+    @property
+    def semantics(self):
+        """Always '2026': the hybrid memory is today's llama.cpp's."""
+        return "2026"
+
+    @property
+    def has_shift(self):
+        """The attention part has a K-shift pending (update() applies it; recurrent states have
+        nothing to shift)."""
+        return self._attn.has_shift
+
+    @property
+    def total_size(self):
+        """Bytes of both parts' memory."""
+        return self._attn.total_size + self._recr.total_size
+
+    def __repr__(self):
+        return (f"HybridCache(n_layer={self._n_layer}, attn_layers={list(self._attn_layers)}, "
+                f"recurrent_layers={list(self._recr_layers)}, kv_size={self._attn.size}, "
+                f"n_seq_max={self.n_seq_max}, n_rs_seq={self._recr.n_rs_seq})")
+
+    cdef int _recr_index(self, object il) except -1:
+        cdef Py_ssize_t k
+        for k in range(len(self._recr_layers)):
+            if self._recr_layers[k] == il:
+                return <int>k
+        raise ValueError(f"il = {il!r} is not a recurrent layer ({list(self._recr_layers)})")
+
+    # --- placement -------------------------------------------------------------------------
+    def find_slot(self, ub):
+        """Place a ubatch in both parts, the recurrent part first: True when both placed it;
+        False when either had no room or failed llama.cpp's sanity check, and then neither
+        changed. ValueError for a ubatch a part refuses (nothing changed)."""
+        cdef UBatch u = ubatch_c(ub)
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        u.check(self._attn.c.n_seq_max)
+        self._lock_change("find_slot")
+        with nogil:
+            r = kvc_hybrid_find_slot(&self.c, &u.c, &err)
+        self._release()
+        if r < 0:
+            raise_status(r, &err, "find_slot")
+        return r == 1
+
+    def prepare(self, ubatches):
+        """The dry run of placing several ubatches in turn, the recurrent part first (as
+        llama.cpp's hybrid memory prepares): the attention part's slot_infos (see
+        UnifiedCache.prepare), or None when either part cannot take them. Both parts are left
+        exactly as they were."""
+        ubs = list(ubatches)
+        with self._hold:
+            if not self._recr.prepare(ubs):
+                return None
+            return self._attn.prepare(ubs)
+
+    def slot_info(self):
+        """Where the last find_slot put each token in the attention part (UnifiedCache.slot_info)."""
+        return self._attn.slot_info()
+
+    def clear(self):
+        """Empty both parts (their memory zeroed)."""
+        self._lock_change("clear")
+        with nogil:
+            kvc_hybrid_clear(&self.c)
+        self._release()
+
+    # --- sequences -------------------------------------------------------------------------
+    def seq_rm(self, seq_id, p0=-1, p1=-1):
+        """Remove positions [p0, p1) of seq_id (-1: every sequence) from both parts, the
+        recurrent part first: False, and nothing changed in either, when it refuses (a cut inside
+        a recurrent state, or a rollback it cannot make exactly: RecurrentCache.seq_rm)."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef bint r
+        self._lock_change("seq_rm")
+        r = kvc_hybrid_seq_rm(&self.c, s, a, b)
+        self._release()
+        return r
+
+    def seq_cp(self, src, dst, p0=-1, p1=-1):
+        """Copy src to dst in both parts (ValueError, nothing changed, when the attention part
+        refuses it: across streams only whole sequences)."""
+        cdef int32_t s = seq_c(src, self._attn.c.n_seq_max, "src", False)
+        cdef int32_t d = seq_c(dst, self._attn.c.n_seq_max, "dst", False)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        self._lock_change("seq_cp")
+        r = kvc_hybrid_seq_cp(&self.c, s, d, a, b, &err)
+        self._release()
+        check_status(r, &err, "seq_cp")
+
+    def seq_keep(self, seq_id):
+        """Keep only seq_id, in both parts."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        self._lock_change("seq_keep")
+        kvc_hybrid_seq_keep(&self.c, s)
+        self._release()
+
+    def seq_add(self, seq_id, p0, p1, shift):
+        """Shift the positions of seq_id in [p0, p1), in both parts."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef int32_t d = pos_c(shift, "shift")
+        self._lock_change("seq_add")
+        kvc_hybrid_seq_add(&self.c, s, a, b, d)
+        self._release()
+
+    def seq_div(self, seq_id, p0, p1, d):
+        """Integer-divide the positions of seq_id in [p0, p1) by d (> 0), in both parts."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
+        cdef int32_t dd = divisor_c(d)
+        self._lock_change("seq_div")
+        kvc_hybrid_seq_div(&self.c, s, a, b, dd)
+        self._release()
+
+    def seq_pos_min(self, seq_id):
+        """The larger of the parts' smallest positions of seq_id (-1: none)."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False), r
+        self._acquire()
+        r = kvc_hybrid_seq_pos_min(&self.c, s)
+        self._release()
+        return r
+
+    def seq_pos_max(self, seq_id):
+        """The smaller of the parts' largest positions of seq_id (-1: none)."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False), r
+        self._acquire()
+        r = kvc_hybrid_seq_pos_max(&self.c, s)
+        self._release()
+        return r
+
+    def rollback_ok(self, seq_id, n):
+        """Whether seq_rm(seq_id, seq_pos_max(seq_id) - n + 1, -1) would roll seq_id back by n
+        positions (RecurrentCache.rollback_ok); nothing changes."""
+        return self._recr.rollback_ok(seq_id, n)
+
+    # --- graph inputs and memory -----------------------------------------------------------
+    def kq_mask(self, ub, causal=True, alibi=False, out=None, dtype="f32", pad=None, reuse=False):
+        """The KQ mask of the attention layers (UnifiedCache2026.kq_mask of the attention part)."""
+        return self._attn.kq_mask(ub, causal=causal, alibi=alibi, out=out, dtype=dtype, pad=pad, reuse=reuse)
+
+    def s_copy(self):
+        """The recurrent layers' state sources (RecurrentCache.s_copy: rows plane * size + cell)."""
+        return self._recr.s_copy()
+
+    @property
+    def rs_z(self):
+        """The recurrent row the graph zeroes for new states (RecurrentCache.rs_z)."""
+        return self._recr.rs_z
+
+    def store(self, il, k_rows=None, v_rows=None):
+        """Write the K / V rows of the placed tokens for attention layer il (UnifiedCache.store)."""
+        if il not in self._attn_layers:
+            raise ValueError(f"il = {il!r} is not an attention layer ({list(self._attn_layers)})")
+        self._attn.store(il, k_rows, v_rows)
+
+    def store_state(self, il, r_rows=None, s_rows=None, *, plane=0):
+        """Write the recurrent states of the placed sequences for recurrent layer il
+        (RecurrentCache.store: rows [head, head + len(rows)); plane: a rollback snapshot's)."""
+        self._recr.store(self._recr_index(il), r_rows, s_rows, plane=plane)
+
+    def r(self, il, plane=0):
+        """Recurrent layer il's R rows (RecurrentCache.k of the recurrent part)."""
+        return self._recr.k(self._recr_index(il), plane)
+
+    def s(self, il, plane=0):
+        """Recurrent layer il's S rows (RecurrentCache.v of the recurrent part)."""
+        return self._recr.v(self._recr_index(il), plane)
+
+    def update(self, rope=None, n_max_nodes=65536):
+        """The attention part's update (stream copies, then the K-shift): recurrent states have
+        nothing to shift."""
+        return self._attn.update(rope, n_max_nodes)

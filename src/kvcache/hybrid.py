@@ -1,0 +1,150 @@
+"""The hybrid memory of models that mix attention and recurrent layers: today's llama.cpp's
+``llama_memory_hybrid`` (Granite 4, LFM2, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next, PLaMo 2).
+
+:class:`HybridCache` keeps the attention layers' K/V in a ``UnifiedCache(semantics="2026")`` and
+the recurrent layers' states in a ``RecurrentCache(semantics="2026")``, and drives them as
+llama.cpp does: a ubatch is placed in both or neither (the recurrent part first), a ``seq_rm``
+the recurrent part refuses changes neither, a sequence's position range is the intersection of
+the parts', the K-shift touches the attention part only."""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from kvcache._core import UBatch, _Hybrid
+
+__all__ = ["HybridCache", "split_batch"]
+
+
+class HybridCache(_Hybrid):
+    """Today's hybrid memory: a unified KV cache for the attention layers and a recurrent memory
+    for the recurrent ones.
+
+    ``HybridCache(kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r,
+    n_embd_s=0, n_seq_max=1, type_k="f16", type_v="f16", v_trans=True, n_rs_seq=0,
+    attn_layers=None, kv_unified=True, n_embd_head_k=None, rope=None, buffers="owned")``
+
+    - ``kv_size``: cells of the attention part (llama.cpp's ``n_ctx_seq``; no padding).
+    - ``n_layer``: the model's layers; ``recurrent_layers``: those with a recurrent state
+      (indices or a predicate ``il -> bool``); ``attn_layers``: those with K/V (default: the
+      others; Falcon-H1 has both in every layer, Nemotron-H's feed-forward layers neither).
+    - ``n_embd_k_gqa`` / ``n_embd_v_gqa``: the attention layers' K / V widths (an int or one per
+      model layer); ``n_embd_r`` / ``n_embd_s``: the recurrent layers' R (rolling, convolution)
+      and S (state) widths, f32 as llama.cpp keeps them. The recurrent part has a cell per
+      sequence (``max(1, n_seq_max)``).
+    - ``n_rs_seq``: rollback snapshots per state (docs/semantics.md, rule C9).
+    - ``buffers``: "owned", None / "none" (metadata only) for both parts, or a pair
+      ``({layer: (K, V)}, {layer: (R, S)})`` of borrowed memory by model layer (the recurrent
+      rows ``kv_size * (1 + n_rs_seq)`` each).
+
+    ``attn`` and ``recr`` are the parts; ``store`` writes an attention layer's K/V,
+    ``store_state`` a recurrent layer's states, ``kq_mask`` is the attention layers' mask and
+    ``s_copy`` / ``rs_z`` the recurrent layers' inputs."""
+
+    __slots__ = ()
+
+    def ubatches(self, pos: Sequence[int], seq_id: Sequence[int], n_ubatch: int,
+                 embd_all: bool = False) -> Iterator[UBatch]:
+        """The ubatches llama.cpp's hybrid memory cuts a batch into (:func:`split_batch`): equal
+        splits, of consecutive sequence ids when the attention part has a stream per sequence,
+        keeping each sequence's last ``n_rs_seq + 1`` tokens together; by sequence when every
+        token is an output (``embd_all``)."""
+        return split_batch(pos, seq_id, n_ubatch, embd_all=embd_all, sequential=self.attn.n_stream > 1,
+                           n_keep_tail=self.n_rs_seq + 1 if self.n_rs_seq else 0)
+
+
+def split_batch(pos: Sequence[int], seq_id: Sequence[int], n_ubatch: int, *, embd_all: bool = False,
+                sequential: bool = False, n_keep_tail: int = 0) -> Iterator[UBatch]:
+    """Cut a batch (one sequence id per token) into ubatches as today's llama.cpp's batch
+    allocator does for a recurrent or hybrid memory: ``split_seq`` when ``embd_all`` (a run of
+    one sequence's tokens), else ``split_equal``: the first unused token of each sequence (of
+    consecutive ids from the first with ``sequential``) opens a group, every group takes a
+    token in turn while all have one left and the ubatch has room, and with ``n_keep_tail`` a
+    group that would leave fewer than that many of its tokens for later is deferred (or, alone,
+    cut so that it leaves that many, or taken whole when it fits). Each ubatch is a
+    :class:`UBatch` of groups of equal length, in group order."""
+    n = len(pos)
+    if len(seq_id) != n:
+        raise ValueError(f"seq_id has {len(seq_id)} entries, pos {n}")
+    if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int) or n_ubatch < 1:
+        raise ValueError(f"n_ubatch = {n_ubatch!r}: expected a positive int")
+    if n_keep_tail and not embd_all and n_ubatch <= n_keep_tail:
+        raise ValueError(f"n_ubatch = {n_ubatch} must exceed the tokens kept together (n_rs_seq + 1 = {n_keep_tail})")
+    ids = [int(s) for s in seq_id]
+    used = [False] * n
+    tokens_of: dict[int, list[int]] = {}
+    for i, s in enumerate(ids):
+        tokens_of.setdefault(s, []).append(i)
+    while not all(used):
+        groups = [_split_seq(ids, used, n_ubatch)] if embd_all else _split_equal(ids, used, tokens_of, n_ubatch,
+                                                                                  sequential, n_keep_tail)
+        if not groups or not groups[0]:
+            return
+        k = len(groups[0])
+        flat = [i for g in groups for i in g]
+        yield UBatch([int(pos[i]) for i in flat], [ids[g[0]] for g in groups], n_seq_tokens=k)
+
+
+def _split_seq(ids: list[int], used: list[bool], n_ubatch: int) -> list[int]:
+    first = used.index(False)
+    out = []
+    for i in range(first, len(ids)):
+        if not used[i] and ids[i] == ids[first]:
+            out.append(i)
+            used[i] = True
+            if len(out) >= n_ubatch:
+                break
+    return out
+
+
+def _split_equal(ids: list[int], used: list[bool], tokens_of: dict[int, list[int]], n_ubatch: int,
+                 sequential: bool, n_keep_tail: int) -> list[list[int]]:
+    seqs: list[int] = []
+    last = -1
+    for i, s in enumerate(ids):
+        if used[i] or s in seqs:
+            continue
+        if sequential and seqs and s != last + 1:
+            continue
+        seqs.append(s)
+        last = s
+        if len(seqs) > n_ubatch:
+            break
+    if not seqs:
+        return []
+    cur = {s: 0 for s in seqs}
+    for s in seqs:
+        while used[tokens_of[s][cur[s]]]:
+            cur[s] += 1
+    groups: list[list[int]] = [[] for _ in seqs]
+    while all(cur[s] < len(tokens_of[s]) for s in seqs):
+        for g, s in enumerate(seqs):
+            i = tokens_of[s][cur[s]]
+            groups[g].append(i)
+            used[i] = True
+            cur[s] += 1
+        if (len(groups[0]) + 1) * len(seqs) > n_ubatch:
+            break
+    if n_keep_tail:
+        def left(g: int) -> int:
+            return len(tokens_of[seqs[g]]) - cur[seqs[g]]
+        keep = 0
+        while keep < len(seqs) and not (0 != left(keep) < n_keep_tail):
+            keep += 1
+        if keep == 0:
+            s = seqs[0]
+            if len(groups[0]) + left(0) <= n_ubatch:
+                while left(0) > 0:          # the sequence to its end
+                    i = tokens_of[s][cur[s]]
+                    groups[0].append(i)
+                    used[i] = True
+                    cur[s] += 1
+            else:
+                while left(0) < n_keep_tail:    # leave n_keep_tail tokens for later
+                    used[groups[0].pop()] = False
+                    cur[s] -= 1
+            keep = 1
+        for g in range(keep, len(seqs)):    # the deferred sequences' tokens go back
+            for i in groups[g]:
+                used[i] = False
+        groups = groups[:keep]
+    return groups
