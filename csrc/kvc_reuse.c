@@ -18,6 +18,18 @@ static void drop_freed(kvc_reuse *r) {
     }
 }
 
+/* Free r and everything it holds (a zeroed index frees nothing). */
+static void reuse_free(kvc_reuse *r) {
+    kvc_prefix_free(&r->idx);
+    kvc_free(r->born);
+    kvc_free(r->tok);
+    kvc_free(r->held);
+    kvc_free(r->lock);
+    kvc_free(r->tmp_cell);
+    kvc_free(r->tmp_strm);
+    kvc_free(r);
+}
+
 int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
     if (c->semantics != KVC_SEM_2026) {
         return kvc_err_set(err, KVC_E_ARG, "prefix reuse needs a cache of today's semantics (\"2026\")");
@@ -36,6 +48,7 @@ int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory for the prefix index");
     }
     r->n_words = c->cells.n_words;
+    r->n_lock = c->n_seq_max;
     r->held = kvc_calloc((size_t)ns * r->n_words, sizeof *r->held);
     r->lock = kvc_calloc(c->n_seq_max, sizeof *r->lock);
     r->tok = kvc_malloc_n((uint64_t)ns * size, sizeof *r->tok);
@@ -51,13 +64,7 @@ int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
         r->tok[i] = KVC_TOKEN_NULL;
     }
     if (rc != KVC_OK) {
-        kvc_free(r->born);
-        kvc_free(r->tok);
-        kvc_free(r->held);
-        kvc_free(r->lock);
-        kvc_free(r->tmp_cell);
-        kvc_free(r->tmp_strm);
-        kvc_free(r);
+        reuse_free(r);
         return rc;
     }
     c->reuse = r;
@@ -65,19 +72,10 @@ int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
 }
 
 void kvc_reuse_disable(kvc_unified *c) {
-    kvc_reuse *r = c->reuse;
-    if (!r) {
-        return;
+    if (c->reuse) {
+        reuse_free(c->reuse);
+        c->reuse = NULL;
     }
-    kvc_prefix_free(&r->idx);
-    kvc_free(r->born);
-    kvc_free(r->tok);
-    kvc_free(r->held);
-    kvc_free(r->lock);
-    kvc_free(r->tmp_cell);
-    kvc_free(r->tmp_strm);
-    kvc_free(r);
-    c->reuse = NULL;
 }
 
 /* The index forgets cells[i] of strms[i] (held ones), and what it kept after them. */
@@ -90,6 +88,12 @@ static void forget(kvc_reuse *r, const uint32_t *cells, const uint32_t *strms, u
     }
     kvc_prefix_remove_cells(&r->idx, cells, strms, n);
     drop_freed(r);
+    /* a lock on a node that went is gone too */
+    for (uint32_t s = 0; s < r->n_lock; s++) {
+        if (r->lock[s].node && !kvc_prefix_handle_valid(&r->idx, r->lock[s])) {
+            r->lock[s].node = r->lock[s].gen = 0;
+        }
+    }
 }
 
 void kvc_reuse_forget_cell(kvc_unified *c, uint32_t st, uint32_t i) {

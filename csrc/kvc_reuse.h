@@ -32,7 +32,8 @@ typedef struct kvc_reuse {
     kvc_prefix         idx;       /* the index over (stream, cell) */
     uint64_t          *held;      /* [n_stream * n_words] bit i of stream s: the index holds the cell */
     uint32_t           n_words;   /* words per stream (the cell table's n_words) */
-    kvc_prefix_handle *lock;      /* [n_seq_max] the prefix each sequence is attached to, {0, 0}: none */
+    kvc_prefix_handle *lock;      /* [n_lock] the prefix each sequence is attached to, {0, 0}: none */
+    uint32_t           n_lock;    /* the cache's n_seq_max */
     int32_t           *tok;       /* [n_stream * size] the token id each cell was last placed with
                                    * (KVC_TOKEN_NULL: placed without one, or before reuse was on) */
     uint64_t          *born;      /* [n_stream * size] the placement that computed it (serial), or

@@ -395,20 +395,13 @@ void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
     kvc_reuse_sync(c);
 }
 
-void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
-    kvc_unified_defrag_settle(c);
-    kvc_unified_slot_drop(c);
-    const uint32_t st = kvc_unified_stream_of(c, s);
+/* The positions of sequence s's cells in r move: pos += shift (d == 0) or pos /= d, for every
+ * sequence holding those cells, in one walk over s's blocks. Returns the lowest cell a shift
+ * emptied (the table's size when none). */
+static uint32_t kvc_move_positions(kvc_unified *c, uint32_t st, int32_t s, kvc_pos_range r, int32_t shift, int32_t d) {
     kvc_cells *cells = kvc_unified_stream_cells(c, st);
-    if (shift == 0) {
-        return;
-    }
     const uint32_t size = cells->size, end = cells->used_max_p1;
-    uint32_t new_head = size;
-    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
-    if (r.p0 == r.p1) {
-        return;
-    }
+    uint32_t emptied = size;
     kvc_seqset touched;
     kvc_seqset_clear(&touched);
     for (uint32_t b = kvc_cells_blk_next(cells, s, 0, end); b != UINT32_MAX; b = kvc_cells_blk_next(cells, s, b + 1, end)) {
@@ -418,46 +411,42 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
                 continue;
             }
             kvc_cells_seq_or_into(cells, i, &touched);
-            kvc_reuse_moved(c, st, i);   /* its K/V belong to the context it was computed in */
-            if (kvc_cells_pos_add_raw(cells, i, shift) && new_head == size) {
-                new_head = i;
+            if (d == 0 || cells->pos[i] / d != cells->pos[i]) {
+                kvc_reuse_moved(c, st, i);   /* its K/V belong to the context it was computed in */
+            }
+            if (d != 0) {
+                kvc_cells_pos_div_raw(cells, i, d);
+            } else if (kvc_cells_pos_add_raw(cells, i, shift) && emptied == size) {
+                emptied = i;
             }
         }
     }
     kvc_cells_rebuild_seq_pos(cells, &touched);
-    /* a freed cell is where the next search starts; otherwise start from the beginning */
-    *kvc_unified_stream_head(c, st) = new_head != size ? new_head : 0;
     kvc_reuse_sync(c);
+    return emptied;
+}
+
+void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
+    kvc_unified_defrag_settle(c);
+    kvc_unified_slot_drop(c);
+    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
+    if (shift == 0 || r.p0 == r.p1) {
+        return;
+    }
+    const uint32_t st = kvc_unified_stream_of(c, s);
+    const uint32_t emptied = kvc_move_positions(c, st, s, r, shift, 0);
+    /* a freed cell is where the next search starts; otherwise start from the beginning */
+    *kvc_unified_stream_head(c, st) = emptied != c->cells.size ? emptied : 0;
 }
 
 void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
-    const uint32_t st = kvc_unified_stream_of(c, s);
-    kvc_cells *cells = kvc_unified_stream_cells(c, st);
-    if (d == 1) {
-        return;
-    }
     const kvc_pos_range r = kvc_pos_range_of(p0, p1);
-    if (r.p0 == r.p1) {
+    if (d == 1 || r.p0 == r.p1) {
         return;
     }
-    kvc_seqset touched;
-    kvc_seqset_clear(&touched);
-    const uint32_t end = cells->used_max_p1;
-    for (uint32_t b = kvc_cells_blk_next(cells, s, 0, end); b != UINT32_MAX; b = kvc_cells_blk_next(cells, s, b + 1, end)) {
-        for (uint64_t m = kvc_cells_blk_cells(cells, s, b); m; m &= m - 1) {
-            const uint32_t i = (b << 6) + kvc_ctz64(m);
-            if (kvc_cells_pos_in(cells, i, r)) {
-                kvc_cells_seq_or_into(cells, i, &touched);
-                if (cells->pos[i] / d != cells->pos[i]) {
-                    kvc_reuse_moved(c, st, i);
-                }
-                kvc_cells_pos_div_raw(cells, i, d);
-            }
-        }
-    }
-    kvc_cells_rebuild_seq_pos(cells, &touched);
+    (void)kvc_move_positions(c, kvc_unified_stream_of(c, s), s, r, 0, d);
 }
 
 /* --- the sliding window ------------------------------------------------------------------ */

@@ -441,7 +441,12 @@ class PrefixReuseMachine(RuleBasedStateMachine):
             return
         blob = self.c.state_write(s)
         self.c.seq_rm(s, -1, -1)
-        self.c.state_read(blob, s)
+        try:
+            self.c.state_read(blob, s)
+        except kvcache.StateError as e:
+            # cells it shared with other sequences come back unshared: they may not fit
+            assert "no room" in str(e)
+            self._clear(s)
 
     @rule(n=st.integers(0, 40))
     def evict(self, n):

@@ -821,9 +821,7 @@ cdef class _Unified(UnifiedCore):
         """Integer-divide the positions of seq_id in [p0, p1) by d (> 0)."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
-        cdef int32_t dd = pos_c(d, "d")
-        if dd <= 0:
-            raise ValueError(f"d = {dd} must be positive")
+        cdef int32_t dd = divisor_c(d)
         lock_change(&self._lock, "seq_div")
         self.seq_div_c(s, a, b, dd)
         kvc_pylock_release(&self._lock)
