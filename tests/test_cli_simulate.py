@@ -347,3 +347,119 @@ def test_semantics_2026_places_scattered_without_defrag():
     assert "semantics 2026" in format_report(rep) and "defrag: none" in format_report(rep)
     with pytest.raises(ValueError, match="semantics"):
         SimConfig(**{**PRESSURE, "semantics": "2024"}).check()
+
+
+# --- prefix reuse: the chat and system workloads --------------------------------------------------
+
+CHAT = dict(workload="chat", n_ctx=2048, n_seq_max=8, arrival_rate=0.05, prompt_mean=40, output_mean=20,
+            turns=4, think_steps=5, n_ubatch=128, steps=400)
+SYSTEM = dict(workload="system", n_ctx=1024, n_seq_max=8, arrival_rate=0.3, prompt_mean=30, output_mean=20,
+              prefix_len=64, prefix_share=0.8, n_ubatch=128, steps=300)
+
+
+def check_reuse_cells(sim):
+    """Every live request holds exactly positions 0 .. placed - 1; a cell of two sequences lies in
+    prefixes both attached from the index; cells only the index holds are in no sequence, and
+    the index agrees with the cells."""
+    c = sim.cache
+    cells = c.cells()
+    used = np.flatnonzero(cells.pos != -1)
+    assert len(used) == c.used == sim.expected_used()
+    for sid, r in sim.running.items():
+        h = used[cells.holds(sid)[used]]
+        assert sorted(cells.pos[h].tolist()) == list(range(r.placed)), sid
+    assert all(set(cells.seq_ids(i)) <= set(sim.running) for i in used)
+    for i in used:
+        ids = cells.seq_ids(i)
+        if len(ids) > 1:
+            assert all(int(cells.pos[i]) < sim.running[s].attached for s in ids)
+    c._prefix_check()
+
+
+@pytest.mark.parametrize("cfg", [CHAT, SYSTEM], ids=["chat", "system"])
+def test_reuse_workloads_keep_the_accounting_every_step(cfg):
+    sim = None
+
+    def each(step, rep):
+        if step % 5 == 0:
+            check_reuse_cells(sim)
+
+    sim = Simulation(SimConfig(**cfg), each)
+    assert sim.cache.semantics == "2026" and sim.cache.prefix_reuse
+    rep = sim.run()
+    check_reuse_cells(sim)
+    assert rep.accounting["ok"] and rep.reuse["index_ok"]
+    assert rep.arrived == rep.rejected + rep.served + rep.running_at_end + rep.waiting_at_end
+    assert 0 < rep.prefix_tokens_reused < rep.prompt_tokens and 0 < rep.admitted_shared <= rep.admitted
+    assert rep.calls["prefix_attach"] == rep.admitted_shared and rep.calls["prefix_release"] == rep.served
+    assert rep.calls["seq_rm"] == rep.evicted and rep.calls["seq_cp"] == 0
+    assert rep.summary()["prefix_hit_rate"] == rep.prefix_tokens_reused / rep.prompt_tokens
+    assert rep.reuse["held_at_end"] == sim.cache.prefix_stats["cells"]
+
+
+def test_chat_turns_find_the_conversation_so_far():
+    rep = simulate(SimConfig(**CHAT))
+    w = rep.without_reuse
+    assert rep.conversations > 0 and rep.served > rep.conversations    # later turns ran
+    # later turns reuse most of their prompt; without reuse every prompt token is computed
+    assert rep.summary()["prefix_hit_rate"] > 0.4
+    assert w["accounting_ok"] and w["prefill_tokens"] > 1.5 * rep.prefill_tokens
+    assert w["served"] > 0 and w["prompt_tokens"] > 0
+    text = format_report(rep)
+    for s in ("workload: chat", "prefix reuse", "hit rate", "without reuse (the same requests)", "conversations"):
+        assert s in text, s
+
+
+def test_system_prompt_is_found_in_the_index():
+    rep = simulate(SimConfig(**SYSTEM))
+    # the first requests compute it; once one finished, the others attach it
+    assert rep.prefix_tokens_reused >= 64 * (rep.admitted_shared - 1) > 0
+    assert rep.without_reuse["prefill_tokens"] > rep.prefill_tokens
+    # the same requests without reuse: no index, no hits
+    off = simulate(SimConfig(**SYSTEM, reuse=False))
+    assert off.reuse == {} and off.without_reuse == {} and off.prefix_tokens_reused == 0
+    assert off.calls["prefix_match"] == off.calls["prefix_release"] == 0
+    assert off.prefill_tokens == rep.without_reuse["prefill_tokens"]
+
+
+def test_reuse_workloads_are_deterministic():
+    a = simulate(SimConfig(**CHAT, seed=5)).to_dict()
+    b = simulate(SimConfig(**CHAT, seed=5)).to_dict()
+    for d in (a, b):
+        d["without_reuse"].pop("bookkeeping_seconds")
+    assert untimed(a) == untimed(b)
+
+
+def test_reuse_workloads_from_the_command_line(capsys):
+    argv = ["--workload", "chat", "--steps", "200", "--n-ctx", "2048", "--n-seq-max", "8", "--arrival-rate", "0.05",
+            "--prompt-mean", "40", "--output-mean", "20", "--turns", "3", "--think-steps", "0", "--progress", "none"]
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 0 and err == "" and "prefix reuse" in out and "semantics 2026" in out
+    rc, out, err = run_cli(capsys, *argv, "--json")
+    d = json.loads(out)
+    assert d["config"]["semantics"] == "2026" and d["config"]["turns"] == 3 and d["config"]["think_steps"] == 0
+    assert d["summary"]["prefix_hit_rate"] > 0 and d["without_reuse"]["accounting_ok"] is True
+    rc, out, err = run_cli(capsys, *argv, "--no-reuse", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["config"]["reuse"] is False and d["reuse"] == {} and d["prefix_tokens_reused"] == 0
+    rc, out, err = run_cli(capsys, *argv, "--progress", "plain")
+    assert rc == 0 and "step 400/400" in err
+    rc, out, err = run_cli(capsys, "--workload", "system", "--steps", "50", "--progress", "none", "--json")
+    assert rc == 0 and json.loads(out)["config"]["workload"] == "system"
+
+
+REUSE_BAD = [
+    (["--workload", "chat", "--semantics", "2025"], "semantics must be '2026'"),
+    (["--workload", "sharing"], "invalid choice"),
+    (["--turns", "0"], "at least 1"),
+    (["--think-steps", "-1"], ">= 0"),
+    (["--workload", "system", "--prefix-len", "600", "--n-ctx", "512"], "leaves no room"),
+]
+
+
+@pytest.mark.parametrize("argv,msg", REUSE_BAD, ids=[" ".join(a) for a, _ in REUSE_BAD])
+def test_bad_reuse_arguments(capsys, argv, msg):
+    rc, out, err = run_cli(capsys, "--steps", "5", "--progress", "none", *argv)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and msg in lines[0], err

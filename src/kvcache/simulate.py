@@ -8,6 +8,20 @@ places it with ``find_slot`` and commits it; finished requests leave with ``seq_
 defragmented when fragmentation passes a threshold. The K/V rows are tiny and never written: what is
 measured is the cache's bookkeeping, not attention.
 
+Two more workloads carry token ids and run on today's cache (semantics "2026") with prefix reuse,
+as a server with a prompt cache runs: a finished request hands its cells to the cache's prefix
+index (``prefix_release``) and a new one starts from the longest prefix the index holds
+(``prefix_attach``), computing only the rest; placement evicts held cells when it needs room.
+
+- ``chat``: conversations arrive (Poisson per step), each of several turns; a turn's prompt is
+  the previous turn's prompt, its answer and a new message; the next turn arrives some steps
+  after the previous one finished, while other conversations run;
+- ``system``: the requests of ``random``, a share of them starting with one system prompt, which
+  they find in the index instead of copying it from a sequence that holds it.
+
+Each is also played without reuse (every prompt computed in full), on the same requests, for
+comparison.
+
 When ``find_slot`` finds no room, the step does one of three things and tries again, and every
 such failure is counted with what was done about it:
 
@@ -26,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -37,10 +51,15 @@ from kvcache._text import plural
 from kvcache.plan import MAX_SEQ, SEMANTICS, _kv_types, _row, ctx_pad_for, n_pad_for
 
 __all__ = ["SimConfig", "SimReport", "Simulation", "simulate", "format_report", "plot_report", "plot_format", "DEFRAG_MODES",
-           "LENGTH_DISTS", "FRAGMENTATION_FORMULA"]
+           "LENGTH_DISTS", "WORKLOADS", "REUSE_WORKLOADS", "FRAGMENTATION_FORMULA"]
 
 DEFRAG_MODES = ("sched", "direct", "off")
 LENGTH_DISTS = ("geometric", "uniform", "fixed")
+WORKLOADS = ("random", "chat", "system")
+# the workloads whose requests carry token ids and reuse prefixes through the cache's index
+REUSE_WORKLOADS = ("chat", "system")
+# token ids are drawn uniformly from a vocabulary of this size
+VOCAB = 32000
 FRAGMENTATION_FORMULA = "max(0, 1 - (used + n_pad) / n)  (llama.cpp's defrag_sched, without its n >= 2048 rule)"
 # Largest graph of a llama.cpp context (graph_max_nodes); bounds the moves of one defrag plan.
 _MAX_NODES = 65536
@@ -72,7 +91,15 @@ class SimConfig:
     defrag_thold: float = 0.1
     mask: bool = False
     seed: int = 0
-    semantics: str = "2025"
+    semantics: Optional[str] = None    # None: "2026" for the reuse workloads, else "2025"
+    workload: str = "random"
+    turns: int = 4                     # chat: mean turns of a conversation
+    think_steps: int = 20              # chat: mean steps between a turn's end and the next turn
+    reuse: bool = True                 # chat / system: prefix reuse on (and a run without it to compare)
+
+    def __post_init__(self) -> None:
+        if self.semantics is None:
+            self.semantics = "2026" if self.workload in REUSE_WORKLOADS else "2025"
 
     def check(self) -> None:
         """ValueError naming the first setting out of range."""
@@ -92,6 +119,13 @@ class SimConfig:
         need(self.prefix_len >= 0, f"prefix_len = {self.prefix_len} must be >= 0")
         need(self.dist in LENGTH_DISTS, f"dist = {self.dist!r}: expected one of {', '.join(LENGTH_DISTS)}")
         need(self.semantics in SEMANTICS, f"semantics = {self.semantics!r}: expected one of {', '.join(SEMANTICS)}")
+        need(self.workload in WORKLOADS, f"workload = {self.workload!r}: expected one of {', '.join(WORKLOADS)}")
+        need(isinstance(self.turns, int) and self.turns >= 1, "turns must be an int >= 1")
+        need(isinstance(self.think_steps, int) and self.think_steps >= 0, "think_steps must be an int >= 0")
+        need(isinstance(self.reuse, bool), "reuse must be a bool")
+        need(self.workload not in REUSE_WORKLOADS or self.semantics == "2026",
+             f"workload = {self.workload!r} reuses prefixes through the prefix index of today's cache: "
+             f"semantics must be '2026', not {self.semantics!r}")
         need(self.defrag in DEFRAG_MODES, f"defrag = {self.defrag!r}: expected one of {', '.join(DEFRAG_MODES)}")
         need(math.isfinite(self.defrag_thold), "defrag_thold must be finite")
         # the cache's rows: n_embd elements of each type, V transposed without flash attention
@@ -102,6 +136,7 @@ class SimConfig:
         need(self.n_ubatch <= kv_size, f"n_ubatch = {self.n_ubatch} is more than the cache's {kv_size} cells")
         if self.sharing:
             need(self.n_seq_max >= 2, "prefix sharing needs n_seq_max >= 2 (one sequence holds the shared prefix)")
+        if self.sharing or self.workload == "system":
             need(self.prefix_len < kv_size, f"prefix_len = {self.prefix_len} leaves no room in {kv_size} cells")
 
     @property
@@ -123,8 +158,24 @@ class SimConfig:
 
     @property
     def sharing(self) -> bool:
-        """Whether some requests share a prefix (a share above 0 and a prefix of at least a token)."""
-        return self.prefix_share > 0 and self.prefix_len > 0
+        """Whether some requests copy a shared prefix from the sequence holding it (the random
+        workload, a share above 0 and a prefix of at least a token)."""
+        return self.workload == "random" and self.prefix_share > 0 and self.prefix_len > 0
+
+    @property
+    def tokens(self) -> bool:
+        """Whether requests carry token ids (the workloads that reuse prefixes)."""
+        return self.workload in REUSE_WORKLOADS
+
+    @property
+    def reusing(self) -> bool:
+        """Whether the cache's prefix index is on: a reuse workload with reuse."""
+        return self.tokens and self.reuse
+
+    @property
+    def runs(self) -> int:
+        """Simulations a run plays: with reuse, the same workload once more without it."""
+        return 2 if self.reusing else 1
 
 
 @dataclass
@@ -137,7 +188,8 @@ class SimReport:
     arrived: int = 0
     rejected: int = 0             # longer than the cache can ever hold
     admitted: int = 0
-    admitted_shared: int = 0      # admissions that took the shared prefix with seq_cp
+    admitted_shared: int = 0      # admissions that took a prefix (seq_cp, or attached from the index)
+    conversations: int = 0        # chat: conversations started
     served: int = 0
     evicted: int = 0
     running_at_end: int = 0
@@ -147,7 +199,12 @@ class SimReport:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     recomputed_tokens: int = 0    # tokens placed again after their request was evicted
-    prefix_tokens_reused: int = 0  # prompt tokens never placed thanks to seq_cp
+    prompt_tokens: int = 0        # prompt tokens of the admitted requests (a shared prefix included)
+    prefix_tokens_reused: int = 0  # of those, never placed: seq_cp of the shared prefix, or attached
+    # prefix reuse: the index's side (release on finish, attach on admission)
+    reuse: dict = field(default_factory=dict)
+    # the same workload without reuse (chat and system workloads)
+    without_reuse: dict = field(default_factory=dict)
     # kvcache calls
     calls: dict = field(default_factory=dict)
     find_slot_failures: int = 0
@@ -184,6 +241,7 @@ class SimReport:
             "occupancy_max": float(occ.max()) if occ.size else 0.0,
             "fragmentation_mean": float(frag.mean()) if frag.size else 0.0,
             "fragmentation_max": float(frag.max()) if frag.size else 0.0,
+            "prefix_hit_rate": self.prefix_tokens_reused / self.prompt_tokens if self.prompt_tokens else 0.0,
         }
 
     def to_dict(self, series: bool = False) -> dict:
@@ -198,10 +256,14 @@ class SimReport:
 
 class _Req:
     __slots__ = ("rid", "arrival", "prompt", "output", "shared", "sid", "admit_no", "done_prompt", "n_gen",
-                 "placed", "first_token", "evictions")
+                 "placed", "first_token", "evictions", "tokens", "attached", "conv")
 
-    def __init__(self, rid, arrival, prompt, output, shared):
+    def __init__(self, rid, arrival, prompt, output, shared, tokens=None, conv=None):
         self.rid, self.arrival, self.prompt, self.output, self.shared = rid, arrival, prompt, output, shared
+        # the token ids of the prompt and the output (the token at each position), where carried
+        self.tokens = tokens
+        self.conv = conv          # chat: the conversation this turn belongs to
+        self.attached = 0         # leading cells taken from the prefix index at admission
         self.sid = -1
         self.admit_no = -1
         self.done_prompt = 0      # own prompt tokens placed
@@ -216,6 +278,38 @@ class _Req:
     @property
     def prefilling(self) -> bool:
         return self.done_prompt < self.prompt
+
+
+class _Conv:
+    """A chat conversation: per turn its new message, the answer to it and the steps before the
+    next turn arrives; ``turn`` is the turn running or waiting."""
+    __slots__ = ("messages", "answers", "gaps", "turn")
+
+    def __init__(self, messages, answers, gaps):
+        self.messages, self.answers, self.gaps, self.turn = messages, answers, gaps, 0
+
+    def request(self, rid: int, arrival: int) -> _Req:
+        """The request of the current turn: every earlier message and answer, then its message."""
+        t = self.turn
+        parts = [x for i in range(t) for x in (self.messages[i], self.answers[i])]
+        prompt = np.concatenate(parts + [self.messages[t]])
+        full = np.concatenate([prompt, self.answers[t]])
+        return _Req(rid, arrival, len(prompt), len(self.answers[t]), False, full, self)
+
+
+def _trie_size(prefixes: list) -> int:
+    """Distinct prefixes of a list of token tuples: the cells their union takes in a radix tree."""
+    prefixes = sorted(prefixes)
+    total, prev = 0, ()
+    for p in prefixes:
+        common = 0
+        for a, b in zip(prev, p):
+            if a != b:
+                break
+            common += 1
+        total += len(p) - common
+        prev = p
+    return total
 
 
 class Simulation:
@@ -234,7 +328,8 @@ class Simulation:
             n_pad=cfg.n_pad, buffers="owned", semantics=cfg.semantics)
         self.rep = SimReport(config=asdict(cfg), kv_size=cfg.kv_size, n_pad=cfg.n_pad)
         self.rep.calls = {k: 0 for k in ("ubatch", "find_slot", "commit", "seq_cp", "seq_rm", "kq_mask", "update",
-                                         "defrag_sched", "defrag_prepare", "defrag_move")}
+                                         "defrag_sched", "defrag_prepare", "defrag_move", "prefix_match",
+                                         "prefix_attach", "prefix_release")}
         self.rep.seconds = {k: 0.0 for k in self.rep.calls}
         self.waiting: deque = deque()
         self.running: dict = {}        # sid -> _Req, in admission order
@@ -249,6 +344,16 @@ class Simulation:
         self.mismatches = 0
         self.first_mismatch: Optional[dict[str, Any]] = None
         self.step = -1
+        # prefix reuse: the index's cells evicted by placement, and the tokens kept at releases
+        if cfg.reusing:
+            self.cache.enable_prefix_reuse()
+        self.index_evicted = 0
+        self.kept_tokens = 0
+        self.shared_cells = 0           # cells attached live requests share (their prefixes' union)
+        self.shared_dirty = False
+        self.followups: dict = {}       # chat: step -> conversations whose next turn arrives then
+        if cfg.tokens:
+            self.sys_prompt = self.rng.integers(0, VOCAB, cfg.prefix_len, dtype=np.int32)
 
     # --- kvcache calls, timed --------------------------------------------------------------------
     def call(self, name, fn, *args):
@@ -296,19 +401,44 @@ class Simulation:
             return int(self.rng.integers(1, 2 * mean))          # [1, 2*mean - 1], mean `mean`
         return int(self.rng.geometric(1.0 / mean))               # >= 1, mean `mean`
 
+    def draw_tokens(self, n: int) -> np.ndarray:
+        return self.rng.integers(0, VOCAB, n, dtype=np.int32)
+
     def arrivals(self) -> None:
-        """This step's new requests (Poisson); those that could never fit the cache are rejected."""
-        cfg, rep = self.cfg, self.rep
+        """This step's new requests (Poisson); those that could never fit the cache are rejected.
+        Chat: this step's new conversations, after the next turns of earlier ones."""
+        cfg = self.cfg
+        if cfg.workload == "chat":
+            for conv in self.followups.pop(self.step, []):
+                self.enqueue(conv.request(self.n_rid + 1, self.step))
+            for _ in range(int(self.rng.poisson(cfg.arrival_rate))):
+                n = self.draw_len(cfg.turns)
+                msgs = [self.draw_tokens(self.draw_len(cfg.prompt_mean)) for _ in range(n)]
+                answers = [self.draw_tokens(self.draw_len(cfg.output_mean)) for _ in range(n)]
+                gaps = [self.draw_len(cfg.think_steps) if cfg.think_steps else 0 for _ in range(n)]
+                self.rep.conversations += 1
+                self.enqueue(_Conv(msgs, answers, gaps).request(self.n_rid + 1, self.step))
+            return
         for _ in range(int(self.rng.poisson(cfg.arrival_rate))):
             prompt, output = self.draw_len(cfg.prompt_mean), self.draw_len(cfg.output_mean)
-            shared = cfg.sharing and bool(self.rng.random() < cfg.prefix_share)
-            rep.arrived += 1
-            self.n_rid += 1
-            # a request places its prompt and every output token but the last (never fed back)
-            if prompt + output - 1 > self.capacity:
-                rep.rejected += 1
-                continue
-            self.waiting.append(_Req(self.n_rid, self.step, prompt, output, shared))
+            draw = cfg.prefix_share > 0 and cfg.prefix_len > 0 and bool(self.rng.random() < cfg.prefix_share)
+            if cfg.workload == "system":
+                # the system prompt (for a share of them), then the request's own prompt and output
+                head = self.sys_prompt if draw else self.sys_prompt[:0]
+                tokens = np.concatenate([head, self.draw_tokens(prompt + output)])
+                self.enqueue(_Req(self.n_rid + 1, self.step, len(head) + prompt, output, False, tokens))
+            else:
+                self.enqueue(_Req(self.n_rid + 1, self.step, prompt, output, draw))
+
+    def enqueue(self, r: _Req) -> None:
+        """A new request waits, unless it could never fit the cache (rejected)."""
+        self.rep.arrived += 1
+        self.n_rid += 1
+        # a request places its prompt and every output token but the last (never fed back)
+        if r.prompt + r.output - 1 > self.capacity:
+            self.rep.rejected += 1
+            return
+        self.waiting.append(r)
 
     def setup_prefix(self) -> None:
         """Prefill the shared system prompt into its own sequence, before any request."""
@@ -325,20 +455,34 @@ class Simulation:
 
     def admit(self) -> None:
         """Start waiting requests, first come first served, while a sequence id is free and the
-        next prompt fits in the free cells (a shared-prefix request copies the prefix sequence)."""
-        c, rep = self.cache, self.rep
+        next prompt fits in the free cells (a shared-prefix request copies the prefix sequence;
+        with prefix reuse, a request attaches the longest prefix the index holds and only the
+        rest of its prompt must fit; cells only the index holds count as free: placement evicts
+        them)."""
+        c, rep, cfg = self.cache, self.rep, self.cfg
         # first come, first served; a request starts only when its prompt fits in the free cells now
-        while self.waiting and self.free_sids and self.waiting[0].prompt <= c.size - c.used:
-            r = self.waiting.popleft()
+        while self.waiting and self.free_sids:
+            r = self.waiting[0]
+            held = self.call("prefix_match", c.prefix_match, r.tokens[:r.prompt]) if cfg.reusing else 0
+            if r.prompt - held > c.size - c.used:
+                break
+            self.waiting.popleft()
             r.sid = self.free_sids.popleft()
             r.admit_no = self.n_admit
             self.n_admit += 1
             self.running[r.sid] = r
             rep.admitted += 1
+            rep.prompt_tokens += r.prompt + (cfg.prefix_len if r.shared else 0)
             if r.shared:
                 self.call("seq_cp", c.seq_cp, _PREFIX_SEQ, r.sid, -1, -1)
                 rep.admitted_shared += 1
-                rep.prefix_tokens_reused += self.cfg.prefix_len
+                rep.prefix_tokens_reused += cfg.prefix_len
+            elif held:
+                k = self.call("prefix_attach", c.prefix_attach, r.sid, r.tokens[:r.prompt])
+                r.attached = r.done_prompt = r.placed = k
+                rep.admitted_shared += 1
+                rep.prefix_tokens_reused += k
+                self.shared_dirty = True
 
     def plan_batch(self, budget: int) -> list:
         """The ubatch as (request, first position, count): a decode token of every generating
@@ -357,9 +501,13 @@ class Simulation:
         return out
 
     def make_ubatch(self, parts: list):
-        """The UBatch of planned (request, first position, count) parts."""
+        """The UBatch of planned (request, first position, count) parts (with prefix reuse, with
+        the token of every position: the index learns from them what each cell holds)."""
         pos = np.concatenate([np.arange(p, p + n) for _, p, n in parts])
         sids = [s for r, _, n in parts for s in [r.sid] * n]
+        if self.cfg.reusing:
+            tokens = np.concatenate([r.tokens[p:p + n] for r, p, n in parts])
+            return self.call("ubatch", _ubatch_with_tokens, pos, sids, tokens)
         return self.call("ubatch", kvcache.UBatch, pos, sids)
 
     def evict_youngest(self) -> None:
@@ -370,9 +518,10 @@ class Simulation:
         del self.running[r.sid]
         self.free_sids.append(r.sid)
         self.rep.evicted += 1
-        self.rep.recomputed_tokens += r.placed
+        self.rep.recomputed_tokens += r.placed - r.attached
+        self.shared_dirty |= r.attached > 0
         r.evictions += 1
-        r.sid, r.done_prompt, r.n_gen, r.placed, r.first_token = -1, 0, 0, 0, -1
+        r.sid, r.done_prompt, r.n_gen, r.placed, r.first_token, r.attached = -1, 0, 0, 0, -1, 0
         self.waiting.appendleft(r)
 
     def place(self) -> tuple:
@@ -384,7 +533,10 @@ class Simulation:
             if not parts:
                 return [], None
             ub = self.make_ubatch(parts)
-            if self.call("find_slot", c.find_slot, ub):
+            held = self.held()
+            ok = self.call("find_slot", c.find_slot, ub)
+            self.index_evicted += held - self.held()
+            if ok:
                 return parts, ub
             rep.find_slot_failures += 1
             n_tokens = len(ub)
@@ -421,20 +573,43 @@ class Simulation:
                 rep.decode_tokens += 1
             rep.tokens_placed += n
 
+    def held(self) -> int:
+        """Cells the prefix index holds (0 without reuse)."""
+        return self.cache.prefix_stats["cells"] if self.cfg.reusing else 0
+
     def finish(self) -> None:
-        """Retire the requests that produced all their output tokens (their cells are removed)."""
+        """Retire the requests that produced all their output tokens: their cells are removed,
+        or, with prefix reuse, handed to the index. Chat: the conversation's next turn is due."""
         c, rep = self.cache, self.rep
         for r in [r for r in self.running.values() if not r.prefilling and r.n_gen >= r.output]:
-            self.call("seq_rm", c.seq_rm, r.sid, -1, -1)
+            if self.cfg.reusing:
+                self.kept_tokens += self.call("prefix_release", c.prefix_release, r.sid)
+                self.shared_dirty |= r.attached > 0
+            else:
+                self.call("seq_rm", c.seq_rm, r.sid, -1, -1)
             del self.running[r.sid]
             self.free_sids.append(r.sid)
             rep.served += 1
             self.e2e.append(self.step - r.arrival)
+            conv = r.conv
+            if conv is not None and conv.turn + 1 < len(conv.messages):
+                due = self.step + max(1, conv.gaps[conv.turn])
+                conv.turn += 1
+                self.followups.setdefault(due, []).append(conv)
+
+    def expected_used(self) -> int:
+        """Cells in use by the rule: the shared prefix, each live request's own cells, and once
+        the cells that attached requests took from the index (the union of their prefixes)."""
+        if self.shared_dirty:
+            self.shared_cells = _trie_size([tuple(r.tokens[:r.attached].tolist())
+                                            for r in self.running.values() if r.attached])
+            self.shared_dirty = False
+        return self.prefix_cells + self.shared_cells + sum(r.placed - r.attached for r in self.running.values())
 
     def check_accounting(self) -> None:
         """Count a mismatch when the cells in use differ from the prefix plus what each live
-        request placed."""
-        expect = self.prefix_cells + sum(r.placed for r in self.running.values())
+        request placed (attached prefixes counted once)."""
+        expect = self.expected_used()
         if self.cache.used != expect:
             self.mismatches += 1
             if self.first_mismatch is None:
@@ -487,14 +662,24 @@ class Simulation:
         c, rep = self.cache, self.rep
         rep.running_at_end = len(self.running)
         rep.waiting_at_end = len(self.waiting)
-        expect = self.prefix_cells + sum(r.placed for r in self.running.values())
+        expect = self.expected_used()
+        index_ok = True
+        if self.cfg.reusing:
+            try:
+                c._prefix_check()
+            except RuntimeError:
+                index_ok = False
+            st = c.prefix_stats
+            rep.reuse = {"index_evicted_cells": self.index_evicted, "kept_tokens": self.kept_tokens,
+                         "held_at_end": st["cells"], "nodes_at_end": st["nodes"], "index_ok": index_ok}
         # every live sequence ends where its placed tokens say
         pos_ok = all(c.seq_pos_max(r.sid) == r.base_pos(self.cfg.prefix_len) + r.placed - 1
                      for r in self.running.values() if r.placed)
         rep.accounting = {
             "cells_used": c.used, "expected": expect,
-            "rule": "cells used == shared prefix (once) + the cells each live request placed",
-            "ok": c.used == expect and self.mismatches == 0 and pos_ok,
+            "rule": "cells used == shared prefix (once) + the cells each live request placed"
+                    + (", prefixes attached from the index counted once" if self.cfg.reusing else ""),
+            "ok": c.used == expect and self.mismatches == 0 and pos_ok and index_ok,
             "steps_checked": self.step + 1, "mismatched_steps": self.mismatches,
             "first_mismatch": self.first_mismatch, "positions_ok": pos_ok,
             "failures_resolved": sum(rep.failure_actions.values()),
@@ -510,9 +695,27 @@ def _stats(xs: list) -> dict:
             "p95": float(np.percentile(a, 95)), "max": float(a.max())}
 
 
+def _ubatch_with_tokens(pos, sids, tokens):
+    return kvcache.UBatch(pos, sids, tokens=tokens)
+
+
 def simulate(cfg: SimConfig, progress: Optional[Callable[[int, SimReport], None]] = None) -> SimReport:
-    """Run the workload ``cfg`` describes; ``progress(step, report)`` is called after every step."""
-    return Simulation(cfg, progress).run()
+    """Run the workload ``cfg`` describes; ``progress(step, report)`` is called after every step
+    (``cfg.runs * cfg.steps`` calls: with prefix reuse the same workload is then played without
+    it, into the report's ``without_reuse``)."""
+    rep = Simulation(cfg, progress).run()
+    if cfg.reusing:
+        after = None if progress is None else (lambda step, r: progress(cfg.steps + step, r))
+        off = Simulation(replace(cfg, reuse=False), after).run()
+        s = off.summary()
+        rep.without_reuse = {
+            "served": off.served, "evicted": off.evicted, "prompt_tokens": off.prompt_tokens,
+            "prefill_tokens": off.prefill_tokens, "tokens_placed": off.tokens_placed,
+            "find_slot_failures": off.find_slot_failures, "latency_steps": off.latency_steps,
+            "occupancy_mean": s["occupancy_mean"], "bookkeeping_seconds": s["bookkeeping_seconds"],
+            "accounting_ok": off.accounting["ok"]}
+        rep.accounting["ok"] = rep.accounting["ok"] and off.accounting["ok"]
+    return rep
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -531,19 +734,20 @@ def format_report(rep: SimReport) -> str:
     cfg, s = rep.config, rep.summary()
     a, fa = rep.accounting, rep.failure_actions
     lat = rep.latency_steps
+    workload = cfg.get("workload", "random")
     lines = [
         f"kvcache simulate: {plural(cfg['steps'], 'step')}, seed {cfg['seed']}",
         f"  cache: {rep.kv_size} cells (n_pad {rep.n_pad}), {plural(cfg['n_seq_max'], 'sequence')}, {plural(cfg['n_layer'], 'layer')} "
         f"of width {cfg['n_embd']}, K {cfg['type_k']} / V {cfg['type_v']}, semantics {cfg.get('semantics', '2025')}",
-        f"  workload: {cfg['arrival_rate']} arrivals/step, {cfg['dist']} lengths (prompt mean {cfg['prompt_mean']}, "
-        f"output mean {cfg['output_mean']}), {cfg['prefix_share']:.0%} share a {cfg['prefix_len']}-token prefix, "
-        f"ubatch {cfg['n_ubatch']} tokens",
+        _workload_line(cfg),
         "",
         "requests",
         f"  arrived {rep.arrived}, served {rep.served}, rejected (longer than the cache) {rep.rejected}, "
-        f"still running {rep.running_at_end}, waiting {rep.waiting_at_end}",
-        f"  admitted {rep.admitted} ({rep.admitted_shared} took the shared prefix with seq_cp, "
-        f"{rep.prefix_tokens_reused} prompt tokens not recomputed), evicted {rep.evicted}",
+        f"still running {rep.running_at_end}, waiting {rep.waiting_at_end}"
+        + (f"; {plural(rep.conversations, 'conversation')}" if workload == "chat" else ""),
+        f"  admitted {rep.admitted} ({rep.admitted_shared} took "
+        + ("a prefix from the index" if workload in REUSE_WORKLOADS else "the shared prefix with seq_cp")
+        + f", {rep.prefix_tokens_reused} of {rep.prompt_tokens} prompt tokens not recomputed), evicted {rep.evicted}",
         f"  latency in steps: first token mean {_num(lat['time_to_first_token']['mean'])} "
         f"p95 {_num(lat['time_to_first_token']['p95'])}, end to end mean {_num(lat['end_to_end']['mean'])} "
         f"p95 {_num(lat['end_to_end']['p95'])}",
@@ -567,7 +771,39 @@ def format_report(rep: SimReport) -> str:
         f"  cells used {a['cells_used']} == shared prefix + live requests' cells {a['expected']}: "
         f"{'ok' if a['ok'] else 'MISMATCH'} (checked every step, {a['mismatched_steps']} mismatched)",
     ]
+    if rep.reuse:
+        u, w = rep.reuse, rep.without_reuse
+        wl = w["latency_steps"]
+        lines[-2:-2] = [
+            "prefix reuse (finished requests' cells kept in the cache's prefix index, attached by later requests)",
+            f"  prompt tokens reused {rep.prefix_tokens_reused} of {rep.prompt_tokens} "
+            f"(hit rate {s['prefix_hit_rate']:.1%}), {rep.admitted_shared} of {rep.admitted} admissions hit",
+            f"  index: {u['kept_tokens']} tokens kept at releases, {u['index_evicted_cells']} cells evicted by "
+            f"placement, {u['held_at_end']} cells held at the end ({u['nodes_at_end']} nodes)",
+            f"  without reuse (the same requests): prefill {w['prefill_tokens']} tokens (with reuse "
+            f"{rep.prefill_tokens}), served {w['served']}, evicted {w['evicted']}, first token mean "
+            f"{_num(wl['time_to_first_token']['mean'])} p95 {_num(wl['time_to_first_token']['p95'])} steps, "
+            f"time in kvcache calls {w['bookkeeping_seconds'] * 1e3:.1f} ms",
+        ]
     return "\n".join(lines)
+
+
+def _workload_line(cfg: dict) -> str:
+    """The report's line on the workload."""
+    w = cfg.get("workload", "random")
+    lengths = f"{cfg['dist']} lengths"
+    if w == "chat":
+        think = f"{cfg['think_steps']} steps" if cfg["think_steps"] else "none"
+        return (f"  workload: chat, {cfg['arrival_rate']} new conversations/step of {cfg['turns']} turns (mean), "
+                f"{lengths} (message mean {cfg['prompt_mean']}, answer mean {cfg['output_mean']}), think time "
+                f"{think} (mean); a turn's prompt is the conversation so far; ubatch {cfg['n_ubatch']} tokens, "
+                f"prefix reuse {'on' if cfg['reuse'] else 'off'}")
+    line = (f"  workload: {w}, {cfg['arrival_rate']} arrivals/step, {lengths} (prompt mean {cfg['prompt_mean']}, "
+            f"output mean {cfg['output_mean']}), {cfg['prefix_share']:.0%} ")
+    if w == "system":
+        return (line + f"start with a {cfg['prefix_len']}-token system prompt, ubatch {cfg['n_ubatch']} tokens, "
+                f"prefix reuse {'on' if cfg['reuse'] else 'off'}")
+    return line + f"share a {cfg['prefix_len']}-token prefix, ubatch {cfg['n_ubatch']} tokens"
 
 
 def _num(x) -> str:

@@ -27,6 +27,17 @@ second, occupancy and fragmentation (mean, max), defrags and cells moved, find_s
 an accounting check (cells used == shared prefix + the live requests' cells, every step; exit
 status 1 if it ever fails). Same --seed, same report (timings aside).
 
+--workload chat and --workload system run on today's cache (semantics 2026) with prefix reuse:
+requests carry token ids, a finished request hands its cells to the cache's prefix index
+(prefix_release) and a new one attaches the longest prefix the index holds (prefix_attach),
+computing only the rest; placement evicts held cells, least recently used first, when it needs
+room. chat: conversations arrive at --arrival-rate, each of --turns turns (mean); a turn's prompt
+is the conversation so far (every earlier message and answer) and a new message of --prompt-mean
+tokens (mean); the next turn arrives --think-steps steps (mean) after the answer. system: the
+requests of the random workload, --prefix-share of them starting with one --prefix-len-token system
+prompt. The report adds the prompt tokens reused (hit rate), the index's evictions, and the same
+requests played without reuse for comparison (--no-reuse plays only that).
+
 --defrag modes: sched = llama.cpp's defrag_sched + update() (which ignores caches under 2048
 cells); direct = the same fragmentation formula without that rule, then defrag_prepare/defrag_move;
 off = never (find_slot failures still defragment)."""
@@ -36,7 +47,7 @@ _PROGRESS = ("auto", "tqdm", "rich", "plain", "none")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from kvcache import MAX_SEQ
-    from kvcache.simulate import DEFRAG_MODES, LENGTH_DISTS, SEMANTICS, SimConfig
+    from kvcache.simulate import DEFRAG_MODES, LENGTH_DISTS, SEMANTICS, WORKLOADS, SimConfig
 
     d = SimConfig()
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -52,6 +63,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--type-v", default=d.type_v, metavar="TYPE", help=f"V type (default {d.type_v})")
     g.add_argument("--flash-attn", "-fa", action="store_true", help="n_pad 256 and V in rows (else 32, transposed)")
     w = p.add_argument_group("workload")
+    w.add_argument("--workload", choices=WORKLOADS, default=d.workload,
+                   help="random: independent requests, a share copying a shared prefix with seq_cp; chat: multi-turn "
+                        "conversations; system: requests with a shared system prompt (chat and system reuse "
+                        f"prefixes through the cache's prefix index) (default {d.workload})")
+    w.add_argument("--turns", type=count, default=d.turns, metavar="N",
+                   help=f"chat: mean turns of a conversation (default {d.turns})")
+    w.add_argument("--think-steps", type=nonneg_int, default=d.think_steps, metavar="N",
+                   help=f"chat: mean steps from an answer to the next turn (default {d.think_steps})")
+    w.add_argument("--no-reuse", dest="reuse", action="store_false",
+                   help="chat, system: play the workload without prefix reuse only (no comparison)")
     w.add_argument("--steps", type=count, default=d.steps, metavar="N", help=f"steps to run (default {d.steps})")
     w.add_argument("--arrival-rate", type=real(0), default=d.arrival_rate, metavar="R",
                    help=f"mean new requests per step (Poisson; default {d.arrival_rate})")
@@ -71,10 +92,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--defrag-thold", type=number, default=d.defrag_thold, metavar="F",
                    help=f"fragmentation that triggers a defrag; < 0: never (default {d.defrag_thold})")
     w.add_argument("--mask", action="store_true", help="also build the KQ mask of every ubatch")
-    w.add_argument("--semantics", choices=SEMANTICS, default=d.semantics,
+    w.add_argument("--semantics", choices=SEMANTICS, default=None,
                    help="the cache's semantics: 2025 (llama.cpp as of mid-2025, llama-cpp-python 0.3.10: contiguous "
                         "placement, commit, defrag) or 2026 (today's llama.cpp: scattered placement, no defrag, "
-                        f"n_pad 1, n_ctx padded to 256; --defrag is ignored) (default {d.semantics})")
+                        "n_pad 1, n_ctx padded to 256; --defrag is ignored) (default 2025; 2026 for the chat and "
+                        "system workloads, which need it)")
     w.add_argument("--seed", type=seed, default=d.seed, metavar="N", help=f"workload seed (default {d.seed})")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -95,7 +117,8 @@ def _config(args):
                     arrival_rate=args.arrival_rate, dist=args.dist, prompt_mean=args.prompt_mean,
                     output_mean=args.output_mean, prefix_share=args.prefix_share, prefix_len=args.prefix_len,
                     n_ubatch=args.n_ubatch, defrag=args.defrag, defrag_thold=args.defrag_thold, mask=args.mask,
-                    seed=args.seed, semantics=args.semantics)
+                    seed=args.seed, semantics=args.semantics, workload=args.workload, turns=args.turns,
+                    think_steps=args.think_steps, reuse=args.reuse)
     cfg.check()
     return cfg
 
@@ -181,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         _check_plot(args.plot)
     shown = args.progress != "none" and progress_wanted(args.progress != "auto") and \
         (args.progress != "auto" or not args.json)
-    progress = _Progress(args.progress, cfg.steps) if shown else None
+    progress = _Progress(args.progress, cfg.steps * cfg.runs) if shown else None
     try:
         rep = simulate(cfg, progress)
     finally:
