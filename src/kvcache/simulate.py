@@ -91,14 +91,14 @@ class SimConfig:
     defrag_thold: float = 0.1
     mask: bool = False
     seed: int = 0
-    semantics: Optional[str] = None    # None: "2026" for the reuse workloads, else "2025"
+    semantics: str = ""                # "": "2026" for the reuse workloads, else "2025"
     workload: str = "random"
     turns: int = 4                     # chat: mean turns of a conversation
     think_steps: int = 20              # chat: mean steps between a turn's end and the next turn
     reuse: bool = True                 # chat / system: prefix reuse on (and a run without it to compare)
 
     def __post_init__(self) -> None:
-        if self.semantics is None:
+        if not self.semantics:
             self.semantics = "2026" if self.workload in REUSE_WORKLOADS else "2025"
 
     def check(self) -> None:
@@ -299,9 +299,9 @@ class _Conv:
 
 def _trie_size(prefixes: list) -> int:
     """Distinct prefixes of a list of token tuples: the cells their union takes in a radix tree."""
-    prefixes = sorted(prefixes)
-    total, prev = 0, ()
-    for p in prefixes:
+    total = 0
+    prev: tuple = ()
+    for p in sorted(prefixes):
         common = 0
         for a, b in zip(prev, p):
             if a != b:
@@ -346,7 +346,7 @@ class Simulation:
         self.step = -1
         # prefix reuse: the index's cells evicted by placement, and the tokens kept at releases
         if cfg.reusing:
-            self.cache.enable_prefix_reuse()
+            self.index().enable_prefix_reuse()
         self.index_evicted = 0
         self.kept_tokens = 0
         self.shared_cells = 0           # cells attached live requests share (their prefixes' union)
@@ -354,6 +354,21 @@ class Simulation:
         self.followups: dict = {}       # chat: step -> conversations whose next turn arrives then
         if cfg.tokens:
             self.sys_prompt = self.rng.integers(0, VOCAB, cfg.prefix_len, dtype=np.int32)
+
+    def index(self) -> kvcache.UnifiedCache2026:
+        """The cache as today's cache, whose prefix index the reuse workloads use (their
+        semantics is "2026": SimConfig.check)."""
+        c = self.cache
+        if not isinstance(c, kvcache.UnifiedCache2026):
+            raise TypeError(f"prefix reuse needs a cache of semantics 2026, not {c.semantics}")
+        return c
+
+    def index_stats(self) -> dict:
+        """The prefix index's figures (prefix_stats) of a cache whose reuse is on."""
+        st = self.index().prefix_stats
+        if st is None:
+            raise RuntimeError("prefix reuse is off for the simulated cache")
+        return dict(st)
 
     # --- kvcache calls, timed --------------------------------------------------------------------
     def call(self, name, fn, *args):
@@ -463,7 +478,7 @@ class Simulation:
         # first come, first served; a request starts only when its prompt fits in the free cells now
         while self.waiting and self.free_sids:
             r = self.waiting[0]
-            held = self.call("prefix_match", c.prefix_match, r.tokens[:r.prompt]) if cfg.reusing else 0
+            held = self.call("prefix_match", self.index().prefix_match, r.tokens[:r.prompt]) if cfg.reusing else 0
             if r.prompt - held > c.size - c.used:
                 break
             self.waiting.popleft()
@@ -478,7 +493,7 @@ class Simulation:
                 rep.admitted_shared += 1
                 rep.prefix_tokens_reused += cfg.prefix_len
             elif held:
-                k = self.call("prefix_attach", c.prefix_attach, r.sid, r.tokens[:r.prompt])
+                k = self.call("prefix_attach", self.index().prefix_attach, r.sid, r.tokens[:r.prompt])
                 r.attached = r.done_prompt = r.placed = k
                 rep.admitted_shared += 1
                 rep.prefix_tokens_reused += k
@@ -575,7 +590,7 @@ class Simulation:
 
     def held(self) -> int:
         """Cells the prefix index holds (0 without reuse)."""
-        return self.cache.prefix_stats["cells"] if self.cfg.reusing else 0
+        return self.index_stats()["cells"] if self.cfg.reusing else 0
 
     def finish(self) -> None:
         """Retire the requests that produced all their output tokens: their cells are removed,
@@ -583,7 +598,7 @@ class Simulation:
         c, rep = self.cache, self.rep
         for r in [r for r in self.running.values() if not r.prefilling and r.n_gen >= r.output]:
             if self.cfg.reusing:
-                self.kept_tokens += self.call("prefix_release", c.prefix_release, r.sid)
+                self.kept_tokens += self.call("prefix_release", self.index().prefix_release, r.sid)
                 self.shared_dirty |= r.attached > 0
             else:
                 self.call("seq_rm", c.seq_rm, r.sid, -1, -1)
@@ -666,10 +681,10 @@ class Simulation:
         index_ok = True
         if self.cfg.reusing:
             try:
-                c._prefix_check()
+                self.index()._prefix_check()
             except RuntimeError:
                 index_ok = False
-            st = c.prefix_stats
+            st = self.index_stats()
             rep.reuse = {"index_evicted_cells": self.index_evicted, "kept_tokens": self.kept_tokens,
                          "held_at_end": st["cells"], "nodes_at_end": st["nodes"], "index_ok": index_ok}
         # every live sequence ends where its placed tokens say

@@ -117,7 +117,7 @@ def _config(args):
                     arrival_rate=args.arrival_rate, dist=args.dist, prompt_mean=args.prompt_mean,
                     output_mean=args.output_mean, prefix_share=args.prefix_share, prefix_len=args.prefix_len,
                     n_ubatch=args.n_ubatch, defrag=args.defrag, defrag_thold=args.defrag_thold, mask=args.mask,
-                    seed=args.seed, semantics=args.semantics, workload=args.workload, turns=args.turns,
+                    seed=args.seed, semantics=args.semantics or "", workload=args.workload, turns=args.turns,
                     think_steps=args.think_steps, reuse=args.reuse)
     cfg.check()
     return cfg
