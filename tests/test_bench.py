@@ -207,6 +207,7 @@ def test_the_serving_schedule_is_seeded_and_complete():
                 computed[e[1]] += e[3]
             elif e[0] == "decode":
                 assert e[2] == computed[e[1]] >= len(admitted[e[1]])
+                assert e[4] is not None
                 computed[e[1]] += 1
             else:
                 finished.append(e[1])
@@ -217,8 +218,43 @@ def test_the_serving_schedule_is_seeded_and_complete():
     assert all(p[:min(256, len(p))] == first[:min(256, len(p))] for p in admitted.values())
 
 
+def test_the_chat_schedule_continues_each_conversation():
+    """A turn's prompt is an earlier turn's prompt, every token sampled for it, then a new message;
+    each decode feeds the token sampled the step before."""
+    from kvcache_bench.case_serving import TURNS, schedule
+
+    steps = schedule(4, 32, seed=2, chat=True)
+    assert steps == schedule(4, 32, seed=2, chat=True)
+    prompts, sampled, done = {}, {}, []
+    for ev in steps:
+        for e in ev:
+            if e[0] == "admit":
+                prompts[e[1]], sampled[e[1]] = e[2], []
+            elif e[0] == "prefill" and e[4] is not None:
+                assert e[2] + e[3] == len(prompts[e[1]])
+                sampled[e[1]].append(e[4])
+            elif e[0] == "decode":
+                assert e[3] == sampled[e[1]][-1]
+                sampled[e[1]].append(e[4])
+            elif e[0] == "finish":
+                done.append(e[1])
+    assert sorted(done) == list(range(32))
+    firsts = 0
+    for rid, p in prompts.items():
+        before = [q for q in range(rid) if prompts[q] + sampled[q] == p[:len(prompts[q]) + len(sampled[q])]]
+        if not before:
+            firsts += 1
+            assert 32 <= len(p) <= 256
+        else:
+            # the latest turn of the same conversation, then 16 to 128 new tokens
+            q = before[-1]
+            assert 16 <= len(p) - len(prompts[q]) - len(sampled[q]) <= 128
+    assert firsts == 32 // TURNS
+
+
 def test_the_serving_case_replays_through_kvcache_and_says_which_peers_are_missing():
-    rows = _rows("serving")
+    rows = [r for r in _rows("serving") if r.extra.get("serving")]
+    assert {r.extra["workload"] for r in rows} == {"none", "system", "chat"}
     for r in rows:
         per = r.extra["per_step_ns"]
         assert per["kvcache"] > 0 and r.kvcache_ns == per["kvcache"]
@@ -227,24 +263,51 @@ def test_the_serving_case_replays_through_kvcache_and_says_which_peers_are_missi
             assert "SGLang" in r.note
     shared = [r for r in rows if "shared system prompt" in r.case]
     assert shared and all(r.extra["prefix_hit_tokens"]["kvcache"] > 0 for r in shared)
+    for r in rows:
+        hits = r.extra["prefix_hit_tokens"]
+        assert hits["kvcache"] <= r.extra["prompt_tokens"]
+        # the prefix index finds at least what a copy from a running request found
+        donor = r.extra["without_index"]
+        assert (donor is None) == (r.extra["workload"] == "chat")
+        if donor is not None:
+            assert hits["kvcache"] >= donor["prefix_hit_tokens"]
+        # and at least what SGLang's radix tree finds on the same workload and capacity
+        if "SGLang" in hits:
+            assert hits["kvcache"] >= hits["SGLang"], r.case
+    chat = [r for r in rows if r.extra["workload"] == "chat"]
+    assert chat and all(r.extra["prefix_hit_tokens"]["kvcache"] > r.extra["prompt_tokens"] // 4 for r in chat)
     import kvcache_bench as bench
 
     text = bench.format_table({"rows": [bench.asdict(r) for r in rows], "machine": bench.machine(),
                                "repetitions": 1, "quick": True})
-    assert "| workload | steps | kvcache us/step |" in text
+    assert "| workload | steps | kvcache us/step |" in text and "kvcache without index" in text
     for peer, why in rows[0].extra["peers_missing"].items():
         assert f"{peer} not run: {why}" in text
 
 
-def test_the_kvcache_replay_checks_its_bookkeeping():
-    from kvcache_bench.case_serving import replay_kvcache, schedule
+@pytest.mark.parametrize("replay", ["replay_kvcache", "replay_kvcache_donor"])
+def test_the_kvcache_replay_checks_its_bookkeeping(replay):
+    from kvcache_bench import case_serving
+    from kvcache_bench.case_serving import schedule
 
+    fn = getattr(case_serving, replay)
     steps = schedule(4, 8, seed=1)
-    r = replay_kvcache(steps, 4, 4096, 0)
+    r = fn(steps, 4, 4096, 0)
     assert len(r.cpu) == len(steps)
     # a cache too small for the workload: the replay stops instead of timing failed searches
     with pytest.raises(AssertionError, match="full"):
-        replay_kvcache(steps, 4, 1024, 0)
+        fn(steps, 4, 1024, 0)
+
+
+def test_the_prefix_index_rows_match_whole_prompts_and_evict_what_they_ask():
+    from kvcache_bench.case_serving import bench_prefix_index
+
+    match, evict = bench_prefix_index(True, 1)
+    assert match.case.startswith("prefix reuse: match + attach of a 4096-token prompt, index of 256K tokens")
+    assert match.extra["index_tokens"] == {"16": 65536, "64": 262144} and match.extra["size_ratio"] > 0
+    assert "index of 64K tokens" in match.note
+    assert evict.case.startswith("prefix reuse: evict 16384 cells (per cell)")
+    assert set(evict.extra["ns_per_cell"]) == {"4096", "16384"} and evict.extra["count_ratio"] > 0
 
 
 def test_the_handoff_case_checks_every_move_and_says_which_transports_are_missing():

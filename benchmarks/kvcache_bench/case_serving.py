@@ -4,12 +4,24 @@ instead: vLLM v1's ``KVCacheManager`` and SGLang's ``RadixCache`` with its token
 the bookkeeping is replayed (no K/V data, no model): what each costs per step, driven from
 Python as its server drives it, measured as the CPU time of the driving thread.
 
-The workload: ``n_slots`` requests run at once, ``8 * n_slots`` in all; a prompt has U[64, 1024]
-tokens (with a shared system prompt its first 256 are the same for every request) and is fed in
+The workloads: ``n_slots`` requests run at once, ``8 * n_slots`` in all; a prompt is fed in
 chunks of at most 512 tokens, one chunk per step; then the request decodes one token per step
-until it has U[16, 256] outputs (the first comes with its last chunk); a finished request is
+until it has all its outputs (the first comes with its last chunk); a finished request is
 replaced at once (admitted at the start of the next step). The capacity is 1024 tokens per
-running request."""
+running request.
+
+- independent requests: a prompt has U[64, 1024] tokens (with a shared system prompt its first
+  256 are the same for every request), U[16, 256] outputs;
+- multi-turn chat: ``2 * n_slots`` conversations of 4 turns; a turn's prompt is the previous
+  turn's prompt, its answer (every output token) and a new message (U[32, 256] tokens the first
+  turn, U[16, 128] later), U[16, 128] outputs; a conversation's next turn waits at the back of
+  the queue, behind the turns of the other conversations, so its history must survive about
+  ``n_slots`` other requests in the cache.
+
+kvcache runs a today's-semantics cache with prefix reuse (a finished request's cells go to the
+cache's prefix index, a new one attaches the longest prefix it holds; cells held for no live
+request take no sequence id); ``replay_kvcache_donor`` is the scheme without an index: a new
+request copies the system prompt from a running request that computed it (``seq_cp``)."""
 from __future__ import annotations
 
 import gc
@@ -24,12 +36,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvcache_bench import Row, waiting
+from kvcache_bench import Row
 
 CHUNK = 512
 TOKENS_PER_SLOT = 1024
 SYSTEM_PROMPT = 256
 VOCAB = 32000
+TURNS = 4
+# the workloads of the rows: no shared prefix, a shared system prompt, multi-turn chat
+WORKLOADS = ("none", "system", "chat")
 
 
 @dataclass
@@ -39,21 +54,16 @@ class Req:
     out_len: int
 
 
-def schedule(n_slots: int, n_requests: int, seed: int = 0, system: int = 0) -> list[list[tuple]]:
+def schedule(n_slots: int, n_requests: int, seed: int = 0, system: int = 0, chat: bool = False) -> list[list[tuple]]:
     """The events of every step, in order: ("admit", rid, prompt, out_len), ("prefill", rid,
-    start, n), ("decode", rid, pos, token) (the KV of `token` at `pos` is computed), ("finish",
-    rid). Admissions come first in a step, finishes last."""
+    start, n, sampled), ("decode", rid, pos, token, sampled) (the KV of `token` at `pos` is
+    computed; `sampled` is the token the step samples for the request: after its last chunk and
+    after every decode, else None), ("finish", rid). Admissions come first in a step, finishes
+    last. chat: the multi-turn chat workload (``system`` is ignored)."""
     rng = random.Random(seed)
-    sys_prompt = [rng.randrange(VOCAB) for _ in range(system)]
-
-    def new(rid: int) -> dict:
-        p, o = rng.randint(64, 1024), rng.randint(16, 256)
-        body = [rng.randrange(VOCAB) for _ in range(max(0, p - system))]
-        return {"rid": rid, "prompt": (sys_prompt + body)[:p], "out": o, "done": 0, "outputs": []}
-
-    running = [new(r) for r in range(min(n_slots, n_requests))]
+    source = _Chat(rng, 2 * n_slots, n_requests) if chat else _Independent(rng, n_requests, system)
+    running = [r for r in (source.next() for _ in range(n_slots)) if r is not None]
     admit = list(running)
-    next_rid = len(running)
     steps: list[list[tuple]] = []
     while running:
         ev: list[tuple] = [("admit", r["rid"], r["prompt"], r["out"]) for r in admit]
@@ -63,26 +73,79 @@ def schedule(n_slots: int, n_requests: int, seed: int = 0, system: int = 0) -> l
             n_prompt = len(r["prompt"])
             if r["done"] < n_prompt:
                 n = min(CHUNK, n_prompt - r["done"])
-                ev.append(("prefill", r["rid"], r["done"], n))
+                start = r["done"]
                 r["done"] += n
+                sampled = None
                 if r["done"] == n_prompt:
-                    r["outputs"].append(rng.randrange(VOCAB))
+                    sampled = rng.randrange(VOCAB)
+                    r["outputs"].append(sampled)
+                ev.append(("prefill", r["rid"], start, n, sampled))
             else:
-                ev.append(("decode", r["rid"], r["done"], r["outputs"][-1]))
+                fed = r["outputs"][-1]
                 r["done"] += 1
                 r["outputs"].append(rng.randrange(VOCAB))
+                ev.append(("decode", r["rid"], r["done"] - 1, fed, r["outputs"][-1]))
             if len(r["outputs"]) >= r["out"]:
                 done.append(r)
         for r in done:
             running.remove(r)
             ev.append(("finish", r["rid"]))
-            if next_rid < n_requests:
-                nr = new(next_rid)
-                next_rid += 1
+            source.finished(r)
+            nr = source.next()
+            if nr is not None:
                 running.append(nr)
                 admit.append(nr)
         steps.append(ev)
     return steps
+
+
+class _Independent:
+    """Requests of U[64, 1024] prompt tokens (the first ``system`` shared), U[16, 256] outputs."""
+
+    def __init__(self, rng: random.Random, n_requests: int, system: int):
+        self.rng, self.left, self.system, self.rid = rng, n_requests, system, 0
+        self.sys_prompt = [rng.randrange(VOCAB) for _ in range(system)]
+
+    def next(self) -> dict | None:
+        if self.rid >= self.left:
+            return None
+        rng = self.rng
+        p, o = rng.randint(64, 1024), rng.randint(16, 256)
+        body = [rng.randrange(VOCAB) for _ in range(max(0, p - self.system))]
+        self.rid += 1
+        return {"rid": self.rid - 1, "prompt": (self.sys_prompt + body)[:p], "out": o, "done": 0, "outputs": []}
+
+    def finished(self, r: dict) -> None:
+        pass
+
+
+class _Chat:
+    """Turns of ``n_conv`` conversations: a finished turn's conversation queues its next turn
+    behind the others'."""
+
+    def __init__(self, rng: random.Random, n_conv: int, n_requests: int):
+        self.rng, self.left, self.rid = rng, n_requests, 0
+        self.ready = list(range(n_conv))      # conversations whose next turn waits, in order
+        self.history: dict[int, list[int]] = {c: [] for c in self.ready}
+        self.turn = dict.fromkeys(self.ready, 0)
+
+    def next(self) -> dict | None:
+        if self.rid >= self.left or not self.ready:
+            return None
+        rng = self.rng
+        conv = self.ready.pop(0)
+        n = rng.randint(32, 256) if not self.turn[conv] else rng.randint(16, 128)
+        prompt = self.history[conv] + [rng.randrange(VOCAB) for _ in range(n)]
+        self.rid += 1
+        return {"rid": self.rid - 1, "prompt": prompt, "out": rng.randint(16, 128), "done": 0, "outputs": [],
+                "conv": conv}
+
+    def finished(self, r: dict) -> None:
+        conv = r["conv"]
+        self.history[conv] = r["prompt"] + r["outputs"]
+        self.turn[conv] += 1
+        if self.turn[conv] < TURNS:
+            self.ready.append(conv)
 
 
 @dataclass
@@ -116,89 +179,131 @@ def _timed(steps, one_step, check=None) -> Replay:
 # --- kvcache -------------------------------------------------------------------------------------
 
 def replay_kvcache(steps, n_slots: int, capacity: int, system: int) -> Replay:
-    """kvcache as a llama.cpp-style server drives it, metadata only: a sequence id per running
-    request; before each step the scheduled defrag (defrag_sched(0.1) + update(), as llama_decode
-    runs it); each prefill chunk one ubatch (one group), the step's decode tokens one ubatch; a
-    ubatch that finds no slot is halved and retried (as llama.cpp's server halves its batch); a
+    """kvcache with prefix reuse (a today's-semantics cache), as a server with a prompt cache
+    drives it, metadata only: a new request attaches the longest prefix of its prompt the cache's
+    index holds (``prefix_attach``) and computes the rest; every ubatch carries its token ids (the
+    index learns what each cell holds from them); a finished request hands its cells to the index
+    (``prefix_release``); placement evicts the index's cells, least recently used first, when it
+    needs room. ``system`` does not change the calls (the index finds a shared prompt by itself).
+    The rest as :func:`_replay_kvcache`; also checked after every step: the index agrees with
+    the cells."""
+    return _replay_kvcache(steps, n_slots, capacity, system, reuse=True)
+
+
+def replay_kvcache_donor(steps, n_slots: int, capacity: int, system: int) -> Replay:
+    """kvcache without a prefix index (the mid-2025 cache): before each step the scheduled
+    defrag (defrag_sched(0.1) + update(), as llama_decode runs it), each placement committed, a
     finished request's sequence removed with seq_rm; with a shared system prompt a new request
-    takes the prefix of a running request that has computed it (seq_cp). Checked after every step
-    (untimed): each running request holds exactly positions [0, computed) and the cache ends
-    empty."""
+    takes the prefix of a running request that has computed it (seq_cp). The rest as
+    :func:`_replay_kvcache`."""
+    return _replay_kvcache(steps, n_slots, capacity, system, reuse=False)
+
+
+def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool) -> Replay:
+    """kvcache as a llama.cpp-style server drives it, metadata only: a sequence id per running
+    request; each prefill chunk one ubatch (one group), the step's decode tokens one ubatch; a
+    ubatch that finds no slot is halved and retried (as llama.cpp's server halves its batch). A
+    request's prompt is an int32 array, as a server holds it (made before the replay). Checked
+    after every step (untimed): each running request holds exactly positions [0, computed); at
+    the end no cell is used."""
     import kvcache
 
-    c = kvcache.UnifiedCache(capacity, 1, 8, 8, n_seq_max=n_slots, buffers=None)
+    if reuse:
+        c = kvcache.UnifiedCache(capacity, 1, 8, 8, n_seq_max=n_slots, buffers=None, semantics="2026")
+        c.enable_prefix_reuse()
+    else:
+        c = kvcache.UnifiedCache(capacity, 1, 8, 8, n_seq_max=n_slots, buffers=None)
     free_ids = list(range(n_slots - 1, -1, -1))
     live: dict[int, list] = {}          # rid -> [seq id, prompt, computed]
-    counters = {"defrags": 0, "split ubatches": 0}
-    res_hits = [0]
+    prompts = {e[1]: np.asarray(e[2], dtype=np.int32) for ev in steps for e in ev if e[0] == "admit"}
+    counters = {"split ubatches": 0} if reuse else {"defrags": 0, "split ubatches": 0}
+    hits = [0]
 
-    def place(ub_pos: np.ndarray, ub_seq) -> None:
+    def place(ub_pos: np.ndarray, ub_seq, tokens: np.ndarray) -> None:
         # one group (an int sequence id) or one sequence id per token (an array)
         grouped = isinstance(ub_seq, int)
-        ub = (kvcache.UBatch(ub_pos, [ub_seq], n_seq_tokens=len(ub_pos)) if grouped
-              else kvcache.UBatch(ub_pos, ub_seq))
+        seqs = [ub_seq] if grouped else ub_seq
+        n_seq_tokens = len(ub_pos) if grouped else 1
+        ub = (kvcache.UBatch(ub_pos, seqs, n_seq_tokens, tokens=tokens) if reuse
+              else kvcache.UBatch(ub_pos, seqs, n_seq_tokens))
         if c.find_slot(ub):
-            c.commit()
+            if not reuse:
+                c.commit()
             return
         if len(ub_pos) == 1:
             raise AssertionError("kvcache: no cell for one token: the cache is full")
         counters["split ubatches"] += 1
         h = len(ub_pos) // 2
-        place(ub_pos[:h], ub_seq if grouped else ub_seq[:h])
-        place(ub_pos[h:], ub_seq if grouped else ub_seq[h:])
+        place(ub_pos[:h], ub_seq if grouped else ub_seq[:h], tokens[:h])
+        place(ub_pos[h:], ub_seq if grouped else ub_seq[h:], tokens[h:])
+
+    def admit(rid: int) -> None:
+        s = free_ids.pop()
+        prompt = prompts[rid]
+        computed = 0
+        if reuse:
+            computed = c.prefix_attach(s, prompt)
+        elif system:
+            k = min(system, len(prompt) - 1)
+            for donor in live.values():
+                if donor[2] >= k and np.array_equal(donor[1][:k], prompt[:k]):
+                    c.seq_cp(donor[0], s, 0, k)
+                    computed = k
+                    break
+        hits[0] += computed
+        live[rid] = [s, prompt, computed]
 
     def step(ev) -> None:
-        c.defrag_sched(0.1)
-        if c.update().moved:
-            counters["defrags"] += 1
-        dec_pos, dec_seq = [], []
+        if not reuse:
+            c.defrag_sched(0.1)
+            if c.update().moved:
+                counters["defrags"] += 1
+        dec_pos, dec_seq, dec_tok = [], [], []
         for e in ev:
             kind = e[0]
             if kind == "admit":
-                _, rid, prompt, _out = e
-                s = free_ids.pop()
-                computed = 0
-                if system:
-                    k = min(system, len(prompt) - 1)
-                    for donor in live.values():
-                        if donor[2] >= k and donor[1][:k] == prompt[:k]:
-                            c.seq_cp(donor[0], s, 0, k)
-                            computed = k
-                            res_hits[0] += k
-                            break
-                live[rid] = [s, prompt, computed]
+                admit(e[1])
             elif kind == "prefill":
-                _, rid, start, n = e
+                rid, start, n = e[1], e[2], e[3]
                 r = live[rid]
                 lo, hi = max(start, r[2]), start + n
                 if hi > lo:
-                    place(np.arange(lo, hi, dtype=np.int32), r[0])
+                    place(np.arange(lo, hi, dtype=np.int32), r[0], r[1][lo:hi])
                     r[2] = hi
             elif kind == "decode":
                 r = live[e[1]]
                 dec_pos.append(e[2])
                 dec_seq.append(r[0])
+                dec_tok.append(e[3])
                 r[2] = e[2] + 1
             else:
                 if dec_pos:   # the step's decode batch before its finishes
-                    place(np.array(dec_pos, dtype=np.int32), np.array(dec_seq, dtype=np.int32))
-                    dec_pos, dec_seq = [], []
+                    place(np.array(dec_pos, dtype=np.int32), np.array(dec_seq, dtype=np.int32),
+                          np.array(dec_tok, dtype=np.int32))
+                    dec_pos, dec_seq, dec_tok = [], [], []
                 s = live.pop(e[1])[0]
-                c.seq_rm(s, -1, -1)
+                if reuse:
+                    c.prefix_release(s)
+                else:
+                    c.seq_rm(s, -1, -1)
                 free_ids.append(s)
         if dec_pos:
-            place(np.array(dec_pos, dtype=np.int32), np.array(dec_seq, dtype=np.int32))
+            place(np.array(dec_pos, dtype=np.int32), np.array(dec_seq, dtype=np.int32), np.array(dec_tok, dtype=np.int32))
 
     def check() -> None:
         for s, _, computed in live.values():
             if computed and (c.seq_pos_min(s), c.seq_pos_max(s)) != (0, computed - 1):
                 raise AssertionError(f"kvcache: sequence {s} holds [{c.seq_pos_min(s)}, {c.seq_pos_max(s)}], "
                                      f"not [0, {computed - 1}]")
+        if reuse:
+            c._prefix_check()
 
     out = _timed(steps, step, check)
     if c.used != 0:
         raise AssertionError(f"kvcache: {c.used} cells still used after every request finished")
-    out.hits = res_hits[0]
+    out.hits = hits[0]
+    if reuse:
+        counters["held at the end"] = c.prefix_stats["cells"]
     out.counters = counters
     return out
 
@@ -216,6 +321,7 @@ def _names(*spec: str) -> types.SimpleNamespace:
 
 
 def _import_vllm() -> types.SimpleNamespace:
+    _torchvision_or_placeholder()
     return _names("torch", "vllm.sampling_params:SamplingParams", "vllm.utils.hashing:get_hash_fn_by_name",
                   "vllm.v1.core.kv_cache_manager:KVCacheManager",
                   "vllm.v1.core.kv_cache_utils:get_request_block_hasher", "vllm.v1.core.kv_cache_utils:init_none_hash",
@@ -251,27 +357,33 @@ def replay_vllm(steps, n_slots: int, capacity: int, system: int, v) -> Replay:
                 reqs[rid] = v.Request(str(rid), list(prompt), v.SamplingParams(max_tokens=out_len), None,
                                       block_hasher=hasher)
             elif kind == "prefill":
-                _, rid, start, n = e
+                _, rid, start, n, sampled = e
                 r = reqs[rid]
+                # a hit may cover this chunk and more (a chat turn's history): only what lies past
+                # it is computed, at the latest in the prompt's last chunk
+                new = max(0, start + n - max(r.num_computed_tokens, start))
+                got = True
                 if r.status == v.RequestStatus.WAITING:
                     blocks, n_hit, _ = mgr.get_computed_blocks(r)
-                    got = mgr.allocate_slots(r, n - n_hit, n_hit, blocks if n_hit else None)
+                    new = max(0, start + n - n_hit)
+                    got = mgr.allocate_slots(r, new, n_hit, blocks if n_hit else None)
                     hits[0] += n_hit
+                    r.num_computed_tokens = n_hit
                     r.status = v.RequestStatus.RUNNING
-                else:
-                    got = mgr.allocate_slots(r, n)
+                elif new:
+                    got = mgr.allocate_slots(r, new)
                 if got is None:
                     raise AssertionError(f"vLLM: no blocks for request {rid}")
-                r.num_computed_tokens += n
-                if r.num_computed_tokens == r.num_prompt_tokens:
-                    r.append_output_token_ids(0)
+                r.num_computed_tokens += new
+                if sampled is not None:
+                    r.append_output_token_ids(sampled)
             elif kind == "decode":
-                _, rid, _pos, tok = e
+                rid, sampled = e[1], e[4]
                 r = reqs[rid]
                 if mgr.allocate_slots(r, 1) is None:
                     raise AssertionError(f"vLLM: no block for request {rid}")
                 r.num_computed_tokens += 1
-                r.append_output_token_ids(tok)
+                r.append_output_token_ids(sampled)
             else:
                 r = reqs.pop(e[1])
                 r.status = v.RequestStatus.FINISHED_LENGTH_CAPPED
@@ -288,11 +400,11 @@ def replay_vllm(steps, n_slots: int, capacity: int, system: int, v) -> Replay:
 # --- SGLang -------------------------------------------------------------------------------------
 
 class _NoTorchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """An import-time stand-in for torchvision, for SGLang only: PyPI's torchvision wheels need
-    CUDA libraries that a CPU build of torch does not have, and SGLang's memory-cache modules
-    import it only through its multimodal configuration modules. Nothing of it is called by the
-    KV bookkeeping replayed here; any use of it would fail loudly (its names are placeholders
-    that raise when called)."""
+    """An import-time stand-in for torchvision, for the peers' imports only: PyPI's torchvision
+    wheels need CUDA libraries that a CPU build of torch does not have, and vLLM's and SGLang's
+    KV bookkeeping modules import it only through their multimodal configuration modules (and
+    transformers' image utilities). Nothing of it is called by the KV bookkeeping replayed here;
+    any use of it would fail loudly (its names are placeholders that raise when called)."""
 
     class _Placeholder:
         def __init__(self, *a, **k):
@@ -324,7 +436,9 @@ class _NoTorchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def _import_sglang() -> types.SimpleNamespace:
+def _torchvision_or_placeholder() -> None:
+    """torchvision where it loads; else the placeholder (_NoTorchvision) for the imports that
+    follow."""
     try:
         importlib.import_module("torchvision")
     except Exception:   # not installed, or a wheel that cannot load beside this torch
@@ -332,6 +446,10 @@ def _import_sglang() -> types.SimpleNamespace:
             del sys.modules[name]
         if not any(isinstance(f, _NoTorchvision) for f in sys.meta_path):
             sys.meta_path.insert(0, _NoTorchvision())
+
+
+def _import_sglang() -> types.SimpleNamespace:
+    _torchvision_or_placeholder()
     g = _names("torch", "array:array", "sglang.srt.mem_cache.allocator:TokenToKVPoolAllocator",
                "sglang.srt.mem_cache.base_prefix_cache:EvictParams", "sglang.srt.mem_cache.base_prefix_cache:InsertParams",
                "sglang.srt.mem_cache.base_prefix_cache:MatchPrefixParams",
@@ -391,12 +509,13 @@ def replay_sglang(steps, n_slots: int, capacity: int, system: int, g) -> Replay:
                 r.seq_len = r.protected
                 reqs[rid] = r
             elif kind == "prefill":
-                _, rid, start, n = e
+                rid, start, n = e[1], e[2], e[3]
                 r = reqs[rid]
                 lo, hi = max(start, r.seq_len), start + n
-                if hi > lo:
-                    r2t.write((r.row, slice(lo, hi)), take(hi - lo).to(torch.int32))
-                    r.seq_len = hi
+                if hi <= lo:
+                    continue    # the matched prefix covers this chunk
+                r2t.write((r.row, slice(lo, hi)), take(hi - lo).to(torch.int32))
+                r.seq_len = hi
                 if hi < r.n_prompt:
                     # an unfinished chunk: into the tree, duplicates freed, the row and the lock moved
                     kv = r2t.req_to_token[r.row, :hi].to(torch.int64)
@@ -411,7 +530,7 @@ def replay_sglang(steps, n_slots: int, capacity: int, system: int, g) -> Replay:
                     tree.inc_lock_ref(r.node)
                     r.protected = len(new)
             elif kind == "decode":
-                _, rid, p, tok = e
+                rid, p, tok = e[1], e[2], e[3]
                 r = reqs[rid]
                 r.tokens.append(tok)
                 rows.append(r.row)
@@ -452,71 +571,157 @@ def _peers() -> tuple[dict, dict]:
     return found, missing
 
 
+_WORKLOAD_NAMES = {"none": "no shared prefix", "system": f"{SYSTEM_PROMPT}-token shared system prompt",
+                   "chat": f"multi-turn chat ({TURNS} turns)"}
+
+
 def bench_serving(quick: bool, reps: int) -> list[Row]:
-    """The serving workload through kvcache and the peers, in one run, each replay repeated and
+    """The serving workloads through kvcache and the peers, in one run, each replay repeated and
     the best kept (the fewest CPU nanoseconds in all: the run least disturbed by the machine), the
-    peers' replays interleaved with kvcache's."""
+    peers' replays interleaved with kvcache's; beside kvcache with prefix reuse, the scheme
+    without an index (seq_cp from a running request, where the workload has a shared prompt);
+    then the prefix index's own costs (:func:`bench_prefix_index`)."""
     from kvcache_bench.case_step import capabilities
 
     caps = capabilities()
-    configs = [(8, 0), (8, SYSTEM_PROMPT)] if quick else [(n, s) for n in (32, 64, 256) for s in (0, SYSTEM_PROMPT)]
+    configs = [(8, w) for w in WORKLOADS] if quick else [(n, w) for n in (32, 64, 256) for w in WORKLOADS]
     n_reps = 1 if quick else min(reps, 3)
     peers, missing = _peers()
     rows: list[Row] = []
-    for n_slots, system in configs:
+    for n_slots, workload in configs:
         capacity = TOKENS_PER_SLOT * n_slots
-        name = (f"serving: {n_slots} requests, {capacity} tokens, "
-                + (f"{system}-token shared system prompt" if system else "no shared prefix"))
-        steps = schedule(n_slots, 8 * n_slots if not quick else 2 * n_slots, seed=0, system=system)
+        system = SYSTEM_PROMPT if workload == "system" else 0
+        name = f"serving: {n_slots} requests, {capacity} tokens, {_WORKLOAD_NAMES[workload]}"
+        # quick: fewer requests, but enough for the conversations' later turns
+        n_requests = 8 * n_slots if not quick or workload == "chat" else 2 * n_slots
+        steps = schedule(n_slots, n_requests, seed=0, system=system, chat=workload == "chat")
         best: dict[str, Replay] = {}
         for _ in range(n_reps):
             runs: dict[str, Replay] = {}
-            if n_slots <= caps.max_seqs:
-                runs["kvcache"] = replay_kvcache(steps, n_slots, capacity, system)
+            runs["kvcache"] = replay_kvcache(steps, n_slots, capacity, system)
+            if workload != "chat" and n_slots <= caps.max_seqs:
+                # the donor scheme finds no earlier turn of a conversation: chat has no such row
+                runs["kvcache seq_cp"] = replay_kvcache_donor(steps, n_slots, capacity, system)
             for peer, (fn, mods) in peers.items():
                 runs[peer] = fn(steps, n_slots, capacity, system, mods)
             for k, r in runs.items():
                 if k not in best or sum(r.cpu) < sum(best[k].cpu):
                     best[k] = r
+        donor = best.pop("kvcache seq_cp", None)
         per = {k: r.cpu_mean for k, r in best.items()}
-        extra = {"steps": len(steps), "per_step_ns": per,
+        extra = {"steps": len(steps), "workload": workload, "per_step_ns": per,
                  "wall_median_ns": {k: statistics.median(r.wall) for k, r in best.items()},
                  "prefix_hit_tokens": {k: r.hits for k, r in best.items()},
+                 "prompt_tokens": sum(len(e[2]) for ev in steps for e in ev if e[0] == "admit"),
                  "counters": {k: r.counters for k, r in best.items() if r.counters},
+                 "without_index": {"per_step_ns": donor.cpu_mean, "prefix_hit_tokens": donor.hits} if donor else None,
                  "peers_missing": missing, "serving": True}
-        if "kvcache" not in per:
-            row = waiting(name, f"{n_slots} sequences need n_seq_max {n_slots} (this kvcache holds {caps.max_seqs})")
-            row.extra = extra
-            rows.append(row)
-            continue
         k_cpu = best["kvcache"].cpu
         peers_note = ", ".join(f"{p} {per[p] / 1e3:.1f} us" for p in ("vLLM", "SGLang") if p in per)
         note = (f"per step (CPU): {peers_note}" if peers_note else "") + "".join(
             f"; {p} skipped ({why})" for p, why in missing.items())
         rows.append(Row(name, per["kvcache"], (min(k_cpu), max(k_cpu)), note=note.lstrip("; "), extra=extra))
+    return rows + bench_prefix_index(quick, reps)
+
+
+def _held_index(n_prompts: int, length: int, seed: int = 0):
+    """A metadata-only today's cache whose prefix index holds n_prompts random prompts of length
+    tokens (each placed as one sequence, then released), with room for two more; and the prompts."""
+    import kvcache
+
+    c = kvcache.UnifiedCache((n_prompts + 2) * length, 1, 8, 8, n_seq_max=2, buffers=None, semantics="2026")
+    c.enable_prefix_reuse()
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, VOCAB, length, dtype=np.int32) for _ in range(n_prompts)]
+    pos = np.arange(length, dtype=np.int32)
+    for p in prompts:
+        if not c.find_slot(kvcache.UBatch(pos, [0], n_seq_tokens=length, tokens=p)):
+            raise AssertionError("kvcache: no room for a prompt in a cache sized for all of them")
+        c.prefix_release(0)
+    return c, prompts
+
+
+def bench_prefix_index(quick: bool, reps: int) -> list[Row]:
+    """The prefix index's costs from Python: prefix_match + prefix_attach of a held 4096-token
+    prompt in an index of 64K tokens and of 1M (256K when quick), paired per repetition (what a
+    match costs should follow the tokens matched, not the index's size: the ratio ~1); and
+    prefix_evict of N cells, 4096 and 65536 (16384 when quick), per cell evicted, paired (the cost
+    should follow N)."""
+    length = 4096
+    small_n, big_n = 16, (64 if quick else 256)
+    n_reps = max(3, reps)
+    held = {n: _held_index(n, length) for n in (small_n, big_n)}
+    times: dict[int, list[float]] = {n: [] for n in held}
+    for i in range(n_reps):
+        for n, (c, prompts) in held.items():
+            q = prompts[(i * 37) % n]
+            t = time.perf_counter_ns()
+            k = c.prefix_match(q)
+            got = c.prefix_attach(1, q)
+            times[n].append(time.perf_counter_ns() - t)
+            if k != got or got != length - 1:
+                raise AssertionError(f"kvcache: matched {k}, attached {got} of a held {length}-token prompt")
+            c.seq_rm(1, -1, -1)
+            c._prefix_check()
+    rows = []
+    m, r = statistics.median(times[big_n]), (min(times[big_n]), max(times[big_n]))
+    ratio = statistics.median(b / a for a, b in zip(times[small_n], times[big_n]))
+    def size(n_prompts: int) -> str:
+        tokens = n_prompts * length
+        return f"{tokens >> 20}M" if tokens >= 1 << 20 else f"{tokens >> 10}K"
+
+    rows.append(Row(f"prefix reuse: match + attach of a {length}-token prompt, index of {size(big_n)} tokens", m, r,
+                    note=f"index of {size(small_n)} tokens: {statistics.median(times[small_n]) / 1e3:.1f} us; "
+                         f"{size(big_n)} / {size(small_n)}: {ratio:.2f}x (paired)",
+                    extra={"index_tokens": {str(n): n * length for n in held},
+                           "ns": {str(n): statistics.median(v) for n, v in times.items()}, "size_ratio": ratio}))
+    c, _ = held[big_n]
+    del held
+    few, many = 4096, (16384 if quick else 65536)
+    per_cell: dict[int, list[float]] = {few: [], many: []}
+    for _ in range(n_reps):
+        for n in (few, many):
+            t = time.perf_counter_ns()
+            went = c.prefix_evict(n)
+            t = time.perf_counter_ns() - t
+            if went < n:
+                raise AssertionError(f"kvcache: evicted {went} of {n} cells from an index holding more")
+            per_cell[n].append(t / went)
+    c._prefix_check()
+    ratio = statistics.median(b / a for a, b in zip(per_cell[few], per_cell[many]))
+    m, r = statistics.median(per_cell[many]), (min(per_cell[many]), max(per_cell[many]))
+    rows.append(Row(f"prefix reuse: evict {many} cells (per cell), index of {size(big_n)} tokens", m, r,
+                    note=f"{few} cells: {statistics.median(per_cell[few]):.1f} ns per cell; per cell {many} / {few}: "
+                         f"{ratio:.2f}x (paired)",
+                    extra={"ns_per_cell": {str(n): statistics.median(v) for n, v in per_cell.items()},
+                           "count_ratio": ratio}))
     return rows
 
 
 def format_serving(report: dict) -> str:
-    """The serving rows of a report as their own table: per-step cost of each implementation."""
+    """The serving rows of a report as their own table: per-step cost of each implementation, the
+    prompt tokens each found cached (and kvcache without its prefix index beside)."""
     rows = [r for r in report["rows"] if r.get("extra", {}).get("serving")]
     if not rows:
         return ""
     out = ["| workload | steps | kvcache us/step | vLLM us/step | SGLang us/step | SGLang/kvcache | vLLM/kvcache | "
-           "prefix-hit tokens (kvcache / vLLM / SGLang) |", "|---|---|---|---|---|---|---|---|"]
+           "prompt tokens | prefix-hit tokens (kvcache / vLLM / SGLang) | kvcache without index: us/step, hits |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        per = r["extra"]["per_step_ns"]
-        hits = r["extra"]["prefix_hit_tokens"]
+        x = r["extra"]
+        per, hits = x["per_step_ns"], x["prefix_hit_tokens"]
 
         def us(k):
             return f"{per[k] / 1e3:.1f}" if k in per else "-"
 
         def ratio(k):
             return f"{per[k] / per['kvcache']:.2f}x" if k in per and "kvcache" in per else "-"
-        out.append(f"| {r['case'].removeprefix('serving: ')} | {r['extra']['steps']} | "
+        donor = x.get("without_index")
+        out.append(f"| {r['case'].removeprefix('serving: ')} | {x['steps']} | "
                    f"{us('kvcache') if 'kvcache' in per else r['note']} | {us('vLLM')} | {us('SGLang')} | "
-                   f"{ratio('SGLang')} | {ratio('vLLM')} | "
-                   + " / ".join(str(hits.get(k, "-")) for k in ("kvcache", "vLLM", "SGLang")) + " |")
+                   f"{ratio('SGLang')} | {ratio('vLLM')} | {x.get('prompt_tokens', '-')} | "
+                   + " / ".join(str(hits.get(k, "-")) for k in ("kvcache", "vLLM", "SGLang")) + " | "
+                   + (f"{donor['per_step_ns'] / 1e3:.1f}, {donor['prefix_hit_tokens']}" if donor else "-") + " |")
     missing = rows[0]["extra"].get("peers_missing") or {}
     if missing:
         out.append("")
