@@ -137,7 +137,7 @@ def model_cache(n_ctx: int) -> int:
     if isinstance(cache, kvcache.UnifiedCache):
         assert cache.rope is not None and cache.n_embd_head_k is not None
         return cache.total_size
-    if isinstance(cache, kvcache.ISWACache):
+    if isinstance(cache, kvcache.ISWACache | kvcache.HybridCache):
         return cache.total_size
     assert_type(cache, kvcache.RecurrentCache)
     return cache.total_size

@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from kvcache._core import RopeParams, bool_arg, int_arg
 from kvcache.plan import context_cells, v_trans_for
+from kvcache.hybrid import HybridCache
 from kvcache.recurrent import RecurrentCache
 from kvcache.unified import UnifiedCache, UnifiedCache2025, UnifiedCache2026
 
@@ -31,7 +32,7 @@ __all__ = ["ModelGeometry", "read_gguf", "from_gguf", "read_transformers_config"
            "rope_from_transformers"]
 
 # What from_gguf / ModelGeometry.make_cache build for a model.
-AnyCache = Union[UnifiedCache, "ISWACache", RecurrentCache]
+AnyCache = Union[UnifiedCache, "ISWACache", RecurrentCache, HybridCache]
 
 # RoPE layout by architecture (llama.cpp's llama_model_rope_type): "normal" rotates adjacent
 # pairs, "neox" pairs offset by n_rot/2; listed architectures not here use no RoPE.
@@ -44,17 +45,22 @@ _ROPE_NEOX = frozenset("""
     falcon falcon-h1 grok dbrx bert nomic-bert nomic-bert-moe stablelm bitnet qwen qwen2 dream
     qwen2moe qwen3 qwen3moe olmo2 olmoe phi2 phi3 phimoe plamo plamo2 gemma gemma2 gemma3 gemma3n
     starcoder2 openelm gptneox codeshell orion nemotron exaone exaone4 minicpm3 dots1 hunyuan-moe
-    hunyuan-dense gpt-oss lfm2 smallthinker glm4moe
+    hunyuan-dense gpt-oss lfm2 lfm2moe smallthinker glm4moe qwen3next
 """.split())
 _ROPE_NONE = frozenset("""
     gpt2 gptj mpt refact bloom mamba mamba2 jamba jina-bert-v2 t5 t5encoder jais rwkv6 rwkv6qwen2
-    rwkv7 arwkv7 wavtokenizer-dec
+    rwkv7 arwkv7 wavtokenizer-dec nemotron_h nemotron_h_moe
 """.split())
 
 # Recurrent architectures whose state sizes come from the ssm.* keys.
 _SSM_ARCHS = frozenset(("mamba", "mamba2"))
-_UNSUPPORTED_RECURRENT = frozenset(("rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1",
-                                    "granitehybrid", "plamo2", "lfm2"))
+_UNSUPPORTED_RECURRENT = frozenset(("rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"))
+# Hybrid architectures (attention and recurrent layers: today's llama_memory_hybrid), and those
+# whose recurrent memory may keep rollback snapshots (llama.cpp's llm_arch_supports_rs_rollback;
+# it sets n_rs_seq to 0 for the others).
+_HYBRID_ARCHS = frozenset(("lfm2", "lfm2moe", "granitehybrid", "jamba", "falcon-h1", "nemotron_h", "nemotron_h_moe",
+                           "qwen3next", "plamo2"))
+_RS_ROLLBACK_ARCHS = frozenset(("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"))
 
 # Sliding-window layouts the architectures' loaders set: (swa type, period of the pattern,
 # default window or None when the file must hold it, base/scale of the windowed layers' RoPE).
@@ -81,7 +87,10 @@ class ModelGeometry:
     llama.cpp gives the cache's cells its per-cell extension (M-RoPE models, whose GGUF has
     ``{arch}.rope.dimension_sections``, and per-layer-embedding models, ``{arch}.ple.*``);
     ``ple_token``: a per-layer-embedding model's token for ubatches without token ids (its image
-    token, else its EOS token), None for other models."""
+    token, else its EOS token), None for other models. A hybrid model (``recurrent_layers`` not
+    empty) has K/V in ``attn_layers`` and a recurrent state in ``recurrent_layers`` (a layer may
+    be in both, or neither), ``n_embd_k_s`` / ``n_embd_v_s`` being the R / S widths of a
+    recurrent layer; ``rs_rollback``: llama.cpp keeps rollback snapshots for its architecture."""
 
     arch: str
     n_layer: int
@@ -101,6 +110,14 @@ class ModelGeometry:
     rope_long: RopeParams | None = None
     cell_ext: bool = False
     ple_token: int | None = None
+    recurrent_layers: tuple[int, ...] = ()
+    attn_layers: tuple[int, ...] = ()
+    rs_rollback: bool = False
+
+    @property
+    def hybrid(self) -> bool:
+        """Attention and recurrent layers: llama.cpp's hybrid memory (a :class:`HybridCache`)."""
+        return bool(self.recurrent_layers) and not self.recurrent
 
     @property
     def n_embd_k_gqa(self) -> tuple[int, ...]:
@@ -115,7 +132,7 @@ class ModelGeometry:
     def make_cache(self, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
                    flash_attn: bool | None = None, swa_full: bool | None = None, n_batch: int = 512,
                    buffers: Any = "owned", semantics: str = "2025", kv_unified: bool | None = None,
-                   v_trans: bool | None = None) -> AnyCache:
+                   v_trans: bool | None = None, n_rs_seq: int = 0) -> AnyCache:
         """The cache llama.cpp creates for this model and context (see :func:`from_gguf`);
         ``v_trans`` None: V transposed unless flash attention is on, as llama.cpp does."""
         n_ctx = int_arg(n_ctx, "n_ctx", 0, 2**31 - 1)
@@ -127,12 +144,16 @@ class ModelGeometry:
         flash_attn = bool_arg(today if flash_attn is None else flash_attn, "flash_attn")
         swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
         kv_unified = bool_arg(not today if kv_unified is None else kv_unified, "kv_unified")
+        n_rs_seq = int_arg(n_rs_seq, "n_rs_seq", 0, 64)
         if self.recurrent:
             # llama.cpp keeps recurrent states in f32 whatever the K/V types asked for, one cell
             # per sequence
             return RecurrentCache(n_seq_max, self.n_layer, self.n_embd_k_gqa, self.n_embd_v_gqa,
                                   type_k="f32", type_v="f32", n_embd_k_s=self.n_embd_k_s,
                                   n_embd_v_s=self.n_embd_v_s, buffers=buffers)
+        if self.hybrid:
+            return _hybrid_cache(self, n_ctx, n_seq_max, type_k, type_v, flash_attn, buffers, semantics, kv_unified,
+                                 v_trans, n_rs_seq)
         if any(h == 0 for h in self.n_head_kv):
             missing = [il for il, h in enumerate(self.n_head_kv) if h == 0]
             raise ValueError(f"{self.arch}: layers {missing} have no KV heads; such models are not supported")
@@ -227,6 +248,47 @@ class _Fields:
         return None
 
 
+def _hybrid_cache(g: ModelGeometry, n_ctx: int, n_seq_max: int, type_k: Any, type_v: Any, flash_attn: bool,
+                 buffers: Any, semantics: str, kv_unified: bool, v_trans: bool | None, n_rs_seq: int) -> HybridCache:
+    """ModelGeometry.make_cache of a hybrid model: today's llama_memory_hybrid."""
+    if semantics != "2026":
+        raise ValueError(f"{g.arch}: a hybrid model's memory is modelled as today's llama.cpp has it: "
+                         f"semantics '2026', not {semantics!r}")
+    if n_ctx == 0:
+        n_ctx = g.n_ctx_train
+    # the attention part: the unified cache of the context, without padding; RoPE shifts its keys
+    _, kv_size, n_stream = context_cells(n_ctx, n_seq_max, flash_attn, semantics, kv_unified)
+    return HybridCache(kv_size, g.n_layer, g.recurrent_layers, g.n_embd_k_gqa, g.n_embd_v_gqa, g.n_embd_k_s,
+                       g.n_embd_v_s, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v,
+                       v_trans=v_trans_for(flash_attn) if v_trans is None else bool_arg(v_trans, "v_trans"),
+                       # llama.cpp keeps no snapshot for the other architectures, silently
+                       n_rs_seq=n_rs_seq if g.rs_rollback else 0, attn_layers=g.attn_layers,
+                       kv_unified=n_stream == 1, n_embd_head_k=g.n_embd_head_k, rope=g.rope, buffers=buffers)
+
+
+def _hybrid_layers(f: _Fields, arch: str, n_layer: int, n_head_kv: tuple[int, ...]
+                   ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(recurrent layers, attention layers) of a hybrid model, as llama.cpp's loaders mark them."""
+    if arch == "falcon-h1":
+        every = tuple(range(n_layer))
+        return every, every
+    if arch == "qwen3next":
+        if f.has("{arch}.attention.recurrent_layers"):
+            flags = f.per_layer("{arch}.attention.recurrent_layers", n_layer)
+        else:
+            interval = f.get("{arch}.full_attention_interval", int, 4)
+            flags = tuple(int((il + 1) % interval != 0) for il in range(n_layer))
+        recr = tuple(il for il in range(n_layer) if flags[il])
+        return recr, tuple(il for il in range(n_layer) if not flags[il])
+    if arch in ("nemotron_h", "nemotron_h_moe"):
+        # the feed-forward layers have neither K/V nor a state
+        n_ff = f.per_layer("{arch}.feed_forward_length", n_layer, (0,) * n_layer)
+        recr = tuple(il for il in range(n_layer) if n_head_kv[il] == 0 and n_ff[il] == 0)
+        return recr, tuple(il for il in range(n_layer) if n_head_kv[il] != 0 and n_ff[il] == 0)
+    recr = tuple(il for il in range(n_layer) if n_head_kv[il] == 0)
+    return recr, tuple(il for il in range(n_layer) if n_head_kv[il] != 0)
+
+
 def read_gguf(path: Any) -> ModelGeometry:
     """The cache geometry of the model in a GGUF file (ValueError when it is not a GGUF file or
     lacks a key the geometry needs)."""
@@ -251,11 +313,13 @@ def read_gguf(path: Any) -> ModelGeometry:
 
     recurrent = arch in _SSM_ARCHS or arch in _UNSUPPORTED_RECURRENT
     if arch in _UNSUPPORTED_RECURRENT:
-        raise ValueError(f"{path}: the {arch!r} architecture (recurrent or hybrid) is not supported")
+        raise ValueError(f"{path}: the {arch!r} architecture (recurrent) is not supported")
+    hybrid = arch in _HYBRID_ARCHS
 
     n_head = f.per_layer("{arch}.attention.head_count", n_layer, (0,) * n_layer)
     n_head_kv = f.per_layer("{arch}.attention.head_count_kv", n_layer, n_head)
-    head0 = n_head[0] if n_head else 0
+    # a hybrid model's recurrent layers may have no heads: the attention layers' size the heads
+    head0 = max(n_head, default=0) if hybrid else (n_head[0] if n_head else 0)
     if head0 > 0:
         n_embd_head_k = f.get("{arch}.attention.key_length", int, n_embd // head0)
         n_embd_head_v = f.get("{arch}.attention.value_length", int, n_embd // head0)
@@ -264,7 +328,14 @@ def read_gguf(path: Any) -> ModelGeometry:
         n_embd_head_k = n_embd_head_v = n_rot = 0
 
     n_embd_k_s = n_embd_v_s = 0
-    if recurrent:
+    recurrent_layers: tuple[int, ...] = ()
+    attn_layers: tuple[int, ...] = ()
+    if hybrid:
+        recurrent_layers, attn_layers = _hybrid_layers(f, arch, n_layer, n_head_kv)
+    if hybrid and f.has("{arch}.shortconv.l_cache"):
+        # LFM2's short convolution: l_cache - 1 columns of the input, no S state
+        n_embd_k_s = n_embd * (f.get("{arch}.shortconv.l_cache", int) - 1)
+    elif recurrent or hybrid:
         d_conv = f.get("{arch}.ssm.conv_kernel", int)
         d_inner = f.get("{arch}.ssm.inner_size", int)
         d_state = f.get("{arch}.ssm.state_size", int)
@@ -274,6 +345,9 @@ def read_gguf(path: Any) -> ModelGeometry:
         n_embd_v_s = d_state * d_inner
 
     n_swa, swa_type, swa_layers, swa_rope = _sliding_window(f, arch, n_layer)
+    if hybrid and (swa_type != "none" or f.get("{arch}.attention.sliding_window", int, 0) > 0):
+        raise ValueError(f"{path}: a hybrid {arch!r} model with a sliding window (llama.cpp's "
+                         f"llama_memory_hybrid_iswa) is not supported")
     # llama.cpp's has_cell_ext(): M-RoPE (positions in sections) or per-layer embeddings
     # (ple_n_heads = (ngram_size - 1) * heads_per_ngram gathers per token)
     mrope = any(f.ints("{arch}.rope.dimension_sections"))
@@ -290,7 +364,8 @@ def read_gguf(path: Any) -> ModelGeometry:
                          n_embd_head_v=n_embd_head_v, n_swa=n_swa, swa_type=swa_type,
                          swa_layers=swa_layers, recurrent=recurrent, n_embd_k_s=n_embd_k_s,
                          n_embd_v_s=n_embd_v_s, rope=rope, rope_long=rope_long, cell_ext=mrope or ple,
-                         ple_token=ple_token)
+                         ple_token=ple_token, recurrent_layers=recurrent_layers, attn_layers=attn_layers,
+                         rs_rollback=arch in _RS_ROLLBACK_ARCHS)
 
 
 def _sliding_window(f: _Fields, arch: str, n_layer: int
@@ -382,7 +457,8 @@ def _rope_params(f: _Fields, arch: str, n_rot: int, n_ctx_train: int, swa_layers
 
 def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
               flash_attn: bool | None = None, swa_full: bool | None = None, n_batch: int = 512,
-              buffers: Any = "owned", semantics: str = "2025", kv_unified: bool | None = None) -> AnyCache:
+              buffers: Any = "owned", semantics: str = "2025", kv_unified: bool | None = None,
+              n_rs_seq: int = 0) -> AnyCache:
     """The KV cache llama.cpp creates for the model in a GGUF file and this context.
 
     - ``n_ctx``: context size in tokens (0: the model's training context); the cache gets
@@ -401,13 +477,17 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
 
     Returns a :class:`kvcache.UnifiedCache` (with the model's K head size and RoPE parameters,
     so ``update()`` rotates shifted keys), a :class:`kvcache.ISWACache` for interleaved
-    sliding-window models (Gemma 2/3, Cohere 2, Llama 4), or a :class:`kvcache.RecurrentCache`
-    (f32 states, one cell per sequence) for Mamba. With semantics "2026", the caches of M-RoPE
+    sliding-window models (Gemma 2/3, Cohere 2, Llama 4), a :class:`kvcache.RecurrentCache`
+    (f32 states, one cell per sequence) for Mamba, or a :class:`kvcache.HybridCache` for the hybrid
+    models (LFM2, Granite 4, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next, PLaMo 2; semantics "2026"
+    only), whose recurrent part keeps ``n_rs_seq`` rollback snapshots where llama.cpp allows them
+    (LFM2, Nemotron-H; 0 for the others, as llama.cpp sets it). With semantics "2026", the caches of M-RoPE
     and per-layer-embedding models have the per-cell extension (``cell_ext``, ``ple_token``:
     see :class:`ModelGeometry`)."""
     return read_gguf(path).make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v,
                                       flash_attn=flash_attn, swa_full=swa_full, n_batch=n_batch,
-                                      buffers=buffers, semantics=semantics, kv_unified=kv_unified)
+                                      buffers=buffers, semantics=semantics, kv_unified=kv_unified,
+                                      n_rs_seq=n_rs_seq)
 
 
 # --- transformers configs ----------------------------------------------------------------------

@@ -390,6 +390,43 @@ def plan_recurrent(n_layer: int, n_embd_k_s: Any, n_embd_v_s: Any, n_seq_max: in
     return Plan("recurrent", n_ctx, n_seq_max, False, (c,), sizing, tuple(log))
 
 
+def plan_hybrid(n_ctx: int, n_layer: int, recurrent_layers: Iterable[int], n_embd_k_gqa: Any, n_embd_v_gqa: Any,
+                n_embd_r: Any, n_embd_s: Any = 0, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
+                flash_attn: bool = False, kv_unified: bool = True, attn_layers: Iterable[int] | None = None,
+                n_rs_seq: int = 0, semantics: str = "2026") -> Plan:
+    """The plan of today's hybrid memory (semantics "2026", :class:`kvcache.HybridCache`): an
+    attention cache of the context's cells (``kv_size`` as :func:`plan_unified` with
+    semantics "2026", no padding) over ``attn_layers`` (default: the layers not in
+    ``recurrent_layers``), and a recurrent memory of ``max(1, n_seq_max)`` cells of f32 rows,
+    ``1 + n_rs_seq`` of them per cell, over ``recurrent_layers``: R ``n_embd_r`` elements (the
+    rolling convolution), S ``n_embd_s`` (the state)."""
+    if semantics != "2026":
+        raise ValueError(f"semantics = {semantics!r}: a hybrid memory is today's llama.cpp's ('2026')")
+    n_ctx, n_layer, n_seq_max, fa, _, kv_size, n_stream = _common(n_ctx, n_layer, n_seq_max, flash_attn, "2026",
+                                                                  kv_unified)
+    recr = sorted(set(_int(il, "recurrent_layers", 0, n_layer - 1) for il in recurrent_layers))
+    attn = ([il for il in range(n_layer) if il not in recr] if attn_layers is None else
+            sorted(set(_int(il, "attn_layers", 0, n_layer - 1) for il in attn_layers)))
+    n_rs_seq = _int(n_rs_seq, "n_rs_seq", 0, 64)
+    wk = _widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
+    wv = _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
+    tk, tv = _kv_types(type_k, type_v, fa)
+    kv = CachePlan("kv", kv_size, n_seq_max, 1, v_trans_for(fa), 0, "none", tk, tv,
+                   _layers("kv", attn, wk, wv, tk, tv, kv_size * n_stream), n_stream)
+    cells = max(1, n_seq_max)
+    rs = CachePlan("recurrent", cells, n_seq_max, None, False, 0, "none", "f32", "f32",
+                   _layers("recurrent", recr, _widths(n_embd_r, n_layer, "n_embd_r"),
+                           _widths(n_embd_s, n_layer, "n_embd_s"), "f32", "f32", cells * (1 + n_rs_seq)))
+    sizing = {"kv_size": kv_size, "rs_size": f"max(1, n_seq_max) = {cells}", "n_rs_seq": n_rs_seq}
+    mib = _mib_f32
+    log = _unified_log(kv, today=True) + [
+        f"llama_memory_recurrent: {'CPU':>10s} RS buffer size = {rs.buffer_bytes / 1024.0 / 1024.0:8.2f} MiB",
+        f"llama_memory_recurrent: size = {mib(rs.total_bytes):7.2f} MiB ({cells:6d} cells, {n_layer:3d} layers, "
+        f"{n_seq_max:2d} seqs {n_rs_seq:2d} rs_seq), R (f32): {mib(rs.size_k_bytes):7.2f} MiB, "
+        f"S (f32): {mib(rs.size_v_bytes):7.2f} MiB, P (f32): {mib(0):7.2f} MiB"]
+    return Plan("hybrid", n_ctx, n_seq_max, fa, (kv, rs), sizing, tuple(log))
+
+
 # --- llama.cpp's log lines ---------------------------------------------------------------------
 
 def _mib_f32(nbytes: int) -> float:
@@ -445,7 +482,8 @@ def format_plan(p: Plan) -> str:
     else:
         c = p.caches[0]
         vt = "V transposed (no flash attention)" if c.v_trans else "V in rows (flash attention)"
-        kind = "unified cache" if p.variant == "unified" else "iSWA cache (base + sliding window)"
+        kind = {"unified": "unified cache", "iswa": "iSWA cache (base + sliding window)",
+                "hybrid": "hybrid memory (attention + recurrent)"}[p.variant]
         streams = f" in each of {c.n_stream} streams" if c.n_stream > 1 else ""
         lines.append(f"{kind}: n_ctx {p.n_ctx} -> kv_size {p.kv_size} cells{streams} (n_pad {c.n_pad}), "
                      f"{plural(p.n_seq_max, 'sequence')}, {vt}")
@@ -454,6 +492,11 @@ def format_plan(p: Plan) -> str:
             lines.append(f"  base: {p.kv_size} cells, layers {_ranges([lp.il for lp in p.caches[0].layers])}")
             lines.append(f"  swa:  {p.sizing['swa_size']} cells, layers {_ranges([lp.il for lp in s.layers])}, "
                          f"window {s.n_swa} ({s.swa_type})")
+        if p.variant == "hybrid":
+            r = p.cache("recurrent")
+            lines.append(f"  attention: {p.kv_size} cells, layers {_ranges([lp.il for lp in c.layers])}")
+            lines.append(f"  recurrent: {plural(r.kv_size, 'cell')} (one per sequence) x {1 + p.sizing['n_rs_seq']} "
+                         f"(n_rs_seq {p.sizing['n_rs_seq']}), layers {_ranges([lp.il for lp in r.layers])}, f32")
     lines.append("")
     rows: list[tuple[Any, ...]] = [("layer", "cache", "K type", "K width", "K row", "K bytes", "V type",
                                     "V width", "V row", "V bytes")]

@@ -98,6 +98,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rolling-state width per layer, e.g. (d_conv - 1) * d_inner")
     r.add_argument("--n-embd-v-s", type=_widths, metavar="W[,W...]",
                    help="recurrent-state width per layer, e.g. d_state * d_inner")
+    h = p.add_argument_group("hybrid (from a GGUF model)")
+    h.add_argument("--n-rs-seq", type=whole(0, 64), default=0, metavar="N",
+                   help="rollback snapshots per recurrent state, for the architectures llama.cpp allows them "
+                        "(LFM2, Nemotron-H; 0 for the others, as llama.cpp sets it)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -195,7 +199,7 @@ def _plan_from_gguf(path: str, args: argparse.Namespace, warn):
     import os
 
     from kvcache.geometry import read_gguf
-    from kvcache.plan import plan_iswa, plan_recurrent, plan_unified
+    from kvcache.plan import plan_hybrid, plan_iswa, plan_recurrent, plan_unified
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such model file: {path}")
@@ -218,6 +222,18 @@ def _plan_from_gguf(path: str, args: argparse.Namespace, warn):
     common = dict(n_ctx=n_ctx, n_layer=g.n_layer, n_embd_k_gqa=list(g.n_embd_k_gqa),
                   n_embd_v_gqa=list(g.n_embd_v_gqa), n_seq_max=args.n_seq_max, type_k=args.type_k or "f16",
                   type_v=args.type_v or "f16", flash_attn=args.flash_attn)
+    if g.hybrid:
+        if args.semantics != "2026":
+            raise ValueError(f"{path} is a hybrid {g.arch!r} model, whose memory is today's llama.cpp's: "
+                             f"give --semantics 2026")
+        for name in ("swa_full", "n_batch", "n_ubatch"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"{_flag(name)} applies to sliding-window models; {path} has none")
+        return plan_hybrid(**{**common, **_semantics(args)}, recurrent_layers=g.recurrent_layers,
+                           attn_layers=g.attn_layers, n_embd_r=g.n_embd_k_s, n_embd_s=g.n_embd_v_s,
+                           n_rs_seq=args.n_rs_seq if g.rs_rollback else 0)
+    if args.n_rs_seq:
+        raise ValueError(f"--n-rs-seq applies to hybrid models; {path} is a {g.arch!r} model")
     if g.swa_type == "none":
         for name in ("swa_full", "n_batch", "n_ubatch"):
             if getattr(args, name) is not None:
