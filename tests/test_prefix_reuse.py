@@ -311,8 +311,10 @@ def test_bad_input_changes_nothing():
         c.prefix_match("1234")
     with pytest.raises(ValueError, match="one-dimensional"):
         c.prefix_match(np.zeros((2, 2), dtype=np.int32))
-    with pytest.raises(ValueError, match="token ids"):
+    with pytest.raises(ValueError, match=r"tokens\[1\] holds -2, outside \[0, 2147483648\)"):
         c.prefix_attach(2, [1, -2, 3])
+    with pytest.raises(ValueError, match="token ids"):
+        c.prefix_attach(2, np.array([1, -2, 3], dtype=np.int16))
     with pytest.raises(TypeError):
         c.prefix_attach(2, [1.5, 2])
     with pytest.raises(ValueError, match="seq_id"):

@@ -855,9 +855,19 @@ cdef object _ext_values(object tokens, object pos_x, object pos_y, Py_ssize_t n_
     if (pos_x is None) != (pos_y is None):
         raise ValueError("pos_x and pos_y: a 2-D position needs both (or neither)")
     ext = np.zeros((3, max(n_tokens, 1)), dtype=np.int32)
+    cdef int32_t[:, ::1] ev = ext
     for k, (v, name) in enumerate(((pos_x, "pos_x"), (pos_y, "pos_y"), (tokens, "tokens"))):
         if v is None:
             continue
+        # the common case without the general conversion: plain ints, or an int32 / int64 array
+        f = _flat_ints(v)
+        if f is not None and len(f) == n_tokens:
+            try:
+                if n_tokens:
+                    _ints_into(f, &ev[k, 0], n_tokens, INT32_MAX, name)
+                continue
+            except ValueError:
+                pass   # a negative value: the general path below decides
         a = values_c(v, name, VALUES_INT)
         if a.shape != (n_tokens,):
             raise ValueError(f"{name} must have one value per token ({n_tokens}), got shape {a.shape}")

@@ -21,6 +21,18 @@ cdef uint64_t salt_c(object salt) except? 0:
 
 cdef object tokens_c(object tokens, str name="tokens"):
     """Token ids as a C-contiguous int32 copy owned by kvcache (ids in [0, 2**31))."""
+    cdef Py_ssize_t n
+    cdef int32_t[::1] ov
+    f = _flat_ints(tokens)    # plain ints, or an int32 / int64 array: read once, straight into the copy
+    if f is not None:
+        n = len(f)
+        if n >= UINT32_MAX:
+            raise ValueError(f"{name}: too many tokens ({n})")
+        out = np.empty(n, dtype=np.int32)
+        if n:
+            ov = out
+            _ints_into(f, &ov[0], n, INT32_MAX, name)
+        return out
     a = values_c(tokens, name, VALUES_INT)
     if a.shape[0] >= UINT32_MAX:
         raise ValueError(f"{name}: too many tokens ({a.shape[0]})")
