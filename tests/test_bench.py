@@ -333,3 +333,14 @@ def test_the_paired_interval_holds_the_median_and_is_repeatable():
     lo50, hi50 = _paired_interval(a, b, level=0.5)
     assert lo <= lo50 <= hi50 <= hi and hi50 - lo50 < hi - lo
     assert _paired_interval([2.0] * 9, [1.0] * 9) == (2.0, 2.0)      # pairs that all agree leave no doubt
+
+
+def test_the_attention_case_checks_the_indices_path_against_the_dense_mask():
+    """Both paths ran the same step and agreed (the case raises otherwise), each step with its
+    byte floor and its build row."""
+    need_module("torch", "torch")
+    rows = _rows("attention")
+    steps = [r for r in rows if "decode step" in r.case]
+    builds = [r for r in rows if "build" in r.case]
+    assert len(steps) == len(builds) == 3
+    assert all(r.baseline_ns and r.yardstick_ratio and "path taken" in r.note for r in steps)

@@ -96,7 +96,8 @@ def test_bench_report(tmp_path, capsys):
 def test_bench_every_case_is_offered():
     from kvcache_bench import CASES
 
-    assert set(CASES) == {"find_slot", "mask", "defrag", "state", "calls", "step", "scale", "2026", "serving", "torch", "handoff"}
+    assert set(CASES) == {"find_slot", "mask", "defrag", "state", "calls", "step", "scale", "2026", "serving", "torch", "handoff",
+                           "attention"}
 
 
 @pytest.mark.parametrize("argv", [["bench", "--case", "nope"], ["bench", "--bogus"]])

@@ -376,6 +376,14 @@ def bench_handoff(quick: bool, reps: int) -> list[Row]:
     return case(quick, reps)
 
 
+def bench_attention(quick: bool, reps: int) -> list[Row]:
+    """A decode step's attention through kvcache's attention indices against the dense mask
+    (kvcache_bench.case_attention)."""
+    from kvcache_bench.case_attention import bench_attention as case
+
+    return case(quick, reps)
+
+
 CASES = {
     "find_slot": bench_find_slot,
     "mask": bench_mask,
@@ -388,6 +396,7 @@ CASES = {
     "serving": bench_serving,
     "torch": bench_torch,
     "handoff": bench_handoff,
+    "attention": bench_attention,
 }
 
 
