@@ -216,6 +216,13 @@ def test_decode_of_many_sequences_batches_by_length():
     q = torch.randn(64, 2, 16, generator=gen)
     want = _dense_attention(torch, c, ub, q, k, v, True)
     torch.testing.assert_close(attention_from_indices(q, k, v, idx), want, atol=1e-5, rtol=1e-5)
+    # the dense path with the cache's own mask
+    buf = np.empty((64, 4096), np.bool_)
+    got = attention_from_indices(q, k, v, idx, dense_at=0.0,
+                                 mask=lambda: c.kq_mask(ub, pad=False, dtype="bool", out=buf))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"mask\(\) must give a bool mask \[n_tokens, n_kv\] of one stream"):
+        attention_from_indices(q, k, v, idx, dense_at=0.0, mask=lambda: buf[:3])
 
 
 def test_iswa_has_one_set_per_half():

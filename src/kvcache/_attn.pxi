@@ -40,9 +40,9 @@ class AttentionIndices(_namedtuple("AttentionIndices", "qo_indptr kv_indptr kv_i
 
 
 # the arrays of an out= AttentionIndices: (field, dtype, counts groups (else indices), extra entries)
-_ATTN_FIELDS = (("qo_indptr", np.int32, True, 1), ("kv_indptr", np.int32, True, 1),
-                ("kv_indices", np.int32, False, 0), ("causal", np.bool_, True, 0), ("stream", np.int32, True, 0),
-                ("kv_pos", np.int32, False, 0))
+_I32, _BOOL = np.dtype(np.int32), np.dtype(np.bool_)
+_ATTN_FIELDS = (("qo_indptr", _I32, True, 1), ("kv_indptr", _I32, True, 1), ("kv_indices", _I32, False, 0),
+                ("causal", _BOOL, True, 0), ("stream", _I32, True, 0), ("kv_pos", _I32, False, 0))
 
 
 cdef int _attn_bind(kvc_attn *a, object bufs, bint positions, list held) except -1:
@@ -57,12 +57,12 @@ cdef int _attn_bind(kvc_attn *a, object bufs, bint positions, list held) except 
             continue
         arr = getattr(bufs, name)
         if arr is None:
-            raise ValueError(f"out.{name} must be a writable 1-D {np.dtype(dt)} array (positions=True needs "
+            raise ValueError(f"out.{name} must be a writable 1-D {dt} array (positions=True needs "
                              f"one), got None")
         hb = hold_buffer(arr, f"out.{name}", True)
         held.append(hb)
         if (hb.dtype is not dt and hb.dtype != dt) or hb.view.ndim != 1 or not hb.c_contiguous():
-            raise ValueError(f"out.{name} must be a writable contiguous 1-D {np.dtype(dt)} array, "
+            raise ValueError(f"out.{name} must be a writable contiguous 1-D {dt} array, "
                              f"got {hb.describe()}")
         ptrs[k] = hb.view.buf
         if per_group:

@@ -13,7 +13,7 @@ under a quarter of the rows, and every group of several tokens is attended on it
 causal rule as a small mask. Needs ``torch``."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch  # type: ignore[import-not-found,unused-ignore]
@@ -78,7 +78,7 @@ def _sdpa(q: Any, k: Any, v: Any, mask: Any, scale: float | None) -> Any:
 
 
 def attention_from_indices(q: Any, k: Any, v: Any, idx: AttentionIndices, *, scale: float | None = None,
-                           dense_at: float = 0.5) -> Any:
+                           dense_at: float = 0.5, mask: Callable[[], Any] | None = None) -> Any:
     """Attention of the ubatch's queries ``q [n_tokens, heads, head size]`` over the K/V rows
     ``k``, ``v`` ``[rows, kv heads, head size]`` (a layer's rows as the cache keeps them:
     ``cache.k(il)`` viewed per head, or the caller's own tensors), with the attention indices
@@ -86,7 +86,10 @@ def attention_from_indices(q: Any, k: Any, v: Any, idx: AttentionIndices, *, sca
     ``scaled_dot_product_attention`` with the ubatch's KQ mask. ``scale``: as SDPA's (default
     ``1/sqrt(head size)``). ``dense_at``: the share of the mask's rows from which the dense path
     is taken (0: always, above 1: never; see the module's docstring). Heads of q that are a
-    multiple of k's share them (grouped-query attention)."""
+    multiple of k's share them (grouped-query attention). ``mask``: where the dense path is
+    taken, a function giving the cache's bool KQ mask of the ubatch (a one-stream cache's
+    ``lambda: cache.kq_mask(ub, pad=False, dtype="bool", out=buf)``), used instead of a mask
+    rebuilt from the indices."""
     _check(q, k, v, idx)
     n_tokens = q.shape[0]
     out = q.new_empty((n_tokens, q.shape[1], v.shape[2]))
@@ -96,8 +99,17 @@ def attention_from_indices(q: Any, k: Any, v: Any, idx: AttentionIndices, *, sca
     nnz = len(idx.kv_indices)
     span = int(idx.kv_indices.max()) + 1 if nnz else 0
     if nnz >= dense_at * span:
-        mask = dense_mask(idx, span, device)
-        return _sdpa(q[None], k[None, :span], v[None, :span], mask, scale)[0]
+        if mask is None:
+            m = dense_mask(idx, span, device)
+        else:
+            m = torch.as_tensor(mask(), device=device)
+            if m.dim() == 3 and m.shape[0] == 1:
+                m = m[0]
+            if m.dim() != 2 or m.shape[0] != n_tokens or m.shape[1] < span or m.shape[1] > k.shape[0]:
+                raise ValueError(f"mask() must give a bool mask [n_tokens, n_kv] of one stream ({n_tokens} rows, "
+                                 f"at least {span} and at most {k.shape[0]} columns), got {tuple(m.shape)}")
+            span = m.shape[1]
+        return _sdpa(q[None], k[None, :span], v[None, :span], m, scale)[0]
     qo = idx.qo_indptr.astype(np.int64)
     kv = idx.kv_indptr.astype(np.int64)
     q_len, kv_len = np.diff(qo), np.diff(kv)
@@ -121,18 +133,18 @@ def attention_from_indices(q: Any, k: Any, v: Any, idx: AttentionIndices, *, sca
         kg = k.index_select(0, sel).view(len(groups), longest, *k.shape[1:])
         vg = v.index_select(0, sel).view(len(groups), longest, *v.shape[1:])
         toks = torch.from_numpy(qo[groups]).to(device)
-        mask = None
+        pad = None
         if (lens != longest).any():
-            mask = (torch.arange(longest, device=device)[None, :] < torch.from_numpy(lens).to(device)[:, None])
-            mask = mask[:, None, None, :]
-        out[toks] = _sdpa(q[toks][:, None], kg, vg, mask, scale)[:, 0]
+            pad = (torch.arange(longest, device=device)[None, :] < torch.from_numpy(lens).to(device)[:, None])
+            pad = pad[:, None, None, :]
+        out[toks] = _sdpa(q[toks][:, None], kg, vg, pad, scale)[:, 0]
         start = end
     for g in np.flatnonzero(q_len > 1):
         t0, n_q, a, n_kv = int(qo[g]), int(q_len[g]), int(kv[g]), int(kv_len[g])
         sel = rows[a:a + n_kv]
-        mask = None
+        causal = None
         if idx.causal[g]:
-            mask = torch.ones((n_q, n_kv), dtype=torch.bool, device=device).tril(n_kv - n_q)
+            causal = torch.ones((n_q, n_kv), dtype=torch.bool, device=device).tril(n_kv - n_q)
         out[t0:t0 + n_q] = _sdpa(q[None, t0:t0 + n_q], k.index_select(0, sel)[None], v.index_select(0, sel)[None],
-                                 mask, scale)[0]
+                                 causal, scale)[0]
     return out
