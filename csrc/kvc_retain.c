@@ -155,8 +155,14 @@ int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
             kvc_reuse_copy_cells(c, src, st, cell);
         }
     }
-    (void)kvc_prefix_lock(&r->idx, end, NULL);
-    r->lock[s] = end;
+    if (src != st) {
+        /* forgetting the stream may have dropped the node the match ended in (a prompt whose
+         * later tokens lay in this stream): lock where the p tokens taken end now */
+        (void)kvc_prefix_match(&r->idx, salt, tokens, n, p, NULL, NULL, &end);
+    }
+    if (kvc_prefix_lock(&r->idx, end, NULL) == KVC_OK) {
+        r->lock[s] = end;
+    }
     *n_attached = p;
     return KVC_OK;
 }

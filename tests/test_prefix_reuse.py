@@ -244,6 +244,22 @@ def test_a_hit_in_another_stream_is_a_stream_copy():
     c._prefix_check()
 
 
+def test_a_prefix_spanning_two_streams_attaches_the_run_of_its_first():
+    c = make(kv_size=64, n_seq_max=2, kv_unified=False)
+    compute(c, 0, [1, 2, 3, 4, 5, 6], 0)
+    c.prefix_release(0, salt="x")
+    compute(c, 1, [1, 2, 3, 7, 8], 0)
+    c.prefix_release(1, salt="x")          # [1 2 3] held in stream 0, [7 8] after it in stream 1
+    assert c.prefix_match([1, 2, 3, 7, 8], salt="x") == 4
+    # sequence 1 lives in stream 1, which the copy from stream 0 overwrites: [7 8] are forgotten
+    assert c.prefix_attach(1, [1, 2, 3, 7, 8], salt="x") == 3
+    c._prefix_check()
+    assert c.prefix_match([1, 2, 3, 7, 8], salt="x") == 3
+    c.update()
+    c.prefix_release(1)
+    c._prefix_check()
+
+
 # --- iSWA ---------------------------------------------------------------------------------------
 
 def _iswa(**kw):

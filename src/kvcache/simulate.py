@@ -417,6 +417,7 @@ class Simulation:
         return int(self.rng.geometric(1.0 / mean))               # >= 1, mean `mean`
 
     def draw_tokens(self, n: int) -> np.ndarray:
+        """n token ids drawn from the workload's generator."""
         return self.rng.integers(0, VOCAB, n, dtype=np.int32)
 
     def arrivals(self) -> None:
