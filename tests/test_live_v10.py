@@ -100,7 +100,8 @@ class Live(LlamaCalls):
         want = {"n_ctx": c["n_ctx_requested"] if "n_ctx_requested" in c else c["n_ctx"], "n_batch": c["n_batch"],
                 "n_ubatch": c["n_ubatch"], "n_seq_max": c["n_seq_max"], "type_k": c["type_k"],
                 "type_v": c["type_v"], "flash_attn_type": 1 if c["flash_attn"] else 0, "swa_full": swa_full,
-                "kv_unified": _unified(c), "n_threads": 1, "n_threads_batch": 1}
+                "kv_unified": _unified(c), "n_threads": 1, "n_threads_batch": 1,
+                "n_rs_seq": c.get("n_rs_seq", 0)}
         for name, value in want.items():
             assert name in fields, f"llama_context_params has no field {name} (the bindings changed)"
             setattr(p, name, value)
@@ -415,27 +416,11 @@ LLAMA_TOKEN_NULL = -1
 SEQ_STATE_MAGIC = 0xAF143CD8
 
 
-def write_mrope_model(path, vocab_from, seed=0):
-    """Write the tiny qwen2vl model MROPE describes to path, with the tokenizer keys of the GGUF
-    file vocab_from. The keys are the ones llama.cpp's qwen2vl loader reads (the hyperparameters
-    every model has, plus rope.dimension_sections, which it requires); qwen2vl's rope type is
-    M-RoPE whatever the file says."""
+def copy_tokenizer(w, vocab_from) -> int:
+    """Give the GGUF writer w the tokenizer keys of the GGUF file vocab_from; the vocabulary's
+    size."""
     gguf = need_module("test", "gguf")
-    g = MROPE
-    arch, n_embd, head = "qwen2vl", g["n_embd"], g["n_embd"] // g["n_head"]
-    n_kv = head * g["n_head_kv"]
     src = gguf.GGUFReader(str(vocab_from))
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_uint32(f"{arch}.context_length", 512)
-    w.add_uint32(f"{arch}.embedding_length", n_embd)
-    w.add_uint32(f"{arch}.block_count", g["n_layer"])
-    w.add_uint32(f"{arch}.feed_forward_length", g["n_ff"])
-    w.add_uint32(f"{arch}.attention.head_count", g["n_head"])
-    w.add_uint32(f"{arch}.attention.head_count_kv", g["n_head_kv"])
-    w.add_uint32(f"{arch}.rope.dimension_count", head)
-    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_array(f"{arch}.rope.dimension_sections", list(g["sections"]))
     n_vocab = 0
     V = gguf.GGUFValueType
     for key, f in src.fields.items():
@@ -456,11 +441,31 @@ def write_mrope_model(path, vocab_from, seed=0):
         else:
             w.add_key_value(key, f.parts[f.data[0]][0].item(), kind)
     assert n_vocab, f"{vocab_from} has no tokenizer.ggml.tokens"
-    rng = np.random.default_rng(seed)
+    return n_vocab
 
-    def rand(*shape):      # numpy's shape is GGUF's reversed: (rows, row length)
-        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
 
+def write_mrope_model(path, vocab_from, seed=0):
+    """Write the tiny qwen2vl model MROPE describes to path, with the tokenizer keys of the GGUF
+    file vocab_from. The keys are the ones llama.cpp's qwen2vl loader reads (the hyperparameters
+    every model has, plus rope.dimension_sections, which it requires); qwen2vl's rope type is
+    M-RoPE whatever the file says."""
+    gguf = need_module("test", "gguf")
+    g = MROPE
+    arch, n_embd, head = "qwen2vl", g["n_embd"], g["n_embd"] // g["n_head"]
+    n_kv = head * g["n_head_kv"]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.context_length", 512)
+    w.add_uint32(f"{arch}.embedding_length", n_embd)
+    w.add_uint32(f"{arch}.block_count", g["n_layer"])
+    w.add_uint32(f"{arch}.feed_forward_length", g["n_ff"])
+    w.add_uint32(f"{arch}.attention.head_count", g["n_head"])
+    w.add_uint32(f"{arch}.attention.head_count_kv", g["n_head_kv"])
+    w.add_uint32(f"{arch}.rope.dimension_count", head)
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_array(f"{arch}.rope.dimension_sections", list(g["sections"]))
+    n_vocab = copy_tokenizer(w, vocab_from)
+    rand = random_weights(seed)
     ones = np.ones(n_embd, np.float32)
     w.add_tensor("token_embd.weight", rand(n_vocab, n_embd))
     w.add_tensor("output_norm.weight", ones)
@@ -475,15 +480,33 @@ def write_mrope_model(path, vocab_from, seed=0):
         w.add_tensor(b + "attn_k.bias", rand(n_kv))
         w.add_tensor(b + "attn_v.bias", rand(n_kv))
         w.add_tensor(b + "attn_output.weight", rand(n_embd, n_embd))
-        w.add_tensor(b + "ffn_norm.weight", ones)
-        w.add_tensor(b + "ffn_gate.weight", rand(g["n_ff"], n_embd))
-        w.add_tensor(b + "ffn_up.weight", rand(g["n_ff"], n_embd))
-        w.add_tensor(b + "ffn_down.weight", rand(n_embd, g["n_ff"]))
+        add_ffn(w, b, rand, n_embd, g["n_ff"])
+    close_gguf(w)
+    return path
+
+
+def add_ffn(w, prefix: str, rand, n_embd: int, n_ff: int) -> None:
+    """A layer's SwiGLU feed-forward tensors (llama.cpp's ffn_norm, ffn_gate, ffn_up, ffn_down),
+    the weights drawn by rand(rows, row length) in that order."""
+    w.add_tensor(prefix + "ffn_norm.weight", np.ones(n_embd, np.float32))
+    w.add_tensor(prefix + "ffn_gate.weight", rand(n_ff, n_embd))
+    w.add_tensor(prefix + "ffn_up.weight", rand(n_ff, n_embd))
+    w.add_tensor(prefix + "ffn_down.weight", rand(n_embd, n_ff))
+
+
+def random_weights(seed):
+    """rand(*shape): f32 weights of N(0, 0.01) drawn in turn from a generator of seed (numpy's
+    shape is GGUF's reversed: (rows, row length))."""
+    rng = np.random.default_rng(seed)
+    return lambda *shape: (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+
+def close_gguf(w) -> None:
+    """Write the GGUF writer's header, metadata and tensors, and close the file."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
 
 
 @pytest.fixture(scope="module")
