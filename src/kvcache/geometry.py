@@ -61,6 +61,9 @@ _UNSUPPORTED_RECURRENT = frozenset(("rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"))
 _HYBRID_ARCHS = frozenset(("lfm2", "lfm2moe", "granitehybrid", "jamba", "falcon-h1", "nemotron_h", "nemotron_h_moe",
                            "qwen3next", "plamo2"))
 _RS_ROLLBACK_ARCHS = frozenset(("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"))
+# Hybrid architectures whose layers use RoPE only when {arch}.rope.scaling.finetuned is true (its
+# default; Granite 4's converter writes false for its hybrids)
+_ROPE_SWITCHED = frozenset(("granitehybrid",))
 
 # Sliding-window layouts the architectures' loaders set: (swa type, period of the pattern,
 # default window or None when the file must hold it, base/scale of the windowed layers' RoPE).
@@ -356,8 +359,10 @@ def read_gguf(path: Any) -> ModelGeometry:
     if ple:
         ple_token = f.get("{arch}.ple.image_token_id", int, 0) or f.get("{arch}.ple.eos_token_id", int, 0)
     rope = rope_long = None
+    # llama.cpp's K-shift skips the layers without RoPE
+    no_rope = arch in _ROPE_SWITCHED and not f.get("{arch}.rope.scaling.finetuned", bool, True)
     # M-RoPE keys are never shifted (llama.cpp cannot: get_can_shift() is false for them)
-    if not recurrent and head0 > 0 and not mrope:
+    if not recurrent and head0 > 0 and not mrope and not no_rope:
         rope, rope_long = _rope_params(f, arch, n_rot, n_ctx_train, swa_layers, swa_rope)
     return ModelGeometry(arch=arch, n_layer=n_layer, n_embd=n_embd, n_ctx_train=n_ctx_train,
                          n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=n_embd_head_k,
@@ -500,6 +505,7 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
 _HF_ROPE_NEOX = frozenset("""
     llama mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe gemma gemma2 gemma3 gemma3_text phi phi3 gpt_neox
     stablelm falcon olmo olmo2 starcoder2 granite granitemoe persimmon minimax exaone4 smollm3 gpt_oss
+    lfm2 lfm2_moe granitemoehybrid falcon_h1 qwen3_next
 """.split())
 _HF_ROPE_NORMAL = frozenset("gptj codegen cohere cohere2 glm glm4".split())
 
@@ -632,12 +638,86 @@ def hf_attention(config: Any, chunked_as_sliding: bool = False) -> tuple[int, in
     return n_layer, n_head, n_head_kv, head_dim, int(window or 0) if "sliding_attention" in types else 0, types
 
 
+# The hybrid architectures of transformers (config.model_type) and llama.cpp's name of each, as
+# its converter writes them.
+_HF_HYBRID = {"lfm2": "lfm2", "lfm2_moe": "lfm2moe", "granitemoehybrid": "granitehybrid", "jamba": "jamba",
+              "falcon_h1": "falcon-h1", "nemotron_h": "nemotron_h", "qwen3_next": "qwen3next"}
+
+
+def _hf_hybrid(config: Any, cfg: Any, arch: str, n_ctx_seq: int | None) -> ModelGeometry:
+    """read_transformers_config of a hybrid model: the layers and row widths llama.cpp's
+    converter and loader give the same model (llama_memory_hybrid's geometry)."""
+    n_layer = int(cfg.num_hidden_layers)
+    n_head = int(cfg.num_attention_heads)
+    n_head_kv = int(getattr(cfg, "num_key_value_heads", None) or n_head)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head)
+    n_embd = int(cfg.hidden_size)
+    # transformers names a layer by its mixer; older names ("mamba", "attention") are today's
+    # "linear_attention" and "full_attention"
+    legacy = {"mamba": "linear_attention", "attention": "full_attention"}
+    if arch == "jamba":
+        period, offset = int(cfg.attn_layer_period), int(cfg.attn_layer_offset)
+        types = ["full_attention" if il % period == offset else "linear_attention" for il in range(n_layer)]
+    elif arch == "falcon_h1":
+        types = ["both"] * n_layer          # a Mamba-2 mixer and attention in every layer
+    else:
+        types = [legacy.get(t, t) for t in (getattr(cfg, "layer_types", None) or [])]
+    if len(types) != n_layer:
+        raise ValueError(f"{arch}: {len(types)} layer types for {n_layer} layers")
+    recurrent_kind = "conv" if arch in ("lfm2", "lfm2_moe") else "linear_attention"
+    recr = tuple(il for il, t in enumerate(types) if t in (recurrent_kind, "both"))
+    attn = tuple(il for il, t in enumerate(types) if t in ("full_attention", "both"))
+    other = sorted({t for t in types if t not in (recurrent_kind, "full_attention", "both")})
+    # Nemotron-H's feed-forward layers have neither K/V nor a state
+    if other and not (arch == "nemotron_h" and set(other) <= {"mlp", "moe"}):
+        raise ValueError(f"{arch}: layer types {other} map to no part of a hybrid memory")
+    if arch in ("lfm2", "lfm2_moe"):
+        # the short convolution keeps L_cache - 1 columns of its input
+        n_embd_r, n_embd_s = n_embd * (int(cfg.conv_L_cache) - 1), 0
+    elif arch == "qwen3_next":
+        # the gated delta net: a convolution over q, k and v; a k x v state per value head
+        k_dim, v_dim = int(cfg.linear_key_head_dim), int(cfg.linear_value_head_dim)
+        n_k, n_v = int(cfg.linear_num_key_heads), int(cfg.linear_num_value_heads)
+        n_embd_r = (int(cfg.linear_conv_kernel_dim) - 1) * (2 * n_k * k_dim + n_v * v_dim)
+        n_embd_s = k_dim * v_dim * n_v
+    else:
+        # Mamba (Jamba: one group-less B and C) and Mamba-2: the convolution's d_conv - 1
+        # columns of x, B and C; a d_state x d_inner state
+        if arch == "nemotron_h":
+            d_inner = int(cfg.mamba_num_heads) * int(cfg.mamba_head_dim)
+            d_state, d_conv, n_group = int(cfg.ssm_state_size), int(cfg.conv_kernel), int(cfg.n_groups)
+        else:
+            d_ssm = getattr(cfg, "mamba_d_ssm", None)
+            d_inner = int(d_ssm) if d_ssm else int(cfg.mamba_expand) * n_embd
+            d_state, d_conv = int(cfg.mamba_d_state), int(cfg.mamba_d_conv)
+            n_group = 0 if arch == "jamba" else int(cfg.mamba_n_groups)
+        n_embd_r = (d_conv - 1) * (d_inner + 2 * n_group * d_state)
+        n_embd_s = d_state * d_inner
+    uses_rope = arch not in ("jamba", "nemotron_h") and (
+        arch != "granitemoehybrid" or getattr(cfg, "position_embedding_type", None) == "rope")
+    heads_kv = tuple(n_head_kv if il in attn else 0 for il in range(n_layer))
+    # llama.cpp's converter names Nemotron-H with experts nemotron_h_moe
+    name = "nemotron_h_moe" if arch == "nemotron_h" and "moe" in types else _HF_HYBRID[arch]
+    return ModelGeometry(
+        arch=name, n_layer=n_layer, n_embd=n_embd,
+        n_ctx_train=int(getattr(cfg, "max_position_embeddings", 0) or 0), n_head=(n_head,) * n_layer,
+        n_head_kv=heads_kv, n_embd_head_k=head_dim, n_embd_head_v=head_dim, n_embd_k_s=n_embd_r,
+        n_embd_v_s=n_embd_s, rope=rope_from_transformers(config, n_ctx_seq) if uses_rope else None,
+        recurrent_layers=recr, attn_layers=attn, rs_rollback=name in _RS_ROLLBACK_ARCHS)
+
+
 def read_transformers_config(config: Any, n_ctx_seq: int | None = None) -> ModelGeometry:
     """The cache geometry of a transformers ``PretrainedConfig`` (or a model): layers, KV heads,
     head size, sliding-window layers (``layer_types``; every layer when there is a
     ``sliding_window`` and no ``layer_types``, as Mistral) and :func:`rope_from_transformers`.
-    Layer types other than full and sliding attention raise ValueError."""
+    Layer types other than full and sliding attention raise ValueError, except in the hybrid
+    models (LFM2, Granite 4, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next), whose geometry is
+    llama.cpp's for the same model: attention and recurrent layers, the recurrent R / S widths
+    (``n_embd_k_s`` / ``n_embd_v_s``), the architecture under llama.cpp's name."""
     cfg = _hf_text_config(config)
+    arch = str(getattr(cfg, "model_type", ""))
+    if arch in _HF_HYBRID:
+        return _hf_hybrid(config, cfg, arch, n_ctx_seq)
     n_layer, n_head, n_head_kv, head_dim, window, types = hf_attention(cfg)
     swa_layers = tuple(il for il, t in enumerate(types) if t == "sliding_attention")
     return ModelGeometry(
@@ -650,16 +730,28 @@ def read_transformers_config(config: Any, n_ctx_seq: int | None = None) -> Model
 
 def from_transformers_config(config: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
                              v_trans: bool = False, swa_full: bool = False, n_batch: int = 512,
-                             buffers: Any = "owned") -> AnyCache:
+                             buffers: Any = "owned", n_rs_seq: int = 0) -> AnyCache:
     """A KV cache for a transformers model: a :class:`UnifiedCache`, or an :class:`ISWACache`
     when it has sliding-window layers (the window is transformers' ``sliding_window``, the same
     rule: a key is hidden once the query is ``sliding_window`` positions past it), with the
     model's head size and RoPE parameters (:func:`rope_from_transformers`) so ``update()``
     shifts keys as the model rotates them. ``n_ctx`` cells over all sequences (padded to 32);
     ``v_trans`` False by default: V as torch reads it, without a transpose per layer. The other
-    arguments as :func:`from_gguf`'s."""
+    arguments as :func:`from_gguf`'s.
+
+    A hybrid model (LFM2, Granite 4, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next) gets the
+    :class:`HybridCache` ``from_gguf(..., semantics="2026", kv_unified=True)`` builds for its
+    GGUF file: one stream of ``pad(n_ctx, 256)`` cells for the attention layers, a recurrent cell
+    per sequence with ``n_rs_seq`` rollback snapshots where llama.cpp allows them (LFM2,
+    Nemotron-H)."""
     n_ctx = int_arg(n_ctx, "n_ctx", 1, 2**31 - 1)
     n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, 2**31 - 1)
+    n_rs_seq = int_arg(n_rs_seq, "n_rs_seq", 0, 64)
     geo = read_transformers_config(config, n_ctx_seq=max(n_ctx // n_seq_max, 1))
+    if n_rs_seq and not geo.hybrid:
+        raise ValueError(f"n_rs_seq = {n_rs_seq}: rollback snapshots apply to hybrid models; {geo.arch!r} is not one")
+    if geo.hybrid:
+        return geo.make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v, buffers=buffers,
+                              v_trans=v_trans, semantics="2026", kv_unified=True, n_rs_seq=n_rs_seq)
     return geo.make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v, swa_full=swa_full,
                           n_batch=n_batch, buffers=buffers, v_trans=v_trans)
