@@ -344,3 +344,11 @@ def test_the_attention_case_checks_the_indices_path_against_the_dense_mask():
     builds = [r for r in rows if "build" in r.case]
     assert len(steps) == len(builds) == 3
     assert all(r.baseline_ns and r.yardstick_ratio and "path taken" in r.note for r in steps)
+
+
+def test_the_hybrid_case_drives_the_pair_and_its_parts_alike():
+    """The hybrid memory and its two parts driven apart placed the same cells and gave the same
+    mask and state sources at every size (the case raises otherwise)."""
+    rows = _rows("hybrid")
+    assert [r.case.split(",")[1].strip() for r in rows] == ["1 seq x 1 token", "32 seq x 1 token"]
+    assert all(r.baseline_ns and r.ratio for r in rows)

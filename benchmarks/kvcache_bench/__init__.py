@@ -384,6 +384,14 @@ def bench_attention(quick: bool, reps: int) -> list[Row]:
     return case(quick, reps)
 
 
+def bench_hybrid(quick: bool, reps: int) -> list[Row]:
+    """The hybrid memory's decode step against its two parts driven apart
+    (kvcache_bench.case_hybrid)."""
+    from kvcache_bench.case_hybrid import bench_hybrid as case
+
+    return case(quick, reps)
+
+
 CASES = {
     "find_slot": bench_find_slot,
     "mask": bench_mask,
@@ -397,6 +405,7 @@ CASES = {
     "torch": bench_torch,
     "handoff": bench_handoff,
     "attention": bench_attention,
+    "hybrid": bench_hybrid,
 }
 
 
