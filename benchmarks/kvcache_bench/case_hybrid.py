@@ -78,18 +78,49 @@ def _parts_steps(attn, recr, steps) -> tuple[float, np.ndarray, np.ndarray]:
     return time.perf_counter_ns() - t0, mask, sc
 
 
+def _placements(h, attn, recr, steps, hybrid_first: bool) -> tuple[float, float]:
+    """find_slot alone, every step: (the hybrid memory's time, the parts' time)."""
+    def pair() -> float:
+        t0 = time.perf_counter_ns()
+        for ub in steps:
+            if not h.find_slot(ub):
+                raise AssertionError("the hybrid memory found no slot")
+        return time.perf_counter_ns() - t0
+
+    def parts() -> float:
+        t0 = time.perf_counter_ns()
+        for ub in steps:
+            if not (recr.find_slot(ub) and attn.find_slot(ub)):
+                raise AssertionError("the parts found no slot")
+        return time.perf_counter_ns() - t0
+
+    if hybrid_first:
+        th = pair()
+        return th, parts()
+    tp = parts()
+    return pair(), tp
+
+
+def _same(h, attn, recr, n_seqs: int) -> None:
+    hr, pr = h.recr.cells(), recr.cells()
+    if not (np.array_equal(h.attn.cells().pos, attn.cells().pos) and np.array_equal(hr["pos"], pr["pos"])
+            and hr["seq_id"] == pr["seq_id"]):
+        raise AssertionError(f"{n_seqs} sequences: the hybrid memory and its parts hold different cells")
+
+
 def bench_hybrid(quick: bool, reps: int) -> list[Row]:
     """The decode step of 1 / 32 / 256 sequences (1 / 32 quick) x 1 token, 32768 attention cells
-    (4096 quick): HybridCache against its parts driven by hand, paired per repetition on fresh
-    states, the masks, state sources and cells of both sides compared after each run."""
+    (4096 quick), and its find_slot alone: HybridCache against its parts driven by hand, paired
+    per repetition on fresh states (which side runs first alternates), the masks, state sources
+    and cells of both sides compared after each run."""
     size = 4096 if quick else 32768
     rows = []
+    parts_note = "baseline: the same calls on the two parts driven apart (UnifiedCache 2026 + RecurrentCache 2026)"
     for n_seqs in ((1, 32) if quick else (1, 32, 256)):
         n_steps = min(64 if not quick else 16, size // n_seqs // 2)
-        hyb, parts = [], []
+        hyb, parts, hyb_fs, parts_fs = [], [], [], []
         for rep in range(reps):
             h, attn, recr, steps = _pair(size, n_seqs, n_steps)
-            # alternate which side runs first, so that neither always finds the caches warm
             if rep % 2:
                 tp, mp, sp = _parts_steps(attn, recr, steps)
                 th, mh, sh = _hybrid_steps(h, steps)
@@ -98,15 +129,17 @@ def bench_hybrid(quick: bool, reps: int) -> list[Row]:
                 tp, mp, sp = _parts_steps(attn, recr, steps)
             if not (np.array_equal(mh, mp) and np.array_equal(sh, sp)):
                 raise AssertionError(f"{n_seqs} sequences: the hybrid memory and its parts disagree on the inputs")
-            hr, pr = h.recr.cells(), recr.cells()
-            if not (np.array_equal(h.attn.cells().pos, attn.cells().pos) and np.array_equal(hr["pos"], pr["pos"])
-                    and hr["seq_id"] == pr["seq_id"]):
-                raise AssertionError(f"{n_seqs} sequences: the hybrid memory and its parts hold different cells")
+            _same(h, attn, recr, n_seqs)
             hyb.append(th / n_steps)
             parts.append(tp / n_steps)
-        med, rng = _median_range(hyb)
-        rows.append(Row(f"hybrid: decode step, {n_seqs} seq x 1 token, {size} cells (find_slot + mask f32 + s_copy)",
-                        med, rng, statistics.median(parts), _paired(parts, hyb),
-                        note="baseline: the same step on the two parts driven apart (UnifiedCache 2026 + "
-                             "RecurrentCache 2026)" if n_seqs == 1 else ""))
+            h, attn, recr, steps = _pair(size, n_seqs, n_steps)
+            th, tp = _placements(h, attn, recr, steps, rep % 2 == 0)
+            _same(h, attn, recr, n_seqs)
+            hyb_fs.append(th / n_steps)
+            parts_fs.append(tp / n_steps)
+        for what, fast, base in (("find_slot + mask f32 + s_copy", hyb, parts), ("find_slot alone", hyb_fs, parts_fs)):
+            med, rng = _median_range(fast)
+            rows.append(Row(f"hybrid: decode step, {n_seqs} seq x 1 token, {size} cells ({what})", med, rng,
+                            statistics.median(base), _paired(base, fast), note=parts_note if n_seqs == 1 else ""))
+            parts_note = ""
     return rows
