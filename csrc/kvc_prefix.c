@@ -778,6 +778,21 @@ uint32_t kvc_prefix_remove_cells(kvc_prefix *idx, const uint32_t *cells, const u
     return idx->n_freed;
 }
 
+int kvc_prefix_move_cell(kvc_prefix *idx, uint32_t st, uint32_t from, uint32_t to, kvc_err *err) {
+    if (!cell_in_range(idx, st, from) || !cell_in_range(idx, st, to) || place_of(idx, st, from)->node == NIL ||
+        place_of(idx, st, to)->node != NIL) {
+        return kvc_err_set(err, KVC_E_ARG, "moving cell %u to %u of stream %u: not a held cell to a free one", from,
+                           to, st);
+    }
+    kvc_prefix_place *pf = place_of(idx, st, from);
+    kvc_prefix_node *n = &idx->nodes[pf->node];
+    n->cell[pf->depth - n->depth] = to;
+    *place_of(idx, st, to) = *pf;
+    pf->node = NIL;
+    pf->depth = 0;
+    return KVC_OK;
+}
+
 uint32_t kvc_prefix_freed(const kvc_prefix *idx, const uint32_t **cells, const uint32_t **streams) {
     if (cells) {
         *cells = idx->freed_cell;

@@ -178,6 +178,11 @@ uint32_t kvc_prefix_evict(kvc_prefix *idx, uint32_t n_cells);
  * each edge's tokens in order, an edge before its children, children in the order they came. */
 uint32_t kvc_prefix_remove_cells(kvc_prefix *idx, const uint32_t *cells, const uint32_t *streams, uint32_t n);
 
+/* The token held in cell `from` of stream st is held in cell `to` of the same stream from now on
+ * (to: held nowhere in the index). Nothing else changes: the tree, protection, recency, the
+ * counters. KVC_OK; KVC_E_ARG (from not held, to held or either out of range; nothing changed). */
+int  kvc_prefix_move_cell(kvc_prefix *idx, uint32_t st, uint32_t from, uint32_t to, kvc_err *err);
+
 /* The cells the last kvc_prefix_evict, kvc_prefix_remove_cells or successful kvc_prefix_insert
  * let go (none for an insert that evicted nothing; valid until the next of those calls): their
  * count, with *cells and *streams set. */

@@ -9,31 +9,32 @@ static int reuse_off(kvc_err *err) {
     return kvc_err_set(err, KVC_E_ARG, "prefix reuse is off for this cache (enable_prefix_reuse() turns it on)");
 }
 
-int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
-                       kvc_retained *res, kvc_err *err) {
+/* Cells sequence s holds (the room a release needs per token). */
+static uint32_t seq_n_cells(const kvc_unified *c, int32_t s) {
+    return kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s))->seq_pos[s].n;
+}
+
+/* The tokens a release of s keeps at most: the cells of positions 0, 1, ... (the first cell of
+ * each), unshifted, with a known token that agrees with the caller's; their tokens into toks
+ * (room for seq_n_cells), their cells into r->tmp_cell / tmp_strm. Returns how many. */
+static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32_t n, int32_t *toks) {
     kvc_reuse *r = c->reuse;
-    memset(res, 0, sizeof *res);
-    if (!r) {
-        return reuse_off(err);
-    }
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const kvc_seq_pos *sp = &cells->seq_pos[s];
     const int32_t *tok_of = r->tok + (size_t)st * size;
     const uint64_t *born = r->born + (size_t)st * size;
-    /* the cells of positions 0, 1, ... (the first cell of each), unshifted, with a known token
-     * that agrees with the caller's */
-    const uint32_t m = sp->n ? sp->n : 1;
-    int32_t *toks = kvc_malloc_n(m, 3 * sizeof *toks);
-    if (!toks) {
-        return kvc_err_set(err, KVC_E_NOMEM, "out of memory releasing sequence %d", s);
-    }
-    uint32_t *dup_cells = (uint32_t *)(toks + m), *dup_strms = dup_cells + m;
     uint32_t k = 0;
     for (uint32_t e = 0; e < sp->n; e++) {
         const int32_t p = kvc_seq_key_pos(sp->key[e]);
         const uint32_t i = kvc_seq_key_cell(sp->key[e]);
         if (p < (int32_t)k) {
+            if (cells->ext) {
+                /* several tokens at one position (an image's, placed by 2-D position): their
+                 * order in the prompt is not the cells', so the prompt is kept up to them */
+                k = (uint32_t)p;
+                break;
+            }
             continue;   /* a second cell at a position already taken */
         }
         /* the K/V of a token depend on every token before it: a cell counts only when computed
@@ -56,15 +57,56 @@ int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
         r->tmp_strm[k] = st;
         k++;
     }
+    return k;
+}
+
+/* Sequence s's lock moves to h (a deeper prefix it published): h locked first, so that a
+ * shared path never loses its protection on the way. */
+static void lock_for(kvc_unified *c, int32_t s, kvc_prefix_handle h) {
+    kvc_reuse *r = c->reuse;
+    if (kvc_prefix_lock(&r->idx, h, NULL) != KVC_OK) {
+        return;
+    }
+    if (r->lock[s].node && kvc_prefix_handle_valid(&r->idx, r->lock[s])) {
+        (void)kvc_prefix_unlock(&r->idx, r->lock[s], NULL);
+    }
+    r->lock[s] = h;
+}
+
+/* Release (end) or publish (!end: s goes on, holding a lock on what it published) sequence s. */
+static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n, bool end,
+                kvc_retained *res, kvc_err *err) {
+    kvc_reuse *r = c->reuse;
+    memset(res, 0, sizeof *res);
+    if (!r) {
+        return reuse_off(err);
+    }
+    const uint32_t st = kvc_unified_stream_of(c, s);
+    const uint32_t m = seq_n_cells(c, s) ? seq_n_cells(c, s) : 1;
+    int32_t *toks = kvc_malloc_n(m, 3 * sizeof *toks);
+    if (!toks) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory keeping the prefix of sequence %d", s);
+    }
+    uint32_t *dup_cells = (uint32_t *)(toks + m), *dup_strms = dup_cells + m;
+    uint32_t k = collect(c, s, tokens, n, toks);
     /* K/V depend on every token before: a cell the index holds serves this prompt only inside
      * the prefix the index holds of it (there it is the index's own cell or a duplicate); past
      * that prefix, a held cell belongs to another prompt and ends what can be kept */
     if (k > 0) {
-        kvc_prefix_handle end;
-        const uint32_t held = kvc_prefix_match(&r->idx, salt, toks, k, k, dup_cells, dup_strms, &end);
+        kvc_prefix_handle at;
+        const uint32_t held = kvc_prefix_match(&r->idx, salt, toks, k, k, dup_cells, dup_strms, &at);
+        const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
         for (uint32_t j = 0; j < k; j++) {
             const uint32_t i = r->tmp_cell[j];
             if (kvc_reuse_is_held(c, st, i) && (j >= held || dup_cells[j] != i || dup_strms[j] != st)) {
+                k = j;
+                break;
+            }
+            /* with the extension, a prompt whose 2-D positions differ from the held one's
+             * shares none of its later cells: it is kept only up to there */
+            const kvc_cell_ext *e = r->ext && j < held ? &r->ext[(size_t)dup_strms[j] * c->cells.size + dup_cells[j]]
+                                                       : NULL;
+            if (e && !kvc_reuse_ext_is(c, e, tab->ext[i].x, tab->ext[i].y, tab->ext[i].tok)) {
                 k = j;
                 break;
             }
@@ -76,9 +118,16 @@ int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
         rc = kvc_prefix_insert(&r->idx, salt, toks, r->tmp_cell, r->tmp_strm, k, dup_cells, dup_strms, &ins, err);
         if (rc == KVC_OK) {
             kvc_reuse_note_insert(c, r->tmp_cell, r->tmp_strm, ins.n_present, k);
+            const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
+            for (uint32_t j = ins.n_present; r->ext && j < k; j++) {
+                r->ext[(size_t)st * c->cells.size + r->tmp_cell[j]] = tab->ext[r->tmp_cell[j]];
+            }
             res->n_kept = k;
             res->n_new = ins.n_added;
             res->n_evicted = ins.n_evicted;
+            if (!end) {
+                lock_for(c, s, ins.end);
+            }
         } else if (rc == KVC_E_NOSPACE) {
             rc = KVC_OK;   /* nothing kept: said by n_kept 0 */
         }
@@ -87,41 +136,120 @@ int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
     if (rc != KVC_OK) {
         return rc;
     }
-    kvc_unified_seq_rm(c, s, -1, -1);   /* releases its lock (kvc_reuse_sync) */
+    if (end) {
+        kvc_unified_seq_rm(c, s, -1, -1);   /* releases its lock (kvc_reuse_sync) */
+    } else {
+        kvc_reuse_sync(c);   /* the cap may have evicted a lock's prefix */
+    }
     return KVC_OK;
 }
 
-uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n) {
+int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
+                       kvc_retained *res, kvc_err *err) {
+    return keep(c, s, salt, tokens, n, true, res, err);
+}
+
+int kvc_retain_publish(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
+                       kvc_retained *res, kvc_err *err) {
+    return keep(c, s, salt, tokens, n, false, res, err);
+}
+
+/* With the extension: how many of the p matched cells (r->tmp_cell / tmp_strm) carry the
+ * extension the request places there (pos_x / pos_y: NULL for zeros); else p. */
+static uint32_t ext_agree(const kvc_unified *c, const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y,
+                          uint32_t p) {
+    const kvc_reuse *r = c->reuse;
+    for (uint32_t j = 0; r->ext && j < p; j++) {
+        const kvc_cell_ext *e = &r->ext[(size_t)r->tmp_strm[j] * c->cells.size + r->tmp_cell[j]];
+        if (!kvc_reuse_ext_is(c, e, pos_x ? pos_x[j] : 0, pos_y ? pos_y[j] : 0, tokens[j])) {
+            return j;
+        }
+    }
+    return p;
+}
+
+/* The longest prefix of at most max_len tokens the index holds and the request's extension
+ * agrees with: its cells in r->tmp_cell / tmp_strm, its end in *end. */
+static uint32_t match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
+                         const int32_t *pos_y, uint32_t n, uint32_t max_len, kvc_prefix_handle *end) {
+    kvc_reuse *r = c->reuse;
+    uint32_t p = kvc_prefix_match(&r->idx, salt, tokens, n, max_len, r->tmp_cell, r->tmp_strm, end);
+    const uint32_t q = ext_agree(c, tokens, pos_x, pos_y, p);
+    if (q < p) {
+        p = kvc_prefix_match(&r->idx, salt, tokens, n, q, r->tmp_cell, r->tmp_strm, end);
+    }
+    return p;
+}
+
+uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
+                             const int32_t *pos_y, uint32_t n) {
     if (!c->reuse || n < 2) {
         return 0;
     }
     kvc_prefix_handle end;
-    return kvc_prefix_match(&c->reuse->idx, salt, tokens, n, n - 1, NULL, NULL, &end);
+    if (!c->reuse->ext) {
+        return kvc_prefix_match(&c->reuse->idx, salt, tokens, n, n - 1, NULL, NULL, &end);
+    }
+    return match_xy(c, salt, tokens, pos_x, pos_y, n, n - 1, &end);
 }
 
-int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
-                      uint32_t *n_attached, kvc_err *err) {
+uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n) {
+    return kvc_retain_match_xy(c, salt, tokens, NULL, NULL, n);
+}
+
+/* The first position a query at position p sees in c's sliding window (0 without one): the cells
+ * a request resuming at p needs of positions before p (a later query sees no more of them). */
+static uint32_t window_start(const kvc_unified *c, uint32_t p) {
+    const int64_t lo = kvc_unified_swa_start(c, (int32_t)p);
+    return lo < 0 ? 0 : (uint32_t)lo;
+}
+
+/* The longest hit q <= p a window-mode index serves with the tokens' cells (ghosts too) in
+ * cells[0 .. p): every cell of the window before q is a cell of the cache, not a ghost. */
+static uint32_t window_hit(const kvc_unified *c, const uint32_t *cells, uint32_t p) {
+    uint32_t best = 0;
+    int64_t ghost = -1;   /* the last ghost before q */
+    for (uint32_t q = 1; q <= p; q++) {
+        if (kvc_reuse_is_ghost(c, cells[q - 1])) {
+            ghost = q - 1;
+        }
+        if (ghost < (int64_t)window_start(c, q)) {
+            best = q;
+        }
+    }
+    return best;
+}
+
+/* Attach to s the prefix the index holds of tokens[0 .. n), at most max_p tokens; in window mode
+ * exactly max_p (the caller found that it serves them) of which only the window's cells are
+ * placed in s. */
+static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
+                      const int32_t *pos_y, uint32_t n, uint32_t max_p, uint32_t *n_attached, kvc_err *err) {
     kvc_reuse *r = c->reuse;
-    *n_attached = 0;
-    if (!r) {
-        return reuse_off(err);
-    }
-    if (kvc_unified_seq_pos_max(c, s) >= 0) {
-        return kvc_err_set(err, KVC_E_ARG, "sequence %d is not empty: a prefix attaches to a new sequence "
-                           "(seq_rm(%d) first)", s, s);
-    }
-    if (n < 2) {
+    const bool window = r->n_ghost != 0;
+    kvc_prefix_handle end;
+    uint32_t p = match_xy(c, salt, tokens, pos_x, pos_y, n, max_p, &end);
+    if (p == 0 || (window && p != max_p)) {
         return KVC_OK;
     }
-    kvc_prefix_handle end;
-    uint32_t p = kvc_prefix_match(&r->idx, salt, tokens, n, n - 1, r->tmp_cell, r->tmp_strm, &end);
-    if (p == 0) {
+    /* window mode: the cells of the window before p, all cells of the cache (ghosts before it) */
+    const uint32_t lo = window ? window_start(c, p) : 0;
+    for (uint32_t i = lo; window && i < p; i++) {
+        if (kvc_reuse_is_ghost(c, r->tmp_cell[i])) {
+            return kvc_err_set(err, KVC_E_INTERNAL, "the window before %u holds a ghost at %u", p, i);
+        }
+    }
+    if (lo == p) {
+        *n_attached = p;   /* the window before p is empty: nothing to place, nothing to lock */
         return KVC_OK;
     }
     /* the cells must come from one stream: the run in the stream of the first */
-    const uint32_t src = r->tmp_strm[0], st = kvc_unified_stream_of(c, s);
-    for (uint32_t i = 1; i < p; i++) {
+    const uint32_t src = r->tmp_strm[lo], st = kvc_unified_stream_of(c, s);
+    for (uint32_t i = lo + 1; i < p; i++) {
         if (r->tmp_strm[i] != src) {
+            if (window) {
+                return KVC_OK;   /* a window split between streams: no hit */
+            }
             p = i;
             break;
         }
@@ -145,10 +273,13 @@ int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
         c->copy_dst[c->n_copies] = st;
         c->n_copies++;
     }
-    for (uint32_t i = 0; i < p; i++) {
+    for (uint32_t i = lo; i < p; i++) {
         const uint32_t cell = r->tmp_cell[i];
         if (kvc_cells_is_empty(cells, cell)) {
             kvc_cells_pos_set(cells, cell, (int32_t)i);
+            if (r->ext) {
+                cells->ext[cell] = r->ext[(size_t)src * c->cells.size + cell];   /* the table reset it */
+            }
         }
         kvc_cells_seq_add(cells, cell, s);
         if (src != st) {
@@ -158,7 +289,7 @@ int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
     if (src != st) {
         /* forgetting the stream may have dropped the node the match ended in (a prompt whose
          * later tokens lay in this stream): lock where the p tokens taken end now */
-        (void)kvc_prefix_match(&r->idx, salt, tokens, n, p, NULL, NULL, &end);
+        (void)kvc_prefix_match(&r->idx, salt, tokens, n, p, NULL, NULL, &end);   /* p agreed already */
     }
     if (kvc_prefix_lock(&r->idx, end, NULL) == KVC_OK) {
         r->lock[s] = end;
@@ -167,14 +298,40 @@ int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
     return KVC_OK;
 }
 
-int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_prefix_handle *pin,
-                   kvc_err *err) {
+static int attach_check(kvc_unified *c, int32_t s, kvc_err *err) {
+    if (!c->reuse) {
+        return reuse_off(err);
+    }
+    if (kvc_unified_seq_pos_max(c, s) >= 0) {
+        return kvc_err_set(err, KVC_E_ARG, "sequence %d is not empty: a prefix attaches to a new sequence "
+                           "(seq_rm(%d) first)", s, s);
+    }
+    return KVC_OK;
+}
+
+int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
+                         const int32_t *pos_y, uint32_t n, uint32_t *n_attached, kvc_err *err) {
+    *n_attached = 0;
+    const int rc = attach_check(c, s, err);
+    if (rc != KVC_OK || n < 2) {
+        return rc;
+    }
+    return attach_run(c, s, salt, tokens, pos_x, pos_y, n, n - 1, n_attached, err);
+}
+
+int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
+                      uint32_t *n_attached, kvc_err *err) {
+    return kvc_retain_attach_xy(c, s, salt, tokens, NULL, NULL, n, n_attached, err);
+}
+
+int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y,
+                      uint32_t n, kvc_prefix_handle *pin, kvc_err *err) {
     memset(pin, 0, sizeof *pin);
     if (!c->reuse) {
         return reuse_off(err);
     }
     kvc_prefix_handle end;
-    const uint32_t p = n ? kvc_prefix_match(&c->reuse->idx, salt, tokens, n, n, NULL, NULL, &end) : 0;
+    const uint32_t p = n ? match_xy(c, salt, tokens, pos_x, pos_y, n, n, &end) : 0;
     if (n == 0 || p < n) {
         return kvc_err_set(err, KVC_E_ARG, "the index holds %u of the %u tokens to pin: only a held prefix can be "
                            "pinned", p, n);
@@ -184,6 +341,11 @@ int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_
         *pin = end;
     }
     return rc;
+}
+
+int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_prefix_handle *pin,
+                   kvc_err *err) {
+    return kvc_retain_pin_xy(c, salt, tokens, NULL, NULL, n, pin, err);
 }
 
 int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err) {
@@ -219,6 +381,20 @@ int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t c
     return KVC_OK;
 }
 
+int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t cap, kvc_err *err) {
+    const bool was_on = base->reuse != NULL;
+    int rc = kvc_reuse_enable(base, cap, err);
+    if (rc == KVC_OK) {
+        rc = kvc_reuse_enable_window(swa, base->cells.size, err);
+        if (rc != KVC_OK && !was_on) {
+            kvc_reuse_disable(base);
+        }
+    }
+    return rc;
+}
+
+static inline bool is_window(const kvc_unified *c) { return c->reuse && c->reuse->n_ghost; }
+
 uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                                 uint32_t n) {
     uint32_t p = n;
@@ -226,29 +402,47 @@ uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64
         const uint32_t q = kvc_retain_match(cs[k], salt, tokens, n);
         p = q < p ? q : p;
     }
-    return n_parts ? p : 0;
+    if (n_parts == 0) {
+        return 0;
+    }
+    /* a part in window mode serves only hits whose window it still holds; every shorter hit
+     * the others serve too, so take the smallest until all agree */
+    for (bool changed = true; changed && p > 0;) {
+        changed = false;
+        for (uint32_t k = 0; k < n_parts; k++) {
+            if (!is_window(cs[k])) {
+                continue;
+            }
+            kvc_reuse *r = cs[k]->reuse;
+            kvc_prefix_handle end;
+            const uint32_t got = kvc_prefix_match(&r->idx, salt, tokens, n, p, r->tmp_cell, NULL, &end);
+            const uint32_t q = window_hit(cs[k], r->tmp_cell, got);
+            if (q != p) {
+                p = q;
+                changed = true;
+            }
+        }
+    }
+    return p;
 }
 
 int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                             const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err) {
     *n_attached = 0;
     for (uint32_t k = 0; k < n_parts; k++) {
-        if (!cs[k]->reuse) {
-            return reuse_off(err);
-        }
-        if (kvc_unified_seq_pos_max(cs[k], s) >= 0) {
-            return kvc_err_set(err, KVC_E_ARG, "sequence %d is not empty: a prefix attaches to a new sequence "
-                               "(seq_rm(%d) first)", s, s);
+        const int rc = attach_check(cs[k], s, err);
+        if (rc != KVC_OK) {
+            return rc;
         }
     }
     const uint32_t p = kvc_retain_match_parts(cs, n_parts, salt, tokens, n);
     if (p == 0) {
         return KVC_OK;
     }
-    /* every part holds p tokens: attaching p + 1 tokens' prefix takes exactly p in each */
+    /* every part serves p tokens: each attaches exactly p */
     for (uint32_t k = 0; k < n_parts; k++) {
         uint32_t got = 0;
-        const int rc = kvc_retain_attach(cs[k], s, salt, tokens, p + 1, &got, err);
+        const int rc = attach_run(cs[k], s, salt, tokens, NULL, NULL, n, p, &got, err);
         if (rc != KVC_OK || got != p) {
             for (uint32_t j = 0; j <= k; j++) {
                 kvc_unified_seq_rm(cs[j], s, -1, -1);   /* back to empty; the locks go with it */
@@ -260,23 +454,196 @@ int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s,
     return KVC_OK;
 }
 
-int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
-                             const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err) {
+/* keep() for a part in window mode: the prompt toks[0 .. n) (the tokens the base part kept, so
+ * every position before n was computed after exactly toks), the sequence's cells where it still
+ * has them, ghosts elsewhere. have_tokens: the caller gave the tokens (a cell placed without
+ * one takes its position's). */
+static int keep_window(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *toks, uint32_t n, bool have_tokens,
+                       bool end, kvc_retained *res, kvc_err *err) {
+    kvc_reuse *r = c->reuse;
     memset(res, 0, sizeof *res);
-    res->n_kept = UINT32_MAX;
-    for (uint32_t k = 0; k < n_parts; k++) {
-        kvc_retained one;
-        const int rc = kvc_retain_release(cs[k], s, salt, tokens, n, &one, err);
-        if (rc != KVC_OK) {
-            res->n_kept = 0;
-            return rc;
-        }
-        res->n_kept = one.n_kept < res->n_kept ? one.n_kept : res->n_kept;
-        res->n_new += one.n_new;
-        res->n_evicted += one.n_evicted;
+    const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size, none = UINT32_MAX;
+    const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
+    const kvc_seq_pos *sp = &cells->seq_pos[s];
+    const int32_t *tok_of = r->tok + (size_t)st * size;
+    const uint64_t *born = r->born + (size_t)st * size;
+    uint32_t *buf = n ? kvc_malloc_n(n, 6 * sizeof *buf) : NULL;
+    if (n && !buf) {
+        return kvc_err_set(err, KVC_E_NOMEM, "out of memory keeping the prefix of sequence %d", s);
     }
-    if (res->n_kept == UINT32_MAX) {
-        res->n_kept = 0;
+    uint32_t *ours = buf, *idx_cell = buf + n, *idx_strm = buf + 2 * (size_t)n, *fill = buf + 3 * (size_t)n;
+    uint32_t *dup_cells = buf + 4 * (size_t)n, *dup_strms = buf + 5 * (size_t)n;
+    /* the sequence's cells of positions before n: unshifted, never moved, computed after the
+     * cell before them, for the position's token */
+    for (uint32_t j = 0; j < n; j++) {
+        ours[j] = none;
+    }
+    uint64_t last = 0;
+    for (uint32_t e = 0; e < sp->n; e++) {
+        const int32_t p = kvc_seq_key_pos(sp->key[e]);
+        const uint32_t i = kvc_seq_key_cell(sp->key[e]);
+        if (p < 0 || (uint32_t)p >= n) {
+            if (p >= 0) {
+                break;
+            }
+            continue;
+        }
+        if (ours[p] != none || cells->shift[i] != 0 || born[i] == KVC_REUSE_MOVED || born[i] < last ||
+            (tok_of[i] == KVC_TOKEN_NULL ? !have_tokens : tok_of[i] != toks[p])) {
+            continue;
+        }
+        ours[p] = i;
+        last = born[i];
+    }
+    uint32_t k = 0, held = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        kvc_prefix_handle at;
+        held = n ? kvc_prefix_match(&r->idx, salt, toks, n, n, idx_cell, idx_strm, &at) : 0;
+        uint32_t need = 0;
+        k = n;
+        for (uint32_t j = 0; j < n; j++) {
+            const uint32_t i = ours[j];
+            /* a held cell past the prefix the index holds of this prompt belongs to another */
+            if (i != none && kvc_reuse_is_held(c, st, i) && (j >= held || idx_cell[j] != i || idx_strm[j] != st)) {
+                k = j;
+                break;
+            }
+            need += j >= held && i == none;
+        }
+        if (need <= r->n_ghost_free[st]) {
+            break;
+        }
+        if (attempt == 0) {
+            (void)kvc_reuse_free_ghosts(c, st, need);   /* evicting may change what the index holds */
+            continue;
+        }
+        /* keep what the free ghosts reach */
+        uint32_t have = r->n_ghost_free[st];
+        for (uint32_t j = held; j < k; j++) {
+            if (ours[j] == none && have-- == 0) {
+                k = j;
+                break;
+            }
+        }
+    }
+    int rc = KVC_OK;
+    if (k > 0) {
+        for (uint32_t j = 0; j < k; j++) {
+            fill[j] = none;
+            if (j < held) {
+                const bool ghost = kvc_reuse_is_ghost(c, idx_cell[j]);
+                if (ghost && ours[j] != none && idx_strm[j] == st && !kvc_reuse_is_held(c, st, ours[j])) {
+                    fill[j] = idx_cell[j];   /* the index's ghost gets this cell */
+                }
+                r->tmp_cell[j] = ours[j] != none && !ghost ? ours[j] : idx_cell[j];
+                r->tmp_strm[j] = ours[j] != none && !ghost ? st : idx_strm[j];
+            } else {
+                r->tmp_cell[j] = ours[j] != none ? ours[j] : kvc_reuse_ghost_take(c, st);
+                r->tmp_strm[j] = st;
+            }
+        }
+        kvc_prefix_inserted ins;
+        rc = kvc_prefix_insert(&r->idx, salt, toks, r->tmp_cell, r->tmp_strm, k, dup_cells, dup_strms, &ins, err);
+        if (rc == KVC_OK) {
+            kvc_reuse_note_insert(c, r->tmp_cell, r->tmp_strm, ins.n_present, k);
+            for (uint32_t j = 0; j < held && j < k; j++) {
+                if (fill[j] != none) {
+                    kvc_reuse_fill_ghost(c, st, fill[j], ours[j]);
+                }
+            }
+            res->n_kept = k;
+            res->n_new = ins.n_added;
+            if (!end) {
+                lock_for(c, s, ins.end);
+            }
+        } else {
+            for (uint32_t j = held; j < k; j++) {
+                if (ours[j] == none) {
+                    kvc_reuse_ghost_give(c, st, r->tmp_cell[j]);
+                }
+            }
+        }
+    }
+    kvc_free(buf);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    if (end) {
+        kvc_unified_seq_rm(c, s, -1, -1);
+    } else {
+        kvc_reuse_sync(c);
     }
     return KVC_OK;
+}
+
+/* Release (end) or publish in every part. */
+static int keep_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt, const int32_t *tokens,
+                      uint32_t n, bool end, kvc_retained *res, kvc_err *err) {
+    memset(res, 0, sizeof *res);
+    res->n_kept = UINT32_MAX;
+    /* a part in window mode keeps the prompt the first other part keeps: its tokens first */
+    int32_t *toks = NULL;
+    uint32_t n_toks = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        if (!cs[k]->reuse) {
+            res->n_kept = 0;
+            return reuse_off(err);
+        }
+    }
+    for (uint32_t k = 0; k < n_parts && !toks; k++) {
+        if (is_window(cs[k])) {
+            for (uint32_t b = 0; b < n_parts; b++) {
+                if (!is_window(cs[b])) {
+                    const uint32_t m = seq_n_cells(cs[b], s);
+                    toks = kvc_malloc_n(m ? m : 1, sizeof *toks);
+                    if (!toks) {
+                        res->n_kept = 0;
+                        return kvc_err_set(err, KVC_E_NOMEM, "out of memory keeping the prefix of sequence %d", s);
+                    }
+                    n_toks = collect(cs[b], s, tokens, n, toks);
+                    break;
+                }
+            }
+            if (!toks) {
+                res->n_kept = 0;
+                return kvc_err_set(err, KVC_E_ARG, "a cache in window mode needs a part that is not");
+            }
+        }
+    }
+    int rc = KVC_OK;
+    for (int pass = 0; pass < 2 && rc == KVC_OK; pass++) {
+        /* the parts that hold every cell first: the window parts keep what they kept */
+        for (uint32_t k = 0; k < n_parts && rc == KVC_OK; k++) {
+            if (is_window(cs[k]) != (pass == 1)) {
+                continue;
+            }
+            kvc_retained one;
+            if (pass == 0) {
+                rc = keep(cs[k], s, salt, tokens, n, end, &one, err);
+            } else {
+                const uint32_t upto = res->n_kept < n_toks ? res->n_kept : n_toks;
+                rc = keep_window(cs[k], s, salt, toks, upto, tokens != NULL, end, &one, err);
+            }
+            if (rc == KVC_OK) {
+                res->n_kept = one.n_kept < res->n_kept ? one.n_kept : res->n_kept;
+                res->n_new += one.n_new;
+                res->n_evicted += one.n_evicted;
+            }
+        }
+    }
+    kvc_free(toks);
+    if (rc != KVC_OK || res->n_kept == UINT32_MAX) {
+        res->n_kept = 0;
+    }
+    return rc;
+}
+
+int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                             const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err) {
+    return keep_parts(cs, n_parts, s, salt, tokens, n, true, res, err);
+}
+
+int kvc_retain_publish_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                             const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err) {
+    return keep_parts(cs, n_parts, s, salt, tokens, n, false, res, err);
 }

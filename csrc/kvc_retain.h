@@ -34,6 +34,15 @@ typedef struct kvc_retained {
 int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                        kvc_retained *res, kvc_err *err);
 
+/* Sequence s goes on, and what it holds of tokens[0 .. n) (as kvc_retain_release would keep
+ * it) goes to the index now, for other requests to attach while s runs: the cells stay s's too
+ * (shared, as seq_cp shares them), and s holds a lock on the prefix (it is not evicted while s
+ * holds cells). What s later removes stays in the index (its K/V are unchanged); what it moves
+ * or what is overwritten, the index forgets. KVC_OK with *res (n_evicted: by the cap);
+ * KVC_E_ARG (reuse off), KVC_E_NOMEM (nothing changed). */
+int kvc_retain_publish(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
+                       kvc_retained *res, kvc_err *err);
+
 /* The longest prefix of tokens[0 .. n) the index holds under salt, leaving at least one token to
  * compute: at most n - 1 (0 when reuse is off). Touches the prefix (it becomes recently used). */
 uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n);
@@ -52,10 +61,29 @@ int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_
 /* KVC_OK, KVC_E_ARG (not a pin of this index: unknown, already unpinned, or its prefix left). */
 int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err);
 
+/* With the per-cell extension (kvc_reuse.h): match, attach and pin as above, counting a held
+ * cell only where its extension is what the request places at its position: (pos_x[i],
+ * pos_y[i]) (NULL: zeros) and, with per-layer embeddings, tokens[i]. The request's positions
+ * are 0 .. n-1 (a prompt kept holds one token per position). Without the extension the same
+ * as the functions above. */
+uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
+                             const int32_t *pos_y, uint32_t n);
+int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
+                         const int32_t *pos_y, uint32_t n, uint32_t *n_attached, kvc_err *err);
+int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y,
+                      uint32_t n, kvc_prefix_handle *pin, kvc_err *err);
+
 /* --- composite caches (an iSWA pair): a prefix counts as far as every part holds it ------- */
 /* Turn reuse on in every part (all or none). */
 int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t cap, kvc_err *err);
-/* The smallest of the parts' matches. */
+/* Turn reuse on in an iSWA pair whose SWA cache is smaller than its base cache (both or
+ * neither): the base as kvc_reuse_enable (cap), the SWA cache in window mode (kvc_reuse.h),
+ * remembering prompts of up to the base's size. A hit of length P then needs the base's cells of
+ * positions 0 .. P-1 and the SWA cache's cells of the window before P (the positions a query at
+ * P sees); the SWA cache remembers the rest of each prompt without cells. */
+int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t cap, kvc_err *err);
+/* The longest hit every part serves: the smallest of the parts' matches, and in a part in
+ * window mode the longest hit no longer than that whose window it holds. */
 uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                                 uint32_t n);
 /* Attach that many tokens in every part, or nothing (KVC_E_ARG: s not empty in some part;
@@ -63,9 +91,13 @@ uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64
 int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                             const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err);
 /* Release in every part: res->n_kept the smallest of the parts' (what a later request can reuse),
- * n_new and n_evicted summed. A failure (KVC_E_NOMEM) in a part leaves the parts before it
- * released. */
+ * n_new and n_evicted summed. A part in window mode keeps the prompt the others kept (tokens
+ * whose cells it no longer has as ghosts), so the parts that are not go first. A failure
+ * (KVC_E_NOMEM) in a part leaves the parts before it released. */
 int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                             const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err);
+/* kvc_retain_publish in every part, as release_parts. */
+int kvc_retain_publish_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                              const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err);
 
 #ifdef __cplusplus

@@ -9,12 +9,39 @@ static inline void held_set(kvc_reuse *r, uint32_t st, uint32_t i, bool on) {
     *w = on ? (*w | bit) : (*w & ~bit);
 }
 
-/* The cells the index's last evict / remove / insert let go are no longer held. */
-static void drop_freed(kvc_reuse *r) {
+static inline void ghost_push(kvc_reuse *r, uint32_t st, uint32_t g) {
+    r->ghost_free[(size_t)st * r->n_ghost + r->n_ghost_free[st]++] = g;
+}
+
+/* An id the index let go: a cell no longer held, or a ghost free again. Whether it was a cell. */
+static inline bool let_go(kvc_reuse *r, uint32_t size, uint32_t st, uint32_t i) {
+    if (i >= size) {
+        ghost_push(r, st, i);
+        return false;
+    }
+    held_set(r, st, i, false);
+    return true;
+}
+
+/* The cells the index's last evict / remove / insert let go are no longer held: how many were
+ * cells of the cache (not ghosts). */
+static uint32_t drop_freed(kvc_reuse *r, uint32_t size) {
     const uint32_t *cells, *strms;
     const uint32_t n = kvc_prefix_freed(&r->idx, &cells, &strms);
+    uint32_t real = 0;
     for (uint32_t k = 0; k < n; k++) {
-        held_set(r, strms[k], cells[k], false);
+        real += let_go(r, size, strms[k], cells[k]);
+    }
+    return real;
+}
+
+/* Every ghost id of every stream free. */
+static void ghosts_reset(kvc_reuse *r, uint32_t n_stream, uint32_t size) {
+    for (uint32_t st = 0; st < n_stream && r->n_ghost; st++) {
+        r->n_ghost_free[st] = 0;
+        for (uint32_t g = r->n_ghost; g-- > 0;) {
+            ghost_push(r, st, size + g);   /* the lowest id on top */
+        }
     }
 }
 
@@ -27,22 +54,32 @@ static void reuse_free(kvc_reuse *r) {
     kvc_free(r->lock);
     kvc_free(r->tmp_cell);
     kvc_free(r->tmp_strm);
+    kvc_free(r->ghost_free);
+    kvc_free(r->n_ghost_free);
+    kvc_free(r->ext);
     kvc_free(r);
 }
 
-int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
+static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *err) {
     if (c->semantics != KVC_SEM_2026) {
         return kvc_err_set(err, KVC_E_ARG, "prefix reuse needs a cache of today's semantics (\"2026\")");
     }
-    if (kvc_unified_has_ext(c)) {
-        return kvc_err_set(err, KVC_E_ARG, "prefix reuse is not available for a cache whose cells carry 2-D "
-                           "positions or per-layer-embedding tokens (cell_ext)");
+    if (kvc_unified_has_ext(c) && n_ghost) {
+        return kvc_err_set(err, KVC_E_ARG, "prefix reuse in a small SWA cache is not available when its cells carry "
+                           "2-D positions or per-layer-embedding tokens (cell_ext): give it swa_full=True");
     }
     if (c->reuse) {
+        if ((c->reuse->n_ghost != 0) != (n_ghost != 0)) {
+            return kvc_err_set(err, KVC_E_ARG, "prefix reuse is on already in another mode");
+        }
         kvc_prefix_set_cap(&c->reuse->idx, cap);
         return KVC_OK;
     }
     const uint32_t size = c->cells.size, ns = c->n_stream;
+    if ((uint64_t)size + n_ghost > ((uint64_t)1 << 31) / (ns ? ns : 1)) {
+        return kvc_err_set(err, KVC_E_ARG, "the prefix index of %u streams of %u cells and %u remembered tokens is "
+                           "too large", ns, size, n_ghost);
+    }
     kvc_reuse *r = kvc_calloc(1, sizeof *r);
     if (!r) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory for the prefix index");
@@ -53,12 +90,25 @@ int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
     r->lock = kvc_calloc(c->n_seq_max, sizeof *r->lock);
     r->tok = kvc_malloc_n((uint64_t)ns * size, sizeof *r->tok);
     r->born = kvc_calloc((size_t)ns * size, sizeof *r->born);
-    r->tmp_cell = kvc_malloc_n((uint64_t)ns * size, sizeof *r->tmp_cell);
-    r->tmp_strm = kvc_malloc_n((uint64_t)ns * size, sizeof *r->tmp_strm);
-    int rc = (r->held && r->lock && r->tok && r->born && r->tmp_cell && r->tmp_strm) ? KVC_OK
-                                                                 : kvc_err_set(err, KVC_E_NOMEM, "out of memory for the prefix index");
+    r->tmp_cell = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_cell);
+    r->tmp_strm = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_strm);
+    r->n_ghost = n_ghost;
+    if (n_ghost) {
+        r->ghost_free = kvc_malloc_n((uint64_t)ns * n_ghost, sizeof *r->ghost_free);
+        r->n_ghost_free = kvc_calloc(ns, sizeof *r->n_ghost_free);
+    }
+    if (kvc_unified_has_ext(c)) {
+        r->ext = kvc_calloc((size_t)ns * size, sizeof *r->ext);
+    }
+    int rc = (r->held && r->lock && r->tok && r->born && r->tmp_cell && r->tmp_strm &&
+              (!n_ghost || (r->ghost_free && r->n_ghost_free)) && (!kvc_unified_has_ext(c) || r->ext))
+                 ? KVC_OK
+                 : kvc_err_set(err, KVC_E_NOMEM, "out of memory for the prefix index");
     if (rc == KVC_OK) {
-        rc = kvc_prefix_init(&r->idx, ns, size, cap, err);
+        rc = kvc_prefix_init(&r->idx, ns, size + n_ghost, cap, err);
+    }
+    if (rc == KVC_OK) {
+        ghosts_reset(r, ns, size);
     }
     for (size_t i = 0; rc == KVC_OK && i < (size_t)ns * size; i++) {
         r->tok[i] = KVC_TOKEN_NULL;
@@ -69,6 +119,63 @@ int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
     }
     c->reuse = r;
     return KVC_OK;
+}
+
+int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) { return reuse_new(c, cap, 0, err); }
+
+int kvc_reuse_enable_window(kvc_unified *c, uint32_t n_ghost, kvc_err *err) {
+    return reuse_new(c, 0, n_ghost ? n_ghost : 1, err);
+}
+
+uint32_t kvc_reuse_ghost_take(kvc_unified *c, uint32_t st) {
+    kvc_reuse *r = c->reuse;
+    if (!r || !r->n_ghost || r->n_ghost_free[st] == 0) {
+        return UINT32_MAX;
+    }
+    return r->ghost_free[(size_t)st * r->n_ghost + --r->n_ghost_free[st]];
+}
+
+void kvc_reuse_ghost_give(kvc_unified *c, uint32_t st, uint32_t g) { ghost_push(c->reuse, st, g); }
+
+uint32_t kvc_reuse_n_cells(const kvc_unified *c) {
+    const kvc_reuse *r = c->reuse;
+    if (!r) {
+        return 0;
+    }
+    uint32_t ghosts = 0;
+    for (uint32_t st = 0; st < c->n_stream && r->n_ghost; st++) {
+        ghosts += r->n_ghost - r->n_ghost_free[st];
+    }
+    return kvc_prefix_n_held(&r->idx) - ghosts;
+}
+
+void kvc_reuse_fill_ghost(kvc_unified *c, uint32_t st, uint32_t g, uint32_t i) {
+    kvc_reuse *r = c->reuse;
+    if (kvc_prefix_move_cell(&r->idx, st, g, i, NULL) == KVC_OK) {
+        held_set(r, st, i, true);
+        ghost_push(r, st, g);
+    }
+}
+
+bool kvc_reuse_free_ghosts(kvc_unified *c, uint32_t st, uint32_t n) {
+    kvc_reuse *r = c->reuse;
+    while (r->n_ghost_free[st] < n && kvc_prefix_evict(&r->idx, n - r->n_ghost_free[st]) > 0) {
+        drop_freed(r, c->cells.size);
+    }
+    return r->n_ghost_free[st] >= n;
+}
+
+void kvc_reuse_overwrite_held(kvc_unified *c, uint32_t st, uint32_t i) {
+    kvc_reuse *r = c->reuse;
+    const uint32_t g = kvc_reuse_ghost_take(c, st);
+    if (g == UINT32_MAX || kvc_prefix_move_cell(&r->idx, st, i, g, NULL) != KVC_OK) {
+        if (g != UINT32_MAX) {
+            ghost_push(r, st, g);
+        }
+        kvc_reuse_forget_cell(c, st, i);   /* no ghost free: the prompt is forgotten from here */
+        return;
+    }
+    held_set(r, st, i, false);
 }
 
 void kvc_reuse_disable(kvc_unified *c) {
@@ -87,7 +194,7 @@ static void forget(kvc_reuse *r, const uint32_t *cells, const uint32_t *strms, u
         held_set(r, strms[k], cells[k], false);
     }
     kvc_prefix_remove_cells(&r->idx, cells, strms, n);
-    drop_freed(r);
+    drop_freed(r, r->idx.n_cells - r->n_ghost);
     /* a lock on a node that went is gone too */
     for (uint32_t s = 0; s < r->n_lock; s++) {
         if (r->lock[s].node && !kvc_prefix_handle_valid(&r->idx, r->lock[s])) {
@@ -131,6 +238,7 @@ void kvc_reuse_clear(kvc_unified *c) {
     kvc_prefix_clear(&r->idx);
     memset(r->held, 0, (size_t)c->n_stream * r->n_words * sizeof *r->held);
     memset(r->lock, 0, c->n_seq_max * sizeof *r->lock);
+    ghosts_reset(r, c->n_stream, c->cells.size);
     for (size_t i = 0; i < (size_t)c->n_stream * c->cells.size; i++) {
         r->tok[i] = KVC_TOKEN_NULL;
         r->born[i] = 0;
@@ -146,9 +254,15 @@ void kvc_reuse_copy_cells(kvc_unified *c, uint32_t src, uint32_t st, uint32_t i)
     if (i == UINT32_MAX) {
         memcpy(r->tok + st * size, r->tok + src * size, size * sizeof *r->tok);
         memcpy(r->born + st * size, r->born + src * size, size * sizeof *r->born);
+        if (r->ext) {
+            memcpy(r->ext + st * size, r->ext + src * size, size * sizeof *r->ext);
+        }
     } else {
         r->tok[st * size + i] = r->tok[src * size + i];
         r->born[st * size + i] = r->born[src * size + i];
+        if (r->ext) {
+            r->ext[st * size + i] = r->ext[src * size + i];
+        }
     }
 }
 
@@ -167,9 +281,12 @@ uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n) {
     if (!r || n == 0) {
         return 0;
     }
-    const uint32_t got = kvc_prefix_evict(&r->idx, n);
-    drop_freed(r);
-    return got;
+    /* cells of the cache: ghosts evicted on the way do not count */
+    uint32_t real = 0;
+    while (real < n && kvc_prefix_evict(&r->idx, n - real) > 0) {
+        real += drop_freed(r, c->cells.size);
+    }
+    return real;
 }
 
 /* Cells of stream st neither used nor held. */
@@ -183,13 +300,34 @@ static uint32_t n_free(const kvc_unified *c, uint32_t st) {
     return cells->size - busy;
 }
 
+/* Window mode: cells the index holds in stream st for no live sequence become ghosts (the
+ * index keeps their tokens) until `have` reaches n. The prompts an attached sequence protects
+ * may hold every cell of a small SWA cache, while the sequence itself needs only its window. */
+static bool demote(kvc_unified *c, uint32_t st, uint32_t n, uint32_t have) {
+    kvc_reuse *r = c->reuse;
+    const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
+    bool any = false;
+    for (uint32_t w = 0; w < r->n_words && have < n; w++) {
+        for (uint64_t m = r->held[(size_t)st * r->n_words + w] & ~tab->used_bits[w]; m && have < n; m &= m - 1) {
+            const uint32_t i = (w << 6) + kvc_ctz64(m);
+            if (kvc_reuse_is_held(c, st, i)) {   /* a forget on the way may have let it go */
+                kvc_reuse_overwrite_held(c, st, i);
+                have++;
+                any = true;
+            }
+        }
+    }
+    return any;
+}
+
 bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n) {
     kvc_reuse *r = c->reuse;
-    if (!r || kvc_prefix_n_evictable(&r->idx) == 0) {
+    if (!r) {
         return false;
     }
     bool any = false;
-    for (uint32_t have = n_free(c, st); have < n;) {
+    uint32_t have = n_free(c, st);
+    while (have < n && kvc_prefix_n_evictable(&r->idx) > 0) {
         const uint32_t got = kvc_prefix_evict(&r->idx, n - have);
         if (got == 0) {
             break;
@@ -200,9 +338,13 @@ bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n) {
         const uint32_t k = kvc_prefix_freed(&r->idx, &cells, &strms);
         const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
         for (uint32_t j = 0; j < k; j++) {
-            held_set(r, strms[j], cells[j], false);
-            have += strms[j] == st && kvc_cells_is_empty(tab, cells[j]);
+            if (let_go(r, c->cells.size, strms[j], cells[j])) {
+                have += strms[j] == st && kvc_cells_is_empty(tab, cells[j]);
+            }
         }
+    }
+    if (have < n && r->n_ghost) {
+        any |= demote(c, st, n, have);
     }
     return any;
 }
@@ -229,9 +371,11 @@ void kvc_reuse_sync(kvc_unified *c) {
 void kvc_reuse_note_insert(kvc_unified *c, const uint32_t *cells, const uint32_t *streams, uint32_t from,
                            uint32_t to) {
     kvc_reuse *r = c->reuse;
-    drop_freed(r);   /* evicted to stay under the cap */
+    drop_freed(r, c->cells.size);   /* evicted to stay under the cap */
     for (uint32_t k = from; k < to; k++) {
-        held_set(r, streams[k], cells[k], true);
+        if (cells[k] < c->cells.size) {
+            held_set(r, streams[k], cells[k], true);
+        }
     }
 }
 
@@ -262,12 +406,37 @@ int kvc_reuse_check(const kvc_unified *c, kvc_err *err) {
                     return kvc_err_set(err, KVC_E_INTERNAL, "cell %u of stream %u is held for position %u but "
                                        "holds position %d", i, st, pl->depth, tab->pos[i]);
                 }
+                const kvc_cell_ext *e = r->ext ? &r->ext[(size_t)st * c->cells.size + i] : NULL;
+                if (e && !kvc_cells_is_empty(tab, i) && !kvc_reuse_ext_is(c, &tab->ext[i], e->x, e->y, e->tok)) {
+                    return kvc_err_set(err, KVC_E_INTERNAL, "cell %u of stream %u holds another extension than the "
+                                       "index keeps for it", i, st);
+                }
             }
         }
     }
-    if (n_bits != kvc_prefix_n_held(&r->idx)) {
-        return kvc_err_set(err, KVC_E_INTERNAL, "%u held bits, the index holds %u cells", n_bits,
-                           kvc_prefix_n_held(&r->idx));
+    /* every ghost id is either free (once) or held by the index */
+    uint32_t n_ghosts = 0;
+    for (uint32_t st = 0; st < c->n_stream && r->n_ghost; st++) {
+        const uint32_t *fr = r->ghost_free + (size_t)st * r->n_ghost;
+        uint32_t in_idx = 0;
+        for (uint32_t g = 0; g < r->n_ghost; g++) {
+            in_idx += r->idx.place[(size_t)st * r->idx.n_cells + c->cells.size + g].node != 0;
+        }
+        for (uint32_t k = 0; k < r->n_ghost_free[st]; k++) {
+            if (fr[k] < c->cells.size || fr[k] >= c->cells.size + r->n_ghost ||
+                r->idx.place[(size_t)st * r->idx.n_cells + fr[k]].node != 0) {
+                return kvc_err_set(err, KVC_E_INTERNAL, "stream %u: free ghost %u is held or out of range", st, fr[k]);
+            }
+        }
+        if (in_idx + r->n_ghost_free[st] != r->n_ghost) {
+            return kvc_err_set(err, KVC_E_INTERNAL, "stream %u: %u ghosts held, %u free, of %u", st, in_idx,
+                               r->n_ghost_free[st], r->n_ghost);
+        }
+        n_ghosts += in_idx;
+    }
+    if (n_bits + n_ghosts != kvc_prefix_n_held(&r->idx)) {
+        return kvc_err_set(err, KVC_E_INTERNAL, "%u held bits and %u ghosts, the index holds %u cells", n_bits,
+                           n_ghosts, kvc_prefix_n_held(&r->idx));
     }
     for (uint32_t s = 0; s < c->n_seq_max; s++) {
         const kvc_prefix_handle h = r->lock[s];

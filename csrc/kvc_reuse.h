@@ -40,14 +40,31 @@ typedef struct kvc_reuse {
                                    * KVC_REUSE_MOVED: its position changed since, so its K/V belong
                                    * to another context and are never kept */
     uint64_t           serial;    /* placements so far */
-    uint32_t          *tmp_cell;  /* [n_stream * size] scratch for matches and removals */
+    uint32_t          *tmp_cell;  /* [n_stream * (size + n_ghost)] scratch for matches and removals */
     uint32_t          *tmp_strm;
+    /* window mode (the SWA cache of an iSWA pair smaller than its base cache, which overwrites
+     * cells that slid out of their sequence's window): the index remembers a prompt's tokens
+     * beyond the cells it still holds. A token whose cell went is held by a ghost: an id in
+     * [size, size + n_ghost) of the index's cell space, which names no cell of the cache. */
+    uint32_t           n_ghost;   /* ghost ids per stream; 0: not window mode */
+    kvc_cell_ext      *ext;       /* [n_stream * size] caches whose cells carry the extension: each
+                                   * held cell's, as it was when the index took the cell (the table
+                                   * resets a cell's when no sequence holds it); NULL otherwise */
+    uint32_t          *ghost_free;    /* [n_stream * n_ghost] the free ghost ids of each stream, a stack */
+    uint32_t          *n_ghost_free;  /* [n_stream] */
 } kvc_reuse;
 
 /* Turn prefix reuse on for a 2026 cache (cap: the most cells the index may hold, 0 for no cap).
- * KVC_OK (also when it is on already: the cap is set), KVC_E_ARG (a 2025 cache, or one whose
- * cells carry the per-cell extension), KVC_E_NOMEM (nothing changed). */
+ * With the per-cell extension, a cell serves a request only where its 2-D position (and, with
+ * per-layer embeddings, its extension's token) is the request's. KVC_OK (also when it is on
+ * already: the cap is set), KVC_E_ARG (a 2025 cache), KVC_E_NOMEM (nothing changed). */
 int  kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err);
+/* Turn prefix reuse on in window mode (the SWA cache of an iSWA pair smaller than its base
+ * cache; n_ghost: the base cache's cells, the most tokens a prompt the index keeps may have).
+ * No cap: the cache's size bounds what it holds. KVC_OK (also when on already), KVC_E_ARG
+ * (as kvc_reuse_enable; on already without window mode; cells with the extension, which a
+ * ghost could not keep), KVC_E_NOMEM. */
+int  kvc_reuse_enable_window(kvc_unified *c, uint32_t n_ghost, kvc_err *err);
 /* A placement begins: the cells it fills are computed after every cell placed before. */
 static inline void kvc_reuse_placing(kvc_unified *c) {
     if (c->reuse) {
@@ -80,6 +97,39 @@ static inline uint64_t kvc_reuse_held_word(const kvc_unified *c, uint32_t st, ui
 static inline bool kvc_reuse_is_held(const kvc_unified *c, uint32_t st, uint32_t i) {
     return (kvc_reuse_held_word(c, st, i >> 6) >> (i & 63)) & 1u;
 }
+/* The held bits of word w that placement never overwrites even where a sliding window lets it
+ * reuse the cell: all of them, except in window mode, where an overwritten cell becomes a
+ * ghost of the index (kvc_reuse_overwrite). */
+static inline uint64_t kvc_reuse_kept_word(const kvc_unified *c, uint32_t st, uint32_t w) {
+    const kvc_reuse *r = c->reuse;
+    return r && r->n_ghost == 0 ? r->held[(size_t)st * r->n_words + w] : 0;
+}
+/* Placement overwrites cell i of stream st (a cell its only sequence's window left): in window
+ * mode the index keeps the token as a ghost (or forgets it when no ghost is free). */
+void kvc_reuse_overwrite_held(kvc_unified *c, uint32_t st, uint32_t i);
+static inline void kvc_reuse_overwrite(kvc_unified *c, uint32_t st, uint32_t i) {
+    if (c->reuse && kvc_reuse_is_held(c, st, i)) {
+        kvc_reuse_overwrite_held(c, st, i);
+    }
+}
+/* Whether cell id i of the index names a ghost, not a cell of the cache. */
+static inline bool kvc_reuse_is_ghost(const kvc_unified *c, uint32_t i) { return i >= c->cells.size; }
+/* A free ghost id of stream st taken (UINT32_MAX: none left); one given back. */
+uint32_t kvc_reuse_ghost_take(kvc_unified *c, uint32_t st);
+void kvc_reuse_ghost_give(kvc_unified *c, uint32_t st, uint32_t g);
+/* Window mode: the token ghost g of stream st holds is held by cell i of st from now on (a cell
+ * not held, computed for that token after that prefix); g is free again. */
+void kvc_reuse_fill_ghost(kvc_unified *c, uint32_t st, uint32_t g, uint32_t i);
+/* Window mode: evict least recently used prefixes until stream st has n free ghosts or nothing
+ * evictable is left. Whether it has them. */
+bool kvc_reuse_free_ghosts(kvc_unified *c, uint32_t st, uint32_t n);
+/* Whether the extension e of a held cell is the one a request places at its position:
+ * (x, y), and the token where the extension's token is a per-layer embedding's input. */
+static inline bool kvc_reuse_ext_is(const kvc_unified *c, const kvc_cell_ext *e, int32_t x, int32_t y, int32_t tok) {
+    return e->x == x && e->y == y && (!c->ple || e->tok == tok);
+}
+/* Cells of the cache the index holds (its tokens less its ghosts). */
+uint32_t kvc_reuse_n_cells(const kvc_unified *c);
 
 /* The index forgets cell i of stream st, and every token after it in the prompts through it (the
  * cells only it held become free). No-op for a cell it does not hold. */

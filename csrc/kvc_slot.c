@@ -304,7 +304,8 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
         const uint64_t held = kvc_reuse_held_word(c, st, h >> 6);   /* the prefix index's cells stay */
         uint64_t ok = ~(used | held) & range;
         if (swa) {
-            for (uint64_t m = used & ~held; m; m &= m - 1) {
+            /* a held cell its window left is reused only where the index can let it go */
+            for (uint64_t m = used & ~kvc_reuse_kept_word(c, st, h >> 6); m; m &= m - 1) {
                 const uint32_t i = base + kvc_ctz64(m);
                 if (kvc_stream_reusable(c, cells, i)) {
                     ok |= (uint64_t)1 << (i - base);
@@ -349,6 +350,9 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
                 }
                 any = true;
                 kvc_cells_seq_rm(cells, cell, q);
+                if (!dry) {
+                    kvc_reuse_overwrite(c, strm[g], cell);
+                }
             }
             kvc_cells_pos_set(cells, cell, ub->pos[t]);
             if (!dry) {

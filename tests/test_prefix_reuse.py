@@ -304,11 +304,240 @@ def test_iswa_reuses_what_both_caches_hold():
     c.swa._prefix_check()
 
 
-def test_iswa_needs_a_full_size_swa_cache():
-    c = _iswa(swa_full=False)
-    with pytest.raises(ValueError, match="swa_full=True"):
+# --- iSWA with a small SWA cache (window mode) ----------------------------------------------------
+
+N_SWA = 4
+
+
+def _small(**kw):
+    # the SWA cache: n_swa * n_seq_max + n_batch cells, padded to 256 (llama.cpp's rule)
+    return kvcache.ISWACache(1024, 2, E, E, swa_layers=[1], n_swa=N_SWA, type_k="f32", type_v="f32", v_trans=False,
+                             n_seq_max=3, n_batch=8, swa_full=False, semantics="2026", **kw)
+
+
+def _small_compute(c, s, tokens, start, step=8):
+    """tokens[start:] of s in ubatches of at most `step` (the SWA cache's ubatch size)."""
+    for a in range(start, len(tokens), step):
+        if not _iswa_compute(c, s, tokens[:min(a + step, len(tokens))], a):
+            return False
+    return True
+
+
+def _check_rows(c, s, tokens):
+    """Every row s holds in either cache is the fingerprint of the prefix it was computed after;
+    the base holds every position, the SWA cache at least the window of the next one."""
+    for part, il in ((c.base, 0), (c.swa, 1)):
+        cells, pos = part.seq_cells(s)
+        k = np.asarray(part.k(il))
+        for p, cell in zip(pos, cells):
+            np.testing.assert_array_equal(k[cell], fingerprint(tokens[:p + 1]) + il, err_msg=f"layer {il} pos {p}")
+    assert list(c.base.seq_cells(s)[1]) == list(range(len(tokens)))
+    window = set(range(max(0, len(tokens) - N_SWA + 1), len(tokens)))
+    assert window <= set(c.swa.seq_cells(s)[1].tolist())
+
+
+def test_small_swa_cache_reuses_where_the_window_is_held():
+    c = _small()
+    assert c.swa.size < c.base.size
+    c.enable_prefix_reuse()
+    prompt = list(range(1, 301))                      # longer than the SWA cache: it overwrites the first ones
+    assert _small_compute(c, 0, prompt, 0)
+    held_swa = sorted(c.swa.seq_cells(0)[1].tolist())
+    assert held_swa[0] > 0                             # positions the SWA cache no longer has
+    assert c.prefix_release(0) == 300
+    assert c.prefix_stats["swa"]["cells"] == len(held_swa)
+    # a continuation (the next turn of a chat): everything but the last token
+    turn = prompt + [400, 401, 402]
+    assert c.prefix_match(turn) == 300
+    # a request sharing only the beginning: the base holds it, the SWA cache not its window
+    assert c.prefix_match(prompt[:5] + [50, 51]) == 0
+    # a hit ending where the SWA cache still holds the window before it
+    p = held_swa[-1] - 2
+    assert c.prefix_match(prompt[:p] + [60]) == p
+    assert c.prefix_attach(1, prompt[:p] + [60]) == p
+    assert list(c.base.seq_cells(1)[1]) == list(range(p))
+    assert sorted(c.swa.seq_cells(1)[1].tolist()) == list(range(p - N_SWA + 1, p))
+    assert _small_compute(c, 1, prompt[:p] + [60], p)
+    _check_rows(c, 1, prompt[:p] + [60])
+    # the chat turn attaches the whole previous prompt and computes its tail
+    assert c.prefix_attach(2, turn) == 300
+    assert _small_compute(c, 2, turn, 300)
+    _check_rows(c, 2, turn)
+    # decoding on: the attached window slides out and is overwritten; the index keeps the prompt
+    for t in range(20):
+        turn = turn + [700 + t]
+        assert _small_compute(c, 2, turn, len(turn) - 1)
+        c.base._prefix_check()
+        c.swa._prefix_check()
+    _check_rows(c, 2, turn)
+    assert c.prefix_release(2) == len(turn)
+    assert c.prefix_match(turn + [1]) == len(turn)
+    c.prefix_release(1)
+    c.base._prefix_check()
+    c.swa._prefix_check()
+
+
+def test_small_swa_cache_chunked_window():
+    c = _small(swa_type="chunked")
+    c.enable_prefix_reuse()
+    prompt = list(range(1, 301))
+    assert _small_compute(c, 0, prompt, 0)
+    c.prefix_release(0)
+    # a query at a chunk boundary sees nothing before it: the base alone serves it
+    assert c.prefix_match(prompt[:6] + [90]) == 4     # the chunk of 6 begins at 4: its window is gone
+    assert c.prefix_match(prompt[:8] + [90]) == 8
+    assert c.prefix_attach(1, prompt[:8] + [90]) == 8
+    assert c.swa.seq_pos_max(1) == -1 and c.base.seq_pos_max(1) == 7
+    assert _small_compute(c, 1, prompt[:8] + [90], 8)
+    for part, il in ((c.base, 0), (c.swa, 1)):
+        cells, pos = part.seq_cells(1)
+        for p, cell in zip(pos, cells):
+            np.testing.assert_array_equal(np.asarray(part.k(il))[cell], fingerprint((prompt[:8] + [90])[:p + 1]) + il)
+    c.base._prefix_check()
+    c.swa._prefix_check()
+
+
+def test_small_swa_cache_placement_overwrites_held_cells_as_llama_cpp():
+    """Sequences attached to a window keep placing in a small SWA cache: the held cells their
+    windows left are overwritten (the index remembers their tokens without them)."""
+    c = _small()
+    c.enable_prefix_reuse()
+    prompt = list(range(1, 13))
+    assert _small_compute(c, 0, prompt, 0)
+    c.prefix_release(0)
+    for s in range(3):
+        assert c.prefix_attach(s, prompt + [20 + s]) == 12
+    toks = {s: prompt + [20 + s] for s in range(3)}
+    for s in range(3):
+        assert _small_compute(c, s, toks[s], 12)
+    for _ in range(c.swa.size):
+        for s in range(3):
+            toks[s] = toks[s] + [s + 1]
+            assert _small_compute(c, s, toks[s], len(toks[s]) - 1)
+    for s in range(3):
+        _check_rows(c, s, toks[s])
+    c.swa._prefix_check()
+
+
+# --- cells with the extension (M-RoPE's 2-D positions, per-layer embeddings) --------------------
+
+def _ext_cache(**kw):
+    c = UnifiedCache(64, 1, E, E, type_k="f32", type_v="f32", v_trans=False, n_seq_max=3, n_pad=32,
+                     semantics="2026", cell_ext=True, **kw)
+    c.enable_prefix_reuse()
+    return c
+
+
+def _ext_compute(c, s, tokens, xs, ys, start):
+    """Rows are the fingerprints of the (token, x, y) triples they were computed after."""
+    n = len(tokens) - start
+    assert c.find_slot(UBatch(list(range(start, len(tokens))), [s] * n, tokens=tokens[start:], pos_x=xs[start:],
+                              pos_y=ys[start:]))
+    trip = [v for t in zip(tokens, xs, ys) for v in t]
+    rows = np.stack([fingerprint(trip[:3 * (p + 1)]) for p in range(start, len(tokens))])
+    c.store(0, rows, rows)
+
+
+def test_cell_ext_cells_match_on_tokens_and_2d_positions():
+    c = _ext_cache()
+    toks, xs, ys = [1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5], [0, 0, 1, 1, 2, 2]
+    _ext_compute(c, 0, toks, xs, ys, 0)
+    assert c.prefix_release(0) == 6
+    assert c.prefix_match(toks + [7], pos_x=xs + [0], pos_y=ys + [0]) == 6
+    xs2 = xs[:3] + [9] + xs[4:]                       # the same tokens, another 2-D position at 3
+    assert c.prefix_match(toks + [7], pos_x=xs2 + [0], pos_y=ys + [0]) == 3
+    assert c.prefix_match(toks + [7]) == 1            # zeros: only position 0 is (0, 0)
+    assert c.prefix_attach(1, toks + [7], pos_x=xs2 + [0], pos_y=ys + [0]) == 3
+    cells, pos = c.seq_cells(1)
+    assert c.cells().ext[cells].tolist() == [[xs[p], ys[p], toks[p]] for p in pos]   # given back to the cells
+    _ext_compute(c, 1, toks + [7], xs2 + [0], ys + [0], 3)
+    trip = [v for t in zip(toks + [7], xs2 + [0], ys + [0]) for v in t]
+    pos, rows = rows_of(c, 1)
+    for p in pos:
+        np.testing.assert_array_equal(rows[p], fingerprint(trip[:3 * (p + 1)]))
+    # the second prompt differs from the held one at 3: nothing of it past there is kept
+    assert c.prefix_release(1) == 3
+    assert c.prefix_match(toks + [7], pos_x=xs2 + [0], pos_y=ys + [0]) == 3
+    pin = c.prefix_pin(toks, pos_x=xs, pos_y=ys)
+    with pytest.raises(ValueError, match="holds 3 of the 6"):
+        c.prefix_pin(toks, pos_x=xs2, pos_y=ys)
+    c.prefix_unpin(pin)
+    with pytest.raises(ValueError, match="pos_x must hold one value per token"):
+        c.prefix_match(toks, pos_x=[0])
+    c._prefix_check()
+
+
+def test_cell_ext_keeps_a_prompt_up_to_its_first_image():
+    c = _ext_cache()
+    pos = [0, 1, 2, 3, 3, 3, 3, 5]                    # an image of 2 x 2 tokens at position 3
+    ub = UBatch(pos, [0] * 8, tokens=[1, 2, 3, 9, 9, 9, 9, 4], pos_x=[0, 0, 0, 0, 1, 0, 1, 0],
+                pos_y=[0, 0, 0, 0, 0, 1, 1, 0])
+    assert c.find_slot(ub)
+    assert c.prefix_release(0) == 3
+    assert c.prefix_match([1, 2, 3, 9, 9]) == 3
+    c._prefix_check()
+
+
+def test_cell_ext_per_layer_embeddings_match_their_token():
+    c = _ext_cache(ple_token=99)
+    assert c.find_slot(UBatch([0, 1, 2], [0] * 3))                 # computed without token ids: 99's embedding
+    assert c.prefix_release(0, tokens=[5, 6, 7]) == 3
+    assert c.prefix_match([5, 6, 7, 8]) == 0                       # the cells' embedding input was not 5, 6, 7
+    assert c.find_slot(UBatch([0, 1, 2], [1] * 3, tokens=[5, 6, 7]))
+    assert c.prefix_release(1) == 0                                # held for the same tokens with another input
+    c.prefix_evict(100)
+    assert c.find_slot(UBatch([0, 1, 2], [1] * 3, tokens=[5, 6, 7]))
+    assert c.prefix_release(1) == 3
+    assert c.prefix_match([5, 6, 7, 8]) == 3
+    c._prefix_check()
+
+
+# --- publishing a running request ----------------------------------------------------------------
+
+def test_publish_shares_a_running_prefix():
+    c = make()
+    system = [5, 6, 7, 8, 9, 10]
+    assert compute(c, 0, system + [1, 2], 0)
+    assert c.prefix_publish(0) == 8
+    assert c.seq_pos_max(0) == 7 and c.prefix_stats["cells"] == 8 and c.prefix_stats["evictable"] == 0
+    assert c.prefix_attach(1, system + [3]) == 6
+    assert compute(c, 1, system + [3], 6)
+    pos, rows = rows_of(c, 1)
+    for p in range(7):
+        np.testing.assert_array_equal(rows[p], fingerprint((system + [3])[:p + 1]))
+    # the publisher goes on: decodes, drops its tail and computes another; publishes again
+    assert compute(c, 0, system + [1, 2, 4], 8)
+    c.seq_rm(0, 7, -1)
+    assert compute(c, 0, system + [1, 11, 12], 7)
+    assert c.prefix_publish(0) == 9
+    assert c.prefix_match(system + [1, 2, 0]) == 8          # the removed tail stays: its K/V did not change
+    assert c.prefix_match(system + [1, 11, 12, 0]) == 9
+    c._prefix_check()
+    assert c.prefix_release(1) == 7
+    # a shift moves what the publisher holds: the index forgets it from the first moved cell on
+    c.seq_rm(0, 0, 1)
+    c.seq_add(0, 1, -1, -1)
+    assert c.prefix_match(system + [0]) == 1
+    assert c.prefix_match(system + [1, 11, 12, 0]) == 1
+    c._prefix_check()
+    c.seq_rm(0, -1, -1)
+    c._prefix_check()
+
+
+def test_publish_in_an_iswa_cache():
+    for c in (_iswa(), _small()):
         c.enable_prefix_reuse()
-    assert not c.prefix_reuse
+        prompt = list(range(1, 21))
+        assert _small_compute(c, 0, prompt, 0)
+        assert c.prefix_publish(0) == 20
+        assert c.prefix_attach(1, prompt + [30]) == 20
+        assert _small_compute(c, 1, prompt + [30], 20)
+        for part, il in ((c.base, 0), (c.swa, 1)):
+            cells, pos = part.seq_cells(1)
+            for p, cell in zip(pos, cells):
+                np.testing.assert_array_equal(np.asarray(part.k(il))[cell], fingerprint((prompt + [30])[:p + 1]) + il)
+        c.base._prefix_check()
+        c.swa._prefix_check()
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -346,9 +575,12 @@ def test_reuse_off_and_unavailable():
     with pytest.raises(RuntimeError, match="prefix reuse is off"):
         c.prefix_release(0)
     assert not hasattr(UnifiedCache(64, 1, E, E), "enable_prefix_reuse")   # the 2025 cache has none
-    m = UnifiedCache(64, 1, E, E, semantics="2026", cell_ext=True)
-    with pytest.raises(ValueError, match="2-D positions"):
+    m = kvcache.ISWACache(64, 2, E, E, swa_layers=[1], n_swa=4, swa_full=False, semantics="2026", cell_ext=True)
+    with pytest.raises(ValueError, match="swa_full=True"):
         m.enable_prefix_reuse()
+    assert not m.prefix_reuse and not m.base.prefix_reuse
+    with pytest.raises(ValueError, match="cell_ext=False"):
+        c.prefix_match([1, 2], pos_x=[0, 0])
     c.enable_prefix_reuse()
     compute(c, 0, [1, 2, 3], 0)
     c.prefix_release(0)
@@ -425,6 +657,17 @@ class PrefixReuseMachine(RuleBasedStateMachine):
             good += 1
         assert kept <= good
         self._clear(s)
+
+    @rule(s=st.integers(0, 2), salt=st.sampled_from([None, "x"]))
+    def publish(self, s, salt):
+        if not self._live(s):
+            return
+        kept = self.c.prefix_publish(s, salt=salt)
+        good = 0
+        while good < len(self.toks[s]) and self.keys[s][good] == tuple(self.toks[s][:good + 1]):
+            good += 1
+        assert kept <= good
+        assert list(rows_of(self.c, s)[0]) == list(range(len(self.toks[s])))   # it goes on, holding everything
 
     @rule(s=st.integers(0, 2), p0=st.integers(0, 8))
     def truncate(self, s, p0):
@@ -511,3 +754,79 @@ class PrefixReuseStreamsMachine(PrefixReuseMachine):
 
 PrefixReuseStreamsMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
 test_prefix_reuse_streams_against_fingerprints = PrefixReuseStreamsMachine.TestCase
+
+
+LONG_PROMPTS = [list(range(1, 90)), list(range(1, 60)) + [20, 21, 22], [9] * 70, [1, 2, 3], list(range(1, 120))]
+
+
+class SmallSWAMachine(RuleBasedStateMachine):
+    """An iSWA cache whose SWA cache is small (window mode): requests attach, compute, decode,
+    publish, truncate and end into the indexes; placement overwrites the cells windows left and
+    evicts. Every step: both indexes agree with their cells, every row a live sequence holds in
+    either cache is the fingerprint of its own prefix, the base holds all of it and the SWA
+    cache the window before its next position."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = _small()
+        self.c.enable_prefix_reuse()
+        self.toks = {s: [] for s in range(3)}
+
+    @rule(s=st.integers(0, 2), base=st.sampled_from(LONG_PROMPTS), tail=st.lists(st.integers(1, 9), max_size=6),
+          salt=st.sampled_from([None, "x"]))
+    def start(self, s, base, tail, salt):
+        if self.toks[s]:
+            return
+        prompt = base + tail
+        k = self.c.prefix_attach(s, prompt, salt=salt)
+        assert 0 <= k <= len(prompt) - 1
+        if k:
+            _check_rows(self.c, s, prompt[:k])
+        if _small_compute(self.c, s, prompt, k):
+            self.toks[s] = list(prompt)
+        else:
+            self.c.seq_rm(s, -1, -1)
+
+    @rule(s=st.integers(0, 2), t=st.integers(1, 9), n=st.integers(1, 40))
+    def decode(self, s, t, n):
+        for _ in range(n if self.toks[s] else 0):
+            toks = self.toks[s] + [t]
+            if not _small_compute(self.c, s, toks, len(toks) - 1):
+                break
+            self.toks[s] = toks
+
+    @rule(s=st.integers(0, 2), salt=st.sampled_from([None, "x"]), end=st.booleans())
+    def release(self, s, salt, end):
+        if not self.toks[s]:
+            return
+        if end:
+            assert self.c.prefix_release(s, salt=salt) <= len(self.toks[s])
+            self.toks[s] = []
+        else:
+            assert self.c.prefix_publish(s, salt=salt) <= len(self.toks[s])
+
+    @rule(s=st.integers(0, 2), p0=st.integers(1, 200))
+    def truncate(self, s, p0):
+        held = set(self.c.swa.seq_cells(s)[1].tolist())
+        if p0 >= len(self.toks[s]) or not set(range(max(0, p0 - N_SWA + 1), p0)) <= held:
+            return   # the SWA cache no longer holds the window there (llama.cpp cannot roll back either)
+        self.c.seq_rm(s, p0, -1)
+        self.toks[s] = self.toks[s][:p0]
+
+    @rule(n=st.integers(0, 40))
+    def evict(self, n):
+        self.c.prefix_evict(n)
+
+    @invariant()
+    def agrees(self):
+        self.c.base._prefix_check()
+        self.c.swa._prefix_check()
+        for s in range(3):
+            if self.toks[s]:
+                _check_rows(self.c, s, self.toks[s])
+            else:
+                assert self.c.base.seq_pos_max(s) == -1 and self.c.swa.seq_pos_max(s) == -1
+
+
+SmallSWAMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_small_swa_reuse_against_fingerprints = SmallSWAMachine.TestCase

@@ -90,3 +90,59 @@ def test_a_reused_prefix_gives_the_logits_of_recomputation(kind):
         np.testing.assert_allclose(np.asarray(c.k(il))[cells], k, rtol=1e-5, atol=1e-5)
     assert c.prefix_release(1) == len(second)
     assert c.prefix_stats["cells"] == len(first) + 6
+
+
+@torch.no_grad()
+def test_gemma2_with_a_small_swa_cache_reuses_the_window():
+    """Gemma2's sliding layers in the small SWA cache of an iSWA pair (swa_full=False): a chat's
+    next turn attaches the previous prompt, whose early positions that cache no longer holds;
+    the sliding layer's rows before the window are never read (here: filled with noise), and
+    the logits are those of recomputation."""
+    torch.manual_seed(0)
+    w_slide = 8
+    cfg = transformers.Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    max_position_embeddings=1024, sliding_window=w_slide, query_pre_attn_scalar=16)
+    model = transformers.Gemma2ForCausalLM(cfg).eval().to(torch.float32)
+    sliding = [il for il, t in enumerate(cfg.layer_types) if t == "sliding_attention"]
+    assert sliding and len(sliding) < cfg.num_hidden_layers
+    h, d = cfg.num_key_value_heads, cfg.head_dim
+    # the SWA cache: n_swa * n_seq_max + n_batch cells padded to 256, far fewer than the prompt
+    c = kvcache.ISWACache(1024, cfg.num_hidden_layers, h * d, h * d, swa_layers=sliding, n_swa=w_slide,
+                          type_k="f32", type_v="f32", v_trans=False, n_seq_max=2, n_batch=8, swa_full=False,
+                          semantics="2026")
+    c.enable_prefix_reuse()
+    g = torch.Generator().manual_seed(1)
+    first = torch.randint(0, cfg.vocab_size, (300,), generator=g).tolist()
+    second = first + torch.randint(0, cfg.vocab_size, (6,), generator=g).tolist()
+
+    # every layer's K/V of every position (a cache without sliding layers keeps them all)
+    kv = _layers_kv(model(torch.tensor([first]), cache=transformers.DynamicCache(), use_cache=True).past_key_values)
+    for a in range(0, len(first), 8):   # ubatches of the SWA cache's size: its early cells are overwritten
+        b = min(a + 8, len(first))
+        assert c.find_slot(UBatch(list(range(a, b)), [0] * (b - a), tokens=first[a:b]))
+        for il, (k, v) in enumerate(kv):
+            c.store(il, k[a:b], v[a:b])
+    assert min(c.swa.seq_cells(0)[1]) > 0
+    assert c.prefix_release(0) == len(first)
+
+    n = c.prefix_attach(1, second)
+    assert n == len(first)
+    past = transformers.DynamicCache()
+    for il in range(cfg.num_hidden_layers):
+        part = c.swa if il in sliding else c.base
+        cells, pos = part.seq_cells(1)
+        k = torch.randn(n, h * d, generator=g) * 100   # rows the window hides
+        v = torch.randn(n, h * d, generator=g) * 100
+        k[torch.from_numpy(pos.astype(np.int64))] = torch.from_numpy(np.asarray(part.k(il))[cells])
+        v[torch.from_numpy(pos.astype(np.int64))] = torch.from_numpy(np.asarray(part.v(il))[cells])
+        if il in sliding:
+            assert sorted(pos.tolist()) == list(range(n - w_slide + 1, n))
+        else:
+            assert list(pos) == list(range(n))
+        past.update(k.reshape(n, h, d).transpose(0, 1)[None].contiguous(),
+                    v.reshape(n, h, d).transpose(0, 1)[None].contiguous(), il)
+    reused = model(torch.tensor([second[n:]]), cache=past, use_cache=True,
+                   position_ids=torch.arange(n, len(second))[None], cache_position=torch.arange(n, len(second)))
+    scratch = model(torch.tensor([second]))
+    torch.testing.assert_close(reused.logits[0, -1], scratch.logits[0, -1], rtol=1e-5, atol=1e-5)

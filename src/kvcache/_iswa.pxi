@@ -954,22 +954,25 @@ cdef class _ISWA2026(_ISWA):
 
     # --- prefix reuse (docs/prefix-reuse.md): both caches, a prefix as far as both hold it -----
     def enable_prefix_reuse(self, cap=0):
-        """Prefix reuse in both caches (see UnifiedCache2026.enable_prefix_reuse; ``cap`` bounds
-        each cache's index). Needs ``swa_full=True`` (the default of today's llama.cpp): a
-        smaller SWA cache keeps only the window before each sequence's last position, which a
-        prefix index cannot hand to a request that stops earlier (ValueError)."""
+        """Prefix reuse in both caches (see UnifiedCache2026.enable_prefix_reuse). With
+        ``swa_full=True`` both keep every prefix and ``cap`` bounds each cache's index. With a
+        smaller SWA cache, which overwrites the cells that slid out of their sequence's window,
+        the SWA cache's index remembers each prompt beyond the cells it still has, and a hit of
+        length P needs the base cache's cells of positions 0 .. P-1 and the SWA cache's cells
+        of the window before P (in practice: a prompt that continues one that ended, or
+        was published, where it ended); ``cap`` bounds the base cache's index (the SWA
+        cache's own size bounds its)."""
         cdef uint32_t ccap = <uint32_t>int_c(cap, "cap", 0, UINT32_MAX)
         cdef kvc_unified *parts[2]
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        if not self.c.swa_full:
-            raise ValueError("enable_prefix_reuse: an iSWA cache reuses prefixes only with swa_full=True (its SWA "
-                             "cache as large as the base cache); a smaller SWA cache holds only each sequence's "
-                             "last window")
         parts[0], parts[1] = self.c.base, self.c.swa
         self._lock_change("enable_prefix_reuse")
-        r = kvc_retain_enable_parts(parts, 2, ccap, &err)
+        if self.c.swa_full:
+            r = kvc_retain_enable_parts(parts, 2, ccap, &err)
+        else:
+            r = kvc_retain_enable_window_pair(self.c.base, self.c.swa, ccap, &err)
         self._release()
         check_status(r, &err, "enable_prefix_reuse")
 
@@ -1032,6 +1035,14 @@ cdef class _ISWA2026(_ISWA):
     def prefix_release(self, seq_id, tokens=None, salt=None):
         """End sequence ``seq_id`` in both caches, keeping its cells (UnifiedCache2026.
         prefix_release); returns how many leading tokens both caches now hold for it."""
+        return self._keep(seq_id, tokens, salt, True, "prefix_release")
+
+    def prefix_publish(self, seq_id, tokens=None, salt=None):
+        """Hand what sequence ``seq_id`` holds so far to both caches' indexes while it goes on
+        (UnifiedCache2026.prefix_publish); returns how many leading tokens both hold for it."""
+        return self._keep(seq_id, tokens, salt, False, "prefix_publish")
+
+    cdef object _keep(self, seq_id, tokens, salt, bint end, str what):
         cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
         t = None if tokens is None else tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
@@ -1050,11 +1061,14 @@ cdef class _ISWA2026(_ISWA):
         elif t is not None:
             tp = <const int32_t *>&n   # no tokens: nothing is kept
         parts[0], parts[1] = self.c.base, self.c.swa
-        self._lock_change("prefix_release")
+        self._lock_change(what)
         with nogil:
-            r = kvc_retain_release_parts(parts, 2, s, cs, tp, n, &res, &err)
+            if end:
+                r = kvc_retain_release_parts(parts, 2, s, cs, tp, n, &res, &err)
+            else:
+                r = kvc_retain_publish_parts(parts, 2, s, cs, tp, n, &res, &err)
             self._release()
-        check_status(r, &err, "prefix_release")
+        check_status(r, &err, what)
         return int(res.n_kept)
 
     def prefix_evict(self, n_cells):

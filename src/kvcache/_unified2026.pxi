@@ -41,6 +41,23 @@ cdef object tokens_c(object tokens, str name="tokens"):
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
+cdef object xy_c(object v, str name, Py_ssize_t n):
+    """A request's 2-D positions for prefix reuse: None, or int32 values, one per token."""
+    if v is None:
+        return None
+    a = values_c(v, name, VALUES_INT)
+    if a.shape[0] != n:
+        raise ValueError(f"{name} must hold one value per token ({n}), got {a.shape[0]}")
+    if n and (a.min() < INT32_MIN or a.max() > INT32_MAX):
+        raise ValueError(f"{name} must hold values in [{INT32_MIN}, {INT32_MAX}]")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+cdef const int32_t *xy_ptr(object a, const int32_t[::1] v):
+    if a is None or a.shape[0] == 0:
+        return NULL
+    return &v[0]
+
 
 cdef class _Unified2026(_Unified):
     """Today's unified cache (kvcache.UnifiedCache2026 is the documented public class)."""
@@ -300,8 +317,11 @@ cdef class _Unified2026(_Unified):
         ``cap``: the most cells the index may hold (0: no cap other than the cache). Cells the
         index holds for no live sequence belong to no sequence (no mask shows them, no state
         holds them, ``used`` does not count them) and placement evicts them, least recently
-        used first, when it needs room. Calling it again sets the cap. Not available for caches
-        whose cells carry 2-D positions or per-layer-embedding tokens (ValueError)."""
+        used first, when it needs room. Calling it again sets the cap. With ``cell_ext`` a held
+        cell serves a request only where it carries the request's 2-D position (``pos_x``,
+        ``pos_y`` of prefix_match / prefix_attach) and, with ``ple_token``, the token as its
+        per-layer-embedding input; a prompt is kept up to its first position holding several
+        tokens (an image's)."""
         cdef uint32_t ccap = <uint32_t>int_c(cap, "cap", 0, UINT32_MAX)
         cdef kvc_err err
         cdef int r
@@ -337,33 +357,46 @@ cdef class _Unified2026(_Unified):
             if self.c.reuse == NULL:
                 return None
             r = <kvc_reuse *>self.c.reuse
-            return {"cells": int(r.idx.n_held), "evictable": int(r.idx.n_evictable), "nodes": int(r.idx.n_nodes),
-                    "cap": int(r.idx.cap)}
+            return {"cells": int(kvc_reuse_n_cells(&self.c)), "evictable": int(r.idx.n_evictable),
+                    "nodes": int(r.idx.n_nodes), "cap": int(r.idx.cap)}
         finally:
             kvc_pylock_release(&self._lock)
 
-    def prefix_match(self, tokens, salt=None):
+    cdef tuple _xy(self, object pos_x, object pos_y, Py_ssize_t n):
+        if (pos_x is not None or pos_y is not None) and not kvc_unified_has_ext(&self.c):
+            raise ValueError("pos_x / pos_y: this cache's cells carry no 2-D positions (cell_ext=False)")
+        return xy_c(pos_x, "pos_x", n), xy_c(pos_y, "pos_y", n)
+
+    def prefix_match(self, tokens, salt=None, *, pos_x=None, pos_y=None):
         """How many leading tokens of a new request the index holds under ``salt`` (what
         :meth:`prefix_attach` would attach), at most ``len(tokens) - 1``: the last token is
-        always computed, for its logits. 0 while reuse is off. The prefix counts as used."""
+        always computed, for its logits. 0 while reuse is off. The prefix counts as used.
+        ``pos_x``, ``pos_y``: with ``cell_ext``, the 2-D positions the request places its
+        tokens at (None: zeros), which a held cell must carry to count."""
         t = tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
         cdef const int32_t[::1] tv = t
         cdef uint32_t n = <uint32_t>t.shape[0], r
+        x, y = self._xy(pos_x, pos_y, n)
+        cdef const int32_t[::1] xv = x if x is not None else t
+        cdef const int32_t[::1] yv = y if y is not None else t
+        cdef const int32_t *xp = xy_ptr(x, xv)
+        cdef const int32_t *yp = xy_ptr(y, yv)
         lock_change(&self._lock, "prefix_match")
         with nogil:
-            r = kvc_retain_match(&self.c, cs, &tv[0] if n else NULL, n)
+            r = kvc_retain_match_xy(&self.c, cs, &tv[0] if n else NULL, xp, yp, n)
             kvc_pylock_release(&self._lock)
         return int(r)
 
-    def prefix_attach(self, seq_id, tokens, salt=None):
+    def prefix_attach(self, seq_id, tokens, salt=None, *, pos_x=None, pos_y=None):
         """Start sequence ``seq_id`` (which must hold no cell) from the longest prefix of
         ``tokens`` the index holds under ``salt``, at most ``len(tokens) - 1`` tokens: those
         cells join the sequence at positions ``0 .. k - 1`` without copying K/V, and the prefix
         is not evicted while the sequence holds it. Returns k: compute ``tokens[k:]`` at
         positions ``k ..``. With a stream per sequence (``kv_unified=False``) a prefix held in
         another stream is brought over by a stream copy, which the next :meth:`update` performs
-        (as :meth:`seq_cp` across streams)."""
+        (as :meth:`seq_cp` across streams). ``pos_x``, ``pos_y``: as prefix_match (the cells
+        attached get them back)."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
         t = tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
@@ -372,10 +405,15 @@ cdef class _Unified2026(_Unified):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
+        x, y = self._xy(pos_x, pos_y, n)
+        cdef const int32_t[::1] xv = x if x is not None else t
+        cdef const int32_t[::1] yv = y if y is not None else t
+        cdef const int32_t *xp = xy_ptr(x, xv)
+        cdef const int32_t *yp = xy_ptr(y, yv)
         self._reuse("prefix_attach")
         lock_change(&self._lock, "prefix_attach")
         with nogil:
-            r = kvc_retain_attach(&self.c, s, cs, &tv[0] if n else NULL, n, &k, &err)
+            r = kvc_retain_attach_xy(&self.c, s, cs, &tv[0] if n else NULL, xp, yp, n, &k, &err)
             kvc_pylock_release(&self._lock)
         check_status(r, &err, "prefix_attach")
         return int(k)
@@ -390,6 +428,19 @@ cdef class _Unified2026(_Unified):
 
         Returns the number of leading tokens the index now holds (0 when it could not keep
         them: the cap is taken by pinned or attached prefixes). Without reuse on, RuntimeError."""
+        return self._keep(seq_id, tokens, salt, True, "prefix_release")
+
+    def prefix_publish(self, seq_id, tokens=None, salt=None):
+        """Hand what sequence ``seq_id`` holds so far to the index while it goes on (a long
+        prompt other requests should attach to before it ends): the cells it would keep on
+        :meth:`prefix_release` become the index's too, shared as :meth:`seq_cp` shares cells,
+        and the sequence holds the prefix as an attached sequence does (not evicted while it
+        has cells). Cells it later removes stay in the index (their K/V do not change); cells
+        it moves (``seq_add``, ``seq_div``) the index forgets. ``tokens``, ``salt`` and the
+        result as prefix_release's; publishing again later adds what was computed since."""
+        return self._keep(seq_id, tokens, salt, False, "prefix_publish")
+
+    cdef object _keep(self, seq_id, tokens, salt, bint end, str what):
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
         t = None if tokens is None else tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
@@ -406,18 +457,22 @@ cdef class _Unified2026(_Unified):
             n = <uint32_t>t.shape[0]
         elif t is not None:
             tp = <const int32_t *>&n   # an empty list of tokens: nothing is kept
-        self._reuse("prefix_release")
-        lock_change(&self._lock, "prefix_release")
+        self._reuse(what)
+        lock_change(&self._lock, what)
         with nogil:
-            r = kvc_retain_release(&self.c, s, cs, tp, n, &res, &err)
+            if end:
+                r = kvc_retain_release(&self.c, s, cs, tp, n, &res, &err)
+            else:
+                r = kvc_retain_publish(&self.c, s, cs, tp, n, &res, &err)
             kvc_pylock_release(&self._lock)
-        check_status(r, &err, "prefix_release")
+        check_status(r, &err, what)
         return int(res.n_kept)
 
-    def prefix_pin(self, tokens, salt=None):
+    def prefix_pin(self, tokens, salt=None, *, pos_x=None, pos_y=None):
         """Keep the prefix ``tokens`` (all of which the index must hold: ValueError otherwise)
         from eviction until :meth:`prefix_unpin` (a system prompt, say). Returns the pin, an
-        opaque int. Pins count: a prefix pinned twice needs two unpins."""
+        opaque int. Pins count: a prefix pinned twice needs two unpins. ``pos_x``, ``pos_y``:
+        as prefix_match."""
         t = tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
         cdef const int32_t[::1] tv = t
@@ -426,9 +481,14 @@ cdef class _Unified2026(_Unified):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
+        x, y = self._xy(pos_x, pos_y, n)
+        cdef const int32_t[::1] xv = x if x is not None else t
+        cdef const int32_t[::1] yv = y if y is not None else t
+        cdef const int32_t *xp = xy_ptr(x, xv)
+        cdef const int32_t *yp = xy_ptr(y, yv)
         self._reuse("prefix_pin")
         lock_change(&self._lock, "prefix_pin")
-        r = kvc_retain_pin(&self.c, cs, &tv[0] if n else NULL, n, &h, &err)
+        r = kvc_retain_pin_xy(&self.c, cs, &tv[0] if n else NULL, xp, yp, n, &h, &err)
         kvc_pylock_release(&self._lock)
         check_status(r, &err, "prefix_pin")
         return (<uint64_t>h.gen << 32) | h.node

@@ -19,12 +19,15 @@ cdef extern from "kvc_retain.h" nogil:
     void kvc_reuse_disable(kvc_unified *c)
     uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n)
     int  kvc_reuse_check(const kvc_unified *c, kvc_err *err)
+    uint32_t kvc_reuse_n_cells(const kvc_unified *c)
 
     ctypedef struct kvc_retained:
         uint32_t n_kept
         uint32_t n_new
         uint32_t n_evicted
     int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
+                           kvc_retained *res, kvc_err *err)
+    int kvc_retain_publish(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                            kvc_retained *res, kvc_err *err)
     uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n)
     int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
@@ -33,9 +36,18 @@ cdef extern from "kvc_retain.h" nogil:
                        kvc_err *err)
     int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err)
     int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t cap, kvc_err *err)
+    int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t cap, kvc_err *err)
     uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                                     uint32_t n)
     int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                                 const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err)
     int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                                  const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err)
+    int kvc_retain_publish_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                                 const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err)
+    uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
+                                 const int32_t *pos_y, uint32_t n)
+    int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
+                             const int32_t *pos_y, uint32_t n, uint32_t *n_attached, kvc_err *err)
+    int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
+                          const int32_t *pos_y, uint32_t n, kvc_prefix_handle *pin, kvc_err *err)
