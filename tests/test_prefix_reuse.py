@@ -564,6 +564,12 @@ def test_bad_input_changes_nothing():
         c.prefix_attach(2, [1.5, 2])
     with pytest.raises(ValueError, match="seq_id"):
         c.prefix_attach(9, [1, 2])
+    with pytest.raises(ValueError, match="seq_id"):
+        c.prefix_publish(-1)
+    with pytest.raises(TypeError, match="salt must be str, bytes or None"):
+        c.prefix_publish(1, salt=1.5)
+    with pytest.raises(ValueError, match=r"tokens\[0\] holds -1"):
+        c.prefix_publish(1, tokens=[-1, 2])
     assert (c.prefix_stats, c.seq_cells(1)[0].tolist()) == before
     c._prefix_check()
 
@@ -574,6 +580,8 @@ def test_reuse_off_and_unavailable():
     assert c.prefix_match([1, 2, 3]) == 0
     with pytest.raises(RuntimeError, match="prefix reuse is off"):
         c.prefix_release(0)
+    with pytest.raises(RuntimeError, match="prefix reuse is off"):
+        c.prefix_publish(0)
     assert not hasattr(UnifiedCache(64, 1, E, E), "enable_prefix_reuse")   # the 2025 cache has none
     m = kvcache.ISWACache(64, 2, E, E, swa_layers=[1], n_swa=4, swa_full=False, semantics="2026", cell_ext=True)
     with pytest.raises(ValueError, match="swa_full=True"):
