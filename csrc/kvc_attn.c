@@ -212,8 +212,11 @@ int kvc_unified_attn_indices(const kvc_unified *c, const kvc_ubatch *ub, bool ca
     }
     out->n_groups = (uint32_t)w.n_groups;
     out->nnz = (uint32_t)w.nnz;
-    if (!w.room || out->cap_groups < w.n_groups) {
+    if (!w.room || out->cap_groups < w.n_groups || (out->q_pos && out->cap_tokens < ub->n_tokens)) {
         return KVC_E_NOSPACE;
+    }
+    if (out->q_pos) {
+        memcpy(out->q_pos, ub->pos, (size_t)ub->n_tokens * sizeof *out->q_pos);
     }
     /* the closing bounds */
     out->qo_indptr[w.n_groups] = (int32_t)ub->n_tokens;

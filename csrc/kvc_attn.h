@@ -30,15 +30,17 @@ extern "C" {
 /* The caller's arrays and what a call found. Buffers NULL (or too small) are not written; the
  * counts are always set. */
 typedef struct kvc_attn {
-    /* the caller's: room for cap_groups groups (qo_indptr and kv_indptr hold cap_groups + 1) and
-     * cap_nnz indices; kv_pos and stream may be NULL when not wanted */
+    /* the caller's: room for cap_groups groups (qo_indptr and kv_indptr hold cap_groups + 1),
+     * cap_nnz indices and cap_tokens query positions; kv_pos, q_pos and stream may be NULL when
+     * not wanted */
     int32_t  *qo_indptr;   /* [n_groups + 1] the groups' first tokens, then n_tokens */
     int32_t  *kv_indptr;   /* [n_groups + 1] the groups' first entries of kv_indices, then nnz */
     int32_t  *kv_indices;  /* [nnz] K/V rows */
     int32_t  *kv_pos;      /* [nnz] each row's cell position (ALiBi: the distance is |kv_pos - pos|) */
     uint8_t  *causal;      /* [n_groups] the rule each group's tokens see its rows by (above) */
     int32_t  *stream;      /* [n_groups] each group's stream (0 with one) */
-    uint32_t  cap_groups, cap_nnz;
+    int32_t  *q_pos;       /* [n_tokens] each query token's position (ALiBi, with kv_pos) */
+    uint32_t  cap_groups, cap_nnz, cap_tokens;
     /* set by the call */
     uint32_t  n_groups, nnz;
     uint32_t  n_kv;        /* the KQ mask's columns: every cell index is below it */
@@ -48,8 +50,8 @@ typedef struct kvc_attn {
  * find_slot placed, no operation since: kvc_slot.h) with every token in a cell holding its
  * first sequence id at its position. Both semantics; 2026: the cells of each token's stream,
  * the ubatch grouped as its mask is (kvc_unified_groups). The counts are set whenever the
- * ubatch is accepted, and the arrays written when they have room for them (all but kv_pos and
- * stream given). KVC_OK; KVC_E_NOSPACE when the arrays are too small (the counts say what is
+ * ubatch is accepted, and the arrays written when they have room for them (all but kv_pos,
+ * q_pos and stream given). KVC_OK; KVC_E_NOSPACE when the arrays are too small (the counts say what is
  * needed); KVC_E_ARG (a ubatch not placed, or a grouping the mask refuses; more than INT32_MAX
  * indices) or KVC_E_NOMEM with err. Reads nothing beyond the cells of the ubatch's sequences. */
 int kvc_unified_attn_indices(const kvc_unified *c, const kvc_ubatch *ub, bool causal, kvc_attn *out, kvc_err *err);

@@ -3,13 +3,15 @@ kvcache.torch_attention): for random caches of both semantics (many sequences, s
 from seq_cp, holes from seq_rm, shifts from seq_add, sliding windows, a stream per sequence, 2-D
 positions), the cells each token sees through the indices are exactly the cells its KQ mask
 shows, and attention through the indices (torch, both of its paths) equals attention through
-the dense mask to 1e-5; out= buffers reused; the refusals of bad arguments; FlashInfer against
-the torch reference where a GPU and FlashInfer are there."""
+the dense mask to 1e-5, with ALiBi too; across decode steps and sequence operations the indices
+written into reused out= buffers equal a build from scratch (from the cells' table alone); the
+hybrid memory's attention part; how the torch function chooses its path; the refusals of bad
+arguments; FlashInfer against the torch reference where a GPU and FlashInfer are there."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvcache import AttentionIndices, ISWACache, UBatch, UnifiedCache
+from kvcache import AttentionIndices, HybridCache, ISWACache, UBatch, UnifiedCache
 
 from conftest import need_module
 
@@ -70,9 +72,13 @@ def random_op(c, rng, per_seq, n_seq=N_SEQ):
         c.seq_rm(s, -1, -1)
 
 
-def mask_rows(c, ub, causal):
-    """The bool KQ mask of ub as [n_tokens, cols] and each token's stream."""
-    m = np.asarray(c.kq_mask(ub, causal=causal, dtype="bool", pad=False))
+def mask_rows(c, ub, causal, alibi=False):
+    """The bool KQ mask of ub (with alibi, the f32 one of alibi=True) as [n_tokens, cols] and
+    each token's stream."""
+    if alibi:
+        m = np.asarray(c.kq_mask(ub, causal=causal, alibi=True, dtype="f32", pad=False))
+    else:
+        m = np.asarray(c.kq_mask(ub, causal=causal, dtype="bool", pad=False))
     if m.ndim == 3:
         n_groups, nst = m.shape[:2]
         streams = [g for g, _ in c.slot_info()]
@@ -161,16 +167,21 @@ def test_indices_are_the_mask_hypothesis(seed, cfg):
     drive(cfg, seed, 12, each)
 
 
-def _dense_attention(torch, c, ub, q, k, v, causal):
-    """SDPA with the ubatch's KQ mask over every K/V row (each token's stream's columns)."""
-    m, streams = mask_rows(c, ub, causal)
-    full = np.zeros((ub.n_tokens, k.shape[0]), dtype=np.bool_)
+def _dense_attention(torch, c, ub, q, k, v, causal, slopes=None):
+    """SDPA with the ubatch's KQ mask over every K/V row (each token's stream's columns); with
+    slopes, ALiBi as llama.cpp's softmax applies it: head h adds slopes[h] times the mask of
+    alibi=True (-|distance|, -inf hidden)."""
+    m, streams = mask_rows(c, ub, causal, alibi=slopes is not None)
+    full = np.full((ub.n_tokens, k.shape[0]), False if slopes is None else -np.inf, dtype=m.dtype)
     for t in range(ub.n_tokens):
         base = int(streams[t]) * c.size
         full[t, base:base + m.shape[1]] = m[t]
+    mask = torch.from_numpy(full)
+    if slopes is not None:
+        mask = torch.where(torch.isinf(mask), mask, slopes[:, None, None] * mask)[None]
     F = torch.nn.functional
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         attn_mask=torch.from_numpy(full), enable_gqa=True)
+                                         attn_mask=mask, enable_gqa=True)
     return out[0].transpose(0, 1)
 
 
@@ -193,6 +204,215 @@ def test_attention_through_indices_is_attention_through_the_mask(cfg):
                 got = attention_from_indices(q, k, v, idx, dense_at=dense_at)
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     drive(cfg, 23, 40, each)
+
+
+def alibi_slopes(torch, n_head, max_bias=8.0):
+    """llama.cpp's ALiBi slopes for n_head heads (a power of two here)."""
+    return torch.tensor([2.0 ** (-max_bias * (h + 1) / n_head) for h in range(n_head)])
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda cfg: "-".join(map(str, cfg)))
+def test_alibi_through_indices_is_alibi_through_the_mask(cfg):
+    torch = need_module("torch", "torch")
+    from kvcache.torch_attention import attention_from_indices
+
+    gen = torch.Generator().manual_seed(7)
+    n_rows = 256 * (N_SEQ if cfg[1] else 1)
+    k = torch.randn(n_rows, 2, 16, generator=gen)
+    v = torch.randn(n_rows, 2, 8, generator=gen)
+    slopes = alibi_slopes(torch, 4)
+
+    def each(c, ub):
+        for causal in (True, False):
+            idx = c.attention_indices(ub, causal=causal, positions=True)
+            np.testing.assert_array_equal(idx.q_pos, ub.pos)
+            q = torch.randn(ub.n_tokens, 4, 16, generator=gen)
+            want = _dense_attention(torch, c, ub, q, k, v, causal, slopes)
+            for dense_at in (0.0, float("inf")):
+                got = attention_from_indices(q, k, v, idx, dense_at=dense_at, alibi_slopes=slopes)
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            if not cfg[1]:
+                # the dense path with the cache's own float mask of alibi=True
+                got = attention_from_indices(q, k, v, idx, dense_at=0.0, alibi_slopes=slopes,
+                                             mask=lambda: c.kq_mask(ub, causal=causal, alibi=True, pad=False))
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    drive(cfg, 29, 30, each)
+
+
+def cells_reference(c, ub):
+    """The rows each token of a decode step (one token per group, causal, no window, 1-D)
+    attends to, found from the cells' table alone (positions and sequence bits of every cell,
+    no per-sequence index): the cells of its stream holding its sequence at its position or
+    before, below the mask's width, ordered by position, then cell."""
+    tables = c.stream_cells()
+    streams = [g for g, cells in c.slot_info() for _ in cells]
+    n_kv = np.asarray(c.kq_mask(ub, dtype="bool", pad=False)).shape[-1]
+    out = []
+    for t in range(ub.n_tokens):
+        st, s, p = streams[t], int(ub.seq_id[t][0]), int(ub.pos[t])
+        cells = tables[st]
+        has = (cells.seq_mask[:n_kv, s // 64] >> np.uint64(s % 64)) & np.uint64(1) == 1
+        pos = cells.pos[:n_kv]
+        pick = np.flatnonzero(has & (pos >= 0) & (pos <= p))
+        pick = pick[np.lexsort((pick, pos[pick]))]
+        out.append(pick + st * c.size)
+    return out
+
+
+@pytest.mark.parametrize("semantics,per_seq", [("2025", False), ("2026", False), ("2026", True)])
+def test_decode_steps_into_reused_buffers_equal_a_build_from_scratch(semantics, per_seq):
+    """A server's loop: decode steps of many sequences into the same out= buffers, with
+    sequence operations between them (holes, shared prefixes, shifts applied by update(),
+    sequences dropped and started again); after every step the indices equal a fresh call and a
+    build from the cells' table alone."""
+    n_seq = 16
+    rng = np.random.default_rng(3)
+    c = UnifiedCache(kv_size=1024, n_layer=1, n_embd_k_gqa=4, n_embd_v_gqa=4, n_seq_max=n_seq, n_pad=1,
+                     buffers=None, semantics=semantics, kv_unified=not per_seq)
+    for s in range(n_seq):
+        n = int(rng.integers(1, 30))
+        assert c.find_slot(UBatch(list(range(n)), [s] * n))
+        if semantics == "2025":
+            c.commit()
+    buf = AttentionIndices.buffers(n_seq, c.size * c.n_stream, positions=True)
+    steps = 0
+    for step in range(60):
+        op = int(rng.integers(0, 6))
+        s, d = (int(x) for x in rng.integers(0, n_seq, size=2))
+        top = c.seq_pos_max(s)
+        if op == 0 and top > 2:
+            p = int(rng.integers(0, top))
+            c.seq_rm(s, p, p + int(rng.integers(1, 4)))
+        elif op == 1 and not per_seq and s != d and top >= 0:
+            c.seq_rm(d, -1, -1)
+            c.seq_cp(s, d, 0, int(rng.integers(0, top + 1)))
+        elif op == 2 and top > 0:
+            c.seq_add(s, int(rng.integers(0, top + 1)), -1, int(rng.integers(-2, 3)))
+            c.update()
+        elif op == 3 and rng.random() < 0.2:
+            c.seq_rm(s, -1, -1)
+        seqs = sorted(int(x) for x in rng.permutation(n_seq)[:int(rng.integers(1, n_seq + 1))])
+        if per_seq:
+            seqs = list(range(seqs[0], seqs[0] + len(seqs)))
+        ub = UBatch([c.seq_pos_max(s) + 1 for s in seqs], seqs)
+        if not c.find_slot(ub):
+            continue
+        if semantics == "2025":
+            c.commit()
+        steps += 1
+        got = c.attention_indices(ub, out=buf, positions=True)
+        assert np.shares_memory(got.kv_indices, buf.kv_indices)
+        fresh = c.attention_indices(ub, positions=True)
+        for name in ("qo_indptr", "kv_indptr", "kv_indices", "causal", "stream", "kv_pos", "q_pos"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(fresh, name), err_msg=name)
+        ref = cells_reference(c, ub)
+        assert len(got.causal) == ub.n_tokens
+        for t in range(ub.n_tokens):
+            np.testing.assert_array_equal(got.kv_indices[got.kv_indptr[t]:got.kv_indptr[t + 1]], ref[t],
+                                          err_msg=f"step {step}, token {t}")
+    assert steps > 40
+
+
+def test_hybrid_attention_part():
+    """HybridCache.attention_indices: the attention part's, exactly the cells of the hybrid's
+    KQ mask (the attention layers'), across prompts, decode steps and sequence operations."""
+    torch = need_module("torch", "torch")
+    from kvcache.torch_attention import attention_from_indices
+
+    h = HybridCache(kv_size=512, n_layer=4, recurrent_layers=[0, 2], n_embd_k_gqa=32, n_embd_v_gqa=32,
+                    n_embd_r=16, n_seq_max=4, buffers=None)
+    gen = torch.Generator().manual_seed(9)
+    k, v = torch.randn(512, 2, 16, generator=gen), torch.randn(512, 2, 16, generator=gen)
+    buf = AttentionIndices.buffers(64, 512, positions=True)
+    checked = 0
+
+    def check(ub):
+        nonlocal checked
+        idx = h.attention_indices(ub, out=buf, positions=True)
+        for name in ("qo_indptr", "kv_indptr", "kv_indices", "causal", "kv_pos", "q_pos"):
+            np.testing.assert_array_equal(getattr(idx, name), getattr(h.attn.attention_indices(ub, positions=True),
+                                                                      name))
+        m, _ = mask_rows(h, ub, True)
+        rows = token_rows(idx)
+        for t in range(ub.n_tokens):
+            np.testing.assert_array_equal(np.sort(rows[t]), np.flatnonzero(m[t]))
+        q = torch.randn(ub.n_tokens, 2, 16, generator=gen)
+        want = _dense_attention(torch, h.attn, ub, q, k, v, True)
+        torch.testing.assert_close(attention_from_indices(q, k, v, idx, dense_at=float("inf")), want,
+                                   atol=1e-5, rtol=1e-5)
+        checked += 1
+
+    for s, n in enumerate([7, 20, 3, 12]):
+        for ub in h.ubatches(list(range(n)), [s] * n, 8):
+            assert h.find_slot(ub)
+            check(ub)
+    rng = np.random.default_rng(5)
+    for step in range(12):
+        if step == 4:
+            h.seq_rm(2, -1, -1)               # a sequence ends; the recurrent part allows only whole ones
+        if step == 8:
+            h.seq_cp(1, 2)                    # a fork shares sequence 1's cells
+        seqs = [s for s in range(4) if rng.random() < 0.8 or s == 0]
+        ub = UBatch([h.seq_pos_max(s) + 1 for s in seqs], seqs)
+        assert h.find_slot(ub)
+        check(ub)
+    assert checked > 15
+    with pytest.raises(ValueError, match="not the one last placed"):
+        h.attention_indices(UBatch([0], [3]))
+
+
+def test_the_dense_path_is_chosen_by_the_documented_rule():
+    torch = need_module("torch", "torch")
+    from kvcache.torch_attention import DENSE_READ, GATHER_COPY, attention_from_indices, path_work, takes_dense_path
+
+    def step(n_seq, held, span=1024):
+        """A decode step of n_seq sequences, each in its own block of span // n_seq cells
+        holding `held` of them (the last cell of the last block placed, so the mask spans all)."""
+        c = make_cache("2025", kv_size=span + n_seq, n_seq=n_seq)
+        block = span // n_seq
+        for s in range(n_seq):
+            assert c.find_slot(UBatch(list(range(block)), [s] * block))
+            c.commit()
+        for s in range(n_seq):
+            c.seq_rm(s, max(int(held * block) - 1, 1), -1 if s < n_seq - 1 else block - 1)
+        ub = UBatch([c.seq_pos_max(s) + 1 for s in range(n_seq)], list(range(n_seq)))
+        assert c.find_slot(ub)
+        c.commit()
+        return c, ub, c.attention_indices(ub)
+
+    c, ub, idx = step(4, 0.5)
+    nnz, span = len(idx.kv_indices), int(idx.kv_indices.max()) + 1
+    gather, dense = path_work(idx)
+    assert (gather, dense) == (nnz * (GATHER_COPY + 1), span * (DENSE_READ + 4))
+    assert takes_dense_path(idx, gather / dense) and not takes_dense_path(idx, gather / dense * 1.0001)
+    assert takes_dense_path(idx, 0.0) and not takes_dense_path(idx, float("inf"))
+    # one sequence: dense from about a third of the span on; 8: about a half; 64: never
+    assert not takes_dense_path(step(1, 0.25)[2]) and takes_dense_path(step(1, 0.4)[2])
+    assert not takes_dense_path(step(8, 0.45)[2]) and takes_dense_path(step(8, 0.6)[2])
+    assert not takes_dense_path(step(64, 1.0)[2])
+    # a prefill chunk of several tokens weighs its tokens on both sides
+    c2 = make_cache("2025", kv_size=1024, n_seq=1)
+    assert c2.find_slot(UBatch(list(range(500)), [0] * 500))
+    c2.commit()
+    chunk = UBatch(list(range(500, 564)), [0] * 64)
+    assert c2.find_slot(chunk)
+    pidx = c2.attention_indices(chunk)
+    assert path_work(pidx) == (564 * (GATHER_COPY + 64), 564 * (DENSE_READ + 64))
+    # the dense path taken is the dense kernel: the mask function is called exactly then
+    calls = []
+
+    def mask():
+        calls.append(1)
+        return c.kq_mask(ub, pad=False, dtype="bool")
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4, 2, 8, generator=gen), torch.randn(c.size, 2, 8, generator=gen)
+    a = attention_from_indices(q, k, k, idx, dense_at=gather / dense, mask=mask)
+    b = attention_from_indices(q, k, k, idx, dense_at=gather / dense * 1.0001, mask=mask)
+    assert len(calls) == 1
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(TypeError, match="idx must be a kvcache.AttentionIndices"):
+        takes_dense_path(tuple(idx))
 
 
 def test_decode_of_many_sequences_batches_by_length():
@@ -299,8 +519,18 @@ def test_bad_arguments():
         c.attention_indices(ub, out=AttentionIndices.buffers(1, 16))
     with pytest.raises(ValueError, match=r"out.kv_pos must be a writable 1-D int32 array \(positions=True"):
         c.attention_indices(ub, positions=True, out=good)
+    with pytest.raises(ValueError, match=r"out.q_pos must be a writable 1-D int32 array \(positions=True"):
+        c.attention_indices(ub, positions=True, out=good._replace(kv_pos=np.zeros(16, np.int32)))
+    with pytest.raises(ValueError, match=r"out.q_pos must be a writable contiguous 1-D int32 array, got int64"):
+        c.attention_indices(ub, positions=True, out=AttentionIndices.buffers(4, 16, positions=True)._replace(
+            q_pos=np.zeros(4, np.int64)))
+    with pytest.raises(ValueError, match=r"out is too small for 2 groups and 3 indices of 3 tokens \(out.q_pos has 2 "
+                                         r"entries, needs 3\)"):
+        c.attention_indices(ub, positions=True, out=AttentionIndices.buffers(4, 16, positions=True, n_tokens=2))
     with pytest.raises(ValueError, match=r"n_indices"):
         AttentionIndices.buffers(4, -1)
+    with pytest.raises(ValueError, match=r"n_tokens"):
+        AttentionIndices.buffers(4, 4, positions=True, n_tokens=-1)
     # a failed call leaves the cache as it was: the placement stays, the indices are the same
     np.testing.assert_array_equal(c.attention_indices(ub).kv_indices, [0, 1, 2])
     c.seq_rm(1, 0, 1)
@@ -325,6 +555,16 @@ def test_torch_reference_bad_arguments():
         attention_from_indices(q, k[:1], k[:1], idx)
     with pytest.raises(ValueError, match="multiple of k's"):
         attention_from_indices(torch.zeros(2, 3, 4), torch.zeros(8, 2, 4), torch.zeros(8, 2, 4), idx)
+    with pytest.raises(ValueError, match=r"alibi_slopes needs the indices' positions \(attention_indices\(\.\.\., "
+                                         r"positions=True\)\)"):
+        attention_from_indices(q, k, k, idx, alibi_slopes=torch.ones(2))
+    pidx = c.attention_indices(ub, positions=True)
+    with pytest.raises(ValueError, match=r"alibi_slopes must be a 1-D tensor of one slope per head of q \(2\), "
+                                         r"got \(3,\)"):
+        attention_from_indices(q, k, k, pidx, alibi_slopes=torch.ones(3))
+    with pytest.raises(ValueError, match=r"with alibi_slopes, mask\(\) must give the float KQ mask of alibi=True"):
+        attention_from_indices(q, k, k, pidx, alibi_slopes=torch.ones(2), dense_at=0.0,
+                               mask=lambda: c.kq_mask(ub, pad=False, dtype="bool"))
 
 
 def test_flashinfer_matches_the_torch_reference():

@@ -6,7 +6,8 @@ from libc.string cimport memset
 from kvcache.includes.kvc_attn cimport kvc_attn, kvc_unified_attn_indices
 
 
-class AttentionIndices(_namedtuple("AttentionIndices", "qo_indptr kv_indptr kv_indices causal stream kv_pos n_kv")):
+class AttentionIndices(_namedtuple("AttentionIndices",
+                                   "qo_indptr kv_indptr kv_indices causal stream kv_pos q_pos n_kv")):
     """The cells each query token group of a ubatch attends to (UnifiedCache.attention_indices).
 
     - ``qo_indptr`` (int32, groups + 1): group g is the ubatch's tokens
@@ -19,8 +20,9 @@ class AttentionIndices(_namedtuple("AttentionIndices", "qo_indptr kv_indptr kv_i
       FlashInfer's ``causal=True``); False: every token of the group sees every row of it. A
       causal call has only causal groups of several tokens, a non-causal one none;
     - ``stream`` (int32, groups): each group's stream (0 with one);
-    - ``kv_pos`` (int32, like kv_indices) each row's position (ALiBi's distance is
-      ``|kv_pos - pos|``), or None when not asked for;
+    - ``kv_pos`` (int32, like kv_indices) each row's position and ``q_pos`` (int32, tokens)
+      each query token's (ALiBi's distance of token t to row e is ``|kv_pos[e] - q_pos[t]|``,
+      the mask's ``alibi=True`` values), or None when not asked for;
     - ``n_kv``: the KQ mask's columns (every cell is below it).
 
     ``AttentionIndices.buffers(n_groups, n_indices)`` makes arrays for ``out=``."""
@@ -28,32 +30,40 @@ class AttentionIndices(_namedtuple("AttentionIndices", "qo_indptr kv_indptr kv_i
     __slots__ = ()
 
     @classmethod
-    def buffers(cls, n_groups, n_indices, positions=False):
+    def buffers(cls, n_groups, n_indices, positions=False, n_tokens=None):
         """Arrays with room for n_groups groups (at most the ubatch's tokens) and n_indices
         indices (at most n_groups x the cells of a stream), for ``attention_indices(out=...)``
-        to fill step after step."""
+        to fill step after step; with positions, kv_pos and q_pos too (q_pos: room for
+        n_tokens tokens, default n_groups)."""
         g = int_arg(n_groups, "n_groups", 0, INT32_MAX - 1)
         n = int_arg(n_indices, "n_indices", 0, INT32_MAX)
+        t = g if n_tokens is None else int_arg(n_tokens, "n_tokens", 0, INT32_MAX)
+        pos = bool_c(positions, "positions")
         return cls(np.zeros(g + 1, np.int32), np.zeros(g + 1, np.int32), np.zeros(n, np.int32),
-                   np.zeros(g, np.bool_), np.zeros(g, np.int32),
-                   np.zeros(n, np.int32) if bool_c(positions, "positions") else None, 0)
+                   np.zeros(g, np.bool_), np.zeros(g, np.int32), np.zeros(n, np.int32) if pos else None,
+                   np.zeros(t, np.int32) if pos else None, 0)
 
 
-# the arrays of an out= AttentionIndices: (field, dtype, counts groups (else indices), extra entries)
+# the arrays of an out= AttentionIndices: (field, dtype, what it counts, extra entries)
 _I32, _BOOL = np.dtype(np.int32), np.dtype(np.bool_)
-_ATTN_FIELDS = (("qo_indptr", _I32, True, 1), ("kv_indptr", _I32, True, 1), ("kv_indices", _I32, False, 0),
-                ("causal", _BOOL, True, 0), ("stream", _I32, True, 0), ("kv_pos", _I32, False, 0))
+_GROUPS, _INDICES, _TOKENS = 0, 1, 2
+_ATTN_FIELDS = (("qo_indptr", _I32, _GROUPS, 1), ("kv_indptr", _I32, _GROUPS, 1), ("kv_indices", _I32, _INDICES, 0),
+                ("causal", _BOOL, _GROUPS, 0), ("stream", _I32, _GROUPS, 0), ("kv_pos", _I32, _INDICES, 0),
+                ("q_pos", _I32, _TOKENS, 0))
+_ATTN_POSITIONS = ("kv_pos", "q_pos")
 
 
 cdef int _attn_bind(kvc_attn *a, object bufs, bint positions, list held) except -1:
     """Point a's arrays at bufs' (an AttentionIndices), each checked and held (into held), and
-    set its room; kv_pos only with positions."""
+    set its room; kv_pos and q_pos only with positions."""
     cdef _HeldBuffer hb
-    cdef void *ptrs[6]
-    cdef Py_ssize_t cap_g = INT32_MAX, cap_n = INT32_MAX, k
+    cdef void *ptrs[7]
+    cdef Py_ssize_t cap[3]
+    cdef Py_ssize_t k
     memset(ptrs, 0, sizeof(ptrs))
-    for k, (name, dt, per_group, extra) in enumerate(_ATTN_FIELDS):
-        if name == "kv_pos" and not positions:
+    cap[0] = cap[1] = cap[2] = INT32_MAX
+    for k, (name, dt, counts, extra) in enumerate(_ATTN_FIELDS):
+        if name in _ATTN_POSITIONS and not positions:
             continue
         arr = getattr(bufs, name)
         if arr is None:
@@ -65,18 +75,17 @@ cdef int _attn_bind(kvc_attn *a, object bufs, bint positions, list held) except 
             raise ValueError(f"out.{name} must be a writable contiguous 1-D {dt} array, "
                              f"got {hb.describe()}")
         ptrs[k] = hb.view.buf
-        if per_group:
-            cap_g = min(cap_g, hb.dim(0) - extra)
-        else:
-            cap_n = min(cap_n, hb.dim(0))
+        cap[counts] = min(cap[counts], hb.dim(0) - extra)
     a.qo_indptr = <int32_t *>ptrs[0]
     a.kv_indptr = <int32_t *>ptrs[1]
     a.kv_indices = <int32_t *>ptrs[2]
     a.causal = <uint8_t *>ptrs[3]
     a.stream = <int32_t *>ptrs[4]
     a.kv_pos = <int32_t *>ptrs[5]
-    a.cap_groups = <uint32_t>max(cap_g, 0)
-    a.cap_nnz = <uint32_t>cap_n
+    a.q_pos = <int32_t *>ptrs[6]
+    a.cap_groups = <uint32_t>max(cap[_GROUPS], 0)
+    a.cap_nnz = <uint32_t>cap[_INDICES]
+    a.cap_tokens = <uint32_t>cap[_TOKENS]
     return 0
 
 
@@ -104,7 +113,7 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
                 r = kvc_unified_attn_indices(&cache.c, &u.c, c_causal, &a, &err)
             if r == KVC_E_NOSPACE and out is None:
                 # the counts are known: arrays of that size (never empty), and the same call into them
-                out = AttentionIndices.buffers(max(a.n_groups, 1), max(a.nnz, 1), c_pos)
+                out = AttentionIndices.buffers(max(a.n_groups, 1), max(a.nnz, 1), c_pos, max(u.c.n_tokens, 1))
                 _attn_bind(&a, out, c_pos, held)
                 with nogil:
                     r = kvc_unified_attn_indices(&cache.c, &u.c, c_causal, &a, &err)
@@ -114,14 +123,16 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
         for hb in held:
             (<_HeldBuffer>hb).release()
     if r == KVC_E_NOSPACE:
-        need = {True: a.n_groups, False: a.nnz}
-        short = [f"out.{name} has {len(getattr(out, name))} entries, needs {need[per_group] + extra}"
-                 for name, dt, per_group, extra in _ATTN_FIELDS
-                 if (name != "kv_pos" or c_pos) and len(getattr(out, name)) < need[per_group] + extra]
-        raise ValueError(f"attention_indices: out is too small for {a.n_groups} groups and {a.nnz} indices ("
-                         + "; ".join(short) + ")")
+        need = (a.n_groups, a.nnz, u.c.n_tokens)
+        short = [f"out.{name} has {len(getattr(out, name))} entries, needs {need[counts] + extra}"
+                 for name, dt, counts, extra in _ATTN_FIELDS
+                 if (name not in _ATTN_POSITIONS or c_pos) and len(getattr(out, name)) < need[counts] + extra]
+        what = f"{a.n_groups} groups and {a.nnz} indices" + (f" of {u.c.n_tokens} tokens" if c_pos else "")
+        raise ValueError(f"attention_indices: out is too small for {what} (" + "; ".join(short) + ")")
     if r < 0:
         raise_status(r, &err, "attention_indices")
     cdef Py_ssize_t g = a.n_groups, n = a.nnz
+    cdef Py_ssize_t t = u.c.n_tokens
     return AttentionIndices(out.qo_indptr[:g + 1], out.kv_indptr[:g + 1], out.kv_indices[:n], out.causal[:g],
-                            out.stream[:g], out.kv_pos[:n] if c_pos else None, <Py_ssize_t>a.n_kv)
+                            out.stream[:g], out.kv_pos[:n] if c_pos else None, out.q_pos[:t] if c_pos else None,
+                            <Py_ssize_t>a.n_kv)

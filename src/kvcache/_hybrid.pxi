@@ -279,6 +279,12 @@ cdef class _Hybrid:
         """The KQ mask of the attention layers (UnifiedCache2026.kq_mask of the attention part)."""
         return self._attn.kq_mask(ub, causal=causal, alibi=alibi, out=out, dtype=dtype, pad=pad, reuse=reuse)
 
+    def attention_indices(self, ub, causal=True, positions=False, out=None):
+        """The attention indices of the attention layers (UnifiedCache.attention_indices of the
+        attention part): the cells each query token group of ub attends to, exactly those kq_mask
+        shows."""
+        return self._attn.attention_indices(ub, causal=causal, positions=positions, out=out)
+
     def s_copy(self):
         """The recurrent layers' state sources (RecurrentCache.s_copy: rows plane * size + cell)."""
         return self._recr.s_copy()

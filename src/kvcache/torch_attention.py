@@ -4,13 +4,24 @@ what a paged-attention kernel (FlashInfer) computes from the same arrays.
 ``attention_from_indices(q, k, v, idx)`` takes the query rows of a ubatch, the K/V rows of one
 layer and the :class:`~kvcache.AttentionIndices` of the ubatch (``cache.attention_indices(ub)``)
 and returns what ``scaled_dot_product_attention`` with the ubatch's KQ mask over those rows
-returns, reading only the rows each group attends to. It chooses the dense path (one
-``scaled_dot_product_attention`` over every row the mask spans, with the mask rebuilt from the
-indices) itself when the step reads nearly every row anyway: when the indices add up to at least
-``dense_at`` (default 0.5) times the rows the mask spans. Below that, the single-token groups (a
-decode step) are gathered into one padded batch, grouped by length so that the padding stays
-under a quarter of the rows, and every group of several tokens is attended on its own, with its
-causal rule as a small mask. Needs ``torch``."""
+returns (with ``alibi_slopes``, the mask's ALiBi bias too), reading only the rows each group
+attends to.
+
+Which path: :func:`takes_dense_path` decides from the indices alone, by one deterministic rule
+that weighs the work of each path in units of one query scoring one K/V row. The dense path (one
+``scaled_dot_product_attention`` over the ``span = max(kv_indices) + 1`` rows the mask spans)
+reads each spanned row once and scores every query against it: ``span * (DENSE_READ +
+n_tokens)``. The gather copies each row a group attends to and scores that group's queries
+against it: ``sum over groups of rows * (GATHER_COPY + tokens)``. The dense path is taken when
+the gather's work is at least ``dense_at`` (default 1) times the dense path's; the indices then
+run exactly the kernel the dense mask would. The weights :data:`DENSE_READ` and
+:data:`GATHER_COPY` are measured (docs/torch.md): a decode step of one sequence takes the dense
+path from about a third of the spanned rows on, one of 8 sequences from about a half, one of 64
+never (scoring 64 queries against every spanned row costs more than copying the rows each needs).
+Below the threshold, the single-token groups (a decode
+step) are gathered into one padded batch, grouped by length so that the padding stays under a
+quarter of the rows, and every group of several tokens is attended on its own, with its causal
+rule as a small mask. Needs ``torch``."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -21,13 +32,19 @@ import torch.nn.functional as F  # type: ignore[import-not-found,unused-ignore]
 
 from kvcache._core import AttentionIndices
 
-__all__ = ["attention_from_indices", "dense_mask"]
+__all__ = ["DENSE_READ", "GATHER_COPY", "attention_from_indices", "dense_mask", "path_work", "takes_dense_path"]
 
+# What reading a spanned row costs the dense kernel, and copying a row costs the gather, in
+# units of one query scoring one row (torch on the CPU, f32, 8 heads x 128: a decode step's
+# dense kernel costs about 10 + n_tokens such units per spanned row, the gather about 32 + 1
+# per gathered row; docs/torch.md has the measurements)
+DENSE_READ = 10
+GATHER_COPY = 32
 # a padded batch of single-token groups holds at most this many rows per row it needs
 _PAD_SLACK = 1.25
 
 
-def _check(q: Any, k: Any, v: Any, idx: Any) -> None:
+def _check(q: Any, k: Any, v: Any, idx: Any, alibi_slopes: Any) -> None:
     if not isinstance(idx, AttentionIndices):
         raise TypeError(f"idx must be a kvcache.AttentionIndices (cache.attention_indices), not {type(idx).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -44,30 +61,88 @@ def _check(q: Any, k: Any, v: Any, idx: Any) -> None:
     if len(idx.kv_indices) and int(idx.kv_indices.max()) >= k.shape[0]:
         raise ValueError(f"k and v must hold every row the indices name (up to {int(idx.kv_indices.max())}), "
                          f"got {k.shape[0]} rows")
+    if alibi_slopes is not None:
+        if idx.kv_pos is None or idx.q_pos is None:
+            raise ValueError("alibi_slopes needs the indices' positions (attention_indices(..., positions=True))")
+        shape = tuple(getattr(alibi_slopes, "shape", ()))
+        if shape != (q.shape[1],):
+            raise ValueError(f"alibi_slopes must be a 1-D tensor of one slope per head of q ({q.shape[1]}), "
+                             f"got {shape or type(alibi_slopes).__name__}")
+
+
+def _span(idx: AttentionIndices) -> int:
+    """The rows the dense path reads: up to the last row the indices name."""
+    return int(idx.kv_indices.max()) + 1 if len(idx.kv_indices) else 0
+
+
+def path_work(idx: AttentionIndices) -> tuple[int, int]:
+    """``(gather, dense)``: the work of each path of :func:`attention_from_indices` for idx, in
+    units of one query scoring one K/V row: the gather copies each group's rows and scores the
+    group's tokens against them (``sum(rows * (GATHER_COPY + tokens))``), the dense kernel reads
+    the ``max(kv_indices) + 1`` rows the mask spans and scores every token against each
+    (``span * (DENSE_READ + n_tokens)``)."""
+    if not isinstance(idx, AttentionIndices):
+        raise TypeError(f"idx must be a kvcache.AttentionIndices (cache.attention_indices), not {type(idx).__name__}")
+    q_len = np.diff(idx.qo_indptr).astype(np.int64)
+    kv_len = np.diff(idx.kv_indptr).astype(np.int64)
+    gather = int(np.dot(kv_len, q_len + GATHER_COPY))
+    return gather, _span(idx) * (DENSE_READ + int(idx.qo_indptr[-1]))
+
+
+def takes_dense_path(idx: AttentionIndices, dense_at: float = 1.0) -> bool:
+    """Whether :func:`attention_from_indices` takes the dense path for idx: when the gather's
+    work is at least ``dense_at`` times the dense kernel's (:func:`path_work`; 0: always).
+    Deterministic: the same indices always take the same path."""
+    gather, dense = path_work(idx)
+    return gather >= dense_at * dense
+
+
+def _pairs(idx: AttentionIndices) -> tuple[Any, Any]:
+    """Every (token, entry of kv_indices) the indices let attend, as two int64 arrays."""
+    qo = idx.qo_indptr.astype(np.int64)
+    kv = idx.kv_indptr.astype(np.int64)
+    q_len, kv_len = np.diff(qo), np.diff(kv)
+    single = q_len == 1
+    # single-token groups: each entry is one (token, entry) pair
+    pick = np.repeat(single, kv_len)
+    toks, ents = [np.repeat(qo[:-1], kv_len)[pick]], [np.arange(int(kv[-1]), dtype=np.int64)[pick]]
+    for g in np.flatnonzero(~single):
+        t0, n_q, a, n_kv = int(qo[g]), int(q_len[g]), int(kv[g]), int(kv_len[g])
+        for i in range(n_q):
+            upto = max(n_kv - n_q + i + 1, 0) if idx.causal[g] else n_kv
+            toks.append(np.full(upto, t0 + i, dtype=np.int64))
+            ents.append(np.arange(a, a + upto, dtype=np.int64))
+    return np.concatenate(toks), np.concatenate(ents)
 
 
 def dense_mask(idx: AttentionIndices, n_rows: int | None = None, device: Any = None) -> Any:
     """The bool mask ``[n_tokens, n_rows]`` (True: the token attends to the row) the indices
     stand for, over K/V rows ``0 .. n_rows - 1`` (default: up to the last row they name)."""
-    qo = idx.qo_indptr.astype(np.int64)
-    kv = idx.kv_indptr.astype(np.int64)
-    rows = idx.kv_indices.astype(np.int64)
-    n_tokens = int(qo[-1])
+    n_tokens = int(idx.qo_indptr[-1])
     if n_rows is None:
-        n_rows = int(rows.max()) + 1 if len(rows) else 0
+        n_rows = _span(idx)
     mask = np.zeros((n_tokens, n_rows), dtype=np.bool_)
-    q_len, kv_len = np.diff(qo), np.diff(kv)
-    single = q_len == 1
-    # single-token groups: each entry is one (token, row) pair
-    tok = np.repeat(qo[:-1], kv_len)
-    pick = np.repeat(single, kv_len)
-    mask[tok[pick], rows[pick]] = True
-    for g in np.flatnonzero(~single):
-        t0, n_q, a, n_kv = int(qo[g]), int(q_len[g]), int(kv[g]), int(kv_len[g])
-        for i in range(n_q):
-            upto = n_kv - n_q + i + 1 if idx.causal[g] else n_kv
-            mask[t0 + i, rows[a:a + max(upto, 0)]] = True
+    tok, ent = _pairs(idx)
+    mask[tok, idx.kv_indices[ent]] = True
     return torch.from_numpy(mask).to(device) if device is not None else torch.from_numpy(mask)
+
+
+def _alibi_distances(idx: AttentionIndices, n_rows: int) -> Any:
+    """``[n_tokens, n_rows]`` float32: ``-|kv_pos - q_pos|`` where a token attends to a row, -inf
+    elsewhere (the KQ mask of ``alibi=True``)."""
+    n_tokens = int(idx.qo_indptr[-1])
+    out = np.full((n_tokens, n_rows), -np.inf, dtype=np.float32)
+    tok, ent = _pairs(idx)
+    out[tok, idx.kv_indices[ent]] = -np.abs(idx.kv_pos[ent].astype(np.int64) - idx.q_pos[tok])
+    return torch.from_numpy(out)
+
+
+def _alibi_bias(slopes: Any, dist: Any) -> Any:
+    """The additive mask of each head: ``slope * dist`` ([..., tokens, rows] -> [..., heads,
+    tokens, rows]), -inf kept -inf whatever the slope."""
+    d = dist.unsqueeze(-3)
+    s = slopes.to(dist.dtype).view(-1, 1, 1)
+    return torch.where(torch.isinf(d), d, s * d)
 
 
 def _sdpa(q: Any, k: Any, v: Any, mask: Any, scale: float | None) -> Any:
@@ -77,43 +152,64 @@ def _sdpa(q: Any, k: Any, v: Any, mask: Any, scale: float | None) -> Any:
     return out.transpose(1, 2)
 
 
+def _dense(q: Any, k: Any, v: Any, idx: AttentionIndices, scale: float | None, mask: Callable[[], Any] | None,
+           slopes: Any) -> Any:
+    """The dense path: one SDPA over the rows the mask spans."""
+    device = k.device
+    span, n_tokens = _span(idx), q.shape[0]
+    if mask is None:
+        m = dense_mask(idx, span, device) if slopes is None else _alibi_distances(idx, span).to(device)
+    else:
+        m = torch.as_tensor(mask(), device=device)
+        if m.dim() == 3 and m.shape[0] == 1:
+            m = m[0]
+        if m.dim() != 2 or m.shape[0] != n_tokens or m.shape[1] < span or m.shape[1] > k.shape[0]:
+            raise ValueError(f"mask() must give a KQ mask [n_tokens, n_kv] of one stream ({n_tokens} rows, "
+                             f"at least {span} and at most {k.shape[0]} columns), got {tuple(m.shape)}")
+        if slopes is not None and not m.is_floating_point():
+            raise ValueError("with alibi_slopes, mask() must give the float KQ mask of alibi=True "
+                             "(cache.kq_mask(ub, alibi=True, pad=False)), got a bool one")
+        span = m.shape[1]
+    if slopes is not None:
+        m = _alibi_bias(slopes, m.to(q.dtype))
+    elif m.is_floating_point():
+        m = m.to(q.dtype)
+    return _sdpa(q[None], k[None, :span], v[None, :span], m, scale)[0]
+
+
 def attention_from_indices(q: Any, k: Any, v: Any, idx: AttentionIndices, *, scale: float | None = None,
-                           dense_at: float = 0.5, mask: Callable[[], Any] | None = None) -> Any:
+                           dense_at: float = 1.0, mask: Callable[[], Any] | None = None,
+                           alibi_slopes: Any = None) -> Any:
     """Attention of the ubatch's queries ``q [n_tokens, heads, head size]`` over the K/V rows
     ``k``, ``v`` ``[rows, kv heads, head size]`` (a layer's rows as the cache keeps them:
     ``cache.k(il)`` viewed per head, or the caller's own tensors), with the attention indices
     ``idx`` of the ubatch: ``[n_tokens, heads, v head size]``, equal to
     ``scaled_dot_product_attention`` with the ubatch's KQ mask. ``scale``: as SDPA's (default
-    ``1/sqrt(head size)``). ``dense_at``: the share of the mask's rows from which the dense path
-    is taken (0: always, above 1: never; see the module's docstring). Heads of q that are a
-    multiple of k's share them (grouped-query attention). ``mask``: where the dense path is
-    taken, a function giving the cache's bool KQ mask of the ubatch (a one-stream cache's
-    ``lambda: cache.kq_mask(ub, pad=False, dtype="bool", out=buf)``), used instead of a mask
-    rebuilt from the indices."""
-    _check(q, k, v, idx)
+    ``1/sqrt(head size)``). ``dense_at``: the dense path is taken when the gather's work is at
+    least this times the dense kernel's (:func:`takes_dense_path`; 0: always, ``inf``: never). Heads of q that are a
+    multiple of k's share them (grouped-query attention). ``alibi_slopes``: a tensor of one slope
+    per head of q, for ALiBi (needs ``attention_indices(..., positions=True)``): head h adds
+    ``-alibi_slopes[h] * |kv_pos - q_pos|`` to its scores, as llama.cpp's softmax does with the
+    mask of ``alibi=True``. ``mask``: where the dense path is taken, a function giving the
+    cache's KQ mask of the ubatch, used instead of a mask rebuilt from the indices (a one-stream
+    cache's ``lambda: cache.kq_mask(ub, pad=False, dtype="bool", out=buf)``; with ALiBi the float
+    mask of ``alibi=True``)."""
+    _check(q, k, v, idx, alibi_slopes)
     n_tokens = q.shape[0]
     out = q.new_empty((n_tokens, q.shape[1], v.shape[2]))
     if n_tokens == 0:
         return out
     device = k.device
-    nnz = len(idx.kv_indices)
-    span = int(idx.kv_indices.max()) + 1 if nnz else 0
-    if nnz >= dense_at * span:
-        if mask is None:
-            m = dense_mask(idx, span, device)
-        else:
-            m = torch.as_tensor(mask(), device=device)
-            if m.dim() == 3 and m.shape[0] == 1:
-                m = m[0]
-            if m.dim() != 2 or m.shape[0] != n_tokens or m.shape[1] < span or m.shape[1] > k.shape[0]:
-                raise ValueError(f"mask() must give a bool mask [n_tokens, n_kv] of one stream ({n_tokens} rows, "
-                                 f"at least {span} and at most {k.shape[0]} columns), got {tuple(m.shape)}")
-            span = m.shape[1]
-        return _sdpa(q[None], k[None, :span], v[None, :span], m, scale)[0]
+    slopes = None if alibi_slopes is None else torch.as_tensor(alibi_slopes, device=device)
+    if takes_dense_path(idx, dense_at):
+        return _dense(q, k, v, idx, scale, mask, slopes)
     qo = idx.qo_indptr.astype(np.int64)
     kv = idx.kv_indptr.astype(np.int64)
     q_len, kv_len = np.diff(qo), np.diff(kv)
     rows = torch.from_numpy(idx.kv_indices.astype(np.int64)).to(device)
+    if slopes is not None:
+        kv_pos = torch.from_numpy(idx.kv_pos.astype(np.int64)).to(device)
+        q_pos = torch.from_numpy(idx.q_pos.astype(np.int64)).to(device)
     single = np.flatnonzero(q_len == 1)
     # the single-token groups, longest first, in padded batches of similar lengths
     order = single[np.argsort(-kv_len[single], kind="stable")]
@@ -129,22 +225,33 @@ def attention_from_indices(q: Any, k: Any, v: Any, idx: AttentionIndices, *, sca
         lens = kv_len[groups]
         # every group's entries, padded with its own first row (masked out)
         pos = np.minimum(np.arange(longest)[None, :], np.maximum(lens[:, None] - 1, 0)) + kv[groups][:, None]
-        sel = rows[torch.from_numpy(pos.reshape(-1)).to(device)]
+        ent = torch.from_numpy(pos.reshape(-1)).to(device)
+        sel = rows[ent]
         kg = k.index_select(0, sel).view(len(groups), longest, *k.shape[1:])
         vg = v.index_select(0, sel).view(len(groups), longest, *v.shape[1:])
         toks = torch.from_numpy(qo[groups]).to(device)
-        pad = None
+        bias = None
         if (lens != longest).any():
-            pad = (torch.arange(longest, device=device)[None, :] < torch.from_numpy(lens).to(device)[:, None])
-            pad = pad[:, None, None, :]
-        out[toks] = _sdpa(q[toks][:, None], kg, vg, pad, scale)[:, 0]
+            bias = (torch.arange(longest, device=device)[None, :] < torch.from_numpy(lens).to(device)[:, None])
+            bias = bias[:, None, None, :]
+        if slopes is not None:
+            dist = -(kv_pos[ent].view(len(groups), 1, longest) - q_pos[toks][:, None, None]).abs().to(q.dtype)
+            if bias is not None:
+                dist = dist.masked_fill(~bias[:, 0], float("-inf"))
+            bias = _alibi_bias(slopes, dist)
+        out[toks] = _sdpa(q[toks][:, None], kg, vg, bias, scale)[:, 0]
         start = end
     for g in np.flatnonzero(q_len > 1):
         t0, n_q, a, n_kv = int(qo[g]), int(q_len[g]), int(kv[g]), int(kv_len[g])
         sel = rows[a:a + n_kv]
-        causal = None
+        bias = None
         if idx.causal[g]:
-            causal = torch.ones((n_q, n_kv), dtype=torch.bool, device=device).tril(n_kv - n_q)
+            bias = torch.ones((n_q, n_kv), dtype=torch.bool, device=device).tril(n_kv - n_q)
+        if slopes is not None:
+            dist = -(kv_pos[a:a + n_kv][None, :] - q_pos[t0:t0 + n_q][:, None]).abs().to(q.dtype)
+            if bias is not None:
+                dist = dist.masked_fill(~bias, float("-inf"))
+            bias = _alibi_bias(slopes, dist)
         out[t0:t0 + n_q] = _sdpa(q[None, t0:t0 + n_q], k.index_select(0, sel)[None], v.index_select(0, sel)[None],
-                                 causal, scale)[0]
+                                 bias, scale)[0]
     return out

@@ -125,10 +125,10 @@ static void compare(const kvc_unified *c, const kvc_ubatch *ub, bool causal) {
     const uint32_t G = a.n_groups, nnz = a.nnz, n_kv = a.n_kv, n = ub->n_tokens;
     int32_t *qo = malloc((G + 1) * sizeof *qo), *kv = malloc((G + 1) * sizeof *kv);
     int32_t *idx = malloc((nnz + 1) * sizeof *idx), *kp = malloc((nnz + 1) * sizeof *kp);
-    int32_t *st = malloc((G + 1) * sizeof *st);
+    int32_t *st = malloc((G + 1) * sizeof *st), *qp = malloc((n + 1) * sizeof *qp);
     uint8_t *fl = malloc(G + 1);
     uint8_t *mask = malloc((size_t)n * n_kv + 1), *seen = malloc((size_t)n_kv + 1);
-    REQUIRE(qo && kv && idx && kp && st && fl && mask && seen, "memory");
+    REQUIRE(qo && kv && idx && kp && st && qp && fl && mask && seen, "memory");
     /* too small by one index: nothing past the arrays, the same counts */
     if (nnz > 0) {
         kvc_attn small = { .qo_indptr = qo, .kv_indptr = kv, .kv_indices = idx, .kv_pos = kp, .causal = fl,
@@ -136,14 +136,25 @@ static void compare(const kvc_unified *c, const kvc_ubatch *ub, bool causal) {
         CHECK(kvc_unified_attn_indices(c, ub, causal, &small, &err) == KVC_E_NOSPACE, "too small");
         CHECK(small.n_groups == G && small.nnz == nnz, "counts when too small");
     }
+    if (n > 0) {
+        /* room for every group and index but one query position short: no room, q_pos untouched */
+        qp[n - 1] = -7;
+        kvc_attn short_q = { .qo_indptr = qo, .kv_indptr = kv, .kv_indices = idx, .causal = fl, .q_pos = qp,
+                             .cap_groups = G, .cap_nnz = nnz, .cap_tokens = n - 1 };
+        CHECK(kvc_unified_attn_indices(c, ub, causal, &short_q, &err) == KVC_E_NOSPACE, "q_pos too small");
+        CHECK(qp[n - 1] == -7, "q_pos written when too small");
+    }
     a = (kvc_attn){ .qo_indptr = qo, .kv_indptr = kv, .kv_indices = idx, .kv_pos = kp, .causal = fl, .stream = st,
-                    .cap_groups = G, .cap_nnz = nnz };
+                    .q_pos = qp, .cap_groups = G, .cap_nnz = nnz, .cap_tokens = n };
     REQUIRE(kvc_unified_attn_indices(c, ub, causal, &a, &err) == KVC_OK, "the indices: %s", err.msg);
     REQUIRE(a.n_groups == G && a.nnz == nnz, "the same counts");
     int rc = c->semantics == KVC_SEM_2026 ? kvc_unified_kq_mask_2026(c, ub, causal, false, KVC_MASK_BOOL, mask, &err)
                                           : kvc_unified_kq_mask(c, ub, causal, false, KVC_MASK_BOOL, false, 0, mask);
     REQUIRE(rc == KVC_OK, "the mask");
     CHECK(qo[0] == 0 && qo[G] == (int32_t)n && kv[0] == 0 && kv[G] == (int32_t)nnz, "the bounds");
+    for (uint32_t t = 0; t < n; t++) {
+        CHECK(qp[t] == ub->pos[t], "token %u's position", t);
+    }
     for (uint32_t g = 0; g < G; g++) {
         const int32_t q = qo[g + 1] - qo[g], L = kv[g + 1] - kv[g];
         REQUIRE(q >= 1 && L >= 0, "group %u: %d tokens, %d rows", g, q, L);
@@ -177,6 +188,7 @@ static void compare(const kvc_unified *c, const kvc_ubatch *ub, bool causal) {
     free(idx);
     free(kp);
     free(st);
+    free(qp);
     free(fl);
     free(mask);
     free(seen);

@@ -11,7 +11,8 @@ cdef extern from "kvc_attn.h" nogil:
         int32_t *kv_pos
         uint8_t *causal
         int32_t *stream
-        uint32_t cap_groups, cap_nnz
+        int32_t *q_pos
+        uint32_t cap_groups, cap_nnz, cap_tokens
         uint32_t n_groups, nnz
         uint32_t n_kv
 
