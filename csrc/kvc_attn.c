@@ -49,6 +49,38 @@ static inline void kvc_attn_entry(kvc_attn_writer *w, uint64_t row, int32_t pos)
     w->nnz++;
 }
 
+/* The rows of key[0, n) whose cells are below n_kv join the current group: with room for all of
+ * them, a loop without a branch per entry (a decode step's whole cost), else entry by entry. */
+static void kvc_attn_entries(kvc_attn_writer *w, const uint64_t *key, uint32_t n, uint64_t base, uint32_t n_kv) {
+    kvc_attn *a = w->a;
+    if (!w->room || w->nnz + n > a->cap_nnz) {
+        for (uint32_t k = 0; k < n; k++) {
+            const uint32_t cell = kvc_seq_key_cell(key[k]);
+            if (cell < n_kv) {
+                kvc_attn_entry(w, base + cell, kvc_seq_key_pos(key[k]));
+            }
+        }
+        return;
+    }
+    /* each entry is written, and kept when its cell is below n_kv: m <= k < n stays in the room */
+    int32_t *rows = a->kv_indices + w->nnz;
+    uint32_t m = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t cell = kvc_seq_key_cell(key[k]);
+        rows[m] = (int32_t)(base + cell);
+        m += cell < n_kv;
+    }
+    if (a->kv_pos) {
+        int32_t *pos = a->kv_pos + w->nnz;
+        uint32_t j = 0;
+        for (uint32_t k = 0; k < n; k++) {
+            pos[j] = kvc_seq_key_pos(key[k]);
+            j += kvc_seq_key_cell(key[k]) < n_kv;
+        }
+    }
+    w->nnz += m;
+}
+
 /* The first of keys[0, n) at position p or later. */
 static uint32_t kvc_attn_lower(const uint64_t *keys, uint32_t n, int32_t p) {
     const uint64_t k = kvc_seq_key(p, 0);
@@ -98,12 +130,7 @@ static int kvc_attn_run(kvc_attn_writer *w, const kvc_unified *c, const kvc_ubat
     if (q == 1 && !two_d) {
         /* a token alone sees its whole window: the decode step of many sequences */
         kvc_attn_group(w, t0, false, st);
-        for (uint32_t k = a; k < e; k++) {
-            const uint32_t cell = kvc_seq_key_cell(key[k]);
-            if (cell < n_kv) {
-                kvc_attn_entry(w, base + cell, kvc_seq_key_pos(key[k]));
-            }
-        }
+        kvc_attn_entries(w, key + a, e - a, base, n_kv);
         return KVC_OK;
     }
     /* the run's entries below n_kv, for the tokens' windows to be found among them */
@@ -141,9 +168,7 @@ static int kvc_attn_run(kvc_attn_writer *w, const kvc_unified *c, const kvc_ubat
     }
     if (exact || (full && !(causal && q > 1))) {
         kvc_attn_group(w, t0, exact, st);
-        for (uint32_t k = 0; k < n; k++) {
-            kvc_attn_entry(w, base + kvc_seq_key_cell(keys[k]), kvc_seq_key_pos(keys[k]));
-        }
+        kvc_attn_entries(w, keys, n, base, n_kv);
         return KVC_OK;
     }
     for (uint32_t t = t0; t < t1; t++) {

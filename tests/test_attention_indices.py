@@ -411,6 +411,13 @@ def test_the_dense_path_is_chosen_by_the_documented_rule():
     b = attention_from_indices(q, k, k, idx, dense_at=gather / dense * 1.0001, mask=mask)
     assert len(calls) == 1
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # one sequence holding every spanned row: the dense kernel without a mask (it would hide nothing)
+    c1, ub1, idx1 = step(1, 1.0)
+    assert takes_dense_path(idx1) and len(idx1.kv_indices) == int(idx1.kv_indices.max()) + 1
+    q1 = torch.randn(1, 2, 8, generator=gen)
+    got = attention_from_indices(q1, k, k, idx1, mask=mask)
+    assert len(calls) == 1
+    torch.testing.assert_close(got, _dense_attention(torch, c1, ub1, q1, k, k, True), atol=1e-5, rtol=1e-5)
     with pytest.raises(TypeError, match="idx must be a kvcache.AttentionIndices"):
         takes_dense_path(tuple(idx))
 
@@ -441,7 +448,7 @@ def test_decode_of_many_sequences_batches_by_length():
     got = attention_from_indices(q, k, v, idx, dense_at=0.0,
                                  mask=lambda: c.kq_mask(ub, pad=False, dtype="bool", out=buf))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match=r"mask\(\) must give a bool mask \[n_tokens, n_kv\] of one stream"):
+    with pytest.raises(ValueError, match=r"mask\(\) must give a KQ mask \[n_tokens, n_kv\] of one stream"):
         attention_from_indices(q, k, v, idx, dense_at=0.0, mask=lambda: buf[:3])
 
 

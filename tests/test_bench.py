@@ -337,12 +337,14 @@ def test_the_paired_interval_holds_the_median_and_is_repeatable():
 
 def test_the_attention_case_checks_the_indices_path_against_the_dense_mask():
     """Both paths ran the same step and agreed (the case raises otherwise), each step with its
-    byte floor and its build row."""
+    byte floor, its build row and the build from scratch."""
     need_module("torch", "torch")
     rows = _rows("attention")
     steps = [r for r in rows if "decode step" in r.case]
     builds = [r for r in rows if "build" in r.case]
-    assert len(steps) == len(builds) == 3
+    scratch = [r for r in rows if "from scratch" in r.case]
+    assert len(steps) == len(builds) == len(scratch) == 3
+    assert all(r.baseline_ns and r.ratio for r in builds + scratch)
     assert all(r.baseline_ns and r.yardstick_ratio and "path taken" in r.note for r in steps)
 
 

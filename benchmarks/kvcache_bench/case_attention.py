@@ -6,8 +6,11 @@ which takes the dense path itself where the step reads most rows) against the de
 cell), for 256 sequences holding 25% of the cells, 64 holding 25%, 64 holding them all, 8 holding
 12% and one sequence of 4096 cells; both outputs are checked equal (1e-4). Each row's yardstick
 is the byte floor: the K/V rows the step needs, read once (a sum over that many contiguous
-bytes). Beside them, the build of the indices against the build of the mask. torch runs on one
-thread and the times are that thread's CPU time (a shared machine's other jobs weigh less).
+bytes). Beside them, the build of the indices (through each sequence's own index of its cells,
+kept as cells are placed and removed) against the build of the mask, and against a build from
+scratch (the mask, then its nonzero entries as CSR arrays: what finding a step's cells costs
+without that index). torch runs on one thread and the times are that thread's CPU time (a
+shared machine's other jobs weigh less).
 Quick: 4096 cells, three layouts. Without torch the rows wait."""
 from __future__ import annotations
 
@@ -53,7 +56,9 @@ def _cache(n_cells: int, n_seqs: int, held: float) -> tuple[Any, Any]:
 
 def _step(torch: Any, n_cells: int, n_seqs: int, held: Any, reps: int) -> list[Row]:
     from kvcache import AttentionIndices
-    from kvcache.torch_attention import attention_from_indices
+    import numpy as np
+
+    from kvcache.torch_attention import attention_from_indices, takes_dense_path
 
     F = torch.nn.functional
     c, ub = _cache(n_cells, n_seqs, held)
@@ -80,6 +85,15 @@ def _step(torch: Any, n_cells: int, n_seqs: int, held: Any, reps: int) -> list[R
         out = attention_from_indices(q, k, v, idx, mask=lambda: c.kq_mask(ub, pad=False, dtype="bool", out=mask_buf))
         return time.thread_time_ns() - t0, t1 - t0, out
 
+    def scratch() -> int:
+        t0 = time.thread_time_ns()
+        m = c.kq_mask(ub, pad=False, dtype="bool", out=mask_buf).numpy()
+        _, cols = np.nonzero(m)
+        indptr = np.zeros(m.shape[0] + 1, np.int32)
+        np.cumsum(m.sum(axis=1), out=indptr[1:])
+        cols.astype(np.int32)
+        return time.thread_time_ns() - t0
+
     idx = c.attention_indices(ub)
     rows_needed = len(set(idx.kv_indices.tolist()))
     need = 2 * rows_needed * HEADS * DIM * 4
@@ -93,7 +107,7 @@ def _step(torch: Any, n_cells: int, n_seqs: int, held: Any, reps: int) -> list[R
     _, _, want = dense()
     _, _, got = indices()
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    d, i, f, db, ib = [], [], [], [], []
+    d, i, f, db, ib, sb = [], [], [], [], [], []
     for _ in range(reps):
         t, b, _ = dense()
         d.append(t)
@@ -102,8 +116,9 @@ def _step(torch: Any, n_cells: int, n_seqs: int, held: Any, reps: int) -> list[R
         i.append(t)
         ib.append(b)
         f.append(floor())
+        sb.append(scratch())
     nnz = len(idx.kv_indices)
-    path = "dense" if nnz >= 0.5 * (int(idx.kv_indices.max()) + 1) else "indices"
+    path = "dense" if takes_dense_path(idx) else "indices"
     name = f"{n_seqs} seqs, {held:.0%} of the cells" if isinstance(held, float) else f"1 seq of {held} cells"
     im, ir = _median_range(i)
     step = Row(f"attention: decode step, {name} ({n_cells} cells): indices vs dense mask", im, ir,
@@ -114,7 +129,10 @@ def _step(torch: Any, n_cells: int, n_seqs: int, held: Any, reps: int) -> list[R
     bm, br = _median_range(ib)
     build = Row(f"attention: build, {name} ({n_cells} cells): attention_indices vs kq_mask (bool)", bm, br,
                 statistics.median(db), _paired(db, ib), note=f"{nnz} indices, mask {ub.n_tokens} x {idx.n_kv}")
-    return [step, build]
+    fresh = Row(f"attention: indices from scratch, {name} ({n_cells} cells): attention_indices vs kq_mask + "
+                f"its nonzero entries", bm, br, statistics.median(sb), _paired(sb, ib),
+                note=f"{nnz} indices, found among {ub.n_tokens} x {idx.n_kv} mask entries")
+    return [step, build, fresh]
 
 
 def bench_attention(quick: bool, reps: int) -> list[Row]:

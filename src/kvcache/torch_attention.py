@@ -14,7 +14,8 @@ reads each spanned row once and scores every query against it: ``span * (DENSE_R
 n_tokens)``. The gather copies each row a group attends to and scores that group's queries
 against it: ``sum over groups of rows * (GATHER_COPY + tokens)``. The dense path is taken when
 the gather's work is at least ``dense_at`` (default 1) times the dense path's; the indices then
-run exactly the kernel the dense mask would. The weights :data:`DENSE_READ` and
+run exactly the kernel the dense mask would (without the mask where it would hide nothing: one
+sequence holding every spanned row). The weights :data:`DENSE_READ` and
 :data:`GATHER_COPY` are measured (docs/torch.md): a decode step of one sequence takes the dense
 path from about a third of the spanned rows on, one of 8 sequences from about a half, one of 64
 never (scoring 64 queries against every spanned row costs more than copying the rows each needs).
@@ -62,12 +63,18 @@ def _check(q: Any, k: Any, v: Any, idx: Any, alibi_slopes: Any) -> None:
         raise ValueError(f"k and v must hold every row the indices name (up to {int(idx.kv_indices.max())}), "
                          f"got {k.shape[0]} rows")
     if alibi_slopes is not None:
-        if idx.kv_pos is None or idx.q_pos is None:
-            raise ValueError("alibi_slopes needs the indices' positions (attention_indices(..., positions=True))")
+        _positions(idx)
         shape = tuple(getattr(alibi_slopes, "shape", ()))
         if shape != (q.shape[1],):
             raise ValueError(f"alibi_slopes must be a 1-D tensor of one slope per head of q ({q.shape[1]}), "
                              f"got {shape or type(alibi_slopes).__name__}")
+
+
+def _positions(idx: AttentionIndices) -> tuple[Any, Any]:
+    """``(kv_pos, q_pos)`` of idx, which ALiBi needs."""
+    if idx.kv_pos is None or idx.q_pos is None:
+        raise ValueError("alibi_slopes needs the indices' positions (attention_indices(..., positions=True))")
+    return idx.kv_pos, idx.q_pos
 
 
 def _span(idx: AttentionIndices) -> int:
@@ -133,7 +140,8 @@ def _alibi_distances(idx: AttentionIndices, n_rows: int) -> Any:
     n_tokens = int(idx.qo_indptr[-1])
     out = np.full((n_tokens, n_rows), -np.inf, dtype=np.float32)
     tok, ent = _pairs(idx)
-    out[tok, idx.kv_indices[ent]] = -np.abs(idx.kv_pos[ent].astype(np.int64) - idx.q_pos[tok])
+    kv_pos, q_pos = _positions(idx)
+    out[tok, idx.kv_indices[ent]] = -np.abs(kv_pos[ent].astype(np.int64) - q_pos[tok])
     return torch.from_numpy(out)
 
 
@@ -154,9 +162,14 @@ def _sdpa(q: Any, k: Any, v: Any, mask: Any, scale: float | None) -> Any:
 
 def _dense(q: Any, k: Any, v: Any, idx: AttentionIndices, scale: float | None, mask: Callable[[], Any] | None,
            slopes: Any) -> Any:
-    """The dense path: one SDPA over the rows the mask spans."""
+    """The dense path: one SDPA over the rows the mask spans (without a mask where it would hide
+    nothing)."""
     device = k.device
     span, n_tokens = _span(idx), q.shape[0]
+    kv_len = np.diff(idx.kv_indptr)
+    if slopes is None and not idx.causal.any() and (kv_len == span).all():
+        # every token attends to every spanned row (one sequence holding them all): a mask would hide nothing
+        return _sdpa(q[None], k[None, :span], v[None, :span], None, scale)[0]
     if mask is None:
         m = dense_mask(idx, span, device) if slopes is None else _alibi_distances(idx, span).to(device)
     else:
@@ -208,8 +221,7 @@ def attention_from_indices(q: Any, k: Any, v: Any, idx: AttentionIndices, *, sca
     q_len, kv_len = np.diff(qo), np.diff(kv)
     rows = torch.from_numpy(idx.kv_indices.astype(np.int64)).to(device)
     if slopes is not None:
-        kv_pos = torch.from_numpy(idx.kv_pos.astype(np.int64)).to(device)
-        q_pos = torch.from_numpy(idx.q_pos.astype(np.int64)).to(device)
+        kv_pos, q_pos = (torch.from_numpy(a.astype(np.int64)).to(device) for a in _positions(idx))
     single = np.flatnonzero(q_len == 1)
     # the single-token groups, longest first, in padded batches of similar lengths
     order = single[np.argsort(-kv_len[single], kind="stable")]
