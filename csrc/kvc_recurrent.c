@@ -929,6 +929,8 @@ static void rec_dest_into(kvc_recurrent *c, int32_t seq_id, int32_t *pos1, kvc_s
     d->into_cell_of = w->tail;
 }
 
+static int rec_place_one(kvc_recurrent *c, kvc_rec_cells *w, int32_t seq_id, int32_t pos, kvc_err *err);
+
 /* Complete c->work from a validated section (a whole cache's cells are in it already; a
  * sequence's cell is placed in a copy of the live table). The live table is not touched. */
 static int place_cells(kvc_recurrent *c, int32_t seq_id, uint32_t cc, int32_t pos, kvc_err *err) {
@@ -949,6 +951,12 @@ static int place_cells(kvc_recurrent *c, int32_t seq_id, uint32_t cc, int32_t po
     if (cc == 0) {
         return KVC_OK; /* the sequence is just removed */
     }
+    return rec_place_one(c, w, seq_id, pos, err);
+}
+
+/* Give sequence seq_id (which holds no state in w) a cell of w whose state is kept as it is, at
+ * position pos: the reference's find_slot of one token, as its sequence state reader does. */
+static int rec_place_one(kvc_recurrent *c, kvc_rec_cells *w, int32_t seq_id, int32_t pos, kvc_err *err) {
     const uint32_t seq_off[2] = { 0, 1 };
     kvc_ubatch ub;
     memset(&ub, 0, sizeof ub);
@@ -1051,6 +1059,27 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     }
     kvc_sec_free(&sec);
     *consumed = r.off;
+    return KVC_OK;
+}
+
+int kvc_recurrent_seq_restore(kvc_recurrent *c, int32_t seq_id, int32_t pos, uint32_t *cell, kvc_err *err) {
+    if (seq_id < 0 || (uint32_t)seq_id >= c->n_seq_max || pos < 0) {
+        return kvc_err_set(err, KVC_E_ARG, "seq_restore: sequence %d, position %d", seq_id, pos);
+    }
+    if (kvc_recurrent_seq_pos_max(c, seq_id) >= 0) {
+        return kvc_err_set(err, KVC_E_ARG, "sequence %d holds a state already", seq_id);
+    }
+    rec_cells_copy(&c->work, &c->cells);
+    rec_seq_rm(c, &c->work, seq_id, -1, -1);   /* a record left without a cell goes */
+    const int r = rec_place_one(c, &c->work, seq_id, pos, err);
+    if (r != KVC_OK) {
+        return r == KVC_E_STATE ? KVC_E_NOSPACE : r;
+    }
+    rec_swap_work(c);
+    c->can_unplace = true;
+    c->n_warn = 0;
+    c->warn[0] = 0;
+    *cell = c->cells.head;
     return KVC_OK;
 }
 

@@ -167,6 +167,12 @@ int     kvc_recurrent_store(kvc_recurrent *c, uint32_t il, uint32_t n_rows, cons
 int     kvc_recurrent_store_plane(kvc_recurrent *c, uint32_t il, uint32_t plane, uint32_t n_rows, const void *k,
                                   const void *v);
 
+/* Give sequence seq_id, which holds no state, a cell whose state the caller then writes (its
+ * position pos), placed as the sequence state reader places a state: *cell is that cell (the
+ * rows of plane 0). KVC_OK; KVC_E_ARG (a bad id or position, or the sequence holds a state),
+ * KVC_E_NOSPACE (no cell) with nothing changed. kvc_recurrent_unplace undoes it. */
+int     kvc_recurrent_seq_restore(kvc_recurrent *c, int32_t seq_id, int32_t pos, uint32_t *cell, kvc_err *err);
+
 /* --- state codec (the bytes: docs/format.md, "A section") ---------------------------------- */
 /* Bytes state_write would produce for seq_id (-1 = whole cache). */
 size_t  kvc_recurrent_state_size(const kvc_recurrent *c, int32_t seq_id);

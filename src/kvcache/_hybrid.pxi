@@ -317,3 +317,153 @@ cdef class _Hybrid:
         """The attention part's update (stream copies, then the K-shift): recurrent states have
         nothing to shift."""
         return self._attn.update(rope, n_max_nodes)
+
+    # --- prefix reuse: the attention part's index and the recurrent part's checkpoints ----------
+    # (docs/prefix-reuse.md, "Recurrent and hybrid models"; csrc/kvc_hybrid_prefix.h)
+    def enable_prefix_reuse(self, cap=0, checkpoints=16, per_seq=0, memory=None):
+        """Keep finished requests for later ones in both parts: the attention part's prefix
+        index (``cap``: cells, UnifiedCache2026.enable_prefix_reuse) and the recurrent part's
+        checkpoints (``checkpoints``, ``per_seq``, ``memory``: RecurrentCache.enable_prefix_reuse).
+        A hit of length P needs the attention K/V of [0, P) and a checkpoint of the state at
+        exactly P."""
+        had = self._attn.prefix_reuse
+        self._recr.enable_prefix_reuse(checkpoints, per_seq, memory)
+        try:
+            self._attn.enable_prefix_reuse(cap)
+        except BaseException:
+            self._recr.disable_prefix_reuse()
+            if not had:
+                self._attn.disable_prefix_reuse()
+            raise
+
+    def disable_prefix_reuse(self):
+        """Turn prefix reuse off in both parts (held cells become free, checkpoints go)."""
+        self._attn.disable_prefix_reuse()
+        self._recr.disable_prefix_reuse()
+
+    @property
+    def prefix_reuse(self):
+        """Whether prefix reuse is on (:meth:`enable_prefix_reuse`)."""
+        return self._attn.prefix_reuse and self._recr.prefix_reuse
+
+    @property
+    def prefix_stats(self):
+        """``{"attn": the attention part's prefix_stats, "recr": the recurrent part's}``; None
+        while reuse is off."""
+        if not self.prefix_reuse:
+            return None
+        return {"attn": self._attn.prefix_stats, "recr": self._recr.prefix_stats}
+
+    def checkpoint(self, seq_id, tokens, salt=None):
+        """Checkpoint seq_id's recurrent state as the state after ``tokens[:P]`` (P: its
+        position + 1), during a prefill once a ubatch ending at a chunk boundary is computed:
+        RecurrentCache.checkpoint. Returns P (0: not kept)."""
+        return self._recr.checkpoint(seq_id, tokens, salt)
+
+    cdef kvc_ckpt_pool *_pool(self, str what) except NULL:
+        if not self._attn.prefix_reuse:
+            raise RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
+        return self._recr._pool(what)
+
+    def prefix_match(self, tokens, salt=None):
+        """The hit a request of ``tokens`` gets: the deepest checkpoint whose tokens begin it
+        and whose whole prefix the attention index also holds, at most ``len(tokens) - 1``
+        (0 while reuse is off). Both parts' prefixes count as used."""
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], r = 0
+        if not self.prefix_reuse:
+            return 0
+        cdef kvc_ckpt_pool *pool = self._pool("prefix_match")
+        self._lock_change("prefix_match")
+        with nogil:
+            r = kvc_hybrid_prefix_match(&self.c, pool, cs, &tv[0] if n else NULL, n)
+        self._release()
+        return int(r)
+
+    def prefix_attach(self, seq_id, tokens, salt=None):
+        """Start sequence ``seq_id`` (empty in both parts) from the hit :meth:`prefix_match`
+        finds: the checkpoint's state at position ``k - 1`` in the recurrent part, the cells of
+        positions ``0 .. k - 1`` in the attention part (exactly those: never past the
+        checkpoint). Returns k: compute ``tokens[k:]`` at positions ``k ..``."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], k = 0
+        cdef kvc_ckpt_pool *pool = self._pool("prefix_attach")
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        self._lock_change("prefix_attach")
+        with nogil:
+            r = kvc_hybrid_prefix_attach(&self.c, pool, s, cs, &tv[0] if n else NULL, n, &k, &err)
+        self._release()
+        check_status(r, &err, "prefix_attach")
+        return int(k)
+
+    def prefix_release(self, seq_id, tokens=None, salt=None):
+        """End sequence ``seq_id`` in both parts: its attention cells go to the index
+        (UnifiedCache2026.prefix_release, ``tokens`` as there), and, when ``tokens`` are given,
+        its final recurrent state is checkpointed (as :meth:`checkpoint`; ValueError when tokens
+        is shorter than the state). Returns the hit a later request beginning with these tokens
+        gets from what both parts hold now."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        t = None if tokens is None else tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv
+        cdef const int32_t *tp = NULL
+        cdef uint32_t n = 0, hit = 0
+        cdef kvc_retained res
+        cdef kvc_ckpt_pool *pool = self._pool("prefix_release")
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        if t is not None and t.shape[0]:
+            tv = t
+            tp = &tv[0]
+            n = <uint32_t>t.shape[0]
+        elif t is not None:
+            tp = <const int32_t *>&n   # an empty list of tokens: nothing is kept
+        self._lock_change("prefix_release")
+        with nogil:
+            r = kvc_hybrid_prefix_release(&self.c, pool, s, cs, tp, n, &hit, &res, &err)
+        self._release()
+        check_status(r, &err, "prefix_release")
+        return int(hit)
+
+    def prefix_pin(self, tokens, salt=None):
+        """Keep the prefix ``tokens`` in both parts (the attention cells and the checkpoint of
+        exactly these tokens; ValueError, nothing pinned, unless both are held) until
+        :meth:`prefix_unpin`; returns the pin."""
+        self._pool("prefix_pin")
+        with self._hold:
+            rp = self._recr.prefix_pin(tokens, salt)
+            try:
+                ap = self._attn.prefix_pin(tokens, salt)
+            except BaseException:
+                self._recr.prefix_unpin(rp)
+                raise
+        return (ap, rp)
+
+    def prefix_unpin(self, pin):
+        """Let go of a pin :meth:`prefix_pin` returned."""
+        if not isinstance(pin, tuple) or len(pin) != 2:
+            raise ValueError(f"pin must be a pin prefix_pin returned, not {pin!r}")
+        self._pool("prefix_unpin")
+        with self._hold:
+            self._attn.prefix_unpin(pin[0])
+            self._recr.prefix_unpin(pin[1])
+
+    def prefix_evict(self, n_cells=0, n_checkpoints=0):
+        """Evict up to ``n_cells`` attention cells and ``n_checkpoints`` checkpoints now (least
+        recently used first); returns ``(cells, checkpoints)`` evicted."""
+        self._pool("prefix_evict")
+        with self._hold:
+            return (self._attn.prefix_evict(n_cells), self._recr.prefix_evict(n_checkpoints))
+
+    def _prefix_check(self):
+        """Raise RuntimeError unless both parts' reuse records agree (for tests)."""
+        self._attn._prefix_check()
+        self._recr._prefix_check()

@@ -1,6 +1,8 @@
 # The recurrent-state cache (Mamba / RWKV): csrc/kvc_recurrent.h behind a Python class.
 
 from kvcache.includes.kvc_recurrent cimport *
+from kvcache.includes.kvc_checkpoint cimport *
+from libc.stdlib cimport calloc
 
 import warnings as _warnings
 
@@ -113,6 +115,8 @@ cdef class _Recurrent(RecurrentCore):
     cdef readonly str type_k       # K type name ("f32", "f16", ...)
     cdef readonly str type_v       # V type name
     cdef kvc_pylock _lock          # held by every Python method (see "locking" in _common.pxi)
+    cdef kvc_ckpt_pool *_ckpt      # prefix reuse: the checkpoint pool (NULL: off)
+    cdef object _ckpt_mem          # the caller's checkpoint memory (a _HeldBuffer), or None
 
     __signature__ = _signatures.ClassSignature(_signatures.recurrent)
 
@@ -206,6 +210,7 @@ cdef class _Recurrent(RecurrentCore):
                                             &vb[0] if vb.shape[0] else NULL)
 
     def __dealloc__(self):
+        _ckpt_pool_free(self)
         if self._ready:
             kvc_recurrent_free(&self.c)
             self._ready = False
@@ -761,6 +766,253 @@ cdef class _Recurrent(RecurrentCore):
         check_status(r, &err, "state_read")
         return consumed
 
+    # --- prefix reuse: checkpoints of states (docs/prefix-reuse.md; csrc/kvc_checkpoint.h) ------
+    cdef kvc_ckpt_pool *_pool(self, str what) except NULL:
+        if self._ckpt == NULL:
+            raise RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
+        return self._ckpt
+
+    def enable_prefix_reuse(self, checkpoints=16, per_seq=0, memory=None):
+        """Keep checkpoints of sequences' states for later requests (semantics '2026' only). A
+        state exists only at the position its sequence reached, so a request can resume only
+        from a state copied when a sequence stood exactly there: :meth:`checkpoint` copies a
+        sequence's state (during a prefill, at a chunk's end), :meth:`prefix_release` the final
+        one, and :meth:`prefix_attach` starts a new sequence from the deepest checkpoint whose
+        tokens begin the request.
+
+        ``checkpoints``: the most states the pool holds (each ``prefix_stats["state_bytes"]``
+        bytes: every layer's K row and V row of one cell); the least recently used goes first.
+        ``per_seq``: the most checkpoints one running sequence keeps (its oldest goes first;
+        0: no bound but ``checkpoints``). ``memory``: a writable C-contiguous buffer of at least
+        ``checkpoints * state_bytes`` bytes for the states, or None for memory the cache
+        allocates; a cache with borrowed buffers needs it (the cache allocates no state memory
+        of its own there), one with ``buffers='none'`` has no state to checkpoint (ValueError).
+        Calling it again starts a new pool (the checkpoints held go)."""
+        cdef uint32_t cap = <uint32_t>int_c(checkpoints, "checkpoints", 1, UINT32_MAX)
+        cdef uint32_t ps = <uint32_t>int_c(per_seq, "per_seq", 0, UINT32_MAX)
+        cdef _HeldBuffer hb = None
+        cdef uint8_t *mem = NULL
+        cdef size_t mem_len = 0
+        cdef size_t need
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        if self._buffers == "borrowed" and memory is None:
+            raise ValueError("enable_prefix_reuse: this cache borrows its buffers; pass memory= (a buffer of "
+                             f"checkpoints x {kvc_ckpt_state_bytes(&self.c)} bytes) for the checkpoints' states")
+        if memory is not None:
+            hb = hold_buffer(memory, "memory", True)
+            if not hb.c_contiguous():
+                hb.release()
+                raise ValueError("memory must be C-contiguous")
+            need = <size_t>cap * kvc_ckpt_state_bytes(&self.c)
+            if <size_t>hb.view.len < need:
+                hb.release()
+                raise ValueError(f"memory holds {hb.view.len} bytes; {cap} checkpoints of "
+                                 f"{kvc_ckpt_state_bytes(&self.c)} bytes need {need}")
+            mem = <uint8_t *>hb.view.buf
+            mem_len = <size_t>hb.view.len
+        cdef kvc_ckpt_pool *pool = <kvc_ckpt_pool *>calloc(1, sizeof(kvc_ckpt_pool))
+        if pool == NULL:
+            raise MemoryError("enable_prefix_reuse")
+        r = kvc_ckpt_init(pool, &self.c, cap, ps, mem, mem_len, &err)
+        if r != KVC_OK:
+            free(pool)
+            if hb is not None:
+                hb.release()
+            raise_status(r, &err, "enable_prefix_reuse")
+        try:
+            lock_change(&self._lock, "enable_prefix_reuse")
+        except BaseException:
+            kvc_ckpt_free(pool)
+            free(pool)
+            if hb is not None:
+                hb.release()
+            raise
+        _ckpt_pool_free(self)
+        self._ckpt = pool
+        self._ckpt_mem = hb
+        kvc_pylock_release(&self._lock)
+
+    def disable_prefix_reuse(self):
+        """Turn prefix reuse off: every checkpoint goes."""
+        lock_change(&self._lock, "disable_prefix_reuse")
+        _ckpt_pool_free(self)
+        kvc_pylock_release(&self._lock)
+
+    @property
+    def prefix_reuse(self):
+        """Whether prefix reuse is on (:meth:`enable_prefix_reuse`)."""
+        return self._ckpt != NULL
+
+    @property
+    def prefix_stats(self):
+        """The checkpoint pool now: ``{"checkpoints": held, "pinned": pinned, "cap": most held,
+        "per_seq": most per running sequence (0: no bound), "state_bytes": bytes of one}``; None
+        while reuse is off."""
+        kvc_pylock_acquire(&self._lock)
+        try:
+            if self._ckpt == NULL:
+                return None
+            return {"checkpoints": int(self._ckpt.n_used), "pinned": int(kvc_ckpt_n_pinned(self._ckpt)),
+                    "cap": int(self._ckpt.cap), "per_seq": int(self._ckpt.per_seq),
+                    "state_bytes": int(self._ckpt.state_bytes)}
+        finally:
+            kvc_pylock_release(&self._lock)
+
+    def prefix_checkpoints(self):
+        """The checkpoints held, shortest first: a list of ``(tokens, pins)``, tokens the chain
+        the state is the state after (a list of ints). Empty while reuse is off."""
+        cdef uint32_t k, slot
+        out = []
+        kvc_pylock_acquire(&self._lock)
+        try:
+            if self._ckpt != NULL:
+                for k in range(self._ckpt.n_used):
+                    slot = self._ckpt.order[k]
+                    out.append(([self._ckpt.tokens[slot][i] for i in range(self._ckpt.n_tok[slot])],
+                                int(self._ckpt.pins[slot])))
+        finally:
+            kvc_pylock_release(&self._lock)
+        return out
+
+    def checkpoint(self, seq_id, tokens, salt=None):
+        """Copy sequence ``seq_id``'s state into the pool as the state after ``tokens[:P]``, P
+        its position + 1 (the state of a prompt's first P tokens at positions 0 .. P - 1;
+        ``tokens`` may go on: the rest is not used). Call it once the state is computed: after
+        a prefill chunk's ubatch ends at a boundary, or at the end of a prompt. A pending
+        rollback's state is the one copied. Returns P, or 0 when it is not kept (every slot it
+        could take is pinned). ValueError when seq_id holds no state or tokens is shorter than
+        P."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], k = 0
+        cdef kvc_ckpt_pool *pool = self._pool("checkpoint")
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        lock_change(&self._lock, "checkpoint")
+        with nogil:
+            r = kvc_ckpt_save(pool, &self.c, s, cs, &tv[0] if n else NULL, n, NULL, &k, &err)
+            kvc_pylock_release(&self._lock)
+        check_status(r, &err, "checkpoint")
+        return int(k)
+
+    def prefix_match(self, tokens, salt=None):
+        """The length of the deepest checkpoint under ``salt`` whose tokens begin ``tokens``, at
+        most ``len(tokens) - 1`` (the last token is always computed): what
+        :meth:`prefix_attach` would attach. 0 while reuse is off. The checkpoint counts as
+        used."""
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], r = 0
+        lock_change(&self._lock, "prefix_match")
+        with nogil:
+            if self._ckpt != NULL:
+                r = kvc_ckpt_match(self._ckpt, cs, &tv[0] if n else NULL, n)
+            kvc_pylock_release(&self._lock)
+        return int(r)
+
+    def prefix_attach(self, seq_id, tokens, salt=None):
+        """Start sequence ``seq_id`` (which must hold no state) from the deepest checkpoint
+        :meth:`prefix_match` finds: its state is copied into a cell of seq_id at position
+        ``k - 1``, placed as :meth:`state_read` places a sequence's state. Returns k: compute
+        ``tokens[k:]`` at positions ``k ..`` (0: nothing attached, compute everything)."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], k = 0
+        cdef kvc_ckpt_pool *pool = self._pool("prefix_attach")
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        lock_change(&self._lock, "prefix_attach")
+        with nogil:
+            r = kvc_ckpt_attach(pool, &self.c, s, cs, &tv[0] if n else NULL, n, &k, &err)
+            kvc_pylock_release(&self._lock)
+        check_status(r, &err, "prefix_attach")
+        return int(k)
+
+    def prefix_release(self, seq_id, tokens, salt=None):
+        """End sequence ``seq_id``, checkpointing its final state first (as :meth:`checkpoint`,
+        when it holds one), then removing it (``seq_rm(seq_id)``). ``tokens``: the tokens of the
+        request (prompt and output; those past the state's position are not used). Returns the
+        length of the checkpoint kept (0: none)."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0], k = 0
+        cdef kvc_ckpt_pool *pool = self._pool("prefix_release")
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        lock_change(&self._lock, "prefix_release")
+        with nogil:
+            r = kvc_ckpt_release(pool, &self.c, s, cs, &tv[0] if n else NULL, n, &k, &err)
+            kvc_pylock_release(&self._lock)
+        check_status(r, &err, "prefix_release")
+        return int(k)
+
+    def prefix_pin(self, tokens, salt=None):
+        """Keep the checkpoint of exactly ``tokens`` (ValueError when none is held) until
+        :meth:`prefix_unpin`; returns the pin (an opaque int). Pins count."""
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0]
+        cdef kvc_ckpt_pool *pool = self._pool("prefix_pin")
+        cdef kvc_ckpt_handle h
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        lock_change(&self._lock, "prefix_pin")
+        r = kvc_ckpt_pin(pool, cs, &tv[0] if n else NULL, n, &h, &err)
+        kvc_pylock_release(&self._lock)
+        check_status(r, &err, "prefix_pin")
+        return (<uint64_t>h.gen << 32) | h.slot
+
+    def prefix_unpin(self, pin):
+        """Let go of a pin :meth:`prefix_pin` returned (ValueError for anything else)."""
+        cdef long long v = int_c(pin, "pin", 0, LLONG_MAX)
+        cdef kvc_ckpt_pool *pool = self._pool("prefix_unpin")
+        cdef kvc_ckpt_handle h
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        h.slot = <uint32_t>(v & 0xFFFFFFFF)
+        h.gen = <uint32_t>(v >> 32)
+        lock_change(&self._lock, "prefix_unpin")
+        r = kvc_ckpt_unpin(pool, h, &err)
+        kvc_pylock_release(&self._lock)
+        check_status(r, &err, "prefix_unpin")
+
+    def prefix_evict(self, n_checkpoints):
+        """Drop up to ``n_checkpoints`` unpinned checkpoints now, least recently used first;
+        returns how many went."""
+        cdef uint32_t n = <uint32_t>int_c(n_checkpoints, "n_checkpoints", 0, UINT32_MAX), r
+        cdef kvc_ckpt_pool *pool = self._pool("prefix_evict")
+        lock_change(&self._lock, "prefix_evict")
+        r = kvc_ckpt_evict(pool, n)
+        kvc_pylock_release(&self._lock)
+        return int(r)
+
+    def _prefix_check(self):
+        """Raise RuntimeError unless the checkpoint pool's records agree (for tests)."""
+        cdef kvc_err err
+        cdef int r = KVC_OK
+        err.msg[0] = 0
+        kvc_pylock_acquire(&self._lock)
+        if self._ckpt != NULL:
+            r = kvc_ckpt_check(self._ckpt, &err)
+        kvc_pylock_release(&self._lock)
+        if r != KVC_OK:
+            raise RuntimeError(err.msg.decode())
+
     # --- C level --------------------------------------------------------------------------
 
     cdef int lock_c(self) noexcept nogil:
@@ -804,3 +1056,14 @@ cdef int _recurrent_state_range(const void *c, int32_t seq_id, unsigned layout, 
                                 size_t cap,
                                 size_t *written) noexcept nogil:
     return kvc_recurrent_state_write_range_lay(<const kvc_recurrent *>c, seq_id, layout, offset, out, cap, written)
+
+
+cdef void _ckpt_pool_free(_Recurrent cache) noexcept:
+    """Drop the cache's checkpoint pool (and the caller's memory it held)."""
+    if cache._ckpt != NULL:
+        kvc_ckpt_free(cache._ckpt)
+        free(cache._ckpt)
+        cache._ckpt = NULL
+    if cache._ckpt_mem is not None:
+        (<_HeldBuffer>cache._ckpt_mem).release()
+        cache._ckpt_mem = None

@@ -1,0 +1,88 @@
+#include "kvc_hybrid_prefix.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The deepest checkpoint the attention part also serves, for a request of n tokens (-1: none). */
+static int32_t hyb_hit(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n) {
+    const uint32_t a = kvc_retain_match(h->attn, salt, tokens, n);
+    return a ? kvc_ckpt_find(p, salt, tokens, n, a) : -1;
+}
+
+uint32_t kvc_hybrid_prefix_match(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n) {
+    const int32_t slot = hyb_hit(h, p, salt, tokens, n);
+    if (slot < 0) {
+        return 0;
+    }
+    kvc_ckpt_touch(p, (uint32_t)slot);
+    return p->n_tok[slot];
+}
+
+int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
+                             uint32_t n, uint32_t *n_attached, kvc_err *err) {
+    *n_attached = 0;
+    if (!h->attn->reuse) {
+        return kvc_err_set(err, KVC_E_ARG, "prefix reuse is off in the attention part");
+    }
+    if (kvc_unified_seq_pos_max(h->attn, s) >= 0 || kvc_recurrent_seq_pos_max(h->recr, s) >= 0) {
+        return kvc_err_set(err, KVC_E_ARG, "sequence %d holds cells or a state: attach into an empty sequence", s);
+    }
+    const int32_t slot = hyb_hit(h, p, salt, tokens, n);
+    if (slot >= 0) {
+        const uint32_t len = p->n_tok[slot];
+        int r = kvc_ckpt_restore(p, h->recr, s, (uint32_t)slot, err);
+        if (r != KVC_OK) {
+            return r;
+        }
+        /* the attention part attaches [0, len) exactly: a match of len + 1 tokens attaches at most
+         * len, and the index holds at least that many */
+        uint32_t got = 0;
+        r = kvc_retain_attach(h->attn, s, salt, tokens, len + 1, &got, err);
+        if (r == KVC_OK && got != len) {
+            kvc_unified_seq_rm(h->attn, s, -1, -1);
+            r = kvc_err_set(err, KVC_E_INTERNAL, "the attention part attached %u tokens of the %u matched", got, len);
+        }
+        if (r != KVC_OK) {
+            kvc_recurrent_unplace(h->recr);
+            return r;
+        }
+        *n_attached = len;
+    }
+    kvc_ckpt_disown(p, s);
+    return KVC_OK;
+}
+
+int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
+                              uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err) {
+    *n_hit = 0;
+    memset(attn, 0, sizeof *attn);
+    const uint32_t len = tokens ? kvc_ckpt_seq_len(h->recr, s) : 0;
+    if (len > n) {
+        return kvc_err_set(err, KVC_E_ARG, "sequence %d's recurrent state is the state after %u tokens, and tokens "
+                           "has %u", s, len, n);
+    }
+    /* everything that can fail comes first: the chain's copy, then the attention part's release */
+    int32_t *copy = NULL;
+    if (len) {
+        copy = malloc((size_t)len * sizeof *copy);
+        if (!copy) {
+            return kvc_err_set(err, KVC_E_NOMEM, "checkpoint of %u tokens", len);
+        }
+    }
+    const int r = kvc_retain_release(h->attn, s, salt, tokens, n, attn, err);
+    if (r != KVC_OK) {
+        free(copy);
+        return r;
+    }
+    uint32_t kept = 0;
+    if (len) {
+        kvc_err ignored;
+        /* validated above: it cannot fail (it takes copy over) */
+        kvc_ckpt_save(p, h->recr, s, salt, tokens, n, copy, &kept, &ignored);
+    }
+    kvc_recurrent_seq_rm(h->recr, s, -1, -1);
+    kvc_ckpt_disown(p, s);
+    const int32_t slot = tokens && attn->n_kept ? kvc_ckpt_find(p, salt, tokens, n, attn->n_kept) : -1;
+    *n_hit = slot < 0 ? 0 : p->n_tok[slot];
+    return KVC_OK;
+}

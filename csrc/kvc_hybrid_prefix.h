@@ -1,0 +1,41 @@
+/* kvcache — prefix reuse for the hybrid memory: the attention part's prefix index (kvc_retain.h)
+ * and the recurrent part's checkpoints (kvc_checkpoint.h) together.
+ *
+ * A hit of length P needs both: the attention K/V of positions [0, P) and the recurrent state at
+ * exactly P. The attention index serves any prefix it holds, the recurrent part only the lengths
+ * it has checkpoints of, so a hit is the deepest checkpoint no longer than what the attention
+ * index holds of the request (and at most all but its last token); the attention part then
+ * attaches exactly [0, P), never more, so that both parts resume at the same position. */
+#ifndef KVC_HYBRID_PREFIX_H
+#define KVC_HYBRID_PREFIX_H
+
+#include "kvc_checkpoint.h"
+#include "kvc_hybrid.h"
+#include "kvc_retain.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The hit a request of tokens[0 .. n) gets under salt (0: none); both parts' prefixes touched. */
+uint32_t kvc_hybrid_prefix_match(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n);
+
+/* Sequence s, empty in both parts, takes the hit: the checkpoint's state at position P - 1 and the
+ * attention cells of [0, P); *n_attached = P (0: nothing attached). KVC_OK; KVC_E_ARG (s holds
+ * cells or a state, reuse off), KVC_E_NOSPACE (no recurrent cell), KVC_E_NOMEM: nothing changed. */
+int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
+                             uint32_t n, uint32_t *n_attached, kvc_err *err);
+
+/* Sequence s ends: its attention cells go to the index (kvc_retain_release; tokens NULL: the
+ * cells' own tokens) and, when tokens are given, its recurrent state is checkpointed; then s leaves
+ * both parts. *n_hit: the hit a later request with these tokens (and one more) gets from what is
+ * held now; *attn: the attention part's release. KVC_OK; KVC_E_ARG (tokens shorter than the state,
+ * reuse off), KVC_E_NOMEM: nothing changed. */
+int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
+                              uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,51 @@
+# Declarations of csrc/kvc_checkpoint.h and csrc/kvc_hybrid_prefix.h: prefix reuse for recurrent
+# and hybrid memories (checkpoints of recurrent states).
+from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t
+from kvcache.includes.kvc_common cimport kvc_err
+from kvcache.includes.kvc_recurrent cimport kvc_recurrent
+from kvcache.includes.kvc_hybrid cimport kvc_hybrid
+from kvcache.includes.kvc_retain cimport kvc_retained
+
+cdef extern from "kvc_checkpoint.h" nogil:
+    ctypedef struct kvc_ckpt_handle:
+        uint32_t slot
+        uint32_t gen
+    ctypedef struct kvc_ckpt_pool:
+        uint32_t cap
+        uint32_t per_seq
+        size_t state_bytes
+        bint owns_data
+        uint32_t n_used
+        uint32_t *n_tok
+        uint64_t *salt
+        int32_t **tokens
+        uint32_t *pins
+        int32_t *owner
+        uint32_t *order
+
+    size_t kvc_ckpt_state_bytes(const kvc_recurrent *c)
+    int  kvc_ckpt_init(kvc_ckpt_pool *p, const kvc_recurrent *c, uint32_t cap, uint32_t per_seq, uint8_t *memory,
+                       size_t memory_len, kvc_err *err)
+    void kvc_ckpt_free(kvc_ckpt_pool *p)
+    uint32_t kvc_ckpt_seq_len(const kvc_recurrent *c, int32_t s)
+    int  kvc_ckpt_save(kvc_ckpt_pool *p, const kvc_recurrent *c, int32_t s, uint64_t salt, const int32_t *tokens,
+                       uint32_t n, int32_t *copy, uint32_t *n_kept, kvc_err *err)
+    uint32_t kvc_ckpt_match(kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n)
+    int  kvc_ckpt_attach(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint64_t salt, const int32_t *tokens,
+                         uint32_t n, uint32_t *n_attached, kvc_err *err)
+    int  kvc_ckpt_release(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint64_t salt, const int32_t *tokens,
+                          uint32_t n, uint32_t *n_kept, kvc_err *err)
+    int  kvc_ckpt_pin(kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_ckpt_handle *pin,
+                      kvc_err *err)
+    int  kvc_ckpt_unpin(kvc_ckpt_pool *p, kvc_ckpt_handle pin, kvc_err *err)
+    uint32_t kvc_ckpt_evict(kvc_ckpt_pool *p, uint32_t n)
+    uint32_t kvc_ckpt_n_pinned(const kvc_ckpt_pool *p)
+    int  kvc_ckpt_check(const kvc_ckpt_pool *p, kvc_err *err)
+
+cdef extern from "kvc_hybrid_prefix.h" nogil:
+    uint32_t kvc_hybrid_prefix_match(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens,
+                                     uint32_t n)
+    int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
+                                 uint32_t n, uint32_t *n_attached, kvc_err *err)
+    int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
+                                  uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err)
