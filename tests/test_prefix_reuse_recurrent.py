@@ -590,3 +590,79 @@ def test_a_mamba_model_gets_the_same_logits_from_a_checkpoint():
     want, whole = from_scratch(turn, [5, len(a)])
     assert torch.equal(got, want)
     torch.testing.assert_close(got, whole, atol=1e-4, rtol=1e-4)
+
+
+def test_an_lfm2_hybrid_model_gets_the_same_logits_from_a_reused_prefix():
+    """A tiny transformers LFM2 (random weights; short convolutions in layers 0 and 2, attention
+    in 1 and 3) whose attention K/V and convolution states live in a HybridCache: a request
+    resumed from a checkpoint and the attention index's cells gets bit for bit the next-token
+    logits of the same request computed from scratch in the same chunks."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.Lfm2Config(num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2, conv_L_cache=3,
+                                  hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                  max_position_embeddings=256, vocab_size=50)
+    model = transformers.Lfm2ForCausalLM(cfg).eval()
+    head = cfg.hidden_size // cfg.num_attention_heads
+    n_kv, L = cfg.num_key_value_heads, cfg.conv_L_cache
+    conv_layers, attn_layers = (0, 2), (1, 3)
+    h = HybridCache(64, 4, list(conv_layers), n_kv * head, n_kv * head, cfg.hidden_size * L, 0, n_seq_max=2,
+                    type_k="f32", type_v="f32", v_trans=False)
+    h.enable_prefix_reuse(checkpoints=4)
+
+    def chunk(s, tokens, start, end):
+        """The model computes tokens[start:end] of s: the attention K/V of [0, start) and the
+        convolution states read from the cache, the new ones written to it."""
+        assert h.find_slot(UBatch(list(range(start, end)), [s], n_seq_tokens=end - start, tokens=tokens[start:end]))
+        plane, cell = divmod(int(h.s_copy()[0]), h.recr.size)
+        cache = transformers.DynamicCache(config=cfg)
+        cells, pos = h.attn.seq_cells(s)
+        held = [c for _, c in sorted(zip(pos, cells)) if _ < start]
+        for il in attn_layers:
+            if start:
+                k = torch.from_numpy(np.array(h.attn.k(il)).reshape(-1, n_kv, head)[held]).permute(1, 0, 2)[None]
+                v = torch.from_numpy(np.array(h.attn.v(il)).reshape(-1, n_kv, head)[held]).permute(1, 0, 2)[None]
+                cache.update(k.contiguous(), v.contiguous(), il)
+        if not (plane == 0 and cell == h.rs_z):
+            for il in conv_layers:
+                layer = cache.layers[il]
+                conv = torch.from_numpy(np.array(h.r(il, plane)[cell])).reshape(1, cfg.hidden_size, L)
+                layer.lazy_initialization(conv_states=conv)
+                layer.conv_states[0].copy_(conv)
+                layer.has_previous_state[0] = True
+                layer.cumulative_length_linear.fill_(start)
+        with torch.no_grad():
+            out = model(torch.tensor([tokens[start:end]]), cache=cache, use_cache=True)
+        for il in attn_layers:
+            layer = cache.layers[il]
+            rows = [x[0, :, start:end].permute(1, 0, 2).reshape(end - start, -1).numpy()
+                    for x in (layer.keys, layer.values)]
+            h.store(il, *rows)
+        for il in conv_layers:
+            h.store_state(il, cache.layers[il].conv_states[0].reshape(1, -1).numpy())
+        return out.logits[0, -1]
+
+    def from_scratch(tokens, cuts):
+        cache = transformers.DynamicCache(config=cfg)
+        with torch.no_grad():
+            for a, b in zip([0] + cuts, cuts + [len(tokens)]):
+                logits = model(torch.tensor([tokens[a:b]]), cache=cache, use_cache=True).logits[0, -1]
+        return logits
+
+    a = [3, 5, 7, 9, 11, 13, 2, 4, 6, 8, 10, 12]
+    chunk(0, a, 0, 4)
+    assert h.checkpoint(0, a) == 4
+    chunk(0, a, 4, 9)
+    assert h.checkpoint(0, a) == 9
+    chunk(0, a, 9, len(a))
+    assert h.prefix_release(0, a) == len(a)
+
+    b = a[:7] + [21, 22]                       # the attention index holds 7 of b, the checkpoints 4
+    assert h.prefix_attach(1, b) == 4
+    assert torch.equal(chunk(1, b, 4, len(b)), from_scratch(b, [4]))
+    h.prefix_release(1, b)
+
+    turn = a + [30, 31]                        # the next turn resumes after all of a
+    assert h.prefix_attach(0, turn) == len(a)
+    assert torch.equal(chunk(0, turn, len(a), len(turn)), from_scratch(turn, [4, 9, len(a)]))
