@@ -321,12 +321,11 @@ uint32_t kvc_ckpt_match(kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, 
     return p->n_tok[slot];
 }
 
-int kvc_ckpt_restore(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t slot, kvc_err *err) {
-    uint32_t cell = 0;
-    const int r = kvc_recurrent_seq_restore(c, s, (int32_t)p->n_tok[slot] - 1, &cell, err);
-    if (r != KVC_OK) {
-        return r;
-    }
+int kvc_ckpt_place(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t slot, uint32_t *cell, kvc_err *err) {
+    return kvc_recurrent_seq_restore(c, s, (int32_t)p->n_tok[slot] - 1, cell, err);
+}
+
+void kvc_ckpt_fill(kvc_ckpt_pool *p, kvc_recurrent *c, uint32_t slot, uint32_t cell) {
     const uint8_t *src = ckpt_data(p, slot);
     for (uint32_t il = 0; il < c->n_layer; il++) {
         const kvc_layer *L = &c->layers[il];
@@ -340,7 +339,15 @@ int kvc_ckpt_restore(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t slo
         src += L->v_row_bytes;
     }
     kvc_ckpt_touch(p, slot);
-    return KVC_OK;
+}
+
+int kvc_ckpt_restore(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t slot, kvc_err *err) {
+    uint32_t cell = 0;
+    const int r = kvc_ckpt_place(p, c, s, slot, &cell, err);
+    if (r == KVC_OK) {
+        kvc_ckpt_fill(p, c, slot, cell);
+    }
+    return r;
 }
 
 void kvc_ckpt_disown(kvc_ckpt_pool *p, int32_t s) {
@@ -395,8 +402,12 @@ int kvc_ckpt_pin(kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_
     return KVC_OK;
 }
 
+bool kvc_ckpt_pin_held(const kvc_ckpt_pool *p, kvc_ckpt_handle pin) {
+    return pin.slot < p->cap && p->n_tok[pin.slot] && p->gen[pin.slot] == pin.gen && p->pins[pin.slot];
+}
+
 int kvc_ckpt_unpin(kvc_ckpt_pool *p, kvc_ckpt_handle pin, kvc_err *err) {
-    if (pin.slot >= p->cap || !p->n_tok[pin.slot] || p->gen[pin.slot] != pin.gen || !p->pins[pin.slot]) {
+    if (!kvc_ckpt_pin_held(p, pin)) {
         return kvc_err_set(err, KVC_E_ARG, "not a pin of a checkpoint held now");
     }
     p->pins[pin.slot]--;

@@ -96,6 +96,11 @@ uint32_t kvc_ckpt_match(kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, 
  * placed as the sequence state reader places one, the rows copied into it. KVC_OK; KVC_E_ARG (s
  * holds a state), KVC_E_NOSPACE (no cell): nothing changed. kvc_recurrent_unplace undoes it. */
 int  kvc_ckpt_restore(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t slot, kvc_err *err);
+/* kvc_ckpt_restore in two steps, for a composite cache whose other part may still fail in
+ * between: place (the cell table only: *cell, undone by kvc_recurrent_unplace), then fill (the
+ * rows copied into *cell, the checkpoint touched). */
+int  kvc_ckpt_place(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t slot, uint32_t *cell, kvc_err *err);
+void kvc_ckpt_fill(kvc_ckpt_pool *p, kvc_recurrent *c, uint32_t slot, uint32_t cell);
 
 /* A new request in s: from now on s's checkpoints are no longer its own (per_seq counts afresh). */
 void kvc_ckpt_disown(kvc_ckpt_pool *p, int32_t s);
@@ -115,6 +120,8 @@ int  kvc_ckpt_release(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint64_t sa
  * unpinned; pins count. */
 int  kvc_ckpt_pin(kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_ckpt_handle *pin,
                   kvc_err *err);
+/* Whether pin is a pin of a checkpoint held now (what kvc_ckpt_unpin accepts). */
+bool kvc_ckpt_pin_held(const kvc_ckpt_pool *p, kvc_ckpt_handle pin);
 /* KVC_OK; KVC_E_ARG (not a pin of this pool's checkpoints now). */
 int  kvc_ckpt_unpin(kvc_ckpt_pool *p, kvc_ckpt_handle pin, kvc_err *err);
 

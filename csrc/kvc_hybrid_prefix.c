@@ -30,7 +30,8 @@ int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_
     const int32_t slot = hyb_hit(h, p, salt, tokens, n);
     if (slot >= 0) {
         const uint32_t len = p->n_tok[slot];
-        int r = kvc_ckpt_restore(p, h->recr, s, (uint32_t)slot, err);
+        uint32_t cell = 0;
+        int r = kvc_ckpt_place(p, h->recr, s, (uint32_t)slot, &cell, err);
         if (r != KVC_OK) {
             return r;
         }
@@ -46,6 +47,8 @@ int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_
             kvc_recurrent_unplace(h->recr);
             return r;
         }
+        /* the rows last: a failure above leaves even the free cell's bytes as they were */
+        kvc_ckpt_fill(p, h->recr, (uint32_t)slot, cell);
         *n_attached = len;
     }
     kvc_ckpt_disown(p, s);

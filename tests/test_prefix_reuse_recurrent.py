@@ -343,8 +343,15 @@ def test_hybrid_release_without_tokens_and_failures():
     with pytest.raises(ValueError):
         h.prefix_pin(a[:2])                   # no checkpoint of exactly these
     assert h.prefix_stats["recr"]["pinned"] == 1
+    with pytest.raises(ValueError):
+        h.prefix_unpin((pin[0], pin[1] + 1))    # half a pin: nothing is unpinned
+    with pytest.raises(ValueError):
+        h.prefix_unpin((pin[0] + 1, pin[1]))
+    assert h.prefix_stats["recr"]["pinned"] == 1
     h.prefix_unpin(pin)
     assert h.prefix_stats["recr"]["pinned"] == 0
+    with pytest.raises(ValueError):
+        h.prefix_unpin(pin)
     off = HybridCache(16, 2, [1], E, E, E, E, type_k="f32", type_v="f32")
     assert off.prefix_match([1, 2]) == 0 and off.prefix_stats is None
     with pytest.raises(RuntimeError, match="prefix reuse is off"):

@@ -453,7 +453,9 @@ cdef class _Hybrid:
             raise ValueError(f"pin must be a pin prefix_pin returned, not {pin!r}")
         self._pool("prefix_unpin")
         with self._hold:
-            self._attn.prefix_unpin(pin[0])
+            if not self._recr._prefix_pin_held(pin[1]):
+                raise ValueError(f"pin {pin!r}: not a pin of a checkpoint held now")
+            self._attn.prefix_unpin(pin[0])     # checks its own half (nothing changed when it raises)
             self._recr.prefix_unpin(pin[1])
 
     def prefix_evict(self, n_cells=0, n_checkpoints=0):

@@ -991,6 +991,18 @@ cdef class _Recurrent(RecurrentCore):
         kvc_pylock_release(&self._lock)
         check_status(r, &err, "prefix_unpin")
 
+    def _prefix_pin_held(self, pin):
+        """Whether pin is a pin :meth:`prefix_unpin` accepts now (for the hybrid memory)."""
+        cdef long long v = int_c(pin, "pin", 0, LLONG_MAX)
+        cdef kvc_ckpt_handle h
+        cdef bint ok
+        h.slot = <uint32_t>(v & 0xFFFFFFFF)
+        h.gen = <uint32_t>(v >> 32)
+        kvc_pylock_acquire(&self._lock)
+        ok = self._ckpt != NULL and kvc_ckpt_pin_held(self._ckpt, h)
+        kvc_pylock_release(&self._lock)
+        return ok
+
     def prefix_evict(self, n_checkpoints):
         """Drop up to ``n_checkpoints`` unpinned checkpoints now, least recently used first;
         returns how many went."""

@@ -38,6 +38,7 @@ cdef extern from "kvc_checkpoint.h" nogil:
     int  kvc_ckpt_pin(kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_ckpt_handle *pin,
                       kvc_err *err)
     int  kvc_ckpt_unpin(kvc_ckpt_pool *p, kvc_ckpt_handle pin, kvc_err *err)
+    bint kvc_ckpt_pin_held(const kvc_ckpt_pool *p, kvc_ckpt_handle pin)
     uint32_t kvc_ckpt_evict(kvc_ckpt_pool *p, uint32_t n)
     uint32_t kvc_ckpt_n_pinned(const kvc_ckpt_pool *p)
     int  kvc_ckpt_check(const kvc_ckpt_pool *p, kvc_err *err)
