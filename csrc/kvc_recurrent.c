@@ -513,6 +513,7 @@ int kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err 
     c->type_k = p->type_k;
     c->type_v = p->type_v;
     c->n_layer = p->n_layer;
+    c->n_layer_model = p->n_layer;
     c->semantics = p->semantics;
     c->n_rs_seq = p->n_rs_seq;
     c->layers = kvc_calloc(p->n_layer, sizeof *c->layers);
@@ -539,6 +540,21 @@ void kvc_recurrent_free(kvc_recurrent *c) {
     kvc_free(c->layers);
     c->layers = NULL;
     c->n_layer = 0;
+}
+
+int kvc_recurrent_set_model_layers(kvc_recurrent *c, uint32_t n_layer_model, const uint32_t *model_il,
+                                   kvc_err *err) {
+    for (uint32_t k = 0; k < c->n_layer; k++) {
+        if (model_il[k] >= n_layer_model || (k && model_il[k] <= model_il[k - 1])) {
+            return kvc_err_set(err, KVC_E_ARG, "recurrent layer %u is the model's layer %u: expected ascending "
+                               "layers below %u", k, model_il[k], n_layer_model);
+        }
+    }
+    for (uint32_t k = 0; k < c->n_layer; k++) {
+        c->layers[k].il = (int32_t)model_il[k];
+    }
+    c->n_layer_model = n_layer_model;
+    return KVC_OK;
 }
 
 void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v) {
@@ -837,6 +853,7 @@ static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
     s->v_trans = false;
     s->v_el = 0;
     s->n_layer = c->n_layer;
+    s->n_layer_field = c->n_layer_model;
     s->cache = c;
     s->layer = rec_layer;
     s->ext = NULL;          /* a recurrent memory's cells have no extension */
@@ -911,6 +928,7 @@ static void rec_dest(const kvc_recurrent *c, int32_t seq_id, kvc_sec_dest *d) {
     d->type_v = c->type_v;
     d->v_trans = false;
     d->n_layer = c->n_layer;
+    d->n_layer_field = c->n_layer_model;
     d->cache = c;
     d->layer = rec_layer;
 }
@@ -988,14 +1006,9 @@ int kvc_recurrent_state_read_lay(kvc_recurrent *c, int32_t seq_id, const uint8_t
     *consumed = 0;
     /* the prefix is the one mark of a layout in a recurrent state: DETECT reads it when it is there */
     if (layout & (KVC_LAYOUT_PREFIX | KVC_LAYOUT_DETECT)) {
-        int rc = kvc_state_prefix_skip(data, len, &base, err);
+        const int rc = kvc_state_prefix_take(data, len, seq_id, &base, err);
         if (rc != KVC_OK) {
             return rc;
-        }
-        if (base && seq_id < 0) {
-            return kvc_err_set(err, KVC_E_STATE,
-                               "the state starts with the sequence-blob magic 0x%08x (byte 0): a sequence's state "
-                               "is read into a sequence (seq_id >= 0), not as the whole cache", KVC_SEQ_MAGIC);
         }
     }
     if (!base) {
@@ -1010,8 +1023,9 @@ int kvc_recurrent_state_read_lay(kvc_recurrent *c, int32_t seq_id, const uint8_t
     return rc;
 }
 
-int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
-                                size_t *consumed, kvc_err *err) {
+int kvc_recurrent_state_prepare(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                                kvc_rec_plan *plan, kvc_err *err) {
+    memset(plan, 0, sizeof *plan);
     if (seq_id < -1 || (seq_id >= 0 && (uint32_t)seq_id >= c->n_seq_max)) {
         return kvc_err_set(err, KVC_E_ARG, "seq_id %d is outside [0, %u) and not -1", seq_id, c->n_seq_max);
     }
@@ -1021,6 +1035,7 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     int32_t pos1 = 0;
     memset(&sec, 0, sizeof sec);
     rec_dest(c, seq_id, &d);
+    c->can_unplace = false;   /* the work table is where the read builds its cells */
     rec_dest_into(c, seq_id, &pos1, &d);
     int rc = kvc_sec_parse(&r, &d, &sec, err);
     if (rc == KVC_OK && (flags & KVC_STATE_EXACT)) {
@@ -1029,20 +1044,26 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
     if (rc == KVC_OK) {
         rc = place_cells(c, seq_id, sec.cell_count, pos1, err);
     }
-    if (rc != KVC_OK) {
-        kvc_sec_free(&sec);
-        return rc;
+    if (rc == KVC_OK) {
+        plan->data = data;
+        plan->seq_id = seq_id;
+        plan->cell_count = sec.cell_count;
+        plan->data_off = sec.data_off;
+        plan->len = r.off;
     }
+    kvc_sec_free(&sec);
+    return rc;
+}
 
-    /* everything checked: apply (the K/V data follow the V layout flag and the layer count, each
-     * after a 12-byte header) */
+void kvc_recurrent_state_apply(kvc_recurrent *c, const kvc_rec_plan *plan) {
+    /* the K/V data follow the V layout flag and the layer count, each after a 12-byte header */
     rec_swap_work(c);
     c->can_unplace = false;
-    if (seq_id == -1) {
+    if (plan->seq_id == -1) {
         rec_zero_data(c);
     }
-    const size_t head = c->cells.head, cc = sec.cell_count;
-    const uint8_t *p = data + sec.data_off + 8;
+    const size_t head = c->cells.head, cc = plan->cell_count;
+    const uint8_t *p = plan->data + plan->data_off + 8;
     for (uint32_t il = 0; il < c->n_layer; il++) {
         const kvc_layer *L = &c->layers[il];
         if (cc && L->k) {
@@ -1057,8 +1078,18 @@ int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t 
         }
         p += 12 + cc * L->v_row_bytes;
     }
-    kvc_sec_free(&sec);
-    *consumed = r.off;
+}
+
+int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                                size_t *consumed, kvc_err *err) {
+    kvc_rec_plan plan;
+    *consumed = 0;
+    const int rc = kvc_recurrent_state_prepare(c, seq_id, data, len, flags, &plan, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    kvc_recurrent_state_apply(c, &plan);
+    *consumed = plan.len;
     return KVC_OK;
 }
 

@@ -71,6 +71,9 @@ typedef struct kvc_recurrent {
     int32_t        type_k;      /* ggml type id of K */
     int32_t        type_v;      /* ggml type id of V */
     uint32_t       n_layer;     /* number of layers */
+    uint32_t       n_layer_model; /* the layer count its states say: n_layer, or the model's layers
+                                   * when these are only its recurrent ones (a hybrid memory's
+                                   * part; kvc_recurrent_set_model_layers) */
     kvc_layer     *layers;      /* [n_layer] */
     int32_t        semantics;   /* enum kvc_rec_semantics */
     bool           can_unplace; /* work holds the table from before the last find_slot */
@@ -98,6 +101,12 @@ int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err
 void kvc_recurrent_free(kvc_recurrent *c);
 /* Attach the K/V memory of layer il (size * (1 + n_rs_seq) rows each; either may be NULL). */
 void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v);
+/* Make the layers the recurrent ones of a model of n_layer_model layers: layer k is the model's
+ * model_il[k] (ascending, below n_layer_model). Its states then say n_layer_model layers and keep
+ * records for its own (llama.cpp's recurrent memory skips the layers without a state), and
+ * messages name the model's layers. KVC_OK, or KVC_E_ARG with err. */
+int  kvc_recurrent_set_model_layers(kvc_recurrent *c, uint32_t n_layer_model, const uint32_t *model_il,
+                                    kvc_err *err);
 
 /* --- operations; sequence ids are validated by the caller (C5), positions are any int32 --- */
 /* clear, seq_rm, seq_cp, seq_keep, seq_add and seq_div below, as the table of kvc_seqops.h. */
@@ -190,6 +199,22 @@ int     kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t
  * recurrent cache never stores V transposed). */
 int     kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                                     unsigned flags, size_t *consumed, kvc_err *err);
+/* --- two-phase reading: a recurrent part read together with other parts, all or nothing ---- */
+/* A recurrent part validated against a cache, ready to apply. */
+typedef struct kvc_rec_plan {
+    const uint8_t *data;       /* the part (borrowed: must outlive the plan) */
+    int32_t        seq_id;     /* destination: -1 = whole cache */
+    uint32_t       cell_count; /* cells the part holds */
+    size_t         data_off;   /* offset of its data section (the V layout flag) */
+    size_t         len;        /* bytes of the part */
+} kvc_rec_plan;
+/* Validate the part at data[0, len) (no sequence-blob prefix) for seq_id and build the cell table
+ * it gives in c's work table. Nothing observable in c changes; only a kvc_recurrent_unplace is no
+ * longer possible. KVC_OK with plan filled (nothing to release), or a negative code with err. */
+int     kvc_recurrent_state_prepare(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
+                                    unsigned flags, kvc_rec_plan *plan, kvc_err *err);
+/* Apply a plan kvc_recurrent_state_prepare made against c, unchanged since. */
+void    kvc_recurrent_state_apply(kvc_recurrent *c, const kvc_rec_plan *plan);
 /* Bytes [offset, offset + cap) of the blob state_write produces (see
  * kvc_unified_state_write_range). KVC_OK or KVC_E_NOMEM. */
 int     kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,

@@ -455,24 +455,38 @@ static int parse_data(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kv
     if (!kvc_cur_u32(r, &n_layer)) {
         return kvc_cur_truncated(err, r, 4, "the layer count");
     }
+    /* the layers with records: the count's, or some of them where the count is the model's */
+    const uint32_t want = d ? (d->n_layer_field ? d->n_layer_field : d->n_layer) : n_layer;
+    const uint32_t n_rec = d ? (n_layer == want ? d->n_layer : n_layer)
+                             : (sec->d_n_records ? sec->d_n_records : n_layer);
     /* each layer takes at least 24 bytes of headers: a count of more is a truncation's, not a
      * number to compare with the cache */
-    if ((r->len - r->off) / 24 < n_layer) {
-        return count_truncated(err, r, "layer count", n_layer, "layers", 24);
+    if ((r->len - r->off) / 24 < n_rec) {
+        if (n_rec == n_layer) {
+            return count_truncated(err, r, "layer count", n_layer, "layers", 24);
+        }
+        return kvc_err_set(err, KVC_E_STATE,
+                           "state truncated at byte %zu of %zu: the layer count (byte %zu) says %" PRIu32
+                           " layers, %" PRIu32 " of them with records, which need at least %zu bytes, %zu remain",
+                           r->off, r->len, r->off - 4, n_layer, n_rec, (size_t)n_rec * 24, r->len - r->off);
     }
-    if (d && n_layer != d->n_layer) {
+    if (n_layer != want) {
         return kvc_err_set(err, KVC_E_STATE,
                            "layer count (byte %zu): the state has %" PRIu32 ", the cache %" PRIu32, r->off - 4,
-                           n_layer, d->n_layer);
+                           n_layer, want);
+    }
+    if (!d && n_rec > n_layer) {
+        return kvc_err_set(err, KVC_E_STATE, "layer count (byte %zu): %" PRIu32 " layers cannot have %" PRIu32
+                           " records", r->off - 4, n_layer, n_rec);
     }
     sec->n_layer = n_layer;
-    for (uint32_t ikv = 0; ikv < n_layer; ikv++) {
+    for (uint32_t ikv = 0; ikv < n_rec; ikv++) {
         kvc_state_layer_desc *ld = !d && ikv < sec->d_layers_cap ? &sec->d_layers[ikv] : NULL;
         if ((rc = parse_layer_k(r, d, ikv, sec->cell_count, ld, err)) != KVC_OK) {
             return rc;
         }
     }
-    for (uint32_t ikv = 0; ikv < n_layer; ikv++) {
+    for (uint32_t ikv = 0; ikv < n_rec; ikv++) {
         kvc_state_layer_desc *ld = !d && ikv < sec->d_layers_cap ? &sec->d_layers[ikv] : NULL;
         if ((rc = parse_layer_v(r, d, ikv, sec, ld, err)) != KVC_OK) {
             return rc;
@@ -552,6 +566,17 @@ int kvc_state_prefix_skip(const uint8_t *data, size_t len, size_t *off, kvc_err 
     return KVC_OK;
 }
 
+int kvc_state_prefix_take(const uint8_t *data, size_t len, int32_t seq_id, size_t *off, kvc_err *err) {
+    const int rc = kvc_state_prefix_skip(data, len, off, err);
+    if (rc == KVC_OK && *off && seq_id < 0) {
+        *off = 0;
+        return kvc_err_set(err, KVC_E_STATE,
+                           "the state starts with the sequence-blob magic 0x%08x (byte 0): a sequence's state "
+                           "is read into a sequence (seq_id >= 0), not as the whole cache", KVC_SEQ_MAGIC);
+    }
+    return rc;
+}
+
 int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix,
                              kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
                              kvc_err *err) {
@@ -609,6 +634,12 @@ int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32
 int kvc_state_describe_ext(const uint8_t *data, size_t len, uint32_t ext_bytes, kvc_state_desc *d, int32_t *pos,
                            uint64_t *seq, kvc_cell_ext *ext, uint32_t pos_cap, kvc_state_layer_desc *layers,
                            uint32_t layers_cap, kvc_err *err) {
+    return kvc_state_describe_records(data, len, ext_bytes, 0, d, pos, seq, ext, pos_cap, layers, layers_cap, err);
+}
+
+int kvc_state_describe_records(const uint8_t *data, size_t len, uint32_t ext_bytes, uint32_t n_records,
+                               kvc_state_desc *d, int32_t *pos, uint64_t *seq, kvc_cell_ext *ext, uint32_t pos_cap,
+                               kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err) {
     memset(d, 0, sizeof *d);
     kvc_section sec;
     memset(&sec, 0, sizeof sec);
@@ -622,6 +653,7 @@ int kvc_state_describe_ext(const uint8_t *data, size_t len, uint32_t ext_bytes, 
     sec.d_pos_cap = pos && seq ? pos_cap : 0;
     sec.d_layers = layers;
     sec.d_layers_cap = layers ? layers_cap : 0;
+    sec.d_n_records = n_records;
     if (layers) {
         memset(layers, 0, (size_t)layers_cap * sizeof *layers);
     }

@@ -35,7 +35,10 @@ typedef struct kvc_sec_dest {
     bool     v_trans;         /* the destination's V layout */
     bool     convert_v;       /* accept the other V layout (the reader converts it) */
     bool     can_convert_v;   /* whether the destination converts at all (for the message) */
-    uint32_t n_layer;
+    uint32_t n_layer;         /* the layers with records */
+    uint32_t n_layer_field;   /* the layer count the state must say, when not n_layer (0): the
+                               * model's layers, of which a hybrid memory's recurrent part has
+                               * records for its own only */
     const void *cache;        /* passed to layer() */
     void      (*layer)(const void *cache, uint32_t il, kvc_layer *out); /* the row sizes */
     /* Optional: the destination's own cell table, parsed straight into (no allocation, no
@@ -70,6 +73,8 @@ typedef struct kvc_section {
     uint32_t              d_pos_cap;
     kvc_state_layer_desc *d_layers;   /* [d_layers_cap] */
     uint32_t              d_layers_cap;
+    uint32_t              d_n_records;/* the layer records when the count says more (a hybrid
+                                       * memory's recurrent part; 0: the count) */
 } kvc_section;
 
 /* Parse the stream section at the cursor (moved past it on success). sec must be zeroed but for
@@ -111,6 +116,13 @@ int kvc_state_describe_ext(const uint8_t *data, size_t len, uint32_t ext_bytes, 
                            uint64_t *seq, struct kvc_cell_ext *ext, uint32_t pos_cap, kvc_state_layer_desc *layers,
                            uint32_t layers_cap, kvc_err *err);
 
+/* kvc_state_describe_ext of a hybrid memory's recurrent part, whose layer count is the model's
+ * while it has n_records layer records (its recurrent layers'; 0: as many as the count says):
+ * d->n_layer is the count, layers[] gets the records. */
+int kvc_state_describe_records(const uint8_t *data, size_t len, uint32_t ext_bytes, uint32_t n_records,
+                               kvc_state_desc *d, int32_t *pos, uint64_t *seq, struct kvc_cell_ext *ext,
+                               uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err);
+
 /* Walk the framed state at data[0, len) in layout (not DETECT; with KVC_LAYOUT_CELL_EXT the cell
  * records carry the layout's extension bytes). sec_off[s] / sec_cells[s] for the
  * first sec_cap streams: the offset of stream s's body (its cell count) and that count. KVC_OK
@@ -122,6 +134,9 @@ int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, b
 /* The sequence-blob prefix in front of data[0, len) of a single sequence's state: *off = 8 when
  * it is there, 0 when not. KVC_OK, or KVC_E_STATE when it is cut short. */
 int  kvc_state_prefix_skip(const uint8_t *data, size_t len, size_t *off, kvc_err *err);
+/* The same for a reader into seq_id: a prefix in front of a state read as the whole cache
+ * (seq_id < 0) is KVC_E_STATE (*off 0). */
+int  kvc_state_prefix_take(const uint8_t *data, size_t len, int32_t seq_id, size_t *off, kvc_err *err);
 
 #ifdef __cplusplus
 }

@@ -104,14 +104,7 @@ static int parts_base(int32_t seq_id, const uint8_t *data, size_t len, unsigned 
     if (!(layout & KVC_LAYOUT_PREFIX)) {
         return KVC_OK;
     }
-    int rc = kvc_state_prefix_skip(data, len, base, err);
-    if (rc == KVC_OK && *base && seq_id < 0) {
-        *base = 0;
-        return kvc_err_set(err, KVC_E_STATE,
-                           "the state starts with the sequence-blob magic 0x%08x (byte 0): a sequence's state "
-                           "is read into a sequence (seq_id >= 0), not as the whole cache", KVC_SEQ_MAGIC);
-    }
-    return rc;
+    return kvc_state_prefix_take(data, len, seq_id, base, err);
 }
 
 /* Whether prepared plans hold any cell (without one, the size of a cell's extension is moot). */

@@ -226,7 +226,7 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
         }
     }
     emit_u32(e, s->v_trans ? 1u : 0u);
-    emit_u32(e, s->n_layer);
+    emit_u32(e, s->n_layer_field);
     for (uint32_t il = 0; il < s->n_layer && e->pos < e->hi; il++) {
         kvc_layer l;
         s->layer(s->cache, il, &l);
@@ -440,6 +440,7 @@ static void unified_src(const kvc_state_stream *ref, int32_t seq_id, unsigned la
     s->v_trans = c->v_trans;
     s->v_el = kvc_state_v_el(c);
     s->n_layer = c->n_layer;
+    s->n_layer_field = c->n_layer;
     s->cache = ref;
     s->layer = kvc_state_stream_layer;
     s->ext = cells->ext;

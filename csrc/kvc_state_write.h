@@ -57,7 +57,10 @@ typedef struct kvc_state_src {
     int32_t         type_k, type_v;
     bool            v_trans;
     size_t          v_el;            /* bytes per V element when transposed */
-    uint32_t        n_layer;
+    uint32_t        n_layer;         /* the layers with records */
+    uint32_t        n_layer_field;   /* the layer count the state says: n_layer, or the model's layers
+                                      * when the records are those of some (a hybrid memory's
+                                      * recurrent part) */
     const void     *cache;           /* passed to layer() */
     /* layer il as kvc_layer (kvc_common.h): its rows of this source (k / v NULL: zeros are
      * written); transposed, n_embd_v rows of size elements */

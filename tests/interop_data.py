@@ -1,8 +1,9 @@
 """Where the llama.cpp state blobs and models are, and how to build the cache a manifest describes.
 
-The blobs ship with the repository: ``tests/data/interop`` (written by llama-cpp-python 0.3.10)
-and ``tests/data/interop-v10`` (0.3.36), each with its README and a JSON manifest per blob; the
-model the live tests load is in ``tests/data/models``."""
+The blobs ship with the repository: ``tests/data/interop`` (written by llama-cpp-python 0.3.10),
+``tests/data/interop-v10`` (0.3.36) and ``tests/data/interop-hybrid`` (0.3.36, a hybrid model),
+each with its README and a JSON manifest per blob; the model the live tests load is in
+``tests/data/models``."""
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ DATA = REPO / "tests" / "data"
 MODELS = DATA / "models"
 INTEROP = DATA / "interop"
 INTEROP_V10 = DATA / "interop-v10"
+INTEROP_HYBRID = DATA / "interop-hybrid"
 
 
 def _present(d: Path) -> Path:
@@ -30,6 +32,27 @@ def interop_dir() -> Path:
 def interop_v10_dir() -> Path:
     """tests/data/interop-v10: the blobs of llama-cpp-python 0.3.36."""
     return _present(INTEROP_V10)
+
+
+def interop_hybrid_dir() -> Path:
+    """tests/data/interop-hybrid: the states of a hybrid model (tiny LFM2) written by 0.3.36."""
+    return _present(INTEROP_HYBRID)
+
+
+def make_hybrid(m: dict):
+    """An empty HybridCache of the geometry an interop-hybrid manifest describes."""
+    import kvcache
+
+    ctx, model = m["context"], m["model"]
+    attn, recr = m["geometry"]["attn"], m["geometry"]["recr"]
+    (ka,) = {(x["n_embd_k_gqa"], x["n_embd_v_gqa"], x["type_k"], x["type_v"]) for x in attn["layers"]}
+    (rs,) = {(x["n_embd_r"], x["n_embd_s"]) for x in recr["layers"]}
+    h = kvcache.HybridCache(
+        attn["kv_size_per_stream"], model["n_layer"], model["recurrent_layers"], ka[0], ka[1], rs[0], rs[1],
+        n_seq_max=ctx["n_seq_max"], type_k=ka[2], type_v=ka[3], v_trans=attn["v_trans"],
+        n_rs_seq=recr["n_rs_seq"], attn_layers=model["attn_layers"], kv_unified=ctx["kv_unified"])
+    assert h.recr.size == recr["mem_size"] and h.attn.n_stream == attn["n_stream"]
+    return h
 
 
 def model_path(name: str) -> Path:

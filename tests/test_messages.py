@@ -226,7 +226,7 @@ TABLE = [
     ("inspect-gguf", lambda: kinspect.report_bytes(b"GGUF" + bytes(40)),
      "this is a GGUF model, not a state file: use `kvcache plan` for the cache it needs"),
     ("inspect-variant", lambda: kinspect.report_bytes(b"", variant="mamba"),
-     "variant must be one of unified, iswa, recurrent, not 'mamba'"),
+     "variant must be one of unified, iswa, recurrent, hybrid, not 'mamba'"),
     ("inspect-truncated-blob", lambda: kinspect.report_bytes(_blob_2026()[:40]),
      re.compile(r"a 2026 sequence blob \(it starts with its prefix magic\) that does not read as one: cache state "
                 r"framing: stream 0 \(from byte 12\): state truncated at byte \d+ of 28 while reading .*")),

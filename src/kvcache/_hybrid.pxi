@@ -6,6 +6,9 @@ from kvcache.includes.kvc_hybrid cimport (kvc_hybrid, kvc_hybrid_init, kvc_hybri
                                           kvc_hybrid_seq_rm, kvc_hybrid_seq_cp, kvc_hybrid_seq_keep,
                                           kvc_hybrid_seq_add, kvc_hybrid_seq_div, kvc_hybrid_seq_pos_min,
                                           kvc_hybrid_seq_pos_max)
+from kvcache.includes.kvc_hybrid_state cimport (KVC_HYBRID_BOTH, KVC_HYBRID_PARTIAL_ONLY, kvc_hybrid_state_init,
+                                                kvc_hybrid_state_size, kvc_hybrid_state_write_range,
+                                                kvc_hybrid_state_read)
 
 
 cdef tuple _hybrid_buffers(object buffers, tuple recr_layers):
@@ -73,6 +76,7 @@ cdef class _Hybrid:
                                     kv_size=max(1, n_seq_max), buffers=buf_recr, semantics="2026",
                                     n_rs_seq=n_rs_seq)
         check_status(kvc_hybrid_init(&self.c, &self._attn.c, &self._recr.c, &err), &err, "HybridCache")
+        _hybrid_state_init(self, n_layer, recr)
         self._first, self._second = _lock_order((self._attn, self._recr))
         self._attn_layers = attn
         self._recr_layers = recr
@@ -469,3 +473,143 @@ cdef class _Hybrid:
         """Raise RuntimeError unless both parts' reuse records agree (for tests)."""
         self._attn._prefix_check()
         self._recr._prefix_check()
+    # --- state (csrc/kvc_hybrid_state.h) ----------------------------------------------------
+    def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None, partial_only=False):
+        """Bytes state_write(seq_id, layout=layout, prefix=prefix, partial_only=partial_only) produces."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_size"), prefix, s)
+        cdef unsigned parts = _hybrid_parts(partial_only, s)
+        cdef size_t r
+        self._acquire()
+        r = kvc_hybrid_state_size(&self.c, s, bits, parts)
+        self._release()
+        return r
+
+    def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None, partial_only=False):
+        """The state of seq_id (-1: the whole memory) as llama.cpp's hybrid memory writes it: the
+        attention part (a unified cache's state), then the recurrent part (its layer count is
+        the model's, its records the recurrent layers'), nothing between them. A sequence's state
+        starts with the sequence-blob prefix (``llama_state_seq_get_data``; prefix=False: the
+        memory state alone, what a sequence file holds). partial_only: the recurrent part alone
+        (``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``; a sequence's state only). layout: "2026" only,
+        the one llama.cpp layout of a hybrid memory's state (ValueError for another)."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_write"), prefix, s)
+        cdef unsigned parts = _hybrid_parts(partial_only, s)
+        cdef size_t n, written = 0
+        cdef uint8_t *p
+        cdef int r
+        order = [self._first, self._second]
+        _begin_all(order, False, "state_write")
+        try:
+            n = kvc_hybrid_state_size(&self.c, s, bits, parts)
+            out = new_state_bytes(n, &p)
+            with nogil:
+                r = kvc_hybrid_state_write_range(&self.c, s, bits | KVC_LAYOUT_FRESH_OUT, parts, 0, p, n, &written)
+        finally:
+            _end_all(order)
+        check_status(r, NULL, "state_write")
+        if written != n:
+            raise RuntimeError(f"state_write wrote {written} bytes, expected {n} (internal error)")
+        return out
+
+    def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None, partial_only=False):
+        """Write the state of seq_id (-1: the whole memory) into buf; returns the bytes written.
+        buf: a writable C-contiguous buffer of at least state_size(...) bytes (filled from C) or
+        a binary file object (written in chunks of bounded size; a change of either part from
+        its write() raises RuntimeError there). layout, prefix, partial_only: as state_write."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_write_into"), prefix, s)
+        cdef _hybrid_writer w
+        w.h = &self.c
+        w.parts = _hybrid_parts(partial_only, s)
+        target = state_target(buf)      # taken before the locks, like every array argument
+        order = [self._first, self._second]
+        try:
+            _begin_all(order, False, "state_write_into")
+        except RuntimeError:
+            if isinstance(target, _HeldBuffer):
+                (<_HeldBuffer>target).release()
+            raise
+        try:
+            return state_write_into(&w, _hybrid_state_range, s, bits, kvc_hybrid_state_size(&self.c, s, bits, w.parts),
+                                    target)
+        finally:
+            _end_all(order)
+            if isinstance(target, _HeldBuffer):
+                (<_HeldBuffer>target).release()
+
+    def state_read(self, data, seq_id=-1, *, convert=False, exact=False, layout=None, partial_only=False):
+        """Restore a state written by state_write (or llama.cpp) into seq_id (-1: the whole memory);
+        returns the bytes consumed (bytes after it are not read, unless exact: then they are an
+        error). A sequence's state may come with or without the sequence-blob prefix.
+        convert: accept an attention part whose V layout differs from the cache's and convert it.
+        partial_only: data holds the recurrent part alone; the attention part is left as it is.
+        layout: None or "2026" (ValueError for another).
+
+        All or nothing: both parts are checked (and a sequence's cells given room) before either
+        changes, so on failure (StateError naming the part and the byte) both are exactly as
+        they were. llama.cpp instead clears the sequence, or the whole memory, when a read fails."""
+        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef unsigned flags = state_read_flags(convert, exact)
+        cdef unsigned bits = <unsigned>_layout_row(_hybrid_layout("2026" if layout is None else layout,
+                                                                  "state_read"))[0]
+        cdef unsigned parts = _hybrid_parts(partial_only, s)
+        cdef size_t n = 0, consumed = 0
+        cdef _HeldBuffer keep = state_data_view(data)
+        cdef const uint8_t *p = state_data_ptr(keep, &n)
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        order = [self._first, self._second]
+        try:
+            _begin_all(order, True, "state_read")
+        except RuntimeError:
+            keep.release()
+            raise
+        try:
+            with nogil:
+                r = kvc_hybrid_state_read(&self.c, s, p, n, flags, bits, parts, &consumed, &err)
+        finally:
+            _end_all(order)
+            keep.release()
+        check_status(r, &err, "state_read")
+        return consumed
+
+
+cdef struct _hybrid_writer:
+    kvc_hybrid *h
+    unsigned parts
+
+
+cdef int _hybrid_state_range(const void *w, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
+                             size_t cap, size_t *written) noexcept nogil:
+    cdef const _hybrid_writer *x = <const _hybrid_writer *>w
+    return kvc_hybrid_state_write_range(x.h, seq_id, layout, x.parts, offset, out, cap, written)
+
+
+cdef int _hybrid_state_init(_Hybrid self, object n_layer, tuple recr) except -1:
+    """Number the recurrent part's layers as the model's: its states say the model's layer count."""
+    cdef kvc_err err
+    cdef uint32_t[::1] il = np.asarray(recr, dtype=np.uint32)
+    err.msg[0] = 0
+    check_status(kvc_hybrid_state_init(&self.c, <uint32_t>n_layer, &il[0], &err), &err, "HybridCache")
+    return 0
+
+
+cdef str _hybrid_layout(object layout, str what):
+    """The one layout of a hybrid memory's state: today's (llama.cpp wrote no other for it)."""
+    _layout_row(layout)     # TypeError / ValueError for what is no layout at all
+    if layout != "2026":
+        raise ValueError(f"{what}: layout {layout!r}: a hybrid memory's state exists in today's llama.cpp's layout "
+                         f"only, '2026' (llama-cpp-python 0.3.36)")
+    return layout
+
+
+cdef unsigned _hybrid_parts(object partial_only, int32_t seq_id) except? 0xffffffff:
+    if not bool_c(partial_only, "partial_only"):
+        return KVC_HYBRID_BOTH
+    if seq_id < 0:
+        raise ValueError("partial_only: llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY applies to a sequence's "
+                         "state (seq_id >= 0), not to the whole memory's")
+    return KVC_HYBRID_PARTIAL_ONLY

@@ -8,8 +8,8 @@ from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, k
                                          KVC_LAYOUT_PREFIX, KVC_LAYOUT_SWA_TRIM, KVC_LAYOUT_DETECT,
                                          KVC_SEQ_MAGIC, KVC_SEQ_PREFIX_BYTES, kvc_state_frame,
                                          kvc_state_describe_frame, KVC_LAYOUT_EXT_XY, KVC_LAYOUT_EXT_TOK,
-                                         KVC_LAYOUT_CELL_EXT, kvc_layout_ext_bytes, kvc_state_describe_ext,
-                                         KVC_LAYOUT_FRESH_OUT)
+                                         KVC_LAYOUT_CELL_EXT, kvc_layout_ext_bytes,
+                                         KVC_LAYOUT_FRESH_OUT, kvc_state_describe_records)
 from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS, kvc_cells_seq_cells, kvc_cell_ext
 
 # Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
@@ -209,7 +209,7 @@ cdef uint32_t _cell_ext_arg(object cell_ext) except? 0xffffffff:
     return <uint32_t>n
 
 
-def describe_state(data, cell_ext=0):
+def describe_state(data, cell_ext=0, records=0):
     """Describe one cache state at the front of data without restoring it.
 
     Returns a dict: ``cell_count``, ``v_trans``, ``n_layer``, ``data_offset`` (where the V layout
@@ -220,8 +220,12 @@ def describe_state(data, cell_ext=0):
     as the readers check it (StateError says what is wrong and where), but nothing is checked
     against a cache. cell_ext: the bytes of the per-cell extension in each cell record (0, or
     for a model that has one 8 or 12: layout_info(layout)["cell_ext"]); with them the dict also
-    has ``ext``: int32 [cell_count, 3], each cell's x, y and token id (-1 with 8 bytes)."""
+    has ``ext``: int32 [cell_count, 3], each cell's x, y and token id (-1 with 8 bytes). records:
+    for a hybrid memory's recurrent part, whose layer count (``n_layer``) is the model's, the
+    layer records it has (its recurrent layers'); ``layers`` then has that many (0: as many as
+    the count says)."""
     cdef uint32_t eb = _cell_ext_arg(cell_ext)
+    cdef uint32_t nrec = <uint32_t>int_c(records, "records", 0, 65536)
     cdef size_t n = 0
     cdef _HeldBuffer keep = state_data_view(data)
     cdef const uint8_t *p = state_data_ptr(keep, &n)
@@ -230,8 +234,9 @@ def describe_state(data, cell_ext=0):
     cdef int r
     err.msg[0] = 0
     with nogil:
-        r = kvc_state_describe_ext(p, n, eb, &d, NULL, NULL, NULL, 0, NULL, 0, &err)
+        r = kvc_state_describe_records(p, n, eb, nrec, &d, NULL, NULL, NULL, 0, NULL, 0, &err)
     check_status(r, &err, "cache state")
+    cdef uint32_t n_rec = nrec if nrec else d.n_layer
     # the counts are now known to fit in the data
     pos = np.empty(d.cell_count, dtype=np.int32)
     seq = np.empty((d.cell_count, KVC_SEQ_WORDS), dtype=np.uint64)
@@ -241,16 +246,16 @@ def describe_state(data, cell_ext=0):
     cdef uint64_t *ps = &vs[0, 0] if d.cell_count else NULL
     ext = np.empty((max(d.cell_count, 1), 3), dtype=np.int32)
     cdef int32_t[:, ::1] ve = ext
-    cdef kvc_state_layer_desc *ld = <kvc_state_layer_desc *>PyMem_Malloc(max(d.n_layer, 1) * sizeof(kvc_state_layer_desc))
+    cdef kvc_state_layer_desc *ld = <kvc_state_layer_desc *>PyMem_Malloc(max(n_rec, 1) * sizeof(kvc_state_layer_desc))
     if ld == NULL:
         raise MemoryError()
     try:
         with nogil:
-            r = kvc_state_describe_ext(p, n, eb, &d, pp, ps, <kvc_cell_ext *>&ve[0, 0] if eb else NULL,
-                                       d.cell_count, ld, d.n_layer, &err)
+            r = kvc_state_describe_records(p, n, eb, nrec, &d, pp, ps, <kvc_cell_ext *>&ve[0, 0] if eb else NULL,
+                                           d.cell_count, ld, n_rec, &err)
         check_status(r, &err, "cache state")
         layers = []
-        for i in range(d.n_layer):
+        for i in range(n_rec):
             e = {"k_type": ld[i].k_type, "k_row_size": ld[i].k_row_size, "k_offset": ld[i].k_offset,
                  "k_bytes": ld[i].k_bytes, "v_type": ld[i].v_type, "v_offset": ld[i].v_offset,
                  "v_bytes": ld[i].v_bytes}

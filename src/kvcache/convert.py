@@ -172,8 +172,9 @@ def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, v
     """Rewrite a state file (sequence blob, whole-cache blob, whole-context state, session file,
     sequence file) in layout ``to``, without a cache: the layouts differ in their framing only.
 
-    layout: the input's layout (None: found from the bytes); variant: "unified", "iswa" or
-    "recurrent" (None: found; refused when the bytes do not tell and the framing changes);
+    layout: the input's layout (None: found from the bytes); variant: "unified", "iswa",
+    "recurrent" or "hybrid" (None: found; refused when the bytes do not tell and the framing
+    changes; a hybrid memory's state exists in "2026" only: StateError for another ``to``);
     seq_id: the sequence of a bare sequence state, for the prefix of the layouts that have one
     (default: the input's prefix; else default_seq_id, noted; else, None, no prefix is written
     and the notes say so: the bytes may be a whole state of one sequence). What the target
@@ -198,6 +199,13 @@ def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, v
         window = (int_arg(n_swa, "n_swa", 1, 2**31 - 1), swa_type)
     m = _view(data)
     r = report_bytes(m, variant, layout=layout)
+    if r["variant"] == "hybrid":
+        # llama.cpp writes a hybrid memory's state in today's layout only: nothing to reframe
+        if to != DEFAULT_LAYOUT:
+            raise StateError(f"a hybrid memory's state exists in layout {DEFAULT_LAYOUT} only (llama-cpp-python "
+                             f"0.3.36): it cannot be converted to layout {to}")
+        return Converted(bytes(m), r["kind"], DEFAULT_LAYOUT, to,
+                         (f"a hybrid memory's state, already in layout {DEFAULT_LAYOUT}: written unchanged",))
     if r["variant_guessed"] and r["kind"] in ("sequence blob", "whole-cache blob") and r["variant"] != "iswa":
         # unified and recurrent states are framed differently from "2025-08" on; the bytes tell
         # them apart by stream counts, a prefix before a state without them, or a sequence's

@@ -3,8 +3,8 @@
 The kind is detected from the content: a session file (``ggsn``), a sequence file (``ggsq``), a
 whole-context state (``llama_state_get_data``: it starts with the architecture name) or a bare
 cache state (``state_write`` / ``llama_state_seq_get_data``: a sequence blob or a whole-cache
-blob). The cache variant (unified, iSWA: two cache states back to back, recurrent) is given with
-``--variant`` or guessed. The cache states are decoded by the C codec
+blob). The cache variant (unified, iSWA: two cache states back to back, recurrent, hybrid: an
+attention part then a recurrent part) is given with ``--variant`` or guessed. The cache states are decoded by the C codec
 (:func:`kvcache._core.describe_state`), the wrappers by :mod:`kvcache.statefile`.
 """
 from __future__ import annotations
@@ -20,10 +20,12 @@ from kvcache._text import plural
 
 __all__ = ["VARIANTS", "CacheStateError", "report", "report_bytes", "format_report", "main"]
 
-VARIANTS = ("unified", "iswa", "recurrent")
+VARIANTS = ("unified", "iswa", "recurrent", "hybrid")
 
 # architectures whose memory is a recurrent cache in llama.cpp (for the guess from a context state)
 _RECURRENT_ARCHS = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
+# ... and a hybrid memory (kvcache.geometry's hybrid architectures)
+_HYBRID_ARCHS = {"lfm2", "granitehybrid", "jamba", "falcon-h1", "nemotron_h", "qwen3next", "plamo2"}
 
 GGUF_MAGIC = b"GGUF"
 SEQ_MAGIC_BYTES = (0xAF143CD8).to_bytes(4, "little")
@@ -112,9 +114,18 @@ def _pick_framing(part: memoryview, variant: str | None, arch: str | None, strea
     from kvcache.statefile import _framings
 
     recurrent = variant == "recurrent" or (variant is None and (arch or "").lower() in _RECURRENT_ARCHS)
+    hybrid = variant == "hybrid" or (variant is None and (arch or "").lower() in _HYBRID_ARCHS)
     cands = []
     framings, errors = _framings(part, allow_prefix)
     for f in framings:
+        if bool(f.recurrent_records) != hybrid:
+            if hybrid or variant is not None:
+                continue
+            cands.append(f)     # a hybrid memory's framing: only when no other fits (listed last)
+            continue
+        if hybrid:
+            cands.append(f)
+            continue
         if recurrent and f.streams:
             continue  # a recurrent memory state has no stream count in any layout
         if streams is not None and f.streams != streams and not recurrent and not (not f.streams and
@@ -125,6 +136,7 @@ def _pick_framing(part: memoryview, variant: str | None, arch: str | None, strea
         cands.append(f)
     if streams is not None:
         cands.sort(key=lambda f: f.streams != streams)
+    cands.sort(key=lambda f: bool(f.recurrent_records) != hybrid)
     return (cands[0] if cands else None), errors
 
 
@@ -142,6 +154,12 @@ def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str 
         error = errors.get((not recurrent, 2 if variant == "iswa" else 1))
         if error is not None:
             raise error
+    if framing is not None and framing.recurrent_records:
+        return (*_hybrid_sections(part, base, variant, framing), 0, framing)
+    if variant == "hybrid":
+        raise StateError("not a hybrid memory's state: it frames neither as an attention part (with its stream "
+                         "count) followed by a recurrent part (whose layer count is the model's) nor as a "
+                         "recurrent part alone after the sequence-blob prefix")
     if framing is None or not framing.streams and not framing.prefixed:
         return (*_seed_sections(part, base, variant, arch), framing)
     guessed = variant is None
@@ -168,6 +186,33 @@ def _cache_sections(part: memoryview, base: int, variant: str | None, arch: str 
             _check_variant(variant, d)
         sections.append(_section(name, d, base + off, framing.src_seq_id if framing.prefixed else None))
     return variant, guessed, sections, 0, framing
+
+
+def _hybrid_sections(part: memoryview, base: int, variant: str | None, framing):
+    """The sections of a hybrid memory's state: the attention part's streams, then the recurrent
+    part (its layer count the model's, records for its recurrent layers only)."""
+    from kvcache._core import describe_state
+
+    guessed = variant is None
+    src = framing.src_seq_id if framing.prefixed else None
+    sections = []
+    *attn, (rec,) = framing.parts
+    for secs in attn:
+        for s, (off, n) in enumerate(secs):
+            name = "attention" + (f" stream {s}" if len(secs) > 1 else "")
+            if n == 0:
+                sections.append(_empty_section(name, base + off))
+                continue
+            d = describe_state(part[off:])
+            _check_variant("unified", d)
+            sections.append(_section(name, d, base + off, src))
+    off, _ = rec
+    d = describe_state(part[off:], 0, framing.recurrent_records)
+    _check_variant("recurrent", d)
+    sec = _section("recurrent", d, base + off, src)
+    sec["layer_records"] = framing.recurrent_records
+    sections.append(sec)
+    return "hybrid", guessed, sections
 
 
 def _seed_sections(part: memoryview, base: int, variant: str | None, arch: str | None):
@@ -206,9 +251,16 @@ def _seed_sections(part: memoryview, base: int, variant: str | None, arch: str |
 
 def _layouts_of(kind: str, variant: str, framing, file_layout: str | None, version: int | None) -> list[str]:
     """The layouts whose writers produce what was found, newest first."""
-    from kvcache._core import LAYOUTS, layout_info
+    from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, layout_info
 
     out = []
+    if variant == "hybrid":
+        # a hybrid memory's state exists in today's layout only (kvcache writes and reads no other)
+        i = layout_info(DEFAULT_LAYOUT)
+        if kind == "session" and version != i["session_version"] or \
+                kind == "sequence" and version != i["sequence_version"]:
+            return []
+        return [DEFAULT_LAYOUT]
     for name in reversed(LAYOUTS):
         i = layout_info(name)
         if kind == "session" and version != i["session_version"] or \
@@ -244,6 +296,12 @@ def _check_variant(variant: str, desc: Mapping[str, Any]) -> None:
 def _blob_kind(sections: list) -> str:
     """A bare cache state: one sequence's or the whole cache's (a single-sequence unified state
     lists one id per cell, a recurrent one none)."""
+    if sections[-1].get("layer_records"):
+        # a hybrid memory's: the recurrent part of a sequence's state lists no id
+        rec = sections[-1]
+        if rec["cell_count"]:
+            return "sequence blob" if rec["n_seq_id"][1] == 0 else "whole-cache blob"
+        sections = sections[:-1] or sections
     s = sections[0]
     ids = set(s["sequences"])
     if all(x["n_seq_id"][1] <= 1 for x in sections) and len(ids) <= 1 and \
@@ -366,10 +424,18 @@ def report_bytes(data, variant: str | None = None, name: str | None = None, layo
             out["framing"]["cell_ext"] = framing.cell_ext
     out["cell_count"] = sum(s["cell_count"] for s in sections)
     out["sections"] = sections
+    if variant == "hybrid":
+        attn = [s for s in sections if not s.get("layer_records")]
+        rec = sections[-1]
+        out["parts"] = {
+            "attention": None if not attn else {"cells": sum(s["cell_count"] for s in attn),
+                                                "layers": max(s["n_layer"] for s in attn)},
+            "recurrent": {"cells": rec["cell_count"], "layers": rec["n_layer"], "layer_records": rec["layer_records"]}}
     # the bytes of the cache part outside its sections: the prefix, the stream counts
     framed = 0
     if framing is not None:
-        framed = (8 if framing.prefixed else 0) + (4 * len(framing.parts) if framing.streams else 0)
+        n_counted = len(framing.parts) - (1 if framing.recurrent_records else 0)
+        framed = (8 if framing.prefixed else 0) + (4 * n_counted if framing.streams else 0)
     out["bytes"] = {"wrapper": base, "cache": len(m) - base - framed, "framing": framed}
     return out
 
@@ -423,12 +489,19 @@ def format_report(r: dict) -> str:
         lines.append(f"  per-cell extension: {r['framing']['cell_ext']} bytes per cell ({what})")
     lines.append(f"  cache: {r['variant']}{' (guessed)' if r['variant_guessed'] else ''}, "
                  f"{plural(r['cell_count'], 'cell')}")
+    if "parts" in r:
+        a, rc = r["parts"]["attention"], r["parts"]["recurrent"]
+        lines.append("  attention part: " + ("none (the recurrent part alone)" if a is None else
+                                             f"{plural(a['cells'], 'cell')}, {plural(a['layers'], 'layer')}"))
+        lines.append(f"  recurrent part: {plural(rc['cells'], 'cell')}, {plural(rc['layers'], 'layer')} counted, "
+                     f"records for {rc['layer_records']} (the recurrent layers)")
     for s in r["sections"]:
         if not s["n_layer"] and not s["cell_count"] and s["size"] == 4:
             lines.append(f"  [{s['name']}] at byte {s['offset']}, 4 bytes: empty (its cell count alone)")
             continue
+        counted = f" ({s['layer_records']} with records)" if s.get("layer_records") else ""
         lines.append(f"  [{s['name']}] at byte {s['offset']}, {plural(s['size'], 'byte')}: "
-                     f"{plural(s['cell_count'], 'cell')}, {plural(s['n_layer'], 'layer')}, "
+                     f"{plural(s['cell_count'], 'cell')}, {plural(s['n_layer'], 'layer')}{counted}, "
                      f"V {'transposed' if s['v_trans'] else 'rows'}")
         for seq, rg in s["sequences"].items():
             text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in rg)

@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcache._atomic import atomic_write
-from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, describe_frame, layout_info
+from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, describe_frame, describe_state, layout_info
 
 if TYPE_CHECKING:
     # what the wrappers need of a cache: its state (UnifiedCache, ISWACache and RecurrentCache have it)
@@ -143,7 +143,11 @@ class Framing:
     ``src_seq_id``), ``parts``: per cache part (1, or 2 for an iSWA cache: base, SWA) the
     ``(offset, cell_count)`` of each stream section, offsets into the memory state;
     ``cell_ext``: the bytes of the per-cell extension in each cell record (0, or 8 / 12 for the
-    models that have one, in the layouts with stream counts)."""
+    models that have one, in the layouts with stream counts). ``recurrent_records``: a hybrid
+    memory's state (layout "2026"), whose last part is its recurrent part (one section, no stream
+    count; its layer count the model's): the layer records that part has (0: no hybrid state).
+    A hybrid state's parts are (attention, recurrent), or (recurrent,) for the recurrent part
+    alone (``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``)."""
 
     streams: bool
     prefixed: bool
@@ -151,6 +155,7 @@ class Framing:
     parts: tuple[tuple[tuple[int, int], ...], ...]
     size: int
     cell_ext: int = 0
+    recurrent_records: int = 0
 
 
 def _frame(mem: memoryview, streams: bool, n_parts: int, allow_prefix: bool, cell_ext: int = 0) -> Framing:
@@ -170,11 +175,49 @@ def _frame(mem: memoryview, streams: bool, n_parts: int, allow_prefix: bool, cel
     return Framing(streams, prefixed, src, tuple(parts), off, cell_ext)
 
 
+def _recurrent_part(mem: memoryview, off: int) -> tuple[int, int] | None:
+    """A hybrid memory's recurrent part that takes mem from off to its end: (cell count, layer
+    records), the fewest records that frame it (they are not counted in the bytes), or None."""
+    rest = mem[off:]
+    for k in range(1, 257):
+        try:
+            d = describe_state(rest, 0, k)
+        except StateError as e:
+            if "cannot have" in str(e) or "truncated" in str(e) and "of them with records" in str(e):
+                return None
+            continue
+        if d["size"] == len(rest):
+            return d["cell_count"], k
+    return None
+
+
+def _frame_hybrid(mem: memoryview, allow_prefix: bool) -> list[Framing]:
+    """mem framed as a hybrid memory's state: the attention part (with stream counts), then the
+    recurrent part; or the recurrent part alone after the sequence-blob prefix (partial_only)."""
+    out = []
+    try:
+        f = describe_frame(mem, True, allow_prefix, 0)
+    except StateError:
+        f = None
+    if f is not None and f["size"] < len(mem):
+        rec = _recurrent_part(mem, f["size"])
+        if rec is not None:
+            out.append(Framing(True, f["prefixed"], f["src_seq_id"], (tuple(f["sections"]), ((f["size"], rec[0]),)),
+                               len(mem), 0, rec[1]))
+    if allow_prefix and len(mem) >= 8 and struct.unpack_from("<I", mem)[0] == SEQ_MAGIC:
+        rec = _recurrent_part(mem, 8)
+        if rec is not None:
+            out.append(Framing(False, True, struct.unpack_from("<i", mem, 4)[0], (((8, rec[0]),),), len(mem), 0,
+                               rec[1]))
+    return out
+
+
 def memory_framings(mem: Any, *, allow_prefix: bool = True) -> list[Framing]:
     """Every framing in which mem (bytes-like) is exactly one memory state: with or without stream
     counts, of one cache part or two (iSWA), with stream counts also with a per-cell extension
     of 12 or 8 bytes (listed after the one without, and only for states with cells, which
-    alone tell them apart). Empty when none is."""
+    alone tell them apart), and as a hybrid memory's state (``recurrent_records``, last). Empty
+    when none is."""
     return _framings(mem, allow_prefix)[0]
 
 
@@ -197,6 +240,7 @@ def _framings(mem: Any, allow_prefix: bool) -> tuple[list[Framing], dict[tuple[b
                 if ext and not any(n for p in f.parts for _, n in p):
                     continue
                 out.append(f)
+    out += _frame_hybrid(m, allow_prefix)
     return out, errors
 
 

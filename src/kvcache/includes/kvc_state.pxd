@@ -70,6 +70,10 @@ cdef extern from "kvc_state.h" nogil:
     int kvc_state_describe_ext(const uint8_t *data, size_t len, uint32_t ext_bytes, kvc_state_desc *d, int32_t *pos,
                                uint64_t *seq, kvc_cell_ext *ext, uint32_t pos_cap, kvc_state_layer_desc *layers,
                                uint32_t layers_cap, kvc_err *err)
+    int kvc_state_describe_records(const uint8_t *data, size_t len, uint32_t ext_bytes, uint32_t n_records,
+                                   kvc_state_desc *d, int32_t *pos, uint64_t *seq, kvc_cell_ext *ext,
+                                   uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap,
+                                   kvc_err *err)
     int kvc_state_describe(const uint8_t *data, size_t len, kvc_state_desc *d, int32_t *pos, uint64_t *seq,
                            uint32_t pos_cap, kvc_state_layer_desc *layers, uint32_t layers_cap, kvc_err *err)
 
