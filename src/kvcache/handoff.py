@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import SeqExport, SeqImport
+from kvcache._core import SeqExport, SeqImport, _Recurrent
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["PartsExport", "PartsImport", "SeqExport", "SeqImport", "copy_regions", "pair_regions", "split_parts"]
+__all__ = ["HybridExport", "HybridImport", "PartsExport", "PartsImport", "SeqExport", "SeqImport", "copy_regions",
+           "pair_regions", "split_hybrid", "split_parts"]
 
 
 def _regions(r: object, name: str) -> npt.NDArray[np.uint64]:
@@ -156,6 +157,97 @@ class PartsImport:
             p.abort()
 
     def __enter__(self) -> PartsImport:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> Literal[False]:
+        self.abort()
+        return False
+
+
+# --- a hybrid memory (a HybridCache: its attention part, then its recurrent part) ----------------
+
+_HYBRID_MAGIC = b"KVCH"
+_HYBRID_VERSION = 1
+
+
+class HybridExport:
+    """A sequence of a HybridCache (``HybridCache.seq_export``): the attention part's export and
+    the recurrent part's state of the sequence (``RecurrentCache.state_write(seq_id,
+    prefix=False)``: its cell and its R/S rows), framed as one ``header`` (``KVCH``, u32 version
+    1, u32 length and the attention part's header, u32 length and the recurrent state). The
+    ``regions`` are the attention part's: the recurrent state travels in the header (one state
+    per sequence, small next to the K/V of its cells)."""
+
+    def __init__(self, attn: SeqExport, recurrent: bytes) -> None:
+        self.attn = attn
+        self.recurrent = recurrent
+        self.header = _HYBRID_MAGIC + struct.pack("<II", _HYBRID_VERSION, len(attn.header)) + attn.header + \
+            struct.pack("<I", len(recurrent)) + recurrent
+        self.regions = attn.regions
+        self.n_bytes = attn.n_bytes
+
+    def gather(self) -> npt.NDArray[np.uint8]:
+        """The attention part's bytes, in order, in one uint8 array (SeqExport.gather)."""
+        return self.attn.gather()
+
+
+def split_hybrid(header: Buffer) -> tuple[bytes, bytes]:
+    """The attention part's header and the recurrent state of a HybridExport header; StateError
+    when it is not one."""
+    from kvcache import StateError
+
+    h = bytes(memoryview(header).cast("B"))
+    if len(h) < 12 or h[:4] != _HYBRID_MAGIC:
+        raise StateError("not a hybrid memory's hand-off header (magic KVCH)")
+    version, n = struct.unpack_from("<II", h, 4)
+    if version != _HYBRID_VERSION:
+        raise StateError(f"hybrid hand-off header of version {version}; this cache takes version {_HYBRID_VERSION}")
+    if len(h) - 12 < n + 4:
+        raise StateError(f"hybrid hand-off header truncated in its attention part ({n} bytes, {len(h) - 12} remain)")
+    attn = h[12:12 + n]
+    (m,) = struct.unpack_from("<I", h, 12 + n)
+    rest = h[16 + n:]
+    if len(rest) != m:
+        raise StateError(f"hybrid hand-off header: the recurrent state says {m} bytes, {len(rest)} follow")
+    return attn, rest
+
+
+class HybridImport:
+    """An import into a HybridCache (``HybridCache.seq_import_begin``): the attention part's import
+    (its ``regions``), and the recurrent state, checked against the recurrent part when the
+    import begins and read into it at ``commit()``, which checks the attention part first: both
+    parts or neither. ``abort()`` (or an exception in ``with``) leaves both as they were. Until
+    then the HybridCache refuses changes (its attention part is importing)."""
+
+    def __init__(self, attn: SeqImport, recr: _Recurrent, recurrent: bytes) -> None:
+        self.attn = attn
+        self._recr = recr
+        self.recurrent = recurrent
+        self.regions = attn.regions
+        self.n_bytes = attn.n_bytes
+        self.seq_id = attn.seq_id
+
+    @property
+    def active(self) -> bool:
+        """True until commit() or abort()."""
+        return self.attn.active
+
+    def scatter(self, data: Buffer | npt.NDArray[np.uint8]) -> None:
+        """Copy data (HybridExport.gather's bytes) into the attention part's regions."""
+        self.attn.scatter(data)
+
+    def commit(self) -> None:
+        """Check the attention part, read the recurrent state into the sequence, commit the
+        attention part. StateError (nothing changed, still active) when either part refuses."""
+        self.attn.check()
+        self._recr.state_read(self.recurrent, self.seq_id, exact=True, layout="2026")
+        self.attn.commit()
+
+    def abort(self) -> None:
+        """Abort the attention part's import (the recurrent part was not changed)."""
+        self.attn.abort()
+
+    def __enter__(self) -> HybridImport:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> Literal[False]:

@@ -8,9 +8,13 @@ the recurrent part refuses changes neither, a sequence's position range is the i
 the parts', the K-shift touches the attention part only."""
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
-from kvcache._core import UBatch, _Hybrid
+from kvcache._core import StateError, UBatch, _Hybrid, _seq_export, _seq_import_begin
+from kvcache.handoff import HybridExport, HybridImport, split_hybrid
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["HybridCache", "split_batch"]
 
@@ -50,6 +54,33 @@ class HybridCache(_Hybrid):
         token is an output (``embd_all``)."""
         return split_batch(pos, seq_id, n_ubatch, embd_all=embd_all, sequential=self.attn.n_stream > 1,
                            n_keep_tail=self.n_rs_seq + 1 if self.n_rs_seq else 0)
+
+    def seq_export(self, seq_id: int) -> HybridExport:
+        """Sequence seq_id ready for a transfer: the attention part's export (UnifiedCache.seq_export:
+        its regions) and the recurrent part's state of the sequence, framed as one header. See
+        docs/disaggregated.md."""
+        with self._hold:
+            return HybridExport(_seq_export(self.attn, seq_id), self.recr.state_write(seq_id, prefix=False))
+
+    def seq_import_begin(self, header: Buffer, seq_id: int | None = None) -> HybridImport:
+        """Begin receiving the sequence a HybridExport header describes into seq_id (None: the
+        exporter's): the recurrent state is checked against a scratch memory of the recurrent
+        part's geometry, then the attention part's import begins (UnifiedCache.seq_import_begin);
+        StateError, nothing begun and nothing changed, when either refuses. Until commit() or
+        abort() the HybridCache refuses changes."""
+        h_attn, recurrent = split_hybrid(header)
+        # the recurrent state read by a memory of the recurrent part's geometry (without K/V)
+        r_width = dict(zip(self.recurrent_layers, self.recr.n_embd_k))
+        s_width = dict(zip(self.recurrent_layers, self.recr.n_embd_v))
+        scratch = HybridCache(1, self.n_layer, self.recurrent_layers, 1, 1,
+                              [r_width.get(il, 0) for il in range(self.n_layer)],
+                              [s_width.get(il, 0) for il in range(self.n_layer)], n_seq_max=self.n_seq_max,
+                              n_rs_seq=self.n_rs_seq, attn_layers=self.attn_layers, buffers="none")
+        try:
+            scratch.state_read(recurrent, 0, exact=True, partial_only=True)
+        except StateError as e:
+            raise StateError(f"seq_import_begin: the recurrent state: {e}") from None
+        return HybridImport(_seq_import_begin(self.attn, h_attn, seq_id), self.recr, recurrent)
 
 
 def split_batch(pos: Sequence[int], seq_id: Sequence[int], n_ubatch: int, *, embd_all: bool = False,
