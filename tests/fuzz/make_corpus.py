@@ -478,6 +478,45 @@ def from_interop(corpus: Corpus, interop: Path, today: bool = False) -> None:
                 add_state2026(corpus, geos[0], seq_id, blob, streams=not ctx.get("kv_unified", True))
 
 
+def from_hybrid(corpus: Corpus, interop: Path | None = None) -> None:
+    """fuzz_hybrid_state: states kvcache's HybridCache writes in the target's geometries (its
+    header: docs at the top of fuzz_hybrid_state.c), whole and per sequence, both parts and the
+    recurrent part alone; atheris_files: the hybrid model's files of 0.3.36 (interop-hybrid)."""
+    if interop is not None and (interop / "lfm2_a").is_dir():
+        for name in ATHERIS_FILES + ("seq0.partial_only.bin",):
+            corpus.add("atheris_files", (interop / "lfm2_a" / name).read_bytes())
+    try:
+        import numpy as np
+
+        import kvcache
+    except ImportError:
+        print("kvcache is not importable: no fuzz_hybrid_state seeds", file=sys.stderr)
+        return
+    for falcon, n_seq_max, streams, rs, wbyte in ((0, 2, 0, 0, 0x13), (0, 4, 1, 1, 0x01), (1, 3, 0, 1, 0x22)):
+        ek, er = 4 * (1 + (wbyte & 15)), 2 * (1 + (wbyte >> 4))
+        n_layer, recr, attn = (2, [0], [0, 1]) if falcon else (3, [0, 2], [1])
+        h = kvcache.HybridCache(32, n_layer, recr, ek, ek, er, 2, n_seq_max=n_seq_max, attn_layers=attn,
+                                kv_unified=not streams, n_rs_seq=2 if rs else 0)
+        rng = np.random.default_rng(n_seq_max)
+        for s, n in ((0, 5), (n_seq_max - 1, 3), (0, 2)):
+            p0 = h.seq_pos_max(s) + 1
+            for ub in h.ubatches(list(range(p0, p0 + n)), [s] * n, 4):
+                assert h.find_slot(ub)
+                for il in attn:
+                    h.store(il, rng.standard_normal((ub.n_tokens, ek)).astype(np.float16),
+                            rng.standard_normal((ub.n_tokens, ek)).astype(np.float16))
+                for il in recr:
+                    h.store_state(il, rng.standard_normal((1, er)).astype(np.float32),
+                                  rng.standard_normal((1, 2)).astype(np.float32))
+        bits = (n_seq_max - 1) | streams << 2 | rs << 3 | falcon << 7
+        for seq in range(-1, n_seq_max):
+            corpus.add("fuzz_hybrid_state", bytes([bits | 1 << 6, (seq + 1) % (n_seq_max + 1), 0, wbyte])
+                       + h.state_write(seq))
+            if seq >= 0:
+                corpus.add("fuzz_hybrid_state", bytes([bits | 1 << 4, seq + 1, 7, wbyte])
+                           + h.state_write(seq, partial_only=True))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=REPO / "tests" / "data",
@@ -495,6 +534,7 @@ def main(argv=None) -> int:
     else:
         print(f"no interop blobs under {shared}; golden seeds only", file=sys.stderr)
     from_kvcache(corpus)
+    from_hybrid(corpus, shared / "interop-hybrid")
     for target, n in sorted(corpus.counts.items()):
         print(f"{target}: {n} new seeds")
     total = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
