@@ -13,10 +13,14 @@ written with the gguf package at test time, whose recurrent layers differ:
 llama.cpp decodes a script of four sequences on each (a sequence copied, a batch of two
 sequences); kvcache's HybridCache of the same geometry (``kvcache.from_gguf(...,
 semantics="2026")``) follows the same script, and both must agree on every sequence's range and
-on the sizes llama.cpp logs (``kvcache plan``'s lines). On LFM2, a speculative tail removed with
-seq_rm shows rule C9 (docs/semantics.md): a rollback within the last ubatch decodes on as a
-fresh decode of the kept tokens, and kvcache accepts it; a rollback past it is accepted by
-llama.cpp, whose next logits then differ from a fresh decode, and kvcache refuses it.
+on the sizes llama.cpp logs (``kvcache plan``'s lines). Then, as tests/test_live_v10.py does
+for the other caches: every kind of file llama.cpp writes (sequence blobs, whole state, session
+file, sequence file, and the recurrent part alone) restores into the HybridCache and is written
+back byte for byte, and every kind kvcache writes loads into llama.cpp and decodes the next token
+as llama.cpp's own file does. On LFM2, a speculative tail removed with seq_rm shows rule C9
+(docs/semantics.md): a rollback within the last ubatch decodes on as a fresh decode of the kept
+tokens, kvcache accepts it, and the state after it crosses both ways; a rollback past it is
+accepted by llama.cpp, whose next logits then differ from a fresh decode, and kvcache refuses it.
 
 Each context is checked against llama.cpp's own log lines first (test_live_v10.Live.context):
 0.3.36's ctypes bindings take assignments to fields that no longer exist without a word."""
@@ -31,7 +35,7 @@ from kvcache import cli
 
 from conftest import need_module
 from interop_data import model_path
-from test_live_v10 import Live, _llama, add_ffn, close_gguf, copy_tokenizer, random_weights
+from test_live_v10 import Live, _cross_both_ways, _llama, add_ffn, close_gguf, copy_tokenizer, random_weights
 
 # The two models: 4 layers, n_embd 64, 4 query heads of 16, 2 KV heads on the attention layers
 # (n_head_kv 0 marks a recurrent layer), n_ff 128, the vocabulary of tiny_llama.gguf.
@@ -291,3 +295,77 @@ def test_live_lfm2_rollback(models, first, spec, exact, capsys):
         assert np.abs(logits - fresh).max() > 1e-2, "llama.cpp decoded from the state of position 7"
         assert [(h.seq_pos_min(s), h.seq_pos_max(s)) for s in range(CTX["n_seq_max"])] == before
         assert before[0] == (15, 15) and after[0] == (11, 11)
+
+
+# seq 0 decodes 16 tokens as 11 + 5 and a rollback removes the last 4 (within the last ubatch:
+# exact); the next step is seq 0's token at position 12
+ROLLBACK_SCRIPT = [{"op": "decode", "tokens": _run(0, 0, 11)}, {"op": "decode", "tokens": _run(0, 11, 5)},
+                   {"op": "seq_rm", "args": [0, 12, -1]}]
+
+
+@pytest.mark.parametrize("name, n_rs_seq, script, nxt", [
+    ("lfm2", 0, SCRIPT, NEXT),
+    ("granitehybrid", 4, SCRIPT, NEXT),
+    ("lfm2", 4, ROLLBACK_SCRIPT, {"token": NEXT["token"], "pos": 12}),
+], ids=["lfm2", "granitehybrid", "lfm2-rollback"])
+def test_live_hybrid_files_cross_both_ways(models, name, n_rs_seq, script, nxt, tmp_path, capsys):
+    """test_live_v10's round trip for the hybrid models: llama.cpp replays the script, then every
+    kind of file it writes (sequence blobs of the 4 sequences, whole state, session file,
+    sequence file) restores into kvcache's HybridCache (kvcache.from_gguf of the model file) and
+    is written back byte for byte; every kind kvcache writes loads into a fresh llama.cpp
+    context and decodes seq 0's next token as llama.cpp's own file of that kind does (and as the
+    uninterrupted run, within 1e-4). After LFM2's rollback the files hold the state the rollback
+    points at (snapshots are not written), and decoding on from kvcache's is llama.cpp's. The
+    sizes kvcache gives (state_size) are the bytes it writes."""
+    path = models[name]
+    live = Live(path)
+    ctx, _ = _hybrid_context(live, path, n_rs_seq, capsys)
+    m = {"context": dict(CTX, n_rs_seq=n_rs_seq), "memory_kind": "hybrid", "script": script,
+         "model": {"path": str(path)}}
+    cache = _cross_both_ways(live, ctx, m, nxt, tmp_path, name)
+    assert isinstance(cache, kvcache.HybridCache)
+    for s in range(CTX["n_seq_max"]):
+        assert cache.state_size(s) == len(cache.state_write(s)), s
+    assert cache.state_size() == len(cache.state_write())
+
+
+def _seq_get_partial(live, ctx, s) -> bytes:
+    """llama.cpp's state of sequence s with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent part."""
+    L = live.L
+    flag = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+    n = L.llama_state_seq_get_size_ext(ctx, s, flag)
+    buf = (ctypes.c_uint8 * n)()
+    assert L.llama_state_seq_get_data_ext(ctx, buf, n, s, flag) == n
+    return bytes(buf)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_live_hybrid_partial_state(models, name, capsys):
+    """The recurrent part alone (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY), which llama.cpp writes for
+    speculative decoding: kvcache's partial_only state of each sequence restored from llama.cpp's
+    full blob is llama.cpp's partial blob byte for byte; llama.cpp's partial blob read over that
+    sequence's state gives back the full blob; and kvcache's partial blob loads into llama.cpp."""
+    path = models[name]
+    live = Live(path)
+    L = live.L
+    ctx, _ = _hybrid_context(live, path, 0, capsys)
+    try:
+        live.replay(ctx, SCRIPT)
+        full = {s: live.seq_get(ctx, s) for s in range(CTX["n_seq_max"])}
+        part = {s: _seq_get_partial(live, ctx, s) for s in range(CTX["n_seq_max"])}
+    finally:
+        L.llama_free(ctx)
+    for s in full:
+        c = _cache(path)
+        assert c.state_read(full[s], s, exact=True) == len(full[s])
+        ours = c.state_write(s, partial_only=True)
+        assert c.state_size(s, partial_only=True) == len(ours)
+        assert ours == part[s], (name, s)
+        assert c.state_read(part[s], s, exact=True, partial_only=True) == len(part[s])
+        assert c.state_write(s) == full[s], (name, s)
+        b, _ = _hybrid_context(live, path, 0, capsys)
+        try:
+            buf = (ctypes.c_uint8 * len(ours)).from_buffer_copy(ours)
+            assert L.llama_state_seq_set_data_ext(b, buf, len(ours), s, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == len(ours)
+        finally:
+            L.llama_free(b)

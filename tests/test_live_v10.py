@@ -159,6 +159,12 @@ def _cache(m, swa_full=False):
     """kvcache's cache of the scenario's context as 0.3.36 builds it (cell padding 1; an iSWA
     pair of semantics "2026", its SWA cache sized by today's rule; the test checks both sizes
     against the ones llama.cpp logs)."""
+    if m["memory_kind"] == "hybrid":
+        # a hybrid model's memory as kvcache.from_gguf builds it from the model file
+        c = m["context"]
+        return kvcache.from_gguf(m["model"]["path"], c["n_ctx"], n_seq_max=c["n_seq_max"], type_k=c["type_k"],
+                                 type_v=c["type_v"], flash_attn=c["flash_attn"], n_batch=c["n_ubatch"],
+                                 semantics="2026", kv_unified=_unified(c), n_rs_seq=c.get("n_rs_seq", 0))
     ctx, geo = m["context"], m["geometry"]
     if m["memory_kind"] == "recurrent":
         (g,) = geo
@@ -195,9 +201,9 @@ def _cache(m, swa_full=False):
 
 
 def _hands_off(cache) -> bool:
-    """Whether the cache has seq_export / seq_import_begin: unified caches and iSWA pairs (a
-    recurrent cache has none)."""
-    return isinstance(cache, (kvcache.UnifiedCache, kvcache.ISWACache))
+    """Whether the cache has seq_export / seq_import_begin: unified caches, iSWA pairs and hybrid
+    memories (a recurrent cache has none)."""
+    return isinstance(cache, (kvcache.UnifiedCache, kvcache.ISWACache, kvcache.HybridCache))
 
 
 def _assert_hand_off_keeps(c, moved, s, blob, what):
