@@ -465,8 +465,28 @@ static bool same_runs(const kvc_unified *c, const kvc_handoff_import *imp) {
     return t == kvc_unified_slot_n(c);
 }
 
+static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len, bool keep_bytes,
+                        kvc_handoff_import *imp, kvc_err *err);
+
 int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                              kvc_handoff_import *imp, kvc_err *err) {
+    return import_begin(c, seq_id, header, len, true, imp, err);
+}
+
+/* --- imports into an empty sequence without the copy for abort (the prefix store) --------- */
+
+int kvc_handoff_import_begin_empty(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
+                                   kvc_handoff_import *imp, kvc_err *err) {
+    /* the cells reserved for a sequence that holds none are free ones that placement may take
+     * (held prefix cells never are): their bytes belong to no sequence and no prefix */
+    const bool empty = seq_id >= 0 && (uint32_t)seq_id < c->n_seq_max && kvc_unified_seq_pos_max(c, seq_id) < 0;
+    return import_begin(c, seq_id, header, len, !empty, imp, err);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len, bool keep_bytes,
+                        kvc_handoff_import *imp, kvc_err *err) {
     memset(imp, 0, sizeof *imp);
     uint32_t n_src_runs = 0;
     size_t off = 0;
@@ -547,8 +567,8 @@ int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *head
     /* from here the import takes hold: rows of a pending defrag land before the transfer's */
     kvc_unified_defrag_settle(c);
     imp->data_bytes = data_bytes_of(c, cc);
-    imp->backup = imp->data_bytes ? kvc_malloc((size_t)imp->data_bytes) : NULL;
-    bool ok = (!imp->data_bytes || imp->backup) && kvc_unified_snapshot_take(c, &imp->snap) == KVC_OK;
+    imp->backup = imp->data_bytes && keep_bytes ? kvc_malloc((size_t)imp->data_bytes) : NULL;
+    bool ok = (!imp->data_bytes || !keep_bytes || imp->backup) && kvc_unified_snapshot_take(c, &imp->snap) == KVC_OK;
     if (ok && c->semantics == KVC_SEM_2026) {
         /* every stream (the snapshot has stream 0 only) and the queued stream copies */
         imp->strms = kvc_calloc(c->n_stream, sizeof *imp->strms);

@@ -97,6 +97,12 @@ typedef struct kvc_handoff_import {
  * err says how many cells are missing), KVC_E_NOMEM; imp inactive then. */
 int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                               kvc_handoff_import *imp, kvc_err *err);
+/* kvc_handoff_import_begin for a destination sequence that holds no cell: the reserved cells are
+ * then free ones whose bytes nothing reads, so no copy of them is kept and an abort leaves what
+ * was written into them (every cell, sequence and prefix as before). A destination that holds
+ * cells gets the copy as with kvc_handoff_import_begin. */
+int  kvc_handoff_import_begin_empty(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
+                                    kvc_handoff_import *imp, kvc_err *err);
 /* Make the sequence visible exactly as the state read would have (its K/V are what the regions
  * hold now, its cells' extensions the header's; in 2026 an empty sequence leaves the
  * destination's cells, as that read does).

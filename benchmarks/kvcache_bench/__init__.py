@@ -376,6 +376,22 @@ def bench_handoff(quick: bool, reps: int) -> list[Row]:
     return case(quick, reps)
 
 
+def bench_store(quick: bool, reps: int) -> list[Row]:
+    """A prefix restored from the prefix store's host and disk tiers, against memcpy and a read of
+    its bytes (kvcache_bench.case_store)."""
+    from kvcache_bench.case_store import bench_store as case
+
+    return case(quick, reps)
+
+
+def bench_store_llama(quick: bool, reps: int) -> list[Row]:
+    """llama-cpp-python's time to first token with kvcache's prompt cache, LlamaRAMCache and no
+    cache (kvcache_bench.case_store)."""
+    from kvcache_bench.case_store import bench_store_llama as case
+
+    return case(quick, reps)
+
+
 def bench_attention(quick: bool, reps: int) -> list[Row]:
     """A decode step's attention through kvcache's attention indices against the dense mask
     (kvcache_bench.case_attention)."""
@@ -406,6 +422,8 @@ CASES = {
     "handoff": bench_handoff,
     "attention": bench_attention,
     "hybrid": bench_hybrid,
+    "store": bench_store,
+    "store_llama": bench_store_llama,
 }
 
 

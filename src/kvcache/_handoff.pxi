@@ -6,6 +6,7 @@ from kvcache.includes.kvc_handoff cimport (kvc_run, kvc_handoff_export, kvc_hand
                                            kvc_handoff_export_free, kvc_handoff_n_regions,
                                            kvc_handoff_regions, kvc_handoff_gather, kvc_handoff_scatter,
                                            kvc_handoff_import, kvc_handoff_import_begin,
+                                           kvc_handoff_import_begin_empty,
                                            kvc_handoff_import_check, kvc_handoff_import_commit,
                                            kvc_handoff_import_abort)
 
@@ -225,8 +226,10 @@ cdef class SeqImport:
                 f"n_bytes={self.imp.data_bytes}, {state})")
 
 
-def _seq_import_begin(_Unified cache not None, header, seq_id=None):
-    """UnifiedCache.seq_import_begin (see there)."""
+def _seq_import_begin(_Unified cache not None, header, seq_id=None, bint into_empty=False):
+    """UnifiedCache.seq_import_begin (see there). into_empty: when seq_id holds no cell, keep no
+    copy of the reserved (free) cells' bytes for abort (kvc_handoff_import_begin_empty: the prefix
+    store's loads)."""
     cdef int32_t s = -1 if seq_id is None else seq_c(seq_id, cache.c.n_seq_max, "seq_id", False)
     cdef _HeldBuffer hb = state_data_view(header)
     cdef SeqImport x = SeqImport.__new__(SeqImport)
@@ -237,7 +240,10 @@ def _seq_import_begin(_Unified cache not None, header, seq_id=None):
     try:
         lock_change(&cache._lock, "seq_import_begin")
         with nogil:
-            r = kvc_handoff_import_begin(&cache.c, s, p, n, &x.imp, &err)
+            if into_empty:
+                r = kvc_handoff_import_begin_empty(&cache.c, s, p, n, &x.imp, &err)
+            else:
+                r = kvc_handoff_import_begin(&cache.c, s, p, n, &x.imp, &err)
             if r == KVC_OK:
                 cache._lock.imports += 1
             kvc_pylock_release(&cache._lock)

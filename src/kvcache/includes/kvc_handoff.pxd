@@ -17,6 +17,8 @@ cdef extern from "kvc_handoff.h" nogil:
         uint32_t cell_count
         uint64_t data_bytes
 
+    uint64_t kvc_handoff_checksum(const uint8_t *p, size_t n)
+
     int  kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kvc_err *err)
     void kvc_handoff_export_free(kvc_handoff_export *e)
 
@@ -43,6 +45,8 @@ cdef extern from "kvc_handoff.h" nogil:
 
     int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                                   kvc_handoff_import *imp, kvc_err *err)
+    int  kvc_handoff_import_begin_empty(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
+                                        kvc_handoff_import *imp, kvc_err *err)
     int  kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err)
     int  kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err)
     void kvc_handoff_import_abort(kvc_handoff_import *imp)

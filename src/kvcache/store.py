@@ -1,0 +1,917 @@
+"""A bounded store of prefixes' K/V in host memory and on disk (docs/store.md).
+
+A prompt is cut into chunks of ``chunk_tokens`` tokens; chunk i is named by a chain of hashes
+(BLAKE2b, 16 bytes): the hash of chunk i-1's name and chunk i's token ids, the first one's of a
+namespace made of the model geometry (K/V types, per-layer row widths and bytes, the chunk size)
+and an optional salt. Two prompts share a chunk exactly when they share every token up to its end,
+under the same geometry and salt; finding how much of a prompt the store holds costs one hash per
+chunk of the prompt and one look-up per chunk, whatever the store holds.
+
+A chunk holds the K and V rows of its tokens in every layer, rows in token order (V never
+transposed): per layer the K rows, then per layer the V rows. Two tiers hold chunks:
+
+- host memory, bounded in bytes, least recently used first out;
+- a directory, bounded in bytes, that survives restarts and is shared by processes: one file per
+  chunk, written to a temporary file, flushed to disk and renamed (a reader sees a whole file or
+  none), with a header (magic ``KVCS``, version, geometry digest, names, token ids) and a
+  checksum of every byte (:class:`kvcache._core.ChunkSum`); a file that is truncated, corrupt or
+  of another geometry is a miss and is removed. The directory's ``kvcache-store.json`` names its
+  geometry: a store of another geometry refuses the directory.
+
+:meth:`PrefixStore.save` copies the leading positions of a sequence of a :class:`kvcache.UnifiedCache`
+into chunks; :meth:`PrefixStore.load` brings the longest stored prefix of a prompt back into a
+sequence through the cache's transactional import (``seq_import_begin``): the cells are reserved,
+the rows copied from the chunks (from disk through a small buffer, checked as they pass), and the
+sequence appears on commit; a failed or corrupt load leaves every cell, sequence and prefix of the
+cache as it was.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import struct
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from kvcache._atomic import atomic_write
+from kvcache._core import _STREAM_BYTES, ChunkSum, _copy_pairs, _handoff_checksum, _seq_import_begin, ggml_types
+from kvcache.handoff import pair_regions
+
+if TYPE_CHECKING:
+    from kvcache.unified import UnifiedCache
+
+__all__ = ["PrefixStore", "StoreGeometry", "StoreError", "ChunkInfo", "META_NAME", "CHUNK_MAGIC", "CHUNK_VERSION",
+           "open_store", "read_meta", "read_stats"]
+
+CHUNK_MAGIC = b"KVCS"
+CHUNK_VERSION = 1
+META_NAME = "kvcache-store.json"
+_FIXED = 96                 # bytes of a chunk file's header before its token ids
+_SUM = 8                    # the checksum that ends a chunk file
+_STEP = 1 << 18             # bytes read from a chunk file at a time (they stay in the core's cache)
+_KEY = 16                   # bytes of a chunk's name
+_HANDOFF_FIXED = 40         # bytes of a hand-off header before its layers (csrc/kvc_handoff.h)
+_HANDOFF_LAYER = 28
+_FLAG_V_TRANS, _FLAG_MEMORY, _FLAG_EXT = 1, 2, 4
+
+_Path = Union[str, "os.PathLike[str]"]
+_TYPE_NAMES = {t.id: t.name for t in ggml_types()}
+
+
+class StoreError(ValueError):
+    """A store refused a directory or a cache: another geometry, or something that is not a store."""
+
+
+@dataclass(frozen=True)
+class StoreGeometry:
+    """What a chunk's bytes depend on: the K/V types, per layer (model layer index, K and V row
+    widths in elements, K and V row bytes), and the tokens per chunk. Read from a cache with
+    :meth:`of`; two stores share chunks only when theirs are equal."""
+
+    type_k: int
+    type_v: int
+    layers: tuple[tuple[int, int, int, int, int], ...]
+    chunk_tokens: int
+
+    @classmethod
+    def of(cls, cache: UnifiedCache, chunk_tokens: int) -> StoreGeometry:
+        """The geometry of a UnifiedCache (either semantics), with chunks of chunk_tokens tokens."""
+        if not hasattr(cache, "seq_export"):
+            raise StoreError(f"cache must be a UnifiedCache, not {type(cache).__name__}")
+        if getattr(cache, "cell_ext", False):
+            raise StoreError("cache carries the per-cell extension (cell_ext=True): the store does not keep it yet")
+        return cls._from_header(cache.seq_export(0).header, chunk_tokens)
+
+    @classmethod
+    def _from_header(cls, header: bytes, chunk_tokens: int) -> StoreGeometry:
+        type_k, type_v, n_layer = struct.unpack_from("<iiI", header, 16)
+        layers = tuple(struct.unpack_from("<iIIQQ", header, _HANDOFF_FIXED + _HANDOFF_LAYER * i)
+                       for i in range(n_layer))
+        return cls(type_k, type_v, tuple(tuple(int(x) for x in ly) for ly in layers), chunk_tokens)  # type: ignore[misc]
+
+    @functools.cached_property
+    def k_row_bytes(self) -> tuple[int, ...]:
+        """Each layer's K row bytes."""
+        return tuple(ly[3] for ly in self.layers)
+
+    @functools.cached_property
+    def v_row_bytes(self) -> tuple[int, ...]:
+        """Each layer's V row bytes."""
+        return tuple(ly[4] for ly in self.layers)
+
+    @functools.cached_property
+    def token_bytes(self) -> int:
+        """Bytes of K and V of one token in every layer."""
+        return sum(self.k_row_bytes) + sum(self.v_row_bytes)
+
+    @functools.cached_property
+    def chunk_bytes(self) -> int:
+        """Bytes of K/V a chunk holds."""
+        return self.token_bytes * self.chunk_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type_k": _TYPE_NAMES.get(self.type_k, self.type_k), "type_v": _TYPE_NAMES.get(self.type_v, self.type_v),
+                "type_k_id": self.type_k, "type_v_id": self.type_v, "chunk_tokens": self.chunk_tokens,
+                "layers": [list(ly) for ly in self.layers]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StoreGeometry:
+        return cls(int(d["type_k_id"]), int(d["type_v_id"]),
+                   tuple(tuple(int(x) for x in ly) for ly in d["layers"]), int(d["chunk_tokens"]))  # type: ignore[misc]
+
+    def digest(self) -> bytes:
+        """16 bytes naming the geometry (in every chunk file and every chunk's name)."""
+        h = hashlib.blake2b(digest_size=_KEY, person=b"kvcache-geometry")
+        h.update(struct.pack("<iiII", self.type_k, self.type_v, len(self.layers), self.chunk_tokens))
+        for ly in self.layers:
+            h.update(struct.pack("<iIIQQ", *ly))
+        return h.digest()
+
+    def describe(self) -> str:
+        k = _TYPE_NAMES.get(self.type_k, str(self.type_k))
+        v = _TYPE_NAMES.get(self.type_v, str(self.type_v))
+        widths = sorted({(ly[1], ly[2]) for ly in self.layers})
+        w = ", ".join(f"{a}/{b}" for a, b in widths)
+        return f"{len(self.layers)} layers of K/V widths {w}, {k}/{v}, {self.chunk_tokens} tokens per chunk"
+
+    def _offsets(self) -> tuple[list[int], list[int]]:
+        """Byte offsets, inside a chunk, of each layer's K rows and of each layer's V rows."""
+        c = self.chunk_tokens
+        k_off, v_off, off = [], [], 0
+        for kb in self.k_row_bytes:
+            k_off.append(off)
+            off += kb * c
+        for vb in self.v_row_bytes:
+            v_off.append(off)
+            off += vb * c
+        return k_off, v_off
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """One chunk file of a store directory (:meth:`PrefixStore.chunks`)."""
+
+    path: str
+    key: str           # the chunk's name, hex
+    parent: str        # the name of the chunk before it (all zeros for a prompt's first)
+    index: int         # its place in its prompt: it holds tokens [index * chunk_tokens, ...)
+    bytes: int         # the file's size
+    mtime: float       # last written or used
+
+
+def _salt_bytes(salt: str | bytes | None) -> bytes:
+    if salt is None:
+        return b""
+    if isinstance(salt, str):
+        return b"s" + salt.encode("utf-8")
+    if isinstance(salt, (bytes, bytearray, memoryview)):
+        return b"b" + bytes(salt)
+    raise TypeError(f"salt must be a str, bytes or None, not {type(salt).__name__}")
+
+
+def _tokens_array(tokens: Any) -> npt.NDArray[np.int32]:
+    a = np.asarray(tokens)
+    if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+        raise TypeError("tokens must be a 1-d sequence of token ids (integers)")
+    if a.size and (int(a.min()) < -2**31 or int(a.max()) >= 2**31):
+        raise ValueError("tokens must fit in int32")
+    return np.ascontiguousarray(a, dtype="<i4")
+
+
+def _addr(a: npt.NDArray[Any]) -> int:
+    return int(a.ctypes.data)
+
+
+def _read_full(f: Any, view: memoryview) -> bool:
+    """Fill view from f; False when the file ends first."""
+    got = 0
+    while got < len(view):
+        r = f.readinto(view[got:])
+        if not r:
+            return False
+        got += r
+    return True
+
+
+def _read_summed(f: Any, view: memoryview, s: ChunkSum) -> bool:
+    """Fill view from f in steps of _STEP bytes, adding each step to s right after it is read
+    (while it is in the processor's cache). False when the file ends first."""
+    done, n = 0, len(view)
+    while done < n:
+        end = min(done + _STEP, n)
+        part = view[done:end]
+        if not _read_full(f, part):
+            return False
+        s.update(part)
+        done = end
+    return True
+
+
+class PrefixStore:
+    """Chunks of prefixes' K/V in host memory and, with ``path``, in a directory.
+
+    geometry: a :class:`StoreGeometry` (``StoreGeometry.of(cache, chunk_tokens)``) or a cache to
+    read it from (then ``chunk_tokens``, default 256). path: a directory (made if missing) shared
+    by every process that opens it with the same geometry; None for host memory only.
+    host_bytes / disk_bytes: the caps of the two tiers (0: that tier is off; the disk cap is
+    enforced by removing the least recently used files when a write passes it). promote: a chunk
+    read from disk is also kept in host memory (when the host tier is on).
+
+    Counters (``stats``): matched and missed chunks per tier, chunks and bytes written and loaded,
+    disk errors (a full disk: the chunk stays in host memory and the write is counted here,
+    ``last_error`` says why)."""
+
+    def __init__(self, geometry: StoreGeometry | UnifiedCache, path: _Path | None = None, *,
+                 chunk_tokens: int = 256, host_bytes: int = 1 << 30, disk_bytes: int = 8 << 30,
+                 promote: bool = True) -> None:
+        if not isinstance(geometry, StoreGeometry):
+            if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
+                raise ValueError(f"chunk_tokens must be a positive int, not {chunk_tokens!r}")
+            geometry = StoreGeometry.of(geometry, chunk_tokens)
+        for name, v in (("host_bytes", host_bytes), ("disk_bytes", disk_bytes)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, not {v!r}")
+        self.geometry = geometry
+        self.host_bytes = host_bytes
+        self.disk_bytes = disk_bytes
+        self.promote = promote
+        self._gdigest = geometry.digest()
+        self._host: OrderedDict[bytes, tuple[npt.NDArray[np.int32], npt.NDArray[np.uint8]]] = OrderedDict()
+        self._host_used = 0
+        self._disk_used: int | None = None      # counted on the first write that needs it
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("host_hits", "disk_hits", "misses", "chunks_saved", "bytes_saved", "files_written", "chunks_loaded",
+             "bytes_loaded", "corrupt_removed", "disk_errors", "host_evicted", "disk_evicted"), 0)
+        self.last_error: str | None = None
+        self.path: str | None = None
+        self._header_bytes = -(-(_FIXED + 4 * geometry.chunk_tokens) // 32) * 32
+        self._flushed: dict[str, int] = {}
+        if path is not None:
+            self.path = os.fspath(path)
+            self._open_dir()
+            weakref.finalize(self, _flush, self.path, self.stats, self._flushed)
+
+    # --- the directory ---------------------------------------------------------------------
+
+    def _open_dir(self) -> None:
+        assert self.path is not None
+        os.makedirs(os.path.join(self.path, "chunks"), exist_ok=True)
+        meta = os.path.join(self.path, META_NAME)
+        mine = {"format": "kvcache-store", "version": CHUNK_VERSION, "geometry_digest": self._gdigest.hex(),
+                "geometry": self.geometry.to_json()}
+        if not os.path.exists(meta):
+            with contextlib.suppress(OSError):
+                with atomic_write(meta, "w", encoding="utf-8") as f:
+                    json.dump(mine, f, indent=1)
+        theirs = read_meta(self.path)
+        if theirs.get("geometry_digest") != mine["geometry_digest"]:
+            other = StoreGeometry.from_json(theirs["geometry"]).describe() if "geometry" in theirs else "unknown"
+            raise StoreError(f"path {self.path!r} is a store of another geometry ({other}); this cache's is "
+                             f"{self.geometry.describe()}: use another directory")
+
+    def _file(self, key: bytes) -> str:
+        assert self.path is not None
+        h = key.hex()
+        return os.path.join(self.path, "chunks", h[:2], h + ".kvc")
+
+    # --- names -------------------------------------------------------------------------------
+
+    def keys(self, tokens: Any, salt: str | bytes | None = None) -> list[bytes]:
+        """The names of the whole chunks of tokens, in order (one hash per chunk)."""
+        toks = _tokens_array(tokens)
+        c = self.geometry.chunk_tokens
+        prev = hashlib.blake2b(self._gdigest + _salt_bytes(salt), digest_size=_KEY, person=b"kvcache-salt").digest()
+        out = []
+        for i in range(len(toks) // c):
+            prev = hashlib.blake2b(prev + toks[i * c:(i + 1) * c].tobytes(), digest_size=_KEY).digest()
+            out.append(prev)
+        return out
+
+    def match(self, tokens: Any, salt: str | bytes | None = None) -> int:
+        """How many leading tokens of tokens the store holds (a multiple of chunk_tokens): the
+        chunks in host memory or on disk, in order, up to the first missing one."""
+        n = 0
+        for key in self.keys(tokens, salt):
+            if key not in self._host and not (self.path and os.path.exists(self._file(key))):
+                break
+            n += 1
+        return n * self.geometry.chunk_tokens
+
+    # --- host tier -----------------------------------------------------------------------------
+
+    def _host_put(self, key: bytes, toks: npt.NDArray[np.int32], payload: npt.NDArray[np.uint8]) -> None:
+        if self.host_bytes < payload.nbytes:
+            return
+        old = self._host.pop(key, None)
+        if old is not None:
+            self._host_used -= old[1].nbytes
+        self._host[key] = (toks, payload)
+        self._host_used += payload.nbytes
+        while self._host_used > self.host_bytes:
+            _, (_, p) = self._host.popitem(last=False)
+            self._host_used -= p.nbytes
+            self.stats["host_evicted"] += 1
+
+    @property
+    def host_used(self) -> int:
+        """Bytes of K/V in host memory."""
+        return self._host_used
+
+    # --- disk tier -----------------------------------------------------------------------------
+
+    def _chunk_header(self, key: bytes, parent: bytes, index: int, toks: npt.NDArray[np.int32]) -> bytes:
+        g = self.geometry
+        head = CHUNK_MAGIC + struct.pack("<IIIQ", CHUNK_VERSION, self._header_bytes, g.chunk_tokens, g.chunk_bytes)
+        head += self._gdigest + key + parent + struct.pack("<I", index)
+        head += bytes(_FIXED - len(head)) + toks.tobytes()
+        return head + bytes(self._header_bytes - len(head))
+
+    def _disk_put(self, key: bytes, parent: bytes, index: int, toks: npt.NDArray[np.int32],
+                  payload: npt.NDArray[np.uint8]) -> bool:
+        path = self._file(key)
+        if os.path.exists(path):
+            with contextlib.suppress(OSError):
+                os.utime(path)
+            return True
+        size = self._header_bytes + payload.nbytes + _SUM
+        if size > self.disk_bytes:
+            return False
+        head = self._chunk_header(key, parent, index, toks)
+        s = ChunkSum()
+        s.update(head)
+        s.update(payload)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with atomic_write(path) as f:
+                f.write(head)
+                f.write(memoryview(payload))
+                f.write(struct.pack("<Q", s.digest()))
+        except OSError as e:
+            self.stats["disk_errors"] += 1
+            self.last_error = str(e)
+            return False
+        self.stats["files_written"] += 1
+        if self._disk_used is None:
+            self._disk_used = self.disk_usage()
+        else:
+            self._disk_used += size
+        if self._disk_used > self.disk_bytes:
+            self.gc(self.disk_bytes * 9 // 10)
+        return True
+
+    def chunks(self) -> Iterator[ChunkInfo]:
+        """Every chunk file of the directory (read from the headers; files that are not chunks
+        of this geometry are left out). Costs a look at every file: for the command line and gc."""
+        if self.path is None:
+            return
+        root = os.path.join(self.path, "chunks")
+        for sub in sorted(os.listdir(root)):
+            d = os.path.join(root, sub)
+            if not os.path.isdir(d):
+                continue
+            for name in sorted(os.listdir(d)):
+                if not name.endswith(".kvc"):
+                    continue
+                p = os.path.join(d, name)
+                try:
+                    st = os.stat(p)
+                    with open(p, "rb") as f:
+                        head = f.read(_FIXED)
+                except OSError:
+                    continue
+                if len(head) < _FIXED or head[:4] != CHUNK_MAGIC or head[24:40] != self._gdigest:
+                    continue
+                (index,) = struct.unpack_from("<I", head, 72)
+                yield ChunkInfo(p, head[40:56].hex(), head[56:72].hex(), index, st.st_size, st.st_mtime)
+
+    def disk_usage(self) -> int:
+        """Bytes of the chunk files in the directory (0 without one)."""
+        return sum(c.bytes for c in self.chunks())
+
+    def gc(self, max_bytes: int) -> int:
+        """Remove the least recently used chunk files (and leftover temporary files older than an
+        hour) until the directory holds at most max_bytes of chunks. Returns the files removed."""
+        if self.path is None:
+            return 0
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
+            raise ValueError(f"max_bytes must be an int >= 0, not {max_bytes!r}")
+        files = sorted(self.chunks(), key=lambda c: c.mtime)
+        total = sum(c.bytes for c in files)
+        removed = 0
+        for c in files:
+            if total <= max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(c.path)
+                removed += 1
+            total -= c.bytes
+        root = os.path.join(self.path, "chunks")
+        now = time.time()
+        for sub in os.listdir(root):
+            d = os.path.join(root, sub)
+            if os.path.isdir(d):
+                for name in os.listdir(d):
+                    p = os.path.join(d, name)
+                    with contextlib.suppress(OSError):
+                        if name.endswith(".tmp") and now - os.stat(p).st_mtime > 3600:
+                            os.unlink(p)
+        self.stats["disk_evicted"] += removed
+        self._disk_used = total
+        return removed
+
+    def _drop_file(self, path: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        self.stats["corrupt_removed"] += 1
+
+    # --- putting chunks ----------------------------------------------------------------------
+
+    def put(self, tokens: Any, k_rows: Sequence[npt.NDArray[Any]], v_rows: Sequence[npt.NDArray[Any]],
+            salt: str | bytes | None = None) -> int:
+        """Store the whole chunks of tokens from per-layer K and V rows (arrays of len(tokens)
+        rows of each layer's row bytes, any dtype of that size: what ``cache.k(il)`` rows hold).
+        Returns the tokens the store now holds for this prompt (a multiple of chunk_tokens)."""
+        g = self.geometry
+        toks = _tokens_array(tokens)
+        n = len(toks)
+        if len(k_rows) != len(g.layers) or len(v_rows) != len(g.layers):
+            raise ValueError(f"k_rows and v_rows must hold {len(g.layers)} layers, not {len(k_rows)} and {len(v_rows)}")
+        ks = [self._rows(a, n, b, f"k_rows[{i}]") for i, (a, b) in enumerate(zip(k_rows, g.k_row_bytes))]
+        vs = [self._rows(a, n, b, f"v_rows[{i}]") for i, (a, b) in enumerate(zip(v_rows, g.v_row_bytes))]
+        return self._put_rows(toks, ks, vs, salt)
+
+    @staticmethod
+    def _rows(a: Any, n: int, row_bytes: int, name: str) -> npt.NDArray[np.uint8]:
+        arr = np.ascontiguousarray(a)
+        if arr.nbytes < n * row_bytes or arr.nbytes % row_bytes:
+            raise ValueError(f"{name} holds {arr.nbytes} bytes, expected {n} rows of {row_bytes} bytes")
+        return arr.reshape(-1).view(np.uint8).reshape(-1, row_bytes)
+
+    def _put_rows(self, toks: npt.NDArray[np.int32], ks: list[npt.NDArray[np.uint8]],
+                  vs: list[npt.NDArray[np.uint8]], salt: str | bytes | None) -> int:
+        g = self.geometry
+        c = g.chunk_tokens
+        keys = self.keys(toks, salt)
+        k_off, v_off = g._offsets()
+        prev = bytes(_KEY)
+        for i, key in enumerate(keys):
+            ctoks = toks[i * c:(i + 1) * c].copy()
+            have_host = key in self._host
+            have_disk = self.path is not None and self.disk_bytes > 0 and os.path.exists(self._file(key))
+            if have_host:
+                self._host.move_to_end(key)
+            if (have_host or self.host_bytes == 0 or self.host_bytes < g.chunk_bytes) and \
+                    (have_disk or self.path is None or self.disk_bytes == 0):
+                if have_disk:
+                    with contextlib.suppress(OSError):
+                        os.utime(self._file(key))
+                prev = key
+                continue
+            payload = np.empty(g.chunk_bytes, np.uint8)
+            for il, (kr, vr) in enumerate(zip(ks, vs)):
+                payload[k_off[il]:k_off[il] + c * kr.shape[1]].reshape(c, -1)[:] = kr[i * c:(i + 1) * c]
+                payload[v_off[il]:v_off[il] + c * vr.shape[1]].reshape(c, -1)[:] = vr[i * c:(i + 1) * c]
+            if not have_host:
+                self._host_put(key, ctoks, payload)
+            if self.path is not None and self.disk_bytes > 0 and not have_disk:
+                self._disk_put(key, prev, i, ctoks, payload)
+            self.stats["chunks_saved"] += 1
+            self.stats["bytes_saved"] += payload.nbytes
+            prev = key
+        return len(keys) * c
+
+    # --- with a cache ------------------------------------------------------------------------
+
+    def _check_cache(self, cache: Any, what: str) -> None:
+        if not hasattr(cache, "seq_export"):
+            raise StoreError(f"{what}: cache must be a UnifiedCache, not {type(cache).__name__}")
+        if getattr(cache, "cell_ext", False):
+            raise StoreError(f"{what}: cache carries the per-cell extension (cell_ext=True): the store does not keep it")
+        if cache.buffers == "none":
+            raise StoreError(f"{what}: cache holds no K/V memory (buffers='none')")
+
+    def save(self, cache: UnifiedCache, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
+        """Copy the whole chunks of a sequence's leading positions into the store: tokens are the
+        token ids at positions 0, 1, ... of seq_id (the prompt and what was decoded after it).
+        Only positions 0 .. m-1 that the sequence holds, each in one cell, are taken (m at most
+        len(tokens)). Chunks the store holds already are only marked as used. Returns the tokens
+        the store holds for this prompt afterwards (a multiple of chunk_tokens)."""
+        self._check_cache(cache, "save")
+        toks = _tokens_array(tokens)
+        exp = cache.seq_export(seq_id)
+        geo = StoreGeometry._from_header(exp.header, self.geometry.chunk_tokens)
+        if geo != self.geometry:
+            raise StoreError(f"save: cache's geometry ({geo.describe()}) is not the store's "
+                             f"({self.geometry.describe()})")
+        pos = self._header_positions(exp.header)
+        n = len(pos)
+        # the leading positions 0 .. m-1, each held by one cell
+        order = np.argsort(pos, kind="stable")
+        sp = pos[order]
+        good = sp == np.arange(n, dtype=sp.dtype)
+        m = int(np.argmin(good)) if not good.all() else n
+        m = min(m, len(toks))
+        c = self.geometry.chunk_tokens
+        m -= m % c
+        if m == 0:
+            return 0
+        keys = self.keys(toks[:m], salt)
+        if all(k in self._host or self.host_bytes < self.geometry.chunk_bytes for k in keys) and \
+                (self.path is None or self.disk_bytes == 0 or all(os.path.exists(self._file(k)) for k in keys)):
+            return self._touch(keys)
+        data = exp.gather()
+        ks, vs = self._split_rows(data, n, cache.v_trans, order[:m])
+        return self._put_rows(toks[:m], ks, vs, salt)
+
+    def _touch(self, keys: list[bytes]) -> int:
+        for k in keys:
+            if k in self._host:
+                self._host.move_to_end(k)
+            elif self.path is not None:
+                with contextlib.suppress(OSError):
+                    os.utime(self._file(k))
+        return len(keys) * self.geometry.chunk_tokens
+
+    @staticmethod
+    def _header_positions(header: bytes) -> npt.NDArray[np.int32]:
+        (n_layer,) = struct.unpack_from("<I", header, 24)
+        off = _HANDOFF_FIXED + _HANDOFF_LAYER * n_layer
+        (n_runs,) = struct.unpack_from("<I", header, off)
+        off += 4 + 8 * n_runs
+        (cc,) = struct.unpack_from("<I", header, off)
+        cells = np.frombuffer(header, dtype="<i4", count=3 * cc, offset=off + 4).reshape(cc, 3)
+        return cells[:, 0].copy()
+
+    def _split_rows(self, data: npt.NDArray[np.uint8], n: int, v_trans: bool,
+                    order: npt.NDArray[np.intp]) -> tuple[list[npt.NDArray[np.uint8]], list[npt.NDArray[np.uint8]]]:
+        """Per layer the K rows and the V rows of the cells in order, from a sequence's bytes in
+        the order of a state's data section."""
+        g = self.geometry
+        ks, vs, off = [], [], 0
+        for kb in g.k_row_bytes:
+            ks.append(data[off:off + n * kb].reshape(n, kb)[order])
+            off += n * kb
+        for ly, vb in zip(g.layers, g.v_row_bytes):
+            block = data[off:off + n * vb]
+            if v_trans:
+                elt = vb // ly[2]
+                rows = block.reshape(ly[2], n, elt).transpose(1, 0, 2).reshape(n, vb)
+            else:
+                rows = block.reshape(n, vb)
+            vs.append(np.ascontiguousarray(rows[order]))
+            off += n * vb
+        return ks, vs
+
+    def _import_header(self, cache: Any, n: int, seq_id: int) -> bytes:
+        """A hand-off header naming n cells at positions 0 .. n-1 of seq_id in the store's
+        geometry (the receiving cache checks it against its own)."""
+        g = self.geometry
+        flags = (_FLAG_V_TRANS if cache.v_trans else 0) | _FLAG_MEMORY
+        layers = b"".join(struct.pack("<iIIQQ", *ly) for ly in g.layers)
+        cells = np.empty((n, 3), dtype="<i4")
+        cells[:, 0] = np.arange(n)
+        cells[:, 1] = 1
+        cells[:, 2] = seq_id
+        runs = struct.pack("<III", 1, 0, n)
+        size = _HANDOFF_FIXED + len(layers) + len(runs) + 4 + cells.nbytes + 8
+        head = b"".join((b"KVCH", struct.pack("<IIIiiIQi", 1, size, flags, g.type_k, g.type_v, len(g.layers),
+                                              n * g.token_bytes, seq_id),
+                         layers, runs, struct.pack("<I", n), cells.tobytes()))
+        return head + struct.pack("<Q", _handoff_checksum(head))
+
+    def _sources(self, n_chunks: int) -> npt.NDArray[np.uint64]:
+        """The store's side of a load as regions of a virtual address space in which chunk i's
+        bytes start at i * chunk_bytes: per layer the K rows of every chunk, then the V rows."""
+        g = self.geometry
+        k_off, v_off = g._offsets()
+        off = np.array(k_off + v_off, dtype=np.uint64)
+        length = np.array(g.k_row_bytes + g.v_row_bytes, dtype=np.uint64) * np.uint64(g.chunk_tokens)
+        base = np.arange(n_chunks, dtype=np.uint64) * np.uint64(g.chunk_bytes)
+        out = np.empty((len(off), n_chunks, 2), dtype=np.uint64)
+        out[:, :, 0] = off[:, None] + base[None, :]
+        out[:, :, 1] = length[:, None]
+        return out.reshape(-1, 2)
+
+    def load(self, cache: UnifiedCache, seq_id: int, tokens: Any, salt: str | bytes | None = None, *,
+             max_tokens: int | None = None, min_tokens: int = 1) -> int:
+        """Bring the longest stored prefix of tokens (at most max_tokens of them, whole chunks)
+        into seq_id of cache, at positions 0 .. k-1, replacing what the sequence held; returns k
+        (0: nothing loaded, the cache untouched; also when fewer than min_tokens are stored).
+        The load is one transactional import (``seq_import_begin``): nothing changes until it
+        commits, and a load that fails changes no cell, sequence or prefix (a chunk file found
+        corrupt is removed and the load retried with the chunks before it). Into a sequence that
+        holds cells the bytes of the cells are put back too; into an empty one (the usual case)
+        no copy of the free cells it fills is kept, so an abort leaves in them what was written
+        (bytes that nothing reads). StateError when the cache is too full for the prefix."""
+        self._check_cache(cache, "load")
+        toks = _tokens_array(tokens)
+        if max_tokens is not None:
+            toks = toks[:max(0, max_tokens)]
+        keys = self.keys(toks, salt)
+        srcs: list[Any] = []
+        for key in keys:
+            hit = self._host.get(key)
+            if hit is not None:
+                self._host.move_to_end(key)
+                srcs.append(hit)
+            elif self.path is not None and os.path.exists(self._file(key)):
+                srcs.append(self._file(key))
+            else:
+                break
+        while True:
+            k = len(srcs) * self.geometry.chunk_tokens
+            if k == 0 or k < min_tokens:
+                self.stats["misses"] += 1
+                return 0
+            bad = self._load_chunks(cache, seq_id, toks[:k], keys[:len(srcs)], srcs)
+            if bad is None:
+                break
+            del srcs[bad:]
+        self.stats["host_hits"] += sum(1 for s in srcs if not isinstance(s, str))
+        self.stats["disk_hits"] += sum(1 for s in srcs if isinstance(s, str))
+        self.stats["chunks_loaded"] += len(srcs)
+        self.stats["bytes_loaded"] += len(srcs) * self.geometry.chunk_bytes
+        return k
+
+    def _load_chunks(self, cache: Any, seq_id: int, toks: npt.NDArray[np.int32], keys: list[bytes],
+                     srcs: list[Any]) -> int | None:
+        """One import of the chunks srcs (host pairs or file paths); None when committed, else the
+        index of the first chunk found bad (its file removed, the cache untouched)."""
+        g = self.geometry
+        n = len(toks)
+        header = self._import_header(cache, n, seq_id)
+        # into an empty sequence no copy of the free cells' bytes is kept for abort (they hold nothing)
+        imp = _seq_import_begin(cache, header, seq_id, into_empty=True)
+        try:
+            if cache.v_trans:
+                bad = self._fill_transposed(imp, srcs, keys, toks)
+            else:
+                src, dst = pair_regions(self._sources(len(srcs)), imp.regions)
+                bad = self._fill(src, dst, srcs, keys, toks)
+            if bad is not None:
+                imp.abort()
+                return bad
+            imp.commit()
+        except BaseException:
+            imp.abort()
+            raise
+        return None
+
+    def _fill(self, src: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint64], srcs: list[Any], keys: list[bytes],
+              toks: npt.NDArray[np.int32]) -> int | None:
+        """Copy each chunk's pieces into the import's regions: from host memory in one call
+        without the GIL, from files straight into the cells, checked as they pass. Returns the
+        first bad chunk or None."""
+        cb = self.geometry.chunk_bytes
+        which = (src[:, 0] // np.uint64(cb)).astype(np.int64)
+        stream = len(srcs) * cb >= _STREAM_BYTES
+        host = np.array([not isinstance(s, str) for s in srcs], dtype=bool)
+        if host.any():
+            bases = np.array([_addr(s[1]) if not isinstance(s, str) else 0 for s in srcs], dtype=np.uint64)
+            sel = host[which]
+            real = src[sel].copy()
+            real[:, 0] = real[:, 0] - which[sel].astype(np.uint64) * np.uint64(cb) + bases[which[sel]]
+            _copy_pairs(real, dst[sel], stream)
+        if host.all():
+            return None
+        order = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[order], np.arange(len(srcs) + 1))
+        for i, s in enumerate(srcs):
+            if not isinstance(s, str):
+                continue
+            sel = order[bounds[i]:bounds[i + 1]]
+            offs = (src[sel, 0] - np.uint64(i * cb)).tolist()
+            lens = src[sel, 1].tolist()
+            pieces = list(zip(offs, dst[sel, 0].tolist(), lens))
+            if sum(lens) != cb or any(a[0] + a[2] != b[0] for a, b in zip(pieces, pieces[1:])):
+                raise AssertionError("the pieces of a chunk do not tile it")
+            if not self._read_file(s, keys[i], i, toks, pieces, stream=stream):
+                return i
+        return None
+
+    def _bounce(self) -> npt.NDArray[np.uint8]:
+        """A buffer of _STEP bytes, made once (its pages touched)."""
+        b = getattr(self, "_bounce_buf", None)
+        if b is None:
+            b = self._bounce_buf = np.zeros(_STEP, np.uint8)
+        return b
+
+    def _read_file(self, path: str, key: bytes, index: int, toks: npt.NDArray[np.int32],
+                   pieces: list[tuple[int, int, int]] | None, keep: npt.NDArray[np.uint8] | None = None,
+                   stream: bool = False) -> bool:
+        """Read a chunk file, checking it, copying its payload's pieces (offset, address, length,
+        sorted by offset) as they pass (and the whole payload into keep, or into host memory when
+        promoting). False when the file is missing, truncated or corrupt (then removed)."""
+        g = self.geometry
+        c = g.chunk_tokens
+        hb = self._header_bytes
+        want = hb + g.chunk_bytes + _SUM
+        if keep is None and self.promote and self.host_bytes >= g.chunk_bytes:
+            keep = np.empty(g.chunk_bytes, np.uint8)
+        try:
+            f = open(path, "rb", buffering=0)
+        except OSError:
+            return False
+        with f:
+            try:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(hb)
+            except OSError:
+                return False
+            ctoks = toks[index * c:(index + 1) * c]
+            if (size != want or len(head) != hb or head[:4] != CHUNK_MAGIC or
+                    struct.unpack_from("<IIIQ", head, 4) != (CHUNK_VERSION, hb, c, g.chunk_bytes) or
+                    head[24:40] != self._gdigest or head[40:56] != key or
+                    head[_FIXED:_FIXED + 4 * c] != ctoks.tobytes()):
+                self._drop_file(path)
+                return False
+            s = ChunkSum()
+            s.update(head)
+            if keep is not None:
+                if not _read_summed(f, memoryview(keep), s):
+                    self._drop_file(path)
+                    return False
+                base = _addr(keep)
+                for o, d, ln in pieces or []:
+                    ctypes.memmove(d, base + o, ln)
+            elif stream:
+                # a load larger than the caches: each step read into a small buffer, then copied
+                # into the cells with non-temporal stores and summed in the same pass
+                bounce = memoryview(self._bounce())
+                for _, d, ln in pieces or []:
+                    for at in range(0, ln, _STEP):
+                        part = bounce[:min(_STEP, ln - at)]
+                        if not _read_full(f, part):
+                            self._drop_file(path)
+                            return False
+                        s.copy_to(d + at, part, True)
+            else:
+                # straight into the reserved cells, each step summed while it is still in the cache;
+                # the pieces tile the payload in order, so the sum sees the file's bytes in order
+                for _, d, ln in pieces or []:
+                    if not _read_summed(f, memoryview((ctypes.c_char * ln).from_address(d)).cast("B"), s):
+                        self._drop_file(path)
+                        return False
+            tail = f.read(_SUM)
+            if len(tail) != _SUM or struct.unpack("<Q", tail)[0] != s.digest():
+                self._drop_file(path)
+                return False
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        if keep is not None and self.promote and self.host_bytes >= g.chunk_bytes and key not in self._host:
+            self._host_put(key, ctoks.copy(), keep)
+        return True
+
+    def _fill_transposed(self, imp: Any, srcs: list[Any], keys: list[bytes], toks: npt.NDArray[np.int32]) -> int | None:
+        """The load into a cache with a transposed V: every chunk's payload in memory (checked),
+        the V rows of the prefix transposed, then one scatter."""
+        g = self.geometry
+        c = g.chunk_tokens
+        payloads = []
+        for i, s in enumerate(srcs):
+            if not isinstance(s, str):
+                payloads.append(s[1])
+                continue
+            keep = np.empty(g.chunk_bytes, np.uint8)
+            if not self._read_file(s, keys[i], i, toks, None, keep=keep):
+                return i
+            payloads.append(keep)
+        n = len(srcs) * c
+        k_off, v_off = g._offsets()
+        out = np.empty(n * g.token_bytes, np.uint8)
+        off = 0
+        for il, kb in enumerate(g.k_row_bytes):
+            dst = out[off:off + n * kb].reshape(len(srcs), c * kb)
+            for i, p in enumerate(payloads):
+                dst[i] = p[k_off[il]:k_off[il] + c * kb]
+            off += n * kb
+        for il, (ly, vb) in enumerate(zip(g.layers, g.v_row_bytes)):
+            elt = vb // ly[2]
+            rows = np.concatenate([p[v_off[il]:v_off[il] + c * vb].reshape(c, ly[2], elt) for p in payloads])
+            out[off:off + n * vb].reshape(ly[2], n, elt)[:] = rows.transpose(1, 0, 2)
+            off += n * vb
+        imp.scatter(out)
+        return None
+
+    # --- with the prefix index ----------------------------------------------------------------
+
+    def attach(self, cache: UnifiedCache, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
+        """Start a request on a cache with prefix reuse on: the longer of the cache's own match
+        (``prefix_attach``) and the store's (loaded into the sequence). At most len(tokens) - 1
+        tokens, as ``prefix_attach``. Returns the tokens the sequence now holds."""
+        toks = _tokens_array(tokens)
+        in_cache = cache.prefix_match(toks, salt=salt)
+        if self.match(toks[:max(0, len(toks) - 1)], salt) > in_cache:
+            k = self.load(cache, seq_id, toks, salt, max_tokens=len(toks) - 1, min_tokens=in_cache + 1)
+            if k:
+                return k
+        return cache.prefix_attach(seq_id, toks, salt=salt)
+
+    def release(self, cache: UnifiedCache, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
+        """End a request on a cache with prefix reuse on: its whole chunks are written to the
+        store (before the index may evict them), then ``prefix_release``. Returns what
+        ``prefix_release`` returns."""
+        toks = _tokens_array(tokens)
+        self.save(cache, seq_id, toks, salt)
+        return cache.prefix_release(seq_id, tokens=toks, salt=salt)
+
+    # --- whole-store information ------------------------------------------------------------
+
+    def flush_stats(self) -> None:
+        """Add the counters since the last flush to the directory's ``stats.json`` (what
+        ``kvcache store`` reports for every process that used it); also done by :meth:`close`
+        and when the store is collected."""
+        if self.path is not None:
+            _flush(self.path, self.stats, self._flushed)
+
+    def close(self) -> None:
+        """Flush the counters to the directory (the store stays usable)."""
+        self.flush_stats()
+
+    def __enter__(self) -> PrefixStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def summary(self) -> dict[str, Any]:
+        """Geometry, the tiers' bytes and chunk counts, and the counters."""
+        out: dict[str, Any] = {"geometry": self.geometry.describe(), "host_chunks": len(self._host),
+                               "host_bytes": self._host_used, "host_cap": self.host_bytes}
+        if self.path is not None:
+            files = list(self.chunks())
+            out.update(path=self.path, disk_chunks=len(files), disk_bytes=sum(c.bytes for c in files),
+                       disk_cap=self.disk_bytes)
+        out["stats"] = dict(self.stats)
+        return out
+
+
+def read_meta(path: _Path) -> dict[str, Any]:
+    """The ``kvcache-store.json`` of a store directory; StoreError when it is missing or unreadable."""
+    p = os.path.join(os.fspath(path), META_NAME)
+    try:
+        with open(p, encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise StoreError(f"path {os.fspath(path)!r} is not a kvcache store (no {META_NAME})") from None
+    except (OSError, ValueError) as e:
+        raise StoreError(f"path {os.fspath(path)!r}: {META_NAME} is unreadable ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != "kvcache-store":
+        raise StoreError(f"path {os.fspath(path)!r}: {META_NAME} is not a kvcache store's")
+    if meta.get("version") != CHUNK_VERSION:
+        raise StoreError(f"path {os.fspath(path)!r}: a store of version {meta.get('version')}; this kvcache reads "
+                         f"version {CHUNK_VERSION}")
+    return meta
+
+
+def open_store(path: _Path, **kwargs: Any) -> PrefixStore:
+    """Open an existing store directory with the geometry it names (for tools: the command line)."""
+    meta = read_meta(path)
+    return PrefixStore(StoreGeometry.from_json(meta["geometry"]), path, **kwargs)
+
+
+STATS_NAME = "stats.json"
+
+
+def _flush(path: str, stats: dict[str, int], flushed: dict[str, int]) -> None:
+    """Add stats - flushed to path's stats.json under a lock (processes share it); flushed is
+    then stats."""
+    delta = {k: v - flushed.get(k, 0) for k, v in stats.items() if v != flushed.get(k, 0)}
+    if not delta:
+        return
+    target = os.path.join(path, STATS_NAME)
+    try:
+        with open(os.path.join(path, ".stats.lock"), "a+b") as lock:
+            try:
+                import fcntl
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            except ImportError:    # no advisory locks here: a concurrent flush may lose counts
+                pass
+            total = read_stats(path)
+            for k, v in delta.items():
+                total[k] = total.get(k, 0) + v
+            with atomic_write(target, "w", encoding="utf-8") as f:
+                json.dump(total, f, indent=1)
+    except OSError:
+        return       # counters are best effort: a full disk must not fail the caller
+    flushed.update(stats)
+
+
+def read_stats(path: _Path) -> dict[str, int]:
+    """The counters every process flushed to a store directory (empty when none did)."""
+    try:
+        with open(os.path.join(os.fspath(path), STATS_NAME), encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: int(v) for k, v in d.items() if isinstance(v, int)} if isinstance(d, dict) else {}
