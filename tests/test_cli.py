@@ -10,6 +10,7 @@ import pytest
 import kvcache
 from conftest import kvcache_env, need_module, needs_bench
 from kvcache import cli
+from test_store import store_dir
 
 
 def _state_file(tmp_path):
@@ -21,16 +22,6 @@ def _state_file(tmp_path):
     return path
 
 
-def _store_dir(tmp_path):
-    from kvcache.store import PrefixStore
-
-    c = kvcache.UnifiedCache(64, 1, 8, 8, v_trans=False, semantics="2026")
-    assert c.find_slot(kvcache.UBatch(list(range(8)), [0] * 8))
-    with PrefixStore(c, tmp_path / "store", chunk_tokens=4) as st:
-        st.save(c, 0, list(range(8)))
-    return tmp_path / "store"
-
-
 # one short, complete run of every command (the JSON output where there is one)
 RUNS = {
     "bench": lambda tmp: ["bench", "--quick", "--case", "find_slot", "--json", str(tmp / "bench.json")],
@@ -39,7 +30,7 @@ RUNS = {
     "inspect": lambda tmp: ["inspect", "--json", str(_state_file(tmp))],
     "plan": lambda tmp: ["plan", "--n-layer", "2", "--n-embd-k-gqa", "64", "--n-ctx", "256", "--json"],
     "simulate": lambda tmp: ["simulate", "--steps", "30", "--n-ctx", "512", "--progress", "none", "--json"],
-    "store": lambda tmp: ["store", "--json", str(_store_dir(tmp))],
+    "store": lambda tmp: ["store", "--json", str(store_dir(tmp))],
 }
 
 
@@ -108,7 +99,7 @@ def test_bench_every_case_is_offered():
     from kvcache_bench import CASES
 
     assert set(CASES) == {"find_slot", "mask", "defrag", "state", "calls", "step", "scale", "2026", "serving", "torch", "handoff",
-                           "attention"}
+                           "attention", "hybrid", "store", "store_llama"}
 
 
 @pytest.mark.parametrize("argv", [["bench", "--case", "nope"], ["bench", "--bogus"]])

@@ -16,6 +16,7 @@ import kvcache
 from conftest import HAS_BENCH, kvcache_env, need_module, needs_bench
 from interop_data import model_path
 from kvcache import cli, statefile
+from test_store import store_dir
 
 
 def run_cli(capsys, *argv):
@@ -44,16 +45,6 @@ def _recurrent_blob(tmp_path):
     return path
 
 
-def _store_dir(tmp_path):
-    from kvcache.store import PrefixStore
-
-    c = kvcache.UnifiedCache(64, 1, 8, 8, v_trans=False, semantics="2026")
-    assert c.find_slot(kvcache.UBatch(list(range(8)), [0] * 8))
-    with PrefixStore(c, tmp_path / "store", chunk_tokens=4) as st:
-        st.save(c, 0, list(range(8)))
-    return tmp_path / "store"
-
-
 # --- --json ----------------------------------------------------------------------------------------
 
 JSON_RUNS = {
@@ -62,7 +53,7 @@ JSON_RUNS = {
     "inspect": lambda tmp: ["inspect", "--json", str(_unified_blob(tmp))],
     "plan": lambda tmp: ["plan", "--n-layer", "2", "--n-embd-k-gqa", "64", "--n-ctx", "256", "--json"],
     "simulate": lambda tmp: ["simulate", "--steps", "20", "--n-ctx", "512", "--json"],
-    "store": lambda tmp: ["store", "--json", str(_store_dir(tmp))],
+    "store": lambda tmp: ["store", "--json", str(store_dir(tmp))],
 }
 
 

@@ -11,6 +11,7 @@ import pytest
 import kvcache
 from kvcache import StateError
 from kvcache._core import ChunkSum
+from conftest import needs_bench
 from kvcache.store import META_NAME, PrefixStore, StoreError, StoreGeometry, open_store
 
 C = 8  # tokens per chunk in these tests
@@ -51,6 +52,15 @@ def seq_rows(cache, seq_id):
 
 def tokens(n, start=1):
     return list(range(start, start + n))
+
+
+def store_dir(tmp_path):
+    """A small store directory holding one prompt of two chunks (for the command-line tests)."""
+    c = kvcache.UnifiedCache(64, 1, 8, 8, v_trans=False, semantics="2026")
+    assert c.find_slot(kvcache.UBatch(list(range(8)), [0] * 8))
+    with PrefixStore(c, tmp_path / "store", chunk_tokens=4) as st:
+        st.save(c, 0, list(range(8)))
+    return tmp_path / "store"
 
 
 # --- names and the host tier ---------------------------------------------------------------------
@@ -434,3 +444,16 @@ def test_cli_reports_and_trims_a_store(tmp_path, capsys):
     assert r["gc_removed"] == 3 and r["chunks"] == 0
     assert cli.main(["store", str(tmp_path)]) == 2
     assert "not a kvcache store" in capsys.readouterr().err
+
+
+# --- the bench case ---------------------------------------------------------------------------------
+
+@needs_bench
+def test_the_store_bench_case_checks_both_tiers():
+    import kvcache_bench
+
+    rows = kvcache_bench.CASES["store"](True, 1)
+    assert [r.case.split(",")[0] for r in rows] == [
+        "store: restore a prefix from the host tier into a cache",
+        "store: restore a prefix from the disk tier (page cache warm) into a cache"]
+    assert all(r.kvcache_ns > 0 and r.yardstick_ratio > 0 for r in rows)

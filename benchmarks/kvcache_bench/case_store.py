@@ -20,33 +20,13 @@ from typing import Any
 import numpy as np
 
 from kvcache_bench import Row, _median_range, _paired
+from kvcache_bench.case_handoff import WIDTH, _cache
 
-WIDTH = 1024
 CHUNK = 256
 
 
 def _sizes(quick: bool) -> tuple[int, int]:
     return (512, 4) if quick else (4096, 32)
-
-
-def _cache(tokens: int, n_layer: int, fill: bool) -> Any:
-    import kvcache
-
-    c = kvcache.UnifiedCache(tokens, n_layer, WIDTH, WIDTH, type_k="f16", type_v="f16", v_trans=False, n_seq_max=2,
-                             semantics="2026")
-    if fill:
-        if not c.find_slot(kvcache.UBatch(pos=list(range(tokens)), seq_id=[0] * tokens)):
-            raise AssertionError("no room for the sequence")
-        rng = np.random.default_rng(0)
-        for il in c.layers:
-            for a in (c.k(il), c.v(il)):
-                raw = a.reshape(-1).view(np.uint8)
-                raw[:] = np.frombuffer(rng.bytes(raw.nbytes), dtype=np.uint8)
-    else:
-        for il in c.layers:          # pages faulted in, as a serving cache's are
-            c.k(il)[...] = 0
-            c.v(il)[...] = 0
-    return c
 
 
 def _read_all(paths: list[str], out: np.ndarray) -> None:
@@ -66,7 +46,7 @@ def bench_store(quick: bool, reps: int) -> list[Row]:
 
     tokens, n_layer = _sizes(quick)
     label = f"{tokens} tokens, {n_layer} layers x {WIDTH} f16, chunks of {CHUNK}"
-    src, dst = _cache(tokens, n_layer, True), _cache(tokens, n_layer, False)
+    src, dst = _cache(tokens, n_layer, False, True), _cache(tokens, n_layer, False, False)
     toks = list(range(1, tokens + 1))
     want = src.state_write(0)
     rows = []

@@ -48,7 +48,7 @@ from kvcache._core import _STREAM_BYTES, ChunkSum, _copy_pairs, _handoff_checksu
 from kvcache.handoff import pair_regions
 
 if TYPE_CHECKING:
-    from kvcache.unified import UnifiedCache
+    from kvcache.unified import UnifiedCache, UnifiedCache2026
 
 __all__ = ["PrefixStore", "StoreGeometry", "StoreError", "ChunkInfo", "META_NAME", "CHUNK_MAGIC", "CHUNK_VERSION",
            "open_store", "read_meta", "read_stats"]
@@ -354,7 +354,7 @@ class PrefixStore:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with atomic_write(path) as f:
                 f.write(head)
-                f.write(memoryview(payload))
+                f.write(payload.data)
                 f.write(struct.pack("<Q", s.digest()))
         except OSError as e:
             self.stats["disk_errors"] += 1
@@ -738,7 +738,7 @@ class PrefixStore:
             s = ChunkSum()
             s.update(head)
             if keep is not None:
-                if not _read_summed(f, memoryview(keep), s):
+                if not _read_summed(f, keep.data, s):
                     self._drop_file(path)
                     return False
                 base = _addr(keep)
@@ -747,7 +747,7 @@ class PrefixStore:
             elif stream:
                 # a load larger than the caches: each step read into a small buffer, then copied
                 # into the cells with non-temporal stores and summed in the same pass
-                bounce = memoryview(self._bounce())
+                bounce = self._bounce().data
                 for _, d, ln in pieces or []:
                     for at in range(0, ln, _STEP):
                         part = bounce[:min(_STEP, ln - at)]
@@ -805,7 +805,7 @@ class PrefixStore:
 
     # --- with the prefix index ----------------------------------------------------------------
 
-    def attach(self, cache: UnifiedCache, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
+    def attach(self, cache: UnifiedCache2026, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
         """Start a request on a cache with prefix reuse on: the longer of the cache's own match
         (``prefix_attach``) and the store's (loaded into the sequence). At most len(tokens) - 1
         tokens, as ``prefix_attach``. Returns the tokens the sequence now holds."""
@@ -817,7 +817,7 @@ class PrefixStore:
                 return k
         return cache.prefix_attach(seq_id, toks, salt=salt)
 
-    def release(self, cache: UnifiedCache, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
+    def release(self, cache: UnifiedCache2026, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
         """End a request on a cache with prefix reuse on: its whole chunks are written to the
         store (before the index may evict them), then ``prefix_release``. Returns what
         ``prefix_release`` returns."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import Callable, Union
 
 #: the largest of llama.cpp's sizes and counts (int32)
@@ -66,6 +67,24 @@ def real(lo: float | None = None, hi: float | None = None) -> Callable[[str], fl
         _check(v, text, lo, hi)
         return v
     parse.__name__ = "number"
+    parse.bounds = (lo, hi)  # type: ignore[attr-defined]
+    return parse
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def byte_size(lo: int = 0, hi: int = 2**63 - 1) -> Callable[[str], int]:
+    """A byte count in [lo, hi]: a number with an optional K, M, G or T suffix (powers of 1024;
+    "2G", "500M", "1.5GiB")."""
+    def parse(text: str) -> int:
+        m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", text)
+        if not m:
+            raise argparse.ArgumentTypeError(f"expected a size in bytes such as 500M or 2G, got {text!r}")
+        v = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        _check(v, text, lo, hi)
+        return v
+    parse.__name__ = "size"
     parse.bounds = (lo, hi)  # type: ignore[attr-defined]
     return parse
 

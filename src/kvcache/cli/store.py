@@ -3,9 +3,9 @@ size (see kvcache.store)."""
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
 
+from kvcache.cli._argtypes import byte_size
 from kvcache.cli._output import print_json
 
 NAME = "store"
@@ -14,20 +14,9 @@ DESCRIPTION = ("Describe a prefix store directory written by kvcache.store.Prefi
                "cache): its geometry, chunk files, prompts, bytes and the hit counters its users flushed; with "
                "--gc SIZE, first remove the least recently used chunk files until it holds at most SIZE bytes.")
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def size_arg(text: str) -> int:
-    """A byte count: an integer with an optional K, M, G or T suffix (powers of 1024)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 500M or 2G, got {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="a store directory (it holds kvcache-store.json)")
-    parser.add_argument("--gc", type=size_arg, metavar="SIZE",
+    parser.add_argument("--gc", type=byte_size(), metavar="SIZE",
                         help="remove least recently used chunk files until the chunks take at most SIZE bytes "
                              "(500M, 2G, 0 for all)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
