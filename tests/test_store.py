@@ -103,6 +103,23 @@ def test_save_and_load_exact_rows_both_v_layouts():
         assert s.stats["host_hits"] == 5 + 2 + 5 + 2
 
 
+def test_put_takes_rows_from_anywhere():
+    src = make_cache()
+    toks = tokens(2 * C + 1)
+    fill(src, 0, toks)
+    _, rows = seq_rows(src, 0)
+    s = PrefixStore(src, chunk_tokens=C)
+    assert s.put(toks, [k for k, _ in rows], [v for _, v in rows]) == 2 * C
+    dst = make_cache(v_trans=True)
+    assert s.load(dst, 0, toks) == 2 * C
+    assert all(np.array_equal(a[0], b[0][:2 * C]) and np.array_equal(a[1], b[1][:2 * C])
+               for a, b in zip(seq_rows(dst, 0)[1], rows))
+    with pytest.raises(ValueError, match="k_rows and v_rows"):
+        s.put(toks, [k for k, _ in rows][:1], [v for _, v in rows])
+    with pytest.raises(ValueError, match=r"k_rows\[0\] holds"):
+        s.put(toks, [rows[0][0][:3]] + [k for k, _ in rows][1:], [v for _, v in rows])
+
+
 def test_save_takes_the_leading_positions_in_any_cell_order():
     src = make_cache()
     fill(src, 0, tokens(20, 700), seed=3)
