@@ -577,8 +577,11 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
     res->n_present = w.n;
     res->n_dup = n_dup;
     const uint32_t n_new = n - w.n;
+    /* on the matched path only the duplicates were marked: none, nothing to take back there */
     if (n_new == 0) {
-        unmark_tentative(idx, cells, streams, n);
+        if (n_dup) {
+            unmark_tentative(idx, cells, streams, n);
+        }
         idx->n_freed = 0;
         touch(idx, w.deepest);
         res->end = handle_of(idx, w.deepest);
@@ -650,7 +653,9 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
     idx->n_nodes++;
     lru_append(idx, leaf);
     touch(idx, leaf);
-    unmark_tentative(idx, cells, streams, w.n);   /* the duplicates' marks */
+    if (n_dup) {
+        unmark_tentative(idx, cells, streams, w.n);   /* the duplicates' marks */
+    }
     res->n_added = n_new;
     res->end = handle_of(idx, leaf);
     return KVC_OK;

@@ -731,8 +731,18 @@ cdef class UBatch:
             if flags.shape != (n_tokens,):
                 raise ValueError(f"output must have one flag per token ({n_tokens}), got shape {flags.shape}")
             flags = flags != 0
+        # token ids alone (a server's ubatch) go into the ubatch's block, read once and checked as
+        # they are copied; anything else (2-D positions, a negative id) goes through _ext_values
+        tok_v = None
+        if (type(tokens) is np.ndarray or type(tokens) is list) and pos_x is None and pos_y is None and n_tokens:
+            tok_v = _flat_ints(tokens)
+            if tok_v is not None and len(tok_v) != n_tokens:
+                tok_v = None
         # one block owned by the ubatch: seq_off (never empty, so it marks the block), pos, seq_ids
+        # and, on that path, the token ids
         cdef size_t nbytes = (<size_t>n_groups + 1) * 4 + <size_t>n_tokens * 4 + <size_t>total * 4
+        if tok_v is not None:
+            nbytes += <size_t>n_tokens * 4
         cdef uint8_t *mem = <uint8_t *>PyMem_Malloc(nbytes)
         if mem == NULL:
             raise MemoryError("UBatch")
@@ -767,13 +777,28 @@ cdef class UBatch:
         self.c.seq_ids = ids
         self.max_seq = mx
         self._ext = None
+        if tok_v is not None:
+            try:
+                _ints_into(tok_v, ids + total, n_tokens, INT32_MAX, "tokens")
+                self.c.token = ids + total
+                return
+            except ValueError:
+                pass   # a negative id: _ext_values decides
         if tokens is not None or pos_x is not None or pos_y is not None:
             _ubatch_set_ext(self, tokens, pos_x, pos_y, n_tokens)
 
     @property
     def tokens(self):
         """Token ids (a read-only int32 array), or None."""
-        return self._ext[2, :self.c.n_tokens] if self.c.token != NULL else None
+        if self.c.token == NULL:
+            return None
+        if self._ext is not None:
+            return self._ext[2, :self.c.n_tokens]
+        out = np.empty(self.c.n_tokens, dtype=np.int32)   # in the ubatch's block (__cinit__)
+        cdef int32_t[::1] o = out
+        memcpy(&o[0], self.c.token, self.c.n_tokens * sizeof(int32_t))
+        out.flags.writeable = False
+        return out
 
     @property
     def pos_x(self):

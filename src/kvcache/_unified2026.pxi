@@ -2,6 +2,7 @@
 # good in usable cells of its stream (prepare() is the dry run), stream copies that update()
 # performs, masks without padding rows; no defragmentation.
 
+from cpython.bytearray cimport PyByteArray_FromStringAndSize, PyByteArray_AS_STRING
 from kvcache.includes.kvc_retain cimport *
 
 import hashlib
@@ -39,6 +40,25 @@ cdef object tokens_c(object tokens, str name="tokens"):
     if a.shape[0] and (a.min() < 0 or a.max() > INT32_MAX):
         raise ValueError(f"{name} must hold token ids in [0, {INT32_MAX}], got values in [{a.min()}, {a.max()}]")
     return np.ascontiguousarray(a, dtype=np.int32)
+
+
+cdef bytearray tokens_mem(object tokens, str name="tokens"):
+    """tokens_c's copy as a bytearray of int32 (the per-request calls: no array object made)."""
+    cdef Py_ssize_t n
+    f = _flat_ints(tokens)
+    if f is None:
+        return bytearray(tokens_c(tokens, name))   # the general path, its checks and messages
+    n = len(f)
+    if n >= UINT32_MAX:
+        raise ValueError(f"{name}: too many tokens ({n})")
+    out = PyByteArray_FromStringAndSize(NULL, n * 4)
+    if n:
+        _ints_into(f, <int32_t *>PyByteArray_AS_STRING(out), n, INT32_MAX, name)
+    return out
+
+
+cdef inline const int32_t *mem_i32(bytearray b) noexcept:
+    return <const int32_t *>PyByteArray_AS_STRING(b)
 
 
 cdef object xy_c(object v, str name, Py_ssize_t n):
@@ -373,18 +393,24 @@ cdef class _Unified2026(_Unified):
         always computed, for its logits. 0 while reuse is off. The prefix counts as used.
         ``pos_x``, ``pos_y``: with ``cell_ext``, the 2-D positions the request places its
         tokens at (None: zeros), which a held cell must carry to count."""
-        t = tokens_c(tokens)
+        t = tokens_mem(tokens)
         cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv = t
-        cdef uint32_t n = <uint32_t>t.shape[0], r
+        cdef uint32_t n = <uint32_t>(len(t) // 4), r
+        cdef const int32_t *tp = mem_i32(t) if n else NULL
         x, y = self._xy(pos_x, pos_y, n)
-        cdef const int32_t[::1] xv = x if x is not None else t
-        cdef const int32_t[::1] yv = y if y is not None else t
-        cdef const int32_t *xp = xy_ptr(x, xv)
-        cdef const int32_t *yp = xy_ptr(y, yv)
+        cdef const int32_t[::1] xv
+        cdef const int32_t[::1] yv
+        cdef const int32_t *xp = NULL
+        cdef const int32_t *yp = NULL
+        if x is not None and n:
+            xv = x
+            xp = &xv[0]
+        if y is not None and n:
+            yv = y
+            yp = &yv[0]
         lock_change(&self._lock, "prefix_match")
         with nogil:
-            r = kvc_retain_match_xy(&self.c, cs, &tv[0] if n else NULL, xp, yp, n)
+            r = kvc_retain_match_xy(&self.c, cs, tp, xp, yp, n)
             kvc_pylock_release(&self._lock)
         return int(r)
 
@@ -398,22 +424,28 @@ cdef class _Unified2026(_Unified):
         (as :meth:`seq_cp` across streams). ``pos_x``, ``pos_y``: as prefix_match (the cells
         attached get them back)."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
-        t = tokens_c(tokens)
+        t = tokens_mem(tokens)
         cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv = t
-        cdef uint32_t n = <uint32_t>t.shape[0], k = 0
+        cdef uint32_t n = <uint32_t>(len(t) // 4), k = 0
+        cdef const int32_t *tp = mem_i32(t) if n else NULL
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         x, y = self._xy(pos_x, pos_y, n)
-        cdef const int32_t[::1] xv = x if x is not None else t
-        cdef const int32_t[::1] yv = y if y is not None else t
-        cdef const int32_t *xp = xy_ptr(x, xv)
-        cdef const int32_t *yp = xy_ptr(y, yv)
+        cdef const int32_t[::1] xv
+        cdef const int32_t[::1] yv
+        cdef const int32_t *xp = NULL
+        cdef const int32_t *yp = NULL
+        if x is not None and n:
+            xv = x
+            xp = &xv[0]
+        if y is not None and n:
+            yv = y
+            yp = &yv[0]
         self._reuse("prefix_attach")
         lock_change(&self._lock, "prefix_attach")
         with nogil:
-            r = kvc_retain_attach_xy(&self.c, s, cs, &tv[0] if n else NULL, xp, yp, n, &k, &err)
+            r = kvc_retain_attach_xy(&self.c, s, cs, tp, xp, yp, n, &k, &err)
             kvc_pylock_release(&self._lock)
         check_status(r, &err, "prefix_attach")
         return int(k)
@@ -442,19 +474,17 @@ cdef class _Unified2026(_Unified):
 
     cdef object _keep(self, seq_id, tokens, salt, bint end, str what):
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
-        t = None if tokens is None else tokens_c(tokens)
+        t = None if tokens is None else tokens_mem(tokens)
         cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv
         cdef const int32_t *tp = NULL
         cdef uint32_t n = 0
         cdef kvc_retained res
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        if t is not None and t.shape[0]:
-            tv = t
-            tp = &tv[0]
-            n = <uint32_t>t.shape[0]
+        if t is not None and len(t):
+            tp = mem_i32(t)
+            n = <uint32_t>(len(t) // 4)
         elif t is not None:
             tp = <const int32_t *>&n   # an empty list of tokens: nothing is kept
         self._reuse(what)
