@@ -14,6 +14,10 @@ from kvcache._core import ChunkSum
 from conftest import needs_bench
 from kvcache.store import META_NAME, PrefixStore, StoreError, StoreGeometry, open_store
 
+# where the kvcache under test was imported from (the tree's src/ or an installed wheel): the
+# child processes below import the same one
+_KVCACHE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))
+
 C = 8  # tokens per chunk in these tests
 
 
@@ -355,7 +359,7 @@ def test_a_full_disk_fails_the_write_cleanly(tmp_path):
     file_bytes = probe._header_bytes + probe.geometry.chunk_bytes + 8
     # no file may grow to a whole chunk file: every write after the limit fails
     r = subprocess.run([sys.executable, "-c", _FULL_DISK, str(st), str(file_bytes - 100), here,
-                        os.path.join(here, "..", "src")], capture_output=True, text=True, timeout=120)
+                        _KVCACHE_ROOT], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(4 * C), "2", "4", "True"]
     names = [n for d in os.listdir(st / "chunks") for n in os.listdir(st / "chunks" / d)]
@@ -394,7 +398,7 @@ def test_processes_share_a_directory_without_torn_reads(tmp_path):
     here = os.path.dirname(__file__)
     st = tmp_path / "st"
     PrefixStore(make_cache(), st, chunk_tokens=C)
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(st), str(i), here, os.path.join(here, "..", "src")],
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(st), str(i), here, _KVCACHE_ROOT],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
     for p in procs:
         out, err = p.communicate(timeout=300)

@@ -27,8 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-import llama_cpp
-from llama_cpp.llama_cache import BaseLlamaCache
+import llama_cpp  # type: ignore[import-not-found,unused-ignore]
+from llama_cpp.llama_cache import BaseLlamaCache  # type: ignore[import-not-found,unused-ignore]
 
 from kvcache import statefile
 from kvcache.geometry import read_gguf
