@@ -54,7 +54,8 @@ STAGES = {
     "test": "kvcache's test extra (hypothesis, ml_dtypes, gguf, matplotlib, Cython, mypy)",
     "bench": "kvcache-bench, the cases of kvcache bench and their extension (pip install ./benchmarks)",
     "llama": "llama-cpp-python 0.3.10 (the live interop tests of layout 2025)",
-    "llama36": "llama-cpp-python 0.3.36 (tests/test_live_v10.py, tests/test_live_hybrid.py)",
+    "llama36": "llama-cpp-python 0.3.36 (tests/test_live_v10.py, tests/test_live_hybrid.py, "
+               "tests/test_live_store_llama.py)",
     "torch": "torch",
     "transformers": "transformers 5.x",
     "handoff": "ray and nixl (the hand-off examples)",
