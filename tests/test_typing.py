@@ -139,15 +139,15 @@ def test_stubtest_finds_the_stubs_consistent(mypy_cache, tmp_path):
     help_text = _run(["mypy.stubtest", "--help"], tmp_path).stdout
     # PEP 800 (disjoint bases) is not declared for the Cython classes; older mypy does not check it
     flags = ["--ignore-disjoint-bases"] if "--ignore-disjoint-bases" in help_text else []
-    # the optional integrations import what they adapt: without it stubtest cannot import them
-    absent = [name for name, needs in (("transformers", ("torch", "transformers")), ("llama_cpp", ("llama_cpp",)))
-              if any(importlib.util.find_spec(m) is None for m in needs)]
+    # the optional modules import what they adapt: without it stubtest cannot import them
+    optional = (("integrations\\.transformers", ("torch", "transformers")), ("torch_attention", ("torch",)),
+                ("integrations\\.llama_cpp", ("llama_cpp",)))
+    absent = [module for module, needs in optional if any(importlib.util.find_spec(m) is None for m in needs)]
     allowlist = ALLOWLIST
     if absent:
         allowlist = tmp_path / "allowlist.txt"
         allowlist.write_text(ALLOWLIST.read_text(encoding="utf-8")
-                             + "".join(f"kvcache\\.integrations\\.{name}(\\..*)?\n" for name in absent),
-                             encoding="utf-8")
+                             + "".join(f"kvcache\\.{module}(\\..*)?\n" for module in absent), encoding="utf-8")
     res = _run(["mypy.stubtest", "kvcache", "--concise", "--allowlist", str(allowlist), *flags], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
 
