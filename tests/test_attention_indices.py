@@ -185,15 +185,19 @@ def _dense_attention(torch, c, ub, q, k, v, causal, slopes=None):
     return out[0].transpose(0, 1)
 
 
+def _random_kv(torch, cfg, seed):
+    """A seeded generator and random K / V rows (2 heads) for every cell of the config's cache."""
+    gen = torch.Generator().manual_seed(seed)
+    n_rows = 256 * (N_SEQ if cfg[1] else 1)
+    return gen, torch.randn(n_rows, 2, 16, generator=gen), torch.randn(n_rows, 2, 8, generator=gen)
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda cfg: "-".join(map(str, cfg)))
 def test_attention_through_indices_is_attention_through_the_mask(cfg):
     torch = need_module("torch", "torch")
     from kvcache.torch_attention import attention_from_indices
 
-    gen = torch.Generator().manual_seed(5)
-    n_rows = 256 * (N_SEQ if cfg[1] else 1)
-    k = torch.randn(n_rows, 2, 16, generator=gen)
-    v = torch.randn(n_rows, 2, 8, generator=gen)
+    gen, k, v = _random_kv(torch, cfg, 5)
 
     def each(c, ub):
         for causal in (True, False):
@@ -216,10 +220,7 @@ def test_alibi_through_indices_is_alibi_through_the_mask(cfg):
     torch = need_module("torch", "torch")
     from kvcache.torch_attention import attention_from_indices
 
-    gen = torch.Generator().manual_seed(7)
-    n_rows = 256 * (N_SEQ if cfg[1] else 1)
-    k = torch.randn(n_rows, 2, 16, generator=gen)
-    v = torch.randn(n_rows, 2, 8, generator=gen)
+    gen, k, v = _random_kv(torch, cfg, 7)
     slopes = alibi_slopes(torch, 4)
 
     def each(c, ub):
