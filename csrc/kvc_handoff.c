@@ -239,6 +239,9 @@ int kvc_handoff_export_make(kvc_unified *c, int32_t s, kvc_handoff_export *e, kv
 /* --- import ------------------------------------------------------------------------------ */
 
 static void import_release(kvc_handoff_import *imp) {
+    if (imp->active) {
+        imp->c->imports--;
+    }
     kvc_free(imp->pos);
     kvc_free(imp->ext);
     kvc_free(imp->runs);
@@ -592,6 +595,7 @@ static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, s
         kvc_handoff_gather(c, imp->stream, imp->runs, imp->n_runs, imp->backup);
     }
     imp->active = true;
+    c->imports++;
     return KVC_OK;
 }
 

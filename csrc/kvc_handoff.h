@@ -93,7 +93,7 @@ typedef struct kvc_handoff_import {
 
 /* Validate header[0, len) against c (its extension flag must be c's) and reserve the cells its sequence takes when restored into
  * seq_id (a valid id, or -1 for the header's own), as a single-sequence state read places them; nothing observable changes.
- * KVC_OK with imp active, or KVC_E_STATE (foreign geometry, truncation, corruption, no room:
+ * KVC_OK with imp active (counted in c->imports until commit or abort), or KVC_E_STATE (foreign geometry, truncation, corruption, no room:
  * err says how many cells are missing), KVC_E_NOMEM; imp inactive then. */
 int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                               kvc_handoff_import *imp, kvc_err *err);

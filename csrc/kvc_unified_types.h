@@ -104,6 +104,10 @@ typedef struct kvc_unified {
     /* prefix reuse (kvc_reuse.h, 2026 only): the index of the cells kept for later requests and
      * which cells it holds; NULL while reuse is off, which leaves every operation as llama.cpp's */
     struct kvc_reuse *reuse;
+    /* sequence imports begun (kvc_handoff.h), not yet committed or aborted: the cells they
+     * reserved and the snapshot they commit against must not change, so the bridge's lock
+     * (kvc_lock.h) refuses every change while this is nonzero */
+    uint32_t   imports;
 } kvc_unified;
 
 typedef struct kvc_unified_params {

@@ -56,7 +56,7 @@ cdef class Batch:
         cdef int rc
         cdef Py_ssize_t n_tokens, t, k
         err.msg[0] = 0
-        if kvc_pylock_init(&self._lock) != 0:
+        if kvc_lock_init(&self._lock, NULL) != 0:
             raise MemoryError("Batch: cannot allocate its lock")
         pos64 = values_c(pos, "pos", VALUES_INT)
         n_tokens = pos64.shape[0]
@@ -103,7 +103,7 @@ cdef class Batch:
 
     def __dealloc__(self):
         kvc_sbatch_free(&self.c)
-        kvc_pylock_free(&self._lock)
+        kvc_lock_free(&self._lock)
 
     @property
     def n_tokens(self) -> int:

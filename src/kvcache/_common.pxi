@@ -11,6 +11,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, INT32_MA
 from libc.string cimport memcpy
 from libc.limits cimport LLONG_MIN, LLONG_MAX
 from kvcache.includes.kvc_common cimport *
+from kvcache.includes.kvc_lock cimport *
 
 import numpy as np
 import sys
@@ -47,165 +48,36 @@ cdef inline int check_status(int status, kvc_err *err, str what) except -1:
 
 
 # --- locking -----------------------------------------------------------------------------------
-# Every object with mutable state (the caches, Batch, SWAPending) carries a kvc_pylock: its
-# Python methods hold it for the whole operation, including the loops that run without the
-# GIL. The rule that keeps it free of deadlocks with the GIL: nobody blocks on the lock while
-# holding the GIL (a busy lock is waited for with the GIL released; PyMutex does this itself),
-# and several caches are locked in ascending address order. The lock is reentrant for its
-# holder (an iSWA cache holds both of its caches while calling their methods).
+# Every object with mutable state (the caches, Batch, SWAPending) carries a kvc_lock (csrc/kvc_lock.h:
+# reentrant for its holder, what refuses a change and why): its Python methods hold it for the
+# whole operation, including the loops that run without the GIL. The rule that keeps it free of
+# deadlocks with the GIL: nobody blocks on the lock while holding the GIL (lock() waits for a busy
+# lock with the GIL released), and several caches are locked in ascending address order. The
+# reentrancy is for its holder (an iSWA cache holds both of its caches while calling their
+# methods).
 #
-# Reentrancy must not let a change in under an operation: while an operation of the holder is
-# in progress (`busy`), a call of the same thread that would change the object (from a
-# callback: a file's write(), an array's hooks, a finalizer the garbage collector runs) is
-# refused with RuntimeError; reads are allowed. Only the holder ever sees busy != 0: it is back
-# to 0 before the lock is released.
-cdef extern from *:
-    """
-    #ifndef KVC_PYLOCK_DEFINED
-    #define KVC_PYLOCK_DEFINED
-    #include <string.h>
-    #include <pythread.h>
-    #if defined(_MSC_VER) && !defined(__clang__)
-    #include <intrin.h>
-    #define KVC_PYLOCK_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (v))
-    #define KVC_PYLOCK_LOAD(p) _InterlockedOr((volatile long *)(p), 0)
-    #else
-    #define KVC_PYLOCK_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
-    #define KVC_PYLOCK_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-    #endif
-    /* Python >= 3.13 (free-threaded builds among them): a PyMutex, which parks a waiting thread
-     * with its thread state detached. Before 3.13: a count of the threads holding or waiting
-     * (an atomic add when free, no system call) and a PyThread lock, kept taken, that a waiter
-     * blocks on until the holder hands over by releasing it once. */
-    typedef struct kvc_pylock {
-    #if PY_VERSION_HEX >= 0x030D0000
-        PyMutex mutex;
-    #else
-        long count;                 /* threads holding or waiting for the lock */
-        PyThread_type_lock wake;    /* taken; released once per hand-over to a waiter */
-    #endif
-        long waiting;               /* threads blocked waiting for it (for tests and diagnostics) */
-        unsigned long long owner;   /* thread ident of the holder, 0 when free */
-        unsigned long depth;        /* acquisitions by the holder not yet released */
-        unsigned long busy;         /* operations of the holder in progress that must not see a change */
-        unsigned long imports;      /* sequence imports begun, not yet committed or aborted: no change */
-    } kvc_pylock;
-    #if PY_VERSION_HEX >= 0x030D0000
-    #define KVC_PYLOCK_OWNER(l) _Py_atomic_load_ullong_relaxed(&(l)->owner)
-    #define KVC_PYLOCK_SET_OWNER(l, v) _Py_atomic_store_ullong_relaxed(&(l)->owner, (v))
-    #else
-    #define KVC_PYLOCK_OWNER(l) ((l)->owner)
-    #define KVC_PYLOCK_SET_OWNER(l, v) ((l)->owner = (v))
-    #endif
-    /* 0, or -1 when the lock cannot be allocated. */
-    static inline int kvc_pylock_init(kvc_pylock *l) {
-        memset(l, 0, sizeof *l);
-    #if PY_VERSION_HEX < 0x030D0000
-        l->wake = PyThread_allocate_lock();
-        if (l->wake == NULL) return -1;
-        PyThread_acquire_lock(l->wake, WAIT_LOCK);
-    #endif
-        return 0;
-    }
-    static inline void kvc_pylock_free(kvc_pylock *l) {
-    #if PY_VERSION_HEX < 0x030D0000
-        if (l->wake != NULL) {
-            PyThread_release_lock(l->wake);   /* nobody waits on a lock that is freed */
-            PyThread_free_lock(l->wake);
-        }
-        l->wake = NULL;
-    #else
-        (void)l;
-    #endif
-    }
-    /* Whether the calling thread holds the lock (only the holder can read its own ident). */
-    static inline int kvc_pylock_mine(const kvc_pylock *l) {
-        return KVC_PYLOCK_OWNER(l) == (unsigned long long)PyThread_get_thread_ident();
-    }
-    /* The holder enters again. */
-    static inline int kvc_pylock_reenter(kvc_pylock *l, unsigned long long me) {
-        if (KVC_PYLOCK_OWNER(l) != me) return 0;
-        l->depth++;
-        return 1;
-    }
-    static inline void kvc_pylock_took(kvc_pylock *l, unsigned long long me) {
-        KVC_PYLOCK_SET_OWNER(l, me);
-        l->depth = 1;
-    }
-    /* Without a thread state (inside `with nogil:`). */
-    static inline void kvc_pylock_acquire_nogil(kvc_pylock *l) {
-        const unsigned long long me = PyThread_get_thread_ident();
-        if (kvc_pylock_reenter(l, me)) return;
-        KVC_PYLOCK_ADD(&l->waiting, 1);
-    #if PY_VERSION_HEX >= 0x030D0000
-        PyMutex_Lock(&l->mutex);
-    #else
-        if (KVC_PYLOCK_ADD(&l->count, 1) > 0) {
-            PyThread_acquire_lock(l->wake, WAIT_LOCK);
-        }
-    #endif
-        KVC_PYLOCK_ADD(&l->waiting, -1);
-        kvc_pylock_took(l, me);
-    }
-    /* With a thread state attached (the GIL held, on builds that have one). */
-    static inline void kvc_pylock_acquire(kvc_pylock *l) {
-        const unsigned long long me = PyThread_get_thread_ident();
-        if (kvc_pylock_reenter(l, me)) return;
-    #if PY_VERSION_HEX >= 0x030D0000
-        KVC_PYLOCK_ADD(&l->waiting, 1);
-        PyMutex_Lock(&l->mutex);
-        KVC_PYLOCK_ADD(&l->waiting, -1);
-        kvc_pylock_took(l, me);
-    #else
-        if (KVC_PYLOCK_ADD(&l->count, 1) > 0) {
-            KVC_PYLOCK_ADD(&l->waiting, 1);
-            Py_BEGIN_ALLOW_THREADS
-            PyThread_acquire_lock(l->wake, WAIT_LOCK);
-            Py_END_ALLOW_THREADS
-            KVC_PYLOCK_ADD(&l->waiting, -1);
-        }
-        kvc_pylock_took(l, me);
-    #endif
-    }
-    static inline void kvc_pylock_release(kvc_pylock *l) {
-        if (--l->depth == 0) {
-            KVC_PYLOCK_SET_OWNER(l, 0);
-    #if PY_VERSION_HEX >= 0x030D0000
-            PyMutex_Unlock(&l->mutex);
-    #else
-            if (KVC_PYLOCK_ADD(&l->count, -1) > 1) {
-                PyThread_release_lock(l->wake);   /* hand over to one waiter */
-            }
-    #endif
-        }
-    }
-    /* Acquire for a change: 0, or -1 (and not held) when the holder is in the middle of an
-     * operation on the object. */
-    static inline int kvc_pylock_acquire_change_nogil(kvc_pylock *l) {
-        kvc_pylock_acquire_nogil(l);
-        if (l->busy || l->imports) {
-            kvc_pylock_release(l);
-            return -1;
-        }
-        return 0;
-    }
-    static inline long kvc_pylock_waiting(const kvc_pylock *l) {
-        return KVC_PYLOCK_LOAD((long *)&l->waiting);
-    }
-    #endif
-    """
-    ctypedef struct kvc_pylock:
-        unsigned long depth
-        unsigned long busy
-        unsigned long imports
-    int  kvc_pylock_init(kvc_pylock *l)
-    void kvc_pylock_free(kvc_pylock *l)
-    void kvc_pylock_acquire(kvc_pylock *l)
-    void kvc_pylock_acquire_nogil(kvc_pylock *l) nogil
-    int  kvc_pylock_acquire_change_nogil(kvc_pylock *l) nogil
-    void kvc_pylock_release(kvc_pylock *l) nogil
-    bint kvc_pylock_mine(const kvc_pylock *l) nogil
-    long kvc_pylock_waiting(const kvc_pylock *l) nogil
+# Reentrancy must not let a change in under an operation: while an operation of the holder that
+# runs Python code is in progress (RUNS_PYTHON: the lock's `busy`), a call of the same thread that
+# would change the object (from a callback: a file's write(), an array's hooks, a finalizer the
+# garbage collector runs) is refused with RuntimeError; reads are allowed. So is every change to
+# a cache while a sequence import holds cells in it (seq_import_begin, counted by the C core).
+#
+# Every locked region is written one way:
+#     lock(&self._lock, how, "name")
+#     try:
+#         ...
+#     finally:
+#         unlock(&self._lock, how)
+# (try/finally costs nothing when nothing raises; a Python-level `with` costs about as much as a
+# cheap call itself).
+cdef extern from "pythread.h":
+    unsigned long PyThread_get_thread_ident() nogil
+
+
+cdef enum:
+    READ = 0          # reads: allowed under an operation of the holder and during an import
+    CHANGE = 1        # a change: refused (RuntimeError) under an operation of the holder or an import
+    RUNS_PYTHON = 2   # runs Python code while it holds the lock: changes from its callbacks are refused
 
 
 cdef enum:
@@ -223,37 +95,84 @@ cdef int raise_importing(str what) except -1:
                        f"commit or abort it first; nothing was changed")
 
 
-cdef int op_begin(kvc_pylock *l, bint change, str what) except -1:
-    """Lock for an operation that runs Python code while it holds the lock: a change is
-    refused (RuntimeError) when the holder is already in the middle of an operation or an
-    import is in progress; while it runs, changes from callbacks are refused. End it with
-    op_end."""
-    kvc_pylock_acquire(l)
-    if change and l.busy:
-        kvc_pylock_release(l)
+cdef int _refuse(kvc_lock *l, int why, str what) except -1:
+    kvc_lock_release(l)
+    if why == KVC_LOCK_BUSY:
         raise_busy(what)
-    if change and l.imports:
-        kvc_pylock_release(l)
-        raise_importing(what)
-    l.busy += 1
+    raise_importing(what)
+
+
+cdef inline int lock(kvc_lock *l, int how, str what) except -1:
+    """Take l for an operation named what (how: READ, or CHANGE and / or RUNS_PYTHON), waiting
+    for it without the GIL; a refused change raises RuntimeError and leaves l as it was. Release
+    with unlock(l, how), in a finally clause."""
+    cdef uint64_t me = PyThread_get_thread_ident()
+    cdef int why
+    if not kvc_lock_enter(l, me):
+        with nogil:
+            kvc_lock_wait(l, me)
+    if how & CHANGE:
+        why = kvc_lock_refusal(l)
+        if why != KVC_LOCK_FREE_TO_CHANGE:
+            return _refuse(l, why, what)
+    if how & RUNS_PYTHON:
+        l.busy += 1
     return 0
 
 
-cdef inline void op_end(kvc_pylock *l) noexcept nogil:
-    l.busy -= 1
-    kvc_pylock_release(l)
+cdef inline void unlock(kvc_lock *l, int how) noexcept nogil:
+    if how & RUNS_PYTHON:
+        l.busy -= 1
+    kvc_lock_release(l)
 
 
-cdef int lock_change(kvc_pylock *l, str what) except -1:
-    """Lock for a change that runs no Python code until it unlocks (kvc_pylock_release)."""
-    kvc_pylock_acquire(l)
-    if l.busy:
-        kvc_pylock_release(l)
-        raise_busy(what)
-    if l.imports:
-        kvc_pylock_release(l)
-        raise_importing(what)
-    return 0
+cdef inline bint lock_mine(const kvc_lock *l) noexcept nogil:
+    """Whether the calling thread holds l."""
+    return kvc_lock_mine(l, PyThread_get_thread_ident())
+
+
+cdef inline int lock_change_c(kvc_lock *l) noexcept nogil:
+    """lock_c() of the cimport API: 0 once held for a change, -1 (not held) when refused."""
+    return 0 if kvc_lock_acquire_change(l, PyThread_get_thread_ident()) == KVC_LOCK_FREE_TO_CHANGE else -1
+
+
+# The calls of the files not yet written with lock() / unlock().
+ctypedef kvc_lock kvc_pylock
+
+
+cdef inline void kvc_pylock_acquire(kvc_lock *l) noexcept:
+    cdef uint64_t me = PyThread_get_thread_ident()
+    if not kvc_lock_enter(l, me):
+        with nogil:
+            kvc_lock_wait(l, me)
+
+
+cdef inline void kvc_pylock_acquire_nogil(kvc_lock *l) noexcept nogil:
+    kvc_lock_acquire(l, PyThread_get_thread_ident())
+
+
+cdef inline void kvc_pylock_release(kvc_lock *l) noexcept nogil:
+    kvc_lock_release(l)
+
+
+cdef inline int kvc_pylock_acquire_change_nogil(kvc_lock *l) noexcept nogil:
+    return lock_change_c(l)
+
+
+cdef inline bint kvc_pylock_mine(const kvc_lock *l) noexcept nogil:
+    return lock_mine(l)
+
+
+cdef inline int op_begin(kvc_lock *l, bint change, str what) except -1:
+    return lock(l, RUNS_PYTHON | (CHANGE if change else READ), what)
+
+
+cdef inline void op_end(kvc_lock *l) noexcept nogil:
+    unlock(l, RUNS_PYTHON)
+
+
+cdef inline int lock_change(kvc_lock *l, str what) except -1:
+    return lock(l, CHANGE, what)
 
 
 # --- the argument layer ------------------------------------------------------------------------

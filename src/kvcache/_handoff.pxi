@@ -147,8 +147,6 @@ cdef class SeqImport:
                 r = kvc_handoff_import_commit(&self.imp, &err)
             else:
                 kvc_handoff_import_abort(&self.imp)
-            if not self.imp.active:
-                self._cache._lock.imports -= 1
             kvc_pylock_release(&self._cache._lock)
         check_status(r, &err, "commit")
         return 0
@@ -244,8 +242,6 @@ def _seq_import_begin(_Unified cache not None, header, seq_id=None, bint into_em
                 r = kvc_handoff_import_begin_empty(&cache.c, s, p, n, &x.imp, &err)
             else:
                 r = kvc_handoff_import_begin(&cache.c, s, p, n, &x.imp, &err)
-            if r == KVC_OK:
-                cache._lock.imports += 1
             kvc_pylock_release(&cache._lock)
     finally:
         hb.release()

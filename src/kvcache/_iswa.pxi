@@ -272,7 +272,7 @@ def _lock_state(obj):
     holder in progress (meaningful when mine)}``."""
     cdef kvc_pylock *l = _lock_of(obj)
     mine = kvc_pylock_mine(l)
-    return {"mine": mine, "waiting": kvc_pylock_waiting(l), "busy": l.busy if mine else 0}
+    return {"mine": mine, "waiting": kvc_lock_waiting(l), "busy": l.busy if mine else 0}
 
 
 cdef list _pending_items(const kvc_iswa_pending *p):

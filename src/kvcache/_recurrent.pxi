@@ -127,7 +127,7 @@ cdef class _Recurrent(RecurrentCore):
         cdef kvc_err err
         cdef Py_ssize_t il
         self._ready = False
-        if kvc_pylock_init(&self._lock) != 0:
+        if kvc_lock_init(&self._lock, NULL) != 0:
             raise MemoryError("RecurrentCache: cannot allocate its lock")
         self._k = []
         self._v = []
@@ -214,7 +214,7 @@ cdef class _Recurrent(RecurrentCore):
         if self._ready:
             kvc_recurrent_free(&self.c)
             self._ready = False
-        kvc_pylock_free(&self._lock)
+        kvc_lock_free(&self._lock)
 
     # --- geometry -------------------------------------------------------------------------
 

@@ -107,7 +107,7 @@ cdef class _Unified(UnifiedCore):
         cdef Py_ssize_t i, nl
         cdef kvc_layer *lay
         err.msg[0] = 0
-        if kvc_pylock_init(&self._lock) != 0:
+        if kvc_lock_init(&self._lock, &self.c.imports) != 0:
             raise MemoryError("UnifiedCache: cannot allocate its lock")
 
         # arguments converted to their C types here; their meaning (kv_size a multiple of n_pad,
@@ -334,7 +334,7 @@ cdef class _Unified(UnifiedCore):
         if self._ready:
             kvc_unified_free(&self.c)
             self._ready = False
-        kvc_pylock_free(&self._lock)
+        kvc_lock_free(&self._lock)
 
     def __repr__(self):
         cdef uint32_t head, n, used

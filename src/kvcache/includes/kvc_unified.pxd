@@ -67,6 +67,7 @@ cdef extern from "kvc_unified.h" nogil:
         bint ple
         int32_t ple_token
         void *reuse          # kvc_reuse * (kvcache.includes.kvc_retain), NULL while prefix reuse is off
+        uint32_t imports     # sequence imports begun, not committed or aborted (kvc_handoff.h)
 
     ctypedef struct kvc_unified_params:
         uint32_t kv_size
