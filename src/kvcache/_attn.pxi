@@ -107,7 +107,7 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
         if out is not None:
             # taken before the lock: an exporter's hooks see the cache as any other call would
             _attn_bind(&a, out, c_pos, held)
-        op_begin(&cache._lock, False, "attention_indices")
+        lock(&cache._lock, RUNS_PYTHON, "attention_indices")
         try:
             with nogil:
                 r = kvc_unified_attn_indices(&cache.c, &u.c, c_causal, &a, &err)
@@ -118,7 +118,7 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
                 with nogil:
                     r = kvc_unified_attn_indices(&cache.c, &u.c, c_causal, &a, &err)
         finally:
-            op_end(&cache._lock)
+            unlock(&cache._lock, RUNS_PYTHON)
     finally:
         for hb in held:
             (<_HeldBuffer>hb).release()

@@ -44,7 +44,7 @@ cdef class Batch:
     placed, which is the order of the output rows a model computes.
     """
     cdef kvc_sbatch c               # the splitter (owns copies of the batch and the last ubatch)
-    cdef kvc_pylock _lock           # held while splitting and reading the split state
+    cdef kvc_lock _lock             # held while splitting and reading the split state
     cdef object _ext                # the checked tokens / 2-D positions (see _ext_values), or None
 
     __signature__ = _signatures.ClassSignature(_signatures.batch)
@@ -114,9 +114,11 @@ cdef class Batch:
     def n_tokens_left(self) -> int:
         """Tokens not yet placed into a ubatch."""
         cdef uint32_t r
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.n_left
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "n_tokens_left")
+        try:
+            r = self.c.n_left
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     @property
@@ -134,14 +136,14 @@ cdef class Batch:
         """Batch indices of the output tokens placed so far, in placement order (int64 array)."""
         cdef Py_ssize_t i
         cdef int64_t[::1] v
-        op_begin(&self._lock, False, "out_ids")
+        lock(&self._lock, RUNS_PYTHON, "out_ids")
         try:
             res = np.empty(self.c.n_out, dtype=np.int64)
             v = res
             for i in range(self.c.n_out):
                 v[i] = self.c.out_ids[i]
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON)
         return res
 
     def __len__(self):
@@ -163,7 +165,7 @@ cdef class Batch:
         cdef uint8_t[::1] out_v
         err.msg[0] = 0
         # the split and the copy of its result (which lives in the splitter) under the lock
-        op_begin(&self._lock, True, "split")
+        lock(&self._lock, RUNS_PYTHON | CHANGE, "split")
         try:
             rc = kvc_sbatch_split(&self.c, mode, n, &out, &err)
             check_status(rc, &err, "cannot split")
@@ -185,7 +187,7 @@ cdef class Batch:
             n_seq_tokens = out.ub.n_seq_tokens
             equal_seqs = out.equal_seqs
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON | CHANGE)
         ext = {}
         if self._ext is not None:
             vals, (has_xy, has_tok) = self._ext

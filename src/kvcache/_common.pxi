@@ -48,9 +48,9 @@ cdef inline int check_status(int status, kvc_err *err, str what) except -1:
 
 
 # --- locking -----------------------------------------------------------------------------------
-# Every object with mutable state (the caches, Batch, SWAPending) carries a kvc_lock (csrc/kvc_lock.h:
-# reentrant for its holder, what refuses a change and why): its Python methods hold it for the
-# whole operation, including the loops that run without the GIL. The rule that keeps it free of
+# Every object with mutable state (the caches, Batch, SWAPending) carries a kvc_lock
+# (csrc/kvc_lock.h: reentrant for its holder; what refuses a change, and why): its Python methods
+# hold it for the whole operation, including the loops that run without the GIL. The rule that keeps it free of
 # deadlocks with the GIL: nobody blocks on the lock while holding the GIL (lock() waits for a busy
 # lock with the GIL released), and several caches are locked in ascending address order. The
 # reentrancy is for its holder (an iSWA cache holds both of its caches while calling their
@@ -68,8 +68,8 @@ cdef inline int check_status(int status, kvc_err *err, str what) except -1:
 #         ...
 #     finally:
 #         unlock(&self._lock, how)
-# (try/finally costs nothing when nothing raises; a Python-level `with` costs about as much as a
-# cheap call itself).
+# (try/finally costs nothing when nothing raises; a Python-level `with` would cost several times
+# a cheap call such as seq_pos_max).
 cdef extern from "pythread.h":
     unsigned long PyThread_get_thread_ident() nogil
 
@@ -78,10 +78,8 @@ cdef enum:
     READ = 0          # reads: allowed under an operation of the holder and during an import
     CHANGE = 1        # a change: refused (RuntimeError) under an operation of the holder or an import
     RUNS_PYTHON = 2   # runs Python code while it holds the lock: changes from its callbacks are refused
-
-
-cdef enum:
-    _BUSY = -0x4B56   # a status of the bridge: the lock was refused (the object is mid-operation)
+    REFUSED_AS_BUSY = 4   # with CHANGE: an import's refusal too says raise_busy's words, which name
+                          # both reasons (what find_slot of semantics '2025' has always said)
 
 
 cdef int raise_busy(str what) except -1:
@@ -95,9 +93,9 @@ cdef int raise_importing(str what) except -1:
                        f"commit or abort it first; nothing was changed")
 
 
-cdef int _refuse(kvc_lock *l, int why, str what) except -1:
+cdef int _refuse(kvc_lock *l, int why, int how, str what) except -1:
     kvc_lock_release(l)
-    if why == KVC_LOCK_BUSY:
+    if why == KVC_LOCK_BUSY or how & REFUSED_AS_BUSY:
         raise_busy(what)
     raise_importing(what)
 
@@ -114,7 +112,7 @@ cdef inline int lock(kvc_lock *l, int how, str what) except -1:
     if how & CHANGE:
         why = kvc_lock_refusal(l)
         if why != KVC_LOCK_FREE_TO_CHANGE:
-            return _refuse(l, why, what)
+            return _refuse(l, why, how, what)
     if how & RUNS_PYTHON:
         l.busy += 1
     return 0
@@ -131,48 +129,17 @@ cdef inline bint lock_mine(const kvc_lock *l) noexcept nogil:
     return kvc_lock_mine(l, PyThread_get_thread_ident())
 
 
-cdef inline int lock_change_c(kvc_lock *l) noexcept nogil:
+cdef inline int lock_for_cimport(kvc_lock *l) noexcept nogil:
     """lock_c() of the cimport API: 0 once held for a change, -1 (not held) when refused."""
     return 0 if kvc_lock_acquire_change(l, PyThread_get_thread_ident()) == KVC_LOCK_FREE_TO_CHANGE else -1
 
 
-# The calls of the files not yet written with lock() / unlock().
-ctypedef kvc_lock kvc_pylock
-
-
-cdef inline void kvc_pylock_acquire(kvc_lock *l) noexcept:
-    cdef uint64_t me = PyThread_get_thread_ident()
-    if not kvc_lock_enter(l, me):
-        with nogil:
-            kvc_lock_wait(l, me)
-
-
-cdef inline void kvc_pylock_acquire_nogil(kvc_lock *l) noexcept nogil:
-    kvc_lock_acquire(l, PyThread_get_thread_ident())
-
-
-cdef inline void kvc_pylock_release(kvc_lock *l) noexcept nogil:
+cdef inline int unlock_for_cimport(kvc_lock *l) noexcept nogil:
+    """unlock_c() of the cimport API: 0, or -1 (nothing released) when this thread does not hold l."""
+    if not lock_mine(l):
+        return -1
     kvc_lock_release(l)
-
-
-cdef inline int kvc_pylock_acquire_change_nogil(kvc_lock *l) noexcept nogil:
-    return lock_change_c(l)
-
-
-cdef inline bint kvc_pylock_mine(const kvc_lock *l) noexcept nogil:
-    return lock_mine(l)
-
-
-cdef inline int op_begin(kvc_lock *l, bint change, str what) except -1:
-    return lock(l, RUNS_PYTHON | (CHANGE if change else READ), what)
-
-
-cdef inline void op_end(kvc_lock *l) noexcept nogil:
-    unlock(l, RUNS_PYTHON)
-
-
-cdef inline int lock_change(kvc_lock *l, str what) except -1:
-    return lock(l, CHANGE, what)
+    return 0
 
 
 # --- the argument layer ------------------------------------------------------------------------

@@ -78,11 +78,13 @@ cdef class SeqExport:
         try:
             if <uint64_t>hb.view.len != self.e.data_bytes:
                 raise ValueError(f"out holds {hb.view.len} bytes, the sequence's K/V {self.e.data_bytes}")
-            kvc_pylock_acquire(&c._lock)
-            with nogil:
-                if self.e.data_bytes:
-                    kvc_handoff_gather(&c.c, self.e.stream, self.e.runs, self.e.n_runs, <uint8_t *>hb.view.buf)
-                kvc_pylock_release(&c._lock)
+            lock(&c._lock, READ, "gather")
+            try:
+                with nogil:
+                    if self.e.data_bytes:
+                        kvc_handoff_gather(&c.c, self.e.stream, self.e.runs, self.e.n_runs, <uint8_t *>hb.view.buf)
+            finally:
+                unlock(&c._lock, READ)
         finally:
             hb.release()
         return out
@@ -99,7 +101,7 @@ def _seq_export(_Unified cache not None, seq_id):
     cdef kvc_err err
     cdef int r
     _settle(cache, "seq_export")
-    kvc_pylock_acquire(&cache._lock)
+    lock(&cache._lock, READ, "_seq_export")
     try:
         with nogil:
             r = kvc_handoff_export_make(&cache.c, s, &x.e, &err)
@@ -110,7 +112,7 @@ def _seq_export(_Unified cache not None, seq_id):
         x.regions = _regions_array(&cache.c, x.e.stream, x.e.runs, x.e.n_runs)
         x.cells = _cells_array(x.e.runs, x.e.n_runs)
     finally:
-        kvc_pylock_release(&cache._lock)
+        unlock(&cache._lock, READ)
     return x
 
 
@@ -141,13 +143,15 @@ cdef class SeqImport:
     cdef int _finish(self, bint commit) except -1:
         cdef kvc_err err
         cdef int r = 0
-        kvc_pylock_acquire(&self._cache._lock)
-        with nogil:
-            if commit:
-                r = kvc_handoff_import_commit(&self.imp, &err)
-            else:
-                kvc_handoff_import_abort(&self.imp)
-            kvc_pylock_release(&self._cache._lock)
+        lock(&self._cache._lock, READ, "_finish")
+        try:
+            with nogil:
+                if commit:
+                    r = kvc_handoff_import_commit(&self.imp, &err)
+                else:
+                    kvc_handoff_import_abort(&self.imp)
+        finally:
+            unlock(&self._cache._lock, READ)
         check_status(r, &err, "commit")
         return 0
 
@@ -179,12 +183,14 @@ cdef class SeqImport:
         try:
             if <uint64_t>hb.view.len != self.imp.data_bytes:
                 raise ValueError(f"data holds {hb.view.len} bytes, the sequence's K/V {self.imp.data_bytes}")
-            kvc_pylock_acquire(&self._cache._lock)
-            with nogil:
-                if self.imp.data_bytes:
-                    kvc_handoff_scatter(&self._cache.c, self.imp.stream, self.imp.runs, self.imp.n_runs,
-                                        <const uint8_t *>hb.view.buf)
-                kvc_pylock_release(&self._cache._lock)
+            lock(&self._cache._lock, READ, "scatter")
+            try:
+                with nogil:
+                    if self.imp.data_bytes:
+                        kvc_handoff_scatter(&self._cache.c, self.imp.stream, self.imp.runs, self.imp.n_runs,
+                                            <const uint8_t *>hb.view.buf)
+            finally:
+                unlock(&self._cache._lock, READ)
         finally:
             hb.release()
 
@@ -195,9 +201,11 @@ cdef class SeqImport:
         self._require_active("check")
         cdef kvc_err err
         cdef int r
-        kvc_pylock_acquire(&self._cache._lock)
-        r = kvc_handoff_import_check(&self.imp, &err)
-        kvc_pylock_release(&self._cache._lock)
+        lock(&self._cache._lock, READ, "check")
+        try:
+            r = kvc_handoff_import_check(&self.imp, &err)
+        finally:
+            unlock(&self._cache._lock, READ)
         check_status(r, &err, "check")
 
     def commit(self):
@@ -236,13 +244,15 @@ def _seq_import_begin(_Unified cache not None, header, seq_id=None, bint into_em
     cdef const uint8_t *p = state_data_ptr(hb, &n)
     cdef int r
     try:
-        lock_change(&cache._lock, "seq_import_begin")
-        with nogil:
-            if into_empty:
-                r = kvc_handoff_import_begin_empty(&cache.c, s, p, n, &x.imp, &err)
-            else:
-                r = kvc_handoff_import_begin(&cache.c, s, p, n, &x.imp, &err)
-            kvc_pylock_release(&cache._lock)
+        lock(&cache._lock, CHANGE, "seq_import_begin")
+        try:
+            with nogil:
+                if into_empty:
+                    r = kvc_handoff_import_begin_empty(&cache.c, s, p, n, &x.imp, &err)
+                else:
+                    r = kvc_handoff_import_begin(&cache.c, s, p, n, &x.imp, &err)
+        finally:
+            unlock(&cache._lock, CHANGE)
     finally:
         hb.release()
     check_status(r, &err, "seq_import_begin")

@@ -83,23 +83,20 @@ cdef class _Hybrid:
         self._n_layer = <uint32_t>n_layer
         self._hold = _Hold(self._attn, self._recr)
 
-    # both parts locked for a change that runs no Python code (see "locking" in _common.pxi)
-    cdef int _lock_change(self, str what) except -1:
-        lock_change(_lock_of(self._first), what)
+    # lock() of both parts, in _lock_order's order (see "locking" in _common.pxi)
+    cdef int _lock_parts(self, int how, str what) except -1:
+        lock(_lock_of(self._first), how, what)
         try:
-            lock_change(_lock_of(self._second), what)
+            lock(_lock_of(self._second), how, what)
         except BaseException:
-            kvc_pylock_release(_lock_of(self._first))
+            unlock(_lock_of(self._first), how)
             raise
         return 0
 
-    cdef void _release(self) noexcept:
-        kvc_pylock_release(_lock_of(self._second))
-        kvc_pylock_release(_lock_of(self._first))
-
-    cdef void _acquire(self) noexcept:
-        kvc_pylock_acquire(_lock_of(self._first))
-        kvc_pylock_acquire(_lock_of(self._second))
+    cdef int _unlock_parts(self, int how) except -1:
+        unlock(_lock_of(self._second), how)
+        unlock(_lock_of(self._first), how)
+        return 0
 
     # --- the parts and the geometry (read-only) ----------------------------------------------
     @property
@@ -175,10 +172,12 @@ cdef class _Hybrid:
         cdef int r
         err.msg[0] = 0
         u.check(self._attn.c.n_seq_max)
-        self._lock_change("find_slot")
-        with nogil:
-            r = kvc_hybrid_find_slot(&self.c, &u.c, &err)
-        self._release()
+        self._lock_parts(CHANGE, "find_slot")
+        try:
+            with nogil:
+                r = kvc_hybrid_find_slot(&self.c, &u.c, &err)
+        finally:
+            self._unlock_parts(CHANGE)
         if r < 0:
             raise_status(r, &err, "find_slot")
         return r == 1
@@ -200,10 +199,12 @@ cdef class _Hybrid:
 
     def clear(self):
         """Empty both parts (their memory zeroed)."""
-        self._lock_change("clear")
-        with nogil:
-            kvc_hybrid_clear(&self.c)
-        self._release()
+        self._lock_parts(CHANGE, "clear")
+        try:
+            with nogil:
+                kvc_hybrid_clear(&self.c)
+        finally:
+            self._unlock_parts(CHANGE)
 
     # --- sequences -------------------------------------------------------------------------
     def seq_rm(self, seq_id, p0=-1, p1=-1):
@@ -213,9 +214,11 @@ cdef class _Hybrid:
         cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef bint r
-        self._lock_change("seq_rm")
-        r = kvc_hybrid_seq_rm(&self.c, s, a, b)
-        self._release()
+        self._lock_parts(CHANGE, "seq_rm")
+        try:
+            r = kvc_hybrid_seq_rm(&self.c, s, a, b)
+        finally:
+            self._unlock_parts(CHANGE)
         return r
 
     def seq_cp(self, src, dst, p0=-1, p1=-1):
@@ -227,50 +230,62 @@ cdef class _Hybrid:
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        self._lock_change("seq_cp")
-        r = kvc_hybrid_seq_cp(&self.c, s, d, a, b, &err)
-        self._release()
+        self._lock_parts(CHANGE, "seq_cp")
+        try:
+            r = kvc_hybrid_seq_cp(&self.c, s, d, a, b, &err)
+        finally:
+            self._unlock_parts(CHANGE)
         check_status(r, &err, "seq_cp")
 
     def seq_keep(self, seq_id):
         """Keep only seq_id, in both parts."""
         cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
-        self._lock_change("seq_keep")
-        kvc_hybrid_seq_keep(&self.c, s)
-        self._release()
+        self._lock_parts(CHANGE, "seq_keep")
+        try:
+            kvc_hybrid_seq_keep(&self.c, s)
+        finally:
+            self._unlock_parts(CHANGE)
 
     def seq_add(self, seq_id, p0, p1, shift):
         """Shift the positions of seq_id in [p0, p1), in both parts."""
         cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef int32_t d = pos_c(shift, "shift")
-        self._lock_change("seq_add")
-        kvc_hybrid_seq_add(&self.c, s, a, b, d)
-        self._release()
+        self._lock_parts(CHANGE, "seq_add")
+        try:
+            kvc_hybrid_seq_add(&self.c, s, a, b, d)
+        finally:
+            self._unlock_parts(CHANGE)
 
     def seq_div(self, seq_id, p0, p1, d):
         """Integer-divide the positions of seq_id in [p0, p1) by d (> 0), in both parts."""
         cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef int32_t dd = divisor_c(d)
-        self._lock_change("seq_div")
-        kvc_hybrid_seq_div(&self.c, s, a, b, dd)
-        self._release()
+        self._lock_parts(CHANGE, "seq_div")
+        try:
+            kvc_hybrid_seq_div(&self.c, s, a, b, dd)
+        finally:
+            self._unlock_parts(CHANGE)
 
     def seq_pos_min(self, seq_id):
         """The larger of the parts' smallest positions of seq_id (-1: none)."""
         cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False), r
-        self._acquire()
-        r = kvc_hybrid_seq_pos_min(&self.c, s)
-        self._release()
+        self._lock_parts(READ, "seq_pos_min")
+        try:
+            r = kvc_hybrid_seq_pos_min(&self.c, s)
+        finally:
+            self._unlock_parts(READ)
         return r
 
     def seq_pos_max(self, seq_id):
         """The smaller of the parts' largest positions of seq_id (-1: none)."""
         cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False), r
-        self._acquire()
-        r = kvc_hybrid_seq_pos_max(&self.c, s)
-        self._release()
+        self._lock_parts(READ, "seq_pos_max")
+        try:
+            r = kvc_hybrid_seq_pos_max(&self.c, s)
+        finally:
+            self._unlock_parts(READ)
         return r
 
     def rollback_ok(self, seq_id, n):
@@ -380,10 +395,12 @@ cdef class _Hybrid:
         if not self.prefix_reuse:
             return 0
         cdef kvc_ckpt_pool *pool = self._pool("prefix_match")
-        self._lock_change("prefix_match")
-        with nogil:
-            r = kvc_hybrid_prefix_match(&self.c, pool, cs, &tv[0] if n else NULL, n)
-        self._release()
+        self._lock_parts(CHANGE, "prefix_match")
+        try:
+            with nogil:
+                r = kvc_hybrid_prefix_match(&self.c, pool, cs, &tv[0] if n else NULL, n)
+        finally:
+            self._unlock_parts(CHANGE)
         return int(r)
 
     def prefix_attach(self, seq_id, tokens, salt=None):
@@ -400,10 +417,12 @@ cdef class _Hybrid:
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        self._lock_change("prefix_attach")
-        with nogil:
-            r = kvc_hybrid_prefix_attach(&self.c, pool, s, cs, &tv[0] if n else NULL, n, &k, &err)
-        self._release()
+        self._lock_parts(CHANGE, "prefix_attach")
+        try:
+            with nogil:
+                r = kvc_hybrid_prefix_attach(&self.c, pool, s, cs, &tv[0] if n else NULL, n, &k, &err)
+        finally:
+            self._unlock_parts(CHANGE)
         check_status(r, &err, "prefix_attach")
         return int(k)
 
@@ -430,10 +449,12 @@ cdef class _Hybrid:
             n = <uint32_t>t.shape[0]
         elif t is not None:
             tp = <const int32_t *>&n   # an empty list of tokens: nothing is kept
-        self._lock_change("prefix_release")
-        with nogil:
-            r = kvc_hybrid_prefix_release(&self.c, pool, s, cs, tp, n, &hit, &res, &err)
-        self._release()
+        self._lock_parts(CHANGE, "prefix_release")
+        try:
+            with nogil:
+                r = kvc_hybrid_prefix_release(&self.c, pool, s, cs, tp, n, &hit, &res, &err)
+        finally:
+            self._unlock_parts(CHANGE)
         check_status(r, &err, "prefix_release")
         return int(hit)
 
@@ -480,9 +501,11 @@ cdef class _Hybrid:
         cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_size"), prefix, s)
         cdef unsigned parts = _hybrid_parts(partial_only, s)
         cdef size_t r
-        self._acquire()
-        r = kvc_hybrid_state_size(&self.c, s, bits, parts)
-        self._release()
+        self._lock_parts(READ, "state_size")
+        try:
+            r = kvc_hybrid_state_size(&self.c, s, bits, parts)
+        finally:
+            self._unlock_parts(READ)
         return r
 
     def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None, partial_only=False):
@@ -499,15 +522,14 @@ cdef class _Hybrid:
         cdef size_t n, written = 0
         cdef uint8_t *p
         cdef int r
-        order = [self._first, self._second]
-        _begin_all(order, False, "state_write")
+        self._lock_parts(RUNS_PYTHON, "state_write")
         try:
             n = kvc_hybrid_state_size(&self.c, s, bits, parts)
             out = new_state_bytes(n, &p)
             with nogil:
                 r = kvc_hybrid_state_write_range(&self.c, s, bits | KVC_LAYOUT_FRESH_OUT, parts, 0, p, n, &written)
         finally:
-            _end_all(order)
+            self._unlock_parts(RUNS_PYTHON)
         check_status(r, NULL, "state_write")
         if written != n:
             raise RuntimeError(f"state_write wrote {written} bytes, expected {n} (internal error)")
@@ -524,18 +546,14 @@ cdef class _Hybrid:
         w.h = &self.c
         w.parts = _hybrid_parts(partial_only, s)
         target = state_target(buf)      # taken before the locks, like every array argument
-        order = [self._first, self._second]
         try:
-            _begin_all(order, False, "state_write_into")
-        except RuntimeError:
-            if isinstance(target, _HeldBuffer):
-                (<_HeldBuffer>target).release()
-            raise
-        try:
-            return state_write_into(&w, _hybrid_state_range, s, bits, kvc_hybrid_state_size(&self.c, s, bits, w.parts),
-                                    target)
+            self._lock_parts(RUNS_PYTHON, "state_write_into")
+            try:
+                return state_write_into(&w, _hybrid_state_range, s, bits,
+                                        kvc_hybrid_state_size(&self.c, s, bits, w.parts), target)
+            finally:
+                self._unlock_parts(RUNS_PYTHON)
         finally:
-            _end_all(order)
             if isinstance(target, _HeldBuffer):
                 (<_HeldBuffer>target).release()
 
@@ -561,17 +579,14 @@ cdef class _Hybrid:
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        order = [self._first, self._second]
         try:
-            _begin_all(order, True, "state_read")
-        except RuntimeError:
-            keep.release()
-            raise
-        try:
-            with nogil:
-                r = kvc_hybrid_state_read(&self.c, s, p, n, flags, bits, parts, &consumed, &err)
+            self._lock_parts(RUNS_PYTHON | CHANGE, "state_read")
+            try:
+                with nogil:
+                    r = kvc_hybrid_state_read(&self.c, s, p, n, flags, bits, parts, &consumed, &err)
+            finally:
+                self._unlock_parts(RUNS_PYTHON | CHANGE)
         finally:
-            _end_all(order)
             keep.release()
         check_status(r, &err, "state_read")
         return consumed

@@ -59,7 +59,7 @@ cdef list _lock_order(tuple caches):
     return sorted(caches, key=id)
 
 
-cdef kvc_pylock *_lock_of(object obj) except NULL:
+cdef kvc_lock *_lock_of(object obj) except NULL:
     """The lock of a cache or Batch."""
     if isinstance(obj, _Unified):
         return &(<_Unified>obj)._lock
@@ -70,31 +70,23 @@ cdef kvc_pylock *_lock_of(object obj) except NULL:
     raise TypeError(f"{type(obj).__name__} has no kvcache lock")
 
 
-cdef void _lock_all(list order):
-    for c in order:
-        kvc_pylock_acquire(_lock_of(c))
-
-
-cdef void _unlock_all(list order):
-    for c in reversed(order):
-        kvc_pylock_release(_lock_of(c))
-
-
-cdef int _begin_all(list order, bint change, str what) except -1:
-    """op_begin on every cache of order, or on none (RuntimeError) when one is mid-operation."""
+cdef int lock_all(list order, int how, str what) except -1:
+    """lock() of every cache of order (_lock_order's), or of none when one refuses (RuntimeError).
+    Release with unlock_all(order, how)."""
     cdef Py_ssize_t k
     for k in range(len(order)):
         try:
-            op_begin(_lock_of(order[k]), change, what)
-        except RuntimeError:
-            _end_all(order[:k])
+            lock(_lock_of(order[k]), how, what)
+        except BaseException:
+            unlock_all(order[:k], how)
             raise
     return 0
 
 
-cdef void _end_all(list order):
+cdef int unlock_all(list order, int how) except -1:
     for c in reversed(order):
-        op_end(_lock_of(c))
+        unlock(_lock_of(c), how)
+    return 0
 
 
 cdef class _Hold:
@@ -106,7 +98,7 @@ cdef class _Hold:
 
     Only the thread that entered it can exit it, once per entry (RuntimeError otherwise)."""
     cdef list _order
-    cdef bint _busy
+    cdef int _how              # READ, or RUNS_PYTHON with busy=True
     cdef Py_ssize_t _depth     # entries not exited yet (read and written by the holder only)
 
     def __cinit__(self, *caches, busy=False):
@@ -118,27 +110,21 @@ cdef class _Hold:
             if any(c is d for d in caches[:i]):
                 raise ValueError(f"caches[{i}] is given twice")
         self._order = _lock_order(tuple(caches))
-        self._busy = bool_arg(busy, "busy")
+        self._how = RUNS_PYTHON if bool_arg(busy, "busy") else READ
 
     def __enter__(self):
-        if self._busy:
-            _begin_all(self._order, False, "_Hold")
-        else:
-            _lock_all(self._order)
+        lock_all(self._order, self._how, "_Hold")
         self._depth += 1
         return self
 
     def __exit__(self, *exc):
         for c in self._order:
-            if not kvc_pylock_mine(_lock_of(c)):
+            if not lock_mine(_lock_of(c)):
                 raise RuntimeError("_Hold.__exit__: this thread does not hold the caches' locks")
         if self._depth == 0:
             raise RuntimeError("_Hold.__exit__: this hold was not entered")
         self._depth -= 1
-        if self._busy:
-            _end_all(self._order)
-        else:
-            _unlock_all(self._order)
+        unlock_all(self._order, self._how)
         return False
 
 
@@ -152,11 +138,11 @@ def _update_parts(caches, rope=None, n_max_nodes=65536):
     for c in cs:
         c._check_update(rope, n_max_nodes)
     order = _lock_order(cs)
-    _begin_all(order, True, "update")
+    lock_all(order, RUNS_PYTHON | CHANGE, "update")
     try:
         return _update_caches(cs, rope, nmax)
     finally:
-        _end_all(order)
+        unlock_all(order, RUNS_PYTHON | CHANGE)
 
 
 def _state_size_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
@@ -173,11 +159,13 @@ def _state_size_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
     for c in cs:
         _check_state_layout(c, bits, "state_size")
     order = _lock_order(cs)
-    _lock_all(order)
-    for k in range(len(cs)):
-        c = cs[k]
-        total += kvc_unified_state_size_lay(&c.c, s, bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX))
-    _unlock_all(order)
+    lock_all(order, READ, "state_size")
+    try:
+        for k in range(len(cs)):
+            c = cs[k]
+            total += kvc_unified_state_size_lay(&c.c, s, bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX))
+    finally:
+        unlock_all(order, READ)
     return total
 
 
@@ -200,7 +188,7 @@ def _state_write_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
     for k in range(n):
         _check_state_layout(cs[k], bits, "state_write")
     order = _lock_order(cs)
-    _begin_all(order, False, "state_write")
+    lock_all(order, RUNS_PYTHON, "state_write")
     try:
         for k in range(n):
             c = cs[k]
@@ -220,7 +208,7 @@ def _state_write_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
                 raise RuntimeError(f"state_write wrote {written} bytes, expected {sizes[k]} (internal error)")
             off += written
     finally:
-        _end_all(order)
+        unlock_all(order, RUNS_PYTHON)
     return out
 
 
@@ -250,16 +238,14 @@ def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False, la
     err.msg[0] = 0
     order = _lock_order(cs)
     try:
-        _begin_all(order, True, "state_read")
-    except RuntimeError:
-        keep.release()
-        raise
-    try:
-        with nogil:
-            r = kvc_unified_state_read_parts_lay(ptrs, <uint32_t>n, s, ptr, nbytes, flags, bits, &consumed, NULL,
-                                                 &err)
+        lock_all(order, RUNS_PYTHON | CHANGE, "state_read")
+        try:
+            with nogil:
+                r = kvc_unified_state_read_parts_lay(ptrs, <uint32_t>n, s, ptr, nbytes, flags, bits, &consumed,
+                                                     NULL, &err)
+        finally:
+            unlock_all(order, RUNS_PYTHON | CHANGE)
     finally:
-        _end_all(order)
         keep.release()
     if r < 0:
         raise_status(r, &err, "state_read")
@@ -270,8 +256,8 @@ def _lock_state(obj):
     """The lock of a cache or Batch as seen from this thread (for tests):
     ``{"mine": held by this thread, "waiting": threads blocked on it, "busy": operations of the
     holder in progress (meaningful when mine)}``."""
-    cdef kvc_pylock *l = _lock_of(obj)
-    mine = kvc_pylock_mine(l)
+    cdef kvc_lock *l = _lock_of(obj)
+    mine = lock_mine(l)
     return {"mine": mine, "waiting": kvc_lock_waiting(l), "busy": l.busy if mine else 0}
 
 
@@ -416,24 +402,20 @@ cdef class _ISWA:
         self._hold = _Hold(self._base, self._swa)
         self._op = _Hold(self._base, self._swa, busy=True)
 
-    # both caches locked for a change that runs no Python code (see "locking" in _common.pxi)
-    cdef int _lock_change(self, str what) except -1:
-        lock_change(&self._first._lock, what)
+    # lock() of both caches, in _lock_order's order (see "locking" in _common.pxi): for a change,
+    # a read, or the pair's own pending ranges
+    cdef int _lock_parts(self, int how, str what) except -1:
+        lock(&self._first._lock, how, what)
         try:
-            lock_change(&self._second._lock, what)
+            lock(&self._second._lock, how, what)
         except BaseException:
-            kvc_pylock_release(&self._first._lock)
+            unlock(&self._first._lock, how)
             raise
         return 0
 
-    # both caches locked for a read, or for the pair's own pending ranges
-    cdef void _acquire(self) noexcept:
-        kvc_pylock_acquire(&self._first._lock)
-        kvc_pylock_acquire(&self._second._lock)
-
-    cdef void _release(self) noexcept nogil:
-        kvc_pylock_release(&self._second._lock)
-        kvc_pylock_release(&self._first._lock)
+    cdef void _unlock_parts(self, int how) noexcept nogil:
+        unlock(&self._second._lock, how)
+        unlock(&self._first._lock, how)
 
     # --- the parts and the geometry (read-only) ----------------------------------------------
     @property
@@ -558,18 +540,22 @@ cdef class _ISWA:
     def has_shift(self):
         """True when either cache has a pending K-shift."""
         cdef bint r
-        self._acquire()
-        r = kvc_iswa_has_shift(&self.c)
-        self._release()
+        self._lock_parts(READ, "has_shift")
+        try:
+            r = kvc_iswa_has_shift(&self.c)
+        finally:
+            self._unlock_parts(READ)
         return r
 
     @property
     def pending(self):
         """The pruning ranges recorded by the last sbatch_init: ``[[seq, pmin, pmax], ...]``."""
         cdef kvc_iswa_pending p
-        self._acquire()
-        p = self.c.pending
-        self._release()
+        self._lock_parts(READ, "pending")
+        try:
+            p = self.c.pending
+        finally:
+            self._unlock_parts(READ)
         return _pending_items(&p)
 
     @property
@@ -605,10 +591,12 @@ cdef class _ISWA:
         err.msg[0] = 0
         found[0] = found[1] = 0
         u.check(self.c.base.n_seq_max, kvc_unified_has_ext(self.c.base))
-        self._lock_change("find_slot")
-        with nogil:
-            r = kvc_iswa_find_slot(&self.c, &u.c, found, &err)
-            self._release()
+        self._lock_parts(CHANGE, "find_slot")
+        try:
+            with nogil:
+                r = kvc_iswa_find_slot(&self.c, &u.c, found, &err)
+        finally:
+            self._unlock_parts(CHANGE)
         if r < 0:
             raise_status(r, &err, "find_slot")
         return r
@@ -645,10 +633,12 @@ cdef class _ISWA:
 
     def clear(self):
         """Empty both caches (the pending ranges are kept, as llama.cpp does)."""
-        self._lock_change("clear")
-        with nogil:
-            kvc_iswa_clear(&self.c)
-            self._release()
+        self._lock_parts(CHANGE, "clear")
+        try:
+            with nogil:
+                kvc_iswa_clear(&self.c)
+        finally:
+            self._unlock_parts(CHANGE)
 
     # --- sequences -------------------------------------------------------------------------
     def seq_rm(self, seq_id, p0=-1, p1=-1):
@@ -656,9 +646,11 @@ cdef class _ISWA:
         cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", True)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef bint r
-        self._lock_change("seq_rm")
-        r = kvc_iswa_seq_rm(&self.c, s, a, b)
-        self._release()
+        self._lock_parts(CHANGE, "seq_rm")
+        try:
+            r = kvc_iswa_seq_rm(&self.c, s, a, b)
+        finally:
+            self._unlock_parts(CHANGE)
         return r
 
     def seq_cp(self, src, dst, p0=-1, p1=-1):
@@ -671,50 +663,62 @@ cdef class _ISWA:
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        self._lock_change("seq_cp")
-        r = kvc_iswa_seq_cp(&self.c, s, d, a, b, &err)
-        self._release()
+        self._lock_parts(CHANGE, "seq_cp")
+        try:
+            r = kvc_iswa_seq_cp(&self.c, s, d, a, b, &err)
+        finally:
+            self._unlock_parts(CHANGE)
         check_status(r, &err, "seq_cp")
 
     def seq_keep(self, seq_id):
         """Keep only seq_id, in both caches."""
         cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
-        self._lock_change("seq_keep")
-        kvc_iswa_seq_keep(&self.c, s)
-        self._release()
+        self._lock_parts(CHANGE, "seq_keep")
+        try:
+            kvc_iswa_seq_keep(&self.c, s)
+        finally:
+            self._unlock_parts(CHANGE)
 
     def seq_add(self, seq_id, p0, p1, shift):
         """Shift the positions of seq_id in [p0, p1), in both caches."""
         cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef int32_t d = pos_c(shift, "shift")
-        self._lock_change("seq_add")
-        kvc_iswa_seq_add(&self.c, s, a, b, d)
-        self._release()
+        self._lock_parts(CHANGE, "seq_add")
+        try:
+            kvc_iswa_seq_add(&self.c, s, a, b, d)
+        finally:
+            self._unlock_parts(CHANGE)
 
     def seq_div(self, seq_id, p0, p1, d):
         """Integer-divide the positions of seq_id in [p0, p1) by d (> 0), in both caches."""
         cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef int32_t dd = divisor_c(d)
-        self._lock_change("seq_div")
-        kvc_iswa_seq_div(&self.c, s, a, b, dd)
-        self._release()
+        self._lock_parts(CHANGE, "seq_div")
+        try:
+            kvc_iswa_seq_div(&self.c, s, a, b, dd)
+        finally:
+            self._unlock_parts(CHANGE)
 
     def seq_pos_min(self, seq_id):
         """Smallest position of seq_id in the SWA cache (-1 when absent)."""
         cdef int32_t s = seq_c(seq_id, self.c.swa.n_seq_max, "seq_id", False), r
-        kvc_pylock_acquire(&self._swa._lock)
-        r = kvc_iswa_seq_pos_min(&self.c, s)
-        kvc_pylock_release(&self._swa._lock)
+        lock(&self._swa._lock, READ, "seq_pos_min")
+        try:
+            r = kvc_iswa_seq_pos_min(&self.c, s)
+        finally:
+            unlock(&self._swa._lock, READ)
         return r
 
     def seq_pos_max(self, seq_id):
         """Largest position of seq_id (the SWA cache's answer; -1 when absent)."""
         cdef int32_t s = seq_c(seq_id, self.c.swa.n_seq_max, "seq_id", False), r
-        kvc_pylock_acquire(&self._swa._lock)
-        r = kvc_iswa_seq_pos_max(&self.c, s)
-        kvc_pylock_release(&self._swa._lock)
+        lock(&self._swa._lock, READ, "seq_pos_max")
+        try:
+            r = kvc_iswa_seq_pos_max(&self.c, s)
+        finally:
+            unlock(&self._swa._lock, READ)
         return r
 
     # --- K/V data --------------------------------------------------------------------------
@@ -845,22 +849,28 @@ cdef class _ISWA2025(_ISWA):
             if seq_id is not None:
                 raise TypeError("sbatch_init: seq_id must not be given with a Batch")
             b = <Batch>batch_or_pos
-            kvc_pylock_acquire(&b._lock)     # its arrays stay put while the ranges are taken
-            self._acquire()
-            with nogil:
-                rc = kvc_iswa_sbatch_init(&self.c, b.c.n_tokens, b.c.pos, b.c.seq_off, b.c.seq_ids, &err)
-                p = self.c.pending
-                self._release()
-                kvc_pylock_release(&b._lock)
+            lock(&b._lock, READ, "sbatch_init")     # its arrays stay put while the ranges are taken
+            try:
+                self._lock_parts(READ, "sbatch_init")
+                try:
+                    with nogil:
+                        rc = kvc_iswa_sbatch_init(&self.c, b.c.n_tokens, b.c.pos, b.c.seq_off, b.c.seq_ids, &err)
+                        p = self.c.pending
+                finally:
+                    self._unlock_parts(READ)
+            finally:
+                unlock(&b._lock, READ)
         else:
             if seq_id is None:
                 raise TypeError("sbatch_init: seq_id is required with positions")
             u = UBatch(batch_or_pos, seq_id)
-            self._acquire()
-            with nogil:
-                rc = kvc_iswa_sbatch_init(&self.c, u.c.n_tokens, u.c.pos, u.c.seq_off, u.c.seq_ids, &err)
-                p = self.c.pending
-                self._release()
+            self._lock_parts(READ, "sbatch_init")
+            try:
+                with nogil:
+                    rc = kvc_iswa_sbatch_init(&self.c, u.c.n_tokens, u.c.pos, u.c.seq_off, u.c.seq_ids, &err)
+                    p = self.c.pending
+            finally:
+                self._unlock_parts(READ)
         check_status(rc, &err, "sbatch_init")
         return _pending_items(&p)
 
@@ -882,10 +892,12 @@ cdef class _ISWA2025(_ISWA):
         (:class:`SWAWarning`) when a sequence's window was only partly in the SWA cache."""
         cdef kvc_iswa_pending partial
         cdef uint32_t n
-        self._lock_change("commit")
-        with nogil:
-            n = kvc_iswa_commit(&self.c, &partial)
-            self._release()
+        self._lock_parts(CHANGE, "commit")
+        try:
+            with nogil:
+                n = kvc_iswa_commit(&self.c, &partial)
+        finally:
+            self._unlock_parts(CHANGE)
         if n:
             # warned once every sequence is pruned (a warning turned into an error stops nothing)
             n_swa = self._swa.c.n_swa
@@ -896,15 +908,19 @@ cdef class _ISWA2025(_ISWA):
 
     def restore(self):
         """Undo the find_slot calls of both caches since the last commit (data is kept)."""
-        self._lock_change("restore")
-        kvc_iswa_restore(&self.c)
-        self._release()
+        self._lock_parts(CHANGE, "restore")
+        try:
+            kvc_iswa_restore(&self.c)
+        finally:
+            self._unlock_parts(CHANGE)
 
     def set_full(self):
         """n = size and head = 0 in both caches (worst-case graph reservation)."""
-        self._lock_change("set_full")
-        kvc_iswa_set_full(&self.c)
-        self._release()
+        self._lock_parts(CHANGE, "set_full")
+        try:
+            kvc_iswa_set_full(&self.c)
+        finally:
+            self._unlock_parts(CHANGE)
 
     def defrag_sched(self, thold):
         """Schedule a defrag in each cache whose fragmentation exceeds thold."""
@@ -968,12 +984,14 @@ cdef class _ISWA2026(_ISWA):
         cdef int r
         err.msg[0] = 0
         parts[0], parts[1] = self.c.base, self.c.swa
-        self._lock_change("enable_prefix_reuse")
-        if self.c.swa_full:
-            r = kvc_retain_enable_parts(parts, 2, ccap, &err)
-        else:
-            r = kvc_retain_enable_window_pair(self.c.base, self.c.swa, ccap, &err)
-        self._release()
+        self._lock_parts(CHANGE, "enable_prefix_reuse")
+        try:
+            if self.c.swa_full:
+                r = kvc_retain_enable_parts(parts, 2, ccap, &err)
+            else:
+                r = kvc_retain_enable_window_pair(self.c.base, self.c.swa, ccap, &err)
+        finally:
+            self._unlock_parts(CHANGE)
         check_status(r, &err, "enable_prefix_reuse")
 
     def disable_prefix_reuse(self):
@@ -1005,10 +1023,12 @@ cdef class _ISWA2026(_ISWA):
         cdef uint32_t n = <uint32_t>t.shape[0], r
         cdef kvc_unified *parts[2]
         parts[0], parts[1] = self.c.base, self.c.swa
-        self._lock_change("prefix_match")
-        with nogil:
-            r = kvc_retain_match_parts(parts, 2, cs, &tv[0] if n else NULL, n)
-            self._release()
+        self._lock_parts(CHANGE, "prefix_match")
+        try:
+            with nogil:
+                r = kvc_retain_match_parts(parts, 2, cs, &tv[0] if n else NULL, n)
+        finally:
+            self._unlock_parts(CHANGE)
         return int(r)
 
     def prefix_attach(self, seq_id, tokens, salt=None):
@@ -1025,10 +1045,12 @@ cdef class _ISWA2026(_ISWA):
         cdef int r
         err.msg[0] = 0
         parts[0], parts[1] = self.c.base, self.c.swa
-        self._lock_change("prefix_attach")
-        with nogil:
-            r = kvc_retain_attach_parts(parts, 2, s, cs, &tv[0] if n else NULL, n, &k, &err)
-            self._release()
+        self._lock_parts(CHANGE, "prefix_attach")
+        try:
+            with nogil:
+                r = kvc_retain_attach_parts(parts, 2, s, cs, &tv[0] if n else NULL, n, &k, &err)
+        finally:
+            self._unlock_parts(CHANGE)
         check_status(r, &err, "prefix_attach")
         return int(k)
 
@@ -1061,13 +1083,15 @@ cdef class _ISWA2026(_ISWA):
         elif t is not None:
             tp = <const int32_t *>&n   # no tokens: nothing is kept
         parts[0], parts[1] = self.c.base, self.c.swa
-        self._lock_change(what)
-        with nogil:
-            if end:
-                r = kvc_retain_release_parts(parts, 2, s, cs, tp, n, &res, &err)
-            else:
-                r = kvc_retain_publish_parts(parts, 2, s, cs, tp, n, &res, &err)
-            self._release()
+        self._lock_parts(CHANGE, what)
+        try:
+            with nogil:
+                if end:
+                    r = kvc_retain_release_parts(parts, 2, s, cs, tp, n, &res, &err)
+                else:
+                    r = kvc_retain_publish_parts(parts, 2, s, cs, tp, n, &res, &err)
+        finally:
+            self._unlock_parts(CHANGE)
         check_status(r, &err, what)
         return int(res.n_kept)
 

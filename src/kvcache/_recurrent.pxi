@@ -114,7 +114,7 @@ cdef class _Recurrent(RecurrentCore):
     cdef object _borrowed          # borrowed mode: (the caller's (K, V) objects, their _HeldBuffers)
     cdef readonly str type_k       # K type name ("f32", "f16", ...)
     cdef readonly str type_v       # V type name
-    cdef kvc_pylock _lock          # held by every Python method (see "locking" in _common.pxi)
+    cdef kvc_lock _lock            # held by every Python method (see "locking" in _common.pxi)
     cdef kvc_ckpt_pool *_ckpt      # prefix reuse: the checkpoint pool (NULL: off)
     cdef object _ckpt_mem          # the caller's checkpoint memory (a _HeldBuffer), or None
 
@@ -227,27 +227,33 @@ cdef class _Recurrent(RecurrentCore):
     def head(self) -> int:
         """First cell of the last placed ubatch."""
         cdef uint32_t r
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.cells.head
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "head")
+        try:
+            r = self.c.cells.head
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     @property
     def n(self) -> int:
         """Number of cells the last placed ubatch spans."""
         cdef uint32_t r
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.cells.n
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "n")
+        try:
+            r = self.c.cells.n
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     @property
     def used(self) -> int:
         """The reference's count of used cells."""
         cdef uint32_t r
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.cells.used
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "used")
+        try:
+            r = self.c.cells.used
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     @property
@@ -275,9 +281,11 @@ cdef class _Recurrent(RecurrentCore):
         """Semantics '2026': the cell of the last placed ubatch whose row the graph zeroes (the
         source of every new state), -1 when none."""
         cdef int32_t r
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.cells.rs_z
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "rs_z")
+        try:
+            r = self.c.cells.rs_z
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     @property
@@ -320,16 +328,20 @@ cdef class _Recurrent(RecurrentCore):
     @property
     def warnings(self) -> list:
         """Warnings of the last find_slot (also issued through ``warnings.warn``)."""
-        kvc_pylock_acquire(&self._lock)
-        w = self._warnings
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "warnings")
+        try:
+            w = self._warnings
+        finally:
+            unlock(&self._lock, READ)
         return list(w)
 
     def __repr__(self):
         cdef uint32_t head, n, used
-        kvc_pylock_acquire(&self._lock)
-        head, n, used = self.c.cells.head, self.c.cells.n, self.c.cells.used
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "__repr__")
+        try:
+            head, n, used = self.c.cells.head, self.c.cells.n, self.c.cells.used
+        finally:
+            unlock(&self._lock, READ)
         extra = "" if self.c.semantics == KVC_REC_2025 else f"semantics='2026', n_rs_seq={self.c.n_rs_seq}, "
         return (f"RecurrentCache(size={self.c.cells.size}, n_seq_max={self.c.n_seq_max}, "
                 f"n_layer={self.c.n_layer}, type_k={self.type_k!r}, type_v={self.type_v!r}, {extra}"
@@ -385,18 +397,16 @@ cdef class _Recurrent(RecurrentCore):
         if va is not None:
             vb = va.reshape(-1).view(np.uint8)
             vp = &vb[0]
-        with nogil:
-            if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
+        lock(&self._lock, CHANGE, "store")
+        try:
+            with nogil:
                 # the placement is read and written under the lock, with no Python code between
                 head = self.c.cells.head
                 r = KVC_E_NOSPACE
                 if head + nr <= self.c.cells.size:
                     r = kvc_recurrent_store_plane(&self.c, ilc, pl, <uint32_t>nr, kp, vp)
-                kvc_pylock_release(&self._lock)
-            else:
-                r = _BUSY
-        if r == _BUSY:
-            raise_busy("store")
+        finally:
+            unlock(&self._lock, CHANGE)
         if r == KVC_E_NOSPACE:
             raise ValueError(f"{n_rows} rows from head {head} pass the last cell ({self.c.cells.size})")
         check_status(r, NULL, "store")
@@ -420,7 +430,7 @@ cdef class _Recurrent(RecurrentCore):
         if u.c.n_seqs == 0:
             raise ValueError("find_slot: the ubatch has no tokens")
         err.msg[0] = 0
-        op_begin(&self._lock, True, "find_slot")
+        lock(&self._lock, RUNS_PYTHON | CHANGE, "find_slot")
         try:
             with nogil:
                 r = kvc_recurrent_find_slot(&self.c, &u.c, &err)
@@ -428,7 +438,7 @@ cdef class _Recurrent(RecurrentCore):
             found = ["find_slot: " + m for m in self.c.warn.decode("utf-8", "replace").split("\n") if m]
             self._warnings = found
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON | CHANGE)
         # issued once the operation is complete (a warning turned into an error interrupts nothing)
         for m in found:
             _warnings.warn(m, RuntimeWarning, stacklevel=2)
@@ -456,10 +466,12 @@ cdef class _Recurrent(RecurrentCore):
         try:
             for u in range(n_ub):
                 arr[u] = (<UBatch>ubs[u]).c
-            lock_change(&self._lock, "prepare")
-            with nogil:
-                r = kvc_recurrent_prepare(&self.c, arr, <uint32_t>n_ub, &err)
-                kvc_pylock_release(&self._lock)
+            lock(&self._lock, CHANGE, "prepare")
+            try:
+                with nogil:
+                    r = kvc_recurrent_prepare(&self.c, arr, <uint32_t>n_ub, &err)
+            finally:
+                unlock(&self._lock, CHANGE)
         finally:
             free(arr)
         if r < 0:
@@ -468,28 +480,36 @@ cdef class _Recurrent(RecurrentCore):
 
     def commit(self):
         """Accept the last placements (nothing to record for recurrent states)."""
-        lock_change(&self._lock, "commit")
-        kvc_recurrent_commit(&self.c)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "commit")
+        try:
+            kvc_recurrent_commit(&self.c)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def restore(self):
         """Undo uncommitted placements: a no-op, as in the reference (nothing is ever pending)."""
-        lock_change(&self._lock, "restore")
-        kvc_recurrent_restore(&self.c)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "restore")
+        try:
+            kvc_recurrent_restore(&self.c)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def set_full(self):
         """n = size, head = 0 (what a worst-case graph reservation does)."""
-        lock_change(&self._lock, "set_full")
-        kvc_recurrent_set_full(&self.c)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "set_full")
+        try:
+            kvc_recurrent_set_full(&self.c)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def clear(self):
         """Empty every cell, head = used = 0, zero all K/V memory (n is kept)."""
-        lock_change(&self._lock, "clear")
-        with nogil:
-            kvc_recurrent_seq_ops.clear(&self.c)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "clear")
+        try:
+            with nogil:
+                kvc_recurrent_seq_ops.clear(&self.c)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def defrag_sched(self, thold):
         """Recurrent caches never defragment: a no-op."""
@@ -519,9 +539,11 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t a = pos_c(p0, "p0")
         cdef int32_t b = pos_c(p1, "p1")
         cdef bint r
-        lock_change(&self._lock, "seq_rm")
-        r = kvc_recurrent_seq_ops.seq_rm(&self.c, s, a, b)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_rm")
+        try:
+            r = kvc_recurrent_seq_ops.seq_rm(&self.c, s, a, b)
+        finally:
+            unlock(&self._lock, CHANGE)
         return r
 
     def seq_cp(self, src, dst, p0=-1, p1=-1):
@@ -531,16 +553,20 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t d = self._seq(dst, "dst", False)
         cdef int32_t a = pos_c(p0, "p0")
         cdef int32_t b = pos_c(p1, "p1")
-        lock_change(&self._lock, "seq_cp")
-        kvc_recurrent_seq_ops.seq_cp(&self.c, s, d, a, b)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_cp")
+        try:
+            kvc_recurrent_seq_ops.seq_cp(&self.c, s, d, a, b)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def seq_keep(self, seq_id):
         """Drop every sequence but seq_id."""
         cdef int32_t s = self._seq(seq_id, "seq_id", False)
-        lock_change(&self._lock, "seq_keep")
-        kvc_recurrent_seq_ops.seq_keep(&self.c, s)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_keep")
+        try:
+            kvc_recurrent_seq_ops.seq_keep(&self.c, s)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def seq_add(self, seq_id, p0, p1, shift):
         """Add shift to the position of seq_id's state when it lies in [p0, p1)."""
@@ -548,9 +574,11 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t a = pos_c(p0, "p0")
         cdef int32_t b = pos_c(p1, "p1")
         cdef int32_t d = pos_c(shift, "shift")
-        lock_change(&self._lock, "seq_add")
-        kvc_recurrent_seq_ops.seq_add(&self.c, s, a, b, d)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_add")
+        try:
+            kvc_recurrent_seq_ops.seq_add(&self.c, s, a, b, d)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def seq_div(self, seq_id, p0, p1, d):
         """Divide the position of seq_id's state by d (> 0) when it lies in [p0, p1)."""
@@ -560,24 +588,30 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t q = pos_c(d, "d")
         if q <= 0:
             raise ValueError(f"d = {d} must be positive")
-        lock_change(&self._lock, "seq_div")
-        kvc_recurrent_seq_ops.seq_div(&self.c, s, a, b, q)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_div")
+        try:
+            kvc_recurrent_seq_ops.seq_div(&self.c, s, a, b, q)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def seq_pos_min(self, seq_id) -> int:
         """Smallest position over the cells holding seq_id, -1 when none."""
         cdef int32_t s = self._seq(seq_id, "seq_id", False), r
-        kvc_pylock_acquire(&self._lock)
-        r = kvc_recurrent_seq_pos_min(&self.c, s)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "seq_pos_min")
+        try:
+            r = kvc_recurrent_seq_pos_min(&self.c, s)
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     def seq_pos_max(self, seq_id) -> int:
         """Largest position over the cells holding seq_id, -1 when none."""
         cdef int32_t s = self._seq(seq_id, "seq_id", False), r
-        kvc_pylock_acquire(&self._lock)
-        r = kvc_recurrent_seq_pos_max(&self.c, s)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "seq_pos_max")
+        try:
+            r = kvc_recurrent_seq_pos_max(&self.c, s)
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     # --- graph inputs ---------------------------------------------------------------------
@@ -587,9 +621,11 @@ cdef class _Recurrent(RecurrentCore):
         s_copy read (the positions it went back), 0 when none."""
         cdef int32_t s = self._seq(seq_id, "seq_id", False)
         cdef uint32_t r
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.cells.rs_idx[s]
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "pending_rollback")
+        try:
+            r = self.c.cells.rs_idx[s]
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     def rollback_ok(self, seq_id, n) -> bool:
@@ -598,9 +634,11 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t s = self._seq(seq_id, "seq_id", False)
         cdef int32_t r = pos_c(n, "n")
         cdef bint ok
-        kvc_pylock_acquire(&self._lock)
-        ok = kvc_recurrent_rollback_ok(&self.c, s, r)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "rollback_ok")
+        try:
+            ok = kvc_recurrent_rollback_ok(&self.c, s, r)
+        finally:
+            unlock(&self._lock, READ)
         return ok
 
     def s_copy(self):
@@ -610,7 +648,7 @@ cdef class _Recurrent(RecurrentCore):
         pending rollback's, consumed by this call)."""
         cdef int32_t[::1] o
         cdef int r = 0
-        op_begin(&self._lock, True, "s_copy")
+        lock(&self._lock, RUNS_PYTHON | CHANGE, "s_copy")
         try:
             out = np.empty(self.c.cells.n, dtype=np.int32)
             if self.c.cells.n:
@@ -619,7 +657,7 @@ cdef class _Recurrent(RecurrentCore):
                     r = kvc_recurrent_s_copy(&self.c, self.c.cells.n, &o[0])
                 check_status(r, NULL, f"s_copy: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON | CHANGE)
         return out
 
     def s_mask(self):
@@ -631,7 +669,7 @@ cdef class _Recurrent(RecurrentCore):
         if self.c.semantics == KVC_REC_2026:
             raise RuntimeError("s_mask: today's llama.cpp (semantics '2026') has no s_mask: a new state is "
                                "copied from the zero row rs_z")
-        op_begin(&self._lock, True, "s_mask")
+        lock(&self._lock, RUNS_PYTHON | CHANGE, "s_mask")
         try:
             out = np.empty(self.c.cells.n, dtype=np.float32)
             if self.c.cells.n:
@@ -640,16 +678,18 @@ cdef class _Recurrent(RecurrentCore):
                     r = kvc_recurrent_s_mask(&self.c, self.c.cells.n, &o[0])
                 check_status(r, NULL, f"s_mask: head {self.c.cells.head} + n {self.c.cells.n} passes the last cell")
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON | CHANGE)
         return out
 
     def cell_max(self) -> int:
         """Index + 1 of the last cell with a position and a sequence, or 0."""
         cdef uint32_t r
-        with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
-            r = kvc_recurrent_cell_max(&self.c)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "cell_max")
+        try:
+            with nogil:
+                r = kvc_recurrent_cell_max(&self.c)
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     def cells(self) -> dict:
@@ -664,13 +704,15 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t[::1] vs = src
         cdef int32_t[::1] vt = tail
         cdef uint64_t[:, ::1] vw = planes
-        with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
-            memcpy(&vp[0], self.c.cells.pos, size * sizeof(int32_t))
-            memcpy(&vs[0], self.c.cells.src, size * sizeof(int32_t))
-            memcpy(&vt[0], self.c.cells.tail, size * sizeof(int32_t))
-            memcpy(&vw[0, 0], self.c.cells.seq, nw * size * sizeof(uint64_t))
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "cells")
+        try:
+            with nogil:
+                memcpy(&vp[0], self.c.cells.pos, size * sizeof(int32_t))
+                memcpy(&vs[0], self.c.cells.src, size * sizeof(int32_t))
+                memcpy(&vt[0], self.c.cells.tail, size * sizeof(int32_t))
+                memcpy(&vw[0, 0], self.c.cells.seq, nw * size * sizeof(uint64_t))
+        finally:
+            unlock(&self._lock, READ)
         words = planes.T.tolist()
         seq = []
         for i in range(size):
@@ -688,10 +730,12 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
         cdef unsigned bits = write_layout_bits(layout, prefix, s)
         cdef size_t r
-        with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
-            r = kvc_recurrent_state_size_lay(&self.c, s, bits)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "state_size")
+        try:
+            with nogil:
+                r = kvc_recurrent_state_size_lay(&self.c, s, bits)
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None) -> bytes:
@@ -704,14 +748,14 @@ cdef class _Recurrent(RecurrentCore):
         cdef size_t written = 0
         cdef int r
         cdef uint8_t *p
-        op_begin(&self._lock, False, "state_write")
+        lock(&self._lock, RUNS_PYTHON, "state_write")
         try:
             n = kvc_recurrent_state_size_lay(&self.c, s, bits)
             out = new_state_bytes(n, &p)
             with nogil:
                 r = kvc_recurrent_state_write_range_lay(&self.c, s, bits | KVC_LAYOUT_FRESH_OUT, 0, p, n, &written)
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON)
         check_status(r, NULL, "state_write")
         return out
 
@@ -725,12 +769,12 @@ cdef class _Recurrent(RecurrentCore):
         cdef int32_t s = self._seq(seq_id, "seq_id", True)
         cdef unsigned bits = write_layout_bits(layout, prefix, s)
         target = state_target(buf)      # taken before the lock, like every array argument
-        op_begin(&self._lock, False, "state_write_into")
+        lock(&self._lock, RUNS_PYTHON, "state_write_into")
         try:
             return state_write_into(&self.c, _recurrent_state_range, s, bits,
                                     kvc_recurrent_state_size_lay(&self.c, s, bits), target)
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON)
             if isinstance(target, _HeldBuffer):
                 (<_HeldBuffer>target).release()
 
@@ -754,15 +798,15 @@ cdef class _Recurrent(RecurrentCore):
         cdef kvc_err err
         cdef int r = 0
         err.msg[0] = 0
-        with nogil:
-            if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
-                r = kvc_recurrent_state_read_lay(&self.c, s, p, n, flags, bits, &consumed, &err)
-                kvc_pylock_release(&self._lock)
-            else:
-                r = _BUSY
-        keep.release()
-        if r == _BUSY:
-            raise_busy("state_read")
+        try:
+            lock(&self._lock, CHANGE, "state_read")
+            try:
+                with nogil:
+                    r = kvc_recurrent_state_read_lay(&self.c, s, p, n, flags, bits, &consumed, &err)
+            finally:
+                unlock(&self._lock, CHANGE)
+        finally:
+            keep.release()
         check_status(r, &err, "state_read")
         return consumed
 
@@ -822,23 +866,27 @@ cdef class _Recurrent(RecurrentCore):
                 hb.release()
             raise_status(r, &err, "enable_prefix_reuse")
         try:
-            lock_change(&self._lock, "enable_prefix_reuse")
+            lock(&self._lock, CHANGE, "enable_prefix_reuse")
         except BaseException:
             kvc_ckpt_free(pool)
             free(pool)
             if hb is not None:
                 hb.release()
             raise
-        _ckpt_pool_free(self)
-        self._ckpt = pool
-        self._ckpt_mem = hb
-        kvc_pylock_release(&self._lock)
+        try:
+            _ckpt_pool_free(self)
+            self._ckpt = pool
+            self._ckpt_mem = hb
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def disable_prefix_reuse(self):
         """Turn prefix reuse off: every checkpoint goes."""
-        lock_change(&self._lock, "disable_prefix_reuse")
-        _ckpt_pool_free(self)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "disable_prefix_reuse")
+        try:
+            _ckpt_pool_free(self)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     @property
     def prefix_reuse(self):
@@ -850,7 +898,7 @@ cdef class _Recurrent(RecurrentCore):
         """The checkpoint pool now: ``{"checkpoints": held, "pinned": pinned, "cap": most held,
         "per_seq": most per running sequence (0: no bound), "state_bytes": bytes of one}``; None
         while reuse is off."""
-        kvc_pylock_acquire(&self._lock)
+        lock(&self._lock, READ, "prefix_stats")
         try:
             if self._ckpt == NULL:
                 return None
@@ -858,14 +906,14 @@ cdef class _Recurrent(RecurrentCore):
                     "cap": int(self._ckpt.cap), "per_seq": int(self._ckpt.per_seq),
                     "state_bytes": int(self._ckpt.state_bytes)}
         finally:
-            kvc_pylock_release(&self._lock)
+            unlock(&self._lock, READ)
 
     def prefix_checkpoints(self):
         """The checkpoints held, shortest first: a list of ``(tokens, pins)``, tokens the chain
         the state is the state after (a list of ints). Empty while reuse is off."""
         cdef uint32_t k, slot
         out = []
-        kvc_pylock_acquire(&self._lock)
+        lock(&self._lock, READ, "prefix_checkpoints")
         try:
             if self._ckpt != NULL:
                 for k in range(self._ckpt.n_used):
@@ -873,7 +921,7 @@ cdef class _Recurrent(RecurrentCore):
                     out.append(([self._ckpt.tokens[slot][i] for i in range(self._ckpt.n_tok[slot])],
                                 int(self._ckpt.pins[slot])))
         finally:
-            kvc_pylock_release(&self._lock)
+            unlock(&self._lock, READ)
         return out
 
     def checkpoint(self, seq_id, tokens, salt=None):
@@ -893,10 +941,12 @@ cdef class _Recurrent(RecurrentCore):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        lock_change(&self._lock, "checkpoint")
-        with nogil:
-            r = kvc_ckpt_save(pool, &self.c, s, cs, &tv[0] if n else NULL, n, NULL, &k, &err)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "checkpoint")
+        try:
+            with nogil:
+                r = kvc_ckpt_save(pool, &self.c, s, cs, &tv[0] if n else NULL, n, NULL, &k, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "checkpoint")
         return int(k)
 
@@ -909,11 +959,13 @@ cdef class _Recurrent(RecurrentCore):
         cdef uint64_t cs = salt_c(salt)
         cdef const int32_t[::1] tv = t
         cdef uint32_t n = <uint32_t>t.shape[0], r = 0
-        lock_change(&self._lock, "prefix_match")
-        with nogil:
-            if self._ckpt != NULL:
-                r = kvc_ckpt_match(self._ckpt, cs, &tv[0] if n else NULL, n)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_match")
+        try:
+            with nogil:
+                if self._ckpt != NULL:
+                    r = kvc_ckpt_match(self._ckpt, cs, &tv[0] if n else NULL, n)
+        finally:
+            unlock(&self._lock, CHANGE)
         return int(r)
 
     def prefix_attach(self, seq_id, tokens, salt=None):
@@ -930,10 +982,12 @@ cdef class _Recurrent(RecurrentCore):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        lock_change(&self._lock, "prefix_attach")
-        with nogil:
-            r = kvc_ckpt_attach(pool, &self.c, s, cs, &tv[0] if n else NULL, n, &k, &err)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_attach")
+        try:
+            with nogil:
+                r = kvc_ckpt_attach(pool, &self.c, s, cs, &tv[0] if n else NULL, n, &k, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_attach")
         return int(k)
 
@@ -951,10 +1005,12 @@ cdef class _Recurrent(RecurrentCore):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        lock_change(&self._lock, "prefix_release")
-        with nogil:
-            r = kvc_ckpt_release(pool, &self.c, s, cs, &tv[0] if n else NULL, n, &k, &err)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_release")
+        try:
+            with nogil:
+                r = kvc_ckpt_release(pool, &self.c, s, cs, &tv[0] if n else NULL, n, &k, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_release")
         return int(k)
 
@@ -970,9 +1026,11 @@ cdef class _Recurrent(RecurrentCore):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        lock_change(&self._lock, "prefix_pin")
-        r = kvc_ckpt_pin(pool, cs, &tv[0] if n else NULL, n, &h, &err)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_pin")
+        try:
+            r = kvc_ckpt_pin(pool, cs, &tv[0] if n else NULL, n, &h, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_pin")
         return (<uint64_t>h.gen << 32) | h.slot
 
@@ -986,9 +1044,11 @@ cdef class _Recurrent(RecurrentCore):
         err.msg[0] = 0
         h.slot = <uint32_t>(v & 0xFFFFFFFF)
         h.gen = <uint32_t>(v >> 32)
-        lock_change(&self._lock, "prefix_unpin")
-        r = kvc_ckpt_unpin(pool, h, &err)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_unpin")
+        try:
+            r = kvc_ckpt_unpin(pool, h, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_unpin")
 
     def _prefix_pin_held(self, pin):
@@ -998,9 +1058,11 @@ cdef class _Recurrent(RecurrentCore):
         cdef bint ok
         h.slot = <uint32_t>(v & 0xFFFFFFFF)
         h.gen = <uint32_t>(v >> 32)
-        kvc_pylock_acquire(&self._lock)
-        ok = self._ckpt != NULL and kvc_ckpt_pin_held(self._ckpt, h)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "_prefix_pin_held")
+        try:
+            ok = self._ckpt != NULL and kvc_ckpt_pin_held(self._ckpt, h)
+        finally:
+            unlock(&self._lock, READ)
         return ok
 
     def prefix_evict(self, n_checkpoints):
@@ -1008,9 +1070,11 @@ cdef class _Recurrent(RecurrentCore):
         returns how many went."""
         cdef uint32_t n = <uint32_t>int_c(n_checkpoints, "n_checkpoints", 0, UINT32_MAX), r
         cdef kvc_ckpt_pool *pool = self._pool("prefix_evict")
-        lock_change(&self._lock, "prefix_evict")
-        r = kvc_ckpt_evict(pool, n)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_evict")
+        try:
+            r = kvc_ckpt_evict(pool, n)
+        finally:
+            unlock(&self._lock, CHANGE)
         return int(r)
 
     def _prefix_check(self):
@@ -1018,23 +1082,22 @@ cdef class _Recurrent(RecurrentCore):
         cdef kvc_err err
         cdef int r = KVC_OK
         err.msg[0] = 0
-        kvc_pylock_acquire(&self._lock)
-        if self._ckpt != NULL:
-            r = kvc_ckpt_check(self._ckpt, &err)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "_prefix_check")
+        try:
+            if self._ckpt != NULL:
+                r = kvc_ckpt_check(self._ckpt, &err)
+        finally:
+            unlock(&self._lock, READ)
         if r != KVC_OK:
             raise RuntimeError(err.msg.decode())
 
     # --- C level --------------------------------------------------------------------------
 
     cdef int lock_c(self) noexcept nogil:
-        return kvc_pylock_acquire_change_nogil(&self._lock)
+        return lock_for_cimport(&self._lock)
 
     cdef int unlock_c(self) noexcept nogil:
-        if not kvc_pylock_mine(&self._lock):
-            return -1
-        kvc_pylock_release(&self._lock)
-        return 0
+        return unlock_for_cimport(&self._lock)
 
     cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
         return kvc_recurrent_find_slot(&self.c, ub, NULL)

@@ -157,7 +157,7 @@ cdef object state_write_into(const void *cache, state_range_fn fn, int32_t seq_i
                              object target):
     """Write a cache's state into a target from state_target: a buffer (straight from C, no copy
     in between) or a binary file object (in chunks of _STATE_CHUNK bytes). Returns the bytes
-    written. The caller holds the cache's lock as an operation (op_begin): a file's write()
+    written. The caller holds the cache's lock as an operation (lock(..., RUNS_PYTHON)): a file's write()
     that tries to change the cache is refused, so the blob is the state of one moment."""
     cdef size_t written = 0, off = 0
     cdef uint8_t[::1] out

@@ -83,7 +83,7 @@ cdef class _Unified(UnifiedCore):
     cdef object _borrowed          # borrowed mode: (the caller's (K, V) objects, their _HeldBuffers) per kept layer
     cdef tuple _n_embd_head_k      # K head size per model layer, or None (needed by the RoPE K-shift)
     cdef object _rope              # the model's RopeParams, or None (update() rotates K with them)
-    cdef kvc_pylock _lock          # held by every Python method (see "locking" in _common.pxi)
+    cdef kvc_lock _lock            # held by every Python method (see "locking" in _common.pxi)
 
     # kvcache.UnifiedCache's (semantics: "2025" unless given); each semantics' class has its own
     __signature__ = _signatures.ClassSignature(_signatures.unified, semantics="2025")
@@ -338,9 +338,11 @@ cdef class _Unified(UnifiedCore):
 
     def __repr__(self):
         cdef uint32_t head, n, used
-        kvc_pylock_acquire(&self._lock)
-        head, n, used = self.c.head, self.c.n, self.c.cells.used
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "__repr__")
+        try:
+            head, n, used = self.c.head, self.c.n, self.c.cells.used
+        finally:
+            unlock(&self._lock, READ)
         return (f"{type(self).__name__}(kv_size={self.c.cells.size}, n_layer={self._n_layer_model}, "
                 f"layers={list(self._layers)}, type_k={self.type_k!r}, type_v={self.type_v!r}, "
                 f"v_trans={bool(self.c.v_trans)}, n_seq_max={self.c.n_seq_max}, head={head}, "
@@ -348,13 +350,10 @@ cdef class _Unified(UnifiedCore):
 
     # --- C-level operations (declared in _core.pxd) ---------------------------------------
     cdef int lock_c(self) noexcept nogil:
-        return kvc_pylock_acquire_change_nogil(&self._lock)
+        return lock_for_cimport(&self._lock)
 
     cdef int unlock_c(self) noexcept nogil:
-        if not kvc_pylock_mine(&self._lock):
-            return -1
-        kvc_pylock_release(&self._lock)
-        return 0
+        return unlock_for_cimport(&self._lock)
 
     cdef int find_slot_c(self, const kvc_ubatch *ub) noexcept nogil:
         return kvc_unified_find_slot(&self.c, ub)
@@ -430,9 +429,11 @@ cdef class _Unified(UnifiedCore):
         """Where the next slot search starts (after find_slot: where the ubatch was placed);
         semantics '2026': stream 0's (see heads)."""
         cdef uint32_t r
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.head
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "head")
+        try:
+            r = self.c.head
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     @property
@@ -440,21 +441,25 @@ cdef class _Unified(UnifiedCore):
         """Number of cells the attention looks at (the KQ mask's columns): the largest of
         n_kv_per_stream."""
         cdef uint32_t r, s
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.n
-        for s in range(self.c.n_stream):
-            r = max(r, self._n_kv(s))
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "n")
+        try:
+            r = self.c.n
+            for s in range(self.c.n_stream):
+                r = max(r, self._n_kv(s))
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     @property
     def used(self):
         """Number of non-empty cells (of every stream)."""
         cdef uint32_t r = 0, s
-        kvc_pylock_acquire(&self._lock)
-        for s in range(self.c.n_stream):
-            r += kvc_unified_stream_cells_c(&self.c, s).used
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "used")
+        try:
+            for s in range(self.c.n_stream):
+                r += kvc_unified_stream_cells_c(&self.c, s).used
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     # --- streams (semantics '2026'; one stream otherwise) ---------------------------------
@@ -492,18 +497,20 @@ cdef class _Unified(UnifiedCore):
         cdef uint32_t s
         cdef const kvc_cells *t
         out = []
-        kvc_pylock_acquire(&self._lock)
-        for s in range(self.c.n_stream):
-            t = kvc_unified_stream_cells_c(&self.c, s)
-            if what == 0:
-                out.append(kvc_unified_stream_head_c(&self.c, s))
-            elif what == 1:
-                out.append(t.used)
-            elif what == 2:
-                out.append(t.used_max_p1)
-            else:
-                out.append(self._n_kv(s))
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "_per_stream")
+        try:
+            for s in range(self.c.n_stream):
+                t = kvc_unified_stream_cells_c(&self.c, s)
+                if what == 0:
+                    out.append(kvc_unified_stream_head_c(&self.c, s))
+                elif what == 1:
+                    out.append(t.used)
+                elif what == 2:
+                    out.append(t.used_max_p1)
+                else:
+                    out.append(self._n_kv(s))
+        finally:
+            unlock(&self._lock, READ)
         return tuple(out)
 
     @property
@@ -611,7 +618,7 @@ cdef class _Unified(UnifiedCore):
             ob = hold_buffer(out, "out", True)
             if ob.dtype not in (np.dtype(np.int32), np.dtype(np.int64)) or ob.view.ndim != 1 or not _rows_ok(ob):
                 raise ValueError(f"out must be a writable contiguous 1-D int32 or int64 array, got {ob.describe()}")
-        kvc_pylock_acquire(&self._lock)
+        lock(&self._lock, READ, "slot_indices")
         try:
             n = kvc_unified_slot_n(&self.c)
             if ob is None:
@@ -631,7 +638,7 @@ cdef class _Unified(UnifiedCore):
                         p64[t] = kvc_unified_slot_cell(&self.c, t)
             return _block(out, ob, n, 0)
         finally:
-            kvc_pylock_release(&self._lock)
+            unlock(&self._lock, READ)
             if ob is not None:
                 ob.release()
 
@@ -645,7 +652,7 @@ cdef class _Unified(UnifiedCore):
         cdef int32_t[::1] oc, op
         cdef int r = 0
         cdef const kvc_cells *t
-        kvc_pylock_acquire(&self._lock)
+        lock(&self._lock, READ, "seq_cells")
         try:
             t = kvc_unified_stream_cells_c(&self.c, kvc_unified_stream_of(&self.c, s))
             n = t.seq_pos[s].n
@@ -657,7 +664,7 @@ cdef class _Unified(UnifiedCore):
                 with nogil:
                     r = kvc_cells_seq_cells(t, s, &oc[0], &op[0])
         finally:
-            kvc_pylock_release(&self._lock)
+            unlock(&self._lock, READ)
         if r < 0:
             raise_status(r, NULL, "seq_cells")
         return cells, pos
@@ -667,9 +674,11 @@ cdef class _Unified(UnifiedCore):
         """True when positions were shifted since the last reset_shift (a K-shift is due), in
         any stream."""
         cdef bint r
-        kvc_pylock_acquire(&self._lock)
-        r = kvc_unified_any_shift(&self.c)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "has_shift")
+        try:
+            r = kvc_unified_any_shift(&self.c)
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     @property
@@ -688,9 +697,11 @@ cdef class _Unified(UnifiedCore):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        lock_change(&self._lock, "n_threads")
-        r = kvc_unified_set_n_threads(&self.c, n, &err)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "n_threads")
+        try:
+            r = kvc_unified_set_n_threads(&self.c, n, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "n_threads")
 
     @property
@@ -698,9 +709,11 @@ cdef class _Unified(UnifiedCore):
         """The fragmentation defrag_sched measures: max(0, 1 - (used + n_pad) / n) (0 while n is
         0), in llama.cpp's float32 arithmetic. defrag_sched takes it as 0 below n = 2048."""
         cdef float r
-        kvc_pylock_acquire(&self._lock)
-        r = kvc_unified_fragmentation(&self.c)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "fragmentation")
+        try:
+            r = kvc_unified_fragmentation(&self.c)
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     # --- slots and sequences -------------------------------------------------------------
@@ -748,16 +761,18 @@ cdef class _Unified(UnifiedCore):
             ub.pos_x = NULL
             ub.pos_y = NULL
             ub.token = NULL
-            lock_change(&self._lock, "place_seqs")
-            with nogil:
-                r = self._place(&ub, &err)
-                if r == 1:
-                    first = kvc_unified_slot_cell(&self.c, 0)
-                    for t in range(1, <uint32_t>n):
-                        if kvc_unified_slot_cell(&self.c, t) != first + t:
-                            first = UINT32_MAX
-                            break
-                kvc_pylock_release(&self._lock)
+            lock(&self._lock, CHANGE, "place_seqs")
+            try:
+                with nogil:
+                    r = self._place(&ub, &err)
+                    if r == 1:
+                        first = kvc_unified_slot_cell(&self.c, 0)
+                        for t in range(1, <uint32_t>n):
+                            if kvc_unified_slot_cell(&self.c, t) != first + t:
+                                first = UINT32_MAX
+                                break
+            finally:
+                unlock(&self._lock, CHANGE)
         finally:
             if mem != small:
                 PyMem_Free(mem)
@@ -769,10 +784,12 @@ cdef class _Unified(UnifiedCore):
 
     def clear(self):
         """Empty every cell, reset shifts, head = 0 and zero the K/V memory (n is kept)."""
-        lock_change(&self._lock, "clear")
-        with nogil:
-            self.clear_c()
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "clear")
+        try:
+            with nogil:
+                self.clear_c()
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def seq_rm(self, seq_id, p0=-1, p1=-1):
         """Remove seq_id (-1: every sequence) from the cells with p0 <= pos < p1.
@@ -781,9 +798,11 @@ cdef class _Unified(UnifiedCore):
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef bint r
-        lock_change(&self._lock, "seq_rm")
-        r = self.seq_rm_c(s, a, b)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_rm")
+        try:
+            r = self.seq_rm_c(s, a, b)
+        finally:
+            unlock(&self._lock, CHANGE)
         return r
 
     def seq_cp(self, src, dst, p0=-1, p1=-1):
@@ -794,52 +813,64 @@ cdef class _Unified(UnifiedCore):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        lock_change(&self._lock, "seq_cp")
-        r = kvc_unified_seq_cp_check(&self.c, s, d, a, b, &err)
-        if r == KVC_OK:
-            self.seq_cp_c(s, d, a, b)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_cp")
+        try:
+            r = kvc_unified_seq_cp_check(&self.c, s, d, a, b, &err)
+            if r == KVC_OK:
+                self.seq_cp_c(s, d, a, b)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "seq_cp")
 
     def seq_keep(self, seq_id):
         """Keep only seq_id: cells without it are emptied, cells with it hold only it."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
-        lock_change(&self._lock, "seq_keep")
-        self.seq_keep_c(s)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_keep")
+        try:
+            self.seq_keep_c(s)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def seq_add(self, seq_id, p0, p1, shift):
         """Add shift to the positions of seq_id in [p0, p1); cells pushed below 0 are emptied."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef int32_t d = pos_c(shift, "shift")
-        lock_change(&self._lock, "seq_add")
-        self.seq_add_c(s, a, b, d)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_add")
+        try:
+            self.seq_add_c(s, a, b, d)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def seq_div(self, seq_id, p0, p1, d):
         """Integer-divide the positions of seq_id in [p0, p1) by d (> 0)."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef int32_t dd = divisor_c(d)
-        lock_change(&self._lock, "seq_div")
-        self.seq_div_c(s, a, b, dd)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "seq_div")
+        try:
+            self.seq_div_c(s, a, b, dd)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def seq_pos_min(self, seq_id):
         """Smallest position of seq_id, -1 when it holds no cell."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False), r
-        kvc_pylock_acquire(&self._lock)
-        r = kvc_unified_seq_pos_min(&self.c, s)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "seq_pos_min")
+        try:
+            r = kvc_unified_seq_pos_min(&self.c, s)
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     def seq_pos_max(self, seq_id):
         """Largest position of seq_id, -1 when it holds no cell."""
         cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False), r
-        kvc_pylock_acquire(&self._lock)
-        r = kvc_unified_seq_pos_max(&self.c, s)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "seq_pos_max")
+        try:
+            r = kvc_unified_seq_pos_max(&self.c, s)
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     # --- K/V data ------------------------------------------------------------------------
@@ -881,7 +912,7 @@ cdef class _Unified(UnifiedCore):
         # from the lock to the copy no Python code runs: the placement checked is the one written
         cdef uint32_t placed
         cdef int r
-        lock_change(&self._lock, "store")
+        lock(&self._lock, CHANGE, "store")
         try:
             placed = kvc_unified_slot_n(&self.c)
             if placed == 0:
@@ -898,7 +929,7 @@ cdef class _Unified(UnifiedCore):
                     r = self.store_c(ikv, pk, pv)
             check_status(r, NULL, "store")
         finally:
-            kvc_pylock_release(&self._lock)
+            unlock(&self._lock, CHANGE)
             if kb is not None:
                 kb.release()
             if vb is not None:
@@ -934,7 +965,7 @@ cdef class _Unified(UnifiedCore):
         u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
         if self.c.n_stream != 1:
             raise ValueError("pos_bucket: position buckets need a cache of one stream")
-        op_begin(&self._lock, False, "pos_bucket")
+        lock(&self._lock, RUNS_PYTHON, "pos_bucket")
         try:
             out = np.empty((u.c.n_tokens, self._n_kv(0)), dtype=np.int32)
             if out.size == 0:
@@ -943,7 +974,7 @@ cdef class _Unified(UnifiedCore):
             with nogil:
                 kvc_unified_pos_bucket(&self.c, &u.c, nb, &o[0])
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON)
         return out
 
     def k_shift(self):
@@ -951,17 +982,21 @@ cdef class _Unified(UnifiedCore):
         [n_stream * size], stream-major."""
         out = np.empty(self.c.cells.size * self.c.n_stream, dtype=np.int32)
         cdef int32_t[::1] o = out
-        with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
-            self.k_shift_c(&o[0])
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "k_shift")
+        try:
+            with nogil:
+                self.k_shift_c(&o[0])
+        finally:
+            unlock(&self._lock, READ)
         return out
 
     def reset_shift(self):
         """Zero every cell's shift and clear has_shift (after the K-shift was applied)."""
-        lock_change(&self._lock, "reset_shift")
-        self.reset_shift_c()
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "reset_shift")
+        try:
+            self.reset_shift_c()
+        finally:
+            unlock(&self._lock, CHANGE)
 
     # --- update --------------------------------------------------------------------------
     def _check_update(self, rope, n_max_nodes):
@@ -1002,14 +1037,16 @@ cdef class _Unified(UnifiedCore):
         if ext is not None:
             ve = ext
             pe = &ve[0, 0]
-        with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
-            memcpy(&vp[0], t.pos, n * sizeof(int32_t))
-            memcpy(&vs[0], t.shift, n * sizeof(int32_t))
-            memcpy(&vq[0, 0], t.seq, nw * n * sizeof(uint64_t))
-            if pe != NULL:
-                memcpy(pe, t.ext, n * sizeof(kvc_cell_ext))
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "_stream_cells")
+        try:
+            with nogil:
+                memcpy(&vp[0], t.pos, n * sizeof(int32_t))
+                memcpy(&vs[0], t.shift, n * sizeof(int32_t))
+                memcpy(&vq[0, 0], t.seq, nw * n * sizeof(uint64_t))
+                if pe != NULL:
+                    memcpy(pe, t.ext, n * sizeof(kvc_cell_ext))
+        finally:
+            unlock(&self._lock, READ)
         return Cells(pos, shift, np.ascontiguousarray(planes.T), None if ext is None else ext[:n])
 
     # --- state ---------------------------------------------------------------------------
@@ -1019,10 +1056,12 @@ cdef class _Unified(UnifiedCore):
         cdef unsigned bits = write_layout_bits(layout, prefix, s)
         cdef size_t r
         _check_state_layout(self, bits, "state_size")
-        with nogil:
-            kvc_pylock_acquire_nogil(&self._lock)
-            r = kvc_unified_state_size_lay(&self.c, s, bits)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "state_size")
+        try:
+            with nogil:
+                r = kvc_unified_state_size_lay(&self.c, s, bits)
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
@@ -1047,12 +1086,12 @@ cdef class _Unified(UnifiedCore):
         cdef unsigned bits = write_layout_bits(layout, prefix, s)
         _check_state_layout(self, bits, "state_write_into")
         target = state_target(buf)      # taken before the lock, like every array argument
-        op_begin(&self._lock, False, "state_write_into")
+        lock(&self._lock, RUNS_PYTHON, "state_write_into")
         try:
             return state_write_into(&self.c, _unified_state_range, s, bits,
                                     kvc_unified_state_size_lay(&self.c, s, bits), target)
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON)
             if isinstance(target, _HeldBuffer):
                 (<_HeldBuffer>target).release()
 

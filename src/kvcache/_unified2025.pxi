@@ -28,14 +28,12 @@ cdef class _Unified2025(_Unified):
         cdef UBatch u = ubatch_c(ub)
         cdef int r = 0
         u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
-        with nogil:
-            if kvc_pylock_acquire_change_nogil(&self._lock) == 0:
+        lock(&self._lock, CHANGE | REFUSED_AS_BUSY, "find_slot")
+        try:
+            with nogil:
                 r = self.find_slot_c(&u.c)
-                kvc_pylock_release(&self._lock)
-            else:
-                r = _BUSY
-        if r == _BUSY:
-            raise_busy("find_slot")
+        finally:
+            unlock(&self._lock, CHANGE)
         if r < 0:
             raise_status(r, NULL, "find_slot")
         return r == 1
@@ -54,23 +52,29 @@ cdef class _Unified2025(_Unified):
 
     def commit(self):
         """Forget the recovery information of the find_slot calls since the last commit."""
-        lock_change(&self._lock, "commit")
-        kvc_unified_commit(&self.c)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "commit")
+        try:
+            kvc_unified_commit(&self.c)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def restore(self):
         """Undo the cell changes of the find_slot calls since the last commit (data is kept):
         the cells are exactly as before those calls (head stays where the search left it, as
         in llama.cpp)."""
-        lock_change(&self._lock, "restore")
-        self.restore_c()
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "restore")
+        try:
+            self.restore_c()
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def set_full(self):
         """n = size and head = 0, as when reserving the worst-case graph."""
-        lock_change(&self._lock, "set_full")
-        self.set_full_c()
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "set_full")
+        try:
+            self.set_full_c()
+        finally:
+            unlock(&self._lock, CHANGE)
 
     @property
     def slot(self):
@@ -78,10 +82,12 @@ cdef class _Unified2025(_Unified):
         put its ubatch in, where that ubatch's K/V rows go; None when no placement is current
         (after restore, a sequence operation, clear, set_full, defrag or a state read)."""
         cdef uint32_t head, placed
-        kvc_pylock_acquire(&self._lock)
-        placed = kvc_unified_slot_n(&self.c)
-        head = kvc_unified_slot_cell(&self.c, 0) if placed else 0
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "slot")
+        try:
+            placed = kvc_unified_slot_n(&self.c)
+            head = kvc_unified_slot_cell(&self.c, 0) if placed else 0
+        finally:
+            unlock(&self._lock, READ)
         if placed == 0:
             return None
         return (head, placed)
@@ -92,7 +98,7 @@ cdef class _Unified2025(_Unified):
         whose placements have a group per sequence); ``[]`` when no placement is current."""
         cdef uint32_t placed
         cdef int32_t[::1] o
-        kvc_pylock_acquire(&self._lock)
+        lock(&self._lock, READ, "slot_info")
         try:
             placed = kvc_unified_slot_n(&self.c)
             if placed == 0:
@@ -102,7 +108,7 @@ cdef class _Unified2025(_Unified):
             kvc_unified_slot_cells(&self.c, &o[0])
             return [(0, cells)]
         finally:
-            kvc_pylock_release(&self._lock)
+            unlock(&self._lock, READ)
 
     def prune_swa(self, seq_id, pmin, pmax):
         """Slide the window of seq_id after a batch that gave it positions pmin..pmax (what an
@@ -116,10 +122,12 @@ cdef class _Unified2025(_Unified):
         cdef int r
         if self.c.swa_type == KVC_SWA_NONE:
             raise ValueError("prune_swa: the cache has no sliding window (swa_type 'none')")
-        lock_change(&self._lock, "prune_swa")
-        with nogil:
-            r = kvc_unified_prune_swa(&self.c, s, a, b)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prune_swa")
+        try:
+            with nogil:
+                r = kvc_unified_prune_swa(&self.c, s, a, b)
+        finally:
+            unlock(&self._lock, CHANGE)
         if r < 0:
             raise_status(r, NULL, "prune_swa")
         return r == 1
@@ -165,7 +173,7 @@ cdef class _Unified2025(_Unified):
                 raise ValueError(f"out must be a writable 2-D {npdt} array with contiguous rows of at "
                                  f"least (rows, n) (rows = {'pad(n_tokens, 64)' if c_pad else 'n_tokens'}), "
                                  f"got {ob.describe()}")
-        op_begin(&self._lock, False, "kq_mask")
+        lock(&self._lock, RUNS_PYTHON, "kq_mask")
         try:
             # the shape follows n, which holds still while the operation runs
             rows = <Py_ssize_t>(kvc_pad_u32(u.c.n_tokens, KVC_KQ_MASK_PAD) if c_pad else u.c.n_tokens)
@@ -187,7 +195,7 @@ cdef class _Unified2025(_Unified):
                     r = kvc_unified_kq_mask_reuse(&self.c, &u.c, c_causal, c_alibi, mdt, c_pad, stride, p, c_reuse)
             res = out if ob is None else _block(out, ob, rows, cols)
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON)
             if ob is not None:
                 ob.release()
         if r < 0:
@@ -199,9 +207,11 @@ cdef class _Unified2025(_Unified):
     def do_defrag(self):
         """True when defrag_sched asked for a defragmentation (cleared by defrag_move/update)."""
         cdef bint r
-        kvc_pylock_acquire(&self._lock)
-        r = self.c.do_defrag
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "do_defrag")
+        try:
+            r = self.c.do_defrag
+        finally:
+            unlock(&self._lock, READ)
         return r
 
     def defrag_sched(self, thold):
@@ -209,9 +219,11 @@ cdef class _Unified2025(_Unified):
         if not isinstance(thold, (int, float, np.integer, np.floating)) or isinstance(thold, bool):
             raise TypeError(f"thold must be a number, not {type(thold).__name__}")
         cdef float t = <float>float(thold)
-        lock_change(&self._lock, "defrag_sched")
-        kvc_unified_defrag_sched(&self.c, t)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "defrag_sched")
+        try:
+            kvc_unified_defrag_sched(&self.c, t)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def defrag_prepare(self, n_max_nodes):
         """Plan a defrag and move the cell metadata; the K/V moves are in defrag_ids.
@@ -220,10 +232,12 @@ cdef class _Unified2025(_Unified):
         something moves."""
         cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         cdef int r
-        lock_change(&self._lock, "defrag_prepare")
-        with nogil:
-            r = kvc_unified_defrag_prepare(&self.c, nmax)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "defrag_prepare")
+        try:
+            with nogil:
+                r = kvc_unified_defrag_prepare(&self.c, nmax)
+        finally:
+            unlock(&self._lock, CHANGE)
         if r < 0:
             raise_status(r, NULL, "defrag_prepare")
         return r == 1
@@ -232,14 +246,14 @@ cdef class _Unified2025(_Unified):
     def defrag_ids(self):
         """The last plan (a copy): cell i moves to ids[i]; ids[i] == i or len(ids): stays."""
         cdef uint32_t[::1] o
-        op_begin(&self._lock, False, "defrag_ids")
+        lock(&self._lock, RUNS_PYTHON, "defrag_ids")
         try:
             out = np.empty(self.c.n_defrag_ids, dtype=np.uint32)
             o = out
             if self.c.n_defrag_ids:
                 memcpy(&o[0], self.c.defrag_ids, self.c.n_defrag_ids * sizeof(uint32_t))
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON)
         return out
 
     def defrag_runs(self):
@@ -247,11 +261,11 @@ cdef class _Unified2025(_Unified):
         [src, src + count) moving to [dst, dst + count). No run reads cells another run writes,
         so they can be applied in any order; defrag_move applies them to the K/V rows (and a
         metadata-only cache's owner to its own memory)."""
-        op_begin(&self._lock, False, "defrag_runs")
+        lock(&self._lock, RUNS_PYTHON, "defrag_runs")
         try:
             return _defrag_runs(self)
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON)
 
     def defrag_move(self):
         """Move the K/V rows as the last defrag_prepare planned (once) and clear do_defrag.
@@ -261,10 +275,12 @@ cdef class _Unified2025(_Unified):
         reads, update, another defrag_prepare) moves the rows first. A metadata-only cache moves
         nothing: read defrag_runs() right after defrag_prepare and move your rows; any such
         operation drops the plan (defrag_runs() is then empty)."""
-        lock_change(&self._lock, "defrag_move")
-        with nogil:
-            kvc_unified_defrag_move(&self.c)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "defrag_move")
+        try:
+            with nogil:
+                kvc_unified_defrag_move(&self.c)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     def update(self, rope=None, n_max_nodes=65536):
         """Apply the pending K-shift, then the scheduled defrag, as llama.cpp's update() does.
@@ -279,8 +295,8 @@ cdef class _Unified2025(_Unified):
         reservation). Arguments are checked before anything changes."""
         cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         self._check_update(rope, n_max_nodes)
-        op_begin(&self._lock, True, "update")
+        lock(&self._lock, RUNS_PYTHON | CHANGE, "update")
         try:
             return _update_caches((self,), rope, nmax)[0]
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON | CHANGE)

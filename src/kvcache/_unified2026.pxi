@@ -112,10 +112,12 @@ cdef class _Unified2026(_Unified):
         cdef kvc_err err
         err.msg[0] = 0
         u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
-        lock_change(&self._lock, "find_slot")
-        with nogil:
-            r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "find_slot")
+        try:
+            with nogil:
+                r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         if r < 0:
             raise_status(r, &err, "find_slot")
         return r == 1
@@ -137,7 +139,7 @@ cdef class _Unified2026(_Unified):
         ``cells[i]`` of the group's stream; ``[]`` when no placement is current."""
         cdef uint32_t placed, g, ng, nst
         cdef int32_t[::1] o
-        kvc_pylock_acquire(&self._lock)
+        lock(&self._lock, READ, "slot_info")
         try:
             placed = kvc_unified_slot_n(&self.c)
             if placed == 0:
@@ -148,7 +150,7 @@ cdef class _Unified2026(_Unified):
             ng, nst = self.c.scatter.n_groups, self.c.scatter.n_seq_tokens
             return [(<int>self.c.scatter.strm[g], cells[g * nst:(g + 1) * nst].copy()) for g in range(ng)]
         finally:
-            kvc_pylock_release(&self._lock)
+            unlock(&self._lock, READ)
 
     def prepare(self, ubatches):
         """The dry run of placing several ubatches in turn: the slot_info()
@@ -184,10 +186,12 @@ cdef class _Unified2026(_Unified):
             for u in range(n_ub):
                 ub = ubs[u]
                 arr[u] = ub.c
-            lock_change(&self._lock, "prepare")
-            with nogil:
-                r = kvc_unified_prepare_2026(&self.c, arr, <uint32_t>n_ub, &oc[0], &os_[0], &og[0], &err)
-                kvc_pylock_release(&self._lock)
+            lock(&self._lock, CHANGE, "prepare")
+            try:
+                with nogil:
+                    r = kvc_unified_prepare_2026(&self.c, arr, <uint32_t>n_ub, &oc[0], &os_[0], &og[0], &err)
+            finally:
+                unlock(&self._lock, CHANGE)
         finally:
             free(arr)
         if r < 0:
@@ -256,7 +260,7 @@ cdef class _Unified2026(_Unified):
             if (ob.dtype is not npdt and ob.dtype != npdt) or not ob.c_contiguous() or ob.view.ndim != 3:
                 raise ValueError(f"out must be a writable C-contiguous {npdt} array of shape "
                                  f"(streams, rows, n_kv), got {ob.describe()}")
-        op_begin(&self._lock, False, "kq_mask")
+        lock(&self._lock, RUNS_PYTHON, "kq_mask")
         try:
             r = kvc_unified_groups(&self.c, &ub.c, strm, &ng, &nst, &err)
             if r < 0:
@@ -277,7 +281,7 @@ cdef class _Unified2026(_Unified):
                 with nogil:
                     r = kvc_unified_kq_mask_2026_reuse(&self.c, &ub.c, causal, alibi, mdt, p, reuse, &err)
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON)
             if ob is not None:
                 ob.release()
         if r < 0:
@@ -308,7 +312,7 @@ cdef class _Unified2026(_Unified):
         cdef bint had_shift = False, rotated = False, drop
         cdef int32_t[::1] sv
         rp = rope if rope is not None else (self._rope if self._buffers != "none" else None)
-        op_begin(&self._lock, True, "update")
+        lock(&self._lock, RUNS_PYTHON | CHANGE, "update")
         try:
             shift = np.empty(self.c.cells.size * self.c.n_stream, dtype=np.int32)
             sv = shift
@@ -320,7 +324,7 @@ cdef class _Unified2026(_Unified):
                 # the copied slabs first, then every stream's rows rotated by their shifts
                 rotated = _update_caches((self,), rp, nmax)[0].rotated
         finally:
-            op_end(&self._lock)
+            unlock(&self._lock, RUNS_PYTHON | CHANGE)
         return StreamUpdate(0 if had_shift or copies else 1, bool(had_shift), int(copies), False, shift, bool(rotated))
 
     # --- prefix reuse (docs/prefix-reuse.md; csrc/kvc_reuse.h, kvc_retain.h) -------------------
@@ -346,20 +350,22 @@ cdef class _Unified2026(_Unified):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        lock_change(&self._lock, "enable_prefix_reuse")
+        lock(&self._lock, CHANGE, "enable_prefix_reuse")
         try:
             r = kvc_reuse_enable(&self.c, ccap, &err)
             if r == KVC_OK and ccap and (<kvc_reuse *>self.c.reuse).idx.n_held > ccap:
                 kvc_reuse_evict(&self.c, (<kvc_reuse *>self.c.reuse).idx.n_held - ccap)
         finally:
-            kvc_pylock_release(&self._lock)
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "enable_prefix_reuse")
 
     def disable_prefix_reuse(self):
         """Turn prefix reuse off: the index forgets every prefix (its cells become free)."""
-        lock_change(&self._lock, "disable_prefix_reuse")
-        kvc_reuse_disable(&self.c)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "disable_prefix_reuse")
+        try:
+            kvc_reuse_disable(&self.c)
+        finally:
+            unlock(&self._lock, CHANGE)
 
     @property
     def prefix_reuse(self):
@@ -372,7 +378,7 @@ cdef class _Unified2026(_Unified):
         sequence or pin protects, "nodes": radix-tree edges, "cap": the cap (0: none)}``; None
         while reuse is off."""
         cdef kvc_reuse *r
-        kvc_pylock_acquire(&self._lock)
+        lock(&self._lock, READ, "prefix_stats")
         try:
             if self.c.reuse == NULL:
                 return None
@@ -380,7 +386,7 @@ cdef class _Unified2026(_Unified):
             return {"cells": int(kvc_reuse_n_cells(&self.c)), "evictable": int(r.idx.n_evictable),
                     "nodes": int(r.idx.n_nodes), "cap": int(r.idx.cap)}
         finally:
-            kvc_pylock_release(&self._lock)
+            unlock(&self._lock, READ)
 
     cdef tuple _xy(self, object pos_x, object pos_y, Py_ssize_t n):
         if (pos_x is not None or pos_y is not None) and not kvc_unified_has_ext(&self.c):
@@ -408,10 +414,12 @@ cdef class _Unified2026(_Unified):
         if y is not None and n:
             yv = y
             yp = &yv[0]
-        lock_change(&self._lock, "prefix_match")
-        with nogil:
-            r = kvc_retain_match_xy(&self.c, cs, tp, xp, yp, n)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_match")
+        try:
+            with nogil:
+                r = kvc_retain_match_xy(&self.c, cs, tp, xp, yp, n)
+        finally:
+            unlock(&self._lock, CHANGE)
         return int(r)
 
     def prefix_attach(self, seq_id, tokens, salt=None, *, pos_x=None, pos_y=None):
@@ -443,10 +451,12 @@ cdef class _Unified2026(_Unified):
             yv = y
             yp = &yv[0]
         self._reuse("prefix_attach")
-        lock_change(&self._lock, "prefix_attach")
-        with nogil:
-            r = kvc_retain_attach_xy(&self.c, s, cs, tp, xp, yp, n, &k, &err)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_attach")
+        try:
+            with nogil:
+                r = kvc_retain_attach_xy(&self.c, s, cs, tp, xp, yp, n, &k, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_attach")
         return int(k)
 
@@ -488,13 +498,15 @@ cdef class _Unified2026(_Unified):
         elif t is not None:
             tp = <const int32_t *>&n   # an empty list of tokens: nothing is kept
         self._reuse(what)
-        lock_change(&self._lock, what)
-        with nogil:
-            if end:
-                r = kvc_retain_release(&self.c, s, cs, tp, n, &res, &err)
-            else:
-                r = kvc_retain_publish(&self.c, s, cs, tp, n, &res, &err)
-            kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, what)
+        try:
+            with nogil:
+                if end:
+                    r = kvc_retain_release(&self.c, s, cs, tp, n, &res, &err)
+                else:
+                    r = kvc_retain_publish(&self.c, s, cs, tp, n, &res, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, what)
         return int(res.n_kept)
 
@@ -517,9 +529,11 @@ cdef class _Unified2026(_Unified):
         cdef const int32_t *xp = xy_ptr(x, xv)
         cdef const int32_t *yp = xy_ptr(y, yv)
         self._reuse("prefix_pin")
-        lock_change(&self._lock, "prefix_pin")
-        r = kvc_retain_pin_xy(&self.c, cs, &tv[0] if n else NULL, xp, yp, n, &h, &err)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_pin")
+        try:
+            r = kvc_retain_pin_xy(&self.c, cs, &tv[0] if n else NULL, xp, yp, n, &h, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_pin")
         return (<uint64_t>h.gen << 32) | h.node
 
@@ -533,9 +547,11 @@ cdef class _Unified2026(_Unified):
         h.node = <uint32_t>(v & 0xFFFFFFFF)
         h.gen = <uint32_t>(v >> 32)
         self._reuse("prefix_unpin")
-        lock_change(&self._lock, "prefix_unpin")
-        r = kvc_retain_unpin(&self.c, h, &err)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_unpin")
+        try:
+            r = kvc_retain_unpin(&self.c, h, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_unpin")
 
     def prefix_evict(self, n_cells):
@@ -543,9 +559,11 @@ cdef class _Unified2026(_Unified):
         live sequence or pin protects, leaves first); returns how many went."""
         cdef uint32_t n = <uint32_t>int_c(n_cells, "n_cells", 0, UINT32_MAX), r
         self._reuse("prefix_evict")
-        lock_change(&self._lock, "prefix_evict")
-        r = kvc_reuse_evict(&self.c, n)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, CHANGE, "prefix_evict")
+        try:
+            r = kvc_reuse_evict(&self.c, n)
+        finally:
+            unlock(&self._lock, CHANGE)
         return int(r)
 
     def _prefix_check(self):
@@ -553,8 +571,10 @@ cdef class _Unified2026(_Unified):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        kvc_pylock_acquire(&self._lock)
-        r = kvc_reuse_check(&self.c, &err)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "_prefix_check")
+        try:
+            r = kvc_reuse_check(&self.c, &err)
+        finally:
+            unlock(&self._lock, READ)
         if r != KVC_OK:
             raise RuntimeError(err.msg.decode())

@@ -79,13 +79,14 @@ cdef uint32_t _layer_index(_Unified self, object il) except? 0xFFFFFFFF:
 cdef int _settle(_Unified self, str what) except -1:
     """Move the rows of a pending defrag before the K/V memory is handed out (a change: refused
     from a callback of another operation on the cache)."""
-    kvc_pylock_acquire(&self._lock)
-    if self.c.defrag_pending and self._lock.busy:
-        kvc_pylock_release(&self._lock)
-        raise_busy(what)
-    with nogil:
-        kvc_unified_defrag_settle(&self.c)
-        kvc_pylock_release(&self._lock)
+    lock(&self._lock, READ, what)
+    try:
+        if self.c.defrag_pending and self._lock.busy:
+            raise_busy(what)
+        with nogil:
+            kvc_unified_defrag_settle(&self.c)
+    finally:
+        unlock(&self._lock, READ)
     return 0
 
 
