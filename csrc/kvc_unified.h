@@ -28,6 +28,9 @@ int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
 void kvc_unified_free(kvc_unified *c);
 /* Attach the K/V memory of kept layer `ikv` (index into layers, not the model index). */
 void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v);
+/* The index into layers of model layer il, or -1 when the cache does not keep it (the table is
+ * in model order: ascending il). */
+int64_t kvc_unified_layer_index(const kvc_unified *c, int64_t il);
 /* The threads a K/V move of 16 MiB or more may share its layers among (never more than there
  * are layers): 1..KVC_MAX_THREADS, or 0 for kvc_parallel_width() (the default). KVC_OK or
  * KVC_E_ARG. */

@@ -70,10 +70,6 @@ cdef class _Unified(UnifiedCore):
     cdef kvc_unified c             # the C cache: cells, head/n, recovery, defrag plan, layer table
     cdef bint _ready               # c is initialised (kvc_unified_free is due)
     cdef uint32_t _n_layer_model   # model layer count given to the constructor
-    cdef tuple _layers             # kept model layer indices, ascending (the cache's layer order)
-    cdef dict _ikv                 # model layer index -> index into c.layers
-    cdef tuple _n_embd_k           # K row width per model layer
-    cdef tuple _n_embd_v           # V row width per model layer
     cdef list _k_mem               # per kept layer: K memory as uint8 (owned, aligned; borrowed: None until
                                    # a view is made); empty without memory
     cdef list _v_mem               # per kept layer: V memory likewise
@@ -194,10 +190,6 @@ cdef class _Unified(UnifiedCore):
         _check_rope(rope, head_k, kept, "rope")
 
         self._n_layer_model = <uint32_t>nl
-        self._layers = kept
-        self._ikv = {il: i for i, il in enumerate(kept)}
-        self._n_embd_k = wk
-        self._n_embd_v = wv
         self._n_embd_head_k = head_k
         self._rope = rope
         self._buffers = mode
@@ -344,7 +336,7 @@ cdef class _Unified(UnifiedCore):
         finally:
             unlock(&self._lock, READ)
         return (f"{type(self).__name__}(kv_size={self.c.cells.size}, n_layer={self._n_layer_model}, "
-                f"layers={list(self._layers)}, type_k={self.type_k!r}, type_v={self.type_v!r}, "
+                f"layers={list(self.layers)}, type_k={self.type_k!r}, type_v={self.type_v!r}, "
                 f"v_trans={bool(self.c.v_trans)}, n_seq_max={self.c.n_seq_max}, head={head}, "
                 f"n={n}, used={used})")
 
@@ -552,7 +544,7 @@ cdef class _Unified(UnifiedCore):
     @property
     def layers(self):
         """Model indices of the kept layers, ascending (the cache's layer order)."""
-        return self._layers
+        return _kept_layers(&self.c)
 
     @property
     def type_k(self):
@@ -1008,7 +1000,7 @@ cdef class _Unified(UnifiedCore):
             raise ValueError("update: a metadata-only cache holds no K to rotate; call update() "
                              "without rope and apply the plan's k_shift with your own kernels")
         if rope is not None:
-            _check_rope(rope, self._n_embd_head_k, self._layers, "rope")
+            _check_rope(rope, self._n_embd_head_k, _kept_layers(&self.c), "rope")
 
     # --- inspection ----------------------------------------------------------------------
     def cells(self):

@@ -65,15 +65,27 @@ cdef int _check_rope(object rope, tuple head_k, tuple kept, str name) except -1:
     return 0
 
 
+cdef tuple _kept_layers(const kvc_unified *c):
+    """The model indices of the layers the C cache keeps, in its order (ascending)."""
+    return tuple([c.layers[i].il for i in range(c.n_layer)])
+
+
 cdef uint32_t _layer_index(_Unified self, object il) except? 0xFFFFFFFF:
-    ikv = self._ikv.get(il) if type(il) is int else None
-    if ikv is not None:
-        return <uint32_t>ikv
+    """The index into the C cache's layer table of model layer il (IndexError when not kept)."""
+    cdef int overflow = 0
+    cdef long long v
+    cdef int64_t ikv
+    if PyLong_CheckExact(il):
+        v = PyLong_AsLongLongAndOverflow(il, &overflow)
+        if not overflow:
+            ikv = kvc_unified_layer_index(&self.c, v)
+            if ikv >= 0:
+                return <uint32_t>ikv
     if not _is_int(il):
         raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
-    ikv = self._ikv.get(int_c(il, "il", LLONG_MIN, LLONG_MAX))
-    if ikv is None:
-        raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(self._layers)})")
+    ikv = kvc_unified_layer_index(&self.c, int_c(il, "il", LLONG_MIN, LLONG_MAX))
+    if ikv < 0:
+        raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(_kept_layers(&self.c))})")
     return <uint32_t>ikv
 
 cdef int _settle(_Unified self, str what) except -1:
@@ -293,7 +305,7 @@ cdef _LayerRope _layer_rope(_Unified self, RopeParams rope):
     if lr.params == NULL or lr.hd == NULL:
         raise MemoryError("update")
     for i in range(n):
-        il = self._layers[i]
+        il = self.c.layers[i].il
         lr.hd[i] = self._n_embd_head_k[il]
         try:
             rope.fill(&lr.params[i], il, lr.hd[i])

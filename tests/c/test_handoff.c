@@ -143,6 +143,7 @@ static void equals_state_read(enum mode m) {
     CHECK(kvc_handoff_n_regions(&src->c, e.n_runs) == (uint64_t)e.n_runs * (1 + W), "regions");
     kvc_handoff_import imp;
     REQUIRE(kvc_handoff_import_begin(&dst->c, 1, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s", err.msg);
+    CHECK(dst->c.imports == 1, "an active import is counted: %u", dst->c.imports);
     copy_all(&e, src, &imp);
     uint32_t scells[CELLS], dcells[CELLS], ns = 0, nd = 0;   /* cell k of the source, of the destination */
     for (uint32_t r = 0; r < e.n_runs; r++) {
@@ -157,6 +158,7 @@ static void equals_state_read(enum mode m) {
     }
     CHECK(ns == e.cell_count && nd == ns, "%s: %u and %u cells", MODE_NAME[m], ns, nd);
     CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_OK, "commit: %s", err.msg);
+    CHECK(dst->c.imports == 0, "a committed import is not counted: %u", dst->c.imports);
     const unsigned lay = layout_of(m);
     size_t n = kvc_unified_state_size_lay(&src->c, 1, lay), w = 0, used = 0;
     uint8_t *blob = malloc(n);
@@ -200,8 +202,10 @@ static void changed_cache_and_abort(enum mode m) {
     CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_E_STATE && imp.active, "%s: commit of a changed cache",
           MODE_NAME[m]);
     CHECK(strstr(err.msg, "changed") != NULL, "message: %s", err.msg);
+    CHECK(dst->c.imports == 1, "a refused commit leaves the import counted: %u", dst->c.imports);
     kvc_handoff_import_abort(&imp);
     CHECK(!imp.active, "abort leaves it active");
+    CHECK(dst->c.imports == 0, "an aborted import is not counted: %u", dst->c.imports);
     if (has_ext(m)) {
         /* an extension alone changed: the commit refuses too */
         REQUIRE(kvc_handoff_import_begin(&dst->c, 0, e.header, e.header_len, &imp, &err) == KVC_OK, "begin: %s",
@@ -215,6 +219,7 @@ static void changed_cache_and_abort(enum mode m) {
         kvc_handoff_import_abort(&imp);
     }
     kvc_handoff_import_abort(&imp);   /* a no-op now */
+    CHECK(dst->c.imports == 0, "aborting twice counts once: %u", dst->c.imports);
     /* the bytes are back; the seq_rm above is the only difference left */
     kvc_unified_seq_rm(&before->c, 2, -1, -1);
     CHECK(same(dst, before), "%s: abort did not restore the bytes", MODE_NAME[m]);

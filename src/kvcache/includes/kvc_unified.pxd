@@ -1,6 +1,6 @@
 # Declarations of the unified KV cache: csrc/kvc_unified.h (state, construction, sequences, window),
 # kvc_slot.h (slots, undo log, snapshots, store), kvc_defrag.h and kvc_mask.h.
-from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t
+from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t, int64_t
 from kvcache.includes.kvc_common cimport kvc_err, kvc_layer, kvc_ubatch
 from kvcache.includes.kvc_seqops cimport kvc_seq_ops
 from kvcache.includes.kvc_cells cimport kvc_cells
@@ -90,6 +90,7 @@ cdef extern from "kvc_unified.h" nogil:
     int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
     void kvc_unified_free(kvc_unified *c)
     void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v)
+    int64_t kvc_unified_layer_index(const kvc_unified *c, int64_t il)
     bint kvc_unified_has_memory(const kvc_unified *c)
     int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err)
 
