@@ -16,6 +16,7 @@ typedef struct kvc_attn_writer {
     kvc_attn *a;
     bool      room;        /* every group and index so far fits the caller's arrays */
     uint64_t  n_groups, nnz;
+    uint64_t  span;        /* the largest row written + 1 */
     uint64_t *scratch;     /* a run's index entries below n_kv */
     uint32_t  cap_scratch;
 } kvc_attn_writer;
@@ -47,12 +48,17 @@ static inline void kvc_attn_entry(kvc_attn_writer *w, uint64_t row, int32_t pos)
         w->room = false;
     }
     w->nnz++;
+    w->span = row + 1 > w->span ? row + 1 : w->span;
 }
 
-/* The rows of key[0, n) whose cells are below n_kv join the current group: with room for all of
- * them, a loop without a branch per entry (a decode step's whole cost), else entry by entry. */
+/* The rows of key[0, n) whose cells are below n_kv join the current group. With room for all of
+ * them (a decode step's whole cost): every row written by a loop the compiler vectorizes, which
+ * also finds the largest cell; only when that one is at or past n_kv are the rows compacted. */
 static void kvc_attn_entries(kvc_attn_writer *w, const uint64_t *key, uint32_t n, uint64_t base, uint32_t n_kv) {
     kvc_attn *a = w->a;
+    if (n == 0) {
+        return;
+    }
     if (!w->room || w->nnz + n > a->cap_nnz) {
         for (uint32_t k = 0; k < n; k++) {
             const uint32_t cell = kvc_seq_key_cell(key[k]);
@@ -62,23 +68,40 @@ static void kvc_attn_entries(kvc_attn_writer *w, const uint64_t *key, uint32_t n
         }
         return;
     }
-    /* each entry is written, and kept when its cell is below n_kv: m <= k < n stays in the room */
     int32_t *rows = a->kv_indices + w->nnz;
-    uint32_t m = 0;
+    int32_t *pos = a->kv_pos ? a->kv_pos + w->nnz : NULL;
+    /* rows are int32 (the call refuses more): the base is added modulo 2^32 as the cast would */
+    const uint32_t base32 = (uint32_t)base;
+    uint32_t top = 0;
     for (uint32_t k = 0; k < n; k++) {
         const uint32_t cell = kvc_seq_key_cell(key[k]);
-        rows[m] = (int32_t)(base + cell);
-        m += cell < n_kv;
+        rows[k] = (int32_t)(base32 + cell);
+        top = cell > top ? cell : top;
     }
-    if (a->kv_pos) {
-        int32_t *pos = a->kv_pos + w->nnz;
-        uint32_t j = 0;
+    uint32_t m = n;
+    if (top < n_kv) {
+        for (uint32_t k = 0; pos && k < n; k++) {
+            pos[k] = kvc_seq_key_pos(key[k]);
+        }
+    } else {
+        /* each entry is written, and kept when its cell is below n_kv: m <= k < n stays in the room */
+        m = 0;
+        top = 0;
         for (uint32_t k = 0; k < n; k++) {
-            pos[j] = kvc_seq_key_pos(key[k]);
-            j += kvc_seq_key_cell(key[k]) < n_kv;
+            const uint32_t cell = kvc_seq_key_cell(key[k]);
+            const bool keep = cell < n_kv;
+            rows[m] = (int32_t)(base32 + cell);
+            if (pos) {
+                pos[m] = kvc_seq_key_pos(key[k]);
+            }
+            top = keep && cell > top ? cell : top;
+            m += keep;
         }
     }
     w->nnz += m;
+    if (m) {
+        w->span = base + top + 1 > w->span ? base + top + 1 : w->span;
+    }
 }
 
 /* The first of keys[0, n) at position p or later. */
@@ -237,6 +260,7 @@ int kvc_unified_attn_indices(const kvc_unified *c, const kvc_ubatch *ub, bool ca
     }
     out->n_groups = (uint32_t)w.n_groups;
     out->nnz = (uint32_t)w.nnz;
+    out->span = (uint32_t)w.span;
     if (!w.room || out->cap_groups < w.n_groups || (out->q_pos && out->cap_tokens < ub->n_tokens)) {
         return KVC_E_NOSPACE;
     }

@@ -44,6 +44,7 @@ typedef struct kvc_attn {
     /* set by the call */
     uint32_t  n_groups, nnz;
     uint32_t  n_kv;        /* the KQ mask's columns: every cell index is below it */
+    uint32_t  span;        /* the rows the indices reach: the largest + 1 (0 with none) */
 } kvc_attn;
 
 /* The attention indices of ub, which must be the cache's current placement (the ubatch the last

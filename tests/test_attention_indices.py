@@ -102,6 +102,7 @@ def check_against_mask(c, ub, causal):
     idx = c.attention_indices(ub, causal=causal, positions=True)
     m, streams = mask_rows(c, ub, causal)
     assert idx.n_kv == m.shape[1]
+    assert idx.span == (int(idx.kv_indices.max()) + 1 if len(idx.kv_indices) else 0)
     q_len = np.diff(idx.qo_indptr)
     assert (idx.causal == (causal & (q_len > 1))).all()
     rows = token_rows(idx)
@@ -485,7 +486,7 @@ def test_out_buffers_are_reused_and_filled():
         for name in ("qo_indptr", "kv_indptr", "kv_indices", "causal", "stream", "kv_pos"):
             np.testing.assert_array_equal(getattr(got, name), getattr(fresh, name))
             assert np.shares_memory(getattr(got, name), getattr(buf, name))
-        assert got.n_kv == fresh.n_kv
+        assert got.n_kv == fresh.n_kv and got.span == fresh.span
     assert got.kv_indices.dtype == np.int32 and got.causal.dtype == np.bool_
 
 

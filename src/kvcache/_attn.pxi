@@ -7,7 +7,7 @@ from kvcache.includes.kvc_attn cimport kvc_attn, kvc_unified_attn_indices
 
 
 class AttentionIndices(_namedtuple("AttentionIndices",
-                                   "qo_indptr kv_indptr kv_indices causal stream kv_pos q_pos n_kv")):
+                                   "qo_indptr kv_indptr kv_indices causal stream kv_pos q_pos n_kv span")):
     """The cells each query token group of a ubatch attends to (UnifiedCache.attention_indices).
 
     - ``qo_indptr`` (int32, groups + 1): group g is the ubatch's tokens
@@ -23,7 +23,9 @@ class AttentionIndices(_namedtuple("AttentionIndices",
     - ``kv_pos`` (int32, like kv_indices) each row's position and ``q_pos`` (int32, tokens)
       each query token's (ALiBi's distance of token t to row e is ``|kv_pos[e] - q_pos[t]|``,
       the mask's ``alibi=True`` values), or None when not asked for;
-    - ``n_kv``: the KQ mask's columns (every cell is below it).
+    - ``n_kv``: the KQ mask's columns (every cell is below it);
+    - ``span``: the K/V rows the indices reach, ``max(kv_indices) + 1`` (0 with none): the rows
+      a dense kernel over them reads.
 
     ``AttentionIndices.buffers(n_groups, n_indices)`` makes arrays for ``out=``."""
 
@@ -41,7 +43,7 @@ class AttentionIndices(_namedtuple("AttentionIndices",
         pos = bool_c(positions, "positions")
         return cls(np.zeros(g + 1, np.int32), np.zeros(g + 1, np.int32), np.zeros(n, np.int32),
                    np.zeros(g, np.bool_), np.zeros(g, np.int32), np.zeros(n, np.int32) if pos else None,
-                   np.zeros(t, np.int32) if pos else None, 0)
+                   np.zeros(t, np.int32) if pos else None, 0, 0)
 
 
 # the arrays of an out= AttentionIndices: (field, dtype, what it counts, extra entries)
@@ -135,4 +137,4 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
     cdef Py_ssize_t t = u.c.n_tokens
     return AttentionIndices(out.qo_indptr[:g + 1], out.kv_indptr[:g + 1], out.kv_indices[:n], out.causal[:g],
                             out.stream[:g], out.kv_pos[:n] if c_pos else None, out.q_pos[:t] if c_pos else None,
-                            <Py_ssize_t>a.n_kv)
+                            <Py_ssize_t>a.n_kv, <Py_ssize_t>a.span)

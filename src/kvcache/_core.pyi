@@ -130,6 +130,7 @@ class AttentionIndices(NamedTuple):
     kv_pos: npt.NDArray[np.int32] | None
     q_pos: npt.NDArray[np.int32] | None
     n_kv: int
+    span: int
     @classmethod
     def buffers(cls, n_groups: int, n_indices: int, positions: bool = False,
                 n_tokens: int | None = None) -> AttentionIndices: ...

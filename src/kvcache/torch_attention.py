@@ -45,7 +45,8 @@ GATHER_COPY = 32
 _PAD_SLACK = 1.25
 
 
-def _check(q: Any, k: Any, v: Any, idx: Any, alibi_slopes: Any) -> None:
+def _check(q: Any, k: Any, v: Any, idx: Any, alibi_slopes: Any) -> int:
+    """Check the arguments of attention_from_indices; the indices' span (:func:`_span`)."""
     if not isinstance(idx, AttentionIndices):
         raise TypeError(f"idx must be a kvcache.AttentionIndices (cache.attention_indices), not {type(idx).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -59,15 +60,16 @@ def _check(q: Any, k: Any, v: Any, idx: Any, alibi_slopes: Any) -> None:
         raise ValueError(f"k and v must have the same rows and heads, got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q's heads ({q.shape[1]}) must be a multiple of k's ({k.shape[1]})")
-    if len(idx.kv_indices) and int(idx.kv_indices.max()) >= k.shape[0]:
-        raise ValueError(f"k and v must hold every row the indices name (up to {int(idx.kv_indices.max())}), "
-                         f"got {k.shape[0]} rows")
+    span = _span(idx)
+    if span > k.shape[0]:
+        raise ValueError(f"k and v must hold every row the indices name (up to {span - 1}), got {k.shape[0]} rows")
     if alibi_slopes is not None:
         _positions(idx)
         shape = tuple(getattr(alibi_slopes, "shape", ()))
         if shape != (q.shape[1],):
             raise ValueError(f"alibi_slopes must be a 1-D tensor of one slope per head of q ({q.shape[1]}), "
                              f"got {shape or type(alibi_slopes).__name__}")
+    return span
 
 
 def _positions(idx: AttentionIndices) -> tuple[Any, Any]:
@@ -78,8 +80,9 @@ def _positions(idx: AttentionIndices) -> tuple[Any, Any]:
 
 
 def _span(idx: AttentionIndices) -> int:
-    """The rows the dense path reads: up to the last row the indices name."""
-    return int(idx.kv_indices.max()) + 1 if len(idx.kv_indices) else 0
+    """The rows the dense path reads: up to the last row the indices name (found as they were
+    built: ``idx.span``)."""
+    return int(idx.span)
 
 
 def path_work(idx: AttentionIndices) -> tuple[int, int]:
@@ -90,10 +93,22 @@ def path_work(idx: AttentionIndices) -> tuple[int, int]:
     (``span * (DENSE_READ + n_tokens)``)."""
     if not isinstance(idx, AttentionIndices):
         raise TypeError(f"idx must be a kvcache.AttentionIndices (cache.attention_indices), not {type(idx).__name__}")
-    q_len = np.diff(idx.qo_indptr).astype(np.int64)
-    kv_len = np.diff(idx.kv_indptr).astype(np.int64)
-    gather = int(np.dot(kv_len, q_len + GATHER_COPY))
-    return gather, _span(idx) * (DENSE_READ + int(idx.qo_indptr[-1]))
+    return _path_work(idx, _span(idx))
+
+
+def _path_work(idx: AttentionIndices, span: int) -> tuple[int, int]:
+    """path_work of idx whose span is known."""
+    n_groups, n_tokens, nnz = len(idx.causal), int(idx.qo_indptr[-1]), len(idx.kv_indices)
+    # one token per group (a decode step) or one group: the sum needs no pass over the groups
+    if n_groups == n_tokens:
+        gather = nnz * (1 + GATHER_COPY)
+    elif n_groups == 1:
+        gather = nnz * (n_tokens + GATHER_COPY)
+    else:
+        q_len = np.diff(idx.qo_indptr).astype(np.int64)
+        kv_len = np.diff(idx.kv_indptr).astype(np.int64)
+        gather = int(np.dot(kv_len, q_len + GATHER_COPY))
+    return gather, span * (DENSE_READ + n_tokens)
 
 
 def takes_dense_path(idx: AttentionIndices, dense_at: float = 1.0) -> bool:
@@ -160,14 +175,22 @@ def _sdpa(q: Any, k: Any, v: Any, mask: Any, scale: float | None) -> Any:
     return out.transpose(1, 2)
 
 
-def _dense(q: Any, k: Any, v: Any, idx: AttentionIndices, scale: float | None, mask: Callable[[], Any] | None,
-           slopes: Any) -> Any:
-    """The dense path: one SDPA over the rows the mask spans (without a mask where it would hide
-    nothing)."""
+def _sees_all(idx: AttentionIndices, span: int) -> bool:
+    """Whether every token of idx attends to every one of its span rows (one sequence holding
+    them all, or a non-causal call's): then a mask would hide nothing."""
+    if len(idx.causal) == 1:
+        # one group (a decode step of one sequence) needs no pass over the groups
+        return not idx.causal[0] and len(idx.kv_indices) == span
+    return not idx.causal.any() and bool((np.diff(idx.kv_indptr) == span).all())
+
+
+def _dense(q: Any, k: Any, v: Any, idx: AttentionIndices, span: int, scale: float | None,
+           mask: Callable[[], Any] | None, slopes: Any) -> Any:
+    """The dense path: one SDPA over the span rows the mask spans (without a mask where it would
+    hide nothing)."""
     device = k.device
-    span, n_tokens = _span(idx), q.shape[0]
-    kv_len = np.diff(idx.kv_indptr)
-    if slopes is None and not idx.causal.any() and (kv_len == span).all():
+    n_tokens = q.shape[0]
+    if slopes is None and _sees_all(idx, span):
         # every token attends to every spanned row (one sequence holding them all): a mask would hide nothing
         return _sdpa(q[None], k[None, :span], v[None, :span], None, scale)[0]
     if mask is None:
@@ -207,15 +230,16 @@ def attention_from_indices(q: Any, k: Any, v: Any, idx: AttentionIndices, *, sca
     cache's KQ mask of the ubatch, used instead of a mask rebuilt from the indices (a one-stream
     cache's ``lambda: cache.kq_mask(ub, pad=False, dtype="bool", out=buf)``; with ALiBi the float
     mask of ``alibi=True``)."""
-    _check(q, k, v, idx, alibi_slopes)
+    span = _check(q, k, v, idx, alibi_slopes)
     n_tokens = q.shape[0]
-    out = q.new_empty((n_tokens, q.shape[1], v.shape[2]))
     if n_tokens == 0:
-        return out
+        return q.new_empty((n_tokens, q.shape[1], v.shape[2]))
     device = k.device
     slopes = None if alibi_slopes is None else torch.as_tensor(alibi_slopes, device=device)
-    if takes_dense_path(idx, dense_at):
-        return _dense(q, k, v, idx, scale, mask, slopes)
+    gather, dense = _path_work(idx, span)
+    if gather >= dense_at * dense:
+        return _dense(q, k, v, idx, span, scale, mask, slopes)
+    out = q.new_empty((n_tokens, q.shape[1], v.shape[2]))
     qo = idx.qo_indptr.astype(np.int64)
     kv = idx.kv_indptr.astype(np.int64)
     q_len, kv_len = np.diff(qo), np.diff(kv)

@@ -15,6 +15,7 @@ cdef extern from "kvc_attn.h" nogil:
         uint32_t cap_groups, cap_nnz, cap_tokens
         uint32_t n_groups, nnz
         uint32_t n_kv
+        uint32_t span
 
     int kvc_unified_attn_indices(const kvc_unified *c, const kvc_ubatch *ub, bint causal, kvc_attn *out,
                                  kvc_err *err)
