@@ -59,33 +59,54 @@ int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64
                               uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err) {
     *n_hit = 0;
     memset(attn, 0, sizeof *attn);
-    const uint32_t len = tokens ? kvc_ckpt_seq_len(h->recr, s) : 0;
-    if (len > n) {
+    uint32_t len = kvc_ckpt_seq_len(h->recr, s);
+    if (tokens && len > n) {
         return kvc_err_set(err, KVC_E_ARG, "sequence %d's recurrent state is the state after %u tokens, and tokens "
                            "has %u", s, len, n);
     }
-    /* everything that can fail comes first: the chain's copy, then the attention part's release */
+    /* everything that can fail comes first: the tokens the cells recorded (without the caller's),
+     * the chain's copy, then the attention part's release */
+    int32_t *own = NULL;
+    const int32_t *chain = tokens;
+    uint32_t n_chain = n;
+    if (!tokens && len && h->attn->reuse) {
+        const uint32_t m = kvc_retain_seq_cells(h->attn, s);
+        own = malloc((size_t)(m ? m : 1) * sizeof *own);
+        if (!own) {
+            return kvc_err_set(err, KVC_E_NOMEM, "the tokens of sequence %d's %u cells", s, m);
+        }
+        n_chain = kvc_retain_seq_tokens(h->attn, s, own);
+        chain = own;
+    }
+    /* the state is the state after its len tokens: checkpointed only when all of them are known
+     * (the caller's, or recorded by the attention cells of positions 0 .. len - 1) */
+    if (!chain || n_chain < len) {
+        len = 0;
+    }
     int32_t *copy = NULL;
     if (len) {
         copy = malloc((size_t)len * sizeof *copy);
         if (!copy) {
+            free(own);
             return kvc_err_set(err, KVC_E_NOMEM, "checkpoint of %u tokens", len);
         }
     }
     const int r = kvc_retain_release(h->attn, s, salt, tokens, n, attn, err);
     if (r != KVC_OK) {
         free(copy);
+        free(own);
         return r;
     }
     uint32_t kept = 0;
     if (len) {
         kvc_err ignored;
         /* validated above: it cannot fail (it takes copy over) */
-        kvc_ckpt_save(p, h->recr, s, salt, tokens, n, copy, &kept, &ignored);
+        kvc_ckpt_save(p, h->recr, s, salt, chain, n_chain, copy, &kept, &ignored);
     }
     kvc_recurrent_seq_rm(h->recr, s, -1, -1);
     kvc_ckpt_disown(p, s);
-    const int32_t slot = tokens && attn->n_kept ? kvc_ckpt_find(p, salt, tokens, n, attn->n_kept) : -1;
+    const int32_t slot = chain && attn->n_kept ? kvc_ckpt_find(p, salt, chain, n_chain, attn->n_kept) : -1;
     *n_hit = slot < 0 ? 0 : p->n_tok[slot];
+    free(own);
     return KVC_OK;
 }

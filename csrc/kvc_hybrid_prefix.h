@@ -27,8 +27,9 @@ int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_
                              uint32_t n, uint32_t *n_attached, kvc_err *err);
 
 /* Sequence s ends: its attention cells go to the index (kvc_retain_release; tokens NULL: the
- * cells' own tokens) and, when tokens are given, its recurrent state is checkpointed; then s leaves
- * both parts. *n_hit: the hit a later request with these tokens (and one more) gets from what is
+ * cells' own tokens) and its recurrent state is checkpointed as the state after its tokens (the
+ * given ones, or without them the tokens its attention cells recorded, when they cover every
+ * position of the state); then s leaves both parts. *n_hit: the hit a later request with these tokens (and one more) gets from what is
  * held now; *attn: the attention part's release. KVC_OK; KVC_E_ARG (tokens shorter than the state,
  * reuse off), KVC_E_NOMEM: nothing changed. */
 int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,

@@ -60,6 +60,14 @@ static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32
     return k;
 }
 
+uint32_t kvc_retain_seq_tokens(kvc_unified *c, int32_t s, int32_t *toks) {
+    return c->reuse ? collect(c, s, NULL, 0, toks) : 0;
+}
+
+uint32_t kvc_retain_seq_cells(const kvc_unified *c, int32_t s) {
+    return seq_n_cells(c, s);
+}
+
 /* Sequence s's lock moves to h (a deeper prefix it published): h locked first, so that a
  * shared path never loses its protection on the way. */
 static void lock_for(kvc_unified *c, int32_t s, kvc_prefix_handle h) {

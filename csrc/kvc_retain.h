@@ -34,6 +34,13 @@ typedef struct kvc_retained {
 int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                        kvc_retained *res, kvc_err *err);
 
+/* The tokens a release of sequence s without tokens would keep, as the cells recorded them (the
+ * leading positions 0, 1, ..., unshifted), into toks (room for kvc_retain_seq_cells(c, s)).
+ * Returns how many (0 when reuse is off). Changes nothing the cache shows. */
+uint32_t kvc_retain_seq_tokens(kvc_unified *c, int32_t s, int32_t *toks);
+/* The cells sequence s holds: the room kvc_retain_seq_tokens needs. */
+uint32_t kvc_retain_seq_cells(const kvc_unified *c, int32_t s);
+
 /* Sequence s goes on, and what it holds of tokens[0 .. n) (as kvc_retain_release would keep
  * it) goes to the index now, for other requests to attach while s runs: the cells stay s's too
  * (shared, as seq_cp shares them), and s holds a lock on the prefix (it is not evicted while s

@@ -329,8 +329,17 @@ def test_hybrid_release_without_tokens_and_failures():
     h = hyb()
     a = [1, 2, 3, 4]
     hcompute(h, 0, a, 0)
-    assert h.prefix_release(0) == 0           # the cells' own tokens go to the index, no checkpoint
-    assert h.prefix_stats["attn"]["cells"] == 4 and h.prefix_stats["recr"]["checkpoints"] == 0
+    # the cells' own tokens go to the index, and the final state is checkpointed as the state
+    # after them: the same as with the tokens given
+    assert h.prefix_release(0) == 4
+    assert h.prefix_stats["attn"]["cells"] == 4 and h.prefix_stats["recr"]["checkpoints"] == 1
+    assert h.recr.prefix_checkpoints()[0][0] == a
+    assert h.prefix_attach(3, a + [9]) == 4
+    hcheck(h, 3, a)
+    h.seq_rm(3)
+    # cells placed without token ids: the tokens of the state are not known, nothing is kept
+    assert h.find_slot(UBatch([0, 1, 2], [3], n_seq_tokens=3))
+    assert h.prefix_release(3) == 0 and h.prefix_stats["recr"]["checkpoints"] == 1
     hcompute(h, 1, a, 0)
     with pytest.raises(ValueError, match="tokens has 3"):
         h.prefix_release(1, a[:3])
@@ -500,11 +509,12 @@ class HybridReuseMachine(RuleBasedStateMachine):
             self.h.checkpoint(s, tokens)
         self.live[s] = tokens
 
-    @rule(s=st.integers(0, 2))
-    def release(self, s):
+    @rule(s=st.integers(0, 2), own=st.booleans())
+    def release(self, s, own):
         if s in self.live:
             tokens = self.live.pop(s)
-            self.h.prefix_release(s, tokens)
+            # without tokens: the ones the cells recorded (every cell was placed with its token)
+            self.h.prefix_release(s, None if own else tokens)
             self.done.append(tokens)
 
     @rule(n=st.integers(0, 8), m=st.integers(0, 2))

@@ -428,10 +428,11 @@ cdef class _Hybrid:
 
     def prefix_release(self, seq_id, tokens=None, salt=None):
         """End sequence ``seq_id`` in both parts: its attention cells go to the index
-        (UnifiedCache2026.prefix_release, ``tokens`` as there), and, when ``tokens`` are given,
-        its final recurrent state is checkpointed (as :meth:`checkpoint`; ValueError when tokens
-        is shorter than the state). Returns the hit a later request beginning with these tokens
-        gets from what both parts hold now."""
+        (UnifiedCache2026.prefix_release, ``tokens`` as there), and its final recurrent state is
+        checkpointed (as :meth:`checkpoint`) as the state after ``tokens`` (ValueError when they
+        are fewer than the state's), or without them after the tokens its attention cells
+        recorded (nothing when those do not cover every position of the state). Returns the hit
+        a later request beginning with these tokens gets from what both parts hold now."""
         cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
         t = None if tokens is None else tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
