@@ -405,9 +405,14 @@ static inline bool is_window(const kvc_unified *c) { return c->reuse && c->reuse
 
 uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                                 uint32_t n) {
+    return kvc_retain_match_parts_xy(cs, n_parts, salt, tokens, NULL, NULL, n);
+}
+
+uint32_t kvc_retain_match_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                                   const int32_t *pos_x, const int32_t *pos_y, uint32_t n) {
     uint32_t p = n;
     for (uint32_t k = 0; k < n_parts; k++) {
-        const uint32_t q = kvc_retain_match(cs[k], salt, tokens, n);
+        const uint32_t q = kvc_retain_match_xy(cs[k], salt, tokens, pos_x, pos_y, n);
         p = q < p ? q : p;
     }
     if (n_parts == 0) {
@@ -436,6 +441,12 @@ uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64
 
 int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                             const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err) {
+    return kvc_retain_attach_parts_xy(cs, n_parts, s, salt, tokens, NULL, NULL, n, n_attached, err);
+}
+
+int kvc_retain_attach_parts_xy(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                               const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y, uint32_t n,
+                               uint32_t *n_attached, kvc_err *err) {
     *n_attached = 0;
     for (uint32_t k = 0; k < n_parts; k++) {
         const int rc = attach_check(cs[k], s, err);
@@ -443,14 +454,14 @@ int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s,
             return rc;
         }
     }
-    const uint32_t p = kvc_retain_match_parts(cs, n_parts, salt, tokens, n);
+    const uint32_t p = kvc_retain_match_parts_xy(cs, n_parts, salt, tokens, pos_x, pos_y, n);
     if (p == 0) {
         return KVC_OK;
     }
     /* every part serves p tokens: each attaches exactly p */
     for (uint32_t k = 0; k < n_parts; k++) {
         uint32_t got = 0;
-        const int rc = attach_run(cs[k], s, salt, tokens, NULL, NULL, n, p, &got, err);
+        const int rc = attach_run(cs[k], s, salt, tokens, pos_x, pos_y, n, p, &got, err);
         if (rc != KVC_OK || got != p) {
             for (uint32_t j = 0; j <= k; j++) {
                 kvc_unified_seq_rm(cs[j], s, -1, -1);   /* back to empty; the locks go with it */

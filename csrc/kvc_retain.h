@@ -97,6 +97,13 @@ uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64
  * KVC_E_NOMEM). */
 int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                             const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err);
+/* With the per-cell extension: match and attach in every part as above, a held cell counting
+ * only where its extension is what the request places there (kvc_retain_match_xy). */
+uint32_t kvc_retain_match_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                                   const int32_t *pos_x, const int32_t *pos_y, uint32_t n);
+int kvc_retain_attach_parts_xy(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                               const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y, uint32_t n,
+                               uint32_t *n_attached, kvc_err *err);
 /* Release in every part: res->n_kept the smallest of the parts' (what a later request can reuse),
  * n_new and n_evicted summed. A part in window mode keeps the prompt the others kept (tokens
  * whose cells it no longer has as ghosts), so the parts that are not go first. A failure

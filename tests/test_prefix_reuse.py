@@ -478,6 +478,35 @@ def test_cell_ext_keeps_a_prompt_up_to_its_first_image():
     c._prefix_check()
 
 
+def test_cell_ext_iswa_matches_on_2d_positions_in_both_caches():
+    c = kvcache.ISWACache(64, 2, E, E, swa_layers=[1], n_swa=4, swa_full=True, n_seq_max=3, semantics="2026",
+                          cell_ext=True)
+    c.enable_prefix_reuse()
+    toks, xs, ys = [1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5], [0, 0, 1, 1, 2, 2]
+    assert c.find_slot(UBatch(list(range(6)), [0] * 6, tokens=toks, pos_x=xs, pos_y=ys))
+    assert c.prefix_release(0) == 6
+    assert c.prefix_match(toks + [7], pos_x=xs + [0], pos_y=ys + [0]) == 6
+    xs2 = xs[:3] + [9] + xs[4:]
+    assert c.prefix_match(toks + [7], pos_x=xs2 + [0], pos_y=ys + [0]) == 3
+    assert c.prefix_match(toks + [7]) == 1            # zeros: only position 0 is (0, 0)
+    assert c.prefix_attach(1, toks + [7], pos_x=xs2 + [0], pos_y=ys + [0]) == 3
+    for part in (c.base, c.swa):                       # both caches give the cells their extension back
+        cells, pos = part.seq_cells(1)
+        assert sorted(pos) == [0, 1, 2]
+        assert part.cells().ext[cells].tolist() == [[xs[p], ys[p], toks[p]] for p in pos]
+    pin = c.prefix_pin(toks, pos_x=xs, pos_y=ys)
+    with pytest.raises(ValueError, match="holds 3 of the 6"):
+        c.prefix_pin(toks, pos_x=xs2, pos_y=ys)
+    c.prefix_unpin(pin)
+    with pytest.raises(ValueError, match="pos_x must hold one value per token"):
+        c.prefix_attach(2, toks, pos_x=[0])
+    assert c.seq_pos_max(2) == -1
+    plain = kvcache.ISWACache(64, 2, E, E, swa_layers=[1], n_swa=4, semantics="2026")
+    plain.enable_prefix_reuse()
+    with pytest.raises(ValueError, match="cell_ext=False"):
+        plain.prefix_match([1, 2], pos_y=[0, 0])
+
+
 def test_cell_ext_per_layer_embeddings_match_their_token():
     c = _ext_cache(ple_token=99)
     assert c.find_slot(UBatch([0, 1, 2], [0] * 3))                 # computed without token ids: 99's embedding

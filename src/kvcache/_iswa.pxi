@@ -5,8 +5,8 @@
 
 import warnings
 
-from kvcache.includes.kvc_retain cimport (kvc_retained, kvc_retain_enable_parts, kvc_retain_match_parts,
-                                         kvc_retain_attach_parts, kvc_retain_release_parts)
+from kvcache.includes.kvc_retain cimport (kvc_retained, kvc_retain_enable_parts, kvc_retain_match_parts_xy,
+                                         kvc_retain_attach_parts_xy, kvc_retain_release_parts)
 from kvcache.includes.kvc_iswa cimport (KVC_ISWA_PAD_2026, kvc_iswa, kvc_iswa_pending, kvc_iswa_sizing, kvc_iswa_swa_size, kvc_iswa_init,
                                         kvc_iswa_sbatch_init, kvc_iswa_find_slot, kvc_iswa_commit, kvc_iswa_restore,
                                         kvc_iswa_set_full, kvc_iswa_clear, kvc_iswa_seq_rm, kvc_iswa_seq_cp,
@@ -1014,32 +1014,35 @@ cdef class _ISWA2026(_ISWA):
                 return None
             return {"base": self._base.prefix_stats, "swa": self._swa.prefix_stats}
 
-    def prefix_match(self, tokens, salt=None):
+    def prefix_match(self, tokens, salt=None, *, pos_x=None, pos_y=None):
         """How many leading tokens of a new request both caches hold under ``salt`` (at most
-        ``len(tokens) - 1``)."""
+        ``len(tokens) - 1``). ``pos_x``, ``pos_y``: with ``cell_ext``, the 2-D positions the
+        request places its tokens at, as UnifiedCache2026.prefix_match's."""
         t = tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
         cdef const int32_t[::1] tv = t
         cdef uint32_t n = <uint32_t>t.shape[0], r
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(self.c.base))
         cdef kvc_unified *parts[2]
         parts[0], parts[1] = self.c.base, self.c.swa
         self._lock_parts(CHANGE, "prefix_match")
         try:
             with nogil:
-                r = kvc_retain_match_parts(parts, 2, cs, &tv[0] if n else NULL, n)
+                r = kvc_retain_match_parts_xy(parts, 2, cs, &tv[0] if n else NULL, xy.x, xy.y, n)
         finally:
             self._unlock_parts(CHANGE)
         return int(r)
 
-    def prefix_attach(self, seq_id, tokens, salt=None):
+    def prefix_attach(self, seq_id, tokens, salt=None, *, pos_x=None, pos_y=None):
         """Start sequence ``seq_id`` (empty in both caches) from the longest prefix of
-        ``tokens`` both caches hold, in both (UnifiedCache2026.prefix_attach); returns its
-        length k. Nothing changes in either cache on failure."""
+        ``tokens`` both caches hold, in both (UnifiedCache2026.prefix_attach; ``pos_x``,
+        ``pos_y`` as there); returns its length k. Nothing changes in either cache on failure."""
         cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
         t = tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
         cdef const int32_t[::1] tv = t
         cdef uint32_t n = <uint32_t>t.shape[0], k = 0
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(self.c.base))
         cdef kvc_unified *parts[2]
         cdef kvc_err err
         cdef int r
@@ -1048,7 +1051,8 @@ cdef class _ISWA2026(_ISWA):
         self._lock_parts(CHANGE, "prefix_attach")
         try:
             with nogil:
-                r = kvc_retain_attach_parts(parts, 2, s, cs, &tv[0] if n else NULL, n, &k, &err)
+                r = kvc_retain_attach_parts_xy(parts, 2, s, cs, &tv[0] if n else NULL, xy.x, xy.y, n,
+                                               &k, &err)
         finally:
             self._unlock_parts(CHANGE)
         check_status(r, &err, "prefix_attach")
@@ -1100,12 +1104,13 @@ cdef class _ISWA2026(_ISWA):
         with self._hold:
             return self._base.prefix_evict(n_cells) + self._swa.prefix_evict(n_cells)
 
-    def prefix_pin(self, tokens, salt=None):
-        """Pin the prefix in both caches (see UnifiedCache2026.prefix_pin); returns the pin."""
+    def prefix_pin(self, tokens, salt=None, *, pos_x=None, pos_y=None):
+        """Pin the prefix in both caches (see UnifiedCache2026.prefix_pin; ``pos_x``, ``pos_y``
+        as there); returns the pin."""
         with self._hold:
-            pb = self._base.prefix_pin(tokens, salt)
+            pb = self._base.prefix_pin(tokens, salt, pos_x=pos_x, pos_y=pos_y)
             try:
-                ps = self._swa.prefix_pin(tokens, salt)
+                ps = self._swa.prefix_pin(tokens, salt, pos_x=pos_x, pos_y=pos_y)
             except BaseException:
                 self._base.prefix_unpin(pb)
                 raise

@@ -73,10 +73,31 @@ cdef object xy_c(object v, str name, Py_ssize_t n):
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
-cdef const int32_t *xy_ptr(object a, const int32_t[::1] v):
-    if a is None or a.shape[0] == 0:
-        return NULL
-    return &v[0]
+cdef class _PrefixXY:
+    """A request's 2-D positions as the prefix calls hand them to C (``pos_x`` / ``pos_y`` of
+    prefix_match, prefix_attach and prefix_pin): the checked arrays, held, and pointers to them
+    (NULL: zeros). prefix_xy makes one."""
+    cdef const int32_t[::1] xv
+    cdef const int32_t[::1] yv
+    cdef const int32_t *x
+    cdef const int32_t *y
+
+
+cdef _PrefixXY prefix_xy(object pos_x, object pos_y, Py_ssize_t n, bint has_ext):
+    """The 2-D positions of a request of n tokens to a cache whose cells carry them (has_ext;
+    ValueError when they are given to one whose cells do not)."""
+    if (pos_x is not None or pos_y is not None) and not has_ext:
+        raise ValueError("pos_x / pos_y: this cache's cells carry no 2-D positions (cell_ext=False)")
+    cdef _PrefixXY r = _PrefixXY.__new__(_PrefixXY)
+    x, y = xy_c(pos_x, "pos_x", n), xy_c(pos_y, "pos_y", n)
+    r.x = r.y = NULL
+    if x is not None and n:
+        r.xv = x
+        r.x = &r.xv[0]
+    if y is not None and n:
+        r.yv = y
+        r.y = &r.yv[0]
+    return r
 
 
 cdef class _Unified2026(_Unified):
@@ -388,11 +409,6 @@ cdef class _Unified2026(_Unified):
         finally:
             unlock(&self._lock, READ)
 
-    cdef tuple _xy(self, object pos_x, object pos_y, Py_ssize_t n):
-        if (pos_x is not None or pos_y is not None) and not kvc_unified_has_ext(&self.c):
-            raise ValueError("pos_x / pos_y: this cache's cells carry no 2-D positions (cell_ext=False)")
-        return xy_c(pos_x, "pos_x", n), xy_c(pos_y, "pos_y", n)
-
     def prefix_match(self, tokens, salt=None, *, pos_x=None, pos_y=None):
         """How many leading tokens of a new request the index holds under ``salt`` (what
         :meth:`prefix_attach` would attach), at most ``len(tokens) - 1``: the last token is
@@ -403,21 +419,11 @@ cdef class _Unified2026(_Unified):
         cdef uint64_t cs = salt_c(salt)
         cdef uint32_t n = <uint32_t>(len(t) // 4), r
         cdef const int32_t *tp = mem_i32(t) if n else NULL
-        x, y = self._xy(pos_x, pos_y, n)
-        cdef const int32_t[::1] xv
-        cdef const int32_t[::1] yv
-        cdef const int32_t *xp = NULL
-        cdef const int32_t *yp = NULL
-        if x is not None and n:
-            xv = x
-            xp = &xv[0]
-        if y is not None and n:
-            yv = y
-            yp = &yv[0]
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(&self.c))
         lock(&self._lock, CHANGE, "prefix_match")
         try:
             with nogil:
-                r = kvc_retain_match_xy(&self.c, cs, tp, xp, yp, n)
+                r = kvc_retain_match_xy(&self.c, cs, tp, xy.x, xy.y, n)
         finally:
             unlock(&self._lock, CHANGE)
         return int(r)
@@ -439,22 +445,12 @@ cdef class _Unified2026(_Unified):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        x, y = self._xy(pos_x, pos_y, n)
-        cdef const int32_t[::1] xv
-        cdef const int32_t[::1] yv
-        cdef const int32_t *xp = NULL
-        cdef const int32_t *yp = NULL
-        if x is not None and n:
-            xv = x
-            xp = &xv[0]
-        if y is not None and n:
-            yv = y
-            yp = &yv[0]
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(&self.c))
         self._reuse("prefix_attach")
         lock(&self._lock, CHANGE, "prefix_attach")
         try:
             with nogil:
-                r = kvc_retain_attach_xy(&self.c, s, cs, tp, xp, yp, n, &k, &err)
+                r = kvc_retain_attach_xy(&self.c, s, cs, tp, xy.x, xy.y, n, &k, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_attach")
@@ -523,15 +519,11 @@ cdef class _Unified2026(_Unified):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        x, y = self._xy(pos_x, pos_y, n)
-        cdef const int32_t[::1] xv = x if x is not None else t
-        cdef const int32_t[::1] yv = y if y is not None else t
-        cdef const int32_t *xp = xy_ptr(x, xv)
-        cdef const int32_t *yp = xy_ptr(y, yv)
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(&self.c))
         self._reuse("prefix_pin")
         lock(&self._lock, CHANGE, "prefix_pin")
         try:
-            r = kvc_retain_pin_xy(&self.c, cs, &tv[0] if n else NULL, xp, yp, n, &h, &err)
+            r = kvc_retain_pin_xy(&self.c, cs, &tv[0] if n else NULL, xy.x, xy.y, n, &h, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_pin")

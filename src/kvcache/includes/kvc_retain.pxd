@@ -41,6 +41,11 @@ cdef extern from "kvc_retain.h" nogil:
                                     uint32_t n)
     int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                                 const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err)
+    uint32_t kvc_retain_match_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt,
+                                       const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y, uint32_t n)
+    int kvc_retain_attach_parts_xy(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
+                                   const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y, uint32_t n,
+                                   uint32_t *n_attached, kvc_err *err)
     int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                                  const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err)
     int kvc_retain_publish_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
