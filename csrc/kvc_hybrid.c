@@ -3,6 +3,7 @@
 
 int kvc_hybrid_init(kvc_hybrid *h, kvc_unified *attn, kvc_recurrent *recr, kvc_err *err) {
     h->attn = NULL;
+    h->iswa = NULL;
     h->recr = NULL;
     if (attn->semantics != KVC_SEM_2026 || recr->semantics != KVC_REC_2026) {
         return kvc_err_set(err, KVC_E_ARG, "a hybrid memory is today's llama.cpp's: both parts must be of "
@@ -17,6 +18,15 @@ int kvc_hybrid_init(kvc_hybrid *h, kvc_unified *attn, kvc_recurrent *recr, kvc_e
     return KVC_OK;
 }
 
+int kvc_hybrid_init_iswa(kvc_hybrid *h, kvc_iswa *iswa, kvc_recurrent *recr, kvc_err *err) {
+    /* the pair's caches share semantics and n_seq_max (kvc_iswa_init): its base stands for both */
+    const int r = kvc_hybrid_init(h, iswa->base, recr, err);
+    if (r == KVC_OK) {
+        h->iswa = iswa;
+    }
+    return r;
+}
+
 int kvc_hybrid_find_slot(kvc_hybrid *h, const kvc_ubatch *ub, kvc_err *err) {
     const int rr = kvc_recurrent_find_slot(h->recr, ub, err);
     if (rr < 0) {
@@ -27,7 +37,8 @@ int kvc_hybrid_find_slot(kvc_hybrid *h, const kvc_ubatch *ub, kvc_err *err) {
         kvc_recurrent_unplace(h->recr);
         return 0;
     }
-    const int ra = kvc_unified_find_slot_2026(h->attn, ub, err);
+    int found[2];
+    const int ra = h->iswa ? kvc_iswa_find_slot(h->iswa, ub, found, err) : kvc_unified_find_slot_2026(h->attn, ub, err);
     if (ra != 1) {
         /* the attention part changed nothing; nor does the recurrent part, then */
         kvc_recurrent_unplace(h->recr);
@@ -36,7 +47,11 @@ int kvc_hybrid_find_slot(kvc_hybrid *h, const kvc_ubatch *ub, kvc_err *err) {
 }
 
 void kvc_hybrid_clear(kvc_hybrid *h) {
-    kvc_unified_clear(h->attn);
+    if (h->iswa) {
+        kvc_iswa_clear(h->iswa);
+    } else {
+        kvc_unified_clear(h->attn);
+    }
     kvc_recurrent_clear(h->recr);
 }
 
@@ -45,40 +60,62 @@ bool kvc_hybrid_seq_rm(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1) {
     if (!kvc_recurrent_seq_rm(h->recr, s, p0, p1)) {
         return false;
     }
-    return kvc_unified_seq_rm(h->attn, s, p0, p1);
+    return h->iswa ? kvc_iswa_seq_rm(h->iswa, s, p0, p1) : kvc_unified_seq_rm(h->attn, s, p0, p1);
 }
 
 int kvc_hybrid_seq_cp(kvc_hybrid *h, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err) {
-    const int r = kvc_unified_seq_cp_check(h->attn, src, dst, p0, p1, err);
-    if (r != KVC_OK) {
-        return r;
+    if (h->iswa) {
+        /* checked in both caches before either copies */
+        const int r = kvc_iswa_seq_cp(h->iswa, src, dst, p0, p1, err);
+        if (r != KVC_OK) {
+            return r;
+        }
+    } else {
+        const int r = kvc_unified_seq_cp_check(h->attn, src, dst, p0, p1, err);
+        if (r != KVC_OK) {
+            return r;
+        }
+        kvc_unified_seq_cp(h->attn, src, dst, p0, p1);
     }
-    kvc_unified_seq_cp(h->attn, src, dst, p0, p1);
     kvc_recurrent_seq_cp(h->recr, src, dst, p0, p1);
     return KVC_OK;
 }
 
 void kvc_hybrid_seq_keep(kvc_hybrid *h, int32_t s) {
-    kvc_unified_seq_keep(h->attn, s);
+    if (h->iswa) {
+        kvc_iswa_seq_keep(h->iswa, s);
+    } else {
+        kvc_unified_seq_keep(h->attn, s);
+    }
     kvc_recurrent_seq_keep(h->recr, s);
 }
 
 void kvc_hybrid_seq_add(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
-    kvc_unified_seq_add(h->attn, s, p0, p1, shift);
+    if (h->iswa) {
+        kvc_iswa_seq_add(h->iswa, s, p0, p1, shift);
+    } else {
+        kvc_unified_seq_add(h->attn, s, p0, p1, shift);
+    }
     kvc_recurrent_seq_add(h->recr, s, p0, p1, shift);
 }
 
 void kvc_hybrid_seq_div(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1, int32_t d) {
-    kvc_unified_seq_div(h->attn, s, p0, p1, d);
+    if (h->iswa) {
+        kvc_iswa_seq_div(h->iswa, s, p0, p1, d);
+    } else {
+        kvc_unified_seq_div(h->attn, s, p0, p1, d);
+    }
     kvc_recurrent_seq_div(h->recr, s, p0, p1, d);
 }
 
 int32_t kvc_hybrid_seq_pos_min(const kvc_hybrid *h, int32_t s) {
-    const int32_t a = kvc_unified_seq_pos_min(h->attn, s), r = kvc_recurrent_seq_pos_min(h->recr, s);
+    const int32_t a = h->iswa ? kvc_iswa_seq_pos_min(h->iswa, s) : kvc_unified_seq_pos_min(h->attn, s);
+    const int32_t r = kvc_recurrent_seq_pos_min(h->recr, s);
     return a > r ? a : r;
 }
 
 int32_t kvc_hybrid_seq_pos_max(const kvc_hybrid *h, int32_t s) {
-    const int32_t a = kvc_unified_seq_pos_max(h->attn, s), r = kvc_recurrent_seq_pos_max(h->recr, s);
+    const int32_t a = h->iswa ? kvc_iswa_seq_pos_max(h->iswa, s) : kvc_unified_seq_pos_max(h->attn, s);
+    const int32_t r = kvc_recurrent_seq_pos_max(h->recr, s);
     return a < r ? a : r;
 }

@@ -1,9 +1,12 @@
 /* kvcache — the hybrid memory of models that mix attention and recurrent layers
  * (llama_memory_hybrid of today's llama.cpp: Granite 4, LFM2, Jamba, Falcon-H1, Nemotron-H,
- * Qwen3-Next, PLaMo 2).
+ * Qwen3-Next, PLaMo 2; llama_memory_hybrid_iswa when the attention layers have a sliding window:
+ * LFM2 with attention.sliding_window).
  *
- * A hybrid memory is a unified KV cache of semantics 2026 for the attention layers and a
- * recurrent memory of semantics 2026 for the recurrent ones, driven by the same ubatches. The
+ * A hybrid memory is a unified KV cache of semantics 2026 (or, with a sliding window, an iSWA
+ * pair of semantics 2026) for the attention layers and a recurrent memory of semantics 2026 for
+ * the recurrent ones, driven by the same ubatches. The attention part's own rules apply inside it
+ * (an iSWA pair: a ubatch in both caches or neither, positions the SWA cache's). The
  * rules the pair adds: the recurrent memory is prepared and asked first; a ubatch is placed in
  * both or in neither; a seq_rm the recurrent memory refuses (a cut inside a state, a rollback it
  * cannot make exactly) changes neither; a sequence's smallest position is the larger of the two
@@ -12,6 +15,7 @@
 #define KVC_HYBRID_H
 
 #include "kvc_common.h"
+#include "kvc_iswa.h"
 #include "kvc_recurrent.h"
 #include "kvc_unified.h"
 
@@ -20,13 +24,16 @@ extern "C" {
 #endif
 
 typedef struct kvc_hybrid {
-    kvc_unified   *attn;   /* the attention layers' cache (owned by the caller) */
+    kvc_unified   *attn;   /* the attention layers' cache (owned by the caller); with iswa, its base cache */
+    kvc_iswa      *iswa;   /* NULL, or the iSWA pair of the attention layers (owned by the caller) */
     kvc_recurrent *recr;   /* the recurrent layers' memory (owned by the caller) */
 } kvc_hybrid;
 
 /* Bind the two parts: KVC_E_ARG with err unless both are of semantics 2026 and have the same
  * n_seq_max. */
 int     kvc_hybrid_init(kvc_hybrid *h, kvc_unified *attn, kvc_recurrent *recr, kvc_err *err);
+/* The same with an iSWA pair (of semantics 2026) as the attention part. */
+int     kvc_hybrid_init_iswa(kvc_hybrid *h, kvc_iswa *iswa, kvc_recurrent *recr, kvc_err *err);
 
 /* Place a ubatch in both parts: 1 placed; 0 one part had no room or failed llama.cpp's sanity
  * check (nothing changed in either); an error code with err (nothing changed). */
@@ -40,7 +47,8 @@ int     kvc_hybrid_seq_cp(kvc_hybrid *h, int32_t src, int32_t dst, int32_t p0, i
 void    kvc_hybrid_seq_keep(kvc_hybrid *h, int32_t s);
 void    kvc_hybrid_seq_add(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1, int32_t shift);
 void    kvc_hybrid_seq_div(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1, int32_t d);
-/* The larger of the parts' smallest positions, the smaller of their largest (-1: none). */
+/* The larger of the parts' smallest positions, the smaller of their largest (-1: none); an iSWA
+ * pair's are its SWA cache's. */
 int32_t kvc_hybrid_seq_pos_min(const kvc_hybrid *h, int32_t s);
 int32_t kvc_hybrid_seq_pos_max(const kvc_hybrid *h, int32_t s);
 

@@ -5,6 +5,9 @@
 
 /* The deepest checkpoint the attention part also serves, for a request of n tokens (-1: none). */
 static int32_t hyb_hit(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n) {
+    if (h->iswa) {
+        return -1;      /* reuse is the plain attention cache's (an iSWA pair has two indexes) */
+    }
     const uint32_t a = kvc_retain_match(h->attn, salt, tokens, n);
     return a ? kvc_ckpt_find(p, salt, tokens, n, a) : -1;
 }
@@ -21,7 +24,7 @@ uint32_t kvc_hybrid_prefix_match(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt,
 int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
                              uint32_t n, uint32_t *n_attached, kvc_err *err) {
     *n_attached = 0;
-    if (!h->attn->reuse) {
+    if (!h->attn->reuse || h->iswa) {
         return kvc_err_set(err, KVC_E_ARG, "prefix reuse is off in the attention part");
     }
     if (kvc_unified_seq_pos_max(h->attn, s) >= 0 || kvc_recurrent_seq_pos_max(h->recr, s) >= 0) {
@@ -59,6 +62,9 @@ int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64
                               uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err) {
     *n_hit = 0;
     memset(attn, 0, sizeof *attn);
+    if (h->iswa) {
+        return kvc_err_set(err, KVC_E_ARG, "prefix reuse is off in the attention part");
+    }
     uint32_t len = kvc_ckpt_seq_len(h->recr, s);
     if (tokens && len > n) {
         return kvc_err_set(err, KVC_E_ARG, "sequence %d's recurrent state is the state after %u tokens, and tokens "

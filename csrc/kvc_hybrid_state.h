@@ -1,11 +1,14 @@
 /* kvcache — the state codec of the hybrid memory, byte-identical to today's llama.cpp's
  * llama_memory_hybrid::state_write / state_read (the bytes: docs/state.md, "A hybrid memory").
  *
- * The memory state is the attention part's state (a unified cache's, with stream counts), then
- * the recurrent part's (its layer count the model's layers, records for the recurrent layers
- * only), with no separator or length between them; a sequence's blob has the sequence-blob
- * prefix once, in front. With KVC_HYBRID_PARTIAL_ONLY (llama.cpp's
- * LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) only the recurrent part is written and read.
+ * The memory state is the attention part's state (a unified cache's, with stream counts; an
+ * iSWA pair's: its base cache's, then its SWA cache's, as llama_memory_hybrid_iswa writes it),
+ * then the recurrent part's (its layer count the model's layers, records for the recurrent
+ * layers only), with no separator or length between them; a sequence's blob has the
+ * sequence-blob prefix once, in front. With KVC_HYBRID_PARTIAL_ONLY (llama.cpp's
+ * LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) the recurrent part is written and read, after the SWA
+ * cache's state when the attention part is an iSWA pair (llama.cpp's iSWA pair keeps only its
+ * base cache out of a partial state).
  *
  * Each part is written and read by its own cache's codec. Reading is transactional over both:
  * both parts are validated (and a sequence's cells given room) before either changes, so a read

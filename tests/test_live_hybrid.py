@@ -8,7 +8,10 @@ written with the gguf package at test time, whose recurrent layers differ:
   1 and 3 attention; llama.cpp allows it rollback snapshots (n_rs_seq);
 - granitehybrid (Granite 4): layers 0, 2 and 3 Mamba-2 (R: the convolution's columns of x, B
   and C; S: d_state * d_inner), layer 1 attention; llama.cpp sets its n_rs_seq to 0 without a
-  word (a debug line), which the tests check.
+  word (a debug line), which the tests check;
+- LFM2 with lfm2.attention.sliding_window 4: llama.cpp's llama_memory_hybrid_iswa, its attention
+  layers windowed in an iSWA pair (a base cache of the cells and no layer, a SWA cache of both
+  attention layers), the sequence states leaving out the cells outside the window.
 
 llama.cpp decodes a script of four sequences on each (a sequence copied, a batch of two
 sequences); kvcache's HybridCache of the same geometry (``kvcache.from_gguf(...,
@@ -41,6 +44,7 @@ from test_live_v10 import Live, _cross_both_ways, _llama, add_ffn, close_gguf, c
 # (n_head_kv 0 marks a recurrent layer), n_ff 128, the vocabulary of tiny_llama.gguf.
 MODELS = {
     "lfm2": {"arch": "lfm2", "n_head_kv": [0, 2, 0, 2], "l_cache": 3},
+    "lfm2swa": {"arch": "lfm2", "n_head_kv": [0, 2, 0, 2], "l_cache": 3, "n_swa": 4},
     # Mamba-2: d_inner = 2 * n_embd (llama.cpp supports no other expansion), 8 heads of 16,
     # one group of B and C of d_state 16, a convolution of 4
     "granitehybrid": {"arch": "granitehybrid", "n_head_kv": [0, 2, 0, 0], "d_conv": 4, "d_inner": 128,
@@ -95,6 +99,8 @@ def write_hybrid_model(path, name, vocab_from, seed=0):
     w.add_float32(f"{arch}.rope.freq_base", 10000.0)
     if arch == "lfm2":
         w.add_uint32(f"{arch}.shortconv.l_cache", spec["l_cache"])
+        if spec.get("n_swa"):
+            w.add_uint32(f"{arch}.attention.sliding_window", spec["n_swa"])
     else:
         w.add_uint32(f"{arch}.ssm.conv_kernel", spec["d_conv"])
         w.add_uint32(f"{arch}.ssm.inner_size", spec["d_inner"])
@@ -148,10 +154,11 @@ def models(tmp_path_factory):
 
 
 def _cache(path, n_rs_seq=0):
-    """kvcache's hybrid memory of the test context, from the model file."""
+    """kvcache's hybrid memory of the test context, from the model file (the SWA cache of a
+    window sized by it, as Live.context asks llama.cpp: swa_full off)."""
     return kvcache.from_gguf(path, CTX["n_ctx"], n_seq_max=CTX["n_seq_max"], flash_attn=CTX["flash_attn"],
                              n_batch=CTX["n_ubatch"], semantics="2026", kv_unified=CTX["kv_unified"],
-                             n_rs_seq=n_rs_seq)
+                             n_rs_seq=n_rs_seq, swa_full=False)
 
 
 def _hybrid_context(live, path, n_rs_seq, capsys):
@@ -162,11 +169,12 @@ def _hybrid_context(live, path, n_rs_seq, capsys):
     logged = [line.rstrip("\n") for line in Live.lines]
     log = "\n".join(logged)
     capsys.readouterr()
+    window = ["--no-swa-full", "--n-ubatch", str(CTX["n_ubatch"])] if kvcache.read_gguf(path).n_swa else []
     assert cli.main(["plan", str(path), "--n-ctx", str(CTX["n_ctx"]), "--n-seq-max", str(CTX["n_seq_max"]),
-                     "--semantics", "2026", "--kv-unified", "--n-rs-seq", str(n_rs_seq)]) == 0
+                     "--semantics", "2026", "--kv-unified", "--n-rs-seq", str(n_rs_seq), *window]) == 0
     out = capsys.readouterr().out
     plan = [line.strip() for line in out.splitlines()
-            if re.match(r"\s*(llama_kv_cache|llama_memory_recurrent):", line)]
+            if re.match(r"\s*(llama_kv_cache|llama_kv_cache_iswa|llama_memory_recurrent):", line)]
     assert any("llama_memory_recurrent: size" in line for line in plan), out
     assert all(line in logged for line in plan), (plan, log)
     kept = live.L.llama_n_rs_seq(ctx)
@@ -217,11 +225,16 @@ def test_live_hybrid_geometry(models, name, capsys):
     ctx, kept = _hybrid_context(live, path, 4, capsys)
     log = "\n".join(Live.lines)
     h = _cache(path, n_rs_seq=4)
-    assert kept == h.n_rs_seq == (4 if name == "lfm2" else 0)
+    assert kept == h.n_rs_seq == (4 if spec["arch"] == "lfm2" else 0)
     if name == "granitehybrid":
         assert "n_rs_seq=4 requested but model does not support recurrent partial rollback; clamping to 0" in log
-    assert (h.attn.size, h.recr.size, h.attn_layers, h.recurrent_layers) == (
+    cells = h.attn.base if h.n_swa else h.attn
+    assert (cells.size, h.recr.size, h.attn_layers, h.recurrent_layers) == (
         CTX["n_ctx"], CTX["n_seq_max"], geo.attn_layers, geo.recurrent_layers)
+    # LFM2 with a window: llama_memory_hybrid_iswa, its attention layers in the SWA cache
+    assert h.swa_layers == (geo.attn_layers if spec.get("n_swa") else ())
+    if spec.get("n_swa"):
+        assert "llama_kv_cache_iswa: creating     SWA KV cache, size = 256 cells" in log
     try:
         live.replay(ctx, SCRIPT)
         ranges = _ranges_of(live, ctx)
@@ -307,7 +320,8 @@ ROLLBACK_SCRIPT = [{"op": "decode", "tokens": _run(0, 0, 11)}, {"op": "decode", 
     ("lfm2", 0, SCRIPT, NEXT),
     ("granitehybrid", 4, SCRIPT, NEXT),
     ("lfm2", 4, ROLLBACK_SCRIPT, {"token": NEXT["token"], "pos": 12}),
-], ids=["lfm2", "granitehybrid", "lfm2-rollback"])
+    ("lfm2swa", 0, SCRIPT, NEXT),
+], ids=["lfm2", "granitehybrid", "lfm2-rollback", "lfm2swa"])
 def test_live_hybrid_files_cross_both_ways(models, name, n_rs_seq, script, nxt, tmp_path, capsys):
     """test_live_v10's round trip for the hybrid models: llama.cpp replays the script, then every
     kind of file it writes (sequence blobs of the 4 sequences, whole state, session file,

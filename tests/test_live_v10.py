@@ -164,7 +164,8 @@ def _cache(m, swa_full=False):
         c = m["context"]
         return kvcache.from_gguf(m["model"]["path"], c["n_ctx"], n_seq_max=c["n_seq_max"], type_k=c["type_k"],
                                  type_v=c["type_v"], flash_attn=c["flash_attn"], n_batch=c["n_ubatch"],
-                                 semantics="2026", kv_unified=_unified(c), n_rs_seq=c.get("n_rs_seq", 0))
+                                 semantics="2026", kv_unified=_unified(c), n_rs_seq=c.get("n_rs_seq", 0),
+                                 swa_full=swa_full)
     ctx, geo = m["context"], m["geometry"]
     if m["memory_kind"] == "recurrent":
         (g,) = geo

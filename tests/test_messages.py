@@ -339,7 +339,7 @@ PARAMETERS = {
                              "n_embd_k_s", "n_embd_v_s", "buffers", "semantics", "n_rs_seq"],
     kvcache.ISWACache: ["kv_size", "n_layer", "n_embd_k_gqa", "n_embd_v_gqa", "swa_layers", "n_swa", "swa_type",
                         "n_batch", "swa_full", "type_k", "type_v", "v_trans", "n_seq_max", "n_pad", "buffers",
-                        "n_embd_head_k", "rope", "semantics", "kv_unified", "cell_ext", "ple_token"],
+                        "n_embd_head_k", "rope", "semantics", "kv_unified", "cell_ext", "ple_token", "layers"],
     kvcache.UBatch: ["pos", "seq_id", "n_seq_tokens", "output", "tokens", "pos_x", "pos_y"],
     kvcache.Batch: ["pos", "seq_id", "output", "logits_all", "simple_split", "tokens", "pos_x", "pos_y"],
     kvcache.Cells: ["pos", "shift", "seq_mask", "ext"],

@@ -1,5 +1,6 @@
 """Hybrid models from transformers configs: ``from_transformers_config`` gives LFM2 (and its
-MoE), Granite 4 (GraniteMoeHybrid), Jamba, Falcon-H1, Nemotron-H and Qwen3-Next the HybridCache that
+MoE, and LFM2.5's audio tokenizer with its sliding window), Granite 4 (GraniteMoeHybrid), Bamba
+(converted as Granite 4), Jamba, Falcon-H1, Nemotron-H and Qwen3-Next the HybridCache that
 ``from_gguf(..., semantics="2026", kv_unified=True)`` gives the GGUF file llama.cpp's converter
 writes for the same config (its metadata written here from the config's numbers, as the
 converter does: vendor/llama.cpp/conversion of llama-cpp-python 0.3.36). Configs only; nothing is
@@ -27,6 +28,9 @@ def _configs():
         # layers 0 and 2 short convolutions
         "lfm2": T.Lfm2Config(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
                              conv_L_cache=3, **COMMON),
+        # LFM2.5's audio tokenizer: the one LFM2 whose converter writes its window
+        "lfm2_swa": T.Lfm2Config(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
+                                 conv_L_cache=3, sliding_window=8, architectures=["Lfm25AudioTokenizer"], **COMMON),
         "lfm2_moe": T.Lfm2MoeConfig(num_hidden_layers=4, conv_L_cache=3,
                                     layer_types=["conv", "full_attention", "conv", "full_attention"], **COMMON),
         # Granite 4: Mamba-2 layers 0, 2, 3 (legacy layer names), no RoPE
@@ -37,6 +41,10 @@ def _configs():
             num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, mamba_n_heads=8,
             mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, position_embedding_type="rope",
             **COMMON),
+        # Bamba: Granite 4's layers with RoPE on (over attn_rotary_emb dimensions)
+        "bamba": T.BambaConfig(num_hidden_layers=4, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16,
+                               mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, attn_rotary_emb=8,
+                               **COMMON),
         # Jamba: attention where il % period == offset, Mamba (one group-less B and C) elsewhere
         "jamba": T.JambaConfig(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
                                expert_layer_offset=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
@@ -78,6 +86,14 @@ def _write_converted(path, name, cfg):
     if name.startswith("lfm2"):
         w.add_array(f"{arch}.attention.head_count_kv", [kv if t != "conv" else 0 for t in cfg.layer_types])
         w.add_uint32(f"{arch}.shortconv.l_cache", cfg.conv_L_cache)
+        if name == "lfm2_swa":
+            w.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
+    elif name == "bamba":
+        w.add_array(f"{arch}.attention.head_count_kv", [kv if t == "full_attention" else 0 for t in cfg.layer_types])
+        ssm(cfg.mamba_d_conv, cfg.mamba_expand * cfg.hidden_size, cfg.mamba_d_state, cfg.mamba_n_groups,
+            cfg.mamba_n_heads)
+        w.add_uint32(f"{arch}.rope.dimension_count", cfg.attn_rotary_emb)
+        w.add_bool(f"{arch}.rope.scaling.finetuned", True)
     elif name.startswith("granitemoehybrid"):
         w.add_array(f"{arch}.attention.head_count_kv", [kv if t == "full_attention" else 0 for t in cfg.layer_types])
         ssm(cfg.mamba_d_conv, cfg.mamba_expand * cfg.hidden_size, cfg.mamba_d_state, cfg.mamba_n_groups,
@@ -121,7 +137,9 @@ def _write_converted(path, name, cfg):
 # (attention layers, recurrent layers, R width, S width, rollback snapshots kept, RoPE dimensions)
 EXPECTED = {
     "lfm2": ((1, 3), (0, 2), 64 * 2, 0, True, HEAD),
+    "lfm2_swa": ((1, 3), (0, 2), 64 * 2, 0, True, HEAD),
     "lfm2_moe": ((1, 3), (0, 2), 64 * 2, 0, True, HEAD),
+    "bamba": ((1,), (0, 2, 3), 3 * (128 + 2 * 16), 16 * 128, False, 8),
     "granitehybrid": ((1,), (0, 2, 3), 3 * (128 + 2 * 2 * 16), 16 * 128, False, None),
     "granitehybrid_rope": ((1, 3), (0, 2), 3 * (128 + 2 * 16), 16 * 128, False, HEAD),
     "jamba": ((1, 3), (0, 2), 3 * 128, 16 * 128, False, None),
@@ -131,8 +149,8 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("name", ["lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_rope", "jamba", "falcon_h1",
-                                  "nemotron_h", "qwen3_next"])
+@pytest.mark.parametrize("name", ["lfm2", "lfm2_swa", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_rope", "bamba",
+                                  "jamba", "falcon_h1", "nemotron_h", "qwen3_next"])
 def test_hybrid_config_is_the_converted_gguf(tmp_path, name):
     cfg = _configs()[name]
     key = name.replace("granitemoehybrid", "granitehybrid")
@@ -145,10 +163,15 @@ def test_hybrid_config_is_the_converted_gguf(tmp_path, name):
     path = _write_converted(tmp_path / f"{name}.gguf", name, cfg)
     ref = kvcache.from_gguf(path, 300, n_seq_max=3, semantics="2026", kv_unified=True, flash_attn=True, n_rs_seq=2)
     assert isinstance(h, kvcache.HybridCache) and isinstance(ref, kvcache.HybridCache)
-    for attr in ("n_layer", "attn_layers", "recurrent_layers", "n_seq_max", "n_rs_seq", "total_size"):
+    for attr in ("n_layer", "attn_layers", "recurrent_layers", "n_seq_max", "n_rs_seq", "total_size", "n_swa",
+                 "swa_layers"):
         assert getattr(h, attr) == getattr(ref, attr), attr
     assert h.n_rs_seq == (2 if rollback else 0)
-    assert (h.attn.size, h.attn.n_stream, h.attn.v_trans) == (ref.attn.size, 1, False) == (512, 1, ref.attn.v_trans)
+    # with a window, llama_memory_hybrid_iswa: an iSWA pair of every attention layer
+    assert (h.n_swa, h.swa_layers) == ((8, attn) if name == "lfm2_swa" else (0, ()))
+    cells = h.attn.base if h.n_swa else h.attn
+    ref_cells = ref.attn.base if ref.n_swa else ref.attn
+    assert (cells.size, cells.n_stream, cells.v_trans) == (ref_cells.size, 1, False) == (512, 1, ref_cells.v_trans)
     assert (h.recr.size, h.recr.n_embd_k, h.recr.n_embd_v) == (ref.recr.size, ref.recr.n_embd_k, ref.recr.n_embd_v)
     assert h.recr.n_embd_k == [r] * len(recr) and h.recr.n_embd_v == [s] * len(recr)
     # the K-shift's RoPE: the same rotated dimensions (transformers' layout is its own: see
@@ -158,6 +181,14 @@ def test_hybrid_config_is_the_converted_gguf(tmp_path, name):
 
 
 def test_hybrid_config_errors():
+    # Zamba and Zamba2: llama.cpp has no such architecture (its converter maps none)
+    for cfg in (transformers.Zamba2Config(), transformers.ZambaConfig()):
+        with pytest.raises(ValueError, match="llama.cpp .* has no Zamba2? model"):
+            from_transformers_config(cfg, 256)
+    # a window only for the architecture whose converter writes it
+    plain = _configs()["lfm2"]
+    plain.sliding_window = 8
+    assert read_transformers_config(plain).n_swa == 0
     cfg = _configs()["lfm2"]
     with pytest.raises(ValueError, match="n_rs_seq"):
         from_transformers_config(transformers.LlamaConfig(hidden_size=64, num_attention_heads=4,

@@ -1,8 +1,10 @@
 # _hybrid: the hybrid memory of models mixing attention and recurrent layers (kvcache.HybridCache):
-# a UnifiedCache of semantics "2026" for the attention layers and a RecurrentCache of semantics
-# "2026" for the recurrent ones, driven together by the rules of csrc/kvc_hybrid.h.
+# a UnifiedCache of semantics "2026" (with a sliding window, an ISWACache2026) for the attention
+# layers and a RecurrentCache of semantics "2026" for the recurrent ones, driven together by the
+# rules of csrc/kvc_hybrid.h.
 
-from kvcache.includes.kvc_hybrid cimport (kvc_hybrid, kvc_hybrid_init, kvc_hybrid_find_slot, kvc_hybrid_clear,
+from kvcache.includes.kvc_hybrid cimport (kvc_hybrid, kvc_hybrid_init, kvc_hybrid_init_iswa, kvc_hybrid_find_slot,
+                                          kvc_hybrid_clear,
                                           kvc_hybrid_seq_rm, kvc_hybrid_seq_cp, kvc_hybrid_seq_keep,
                                           kvc_hybrid_seq_add, kvc_hybrid_seq_div, kvc_hybrid_seq_pos_min,
                                           kvc_hybrid_seq_pos_max)
@@ -32,10 +34,12 @@ cdef tuple _hybrid_buffers(object buffers, tuple recr_layers):
 cdef class _Hybrid:
     """The hybrid memory (kvcache.HybridCache is the documented public class)."""
     cdef kvc_hybrid c              # the pair in C: both parts' structs
-    cdef _Unified _attn            # the attention layers' cache (a UnifiedCache2026)
+    cdef object _attn              # the attention layers' cache (a UnifiedCache2026 or an ISWACache2026)
+    cdef _Unified _cells           # the attention cache that answers for both (the unified one, the pair's base)
+    cdef _ISWA _iswa               # the iSWA pair of a sliding window, else None
     cdef _Recurrent _recr          # the recurrent layers' memory (a RecurrentCache of semantics 2026)
-    cdef object _first             # the two in the global lock order (ascending address)
-    cdef object _second
+    cdef list _order               # every cache of both parts, in the global lock order (ascending address)
+    cdef uint32_t _n_seq_max
     cdef tuple _attn_layers        # model layers of the attention part, ascending
     cdef tuple _recr_layers        # model layers of the recurrent part, ascending
     cdef uint32_t _n_layer         # the model's layers
@@ -45,12 +49,14 @@ cdef class _Hybrid:
 
     def __cinit__(self, *args, **kwargs):
         (kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r, n_embd_s, n_seq_max, type_k,
-         type_v, v_trans, n_rs_seq, attn_layers, kv_unified, n_embd_head_k, rope,
-         buffers) = _signatures.bind(_signatures.hybrid, type(self), args, kwargs)
+         type_v, v_trans, n_rs_seq, attn_layers, kv_unified, n_embd_head_k, rope, buffers, n_swa, swa_type,
+         swa_layers, n_batch, swa_full) = _signatures.bind(_signatures.hybrid, type(self), args, kwargs)
         cdef kvc_err err
+        cdef int r
         err.msg[0] = 0
         from kvcache.unified import UnifiedCache      # the public classes of the parts (a layer above)
         from kvcache.recurrent import RecurrentCache
+        from kvcache.iswa import ISWACache2026
         n_layer = int_arg(n_layer, "n_layer", 1, 65536)
         recr = layers_arg(recurrent_layers, n_layer, "recurrent_layers", any_order=True)
         if not recr:
@@ -63,45 +69,64 @@ cdef class _Hybrid:
         if not attn:
             raise ValueError("attn_layers: a hybrid memory needs at least one attention layer")
         n_seq_max = n_seq_max_arg(n_seq_max)
+        n_swa = int_arg(n_swa, "n_swa", 0, 2**31 - 1)
+        if n_swa:
+            # llama_memory_hybrid_iswa: the attention layers in an iSWA pair (by default all of them
+            # windowed, as LFM2's loader marks them)
+            swa = attn if swa_layers is None else layers_arg(swa_layers, n_layer, "swa_layers", any_order=True)
+            if not frozenset(attn).issuperset(swa):
+                raise ValueError(f"swa_layers: layers {sorted(set(swa) - set(attn))} are not attention layers")
+        elif swa_layers is not None:
+            raise ValueError("swa_layers: given without a sliding window (n_swa = 0)")
         r_widths = widths_arg(n_embd_r, n_layer, "n_embd_r")
         s_widths = widths_arg(n_embd_s, n_layer, "n_embd_s")
         buf_attn, buf_recr = _hybrid_buffers(buffers, recr)
         # llama.cpp: the attention part has no padding, the recurrent part a cell per sequence, f32
-        self._attn = UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k=type_k, type_v=type_v,
-                                  v_trans=v_trans, n_seq_max=n_seq_max, n_pad=1, layers=list(attn),
-                                  buffers=buf_attn, n_embd_head_k=n_embd_head_k, rope=rope, semantics="2026",
-                                  kv_unified=kv_unified)
+        if n_swa:
+            self._iswa = ISWACache2026(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, list(swa), n_swa,
+                                       swa_type=swa_type, n_batch=n_batch, swa_full=swa_full, type_k=type_k,
+                                       type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=1,
+                                       buffers=buf_attn, n_embd_head_k=n_embd_head_k, rope=rope,
+                                       kv_unified=kv_unified, layers=list(attn))
+            self._attn = self._iswa
+            self._cells = self._iswa._base
+        else:
+            self._attn = UnifiedCache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k=type_k, type_v=type_v,
+                                      v_trans=v_trans, n_seq_max=n_seq_max, n_pad=1, layers=list(attn),
+                                      buffers=buf_attn, n_embd_head_k=n_embd_head_k, rope=rope, semantics="2026",
+                                      kv_unified=kv_unified)
+            self._cells = self._attn
         self._recr = RecurrentCache(n_seq_max, len(recr), [r_widths[il] for il in recr],
                                     [s_widths[il] for il in recr], type_k="f32", type_v="f32",
                                     kv_size=max(1, n_seq_max), buffers=buf_recr, semantics="2026",
                                     n_rs_seq=n_rs_seq)
-        check_status(kvc_hybrid_init(&self.c, &self._attn.c, &self._recr.c, &err), &err, "HybridCache")
+        if self._iswa is not None:
+            r = kvc_hybrid_init_iswa(&self.c, &self._iswa.c, &self._recr.c, &err)
+            parts = (self._iswa._base, self._iswa._swa, self._recr)
+        else:
+            r = kvc_hybrid_init(&self.c, &self._cells.c, &self._recr.c, &err)
+            parts = (self._cells, self._recr)
+        check_status(r, &err, "HybridCache")
         _hybrid_state_init(self, n_layer, recr)
-        self._first, self._second = _lock_order((self._attn, self._recr))
+        self._order = _lock_order(parts)
         self._attn_layers = attn
         self._recr_layers = recr
         self._n_layer = <uint32_t>n_layer
-        self._hold = _Hold(self._attn, self._recr)
+        self._n_seq_max = <uint32_t>n_seq_max
+        self._hold = _Hold(*parts)
 
-    # lock() of both parts, in _lock_order's order (see "locking" in _common.pxi)
+    # lock() of every part's cache, in _lock_order's order (see "locking" in _common.pxi)
     cdef int _lock_parts(self, int how, str what) except -1:
-        lock(_lock_of(self._first), how, what)
-        try:
-            lock(_lock_of(self._second), how, what)
-        except BaseException:
-            unlock(_lock_of(self._first), how)
-            raise
-        return 0
+        return lock_all(self._order, how, what)
 
     cdef int _unlock_parts(self, int how) except -1:
-        unlock(_lock_of(self._second), how)
-        unlock(_lock_of(self._first), how)
-        return 0
+        return unlock_all(self._order, how)
 
     # --- the parts and the geometry (read-only) ----------------------------------------------
     @property
     def attn(self):
-        """The attention layers' cache (a UnifiedCache2026 without padding)."""
+        """The attention layers' cache: a UnifiedCache2026 without padding, or, with a sliding
+        window, an ISWACache2026 (llama_memory_hybrid_iswa's attention part)."""
         return self._attn
 
     @property
@@ -127,12 +152,22 @@ cdef class _Hybrid:
     @property
     def n_seq_max(self):
         """Valid sequence ids are [0, n_seq_max)."""
-        return self._attn.n_seq_max
+        return self._n_seq_max
 
     @property
     def n_rs_seq(self):
         """Rollback snapshots per recurrent state (0: no rollback)."""
         return self._recr.n_rs_seq
+
+    @property
+    def n_swa(self):
+        """The attention part's sliding window (0: none, the attention part a UnifiedCache2026)."""
+        return 0 if self._iswa is None else self._iswa.n_swa
+
+    @property
+    def swa_layers(self):
+        """Model layers of the attention part that use the sliding window, ascending (() without one)."""
+        return () if self._iswa is None else self._iswa.swa_layers
 
     @property
     def semantics(self):
@@ -151,9 +186,10 @@ cdef class _Hybrid:
         return self._attn.total_size + self._recr.total_size
 
     def __repr__(self):
+        window = "" if self._iswa is None else f", n_swa={self._iswa.n_swa}, swa_layers={list(self.swa_layers)}"
         return (f"HybridCache(n_layer={self._n_layer}, attn_layers={list(self._attn_layers)}, "
-                f"recurrent_layers={list(self._recr_layers)}, kv_size={self._attn.size}, "
-                f"n_seq_max={self.n_seq_max}, n_rs_seq={self._recr.n_rs_seq})")
+                f"recurrent_layers={list(self._recr_layers)}, kv_size={self._cells.size}, "
+                f"n_seq_max={self.n_seq_max}, n_rs_seq={self._recr.n_rs_seq}{window})")
 
     cdef int _recr_index(self, object il) except -1:
         cdef Py_ssize_t k
@@ -171,7 +207,7 @@ cdef class _Hybrid:
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        u.check(self._attn.c.n_seq_max)
+        u.check(self._n_seq_max)
         self._lock_parts(CHANGE, "find_slot")
         try:
             with nogil:
@@ -185,8 +221,8 @@ cdef class _Hybrid:
     def prepare(self, ubatches):
         """The dry run of placing several ubatches in turn, the recurrent part first (as
         llama.cpp's hybrid memory prepares): the attention part's slot_infos (see
-        UnifiedCache.prepare), or None when either part cannot take them. Both parts are left
-        exactly as they were."""
+        UnifiedCache.prepare; an iSWA pair's: ISWACache2026.prepare), or None when either part
+        cannot take them. Both parts are left exactly as they were."""
         ubs = list(ubatches)
         with self._hold:
             if not self._recr.prepare(ubs):
@@ -194,7 +230,8 @@ cdef class _Hybrid:
             return self._attn.prepare(ubs)
 
     def slot_info(self):
-        """Where the last find_slot put each token in the attention part (UnifiedCache.slot_info)."""
+        """Where the last find_slot put each token in the attention part (UnifiedCache.slot_info;
+        an iSWA pair's: the pair (base, SWA))."""
         return self._attn.slot_info()
 
     def clear(self):
@@ -211,7 +248,7 @@ cdef class _Hybrid:
         """Remove positions [p0, p1) of seq_id (-1: every sequence) from both parts, the
         recurrent part first: False, and nothing changed in either, when it refuses (a cut inside
         a recurrent state, or a rollback it cannot make exactly: RecurrentCache.seq_rm)."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", True)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef bint r
         self._lock_parts(CHANGE, "seq_rm")
@@ -224,8 +261,8 @@ cdef class _Hybrid:
     def seq_cp(self, src, dst, p0=-1, p1=-1):
         """Copy src to dst in both parts (ValueError, nothing changed, when the attention part
         refuses it: across streams only whole sequences)."""
-        cdef int32_t s = seq_c(src, self._attn.c.n_seq_max, "src", False)
-        cdef int32_t d = seq_c(dst, self._attn.c.n_seq_max, "dst", False)
+        cdef int32_t s = seq_c(src, self._n_seq_max, "src", False)
+        cdef int32_t d = seq_c(dst, self._n_seq_max, "dst", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef kvc_err err
         cdef int r
@@ -239,7 +276,7 @@ cdef class _Hybrid:
 
     def seq_keep(self, seq_id):
         """Keep only seq_id, in both parts."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", False)
         self._lock_parts(CHANGE, "seq_keep")
         try:
             kvc_hybrid_seq_keep(&self.c, s)
@@ -248,7 +285,7 @@ cdef class _Hybrid:
 
     def seq_add(self, seq_id, p0, p1, shift):
         """Shift the positions of seq_id in [p0, p1), in both parts."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef int32_t d = pos_c(shift, "shift")
         self._lock_parts(CHANGE, "seq_add")
@@ -259,7 +296,7 @@ cdef class _Hybrid:
 
     def seq_div(self, seq_id, p0, p1, d):
         """Integer-divide the positions of seq_id in [p0, p1) by d (> 0), in both parts."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", False)
         cdef int32_t a = pos_c(p0, "p0"), b = pos_c(p1, "p1")
         cdef int32_t dd = divisor_c(d)
         self._lock_parts(CHANGE, "seq_div")
@@ -270,7 +307,7 @@ cdef class _Hybrid:
 
     def seq_pos_min(self, seq_id):
         """The larger of the parts' smallest positions of seq_id (-1: none)."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False), r
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", False), r
         self._lock_parts(READ, "seq_pos_min")
         try:
             r = kvc_hybrid_seq_pos_min(&self.c, s)
@@ -280,7 +317,7 @@ cdef class _Hybrid:
 
     def seq_pos_max(self, seq_id):
         """The smaller of the parts' largest positions of seq_id (-1: none)."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False), r
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", False), r
         self._lock_parts(READ, "seq_pos_max")
         try:
             r = kvc_hybrid_seq_pos_max(&self.c, s)
@@ -295,13 +332,19 @@ cdef class _Hybrid:
 
     # --- graph inputs and memory -----------------------------------------------------------
     def kq_mask(self, ub, causal=True, alibi=False, out=None, dtype="f32", pad=None, reuse=False):
-        """The KQ mask of the attention layers (UnifiedCache2026.kq_mask of the attention part)."""
+        """The KQ mask of the attention layers (UnifiedCache2026.kq_mask of the attention part).
+        With a sliding window the pair ``(base_mask, swa_mask)`` (ISWACache.kq_mask; ``reuse``
+        is the unified cache's only)."""
+        if self._iswa is not None:
+            if reuse:
+                raise ValueError("reuse: the masks of a hybrid memory with a sliding window are made afresh")
+            return self._iswa.kq_mask(ub, causal=causal, alibi=alibi, out=out, dtype=dtype, pad=pad)
         return self._attn.kq_mask(ub, causal=causal, alibi=alibi, out=out, dtype=dtype, pad=pad, reuse=reuse)
 
     def attention_indices(self, ub, causal=True, positions=False, out=None):
         """The attention indices of the attention layers (UnifiedCache.attention_indices of the
         attention part): the cells each query token group of ub attends to, exactly those kq_mask
-        shows."""
+        shows. With a sliding window the pair ``(base, swa)`` (ISWACache.attention_indices)."""
         return self._attn.attention_indices(ub, causal=causal, positions=positions, out=out)
 
     def s_copy(self):
@@ -314,7 +357,8 @@ cdef class _Hybrid:
         return self._recr.rs_z
 
     def store(self, il, k_rows=None, v_rows=None):
-        """Write the K / V rows of the placed tokens for attention layer il (UnifiedCache.store)."""
+        """Write the K / V rows of the placed tokens for attention layer il (UnifiedCache.store;
+        with a sliding window, into the pair's cache holding il)."""
         if il not in self._attn_layers:
             raise ValueError(f"il = {il!r} is not an attention layer ({list(self._attn_layers)})")
         self._attn.store(il, k_rows, v_rows)
@@ -345,6 +389,9 @@ cdef class _Hybrid:
         checkpoints (``checkpoints``, ``per_seq``, ``memory``: RecurrentCache.enable_prefix_reuse).
         A hit of length P needs the attention K/V of [0, P) and a checkpoint of the state at
         exactly P."""
+        if self._iswa is not None:
+            raise ValueError("enable_prefix_reuse: a hybrid memory with a sliding window has no prefix reuse "
+                             "(its attention part is an iSWA pair)")
         had = self._attn.prefix_reuse
         self._recr.enable_prefix_reuse(checkpoints, per_seq, memory)
         try:
@@ -357,12 +404,16 @@ cdef class _Hybrid:
 
     def disable_prefix_reuse(self):
         """Turn prefix reuse off in both parts (held cells become free, checkpoints go)."""
+        if self._iswa is not None:
+            return
         self._attn.disable_prefix_reuse()
         self._recr.disable_prefix_reuse()
 
     @property
     def prefix_reuse(self):
         """Whether prefix reuse is on (:meth:`enable_prefix_reuse`)."""
+        if self._iswa is not None:
+            return False
         return self._attn.prefix_reuse and self._recr.prefix_reuse
 
     @property
@@ -380,7 +431,7 @@ cdef class _Hybrid:
         return self._recr.checkpoint(seq_id, tokens, salt)
 
     cdef kvc_ckpt_pool *_pool(self, str what) except NULL:
-        if not self._attn.prefix_reuse:
+        if self._iswa is not None or not self._attn.prefix_reuse:
             raise RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
         return self._recr._pool(what)
 
@@ -408,7 +459,7 @@ cdef class _Hybrid:
         finds: the checkpoint's state at position ``k - 1`` in the recurrent part, the cells of
         positions ``0 .. k - 1`` in the attention part (exactly those: never past the
         checkpoint). Returns k: compute ``tokens[k:]`` at positions ``k ..``."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", False)
         t = tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
         cdef const int32_t[::1] tv = t
@@ -433,7 +484,7 @@ cdef class _Hybrid:
         are fewer than the state's), or without them after the tokens its attention cells
         recorded (nothing when those do not cover every position of the state). Returns the hit
         a later request beginning with these tokens gets from what both parts hold now."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", False)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", False)
         t = None if tokens is None else tokens_c(tokens)
         cdef uint64_t cs = salt_c(salt)
         cdef const int32_t[::1] tv
@@ -493,12 +544,14 @@ cdef class _Hybrid:
 
     def _prefix_check(self):
         """Raise RuntimeError unless both parts' reuse records agree (for tests)."""
+        if self._iswa is not None:
+            return
         self._attn._prefix_check()
         self._recr._prefix_check()
     # --- state (csrc/kvc_hybrid_state.h) ----------------------------------------------------
     def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None, partial_only=False):
         """Bytes state_write(seq_id, layout=layout, prefix=prefix, partial_only=partial_only) produces."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", True)
         cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_size"), prefix, s)
         cdef unsigned parts = _hybrid_parts(partial_only, s)
         cdef size_t r
@@ -517,7 +570,7 @@ cdef class _Hybrid:
         memory state alone, what a sequence file holds). partial_only: the recurrent part alone
         (``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``; a sequence's state only). layout: "2026" only,
         the one llama.cpp layout of a hybrid memory's state (ValueError for another)."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", True)
         cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_write"), prefix, s)
         cdef unsigned parts = _hybrid_parts(partial_only, s)
         cdef size_t n, written = 0
@@ -541,7 +594,7 @@ cdef class _Hybrid:
         buf: a writable C-contiguous buffer of at least state_size(...) bytes (filled from C) or
         a binary file object (written in chunks of bounded size; a change of either part from
         its write() raises RuntimeError there). layout, prefix, partial_only: as state_write."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", True)
         cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_write_into"), prefix, s)
         cdef _hybrid_writer w
         w.h = &self.c
@@ -569,7 +622,7 @@ cdef class _Hybrid:
         All or nothing: both parts are checked (and a sequence's cells given room) before either
         changes, so on failure (StateError naming the part and the byte) both are exactly as
         they were. llama.cpp instead clears the sequence, or the whole memory, when a read fails."""
-        cdef int32_t s = seq_c(seq_id, self._attn.c.n_seq_max, "seq_id", True)
+        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", True)
         cdef unsigned flags = state_read_flags(convert, exact)
         cdef unsigned bits = <unsigned>_layout_row(_hybrid_layout("2026" if layout is None else layout,
                                                                   "state_read"))[0]

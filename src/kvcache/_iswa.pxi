@@ -311,8 +311,8 @@ cdef tuple _out_pair(object out):
     return out_base, out_swa
 
 
-cdef tuple _split_buffers(object buffers, Py_ssize_t n_layer, frozenset swa_set):
-    """buffers for both caches: a mode name, or the pairs of each cache's layers."""
+cdef tuple _split_buffers(object buffers, Py_ssize_t n_layer, frozenset swa_set, frozenset held):
+    """buffers for both caches: a mode name, or the pairs of each cache's layers (of held)."""
     if buffers is None or isinstance(buffers, str):
         return buffers, buffers
     if isinstance(buffers, dict):
@@ -325,7 +325,7 @@ cdef tuple _split_buffers(object buffers, Py_ssize_t n_layer, frozenset swa_set)
     else:
         raise TypeError(f"buffers must be 'owned', None, 'none', a dict {{layer: (K, V)}} or a list of "
                         f"(K, V) pairs, not {type(buffers).__name__}")
-    base = {il: kv for il, kv in pairs.items() if il not in swa_set}
+    base = {il: kv for il, kv in pairs.items() if il not in swa_set and il in held}
     swa = {il: kv for il, kv in pairs.items() if il in swa_set}
     return base, swa
 
@@ -350,13 +350,17 @@ cdef class _ISWA:
     def __cinit__(self, *args, **kwargs):
         (kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_type, n_batch, swa_full, type_k, type_v,
          v_trans, n_seq_max, n_pad, buffers, n_embd_head_k, rope, semantics, kv_unified, cell_ext,
-         ple_token) = _signatures.bind(_signatures.iswa, type(self), args, kwargs)
+         ple_token, held) = _signatures.bind(_signatures.iswa, type(self), args, kwargs)
         cdef kvc_iswa_sizing z
         cdef kvc_err err
         err.msg[0] = 0
         from kvcache.unified import UnifiedCache      # the public class of the parts (a layer above)
         n_layer = int_arg(n_layer, "n_layer", 0, 2**31 - 1)
         layers = layers_arg(swa_layers, n_layer, "swa_layers", any_order=True)
+        # the model layers with K/V (a hybrid model's attention layers); the SWA ones among them
+        held = frozenset(layers_arg(held, n_layer, "layers", any_order=True))
+        if not held.issuperset(layers):
+            raise ValueError(f"swa_layers: layers {sorted(set(layers) - held)} are not among layers")
         n_swa = int_arg(n_swa, "n_swa", 1, 2**31 - 1)
         if swa_type not in _ISWA_SWA_TYPES:
             raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(map(repr, _ISWA_SWA_TYPES))}")
@@ -389,15 +393,15 @@ cdef class _ISWA:
                       type_v=type_v, v_trans=v_trans, n_seq_max=n_seq_max, n_pad=n_pad,
                       n_embd_head_k=n_embd_head_k, rope=rope, semantics=semantics, kv_unified=kv_unified,
                       cell_ext=cell_ext, ple_token=ple_token)
-        buf_base, buf_swa = _split_buffers(buffers, n_layer, swa_set)
+        buf_base, buf_swa = _split_buffers(buffers, n_layer, swa_set, held)
         self._base = UnifiedCache(kv_size=kv_size, n_swa=0, swa_type="none", buffers=buf_base,
-                                  layers=[il for il in range(n_layer) if il not in swa_set], **common)
+                                  layers=[il for il in range(n_layer) if il in held and il not in swa_set], **common)
         self._swa = UnifiedCache(kv_size=size_swa, n_swa=n_swa, swa_type=swa_type, layers=list(layers),
                                  buffers=buf_swa, **common)
         check_status(kvc_iswa_init(&self.c, &self._base.c, &self._swa.c, swa_full, &err), &err, "ISWACache")
         self._first, self._second = _lock_order((self._base, self._swa))
         self._swa_layers = layers
-        self._part_of = {il: (self._swa if il in swa_set else self._base) for il in range(n_layer)}
+        self._part_of = {il: (self._swa if il in swa_set else self._base) for il in range(n_layer) if il in held}
         self._n_batch = <uint32_t>n_batch
         self._hold = _Hold(self._base, self._swa)
         self._op = _Hold(self._base, self._swa, busy=True)
@@ -731,6 +735,8 @@ cdef class _ISWA:
             raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
         c = self._part_of.get(int(il))
         if c is None:
+            if 0 <= il < self.n_layer:
+                raise IndexError(f"il = {il} is a model layer without K/V in this cache (layers: {sorted(self._part_of)})")
             raise IndexError(f"il = {il} is not a model layer (n_layer = {self.n_layer})")
         return c
 

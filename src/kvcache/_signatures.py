@@ -22,11 +22,12 @@ def unified(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f16", type_v="
 
 def iswa(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_type="standard", n_batch=512,
          swa_full=None, type_k="f16", type_v="f16", v_trans=True, n_seq_max=1, n_pad=32, buffers="owned",
-         n_embd_head_k=None, rope=None, semantics=None, kv_unified=True, cell_ext=False, ple_token=None):
+         n_embd_head_k=None, rope=None, semantics=None, kv_unified=True, cell_ext=False, ple_token=None,
+         layers=None):
     """kvcache.ISWACache's parameters (semantics None: the class's, "2025" for ISWACache)."""
     return (kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_type, n_batch, swa_full, type_k,
             type_v, v_trans, n_seq_max, n_pad, buffers, n_embd_head_k, rope, semantics, kv_unified, cell_ext,
-            ple_token)
+            ple_token, layers)
 
 
 def recurrent(n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type_v="f32", kv_size=None,
@@ -38,10 +39,12 @@ def recurrent(n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type
 
 def hybrid(kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r, n_embd_s=0, n_seq_max=1,
            type_k="f16", type_v="f16", v_trans=True, n_rs_seq=0, attn_layers=None, kv_unified=True,
-           n_embd_head_k=None, rope=None, buffers="owned"):
+           n_embd_head_k=None, rope=None, buffers="owned", n_swa=0, swa_type="standard", swa_layers=None,
+           n_batch=512, swa_full=True):
     """kvcache.HybridCache's parameters."""
     return (kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r, n_embd_s, n_seq_max, type_k,
-            type_v, v_trans, n_rs_seq, attn_layers, kv_unified, n_embd_head_k, rope, buffers)
+            type_v, v_trans, n_rs_seq, attn_layers, kv_unified, n_embd_head_k, rope, buffers, n_swa, swa_type,
+            swa_layers, n_batch, swa_full)
 
 
 def ubatch(pos, seq_id, n_seq_tokens=1, output=None, *, tokens=None, pos_x=None, pos_y=None):

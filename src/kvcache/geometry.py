@@ -61,6 +61,9 @@ _UNSUPPORTED_RECURRENT = frozenset(("rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"))
 _HYBRID_ARCHS = frozenset(("lfm2", "lfm2moe", "granitehybrid", "jamba", "falcon-h1", "nemotron_h", "nemotron_h_moe",
                            "qwen3next", "plamo2"))
 _RS_ROLLBACK_ARCHS = frozenset(("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"))
+# Hybrid architectures whose loader reads {arch}.attention.sliding_window (today's
+# llama_memory_hybrid_iswa when it is > 0)
+_HYBRID_SWA_ARCHS = frozenset(("lfm2",))
 # Hybrid architectures whose layers use RoPE only when {arch}.rope.scaling.finetuned is true (its
 # default; Granite 4's converter writes false for its hybrids)
 _ROPE_SWITCHED = frozenset(("granitehybrid",))
@@ -156,7 +159,7 @@ class ModelGeometry:
                                   n_embd_v_s=self.n_embd_v_s, buffers=buffers)
         if self.hybrid:
             return _hybrid_cache(self, n_ctx, n_seq_max, type_k, type_v, flash_attn, buffers, semantics, kv_unified,
-                                 v_trans, n_rs_seq)
+                                 v_trans, n_rs_seq, n_batch, swa_full)
         if any(h == 0 for h in self.n_head_kv):
             missing = [il for il, h in enumerate(self.n_head_kv) if h == 0]
             raise ValueError(f"{self.arch}: layers {missing} have no KV heads; such models are not supported")
@@ -252,7 +255,8 @@ class _Fields:
 
 
 def _hybrid_cache(g: ModelGeometry, n_ctx: int, n_seq_max: int, type_k: Any, type_v: Any, flash_attn: bool,
-                 buffers: Any, semantics: str, kv_unified: bool, v_trans: bool | None, n_rs_seq: int) -> HybridCache:
+                  buffers: Any, semantics: str, kv_unified: bool, v_trans: bool | None, n_rs_seq: int,
+                  n_batch: int, swa_full: bool) -> HybridCache:
     """ModelGeometry.make_cache of a hybrid model: today's llama_memory_hybrid."""
     if semantics != "2026":
         raise ValueError(f"{g.arch}: a hybrid model's memory is modelled as today's llama.cpp has it: "
@@ -261,12 +265,17 @@ def _hybrid_cache(g: ModelGeometry, n_ctx: int, n_seq_max: int, type_k: Any, typ
         n_ctx = g.n_ctx_train
     # the attention part: the unified cache of the context, without padding; RoPE shifts its keys
     _, kv_size, n_stream = context_cells(n_ctx, n_seq_max, flash_attn, semantics, kv_unified)
+    # with a window, llama_memory_hybrid_iswa: the iSWA pair sized for the ubatch (capped at the
+    # context, as llama.cpp caps it)
+    window: dict[str, Any] = dict(n_swa=g.n_swa, swa_type=g.swa_type, swa_layers=g.swa_layers,
+                                  n_batch=min(n_ctx, n_batch), swa_full=swa_full) if g.n_swa else {}
     return HybridCache(kv_size, g.n_layer, g.recurrent_layers, g.n_embd_k_gqa, g.n_embd_v_gqa, g.n_embd_k_s,
                        g.n_embd_v_s, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v,
                        v_trans=v_trans_for(flash_attn) if v_trans is None else bool_arg(v_trans, "v_trans"),
                        # llama.cpp keeps no snapshot for the other architectures, silently
                        n_rs_seq=n_rs_seq if g.rs_rollback else 0, attn_layers=g.attn_layers,
-                       kv_unified=n_stream == 1, n_embd_head_k=g.n_embd_head_k, rope=g.rope, buffers=buffers)
+                       kv_unified=n_stream == 1, n_embd_head_k=g.n_embd_head_k, rope=g.rope, buffers=buffers,
+                       **window)
 
 
 def _hybrid_layers(f: _Fields, arch: str, n_layer: int, n_head_kv: tuple[int, ...]
@@ -347,10 +356,16 @@ def read_gguf(path: Any) -> ModelGeometry:
         n_embd_k_s = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * n_group * d_state)
         n_embd_v_s = d_state * d_inner
 
-    n_swa, swa_type, swa_layers, swa_rope = _sliding_window(f, arch, n_layer)
-    if hybrid and (swa_type != "none" or f.get("{arch}.attention.sliding_window", int, 0) > 0):
-        raise ValueError(f"{path}: a hybrid {arch!r} model with a sliding window (llama.cpp's "
-                         f"llama_memory_hybrid_iswa) is not supported")
+    swa_type: _SwaType
+    if hybrid:
+        # LFM2's loader alone reads a window: every attention layer windowed (llama.cpp's
+        # llama_memory_hybrid_iswa); the other hybrid loaders read no window key
+        n_swa = f.get("{arch}.attention.sliding_window", int, 0) if arch in _HYBRID_SWA_ARCHS else 0
+        swa_type = "standard" if n_swa > 0 else "none"
+        swa_layers, swa_rope = (attn_layers if n_swa > 0 else ()), None
+        n_swa = max(n_swa, 0)
+    else:
+        n_swa, swa_type, swa_layers, swa_rope = _sliding_window(f, arch, n_layer)
     # llama.cpp's has_cell_ext(): M-RoPE (positions in sections) or per-layer embeddings
     # (ple_n_heads = (ngram_size - 1) * heads_per_ngram gathers per token)
     mrope = any(f.ints("{arch}.rope.dimension_sections"))
@@ -505,7 +520,7 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
 _HF_ROPE_NEOX = frozenset("""
     llama mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe gemma gemma2 gemma3 gemma3_text phi phi3 gpt_neox
     stablelm falcon olmo olmo2 starcoder2 granite granitemoe persimmon minimax exaone4 smollm3 gpt_oss
-    lfm2 lfm2_moe granitemoehybrid falcon_h1 qwen3_next
+    lfm2 lfm2_moe granitemoehybrid bamba falcon_h1 qwen3_next
 """.split())
 _HF_ROPE_NORMAL = frozenset("gptj codegen cohere cohere2 glm glm4".split())
 
@@ -641,7 +656,12 @@ def hf_attention(config: Any, chunked_as_sliding: bool = False) -> tuple[int, in
 # The hybrid architectures of transformers (config.model_type) and llama.cpp's name of each, as
 # its converter writes them.
 _HF_HYBRID = {"lfm2": "lfm2", "lfm2_moe": "lfm2moe", "granitemoehybrid": "granitehybrid", "jamba": "jamba",
-              "falcon_h1": "falcon-h1", "nemotron_h": "nemotron_h", "qwen3_next": "qwen3next"}
+              "falcon_h1": "falcon-h1", "nemotron_h": "nemotron_h", "qwen3_next": "qwen3next",
+              # Bamba: llama.cpp's converter writes it as granitehybrid (Granite 4's Mamba-2 layers
+              # and attention, RoPE on)
+              "bamba": "granitehybrid"}
+# Hybrid architectures of transformers that llama.cpp does not have (its converter maps none)
+_HF_HYBRID_UNSUPPORTED = {"zamba": "Zamba", "zamba2": "Zamba2"}
 
 
 def _hf_hybrid(config: Any, cfg: Any, arch: str, n_ctx_seq: int | None) -> ModelGeometry:
@@ -698,12 +718,18 @@ def _hf_hybrid(config: Any, cfg: Any, arch: str, n_ctx_seq: int | None) -> Model
     heads_kv = tuple(n_head_kv if il in attn else 0 for il in range(n_layer))
     # llama.cpp's converter names Nemotron-H with experts nemotron_h_moe
     name = "nemotron_h_moe" if arch == "nemotron_h" and "moe" in types else _HF_HYBRID[arch]
+    # the converter writes a window for LFM2.5's audio tokenizer only (Lfm25AudioTokenizer), and
+    # LFM2's loader then windows every attention layer: llama_memory_hybrid_iswa
+    window = int(getattr(cfg, "sliding_window", None) or 0)
+    if not (arch == "lfm2" and "Lfm25AudioTokenizer" in (getattr(cfg, "architectures", None) or [])):
+        window = 0
     return ModelGeometry(
         arch=name, n_layer=n_layer, n_embd=n_embd,
         n_ctx_train=int(getattr(cfg, "max_position_embeddings", 0) or 0), n_head=(n_head,) * n_layer,
         n_head_kv=heads_kv, n_embd_head_k=head_dim, n_embd_head_v=head_dim, n_embd_k_s=n_embd_r,
         n_embd_v_s=n_embd_s, rope=rope_from_transformers(config, n_ctx_seq) if uses_rope else None,
-        recurrent_layers=recr, attn_layers=attn, rs_rollback=name in _RS_ROLLBACK_ARCHS)
+        recurrent_layers=recr, attn_layers=attn, rs_rollback=name in _RS_ROLLBACK_ARCHS, n_swa=window,
+        swa_type="standard" if window else "none", swa_layers=attn if window else ())
 
 
 def read_transformers_config(config: Any, n_ctx_seq: int | None = None) -> ModelGeometry:
@@ -711,11 +737,15 @@ def read_transformers_config(config: Any, n_ctx_seq: int | None = None) -> Model
     head size, sliding-window layers (``layer_types``; every layer when there is a
     ``sliding_window`` and no ``layer_types``, as Mistral) and :func:`rope_from_transformers`.
     Layer types other than full and sliding attention raise ValueError, except in the hybrid
-    models (LFM2, Granite 4, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next), whose geometry is
-    llama.cpp's for the same model: attention and recurrent layers, the recurrent R / S widths
+    models (LFM2, Granite 4, Bamba, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next), whose geometry is
+    llama.cpp's for the same model (ValueError for Zamba and Zamba2, which llama.cpp lacks): attention and recurrent layers, the recurrent R / S widths
     (``n_embd_k_s`` / ``n_embd_v_s``), the architecture under llama.cpp's name."""
     cfg = _hf_text_config(config)
     arch = str(getattr(cfg, "model_type", ""))
+    if arch in _HF_HYBRID_UNSUPPORTED:
+        raise ValueError(f"transformers architecture {arch!r}: llama.cpp (llama-cpp-python 0.3.36) has no "
+                         f"{_HF_HYBRID_UNSUPPORTED[arch]} model (its converter maps none), so there is no llama.cpp "
+                         f"memory for kvcache to reproduce")
     if arch in _HF_HYBRID:
         return _hf_hybrid(config, cfg, arch, n_ctx_seq)
     n_layer, n_head, n_head_kv, head_dim, window, types = hf_attention(cfg)
@@ -743,7 +773,11 @@ def from_transformers_config(config: Any, n_ctx: int, n_seq_max: int = 1, type_k
     :class:`HybridCache` ``from_gguf(..., semantics="2026", kv_unified=True)`` builds for its
     GGUF file: one stream of ``pad(n_ctx, 256)`` cells for the attention layers, a recurrent cell
     per sequence with ``n_rs_seq`` rollback snapshots where llama.cpp allows them (LFM2,
-    Nemotron-H)."""
+    Nemotron-H); with a sliding window (LFM2.5's audio tokenizer, ``Lfm25AudioTokenizer``, the one
+    LFM2 whose converter writes it) its attention part is an iSWA pair of ``n_batch`` and
+    ``swa_full``, llama.cpp's ``llama_memory_hybrid_iswa``. Bamba (``BambaForCausalLM``) is
+    converted to llama.cpp's granitehybrid and gets its memory; Zamba2 raises ValueError: llama.cpp
+    has no Zamba2 architecture."""
     n_ctx = int_arg(n_ctx, "n_ctx", 1, 2**31 - 1)
     n_seq_max = int_arg(n_seq_max, "n_seq_max", 1, 2**31 - 1)
     n_rs_seq = int_arg(n_rs_seq, "n_rs_seq", 0, 64)
@@ -752,6 +786,7 @@ def from_transformers_config(config: Any, n_ctx: int, n_seq_max: int = 1, type_k
         raise ValueError(f"n_rs_seq = {n_rs_seq}: rollback snapshots apply to hybrid models; {geo.arch!r} is not one")
     if geo.hybrid:
         return geo.make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v, buffers=buffers,
-                              v_trans=v_trans, semantics="2026", kv_unified=True, n_rs_seq=n_rs_seq)
+                              v_trans=v_trans, semantics="2026", kv_unified=True, n_rs_seq=n_rs_seq,
+                              swa_full=swa_full, n_batch=n_batch)
     return geo.make_cache(n_ctx, n_seq_max=n_seq_max, type_k=type_k, type_v=type_v, swa_full=swa_full,
                           n_batch=n_batch, buffers=buffers, v_trans=v_trans)

@@ -197,9 +197,11 @@ def _hybrid_sections(part: memoryview, base: int, variant: str | None, framing):
     src = framing.src_seq_id if framing.prefixed else None
     sections = []
     *attn, (rec,) = framing.parts
-    for secs in attn:
+    # with a sliding window the attention part is an iSWA pair: its base cache, then its SWA cache
+    pair = [" base", " swa"] if len(attn) == 2 else [""]
+    for k, secs in enumerate(attn):
         for s, (off, n) in enumerate(secs):
-            name = "attention" + (f" stream {s}" if len(secs) > 1 else "")
+            name = "attention" + pair[k] + (f" stream {s}" if len(secs) > 1 else "")
             if n == 0:
                 sections.append(_empty_section(name, base + off))
                 continue

@@ -28,7 +28,7 @@ class ISWACache(_ISWA):
     ``ISWACache(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa,
     swa_type="standard", n_batch=512, swa_full=None, type_k="f16", type_v="f16", v_trans=True,
     n_seq_max=1, n_pad=32, buffers="owned", n_embd_head_k=None, rope=None, semantics="2025",
-    kv_unified=True, cell_ext=False, ple_token=None)`` makes an :class:`ISWACache2025` or, with
+    kv_unified=True, cell_ext=False, ple_token=None, layers=None)`` makes an :class:`ISWACache2025` or, with
     ``semantics="2026"``, an :class:`ISWACache2026`: each class is one semantics, and has the
     operations of that semantics only.
 
@@ -57,6 +57,9 @@ class ISWACache(_ISWA):
     - ``buffers``: "owned", None / "none" (metadata only) for both caches, or the borrowed
       (K, V) pairs of every model layer: a dict ``{layer: (K, V)}`` or a list indexed by model
       layer; each cache gets its layers' pairs (see :class:`UnifiedCache`).
+    - ``layers``: the model layers with K/V (indices or a predicate; default every layer): a
+      hybrid model's attention layers (:class:`kvcache.HybridCache` with a window); the others
+      belong to neither cache. ``swa_layers`` must be among them.
     - the other arguments (``n_embd_head_k`` and the model's ``rope`` among them) are passed to
       both caches.
 
@@ -90,7 +93,8 @@ class ISWACache(_ISWA):
                 type_k: _GGMLType = ..., type_v: _GGMLType = ..., v_trans: bool = ..., n_seq_max: int = ...,
                 n_pad: int = ..., buffers: _Buffers = ..., n_embd_head_k: _PerLayer | None = ...,
                 rope: RopeParams | None = ..., *, semantics: Literal["2026"], kv_unified: bool = ...,
-                cell_ext: bool = ..., ple_token: int | None = ...) -> ISWACache2026: ...
+                cell_ext: bool = ..., ple_token: int | None = ...,
+                layers: Iterable[int] | Callable[[int], bool] | None = ...) -> ISWACache2026: ...
     @overload
     def __new__(cls, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
                 swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
@@ -98,7 +102,8 @@ class ISWACache(_ISWA):
                 type_k: _GGMLType = ..., type_v: _GGMLType = ..., v_trans: bool = ..., n_seq_max: int = ...,
                 n_pad: int = ..., buffers: _Buffers = ..., n_embd_head_k: _PerLayer | None = ...,
                 rope: RopeParams | None = ..., *, semantics: Literal["2025"] | None = ..., kv_unified: bool = ...,
-                cell_ext: bool = ..., ple_token: int | None = ...) -> ISWACache2025: ...
+                cell_ext: bool = ..., ple_token: int | None = ...,
+                layers: Iterable[int] | Callable[[int], bool] | None = ...) -> ISWACache2025: ...
     @overload
     def __new__(cls, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
                 swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
@@ -106,7 +111,8 @@ class ISWACache(_ISWA):
                 type_k: _GGMLType = ..., type_v: _GGMLType = ..., v_trans: bool = ..., n_seq_max: int = ...,
                 n_pad: int = ..., buffers: _Buffers = ..., n_embd_head_k: _PerLayer | None = ...,
                 rope: RopeParams | None = ..., semantics: str | None = ..., kv_unified: bool = ...,
-                cell_ext: bool = ..., ple_token: int | None = ...) -> ISWACache: ...
+                cell_ext: bool = ..., ple_token: int | None = ...,
+                layers: Iterable[int] | Callable[[int], bool] | None = ...) -> ISWACache: ...
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is not ISWACache:
             return super().__new__(cls, *args, **kwargs)

@@ -308,9 +308,11 @@ def plan_unified(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any 
 def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = None, *,
               swa_layers: Iterable[int], n_swa: int, swa_type: str = "standard", n_batch: int = 2048,
               swa_full: bool | None = None, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
-              flash_attn: bool = False, semantics: str = "2025", kv_unified: bool = True) -> Plan:
+              flash_attn: bool = False, semantics: str = "2025", kv_unified: bool = True,
+              layers: Iterable[int] | None = None) -> Plan:
     """The plan of an iSWA pair: a base cache of ``kv_size`` cells for the full-attention layers
-    and a SWA cache of :func:`swa_size` cells for the ``swa_layers``.
+    and a SWA cache of :func:`swa_size` cells for the ``swa_layers`` (``layers``: the model
+    layers with K/V, default all; the others in neither cache).
 
     ``n_batch``: the ubatch the SWA cache is sized for. ``swa_full`` None: the semantics'
     default (False for "2025", True for "2026"). ``semantics="2026"``: today's llama.cpp, the
@@ -323,6 +325,9 @@ def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = N
     wv = wk if n_embd_v_gqa is None else _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
     tk, tv = _kv_types(type_k, type_v, fa)
     swa = list(layers_arg(swa_layers, n_layer, "swa_layers", any_order=True))
+    held = set(layers_arg(layers, n_layer, "layers", any_order=True))
+    if not held.issuperset(swa):
+        raise ValueError(f"swa_layers: layers {sorted(set(swa) - held)} are not among layers")
     n_swa = _int(n_swa, "n_swa", 1, 2**31 - 1)
     if swa_type not in _SWA_TYPES:
         raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(_SWA_TYPES)}")
@@ -330,7 +335,7 @@ def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = N
     swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
     unified = n_stream == 1
     size_swa = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics, unified)
-    base_ils = [il for il in range(n_layer) if il not in set(swa)]
+    base_ils = [il for il in range(n_layer) if il not in set(swa) and il in held]
     base = CachePlan("base", kv_size, n_seq_max, n_pad, v_trans_for(fa), 0, "none", tk, tv,
                      _layers("base", base_ils, wk, wv, tk, tv, kv_size * n_stream), n_stream)
     swac = CachePlan("swa", size_swa, n_seq_max, n_pad, v_trans_for(fa), n_swa, swa_type, tk, tv,
@@ -393,13 +398,16 @@ def plan_recurrent(n_layer: int, n_embd_k_s: Any, n_embd_v_s: Any, n_seq_max: in
 def plan_hybrid(n_ctx: int, n_layer: int, recurrent_layers: Iterable[int], n_embd_k_gqa: Any, n_embd_v_gqa: Any,
                 n_embd_r: Any, n_embd_s: Any = 0, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
                 flash_attn: bool = False, kv_unified: bool = True, attn_layers: Iterable[int] | None = None,
-                n_rs_seq: int = 0, semantics: str = "2026") -> Plan:
+                n_rs_seq: int = 0, semantics: str = "2026", n_swa: int = 0, swa_type: str = "standard",
+                swa_layers: Iterable[int] | None = None, n_batch: int = 512, swa_full: bool | None = None) -> Plan:
     """The plan of today's hybrid memory (semantics "2026", :class:`kvcache.HybridCache`): an
     attention cache of the context's cells (``kv_size`` as :func:`plan_unified` with
     semantics "2026", no padding) over ``attn_layers`` (default: the layers not in
     ``recurrent_layers``), and a recurrent memory of ``max(1, n_seq_max)`` cells of f32 rows,
     ``1 + n_rs_seq`` of them per cell, over ``recurrent_layers``: R ``n_embd_r`` elements (the
-    rolling convolution), S ``n_embd_s`` (the state)."""
+    rolling convolution), S ``n_embd_s`` (the state). With ``n_swa`` > 0 (today's
+    llama_memory_hybrid_iswa) the attention part is the iSWA pair :func:`plan_iswa` plans over
+    the attention layers (``swa_layers``: default all of them; ``n_batch``, ``swa_full``)."""
     if semantics != "2026":
         raise ValueError(f"semantics = {semantics!r}: a hybrid memory is today's llama.cpp's ('2026')")
     n_ctx, n_layer, n_seq_max, fa, _, kv_size, n_stream = _common(n_ctx, n_layer, n_seq_max, flash_attn, "2026",
@@ -411,20 +419,31 @@ def plan_hybrid(n_ctx: int, n_layer: int, recurrent_layers: Iterable[int], n_emb
     wk = _widths(n_embd_k_gqa, n_layer, "n_embd_k_gqa")
     wv = _widths(n_embd_v_gqa, n_layer, "n_embd_v_gqa")
     tk, tv = _kv_types(type_k, type_v, fa)
-    kv = CachePlan("kv", kv_size, n_seq_max, 1, v_trans_for(fa), 0, "none", tk, tv,
-                   _layers("kv", attn, wk, wv, tk, tv, kv_size * n_stream), n_stream)
+    n_swa = _int(n_swa, "n_swa", 0, 2**31 - 1)
+    if n_swa:
+        pair = plan_iswa(n_ctx, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers=attn if swa_layers is None else
+                         swa_layers, n_swa=n_swa, swa_type=swa_type, n_batch=n_batch, swa_full=swa_full,
+                         n_seq_max=n_seq_max, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+                         semantics="2026", kv_unified=kv_unified, layers=attn)
+        attn_caches, attn_log = pair.caches, list(pair.llama_log)
+    else:
+        kv = CachePlan("kv", kv_size, n_seq_max, 1, v_trans_for(fa), 0, "none", tk, tv,
+                       _layers("kv", attn, wk, wv, tk, tv, kv_size * n_stream), n_stream)
+        attn_caches, attn_log = (kv,), _unified_log(kv, today=True)
     cells = max(1, n_seq_max)
     rs = CachePlan("recurrent", cells, n_seq_max, None, False, 0, "none", "f32", "f32",
                    _layers("recurrent", recr, _widths(n_embd_r, n_layer, "n_embd_r"),
                            _widths(n_embd_s, n_layer, "n_embd_s"), "f32", "f32", cells * (1 + n_rs_seq)))
-    sizing = {"kv_size": kv_size, "rs_size": f"max(1, n_seq_max) = {cells}", "n_rs_seq": n_rs_seq}
+    sizing: dict[str, Any] = {"kv_size": kv_size, "rs_size": f"max(1, n_seq_max) = {cells}", "n_rs_seq": n_rs_seq}
+    if n_swa:
+        sizing.update({k: v for k, v in pair.sizing.items() if k in ("swa_size", "n_ubatch", "swa_full")})
     mib = _mib_f32
-    log = _unified_log(kv, today=True) + [
+    log = attn_log + [
         f"llama_memory_recurrent: {'CPU':>10s} RS buffer size = {rs.buffer_bytes / 1024.0 / 1024.0:8.2f} MiB",
         f"llama_memory_recurrent: size = {mib(rs.total_bytes):7.2f} MiB ({cells:6d} cells, {n_layer:3d} layers, "
         f"{n_seq_max:2d} seqs {n_rs_seq:2d} rs_seq), R (f32): {mib(rs.size_k_bytes):7.2f} MiB, "
         f"S (f32): {mib(rs.size_v_bytes):7.2f} MiB, P (f32): {mib(0):7.2f} MiB"]
-    return Plan("hybrid", n_ctx, n_seq_max, fa, (kv, rs), sizing, tuple(log))
+    return Plan("hybrid", n_ctx, n_seq_max, fa, (*attn_caches, rs), sizing, tuple(log))
 
 
 # --- llama.cpp's log lines ---------------------------------------------------------------------
@@ -494,7 +513,13 @@ def format_plan(p: Plan) -> str:
                          f"window {s.n_swa} ({s.swa_type})")
         if p.variant == "hybrid":
             r = p.cache("recurrent")
-            lines.append(f"  attention: {p.kv_size} cells, layers {_ranges([lp.il for lp in c.layers])}")
+            if "swa_size" in p.sizing:
+                s = p.cache("swa")
+                lines.append(f"  attention: an iSWA pair: base {p.kv_size} cells, layers "
+                             f"{_ranges([lp.il for lp in c.layers])}; swa {p.sizing['swa_size']} cells, layers "
+                             f"{_ranges([lp.il for lp in s.layers])}, window {s.n_swa} ({s.swa_type})")
+            else:
+                lines.append(f"  attention: {p.kv_size} cells, layers {_ranges([lp.il for lp in c.layers])}")
             lines.append(f"  recurrent: {plural(r.kv_size, 'cell')} (one per sequence) x {1 + p.sizing['n_rs_seq']} "
                          f"(n_rs_seq {p.sizing['n_rs_seq']}), layers {_ranges([lp.il for lp in r.layers])}, f32")
     lines.append("")

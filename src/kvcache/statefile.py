@@ -192,18 +192,27 @@ def _recurrent_part(mem: memoryview, off: int) -> tuple[int, int] | None:
 
 
 def _frame_hybrid(mem: memoryview, allow_prefix: bool) -> list[Framing]:
-    """mem framed as a hybrid memory's state: the attention part (with stream counts), then the
-    recurrent part; or the recurrent part alone after the sequence-blob prefix (partial_only)."""
+    """mem framed as a hybrid memory's state: the attention part (with stream counts; with a
+    sliding window two, the iSWA pair's base and SWA caches), then the recurrent part; or the
+    recurrent part alone after the sequence-blob prefix (partial_only)."""
     out = []
-    try:
-        f = describe_frame(mem, True, allow_prefix, 0)
-    except StateError:
-        f = None
-    if f is not None and f["size"] < len(mem):
-        rec = _recurrent_part(mem, f["size"])
+    off = 0
+    attn: list[tuple[tuple[int, int], ...]] = []
+    first = None
+    for _ in range(2):
+        try:
+            f = describe_frame(mem[off:], True, allow_prefix and not attn, 0)
+        except StateError:
+            break
+        first = first or f
+        attn.append(tuple((off + a, n) for a, n in f["sections"]))
+        off += f["size"]
+        if off >= len(mem):
+            break
+        rec = _recurrent_part(mem, off)
         if rec is not None:
-            out.append(Framing(True, f["prefixed"], f["src_seq_id"], (tuple(f["sections"]), ((f["size"], rec[0]),)),
-                               len(mem), 0, rec[1]))
+            out.append(Framing(True, first["prefixed"], first["src_seq_id"], (*attn, ((off, rec[0]),)), len(mem), 0,
+                               rec[1]))
     if allow_prefix and len(mem) >= 8 and struct.unpack_from("<I", mem)[0] == SEQ_MAGIC:
         rec = _recurrent_part(mem, 8)
         if rec is not None:

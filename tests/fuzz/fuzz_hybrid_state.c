@@ -6,7 +6,9 @@
  *        n_rs_seq 2 (else 0), bit 4 the recurrent part alone (partial_only), bit 5 no K/V
  *        memory attached, bit 6 KVC_STATE_EXACT, bits 7 the model's layers: 0 -> 3 layers
  *        (0 recurrent, 1 attention, 2 recurrent), 1 -> 2 layers (0 both, 1 attention)
- *   [1]  destination: seq_id = byte % (n_seq_max + 1) - 1 (-1 = whole memory)
+ *   [1]  bits 0-6 destination: seq_id = bits % (n_seq_max + 1) - 1 (-1 = whole memory); bit 7 a
+ *        sliding window (llama_memory_hybrid_iswa): the attention part an iSWA pair whose SWA
+ *        cache (a window of 2 + bits 0-1 of [2]) holds the last attention layer
  *   [2]  seed of the operations that fill the memory before the read (0: empty)
  *   [3]  row widths: bits 0-3 K/V width / 4 - 1 (f16), bits 4-7 R width / 2 - 1 (f32; S is 2)
  *
@@ -15,7 +17,8 @@
  *     whole states as written, their counters, every K/V and R/S byte of every plane);
  *   - success: the bytes consumed are what the memory now writes for the destination (the
  *     state it read, canonical); a twin of the memory before the read reads those bytes back
- *     and writes the same; with partial_only the attention part did not change. */
+ *     and writes the same; with partial_only the attention part did not change (with a window:
+ *     its base cache; the SWA cache is read with the recurrent part). */
 #include "fuzz_common.h"
 #include "kvc_hybrid_state.h"
 #include "kvc_layout.h"
@@ -29,7 +32,8 @@ static const unsigned LAYOUT = KVC_LAYOUT_STREAMS | KVC_LAYOUT_PREFIX | KVC_LAYO
 
 typedef struct geometry {
     uint32_t n_seq_max, n_rs_seq, n_layer, n_attn, n_recr;
-    bool stream_per_seq, partial, meta_only, exact;
+    bool stream_per_seq, partial, meta_only, exact, iswa;
+    uint32_t n_swa;
     int32_t seq_id;
     uint8_t prefill;
     int32_t attn_il[2];
@@ -64,7 +68,9 @@ static bool parse_header(const uint8_t *data, size_t size, geometry *g) {
         g->recr_il[0] = 0;
         g->recr_il[1] = 2;
     }
-    const int32_t s = (int32_t)(data[1] % (g->n_seq_max + 1)) - 1;
+    const int32_t s = (int32_t)((data[1] & 0x7f) % (g->n_seq_max + 1)) - 1;
+    g->iswa = data[1] >> 7;
+    g->n_swa = 2u + (data[2] & 3);
     g->seq_id = g->partial && s < 0 ? 0 : s;   /* the recurrent part alone is a sequence's */
     g->prefill = data[2];
     for (uint32_t l = 0; l < 2; l++) {
@@ -78,22 +84,49 @@ static bool parse_header(const uint8_t *data, size_t size, geometry *g) {
 /* --- a hybrid memory with its own memory ---------------------------------------------------- */
 
 typedef struct memory {
-    kvc_unified attn;
+    kvc_unified attn;       /* with a window: the iSWA pair's base cache */
+    kvc_unified swa;        /* with a window: its SWA cache (the last attention layer) */
+    kvc_iswa pair;
     kvc_recurrent recr;
     kvc_hybrid h;
-    fz_kv amem, rmem;
+    bool iswa;
+    fz_kv amem, smem, rmem;
 } memory;
+
+static void attach(kvc_unified *c, fz_kv *m) {
+    const size_t rows = (size_t)c->n_stream * c->cells.size;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        fz_kv_layer(m, l, rows * c->layers[l].k_row_bytes, rows * c->layers[l].v_row_bytes);
+        kvc_unified_set_layer_buffers(c, l, m->k[l], m->v[l]);
+    }
+}
 
 static void memory_init(memory *t, const geometry *g) {
     memset(t, 0, sizeof *t);
     kvc_err err = { 0, "" };
+    t->iswa = g->iswa;
+    /* with a window the base cache keeps the attention layers but the last, the SWA cache that one
+     * (today's SWA cache: 256 cells, the padding of its size) */
+    const uint32_t n_base = g->iswa ? g->n_attn - 1 : g->n_attn;
     const kvc_unified_params ap = {
         .kv_size = KV_SIZE, .semantics = KVC_SEM_2026, .stream_per_seq = g->stream_per_seq,
         .n_seq_max = g->n_seq_max, .n_pad = 1, .type_k = KVC_TYPE_F16, .type_v = KVC_TYPE_F16, .v_trans = true,
-        .n_layer = g->n_attn, .layer_il = g->attn_il, .n_embd_k = g->ek, .n_embd_v = g->ek,
+        .n_layer = n_base, .layer_il = g->attn_il, .n_embd_k = g->ek, .n_embd_v = g->ek,
     };
     int rc = kvc_unified_init(&t->attn, &ap, &err);
     FUZZ_CHECK(rc == KVC_OK, "kvc_unified_init: %s", err.msg);
+    if (g->iswa) {
+        kvc_unified_params sp = ap;
+        sp.kv_size = 256;
+        sp.n_swa = g->n_swa;
+        sp.swa_type = KVC_SWA_STANDARD;
+        sp.n_layer = 1;
+        sp.layer_il = &g->attn_il[g->n_attn - 1];
+        rc = kvc_unified_init(&t->swa, &sp, &err);
+        FUZZ_CHECK(rc == KVC_OK, "kvc_unified_init (SWA): %s", err.msg);
+        rc = kvc_iswa_init(&t->pair, &t->attn, &t->swa, false, &err);
+        FUZZ_CHECK(rc == KVC_OK, "kvc_iswa_init: %s", err.msg);
+    }
     const kvc_recurrent_params rp = {
         .kv_size = g->n_seq_max, .n_seq_max = g->n_seq_max, .type_k = KVC_TYPE_F32, .type_v = KVC_TYPE_F32,
         .n_layer = g->n_recr, .n_embd_k = g->er, .n_embd_v = g->es, .semantics = KVC_REC_2026,
@@ -101,17 +134,17 @@ static void memory_init(memory *t, const geometry *g) {
     };
     rc = kvc_recurrent_init(&t->recr, &rp, &err);
     FUZZ_CHECK(rc == KVC_OK, "kvc_recurrent_init: %s", err.msg);
-    rc = kvc_hybrid_init(&t->h, &t->attn, &t->recr, &err);
+    rc = g->iswa ? kvc_hybrid_init_iswa(&t->h, &t->pair, &t->recr, &err) : kvc_hybrid_init(&t->h, &t->attn, &t->recr,
+                                                                                            &err);
     FUZZ_CHECK(rc == KVC_OK, "kvc_hybrid_init: %s", err.msg);
     rc = kvc_hybrid_state_init(&t->h, g->n_layer, g->recr_il, &err);
     FUZZ_CHECK(rc == KVC_OK, "kvc_hybrid_state_init: %s", err.msg);
     if (g->meta_only) {
         return;
     }
-    const size_t rows = (size_t)t->attn.n_stream * KV_SIZE;
-    for (uint32_t l = 0; l < g->n_attn; l++) {
-        fz_kv_layer(&t->amem, l, rows * t->attn.layers[l].k_row_bytes, rows * t->attn.layers[l].v_row_bytes);
-        kvc_unified_set_layer_buffers(&t->attn, l, t->amem.k[l], t->amem.v[l]);
+    attach(&t->attn, &t->amem);
+    if (g->iswa) {
+        attach(&t->swa, &t->smem);
     }
     const size_t rrows = (size_t)g->n_seq_max * (1 + g->n_rs_seq);
     for (uint32_t l = 0; l < g->n_recr; l++) {
@@ -122,6 +155,10 @@ static void memory_init(memory *t, const geometry *g) {
 
 static void memory_free(memory *t) {
     kvc_unified_free(&t->attn);
+    if (t->iswa) {
+        kvc_unified_free(&t->swa);
+    }
+    fz_kv_free(&t->smem);
     kvc_recurrent_free(&t->recr);
     fz_kv_free(&t->amem);
     fz_kv_free(&t->rmem);
@@ -169,6 +206,7 @@ static void prefill(memory *t, uint8_t seed) {
     }
     fz_rng_seed(&g, seed + 1u);
     fz_kv_fill(&t->amem, &g);
+    fz_kv_fill(&t->smem, &g);
     fz_kv_fill(&t->rmem, &g);
 }
 
@@ -177,8 +215,8 @@ static void prefill(memory *t, uint8_t seed) {
 typedef struct image {
     uint8_t *state;      /* the whole memory's state as written */
     size_t len;
-    uint32_t a_used, a_head, r_head, r_n, r_used;
-    fz_kv amem, rmem;
+    uint32_t a_used, a_head, s_used, s_head, r_head, r_n, r_used;
+    fz_kv amem, smem, rmem;
 } image;
 
 static uint8_t *write_state(memory *t, int32_t seq_id, unsigned parts, size_t *len) {
@@ -196,16 +234,20 @@ static void image_take(image *m, memory *t) {
     m->state = write_state(t, -1, KVC_HYBRID_BOTH, &m->len);
     m->a_used = t->attn.cells.used;
     m->a_head = t->attn.head;
+    m->s_used = t->iswa ? t->swa.cells.used : 0;
+    m->s_head = t->iswa ? t->swa.head : 0;
     m->r_head = t->recr.cells.head;
     m->r_n = t->recr.cells.n;
     m->r_used = t->recr.cells.used;
     fz_kv_copy(&m->amem, &t->amem);
+    fz_kv_copy(&m->smem, &t->smem);
     fz_kv_copy(&m->rmem, &t->rmem);
 }
 
 static void image_free(image *m) {
     free(m->state);
     fz_kv_free(&m->amem);
+    fz_kv_free(&m->smem);
     fz_kv_free(&m->rmem);
 }
 
@@ -217,9 +259,12 @@ static void image_check(const image *m, memory *t, const char *when) {
     free(now);
     FUZZ_CHECK(t->attn.cells.used == m->a_used && t->attn.head == m->a_head,
                "%s: the attention part's counters changed", when);
+    FUZZ_CHECK(!t->iswa || (t->swa.cells.used == m->s_used && t->swa.head == m->s_head),
+               "%s: the SWA cache's counters changed", when);
     FUZZ_CHECK(t->recr.cells.head == m->r_head && t->recr.cells.n == m->r_n && t->recr.cells.used == m->r_used,
                "%s: the recurrent part's counters changed", when);
     fz_kv_check(&t->amem, &m->amem, when);
+    fz_kv_check(&t->smem, &m->smem, when);
     fz_kv_check(&t->rmem, &m->rmem, when);
 }
 

@@ -481,7 +481,8 @@ def from_interop(corpus: Corpus, interop: Path, today: bool = False) -> None:
 def from_hybrid(corpus: Corpus, interop: Path | None = None) -> None:
     """fuzz_hybrid_state: states kvcache's HybridCache writes in the target's geometries (its
     header: docs at the top of fuzz_hybrid_state.c), whole and per sequence, both parts and the
-    recurrent part alone; atheris_files: the hybrid model's files of 0.3.36 (interop-hybrid)."""
+    recurrent part alone, with and without a sliding window; atheris_files: the hybrid model's files
+    of 0.3.36 (interop-hybrid)."""
     if interop is not None and (interop / "lfm2_a").is_dir():
         for name in ATHERIS_FILES + ("seq0.partial_only.bin",):
             corpus.add("atheris_files", (interop / "lfm2_a" / name).read_bytes())
@@ -492,11 +493,15 @@ def from_hybrid(corpus: Corpus, interop: Path | None = None) -> None:
     except ImportError:
         print("kvcache is not importable: no fuzz_hybrid_state seeds", file=sys.stderr)
         return
-    for falcon, n_seq_max, streams, rs, wbyte in ((0, 2, 0, 0, 0x13), (0, 4, 1, 1, 0x01), (1, 3, 0, 1, 0x22)):
+    for falcon, n_seq_max, streams, rs, wbyte, window in ((0, 2, 0, 0, 0x13, 0), (0, 4, 1, 1, 0x01, 0),
+                                                          (1, 3, 0, 1, 0x22, 0), (0, 2, 0, 1, 0x13, 1),
+                                                          (1, 2, 1, 0, 0x01, 1)):
         ek, er = 4 * (1 + (wbyte & 15)), 2 * (1 + (wbyte >> 4))
         n_layer, recr, attn = (2, [0], [0, 1]) if falcon else (3, [0, 2], [1])
+        # the target's window (2 + bits 0-1 of its third byte, 7 below: 5) on the last attention layer
+        iswa = dict(n_swa=5, swa_layers=attn[-1:], swa_full=False) if window else {}
         h = kvcache.HybridCache(32, n_layer, recr, ek, ek, er, 2, n_seq_max=n_seq_max, attn_layers=attn,
-                                kv_unified=not streams, n_rs_seq=2 if rs else 0)
+                                kv_unified=not streams, n_rs_seq=2 if rs else 0, **iswa)
         rng = np.random.default_rng(n_seq_max)
         for s, n in ((0, 5), (n_seq_max - 1, 3), (0, 2)):
             p0 = h.seq_pos_max(s) + 1
@@ -509,11 +514,12 @@ def from_hybrid(corpus: Corpus, interop: Path | None = None) -> None:
                     h.store_state(il, rng.standard_normal((1, er)).astype(np.float32),
                                   rng.standard_normal((1, 2)).astype(np.float32))
         bits = (n_seq_max - 1) | streams << 2 | rs << 3 | falcon << 7
+        third = 7 if window else 0
         for seq in range(-1, n_seq_max):
-            corpus.add("fuzz_hybrid_state", bytes([bits | 1 << 6, (seq + 1) % (n_seq_max + 1), 0, wbyte])
-                       + h.state_write(seq))
+            corpus.add("fuzz_hybrid_state", bytes([bits | 1 << 6, (seq + 1) % (n_seq_max + 1) | window << 7, third,
+                                                   wbyte]) + h.state_write(seq))
             if seq >= 0:
-                corpus.add("fuzz_hybrid_state", bytes([bits | 1 << 4, seq + 1, 7, wbyte])
+                corpus.add("fuzz_hybrid_state", bytes([bits | 1 << 4, seq + 1 | window << 7, 7, wbyte])
                            + h.state_write(seq, partial_only=True))
 
 

@@ -226,12 +226,18 @@ def _plan_from_gguf(path: str, args: argparse.Namespace, warn):
         if args.semantics != "2026":
             raise ValueError(f"{path} is a hybrid {g.arch!r} model, whose memory is today's llama.cpp's: "
                              f"give --semantics 2026")
-        for name in ("swa_full", "n_batch", "n_ubatch"):
-            if getattr(args, name) is not None:
-                raise ValueError(f"{_flag(name)} applies to sliding-window models; {path} has none")
+        window: dict = {}
+        if g.n_swa:
+            # llama_memory_hybrid_iswa: the attention part an iSWA pair
+            window = dict(n_swa=g.n_swa, swa_type=g.swa_type, swa_layers=g.swa_layers, swa_full=args.swa_full,
+                          **_iswa_batch(args, n_ctx))
+        else:
+            for name in ("swa_full", "n_batch", "n_ubatch"):
+                if getattr(args, name) is not None:
+                    raise ValueError(f"{_flag(name)} applies to sliding-window models; {path} has none")
         return plan_hybrid(**{**common, **_semantics(args)}, recurrent_layers=g.recurrent_layers,
                            attn_layers=g.attn_layers, n_embd_r=g.n_embd_k_s, n_embd_s=g.n_embd_v_s,
-                           n_rs_seq=args.n_rs_seq if g.rs_rollback else 0)
+                           n_rs_seq=args.n_rs_seq if g.rs_rollback else 0, **window)
     if args.n_rs_seq:
         raise ValueError(f"--n-rs-seq applies to hybrid models; {path} is a {g.arch!r} model")
     if g.swa_type == "none":
