@@ -1080,6 +1080,34 @@ void kvc_recurrent_state_apply(kvc_recurrent *c, const kvc_rec_plan *plan) {
     }
 }
 
+uint32_t kvc_recurrent_seq_rows(const kvc_recurrent *c, int32_t seq_id, const uint8_t **rows, uint64_t *offs,
+                                uint64_t *lens) {
+    const int32_t cell = c->cells.tail[seq_id];
+    if (cell < 0) {
+        return 0;
+    }
+    /* the state's data section ends it: the V layout flag and the layer count, then each row after
+     * a 12-byte header (type, row size), as kvc_recurrent_state_apply reads it */
+    uint64_t data = 8;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        data += 24 + (uint64_t)c->layers[il].k_row_bytes + c->layers[il].v_row_bytes;
+    }
+    uint64_t off = kvc_recurrent_state_size_lay(c, seq_id, 0) - data + 8;
+    /* the plane a pending rollback of the sequence reads (the one the state is written from) */
+    const size_t row = (size_t)(c->n_rs_seq ? c->cells.rs_idx[seq_id] : 0) * c->cells.size + (size_t)cell;
+    for (uint32_t k = 0; k < 2 * c->n_layer; k++) {
+        const kvc_layer *L = &c->layers[k % c->n_layer];
+        const bool is_k = k < c->n_layer;
+        const size_t n = is_k ? L->k_row_bytes : L->v_row_bytes;
+        const uint8_t *base = is_k ? L->k : L->v;
+        rows[k] = base ? base + row * n : NULL;
+        offs[k] = off + 12;
+        lens[k] = n;
+        off += 12 + n;
+    }
+    return 1;
+}
+
 int kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                                 size_t *consumed, kvc_err *err) {
     kvc_rec_plan plan;

@@ -199,6 +199,15 @@ int     kvc_recurrent_state_read(kvc_recurrent *c, int32_t seq_id, const uint8_t
  * recurrent cache never stores V transposed). */
 int     kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                                     unsigned flags, size_t *consumed, kvc_err *err);
+/* The rows of seq_id's single-sequence state, in the order the state lists them: for each layer
+ * its K (R) row, then for each layer its V (S) row (2 * n_layer entries). Entry k: rows[k] the
+ * row's address in the plane the state is written from (NULL without memory), offs[k] its offset
+ * in the state without the sequence-blob prefix, lens[k] its bytes. Returns the cells the state
+ * lists: 1, or 0 when seq_id (in [0, n_seq_max)) holds no state (no entry filled). A hand-off
+ * moves these rows as regions and the rest of the state in its header. */
+uint32_t kvc_recurrent_seq_rows(const kvc_recurrent *c, int32_t seq_id, const uint8_t **rows, uint64_t *offs,
+                                uint64_t *lens);
+
 /* --- two-phase reading: a recurrent part read together with other parts, all or nothing ---- */
 /* A recurrent part validated against a cache, ready to apply. */
 typedef struct kvc_rec_plan {

@@ -1,7 +1,8 @@
 """HybridCache state: random operations on both parts (decodes with K/V and recurrent rows,
 the sequence operations, rollbacks), then the whole state and each sequence's written, read into
 a fresh cache and written again: the same bytes, with and without the sequence-blob prefix,
-through a buffer and a file, and the recurrent part alone (partial_only)."""
+through a buffer and a file, and the recurrent part alone (partial_only); with and without a
+sliding window (llama_memory_hybrid_iswa: the attention part an iSWA pair)."""
 import io
 
 import numpy as np
@@ -14,16 +15,24 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import kvcache  # noqa: E402
+from kvcache.handoff import split_hybrid  # noqa: E402
 
 N_SEQ = 3
 WIDTH = [4, 8, 4, 8]    # K and V widths by model layer
 
 
-def make(kv_unified=True, n_rs_seq=0):
-    # Falcon-H1-like layer 1 in both parts; layer 3 attention only, layers 0 and 2 recurrent only
+def make(kv_unified=True, n_rs_seq=0, n_swa=0):
+    # Falcon-H1-like layer 1 in both parts; layer 3 attention only, layers 0 and 2 recurrent only;
+    # with a window, layer 3 in the SWA cache (of 256 cells: today's padding) and layer 1 in the base
+    window = dict(n_swa=n_swa, swa_layers=[3], n_batch=4, swa_full=False) if n_swa else {}
     return kvcache.HybridCache(16, 4, [0, 1, 2], WIDTH, WIDTH, [6, 6, 6, 6], [2, 2, 2, 2],
                                n_seq_max=N_SEQ, attn_layers=[1, 3], kv_unified=kv_unified, n_rs_seq=n_rs_seq,
-                               type_k="f32", type_v="f32")
+                               type_k="f32", type_v="f32", **window)
+
+
+def base_used(h):
+    """Cells in use in the attention cache without a window."""
+    return h.attn.used if h.n_swa == 0 else h.attn.base.used
 
 
 def decode(h, rng, s, n):
@@ -71,19 +80,20 @@ def apply(h, ops, seed):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS, seed=st.integers(0, 2**16), kv_unified=st.booleans(), n_rs_seq=st.sampled_from([0, 2]))
-def test_state_round_trips(ops, seed, kv_unified, n_rs_seq):
-    h = make(kv_unified, n_rs_seq)
+@given(ops=OPS, seed=st.integers(0, 2**16), kv_unified=st.booleans(), n_rs_seq=st.sampled_from([0, 2]),
+       n_swa=st.sampled_from([0, 3]))
+def test_state_round_trips(ops, seed, kv_unified, n_rs_seq, n_swa):
+    h = make(kv_unified, n_rs_seq, n_swa)
     apply(h, ops, seed)
     whole = h.state_write()
     assert len(whole) == h.state_size()
-    fresh = make(kv_unified, n_rs_seq)
+    fresh = make(kv_unified, n_rs_seq, n_swa)
     assert fresh.state_read(whole, exact=True) == len(whole)
     assert fresh.state_write() == whole
     for s in range(N_SEQ):
         assert (fresh.seq_pos_min(s), fresh.seq_pos_max(s)) == (h.seq_pos_min(s), h.seq_pos_max(s))
         blob = h.state_write(s)
-        one = make(kv_unified, n_rs_seq)
+        one = make(kv_unified, n_rs_seq, n_swa)
         assert one.state_read(blob, s, exact=True) == len(blob)
         assert one.state_write(s) == blob
         bare = h.state_write(s, prefix=False)
@@ -94,13 +104,13 @@ def test_state_round_trips(ops, seed, kv_unified, n_rs_seq):
         assert bytes(buf) == blob == f.getvalue()
         partial = h.state_write(s, partial_only=True)
         assert partial[8:] == blob[len(blob) - len(partial) + 8:]
-        other = make(kv_unified, n_rs_seq)
+        other = make(kv_unified, n_rs_seq, n_swa)
         other.state_read(partial, s, partial_only=True, exact=True)
-        assert other.state_write(s, partial_only=True) == partial and other.attn.used == 0
+        assert other.state_write(s, partial_only=True) == partial and base_used(other) == 0
     # into a cache that holds other sequences: the read replaces the destination only
     if h.seq_pos_max(0) >= 0:
         blob = h.state_write(0)
-        mixed = make(kv_unified, n_rs_seq)
+        mixed = make(kv_unified, n_rs_seq, n_swa)
         apply(mixed, ops[::-1], seed + 1)
         keep = {s: mixed.state_write(s) for s in range(1, N_SEQ)}
         try:
@@ -113,8 +123,9 @@ def test_state_round_trips(ops, seed, kv_unified, n_rs_seq):
 
 
 @pytest.mark.parametrize("kv_unified", [True, False])
-def test_failed_reads_change_nothing(kv_unified):
-    h = make(kv_unified, 2)
+@pytest.mark.parametrize("n_swa", [0, 3])
+def test_failed_reads_change_nothing(kv_unified, n_swa):
+    h = make(kv_unified, 2, n_swa)
     apply(h, [("decode", 0, 0, 7), ("decode", 1, 0, 5), ("cp", 0, 2, 1)], 3)
     blob = h.state_write(0)
     whole = h.state_write()
@@ -167,7 +178,9 @@ def test_handoff_refusals_change_nothing():
     apply(dst, [("decode", 1, 0, 3)], 8)
     before = dst.state_write()
     bad = bytearray(x.header)
-    bad[len(bad) - len(x.recurrent) + 16] ^= 0xFF   # the recurrent state's layer count
+    # the recurrent state's layer count: after the attention part's header, the state's length,
+    # its cell section (count, position, ids) and V layout flag
+    bad[12 + len(split_hybrid(x.header).attn) + 4 + 16] ^= 0xFF
     for h in (bytes(bad), x.header[:-1], b"KVCH" + x.header[4:8], b"nope" + x.header[4:]):
         with pytest.raises(kvcache.StateError):
             dst.seq_import_begin(h, 0)
@@ -182,3 +195,59 @@ def test_handoff_refusals_change_nothing():
             imp.scatter(np.zeros(imp.n_bytes, np.uint8))
             1 / 0
     assert not imp.active and dst.state_write() == before
+    dst.recr.seq_rm(1)                              # the recurrent part takes changes again
+
+
+def test_handoff_moves_recurrent_rows_as_regions():
+    """The recurrent rows travel as regions of the recurrent part's memory (the plane a pending
+    rollback reads), the rest of its state in the header; the parts refuse changes during an
+    import, and take them again after it, whichever way it ends."""
+    from kvcache.handoff import copy_regions
+
+    src = make(n_rs_seq=2)
+    apply(src, [("decode", 0, 0, 7), ("decode", 0, 0, 3), ("decode", 1, 0, 4)], 9)
+    assert src.rollback_ok(0, 2) and src.seq_rm(0, src.seq_pos_max(0) - 1, -1)    # a pending rollback
+    for s in (0, 1):
+        x = src.seq_export(s)
+        rec = src.recr.state_write(s, prefix=False)
+        fields = split_hybrid(x.header)
+        rows = len(src.recurrent_layers) * (6 + 2) * 4                   # R and S rows, f32
+        assert x.n_bytes == x.attn.n_bytes + rows and len(x.regions) == len(x.attn.regions) + 6
+        assert len(fields.skeleton) == len(rec) - rows
+        assert fields.state(x.gather()[x.attn.n_bytes:].tobytes()) == rec
+        r0 = src.recr.k(0, 0)
+        lo, hi = r0.ctypes.data, r0.ctypes.data + r0.nbytes * 3     # the planes of layer 0's R rows
+        assert any(lo <= a < hi for a, _ in x.regions[len(x.attn.regions):].tolist())
+        dst = make(n_rs_seq=2)
+        imp = dst.seq_import_begin(x.header, 2)
+        assert imp.n_bytes == x.n_bytes
+        for call in (lambda: dst.recr.seq_rm(0), lambda: dst.recr.clear(), lambda: dst.attn.seq_rm(0),
+                     lambda: dst.seq_keep(0), lambda: dst.recr.state_read(rec, 0)):
+            with pytest.raises(RuntimeError, match="import"):
+                call()
+        copy_regions(x.regions, imp.regions)
+        imp.commit()
+        want = make(n_rs_seq=2)
+        want.state_read(src.state_write(s), 2)
+        assert dst.state_write(2) == want.state_write(2)
+        dst.recr.seq_rm(2)                          # taken again after the commit
+    # a metadata-only source: no regions for the rows, which arrive as zeros
+    none = make()
+    apply(none, [("decode", 0, 0, 5)], 1)
+    meta = kvcache.HybridCache(16, 4, [0, 1, 2], WIDTH, WIDTH, [6, 6, 6, 6], [2, 2, 2, 2], n_seq_max=N_SEQ,
+                               attn_layers=[1, 3], type_k="f32", type_v="f32", buffers="none")
+    meta.state_read(none.state_write(0), 0)
+    x = meta.seq_export(0)
+    assert len(x.regions) == 0 and x.n_bytes == x.attn.n_bytes
+    dst = make()
+    with dst.seq_import_begin(x.header) as imp:
+        assert imp.n_bytes == imp.attn.n_bytes
+        imp.commit()
+    assert not dst.recr.k(0).any() and dst.recr.seq_pos_max(0) == 4
+    # an import dropped without commit or abort: the parts take changes again
+    imp = dst.seq_import_begin(src.seq_export(1).header, 1)
+    del imp
+    import gc
+    gc.collect()
+    dst.recr.seq_rm(0)
+    dst.seq_rm(0)

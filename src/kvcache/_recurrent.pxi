@@ -115,6 +115,7 @@ cdef class _Recurrent(RecurrentCore):
     cdef readonly str type_k       # K type name ("f32", "f16", ...)
     cdef readonly str type_v       # V type name
     cdef kvc_lock _lock            # held by every Python method (see "locking" in _common.pxi)
+    cdef uint32_t _imports         # imports into a hybrid memory of this part pending: changes refused
     cdef kvc_ckpt_pool *_ckpt      # prefix reuse: the checkpoint pool (NULL: off)
     cdef object _ckpt_mem          # the caller's checkpoint memory (a _HeldBuffer), or None
 
@@ -127,7 +128,7 @@ cdef class _Recurrent(RecurrentCore):
         cdef kvc_err err
         cdef Py_ssize_t il
         self._ready = False
-        if kvc_lock_init(&self._lock, NULL) != 0:
+        if kvc_lock_init(&self._lock, &self._imports) != 0:
             raise MemoryError("RecurrentCache: cannot allocate its lock")
         self._k = []
         self._v = []
@@ -758,6 +759,71 @@ cdef class _Recurrent(RecurrentCore):
             unlock(&self._lock, RUNS_PYTHON)
         check_status(r, NULL, "state_write")
         return out
+
+    def _seq_handoff(self, seq_id):
+        """Sequence seq_id's state (without the sequence-blob prefix) split for a hand-off: the
+        state without its rows (bytes), the rows' offsets in the state (a list of int), and an
+        (N, 2) uint64 array of the rows' (address, length) in this cache's memory, in that order
+        (address 0 without memory). Rows of 0 bytes are left out. kvcache.hybrid's hand-off."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        cdef uint32_t n = 2 * self.c.n_layer, k, cells
+        cdef const uint8_t **rows = <const uint8_t **>PyMem_Malloc(max(n, 1) * sizeof(uint8_t *))
+        cdef uint64_t *offs = <uint64_t *>PyMem_Malloc(max(n, 1) * sizeof(uint64_t))
+        cdef uint64_t *lens = <uint64_t *>PyMem_Malloc(max(n, 1) * sizeof(uint64_t))
+        cdef size_t total, written = 0, at = 0
+        cdef uint64_t start = 0, end
+        cdef uint8_t *p
+        cdef int r = KVC_OK
+        if rows == NULL or offs == NULL or lens == NULL:
+            PyMem_Free(rows)
+            PyMem_Free(offs)
+            PyMem_Free(lens)
+            raise MemoryError()
+        lock(&self._lock, RUNS_PYTHON, "seq_export")
+        try:
+            total = kvc_recurrent_state_size_lay(&self.c, s, 0)
+            cells = kvc_recurrent_seq_rows(&self.c, s, rows, offs, lens)
+            keep = [k for k in range(n) if cells and lens[k]]
+            rest = total - sum([lens[k] for k in keep])
+            out = new_state_bytes(rest, &p)
+            regions = np.zeros((len(keep), 2), dtype=np.uint64)
+            offsets = []
+            # the state around its rows: the pieces between them, back to back
+            for j in keep + [None]:
+                end = total if j is None else offs[<uint32_t>j]
+                if end > start:
+                    with nogil:
+                        r = kvc_recurrent_state_write_range_lay(&self.c, s, 0, start, p + at, end - start, &written)
+                    if r != KVC_OK:
+                        break
+                    at += written
+                if j is not None:
+                    k = <uint32_t>j
+                    regions[len(offsets)] = (<uint64_t><size_t>rows[k], lens[k])
+                    offsets.append(offs[k])
+                    start = offs[k] + lens[k]
+        finally:
+            unlock(&self._lock, RUNS_PYTHON)
+            PyMem_Free(rows)
+            PyMem_Free(offs)
+            PyMem_Free(lens)
+        check_status(r, NULL, "seq_export")
+        if at != rest:
+            raise RuntimeError(f"seq_export wrote {at} bytes of the state's {rest} (internal error)")
+        regions.flags.writeable = False
+        return out, offsets, regions
+
+    def _import_mark(self, bint begin):
+        """Count an import begun (True) or ended (False) into a memory this cache is part of:
+        while one is pending, changes are refused as during the cache's own imports."""
+        lock(&self._lock, READ, "_import_mark")
+        try:
+            if begin:
+                self._imports += 1
+            elif self._imports:
+                self._imports -= 1
+        finally:
+            unlock(&self._lock, READ)
 
     def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None) -> int:
         """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.

@@ -131,6 +131,16 @@ class PartsImport:
         """True until commit() or abort()."""
         return any(p.active for p in self.parts)
 
+    @property
+    def seq_id(self) -> int:
+        """The destination sequence."""
+        return self.parts[0].seq_id
+
+    def check(self) -> None:
+        """Check every part (SeqImport.check): StateError, nothing changed, when one would fail."""
+        for p in self.parts:
+            p.check()
+
     def scatter(self, data: Buffer | npt.NDArray[np.uint8]) -> None:
         """Copy data (the parts' bytes in order, as PartsExport.gather gives them) into the regions."""
         if isinstance(data, np.ndarray):
@@ -146,8 +156,7 @@ class PartsImport:
 
     def commit(self) -> None:
         """Check every part, then commit them all: all or nothing."""
-        for p in self.parts:
-            p.check()
+        self.check()
         for p in self.parts:
             p.commit()
 
@@ -167,33 +176,66 @@ class PartsImport:
 # --- a hybrid memory (a HybridCache: its attention part, then its recurrent part) ----------------
 
 _HYBRID_MAGIC = b"KVCH"
-_HYBRID_VERSION = 1
+_HYBRID_VERSION = 2
+_HYBRID_ROWS_MEMORY = 1     # flags: the recurrent rows are regions of the source's memory
 
 
 class HybridExport:
     """A sequence of a HybridCache (``HybridCache.seq_export``): the attention part's export and
     the recurrent part's state of the sequence (``RecurrentCache.state_write(seq_id,
-    prefix=False)``: its cell and its R/S rows), framed as one ``header`` (``KVCH``, u32 version
-    1, u32 length and the attention part's header, u32 length and the recurrent state). The
-    ``regions`` are the attention part's: the recurrent state travels in the header (one state
-    per sequence, small next to the K/V of its cells)."""
+    prefix=False)``: its cell and its R/S rows), the rows moved as regions like the K/V rows.
 
-    def __init__(self, attn: SeqExport, recurrent: bytes) -> None:
+    ``header``: ``KVCH``, u32 version 2, u32 length and the attention part's header, u32 length
+    and the recurrent state without its rows, u32 flags (bit 0: the rows are regions), u32 rows,
+    then per row u64 offset in the recurrent state and u64 length. ``regions``: the attention
+    part's, then the recurrent rows' (each layer's R row, then each layer's S row, in the plane
+    the state is written from; none when the source has no memory: the rows are zeros then)."""
+
+    def __init__(self, attn: SeqExport | PartsExport, skeleton: bytes, offsets: list[int],
+                 rows: npt.NDArray[np.uint64]) -> None:
         self.attn = attn
-        self.recurrent = recurrent
+        self.rows = rows if len(rows) and bool(np.all(rows[:, 0])) else np.empty((0, 2), np.uint64)
+        lengths = [int(n) for n in rows[:, 1]]
+        flags = _HYBRID_ROWS_MEMORY if len(self.rows) else 0
         self.header = _HYBRID_MAGIC + struct.pack("<II", _HYBRID_VERSION, len(attn.header)) + attn.header + \
-            struct.pack("<I", len(recurrent)) + recurrent
-        self.regions = attn.regions
-        self.n_bytes = attn.n_bytes
+            struct.pack("<I", len(skeleton)) + skeleton + struct.pack("<II", flags, len(offsets)) + \
+            b"".join(struct.pack("<QQ", o, n) for o, n in zip(offsets, lengths))
+        self.regions = np.concatenate([attn.regions, self.rows]) if len(self.rows) else attn.regions
+        self.regions.flags.writeable = False
+        self.n_bytes = attn.n_bytes + int(self.rows[:, 1].sum()) if len(self.rows) else attn.n_bytes
 
     def gather(self) -> npt.NDArray[np.uint8]:
-        """The attention part's bytes, in order, in one uint8 array (SeqExport.gather)."""
-        return self.attn.gather()
+        """The bytes of the regions, in order, in one uint8 array: the attention part's, then the rows."""
+        rows = [np.frombuffer(ctypes.string_at(int(a), int(n)), np.uint8) for a, n in self.rows.tolist()]
+        return np.concatenate([self.attn.gather(), *rows])
 
 
-def split_hybrid(header: Buffer) -> tuple[bytes, bytes]:
-    """The attention part's header and the recurrent state of a HybridExport header; StateError
-    when it is not one."""
+class _HybridHeader:
+    """The fields of a HybridExport header (:func:`split_hybrid`)."""
+
+    def __init__(self, attn: bytes, skeleton: bytes, flags: int, rows: list[tuple[int, int]]) -> None:
+        self.attn = attn
+        self.skeleton = skeleton
+        self.flags = flags
+        self.rows = rows
+        self.n_row_bytes = sum(n for _, n in rows)
+
+    def state(self, rows: bytes | None) -> bytes:
+        """The recurrent state: the skeleton with the rows (their bytes in order; None: zeros) in place."""
+        out = bytearray(len(self.skeleton) + self.n_row_bytes)
+        at = sk = got = 0
+        for off, n in self.rows:
+            gap = off - at
+            out[at:off] = self.skeleton[sk:sk + gap]
+            if rows is not None:
+                out[off:off + n] = rows[got:got + n]
+            at, sk, got = off + n, sk + gap, got + n
+        out[at:] = self.skeleton[sk:]
+        return bytes(out)
+
+
+def split_hybrid(header: Buffer) -> _HybridHeader:
+    """The fields of a HybridExport header; StateError when it is not one."""
     from kvcache import StateError
 
     h = bytes(memoryview(header).cast("B"))
@@ -205,27 +247,52 @@ def split_hybrid(header: Buffer) -> tuple[bytes, bytes]:
     if len(h) - 12 < n + 4:
         raise StateError(f"hybrid hand-off header truncated in its attention part ({n} bytes, {len(h) - 12} remain)")
     attn = h[12:12 + n]
-    (m,) = struct.unpack_from("<I", h, 12 + n)
-    rest = h[16 + n:]
-    if len(rest) != m:
-        raise StateError(f"hybrid hand-off header: the recurrent state says {m} bytes, {len(rest)} follow")
-    return attn, rest
+    off = 12 + n
+    (m,) = struct.unpack_from("<I", h, off)
+    if len(h) - off - 4 < m + 8:
+        raise StateError(f"hybrid hand-off header truncated in its recurrent state ({m} bytes)")
+    skeleton = h[off + 4:off + 4 + m]
+    off += 4 + m
+    flags, k = struct.unpack_from("<II", h, off)
+    off += 8
+    if flags & ~_HYBRID_ROWS_MEMORY:
+        raise StateError(f"hybrid hand-off header: unknown flags {flags:#x}")
+    if len(h) - off != 16 * k:
+        raise StateError(f"hybrid hand-off header: {k} recurrent rows need {16 * k} bytes, {len(h) - off} follow")
+    rows = [struct.unpack_from("<QQ", h, off + 16 * i) for i in range(k)]
+    at = 0
+    for i, (o, n) in enumerate(rows):
+        if o < at or n == 0:
+            raise StateError(f"hybrid hand-off header: recurrent row {i} at byte {o} of {n} bytes: out of order")
+        at = o + n
+    if at > len(skeleton) + sum(n for _, n in rows):
+        raise StateError("hybrid hand-off header: the recurrent rows lie past the end of the recurrent state")
+    return _HybridHeader(attn, skeleton, flags, rows)
 
 
 class HybridImport:
     """An import into a HybridCache (``HybridCache.seq_import_begin``): the attention part's import
-    (its ``regions``), and the recurrent state, checked against the recurrent part when the
-    import begins and read into it at ``commit()``, which checks the attention part first: both
-    parts or neither. ``abort()`` (or an exception in ``with``) leaves both as they were. Until
-    then the HybridCache refuses changes (its attention part is importing)."""
+    and a buffer for the recurrent rows; ``regions``: the attention part's, then that buffer.
+    ``commit()`` checks the attention part, reads the recurrent state (its rows from the buffer)
+    into the sequence, commits the attention part: both parts or neither. ``abort()`` (or an
+    exception in ``with``) leaves both as they were. Until then the HybridCache refuses changes,
+    and so do its parts (``attn``, ``recr``)."""
 
-    def __init__(self, attn: SeqImport, recr: _Recurrent, recurrent: bytes) -> None:
+    def __init__(self, attn: SeqImport | PartsImport, recr: _Recurrent, fields: _HybridHeader, hold: object) -> None:
         self.attn = attn
         self._recr = recr
-        self.recurrent = recurrent
-        self.regions = attn.regions
-        self.n_bytes = attn.n_bytes
+        self._fields = fields
+        self._hold = hold
+        self._marked = True
         self.seq_id = attn.seq_id
+        moved = bool(fields.flags & _HYBRID_ROWS_MEMORY)
+        self._rows = np.zeros(fields.n_row_bytes if moved else 0, np.uint8)
+        mine = np.array([[self._rows.ctypes.data, self._rows.nbytes]], np.uint64) if moved and len(self._rows) else \
+            np.empty((0, 2), np.uint64)
+        self.regions = np.concatenate([attn.regions, mine])
+        self.regions.flags.writeable = False
+        self.n_bytes = attn.n_bytes + self._rows.nbytes
+        recr._import_mark(True)
 
     @property
     def active(self) -> bool:
@@ -233,19 +300,43 @@ class HybridImport:
         return self.attn.active
 
     def scatter(self, data: Buffer | npt.NDArray[np.uint8]) -> None:
-        """Copy data (HybridExport.gather's bytes) into the attention part's regions."""
-        self.attn.scatter(data)
+        """Copy data (HybridExport.gather's bytes) into the regions."""
+        if isinstance(data, np.ndarray):
+            a = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        else:
+            a = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        if a.nbytes != self.n_bytes:
+            raise ValueError(f"data holds {a.nbytes} bytes, the sequence's {self.n_bytes}")
+        self.attn.scatter(a[:self.attn.n_bytes])
+        self._rows[:] = a[self.attn.n_bytes:]
+
+    def _unmark(self) -> None:
+        if self._marked:
+            self._marked = False
+            self._recr._import_mark(False)
 
     def commit(self) -> None:
         """Check the attention part, read the recurrent state into the sequence, commit the
         attention part. StateError (nothing changed, still active) when either part refuses."""
-        self.attn.check()
-        self._recr.state_read(self.recurrent, self.seq_id, exact=True, layout="2026")
-        self.attn.commit()
+        with self._hold:        # type: ignore[attr-defined]
+            self.attn.check()
+            rows = self._rows.tobytes() if self._fields.flags & _HYBRID_ROWS_MEMORY else None
+            self._unmark()
+            try:
+                self._recr.state_read(self._fields.state(rows), self.seq_id, exact=True, layout="2026")
+            except BaseException:
+                self._marked = True
+                self._recr._import_mark(True)
+                raise
+            self.attn.commit()
 
     def abort(self) -> None:
-        """Abort the attention part's import (the recurrent part was not changed)."""
+        """Abort the import: both parts as they were."""
         self.attn.abort()
+        self._unmark()
+
+    def __del__(self) -> None:
+        self._unmark()
 
     def __enter__(self) -> HybridImport:
         return self

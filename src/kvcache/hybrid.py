@@ -1,5 +1,7 @@
 """The hybrid memory of models that mix attention and recurrent layers: today's llama.cpp's
-``llama_memory_hybrid`` (Granite 4, LFM2, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next, PLaMo 2).
+``llama_memory_hybrid`` (Granite 4, LFM2, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next, PLaMo 2), and
+``llama_memory_hybrid_iswa`` when the attention layers have a sliding window (LFM2 with
+``attention.sliding_window``).
 
 :class:`HybridCache` keeps the attention layers' K/V in a ``UnifiedCache(semantics="2026")`` and
 the recurrent layers' states in a ``RecurrentCache(semantics="2026")``, and drives them as
@@ -8,10 +10,11 @@ the recurrent part refuses changes neither, a sequence's position range is the i
 the parts', the K-shift touches the attention part only."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence, cast
 
-from kvcache._core import StateError, UBatch, _Hybrid, _seq_export, _seq_import_begin
+from kvcache._core import StateError, UBatch, _Hybrid, _ISWA2026, _seq_export, _seq_import_begin
 from kvcache.handoff import HybridExport, HybridImport, split_hybrid
+from kvcache.iswa import ISWACache2026
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -25,7 +28,8 @@ class HybridCache(_Hybrid):
 
     ``HybridCache(kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r,
     n_embd_s=0, n_seq_max=1, type_k="f16", type_v="f16", v_trans=True, n_rs_seq=0,
-    attn_layers=None, kv_unified=True, n_embd_head_k=None, rope=None, buffers="owned")``
+    attn_layers=None, kv_unified=True, n_embd_head_k=None, rope=None, buffers="owned", n_swa=0,
+    swa_type="standard", swa_layers=None, n_batch=512, swa_full=True)``
 
     - ``kv_size``: cells of the attention part (llama.cpp's ``n_ctx_seq``; no padding).
     - ``n_layer``: the model's layers; ``recurrent_layers``: those with a recurrent state
@@ -36,6 +40,11 @@ class HybridCache(_Hybrid):
       and S (state) widths, f32 as llama.cpp keeps them. The recurrent part has a cell per
       sequence (``max(1, n_seq_max)``).
     - ``n_rs_seq``: rollback snapshots per state (docs/semantics.md, rule C9).
+    - ``n_swa`` > 0: the attention layers have a sliding window (``llama_memory_hybrid_iswa``):
+      the attention part is an :class:`kvcache.ISWACache2026` (``swa_layers``, default every
+      attention layer as LFM2's loader marks them; ``swa_type``; ``n_batch``, the ubatch its SWA
+      cache is sized for; ``swa_full``, llama-cpp-python's default True), whose two masks
+      ``kq_mask`` gives; a state holds its base and SWA caches' states; no prefix reuse.
     - ``buffers``: "owned", None / "none" (metadata only) for both parts, or a pair
       ``({layer: (K, V)}, {layer: (R, S)})`` of borrowed memory by model layer (the recurrent
       rows ``kv_size * (1 + n_rs_seq)`` each).
@@ -56,19 +65,23 @@ class HybridCache(_Hybrid):
                            n_keep_tail=self.n_rs_seq + 1 if self.n_rs_seq else 0)
 
     def seq_export(self, seq_id: int) -> HybridExport:
-        """Sequence seq_id ready for a transfer: the attention part's export (UnifiedCache.seq_export:
-        its regions) and the recurrent part's state of the sequence, framed as one header. See
-        docs/disaggregated.md."""
+        """Sequence seq_id ready for a transfer: the attention part's export (UnifiedCache.seq_export,
+        ISWACache.seq_export with a window: its regions), then the recurrent part's state of the
+        sequence, its R/S rows as regions of the recurrent part's memory and the rest in the
+        header. See docs/disaggregated.md."""
         with self._hold:
-            return HybridExport(_seq_export(self.attn, seq_id), self.recr.state_write(seq_id, prefix=False))
+            attn = self.attn
+            part = cast(ISWACache2026, attn).seq_export(seq_id) if isinstance(attn, _ISWA2026) else \
+                _seq_export(attn, seq_id)
+            return HybridExport(part, *self.recr._seq_handoff(seq_id))
 
     def seq_import_begin(self, header: Buffer, seq_id: int | None = None) -> HybridImport:
         """Begin receiving the sequence a HybridExport header describes into seq_id (None: the
-        exporter's): the recurrent state is checked against a scratch memory of the recurrent
-        part's geometry, then the attention part's import begins (UnifiedCache.seq_import_begin);
-        StateError, nothing begun and nothing changed, when either refuses. Until commit() or
-        abort() the HybridCache refuses changes."""
-        h_attn, recurrent = split_hybrid(header)
+        exporter's): the recurrent state (its rows zeros) is checked against a scratch memory of
+        the recurrent part's geometry, then the attention part's import begins
+        (UnifiedCache.seq_import_begin); StateError, nothing begun and nothing changed, when either
+        refuses. Until commit() or abort() the HybridCache and its parts refuse changes."""
+        fields = split_hybrid(header)
         # the recurrent state read by a memory of the recurrent part's geometry (without K/V)
         r_width = dict(zip(self.recurrent_layers, self.recr.n_embd_k))
         s_width = dict(zip(self.recurrent_layers, self.recr.n_embd_v))
@@ -77,10 +90,15 @@ class HybridCache(_Hybrid):
                               [s_width.get(il, 0) for il in range(self.n_layer)], n_seq_max=self.n_seq_max,
                               n_rs_seq=self.n_rs_seq, attn_layers=self.attn_layers, buffers="none")
         try:
-            scratch.state_read(recurrent, 0, exact=True, partial_only=True)
+            scratch.state_read(fields.state(None), 0, exact=True, partial_only=True)
         except StateError as e:
             raise StateError(f"seq_import_begin: the recurrent state: {e}") from None
-        return HybridImport(_seq_import_begin(self.attn, h_attn, seq_id), self.recr, recurrent)
+        attn = self.attn
+        if isinstance(attn, _ISWA2026):
+            part = cast(ISWACache2026, attn).seq_import_begin(fields.attn, seq_id)
+        else:
+            part = _seq_import_begin(attn, fields.attn, seq_id)
+        return HybridImport(part, self.recr, fields, self._hold)
 
 
 def split_batch(pos: Sequence[int], seq_id: Sequence[int], n_ubatch: int, *, embd_all: bool = False,

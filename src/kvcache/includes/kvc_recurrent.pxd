@@ -77,6 +77,8 @@ cdef extern from "kvc_recurrent.h" nogil:
     int    kvc_recurrent_state_read_ex(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                                        unsigned flags, size_t *consumed, kvc_err *err)
     size_t kvc_recurrent_state_size_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout)
+    uint32_t kvc_recurrent_seq_rows(const kvc_recurrent *c, int32_t seq_id, const uint8_t **rows, uint64_t *offs,
+                                    uint64_t *lens)
     int    kvc_recurrent_state_write_range_lay(const kvc_recurrent *c, int32_t seq_id, unsigned layout,
                                                uint64_t offset, uint8_t *out, size_t cap, size_t *written)
     int    kvc_recurrent_state_read_lay(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
