@@ -24,13 +24,14 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->pos = kvc_malloc_n(size, sizeof *c->pos);
     c->shift = kvc_calloc(size, sizeof *c->shift);
     c->seq = kvc_calloc((size_t)c->seq_words * size, sizeof *c->seq);
+    c->n_seqs = kvc_calloc(size ? size : 1, sizeof *c->n_seqs);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
     c->free_words = kvc_calloc((c->n_words + 63) / 64 + 1, sizeof *c->free_words);
     c->seq_pos = kvc_calloc(n_seq_max ? n_seq_max : 1, sizeof *c->seq_pos);
     c->blk_words = (c->n_words + 63) / 64;
     c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
     c->chg = kvc_malloc_n(size ? size : 1, sizeof *c->chg);
-    bool ok = c->pos && c->shift && c->seq && c->used_bits && c->free_words && c->seq_pos && c->seq_blk && c->chg;
+    bool ok = c->pos && c->shift && c->seq && c->n_seqs && c->used_bits && c->free_words && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
         c->seq_pos[s].key = kvc_malloc_n(size, sizeof(uint64_t));
@@ -76,6 +77,7 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->pos);
     kvc_free(c->shift);
     kvc_free(c->seq);
+    kvc_free(c->n_seqs);
     kvc_free(c->used_bits);
     kvc_free(c->free_words);
     for (uint32_t s = 0; c->seq_pos && s < c->n_seq_max; s++) {
@@ -93,6 +95,7 @@ void kvc_cells_reset(kvc_cells *c) {
     }
     memset(c->shift, 0, (size_t)c->size * sizeof *c->shift);
     memset(c->seq, 0, (size_t)c->seq_words * c->size * sizeof *c->seq);
+    memset(c->n_seqs, 0, (size_t)c->size * sizeof *c->n_seqs);
     memset(c->used_bits, 0, (size_t)c->n_words * sizeof *c->used_bits);
     kvc_cells_free_words_all(c);
     c->used = 0;
@@ -550,7 +553,10 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
     if (kvc_seqs_has(c->seq, c->size, i, s)) {
         return;
     }
-    kvc_cells_seq_add_raw(c, i, s);
+    kvc_seqs_add(c->seq, c->size, i, s);
+    c->n_seqs[i]++;
+    kvc_cells_blk_mark(c, i, s);
+    kvc_cells_changed(c, i);
     kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
 }
 
@@ -580,6 +586,7 @@ void kvc_cells_place_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *po
         k += !id_seen_before(ids, q);
     }
     for (uint32_t j = 0; j < n; j++) {
+        c->n_seqs[i + j] = (uint16_t)k;   /* the cells were empty */
         for (uint32_t e = 0; e <= k; e++) {
             kvc_cells_changed(c, i + j);   /* the position, then each sequence joining */
         }
@@ -619,10 +626,12 @@ bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
 }
 
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
-    kvc_seqs_del(c->seq, c->size, i, s);
+    if (kvc_seqs_has(c->seq, c->size, i, s)) {
+        kvc_seqs_del(c->seq, c->size, i, s);
+        c->n_seqs[i]--;
+    }
     kvc_cells_changed(c, i);
-    /* another id in s's own word: the cell stays, its other words are not read */
-    if (!c->seq[(size_t)(s >> 6) * c->size + i] && kvc_cells_seq_none(c, i)) {
+    if (c->n_seqs[i] == 0) {
         c->pos[i] = -1;
         kvc_cells_ext_reset(c, i);
         kvc_cells_mark_unused(c, i);
@@ -717,6 +726,8 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
         c->ext[dst] = c->ext[src];
         c->ext[src] = kvc_cell_ext_default();
     }
+    c->n_seqs[dst] = c->n_seqs[src];
+    c->n_seqs[src] = 0;
     if (nw == 1) {
         seq[dst] = seq[src];
         seq[src] = 0;
@@ -752,6 +763,8 @@ void kvc_cells_mv_run(kvc_cells *c, uint32_t src, uint32_t dst, uint32_t n) {
         memcpy(plane + dst, plane + src, (size_t)n * sizeof *plane);
         memset(plane + src, 0, (size_t)n * sizeof *plane);
     }
+    memcpy(c->n_seqs + dst, c->n_seqs + src, (size_t)n * sizeof *c->n_seqs);
+    memset(c->n_seqs + src, 0, (size_t)n * sizeof *c->n_seqs);
     if (c->ext) {
         memcpy(c->ext + dst, c->ext + src, (size_t)n * sizeof *c->ext);
         for (uint32_t j = 0; j < n; j++) {
@@ -788,6 +801,7 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
     if (p < 0) {
         /* the extension stays, as llama.cpp's pos_add leaves it */
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
+        c->n_seqs[i] = 0;
         c->pos[i] = -1;
         kvc_cells_mark_unused(c, i);
         return true;
@@ -807,6 +821,7 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
     const bool was = c->pos[i] != -1, now = pos != -1;
     c->pos[i] = pos;
     kvc_seqs_put(c->seq, c->size, c->seq_words, i, seq);
+    c->n_seqs[i] = (uint16_t)kvc_seqs_count(c->seq, c->size, c->seq_words, i);
     kvc_cells_blk_mark_all(c, i);
     kvc_cells_changed(c, i);
     if (!now) {
@@ -825,6 +840,7 @@ void kvc_cells_clear_raw(kvc_cells *c, uint32_t i) {
         kvc_cells_ext_reset(c, i);
         kvc_cells_changed(c, i);
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
+        c->n_seqs[i] = 0;
         kvc_cells_mark_unused(c, i);
     }
 }
@@ -834,6 +850,7 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     memcpy(dst->pos, src->pos, n * sizeof *src->pos);
     memcpy(dst->shift, src->shift, n * sizeof *src->shift);
     memcpy(dst->seq, src->seq, (size_t)src->seq_words * n * sizeof *src->seq);
+    memcpy(dst->n_seqs, src->n_seqs, n * sizeof *src->n_seqs);
     memcpy(dst->used_bits, src->used_bits, (size_t)src->n_words * sizeof *src->used_bits);
     memcpy(dst->free_words, src->free_words, (size_t)(src->n_words + 63) / 64 * sizeof *src->free_words);
     dst->used = src->used;
@@ -848,6 +865,20 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
         memcpy(dst->seq_pos[s].key, src->seq_pos[s].key, (size_t)src->seq_pos[s].n * sizeof(uint64_t));
         dst->seq_pos[s].n = src->seq_pos[s].n;
     }
+}
+
+int kvc_cells_check(const kvc_cells *c, kvc_err *err) {
+    for (uint32_t i = 0; i < c->size; i++) {
+        const uint32_t n = kvc_seqs_count(c->seq, c->size, c->seq_words, i);
+        if (c->n_seqs[i] != n) {
+            return kvc_err_set(err, KVC_E_INTERNAL, "cell %u holds %u sequences but counts %u", i, n,
+                               (unsigned)c->n_seqs[i]);
+        }
+        if (n && c->pos[i] == -1) {
+            return kvc_err_set(err, KVC_E_INTERNAL, "empty cell %u holds %u sequences", i, n);
+        }
+    }
+    return KVC_OK;
 }
 
 int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *pos) {

@@ -7,6 +7,7 @@
  *     find_slot scans 64 cells at a time), with the count `used` and used_max_p1;
  *   - free_words: one bit per word of used_bits, set when that word is 0 (64 empty cells), so
  *     that a search for a long run of empty cells visits only the words that can hold one;
+ *   - n_seqs: per cell the number of sequences holding it;
  *   - seq_pos[s]: one entry (position, cell) per cell holding sequence s, ordered by position
  *     then cell (positions may repeat), answering min/max in O(1) and naming the cells of a
  *     range of positions without reading the other cells;
@@ -70,6 +71,9 @@ typedef struct kvc_cells {
     int32_t    *pos;          /* [size] position, -1 when empty */
     int32_t    *shift;        /* [size] shift accumulated since the last reset_shift */
     uint64_t   *seq;          /* [seq_words * size] word w of cell i's set at seq[w * size + i] */
+    uint16_t   *n_seqs;       /* [size] the sequences in cell i's set (its bits), so that a removal
+                               * learns whether the cell empties from one word, not from every
+                               * plane (planes lie `size` words apart) */
     uint64_t   *used_bits;    /* [n_words] bit i set when pos[i] != -1 */
     uint64_t   *free_words;   /* [(n_words + 63) / 64] bit w set when used_bits[w] == 0 */
     uint32_t    used;         /* number of cells with pos != -1 */
@@ -112,7 +116,11 @@ static inline bool kvc_cells_seq_has(const kvc_cells *c, uint32_t i, int32_t s) 
 }
 /* Cell i holds no sequence. */
 static inline bool kvc_cells_seq_none(const kvc_cells *c, uint32_t i) {
-    return kvc_seqs_none(c->seq, c->size, c->seq_words, i);
+    return c->n_seqs[i] == 0;
+}
+/* The number of sequences holding cell i. */
+static inline uint32_t kvc_cells_seq_count(const kvc_cells *c, uint32_t i) {
+    return c->n_seqs[i];
 }
 /* Add cell i's sequences to acc. */
 static inline void kvc_cells_seq_or_into(const kvc_cells *c, uint32_t i, kvc_seqset *acc) {
@@ -223,13 +231,17 @@ bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s);
 /* Sequence s joins non-empty cell i (no-op when already there). The index (seq_pos) is not
  * updated. */
 static inline void kvc_cells_seq_add_raw(kvc_cells *c, uint32_t i, int32_t s) {
-    kvc_seqs_add(c->seq, c->size, i, s);
+    if (!kvc_seqs_has(c->seq, c->size, i, s)) {
+        kvc_seqs_add(c->seq, c->size, i, s);
+        c->n_seqs[i]++;
+    }
     kvc_cells_blk_mark(c, i, s);
     kvc_cells_changed(c, i);
 }
 /* Cell i keeps only sequence s (which it holds). The index is not updated. */
 static inline void kvc_cells_seq_only_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seqs_only(c->seq, c->size, c->seq_words, i, s);
+    c->n_seqs[i] = 1;
     kvc_cells_changed(c, i);
 }
 /* Empty cell i (sequences cleared, shift kept). */
@@ -282,6 +294,10 @@ uint32_t kvc_cells_first_free_run(const kvc_cells *c, uint32_t a, uint32_t b, ui
 uint32_t kvc_cells_kth_used_back(const kvc_cells *c, uint32_t lo, uint32_t end, uint32_t k);
 /* First empty cell in [from, to), or `to` when none. */
 uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to);
+
+/* KVC_OK when every cell's sequence count (n_seqs) is the number of its sequences and no empty
+ * cell holds a sequence, else KVC_E_INTERNAL naming the first cell that breaks it. */
+int kvc_cells_check(const kvc_cells *c, kvc_err *err);
 
 /* Copy the whole table (arrays, counters, seq_pos, extensions) from src into dst, both
  * initialised with the same size, n_seq_max and extension (kvc_cells_init_like; snapshots for

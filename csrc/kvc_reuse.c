@@ -385,6 +385,9 @@ int kvc_reuse_check(const kvc_unified *c, kvc_err *err) {
         return KVC_OK;
     }
     int rc = kvc_prefix_check(&r->idx, err);
+    for (uint32_t st = 0; rc == KVC_OK && st < c->n_stream; st++) {
+        rc = kvc_cells_check(kvc_unified_stream_cells_c(c, st), err);
+    }
     if (rc != KVC_OK) {
         return rc;
     }

@@ -68,8 +68,14 @@ static void agree(const kvc_cells *c, const model *m, const char *what) {
             ok = ok && kvc_cells_seq_has(c, i, (int32_t)s) == (m->pos[i] != -1 && m->has[i][s]);
         }
         ok = ok && kvc_cells_seq_none(c, i) == (m->pos[i] == -1 || model_empty_set(m, i));
+        uint32_t n_has = 0;
+        for (uint32_t s = 0; s < m->n_seq; s++) {
+            n_has += m->pos[i] != -1 && m->has[i][s];
+        }
+        ok = ok && kvc_cells_seq_count(c, i) == n_has;
     }
     CHECK(ok, "%s: cells differ from the model", what);
+    CHECK(kvc_cells_check(c, NULL) == KVC_OK, "%s: the sequence counts disagree with the sets", what);
     CHECK(c->used == used && c->used_max_p1 == last, "%s: used %u/%u, last %u/%u", what, c->used, used,
           c->used_max_p1, last);
     /* scans from every start, to every end */

@@ -51,6 +51,17 @@ static void check_table(const kvc_cells *t, const char *what, uint32_t step) {
         free(cpos);
         return;
     }
+    /* each cell's sequence count: the bits of its set */
+    bool counted = true;
+    for (uint32_t i = 0; counted && i < t->size; i++) {
+        uint32_t n = 0;
+        for (uint32_t s = 0; s < t->n_seq_max; s++) {
+            n += kvc_cells_seq_has(t, i, (int32_t)s);
+        }
+        counted = kvc_cells_seq_count(t, i) == n && kvc_cells_seq_none(t, i) == (n == 0);
+    }
+    CHECK(counted, "%s step %u: a cell's sequence count is not the number of its sequences", what, step);
+    CHECK(kvc_cells_check(t, NULL) == KVC_OK, "%s step %u: kvc_cells_check", what, step);
     for (uint32_t s = 0; s < t->n_seq_max; s++) {
         uint32_t n = 0;
         bool marked = true, empty_none = true;
