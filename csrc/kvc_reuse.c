@@ -320,13 +320,13 @@ static bool demote(kvc_unified *c, uint32_t st, uint32_t n, uint32_t have) {
     return any;
 }
 
-bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n) {
+bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free) {
     kvc_reuse *r = c->reuse;
     if (!r) {
         return false;
     }
     bool any = false;
-    uint32_t have = n_free(c, st);
+    uint32_t have = n_known_free != UINT32_MAX ? n_known_free : n_free(c, st);
     while (have < n && kvc_prefix_n_evictable(&r->idx) > 0) {
         const uint32_t got = kvc_prefix_evict(&r->idx, n - have);
         if (got == 0) {

@@ -141,8 +141,10 @@ void kvc_reuse_clear(kvc_unified *c);
 /* Evict up to n cells (least recently used unprotected prefixes, leaves first): the cells freed. */
 uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n);
 /* Placement in stream st needs n cells that are neither used nor held: evict until there are or
- * nothing evictable is left. Returns whether anything was evicted. */
-bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n);
+ * nothing evictable is left. n_free: how many such cells the stream has now, when the caller
+ * knows (a search that saw every cell), else UINT32_MAX (counted here). Returns whether
+ * anything was evicted. */
+bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free);
 /* Locks of sequences that have no cell any more are released, stale ones dropped (after every
  * operation that removes cells from sequences). */
 void kvc_reuse_sync(kvc_unified *c);

@@ -266,14 +266,38 @@ static bool kvc_stream_reusable(const kvc_unified *c, const kvc_cells *cells, ui
     return kvc_unified_is_masked_swa(c, cells->pos[i], p_max == KVC_POS_MAX ? KVC_POS_MAX : p_max + 1);
 }
 
+/* The cells of [a, b) (a < b) that are neither used nor held (held NULL: none is), in order, into
+ * idx from got on until it holds n: the new count. A word at a time. */
+static uint32_t kvc_take_free(const uint64_t *used, const uint64_t *held, uint32_t a, uint32_t b, uint32_t n,
+                              int32_t *idx, uint32_t got) {
+    const uint32_t w_last = (b - 1) >> 6;
+    const uint64_t last = (b & 63) ? ((uint64_t)1 << (b & 63)) - 1 : ~(uint64_t)0;
+    uint64_t m = ~(uint64_t)0 << (a & 63);
+    for (uint32_t w = a >> 6; w <= w_last; w++, m = ~(uint64_t)0) {
+        if (w == w_last) {
+            m &= last;
+        }
+        for (uint64_t ok = ~(used[w] | (held ? held[w] : 0)) & m; ok; ok &= ok - 1) {
+            idx[got++] = (int32_t)((w << 6) + kvc_ctz64(ok));
+            if (got == n) {
+                return got;
+            }
+        }
+    }
+    return got;
+}
+
 /* The placement rule of one group of n tokens in stream st: the usable cells from the head on,
  * wrapping, until n are found (into idx) or every cell was tested. Free cells come from the
- * used bits a word at a time; used cells are looked at only with a sliding window. */
-static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int32_t *idx) {
+ * used bits a word at a time; used cells are looked at only with a sliding window. *n_free:
+ * when no room was found and the search saw every cell, the cells it found neither used nor
+ * held (what kvc_reuse_make_room starts from), else UINT32_MAX. */
+static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int32_t *idx, uint32_t *n_free) {
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const uint32_t size = cells->size;
     const bool swa = c->swa_type != KVC_SWA_NONE;
     uint32_t h = kvc_unified_stream_head_c(c, st);
+    *n_free = UINT32_MAX;
     /* plenty of free cells before head: search from the beginning, hoping to fill it */
     if ((uint64_t)h > (uint64_t)cells->used + 2 * (uint64_t)n) {
         h = 0;
@@ -283,6 +307,21 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
     }
     if (!swa && size - cells->used < n) {
         return false;   /* only empty cells can be taken, and fewer than n are */
+    }
+    if (!swa) {
+        /* from the head to the end, then from the beginning to the head */
+        const uint64_t *held = c->reuse ? &c->reuse->held[(size_t)st * c->reuse->n_words] : NULL;
+        if (h >= size) {
+            h = 0;
+        }
+        uint32_t got = kvc_take_free(cells->used_bits, held, h, size, n, idx, 0);
+        if (got < n && h > 0) {
+            got = kvc_take_free(cells->used_bits, held, 0, h, n, idx, got);
+        }
+        if (got < n) {
+            *n_free = got;
+        }
+        return got == n;
     }
     uint64_t n_tested = 0;
     uint32_t got = 0;
@@ -303,13 +342,11 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
         const uint64_t used = cells->used_bits[h >> 6] & range;
         const uint64_t held = kvc_reuse_held_word(c, st, h >> 6);   /* the prefix index's cells stay */
         uint64_t ok = ~(used | held) & range;
-        if (swa) {
-            /* a held cell its window left is reused only where the index can let it go */
-            for (uint64_t m = used & ~kvc_reuse_kept_word(c, st, h >> 6); m; m &= m - 1) {
-                const uint32_t i = base + kvc_ctz64(m);
-                if (kvc_stream_reusable(c, cells, i)) {
-                    ok |= (uint64_t)1 << (i - base);
-                }
+        /* a held cell its window left is reused only where the index can let it go */
+        for (uint64_t m = used & ~kvc_reuse_kept_word(c, st, h >> 6); m; m &= m - 1) {
+            const uint32_t i = base + kvc_ctz64(m);
+            if (kvc_stream_reusable(c, cells, i)) {
+                ok |= (uint64_t)1 << (i - base);
             }
         }
         for (; ok; ok &= ok - 1) {
@@ -390,8 +427,9 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
 static int kvc_search_2026(kvc_unified *c, uint32_t *strm, uint32_t n_groups, uint32_t nst) {
     kvc_unified_slot_drop(c);
     for (uint32_t g = 0; g < n_groups; g++) {
-        while (!kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst)) {
-            if (!kvc_reuse_make_room(c, strm[g], nst)) {
+        uint32_t n_free;
+        while (!kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst, &n_free)) {
+            if (!kvc_reuse_make_room(c, strm[g], nst, n_free)) {
                 return 0;
             }
         }
@@ -487,9 +525,10 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
             const uint32_t *strm = out_strm + (size_t)u * c->n_stream, ng = out_groups[u];
             const uint32_t nst = ubs[u].n_tokens / ng;
             for (uint32_t g = 0; g < ng && placed; g++) {
+                uint32_t n_free;
                 do {
-                    placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst);
-                } while (!placed && kvc_reuse_make_room(c, strm[g], nst));
+                    placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst, &n_free);
+                } while (!placed && kvc_reuse_make_room(c, strm[g], nst, n_free));
             }
             if (placed) {
                 kvc_apply_2026(c, &ubs[u], out_cells + off, strm, ng, nst, true);
