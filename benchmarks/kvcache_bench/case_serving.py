@@ -205,7 +205,8 @@ def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool
     ubatch that finds no slot is halved and retried (as llama.cpp's server halves its batch). A
     request's prompt is an int32 array, as a server holds it (made before the replay). Checked
     after every step (untimed): each running request holds exactly positions [0, computed); at
-    the end no cell is used."""
+    the end no cell is used. The step's decode ubatch takes its positions, sequence ids and
+    tokens as the Python lists the loop gathers them in (UBatch reads lists of ints as they are)."""
     import kvcache
 
     if reuse:
@@ -219,8 +220,9 @@ def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool
     counters = {"split ubatches": 0} if reuse else {"defrags": 0, "split ubatches": 0}
     hits = [0]
 
-    def place(ub_pos: np.ndarray, ub_seq, tokens: np.ndarray) -> None:
-        # one group (an int sequence id) or one sequence id per token (an array)
+    def place(ub_pos, ub_seq, tokens) -> None:
+        # one group (an int sequence id) or one sequence id per token (a list: the step's decode
+        # tokens go to the UBatch as the lists the loop gathered them in, as a server would pass them)
         grouped = isinstance(ub_seq, int)
         seqs = [ub_seq] if grouped else ub_seq
         n_seq_tokens = len(ub_pos) if grouped else 1
@@ -278,8 +280,7 @@ def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool
                 r[2] = e[2] + 1
             else:
                 if dec_pos:   # the step's decode batch before its finishes
-                    place(np.array(dec_pos, dtype=np.int32), np.array(dec_seq, dtype=np.int32),
-                          np.array(dec_tok, dtype=np.int32))
+                    place(dec_pos, dec_seq, dec_tok)
                     dec_pos, dec_seq, dec_tok = [], [], []
                 s = live.pop(e[1])[0]
                 if reuse:
@@ -288,7 +289,7 @@ def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool
                     c.seq_rm(s, -1, -1)
                 free_ids.append(s)
         if dec_pos:
-            place(np.array(dec_pos, dtype=np.int32), np.array(dec_seq, dtype=np.int32), np.array(dec_tok, dtype=np.int32))
+            place(dec_pos, dec_seq, dec_tok)
 
     def check() -> None:
         for s, _, computed in live.values():
