@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator, Sequence, cast
 
 from kvcache._core import StateError, UBatch, _Hybrid, _ISWA2026, _seq_export, _seq_import_begin
-from kvcache.handoff import HybridExport, HybridImport, split_hybrid
+from kvcache.handoff import HybridExport, HybridImport, PartsImport, SeqImport, split_hybrid
 from kvcache.iswa import ISWACache2026
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ class HybridCache(_Hybrid):
         except StateError as e:
             raise StateError(f"seq_import_begin: the recurrent state: {e}") from None
         attn = self.attn
+        part: SeqImport | PartsImport
         if isinstance(attn, _ISWA2026):
             part = cast(ISWACache2026, attn).seq_import_begin(fields.attn, seq_id)
         else:
