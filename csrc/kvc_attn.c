@@ -137,8 +137,9 @@ static int kvc_attn_run(kvc_attn_writer *w, const kvc_unified *c, const kvc_ubat
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const uint64_t base = (uint64_t)st * cells->size;
     const uint32_t n_kv = w->a->n_kv, q = t1 - t0;
-    /* the mask applies the 2-D rule only to a 2026 cache's causal rows */
-    const bool two_d = causal && kvc_ubatch_is_2d(ub) && c->semantics == KVC_SEM_2026 && cells->ext;
+    /* the mask applies the 2-D rule to causal rows of cells with the extension (only today's
+     * cache type has it) */
+    const bool two_d = causal && kvc_ubatch_is_2d(ub) && cells->ext;
     int32_t lo_all = INT32_MAX, hi_all = 0;
     for (uint32_t t = t0; t < t1; t++) {
         int32_t lo, hi;
@@ -227,18 +228,12 @@ static int kvc_attn_check_placed(const kvc_unified *c, const kvc_ubatch *ub, kvc
 }
 
 int kvc_unified_attn_indices(const kvc_unified *c, const kvc_ubatch *ub, bool causal, kvc_attn *out, kvc_err *err) {
-    uint32_t strm[KVC_MAX_SEQ], n_groups = 1, nst = ub->n_tokens;
-    strm[0] = 0;
-    if (c->semantics == KVC_SEM_2026) {
-        const int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
-        if (rc != KVC_OK) {
-            return rc;
-        }
-        out->n_kv = kvc_unified_kq_mask_2026_n_kv(c, strm, n_groups);
-    } else {
-        out->n_kv = c->n;
+    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
+    int rc = c->ops->kv_groups(c, ub, strm, &n_groups, &nst, &out->n_kv, err);
+    if (rc != KVC_OK) {
+        return rc;
     }
-    int rc = kvc_attn_check_placed(c, ub, err);
+    rc = kvc_attn_check_placed(c, ub, err);
     if (rc != KVC_OK) {
         return rc;
     }

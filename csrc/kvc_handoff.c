@@ -127,13 +127,10 @@ void kvc_handoff_export_free(kvc_handoff_export *e) {
     memset(e, 0, sizeof *e);
 }
 
-/* The layout whose single-sequence state the header's cells follow: the seed's for a cache of
- * semantics 2025; today's for 2026 (stream sections; the cells SWA-masked against the
- * sequence's largest position left out; the per-cell extension, x, y and token id, after each
- * record's n_seq_id when the cache has it), without the blob prefix. */
+/* The layout whose single-sequence state the header's cells follow: the cache type's
+ * (kvc_unified_ops.handoff_layout, KVC_HANDOFF_LAYOUT_2025 / _2026). */
 static unsigned export_layout(const kvc_unified *c) {
-    return c->semantics == KVC_SEM_2026 ? (unsigned)(KVC_LAYOUT_STREAMS | KVC_LAYOUT_SWA_TRIM | KVC_LAYOUT_EXT_XY |
-                                                     KVC_LAYOUT_EXT_TOK) : 0u;
+    return c->ops->handoff_layout;
 }
 
 /* Bytes of a cell record of the header's cell section: pos, n_seq_id (1), the extension, the id. */
@@ -401,7 +398,7 @@ static int runs_of_slot(const kvc_unified *c, kvc_handoff_import *imp) {
 /* Semantics 2026: the cells a single-sequence state read of the header's cells takes in the
  * sequence's stream (a dry run that leaves the cache as it was). An empty sequence reserves
  * nothing: the state read of an empty section keeps the destination's cells. */
-static int reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
+int kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
     const uint32_t cc = imp->cell_count;
     if (cc == 0) {
         return KVC_OK;
@@ -429,7 +426,7 @@ static int reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
 
 /* Semantics 2025: the dry run of the seed's single-sequence state read, undone (like the state
  * reader's, it settles nothing). */
-static int reserve_2025(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
+int kvc_handoff_reserve_2025(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
     const uint32_t cc = imp->cell_count;
     if (cc == 0) {
         return KVC_OK;
@@ -562,7 +559,7 @@ static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, s
         imp->pos[i] = pos;
     }
     imp->stream = kvc_unified_stream_of(c, seq_id);
-    rc = c->semantics == KVC_SEM_2026 ? reserve_2026(c, imp, err) : reserve_2025(c, imp, err);
+    rc = c->ops->handoff_reserve(c, imp, err);
     if (rc != KVC_OK) {
         import_release(imp);
         return rc;
@@ -572,21 +569,7 @@ static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, s
     imp->data_bytes = data_bytes_of(c, cc);
     imp->backup = imp->data_bytes && keep_bytes ? kvc_malloc((size_t)imp->data_bytes) : NULL;
     bool ok = (!imp->data_bytes || !keep_bytes || imp->backup) && kvc_unified_snapshot_take(c, &imp->snap) == KVC_OK;
-    if (ok && c->semantics == KVC_SEM_2026) {
-        /* every stream (the snapshot has stream 0 only) and the queued stream copies */
-        imp->strms = kvc_calloc(c->n_stream, sizeof *imp->strms);
-        imp->heads = kvc_malloc_n(c->n_stream, sizeof *imp->heads);
-        ok = imp->strms && imp->heads;
-        for (uint32_t k = 0; ok && k < c->n_stream; k++) {
-            ok = kvc_cells_init_like(&imp->strms[k], kvc_unified_stream_cells_c(c, k)) == KVC_OK;
-            if (ok) {
-                imp->n_strms++;
-                kvc_cells_copy(&imp->strms[k], kvc_unified_stream_cells_c(c, k));
-                imp->heads[k] = kvc_unified_stream_head_c(c, k);
-            }
-        }
-        imp->n_copies = c->n_copies;
-    }
+    ok = ok && c->ops->handoff_save(imp);
     if (!ok) {
         import_release(imp);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
@@ -597,6 +580,28 @@ static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, s
     imp->active = true;
     c->imports++;
     return KVC_OK;
+}
+
+bool kvc_handoff_save_none(kvc_handoff_import *imp) {
+    (void)imp;
+    return true;
+}
+
+bool kvc_handoff_save_streams(kvc_handoff_import *imp) {
+    const kvc_unified *c = imp->c;
+    imp->strms = kvc_calloc(c->n_stream, sizeof *imp->strms);
+    imp->heads = kvc_malloc_n(c->n_stream, sizeof *imp->heads);
+    bool ok = imp->strms && imp->heads;
+    for (uint32_t k = 0; ok && k < c->n_stream; k++) {
+        ok = kvc_cells_init_like(&imp->strms[k], kvc_unified_stream_cells_c(c, k)) == KVC_OK;
+        if (ok) {
+            imp->n_strms++;
+            kvc_cells_copy(&imp->strms[k], kvc_unified_stream_cells_c(c, k));
+            imp->heads[k] = kvc_unified_stream_head_c(c, k);
+        }
+    }
+    imp->n_copies = c->n_copies;
+    return ok;
 }
 
 static bool same_cells(const kvc_cells *a, const kvc_cells *b) {
@@ -640,33 +645,45 @@ int kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err) {
     if (rc != KVC_OK) {
         return rc;
     }
-    kvc_unified *c = imp->c;
-    if (c->semantics == KVC_SEM_2026) {
-        /* the state read's placement on the same cells as the dry run: the same cells (an empty
-         * sequence's read changes nothing, not even the last placement) */
-        if (imp->cell_count) {
-            if (kvc_unified_state_place_2026(c, imp->seq_id, imp->cell_count, imp->pos) != 1 || !same_runs(c, imp)) {
-                kvc_cells_copy(kvc_unified_stream_cells(c, imp->stream), &imp->strms[imp->stream]);
-                *kvc_unified_stream_head(c, imp->stream) = imp->heads[imp->stream];
-                kvc_unified_snapshot_restore(c, &imp->snap);
-                return kvc_err_set(err, KVC_E_INTERNAL, "the placement differs from the dry run's");
-            }
-            kvc_unified_state_put_ext_2026(c, imp->stream, imp->cell_count, imp->ext);
-            kvc_unified_slot_drop(c);
-        }
-    } else if (imp->cell_count == 0) {
-        kvc_unified_seq_rm(c, imp->seq_id, -1, -1);   /* an empty sequence removes it, as the state read */
-    } else {
-        /* the same search on the same cells as the dry run: the same cells, no allocation */
-        const int found = place(c, imp, NULL);
-        if (found != 1 || !same_runs(c, imp)) {
-            kvc_unified_snapshot_restore(c, &imp->snap);
-            return kvc_err_set(err, found < 0 ? found : KVC_E_INTERNAL, "the placement differs from the dry run's");
-        }
-        kvc_unified_commit(c);
-        kvc_unified_slot_drop(c);
+    const int placed = imp->c->ops->handoff_place(imp, err);
+    if (placed != KVC_OK) {
+        return placed;
     }
     import_release(imp);
+    return KVC_OK;
+}
+
+int kvc_handoff_place_2026(kvc_handoff_import *imp, kvc_err *err) {
+    kvc_unified *c = imp->c;
+    /* the state read's placement on the same cells as the dry run: the same cells (an empty
+     * sequence's read changes nothing, not even the last placement) */
+    if (imp->cell_count) {
+        if (kvc_unified_state_place_2026(c, imp->seq_id, imp->cell_count, imp->pos) != 1 || !same_runs(c, imp)) {
+            kvc_cells_copy(kvc_unified_stream_cells(c, imp->stream), &imp->strms[imp->stream]);
+            *kvc_unified_stream_head(c, imp->stream) = imp->heads[imp->stream];
+            kvc_unified_snapshot_restore(c, &imp->snap);
+            return kvc_err_set(err, KVC_E_INTERNAL, "the placement differs from the dry run's");
+        }
+        kvc_unified_state_put_ext_2026(c, imp->stream, imp->cell_count, imp->ext);
+        kvc_unified_slot_drop(c);
+    }
+    return KVC_OK;
+}
+
+int kvc_handoff_place_2025(kvc_handoff_import *imp, kvc_err *err) {
+    kvc_unified *c = imp->c;
+    if (imp->cell_count == 0) {
+        kvc_unified_seq_rm(c, imp->seq_id, -1, -1);   /* an empty sequence removes it, as the state read */
+        return KVC_OK;
+    }
+    /* the same search on the same cells as the dry run: the same cells, no allocation */
+    const int found = place(c, imp, NULL);
+    if (found != 1 || !same_runs(c, imp)) {
+        kvc_unified_snapshot_restore(c, &imp->snap);
+        return kvc_err_set(err, found < 0 ? found : KVC_E_INTERNAL, "the placement differs from the dry run's");
+    }
+    kvc_unified_commit(c);
+    kvc_unified_slot_drop(c);
     return KVC_OK;
 }
 

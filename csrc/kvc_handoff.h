@@ -26,6 +26,7 @@
 #define KVC_HANDOFF_H
 
 #include "kvc_common.h"
+#include "kvc_layout.h"
 #include "kvc_slot.h"
 #include "kvc_unified.h"
 
@@ -114,6 +115,29 @@ int  kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err);
 int  kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err);
 /* Put back the regions' bytes; the cache is as before begin. No-op when inactive. */
 void kvc_handoff_import_abort(kvc_handoff_import *imp);
+
+/* --- what each cache type does its own way (kvc_unified_ops) ------------------------------ */
+/* The layout whose single-sequence state the header's cells follow, without the blob prefix:
+ * the seed's; today's (stream sections; the cells SWA-masked against the sequence's largest
+ * position left out; the per-cell extension, x, y and token id, after each record's n_seq_id
+ * when the cache has it). */
+#define KVC_HANDOFF_LAYOUT_2025 0u
+#define KVC_HANDOFF_LAYOUT_2026 \
+    ((unsigned)(KVC_LAYOUT_STREAMS | KVC_LAYOUT_SWA_TRIM | KVC_LAYOUT_EXT_XY | KVC_LAYOUT_EXT_TOK))
+/* The cells imp's sequence takes (imp->runs): the dry run of the seed's single-sequence state
+ * read, undone; or of today's, in the sequence's stream. An empty sequence reserves nothing.
+ * KVC_OK, KVC_E_STATE (no room: err says how many cells are missing) or KVC_E_NOMEM. */
+int  kvc_handoff_reserve_2025(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err);
+int  kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err);
+/* What the import keeps for its check and abort besides the snapshot: nothing (one stream, in
+ * the snapshot), or every stream's cells and heads and the queued stream copies. false: out of
+ * memory (what was kept is released with the import). */
+bool kvc_handoff_save_none(kvc_handoff_import *imp);
+bool kvc_handoff_save_streams(kvc_handoff_import *imp);
+/* The commit's placement, the reserved cells again: KVC_OK, or an error with err and the cache
+ * as at begin. */
+int  kvc_handoff_place_2025(kvc_handoff_import *imp, kvc_err *err);
+int  kvc_handoff_place_2026(kvc_handoff_import *imp, kvc_err *err);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,7 @@ int kvc_hybrid_init(kvc_hybrid *h, kvc_unified *attn, kvc_recurrent *recr, kvc_e
     h->attn = NULL;
     h->iswa = NULL;
     h->recr = NULL;
-    if (attn->semantics != KVC_SEM_2026 || recr->semantics != KVC_REC_2026) {
+    if (attn->ops->semantics != KVC_SEM_2026 || recr->semantics != KVC_REC_2026) {
         return kvc_err_set(err, KVC_E_ARG, "a hybrid memory is today's llama.cpp's: both parts must be of "
                            "semantics '2026'");
     }

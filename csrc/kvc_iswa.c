@@ -75,7 +75,7 @@ int kvc_iswa_init(kvc_iswa *c, kvc_unified *base, kvc_unified *swa, bool swa_ful
     if (base == swa) {
         return kvc_err_set(err, KVC_E_ARG, "the base and SWA caches are the same cache");
     }
-    if (base->semantics != swa->semantics || base->n_stream != swa->n_stream || base->n_seq_max != swa->n_seq_max) {
+    if (base->ops != swa->ops || base->n_stream != swa->n_stream || base->n_seq_max != swa->n_seq_max) {
         return kvc_err_set(err, KVC_E_ARG, "the base and SWA caches differ in semantics, streams or n_seq_max");
     }
     if (swa->swa_type == KVC_SWA_NONE) {
@@ -94,29 +94,14 @@ int kvc_iswa_sbatch_init(kvc_iswa *c, uint32_t n_tokens, const int32_t *pos, con
 }
 
 int kvc_iswa_find_slot(kvc_iswa *c, const kvc_ubatch *ub, int found[2], kvc_err *err) {
-    if (c->base->semantics == KVC_SEM_2026) {
-        kvc_unified *const parts[2] = { c->base, c->swa };
-        int room[2] = { 0, 0 };
-        const int r = kvc_unified_find_slot_2026_parts(parts, 2, ub, room, err);
-        found[0] = room[0] == 1;
-        found[1] = room[1] == 1;
-        return r;
-    }
-    kvc_unified_mark mark;
-    kvc_unified_mark_take(c->base, &mark);
-    const int rb = kvc_unified_find_slot(c->base, ub);
-    if (rb < 0) {
-        return rb;
-    }
-    const int rs = kvc_unified_find_slot(c->swa, ub);
-    if (rs < 0) {
-        /* only find_slot changed the base cache since the mark: the rewind cannot fail */
-        (void)kvc_unified_rewind(c->base, &mark);
-        return rs;
-    }
-    found[0] = rb == 1;
-    found[1] = rs == 1;
-    return found[0] && found[1];
+    /* the pair's rule is the caches' type's: the seed's places in each in turn (an error in the
+     * SWA cache rewinds the base cache), today's in both or neither */
+    kvc_unified *const parts[2] = { c->base, c->swa };
+    int room[2] = { 0, 0 };
+    const int r = c->base->ops->find_slot_parts(parts, 2, ub, room, err);
+    found[0] = room[0] == 1;
+    found[1] = room[1] == 1;
+    return r;
 }
 
 uint32_t kvc_iswa_commit(kvc_iswa *c, kvc_iswa_pending *partial) {

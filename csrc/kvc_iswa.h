@@ -126,7 +126,7 @@ static inline bool kvc_iswa_has_shift(const kvc_iswa *c) {
 /* 2025: an update must refuse a pending shift it cannot apply (2026 shifts each cache's own
  * cells whatever can_shift says). */
 static inline bool kvc_iswa_shift_refused(const kvc_iswa *c) {
-    return c->base->semantics != KVC_SEM_2026 && kvc_iswa_has_shift(c) && !kvc_iswa_can_shift(c);
+    return c->base->ops->shift_refused_partial && kvc_iswa_has_shift(c) && !kvc_iswa_can_shift(c);
 }
 
 #ifdef __cplusplus

@@ -478,6 +478,25 @@ uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *str
     return n_kv;
 }
 
+int kvc_unified_kv_groups_seed(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
+                               uint32_t *n_seq_tokens, uint32_t *n_kv, kvc_err *err) {
+    (void)err;
+    strm[0] = 0;
+    *n_groups = 1;
+    *n_seq_tokens = ub->n_tokens;
+    *n_kv = c->n;
+    return KVC_OK;
+}
+
+int kvc_unified_kv_groups_streams(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
+                                  uint32_t *n_seq_tokens, uint32_t *n_kv, kvc_err *err) {
+    const int rc = kvc_unified_groups(c, ub, strm, n_groups, n_seq_tokens, err);
+    if (rc == KVC_OK) {
+        *n_kv = kvc_unified_kq_mask_2026_n_kv(c, strm, *n_groups);
+    }
+    return rc;
+}
+
 /* The layout of a 2026 mask: its token groups (strm[n_groups], nst tokens each) and n_kv. */
 typedef struct kvc_mask_groups {
     uint32_t strm[KVC_MAX_SEQ], n_groups, nst, n_kv;

@@ -40,6 +40,14 @@ int kvc_unified_kq_mask_2026(const kvc_unified *c, const kvc_ubatch *ub, bool ca
                              void *out, kvc_err *err);
 uint32_t kvc_unified_kq_mask_2026_n_kv(const kvc_unified *c, const uint32_t *strm, uint32_t n_groups);
 
+/* The columns of the attention of ub and its token groups (kvc_unified_ops.kv_groups): the
+ * seed's one group of every token against the cache's n, or today's groups (kvc_unified_groups,
+ * KVC_E_ARG with err) against the largest n_kv of their streams. */
+int kvc_unified_kv_groups_seed(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
+                               uint32_t *n_seq_tokens, uint32_t *n_kv, kvc_err *err);
+int kvc_unified_kv_groups_streams(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
+                                  uint32_t *n_seq_tokens, uint32_t *n_kv, kvc_err *err);
+
 /* The same masks into a buffer the cache remembers (kvc_unified.mask_memo: the last buffer
  * written this way, its shape and what each of its rows showed). With reuse, when out is that
  * buffer, untouched since, and the call asks for a mask of the same shape (dtype, rows, n_kv,

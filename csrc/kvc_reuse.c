@@ -61,7 +61,7 @@ static void reuse_free(kvc_reuse *r) {
 }
 
 static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *err) {
-    if (c->semantics != KVC_SEM_2026) {
+    if (!c->ops->prefix_reuse) {
         return kvc_err_set(err, KVC_E_ARG, "prefix reuse needs a cache of today's semantics (\"2026\")");
     }
     if (kvc_unified_has_ext(c) && n_ghost) {

@@ -168,9 +168,34 @@ static bool kvc_unified_search(kvc_unified *c, uint32_t n_tokens) {
 }
 
 int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
-    if (c->semantics == KVC_SEM_2026) {
-        return kvc_unified_find_slot_2026(c, ub, NULL);
+    return c->ops->find_slot(c, ub, NULL);
+}
+
+int kvc_unified_find_slot_2025_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
+                                     kvc_err *err) {
+    kvc_unified_mark marks[KVC_STATE_MAX_PARTS];
+    if (n == 0 || n > KVC_STATE_MAX_PARTS) {
+        return kvc_err_set(err, KVC_E_ARG, "find_slot: 1 to %d caches expected, got %u", KVC_STATE_MAX_PARTS, n);
     }
+    int all = 1;
+    for (uint32_t k = 0; k < n; k++) {
+        kvc_unified_mark_take(cs[k], &marks[k]);
+        const int r = kvc_unified_find_slot_2025(cs[k], ub, err);
+        if (r < 0) {
+            /* only find_slot changed the caches before it since their marks: the rewinds cannot fail */
+            for (uint32_t j = k; j-- > 0;) {
+                (void)kvc_unified_rewind(cs[j], &marks[j]);
+            }
+            return r;
+        }
+        found[k] = r == 1;
+        all &= found[k];
+    }
+    return all;
+}
+
+int kvc_unified_find_slot_2025(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err) {
+    (void)err;   /* the seed's search has no argument to refuse */
     kvc_cells *cells = &c->cells;
     const uint32_t n_tokens = ub->n_tokens;
 
@@ -617,8 +642,8 @@ void kvc_unified_slot_cells(const kvc_unified *c, int32_t *out) {
 }
 
 /* The rows of the placed tokens in scattered cells of their streams (2026). */
-static void kvc_unified_store_scattered(kvc_unified *c, const kvc_layer *ly, uint32_t n_tokens, const uint8_t *k,
-                                        const uint8_t *v) {
+void kvc_unified_store_scattered(kvc_unified *c, const kvc_layer *ly, uint32_t n_tokens, const uint8_t *k,
+                                 const uint8_t *v) {
     const size_t size = c->cells.size;
     const size_t el = kvc_type_get(c->type_v)->type_size;
     for (uint32_t t = 0; t < n_tokens; t++) {
@@ -648,33 +673,32 @@ int kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const voi
         return KVC_E_ARG;
     }
     kvc_unified_defrag_settle(c);
-    const kvc_layer *ly = &c->layers[ikv];
-    if (c->semantics == KVC_SEM_2026) {
-        kvc_unified_store_scattered(c, ly, n_tokens, k, v);
-        return KVC_OK;
-    }
-    /* the placement is a run of cells: the rows go in at once */
+    c->ops->store(c, &c->layers[ikv], n_tokens, k, v);
+    return KVC_OK;
+}
+
+/* The placement is a run of cells: the rows go in at once. */
+void kvc_unified_store_run(kvc_unified *c, const kvc_layer *ly, uint32_t n_tokens, const uint8_t *k,
+                           const uint8_t *v) {
     const size_t head = kvc_unified_slot_cell(c, 0), size = c->cells.size;
     if (k && ly->k) {
         memcpy(ly->k + head * ly->k_row_bytes, k, n_tokens * ly->k_row_bytes);
     }
     if (!v || !ly->v) {
-        return KVC_OK;
+        return;
     }
     if (!c->v_trans) {
         memcpy(ly->v + head * ly->v_row_bytes, v, n_tokens * ly->v_row_bytes);
-        return KVC_OK;
+        return;
     }
     /* transposed: element e of token t goes to row e, column head + t */
     const size_t el = kvc_type_get(c->type_v)->type_size;
-    const uint8_t *src = v;
     for (uint32_t e = 0; e < ly->n_embd_v; e++) {
         uint8_t *dst = ly->v + ((size_t)e * size + head) * el;
         for (uint32_t t = 0; t < n_tokens; t++) {
-            memcpy(dst + (size_t)t * el, src + ((size_t)t * ly->n_embd_v + e) * el, el);
+            memcpy(dst + (size_t)t * el, v + ((size_t)t * ly->n_embd_v + e) * el, el);
         }
     }
-    return KVC_OK;
 }
 
 /* --- snapshots ------------------------------------------------------------------------- */

@@ -10,9 +10,20 @@
 extern "C" {
 #endif
 
-/* Place a (checked) ubatch: 1 = placed at head (the placement below), 0 = no slot (head may have
- * moved, as the seed's; nothing is placed then), KVC_E_NOMEM (nothing changed). */
+/* Place a (checked) ubatch by the rule of the cache's type (kvc_unified_ops.find_slot): the
+ * seed's (kvc_unified_find_slot_2025) or today's (kvc_unified_find_slot_2026, whose grouping
+ * errors come back as KVC_E_ARG without a message here). */
 int     kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub);
+/* The seed's find_slot: 1 = placed at head (the placement below), 0 = no slot (head may have
+ * moved, as the seed's; nothing is placed then), KVC_E_NOMEM (nothing changed). err is not
+ * used (the table's signature). */
+int     kvc_unified_find_slot_2025(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err);
+/* The seed's find_slot into each of the n (1..KVC_STATE_MAX_PARTS) caches cs in turn (an iSWA
+ * pair): found[k] whether cache k found room; 1 when all did, else 0 (the placements that
+ * were made stay, for restore to undo). An error (KVC_E_NOMEM) of cache k rewinds the caches
+ * before it and is returned. */
+int     kvc_unified_find_slot_2025_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
+                                         kvc_err *err);
 void    kvc_unified_commit(kvc_unified *c);
 void    kvc_unified_restore(kvc_unified *c);
 void    kvc_unified_set_full(kvc_unified *c);
@@ -25,11 +36,11 @@ void    kvc_unified_set_full(kvc_unified *c);
 static inline uint32_t kvc_unified_slot_n(const kvc_unified *c) { return c->slot.n; }   /* 0: none */
 /* The cell of placed token t < kvc_unified_slot_n(c) (in its stream, kvc_unified_slot_stream). */
 static inline uint32_t kvc_unified_slot_cell(const kvc_unified *c, uint32_t t) {
-    return c->semantics == KVC_SEM_2026 ? (uint32_t)c->scatter.idx[t] : c->slot.head + t;
+    return c->slot.cells ? (uint32_t)c->slot.cells[t] : c->slot.head + t;
 }
-/* The stream of placed token t (0 for a 2025 cache). */
+/* The stream of placed token t (0 for a run: a cache of one stream). */
 static inline uint32_t kvc_unified_slot_stream(const kvc_unified *c, uint32_t t) {
-    return c->semantics == KVC_SEM_2026 ? c->scatter.strm[t / c->scatter.n_seq_tokens] : 0;
+    return c->slot.cells ? c->scatter.strm[t / c->scatter.n_seq_tokens] : 0;
 }
 /* The cells of the placed tokens, in token order, into out[kvc_unified_slot_n(c)]. */
 void    kvc_unified_slot_cells(const kvc_unified *c, int32_t *out);
@@ -63,6 +74,13 @@ int  kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_
  * either may be NULL. KVC_E_ARG (nothing written) when nothing is placed, n_tokens is not the
  * placement's size or ikv is not a kept layer. */
 int     kvc_unified_store(kvc_unified *c, uint32_t ikv, uint32_t n_tokens, const void *k, const void *v);
+/* The types' halves of it (kvc_unified_ops.store), the placement current and n_tokens its
+ * size: the rows into the placement's run of cells (the seed's), or each token's row into its
+ * cell of its stream (today's). */
+void    kvc_unified_store_run(kvc_unified *c, const kvc_layer *ly, uint32_t n_tokens, const uint8_t *k,
+                              const uint8_t *v);
+void    kvc_unified_store_scattered(kvc_unified *c, const kvc_layer *ly, uint32_t n_tokens, const uint8_t *k,
+                                    const uint8_t *v);
 
 /* --- undoing find_slot calls exactly ---------------------------------------------------- */
 /* What the find_slot calls change besides the cells: head, n and the undo log. A mark taken

@@ -1,5 +1,5 @@
 /* kvcache — the unified cache's state reads: a part in a layout (to the reader of the cache's
- * semantics), several parts all or nothing, and the detection of a blob's layout (see kvc_state.h). */
+ * type, kvc_unified_ops), several parts all or nothing, and the detection of a blob's layout (see kvc_state.h). */
 #include "kvc_state.h"
 
 #include "kvc_le.h"
@@ -28,25 +28,14 @@ int kvc_unified_state_prepare_lay(kvc_unified *c, int32_t seq_id, const uint8_t 
     if (layout & KVC_LAYOUT_DETECT) {
         return kvc_err_set(err, KVC_E_ARG, "a part is prepared in a known layout (detection reads whole states)");
     }
-    if (c->semantics == KVC_SEM_2026) {
-        const int rc = kvc_state_prepare_2026(c, seq_id, data, len, flags, layout, plan, err);
-        if (rc != KVC_OK) {
-            kvc_state_plan_free(plan);
-        }
-        return rc;
-    }
-    return kvc_state_prepare_2025(c, seq_id, data, len, flags, layout, plan, err);
+    return c->ops->state_prepare(c, seq_id, data, len, flags, layout, plan, err);
 }
 
 int kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan) {
     if (plan->noop) {
         return KVC_OK;
     }
-    if (c->semantics == KVC_SEM_2026) {
-        kvc_state_apply_2026(c, plan);
-        return KVC_OK;
-    }
-    return kvc_state_apply_2025(c, plan);
+    return c->ops->state_apply(c, plan);
 }
 
 int kvc_unified_state_read_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data,

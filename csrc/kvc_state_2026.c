@@ -156,8 +156,9 @@ static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *
 }
 
 /* Validate a state for a cache of semantics 2026: a section per stream (one in a layout without
- * stream counts), each against a stream of the cache; for a single sequence, find room. */
-int kvc_state_prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+ * stream counts), each against a stream of the cache; for a single sequence, find room. On
+ * failure the caller frees the plan. */
+static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                         unsigned layout, kvc_state_plan *plan, kvc_err *err) {
     kvc_cursor r = { data, data ? len : 0, 0 };
     const kvc_state_stream ref = { c, 0 };
@@ -206,7 +207,16 @@ int kvc_state_prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, 
     return KVC_OK;
 }
 
-void kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
+int kvc_state_prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                           unsigned layout, kvc_state_plan *plan, kvc_err *err) {
+    const int rc = prepare_2026(c, seq_id, data, len, flags, layout, plan, err);
+    if (rc != KVC_OK) {
+        kvc_state_plan_free(plan);
+    }
+    return rc;
+}
+
+int kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
     if (plan->seq_id < 0) {
         /* clear (every stream, heads 0; queued stream copies stay), then cell k of section s into
          * cell k of stream s; of the K/V data only what no section overwrites is zeroed (the
@@ -240,7 +250,7 @@ void kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
                 apply_data_2026(c, plan->data, sec, NULL);
             }
         }
-        return;
+        return KVC_OK;
     }
     /* the same steps on the same cells as the prepare's dry run: the same cells, room found */
     for (uint32_t k = 0; k < plan->n_sec; k++) {
@@ -251,4 +261,5 @@ void kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
         }
     }
     kvc_unified_slot_drop(c);
+    return KVC_OK;
 }

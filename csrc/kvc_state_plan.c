@@ -26,7 +26,7 @@ void kvc_state_dest(const kvc_state_stream *ref, int32_t seq_id, unsigned flags,
     d->single_n_ids = 1;
     d->n_seq_max = c->n_seq_max;
     d->seq_words = c->cells.seq_words;
-    d->ids_once = c->semantics == KVC_SEM_2026;
+    d->ids_once = c->ops->ids_once;
     d->type_k = c->type_k;
     d->type_v = c->type_v;
     d->v_trans = c->v_trans;

@@ -15,7 +15,7 @@
 
 /* --- construction -------------------------------------------------------------------- */
 
-int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) {
+int kvc_unified_construct(kvc_unified *c, const kvc_unified_params *p, const kvc_unified_ops *ops, kvc_err *err) {
     memset(c, 0, sizeof *c);
     if (p->n_pad == 0) {
         return kvc_err_set(err, KVC_E_ARG, "n_pad must be positive");
@@ -59,14 +59,11 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
         }
     }
 
-    if (p->semantics != KVC_SEM_2025 && p->semantics != KVC_SEM_2026) {
+    if (!ops) {
         return kvc_err_set(err, KVC_E_ARG, "semantics %d is not 2025 (0) or 2026 (1)", p->semantics);
     }
-    if (p->semantics == KVC_SEM_2025 && p->stream_per_seq) {
-        return kvc_err_set(err, KVC_E_ARG, "kv_unified false (a stream per sequence) needs semantics 2026");
-    }
-    if (p->semantics == KVC_SEM_2025 && p->cell_ext) {
-        return kvc_err_set(err, KVC_E_ARG, "the per-cell extension needs semantics 2026 (the seed's cells have none)");
+    if (ops->check && ops->check(p, err) != KVC_OK) {
+        return KVC_E_ARG;
     }
     if (p->ple && !p->cell_ext) {
         return kvc_err_set(err, KVC_E_ARG, "a per-layer-embedding token needs the per-cell extension");
@@ -92,37 +89,15 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
     c->v_trans = p->v_trans;
     c->n_layer = p->n_layer;
     c->vector_moves = kvc_cols_vector_available();   /* the environment is read here, once */
-    c->semantics = p->semantics;
+    c->ops = ops;
     c->n_stream = n_stream;
     c->n_defrag_runs = KVC_RUNS_FROM_IDS;
 
     if (kvc_cells_init(&c->cells, p->kv_size, p->n_seq_max) != KVC_OK) {
         goto nomem;
     }
-    if (c->semantics == KVC_SEM_2026) {
-        c->cells.empty_zeroes_shift = true;
-        c->more = kvc_calloc(n_stream > 1 ? n_stream - 1 : 1, sizeof *c->more);
-        c->scatter.idx = kvc_malloc_n((uint64_t)p->kv_size * n_stream, sizeof *c->scatter.idx);
-        c->scatter.strm = kvc_malloc_n(n_stream, sizeof *c->scatter.strm);
-        c->cap_copies = 4;
-        c->copy_src = kvc_malloc_n(c->cap_copies, sizeof *c->copy_src);
-        c->copy_dst = kvc_malloc_n(c->cap_copies, sizeof *c->copy_dst);
-        if (!c->more || !c->scatter.idx || !c->scatter.strm || !c->copy_src || !c->copy_dst) {
-            goto nomem;
-        }
-        for (uint32_t s = 1; s < n_stream; s++) {
-            if (kvc_cells_init(&c->more[s - 1].cells, p->kv_size, p->n_seq_max) != KVC_OK) {
-                goto nomem;
-            }
-            c->more[s - 1].cells.empty_zeroes_shift = true;
-        }
-        for (uint32_t s = 0; p->cell_ext && s < n_stream; s++) {
-            if (kvc_cells_ext_enable(kvc_unified_stream_cells(c, s)) != KVC_OK) {
-                goto nomem;
-            }
-        }
-        c->ple = p->ple;
-        c->ple_token = p->ple_token;
+    if (ops->init && ops->init(c, p) != KVC_OK) {
+        goto nomem;
     }
     c->layers = kvc_calloc(p->n_layer ? p->n_layer : 1, sizeof *c->layers);
     c->defrag_ids = kvc_malloc_n(p->kv_size, sizeof *c->defrag_ids);
@@ -137,6 +112,45 @@ int kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err) 
 nomem:
     kvc_unified_free(c);
     return kvc_err_set(err, KVC_E_NOMEM, "out of memory creating a cache of %u cells", p->kv_size);
+}
+
+int kvc_unified_refuse_streams(const kvc_unified_params *p, kvc_err *err) {
+    if (p->stream_per_seq) {
+        return kvc_err_set(err, KVC_E_ARG, "kv_unified false (a stream per sequence) needs semantics 2026");
+    }
+    if (p->cell_ext) {
+        return kvc_err_set(err, KVC_E_ARG, "the per-cell extension needs semantics 2026 (the seed's cells have none)");
+    }
+    return KVC_OK;
+}
+
+int kvc_unified_streams_init(kvc_unified *c, const kvc_unified_params *p) {
+    const uint32_t n_stream = c->n_stream;
+    c->cells.empty_zeroes_shift = true;
+    c->more = kvc_calloc(n_stream > 1 ? n_stream - 1 : 1, sizeof *c->more);
+    c->scatter.idx = kvc_malloc_n((uint64_t)p->kv_size * n_stream, sizeof *c->scatter.idx);
+    c->scatter.strm = kvc_malloc_n(n_stream, sizeof *c->scatter.strm);
+    c->cap_copies = 4;
+    c->copy_src = kvc_malloc_n(c->cap_copies, sizeof *c->copy_src);
+    c->copy_dst = kvc_malloc_n(c->cap_copies, sizeof *c->copy_dst);
+    if (!c->more || !c->scatter.idx || !c->scatter.strm || !c->copy_src || !c->copy_dst) {
+        return KVC_E_NOMEM;
+    }
+    c->slot.cells = c->scatter.idx;   /* every placement is scattered */
+    for (uint32_t s = 1; s < n_stream; s++) {
+        if (kvc_cells_init(&c->more[s - 1].cells, p->kv_size, p->n_seq_max) != KVC_OK) {
+            return KVC_E_NOMEM;
+        }
+        c->more[s - 1].cells.empty_zeroes_shift = true;
+    }
+    for (uint32_t s = 0; p->cell_ext && s < n_stream; s++) {
+        if (kvc_cells_ext_enable(kvc_unified_stream_cells(c, s)) != KVC_OK) {
+            return KVC_E_NOMEM;
+        }
+    }
+    c->ple = p->ple;
+    c->ple_token = p->ple_token;
+    return KVC_OK;
 }
 
 void kvc_unified_free(kvc_unified *c) {
@@ -514,7 +528,7 @@ int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
 }
 
 void kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out) {
-    const uint32_t n_kv = c->semantics == KVC_SEM_2026 ? kvc_unified_stream_n_kv(c, 0) : c->n;
+    const uint32_t n_kv = c->ops->n_kv(c);
     for (uint32_t t = 0; t < ub->n_tokens; t++) {
         for (uint32_t i = 0; i < n_kv; i++) {
             out[(size_t)t * n_kv + i] = kvc_relative_position_bucket(c->cells.pos[i], ub->pos[t], n_buckets);
@@ -533,6 +547,10 @@ void kvc_unified_k_shift(const kvc_unified *c, int32_t *out) {
 }
 
 /* --- streams (2026) -------------------------------------------------------------------- */
+
+uint32_t kvc_unified_n_kv_seed(const kvc_unified *c) { return c->n; }
+
+uint32_t kvc_unified_n_kv_streams(const kvc_unified *c) { return kvc_unified_stream_n_kv(c, 0); }
 
 uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s) {
     const uint32_t p = c->n_pad > KVC_N_KV_PAD_MIN ? c->n_pad : KVC_N_KV_PAD_MIN;

@@ -5,7 +5,8 @@
  * the cache is declared by concept: kvc_defrag.h (defragmentation, below the operations: each
  * settles a pending plan first), and above this header kvc_slot.h (slot search, the undo log,
  * snapshots, storing a ubatch's rows), kvc_mask.h (the KQ mask), kvc_kshift.h (the K-shift of
- * the K memory), kvc_state.h (the state codec). csrc/LAYERS lists the order.
+ * the K memory), kvc_state.h (the state codec), and at the top kvc_unified_ops.h (the two cache
+ * types, one per semantics, and kvc_unified_init). csrc/LAYERS lists the order.
  *
  * The K/V memory is not allocated here: the owner (the Python layer) attaches
  * one K and one V buffer per kept layer with kvc_unified_set_layer_buffers, or
@@ -23,8 +24,16 @@
 extern "C" {
 #endif
 
-/* Validate params and initialise (buffers NULL). KVC_OK, KVC_E_ARG (err says why), KVC_E_NOMEM. */
-int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err);
+/* The construction both cache types share (kvc_unified_init, kvc_unified_ops.h, picks the type):
+ * validate params and initialise a cache of type ops (buffers NULL); ops NULL: params name no
+ * semantics. KVC_OK, KVC_E_ARG (err says why), KVC_E_NOMEM. */
+int  kvc_unified_construct(kvc_unified *c, const kvc_unified_params *p, const kvc_unified_ops *ops, kvc_err *err);
+/* The seed's type refuses what only today's cells have: streams and the per-cell extension
+ * (KVC_E_ARG with err; KVC_OK otherwise). */
+int  kvc_unified_refuse_streams(const kvc_unified_params *p, kvc_err *err);
+/* Today's type adds its streams, the buffers of its scattered placement and stream copies, and
+ * the per-cell extension when params ask for it: KVC_OK or KVC_E_NOMEM. */
+int  kvc_unified_streams_init(kvc_unified *c, const kvc_unified_params *p);
 void kvc_unified_free(kvc_unified *c);
 /* Attach the K/V memory of kept layer `ikv` (index into layers, not the model index). */
 void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v);
@@ -39,6 +48,10 @@ int  kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err);
 /* 2026: the cells the attention of stream s spans: min(size, max(P, pad(used_max_p1, P))),
  * P = max(n_pad, KVC_N_KV_PAD_MIN). */
 uint32_t kvc_unified_stream_n_kv(const kvc_unified *c, uint32_t s);
+/* The cells the attention of stream 0 spans (kvc_unified_ops.n_kv): the seed's n, or today's
+ * kvc_unified_stream_n_kv(c, 0). */
+uint32_t kvc_unified_n_kv_seed(const kvc_unified *c);
+uint32_t kvc_unified_n_kv_streams(const kvc_unified *c);
 /* Whether any stream has a pending shift. */
 bool     kvc_unified_any_shift(const kvc_unified *c);
 

@@ -7,6 +7,7 @@
 
 #include "kvc_common.h"
 #include "kvc_cells.h"
+#include "kvc_ubatch.h"
 #include "kvc_undo.h"
 
 #ifdef __cplusplus
@@ -21,7 +22,8 @@ typedef enum kvc_swa_type {
 
 /* Which llama.cpp the cache follows: the seed (mid-2025: one cell table, contiguous placement
  * with commit/restore, defragmentation) or today's (streams, scattered placement that is final,
- * stream copies, no defragmentation). Chosen at construction. */
+ * stream copies, no defragmentation). Each is a cache type of its own (kvc_unified_ops below),
+ * chosen at construction. */
 typedef enum kvc_semantics {
     KVC_SEM_2025 = 0,
     KVC_SEM_2026 = 1,
@@ -43,11 +45,13 @@ typedef struct kvc_stream {
 /* The layers (kvc_layer, kvc_common.h): K rows n_stream * size (stream s: rows s * size ..); V
  * likewise, or transposed per stream n_embd_v rows of size elements. */
 
-/* Where the last successful find_slot put its ubatch: token t is in cell head + t (kvc_slot.h reads
- * it through kvc_unified_slot_cell, so that a placement in scattered cells can replace the run).
+/* Where the last successful find_slot put its ubatch (kvc_slot.h reads it through
+ * kvc_unified_slot_cell): token t is in cell head + t, or, for a type that places tokens in
+ * scattered cells, in cells[t] (the cache's kvc_scatter.idx, set at construction).
  * n == 0: nothing is placed. */
 typedef struct kvc_slot {
-    uint32_t head, n;
+    uint32_t       head, n;
+    const int32_t *cells;   /* NULL: the placement is the run from head */
 } kvc_slot;
 
 /* Where the last successful 2026 find_slot put its ubatch: token g * n_seq_tokens + i of group
@@ -59,13 +63,16 @@ typedef struct kvc_scatter {
     uint32_t  n_groups, n_seq_tokens;
 } kvc_scatter;
 
+struct kvc_unified_ops;
+struct kvc_unified_params;
+
 typedef struct kvc_unified {
     /* the cell table and the state that goes with it (head, placement, undo log) */
     kvc_cells  cells;        /* the cell table */
     uint32_t   head;         /* where the next slot search starts */
     kvc_slot   slot;         /* the last placement, until an operation changes the cells */
+    const struct kvc_unified_ops *ops; /* the cache's type: its semantics' rules */
     /* semantics 2026 (KVC_SEM_2026): streams, scattered placement, stream copies */
-    int32_t    semantics;    /* kvc_semantics */
     uint32_t   n_stream;     /* 1, or n_seq_max (kv_unified false): sequence s in stream s */
     kvc_stream *more;        /* [n_stream - 1] streams 1.. */
     kvc_scatter scatter;     /* the cells of the last placement (2026) */
@@ -129,6 +136,48 @@ typedef struct kvc_unified_params {
     bool            ple;         /* with cell_ext: kvc_unified.ple */
     int32_t         ple_token;
 } kvc_unified_params;
+
+struct kvc_state_plan;
+struct kvc_handoff_import;
+
+/* A unified cache type: what one semantics does its own way, for the layers that serve both to
+ * call without asking which (the two types, kvc_unified_2025_ops and kvc_unified_2026_ops, are in
+ * kvc_unified_ops.h; each entry's function is documented where it is defined). Both share the
+ * cell table, the sequence operations, the state writer and the section parser. */
+typedef struct kvc_unified_ops {
+    int32_t semantics;   /* kvc_semantics: the llama.cpp the type follows (for its name) */
+    /* construction (kvc_unified.c): the parameters the type refuses (KVC_E_ARG with err), and
+     * what it adds to the shared construction (KVC_OK or KVC_E_NOMEM) */
+    int  (*check)(const struct kvc_unified_params *p, kvc_err *err);
+    int  (*init)(struct kvc_unified *c, const struct kvc_unified_params *p);
+    /* placement (kvc_slot.c): a ubatch, a ubatch into several caches all or nothing (found[k]:
+     * cache k found room), the placed tokens' rows of one layer */
+    int  (*find_slot)(struct kvc_unified *c, const kvc_ubatch *ub, kvc_err *err);
+    int  (*find_slot_parts)(struct kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
+                            kvc_err *err);
+    void (*store)(struct kvc_unified *c, const kvc_layer *ly, uint32_t n_tokens, const uint8_t *k,
+                  const uint8_t *v);
+    /* the attention's columns (kvc_mask.c): of stream 0, and for placed ubatch ub with its token
+     * groups (strm[g] the stream of group g, n_seq_tokens tokens each; KVC_E_ARG with err) */
+    uint32_t (*n_kv)(const struct kvc_unified *c);
+    int  (*kv_groups)(const struct kvc_unified *c, const kvc_ubatch *ub, uint32_t *strm, uint32_t *n_groups,
+                      uint32_t *n_seq_tokens, uint32_t *n_kv, kvc_err *err);
+    /* the state reader (kvc_state_2025.c / kvc_state_2026.c) */
+    bool ids_once;       /* a cell record's sequence ids are each listed once */
+    int  (*state_prepare)(struct kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                          unsigned layout, struct kvc_state_plan *plan, kvc_err *err);
+    int  (*state_apply)(struct kvc_unified *c, const struct kvc_state_plan *plan);
+    /* the hand-off of a sequence (kvc_handoff.c): the layout of its header's cells, the cells an
+     * import reserves (a dry run), what it keeps for its abort besides the snapshot, and the
+     * commit's placement */
+    unsigned handoff_layout;
+    int  (*handoff_reserve)(struct kvc_unified *c, struct kvc_handoff_import *imp, kvc_err *err);
+    bool (*handoff_save)(struct kvc_handoff_import *imp);
+    int  (*handoff_place)(struct kvc_handoff_import *imp, kvc_err *err);
+    /* rules of the layers above */
+    bool prefix_reuse;   /* the prefix index may be kept (kvc_reuse.h) */
+    bool shift_refused_partial; /* an iSWA update refuses a shift a partial SWA cache cannot make */
+} kvc_unified_ops;
 
 /* Whether the cache holds K/V memory (the owner attaches it to every layer or to none). */
 static inline bool kvc_unified_has_memory(const kvc_unified *c) {

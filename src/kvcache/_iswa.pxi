@@ -582,7 +582,7 @@ cdef class _ISWA:
                 f"n_swa={self.n_swa}, swa_type={self.swa_type!r}, n_batch={self._n_batch}, "
                 f"swa_full={self.swa_full}, n_seq_max={self.n_seq_max}, size_swa={self._swa.size}"
                 + (f", semantics='2026', kv_unified={self.kv_unified}"
-                   + (", cell_ext=True)" if self.cell_ext else ")") if self.c.base.semantics == KVC_SEM_2026
+                   + (", cell_ext=True)" if self.cell_ext else ")") if self.c.base.ops.semantics == KVC_SEM_2026
                    else ")"))
 
     # --- batches ---------------------------------------------------------------------------

@@ -459,7 +459,7 @@ cdef class _Unified(UnifiedCore):
     def semantics(self):
         """'2025' (llama.cpp as of mid-2025: contiguous placement, commit/restore, defrag) or '2026'
         (today's llama.cpp: streams, scattered placement, stream copies)."""
-        return "2026" if self.c.semantics == KVC_SEM_2026 else "2025"
+        return "2026" if self.c.ops.semantics == KVC_SEM_2026 else "2025"
 
     @property
     def kv_unified(self):

@@ -4,6 +4,7 @@
 #define KVC_TEST_FIXTURE_H
 
 #include "kvc_unified.h"
+#include "kvc_unified_ops.h"
 
 #include <string.h>
 

@@ -11,6 +11,7 @@
 #include "kvc_slot.h"
 #include "kvc_unified.h"
 #include "kvc_types.h"
+#include "kvc_unified_ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,7 +107,7 @@ static const kvc_ubatch *random_ubatch(ubuf *b, const kvc_unified *c, const conf
 }
 
 static int place(kvc_unified *c, const kvc_ubatch *ub) {
-    if (c->semantics == KVC_SEM_2026) {
+    if (c->ops->semantics == KVC_SEM_2026) {
         kvc_err err;
         return kvc_unified_find_slot_2026(c, ub, &err);
     }
@@ -148,7 +149,7 @@ static void compare(const kvc_unified *c, const kvc_ubatch *ub, bool causal) {
                     .q_pos = qp, .cap_groups = G, .cap_nnz = nnz, .cap_tokens = n };
     REQUIRE(kvc_unified_attn_indices(c, ub, causal, &a, &err) == KVC_OK, "the indices: %s", err.msg);
     REQUIRE(a.n_groups == G && a.nnz == nnz, "the same counts");
-    int rc = c->semantics == KVC_SEM_2026 ? kvc_unified_kq_mask_2026(c, ub, causal, false, KVC_MASK_BOOL, mask, &err)
+    int rc = c->ops->semantics == KVC_SEM_2026 ? kvc_unified_kq_mask_2026(c, ub, causal, false, KVC_MASK_BOOL, mask, &err)
                                           : kvc_unified_kq_mask(c, ub, causal, false, KVC_MASK_BOOL, false, 0, mask);
     REQUIRE(rc == KVC_OK, "the mask");
     CHECK(qo[0] == 0 && qo[G] == (int32_t)n && kv[0] == 0 && kv[G] == (int32_t)nnz, "the bounds");

@@ -187,7 +187,7 @@ static void check_mask(kvc_unified *c, const int32_t *next, uint64_t which, int 
     const size_t el = dtype == KVC_MASK_F32 ? 4 : dtype == KVC_MASK_F16 ? 2 : 1;
     size_t bytes;
     kvc_err err;
-    if (c->semantics == KVC_SEM_2026) {
+    if (c->ops->semantics == KVC_SEM_2026) {
         uint32_t strm[KVC_MAX_SEQ], ng, nst;
         if (kvc_unified_groups(c, &u.ub, strm, &ng, &nst, &err) != KVC_OK) {
             return;

@@ -10,6 +10,7 @@
 #include "kvc_le.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
+#include "kvc_unified_ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>

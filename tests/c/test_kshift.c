@@ -8,6 +8,7 @@
 #include "kvc_quant.h"
 #include "kvc_slot.h"
 #include "kvc_update.h"
+#include "kvc_unified_ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,6 +4,7 @@
 #include "kvc_common.h"
 #include "kvc_types.h"
 #include "kvc_unified.h"
+#include "kvc_unified_ops.h"
 
 #include "check.h"
 

@@ -9,6 +9,7 @@
 #include "kvc_slot.h"
 #include "kvc_unified.h"
 #include "kvc_types.h"
+#include "kvc_unified_ops.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -5,6 +5,7 @@
  * without a change; a prepared K-shift that is not run changes nothing. */
 #include "kvc_kshift.h"
 #include "kvc_slot.h"
+#include "kvc_unified_ops.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -3,6 +3,7 @@
  * and the blobs written by llama.cpp in tests/data/interop. */
 #include "kvc_state.h"
 #include "kvc_types.h"
+#include "kvc_unified_ops.h"
 
 #include <stdarg.h>
 #include <stdio.h>

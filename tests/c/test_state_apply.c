@@ -4,6 +4,7 @@
  * apply read or write out of bounds. The cells restored are the ones that were validated. */
 #include "kvc_state.h"
 #include "kvc_types.h"
+#include "kvc_unified_ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>

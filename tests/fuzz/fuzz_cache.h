@@ -23,6 +23,7 @@
 #include "kvc_defrag.h"
 #include "kvc_types.h"
 #include "kvc_unified.h"
+#include "kvc_unified_ops.h"
 
 enum { FC_GEOMETRY_BYTES = 11, FC_MAX_LAYERS = 3, FC_PLE_TOKEN = 262144 };
 _Static_assert(FC_MAX_LAYERS <= FZ_MAX_LAYERS, "layers beyond the shared K/V memory");
@@ -130,7 +131,7 @@ static inline void fc_place(fc_cache *t, fz_rng *g, int32_t s, uint32_t n, int32
         }
     }
     const kvc_ubatch ub = { n, 1, n, pos, off, ids, ext & 1 ? x : NULL, ext & 1 ? y : NULL, ext & 2 ? tok : NULL };
-    if (t->c.semantics == KVC_SEM_2026) {
+    if (t->c.ops->semantics == KVC_SEM_2026) {
         kvc_err err = { 0, "" };
         const int r = kvc_unified_find_slot_2026(&t->c, &ub, &err);
         FUZZ_CHECK(r == 0 || r == 1, "prefill find_slot_2026 returned %d (%s)", r, err.msg);
@@ -153,7 +154,7 @@ static inline void fc_prefill(fc_cache *t, uint8_t seed) {
     int32_t next_pos[KVC_MAX_SEQ] = { 0 };
     const uint32_t n_ops = seed ? 1 + fz_below(&g, 24) : 0;
     const uint32_t max_ub = c->cells.size / 4 < 64 ? c->cells.size / 4 : 64;
-    const bool today = c->semantics == KVC_SEM_2026;
+    const bool today = c->ops->semantics == KVC_SEM_2026;
     for (uint32_t op = 0; op < n_ops; op++) {
         const int32_t s = (int32_t)fz_below(&g, n_seq);
         switch (fz_below(&g, 11)) {

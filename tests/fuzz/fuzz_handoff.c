@@ -134,7 +134,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const bool fault_pending = kvc_fail_alloc_after > 0;
     kvc_fail_alloc_after = 0;
     if (fz_verbose()) {
-        fprintf(stderr, "semantics %d, %u stream(s), swa %d, seq_id %d, %zu bytes: %s\n", t.c.semantics, t.c.n_stream,
+        fprintf(stderr, "semantics %d, %u stream(s), swa %d, seq_id %d, %zu bytes: %s\n", t.c.ops->semantics, t.c.n_stream,
                 t.c.swa_type, k.seq_id, len, rc == KVC_OK ? "begun" : err.msg);
     }
     if (rc != KVC_OK) {

@@ -24,6 +24,7 @@
 #include "kvc_layout.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
+#include "kvc_unified_ops.h"
 
 enum { HEADER = 4, KV_SIZE = 32 };
 

@@ -1,5 +1,6 @@
 # Declarations of the unified KV cache: csrc/kvc_unified.h (state, construction, sequences, window),
-# kvc_slot.h (slots, undo log, snapshots, store), kvc_defrag.h and kvc_mask.h.
+# kvc_slot.h (slots, undo log, snapshots, store), kvc_defrag.h and kvc_mask.h; the cache types and
+# the constructor: kvc_unified_ops.h.
 from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t, int64_t
 from kvcache.includes.kvc_common cimport kvc_err, kvc_layer, kvc_ubatch
 from kvcache.includes.kvc_seqops cimport kvc_seq_ops
@@ -38,11 +39,14 @@ cdef extern from "kvc_unified.h" nogil:
     ctypedef struct kvc_slot:
         uint32_t head, n
 
+    ctypedef struct kvc_unified_ops:
+        int32_t semantics
+
     ctypedef struct kvc_unified:
         kvc_cells cells
         uint32_t head
         kvc_slot slot
-        int32_t semantics
+        const kvc_unified_ops *ops
         uint32_t n_stream
         kvc_stream *more
         kvc_scatter scatter
@@ -87,7 +91,6 @@ cdef extern from "kvc_unified.h" nogil:
         bint ple
         int32_t ple_token
 
-    int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
     void kvc_unified_free(kvc_unified *c)
     void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uint8_t *v)
     int64_t kvc_unified_layer_index(const kvc_unified *c, int64_t il)
@@ -112,6 +115,9 @@ cdef extern from "kvc_unified.h" nogil:
     void    kvc_unified_pos_bucket(const kvc_unified *c, const kvc_ubatch *ub, uint32_t n_buckets, int32_t *out)
     int32_t kvc_relative_position_bucket(int32_t p0, int32_t p1, uint32_t n_buckets)
     void    kvc_unified_k_shift(const kvc_unified *c, int32_t *out)
+
+cdef extern from "kvc_unified_ops.h" nogil:
+    int  kvc_unified_init(kvc_unified *c, const kvc_unified_params *p, kvc_err *err)
 
 cdef extern from "kvc_slot.h" nogil:
     int     kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub)
