@@ -246,6 +246,38 @@ static uint8_t *ckpt_data(const kvc_ckpt_pool *p, uint32_t slot) {
     return p->data + (size_t)slot * p->state_bytes;
 }
 
+/* Copy the state s's next step reads (a pending rollback's snapshot plane, else the cell's row)
+ * into dst, every layer's R row then S row. */
+static void rows_out(const kvc_recurrent *c, int32_t s, int32_t cell, uint8_t *dst) {
+    const size_t row = (size_t)c->cells.rs_idx[s] * c->cells.size + (size_t)cell;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const kvc_layer *L = &c->layers[il];
+        if (L->k_row_bytes) {
+            memcpy(dst, L->k + row * L->k_row_bytes, L->k_row_bytes);
+        }
+        dst += L->k_row_bytes;
+        if (L->v_row_bytes) {
+            memcpy(dst, L->v + row * L->v_row_bytes, L->v_row_bytes);
+        }
+        dst += L->v_row_bytes;
+    }
+}
+
+/* Copy a state laid out as rows_out writes it into cell's rows. */
+static void rows_in(kvc_recurrent *c, uint32_t cell, const uint8_t *src) {
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const kvc_layer *L = &c->layers[il];
+        if (L->k_row_bytes) {
+            memcpy(L->k + (size_t)cell * L->k_row_bytes, src, L->k_row_bytes);
+        }
+        src += L->k_row_bytes;
+        if (L->v_row_bytes) {
+            memcpy(L->v + (size_t)cell * L->v_row_bytes, src, L->v_row_bytes);
+        }
+        src += L->v_row_bytes;
+    }
+}
+
 int kvc_ckpt_save(kvc_ckpt_pool *p, const kvc_recurrent *c, int32_t s, uint64_t salt, const int32_t *tokens,
                   uint32_t n, int32_t *copy, uint32_t *n_kept, kvc_err *err) {
     *n_kept = 0;
@@ -291,20 +323,7 @@ int kvc_ckpt_save(kvc_ckpt_pool *p, const kvc_recurrent *c, int32_t s, uint64_t 
     p->made_at[slot] = ++p->clock;
     p->used_at[slot] = p->clock;
     ckpt_order_insert(p, (uint32_t)slot);
-    /* the state s's next step reads: a pending rollback's snapshot plane, else the cell's row */
-    const size_t row = (size_t)c->cells.rs_idx[s] * c->cells.size + (size_t)cell;
-    uint8_t *dst = ckpt_data(p, (uint32_t)slot);
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_layer *L = &c->layers[il];
-        if (L->k_row_bytes) {
-            memcpy(dst, L->k + row * L->k_row_bytes, L->k_row_bytes);
-        }
-        dst += L->k_row_bytes;
-        if (L->v_row_bytes) {
-            memcpy(dst, L->v + row * L->v_row_bytes, L->v_row_bytes);
-        }
-        dst += L->v_row_bytes;
-    }
+    rows_out(c, s, cell, ckpt_data(p, (uint32_t)slot));
     *n_kept = len;
     return KVC_OK;
 }
@@ -326,19 +345,38 @@ int kvc_ckpt_place(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t slot,
 }
 
 void kvc_ckpt_fill(kvc_ckpt_pool *p, kvc_recurrent *c, uint32_t slot, uint32_t cell) {
-    const uint8_t *src = ckpt_data(p, slot);
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        const kvc_layer *L = &c->layers[il];
-        if (L->k_row_bytes) {
-            memcpy(L->k + (size_t)cell * L->k_row_bytes, src, L->k_row_bytes);
-        }
-        src += L->k_row_bytes;
-        if (L->v_row_bytes) {
-            memcpy(L->v + (size_t)cell * L->v_row_bytes, src, L->v_row_bytes);
-        }
-        src += L->v_row_bytes;
-    }
+    rows_in(c, cell, ckpt_data(p, slot));
     kvc_ckpt_touch(p, slot);
+}
+
+uint32_t kvc_ckpt_copy_seq(const kvc_recurrent *c, int32_t s, uint8_t *out) {
+    const int32_t cell = ckpt_cell_of(c, s);
+    if (cell < 0) {
+        return 0;
+    }
+    rows_out(c, s, cell, out);
+    return (uint32_t)c->cells.pos[cell] + 1;
+}
+
+bool kvc_ckpt_copy_out(const kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n, uint8_t *out) {
+    const int32_t slot = kvc_ckpt_find_exact(p, salt, tokens, n);
+    if (slot < 0) {
+        return false;
+    }
+    memcpy(out, ckpt_data(p, (uint32_t)slot), p->state_bytes);
+    return true;
+}
+
+int kvc_ckpt_restore_state(kvc_recurrent *c, int32_t s, uint32_t n_tok, const uint8_t *state, kvc_err *err) {
+    if (n_tok == 0 || n_tok > (uint32_t)INT32_MAX) {
+        return kvc_err_set(err, KVC_E_ARG, "a state after %u tokens", n_tok);
+    }
+    uint32_t cell = 0;
+    const int r = kvc_recurrent_seq_restore(c, s, (int32_t)n_tok - 1, &cell, err);
+    if (r == KVC_OK) {
+        rows_in(c, cell, state);
+    }
+    return r;
 }
 
 int kvc_ckpt_restore(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t slot, kvc_err *err) {

@@ -102,6 +102,19 @@ int  kvc_ckpt_restore(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t sl
 int  kvc_ckpt_place(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint32_t slot, uint32_t *cell, kvc_err *err);
 void kvc_ckpt_fill(kvc_ckpt_pool *p, kvc_recurrent *c, uint32_t slot, uint32_t cell);
 
+/* The prefix store's access to states (docs/store.md): states as bytes of the checkpoint layout
+ * (kvc_ckpt_state_bytes: every layer's R row then S row). */
+/* Copy the state s's next step reads (as kvc_ckpt_save takes it) into out; returns the tokens it
+ * is the state after (its position + 1), 0 when s holds no state (out untouched). */
+uint32_t kvc_ckpt_copy_seq(const kvc_recurrent *c, int32_t s, uint8_t *out);
+/* Copy the checkpoint of exactly tokens[0 .. n) under salt into out; false when none is held
+ * (nothing changes either way: not a use). */
+bool kvc_ckpt_copy_out(const kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n, uint8_t *out);
+/* Sequence s (holding no state) takes state, the state after n_tok tokens, at position n_tok - 1,
+ * placed as kvc_ckpt_restore places a checkpoint. KVC_OK; KVC_E_ARG (s holds a state, n_tok 0),
+ * KVC_E_NOSPACE (no cell): nothing changed. kvc_recurrent_unplace undoes it. */
+int  kvc_ckpt_restore_state(kvc_recurrent *c, int32_t s, uint32_t n_tok, const uint8_t *state, kvc_err *err);
+
 /* A new request in s: from now on s's checkpoints are no longer its own (per_seq counts afresh). */
 void kvc_ckpt_disown(kvc_ckpt_pool *p, int32_t s);
 

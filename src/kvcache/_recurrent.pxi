@@ -1143,6 +1143,71 @@ cdef class _Recurrent(RecurrentCore):
             unlock(&self._lock, CHANGE)
         return int(r)
 
+    # --- the prefix store's access to states (kvcache.store; csrc/kvc_checkpoint.h) -----------
+    def _state_layout(self):
+        """Per layer (R row bytes, S row bytes): a state's bytes in the checkpoint layout are
+        every layer's R row then S row, in this order."""
+        cdef uint32_t il
+        return tuple((int(self.c.layers[il].k_row_bytes), int(self.c.layers[il].v_row_bytes))
+                     for il in range(self.c.n_layer))
+
+    def _store_state(self, seq_id):
+        """(P, bytes): seq_id's state (the one its next step reads) in the checkpoint layout and
+        the tokens it is the state after; (0, None) when it holds none."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        cdef uint8_t *p
+        cdef uint32_t n
+        if self._buffers == "none":
+            raise ValueError("the cache holds no state memory (buffers='none')")
+        out = new_state_bytes(kvc_ckpt_state_bytes(&self.c), &p)
+        kvc_pylock_acquire(&self._lock)
+        n = kvc_ckpt_copy_seq(&self.c, s, p)
+        kvc_pylock_release(&self._lock)
+        return (int(n), out) if n else (0, None)
+
+    def _store_checkpoint(self, tokens, salt=None):
+        """The checkpoint of exactly ``tokens`` under ``salt`` as bytes of the checkpoint layout,
+        or None (none held, or reuse off). Not a use of it."""
+        t = tokens_c(tokens)
+        cdef uint64_t cs = salt_c(salt)
+        cdef const int32_t[::1] tv = t
+        cdef uint32_t n = <uint32_t>t.shape[0]
+        cdef uint8_t *p
+        cdef bint found = False
+        out = new_state_bytes(kvc_ckpt_state_bytes(&self.c), &p)
+        kvc_pylock_acquire(&self._lock)
+        if self._ckpt != NULL and n:
+            found = kvc_ckpt_copy_out(self._ckpt, cs, &tv[0], n, p)
+        kvc_pylock_release(&self._lock)
+        return out if found else None
+
+    def _store_restore(self, seq_id, n_tokens, state):
+        """Sequence seq_id (holding no state) takes ``state`` (bytes of the checkpoint layout) as
+        the state after n_tokens tokens, at position n_tokens - 1. ValueError (seq_id holds a
+        state), StateError (no free cell): nothing changed."""
+        cdef int32_t s = self._seq(seq_id, "seq_id", False)
+        cdef uint32_t n = <uint32_t>int_c(n_tokens, "n_tokens", 1, INT32_MAX)
+        cdef _HeldBuffer hb = state_data_view(state)
+        cdef size_t ln
+        cdef const uint8_t *p = state_data_ptr(hb, &ln)
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        try:
+            if ln != kvc_ckpt_state_bytes(&self.c):
+                raise ValueError(f"state holds {ln} bytes, a state of this cache {kvc_ckpt_state_bytes(&self.c)}")
+            if self._buffers == "none":
+                raise ValueError("the cache holds no state memory (buffers='none')")
+            lock_change(&self._lock, "load")
+            with nogil:
+                r = kvc_ckpt_restore_state(&self.c, s, n, p, &err)
+                kvc_pylock_release(&self._lock)
+        finally:
+            hb.release()
+        if r == KVC_E_NOSPACE:
+            raise StateError(f"load: no free cell for sequence {s}'s state")
+        check_status(r, &err, "load")
+
     def _prefix_check(self):
         """Raise RuntimeError unless the checkpoint pool's records agree (for tests)."""
         cdef kvc_err err

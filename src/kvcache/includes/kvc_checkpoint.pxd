@@ -42,6 +42,9 @@ cdef extern from "kvc_checkpoint.h" nogil:
     uint32_t kvc_ckpt_evict(kvc_ckpt_pool *p, uint32_t n)
     uint32_t kvc_ckpt_n_pinned(const kvc_ckpt_pool *p)
     int  kvc_ckpt_check(const kvc_ckpt_pool *p, kvc_err *err)
+    uint32_t kvc_ckpt_copy_seq(const kvc_recurrent *c, int32_t s, uint8_t *out)
+    bint kvc_ckpt_copy_out(const kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n, uint8_t *out)
+    int  kvc_ckpt_restore_state(kvc_recurrent *c, int32_t s, uint32_t n_tok, const uint8_t *state, kvc_err *err)
 
 cdef extern from "kvc_hybrid_prefix.h" nogil:
     uint32_t kvc_hybrid_prefix_match(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens,
