@@ -292,6 +292,110 @@ static void leaf_drop(kvc_prefix *idx, uint32_t i) {
     node_release(idx, i);
 }
 
+/* Room for one more record of len tokens in the spill; false when memory cannot be had. */
+static bool spill_room(kvc_prefix_spill *sp, uint32_t len) {
+    if (sp->n == sp->cap) {
+        const uint32_t cap = sp->cap ? 2 * sp->cap : 8;
+        uint64_t *salt = kvc_realloc_n(sp->salt, cap, sizeof *salt);
+        if (salt) {
+            sp->salt = salt;
+        }
+        uint32_t *start = kvc_realloc_n(sp->start, (uint64_t)cap + 1, sizeof *start);
+        if (start) {
+            sp->start = start;
+        }
+        if (!salt || !start) {
+            return false;
+        }
+        sp->cap = cap;
+    }
+    const uint64_t need = (uint64_t)sp->start[sp->n] + len;
+    if (need > sp->cap_tok) {
+        if (need > UINT32_MAX) {
+            return false;
+        }
+        const uint64_t want = need > 2 * (uint64_t)sp->cap_tok ? need : 2 * (uint64_t)sp->cap_tok;
+        const uint32_t cap = (uint32_t)(want < UINT32_MAX ? want : UINT32_MAX);
+        int32_t *tok = kvc_realloc_n(sp->tok, cap, sizeof *tok);
+        if (tok) {
+            sp->tok = tok;
+        }
+        uint32_t *cell = kvc_realloc_n(sp->cell, cap, sizeof *cell);
+        if (cell) {
+            sp->cell = cell;
+        }
+        uint32_t *strm = kvc_realloc_n(sp->strm, cap, sizeof *strm);
+        if (strm) {
+            sp->strm = strm;
+        }
+        if (!tok || !cell || !strm) {
+            return false;
+        }
+        sp->cap_tok = cap;
+    }
+    return true;
+}
+
+/* Record the prompt node i ends (before it is evicted): its path's tokens, cells and streams. */
+static void spill_record(kvc_prefix *idx, uint32_t i) {
+    kvc_prefix_spill *sp = idx->spill;
+    const kvc_prefix_node *n = &idx->nodes[i];
+    const uint32_t len = n->depth + n->len;
+    if (len < sp->min_len || len == 0) {
+        return;
+    }
+    if (!spill_room(sp, len)) {
+        sp->n_lost++;
+        return;
+    }
+    const uint32_t base = sp->start[sp->n];
+    uint32_t x = i;
+    for (; !idx->nodes[x].root; x = idx->nodes[x].parent) {
+        const kvc_prefix_node *e = &idx->nodes[x];
+        memcpy(sp->tok + base + e->depth, e->tok, (size_t)e->len * sizeof *e->tok);
+        memcpy(sp->cell + base + e->depth, e->cell, (size_t)e->len * sizeof *e->cell);
+        memcpy(sp->strm + base + e->depth, e->strm, (size_t)e->len * sizeof *e->strm);
+    }
+    sp->salt[sp->n] = idx->nodes[x].label;
+    sp->n++;
+    sp->start[sp->n] = base + len;
+}
+
+int kvc_prefix_spill_set(kvc_prefix *idx, bool on, uint32_t min_len, kvc_err *err) {
+    if (!on) {
+        kvc_prefix_spill_clear(idx);
+        if (idx->spill) {
+            kvc_free(idx->spill->salt);
+            kvc_free(idx->spill->start);
+            kvc_free(idx->spill->tok);
+            kvc_free(idx->spill->cell);
+            kvc_free(idx->spill->strm);
+            kvc_free(idx->spill);
+            idx->spill = NULL;
+        }
+        return KVC_OK;
+    }
+    if (!idx->spill) {
+        kvc_prefix_spill *sp = kvc_calloc(1, sizeof *sp);
+        uint32_t *start = kvc_calloc(1, sizeof *start);
+        if (!sp || !start) {
+            kvc_free(sp);
+            kvc_free(start);
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory for the write-back list");
+        }
+        sp->start = start;
+        idx->spill = sp;
+    }
+    idx->spill->min_len = min_len;
+    return KVC_OK;
+}
+
+void kvc_prefix_spill_clear(kvc_prefix *idx) {
+    if (idx->spill) {
+        idx->spill->n = 0;
+    }
+}
+
 /* Evict from the list's old end, sparing nodes on an insert's path, until `want` cells went or
  * none is left; the cells are appended to the freed list. Every node taken is a leaf: its
  * children were unprotected too, so before it in the list, and went first. */
@@ -302,6 +406,9 @@ static uint32_t evict_walk(kvc_prefix *idx, uint64_t want) {
         const uint32_t next = idx->nodes[i].lru_next;
         if (!idx->nodes[i].on_path) {
             got += idx->nodes[i].len;
+            if (idx->spill) {
+                spill_record(idx, i);
+            }
             edge_let_go(idx, i, 0);
             leaf_drop(idx, i);
         }
@@ -351,6 +458,7 @@ void kvc_prefix_free(kvc_prefix *idx) {
     kvc_free(idx->place);
     kvc_free(idx->freed_cell);
     kvc_free(idx->freed_strm);
+    (void)kvc_prefix_spill_set(idx, false, 0, NULL);
     *idx = (kvc_prefix){ 0 };
 }
 

@@ -91,6 +91,25 @@ typedef struct kvc_prefix_slot {
     uint32_t child;   /* 0: empty */
 } kvc_prefix_slot;
 
+/* Write-back at eviction (optional, off by default): each node eviction takes records the
+ * whole prompt it ends (the salt, and from the root on each token with its cell and stream) in
+ * a pending list that the caller drains after the operation (kvc_prefix_spill_take), before
+ * anything writes into the freed cells: placement only chooses cells, so their K/V are intact
+ * until the caller stores the new rows. Recording copies a path (no call out of the index);
+ * memory that cannot be had loses the record (counted), never the eviction. */
+typedef struct kvc_prefix_spill {
+    uint32_t  n;          /* prompts pending */
+    uint32_t  cap;        /* records room */
+    uint64_t *salt;       /* [cap] each prompt's salt */
+    uint32_t *start;      /* [cap + 1] each prompt's first token in tok / cell / strm */
+    int32_t  *tok;        /* [cap_tok] the prompts' tokens, one after the other */
+    uint32_t *cell;       /* [cap_tok] their cells */
+    uint32_t *strm;       /* [cap_tok] their streams */
+    uint32_t  cap_tok;
+    uint32_t  min_len;    /* shorter prompts are not recorded */
+    uint64_t  n_lost;     /* prompts not recorded (no memory) */
+} kvc_prefix_spill;
+
 typedef struct kvc_prefix {
     kvc_prefix_node  *nodes;       /* [n_slots] the pool; slot 0 is the head of the LRU list */
     uint32_t          n_slots;     /* slots allocated */
@@ -109,6 +128,7 @@ typedef struct kvc_prefix {
     uint32_t          n_held;      /* cells held */
     uint32_t          n_evictable; /* cells of unprotected nodes */
     uint32_t          n_nodes;     /* nodes with tokens (roots not counted) */
+    kvc_prefix_spill *spill;       /* write-back at eviction, NULL: off */
 } kvc_prefix;
 
 /* An index of cells of n_stream streams of n_cells cells each (n_stream * n_cells at most
@@ -187,6 +207,13 @@ int  kvc_prefix_move_cell(kvc_prefix *idx, uint32_t st, uint32_t from, uint32_t 
  * let go (none for an insert that evicted nothing; valid until the next of those calls): their
  * count, with *cells and *streams set. */
 uint32_t kvc_prefix_freed(const kvc_prefix *idx, const uint32_t **cells, const uint32_t **streams);
+
+/* Write-back at eviction on (prompts of at least min_len tokens recorded; KVC_OK or
+ * KVC_E_NOMEM) or off (on = false: the pending records go). */
+int  kvc_prefix_spill_set(kvc_prefix *idx, bool on, uint32_t min_len, kvc_err *err);
+/* The pending records (NULL when write-back is off): read them, then kvc_prefix_spill_clear. */
+static inline const kvc_prefix_spill *kvc_prefix_spill_pending(const kvc_prefix *idx) { return idx->spill; }
+void kvc_prefix_spill_clear(kvc_prefix *idx);
 
 static inline uint32_t kvc_prefix_n_held(const kvc_prefix *idx) { return idx->n_held; }
 static inline uint32_t kvc_prefix_n_evictable(const kvc_prefix *idx) { return idx->n_evictable; }

@@ -1160,9 +1160,11 @@ cdef class _Recurrent(RecurrentCore):
         if self._buffers == "none":
             raise ValueError("the cache holds no state memory (buffers='none')")
         out = new_state_bytes(kvc_ckpt_state_bytes(&self.c), &p)
-        kvc_pylock_acquire(&self._lock)
-        n = kvc_ckpt_copy_seq(&self.c, s, p)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "save")
+        try:
+            n = kvc_ckpt_copy_seq(&self.c, s, p)
+        finally:
+            unlock(&self._lock, READ)
         return (int(n), out) if n else (0, None)
 
     def _store_checkpoint(self, tokens, salt=None):
@@ -1175,10 +1177,12 @@ cdef class _Recurrent(RecurrentCore):
         cdef uint8_t *p
         cdef bint found = False
         out = new_state_bytes(kvc_ckpt_state_bytes(&self.c), &p)
-        kvc_pylock_acquire(&self._lock)
-        if self._ckpt != NULL and n:
-            found = kvc_ckpt_copy_out(self._ckpt, cs, &tv[0], n, p)
-        kvc_pylock_release(&self._lock)
+        lock(&self._lock, READ, "save")
+        try:
+            if self._ckpt != NULL and n:
+                found = kvc_ckpt_copy_out(self._ckpt, cs, &tv[0], n, p)
+        finally:
+            unlock(&self._lock, READ)
         return out if found else None
 
     def _store_restore(self, seq_id, n_tokens, state):
@@ -1198,10 +1202,12 @@ cdef class _Recurrent(RecurrentCore):
                 raise ValueError(f"state holds {ln} bytes, a state of this cache {kvc_ckpt_state_bytes(&self.c)}")
             if self._buffers == "none":
                 raise ValueError("the cache holds no state memory (buffers='none')")
-            lock_change(&self._lock, "load")
-            with nogil:
-                r = kvc_ckpt_restore_state(&self.c, s, n, p, &err)
-                kvc_pylock_release(&self._lock)
+            lock(&self._lock, CHANGE, "load")
+            try:
+                with nogil:
+                    r = kvc_ckpt_restore_state(&self.c, s, n, p, &err)
+            finally:
+                unlock(&self._lock, CHANGE)
         finally:
             hb.release()
         if r == KVC_E_NOSPACE:

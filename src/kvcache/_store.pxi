@@ -100,3 +100,9 @@ def _copy_pairs(src, dst, stream=None):
         if nt:
             kvc_stream_fence()
     return total
+
+
+def _salt_hash(salt):
+    """The 64-bit hash a prefix index keeps for a salt (None: 0): how the prefix store names the
+    salts of the prompts a cache evicts."""
+    return salt_c(salt)

@@ -104,6 +104,7 @@ cdef class _Unified2026(_Unified):
     """Today's unified cache (kvcache.UnifiedCache2026 is the documented public class)."""
 
     __signature__ = _signatures.ClassSignature(_signatures.unified)   # semantics None: "2026"
+    cdef object _spill_sink        # write-back at eviction: called with the evicted prompts, or None
 
     cdef tuple _v_trans_shape(self, Py_ssize_t n_embd_v):
         return (<Py_ssize_t>self.c.n_stream, n_embd_v, <Py_ssize_t>self.c.cells.size)
@@ -139,6 +140,8 @@ cdef class _Unified2026(_Unified):
                 r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
         finally:
             unlock(&self._lock, CHANGE)
+        if self._spill_sink is not None:
+            self._spill_drain()
         if r < 0:
             raise_status(r, &err, "find_slot")
         return r == 1
@@ -152,7 +155,11 @@ cdef class _Unified2026(_Unified):
         Returns the cell of the first token when the tokens' cells are consecutive in token
         order, -1 when they are scattered (``slot_indices()`` lists them), None when there is
         no room (nothing placed)."""
-        return self._place_seqs(pos, n_tokens, n_seqs)
+        try:
+            return self._place_seqs(pos, n_tokens, n_seqs)
+        finally:
+            if self._spill_sink is not None:
+                self._spill_drain()
 
     def slot_info(self):
         """Where the last successful find_slot put each token, per token group: a list of
@@ -215,6 +222,8 @@ cdef class _Unified2026(_Unified):
                 unlock(&self._lock, CHANGE)
         finally:
             free(arr)
+            if self._spill_sink is not None:
+                self._spill_drain()
         if r < 0:
             raise_status(r, &err, "prepare")
         if r == 0:
@@ -387,6 +396,7 @@ cdef class _Unified2026(_Unified):
             kvc_reuse_disable(&self.c)
         finally:
             unlock(&self._lock, CHANGE)
+        self._spill_sink = None
 
     @property
     def prefix_reuse(self):
@@ -503,6 +513,8 @@ cdef class _Unified2026(_Unified):
                     r = kvc_retain_publish(&self.c, s, cs, tp, n, &res, &err)
         finally:
             unlock(&self._lock, CHANGE)
+        if self._spill_sink is not None:
+            self._spill_drain()
         check_status(r, &err, what)
         return int(res.n_kept)
 
@@ -556,7 +568,71 @@ cdef class _Unified2026(_Unified):
             r = kvc_reuse_evict(&self.c, n)
         finally:
             unlock(&self._lock, CHANGE)
+        if self._spill_sink is not None:
+            self._spill_drain()
         return int(r)
+
+    # --- write-back at eviction (kvcache.store.PrefixStore.write_back; csrc/kvc_prefix.h) -------
+    def _spill_set(self, sink, min_len=1):
+        """Write-back at eviction: with a callable sink, every prompt the index evicts (at least
+        min_len tokens) is recorded inside the placement, and after the operation (find_slot,
+        prepare, place_seqs, prefix_release, prefix_publish, prefix_evict) ``sink(cache, records)`` is called
+        with a list of ``(salt hash, tokens, cells)`` (int32 arrays; the prompt's tokens from position 0 and
+        the cells holding them, whose K/V are intact until new rows are stored), exceptions it
+        raises ignored; sink None: off."""
+        cdef uint32_t m = <uint32_t>int_c(min_len, "min_len", 1, UINT32_MAX)
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        if sink is not None and not callable(sink):
+            raise TypeError(f"sink must be callable or None, not {type(sink).__name__}")
+        if sink is not None and self.c.n_stream != 1:
+            raise ValueError("write-back at eviction: a cache of one stream only")
+        self._reuse("write_back")
+        lock(&self._lock, CHANGE, "write_back")
+        try:
+            r = kvc_prefix_spill_set(&(<kvc_reuse *>self.c.reuse).idx, sink is not None, m, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
+        check_status(r, &err, "write_back")
+        self._spill_sink = sink
+
+    cdef int _spill_drain(self) except -1:
+        cdef kvc_reuse *ru = <kvc_reuse *>self.c.reuse
+        cdef kvc_prefix_spill *sp
+        cdef uint32_t k, a, b, j
+        cdef int32_t[::1] tv
+        cdef int32_t[::1] cv
+        if ru == NULL or ru.idx.spill == NULL or ru.idx.spill.n == 0:
+            return 0
+        sp = ru.idx.spill
+        out = []
+        lock(&self._lock, READ, "write_back")
+        try:
+            for k in range(sp.n):
+                a, b = sp.start[k], sp.start[k + 1]
+                toks = np.empty(b - a, dtype=np.int32)
+                cells = np.empty(b - a, dtype=np.int32)
+                tv = toks
+                cv = cells
+                for j in range(b - a):
+                    tv[j] = sp.tok[a + j]
+                    cv[j] = <int32_t>sp.cell[a + j]
+                out.append((int(sp.salt[k]), toks, cells))
+            kvc_prefix_spill_clear(&ru.idx)
+        finally:
+            unlock(&self._lock, READ)
+        try:
+            self._spill_sink(self, out)
+        except Exception:
+            pass    # the sink keeps its own errors (the store counts them): the operation is done
+        return 0
+
+    @property
+    def _spill_lost(self):
+        """Evicted prompts write-back at eviction could not record (no memory)."""
+        cdef kvc_reuse *ru = <kvc_reuse *>self.c.reuse
+        return 0 if ru == NULL or ru.idx.spill == NULL else int(ru.idx.spill.n_lost)
 
     def _prefix_check(self):
         """Raise RuntimeError unless the prefix index and the cells agree (for tests)."""

@@ -7,11 +7,21 @@ cdef extern from "kvc_retain.h" nogil:
     ctypedef struct kvc_prefix_handle:
         uint32_t node
         uint32_t gen
+    ctypedef struct kvc_prefix_spill:
+        uint32_t n
+        uint64_t *salt
+        uint32_t *start
+        int32_t *tok
+        uint32_t *cell
+        uint32_t *strm
+        uint32_t min_len
+        uint64_t n_lost
     ctypedef struct kvc_prefix:
         uint32_t cap
         uint32_t n_held
         uint32_t n_evictable
         uint32_t n_nodes
+        kvc_prefix_spill *spill
     ctypedef struct kvc_reuse:
         kvc_prefix idx
 
@@ -19,6 +29,8 @@ cdef extern from "kvc_retain.h" nogil:
     void kvc_reuse_disable(kvc_unified *c)
     uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n)
     int  kvc_reuse_check(const kvc_unified *c, kvc_err *err)
+    int  kvc_prefix_spill_set(kvc_prefix *idx, bint on, uint32_t min_len, kvc_err *err)
+    void kvc_prefix_spill_clear(kvc_prefix *idx)
     uint32_t kvc_reuse_n_cells(const kvc_unified *c)
 
     ctypedef struct kvc_retained:
