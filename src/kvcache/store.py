@@ -44,17 +44,22 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcache._atomic import atomic_write
+from kvcache import _core
 from kvcache._core import _STREAM_BYTES, ChunkSum, _copy_pairs, _handoff_checksum, _seq_import_begin, ggml_types
+from kvcache import _store_parts as _parts
+from kvcache._store_parts import rows_of, split_payload
 from kvcache.handoff import pair_regions
 
 if TYPE_CHECKING:
     from kvcache.unified import UnifiedCache, UnifiedCache2026
 
 __all__ = ["PrefixStore", "StoreGeometry", "StoreError", "ChunkInfo", "META_NAME", "CHUNK_MAGIC", "CHUNK_VERSION",
+           "CHUNK_VERSIONS",
            "open_store", "read_meta", "read_stats"]
 
 CHUNK_MAGIC = b"KVCS"
-CHUNK_VERSION = 1
+CHUNK_VERSION = 1           # a unified cache's chunks (the first format)
+CHUNK_VERSIONS = (1, 2)     # 2: every other cache's (a part field, parts of sizes per chunk: docs/store.md)
 META_NAME = "kvcache-store.json"
 _FIXED = 96                 # bytes of a chunk file's header before its token ids
 _SUM = 8                    # the checksum that ends a chunk file
@@ -63,6 +68,7 @@ _KEY = 16                   # bytes of a chunk's name
 _HANDOFF_FIXED = 40         # bytes of a hand-off header before its layers (csrc/kvc_handoff.h)
 _HANDOFF_LAYER = 28
 _FLAG_V_TRANS, _FLAG_MEMORY, _FLAG_EXT = 1, 2, 4
+_PART_EXT = (".kvc", ".kve")   # a chunk's rows, its end part
 
 _Path = Union[str, "os.PathLike[str]"]
 _TYPE_NAMES = {t.id: t.name for t in ggml_types()}
@@ -76,28 +82,92 @@ class StoreError(ValueError):
 class StoreGeometry:
     """What a chunk's bytes depend on: the K/V types, per layer (model layer index, K and V row
     widths in elements, K and V row bytes), and the tokens per chunk. Read from a cache with
-    :meth:`of`; two stores share chunks only when theirs are equal."""
+    :meth:`of`; two stores share chunks only when theirs are equal.
+
+    ``kind`` names the cache: ``"unified"``; ``"iswa"`` (``layers`` the base cache's,
+    ``swa_layers`` the SWA cache's, with ``n_swa`` and ``swa_type``); ``"recurrent"`` (no
+    ``layers``; ``state_layers`` per recurrent layer (model layer, R row bytes, S row bytes));
+    ``"hybrid"`` (``layers`` the attention part's, ``state_layers`` the recurrent part's).
+    ``ext``: the cells carry the per-cell extension (2-D positions), kept with the rows."""
 
     type_k: int
     type_v: int
     layers: tuple[tuple[int, int, int, int, int], ...]
     chunk_tokens: int
+    kind: str = "unified"
+    swa_layers: tuple[tuple[int, int, int, int, int], ...] = ()
+    n_swa: int = 0
+    swa_type: str = "none"
+    state_layers: tuple[tuple[int, int, int], ...] = ()
+    ext: bool = False
 
     @classmethod
-    def of(cls, cache: UnifiedCache, chunk_tokens: int) -> StoreGeometry:
-        """The geometry of a UnifiedCache (either semantics), with chunks of chunk_tokens tokens."""
+    def of(cls, cache: Any, chunk_tokens: int) -> StoreGeometry:
+        """The geometry of a cache with chunks of chunk_tokens tokens: a UnifiedCache or an
+        ISWACache (either semantics, with or without the per-cell extension), a RecurrentCache
+        or a HybridCache."""
+        from kvcache._store_parts import parts_geometry
+
+        made = parts_geometry(cls, cache, chunk_tokens)
+        if made is not None:
+            return made
         if not hasattr(cache, "seq_export"):
-            raise StoreError(f"cache must be a UnifiedCache, not {type(cache).__name__}")
-        if getattr(cache, "cell_ext", False):
-            raise StoreError("cache carries the per-cell extension (cell_ext=True): the store does not keep it yet")
+            raise StoreError(f"cache must be a UnifiedCache, ISWACache, RecurrentCache or HybridCache, "
+                             f"not {type(cache).__name__}")
         return cls._from_header(cache.seq_export(0).header, chunk_tokens)
 
     @classmethod
     def _from_header(cls, header: bytes, chunk_tokens: int) -> StoreGeometry:
-        type_k, type_v, n_layer = struct.unpack_from("<iiI", header, 16)
-        layers = tuple(struct.unpack_from("<iIIQQ", header, _HANDOFF_FIXED + _HANDOFF_LAYER * i)
-                       for i in range(n_layer))
-        return cls(type_k, type_v, tuple(tuple(int(x) for x in ly) for ly in layers), chunk_tokens)  # type: ignore[misc]
+        (flags,) = struct.unpack_from("<I", header, 12)
+        return cls(*_header_layers(header), chunk_tokens, ext=bool(flags & _FLAG_EXT))
+
+    @property
+    def version(self) -> int:
+        """The chunk format version of this geometry's files: 1 for a unified cache without the
+        per-cell extension (the first format, unchanged), 2 for every other (docs/store.md)."""
+        return 1 if self.kind == "unified" and not self.ext else 2
+
+    @functools.cached_property
+    def ext_bytes(self) -> int:
+        """Bytes kept per row for the per-cell extension (x, y, token id), 0 without it."""
+        return 12 if self.ext else 0
+
+    @functools.cached_property
+    def rows_bytes(self) -> int:
+        """Bytes of a chunk's rows part: the attention layers' K/V of its tokens (and their
+        extensions); 0 for a recurrent cache."""
+        return self.chunk_bytes + self.ext_bytes * self.chunk_tokens
+
+    @functools.cached_property
+    def swa_token_bytes(self) -> int:
+        """Bytes of K and V of one token in every layer of an iSWA cache's SWA cache."""
+        return sum(ly[3] + ly[4] for ly in self.swa_layers)
+
+    @functools.cached_property
+    def state_bytes(self) -> int:
+        """Bytes of one recurrent state (every recurrent layer's R row then S row)."""
+        return sum(ly[1] + ly[2] for ly in self.state_layers)
+
+    @property
+    def has_end(self) -> bool:
+        """Whether a chunk has an end part: what a query after the chunk needs beyond the rows
+        (an iSWA cache's window of the SWA layers, a recurrent state)."""
+        return self.kind != "unified"
+
+    def window_start(self, p: int) -> int:
+        """The first position a query at p sees in the SWA layers (an iSWA geometry)."""
+        if self.swa_type == "standard":
+            return max(0, p - self.n_swa + 1)
+        if self.swa_type == "chunked":
+            return (p // self.n_swa) * self.n_swa
+        return 0
+
+    def end_bytes(self, index: int) -> int:
+        """Bytes of the end part of chunk index (0: none)."""
+        if self.kind == "iswa":
+            p = (index + 1) * self.chunk_tokens
+            return (p - self.window_start(p)) * (self.swa_token_bytes + self.ext_bytes)
+        return self.state_bytes
 
     @functools.cached_property
     def k_row_bytes(self) -> tuple[int, ...]:
@@ -120,14 +190,21 @@ class StoreGeometry:
         return self.token_bytes * self.chunk_tokens
 
     def to_json(self) -> dict[str, Any]:
-        return {"type_k": _TYPE_NAMES.get(self.type_k, self.type_k), "type_v": _TYPE_NAMES.get(self.type_v, self.type_v),
-                "type_k_id": self.type_k, "type_v_id": self.type_v, "chunk_tokens": self.chunk_tokens,
-                "layers": [list(ly) for ly in self.layers]}
+        d = {"type_k": _TYPE_NAMES.get(self.type_k, self.type_k), "type_v": _TYPE_NAMES.get(self.type_v, self.type_v),
+             "type_k_id": self.type_k, "type_v_id": self.type_v, "chunk_tokens": self.chunk_tokens,
+             "layers": [list(ly) for ly in self.layers]}
+        if self.version != 1:
+            d.update(kind=self.kind, swa_layers=[list(ly) for ly in self.swa_layers], n_swa=self.n_swa,
+                     swa_type=self.swa_type, state_layers=[list(ly) for ly in self.state_layers], ext=self.ext)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StoreGeometry:
-        return cls(int(d["type_k_id"]), int(d["type_v_id"]),
-                   tuple(tuple(int(x) for x in ly) for ly in d["layers"]), int(d["chunk_tokens"]))  # type: ignore[misc]
+        def rows(key: str) -> Any:
+            return tuple(tuple(int(x) for x in ly) for ly in d.get(key, ()))
+        return cls(int(d["type_k_id"]), int(d["type_v_id"]), rows("layers"), int(d["chunk_tokens"]),
+                   str(d.get("kind", "unified")), rows("swa_layers"), int(d.get("n_swa", 0)),
+                   str(d.get("swa_type", "none")), rows("state_layers"), bool(d.get("ext", False)))
 
     def digest(self) -> bytes:
         """16 bytes naming the geometry (in every chunk file and every chunk's name)."""
@@ -135,6 +212,14 @@ class StoreGeometry:
         h.update(struct.pack("<iiII", self.type_k, self.type_v, len(self.layers), self.chunk_tokens))
         for ly in self.layers:
             h.update(struct.pack("<iIIQQ", *ly))
+        if self.version != 1:     # the first format's names are unchanged
+            h.update(self.kind.encode() + struct.pack("<IiII?", len(self.swa_layers), self.n_swa,
+                                                      len(self.swa_type), len(self.state_layers), self.ext))
+            h.update(self.swa_type.encode())
+            for ly in self.swa_layers:
+                h.update(struct.pack("<iIIQQ", *ly))
+            for st in self.state_layers:
+                h.update(struct.pack("<iQQ", *st))
         return h.digest()
 
     def describe(self) -> str:
@@ -142,7 +227,15 @@ class StoreGeometry:
         v = _TYPE_NAMES.get(self.type_v, str(self.type_v))
         widths = sorted({(ly[1], ly[2]) for ly in self.layers})
         w = ", ".join(f"{a}/{b}" for a, b in widths)
-        return f"{len(self.layers)} layers of K/V widths {w}, {k}/{v}, {self.chunk_tokens} tokens per chunk"
+        attn = f"{len(self.layers)} layers of K/V widths {w}, {k}/{v}"
+        if self.kind == "iswa":
+            attn += f", {len(self.swa_layers)} SWA layers ({self.swa_type} window of {self.n_swa})"
+        elif self.kind == "recurrent":
+            attn = f"{len(self.state_layers)} recurrent layers of {self.state_bytes} state bytes"
+        elif self.kind == "hybrid":
+            attn += f", {len(self.state_layers)} recurrent layers of {self.state_bytes} state bytes"
+        ext = ", cells with 2-D positions" if self.ext else ""
+        return f"{self.kind} cache: {attn}{ext}, {self.chunk_tokens} tokens per chunk"
 
     def _offsets(self) -> tuple[list[int], list[int]]:
         """Byte offsets, inside a chunk, of each layer's K rows and of each layer's V rows."""
@@ -167,6 +260,12 @@ class ChunkInfo:
     index: int         # its place in its prompt: it holds tokens [index * chunk_tokens, ...)
     bytes: int         # the file's size
     mtime: float       # last written or used
+    part: str = "rows"  # "rows": the chunk's K/V rows; "end": its end part (a SWA window, a recurrent state)
+
+
+def _host_key(key: bytes, part: int) -> bytes:
+    """The host tier's key of a chunk's rows (its name) or end part (its name and b"e")."""
+    return key + b"e" if part else key
 
 
 def _salt_bytes(salt: str | bytes | None) -> bytes:
@@ -186,6 +285,28 @@ def _tokens_array(tokens: Any) -> npt.NDArray[np.int32]:
     if a.size and (int(a.min()) < -2**31 or int(a.max()) >= 2**31):
         raise ValueError("tokens must fit in int32")
     return np.ascontiguousarray(a, dtype="<i4")
+
+
+def _header_layers(header: bytes) -> tuple[int, int, tuple[tuple[int, int, int, int, int], ...]]:
+    """The K/V types and the layers (model layer, K / V widths, K / V row bytes) of a hand-off header."""
+    type_k, type_v, n_layer = struct.unpack_from("<iiI", header, 16)
+    layers = tuple(tuple(int(x) for x in struct.unpack_from("<iIIQQ", header, _HANDOFF_FIXED + _HANDOFF_LAYER * i))
+                   for i in range(n_layer))
+    return type_k, type_v, layers  # type: ignore[return-value]
+
+
+def _header_cells(header: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32] | None]:
+    """The positions of a hand-off header's cells, and their extensions ((n, 3): x, y, token id)
+    when the header carries them."""
+    (flags,) = struct.unpack_from("<I", header, 12)
+    (n_layer,) = struct.unpack_from("<I", header, 24)
+    off = _HANDOFF_FIXED + _HANDOFF_LAYER * n_layer
+    (n_runs,) = struct.unpack_from("<I", header, off)
+    off += 4 + 8 * n_runs
+    (cc,) = struct.unpack_from("<I", header, off)
+    width = 6 if flags & _FLAG_EXT else 3
+    cells = np.frombuffer(header, dtype="<i4", count=width * cc, offset=off + 4).reshape(cc, width)
+    return cells[:, 0].copy(), (cells[:, 2:5].copy() if width == 6 else None)
 
 
 def _addr(a: npt.NDArray[Any]) -> int:
@@ -251,7 +372,9 @@ class PrefixStore:
         self._disk_used: int | None = None      # counted on the first write that needs it
         self.stats: dict[str, int] = dict.fromkeys(
             ("host_hits", "disk_hits", "misses", "chunks_saved", "bytes_saved", "files_written", "chunks_loaded",
-             "bytes_loaded", "corrupt_removed", "disk_errors", "host_evicted", "disk_evicted"), 0)
+             "bytes_loaded", "corrupt_removed", "disk_errors", "host_evicted", "disk_evicted", "evicted_saved",
+             "evicted_skipped"), 0)
+        self._salts: dict[int, str | bytes | None] = {0: None}   # the salts seen, by the index's hash
         self.last_error: str | None = None
         self.path: str | None = None
         self._header_bytes = -(-(_FIXED + 4 * geometry.chunk_tokens) // 32) * 32
@@ -267,7 +390,7 @@ class PrefixStore:
         assert self.path is not None
         os.makedirs(os.path.join(self.path, "chunks"), exist_ok=True)
         meta = os.path.join(self.path, META_NAME)
-        mine = {"format": "kvcache-store", "version": CHUNK_VERSION, "geometry_digest": self._gdigest.hex(),
+        mine = {"format": "kvcache-store", "version": self.geometry.version, "geometry_digest": self._gdigest.hex(),
                 "geometry": self.geometry.to_json()}
         if not os.path.exists(meta):
             with contextlib.suppress(OSError):
@@ -279,27 +402,44 @@ class PrefixStore:
             raise StoreError(f"path {self.path!r} is a store of another geometry ({other}); this cache's is "
                              f"{self.geometry.describe()}: use another directory")
 
-    def _file(self, key: bytes) -> str:
+    def _file(self, key: bytes, part: int = 0) -> str:
+        """The file of a chunk's rows (part 0, ``.kvc``) or end part (1, ``.kve``)."""
         assert self.path is not None
         h = key.hex()
-        return os.path.join(self.path, "chunks", h[:2], h + ".kvc")
+        return os.path.join(self.path, "chunks", h[:2], h + _PART_EXT[part])
 
     # --- names -------------------------------------------------------------------------------
 
-    def keys(self, tokens: Any, salt: str | bytes | None = None) -> list[bytes]:
-        """The names of the whole chunks of tokens, in order (one hash per chunk)."""
+    def keys(self, tokens: Any, salt: str | bytes | None = None, *, pos_x: Any = None,
+             pos_y: Any = None) -> list[bytes]:
+        """The names of the whole chunks of tokens, in order (one hash per chunk). pos_x, pos_y:
+        for a cache whose cells carry 2-D positions, the tokens' (None: zeros), which name the
+        chunks with the tokens."""
         toks = _tokens_array(tokens)
         c = self.geometry.chunk_tokens
+        data = toks
+        if self.geometry.ext:
+            xy = [np.zeros(len(toks), "<i4") if a is None else _tokens_array(a) for a in (pos_x, pos_y)]
+            for name, a in zip(("pos_x", "pos_y"), xy):
+                if len(a) < len(toks):
+                    raise ValueError(f"{name} holds {len(a)} positions for {len(toks)} tokens")
+            data = np.stack([toks, xy[0][:len(toks)], xy[1][:len(toks)]], axis=1)
+        elif pos_x is not None or pos_y is not None:
+            raise ValueError("pos_x, pos_y: the store's cache does not carry 2-D positions (cell_ext)")
         prev = hashlib.blake2b(self._gdigest + _salt_bytes(salt), digest_size=_KEY, person=b"kvcache-salt").digest()
         out = []
         for i in range(len(toks) // c):
-            prev = hashlib.blake2b(prev + toks[i * c:(i + 1) * c].tobytes(), digest_size=_KEY).digest()
+            prev = hashlib.blake2b(prev + data[i * c:(i + 1) * c].tobytes(), digest_size=_KEY).digest()
             out.append(prev)
         return out
 
-    def match(self, tokens: Any, salt: str | bytes | None = None) -> int:
+    def match(self, tokens: Any, salt: str | bytes | None = None, *, pos_x: Any = None, pos_y: Any = None) -> int:
         """How many leading tokens of tokens the store holds (a multiple of chunk_tokens): the
-        chunks in host memory or on disk, in order, up to the first missing one."""
+        chunks in host memory or on disk, in order, up to the first missing one (with end parts:
+        the longest such run whose last chunk has its end part)."""
+        if self.geometry.version != 1:
+            keys = self.keys(tokens, salt, pos_x=pos_x, pos_y=pos_y)
+            return _parts.usable(self, keys) * self.geometry.chunk_tokens
         n = 0
         for key in self.keys(tokens, salt):
             if key not in self._host and not (self.path and os.path.exists(self._file(key))):
@@ -329,16 +469,18 @@ class PrefixStore:
 
     # --- disk tier -----------------------------------------------------------------------------
 
-    def _chunk_header(self, key: bytes, parent: bytes, index: int, toks: npt.NDArray[np.int32]) -> bytes:
+    def _chunk_header(self, key: bytes, parent: bytes, index: int, toks: npt.NDArray[np.int32], part: int = 0,
+                      n_bytes: int | None = None) -> bytes:
         g = self.geometry
-        head = CHUNK_MAGIC + struct.pack("<IIIQ", CHUNK_VERSION, self._header_bytes, g.chunk_tokens, g.chunk_bytes)
-        head += self._gdigest + key + parent + struct.pack("<I", index)
+        n_bytes = g.chunk_bytes if n_bytes is None else n_bytes
+        head = CHUNK_MAGIC + struct.pack("<IIIQ", g.version, self._header_bytes, g.chunk_tokens, n_bytes)
+        head += self._gdigest + key + parent + struct.pack("<II", index, part)
         head += bytes(_FIXED - len(head)) + toks.tobytes()
         return head + bytes(self._header_bytes - len(head))
 
     def _disk_put(self, key: bytes, parent: bytes, index: int, toks: npt.NDArray[np.int32],
-                  payload: npt.NDArray[np.uint8]) -> bool:
-        path = self._file(key)
+                  payload: npt.NDArray[np.uint8], part: int = 0) -> bool:
+        path = self._file(key, part)
         if os.path.exists(path):
             with contextlib.suppress(OSError):
                 os.utime(path)
@@ -346,7 +488,7 @@ class PrefixStore:
         size = self._header_bytes + payload.nbytes + _SUM
         if size > self.disk_bytes:
             return False
-        head = self._chunk_header(key, parent, index, toks)
+        head = self._chunk_header(key, parent, index, toks, part, payload.nbytes)
         s = ChunkSum()
         s.update(head)
         s.update(payload)
@@ -380,7 +522,7 @@ class PrefixStore:
             if not os.path.isdir(d):
                 continue
             for name in sorted(os.listdir(d)):
-                if not name.endswith(".kvc"):
+                if not name.endswith(_PART_EXT):
                     continue
                 p = os.path.join(d, name)
                 try:
@@ -391,8 +533,9 @@ class PrefixStore:
                     continue
                 if len(head) < _FIXED or head[:4] != CHUNK_MAGIC or head[24:40] != self._gdigest:
                     continue
-                (index,) = struct.unpack_from("<I", head, 72)
-                yield ChunkInfo(p, head[40:56].hex(), head[56:72].hex(), index, st.st_size, st.st_mtime)
+                index, part = struct.unpack_from("<II", head, 72)
+                yield ChunkInfo(p, head[40:56].hex(), head[56:72].hex(), index, st.st_size, st.st_mtime,
+                                "end" if part else "rows")
 
     def disk_usage(self) -> int:
         """Bytes of the chunk files in the directory (0 without one)."""
@@ -493,10 +636,14 @@ class PrefixStore:
     # --- with a cache ------------------------------------------------------------------------
 
     def _check_cache(self, cache: Any, what: str) -> None:
-        if not hasattr(cache, "seq_export"):
-            raise StoreError(f"{what}: cache must be a UnifiedCache, not {type(cache).__name__}")
+        if self.geometry.version != 1:
+            return      # the parts' checks: the whole geometry, read from the cache
+        if not isinstance(cache, _core._Unified):
+            raise StoreError(f"{what}: cache must be a UnifiedCache (the store's geometry is a unified cache's), "
+                             f"not {type(cache).__name__}")
         if getattr(cache, "cell_ext", False):
-            raise StoreError(f"{what}: cache carries the per-cell extension (cell_ext=True): the store does not keep it")
+            raise StoreError(f"{what}: cache carries the per-cell extension (cell_ext=True): this store's "
+                             f"geometry has none")
         if cache.buffers == "none":
             raise StoreError(f"{what}: cache holds no K/V memory (buffers='none')")
 
@@ -508,6 +655,9 @@ class PrefixStore:
         the store holds for this prompt afterwards (a multiple of chunk_tokens)."""
         self._check_cache(cache, "save")
         toks = _tokens_array(tokens)
+        self._salts.setdefault(_core._salt_hash(salt), salt)
+        if self.geometry.version != 1:
+            return _parts.save_parts(self, cache, seq_id, toks, salt)
         exp = cache.seq_export(seq_id)
         geo = StoreGeometry._from_header(exp.header, self.geometry.chunk_tokens)
         if geo != self.geometry:
@@ -544,13 +694,7 @@ class PrefixStore:
 
     @staticmethod
     def _header_positions(header: bytes) -> npt.NDArray[np.int32]:
-        (n_layer,) = struct.unpack_from("<I", header, 24)
-        off = _HANDOFF_FIXED + _HANDOFF_LAYER * n_layer
-        (n_runs,) = struct.unpack_from("<I", header, off)
-        off += 4 + 8 * n_runs
-        (cc,) = struct.unpack_from("<I", header, off)
-        cells = np.frombuffer(header, dtype="<i4", count=3 * cc, offset=off + 4).reshape(cc, 3)
-        return cells[:, 0].copy()
+        return _header_cells(header)[0]
 
     def _split_rows(self, data: npt.NDArray[np.uint8], n: int, v_trans: bool,
                     order: npt.NDArray[np.intp]) -> tuple[list[npt.NDArray[np.uint8]], list[npt.NDArray[np.uint8]]]:
@@ -576,18 +720,7 @@ class PrefixStore:
         """A hand-off header naming n cells at positions 0 .. n-1 of seq_id in the store's
         geometry (the receiving cache checks it against its own)."""
         g = self.geometry
-        flags = (_FLAG_V_TRANS if cache.v_trans else 0) | _FLAG_MEMORY
-        layers = b"".join(struct.pack("<iIIQQ", *ly) for ly in g.layers)
-        cells = np.empty((n, 3), dtype="<i4")
-        cells[:, 0] = np.arange(n)
-        cells[:, 1] = 1
-        cells[:, 2] = seq_id
-        runs = struct.pack("<III", 1, 0, n)
-        size = _HANDOFF_FIXED + len(layers) + len(runs) + 4 + cells.nbytes + 8
-        head = b"".join((b"KVCH", struct.pack("<IIIiiIQi", 1, size, flags, g.type_k, g.type_v, len(g.layers),
-                                              n * g.token_bytes, seq_id),
-                         layers, runs, struct.pack("<I", n), cells.tobytes()))
-        return head + struct.pack("<Q", _handoff_checksum(head))
+        return _make_import_header(g.type_k, g.type_v, g.layers, cache.v_trans, np.arange(n), seq_id)
 
     def _sources(self, n_chunks: int) -> npt.NDArray[np.uint64]:
         """The store's side of a load as regions of a virtual address space in which chunk i's
@@ -603,7 +736,7 @@ class PrefixStore:
         return out.reshape(-1, 2)
 
     def load(self, cache: UnifiedCache, seq_id: int, tokens: Any, salt: str | bytes | None = None, *,
-             max_tokens: int | None = None, min_tokens: int = 1) -> int:
+             max_tokens: int | None = None, min_tokens: int = 1, pos_x: Any = None, pos_y: Any = None) -> int:
         """Bring the longest stored prefix of tokens (at most max_tokens of them, whole chunks)
         into seq_id of cache, at positions 0 .. k-1, replacing what the sequence held; returns k
         (0: nothing loaded, the cache untouched; also when fewer than min_tokens are stored).
@@ -615,8 +748,12 @@ class PrefixStore:
         (bytes that nothing reads). StateError when the cache is too full for the prefix."""
         self._check_cache(cache, "load")
         toks = _tokens_array(tokens)
+        self._salts.setdefault(_core._salt_hash(salt), salt)
         if max_tokens is not None:
             toks = toks[:max(0, max_tokens)]
+        if self.geometry.version != 1:
+            return _parts.load_parts(self, cache, seq_id, toks, self.keys(toks, salt, pos_x=pos_x, pos_y=pos_y),
+                                    min_tokens)
         keys = self.keys(toks, salt)
         srcs: list[Any] = []
         for key in keys:
@@ -708,16 +845,18 @@ class PrefixStore:
 
     def _read_file(self, path: str, key: bytes, index: int, toks: npt.NDArray[np.int32],
                    pieces: list[tuple[int, int, int]] | None, keep: npt.NDArray[np.uint8] | None = None,
-                   stream: bool = False) -> bool:
-        """Read a chunk file, checking it, copying its payload's pieces (offset, address, length,
-        sorted by offset) as they pass (and the whole payload into keep, or into host memory when
-        promoting). False when the file is missing, truncated or corrupt (then removed)."""
+                   stream: bool = False, part_no: int = 0) -> bool:
+        """Read a chunk file (its rows, or with part_no 1 its end part), checking it, copying its
+        payload's pieces (offset, address, length, sorted by offset) as they pass (and the whole
+        payload into keep, or into host memory when promoting). False when the file is missing,
+        truncated or corrupt (then removed)."""
         g = self.geometry
         c = g.chunk_tokens
         hb = self._header_bytes
-        want = hb + g.chunk_bytes + _SUM
-        if keep is None and self.promote and self.host_bytes >= g.chunk_bytes:
-            keep = np.empty(g.chunk_bytes, np.uint8)
+        n_bytes = g.end_bytes(index) if part_no else g.rows_bytes
+        want = hb + n_bytes + _SUM
+        if keep is None and self.promote and self.host_bytes >= n_bytes:
+            keep = np.empty(n_bytes, np.uint8)
         try:
             f = open(path, "rb", buffering=0)
         except OSError:
@@ -730,8 +869,9 @@ class PrefixStore:
                 return False
             ctoks = toks[index * c:(index + 1) * c]
             if (size != want or len(head) != hb or head[:4] != CHUNK_MAGIC or
-                    struct.unpack_from("<IIIQ", head, 4) != (CHUNK_VERSION, hb, c, g.chunk_bytes) or
+                    struct.unpack_from("<IIIQ", head, 4) != (g.version, hb, c, n_bytes) or
                     head[24:40] != self._gdigest or head[40:56] != key or
+                    struct.unpack_from("<II", head, 72) != (index, part_no) or
                     head[_FIXED:_FIXED + 4 * c] != ctoks.tobytes()):
                 self._drop_file(path)
                 return False
@@ -768,8 +908,9 @@ class PrefixStore:
                 return False
         with contextlib.suppress(OSError):
             os.utime(path)
-        if keep is not None and self.promote and self.host_bytes >= g.chunk_bytes and key not in self._host:
-            self._host_put(key, ctoks.copy(), keep)
+        hkey = _host_key(key, part_no)
+        if keep is not None and self.promote and self.host_bytes >= n_bytes and hkey not in self._host:
+            self._host_put(hkey, ctoks.copy(), keep)
         return True
 
     def _fill_transposed(self, imp: Any, srcs: list[Any], keys: list[bytes], toks: npt.NDArray[np.int32]) -> int | None:
@@ -786,44 +927,91 @@ class PrefixStore:
             if not self._read_file(s, keys[i], i, toks, None, keep=keep):
                 return i
             payloads.append(keep)
-        n = len(srcs) * c
-        k_off, v_off = g._offsets()
-        out = np.empty(n * g.token_bytes, np.uint8)
-        off = 0
-        for il, kb in enumerate(g.k_row_bytes):
-            dst = out[off:off + n * kb].reshape(len(srcs), c * kb)
-            for i, p in enumerate(payloads):
-                dst[i] = p[k_off[il]:k_off[il] + c * kb]
-            off += n * kb
-        for il, (ly, vb) in enumerate(zip(g.layers, g.v_row_bytes)):
-            elt = vb // ly[2]
-            rows = np.concatenate([p[v_off[il]:v_off[il] + c * vb].reshape(c, ly[2], elt) for p in payloads])
-            out[off:off + n * vb].reshape(ly[2], n, elt)[:] = rows.transpose(1, 0, 2)
-            off += n * vb
+        out, _ = split_payload(g.layers, payloads, c, False, True)
         imp.scatter(out)
         return None
 
     # --- with the prefix index ----------------------------------------------------------------
 
-    def attach(self, cache: UnifiedCache2026, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
+    def attach(self, cache: Any, seq_id: int, tokens: Any, salt: str | bytes | None = None, *,
+               pos_x: Any = None, pos_y: Any = None) -> int:
         """Start a request on a cache with prefix reuse on: the longer of the cache's own match
         (``prefix_attach``) and the store's (loaded into the sequence). At most len(tokens) - 1
-        tokens, as ``prefix_attach``. Returns the tokens the sequence now holds."""
+        tokens, as ``prefix_attach``. pos_x, pos_y: the tokens' 2-D positions for a cache with
+        ``cell_ext`` (as ``prefix_attach``). Returns the tokens the sequence now holds."""
         toks = _tokens_array(tokens)
-        in_cache = cache.prefix_match(toks, salt=salt)
-        if self.match(toks[:max(0, len(toks) - 1)], salt) > in_cache:
-            k = self.load(cache, seq_id, toks, salt, max_tokens=len(toks) - 1, min_tokens=in_cache + 1)
+        self._salts.setdefault(_core._salt_hash(salt), salt)
+        xy = {} if pos_x is None and pos_y is None else {"pos_x": pos_x, "pos_y": pos_y}
+        in_cache = cache.prefix_match(toks, salt=salt, **xy)
+        if self.match(toks[:max(0, len(toks) - 1)], salt, **xy) > in_cache:
+            k = self.load(cache, seq_id, toks, salt, max_tokens=len(toks) - 1, min_tokens=in_cache + 1, **xy)
             if k:
                 return k
-        return cache.prefix_attach(seq_id, toks, salt=salt)
+        return cache.prefix_attach(seq_id, toks, salt=salt, **xy)
 
-    def release(self, cache: UnifiedCache2026, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
+    def release(self, cache: Any, seq_id: int, tokens: Any, salt: str | bytes | None = None) -> int:
         """End a request on a cache with prefix reuse on: its whole chunks are written to the
         store (before the index may evict them), then ``prefix_release``. Returns what
         ``prefix_release`` returns."""
         toks = _tokens_array(tokens)
         self.save(cache, seq_id, toks, salt)
         return cache.prefix_release(seq_id, tokens=toks, salt=salt)
+
+    def write_back(self, cache: UnifiedCache2026, on: bool = True, *,
+                   salts: Sequence[str | bytes | None] = ()) -> None:
+        """Write-back at eviction (off by default): from now on every prompt the cache's prefix
+        index evicts (to make room for a placement, past its cap, by ``prefix_evict``) has its
+        whole chunks written to the store right after the operation, while the freed cells
+        still hold its K/V: with write-back, requests can end with plain ``prefix_release`` and
+        the store is written only for what the cache lets go. The index records the evicted
+        prompts inside placement (no Python runs there); the cache hands them to the store
+        after the call. A prompt is named by its salt: the salts the store saw (``save``,
+        ``load``, ``attach``, ``release``), ``salts``, and None are known; a prompt of another
+        salt is skipped (``stats["evicted_skipped"]``). A UnifiedCache2026 of one stream, with
+        prefix reuse on, in the store's geometry (``StoreError`` otherwise). on=False: off."""
+        for salt in salts:
+            self._salts[_core._salt_hash(salt)] = salt
+        if not on:
+            cache._spill_set(None)
+            return
+        self._check_cache(cache, "write_back")
+        if self.geometry.version != 1 or not hasattr(cache, "_spill_set"):
+            raise StoreError("write_back: the cache must be a UnifiedCache2026 without cell_ext")
+        geo = StoreGeometry._from_header(cache.seq_export(0).header, self.geometry.chunk_tokens)
+        if geo != self.geometry:
+            raise StoreError(f"write_back: cache's geometry ({geo.describe()}) is not the store's "
+                             f"({self.geometry.describe()})")
+        me = weakref.ref(self)
+
+        def sink(c: Any, records: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int32]]]) -> None:
+            store = me()
+            if store is not None:
+                store._write_evicted(c, records)
+
+        cache._spill_set(sink, self.geometry.chunk_tokens)
+
+    def _write_evicted(self, cache: Any, records: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int32]]]) -> None:
+        """Store the whole chunks of prompts the cache just evicted, from their cells."""
+        c = self.geometry.chunk_tokens
+        for salt_hash, toks, cells in records:
+            if salt_hash not in self._salts:
+                self.stats["evicted_skipped"] += 1
+                continue
+            salt = self._salts[salt_hash]
+            m = len(toks) - len(toks) % c
+            keys = self.keys(toks[:m], salt)
+            if all(k in self._host or self.host_bytes < self.geometry.chunk_bytes for k in keys) and \
+                    (self.path is None or self.disk_bytes == 0 or all(os.path.exists(self._file(k)) for k in keys)):
+                self._touch(keys)
+                continue
+            before = self.stats["chunks_saved"]
+            ks, vs = [], []
+            for il in cache.layers:
+                k, v = rows_of(cache, il, cells[:m])
+                ks.append(k)
+                vs.append(v)
+            self._put_rows(toks[:m], ks, vs, salt)
+            self.stats["evicted_saved"] += self.stats["chunks_saved"] - before
 
     # --- whole-store information ------------------------------------------------------------
 
@@ -856,6 +1044,28 @@ class PrefixStore:
         return out
 
 
+def _make_import_header(type_k: int, type_v: int, layers: Sequence[tuple[int, int, int, int, int]], v_trans: bool,
+                        pos: npt.NDArray[Any], seq_id: int, ext: npt.NDArray[Any] | None = None) -> bytes:
+    """A hand-off header naming cells of seq_id at positions pos (and with extensions ext, (n, 3))
+    of a cache part of these layers (the receiving cache checks it against its own)."""
+    n = len(pos)
+    flags = (_FLAG_V_TRANS if v_trans else 0) | _FLAG_MEMORY | (_FLAG_EXT if ext is not None else 0)
+    lay = b"".join(struct.pack("<iIIQQ", *ly) for ly in layers)
+    cells = np.empty((n, 6 if ext is not None else 3), dtype="<i4")
+    cells[:, 0] = pos
+    cells[:, 1] = 1
+    if ext is not None:
+        cells[:, 2:5] = ext
+    cells[:, -1] = seq_id
+    runs = struct.pack("<III", 1, 0, n)
+    size = _HANDOFF_FIXED + len(lay) + len(runs) + 4 + cells.nbytes + 8
+    token_bytes = sum(ly[3] + ly[4] for ly in layers)
+    head = b"".join((b"KVCH", struct.pack("<IIIiiIQi", 1, size, flags, type_k, type_v, len(layers),
+                                          n * token_bytes, seq_id),
+                     lay, runs, struct.pack("<I", n), cells.tobytes()))
+    return head + struct.pack("<Q", _handoff_checksum(head))
+
+
 def read_meta(path: _Path) -> dict[str, Any]:
     """The ``kvcache-store.json`` of a store directory; StoreError when it is missing or unreadable."""
     p = os.path.join(os.fspath(path), META_NAME)
@@ -868,9 +1078,9 @@ def read_meta(path: _Path) -> dict[str, Any]:
         raise StoreError(f"path {os.fspath(path)!r}: {META_NAME} is unreadable ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != "kvcache-store":
         raise StoreError(f"path {os.fspath(path)!r}: {META_NAME} is not a kvcache store's")
-    if meta.get("version") != CHUNK_VERSION:
+    if meta.get("version") not in CHUNK_VERSIONS:
         raise StoreError(f"path {os.fspath(path)!r}: a store of version {meta.get('version')}; this kvcache reads "
-                         f"version {CHUNK_VERSION}")
+                         f"versions {', '.join(map(str, CHUNK_VERSIONS))}")
     return meta
 
 

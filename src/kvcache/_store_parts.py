@@ -1,0 +1,382 @@
+"""The prefix store's chunks of caches other than a plain unified one (docs/store.md, "Which caches").
+
+A chunk has up to two parts, each its own entry in both tiers:
+
+- its **rows**: the attention layers' K/V of its tokens (a UnifiedCache's layers, an ISWACache's
+  base cache, a HybridCache's attention part), with the cells' 2-D positions when the cache
+  carries the per-cell extension;
+- its **end part**: what a query right after the chunk needs beyond the rows: an ISWACache's
+  SWA layers' rows of the window before the chunk's end (the cells that query sees; earlier ones
+  it never reads), a RecurrentCache's or HybridCache's recurrent state after the chunk (a
+  checkpoint of the cache's pool taken there, or the sequence's own state when it ends there).
+
+A prefix of k chunks is usable when the rows of chunks 0 .. k-1 are held (none for a recurrent
+cache) and, for a cache with end parts, the end part of chunk k-1. Loads read every part first
+(checked), then go through the cache's transactional import (the attention parts) and, for a
+recurrent state, a placement of the sequence's state that either takes a cell or changes nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvcache._core import StateError, _Hybrid, _ISWA, _Recurrent, _seq_import_begin, ggml_types
+
+if TYPE_CHECKING:
+    from kvcache.store import PrefixStore, StoreGeometry
+
+_TYPE_IDS = {t.name: t.id for t in ggml_types()}
+
+
+def parts_geometry(cls: type[StoreGeometry], cache: Any, chunk_tokens: int) -> StoreGeometry | None:
+    """The geometry of an ISWACache, RecurrentCache or HybridCache (None for another object)."""
+    from kvcache.store import StoreError, _header_layers
+
+    if isinstance(cache, _ISWA):
+        parts: tuple[Any, Any] = (cache.base, cache.swa)
+        _refuse_no_memory(parts[0], StoreError)
+        tk, tv, base = _header_layers(parts[0].seq_export(0).header)
+        swa = _header_layers(parts[1].seq_export(0).header)[2]
+        return cls(tk, tv, base, chunk_tokens, "iswa", swa, int(cache.n_swa), str(cache.swa_type),
+                   ext=bool(cache.cell_ext))
+    if isinstance(cache, _Hybrid):
+        attn_cache: Any = cache.attn
+        _refuse_no_memory(attn_cache, StoreError)
+        tk, tv, attn = _header_layers(attn_cache.seq_export(0).header)
+        st = tuple((int(il), r, s) for il, (r, s) in zip(cache.recurrent_layers, cache.recr._state_layout()))
+        return cls(tk, tv, attn, chunk_tokens, "hybrid", state_layers=st)
+    if isinstance(cache, _Recurrent):
+        if cache.buffers == "none":
+            raise StoreError("cache holds no state memory (buffers='none')")
+        st = tuple((il, r, s) for il, (r, s) in enumerate(cache._state_layout()))
+        return cls(_TYPE_IDS[cache.type_k], _TYPE_IDS[cache.type_v], (), chunk_tokens, "recurrent", state_layers=st)
+    return None
+
+
+def _refuse_no_memory(part: Any, error: type[Exception]) -> None:
+    if part.buffers == "none":
+        raise error("cache holds no K/V memory (buffers='none')")
+
+
+def attn_part(cache: Any, kind: str) -> Any:
+    """The cache part whose K/V are a chunk's rows (None for a recurrent cache)."""
+    return {"unified": cache, "iswa": getattr(cache, "base", None), "hybrid": getattr(cache, "attn", None),
+            "recurrent": None}[kind]
+
+
+def rows_of(part: Any, il: int, cells: npt.NDArray[Any]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """Layer il's K rows and V rows (never transposed) of part's cells, as bytes."""
+    k = np.ascontiguousarray(np.asarray(part.k(il))[cells])
+    v = np.asarray(part.v(il))
+    if part.v_trans:
+        v = v[0] if v.ndim == 3 else v       # a 2026 cache's transposed V: (streams, width, cells)
+        v = np.ascontiguousarray(v[:, cells].T)
+    else:
+        v = np.ascontiguousarray(v[cells])
+    n = len(cells)
+    return k.view(np.uint8).reshape(n, -1), v.view(np.uint8).reshape(n, -1)
+
+
+def _payload(layers: Any, ks: list[npt.NDArray[np.uint8]], vs: list[npt.NDArray[np.uint8]],
+             ext: npt.NDArray[Any] | None) -> npt.NDArray[np.uint8]:
+    """A part's bytes: per layer the K rows, then per layer the V rows, then the extensions."""
+    pieces = [k.reshape(-1) for k in ks] + [v.reshape(-1) for v in vs]
+    if ext is not None:
+        pieces.append(np.ascontiguousarray(ext, dtype="<i4").view(np.uint8).reshape(-1))
+    return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+
+
+def split_payload(layers: Any, payloads: list[npt.NDArray[np.uint8]], rows: int, ext: bool,
+                  v_trans: bool) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int32] | None]:
+    """The bytes of a sequence's state data section (per layer the K rows of every payload in
+    order, then per layer the V rows, transposed with v_trans) and the extensions ((n, 3) or
+    None) from payloads of ``rows`` rows each, as _payload lays them out."""
+    k_rows = [ly[3] for ly in layers]
+    v_rows = [ly[4] for ly in layers]
+    n = rows * len(payloads)
+    out = np.empty(n * (sum(k_rows) + sum(v_rows)), np.uint8)
+    k_off, off = [], 0
+    for b in k_rows + v_rows:
+        k_off.append(off)
+        off += b * rows
+    at = 0
+    for il, kb in enumerate(k_rows):
+        dst = out[at:at + n * kb].reshape(len(payloads), rows * kb)
+        for i, p in enumerate(payloads):
+            dst[i] = p[k_off[il]:k_off[il] + rows * kb]
+        at += n * kb
+    for il, (ly, vb) in enumerate(zip(layers, v_rows)):
+        o = k_off[len(k_rows) + il]
+        if v_trans:
+            elt = vb // ly[2]
+            block = np.concatenate([p[o:o + rows * vb].reshape(rows, ly[2], elt) for p in payloads])
+            out[at:at + n * vb].reshape(ly[2], n, elt)[:] = block.transpose(1, 0, 2)
+        else:
+            dst = out[at:at + n * vb].reshape(len(payloads), rows * vb)
+            for i, p in enumerate(payloads):
+                dst[i] = p[o:o + rows * vb]
+        at += n * vb
+    if not ext:
+        return out, None
+    e = np.concatenate([p[off:off + 12 * rows].view("<i4").reshape(rows, 3) for p in payloads])
+    return out, e
+
+
+# --- presence --------------------------------------------------------------------------------
+
+def has_part(store: PrefixStore, key: bytes, part: int, skip: set[tuple[bytes, int]] | None = None) -> bool:
+    from kvcache.store import _host_key
+
+    if skip and (key, part) in skip:
+        return False
+    return _host_key(key, part) in store._host or (store.path is not None and os.path.exists(store._file(key, part)))
+
+def usable(store: PrefixStore, keys: list[bytes], skip: set[tuple[bytes, int]] | None = None) -> int:
+    """The chunks of the longest usable prefix of keys: rows held for every chunk up to it,
+    and the end part of its last one (one look-up per chunk and part)."""
+    g = store.geometry
+    rows = len(keys)
+    if g.rows_bytes:
+        for i, key in enumerate(keys):
+            if not has_part(store, key, 0, skip):
+                rows = i
+                break
+    if not g.has_end:
+        return rows
+    for i in range(rows - 1, -1, -1):
+        if has_part(store, keys[i], 1, skip):
+            return i + 1
+    return 0
+
+# --- save ------------------------------------------------------------------------------------
+
+def put_part(store: PrefixStore, key: bytes, parent: bytes, index: int, ctoks: npt.NDArray[np.int32], part: int,
+              make: Any) -> None:
+    """Keep a chunk's part in both tiers (made by make() only when a tier lacks it)."""
+    from kvcache.store import _host_key
+
+    hkey = _host_key(key, part)
+    n_bytes = store.geometry.end_bytes(index) if part else store.geometry.rows_bytes
+    have_host = hkey in store._host
+    disk_on = store.path is not None and store.disk_bytes > 0
+    have_disk = disk_on and os.path.exists(store._file(key, part))
+    if have_host:
+        store._host.move_to_end(hkey)
+    if have_disk:
+        with contextlib.suppress(OSError):
+            os.utime(store._file(key, part))
+    if (have_host or store.host_bytes < max(1, n_bytes)) and (have_disk or not disk_on):
+        return
+    payload = make()
+    if payload is None:
+        return
+    if not have_host:
+        store._host_put(hkey, ctoks, payload)
+    if disk_on and not have_disk:
+        store._disk_put(key, parent, index, ctoks, payload, part)
+    store.stats["chunks_saved"] += 1
+    store.stats["bytes_saved"] += payload.nbytes
+
+def save_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np.int32],
+                salt: str | bytes | None) -> int:
+    from kvcache.store import StoreError, _header_cells, _KEY
+
+    g = store.geometry
+    c = g.chunk_tokens
+    geo = type(g).of(cache, c)
+    if geo != g:
+        raise StoreError(f"save: cache's geometry ({geo.describe()}) is not the store's ({g.describe()})")
+    attn = attn_part(cache, g.kind)
+    ext = None
+    if attn is not None:
+        exp = attn.seq_export(seq_id)
+        pos, cell_ext = _header_cells(exp.header)
+        n = len(pos)
+        order = np.argsort(pos, kind="stable")
+        good = pos[order] == np.arange(n, dtype=pos.dtype)
+        m = min(int(np.argmin(good)) if not good.all() else n, len(toks))
+    else:
+        m = len(toks)
+    m -= m % c
+    if m == 0:
+        return 0
+    if attn is not None and g.ext and cell_ext is not None:
+        ext = cell_ext[order[:m]]
+    keys = store.keys(toks[:m], salt, pos_x=None if ext is None else ext[:, 0],
+                     pos_y=None if ext is None else ext[:, 1])
+    rows: tuple[list[Any], list[Any]] | None = None
+    if attn is not None:
+        rows = store._split_rows(exp.gather(), n, attn.v_trans, order[:m])
+    ends = _EndSource(store, cache, seq_id, toks, salt)
+    prev = bytes(_KEY)
+    for i, key in enumerate(keys):
+        ctoks = toks[i * c:(i + 1) * c].copy()
+        if rows is not None:
+            ks, vs = rows
+            sl = slice(i * c, (i + 1) * c)
+            put_part(store, key, prev, i, ctoks, 0, lambda sl=sl: _payload(
+                g.layers, [k[sl] for k in ks], [v[sl] for v in vs], None if ext is None else ext[sl]))
+        if g.has_end:
+            put_part(store, key, prev, i, ctoks, 1, lambda i=i: ends.end(i))
+        prev = key
+    return usable(store, keys) * c
+
+# --- load ------------------------------------------------------------------------------------
+
+def get_part(store: PrefixStore, key: bytes, part: int, index: int, toks: npt.NDArray[np.int32],
+              hits: list[int]) -> npt.NDArray[np.uint8] | None:
+    """A part's bytes from host memory or its file (checked; a bad file is removed)."""
+    from kvcache.store import _host_key
+
+    hkey = _host_key(key, part)
+    hit = store._host.get(hkey)
+    if hit is not None:
+        store._host.move_to_end(hkey)
+        hits[0] += 1
+        return hit[1]
+    if store.path is None:
+        return None
+    n_bytes = store.geometry.end_bytes(index) if part else store.geometry.rows_bytes
+    keep = np.empty(n_bytes, np.uint8)
+    if not store._read_file(store._file(key, part), key, index, toks, None, keep=keep, part_no=part):
+        return None
+    hits[1] += 1
+    return keep
+
+def load_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np.int32], keys: list[bytes],
+                min_tokens: int) -> int:
+    g = store.geometry
+    c = g.chunk_tokens
+    check_parts_target(store, cache, seq_id)
+    skip: set[tuple[bytes, int]] = set()
+    while True:
+        k = usable(store, keys, skip)
+        if k == 0 or k * c < min_tokens:
+            store.stats["misses"] += 1
+            return 0
+        hits = [0, 0]
+        rows: list[npt.NDArray[np.uint8]] = []
+        for i in range(k if g.rows_bytes else 0):
+            p = get_part(store, keys[i], 0, i, toks, hits)
+            if p is None:
+                skip.add((keys[i], 0))
+                break
+            rows.append(p)
+        if len(rows) != (k if g.rows_bytes else 0):
+            continue
+        end = None
+        if g.has_end:
+            end = get_part(store, keys[k - 1], 1, k - 1, toks, hits)
+            if end is None:
+                skip.add((keys[k - 1], 1))
+                continue
+        import_parts(store, cache, seq_id, k * c, rows, end)
+        store.stats["host_hits"] += hits[0]
+        store.stats["disk_hits"] += hits[1]
+        store.stats["chunks_loaded"] += k
+        store.stats["bytes_loaded"] += sum(p.nbytes for p in rows) + (0 if end is None else end.nbytes)
+        return k * c
+
+def check_parts_target(store: PrefixStore, cache: Any, seq_id: int) -> None:
+    from kvcache.store import StoreError
+
+    g = store.geometry
+    geo = type(g).of(cache, g.chunk_tokens)
+    if geo != g:
+        raise StoreError(f"load: cache's geometry ({geo.describe()}) is not the store's ({g.describe()})")
+    recr = cache.recr if g.kind == "hybrid" else cache if g.kind == "recurrent" else None
+    if recr is not None and recr.seq_pos_max(seq_id) >= 0:
+        raise ValueError(f"load: seq_id {seq_id} holds a state: a recurrent state loads into an empty sequence")
+    if g.kind == "hybrid" and cache.attn.seq_pos_max(seq_id) >= 0:
+        raise ValueError(f"load: seq_id {seq_id} holds cells: a hybrid prefix loads into an empty sequence")
+
+def import_parts(store: PrefixStore, cache: Any, seq_id: int, n: int, rows: list[npt.NDArray[np.uint8]],
+                  end: npt.NDArray[np.uint8] | None) -> None:
+    """Bring n tokens' parts into seq_id: every attention part through one transactional
+    import, committed only when the recurrent state (if any) has taken its cell."""
+    from kvcache.handoff import PartsImport
+    from kvcache.store import _make_import_header
+
+    g = store.geometry
+    imports = []
+    try:
+        attn = attn_part(cache, g.kind)
+        if attn is not None:
+            data, ext = split_payload(g.layers, rows, g.chunk_tokens, g.ext, attn.v_trans)
+            head = _make_import_header(g.type_k, g.type_v, g.layers, attn.v_trans, np.arange(n), seq_id, ext)
+            imports.append((_seq_import_begin(attn, head, seq_id, into_empty=True), data))
+        if g.kind == "iswa":
+            assert end is not None
+            w = g.window_start(n)
+            data, ext = split_payload(g.swa_layers, [end], n - w, g.ext, cache.swa.v_trans)
+            head = _make_import_header(g.type_k, g.type_v, g.swa_layers, cache.swa.v_trans, np.arange(w, n),
+                                       seq_id, ext)
+            imports.append((_seq_import_begin(cache.swa, head, seq_id, into_empty=True), data))
+        for imp, data in imports:
+            imp.scatter(data)
+        whole = PartsImport([imp for imp, _ in imports])
+        for imp, _ in imports:
+            imp.check()
+        recr = cache.recr if g.kind == "hybrid" else cache if g.kind == "recurrent" else None
+        if recr is not None:
+            recr._store_restore(seq_id, n, end)
+        try:
+            whole.commit()
+        except BaseException:
+            if recr is not None:
+                recr.seq_rm(seq_id, -1, -1)
+            raise
+    except BaseException:
+        for imp, _ in imports:
+            imp.abort()
+        raise
+
+
+class _EndSource:
+    """The end parts a save can take: an iSWA cache's SWA rows of each window still held, a
+    recurrent state checkpointed at a chunk's end or the sequence's own state there."""
+
+    def __init__(self, store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np.int32],
+                 salt: str | bytes | None) -> None:
+        self.store, self.cache, self.seq_id, self.toks, self.salt = store, cache, seq_id, toks, salt
+        self._pos: dict[int, int] | None = None
+        self._own: tuple[int, Any] | None = None
+
+    def end(self, index: int) -> npt.NDArray[np.uint8] | None:
+        g = self.store.geometry
+        p = (index + 1) * g.chunk_tokens
+        if g.kind == "iswa":
+            return self._window(p)
+        recr = self.cache.recr if g.kind == "hybrid" else self.cache
+        state = recr._store_checkpoint(self.toks[:p], self.salt)
+        if state is None:
+            if self._own is None:
+                self._own = recr._store_state(self.seq_id)
+            if self._own[0] == p:
+                state = self._own[1]
+        return None if state is None else np.frombuffer(state, np.uint8).copy()
+
+    def _window(self, p: int) -> npt.NDArray[np.uint8] | None:
+        g = self.store.geometry
+        swa = self.cache.swa
+        if self._pos is None:
+            cells, pos = swa.seq_cells(self.seq_id)
+            self._pos = {}
+            for cell, q in zip(cells.tolist(), pos.tolist()):
+                self._pos[q] = -1 if q in self._pos else cell    # a position held twice is not taken
+        want = range(g.window_start(p), p)
+        cells = [self._pos.get(q, -1) for q in want]
+        if any(x < 0 for x in cells):
+            return None
+        idx = np.asarray(cells, dtype=np.intp)
+        ks, vs = [], []
+        for ly in g.swa_layers:
+            k, v = rows_of(swa, ly[0], idx)
+            ks.append(k)
+            vs.append(v)
+        ext = swa.cells().ext[idx] if g.ext else None
+        return _payload(g.swa_layers, ks, vs, ext)
