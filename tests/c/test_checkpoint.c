@@ -82,6 +82,36 @@ static void test_save_match_restore(void) {
     kvc_recurrent_free(&c);
 }
 
+/* The prefix store's access: a sequence's state and a checkpoint as bytes, and a state given as
+ * bytes placed into an empty sequence (refused, nothing changed, into one holding a state). */
+static void test_states_as_bytes(void) {
+    kvc_recurrent c;
+    kvc_ckpt_pool p;
+    kvc_err err = { 0, "" };
+    REQUIRE(make(&c) == KVC_OK, "init");
+    REQUIRE(kvc_ckpt_init(&p, &c, 3, 0, NULL, 0, &err) == KVC_OK, "pool: %s", err.msg);
+    const int32_t toks[8] = { 5, 6, 7, 8, 9, 10, 11, 12 };
+    float out[2 * W] = { -1, -1, -1, -1 }, ck[2 * W];
+    uint32_t kept = 0;
+    CHECK(kvc_ckpt_copy_seq(&c, 0, (uint8_t *)out) == 0 && out[0] == -1.0f, "no state: nothing copied");
+    decode(&c, 0, 0, 5);
+    CHECK(kvc_ckpt_copy_seq(&c, 0, (uint8_t *)out) == 5 && out[0] == 4.0f && out[1] == 0.0f && out[2] == 4.0f,
+          "the state after 5 tokens");
+    CHECK(!kvc_ckpt_copy_out(&p, 0, toks, 5, (uint8_t *)ck), "no checkpoint yet");
+    CHECK(kvc_ckpt_save(&p, &c, 0, 0, toks, 8, NULL, &kept, &err) == KVC_OK && kept == 5, "saved");
+    CHECK(kvc_ckpt_copy_out(&p, 0, toks, 5, (uint8_t *)ck) && memcmp(ck, out, sizeof ck) == 0, "the checkpoint");
+    CHECK(!kvc_ckpt_copy_out(&p, 0, toks, 4, (uint8_t *)ck) && !kvc_ckpt_copy_out(&p, 3, toks, 5, (uint8_t *)ck),
+          "exact tokens and salt only");
+    CHECK(kvc_ckpt_restore_state(&c, 0, 5, (const uint8_t *)out, &err) == KVC_E_ARG, "sequence 0 holds a state");
+    CHECK(kvc_ckpt_restore_state(&c, 1, 0, (const uint8_t *)out, &err) == KVC_E_ARG, "no tokens");
+    CHECK(kvc_ckpt_restore_state(&c, 1, 5, (const uint8_t *)out, &err) == KVC_OK, "%s", err.msg);
+    CHECK(kvc_recurrent_seq_pos_max(&c, 1) == 4 && state_pos(&c, 1) == 4.0f, "the state after 5, at position 4");
+    CHECK(kvc_ckpt_copy_seq(&c, 1, (uint8_t *)ck) == 5 && memcmp(ck, out, sizeof ck) == 0, "the same bytes");
+    CHECK(kvc_recurrent_unplace(&c) == KVC_OK && kvc_recurrent_seq_pos_max(&c, 1) == -1, "undone");
+    kvc_ckpt_free(&p);
+    kvc_recurrent_free(&c);
+}
+
 static void test_bounds(void) {
     kvc_recurrent c;
     kvc_ckpt_pool p;
@@ -173,6 +203,7 @@ static void test_random(void) {
 
 int main(void) {
     test_save_match_restore();
+    test_states_as_bytes();
     test_bounds();
     test_random();
     printf("test_checkpoint: %d checks, %d failed\n", n_checks, n_failed);

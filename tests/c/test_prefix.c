@@ -1,7 +1,7 @@
 /* The prefix index (kvc_prefix.h): inserts, matches and splits; salts; the caller's duplicates
  * and bad cells (refused, nothing changed); locks and pins against eviction; the LRU order
  * (leaves before parents, the least recently used first); the cap; removal of cells the cache
- * let go; clear; allocation failures at every point of an insert (nothing changed); a random
+ * let go; write-back at eviction (the evicted prompts recorded); clear; allocation failures at every point of an insert (nothing changed); a random
  * run against a naive model that knows only which prompts went in and which cells came out;
  * and a match of a 4096-token prompt in an index of 1M tokens (464 prompts), timed against a scan of the
  * prompts (printed, not asserted). kvc_prefix_check after every step. */
@@ -238,6 +238,44 @@ static void test_lru_order(void) {
     CHECK(kvc_prefix_evict(&idx, 3) == 3 && strcmp(freed_str(&idx), "20 2 1") == 0, "[9], [2], then [1]: %s",
           freed_str(&idx));
     kvc_prefix_free(&idx);
+}
+
+/* Write-back at eviction: each evicted node's whole prompt (salt, tokens from the root, cells)
+ * is recorded, prompts shorter than min_len are not; off by default, cleared on request. */
+static void test_spill(void) {
+    kvc_prefix idx;
+    REQUIRE(kvc_prefix_init(&idx, 1, 64, 0, NULL) == KVC_OK, "init");
+    CHECK(kvc_prefix_spill_pending(&idx) == NULL, "off by default");
+    const int32_t p[] = { 1, 2, 3 }, q[] = { 1, 2, 4, 5 }, r[] = { 9 };
+    put(&idx, 7, p, 3, 10, 0, NULL);
+    put(&idx, 7, q, 4, 30, 0, NULL);   /* [1 2] (10 11) -> [3] (12), [4 5] (32 33) */
+    put(&idx, 0, r, 1, 20, 0, NULL);
+    REQUIRE(kvc_prefix_spill_set(&idx, true, 2, NULL) == KVC_OK, "on");
+    CHECK(kvc_prefix_evict(&idx, 64) == 6, "everything");
+    const kvc_prefix_spill *sp = kvc_prefix_spill_pending(&idx);
+    REQUIRE(sp != NULL, "pending");
+    /* leaves first ([3], [4 5]), then their parent [1 2]; [9] is shorter than 2 */
+    CHECK(sp->n == 3, "three prompts: %u", sp->n);
+    const int32_t want_tok[] = { 1, 2, 3, 1, 2, 4, 5, 1, 2 };
+    const uint32_t want_cell[] = { 10, 11, 12, 10, 11, 32, 33, 10, 11 };
+    CHECK(sp->start[0] == 0 && sp->start[1] == 3 && sp->start[2] == 7 && sp->start[3] == 9, "lengths");
+    for (uint32_t i = 0; i < 9 && sp->n == 3; i++) {
+        CHECK(sp->tok[i] == want_tok[i] && sp->cell[i] == want_cell[i] && sp->strm[i] == 0, "token %u", i);
+    }
+    CHECK(sp->salt[0] == 7 && sp->salt[1] == 7 && sp->salt[2] == 7, "salts");
+    kvc_prefix_spill_clear(&idx);
+    CHECK(kvc_prefix_spill_pending(&idx)->n == 0, "cleared");
+    /* many prompts: the list grows */
+    for (int32_t k = 0; k < 40; k++) {
+        const int32_t t[] = { 100 + k, 1 };
+        put(&idx, 0, t, 2, (uint32_t)k, 0, NULL);
+        CHECK(kvc_prefix_evict(&idx, 2) == 2, "evict %d", k);
+    }
+    CHECK(kvc_prefix_spill_pending(&idx)->n == 40 && kvc_prefix_spill_pending(&idx)->start[40] == 80, "40 kept");
+    REQUIRE(kvc_prefix_spill_set(&idx, false, 0, NULL) == KVC_OK, "off");
+    CHECK(kvc_prefix_spill_pending(&idx) == NULL, "off again");
+    REQUIRE(kvc_prefix_spill_set(&idx, true, 1, NULL) == KVC_OK, "on again");
+    kvc_prefix_free(&idx);   /* frees the list */
 }
 
 static void test_cap(void) {
@@ -639,6 +677,7 @@ int main(void) {
     test_duplicates_and_bad_cells();
     test_lock_pin_evict();
     test_lru_order();
+    test_spill();
     test_cap();
     test_remove_cells();
     test_clear();
