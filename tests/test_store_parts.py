@@ -203,6 +203,20 @@ def test_hybrid_attach_and_release_through_the_store():
     h._prefix_check()
 
 
+def test_the_command_line_reports_a_store_of_parts(tmp_path):
+    from kvcache.cli.store import report
+
+    h = hyb()
+    toks = list(range(5, 21))
+    run_hyb(h, 0, toks, 0, 8)
+    h.checkpoint(0, toks)
+    run_hyb(h, 0, toks, 8, 16)
+    assert PrefixStore(h, tmp_path / "st", chunk_tokens=C).save(h, 0, toks) == 16
+    r = report(str(tmp_path / "st"))
+    assert (r["chunks"], r["end_parts"], r["prompts"], r["tokens"]) == (2, 2, 1, 16)
+    assert r["geometry"].startswith("hybrid cache")
+
+
 @pytest.mark.parametrize("kind", ["iswa", "recurrent", "hybrid"])
 def test_a_damaged_part_is_a_miss_and_changes_nothing(tmp_path, kind):
     toks = list(range(1, 17))

@@ -37,10 +37,12 @@ def report(path: str, gc: int | None = None) -> dict[str, Any]:
     removed = st.gc(gc) if gc is not None else None
     files = list(st.chunks())
     g = st.geometry
+    chunks = {c.key: c.index for c in files}     # a chunk's rows and end part are two files of one chunk
     out: dict[str, Any] = {"path": path, "geometry": g.describe(), "chunk_tokens": g.chunk_tokens,
-                           "chunk_bytes": g.chunk_bytes, "chunks": len(files),
-                           "tokens": len(files) * g.chunk_tokens, "bytes": sum(c.bytes for c in files),
-                           "prompts": sum(1 for c in files if c.index == 0),
+                           "chunk_bytes": g.chunk_bytes, "chunks": len(chunks),
+                           "tokens": len(chunks) * g.chunk_tokens, "bytes": sum(c.bytes for c in files),
+                           "prompts": sum(1 for i in chunks.values() if i == 0),
+                           "end_parts": sum(1 for c in files if c.part == "end"),
                            "longest_prefix_tokens": (max((c.index for c in files), default=-1) + 1) * g.chunk_tokens}
     if removed is not None:
         out["gc_removed"] = removed
