@@ -309,7 +309,8 @@ def _layers_kv(past):
     out = []
     for layer in past.layers:
         k, v = layer.keys[0], layer.values[0]
-        out.append((k.transpose(0, 1).reshape(k.shape[1], -1).numpy(), v.transpose(0, 1).reshape(v.shape[1], -1).numpy()))
+        out.append((k.transpose(0, 1).reshape(k.shape[1], -1).numpy(),
+                    v.transpose(0, 1).reshape(v.shape[1], -1).numpy()))
     return out
 
 

@@ -44,8 +44,8 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcache._atomic import atomic_write
-from kvcache import _core
-from kvcache._core import _STREAM_BYTES, ChunkSum, _copy_pairs, _handoff_checksum, _seq_import_begin, ggml_types
+from kvcache._core import (_STREAM_BYTES, ChunkSum, _copy_pairs, _handoff_checksum, _salt_hash, _seq_import_begin,
+                           _Unified, ggml_types)
 from kvcache import _store_parts as _parts
 from kvcache._store_parts import rows_of, split_payload
 from kvcache.handoff import pair_regions
@@ -638,7 +638,7 @@ class PrefixStore:
     def _check_cache(self, cache: Any, what: str) -> None:
         if self.geometry.version != 1:
             return      # the parts' checks: the whole geometry, read from the cache
-        if not isinstance(cache, _core._Unified):
+        if not isinstance(cache, _Unified):
             raise StoreError(f"{what}: cache must be a UnifiedCache (the store's geometry is a unified cache's), "
                              f"not {type(cache).__name__}")
         if getattr(cache, "cell_ext", False):
@@ -655,7 +655,7 @@ class PrefixStore:
         the store holds for this prompt afterwards (a multiple of chunk_tokens)."""
         self._check_cache(cache, "save")
         toks = _tokens_array(tokens)
-        self._salts.setdefault(_core._salt_hash(salt), salt)
+        self._salts.setdefault(_salt_hash(salt), salt)
         if self.geometry.version != 1:
             return _parts.save_parts(self, cache, seq_id, toks, salt)
         exp = cache.seq_export(seq_id)
@@ -748,7 +748,7 @@ class PrefixStore:
         (bytes that nothing reads). StateError when the cache is too full for the prefix."""
         self._check_cache(cache, "load")
         toks = _tokens_array(tokens)
-        self._salts.setdefault(_core._salt_hash(salt), salt)
+        self._salts.setdefault(_salt_hash(salt), salt)
         if max_tokens is not None:
             toks = toks[:max(0, max_tokens)]
         if self.geometry.version != 1:
@@ -940,7 +940,7 @@ class PrefixStore:
         tokens, as ``prefix_attach``. pos_x, pos_y: the tokens' 2-D positions for a cache with
         ``cell_ext`` (as ``prefix_attach``). Returns the tokens the sequence now holds."""
         toks = _tokens_array(tokens)
-        self._salts.setdefault(_core._salt_hash(salt), salt)
+        self._salts.setdefault(_salt_hash(salt), salt)
         xy = {} if pos_x is None and pos_y is None else {"pos_x": pos_x, "pos_y": pos_y}
         in_cache = cache.prefix_match(toks, salt=salt, **xy)
         if self.match(toks[:max(0, len(toks) - 1)], salt, **xy) > in_cache:
@@ -970,7 +970,7 @@ class PrefixStore:
         salt is skipped (``stats["evicted_skipped"]``). A UnifiedCache2026 of one stream, with
         prefix reuse on, in the store's geometry (``StoreError`` otherwise). on=False: off."""
         for salt in salts:
-            self._salts[_core._salt_hash(salt)] = salt
+            self._salts[_salt_hash(salt)] = salt
         if not on:
             cache._spill_set(None)
             return
@@ -990,7 +990,8 @@ class PrefixStore:
 
         cache._spill_set(sink, self.geometry.chunk_tokens)
 
-    def _write_evicted(self, cache: Any, records: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int32]]]) -> None:
+    def _write_evicted(self, cache: Any,
+                       records: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int32]]]) -> None:
         """Store the whole chunks of prompts the cache just evicted, from their cells."""
         c = self.geometry.chunk_tokens
         for salt_hash, toks, cells in records:
