@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import StateError, _Hybrid, _ISWA, _Recurrent, _seq_import_begin, ggml_types
+from kvcache._core import _Hybrid, _ISWA, _Recurrent, _seq_import_begin, _Unified, ggml_types
 
 if TYPE_CHECKING:
     from kvcache.store import PrefixStore, StoreGeometry
@@ -45,6 +45,9 @@ def parts_geometry(cls: type[StoreGeometry], cache: Any, chunk_tokens: int) -> S
                    ext=bool(cache.cell_ext))
     if isinstance(cache, _Hybrid):
         attn_cache: Any = cache.attn
+        if not isinstance(cache.attn, _Unified):
+            raise StoreError("cache is a hybrid memory with a sliding window (its attention part an ISWACache): "
+                             "the store does not keep it yet")
         _refuse_no_memory(attn_cache, StoreError)
         tk, tv, attn = _header_layers(attn_cache.seq_export(0).header)
         st = tuple((int(il), r, s) for il, (r, s) in zip(cache.recurrent_layers, cache.recr._state_layout()))
