@@ -120,6 +120,16 @@ __attribute__((target("avx512f"))) static void kvc_stream_pages_avx512(uint8_t *
 }
 #endif
 
+/* Whether source and destination lie at nearly the same offset within their pages (4 KiB
+ * aliasing). The four-page loop's SSE2 form loads the line of page k + 1 right after storing the
+ * line of page k at the same page offset; the processor, comparing the addresses' low 12 bits,
+ * holds the load for the store to retire: 1.2-1.3x of memcpy's time here, where one stream runs
+ * at memcpy's speed (a chunk of a prefix store at 16 bytes past a page into a page-aligned cache).
+ * The AVX-512 form loads the four lines before storing them and is left as it is. */
+static inline bool kvc_page_aliased(const uint8_t *d, const uint8_t *s) {
+    return (((uintptr_t)s - (uintptr_t)d + 63u) & (KVC_PAGE - 1)) < 127u;   /* less than a line apart */
+}
+
 void kvc_copy(void *dst, const void *src, size_t n, bool stream) {
     uint8_t *d = dst;
     const uint8_t *s = src;
@@ -146,7 +156,8 @@ void kvc_copy(void *dst, const void *src, size_t n, bool stream) {
                 i += blocks;
             }
 #endif
-            for (; i + 4 * KVC_PAGE <= n; i += 4 * KVC_PAGE) {
+            const bool aliased = kvc_page_aliased(d, s);
+            for (; !aliased && i + 4 * KVC_PAGE <= n; i += 4 * KVC_PAGE) {
                 for (size_t o = i; o < i + KVC_PAGE; o += 64) {
                     kvc_stream_line(d + o, s + o);
                     kvc_stream_line(d + o + KVC_PAGE, s + o + KVC_PAGE);

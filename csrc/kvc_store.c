@@ -1,7 +1,17 @@
 /* The chunk checksum of the prefix store: kvc_store.h. */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* read */
+#endif
 #include "kvc_store.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <string.h>
+#if defined(_WIN32)
+#include <io.h>
+#else
+#include <unistd.h>
+#endif
 
 #include "kvc_common.h"
 #include "kvc_le.h"
@@ -65,6 +75,45 @@ void kvc_store_sum_copy(kvc_store_sum *s, uint8_t *dst, const uint8_t *src, size
         kvc_copy(dst + i, src + i, k, stream);
         kvc_store_sum_update(s, src + i, k);
     }
+}
+
+/* Fill p[0, n) from fd: 0, 1 at the end of the file, -1 on an error. */
+static int read_full(int fd, uint8_t *p, size_t n) {
+    while (n) {
+#if defined(_WIN32)
+        const int r = _read(fd, p, n < (size_t)INT_MAX ? (unsigned)n : (unsigned)INT_MAX);
+#else
+        const ssize_t r = read(fd, p, n < (size_t)SSIZE_MAX ? n : (size_t)SSIZE_MAX);
+#endif
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        if (r == 0) {
+            return 1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+int kvc_store_read(kvc_store_sum *s, int fd, uint8_t *dst, size_t n, uint8_t *bounce, size_t step, bool stream) {
+    for (size_t i = 0; i < n; i += step) {
+        const size_t k = n - i < step ? n - i : step;
+        const int rc = read_full(fd, bounce ? bounce : dst + i, k);
+        if (rc != 0) {
+            return rc;
+        }
+        if (bounce) {
+            kvc_store_sum_copy(s, dst + i, bounce, k, stream);
+        } else {
+            kvc_store_sum_update(s, dst + i, k);
+        }
+    }
+    return 0;
 }
 
 /* splitmix64's finalizer: every input bit reaches every output bit */

@@ -35,6 +35,14 @@ void kvc_store_sum_update(kvc_store_sum *s, const uint8_t *p, size_t n);
  * call kvc_stream_fence() before reading it. */
 void kvc_store_sum_copy(kvc_store_sum *s, uint8_t *dst, const uint8_t *src, size_t n, bool stream);
 
+/* Read n bytes from file descriptor fd, from its offset on, into dst and add them to s, in steps
+ * of step bytes (> 0) while each is in the caches: with bounce (step bytes) each step is read
+ * into it, then copied into dst and added in one pass (non-temporal stores with stream: call
+ * kvc_stream_fence() before reading dst); without, read straight into dst and added. One call
+ * per file, no caller's loop per step. 0 when read whole, 1 when the file ends first, -1 on a
+ * read error (errno says which; an interrupted read is retried). */
+int kvc_store_read(kvc_store_sum *s, int fd, uint8_t *dst, size_t n, uint8_t *bounce, size_t step, bool stream);
+
 /* The checksum of the bytes seen (the sum is unchanged: more may follow a peek). */
 uint64_t kvc_store_sum_digest(const kvc_store_sum *s);
 

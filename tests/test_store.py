@@ -335,6 +335,38 @@ def test_checksum_streams_and_detects():
     assert shorter.digest() != whole.digest()                # a trailing zero byte counts
 
 
+@pytest.mark.parametrize("how", ["straight", "bounce", "stream"])
+def test_checksum_reads_a_file_into_regions(how, tmp_path):
+    """ChunkSum.read_from: a file's bytes read into regions in steps, summed as update sums them;
+    a file that ends first reads False, a closed descriptor raises OSError."""
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, 10_000, dtype=np.uint8)
+    p = tmp_path / "f"
+    p.write_bytes(b"head" + data.tobytes())
+    whole = ChunkSum()
+    whole.update(data)
+    out = np.zeros(12_000, np.uint8)
+    regions = np.array([[out.ctypes.data, 3001], [out.ctypes.data + 4000, 6999]], np.uint64)
+    bounce = np.zeros(1000, np.uint8) if how != "straight" else None
+    with open(p, "rb", buffering=0) as f:
+        assert f.read(4) == b"head"
+        s = ChunkSum()
+        assert s.read_from(f.fileno(), regions, 1000, bounce, how == "stream")
+        assert f.read() == b""
+    assert s.digest() == whole.digest() and s.n_bytes == 10_000
+    assert np.array_equal(out[:3001], data[:3001]) and np.array_equal(out[4000:10_999], data[3001:])
+    assert not out[3001:4000].any() and not out[10_999:].any()
+    with open(p, "rb", buffering=0) as f:
+        assert not ChunkSum().read_from(f.fileno(), [(out.ctypes.data, 10_005)], 4096,
+                                            None if bounce is None else np.zeros(4096, np.uint8))
+    with pytest.raises(OSError):
+        ChunkSum().read_from(1 << 20, regions, 1000)
+    with pytest.raises(ValueError, match="step"):
+        ChunkSum().read_from(0, regions, 2000, np.zeros(1000, np.uint8))
+    with pytest.raises(ValueError, match="address 0"):
+        ChunkSum().read_from(0, [(0, 5)], 1000)
+
+
 _FULL_DISK = textwrap.dedent("""
     import resource, signal, sys
     sys.path[:0] = sys.argv[3:]

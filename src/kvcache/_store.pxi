@@ -3,7 +3,9 @@
 from kvcache.includes.kvc_common cimport kvc_copy, kvc_stream_fence, KVC_STREAM_BYTES
 from kvcache.includes.kvc_handoff cimport kvc_handoff_checksum
 from kvcache.includes.kvc_store cimport (kvc_store_sum, kvc_store_sum_init, kvc_store_sum_update, kvc_store_sum_copy,
-                                         kvc_store_sum_digest)
+                                         kvc_store_sum_digest, kvc_store_read)
+from cpython.exc cimport PyErr_SetFromErrno
+from libc cimport errno as c_errno
 
 
 @cython.final
@@ -12,7 +14,8 @@ cdef class ChunkSum:
     sum of the bytes as 64-bit words that runs at memory speed, finished by a 64-bit mix.
 
     ``update(data)`` adds a buffer's bytes (updates may split the bytes anywhere);
-    ``copy_to(address, data)`` also copies them to memory the caller owns; ``digest()`` gives the
+    ``copy_to(address, data)`` also copies them to memory the caller owns; ``read_from(fd,
+    regions, step)`` reads them from a file into memory the caller owns; ``digest()`` gives the
     checksum as an int (more updates may follow); ``n_bytes`` counts."""
     cdef kvc_store_sum s
 
@@ -46,6 +49,43 @@ cdef class ChunkSum:
                     kvc_stream_fence()
         finally:
             hb.release()
+
+    def read_from(self, int fd, regions, size_t step, bounce=None, bint stream=False):
+        """Read from file descriptor fd, from its offset on, the bytes of each region in turn (an
+        (N, 2) uint64 array of address and length: writable memory the caller owns, not
+        overlapping bounce) and add them, in steps of step bytes, in one loop without the GIL:
+        through bounce (a writable buffer of at least step bytes: each step read into it, then
+        copied and added in one pass while it is in the caches; stream: non-temporal stores) or,
+        without, straight into the regions. True when every byte was read, False when the file
+        ended first; OSError on a read error."""
+        cdef const uint64_t[:, ::1] r = np.ascontiguousarray(regions, dtype=np.uint64)
+        cdef _HeldBuffer bb = hold_buffer(bounce, "bounce", True) if bounce is not None else None
+        cdef uint8_t *bp = <uint8_t *>bb.view.buf if bb is not None else NULL
+        cdef Py_ssize_t k
+        cdef int rc = 0, err = 0
+        try:
+            if r.shape[1] != 2:
+                raise ValueError(f"regions must be an (N, 2) array, not {tuple(r.shape)}")
+            if step == 0 or (bb is not None and <size_t>bb.view.len < step):
+                raise ValueError(f"step = {step} must be > 0 and at most the bounce buffer's bytes")
+            for k in range(r.shape[0]):
+                if r[k, 1] and r[k, 0] == 0:
+                    raise ValueError(f"region {k}: address 0")
+            with nogil:
+                for k in range(r.shape[0]):
+                    rc = kvc_store_read(&self.s, fd, <uint8_t *><uintptr_t>r[k, 0], <size_t>r[k, 1], bp, step, stream)
+                    if rc != 0:
+                        err = c_errno.errno
+                        break
+                if stream:
+                    kvc_stream_fence()
+        finally:
+            if bb is not None:
+                bb.release()
+        if rc < 0:
+            c_errno.errno = err
+            PyErr_SetFromErrno(OSError)
+        return rc == 0
 
     def digest(self):
         """The checksum of the bytes added so far, an int below 2**64."""

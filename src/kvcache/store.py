@@ -313,31 +313,6 @@ def _addr(a: npt.NDArray[Any]) -> int:
     return int(a.ctypes.data)
 
 
-def _read_full(f: Any, view: memoryview) -> bool:
-    """Fill view from f; False when the file ends first."""
-    got = 0
-    while got < len(view):
-        r = f.readinto(view[got:])
-        if not r:
-            return False
-        got += r
-    return True
-
-
-def _read_summed(f: Any, view: memoryview, s: ChunkSum) -> bool:
-    """Fill view from f in steps of _STEP bytes, adding each step to s right after it is read
-    (while it is in the processor's cache). False when the file ends first."""
-    done, n = 0, len(view)
-    while done < n:
-        end = min(done + _STEP, n)
-        part = view[done:end]
-        if not _read_full(f, part):
-            return False
-        s.update(part)
-        done = end
-    return True
-
-
 class PrefixStore:
     """Chunks of prefixes' K/V in host memory and, with ``path``, in a directory.
 
@@ -877,31 +852,22 @@ class PrefixStore:
                 return False
             s = ChunkSum()
             s.update(head)
+            # one C loop over the file's steps (no Python per step); the pieces tile the payload
+            # in order, so the sum sees the file's bytes in order
             if keep is not None:
-                if not _read_summed(f, keep.data, s):
-                    self._drop_file(path)
-                    return False
+                ok = s.read_from(f.fileno(), [(_addr(keep), keep.nbytes)], _STEP)
                 base = _addr(keep)
-                for o, d, ln in pieces or []:
+                for o, d, ln in (pieces or []) if ok else []:
                     ctypes.memmove(d, base + o, ln)
-            elif stream:
-                # a load larger than the caches: each step read into a small buffer, then copied
-                # into the cells with non-temporal stores and summed in the same pass
-                bounce = self._bounce().data
-                for _, d, ln in pieces or []:
-                    for at in range(0, ln, _STEP):
-                        part = bounce[:min(_STEP, ln - at)]
-                        if not _read_full(f, part):
-                            self._drop_file(path)
-                            return False
-                        s.copy_to(d + at, part, True)
             else:
-                # straight into the reserved cells, each step summed while it is still in the cache;
-                # the pieces tile the payload in order, so the sum sees the file's bytes in order
-                for _, d, ln in pieces or []:
-                    if not _read_summed(f, memoryview((ctypes.c_char * ln).from_address(d)).cast("B"), s):
-                        self._drop_file(path)
-                        return False
+                # a load larger than the caches: each step read into a small buffer, then copied
+                # into the cells with non-temporal stores and summed in the same pass; else
+                # straight into the reserved cells, each step summed while in the cache
+                regions = np.array([(d, ln) for _, d, ln in pieces or []], np.uint64).reshape(-1, 2)
+                ok = s.read_from(f.fileno(), regions, _STEP, self._bounce() if stream else None, stream)
+            if not ok:
+                self._drop_file(path)
+                return False
             tail = f.read(_SUM)
             if len(tail) != _SUM or struct.unpack("<Q", tail)[0] != s.digest():
                 self._drop_file(path)

@@ -1,6 +1,7 @@
-/* kvc_copy: plain and streamed (non-temporal stores; from 32 KiB four 4 KiB pages at a time)
- * copies give memcpy's bytes and touch nothing outside the destination, at any alignment of
- * either side and any length around the line, page and four-page boundaries; with the AVX-512
+/* kvc_copy: plain and streamed (non-temporal stores; from 32 KiB four 4 KiB pages at a time, one
+ * stream where source and destination lie at nearly the same page offset) copies give memcpy's
+ * bytes and touch nothing outside the destination, at any alignment of either side and any
+ * length around the line, page and four-page boundaries; with the AVX-512
  * pages where the processor has them, and in a child process with KVCACHE_NO_AVX512 (the
  * choice is made at the first large copy, so the child is started before any). */
 #define _POSIX_C_SOURCE 200112L
@@ -49,6 +50,10 @@ static void run_checks(void) {
     }
     for (int r = 0; r < 200; r++) {
         check_copy(check_rand(300000), check_rand(4096), check_rand(4096), true);
+    }
+    for (size_t k = 0; k < 8; k++) {     /* nearly the same page offset on both sides */
+        const size_t d_off = check_rand(4096);
+        check_copy(40000 + check_rand(200000), d_off, (d_off + GUARD + 4096 - 63 + check_rand(127)) % 4096, true);
     }
 }
 
