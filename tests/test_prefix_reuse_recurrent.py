@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvcache import HybridCache, RecurrentCache, UBatch
+from lfm2_model import lfm2_chunk
 from reference_checkpoint import CheckpointPoolModel
 
 E = 4   # state row width
@@ -629,36 +630,7 @@ def test_an_lfm2_hybrid_model_gets_the_same_logits_from_a_reused_prefix():
     h.enable_prefix_reuse(checkpoints=4)
 
     def chunk(s, tokens, start, end):
-        """The model computes tokens[start:end] of s: the attention K/V of [0, start) and the
-        convolution states read from the cache, the new ones written to it."""
-        assert h.find_slot(UBatch(list(range(start, end)), [s], n_seq_tokens=end - start, tokens=tokens[start:end]))
-        plane, cell = divmod(int(h.s_copy()[0]), h.recr.size)
-        cache = transformers.DynamicCache(config=cfg)
-        cells, pos = h.attn.seq_cells(s)
-        held = [c for _, c in sorted(zip(pos, cells)) if _ < start]
-        for il in attn_layers:
-            if start:
-                k = torch.from_numpy(np.array(h.attn.k(il)).reshape(-1, n_kv, head)[held]).permute(1, 0, 2)[None]
-                v = torch.from_numpy(np.array(h.attn.v(il)).reshape(-1, n_kv, head)[held]).permute(1, 0, 2)[None]
-                cache.update(k.contiguous(), v.contiguous(), il)
-        if not (plane == 0 and cell == h.rs_z):
-            for il in conv_layers:
-                layer = cache.layers[il]
-                conv = torch.from_numpy(np.array(h.r(il, plane)[cell])).reshape(1, cfg.hidden_size, L)
-                layer.lazy_initialization(conv_states=conv)
-                layer.conv_states[0].copy_(conv)
-                layer.has_previous_state[0] = True
-                layer.cumulative_length_linear.fill_(start)
-        with torch.no_grad():
-            out = model(torch.tensor([tokens[start:end]]), cache=cache, use_cache=True)
-        for il in attn_layers:
-            layer = cache.layers[il]
-            rows = [x[0, :, start:end].permute(1, 0, 2).reshape(end - start, -1).numpy()
-                    for x in (layer.keys, layer.values)]
-            h.store(il, *rows)
-        for il in conv_layers:
-            h.store_state(il, cache.layers[il].conv_states[0].reshape(1, -1).numpy())
-        return out.logits[0, -1]
+        return lfm2_chunk(torch, transformers, model, cfg, h, s, tokens, start, end)
 
     def from_scratch(tokens, cuts):
         cache = transformers.DynamicCache(config=cfg)

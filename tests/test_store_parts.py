@@ -12,6 +12,7 @@ import pytest
 import kvcache
 from kvcache import HybridCache, RecurrentCache, StateError, UBatch
 from kvcache.store import PrefixStore, StoreError, read_meta
+from lfm2_model import lfm2_chunk
 
 C = 8
 
@@ -448,34 +449,7 @@ def test_lfm2_prefix_from_the_store_gives_the_logits_of_recomputation(tmp_path, 
         return h
 
     def chunk(h, s, tokens, start, end):
-        assert h.find_slot(UBatch(list(range(start, end)), [s], n_seq_tokens=end - start, tokens=tokens[start:end]))
-        plane, cell = divmod(int(h.s_copy()[0]), h.recr.size)
-        cache = transformers.DynamicCache(config=cfg)
-        cells, pos = h.attn.seq_cells(s)
-        held = [x for p, x in sorted(zip(pos, cells)) if p < start]
-        for il in attn_layers:
-            if start:
-                k = torch.from_numpy(np.array(h.attn.k(il)).reshape(-1, n_kv, head)[held]).permute(1, 0, 2)[None]
-                v = torch.from_numpy(np.array(h.attn.v(il)).reshape(-1, n_kv, head)[held]).permute(1, 0, 2)[None]
-                cache.update(k.contiguous(), v.contiguous(), il)
-        if not (plane == 0 and cell == h.rs_z):
-            for il in conv_layers:
-                layer = cache.layers[il]
-                conv = torch.from_numpy(np.array(h.r(il, plane)[cell])).reshape(1, cfg.hidden_size, L)
-                layer.lazy_initialization(conv_states=conv)
-                layer.conv_states[0].copy_(conv)
-                layer.has_previous_state[0] = True
-                layer.cumulative_length_linear.fill_(start)
-        with torch.no_grad():
-            out = model(torch.tensor([tokens[start:end]]), cache=cache, use_cache=True)
-        for il in attn_layers:
-            layer = cache.layers[il]
-            rows_ = [x[0, :, start:end].permute(1, 0, 2).reshape(end - start, -1).numpy()
-                     for x in (layer.keys, layer.values)]
-            h.store(il, *rows_)
-        for il in conv_layers:
-            h.store_state(il, cache.layers[il].conv_states[0].reshape(1, -1).numpy())
-        return out.logits[0, -1]
+        return lfm2_chunk(torch, transformers, model, cfg, h, s, tokens, start, end)
 
     a = [3, 5, 7, 9, 11, 13, 2, 4, 6, 8, 10, 12]
     h = make()
