@@ -71,15 +71,17 @@ def attn_part(cache: Any, kind: str) -> Any:
             "recurrent": None}[kind]
 
 
-def rows_of(part: Any, il: int, cells: npt.NDArray[Any]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
-    """Layer il's K rows and V rows (never transposed) of part's cells, as bytes."""
-    k = np.ascontiguousarray(np.asarray(part.k(il))[cells])
+def rows_of(part: Any, il: int, cells: npt.NDArray[Any],
+            stream: int = 0) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """Layer il's K rows and V rows (never transposed) of part's cells of a stream, as bytes."""
+    rows = np.asarray(cells, dtype=np.int64) + stream * int(part.size) if stream else cells
+    k = np.ascontiguousarray(np.asarray(part.k(il))[rows])
     v = np.asarray(part.v(il))
     if part.v_trans:
-        v = v[0] if v.ndim == 3 else v       # a 2026 cache's transposed V: (streams, width, cells)
+        v = v[stream] if v.ndim == 3 else v       # a 2026 cache's transposed V: (streams, width, cells)
         v = np.ascontiguousarray(v[:, cells].T)
     else:
-        v = np.ascontiguousarray(v[cells])
+        v = np.ascontiguousarray(v[rows])
     n = len(cells)
     return k.view(np.uint8).reshape(n, -1), v.view(np.uint8).reshape(n, -1)
 

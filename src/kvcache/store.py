@@ -48,9 +48,11 @@ from kvcache._core import (_STREAM_BYTES, ChunkSum, _copy_pairs, _handoff_checks
                            _Unified, ggml_types)
 from kvcache import _store_parts as _parts
 from kvcache._store_parts import rows_of, split_payload
+from kvcache.relocate import SeqRange, check_target, set_range
 from kvcache.handoff import pair_regions
 
 if TYPE_CHECKING:
+    from kvcache._core import RopeParams
     from kvcache.unified import UnifiedCache, UnifiedCache2026
 
 __all__ = ["PrefixStore", "StoreGeometry", "StoreError", "ChunkInfo", "META_NAME", "CHUNK_MAGIC", "CHUNK_VERSION",
@@ -711,10 +713,20 @@ class PrefixStore:
         return out.reshape(-1, 2)
 
     def load(self, cache: UnifiedCache, seq_id: int, tokens: Any, salt: str | bytes | None = None, *,
-             max_tokens: int | None = None, min_tokens: int = 1, pos_x: Any = None, pos_y: Any = None) -> int:
+             max_tokens: int | None = None, min_tokens: int = 1, pos_x: Any = None, pos_y: Any = None,
+             at: int | None = None, rope: RopeParams | None = None) -> int:
         """Bring the longest stored prefix of tokens (at most max_tokens of them, whole chunks)
         into seq_id of cache, at positions 0 .. k-1, replacing what the sequence held; returns k
         (0: nothing loaded, the cache untouched; also when fewer than min_tokens are stored).
+
+        at: place the prefix at positions at .. at + k - 1 instead, next to the cells the
+        sequence holds (none of them in that range), its K rotated by at with rope (default:
+        the cache's RopeParams) — not bit-exact against computing the tokens there
+        (:func:`kvcache.relocate.set_range`). Only a plain unified cache's prefix moves: an
+        iSWA, recurrent or hybrid cache, or cells with 2-D positions, are refused (StoreError;
+        docs/store.md "Relocation" says why). The cells are then placed as a ubatch
+        (``find_slot``) and nothing changes on failure.
+
         The load is one transactional import (``seq_import_begin``): nothing changes until it
         commits, and a load that fails changes no cell, sequence or prefix (a chunk file found
         corrupt is removed and the load retried with the chunks before it). Into a sequence that
@@ -722,6 +734,8 @@ class PrefixStore:
         no copy of the free cells it fills is kept, so an abort leaves in them what was written
         (bytes that nothing reads). StateError when the cache is too full for the prefix."""
         self._check_cache(cache, "load")
+        if at is not None:
+            self._check_move(cache, seq_id, at, rope)
         toks = _tokens_array(tokens)
         self._salts.setdefault(_salt_hash(salt), salt)
         if max_tokens is not None:
@@ -745,7 +759,10 @@ class PrefixStore:
             if k == 0 or k < min_tokens:
                 self.stats["misses"] += 1
                 return 0
-            bad = self._load_chunks(cache, seq_id, toks[:k], keys[:len(srcs)], srcs)
+            if at is None:
+                bad = self._load_chunks(cache, seq_id, toks[:k], keys[:len(srcs)], srcs)
+            else:
+                bad = self._load_moved(cache, seq_id, toks[:k], keys[:len(srcs)], srcs, at, rope)
             if bad is None:
                 break
             del srcs[bad:]
@@ -879,21 +896,58 @@ class PrefixStore:
             self._host_put(hkey, ctoks.copy(), keep)
         return True
 
-    def _fill_transposed(self, imp: Any, srcs: list[Any], keys: list[bytes], toks: npt.NDArray[np.int32]) -> int | None:
-        """The load into a cache with a transposed V: every chunk's payload in memory (checked),
-        the V rows of the prefix transposed, then one scatter."""
-        g = self.geometry
-        c = g.chunk_tokens
+    def _payloads(self, srcs: list[Any], keys: list[bytes], toks: npt.NDArray[np.int32]) -> list[Any] | int:
+        """Every chunk's payload in memory (files read and checked), or the index of the first bad chunk."""
         payloads = []
         for i, s in enumerate(srcs):
             if not isinstance(s, str):
                 payloads.append(s[1])
                 continue
-            keep = np.empty(g.chunk_bytes, np.uint8)
+            keep = np.empty(self.geometry.chunk_bytes, np.uint8)
             if not self._read_file(s, keys[i], i, toks, None, keep=keep):
                 return i
             payloads.append(keep)
-        out, _ = split_payload(g.layers, payloads, c, False, True)
+        return payloads
+
+    def _check_move(self, cache: Any, seq_id: int, at: int, rope: RopeParams | None) -> None:
+        """What a load at another start refuses before anything is read: a store of a cache
+        other than a plain unified one, then what set_range refuses whatever the range."""
+        g = self.geometry
+        why = {"iswa": "an iSWA cache's SWA layers hide and reuse cells by position, and the window kept "
+                       "with a chunk was seen from its own positions",
+               "recurrent": "a recurrent state sums up every position before it and cannot be moved",
+               "hybrid": "its recurrent state sums up every position before it and cannot be moved"}.get(g.kind)
+        if why is None and g.ext:
+            why = "its cells carry 2-D positions (cell_ext, M-RoPE), which a rotation by one delta does not move"
+        if why is not None:
+            raise StoreError(f"load: at= is refused for this store ({g.describe()}): {why}")
+        check_target(cache, seq_id, at, rope, "load")
+
+    def _load_moved(self, cache: Any, seq_id: int, toks: npt.NDArray[np.int32], keys: list[bytes], srcs: list[Any],
+                    at: int, rope: RopeParams | None) -> int | None:
+        """The load at positions at ..: the chunks' rows as one range of positions 0 .. placed by
+        set_range; None when placed, else the index of the first bad chunk (the cache untouched)."""
+        g = self.geometry
+        c = g.chunk_tokens
+        payloads = self._payloads(srcs, keys, toks)
+        if isinstance(payloads, int):
+            return payloads
+        k_off, v_off = g._offsets()
+        ks = tuple(np.concatenate([p[o:o + c * b].reshape(c, b) for p in payloads])
+                   for o, b in zip(k_off, g.k_row_bytes))
+        vs = tuple(np.concatenate([p[o:o + c * b].reshape(c, b) for p in payloads])
+                   for o, b in zip(v_off, g.v_row_bytes))
+        set_range(cache, seq_id, SeqRange(g.type_k, g.type_v, g.layers, 0, ks, vs), at, rope=rope, tokens=toks,
+                  what="load")
+        return None
+
+    def _fill_transposed(self, imp: Any, srcs: list[Any], keys: list[bytes], toks: npt.NDArray[np.int32]) -> int | None:
+        """The load into a cache with a transposed V: every chunk's payload in memory (checked),
+        the V rows of the prefix transposed, then one scatter."""
+        payloads = self._payloads(srcs, keys, toks)
+        if isinstance(payloads, int):
+            return payloads
+        out, _ = split_payload(self.geometry.layers, payloads, self.geometry.chunk_tokens, False, True)
         imp.scatter(out)
         return None
 
