@@ -604,7 +604,9 @@ def test_flashinfer_matches_the_torch_reference():
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
     as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)   # noqa: E731
+    # f16: FlashInfer's paged kernels are built for 16-bit (and 8-bit) K/V; the reference stays f32
     w.plan(as_t(idx.kv_indptr), as_t(idx.kv_indices), as_t(np.ones(len(idx.causal), np.int32)), H, Hkv, D, 1,
-           q_data_type=torch.float32, kv_data_type=torch.float32)
-    got = w.run(q.to(dev), (k.to(dev)[:, None], v.to(dev)[:, None]))
-    torch.testing.assert_close(got.cpu(), want, atol=2e-3, rtol=2e-3)
+           q_data_type=torch.float16, kv_data_type=torch.float16)
+    half = lambda t: t.to(dev, torch.float16)   # noqa: E731
+    got = w.run(half(q), (half(k)[:, None], half(v)[:, None]))
+    torch.testing.assert_close(got.float().cpu(), want, atol=1e-2, rtol=1e-2)

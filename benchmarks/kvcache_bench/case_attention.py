@@ -11,6 +11,10 @@ build of the indices (through each sequence's own index of its cells, kept as ce
 and removed) against the build of the mask, and against a build from scratch (the mask, then its nonzero entries as CSR arrays: what finding a step's cells costs
 without that index). torch runs on one thread and the times are that thread's CPU time (a
 shared machine's other jobs weigh less).
+With a CUDA GPU and FlashInfer, the same steps in f16 on the GPU: FlashInfer's paged decode
+(``BatchDecodeWithPagedKVCacheWrapper``, pages of one cell, planned every step from the indices
+built on the host) against the dense path (the bool mask built on the host, copied, one SDPA),
+both checked equal (1e-2, f16), wall time to the end of the GPU's work; otherwise that row waits.
 Quick: 4096 cells, three layouts. Without torch the rows wait."""
 from __future__ import annotations
 
@@ -142,6 +146,87 @@ def _step(torch: Any, n_cells: int, n_seqs: int, held: Any, reps: int) -> list[R
     return [step, build, fresh]
 
 
+GPU_CASE = "attention (GPU): decode step, FlashInfer from the indices vs dense-mask SDPA"
+
+
+def _gpu_step(torch: Any, flashinfer: Any, n_cells: int, n_seqs: int, held: Any, reps: int) -> Row:
+    """One layout's decode step on the GPU: FlashInfer from kvcache's indices against the
+    dense-mask SDPA, f16, each timed from the host build to the end of the GPU's work."""
+    import numpy as np
+
+    F = torch.nn.functional
+    dev = torch.device("cuda")
+    c, ub = _cache(n_cells, n_seqs, held)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    k = torch.randn(n_cells, HEADS, DIM, generator=gen, device=dev, dtype=torch.float16)
+    v = torch.randn(n_cells, HEADS, DIM, generator=gen, device=dev, dtype=torch.float16)
+    q = torch.randn(ub.n_tokens, HEADS, DIM, generator=gen, device=dev, dtype=torch.float16)
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    pages = (k[:, None], v[:, None])   # pages of one cell: [cells, 1, heads, dim]
+
+    def on_gpu(a: Any) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=False)
+
+    def dense() -> tuple[int, Any]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        m = on_gpu(c.kq_mask(ub, pad=False, dtype="bool").numpy())
+        n = m.shape[-1]
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[:n].transpose(0, 1)[None],
+                                             v[:n].transpose(0, 1)[None], attn_mask=m)[0].transpose(0, 1)
+        torch.cuda.synchronize()
+        return time.perf_counter_ns() - t0, out
+
+    def indices() -> tuple[int, Any]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        idx = c.attention_indices(ub)
+        wrapper.plan(on_gpu(idx.kv_indptr), on_gpu(idx.kv_indices), on_gpu(np.ones(len(idx.causal), np.int32)),
+                     HEADS, HEADS, DIM, 1, q_data_type=torch.float16, kv_data_type=torch.float16)
+        out = wrapper.run(q, pages)
+        torch.cuda.synchronize()
+        return time.perf_counter_ns() - t0, out
+
+    idx = c.attention_indices(ub)
+    need = 2 * len(set(idx.kv_indices.tolist())) * HEADS * DIM * 2
+    flat = torch.randn(need // 2, generator=gen, device=dev, dtype=torch.float16)
+
+    def floor() -> int:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        flat.sum()
+        torch.cuda.synchronize()
+        return time.perf_counter_ns() - t0
+
+    _, want = dense()
+    _, got = indices()
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
+    d, i, f = [], [], []
+    for r in range(reps):
+        for path in (dense, indices) if r % 2 == 0 else (indices, dense):
+            (d if path is dense else i).append(path()[0])
+        f.append(floor())
+    name = f"{n_seqs} seqs, {held:.0%} of the cells" if isinstance(held, float) else f"1 seq of {held} cells"
+    im, ir = _median_range(i)
+    return Row(f"{GPU_CASE}, {name} ({n_cells} cells)", im, ir, statistics.median(d), _paired(d, i),
+               gbps=need / im, yardstick="byte floor: needed K/V read once on the GPU",
+               yardstick_gbps=need / statistics.median(f), yardstick_ratio=_paired(i, f),
+               note=f"{torch.cuda.get_device_name(dev)}; f16; plan + run every step")
+
+
+def _gpu_rows(torch: Any, quick: bool, reps: int) -> list[Row]:
+    if not torch.cuda.is_available():
+        return [waiting(GPU_CASE, "a CUDA GPU")]
+    try:
+        import flashinfer  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return [waiting(GPU_CASE, "FlashInfer (pip install flashinfer-python)")]
+    n_cells = 4096 if quick else 32768
+    return [_gpu_step(torch, flashinfer, n_cells, n_seqs, held, reps)
+            for n_seqs, held in (QUICK_LAYOUTS if quick else LAYOUTS)]
+
+
 def bench_attention(quick: bool, reps: int) -> list[Row]:
     """The case's rows (see the module's docstring)."""
     try:
@@ -155,6 +240,6 @@ def bench_attention(quick: bool, reps: int) -> list[Row]:
         n_cells = 4096 if quick else 32768
         for n_seqs, held in QUICK_LAYOUTS if quick else LAYOUTS:
             rows += _step(torch, n_cells, n_seqs, held, reps)
-        return rows
+        return rows + _gpu_rows(torch, quick, reps)
     finally:
         torch.set_num_threads(threads)
