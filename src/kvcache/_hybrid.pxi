@@ -548,19 +548,12 @@ cdef class _Hybrid:
             return
         self._attn._prefix_check()
         self._recr._prefix_check()
+
     # --- state (csrc/kvc_hybrid_state.h) ----------------------------------------------------
     def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None, partial_only=False):
         """Bytes state_write(seq_id, layout=layout, prefix=prefix, partial_only=partial_only) produces."""
-        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", True)
-        cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_size"), prefix, s)
-        cdef unsigned parts = _hybrid_parts(partial_only, s)
-        cdef size_t r
-        self._lock_parts(READ, "state_size")
-        try:
-            r = kvc_hybrid_state_size(&self.c, s, bits, parts)
-        finally:
-            self._unlock_parts(READ)
-        return r
+        cdef state_codec k
+        return cache_state_size(self._state_codec(&k), &k, seq_id, layout, prefix, partial_only)
 
     def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None, partial_only=False):
         """The state of seq_id (-1: the whole memory) as llama.cpp's hybrid memory writes it: the
@@ -570,46 +563,16 @@ cdef class _Hybrid:
         memory state alone, what a sequence file holds). partial_only: the recurrent part alone
         (``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``; a sequence's state only). layout: "2026" only,
         the one llama.cpp layout of a hybrid memory's state (ValueError for another)."""
-        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", True)
-        cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_write"), prefix, s)
-        cdef unsigned parts = _hybrid_parts(partial_only, s)
-        cdef size_t n, written = 0
-        cdef uint8_t *p
-        cdef int r
-        self._lock_parts(RUNS_PYTHON, "state_write")
-        try:
-            n = kvc_hybrid_state_size(&self.c, s, bits, parts)
-            out = new_state_bytes(n, &p)
-            with nogil:
-                r = kvc_hybrid_state_write_range(&self.c, s, bits | KVC_LAYOUT_FRESH_OUT, parts, 0, p, n, &written)
-        finally:
-            self._unlock_parts(RUNS_PYTHON)
-        check_status(r, NULL, "state_write")
-        if written != n:
-            raise RuntimeError(f"state_write wrote {written} bytes, expected {n} (internal error)")
-        return out
+        cdef state_codec k
+        return cache_state_write(self._state_codec(&k), &k, seq_id, layout, prefix, partial_only)
 
     def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None, partial_only=False):
         """Write the state of seq_id (-1: the whole memory) into buf; returns the bytes written.
         buf: a writable C-contiguous buffer of at least state_size(...) bytes (filled from C) or
         a binary file object (written in chunks of bounded size; a change of either part from
         its write() raises RuntimeError there). layout, prefix, partial_only: as state_write."""
-        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", True)
-        cdef unsigned bits = write_layout_bits(_hybrid_layout(layout, "state_write_into"), prefix, s)
-        cdef _hybrid_writer w
-        w.h = &self.c
-        w.parts = _hybrid_parts(partial_only, s)
-        target = state_target(buf)      # taken before the locks, like every array argument
-        try:
-            self._lock_parts(RUNS_PYTHON, "state_write_into")
-            try:
-                return state_write_into(&w, _hybrid_state_range, s, bits,
-                                        kvc_hybrid_state_size(&self.c, s, bits, w.parts), target)
-            finally:
-                self._unlock_parts(RUNS_PYTHON)
-        finally:
-            if isinstance(target, _HeldBuffer):
-                (<_HeldBuffer>target).release()
+        cdef state_codec k
+        return cache_state_write_into(self._state_codec(&k), &k, buf, seq_id, layout, prefix, partial_only)
 
     def state_read(self, data, seq_id=-1, *, convert=False, exact=False, layout=None, partial_only=False):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: the whole memory);
@@ -622,39 +585,33 @@ cdef class _Hybrid:
         All or nothing: both parts are checked (and a sequence's cells given room) before either
         changes, so on failure (StateError naming the part and the byte) both are exactly as
         they were. llama.cpp instead clears the sequence, or the whole memory, when a read fails."""
-        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", True)
-        cdef unsigned flags = state_read_flags(convert, exact)
-        cdef unsigned bits = <unsigned>_layout_row(_hybrid_layout("2026" if layout is None else layout,
-                                                                  "state_read"))[0]
-        cdef unsigned parts = _hybrid_parts(partial_only, s)
-        cdef size_t n = 0, consumed = 0
-        cdef _HeldBuffer keep = state_data_view(data)
-        cdef const uint8_t *p = state_data_ptr(keep, &n)
-        cdef kvc_err err
-        cdef int r
-        err.msg[0] = 0
-        try:
-            self._lock_parts(RUNS_PYTHON | CHANGE, "state_read")
-            try:
-                with nogil:
-                    r = kvc_hybrid_state_read(&self.c, s, p, n, flags, bits, parts, &consumed, &err)
-            finally:
-                self._unlock_parts(RUNS_PYTHON | CHANGE)
-        finally:
-            keep.release()
-        check_status(r, &err, "state_read")
-        return consumed
+        cdef state_codec k
+        return cache_state_read(self._state_codec(&k), &k, data, seq_id, convert, exact, layout, partial_only)
+
+    cdef list _state_codec(self, state_codec *k):
+        """k: the codec of the memory's state (both parts in C); returns the caches to lock."""
+        state_codec_init(k, _hybrid_state_size, _hybrid_state_range, _hybrid_state_read, &self.c, self._n_seq_max)
+        k.today_only = True
+        return self._order
 
 
-cdef struct _hybrid_writer:
-    kvc_hybrid *h
-    unsigned parts
+cdef size_t _hybrid_state_size(void *codec, int32_t seq_id, unsigned layout) noexcept nogil:
+    cdef const state_codec *k = <const state_codec *>codec
+    return kvc_hybrid_state_size(<const kvc_hybrid *>k.cache, seq_id, layout, k.hybrid_parts)
 
 
-cdef int _hybrid_state_range(const void *w, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
+cdef int _hybrid_state_range(const void *codec, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
                              size_t cap, size_t *written) noexcept nogil:
-    cdef const _hybrid_writer *x = <const _hybrid_writer *>w
-    return kvc_hybrid_state_write_range(x.h, seq_id, layout, x.parts, offset, out, cap, written)
+    cdef const state_codec *k = <const state_codec *>codec
+    return kvc_hybrid_state_write_range(<kvc_hybrid *>k.cache, seq_id, layout, k.hybrid_parts, offset, out, cap,
+                                        written)
+
+
+cdef int _hybrid_state_read(void *codec, int32_t seq_id, const uint8_t *data, size_t n, unsigned flags,
+                            unsigned layout, size_t *consumed, kvc_err *err) noexcept nogil:
+    cdef const state_codec *k = <const state_codec *>codec
+    return kvc_hybrid_state_read(<kvc_hybrid *>k.cache, seq_id, data, n, flags, layout, k.hybrid_parts, consumed,
+                                 err)
 
 
 cdef int _hybrid_state_init(_Hybrid self, object n_layer, tuple recr) except -1:

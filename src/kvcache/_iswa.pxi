@@ -14,8 +14,7 @@ from kvcache.includes.kvc_iswa cimport (KVC_ISWA_PAD_2026, kvc_iswa, kvc_iswa_pe
                                         kvc_iswa_seq_pos_max, kvc_iswa_can_shift, kvc_iswa_has_shift,
                                         kvc_iswa_shift_refused)
 from kvcache.includes.kvc_cells cimport kvc_seqset_next
-from kvcache.includes.kvc_state cimport (kvc_unified_state_size_lay, kvc_unified_state_write_range_lay,
-                                         kvc_unified_state_read_parts_lay, KVC_STATE_MAX_PARTS)
+from kvcache.includes.kvc_state cimport KVC_STATE_MAX_PARTS
 
 
 #: today's llama.cpp pads its SWA cache to a multiple of this many cells
@@ -148,68 +147,15 @@ def _update_parts(caches, rope=None, n_max_nodes=65536):
 def _state_size_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
     """Bytes of the state of seq_id (-1: all) over several caches: the sum of their parts (the
     sequence-blob prefix, when the layout has one, once in front of the first)."""
-    cdef tuple cs = _caches_arg(caches)
-    cdef _Unified c
-    cdef size_t total = 0
-    cdef int32_t s = -1
-    cdef Py_ssize_t k
-    for c in cs:
-        s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
-    cdef unsigned bits = write_layout_bits(layout, prefix, s)
-    for c in cs:
-        _check_state_layout(c, bits, "state_size")
-    order = _lock_order(cs)
-    lock_all(order, READ, "state_size")
-    try:
-        for k in range(len(cs)):
-            c = cs[k]
-            total += kvc_unified_state_size_lay(&c.c, s, bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX))
-    finally:
-        unlock_all(order, READ)
-    return total
+    cdef state_codec k
+    return cache_state_size(_parts_codec(&k, caches), &k, seq_id, layout, prefix)
 
 
 def _state_write_parts(caches, seq_id=-1, layout=DEFAULT_LAYOUT, prefix=None):
     """The state of seq_id (-1: all) of several caches as one blob: their parts in order (the
     sequence-blob prefix, when the layout has one, once in front of the first)."""
-    cdef tuple cs = _caches_arg(caches)
-    cdef _Unified c
-    cdef int32_t s = -1
-    cdef unsigned bits, part_bits
-    cdef size_t sizes[KVC_STATE_MAX_PARTS]
-    cdef size_t total = 0, off = 0, written
-    cdef Py_ssize_t k, n = len(cs)
-    cdef int r
-    cdef uint8_t *p
-    for k in range(n):
-        c = cs[k]
-        s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
-    bits = write_layout_bits(layout, prefix, s)
-    for k in range(n):
-        _check_state_layout(cs[k], bits, "state_write")
-    order = _lock_order(cs)
-    lock_all(order, RUNS_PYTHON, "state_write")
-    try:
-        for k in range(n):
-            c = cs[k]
-            sizes[k] = kvc_unified_state_size_lay(&c.c, s, bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX))
-            total += sizes[k]
-        out = new_state_bytes(total, &p)
-        for k in range(n):
-            c = cs[k]
-            written = 0
-            part_bits = bits if k == 0 else bits & ~(<unsigned>KVC_LAYOUT_PREFIX)
-            with nogil:
-                r = kvc_unified_state_write_range_lay(&c.c, s, part_bits | KVC_LAYOUT_FRESH_OUT, 0, p + off, sizes[k],
-                                                      &written)
-            if r < 0:
-                raise_status(r, NULL, "state_write")
-            if written != sizes[k]:
-                raise RuntimeError(f"state_write wrote {written} bytes, expected {sizes[k]} (internal error)")
-            off += written
-    finally:
-        unlock_all(order, RUNS_PYTHON)
-    return out
+    cdef state_codec k
+    return cache_state_write(_parts_codec(&k, caches), &k, seq_id, layout, prefix)
 
 
 def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False, layout=None):
@@ -219,37 +165,15 @@ def _state_read_parts(caches, data, seq_id=-1, *, convert=False, exact=False, la
     Returns the bytes consumed (bytes after the last part are not read, unless exact: then they
     are an error). convert: accept and convert parts whose V layout differs from their cache's.
     layout: a name of LAYOUTS, or None to find it from the bytes (kvc_unified_state_read_parts_lay)."""
+    cdef state_codec k
+    return cache_state_read(_parts_codec(&k, caches), &k, data, seq_id, convert, exact, layout)
+
+
+cdef list _parts_codec(state_codec *k, object caches):
+    """k: the codec of the blob of several caches' parts (_caches_arg); returns their lock order."""
     cdef tuple cs = _caches_arg(caches)
-    cdef kvc_unified *ptrs[KVC_STATE_MAX_PARTS]
-    cdef _Unified c
-    cdef Py_ssize_t k, n = len(cs)
-    cdef int32_t s = 0
-    cdef unsigned flags = state_read_flags(convert, exact)
-    cdef unsigned bits = read_layout_bits(layout)
-    for k in range(n):
-        c = cs[k]
-        s = seq_c(seq_id, c.c.n_seq_max, "seq_id", True)
-        ptrs[k] = &c.c
-    cdef size_t nbytes = 0, consumed = 0
-    cdef _HeldBuffer keep = state_data_view(data)
-    cdef const uint8_t *ptr = state_data_ptr(keep, &nbytes)
-    cdef kvc_err err
-    cdef int r
-    err.msg[0] = 0
-    order = _lock_order(cs)
-    try:
-        lock_all(order, RUNS_PYTHON | CHANGE, "state_read")
-        try:
-            with nogil:
-                r = kvc_unified_state_read_parts_lay(ptrs, <uint32_t>n, s, ptr, nbytes, flags, bits, &consumed,
-                                                     NULL, &err)
-        finally:
-            unlock_all(order, RUNS_PYTHON | CHANGE)
-    finally:
-        keep.release()
-    if r < 0:
-        raise_status(r, &err, "state_read")
-    return consumed
+    state_codec_parts(k, cs)
+    return _lock_order(cs)
 
 
 def _lock_state(obj):
@@ -786,40 +710,23 @@ cdef class _ISWA:
     # --- state -----------------------------------------------------------------------------
     def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
         """Bytes state_write(seq_id, layout=layout, prefix=prefix) produces."""
-        return _state_size_parts((self._base, self._swa), seq_id, layout, prefix)
+        cdef state_codec k
+        return cache_state_size(self._state_codec(&k), &k, seq_id, layout, prefix)
 
     def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
         """The state of seq_id (-1: everything) in llama.cpp's layout ``layout`` (a name of
         kvcache.LAYOUTS): the base cache's part, then the SWA cache's; a sequence's state of a
         layout with the sequence-blob prefix starts with it once (prefix=False: without). From
         "2026-06" on a sequence's state leaves out the SWA cache's cells outside the window."""
-        return _state_write_parts((self._base, self._swa), seq_id, layout, prefix)
+        cdef state_codec k
+        return cache_state_write(self._state_codec(&k), &k, seq_id, layout, prefix)
 
     def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
         """Write the state of seq_id (-1: everything) into buf: a writable buffer of at least
         state_size(seq_id) bytes (each cache writes its part straight into it) or a binary file
         object. Returns the bytes written. layout, prefix: as state_write."""
-        with self._op:
-            n_base = self._base.state_size(seq_id, layout=layout, prefix=prefix)
-            n = n_base + self._swa.state_size(seq_id, layout=layout, prefix=False)
-            try:
-                m = memoryview(buf)  # a file object raises TypeError
-            except TypeError:
-                m = None
-            if m is None:
-                if not hasattr(buf, "write"):
-                    raise TypeError(f"buf must be a writable buffer or a binary file object, not {type(buf).__name__}")
-                return (self._base.state_write_into(buf, seq_id, layout=layout, prefix=prefix) +
-                        self._swa.state_write_into(buf, seq_id, layout=layout, prefix=False))
-            if m.readonly:
-                raise TypeError(f"buf must be writable ({type(buf).__name__} is read-only)")
-            if not m.c_contiguous:
-                raise ValueError("buf must be a C-contiguous buffer")
-            m = m.cast("B") if m.ndim != 1 or m.format != "B" else m
-            if m.nbytes < n:
-                raise ValueError(f"buf holds {m.nbytes} bytes, the state needs {n}")
-            return (self._base.state_write_into(m[:n_base], seq_id, layout=layout, prefix=prefix) +
-                    self._swa.state_write_into(m[n_base:n], seq_id, layout=layout, prefix=False))
+        cdef state_codec k
+        return cache_state_write_into(self._state_codec(&k), &k, buf, seq_id, layout, prefix)
 
     def state_read(self, data, seq_id=-1, *, convert=False, exact=False, layout=None):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: everything).
@@ -830,8 +737,14 @@ cdef class _ISWA:
         unless exact: then they are an error). convert: accept parts whose V layout (transposed
         or not) differs from the caches' and convert them. layout: a name of kvcache.LAYOUTS,
         or None to find it from the bytes (as UnifiedCache.state_read)."""
-        return _state_read_parts((self._base, self._swa), data, seq_id, convert=convert, exact=exact,
-                                 layout=layout)
+        cdef state_codec k
+        return cache_state_read(self._state_codec(&k), &k, data, seq_id, convert, exact, layout)
+
+    cdef list _state_codec(self, state_codec *k):
+        """k: the codec of the pair's state (the base cache's part, then the SWA cache's); returns
+        the caches to lock."""
+        state_codec_parts(k, (self._base, self._swa))
+        return [self._first, self._second]
 
 
 cdef class _ISWA2025(_ISWA):

@@ -728,37 +728,15 @@ cdef class _Recurrent(RecurrentCore):
 
     def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None) -> int:
         """Bytes state_write(seq_id, layout=layout, prefix=prefix) produces."""
-        cdef int32_t s = self._seq(seq_id, "seq_id", True)
-        cdef unsigned bits = write_layout_bits(layout, prefix, s)
-        cdef size_t r
-        lock(&self._lock, READ, "state_size")
-        try:
-            with nogil:
-                r = kvc_recurrent_state_size_lay(&self.c, s, bits)
-        finally:
-            unlock(&self._lock, READ)
-        return r
+        cdef state_codec k
+        return cache_state_size(self._state_codec(&k), &k, seq_id, layout, prefix)
 
     def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None) -> bytes:
         """The state of seq_id (-1: the whole cache) in llama.cpp's layout ``layout`` (a name of
         kvcache.LAYOUTS). The recurrent memory state is the same in every layout; a sequence's
         state of a layout with the sequence-blob prefix starts with it (prefix=False: without)."""
-        cdef int32_t s = self._seq(seq_id, "seq_id", True)
-        cdef unsigned bits = write_layout_bits(layout, prefix, s)
-        cdef size_t n
-        cdef size_t written = 0
-        cdef int r
-        cdef uint8_t *p
-        lock(&self._lock, RUNS_PYTHON, "state_write")
-        try:
-            n = kvc_recurrent_state_size_lay(&self.c, s, bits)
-            out = new_state_bytes(n, &p)
-            with nogil:
-                r = kvc_recurrent_state_write_range_lay(&self.c, s, bits | KVC_LAYOUT_FRESH_OUT, 0, p, n, &written)
-        finally:
-            unlock(&self._lock, RUNS_PYTHON)
-        check_status(r, NULL, "state_write")
-        return out
+        cdef state_codec k
+        return cache_state_write(self._state_codec(&k), &k, seq_id, layout, prefix)
 
     def _seq_handoff(self, seq_id):
         """Sequence seq_id's state (without the sequence-blob prefix) split for a hand-off: the
@@ -832,17 +810,8 @@ cdef class _Recurrent(RecurrentCore):
         without an intermediate copy, or a binary file object, written in chunks of bounded
         size. The blob is the state of one moment: a change of the cache from the file's write()
         raises RuntimeError there. layout, prefix: as state_write."""
-        cdef int32_t s = self._seq(seq_id, "seq_id", True)
-        cdef unsigned bits = write_layout_bits(layout, prefix, s)
-        target = state_target(buf)      # taken before the lock, like every array argument
-        lock(&self._lock, RUNS_PYTHON, "state_write_into")
-        try:
-            return state_write_into(&self.c, _recurrent_state_range, s, bits,
-                                    kvc_recurrent_state_size_lay(&self.c, s, bits), target)
-        finally:
-            unlock(&self._lock, RUNS_PYTHON)
-            if isinstance(target, _HeldBuffer):
-                (<_HeldBuffer>target).release()
+        cdef state_codec k
+        return cache_state_write_into(self._state_codec(&k), &k, buf, seq_id, layout, prefix)
 
     def state_read(self, data, seq_id=-1, *, convert=False, exact=False, layout=None) -> int:
         """Restore one cache state from the front of data (bytes-like, not copied) into seq_id
@@ -854,27 +823,15 @@ cdef class _Recurrent(RecurrentCore):
         removes the destination sequence in every layout, as llama.cpp's recurrent memory does.
         Raises StateError when the blob is malformed, truncated or does not fit, and then nothing
         has changed."""
-        cdef int32_t s = self._seq(seq_id, "seq_id", True)
-        cdef unsigned flags = state_read_flags(False, exact)
-        cdef unsigned bits = read_layout_bits(layout)
-        cdef size_t n = 0
-        cdef size_t consumed = 0
-        cdef _HeldBuffer keep = state_data_view(data)
-        cdef const uint8_t *p = state_data_ptr(keep, &n)
-        cdef kvc_err err
-        cdef int r = 0
-        err.msg[0] = 0
-        try:
-            lock(&self._lock, CHANGE, "state_read")
-            try:
-                with nogil:
-                    r = kvc_recurrent_state_read_lay(&self.c, s, p, n, flags, bits, &consumed, &err)
-            finally:
-                unlock(&self._lock, CHANGE)
-        finally:
-            keep.release()
-        check_status(r, &err, "state_read")
-        return consumed
+        cdef state_codec k
+        return cache_state_read(self._state_codec(&k), &k, data, seq_id, convert, exact, layout)
+
+    cdef list _state_codec(self, state_codec *k):
+        """k: this cache's state codec; returns the caches to lock."""
+        state_codec_init(k, _recurrent_state_size, _recurrent_state_range, _recurrent_state_read, &self.c,
+                         self.c.n_seq_max)
+        k.ignore_convert = True
+        return [self]
 
     # --- prefix reuse: checkpoints of states (docs/prefix-reuse.md; csrc/kvc_checkpoint.h) ------
     cdef kvc_ckpt_pool *_pool(self, str what) except NULL:
@@ -1264,10 +1221,20 @@ cdef class _Recurrent(RecurrentCore):
         return self.c.n_seq_max
 
 
-cdef int _recurrent_state_range(const void *c, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
-                                size_t cap,
-                                size_t *written) noexcept nogil:
-    return kvc_recurrent_state_write_range_lay(<const kvc_recurrent *>c, seq_id, layout, offset, out, cap, written)
+cdef size_t _recurrent_state_size(void *codec, int32_t seq_id, unsigned layout) noexcept nogil:
+    return kvc_recurrent_state_size_lay(<const kvc_recurrent *>(<state_codec *>codec).cache, seq_id, layout)
+
+
+cdef int _recurrent_state_range(const void *codec, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
+                                size_t cap, size_t *written) noexcept nogil:
+    return kvc_recurrent_state_write_range_lay(<const kvc_recurrent *>(<const state_codec *>codec).cache, seq_id,
+                                               layout, offset, out, cap, written)
+
+
+cdef int _recurrent_state_read(void *codec, int32_t seq_id, const uint8_t *data, size_t n, unsigned flags,
+                               unsigned layout, size_t *consumed, kvc_err *err) noexcept nogil:
+    return kvc_recurrent_state_read_lay(<kvc_recurrent *>(<state_codec *>codec).cache, seq_id, data, n, flags,
+                                        layout, consumed, err)
 
 
 cdef void _ckpt_pool_free(_Recurrent cache) noexcept:

@@ -2,6 +2,7 @@
 # variant; and the description of a blob without a cache (csrc/kvc_state.h).
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.string cimport memset
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, kvc_state_desc,
                                          kvc_state_layer_desc, kvc_state_describe, KVC_LAYOUT_STREAMS,
@@ -11,14 +12,21 @@ from kvcache.includes.kvc_state cimport (KVC_STATE_CONVERT_V, KVC_STATE_EXACT, k
                                          KVC_LAYOUT_CELL_EXT, kvc_layout_ext_bytes,
                                          KVC_LAYOUT_FRESH_OUT, kvc_state_describe_records)
 from kvcache.includes.kvc_cells cimport KVC_SEQ_WORDS, kvc_cells_seq_cells, kvc_cell_ext
+from kvcache.includes.kvc_state cimport (kvc_unified_state_size_lay, kvc_unified_state_write_range_lay,
+                                         kvc_unified_state_read_parts_lay, KVC_STATE_MAX_PARTS)
+from kvcache.includes.kvc_unified cimport kvc_unified
 
 # Bytes handed to a file object's write() at a time: bounded memory whatever the state's size.
 _STATE_CHUNK = 1 << 20
 
-# Writes bytes [offset, offset + cap) of a cache's state blob in a layout (see
-# kvc_unified_state_write_range_lay).
-ctypedef int (*state_range_fn)(const void *cache, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
+# A cache's state codec, as the state methods of every cache drive it (state_codec below):
+# bytes of a blob; bytes [offset, offset + cap) of it (see kvc_unified_state_write_range_lay);
+# a read, all or nothing. Each takes the state_codec that names them.
+ctypedef size_t (*state_size_fn)(void *codec, int32_t seq_id, unsigned layout) noexcept nogil
+ctypedef int (*state_range_fn)(const void *codec, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
                                size_t cap, size_t *written) noexcept nogil
+ctypedef int (*state_read_fn)(void *codec, int32_t seq_id, const uint8_t *data, size_t n, unsigned flags,
+                              unsigned layout, size_t *consumed, kvc_err *err) noexcept nogil
 
 # --- layouts ------------------------------------------------------------------------------------
 # The one table of llama.cpp's state layouts (docs/state.md): the name a user gives, the codec's
@@ -188,6 +196,207 @@ cdef object state_write_into(const void *cache, state_range_fn fn, int32_t seq_i
         _write_all(write, view[:written])
         off += written
     return total
+
+
+# --- the state methods of every cache -----------------------------------------------------------
+# state_size / state_write / state_write_into / state_read are one implementation for every cache:
+# a cache fills a state_codec (its C entry points, or the unified caches whose parts its blob is
+# made of) and names the caches whose locks a call holds; the arguments, the locks and the
+# buffers are handled here, the same for all.
+
+cdef struct state_codec:
+    state_size_fn size
+    state_range_fn write_range
+    state_read_fn read
+    uint32_t n_seq_max                           # sequence ids are [-1, n_seq_max)
+    void *cache                                  # the C cache of the entry points (none for parts)
+    uint32_t n_parts                             # unified caches whose parts, in order, make the blob
+    kvc_unified *parts[KVC_STATE_MAX_PARTS]
+    size_t part_size[KVC_STATE_MAX_PARTS]        # their bytes, as the last size() measured them
+    unsigned hybrid_parts                        # a hybrid memory's enum kvc_hybrid_parts
+    bint today_only           # the state exists in layout "2026" only, partial_only applies (hybrid)
+    bint check_read_layout    # a reader's layout must hold the parts' streams (a UnifiedCache)
+    bint ignore_convert       # convert= is accepted and has nothing to convert (recurrent)
+
+
+cdef size_t _parts_size(void *codec, int32_t seq_id, unsigned layout) noexcept nogil:
+    """Bytes of the parts laid end to end; the sequence-blob prefix, when written, once in front."""
+    cdef state_codec *k = <state_codec *>codec
+    cdef size_t total = 0
+    cdef uint32_t i
+    for i in range(k.n_parts):
+        k.part_size[i] = kvc_unified_state_size_lay(k.parts[i], seq_id, layout)
+        total += k.part_size[i]
+        layout &= ~(<unsigned>KVC_LAYOUT_PREFIX)
+    return total
+
+
+cdef int _parts_range(const void *codec, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out, size_t cap,
+                      size_t *written) noexcept nogil:
+    """The window [offset, offset + cap) of the parts laid end to end (sizes from _parts_size)."""
+    cdef const state_codec *k = <const state_codec *>codec
+    cdef uint64_t start = 0, at
+    cdef size_t done = 0, w, n
+    cdef uint32_t i
+    cdef int r
+    written[0] = 0
+    for i in range(k.n_parts):
+        at = offset + done
+        if done < cap and start <= at < start + k.part_size[i]:
+            n = <size_t>min(<uint64_t>(cap - done), start + k.part_size[i] - at)
+            w = 0
+            r = kvc_unified_state_write_range_lay(k.parts[i], seq_id, layout, at - start, out + done, n, &w)
+            if r < 0:
+                return r
+            done += w
+        start += k.part_size[i]
+        layout &= ~(<unsigned>KVC_LAYOUT_PREFIX)
+    written[0] = done
+    return 0
+
+
+cdef int _parts_read(void *codec, int32_t seq_id, const uint8_t *data, size_t n, unsigned flags, unsigned layout,
+                     size_t *consumed, kvc_err *err) noexcept nogil:
+    cdef state_codec *k = <state_codec *>codec
+    return kvc_unified_state_read_parts_lay(k.parts, k.n_parts, seq_id, data, n, flags, layout, consumed, NULL, err)
+
+
+cdef void state_codec_init(state_codec *k, state_size_fn size, state_range_fn write_range, state_read_fn read,
+                           void *cache, uint32_t n_seq_max) noexcept:
+    """k: the codec of these entry points over cache, every option off."""
+    memset(k, 0, sizeof(state_codec))
+    k.size = size
+    k.write_range = write_range
+    k.read = read
+    k.cache = cache
+    k.n_seq_max = n_seq_max
+
+
+cdef int state_codec_parts(state_codec *k, tuple caches) except -1:
+    """k: the codec of a blob made of one part per unified cache of caches (_caches_arg)."""
+    cdef _Unified c
+    cdef uint32_t i
+    state_codec_init(k, _parts_size, _parts_range, _parts_read, NULL, UINT32_MAX)
+    k.n_parts = <uint32_t>len(caches)
+    for i in range(k.n_parts):
+        c = caches[i]
+        k.parts[i] = &c.c
+        k.n_seq_max = min(k.n_seq_max, c.c.n_seq_max)
+    return 0
+
+
+cdef int32_t _state_write_args(state_codec *k, object seq_id, object layout, object prefix, object partial_only,
+                               str what, unsigned *bits) except -2:
+    """The sequence of a writer's arguments; *bits its layout's codec bits."""
+    cdef int32_t s = seq_c(seq_id, k.n_seq_max, "seq_id", True)
+    cdef uint32_t i
+    if k.today_only:
+        layout = _hybrid_layout(layout, what)
+    bits[0] = write_layout_bits(layout, prefix, s)
+    for i in range(k.n_parts):
+        _check_state_layout(k.parts[i], bits[0], what)
+    if k.today_only:
+        k.hybrid_parts = _hybrid_parts(partial_only, s)
+    return s
+
+
+cdef int32_t _state_read_args(state_codec *k, object seq_id, object convert, object exact, object layout,
+                              object partial_only, unsigned *flags, unsigned *bits) except -2:
+    """The sequence of a reader's arguments; *flags and *bits its codec's flags and layout bits."""
+    cdef uint32_t i
+    if k.check_read_layout:
+        for i in range(k.n_parts):
+            _check_state_layout(k.parts[i], read_layout_bits(layout), "state_read", False)
+    cdef int32_t s = seq_c(seq_id, k.n_seq_max, "seq_id", True)
+    flags[0] = state_read_flags(False if k.ignore_convert else convert, exact)
+    if k.today_only:
+        layout = _hybrid_layout("2026" if layout is None else layout, "state_read")
+    bits[0] = read_layout_bits(layout)
+    if k.today_only:
+        k.hybrid_parts = _hybrid_parts(partial_only, s)
+    return s
+
+
+cdef object cache_state_size(list order, state_codec *k, object seq_id, object layout, object prefix,
+                             object partial_only=False):
+    """state_size of a cache whose locks are those of order (the caches, in the global order)."""
+    cdef unsigned bits
+    cdef int32_t s = _state_write_args(k, seq_id, layout, prefix, partial_only, "state_size", &bits)
+    cdef size_t n
+    lock_all(order, READ, "state_size")
+    try:
+        n = k.size(k, s, bits)
+    finally:
+        unlock_all(order, READ)
+    return n
+
+
+cdef object cache_state_write(list order, state_codec *k, object seq_id, object layout, object prefix,
+                              object partial_only=False):
+    """state_write: the blob as a new bytes object, written by C straight into it."""
+    cdef unsigned bits
+    cdef int32_t s = _state_write_args(k, seq_id, layout, prefix, partial_only, "state_write", &bits)
+    cdef size_t n, written = 0
+    cdef uint8_t *p
+    cdef int r = 0
+    lock_all(order, RUNS_PYTHON, "state_write")
+    try:
+        n = k.size(k, s, bits)
+        out = new_state_bytes(n, &p)
+        with nogil:
+            r = k.write_range(k, s, bits | KVC_LAYOUT_FRESH_OUT, 0, p, n, &written)
+    finally:
+        unlock_all(order, RUNS_PYTHON)
+    check_status(r, NULL, "state_write")
+    if written != n:
+        raise RuntimeError(f"state_write wrote {written} bytes, expected {n} (internal error)")
+    return out
+
+
+cdef object cache_state_write_into(list order, state_codec *k, object buf, object seq_id, object layout,
+                                   object prefix, object partial_only=False):
+    """state_write_into: the blob into a buffer or a binary file object (state_write_into)."""
+    cdef unsigned bits
+    cdef int32_t s = _state_write_args(k, seq_id, layout, prefix, partial_only, "state_write_into", &bits)
+    target = state_target(buf)      # taken before the locks, like every array argument
+    try:
+        lock_all(order, RUNS_PYTHON, "state_write_into")
+    except BaseException:
+        if isinstance(target, _HeldBuffer):
+            (<_HeldBuffer>target).release()
+        raise
+    try:
+        return state_write_into(k, k.write_range, s, bits, k.size(k, s, bits), target)
+    finally:
+        unlock_all(order, RUNS_PYTHON)
+        if isinstance(target, _HeldBuffer):
+            (<_HeldBuffer>target).release()
+
+
+cdef object cache_state_read(list order, state_codec *k, object data, object seq_id, object convert, object exact,
+                             object layout, object partial_only=False):
+    """state_read: all or nothing, the caches changed by C alone (StateError otherwise)."""
+    cdef unsigned flags, bits
+    cdef int32_t s = _state_read_args(k, seq_id, convert, exact, layout, partial_only, &flags, &bits)
+    cdef size_t n = 0, consumed = 0
+    cdef _HeldBuffer keep = state_data_view(data)
+    cdef const uint8_t *p = state_data_ptr(keep, &n)
+    cdef kvc_err err
+    cdef int r = 0
+    err.msg[0] = 0
+    try:
+        lock_all(order, RUNS_PYTHON | CHANGE, "state_read")
+    except BaseException:
+        keep.release()
+        raise
+    try:
+        with nogil:
+            r = k.read(k, s, p, n, flags, bits, &consumed, &err)
+    finally:
+        unlock_all(order, RUNS_PYTHON | CHANGE)
+        keep.release()
+    check_status(r, &err, "state_read")
+    return consumed
 
 
 cdef _write_all(write, view):

@@ -1044,17 +1044,8 @@ cdef class _Unified(UnifiedCore):
     # --- state ---------------------------------------------------------------------------
     def state_size(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
         """Bytes state_write(seq_id, layout=layout, prefix=prefix) produces."""
-        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef unsigned bits = write_layout_bits(layout, prefix, s)
-        cdef size_t r
-        _check_state_layout(self, bits, "state_size")
-        lock(&self._lock, READ, "state_size")
-        try:
-            with nogil:
-                r = kvc_unified_state_size_lay(&self.c, s, bits)
-        finally:
-            unlock(&self._lock, READ)
-        return r
+        cdef state_codec k
+        return cache_state_size(self._state_codec(&k), &k, seq_id, layout, prefix)
 
     def state_write(self, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
         """The state of seq_id (-1: the whole cache) as bytes, in llama.cpp's layout ``layout``
@@ -1062,9 +1053,8 @@ cdef class _Unified(UnifiedCore):
         A sequence's state in a layout with the sequence-blob prefix is what
         ``llama_state_seq_get_data`` returns (the magic, the seq id, the memory state);
         prefix=False gives the memory state alone (what a sequence file holds)."""
-        _check_state_layout(self, write_layout_bits(layout, prefix, seq_c(seq_id, self.c.n_seq_max, "seq_id", True)),
-                            "state_write")
-        return _state_write_parts((self,), seq_id, layout, prefix)
+        cdef state_codec k
+        return cache_state_write(self._state_codec(&k), &k, seq_id, layout, prefix)
 
     def state_write_into(self, buf, seq_id=-1, *, layout=DEFAULT_LAYOUT, prefix=None):
         """Write the state of seq_id (-1: the whole cache) into buf; returns the bytes written.
@@ -1074,18 +1064,8 @@ cdef class _Unified(UnifiedCore):
         binary file object, written in chunks of bounded size. The blob is the state of one
         moment: a change of the cache from the file's write() raises RuntimeError there.
         layout, prefix: as state_write."""
-        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", True)
-        cdef unsigned bits = write_layout_bits(layout, prefix, s)
-        _check_state_layout(self, bits, "state_write_into")
-        target = state_target(buf)      # taken before the lock, like every array argument
-        lock(&self._lock, RUNS_PYTHON, "state_write_into")
-        try:
-            return state_write_into(&self.c, _unified_state_range, s, bits,
-                                    kvc_unified_state_size_lay(&self.c, s, bits), target)
-        finally:
-            unlock(&self._lock, RUNS_PYTHON)
-            if isinstance(target, _HeldBuffer):
-                (<_HeldBuffer>target).release()
+        cdef state_codec k
+        return cache_state_write_into(self._state_codec(&k), &k, buf, seq_id, layout, prefix)
 
     def state_read(self, data, seq_id=-1, *, convert=False, exact=False, layout=None):
         """Restore a state written by state_write (or llama.cpp) into seq_id (-1: whole cache).
@@ -1099,11 +1079,11 @@ cdef class _Unified(UnifiedCore):
         parse to exactly the end of data in one layout (StateError asks for layout= when it does
         in both). A sequence's state may come with or without the sequence-blob prefix. Raises
         StateError on a malformed or incompatible blob, leaving the cache exactly as it was."""
-        _check_state_layout(self, read_layout_bits(layout), "state_read", False)
-        return _state_read_parts((self,), data, seq_id, convert=convert, exact=exact, layout=layout)
+        cdef state_codec k
+        return cache_state_read(self._state_codec(&k), &k, data, seq_id, convert, exact, layout)
 
-
-cdef int _unified_state_range(const void *c, int32_t seq_id, unsigned layout, uint64_t offset, uint8_t *out,
-                              size_t cap, size_t *written) noexcept nogil:
-    # the writer settles a pending defrag first: the cache is not const (state_write_into holds its lock)
-    return kvc_unified_state_write_range_lay(<kvc_unified *>c, seq_id, layout, offset, out, cap, written)
+    cdef list _state_codec(self, state_codec *k):
+        """k: this cache's state codec (a blob of one part); returns the caches to lock."""
+        state_codec_parts(k, (self,))
+        k.check_read_layout = True
+        return [self]

@@ -102,13 +102,13 @@ cdef int _settle(_Unified self, str what) except -1:
     return 0
 
 
-cdef int _check_state_layout(_Unified self, unsigned bits, str what, bint writes=True) except -1:
+cdef int _check_state_layout(const kvc_unified *c, unsigned bits, str what, bint writes=True) except -1:
     """A layout without stream counts holds one stream, one without cell extensions writes none
     (the codec refuses them too; a reader leaves the extensions at their defaults)."""
-    if self.c.n_stream > 1 and not bits & (KVC_LAYOUT_STREAMS | KVC_LAYOUT_DETECT):
-        raise ValueError(f"{what}: the cache has {self.c.n_stream} streams; a layout without stream counts "
+    if c.n_stream > 1 and not bits & (KVC_LAYOUT_STREAMS | KVC_LAYOUT_DETECT):
+        raise ValueError(f"{what}: the cache has {c.n_stream} streams; a layout without stream counts "
                          f"holds one (use a layout with them: '2025-08' or later)")
-    if writes and kvc_unified_has_ext(&self.c) and not bits & KVC_LAYOUT_EXT_XY:
+    if writes and kvc_unified_has_ext(c) and not bits & KVC_LAYOUT_EXT_XY:
         raise ValueError(f"{what}: the cache's cells carry the per-cell extension, which layouts before "
                          f"'2026-03' have no room for (it would be lost): use '2026-03' or later")
     return 0
