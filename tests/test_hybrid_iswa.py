@@ -202,6 +202,34 @@ def _lfm2_gguf(path, arch="lfm2", window=4):
     return path
 
 
+def test_swa_full_default_is_llama_cpps(tmp_path):
+    """Every constructor of a cache with a SWA cache takes swa_full=None as its semantics'
+    default: today's True (llama_context_default_params, which llama-cpp-python's Llama leaves
+    as it is), the 2025 semantics' False."""
+    from kvcache._core import swa_full_arg
+    from kvcache.plan import plan_hybrid, plan_iswa
+
+    assert (swa_full_arg(None, "2026"), swa_full_arg(None, "2025")) == (True, False)
+    assert swa_full_arg(False, "2026") is False and swa_full_arg(True, "2025") is True
+    with pytest.raises(TypeError, match="swa_full"):
+        swa_full_arg("yes", "2026")
+    assert lfm2_swa().attn.swa_full and lfm2_swa(swa_full=None).attn.swa_full
+    assert not lfm2_swa(swa_full=False).attn.swa_full
+    path = _lfm2_gguf(tmp_path / "lfm2.gguf")
+    assert kvcache.from_gguf(path, 512, semantics="2026").attn.swa_full
+    assert plan_hybrid(512, 4, [0, 2], 32, 32, 128, n_swa=4).sizing["swa_full"] is True
+    iswa = dict(kv_size=256, n_layer=2, n_embd_k_gqa=8, n_embd_v_gqa=8, swa_layers=[0], n_swa=4)
+    assert kvcache.ISWACache(**iswa, semantics="2026").swa_full
+    assert not kvcache.ISWACache(**iswa).swa_full
+    assert plan_iswa(256, 2, 8, swa_layers=[0], n_swa=4, semantics="2026").sizing["swa_full"] is True
+    assert plan_iswa(256, 2, 8, swa_layers=[0], n_swa=4).sizing["swa_full"] is False
+    try:    # the 0.3.36 bindings where they are installed
+        import llama_cpp
+    except ImportError:
+        return
+    assert llama_cpp.llama_context_default_params().swa_full is True
+
+
 def test_from_gguf_and_plan(tmp_path, capsys):
     from kvcache import cli
     from kvcache.plan import plan_hybrid

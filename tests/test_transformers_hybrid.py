@@ -169,6 +169,9 @@ def test_hybrid_config_is_the_converted_gguf(tmp_path, name):
     assert h.n_rs_seq == (2 if rollback else 0)
     # with a window, llama_memory_hybrid_iswa: an iSWA pair of every attention layer
     assert (h.n_swa, h.swa_layers) == ((8, attn) if name == "lfm2_swa" else (0, ()))
+    if h.n_swa:     # the same SWA cache: today's swa_full (True) unless asked otherwise
+        assert h.attn.swa_full is ref.attn.swa_full is True
+        assert from_transformers_config(cfg, 300, swa_full=False).attn.swa_full is False
     cells = h.attn.base if h.n_swa else h.attn
     ref_cells = ref.attn.base if ref.n_swa else ref.attn
     assert (cells.size, cells.n_stream, cells.v_trans) == (ref_cells.size, 1, False) == (512, 1, ref_cells.v_trans)

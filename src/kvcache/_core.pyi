@@ -609,7 +609,7 @@ class _Hybrid:
         swa_type: Literal["standard", "chunked"] = "standard",
         swa_layers: Iterable[int] | Callable[[int], bool] | None = None,
         n_batch: int = 512,
-        swa_full: bool = True,
+        swa_full: bool | None = None,
     ) -> Self: ...
     @property
     def _hold(self) -> _Hold: ...
@@ -859,6 +859,7 @@ def _state_read_parts(
 
 SWA_PAD_2026: int
 
+def swa_full_arg(swa_full: object, semantics: str) -> bool: ...
 def swa_cells(
     kv_size: int, n_swa: int, n_seq_max: int, n_batch: int, n_pad: int, swa_full: bool, semantics: str = "2025",
     kv_unified: bool = True,

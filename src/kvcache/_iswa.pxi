@@ -21,6 +21,16 @@ from kvcache.includes.kvc_state cimport KVC_STATE_MAX_PARTS
 SWA_PAD_2026 = KVC_ISWA_PAD_2026
 
 
+def swa_full_arg(swa_full, semantics):
+    """The ``swa_full`` an iSWA cache of ``semantics`` gets: the caller's (a bool), or for None the
+    semantics' default, the one rule every constructor, plan and loader uses. "2026": True, as
+    today's ``llama_context_default_params`` and llama-cpp-python's ``Llama(...)`` (which leaves
+    it unset) give it. "2025": False, llama.cpp's own tools' default (``common_params``, llama-cli
+    and llama-server), the SWA cache mid-2025 llama.cpp prunes on commit, as kvcache has always
+    made it for that semantics."""
+    return bool_arg(semantics == "2026" if swa_full is None else swa_full, "swa_full")
+
+
 def swa_cells(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics="2025", kv_unified=True):
     """Cells of an iSWA cache's SWA cache (per stream), by the rule of kvc_iswa_swa_size
     (kvcache.plan.swa_size documents it); every count in [0, 2**32 - 1]."""
@@ -297,8 +307,7 @@ cdef class _ISWA:
         if semantics is not None and semantics != fixed:
             raise ValueError(f"semantics = {semantics!r}: an {type(self).__name__} has semantics {fixed!r}")
         semantics = fixed
-        today = semantics == "2026"
-        swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
+        swa_full = swa_full_arg(swa_full, semantics)
         kv_unified = bool_arg(kv_unified, "kv_unified")
         kv_size = int_arg(kv_size, "kv_size", 1, 2**32 - 1)
         n_pad = int_arg(n_pad, "n_pad", 1, 2**32 - 1)

@@ -40,7 +40,7 @@ def recurrent(n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type
 def hybrid(kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r, n_embd_s=0, n_seq_max=1,
            type_k="f16", type_v="f16", v_trans=True, n_rs_seq=0, attn_layers=None, kv_unified=True,
            n_embd_head_k=None, rope=None, buffers="owned", n_swa=0, swa_type="standard", swa_layers=None,
-           n_batch=512, swa_full=True):
+           n_batch=512, swa_full=None):
     """kvcache.HybridCache's parameters."""
     return (kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r, n_embd_s, n_seq_max, type_k,
             type_v, v_trans, n_rs_seq, attn_layers, kv_unified, n_embd_head_k, rope, buffers, n_swa, swa_type,

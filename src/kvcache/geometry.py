@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union, cast
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import RopeParams, bool_arg, int_arg
+from kvcache._core import RopeParams, bool_arg, int_arg, swa_full_arg
 from kvcache.plan import context_cells, v_trans_for
 from kvcache.hybrid import HybridCache
 from kvcache.recurrent import RecurrentCache
@@ -148,7 +148,7 @@ class ModelGeometry:
         # the defaults of each era: mid-2025 llama.cpp's flash attention off, no full SWA cache, one
         # stream; today's flash attention "auto" (a V not transposed), swa_full, a stream per sequence
         flash_attn = bool_arg(today if flash_attn is None else flash_attn, "flash_attn")
-        swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
+        swa_full = swa_full_arg(swa_full, semantics)
         kv_unified = bool_arg(not today if kv_unified is None else kv_unified, "kv_unified")
         n_rs_seq = int_arg(n_rs_seq, "n_rs_seq", 0, 64)
         if self.recurrent:
@@ -759,7 +759,7 @@ def read_transformers_config(config: Any, n_ctx_seq: int | None = None) -> Model
 
 
 def from_transformers_config(config: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", type_v: Any = "f16",
-                             v_trans: bool = False, swa_full: bool = False, n_batch: int = 512,
+                             v_trans: bool = False, swa_full: bool | None = None, n_batch: int = 512,
                              buffers: Any = "owned", n_rs_seq: int = 0) -> AnyCache:
     """A KV cache for a transformers model: a :class:`UnifiedCache`, or an :class:`ISWACache`
     when it has sliding-window layers (the window is transformers' ``sliding_window``, the same
@@ -767,7 +767,8 @@ def from_transformers_config(config: Any, n_ctx: int, n_seq_max: int = 1, type_k
     model's head size and RoPE parameters (:func:`rope_from_transformers`) so ``update()``
     shifts keys as the model rotates them. ``n_ctx`` cells over all sequences (padded to 32);
     ``v_trans`` False by default: V as torch reads it, without a transpose per layer. The other
-    arguments as :func:`from_gguf`'s.
+    arguments as :func:`from_gguf`'s (``swa_full`` None: the default of the cache's semantics, False
+    for an ISWACache, True for a hybrid memory).
 
     A hybrid model (LFM2, Granite 4, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next) gets the
     :class:`HybridCache` ``from_gguf(..., semantics="2026", kv_unified=True)`` builds for its
@@ -775,7 +776,8 @@ def from_transformers_config(config: Any, n_ctx: int, n_seq_max: int = 1, type_k
     per sequence with ``n_rs_seq`` rollback snapshots where llama.cpp allows them (LFM2,
     Nemotron-H); with a sliding window (LFM2.5's audio tokenizer, ``Lfm25AudioTokenizer``, the one
     LFM2 whose converter writes it) its attention part is an iSWA pair of ``n_batch`` and
-    ``swa_full``, llama.cpp's ``llama_memory_hybrid_iswa``. Bamba (``BambaForCausalLM``) is
+    ``swa_full`` (None: True, today's default, as ``from_gguf(..., semantics="2026")`` gives it),
+    llama.cpp's ``llama_memory_hybrid_iswa``. Bamba (``BambaForCausalLM``) is
     converted to llama.cpp's granitehybrid and gets its memory; Zamba2 raises ValueError: llama.cpp
     has no Zamba2 architecture."""
     n_ctx = int_arg(n_ctx, "n_ctx", 1, 2**31 - 1)

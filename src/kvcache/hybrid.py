@@ -29,7 +29,7 @@ class HybridCache(_Hybrid):
     ``HybridCache(kv_size, n_layer, recurrent_layers, n_embd_k_gqa, n_embd_v_gqa, n_embd_r,
     n_embd_s=0, n_seq_max=1, type_k="f16", type_v="f16", v_trans=True, n_rs_seq=0,
     attn_layers=None, kv_unified=True, n_embd_head_k=None, rope=None, buffers="owned", n_swa=0,
-    swa_type="standard", swa_layers=None, n_batch=512, swa_full=True)``
+    swa_type="standard", swa_layers=None, n_batch=512, swa_full=None)``
 
     - ``kv_size``: cells of the attention part (llama.cpp's ``n_ctx_seq``; no padding).
     - ``n_layer``: the model's layers; ``recurrent_layers``: those with a recurrent state
@@ -43,7 +43,8 @@ class HybridCache(_Hybrid):
     - ``n_swa`` > 0: the attention layers have a sliding window (``llama_memory_hybrid_iswa``):
       the attention part is an :class:`kvcache.ISWACache2026` (``swa_layers``, default every
       attention layer as LFM2's loader marks them; ``swa_type``; ``n_batch``, the ubatch its SWA
-      cache is sized for; ``swa_full``, llama-cpp-python's default True), whose two masks
+      cache is sized for; ``swa_full``, None for today's default True:
+      ``kvcache._core.swa_full_arg``), whose two masks
       ``kq_mask`` gives; a state holds its base and SWA caches' states; no prefix reuse.
     - ``buffers``: "owned", None / "none" (metadata only) for both parts, or a pair
       ``({layer: (K, V)}, {layer: (R, S)})`` of borrowed memory by model layer (the recurrent

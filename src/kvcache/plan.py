@@ -12,8 +12,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, layers_arg, swa_cells, type_arg, \
-    widths_arg, SWA_PAD_2026
+from kvcache._core import MAX_SEQ, bool_arg, ggml_row_size, ggml_type, int_arg, layers_arg, swa_cells, \
+    swa_full_arg, type_arg, widths_arg, SWA_PAD_2026
 from kvcache._text import plural
 
 __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_recurrent",
@@ -315,7 +315,7 @@ def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = N
     layers with K/V, default all; the others in neither cache).
 
     ``n_batch``: the ubatch the SWA cache is sized for. ``swa_full`` None: the semantics'
-    default (False for "2025", True for "2026"). ``semantics="2026"``: today's llama.cpp, the
+    default (:func:`kvcache._core.swa_full_arg`: False for "2025", True for "2026"). ``semantics="2026"``: today's llama.cpp, the
     base cache as :func:`plan_unified` sizes it (``n_pad`` 1, ``kv_unified``, streams) and the
     SWA cache ``pad(min(kv_size, n_swa * (n_seq_max if kv_unified else 1) + n_batch), 256)``."""
     n_ctx, n_layer, n_seq_max, fa, n_pad, kv_size, n_stream = _common(n_ctx, n_layer, n_seq_max, flash_attn,
@@ -332,7 +332,7 @@ def plan_iswa(n_ctx: int, n_layer: int, n_embd_k_gqa: Any, n_embd_v_gqa: Any = N
     if swa_type not in _SWA_TYPES:
         raise ValueError(f"swa_type = {swa_type!r}: expected one of {', '.join(_SWA_TYPES)}")
     n_batch = _int(n_batch, "n_batch", 1, 2**31 - 1)
-    swa_full = bool_arg(today if swa_full is None else swa_full, "swa_full")
+    swa_full = swa_full_arg(swa_full, semantics)
     unified = n_stream == 1
     size_swa = swa_size(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics, unified)
     base_ils = [il for il in range(n_layer) if il not in set(swa) and il in held]
