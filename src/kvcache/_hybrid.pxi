@@ -214,9 +214,17 @@ cdef class _Hybrid:
                 r = kvc_hybrid_find_slot(&self.c, &u.c, &err)
         finally:
             self._unlock_parts(CHANGE)
+        self._spill_flush()
         if r < 0:
             raise_status(r, &err, "find_slot")
         return r == 1
+
+    cdef int _spill_flush(self) except -1:
+        # the attention part's evicted prompts to its write-back sink (kvcache.store)
+        spill_flush(self._cells)
+        if self._iswa is not None:
+            spill_flush(self._iswa._swa)
+        return 0
 
     def prepare(self, ubatches):
         """The dry run of placing several ubatches in turn, the recurrent part first (as
@@ -507,6 +515,7 @@ cdef class _Hybrid:
                 r = kvc_hybrid_prefix_release(&self.c, pool, s, cs, tp, n, &hit, &res, &err)
         finally:
             self._unlock_parts(CHANGE)
+        self._spill_flush()
         check_status(r, &err, "prefix_release")
         return int(hit)
 

@@ -534,6 +534,8 @@ cdef class _ISWA:
                 r = kvc_iswa_find_slot(&self.c, &u.c, found, &err)
         finally:
             self._unlock_parts(CHANGE)
+        spill_flush(self._base)
+        spill_flush(self._swa)
         if r < 0:
             raise_status(r, &err, "find_slot")
         return r
@@ -1024,6 +1026,8 @@ cdef class _ISWA2026(_ISWA):
                     r = kvc_retain_publish_parts(parts, 2, s, cs, tp, n, &res, &err)
         finally:
             self._unlock_parts(CHANGE)
+        spill_flush(self._base)
+        spill_flush(self._swa)
         check_status(r, &err, what)
         return int(res.n_kept)
 

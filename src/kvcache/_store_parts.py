@@ -72,13 +72,18 @@ def attn_part(cache: Any, kind: str) -> Any:
 
 
 def rows_of(part: Any, il: int, cells: npt.NDArray[Any],
-            stream: int = 0) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
-    """Layer il's K rows and V rows (never transposed) of part's cells of a stream, as bytes."""
-    rows = np.asarray(cells, dtype=np.int64) + stream * int(part.size) if stream else cells
+            stream: Any = 0) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """Layer il's K rows and V rows (never transposed) of part's cells, as bytes; stream: the
+    cells' stream, one for all or one per cell."""
+    each = np.ndim(stream) > 0
+    rows = np.asarray(cells, dtype=np.int64) + np.asarray(stream, dtype=np.int64) * int(part.size) \
+        if each or stream else cells
     k = np.ascontiguousarray(np.asarray(part.k(il))[rows])
     v = np.asarray(part.v(il))
-    if part.v_trans:
-        v = v[stream] if v.ndim == 3 else v       # a 2026 cache's transposed V: (streams, width, cells)
+    if part.v_trans and v.ndim == 3 and each:     # a 2026 cache's transposed V: (streams, width, cells)
+        v = np.ascontiguousarray(v[np.asarray(stream, dtype=np.intp), :, cells])
+    elif part.v_trans:
+        v = v[stream] if v.ndim == 3 else v
         v = np.ascontiguousarray(v[:, cells].T)
     else:
         v = np.ascontiguousarray(v[rows])
@@ -129,6 +134,17 @@ def split_payload(layers: Any, payloads: list[npt.NDArray[np.uint8]], rows: int,
         return out, None
     e = np.concatenate([p[off:off + 12 * rows].view("<i4").reshape(rows, 3) for p in payloads])
     return out, e
+
+
+def _part_rows(part: Any, layers: Any, cells: npt.NDArray[Any], strms: Any,
+               ext: npt.NDArray[Any] | None) -> npt.NDArray[np.uint8]:
+    """A part's payload from the cells of a cache part (one stream per cell)."""
+    ks, vs = [], []
+    for ly in layers:
+        k, v = rows_of(part, ly[0], cells, strms)
+        ks.append(k)
+        vs.append(v)
+    return _payload(layers, ks, vs, ext)
 
 
 # --- presence --------------------------------------------------------------------------------
@@ -357,13 +373,13 @@ class _EndSource:
         if g.kind == "iswa":
             return self._window(p)
         recr = self.cache.recr if g.kind == "hybrid" else self.cache
-        state = recr._store_checkpoint(self.toks[:p], self.salt)
-        if state is None:
-            if self._own is None:
-                self._own = recr._store_state(self.seq_id)
-            if self._own[0] == p:
-                state = self._own[1]
-        return None if state is None else np.frombuffer(state, np.uint8).copy()
+        got = _checkpoint_bytes(recr, self.toks[:p], self.salt)
+        if got is not None:
+            return got
+        if self._own is None:
+            self._own = recr._store_state(self.seq_id)
+        own = self._own[1] if self._own[0] == p else None
+        return None if own is None else np.frombuffer(own, np.uint8).copy()
 
     def _window(self, p: int) -> npt.NDArray[np.uint8] | None:
         g = self.store.geometry
@@ -385,3 +401,67 @@ class _EndSource:
             vs.append(v)
         ext = swa.cells().ext[idx] if g.ext else None
         return _payload(g.swa_layers, ks, vs, ext)
+
+
+# --- write-back at eviction --------------------------------------------------------------------
+
+def write_back_parts(cache: Any) -> list[tuple[Any, str]]:
+    """The parts of a cache whose prefix indexes write back, each with what its evicted prompts
+    give: ``"rows"`` (a chunk's rows), ``"window"`` (an iSWA cache's SWA windows: end parts),
+    ``"rows+state"`` (a hybrid cache's attention rows, and the recurrent states its checkpoint
+    pool still holds at the chunks' ends: end parts); StoreError saying why for another."""
+    from kvcache.store import StoreError
+
+    if isinstance(cache, _ISWA):
+        if not hasattr(cache, "prefix_publish"):
+            raise StoreError("write_back: an ISWACache of semantics '2025' has no prefix index (prefix reuse is "
+                             "today's llama.cpp's: ISWACache2026)")
+        return [(cache.base, "rows"), (cache.swa, "window")]
+    if isinstance(cache, _Hybrid):
+        return [(cache.attn, "rows+state")]
+    if isinstance(cache, _Recurrent):
+        raise StoreError("write_back: a RecurrentCache's prefix reuse keeps checkpoints, and the pool frees an "
+                         "evicted checkpoint's state with no record of it: save() or release() write its states")
+    if isinstance(cache, _Unified):
+        if not hasattr(cache, "_spill_set"):
+            raise StoreError("write_back: a UnifiedCache of semantics '2025' has no prefix index (prefix reuse is "
+                             "today's llama.cpp's: UnifiedCache2026)")
+        return [(cache, "rows")]
+    raise StoreError(f"write_back: cache must be a UnifiedCache, ISWACache, RecurrentCache or HybridCache, "
+                     f"not {type(cache).__name__}")
+
+
+def write_evicted_parts(store: PrefixStore, part: Any, role: str, recr: Any, salt: str | bytes | None,
+                        toks: npt.NDArray[np.int32], keys: list[bytes], cells: npt.NDArray[np.int32],
+                        strms: npt.NDArray[np.int32], ext: npt.NDArray[np.int32] | None) -> None:
+    """Write what an evicted prompt's cells (a whole number of chunks) give for each chunk:
+    its rows where every cell is real, its end part where the cells (an iSWA window) or the
+    checkpoint pool (a hybrid cache's state) still hold it. Ghosts (cells at or past the part's
+    size) name no cell: what needs one is not written."""
+    from kvcache.store import _KEY
+
+    g = store.geometry
+    c = g.chunk_tokens
+    real = cells < int(part.size)
+    if not g.ext:
+        ext = None
+    prev = bytes(_KEY)
+    for i, key in enumerate(keys):
+        ctoks = toks[i * c:(i + 1) * c].copy()
+        a, b = i * c, (i + 1) * c
+        if role != "window" and real[a:b].all():
+            put_part(store, key, prev, i, ctoks, 0, lambda a=a, b=b: _part_rows(
+                part, g.layers, cells[a:b], strms[a:b], None if ext is None else ext[a:b]))
+        if role == "window":
+            w = g.window_start(b)
+            if real[w:b].all():
+                put_part(store, key, prev, i, ctoks, 1, lambda w=w, b=b: _part_rows(
+                    part, g.swa_layers, cells[w:b], strms[w:b], None if ext is None else ext[w:b]))
+        elif role == "rows+state":
+            put_part(store, key, prev, i, ctoks, 1, lambda b=b: _checkpoint_bytes(recr, toks[:b], salt))
+        prev = key
+
+
+def _checkpoint_bytes(recr: Any, toks: npt.NDArray[np.int32], salt: str | bytes | None) -> npt.NDArray[np.uint8] | None:
+    state = recr._store_checkpoint(toks, salt)
+    return None if state is None else np.frombuffer(state, np.uint8).copy()

@@ -576,18 +576,19 @@ cdef class _Unified2026(_Unified):
     def _spill_set(self, sink, min_len=1):
         """Write-back at eviction: with a callable sink, every prompt the index evicts (at least
         min_len tokens) is recorded inside the placement, and after the operation (find_slot,
-        prepare, place_seqs, prefix_release, prefix_publish, prefix_evict) ``sink(cache, records)`` is called
-        with a list of ``(salt hash, tokens, cells)`` (int32 arrays; the prompt's tokens from position 0 and
-        the cells holding them, whose K/V are intact until new rows are stored), exceptions it
-        raises ignored; sink None: off."""
+        prepare, place_seqs, prefix_release, prefix_publish, prefix_evict; an iSWA or hybrid
+        cache's own placements too) ``sink(cache, records)`` is called with a list of ``(salt
+        hash, tokens, cells, streams, ext)`` (int32 arrays; the prompt's tokens from position 0,
+        the cells holding them and their streams, whose K/V are intact until new rows are
+        stored; cells at or past ``size`` are ghosts of a SWA cache's window mode, which name no
+        cell; ext: each cell's (x, y, token) as the index took it, with ``cell_ext``, else
+        None), exceptions it raises ignored; sink None: off."""
         cdef uint32_t m = <uint32_t>int_c(min_len, "min_len", 1, UINT32_MAX)
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         if sink is not None and not callable(sink):
             raise TypeError(f"sink must be callable or None, not {type(sink).__name__}")
-        if sink is not None and self.c.n_stream != 1:
-            raise ValueError("write-back at eviction: a cache of one stream only")
         self._reuse("write_back")
         lock(&self._lock, CHANGE, "write_back")
         try:
@@ -600,9 +601,12 @@ cdef class _Unified2026(_Unified):
     cdef int _spill_drain(self) except -1:
         cdef kvc_reuse *ru = <kvc_reuse *>self.c.reuse
         cdef kvc_prefix_spill *sp
-        cdef uint32_t k, a, b, j
+        cdef uint32_t k, a, b, j, size = self.c.cells.size
         cdef int32_t[::1] tv
         cdef int32_t[::1] cv
+        cdef int32_t[::1] sv
+        cdef int32_t[:, ::1] ev
+        cdef const kvc_cell_ext *e
         if ru == NULL or ru.idx.spill == NULL or ru.idx.spill.n == 0:
             return 0
         sp = ru.idx.spill
@@ -613,12 +617,24 @@ cdef class _Unified2026(_Unified):
                 a, b = sp.start[k], sp.start[k + 1]
                 toks = np.empty(b - a, dtype=np.int32)
                 cells = np.empty(b - a, dtype=np.int32)
+                strms = np.empty(b - a, dtype=np.int32)
                 tv = toks
                 cv = cells
+                sv = strms
                 for j in range(b - a):
                     tv[j] = sp.tok[a + j]
                     cv[j] = <int32_t>sp.cell[a + j]
-                out.append((int(sp.salt[k]), toks, cells))
+                    sv[j] = <int32_t>sp.strm[a + j]
+                ext = None
+                if ru.ext != NULL:
+                    # the held cells' extensions as the index took them (the table reset them)
+                    ext = np.zeros((b - a, 3), dtype=np.int32)
+                    ev = ext
+                    for j in range(b - a):
+                        if sp.cell[a + j] < size:
+                            e = &ru.ext[<size_t>sp.strm[a + j] * size + sp.cell[a + j]]
+                            ev[j, 0], ev[j, 1], ev[j, 2] = e.x, e.y, e.tok
+                out.append((int(sp.salt[k]), toks, cells, strms, ext))
             kvc_prefix_spill_clear(&ru.idx)
         finally:
             unlock(&self._lock, READ)
@@ -646,3 +662,13 @@ cdef class _Unified2026(_Unified):
             unlock(&self._lock, READ)
         if r != KVC_OK:
             raise RuntimeError(err.msg.decode())
+
+
+cdef inline int spill_flush(object part) except -1:
+    # a part's pending write-back records to its sink: an iSWA or hybrid cache's placement ran in C
+    # past the part's own methods
+    if not isinstance(part, _Unified2026):
+        return 0
+    if (<_Unified2026>part)._spill_sink is not None:
+        (<_Unified2026>part)._spill_drain()
+    return 0

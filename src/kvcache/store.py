@@ -53,7 +53,7 @@ from kvcache.handoff import pair_regions
 
 if TYPE_CHECKING:
     from kvcache._core import RopeParams
-    from kvcache.unified import UnifiedCache, UnifiedCache2026
+    from kvcache.unified import UnifiedCache
 
 __all__ = ["PrefixStore", "StoreGeometry", "StoreError", "ChunkInfo", "META_NAME", "CHUNK_MAGIC", "CHUNK_VERSION",
            "CHUNK_VERSIONS",
@@ -977,8 +977,7 @@ class PrefixStore:
         self.save(cache, seq_id, toks, salt)
         return cache.prefix_release(seq_id, tokens=toks, salt=salt)
 
-    def write_back(self, cache: UnifiedCache2026, on: bool = True, *,
-                   salts: Sequence[str | bytes | None] = ()) -> None:
+    def write_back(self, cache: Any, on: bool = True, *, salts: Sequence[str | bytes | None] = ()) -> None:
         """Write-back at eviction (off by default): from now on every prompt the cache's prefix
         index evicts (to make room for a placement, past its cap, by ``prefix_evict``) has its
         whole chunks written to the store right after the operation, while the freed cells
@@ -987,51 +986,61 @@ class PrefixStore:
         prompts inside placement (no Python runs there); the cache hands them to the store
         after the call. A prompt is named by its salt: the salts the store saw (``save``,
         ``load``, ``attach``, ``release``), ``salts``, and None are known; a prompt of another
-        salt is skipped (``stats["evicted_skipped"]``). A UnifiedCache2026 of one stream, with
-        prefix reuse on, in the store's geometry (``StoreError`` otherwise). on=False: off."""
+        salt is skipped (``stats["evicted_skipped"]``).
+
+        Every cache with a prefix index, with prefix reuse on, in the store's geometry: a
+        UnifiedCache2026 (any streams, with or without ``cell_ext``), an ISWACache2026 (the
+        base cache's evicted rows; the SWA cache's evicted windows as end parts), a
+        HybridCache (the attention part's rows; the recurrent states its checkpoint pool still
+        holds at the chunks' ends); docs/store.md says which chunks each writes back.
+        ``StoreError`` for the others (a "2025" cache has no index; a RecurrentCache's pool
+        frees an evicted state unrecorded). on=False: off."""
         for salt in salts:
             self._salts[_salt_hash(salt)] = salt
+        parts = _parts.write_back_parts(cache)
         if not on:
-            cache._spill_set(None)
+            for part, _ in parts:
+                part._spill_set(None)
             return
         self._check_cache(cache, "write_back")
-        if self.geometry.version != 1 or not hasattr(cache, "_spill_set"):
-            raise StoreError("write_back: the cache must be a UnifiedCache2026 without cell_ext")
-        geo = StoreGeometry._from_header(cache.seq_export(0).header, self.geometry.chunk_tokens)
+        geo = StoreGeometry.of(cache, self.geometry.chunk_tokens)
         if geo != self.geometry:
             raise StoreError(f"write_back: cache's geometry ({geo.describe()}) is not the store's "
                              f"({self.geometry.describe()})")
         me = weakref.ref(self)
+        recr = getattr(cache, "recr", None)
+        for part, role in parts:
+            def sink(c: Any, records: list[Any], role: str = role) -> None:
+                store = me()
+                if store is not None:
+                    store._write_evicted(c, role, recr, records)
 
-        def sink(c: Any, records: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int32]]]) -> None:
-            store = me()
-            if store is not None:
-                store._write_evicted(c, records)
+            part._spill_set(sink, self.geometry.chunk_tokens)
 
-        cache._spill_set(sink, self.geometry.chunk_tokens)
-
-    def _write_evicted(self, cache: Any,
-                       records: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int32]]]) -> None:
-        """Store the whole chunks of prompts the cache just evicted, from their cells."""
+    def _write_evicted(self, part: Any, role: str, recr: Any, records: list[Any]) -> None:
+        """Store the whole chunks of prompts a cache part just evicted, from their cells."""
         c = self.geometry.chunk_tokens
-        for salt_hash, toks, cells in records:
+        for salt_hash, toks, cells, strms, ext in records:
             if salt_hash not in self._salts:
                 self.stats["evicted_skipped"] += 1
                 continue
             salt = self._salts[salt_hash]
             m = len(toks) - len(toks) % c
-            keys = self.keys(toks[:m], salt)
-            if all(k in self._host or self.host_bytes < self.geometry.chunk_bytes for k in keys) and \
-                    (self.path is None or self.disk_bytes == 0 or all(os.path.exists(self._file(k)) for k in keys)):
-                self._touch(keys)
-                continue
+            xy = {} if ext is None or not self.geometry.ext else {"pos_x": ext[:m, 0], "pos_y": ext[:m, 1]}
+            keys = self.keys(toks[:m], salt, **xy)
             before = self.stats["chunks_saved"]
-            ks, vs = [], []
-            for il in cache.layers:
-                k, v = rows_of(cache, il, cells[:m])
-                ks.append(k)
-                vs.append(v)
-            self._put_rows(toks[:m], ks, vs, salt)
+            if self.geometry.version != 1:
+                _parts.write_evicted_parts(self, part, role, recr, salt, toks[:m], keys, cells[:m], strms[:m], ext)
+            elif not (all(k in self._host or self.host_bytes < self.geometry.chunk_bytes for k in keys) and
+                      (self.path is None or self.disk_bytes == 0 or all(os.path.exists(self._file(k)) for k in keys))):
+                ks, vs = [], []
+                for il in part.layers:
+                    k, v = rows_of(part, il, cells[:m], strms[:m])
+                    ks.append(k)
+                    vs.append(v)
+                self._put_rows(toks[:m], ks, vs, salt)
+            else:
+                self._touch(keys)
             self.stats["evicted_saved"] += self.stats["chunks_saved"] - before
 
     # --- whole-store information ------------------------------------------------------------

@@ -1,6 +1,7 @@
 # Declarations of csrc/kvc_reuse.h and csrc/kvc_retain.h: prefix reuse on a 2026 unified cache.
 from libc.stdint cimport int32_t, uint32_t, uint64_t
 from kvcache.includes.kvc_common cimport kvc_err
+from kvcache.includes.kvc_cells cimport kvc_cell_ext
 from kvcache.includes.kvc_unified cimport kvc_unified
 
 cdef extern from "kvc_retain.h" nogil:
@@ -24,6 +25,7 @@ cdef extern from "kvc_retain.h" nogil:
         kvc_prefix_spill *spill
     ctypedef struct kvc_reuse:
         kvc_prefix idx
+        kvc_cell_ext *ext
 
     int  kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err)
     void kvc_reuse_disable(kvc_unified *c)

@@ -1,0 +1,208 @@
+"""Write-back at eviction for every cache with a prefix index (docs/store.md, "With a cache"):
+a prompt the cache's index evicts under pressure is written to the store from the cells it
+let go, then loaded into a fresh cache with the original rows bit for bit — a UnifiedCache2026
+of several streams or with 2-D positions, an ISWACache2026 (the base rows, the SWA windows the
+SWA cache's index let go), a HybridCache (the attention rows and the states its checkpoint pool
+still holds); the caches without an index, or whose evicted states are not recorded, are
+refused with the reason."""
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache import HybridCache, RecurrentCache, UBatch
+from kvcache._store_parts import rows_of
+from kvcache.store import PrefixStore, StoreError
+
+C = 8
+
+
+def rows(n, width, seed):
+    return np.arange(n * width, dtype=np.float32).reshape(n, width) * 1e-3 + seed
+
+
+def seq_rows(part, s):
+    """Positions of s in part, and per layer its K and V rows (bytes) in position order."""
+    cells, pos = part.seq_cells(s)
+    o = np.argsort(pos)
+    stream = s if part.n_stream > 1 else 0
+    return pos[o].tolist(), [rows_of(part, il, cells[o], stream) for il in part.layers]
+
+
+def same_rows(want, have, n):
+    for (k1, v1), (k2, v2) in zip(want, have):
+        np.testing.assert_array_equal(k1[:n], k2[:n])
+        np.testing.assert_array_equal(v1[:n], v2[:n])
+
+
+def ufill(c, s, toks, seed, xy=None):
+    n = len(toks)
+    extra = {} if xy is None else {"pos_x": xy[0], "pos_y": xy[1]}
+    assert c.find_slot(UBatch(list(range(n)), [s] * n, tokens=toks, **extra))
+    for il in c.layers:
+        k = rows(n, 8, seed * 100 + il)
+        c.store(il, k, -k)
+
+
+def ucache(**kw):
+    c = kvcache.UnifiedCache(32, 2, 8, 8, type_k="f32", type_v="f32", n_seq_max=2, semantics="2026", **kw)
+    c.enable_prefix_reuse()
+    return c
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_several_streams(tmp_path, v_trans):
+    """One stream per sequence: the prompt evicted from stream 1 is written from stream 1's rows."""
+    def cache():
+        return ucache(v_trans=v_trans, kv_unified=False)
+
+    c = cache()
+    assert c.n_stream == 2
+    st = PrefixStore(c, tmp_path / "st", chunk_tokens=C)
+    st.write_back(c)
+    a = list(range(1, 22))                          # 2 whole chunks and 5 tokens
+    ufill(c, 0, list(range(50, 70)), seed=3)       # stream 0 keeps its own sequence
+    ufill(c, 1, a, seed=1)
+    _, want = seq_rows(c, 1)
+    assert c.prefix_release(1, a) == len(a)
+    assert st.match(a) == 0
+    ufill(c, 1, list(range(100, 128)), seed=2)     # stream 1 needs the room: a's cells are evicted
+    assert st.stats["evicted_saved"] == 2 and st.match(a) == 16
+    d = cache()
+    assert PrefixStore(d, tmp_path / "st", chunk_tokens=C).load(d, 1, a) == 16
+    pos, have = seq_rows(d, 1)
+    assert pos == list(range(16))
+    same_rows(want, have, 16)
+    assert d.seq_pos_max(0) == -1
+    c._prefix_check()
+
+
+def test_cells_with_2d_positions(tmp_path):
+    """The evicted cells' 2-D positions (as the index took them) name the chunks and come back."""
+    def cache():
+        return ucache(v_trans=False, cell_ext=True)
+
+    c = cache()
+    st = PrefixStore(c, tmp_path / "st", chunk_tokens=C)
+    st.write_back(c)
+    a = list(range(1, 19))
+    xs, ys = [t % 5 for t in a], [t // 5 for t in a]
+    ufill(c, 0, a, seed=1, xy=(xs, ys))
+    _, want = seq_rows(c, 0)
+    c.prefix_release(0, a)
+    ufill(c, 0, list(range(100, 128)), seed=2, xy=([0] * 28, [0] * 28))
+    assert st.stats["evicted_saved"] == 2
+    assert st.match(a, pos_x=xs, pos_y=ys) == 16
+    assert st.match(a, pos_x=ys, pos_y=xs) == 0    # other 2-D positions: other chunks
+    d = cache()
+    assert st.load(d, 1, a, pos_x=xs, pos_y=ys) == 16
+    pos, have = seq_rows(d, 1)
+    assert pos == list(range(16))
+    same_rows(want, have, 16)
+    cells, pos = d.seq_cells(1)
+    ext = d.cells().ext[cells[np.argsort(pos)]]
+    assert ext[:, 0].tolist() == xs[:16] and ext[:, 1].tolist() == ys[:16]
+
+
+def iswa(swa_full):
+    c = kvcache.ISWACache(64, 3, 16, 16, swa_layers=[1], n_swa=6, type_k="f32", type_v="f32", v_trans=False,
+                          n_seq_max=2, n_batch=8, swa_full=swa_full, semantics="2026")
+    c.enable_prefix_reuse()
+    return c
+
+
+def ifill(c, s, toks, seed):
+    for a in range(0, len(toks), C):
+        b = min(a + C, len(toks))
+        assert c.find_slot(UBatch(list(range(a, b)), [s] * (b - a), tokens=toks[a:b]))
+        for il in range(3):
+            k = rows(b - a, 16, seed * 1000 + a + il)
+            c.store(il, k, -k)
+
+
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_iswa(tmp_path, swa_full):
+    """The base cache's index writes the rows, the SWA cache's the windows before the chunk ends
+    it still held: a prefix is back once both indexes let it go."""
+    c = iswa(swa_full)
+    st = PrefixStore(c, tmp_path / "st", chunk_tokens=C)
+    st.write_back(c)
+    a = list(range(1, 29))                          # 3 whole chunks and 4 tokens
+    ifill(c, 0, a, seed=1)
+    _, want = seq_rows(c.base, 0)
+    spos, swant = seq_rows(c.swa, 0)
+    c.prefix_release(0, a)
+    assert st.match(a) == 0
+    ifill(c, 1, list(range(200, 256)), seed=2)     # both caches need the room
+    c.prefix_evict(64)                              # the rest of what the indexes hold
+    assert st.stats["evicted_saved"] > 0
+    # the window before 24 (positions 19 .. 23) was held by the SWA cache: 24 tokens are usable
+    assert st.match(a) == 24
+    c.seq_rm(1)
+    d = iswa(swa_full)
+    assert PrefixStore(d, tmp_path / "st", chunk_tokens=C).load(d, 0, a) == 24
+    pos, have = seq_rows(d.base, 0)
+    assert pos == list(range(24))
+    same_rows(want, have, 24)
+    wpos, whave = seq_rows(d.swa, 0)
+    assert wpos == list(range(19, 24))
+    sel = np.searchsorted(spos, wpos)
+    for (k1, v1), (k2, v2) in zip(swant, whave):
+        np.testing.assert_array_equal(k1[sel], k2)
+        np.testing.assert_array_equal(v1[sel], v2)
+
+
+def hyb():
+    h = HybridCache(24, 4, [0, 2], 8, 8, 12, 4, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False)
+    h.enable_prefix_reuse(checkpoints=8)
+    return h
+
+
+def run_hyb(h, s, toks, a, b):
+    assert h.find_slot(UBatch(list(range(a, b)), [s], n_seq_tokens=b - a, tokens=toks[a:b]))
+    for il in (1, 3):
+        k = rows(b - a, 8, a + il + 7 * s)
+        h.store(il, k, -k)
+    for il in (0, 2):
+        h.store_state(il, rows(1, 12, sum(toks[:b]) + il), rows(1, 4, b))
+
+
+def test_hybrid(tmp_path):
+    """The attention part's evicted rows, and the state after each chunk its checkpoint pool
+    still holds: the state after 8 was checkpointed, after 16 it was not (no end part there)."""
+    h = hyb()
+    st = PrefixStore(h, tmp_path / "st", chunk_tokens=C)
+    st.write_back(h)
+    a = list(range(5, 23))                          # 18 tokens
+    run_hyb(h, 0, a, 0, 8)
+    assert h.checkpoint(0, a) == 8
+    run_hyb(h, 0, a, 8, 18)
+    _, want = seq_rows(h.attn, 0)
+    state8 = h.recr._store_checkpoint(a[:8])
+    h.prefix_release(0, a)                          # checkpoints the state after 18 too
+    run_hyb(h, 1, list(range(60, 80)), 0, 20)       # the attention part needs the room
+    assert st.stats["evicted_saved"] >= 2
+    assert st.match(a) == 8
+    g = hyb()
+    assert PrefixStore(g, tmp_path / "st", chunk_tokens=C).load(g, 1, a) == 8
+    pos, have = seq_rows(g.attn, 1)
+    assert pos == list(range(8))
+    same_rows(want, have, 8)
+    assert g.recr._store_state(1) == (8, state8)
+
+
+def test_caches_without_write_back_are_refused():
+    st = PrefixStore(kvcache.UnifiedCache(32, 2, 8, 8, type_k="f32", type_v="f32", v_trans=False,
+                                          semantics="2025"), chunk_tokens=C)
+    with pytest.raises(StoreError, match="'2025' has no prefix index"):
+        st.write_back(kvcache.UnifiedCache(32, 2, 8, 8, type_k="f32", type_v="f32", v_trans=False,
+                                           semantics="2025"))
+    old = kvcache.ISWACache(64, 3, 16, 16, swa_layers=[1], n_swa=6, type_k="f32", type_v="f32", v_trans=False,
+                            n_seq_max=2, semantics="2025")
+    with pytest.raises(StoreError, match="'2025' has no prefix index"):
+        PrefixStore(old, chunk_tokens=C).write_back(old)
+    r = RecurrentCache(2, 2, 6, 4, type_k="f32", type_v="f32", semantics="2026")
+    r.enable_prefix_reuse(checkpoints=4)
+    with pytest.raises(StoreError, match="frees an evicted checkpoint's state"):
+        PrefixStore(r, chunk_tokens=C).write_back(r)
+    with pytest.raises(StoreError, match="not the store's"):
+        PrefixStore(iswa(True), chunk_tokens=C).write_back(hyb())
