@@ -3,13 +3,42 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The attention part's caches: the unified cache, or the iSWA pair's base then SWA cache. */
+static uint32_t attn_parts(const kvc_hybrid *h, kvc_unified *parts[2]) {
+    parts[0] = h->attn;
+    if (h->iswa) {
+        parts[1] = h->iswa->swa;
+        return 2;
+    }
+    return 1;
+}
+
+/* The deepest checkpoint of at most a tokens of tokens[0 .. n) the attention part also serves
+ * (-1: none). An iSWA pair whose SWA cache keeps only windows serves a shorter hit only where it
+ * holds the window before it, so each candidate is asked in turn. */
+static int32_t hit_upto(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n,
+                        uint32_t a) {
+    kvc_unified *parts[2];
+    const uint32_t k = attn_parts(h, parts);
+    while (a) {
+        const int32_t slot = kvc_ckpt_find(p, salt, tokens, n, a);
+        if (slot < 0 || !h->iswa) {
+            return slot;
+        }
+        const uint32_t len = p->n_tok[slot];
+        if (kvc_retain_serves_parts(parts, k, salt, tokens, n, len)) {
+            return slot;
+        }
+        a = len - 1;
+    }
+    return -1;
+}
+
 /* The deepest checkpoint the attention part also serves, for a request of n tokens (-1: none). */
 static int32_t hyb_hit(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n) {
-    if (h->iswa) {
-        return -1;      /* reuse is the plain attention cache's (an iSWA pair has two indexes) */
-    }
-    const uint32_t a = kvc_retain_match(h->attn, salt, tokens, n);
-    return a ? kvc_ckpt_find(p, salt, tokens, n, a) : -1;
+    kvc_unified *parts[2];
+    const uint32_t k = attn_parts(h, parts);
+    return hit_upto(h, p, salt, tokens, n, kvc_retain_match_parts(parts, k, salt, tokens, n));
 }
 
 uint32_t kvc_hybrid_prefix_match(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n) {
@@ -24,10 +53,16 @@ uint32_t kvc_hybrid_prefix_match(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt,
 int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
                              uint32_t n, uint32_t *n_attached, kvc_err *err) {
     *n_attached = 0;
-    if (!h->attn->reuse || h->iswa) {
+    if (!h->attn->reuse) {
         return kvc_err_set(err, KVC_E_ARG, "prefix reuse is off in the attention part");
     }
-    if (kvc_unified_seq_pos_max(h->attn, s) >= 0 || kvc_recurrent_seq_pos_max(h->recr, s) >= 0) {
+    kvc_unified *parts[2];
+    const uint32_t k = attn_parts(h, parts);
+    bool held = kvc_recurrent_seq_pos_max(h->recr, s) >= 0;
+    for (uint32_t i = 0; i < k; i++) {
+        held = held || kvc_unified_seq_pos_max(parts[i], s) >= 0;
+    }
+    if (held) {
         return kvc_err_set(err, KVC_E_ARG, "sequence %d holds cells or a state: attach into an empty sequence", s);
     }
     const int32_t slot = hyb_hit(h, p, salt, tokens, n);
@@ -39,11 +74,13 @@ int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_
             return r;
         }
         /* the attention part attaches [0, len) exactly: a match of len + 1 tokens attaches at most
-         * len, and the index holds at least that many */
+         * len, and the index holds at least that many (an iSWA pair: the window before len too) */
         uint32_t got = 0;
-        r = kvc_retain_attach(h->attn, s, salt, tokens, len + 1, &got, err);
+        r = kvc_retain_attach_parts(parts, k, s, salt, tokens, len + 1, &got, err);
         if (r == KVC_OK && got != len) {
-            kvc_unified_seq_rm(h->attn, s, -1, -1);
+            for (uint32_t i = 0; i < k; i++) {
+                kvc_unified_seq_rm(parts[i], s, -1, -1);
+            }
             r = kvc_err_set(err, KVC_E_INTERNAL, "the attention part attached %u tokens of the %u matched", got, len);
         }
         if (r != KVC_OK) {
@@ -62,9 +99,8 @@ int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64
                               uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err) {
     *n_hit = 0;
     memset(attn, 0, sizeof *attn);
-    if (h->iswa) {
-        return kvc_err_set(err, KVC_E_ARG, "prefix reuse is off in the attention part");
-    }
+    kvc_unified *parts[2];
+    const uint32_t k = attn_parts(h, parts);
     uint32_t len = kvc_ckpt_seq_len(h->recr, s);
     if (tokens && len > n) {
         return kvc_err_set(err, KVC_E_ARG, "sequence %d's recurrent state is the state after %u tokens, and tokens "
@@ -97,7 +133,7 @@ int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64
             return kvc_err_set(err, KVC_E_NOMEM, "checkpoint of %u tokens", len);
         }
     }
-    const int r = kvc_retain_release(h->attn, s, salt, tokens, n, attn, err);
+    const int r = kvc_retain_release_parts(parts, k, s, salt, tokens, n, attn, err);
     if (r != KVC_OK) {
         free(copy);
         free(own);
@@ -111,7 +147,7 @@ int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64
     }
     kvc_recurrent_seq_rm(h->recr, s, -1, -1);
     kvc_ckpt_disown(p, s);
-    const int32_t slot = chain && attn->n_kept ? kvc_ckpt_find(p, salt, chain, n_chain, attn->n_kept) : -1;
+    const int32_t slot = chain && attn->n_kept ? hit_upto(h, p, salt, chain, n_chain, attn->n_kept) : -1;
     *n_hit = slot < 0 ? 0 : p->n_tok[slot];
     free(own);
     return KVC_OK;

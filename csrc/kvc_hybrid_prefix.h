@@ -5,8 +5,9 @@
  * exactly P. The attention index serves any prefix it holds, the recurrent part only the lengths
  * it has checkpoints of, so a hit is the deepest checkpoint no longer than what the attention
  * index holds of the request (and at most all but its last token); the attention part then
- * attaches exactly [0, P), never more, so that both parts resume at the same position. A hybrid
- * memory whose attention part is an iSWA pair has no prefix reuse (no hit; KVC_E_ARG). */
+ * attaches exactly [0, P), never more, so that both parts resume at the same position. With an
+ * iSWA pair as the attention part both of its caches serve the hit (kvc_retain's parts: a SWA
+ * cache that keeps only windows must hold the window before P). */
 #ifndef KVC_HYBRID_PREFIX_H
 #define KVC_HYBRID_PREFIX_H
 

@@ -439,6 +439,30 @@ uint32_t kvc_retain_match_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uin
     return p;
 }
 
+bool kvc_retain_serves_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                             uint32_t n, uint32_t p) {
+    if (p == 0 || p > n) {
+        return false;
+    }
+    for (uint32_t k = 0; k < n_parts; k++) {
+        kvc_unified *c = cs[k];
+        if (!c->reuse) {
+            return false;
+        }
+        kvc_prefix_handle end;
+        if (is_window(c)) {
+            kvc_reuse *r = c->reuse;
+            const uint32_t got = kvc_prefix_match(&r->idx, salt, tokens, n, p, r->tmp_cell, NULL, &end);
+            if (got != p || window_hit(c, r->tmp_cell, p) != p) {
+                return false;
+            }
+        } else if (match_xy(c, salt, tokens, NULL, NULL, n, p, &end) != p) {
+            return false;
+        }
+    }
+    return true;
+}
+
 int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                             const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err) {
     return kvc_retain_attach_parts_xy(cs, n_parts, s, salt, tokens, NULL, NULL, n, n_attached, err);

@@ -93,6 +93,10 @@ int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t 
  * window mode the longest hit no longer than that whose window it holds. */
 uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                                 uint32_t n);
+/* Whether every part serves a hit of exactly p tokens of tokens[0 .. n) (0 < p <= n): a part in
+ * window mode only where it holds the window before p. Both parts' prefixes count as used. */
+bool kvc_retain_serves_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                             uint32_t n, uint32_t p);
 /* Attach that many tokens in every part, or nothing (KVC_E_ARG: s not empty in some part;
  * KVC_E_NOMEM). */
 int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,

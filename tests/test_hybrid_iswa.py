@@ -154,11 +154,15 @@ def test_state_layout_and_refusals():
         plain.state_read(blob, 0, exact=True)
 
 
-def test_no_prefix_reuse():
-    h = lfm2_swa()
-    with pytest.raises(ValueError, match="sliding window"):
-        h.enable_prefix_reuse()
-    assert not h.prefix_reuse and h.prefix_match([1, 2, 3]) == 0
+def test_prefix_reuse_in_both_parts():
+    """Prefix reuse turns on in the iSWA pair and the recurrent part together (the hits:
+    tests/test_prefix_reuse_recurrent.py)."""
+    h = lfm2_swa(swa_full=False)
+    h.enable_prefix_reuse(checkpoints=2)
+    assert h.prefix_reuse and h.attn.prefix_reuse and h.recr.prefix_reuse
+    assert set(h.prefix_stats["attn"]) == {"base", "swa"} and h.prefix_match([1, 2, 3]) == 0
+    h.disable_prefix_reuse()
+    assert not (h.prefix_reuse or h.attn.prefix_reuse or h.recr.prefix_reuse)
     with pytest.raises(RuntimeError, match="prefix reuse is off"):
         h.prefix_attach(0, [1, 2, 3])
 

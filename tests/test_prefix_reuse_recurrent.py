@@ -326,6 +326,74 @@ def test_hybrid_a_hit_is_a_checkpoint_the_attention_index_also_serves():
     h._prefix_check()
 
 
+def hcheck_window(h: HybridCache, s: int, tokens) -> None:
+    """hcheck for a hybrid memory with a sliding window: the base cache holds every position of
+    tokens, the SWA cache at least the window before the next one, each computed after exactly
+    the tokens before it."""
+    n = len(tokens)
+    for part, need in ((h.attn.base, range(n)), (h.attn.swa, range(max(0, n - h.n_swa), n))):
+        cells, pos = part.seq_cells(s)
+        assert set(need) <= set(pos) and all(0 <= p < n for p in pos)
+        if part.layers:
+            k = np.asarray(part.k(0)).reshape(-1, E)
+            for cell, p in zip(cells, pos):
+                np.testing.assert_array_equal(k[cell], fingerprint(tokens[:p + 1]))
+    assert h.seq_pos_max(s) == n - 1
+    np.testing.assert_array_equal(h.r(1)[h.recr.cells()["tail"][s]], scratch(tokens))
+
+
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_hybrid_with_a_window_reuses_what_both_attention_caches_serve(swa_full):
+    """A hybrid memory whose attention part is an iSWA pair (llama_memory_hybrid_iswa): a hit is
+    a checkpoint both of the pair's caches serve. With swa_full the SWA cache keeps every prefix
+    (the plain hybrid's hits); a SWA cache of windows (256 cells here, for 300 positions) serves
+    only the hits whose window it still holds, a shorter checkpoint's when a longer one's is gone;
+    every resumed request holds the computation from scratch."""
+    h = hyb(n_swa=2, swa_layers=[0], swa_full=swa_full, kv_size=512, n_batch=8)
+    assert h.prefix_reuse and set(h.prefix_stats) == {"attn", "recr"}
+    assert h.attn.size_swa == (512 if swa_full else 256)
+    a = [1 + i % 97 for i in range(300)]
+
+    def run(s, tokens, start):
+        for p in range(start, len(tokens), 8):
+            assert hcompute(h, s, tokens[:p + 8], p)
+            if p + 8 in (260, 292):
+                assert h.checkpoint(s, tokens) == p + 8
+
+    hcompute(h, 0, a[:4], 0)
+    assert h.checkpoint(0, a) == 4
+    run(0, a, 4)
+    assert h.prefix_release(0, a) == 300    # the state after all of a, and the window before 300
+    # b: both caches hold 7 of it, the checkpoints 4, whose window (positions 2, 3) a SWA cache
+    # of windows has overwritten since; c: the checkpoint at 292, its window held; the next turn
+    # resumes after all of a
+    b, c, turn = a[:7] + [150, 151], a[:295] + [150, 151], a + [160, 161]
+    assert [h.prefix_match(t) for t in (b, c, turn)] == [4 if swa_full else 0, 292, 300]
+    assert h.prefix_attach(2, c) == 292
+    hcompute(h, 2, c, 292)
+    hcheck_window(h, 2, c)
+    h.prefix_release(2, c)
+    h._prefix_check()
+    k = h.prefix_attach(1, b)
+    assert k == (4 if swa_full else 0) and h.seq_pos_max(1) == k - 1
+    hcompute(h, 1, b, k)
+    hcheck_window(h, 1, b)
+    h.prefix_release(1, b)
+    h._prefix_check()
+    # placing c's tokens in a full SWA cache of windows let its index go (ISWACache2026's rule):
+    # a's window is no longer there, c's is
+    k = h.prefix_attach(3, turn)
+    assert k == (300 if swa_full else 292)
+    hcompute(h, 3, turn, k)
+    hcheck_window(h, 3, turn)
+    h.prefix_release(3, turn)
+    h.prefix_evict(n_cells=1000)            # every attention cell let go: no hit
+    assert h.prefix_match(turn + [0]) == 0 and h.prefix_attach(3, turn + [0]) == 0
+    h._prefix_check()
+    h.disable_prefix_reuse()
+    assert not h.prefix_reuse and h.prefix_match(a) == 0
+
+
 def test_hybrid_release_without_tokens_and_failures():
     h = hyb()
     a = [1, 2, 3, 4]
@@ -655,3 +723,58 @@ def test_an_lfm2_hybrid_model_gets_the_same_logits_from_a_reused_prefix():
     turn = a + [30, 31]                        # the next turn resumes after all of a
     assert h.prefix_attach(0, turn) == len(a)
     assert torch.equal(chunk(0, turn, len(a), len(turn)), from_scratch(turn, [4, 9, len(a)]))
+
+
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_an_lfm2_with_a_window_gets_the_same_logits_from_a_reused_prefix(swa_full):
+    """The tiny LFM2 with a sliding window of 4 on its attention layers (llama.cpp's
+    llama_memory_hybrid_iswa; the model attends through llama.cpp's SWA mask, lfm2_chunk): a
+    request resumed from a checkpoint and the iSWA pair's cells gets bit for bit the next-token
+    logits of the same request computed in the same chunks in a fresh memory."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from lfm2_model import tiny_lfm2
+
+    torch.manual_seed(0)
+    model, cfg = tiny_lfm2(transformers)
+    head = cfg.hidden_size // cfg.num_attention_heads
+    width = cfg.num_key_value_heads * head
+
+    def memory():
+        return HybridCache(512, 4, [0, 2], width, width, cfg.hidden_size * cfg.conv_L_cache, 0, n_seq_max=2,
+                           type_k="f32", type_v="f32", v_trans=False, n_swa=4, n_batch=8, swa_full=swa_full)
+
+    h = memory()
+    h.enable_prefix_reuse(checkpoints=4)
+
+    def chunk(c, s, tokens, start, end):
+        return lfm2_chunk(torch, transformers, model, cfg, c, s, tokens, start, end)
+
+    def fresh(tokens, cuts):
+        c = memory()
+        for a, b in zip([0] + cuts, cuts + [len(tokens)]):
+            logits = chunk(c, 0, tokens, a, b)
+        return logits
+
+    # 280 positions in chunks of 4, then 8 (more than the 256 cells of a SWA cache of windows,
+    # which overwrites the cells its window has left)
+    a = [(7 * i + 3) % 50 for i in range(280)]
+    cuts = [4] + list(range(12, 280, 8))
+    for x, y in zip([0] + cuts, cuts + [len(a)]):
+        chunk(h, 0, a, x, y)
+        if y in (4, 268):
+            assert h.checkpoint(0, a) == y
+    assert h.prefix_release(0, a) == len(a)
+
+    def resumed(s, tokens, want):
+        k = h.prefix_attach(s, tokens)
+        assert k == want
+        logits = chunk(h, s, tokens, k, len(tokens))
+        assert torch.equal(logits, fresh(tokens, [x for x in cuts if x <= k]))
+        h.prefix_release(s, tokens)
+
+    resumed(0, a[:271] + [30, 31], 268)        # the window before 268 held in both
+    # both caches hold 7 of this one, the checkpoints 4, whose window a SWA cache of windows
+    # has overwritten since
+    resumed(1, a[:7] + [21, 22], 4 if swa_full else 0)
+    h._prefix_check()

@@ -396,10 +396,9 @@ cdef class _Hybrid:
         index (``cap``: cells, UnifiedCache2026.enable_prefix_reuse) and the recurrent part's
         checkpoints (``checkpoints``, ``per_seq``, ``memory``: RecurrentCache.enable_prefix_reuse).
         A hit of length P needs the attention K/V of [0, P) and a checkpoint of the state at
-        exactly P."""
-        if self._iswa is not None:
-            raise ValueError("enable_prefix_reuse: a hybrid memory with a sliding window has no prefix reuse "
-                             "(its attention part is an iSWA pair)")
+        exactly P. With a sliding window the attention part is an iSWA pair
+        (ISWACache2026.enable_prefix_reuse): both of its caches serve the hit, a SWA cache smaller
+        than the base cache (``swa_full=False``) only where it still holds the window before P."""
         had = self._attn.prefix_reuse
         self._recr.enable_prefix_reuse(checkpoints, per_seq, memory)
         try:
@@ -412,16 +411,12 @@ cdef class _Hybrid:
 
     def disable_prefix_reuse(self):
         """Turn prefix reuse off in both parts (held cells become free, checkpoints go)."""
-        if self._iswa is not None:
-            return
         self._attn.disable_prefix_reuse()
         self._recr.disable_prefix_reuse()
 
     @property
     def prefix_reuse(self):
         """Whether prefix reuse is on (:meth:`enable_prefix_reuse`)."""
-        if self._iswa is not None:
-            return False
         return self._attn.prefix_reuse and self._recr.prefix_reuse
 
     @property
@@ -439,7 +434,7 @@ cdef class _Hybrid:
         return self._recr.checkpoint(seq_id, tokens, salt)
 
     cdef kvc_ckpt_pool *_pool(self, str what) except NULL:
-        if self._iswa is not None or not self._attn.prefix_reuse:
+        if not self._attn.prefix_reuse:
             raise RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
         return self._recr._pool(what)
 
@@ -553,9 +548,8 @@ cdef class _Hybrid:
 
     def _prefix_check(self):
         """Raise RuntimeError unless both parts' reuse records agree (for tests)."""
-        if self._iswa is not None:
-            return
-        self._attn._prefix_check()
+        for c in ((self._iswa._base, self._iswa._swa) if self._iswa is not None else (self._attn,)):
+            c._prefix_check()
         self._recr._prefix_check()
 
     # --- state (csrc/kvc_hybrid_state.h) ----------------------------------------------------
