@@ -383,3 +383,91 @@ def test_live_hybrid_partial_state(models, name, capsys):
             assert L.llama_state_seq_set_data_ext(b, buf, len(ours), s, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == len(ours)
         finally:
             L.llama_free(b)
+
+
+
+_SHIFT_IN_LLAMA = """
+import sys
+from test_live_hybrid import CTX, NEXT, Live, _ctx, _run
+live = Live(sys.argv[1])
+ctx = live.context(_ctx(0))
+mem = live.L.llama_get_memory(ctx)
+live.replay(ctx, [{"op": "decode", "tokens": _run(0, 0, 23)}])
+print("can_shift", live.L.llama_memory_can_shift(mem), flush=True)
+live.L.llama_memory_seq_add(mem, 0, 0, -1, 5)
+live.decode(ctx, [(NEXT["token"], 28, [0])])
+print("decoded", flush=True)
+"""
+
+
+def test_live_lfm2swa_k_shift(models, capsys, tmp_path):
+    """The K-shift of llama_memory_hybrid_iswa on LFM2 with a window of 4 (every attention layer
+    windowed, as LFM2's loader marks them: the iSWA pair's base cache holds the cells and no
+    layer). llama.cpp 0.3.36 reports can_shift true but aborts the decode that applies a
+    llama_memory_seq_add (GGML_ASSERT(buffer) in set_input_k_shift: the base cache's shift
+    graph has no layer, so its shift input gets no buffer), in a process of its own here. So
+    kvcache's shift is compared with what it stands for: seq 0's 23 tokens decoded by llama.cpp
+    at positions 0 .. 22, read into kvcache, moved 5 on (seq_add; both parts) and rotated by
+    update(), against the same tokens decoded by llama.cpp at positions 5 .. 27 from the start:
+    the same positions in both parts, the window's V rows and K rows within f16 rounding (the
+    rotation by 5 of a row rounded to f16 at its first position, against a row rotated once).
+    can_shift is llama_memory_can_shift's answer, here and for a context whose SWA cache is
+    smaller than its base cache."""
+    import os
+    import subprocess
+    import sys
+
+    from kvcache._store_parts import rows_of
+
+    path = models["lfm2swa"]
+    here = os.path.dirname(__file__)
+    paths = [here] + [os.path.abspath(x) for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    run = subprocess.run([sys.executable, "-c", _SHIFT_IN_LLAMA, str(path)], capture_output=True, text=True,
+                         env=env, cwd=str(tmp_path), timeout=300)
+    assert "can_shift True" in run.stdout and "decoded" not in run.stdout and run.returncode != 0, run
+    assert "GGML_ASSERT(buffer) failed" in run.stderr, run.stderr[-2000:]
+
+    live = Live(path)
+    L = live.L
+    shift = 5
+    blobs = {}
+    for at in (0, shift):
+        ctx, _ = _hybrid_context(live, path, 0, capsys)
+        try:
+            live.decode(ctx, [(t, p + at, s) for t, p, s in _run(0, 0, 23)])
+            blobs[at] = live.seq_get(ctx, 0)
+            can = L.llama_memory_can_shift(L.llama_get_memory(ctx))
+        finally:
+            L.llama_free(ctx)
+    h = _cache(path)
+    assert h.can_shift is bool(can) is True
+    assert h.state_read(blobs[0], 0) == len(blobs[0])
+    h.seq_add(0, 0, -1, shift)
+    assert h.update()
+    fresh = _cache(path)
+    fresh.state_read(blobs[shift], 0)
+    for part in ("base", "swa"):
+        a, b = getattr(h.attn, part), getattr(fresh.attn, part)
+        assert sorted(a.seq_cells(0)[1]) == sorted(b.seq_cells(0)[1]), part
+    assert (h.seq_pos_min(0), h.seq_pos_max(0)) == (fresh.seq_pos_min(0), fresh.seq_pos_max(0)) == (27, 27)
+    ours, theirs = h.attn.swa, fresh.attn.swa
+    mine = dict(zip(ours.seq_cells(0)[1], ours.seq_cells(0)[0]))
+    want = dict(zip(theirs.seq_cells(0)[1], theirs.seq_cells(0)[0]))
+    assert sorted(mine) == list(range(23 + shift - h.n_swa, 23 + shift))
+    for il in h.swa_layers:
+        k1, v1 = rows_of(ours, il, np.array([mine[p] for p in sorted(mine)]))
+        k2, v2 = rows_of(theirs, il, np.array([want[p] for p in sorted(mine)]))
+        for x, y in ((k1, k2), (v1, v2)):
+            x, y = x.view(np.float16).astype(np.float32), y.view(np.float16).astype(np.float32)
+            np.testing.assert_allclose(x, y, rtol=0, atol=4 * 2.0 ** -10 * max(1.0, float(np.abs(y).max())))
+    # a context of 512 cells: a SWA cache of 256, and no shift in llama.cpp's eyes
+    big = live.context({"context": dict(CTX, n_ctx=512), "memory_kind": "hybrid"})
+    try:
+        can_big = L.llama_memory_can_shift(L.llama_get_memory(big))
+    finally:
+        L.llama_free(big)
+    h = kvcache.from_gguf(path, 512, n_seq_max=CTX["n_seq_max"], flash_attn=False, n_batch=CTX["n_ubatch"],
+                          semantics="2026", kv_unified=True, swa_full=False)
+    assert (h.attn.size_base, h.attn.size_swa) == (512, 256)
+    assert h.can_shift is bool(can_big) is False

@@ -45,7 +45,8 @@ class HybridCache(_Hybrid):
       attention layer as LFM2's loader marks them; ``swa_type``; ``n_batch``, the ubatch its SWA
       cache is sized for; ``swa_full``, None for today's default True:
       ``kvcache._core.swa_full_arg``), whose two masks
-      ``kq_mask`` gives; a state holds its base and SWA caches' states; no prefix reuse.
+      ``kq_mask`` gives; a state holds its base and SWA caches' states; prefix reuse needs both
+      caches of the pair to serve a hit (ISWACache2026's rule) besides a checkpoint.
     - ``buffers``: "owned", None / "none" (metadata only) for both parts, or a pair
       ``({layer: (K, V)}, {layer: (R, S)})`` of borrowed memory by model layer (the recurrent
       rows ``kv_size * (1 + n_rs_seq)`` each).
@@ -55,6 +56,15 @@ class HybridCache(_Hybrid):
     ``s_copy`` / ``rs_z`` the recurrent layers' inputs."""
 
     __slots__ = ()
+
+    @property
+    def can_shift(self) -> bool:
+        """What ``llama_memory_can_shift`` reports for this memory: the attention part's answer
+        (an iSWA pair's: its two caches of one size; a unified cache's: true), recurrent states
+        having nothing to shift. llama.cpp aborts a decode with a pending K-shift where it is
+        false; update() here shifts each cache's own cells as ISWACache2026.update does."""
+        attn = self.attn
+        return bool(cast(ISWACache2026, attn).can_shift) if isinstance(attn, _ISWA2026) else True
 
     def ubatches(self, pos: Sequence[int], seq_id: Sequence[int], n_ubatch: int,
                  embd_all: bool = False) -> Iterator[UBatch]:
