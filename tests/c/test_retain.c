@@ -252,6 +252,15 @@ static void test_window_pair(void) {
     q[5] = 7;
     CHECK(kvc_retain_match_parts(cs, 2, 0, q, 6) == 0, "the beginning: the window before 5 is gone");
     memcpy(q, a, sizeof q);
+    /* a hit of exactly p: the end of the prompt (its window held) and not its beginning; none
+     * past what is held, none of 0 tokens */
+    CHECK(kvc_retain_serves_parts(cs, 2, 0, q, 25, 24) && kvc_retain_serves_parts(cs, 2, 0, q, 24, 24),
+          "24 served");
+    CHECK(!kvc_retain_serves_parts(cs, 2, 0, q, 25, 4), "4 not served: its window is gone");
+    CHECK(!kvc_retain_serves_parts(cs, 2, 0, q, 30, 25) && !kvc_retain_serves_parts(cs, 2, 0, q, 25, 0) &&
+              !kvc_retain_serves_parts(cs, 2, 0, q, 20, 21),
+          "past the prompt, nothing, past n: not served");
+    CHECK(kvc_retain_serves_parts(cs, 1, 0, q, 25, 4), "the base cache alone serves 4");
     uint32_t k = 0;
     CHECK(kvc_retain_attach_parts(cs, 2, 1, 0, q, 25, &k, &err) == KVC_OK && k == 24, "attached %u", k);
     CHECK(kvc_unified_seq_pos_min(&f.swa, 1) == 21 && kvc_unified_seq_pos_max(&f.swa, 1) == 23 &&
