@@ -71,6 +71,8 @@ typedef struct kvc_state_desc {
     size_t   end;            /* bytes of the state */
     uint32_t n_seq_id_min;   /* over the cells (0 when there is none) */
     uint32_t n_seq_id_max;
+    bool     records_final;  /* failed: no larger n_records frames the state either (the bytes
+                              * cannot hold that many layer records, or it has fewer layers) */
 } kvc_state_desc;
 
 /* The framing of a memory state, walked without a cache: whether a sequence-blob prefix leads

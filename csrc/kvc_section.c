@@ -465,6 +465,7 @@ static int parse_data(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kv
         if (n_rec == n_layer) {
             return count_truncated(err, r, "layer count", n_layer, "layers", 24);
         }
+        sec->records_final = !d;
         return kvc_err_set(err, KVC_E_STATE,
                            "state truncated at byte %zu of %zu: the layer count (byte %zu) says %" PRIu32
                            " layers, %" PRIu32 " of them with records, which need at least %zu bytes, %zu remain",
@@ -476,6 +477,7 @@ static int parse_data(kvc_cursor *r, const kvc_sec_dest *d, kvc_section *sec, kv
                            n_layer, want);
     }
     if (!d && n_rec > n_layer) {
+        sec->records_final = true;
         return kvc_err_set(err, KVC_E_STATE, "layer count (byte %zu): %" PRIu32 " layers cannot have %" PRIu32
                            " records", r->off - 4, n_layer, n_rec);
     }
@@ -667,5 +669,6 @@ int kvc_state_describe_records(const uint8_t *data, size_t len, uint32_t ext_byt
     d->end = sec.end;
     d->n_seq_id_min = sec.n_seq_id_min;
     d->n_seq_id_max = sec.n_seq_id_max;
+    d->records_final = sec.records_final;
     return rc;
 }

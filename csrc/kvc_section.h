@@ -75,6 +75,9 @@ typedef struct kvc_section {
     uint32_t              d_layers_cap;
     uint32_t              d_n_records;/* the layer records when the count says more (a hybrid
                                        * memory's recurrent part; 0: the count) */
+    bool                  records_final; /* the parse failed because the bytes cannot hold
+                                       * d_n_records records or the count has fewer layers: no
+                                       * larger d_n_records frames them either */
 } kvc_section;
 
 /* Parse the stream section at the cursor (moved past it on success). sec must be zeroed but for

@@ -2,6 +2,7 @@
  * type, kvc_unified_ops), several parts all or nothing, and the detection of a blob's layout (see kvc_state.h). */
 #include "kvc_state.h"
 
+#include "kvc_framing.h"
 #include "kvc_le.h"
 #include "kvc_types.h"
 
@@ -109,31 +110,16 @@ static bool plans_have_cells(const kvc_state_plan *plans, uint32_t n) {
 }
 
 /* --- detection: the layout of a state that does not say it ------------------------------------
- * Each candidate layout is read against the caches once. Only when none takes the bytes is each
- * walked once more, without the caches (the section parser's checks of structure alone), to say
- * which layouts the bytes at least frame in: that picks the error worth telling. The walk cannot
- * stand in for the read, nor the read for the walk: a sequence's read ignores the ids its cells
- * list, which the walk checks, and the read checks everything against the caches. */
-
-/* Whether data[0, len) is exactly n_parts memory states framed by layout (no prefix). */
-static bool frames_exactly(const uint8_t *data, size_t len, unsigned layout, uint32_t n_parts) {
-    kvc_err scratch;
-    size_t off = 0;
-    for (uint32_t k = 0; k < n_parts; k++) {
-        kvc_state_frame f;
-        if (kvc_state_describe_frame(off ? data + off : data, len - off, layout, false, &f, NULL, NULL, 0,
-                                     &scratch) != KVC_OK) {
-            return false;
-        }
-        off += f.end;
-    }
-    return kvc_state_check_end(off, len, &scratch) == KVC_OK;
-}
+ * Each candidate layout is read against the caches once. Only when none takes the bytes are they
+ * framed without the caches (kvc_framing.h: the section parser's checks of structure alone, each
+ * candidate walked once), to say which layouts the bytes at least frame in: that picks the error
+ * worth telling. The walk cannot stand in for the read, nor the read for the walk: a sequence's
+ * read ignores the ids its cells list, which the walk checks, and the read checks everything
+ * against the caches. */
 
 /* A candidate layout of a detection and the caches' verdict on it. */
 typedef struct detect_cand {
     unsigned layout;   /* what the read is given */
-    unsigned walk;     /* what the walk is given */
     int      rc;       /* KVC_OK: the plans are ready */
     size_t   end;
     kvc_err  err;
@@ -154,7 +140,7 @@ static void detect_read(kvc_unified *const *caches, uint32_t n_parts, int32_t se
 static int detect_streams(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data,
                           size_t len, unsigned flags, unsigned streams, kvc_state_plan *plans, size_t *end,
                           unsigned *layout, kvc_err *err) {
-    detect_cand cand[2] = { { .layout = streams, .walk = KVC_LAYOUT_STREAMS }, { .layout = 0, .walk = 0 } };
+    detect_cand cand[2] = { { .layout = streams }, { .layout = 0 } };
     kvc_state_plan other[KVC_STATE_MAX_PARTS];
     detect_read(caches, n_parts, seq_id, data, len, 0, flags, &cand[0], plans);
     detect_read(caches, n_parts, seq_id, data, len, 0, flags, &cand[1], other);
@@ -176,8 +162,9 @@ static int detect_streams(kvc_unified *const *caches, uint32_t n_parts, int32_t 
         }
     }
     /* neither: the error of the framing the bytes have, when only one fits them */
-    const bool framed[2] = { frames_exactly(data, len, cand[0].walk, n_parts),
-                             frames_exactly(data, len, cand[1].walk, n_parts) };
+    static const unsigned walks[2] = { KVC_LAYOUT_STREAMS, 0 };
+    const uint32_t framing = kvc_state_frames_exactly(data, len, walks, 2, n_parts);
+    const bool framed[2] = { framing & 1u, framing & 2u };
     if (framed[0] != framed[1]) {
         const detect_cand *c = &cand[framed[0] ? 0 : 1];
         return kvc_err_set(err, c->rc, "%s", c->err.msg);
@@ -230,10 +217,15 @@ static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_
         return KVC_OK;
     }
     /* none: the error worth telling is the one of the layout whose framing the bytes have */
+    unsigned walks[4];
+    for (uint32_t k = 0; k < n_cand; k++) {
+        walks[k] = cand[k].layout | KVC_LAYOUT_CELL_EXT;
+    }
+    const uint32_t framing = kvc_state_frames_exactly(base ? data + base : data, len - base, walks, n_cand, n_parts);
     const detect_cand *framed = NULL;
     uint32_t n_framed = 0;
     for (uint32_t k = 0; k < n_cand; k++) {
-        if (frames_exactly(base ? data + base : data, len - base, cand[k].layout | KVC_LAYOUT_CELL_EXT, n_parts)) {
+        if (framing & (1u << k)) {
             n_framed++;
             framed = &cand[k];
         }

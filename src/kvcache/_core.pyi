@@ -831,6 +831,13 @@ def describe_frame(
     data: Buffer, streams: bool, allow_prefix: bool = True, cell_ext: int = 0
 ) -> _FrameDescription: ...
 
+# (streams, prefixed, src_seq_id, parts: per part ((offset, cell_count), ...), cell_ext, recurrent_records)
+_Framing = tuple[bool, bool, int | None, tuple[tuple[tuple[int, int], ...], ...], int, int]
+
+def state_framings(
+    data: Buffer, allow_prefix: bool = True
+) -> tuple[list[_Framing], dict[tuple[bool, int], StateError]]: ...
+
 # operations over several caches (an iSWA cache's two), all or nothing
 class _Hold:
     """Holds the locks of several caches for a ``with`` block."""

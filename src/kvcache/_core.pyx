@@ -9,6 +9,7 @@ RecurrentCore (implemented by the private _Unified2025 / _Unified2026 and _Recur
 include "_common.pxi"
 include "_buffers.pxi"
 include "_state.pxi"
+include "_framing.pxi"
 include "_rope.pxi"
 include "_unified_support.pxi"
 include "_unified.pxi"

@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcache._atomic import atomic_write
-from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, describe_frame, describe_state, layout_info
+from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, layout_info, state_framings
 
 if TYPE_CHECKING:
     # what the wrappers need of a cache: its state (UnifiedCache, ISWACache and RecurrentCache have it)
@@ -158,69 +158,6 @@ class Framing:
     recurrent_records: int = 0
 
 
-def _frame(mem: memoryview, streams: bool, n_parts: int, allow_prefix: bool, cell_ext: int = 0) -> Framing:
-    """The framing of mem as n_parts consecutive parts; StateError unless it takes all of mem."""
-    off = 0
-    parts = []
-    prefixed, src = False, None
-    for k in range(n_parts):
-        f = describe_frame(mem[off:], streams, allow_prefix and k == 0, cell_ext)
-        if k == 0:
-            prefixed, src = f["prefixed"], f["src_seq_id"]
-        parts.append(tuple((off + a, n) for a, n in f["sections"]))
-        off += f["size"]
-    if off != len(mem):
-        raise StateError(f"{len(mem) - off} trailing bytes after the memory state (it ends at byte {off} of "
-                         f"{len(mem)})")
-    return Framing(streams, prefixed, src, tuple(parts), off, cell_ext)
-
-
-def _recurrent_part(mem: memoryview, off: int) -> tuple[int, int] | None:
-    """A hybrid memory's recurrent part that takes mem from off to its end: (cell count, layer
-    records), the fewest records that frame it (they are not counted in the bytes), or None."""
-    rest = mem[off:]
-    for k in range(1, 257):
-        try:
-            d = describe_state(rest, 0, k)
-        except StateError as e:
-            if "cannot have" in str(e) or "truncated" in str(e) and "of them with records" in str(e):
-                return None
-            continue
-        if d["size"] == len(rest):
-            return d["cell_count"], k
-    return None
-
-
-def _frame_hybrid(mem: memoryview, allow_prefix: bool) -> list[Framing]:
-    """mem framed as a hybrid memory's state: the attention part (with stream counts; with a
-    sliding window two, the iSWA pair's base and SWA caches), then the recurrent part; or the
-    recurrent part alone after the sequence-blob prefix (partial_only)."""
-    out = []
-    off = 0
-    attn: list[tuple[tuple[int, int], ...]] = []
-    first = None
-    for _ in range(2):
-        try:
-            f = describe_frame(mem[off:], True, allow_prefix and not attn, 0)
-        except StateError:
-            break
-        first = first or f
-        attn.append(tuple((off + a, n) for a, n in f["sections"]))
-        off += f["size"]
-        if off >= len(mem):
-            break
-        rec = _recurrent_part(mem, off)
-        if rec is not None:
-            out.append(Framing(True, first["prefixed"], first["src_seq_id"], (*attn, ((off, rec[0]),)), len(mem), 0,
-                               rec[1]))
-    if allow_prefix and len(mem) >= 8 and struct.unpack_from("<I", mem)[0] == SEQ_MAGIC:
-        rec = _recurrent_part(mem, 8)
-        if rec is not None:
-            out.append(Framing(False, True, struct.unpack_from("<i", mem, 4)[0], (((8, rec[0]),),), len(mem), 0,
-                               rec[1]))
-    return out
-
-
 def memory_framings(mem: Any, *, allow_prefix: bool = True) -> list[Framing]:
     """Every framing in which mem (bytes-like) is exactly one memory state: with or without stream
     counts, of one cache part or two (iSWA), with stream counts also with a per-cell extension
@@ -232,25 +169,13 @@ def memory_framings(mem: Any, *, allow_prefix: bool = True) -> list[Framing]:
 
 def _framings(mem: Any, allow_prefix: bool) -> tuple[list[Framing], dict[tuple[bool, int], StateError]]:
     """memory_framings(mem), and why mem is no memory state framed (streams, n_parts) without an
-    extension, for each that it is not: one walk of the bytes per framing gives both, so a
-    report never walks them again to say where they stop making sense."""
+    extension, for each that it is not: one C call walks each candidate framing once
+    (kvcache._core.state_framings) and gives both, so a report never walks the bytes again to say
+    where they stop making sense."""
     m = _view(mem)
-    out = []
-    errors: dict[tuple[bool, int], StateError] = {}
-    for streams in (True, False):
-        for n_parts in (1, 2):
-            for ext in ((0, 12, 8) if streams else (0,)):
-                try:
-                    f = _frame(m, streams, n_parts, allow_prefix, ext)
-                except StateError as e:
-                    if not ext:
-                        errors[(streams, n_parts)] = e
-                    continue
-                if ext and not any(n for p in f.parts for _, n in p):
-                    continue
-                out.append(f)
-    out += _frame_hybrid(m, allow_prefix)
-    return out, errors
+    found, errors = state_framings(m, allow_prefix)
+    return [Framing(streams, prefixed, src, parts, len(m), ext, records)
+            for streams, prefixed, src, parts, ext, records in found], errors
 
 
 def _check_layout(layout: str | None) -> None:
