@@ -9,7 +9,8 @@ with a stream per sequence; see the READMEs for the layouts), and, when kvcache 
 itself from caches of both semantics, one stream or several, with and without a sliding window
 (fuzz_state2026, fuzz_handoff), and states of caches of semantics 2026 with the per-cell extension
 (x, y and token ids set by the placements) in each layout that holds it, plus a state without it
-read into such a cache (fuzz_state2026). Each seed is the target's
+read into such a cache (fuzz_state2026); and for fuzz_framing the states of tests/framing_inputs.py
+(a header byte and the blob). Each seed is the target's
 header (which picks a cache geometry the blob fits, the destination sequence and a prefill seed)
 followed by the blob; see the comment at the top of each fuzz_*.c for the header layout.
 
@@ -523,6 +524,27 @@ def from_hybrid(corpus: Corpus, interop: Path | None = None) -> None:
                            + h.state_write(seq, partial_only=True))
 
 
+def from_framing(corpus: Corpus) -> None:
+    """fuzz_framing: the states of tests/framing_inputs.py up to 16 KiB (llama.cpp's, the golden
+    traces', and those kvcache writes from every kind of cache, hybrid with a sliding window too),
+    with the prefix allowed; those that start with it also without."""
+    try:
+        import numpy as np
+
+        import kvcache
+    except ImportError:
+        print("kvcache is not importable: no fuzz_framing seeds", file=sys.stderr)
+        return
+    sys.path.insert(0, str(HERE.parent))
+    import framing_inputs
+
+    for _, blob, _, _ in framing_inputs.bases(kvcache, np):
+        if len(blob) <= 16384:
+            corpus.add("fuzz_framing", b"\x01" + blob)
+            if blob[:4] == struct.pack("<I", 0xAF143CD8):
+                corpus.add("fuzz_framing", b"\x00" + blob)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=REPO / "tests" / "data",
@@ -541,6 +563,7 @@ def main(argv=None) -> int:
         print(f"no interop blobs under {shared}; golden seeds only", file=sys.stderr)
     from_kvcache(corpus)
     from_hybrid(corpus, shared / "interop-hybrid")
+    from_framing(corpus)
     for target, n in sorted(corpus.counts.items()):
         print(f"{target}: {n} new seeds")
     total = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
