@@ -73,9 +73,12 @@ def test_masks_agree():
 
 def test_state_blobs_agree_and_reads_restore_them():
     rows = _rows("state")
-    assert {r.case.split(",")[0] for r in rows} == {"state write", "state read", "state_write() to a fresh bytes object"}
+    assert {r.case.split(",")[0] for r in rows} == {"state write", "state read", "state_write() to a fresh bytes object",
+                                                     "state framing (statefile.memory_framings)"}
     for r in rows:
-        if r.case.startswith("state_write()"):
+        if r.case.startswith("state framing"):
+            assert r.baseline_ns is None and r.yardstick == "memchr over the blob's bytes (bytes.find)"
+        elif r.case.startswith("state_write()"):
             assert r.baseline_ns is None and r.yardstick == "fresh numpy copy of the blob's bytes (np.copy)"
         else:
             assert r.baseline_ns and r.yardstick == "memcpy of the blob's bytes"

@@ -273,7 +273,41 @@ def bench_state(quick: bool, reps: int) -> list[Row]:
         # the reads restored what was written, on both sides
         if c.state_write(layout="2025") != bytes(blob) or w.base_state(base_blob, False)[1] != nbytes or base_blob[:nbytes] != blob:
             raise AssertionError("a state read did not restore the blob it read")
+    rows.append(_framing(reps))
     return rows
+
+
+def _framing(reps: int) -> Row:
+    """kvcache.statefile.memory_framings of an 87 KB state (a cache of 4 streams, 160 cells of 2
+    layers x 64 f16, layout "2026"): every framing the bytes have, as the readers, inspect and
+    convert find a layout. Paired per repetition with the floor of reading the bytes once (a
+    search for a byte the blob does not hold: memchr over all of it)."""
+    import kvcache
+    from kvcache import statefile
+
+    c = kvcache.UnifiedCache(256, 2, 64, 64, type_k="f16", type_v="f16", n_seq_max=4, kv_unified=False,
+                             semantics="2026")
+    for s in range(4):
+        c.find_slot(kvcache.UBatch(list(range(40)), [s] * 40))
+    blob = c.state_write()
+    absent = b"\xa5"   # the K/V bytes are zeros, the cells' fields small numbers
+    if absent in blob or len(statefile.memory_framings(blob)) != 1:
+        raise AssertionError("the framing benchmark's blob is not one state in one framing")
+    number = 200
+    fast, scan = [], []
+    for _ in range(reps):
+        t = time.perf_counter_ns()
+        for _ in range(number):
+            statefile.memory_framings(blob)
+        fast.append((time.perf_counter_ns() - t) / number)
+        t = time.perf_counter_ns()
+        for _ in range(number):
+            blob.find(absent)
+        scan.append((time.perf_counter_ns() - t) / number)
+    m, r = _median_range(fast)
+    return Row(f"state framing (statefile.memory_framings), {len(blob) / 1000:.0f} KB, 4 streams", m, r,
+               gbps=len(blob) / m, yardstick="memchr over the blob's bytes (bytes.find)",
+               yardstick_gbps=len(blob) / statistics.median(scan), yardstick_ratio=_paired(fast, scan))
 
 
 def _fresh_state_write(c, src, reps: int, name: str) -> Row:
