@@ -90,6 +90,18 @@ class PartsExport:
         return np.concatenate([p.gather() for p in self.parts]) if self.parts else np.empty(0, np.uint8)
 
 
+def _scatter_bytes(data: Buffer | npt.NDArray[np.uint8], n_bytes: int, whose: str) -> npt.NDArray[np.uint8]:
+    """data (bytes-like or an array) as flat uint8 without a copy where it can be; ValueError
+    unless it holds n_bytes (whose: what holds that many, for the message)."""
+    if isinstance(data, np.ndarray):
+        a = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    else:
+        a = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    if a.nbytes != n_bytes:
+        raise ValueError(f"data holds {a.nbytes} bytes, {whose} {n_bytes}")
+    return a
+
+
 def split_parts(header: Buffer, n_parts: int) -> list[bytes]:
     """The part headers of a PartsExport header; StateError when it is not one of n_parts parts."""
     from kvcache import StateError
@@ -143,12 +155,7 @@ class PartsImport:
 
     def scatter(self, data: Buffer | npt.NDArray[np.uint8]) -> None:
         """Copy data (the parts' bytes in order, as PartsExport.gather gives them) into the regions."""
-        if isinstance(data, np.ndarray):
-            a = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-        else:
-            a = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-        if a.nbytes != self.n_bytes:
-            raise ValueError(f"data holds {a.nbytes} bytes, the sequence's K/V {self.n_bytes}")
+        a = _scatter_bytes(data, self.n_bytes, "the sequence's K/V")
         off = 0
         for p in self.parts:
             p.scatter(a[off:off + p.n_bytes])
@@ -301,12 +308,7 @@ class HybridImport:
 
     def scatter(self, data: Buffer | npt.NDArray[np.uint8]) -> None:
         """Copy data (HybridExport.gather's bytes) into the regions."""
-        if isinstance(data, np.ndarray):
-            a = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-        else:
-            a = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-        if a.nbytes != self.n_bytes:
-            raise ValueError(f"data holds {a.nbytes} bytes, the sequence's {self.n_bytes}")
+        a = _scatter_bytes(data, self.n_bytes, "the sequence's")
         self.attn.scatter(a[:self.attn.n_bytes])
         self._rows[:] = a[self.attn.n_bytes:]
 
