@@ -442,17 +442,16 @@ cdef class _Hybrid:
         """The hit a request of ``tokens`` gets: the deepest checkpoint whose tokens begin it
         and whose whole prefix the attention index also holds, at most ``len(tokens) - 1``
         (0 while reuse is off). Both parts' prefixes count as used."""
-        t = tokens_c(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv = t
-        cdef uint32_t n = <uint32_t>t.shape[0], r = 0
+        cdef prefix_req q
+        t = prefix_args(&q, None, 0, tokens, salt)
+        cdef uint32_t r = 0
         if not self.prefix_reuse:
             return 0
         cdef kvc_ckpt_pool *pool = self._pool("prefix_match")
         self._lock_parts(CHANGE, "prefix_match")
         try:
             with nogil:
-                r = kvc_hybrid_prefix_match(&self.c, pool, cs, &tv[0] if n else NULL, n)
+                r = kvc_hybrid_prefix_match(&self.c, pool, q.salt, q.tokens, q.n)
         finally:
             self._unlock_parts(CHANGE)
         return int(r)
@@ -462,11 +461,9 @@ cdef class _Hybrid:
         finds: the checkpoint's state at position ``k - 1`` in the recurrent part, the cells of
         positions ``0 .. k - 1`` in the attention part (exactly those: never past the
         checkpoint). Returns k: compute ``tokens[k:]`` at positions ``k ..``."""
-        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", False)
-        t = tokens_c(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv = t
-        cdef uint32_t n = <uint32_t>t.shape[0], k = 0
+        cdef prefix_req q
+        t = prefix_args(&q, seq_id, self._n_seq_max, tokens, salt)
+        cdef uint32_t k = 0
         cdef kvc_ckpt_pool *pool = self._pool("prefix_attach")
         cdef kvc_err err
         cdef int r
@@ -474,7 +471,7 @@ cdef class _Hybrid:
         self._lock_parts(CHANGE, "prefix_attach")
         try:
             with nogil:
-                r = kvc_hybrid_prefix_attach(&self.c, pool, s, cs, &tv[0] if n else NULL, n, &k, &err)
+                r = kvc_hybrid_prefix_attach(&self.c, pool, q.seq_id, q.salt, q.tokens, q.n, &k, &err)
         finally:
             self._unlock_parts(CHANGE)
         check_status(r, &err, "prefix_attach")
@@ -487,27 +484,18 @@ cdef class _Hybrid:
         are fewer than the state's), or without them after the tokens its attention cells
         recorded (nothing when those do not cover every position of the state). Returns the hit
         a later request beginning with these tokens gets from what both parts hold now."""
-        cdef int32_t s = seq_c(seq_id, self._n_seq_max, "seq_id", False)
-        t = None if tokens is None else tokens_c(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv
-        cdef const int32_t *tp = NULL
-        cdef uint32_t n = 0, hit = 0
+        cdef prefix_req q
+        t = prefix_args(&q, seq_id, self._n_seq_max, tokens, salt, True)
+        cdef uint32_t hit = 0
         cdef kvc_retained res
         cdef kvc_ckpt_pool *pool = self._pool("prefix_release")
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        if t is not None and t.shape[0]:
-            tv = t
-            tp = &tv[0]
-            n = <uint32_t>t.shape[0]
-        elif t is not None:
-            tp = <const int32_t *>&n   # an empty list of tokens: nothing is kept
         self._lock_parts(CHANGE, "prefix_release")
         try:
             with nogil:
-                r = kvc_hybrid_prefix_release(&self.c, pool, s, cs, tp, n, &hit, &res, &err)
+                r = kvc_hybrid_prefix_release(&self.c, pool, q.seq_id, q.salt, q.tokens, q.n, &hit, &res, &err)
         finally:
             self._unlock_parts(CHANGE)
         self._spill_flush()

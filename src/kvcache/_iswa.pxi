@@ -948,17 +948,16 @@ cdef class _ISWA2026(_ISWA):
         """How many leading tokens of a new request both caches hold under ``salt`` (at most
         ``len(tokens) - 1``). ``pos_x``, ``pos_y``: with ``cell_ext``, the 2-D positions the
         request places its tokens at, as UnifiedCache2026.prefix_match's."""
-        t = tokens_c(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv = t
-        cdef uint32_t n = <uint32_t>t.shape[0], r
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(self.c.base))
+        cdef prefix_req q
+        t = prefix_args(&q, None, 0, tokens, salt)
+        cdef uint32_t r
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
         cdef kvc_unified *parts[2]
         parts[0], parts[1] = self.c.base, self.c.swa
         self._lock_parts(CHANGE, "prefix_match")
         try:
             with nogil:
-                r = kvc_retain_match_parts_xy(parts, 2, cs, &tv[0] if n else NULL, xy.x, xy.y, n)
+                r = kvc_retain_match_parts_xy(parts, 2, q.salt, q.tokens, xy.x, xy.y, q.n)
         finally:
             self._unlock_parts(CHANGE)
         return int(r)
@@ -967,12 +966,10 @@ cdef class _ISWA2026(_ISWA):
         """Start sequence ``seq_id`` (empty in both caches) from the longest prefix of
         ``tokens`` both caches hold, in both (UnifiedCache2026.prefix_attach; ``pos_x``,
         ``pos_y`` as there); returns its length k. Nothing changes in either cache on failure."""
-        cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
-        t = tokens_c(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv = t
-        cdef uint32_t n = <uint32_t>t.shape[0], k = 0
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(self.c.base))
+        cdef prefix_req q
+        t = prefix_args(&q, seq_id, self.c.base.n_seq_max, tokens, salt)
+        cdef uint32_t k = 0
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
         cdef kvc_unified *parts[2]
         cdef kvc_err err
         cdef int r
@@ -981,8 +978,7 @@ cdef class _ISWA2026(_ISWA):
         self._lock_parts(CHANGE, "prefix_attach")
         try:
             with nogil:
-                r = kvc_retain_attach_parts_xy(parts, 2, s, cs, &tv[0] if n else NULL, xy.x, xy.y, n,
-                                               &k, &err)
+                r = kvc_retain_attach_parts_xy(parts, 2, q.seq_id, q.salt, q.tokens, xy.x, xy.y, q.n, &k, &err)
         finally:
             self._unlock_parts(CHANGE)
         check_status(r, &err, "prefix_attach")
@@ -999,31 +995,21 @@ cdef class _ISWA2026(_ISWA):
         return self._keep(seq_id, tokens, salt, False, "prefix_publish")
 
     cdef object _keep(self, seq_id, tokens, salt, bint end, str what):
-        cdef int32_t s = seq_c(seq_id, self.c.base.n_seq_max, "seq_id", False)
-        t = None if tokens is None else tokens_c(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv
-        cdef const int32_t *tp = NULL
-        cdef uint32_t n = 0
+        cdef prefix_req q
+        t = prefix_args(&q, seq_id, self.c.base.n_seq_max, tokens, salt, True)
         cdef kvc_retained res
         cdef kvc_unified *parts[2]
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        if t is not None and t.shape[0]:
-            tv = t
-            tp = &tv[0]
-            n = <uint32_t>t.shape[0]
-        elif t is not None:
-            tp = <const int32_t *>&n   # no tokens: nothing is kept
         parts[0], parts[1] = self.c.base, self.c.swa
         self._lock_parts(CHANGE, what)
         try:
             with nogil:
                 if end:
-                    r = kvc_retain_release_parts(parts, 2, s, cs, tp, n, &res, &err)
+                    r = kvc_retain_release_parts(parts, 2, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
                 else:
-                    r = kvc_retain_publish_parts(parts, 2, s, cs, tp, n, &res, &err)
+                    r = kvc_retain_publish_parts(parts, 2, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
         finally:
             self._unlock_parts(CHANGE)
         spill_flush(self._base)

@@ -61,6 +61,36 @@ cdef inline const int32_t *mem_i32(bytearray b) noexcept:
     return <const int32_t *>PyByteArray_AS_STRING(b)
 
 
+# The request of a prefix-reuse call (UnifiedCache2026's, ISWACache2026's, HybridCache's):
+# prefix_match, prefix_attach, prefix_release, prefix_publish, prefix_pin.
+cdef struct prefix_req:
+    int32_t seq_id           # the sequence (calls that take one)
+    uint64_t salt            # salt_c's
+    const int32_t *tokens    # the tokens; NULL: none given (a keep then takes the cells' own)
+    uint32_t n
+
+# what an empty list of tokens points at: a keep given no tokens keeps nothing
+cdef int32_t _NO_TOKENS = 0
+
+
+cdef bytearray prefix_args(prefix_req *q, object seq_id, uint32_t n_seq_max, object tokens, object salt,
+                           bint keep=False):
+    """q: a prefix-reuse call's arguments, checked in order: seq_id (None: the call takes none),
+    tokens (keep: None allowed, the cells' own), salt. Returns the memory holding the tokens."""
+    q.seq_id = -1 if seq_id is None else seq_c(seq_id, n_seq_max, "seq_id", False)
+    t = None if keep and tokens is None else tokens_mem(tokens)
+    q.salt = salt_c(salt)
+    q.tokens = NULL
+    q.n = 0
+    if t is not None:
+        q.n = <uint32_t>(len(t) // 4)
+        if q.n:
+            q.tokens = mem_i32(t)
+        elif keep:
+            q.tokens = &_NO_TOKENS
+    return t
+
+
 cdef object xy_c(object v, str name, Py_ssize_t n):
     """A request's 2-D positions for prefix reuse: None, or int32 values, one per token."""
     if v is None:
@@ -425,15 +455,14 @@ cdef class _Unified2026(_Unified):
         always computed, for its logits. 0 while reuse is off. The prefix counts as used.
         ``pos_x``, ``pos_y``: with ``cell_ext``, the 2-D positions the request places its
         tokens at (None: zeros), which a held cell must carry to count."""
-        t = tokens_mem(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef uint32_t n = <uint32_t>(len(t) // 4), r
-        cdef const int32_t *tp = mem_i32(t) if n else NULL
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(&self.c))
+        cdef prefix_req q
+        t = prefix_args(&q, None, 0, tokens, salt)
+        cdef uint32_t r
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
         lock(&self._lock, CHANGE, "prefix_match")
         try:
             with nogil:
-                r = kvc_retain_match_xy(&self.c, cs, tp, xy.x, xy.y, n)
+                r = kvc_retain_match_xy(&self.c, q.salt, q.tokens, xy.x, xy.y, q.n)
         finally:
             unlock(&self._lock, CHANGE)
         return int(r)
@@ -447,20 +476,18 @@ cdef class _Unified2026(_Unified):
         another stream is brought over by a stream copy, which the next :meth:`update` performs
         (as :meth:`seq_cp` across streams). ``pos_x``, ``pos_y``: as prefix_match (the cells
         attached get them back)."""
-        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
-        t = tokens_mem(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef uint32_t n = <uint32_t>(len(t) // 4), k = 0
-        cdef const int32_t *tp = mem_i32(t) if n else NULL
+        cdef prefix_req q
+        t = prefix_args(&q, seq_id, self.c.n_seq_max, tokens, salt)
+        cdef uint32_t k = 0
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(&self.c))
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
         self._reuse("prefix_attach")
         lock(&self._lock, CHANGE, "prefix_attach")
         try:
             with nogil:
-                r = kvc_retain_attach_xy(&self.c, s, cs, tp, xy.x, xy.y, n, &k, &err)
+                r = kvc_retain_attach_xy(&self.c, q.seq_id, q.salt, q.tokens, xy.x, xy.y, q.n, &k, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_attach")
@@ -489,28 +516,20 @@ cdef class _Unified2026(_Unified):
         return self._keep(seq_id, tokens, salt, False, "prefix_publish")
 
     cdef object _keep(self, seq_id, tokens, salt, bint end, str what):
-        cdef int32_t s = seq_c(seq_id, self.c.n_seq_max, "seq_id", False)
-        t = None if tokens is None else tokens_mem(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t *tp = NULL
-        cdef uint32_t n = 0
+        cdef prefix_req q
+        t = prefix_args(&q, seq_id, self.c.n_seq_max, tokens, salt, True)
         cdef kvc_retained res
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        if t is not None and len(t):
-            tp = mem_i32(t)
-            n = <uint32_t>(len(t) // 4)
-        elif t is not None:
-            tp = <const int32_t *>&n   # an empty list of tokens: nothing is kept
         self._reuse(what)
         lock(&self._lock, CHANGE, what)
         try:
             with nogil:
                 if end:
-                    r = kvc_retain_release(&self.c, s, cs, tp, n, &res, &err)
+                    r = kvc_retain_release(&self.c, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
                 else:
-                    r = kvc_retain_publish(&self.c, s, cs, tp, n, &res, &err)
+                    r = kvc_retain_publish(&self.c, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
         finally:
             unlock(&self._lock, CHANGE)
         if self._spill_sink is not None:
@@ -523,19 +542,17 @@ cdef class _Unified2026(_Unified):
         from eviction until :meth:`prefix_unpin` (a system prompt, say). Returns the pin, an
         opaque int. Pins count: a prefix pinned twice needs two unpins. ``pos_x``, ``pos_y``:
         as prefix_match."""
-        t = tokens_c(tokens)
-        cdef uint64_t cs = salt_c(salt)
-        cdef const int32_t[::1] tv = t
-        cdef uint32_t n = <uint32_t>t.shape[0]
+        cdef prefix_req q
+        t = prefix_args(&q, None, 0, tokens, salt)
         cdef kvc_prefix_handle h
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, n, kvc_unified_has_ext(&self.c))
+        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
         self._reuse("prefix_pin")
         lock(&self._lock, CHANGE, "prefix_pin")
         try:
-            r = kvc_retain_pin_xy(&self.c, cs, &tv[0] if n else NULL, xy.x, xy.y, n, &h, &err)
+            r = kvc_retain_pin_xy(&self.c, q.salt, q.tokens, xy.x, xy.y, q.n, &h, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_pin")
