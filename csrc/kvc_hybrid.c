@@ -1,4 +1,5 @@
 #include "kvc_hybrid.h"
+#include "kvc_seqops.h"
 #include "kvc_slot.h"
 
 int kvc_hybrid_init(kvc_hybrid *h, kvc_unified *attn, kvc_recurrent *recr, kvc_err *err) {
@@ -46,15 +47,6 @@ int kvc_hybrid_find_slot(kvc_hybrid *h, const kvc_ubatch *ub, kvc_err *err) {
     return ra;
 }
 
-void kvc_hybrid_clear(kvc_hybrid *h) {
-    if (h->iswa) {
-        kvc_iswa_clear(h->iswa);
-    } else {
-        kvc_unified_clear(h->attn);
-    }
-    kvc_recurrent_clear(h->recr);
-}
-
 bool kvc_hybrid_seq_rm(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1) {
     /* the recurrent part may refuse; it changes nothing then, and neither does the pair */
     if (!kvc_recurrent_seq_rm(h->recr, s, p0, p1)) {
@@ -81,33 +73,6 @@ int kvc_hybrid_seq_cp(kvc_hybrid *h, int32_t src, int32_t dst, int32_t p0, int32
     return KVC_OK;
 }
 
-void kvc_hybrid_seq_keep(kvc_hybrid *h, int32_t s) {
-    if (h->iswa) {
-        kvc_iswa_seq_keep(h->iswa, s);
-    } else {
-        kvc_unified_seq_keep(h->attn, s);
-    }
-    kvc_recurrent_seq_keep(h->recr, s);
-}
-
-void kvc_hybrid_seq_add(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
-    if (h->iswa) {
-        kvc_iswa_seq_add(h->iswa, s, p0, p1, shift);
-    } else {
-        kvc_unified_seq_add(h->attn, s, p0, p1, shift);
-    }
-    kvc_recurrent_seq_add(h->recr, s, p0, p1, shift);
-}
-
-void kvc_hybrid_seq_div(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1, int32_t d) {
-    if (h->iswa) {
-        kvc_iswa_seq_div(h->iswa, s, p0, p1, d);
-    } else {
-        kvc_unified_seq_div(h->attn, s, p0, p1, d);
-    }
-    kvc_recurrent_seq_div(h->recr, s, p0, p1, d);
-}
-
 int32_t kvc_hybrid_seq_pos_min(const kvc_hybrid *h, int32_t s) {
     const int32_t a = h->iswa ? kvc_iswa_seq_pos_min(h->iswa, s) : kvc_unified_seq_pos_min(h->attn, s);
     const int32_t r = kvc_recurrent_seq_pos_min(h->recr, s);
@@ -119,3 +84,40 @@ int32_t kvc_hybrid_seq_pos_max(const kvc_hybrid *h, int32_t s) {
     const int32_t r = kvc_recurrent_seq_pos_max(h->recr, s);
     return a < r ? a : r;
 }
+
+/* The attention part's operations that both parts take unchanged: the iSWA pair's when the
+ * layers have a sliding window, else the unified cache's. */
+static void kvc_hybrid_attn_clear(kvc_hybrid *h) {
+    if (h->iswa) {
+        kvc_iswa_clear(h->iswa);
+    } else {
+        kvc_unified_clear(h->attn);
+    }
+}
+
+static void kvc_hybrid_attn_seq_keep(kvc_hybrid *h, int32_t s) {
+    if (h->iswa) {
+        kvc_iswa_seq_keep(h->iswa, s);
+    } else {
+        kvc_unified_seq_keep(h->attn, s);
+    }
+}
+
+static void kvc_hybrid_attn_seq_add(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
+    if (h->iswa) {
+        kvc_iswa_seq_add(h->iswa, s, p0, p1, shift);
+    } else {
+        kvc_unified_seq_add(h->attn, s, p0, p1, shift);
+    }
+}
+
+static void kvc_hybrid_attn_seq_div(kvc_hybrid *h, int32_t s, int32_t p0, int32_t p1, int32_t d) {
+    if (h->iswa) {
+        kvc_iswa_seq_div(h->iswa, s, p0, p1, d);
+    } else {
+        kvc_unified_seq_div(h->attn, s, p0, p1, d);
+    }
+}
+
+/* clear, seq_keep, seq_add, seq_div: the attention part, then the recurrent part */
+KVC_SEQ_PAIR_DEFINE(kvc_hybrid, kvc_hybrid, kvc_hybrid_attn, c, kvc_recurrent, c->recr)

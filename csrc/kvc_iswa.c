@@ -1,5 +1,6 @@
 #include "kvc_iswa.h"
 
+#include "kvc_seqops.h"
 #include "kvc_slot.h"
 
 #include <inttypes.h>
@@ -134,11 +135,6 @@ void kvc_iswa_set_full(kvc_iswa *c) {
     kvc_unified_set_full(c->swa);
 }
 
-void kvc_iswa_clear(kvc_iswa *c) {
-    kvc_unified_clear(c->base);
-    kvc_unified_clear(c->swa);
-}
-
 bool kvc_iswa_seq_rm(kvc_iswa *c, int32_t s, int32_t p0, int32_t p1) {
     const bool in_base = kvc_unified_seq_rm(c->base, s, p0, p1);
     const bool in_swa = kvc_unified_seq_rm(c->swa, s, p0, p1);
@@ -158,17 +154,5 @@ int kvc_iswa_seq_cp(kvc_iswa *c, int32_t src, int32_t dst, int32_t p0, int32_t p
     return KVC_OK;
 }
 
-void kvc_iswa_seq_keep(kvc_iswa *c, int32_t s) {
-    kvc_unified_seq_keep(c->base, s);
-    kvc_unified_seq_keep(c->swa, s);
-}
-
-void kvc_iswa_seq_add(kvc_iswa *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
-    kvc_unified_seq_add(c->base, s, p0, p1, shift);
-    kvc_unified_seq_add(c->swa, s, p0, p1, shift);
-}
-
-void kvc_iswa_seq_div(kvc_iswa *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
-    kvc_unified_seq_div(c->base, s, p0, p1, d);
-    kvc_unified_seq_div(c->swa, s, p0, p1, d);
-}
+/* clear, seq_keep, seq_add, seq_div: the base cache, then the SWA cache */
+KVC_SEQ_PAIR_DEFINE(kvc_iswa, kvc_iswa, kvc_unified, c->base, kvc_unified, c->swa)

@@ -39,4 +39,26 @@ typedef struct kvc_seq_ops {
     const kvc_seq_ops P##_seq_ops = { P##_op_clear,  P##_op_seq_rm,  P##_op_seq_cp,                \
                                       P##_op_seq_keep, P##_op_seq_add, P##_op_seq_div }
 
+/* The operations a composite cache of type T passes to both of its parts unchanged: P_clear,
+ * P_seq_keep, P_seq_add and P_seq_div call the part A (an expression of the composite c) through
+ * the functions prefixed PA, then the part B through those prefixed PB. seq_rm and seq_cp, whose
+ * parts may refuse, and the queries are each composite's own. */
+#define KVC_SEQ_PAIR_DEFINE(P, T, PA, A, PB, B)                                                    \
+    void P##_clear(T *c) {                                                                         \
+        PA##_clear(A);                                                                             \
+        PB##_clear(B);                                                                             \
+    }                                                                                              \
+    void P##_seq_keep(T *c, int32_t s) {                                                           \
+        PA##_seq_keep(A, s);                                                                       \
+        PB##_seq_keep(B, s);                                                                       \
+    }                                                                                              \
+    void P##_seq_add(T *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {                     \
+        PA##_seq_add(A, s, p0, p1, shift);                                                         \
+        PB##_seq_add(B, s, p0, p1, shift);                                                         \
+    }                                                                                              \
+    void P##_seq_div(T *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {                         \
+        PA##_seq_div(A, s, p0, p1, d);                                                             \
+        PB##_seq_div(B, s, p0, p1, d);                                                             \
+    }
+
 #endif
