@@ -71,6 +71,7 @@ int kvc_ckpt_init(kvc_ckpt_pool *p, const kvc_recurrent *c, uint32_t cap, uint32
 }
 
 void kvc_ckpt_free(kvc_ckpt_pool *p) {
+    (void)kvc_ckpt_spill_set(p, false, 1, NULL);
     if (p->tokens) {
         for (uint32_t i = 0; i < p->cap; i++) {
             free(p->tokens[i]);
@@ -129,8 +130,106 @@ void kvc_ckpt_touch(kvc_ckpt_pool *p, uint32_t slot) {
     p->used_at[slot] = ++p->clock;
 }
 
-/* Empty a held slot: its chain goes, stale pins are refused from now on. */
+static uint8_t *ckpt_data(const kvc_ckpt_pool *p, uint32_t slot) {
+    return p->data + (size_t)slot * p->state_bytes;
+}
+
+/* Room for one more record; false when the list is full or memory cannot be had. */
+static bool spill_room(kvc_ckpt_pool *p) {
+    kvc_ckpt_spill *sp = p->spill;
+    if (sp->n < sp->room) {
+        return true;
+    }
+    if (sp->room == p->cap) {
+        return false;
+    }
+    const uint32_t want = sp->room ? (sp->room <= p->cap / 2 ? 2 * sp->room : p->cap) : 4;
+    const uint32_t room = want < p->cap ? want : p->cap;
+    uint64_t *salt = kvc_realloc_n(sp->salt, room, sizeof *salt);
+    if (salt) {
+        sp->salt = salt;
+    }
+    uint32_t *n_tok = kvc_realloc_n(sp->n_tok, room, sizeof *n_tok);
+    if (n_tok) {
+        sp->n_tok = n_tok;
+    }
+    int32_t **tokens = kvc_realloc_n(sp->tokens, room, sizeof *tokens);
+    if (tokens) {
+        sp->tokens = tokens;
+    }
+    uint8_t *states = p->state_bytes ? kvc_realloc_n(sp->states, room, p->state_bytes) : sp->states;
+    if (states) {
+        sp->states = states;
+    }
+    if (!salt || !n_tok || !tokens || (p->state_bytes && !states)) {
+        return false;
+    }
+    sp->room = room;
+    return true;
+}
+
+/* Record held slot's checkpoint before it is dropped: its chain is taken over (the slot's
+ * pointer cleared), its state copied. */
+static void spill_record(kvc_ckpt_pool *p, uint32_t slot) {
+    kvc_ckpt_spill *sp = p->spill;
+    if (p->n_tok[slot] % sp->align) {
+        return;
+    }
+    if (!spill_room(p)) {
+        sp->n_lost++;
+        return;
+    }
+    const uint32_t k = sp->n++;
+    sp->salt[k] = p->salt[slot];
+    sp->n_tok[k] = p->n_tok[slot];
+    sp->tokens[k] = p->tokens[slot];
+    p->tokens[slot] = NULL;
+    if (p->state_bytes) {
+        memcpy(sp->states + (size_t)k * p->state_bytes, ckpt_data(p, slot), p->state_bytes);
+    }
+}
+
+int kvc_ckpt_spill_set(kvc_ckpt_pool *p, bool on, uint32_t align, kvc_err *err) {
+    if (!on) {
+        kvc_ckpt_spill_clear(p);
+        if (p->spill) {
+            kvc_free(p->spill->salt);
+            kvc_free(p->spill->n_tok);
+            kvc_free(p->spill->tokens);
+            kvc_free(p->spill->states);
+            kvc_free(p->spill);
+            p->spill = NULL;
+        }
+        return KVC_OK;
+    }
+    if (align == 0) {
+        return kvc_err_set(err, KVC_E_ARG, "align = 0: chains are recorded in multiples of at least one token");
+    }
+    if (!p->spill) {
+        p->spill = kvc_calloc(1, sizeof *p->spill);
+        if (!p->spill) {
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory for the write-back list");
+        }
+    }
+    p->spill->align = align;
+    return KVC_OK;
+}
+
+void kvc_ckpt_spill_clear(kvc_ckpt_pool *p) {
+    if (p->spill) {
+        for (uint32_t k = 0; k < p->spill->n; k++) {
+            free(p->spill->tokens[k]);
+        }
+        p->spill->n = 0;
+    }
+}
+
+/* Empty a held slot: its chain goes (to the write-back list when that is on), stale pins are
+ * refused from now on. */
 static void ckpt_drop(kvc_ckpt_pool *p, uint32_t slot) {
+    if (p->spill) {
+        spill_record(p, slot);
+    }
     uint32_t k = 0;
     while (k < p->n_used && p->order[k] != slot) {
         k++;
@@ -240,10 +339,6 @@ static int32_t ckpt_victim(const kvc_ckpt_pool *p, int32_t s) {
         }
     }
     return lru;
-}
-
-static uint8_t *ckpt_data(const kvc_ckpt_pool *p, uint32_t slot) {
-    return p->data + (size_t)slot * p->state_bytes;
 }
 
 /* Copy the state s's next step reads (a pending rollback's snapshot plane, else the cell's row)

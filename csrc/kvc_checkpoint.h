@@ -31,6 +31,24 @@ typedef struct kvc_ckpt_handle {
     uint32_t gen;
 } kvc_ckpt_handle;
 
+/* Write-back at eviction (optional, off by default): each checkpoint the pool evicts (to make
+ * room for a save, by kvc_ckpt_evict) is recorded before its slot is reused, its chain, salt and
+ * a copy of its state, in a pending list the caller drains after the operation
+ * (kvc_ckpt_spill_clear once read). Only chains of a multiple of `align` tokens are recorded (the
+ * store keeps whole chunks). At most `cap` records are pending (the pool's cap: one operation
+ * evicts no more); memory that cannot be had, or a full list, loses the record (counted), never
+ * the eviction. */
+typedef struct kvc_ckpt_spill {
+    uint32_t  n;          /* records pending */
+    uint32_t  room;       /* records allocated (at most the pool's cap) */
+    uint32_t  align;      /* chains of other lengths are not recorded */
+    uint64_t  n_lost;     /* evicted checkpoints not recorded */
+    uint64_t *salt;       /* [room] */
+    uint32_t *n_tok;      /* [room] */
+    int32_t **tokens;     /* [room] each chain (the slot's own, taken over) */
+    uint8_t  *states;     /* [room * state_bytes] each state as the slot held it */
+} kvc_ckpt_spill;
+
 typedef struct kvc_ckpt_pool {
     uint32_t  cap;          /* checkpoints the pool holds at most (>= 1) */
     uint32_t  per_seq;      /* checkpoints one running sequence made that it holds at most (0: cap) */
@@ -51,6 +69,7 @@ typedef struct kvc_ckpt_pool {
     int32_t  *owner;        /* the running sequence that made it, -1 once that sequence ended */
     uint32_t *gen;          /* bumped when the slot is emptied (stale pins are refused) */
     uint32_t *order;        /* [n_used] the held slots by ascending P (then slot) */
+    kvc_ckpt_spill *spill;  /* write-back at eviction, NULL: off */
 } kvc_ckpt_pool;
 
 /* Bytes of one checkpoint of cache c (every layer's K row and V row of one cell). */
@@ -140,6 +159,16 @@ int  kvc_ckpt_unpin(kvc_ckpt_pool *p, kvc_ckpt_handle pin, kvc_err *err);
 
 /* Drop up to n unpinned checkpoints, least recently used first; returns how many went. */
 uint32_t kvc_ckpt_evict(kvc_ckpt_pool *p, uint32_t n);
+/* Write-back at eviction on (align >= 1: only chains of a multiple of align tokens) or off (the
+ * pending records go). KVC_OK; KVC_E_ARG (align 0); KVC_E_NOMEM (nothing changed). */
+int  kvc_ckpt_spill_set(kvc_ckpt_pool *p, bool on, uint32_t align, kvc_err *err);
+/* Forget the pending records (their chains are freed). */
+void kvc_ckpt_spill_clear(kvc_ckpt_pool *p);
+/* Record k's state (p->state_bytes bytes). */
+static inline const uint8_t *kvc_ckpt_spill_state(const kvc_ckpt_pool *p, uint32_t k) {
+    return p->spill->states + (size_t)k * p->state_bytes;
+}
+
 /* Checkpoints pinned now. */
 uint32_t kvc_ckpt_n_pinned(const kvc_ckpt_pool *p);
 /* KVC_OK, or KVC_E_INTERNAL with err when the pool's records disagree (for tests). */

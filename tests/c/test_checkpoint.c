@@ -2,8 +2,9 @@
  * of a sequence (a pending rollback's plane when there is one), a match finds the deepest chain
  * that begins a request and leaves its last token, a restore places the state as the sequence
  * state reader does and copies the rows back, the bounds (per sequence, in all, pins) choose
- * the slot as the header says, a failed operation changes nothing, and a random workload keeps
- * the pool's records consistent. */
+ * the slot as the header says, a failed operation changes nothing, write-back at eviction records
+ * each evicted checkpoint's chain and state while the pool behaves as without it, and a random
+ * workload keeps the pool's records consistent. */
 #include "kvc_checkpoint.h"
 #include "kvc_types.h"
 
@@ -201,10 +202,81 @@ static void test_random(void) {
     kvc_recurrent_free(&c);
 }
 
+/* Two pools fed the same saves and evictions hold the same slots in the same order. */
+static bool same_pools(const kvc_ckpt_pool *a, const kvc_ckpt_pool *b) {
+    if (a->n_used != b->n_used || a->clock != b->clock) {
+        return false;
+    }
+    for (uint32_t i = 0; i < a->cap; i++) {
+        if (a->n_tok[i] != b->n_tok[i] || a->used_at[i] != b->used_at[i] || a->gen[i] != b->gen[i] ||
+            (a->n_tok[i] && memcmp(a->data + (size_t)i * a->state_bytes, b->data + (size_t)i * b->state_bytes,
+                                   a->state_bytes) != 0)) {
+            return false;
+        }
+    }
+    return memcmp(a->order, b->order, (size_t)a->n_used * sizeof *a->order) == 0;
+}
+
+static void test_spill(void) {
+    kvc_recurrent c;
+    kvc_ckpt_pool p, q;
+    kvc_err err = { 0, "" };
+    REQUIRE(make(&c) == KVC_OK, "init");
+    REQUIRE(kvc_ckpt_init(&p, &c, 2, 0, NULL, 0, &err) == KVC_OK, "pool");
+    REQUIRE(kvc_ckpt_init(&q, &c, 2, 0, NULL, 0, &err) == KVC_OK, "pool without write-back");
+    CHECK(kvc_ckpt_spill_set(&p, true, 0, &err) == KVC_E_ARG && p.spill == NULL, "align 0 refused");
+    REQUIRE(kvc_ckpt_spill_set(&p, true, 2, &err) == KVC_OK && p.spill && p.spill->n == 0, "on: %s", err.msg);
+    const int32_t toks[8] = { 5, 6, 7, 8, 9, 10, 11, 12 };
+    float st[4][2 * W];
+    uint32_t kept = 0, k2 = 0;
+    for (uint32_t n = 1; n <= 4; n++) {   /* states after 1, 2, 3, 4 tokens: the pool keeps the last two */
+        decode(&c, 0, (int32_t)n - 1, 1);
+        kvc_ckpt_copy_seq(&c, 0, (uint8_t *)st[n - 1]);
+        CHECK(kvc_ckpt_save(&p, &c, 0, 7, toks, 8, NULL, &kept, &err) == KVC_OK && kept == n, "save %u", n);
+        CHECK(kvc_ckpt_save(&q, &c, 0, 7, toks, 8, NULL, &k2, &err) == KVC_OK && k2 == n, "save %u", n);
+        CHECK(same_pools(&p, &q), "after save %u: the pool behaves as without write-back", n);
+    }
+    /* 1 went (odd: not recorded), then 2 (recorded with its state as saved) */
+    CHECK(p.spill->n == 1 && p.spill->n_lost == 0, "one record: %u", p.spill->n);
+    CHECK(p.spill->n_tok[0] == 2 && p.spill->salt[0] == 7 && memcmp(p.spill->tokens[0], toks, 2 * sizeof *toks) == 0,
+          "the chain and salt of the evicted checkpoint");
+    CHECK(memcmp(kvc_ckpt_spill_state(&p, 0), st[1], sizeof st[1]) == 0, "its state, copied before the slot's reuse");
+    CHECK(kvc_ckpt_check(&p, &err) == KVC_OK, "%s", err.msg);
+    kvc_ckpt_spill_clear(&p);
+    CHECK(p.spill->n == 0, "drained");
+    CHECK(kvc_ckpt_evict(&p, 5) == 2 && kvc_ckpt_evict(&q, 5) == 2 && same_pools(&p, &q), "evict: same pools");
+    CHECK(p.spill->n == 1 && p.spill->n_tok[0] == 4 && memcmp(kvc_ckpt_spill_state(&p, 0), st[3], sizeof st[3]) == 0,
+          "evict records the state after 4 (3 is not a multiple of 2)");
+    /* not drained: at most cap records pend, the rest are counted lost */
+    for (uint32_t n = 5; n <= 8; n++) {
+        decode(&c, 0, (int32_t)n - 1, 1);
+        kvc_ckpt_save(&p, &c, 0, 7, toks, 8, NULL, &kept, &err);
+    }
+    CHECK(p.spill->n == 2 && p.spill->n_lost == 0 && p.spill->n_tok[1] == 6, "6 recorded, the list is full");
+    CHECK(kvc_ckpt_evict(&p, 5) == 2 && p.n_used == 0 && p.spill->n == 2 && p.spill->n_lost == 1,
+          "8 evicted, not recorded: lost");
+    kvc_ckpt_spill_clear(&p);
+    /* no memory for the list: the record is lost, never the eviction */
+    REQUIRE(kvc_ckpt_spill_set(&p, false, 1, &err) == KVC_OK && p.spill == NULL, "off");
+    REQUIRE(kvc_ckpt_spill_set(&p, true, 1, &err) == KVC_OK, "on again");
+    kvc_ckpt_save(&p, &c, 0, 7, toks, 8, NULL, &kept, &err);
+    kvc_fail_alloc_after = 1;
+    CHECK(kvc_ckpt_evict(&p, 1) == 1 && p.n_used == 0, "evicted");
+    kvc_fail_alloc_after = 0;
+    CHECK(p.spill->n == 0 && p.spill->n_lost == 1, "the record lost");
+    kvc_ckpt_save(&p, &c, 0, 7, toks, 8, NULL, &kept, &err);
+    CHECK(kvc_ckpt_evict(&p, 1) == 1 && p.spill->n == 1 && p.spill->n_tok[0] == 8, "recorded again");
+    CHECK(kvc_ckpt_check(&p, &err) == KVC_OK, "%s", err.msg);
+    kvc_ckpt_free(&p);   /* the pending record's chain goes with the pool */
+    kvc_ckpt_free(&q);
+    kvc_recurrent_free(&c);
+}
+
 int main(void) {
     test_save_match_restore();
     test_states_as_bytes();
     test_bounds();
+    test_spill();
     test_random();
     printf("test_checkpoint: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
