@@ -2,9 +2,9 @@
 a prompt the cache's index evicts under pressure is written to the store from the cells it
 let go, then loaded into a fresh cache with the original rows bit for bit — a UnifiedCache2026
 of several streams or with 2-D positions, an ISWACache2026 (the base rows, the SWA windows the
-SWA cache's index let go), a HybridCache (the attention rows and the states its checkpoint pool
-still holds); the caches without an index, or whose evicted states are not recorded, are
-refused with the reason."""
+SWA cache's index let go), a RecurrentCache (the states its checkpoint pool evicts at chunk
+ends), a HybridCache (the attention rows, the states its checkpoint pool still holds or evicts);
+the caches without an index are refused with the reason."""
 import numpy as np
 import pytest
 
@@ -190,6 +190,89 @@ def test_hybrid(tmp_path):
     assert g.recr._store_state(1) == (8, state8)
 
 
+def rec():
+    """A Mamba-like recurrent cache: per layer a convolution row (R) and a scan state row (S)."""
+    c = RecurrentCache(2, 2, 6, 4, type_k="f32", type_v="f32", semantics="2026")
+    c.enable_prefix_reuse(checkpoints=2)
+    return c
+
+
+def run_rec(c, s, toks, a, b):
+    assert c.find_slot(UBatch(list(range(a, b)), [s], n_seq_tokens=b - a))
+    for il in range(2):
+        c.store(il, rows(1, 6, sum(toks[:b]) + il), rows(1, 4, -b - il))
+
+
+def test_recurrent(tmp_path):
+    """Each checkpoint the pool evicts at a chunk's end (for a newer one, by prefix_evict) is
+    written as that chunk's end part; one elsewhere, or of an unknown salt, is not."""
+    c = rec()
+    st = PrefixStore(c, tmp_path / "st", chunk_tokens=C)
+    st.write_back(c)
+    a = list(range(3, 23))                          # 20 tokens
+    run_rec(c, 0, a, 0, 8)
+    assert c.checkpoint(0, a) == 8
+    run_rec(c, 0, a, 8, 16)
+    assert c.checkpoint(0, a) == 16
+    state8, state16 = c._store_checkpoint(a[:8]), c._store_checkpoint(a[:16])
+    run_rec(c, 0, a, 16, 20)
+    assert st.match(a) == 0
+    assert c.prefix_release(0, a) == 20             # the pool is full: the state after 8 goes
+    assert st.stats["evicted_saved"] == 1 and st.match(a) == 8
+    assert c.prefix_evict(2) == 2                   # the states after 16 and 20 (no chunk end)
+    assert st.stats["evicted_saved"] == 2 and st.match(a) == 16 and c._spill_lost == 0
+    c._prefix_check()
+    d = rec()
+    d2 = PrefixStore(d, tmp_path / "st", chunk_tokens=C)
+    assert d2.load(d, 1, a) == 16
+    assert d._store_state(1) == (16, state16)
+    assert d2.load(d, 0, a[:12]) == 8
+    assert d._store_state(0) == (8, state8)
+    b = list(range(40, 48))
+    run_rec(c, 1, b, 0, 8)
+    assert c.checkpoint(1, b, salt="other") == 8
+    c.prefix_evict(1)
+    assert st.stats["evicted_skipped"] == 1 and st.match(b, salt="other") == 0
+    st.write_back(c, False)
+    run_rec(c, 1, b + b, 8, 16)
+    c.checkpoint(1, b + b)
+    c.prefix_evict(1)
+    assert st.stats["evicted_saved"] == 2           # off: nothing written
+
+
+def test_hybrid_pool_evicts_under_pressure(tmp_path):
+    """A checkpoint the hybrid cache's pool evicts on its own is written then as its chunk's
+    end part: once the attention part lets the rows go, that prefix loads back bit for bit."""
+    def cache():
+        h = HybridCache(24, 4, [0, 2], 8, 8, 12, 4, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False)
+        h.enable_prefix_reuse(checkpoints=2)
+        return h
+
+    h = cache()
+    st = PrefixStore(h, tmp_path / "st", chunk_tokens=C)
+    st.write_back(h)
+    a = list(range(5, 23))                          # 18 tokens
+    run_hyb(h, 0, a, 0, 8)
+    assert h.checkpoint(0, a) == 8
+    run_hyb(h, 0, a, 8, 16)
+    assert h.checkpoint(0, a) == 16
+    run_hyb(h, 0, a, 16, 18)
+    _, want = seq_rows(h.attn, 0)
+    state8 = h.recr._store_checkpoint(a[:8])
+    h.prefix_release(0, a)                          # the pool keeps 16 and 18: the state after 8 goes
+    assert h.recr._store_checkpoint(a[:8]) is None
+    assert st.stats["evicted_saved"] == 1 and st.match(a) == 0      # the rows are still the index's
+    run_hyb(h, 1, list(range(60, 80)), 0, 20)       # the attention part needs the room
+    assert st.match(a[:12]) == 8
+    g = cache()
+    assert PrefixStore(g, tmp_path / "st", chunk_tokens=C).load(g, 1, a[:12]) == 8
+    pos, have = seq_rows(g.attn, 1)
+    assert pos == list(range(8))
+    same_rows(want, have, 8)
+    assert g.recr._store_state(1) == (8, state8)
+    h._prefix_check()
+
+
 def test_caches_without_write_back_are_refused():
     st = PrefixStore(kvcache.UnifiedCache(32, 2, 8, 8, type_k="f32", type_v="f32", v_trans=False,
                                           semantics="2025"), chunk_tokens=C)
@@ -201,8 +284,7 @@ def test_caches_without_write_back_are_refused():
     with pytest.raises(StoreError, match="'2025' has no prefix index"):
         PrefixStore(old, chunk_tokens=C).write_back(old)
     r = RecurrentCache(2, 2, 6, 4, type_k="f32", type_v="f32", semantics="2026")
-    r.enable_prefix_reuse(checkpoints=4)
-    with pytest.raises(StoreError, match="frees an evicted checkpoint's state"):
+    with pytest.raises(RuntimeError, match="prefix reuse is off"):
         PrefixStore(r, chunk_tokens=C).write_back(r)
     with pytest.raises(StoreError, match="not the store's"):
         PrefixStore(iswa(True), chunk_tokens=C).write_back(hyb())

@@ -220,10 +220,13 @@ cdef class _Hybrid:
         return r == 1
 
     cdef int _spill_flush(self) except -1:
-        # the attention part's evicted prompts to its write-back sink (kvcache.store)
+        # the attention part's evicted prompts and the recurrent part's evicted checkpoints to their
+        # write-back sinks (kvcache.store)
         spill_flush(self._cells)
         if self._iswa is not None:
             spill_flush(self._iswa._swa)
+        if self._recr._spill_sink is not None:
+            self._recr._spill_drain()
         return 0
 
     def prepare(self, ubatches):

@@ -118,6 +118,7 @@ cdef class _Recurrent(RecurrentCore):
     cdef uint32_t _imports         # imports into a hybrid memory of this part pending: changes refused
     cdef kvc_ckpt_pool *_ckpt      # prefix reuse: the checkpoint pool (NULL: off)
     cdef object _ckpt_mem          # the caller's checkpoint memory (a _HeldBuffer), or None
+    cdef object _spill_sink        # write-back at eviction: called with the evicted checkpoints, or None
 
     __signature__ = _signatures.ClassSignature(_signatures.recurrent)
 
@@ -970,6 +971,8 @@ cdef class _Recurrent(RecurrentCore):
                 r = kvc_ckpt_save(pool, &self.c, s, cs, &tv[0] if n else NULL, n, NULL, &k, &err)
         finally:
             unlock(&self._lock, CHANGE)
+        if self._spill_sink is not None:
+            self._spill_drain()
         check_status(r, &err, "checkpoint")
         return int(k)
 
@@ -1034,6 +1037,8 @@ cdef class _Recurrent(RecurrentCore):
                 r = kvc_ckpt_release(pool, &self.c, s, cs, &tv[0] if n else NULL, n, &k, &err)
         finally:
             unlock(&self._lock, CHANGE)
+        if self._spill_sink is not None:
+            self._spill_drain()
         check_status(r, &err, "prefix_release")
         return int(k)
 
@@ -1098,7 +1103,68 @@ cdef class _Recurrent(RecurrentCore):
             r = kvc_ckpt_evict(pool, n)
         finally:
             unlock(&self._lock, CHANGE)
+        if self._spill_sink is not None:
+            self._spill_drain()
         return int(r)
+
+    # --- write-back at eviction (kvcache.store.PrefixStore.write_back; csrc/kvc_checkpoint.h) --
+    def _spill_set(self, sink, chunk_tokens=1):
+        """Write-back at eviction: with a callable sink, every checkpoint the pool evicts whose
+        length is a multiple of chunk_tokens is recorded (its state copied) before its slot is
+        reused, and after the operation (checkpoint, prefix_release, prefix_evict; a hybrid
+        cache's own releases too) ``sink(cache, records)`` is called with a list of ``(salt hash,
+        tokens, state)`` (the chain as int32, the state as bytes of the checkpoint layout),
+        exceptions it raises ignored; sink None: off. A new pool (enable_prefix_reuse) or
+        disable_prefix_reuse turns it off."""
+        cdef uint32_t m = <uint32_t>int_c(chunk_tokens, "chunk_tokens", 1, UINT32_MAX)
+        cdef kvc_ckpt_pool *pool = self._pool("write_back")
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        if sink is not None and not callable(sink):
+            raise TypeError(f"sink must be callable or None, not {type(sink).__name__}")
+        lock(&self._lock, CHANGE, "write_back")
+        try:
+            r = kvc_ckpt_spill_set(pool, sink is not None, m, &err)
+        finally:
+            unlock(&self._lock, CHANGE)
+        check_status(r, &err, "write_back")
+        self._spill_sink = sink
+
+    cdef int _spill_drain(self) except -1:
+        cdef kvc_ckpt_pool *pool = self._ckpt
+        cdef kvc_ckpt_spill *sp
+        cdef uint32_t k, j, n
+        cdef int32_t[::1] tv
+        cdef uint8_t *p
+        if pool == NULL or pool.spill == NULL or pool.spill.n == 0:
+            return 0
+        sp = pool.spill
+        out = []
+        lock(&self._lock, READ, "write_back")
+        try:
+            for k in range(sp.n):
+                n = sp.n_tok[k]
+                toks = np.empty(n, dtype=np.int32)
+                tv = toks
+                for j in range(n):
+                    tv[j] = sp.tokens[k][j]
+                state = new_state_bytes(pool.state_bytes, &p)
+                memcpy(p, kvc_ckpt_spill_state(pool, k), pool.state_bytes)
+                out.append((int(sp.salt[k]), toks, state))
+            kvc_ckpt_spill_clear(pool)
+        finally:
+            unlock(&self._lock, READ)
+        try:
+            self._spill_sink(self, out)
+        except Exception:
+            pass    # the sink keeps its own errors (the store counts them): the operation is done
+        return 0
+
+    @property
+    def _spill_lost(self):
+        """Evicted checkpoints write-back at eviction could not record (no memory, a full list)."""
+        return 0 if self._ckpt == NULL or self._ckpt.spill == NULL else int(self._ckpt.spill.n_lost)
 
     # --- the prefix store's access to states (kvcache.store; csrc/kvc_checkpoint.h) -----------
     def _state_layout(self):
@@ -1239,6 +1305,7 @@ cdef int _recurrent_state_read(void *codec, int32_t seq_id, const uint8_t *data,
 
 cdef void _ckpt_pool_free(_Recurrent cache) noexcept:
     """Drop the cache's checkpoint pool (and the caller's memory it held)."""
+    cache._spill_sink = None
     if cache._ckpt != NULL:
         kvc_ckpt_free(cache._ckpt)
         free(cache._ckpt)

@@ -409,7 +409,8 @@ def write_back_parts(cache: Any) -> list[tuple[Any, str]]:
     """The parts of a cache whose prefix indexes write back, each with what its evicted prompts
     give: ``"rows"`` (a chunk's rows), ``"window"`` (an iSWA cache's SWA windows: end parts),
     ``"rows+state"`` (a hybrid cache's attention rows, and the recurrent states its checkpoint
-    pool still holds at the chunks' ends: end parts); StoreError saying why for another."""
+    pool still holds at the chunks' ends: end parts), ``"state"`` (the checkpoints a recurrent
+    or hybrid cache's pool evicts at chunk ends: end parts); StoreError saying why for another."""
     from kvcache.store import StoreError
 
     if isinstance(cache, _ISWA):
@@ -418,10 +419,9 @@ def write_back_parts(cache: Any) -> list[tuple[Any, str]]:
                              "today's llama.cpp's: ISWACache2026)")
         return [(cache.base, "rows"), (cache.swa, "window")]
     if isinstance(cache, _Hybrid):
-        return [(cache.attn, "rows+state")]
+        return [(cache.attn, "rows+state"), (cache.recr, "state")]
     if isinstance(cache, _Recurrent):
-        raise StoreError("write_back: a RecurrentCache's prefix reuse keeps checkpoints, and the pool frees an "
-                         "evicted checkpoint's state with no record of it: save() or release() write its states")
+        return [(cache, "state")]
     if isinstance(cache, _Unified):
         if not hasattr(cache, "_spill_set"):
             raise StoreError("write_back: a UnifiedCache of semantics '2025' has no prefix index (prefix reuse is "
@@ -465,3 +465,18 @@ def write_evicted_parts(store: PrefixStore, part: Any, role: str, recr: Any, sal
 def _checkpoint_bytes(recr: Any, toks: npt.NDArray[np.int32], salt: str | bytes | None) -> npt.NDArray[np.uint8] | None:
     state = recr._store_checkpoint(toks, salt)
     return None if state is None else np.frombuffer(state, np.uint8).copy()
+
+
+def write_evicted_state(store: PrefixStore, salt: str | bytes | None, toks: npt.NDArray[np.int32],
+                        state: bytes) -> None:
+    """Write a checkpoint a pool evicted, the state after toks (a whole number of chunks), as
+    the end part of its last chunk."""
+    from kvcache.store import _KEY
+
+    c = store.geometry.chunk_tokens
+    k = len(toks) // c
+    if k == 0:
+        return
+    keys = store.keys(toks, salt)
+    put_part(store, keys[-1], keys[-2] if k > 1 else bytes(_KEY), k - 1, toks[-c:].copy(), 1,
+             lambda: np.frombuffer(state, np.uint8).copy())

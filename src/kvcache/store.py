@@ -988,13 +988,14 @@ class PrefixStore:
         ``load``, ``attach``, ``release``), ``salts``, and None are known; a prompt of another
         salt is skipped (``stats["evicted_skipped"]``).
 
-        Every cache with a prefix index, with prefix reuse on, in the store's geometry: a
-        UnifiedCache2026 (any streams, with or without ``cell_ext``), an ISWACache2026 (the
-        base cache's evicted rows; the SWA cache's evicted windows as end parts), a
-        HybridCache (the attention part's rows; the recurrent states its checkpoint pool still
-        holds at the chunks' ends); docs/store.md says which chunks each writes back.
-        ``StoreError`` for the others (a "2025" cache has no index; a RecurrentCache's pool
-        frees an evicted state unrecorded). on=False: off."""
+        Every cache with a prefix index or a checkpoint pool, with prefix reuse on, in the
+        store's geometry: a UnifiedCache2026 (any streams, with or without ``cell_ext``), an
+        ISWACache2026 (the base cache's evicted rows; the SWA cache's evicted windows as end
+        parts), a RecurrentCache (each checkpoint its pool evicts at a chunk's end: the state
+        as that chunk's end part), a HybridCache (the attention part's rows; the recurrent
+        states its checkpoint pool still holds at the chunks' ends, or evicts there);
+        docs/store.md says which chunks each writes back. ``StoreError`` for a "2025" cache (no
+        index). on=False: off."""
         for salt in salts:
             self._salts[_salt_hash(salt)] = salt
         parts = _parts.write_back_parts(cache)
@@ -1018,17 +1019,23 @@ class PrefixStore:
             part._spill_set(sink, self.geometry.chunk_tokens)
 
     def _write_evicted(self, part: Any, role: str, recr: Any, records: list[Any]) -> None:
-        """Store the whole chunks of prompts a cache part just evicted, from their cells."""
+        """Store the whole chunks of prompts a cache part just evicted, from their cells, or
+        (role "state") the checkpoints a pool just evicted, as the end parts of their last chunks."""
         c = self.geometry.chunk_tokens
-        for salt_hash, toks, cells, strms, ext in records:
+        for salt_hash, toks, *rest in records:
             if salt_hash not in self._salts:
                 self.stats["evicted_skipped"] += 1
                 continue
             salt = self._salts[salt_hash]
             m = len(toks) - len(toks) % c
+            before = self.stats["chunks_saved"]
+            if role == "state":
+                _parts.write_evicted_state(self, salt, toks[:m], rest[0])
+                self.stats["evicted_saved"] += self.stats["chunks_saved"] - before
+                continue
+            cells, strms, ext = rest
             xy = {} if ext is None or not self.geometry.ext else {"pos_x": ext[:m, 0], "pos_y": ext[:m, 1]}
             keys = self.keys(toks[:m], salt, **xy)
-            before = self.stats["chunks_saved"]
             if self.geometry.version != 1:
                 _parts.write_evicted_parts(self, part, role, recr, salt, toks[:m], keys, cells[:m], strms[:m], ext)
             elif not (all(k in self._host or self.host_bytes < self.geometry.chunk_bytes for k in keys) and

@@ -10,6 +10,12 @@ cdef extern from "kvc_checkpoint.h" nogil:
     ctypedef struct kvc_ckpt_handle:
         uint32_t slot
         uint32_t gen
+    ctypedef struct kvc_ckpt_spill:
+        uint32_t n
+        uint64_t n_lost
+        uint64_t *salt
+        uint32_t *n_tok
+        int32_t **tokens
     ctypedef struct kvc_ckpt_pool:
         uint32_t cap
         uint32_t per_seq
@@ -22,6 +28,7 @@ cdef extern from "kvc_checkpoint.h" nogil:
         uint32_t *pins
         int32_t *owner
         uint32_t *order
+        kvc_ckpt_spill *spill
 
     size_t kvc_ckpt_state_bytes(const kvc_recurrent *c)
     int  kvc_ckpt_init(kvc_ckpt_pool *p, const kvc_recurrent *c, uint32_t cap, uint32_t per_seq, uint8_t *memory,
@@ -40,6 +47,9 @@ cdef extern from "kvc_checkpoint.h" nogil:
     int  kvc_ckpt_unpin(kvc_ckpt_pool *p, kvc_ckpt_handle pin, kvc_err *err)
     bint kvc_ckpt_pin_held(const kvc_ckpt_pool *p, kvc_ckpt_handle pin)
     uint32_t kvc_ckpt_evict(kvc_ckpt_pool *p, uint32_t n)
+    int  kvc_ckpt_spill_set(kvc_ckpt_pool *p, bint on, uint32_t align, kvc_err *err)
+    void kvc_ckpt_spill_clear(kvc_ckpt_pool *p)
+    const uint8_t *kvc_ckpt_spill_state(const kvc_ckpt_pool *p, uint32_t k)
     uint32_t kvc_ckpt_n_pinned(const kvc_ckpt_pool *p)
     int  kvc_ckpt_check(const kvc_ckpt_pool *p, kvc_err *err)
     uint32_t kvc_ckpt_copy_seq(const kvc_recurrent *c, int32_t s, uint8_t *out)
