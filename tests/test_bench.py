@@ -365,3 +365,11 @@ def test_the_hybrid_case_drives_the_pair_and_its_parts_alike():
     rows = _rows("hybrid")
     assert [r.case.split(",")[1].strip() for r in rows] == ["1 seq x 1 token"] * 2 + ["32 seq x 1 token"] * 2
     assert all(r.baseline_ns and r.ratio for r in rows)
+
+
+def test_the_serving_replays_count_the_same_steps_and_none_right_after_a_check():
+    from kvcache_bench.case_serving import CHECK_EVERY, counted
+
+    n = 3 * CHECK_EVERY + 5
+    assert counted(n) == [i for i in range(n) if i not in (CHECK_EVERY, 2 * CHECK_EVERY, 3 * CHECK_EVERY)]
+    assert counted(1) == [0]

@@ -148,10 +148,17 @@ class _Chat:
             self.ready.append(conv)
 
 
+# a replay's invariants are checked after every CHECK_EVERY-th step and after the last, untimed;
+# the step after a check is not counted on any side (a check reads the whole cache, leaving the
+# CPU caches as no server step would), so every side counts the same steps
+CHECK_EVERY = 16
+
+
 @dataclass
 class Replay:
     """What one replay measured: CPU time of the driving thread per step (ns), wall time per step
-    (ns), tokens served from a cached prefix, and driver-specific counters."""
+    (ns), for every step; tokens served from a cached prefix, and driver-specific counters. The
+    means count the steps :func:`counted` names."""
     cpu: list[int] = field(default_factory=list)
     wall: list[int] = field(default_factory=list)
     hits: int = 0
@@ -159,19 +166,33 @@ class Replay:
 
     @property
     def cpu_mean(self) -> float:
-        return sum(self.cpu) / len(self.cpu)
+        return statistics.fmean(self.cpu[i] for i in counted(len(self.cpu)))
+
+    @property
+    def cpu_sum(self) -> int:
+        return sum(self.cpu[i] for i in counted(len(self.cpu)))
+
+    @property
+    def wall_median(self) -> float:
+        return statistics.median(self.wall[i] for i in counted(len(self.wall)))
+
+
+def counted(n_steps: int) -> list[int]:
+    """The steps of a replay of n_steps whose times count: all but those right after a check."""
+    return [i for i in range(n_steps) if i == 0 or i % CHECK_EVERY]
 
 
 def _timed(steps, one_step, check=None) -> Replay:
-    """Run one_step on every step's events, timed; check() after each, untimed."""
+    """Run one_step on every step's events, timed; check() after every CHECK_EVERY-th step and
+    after the last, untimed (every side times every step: :func:`counted` picks the same ones)."""
     out = Replay()
     gc.collect()
-    for ev in steps:
+    for i, ev in enumerate(steps):
         c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
         one_step(ev)
         out.wall.append(time.perf_counter_ns() - w0)
         out.cpu.append(time.thread_time_ns() - c0)
-        if check is not None:
+        if check is not None and ((i + 1) % CHECK_EVERY == 0 or i + 1 == len(steps)):
             check()
     return out
 
@@ -185,8 +206,8 @@ def replay_kvcache(steps, n_slots: int, capacity: int, system: int) -> Replay:
     index learns what each cell holds from them); a finished request hands its cells to the index
     (``prefix_release``); placement evicts the index's cells, least recently used first, when it
     needs room. ``system`` does not change the calls (the index finds a shared prompt by itself).
-    The rest as :func:`_replay_kvcache`; also checked after every step: the index agrees with
-    the cells."""
+    The rest as :func:`_replay_kvcache`; also checked (as often as the rest): the index agrees
+    with the cells."""
     return _replay_kvcache(steps, n_slots, capacity, system, reuse=True)
 
 
@@ -204,7 +225,7 @@ def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool
     request; each prefill chunk one ubatch (one group), the step's decode tokens one ubatch; a
     ubatch that finds no slot is halved and retried (as llama.cpp's server halves its batch). A
     request's prompt is an int32 array, as a server holds it (made before the replay). Checked
-    after every step (untimed): each running request holds exactly positions [0, computed); at
+    every CHECK_EVERY steps and after the last (untimed, :func:`_timed`): each running request holds exactly positions [0, computed); at
     the end no cell is used. The step's decode ubatch takes its positions, sequence ids and
     tokens as the Python lists the loop gathers them in (UBatch reads lists of ints as they are)."""
     import kvcache
@@ -467,7 +488,8 @@ def replay_sglang(steps, n_slots: int, capacity: int, system: int, g) -> Replay:
     alloc (after evicting from the tree when short) and the row write per chunk, one batched row
     write of the step's decode slots, an unfinished chunk inserted into the tree and the lock moved
     (chunked prefill), the finished request inserted, its duplicate slots freed, unlocked, its row
-    freed. Checked: no allocation fails, and at the end every slot is free or in the tree."""
+    freed. Checked: no allocation fails, and every CHECK_EVERY steps and at the end (untimed, as
+    kvcache's checks) every slot is free, in the tree or held by a running request alone."""
     torch, array = g.torch, g.array
     r2t = g.ReqToTokenPool(size=n_slots, max_context_len=4096, device="cpu", enable_memory_saver=False)
     alloc = g.TokenToKVPoolAllocator(size=capacity, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False)
@@ -551,9 +573,13 @@ def replay_sglang(steps, n_slots: int, capacity: int, system: int, g) -> Replay:
         if rows:
             write_decodes(rows, pos)
 
-    out = _timed(steps, step)
-    if alloc.available_size() + tree.total_size() != capacity:
-        raise AssertionError(f"SGLang: {capacity - alloc.available_size() - tree.total_size()} slots lost")
+    def check() -> None:
+        # a running request's slots past its protected prefix are its own, the rest the tree's
+        own = sum(r.seq_len - r.protected for r in reqs.values())
+        if alloc.available_size() + tree.total_size() + own != capacity:
+            raise AssertionError(f"SGLang: {capacity - alloc.available_size() - tree.total_size() - own} slots lost")
+
+    out = _timed(steps, step, check)
     out.hits = hits[0]
     out.counters = {"evicted": evicted[0]}
     return out
@@ -606,18 +632,18 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
             for peer, (fn, mods) in peers.items():
                 runs[peer] = fn(steps, n_slots, capacity, system, mods)
             for k, r in runs.items():
-                if k not in best or sum(r.cpu) < sum(best[k].cpu):
+                if k not in best or r.cpu_sum < best[k].cpu_sum:
                     best[k] = r
         donor = best.pop("kvcache seq_cp", None)
         per = {k: r.cpu_mean for k, r in best.items()}
         extra = {"steps": len(steps), "workload": workload, "per_step_ns": per,
-                 "wall_median_ns": {k: statistics.median(r.wall) for k, r in best.items()},
+                 "wall_median_ns": {k: r.wall_median for k, r in best.items()},
                  "prefix_hit_tokens": {k: r.hits for k, r in best.items()},
                  "prompt_tokens": sum(len(e[2]) for ev in steps for e in ev if e[0] == "admit"),
                  "counters": {k: r.counters for k, r in best.items() if r.counters},
                  "without_index": {"per_step_ns": donor.cpu_mean, "prefix_hit_tokens": donor.hits} if donor else None,
                  "peers_missing": missing, "serving": True}
-        k_cpu = best["kvcache"].cpu
+        k_cpu = [best["kvcache"].cpu[i] for i in counted(len(steps))]
         peers_note = ", ".join(f"{p} {per[p] / 1e3:.1f} us" for p in ("vLLM", "SGLang") if p in per)
         note = (f"per step (CPU): {peers_note}" if peers_note else "") + "".join(
             f"; {p} skipped ({why})" for p, why in missing.items())
