@@ -646,6 +646,13 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     kvc_cells_seq_pos_span(c, s, r, &a, &b);
     for (uint32_t k = a; k < b; k++) {
         const uint32_t i = kvc_seq_key_cell(sp->key[k]);
+        if (k + KVC_CELLS_AHEAD < b) {
+            const uint32_t next = kvc_seq_key_cell(sp->key[k + KVC_CELLS_AHEAD]);
+            kvc_cells_prefetch_seq(c, next, s);
+            if (c->empty_zeroes_shift) {
+                KVC_PREFETCH_W(c->shift + next);
+            }
+        }
         if (kvc_cells_seq_del_raw(c, i, s) && i < lowest) {
             lowest = i;
         }

@@ -13,12 +13,6 @@
 #include <immintrin.h>
 #endif
 
-#if defined(__GNUC__) || defined(__clang__)
-#define KVC_PREFETCH(p) __builtin_prefetch((p), 0, 3)
-#else
-#define KVC_PREFETCH(p) ((void)(p))
-#endif
-
 /* A transposed move reads and writes lines all over each row, in an order the hardware
  * prefetchers do not follow; so while a row is moved, the blocks of the row KVC_COLS_AHEAD
  * further on (vector path), or of the next pass of four rows (scalar path), are prefetched.

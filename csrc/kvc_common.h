@@ -177,6 +177,20 @@ static inline unsigned kvc_popcount64(uint64_t x) {
 }
 #endif
 
+/* A hint that the line holding p is read (KVC_PREFETCH) or written (KVC_PREFETCH_W) soon: for
+ * walks over cells named by a list, which the hardware prefetchers cannot follow. */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVC_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#define KVC_PREFETCH_W(p) __builtin_prefetch((p), 1, 3)
+#else
+#define KVC_PREFETCH(p) ((void)(p))
+#define KVC_PREFETCH_W(p) ((void)(p))
+#endif
+/* How many cells ahead a walk over a list of cells (a sequence's, a placement's, a prompt's in
+ * the prefix index) prefetches what it will edit: such cells lie scattered over the cache, a
+ * cache miss per field otherwise. */
+#define KVC_CELLS_AHEAD 8u
+
 #ifdef __cplusplus
 }
 #endif

@@ -269,6 +269,9 @@ static void child_detach(kvc_prefix *idx, uint32_t c) {
 static void edge_let_go(kvc_prefix *idx, uint32_t i, uint32_t from) {
     const kvc_prefix_node *n = &idx->nodes[i];
     for (uint32_t k = from; k < n->len; k++) {
+        if (k + KVC_CELLS_AHEAD < n->len) {
+            KVC_PREFETCH_W(place_of(idx, n->strm[k + KVC_CELLS_AHEAD], n->cell[k + KVC_CELLS_AHEAD]));
+        }
         kvc_prefix_place *pl = place_of(idx, n->strm[k], n->cell[k]);
         if (!(pl->depth & KVC_PREFIX_MARK)) {
             idx->freed_cell[idx->n_freed] = n->cell[k];
@@ -624,6 +627,9 @@ static int check_cells(kvc_prefix *idx, const prefix_walk *w, const int32_t *tok
             k_end = at == w->deepest ? w->off : e->len;
         }
         for (uint32_t k = 0; k < k_end; k++, i++) {
+            if (i + KVC_CELLS_AHEAD < n) {
+                KVC_PREFETCH_W(place_of(idx, streams[i + KVC_CELLS_AHEAD], cells[i + KVC_CELLS_AHEAD]));
+            }
             if (e && e->cell[k] == cells[i] && e->strm[k] == streams[i]) {
                 continue;
             }

@@ -28,6 +28,13 @@ static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32
     for (uint32_t e = 0; e < sp->n; e++) {
         const int32_t p = kvc_seq_key_pos(sp->key[e]);
         const uint32_t i = kvc_seq_key_cell(sp->key[e]);
+        if (e + KVC_CELLS_AHEAD < sp->n) {
+            /* the sequence's cells lie scattered over the table */
+            const uint32_t next = kvc_seq_key_cell(sp->key[e + KVC_CELLS_AHEAD]);
+            KVC_PREFETCH(cells->shift + next);
+            KVC_PREFETCH(born + next);
+            KVC_PREFETCH(tok_of + next);
+        }
         if (p < (int32_t)k) {
             if (cells->ext) {
                 /* several tokens at one position (an image's, placed by 2-D position): their

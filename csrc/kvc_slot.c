@@ -388,6 +388,21 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
     }
 }
 
+/* Token t's cell (idx[t], in stream strm[t / nst]) is about to be placed: its fields prefetched
+ * (its first sequence's word; the prefix index's record of it). */
+static inline void prefetch_placed(const kvc_unified *c, const kvc_ubatch *ub, const int32_t *idx,
+                                   const uint32_t *strm, uint32_t nst, uint32_t t) {
+    const uint32_t st = strm[t / nst], cell = (uint32_t)idx[t], ug = t / ub->n_seq_tokens;
+    if (ub->seq_off[ug] < ub->seq_off[ug + 1]) {
+        kvc_cells_prefetch_append(kvc_unified_stream_cells_c(c, st), cell, ub->seq_ids[ub->seq_off[ug]]);
+    }
+    if (c->reuse) {
+        const size_t k = (size_t)st * c->cells.size + cell;
+        KVC_PREFETCH_W(c->reuse->tok + k);
+        KVC_PREFETCH_W(c->reuse->born + k);
+    }
+}
+
 /* apply_ubatch: the tokens into their cells (a reused cell is emptied first), then every
  * sequence that lost a cell loses its positions up to the largest one overwritten (so that
  * its positions stay contiguous), then each group's stream head follows its last cell. */
@@ -401,10 +416,14 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
     for (uint32_t q = 0; q < c->n_seq_max; q++) {
         over[q] = -1;
     }
+    const uint32_t n_tokens = n_groups * nst;
     for (uint32_t g = 0; g < n_groups; g++) {
         kvc_cells *cells = kvc_unified_stream_cells(c, strm[g]);
         for (uint32_t i = 0; i < nst; i++) {
             const uint32_t t = g * nst + i, cell = (uint32_t)idx[t];
+            if (t + KVC_CELLS_AHEAD < n_tokens) {
+                prefetch_placed(c, ub, idx, strm, nst, t + KVC_CELLS_AHEAD);
+            }
             if (!kvc_cells_is_empty(cells, cell)) {
                 const int32_t q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, cell, -1);
                 if (cells->pos[cell] > over[q]) {
