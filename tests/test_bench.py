@@ -373,3 +373,11 @@ def test_the_serving_replays_count_the_same_steps_and_none_right_after_a_check()
     n = 3 * CHECK_EVERY + 5
     assert counted(n) == [i for i in range(n) if i not in (CHECK_EVERY, 2 * CHECK_EVERY, 3 * CHECK_EVERY)]
     assert counted(1) == [0]
+
+
+def test_the_serving_driver_alone_runs_the_kvcache_replay_without_a_cache():
+    from kvcache_bench.case_serving import replay_driver, schedule
+
+    steps = schedule(4, 8, seed=1)
+    r = replay_driver(steps, 4, 4096, 0)
+    assert len(r.cpu) == len(steps) and r.hits == 0

@@ -220,21 +220,53 @@ def replay_kvcache_donor(steps, n_slots: int, capacity: int, system: int) -> Rep
     return _replay_kvcache(steps, n_slots, capacity, system, reuse=False)
 
 
-def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool) -> Replay:
+class _NoCache:
+    """A cache that does nothing, for :func:`replay_driver`: every placement succeeds, nothing is
+    matched, and a ubatch is the tuple of its arguments."""
+    used = 0
+    prefix_stats = {"cells": 0}
+
+    @staticmethod
+    def UBatch(*args, **kwargs):   # noqa: N802 (stands in for kvcache.UBatch)
+        return args, kwargs
+
+    def find_slot(self, ub) -> bool:
+        return True
+
+    def prefix_attach(self, seq_id, tokens) -> int:
+        return 0
+
+    def prefix_release(self, seq_id) -> None:
+        pass
+
+
+def replay_driver(steps, n_slots: int, capacity: int, system: int) -> Replay:
+    """kvcache's driver alone: :func:`replay_kvcache`'s Python per step (the events read, the
+    ubatches' arguments gathered, one call per ubatch, admission and finish) with a cache that does
+    nothing (:class:`_NoCache`, no kvcache code run): the share of kvcache's per-step figure
+    that is the server's own loop, not the cache's bookkeeping."""
+    return _replay_kvcache(steps, n_slots, capacity, system, reuse=True, cache=_NoCache())
+
+
+def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool, cache=None) -> Replay:
     """kvcache as a llama.cpp-style server drives it, metadata only: a sequence id per running
     request; each prefill chunk one ubatch (one group), the step's decode tokens one ubatch; a
     ubatch that finds no slot is halved and retried (as llama.cpp's server halves its batch). A
     request's prompt is an int32 array, as a server holds it (made before the replay). Checked
-    every CHECK_EVERY steps and after the last (untimed, :func:`_timed`): each running request holds exactly positions [0, computed); at
-    the end no cell is used. The step's decode ubatch takes its positions, sequence ids and
-    tokens as the Python lists the loop gathers them in (UBatch reads lists of ints as they are)."""
+    every CHECK_EVERY steps and after the last (untimed, :func:`_timed`): each running request
+    holds exactly positions [0, computed); at the end no cell is used. The step's decode ubatch
+    takes its positions, sequence ids and tokens as the Python lists the loop gathers them in
+    (UBatch reads lists of ints as they are). ``cache``: a stand-in for the cache (not checked;
+    :func:`replay_driver`)."""
     import kvcache
 
-    if reuse:
-        c = kvcache.UnifiedCache(capacity, 1, 8, 8, n_seq_max=n_slots, buffers=None, semantics="2026")
+    if cache is not None:
+        c, ubatch = cache, cache.UBatch
+    elif reuse:
+        c, ubatch = kvcache.UnifiedCache(capacity, 1, 8, 8, n_seq_max=n_slots, buffers=None, semantics="2026"), kvcache.UBatch
         c.enable_prefix_reuse()
     else:
-        c = kvcache.UnifiedCache(capacity, 1, 8, 8, n_seq_max=n_slots, buffers=None)
+        c, ubatch = kvcache.UnifiedCache(capacity, 1, 8, 8, n_seq_max=n_slots, buffers=None), kvcache.UBatch
     free_ids = list(range(n_slots - 1, -1, -1))
     live: dict[int, list] = {}          # rid -> [seq id, prompt, computed]
     prompts = {e[1]: np.asarray(e[2], dtype=np.int32) for ev in steps for e in ev if e[0] == "admit"}
@@ -247,8 +279,7 @@ def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool
         grouped = isinstance(ub_seq, int)
         seqs = [ub_seq] if grouped else ub_seq
         n_seq_tokens = len(ub_pos) if grouped else 1
-        ub = (kvcache.UBatch(ub_pos, seqs, n_seq_tokens, tokens=tokens) if reuse
-              else kvcache.UBatch(ub_pos, seqs, n_seq_tokens))
+        ub = ubatch(ub_pos, seqs, n_seq_tokens, tokens=tokens) if reuse else ubatch(ub_pos, seqs, n_seq_tokens)
         if c.find_slot(ub):
             if not reuse:
                 c.commit()
@@ -320,7 +351,7 @@ def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool
         if reuse:
             c._prefix_check()
 
-    out = _timed(steps, step, check)
+    out = _timed(steps, step, check if cache is None else None)
     if c.used != 0:
         raise AssertionError(f"kvcache: {c.used} cells still used after every request finished")
     out.hits = hits[0]
@@ -626,6 +657,7 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
         for _ in range(n_reps):
             runs: dict[str, Replay] = {}
             runs["kvcache"] = replay_kvcache(steps, n_slots, capacity, system)
+            runs["driver"] = replay_driver(steps, n_slots, capacity, system)
             if workload != "chat" and n_slots <= caps.max_seqs:
                 # the donor scheme finds no earlier turn of a conversation: chat has no such row
                 runs["kvcache seq_cp"] = replay_kvcache_donor(steps, n_slots, capacity, system)
@@ -635,6 +667,7 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
                 if k not in best or r.cpu_sum < best[k].cpu_sum:
                     best[k] = r
         donor = best.pop("kvcache seq_cp", None)
+        driver = best.pop("driver")
         per = {k: r.cpu_mean for k, r in best.items()}
         extra = {"steps": len(steps), "workload": workload, "per_step_ns": per,
                  "wall_median_ns": {k: r.wall_median for k, r in best.items()},
@@ -642,6 +675,7 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
                  "prompt_tokens": sum(len(e[2]) for ev in steps for e in ev if e[0] == "admit"),
                  "counters": {k: r.counters for k, r in best.items() if r.counters},
                  "without_index": {"per_step_ns": donor.cpu_mean, "prefix_hit_tokens": donor.hits} if donor else None,
+                 "driver_per_step_ns": driver.cpu_mean,
                  "peers_missing": missing, "serving": True}
         k_cpu = [best["kvcache"].cpu[i] for i in counted(len(steps))]
         peers_note = ", ".join(f"{p} {per[p] / 1e3:.1f} us" for p in ("vLLM", "SGLang") if p in per)
@@ -731,9 +765,10 @@ def format_serving(report: dict) -> str:
     rows = [r for r in report["rows"] if r.get("extra", {}).get("serving")]
     if not rows:
         return ""
-    out = ["| workload | steps | kvcache us/step | vLLM us/step | SGLang us/step | SGLang/kvcache | vLLM/kvcache | "
-           "prompt tokens | prefix-hit tokens (kvcache / vLLM / SGLang) | kvcache without index: us/step, hits |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| workload | steps | kvcache us/step | of it, the driver alone | vLLM us/step | SGLang us/step | "
+           "SGLang/kvcache | vLLM/kvcache | prompt tokens | prefix-hit tokens (kvcache / vLLM / SGLang) | "
+           "kvcache without index: us/step, hits |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         x = r["extra"]
         per, hits = x["per_step_ns"], x["prefix_hit_tokens"]
@@ -745,7 +780,9 @@ def format_serving(report: dict) -> str:
             return f"{per[k] / per['kvcache']:.2f}x" if k in per and "kvcache" in per else "-"
         donor = x.get("without_index")
         out.append(f"| {r['case'].removeprefix('serving: ')} | {x['steps']} | "
-                   f"{us('kvcache') if 'kvcache' in per else r['note']} | {us('vLLM')} | {us('SGLang')} | "
+                   f"{us('kvcache') if 'kvcache' in per else r['note']} | "
+                   + (f"{x['driver_per_step_ns'] / 1e3:.1f}" if "driver_per_step_ns" in x else "-")
+                   + f" | {us('vLLM')} | {us('SGLang')} | "
                    f"{ratio('SGLang')} | {ratio('vLLM')} | {x.get('prompt_tokens', '-')} | "
                    + " / ".join(str(hits.get(k, "-")) for k in ("kvcache", "vLLM", "SGLang")) + " | "
                    + (f"{donor['per_step_ns'] / 1e3:.1f}, {donor['prefix_hit_tokens']}" if donor else "-") + " |")
