@@ -1,8 +1,9 @@
 """The prefix store with caches other than a plain unified one (docs/store.md, "Which caches"):
 iSWA (the base cache's rows of every chunk, the SWA cache's window before a chunk's end),
-recurrent (the state at a chunk's end), hybrid (both), and cells with 2-D positions. Exact rows
+recurrent (the state at a chunk's end), hybrid (both), hybrid with a sliding window (the window
+and the state), and cells with 2-D positions. Exact rows
 back, a damaged part is a miss that changes nothing, a directory of another kind is refused;
-tiny transformers models (Gemma2, Mamba, LFM2) get the next-token logits of recomputation from
+tiny transformers models (Gemma2, Mamba, LFM2 with and without a window) get the next-token logits of recomputation from
 a prefix loaded back from the store."""
 import os
 
@@ -204,6 +205,47 @@ def test_hybrid_attach_and_release_through_the_store():
     h._prefix_check()
 
 
+def whyb(swa_full=True):
+    """The toy hybrid with a sliding window of 4 on its attention layers (all in the SWA cache)."""
+    return hyb(n_swa=4, n_batch=8, swa_full=swa_full)
+
+
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_windowed_hybrid_keeps_the_window_and_the_state(tmp_path, swa_full):
+    h = whyb(swa_full)
+    toks = list(range(5, 25))
+    run_hyb(h, 0, toks, 0, 8)
+    assert h.checkpoint(0, toks) == 8
+    run_hyb(h, 0, toks, 8, 16)
+    st = PrefixStore(h, tmp_path / "st", chunk_tokens=C)
+    g = st.geometry
+    assert (g.kind, g.layers, len(g.swa_layers), g.n_swa) == ("hybrid_iswa", (), 2, 4)
+    assert "hybrid_iswa cache" in g.describe() and "SWA layers" in g.describe()
+    assert st.save(h, 0, toks) == 16                # the window and the state after 8 and after 16
+    names = sorted(os.path.splitext(f)[1] for _, _, fs in os.walk(tmp_path / "st" / "chunks") for f in fs)
+    assert names == [".kve", ".kve", ".kvs", ".kvs"]     # the base cache holds no layer: no rows
+    assert st.match(toks[:15]) == 8 and st.match(toks) == 16
+    d = whyb(swa_full)
+    assert PrefixStore(d, tmp_path / "st", chunk_tokens=C).load(d, 1, toks) == 16
+    assert d.seq_pos_max(1) == 15 and d.attn.base.seq_pos_max(1) == 15
+    pos, want = part_rows(h.attn.swa, 0)
+    wpos, have = part_rows(d.attn.swa, 1)
+    assert wpos.tolist() == [13, 14, 15]            # the window a query at 16 sees
+    sel = np.searchsorted(pos, wpos)
+    for (k1, v1), (k2, v2) in zip(want, have):
+        np.testing.assert_array_equal(k1[sel], k2)
+        np.testing.assert_array_equal(v1[sel], v2)
+    assert d.recr._store_state(1) == h.recr._store_state(0)
+    with pytest.raises(ValueError, match="loads into an empty sequence"):
+        PrefixStore(d, tmp_path / "st", chunk_tokens=C).load(d, 1, toks)
+    with pytest.raises(StoreError, match="at= is refused"):
+        PrefixStore(d, tmp_path / "st", chunk_tokens=C).load(d, 0, toks, at=4)
+    with pytest.raises(StoreError, match="not the store's"):
+        st.save(hyb(), 0, toks)                     # the same hybrid without a window
+    with pytest.raises(StoreError, match="another geometry"):
+        PrefixStore(hyb(), tmp_path / "st", chunk_tokens=C)
+
+
 def test_the_command_line_reports_a_store_of_parts(tmp_path):
     from kvcache.cli.store import report
 
@@ -218,7 +260,7 @@ def test_the_command_line_reports_a_store_of_parts(tmp_path):
     assert r["geometry"].startswith("hybrid cache")
 
 
-@pytest.mark.parametrize("kind", ["iswa", "recurrent", "hybrid"])
+@pytest.mark.parametrize("kind", ["iswa", "recurrent", "hybrid", "hybrid_iswa"])
 def test_a_damaged_part_is_a_miss_and_changes_nothing(tmp_path, kind):
     toks = list(range(1, 17))
     if kind == "iswa":
@@ -230,14 +272,14 @@ def test_a_damaged_part_is_a_miss_and_changes_nothing(tmp_path, kind):
         src.checkpoint(0, toks)
         run_rec(src, 0, toks, 8, 16)
     else:
-        src, dst = hyb(), hyb()
+        src, dst = (hyb(), hyb()) if kind == "hybrid" else (whyb(), whyb())
         run_hyb(src, 0, toks, 0, 8)
         src.checkpoint(0, toks)
         run_hyb(src, 0, toks, 8, 16)
     PrefixStore(src, tmp_path / "st", chunk_tokens=C).save(src, 0, toks)
     st = PrefixStore(dst, tmp_path / "st", chunk_tokens=C, promote=False)
     keys = st.keys(toks)
-    part = 1 if kind != "iswa" else 0
+    part = {"iswa": 0, "hybrid_iswa": 2}.get(kind, 1)    # the windowed hybrid: chunk 1's state
     victim = st._file(keys[1], part)
     data = bytearray(open(victim, "rb").read())
     data[len(data) // 2] ^= 0x40
@@ -428,23 +470,25 @@ def test_mamba_state_from_the_store_gives_the_logits_of_recomputation(tmp_path, 
     assert torch.equal(got, want)
 
 
-def test_lfm2_prefix_from_the_store_gives_the_logits_of_recomputation(tmp_path, torch_tf):
+@pytest.mark.parametrize("n_swa,swa_full", [(0, False), (4, True), (4, False)])
+def test_lfm2_prefix_from_the_store_gives_the_logits_of_recomputation(tmp_path, torch_tf, n_swa, swa_full):
     """A tiny LFM2 whose attention K/V and convolution states live in a HybridCache: a prompt
     saved (rows of every chunk, the state at the chunk end checkpointed), the cache dropped, the
-    prefix loaded from the directory: bit for bit the logits of recomputation in the same chunks."""
+    prefix loaded from the directory: bit for bit the logits of recomputation in the same chunks.
+    With a sliding window of 4 (the attention part an iSWA pair whose base cache holds no layer)
+    the store keeps the window before each chunk end instead of rows, and the recomputation is a
+    fresh memory's."""
     torch, transformers = torch_tf
+    from lfm2_model import tiny_lfm2
+
     torch.manual_seed(0)
-    cfg = transformers.Lfm2Config(num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2, conv_L_cache=3,
-                                  hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                                  max_position_embeddings=256, vocab_size=50)
-    model = transformers.Lfm2ForCausalLM(cfg).eval()
-    head = cfg.hidden_size // cfg.num_attention_heads
-    n_kv, L = cfg.num_key_value_heads, cfg.conv_L_cache
-    conv_layers, attn_layers = (0, 2), (1, 3)
+    model, cfg = tiny_lfm2(transformers)
+    width = cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    window = dict(n_swa=n_swa, n_batch=8, swa_full=swa_full) if n_swa else {}
 
     def make():
-        h = HybridCache(64, 4, list(conv_layers), n_kv * head, n_kv * head, cfg.hidden_size * L, 0, n_seq_max=2,
-                        type_k="f32", type_v="f32", v_trans=False)
+        h = HybridCache(64, 4, [0, 2], width, width, cfg.hidden_size * cfg.conv_L_cache, 0, n_seq_max=2,
+                        type_k="f32", type_v="f32", v_trans=False, **window)
         h.enable_prefix_reuse(checkpoints=4)
         return h
 
@@ -453,21 +497,23 @@ def test_lfm2_prefix_from_the_store_gives_the_logits_of_recomputation(tmp_path, 
 
     a = [3, 5, 7, 9, 11, 13, 2, 4, 6, 8, 10, 12]
     h = make()
-    chunk(h, 0, a, 0, 4)
-    h.checkpoint(0, a)
-    chunk(h, 0, a, 4, 8)
-    h.checkpoint(0, a)
-    chunk(h, 0, a, 8, len(a))
+    for x, y in ((0, 4), (4, 8), (8, len(a))):
+        chunk(h, 0, a, x, y)
+        if y < len(a):
+            h.checkpoint(0, a)
     PrefixStore(h, tmp_path / "st", chunk_tokens=4).release(h, 0, a)
     h = make()
     st = PrefixStore(h, tmp_path / "st", chunk_tokens=4)
+    assert st.geometry.kind == ("hybrid_iswa" if n_swa else "hybrid")
     b = a[:10] + [21, 22]
     assert st.attach(h, 1, b) == 8
     got = chunk(h, 1, b, 8, len(b))
+    fresh = make()
     cache = transformers.DynamicCache(config=cfg)
     with torch.no_grad():
         for x, y in ((0, 4), (4, 8), (8, len(b))):
-            want = model(torch.tensor([b[x:y]]), cache=cache, use_cache=True).logits[0, -1]
+            want = chunk(fresh, 0, b, x, y) if n_swa else \
+                model(torch.tensor([b[x:y]]), cache=cache, use_cache=True).logits[0, -1]
     assert torch.equal(got, want)
 
 

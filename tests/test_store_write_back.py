@@ -3,8 +3,9 @@ a prompt the cache's index evicts under pressure is written to the store from th
 let go, then loaded into a fresh cache with the original rows bit for bit — a UnifiedCache2026
 of several streams or with 2-D positions, an ISWACache2026 (the base rows, the SWA windows the
 SWA cache's index let go), a RecurrentCache (the states its checkpoint pool evicts at chunk
-ends), a HybridCache (the attention rows, the states its checkpoint pool still holds or evicts);
-the caches without an index are refused with the reason."""
+ends), a HybridCache (the attention rows, the states its checkpoint pool still holds or
+evicts; with a sliding window, the windows and those states); the caches without an index are
+refused with the reason."""
 import numpy as np
 import pytest
 
@@ -271,6 +272,41 @@ def test_hybrid_pool_evicts_under_pressure(tmp_path):
     same_rows(want, have, 8)
     assert g.recr._store_state(1) == (8, state8)
     h._prefix_check()
+
+
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_hybrid_with_a_window(tmp_path, swa_full):
+    """A hybrid memory with a sliding window of 4 (its base cache holding no layer): the SWA
+    cache's index writes the windows it still held, the base cache's the states the checkpoint
+    pool still holds; a prefix ends where a chunk has both."""
+    h = HybridCache(24, 4, [0, 2], 8, 8, 12, 4, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False,
+                    n_swa=4, n_batch=8, swa_full=swa_full)
+    h.enable_prefix_reuse(checkpoints=8)
+    st = PrefixStore(h, tmp_path / "st", chunk_tokens=C)
+    st.write_back(h)
+    a = list(range(5, 23))                          # 18 tokens
+    run_hyb(h, 0, a, 0, 8)
+    assert h.checkpoint(0, a) == 8
+    run_hyb(h, 0, a, 8, 18)
+    spos, swant = seq_rows(h.attn.swa, 0)
+    state8 = h.recr._store_checkpoint(a[:8])
+    h.prefix_release(0, a)
+    run_hyb(h, 1, list(range(60, 80)), 0, 20)       # both caches need the room
+    h.prefix_evict(n_cells=24, n_checkpoints=8)     # the rest of what the indexes hold
+    assert st.stats["evicted_saved"] >= 1
+    # the window before 8 (positions 5 .. 7) still held when evicted; the state after 16 never taken
+    assert st.match(a) == 8
+    h.seq_rm(1, -1, -1)
+    g = HybridCache(24, 4, [0, 2], 8, 8, 12, 4, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False,
+                    n_swa=4, n_batch=8, swa_full=swa_full)
+    assert PrefixStore(g, tmp_path / "st", chunk_tokens=C).load(g, 1, a) == 8
+    wpos, whave = seq_rows(g.attn.swa, 1)
+    assert wpos == [5, 6, 7] and g.attn.base.seq_pos_max(1) == 7
+    sel = np.searchsorted(spos, wpos)
+    for (k1, v1), (k2, v2) in zip(swant, whave):
+        np.testing.assert_array_equal(k1[sel], k2)
+        np.testing.assert_array_equal(v1[sel], v2)
+    assert g.recr._store_state(1) == (8, state8)
 
 
 def test_caches_without_write_back_are_refused():

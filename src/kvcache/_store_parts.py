@@ -8,10 +8,11 @@ A chunk has up to two parts, each its own entry in both tiers:
 - its **end part**: what a query right after the chunk needs beyond the rows: an ISWACache's
   SWA layers' rows of the window before the chunk's end (the cells that query sees; earlier ones
   it never reads), a RecurrentCache's or HybridCache's recurrent state after the chunk (a
-  checkpoint of the cache's pool taken there, or the sequence's own state when it ends there).
+  checkpoint of the cache's pool taken there, or the sequence's own state when it ends there);
+  a HybridCache with a sliding window has both: the window (part 1) and the state (part 2).
 
 A prefix of k chunks is usable when the rows of chunks 0 .. k-1 are held (none for a recurrent
-cache) and, for a cache with end parts, the end part of chunk k-1. Loads read every part first
+cache) and, for a cache with end parts, the end parts of chunk k-1. Loads read every part first
 (checked), then go through the cache's transactional import (the attention parts) and, for a
 recurrent state, a placement of the sequence's state that either takes a cell or changes nothing.
 """
@@ -44,14 +45,16 @@ def parts_geometry(cls: type[StoreGeometry], cache: Any, chunk_tokens: int) -> S
         return cls(tk, tv, base, chunk_tokens, "iswa", swa, int(cache.n_swa), str(cache.swa_type),
                    ext=bool(cache.cell_ext))
     if isinstance(cache, _Hybrid):
-        attn_cache: Any = cache.attn
-        if not isinstance(cache.attn, _Unified):
-            raise StoreError("cache is a hybrid memory with a sliding window (its attention part an ISWACache): "
-                             "the store does not keep it yet")
+        pair: Any = cache.attn if isinstance(cache.attn, _ISWA) else None
+        attn_cache: Any = cache.attn if pair is None else pair.base
         _refuse_no_memory(attn_cache, StoreError)
         tk, tv, attn = _header_layers(attn_cache.seq_export(0).header)
         st = tuple((int(il), r, s) for il, (r, s) in zip(cache.recurrent_layers, cache.recr._state_layout()))
-        return cls(tk, tv, attn, chunk_tokens, "hybrid", state_layers=st)
+        if pair is None:
+            return cls(tk, tv, attn, chunk_tokens, "hybrid", state_layers=st)
+        swa = _header_layers(pair.swa.seq_export(0).header)[2]
+        return cls(tk, tv, attn, chunk_tokens, "hybrid_iswa", swa, int(pair.n_swa), str(pair.swa_type), st,
+                   ext=bool(pair.cell_ext))
     if isinstance(cache, _Recurrent):
         if cache.buffers == "none":
             raise StoreError("cache holds no state memory (buffers='none')")
@@ -68,7 +71,17 @@ def _refuse_no_memory(part: Any, error: type[Exception]) -> None:
 def attn_part(cache: Any, kind: str) -> Any:
     """The cache part whose K/V are a chunk's rows (None for a recurrent cache)."""
     return {"unified": cache, "iswa": getattr(cache, "base", None), "hybrid": getattr(cache, "attn", None),
-            "recurrent": None}[kind]
+            "hybrid_iswa": getattr(getattr(cache, "attn", None), "base", None), "recurrent": None}[kind]
+
+
+def window_part(cache: Any, kind: str) -> Any:
+    """The cache part whose rows are a chunk's window (an iSWA pair's SWA cache)."""
+    return cache.swa if kind == "iswa" else cache.attn.swa
+
+
+def recurrent_part(cache: Any, kind: str) -> Any:
+    """The cache part whose state is a chunk's state (None for a cache without one)."""
+    return cache.recr if kind in ("hybrid", "hybrid_iswa") else cache if kind == "recurrent" else None
 
 
 def rows_of(part: Any, il: int, cells: npt.NDArray[Any],
@@ -169,7 +182,7 @@ def usable(store: PrefixStore, keys: list[bytes], skip: set[tuple[bytes, int]] |
     if not g.has_end:
         return rows
     for i in range(rows - 1, -1, -1):
-        if has_part(store, keys[i], 1, skip):
+        if all(has_part(store, keys[i], p, skip) for p in g.end_parts):
             return i + 1
     return 0
 
@@ -181,7 +194,7 @@ def put_part(store: PrefixStore, key: bytes, parent: bytes, index: int, ctoks: n
     from kvcache.store import _host_key
 
     hkey = _host_key(key, part)
-    n_bytes = store.geometry.end_bytes(index) if part else store.geometry.rows_bytes
+    n_bytes = store.geometry.end_bytes(index, part) if part else store.geometry.rows_bytes
     have_host = hkey in store._host
     disk_on = store.path is not None and store.disk_bytes > 0
     have_disk = disk_on and os.path.exists(store._file(key, part))
@@ -236,13 +249,13 @@ def save_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np
     prev = bytes(_KEY)
     for i, key in enumerate(keys):
         ctoks = toks[i * c:(i + 1) * c].copy()
-        if rows is not None:
+        if rows is not None and g.rows_bytes:    # an iSWA base cache may hold no layer
             ks, vs = rows
             sl = slice(i * c, (i + 1) * c)
             put_part(store, key, prev, i, ctoks, 0, lambda sl=sl: _payload(
                 g.layers, [k[sl] for k in ks], [v[sl] for v in vs], None if ext is None else ext[sl]))
-        if g.has_end:
-            put_part(store, key, prev, i, ctoks, 1, lambda i=i: ends.end(i))
+        for part in g.end_parts:
+            put_part(store, key, prev, i, ctoks, part, lambda i=i, part=part: ends.end(i, part))
         prev = key
     return usable(store, keys) * c
 
@@ -261,7 +274,7 @@ def get_part(store: PrefixStore, key: bytes, part: int, index: int, toks: npt.ND
         return hit[1]
     if store.path is None:
         return None
-    n_bytes = store.geometry.end_bytes(index) if part else store.geometry.rows_bytes
+    n_bytes = store.geometry.end_bytes(index, part) if part else store.geometry.rows_bytes
     keep = np.empty(n_bytes, np.uint8)
     if not store._read_file(store._file(key, part), key, index, toks, None, keep=keep, part_no=part):
         return None
@@ -289,17 +302,20 @@ def load_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np
             rows.append(p)
         if len(rows) != (k if g.rows_bytes else 0):
             continue
-        end = None
-        if g.has_end:
-            end = get_part(store, keys[k - 1], 1, k - 1, toks, hits)
-            if end is None:
-                skip.add((keys[k - 1], 1))
-                continue
-        import_parts(store, cache, seq_id, k * c, rows, end)
+        ends: dict[int, npt.NDArray[np.uint8]] = {}
+        for part in g.end_parts:
+            got = get_part(store, keys[k - 1], part, k - 1, toks, hits)
+            if got is None:
+                skip.add((keys[k - 1], part))
+                break
+            ends[part] = got
+        if len(ends) != len(g.end_parts):
+            continue
+        import_parts(store, cache, seq_id, k * c, rows, ends)
         store.stats["host_hits"] += hits[0]
         store.stats["disk_hits"] += hits[1]
         store.stats["chunks_loaded"] += k
-        store.stats["bytes_loaded"] += sum(p.nbytes for p in rows) + (0 if end is None else end.nbytes)
+        store.stats["bytes_loaded"] += sum(p.nbytes for p in rows) + sum(p.nbytes for p in ends.values())
         return k * c
 
 def check_parts_target(store: PrefixStore, cache: Any, seq_id: int) -> None:
@@ -309,16 +325,17 @@ def check_parts_target(store: PrefixStore, cache: Any, seq_id: int) -> None:
     geo = type(g).of(cache, g.chunk_tokens)
     if geo != g:
         raise StoreError(f"load: cache's geometry ({geo.describe()}) is not the store's ({g.describe()})")
-    recr = cache.recr if g.kind == "hybrid" else cache if g.kind == "recurrent" else None
+    recr = recurrent_part(cache, g.kind)
     if recr is not None and recr.seq_pos_max(seq_id) >= 0:
         raise ValueError(f"load: seq_id {seq_id} holds a state: a recurrent state loads into an empty sequence")
-    if g.kind == "hybrid" and cache.attn.seq_pos_max(seq_id) >= 0:
+    if g.kind in ("hybrid", "hybrid_iswa") and cache.attn.seq_pos_max(seq_id) >= 0:
         raise ValueError(f"load: seq_id {seq_id} holds cells: a hybrid prefix loads into an empty sequence")
 
 def import_parts(store: PrefixStore, cache: Any, seq_id: int, n: int, rows: list[npt.NDArray[np.uint8]],
-                  end: npt.NDArray[np.uint8] | None) -> None:
-    """Bring n tokens' parts into seq_id: every attention part through one transactional
-    import, committed only when the recurrent state (if any) has taken its cell."""
+                 ends: dict[int, npt.NDArray[np.uint8]]) -> None:
+    """Bring n tokens' parts into seq_id (ends: the last chunk's end parts by part number):
+    every attention part through one transactional import, committed only when the recurrent
+    state (if any) has taken its cell."""
     from kvcache.handoff import PartsImport
     from kvcache.store import _make_import_header
 
@@ -327,24 +344,25 @@ def import_parts(store: PrefixStore, cache: Any, seq_id: int, n: int, rows: list
     try:
         attn = attn_part(cache, g.kind)
         if attn is not None:
+            if not g.rows_bytes:      # a base cache of no layer: its cells, no bytes
+                rows = [np.empty(0, np.uint8)] * (n // g.chunk_tokens)
             data, ext = split_payload(g.layers, rows, g.chunk_tokens, g.ext, attn.v_trans)
             head = _make_import_header(g.type_k, g.type_v, g.layers, attn.v_trans, np.arange(n), seq_id, ext)
             imports.append((_seq_import_begin(attn, head, seq_id, into_empty=True), data))
-        if g.kind == "iswa":
-            assert end is not None
+        if g.windowed:
+            swa = window_part(cache, g.kind)
             w = g.window_start(n)
-            data, ext = split_payload(g.swa_layers, [end], n - w, g.ext, cache.swa.v_trans)
-            head = _make_import_header(g.type_k, g.type_v, g.swa_layers, cache.swa.v_trans, np.arange(w, n),
-                                       seq_id, ext)
-            imports.append((_seq_import_begin(cache.swa, head, seq_id, into_empty=True), data))
+            data, ext = split_payload(g.swa_layers, [ends[1]], n - w, g.ext, swa.v_trans)
+            head = _make_import_header(g.type_k, g.type_v, g.swa_layers, swa.v_trans, np.arange(w, n), seq_id, ext)
+            imports.append((_seq_import_begin(swa, head, seq_id, into_empty=True), data))
         for imp, data in imports:
             imp.scatter(data)
         whole = PartsImport([imp for imp, _ in imports])
         for imp, _ in imports:
             imp.check()
-        recr = cache.recr if g.kind == "hybrid" else cache if g.kind == "recurrent" else None
+        recr = recurrent_part(cache, g.kind)
         if recr is not None:
-            recr._store_restore(seq_id, n, end)
+            recr._store_restore(seq_id, n, ends[g.state_part])
         try:
             whole.commit()
         except BaseException:
@@ -367,12 +385,12 @@ class _EndSource:
         self._pos: dict[int, int] | None = None
         self._own: tuple[int, Any] | None = None
 
-    def end(self, index: int) -> npt.NDArray[np.uint8] | None:
+    def end(self, index: int, part: int) -> npt.NDArray[np.uint8] | None:
         g = self.store.geometry
         p = (index + 1) * g.chunk_tokens
-        if g.kind == "iswa":
+        if part != g.state_part:
             return self._window(p)
-        recr = self.cache.recr if g.kind == "hybrid" else self.cache
+        recr = recurrent_part(self.cache, g.kind)
         got = _checkpoint_bytes(recr, self.toks[:p], self.salt)
         if got is not None:
             return got
@@ -383,7 +401,7 @@ class _EndSource:
 
     def _window(self, p: int) -> npt.NDArray[np.uint8] | None:
         g = self.store.geometry
-        swa = self.cache.swa
+        swa = window_part(self.cache, g.kind)
         if self._pos is None:
             cells, pos = swa.seq_cells(self.seq_id)
             self._pos = {}
@@ -409,8 +427,10 @@ def write_back_parts(cache: Any) -> list[tuple[Any, str]]:
     """The parts of a cache whose prefix indexes write back, each with what its evicted prompts
     give: ``"rows"`` (a chunk's rows), ``"window"`` (an iSWA cache's SWA windows: end parts),
     ``"rows+state"`` (a hybrid cache's attention rows, and the recurrent states its checkpoint
-    pool still holds at the chunks' ends: end parts), ``"state"`` (the checkpoints a recurrent
-    or hybrid cache's pool evicts at chunk ends: end parts); StoreError saying why for another."""
+    pool still holds at the chunks' ends: end parts; with a sliding window, its iSWA pair's
+    base cache's rows and those states, the SWA cache's windows), ``"state"`` (the checkpoints a
+    recurrent or hybrid cache's pool evicts at chunk ends: end parts); StoreError saying why for
+    another."""
     from kvcache.store import StoreError
 
     if isinstance(cache, _ISWA):
@@ -419,6 +439,8 @@ def write_back_parts(cache: Any) -> list[tuple[Any, str]]:
                              "today's llama.cpp's: ISWACache2026)")
         return [(cache.base, "rows"), (cache.swa, "window")]
     if isinstance(cache, _Hybrid):
+        if isinstance(cache.attn, _ISWA):
+            return [(cache.attn.base, "rows+state"), (cache.attn.swa, "window"), (cache.recr, "state")]
         return [(cache.attn, "rows+state"), (cache.recr, "state")]
     if isinstance(cache, _Recurrent):
         return [(cache, "state")]
@@ -449,7 +471,7 @@ def write_evicted_parts(store: PrefixStore, part: Any, role: str, recr: Any, sal
     for i, key in enumerate(keys):
         ctoks = toks[i * c:(i + 1) * c].copy()
         a, b = i * c, (i + 1) * c
-        if role != "window" and real[a:b].all():
+        if role != "window" and g.rows_bytes and real[a:b].all():
             put_part(store, key, prev, i, ctoks, 0, lambda a=a, b=b: _part_rows(
                 part, g.layers, cells[a:b], strms[a:b], None if ext is None else ext[a:b]))
         if role == "window":
@@ -458,7 +480,7 @@ def write_evicted_parts(store: PrefixStore, part: Any, role: str, recr: Any, sal
                 put_part(store, key, prev, i, ctoks, 1, lambda w=w, b=b: _part_rows(
                     part, g.swa_layers, cells[w:b], strms[w:b], None if ext is None else ext[w:b]))
         elif role == "rows+state":
-            put_part(store, key, prev, i, ctoks, 1, lambda b=b: _checkpoint_bytes(recr, toks[:b], salt))
+            put_part(store, key, prev, i, ctoks, g.state_part, lambda b=b: _checkpoint_bytes(recr, toks[:b], salt))
         prev = key
 
 
@@ -478,5 +500,5 @@ def write_evicted_state(store: PrefixStore, salt: str | bytes | None, toks: npt.
     if k == 0:
         return
     keys = store.keys(toks, salt)
-    put_part(store, keys[-1], keys[-2] if k > 1 else bytes(_KEY), k - 1, toks[-c:].copy(), 1,
+    put_part(store, keys[-1], keys[-2] if k > 1 else bytes(_KEY), k - 1, toks[-c:].copy(), store.geometry.state_part,
              lambda: np.frombuffer(state, np.uint8).copy())

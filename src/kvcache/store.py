@@ -70,7 +70,7 @@ _KEY = 16                   # bytes of a chunk's name
 _HANDOFF_FIXED = 40         # bytes of a hand-off header before its layers (csrc/kvc_handoff.h)
 _HANDOFF_LAYER = 28
 _FLAG_V_TRANS, _FLAG_MEMORY, _FLAG_EXT = 1, 2, 4
-_PART_EXT = (".kvc", ".kve")   # a chunk's rows, its end part
+_PART_EXT = (".kvc", ".kve", ".kvs")   # a chunk's rows, its end part, a windowed hybrid's state
 
 _Path = Union[str, "os.PathLike[str]"]
 _TYPE_NAMES = {t.id: t.name for t in ggml_types()}
@@ -89,7 +89,9 @@ class StoreGeometry:
     ``kind`` names the cache: ``"unified"``; ``"iswa"`` (``layers`` the base cache's,
     ``swa_layers`` the SWA cache's, with ``n_swa`` and ``swa_type``); ``"recurrent"`` (no
     ``layers``; ``state_layers`` per recurrent layer (model layer, R row bytes, S row bytes));
-    ``"hybrid"`` (``layers`` the attention part's, ``state_layers`` the recurrent part's).
+    ``"hybrid"`` (``layers`` the attention part's, ``state_layers`` the recurrent part's);
+    ``"hybrid_iswa"`` (a hybrid memory with a sliding window: ``layers`` its iSWA pair's base
+    cache's, ``swa_layers`` and the window its SWA cache's, ``state_layers`` the recurrent part's).
     ``ext``: the cells carry the per-cell extension (2-D positions), kept with the rows."""
 
     type_k: int
@@ -156,6 +158,21 @@ class StoreGeometry:
         (an iSWA cache's window of the SWA layers, a recurrent state)."""
         return self.kind != "unified"
 
+    @property
+    def windowed(self) -> bool:
+        """Whether a chunk keeps the SWA layers' window before its end (part 1)."""
+        return self.kind in ("iswa", "hybrid_iswa")
+
+    @property
+    def state_part(self) -> int:
+        """The part number of a chunk's recurrent state: 1, or 2 after a window (0: none)."""
+        return {"recurrent": 1, "hybrid": 1, "hybrid_iswa": 2}.get(self.kind, 0)
+
+    @property
+    def end_parts(self) -> tuple[int, ...]:
+        """The part numbers a chunk has besides its rows (a prefix ends on a chunk with all)."""
+        return (1, 2) if self.kind == "hybrid_iswa" else (1,) if self.has_end else ()
+
     def window_start(self, p: int) -> int:
         """The first position a query at p sees in the SWA layers (an iSWA geometry)."""
         if self.swa_type == "standard":
@@ -164,9 +181,9 @@ class StoreGeometry:
             return (p // self.n_swa) * self.n_swa
         return 0
 
-    def end_bytes(self, index: int) -> int:
-        """Bytes of the end part of chunk index (0: none)."""
-        if self.kind == "iswa":
+    def end_bytes(self, index: int, part: int = 1) -> int:
+        """Bytes of end part ``part`` (1 or 2) of chunk index (0: none)."""
+        if self.windowed and part == 1:
             p = (index + 1) * self.chunk_tokens
             return (p - self.window_start(p)) * (self.swa_token_bytes + self.ext_bytes)
         return self.state_bytes
@@ -230,11 +247,11 @@ class StoreGeometry:
         widths = sorted({(ly[1], ly[2]) for ly in self.layers})
         w = ", ".join(f"{a}/{b}" for a, b in widths)
         attn = f"{len(self.layers)} layers of K/V widths {w}, {k}/{v}"
-        if self.kind == "iswa":
+        if self.windowed:
             attn += f", {len(self.swa_layers)} SWA layers ({self.swa_type} window of {self.n_swa})"
-        elif self.kind == "recurrent":
+        if self.kind == "recurrent":
             attn = f"{len(self.state_layers)} recurrent layers of {self.state_bytes} state bytes"
-        elif self.kind == "hybrid":
+        elif self.kind in ("hybrid", "hybrid_iswa"):
             attn += f", {len(self.state_layers)} recurrent layers of {self.state_bytes} state bytes"
         ext = ", cells with 2-D positions" if self.ext else ""
         return f"{self.kind} cache: {attn}{ext}, {self.chunk_tokens} tokens per chunk"
@@ -266,8 +283,9 @@ class ChunkInfo:
 
 
 def _host_key(key: bytes, part: int) -> bytes:
-    """The host tier's key of a chunk's rows (its name) or end part (its name and b"e")."""
-    return key + b"e" if part else key
+    """The host tier's key of a chunk's rows (its name) or end part (its name and b"e", or b"s"
+    for a windowed hybrid's state)."""
+    return key + b"es"[part - 1:part] if part else key
 
 
 def _salt_bytes(salt: str | bytes | None) -> bytes:
@@ -380,7 +398,8 @@ class PrefixStore:
                              f"{self.geometry.describe()}: use another directory")
 
     def _file(self, key: bytes, part: int = 0) -> str:
-        """The file of a chunk's rows (part 0, ``.kvc``) or end part (1, ``.kve``)."""
+        """The file of a chunk's rows (part 0, ``.kvc``) or end part (1, ``.kve``; a windowed
+        hybrid's state: 2, ``.kvs``)."""
         assert self.path is not None
         h = key.hex()
         return os.path.join(self.path, "chunks", h[:2], h + _PART_EXT[part])
@@ -845,7 +864,7 @@ class PrefixStore:
         g = self.geometry
         c = g.chunk_tokens
         hb = self._header_bytes
-        n_bytes = g.end_bytes(index) if part_no else g.rows_bytes
+        n_bytes = g.end_bytes(index, part_no) if part_no else g.rows_bytes
         want = hb + n_bytes + _SUM
         if keep is None and self.promote and self.host_bytes >= n_bytes:
             keep = np.empty(n_bytes, np.uint8)
@@ -915,8 +934,9 @@ class PrefixStore:
         g = self.geometry
         why = {"iswa": "an iSWA cache's SWA layers hide and reuse cells by position, and the window kept "
                        "with a chunk was seen from its own positions",
-               "recurrent": "a recurrent state sums up every position before it and cannot be moved",
-               "hybrid": "its recurrent state sums up every position before it and cannot be moved"}.get(g.kind)
+               "recurrent": "a recurrent state sums up every position before it and cannot be moved"}.get(g.kind)
+        if g.state_part and why is None:
+            why = "its recurrent state sums up every position before it and cannot be moved"
         if why is None and g.ext:
             why = "its cells carry 2-D positions (cell_ext, M-RoPE), which a rotation by one delta does not move"
         if why is not None:
@@ -993,7 +1013,8 @@ class PrefixStore:
         ISWACache2026 (the base cache's evicted rows; the SWA cache's evicted windows as end
         parts), a RecurrentCache (each checkpoint its pool evicts at a chunk's end: the state
         as that chunk's end part), a HybridCache (the attention part's rows; the recurrent
-        states its checkpoint pool still holds at the chunks' ends, or evicts there);
+        states its checkpoint pool still holds at the chunks' ends, or evicts there; with a
+        sliding window, its iSWA pair's as an ISWACache's and those states);
         docs/store.md says which chunks each writes back. ``StoreError`` for a "2025" cache (no
         index). on=False: off."""
         for salt in salts:
