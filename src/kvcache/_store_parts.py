@@ -1,6 +1,6 @@
 """The prefix store's chunks of caches other than a plain unified one (docs/store.md, "Which caches").
 
-A chunk has up to two parts, each its own entry in both tiers:
+A chunk has up to three parts, each its own entry in both tiers:
 
 - its **rows**: the attention layers' K/V of its tokens (a UnifiedCache's layers, an ISWACache's
   base cache, a HybridCache's attention part), with the cells' 2-D positions when the cache
