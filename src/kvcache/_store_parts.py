@@ -500,5 +500,5 @@ def write_evicted_state(store: PrefixStore, salt: str | bytes | None, toks: npt.
     if k == 0:
         return
     keys = store.keys(toks, salt)
-    put_part(store, keys[-1], keys[-2] if k > 1 else bytes(_KEY), k - 1, toks[-c:].copy(), store.geometry.state_part,
-             lambda: np.frombuffer(state, np.uint8).copy())
+    put_part(store, keys[-1], keys[-2] if k > 1 else bytes(_KEY), k - 1, toks[-c:].copy(),
+             store.geometry.state_part, lambda: np.frombuffer(state, np.uint8).copy())
