@@ -309,6 +309,47 @@ def test_hybrid_with_a_window(tmp_path, swa_full):
     assert g.recr._store_state(1) == (8, state8)
 
 
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_hybrid_with_a_window_pool_evicts_under_pressure(tmp_path, swa_full):
+    """A windowed hybrid memory's pool evicts the state after 8 on its own: that state is the
+    chunk's state part, the window the SWA cache's index writes later its window part; the
+    prefix loads once both are there (the base cache, holding no layer, has no state left to
+    write for 8 when its cells go)."""
+    def cache():
+        h = HybridCache(24, 4, [0, 2], 8, 8, 12, 4, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False,
+                        n_swa=4, n_batch=8, swa_full=swa_full)
+        h.enable_prefix_reuse(checkpoints=2)
+        return h
+
+    h = cache()
+    st = PrefixStore(h, tmp_path / "st", chunk_tokens=C)
+    st.write_back(h)
+    a = list(range(5, 23))                          # 18 tokens
+    run_hyb(h, 0, a, 0, 8)
+    assert h.checkpoint(0, a) == 8
+    run_hyb(h, 0, a, 8, 16)
+    assert h.checkpoint(0, a) == 16
+    run_hyb(h, 0, a, 16, 18)
+    spos, swant = seq_rows(h.attn.swa, 0)
+    state8 = h.recr._store_checkpoint(a[:8])
+    h.prefix_release(0, a)                          # the pool keeps 16 and 18: the state after 8 goes
+    assert h.recr._store_checkpoint(a[:8]) is None
+    assert st.stats["evicted_saved"] == 1 and st.match(a) == 0      # no window part yet
+    run_hyb(h, 1, list(range(60, 80)), 0, 20)       # both caches need the room
+    h.prefix_evict(n_cells=24, n_checkpoints=8)   # the rest: the state after 16 goes with its window
+    assert st.match(a) == 16 and st.match(a[:12]) == 8
+    h.seq_rm(1, -1, -1)
+    g = cache()
+    assert PrefixStore(g, tmp_path / "st", chunk_tokens=C).load(g, 1, a[:12]) == 8
+    wpos, whave = seq_rows(g.attn.swa, 1)
+    assert wpos == [5, 6, 7] and g.attn.base.seq_pos_max(1) == 7
+    sel = np.searchsorted(spos, wpos)
+    for (k1, v1), (k2, v2) in zip(swant, whave):
+        np.testing.assert_array_equal(k1[sel], k2)
+        np.testing.assert_array_equal(v1[sel], v2)
+    assert g.recr._store_state(1) == (8, state8)
+
+
 def test_caches_without_write_back_are_refused():
     st = PrefixStore(kvcache.UnifiedCache(32, 2, 8, 8, type_k="f32", type_v="f32", v_trans=False,
                                           semantics="2025"), chunk_tokens=C)
