@@ -241,11 +241,13 @@ def test_recurrent(tmp_path):
     assert st.stats["evicted_saved"] == 2           # off: nothing written
 
 
-def test_hybrid_pool_evicts_under_pressure(tmp_path):
-    """A checkpoint the hybrid cache's pool evicts on its own is written then as its chunk's
-    end part: once the attention part lets the rows go, that prefix loads back bit for bit."""
+def pool_of_two(tmp_path, **window):
+    """A hybrid cache (with the window's arguments, if any) whose checkpoint pool holds two
+    states, writing back to a store; sequence 0 has run 18 tokens with checkpoints after 8 and
+    16. Returns the cache's maker, the cache, the store and the tokens."""
     def cache():
-        h = HybridCache(24, 4, [0, 2], 8, 8, 12, 4, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False)
+        h = HybridCache(24, 4, [0, 2], 8, 8, 12, 4, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False,
+                        **window)
         h.enable_prefix_reuse(checkpoints=2)
         return h
 
@@ -258,6 +260,13 @@ def test_hybrid_pool_evicts_under_pressure(tmp_path):
     run_hyb(h, 0, a, 8, 16)
     assert h.checkpoint(0, a) == 16
     run_hyb(h, 0, a, 16, 18)
+    return cache, h, st, a
+
+
+def test_hybrid_pool_evicts_under_pressure(tmp_path):
+    """A checkpoint the hybrid cache's pool evicts on its own is written then as its chunk's
+    end part: once the attention part lets the rows go, that prefix loads back bit for bit."""
+    cache, h, st, a = pool_of_two(tmp_path)
     _, want = seq_rows(h.attn, 0)
     state8 = h.recr._store_checkpoint(a[:8])
     h.prefix_release(0, a)                          # the pool keeps 16 and 18: the state after 8 goes
@@ -315,21 +324,7 @@ def test_hybrid_with_a_window_pool_evicts_under_pressure(tmp_path, swa_full):
     chunk's state part, the window the SWA cache's index writes later its window part; the
     prefix loads once both are there (the base cache, holding no layer, has no state left to
     write for 8 when its cells go)."""
-    def cache():
-        h = HybridCache(24, 4, [0, 2], 8, 8, 12, 4, n_seq_max=2, type_k="f32", type_v="f32", v_trans=False,
-                        n_swa=4, n_batch=8, swa_full=swa_full)
-        h.enable_prefix_reuse(checkpoints=2)
-        return h
-
-    h = cache()
-    st = PrefixStore(h, tmp_path / "st", chunk_tokens=C)
-    st.write_back(h)
-    a = list(range(5, 23))                          # 18 tokens
-    run_hyb(h, 0, a, 0, 8)
-    assert h.checkpoint(0, a) == 8
-    run_hyb(h, 0, a, 8, 16)
-    assert h.checkpoint(0, a) == 16
-    run_hyb(h, 0, a, 16, 18)
+    cache, h, st, a = pool_of_two(tmp_path, n_swa=4, n_batch=8, swa_full=swa_full)
     spos, swant = seq_rows(h.attn.swa, 0)
     state8 = h.recr._store_checkpoint(a[:8])
     h.prefix_release(0, a)                          # the pool keeps 16 and 18: the state after 8 goes
