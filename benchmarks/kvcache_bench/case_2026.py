@@ -10,7 +10,7 @@ import statistics
 
 import numpy as np
 
-from kvcache_bench import Row, _median_range, _paired, waiting
+from kvcache_bench._rows import Row, _median_range, _paired, waiting
 
 N_SEQS = 32
 

@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Any
 
-from kvcache_bench import Row, _median_range, _paired, waiting
+from kvcache_bench._rows import Row, _median_range, _paired, waiting
 
 HEADS, DIM = 8, 128
 # (sequences, the share of the cells they hold), and the one long sequence

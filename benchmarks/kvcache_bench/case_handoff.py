@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcache_bench import Row, _median_range, _paired, waiting
+from kvcache_bench._rows import Row, _median_range, _paired, waiting
 
 WIDTH = 1024
 

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from kvcache_bench import Row, _median_range, _paired
+from kvcache_bench._rows import Row, _median_range, _paired
 
 # LFM2-like geometry: 4 layers, attention in 1 and 3 (8 KV heads of 128), short convolutions in
 # 0 and 2 (R of 2 x 1024 floats); metadata only (no buffers)

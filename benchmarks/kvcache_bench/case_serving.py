@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvcache_bench import Row
+from kvcache_bench._rows import Row
 
 CHUNK = 512
 TOKENS_PER_SLOT = 1024

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcache._atomic import atomic_write
-from kvcache_bench import Row, _median_range, _paired, waiting
+from kvcache_bench._rows import Row, _median_range, _paired, waiting
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcache_bench import Row, _median_range, _paired
+from kvcache_bench._rows import Row, _median_range, _paired
 from kvcache_bench.case_handoff import WIDTH, _cache
 
 CHUNK = 256
@@ -104,7 +104,7 @@ def bench_store_llama(quick: bool, reps: int) -> list[Row]:
     after other traffic or in a new process: the context's own reuse of the last prompt left out)."""
     import importlib.util
 
-    from kvcache_bench import waiting
+    from kvcache_bench._rows import waiting
 
     if importlib.util.find_spec("llama_cpp") is None:
         return [waiting("store: llama-cpp-python time to first token", "llama-cpp-python is not installed")]

@@ -17,7 +17,7 @@ import time
 import warnings
 from typing import Any
 
-from kvcache_bench import Row, _median_range, _paired, _paired_interval, waiting
+from kvcache_bench._rows import Row, _median_range, _paired, _paired_interval, waiting
 
 N_PROMPT, N_NEW = 20, 32
 N_PROMPT_LONG = 2000
