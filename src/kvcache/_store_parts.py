@@ -25,47 +25,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import _Hybrid, _ISWA, _Recurrent, _seq_import_begin, _Unified, ggml_types
+from kvcache._core import _Hybrid, _ISWA, _Recurrent, _seq_import_begin, _Unified
+from kvcache._store_format import StoreError, _KEY, _header_cells, _host_key, _make_import_header
 
 if TYPE_CHECKING:
-    from kvcache.store import PrefixStore, StoreGeometry
-
-_TYPE_IDS = {t.name: t.id for t in ggml_types()}
-
-
-def parts_geometry(cls: type[StoreGeometry], cache: Any, chunk_tokens: int) -> StoreGeometry | None:
-    """The geometry of an ISWACache, RecurrentCache or HybridCache (None for another object)."""
-    from kvcache.store import StoreError, _header_layers
-
-    if isinstance(cache, _ISWA):
-        parts: tuple[Any, Any] = (cache.base, cache.swa)
-        _refuse_no_memory(parts[0], StoreError)
-        tk, tv, base = _header_layers(parts[0].seq_export(0).header)
-        swa = _header_layers(parts[1].seq_export(0).header)[2]
-        return cls(tk, tv, base, chunk_tokens, "iswa", swa, int(cache.n_swa), str(cache.swa_type),
-                   ext=bool(cache.cell_ext))
-    if isinstance(cache, _Hybrid):
-        pair: Any = cache.attn if isinstance(cache.attn, _ISWA) else None
-        attn_cache: Any = cache.attn if pair is None else pair.base
-        _refuse_no_memory(attn_cache, StoreError)
-        tk, tv, attn = _header_layers(attn_cache.seq_export(0).header)
-        st = tuple((int(il), r, s) for il, (r, s) in zip(cache.recurrent_layers, cache.recr._state_layout()))
-        if pair is None:
-            return cls(tk, tv, attn, chunk_tokens, "hybrid", state_layers=st)
-        swa = _header_layers(pair.swa.seq_export(0).header)[2]
-        return cls(tk, tv, attn, chunk_tokens, "hybrid_iswa", swa, int(pair.n_swa), str(pair.swa_type), st,
-                   ext=bool(pair.cell_ext))
-    if isinstance(cache, _Recurrent):
-        if cache.buffers == "none":
-            raise StoreError("cache holds no state memory (buffers='none')")
-        st = tuple((il, r, s) for il, (r, s) in enumerate(cache._state_layout()))
-        return cls(_TYPE_IDS[cache.type_k], _TYPE_IDS[cache.type_v], (), chunk_tokens, "recurrent", state_layers=st)
-    return None
-
-
-def _refuse_no_memory(part: Any, error: type[Exception]) -> None:
-    if part.buffers == "none":
-        raise error("cache holds no K/V memory (buffers='none')")
+    from kvcache.store import PrefixStore
 
 
 def attn_part(cache: Any, kind: str) -> Any:
@@ -163,8 +127,6 @@ def _part_rows(part: Any, layers: Any, cells: npt.NDArray[Any], strms: Any,
 # --- presence --------------------------------------------------------------------------------
 
 def has_part(store: PrefixStore, key: bytes, part: int, skip: set[tuple[bytes, int]] | None = None) -> bool:
-    from kvcache.store import _host_key
-
     if skip and (key, part) in skip:
         return False
     return _host_key(key, part) in store._host or (store.path is not None and os.path.exists(store._file(key, part)))
@@ -191,8 +153,6 @@ def usable(store: PrefixStore, keys: list[bytes], skip: set[tuple[bytes, int]] |
 def put_part(store: PrefixStore, key: bytes, parent: bytes, index: int, ctoks: npt.NDArray[np.int32], part: int,
               make: Any) -> None:
     """Keep a chunk's part in both tiers (made by make() only when a tier lacks it)."""
-    from kvcache.store import _host_key
-
     hkey = _host_key(key, part)
     n_bytes = store.geometry.end_bytes(index, part) if part else store.geometry.rows_bytes
     have_host = hkey in store._host
@@ -217,8 +177,6 @@ def put_part(store: PrefixStore, key: bytes, parent: bytes, index: int, ctoks: n
 
 def save_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np.int32],
                 salt: str | bytes | None) -> int:
-    from kvcache.store import StoreError, _header_cells, _KEY
-
     g = store.geometry
     c = g.chunk_tokens
     geo = type(g).of(cache, c)
@@ -264,8 +222,6 @@ def save_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np
 def get_part(store: PrefixStore, key: bytes, part: int, index: int, toks: npt.NDArray[np.int32],
               hits: list[int]) -> npt.NDArray[np.uint8] | None:
     """A part's bytes from host memory or its file (checked; a bad file is removed)."""
-    from kvcache.store import _host_key
-
     hkey = _host_key(key, part)
     hit = store._host.get(hkey)
     if hit is not None:
@@ -319,8 +275,6 @@ def load_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np
         return k * c
 
 def check_parts_target(store: PrefixStore, cache: Any, seq_id: int) -> None:
-    from kvcache.store import StoreError
-
     g = store.geometry
     geo = type(g).of(cache, g.chunk_tokens)
     if geo != g:
@@ -337,8 +291,6 @@ def import_parts(store: PrefixStore, cache: Any, seq_id: int, n: int, rows: list
     every attention part through one transactional import, committed only when the recurrent
     state (if any) has taken its cell."""
     from kvcache.handoff import PartsImport
-    from kvcache.store import _make_import_header
-
     g = store.geometry
     imports = []
     try:
@@ -431,8 +383,6 @@ def write_back_parts(cache: Any) -> list[tuple[Any, str]]:
     base cache's rows and those states, the SWA cache's windows), ``"state"`` (the checkpoints a
     recurrent or hybrid cache's pool evicts at chunk ends: end parts); StoreError saying why for
     another."""
-    from kvcache.store import StoreError
-
     if isinstance(cache, _ISWA):
         if not hasattr(cache, "prefix_publish"):
             raise StoreError("write_back: an ISWACache of semantics '2025' has no prefix index (prefix reuse is "
@@ -460,8 +410,6 @@ def write_evicted_parts(store: PrefixStore, part: Any, role: str, recr: Any, sal
     its rows where every cell is real, its end part where the cells (an iSWA window) or the
     checkpoint pool (a hybrid cache's state) still hold it. Ghosts (cells at or past the part's
     size) name no cell: what needs one is not written."""
-    from kvcache.store import _KEY
-
     g = store.geometry
     c = g.chunk_tokens
     real = cells < int(part.size)
@@ -493,8 +441,6 @@ def write_evicted_state(store: PrefixStore, salt: str | bytes | None, toks: npt.
                         state: bytes) -> None:
     """Write a checkpoint a pool evicted, the state after toks (a whole number of chunks), as
     the end part of its last chunk."""
-    from kvcache.store import _KEY
-
     c = store.geometry.chunk_tokens
     k = len(toks) // c
     if k == 0:

@@ -104,7 +104,7 @@ def _scatter_bytes(data: Buffer | npt.NDArray[np.uint8], n_bytes: int, whose: st
 
 def split_parts(header: Buffer, n_parts: int) -> list[bytes]:
     """The part headers of a PartsExport header; StateError when it is not one of n_parts parts."""
-    from kvcache import StateError
+    from kvcache._core import StateError
 
     h = bytes(memoryview(header).cast("B"))
     if len(h) < 12 or h[:4] != _PARTS_MAGIC:
@@ -243,7 +243,7 @@ class _HybridHeader:
 
 def split_hybrid(header: Buffer) -> _HybridHeader:
     """The fields of a HybridExport header; StateError when it is not one."""
-    from kvcache import StateError
+    from kvcache._core import StateError
 
     h = bytes(memoryview(header).cast("B"))
     if len(h) < 12 or h[:4] != _HYBRID_MAGIC:

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcache._core import RopeParams, StateError, rope_shift
+from kvcache._store_format import StoreError, StoreGeometry
 from kvcache._store_parts import rows_of
 
 if TYPE_CHECKING:
@@ -66,7 +67,6 @@ def _int(v: Any, name: str, lo: int, hi: int = _POS_MAX) -> int:
 
 def _geometry(cache: Any, what: str) -> tuple[int, int, tuple[tuple[int, int, int, int, int], ...]]:
     """(type_k, type_v, layers) of a unified cache holding K/V, or StoreError saying why not."""
-    from kvcache.store import StoreError, StoreGeometry
     from kvcache.unified import UnifiedCache
 
     if not isinstance(cache, UnifiedCache):
@@ -194,7 +194,7 @@ def set_range(cache: UnifiedCache, seq_id: int, rng: SeqRange, at: int, *, rope:
         if _longest_run(free) < n:
             raise StateError(f"{what}: no room: {n} positions need {n} contiguous free cells, the longest free run "
                              f"is {_longest_run(free)}")
-    from kvcache import UBatch
+    from kvcache._core import UBatch
 
     ub = UBatch(list(range(at, at + n)), [seq_id] * n, tokens=None if toks is None else toks.tolist())
     if not cache.find_slot(ub):
