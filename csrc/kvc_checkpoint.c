@@ -14,7 +14,7 @@ size_t kvc_ckpt_state_bytes(const kvc_recurrent *c) {
 int kvc_ckpt_init(kvc_ckpt_pool *p, const kvc_recurrent *c, uint32_t cap, uint32_t per_seq, uint8_t *memory,
                   size_t memory_len, kvc_err *err) {
     memset(p, 0, sizeof *p);
-    if (c->semantics != KVC_REC_2026) {
+    if (!c->ops->checkpoints) {
         return kvc_err_set(err, KVC_E_ARG, "prefix reuse needs a recurrent cache of semantics '2026'");
     }
     if (cap == 0) {

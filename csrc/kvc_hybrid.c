@@ -1,4 +1,5 @@
 #include "kvc_hybrid.h"
+#include "kvc_recurrent_ops.h"
 #include "kvc_seqops.h"
 #include "kvc_slot.h"
 
@@ -6,7 +7,9 @@ int kvc_hybrid_init(kvc_hybrid *h, kvc_unified *attn, kvc_recurrent *recr, kvc_e
     h->attn = NULL;
     h->iswa = NULL;
     h->recr = NULL;
-    if (attn->ops->semantics != KVC_SEM_2026 || recr->semantics != KVC_REC_2026) {
+    /* the hybrid places in the attention part as today's unified cache does, and its recurrent
+     * part must be today's (staged sources, rollback, checkpoints) */
+    if (attn->ops->find_slot != kvc_unified_find_slot_2026 || recr->ops != &kvc_recurrent_2026_ops) {
         return kvc_err_set(err, KVC_E_ARG, "a hybrid memory is today's llama.cpp's: both parts must be of "
                            "semantics '2026'");
     }

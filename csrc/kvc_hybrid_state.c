@@ -131,7 +131,7 @@ int kvc_hybrid_state_read(kvc_hybrid *h, int32_t seq_id, const uint8_t *data, si
         }
         off += ap[k].len;
     }
-    kvc_rec_plan rp;
+    kvc_state_plan rp;
     rc = kvc_recurrent_state_prepare(h->recr, seq_id, bytes_at(data, off), len - off,
                                      flags & KVC_STATE_EXACT, &rp, err);
     if (rc != KVC_OK) {

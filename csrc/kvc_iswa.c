@@ -16,7 +16,7 @@ uint64_t kvc_iswa_swa_size(const kvc_iswa_sizing *s) {
         return s->kv_size;
     }
     /* every operand is below 2**32: products and sums stay below 2**64 */
-    if (s->semantics == KVC_SEM_2026) {
+    if (s->cap_then_pad) {
         const uint64_t n = s->kv_unified ? s->n_seq_max : 1;
         const uint64_t want = (uint64_t)s->n_swa * n + s->n_ubatch;
         return pad_up(want < s->kv_size ? want : s->kv_size, KVC_ISWA_PAD_2026);

@@ -29,18 +29,20 @@ typedef struct kvc_iswa_sizing {
     uint32_t n_swa;       /* the window */
     uint32_t n_seq_max;   /* sequences of the cache */
     uint32_t n_ubatch;    /* the largest ubatch */
-    uint32_t n_pad;       /* the caches' cell padding (2025; 0 counts as 1) */
+    uint32_t n_pad;       /* the caches' cell padding (without cap_then_pad; 0 counts as 1) */
     bool     swa_full;    /* the SWA cache as large as the base cache */
-    bool     kv_unified;  /* one stream for every sequence (2026; 2025 always has one) */
-    int32_t  semantics;   /* kvc_semantics */
+    bool     kv_unified;  /* one stream for every sequence (with cap_then_pad; else there is one) */
+    bool     cap_then_pad; /* the rule of today's caches (semantics 2026): capped at kv_size, then
+                            * padded to KVC_ISWA_PAD_2026 cells; else (the seed's) padded to n_pad,
+                            * then capped */
 } kvc_iswa_sizing;
 
 /* today's llama.cpp pads its SWA cache to a multiple of this many cells, whatever n_pad */
 #define KVC_ISWA_PAD_2026 256u
 
 /* Cells of the SWA cache (per stream): kv_size with swa_full; else every sequence sharing a
- * stream gets its window, plus one ubatch: 2025 min(kv_size, pad(n_swa * n_seq_max + n_ubatch,
- * n_pad)); 2026 pad(min(kv_size, n_swa * n + n_ubatch), 256), n = n_seq_max unified, else 1.
+ * stream gets its window, plus one ubatch: min(kv_size, pad(n_swa * n_seq_max + n_ubatch, n_pad)),
+ * or with cap_then_pad pad(min(kv_size, n_swa * n + n_ubatch), 256), n = n_seq_max unified, else 1.
  * Exact in 64 bits for every input (the 2026 answer may exceed kv_size, and UINT32_MAX). */
 uint64_t kvc_iswa_swa_size(const kvc_iswa_sizing *s);
 

@@ -1,6 +1,6 @@
-/* kvcache — the recurrent-state cache (llama_kv_cache_recurrent) used by Mamba / RWKV
- * style models: one cell holds the whole rolling state of a sequence (or of several
- * sequences sharing it), so there is no attention window and no K-shift.
+/* kvcache — the recurrent-state cache (llama_kv_cache_recurrent, today llama_memory_recurrent)
+ * of Mamba / RWKV style models: one cell holds the whole rolling state of a sequence (or of
+ * several sequences sharing it), so there is no attention window and no K-shift.
  *
  * Cell i has a position (the last one its state has seen), `src` (the cell whose
  * state must be copied in before the next step, -1 = start from zero), the set of
@@ -13,7 +13,11 @@
  * Every operation reproduces the reference's behaviour, including its quirks (`used`
  * is a counter updated the way the reference updates it, s_copy / s_mask update
  * `src` in place). Where the reference would abort, these functions return an error
- * and change nothing.
+ * and change nothing. A cache is of one of two types for its whole life, mid-2025's
+ * llama_kv_cache_recurrent or today's llama_memory_recurrent: what each does its own way
+ * the operations reach through c->ops (kvc_recurrent_ops below; the two tables and
+ * kvc_recurrent_init are in kvc_recurrent_ops.h). The cell table is kvc_rec_cells.h's; the
+ * state codec is in kvc_recurrent_state.c.
  *
  * The K/V memory (per layer: `size` rows of K — the rolling state — and of V — the
  * recurrent state) is owned by the caller and attached with kvc_recurrent_set_layer_buffers;
@@ -25,29 +29,12 @@
 #include "kvc_seqops.h"
 #include "kvc_ubatch.h"
 #include "kvc_seqset.h"
+#include "kvc_rec_cells.h"
+#include "kvc_state_plan.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* The cell table plus the counters the operations move together (struct of arrays). */
-typedef struct kvc_rec_cells {
-    uint32_t  size;   /* number of cells */
-    uint32_t  head;   /* first cell of the last placed ubatch (where s_copy / s_mask start) */
-    uint32_t  n;      /* cells the last ubatch spans */
-    uint32_t  used;   /* the reference's count of used cells (not always the true count) */
-    int32_t   rs_z;   /* 2026: the cell of the last ubatch whose row is the zero state, -1 = none */
-    int32_t  *pos;    /* [size] last position of the state, -1 = none */
-    int32_t  *src;    /* [size] cell to copy the state from, -1 = none (state starts at zero) */
-    int32_t  *src0;   /* [size] 2026: the source find_slot staged for s_copy (rs_z for a new state) */
-    int32_t  *tail;   /* [size] for sequence i: the cell holding its state, -1 = none */
-    uint32_t *rs_idx; /* [size] 2026, for sequence i: the snapshot plane a pending rollback reads
-                       * (0 = none) */
-    uint32_t *snap;   /* [size] 2026: snapshot planes of cell i its last ubatch wrote (kvcache's
-                       * record: a rollback further back than this is refused) */
-    uint64_t *seq;    /* [seq_words * size] the sequences sharing each cell's state (planes) */
-    uint32_t  seq_words;
-} kvc_rec_cells;
 
 /* A layer (kvc_layer, kvc_common.h): il is its index; size rows of K (the rolling state part
  * included) and of V (the recurrent state part included). */
@@ -64,6 +51,34 @@ enum kvc_rec_semantics {
                          * rollback snapshots when n_rs_seq > 0 */
 };
 
+struct kvc_recurrent;
+struct kvc_recurrent_params;
+
+/* A recurrent cache type: what one semantics does its own way, for the operations and the layers
+ * that serve both to call without asking which (the two types, kvc_recurrent_2025_ops and
+ * kvc_recurrent_2026_ops, are in kvc_recurrent_ops.h). Both share the cell table, the sequence
+ * operations, find_slot's placement and the state codec. */
+typedef struct kvc_recurrent_ops {
+    int32_t semantics;   /* enum kvc_rec_semantics: the llama.cpp the type follows (for its name) */
+    /* construction: the parameters the type refuses (KVC_E_ARG with err) */
+    int      (*check)(const struct kvc_recurrent_params *p, kvc_err *err);
+    /* find_slot: what decides a search from cell 0 (the ubatch's sequences today, its tokens
+     * mid-2025), and its end on table t once the groups' cells are [min, max] (today: the
+     * sources s_copy reads, the zero row, the snapshot record; KVC_E_INTERNAL with err where
+     * llama.cpp aborts) */
+    uint32_t (*head_reset_count)(const kvc_ubatch *ub);
+    int      (*stage)(const struct kvc_recurrent *c, kvc_rec_cells *t, uint32_t min, uint32_t max,
+                      const kvc_ubatch *ub, kvc_err *err);
+    /* seq_rm(s, p0, p1) on table t: the positions it rolls s's state back by, 0 when it is no
+     * rollback (always, for a type without snapshots) */
+    int32_t  (*rollback_len)(const kvc_rec_cells *t, int32_t s, int32_t p0, int64_t p1);
+    /* the graph inputs (kvc_recurrent_s_copy / kvc_recurrent_s_mask) */
+    int      (*s_copy)(struct kvc_recurrent *c, uint32_t count, int32_t *out);
+    int      (*s_mask)(struct kvc_recurrent *c, uint32_t count, float *out);
+    /* rules of the layers above */
+    bool     checkpoints; /* the states may be checkpointed for prefix reuse (kvc_checkpoint.h) */
+} kvc_recurrent_ops;
+
 typedef struct kvc_recurrent {
     kvc_rec_cells  cells;       /* the live table */
     kvc_rec_cells  work;        /* same size; where find_slot / state_read build their result */
@@ -75,7 +90,7 @@ typedef struct kvc_recurrent {
                                    * when these are only its recurrent ones (a hybrid memory's
                                    * part; kvc_recurrent_set_model_layers) */
     kvc_layer     *layers;      /* [n_layer] */
-    int32_t        semantics;   /* enum kvc_rec_semantics */
+    const kvc_recurrent_ops *ops; /* the cache's type: its semantics' rules */
     bool           can_unplace; /* work holds the table from before the last find_slot */
     uint32_t       n_rs_seq;    /* 2026: rollback snapshots per state; each layer's rows are
                                  * (1 + n_rs_seq) planes of size rows, plane p = the state p
@@ -92,12 +107,15 @@ typedef struct kvc_recurrent_params {
     uint32_t        n_layer;    /* >= 1 */
     const uint32_t *n_embd_k;   /* [n_layer] K row widths, state part included */
     const uint32_t *n_embd_v;   /* [n_layer] V row widths, state part included */
-    int32_t         semantics;  /* enum kvc_rec_semantics (0: 2025) */
+    int32_t         semantics;  /* enum kvc_rec_semantics (0: 2025): the type kvc_recurrent_init makes */
     uint32_t        n_rs_seq;   /* 2026 only (0 for 2025): rollback snapshots per state, <= 64 */
 } kvc_recurrent_params;
 
-/* Validate params and initialise an empty cache (buffers NULL). KVC_OK, KVC_E_ARG, KVC_E_NOMEM. */
-int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err);
+/* Validate params and initialise an empty cache of type ops (buffers NULL): KVC_OK, KVC_E_ARG (ops
+ * NULL: p->semantics is unknown), KVC_E_NOMEM. kvc_recurrent_init (kvc_recurrent_ops.h) picks the
+ * type p->semantics names. */
+int  kvc_recurrent_construct(kvc_recurrent *c, const kvc_recurrent_params *p, const kvc_recurrent_ops *ops,
+                             kvc_err *err);
 void kvc_recurrent_free(kvc_recurrent *c);
 /* Attach the K/V memory of layer il (size * (1 + n_rs_seq) rows each; either may be NULL). */
 void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v);
@@ -209,21 +227,14 @@ uint32_t kvc_recurrent_seq_rows(const kvc_recurrent *c, int32_t seq_id, const ui
                                 uint64_t *lens);
 
 /* --- two-phase reading: a recurrent part read together with other parts, all or nothing ---- */
-/* A recurrent part validated against a cache, ready to apply. */
-typedef struct kvc_rec_plan {
-    const uint8_t *data;       /* the part (borrowed: must outlive the plan) */
-    int32_t        seq_id;     /* destination: -1 = whole cache */
-    uint32_t       cell_count; /* cells the part holds */
-    size_t         data_off;   /* offset of its data section (the V layout flag) */
-    size_t         len;        /* bytes of the part */
-} kvc_rec_plan;
 /* Validate the part at data[0, len) (no sequence-blob prefix) for seq_id and build the cell table
  * it gives in c's work table. Nothing observable in c changes; only a kvc_recurrent_unplace is no
- * longer possible. KVC_OK with plan filled (nothing to release), or a negative code with err. */
+ * longer possible. KVC_OK with the part's fields of plan filled (data, seq_id, cell_count,
+ * data_off, len; it owns nothing), or a negative code with err. */
 int     kvc_recurrent_state_prepare(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
-                                    unsigned flags, kvc_rec_plan *plan, kvc_err *err);
+                                    unsigned flags, kvc_state_plan *plan, kvc_err *err);
 /* Apply a plan kvc_recurrent_state_prepare made against c, unchanged since. */
-void    kvc_recurrent_state_apply(kvc_recurrent *c, const kvc_rec_plan *plan);
+void    kvc_recurrent_state_apply(kvc_recurrent *c, const kvc_state_plan *plan);
 /* Bytes [offset, offset + cap) of the blob state_write produces (see
  * kvc_unified_state_write_range). KVC_OK or KVC_E_NOMEM. */
 int     kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,
@@ -237,6 +248,16 @@ int     kvc_recurrent_state_write_range_lay(const kvc_recurrent *c, int32_t seq_
                                             uint64_t offset, uint8_t *out, size_t cap, size_t *written);
 int     kvc_recurrent_state_read_lay(kvc_recurrent *c, int32_t seq_id, const uint8_t *data, size_t len,
                                      unsigned flags, unsigned layout, size_t *consumed, kvc_err *err);
+
+/* --- for the recurrent cache's own modules (kvc_recurrent_state.c, kvc_recurrent_ops.c) ---- */
+/* seq_rm on table t of c (the live table or the work copy). */
+bool    kvc_recurrent_table_seq_rm(const kvc_recurrent *c, kvc_rec_cells *t, int32_t s, int32_t p0, int32_t p1);
+/* Give sequence seq_id, which holds no state in w, a cell of w whose state is kept as it is, at
+ * position pos: the reference's find_slot of one token, as its sequence state reader does.
+ * KVC_OK, or KVC_E_STATE with err (no cell). */
+int     kvc_recurrent_place_one(kvc_recurrent *c, kvc_rec_cells *w, int32_t seq_id, int32_t pos, kvc_err *err);
+void    kvc_recurrent_swap_work(kvc_recurrent *c);   /* the work table becomes the live one */
+void    kvc_recurrent_zero_data(kvc_recurrent *c);   /* every row of every plane of every layer */
 
 #ifdef __cplusplus
 }

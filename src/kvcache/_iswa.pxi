@@ -42,7 +42,7 @@ def swa_cells(kv_size, n_swa, n_seq_max, n_batch, n_pad, swa_full, semantics="20
     z.n_pad = <uint32_t>int_c(n_pad, "n_pad", 0, UINT32_MAX)
     z.swa_full = bool(swa_full)
     z.kv_unified = bool(kv_unified)
-    z.semantics = KVC_SEM_2026 if semantics == "2026" else KVC_SEM_2025
+    z.cap_then_pad = semantics == "2026"   # today's rule
     return kvc_iswa_swa_size(&z)
 
 
@@ -319,7 +319,7 @@ cdef class _ISWA:
         z.n_pad = <uint32_t>n_pad
         z.swa_full = swa_full
         z.kv_unified = kv_unified
-        z.semantics = KVC_SEM_2026 if semantics == "2026" else KVC_SEM_2025
+        z.cap_then_pad = semantics == "2026"   # today's rule
         size_swa = kvc_iswa_swa_size(&z)
         swa_set = frozenset(layers)
         common = dict(n_layer=n_layer, n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k,

@@ -271,7 +271,7 @@ cdef class _Recurrent(RecurrentCore):
     @property
     def semantics(self) -> str:
         """Which llama.cpp's recurrent memory this cache reproduces: '2025' or '2026'."""
-        return "2026" if self.c.semantics == KVC_REC_2026 else "2025"
+        return "2026" if self.c.ops.semantics == KVC_REC_2026 else "2025"
 
     @property
     def n_rs_seq(self) -> int:
@@ -344,7 +344,7 @@ cdef class _Recurrent(RecurrentCore):
             head, n, used = self.c.cells.head, self.c.cells.n, self.c.cells.used
         finally:
             unlock(&self._lock, READ)
-        extra = "" if self.c.semantics == KVC_REC_2025 else f"semantics='2026', n_rs_seq={self.c.n_rs_seq}, "
+        extra = "" if self.c.ops.semantics == KVC_REC_2025 else f"semantics='2026', n_rs_seq={self.c.n_rs_seq}, "
         return (f"RecurrentCache(size={self.c.cells.size}, n_seq_max={self.c.n_seq_max}, "
                 f"n_layer={self.c.n_layer}, type_k={self.type_k!r}, type_v={self.type_v!r}, {extra}"
                 f"head={head}, n={n}, used={used})")
@@ -668,7 +668,7 @@ cdef class _Recurrent(RecurrentCore):
         Semantics '2025' only (today's graph zeroes row rs_z instead: RuntimeError)."""
         cdef float[::1] o
         cdef int r = 0
-        if self.c.semantics == KVC_REC_2026:
+        if self.c.ops.semantics == KVC_REC_2026:
             raise RuntimeError("s_mask: today's llama.cpp (semantics '2026') has no s_mask: a new state is "
                                "copied from the zero row rs_z")
         lock(&self._lock, RUNS_PYTHON | CHANGE, "s_mask")

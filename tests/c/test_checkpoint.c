@@ -5,6 +5,7 @@
  * the slot as the header says, a failed operation changes nothing, write-back at eviction records
  * each evicted checkpoint's chain and state while the pool behaves as without it, and a random
  * workload keeps the pool's records consistent. */
+#include "kvc_recurrent_ops.h"
 #include "kvc_checkpoint.h"
 #include "kvc_types.h"
 

@@ -5,7 +5,7 @@
  * stopped, seq_rm refusing to cut a state, shifts and divisions of a state's position, states
  * written and read back, seq_keep. The script runs with three sequence ids from one word of the
  * set and with ids spread over several words (130 and 256 sequences): the same answers. */
-#include "kvc_recurrent.h"
+#include "kvc_recurrent_ops.h"
 #include "kvc_types.h"
 
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * as llama.cpp accepts it, rule C9's refusals (a rollback past the planes the last ubatch wrote,
  * of a shared state, a cut inside a state; a second one pending as llama.cpp), a pending rollback following its state (seq_cp,
  * seq_rm, seq_keep), and a state written from the plane a pending rollback points at. */
-#include "kvc_recurrent.h"
+#include "kvc_recurrent_ops.h"
 #include "kvc_types.h"
 
 #include <stdio.h>

@@ -22,6 +22,7 @@
 #include "fuzz_common.h"
 #include "kvc_hybrid_state.h"
 #include "kvc_layout.h"
+#include "kvc_recurrent_ops.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 #include "kvc_unified_ops.h"

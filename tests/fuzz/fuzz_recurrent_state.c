@@ -21,7 +21,7 @@
  *     reading that re-write back writes the same bytes again;
  *   - kvc_state_describe (`kvcache inspect`) of the blob fails cleanly or agrees with the read. */
 #include "fuzz_common.h"
-#include "kvc_recurrent.h"
+#include "kvc_recurrent_ops.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 

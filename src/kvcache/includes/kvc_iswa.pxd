@@ -15,7 +15,7 @@ cdef extern from "kvc_iswa.h" nogil:
         uint32_t n_pad
         bint swa_full
         bint kv_unified
-        int32_t semantics
+        bint cap_then_pad
     uint64_t kvc_iswa_swa_size(const kvc_iswa_sizing *s)
 
     ctypedef struct kvc_iswa_pending:

@@ -18,6 +18,10 @@ cdef extern from "kvc_recurrent.h" nogil:
         uint64_t *seq
         uint32_t seq_words
 
+    ctypedef struct kvc_recurrent_ops:
+        int32_t semantics
+        bint checkpoints
+
     ctypedef struct kvc_recurrent:
         kvc_rec_cells cells
         uint32_t n_seq_max
@@ -25,7 +29,7 @@ cdef extern from "kvc_recurrent.h" nogil:
         int32_t type_v
         uint32_t n_layer
         kvc_layer *layers
-        int32_t semantics
+        const kvc_recurrent_ops *ops
         uint32_t n_rs_seq
         uint32_t n_warn
         char warn[1024]
@@ -46,7 +50,6 @@ cdef extern from "kvc_recurrent.h" nogil:
         KVC_REC_2026
         KVC_REC_MAX_RS_SEQ
 
-    int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err)
     void kvc_recurrent_free(kvc_recurrent *c)
     void kvc_recurrent_set_layer_buffers(kvc_recurrent *c, uint32_t il, uint8_t *k, uint8_t *v)
 
@@ -85,3 +88,8 @@ cdef extern from "kvc_recurrent.h" nogil:
                                         unsigned flags, unsigned layout, size_t *consumed, kvc_err *err)
     int    kvc_recurrent_state_write_range(const kvc_recurrent *c, int32_t seq_id, uint64_t offset, uint8_t *out,
                                            size_t cap, size_t *written)
+
+cdef extern from "kvc_recurrent_ops.h" nogil:
+    const kvc_recurrent_ops kvc_recurrent_2025_ops
+    const kvc_recurrent_ops kvc_recurrent_2026_ops
+    int  kvc_recurrent_init(kvc_recurrent *c, const kvc_recurrent_params *p, kvc_err *err)
