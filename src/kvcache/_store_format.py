@@ -9,7 +9,8 @@ import hashlib
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from collections import OrderedDict
+from typing import Any, Protocol, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -237,6 +238,36 @@ class ChunkInfo:
     mtime: float       # last written or used
     part: str = "rows"  # "rows": the chunk's K/V rows; "end": its end part (a SWA window, a recurrent state)
 
+
+
+class ChunkTiers(Protocol):
+    """What the store's parts (kvcache._store_parts) use of a store: its geometry and counters,
+    its chunk names, and its host and disk tiers. kvcache.store.PrefixStore has it; the parts
+    are written against this, below the store, not against the store's class."""
+
+    geometry: StoreGeometry
+    host_bytes: int
+    disk_bytes: int
+    path: str | None
+    stats: dict[str, int]
+    _host: OrderedDict[bytes, tuple[npt.NDArray[np.int32], npt.NDArray[np.uint8]]]
+
+    def keys(self, tokens: Any, salt: str | bytes | None = None, *, pos_x: Any = None,
+             pos_y: Any = None) -> list[bytes]: ...
+
+    def _file(self, key: bytes, part: int = 0) -> str: ...
+
+    def _host_put(self, key: bytes, toks: npt.NDArray[np.int32], payload: npt.NDArray[np.uint8]) -> None: ...
+
+    def _disk_put(self, key: bytes, parent: bytes, index: int, toks: npt.NDArray[np.int32],
+                  payload: npt.NDArray[np.uint8], part: int = 0) -> bool: ...
+
+    def _split_rows(self, data: npt.NDArray[np.uint8], n: int, v_trans: bool,
+                    order: npt.NDArray[np.intp]) -> tuple[list[npt.NDArray[np.uint8]], list[npt.NDArray[np.uint8]]]: ...
+
+    def _read_file(self, path: str, key: bytes, index: int, toks: npt.NDArray[np.int32],
+                   pieces: list[tuple[int, int, int]] | None, keep: npt.NDArray[np.uint8] | None = None,
+                   stream: bool = False, part_no: int = 0) -> bool: ...
 
 def _host_key(key: bytes, part: int) -> bytes:
     """The host tier's key of a chunk's rows (its name) or end part (its name and b"e", or b"s"

@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from kvcache._core import _Hybrid, _ISWA, _Recurrent, _seq_import_begin, _Unified
-from kvcache._store_format import StoreError, _KEY, _header_cells, _host_key, _make_import_header
-
-if TYPE_CHECKING:
-    from kvcache.store import PrefixStore
-
+from kvcache._store_format import ChunkTiers, StoreError, _KEY, _header_cells, _host_key, _make_import_header
 
 def attn_part(cache: Any, kind: str) -> Any:
     """The cache part whose K/V are a chunk's rows (None for a recurrent cache)."""
@@ -126,12 +122,12 @@ def _part_rows(part: Any, layers: Any, cells: npt.NDArray[Any], strms: Any,
 
 # --- presence --------------------------------------------------------------------------------
 
-def has_part(store: PrefixStore, key: bytes, part: int, skip: set[tuple[bytes, int]] | None = None) -> bool:
+def has_part(store: ChunkTiers, key: bytes, part: int, skip: set[tuple[bytes, int]] | None = None) -> bool:
     if skip and (key, part) in skip:
         return False
     return _host_key(key, part) in store._host or (store.path is not None and os.path.exists(store._file(key, part)))
 
-def usable(store: PrefixStore, keys: list[bytes], skip: set[tuple[bytes, int]] | None = None) -> int:
+def usable(store: ChunkTiers, keys: list[bytes], skip: set[tuple[bytes, int]] | None = None) -> int:
     """The chunks of the longest usable prefix of keys: rows held for every chunk up to it,
     and the end part of its last one (one look-up per chunk and part)."""
     g = store.geometry
@@ -150,7 +146,7 @@ def usable(store: PrefixStore, keys: list[bytes], skip: set[tuple[bytes, int]] |
 
 # --- save ------------------------------------------------------------------------------------
 
-def put_part(store: PrefixStore, key: bytes, parent: bytes, index: int, ctoks: npt.NDArray[np.int32], part: int,
+def put_part(store: ChunkTiers, key: bytes, parent: bytes, index: int, ctoks: npt.NDArray[np.int32], part: int,
               make: Any) -> None:
     """Keep a chunk's part in both tiers (made by make() only when a tier lacks it)."""
     hkey = _host_key(key, part)
@@ -175,7 +171,7 @@ def put_part(store: PrefixStore, key: bytes, parent: bytes, index: int, ctoks: n
     store.stats["chunks_saved"] += 1
     store.stats["bytes_saved"] += payload.nbytes
 
-def save_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np.int32],
+def save_parts(store: ChunkTiers, cache: Any, seq_id: int, toks: npt.NDArray[np.int32],
                 salt: str | bytes | None) -> int:
     g = store.geometry
     c = g.chunk_tokens
@@ -219,7 +215,7 @@ def save_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np
 
 # --- load ------------------------------------------------------------------------------------
 
-def get_part(store: PrefixStore, key: bytes, part: int, index: int, toks: npt.NDArray[np.int32],
+def get_part(store: ChunkTiers, key: bytes, part: int, index: int, toks: npt.NDArray[np.int32],
               hits: list[int]) -> npt.NDArray[np.uint8] | None:
     """A part's bytes from host memory or its file (checked; a bad file is removed)."""
     hkey = _host_key(key, part)
@@ -237,7 +233,7 @@ def get_part(store: PrefixStore, key: bytes, part: int, index: int, toks: npt.ND
     hits[1] += 1
     return keep
 
-def load_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np.int32], keys: list[bytes],
+def load_parts(store: ChunkTiers, cache: Any, seq_id: int, toks: npt.NDArray[np.int32], keys: list[bytes],
                 min_tokens: int) -> int:
     g = store.geometry
     c = g.chunk_tokens
@@ -274,7 +270,7 @@ def load_parts(store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np
         store.stats["bytes_loaded"] += sum(p.nbytes for p in rows) + sum(p.nbytes for p in ends.values())
         return k * c
 
-def check_parts_target(store: PrefixStore, cache: Any, seq_id: int) -> None:
+def check_parts_target(store: ChunkTiers, cache: Any, seq_id: int) -> None:
     g = store.geometry
     geo = type(g).of(cache, g.chunk_tokens)
     if geo != g:
@@ -285,7 +281,7 @@ def check_parts_target(store: PrefixStore, cache: Any, seq_id: int) -> None:
     if g.kind in ("hybrid", "hybrid_iswa") and cache.attn.seq_pos_max(seq_id) >= 0:
         raise ValueError(f"load: seq_id {seq_id} holds cells: a hybrid prefix loads into an empty sequence")
 
-def import_parts(store: PrefixStore, cache: Any, seq_id: int, n: int, rows: list[npt.NDArray[np.uint8]],
+def import_parts(store: ChunkTiers, cache: Any, seq_id: int, n: int, rows: list[npt.NDArray[np.uint8]],
                  ends: dict[int, npt.NDArray[np.uint8]]) -> None:
     """Bring n tokens' parts into seq_id (ends: the last chunk's end parts by part number):
     every attention part through one transactional import, committed only when the recurrent
@@ -331,7 +327,7 @@ class _EndSource:
     """The end parts a save can take: an iSWA cache's SWA rows of each window still held, a
     recurrent state checkpointed at a chunk's end or the sequence's own state there."""
 
-    def __init__(self, store: PrefixStore, cache: Any, seq_id: int, toks: npt.NDArray[np.int32],
+    def __init__(self, store: ChunkTiers, cache: Any, seq_id: int, toks: npt.NDArray[np.int32],
                  salt: str | bytes | None) -> None:
         self.store, self.cache, self.seq_id, self.toks, self.salt = store, cache, seq_id, toks, salt
         self._pos: dict[int, int] | None = None
@@ -403,7 +399,7 @@ def write_back_parts(cache: Any) -> list[tuple[Any, str]]:
                      f"not {type(cache).__name__}")
 
 
-def write_evicted_parts(store: PrefixStore, part: Any, role: str, recr: Any, salt: str | bytes | None,
+def write_evicted_parts(store: ChunkTiers, part: Any, role: str, recr: Any, salt: str | bytes | None,
                         toks: npt.NDArray[np.int32], keys: list[bytes], cells: npt.NDArray[np.int32],
                         strms: npt.NDArray[np.int32], ext: npt.NDArray[np.int32] | None) -> None:
     """Write what an evicted prompt's cells (a whole number of chunks) give for each chunk:
@@ -437,7 +433,7 @@ def _checkpoint_bytes(recr: Any, toks: npt.NDArray[np.int32], salt: str | bytes 
     return None if state is None else np.frombuffer(state, np.uint8).copy()
 
 
-def write_evicted_state(store: PrefixStore, salt: str | bytes | None, toks: npt.NDArray[np.int32],
+def write_evicted_state(store: ChunkTiers, salt: str | bytes | None, toks: npt.NDArray[np.int32],
                         state: bytes) -> None:
     """Write a checkpoint a pool evicted, the state after toks (a whole number of chunks), as
     the end part of its last chunk."""
