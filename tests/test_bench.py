@@ -304,6 +304,23 @@ def test_the_kvcache_replay_checks_its_bookkeeping(replay):
         fn(steps, 4, 1024, 0)
 
 
+def test_the_kvcache_replay_publishes_an_unfinished_prompt_for_requests_admitted_meanwhile():
+    from kvcache_bench.case_serving import replay_kvcache
+
+    # request 1 shares the first 600 tokens of request 0's 1000-token prompt and arrives after
+    # request 0's first chunk of 512: it attaches that chunk while request 0 goes on
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    p0 = rng.integers(0, 32000, 1000).tolist()
+    p1 = p0[:600] + rng.integers(0, 32000, 100).tolist()
+    steps = [[("admit", 0, p0, 2), ("prefill", 0, 0, 512, None)],
+             [("admit", 1, p1, 2), ("prefill", 0, 512, 488, 5), ("prefill", 1, 0, 512, None)],
+             [("decode", 0, 1000, 5, 6), ("prefill", 1, 512, 188, 7), ("finish", 0)],
+             [("decode", 1, 700, 7, 8), ("finish", 1)]]
+    assert replay_kvcache(steps, 2, 4096, 0).hits == 512
+
+
 def test_the_prefix_index_rows_match_whole_prompts_and_evict_what_they_ask():
     from kvcache_bench.case_serving import bench_prefix_index
 

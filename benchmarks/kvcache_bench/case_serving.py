@@ -19,8 +19,9 @@ running request.
   ``n_slots`` other requests in the cache.
 
 kvcache runs a today's-semantics cache with prefix reuse (a finished request's cells go to the
-cache's prefix index, a new one attaches the longest prefix it holds; cells held for no live
-request take no sequence id); ``replay_kvcache_donor`` is the scheme without an index: a new
+cache's prefix index, as do a running request's computed chunks while its prompt is unfinished;
+a new one attaches the longest prefix it holds; cells held for no live request take no sequence
+id); ``replay_kvcache_donor`` is the scheme without an index: a new
 request copies the system prompt from a running request that computed it (``seq_cp``)."""
 from __future__ import annotations
 
@@ -203,8 +204,10 @@ def replay_kvcache(steps, n_slots: int, capacity: int, system: int) -> Replay:
     """kvcache with prefix reuse (a today's-semantics cache), as a server with a prompt cache
     drives it, metadata only: a new request attaches the longest prefix of its prompt the cache's
     index holds (``prefix_attach``) and computes the rest; every ubatch carries its token ids (the
-    index learns what each cell holds from them); a finished request hands its cells to the index
-    (``prefix_release``); placement evicts the index's cells, least recently used first, when it
+    index learns what each cell holds from them); a chunk that leaves its prompt unfinished is
+    published at once (``prefix_publish``: later requests attach it while the request goes on,
+    as SGLang indexes a running request's chunks); a finished request hands its cells to the
+    index (``prefix_release``); placement evicts the index's cells, least recently used first, when it
     needs room. ``system`` does not change the calls (the index finds a shared prompt by itself).
     The rest as :func:`_replay_kvcache`; also checked (as often as the rest): the index agrees
     with the cells."""
@@ -238,6 +241,9 @@ class _NoCache:
 
     def prefix_release(self, seq_id) -> None:
         pass
+
+    def prefix_publish(self, seq_id) -> int:
+        return 0
 
 
 def replay_driver(steps, n_slots: int, capacity: int, system: int) -> Replay:
@@ -324,6 +330,10 @@ def _replay_kvcache(steps, n_slots: int, capacity: int, system: int, reuse: bool
                 if hi > lo:
                     place(np.arange(lo, hi, dtype=np.int32), r[0], r[1][lo:hi])
                     r[2] = hi
+                    if reuse and hi < len(r[1]):
+                        # an unfinished prompt's computed chunks go to the index at once (as
+                        # SGLang's cache_unfinished_req), for requests admitted before it ends
+                        c.prefix_publish(r[0])
             elif kind == "decode":
                 r = live[e[1]]
                 dec_pos.append(e[2])
