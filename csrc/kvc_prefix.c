@@ -157,6 +157,7 @@ static void node_release(kvc_prefix *idx, uint32_t i) {
     n->next_sib = idx->free_head;
     idx->free_head = i;
     idx->n_free++;
+    idx->n_released++;
 }
 
 /* An edge's storage for len tokens: tokens, then cells, then streams. */
@@ -466,6 +467,7 @@ void kvc_prefix_free(kvc_prefix *idx) {
 }
 
 void kvc_prefix_clear(kvc_prefix *idx) {
+    idx->n_released++;
     for (uint32_t i = 1; i < idx->n_slots; i++) {
         if (idx->nodes[i].live) {
             kvc_free(idx->nodes[i].mem);

@@ -290,6 +290,10 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
     }
     for (uint32_t i = lo; i < p; i++) {
         const uint32_t cell = r->tmp_cell[i];
+        if (i + KVC_CELLS_AHEAD < p) {
+            /* the prefix's cells lie scattered over the table */
+            kvc_cells_prefetch_seq(cells, r->tmp_cell[i + KVC_CELLS_AHEAD], s);
+        }
         if (kvc_cells_is_empty(cells, cell)) {
             kvc_cells_pos_set(cells, cell, (int32_t)i);
             if (r->ext) {

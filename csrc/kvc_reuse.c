@@ -354,14 +354,18 @@ void kvc_reuse_sync(kvc_unified *c) {
     if (!r) {
         return;
     }
+    /* most calls follow an operation that released no node: then only the locks of sequences
+     * left without cells change, and the handles (scattered over the node pool) are not read */
+    const uint64_t seen = r->synced;
+    r->synced = r->idx.n_released;
     for (uint32_t s = 0; s < c->n_seq_max; s++) {
         kvc_prefix_handle *h = &r->lock[s];
         if (h->node == 0) {
             continue;
         }
-        if (!kvc_prefix_handle_valid(&r->idx, *h)) {
+        if (r->idx.n_released != seen && !kvc_prefix_handle_valid(&r->idx, *h)) {
             h->node = h->gen = 0;   /* the prefix left the index: its lock went with it */
-        } else if (kvc_unified_seq_pos_max(c, (int32_t)s) < 0) {
+        } else if (kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, (int32_t)s))->seq_pos[s].n == 0) {
             (void)kvc_prefix_unlock(&r->idx, *h, NULL);
             h->node = h->gen = 0;
         }

@@ -40,6 +40,8 @@ typedef struct kvc_reuse {
                                    * KVC_REUSE_MOVED: its position changed since, so its K/V belong
                                    * to another context and are never kept */
     uint64_t           serial;    /* placements so far */
+    uint64_t           synced;    /* idx.n_released when kvc_reuse_sync last checked every lock's
+                                   * handle: while it has not grown, every handle is still valid */
     uint32_t          *tmp_cell;  /* [n_stream * (size + n_ghost)] scratch for matches and removals */
     uint32_t          *tmp_strm;
     /* window mode (the SWA cache of an iSWA pair smaller than its base cache, which overwrites
