@@ -1,5 +1,6 @@
 """RecurrentCache: API, argument checks, state codec (round trips, truncation, rejected blobs)
 and the blobs llama.cpp wrote for a Mamba model."""
+import inspect
 import json
 import struct
 import warnings
@@ -12,6 +13,63 @@ import kvcache
 from kvcache import RecurrentCache, StateError, UBatch
 
 from interop_data import interop_dir
+
+
+@pytest.mark.parametrize("semantics, cls", [("2025", kvcache.RecurrentCache2025),
+                                             ("2026", kvcache.RecurrentCache2026)])
+def test_a_class_per_semantics(semantics, cls):
+    """RecurrentCache(semantics=...) makes the class of that semantics (RecurrentCache2025 by
+    default); each class can be made directly, with its own semantics or none, and is a
+    RecurrentCache."""
+    made = [RecurrentCache(2, 1, 4, 4, semantics=semantics), cls(2, 1, 4, 4), cls(2, 1, 4, 4, semantics=semantics),
+            RecurrentCache(2, 1, 4, 4, "f32", "f32", None, 0, 0, "owned", semantics)]
+    for c in made:
+        assert type(c) is cls and isinstance(c, RecurrentCache) and c.semantics == semantics
+    assert type(RecurrentCache(2, 1, 4, 4)) is kvcache.RecurrentCache2025
+    other = "2026" if semantics == "2025" else "2025"
+    with pytest.raises(ValueError, match=f"semantics = '{other}': a {cls.__name__} is a cache of semantics"):
+        cls(2, 1, 4, 4, semantics=other)
+    with pytest.raises(TypeError, match="semantics must be a str"):
+        cls(2, 1, 4, 4, semantics=2025)
+    with pytest.raises(TypeError, match=rf"^{cls.__name__}\(\) missing"):
+        cls(2)
+    assert inspect.signature(RecurrentCache).parameters["semantics"].default == "2025"
+    assert inspect.signature(cls).parameters["semantics"].default is None
+
+
+def test_the_factory_refuses_what_is_no_semantics():
+    with pytest.raises(ValueError, match="semantics = '2027': expected one of 2025, 2026"):
+        RecurrentCache(2, 1, 4, 4, semantics="2027")
+    with pytest.raises(TypeError, match="semantics must be a str"):
+        RecurrentCache(2, 1, 4, 4, semantics=2026)
+    with pytest.raises(TypeError, match=r"^RecurrentCache\(\) missing"):
+        RecurrentCache(2)
+
+    class Mine(RecurrentCache):
+        __slots__ = ()
+    with pytest.raises(TypeError, match="RecurrentCache2025 or a RecurrentCache2026"):
+        Mine(2, 1, 4, 4)
+
+    class Mine2026(kvcache.RecurrentCache2026):
+        __slots__ = ()
+    assert isinstance(Mine2026(2, 1, 4, 4), kvcache.RecurrentCache2026)
+
+
+def test_each_class_has_only_its_semantics_members():
+    """What only one semantics has is absent from the other's class (AttributeError), not a
+    method that refuses."""
+    only_2025 = {"s_mask"}
+    only_2026 = {"rs_z", "pending_rollback", "rollback_ok", "enable_prefix_reuse", "disable_prefix_reuse",
+                 "prefix_reuse", "prefix_stats", "prefix_checkpoints", "checkpoint", "prefix_match", "prefix_attach",
+                 "prefix_release", "prefix_pin", "prefix_unpin", "prefix_evict"}
+    for name in only_2025:
+        assert hasattr(kvcache.RecurrentCache2025, name) and not hasattr(kvcache.RecurrentCache2026, name), name
+        assert not hasattr(RecurrentCache, name), name
+    for name in only_2026:
+        assert hasattr(kvcache.RecurrentCache2026, name) and not hasattr(kvcache.RecurrentCache2025, name), name
+        assert not hasattr(RecurrentCache, name), name
+    for name in ("find_slot", "s_copy", "seq_rm", "store", "state_write", "state_read", "n_rs_seq"):
+        assert hasattr(RecurrentCache, name), name
 
 
 def snapshot(c):

@@ -114,8 +114,7 @@ def test_rules():
     decode(c, 0, 0, 1)
     decode(c, 0, 1, 1)
     assert not c.rollback_ok(0, 1), "a one-token ubatch writes no snapshot"
-    with pytest.raises(RuntimeError, match="no s_mask"):
-        c.s_mask()
+    assert not hasattr(c, "s_mask"), "today's graph zeroes row rs_z instead"
     c.clear()
     assert [c.pending_rollback(s) for s in range(4)] == [0] * 4
 

@@ -11,7 +11,8 @@ The caches:
   mid-2025 llama.cpp's, or UnifiedCache2026, today's: UnifiedCache(semantics=...) makes either);
 - ISWACache: a full-attention and a sliding-window cache for models that interleave them
   (ISWACache2025 or ISWACache2026 likewise);
-- RecurrentCache: the recurrent states of Mamba and RWKV style models;
+- RecurrentCache: the recurrent states of Mamba and RWKV style models (RecurrentCache2025 or
+  RecurrentCache2026 likewise);
 - HybridCache: an attention cache and a recurrent memory for models that mix both kinds of
   layers (LFM2, Granite 4, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next), today's llama.cpp's.
 
@@ -42,7 +43,7 @@ from kvcache._core import (  # noqa: E402
     view_dtype,
 )
 from kvcache.unified import UnifiedCache, UnifiedCache2025, UnifiedCache2026  # noqa: E402
-from kvcache.recurrent import RecurrentCache  # noqa: E402
+from kvcache.recurrent import RecurrentCache, RecurrentCache2025, RecurrentCache2026  # noqa: E402
 from kvcache.iswa import ISWACache, ISWACache2025, ISWACache2026, SWAWarning  # noqa: E402
 from kvcache.hybrid import HybridCache  # noqa: E402
 from kvcache.geometry import (  # noqa: E402
@@ -55,7 +56,8 @@ from kvcache.geometry import (  # noqa: E402
 
 __all__ = [
     "DEFAULT_LAYOUT", "LAYOUTS", "MAX_SEQ", "AttentionIndices", "Batch", "Cells", "ISWACache", "RecurrentCache", "RopeParams", "StateError", "SWAWarning", "UBatch",
-    "UnifiedCache", "UnifiedCache2025", "UnifiedCache2026", "ISWACache2025", "ISWACache2026",
+    "UnifiedCache", "UnifiedCache2025", "UnifiedCache2026", "ISWACache2025", "ISWACache2026", "RecurrentCache2025",
+    "RecurrentCache2026",
     "dequantize", "quantize", "rope_shift", "get_include", "__version__",
     "StreamUpdate", "UpdatePlan", "view_dtype", "ModelGeometry", "from_gguf", "read_gguf",
     "from_transformers_config", "read_transformers_config", "HybridCache",

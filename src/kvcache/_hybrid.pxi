@@ -37,7 +37,7 @@ cdef class _Hybrid:
     cdef object _attn              # the attention layers' cache (a UnifiedCache2026 or an ISWACache2026)
     cdef _Unified _cells           # the attention cache that answers for both (the unified one, the pair's base)
     cdef _ISWA _iswa               # the iSWA pair of a sliding window, else None
-    cdef _Recurrent _recr          # the recurrent layers' memory (a RecurrentCache of semantics 2026)
+    cdef _Recurrent2026 _recr      # the recurrent layers' memory (a RecurrentCache2026)
     cdef list _order               # every cache of both parts, in the global lock order (ascending address)
     cdef uint32_t _n_seq_max
     cdef tuple _attn_layers        # model layers of the attention part, ascending

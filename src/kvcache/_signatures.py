@@ -31,8 +31,8 @@ def iswa(kv_size, n_layer, n_embd_k_gqa, n_embd_v_gqa, swa_layers, n_swa, swa_ty
 
 
 def recurrent(n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k="f32", type_v="f32", kv_size=None,
-              n_embd_k_s=0, n_embd_v_s=0, buffers="owned", semantics="2025", n_rs_seq=0):
-    """kvcache.RecurrentCache's parameters."""
+              n_embd_k_s=0, n_embd_v_s=0, buffers="owned", semantics=None, n_rs_seq=0):
+    """kvcache.RecurrentCache's parameters (semantics None: the class's; RecurrentCache's is "2025")."""
     return (n_seq_max, n_layer, n_embd_k_gqa, n_embd_v_gqa, type_k, type_v, kv_size, n_embd_k_s, n_embd_v_s,
             buffers, semantics, n_rs_seq)
 
@@ -104,6 +104,21 @@ def named_errors(init: Callable[..., None]) -> Callable[..., None]:
             raise TypeError(str(e).replace(f"{init.__qualname__}()", f"{type(self).__name__}()", 1)) from None
 
     return __init__
+
+
+def factory_semantics(params: Callable[..., tuple[Any, ...]], cls: type, args: tuple[Any, ...],
+                      kwargs: dict[str, Any], choices: tuple[str, ...]) -> str:
+    """The semantics a factory class (UnifiedCache, RecurrentCache) is asked for: its constructor's
+    arguments bound by params (None: the first of choices); TypeError / ValueError for anything
+    else."""
+    semantics = bind(params, cls, args, kwargs)[params.__code__.co_varnames.index("semantics")]
+    if semantics is None:
+        return choices[0]
+    if not isinstance(semantics, str):
+        raise TypeError(f"semantics must be a str, not {type(semantics).__name__}")
+    if semantics not in choices:
+        raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(choices)}")
+    return semantics
 
 
 class ClassSignature:

@@ -389,6 +389,9 @@ def write_back_parts(cache: Any) -> list[tuple[Any, str]]:
             return [(cache.attn.base, "rows+state"), (cache.attn.swa, "window"), (cache.recr, "state")]
         return [(cache.attn, "rows+state"), (cache.recr, "state")]
     if isinstance(cache, _Recurrent):
+        if not hasattr(cache, "_spill_set"):
+            raise StoreError("write_back: a RecurrentCache of semantics '2025' keeps no checkpoints (prefix reuse is "
+                             "today's llama.cpp's: RecurrentCache2026)")
         return [(cache, "state")]
     if isinstance(cache, _Unified):
         if not hasattr(cache, "_spill_set"):

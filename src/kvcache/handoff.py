@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import SeqExport, SeqImport, _Recurrent
+from kvcache._core import SeqExport, SeqImport, _Recurrent2026
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -285,7 +285,8 @@ class HybridImport:
     exception in ``with``) leaves both as they were. Until then the HybridCache refuses changes,
     and so do its parts (``attn``, ``recr``)."""
 
-    def __init__(self, attn: SeqImport | PartsImport, recr: _Recurrent, fields: _HybridHeader, hold: object) -> None:
+    def __init__(self, attn: SeqImport | PartsImport, recr: _Recurrent2026, fields: _HybridHeader,
+                 hold: object) -> None:
         self.attn = attn
         self._recr = recr
         self._fields = fields

@@ -15,10 +15,6 @@ if TYPE_CHECKING:
 
 __all__ = ["UnifiedCache", "UnifiedCache2025", "UnifiedCache2026", "Cells", "StreamUpdate", "UpdatePlan"]
 
-# where the constructor's parameters have semantics
-_SEMANTICS_ARG = _signatures.unified.__code__.co_varnames.index("semantics")
-
-
 class UnifiedCache(_Unified):
     """A unified KV cache: ``kv_size`` cells shared by up to ``n_seq_max`` sequences.
 
@@ -91,13 +87,7 @@ class UnifiedCache(_Unified):
         if cls is not UnifiedCache:
             raise TypeError(f"{cls.__name__}: a UnifiedCache is a UnifiedCache2025 or a UnifiedCache2026; "
                             f"derive from one of them")
-        semantics = _signatures.bind(_signatures.unified, cls, args, kwargs)[_SEMANTICS_ARG]
-        if semantics is None:
-            semantics = "2025"
-        if not isinstance(semantics, str):
-            raise TypeError(f"semantics must be a str, not {type(semantics).__name__}")
-        if semantics not in SEMANTICS:
-            raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(SEMANTICS)}")
+        semantics = _signatures.factory_semantics(_signatures.unified, cls, args, kwargs, SEMANTICS)
         made: UnifiedCache = _BY_SEMANTICS[semantics](*args, **kwargs)
         return made
 
