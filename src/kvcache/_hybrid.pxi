@@ -338,7 +338,7 @@ cdef class _Hybrid:
 
     def rollback_ok(self, seq_id, n):
         """Whether seq_rm(seq_id, seq_pos_max(seq_id) - n + 1, -1) would roll seq_id back by n
-        positions (RecurrentCache.rollback_ok); nothing changes."""
+        positions (RecurrentCache2026.rollback_ok); nothing changes."""
         return self._recr.rollback_ok(seq_id, n)
 
     # --- graph inputs and memory -----------------------------------------------------------
@@ -364,7 +364,7 @@ cdef class _Hybrid:
 
     @property
     def rs_z(self):
-        """The recurrent row the graph zeroes for new states (RecurrentCache.rs_z)."""
+        """The recurrent row the graph zeroes for new states (RecurrentCache2026.rs_z)."""
         return self._recr.rs_z
 
     def store(self, il, k_rows=None, v_rows=None):
@@ -397,7 +397,7 @@ cdef class _Hybrid:
     def enable_prefix_reuse(self, cap=0, checkpoints=16, per_seq=0, memory=None):
         """Keep finished requests for later ones in both parts: the attention part's prefix
         index (``cap``: cells, UnifiedCache2026.enable_prefix_reuse) and the recurrent part's
-        checkpoints (``checkpoints``, ``per_seq``, ``memory``: RecurrentCache.enable_prefix_reuse).
+        checkpoints (``checkpoints``, ``per_seq``, ``memory``: RecurrentCache2026.enable_prefix_reuse).
         A hit of length P needs the attention K/V of [0, P) and a checkpoint of the state at
         exactly P. With a sliding window the attention part is an iSWA pair
         (ISWACache2026.enable_prefix_reuse): both of its caches serve the hit, a SWA cache smaller
@@ -433,7 +433,7 @@ cdef class _Hybrid:
     def checkpoint(self, seq_id, tokens, salt=None):
         """Checkpoint seq_id's recurrent state as the state after ``tokens[:P]`` (P: its
         position + 1), during a prefill once a ubatch ending at a chunk boundary is computed:
-        RecurrentCache.checkpoint. Returns P (0: not kept)."""
+        RecurrentCache2026.checkpoint. Returns P (0: not kept)."""
         return self._recr.checkpoint(seq_id, tokens, salt)
 
     cdef kvc_ckpt_pool *_pool(self, str what) except NULL:
