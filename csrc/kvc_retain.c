@@ -14,9 +14,37 @@ static uint32_t seq_n_cells(const kvc_unified *c, int32_t s) {
     return kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s))->seq_pos[s].n;
 }
 
-/* The tokens a release of s keeps at most: the cells of positions 0, 1, ... (the first cell of
- * each), unshifted, with a known token that agrees with the caller's; their tokens into toks
- * (room for seq_n_cells), their cells into r->tmp_cell / tmp_strm. Returns how many. */
+/* Whether cell i of stream st can be token k of the prompt a release keeps (toks[0 .. k) and
+ * their cells in r->tmp_cell / tmp_strm so far): unshifted, never moved, computed no earlier than
+ * the cell before it (the K/V of a token depend on every token before it), with a known token
+ * that agrees with the caller's. If so it is recorded as token k. */
+static inline bool take_cell(kvc_unified *c, uint32_t st, uint32_t i, const int32_t *tokens, uint32_t n, int32_t *toks,
+                      uint32_t k) {
+    kvc_reuse *r = c->reuse;
+    const size_t at = (size_t)st * c->cells.size + i;
+    if ((tokens && k >= n) || kvc_unified_stream_cells_c(c, st)->shift[i] != 0 || r->born[at] == KVC_REUSE_MOVED ||
+        (k > 0 && r->born[at] < r->born[(size_t)st * c->cells.size + r->tmp_cell[k - 1]])) {
+        return false;
+    }
+    int32_t t = r->tok[at];
+    if (t == KVC_TOKEN_NULL) {
+        if (!tokens) {
+            return false;
+        }
+        t = tokens[k];
+    } else if (tokens && tokens[k] != t) {
+        return false;
+    }
+    toks[k] = t;
+    r->tmp_cell[k] = i;
+    r->tmp_strm[k] = st;
+    return true;
+}
+
+/* The tokens a release of s keeps at most, without the extension: the cells of positions 0, 1,
+ * ... (the first cell of each) that take_cell takes; their tokens into toks (room for
+ * seq_n_cells), their cells into r->tmp_cell / tmp_strm. Returns how many. With the extension:
+ * up to the first position holding several tokens (collect_ext goes past them). */
 static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32_t n, int32_t *toks) {
     kvc_reuse *r = c->reuse;
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
@@ -37,32 +65,85 @@ static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32
         }
         if (p < (int32_t)k) {
             if (cells->ext) {
-                /* several tokens at one position (an image's, placed by 2-D position): their
-                 * order in the prompt is not the cells', so the prompt is kept up to them */
+                /* several tokens at one position (an image's): a chain of one token per
+                 * position stops before them (collect_ext orders them) */
                 k = (uint32_t)p;
                 break;
             }
             continue;   /* a second cell at a position already taken */
         }
-        /* the K/V of a token depend on every token before it: a cell counts only when computed
-         * no earlier than the cell before it and never moved since */
-        if (p != (int32_t)k || (tokens && k >= n) || cells->shift[i] != 0 || born[i] == KVC_REUSE_MOVED ||
-            (k > 0 && born[i] < born[r->tmp_cell[k - 1]])) {
+        if (p != (int32_t)k || !take_cell(c, st, i, tokens, n, toks, k)) {
             break;
         }
-        int32_t t = tok_of[i];
-        if (t == KVC_TOKEN_NULL) {
-            if (!tokens) {
-                break;
-            }
-            t = tokens[k];
-        } else if (tokens && tokens[k] != t) {
-            break;
-        }
-        toks[k] = t;
-        r->tmp_cell[k] = i;
-        r->tmp_strm[k] = st;
         k++;
+    }
+    return k;
+}
+
+/* Order the cells a[0 .. m) by their 2-D position, row-major (the order in which the M-RoPE mask
+ * lets the tokens of one position see each other); tmp: room for m. Bottom-up merge sort:
+ * O(m log m), stable. */
+static void sort_2d(const kvc_cell_ext *ext, uint32_t *a, uint32_t *tmp, uint32_t m) {
+    for (uint32_t w = 1; w < m; w = w > m / 2 ? m : 2 * w) {
+        for (uint32_t lo = 0; lo < m; lo = m - lo > 2 * w ? lo + 2 * w : m) {
+            const uint32_t mid = m - lo > w ? lo + w : m, hi = m - mid > w ? mid + w : m;
+            uint32_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi) {
+                tmp[o++] = kvc_cell_ext_2d_gt(&ext[a[i]], ext[a[j]].x, ext[a[j]].y) ? a[j++] : a[i++];
+            }
+            while (i < mid) {
+                tmp[o++] = a[i++];
+            }
+            while (j < hi) {
+                tmp[o++] = a[j++];
+            }
+        }
+        memcpy(a, tmp, (size_t)m * sizeof *a);
+    }
+}
+
+/* collect() for cells with the extension, past images: the sequence's cells in the order its
+ * tokens see each other (by position; the tokens of one position, an image's, by 2-D position,
+ * row by row, as mtmd and transformers' Qwen2-VL lay an image out), each kept while take_cell
+ * takes it. A token is kept only where every cell it saw is a token kept before it:
+ * - two tokens at one 2-D position see each other: the walk stops at the first;
+ * - positions follow one another, except after a position holding several tokens (an image),
+ *   where the next is one past the largest x or y of its tokens (M-RoPE places the text after an
+ *   image there; mtmd advances by max(nx, ny)): a cell anywhere else follows a gap that removed
+ *   cells it saw, and the walk stops there.
+ * grp, tmp: scratch, room for seq_n_cells each. */
+static uint32_t collect_ext(kvc_unified *c, int32_t s, const int32_t *tokens, uint32_t n, int32_t *toks, uint32_t *grp,
+                            uint32_t *tmp) {
+    const uint32_t st = kvc_unified_stream_of(c, s);
+    const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
+    const kvc_seq_pos *sp = &cells->seq_pos[s];
+    uint32_t k = 0, e = 0;
+    int64_t next = 0;   /* the position the next token must sit at */
+    while (e < sp->n) {
+        const int32_t p = kvc_seq_key_pos(sp->key[e]);
+        if (p != next) {
+            break;
+        }
+        uint32_t m = 0;
+        int64_t far = p;   /* the largest x or y of the position's tokens */
+        for (; e < sp->n && kvc_seq_key_pos(sp->key[e]) == p; e++) {
+            const uint32_t i = kvc_seq_key_cell(sp->key[e]);
+            grp[m++] = i;
+            far = cells->ext[i].x > far ? cells->ext[i].x : far;
+            far = cells->ext[i].y > far ? cells->ext[i].y : far;
+        }
+        if (m > 1) {
+            sort_2d(cells->ext, grp, tmp, m);
+        }
+        for (uint32_t g = 0; g < m; g++) {
+            const kvc_cell_ext *x = &cells->ext[grp[g]];
+            if ((g + 1 < m && !kvc_cell_ext_2d_gt(&cells->ext[grp[g + 1]], x->x, x->y)) ||
+                !take_cell(c, st, grp[g], tokens, n, toks, k)) {
+                return k;
+            }
+            k++;
+        }
+        next = m > 1 ? far + 1 : (int64_t)p + 1;
     }
     return k;
 }
@@ -103,7 +184,8 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory keeping the prefix of sequence %d", s);
     }
     uint32_t *dup_cells = (uint32_t *)(toks + m), *dup_strms = dup_cells + m;
-    uint32_t k = collect(c, s, tokens, n, toks);
+    /* (the duplicates' room is the scratch of collect_ext until the match below) */
+    uint32_t k = r->ext ? collect_ext(c, s, tokens, n, toks, dup_cells, dup_strms) : collect(c, s, tokens, n, toks);
     /* K/V depend on every token before: a cell the index holds serves this prompt only inside
      * the prefix the index holds of it (there it is the index's own cell or a duplicate); past
      * that prefix, a held cell belongs to another prompt and ends what can be kept */
@@ -117,11 +199,11 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
                 k = j;
                 break;
             }
-            /* with the extension, a prompt whose 2-D positions differ from the held one's
-             * shares none of its later cells: it is kept only up to there */
-            const kvc_cell_ext *e = r->ext && j < held ? &r->ext[(size_t)dup_strms[j] * c->cells.size + dup_cells[j]]
-                                                       : NULL;
-            if (e && !kvc_reuse_ext_is(c, e, tab->ext[i].x, tab->ext[i].y, tab->ext[i].tok)) {
+            /* with the extension, a prompt whose positions or 2-D positions differ from the held
+             * one's shares none of its later cells: it is kept only up to there */
+            const size_t at = (size_t)dup_strms[j] * c->cells.size + dup_cells[j];
+            const kvc_cell_ext *e = r->ext && j < held ? &r->ext[at] : NULL;
+            if (e && (r->pos[at] != tab->pos[i] || !kvc_reuse_ext_is(c, e, tab->ext[i].x, tab->ext[i].y, tab->ext[i].tok))) {
                 k = j;
                 break;
             }
@@ -136,6 +218,7 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
             const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
             for (uint32_t j = ins.n_present; r->ext && j < k; j++) {
                 r->ext[(size_t)st * c->cells.size + r->tmp_cell[j]] = tab->ext[r->tmp_cell[j]];
+                r->pos[(size_t)st * c->cells.size + r->tmp_cell[j]] = tab->pos[r->tmp_cell[j]];
             }
             res->n_kept = k;
             res->n_new = ins.n_added;
@@ -169,14 +252,16 @@ int kvc_retain_publish(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
     return keep(c, s, salt, tokens, n, false, res, err);
 }
 
-/* With the extension: how many of the p matched cells (r->tmp_cell / tmp_strm) carry the
- * extension the request places there (pos_x / pos_y: NULL for zeros); else p. */
-static uint32_t ext_agree(const kvc_unified *c, const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y,
-                          uint32_t p) {
+/* With the extension: how many of the p matched cells (r->tmp_cell / tmp_strm) sit at the
+ * position the request places their token at (pos: NULL for 0, 1, ...) and carry the extension
+ * it places there (pos_x / pos_y: NULL for zeros); else p. */
+static uint32_t ext_agree(const kvc_unified *c, const int32_t *tokens, const int32_t *pos, const int32_t *pos_x,
+                          const int32_t *pos_y, uint32_t p) {
     const kvc_reuse *r = c->reuse;
     for (uint32_t j = 0; r->ext && j < p; j++) {
-        const kvc_cell_ext *e = &r->ext[(size_t)r->tmp_strm[j] * c->cells.size + r->tmp_cell[j]];
-        if (!kvc_reuse_ext_is(c, e, pos_x ? pos_x[j] : 0, pos_y ? pos_y[j] : 0, tokens[j])) {
+        const size_t at = (size_t)r->tmp_strm[j] * c->cells.size + r->tmp_cell[j];
+        if (r->pos[at] != (pos ? pos[j] : (int32_t)j) ||
+            !kvc_reuse_ext_is(c, &r->ext[at], pos_x ? pos_x[j] : 0, pos_y ? pos_y[j] : 0, tokens[j])) {
             return j;
         }
     }
@@ -185,19 +270,20 @@ static uint32_t ext_agree(const kvc_unified *c, const int32_t *tokens, const int
 
 /* The longest prefix of at most max_len tokens the index holds and the request's extension
  * agrees with: its cells in r->tmp_cell / tmp_strm, its end in *end. */
-static uint32_t match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
-                         const int32_t *pos_y, uint32_t n, uint32_t max_len, kvc_prefix_handle *end) {
+static uint32_t match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos,
+                         const int32_t *pos_x, const int32_t *pos_y, uint32_t n, uint32_t max_len,
+                         kvc_prefix_handle *end) {
     kvc_reuse *r = c->reuse;
     uint32_t p = kvc_prefix_match(&r->idx, salt, tokens, n, max_len, r->tmp_cell, r->tmp_strm, end);
-    const uint32_t q = ext_agree(c, tokens, pos_x, pos_y, p);
+    const uint32_t q = ext_agree(c, tokens, pos, pos_x, pos_y, p);
     if (q < p) {
         p = kvc_prefix_match(&r->idx, salt, tokens, n, q, r->tmp_cell, r->tmp_strm, end);
     }
     return p;
 }
 
-uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
-                             const int32_t *pos_y, uint32_t n) {
+uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos,
+                             const int32_t *pos_x, const int32_t *pos_y, uint32_t n) {
     if (!c->reuse || n < 2) {
         return 0;
     }
@@ -205,11 +291,11 @@ uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *token
     if (!c->reuse->ext) {
         return kvc_prefix_match(&c->reuse->idx, salt, tokens, n, n - 1, NULL, NULL, &end);
     }
-    return match_xy(c, salt, tokens, pos_x, pos_y, n, n - 1, &end);
+    return match_xy(c, salt, tokens, pos, pos_x, pos_y, n, n - 1, &end);
 }
 
 uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n) {
-    return kvc_retain_match_xy(c, salt, tokens, NULL, NULL, n);
+    return kvc_retain_match_xy(c, salt, tokens, NULL, NULL, NULL, n);
 }
 
 /* The first position a query at position p sees in c's sliding window (0 without one): the cells
@@ -238,12 +324,13 @@ static uint32_t window_hit(const kvc_unified *c, const uint32_t *cells, uint32_t
 /* Attach to s the prefix the index holds of tokens[0 .. n), at most max_p tokens; in window mode
  * exactly max_p (the caller found that it serves them) of which only the window's cells are
  * placed in s. */
-static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
-                      const int32_t *pos_y, uint32_t n, uint32_t max_p, uint32_t *n_attached, kvc_err *err) {
+static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos,
+                      const int32_t *pos_x, const int32_t *pos_y, uint32_t n, uint32_t max_p, uint32_t *n_attached,
+                      kvc_err *err) {
     kvc_reuse *r = c->reuse;
     const bool window = r->n_ghost != 0;
     kvc_prefix_handle end;
-    uint32_t p = match_xy(c, salt, tokens, pos_x, pos_y, n, max_p, &end);
+    uint32_t p = match_xy(c, salt, tokens, pos, pos_x, pos_y, n, max_p, &end);
     if (p == 0 || (window && p != max_p)) {
         return KVC_OK;
     }
@@ -295,7 +382,7 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
             kvc_cells_prefetch_seq(cells, r->tmp_cell[i + KVC_CELLS_AHEAD], s);
         }
         if (kvc_cells_is_empty(cells, cell)) {
-            kvc_cells_pos_set(cells, cell, (int32_t)i);
+            kvc_cells_pos_set(cells, cell, kvc_reuse_pos_of(c, src, cell, i));
             if (r->ext) {
                 cells->ext[cell] = r->ext[(size_t)src * c->cells.size + cell];   /* the table reset it */
             }
@@ -328,29 +415,29 @@ static int attach_check(kvc_unified *c, int32_t s, kvc_err *err) {
     return KVC_OK;
 }
 
-int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
-                         const int32_t *pos_y, uint32_t n, uint32_t *n_attached, kvc_err *err) {
+int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos,
+                         const int32_t *pos_x, const int32_t *pos_y, uint32_t n, uint32_t *n_attached, kvc_err *err) {
     *n_attached = 0;
     const int rc = attach_check(c, s, err);
     if (rc != KVC_OK || n < 2) {
         return rc;
     }
-    return attach_run(c, s, salt, tokens, pos_x, pos_y, n, n - 1, n_attached, err);
+    return attach_run(c, s, salt, tokens, pos, pos_x, pos_y, n, n - 1, n_attached, err);
 }
 
 int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                       uint32_t *n_attached, kvc_err *err) {
-    return kvc_retain_attach_xy(c, s, salt, tokens, NULL, NULL, n, n_attached, err);
+    return kvc_retain_attach_xy(c, s, salt, tokens, NULL, NULL, NULL, n, n_attached, err);
 }
 
-int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y,
-                      uint32_t n, kvc_prefix_handle *pin, kvc_err *err) {
+int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos, const int32_t *pos_x,
+                      const int32_t *pos_y, uint32_t n, kvc_prefix_handle *pin, kvc_err *err) {
     memset(pin, 0, sizeof *pin);
     if (!c->reuse) {
         return reuse_off(err);
     }
     kvc_prefix_handle end;
-    const uint32_t p = n ? match_xy(c, salt, tokens, pos_x, pos_y, n, n, &end) : 0;
+    const uint32_t p = n ? match_xy(c, salt, tokens, pos, pos_x, pos_y, n, n, &end) : 0;
     if (n == 0 || p < n) {
         return kvc_err_set(err, KVC_E_ARG, "the index holds %u of the %u tokens to pin: only a held prefix can be "
                            "pinned", p, n);
@@ -364,7 +451,7 @@ int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, cons
 
 int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_prefix_handle *pin,
                    kvc_err *err) {
-    return kvc_retain_pin_xy(c, salt, tokens, NULL, NULL, n, pin, err);
+    return kvc_retain_pin_xy(c, salt, tokens, NULL, NULL, NULL, n, pin, err);
 }
 
 int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err) {
@@ -416,14 +503,14 @@ static inline bool is_window(const kvc_unified *c) { return c->reuse && c->reuse
 
 uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                                 uint32_t n) {
-    return kvc_retain_match_parts_xy(cs, n_parts, salt, tokens, NULL, NULL, n);
+    return kvc_retain_match_parts_xy(cs, n_parts, salt, tokens, NULL, NULL, NULL, n);
 }
 
 uint32_t kvc_retain_match_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
-                                   const int32_t *pos_x, const int32_t *pos_y, uint32_t n) {
+                                   const int32_t *pos, const int32_t *pos_x, const int32_t *pos_y, uint32_t n) {
     uint32_t p = n;
     for (uint32_t k = 0; k < n_parts; k++) {
-        const uint32_t q = kvc_retain_match_xy(cs[k], salt, tokens, pos_x, pos_y, n);
+        const uint32_t q = kvc_retain_match_xy(cs[k], salt, tokens, pos, pos_x, pos_y, n);
         p = q < p ? q : p;
     }
     if (n_parts == 0) {
@@ -467,7 +554,7 @@ bool kvc_retain_serves_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t 
             if (got != p || window_hit(c, r->tmp_cell, p) != p) {
                 return false;
             }
-        } else if (match_xy(c, salt, tokens, NULL, NULL, n, p, &end) != p) {
+        } else if (match_xy(c, salt, tokens, NULL, NULL, NULL, n, p, &end) != p) {
             return false;
         }
     }
@@ -476,12 +563,12 @@ bool kvc_retain_serves_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t 
 
 int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                             const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err) {
-    return kvc_retain_attach_parts_xy(cs, n_parts, s, salt, tokens, NULL, NULL, n, n_attached, err);
+    return kvc_retain_attach_parts_xy(cs, n_parts, s, salt, tokens, NULL, NULL, NULL, n, n_attached, err);
 }
 
 int kvc_retain_attach_parts_xy(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
-                               const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y, uint32_t n,
-                               uint32_t *n_attached, kvc_err *err) {
+                               const int32_t *tokens, const int32_t *pos, const int32_t *pos_x, const int32_t *pos_y,
+                               uint32_t n, uint32_t *n_attached, kvc_err *err) {
     *n_attached = 0;
     for (uint32_t k = 0; k < n_parts; k++) {
         const int rc = attach_check(cs[k], s, err);
@@ -489,14 +576,14 @@ int kvc_retain_attach_parts_xy(kvc_unified *const *cs, uint32_t n_parts, int32_t
             return rc;
         }
     }
-    const uint32_t p = kvc_retain_match_parts_xy(cs, n_parts, salt, tokens, pos_x, pos_y, n);
+    const uint32_t p = kvc_retain_match_parts_xy(cs, n_parts, salt, tokens, pos, pos_x, pos_y, n);
     if (p == 0) {
         return KVC_OK;
     }
     /* every part serves p tokens: each attaches exactly p */
     for (uint32_t k = 0; k < n_parts; k++) {
         uint32_t got = 0;
-        const int rc = attach_run(cs[k], s, salt, tokens, pos_x, pos_y, n, p, &got, err);
+        const int rc = attach_run(cs[k], s, salt, tokens, pos, pos_x, pos_y, n, p, &got, err);
         if (rc != KVC_OK || got != p) {
             for (uint32_t j = 0; j <= k; j++) {
                 kvc_unified_seq_rm(cs[j], s, -1, -1);   /* back to empty; the locks go with it */

@@ -5,7 +5,10 @@
  *
  * Prompts start at position 0: token i of a prompt is at position i. A sequence's cells are
  * kept for the leading tokens whose cell sits at exactly that position with no shift pending
- * (a sequence moved by seq_add keeps nothing from the first moved cell on). Attaching puts the
+ * (a sequence moved by seq_add keeps nothing from the first moved cell on). With the per-cell
+ * extension a prompt may hold several tokens at one position (an image's, by 2-D position) and
+ * jump past them: its tokens are taken in the order they see each other (kvc_retain_release),
+ * and each held cell keeps its position. Attaching puts the
  * matched cells in the sequence (a cell the index holds for no live sequence gets its position
  * back; K/V are never copied) and locks the prefix, so that it is not evicted while the sequence
  * holds it; with a stream per sequence, a prefix held in another stream is brought over with a
@@ -28,7 +31,9 @@ typedef struct kvc_retained {
 } kvc_retained;
 
 /* Sequence s ends: the cells holding tokens[0 .. n) (the longest run of them at positions 0, 1,
- * ..., unshifted) go to the index under salt, the sequence leaves every cell (seq_rm(s)); cells
+ * ..., unshifted; with the extension, the cells in the order their tokens see each other: by
+ * position, one position's tokens by 2-D position, row-major, a position after several tokens
+ * one past their largest x or y) go to the index under salt, the sequence leaves every cell (seq_rm(s)); cells
  * only the sequence held and the index did not take become free. KVC_OK with *res;
  * KVC_E_ARG (reuse off; a cell the index holds for another token), KVC_E_NOMEM (nothing changed). */
 int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
@@ -69,16 +74,16 @@ int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_
 int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err);
 
 /* With the per-cell extension (kvc_reuse.h): match, attach and pin as above, counting a held
- * cell only where its extension is what the request places at its position: (pos_x[i],
- * pos_y[i]) (NULL: zeros) and, with per-layer embeddings, tokens[i]. The request's positions
- * are 0 .. n-1 (a prompt kept holds one token per position). Without the extension the same
- * as the functions above. */
-uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
-                             const int32_t *pos_y, uint32_t n);
-int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
-                         const int32_t *pos_y, uint32_t n, uint32_t *n_attached, kvc_err *err);
-int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y,
-                      uint32_t n, kvc_prefix_handle *pin, kvc_err *err);
+ * cell only where it sits at the position the request places tokens[i] at (pos[i]; NULL: i)
+ * with the extension it places there: (pos_x[i], pos_y[i]) (NULL: zeros) and, with per-layer
+ * embeddings, tokens[i]. Attached cells get their positions back. Without the extension the
+ * same as the functions above (pos, pos_x, pos_y ignored). */
+uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos,
+                             const int32_t *pos_x, const int32_t *pos_y, uint32_t n);
+int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos,
+                         const int32_t *pos_x, const int32_t *pos_y, uint32_t n, uint32_t *n_attached, kvc_err *err);
+int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos, const int32_t *pos_x,
+                      const int32_t *pos_y, uint32_t n, kvc_prefix_handle *pin, kvc_err *err);
 
 /* --- composite caches (an iSWA pair): a prefix counts as far as every part holds it ------- */
 /* Turn reuse on in every part (all or none). */
@@ -104,10 +109,10 @@ int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s,
 /* With the per-cell extension: match and attach in every part as above, a held cell counting
  * only where its extension is what the request places there (kvc_retain_match_xy). */
 uint32_t kvc_retain_match_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
-                                   const int32_t *pos_x, const int32_t *pos_y, uint32_t n);
+                                   const int32_t *pos, const int32_t *pos_x, const int32_t *pos_y, uint32_t n);
 int kvc_retain_attach_parts_xy(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
-                               const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y, uint32_t n,
-                               uint32_t *n_attached, kvc_err *err);
+                               const int32_t *tokens, const int32_t *pos, const int32_t *pos_x, const int32_t *pos_y,
+                               uint32_t n, uint32_t *n_attached, kvc_err *err);
 /* Release in every part: res->n_kept the smallest of the parts' (what a later request can reuse),
  * n_new and n_evicted summed. A part in window mode keeps the prompt the others kept (tokens
  * whose cells it no longer has as ghosts), so the parts that are not go first. A failure

@@ -57,6 +57,7 @@ static void reuse_free(kvc_reuse *r) {
     kvc_free(r->ghost_free);
     kvc_free(r->n_ghost_free);
     kvc_free(r->ext);
+    kvc_free(r->pos);
     kvc_free(r);
 }
 
@@ -99,9 +100,10 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
     }
     if (kvc_unified_has_ext(c)) {
         r->ext = kvc_calloc((size_t)ns * size, sizeof *r->ext);
+        r->pos = kvc_calloc((size_t)ns * size, sizeof *r->pos);
     }
     int rc = (r->held && r->lock && r->tok && r->born && r->tmp_cell && r->tmp_strm &&
-              (!n_ghost || (r->ghost_free && r->n_ghost_free)) && (!kvc_unified_has_ext(c) || r->ext))
+              (!n_ghost || (r->ghost_free && r->n_ghost_free)) && (!kvc_unified_has_ext(c) || (r->ext && r->pos)))
                  ? KVC_OK
                  : kvc_err_set(err, KVC_E_NOMEM, "out of memory for the prefix index");
     if (rc == KVC_OK) {
@@ -256,12 +258,14 @@ void kvc_reuse_copy_cells(kvc_unified *c, uint32_t src, uint32_t st, uint32_t i)
         memcpy(r->born + st * size, r->born + src * size, size * sizeof *r->born);
         if (r->ext) {
             memcpy(r->ext + st * size, r->ext + src * size, size * sizeof *r->ext);
+            memcpy(r->pos + st * size, r->pos + src * size, size * sizeof *r->pos);
         }
     } else {
         r->tok[st * size + i] = r->tok[src * size + i];
         r->born[st * size + i] = r->born[src * size + i];
         if (r->ext) {
             r->ext[st * size + i] = r->ext[src * size + i];
+            r->pos[st * size + i] = r->pos[src * size + i];
         }
     }
 }
@@ -409,9 +413,10 @@ int kvc_reuse_check(const kvc_unified *c, kvc_err *err) {
                 /* a held cell that a sequence also holds sits at the token's position */
                 const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
                 const kvc_prefix_place *pl = &r->idx.place[(size_t)st * r->idx.n_cells + i];
-                if (!kvc_cells_is_empty(tab, i) && (uint32_t)tab->pos[i] != pl->depth) {
-                    return kvc_err_set(err, KVC_E_INTERNAL, "cell %u of stream %u is held for position %u but "
-                                       "holds position %d", i, st, pl->depth, tab->pos[i]);
+                const int32_t at = kvc_reuse_pos_of(c, st, i, pl->depth);
+                if (!kvc_cells_is_empty(tab, i) && tab->pos[i] != at) {
+                    return kvc_err_set(err, KVC_E_INTERNAL, "cell %u of stream %u is held for position %d but "
+                                       "holds position %d", i, st, at, tab->pos[i]);
                 }
                 const kvc_cell_ext *e = r->ext ? &r->ext[(size_t)st * c->cells.size + i] : NULL;
                 if (e && !kvc_cells_is_empty(tab, i) && !kvc_reuse_ext_is(c, &tab->ext[i], e->x, e->y, e->tok)) {

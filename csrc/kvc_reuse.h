@@ -52,6 +52,9 @@ typedef struct kvc_reuse {
     kvc_cell_ext      *ext;       /* [n_stream * size] caches whose cells carry the extension: each
                                    * held cell's, as it was when the index took the cell (the table
                                    * resets a cell's when no sequence holds it); NULL otherwise */
+    int32_t           *pos;       /* [n_stream * size] with the extension: each held cell's position
+                                   * (an image's tokens share one, and the positions after it jump,
+                                   * so a token's depth in its prompt is not its position) */
     uint32_t          *ghost_free;    /* [n_stream * n_ghost] the free ghost ids of each stream, a stack */
     uint32_t          *n_ghost_free;  /* [n_stream] */
 } kvc_reuse;
@@ -125,6 +128,12 @@ void kvc_reuse_fill_ghost(kvc_unified *c, uint32_t st, uint32_t g, uint32_t i);
 /* Window mode: evict least recently used prefixes until stream st has n free ghosts or nothing
  * evictable is left. Whether it has them. */
 bool kvc_reuse_free_ghosts(kvc_unified *c, uint32_t st, uint32_t n);
+/* The position held cell i of stream st was computed at: with the extension the one kept with
+ * it, else its depth in its prompt (token i of a prompt sits at position i). */
+static inline int32_t kvc_reuse_pos_of(const kvc_unified *c, uint32_t st, uint32_t i, uint32_t depth) {
+    const kvc_reuse *r = c->reuse;
+    return r->pos ? r->pos[(size_t)st * c->cells.size + i] : (int32_t)depth;
+}
 /* Whether the extension e of a held cell is the one a request places at its position:
  * (x, y), and the token where the extension's token is a per-layer embedding's input. */
 static inline bool kvc_reuse_ext_is(const kvc_unified *c, const kvc_cell_ext *e, int32_t x, int32_t y, int32_t tok) {

@@ -944,32 +944,32 @@ cdef class _ISWA2026(_ISWA):
                 return None
             return {"base": self._base.prefix_stats, "swa": self._swa.prefix_stats}
 
-    def prefix_match(self, tokens, salt=None, *, pos_x=None, pos_y=None):
+    def prefix_match(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
         """How many leading tokens of a new request both caches hold under ``salt`` (at most
-        ``len(tokens) - 1``). ``pos_x``, ``pos_y``: with ``cell_ext``, the 2-D positions the
-        request places its tokens at, as UnifiedCache2026.prefix_match's."""
+        ``len(tokens) - 1``). ``pos``, ``pos_x``, ``pos_y``: with ``cell_ext``, the positions and
+        2-D positions the request places its tokens at, as UnifiedCache2026.prefix_match's."""
         cdef prefix_req q
         t = prefix_args(&q, None, 0, tokens, salt)
         cdef uint32_t r
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
+        cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
         cdef kvc_unified *parts[2]
         parts[0], parts[1] = self.c.base, self.c.swa
         self._lock_parts(CHANGE, "prefix_match")
         try:
             with nogil:
-                r = kvc_retain_match_parts_xy(parts, 2, q.salt, q.tokens, xy.x, xy.y, q.n)
+                r = kvc_retain_match_parts_xy(parts, 2, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n)
         finally:
             self._unlock_parts(CHANGE)
         return int(r)
 
-    def prefix_attach(self, seq_id, tokens, salt=None, *, pos_x=None, pos_y=None):
+    def prefix_attach(self, seq_id, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
         """Start sequence ``seq_id`` (empty in both caches) from the longest prefix of
-        ``tokens`` both caches hold, in both (UnifiedCache2026.prefix_attach; ``pos_x``,
-        ``pos_y`` as there); returns its length k. Nothing changes in either cache on failure."""
+        ``tokens`` both caches hold, in both (UnifiedCache2026.prefix_attach; ``pos``,
+        ``pos_x``, ``pos_y`` as there); returns its length k. Nothing changes in either cache on failure."""
         cdef prefix_req q
         t = prefix_args(&q, seq_id, self.c.base.n_seq_max, tokens, salt)
         cdef uint32_t k = 0
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
+        cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
         cdef kvc_unified *parts[2]
         cdef kvc_err err
         cdef int r
@@ -978,7 +978,7 @@ cdef class _ISWA2026(_ISWA):
         self._lock_parts(CHANGE, "prefix_attach")
         try:
             with nogil:
-                r = kvc_retain_attach_parts_xy(parts, 2, q.seq_id, q.salt, q.tokens, xy.x, xy.y, q.n, &k, &err)
+                r = kvc_retain_attach_parts_xy(parts, 2, q.seq_id, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &k, &err)
         finally:
             self._unlock_parts(CHANGE)
         check_status(r, &err, "prefix_attach")
@@ -1022,13 +1022,13 @@ cdef class _ISWA2026(_ISWA):
         with self._hold:
             return self._base.prefix_evict(n_cells) + self._swa.prefix_evict(n_cells)
 
-    def prefix_pin(self, tokens, salt=None, *, pos_x=None, pos_y=None):
-        """Pin the prefix in both caches (see UnifiedCache2026.prefix_pin; ``pos_x``, ``pos_y``
-        as there); returns the pin."""
+    def prefix_pin(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
+        """Pin the prefix in both caches (see UnifiedCache2026.prefix_pin; ``pos``, ``pos_x``,
+        ``pos_y`` as there); returns the pin."""
         with self._hold:
-            pb = self._base.prefix_pin(tokens, salt, pos_x=pos_x, pos_y=pos_y)
+            pb = self._base.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
             try:
-                ps = self._swa.prefix_pin(tokens, salt, pos_x=pos_x, pos_y=pos_y)
+                ps = self._swa.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
             except BaseException:
                 self._base.prefix_unpin(pb)
                 raise

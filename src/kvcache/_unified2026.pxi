@@ -92,7 +92,7 @@ cdef bytearray prefix_args(prefix_req *q, object seq_id, uint32_t n_seq_max, obj
 
 
 cdef object xy_c(object v, str name, Py_ssize_t n):
-    """A request's 2-D positions for prefix reuse: None, or int32 values, one per token."""
+    """A request's positions or 2-D positions for prefix reuse: None, or int32 values, one per token."""
     if v is None:
         return None
     a = values_c(v, name, VALUES_INT)
@@ -104,23 +104,29 @@ cdef object xy_c(object v, str name, Py_ssize_t n):
 
 
 cdef class _PrefixXY:
-    """A request's 2-D positions as the prefix calls hand them to C (``pos_x`` / ``pos_y`` of
+    """A request's positions as the prefix calls hand them to C (``pos``, ``pos_x`` / ``pos_y`` of
     prefix_match, prefix_attach and prefix_pin): the checked arrays, held, and pointers to them
-    (NULL: zeros). prefix_xy makes one."""
+    (NULL: 0, 1, ... for pos, zeros for pos_x / pos_y). prefix_xy makes one."""
+    cdef const int32_t[::1] pv
     cdef const int32_t[::1] xv
     cdef const int32_t[::1] yv
+    cdef const int32_t *p
     cdef const int32_t *x
     cdef const int32_t *y
 
 
-cdef _PrefixXY prefix_xy(object pos_x, object pos_y, Py_ssize_t n, bint has_ext):
-    """The 2-D positions of a request of n tokens to a cache whose cells carry them (has_ext;
-    ValueError when they are given to one whose cells do not)."""
-    if (pos_x is not None or pos_y is not None) and not has_ext:
-        raise ValueError("pos_x / pos_y: this cache's cells carry no 2-D positions (cell_ext=False)")
+cdef _PrefixXY prefix_xy(object pos, object pos_x, object pos_y, Py_ssize_t n, bint has_ext):
+    """The positions of a request of n tokens to a cache whose cells carry the extension (has_ext;
+    ValueError when they are given to one whose cells do not: its prompts sit at 0, 1, ...)."""
+    if (pos is not None or pos_x is not None or pos_y is not None) and not has_ext:
+        raise ValueError("pos / pos_x / pos_y: this cache's cells carry no 2-D positions (cell_ext=False); "
+                         "its prompts sit at positions 0, 1, ...")
     cdef _PrefixXY r = _PrefixXY.__new__(_PrefixXY)
-    x, y = xy_c(pos_x, "pos_x", n), xy_c(pos_y, "pos_y", n)
-    r.x = r.y = NULL
+    p, x, y = xy_c(pos, "pos", n), xy_c(pos_x, "pos_x", n), xy_c(pos_y, "pos_y", n)
+    r.p = r.x = r.y = NULL
+    if p is not None and n:
+        r.pv = p
+        r.p = &r.pv[0]
     if x is not None and n:
         r.xv = x
         r.x = &r.xv[0]
@@ -403,9 +409,9 @@ cdef class _Unified2026(_Unified):
         holds them, ``used`` does not count them) and placement evicts them, least recently
         used first, when it needs room. Calling it again sets the cap. With ``cell_ext`` a held
         cell serves a request only where it carries the request's 2-D position (``pos_x``,
-        ``pos_y`` of prefix_match / prefix_attach) and, with ``ple_token``, the token as its
-        per-layer-embedding input; a prompt is kept up to its first position holding several
-        tokens (an image's)."""
+        ``pos_y`` of prefix_match / prefix_attach) and position (``pos``) and, with ``ple_token``,
+        the token as its per-layer-embedding input; a prompt with images (several tokens at one
+        position) is kept through them (docs/prefix-reuse.md)."""
         cdef uint32_t ccap = <uint32_t>int_c(cap, "cap", 0, UINT32_MAX)
         cdef kvc_err err
         cdef int r
@@ -449,45 +455,47 @@ cdef class _Unified2026(_Unified):
         finally:
             unlock(&self._lock, READ)
 
-    def prefix_match(self, tokens, salt=None, *, pos_x=None, pos_y=None):
+    def prefix_match(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
         """How many leading tokens of a new request the index holds under ``salt`` (what
         :meth:`prefix_attach` would attach), at most ``len(tokens) - 1``: the last token is
         always computed, for its logits. 0 while reuse is off. The prefix counts as used.
-        ``pos_x``, ``pos_y``: with ``cell_ext``, the 2-D positions the request places its
-        tokens at (None: zeros), which a held cell must carry to count."""
+        ``pos``, ``pos_x``, ``pos_y``: with ``cell_ext``, the position (None: 0, 1, ...) and 2-D
+        position (None: zeros) the request places each token at, as its ubatches carry them (an
+        image's tokens share a position), which a held cell must carry to count."""
         cdef prefix_req q
         t = prefix_args(&q, None, 0, tokens, salt)
         cdef uint32_t r
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
+        cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
         lock(&self._lock, CHANGE, "prefix_match")
         try:
             with nogil:
-                r = kvc_retain_match_xy(&self.c, q.salt, q.tokens, xy.x, xy.y, q.n)
+                r = kvc_retain_match_xy(&self.c, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n)
         finally:
             unlock(&self._lock, CHANGE)
         return int(r)
 
-    def prefix_attach(self, seq_id, tokens, salt=None, *, pos_x=None, pos_y=None):
+    def prefix_attach(self, seq_id, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
         """Start sequence ``seq_id`` (which must hold no cell) from the longest prefix of
         ``tokens`` the index holds under ``salt``, at most ``len(tokens) - 1`` tokens: those
         cells join the sequence at positions ``0 .. k - 1`` without copying K/V, and the prefix
         is not evicted while the sequence holds it. Returns k: compute ``tokens[k:]`` at
         positions ``k ..``. With a stream per sequence (``kv_unified=False``) a prefix held in
         another stream is brought over by a stream copy, which the next :meth:`update` performs
-        (as :meth:`seq_cp` across streams). ``pos_x``, ``pos_y``: as prefix_match (the cells
-        attached get them back)."""
+        (as :meth:`seq_cp` across streams). ``pos``, ``pos_x``, ``pos_y``: as prefix_match (the
+        cells attached get them back: with ``cell_ext`` the k cells sit at ``pos[:k]``, and
+        ``tokens[k:]`` are computed at ``pos[k:]``)."""
         cdef prefix_req q
         t = prefix_args(&q, seq_id, self.c.n_seq_max, tokens, salt)
         cdef uint32_t k = 0
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
+        cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
         self._reuse("prefix_attach")
         lock(&self._lock, CHANGE, "prefix_attach")
         try:
             with nogil:
-                r = kvc_retain_attach_xy(&self.c, q.seq_id, q.salt, q.tokens, xy.x, xy.y, q.n, &k, &err)
+                r = kvc_retain_attach_xy(&self.c, q.seq_id, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &k, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_attach")
@@ -500,6 +508,9 @@ cdef class _Unified2026(_Unified):
         ``seq_rm(seq_id)``). A cell's token is the one its ubatch carried (``tokens=`` of
         UBatch / Batch); ``tokens`` here, when given, supplies the tokens of cells placed
         without them and bounds what is kept (a cell whose recorded token differs ends it).
+        With ``cell_ext`` the prompt's tokens are its cells in the order they see each other:
+        by position, the tokens of one position (an image's) by 2-D position, row by row, and
+        a position after an image one past its largest ``pos_x`` or ``pos_y`` (M-RoPE's layout).
 
         Returns the number of leading tokens the index now holds (0 when it could not keep
         them: the cap is taken by pinned or attached prefixes). Without reuse on, RuntimeError."""
@@ -537,22 +548,22 @@ cdef class _Unified2026(_Unified):
         check_status(r, &err, what)
         return int(res.n_kept)
 
-    def prefix_pin(self, tokens, salt=None, *, pos_x=None, pos_y=None):
+    def prefix_pin(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
         """Keep the prefix ``tokens`` (all of which the index must hold: ValueError otherwise)
         from eviction until :meth:`prefix_unpin` (a system prompt, say). Returns the pin, an
-        opaque int. Pins count: a prefix pinned twice needs two unpins. ``pos_x``, ``pos_y``:
-        as prefix_match."""
+        opaque int. Pins count: a prefix pinned twice needs two unpins. ``pos``, ``pos_x``,
+        ``pos_y``: as prefix_match."""
         cdef prefix_req q
         t = prefix_args(&q, None, 0, tokens, salt)
         cdef kvc_prefix_handle h
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        cdef _PrefixXY xy = prefix_xy(pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
+        cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
         self._reuse("prefix_pin")
         lock(&self._lock, CHANGE, "prefix_pin")
         try:
-            r = kvc_retain_pin_xy(&self.c, q.salt, q.tokens, xy.x, xy.y, q.n, &h, &err)
+            r = kvc_retain_pin_xy(&self.c, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &h, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_pin")
@@ -595,7 +606,8 @@ cdef class _Unified2026(_Unified):
         min_len tokens) is recorded inside the placement, and after the operation (find_slot,
         prepare, place_seqs, prefix_release, prefix_publish, prefix_evict; an iSWA or hybrid
         cache's own placements too) ``sink(cache, records)`` is called with a list of ``(salt
-        hash, tokens, cells, streams, ext)`` (int32 arrays; the prompt's tokens from position 0,
+        hash, tokens, cells, streams, ext)`` (int32 arrays; the prompt's tokens from position 0
+        (with ``cell_ext``, up to its first image),
         the cells holding them and their streams, whose K/V are intact until new rows are
         stored; cells at or past ``size`` are ghosts of a SWA cache's window mode, which name no
         cell; ext: each cell's (x, y, token) as the index took it, with ``cell_ext``, else
@@ -632,6 +644,15 @@ cdef class _Unified2026(_Unified):
         try:
             for k in range(sp.n):
                 a, b = sp.start[k], sp.start[k + 1]
+                if ru.pos != NULL:
+                    # a store's prompt sits at positions 0, 1, ...: one with images is written up
+                    # to its first (its tokens share a position, the positions after it jump)
+                    for j in range(b - a):
+                        if sp.cell[a + j] < size and ru.pos[<size_t>sp.strm[a + j] * size + sp.cell[a + j]] != <int32_t>j:
+                            b = a + j
+                            break
+                    if b == a:
+                        continue
                 toks = np.empty(b - a, dtype=np.int32)
                 cells = np.empty(b - a, dtype=np.int32)
                 strms = np.empty(b - a, dtype=np.int32)

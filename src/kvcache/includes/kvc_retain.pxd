@@ -26,6 +26,7 @@ cdef extern from "kvc_retain.h" nogil:
     ctypedef struct kvc_reuse:
         kvc_prefix idx
         kvc_cell_ext *ext
+        int32_t *pos
 
     int  kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err)
     void kvc_reuse_disable(kvc_unified *c)
@@ -56,17 +57,20 @@ cdef extern from "kvc_retain.h" nogil:
     int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                                 const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err)
     uint32_t kvc_retain_match_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt,
-                                       const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y, uint32_t n)
+                                       const int32_t *tokens, const int32_t *pos, const int32_t *pos_x,
+                                       const int32_t *pos_y, uint32_t n)
     int kvc_retain_attach_parts_xy(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
-                                   const int32_t *tokens, const int32_t *pos_x, const int32_t *pos_y, uint32_t n,
-                                   uint32_t *n_attached, kvc_err *err)
+                                   const int32_t *tokens, const int32_t *pos, const int32_t *pos_x,
+                                   const int32_t *pos_y, uint32_t n, uint32_t *n_attached, kvc_err *err)
     int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                                  const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err)
     int kvc_retain_publish_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                                  const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err)
-    uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
-                                 const int32_t *pos_y, uint32_t n)
-    int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
-                             const int32_t *pos_y, uint32_t n, uint32_t *n_attached, kvc_err *err)
-    int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos_x,
-                          const int32_t *pos_y, uint32_t n, kvc_prefix_handle *pin, kvc_err *err)
+    uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos,
+                                 const int32_t *pos_x, const int32_t *pos_y, uint32_t n)
+    int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos,
+                             const int32_t *pos_x, const int32_t *pos_y, uint32_t n, uint32_t *n_attached,
+                             kvc_err *err)
+    int kvc_retain_pin_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos,
+                          const int32_t *pos_x, const int32_t *pos_y, uint32_t n, kvc_prefix_handle *pin,
+                          kvc_err *err)
