@@ -179,24 +179,27 @@ void kvc_state_framings(const uint8_t *data, size_t len, bool allow_prefix, kvc_
     kvc_free(w);
 }
 
-uint32_t kvc_state_frames_exactly(const uint8_t *data, size_t len, const unsigned *layouts, uint32_t n_layouts,
-                                  uint32_t n_parts) {
-    uint32_t framed = 0;
+void kvc_state_frames_exactly(const uint8_t *data, size_t len, const unsigned *layouts, uint32_t n_layouts,
+                              uint32_t n_parts, bool single, uint32_t *framed, uint32_t *readable) {
+    *framed = 0;
+    *readable = 0;
     for (uint32_t c = 0; c < n_layouts && c < 32; c++) {
         kvc_err scratch;
         size_t off = 0;
+        bool outside = false;
         uint32_t k = 0;
         for (; k < n_parts; k++) {
             kvc_state_frame f;
-            if (kvc_state_describe_frame(off ? data + off : data, len - off, layouts[c], false, &f, NULL, NULL, 0,
-                                         &scratch) != KVC_OK) {
+            if (kvc_state_walk_frame(off ? data + off : data, len - off, layouts[c], false, single, &f, NULL, NULL,
+                                     0, &scratch) != KVC_OK) {
                 break;
             }
             off += f.end;
+            outside = outside || f.ids_outside;
         }
         if (k == n_parts && off == len) {
-            framed |= 1u << c;
+            *readable |= 1u << c;
+            *framed |= outside ? 0u : 1u << c;
         }
     }
-    return framed;
 }

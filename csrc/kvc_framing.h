@@ -6,7 +6,8 @@
  * there. Each candidate framing's walk is made once: the walk of a first part serves the framings
  * of one part and of two, and the hybrid state's attention part. kvcache.statefile's
  * memory_framings (and through it inspect and convert) is kvc_state_framings; the detection of a
- * state's layout in kvc_state.c asks kvc_state_frames_exactly which layouts the bytes frame in. */
+ * state's layout in kvc_state.c asks kvc_state_frames_exactly, once, which layouts the bytes frame
+ * in: it reads the state in those alone, and that answer also picks its error. */
 #ifndef KVC_FRAMING_H
 #define KVC_FRAMING_H
 
@@ -56,9 +57,12 @@ void kvc_state_framings(const uint8_t *data, size_t len, bool allow_prefix, kvc_
                         kvc_framing_miss miss[4]);
 
 /* Which of layouts[0, n_layouts) (at most 32; enum kvc_layout_bits, the prefix not taken) frame
- * data[0, len) as exactly n_parts memory states one after the other: bit k for layouts[k]. */
-uint32_t kvc_state_frames_exactly(const uint8_t *data, size_t len, const unsigned *layouts, uint32_t n_layouts,
-                                  uint32_t n_parts);
+ * data[0, len) as exactly n_parts memory states one after the other, one walk each: bit k of
+ * *framed for layouts[k]. *readable: the same where a reader may take the bytes, which for a
+ * single sequence's state (single) also counts the framings whose cells list ids outside
+ * [0, KVC_MAX_SEQ) (the reader ignores them); a reader takes no bytes outside it. */
+void kvc_state_frames_exactly(const uint8_t *data, size_t len, const unsigned *layouts, uint32_t n_layouts,
+                              uint32_t n_parts, bool single, uint32_t *framed, uint32_t *readable);
 
 #ifdef __cplusplus
 }

@@ -83,6 +83,8 @@ typedef struct kvc_state_frame {
     int32_t  src_seq_id;   /* the prefix's sequence id */
     uint32_t n_stream;     /* 1 in a layout without KVC_LAYOUT_STREAMS */
     size_t   end;          /* bytes of the framed state */
+    bool     ids_outside;  /* a walk that left the ids unchecked: a cell lists one outside
+                            * [0, KVC_MAX_SEQ) */
 } kvc_state_frame;
 
 /* The byte counts of a cache, checked once at its construction: its K/V memory (size cells of

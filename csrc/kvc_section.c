@@ -108,7 +108,7 @@ static uint32_t cell_listing(const kvc_section *sec, uint32_t nw, uint32_t i, in
  * d (NULL: against KVC_MAX_SEQ); seen: the ids of the cells before, for d->seq_in_one_cell (with
  * d->into_cell_of, that table answers instead). */
 static int parse_ids(kvc_cursor *r, const kvc_sec_dest *d, uint32_t i, uint32_t n_seq_id, kvc_seqset *bits,
-                     kvc_seqset *seen, const kvc_section *sec, kvc_err *err) {
+                     kvc_seqset *seen, kvc_section *sec, kvc_err *err) {
     const uint32_t id_limit = d ? d->n_seq_max : KVC_MAX_SEQ;
     if ((r->len - r->off) / 4 < n_seq_id) {
         return kvc_err_set(err, KVC_E_STATE,
@@ -131,6 +131,10 @@ static int parse_ids(kvc_cursor *r, const kvc_sec_dest *d, uint32_t i, uint32_t 
         const int32_t s = kvc_le_get_i32(at + 4 * (size_t)j);
         const size_t byte = (size_t)(at - r->p) + 4 * (size_t)j;
         if (s < 0 || (uint32_t)s >= id_limit) {
+            if (!d && sec->d_ids_unchecked) {
+                sec->d_ids_outside = true;
+                continue;
+            }
             return kvc_err_set(err, KVC_E_STATE,
                                "cell %" PRIu32 " (byte %zu): sequence id %" PRId32 " out of range [0, %" PRIu32 ")",
                                i, byte, s, id_limit);
@@ -207,6 +211,25 @@ static int parse_cells(kvc_cursor *r_in, const kvc_sec_dest *d, kvc_section *sec
                 into_cell_of[s] = (int32_t)i;
                 pos_out[i] = pos;
                 continue;
+            }
+        }
+        if (!d && i >= sec->d_pos_cap && r->len - r->off >= 8 + (size_t)eb) {
+            /* a walk's cell that records nothing: its record checked in place, any fault left to
+             * the general path below, which names it */
+            const uint8_t *q = r->p + r->off;
+            const uint32_t n = kvc_le_get_u32(q + 4);
+            if (kvc_le_get_i32(q) >= 0 && n <= (r->len - r->off - 8 - eb) / 4) {
+                const uint8_t *ids = q + 8 + eb;
+                uint32_t j = 0;
+                while (j < n && kvc_le_get_u32(ids + 4 * (size_t)j) < KVC_MAX_SEQ) {
+                    j++;
+                }
+                if (j == n) {
+                    r->off += 8 + (size_t)eb + 4 * (size_t)n;
+                    n_min = i == 0 || n < n_min ? n : n_min;
+                    n_max = n > n_max ? n : n_max;
+                    continue;
+                }
             }
         }
         int32_t pos;
@@ -582,6 +605,11 @@ int kvc_state_prefix_take(const uint8_t *data, size_t len, int32_t seq_id, size_
 int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix,
                              kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
                              kvc_err *err) {
+    return kvc_state_walk_frame(data, len, layout, allow_prefix, false, f, sec_off, sec_cells, sec_cap, err);
+}
+
+int kvc_state_walk_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix, bool ids_unchecked,
+                         kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap, kvc_err *err) {
     memset(f, 0, sizeof *f);
     kvc_cursor r = { data, data ? len : 0, 0 };
     int rc;
@@ -610,7 +638,10 @@ int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, b
             kvc_section sec;
             memset(&sec, 0, sizeof sec);
             sec.d_ext_bytes = (layout & KVC_LAYOUT_CELL_EXT) ? kvc_layout_ext_bytes(layout) : 0;
-            if ((rc = kvc_sec_parse(&body, NULL, &sec, err)) != KVC_OK) {
+            sec.d_ids_unchecked = ids_unchecked;
+            rc = kvc_sec_parse(&body, NULL, &sec, err);
+            f->ids_outside = f->ids_outside || sec.d_ids_outside;
+            if (rc != KVC_OK) {
                 if (fr.n_stream > 1 || at) {
                     kvc_err_wrap(err, rc, "stream %" PRIu32 " (from byte %zu)", s, at);
                 }

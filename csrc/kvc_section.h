@@ -78,6 +78,10 @@ typedef struct kvc_section {
     bool                  records_final; /* the parse failed because the bytes cannot hold
                                        * d_n_records records or the count has fewer layers: no
                                        * larger d_n_records frames them either */
+    bool                  d_ids_unchecked; /* the cells' ids are read, not checked (as a single
+                                       * sequence's reader reads them) */
+    bool                  d_ids_outside; /* then: a cell lists an id outside [0, KVC_MAX_SEQ),
+                                       * which the checks refuse */
 } kvc_section;
 
 /* Parse the stream section at the cursor (moved past it on success). sec must be zeroed but for
@@ -133,6 +137,13 @@ int kvc_state_describe_records(const uint8_t *data, size_t len, uint32_t ext_byt
 int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix,
                              kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
                              kvc_err *err);
+
+/* kvc_state_describe_frame with, when ids_unchecked, the cells' sequence ids read but not checked,
+ * as a single sequence's reader reads them: f->ids_outside then says whether a cell lists one
+ * outside [0, KVC_MAX_SEQ), which the checks refuse (the walk frames with them exactly when it
+ * frames and that is false). */
+int kvc_state_walk_frame(const uint8_t *data, size_t len, unsigned layout, bool allow_prefix, bool ids_unchecked,
+                         kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap, kvc_err *err);
 
 /* The sequence-blob prefix in front of data[0, len) of a single sequence's state: *off = 8 when
  * it is there, 0 when not. KVC_OK, or KVC_E_STATE when it is cut short. */

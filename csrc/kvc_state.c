@@ -110,12 +110,12 @@ static bool plans_have_cells(const kvc_state_plan *plans, uint32_t n) {
 }
 
 /* --- detection: the layout of a state that does not say it ------------------------------------
- * Each candidate layout is read against the caches once. Only when none takes the bytes are they
- * framed without the caches (kvc_framing.h: the section parser's checks of structure alone, each
- * candidate walked once), to say which layouts the bytes at least frame in: that picks the error
- * worth telling. The walk cannot stand in for the read, nor the read for the walk: a sequence's
- * read ignores the ids its cells list, which the walk checks, and the read checks everything
- * against the caches. */
+ * One walk of each candidate layout without the caches (kvc_state_frames_exactly: the section
+ * parser's checks of structure alone) says which layouts the bytes frame in. A read against the
+ * caches takes bytes only in such a layout (a single sequence's read ignoring the ids its cells
+ * list, which the walk checks: the walk tells that case apart), so only those are read, in the
+ * candidates' order; when none of them takes the bytes, the same walk picks the error worth
+ * telling. The walk cannot stand in for the read: the read checks everything against the caches. */
 
 /* A candidate layout of a detection and the caches' verdict on it. */
 typedef struct detect_cand {
@@ -140,10 +140,17 @@ static void detect_read(kvc_unified *const *caches, uint32_t n_parts, int32_t se
 static int detect_streams(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data,
                           size_t len, unsigned flags, unsigned streams, kvc_state_plan *plans, size_t *end,
                           unsigned *layout, kvc_err *err) {
-    detect_cand cand[2] = { { .layout = streams }, { .layout = 0 } };
+    static const unsigned walks[2] = { KVC_LAYOUT_STREAMS, 0 };
+    detect_cand cand[2] = { { .layout = streams | KVC_LAYOUT_STREAMS }, { .layout = 0 } };
     kvc_state_plan other[KVC_STATE_MAX_PARTS];
-    detect_read(caches, n_parts, seq_id, data, len, 0, flags, &cand[0], plans);
-    detect_read(caches, n_parts, seq_id, data, len, 0, flags, &cand[1], other);
+    uint32_t framing, readable;
+    kvc_state_frames_exactly(data, len, walks, 2, n_parts, seq_id >= 0, &framing, &readable);
+    for (uint32_t k = 0; k < 2; k++) {
+        cand[k].rc = KVC_E_STATE;
+        if (readable & (1u << k)) {
+            detect_read(caches, n_parts, seq_id, data, len, 0, flags, &cand[k], k ? other : plans);
+        }
+    }
     if (cand[0].rc == KVC_OK && cand[1].rc == KVC_OK) {
         free_plans(plans, n_parts);
         free_plans(other, n_parts);
@@ -161,9 +168,7 @@ static int detect_streams(kvc_unified *const *caches, uint32_t n_parts, int32_t 
             return KVC_OK;
         }
     }
-    /* neither: the error of the framing the bytes have, when only one fits them */
-    static const unsigned walks[2] = { KVC_LAYOUT_STREAMS, 0 };
-    const uint32_t framing = kvc_state_frames_exactly(data, len, walks, 2, n_parts);
+    /* neither: the error of the framing the bytes have, when only one fits them (read above) */
     const bool framed[2] = { framing & 1u, framing & 2u };
     if (framed[0] != framed[1]) {
         const detect_cand *c = &cand[framed[0] ? 0 : 1];
@@ -183,9 +188,9 @@ static int detect_streams(kvc_unified *const *caches, uint32_t n_parts, int32_t 
 }
 
 /* Detection for caches with the per-cell extension: the layouts a state of theirs may be in (the
- * newest first; with the prefix, those that have one), each read against the caches; exactly one
- * must take the input whole (a state without cells reads alike in each: the first is taken).
- * KVC_OK with plans ready, *end and *layout set. */
+ * newest first; with the prefix, those that have one), each read against the caches where the
+ * bytes frame in it; exactly one must take the input whole (a state without cells reads alike in
+ * each: the first is taken). KVC_OK with plans ready, *end and *layout set. */
 static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_id, const uint8_t *data, size_t len,
                       size_t base, unsigned flags, kvc_state_plan *plans, size_t *end, unsigned *layout,
                       kvc_err *err) {
@@ -193,9 +198,20 @@ static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_
     detect_cand cand[4] = { { .layout = xy | KVC_LAYOUT_EXT_TOK }, { .layout = xy }, { .layout = KVC_LAYOUT_STREAMS },
                             { .layout = 0 } };
     const uint32_t n_cand = base ? 2 : 4;
+    unsigned walks[4];
+    for (uint32_t k = 0; k < n_cand; k++) {
+        walks[k] = cand[k].layout | KVC_LAYOUT_CELL_EXT;
+    }
+    uint32_t framing, readable;
+    kvc_state_frames_exactly(base ? data + base : data, len - base, walks, n_cand, n_parts, seq_id >= 0, &framing,
+                             &readable);
     kvc_state_plan other[KVC_STATE_MAX_PARTS];
     uint32_t n_ok = 0;
     for (uint32_t k = 0; k < n_cand; k++) {
+        cand[k].rc = KVC_E_STATE;
+        if (!(readable & (1u << k))) {
+            continue;
+        }
         detect_read(caches, n_parts, seq_id, data, len, base, flags, &cand[k], n_ok ? other : plans);
         if (cand[k].rc != KVC_OK) {
             continue;
@@ -216,12 +232,8 @@ static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_
     if (n_ok) {
         return KVC_OK;
     }
-    /* none: the error worth telling is the one of the layout whose framing the bytes have */
-    unsigned walks[4];
-    for (uint32_t k = 0; k < n_cand; k++) {
-        walks[k] = cand[k].layout | KVC_LAYOUT_CELL_EXT;
-    }
-    const uint32_t framing = kvc_state_frames_exactly(base ? data + base : data, len - base, walks, n_cand, n_parts);
+    /* none: the error worth telling is the one of the layout whose framing the bytes have (read
+     * above), else the newest layout's */
     const detect_cand *framed = NULL;
     uint32_t n_framed = 0;
     for (uint32_t k = 0; k < n_cand; k++) {
@@ -232,6 +244,12 @@ static int detect_ext(kvc_unified *const *caches, uint32_t n_parts, int32_t seq_
     }
     if (n_framed == 1) {
         return kvc_err_set(err, KVC_E_STATE, "%s", framed->err.msg);
+    }
+    if (!(readable & 1u)) {
+        detect_read(caches, n_parts, seq_id, data, len, base, flags, &cand[0], plans);
+        if (cand[0].rc == KVC_OK) {
+            free_plans(plans, n_parts);   /* a read the walk ruled out: no layout to take */
+        }
     }
     return kvc_err_set(err, KVC_E_STATE, "in no layout; as today's (12-byte cell extensions): %.200s",
                        cand[0].err.msg);

@@ -3,8 +3,10 @@
  * section's offset and cell count as written); two of them as two parts; cut short, or with bytes
  * after it, it frames in no way, and the misses say where the walk stopped or where the state
  * ended; bytes that are no state frame in none. kvc_state_frames_exactly says which layouts frame
- * the bytes as a number of parts. */
+ * the bytes as a number of parts, and for a single sequence's read also where only the ids the
+ * cells list (which that read ignores) are out of range. */
 #include "kvc_framing.h"
+#include "kvc_le.h"
 #include "kvc_state.h"
 #include "kvc_types.h"
 
@@ -30,6 +32,14 @@ static uint8_t *state_of(kvc_unified *c, size_t *n) {
         abort();
     }
     return b;
+}
+
+/* The layouts of lays[0, 2) that frame b[0, len) as `parts` parts (checked alike, whole cache). */
+static uint32_t frames(const uint8_t *b, size_t len, const unsigned *lays, uint32_t parts) {
+    uint32_t framed, readable;
+    kvc_state_frames_exactly(b, len, lays, 2, parts, false, &framed, &readable);
+    CHECK(readable == framed, "a whole cache's read: readable %x where framed %x", readable, framed);
+    return framed;
 }
 
 static void test_framings(void) {
@@ -75,9 +85,21 @@ static void test_framings(void) {
     CHECK(miss[0].rc == KVC_OK && miss[0].end == n, "one part ends at %zu, before the end", n);
 
     const unsigned lays[2] = { KVC_LAYOUT_STREAMS, 0 };
-    CHECK(kvc_state_frames_exactly(b, 2 * n, lays, 2, 2) == 1u && kvc_state_frames_exactly(b, 2 * n, lays, 2, 1) == 0,
-          "two parts with stream counts, not one");
-    CHECK(kvc_state_frames_exactly(b, n, lays, 2, 1) == 1u, "one part with stream counts");
+    CHECK(frames(b, 2 * n, lays, 2) == 1u && frames(b, 2 * n, lays, 1) == 0, "two parts with stream counts, not one");
+    CHECK(frames(b, n, lays, 1) == 1u, "one part with stream counts");
+
+    /* a cell listing an id out of range: no framing, but readable as a single sequence's state,
+     * whose read ignores the ids */
+    uint32_t framed, readable;
+    const uint32_t id_at = 4 + 4 + 8;   /* stream count, cell count, cell 0's position and id count */
+    const uint32_t id0 = kvc_le_get_u32(b + id_at);
+    kvc_le_put_u32(b + id_at, 0xffffffffu);
+    kvc_state_frames_exactly(b, n, lays, 2, 1, true, &framed, &readable);
+    CHECK(framed == 0 && readable == 1u, "an id out of range: framed %x, readable %x", framed, readable);
+    CHECK(frames(b, n, lays, 1) == 0, "an id out of range: a whole cache's read takes it in no layout");
+    kvc_le_put_u32(b + id_at, id0);
+    kvc_state_frames_exactly(b, n, lays, 2, 1, true, &framed, &readable);
+    CHECK(framed == 1u && readable == 1u, "the ids in range again: framed %x, readable %x", framed, readable);
 
     /* bytes after the state, and a state cut short */
     kvc_state_framings(b, n + 3, true, out, &n_out, miss);
@@ -85,7 +107,7 @@ static void test_framings(void) {
     kvc_state_framings(b, n - 1, true, out, &n_out, miss);
     CHECK(n_out == 0 && miss[0].rc == KVC_E_STATE && strstr(miss[0].err.msg, "truncated"),
           "cut short: %s", miss[0].err.msg);
-    CHECK(kvc_state_frames_exactly(b, n - 1, lays, 2, 1) == 0 && kvc_state_frames_exactly(b, n + 3, lays, 2, 1) == 0,
+    CHECK(frames(b, n - 1, lays, 1) == 0 && frames(b, n + 3, lays, 1) == 0,
           "cut short or with bytes after it: no layout frames it");
 
     /* no state at all */

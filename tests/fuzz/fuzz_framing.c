@@ -115,9 +115,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size) {
     if (!allow_prefix) {
         static const unsigned lays[2] = { KVC_LAYOUT_STREAMS, 0 };
         for (uint32_t parts = 1; parts <= 2; parts++) {
-            const uint32_t bits = kvc_state_frames_exactly(data, len, lays, 2, parts);
+            uint32_t bits, readable, single_bits, single_readable;
+            kvc_state_frames_exactly(data, len, lays, 2, parts, false, &bits, &readable);
             FUZZ_CHECK(((bits & 1u) != 0) == found[parts - 1] && ((bits & 2u) != 0) == found[2 + parts - 1],
                        "frames_exactly %u parts: %x", parts, bits);
+            FUZZ_CHECK(readable == bits, "frames_exactly %u parts, whole cache: readable %x, framed %x", parts,
+                       readable, bits);
+            /* a single sequence's walk leaves the ids unchecked: the same framings, and maybe more */
+            kvc_state_frames_exactly(data, len, lays, 2, parts, true, &single_bits, &single_readable);
+            FUZZ_CHECK(single_bits == bits && (single_readable & bits) == bits,
+                       "frames_exactly %u parts, single sequence: framed %x, readable %x (%x)", parts, single_bits,
+                       single_readable, bits);
         }
     }
     if (fz_verbose()) {
