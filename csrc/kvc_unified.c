@@ -453,11 +453,19 @@ static uint32_t kvc_move_positions(kvc_unified *c, uint32_t st, int32_t s, kvc_p
     return emptied;
 }
 
-void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
+/* The start of a move of positions in [p0, p1) (seq_add, seq_div): a pending defrag settled and
+ * the placement dropped, always; *r the range. False when nothing moves: an empty range, or
+ * `none` (a shift of 0, a division by 1). */
+static bool move_begin(kvc_unified *c, int32_t p0, int32_t p1, bool none, kvc_pos_range *r) {
     kvc_unified_defrag_settle(c);
     kvc_unified_slot_drop(c);
-    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
-    if (shift == 0 || r.p0 == r.p1) {
+    *r = kvc_pos_range_of(p0, p1);
+    return !none && r->p0 != r->p1;
+}
+
+void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t shift) {
+    kvc_pos_range r;
+    if (!move_begin(c, p0, p1, shift == 0, &r)) {
         return;
     }
     const uint32_t st = kvc_unified_stream_of(c, s);
@@ -467,10 +475,8 @@ void kvc_unified_seq_add(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int3
 }
 
 void kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, int32_t d) {
-    kvc_unified_defrag_settle(c);
-    kvc_unified_slot_drop(c);
-    const kvc_pos_range r = kvc_pos_range_of(p0, p1);
-    if (d == 1 || r.p0 == r.p1) {
+    kvc_pos_range r;
+    if (!move_begin(c, p0, p1, d == 1, &r)) {
         return;
     }
     (void)kvc_move_positions(c, kvc_unified_stream_of(c, s), s, r, 0, d);
