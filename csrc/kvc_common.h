@@ -55,6 +55,21 @@ typedef struct kvc_layer {
     uint8_t *v;            /* the V rows, or NULL */
 } kvc_layer;
 
+/* The index in layers[0, n) of model layer il, or -1 when none of them is it: every layer
+ * table (a unified cache's, a recurrent cache's) is in model order, ascending il. */
+static inline int64_t kvc_layers_find(const kvc_layer *layers, uint32_t n, int64_t il) {
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (layers[mid].il < il) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < n && layers[lo].il == il ? (int64_t)lo : -1;
+}
+
 /* Error details filled by functions that can fail for many reasons. */
 typedef struct kvc_err {
     int  code;       /* one of enum kvc_status */

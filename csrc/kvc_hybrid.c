@@ -31,6 +31,19 @@ int kvc_hybrid_init_iswa(kvc_hybrid *h, kvc_iswa *iswa, kvc_recurrent *recr, kvc
     return r;
 }
 
+kvc_unified *kvc_hybrid_attn_layer(const kvc_hybrid *h, int64_t il, int64_t *index) {
+    if (h->iswa) {
+        const int part = kvc_iswa_layer(h->iswa, il, index);
+        return part == KVC_ISWA_SWA ? h->iswa->swa : part == KVC_ISWA_BASE ? h->iswa->base : NULL;
+    }
+    *index = kvc_unified_layer_index(h->attn, il);
+    return *index >= 0 ? h->attn : NULL;
+}
+
+int64_t kvc_hybrid_recr_layer(const kvc_hybrid *h, int64_t il) {
+    return kvc_layers_find(h->recr->layers, h->recr->n_layer, il);
+}
+
 int kvc_hybrid_find_slot(kvc_hybrid *h, const kvc_ubatch *ub, kvc_err *err) {
     const int rr = kvc_recurrent_find_slot(h->recr, ub, err);
     if (rr < 0) {

@@ -35,6 +35,16 @@ int     kvc_hybrid_init(kvc_hybrid *h, kvc_unified *attn, kvc_recurrent *recr, k
 /* The same with an iSWA pair (of semantics 2026) as the attention part. */
 int     kvc_hybrid_init_iswa(kvc_hybrid *h, kvc_iswa *iswa, kvc_recurrent *recr, kvc_err *err);
 
+/* --- the layer table: a model layer may be in both parts (Falcon-H1), or in neither ------- */
+
+/* The attention cache holding model layer il: the unified cache, or the iSWA pair's cache that
+ * holds it (kvc_iswa_layer); *index its index in that cache's layer table. NULL and *index = -1
+ * when the attention part does not hold il. */
+kvc_unified *kvc_hybrid_attn_layer(const kvc_hybrid *h, int64_t il, int64_t *index);
+/* The index of model layer il in the recurrent part's layer table (numbered as the model's by
+ * kvc_hybrid_state_init), or -1 when il is not a recurrent layer. */
+int64_t kvc_hybrid_recr_layer(const kvc_hybrid *h, int64_t il);
+
 /* Place a ubatch in both parts: 1 placed; 0 one part had no room or failed llama.cpp's sanity
  * check (nothing changed in either); an error code with err (nothing changed). */
 int     kvc_hybrid_find_slot(kvc_hybrid *h, const kvc_ubatch *ub, kvc_err *err);

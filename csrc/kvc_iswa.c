@@ -82,6 +82,15 @@ int kvc_iswa_init(kvc_iswa *c, kvc_unified *base, kvc_unified *swa, bool swa_ful
     if (swa->swa_type == KVC_SWA_NONE) {
         return kvc_err_set(err, KVC_E_ARG, "the SWA cache has no sliding window");
     }
+    /* each model layer's K/V is in one cache at most: both tables ascend, walk them together */
+    for (uint32_t i = 0, j = 0; i < base->n_layer && j < swa->n_layer;) {
+        const int32_t a = base->layers[i].il, b = swa->layers[j].il;
+        if (a == b) {
+            return kvc_err_set(err, KVC_E_ARG, "model layer %" PRId32 " is in both the base and the SWA cache", a);
+        }
+        i += a < b;
+        j += b < a;
+    }
     c->base = base;
     c->swa = swa;
     c->swa_full = swa_full;
@@ -92,6 +101,15 @@ int kvc_iswa_init(kvc_iswa *c, kvc_unified *base, kvc_unified *swa, bool swa_ful
 int kvc_iswa_sbatch_init(kvc_iswa *c, uint32_t n_tokens, const int32_t *pos, const uint32_t *seq_off,
                          const int32_t *seq_ids, kvc_err *err) {
     return kvc_iswa_pending_set(&c->pending, n_tokens, pos, seq_off, seq_ids, c->swa->n_seq_max, !c->swa_full, err);
+}
+
+int kvc_iswa_layer(const kvc_iswa *c, int64_t il, int64_t *index) {
+    *index = kvc_unified_layer_index(c->swa, il);
+    if (*index >= 0) {
+        return KVC_ISWA_SWA;
+    }
+    *index = kvc_unified_layer_index(c->base, il);
+    return *index >= 0 ? KVC_ISWA_BASE : KVC_ISWA_NONE;
 }
 
 int kvc_iswa_find_slot(kvc_iswa *c, const kvc_ubatch *ub, int found[2], kvc_err *err) {

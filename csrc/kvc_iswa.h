@@ -77,7 +77,7 @@ typedef struct kvc_iswa {
 } kvc_iswa;
 
 /* Bind the two caches: KVC_E_ARG with err when they are the same, differ in semantics, streams
- * or n_seq_max, or the SWA cache has no window. No pending range. */
+ * or n_seq_max, the SWA cache has no window, or a model layer is in both. No pending range. */
 int  kvc_iswa_init(kvc_iswa *c, kvc_unified *base, kvc_unified *swa, bool swa_full, kvc_err *err);
 
 /* Record the pending ranges of a batch about to be split (the layout of kvc_iswa_pending_set),
@@ -104,6 +104,20 @@ void kvc_iswa_restore(kvc_iswa *c);
 void kvc_iswa_set_full(kvc_iswa *c);
 /* Empty both caches (the pending ranges are kept, as llama.cpp does). */
 void kvc_iswa_clear(kvc_iswa *c);
+
+/* --- the layer table --------------------------------------------------------------------- */
+
+/* Which cache of the pair holds a model layer. */
+enum kvc_iswa_part {
+    KVC_ISWA_NONE = -1,  /* neither: a layer without K/V in the pair */
+    KVC_ISWA_BASE = 0,
+    KVC_ISWA_SWA  = 1,
+};
+
+/* The cache holding model layer il (enum kvc_iswa_part), *index its index in that cache's layer
+ * table (kvc_unified_layer_index); KVC_ISWA_NONE and *index = -1 when neither holds it. The
+ * pair's table is its caches' own tables, which hold no layer in common (kvc_iswa_init). */
+int  kvc_iswa_layer(const kvc_iswa *c, int64_t il, int64_t *index);
 
 /* The sequence operations, on both caches (arguments as kvc_unified's). seq_rm: true when both
  * removed. seq_cp: checked in both caches first (kvc_unified_seq_cp_check: KVC_E_ARG with err,

@@ -180,16 +180,7 @@ void kvc_unified_set_layer_buffers(kvc_unified *c, uint32_t ikv, uint8_t *k, uin
 }
 
 int64_t kvc_unified_layer_index(const kvc_unified *c, int64_t il) {
-    uint32_t lo = 0, hi = c->n_layer;
-    while (lo < hi) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        if (c->layers[mid].il < il) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo < c->n_layer && c->layers[lo].il == il ? (int64_t)lo : -1;
+    return kvc_layers_find(c->layers, c->n_layer, il);
 }
 
 int kvc_unified_set_n_threads(kvc_unified *c, uint32_t n, kvc_err *err) {

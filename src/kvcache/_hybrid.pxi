@@ -7,7 +7,7 @@ from kvcache.includes.kvc_hybrid cimport (kvc_hybrid, kvc_hybrid_init, kvc_hybri
                                           kvc_hybrid_clear,
                                           kvc_hybrid_seq_rm, kvc_hybrid_seq_cp, kvc_hybrid_seq_keep,
                                           kvc_hybrid_seq_add, kvc_hybrid_seq_div, kvc_hybrid_seq_pos_min,
-                                          kvc_hybrid_seq_pos_max)
+                                          kvc_hybrid_seq_pos_max, kvc_hybrid_attn_layer, kvc_hybrid_recr_layer)
 from kvcache.includes.kvc_hybrid_state cimport (KVC_HYBRID_BOTH, KVC_HYBRID_PARTIAL_ONLY, kvc_hybrid_state_init,
                                                 kvc_hybrid_state_size, kvc_hybrid_state_write_range,
                                                 kvc_hybrid_state_read)
@@ -40,8 +40,6 @@ cdef class _Hybrid:
     cdef _Recurrent2026 _recr      # the recurrent layers' memory (a RecurrentCache2026)
     cdef list _order               # every cache of both parts, in the global lock order (ascending address)
     cdef uint32_t _n_seq_max
-    cdef tuple _attn_layers        # model layers of the attention part, ascending
-    cdef tuple _recr_layers        # model layers of the recurrent part, ascending
     cdef uint32_t _n_layer         # the model's layers
     cdef readonly _Hold _hold      # both parts' locks, in the global order
 
@@ -109,8 +107,6 @@ cdef class _Hybrid:
         check_status(r, &err, "HybridCache")
         _hybrid_state_init(self, n_layer, recr)
         self._order = _lock_order(parts)
-        self._attn_layers = attn
-        self._recr_layers = recr
         self._n_layer = <uint32_t>n_layer
         self._n_seq_max = <uint32_t>n_seq_max
         self._hold = _Hold(*parts)
@@ -142,12 +138,12 @@ cdef class _Hybrid:
     @property
     def attn_layers(self):
         """Model layers of the attention part, ascending."""
-        return self._attn_layers
+        return _kept_layers(self.c.attn) if self._iswa is None else self._iswa._layers()
 
     @property
     def recurrent_layers(self):
         """Model layers of the recurrent part, ascending (a layer may be in both, or in neither)."""
-        return self._recr_layers
+        return _layer_ils(self.c.recr.layers, self.c.recr.n_layer)
 
     @property
     def n_seq_max(self):
@@ -187,16 +183,16 @@ cdef class _Hybrid:
 
     def __repr__(self):
         window = "" if self._iswa is None else f", n_swa={self._iswa.n_swa}, swa_layers={list(self.swa_layers)}"
-        return (f"HybridCache(n_layer={self._n_layer}, attn_layers={list(self._attn_layers)}, "
-                f"recurrent_layers={list(self._recr_layers)}, kv_size={self._cells.size}, "
+        return (f"HybridCache(n_layer={self._n_layer}, attn_layers={list(self.attn_layers)}, "
+                f"recurrent_layers={list(self.recurrent_layers)}, kv_size={self._cells.size}, "
                 f"n_seq_max={self.n_seq_max}, n_rs_seq={self._recr.n_rs_seq}{window})")
 
-    cdef int _recr_index(self, object il) except -1:
-        cdef Py_ssize_t k
-        for k in range(len(self._recr_layers)):
-            if self._recr_layers[k] == il:
-                return <int>k
-        raise ValueError(f"il = {il!r} is not a recurrent layer ({list(self._recr_layers)})")
+    cdef uint32_t _recr_index(self, object il) except? 0xFFFFFFFF:
+        """The recurrent part's index of model layer il (ValueError when il is not a recurrent layer)."""
+        cdef int64_t k = kvc_hybrid_recr_layer(&self.c, _layer_key(il))
+        if k < 0:
+            raise ValueError(f"il = {il!r} is not a recurrent layer ({list(self.recurrent_layers)})")
+        return <uint32_t>k
 
     # --- placement -------------------------------------------------------------------------
     def find_slot(self, ub):
@@ -370,8 +366,9 @@ cdef class _Hybrid:
     def store(self, il, k_rows=None, v_rows=None):
         """Write the K / V rows of the placed tokens for attention layer il (UnifiedCache.store;
         with a sliding window, into the pair's cache holding il)."""
-        if il not in self._attn_layers:
-            raise ValueError(f"il = {il!r} is not an attention layer ({list(self._attn_layers)})")
+        cdef int64_t index
+        if kvc_hybrid_attn_layer(&self.c, _layer_key(il), &index) == NULL:
+            raise ValueError(f"il = {il!r} is not an attention layer ({list(self.attn_layers)})")
         self._attn.store(il, k_rows, v_rows)
 
     def store_state(self, il, r_rows=None, s_rows=None, *, plane=0):

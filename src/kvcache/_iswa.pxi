@@ -8,6 +8,7 @@ import warnings
 from kvcache.includes.kvc_retain cimport (kvc_retained, kvc_retain_enable_parts, kvc_retain_match_parts_xy,
                                          kvc_retain_attach_parts_xy, kvc_retain_release_parts)
 from kvcache.includes.kvc_iswa cimport (KVC_ISWA_PAD_2026, kvc_iswa, kvc_iswa_pending, kvc_iswa_sizing, kvc_iswa_swa_size, kvc_iswa_init,
+                                        KVC_ISWA_BASE, KVC_ISWA_SWA, kvc_iswa_layer,
                                         kvc_iswa_sbatch_init, kvc_iswa_find_slot, kvc_iswa_commit, kvc_iswa_restore,
                                         kvc_iswa_set_full, kvc_iswa_clear, kvc_iswa_seq_rm, kvc_iswa_seq_cp,
                                         kvc_iswa_seq_keep, kvc_iswa_seq_add, kvc_iswa_seq_div, kvc_iswa_seq_pos_min,
@@ -271,8 +272,6 @@ cdef class _ISWA:
     cdef _Unified _swa             # the sliding-window layers' cache (a UnifiedCache)
     cdef _Unified _first           # the two in the global lock order (ascending address)
     cdef _Unified _second
-    cdef tuple _swa_layers         # model layers of the SWA cache, ascending
-    cdef dict _part_of             # model layer index -> the cache holding it
     cdef uint32_t _n_batch         # the ubatch size the SWA cache was sized for
     cdef readonly _Hold _hold      # both caches' locks, in the global order
     # the same, as one operation of both: a callback it runs (a file's write(), an array
@@ -333,8 +332,6 @@ cdef class _ISWA:
                                  buffers=buf_swa, **common)
         check_status(kvc_iswa_init(&self.c, &self._base.c, &self._swa.c, swa_full, &err), &err, "ISWACache")
         self._first, self._second = _lock_order((self._base, self._swa))
-        self._swa_layers = layers
-        self._part_of = {il: (self._swa if il in swa_set else self._base) for il in range(n_layer) if il in held}
         self._n_batch = <uint32_t>n_batch
         self._hold = _Hold(self._base, self._swa)
         self._op = _Hold(self._base, self._swa, busy=True)
@@ -374,6 +371,10 @@ cdef class _ISWA:
     def swa_layers(self):
         """Model layers held by the SWA cache, ascending."""
         return self._swa.layers
+
+    cdef tuple _layers(self):
+        """Model layers held by either cache, ascending (the pair's layer table, kvc_iswa_layer)."""
+        return tuple(sorted(_kept_layers(self.c.base) + _kept_layers(self.c.swa)))
 
     @property
     def base_layers(self):
@@ -511,7 +512,7 @@ cdef class _ISWA:
         return self.size_k_bytes + self.size_v_bytes
 
     def __repr__(self):
-        return (f"ISWACache(kv_size={self._base.size}, n_layer={self.n_layer}, swa_layers={list(self._swa_layers)}, "
+        return (f"ISWACache(kv_size={self._base.size}, n_layer={self.n_layer}, swa_layers={list(self.swa_layers)}, "
                 f"n_swa={self.n_swa}, swa_type={self.swa_type!r}, n_batch={self._n_batch}, "
                 f"swa_full={self.swa_full}, n_seq_max={self.n_seq_max}, size_swa={self._swa.size}"
                 + (f", semantics='2026', kv_unified={self.kv_unified}"
@@ -663,17 +664,15 @@ cdef class _ISWA:
     # --- K/V data --------------------------------------------------------------------------
     def cache_of(self, il):
         """The cache holding model layer il."""
-        c = self._part_of.get(il) if type(il) is int else None
-        if c is not None:
-            return c
-        if not _is_int(il):
-            raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
-        c = self._part_of.get(int(il))
-        if c is None:
-            if 0 <= il < self.n_layer:
-                raise IndexError(f"il = {il} is a model layer without K/V in this cache (layers: {sorted(self._part_of)})")
-            raise IndexError(f"il = {il} is not a model layer (n_layer = {self.n_layer})")
-        return c
+        cdef int64_t index
+        cdef int part = kvc_iswa_layer(&self.c, _layer_key(il), &index)
+        if part == KVC_ISWA_SWA:
+            return self._swa
+        if part == KVC_ISWA_BASE:
+            return self._base
+        if 0 <= il < self.n_layer:
+            raise IndexError(f"il = {il} is a model layer without K/V in this cache (layers: {list(self._layers())})")
+        raise IndexError(f"il = {il} is not a model layer (n_layer = {self.n_layer})")
 
     def k(self, il):
         """K of model layer il (a view into the cache holding it)."""

@@ -65,28 +65,37 @@ cdef int _check_rope(object rope, tuple head_k, tuple kept, str name) except -1:
     return 0
 
 
+cdef tuple _layer_ils(const kvc_layer *layers, uint32_t n):
+    """The model indices of a C layer table's layers, in its order (ascending)."""
+    return tuple([layers[i].il for i in range(n)])
+
+
 cdef tuple _kept_layers(const kvc_unified *c):
     """The model indices of the layers the C cache keeps, in its order (ascending)."""
-    return tuple([c.layers[i].il for i in range(c.n_layer)])
+    return _layer_ils(c.layers, c.n_layer)
+
+
+cdef inline int64_t _layer_key(object il) except? -2:
+    """Model layer il as the key of a C layer table's lookup (an int beyond int64, which no table
+    holds, as -1); TypeError when il is not an int."""
+    cdef int overflow = 0
+    cdef long long v
+    if PyLong_CheckExact(il):
+        v = PyLong_AsLongLongAndOverflow(il, &overflow)
+    elif _is_int(il):
+        v = PyLong_AsLongLongAndOverflow(PyNumber_Index(il), &overflow)
+    else:
+        raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
+    return -1 if overflow else v
 
 
 cdef uint32_t _layer_index(_Unified self, object il) except? 0xFFFFFFFF:
     """The index into the C cache's layer table of model layer il (IndexError when not kept)."""
-    cdef int overflow = 0
-    cdef long long v
-    cdef int64_t ikv
-    if PyLong_CheckExact(il):
-        v = PyLong_AsLongLongAndOverflow(il, &overflow)
-        if not overflow:
-            ikv = kvc_unified_layer_index(&self.c, v)
-            if ikv >= 0:
-                return <uint32_t>ikv
-    if not _is_int(il):
-        raise TypeError(f"il must be an int (a model layer index), not {type(il).__name__}")
-    ikv = kvc_unified_layer_index(&self.c, int_c(il, "il", LLONG_MIN, LLONG_MAX))
+    cdef int64_t ikv = kvc_unified_layer_index(&self.c, _layer_key(il))
     if ikv < 0:
         raise IndexError(f"il = {il} is not a layer of this cache (layers: {list(_kept_layers(&self.c))})")
     return <uint32_t>ikv
+
 
 cdef int _settle(_Unified self, str what) except -1:
     """Move the rows of a pending defrag before the K/V memory is handed out (a change: refused

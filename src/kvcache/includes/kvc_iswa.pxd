@@ -1,5 +1,5 @@
 # Declarations of csrc/kvc_iswa.h: the rules of the interleaved sliding-window cache's pair.
-from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from kvcache.includes.kvc_common cimport kvc_err, kvc_ubatch
 from kvcache.includes.kvc_cells cimport kvc_seqset
 from kvcache.includes.kvc_unified cimport kvc_unified
@@ -32,6 +32,11 @@ cdef extern from "kvc_iswa.h" nogil:
         bint swa_full
         kvc_iswa_pending pending
     int  kvc_iswa_init(kvc_iswa *c, kvc_unified *base, kvc_unified *swa, bint swa_full, kvc_err *err)
+    enum kvc_iswa_part:
+        KVC_ISWA_NONE
+        KVC_ISWA_BASE
+        KVC_ISWA_SWA
+    int  kvc_iswa_layer(const kvc_iswa *c, int64_t il, int64_t *index)
     int  kvc_iswa_sbatch_init(kvc_iswa *c, uint32_t n_tokens, const int32_t *pos, const uint32_t *seq_off,
                               const int32_t *seq_ids, kvc_err *err)
     int  kvc_iswa_find_slot(kvc_iswa *c, const kvc_ubatch *ub, int *found, kvc_err *err)
