@@ -7,6 +7,7 @@
 #include "kvc_hybrid.h"
 #include "kvc_iswa.h"
 #include "kvc_recurrent.h"
+#include "kvc_recurrent_ops.h"
 #include "kvc_types.h"
 #include "kvc_unified.h"
 #include "kvc_unified_ops.h"
