@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kvcache
-from kvcache import ISWACache, ModelGeometry, RecurrentCache, RopeParams, UnifiedCache, from_gguf, read_gguf
+from kvcache import ISWACache, ModelGeometry, RecurrentCache, RecurrentCache2025, RecurrentCache2026, RopeParams, UnifiedCache, from_gguf, read_gguf
 
 from conftest import need_module
 from interop_data import interop_dir
@@ -315,6 +315,19 @@ def test_mamba(tmp_path):
     c = from_gguf(p, 1000, n_seq_max=3, type_k="q8_0")
     assert isinstance(c, RecurrentCache)
     assert (c.size, c.type_k, c.type_v, c.n_embd_k, c.n_embd_v) == (3, "f32", "f32", [288, 288], [768, 768])
+    assert c.semantics == "2025"
+
+
+def test_mamba_today(tmp_path):
+    """semantics "2026" makes today's recurrent cache (llama.cpp keeps no rollback snapshots for
+    Mamba: n_rs_seq asked for is not kept, as for the hybrids without them)."""
+    p = write_model(tmp_path / "m.gguf", "mamba", n_layer=2, n_head=0, n_head_kv=None, kv={
+        "{arch}.ssm.conv_kernel": 4, "{arch}.ssm.inner_size": 96, "{arch}.ssm.state_size": 8,
+        "{arch}.ssm.time_step_rank": 4})
+    c = from_gguf(p, 1000, n_seq_max=3, semantics="2026", n_rs_seq=2)
+    assert isinstance(c, RecurrentCache2026)
+    assert (c.semantics, c.n_rs_seq, c.size) == ("2026", 0, 3)
+    assert isinstance(from_gguf(p, 1000, semantics="2025"), RecurrentCache2025)
 
 
 def test_mamba_missing_state_size(tmp_path):

@@ -156,7 +156,8 @@ class ModelGeometry:
             # per sequence
             return RecurrentCache(n_seq_max, self.n_layer, self.n_embd_k_gqa, self.n_embd_v_gqa,
                                   type_k="f32", type_v="f32", n_embd_k_s=self.n_embd_k_s,
-                                  n_embd_v_s=self.n_embd_v_s, buffers=buffers)
+                                  n_embd_v_s=self.n_embd_v_s, buffers=buffers, semantics=semantics,
+                                  n_rs_seq=n_rs_seq if today and self.rs_rollback else 0)
         if self.hybrid:
             return _hybrid_cache(self, n_ctx, n_seq_max, type_k, type_v, flash_attn, buffers, semantics, kv_unified,
                                  v_trans, n_rs_seq, n_batch, swa_full)
@@ -498,7 +499,7 @@ def from_gguf(path: Any, n_ctx: int, n_seq_max: int = 1, type_k: Any = "f16", ty
     Returns a :class:`kvcache.UnifiedCache` (with the model's K head size and RoPE parameters,
     so ``update()`` rotates shifted keys), a :class:`kvcache.ISWACache` for interleaved
     sliding-window models (Gemma 2/3, Cohere 2, Llama 4), a :class:`kvcache.RecurrentCache`
-    (f32 states, one cell per sequence) for Mamba, or a :class:`kvcache.HybridCache` for the hybrid
+    (of the semantics asked; f32 states, one cell per sequence) for Mamba, or a :class:`kvcache.HybridCache` for the hybrid
     models (LFM2, Granite 4, Jamba, Falcon-H1, Nemotron-H, Qwen3-Next, PLaMo 2; semantics "2026"
     only), whose recurrent part keeps ``n_rs_seq`` rollback snapshots where llama.cpp allows them
     (LFM2, Nemotron-H; 0 for the others, as llama.cpp sets it). With semantics "2026", the caches of M-RoPE
