@@ -106,19 +106,24 @@ def named_errors(init: Callable[..., None]) -> Callable[..., None]:
     return __init__
 
 
-def factory_semantics(params: Callable[..., tuple[Any, ...]], cls: type, args: tuple[Any, ...],
-                      kwargs: dict[str, Any], choices: tuple[str, ...]) -> str:
-    """The semantics a factory class (UnifiedCache, RecurrentCache) is asked for: its constructor's
-    arguments bound by params (None: the first of choices); TypeError / ValueError for anything
-    else."""
+def factory_make(factory: type, cls: type, params: Callable[..., tuple[Any, ...]], args: tuple[Any, ...],
+                 kwargs: dict[str, Any], by_semantics: dict[str, type]) -> Any:
+    """What a factory class (UnifiedCache, RecurrentCache) makes: the class of by_semantics its
+    constructor's ``semantics`` names (its arguments bound by params; None: the first), built from
+    the same arguments; TypeError / ValueError for another semantics, and for a subclass of the
+    factory that is not one of those classes."""
+    if cls is not factory:
+        kinds = " or a ".join(k.__name__ for k in by_semantics.values())
+        raise TypeError(f"{cls.__name__}: a {factory.__name__} is a {kinds}; derive from one of them")
+    choices = tuple(by_semantics)
     semantics = bind(params, cls, args, kwargs)[params.__code__.co_varnames.index("semantics")]
     if semantics is None:
-        return choices[0]
+        semantics = choices[0]
     if not isinstance(semantics, str):
         raise TypeError(f"semantics must be a str, not {type(semantics).__name__}")
     if semantics not in choices:
         raise ValueError(f"semantics = {semantics!r}: expected one of {', '.join(choices)}")
-    return semantics
+    return by_semantics[semantics](*args, **kwargs)
 
 
 class ClassSignature:

@@ -23,11 +23,8 @@ class RecurrentCache(_Recurrent):
     def __new__(cls, *args: Any, semantics: str, **kwargs: Any) -> RecurrentCache: ...
 
     def __new__(cls, *args: Any, **kwargs: Any) -> RecurrentCache:
-        if cls is not RecurrentCache:
-            raise TypeError(f"{cls.__name__}: a RecurrentCache is a RecurrentCache2025 or a RecurrentCache2026; "
-                            f"derive from one of them")
-        semantics = _signatures.factory_semantics(_signatures.recurrent, cls, args, kwargs, SEMANTICS)
-        made: RecurrentCache = _BY_SEMANTICS[semantics](*args, **kwargs)
+        made: RecurrentCache = _signatures.factory_make(RecurrentCache, cls, _signatures.recurrent, args, kwargs,
+                                                        _BY_SEMANTICS)
         return made
 
     def ubatches(self, batch: Batch, n_ubatch: int, embd_pooled: bool = False) -> Iterator[SplitUBatch]:

@@ -84,11 +84,8 @@ class UnifiedCache(_Unified):
     def __new__(cls, *args: Any, semantics: str, **kwargs: Any) -> UnifiedCache: ...
 
     def __new__(cls, *args: Any, **kwargs: Any) -> UnifiedCache:
-        if cls is not UnifiedCache:
-            raise TypeError(f"{cls.__name__}: a UnifiedCache is a UnifiedCache2025 or a UnifiedCache2026; "
-                            f"derive from one of them")
-        semantics = _signatures.factory_semantics(_signatures.unified, cls, args, kwargs, SEMANTICS)
-        made: UnifiedCache = _BY_SEMANTICS[semantics](*args, **kwargs)
+        made: UnifiedCache = _signatures.factory_make(UnifiedCache, cls, _signatures.unified, args, kwargs,
+                                                      _BY_SEMANTICS)
         return made
 
     def ubatches(self, batch: Batch, n_ubatch: int, embd_pooled: bool = False) -> Iterator[SplitUBatch]:
