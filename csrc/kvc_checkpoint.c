@@ -11,6 +11,18 @@ size_t kvc_ckpt_state_bytes(const kvc_recurrent *c) {
     return n;
 }
 
+/* The pool's per-slot arrays (cap entries each), allocated and freed together. */
+enum { CKPT_ARRAYS = 10 };
+static void pool_arrays(kvc_ckpt_pool *p, kvc_array a[CKPT_ARRAYS]) {
+    const kvc_array all[CKPT_ARRAYS] = {
+        KVC_ARRAY(p->n_tok, p->cap),   KVC_ARRAY(p->salt, p->cap),  KVC_ARRAY(p->hash, p->cap),
+        KVC_ARRAY(p->tokens, p->cap),  KVC_ARRAY(p->used_at, p->cap), KVC_ARRAY(p->made_at, p->cap),
+        KVC_ARRAY(p->pins, p->cap),    KVC_ARRAY(p->owner, p->cap), KVC_ARRAY(p->gen, p->cap),
+        KVC_ARRAY(p->order, p->cap),
+    };
+    memcpy(a, all, sizeof all);
+}
+
 int kvc_ckpt_init(kvc_ckpt_pool *p, const kvc_recurrent *c, uint32_t cap, uint32_t per_seq, uint8_t *memory,
                   size_t memory_len, kvc_err *err) {
     memset(p, 0, sizeof *p);
@@ -43,24 +55,16 @@ int kvc_ckpt_init(kvc_ckpt_pool *p, const kvc_recurrent *c, uint32_t cap, uint32
     p->per_seq = per_seq;
     p->n_layer = c->n_layer;
     p->state_bytes = sb;
-    p->n_tok = calloc(cap, sizeof *p->n_tok);
-    p->salt = calloc(cap, sizeof *p->salt);
-    p->hash = calloc(cap, sizeof *p->hash);
-    p->tokens = calloc(cap, sizeof *p->tokens);
-    p->used_at = calloc(cap, sizeof *p->used_at);
-    p->made_at = calloc(cap, sizeof *p->made_at);
-    p->pins = calloc(cap, sizeof *p->pins);
-    p->owner = calloc(cap, sizeof *p->owner);
-    p->gen = calloc(cap, sizeof *p->gen);
-    p->order = calloc(cap, sizeof *p->order);
+    kvc_array arrays[CKPT_ARRAYS];
+    pool_arrays(p, arrays);
+    const int rc = kvc_alloc_arrays(arrays, CKPT_ARRAYS);
     if (memory) {
         p->data = memory;
     } else {
         p->data = need ? malloc(need) : NULL;
         p->owns_data = true;
     }
-    if (!p->n_tok || !p->salt || !p->hash || !p->tokens || !p->used_at || !p->made_at || !p->pins || !p->owner ||
-        !p->gen || !p->order || (need && !p->data)) {
+    if (rc != KVC_OK || (need && !p->data)) {
         kvc_ckpt_free(p);
         return kvc_err_set(err, KVC_E_NOMEM, "checkpoint pool of %u states of %zu bytes", cap, sb);
     }
@@ -77,16 +81,9 @@ void kvc_ckpt_free(kvc_ckpt_pool *p) {
             free(p->tokens[i]);
         }
     }
-    free(p->n_tok);
-    free(p->salt);
-    free(p->hash);
-    free(p->tokens);
-    free(p->used_at);
-    free(p->made_at);
-    free(p->pins);
-    free(p->owner);
-    free(p->gen);
-    free(p->order);
+    kvc_array arrays[CKPT_ARRAYS];
+    pool_arrays(p, arrays);
+    kvc_free_arrays(arrays, CKPT_ARRAYS);
     if (p->owns_data) {
         free(p->data);
     }

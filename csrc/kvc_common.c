@@ -61,6 +61,44 @@ void *kvc_realloc(void *p, size_t n) {
 
 void kvc_free(void *p) { free(p); }
 
+/* An array's pointer is read and written as bytes through its address (kvc_array.at): every
+ * object pointer has the representation of a void * on the platforms kvcache builds for. */
+static void *array_get(const void *at) {
+    void *p;
+    memcpy(&p, at, sizeof p);
+    return p;
+}
+
+static void array_set(void *at, void *p) { memcpy(at, &p, sizeof p); }
+
+int kvc_alloc_arrays(const kvc_array *a, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint64_t bytes;
+        void *p = kvc_size_mul(a[i].count, a[i].size, &bytes) ? kvc_calloc((size_t)a[i].count, (size_t)a[i].size)
+                                                             : NULL;
+        array_set(a[i].at, p);
+        if (!p) {
+            kvc_free_arrays(a, i);
+            for (size_t j = i + 1; j < n; j++) {
+                array_set(a[j].at, NULL);
+            }
+            return KVC_E_NOMEM;
+        }
+    }
+    return KVC_OK;
+}
+
+void kvc_free_arrays(const kvc_array *a, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        kvc_free_clear(a[i].at);
+    }
+}
+
+void kvc_free_clear(void *at) {
+    kvc_free(array_get(at));
+    array_set(at, NULL);
+}
+
 #ifdef KVC_HAVE_SSE2
 /* One 64-byte line from s to d (16-byte aligned) with non-temporal stores. */
 static inline void kvc_stream_line(uint8_t *d, const uint8_t *s) {

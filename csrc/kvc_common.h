@@ -135,6 +135,23 @@ void *kvc_calloc(size_t count, size_t size);
 void *kvc_realloc(void *p, size_t n);
 void  kvc_free(void *p);
 
+/* Arrays allocated and freed together (a table's columns): each named by the address of its
+ * pointer (an int32_t ** for an int32_t array, ...), with its element count and size. Write
+ * the list once, in one function the allocation and the release both call. */
+typedef struct {
+    void    *at;      /* where the array's pointer is */
+    uint64_t count;   /* elements (allocation only) */
+    uint64_t size;    /* bytes per element */
+} kvc_array;
+#define KVC_ARRAY(ptr, n) { (void *)&(ptr), (n), sizeof *(ptr) }
+/* Allocate every array of a[0 .. n), zeroed, or none: when one allocation fails, those already
+ * made are freed and every pointer is left NULL. KVC_OK or KVC_E_NOMEM. */
+int   kvc_alloc_arrays(const kvc_array *a, size_t n);
+/* Free every array of a[0 .. n) and set its pointer to NULL. */
+void  kvc_free_arrays(const kvc_array *a, size_t n);
+/* Free the array whose pointer is at `at` and set that pointer to NULL. */
+void  kvc_free_clear(void *at);
+
 /* Copy n bytes between regions that do not overlap. With stream, the destination is written
  * with non-temporal stores where the processor has them (for copies larger than the caches,
  * whose destination is not read again soon); kvc_stream_fence() orders them before later

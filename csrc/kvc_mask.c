@@ -643,16 +643,9 @@ static kvc_mask_slot *kvc_mask_slot_for(kvc_unified *c, const void *out, uint32_
     }
     sl->valid = false;
     if (!sl->strm) {
-        sl->strm = kvc_calloc(c->n_stream, sizeof *sl->strm);
-        sl->epoch = kvc_calloc(c->n_stream, sizeof *sl->epoch);
-        sl->chg_n = kvc_calloc(c->n_stream, sizeof *sl->chg_n);
-        if (!sl->strm || !sl->epoch || !sl->chg_n) {
-            kvc_free(sl->strm);
-            kvc_free(sl->epoch);
-            kvc_free(sl->chg_n);
-            sl->strm = NULL;
-            sl->epoch = NULL;
-            sl->chg_n = NULL;
+        const kvc_array per_stream[] = { KVC_ARRAY(sl->strm, c->n_stream), KVC_ARRAY(sl->epoch, c->n_stream),
+                                         KVC_ARRAY(sl->chg_n, c->n_stream) };
+        if (kvc_alloc_arrays(per_stream, sizeof per_stream / sizeof *per_stream) != KVC_OK) {
             return NULL;
         }
     }

@@ -3,31 +3,30 @@
 
 #include <string.h>
 
+/* The table's columns, allocated and freed together. */
+enum { REC_CELLS_ARRAYS = 7 };
+static void cells_arrays(kvc_rec_cells *t, kvc_array a[REC_CELLS_ARRAYS]) {
+    const kvc_array all[REC_CELLS_ARRAYS] = {
+        KVC_ARRAY(t->pos, t->size),  KVC_ARRAY(t->src, t->size),    KVC_ARRAY(t->src0, t->size),
+        KVC_ARRAY(t->tail, t->size), KVC_ARRAY(t->rs_idx, t->size), KVC_ARRAY(t->snap, t->size),
+        KVC_ARRAY(t->seq, (uint64_t)t->seq_words * t->size),
+    };
+    memcpy(a, all, sizeof all);
+}
+
 int kvc_rec_cells_alloc(kvc_rec_cells *t, uint32_t size, uint32_t seq_words) {
     memset(t, 0, sizeof *t);
     t->size = size;
     t->seq_words = seq_words;
-    t->pos  = kvc_malloc_n(size, sizeof *t->pos);
-    t->src  = kvc_malloc_n(size, sizeof *t->src);
-    t->src0 = kvc_malloc_n(size, sizeof *t->src0);
-    t->tail = kvc_malloc_n(size, sizeof *t->tail);
-    t->rs_idx = kvc_malloc_n(size, sizeof *t->rs_idx);
-    t->snap = kvc_malloc_n(size, sizeof *t->snap);
-    t->seq  = kvc_malloc_n((uint64_t)seq_words * size, sizeof *t->seq);
-    if (!t->pos || !t->src || !t->src0 || !t->tail || !t->rs_idx || !t->snap || !t->seq) {
-        return KVC_E_NOMEM;
-    }
-    return KVC_OK;
+    kvc_array arrays[REC_CELLS_ARRAYS];
+    cells_arrays(t, arrays);
+    return kvc_alloc_arrays(arrays, REC_CELLS_ARRAYS);
 }
 
 void kvc_rec_cells_release(kvc_rec_cells *t) {
-    kvc_free(t->pos);
-    kvc_free(t->src);
-    kvc_free(t->src0);
-    kvc_free(t->tail);
-    kvc_free(t->rs_idx);
-    kvc_free(t->snap);
-    kvc_free(t->seq);
+    kvc_array arrays[REC_CELLS_ARRAYS];
+    cells_arrays(t, arrays);
+    kvc_free_arrays(arrays, REC_CELLS_ARRAYS);
     memset(t, 0, sizeof *t);
 }
 

@@ -29,12 +29,9 @@ static const char *type_name(int32_t id) {
 }
 
 void kvc_sec_free(kvc_section *sec) {
-    kvc_free(sec->pos);
-    kvc_free(sec->seq);
-    kvc_free(sec->ext);
-    sec->pos = NULL;
-    sec->seq = NULL;
-    sec->ext = NULL;
+    kvc_free_clear(&sec->pos);
+    kvc_free_clear(&sec->seq);
+    kvc_free_clear(&sec->ext);
 }
 
 int kvc_state_check_end(size_t end, size_t len, kvc_err *err) {
