@@ -221,8 +221,7 @@ cdef class _Hybrid:
         spill_flush(self._cells)
         if self._iswa is not None:
             spill_flush(self._iswa._swa)
-        if self._recr._spill_sink is not None:
-            self._recr._spill_drain()
+        self._recr._spill_drain()
         return 0
 
     def prepare(self, ubatches):

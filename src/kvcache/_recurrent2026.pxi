@@ -182,8 +182,7 @@ cdef class _Recurrent2026(_Recurrent):
                 r = kvc_ckpt_save(pool, &self.c, q.seq_id, q.salt, q.tokens, q.n, NULL, &k, &err)
         finally:
             unlock(&self._lock, CHANGE)
-        if self._spill_sink is not None:
-            self._spill_drain()
+        self._spill_drain()
         check_status(r, &err, "checkpoint")
         return int(k)
 
@@ -243,8 +242,7 @@ cdef class _Recurrent2026(_Recurrent):
                 r = kvc_ckpt_release(pool, &self.c, q.seq_id, q.salt, q.tokens, q.n, &k, &err)
         finally:
             unlock(&self._lock, CHANGE)
-        if self._spill_sink is not None:
-            self._spill_drain()
+        self._spill_drain()
         check_status(r, &err, "prefix_release")
         return int(k)
 
@@ -264,18 +262,16 @@ cdef class _Recurrent2026(_Recurrent):
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_pin")
-        return (<uint64_t>h.gen << 32) | h.slot
+        return pin_of(h.gen, h.slot)
 
     def prefix_unpin(self, pin):
         """Let go of a pin :meth:`prefix_pin` returned (ValueError for anything else)."""
-        cdef long long v = int_c(pin, "pin", 0, LLONG_MAX)
-        cdef kvc_ckpt_pool *pool = self._pool("prefix_unpin")
         cdef kvc_ckpt_handle h
+        pin_arg(pin, &h.slot, &h.gen)
+        cdef kvc_ckpt_pool *pool = self._pool("prefix_unpin")
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        h.slot = <uint32_t>(v & 0xFFFFFFFF)
-        h.gen = <uint32_t>(v >> 32)
         lock(&self._lock, CHANGE, "prefix_unpin")
         try:
             r = kvc_ckpt_unpin(pool, h, &err)
@@ -285,11 +281,9 @@ cdef class _Recurrent2026(_Recurrent):
 
     def _prefix_pin_held(self, pin):
         """Whether pin is a pin :meth:`prefix_unpin` accepts now (for the hybrid memory)."""
-        cdef long long v = int_c(pin, "pin", 0, LLONG_MAX)
         cdef kvc_ckpt_handle h
         cdef bint ok
-        h.slot = <uint32_t>(v & 0xFFFFFFFF)
-        h.gen = <uint32_t>(v >> 32)
+        pin_arg(pin, &h.slot, &h.gen)
         lock(&self._lock, READ, "_prefix_pin_held")
         try:
             ok = self._ckpt != NULL and kvc_ckpt_pin_held(self._ckpt, h)
@@ -307,8 +301,7 @@ cdef class _Recurrent2026(_Recurrent):
             r = kvc_ckpt_evict(pool, n)
         finally:
             unlock(&self._lock, CHANGE)
-        if self._spill_sink is not None:
-            self._spill_drain()
+        self._spill_drain()
         return int(r)
 
     # --- write-back at eviction (kvcache.store.PrefixStore.write_back; csrc/kvc_checkpoint.h) --
@@ -325,8 +318,7 @@ cdef class _Recurrent2026(_Recurrent):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        if sink is not None and not callable(sink):
-            raise TypeError(f"sink must be callable or None, not {type(sink).__name__}")
+        sink = spill_sink_arg(sink)
         lock(&self._lock, CHANGE, "write_back")
         try:
             r = kvc_ckpt_spill_set(pool, sink is not None, m, &err)
@@ -336,12 +328,14 @@ cdef class _Recurrent2026(_Recurrent):
         self._spill_sink = sink
 
     cdef int _spill_drain(self) except -1:
+        # the checkpoints the operation just evicted to the sink, if one is set (after every
+        # operation that evicts)
         cdef kvc_ckpt_pool *pool = self._ckpt
         cdef kvc_ckpt_spill *sp
         cdef uint32_t k, j, n
         cdef int32_t[::1] tv
         cdef uint8_t *p
-        if pool == NULL or pool.spill == NULL or pool.spill.n == 0:
+        if self._spill_sink is None or pool == NULL or pool.spill == NULL or pool.spill.n == 0:
             return 0
         sp = pool.spill
         out = []
@@ -359,11 +353,7 @@ cdef class _Recurrent2026(_Recurrent):
             kvc_ckpt_spill_clear(pool)
         finally:
             unlock(&self._lock, READ)
-        try:
-            self._spill_sink(self, out)
-        except Exception:
-            pass    # the sink keeps its own errors (the store counts them): the operation is done
-        return 0
+        return spill_deliver(self._spill_sink, self, out)
 
     @property
     def _spill_lost(self):

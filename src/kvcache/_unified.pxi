@@ -272,6 +272,17 @@ cdef class _Unified(UnifiedCore):
         """The cells the attention spans in stream s (the KQ mask's columns)."""
         return 0
 
+    cdef object _slot_cells(self):
+        # the cells of the current placement in token order, a new int32 array (empty when no
+        # placement is current): slot_indices' and slot_info's; the caller holds the lock
+        cdef uint32_t n = kvc_unified_slot_n(&self.c)
+        cdef int32_t[::1] o
+        cells = np.empty(n, dtype=np.int32)
+        if n:
+            o = cells
+            kvc_unified_slot_cells(&self.c, &o[0])
+        return cells
+
     cdef int _place(self, const kvc_ubatch *ub, kvc_err *err) noexcept nogil:
         """Place a (checked) ubatch for good: 1 placed, 0 no room (nothing placed), < 0 error."""
         return KVC_E_INTERNAL
@@ -602,7 +613,6 @@ cdef class _Unified(UnifiedCore):
         out: a writable 1-D int32 or int64 buffer (numpy, buffer protocol or a CPU tensor: int64
         is what torch's index ops take) of at least that length; its first slot_n elements are
         written and returned as for kq_mask (out itself when that is all of it)."""
-        cdef int32_t[::1] o
         cdef _HeldBuffer ob = None
         cdef uint32_t n, t, head
         cdef int64_t *p64
@@ -612,13 +622,9 @@ cdef class _Unified(UnifiedCore):
                 raise ValueError(f"out must be a writable contiguous 1-D int32 or int64 array, got {ob.describe()}")
         lock(&self._lock, READ, "slot_indices")
         try:
-            n = kvc_unified_slot_n(&self.c)
             if ob is None:
-                out = np.empty(n, dtype=np.int32)
-                if n:
-                    o = out
-                    kvc_unified_slot_cells(&self.c, &o[0])
-                return out
+                return self._slot_cells()
+            n = kvc_unified_slot_n(&self.c)
             if ob.dim(0) < <Py_ssize_t>n:
                 raise ValueError(f"out holds {ob.dim(0)} elements; the placement has {n} tokens")
             if n and ob.dtype == np.dtype(np.int32):

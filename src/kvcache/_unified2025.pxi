@@ -96,19 +96,12 @@ cdef class _Unified2025(_Unified):
         """Where the last successful find_slot put its tokens: ``[(0, cells)]``, one group in
         stream 0 with the int32 cells of ``slot`` (the form of a cache of semantics '2026',
         whose placements have a group per sequence); ``[]`` when no placement is current."""
-        cdef uint32_t placed
-        cdef int32_t[::1] o
         lock(&self._lock, READ, "slot_info")
         try:
-            placed = kvc_unified_slot_n(&self.c)
-            if placed == 0:
-                return []
-            cells = np.empty(placed, dtype=np.int32)
-            o = cells
-            kvc_unified_slot_cells(&self.c, &o[0])
-            return [(0, cells)]
+            cells = self._slot_cells()
         finally:
             unlock(&self._lock, READ)
+        return [(0, cells)] if len(cells) else []
 
     def prune_swa(self, seq_id, pmin, pmax):
         """Slide the window of seq_id after a batch that gave it positions pmin..pmax (what an

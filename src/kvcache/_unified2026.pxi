@@ -136,6 +136,21 @@ cdef _PrefixXY prefix_xy(object pos, object pos_x, object pos_y, Py_ssize_t n, b
     return r
 
 
+cdef inline uint64_t pin_of(uint32_t gen, uint32_t index) noexcept:
+    """A pin as prefix_pin returns it (every cache's): the handle's generation in the high 32
+    bits, its index (a prefix node, a checkpoint slot) below."""
+    return (<uint64_t>gen << 32) | index
+
+
+cdef int pin_arg(object pin, uint32_t *index, uint32_t *gen) except -1:
+    """The handle of a pin (pin_of) prefix_unpin is given; TypeError / ValueError for what no
+    pin can be."""
+    cdef long long v = int_c(pin, "pin", 0, LLONG_MAX)
+    index[0] = <uint32_t>(v & 0xFFFFFFFF)
+    gen[0] = <uint32_t>(v >> 32)
+    return 0
+
+
 cdef class _Unified2026(_Unified):
     """Today's unified cache (kvcache.UnifiedCache2026 is the documented public class)."""
 
@@ -176,8 +191,7 @@ cdef class _Unified2026(_Unified):
                 r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
         finally:
             unlock(&self._lock, CHANGE)
-        if self._spill_sink is not None:
-            self._spill_drain()
+        self._spill_drain()
         if r < 0:
             raise_status(r, &err, "find_slot")
         return r == 1
@@ -194,23 +208,18 @@ cdef class _Unified2026(_Unified):
         try:
             return self._place_seqs(pos, n_tokens, n_seqs)
         finally:
-            if self._spill_sink is not None:
-                self._spill_drain()
+            self._spill_drain()
 
     def slot_info(self):
         """Where the last successful find_slot put each token, per token group: a list of
         ``(stream, int32 cells)`` — token ``g * n_seq_tokens + i`` of group g in cell
         ``cells[i]`` of the group's stream; ``[]`` when no placement is current."""
-        cdef uint32_t placed, g, ng, nst
-        cdef int32_t[::1] o
+        cdef uint32_t g, ng, nst
         lock(&self._lock, READ, "slot_info")
         try:
-            placed = kvc_unified_slot_n(&self.c)
-            if placed == 0:
+            cells = self._slot_cells()
+            if not len(cells):
                 return []
-            cells = np.empty(placed, dtype=np.int32)
-            o = cells
-            kvc_unified_slot_cells(&self.c, &o[0])
             ng, nst = self.c.scatter.n_groups, self.c.scatter.n_seq_tokens
             return [(<int>self.c.scatter.strm[g], cells[g * nst:(g + 1) * nst].copy()) for g in range(ng)]
         finally:
@@ -258,8 +267,7 @@ cdef class _Unified2026(_Unified):
                 unlock(&self._lock, CHANGE)
         finally:
             free(arr)
-            if self._spill_sink is not None:
-                self._spill_drain()
+            self._spill_drain()
         if r < 0:
             raise_status(r, &err, "prepare")
         if r == 0:
@@ -543,8 +551,7 @@ cdef class _Unified2026(_Unified):
                     r = kvc_retain_publish(&self.c, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
         finally:
             unlock(&self._lock, CHANGE)
-        if self._spill_sink is not None:
-            self._spill_drain()
+        self._spill_drain()
         check_status(r, &err, what)
         return int(res.n_kept)
 
@@ -567,17 +574,15 @@ cdef class _Unified2026(_Unified):
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_pin")
-        return (<uint64_t>h.gen << 32) | h.node
+        return pin_of(h.gen, h.node)
 
     def prefix_unpin(self, pin):
         """Let go of a pin :meth:`prefix_pin` returned (ValueError for anything else)."""
-        cdef long long v = int_c(pin, "pin", 0, LLONG_MAX)
         cdef kvc_prefix_handle h
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        h.node = <uint32_t>(v & 0xFFFFFFFF)
-        h.gen = <uint32_t>(v >> 32)
+        pin_arg(pin, &h.node, &h.gen)
         self._reuse("prefix_unpin")
         lock(&self._lock, CHANGE, "prefix_unpin")
         try:
@@ -596,8 +601,7 @@ cdef class _Unified2026(_Unified):
             r = kvc_reuse_evict(&self.c, n)
         finally:
             unlock(&self._lock, CHANGE)
-        if self._spill_sink is not None:
-            self._spill_drain()
+        self._spill_drain()
         return int(r)
 
     # --- write-back at eviction (kvcache.store.PrefixStore.write_back; csrc/kvc_prefix.h) -------
@@ -616,8 +620,7 @@ cdef class _Unified2026(_Unified):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        if sink is not None and not callable(sink):
-            raise TypeError(f"sink must be callable or None, not {type(sink).__name__}")
+        sink = spill_sink_arg(sink)
         self._reuse("write_back")
         lock(&self._lock, CHANGE, "write_back")
         try:
@@ -628,6 +631,8 @@ cdef class _Unified2026(_Unified):
         self._spill_sink = sink
 
     cdef int _spill_drain(self) except -1:
+        # the prompts the operation just evicted to the sink, if one is set (after every operation
+        # that places or evicts)
         cdef kvc_reuse *ru = <kvc_reuse *>self.c.reuse
         cdef kvc_prefix_spill *sp
         cdef uint32_t k, a, b, j, size = self.c.cells.size
@@ -636,7 +641,7 @@ cdef class _Unified2026(_Unified):
         cdef int32_t[::1] sv
         cdef int32_t[:, ::1] ev
         cdef const kvc_cell_ext *e
-        if ru == NULL or ru.idx.spill == NULL or ru.idx.spill.n == 0:
+        if self._spill_sink is None or ru == NULL or ru.idx.spill == NULL or ru.idx.spill.n == 0:
             return 0
         sp = ru.idx.spill
         out = []
@@ -676,11 +681,7 @@ cdef class _Unified2026(_Unified):
             kvc_prefix_spill_clear(&ru.idx)
         finally:
             unlock(&self._lock, READ)
-        try:
-            self._spill_sink(self, out)
-        except Exception:
-            pass    # the sink keeps its own errors (the store counts them): the operation is done
-        return 0
+        return spill_deliver(self._spill_sink, self, out)
 
     @property
     def _spill_lost(self):
@@ -705,8 +706,6 @@ cdef class _Unified2026(_Unified):
 cdef inline int spill_flush(object part) except -1:
     # a part's pending write-back records to its sink: an iSWA or hybrid cache's placement ran in C
     # past the part's own methods
-    if not isinstance(part, _Unified2026):
-        return 0
-    if (<_Unified2026>part)._spill_sink is not None:
+    if isinstance(part, _Unified2026):
         (<_Unified2026>part)._spill_drain()
     return 0
