@@ -106,15 +106,20 @@ def named_errors(init: Callable[..., None]) -> Callable[..., None]:
     return __init__
 
 
+def _a(name: str) -> str:
+    """A class name with its article: "a UnifiedCache", "an ISWACache" (a leading U is spoken "you")."""
+    return f"{'an' if name[0] in 'AEIO' else 'a'} {name}"
+
+
 def factory_make(factory: type, cls: type, params: Callable[..., tuple[Any, ...]], args: tuple[Any, ...],
                  kwargs: dict[str, Any], by_semantics: dict[str, type]) -> Any:
-    """What a factory class (UnifiedCache, RecurrentCache) makes: the class of by_semantics its
-    constructor's ``semantics`` names (its arguments bound by params; None: the first), built from
-    the same arguments; TypeError / ValueError for another semantics, and for a subclass of the
-    factory that is not one of those classes."""
+    """What a factory class (UnifiedCache, RecurrentCache, ISWACache) makes: the class of
+    by_semantics its constructor's ``semantics`` names (its arguments bound by params; None: the
+    first), built from the same arguments; TypeError / ValueError for another semantics, and for
+    a subclass of the factory that is not one of those classes."""
     if cls is not factory:
-        kinds = " or a ".join(k.__name__ for k in by_semantics.values())
-        raise TypeError(f"{cls.__name__}: a {factory.__name__} is a {kinds}; derive from one of them")
+        kinds = " or ".join(_a(k.__name__) for k in by_semantics.values())
+        raise TypeError(f"{cls.__name__}: {_a(factory.__name__)} is {kinds}; derive from one of them")
     choices = tuple(by_semantics)
     semantics = bind(params, cls, args, kwargs)[params.__code__.co_varnames.index("semantics")]
     if semantics is None:

@@ -6,16 +6,16 @@ layers that attend only to a sliding window. :class:`ISWACache` keeps the two ki
 the windowed ones, usually much smaller — and drives them together."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from kvcache import _signatures
 from kvcache._core import ISWAUpdatePlan, SWAWarning, _ISWA, _ISWA2025, _ISWA2026
 from kvcache.handoff import PartsExport, PartsImport, split_parts
+from kvcache.plan import SEMANTICS
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from kvcache._core import RopeParams, _Buffers, _GGMLType, _PerLayer
     from kvcache.unified import UnifiedCache
 
 __all__ = ["ISWACache", "ISWACache2025", "ISWACache2026", "ISWAUpdatePlan", "SWAWarning"]
@@ -85,40 +85,18 @@ class ISWACache(_ISWA):
 
     __slots__ = ()
 
-    # ISWACache(...) is the ISWACache2025 or ISWACache2026 its semantics asks for
+    # ISWACache(...) is the ISWACache2025 or ISWACache2026 its semantics asks for (the
+    # parameters: kvcache._signatures.iswa, the compiled class's __new__ for typing)
     @overload
-    def __new__(cls, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
-                swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
-                swa_type: Literal["standard", "chunked"] = ..., n_batch: int = ..., swa_full: bool | None = ...,
-                type_k: _GGMLType = ..., type_v: _GGMLType = ..., v_trans: bool = ..., n_seq_max: int = ...,
-                n_pad: int = ..., buffers: _Buffers = ..., n_embd_head_k: _PerLayer | None = ...,
-                rope: RopeParams | None = ..., *, semantics: Literal["2026"], kv_unified: bool = ...,
-                cell_ext: bool = ..., ple_token: int | None = ...,
-                layers: Iterable[int] | Callable[[int], bool] | None = ...) -> ISWACache2026: ...
+    def __new__(cls, *args: Any, semantics: Literal["2026"], **kwargs: Any) -> ISWACache2026: ...
     @overload
-    def __new__(cls, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
-                swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
-                swa_type: Literal["standard", "chunked"] = ..., n_batch: int = ..., swa_full: bool | None = ...,
-                type_k: _GGMLType = ..., type_v: _GGMLType = ..., v_trans: bool = ..., n_seq_max: int = ...,
-                n_pad: int = ..., buffers: _Buffers = ..., n_embd_head_k: _PerLayer | None = ...,
-                rope: RopeParams | None = ..., *, semantics: Literal["2025"] | None = ..., kv_unified: bool = ...,
-                cell_ext: bool = ..., ple_token: int | None = ...,
-                layers: Iterable[int] | Callable[[int], bool] | None = ...) -> ISWACache2025: ...
+    def __new__(cls, *args: Any, semantics: Literal["2025"] | None = ..., **kwargs: Any) -> ISWACache2025: ...
     @overload
-    def __new__(cls, kv_size: int, n_layer: int, n_embd_k_gqa: _PerLayer, n_embd_v_gqa: _PerLayer,
-                swa_layers: Iterable[int] | Callable[[int], bool], n_swa: int,
-                swa_type: Literal["standard", "chunked"] = ..., n_batch: int = ..., swa_full: bool | None = ...,
-                type_k: _GGMLType = ..., type_v: _GGMLType = ..., v_trans: bool = ..., n_seq_max: int = ...,
-                n_pad: int = ..., buffers: _Buffers = ..., n_embd_head_k: _PerLayer | None = ...,
-                rope: RopeParams | None = ..., semantics: str | None = ..., kv_unified: bool = ...,
-                cell_ext: bool = ..., ple_token: int | None = ...,
-                layers: Iterable[int] | Callable[[int], bool] | None = ...) -> ISWACache: ...
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls is not ISWACache:
-            return super().__new__(cls, *args, **kwargs)
-        semantics = _signatures.bind(_signatures.iswa, cls, args, kwargs)[17]
-        made = ISWACache2026 if semantics == "2026" else ISWACache2025
-        return made.__new__(made, *args, **kwargs)
+    def __new__(cls, *args: Any, semantics: str | None, **kwargs: Any) -> ISWACache: ...
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ISWACache:
+        made: ISWACache = _signatures.factory_make(ISWACache, cls, _signatures.iswa, args, kwargs, _BY_SEMANTICS)
+        return made
 
     if TYPE_CHECKING:
         # the parts are UnifiedCache objects (the compiled class knows them as its base class)
@@ -166,3 +144,7 @@ class ISWACache2026(_ISWA2026, ISWACache):
     shifts. See :class:`ISWACache` for the arguments (semantics None or "2026")."""
 
     __slots__ = ()
+
+
+_CLASSES: tuple[type[ISWACache], ...] = (ISWACache2025, ISWACache2026)
+_BY_SEMANTICS = dict(zip(SEMANTICS, _CLASSES))
