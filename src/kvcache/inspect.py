@@ -353,26 +353,21 @@ def report_bytes(data, variant: str | None = None, name: str | None = None, layo
     arch = None
     file_layout = layout
     version = None
-    if kind == "session":
+    if kind in ("session", "sequence"):
+        parse = statefile.parse_session_file if kind == "session" else statefile.parse_sequence_file
         try:
-            sf = statefile.parse_session_file(m, layout=layout)
+            f = parse(m, layout=layout)
         except StateError as e:
             raise _furthest(m, kind, variant, layout, e) from None
-        file_layout, version = sf.layout, sf.version
-        ctx = sf.context
-        out["header"] = {"magic": f"0x{sf.magic:08x}", "version": sf.version}
-        out["tokens"] = {"count": len(sf.tokens), "values": sf.tokens.tolist()}
-        part, base = ctx.cache, ctx.cache_offset
-    elif kind == "sequence":
-        try:
-            sq = statefile.parse_sequence_file(m, layout=layout)
-        except StateError as e:
-            raise _furthest(m, kind, variant, layout, e) from None
-        file_layout, version = sq.layout, sq.version
-        out["header"] = {"magic": f"0x{sq.magic:08x}", "version": sq.version}
-        out["tokens"] = {"count": len(sq.tokens), "values": sq.tokens.tolist()}
-        part, base = sq.cache, sq.cache_offset
-        ctx = None
+        file_layout, version = f.layout, f.version
+        out["header"] = {"magic": f"0x{f.magic:08x}", "version": f.version}
+        out["tokens"] = {"count": len(f.tokens), "values": f.tokens.tolist()}
+        if isinstance(f, statefile.SessionFile):   # the state is its context state's cache part
+            ctx = f.context
+            part, base = ctx.cache, ctx.cache_offset
+        else:
+            ctx = None
+            part, base = f.cache, f.cache_offset
     elif kind == "context":
         try:
             ctx = statefile.parse_context_state(m, layout=layout)
