@@ -191,11 +191,11 @@ def test_ubatch_is_the_same_however_its_values_are_given(pos_kind, seq_kind):
     assert _ubatch_facts(grouped) == (4, 2, pos, [[s] for s in seq[:2]], kvcache.MAX_SEQ - 1)
 
 
-@pytest.mark.parametrize("kind", ["list", "tuple", "int64", "strided", "reversed", "np-scalars"])
+@pytest.mark.parametrize("kind", ["list", "tuple", "int32", "int64", "strided", "reversed", "np-scalars"])
 def test_ubatch_refuses_bad_values_the_same_way_on_every_path(kind):
     with pytest.raises(ValueError, match=r"^pos\[1\] holds -1, outside \[0, 2147483648\)$"):
         kvcache.UBatch(_spellings([0, -1])[kind], [0, 0])
-    if kind != "strided":      # int32 cannot hold 2**31
+    if kind not in ("strided", "int32"):      # int32 cannot hold 2**31
         with pytest.raises(ValueError, match=r"^pos\[1\] holds 2147483648, outside \[0, 2147483648\)$"):
             kvcache.UBatch(_spellings([0, 2**31])[kind], [0, 0])
     with pytest.raises(ValueError, match=rf"seq_id\[1\] holds {kvcache.MAX_SEQ}, outside \[0, {kvcache.MAX_SEQ}\)"):
@@ -204,6 +204,30 @@ def test_ubatch_refuses_bad_values_the_same_way_on_every_path(kind):
         kvcache.UBatch([0, 1], _spellings([-2, 0])[kind])
     with pytest.raises(ValueError, match=r"seq_id has 1 entries, expected one per token \(2\)"):
         kvcache.UBatch([0, 1], _spellings([0])[kind])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_ubatch_reads_arrays_of_any_length_whole_and_names_the_first_bad_entry(dtype):
+    # a contiguous array is copied and its range taken in one pass: every length (the vector
+    # loop's remainders), and the first entry out of range named however many there are
+    rng = np.random.default_rng(0)
+    for n in list(range(1, 40)) + [255, 256, 257, 512]:
+        pos = rng.integers(0, 2**31 - 1, n).astype(dtype)
+        tok = rng.integers(0, 2**31 - 1, n).astype(dtype)
+        ub = kvcache.UBatch(pos, [3], n_seq_tokens=n, tokens=tok)
+        assert ub.pos.tolist() == pos.tolist() and ub.tokens.tolist() == tok.tolist()
+        bad = pos.copy()
+        bad[n // 2] = -5
+        bad[n - 1] = -6
+        k = n // 2 if n > 1 else 0
+        with pytest.raises(ValueError, match=rf"^pos\[{k}\] holds {bad[k]}, outside \[0, 2147483648\)$"):
+            kvcache.UBatch(bad, [3], n_seq_tokens=n)
+    # token ids outside [0, 2**31) leave the direct path for the general one, which decides
+    tok = np.array([1, -1, 2, 7], dtype=dtype)[:3]
+    assert kvcache.UBatch([0, 1, 2], [0, 0, 0], tokens=tok).tokens.tolist() == [1, -1, 2]
+    if dtype is np.int64:
+        with pytest.raises(ValueError, match="^tokens values must be int32$"):
+            kvcache.UBatch([0, 1, 2], [0, 0, 0], tokens=np.array([1, 2, 2**32, -1], dtype=np.int64)[:3])
 
 
 def test_ubatch_values_are_copied_once():

@@ -185,16 +185,29 @@ def counted(n_steps: int) -> list[int]:
 
 def _timed(steps, one_step, check=None) -> Replay:
     """Run one_step on every step's events, timed; check() after every CHECK_EVERY-th step and
-    after the last, untimed (every side times every step: :func:`counted` picks the same ones)."""
+    after the last, untimed (every side times every step: :func:`counted` picks the same ones).
+
+    What is alive when the replay starts (the schedule above all: millions of tuples, which no
+    server holds) is frozen out of Python's cyclic garbage collector for the replay
+    (``gc.freeze()``), for every side alike, so that a collection a step triggers traverses what
+    the side made, never the schedule (vLLM's engine freezes its start-up heap the same way;
+    SGLang has a freeze_gc). Measured on the workloads here it changes no side's figure: no
+    collection runs inside kvcache's steps at all, and the few inside SGLang's and vLLM's
+    (young generations only, about 12 and 9 of the 694 steps of chat at 256 requests) run
+    with or without it."""
     out = Replay()
     gc.collect()
-    for i, ev in enumerate(steps):
-        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
-        one_step(ev)
-        out.wall.append(time.perf_counter_ns() - w0)
-        out.cpu.append(time.thread_time_ns() - c0)
-        if check is not None and ((i + 1) % CHECK_EVERY == 0 or i + 1 == len(steps)):
-            check()
+    gc.freeze()
+    try:
+        for i, ev in enumerate(steps):
+            c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+            one_step(ev)
+            out.wall.append(time.perf_counter_ns() - w0)
+            out.cpu.append(time.thread_time_ns() - c0)
+            if check is not None and ((i + 1) % CHECK_EVERY == 0 or i + 1 == len(steps)):
+                check()
+    finally:
+        gc.unfreeze()
     return out
 
 

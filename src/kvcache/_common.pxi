@@ -7,6 +7,7 @@ from cpython.bool cimport PyBool_Check
 from cpython.number cimport PyNumber_Index
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.buffer cimport PyObject_CheckBuffer
+from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t, INT32_MAX, INT32_MIN, UINT32_MAX
 from libc.string cimport memcpy
 from libc.limits cimport LLONG_MIN, LLONG_MAX
@@ -455,16 +456,33 @@ def ggml_row_size(t, n):
     return kvc_row_size(info.id, <uint64_t>m)
 
 
+cdef extern from "Python.h":
+    # the items of an exact list or tuple, read without a reference taken (no Python code runs
+    # while they are read: a list changes only under Python code)
+    PyObject **_seq_items "PySequence_Fast_ITEMS" (object)
+    Py_ssize_t _seq_size "PySequence_Fast_GET_SIZE" (object)
+    bint _int_exact "PyLong_CheckExact" (PyObject *)
+    long long _int_ll "PyLong_AsLongLongAndOverflow" (PyObject *, int *)
+
+
 cdef object _flat_ints(object v):
     """v itself when it is a list or tuple of plain ints, an ndarray over v's memory when v is a
     one-dimensional native int32 / int64 array (buffer or CPU tensor), else None (the general
     path handles it, with its messages)."""
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, n
+    cdef PyObject **items
     if type(v) is list or type(v) is tuple:
-        for i in range(len(v)):
-            if not PyLong_CheckExact(v[i]):
+        items = _seq_items(v)
+        n = _seq_size(v)
+        for i in range(n):
+            if not _int_exact(items[i]):
                 return None
         return v
+    if type(v) is _NDARRAY:
+        dt = v.dtype   # exactly an ndarray: only numpy's own C runs (as host_array reads it)
+        if v.ndim == 1 and (dt is _I32 or dt is _I64 or dt == _I32 or dt == _I64):
+            return v
+        return None
     if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
         a = host_array(v, "ubatch values")
         dt = a.dtype
@@ -473,23 +491,64 @@ cdef object _flat_ints(object v):
     return None
 
 
+cdef inline int _ints_range(const int32_t *src, int32_t *dst, Py_ssize_t n,
+                            long long *lo_out, long long *hi_out) noexcept nogil:
+    # min / max of n contiguous int32 values, copied to dst (a loop the compiler vectorizes)
+    cdef Py_ssize_t j
+    cdef int32_t lo = src[0], mx = src[0], x
+    for j in range(n):
+        x = src[j]
+        lo = x if x < lo else lo
+        mx = x if x > mx else mx
+        dst[j] = x
+    lo_out[0], hi_out[0] = lo, mx
+    return 0
+
+
+cdef inline int _ints_range64(const int64_t *src, int32_t *dst, Py_ssize_t n,
+                              long long *lo_out, long long *hi_out) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef int64_t lo = src[0], mx = src[0], x
+    for j in range(n):
+        x = src[j]
+        lo = x if x < lo else lo
+        mx = x if x > mx else mx
+        dst[j] = <int32_t>x
+    lo_out[0], hi_out[0] = lo, mx
+    return 0
+
+
 cdef int _ints_into(object v, int32_t *dst, Py_ssize_t n, long long hi, str name) except -2:
     """Copy n values of a _flat_ints result into dst, each read once and checked to lie in
     [0, hi] (ValueError naming the entry). Returns the largest value (-1 when n is 0)."""
-    cdef Py_ssize_t j, step
-    cdef long long x
+    cdef Py_ssize_t j = 0, step
+    cdef long long x, lo
     cdef long long mx = -1
     cdef int overflow = 0
     cdef Py_buffer view
     cdef const char *p
+    cdef PyObject **items
     if type(v) is list or type(v) is tuple:
-        for j in range(n):
+        # plain ints (what _flat_ints saw): read straight from the items; an item that is no
+        # longer one (Python code changed the list since) goes the general way from there on
+        if _seq_size(v) >= n:
+            items = _seq_items(v)
+            while j < n and _int_exact(items[j]):
+                x = _int_ll(items[j], &overflow)
+                if overflow or x < 0 or x > hi:
+                    _ints_refuse(<object>items[j], j, hi, name)
+                dst[j] = <int32_t>x
+                if x > mx:
+                    mx = x
+                j += 1
+        while j < n:
             x = PyLong_AsLongLongAndOverflow(v[j], &overflow)
             if overflow or x < 0 or x > hi:
                 _ints_refuse(v[j], j, hi, name)
             dst[j] = <int32_t>x
             if x > mx:
                 mx = x
+            j += 1
         return <int>mx
     # an int32 or int64 ndarray (_flat_ints): read through its buffer, as numpy describes it
     PyObject_GetBuffer(v, &view, PyBUF_STRIDES)
@@ -498,6 +557,21 @@ cdef int _ints_into(object v, int32_t *dst, Py_ssize_t n, long long hi, str name
             raise ValueError(f"{name}: expected {n} int32 or int64 values")
         step = view.strides[0] if view.strides != NULL else view.itemsize
         p = <const char *>view.buf
+        if n and step == view.itemsize:
+            # contiguous: copied and its range taken in one pass; an entry out of range is looked
+            # for only when there is one (each entry is still read once into dst)
+            if step == 4:
+                _ints_range(<const int32_t *>p, dst, n, &lo, &mx)
+            else:
+                _ints_range64(<const int64_t *>p, dst, n, &lo, &mx)
+            if lo >= 0 and mx <= hi:
+                return <int>mx
+            # the first entry out of range, for the message (int32: as copied)
+            for j in range(n):
+                x = dst[j] if step == 4 else (<const int64_t *>p)[j]
+                if x < 0 or x > hi:
+                    _ints_refuse(x, j, hi, name)
+            raise ValueError(f"{name} holds values in [{lo}, {mx}], outside [0, {hi + 1})")
         for j in range(n):
             if view.itemsize == 4:
                 x = (<const int32_t *>(p + j * step))[0]
@@ -518,6 +592,7 @@ cdef int _ints_refuse(object x, Py_ssize_t j, long long hi, str name) except -1:
 
 
 _I32 = np.dtype(np.int32)
+cdef object _NDARRAY = np.ndarray
 cdef object _UNBOUND = object()   # a required argument no argument of the call gave
 
 
@@ -570,18 +645,20 @@ cdef class UBatch:
         output = args[3] if na > 3 else None
         tokens = pos_x = pos_y = None
         if kwargs:
-            # a keyword that repeats a positional argument, or that no parameter has, is not taken
-            if na < 1:
-                pos = _kwarg(kwargs, "pos", pos, &taken)
-            if na < 2:
-                seq_id = _kwarg(kwargs, "seq_id", seq_id, &taken)
-            if na < 3:
-                n_seq_tokens = _kwarg(kwargs, "n_seq_tokens", n_seq_tokens, &taken)
-            if na < 4:
-                output = _kwarg(kwargs, "output", output, &taken)
+            # a keyword that repeats a positional argument, or that no parameter has, is not taken;
+            # tokens first: a server's ubatch gives it alone
             tokens = _kwarg(kwargs, "tokens", None, &taken)
-            pos_x = _kwarg(kwargs, "pos_x", None, &taken)
-            pos_y = _kwarg(kwargs, "pos_y", None, &taken)
+            if taken < len(kwargs):
+                if na < 1:
+                    pos = _kwarg(kwargs, "pos", pos, &taken)
+                if na < 2:
+                    seq_id = _kwarg(kwargs, "seq_id", seq_id, &taken)
+                if na < 3:
+                    n_seq_tokens = _kwarg(kwargs, "n_seq_tokens", n_seq_tokens, &taken)
+                if na < 4:
+                    output = _kwarg(kwargs, "output", output, &taken)
+                pos_x = _kwarg(kwargs, "pos_x", None, &taken)
+                pos_y = _kwarg(kwargs, "pos_y", None, &taken)
         if na > 4 or taken != len(kwargs) or pos is _UNBOUND or seq_id is _UNBOUND:
             pos, seq_id, n_seq_tokens, output, tokens, pos_x, pos_y = _signatures.bind(
                 _signatures.ubatch, type(self), args, kwargs)

@@ -115,12 +115,20 @@ cdef class _PrefixXY:
     cdef const int32_t *y
 
 
+# the positions of a request given none: every pointer NULL (shared: a _PrefixXY is never changed
+# after prefix_xy returns it)
+cdef _PrefixXY _NO_XY = _PrefixXY.__new__(_PrefixXY)
+_NO_XY.p = _NO_XY.x = _NO_XY.y = NULL
+
+
 cdef _PrefixXY prefix_xy(object pos, object pos_x, object pos_y, Py_ssize_t n, bint has_ext):
     """The positions of a request of n tokens to a cache whose cells carry the extension (has_ext;
     ValueError when they are given to one whose cells do not: its prompts sit at 0, 1, ...)."""
     if (pos is not None or pos_x is not None or pos_y is not None) and not has_ext:
         raise ValueError("pos / pos_x / pos_y: this cache's cells carry no 2-D positions (cell_ext=False); "
                          "its prompts sit at positions 0, 1, ...")
+    if pos is None and pos_x is None and pos_y is None:
+        return _NO_XY       # a request at 0, 1, ... (the common call): nothing to check or hold
     cdef _PrefixXY r = _PrefixXY.__new__(_PrefixXY)
     p, x, y = xy_c(pos, "pos", n), xy_c(pos_x, "pos_x", n), xy_c(pos_y, "pos_y", n)
     r.p = r.x = r.y = NULL
