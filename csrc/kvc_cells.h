@@ -111,6 +111,10 @@ void kvc_cells_reset(kvc_cells *c);
 void kvc_cells_reset_shift(kvc_cells *c);
 
 static inline bool kvc_cells_is_empty(const kvc_cells *c, uint32_t i) { return c->pos[i] == -1; }
+/* The same from the used bits (a word for 64 cells): for cells that lie scattered. */
+static inline bool kvc_cells_is_empty_bit(const kvc_cells *c, uint32_t i) {
+    return !((c->used_bits[i >> 6] >> (i & 63)) & 1u);
+}
 static inline bool kvc_cells_seq_has(const kvc_cells *c, uint32_t i, int32_t s) {
     return kvc_seqs_has(c->seq, c->size, i, s);
 }

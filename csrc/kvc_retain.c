@@ -22,11 +22,13 @@ static inline bool take_cell(kvc_unified *c, uint32_t st, uint32_t i, const int3
                       uint32_t k) {
     kvc_reuse *r = c->reuse;
     const size_t at = (size_t)st * c->cells.size + i;
-    if ((tokens && k >= n) || kvc_unified_stream_cells_c(c, st)->shift[i] != 0 || r->born[at] == KVC_REUSE_MOVED ||
-        (k > 0 && r->born[at] < r->born[(size_t)st * c->cells.size + r->tmp_cell[k - 1]])) {
+    const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
+    /* (a table with no shift since its last reset has every shift 0: one array less to read) */
+    if ((tokens && k >= n) || (cells->has_shift && cells->shift[i] != 0) || r->rec[at].born == KVC_REUSE_MOVED ||
+        (k > 0 && r->rec[at].born < r->rec[(size_t)st * c->cells.size + r->tmp_cell[k - 1]].born)) {
         return false;
     }
-    int32_t t = r->tok[at];
+    int32_t t = r->rec[at].tok;
     if (t == KVC_TOKEN_NULL) {
         if (!tokens) {
             return false;
@@ -50,8 +52,7 @@ static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const kvc_seq_pos *sp = &cells->seq_pos[s];
-    const int32_t *tok_of = r->tok + (size_t)st * size;
-    const uint64_t *born = r->born + (size_t)st * size;
+    const kvc_reuse_cell *rec = r->rec + (size_t)st * size;
     uint32_t k = 0;
     for (uint32_t e = 0; e < sp->n; e++) {
         const int32_t p = kvc_seq_key_pos(sp->key[e]);
@@ -59,9 +60,10 @@ static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32
         if (e + KVC_CELLS_AHEAD < sp->n) {
             /* the sequence's cells lie scattered over the table */
             const uint32_t next = kvc_seq_key_cell(sp->key[e + KVC_CELLS_AHEAD]);
-            KVC_PREFETCH(cells->shift + next);
-            KVC_PREFETCH(born + next);
-            KVC_PREFETCH(tok_of + next);
+            if (cells->has_shift) {
+                KVC_PREFETCH(cells->shift + next);
+            }
+            KVC_PREFETCH(rec + next);
         }
         if (p < (int32_t)k) {
             if (cells->ext) {
@@ -606,8 +608,7 @@ static int keep_window(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size, none = UINT32_MAX;
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const kvc_seq_pos *sp = &cells->seq_pos[s];
-    const int32_t *tok_of = r->tok + (size_t)st * size;
-    const uint64_t *born = r->born + (size_t)st * size;
+    const kvc_reuse_cell *rec = r->rec + (size_t)st * size;
     uint32_t *buf = n ? kvc_malloc_n(n, 6 * sizeof *buf) : NULL;
     if (n && !buf) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory keeping the prefix of sequence %d", s);
@@ -629,12 +630,12 @@ static int keep_window(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
             }
             continue;
         }
-        if (ours[p] != none || cells->shift[i] != 0 || born[i] == KVC_REUSE_MOVED || born[i] < last ||
-            (tok_of[i] == KVC_TOKEN_NULL ? !have_tokens : tok_of[i] != toks[p])) {
+        if (ours[p] != none || cells->shift[i] != 0 || rec[i].born == KVC_REUSE_MOVED || rec[i].born < last ||
+            (rec[i].tok == KVC_TOKEN_NULL ? !have_tokens : rec[i].tok != toks[p])) {
             continue;
         }
         ours[p] = i;
-        last = born[i];
+        last = rec[i].born;
     }
     uint32_t k = 0, held = 0;
     for (int attempt = 0; attempt < 2; attempt++) {

@@ -48,8 +48,7 @@ static void ghosts_reset(kvc_reuse *r, uint32_t n_stream, uint32_t size) {
 /* Free r and everything it holds (a zeroed index frees nothing). */
 static void reuse_free(kvc_reuse *r) {
     kvc_prefix_free(&r->idx);
-    kvc_free(r->born);
-    kvc_free(r->tok);
+    kvc_free(r->rec);
     kvc_free(r->held);
     kvc_free(r->lock);
     kvc_free(r->tmp_cell);
@@ -89,8 +88,7 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
     r->n_lock = c->n_seq_max;
     r->held = kvc_calloc((size_t)ns * r->n_words, sizeof *r->held);
     r->lock = kvc_calloc(c->n_seq_max, sizeof *r->lock);
-    r->tok = kvc_malloc_n((uint64_t)ns * size, sizeof *r->tok);
-    r->born = kvc_calloc((size_t)ns * size, sizeof *r->born);
+    r->rec = kvc_malloc_n((uint64_t)ns * size, sizeof *r->rec);
     r->tmp_cell = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_cell);
     r->tmp_strm = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_strm);
     r->n_ghost = n_ghost;
@@ -102,7 +100,7 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
         r->ext = kvc_calloc((size_t)ns * size, sizeof *r->ext);
         r->pos = kvc_calloc((size_t)ns * size, sizeof *r->pos);
     }
-    int rc = (r->held && r->lock && r->tok && r->born && r->tmp_cell && r->tmp_strm &&
+    int rc = (r->held && r->lock && r->rec && r->tmp_cell && r->tmp_strm &&
               (!n_ghost || (r->ghost_free && r->n_ghost_free)) && (!kvc_unified_has_ext(c) || (r->ext && r->pos)))
                  ? KVC_OK
                  : kvc_err_set(err, KVC_E_NOMEM, "out of memory for the prefix index");
@@ -113,7 +111,7 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
         ghosts_reset(r, ns, size);
     }
     for (size_t i = 0; rc == KVC_OK && i < (size_t)ns * size; i++) {
-        r->tok[i] = KVC_TOKEN_NULL;
+        r->rec[i] = (kvc_reuse_cell){ 0, KVC_TOKEN_NULL };
     }
     if (rc != KVC_OK) {
         reuse_free(r);
@@ -242,8 +240,7 @@ void kvc_reuse_clear(kvc_unified *c) {
     memset(r->lock, 0, c->n_seq_max * sizeof *r->lock);
     ghosts_reset(r, c->n_stream, c->cells.size);
     for (size_t i = 0; i < (size_t)c->n_stream * c->cells.size; i++) {
-        r->tok[i] = KVC_TOKEN_NULL;
-        r->born[i] = 0;
+        r->rec[i] = (kvc_reuse_cell){ 0, KVC_TOKEN_NULL };
     }
 }
 
@@ -254,15 +251,13 @@ void kvc_reuse_copy_cells(kvc_unified *c, uint32_t src, uint32_t st, uint32_t i)
     }
     const size_t size = c->cells.size;
     if (i == UINT32_MAX) {
-        memcpy(r->tok + st * size, r->tok + src * size, size * sizeof *r->tok);
-        memcpy(r->born + st * size, r->born + src * size, size * sizeof *r->born);
+        memcpy(r->rec + st * size, r->rec + src * size, size * sizeof *r->rec);
         if (r->ext) {
             memcpy(r->ext + st * size, r->ext + src * size, size * sizeof *r->ext);
             memcpy(r->pos + st * size, r->pos + src * size, size * sizeof *r->pos);
         }
     } else {
-        r->tok[st * size + i] = r->tok[src * size + i];
-        r->born[st * size + i] = r->born[src * size + i];
+        r->rec[st * size + i] = r->rec[src * size + i];
         if (r->ext) {
             r->ext[st * size + i] = r->ext[src * size + i];
             r->pos[st * size + i] = r->pos[src * size + i];
@@ -276,8 +271,7 @@ void kvc_reuse_moved(kvc_unified *c, uint32_t st, uint32_t i) {
         return;
     }
     kvc_reuse_forget_cell(c, st, i);
-    r->tok[(size_t)st * c->cells.size + i] = KVC_TOKEN_NULL;
-    r->born[(size_t)st * c->cells.size + i] = KVC_REUSE_MOVED;
+    r->rec[(size_t)st * c->cells.size + i] = (kvc_reuse_cell){ KVC_REUSE_MOVED, KVC_TOKEN_NULL };
 }
 
 uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n) {
@@ -343,7 +337,7 @@ bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_kno
         const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
         for (uint32_t j = 0; j < k; j++) {
             if (let_go(r, c->cells.size, strms[j], cells[j])) {
-                have += strms[j] == st && kvc_cells_is_empty(tab, cells[j]);
+                have += strms[j] == st && kvc_cells_is_empty_bit(tab, cells[j]);
             }
         }
     }

@@ -28,17 +28,22 @@ extern "C" {
 
 #define KVC_REUSE_MOVED UINT64_MAX
 
+/* What the cache recorded of a cell when a placement filled it (one record, so that a cell read
+ * or written at placement and release costs one cache line, not two). */
+typedef struct kvc_reuse_cell {
+    uint64_t born;   /* the placement that computed it (serial), or KVC_REUSE_MOVED: its position
+                      * changed since, so its K/V belong to another context and are never kept */
+    int32_t  tok;    /* the token id it was last placed with (KVC_TOKEN_NULL: placed without one,
+                      * or before reuse was on) */
+} kvc_reuse_cell;
+
 typedef struct kvc_reuse {
     kvc_prefix         idx;       /* the index over (stream, cell) */
     uint64_t          *held;      /* [n_stream * n_words] bit i of stream s: the index holds the cell */
     uint32_t           n_words;   /* words per stream (the cell table's n_words) */
     kvc_prefix_handle *lock;      /* [n_lock] the prefix each sequence is attached to, {0, 0}: none */
     uint32_t           n_lock;    /* the cache's n_seq_max */
-    int32_t           *tok;       /* [n_stream * size] the token id each cell was last placed with
-                                   * (KVC_TOKEN_NULL: placed without one, or before reuse was on) */
-    uint64_t          *born;      /* [n_stream * size] the placement that computed it (serial), or
-                                   * KVC_REUSE_MOVED: its position changed since, so its K/V belong
-                                   * to another context and are never kept */
+    kvc_reuse_cell    *rec;       /* [n_stream * size] each cell's record */
     uint64_t           serial;    /* placements so far */
     uint64_t           synced;    /* idx.n_released when kvc_reuse_sync last checked every lock's
                                    * handle: while it has not grown, every handle is still valid */
@@ -81,8 +86,7 @@ static inline void kvc_reuse_note_placed(kvc_unified *c, uint32_t st, uint32_t i
     kvc_reuse *r = c->reuse;
     if (r) {
         const size_t k = (size_t)st * c->cells.size + i;
-        r->tok[k] = tok;
-        r->born[k] = r->serial;
+        r->rec[k] = (kvc_reuse_cell){ r->serial, tok };
     }
 }
 /* Cell i of stream st of stream src became a copy of the same cell of stream src (what it

@@ -291,14 +291,31 @@ static bool kvc_stream_reusable(const kvc_unified *c, const kvc_cells *cells, ui
     return kvc_unified_is_masked_swa(c, cells->pos[i], p_max == KVC_POS_MAX ? KVC_POS_MAX : p_max + 1);
 }
 
+#define KVC_BUSY_RUN 8u   /* words the search skips at once where no cell is free */
+
+/* Whether words [w, w + KVC_BUSY_RUN) of used | held have no cell free. */
+static inline bool kvc_words_busy(const uint64_t *used, const uint64_t *held, uint32_t w) {
+    uint64_t all = ~(uint64_t)0;
+    for (uint32_t k = 0; k < KVC_BUSY_RUN; k++) {
+        all &= used[w + k] | held[w + k];
+    }
+    return all == ~(uint64_t)0;
+}
+
 /* The cells of [a, b) (a < b) that are neither used nor held (held NULL: none is), in order, into
- * idx from got on until it holds n: the new count. A word at a time. */
+ * idx from got on until it holds n: the new count. A word at a time, runs of words with no free
+ * cell (a cache whose empty cells the prefix index holds) KVC_BUSY_RUN at a time. */
 static uint32_t kvc_take_free(const uint64_t *used, const uint64_t *held, uint32_t a, uint32_t b, uint32_t n,
                               int32_t *idx, uint32_t got) {
     const uint32_t w_last = (b - 1) >> 6;
     const uint64_t last = (b & 63) ? ((uint64_t)1 << (b & 63)) - 1 : ~(uint64_t)0;
     uint64_t m = ~(uint64_t)0 << (a & 63);
     for (uint32_t w = a >> 6; w <= w_last; w++, m = ~(uint64_t)0) {
+        if (held && m == ~(uint64_t)0) {
+            while (w + KVC_BUSY_RUN <= w_last && kvc_words_busy(used, held, w)) {
+                w += KVC_BUSY_RUN;
+            }
+        }
         if (w == w_last) {
             m &= last;
         }
@@ -398,8 +415,7 @@ static inline void prefetch_placed(const kvc_unified *c, const kvc_ubatch *ub, c
     }
     if (c->reuse) {
         const size_t k = (size_t)st * c->cells.size + cell;
-        KVC_PREFETCH_W(c->reuse->tok + k);
-        KVC_PREFETCH_W(c->reuse->born + k);
+        KVC_PREFETCH_W(c->reuse->rec + k);
     }
 }
 
