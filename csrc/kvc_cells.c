@@ -560,6 +560,14 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
 }
 
+void kvc_cells_seq_add_first(kvc_cells *c, uint32_t i, int32_t s) {
+    c->seq[(size_t)(s >> 6) * c->size + i] = (uint64_t)1 << (s & 63);
+    c->n_seqs[i] = 1;
+    kvc_cells_blk_mark(c, i, s);
+    kvc_cells_changed(c, i);
+    kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
+}
+
 /* Whether ids[q] is also among ids[0 .. q). */
 static bool id_seen_before(const int32_t *ids, uint32_t q) {
     for (uint32_t r = 0; r < q; r++) {

@@ -51,6 +51,7 @@ static void reuse_free(kvc_reuse *r) {
     kvc_free(r->rec);
     kvc_free(r->held);
     kvc_free(r->lock);
+    kvc_free(r->room);
     kvc_free(r->tmp_cell);
     kvc_free(r->tmp_strm);
     kvc_free(r->ghost_free);
@@ -89,6 +90,7 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
     r->held = kvc_calloc((size_t)ns * r->n_words, sizeof *r->held);
     r->lock = kvc_calloc(c->n_seq_max, sizeof *r->lock);
     r->rec = kvc_malloc_n((uint64_t)ns * size, sizeof *r->rec);
+    r->room = kvc_calloc(((size_t)r->n_words + 63) / 64, sizeof *r->room);
     r->tmp_cell = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_cell);
     r->tmp_strm = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_strm);
     r->n_ghost = n_ghost;
@@ -100,7 +102,7 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
         r->ext = kvc_calloc((size_t)ns * size, sizeof *r->ext);
         r->pos = kvc_calloc((size_t)ns * size, sizeof *r->pos);
     }
-    int rc = (r->held && r->lock && r->rec && r->tmp_cell && r->tmp_strm &&
+    int rc = (r->held && r->lock && r->rec && r->room && r->tmp_cell && r->tmp_strm &&
               (!n_ghost || (r->ghost_free && r->n_ghost_free)) && (!kvc_unified_has_ext(c) || (r->ext && r->pos)))
                  ? KVC_OK
                  : kvc_err_set(err, KVC_E_NOMEM, "out of memory for the prefix index");
@@ -318,11 +320,9 @@ static bool demote(kvc_unified *c, uint32_t st, uint32_t n, uint32_t have) {
     return any;
 }
 
-bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free) {
+static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint64_t *words,
+                      uint32_t *have_out) {
     kvc_reuse *r = c->reuse;
-    if (!r) {
-        return false;
-    }
     bool any = false;
     uint32_t have = n_known_free != UINT32_MAX ? n_known_free : n_free(c, st);
     while (have < n && kvc_prefix_n_evictable(&r->idx) > 0) {
@@ -336,15 +336,31 @@ bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_kno
         const uint32_t k = kvc_prefix_freed(&r->idx, &cells, &strms);
         const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
         for (uint32_t j = 0; j < k; j++) {
-            if (let_go(r, c->cells.size, strms[j], cells[j])) {
-                have += strms[j] == st && kvc_cells_is_empty_bit(tab, cells[j]);
+            if (let_go(r, c->cells.size, strms[j], cells[j]) && strms[j] == st &&
+                kvc_cells_is_empty_bit(tab, cells[j])) {
+                have++;
+                if (words) {
+                    words[cells[j] >> 12] |= (uint64_t)1 << ((cells[j] >> 6) & 63);
+                }
             }
         }
     }
     if (have < n && r->n_ghost) {
         any |= demote(c, st, n, have);
     }
+    if (have_out) {
+        *have_out = have;
+    }
     return any;
+}
+
+bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free) {
+    return c->reuse ? make_room(c, st, n, n_known_free, NULL, NULL) : false;
+}
+
+bool kvc_reuse_make_room_marked(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint64_t *words,
+                                uint32_t *have) {
+    return make_room(c, st, n, n_free, words, have);
 }
 
 void kvc_reuse_sync(kvc_unified *c) {

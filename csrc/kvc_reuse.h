@@ -47,6 +47,8 @@ typedef struct kvc_reuse {
     uint64_t           serial;    /* placements so far */
     uint64_t           synced;    /* idx.n_released when kvc_reuse_sync last checked every lock's
                                    * handle: while it has not grown, every handle is still valid */
+    uint64_t          *room;      /* [(n_words + 63) / 64] scratch of kvc_reuse_make_room_marked, all 0
+                                   * between calls: bit w for word w of a stream's used bits */
     uint32_t          *tmp_cell;  /* [n_stream * (size + n_ghost)] scratch for matches and removals */
     uint32_t          *tmp_strm;
     /* window mode (the SWA cache of an iSWA pair smaller than its base cache, which overwrites
@@ -160,6 +162,11 @@ uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n);
  * knows (a search that saw every cell), else UINT32_MAX (counted here). Returns whether
  * anything was evicted. */
 bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free);
+/* kvc_reuse_make_room, which also sets in words bit w for each word w of stream st's used bits
+ * where a cell it freed is empty (room for them now), and says in *have how many cells of the
+ * stream are now neither used nor held. Not in window mode. */
+bool kvc_reuse_make_room_marked(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint64_t *words,
+                                uint32_t *have);
 /* Locks of sequences that have no cell any more are released, stale ones dropped (after every
  * operation that removes cells from sequences). */
 void kvc_reuse_sync(kvc_unified *c);

@@ -329,6 +329,43 @@ static uint32_t kvc_take_free(const uint64_t *used, const uint64_t *held, uint32
     return got;
 }
 
+/* kvc_take_free over the words of [a, b) whose bit is set in words (bit w for word w): the only
+ * ones with a free cell. */
+static uint32_t kvc_take_marked(const uint64_t *used, const uint64_t *held, const uint64_t *words, uint32_t a,
+                                uint32_t b, uint32_t n, int32_t *idx, uint32_t got) {
+    const uint32_t w_first = a >> 6, w_last = (b - 1) >> 6;
+    for (uint32_t mw = w_first >> 6; mw <= w_last >> 6; mw++) {
+        for (uint64_t bits = words[mw]; bits; bits &= bits - 1) {
+            const uint32_t w = (mw << 6) + kvc_ctz64(bits);
+            if (w < w_first) {
+                continue;
+            }
+            if (w > w_last) {
+                return got;
+            }
+            uint64_t m = w == w_first ? ~(uint64_t)0 << (a & 63) : ~(uint64_t)0;
+            if (w == w_last && (b & 63)) {
+                m &= ((uint64_t)1 << (b & 63)) - 1;
+            }
+            for (uint64_t ok = ~(used[w] | held[w]) & m; ok; ok &= ok - 1) {
+                idx[got++] = (int32_t)((w << 6) + kvc_ctz64(ok));
+                if (got == n) {
+                    return got;
+                }
+            }
+        }
+    }
+    return got;
+}
+
+/* Where the search of n cells in stream st without a sliding window starts: the head, or 0 when
+ * plenty of cells before it are free (hoping to fill them) or it is past the end. */
+static uint32_t kvc_stream_start(const kvc_unified *c, uint32_t st, uint32_t n) {
+    const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
+    const uint32_t h = kvc_unified_stream_head_c(c, st);
+    return (uint64_t)h > (uint64_t)cells->used + 2 * (uint64_t)n || h >= cells->size ? 0 : h;
+}
+
 /* The placement rule of one group of n tokens in stream st: the usable cells from the head on,
  * wrapping, until n are found (into idx) or every cell was tested. Free cells come from the
  * used bits a word at a time; used cells are looked at only with a sliding window. *n_free:
@@ -353,9 +390,7 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
     if (!swa) {
         /* from the head to the end, then from the beginning to the head */
         const uint64_t *held = c->reuse ? &c->reuse->held[(size_t)st * c->reuse->n_words] : NULL;
-        if (h >= size) {
-            h = 0;
-        }
+        h = kvc_stream_start(c, st, n);
         uint32_t got = kvc_take_free(cells->used_bits, held, h, size, n, idx, 0);
         if (got < n && h > 0) {
             got = kvc_take_free(cells->used_bits, held, 0, h, n, idx, got);
@@ -440,7 +475,8 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
             if (t + KVC_CELLS_AHEAD < n_tokens) {
                 prefetch_placed(c, ub, idx, strm, nst, t + KVC_CELLS_AHEAD);
             }
-            if (!kvc_cells_is_empty(cells, cell)) {
+            /* (the used bits, not the positions: the cells may lie scattered) */
+            if (!kvc_cells_is_empty_bit(cells, cell)) {
                 const int32_t q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, cell, -1);
                 if (cells->pos[cell] > over[q]) {
                     over[q] = cells->pos[cell];
@@ -461,9 +497,14 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
                                          ub->token ? ub->token[t] : c->ple ? c->ple_token : KVC_TOKEN_NULL };
                 cells->ext[cell] = e;
             }
+            /* the cell holds no sequence now (emptied above if it was used) */
             const uint32_t ug = t / ub->n_seq_tokens;
             for (uint32_t j = ub->seq_off[ug]; j < ub->seq_off[ug + 1]; j++) {
-                kvc_cells_seq_add(cells, cell, ub->seq_ids[j]);
+                if (j == ub->seq_off[ug]) {
+                    kvc_cells_seq_add_first(cells, cell, ub->seq_ids[j]);
+                } else {
+                    kvc_cells_seq_add(cells, cell, ub->seq_ids[j]);
+                }
             }
         }
     }
@@ -482,17 +523,54 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
     }
 }
 
+/* After a search of n cells in stream st without a sliding window saw every cell and found only
+ * the got free ones in idx: room made (kvc_reuse_make_room), the search again, over the words
+ * that hold a free cell now (those of idx, those of the cells eviction freed), not every word:
+ * the same cells in the same order. Whether n were found. Not in window mode. */
+static bool kvc_stream_search_again(kvc_unified *c, uint32_t st, uint32_t n, int32_t *idx, uint32_t got) {
+    kvc_reuse *r = c->reuse;
+    const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
+    for (uint32_t k = 0; k < got; k++) {
+        r->room[(uint32_t)idx[k] >> 12] |= (uint64_t)1 << (((uint32_t)idx[k] >> 6) & 63);
+    }
+    uint32_t have = 0;
+    (void)kvc_reuse_make_room_marked(c, st, n, got, r->room, &have);
+    bool found = false;
+    if (have >= n) {
+        const uint64_t *held = &r->held[(size_t)st * r->n_words];
+        const uint32_t h = kvc_stream_start(c, st, n);
+        uint32_t k = kvc_take_marked(cells->used_bits, held, r->room, h, cells->size, n, idx, 0);
+        if (k < n && h > 0) {
+            k = kvc_take_marked(cells->used_bits, held, r->room, 0, h, n, idx, k);
+        }
+        found = k == n;
+    }
+    memset(r->room, 0, (((size_t)cells->n_words + 63) >> 6) * sizeof *r->room);
+    return found;
+}
+
 /* The search half of find_slot: every group's cells into c->scatter.idx (the placement is
  * dropped first); the cache's cells are not touched. 1 every group found room, 0 not. */
 static int kvc_search_2026(kvc_unified *c, uint32_t *strm, uint32_t n_groups, uint32_t nst) {
     kvc_unified_slot_drop(c);
     for (uint32_t g = 0; g < n_groups; g++) {
+        int32_t *idx = c->scatter.idx + (size_t)g * nst;
         uint32_t n_free;
-        while (!kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst, &n_free)) {
+        if (kvc_stream_search(c, strm[g], nst, idx, &n_free)) {
+            continue;
+        }
+        if (n_free != UINT32_MAX && c->reuse && c->reuse->n_ghost == 0) {
+            /* the search saw every free cell: the next one need not read every word again */
+            if (!kvc_stream_search_again(c, strm[g], nst, idx, n_free)) {
+                return 0;
+            }
+            continue;
+        }
+        do {
             if (!kvc_reuse_make_room(c, strm[g], nst, n_free)) {
                 return 0;
             }
-        }
+        } while (!kvc_stream_search(c, strm[g], nst, idx, &n_free));
     }
     return 1;
 }
