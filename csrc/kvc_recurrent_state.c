@@ -203,11 +203,13 @@ int kvc_recurrent_state_prepare(kvc_recurrent *c, int32_t seq_id, const uint8_t 
         rc = place_cells(c, seq_id, sec.cell_count, pos1, err);
     }
     if (rc == KVC_OK) {
+        /* one section, whose cells the parse put in the work table (no positions in the plan) */
         plan->data = data;
         plan->seq_id = seq_id;
-        plan->cell_count = sec.cell_count;
-        plan->data_off = sec.data_off;
         plan->len = r.off;
+        plan->n_sec = 1;
+        plan->one.cell_count = sec.cell_count;
+        plan->one.data_off = sec.data_off;
     }
     kvc_sec_free(&sec);
     return rc;
@@ -220,8 +222,9 @@ void kvc_recurrent_state_apply(kvc_recurrent *c, const kvc_state_plan *plan) {
     if (plan->seq_id == -1) {
         kvc_recurrent_zero_data(c);
     }
-    const size_t head = c->cells.head, cc = plan->cell_count;
-    const uint8_t *p = plan->data + plan->data_off + 8;
+    const kvc_state_sec *sec = kvc_state_plan_secs(plan);
+    const size_t head = c->cells.head, cc = sec->cell_count;
+    const uint8_t *p = plan->data + sec->data_off + 8;
     for (uint32_t il = 0; il < c->n_layer; il++) {
         const kvc_layer *L = &c->layers[il];
         if (cc && L->k) {

@@ -100,8 +100,9 @@ static int parts_base(int32_t seq_id, const uint8_t *data, size_t len, unsigned 
 /* Whether prepared plans hold any cell (without one, the size of a cell's extension is moot). */
 static bool plans_have_cells(const kvc_state_plan *plans, uint32_t n) {
     for (uint32_t k = 0; k < n; k++) {
+        const kvc_state_sec *secs = kvc_state_plan_secs(&plans[k]);
         for (uint32_t s = 0; s < plans[k].n_sec; s++) {
-            if (plans[k].secs[s].cell_count) {
+            if (secs[s].cell_count) {
                 return true;
             }
         }

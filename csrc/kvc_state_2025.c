@@ -7,38 +7,14 @@
 #include <inttypes.h>
 #include <string.h>
 
-/* Validate one cache's memory state in a layout (a cache of the seed's semantics: one stream).
- * With streams, an empty section changes nothing of a single sequence; a whole-cache read has
- * cleared the cache (llama.cpp clears once, before the sections). sec->pos and sec->seq must be
- * released by the caller in every case. */
-static int parse_state(const kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
-                       unsigned layout, kvc_section *sec, bool *noop, kvc_err *err) {
-    kvc_cursor r = { data, data ? len : 0, 0 };
-    const kvc_state_stream ref = { c, 0 };
-    kvc_sec_dest d;
-    kvc_frame f;
-    kvc_state_dest(&ref, seq_id, flags, layout, &d);
-    *noop = false;
-    int rc = kvc_frame_begin(&r, layout, kvc_unified_n_stream(c), &f, err);
-    for (uint32_t s = 0; rc == KVC_OK && s < f.n_stream; s++) {
-        if (kvc_frame_take_empty(&r, &f)) {
-            *noop = seq_id >= 0;
-            sec->end = r.off;
-            continue;
-        }
-        rc = kvc_sec_parse(&r, &d, sec, err);
-    }
-    return rc;
-}
-
 /* Copy the validated K/V data of the blob into cells [dst, dst + cc), converting the V layout
  * when the blob's differs from the cache's. */
-static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
-    const uint32_t cc = ps->cell_count;
+static void apply_data(kvc_unified *c, const uint8_t *data, const kvc_state_sec *sec, uint32_t dst) {
+    const uint32_t cc = sec->cell_count;
     const uint32_t size = c->cells.size;
-    const bool blob_vt = ps->v_trans != 0;
+    const bool blob_vt = sec->v_trans != 0;
     const bool stream = kvc_state_stream_data(c, cc);
-    const uint8_t *p = ps->data + ps->data_off + 8;
+    const uint8_t *p = data + sec->data_off + 8;
     for (uint32_t ikv = 0; ikv < c->n_layer; ikv++) {
         const kvc_layer *l = &c->layers[ikv];
         if (l->k && cc) {
@@ -71,7 +47,9 @@ static void apply_data(kvc_unified *c, const kvc_state_plan *ps, uint32_t dst) {
 
 /* Whole cache: clear, cell k of the state into cell k, head 0 (the reference's order). The data
  * of cells [0, cell_count) is overwritten below, so only the rest is zeroed. */
-static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
+static void apply_whole(kvc_unified *c, const kvc_state_plan *plan) {
+    static const kvc_state_sec none = { 0 };
+    const kvc_state_sec *ps = plan->n_sec ? kvc_state_plan_secs(plan) : &none;
     /* the cache is replaced: a placement or an undo log from before would refer to cells that
      * now hold the state's (a restore() would empty them) */
     kvc_unified_slot_drop(c);
@@ -92,16 +70,15 @@ static void apply_whole(kvc_unified *c, const kvc_state_plan *ps) {
     kvc_cells_rebuild_seq_pos(&c->cells, &touched);
     c->head = 0;
     if (ps->cell_count) {
-        apply_data(c, ps, 0);
+        apply_data(c, plan->data, ps, 0);
     }
 }
 
 /* Single sequence, as the reference restores one: remove the destination sequence, then let the
  * slot search place the state's cells as one ubatch of cell_count tokens of seq_id. Returns 1
  * when placed (at c->head), 0 when there is no room, KVC_E_NOMEM; c is changed in every case. */
-static int place_cells(kvc_unified *c, const kvc_state_plan *ps) {
+static int place_cells(kvc_unified *c, int32_t seq_id, const kvc_state_sec *ps) {
     const uint32_t cc = ps->cell_count;
-    const int32_t seq_id = ps->seq_id;
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { seq_id };
     const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, NULL, NULL, NULL };
@@ -114,16 +91,21 @@ static int place_cells(kvc_unified *c, const kvc_state_plan *ps) {
 }
 
 /* The dry run of place_cells: is there room? Nothing observable changes (the recovery arrays may
- * grow, which is what lets the apply's own slot search succeed without allocating). */
-static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
+ * grow, which is what lets the apply's own slot search succeed without allocating). An empty
+ * section only removes the sequence (contract C1b): always possible. */
+static int check_room(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
+    const kvc_state_sec *ps = kvc_state_plan_secs(plan);
     const uint32_t cc = ps->cell_count;
     kvc_unified_snapshot snap;
+    if (cc == 0) {
+        return KVC_OK;
+    }
     if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
     }
     /* the dry run is undone: it must not settle a pending defrag (move rows) either */
     c->defrag_pending = false;
-    const int found = place_cells(c, ps);
+    const int found = place_cells(c, plan->seq_id, ps);
     const uint32_t head = c->head;
     kvc_unified_snapshot_restore(c, &snap);
     kvc_unified_snapshot_free(&snap);
@@ -135,7 +117,7 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
                            "no room: sequence %" PRId32 " needs %" PRIu32
                            " contiguous free cells, the cache has no such run (%" PRIu32 " cells, %" PRIu32
                            " used)",
-                           ps->seq_id, cc, c->cells.size, c->cells.used);
+                           plan->seq_id, cc, c->cells.size, c->cells.used);
     }
     if (found == KVC_E_INTERNAL) {
         return kvc_err_set(err, found, "slot at %" PRIu32 " for %" PRIu32 " cells exceeds the cache", head, cc);
@@ -145,30 +127,7 @@ static int check_room(kvc_unified *c, const kvc_state_plan *ps, kvc_err *err) {
 
 int kvc_state_prepare_2025(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                            unsigned layout, kvc_state_plan *plan, kvc_err *err) {
-    kvc_section ps;
-    memset(&ps, 0, sizeof ps);
-    bool noop;
-    int rc = parse_state(c, seq_id, data, len, flags, layout, &ps, &noop, err);
-    plan->data = data;
-    plan->seq_id = seq_id;
-    plan->cell_count = ps.cell_count;
-    plan->data_off = ps.data_off;
-    plan->len = ps.end;
-    plan->pos = ps.pos; /* owned by the plan from here */
-    plan->seq = ps.seq;
-    plan->v_trans = ps.v_trans;
-    plan->noop = noop;
-    if (rc == KVC_OK && noop) {
-        plan->cell_count = 0;
-    }
-    /* an empty single-sequence part only removes the sequence (contract C1b): always possible */
-    if (rc == KVC_OK && seq_id >= 0 && plan->cell_count > 0) {
-        rc = check_room(c, plan, err);
-    }
-    if (rc != KVC_OK) {
-        kvc_state_plan_free(plan);
-    }
-    return rc;
+    return kvc_state_plan_prepare(c, seq_id, data, len, flags, layout, check_room, plan, err);
 }
 
 int kvc_state_apply_2025(kvc_unified *c, const kvc_state_plan *plan) {
@@ -177,17 +136,18 @@ int kvc_state_apply_2025(kvc_unified *c, const kvc_state_plan *plan) {
         apply_whole(c, plan);
         return KVC_OK;
     }
-    if (plan->cell_count == 0) {
+    const kvc_state_sec *sec = kvc_state_plan_secs(plan);
+    if (plan->n_sec == 0 || sec->cell_count == 0) {
         kvc_unified_seq_rm(c, plan->seq_id, -1, -1);
         return KVC_OK;
     }
     /* the same search on the same cells as the prepare's dry run: same slot, no allocation */
-    const int found = place_cells(c, plan);
+    const int found = place_cells(c, plan->seq_id, sec);
     if (found != 1) {
         return found < 0 ? found : KVC_E_INTERNAL;
     }
     kvc_unified_commit(c);
     kvc_unified_slot_drop(c);
-    apply_data(c, plan, c->head);
+    apply_data(c, plan->data, sec, c->head);
     return KVC_OK;
 }

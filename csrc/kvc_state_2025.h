@@ -14,13 +14,9 @@
 extern "C" {
 #endif
 
-/* Validate a state for a cache of the seed's semantics into plan (kvc_unified_state_prepare_lay's
- * work for such a cache, kvc_unified_ops.state_prepare, seq_id valid): KVC_OK, or a negative code with err and the plan freed. */
-int kvc_state_prepare_2025(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
-                           unsigned layout, kvc_state_plan *plan, kvc_err *err);
-/* Apply a plan kvc_state_prepare_2025 made against c, unchanged since (not a no-op plan): KVC_OK,
- * or a negative code when c changed in between. */
-int kvc_state_apply_2025(kvc_unified *c, const kvc_state_plan *plan);
+/* The reader (kvc_state_plan.h) of a cache of the seed's semantics. */
+kvc_state_prepare_fn kvc_state_prepare_2025;
+kvc_state_apply_fn   kvc_state_apply_2025;
 
 #ifdef __cplusplus
 }

@@ -141,7 +141,8 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
 /* The dry run of a single sequence's sections: is there room for each in turn? */
 static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
     uint32_t failed = 0, used = 0;
-    const int found = kvc_unified_state_try_place_2026(c, plan->seq_id, plan->secs, plan->n_sec, NULL, &failed, &used);
+    const kvc_state_sec *secs = kvc_state_plan_secs(plan);
+    const int found = kvc_unified_state_try_place_2026(c, plan->seq_id, secs, plan->n_sec, NULL, &failed, &used);
     if (found == 1) {
         return KVC_OK;
     }
@@ -151,72 +152,17 @@ static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *
     return kvc_err_set(err, KVC_E_STATE,
                        "no room: sequence %" PRId32 " needs %" PRIu32 " free cells in stream %" PRIu32
                        " (%" PRIu32 " cells, %" PRIu32 " used without the sequence)",
-                       plan->seq_id, plan->secs[failed].cell_count, kvc_unified_stream_of(c, plan->seq_id),
+                       plan->seq_id, secs[failed].cell_count, kvc_unified_stream_of(c, plan->seq_id),
                        c->cells.size, used);
-}
-
-/* Validate a state for a cache of semantics 2026: a section per stream (one in a layout without
- * stream counts), each against a stream of the cache; for a single sequence, find room. On
- * failure the caller frees the plan. */
-static int prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
-                        unsigned layout, kvc_state_plan *plan, kvc_err *err) {
-    kvc_cursor r = { data, data ? len : 0, 0 };
-    const kvc_state_stream ref = { c, 0 };
-    kvc_sec_dest d;
-    kvc_frame f;
-    int rc;
-    plan->data = data;
-    plan->seq_id = seq_id;
-    kvc_state_dest(&ref, seq_id, flags, layout, &d);
-    if ((rc = kvc_frame_begin(&r, layout, c->n_stream, &f, err)) != KVC_OK) {
-        return rc;
-    }
-    plan->secs = kvc_calloc(f.n_stream, sizeof *plan->secs);
-    if (!plan->secs) {
-        return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading %" PRIu32 " streams", f.n_stream);
-    }
-    for (uint32_t s = 0; s < f.n_stream; s++) {
-        const size_t at = r.off;
-        if (kvc_frame_take_empty(&r, &f)) {
-            continue;
-        }
-        kvc_section ps;
-        memset(&ps, 0, sizeof ps);
-        rc = kvc_sec_parse(&r, &d, &ps, err);
-        kvc_state_sec *sec = &plan->secs[plan->n_sec++];
-        sec->stream = seq_id < 0 ? s : kvc_unified_stream_of(c, seq_id);
-        sec->cell_count = ps.cell_count;
-        sec->data_off = ps.data_off;
-        sec->v_trans = ps.v_trans;
-        sec->pos = ps.pos; /* owned by the plan from here */
-        sec->seq = ps.seq;
-        sec->ext = ps.ext;
-        if (rc != KVC_OK) {
-            if (f.n_stream > 1) {
-                kvc_err_wrap(err, rc, "stream %" PRIu32 " (from byte %zu)", s, at);
-            }
-            return rc;
-        }
-    }
-    plan->len = r.off;
-    /* a single sequence's state of empty sections only keeps the destination's cells */
-    plan->noop = seq_id >= 0 && plan->n_sec == 0;
-    if (seq_id >= 0 && plan->n_sec > 0) {
-        return check_room_2026(c, plan, err);
-    }
-    return KVC_OK;
 }
 
 int kvc_state_prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                            unsigned layout, kvc_state_plan *plan, kvc_err *err) {
-    const int rc = prepare_2026(c, seq_id, data, len, flags, layout, plan, err);
-    if (rc != KVC_OK) {
-        kvc_state_plan_free(plan);
-    }
-    return rc;
+    return kvc_state_plan_prepare(c, seq_id, data, len, flags, layout, check_room_2026, plan, err);
 }
 
 int kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
+    const kvc_state_sec *secs = kvc_state_plan_secs(plan);
     if (plan->seq_id < 0) {
         /* clear (every stream, heads 0; queued stream copies stay), then cell k of section s into
          * cell k of stream s; of the K/V data only what no section overwrites is zeroed (the
@@ -224,14 +170,14 @@ int kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
         kvc_unified_clear_cells(c);
         uint32_t filled[KVC_MAX_SEQ] = { 0 };
         for (uint32_t k = 0; k < plan->n_sec; k++) {
-            filled[plan->secs[k].stream] = plan->secs[k].cell_count;
+            filled[secs[k].stream] = secs[k].cell_count;
         }
         for (uint32_t s = 0; s < c->n_stream; s++) {
             kvc_unified_zero_cells(c, s, filled[s], c->cells.size);
         }
         const uint32_t nw = c->cells.seq_words;
         for (uint32_t k = 0; k < plan->n_sec; k++) {
-            const kvc_state_sec *sec = &plan->secs[k];
+            const kvc_state_sec *sec = &secs[k];
             kvc_cells *cells = kvc_unified_stream_cells(c, sec->stream);
             kvc_seqset touched;
             kvc_seqset_clear(&touched);
@@ -254,7 +200,7 @@ int kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
     }
     /* the same steps on the same cells as the prepare's dry run: the same cells, room found */
     for (uint32_t k = 0; k < plan->n_sec; k++) {
-        const kvc_state_sec *sec = &plan->secs[k];
+        const kvc_state_sec *sec = &secs[k];
         if (kvc_unified_state_place_2026(c, plan->seq_id, sec->cell_count, sec->pos) == 1 && sec->cell_count) {
             apply_data_2026(c, plan->data, sec, c->scatter.idx);
             kvc_unified_state_put_ext_2026(c, sec->stream, sec->cell_count, sec->ext);

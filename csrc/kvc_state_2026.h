@@ -30,13 +30,9 @@ void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc
 int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const struct kvc_state_sec *secs,
                                      uint32_t n_sec, int32_t *cells, uint32_t *failed, uint32_t *used);
 
-/* Validate a state for a cache of semantics 2026 into plan (kvc_unified_state_prepare_lay's work
- * for such a cache, kvc_unified_ops.state_prepare): KVC_OK, or a negative code with err and the
- * plan freed. */
-int  kvc_state_prepare_2026(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
-                            unsigned layout, kvc_state_plan *plan, kvc_err *err);
-/* Apply a plan kvc_state_prepare_2026 made against c, unchanged since: KVC_OK. */
-int  kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan);
+/* The reader (kvc_state_plan.h) of a cache of semantics 2026. */
+kvc_state_prepare_fn kvc_state_prepare_2026;
+kvc_state_apply_fn   kvc_state_apply_2026;
 
 #ifdef __cplusplus
 }

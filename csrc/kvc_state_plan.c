@@ -1,23 +1,24 @@
 /* kvcache — the plan of a state read and what the readers share (see kvc_state_plan.h). */
 #include "kvc_state_plan.h"
 
+#include <inttypes.h>
 #include <string.h>
 
 void kvc_state_plan_free(kvc_state_plan *plan) {
+    kvc_state_sec *secs = plan->many ? plan->many : &plan->one;
     for (uint32_t k = 0; k < plan->n_sec; k++) {
-        kvc_free(plan->secs[k].pos);
-        kvc_free(plan->secs[k].seq);
-        kvc_free(plan->secs[k].ext);
+        kvc_free(secs[k].pos);
+        kvc_free(secs[k].seq);
+        kvc_free(secs[k].ext);
     }
-    kvc_free(plan->secs);
-    kvc_free(plan->pos);
-    kvc_free(plan->seq);
+    kvc_free(plan->many);
     memset(plan, 0, sizeof *plan);
 }
 
 /* The cache as the section parser holds a state to it (every stream has one geometry: ref names
  * stream 0, and must outlive d). */
-void kvc_state_dest(const kvc_state_stream *ref, int32_t seq_id, unsigned flags, unsigned layout, kvc_sec_dest *d) {
+static void state_dest(const kvc_state_stream *ref, int32_t seq_id, unsigned flags, unsigned layout,
+                       kvc_sec_dest *d) {
     const kvc_unified *c = ref->c;
     memset(d, 0, sizeof *d);
     d->ext_bytes = kvc_unified_has_ext(c) ? kvc_layout_ext_bytes(layout) : 0;
@@ -35,6 +36,71 @@ void kvc_state_dest(const kvc_state_stream *ref, int32_t seq_id, unsigned flags,
     d->n_layer = c->n_layer;
     d->cache = ref;
     d->layer = kvc_state_stream_layer;
+}
+
+/* The framing and a section per stream (one in a layout without stream counts), each against a
+ * stream of the cache (a single sequence's against its stream); an empty stream's section has no
+ * cells to read (a whole-cache read has cleared the cache: llama.cpp clears once, before the
+ * sections). On failure the caller frees the plan. */
+static int parse_secs(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                      unsigned layout, kvc_state_plan *plan, kvc_err *err) {
+    kvc_cursor r = { data, data ? len : 0, 0 };
+    const kvc_state_stream ref = { c, 0 };
+    kvc_sec_dest d;
+    kvc_frame f;
+    int rc;
+    plan->data = data;
+    plan->seq_id = seq_id;
+    state_dest(&ref, seq_id, flags, layout, &d);
+    if ((rc = kvc_frame_begin(&r, layout, kvc_unified_n_stream(c), &f, err)) != KVC_OK) {
+        return rc;
+    }
+    kvc_state_sec *secs = &plan->one;
+    if (f.n_stream > 1) {
+        secs = plan->many = kvc_calloc(f.n_stream, sizeof *plan->many);
+        if (!secs) {
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory reading %" PRIu32 " streams", f.n_stream);
+        }
+    }
+    for (uint32_t s = 0; s < f.n_stream; s++) {
+        const size_t at = r.off;
+        if (kvc_frame_take_empty(&r, &f)) {
+            continue;
+        }
+        kvc_section ps;
+        memset(&ps, 0, sizeof ps);
+        rc = kvc_sec_parse(&r, &d, &ps, err);
+        kvc_state_sec *sec = &secs[plan->n_sec++];
+        sec->stream = seq_id < 0 ? s : kvc_unified_stream_of(c, seq_id);
+        sec->cell_count = ps.cell_count;
+        sec->data_off = ps.data_off;
+        sec->v_trans = ps.v_trans;
+        sec->pos = ps.pos; /* owned by the plan from here */
+        sec->seq = ps.seq;
+        sec->ext = ps.ext;
+        if (rc != KVC_OK) {
+            if (f.n_stream > 1) {
+                kvc_err_wrap(err, rc, "stream %" PRIu32 " (from byte %zu)", s, at);
+            }
+            return rc;
+        }
+    }
+    plan->len = r.off;
+    /* a single sequence's state of empty sections only keeps the destination's cells */
+    plan->noop = seq_id >= 0 && plan->n_sec == 0;
+    return KVC_OK;
+}
+
+int kvc_state_plan_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                           unsigned layout, kvc_state_room_fn *room, kvc_state_plan *plan, kvc_err *err) {
+    int rc = parse_secs(c, seq_id, data, len, flags, layout, plan, err);
+    if (rc == KVC_OK && seq_id >= 0 && plan->n_sec > 0) {
+        rc = room(c, plan, err);
+    }
+    if (rc != KVC_OK) {
+        kvc_state_plan_free(plan);
+    }
+    return rc;
 }
 
 /* Scatter cc cells of V given as n_embd_v rows of cc elements (a transposed blob) into rows of

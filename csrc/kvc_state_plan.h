@@ -19,41 +19,61 @@ enum kvc_state_flags {
     KVC_STATE_EXACT     = 2u, /* the state must end exactly at len: trailing bytes are an error */
 };
 
-/* One validated stream section of a part read into a cache of semantics 2026. */
+/* One validated stream section of a part: where its cells go and where its data is. */
 typedef struct kvc_state_sec {
-    uint32_t  stream;     /* the cache's stream it goes to */
+    uint32_t  stream;     /* the cache's stream it goes to (0 in a cache of one stream) */
     uint32_t  cell_count;
     size_t    data_off;   /* offset in the part of its data section (the V layout flag) */
     uint32_t  v_trans;    /* the section's V layout (differs from the cache's only when converting) */
-    int32_t  *pos;        /* the cells' validated positions (owned) */
-    uint64_t *seq;        /* whole cache: the cells' sequence sets (owned), else NULL */
+    int32_t  *pos;        /* the cells' validated positions (owned; NULL without cells, and in a
+                           * recurrent cache's plan, whose reader parses into its own table) */
+    uint64_t *seq;        /* whole cache: the cells' sequence sets, the cache's seq_words words per
+                           * cell (owned), else NULL */
     struct kvc_cell_ext *ext; /* the cells' extensions when the section has them (owned), else NULL */
 } kvc_state_sec;
 
-/* One validated part, ready to apply to the cache it was prepared against. */
+/* One validated part, ready to apply to the cache it was prepared against: its non-empty stream
+ * sections in order (the seed's semantics and a recurrent cache: at most one). A plan may be
+ * copied by value (it points to nothing inside itself). */
 typedef struct kvc_state_plan {
     const uint8_t *data;       /* the part (borrowed: must outlive the plan) */
     int32_t        seq_id;     /* destination: -1 = whole cache */
-    uint32_t       cell_count; /* cells the part holds */
-    size_t         data_off;   /* offset of its data section (the V layout flag) */
     size_t         len;        /* bytes of the part */
-    int32_t       *pos;        /* the cells' validated positions (owned; NULL without cells) */
-    uint32_t       v_trans;    /* the part's V layout (differs from the cache's only when converting) */
-    uint64_t      *seq;        /* whole cache: the cells' validated sequence sets, the cache's
-                                * seq_words words per cell (owned), else NULL */
-    bool           noop;       /* a single sequence's empty stream section (layouts with streams):
-                                * the destination keeps its cells */
-    uint32_t       n_sec;      /* semantics 2026: the part's non-empty stream sections, in order */
-    kvc_state_sec *secs;       /* [n_sec] (owned); the fields above describe no cells then */
+    bool           noop;       /* a single sequence's state of empty stream sections (layouts with
+                                * streams): the destination keeps its cells */
+    uint32_t       n_sec;      /* the non-empty stream sections */
+    kvc_state_sec  one;        /* they are this one, in a part of one stream */
+    kvc_state_sec *many;       /* else [n_sec] (owned; room for a section per stream) */
 } kvc_state_plan;
+
+/* The plan's sections, [n_sec]. */
+static inline const kvc_state_sec *kvc_state_plan_secs(const kvc_state_plan *plan) {
+    return plan->many ? plan->many : &plan->one;
+}
 
 void kvc_state_plan_free(kvc_state_plan *plan);   /* safe on a zeroed plan */
 
+/* The readers of a unified cache of each semantics (kvc_unified_ops.state_prepare and
+ * state_apply): prepare validates a state for c into plan (kvc_unified_state_prepare_lay's work,
+ * seq_id valid): KVC_OK, or a negative code with err and the plan freed; apply applies a plan
+ * prepared against c, unchanged since (not a no-op plan): KVC_OK, or a negative code when c
+ * changed in between. */
+typedef int kvc_state_prepare_fn(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                                 unsigned layout, kvc_state_plan *plan, kvc_err *err);
+typedef int kvc_state_apply_fn(kvc_unified *c, const kvc_state_plan *plan);
+
 /* --- internal to the readers ---------------------------------------------------------------- */
 
-/* The cache as the section parser holds a state to it (every stream has one geometry: ref names
- * stream 0, and must outlive d). */
-void kvc_state_dest(const kvc_state_stream *ref, int32_t seq_id, unsigned flags, unsigned layout, kvc_sec_dest *d);
+/* What a semantics adds to the validation of a single sequence's state with sections: whether c
+ * has room for them. KVC_OK, or a negative code with err. */
+typedef int kvc_state_room_fn(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err);
+
+/* The prepare of either semantics: the framing and every stream section parsed against c into
+ * plan (a parsed section becomes a plan section), then for a single sequence's state with
+ * sections room(c, plan). KVC_OK, or a negative code with err and the plan freed. */
+int kvc_state_plan_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
+                           unsigned layout, kvc_state_room_fn *room, kvc_state_plan *plan, kvc_err *err);
+
 /* Whether a read copies the K/V data of cc cells with non-temporal stores: from KVC_STREAM_BYTES
  * on (data that does not stay in the caches anyway). */
 bool kvc_state_stream_data(const kvc_unified *c, uint32_t cc);

@@ -81,11 +81,9 @@ cdef extern from "kvc_state.h" nogil:
     ctypedef struct kvc_state_plan:
         const uint8_t *data
         int32_t seq_id
-        uint32_t cell_count
-        size_t data_off
         size_t len
-        int32_t *pos
-        uint32_t v_trans
+        bint noop
+        uint32_t n_sec
     int  kvc_unified_state_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len,
                                    kvc_state_plan *plan, kvc_err *err)
     int  kvc_unified_state_apply(kvc_unified *c, const kvc_state_plan *plan)
