@@ -67,7 +67,8 @@ static inline bool kvc_cur_u64(kvc_cursor *r, uint64_t *v) {
 }
 
 /* KVC_E_STATE with "state truncated at byte X of N while reading <what> (<need> bytes)" (X: where
- * the failed read starts; the byte count left out when need is 0). Defined in kvc_section.c. */
+ * the failed read starts; the byte count left out when need is 0; err NULL: KVC_E_STATE alone).
+ * Defined in kvc_section.c. */
 KVC_PRINTF_FORMAT(4, 5) int kvc_cur_truncated(kvc_err *err, const kvc_cursor *r, size_t need, const char *fmt, ...);
 
 #ifdef __cplusplus

@@ -184,14 +184,14 @@ void kvc_state_frames_exactly(const uint8_t *data, size_t len, const unsigned *l
     *framed = 0;
     *readable = 0;
     for (uint32_t c = 0; c < n_layouts && c < 32; c++) {
-        kvc_err scratch;
         size_t off = 0;
         bool outside = false;
         uint32_t k = 0;
         for (; k < n_parts; k++) {
             kvc_state_frame f;
+            /* whether, not why: no message is formatted (err NULL) */
             if (kvc_state_walk_frame(off ? data + off : data, len - off, layouts[c], false, single, &f, NULL, NULL,
-                                     0, &scratch) != KVC_OK) {
+                                     0, NULL) != KVC_OK) {
                 break;
             }
             off += f.end;

@@ -10,6 +10,9 @@
 
 /* "truncated at byte X of N while reading <what>" (X: where the failed read starts). */
 int kvc_cur_truncated(kvc_err *err, const kvc_cursor *r, size_t need, const char *fmt, ...) {
+    if (!err) {
+        return KVC_E_STATE;   /* no message asked for: nothing to format */
+    }
     char what[160];
     va_list ap;
     va_start(ap, fmt);
@@ -305,6 +308,9 @@ static int parse_cells(kvc_cursor *r_in, const kvc_sec_dest *d, kvc_section *sec
 
 /* "layer IL (byte AT): <what>" for a per-layer field that disagrees with the destination. */
 KVC_PRINTF_FORMAT(4, 5) static int fail_layer(kvc_err *err, int32_t il, size_t at, const char *fmt, ...) {
+    if (!err) {
+        return KVC_E_STATE;
+    }
     char what[160];
     va_list ap;
     va_start(ap, fmt);

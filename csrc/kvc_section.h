@@ -85,8 +85,9 @@ typedef struct kvc_section {
 } kvc_section;
 
 /* Parse the stream section at the cursor (moved past it on success). sec must be zeroed but for
- * the d_ fields. KVC_OK, KVC_E_STATE or KVC_E_NOMEM (err: what and where); sec->pos and
- * sec->seq are to be released with kvc_sec_free in every case. */
+ * the d_ fields. KVC_OK, KVC_E_STATE or KVC_E_NOMEM (err: what and where; err NULL: no message
+ * is formatted, here and in the walks below); sec->pos and sec->seq are to be released with
+ * kvc_sec_free in every case. */
 int  kvc_sec_parse(kvc_cursor *r, const kvc_sec_dest *dest, kvc_section *sec, kvc_err *err);
 void kvc_sec_free(kvc_section *sec);
 /* KVC_OK when a state that ends at byte end takes all len bytes, else KVC_E_STATE naming the
@@ -138,7 +139,7 @@ int kvc_state_describe_frame(const uint8_t *data, size_t len, unsigned layout, b
                              kvc_state_frame *f, size_t *sec_off, uint32_t *sec_cells, uint32_t sec_cap,
                              kvc_err *err);
 
-/* kvc_state_describe_frame with, when ids_unchecked, the cells' sequence ids read but not checked,
+/* kvc_state_describe_frame (err may be NULL) with, when ids_unchecked, the cells' sequence ids read but not checked,
  * as a single sequence's reader reads them: f->ids_outside then says whether a cell lists one
  * outside [0, KVC_MAX_SEQ), which the checks refuse (the walk frames with them exactly when it
  * frames and that is false). */
