@@ -203,7 +203,7 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
             }
             /* with the extension, a prompt whose positions or 2-D positions differ from the held
              * one's shares none of its later cells: it is kept only up to there */
-            const size_t at = (size_t)dup_strms[j] * c->cells.size + dup_cells[j];
+            const size_t at = kvc_reuse_at(r, dup_strms[j], dup_cells[j]);
             const kvc_cell_ext *e = r->ext && j < held ? &r->ext[at] : NULL;
             if (e && (r->pos[at] != tab->pos[i] || !kvc_reuse_ext_is(c, e, tab->ext[i].x, tab->ext[i].y, tab->ext[i].tok))) {
                 k = j;
@@ -219,8 +219,8 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
             kvc_reuse_note_insert(c, r->tmp_cell, r->tmp_strm, ins.n_present, k);
             const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
             for (uint32_t j = ins.n_present; r->ext && j < k; j++) {
-                r->ext[(size_t)st * c->cells.size + r->tmp_cell[j]] = tab->ext[r->tmp_cell[j]];
-                r->pos[(size_t)st * c->cells.size + r->tmp_cell[j]] = tab->pos[r->tmp_cell[j]];
+                r->ext[kvc_reuse_at(r, st, r->tmp_cell[j])] = tab->ext[r->tmp_cell[j]];
+                r->pos[kvc_reuse_at(r, st, r->tmp_cell[j])] = tab->pos[r->tmp_cell[j]];
             }
             res->n_kept = k;
             res->n_new = ins.n_added;
@@ -261,7 +261,7 @@ static uint32_t ext_agree(const kvc_unified *c, const int32_t *tokens, const int
                           const int32_t *pos_y, uint32_t p) {
     const kvc_reuse *r = c->reuse;
     for (uint32_t j = 0; r->ext && j < p; j++) {
-        const size_t at = (size_t)r->tmp_strm[j] * c->cells.size + r->tmp_cell[j];
+        const size_t at = kvc_reuse_at(r, r->tmp_strm[j], r->tmp_cell[j]);
         if (r->pos[at] != (pos ? pos[j] : (int32_t)j) ||
             !kvc_reuse_ext_is(c, &r->ext[at], pos_x ? pos_x[j] : 0, pos_y ? pos_y[j] : 0, tokens[j])) {
             return j;
@@ -300,27 +300,48 @@ uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, 
     return kvc_retain_match_xy(c, salt, tokens, NULL, NULL, NULL, n);
 }
 
+/* The position the request places token j at (pos NULL: j); for j == n, the one after its last
+ * (a hit of the whole prompt: the next token's). */
+static inline int64_t req_pos(const int32_t *pos, uint32_t n, uint32_t j) {
+    return !pos ? (int64_t)j : j < n ? (int64_t)pos[j] : (int64_t)pos[n - 1] + 1;
+}
+
 /* The first position a query at position p sees in c's sliding window (0 without one): the cells
- * a request resuming at p needs of positions before p (a later query sees no more of them). */
-static uint32_t window_start(const kvc_unified *c, uint32_t p) {
-    const int64_t lo = kvc_unified_swa_start(c, (int32_t)p);
-    return lo < 0 ? 0 : (uint32_t)lo;
+ * a request resuming with a query at p needs of the positions before it (a later query sees no
+ * more of them). */
+static int64_t window_start(const kvc_unified *c, int64_t p) {
+    const int64_t lo = kvc_unified_swa_start(c, (int32_t)(p < INT32_MAX ? p : INT32_MAX));
+    return lo < 0 ? 0 : lo;
 }
 
 /* The longest hit q <= p a window-mode index serves with the tokens' cells (ghosts too) in
- * cells[0 .. p): every cell of the window before q is a cell of the cache, not a ghost. */
-static uint32_t window_hit(const kvc_unified *c, const uint32_t *cells, uint32_t p) {
+ * cells[0 .. p), the request placing token j at req_pos(pos, n, j): every token of the window
+ * of the query at q's position is a cell of the cache, not a ghost. The positions of a held
+ * prompt never decrease (kvc_retain_release's order), so the window is the tokens from the
+ * first at or past its start, and the last ghost before q is the one to look at. */
+static uint32_t window_hit(const kvc_unified *c, const uint32_t *cells, const int32_t *pos, uint32_t n, uint32_t p) {
     uint32_t best = 0;
-    int64_t ghost = -1;   /* the last ghost before q */
+    int64_t ghost = -1;   /* the position of the last ghost before q */
     for (uint32_t q = 1; q <= p; q++) {
         if (kvc_reuse_is_ghost(c, cells[q - 1])) {
-            ghost = q - 1;
+            ghost = req_pos(pos, n, q - 1);
         }
-        if (ghost < (int64_t)window_start(c, q)) {
+        if (ghost < window_start(c, req_pos(pos, n, q))) {
             best = q;
         }
     }
     return best;
+}
+
+/* The first of the p tokens a window-mode attach places: the first at or past the start of the
+ * window of the query at p. */
+static uint32_t window_lo(const kvc_unified *c, const int32_t *pos, uint32_t n, uint32_t p) {
+    const int64_t lo = window_start(c, req_pos(pos, n, p));
+    uint32_t j = p;
+    while (j > 0 && req_pos(pos, n, j - 1) >= lo) {
+        j--;
+    }
+    return j;
 }
 
 /* Attach to s the prefix the index holds of tokens[0 .. n), at most max_p tokens; in window mode
@@ -337,7 +358,7 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
         return KVC_OK;
     }
     /* window mode: the cells of the window before p, all cells of the cache (ghosts before it) */
-    const uint32_t lo = window ? window_start(c, p) : 0;
+    const uint32_t lo = window ? window_lo(c, pos, n, p) : 0;
     for (uint32_t i = lo; window && i < p; i++) {
         if (kvc_reuse_is_ghost(c, r->tmp_cell[i])) {
             return kvc_err_set(err, KVC_E_INTERNAL, "the window before %u holds a ghost at %u", p, i);
@@ -386,7 +407,7 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
         if (kvc_cells_is_empty(cells, cell)) {
             kvc_cells_pos_set(cells, cell, kvc_reuse_pos_of(c, src, cell, i));
             if (r->ext) {
-                cells->ext[cell] = r->ext[(size_t)src * c->cells.size + cell];   /* the table reset it */
+                cells->ext[cell] = r->ext[kvc_reuse_at(r, src, cell)];   /* the table reset it */
             }
         }
         kvc_cells_seq_add(cells, cell, s);
@@ -491,6 +512,9 @@ int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t c
 
 int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t cap, kvc_err *err) {
     const bool was_on = base->reuse != NULL;
+    if (kvc_unified_has_ext(base) != kvc_unified_has_ext(swa)) {
+        return kvc_err_set(err, KVC_E_ARG, "the two caches disagree on the per-cell extension (cell_ext)");
+    }
     int rc = kvc_reuse_enable(base, cap, err);
     if (rc == KVC_OK) {
         rc = kvc_reuse_enable_window(swa, base->cells.size, err);
@@ -529,7 +553,7 @@ uint32_t kvc_retain_match_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uin
             kvc_reuse *r = cs[k]->reuse;
             kvc_prefix_handle end;
             const uint32_t got = kvc_prefix_match(&r->idx, salt, tokens, n, p, r->tmp_cell, NULL, &end);
-            const uint32_t q = window_hit(cs[k], r->tmp_cell, got);
+            const uint32_t q = window_hit(cs[k], r->tmp_cell, pos, n, got);
             if (q != p) {
                 p = q;
                 changed = true;
@@ -552,8 +576,8 @@ bool kvc_retain_serves_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t 
         kvc_prefix_handle end;
         if (is_window(c)) {
             kvc_reuse *r = c->reuse;
-            const uint32_t got = kvc_prefix_match(&r->idx, salt, tokens, n, p, r->tmp_cell, NULL, &end);
-            if (got != p || window_hit(c, r->tmp_cell, p) != p) {
+            const uint32_t got = match_xy(c, salt, tokens, NULL, NULL, NULL, n, p, &end);
+            if (got != p || window_hit(c, r->tmp_cell, NULL, n, p) != p) {
                 return false;
             }
         } else if (match_xy(c, salt, tokens, NULL, NULL, NULL, n, p, &end) != p) {
@@ -597,45 +621,77 @@ int kvc_retain_attach_parts_xy(kvc_unified *const *cs, uint32_t n_parts, int32_t
     return KVC_OK;
 }
 
+/* The order in which a prompt's tokens see each other (kvc_retain_release): by position, then
+ * row, then column (a, b NULL: without the extension). Negative, 0 or positive. */
+static inline int order_cmp(int64_t p, const kvc_cell_ext *a, int64_t q, const kvc_cell_ext *b) {
+    if (p != q) {
+        return p < q ? -1 : 1;
+    }
+    if (!a || a->y != b->y) {
+        return !a ? 0 : a->y < b->y ? -1 : 1;
+    }
+    return a->x < b->x ? -1 : a->x > b->x;
+}
+
 /* keep() for a part in window mode: the prompt toks[0 .. n) (the tokens the base part kept, so
- * every position before n was computed after exactly toks), the sequence's cells where it still
- * has them, ghosts elsewhere. have_tokens: the caller gave the tokens (a cell placed without
- * one takes its position's). */
-static int keep_window(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *toks, uint32_t n, bool have_tokens,
-                       bool end, kvc_retained *res, kvc_err *err) {
+ * every token was computed after exactly the ones before it), the sequence's cells where it
+ * still has them, ghosts elsewhere. kpos, kext: with the extension, the position and extension
+ * of each token as the base part's cells hold them (which the index records with each token,
+ * ghosts too); NULL without (token j at position j). have_tokens: the caller gave the tokens (a
+ * cell placed without one takes its token's). */
+static int keep_window(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *toks, const int32_t *kpos,
+                       const kvc_cell_ext *kext, uint32_t n, bool have_tokens, bool end, kvc_retained *res,
+                       kvc_err *err) {
     kvc_reuse *r = c->reuse;
     memset(res, 0, sizeof *res);
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size, none = UINT32_MAX;
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const kvc_seq_pos *sp = &cells->seq_pos[s];
     const kvc_reuse_cell *rec = r->rec + (size_t)st * size;
-    uint32_t *buf = n ? kvc_malloc_n(n, 6 * sizeof *buf) : NULL;
+    if (kext && !r->ext) {
+        return kvc_err_set(err, KVC_E_ARG, "the parts of the cache disagree on the per-cell extension");
+    }
+    const size_t room = 6 * (size_t)n + 2 * (size_t)sp->n;
+    uint32_t *buf = n ? kvc_malloc_n(room, sizeof *buf) : NULL;
     if (n && !buf) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory keeping the prefix of sequence %d", s);
     }
     uint32_t *ours = buf, *idx_cell = buf + n, *idx_strm = buf + 2 * (size_t)n, *fill = buf + 3 * (size_t)n;
     uint32_t *dup_cells = buf + 4 * (size_t)n, *dup_strms = buf + 5 * (size_t)n;
-    /* the sequence's cells of positions before n: unshifted, never moved, computed after the
-     * cell before them, for the position's token */
+    uint32_t *grp = buf + 6 * (size_t)n, *tmp = grp + sp->n;
+    /* the sequence's cells of the prompt's tokens, walked beside the prompt in the order its
+     * tokens see each other (by position; with the extension one position's tokens by 2-D
+     * position): a cell is token j's where it sits at token j's position and 2-D position (with
+     * per-layer embeddings: for its input too), unshifted, never moved, computed after the cell
+     * before it, for the token */
     for (uint32_t j = 0; j < n; j++) {
         ours[j] = none;
     }
     uint64_t last = 0;
-    for (uint32_t e = 0; e < sp->n; e++) {
+    for (uint32_t e = 0, j = 0; e < sp->n && j < n;) {
         const int32_t p = kvc_seq_key_pos(sp->key[e]);
-        const uint32_t i = kvc_seq_key_cell(sp->key[e]);
-        if (p < 0 || (uint32_t)p >= n) {
-            if (p >= 0) {
-                break;
+        uint32_t m = 0;
+        for (; e < sp->n && kvc_seq_key_pos(sp->key[e]) == p; e++) {
+            grp[m++] = kvc_seq_key_cell(sp->key[e]);
+        }
+        if (kext && m > 1) {
+            sort_2d(cells->ext, grp, tmp, m);
+        }
+        for (uint32_t g = 0; g < m && j < n; g++) {
+            const uint32_t i = grp[g];
+            const kvc_cell_ext *x = kext ? &cells->ext[i] : NULL;
+            int cmp = 1;
+            while (j < n && (cmp = order_cmp(p, x, kpos ? kpos[j] : (int64_t)j, kext ? &kext[j] : NULL)) > 0) {
+                j++;
             }
-            continue;
+            if (cmp != 0 || ours[j] != none || cells->shift[i] != 0 || rec[i].born == KVC_REUSE_MOVED ||
+                rec[i].born < last || (rec[i].tok == KVC_TOKEN_NULL ? !have_tokens : rec[i].tok != toks[j]) ||
+                (x && !kvc_reuse_ext_is(c, x, kext[j].x, kext[j].y, kext[j].tok))) {
+                continue;
+            }
+            ours[j] = i;
+            last = rec[i].born;
         }
-        if (ours[p] != none || cells->shift[i] != 0 || rec[i].born == KVC_REUSE_MOVED || rec[i].born < last ||
-            (rec[i].tok == KVC_TOKEN_NULL ? !have_tokens : rec[i].tok != toks[p])) {
-            continue;
-        }
-        ours[p] = i;
-        last = rec[i].born;
     }
     uint32_t k = 0, held = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -647,6 +703,14 @@ static int keep_window(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
             const uint32_t i = ours[j];
             /* a held cell past the prefix the index holds of this prompt belongs to another */
             if (i != none && kvc_reuse_is_held(c, st, i) && (j >= held || idx_cell[j] != i || idx_strm[j] != st)) {
+                k = j;
+                break;
+            }
+            /* with the extension, a held prompt whose positions or 2-D positions differ from this
+             * one's shares none of its later tokens: kept only up to there */
+            const size_t at = j < held && kext ? kvc_reuse_at(r, idx_strm[j], idx_cell[j]) : 0;
+            if (j < held && kext &&
+                (r->pos[at] != kpos[j] || !kvc_reuse_ext_is(c, &r->ext[at], kext[j].x, kext[j].y, kext[j].tok))) {
                 k = j;
                 break;
             }
@@ -688,6 +752,10 @@ static int keep_window(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
         rc = kvc_prefix_insert(&r->idx, salt, toks, r->tmp_cell, r->tmp_strm, k, dup_cells, dup_strms, &ins, err);
         if (rc == KVC_OK) {
             kvc_reuse_note_insert(c, r->tmp_cell, r->tmp_strm, ins.n_present, k);
+            for (uint32_t j = ins.n_present; kext && j < k; j++) {   /* cells and ghosts alike */
+                r->ext[kvc_reuse_at(r, st, r->tmp_cell[j])] = kext[j];
+                r->pos[kvc_reuse_at(r, st, r->tmp_cell[j])] = kpos[j];
+            }
             for (uint32_t j = 0; j < held && j < k; j++) {
                 if (fill[j] != none) {
                     kvc_reuse_fill_ghost(c, st, fill[j], ours[j]);
@@ -723,8 +791,10 @@ static int keep_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint6
                       uint32_t n, bool end, kvc_retained *res, kvc_err *err) {
     memset(res, 0, sizeof *res);
     res->n_kept = UINT32_MAX;
-    /* a part in window mode keeps the prompt the first other part keeps: its tokens first */
-    int32_t *toks = NULL;
+    /* a part in window mode keeps the prompt the first other part keeps: its tokens first (with
+     * the extension, their positions and extensions too) */
+    int32_t *toks = NULL, *kpos = NULL;
+    kvc_cell_ext *kext = NULL;
     uint32_t n_toks = 0;
     for (uint32_t k = 0; k < n_parts; k++) {
         if (!cs[k]->reuse) {
@@ -736,13 +806,28 @@ static int keep_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint6
         if (is_window(cs[k])) {
             for (uint32_t b = 0; b < n_parts; b++) {
                 if (!is_window(cs[b])) {
-                    const uint32_t m = seq_n_cells(cs[b], s);
-                    toks = kvc_malloc_n(m ? m : 1, sizeof *toks);
+                    kvc_unified *base = cs[b];
+                    const uint32_t m = seq_n_cells(base, s) ? seq_n_cells(base, s) : 1;
+                    const bool ext = base->reuse->ext != NULL;
+                    /* toks, then with the extension kpos, collect_ext's scratch (2 m) and kext */
+                    toks = kvc_malloc_n(m, ext ? 4 * sizeof *toks + sizeof *kext : sizeof *toks);
                     if (!toks) {
                         res->n_kept = 0;
                         return kvc_err_set(err, KVC_E_NOMEM, "out of memory keeping the prefix of sequence %d", s);
                     }
-                    n_toks = collect(cs[b], s, tokens, n, toks);
+                    if (!ext) {
+                        n_toks = collect(base, s, tokens, n, toks);
+                        break;
+                    }
+                    kpos = toks + m;
+                    uint32_t *grp = (uint32_t *)(kpos + m), *tmp = grp + m;
+                    kext = (kvc_cell_ext *)(tmp + m);
+                    n_toks = collect_ext(base, s, tokens, n, toks, grp, tmp);
+                    const kvc_cells *tab = kvc_unified_stream_cells_c(base, kvc_unified_stream_of(base, s));
+                    for (uint32_t j = 0; j < n_toks; j++) {
+                        kpos[j] = tab->pos[base->reuse->tmp_cell[j]];
+                        kext[j] = tab->ext[base->reuse->tmp_cell[j]];
+                    }
                     break;
                 }
             }
@@ -764,7 +849,7 @@ static int keep_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint6
                 rc = keep(cs[k], s, salt, tokens, n, end, &one, err);
             } else {
                 const uint32_t upto = res->n_kept < n_toks ? res->n_kept : n_toks;
-                rc = keep_window(cs[k], s, salt, toks, upto, tokens != NULL, end, &one, err);
+                rc = keep_window(cs[k], s, salt, toks, kpos, kext, upto, tokens != NULL, end, &one, err);
             }
             if (rc == KVC_OK) {
                 res->n_kept = one.n_kept < res->n_kept ? one.n_kept : res->n_kept;

@@ -91,11 +91,14 @@ int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t c
 /* Turn reuse on in an iSWA pair whose SWA cache is smaller than its base cache (both or
  * neither): the base as kvc_reuse_enable (cap), the SWA cache in window mode (kvc_reuse.h),
  * remembering prompts of up to the base's size. A hit of length P then needs the base's cells of
- * positions 0 .. P-1 and the SWA cache's cells of the window before P (the positions a query at
- * P sees); the SWA cache remembers the rest of each prompt without cells. */
+ * tokens 0 .. P-1 and the SWA cache's cells of the window before P (the tokens a query at token
+ * P's position sees); the SWA cache remembers the rest of each prompt without cells (with the
+ * extension, with each token's position and extension). KVC_E_ARG also when the two caches
+ * disagree on the extension. */
 int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t cap, kvc_err *err);
 /* The longest hit every part serves: the smallest of the parts' matches, and in a part in
- * window mode the longest hit no longer than that whose window it holds. */
+ * window mode the longest hit no longer than that whose window it holds (the window of token
+ * P's position: P with pos NULL, else pos[P]). */
 uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                                 uint32_t n);
 /* Whether every part serves a hit of exactly p tokens of tokens[0 .. n) (0 < p <= n): a part in

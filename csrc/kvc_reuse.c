@@ -13,6 +13,15 @@ static inline void ghost_push(kvc_reuse *r, uint32_t st, uint32_t g) {
     r->ghost_free[(size_t)st * r->n_ghost + r->n_ghost_free[st]++] = g;
 }
 
+/* The index's token moved from id `from` of stream st to id `to` (a cell to a ghost or back):
+ * its position and extension go with it. */
+static inline void record_move(kvc_reuse *r, uint32_t st, uint32_t from, uint32_t to) {
+    if (r->ext) {
+        r->ext[kvc_reuse_at(r, st, to)] = r->ext[kvc_reuse_at(r, st, from)];
+        r->pos[kvc_reuse_at(r, st, to)] = r->pos[kvc_reuse_at(r, st, from)];
+    }
+}
+
 /* An id the index let go: a cell no longer held, or a ghost free again. Whether it was a cell. */
 static inline bool let_go(kvc_reuse *r, uint32_t size, uint32_t st, uint32_t i) {
     if (i >= size) {
@@ -65,10 +74,6 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
     if (!c->ops->prefix_reuse) {
         return kvc_err_set(err, KVC_E_ARG, "prefix reuse needs a cache of today's semantics (\"2026\")");
     }
-    if (kvc_unified_has_ext(c) && n_ghost) {
-        return kvc_err_set(err, KVC_E_ARG, "prefix reuse in a small SWA cache is not available when its cells carry "
-                           "2-D positions or per-layer-embedding tokens (cell_ext): give it swa_full=True");
-    }
     if (c->reuse) {
         if ((c->reuse->n_ghost != 0) != (n_ghost != 0)) {
             return kvc_err_set(err, KVC_E_ARG, "prefix reuse is on already in another mode");
@@ -99,8 +104,8 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
         r->n_ghost_free = kvc_calloc(ns, sizeof *r->n_ghost_free);
     }
     if (kvc_unified_has_ext(c)) {
-        r->ext = kvc_calloc((size_t)ns * size, sizeof *r->ext);
-        r->pos = kvc_calloc((size_t)ns * size, sizeof *r->pos);
+        r->ext = kvc_calloc((size_t)ns * (size + n_ghost), sizeof *r->ext);   /* a ghost keeps its token's */
+        r->pos = kvc_calloc((size_t)ns * (size + n_ghost), sizeof *r->pos);
     }
     int rc = (r->held && r->lock && r->rec && r->room && r->tmp_cell && r->tmp_strm &&
               (!n_ghost || (r->ghost_free && r->n_ghost_free)) && (!kvc_unified_has_ext(c) || (r->ext && r->pos)))
@@ -154,6 +159,7 @@ uint32_t kvc_reuse_n_cells(const kvc_unified *c) {
 void kvc_reuse_fill_ghost(kvc_unified *c, uint32_t st, uint32_t g, uint32_t i) {
     kvc_reuse *r = c->reuse;
     if (kvc_prefix_move_cell(&r->idx, st, g, i, NULL) == KVC_OK) {
+        record_move(r, st, g, i);
         held_set(r, st, i, true);
         ghost_push(r, st, g);
     }
@@ -177,6 +183,7 @@ void kvc_reuse_overwrite_held(kvc_unified *c, uint32_t st, uint32_t i) {
         kvc_reuse_forget_cell(c, st, i);   /* no ghost free: the prompt is forgotten from here */
         return;
     }
+    record_move(r, st, i, g);
     held_set(r, st, i, false);
 }
 
@@ -254,15 +261,15 @@ void kvc_reuse_copy_cells(kvc_unified *c, uint32_t src, uint32_t st, uint32_t i)
     const size_t size = c->cells.size;
     if (i == UINT32_MAX) {
         memcpy(r->rec + st * size, r->rec + src * size, size * sizeof *r->rec);
-        if (r->ext) {
-            memcpy(r->ext + st * size, r->ext + src * size, size * sizeof *r->ext);
-            memcpy(r->pos + st * size, r->pos + src * size, size * sizeof *r->pos);
+        if (r->ext) {   /* the cells' records, not the ghosts' (the index's own) */
+            memcpy(r->ext + kvc_reuse_at(r, st, 0), r->ext + kvc_reuse_at(r, src, 0), size * sizeof *r->ext);
+            memcpy(r->pos + kvc_reuse_at(r, st, 0), r->pos + kvc_reuse_at(r, src, 0), size * sizeof *r->pos);
         }
     } else {
         r->rec[st * size + i] = r->rec[src * size + i];
         if (r->ext) {
-            r->ext[st * size + i] = r->ext[src * size + i];
-            r->pos[st * size + i] = r->pos[src * size + i];
+            r->ext[kvc_reuse_at(r, st, i)] = r->ext[kvc_reuse_at(r, src, i)];
+            r->pos[kvc_reuse_at(r, st, i)] = r->pos[kvc_reuse_at(r, src, i)];
         }
     }
 }
@@ -428,7 +435,7 @@ int kvc_reuse_check(const kvc_unified *c, kvc_err *err) {
                     return kvc_err_set(err, KVC_E_INTERNAL, "cell %u of stream %u is held for position %d but "
                                        "holds position %d", i, st, at, tab->pos[i]);
                 }
-                const kvc_cell_ext *e = r->ext ? &r->ext[(size_t)st * c->cells.size + i] : NULL;
+                const kvc_cell_ext *e = r->ext ? &r->ext[kvc_reuse_at(r, st, i)] : NULL;
                 if (e && !kvc_cells_is_empty(tab, i) && !kvc_reuse_ext_is(c, &tab->ext[i], e->x, e->y, e->tok)) {
                     return kvc_err_set(err, KVC_E_INTERNAL, "cell %u of stream %u holds another extension than the "
                                        "index keeps for it", i, st);

@@ -56,12 +56,14 @@ typedef struct kvc_reuse {
      * beyond the cells it still holds. A token whose cell went is held by a ghost: an id in
      * [size, size + n_ghost) of the index's cell space, which names no cell of the cache. */
     uint32_t           n_ghost;   /* ghost ids per stream; 0: not window mode */
-    kvc_cell_ext      *ext;       /* [n_stream * size] caches whose cells carry the extension: each
-                                   * held cell's, as it was when the index took the cell (the table
-                                   * resets a cell's when no sequence holds it); NULL otherwise */
-    int32_t           *pos;       /* [n_stream * size] with the extension: each held cell's position
-                                   * (an image's tokens share one, and the positions after it jump,
-                                   * so a token's depth in its prompt is not its position) */
+    kvc_cell_ext      *ext;       /* [n_stream * (size + n_ghost)] caches whose cells carry the
+                                   * extension: each held cell's and each ghost's (by the index's cell
+                                   * id, kvc_reuse_at), as it was when the index took the token (the
+                                   * table resets a cell's when no sequence holds it; a ghost keeps
+                                   * its cell's); NULL otherwise */
+    int32_t           *pos;       /* [n_stream * (size + n_ghost)] with the extension: each held
+                                   * token's position (an image's tokens share one, and the positions
+                                   * after it jump, so a token's depth in its prompt is not its position) */
     uint32_t          *ghost_free;    /* [n_stream * n_ghost] the free ghost ids of each stream, a stack */
     uint32_t          *n_ghost_free;  /* [n_stream] */
 } kvc_reuse;
@@ -73,9 +75,9 @@ typedef struct kvc_reuse {
 int  kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err);
 /* Turn prefix reuse on in window mode (the SWA cache of an iSWA pair smaller than its base
  * cache; n_ghost: the base cache's cells, the most tokens a prompt the index keeps may have).
- * No cap: the cache's size bounds what it holds. KVC_OK (also when on already), KVC_E_ARG
- * (as kvc_reuse_enable; on already without window mode; cells with the extension, which a
- * ghost could not keep), KVC_E_NOMEM. */
+ * No cap: the cache's size bounds what it holds. With the extension a ghost keeps the position
+ * and extension of the token it holds, as a held cell does. KVC_OK (also when on already),
+ * KVC_E_ARG (as kvc_reuse_enable; on already without window mode), KVC_E_NOMEM. */
 int  kvc_reuse_enable_window(kvc_unified *c, uint32_t n_ghost, kvc_err *err);
 /* A placement begins: the cells it fills are computed after every cell placed before. */
 static inline void kvc_reuse_placing(kvc_unified *c) {
@@ -134,11 +136,15 @@ void kvc_reuse_fill_ghost(kvc_unified *c, uint32_t st, uint32_t g, uint32_t i);
 /* Window mode: evict least recently used prefixes until stream st has n free ghosts or nothing
  * evictable is left. Whether it has them. */
 bool kvc_reuse_free_ghosts(kvc_unified *c, uint32_t st, uint32_t n);
+/* Where the record (r->ext, r->pos) of the index's cell id i of stream st (a cell or a ghost) is. */
+static inline size_t kvc_reuse_at(const kvc_reuse *r, uint32_t st, uint32_t i) {
+    return (size_t)st * r->idx.n_cells + i;
+}
 /* The position held cell i of stream st was computed at: with the extension the one kept with
  * it, else its depth in its prompt (token i of a prompt sits at position i). */
 static inline int32_t kvc_reuse_pos_of(const kvc_unified *c, uint32_t st, uint32_t i, uint32_t depth) {
     const kvc_reuse *r = c->reuse;
-    return r->pos ? r->pos[(size_t)st * c->cells.size + i] : (int32_t)depth;
+    return r->pos ? r->pos[kvc_reuse_at(r, st, i)] : (int32_t)depth;
 }
 /* Whether the extension e of a held cell is the one a request places at its position:
  * (x, y), and the token where the extension's token is a per-layer embedding's input. */

@@ -35,12 +35,14 @@ def image_id(image: int, i: int) -> int:
 def layout(segments, start=0):
     """A prompt laid out as mtmd lays it out with M-RoPE: ("text", [tokens]) at positions p, p+1,
     ... (x = y = p), ("image", id, nx, ny) as nx * ny tokens at one position p0, x = p0 + col,
-    y = p0 + row, row by row, the next position p0 + max(nx, ny). Returns (tokens, pos, xs, ys,
-    is_image), lists, and the next position."""
+    y = p0 + row, row by row, the next position p0 + max(nx, ny); ("gap", n) skips n positions.
+    Returns (tokens, pos, xs, ys, is_image), lists, and the next position."""
     toks, pos, xs, ys, img = [], [], [], [], []
     p = start
     for seg in segments:
-        if seg[0] == "text":
+        if seg[0] == "gap":
+            p += seg[1]
+        elif seg[0] == "text":
             for t in seg[1]:
                 toks.append(t)
                 pos.append(p)
@@ -65,27 +67,40 @@ def quads(prompt, upto):
     return [v for j in range(upto) for v in (toks[j], pos[j], xs[j], ys[j])]
 
 
-def compute(c, s, prompt, start, chunks=(1 << 30,), stop=None):
-    """Place prompt[start:stop] for sequence s in ubatches of the sizes in chunks (cycled; an
-    image's tokens never share a ubatch with text, as mtmd decodes them), image tokens without
-    token ids, and store each row as the fingerprint of the prompt up to it. Returns whether it
-    all fitted."""
-    toks, pos, xs, ys, img = prompt
+def ubatches(prompt, s, start, chunks=(1 << 30,), stop=None, whole_images=False):
+    """The ubatches placing prompt[start:stop] for sequence s, in the sizes of chunks (cycled; an
+    image's tokens never share a ubatch with text, as mtmd decodes them; whole_images: what is
+    left of an image in one ubatch), image tokens without token ids: (a, b, UBatch) for tokens
+    a .. b - 1."""
+    toks, pos, xs, ys, img = prompt[:5]
     stop = len(toks) if stop is None else stop
     j, k = start, 0
     while j < stop:
-        n = min(chunks[k % len(chunks)], stop - j)
+        n = min(stop - j if whole_images and img[j] else chunks[k % len(chunks)], stop - j)
         k += 1
         end = j
         while end < j + n and img[end] == img[j]:
             end += 1
-        ub = UBatch(pos[j:end], [s] * (end - j), tokens=None if img[j] else toks[j:end], pos_x=xs[j:end],
-                    pos_y=ys[j:end])
+        yield j, end, UBatch(pos[j:end], [s] * (end - j), tokens=None if img[j] else toks[j:end], pos_x=xs[j:end],
+                             pos_y=ys[j:end])
+        j = end
+
+
+def store_rows(c, prompt, a, b, layers=1):
+    """The rows of tokens a .. b - 1 just placed: layer il's are the fingerprints of the prompt up
+    to each token, + il."""
+    rows = np.stack([fingerprint(quads(prompt, q + 1)) for q in range(a, b)])
+    for il in range(layers):
+        c.store(il, rows + il, rows + il)
+
+
+def compute(c, s, prompt, start, chunks=(1 << 30,), stop=None, layers=1):
+    """Place prompt[start:stop] for sequence s (ubatches()) and store each row as the fingerprint
+    of the prompt up to it (store_rows). Returns whether it all fitted."""
+    for a, b, ub in ubatches(prompt, s, start, chunks, stop):
         if not c.find_slot(ub):
             return False
-        rows = np.stack([fingerprint(quads(prompt, q + 1)) for q in range(j, end)])
-        c.store(0, rows, rows)
-        j = end
+        store_rows(c, prompt, a, b, layers)
     return True
 
 
@@ -317,6 +332,224 @@ def test_random_prompts_with_images_are_reused_exactly(segs, more, chunks, holes
     check_rows(c, 1, variant)
     assert c.prefix_release(1, tokens=toks2) == len(toks2)
     c._prefix_check()
+
+
+# --- an iSWA pair whose SWA cache is small (window mode: llama.cpp's default swa_full=false) --------
+# The SWA cache (256 cells here) overwrites the cells that slid out of their sequence's window;
+# its index remembers those tokens without cells (ghosts), with the position and extension each
+# had. A hit needs the base cache's cells of the whole prefix and the SWA cache's cells of the
+# window of the next query.
+
+N_SWA = 4
+
+
+def _small(**kw):
+    c = kvcache.ISWACache(1024, 2, E, E, swa_layers=[1], n_swa=N_SWA, type_k="f32", type_v="f32", v_trans=False,
+                          n_seq_max=3, n_batch=8, swa_full=False, semantics="2026", cell_ext=True, **kw)
+    c.enable_prefix_reuse()
+    return c
+
+
+def _keys(part, s):
+    """Sequence s's cells in part: {(pos, x, y): (cell, ext triple)}."""
+    cells, pos = part.seq_cells(s)
+    ext = part.cells().ext[cells]
+    return {(int(p), int(e[0]), int(e[1])): (int(i), tuple(int(v) for v in e)) for i, p, e in zip(cells, pos, ext)}
+
+
+def _depths(prompt):
+    return {(p, x, y): j for j, (p, x, y) in enumerate(zip(prompt[1], prompt[2], prompt[3]))}
+
+
+def check_pair_rows(c, s, prompt, upto=None):
+    """Every row s holds in either cache is the fingerprint of the prompt up to its token (+ the
+    layer); the base holds the first `upto` tokens, the SWA cache at least the window of the
+    query after them."""
+    upto = len(prompt[0]) if upto is None else upto
+    at = _depths(prompt)
+    for part, il in ((c.base, 0), (c.swa, 1)):
+        k = np.asarray(part.k(il))
+        for key, (cell, _) in _keys(part, s).items():
+            np.testing.assert_array_equal(k[cell], fingerprint(quads(prompt, at[key] + 1)) + il, err_msg=str(key))
+    assert sorted(at[key] for key in _keys(c.base, s)) == list(range(upto))
+    ws = (prompt[1][upto] if upto < len(prompt[0]) else prompt[1][-1] + 1) - N_SWA + 1
+    window = {j for j in range(upto) if prompt[1][j] >= ws}
+    assert window <= {at[key] for key in _keys(c.swa, s)}
+
+
+def _first_difference(a, b):
+    n = min(len(a[0]), len(b[0]))
+    return next((j for j in range(n) if tuple(v[j] for v in a[:4]) != tuple(v[j] for v in b[:4])), n)
+
+
+def _expected_hit(held, present, request):
+    """The hit a small SWA cache serves a request: the longest q, at most the tokens it agrees
+    with the held prompt on (token, position, x, y) and len - 1, whose window (the held tokens at
+    or past the window start of the request's query at q) the SWA cache still has cells of."""
+    upto = min(_first_difference(held, request), len(request[0]) - 1)
+    best = 0
+    for q in range(1, upto + 1):
+        ws = request[1][q] - N_SWA + 1
+        if all(j in present for j in range(q) if held[1][j] >= ws):
+            best = q
+    return best
+
+
+def test_small_swa_cache_keeps_each_ghost_s_position_and_extension():
+    c = _small()
+    # an image early in a long prompt: the SWA cache overwrites its cells, the index keeps its tokens
+    first, p = layout([("text", [1, 2, 3]), ("image", 7, 3, 2), ("text", [1 + i % 5 for i in range(290)])])
+    n = len(first[0])
+    assert compute(c, 0, first, 0, chunks=(8,), layers=2)
+    swa = _keys(c.swa, 0)
+    assert min(k[0] for k in swa) > 3                            # the image's cells are gone from the SWA cache
+    assert c.prefix_release(0, tokens=first[0]) == n
+    assert c.prefix_stats["swa"]["cells"] == len(swa) and c.prefix_stats["swa"]["evictable"] == n
+    second = extend(first, layout([("text", [40, 41])], start=p)[0])
+    toks, kw = args(second)
+    # the SWA cache's own index matches through its ghosts on (token, position, x, y) ..
+    assert c.swa.prefix_match(toks, **kw) == n
+    # .. and stops at a ghost whose 2-D position, position or token the request places otherwise
+    for variant in ([("text", [1, 2, 3]), ("image", 7, 2, 3)], [("text", [1, 2, 3]), ("gap", 1), ("image", 7, 3, 2)],
+                    [("text", [1, 2, 3]), ("image", 8, 3, 2)]):
+        other, q = layout(variant)
+        other = extend(other, layout([("text", [1 + i % 5 for i in range(290)] + [40, 41])], start=q)[0])
+        t2, kw2 = args(other)
+        d = _first_difference(first, other)
+        assert 3 <= d < 9
+        assert c.swa.prefix_match(t2, **kw2) == d
+        assert c.base.prefix_match(t2, **kw2) == d
+        assert c.prefix_match(t2, **kw2) == 0                     # the SWA cache holds no window there
+    # the chat's next turn attaches all of it: the SWA cache the window's cells, their extension back
+    assert c.prefix_match(toks, **kw) == n
+    assert c.prefix_attach(1, toks, **kw) == n
+    got = _keys(c.swa, 1)
+    assert sorted(k[0] for k in got) == [p - 3, p - 2, p - 1]
+    assert all(ext == swa[key][1] for key, (_, ext) in got.items())
+    assert compute(c, 1, second, n, layers=2)
+    check_pair_rows(c, 1, second)
+    assert c.prefix_release(1, tokens=second[0]) == len(second[0])
+    c.base._prefix_check()
+    c.swa._prefix_check()
+
+
+def test_small_swa_cache_with_per_layer_embeddings_matches_their_inputs_through_ghosts():
+    """Gemma 3n's setting: per-layer embeddings (each cell's input token in its extension) and a
+    small SWA cache. An image's cells record the image token (ple_token) as their input, and a
+    ghost keeps the input of the cell it stands for."""
+    c = _small(ple_token=99)
+    first, p = layout([("text", [1, 2]), ("image", 4, 2, 2), ("text", [1 + i % 5 for i in range(290)])])
+    n = len(first[0])
+    assert compute(c, 0, first, 0, chunks=(8,), layers=2)
+    assert min(k[0] for k in _keys(c.swa, 0)) > 2                  # the image's cells are gone from the SWA cache
+    as_input = [99 if i else t for t, i in zip(first[0], first[4])]   # the image's tokens by their input
+    assert c.prefix_release(0, tokens=as_input, salt="image 4") == n
+    second = extend(first, layout([("text", [7])], start=p)[0])
+    toks, kw = args(second)
+    toks = [99 if i else t for t, i in zip(toks, second[4])]
+    assert c.swa.prefix_match(toks, salt="image 4", **kw) == n   # through the image's ghosts
+    assert c.swa.prefix_match(args(second)[0], salt="image 4", **kw) == 2   # the image's ids were not its input
+    assert c.prefix_attach(1, toks, salt="image 4", **kw) == n
+    assert [ext[2] for _, ext in sorted(_keys(c.swa, 1).values())] == toks[n - 3:n]
+    # a text token placed without its id: its cell's input was 99, and its ghost says so
+    third, _ = layout([("text", [1, 2, 3] + [1 + i % 5 for i in range(290)])])
+    assert compute(c, 2, third, 0, chunks=(8,), stop=2, layers=2)
+    assert c.find_slot(UBatch([2], [2], pos_x=[2], pos_y=[2]))
+    store_rows(c, third, 2, 3, layers=2)
+    assert compute(c, 2, third, 3, chunks=(8,), layers=2)
+    assert c.prefix_release(2, tokens=third[0]) == len(third[0])
+    t3, kw3 = args(extend(third, layout([("text", [7])], start=len(third[0]))[0]))
+    assert c.swa.prefix_match(t3, **kw3) == 2
+    assert c.base.prefix_match(t3, **kw3) == 2
+    c.base._prefix_check()
+    c.swa._prefix_check()
+
+
+@st.composite
+def long_prompts(draw):
+    """prompts() with a long text somewhere in it, so that the SWA cache overwrites cells."""
+    segs = draw(prompts())
+    seed, length = draw(st.integers(0, 99)), draw(st.integers(240, 300))
+    segs.insert(draw(st.integers(0, len(segs))), ("text", [1 + (seed + i * i) % 5 for i in range(length)]))
+    return segs
+
+
+def _variant(segs, where, how):
+    """segs changed at segment `where`: a token or image id, an image transposed, or the positions
+    from there on one later."""
+    segs = list(segs)
+    seg = segs[where % len(segs)]
+    if how == "gap":
+        segs.insert(where % len(segs), ("gap", 1))
+    elif seg[0] == "text":
+        segs[where % len(segs)] = ("text", seg[1][:-1] + [6])
+    elif how == "token":
+        segs[where % len(segs)] = ("image", 3, seg[2], seg[3])
+    else:
+        segs[where % len(segs)] = ("image", seg[1], seg[3], seg[2])
+    return segs
+
+
+@settings(max_examples=60, deadline=None)
+@given(segs=long_prompts(), more=prompts(), chunks=st.lists(st.integers(1, 8), min_size=1, max_size=3),
+       chunks2=st.lists(st.integers(1, 8), min_size=1, max_size=3), where=st.integers(0, 400),
+       how=st.sampled_from(["none", "token", "xy", "gap", "cut"]))
+def test_small_swa_cache_random_prompts_with_images_are_reused_exactly(segs, more, chunks, chunks2, where, how):
+    """Random prompts with images in random ubatches; a request that continues one, or differs from
+    it in a token (anywhere, an image's too), an image's 2-D layout or its positions: the hit is exactly the longest prefix
+    it agrees on whose window the SWA cache still holds, the SWA cells attached carry their
+    extension, every row is its prefix's fingerprint, and each ubatch computed after the attach
+    sees (KQ masks of both caches) exactly the keys recomputation from scratch shows it."""
+    c = _small()
+    first, p = layout(segs)
+    n = len(first[0])
+    assert compute(c, 0, first, 0, chunks=tuple(chunks), layers=2)
+    swa = _keys(c.swa, 0)
+    at = _depths(first)
+    present = {at[key] for key in swa}
+    assert c.prefix_release(0, tokens=first[0]) == n
+    request, _ = layout((segs if how in ("none", "cut") else _variant(segs, where, how)) + more)
+    if how == "cut":
+        request[0][where % n] = 99
+    toks, kw = args(request)
+    expected = _expected_hit(first, present, request)
+    assert c.prefix_match(toks, **kw) == expected
+    k = c.prefix_attach(1, toks, **kw)
+    assert k == expected
+    if k:
+        check_pair_rows(c, 1, request, k)
+        # the SWA cache got exactly the window's cells, each with the extension it was computed with
+        ws = request[1][k] - N_SWA + 1
+        got = _keys(c.swa, 1)
+        assert sorted(at[key] for key in got) == [j for j in range(k) if first[1][j] >= ws]
+        assert all(ext == swa[key][1] for key, (_, ext) in got.items())
+    # the same request computed from scratch in another cache, the rest in the same ubatches; an
+    # image's tokens in one ubatch, since placement, as llama.cpp's, takes the next query to be
+    # one past the sequence's last position: the rest of an image at that same position may
+    # lose a cell of its window to it (reused or not, whenever the SWA cache is full), and so
+    # may the rest of an image the attach ended inside of
+    fresh = _small()
+    assert compute(fresh, 0, request, 0, chunks=tuple(chunks), stop=k, layers=2)
+    inside = 0 < k < len(toks) and request[1][k] == request[1][k - 1]
+    for a, b, ub in ubatches(request, 1, k, tuple(chunks2), whole_images=True):
+        ub0 = UBatch(list(ub.pos), [0] * (b - a), tokens=ub.tokens, pos_x=ub.pos_x, pos_y=ub.pos_y)
+        assert c.find_slot(ub) and fresh.find_slot(ub0)
+        store_rows(c, request, a, b, layers=2)
+        store_rows(fresh, request, a, b, layers=2)
+        if inside and request[1][a] == request[1][k - 1]:
+            continue
+        for cache, u, seen in ((c, ub, []), (fresh, ub0, [])):
+            for part, il, mask in zip((cache.base, cache.swa), (0, 1), cache.kq_mask(u)):
+                kk, cells = np.asarray(part.k(il)), part.cells()
+                seen.append([sorted((int(cells.pos[i]), int(cells.ext[i][0]), int(cells.ext[i][1]),
+                                     kk[i].tobytes()) for i in np.flatnonzero(row == 0)) for row in mask[0]])
+            if cache is c:
+                reused = seen
+        assert reused == seen, (a, b)
+    check_pair_rows(c, 1, request)
+    assert c.prefix_release(1, tokens=toks) <= len(toks)
+    c.base._prefix_check()
+    c.swa._prefix_check()
 
 
 # --- a tiny transformers Qwen2-VL language model: real M-RoPE attention ---------------------------

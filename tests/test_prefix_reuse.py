@@ -615,9 +615,8 @@ def test_reuse_off_and_unavailable():
         c.prefix_publish(0)
     assert not hasattr(UnifiedCache(64, 1, E, E), "enable_prefix_reuse")   # the 2025 cache has none
     m = kvcache.ISWACache(64, 2, E, E, swa_layers=[1], n_swa=4, swa_full=False, semantics="2026", cell_ext=True)
-    with pytest.raises(ValueError, match="swa_full=True"):
-        m.enable_prefix_reuse()
-    assert not m.prefix_reuse and not m.base.prefix_reuse
+    m.enable_prefix_reuse()                  # a small SWA cache with the extension (tests/test_prefix_images.py)
+    assert m.prefix_reuse and m.base.prefix_reuse and m.swa.prefix_reuse
     with pytest.raises(ValueError, match="cell_ext=False"):
         c.prefix_match([1, 2], pos_x=[0, 0])
     c.enable_prefix_reuse()

@@ -104,9 +104,9 @@ def test_cells_with_2d_positions(tmp_path):
     assert ext[:, 0].tolist() == xs[:16] and ext[:, 1].tolist() == ys[:16]
 
 
-def iswa(swa_full):
+def iswa(swa_full, cell_ext=False):
     c = kvcache.ISWACache(64, 3, 16, 16, swa_layers=[1], n_swa=6, type_k="f32", type_v="f32", v_trans=False,
-                          n_seq_max=2, n_batch=8, swa_full=swa_full, semantics="2026")
+                          n_seq_max=2, n_batch=8, swa_full=swa_full, semantics="2026", cell_ext=cell_ext)
     c.enable_prefix_reuse()
     return c
 
@@ -121,10 +121,12 @@ def ifill(c, s, toks, seed):
 
 
 @pytest.mark.parametrize("swa_full", [True, False])
-def test_iswa(tmp_path, swa_full):
+@pytest.mark.parametrize("cell_ext", [False, True])
+def test_iswa(tmp_path, swa_full, cell_ext):
     """The base cache's index writes the rows, the SWA cache's the windows before the chunk ends
-    it still held: a prefix is back once both indexes let it go."""
-    c = iswa(swa_full)
+    it still held: a prefix is back once both indexes let it go (with the extension too, whose
+    SWA index keeps the position of each token it holds without a cell)."""
+    c = iswa(swa_full, cell_ext)
     st = PrefixStore(c, tmp_path / "st", chunk_tokens=C)
     st.write_back(c)
     a = list(range(1, 29))                          # 3 whole chunks and 4 tokens
@@ -139,7 +141,7 @@ def test_iswa(tmp_path, swa_full):
     # the window before 24 (positions 19 .. 23) was held by the SWA cache: 24 tokens are usable
     assert st.match(a) == 24
     c.seq_rm(1)
-    d = iswa(swa_full)
+    d = iswa(swa_full, cell_ext)
     assert PrefixStore(d, tmp_path / "st", chunk_tokens=C).load(d, 0, a) == 24
     pos, have = seq_rows(d.base, 0)
     assert pos == list(range(24))

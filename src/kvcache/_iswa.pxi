@@ -754,8 +754,9 @@ cdef class _ISWA2026(_ISWA):
         the SWA cache's index remembers each prompt beyond the cells it still has, and a hit of
         length P needs the base cache's cells of positions 0 .. P-1 and the SWA cache's cells
         of the window before P (in practice: a prompt that continues one that ended, or
-        was published, where it ended); ``cap`` bounds the base cache's index (the SWA
-        cache's own size bounds its)."""
+        was published, where it ended); with ``cell_ext`` the tokens it remembers without cells
+        keep their positions and extensions, and the window is that of the request's position
+        of token P. ``cap`` bounds the base cache's index (the SWA cache's own size bounds its)."""
         cdef uint32_t ccap = <uint32_t>int_c(cap, "cap", 0, UINT32_MAX)
         cdef kvc_unified *parts[2]
         cdef kvc_err err

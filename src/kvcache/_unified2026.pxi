@@ -643,7 +643,7 @@ cdef class _Unified2026(_Unified):
         # that places or evicts)
         cdef kvc_reuse *ru = <kvc_reuse *>self.c.reuse
         cdef kvc_prefix_spill *sp
-        cdef uint32_t k, a, b, j, size = self.c.cells.size
+        cdef uint32_t k, a, b, j
         cdef int32_t[::1] tv
         cdef int32_t[::1] cv
         cdef int32_t[::1] sv
@@ -659,9 +659,10 @@ cdef class _Unified2026(_Unified):
                 a, b = sp.start[k], sp.start[k + 1]
                 if ru.pos != NULL:
                     # a store's prompt sits at positions 0, 1, ...: one with images is written up
-                    # to its first (its tokens share a position, the positions after it jump)
+                    # to its first (its tokens share a position, the positions after it jump);
+                    # every token the index holds has its position, a ghost's too (window mode)
                     for j in range(b - a):
-                        if sp.cell[a + j] < size and ru.pos[<size_t>sp.strm[a + j] * size + sp.cell[a + j]] != <int32_t>j:
+                        if ru.pos[kvc_reuse_at(ru, sp.strm[a + j], sp.cell[a + j])] != <int32_t>j:
                             b = a + j
                             break
                     if b == a:
@@ -678,13 +679,12 @@ cdef class _Unified2026(_Unified):
                     sv[j] = <int32_t>sp.strm[a + j]
                 ext = None
                 if ru.ext != NULL:
-                    # the held cells' extensions as the index took them (the table reset them)
+                    # the held tokens' extensions as the index took them (the table reset them)
                     ext = np.zeros((b - a, 3), dtype=np.int32)
                     ev = ext
                     for j in range(b - a):
-                        if sp.cell[a + j] < size:
-                            e = &ru.ext[<size_t>sp.strm[a + j] * size + sp.cell[a + j]]
-                            ev[j, 0], ev[j, 1], ev[j, 2] = e.x, e.y, e.tok
+                        e = &ru.ext[kvc_reuse_at(ru, sp.strm[a + j], sp.cell[a + j])]
+                        ev[j, 0], ev[j, 1], ev[j, 2] = e.x, e.y, e.tok
                 out.append((int(sp.salt[k]), toks, cells, strms, ext))
             kvc_prefix_spill_clear(&ru.idx)
         finally:

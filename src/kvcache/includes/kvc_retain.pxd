@@ -28,6 +28,7 @@ cdef extern from "kvc_retain.h" nogil:
         kvc_cell_ext *ext
         int32_t *pos
 
+    size_t kvc_reuse_at(const kvc_reuse *r, uint32_t st, uint32_t i)
     int  kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err)
     void kvc_reuse_disable(kvc_unified *c)
     uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n)
