@@ -465,6 +465,33 @@ def test_small_swa_cache_with_per_layer_embeddings_matches_their_inputs_through_
     c.swa._prefix_check()
 
 
+def test_small_swa_cache_with_a_stream_per_sequence_brings_the_window_over():
+    """kv_unified=False: a prefix held in another stream is a stream copy, the window's cells with
+    their positions and extensions, the ghosts' records staying with the index."""
+    c = kvcache.ISWACache(1024, 2, E, E, swa_layers=[1], n_swa=N_SWA, type_k="f32", type_v="f32", v_trans=False,
+                          n_seq_max=2, n_batch=8, swa_full=False, semantics="2026", cell_ext=True, kv_unified=False)
+    c.enable_prefix_reuse()
+    first, p = layout([("text", [1, 2]), ("image", 4, 2, 2), ("text", [1 + i % 5 for i in range(290)])])
+    n = len(first[0])
+    assert compute(c, 0, first, 0, chunks=(8,), layers=2)
+    assert c.prefix_release(0, tokens=first[0]) == n
+    second = extend(first, layout([("text", [7, 8])], start=p)[0])
+    toks, kw = args(second)
+    assert c.prefix_attach(1, toks, **kw) == n
+    c.update()                                                   # the stream copies
+    assert sorted(c.swa.seq_cells(1)[1].tolist()) == [p - 3, p - 2, p - 1]
+    assert compute(c, 1, second, n, layers=2)
+    at = _depths(second)
+    for part, il in ((c.base, 0), (c.swa, 1)):
+        cells, pos = part.seq_cells(1)
+        k = np.asarray(part.k(il)).reshape(2, -1, E)[1]
+        for cell, q, e in zip(cells, pos, part.stream_cells()[1].ext[cells]):
+            np.testing.assert_array_equal(k[cell], fingerprint(quads(second, at[(int(q), int(e[0]), int(e[1]))] + 1)) + il)
+    assert c.prefix_release(1, tokens=toks) == len(toks)
+    c.base._prefix_check()
+    c.swa._prefix_check()
+
+
 @st.composite
 def long_prompts(draw):
     """prompts() with a long text somewhere in it, so that the SWA cache overwrites cells."""
