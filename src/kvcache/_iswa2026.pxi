@@ -1,0 +1,182 @@
+# The iSWA cache of today's llama.cpp (semantics "2026"): find_slot places a ubatch in both caches
+# for good or in neither (prepare() is the dry run), and prefix reuse over the pair
+# (docs/prefix-reuse.md).
+
+
+cdef class _ISWA2026(_ISWA):
+    """Today's llama.cpp iSWA cache (kvcache.ISWACache2026 is the documented class): find_slot
+    places a ubatch in both caches for good, or in neither; prepare is its dry run."""
+
+    def ubatches(self, batch, n_ubatch, embd_pooled=False):
+        """Iterate over the ubatches of at most ``n_ubatch`` tokens of a batch: the splits of
+        UnifiedCache.ubatches (in order, equal splits with several streams); nothing is
+        recorded (no ranges to prune)."""
+        return self._base.ubatches(batch, n_ubatch, embd_pooled)
+
+    def prepare(self, ubatches):
+        """The dry run of placing several ubatches in turn in both caches (see
+        UnifiedCache.prepare): ``(base_slot_infos, swa_slot_infos)``, or None when one does not
+        fit in either cache. Both caches are left exactly as they were."""
+        ubs = list(ubatches)
+        with self._hold:
+            base = self._base.prepare(ubs)
+            swa = self._swa.prepare(ubs)
+        if base is None or swa is None:
+            return None
+        return base, swa
+
+    # --- prefix reuse (docs/prefix-reuse.md): both caches, a prefix as far as both hold it -----
+    def enable_prefix_reuse(self, cap=0):
+        """Prefix reuse in both caches (see UnifiedCache2026.enable_prefix_reuse). With
+        ``swa_full=True`` both keep every prefix and ``cap`` bounds each cache's index. With a
+        smaller SWA cache, which overwrites the cells that slid out of their sequence's window,
+        the SWA cache's index remembers each prompt beyond the cells it still has, and a hit of
+        length P needs the base cache's cells of positions 0 .. P-1 and the SWA cache's cells
+        of the window before P (in practice: a prompt that continues one that ended, or
+        was published, where it ended); with ``cell_ext`` the tokens it remembers without cells
+        keep their positions and extensions, and the window is that of the request's position
+        of token P. ``cap`` bounds the base cache's index (the SWA cache's own size bounds its)."""
+        cdef uint32_t ccap = <uint32_t>int_c(cap, "cap", 0, UINT32_MAX)
+        cdef kvc_unified *parts[2]
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_parts(CHANGE, "enable_prefix_reuse")
+        try:
+            if self.c.swa_full:
+                r = kvc_retain_enable_parts(parts, 2, ccap, &err)
+            else:
+                r = kvc_retain_enable_window_pair(self.c.base, self.c.swa, ccap, &err)
+        finally:
+            self._unlock_parts(CHANGE)
+        check_status(r, &err, "enable_prefix_reuse")
+
+    def disable_prefix_reuse(self):
+        """Turn prefix reuse off in both caches (their indexes forget every prefix)."""
+        with self._hold:
+            self._base.disable_prefix_reuse()
+            self._swa.disable_prefix_reuse()
+
+    @property
+    def prefix_reuse(self):
+        """Whether prefix reuse is on."""
+        return self._base.prefix_reuse
+
+    @property
+    def prefix_stats(self):
+        """``{"base": ..., "swa": ...}``: each cache's UnifiedCache2026.prefix_stats; None while
+        reuse is off."""
+        with self._hold:
+            if not self._base.prefix_reuse:
+                return None
+            return {"base": self._base.prefix_stats, "swa": self._swa.prefix_stats}
+
+    def prefix_match(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
+        """How many leading tokens of a new request both caches hold under ``salt`` (at most
+        ``len(tokens) - 1``). ``pos``, ``pos_x``, ``pos_y``: with ``cell_ext``, the positions and
+        2-D positions the request places its tokens at, as UnifiedCache2026.prefix_match's."""
+        cdef prefix_req q
+        t = prefix_args(&q, None, 0, tokens, salt)
+        cdef uint32_t r
+        cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
+        cdef kvc_unified *parts[2]
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_parts(CHANGE, "prefix_match")
+        try:
+            with nogil:
+                r = kvc_retain_match_parts_xy(parts, 2, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n)
+        finally:
+            self._unlock_parts(CHANGE)
+        return int(r)
+
+    def prefix_attach(self, seq_id, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
+        """Start sequence ``seq_id`` (empty in both caches) from the longest prefix of
+        ``tokens`` both caches hold, in both (UnifiedCache2026.prefix_attach; ``pos``,
+        ``pos_x``, ``pos_y`` as there); returns its length k. Nothing changes in either cache on failure."""
+        cdef prefix_req q
+        t = prefix_args(&q, seq_id, self.c.base.n_seq_max, tokens, salt)
+        cdef uint32_t k = 0
+        cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
+        cdef kvc_unified *parts[2]
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_parts(CHANGE, "prefix_attach")
+        try:
+            with nogil:
+                r = kvc_retain_attach_parts_xy(parts, 2, q.seq_id, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &k, &err)
+        finally:
+            self._unlock_parts(CHANGE)
+        check_status(r, &err, "prefix_attach")
+        return int(k)
+
+    def prefix_release(self, seq_id, tokens=None, salt=None):
+        """End sequence ``seq_id`` in both caches, keeping its cells (UnifiedCache2026.
+        prefix_release); returns how many leading tokens both caches now hold for it."""
+        return self._keep(seq_id, tokens, salt, True, "prefix_release")
+
+    def prefix_publish(self, seq_id, tokens=None, salt=None):
+        """Hand what sequence ``seq_id`` holds so far to both caches' indexes while it goes on
+        (UnifiedCache2026.prefix_publish); returns how many leading tokens both hold for it."""
+        return self._keep(seq_id, tokens, salt, False, "prefix_publish")
+
+    cdef object _keep(self, seq_id, tokens, salt, bint end, str what):
+        cdef prefix_req q
+        t = prefix_args(&q, seq_id, self.c.base.n_seq_max, tokens, salt, True)
+        cdef kvc_retained res
+        cdef kvc_unified *parts[2]
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_parts(CHANGE, what)
+        try:
+            with nogil:
+                if end:
+                    r = kvc_retain_release_parts(parts, 2, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
+                else:
+                    r = kvc_retain_publish_parts(parts, 2, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
+        finally:
+            self._unlock_parts(CHANGE)
+        spill_flush(self._base)
+        spill_flush(self._swa)
+        check_status(r, &err, what)
+        return int(res.n_kept)
+
+    def prefix_evict(self, n_cells):
+        """Evict up to ``n_cells`` cells from each cache's index; returns how many went in all."""
+        with self._hold:
+            return self._base.prefix_evict(n_cells) + self._swa.prefix_evict(n_cells)
+
+    def prefix_pin(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
+        """Pin the prefix in both caches (see UnifiedCache2026.prefix_pin; ``pos``, ``pos_x``,
+        ``pos_y`` as there); returns the pin."""
+        with self._hold:
+            pb = self._base.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
+            try:
+                ps = self._swa.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
+            except BaseException:
+                self._base.prefix_unpin(pb)
+                raise
+            return (pb, ps)
+
+    def prefix_unpin(self, pin):
+        """Let go of a pin prefix_pin returned."""
+        if not isinstance(pin, tuple) or len(pin) != 2:
+            raise ValueError("not a pin of this cache's prefix index (prefix_pin returns a pair)")
+        with self._hold:
+            self._base.prefix_unpin(pin[0])
+            self._swa.prefix_unpin(pin[1])
+
+    def update(self, rope=None, n_max_nodes=65536):
+        """Each cache's StreamUpdate (UnifiedCache.update: its stream copies, then its shifts),
+        whatever can_shift says: today's llama.cpp shifts each cache's own cells (a position
+        the SWA cache has dropped is not needed; can_shift is only what
+        ``llama_memory_can_shift`` reports). Arguments are checked for both caches before
+        either changes. Returns an ISWAUpdatePlan of the two, true when both are."""
+        with self._hold:
+            for c in (self._base, self._swa):
+                c._check_update(rope, n_max_nodes)
+            return ISWAUpdatePlan(self._base.update(rope, n_max_nodes), self._swa.update(rope, n_max_nodes))
