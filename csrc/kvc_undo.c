@@ -7,15 +7,14 @@ int kvc_undo_init(kvc_undo *u, uint32_t seq_words) {
     memset(u, 0, sizeof *u);
     u->seq_words = seq_words;
     u->cap_spans = 4;
-    u->spans = kvc_malloc_n(u->cap_spans, sizeof *u->spans);
     u->cap_cells = 64;
-    u->pos = kvc_malloc_n(u->cap_cells, sizeof *u->pos);
-    u->seq = kvc_malloc_n((uint64_t)u->cap_cells * seq_words, sizeof *u->seq);
-    if (!u->spans || !u->pos || !u->seq) {
-        kvc_undo_free(u);
-        return KVC_E_NOMEM;
+    const kvc_array arrays[] = { KVC_ARRAY(u->spans, u->cap_spans), KVC_ARRAY(u->pos, u->cap_cells),
+                                 KVC_ARRAY(u->seq, (uint64_t)u->cap_cells * seq_words) };
+    int rc = kvc_alloc_arrays(arrays, sizeof arrays / sizeof *arrays);
+    if (rc != KVC_OK) {
+        memset(u, 0, sizeof *u);
     }
-    return KVC_OK;
+    return rc;
 }
 
 void kvc_undo_free(kvc_undo *u) {
