@@ -329,15 +329,17 @@ cdef class _Recurrent2026(_Recurrent):
 
     cdef int _spill_drain(self) except -1:
         # the checkpoints the operation just evicted to the sink, if one is set (after every
-        # operation that evicts)
+        # operation that evicts); the records are built apart (no memoryview set up without a sink)
         cdef kvc_ckpt_pool *pool = self._ckpt
-        cdef kvc_ckpt_spill *sp
+        if self._spill_sink is None or pool == NULL or pool.spill == NULL or pool.spill.n == 0:
+            return 0
+        return self._spill_deliver(pool)
+
+    cdef int _spill_deliver(self, kvc_ckpt_pool *pool) except -1:
+        cdef kvc_ckpt_spill *sp = pool.spill
         cdef uint32_t k, j, n
         cdef int32_t[::1] tv
         cdef uint8_t *p
-        if self._spill_sink is None or pool == NULL or pool.spill == NULL or pool.spill.n == 0:
-            return 0
-        sp = pool.spill
         out = []
         lock(&self._lock, READ, "write_back")
         try:

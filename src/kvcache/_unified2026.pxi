@@ -640,18 +640,21 @@ cdef class _Unified2026(_Unified):
 
     cdef int _spill_drain(self) except -1:
         # the prompts the operation just evicted to the sink, if one is set (after every operation
-        # that places or evicts)
+        # that places or evicts); the records are built apart, so that the common call (no sink)
+        # sets up none of their memoryviews
         cdef kvc_reuse *ru = <kvc_reuse *>self.c.reuse
-        cdef kvc_prefix_spill *sp
+        if self._spill_sink is None or ru == NULL or ru.idx.spill == NULL or ru.idx.spill.n == 0:
+            return 0
+        return self._spill_deliver(ru)
+
+    cdef int _spill_deliver(self, kvc_reuse *ru) except -1:
+        cdef kvc_prefix_spill *sp = ru.idx.spill
         cdef uint32_t k, a, b, j
         cdef int32_t[::1] tv
         cdef int32_t[::1] cv
         cdef int32_t[::1] sv
         cdef int32_t[:, ::1] ev
         cdef const kvc_cell_ext *e
-        if self._spill_sink is None or ru == NULL or ru.idx.spill == NULL or ru.idx.spill.n == 0:
-            return 0
-        sp = ru.idx.spill
         out = []
         lock(&self._lock, READ, "write_back")
         try:
