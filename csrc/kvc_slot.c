@@ -475,8 +475,9 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
             if (t + KVC_CELLS_AHEAD < n_tokens) {
                 prefetch_placed(c, ub, idx, strm, nst, t + KVC_CELLS_AHEAD);
             }
-            /* (the used bits, not the positions: the cells may lie scattered) */
-            if (!kvc_cells_is_empty_bit(cells, cell)) {
+            /* (the position, whose line the placement writes next anyway: the used bits would be
+             * one more line to read) */
+            if (!kvc_cells_is_empty(cells, cell)) {
                 const int32_t q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, cell, -1);
                 if (cells->pos[cell] > over[q]) {
                     over[q] = cells->pos[cell];
