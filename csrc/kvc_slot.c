@@ -358,8 +358,8 @@ static uint32_t kvc_take_marked(const uint64_t *used, const uint64_t *held, cons
     return got;
 }
 
-/* Where the search of n cells in stream st without a sliding window starts: the head, or 0 when
- * plenty of cells before it are free (hoping to fill them) or it is past the end. */
+/* Where the search of n cells in stream st starts: the head, or 0 when plenty of cells before it
+ * are free (hoping to fill them) or it is at the end. */
 static uint32_t kvc_stream_start(const kvc_unified *c, uint32_t st, uint32_t n) {
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const uint32_t h = kvc_unified_stream_head_c(c, st);
@@ -375,12 +375,8 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const uint32_t size = cells->size;
     const bool swa = c->swa_type != KVC_SWA_NONE;
-    uint32_t h = kvc_unified_stream_head_c(c, st);
+    uint32_t h = kvc_stream_start(c, st, n);
     *n_free = UINT32_MAX;
-    /* plenty of free cells before head: search from the beginning, hoping to fill it */
-    if ((uint64_t)h > (uint64_t)cells->used + 2 * (uint64_t)n) {
-        h = 0;
-    }
     if (n > size) {
         return false;
     }
@@ -390,7 +386,6 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
     if (!swa) {
         /* from the head to the end, then from the beginning to the head */
         const uint64_t *held = c->reuse ? &c->reuse->held[(size_t)st * c->reuse->n_words] : NULL;
-        h = kvc_stream_start(c, st, n);
         uint32_t got = kvc_take_free(cells->used_bits, held, h, size, n, idx, 0);
         if (got < n && h > 0) {
             got = kvc_take_free(cells->used_bits, held, 0, h, n, idx, got);
