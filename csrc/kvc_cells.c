@@ -3,14 +3,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Every word of used_bits is 0: every bit of free_words below n_words set. */
-static void kvc_cells_free_words_all(kvc_cells *c) {
+/* Every bit of a per-word summary (free_words, emptied) below n_words set. */
+static void kvc_cells_words_all(const kvc_cells *c, uint64_t *bits) {
     const uint32_t n = (c->n_words + 63) / 64;
     for (uint32_t k = 0; k < n; k++) {
         const uint32_t left = c->n_words - 64 * k;
-        c->free_words[k] = left >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << left) - 1;
+        bits[k] = left >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << left) - 1;
     }
 }
+
+/* Every word of used_bits is 0: every bit of free_words below n_words set. */
+static void kvc_cells_free_words_all(kvc_cells *c) { kvc_cells_words_all(c, c->free_words); }
 
 int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     memset(c, 0, sizeof *c);
@@ -27,11 +30,12 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->n_seqs = kvc_calloc(size ? size : 1, sizeof *c->n_seqs);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
     c->free_words = kvc_calloc((c->n_words + 63) / 64 + 1, sizeof *c->free_words);
+    c->emptied = kvc_calloc((c->n_words + 63) / 64 + 1, sizeof *c->emptied);
     c->seq_pos = kvc_calloc(n_seq_max ? n_seq_max : 1, sizeof *c->seq_pos);
     c->blk_words = (c->n_words + 63) / 64;
     c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
     c->chg = kvc_malloc_n(size ? size : 1, sizeof *c->chg);
-    bool ok = c->pos && c->shift && c->seq && c->n_seqs && c->used_bits && c->free_words && c->seq_pos && c->seq_blk && c->chg;
+    bool ok = c->pos && c->shift && c->seq && c->n_seqs && c->used_bits && c->free_words && c->emptied && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
         c->seq_pos[s].key = kvc_malloc_n(size, sizeof(uint64_t));
@@ -45,6 +49,7 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
         c->pos[i] = -1;
     }
     kvc_cells_free_words_all(c);
+    kvc_cells_words_all(c, c->emptied);
     return KVC_OK;
 }
 
@@ -80,6 +85,7 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->n_seqs);
     kvc_free(c->used_bits);
     kvc_free(c->free_words);
+    kvc_free(c->emptied);
     for (uint32_t s = 0; c->seq_pos && s < c->n_seq_max; s++) {
         kvc_free(c->seq_pos[s].key);
     }
@@ -98,6 +104,7 @@ void kvc_cells_reset(kvc_cells *c) {
     memset(c->n_seqs, 0, (size_t)c->size * sizeof *c->n_seqs);
     memset(c->used_bits, 0, (size_t)c->n_words * sizeof *c->used_bits);
     kvc_cells_free_words_all(c);
+    kvc_cells_words_all(c, c->emptied);
     c->used = 0;
     c->used_max_p1 = 0;
     c->has_shift = false;
@@ -156,6 +163,7 @@ static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
     if (c->empty_zeroes_shift) {
         c->shift[i] = 0;
     }
+    c->emptied[i >> 12] |= (uint64_t)1 << ((i >> 6) & 63);
     if (!(c->used_bits[i >> 6] &= ~((uint64_t)1 << (i & 63)))) {
         c->free_words[i >> 12] |= (uint64_t)1 << ((i >> 6) & 63);
     }
@@ -175,8 +183,11 @@ static void kvc_cells_used_range(kvc_cells *c, uint32_t i, uint32_t n, bool used
         if (used) {
             c->used_bits[w] |= m;
             c->free_words[w >> 6] &= ~fbit;
-        } else if (!(c->used_bits[w] &= ~m)) {
-            c->free_words[w >> 6] |= fbit;
+        } else {
+            c->emptied[w >> 6] |= fbit;
+            if (!(c->used_bits[w] &= ~m)) {
+                c->free_words[w >> 6] |= fbit;
+            }
         }
         i += k;
     }
@@ -868,6 +879,7 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     memcpy(dst->n_seqs, src->n_seqs, n * sizeof *src->n_seqs);
     memcpy(dst->used_bits, src->used_bits, (size_t)src->n_words * sizeof *src->used_bits);
     memcpy(dst->free_words, src->free_words, (size_t)(src->n_words + 63) / 64 * sizeof *src->free_words);
+    kvc_cells_words_all(dst, dst->emptied);   /* any cell may have emptied */
     dst->used = src->used;
     dst->used_max_p1 = src->used_max_p1;
     dst->has_shift = src->has_shift;

@@ -7,6 +7,9 @@
  *     find_slot scans 64 cells at a time), with the count `used` and used_max_p1;
  *   - free_words: one bit per word of used_bits, set when that word is 0 (64 empty cells), so
  *     that a search for a long run of empty cells visits only the words that can hold one;
+ *   - emptied: one bit per word of used_bits, set when a cell of it empties, until the table's
+ *     user takes the bits (a summary of where free cells appeared, for a user that keeps its
+ *     own of where cells it may place lie: the prefix index's placement);
  *   - n_seqs: per cell the number of sequences holding it;
  *   - seq_pos[s]: one entry (position, cell) per cell holding sequence s, ordered by position
  *     then cell (positions may repeat), answering min/max in O(1) and naming the cells of a
@@ -76,6 +79,9 @@ typedef struct kvc_cells {
                                * plane (planes lie `size` words apart) */
     uint64_t   *used_bits;    /* [n_words] bit i set when pos[i] != -1 */
     uint64_t   *free_words;   /* [(n_words + 63) / 64] bit w set when used_bits[w] == 0 */
+    uint64_t   *emptied;      /* [(n_words + 63) / 64] bit w set when a cell of word w of used_bits
+                               * emptied since the bits were last taken (kvc_cells_take_emptied);
+                               * init, reset and copy set every bit */
     uint32_t    used;         /* number of cells with pos != -1 */
     uint32_t    used_max_p1;  /* largest used index + 1, or 0 */
     bool        has_shift;    /* some pos_add / pos_div since the last reset_shift */
@@ -137,6 +143,16 @@ static inline const uint64_t *kvc_cells_seq_plane(const kvc_cells *c, int32_t s)
 /* Cell i's position is in r (r.p0 >= 0: an empty cell, pos -1, never is). */
 static inline bool kvc_cells_pos_in(const kvc_cells *c, uint32_t i, kvc_pos_range r) {
     return kvc_pos_range_has(r, c->pos[i]);
+}
+
+/* The emptied bits ((n_words + 63) / 64 words) ORed into `into`, and cleared: the words of
+ * used_bits where a cell emptied since the last take (every word after init, reset or copy). */
+static inline void kvc_cells_take_emptied(kvc_cells *c, uint64_t *into) {
+    const uint32_t n = (c->n_words + 63) / 64;
+    for (uint32_t k = 0; k < n; k++) {
+        into[k] |= c->emptied[k];
+        c->emptied[k] = 0;
+    }
 }
 
 /* Cell i changed (position or sequences). */

@@ -3,10 +3,22 @@
 
 #include <string.h>
 
+/* The index holds cell i of stream st (on) or not; a cell let go may be free: its word is
+ * looked at again by placement. */
 static inline void held_set(kvc_reuse *r, uint32_t st, uint32_t i, bool on) {
     uint64_t *w = &r->held[(size_t)st * r->n_words + (i >> 6)];
     const uint64_t bit = (uint64_t)1 << (i & 63);
-    *w = on ? (*w | bit) : (*w & ~bit);
+    if (on) {
+        *w |= bit;
+    } else {
+        *w &= ~bit;
+        r->avail[(size_t)st * r->avail_words + (i >> 12)] |= (uint64_t)1 << ((i >> 6) & 63);
+    }
+}
+
+/* Every word of every stream may hold a free cell. */
+static void avail_all(kvc_reuse *r, uint32_t n_stream) {
+    memset(r->avail, 0xff, (size_t)n_stream * r->avail_words * sizeof *r->avail);
 }
 
 static inline void ghost_push(kvc_reuse *r, uint32_t st, uint32_t g) {
@@ -60,7 +72,7 @@ static void reuse_free(kvc_reuse *r) {
     kvc_free(r->rec);
     kvc_free(r->held);
     kvc_free(r->lock);
-    kvc_free(r->room);
+    kvc_free(r->avail);
     kvc_free(r->tmp_cell);
     kvc_free(r->tmp_strm);
     kvc_free(r->ghost_free);
@@ -95,7 +107,8 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
     r->held = kvc_calloc((size_t)ns * r->n_words, sizeof *r->held);
     r->lock = kvc_calloc(c->n_seq_max, sizeof *r->lock);
     r->rec = kvc_malloc_n((uint64_t)ns * size, sizeof *r->rec);
-    r->room = kvc_calloc(((size_t)r->n_words + 63) / 64, sizeof *r->room);
+    r->avail_words = (r->n_words + 63) / 64;
+    r->avail = kvc_malloc_n((uint64_t)ns * r->avail_words + 1, sizeof *r->avail);
     r->tmp_cell = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_cell);
     r->tmp_strm = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_strm);
     r->n_ghost = n_ghost;
@@ -107,7 +120,7 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
         r->ext = kvc_calloc((size_t)ns * (size + n_ghost), sizeof *r->ext);   /* a ghost keeps its token's */
         r->pos = kvc_calloc((size_t)ns * (size + n_ghost), sizeof *r->pos);
     }
-    int rc = (r->held && r->lock && r->rec && r->room && r->tmp_cell && r->tmp_strm &&
+    int rc = (r->held && r->lock && r->rec && r->avail && r->tmp_cell && r->tmp_strm &&
               (!n_ghost || (r->ghost_free && r->n_ghost_free)) && (!kvc_unified_has_ext(c) || (r->ext && r->pos)))
                  ? KVC_OK
                  : kvc_err_set(err, KVC_E_NOMEM, "out of memory for the prefix index");
@@ -116,6 +129,7 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
     }
     if (rc == KVC_OK) {
         ghosts_reset(r, ns, size);
+        avail_all(r, ns);
     }
     for (size_t i = 0; rc == KVC_OK && i < (size_t)ns * size; i++) {
         r->rec[i] = (kvc_reuse_cell){ 0, KVC_TOKEN_NULL };
@@ -246,6 +260,7 @@ void kvc_reuse_clear(kvc_unified *c) {
     }
     kvc_prefix_clear(&r->idx);
     memset(r->held, 0, (size_t)c->n_stream * r->n_words * sizeof *r->held);
+    avail_all(r, c->n_stream);
     memset(r->lock, 0, c->n_seq_max * sizeof *r->lock);
     ghosts_reset(r, c->n_stream, c->cells.size);
     for (size_t i = 0; i < (size_t)c->n_stream * c->cells.size; i++) {
@@ -327,8 +342,7 @@ static bool demote(kvc_unified *c, uint32_t st, uint32_t n, uint32_t have) {
     return any;
 }
 
-static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint64_t *words,
-                      uint32_t *have_out) {
+static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint32_t *have_out) {
     kvc_reuse *r = c->reuse;
     bool any = false;
     uint32_t have = n_known_free != UINT32_MAX ? n_known_free : n_free(c, st);
@@ -346,9 +360,6 @@ static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_
             if (let_go(r, c->cells.size, strms[j], cells[j]) && strms[j] == st &&
                 kvc_cells_is_empty_bit(tab, cells[j])) {
                 have++;
-                if (words) {
-                    words[cells[j] >> 12] |= (uint64_t)1 << ((cells[j] >> 6) & 63);
-                }
             }
         }
     }
@@ -362,12 +373,18 @@ static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_
 }
 
 bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free) {
-    return c->reuse ? make_room(c, st, n, n_known_free, NULL, NULL) : false;
+    return c->reuse ? make_room(c, st, n, n_known_free, NULL) : false;
 }
 
-bool kvc_reuse_make_room_marked(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint64_t *words,
-                                uint32_t *have) {
-    return make_room(c, st, n, n_free, words, have);
+bool kvc_reuse_make_room_count(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t *have) {
+    return make_room(c, st, n, n_free, have);
+}
+
+uint64_t *kvc_reuse_avail(kvc_unified *c, uint32_t st) {
+    kvc_reuse *r = c->reuse;
+    uint64_t *avail = r->avail + (size_t)st * r->avail_words;
+    kvc_cells_take_emptied(kvc_unified_stream_cells(c, st), avail);
+    return avail;
 }
 
 void kvc_reuse_sync(kvc_unified *c) {
@@ -415,6 +432,21 @@ int kvc_reuse_check(const kvc_unified *c, kvc_err *err) {
     }
     if (rc != KVC_OK) {
         return rc;
+    }
+    /* every word with a cell neither used nor held is one placement looks at */
+    for (uint32_t st = 0; st < c->n_stream; st++) {
+        const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
+        const uint64_t *avail = r->avail + (size_t)st * r->avail_words;
+        for (uint32_t w = 0; w < r->n_words; w++) {
+            const uint32_t left = c->cells.size - (w << 6);
+            const uint64_t in = left >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << left) - 1;
+            const uint64_t bit = (uint64_t)1 << (w & 63);
+            if ((~(tab->used_bits[w] | r->held[(size_t)st * r->n_words + w]) & in) &&
+                !((avail[w >> 6] | tab->emptied[w >> 6]) & bit)) {
+                return kvc_err_set(err, KVC_E_INTERNAL, "word %u of stream %u has a free cell placement does not "
+                                   "look at", w, st);
+            }
+        }
     }
     uint32_t n_bits = 0;
     for (uint32_t st = 0; st < c->n_stream; st++) {

@@ -47,8 +47,11 @@ typedef struct kvc_reuse {
     uint64_t           serial;    /* placements so far */
     uint64_t           synced;    /* idx.n_released when kvc_reuse_sync last checked every lock's
                                    * handle: while it has not grown, every handle is still valid */
-    uint64_t          *room;      /* [(n_words + 63) / 64] scratch of kvc_reuse_make_room_marked, all 0
-                                   * between calls: bit w for word w of a stream's used bits */
+    uint64_t          *avail;     /* [n_stream * avail_words] bit w of stream s: word w of its cells may
+                                   * hold a cell neither used nor held (every word that holds one has
+                                   * it set, with the table's emptied bits, kvc_reuse_avail): the
+                                   * words placement reads in a cache whose empty cells it holds */
+    uint32_t           avail_words;   /* (n_words + 63) / 64 */
     uint32_t          *tmp_cell;  /* [n_stream * (size + n_ghost)] scratch for matches and removals */
     uint32_t          *tmp_strm;
     /* window mode (the SWA cache of an iSWA pair smaller than its base cache, which overwrites
@@ -168,11 +171,13 @@ uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n);
  * knows (a search that saw every cell), else UINT32_MAX (counted here). Returns whether
  * anything was evicted. */
 bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free);
-/* kvc_reuse_make_room, which also sets in words bit w for each word w of stream st's used bits
- * where a cell it freed is empty (room for them now), and says in *have how many cells of the
- * stream are now neither used nor held. Not in window mode. */
-bool kvc_reuse_make_room_marked(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint64_t *words,
-                                uint32_t *have);
+/* kvc_reuse_make_room, which also says in *have how many cells of the stream are now neither
+ * used nor held (n_free must be known). Not in window mode. */
+bool kvc_reuse_make_room_count(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t *have);
+/* Stream st's avail bits (bit w: word w of its cells may hold a cell neither used nor held;
+ * every word that holds one has its bit set), brought up to date with the cells its table
+ * emptied since the last call. A search that finds a word with no such cell may clear its bit. */
+uint64_t *kvc_reuse_avail(kvc_unified *c, uint32_t st);
 /* Locks of sequences that have no cell any more are released, stale ones dropped (after every
  * operation that removes cells from sequences). */
 void kvc_reuse_sync(kvc_unified *c);

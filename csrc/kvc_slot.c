@@ -291,35 +291,17 @@ static bool kvc_stream_reusable(const kvc_unified *c, const kvc_cells *cells, ui
     return kvc_unified_is_masked_swa(c, cells->pos[i], p_max == KVC_POS_MAX ? KVC_POS_MAX : p_max + 1);
 }
 
-#define KVC_BUSY_RUN 8u   /* words the search skips at once where no cell is free */
-
-/* Whether words [w, w + KVC_BUSY_RUN) of used | held have no cell free. */
-static inline bool kvc_words_busy(const uint64_t *used, const uint64_t *held, uint32_t w) {
-    uint64_t all = ~(uint64_t)0;
-    for (uint32_t k = 0; k < KVC_BUSY_RUN; k++) {
-        all &= used[w + k] | held[w + k];
-    }
-    return all == ~(uint64_t)0;
-}
-
-/* The cells of [a, b) (a < b) that are neither used nor held (held NULL: none is), in order, into
- * idx from got on until it holds n: the new count. A word at a time, runs of words with no free
- * cell (a cache whose empty cells the prefix index holds) KVC_BUSY_RUN at a time. */
-static uint32_t kvc_take_free(const uint64_t *used, const uint64_t *held, uint32_t a, uint32_t b, uint32_t n,
-                              int32_t *idx, uint32_t got) {
+/* The cells of [a, b) (a < b) that are not used, in order, into idx from got on until it holds n:
+ * the new count. A word at a time. */
+static uint32_t kvc_take_free(const uint64_t *used, uint32_t a, uint32_t b, uint32_t n, int32_t *idx, uint32_t got) {
     const uint32_t w_last = (b - 1) >> 6;
     const uint64_t last = (b & 63) ? ((uint64_t)1 << (b & 63)) - 1 : ~(uint64_t)0;
     uint64_t m = ~(uint64_t)0 << (a & 63);
     for (uint32_t w = a >> 6; w <= w_last; w++, m = ~(uint64_t)0) {
-        if (held && m == ~(uint64_t)0) {
-            while (w + KVC_BUSY_RUN <= w_last && kvc_words_busy(used, held, w)) {
-                w += KVC_BUSY_RUN;
-            }
-        }
         if (w == w_last) {
             m &= last;
         }
-        for (uint64_t ok = ~(used[w] | (held ? held[w] : 0)) & m; ok; ok &= ok - 1) {
+        for (uint64_t ok = ~used[w] & m; ok; ok &= ok - 1) {
             idx[got++] = (int32_t)((w << 6) + kvc_ctz64(ok));
             if (got == n) {
                 return got;
@@ -329,25 +311,32 @@ static uint32_t kvc_take_free(const uint64_t *used, const uint64_t *held, uint32
     return got;
 }
 
-/* kvc_take_free over the words of [a, b) whose bit is set in words (bit w for word w): the only
- * ones with a free cell. */
-static uint32_t kvc_take_marked(const uint64_t *used, const uint64_t *held, const uint64_t *words, uint32_t a,
-                                uint32_t b, uint32_t n, int32_t *idx, uint32_t got) {
+/* kvc_take_free of a cache with a prefix index: the cells of [a, b) neither used nor held, read
+ * only in the words whose avail bit is set (bit w for word w; every word with such a cell has
+ * it), the same cells in the same order. A word found without one loses its bit. */
+static uint32_t kvc_take_avail(const uint64_t *used, const uint64_t *held, uint64_t *avail, uint32_t a, uint32_t b,
+                               uint32_t n, int32_t *idx, uint32_t got) {
     const uint32_t w_first = a >> 6, w_last = (b - 1) >> 6;
     for (uint32_t mw = w_first >> 6; mw <= w_last >> 6; mw++) {
-        for (uint64_t bits = words[mw]; bits; bits &= bits - 1) {
+        uint64_t bits = avail[mw];
+        if (mw == w_first >> 6) {
+            bits &= ~(uint64_t)0 << (w_first & 63);
+        }
+        for (; bits; bits &= bits - 1) {
             const uint32_t w = (mw << 6) + kvc_ctz64(bits);
-            if (w < w_first) {
-                continue;
-            }
             if (w > w_last) {
                 return got;
+            }
+            const uint64_t free = ~(used[w] | held[w]);
+            if (!free) {
+                avail[mw] &= ~((uint64_t)1 << (w & 63));
+                continue;
             }
             uint64_t m = w == w_first ? ~(uint64_t)0 << (a & 63) : ~(uint64_t)0;
             if (w == w_last && (b & 63)) {
                 m &= ((uint64_t)1 << (b & 63)) - 1;
             }
-            for (uint64_t ok = ~(used[w] | held[w]) & m; ok; ok &= ok - 1) {
+            for (uint64_t ok = free & m; ok; ok &= ok - 1) {
                 idx[got++] = (int32_t)((w << 6) + kvc_ctz64(ok));
                 if (got == n) {
                     return got;
@@ -371,7 +360,7 @@ static uint32_t kvc_stream_start(const kvc_unified *c, uint32_t st, uint32_t n) 
  * used bits a word at a time; used cells are looked at only with a sliding window. *n_free:
  * when no room was found and the search saw every cell, the cells it found neither used nor
  * held (what kvc_reuse_make_room starts from), else UINT32_MAX. */
-static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int32_t *idx, uint32_t *n_free) {
+static bool kvc_stream_search(kvc_unified *c, uint32_t st, uint32_t n, int32_t *idx, uint32_t *n_free) {
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const uint32_t size = cells->size;
     const bool swa = c->swa_type != KVC_SWA_NONE;
@@ -385,10 +374,19 @@ static bool kvc_stream_search(const kvc_unified *c, uint32_t st, uint32_t n, int
     }
     if (!swa) {
         /* from the head to the end, then from the beginning to the head */
-        const uint64_t *held = c->reuse ? &c->reuse->held[(size_t)st * c->reuse->n_words] : NULL;
-        uint32_t got = kvc_take_free(cells->used_bits, held, h, size, n, idx, 0);
-        if (got < n && h > 0) {
-            got = kvc_take_free(cells->used_bits, held, 0, h, n, idx, got);
+        uint32_t got;
+        if (c->reuse) {
+            const uint64_t *held = &c->reuse->held[(size_t)st * c->reuse->n_words];
+            uint64_t *avail = kvc_reuse_avail(c, st);
+            got = kvc_take_avail(cells->used_bits, held, avail, h, size, n, idx, 0);
+            if (got < n && h > 0) {
+                got = kvc_take_avail(cells->used_bits, held, avail, 0, h, n, idx, got);
+            }
+        } else {
+            got = kvc_take_free(cells->used_bits, h, size, n, idx, 0);
+            if (got < n && h > 0) {
+                got = kvc_take_free(cells->used_bits, 0, h, n, idx, got);
+            }
         }
         if (got < n) {
             *n_free = got;
@@ -519,32 +517,6 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
     }
 }
 
-/* After a search of n cells in stream st without a sliding window saw every cell and found only
- * the got free ones in idx: room made (kvc_reuse_make_room), the search again, over the words
- * that hold a free cell now (those of idx, those of the cells eviction freed), not every word:
- * the same cells in the same order. Whether n were found. Not in window mode. */
-static bool kvc_stream_search_again(kvc_unified *c, uint32_t st, uint32_t n, int32_t *idx, uint32_t got) {
-    kvc_reuse *r = c->reuse;
-    const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
-    for (uint32_t k = 0; k < got; k++) {
-        r->room[(uint32_t)idx[k] >> 12] |= (uint64_t)1 << (((uint32_t)idx[k] >> 6) & 63);
-    }
-    uint32_t have = 0;
-    (void)kvc_reuse_make_room_marked(c, st, n, got, r->room, &have);
-    bool found = false;
-    if (have >= n) {
-        const uint64_t *held = &r->held[(size_t)st * r->n_words];
-        const uint32_t h = kvc_stream_start(c, st, n);
-        uint32_t k = kvc_take_marked(cells->used_bits, held, r->room, h, cells->size, n, idx, 0);
-        if (k < n && h > 0) {
-            k = kvc_take_marked(cells->used_bits, held, r->room, 0, h, n, idx, k);
-        }
-        found = k == n;
-    }
-    memset(r->room, 0, (((size_t)cells->n_words + 63) >> 6) * sizeof *r->room);
-    return found;
-}
-
 /* The search half of find_slot: every group's cells into c->scatter.idx (the placement is
  * dropped first); the cache's cells are not touched. 1 every group found room, 0 not. */
 static int kvc_search_2026(kvc_unified *c, uint32_t *strm, uint32_t n_groups, uint32_t nst) {
@@ -556,8 +528,11 @@ static int kvc_search_2026(kvc_unified *c, uint32_t *strm, uint32_t n_groups, ui
             continue;
         }
         if (n_free != UINT32_MAX && c->reuse && c->reuse->n_ghost == 0) {
-            /* the search saw every free cell: the next one need not read every word again */
-            if (!kvc_stream_search_again(c, strm[g], nst, idx, n_free)) {
+            /* the search saw every free cell: room made, the search again (over the words that
+             * hold a free cell now, kvc_reuse_avail) only when it will find enough */
+            uint32_t have = 0;
+            (void)kvc_reuse_make_room_count(c, strm[g], nst, n_free, &have);
+            if (have < nst || !kvc_stream_search(c, strm[g], nst, idx, &n_free)) {
                 return 0;
             }
             continue;
