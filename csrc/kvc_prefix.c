@@ -9,6 +9,7 @@
 #define POOL_MIN 64u
 #define TABLE_MIN 128u
 #define EDGE_BYTES 12u              /* per token: token, cell, stream */
+#define EVICT_AHEAD 16u             /* cells an eviction asks the place map's lines for ahead */
 
 /* --- the cell map ------------------------------------------------------------------------------ */
 
@@ -283,6 +284,24 @@ static void edge_let_go(kvc_prefix *idx, uint32_t i, uint32_t from) {
     }
 }
 
+/* Every token of node i to the freed list, for an eviction: no remove is in progress, so no
+ * cell is named, and each cell's place is written without being read (a line of the place map
+ * per cell, a store that need not wait for it), its line asked for EVICT_AHEAD cells before. */
+static void edge_evict(kvc_prefix *idx, uint32_t i) {
+    const kvc_prefix_node *n = &idx->nodes[i];
+    const uint32_t len = n->len, *cell = n->cell, *strm = n->strm;
+    uint32_t *fc = idx->freed_cell + idx->n_freed, *fs = idx->freed_strm + idx->n_freed;
+    for (uint32_t k = 0; k < len; k++) {
+        if (k + EVICT_AHEAD < len) {
+            KVC_PREFETCH_W(place_of(idx, strm[k + EVICT_AHEAD], cell[k + EVICT_AHEAD]));
+        }
+        *place_of(idx, strm[k], cell[k]) = (kvc_prefix_place){ 0, 0 };
+        fc[k] = cell[k];
+        fs[k] = strm[k];
+    }
+    idx->n_freed += len;
+}
+
 /* Drop leaf i (its cells let go already): the counts, the list, its parent's children. */
 static void leaf_drop(kvc_prefix *idx, uint32_t i) {
     kvc_prefix_node *n = &idx->nodes[i];
@@ -413,7 +432,7 @@ static uint32_t evict_walk(kvc_prefix *idx, uint64_t want) {
             if (idx->spill) {
                 spill_record(idx, i);
             }
-            edge_let_go(idx, i, 0);
+            edge_evict(idx, i);
             leaf_drop(idx, i);
         }
         i = next;
