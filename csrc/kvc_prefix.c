@@ -629,53 +629,67 @@ static uint32_t split(kvc_prefix *idx, uint32_t i, uint32_t k, void *upper_mem) 
     return u;
 }
 
-/* Whether the caller's cells for the prompt may go in: each the index would take, and each
- * duplicate, held nowhere and named once (each is marked TENTATIVE, the index's own cells on
- * the matched path pass). KVC_OK with the duplicates in dup_cells / dup_streams and *n_dup;
- * KVC_E_ARG with err. *marked: the tokens looked at, whose marks unmark_tentative takes back. */
-static int check_cells(kvc_prefix *idx, const prefix_walk *w, const int32_t *tokens, const uint32_t *cells,
-                       const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
-                       uint32_t *n_dup, uint32_t *marked, kvc_err *err) {
-    uint32_t i = 0;
-    *n_dup = 0;
-    for (uint32_t at = w->root; i < n;) {
-        /* along the matched path an edge at a time, then a token at a time */
+/* Why check_cells stopped at a token. */
+enum { CELL_OK, CELL_RANGE, CELL_TWICE, CELL_HELD };
+
+/* The one pass over the caller's cells before an insert changes anything: each cell the index
+ * would take, and each duplicate (the caller's cell of a token the index holds with another),
+ * must be in range and held nowhere; the index's own cells on the matched path pass. Unless the
+ * caller vouches that its cells are distinct (`distinct`: a sequence's cells), each such cell
+ * is marked TENTATIVE, so that a second naming finds the mark (unmark_tentative takes the marks
+ * back). The duplicates go to dup_cells / dup_streams (either may be NULL), their count to
+ * *n_dup. Returns the first token that fails (n when none does), why in *why.
+ * (The index's fields are read into locals once: the build does not assume that the stores to
+ * the cell map and the outputs leave them alone, and this runs once per token of a release.) */
+static uint32_t check_cells(kvc_prefix *idx, const prefix_walk *w, const int32_t *tokens, const uint32_t *cells,
+                            const uint32_t *streams, uint32_t n, bool distinct, uint32_t *dup_cells,
+                            uint32_t *dup_streams, uint32_t *n_dup, int *why) {
+    kvc_prefix_place *const place = idx->place;
+    const uint32_t n_stream = idx->n_stream, n_cells = idx->n_cells;
+    uint32_t i = 0, dups = 0;
+    *why = CELL_OK;
+    for (uint32_t at = w->root; i < n && *why == CELL_OK;) {
+        /* along the matched path an edge at a time (e), then the new tokens (e NULL) */
         const kvc_prefix_node *e = NULL;
-        uint32_t k_end = 1;
+        uint32_t k_end = n - i;
         if (i < w->n) {
             at = table_find(idx, at, (uint32_t)tokens[i]);
             e = &idx->nodes[at];
             k_end = at == w->deepest ? w->off : e->len;
         }
         for (uint32_t k = 0; k < k_end; k++, i++) {
-            if (i + KVC_CELLS_AHEAD < n) {
-                KVC_PREFETCH_W(place_of(idx, streams[i + KVC_CELLS_AHEAD], cells[i + KVC_CELLS_AHEAD]));
+            const uint32_t ahead = i + KVC_CELLS_AHEAD;
+            if (ahead < n && streams[ahead] < n_stream && cells[ahead] < n_cells) {
+                KVC_PREFETCH_W(&place[(size_t)streams[ahead] * n_cells + cells[ahead]]);
             }
             if (e && e->cell[k] == cells[i] && e->strm[k] == streams[i]) {
-                continue;
+                continue;   /* the index's own cell (it holds only cells in range) */
             }
-            kvc_prefix_place *pl = place_of(idx, streams[i], cells[i]);
+            if (streams[i] >= n_stream || cells[i] >= n_cells) {
+                *why = CELL_RANGE;
+                break;
+            }
+            kvc_prefix_place *pl = &place[(size_t)streams[i] * n_cells + cells[i]];
             if (pl->node != NIL) {
-                *marked = i;
-                return kvc_err_set(err, KVC_E_ARG, pl->node == TENTATIVE
-                                   ? "token %u: cell %u of stream %u is named twice"
-                                   : "token %u: cell %u of stream %u is held for another token",
-                                   i, cells[i], streams[i]);
+                *why = pl->node == TENTATIVE ? CELL_TWICE : CELL_HELD;
+                break;
             }
-            pl->node = TENTATIVE;
+            if (!distinct) {
+                pl->node = TENTATIVE;
+            }
             if (e) {
                 if (dup_cells) {
-                    dup_cells[*n_dup] = cells[i];
+                    dup_cells[dups] = cells[i];
                 }
                 if (dup_streams) {
-                    dup_streams[*n_dup] = streams[i];
+                    dup_streams[dups] = streams[i];
                 }
-                (*n_dup)++;
+                dups++;
             }
         }
     }
-    *marked = n;
-    return KVC_OK;
+    *n_dup = dups;
+    return i;
 }
 
 /* The evictable cells off the path from node i up (the nodes an insert spares). */
@@ -687,9 +701,10 @@ static uint32_t evictable_off_path(const kvc_prefix *idx, uint32_t i) {
     return idx->n_evictable - on;
 }
 
-int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells,
-                      const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
-                      kvc_prefix_inserted *res, kvc_err *err) {
+/* kvc_prefix_insert, or with `upto` kvc_prefix_insert_upto. */
+static int insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells, const uint32_t *streams,
+                  uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams, bool upto, kvc_prefix_inserted *res,
+                  kvc_err *err) {
     *res = (kvc_prefix_inserted){ 0 };
     if (n == 0) {
         return KVC_OK;
@@ -697,16 +712,40 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
     if (!tokens || !cells || !streams) {
         return kvc_err_set(err, KVC_E_ARG, "an insert of %u tokens needs their tokens, cells and streams", n);
     }
-    for (uint32_t i = 0; i < n; i++) {
-        if (!cell_in_range(idx, streams[i], cells[i])) {
-            return kvc_err_set(err, KVC_E_ARG, "token %u: cell %u of stream %u is out of range (%u streams of %u cells)",
-                               i, cells[i], streams[i], idx->n_stream, idx->n_cells);
-        }
+    prefix_walk w = walk_prompt(idx, salt, tokens, n, NULL, NULL);
+    if (upto) {
+        touch(idx, w.deepest);   /* the match of the whole prompt */
     }
-    const prefix_walk w = walk_prompt(idx, salt, tokens, n, NULL, NULL);
-    uint32_t n_dup = 0, marked = 0;
-    int rc = check_cells(idx, &w, tokens, cells, streams, n, dup_cells, dup_streams, &n_dup, &marked, err);
-    if (rc != KVC_OK) {
+    uint32_t n_dup = 0;
+    int why = CELL_OK;
+    const uint32_t bad = check_cells(idx, &w, tokens, cells, streams, n, upto, dup_cells, dup_streams, &n_dup, &why);
+    int rc = KVC_OK;
+    uint32_t marked = upto ? 0 : bad;   /* the tokens whose marks go back on failure */
+    if (bad < n && upto && why == CELL_HELD) {
+        /* the prompt ends before the first cell held for another token */
+        n = bad;
+        if (n == 0) {
+            return KVC_OK;
+        }
+        if (n < w.n) {
+            w = walk_prompt(idx, salt, tokens, n, NULL, NULL);
+        }
+    } else if (bad < n) {
+        uint32_t at = bad;
+        /* a cell out of range is told first, wherever it is */
+        for (uint32_t i = bad + 1; why != CELL_RANGE && i < n; i++) {
+            if (!cell_in_range(idx, streams[i], cells[i])) {
+                at = i;
+                why = CELL_RANGE;
+            }
+        }
+        rc = why == CELL_RANGE
+             ? kvc_err_set(err, KVC_E_ARG, "token %u: cell %u of stream %u is out of range (%u streams of %u cells)",
+                           at, cells[at], streams[at], idx->n_stream, idx->n_cells)
+             : kvc_err_set(err, KVC_E_ARG, why == CELL_TWICE
+                           ? "token %u: cell %u of stream %u is named twice"
+                           : "token %u: cell %u of stream %u is held for another token",
+                           at, cells[at], streams[at]);
         goto fail;
     }
     res->n_present = w.n;
@@ -714,7 +753,7 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
     const uint32_t n_new = n - w.n;
     /* on the matched path only the duplicates were marked: none, nothing to take back there */
     if (n_new == 0) {
-        if (n_dup) {
+        if (n_dup && !upto) {
             unmark_tentative(idx, cells, streams, n);
         }
         idx->n_freed = 0;
@@ -780,15 +819,16 @@ int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, con
     l->label = (uint32_t)tokens[w.n];
     l->depth = w.n;
     child_append(idx, parent, leaf);
-    for (uint32_t k = 0; k < n_new; k++) {
-        *place_of(idx, l->strm[k], l->cell[k]) = (kvc_prefix_place){ leaf, w.n + k };
+    kvc_prefix_place *const place = idx->place;
+    for (uint32_t k = 0, depth = w.n, n_cells = idx->n_cells; k < n_new; k++) {
+        place[(size_t)streams[depth + k] * n_cells + cells[depth + k]] = (kvc_prefix_place){ leaf, depth + k };
     }
     idx->n_held += n_new;
     idx->n_evictable += n_new;
     idx->n_nodes++;
     lru_append(idx, leaf);
     touch(idx, leaf);
-    if (n_dup) {
+    if (n_dup && !upto) {
         unmark_tentative(idx, cells, streams, w.n);   /* the duplicates' marks */
     }
     res->n_added = n_new;
@@ -798,6 +838,18 @@ fail:
     unmark_tentative(idx, cells, streams, marked);
     *res = (kvc_prefix_inserted){ 0 };
     return rc;
+}
+
+int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells,
+                      const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
+                      kvc_prefix_inserted *res, kvc_err *err) {
+    return insert(idx, salt, tokens, cells, streams, n, dup_cells, dup_streams, false, res, err);
+}
+
+int kvc_prefix_insert_upto(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells,
+                           const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
+                           kvc_prefix_inserted *res, kvc_err *err) {
+    return insert(idx, salt, tokens, cells, streams, n, dup_cells, dup_streams, true, res, err);
 }
 
 bool kvc_prefix_handle_valid(const kvc_prefix *idx, kvc_prefix_handle h) {

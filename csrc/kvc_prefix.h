@@ -168,6 +168,17 @@ int  kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, co
                        const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
                        kvc_prefix_inserted *res, kvc_err *err);
 
+/* What a release keeps: kvc_prefix_match of the whole prompt (its path touched), then
+ * kvc_prefix_insert of its longest prefix that ends before the first cell the index holds for
+ * another token (a cell of the prompt is one the index can take, or the index's own cell of that
+ * token). The caller vouches that its cells are distinct (a sequence's cells: each sits at one
+ * position): they are not marked, and a cell named twice is not told. The tokens kept:
+ * res->n_present + res->n_added (0: nothing inserted). KVC_E_ARG only for a cell out of range;
+ * else as kvc_prefix_insert. */
+int  kvc_prefix_insert_upto(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells,
+                            const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
+                            kvc_prefix_inserted *res, kvc_err *err);
+
 /* The longest prefix of tokens[0, min(n, max_len)) the index holds under salt: its length; the
  * cells and streams of its tokens in out_cells / out_streams (room for that many; either may be
  * NULL), the node holding its last token in *end ({0, 0} for none). The path is touched. A

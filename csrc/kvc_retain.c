@@ -14,59 +14,81 @@ static uint32_t seq_n_cells(const kvc_unified *c, int32_t s) {
     return kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s))->seq_pos[s].n;
 }
 
-/* Whether cell i of stream st can be token k of the prompt a release keeps (toks[0 .. k) and
- * their cells in r->tmp_cell / tmp_strm so far): unshifted, never moved, computed no earlier than
- * the cell before it (the K/V of a token depend on every token before it), with a known token
- * that agrees with the caller's. If so it is recorded as token k. */
-static inline bool take_cell(kvc_unified *c, uint32_t st, uint32_t i, const int32_t *tokens, uint32_t n, int32_t *toks,
-                      uint32_t k) {
-    kvc_reuse *r = c->reuse;
-    const size_t at = (size_t)st * c->cells.size + i;
-    const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
-    /* (a table with no shift since its last reset has every shift 0: one array less to read) */
-    if ((tokens && k >= n) || (cells->has_shift && cells->shift[i] != 0) || r->rec[at].born == KVC_REUSE_MOVED ||
-        (k > 0 && r->rec[at].born < r->rec[(size_t)st * c->cells.size + r->tmp_cell[k - 1]].born)) {
+/* Whether a cell with record rc and shift sh can be the next token of the prompt a release keeps,
+ * after a cell computed at `last` (0 for the first token): unshifted, never moved, computed no
+ * earlier than the cell before it (the K/V of a token depend on every token before it), with a
+ * known token that agrees with the caller's (want: the caller's token, NULL when none was given).
+ * If so its token goes to *tok. */
+static inline bool cell_takes(kvc_reuse_cell rc, int32_t sh, uint64_t last, const int32_t *want, int32_t *tok) {
+    if (sh != 0 || rc.born == KVC_REUSE_MOVED || rc.born < last) {
         return false;
     }
-    int32_t t = r->rec[at].tok;
-    if (t == KVC_TOKEN_NULL) {
-        if (!tokens) {
+    if (rc.tok == KVC_TOKEN_NULL) {
+        if (!want) {
             return false;
         }
-        t = tokens[k];
-    } else if (tokens && tokens[k] != t) {
+        *tok = *want;
+    } else if (want && *want != rc.tok) {
+        return false;
+    } else {
+        *tok = rc.tok;
+    }
+    return true;
+}
+
+/* take_cell's shift of cell i: a table with no shift since its last reset has every shift 0
+ * (one array less to read). */
+static inline int32_t shift_of(const kvc_cells *cells, uint32_t i) {
+    return cells->has_shift ? cells->shift[i] : 0;
+}
+
+/* Whether cell i of stream st can be token k of the prompt a release keeps (toks[0 .. k) and
+ * their cells in r->tmp_cell / tmp_strm so far; cell_takes). If so it is recorded as token k. */
+static inline bool take_cell(kvc_unified *c, uint32_t st, uint32_t i, const int32_t *tokens, uint32_t n, int32_t *toks,
+                             uint32_t k) {
+    kvc_reuse *r = c->reuse;
+    const kvc_reuse_cell *rec = r->rec + (size_t)st * c->cells.size;
+    const uint64_t last = k > 0 ? rec[r->tmp_cell[k - 1]].born : 0;
+    if ((tokens && k >= n) ||
+        !cell_takes(rec[i], shift_of(kvc_unified_stream_cells_c(c, st), i), last, tokens ? &tokens[k] : NULL, &toks[k])) {
         return false;
     }
-    toks[k] = t;
     r->tmp_cell[k] = i;
     r->tmp_strm[k] = st;
     return true;
 }
 
 /* The tokens a release of s keeps at most, without the extension: the cells of positions 0, 1,
- * ... (the first cell of each) that take_cell takes; their tokens into toks (room for
+ * ... (the first cell of each) that cell_takes takes; their tokens into toks (room for
  * seq_n_cells), their cells into r->tmp_cell / tmp_strm. Returns how many. With the extension:
- * up to the first position holding several tokens (collect_ext goes past them). */
+ * up to the first position holding several tokens (collect_ext goes past them).
+ * (Every array is read through a local: the build does not assume that stores to the outputs
+ * leave the cache's fields alone, and this loop runs once per token of every release.) */
 static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32_t n, int32_t *toks) {
-    kvc_reuse *r = c->reuse;
+    const kvc_reuse *r = c->reuse;
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
-    const kvc_seq_pos *sp = &cells->seq_pos[s];
+    const uint64_t *key = cells->seq_pos[s].key;
+    const uint32_t n_key = cells->seq_pos[s].n, k_max = tokens ? n : UINT32_MAX;
     const kvc_reuse_cell *rec = r->rec + (size_t)st * size;
+    const int32_t *shift = cells->has_shift ? cells->shift : NULL;
+    const bool ext = cells->ext != NULL;
+    uint32_t *out_cell = r->tmp_cell, *out_strm = r->tmp_strm;
     uint32_t k = 0;
-    for (uint32_t e = 0; e < sp->n; e++) {
-        const int32_t p = kvc_seq_key_pos(sp->key[e]);
-        const uint32_t i = kvc_seq_key_cell(sp->key[e]);
-        if (e + KVC_CELLS_AHEAD < sp->n) {
+    uint64_t last = 0;   /* when the cell of token k - 1 was computed */
+    for (uint32_t e = 0; e < n_key; e++) {
+        const int32_t p = kvc_seq_key_pos(key[e]);
+        const uint32_t i = kvc_seq_key_cell(key[e]);
+        if (e + KVC_CELLS_AHEAD < n_key) {
             /* the sequence's cells lie scattered over the table */
-            const uint32_t next = kvc_seq_key_cell(sp->key[e + KVC_CELLS_AHEAD]);
-            if (cells->has_shift) {
-                KVC_PREFETCH(cells->shift + next);
+            const uint32_t next = kvc_seq_key_cell(key[e + KVC_CELLS_AHEAD]);
+            if (shift) {
+                KVC_PREFETCH(shift + next);
             }
             KVC_PREFETCH(rec + next);
         }
         if (p < (int32_t)k) {
-            if (cells->ext) {
+            if (ext) {
                 /* several tokens at one position (an image's): a chain of one token per
                  * position stops before them (collect_ext orders them) */
                 k = (uint32_t)p;
@@ -74,9 +96,14 @@ static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32
             }
             continue;   /* a second cell at a position already taken */
         }
-        if (p != (int32_t)k || !take_cell(c, st, i, tokens, n, toks, k)) {
+        const kvc_reuse_cell rc = rec[i];
+        if (p != (int32_t)k || k >= k_max ||
+            !cell_takes(rc, shift ? shift[i] : 0, last, tokens ? &tokens[k] : NULL, &toks[k])) {
             break;
         }
+        out_cell[k] = i;
+        out_strm[k] = st;
+        last = rc.born;
         k++;
     }
     return k;
@@ -188,24 +215,16 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
     uint32_t *dup_cells = (uint32_t *)(toks + m), *dup_strms = dup_cells + m;
     /* (the duplicates' room is the scratch of collect_ext until the match below) */
     uint32_t k = r->ext ? collect_ext(c, s, tokens, n, toks, dup_cells, dup_strms) : collect(c, s, tokens, n, toks);
-    /* K/V depend on every token before: a cell the index holds serves this prompt only inside
-     * the prefix the index holds of it (there it is the index's own cell or a duplicate); past
-     * that prefix, a held cell belongs to another prompt and ends what can be kept */
-    if (k > 0) {
+    /* with the extension, a prompt whose positions or 2-D positions differ from the held one's
+     * shares none of its later cells: it is kept only up to there */
+    if (k > 0 && r->ext) {
         kvc_prefix_handle at;
         const uint32_t held = kvc_prefix_match(&r->idx, salt, toks, k, k, dup_cells, dup_strms, &at);
         const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
-        for (uint32_t j = 0; j < k; j++) {
+        for (uint32_t j = 0; j < held && j < k; j++) {
             const uint32_t i = r->tmp_cell[j];
-            if (kvc_reuse_is_held(c, st, i) && (j >= held || dup_cells[j] != i || dup_strms[j] != st)) {
-                k = j;
-                break;
-            }
-            /* with the extension, a prompt whose positions or 2-D positions differ from the held
-             * one's shares none of its later cells: it is kept only up to there */
             const size_t at = kvc_reuse_at(r, dup_strms[j], dup_cells[j]);
-            const kvc_cell_ext *e = r->ext && j < held ? &r->ext[at] : NULL;
-            if (e && (r->pos[at] != tab->pos[i] || !kvc_reuse_ext_is(c, e, tab->ext[i].x, tab->ext[i].y, tab->ext[i].tok))) {
+            if (r->pos[at] != tab->pos[i] || !kvc_reuse_ext_is(c, &r->ext[at], tab->ext[i].x, tab->ext[i].y, tab->ext[i].tok)) {
                 k = j;
                 break;
             }
@@ -213,9 +232,13 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
     }
     int rc = KVC_OK;
     if (k > 0) {
+        /* K/V depend on every token before: a cell the index holds serves this prompt only inside
+         * the prefix the index holds of it (there it is the index's own cell or a duplicate); past
+         * that prefix, a held cell belongs to another prompt and ends what is kept */
         kvc_prefix_inserted ins;
-        rc = kvc_prefix_insert(&r->idx, salt, toks, r->tmp_cell, r->tmp_strm, k, dup_cells, dup_strms, &ins, err);
-        if (rc == KVC_OK) {
+        rc = kvc_prefix_insert_upto(&r->idx, salt, toks, r->tmp_cell, r->tmp_strm, k, dup_cells, dup_strms, &ins, err);
+        k = ins.n_present + ins.n_added;
+        if (rc == KVC_OK && k > 0) {
             kvc_reuse_note_insert(c, r->tmp_cell, r->tmp_strm, ins.n_present, k);
             const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
             for (uint32_t j = ins.n_present; r->ext && j < k; j++) {
