@@ -160,7 +160,8 @@ static void kvc_cells_find_used_max(kvc_cells *c, uint32_t end) {
 }
 
 static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
-    if (c->empty_zeroes_shift) {
+    /* (a table with no shift since its last reset has every shift 0: the line is not written) */
+    if (c->empty_zeroes_shift && c->has_shift) {
         c->shift[i] = 0;
     }
     c->emptied[i >> 12] |= (uint64_t)1 << ((i >> 6) & 63);
@@ -644,13 +645,16 @@ bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
     return kvc_cells_seq_del_raw(c, i, s);
 }
 
-bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
-    if (kvc_seqs_has(c->seq, c->size, i, s)) {
-        kvc_seqs_del(c->seq, c->size, i, s);
-        c->n_seqs[i]--;
+/* kvc_cells_seq_del_raw with s's word of cell i (`word`), its bit and the counts (c->n_seqs)
+ * given: a caller removing many cells reads them once (the build does not assume that the
+ * stores to the cells leave the table's fields alone). */
+static inline bool seq_leave(kvc_cells *c, uint32_t i, uint64_t *word, uint64_t bit, uint16_t *n_seqs) {
+    if (*word & bit) {
+        *word &= ~bit;
+        n_seqs[i]--;
     }
     kvc_cells_changed(c, i);
-    if (c->n_seqs[i] == 0) {
+    if (n_seqs[i] == 0) {
         c->pos[i] = -1;
         kvc_cells_ext_reset(c, i);
         kvc_cells_mark_unused(c, i);
@@ -659,20 +663,32 @@ bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
     return false;
 }
 
+bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
+    return seq_leave(c, i, &c->seq[(size_t)(s >> 6) * c->size + i], (uint64_t)1 << (s & 63), c->n_seqs);
+}
+
 uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     kvc_seq_pos *sp = &c->seq_pos[s];
     uint32_t a, b, lowest = c->size, runs = 0, prev = UINT32_MAX;
     kvc_cells_seq_pos_span(c, s, r, &a, &b);
+    const uint64_t *const key = sp->key;
+    const uint64_t bit = (uint64_t)1 << (s & 63);
+    uint64_t *const plane = c->seq + (size_t)(s >> 6) * c->size;
+    uint16_t *const n_seqs = c->n_seqs;
+    int32_t *const pos = c->pos, *const shift = c->empty_zeroes_shift && c->has_shift ? c->shift : NULL;
     for (uint32_t k = a; k < b; k++) {
-        const uint32_t i = kvc_seq_key_cell(sp->key[k]);
+        const uint32_t i = kvc_seq_key_cell(key[k]);
         if (k + KVC_CELLS_AHEAD < b) {
-            const uint32_t next = kvc_seq_key_cell(sp->key[k + KVC_CELLS_AHEAD]);
-            kvc_cells_prefetch_seq(c, next, s);
-            if (c->empty_zeroes_shift) {
-                KVC_PREFETCH_W(c->shift + next);
+            /* kvc_cells_prefetch_seq's lines, and the shift an emptied cell loses */
+            const uint32_t next = kvc_seq_key_cell(key[k + KVC_CELLS_AHEAD]);
+            KVC_PREFETCH_W(pos + next);
+            KVC_PREFETCH_W(n_seqs + next);
+            KVC_PREFETCH_W(plane + next);
+            if (shift) {
+                KVC_PREFETCH_W(shift + next);
             }
         }
-        if (kvc_cells_seq_del_raw(c, i, s) && i < lowest) {
+        if (seq_leave(c, i, &plane[i], bit, n_seqs) && i < lowest) {
             lowest = i;
         }
         runs += (i >> 6) != prev;
