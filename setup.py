@@ -58,7 +58,7 @@ def compile_args():
     if MSVC:
         return ["/std:c11", "/O2", "/W3"], []
     # -pthread: large defrag moves run on several threads (POSIX threads; libpthread on older glibc)
-    cflags = ["-std=c11", "-O3", "-Wall", "-Wextra", "-fno-strict-aliasing", "-pthread"]
+    cflags = ["-std=c11", "-O3", "-Wall", "-Wextra", "-fno-strict-aliasing", "-pthread", "-fvisibility=hidden"]
     ldflags = ["-pthread"]
     if SANITIZE:
         cflags += ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={SANITIZE}", "-fno-sanitize-recover=all"]
