@@ -572,12 +572,14 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
 }
 
-void kvc_cells_seq_add_first(kvc_cells *c, uint32_t i, int32_t s) {
+void kvc_cells_place_first(kvc_cells *c, uint32_t i, int32_t p, int32_t s) {
+    c->pos[i] = p;
+    kvc_cells_mark_used(c, i);
     c->seq[(size_t)(s >> 6) * c->size + i] = (uint64_t)1 << (s & 63);
     c->n_seqs[i] = 1;
     kvc_cells_blk_mark(c, i, s);
     kvc_cells_changed(c, i);
-    kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
+    kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(p, i));
 }
 
 /* Whether ids[q] is also among ids[0 .. q). */

@@ -234,12 +234,11 @@ static inline void kvc_cells_prefetch_append(const kvc_cells *c, uint32_t i, int
 
 /* Give the empty cell i position p (>= 0); it becomes used (no sequences yet). */
 void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p);
+/* Give the empty cell i position p (>= 0) and its first sequence s, in one call (a placed
+ * token's common case: each field of the cell written once, one entry in the change log). */
+void kvc_cells_place_first(kvc_cells *c, uint32_t i, int32_t p, int32_t s);
 /* Sequence s joins non-empty cell i (no-op when already there). */
 void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s);
-/* Sequence s is the first to join cell i, which holds no sequence (a cell just given its position
- * by kvc_cells_pos_set): as kvc_cells_seq_add, with s's word and the count stored, not read (a
- * cell without sequences has every word 0). */
-void kvc_cells_seq_add_first(kvc_cells *c, uint32_t i, int32_t s);
 /* The empty cells [i, i + n) get positions pos[0 .. n) and each the sequences ids[0 .. n_ids),
  * as kvc_cells_pos_set and kvc_cells_seq_add of every id would, cell after cell, with one pass
  * per array (a sequence's index entries appended at once when they come after its last). */

@@ -433,13 +433,33 @@ static bool kvc_stream_search(kvc_unified *c, uint32_t st, uint32_t n, int32_t *
     }
 }
 
-/* Token t's cell (idx[t], in stream strm[t / nst]) is about to be placed: its fields prefetched
- * (its first sequence's word; the prefix index's record of it). */
+/* Where token t of a ubatch lies, advanced one token at a time (a division per token costs
+ * more than the rest of a decode token's placement): its placement group g and index i in it,
+ * its ubatch group ug and index ui in that. */
+typedef struct placed_at {
+    uint32_t g, i, ug, ui;
+} placed_at;
+
+static inline void placed_next(placed_at *a, uint32_t nst, uint32_t ub_nst) {
+    if (++a->i == nst) {
+        a->i = 0;
+        a->g++;
+    }
+    if (++a->ui == ub_nst) {
+        a->ui = 0;
+        a->ug++;
+    }
+}
+
+/* Token t's cell (idx[t], in stream strm[a.g]; a: where t lies) is about to be placed: its
+ * fields prefetched (its position, its sequence count, its first sequence's word; the prefix
+ * index's record of it). */
 static inline void prefetch_placed(const kvc_unified *c, const kvc_ubatch *ub, const int32_t *idx,
-                                   const uint32_t *strm, uint32_t nst, uint32_t t) {
-    const uint32_t st = strm[t / nst], cell = (uint32_t)idx[t], ug = t / ub->n_seq_tokens;
-    if (ub->seq_off[ug] < ub->seq_off[ug + 1]) {
-        kvc_cells_prefetch_append(kvc_unified_stream_cells_c(c, st), cell, ub->seq_ids[ub->seq_off[ug]]);
+                                   const uint32_t *strm, uint32_t t, placed_at a) {
+    const uint32_t st = strm[a.g], cell = (uint32_t)idx[t];
+    const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
+    if (ub->seq_off[a.ug] < ub->seq_off[a.ug + 1]) {
+        kvc_cells_prefetch_append(cells, cell, ub->seq_ids[ub->seq_off[a.ug]]);
     }
     if (c->reuse) {
         const size_t k = (size_t)st * c->cells.size + cell;
@@ -460,13 +480,18 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
     for (uint32_t q = 0; q < c->n_seq_max; q++) {
         over[q] = -1;
     }
-    const uint32_t n_tokens = n_groups * nst;
+    const uint32_t n_tokens = n_groups * nst, ub_nst = ub->n_seq_tokens;
+    /* token t's ubatch group, and where the token KVC_CELLS_AHEAD later lies (prefetched) */
+    placed_at at = { 0, 0, 0, 0 };
+    placed_at ahead = { KVC_CELLS_AHEAD / nst, KVC_CELLS_AHEAD % nst, KVC_CELLS_AHEAD / ub_nst,
+                        KVC_CELLS_AHEAD % ub_nst };
     for (uint32_t g = 0; g < n_groups; g++) {
         kvc_cells *cells = kvc_unified_stream_cells(c, strm[g]);
         for (uint32_t i = 0; i < nst; i++) {
             const uint32_t t = g * nst + i, cell = (uint32_t)idx[t];
             if (t + KVC_CELLS_AHEAD < n_tokens) {
-                prefetch_placed(c, ub, idx, strm, nst, t + KVC_CELLS_AHEAD);
+                prefetch_placed(c, ub, idx, strm, t + KVC_CELLS_AHEAD, ahead);
+                placed_next(&ahead, nst, ub_nst);
             }
             /* (the position, whose line the placement writes next anyway: the used bits would be
              * one more line to read) */
@@ -481,7 +506,16 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
                     kvc_reuse_overwrite(c, strm[g], cell);
                 }
             }
-            kvc_cells_pos_set(cells, cell, ub->pos[t]);
+            /* the cell holds no sequence now (emptied above if it was used) */
+            const uint32_t ug = at.ug, j0 = ub->seq_off[ug], j1 = ub->seq_off[ug + 1];
+            if (j0 < j1) {
+                kvc_cells_place_first(cells, cell, ub->pos[t], ub->seq_ids[j0]);
+                for (uint32_t j = j0 + 1; j < j1; j++) {
+                    kvc_cells_seq_add(cells, cell, ub->seq_ids[j]);
+                }
+            } else {
+                kvc_cells_pos_set(cells, cell, ub->pos[t]);
+            }
             if (!dry) {
                 kvc_reuse_note_placed(c, strm[g], cell, ub->token ? ub->token[t] : KVC_TOKEN_NULL);
             }
@@ -491,15 +525,7 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
                                          ub->token ? ub->token[t] : c->ple ? c->ple_token : KVC_TOKEN_NULL };
                 cells->ext[cell] = e;
             }
-            /* the cell holds no sequence now (emptied above if it was used) */
-            const uint32_t ug = t / ub->n_seq_tokens;
-            for (uint32_t j = ub->seq_off[ug]; j < ub->seq_off[ug + 1]; j++) {
-                if (j == ub->seq_off[ug]) {
-                    kvc_cells_seq_add_first(cells, cell, ub->seq_ids[j]);
-                } else {
-                    kvc_cells_seq_add(cells, cell, ub->seq_ids[j]);
-                }
-            }
+            placed_next(&at, nst, ub_nst);
         }
     }
     for (uint32_t q = 0; any && q < c->n_seq_max; q++) {
