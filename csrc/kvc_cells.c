@@ -677,15 +677,13 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     const uint64_t bit = (uint64_t)1 << (s & 63);
     uint64_t *const plane = c->seq + (size_t)(s >> 6) * c->size;
     uint16_t *const n_seqs = c->n_seqs;
-    int32_t *const pos = c->pos, *const shift = c->empty_zeroes_shift && c->has_shift ? c->shift : NULL;
+    int32_t *const shift = c->empty_zeroes_shift && c->has_shift ? c->shift : NULL;
     for (uint32_t k = a; k < b; k++) {
         const uint32_t i = kvc_seq_key_cell(key[k]);
         if (k + KVC_CELLS_AHEAD < b) {
-            /* kvc_cells_prefetch_seq's lines, and the shift an emptied cell loses */
+            /* the cell's lines, and the shift an emptied cell loses */
             const uint32_t next = kvc_seq_key_cell(key[k + KVC_CELLS_AHEAD]);
-            KVC_PREFETCH_W(pos + next);
-            KVC_PREFETCH_W(n_seqs + next);
-            KVC_PREFETCH_W(plane + next);
+            kvc_cells_prefetch_seq(c, next, s);
             if (shift) {
                 KVC_PREFETCH_W(shift + next);
             }

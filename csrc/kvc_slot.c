@@ -327,8 +327,8 @@ static uint32_t kvc_take_avail(const uint64_t *used, const uint64_t *held, uint6
             if (w > w_last) {
                 return got;
             }
-            const uint64_t free = ~(used[w] | held[w]);
-            if (!free) {
+            const uint64_t open = ~(used[w] | held[w]);
+            if (!open) {
                 avail[mw] &= ~((uint64_t)1 << (w & 63));
                 continue;
             }
@@ -336,7 +336,7 @@ static uint32_t kvc_take_avail(const uint64_t *used, const uint64_t *held, uint6
             if (w == w_last && (b & 63)) {
                 m &= ((uint64_t)1 << (b & 63)) - 1;
             }
-            for (uint64_t ok = free & m; ok; ok &= ok - 1) {
+            for (uint64_t ok = open & m; ok; ok &= ok - 1) {
                 idx[got++] = (int32_t)((w << 6) + kvc_ctz64(ok));
                 if (got == n) {
                     return got;
