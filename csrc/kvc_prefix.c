@@ -523,36 +523,57 @@ typedef struct prefix_walk {
     uint32_t n;        /* tokens matched */
 } prefix_walk;
 
-/* Walk tokens[0, n) under salt; with out_cells / out_streams, their cells as it goes. */
-static prefix_walk walk_prompt(const kvc_prefix *idx, uint64_t salt, const int32_t *tokens, uint32_t n,
-                               uint32_t *out_cells, uint32_t *out_streams) {
-    prefix_walk w = { table_find(idx, NIL, salt), NIL, 0, 0 };
-    uint32_t at = w.root;
-    while (at != NIL && w.n < n) {
-        const uint32_t c = table_find(idx, at, (uint32_t)tokens[w.n]);
-        if (c == NIL) {
-            break;
+/* Go on with walk w down tokens[w->n, n): the rest of the edge it stopped inside first (a walk
+ * resumed from a node the caller knows the prompt passes), then edge by edge; with out_cells /
+ * out_streams, the cells of the tokens it matches as it goes. */
+static void walk_on(const kvc_prefix *idx, prefix_walk *w, const int32_t *tokens, uint32_t n, uint32_t *out_cells,
+                    uint32_t *out_streams) {
+    uint32_t at = w->deepest != NIL ? w->deepest : w->root;
+    uint32_t k0 = w->off;   /* where the walk stands in at's edge */
+    bool inside = w->deepest != NIL && w->off < idx->nodes[w->deepest].len;
+    while (w->n < n) {
+        uint32_t k = k0;
+        if (!inside) {
+            const uint32_t c = at == NIL ? NIL : table_find(idx, at, (uint32_t)tokens[w->n]);
+            if (c == NIL) {
+                break;
+            }
+            at = c;
+            k0 = 0;
+            k = 1;   /* the table matched the first */
         }
-        const kvc_prefix_node *e = &idx->nodes[c];
-        const uint32_t lim = e->len < n - w.n ? e->len : n - w.n;
-        uint32_t k = 1;   /* the table matched the first */
-        while (k < lim && e->tok[k] == tokens[w.n + k]) {
+        const kvc_prefix_node *e = &idx->nodes[at];
+        const uint32_t lim = e->len - k0 < n - w->n ? e->len : k0 + (n - w->n);
+        while (k < lim && e->tok[k] == tokens[w->n + (k - k0)]) {
             k++;
         }
         if (out_cells) {
-            memcpy(out_cells + w.n, e->cell, (size_t)k * sizeof *out_cells);
+            memcpy(out_cells + w->n, e->cell + k0, (size_t)(k - k0) * sizeof *out_cells);
         }
         if (out_streams) {
-            memcpy(out_streams + w.n, e->strm, (size_t)k * sizeof *out_streams);
+            memcpy(out_streams + w->n, e->strm + k0, (size_t)(k - k0) * sizeof *out_streams);
         }
-        w.deepest = c;
-        w.off = k;
-        w.n += k;
+        w->deepest = at;
+        w->off = k;
+        w->n += k - k0;
         if (k < e->len) {
             break;
         }
-        at = c;
+        inside = false;
     }
+}
+
+/* Where a walk starts: at salt's root, or resumed where `from` stands (a prefix of the prompt the
+ * caller knows the index holds). */
+static prefix_walk walk_start(const kvc_prefix *idx, uint64_t salt, const prefix_walk *from) {
+    return from ? *from : (prefix_walk){ table_find(idx, NIL, salt), NIL, 0, 0 };
+}
+
+/* Walk tokens[0, n) under salt; with out_cells / out_streams, their cells as it goes. */
+static prefix_walk walk_prompt(const kvc_prefix *idx, uint64_t salt, const int32_t *tokens, uint32_t n,
+                               uint32_t *out_cells, uint32_t *out_streams) {
+    prefix_walk w = walk_start(idx, salt, NULL);
+    walk_on(idx, &w, tokens, n, out_cells, out_streams);
     return w;
 }
 
@@ -641,23 +662,31 @@ enum { CELL_OK, CELL_RANGE, CELL_TWICE, CELL_HELD };
  * *n_dup. Returns the first token that fails (n when none does), why in *why.
  * (The index's fields are read into locals once: the build does not assume that the stores to
  * the cell map and the outputs leave them alone, and this runs once per token of a release.) */
-static uint32_t check_cells(kvc_prefix *idx, const prefix_walk *w, const int32_t *tokens, const uint32_t *cells,
+static uint32_t check_cells(kvc_prefix *idx, const prefix_walk *w, const prefix_walk *from, const int32_t *tokens,
+                            const uint32_t *cells,
                             const uint32_t *streams, uint32_t n, bool distinct, uint32_t *dup_cells,
                             uint32_t *dup_streams, uint32_t *n_dup, int *why) {
     kvc_prefix_place *const place = idx->place;
     const uint32_t n_stream = idx->n_stream, n_cells = idx->n_cells;
-    uint32_t i = 0, dups = 0;
+    /* a resumed walk starts where `from` stands (its tokens are the caller's known cells) */
+    uint32_t i = from ? from->n : 0, dups = 0, at = from ? from->deepest : w->root;
+    bool inside = from && from->deepest != NIL && from->off < idx->nodes[from->deepest].len;
     *why = CELL_OK;
-    for (uint32_t at = w->root; i < n && *why == CELL_OK;) {
+    while (i < n && *why == CELL_OK) {
         /* along the matched path an edge at a time (e), then the new tokens (e NULL) */
         const kvc_prefix_node *e = NULL;
-        uint32_t k_end = n - i;
+        uint32_t k_end = n - i, k = 0;
         if (i < w->n) {
-            at = table_find(idx, at, (uint32_t)tokens[i]);
+            if (inside) {
+                k = from->off;
+                inside = false;
+            } else {
+                at = table_find(idx, at, (uint32_t)tokens[i]);
+            }
             e = &idx->nodes[at];
             k_end = at == w->deepest ? w->off : e->len;
         }
-        for (uint32_t k = 0; k < k_end; k++, i++) {
+        for (; k < k_end; k++, i++) {
             const uint32_t ahead = i + KVC_CELLS_AHEAD;
             if (ahead < n && streams[ahead] < n_stream && cells[ahead] < n_cells) {
                 KVC_PREFETCH_W(&place[(size_t)streams[ahead] * n_cells + cells[ahead]]);
@@ -703,8 +732,8 @@ static uint32_t evictable_off_path(const kvc_prefix *idx, uint32_t i) {
 
 /* kvc_prefix_insert, or with `upto` kvc_prefix_insert_upto. */
 static int insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells, const uint32_t *streams,
-                  uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams, bool upto, kvc_prefix_inserted *res,
-                  kvc_err *err) {
+                  uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams, bool upto, const prefix_walk *from,
+                  kvc_prefix_inserted *res, kvc_err *err) {
     *res = (kvc_prefix_inserted){ 0 };
     if (n == 0) {
         return KVC_OK;
@@ -712,13 +741,15 @@ static int insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const u
     if (!tokens || !cells || !streams) {
         return kvc_err_set(err, KVC_E_ARG, "an insert of %u tokens needs their tokens, cells and streams", n);
     }
-    prefix_walk w = walk_prompt(idx, salt, tokens, n, NULL, NULL);
+    prefix_walk w = walk_start(idx, salt, from);
+    walk_on(idx, &w, tokens, n, NULL, NULL);
     if (upto) {
         touch(idx, w.deepest);   /* the match of the whole prompt */
     }
     uint32_t n_dup = 0;
     int why = CELL_OK;
-    const uint32_t bad = check_cells(idx, &w, tokens, cells, streams, n, upto, dup_cells, dup_streams, &n_dup, &why);
+    const uint32_t bad = check_cells(idx, &w, from, tokens, cells, streams, n, upto, dup_cells, dup_streams, &n_dup,
+                                     &why);
     int rc = KVC_OK;
     uint32_t marked = upto ? 0 : bad;   /* the tokens whose marks go back on failure */
     if (bad < n && upto && why == CELL_HELD) {
@@ -728,7 +759,8 @@ static int insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const u
             return KVC_OK;
         }
         if (n < w.n) {
-            w = walk_prompt(idx, salt, tokens, n, NULL, NULL);
+            w = walk_start(idx, salt, from);   /* (a resumed walk's known tokens pass: bad >= from->n) */
+            walk_on(idx, &w, tokens, n, NULL, NULL);
         }
     } else if (bad < n) {
         uint32_t at = bad;
@@ -843,13 +875,30 @@ fail:
 int kvc_prefix_insert(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells,
                       const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
                       kvc_prefix_inserted *res, kvc_err *err) {
-    return insert(idx, salt, tokens, cells, streams, n, dup_cells, dup_streams, false, res, err);
+    return insert(idx, salt, tokens, cells, streams, n, dup_cells, dup_streams, false, NULL, res, err);
 }
 
 int kvc_prefix_insert_upto(kvc_prefix *idx, uint64_t salt, const int32_t *tokens, const uint32_t *cells,
                            const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
                            kvc_prefix_inserted *res, kvc_err *err) {
-    return insert(idx, salt, tokens, cells, streams, n, dup_cells, dup_streams, true, res, err);
+    return insert(idx, salt, tokens, cells, streams, n, dup_cells, dup_streams, true, NULL, res, err);
+}
+
+int kvc_prefix_insert_upto_from(kvc_prefix *idx, kvc_prefix_handle h, uint32_t off, const int32_t *tokens,
+                                const uint32_t *cells, const uint32_t *streams, uint32_t n, uint32_t *dup_cells,
+                                uint32_t *dup_streams, kvc_prefix_inserted *res, kvc_err *err) {
+    if (!kvc_prefix_handle_valid(idx, h) || off == 0 || off > idx->nodes[h.node].len ||
+        idx->nodes[h.node].depth + off > n) {
+        *res = (kvc_prefix_inserted){ 0 };
+        return kvc_err_set(err, KVC_E_ARG, "an insert resumed at %u tokens of a node it does not name", off);
+    }
+    uint32_t root = h.node;
+    while (!idx->nodes[root].root) {
+        root = idx->nodes[root].parent;
+    }
+    const prefix_walk from = { root, h.node, off, idx->nodes[h.node].depth + off };
+    return insert(idx, idx->nodes[root].label, tokens, cells, streams, n, dup_cells, dup_streams, true, &from, res,
+                  err);
 }
 
 bool kvc_prefix_handle_valid(const kvc_prefix *idx, kvc_prefix_handle h) {

@@ -179,6 +179,16 @@ int  kvc_prefix_insert_upto(kvc_prefix *idx, uint64_t salt, const int32_t *token
                             const uint32_t *streams, uint32_t n, uint32_t *dup_cells, uint32_t *dup_streams,
                             kvc_prefix_inserted *res, kvc_err *err);
 
+/* kvc_prefix_insert_upto of a prompt whose first tokens the caller knows the index holds with the
+ * caller's own cells: the path down to the first `off` tokens of h's edge, under h's salt (a
+ * sequence's cells that are, cell for cell, the prefix it attached). The walk and the checks
+ * start there, so that they cost the tokens past it; tokens, cells and streams are indexed from
+ * the prompt's first token all the same (those before the resumed point are not read).
+ * KVC_E_ARG also for a stale h, off 0 or past h's edge, or n short of the resumed point. */
+int  kvc_prefix_insert_upto_from(kvc_prefix *idx, kvc_prefix_handle h, uint32_t off, const int32_t *tokens,
+                                 const uint32_t *cells, const uint32_t *streams, uint32_t n, uint32_t *dup_cells,
+                                 uint32_t *dup_streams, kvc_prefix_inserted *res, kvc_err *err);
+
 /* The longest prefix of tokens[0, min(n, max_len)) the index holds under salt: its length; the
  * cells and streams of its tokens in out_cells / out_streams (room for that many; either may be
  * NULL), the node holding its last token in *end ({0, 0} for none). The path is touched. A

@@ -61,10 +61,11 @@ static inline bool take_cell(kvc_unified *c, uint32_t st, uint32_t i, const int3
 /* The tokens a release of s keeps at most, without the extension: the cells of positions 0, 1,
  * ... (the first cell of each) that cell_takes takes; their tokens into toks (room for
  * seq_n_cells), their cells into r->tmp_cell / tmp_strm. Returns how many. With the extension:
- * up to the first position holding several tokens (collect_ext goes past them).
+ * up to the first position holding several tokens (collect_ext goes past them). from: the
+ * leading tokens taken already (held_run), whose entries are s's first `from`.
  * (Every array is read through a local: the build does not assume that stores to the outputs
  * leave the cache's fields alone, and this loop runs once per token of every release.) */
-static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32_t n, int32_t *toks) {
+static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32_t n, int32_t *toks, uint32_t from) {
     const kvc_reuse *r = c->reuse;
     const uint32_t st = kvc_unified_stream_of(c, s), size = c->cells.size;
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
@@ -74,9 +75,9 @@ static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32
     const int32_t *shift = cells->has_shift ? cells->shift : NULL;
     const bool ext = cells->ext != NULL;
     uint32_t *out_cell = r->tmp_cell, *out_strm = r->tmp_strm;
-    uint32_t k = 0;
-    uint64_t last = 0;   /* when the cell of token k - 1 was computed */
-    for (uint32_t e = 0; e < n_key; e++) {
+    uint32_t k = from;
+    uint64_t last = from ? rec[kvc_seq_key_cell(key[from - 1])].born : 0;   /* when token k - 1's cell was computed */
+    for (uint32_t e = from; e < n_key; e++) {
         const int32_t p = kvc_seq_key_pos(key[e]);
         const uint32_t i = kvc_seq_key_cell(key[e]);
         if (e + KVC_CELLS_AHEAD < n_key) {
@@ -178,11 +179,59 @@ static uint32_t collect_ext(kvc_unified *c, int32_t s, const int32_t *tokens, ui
 }
 
 uint32_t kvc_retain_seq_tokens(kvc_unified *c, int32_t s, int32_t *toks) {
-    return c->reuse ? collect(c, s, NULL, 0, toks) : 0;
+    return c->reuse ? collect(c, s, NULL, 0, toks, 0) : 0;
 }
 
 uint32_t kvc_retain_seq_cells(const kvc_unified *c, int32_t s) {
     return seq_n_cells(c, s);
+}
+
+/* The leading tokens of s that are, cell for cell, the prefix s holds a lock on (the one it
+ * attached or published last), under salt and as the caller's tokens say (when given): token j's
+ * cell is s's only cell at position j and the index's cell of depth j, in s's stream. The index
+ * keeps a cell only while its K/V stay what it says (a moved or overwritten cell leaves it, and
+ * its handles with it), so these tokens need neither their cells' records read (scattered over
+ * the table) nor a walk down the tree: their tokens and cells go to toks / r->tmp_cell /
+ * tmp_strm as collect() would put them, and *at / *off name where an insert resumes
+ * (kvc_prefix_insert_upto_from). Reads s's entries and the path's edges, both in order. 0 with
+ * the per-cell extension (collect_ext's order) or in window mode. */
+static uint32_t held_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n, int32_t *toks,
+                         kvc_prefix_handle *at, uint32_t *off) {
+    kvc_reuse *r = c->reuse;
+    const kvc_prefix *idx = &r->idx;
+    const kvc_prefix_handle h = r->lock[s];
+    if (r->ext || r->n_ghost || h.node == 0 || !kvc_prefix_handle_valid(idx, h)) {
+        return 0;
+    }
+    const uint32_t st = kvc_unified_stream_of(c, s);
+    const kvc_seq_pos *sp = &kvc_unified_stream_cells_c(c, st)->seq_pos[s];
+    const uint64_t *key = sp->key;
+    uint32_t *out_cell = r->tmp_cell, *out_strm = r->tmp_strm;
+    const uint32_t lim = tokens && n < sp->n ? n : sp->n;
+    uint32_t q = idx->nodes[h.node].depth + idx->nodes[h.node].len;
+    q = q < lim ? q : lim;
+    /* up from h's node: each edge checks its tokens below q, the first that fails lowers q (the
+     * edges above hold the tokens before it); the edge holding token q - 1 is where to resume */
+    uint32_t x = h.node;
+    for (; !idx->nodes[x].root; x = idx->nodes[x].parent) {
+        const kvc_prefix_node *e = &idx->nodes[x];
+        const uint32_t d = e->depth;
+        for (uint32_t t = 0; d + t < q && t < e->len; t++) {
+            const uint32_t j = d + t;
+            if (e->strm[t] != st || key[j] != kvc_seq_key((int32_t)j, e->cell[t]) || (tokens && tokens[j] != e->tok[t])) {
+                q = j;
+                break;
+            }
+            toks[j] = e->tok[t];
+            out_cell[j] = e->cell[t];
+            out_strm[j] = st;
+        }
+        if (d < q && q <= d + e->len) {
+            *at = (kvc_prefix_handle){ x, e->gen };
+            *off = q - d;
+        }
+    }
+    return idx->nodes[x].label == salt ? q : 0;
 }
 
 /* Sequence s's lock moves to h (a deeper prefix it published): h locked first, so that a
@@ -214,7 +263,10 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
     }
     uint32_t *dup_cells = (uint32_t *)(toks + m), *dup_strms = dup_cells + m;
     /* (the duplicates' room is the scratch of collect_ext until the match below) */
-    uint32_t k = r->ext ? collect_ext(c, s, tokens, n, toks, dup_cells, dup_strms) : collect(c, s, tokens, n, toks);
+    kvc_prefix_handle from = { 0, 0 };
+    uint32_t from_off = 0;
+    const uint32_t q = held_run(c, s, salt, tokens, n, toks, &from, &from_off);
+    uint32_t k = r->ext ? collect_ext(c, s, tokens, n, toks, dup_cells, dup_strms) : collect(c, s, tokens, n, toks, q);
     /* with the extension, a prompt whose positions or 2-D positions differ from the held one's
      * shares none of its later cells: it is kept only up to there */
     if (k > 0 && r->ext) {
@@ -236,7 +288,10 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
          * the prefix the index holds of it (there it is the index's own cell or a duplicate); past
          * that prefix, a held cell belongs to another prompt and ends what is kept */
         kvc_prefix_inserted ins;
-        rc = kvc_prefix_insert_upto(&r->idx, salt, toks, r->tmp_cell, r->tmp_strm, k, dup_cells, dup_strms, &ins, err);
+        rc = q > 0 ? kvc_prefix_insert_upto_from(&r->idx, from, from_off, toks, r->tmp_cell, r->tmp_strm, k, dup_cells,
+                                                 dup_strms, &ins, err)
+                   : kvc_prefix_insert_upto(&r->idx, salt, toks, r->tmp_cell, r->tmp_strm, k, dup_cells, dup_strms, &ins,
+                                            err);
         k = ins.n_present + ins.n_added;
         if (rc == KVC_OK && k > 0) {
             kvc_reuse_note_insert(c, r->tmp_cell, r->tmp_strm, ins.n_present, k);
@@ -839,7 +894,7 @@ static int keep_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint6
                         return kvc_err_set(err, KVC_E_NOMEM, "out of memory keeping the prefix of sequence %d", s);
                     }
                     if (!ext) {
-                        n_toks = collect(base, s, tokens, n, toks);
+                        n_toks = collect(base, s, tokens, n, toks, 0);
                         break;
                     }
                     kpos = toks + m;

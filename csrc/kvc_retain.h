@@ -5,7 +5,9 @@
  *
  * Prompts start at position 0: token i of a prompt is at position i. A sequence's cells are
  * kept for the leading tokens whose cell sits at exactly that position with no shift pending
- * (a sequence moved by seq_add keeps nothing from the first moved cell on). With the per-cell
+ * (a sequence moved by seq_add keeps nothing from the first moved cell on); leading cells that
+ * are, cell for cell, the prefix the sequence attached or published last are kept as the index
+ * holds them, unchecked. With the per-cell
  * extension a prompt may hold several tokens at one position (an image's, by 2-D position) and
  * jump past them: its tokens are taken in the order they see each other (kvc_retain_release),
  * and each held cell keeps its position. Attaching puts the

@@ -555,6 +555,33 @@ def test_publish_shares_a_running_prefix():
     c._prefix_check()
 
 
+def test_a_sequence_holding_the_prefix_it_attached_keeps_it_and_what_follows():
+    """A released sequence whose leading cells are, cell for cell, the prefix it attached keeps
+    them as the index holds them, and what it computed after: also where the index's path was
+    put together from two requests' cells computed out of order (the first tokens' cells later
+    than the next ones', the same K/V all the same)."""
+    c = make()
+    head, tail = [21, 22, 23, 24, 25], [26, 27, 28, 29, 30]
+    assert compute(c, 1, head + tail, 0)          # B computes all ten first
+    assert compute(c, 0, head, 0)                 # A computes the first five later
+    assert c.prefix_release(0) == 5               # the index: A's five cells
+    assert c.prefix_release(1) == 10              # and B's last five after them
+    assert c.prefix_attach(2, head + tail + [31, 32]) == 10
+    assert compute(c, 2, head + tail + [31, 32], 10)
+    assert c.prefix_release(2) == 12
+    assert c.prefix_attach(3, head + tail + [31, 32, 33]) == 12
+    pos, rows = rows_of(c, 3)
+    for p in range(12):
+        np.testing.assert_array_equal(rows[p], fingerprint((head + tail + [31, 32])[:p + 1]))
+    # a sequence that lost the prefix's cells and computed its own keeps only what it computed right
+    c.seq_rm(3, 4, -1)
+    assert compute(c, 3, head + [40, 41], 4, prefix=head + [40, 41])
+    assert c.prefix_release(3) == 7
+    assert c.prefix_match(head + [40, 41, 0]) == 7
+    assert c.prefix_match(head + tail + [31, 32, 0]) == 12
+    c._prefix_check()
+
+
 def test_publish_in_an_iswa_cache():
     for c in (_iswa(), _small()):
         c.enable_prefix_reuse()
