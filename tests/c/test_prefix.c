@@ -102,6 +102,68 @@ static void test_insert_match_split(void) {
     kvc_prefix_free(&idx);
 }
 
+/* An insert resumed where the caller knows the prompt runs (kvc_prefix_insert_upto_from): inside
+ * an edge, at its end; the tokens before the resumed point are not read; bad resume points. */
+static void test_insert_upto_from(void) {
+    kvc_prefix idx;
+    REQUIRE(kvc_prefix_init(&idx, 1, 1024, 0, NULL) == KVC_OK, "init");
+    const int32_t a[] = { 1, 2, 3, 4, 5 };
+    kvc_prefix_inserted r;
+    CHECK(put(&idx, 0, a, 5, 10, 0, NULL) == KVC_OK, "a prompt of 5");
+    kvc_prefix_handle h;
+    uint32_t cells[64], streams[64], dc[64], ds[64];
+    CHECK(kvc_prefix_match(&idx, 0, a, 5, 3, NULL, NULL, &h) == 3, "the first 3");
+    /* inside the edge: 3 known, 2 more present, 2 new; the known ones unread (-7) */
+    const int32_t longer[] = { -7, -7, -7, 4, 5, 6, 7 };
+    for (uint32_t i = 0; i < 7; i++) {
+        cells[i] = i < 3 ? 999 : 10 + i;
+        streams[i] = 0;
+    }
+    CHECK(kvc_prefix_insert_upto_from(&idx, h, 3, longer, cells, streams, 7, dc, ds, &r, NULL) == KVC_OK &&
+              r.n_present == 5 && r.n_added == 2 && r.n_dup == 0,
+          "resumed inside the edge: present %u added %u dup %u", r.n_present, r.n_added, r.n_dup);
+    CHECKED(&idx);
+    const int32_t full[] = { 1, 2, 3, 4, 5, 6, 7 };
+    uint32_t got[64];
+    CHECK(find(&idx, 0, full, 7, got, &h) == 7 && got[0] == 10 && got[6] == 16, "the prompt of 7 held");
+    /* at the end of an edge, diverging below it: a new leaf */
+    kvc_prefix_handle h5;
+    CHECK(kvc_prefix_match(&idx, 0, full, 7, 5, NULL, NULL, &h5) == 5, "the first 5");
+    const uint32_t off5 = 5 - idx.nodes[h5.node].depth;
+    const int32_t fork[] = { 0, 0, 0, 0, 0, 8, 9 };
+    for (uint32_t i = 5; i < 7; i++) {
+        cells[i] = 30 + i;
+    }
+    CHECK(kvc_prefix_insert_upto_from(&idx, h5, off5, fork, cells, streams, 7, dc, ds, &r, NULL) == KVC_OK &&
+              r.n_present == 5 && r.n_added == 2,
+          "resumed at 5: present %u added %u", r.n_present, r.n_added);
+    CHECKED(&idx);
+    const int32_t fork_full[] = { 1, 2, 3, 4, 5, 8, 9 };
+    CHECK(find(&idx, 0, fork_full, 7, got, NULL) == 7 && got[5] == 35 && got[6] == 36, "the fork held");
+    /* a cell held for another token past the resumed point ends what is kept */
+    cells[5] = 16;   /* token 7's cell */
+    CHECK(kvc_prefix_insert_upto_from(&idx, h5, off5, fork, cells, streams, 7, dc, ds, &r, NULL) == KVC_OK &&
+              r.n_present + r.n_added == 5,
+          "kept up to the held cell: %u", r.n_present + r.n_added);
+    /* bad resume points change nothing */
+    const uint32_t held = kvc_prefix_n_held(&idx);
+    CHECK(kvc_prefix_insert_upto_from(&idx, h5, 0, fork, cells, streams, 7, dc, ds, &r, NULL) == KVC_E_ARG, "off 0");
+    CHECK(kvc_prefix_insert_upto_from(&idx, h5, idx.nodes[h5.node].len + 1, fork, cells, streams, 7, dc, ds, &r,
+                                      NULL) == KVC_E_ARG,
+          "off past the edge");
+    CHECK(kvc_prefix_insert_upto_from(&idx, h5, off5, fork, cells, streams, 4, dc, ds, &r, NULL) == KVC_E_ARG,
+          "n short of the resumed point");
+    CHECK(kvc_prefix_insert_upto_from(&idx, (kvc_prefix_handle){ 0, 0 }, 1, fork, cells, streams, 7, dc, ds, &r,
+                                      NULL) == KVC_E_ARG,
+          "no node");
+    kvc_prefix_clear(&idx);
+    CHECK(kvc_prefix_insert_upto_from(&idx, h5, off5, fork, cells, streams, 7, dc, ds, &r, NULL) == KVC_E_ARG,
+          "a stale handle");
+    CHECK(kvc_prefix_n_held(&idx) == 0 && held > 0, "nothing changed by the refusals");
+    CHECKED(&idx);
+    kvc_prefix_free(&idx);
+}
+
 static void test_salts(void) {
     kvc_prefix idx;
     REQUIRE(kvc_prefix_init(&idx, 2, 32, 0, NULL) == KVC_OK, "init");
@@ -673,6 +735,7 @@ static void test_million_tokens(void) {
 
 int main(void) {
     test_insert_match_split();
+    test_insert_upto_from();
     test_salts();
     test_duplicates_and_bad_cells();
     test_lock_pin_evict();
