@@ -483,12 +483,14 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
             kvc_cells_prefetch_seq(cells, r->tmp_cell[i + KVC_CELLS_AHEAD], s);
         }
         if (kvc_cells_is_empty(cells, cell)) {
-            kvc_cells_pos_set(cells, cell, kvc_reuse_pos_of(c, src, cell, i));
+            /* a cell only the index held: its position back and s as its first sequence at once */
+            kvc_cells_place_first(cells, cell, kvc_reuse_pos_of(c, src, cell, i), s);
             if (r->ext) {
                 cells->ext[cell] = r->ext[kvc_reuse_at(r, src, cell)];   /* the table reset it */
             }
+        } else {
+            kvc_cells_seq_add(cells, cell, s);
         }
-        kvc_cells_seq_add(cells, cell, s);
         if (src != st) {
             kvc_reuse_copy_cells(c, src, st, cell);
         }
