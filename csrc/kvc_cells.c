@@ -159,7 +159,9 @@ static void kvc_cells_find_used_max(kvc_cells *c, uint32_t end) {
     c->used_max_p1 = (w << 6) + kvc_msb64(bits) + 1;
 }
 
-static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
+/* The bits of cell i going empty: its shift zeroed where the table does so, the emptied, used
+ * and free-word bits; the counts (used, used_max_p1) are the caller's. */
+static inline void unused_bits(kvc_cells *c, uint32_t i) {
     /* (a table with no shift since its last reset has every shift 0: the line is not written) */
     if (c->empty_zeroes_shift && c->has_shift) {
         c->shift[i] = 0;
@@ -168,10 +170,19 @@ static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
     if (!(c->used_bits[i >> 6] &= ~((uint64_t)1 << (i & 63)))) {
         c->free_words[i >> 12] |= (uint64_t)1 << ((i >> 6) & 63);
     }
+}
+
+/* The counts of cell i, which went empty (unused_bits done). */
+static inline void unused_count(kvc_cells *c, uint32_t i) {
     c->used--;
     if (i + 1 == c->used_max_p1) {
         kvc_cells_find_used_max(c, i);   /* the last used cell went away */
     }
+}
+
+static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
+    unused_bits(c, i);
+    unused_count(c, i);
 }
 
 /* Set (used) or clear the used bits of cells [i, i + n), free_words kept; the counts are the
@@ -647,10 +658,11 @@ bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
     return kvc_cells_seq_del_raw(c, i, s);
 }
 
-/* kvc_cells_seq_del_raw with s's word of cell i (`word`), its bit and the counts (c->n_seqs)
- * given: a caller removing many cells reads them once (the build does not assume that the
- * stores to the cells leave the table's fields alone). */
-static inline bool seq_leave(kvc_cells *c, uint32_t i, uint64_t *word, uint64_t bit, uint16_t *n_seqs) {
+/* kvc_cells_seq_del_raw but for the table's counts (unused_count, when it returns true: the cell
+ * went empty), with s's word of cell i (`word`), its bit and the per-cell counts (c->n_seqs)
+ * given: a caller removing many cells reads them once and counts once (the build does not assume
+ * that the stores to the cells leave the table's fields alone). */
+static inline bool seq_leave_bits(kvc_cells *c, uint32_t i, uint64_t *word, uint64_t bit, uint16_t *n_seqs) {
     if (*word & bit) {
         *word &= ~bit;
         n_seqs[i]--;
@@ -659,14 +671,18 @@ static inline bool seq_leave(kvc_cells *c, uint32_t i, uint64_t *word, uint64_t 
     if (n_seqs[i] == 0) {
         c->pos[i] = -1;
         kvc_cells_ext_reset(c, i);
-        kvc_cells_mark_unused(c, i);
+        unused_bits(c, i);
         return true;
     }
     return false;
 }
 
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
-    return seq_leave(c, i, &c->seq[(size_t)(s >> 6) * c->size + i], (uint64_t)1 << (s & 63), c->n_seqs);
+    if (seq_leave_bits(c, i, &c->seq[(size_t)(s >> 6) * c->size + i], (uint64_t)1 << (s & 63), c->n_seqs)) {
+        unused_count(c, i);
+        return true;
+    }
+    return false;
 }
 
 uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
@@ -678,6 +694,10 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     uint64_t *const plane = c->seq + (size_t)(s >> 6) * c->size;
     uint16_t *const n_seqs = c->n_seqs;
     int32_t *const shift = c->empty_zeroes_shift && c->has_shift ? c->shift : NULL;
+    /* the counts once, after the loop: the cells emptied, and the last used cell if it went */
+    const uint32_t top = c->used_max_p1;
+    uint32_t n_empty = 0;
+    bool top_went = false;
     for (uint32_t k = a; k < b; k++) {
         const uint32_t i = kvc_seq_key_cell(key[k]);
         if (k + KVC_CELLS_AHEAD < b) {
@@ -688,11 +708,17 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
                 KVC_PREFETCH_W(shift + next);
             }
         }
-        if (seq_leave(c, i, &plane[i], bit, n_seqs) && i < lowest) {
-            lowest = i;
+        if (seq_leave_bits(c, i, &plane[i], bit, n_seqs)) {
+            n_empty++;
+            top_went |= i + 1 == top;
+            lowest = i < lowest ? i : lowest;
         }
         runs += (i >> 6) != prev;
         prev = i >> 6;
+    }
+    c->used -= n_empty;
+    if (top_went) {
+        kvc_cells_find_used_max(c, top - 1);   /* no cell from the old last one on is used */
     }
     if (a == b) {
         return lowest;
