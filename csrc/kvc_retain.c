@@ -317,7 +317,7 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
     if (end) {
         kvc_unified_seq_rm(c, s, -1, -1);   /* releases its lock (kvc_reuse_sync) */
     } else {
-        kvc_reuse_sync(c);   /* the cap may have evicted a lock's prefix */
+        kvc_reuse_sync_seq(c, s);   /* the cap may have evicted a lock's prefix */
     }
     return KVC_OK;
 }

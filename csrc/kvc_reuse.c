@@ -410,6 +410,24 @@ void kvc_reuse_sync(kvc_unified *c) {
     }
 }
 
+void kvc_reuse_sync_seq(kvc_unified *c, int32_t s) {
+    kvc_reuse *r = c->reuse;
+    if (!r) {
+        return;
+    }
+    if (s < 0 || r->idx.n_released != r->synced) {
+        kvc_reuse_sync(c);
+        return;
+    }
+    /* no node went since the last sync, which left every lock with a sequence holding cells:
+     * only s's can change */
+    kvc_prefix_handle *h = &r->lock[s];
+    if (h->node != 0 && kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s))->seq_pos[s].n == 0) {
+        (void)kvc_prefix_unlock(&r->idx, *h, NULL);
+        h->node = h->gen = 0;
+    }
+}
+
 void kvc_reuse_note_insert(kvc_unified *c, const uint32_t *cells, const uint32_t *streams, uint32_t from,
                            uint32_t to) {
     kvc_reuse *r = c->reuse;

@@ -181,6 +181,9 @@ uint64_t *kvc_reuse_avail(kvc_unified *c, uint32_t st);
 /* Locks of sequences that have no cell any more are released, stale ones dropped (after every
  * operation that removes cells from sequences). */
 void kvc_reuse_sync(kvc_unified *c);
+/* kvc_reuse_sync after an operation that removed cells of sequence s alone (every sequence for
+ * s < 0): O(1) where no prefix left the index since the last sync. */
+void kvc_reuse_sync_seq(kvc_unified *c, int32_t s);
 /* Record the effect of the index's last insert (n_added cells from cells / streams + n_present
  * on) and of the cells it let go. */
 void kvc_reuse_note_insert(kvc_unified *c, const uint32_t *cells, const uint32_t *streams, uint32_t from,

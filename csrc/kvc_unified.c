@@ -305,7 +305,7 @@ bool kvc_unified_seq_rm(kvc_unified *c, int32_t s, int32_t p0, int32_t p1) {
             kvc_table_seq_rm(kvc_unified_stream_cells(c, st), kvc_unified_stream_head(c, st), s, p0, p1);
         }
     }
-    kvc_reuse_sync(c);
+    kvc_reuse_sync_seq(c, s);
     return true;
 }
 
