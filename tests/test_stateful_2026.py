@@ -208,10 +208,12 @@ class Unified2026Machine(SequenceEditRules, RuleBasedStateMachine):
         cache (into a sequence drawn, often another one) gives what state_read of its state
         gives in another copy, or both refuse alike, changing nothing."""
         cache = self.replays[1].cache
-        whole = cache.state_write(-1)
+        # the layout it is written in, as docs/state.md says to read one's own states (a tiny
+        # cache's whole state may frame in both layouts, and a read without one refuses it)
+        whole = cache.state_write(-1, layout="2026")
         moved, read = (start(unified2026.kvcache_target(), self.cfg).cache for _ in range(2))
         for c in (moved, read):
-            c.state_read(whole)
+            c.state_read(whole, layout="2026")
         seq_id = data.draw(st.integers(0, self.n_seq_max - 1), label="seq_id")
         if self.multi and any(snap.holds(seq_id).any() for k, snap in enumerate(cache.stream_cells()) if k != seq_id):
             # a whole state read takes cells of a sequence in another's stream (as llama.cpp does, a

@@ -282,10 +282,10 @@ class ISWA2026Machine(RuleBasedStateMachine):
         """A sequence moved by seq_export / seq_import_begin into a copy of the pair (into a
         sequence drawn) leaves it as state_read of the sequence's state leaves another copy, or
         both refuse alike and neither half changed."""
-        whole = self.cache.state_write(-1)
+        whole = self.cache.state_write(-1, layout="2026")   # read in the layout it was written in
         moved, read = self.new_cache(), self.new_cache()
         for c in (moved, read):
-            c.state_read(whole)
+            c.state_read(whole, layout="2026")
         hand_off_alike(self.cache, moved, read, self.seq(data), self.seq(data))
 
     # --- what today's llama.cpp aborts on --------------------------------------------------------
