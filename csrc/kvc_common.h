@@ -220,8 +220,8 @@ static inline unsigned kvc_popcount64(uint64_t x) {
 #endif
 /* How many cells ahead a walk over a list of cells (a sequence's, a placement's, a prompt's in
  * the prefix index) prefetches what it will edit: such cells lie scattered over the cache, a
- * cache miss per field otherwise. */
-#define KVC_CELLS_AHEAD 8u
+ * cache miss per field otherwise (16: a walk spends ~10 ns a cell, a miss to memory ~100). */
+#define KVC_CELLS_AHEAD 16u
 
 #ifdef __cplusplus
 }
