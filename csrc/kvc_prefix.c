@@ -663,9 +663,8 @@ enum { CELL_OK, CELL_RANGE, CELL_TWICE, CELL_HELD };
  * (The index's fields are read into locals once: the build does not assume that the stores to
  * the cell map and the outputs leave them alone, and this runs once per token of a release.) */
 static uint32_t check_cells(kvc_prefix *idx, const prefix_walk *w, const prefix_walk *from, const int32_t *tokens,
-                            const uint32_t *cells,
-                            const uint32_t *streams, uint32_t n, bool distinct, uint32_t *dup_cells,
-                            uint32_t *dup_streams, uint32_t *n_dup, int *why) {
+                            const uint32_t *cells, const uint32_t *streams, uint32_t n, bool distinct,
+                            uint32_t *dup_cells, uint32_t *dup_streams, uint32_t *n_dup, int *why) {
     kvc_prefix_place *const place = idx->place;
     const uint32_t n_stream = idx->n_stream, n_cells = idx->n_cells;
     /* a resumed walk starts where `from` stands (its tokens are the caller's known cells) */
@@ -892,13 +891,9 @@ int kvc_prefix_insert_upto_from(kvc_prefix *idx, kvc_prefix_handle h, uint32_t o
         *res = (kvc_prefix_inserted){ 0 };
         return kvc_err_set(err, KVC_E_ARG, "an insert resumed at %u tokens of a node it does not name", off);
     }
-    uint32_t root = h.node;
-    while (!idx->nodes[root].root) {
-        root = idx->nodes[root].parent;
-    }
-    const prefix_walk from = { root, h.node, off, idx->nodes[h.node].depth + off };
-    return insert(idx, idx->nodes[root].label, tokens, cells, streams, n, dup_cells, dup_streams, true, &from, res,
-                  err);
+    /* a walk resumed at a node never goes back to its root, and never needs the salt to find it */
+    const prefix_walk from = { NIL, h.node, off, idx->nodes[h.node].depth + off };
+    return insert(idx, 0, tokens, cells, streams, n, dup_cells, dup_streams, true, &from, res, err);
 }
 
 bool kvc_prefix_handle_valid(const kvc_prefix *idx, kvc_prefix_handle h) {

@@ -387,6 +387,15 @@ uint64_t *kvc_reuse_avail(kvc_unified *c, uint32_t st) {
     return avail;
 }
 
+/* Sequence s's lock goes when s holds no cell any more. */
+static void unlock_if_empty(kvc_unified *c, kvc_reuse *r, int32_t s) {
+    kvc_prefix_handle *h = &r->lock[s];
+    if (h->node != 0 && kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s))->seq_pos[s].n == 0) {
+        (void)kvc_prefix_unlock(&r->idx, *h, NULL);
+        h->node = h->gen = 0;
+    }
+}
+
 void kvc_reuse_sync(kvc_unified *c) {
     kvc_reuse *r = c->reuse;
     if (!r) {
@@ -403,9 +412,8 @@ void kvc_reuse_sync(kvc_unified *c) {
         }
         if (r->idx.n_released != seen && !kvc_prefix_handle_valid(&r->idx, *h)) {
             h->node = h->gen = 0;   /* the prefix left the index: its lock went with it */
-        } else if (kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, (int32_t)s))->seq_pos[s].n == 0) {
-            (void)kvc_prefix_unlock(&r->idx, *h, NULL);
-            h->node = h->gen = 0;
+        } else {
+            unlock_if_empty(c, r, (int32_t)s);
         }
     }
 }
@@ -421,11 +429,7 @@ void kvc_reuse_sync_seq(kvc_unified *c, int32_t s) {
     }
     /* no node went since the last sync, which left every lock with a sequence holding cells:
      * only s's can change */
-    kvc_prefix_handle *h = &r->lock[s];
-    if (h->node != 0 && kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, s))->seq_pos[s].n == 0) {
-        (void)kvc_prefix_unlock(&r->idx, *h, NULL);
-        h->node = h->gen = 0;
-    }
+    unlock_if_empty(c, r, s);
 }
 
 void kvc_reuse_note_insert(kvc_unified *c, const uint32_t *cells, const uint32_t *streams, uint32_t from,
