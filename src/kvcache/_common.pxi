@@ -606,6 +606,12 @@ cdef inline object _kwarg(dict kwargs, str name, object value, Py_ssize_t *taken
 _I64 = np.dtype(np.int64)
 
 
+cdef str _group_unit(uint32_t nst):
+    """What one entry of a ubatch's seq_id stands for, in its messages (worded only when one is
+    raised: a server builds a ubatch per step)."""
+    return "token" if nst == 1 else f"group of n_seq_tokens={nst} tokens"
+
+
 cdef class UBatch:
     """A ubatch: the tokens placed into a cache in one step.
 
@@ -675,13 +681,13 @@ cdef class UBatch:
         if n_tokens % nst:
             raise ValueError(f"pos has {n_tokens} tokens, not a whole number of groups of "
                              f"n_seq_tokens={nst}")
-        cdef str unit = "token" if nst == 1 else f"group of n_seq_tokens={nst} tokens"
         lists = None
         ids_v = _flat_ints(seq_id)
         if ids_v is not None and len(ids_v) != n_tokens // nst:
-            raise ValueError(f"seq_id has {len(ids_v)} entries, expected one per {unit} ({n_tokens // nst})")
+            raise ValueError(f"seq_id has {len(ids_v)} entries, expected one per {_group_unit(nst)} "
+                             f"({n_tokens // nst})")
         if ids_v is None:
-            lists = seq_lists_c(seq_id, n_tokens // nst, unit)
+            lists = seq_lists_c(seq_id, n_tokens // nst, _group_unit(nst))
             n_groups = len(lists)
             total = 0
             for g in range(n_groups):
@@ -697,7 +703,7 @@ cdef class UBatch:
         # token ids alone (a server's ubatch) go into the ubatch's block, read once and checked as
         # they are copied; anything else (2-D positions, a negative id) goes through _ext_values
         tok_v = None
-        if (type(tokens) is np.ndarray or type(tokens) is list) and pos_x is None and pos_y is None and n_tokens:
+        if (type(tokens) is _NDARRAY or type(tokens) is list) and pos_x is None and pos_y is None and n_tokens:
             tok_v = _flat_ints(tokens)
             if tok_v is not None and len(tok_v) != n_tokens:
                 tok_v = None
