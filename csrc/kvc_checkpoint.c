@@ -373,6 +373,10 @@ static void rows_in(kvc_recurrent *c, uint32_t cell, const uint8_t *src) {
 int kvc_ckpt_save(kvc_ckpt_pool *p, const kvc_recurrent *c, int32_t s, uint64_t salt, const int32_t *tokens,
                   uint32_t n, int32_t *copy, uint32_t *n_kept, kvc_err *err) {
     *n_kept = 0;
+    if (kvc_seq_id_check(s, c->n_seq_max, err) != KVC_OK) {
+        free(copy);
+        return KVC_E_ARG;
+    }
     const int32_t cell = ckpt_cell_of(c, s);
     if (cell < 0) {
         free(copy);
@@ -491,6 +495,9 @@ void kvc_ckpt_disown(kvc_ckpt_pool *p, int32_t s) {
 int kvc_ckpt_attach(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint64_t salt, const int32_t *tokens,
                     uint32_t n, uint32_t *n_attached, kvc_err *err) {
     *n_attached = 0;
+    if (kvc_seq_id_check(s, c->n_seq_max, err) != KVC_OK) {
+        return KVC_E_ARG;
+    }
     if (kvc_recurrent_seq_pos_max(c, s) >= 0) {
         return kvc_err_set(err, KVC_E_ARG, "sequence %d holds a state: attach into an empty sequence", s);
     }
@@ -509,6 +516,9 @@ int kvc_ckpt_attach(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint64_t salt
 int kvc_ckpt_release(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint64_t salt, const int32_t *tokens,
                      uint32_t n, uint32_t *n_kept, kvc_err *err) {
     *n_kept = 0;
+    if (kvc_seq_id_check(s, c->n_seq_max, err) != KVC_OK) {
+        return KVC_E_ARG;
+    }
     if (n && ckpt_cell_of(c, s) >= 0) {
         const int r = kvc_ckpt_save(p, c, s, salt, tokens, n, NULL, n_kept, err);
         if (r != KVC_OK) {

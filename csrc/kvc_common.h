@@ -78,6 +78,14 @@ typedef struct kvc_err {
 
 /* Fill err (if not NULL) with code and a printf-style message; returns code. */
 int kvc_err_set(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);
+/* KVC_OK when s is a sequence id of a cache of n_seq_max sequences, else KVC_E_ARG: the entry
+ * points that index per-sequence records with a caller's id check it themselves. */
+static inline int kvc_seq_id_check(int32_t s, uint32_t n_seq_max, kvc_err *err) {
+    if (s < 0 || (uint32_t)s >= n_seq_max) {
+        return kvc_err_set(err, KVC_E_ARG, "seq_id %d is outside [0, %u)", (int)s, (unsigned)n_seq_max);
+    }
+    return KVC_OK;
+}
 /* Put "<context>: " in front of err's message (a failure inside a part named by the caller);
  * returns code. */
 int kvc_err_wrap(kvc_err *err, int code, const char *fmt, ...) KVC_PRINTF_FORMAT(3, 4);

@@ -56,6 +56,9 @@ int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_
     if (!h->attn->reuse) {
         return kvc_err_set(err, KVC_E_ARG, "prefix reuse is off in the attention part");
     }
+    if (kvc_seq_id_check(s, h->recr->n_seq_max, err) != KVC_OK) {
+        return KVC_E_ARG;
+    }
     kvc_unified *parts[2];
     const uint32_t k = attn_parts(h, parts);
     bool held = kvc_recurrent_seq_pos_max(h->recr, s) >= 0;
@@ -99,6 +102,9 @@ int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64
                               uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err) {
     *n_hit = 0;
     memset(attn, 0, sizeof *attn);
+    if (kvc_seq_id_check(s, h->recr->n_seq_max, err) != KVC_OK) {
+        return KVC_E_ARG;
+    }
     kvc_unified *parts[2];
     const uint32_t k = attn_parts(h, parts);
     uint32_t len = kvc_ckpt_seq_len(h->recr, s);

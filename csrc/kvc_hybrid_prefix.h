@@ -23,8 +23,8 @@ extern "C" {
 uint32_t kvc_hybrid_prefix_match(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n);
 
 /* Sequence s, empty in both parts, takes the hit: the checkpoint's state at position P - 1 and the
- * attention cells of [0, P); *n_attached = P (0: nothing attached). KVC_OK; KVC_E_ARG (s holds
- * cells or a state, reuse off), KVC_E_NOSPACE (no recurrent cell), KVC_E_NOMEM: nothing changed. */
+ * attention cells of [0, P); *n_attached = P (0: nothing attached). KVC_OK; KVC_E_ARG (s not a sequence id or
+ * holding cells or a state, reuse off), KVC_E_NOSPACE (no recurrent cell), KVC_E_NOMEM: nothing changed. */
 int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
                              uint32_t n, uint32_t *n_attached, kvc_err *err);
 
@@ -32,8 +32,8 @@ int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_
  * cells' own tokens) and its recurrent state is checkpointed as the state after its tokens (the
  * given ones, or without them the tokens its attention cells recorded, when they cover every
  * position of the state); then s leaves both parts. *n_hit: the hit a later request with these tokens (and one more) gets from what is
- * held now; *attn: the attention part's release. KVC_OK; KVC_E_ARG (tokens shorter than the state,
- * reuse off), KVC_E_NOMEM: nothing changed. */
+ * held now; *attn: the attention part's release. KVC_OK; KVC_E_ARG (s not a sequence id, tokens
+ * shorter than the state, reuse off), KVC_E_NOMEM: nothing changed. */
 int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
                               uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err);
 

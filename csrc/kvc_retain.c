@@ -255,6 +255,9 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
     if (!r) {
         return reuse_off(err);
     }
+    if (kvc_seq_id_check(s, c->n_seq_max, err) != KVC_OK) {
+        return KVC_E_ARG;
+    }
     const uint32_t st = kvc_unified_stream_of(c, s);
     const uint32_t m = seq_n_cells(c, s) ? seq_n_cells(c, s) : 1;
     int32_t *toks = kvc_malloc_n(m, 3 * sizeof *toks);
@@ -511,6 +514,9 @@ static int attach_check(kvc_unified *c, int32_t s, kvc_err *err) {
     if (!c->reuse) {
         return reuse_off(err);
     }
+    if (kvc_seq_id_check(s, c->n_seq_max, err) != KVC_OK) {
+        return KVC_E_ARG;
+    }
     if (kvc_unified_seq_pos_max(c, s) >= 0) {
         return kvc_err_set(err, KVC_E_ARG, "sequence %d is not empty: a prefix attaches to a new sequence "
                            "(seq_rm(%d) first)", s, s);
@@ -557,11 +563,16 @@ int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_
     return kvc_retain_pin_xy(c, salt, tokens, NULL, NULL, NULL, n, pin, err);
 }
 
+bool kvc_retain_pin_held(const kvc_unified *c, kvc_prefix_handle pin) {
+    return c->reuse && pin.node != 0 && kvc_prefix_handle_valid(&c->reuse->idx, pin) &&
+           c->reuse->idx.nodes[pin.node].n_pin != 0;
+}
+
 int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err) {
     if (!c->reuse) {
         return reuse_off(err);
     }
-    if (pin.node == 0 || !kvc_prefix_handle_valid(&c->reuse->idx, pin) || c->reuse->idx.nodes[pin.node].n_pin == 0) {
+    if (!kvc_retain_pin_held(c, pin)) {
         return kvc_err_set(err, KVC_E_ARG, "not a pin of this cache's prefix index (unpinned already, or its "
                            "prefix was dropped)");
     }
@@ -870,6 +881,9 @@ static int keep_window(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
 static int keep_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt, const int32_t *tokens,
                       uint32_t n, bool end, kvc_retained *res, kvc_err *err) {
     memset(res, 0, sizeof *res);
+    if (kvc_seq_id_check(s, cs[0]->n_seq_max, err) != KVC_OK) {
+        return KVC_E_ARG;
+    }
     res->n_kept = UINT32_MAX;
     /* a part in window mode keeps the prompt the first other part keeps: its tokens first (with
      * the extension, their positions and extensions too) */

@@ -37,7 +37,7 @@ typedef struct kvc_retained {
  * position, one position's tokens by 2-D position, row-major, a position after several tokens
  * one past their largest x or y) go to the index under salt, the sequence leaves every cell (seq_rm(s)); cells
  * only the sequence held and the index did not take become free. KVC_OK with *res;
- * KVC_E_ARG (reuse off; a cell the index holds for another token), KVC_E_NOMEM (nothing changed). */
+ * KVC_E_ARG (reuse off; s not a sequence id; a cell the index holds for another token), KVC_E_NOMEM (nothing changed). */
 int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                        kvc_retained *res, kvc_err *err);
 
@@ -53,7 +53,7 @@ uint32_t kvc_retain_seq_cells(const kvc_unified *c, int32_t s);
  * (shared, as seq_cp shares them), and s holds a lock on the prefix (it is not evicted while s
  * holds cells). What s later removes stays in the index (its K/V are unchanged); what it moves
  * or what is overwritten, the index forgets. KVC_OK with *res (n_evicted: by the cap);
- * KVC_E_ARG (reuse off), KVC_E_NOMEM (nothing changed). */
+ * KVC_E_ARG (reuse off, s not a sequence id), KVC_E_NOMEM (nothing changed). */
 int kvc_retain_publish(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                        kvc_retained *res, kvc_err *err);
 
@@ -63,7 +63,7 @@ uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, 
 
 /* Sequence s (which holds no cell) takes the longest prefix of tokens[0 .. n) the index holds
  * under salt, at most n - 1 tokens: *n_attached of them, at positions 0 .. *n_attached - 1.
- * KVC_OK; KVC_E_ARG (reuse off, s not empty); KVC_E_NOMEM (a stream copy could not be queued;
+ * KVC_OK; KVC_E_ARG (reuse off, s not a sequence id or not empty); KVC_E_NOMEM (a stream copy could not be queued;
  * nothing changed). */
 int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                       uint32_t *n_attached, kvc_err *err);
@@ -74,6 +74,8 @@ int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_
                    kvc_err *err);
 /* KVC_OK, KVC_E_ARG (not a pin of this index: unknown, already unpinned, or its prefix left). */
 int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err);
+/* Whether pin names a pin kvc_retain_unpin takes now (reuse on, the prefix held and pinned). */
+bool kvc_retain_pin_held(const kvc_unified *c, kvc_prefix_handle pin);
 
 /* With the per-cell extension (kvc_reuse.h): match, attach and pin as above, counting a held
  * cell only where it sits at the position the request places tokens[i] at (pos[i]; NULL: i)
@@ -107,7 +109,7 @@ uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64
  * window mode only where it holds the window before p. Both parts' prefixes count as used. */
 bool kvc_retain_serves_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                              uint32_t n, uint32_t p);
-/* Attach that many tokens in every part, or nothing (KVC_E_ARG: s not empty in some part;
+/* Attach that many tokens in every part, or nothing (KVC_E_ARG: s not a sequence id, or not empty in some part;
  * KVC_E_NOMEM). */
 int kvc_retain_attach_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                             const int32_t *tokens, uint32_t n, uint32_t *n_attached, kvc_err *err);

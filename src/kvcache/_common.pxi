@@ -154,6 +154,7 @@ MAX_SEQ = KVC_MAX_SEQ   # sequence ids of a cache lie in [0, n_seq_max), n_seq_m
 
 
 cdef object _NP_INTEGER = np.integer
+from collections.abc import Set as _AbcSet, Mapping as _AbcMapping
 cdef object _NP_BOOL = np.bool_
 
 
@@ -169,18 +170,28 @@ cdef inline bint _is_int(object v):
 cdef long long int_c(object v, str name, long long lo, long long hi) except? -1:
     """An integer argument in [lo, hi] (TypeError for bools, floats and non-integers, ValueError
     outside the bounds)."""
+    return int_in(v, name, lo, hi, -1)
+
+
+cdef long long int_in(object v, str name, long long lo, long long hi, long long end) except? -1:
+    """int_c, whose ValueError names the range as [lo, end) when end >= 0 (a count's range). The
+    value is read once: the message shows the value refused, whatever a later read would give."""
     cdef int overflow = 0
     cdef long long r
+    cdef object iv = v
     if PyLong_Check(v) and not PyBool_Check(v):
         r = PyLong_AsLongLongAndOverflow(v, &overflow)      # an int subclass: its value, no method
     elif isinstance(v, _NP_INTEGER):
-        r = PyLong_AsLongLongAndOverflow(PyNumber_Index(v), &overflow)
+        iv = PyNumber_Index(v)
+        r = PyLong_AsLongLongAndOverflow(iv, &overflow)
     elif _is_bool(v):
         raise TypeError(f"{name} must be an int, not bool")
     else:
         raise TypeError(f"{name} must be an int, not {type(v).__name__}")
     if overflow or r < lo or r > hi:
-        raise ValueError(f"{name} = {int(PyNumber_Index(v))} is outside [{lo}, {hi}]")
+        # int.__repr__: the value itself, never a subclass's own text
+        span = f"[{lo}, {end})" if end >= 0 else f"[{lo}, {hi}]"
+        raise ValueError(f"{name} = {int.__repr__(iv)} is outside {span}")
     return r
 
 
@@ -231,11 +242,7 @@ cdef inline int32_t divisor_c(object v) except? -2:
 
 cdef inline int32_t seq_c(object v, uint32_t n_seq_max, str name, bint allow_any) except? -2:
     """A sequence id in [0, n_seq_max), or -1 when allow_any."""
-    cdef long long s = int_c(v, name, LLONG_MIN, LLONG_MAX)
-    if s < 0 or s >= <long long>n_seq_max:
-        if not (allow_any and s == -1):
-            raise ValueError(f"{name} = {s} is outside [{-1 if allow_any else 0}, {n_seq_max})")
-    return <int32_t>s
+    return <int32_t>int_in(v, name, -1 if allow_any else 0, <long long>n_seq_max - 1, n_seq_max)
 
 
 def seq_arg(v, n_seq_max, name="seq_id", allow_any=False):
@@ -372,6 +379,10 @@ cdef object values_c(object v, str name, int kind, bint nd=False):
     buffer, never by attributes (an object that only claims an __array_interface__ is not an
     array)."""
     cdef str what = "numbers" if kind == VALUES_FLOAT else ("bools or ints" if kind == VALUES_FLAG else "integers")
+    # text and raw bytes are not values (bytes would read as uint8 through their buffer), nor
+    # are sets or mappings (no order, or keys for values)
+    if isinstance(v, (str, bytes, bytearray, _AbcSet, _AbcMapping)):
+        raise TypeError(f"{name} must be a sequence of {what} or an array, not {type(v).__name__}")
     if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
         a = host_array(v, name)
         ok = a.dtype.kind in "iu" or (kind == VALUES_FLAG and a.dtype == np.bool_) or \
@@ -385,8 +396,6 @@ cdef object values_c(object v, str name, int kind, bint nd=False):
         if a.dtype == np.uint64 and a.size and int(a.max()) > 2**63 - 1:
             raise ValueError(f"{name} holds values beyond int64")
         return np.array(a, dtype=np.int64, copy=True)
-    if isinstance(v, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence of {what} or an array, not {type(v).__name__}")
     try:
         items = list(v)
     except TypeError:

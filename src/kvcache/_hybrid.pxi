@@ -398,6 +398,10 @@ cdef class _Hybrid:
         exactly P. With a sliding window the attention part is an iSWA pair
         (ISWACache2026.enable_prefix_reuse): both of its caches serve the hit, a SWA cache smaller
         than the base cache (``swa_full=False``) only where it still holds the window before P."""
+        # every argument checked before either part changes: the recurrent part's own checks come
+        # before it starts its new pool, and the cap is read here (the attention part's enable
+        # then fails only for memory)
+        cap = int_c(cap, "cap", 0, UINT32_MAX)
         had = self._attn.prefix_reuse
         self._recr.enable_prefix_reuse(checkpoints, per_seq, memory)
         try:
@@ -434,7 +438,7 @@ cdef class _Hybrid:
 
     cdef kvc_ckpt_pool *_pool(self, str what) except NULL:
         if not self._attn.prefix_reuse:
-            raise RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
+            raise reuse_off(what)
         return self._recr._pool(what)
 
     def prefix_match(self, tokens, salt=None):
@@ -442,7 +446,7 @@ cdef class _Hybrid:
         and whose whole prefix the attention index also holds, at most ``len(tokens) - 1``
         (0 while reuse is off). Both parts' prefixes count as used."""
         cdef prefix_req q
-        t = prefix_args(&q, None, 0, tokens, salt)
+        t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
         cdef uint32_t r = 0
         if not self.prefix_reuse:
             return 0
@@ -505,30 +509,40 @@ cdef class _Hybrid:
         """Keep the prefix ``tokens`` in both parts (the attention cells and the checkpoint of
         exactly these tokens; ValueError, nothing pinned, unless both are held) until
         :meth:`prefix_unpin`; returns the pin."""
+        tokens, salt = request_once(tokens, salt)[:2]   # read once: both parts pin the same request
         self._pool("prefix_pin")
         with self._hold:
             rp = self._recr.prefix_pin(tokens, salt)
             try:
                 ap = self._attn.prefix_pin(tokens, salt)
             except BaseException:
-                self._recr.prefix_unpin(rp)
+                self._recr.prefix_unpin(rp)   # the pin just made, of the same request
                 raise
         return (ap, rp)
 
     def prefix_unpin(self, pin):
-        """Let go of a pin :meth:`prefix_pin` returned."""
-        if not isinstance(pin, tuple) or len(pin) != 2:
-            raise ValueError(f"pin must be a pin prefix_pin returned, not {pin!r}")
+        """Let go of a pin :meth:`prefix_pin` returned (both halves checked before either is let go)."""
+        if not isinstance(pin, tuple):
+            raise TypeError(f"pin must be a pin prefix_pin returned (a pair), not {type(pin).__name__}")
+        if len(pin) != 2:
+            raise ValueError(f"pin must be a pin prefix_pin returned (a pair), not {pin!r}")
+        pin = (self._attn._pin_canon(pin[0]), self._recr._pin_canon(pin[1]))   # each half read once
         self._pool("prefix_unpin")
         with self._hold:
             if not self._recr._prefix_pin_held(pin[1]):
                 raise ValueError(f"pin {pin!r}: not a pin of a checkpoint held now")
-            self._attn.prefix_unpin(pin[0])     # checks its own half (nothing changed when it raises)
+            if not self._attn._prefix_pin_held(pin[0]):
+                raise ValueError(f"pin {pin!r}: not a pin of the attention part's prefix index (unpinned "
+                                 "already, or its prefix was dropped)")
+            self._attn.prefix_unpin(pin[0])
             self._recr.prefix_unpin(pin[1])
 
     def prefix_evict(self, n_cells=0, n_checkpoints=0):
         """Evict up to ``n_cells`` attention cells and ``n_checkpoints`` checkpoints now (least
         recently used first); returns ``(cells, checkpoints)`` evicted."""
+        # both counts read before either part evicts
+        n_cells = int_c(n_cells, "n_cells", 0, UINT32_MAX)
+        n_checkpoints = int_c(n_checkpoints, "n_checkpoints", 0, UINT32_MAX)
         self._pool("prefix_evict")
         with self._hold:
             return (self._attn.prefix_evict(n_cells), self._recr.prefix_evict(n_checkpoints))

@@ -77,7 +77,7 @@ cdef class _ISWA2026(_ISWA):
         ``len(tokens) - 1``). ``pos``, ``pos_x``, ``pos_y``: with ``cell_ext``, the positions and
         2-D positions the request places its tokens at, as UnifiedCache2026.prefix_match's."""
         cdef prefix_req q
-        t = prefix_args(&q, None, 0, tokens, salt)
+        t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
         cdef uint32_t r
         cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
         cdef kvc_unified *parts[2]
@@ -98,6 +98,7 @@ cdef class _ISWA2026(_ISWA):
         t = prefix_args(&q, seq_id, self.c.base.n_seq_max, tokens, salt)
         cdef uint32_t k = 0
         cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
+        self._reuse_on("prefix_attach")
         cdef kvc_unified *parts[2]
         cdef kvc_err err
         cdef int r
@@ -125,6 +126,7 @@ cdef class _ISWA2026(_ISWA):
     cdef object _keep(self, seq_id, tokens, salt, bint end, str what):
         cdef prefix_req q
         t = prefix_args(&q, seq_id, self.c.base.n_seq_max, tokens, salt, True)
+        self._reuse_on(what)
         cdef kvc_retained res
         cdef kvc_unified *parts[2]
         cdef kvc_err err
@@ -145,28 +147,52 @@ cdef class _ISWA2026(_ISWA):
         check_status(r, &err, what)
         return int(res.n_kept)
 
+    cdef int _reuse_on(self, str what) except -1:
+        if self.c.base.reuse == NULL:
+            raise reuse_off(what)
+        return 0
+
     def prefix_evict(self, n_cells):
         """Evict up to ``n_cells`` cells from each cache's index; returns how many went in all."""
+        n = int_c(n_cells, "n_cells", 0, UINT32_MAX)   # read once: both caches get the same
+        self._reuse_on("prefix_evict")
         with self._hold:
-            return self._base.prefix_evict(n_cells) + self._swa.prefix_evict(n_cells)
+            return self._base.prefix_evict(n) + self._swa.prefix_evict(n)
 
     def prefix_pin(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
         """Pin the prefix in both caches (see UnifiedCache2026.prefix_pin; ``pos``, ``pos_x``,
         ``pos_y`` as there); returns the pin."""
+        tokens, salt, pos, pos_x, pos_y = request_once(tokens, salt, pos, pos_x, pos_y)
+        self._reuse_on("prefix_pin")
         with self._hold:
             pb = self._base.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
             try:
                 ps = self._swa.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
             except BaseException:
-                self._base.prefix_unpin(pb)
+                self._base.prefix_unpin(pb)   # the pin just made, of the same request
                 raise
             return (pb, ps)
 
-    def prefix_unpin(self, pin):
-        """Let go of a pin prefix_pin returned."""
-        if not isinstance(pin, tuple) or len(pin) != 2:
+    def _pin_canon(self, pin):
+        """The pin as prefix_unpin reads it, read once (a pair of ints)."""
+        if not isinstance(pin, tuple):
+            raise TypeError(f"pin must be a pin prefix_pin returned (a pair), not {type(pin).__name__}")
+        if len(pin) != 2:
             raise ValueError("not a pin of this cache's prefix index (prefix_pin returns a pair)")
+        return (self._base._pin_canon(pin[0]), self._swa._pin_canon(pin[1]))
+
+    def _prefix_pin_held(self, pin):
+        """Whether pin (_pin_canon's) is a pin :meth:`prefix_unpin` accepts now."""
+        return self._base._prefix_pin_held(pin[0]) and self._swa._prefix_pin_held(pin[1])
+
+    def prefix_unpin(self, pin):
+        """Let go of a pin prefix_pin returned (both halves checked before either is let go)."""
+        pin = self._pin_canon(pin)
+        self._reuse_on("prefix_unpin")
         with self._hold:
+            if not self._prefix_pin_held(pin):
+                raise ValueError("prefix_unpin: not a pin of this cache's prefix index (unpinned already, or "
+                                 "its prefix was dropped)")
             self._base.prefix_unpin(pin[0])
             self._swa.prefix_unpin(pin[1])
 

@@ -50,7 +50,7 @@ cdef class _Recurrent2026(_Recurrent):
     # --- prefix reuse: checkpoints of states (docs/prefix-reuse.md; csrc/kvc_checkpoint.h) ------
     cdef kvc_ckpt_pool *_pool(self, str what) except NULL:
         if self._ckpt == NULL:
-            raise RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
+            raise reuse_off(what)
         return self._ckpt
 
     def enable_prefix_reuse(self, checkpoints=16, per_seq=0, memory=None):
@@ -192,7 +192,7 @@ cdef class _Recurrent2026(_Recurrent):
         :meth:`prefix_attach` would attach. 0 while reuse is off. The checkpoint counts as
         used."""
         cdef prefix_req q
-        t = prefix_args(&q, None, 0, tokens, salt)
+        t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
         cdef uint32_t r = 0
         lock(&self._lock, CHANGE, "prefix_match")
         try:
@@ -250,7 +250,7 @@ cdef class _Recurrent2026(_Recurrent):
         """Keep the checkpoint of exactly ``tokens`` (ValueError when none is held) until
         :meth:`prefix_unpin`; returns the pin (an opaque int). Pins count."""
         cdef prefix_req q
-        t = prefix_args(&q, None, 0, tokens, salt)
+        t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
         cdef kvc_ckpt_pool *pool = self._pool("prefix_pin")
         cdef kvc_ckpt_handle h
         cdef kvc_err err
@@ -278,6 +278,10 @@ cdef class _Recurrent2026(_Recurrent):
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_unpin")
+
+    def _pin_canon(self, pin):
+        """The pin as prefix_unpin reads it, read once (an int; for the hybrid memory)."""
+        return int_c(pin, "pin", 0, LLONG_MAX)
 
     def _prefix_pin_held(self, pin):
         """Whether pin is a pin :meth:`prefix_unpin` accepts now (for the hybrid memory)."""
@@ -367,7 +371,7 @@ cdef class _Recurrent2026(_Recurrent):
         """The checkpoint of exactly ``tokens`` under ``salt`` as bytes of the checkpoint layout,
         or None (none held, or reuse off). Not a use of it."""
         cdef prefix_req q
-        t = prefix_args(&q, None, 0, tokens, salt)
+        t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
         cdef uint8_t *p
         cdef bint found = False
         out = new_state_bytes(kvc_ckpt_state_bytes(&self.c), &p)

@@ -8,16 +8,35 @@ from kvcache.includes.kvc_retain cimport *
 import hashlib
 
 
+cdef object salt_bytes(object salt):
+    """A request's salt as bytes (a str as UTF-8), or None: read once, through the base types'
+    own methods (what a subclass overrides is not asked)."""
+    if salt is None:
+        return None
+    if isinstance(salt, str):
+        return str.encode(salt, "utf-8")
+    if isinstance(salt, (bytes, bytearray)):
+        return bytes(memoryview(salt))
+    raise TypeError(f"salt must be str, bytes or None, not {type(salt).__name__}")
+
+
 cdef uint64_t salt_c(object salt) except? 0:
     """A request's namespace for prefix reuse: None (0), or the 64-bit hash of a str / bytes."""
-    if salt is None:
+    b = salt_bytes(salt)
+    if b is None:
         return 0
-    if isinstance(salt, str):
-        salt = salt.encode("utf-8")
-    elif not isinstance(salt, (bytes, bytearray)):
-        raise TypeError(f"salt must be str, bytes or None, not {type(salt).__name__}")
-    cdef uint64_t h = int.from_bytes(hashlib.blake2b(bytes(salt), digest_size=8).digest(), "little")
+    cdef uint64_t h = int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little")
     return h if h else 1   # 0 is no salt's
+
+
+cdef tuple request_once(object tokens, object salt, object pos=None, object pos_x=None, object pos_y=None):
+    """A request's arguments read once, for a composite cache that hands the same request to
+    each part: the tokens (an int32 array), the salt (salt_bytes), the positions (int64 arrays or
+    None). Each part checks them again, as the plain arrays they are now."""
+    return (tokens_c(tokens), salt_bytes(salt),
+            None if pos is None else values_c(pos, "pos", VALUES_INT),
+            None if pos_x is None else values_c(pos_x, "pos_x", VALUES_INT),
+            None if pos_y is None else values_c(pos_y, "pos_y", VALUES_INT))
 
 
 cdef object tokens_c(object tokens, str name="tokens"):
@@ -73,11 +92,15 @@ cdef struct prefix_req:
 cdef int32_t _NO_TOKENS = 0
 
 
+# prefix_args' seq_id for the calls that take none (a caller's None is refused as any non-int is)
+cdef object NO_SEQ = object()
+
+
 cdef bytearray prefix_args(prefix_req *q, object seq_id, uint32_t n_seq_max, object tokens, object salt,
                            bint keep=False):
-    """q: a prefix-reuse call's arguments, checked in order: seq_id (None: the call takes none),
+    """q: a prefix-reuse call's arguments, checked in order: seq_id (NO_SEQ: the call takes none),
     tokens (keep: None allowed, the cells' own), salt. Returns the memory holding the tokens."""
-    q.seq_id = -1 if seq_id is None else seq_c(seq_id, n_seq_max, "seq_id", False)
+    q.seq_id = -1 if seq_id is NO_SEQ else seq_c(seq_id, n_seq_max, "seq_id", False)
     t = None if keep and tokens is None else tokens_mem(tokens)
     q.salt = salt_c(salt)
     q.tokens = NULL
@@ -148,6 +171,11 @@ cdef inline uint64_t pin_of(uint32_t gen, uint32_t index) noexcept:
     """A pin as prefix_pin returns it (every cache's): the handle's generation in the high 32
     bits, its index (a prefix node, a checkpoint slot) below."""
     return (<uint64_t>gen << 32) | index
+
+
+cdef object reuse_off(str what):
+    """The error of a prefix-reuse call to a cache whose reuse is off (every cache kind's)."""
+    return RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
 
 
 cdef int pin_arg(object pin, uint32_t *index, uint32_t *gen) except -1:
@@ -412,7 +440,7 @@ cdef class _Unified2026(_Unified):
     # --- prefix reuse (docs/prefix-reuse.md; csrc/kvc_reuse.h, kvc_retain.h) -------------------
     cdef kvc_reuse *_reuse(self, str what) except NULL:
         if self.c.reuse == NULL:
-            raise RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
+            raise reuse_off(what)
         return <kvc_reuse *>self.c.reuse
 
     def enable_prefix_reuse(self, cap=0):
@@ -479,7 +507,7 @@ cdef class _Unified2026(_Unified):
         position (None: zeros) the request places each token at, as its ubatches carry them (an
         image's tokens share a position), which a held cell must carry to count."""
         cdef prefix_req q
-        t = prefix_args(&q, None, 0, tokens, salt)
+        t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
         cdef uint32_t r
         cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
         lock(&self._lock, CHANGE, "prefix_match")
@@ -569,7 +597,7 @@ cdef class _Unified2026(_Unified):
         opaque int. Pins count: a prefix pinned twice needs two unpins. ``pos``, ``pos_x``,
         ``pos_y``: as prefix_match."""
         cdef prefix_req q
-        t = prefix_args(&q, None, 0, tokens, salt)
+        t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
         cdef kvc_prefix_handle h
         cdef kvc_err err
         cdef int r
@@ -598,6 +626,23 @@ cdef class _Unified2026(_Unified):
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_unpin")
+
+    def _pin_canon(self, pin):
+        """The pin as prefix_unpin reads it, read once (an int): what a composite cache hands its
+        part after checking every part's half."""
+        return int_c(pin, "pin", 0, LLONG_MAX)
+
+    def _prefix_pin_held(self, pin):
+        """Whether pin is a pin :meth:`prefix_unpin` accepts now (for the composite caches)."""
+        cdef kvc_prefix_handle h
+        cdef bint ok
+        pin_arg(pin, &h.node, &h.gen)
+        lock(&self._lock, READ, "_prefix_pin_held")
+        try:
+            ok = kvc_retain_pin_held(&self.c, h)
+        finally:
+            unlock(&self._lock, READ)
+        return ok
 
     def prefix_evict(self, n_cells):
         """Evict up to ``n_cells`` cells from the index now (least recently used prefixes no

@@ -74,6 +74,10 @@ static void test_save_match_restore(void) {
     const int32_t other[3] = { 5, 6, 99 };
     CHECK(kvc_ckpt_match(&p, 0, other, 3) == 0, "no chain begins it");
     CHECK(kvc_ckpt_attach(&p, &c, 0, 0, toks, 8, &k, &err) == KVC_E_ARG, "into a sequence holding a state");
+    /* ids outside [0, n_seq_max): refused before any per-sequence record is read */
+    CHECK(kvc_ckpt_attach(&p, &c, -1, 0, toks, 8, &k, &err) == KVC_E_ARG && k == 0, "attach -1");
+    CHECK(kvc_ckpt_release(&p, &c, (int32_t)c.n_seq_max, 0, toks, 8, &kept, &err) == KVC_E_ARG, "release n_seq_max");
+    CHECK(kvc_ckpt_save(&p, &c, -7, 0, toks, 8, NULL, &kept, &err) == KVC_E_ARG && kept == 0, "save -7");
     CHECK(kvc_ckpt_attach(&p, &c, 1, 0, toks, 8, &k, &err) == KVC_OK && k == 5, "attached 5");
     CHECK(kvc_recurrent_seq_pos_max(&c, 1) == 4 && state_pos(&c, 1) == 4.0f, "the state after 5, at position 4");
     CHECK(kvc_ckpt_attach(&p, &c, 2, 0, toks, 4, &k, &err) == KVC_OK && k == 3, "attached 3");

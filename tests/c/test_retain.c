@@ -85,6 +85,14 @@ static void test_release_match_attach(void) {
     CHECKED(c);
     CHECK(kvc_unified_seq_pos_max(c, 1) == 5 && c->cells.used == 6, "positions 0..5 in sequence 1");
     CHECK(kvc_retain_attach(c, 1, 0, a, 8, &k, &err) == KVC_E_ARG, "not empty: refused");
+    /* ids outside [0, n_seq_max): refused before any per-sequence record is read */
+    const int32_t bad_ids[3] = { -1, (int32_t)c->n_seq_max, INT32_MIN };
+    for (int b = 0; b < 3; b++) {
+        CHECK(kvc_retain_attach(c, bad_ids[b], 0, a, 8, &k, &err) == KVC_E_ARG && k == 0, "attach %d", bad_ids[b]);
+        CHECK(kvc_retain_release(c, bad_ids[b], 0, NULL, 0, &res, &err) == KVC_E_ARG, "release %d", bad_ids[b]);
+        CHECK(kvc_retain_publish(c, bad_ids[b], 0, a, 8, &res, &err) == KVC_E_ARG, "publish %d", bad_ids[b]);
+    }
+    CHECKED(c);
     CHECK(kvc_reuse_evict(c, 100) == 0, "attached: nothing evictable");
     /* a shift of the attached sequence moves held cells: forgotten from there on */
     kvc_unified_seq_add(c, 1, 3, -1, 1);
@@ -262,6 +270,8 @@ static void test_window_pair(void) {
           "past the prompt, nothing, past n: not served");
     CHECK(kvc_retain_serves_parts(cs, 1, 0, q, 25, 4), "the base cache alone serves 4");
     uint32_t k = 0;
+    CHECK(kvc_retain_attach_parts(cs, 2, -1, 0, q, 25, &k, &err) == KVC_E_ARG && k == 0, "attach -1: refused");
+    CHECK(kvc_retain_release_parts(cs, 2, 99, 0, NULL, 0, &res, &err) == KVC_E_ARG, "release 99: refused");
     CHECK(kvc_retain_attach_parts(cs, 2, 1, 0, q, 25, &k, &err) == KVC_OK && k == 24, "attached %u", k);
     CHECK(kvc_unified_seq_pos_min(&f.swa, 1) == 21 && kvc_unified_seq_pos_max(&f.swa, 1) == 23 &&
               kvc_unified_seq_pos_max(&f.base, 1) == 23,

@@ -51,6 +51,7 @@ cdef extern from "kvc_retain.h" nogil:
     int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_prefix_handle *pin,
                        kvc_err *err)
     int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err)
+    bint kvc_retain_pin_held(const kvc_unified *c, kvc_prefix_handle pin)
     int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t cap, kvc_err *err)
     int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t cap, kvc_err *err)
     uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
