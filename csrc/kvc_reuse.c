@@ -346,6 +346,14 @@ static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_
     kvc_reuse *r = c->reuse;
     bool any = false;
     uint32_t have = n_known_free != UINT32_MAX ? n_known_free : n_free(c, st);
+    if (!r->n_ghost && (uint64_t)have + kvc_prefix_n_evictable(&r->idx) < n) {
+        /* every evictable cell would not make room: the placement fails, and it evicts nothing
+         * (the prefixes stay for the requests that can use them) */
+        if (have_out) {
+            *have_out = have;
+        }
+        return false;
+    }
     while (have < n && kvc_prefix_n_evictable(&r->idx) > 0) {
         const uint32_t got = kvc_prefix_evict(&r->idx, n - have);
         if (got == 0) {

@@ -1,5 +1,6 @@
 """The prefix store (kvcache.store): chunk names, the host and disk tiers, the chunk files'
 checks, and saving / loading sequences of a UnifiedCache (transactionally, exact rows)."""
+import json
 import os
 import subprocess
 import sys
@@ -510,3 +511,85 @@ def test_the_store_bench_case_checks_both_tiers():
         "store: restore a prefix from the host tier into a cache",
         "store: restore a prefix from the disk tier (page cache warm) into a cache"]
     assert all(r.kvcache_ns > 0 and r.yardstick_ratio > 0 for r in rows)
+
+
+# --- bad input and hostile directories ------------------------------------------------------------
+
+def test_a_fifo_in_place_of_a_store_file_is_no_chunk_and_blocks_nothing(tmp_path):
+    # opened without O_NONBLOCK, a FIFO blocks the reader forever: run where a hang is a failure
+    code = textwrap.dedent(f"""
+        import glob, os, kvcache
+        from kvcache.store import PrefixStore, open_store
+        c = kvcache.UnifiedCache(64, 1, 8, 8, v_trans=False, semantics="2026")
+        assert c.find_slot(kvcache.UBatch(list(range(8)), [0] * 8))
+        st = PrefixStore(c, {str(tmp_path / "s")!r}, chunk_tokens=4, host_bytes=0)
+        assert st.save(c, 0, list(range(8))) == 8
+        f = sorted(glob.glob({str(tmp_path / "s/chunks/*/*.kvc")!r}))[0]
+        os.unlink(f)
+        os.mkfifo(f)
+        os.unlink({str(tmp_path / "s" / "stats.json")!r}) if os.path.exists({str(tmp_path / "s" / "stats.json")!r}) else None
+        os.mkfifo({str(tmp_path / "s" / "stats.json")!r})
+        print(len(list(st.chunks())), st.summary()["disk_chunks"])
+        d = kvcache.UnifiedCache(64, 1, 8, 8, v_trans=False, semantics="2026")
+        print(st.load(d, 0, list(range(8))), open_store({str(tmp_path / "s")!r}).match(list(range(8))))
+        print(st.gc(0))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    n_files, n_chunks, loaded, matched, removed = map(int, r.stdout.split())
+    # the FIFO is no chunk: one chunk file left; a load or match stops at the FIFO's chunk
+    assert (n_files, n_chunks, removed) == (1, 1, 1) and loaded == matched and loaded in (0, 4)
+
+
+def test_put_takes_exactly_the_rows_of_the_cache():
+    src = make_cache()
+    toks = tokens(2 * C)
+    fill(src, 0, toks)
+    _, rows = seq_rows(src, 0)
+    s = PrefixStore(src, chunk_tokens=C)
+    ks, vs = [k for k, _ in rows], [v for _, v in rows]
+    with pytest.raises(ValueError, match=r"k_rows\[0\] holds .* expected 16 rows"):
+        s.put(toks, [ks[0].astype(np.float32)] + ks[1:], vs)         # f32 rows into an f16 store
+    with pytest.raises(ValueError, match=r"k_rows\[0\] holds"):
+        s.put(toks, [np.concatenate([ks[0], ks[0]])] + ks[1:], vs)   # more rows than tokens
+    with pytest.raises(TypeError, match=r"k_rows\[0\] must be an array of rows"):
+        s.put(toks, ["x" * 100] + ks[1:], vs)
+    with pytest.raises(TypeError, match=r"v_rows\[1\] must hold numbers"):
+        s.put(toks, ks, [vs[0], vs[1].astype("U2")] + vs[2:])
+    assert s.match(toks) == 0
+    assert s.put(toks, ks, vs) == 2 * C
+    e = kvcache.UnifiedCache(64, 1, 8, 8, n_seq_max=2, semantics="2026", cell_ext=True)
+    with pytest.raises(ValueError, match="put: a store of a unified cache: .*2-D positions"):
+        PrefixStore(e, chunk_tokens=4).put(tokens(4), [np.zeros((4, 16), np.uint8)], [np.zeros((4, 16), np.uint8)])
+
+
+def test_bad_arguments_are_named(tmp_path):
+    src = make_cache()
+    with pytest.raises(ValueError, match="chunk_tokens must be an int in"):
+        PrefixStore(src, chunk_tokens=1 << 40)
+    with pytest.raises(ValueError, match="path must name a directory"):
+        PrefixStore(src, "", chunk_tokens=C)
+    with pytest.raises(TypeError, match="promote must be a bool"):
+        PrefixStore(src, chunk_tokens=C, promote="no")
+    s = PrefixStore(src, chunk_tokens=C)
+    with pytest.raises(ValueError, match="max_bytes"):
+        s.gc(-1)
+    with pytest.raises(TypeError, match="seq_id must be an int, not float"):
+        s.load(make_cache(), 1.0, tokens(C))
+    with pytest.raises(TypeError, match="seq_id must be an int, not NoneType"):
+        s.attach(make_cache(), None, tokens(C))
+    with pytest.raises(ValueError, match=r"seq_id = 9 is outside \[0, 4\)"):
+        s.load(make_cache(), 9, tokens(C))
+
+
+@pytest.mark.parametrize("geometry", [{}, {"type_k_id": "x"}, {"type_k_id": 1, "type_v_id": 1, "layers": [[0, 1, 2]],
+                                                                 "chunk_tokens": 4},
+                                      {"type_k_id": 1, "type_v_id": 1, "layers": [], "chunk_tokens": 0},
+                                      {"type_k_id": 1 << 40, "type_v_id": 1, "layers": [], "chunk_tokens": 4}])
+def test_metadata_naming_no_geometry_is_a_store_error(tmp_path, geometry):
+    (tmp_path / META_NAME).write_text(json.dumps({"format": "kvcache-store", "version": 1, "geometry_digest": "00",
+                                                  "geometry": geometry}))
+    with pytest.raises(StoreError, match="names no valid geometry"):
+        open_store(tmp_path)
+    with pytest.raises(StoreError):
+        PrefixStore(make_cache(), tmp_path, chunk_tokens=C)

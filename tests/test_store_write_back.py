@@ -362,3 +362,64 @@ def test_caches_without_write_back_are_refused():
         PrefixStore(r, chunk_tokens=C).write_back(r)
     with pytest.raises(StoreError, match="not the store's"):
         PrefixStore(iswa(True), chunk_tokens=C).write_back(hyb())
+
+
+def _rows_cache():
+    c = kvcache.UnifiedCache(32, 1, 8, 8, type_k="f32", type_v="f32", n_seq_max=3, semantics="2026", v_trans=False,
+                             n_pad=1)
+    c.enable_prefix_reuse()
+    return c
+
+
+def _fill_rows(c, s, toks, seed):
+    n = len(toks)
+    assert c.find_slot(UBatch(list(range(n)), [s] * n, tokens=toks))
+    r = np.random.default_rng(seed).standard_normal((n, 8)).astype(np.float32)
+    c.store(0, r, -r)
+    return r
+
+
+def _seq_k(c, s):
+    cells, pos = c.seq_cells(s)
+    return np.asarray(c.k(0))[cells[np.argsort(pos)]]
+
+
+def test_a_load_that_evicts_writes_back_the_evicted_rows_before_its_own():
+    # the import reserves cells the index held (evicting their prompt), then writes its rows into
+    # them: the evicted prompt must reach the store before that, from its own rows
+    src = _rows_cache()
+    b = list(range(500, 521))
+    _fill_rows(src, 0, b, 7)
+    st = PrefixStore(src, chunk_tokens=4)
+    st.save(src, 0, b)
+    c = _rows_cache()
+    st.write_back(c)
+    a = list(range(1, 22))
+    rows_a = _fill_rows(c, 0, a, 1)
+    c.prefix_release(0, a)
+    assert st.load(c, 1, b) == 20
+    assert st.stats["evicted_saved"] > 0 and st.match(a) == 20
+    _fill_rows(c, 2, [900], 3)                 # a later operation hands over nothing stale
+    d = _rows_cache()
+    assert st.load(d, 0, a) == 20
+    np.testing.assert_array_equal(_seq_k(d, 0), rows_a[:20])
+
+
+def test_a_load_without_room_keeps_the_index():
+    src = _rows_cache()
+    b = list(range(500, 528))
+    _fill_rows(src, 0, b, 7)
+    st = PrefixStore(src, chunk_tokens=4)
+    st.save(src, 0, b)
+    c = _rows_cache()
+    a = list(range(1, 22))
+    _fill_rows(c, 0, a, 1)
+    c.prefix_release(0, a)
+    _fill_rows(c, 2, list(range(800, 808)), 2)      # 3 free + 21 evictable < the 28 cells b needs
+    before = c.prefix_stats
+    with pytest.raises(kvcache.StateError, match="no room"):
+        st.load(c, 1, b)
+    assert c.prefix_stats == before and c.prefix_match(a + [0]) == 21
+    assert not c.find_slot(UBatch(list(range(25)), [1] * 25))   # nor does a placement that cannot fit
+    assert c.prefix_stats == before
+    c._prefix_check()

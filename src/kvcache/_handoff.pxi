@@ -255,6 +255,9 @@ def _seq_import_begin(_Unified cache not None, header, seq_id=None, bint into_em
             unlock(&cache._lock, CHANGE)
     finally:
         hb.release()
+    # what the reservation evicted goes to the write-back sink now, while the freed cells still
+    # hold its K/V: the import writes its own rows into them next
+    spill_flush(cache)
     check_status(r, &err, "seq_import_begin")
     x._cache = cache
     x.seq_id = x.imp.seq_id

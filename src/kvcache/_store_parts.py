@@ -125,7 +125,7 @@ def _part_rows(part: Any, layers: Any, cells: npt.NDArray[Any], strms: Any,
 def has_part(store: ChunkTiers, key: bytes, part: int, skip: set[tuple[bytes, int]] | None = None) -> bool:
     if skip and (key, part) in skip:
         return False
-    return _host_key(key, part) in store._host or (store.path is not None and os.path.exists(store._file(key, part)))
+    return _host_key(key, part) in store._host or (store.path is not None and os.path.isfile(store._file(key, part)))
 
 def usable(store: ChunkTiers, keys: list[bytes], skip: set[tuple[bytes, int]] | None = None) -> int:
     """The chunks of the longest usable prefix of keys: rows held for every chunk up to it,
@@ -153,7 +153,7 @@ def put_part(store: ChunkTiers, key: bytes, parent: bytes, index: int, ctoks: np
     n_bytes = store.geometry.end_bytes(index, part) if part else store.geometry.rows_bytes
     have_host = hkey in store._host
     disk_on = store.path is not None and store.disk_bytes > 0
-    have_disk = disk_on and os.path.exists(store._file(key, part))
+    have_disk = disk_on and os.path.isfile(store._file(key, part))
     if have_host:
         store._host.move_to_end(hkey)
     if have_disk:

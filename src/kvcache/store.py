@@ -32,6 +32,7 @@ import ctypes
 import hashlib
 import json
 import os
+import stat
 import struct
 import time
 import weakref
@@ -42,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcache._atomic import atomic_write
-from kvcache._core import _STREAM_BYTES, ChunkSum, _copy_pairs, _salt_hash, _seq_import_begin, _Unified
+from kvcache._core import _STREAM_BYTES, ChunkSum, _copy_pairs, _salt_hash, _seq_import_begin, _Unified, seq_arg
 from kvcache import _store_parts as _parts
 from kvcache._store_format import (CHUNK_MAGIC, CHUNK_VERSION, CHUNK_VERSIONS, META_NAME, _FIXED, _KEY, _PART_EXT,
                                    _STEP, _SUM, ChunkInfo, StoreError, StoreGeometry, _header_cells, _host_key,
@@ -50,6 +51,26 @@ from kvcache._store_format import (CHUNK_MAGIC, CHUNK_VERSION, CHUNK_VERSIONS, M
 from kvcache._store_parts import rows_of, split_payload
 from kvcache.relocate import SeqRange, check_target, set_range
 from kvcache.handoff import pair_regions
+
+
+def _check_chunk_tokens(n: Any) -> None:
+    # a chunk names its tokens in its header (32-bit sizes): 2^24 tokens of int32 ids at most
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n < 1 << 24:
+        raise ValueError(f"chunk_tokens must be an int in [1, {1 << 24}), not {n!r}")
+
+
+def _open_regular(path: str) -> Any:
+    """A store's file (a chunk, its metadata, its counters) opened for reading, unbuffered;
+    OSError unless it is a regular file (a FIFO or a device in its place would block the read or
+    never end)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
 
 if TYPE_CHECKING:
     from kvcache._core import RopeParams
@@ -81,12 +102,16 @@ class PrefixStore:
                  chunk_tokens: int = 256, host_bytes: int = 1 << 30, disk_bytes: int = 8 << 30,
                  promote: bool = True) -> None:
         if not isinstance(geometry, StoreGeometry):
-            if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
-                raise ValueError(f"chunk_tokens must be a positive int, not {chunk_tokens!r}")
+            _check_chunk_tokens(chunk_tokens)
             geometry = StoreGeometry.of(geometry, chunk_tokens)
+        _check_chunk_tokens(geometry.chunk_tokens)
         for name, v in (("host_bytes", host_bytes), ("disk_bytes", disk_bytes)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, not {v!r}")
+        if not isinstance(promote, bool):
+            raise TypeError(f"promote must be a bool, not {type(promote).__name__}")
+        if path is not None and not os.fspath(path):
+            raise ValueError("path must name a directory (None: a store in host memory only), not ''")
         self.geometry = geometry
         self.host_bytes = host_bytes
         self.disk_bytes = disk_bytes
@@ -123,7 +148,7 @@ class PrefixStore:
                     json.dump(mine, f, indent=1)
         theirs = read_meta(self.path)
         if theirs.get("geometry_digest") != mine["geometry_digest"]:
-            other = StoreGeometry.from_json(theirs["geometry"]).describe() if "geometry" in theirs else "unknown"
+            other = meta_geometry(self.path, theirs).describe() if "geometry" in theirs else "unknown"
             raise StoreError(f"path {self.path!r} is a store of another geometry ({other}); this cache's is "
                              f"{self.geometry.describe()}: use another directory")
 
@@ -168,7 +193,7 @@ class PrefixStore:
             return _parts.usable(self, keys) * self.geometry.chunk_tokens
         n = 0
         for key in self.keys(tokens, salt):
-            if key not in self._host and not (self.path and os.path.exists(self._file(key))):
+            if key not in self._host and not (self.path and os.path.isfile(self._file(key))):
                 break
             n += 1
         return n * self.geometry.chunk_tokens
@@ -207,10 +232,16 @@ class PrefixStore:
     def _disk_put(self, key: bytes, parent: bytes, index: int, toks: npt.NDArray[np.int32],
                   payload: npt.NDArray[np.uint8], part: int = 0) -> bool:
         path = self._file(key, part)
-        if os.path.exists(path):
+        if os.path.isfile(path):
             with contextlib.suppress(OSError):
                 os.utime(path)
             return True
+        if os.path.lexists(path):
+            # something else under a chunk's name (a FIFO, a folder, a dangling link): no chunk,
+            # and no place to write one
+            self.stats["disk_errors"] += 1
+            self.last_error = f"{path}: not a regular file"
+            return False
         size = self._header_bytes + payload.nbytes + _SUM
         if size > self.disk_bytes:
             return False
@@ -252,8 +283,8 @@ class PrefixStore:
                     continue
                 p = os.path.join(d, name)
                 try:
-                    st = os.stat(p)
-                    with open(p, "rb") as f:
+                    with _open_regular(p) as f:
+                        st = os.fstat(f.fileno())
                         head = f.read(_FIXED)
                 except OSError:
                     continue
@@ -270,10 +301,10 @@ class PrefixStore:
     def gc(self, max_bytes: int) -> int:
         """Remove the least recently used chunk files (and leftover temporary files older than an
         hour) until the directory holds at most max_bytes of chunks. Returns the files removed."""
-        if self.path is None:
-            return 0
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
             raise ValueError(f"max_bytes must be an int >= 0, not {max_bytes!r}")
+        if self.path is None:
+            return 0
         files = sorted(self.chunks(), key=lambda c: c.mtime)
         total = sum(c.bytes for c in files)
         removed = 0
@@ -307,10 +338,16 @@ class PrefixStore:
 
     def put(self, tokens: Any, k_rows: Sequence[npt.NDArray[Any]], v_rows: Sequence[npt.NDArray[Any]],
             salt: str | bytes | None = None) -> int:
-        """Store the whole chunks of tokens from per-layer K and V rows (arrays of len(tokens)
-        rows of each layer's row bytes, any dtype of that size: what ``cache.k(il)`` rows hold).
-        Returns the tokens the store now holds for this prompt (a multiple of chunk_tokens)."""
+        """Store the whole chunks of tokens from per-layer K and V rows: arrays of exactly
+        len(tokens) rows of each layer's row bytes (what ``cache.k(il)`` rows hold, in any numeric
+        dtype of that size; TypeError for other objects, ValueError for another size). A store of
+        a unified cache without 2-D positions only (the others' chunks come from their caches:
+        ``save``, ``write_back``). Returns the tokens the store now holds for this prompt (a
+        multiple of chunk_tokens)."""
         g = self.geometry
+        if g.kind != "unified" or g.ext:
+            raise ValueError(f"put: a store of a {g.describe()} takes its chunks from the cache (save, or "
+                             "write_back); put() takes rows for a unified cache without 2-D positions")
         toks = _tokens_array(tokens)
         n = len(toks)
         if len(k_rows) != len(g.layers) or len(v_rows) != len(g.layers):
@@ -321,9 +358,17 @@ class PrefixStore:
 
     @staticmethod
     def _rows(a: Any, n: int, row_bytes: int, name: str) -> npt.NDArray[np.uint8]:
+        # exactly n rows of numbers (their bytes, as cache.k(il) holds them): more bytes, or rows
+        # of another width (f32 rows where the cache holds f16), are another tensor, not these rows
+        if not isinstance(a, np.ndarray) and not isinstance(a, memoryview):
+            raise TypeError(f"{name} must be an array of rows (numpy, as cache.k(il) gives them), not "
+                            f"{type(a).__name__}")
         arr = np.ascontiguousarray(a)
-        if arr.nbytes < n * row_bytes or arr.nbytes % row_bytes:
-            raise ValueError(f"{name} holds {arr.nbytes} bytes, expected {n} rows of {row_bytes} bytes")
+        if arr.dtype.kind not in "biufV":
+            raise TypeError(f"{name} must hold numbers or raw bytes, got dtype {arr.dtype}")
+        if arr.nbytes != n * row_bytes or (arr.ndim > 1 and arr.shape[0] != n):
+            raise ValueError(f"{name} holds {arr.nbytes} bytes in shape {arr.shape}, expected {n} rows of "
+                             f"{row_bytes} bytes")
         return arr.reshape(-1).view(np.uint8).reshape(-1, row_bytes)
 
     def _put_rows(self, toks: npt.NDArray[np.int32], ks: list[npt.NDArray[np.uint8]],
@@ -336,7 +381,7 @@ class PrefixStore:
         for i, key in enumerate(keys):
             ctoks = toks[i * c:(i + 1) * c].copy()
             have_host = key in self._host
-            have_disk = self.path is not None and self.disk_bytes > 0 and os.path.exists(self._file(key))
+            have_disk = self.path is not None and self.disk_bytes > 0 and os.path.isfile(self._file(key))
             if have_host:
                 self._host.move_to_end(key)
             if (have_host or self.host_bytes == 0 or self.host_bytes < g.chunk_bytes) and \
@@ -403,7 +448,7 @@ class PrefixStore:
             return 0
         keys = self.keys(toks[:m], salt)
         if all(k in self._host or self.host_bytes < self.geometry.chunk_bytes for k in keys) and \
-                (self.path is None or self.disk_bytes == 0 or all(os.path.exists(self._file(k)) for k in keys)):
+                (self.path is None or self.disk_bytes == 0 or all(os.path.isfile(self._file(k)) for k in keys)):
             return self._touch(keys)
         data = exp.gather()
         ks, vs = self._split_rows(data, n, cache.v_trans, order[:m])
@@ -483,6 +528,7 @@ class PrefixStore:
         no copy of the free cells it fills is kept, so an abort leaves in them what was written
         (bytes that nothing reads). StateError when the cache is too full for the prefix."""
         self._check_cache(cache, "load")
+        seq_id = seq_arg(seq_id, cache.n_seq_max)
         if at is not None:
             self._check_move(cache, seq_id, at, rope)
         toks = _tokens_array(tokens)
@@ -499,7 +545,7 @@ class PrefixStore:
             if hit is not None:
                 self._host.move_to_end(key)
                 srcs.append(hit)
-            elif self.path is not None and os.path.exists(self._file(key)):
+            elif self.path is not None and os.path.isfile(self._file(key)):
                 srcs.append(self._file(key))
             else:
                 break
@@ -598,7 +644,7 @@ class PrefixStore:
         if keep is None and self.promote and self.host_bytes >= n_bytes:
             keep = np.empty(n_bytes, np.uint8)
         try:
-            f = open(path, "rb", buffering=0)
+            f = _open_regular(path)
         except OSError:
             return False
         with f:
@@ -708,6 +754,7 @@ class PrefixStore:
         (``prefix_attach``) and the store's (loaded into the sequence). At most len(tokens) - 1
         tokens, as ``prefix_attach``. pos_x, pos_y: the tokens' 2-D positions for a cache with
         ``cell_ext`` (as ``prefix_attach``). Returns the tokens the sequence now holds."""
+        seq_id = seq_arg(seq_id, cache.n_seq_max)
         toks = _tokens_array(tokens)
         self._salts.setdefault(_salt_hash(salt), salt)
         xy = {} if pos_x is None and pos_y is None else {"pos_x": pos_x, "pos_y": pos_y}
@@ -789,7 +836,7 @@ class PrefixStore:
             if self.geometry.version != 1:
                 _parts.write_evicted_parts(self, part, role, recr, salt, toks[:m], keys, cells[:m], strms[:m], ext)
             elif not (all(k in self._host or self.host_bytes < self.geometry.chunk_bytes for k in keys) and
-                      (self.path is None or self.disk_bytes == 0 or all(os.path.exists(self._file(k)) for k in keys))):
+                      (self.path is None or self.disk_bytes == 0 or all(os.path.isfile(self._file(k)) for k in keys))):
                 ks, vs = [], []
                 for il in part.layers:
                     k, v = rows_of(part, il, cells[:m], strms[:m])
@@ -835,8 +882,8 @@ def read_meta(path: _Path) -> dict[str, Any]:
     """The ``kvcache-store.json`` of a store directory; StoreError when it is missing or unreadable."""
     p = os.path.join(os.fspath(path), META_NAME)
     try:
-        with open(p, encoding="utf-8") as f:
-            meta = json.load(f)
+        with _open_regular(p) as f:
+            meta = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
         raise StoreError(f"path {os.fspath(path)!r} is not a kvcache store (no {META_NAME})") from None
     except (OSError, ValueError) as e:
@@ -849,10 +896,22 @@ def read_meta(path: _Path) -> dict[str, Any]:
     return meta
 
 
+def meta_geometry(path: _Path, meta: dict[str, Any]) -> StoreGeometry:
+    """The geometry a store directory's metadata names; StoreError when it names none that
+    could be (a field missing, of the wrong type or out of range)."""
+    try:
+        g = StoreGeometry.from_json(meta["geometry"])
+        _check_chunk_tokens(g.chunk_tokens)
+        g.digest()     # every field packed as a chunk's header and name hold it
+        return g
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
+        raise StoreError(f"path {os.fspath(path)!r}: {META_NAME} names no valid geometry ({type(e).__name__}: "
+                         f"{e})") from None
+
+
 def open_store(path: _Path, **kwargs: Any) -> PrefixStore:
     """Open an existing store directory with the geometry it names (for tools: the command line)."""
-    meta = read_meta(path)
-    return PrefixStore(StoreGeometry.from_json(meta["geometry"]), path, **kwargs)
+    return PrefixStore(meta_geometry(path, read_meta(path)), path, **kwargs)
 
 
 STATS_NAME = "stats.json"
@@ -866,6 +925,10 @@ def _flush(path: str, stats: dict[str, int], flushed: dict[str, int]) -> None:
         return
     target = os.path.join(path, STATS_NAME)
     try:
+        for p in (target, os.path.join(path, ".stats.lock")):
+            with contextlib.suppress(FileNotFoundError):
+                if not stat.S_ISREG(os.stat(p).st_mode):
+                    return     # not the store's file (a FIFO would block the flush)
         with open(os.path.join(path, ".stats.lock"), "a+b") as lock:
             try:
                 import fcntl
@@ -885,8 +948,8 @@ def _flush(path: str, stats: dict[str, int], flushed: dict[str, int]) -> None:
 def read_stats(path: _Path) -> dict[str, int]:
     """The counters every process flushed to a store directory (empty when none did)."""
     try:
-        with open(os.path.join(os.fspath(path), STATS_NAME), encoding="utf-8") as f:
-            d = json.load(f)
+        with _open_regular(os.path.join(os.fspath(path), STATS_NAME)) as f:
+            d = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError):
         return {}
     return {k: int(v) for k, v in d.items() if isinstance(v, int)} if isinstance(d, dict) else {}
