@@ -432,7 +432,7 @@ void kvc_recurrent_swap_work(kvc_recurrent *c) {
  * sequence in two groups. */
 static int rec_ubatch_check(const kvc_recurrent *c, const kvc_ubatch *ub, kvc_err *err) {
     if (ub->n_seqs == 0) {
-        return kvc_err_set(err, KVC_E_ARG, "find_slot: the ubatch has no tokens");
+        return kvc_err_set(err, KVC_E_ARG, "the ubatch has no tokens");
     }
     const int st = kvc_ubatch_check(ub, c->n_seq_max, err);
     if (st != KVC_OK) {
@@ -444,7 +444,7 @@ static int rec_ubatch_check(const kvc_recurrent *c, const kvc_ubatch *ub, kvc_er
     for (uint32_t g = 0; g < ub->n_seqs; g++) {
         for (uint32_t j = ub->seq_off[g]; j < ub->seq_off[g + 1]; j++) {
             if (kvc_seqset_has(&seen, ub->seq_ids[j])) {
-                return kvc_err_set(err, KVC_E_ARG, "find_slot: sequence %d is in two token groups of the ubatch",
+                return kvc_err_set(err, KVC_E_ARG, "sequence %d is in two token groups of the ubatch",
                                    ub->seq_ids[j]);
             }
         }

@@ -384,18 +384,25 @@ def _seq_k(c, s):
     return np.asarray(c.k(0))[cells[np.argsort(pos)]]
 
 
-def test_a_load_that_evicts_writes_back_the_evicted_rows_before_its_own():
-    # the import reserves cells the index held (evicting their prompt), then writes its rows into
-    # them: the evicted prompt must reach the store before that, from its own rows
+def _stored_and_held(n_stored):
+    """A store holding a prompt b of n_stored tokens, and a cache whose index holds another, a
+    (21 tokens, released): (store, cache, a, a's K rows, b)."""
     src = _rows_cache()
-    b = list(range(500, 521))
+    b = list(range(500, 500 + n_stored))
     _fill_rows(src, 0, b, 7)
     st = PrefixStore(src, chunk_tokens=4)
     st.save(src, 0, b)
     c = _rows_cache()
-    st.write_back(c)
     a = list(range(1, 22))
     rows_a = _fill_rows(c, 0, a, 1)
+    return st, c, a, rows_a, b
+
+
+def test_a_load_that_evicts_writes_back_the_evicted_rows_before_its_own():
+    # the import reserves cells the index held (evicting their prompt), then writes its rows into
+    # them: the evicted prompt must reach the store before that, from its own rows
+    st, c, a, rows_a, b = _stored_and_held(21)
+    st.write_back(c)
     c.prefix_release(0, a)
     assert st.load(c, 1, b) == 20
     assert st.stats["evicted_saved"] > 0 and st.match(a) == 20
@@ -406,14 +413,7 @@ def test_a_load_that_evicts_writes_back_the_evicted_rows_before_its_own():
 
 
 def test_a_load_without_room_keeps_the_index():
-    src = _rows_cache()
-    b = list(range(500, 528))
-    _fill_rows(src, 0, b, 7)
-    st = PrefixStore(src, chunk_tokens=4)
-    st.save(src, 0, b)
-    c = _rows_cache()
-    a = list(range(1, 22))
-    _fill_rows(c, 0, a, 1)
+    st, c, a, _, b = _stored_and_held(28)
     c.prefix_release(0, a)
     _fill_rows(c, 2, list(range(800, 808)), 2)      # 3 free + 21 evictable < the 28 cells b needs
     before = c.prefix_stats

@@ -55,13 +55,15 @@ _ATTN_FIELDS = (("qo_indptr", _I32, _GROUPS, 1), ("kv_indptr", _I32, _GROUPS, 1)
 _ATTN_POSITIONS = ("kv_pos", "q_pos")
 
 
-cdef int _attn_bind(kvc_attn *a, object bufs, bint positions, list held) except -1:
-    """Point a's arrays at bufs' (an AttentionIndices), each checked and held (into held), and
-    set its room; kv_pos and q_pos only with positions."""
+cdef int _attn_bind(kvc_attn *a, object bufs, bint positions, list held, dict arrays) except -1:
+    """Point a's arrays at bufs' (an AttentionIndices), each read once (into arrays, by name),
+    checked and held (into held), and set its room; kv_pos and q_pos only with positions. Arrays
+    that share memory are refused (the indices would overwrite each other)."""
     cdef _HeldBuffer hb
     cdef void *ptrs[7]
     cdef Py_ssize_t cap[3]
-    cdef Py_ssize_t k
+    cdef Py_ssize_t k, j
+    cdef list spans = []
     memset(ptrs, 0, sizeof(ptrs))
     cap[0] = cap[1] = cap[2] = INT32_MAX
     for k, (name, dt, counts, extra) in enumerate(_ATTN_FIELDS):
@@ -76,6 +78,12 @@ cdef int _attn_bind(kvc_attn *a, object bufs, bint positions, list held) except 
         if (hb.dtype is not dt and hb.dtype != dt) or hb.view.ndim != 1 or not hb.c_contiguous():
             raise ValueError(f"out.{name} must be a writable contiguous 1-D {dt} array, "
                              f"got {hb.describe()}")
+        lo = <size_t>hb.view.buf
+        for other, o_lo, o_hi in spans:
+            if hb.view.len and lo < o_hi and o_lo < lo + <size_t>hb.view.len:
+                raise ValueError(f"out.{name} and out.{other} share memory: each needs arrays of its own")
+        spans.append((name, lo, lo + <size_t>hb.view.len))
+        arrays[name] = arr
         ptrs[k] = hb.view.buf
         cap[counts] = min(cap[counts], hb.dim(0) - extra)
     a.qo_indptr = <int32_t *>ptrs[0]
@@ -99,6 +107,7 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
     cdef kvc_err err
     cdef int r = 0
     cdef list held = []
+    cdef dict arrays = {}     # out's arrays as bound (each read once)
     err.msg[0] = 0
     memset(&a, 0, sizeof(a))
     u.check(cache.c.n_seq_max, kvc_unified_has_ext(&cache.c))
@@ -108,7 +117,7 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
     try:
         if out is not None:
             # taken before the lock: an exporter's hooks see the cache as any other call would
-            _attn_bind(&a, out, c_pos, held)
+            _attn_bind(&a, out, c_pos, held, arrays)
         lock(&cache._lock, RUNS_PYTHON, "attention_indices")
         try:
             with nogil:
@@ -116,7 +125,7 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
             if r == KVC_E_NOSPACE and out is None:
                 # the counts are known: arrays of that size (never empty), and the same call into them
                 out = AttentionIndices.buffers(max(a.n_groups, 1), max(a.nnz, 1), c_pos, max(u.c.n_tokens, 1))
-                _attn_bind(&a, out, c_pos, held)
+                _attn_bind(&a, out, c_pos, held, arrays)
                 with nogil:
                     r = kvc_unified_attn_indices(&cache.c, &u.c, c_causal, &a, &err)
         finally:
@@ -126,15 +135,16 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
             (<_HeldBuffer>hb).release()
     if r == KVC_E_NOSPACE:
         need = (a.n_groups, a.nnz, u.c.n_tokens)
-        short = [f"out.{name} has {len(getattr(out, name))} entries, needs {need[counts] + extra}"
+        short = [f"out.{name} has {len(arrays[name])} entries, needs {need[counts] + extra}"
                  for name, dt, counts, extra in _ATTN_FIELDS
-                 if (name not in _ATTN_POSITIONS or c_pos) and len(getattr(out, name)) < need[counts] + extra]
+                 if name in arrays and len(arrays[name]) < need[counts] + extra]
         what = f"{a.n_groups} groups and {a.nnz} indices" + (f" of {u.c.n_tokens} tokens" if c_pos else "")
         raise ValueError(f"attention_indices: out is too small for {what} (" + "; ".join(short) + ")")
     if r < 0:
         raise_status(r, &err, "attention_indices")
     cdef Py_ssize_t g = a.n_groups, n = a.nnz
     cdef Py_ssize_t t = u.c.n_tokens
-    return AttentionIndices(out.qo_indptr[:g + 1], out.kv_indptr[:g + 1], out.kv_indices[:n], out.causal[:g],
-                            out.stream[:g], out.kv_pos[:n] if c_pos else None, out.q_pos[:t] if c_pos else None,
+    return AttentionIndices(arrays["qo_indptr"][:g + 1], arrays["kv_indptr"][:g + 1], arrays["kv_indices"][:n],
+                            arrays["causal"][:g], arrays["stream"][:g], arrays["kv_pos"][:n] if c_pos else None,
+                            arrays["q_pos"][:t] if c_pos else None,
                             <Py_ssize_t>a.n_kv, <Py_ssize_t>a.span)

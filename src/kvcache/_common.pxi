@@ -318,12 +318,10 @@ def layers_arg(layers, n_layer, name="layers", any_order=False):
 cdef list seq_lists_c(object seq_id, Py_ssize_t n_entries, str unit):
     """Sequence id lists, one per entry (token or token group): each entry an int or a non-empty
     list of ints in [0, MAX_SEQ). TypeError / ValueError name the entry."""
-    if isinstance(seq_id, (str, bytes)):
-        raise TypeError(f"seq_id must be a sequence with one entry per {unit}")
     try:
         entries = _seq_entries(seq_id)
     except TypeError:
-        raise TypeError(f"seq_id must be a sequence with one entry per {unit}") from None
+        raise TypeError(f"seq_id must be a sequence with one entry per {unit}, not {type(seq_id).__name__}") from None
     if len(entries) != n_entries:
         raise ValueError(f"seq_id has {len(entries)} entries, expected one per {unit} ({n_entries})")
     cdef list lists = []
@@ -333,7 +331,7 @@ cdef list seq_lists_c(object seq_id, Py_ssize_t n_entries, str unit):
         if _is_int(e):
             lists.append([_seq_id_c(e, t)])
             continue
-        if isinstance(e, (str, bytes)) or _is_bool(e):
+        if _is_bool(e):
             raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}")
         try:
             ids = _seq_entries(e)
@@ -359,7 +357,10 @@ cdef int _seq_id_c(object x, Py_ssize_t t) except -1:
 
 
 cdef list _seq_entries(object v):
-    """The entries of a sequence-id argument as a list (an integer array by its values)."""
+    """The entries of a sequence-id argument as a list (an integer array by its values);
+    TypeError for text, raw bytes, sets and mappings (no order, or keys for values)."""
+    if isinstance(v, (str, bytes, bytearray, _AbcSet, _AbcMapping)):
+        raise TypeError(type(v).__name__)
     if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
         return values_c(v, "seq_id", VALUES_INT, True).tolist()
     return list(v)

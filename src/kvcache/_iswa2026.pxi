@@ -202,6 +202,7 @@ cdef class _ISWA2026(_ISWA):
         the SWA cache has dropped is not needed; can_shift is only what
         ``llama_memory_can_shift`` reports). Arguments are checked for both caches before
         either changes. Returns an ISWAUpdatePlan of the two, true when both are."""
+        n_max_nodes = int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)   # read once, for both
         with self._hold:
             for c in (self._base, self._swa):
                 c._check_update(rope, n_max_nodes)

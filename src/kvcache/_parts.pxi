@@ -104,7 +104,7 @@ def _update_parts(caches, rope=None, n_max_nodes=65536):
     cdef _Unified c
     cdef int32_t nmax = <int32_t>int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
     for c in cs:
-        c._check_update(rope, n_max_nodes)
+        c._check_update(rope, nmax)
     order = _lock_order(cs)
     lock_all(order, RUNS_PYTHON | CHANGE, "update")
     try:

@@ -308,7 +308,9 @@ cdef int32_t _state_read_args(state_codec *k, object seq_id, object convert, obj
         for i in range(k.n_parts):
             _check_state_layout(k.parts[i], read_layout_bits(layout), "state_read", False)
     cdef int32_t s = seq_c(seq_id, k.n_seq_max, "seq_id", True)
-    flags[0] = state_read_flags(False if k.ignore_convert else convert, exact)
+    flags[0] = state_read_flags(convert, exact)   # convert checked as every cache checks it
+    if k.ignore_convert:
+        flags[0] &= ~(<unsigned>KVC_STATE_CONVERT_V)
     if k.today_only:
         layout = _hybrid_layout("2026" if layout is None else layout, "state_read")
     bits[0] = read_layout_bits(layout)
@@ -399,15 +401,21 @@ cdef object cache_state_read(list order, state_codec *k, object data, object seq
     return consumed
 
 
-cdef _write_all(write, view):
-    """file.write until every byte is taken (raw files may take fewer; None means none now)."""
+def _write_all(write, view, str what="state_write_into"):
+    """file.write until every byte is taken (raw files may take fewer; None means none now). A
+    count that is no int, or not within what was offered, is the file's error: the bytes it says
+    it took are not known."""
     cdef Py_ssize_t done = 0, n = len(view)
+    cdef long long k
     while done < n:
-        k = write(view[done:])
-        if k is None:
-            raise BlockingIOError("state_write_into: the file would block")
-        if k <= 0 and n > 0:
-            raise OSError("state_write_into: the file accepted no bytes")
+        r = write(view[done:])
+        if r is None:
+            raise BlockingIOError(f"{what}: the file would block")
+        if not _is_int(r) or _is_bool(r):
+            raise TypeError(f"{what}: the file's write() returned {type(r).__name__}, not a number of bytes")
+        k = int_c(r, "write() count", LLONG_MIN, LLONG_MAX)
+        if k <= 0 or k > n - done:
+            raise OSError(f"{what}: the file's write() took {k} of the {n - done} bytes offered")
         done += k
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, Sequence, cast
 
-from kvcache._core import StateError, UBatch, _Hybrid, _ISWA2026, _seq_export, _seq_import_begin
-from kvcache.handoff import HybridExport, HybridImport, PartsImport, SeqImport, split_hybrid
+from kvcache._core import StateError, UBatch, _Hybrid, _ISWA2026, _seq_export, _seq_import_begin, ggml_type
+from kvcache._store_format import _header_cells
+from kvcache.handoff import HybridExport, HybridImport, PartsImport, SeqImport, split_hybrid, split_parts
 from kvcache.iswa import ISWACache2026
 
 if TYPE_CHECKING:
@@ -93,6 +94,14 @@ class HybridCache(_Hybrid):
         (UnifiedCache.seq_import_begin); StateError, nothing begun and nothing changed, when either
         refuses. Until commit() or abort() the HybridCache and its parts refuse changes."""
         fields = split_hybrid(header)
+        # the rows' lengths come from the header: no more than one cell's R and S rows of this
+        # geometry (before any memory is taken for them)
+        tk, tv = ggml_type(self.recr.type_k), ggml_type(self.recr.type_v)
+        cell_bytes = sum(w // tk.blck_size * tk.type_size for w in self.recr.n_embd_k) + \
+            sum(w // tv.blck_size * tv.type_size for w in self.recr.n_embd_v)
+        if fields.n_row_bytes > cell_bytes:
+            raise StateError(f"seq_import_begin: the header's recurrent rows hold {fields.n_row_bytes} bytes, a "
+                             f"cell of this cache's recurrent part {cell_bytes}")
         # the recurrent state read by a memory of the recurrent part's geometry (without K/V)
         r_width = dict(zip(self.recurrent_layers, self.recr.n_embd_k))
         s_width = dict(zip(self.recurrent_layers, self.recr.n_embd_v))
@@ -108,8 +117,18 @@ class HybridCache(_Hybrid):
         part: SeqImport | PartsImport
         if isinstance(attn, _ISWA2026):
             part = cast(ISWACache2026, attn).seq_import_begin(fields.attn, seq_id)
+            attn_header = split_parts(fields.attn, 2)[0]
         else:
             part = _seq_import_begin(attn, fields.attn, seq_id)
+            attn_header = fields.attn
+        # the parts' headers were checked apart (the attention part's has its checksum): the
+        # recurrent state must stand where the attention part's cells end, as an export has it
+        pos = _header_cells(attn_header)[0]
+        at = scratch.recr.seq_pos_max(0)
+        if len(pos) and int(pos.max()) != at:
+            part.abort()
+            raise StateError(f"seq_import_begin: the recurrent state is at position {at}, the attention part's "
+                             f"cells end at {int(pos.max())}")
         return HybridImport(part, self.recr, fields, self._hold)
 
 

@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcache._atomic import atomic_write
-from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, layout_info, state_framings
+from kvcache._core import DEFAULT_LAYOUT, LAYOUTS, SEQ_MAGIC, StateError, _write_all, layout_info, state_framings
 
 if TYPE_CHECKING:
     # what the wrappers need of a cache: its state (UnifiedCache, ISWACache and RecurrentCache have it)
@@ -458,14 +458,7 @@ class _Out:
 
     def put(self, b: Any) -> None:
         m = memoryview(b).cast("B")
-        done = 0
-        while done < len(m):
-            k = self.f.write(m[done:])
-            if k is None:
-                raise BlockingIOError("the file would block")
-            if k <= 0:
-                raise OSError("the file accepted no bytes")
-            done += k
+        _write_all(self.f.write, m, "write")
         self.n += len(m)
 
 
