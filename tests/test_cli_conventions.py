@@ -317,6 +317,14 @@ BAD = [
     ["store"],
     ["store", "/nonexistent"],
     ["store", "/", "--gc", "lots"],
+    ["store", "/", "--gc", "9" * 400],
+    ["inspect", "/dev/zero"],
+    ["convert", "/dev/zero", "/tmp/kvcache-never-written.bin", "--to", "2026"],
+    ["convert", "/nonexistent/in.bin", "/tmp/kvcache-never-written.bin", "--to", "2026"],
+    ["plan", "--n-layer", "2", "--n-embd-k-gqa", "8", "--n-ctx", "10", "--swa-layers", "0-99999999999"],
+    ["simulate", "--n-embd", "2147483647", "--steps", "2"],
+    ["simulate", "--n-layer", "2147483647", "--steps", "2"],
+    ["simulate", "--n-ctx", "2147483647", "--steps", "2"],
     ["bench", "--json", "/nonexistent/b.json"],
     ["--bogus"],
     ["nocommand"],
@@ -333,7 +341,19 @@ def test_bad_invocations_are_one_line_errors(argv, capsys):
     known = argv and argv[0] in cli.commands()
     want = f"kvcache {argv[0]}: error: " if known else "kvcache: error: "
     assert lines[0].startswith(want), err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "Error:" not in err     # no exception's class for a message
+    assert not os.path.exists("/tmp/kvcache-never-written.bin")
+
+
+def test_a_fifo_is_no_input(tmp_path):
+    # opened as a file, a FIFO with no writer blocks the reader: in a process where a hang fails
+    fifo = tmp_path / "in.bin"
+    os.mkfifo(fifo)
+    for argv in (["inspect", str(fifo)], ["convert", str(fifo), str(tmp_path / "out.bin"), "--to", "2026"]):
+        r = subprocess.run([sys.executable, "-m", "kvcache", *argv], capture_output=True, text=True,
+                           env=kvcache_env(), timeout=120)
+        assert r.returncode == 2 and "not a regular file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "out.bin").exists()
 
 
 def test_bad_invocations_in_a_process():

@@ -301,3 +301,12 @@ def test_convert_keeps_a_hybrid_state_in_2026():
         assert c.data == data and c.layout == c.source == "2026" and "written unchanged" in c.notes[0]
         with pytest.raises(kvcache.StateError, match="exists in layout 2026 only.*layout 2026-06"):
             convert(data, "2026-06")
+    # a sequence blob's prefix takes the id given (the state itself unchanged); a state without one
+    # says the id is not used
+    data = (d / "seq1.bin").read_bytes()
+    c = convert(data, "2026", seq_id=7)
+    assert c.data[8:] == data[8:] and c.data[:8] != data[:8] and "names seq 7 (was 1)" in c.notes[0]
+    from kvcache.inspect import report_bytes
+    assert report_bytes(c.data)["framing"]["src_seq_id"] == 7
+    c = convert((d / "state.bin").read_bytes(), "2026", seq_id=7)
+    assert c.data == (d / "state.bin").read_bytes() and "seq_id not used" in c.notes[1]

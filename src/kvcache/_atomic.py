@@ -14,9 +14,39 @@ import os
 import stat
 from typing import IO, Any, Iterator, Mapping, Union
 
-__all__ = ["check_target", "atomic_write"]
+__all__ = ["check_target", "atomic_write", "open_regular", "read_regular"]
 
 _Path = Union[str, "os.PathLike[str]"]
+
+
+def open_regular(path: _Path) -> IO[bytes]:
+    """A file opened for reading, unbuffered; OSError unless it is a regular file (a FIFO or a
+    device in its place would block the read, or never end)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) |
+                 getattr(os, "O_BINARY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(f"{os.fspath(path)}: is a directory, expected a file")
+        if not stat.S_ISREG(mode):
+            raise OSError(f"{os.fspath(path)}: not a regular file (a FIFO or a device is not read)")
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: _Path) -> bytes:
+    """The whole of a regular file (open_regular); OSError as one line naming the path."""
+    try:
+        with open_regular(path) as f:
+            return f.read()
+    except OSError as e:
+        if not e.strerror:
+            raise
+        err = type(e)(f"{os.fspath(path)}: {e.strerror}")   # the same kind of error, in one line
+        err.errno = e.errno
+        raise err from None
 
 
 def _same(a: _Path, b: _Path) -> bool:

@@ -204,8 +204,17 @@ def convert(data: Any, to: str = DEFAULT_LAYOUT, *, layout: str | None = None, v
         if to != DEFAULT_LAYOUT:
             raise StateError(f"a hybrid memory's state exists in layout {DEFAULT_LAYOUT} only (llama-cpp-python "
                              f"0.3.36): it cannot be converted to layout {to}")
-        return Converted(bytes(m), r["kind"], DEFAULT_LAYOUT, to,
-                         (f"a hybrid memory's state, already in layout {DEFAULT_LAYOUT}: written unchanged",))
+        framing = r.get("framing") or {}
+        if seq_id is not None and framing.get("prefix"):
+            # the prefix names the sequence: the id given replaces it, the state is unchanged
+            renamed = struct.pack("<Ii", SEQ_MAGIC, seq_id) + bytes(m[8:])
+            return Converted(renamed, r["kind"], DEFAULT_LAYOUT, to,
+                             (f"a hybrid memory's state, already in layout {DEFAULT_LAYOUT}: its sequence-blob prefix "
+                              f"names seq {seq_id} (was {framing.get('src_seq_id')}), the state unchanged",))
+        said = [f"a hybrid memory's state, already in layout {DEFAULT_LAYOUT}: written unchanged"]
+        if seq_id is not None:
+            said.append("seq_id not used: the state has no sequence-blob prefix to name it")
+        return Converted(bytes(m), r["kind"], DEFAULT_LAYOUT, to, tuple(said))
     if r["variant_guessed"] and r["kind"] in ("sequence blob", "whole-cache blob") and r["variant"] != "iswa":
         # unified and recurrent states are framed differently from "2025-08" on; the bytes tell
         # them apart by stream counts, a prefix before a state without them, or a sequence's

@@ -439,8 +439,9 @@ def report_bytes(data, variant: str | None = None, name: str | None = None, layo
 
 def report(path, variant: str | None = None, layout: str | None = None) -> dict:
     """The report on the state file at path (see :func:`report_bytes`)."""
-    with open(path, "rb") as f:
-        data = f.read()
+    from kvcache._atomic import read_regular
+
+    data = read_regular(path)
     return report_bytes(data, variant, name=str(path), layout=layout)
 
 

@@ -21,6 +21,7 @@ __all__ = ["LayerPlan", "CachePlan", "Plan", "plan_unified", "plan_iswa", "plan_
            "SWA_PAD_2026", "swa_pattern_layers", "format_plan", "MAX_SEQ"]
 
 MIB = 1024 * 1024
+MAX_LAYERS = 65536           # the most layers a planned model may have
 CPU_TENSOR_ALIGNMENT = 32    # ggml's CPU buffer gives every tensor a 32-byte aligned slot
 _SWA_TYPES = ("standard", "chunked")
 
@@ -267,7 +268,7 @@ def _kv_types(type_k: Any, type_v: Any, flash_attn: bool) -> tuple:
 def _common(n_ctx: Any, n_layer: Any, n_seq_max: Any, flash_attn: Any, semantics: str = "2025",
             kv_unified: bool = True) -> tuple:
     n_ctx = _int(n_ctx, "n_ctx", 1, 2**31 - 1)
-    n_layer = _int(n_layer, "n_layer", 1, 65536)
+    n_layer = _int(n_layer, "n_layer", 1, MAX_LAYERS)
     n_seq_max = _int(n_seq_max, "n_seq_max", 1, MAX_SEQ)
     flash_attn = bool_arg(flash_attn, "flash_attn")
     n_pad, kv_size, n_stream = context_cells(n_ctx, n_seq_max, flash_attn, semantics, bool_arg(kv_unified, "kv_unified"))
@@ -374,7 +375,7 @@ def plan_recurrent(n_layer: int, n_embd_k_s: Any, n_embd_v_s: Any, n_seq_max: in
     ``n_ctx``); a layer's K row holds ``n_embd_k_gqa + n_embd_k_s`` elements (the rolling state,
     e.g. Mamba's ``(d_conv - 1) * d_inner``), its V row ``n_embd_v_gqa + n_embd_v_s`` (the
     recurrent state, e.g. ``d_state * d_inner``)."""
-    n_layer = _int(n_layer, "n_layer", 1, 65536)
+    n_layer = _int(n_layer, "n_layer", 1, MAX_LAYERS)
     n_seq_max = _int(n_seq_max, "n_seq_max", 1, MAX_SEQ)
     if n_ctx is not None:
         n_ctx = _int(n_ctx, "n_ctx", 1, 2**31 - 1)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._atomic import atomic_write
+from kvcache._atomic import atomic_write, open_regular
 from kvcache._core import _STREAM_BYTES, ChunkSum, _copy_pairs, _salt_hash, _seq_import_begin, _Unified, seq_arg
 from kvcache import _store_parts as _parts
 from kvcache._store_format import (CHUNK_MAGIC, CHUNK_VERSION, CHUNK_VERSIONS, META_NAME, _FIXED, _KEY, _PART_EXT,
@@ -59,19 +59,6 @@ def _check_chunk_tokens(n: Any) -> None:
         raise ValueError(f"chunk_tokens must be an int in [1, {1 << 24}), not {n!r}")
 
 
-def _open_regular(path: str) -> Any:
-    """A store's file (a chunk, its metadata, its counters) opened for reading, unbuffered;
-    OSError unless it is a regular file (a FIFO or a device in its place would block the read or
-    never end)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        return os.fdopen(fd, "rb", buffering=0)
-    except BaseException:
-        os.close(fd)
-        raise
-
 if TYPE_CHECKING:
     from kvcache._core import RopeParams
     from kvcache.unified import UnifiedCache
@@ -79,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = ["PrefixStore", "StoreGeometry", "StoreError", "ChunkInfo", "META_NAME", "CHUNK_MAGIC", "CHUNK_VERSION",
            "CHUNK_VERSIONS",
            "open_store", "read_meta", "read_stats"]
+
 
 def _addr(a: npt.NDArray[Any]) -> int:
     return int(a.ctypes.data)
@@ -283,7 +271,7 @@ class PrefixStore:
                     continue
                 p = os.path.join(d, name)
                 try:
-                    with _open_regular(p) as f:
+                    with open_regular(p) as f:
                         st = os.fstat(f.fileno())
                         head = f.read(_FIXED)
                 except OSError:
@@ -644,7 +632,7 @@ class PrefixStore:
         if keep is None and self.promote and self.host_bytes >= n_bytes:
             keep = np.empty(n_bytes, np.uint8)
         try:
-            f = _open_regular(path)
+            f = open_regular(path)
         except OSError:
             return False
         with f:
@@ -882,11 +870,11 @@ def read_meta(path: _Path) -> dict[str, Any]:
     """The ``kvcache-store.json`` of a store directory; StoreError when it is missing or unreadable."""
     p = os.path.join(os.fspath(path), META_NAME)
     try:
-        with _open_regular(p) as f:
+        with open_regular(p) as f:
             meta = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
         raise StoreError(f"path {os.fspath(path)!r} is not a kvcache store (no {META_NAME})") from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise StoreError(f"path {os.fspath(path)!r}: {META_NAME} is unreadable ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != "kvcache-store":
         raise StoreError(f"path {os.fspath(path)!r}: {META_NAME} is not a kvcache store's")
@@ -948,8 +936,8 @@ def _flush(path: str, stats: dict[str, int], flushed: dict[str, int]) -> None:
 def read_stats(path: _Path) -> dict[str, int]:
     """The counters every process flushed to a store directory (empty when none did)."""
     try:
-        with _open_regular(os.path.join(os.fspath(path), STATS_NAME)) as f:
+        with open_regular(os.path.join(os.fspath(path), STATS_NAME)) as f:
             d = json.loads(f.read().decode("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return {k: int(v) for k, v in d.items() if isinstance(v, int)} if isinstance(d, dict) else {}

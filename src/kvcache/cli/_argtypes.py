@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from fractions import Fraction
 from typing import Callable, Union
 
 #: the largest of llama.cpp's sizes and counts (int32)
@@ -81,7 +82,7 @@ def byte_size(lo: int = 0, hi: int = 2**63 - 1) -> Callable[[str], int]:
         m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", text)
         if not m:
             raise argparse.ArgumentTypeError(f"expected a size in bytes such as 500M or 2G, got {text!r}")
-        v = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        v = int(Fraction(m.group(1)) * _UNITS[m.group(2).lower()])   # exact, however large
         _check(v, text, lo, hi)
         return v
     parse.__name__ = "size"

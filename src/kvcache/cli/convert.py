@@ -61,14 +61,13 @@ def _plain(e: Exception, args: argparse.Namespace, data: bytes) -> str:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from kvcache._atomic import atomic_write, check_target
+    from kvcache._atomic import atomic_write, check_target, read_regular
     from kvcache._core import StateError
     from kvcache.convert import convert
 
     sources = {f"the input {args.input}": args.input}
     check_target(args.output, sources=sources)   # before the work: a bad output fails at once
-    with open(args.input, "rb") as f:
-        data = f.read()
+    data = read_regular(args.input)
     try:
         # a bare sequence state without a prefix gets one naming seq 0: today's llama.cpp refuses a
         # sequence blob without it, and does not use the id

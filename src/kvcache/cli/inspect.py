@@ -57,9 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from kvcache.inspect import format_report, report
 
     try:
-        r = report(args.file, args.variant, args.layout)
-    except (IsADirectoryError, FileNotFoundError, PermissionError) as e:
-        raise OSError(f"{args.file}: {e.strerror or e}") from None
+        r = report(args.file, args.variant, args.layout)   # (an OSError names the file already)
     except StateError as e:
         if os.environ.get("KVCACHE_TRACEBACK"):
             raise

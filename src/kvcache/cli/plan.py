@@ -27,6 +27,8 @@ examples:
 
 def _layer_list(text: str) -> list:
     """Layer indices: a comma list of indices and ranges (0,2,4-7)."""
+    from kvcache.plan import MAX_LAYERS
+
     out: list[int] = []
     try:
         for part in text.split(","):
@@ -35,6 +37,8 @@ def _layer_list(text: str) -> list:
                 lo, hi = int(a), int(b)
                 if hi < lo:
                     raise ValueError
+                if hi >= MAX_LAYERS:   # (refused before the range is made)
+                    raise argparse.ArgumentTypeError(f"layer {hi} is past the most layers a model has ({MAX_LAYERS})")
                 out.extend(range(lo, hi + 1))
             else:
                 out.append(int(part))

@@ -47,16 +47,19 @@ _PROGRESS = ("auto", "tqdm", "rich", "plain", "none")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from kvcache import MAX_SEQ
+    from kvcache.plan import MAX_LAYERS
     from kvcache.simulate import DEFRAG_MODES, LENGTH_DISTS, SEMANTICS, WORKLOADS, SimConfig
 
     d = SimConfig()
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     g = p.add_argument_group("geometry")
-    g.add_argument("--n-ctx", "--ctx", type=count, default=d.n_ctx, metavar="N",
+    # (a size padded to 256 stays an int32)
+    g.add_argument("--n-ctx", "--ctx", type=whole(1, 2**31 - 256), default=d.n_ctx, metavar="N",
                    help=f"cells, padded to n_pad (default {d.n_ctx})")
     g.add_argument("--n-seq-max", "--parallel", type=whole(1, MAX_SEQ), default=d.n_seq_max, metavar="N",
                    help=f"sequence slots; with prefix sharing one holds the prefix (default {d.n_seq_max})")
-    g.add_argument("--n-layer", type=count, default=d.n_layer, metavar="N", help=f"layers (default {d.n_layer})")
+    g.add_argument("--n-layer", type=whole(1, MAX_LAYERS), default=d.n_layer, metavar="N",
+                   help=f"layers (default {d.n_layer})")
     g.add_argument("--n-embd", type=count, default=d.n_embd, metavar="N",
                    help=f"K and V row width; small keeps the data negligible (default {d.n_embd})")
     g.add_argument("--type-k", default=d.type_k, metavar="TYPE", help=f"K type (default {d.type_k})")
@@ -194,12 +197,30 @@ def _importable(name: str) -> bool:
     return True
 
 
+def _check_memory(cfg) -> None:
+    """Refuse a geometry whose K/V would not fit in this machine's memory, naming the options
+    (the cache allocates them before the first step)."""
+    import os
+
+    from kvcache._core import ggml_row_size
+
+    need = cfg.n_ctx * cfg.n_layer * (ggml_row_size(cfg.type_k, cfg.n_embd) + ggml_row_size(cfg.type_v, cfg.n_embd))
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise ValueError(f"--n-ctx {cfg.n_ctx} x --n-layer {cfg.n_layer} x --n-embd {cfg.n_embd} need "
+                         f"{need / 2**30:.1f} GiB of K/V, more than this machine's {have / 2**30:.1f} GiB")
+
+
 def run(args: argparse.Namespace) -> int:
     from kvcache.simulate import format_report, plot_report, simulate
 
     if args.series and not args.json:
         raise ValueError("--series goes with --json")
     cfg = _config(args)
+    _check_memory(cfg)
     if args.plot:
         _check_plot(args.plot)
     shown = args.progress != "none" and progress_wanted(args.progress != "auto") and \
