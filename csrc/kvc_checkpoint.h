@@ -94,8 +94,8 @@ uint32_t kvc_ckpt_seq_len(const kvc_recurrent *c, int32_t s);
  * state after tokens[0 .. P), P = its position + 1 (n >= P; later tokens are not used). An equal
  * chain already held is only touched. *n_kept = P, or 0 when every slot it could take is pinned.
  * copy: a malloc'd buffer of P tokens the pool takes over (freed when not needed), or NULL: the
- * pool allocates it. KVC_OK; KVC_E_ARG (s not a sequence id or holding no state, n < P); KVC_E_NOMEM. Nothing changes on
- * an error. */
+ * pool allocates it. KVC_OK; KVC_E_ARG (s not a sequence id or holding no state, n < P);
+ * KVC_E_NOMEM. Nothing changes on an error. */
 int  kvc_ckpt_save(kvc_ckpt_pool *p, const kvc_recurrent *c, int32_t s, uint64_t salt, const int32_t *tokens,
                    uint32_t n, int32_t *copy, uint32_t *n_kept, kvc_err *err);
 
@@ -143,8 +143,8 @@ int  kvc_ckpt_attach(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint64_t sal
                      uint32_t n, uint32_t *n_attached, kvc_err *err);
 
 /* Sequence s ends: its state is checkpointed (when it holds one and n > 0; as kvc_ckpt_save) and
- * the sequence leaves the cache (seq_rm(s)). KVC_OK with *n_kept; KVC_E_ARG (s not a sequence id, as
- * kvc_ckpt_save) / KVC_E_NOMEM (nothing changed). */
+ * the sequence leaves the cache (seq_rm(s)). KVC_OK with *n_kept; KVC_E_ARG (s not a sequence
+ * id, as kvc_ckpt_save) / KVC_E_NOMEM (nothing changed). */
 int  kvc_ckpt_release(kvc_ckpt_pool *p, kvc_recurrent *c, int32_t s, uint64_t salt, const int32_t *tokens,
                       uint32_t n, uint32_t *n_kept, kvc_err *err);
 

@@ -23,8 +23,9 @@ extern "C" {
 uint32_t kvc_hybrid_prefix_match(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n);
 
 /* Sequence s, empty in both parts, takes the hit: the checkpoint's state at position P - 1 and the
- * attention cells of [0, P); *n_attached = P (0: nothing attached). KVC_OK; KVC_E_ARG (s not a sequence id or
- * holding cells or a state, reuse off), KVC_E_NOSPACE (no recurrent cell), KVC_E_NOMEM: nothing changed. */
+ * attention cells of [0, P); *n_attached = P (0: nothing attached). KVC_OK; KVC_E_ARG (s not a
+ * sequence id or holding cells or a state, reuse off), KVC_E_NOSPACE (no recurrent cell),
+ * KVC_E_NOMEM: nothing changed. */
 int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
                              uint32_t n, uint32_t *n_attached, kvc_err *err);
 

@@ -37,7 +37,8 @@ typedef struct kvc_retained {
  * position, one position's tokens by 2-D position, row-major, a position after several tokens
  * one past their largest x or y) go to the index under salt, the sequence leaves every cell (seq_rm(s)); cells
  * only the sequence held and the index did not take become free. KVC_OK with *res;
- * KVC_E_ARG (reuse off; s not a sequence id; a cell the index holds for another token), KVC_E_NOMEM (nothing changed). */
+ * KVC_E_ARG (reuse off; s not a sequence id; a cell the index holds for another token),
+ * KVC_E_NOMEM (nothing changed). */
 int kvc_retain_release(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                        kvc_retained *res, kvc_err *err);
 

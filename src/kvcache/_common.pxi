@@ -154,7 +154,6 @@ MAX_SEQ = KVC_MAX_SEQ   # sequence ids of a cache lie in [0, n_seq_max), n_seq_m
 
 
 cdef object _NP_INTEGER = np.integer
-from collections.abc import Set as _AbcSet, Mapping as _AbcMapping
 cdef object _NP_BOOL = np.bool_
 
 
@@ -356,10 +355,16 @@ cdef int _seq_id_c(object x, Py_ssize_t t) except -1:
     return <int>s
 
 
+# what is never a sequence of values: text, raw bytes (their buffer would read as uint8), sets
+# and mappings (no order, or keys for values)
+from collections.abc import Mapping as _AbcMapping, Set as _AbcSet
+cdef tuple _NOT_VALUES = (str, bytes, bytearray, _AbcSet, _AbcMapping)
+
+
 cdef list _seq_entries(object v):
     """The entries of a sequence-id argument as a list (an integer array by its values);
     TypeError for text, raw bytes, sets and mappings (no order, or keys for values)."""
-    if isinstance(v, (str, bytes, bytearray, _AbcSet, _AbcMapping)):
+    if isinstance(v, _NOT_VALUES):
         raise TypeError(type(v).__name__)
     if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
         return values_c(v, "seq_id", VALUES_INT, True).tolist()
@@ -380,9 +385,7 @@ cdef object values_c(object v, str name, int kind, bint nd=False):
     buffer, never by attributes (an object that only claims an __array_interface__ is not an
     array)."""
     cdef str what = "numbers" if kind == VALUES_FLOAT else ("bools or ints" if kind == VALUES_FLAG else "integers")
-    # text and raw bytes are not values (bytes would read as uint8 through their buffer), nor
-    # are sets or mappings (no order, or keys for values)
-    if isinstance(v, (str, bytes, bytearray, _AbcSet, _AbcMapping)):
+    if isinstance(v, _NOT_VALUES):
         raise TypeError(f"{name} must be a sequence of {what} or an array, not {type(v).__name__}")
     if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
         a = host_array(v, name)

@@ -522,11 +522,8 @@ cdef class _Hybrid:
 
     def prefix_unpin(self, pin):
         """Let go of a pin :meth:`prefix_pin` returned (both halves checked before either is let go)."""
-        if not isinstance(pin, tuple):
-            raise TypeError(f"pin must be a pin prefix_pin returned (a pair), not {type(pin).__name__}")
-        if len(pin) != 2:
-            raise ValueError(f"pin must be a pin prefix_pin returned (a pair), not {pin!r}")
-        pin = (self._attn._pin_canon(pin[0]), self._recr._pin_canon(pin[1]))   # each half read once
+        attn, recr = pin_pair(pin)
+        pin = (self._attn._pin_canon(attn), self._recr._pin_canon(recr))   # each half read once
         self._pool("prefix_unpin")
         with self._hold:
             if not self._recr._prefix_pin_held(pin[1]):

@@ -175,11 +175,8 @@ cdef class _ISWA2026(_ISWA):
 
     def _pin_canon(self, pin):
         """The pin as prefix_unpin reads it, read once (a pair of ints)."""
-        if not isinstance(pin, tuple):
-            raise TypeError(f"pin must be a pin prefix_pin returned (a pair), not {type(pin).__name__}")
-        if len(pin) != 2:
-            raise ValueError("not a pin of this cache's prefix index (prefix_pin returns a pair)")
-        return (self._base._pin_canon(pin[0]), self._swa._pin_canon(pin[1]))
+        base, swa = pin_pair(pin)
+        return (self._base._pin_canon(base), self._swa._pin_canon(swa))
 
     def _prefix_pin_held(self, pin):
         """Whether pin (_pin_canon's) is a pin :meth:`prefix_unpin` accepts now."""

@@ -281,7 +281,7 @@ cdef class _Recurrent2026(_Recurrent):
 
     def _pin_canon(self, pin):
         """The pin as prefix_unpin reads it, read once (an int; for the hybrid memory)."""
-        return int_c(pin, "pin", 0, LLONG_MAX)
+        return pin_canon(pin)
 
     def _prefix_pin_held(self, pin):
         """Whether pin is a pin :meth:`prefix_unpin` accepts now (for the hybrid memory)."""

@@ -411,9 +411,7 @@ def _write_all(write, view, str what="state_write_into"):
         r = write(view[done:])
         if r is None:
             raise BlockingIOError(f"{what}: the file would block")
-        if not _is_int(r) or _is_bool(r):
-            raise TypeError(f"{what}: the file's write() returned {type(r).__name__}, not a number of bytes")
-        k = int_c(r, "write() count", LLONG_MIN, LLONG_MAX)
+        k = int_c(r, f"{what}: the file's write() count", LLONG_MIN, LLONG_MAX)
         if k <= 0 or k > n - done:
             raise OSError(f"{what}: the file's write() took {k} of the {n - done} bytes offered")
         done += k

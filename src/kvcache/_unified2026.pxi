@@ -178,10 +178,24 @@ cdef object reuse_off(str what):
     return RuntimeError(f"{what}: prefix reuse is off for this cache (enable_prefix_reuse() turns it on)")
 
 
+cdef long long pin_canon(object pin) except? -1:
+    """A pin (pin_of) as prefix_unpin reads it, read once; TypeError / ValueError for what no pin
+    can be."""
+    return int_c(pin, "pin", 0, LLONG_MAX)
+
+
+cdef tuple pin_pair(object pin):
+    """The two halves of a composite cache's pin (one per part), each still to be read."""
+    if not isinstance(pin, tuple):
+        raise TypeError(f"pin must be a pin prefix_pin returned (a pair), not {type(pin).__name__}")
+    if len(pin) != 2:
+        raise ValueError(f"pin must be a pin prefix_pin returned (a pair), not {pin!r}")
+    return pin[0], pin[1]
+
+
 cdef int pin_arg(object pin, uint32_t *index, uint32_t *gen) except -1:
-    """The handle of a pin (pin_of) prefix_unpin is given; TypeError / ValueError for what no
-    pin can be."""
-    cdef long long v = int_c(pin, "pin", 0, LLONG_MAX)
+    """The handle of a pin (pin_of) prefix_unpin is given (pin_canon)."""
+    cdef long long v = pin_canon(pin)
     index[0] = <uint32_t>(v & 0xFFFFFFFF)
     gen[0] = <uint32_t>(v >> 32)
     return 0
@@ -630,7 +644,7 @@ cdef class _Unified2026(_Unified):
     def _pin_canon(self, pin):
         """The pin as prefix_unpin reads it, read once (an int): what a composite cache hands its
         part after checking every part's half."""
-        return int_c(pin, "pin", 0, LLONG_MAX)
+        return pin_canon(pin)
 
     def _prefix_pin_held(self, pin):
         """Whether pin is a pin :meth:`prefix_unpin` accepts now (for the composite caches)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, Sequence, cast
 
-from kvcache._core import StateError, UBatch, _Hybrid, _ISWA2026, _seq_export, _seq_import_begin, ggml_type
+from kvcache._core import StateError, UBatch, _Hybrid, _ISWA2026, _seq_export, _seq_import_begin, ggml_row_size
 from kvcache._store_format import _header_cells
 from kvcache.handoff import HybridExport, HybridImport, PartsImport, SeqImport, split_hybrid, split_parts
 from kvcache.iswa import ISWACache2026
@@ -96,9 +96,9 @@ class HybridCache(_Hybrid):
         fields = split_hybrid(header)
         # the rows' lengths come from the header: no more than one cell's R and S rows of this
         # geometry (before any memory is taken for them)
-        tk, tv = ggml_type(self.recr.type_k), ggml_type(self.recr.type_v)
-        cell_bytes = sum(w // tk.blck_size * tk.type_size for w in self.recr.n_embd_k) + \
-            sum(w // tv.blck_size * tv.type_size for w in self.recr.n_embd_v)
+        r = self.recr
+        cell_bytes = sum(ggml_row_size(r.type_k, w) for w in r.n_embd_k) + \
+            sum(ggml_row_size(r.type_v, w) for w in r.n_embd_v)
         if fields.n_row_bytes > cell_bytes:
             raise StateError(f"seq_import_begin: the header's recurrent rows hold {fields.n_row_bytes} bytes, a "
                              f"cell of this cache's recurrent part {cell_bytes}")
