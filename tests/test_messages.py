@@ -272,6 +272,12 @@ TABLE = [
     ("cli-inspect-truncated-blob", ["inspect", "{blob}"],
      re.compile(r"kvcache inspect: error: {blob}: a truncated 2026 sequence blob: it breaks off in the part that "
                 r"starts at byte \d+ of 40")),
+    ("cli-inspect-newer-sequence-file", ["inspect", "{ggsq_newer}"],
+     "kvcache inspect: error: {ggsq_newer}: a sequence file of version 9 (written by a newer llama.cpp?): kvcache "
+     "reads versions 2 and 3"),
+    ("cli-convert-newer-sequence-file", ["convert", "{ggsq_newer}", "{missing}", "--to", "2025"],
+     "kvcache convert: error: {ggsq_newer}: a sequence file of version 9 (written by a newer llama.cpp?): kvcache "
+     "reads versions 2 and 3"),
     ("cli-inspect-missing", ["inspect", "{missing}"],
      "kvcache inspect: error: {missing}: No such file or directory"),
     # convert says of an input that is no state what inspect says
@@ -291,6 +297,7 @@ def files(tmp_path):
     """The files the command-line rows name, and their sizes (``NAME_size``)."""
     seq = _sequence_file()
     contents = {"text": TEXT, "empty": b"", "ggsq": seq[:len(seq) - 10], "ggsq_head": seq[:10],
+                "ggsq_newer": seq[:4] + (9).to_bytes(4, "little") + seq[8:],
                 "blob": _blob_2026()[:40]}
     out = {"missing": str(tmp_path / "missing.bin")}
     for name, data in contents.items():

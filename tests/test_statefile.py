@@ -406,7 +406,9 @@ def test_wrappers_truncated_anywhere_raise_state_error():
 
 @pytest.mark.parametrize("patch,pattern", [
     (lambda b: _patch(b, 0, "<I", 0x6767736F), "magic 0x6767736f is not a sequence file's 0x67677371"),
-    (lambda b: _patch(b, 4, "<I", 4), "version 4 .* knows version 2 or 3"),
+    (lambda b: _patch(b, 4, "<I", 4), r"a sequence file of version 4 \(written by a newer llama.cpp\?\): kvcache reads "
+                                      "versions 2 and 3"),
+    (lambda b: _patch(b, 4, "<I", 1), "a sequence file of version 1: kvcache reads versions 2 and 3"),
     (lambda b: _patch(b, 8, "<I", 0xFFFFFFFF), "the tokens holds 4294967295 items of 4 bytes"),
 ])
 def test_sequence_file_bad_header(patch, pattern):

@@ -593,3 +593,16 @@ def test_metadata_naming_no_geometry_is_a_store_error(tmp_path, geometry):
         open_store(tmp_path)
     with pytest.raises(StoreError):
         PrefixStore(make_cache(), tmp_path, chunk_tokens=C)
+
+
+def test_metadata_whose_digest_is_not_its_geometry_is_named_damaged(tmp_path):
+    """A digest that disagrees with the geometry beside it is damage, not another geometry: the
+    message does not compare a cache with itself (`kvcache store` opens a store in its own)."""
+    _saved(tmp_path)
+    meta = json.loads((tmp_path / "st" / META_NAME).read_text())
+    meta["geometry_digest"] = "00" * 16
+    (tmp_path / "st" / META_NAME).write_text(json.dumps(meta))
+    for call in (lambda: open_store(tmp_path / "st"), lambda: PrefixStore(make_cache(), tmp_path / "st", chunk_tokens=C)):
+        with pytest.raises(StoreError, match=f"{META_NAME} is damaged: its geometry_digest is not the digest of the "
+                                             "geometry it names"):
+            call()

@@ -423,3 +423,24 @@ def test_a_load_without_room_keeps_the_index():
     assert not c.find_slot(UBatch(list(range(25)), [1] * 25))   # nor does a placement that cannot fit
     assert c.prefix_stats == before
     c._prefix_check()
+
+
+def test_a_failing_write_back_is_counted_and_warned_and_the_call_stands(tmp_path):
+    """The cache's placement is done when the store writes: a failure there loses the evicted
+    prefixes only, and says so (counter, last_error, RuntimeWarning), never silently."""
+    c = ucache()
+    st = PrefixStore(c, tmp_path / "st", chunk_tokens=C)
+    st.write_back(c)
+    a = list(range(1, 22))
+    ufill(c, 0, a, seed=1)
+    assert c.prefix_release(0, a) == len(a)
+
+    def boom(*args):
+        raise MemoryError("no room for the rows")
+
+    st._write_evicted = boom
+    with pytest.warns(RuntimeWarning, match="write-back of evicted prefixes: MemoryError: no room for the rows"):
+        ufill(c, 1, list(range(100, 128)), seed=2)      # evicts a's cells, and is placed
+    assert c.seq_pos_max(1) == 27 and st.match(a) == 0
+    assert st.stats["write_back_errors"] == 1 and "MemoryError" in st.last_error
+    c._prefix_check()

@@ -362,8 +362,9 @@ def _header(r: _Reader, magic: int, versions: dict[int, tuple[str, ...]], name: 
         raise StateError(f"{r.what}: magic 0x{m:08x} is not {name}'s 0x{magic:08x}")
     v = r.u32("the version")
     if v not in versions:
-        known = " or ".join(str(x) for x in versions)
-        raise StateError(f"{r.what}: version {v} (byte 4), this reader knows version {known}")
+        known = " and ".join(str(x) for x in versions)
+        newer = " (written by a newer llama.cpp?)" if v > max(versions) else ""
+        raise StateError(f"a {r.what} of version {v}{newer}: kvcache reads versions {known}")
     names = versions[v]
     if layout is not None:
         if layout not in names:

@@ -35,6 +35,7 @@ import os
 import stat
 import struct
 import time
+import warnings
 import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
@@ -111,7 +112,7 @@ class PrefixStore:
         self.stats: dict[str, int] = dict.fromkeys(
             ("host_hits", "disk_hits", "misses", "chunks_saved", "bytes_saved", "files_written", "chunks_loaded",
              "bytes_loaded", "corrupt_removed", "disk_errors", "host_evicted", "disk_evicted", "evicted_saved",
-             "evicted_skipped"), 0)
+             "evicted_skipped", "write_back_errors"), 0)
         self._salts: dict[int, str | bytes | None] = {0: None}   # the salts seen, by the index's hash
         self.last_error: str | None = None
         self.path: str | None = None
@@ -136,7 +137,13 @@ class PrefixStore:
                     json.dump(mine, f, indent=1)
         theirs = read_meta(self.path)
         if theirs.get("geometry_digest") != mine["geometry_digest"]:
-            other = meta_geometry(self.path, theirs).describe() if "geometry" in theirs else "unknown"
+            other = "unknown"
+            if "geometry" in theirs:
+                g = meta_geometry(self.path, theirs)
+                if g.digest().hex() != theirs.get("geometry_digest"):
+                    raise StoreError(f"path {self.path!r}: {META_NAME} is damaged: its geometry_digest is not the "
+                                     f"digest of the geometry it names ({g.describe()})")
+                other = g.describe()
             raise StoreError(f"path {self.path!r} is a store of another geometry ({other}); this cache's is "
                              f"{self.geometry.describe()}: use another directory")
 
@@ -770,7 +777,10 @@ class PrefixStore:
         prompts inside placement (no Python runs there); the cache hands them to the store
         after the call. A prompt is named by its salt: the salts the store saw (``save``,
         ``load``, ``attach``, ``release``), ``salts``, and None are known; a prompt of another
-        salt is skipped (``stats["evicted_skipped"]``).
+        salt is skipped (``stats["evicted_skipped"]``). A write that fails for another reason
+        than the disk (counted in ``disk_errors``) loses those prefixes only: the cache's call
+        stands, ``stats["write_back_errors"]`` counts it, ``last_error`` says why and a
+        ``RuntimeWarning`` is issued.
 
         Every cache with a prefix index or a checkpoint pool, with prefix reuse on, in the
         store's geometry: a UnifiedCache2026 (any streams, with or without ``cell_ext``), an
@@ -799,7 +809,14 @@ class PrefixStore:
             def sink(c: Any, records: list[Any], role: str = role) -> None:
                 store = me()
                 if store is not None:
-                    store._write_evicted(c, role, recr, records)
+                    try:
+                        store._write_evicted(c, role, recr, records)
+                    except Exception as e:
+                        # the cache's operation is done and stands: the loss is the store's, said here
+                        store.stats["write_back_errors"] += 1
+                        store.last_error = f"write-back of evicted prefixes: {type(e).__name__}: {e}"
+                        warnings.warn(f"kvcache store: {store.last_error} (the evicted prefixes are not stored)",
+                                      RuntimeWarning, stacklevel=2)
 
             part._spill_set(sink, self.geometry.chunk_tokens)
 

@@ -35,7 +35,7 @@ def plain_error(e: Exception, path: str, size: int) -> str:
     text = str(e)
     if text.startswith(("this is a GGUF model", "not a recurrent", "not a unified", "not an iSWA",
                         "the iSWA cache state has", "not a state of layout")) or "trailing bytes after" in text \
-            or " is not layout " in text:
+            or " is not layout " in text or ": kvcache reads versions " in text:
         return f"{path}: {text}"
     kind = getattr(e, "kind", None)
     at = re.search(r"(?:truncated at|after) byte (\d+)", text)

@@ -66,7 +66,8 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"  chunks restored: {s.get('host_hits', 0)} from memory, {s.get('disk_hits', 0)} from disk; "
                      f"{s.get('misses', 0)} look-ups found nothing")
         lines.append(f"  chunks saved: {s.get('chunks_saved', 0)} ({s.get('files_written', 0)} files written), "
-                     f"corrupt files removed: {s.get('corrupt_removed', 0)}, failed writes: {s.get('disk_errors', 0)}")
+                     f"corrupt files removed: {s.get('corrupt_removed', 0)}, failed writes: {s.get('disk_errors', 0)}"
+                     + (f", failed write-backs: {s['write_back_errors']}" if s.get("write_back_errors") else ""))
     else:
         lines.append("  no counters flushed yet")
     return "\n".join(lines)
