@@ -13,7 +13,7 @@ import kvcache
 from kvcache import StateError
 from kvcache._core import ChunkSum
 from conftest import needs_bench
-from kvcache.store import META_NAME, PrefixStore, StoreError, StoreGeometry, open_store
+from kvcache.store import META_NAME, USAGE_NAME, PrefixStore, StoreError, StoreGeometry, open_store
 
 # where the kvcache under test was imported from (the tree's src/ or an installed wheel): the
 # child processes below import the same one
@@ -303,6 +303,35 @@ def test_disk_cap_removes_least_recently_used(tmp_path):
     assert s.disk_usage() <= s.disk_bytes and not os.path.exists(old)
     assert s.stats["disk_evicted"] >= 2 and s.match(b) == 3 * C
     assert s.gc(0) > 0 and s.disk_usage() == 0
+
+
+def test_the_disk_cap_holds_for_stores_sharing_a_directory(tmp_path):
+    """Every store writing to a directory counts in one usage file, under its lock: two stores
+    (as two processes) writing in turn stay within the cap together (each counted its own
+    writes only, and the directory grew to 1.7x the cap before either removed a file)."""
+    src = make_cache()
+    probe = PrefixStore(src, chunk_tokens=C)
+    file_bytes = probe._header_bytes + probe.geometry.chunk_bytes + 8
+    cap = int(6.5 * file_bytes)
+    stores = [PrefixStore(src, tmp_path / "st", chunk_tokens=C, host_bytes=0, disk_bytes=cap) for _ in range(2)]
+    for i in range(8):
+        toks = tokens(2 * C, 1000 * i)
+        fill(src, 0, toks, seed=i)
+        stores[i % 2].save(src, 0, toks)
+        src.seq_rm(0, -1, -1)
+        assert stores[0].disk_usage() <= cap, i
+    assert sum(st.stats["disk_evicted"] for st in stores) > 0
+    # a usage count lost or garbled is taken afresh from the files
+    for text in (None, b"garbage"):
+        usage = tmp_path / "st" / USAGE_NAME
+        usage.unlink()
+        if text is not None:
+            usage.write_bytes(text)
+        toks = tokens(2 * C, 50_000 + len(text or b""))
+        fill(src, 0, toks, seed=9)
+        stores[0].save(src, 0, toks)
+        src.seq_rm(0, -1, -1)
+        assert int(usage.read_bytes()) == stores[0].disk_usage() <= cap
 
 
 def test_checksum_streams_and_detects():

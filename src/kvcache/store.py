@@ -80,7 +80,8 @@ class PrefixStore:
     read it from (then ``chunk_tokens``, default 256). path: a directory (made if missing) shared
     by every process that opens it with the same geometry; None for host memory only.
     host_bytes / disk_bytes: the caps of the two tiers (0: that tier is off; the disk cap is
-    enforced by removing the least recently used files when a write passes it). promote: a chunk
+    enforced by removing the least recently used files when a write passes it, counted with
+    every process writing to the directory). promote: a chunk
     read from disk is also kept in host memory (when the host tier is on).
 
     Counters (``stats``): matched and missed chunks per tier, chunks and bytes written and loaded,
@@ -108,7 +109,6 @@ class PrefixStore:
         self._gdigest = geometry.digest()
         self._host: OrderedDict[bytes, tuple[npt.NDArray[np.int32], npt.NDArray[np.uint8]]] = OrderedDict()
         self._host_used = 0
-        self._disk_used: int | None = None      # counted on the first write that needs it
         self.stats: dict[str, int] = dict.fromkeys(
             ("host_hits", "disk_hits", "misses", "chunks_saved", "bytes_saved", "files_written", "chunks_loaded",
              "bytes_loaded", "corrupt_removed", "disk_errors", "host_evicted", "disk_evicted", "evicted_saved",
@@ -255,13 +255,25 @@ class PrefixStore:
             self.last_error = str(e)
             return False
         self.stats["files_written"] += 1
-        if self._disk_used is None:
-            self._disk_used = self.disk_usage()
-        else:
-            self._disk_used += size
-        if self._disk_used > self.disk_bytes:
-            self.gc(self.disk_bytes * 9 // 10)
+        self._count_written(size)
         return True
+
+    def _count_written(self, size: int) -> None:
+        """Add a written file to the directory's byte count, which every process writing to it
+        keeps in the usage file under its lock (each counting only its own writes, several
+        processes passed the cap together); past the cap, remove the least recently used files
+        down to 90% of it. A count that is missing or unreadable is taken afresh from the files."""
+        assert self.path is not None
+        try:
+            with _usage(self.path) as usage:
+                used = usage.read()
+                used = self.disk_usage() if used is None else used + size    # a scan sees the new file
+                if used > self.disk_bytes:
+                    used = self._remove_lru(self.disk_bytes * 9 // 10)
+                usage.write(used)
+        except OSError as e:
+            self.stats["disk_errors"] += 1
+            self.last_error = f"the directory's byte count: {e}"
 
     def chunks(self) -> Iterator[ChunkInfo]:
         """Every chunk file of the directory (read from the headers; files that are not chunks
@@ -300,6 +312,14 @@ class PrefixStore:
             raise ValueError(f"max_bytes must be an int >= 0, not {max_bytes!r}")
         if self.path is None:
             return 0
+        before = self.stats["disk_evicted"]
+        with _usage(self.path) as usage:
+            usage.write(self._remove_lru(max_bytes))
+        return self.stats["disk_evicted"] - before
+
+    def _remove_lru(self, max_bytes: int) -> int:
+        """gc's removals (the usage lock held): the bytes of chunks the directory holds after."""
+        assert self.path is not None
         files = sorted(self.chunks(), key=lambda c: c.mtime)
         total = sum(c.bytes for c in files)
         removed = 0
@@ -321,8 +341,7 @@ class PrefixStore:
                         if name.endswith(".tmp") and now - os.stat(p).st_mtime > 3600:
                             os.unlink(p)
         self.stats["disk_evicted"] += removed
-        self._disk_used = total
-        return removed
+        return total
 
     def _drop_file(self, path: str) -> None:
         with contextlib.suppress(OSError):
@@ -920,6 +939,55 @@ def open_store(path: _Path, **kwargs: Any) -> PrefixStore:
 
 
 STATS_NAME = "stats.json"
+USAGE_NAME = ".disk-usage"     # the chunks' bytes, as the processes writing them count them
+
+
+@contextlib.contextmanager
+def _dir_lock(path: str, name: str) -> Iterator[int]:
+    """An exclusive lock, shared by the processes using the directory, on its file `name`
+    (created if missing): the file's descriptor, open for reading and writing. OSError when
+    something other than a regular file stands there (a FIFO would block the open). Where the
+    platform has no advisory locks, unlocked: a concurrent update may be lost."""
+    p = os.path.join(path, name)
+    fd = os.open(p, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) |
+                 getattr(os, "O_BINARY", 0), 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{p}: not a regular file")
+        try:
+            import fcntl
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        yield fd
+    finally:
+        os.close(fd)
+
+
+class _Usage:
+    """The byte count in a locked usage file (decimal text)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def read(self) -> int | None:
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        text = os.read(self.fd, 32)
+        return int(text) if text.isdigit() else None
+
+    def write(self, n: int) -> None:
+        data = str(n).encode("ascii")
+        os.ftruncate(self.fd, 0)
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        if os.write(self.fd, data) != len(data):
+            raise OSError(f"{USAGE_NAME}: short write")
+
+
+@contextlib.contextmanager
+def _usage(path: str) -> Iterator[_Usage]:
+    """The directory's usage count, locked."""
+    with _dir_lock(path, USAGE_NAME) as fd:
+        yield _Usage(fd)
 
 
 def _flush(path: str, stats: dict[str, int], flushed: dict[str, int]) -> None:
@@ -930,16 +998,10 @@ def _flush(path: str, stats: dict[str, int], flushed: dict[str, int]) -> None:
         return
     target = os.path.join(path, STATS_NAME)
     try:
-        for p in (target, os.path.join(path, ".stats.lock")):
-            with contextlib.suppress(FileNotFoundError):
-                if not stat.S_ISREG(os.stat(p).st_mode):
-                    return     # not the store's file (a FIFO would block the flush)
-        with open(os.path.join(path, ".stats.lock"), "a+b") as lock:
-            try:
-                import fcntl
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            except ImportError:    # no advisory locks here: a concurrent flush may lose counts
-                pass
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISREG(os.stat(target).st_mode):
+                return     # not the store's file (a FIFO would block the flush)
+        with _dir_lock(path, ".stats.lock"):
             total = read_stats(path)
             for k, v in delta.items():
                 total[k] = total.get(k, 0) + v
