@@ -81,8 +81,8 @@ class PrefixStore:
     by every process that opens it with the same geometry; None for host memory only.
     host_bytes / disk_bytes: the caps of the two tiers (0: that tier is off; the disk cap is
     enforced by removing the least recently used files when a write passes it, counted with
-    every process writing to the directory). promote: a chunk
-    read from disk is also kept in host memory (when the host tier is on).
+    every process writing to the directory). promote: a chunk read from disk is also kept in
+    host memory (when the host tier is on).
 
     Counters (``stats``): matched and missed chunks per tier, chunks and bytes written and loaded,
     disk errors (a full disk: the chunk stays in host memory and the write is counted here,
