@@ -473,6 +473,50 @@ def test_pep688_buffer_objects():
 
 
 @needs_torch
+def test_bfloat16_tensors_hold_floats_never_integers():
+    """A bfloat16 tensor holds floats, with or without ml_dtypes (without it its memory comes as
+    uint16 bit patterns): every argument of integers refuses it, as it refuses float32, and the
+    cache is left as it was; an argument of numbers takes its values; a bf16 K array is bf16."""
+    def bf(v):
+        return torch.tensor(v, dtype=torch.bfloat16)
+
+    c = kvcache.UnifiedCache(64, 1, 8, 8, n_seq_max=2, semantics="2026")
+    c.enable_prefix_reuse()
+    assert c.find_slot(kvcache.UBatch([0, 1], [0, 0], tokens=[5, 6]))
+    before = snapshot(c)
+    k = np.zeros((2, 8), np.float32)
+    for name, call in (
+            ("pos", lambda: kvcache.UBatch(bf([0, 1, 2, 3]), [0] * 4)),
+            ("seq_id", lambda: kvcache.UBatch([2, 3], bf([1, 1]))),
+            ("seq_id", lambda: kvcache.UBatch([2, 3], [bf([1]), bf([1])])),
+            ("tokens", lambda: kvcache.UBatch([2, 3], [0, 0], tokens=bf([7, 8]))),
+            ("pos_x", lambda: kvcache.UBatch([2, 3], [0, 0], pos_x=bf([1, 1]), pos_y=[0, 0])),
+            ("pos", lambda: kvcache.Batch(bf([2, 3]), [0, 0])),
+            ("output", lambda: kvcache.Batch([2, 3], [0, 0], output=bf([0, 1]))),
+            ("tokens", lambda: c.prefix_match(bf([5, 6]))),
+            ("tokens", lambda: c.prefix_attach(1, bf([5, 6]))),
+            ("shift", lambda: kvcache.rope_shift(k, "f32", 1, 8, bf([1, 1]), kvcache.RopeParams(8))),
+            ("k", lambda: kvcache.rope_shift(bf(k.tolist()), "f16", 1, 8, [1, 1], kvcache.RopeParams(8)))):
+        with pytest.raises(TypeError, match=rf"{name}.*bfloat16"):
+            call()
+    assert snapshot(c) == before
+    # numbers: the values, not the bit patterns
+    x = torch.randn(2, 32).to(torch.bfloat16)
+    assert np.array_equal(kvcache.quantize(x, "q8_0"), kvcache.quantize(x.float().numpy(), "q8_0"))
+    assert kvcache.RopeParams(8, freq_factors=bf([1.0, 2.0, 4.0, 8.0])).freq_factors.tolist() == [1, 2, 4, 8]
+    r = kvcache.RecurrentCache(2, 1, 8, 8)
+    assert r.find_slot(kvcache.UBatch([0], [0]))
+    r.store(0, bf([[1.5] * 8]), bf([[-2.0] * 8]))
+    assert r.k(0)[r.head].tolist() == [1.5] * 8 and r.v(0)[r.head].tolist() == [-2.0] * 8
+    # a bf16 K array is rotated as bf16, in place
+    kb = torch.randn(2, 8).to(torch.bfloat16)
+    bits = kb.view(torch.int16).numpy().view(np.uint16).copy()
+    kvcache.rope_shift(bits, "bf16", 1, 8, [3, 1], kvcache.RopeParams(8))
+    kvcache.rope_shift(kb, "bf16", 1, 8, [3, 1], kvcache.RopeParams(8))
+    assert np.array_equal(kb.view(torch.int16).numpy().view(np.uint16), bits)
+
+
+@needs_torch
 def test_recurrent_store_quantize_and_rope_factors_take_tensors():
     c = kvcache.RecurrentCache(2, 1, 8, 8)
     assert c.find_slot(kvcache.UBatch([0, 1], [0], n_seq_tokens=2))

@@ -165,11 +165,47 @@ cdef class _DLPackMemory:
         self.mt = NULL
 
 
+# DLPack bfloat16 without ml_dtypes: uint16 bit patterns under a dtype that says so (numpy has no
+# bfloat16 of its own), so that readers of integers refuse them and readers of numbers decode them
+_BF16_BITS = np.dtype(np.uint16, metadata={"kvcache": "bfloat16"})
+
+
+cdef bint _is_bf16_bits(object dt):
+    md = dt.metadata
+    return md is not None and md.get("kvcache") == "bfloat16"
+
+
+cdef bint _holds_floats(object dt):
+    """Whether elements of dtype dt are floating-point numbers: numpy's floats and bfloat16
+    (ml_dtypes, or the bit patterns of a DLPack bfloat16 tensor without it)."""
+    return dt.kind == "f" or _is_bf16_bits(dt) or (_BF16 is not None and dt == _BF16)
+
+
+cdef str _dtype_name(object dt):
+    return "bfloat16" if _is_bf16_bits(dt) else str(dt)
+
+
+cdef object _decoded(object a):
+    """a's values: the bit patterns of a DLPack bfloat16 tensor (no ml_dtypes) decoded into a
+    float32 copy, any other array as it is."""
+    if not _is_bf16_bits(a.dtype):
+        return a
+    src = np.ascontiguousarray(a, dtype=np.uint16)
+    out = np.empty(src.shape, dtype=np.float32)
+    cdef const uint16_t[::1] s = src.reshape(-1)
+    cdef float[::1] d = out.reshape(-1)
+    cdef Py_ssize_t i, n = s.shape[0]
+    with nogil:
+        for i in range(n):
+            d[i] = kvc_bf16_to_f32(s[i])
+    return out
+
+
 cdef object _dl_dtype(_DLDataType t, str name):
     if t.lanes != 1:
         raise TypeError(f"{name}: vector DLPack types (lanes = {t.lanes}) are not supported")
     if t.code == _DL_BFLOAT and t.bits == 16:
-        return _BF16 if _BF16 is not None else np.dtype(np.uint16)
+        return _BF16 if _BF16 is not None else _BF16_BITS
     kinds = {0: "i", 1: "u", 2: "f"}
     if t.code in kinds and t.bits in (8, 16, 32, 64):
         return np.dtype(f"{kinds[t.code]}{t.bits // 8}")
@@ -396,7 +432,7 @@ cdef _HeldBuffer _borrowed_held(object obj, size_t need, int32_t type_id, object
         if dt not in ok:
             names = " or ".join(dict.fromkeys(str(d) for d in ok))
             tname = kvc_type_get(type_id).name.decode()
-            raise TypeError(f"{_text(name)} has dtype {dt}, which cannot hold {tname} data ({names})")
+            raise TypeError(f"{_text(name)} has dtype {_dtype_name(dt)}, which cannot hold {tname} data ({names})")
     if not hb.c_contiguous():
         raise ValueError(f"{_text(name)} must be C-contiguous")
     if hb.view.readonly:

@@ -317,10 +317,9 @@ def layers_arg(layers, n_layer, name="layers", any_order=False):
 cdef list seq_lists_c(object seq_id, Py_ssize_t n_entries, str unit):
     """Sequence id lists, one per entry (token or token group): each entry an int or a non-empty
     list of ints in [0, MAX_SEQ). TypeError / ValueError name the entry."""
-    try:
-        entries = _seq_entries(seq_id)
-    except TypeError:
-        raise TypeError(f"seq_id must be a sequence with one entry per {unit}, not {type(seq_id).__name__}") from None
+    entries = _seq_entries(seq_id)
+    if entries is None:
+        raise TypeError(f"seq_id must be a sequence with one entry per {unit}, not {type(seq_id).__name__}")
     if len(entries) != n_entries:
         raise ValueError(f"seq_id has {len(entries)} entries, expected one per {unit} ({n_entries})")
     cdef list lists = []
@@ -332,10 +331,9 @@ cdef list seq_lists_c(object seq_id, Py_ssize_t n_entries, str unit):
             continue
         if _is_bool(e):
             raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}")
-        try:
-            ids = _seq_entries(e)
-        except TypeError:
-            raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}") from None
+        ids = _seq_entries(e)
+        if ids is None:
+            raise TypeError(f"seq_id[{t}] must be an int or a list of ints, not {type(e).__name__}")
         if not ids:
             raise ValueError(f"seq_id[{t}] is empty: every {unit} needs a sequence id")
         lists.append([_seq_id_c(x, t) for x in ids])
@@ -362,13 +360,17 @@ cdef tuple _NOT_VALUES = (str, bytes, bytearray, _AbcSet, _AbcMapping)
 
 
 cdef list _seq_entries(object v):
-    """The entries of a sequence-id argument as a list (an integer array by its values);
-    TypeError for text, raw bytes, sets and mappings (no order, or keys for values)."""
+    """The entries of a sequence-id argument as a list (an integer array by its values), or None
+    for what is no sequence of them: text, raw bytes, sets and mappings (no order, or keys for
+    values), what cannot be iterated. An array of anything but integers is values_c's TypeError."""
     if isinstance(v, _NOT_VALUES):
-        raise TypeError(type(v).__name__)
+        return None
     if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
         return values_c(v, "seq_id", VALUES_INT, True).tolist()
-    return list(v)
+    try:
+        return list(v)
+    except TypeError:
+        return None
 
 
 cdef enum:
@@ -389,14 +391,15 @@ cdef object values_c(object v, str name, int kind, bint nd=False):
         raise TypeError(f"{name} must be a sequence of {what} or an array, not {type(v).__name__}")
     if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
         a = host_array(v, name)
-        ok = a.dtype.kind in "iu" or (kind == VALUES_FLAG and a.dtype == np.bool_) or \
-            (kind == VALUES_FLOAT and (a.dtype.kind == "f" or (_BF16 is not None and a.dtype == _BF16)))
+        floats = _holds_floats(a.dtype)
+        ok = (a.dtype.kind in "iu" and not floats) or (kind == VALUES_FLAG and a.dtype == np.bool_) or \
+            (kind == VALUES_FLOAT and floats)
         if not ok and (a.size or a.dtype == np.bool_ or a.dtype.kind not in "iufb"):
-            raise TypeError(f"{name} must hold {what}, got dtype {a.dtype}")
+            raise TypeError(f"{name} must hold {what}, got dtype {_dtype_name(a.dtype)}")
         if not nd and a.ndim != 1:
             raise ValueError(f"{name} must be one-dimensional, got shape {a.shape}")
         if kind == VALUES_FLOAT:
-            return np.array(a, dtype=np.float64, copy=True)
+            return np.array(_decoded(a), dtype=np.float64, copy=True)
         if a.dtype == np.uint64 and a.size and int(a.max()) > 2**63 - 1:
             raise ValueError(f"{name} holds values beyond int64")
         return np.array(a, dtype=np.int64, copy=True)

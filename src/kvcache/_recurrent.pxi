@@ -38,6 +38,13 @@ cdef Py_ssize_t _rec_plane(_Recurrent cache, object plane) except -1:
     return <Py_ssize_t>p
 
 
+cdef object _rec_rows(object rows, str name, object dt):
+    """store() rows in the cache dtype dt; bfloat16 bits are decoded for a float cache (a bf16
+    cache, uint16, takes them as they are)."""
+    a = host_array(rows, name)
+    return np.ascontiguousarray(_decoded(a) if dt.kind == "f" else a, dtype=dt)
+
+
 cdef class RecurrentCore:
     """The recurrent cache as other extensions cimport it (_core.pxd): C-level methods only.
     Every instance is a _Recurrent (kvcache.RecurrentCache), which implements them."""
@@ -375,8 +382,8 @@ cdef class _Recurrent(RecurrentCore):
         kv = self.k(il)
         vv = self.v(il)
         # the rows as their memory describes them (see host_array), converted to the cache dtype
-        ka = None if k_rows is None else np.ascontiguousarray(host_array(k_rows, "k_rows"), dtype=kv.dtype)
-        va = None if v_rows is None else np.ascontiguousarray(host_array(v_rows, "v_rows"), dtype=vv.dtype)
+        ka = None if k_rows is None else _rec_rows(k_rows, "k_rows", kv.dtype)
+        va = None if v_rows is None else _rec_rows(v_rows, "v_rows", vv.dtype)
         n_rows = None
         for name, a, ref in (("k_rows", ka, kv), ("v_rows", va, vv)):
             if a is None:

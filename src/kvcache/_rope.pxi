@@ -279,12 +279,12 @@ def rope_shift(k, type_k, n_head, head_dim, shift, params, layer=None):
     try:
         if kb.view.ndim < 2:
             raise ValueError(f"k must have a row axis and a row content axis (ndim >= 2), got {kb.describe()}")
-        allowed = _ROPE_DTYPES.get(kb.dtype)
+        allowed = ("bf16",) if _is_bf16_bits(kb.dtype) else _ROPE_DTYPES.get(kb.dtype)
         tname = info.name.decode()
         if allowed is None and kb.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
             raise TypeError(f"k has dtype {kb.dtype}; expected float32, float16, uint16 or uint8")
         if allowed is not None and tname not in allowed:
-            raise TypeError(f"k has dtype {kb.dtype}, which cannot hold {tname} data (use a uint8 view)")
+            raise TypeError(f"k has dtype {_dtype_name(kb.dtype)}, which cannot hold {tname} data (use a uint8 view)")
         n_rows = kb.view.shape[0]
         # the content of a row must be C-contiguous
         expect = kb.view.itemsize
@@ -337,7 +337,7 @@ def quantize(x, type):
     quantized encoders are ggml's reference quantizers, byte for byte."""
     cdef const kvc_type_info *info = type_c(type, "type")
     if PyObject_CheckBuffer(x) or hasattr(x, "__dlpack__"):
-        arr = np.ascontiguousarray(host_array(x, "x"), dtype=np.float32)
+        arr = np.ascontiguousarray(_decoded(host_array(x, "x")), dtype=np.float32)
     else:
         arr = np.ascontiguousarray(values_c(x, "x", VALUES_FLOAT, True), dtype=np.float32)
     if arr.ndim == 0:

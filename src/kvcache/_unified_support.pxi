@@ -155,7 +155,7 @@ cdef _HeldBuffer _rows_buffer(object rows, int32_t type_id, str name):
     else:
         ok, want = dt == np.uint8, "uint8 (quantized rows)"
     if not ok:
-        raise TypeError(f"{name} must have dtype {want}, not {dt}")
+        raise TypeError(f"{name} must have dtype {want}, not {_dtype_name(dt)}")
     if not hb.c_contiguous():
         raise ValueError(f"{name} must be C-contiguous")
     if dt == np.float32 and type_id != KVC_TYPE_F32:
