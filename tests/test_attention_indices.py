@@ -576,6 +576,70 @@ def test_torch_reference_bad_arguments():
                                mask=lambda: c.kq_mask(ub, pad=False, dtype="bool"))
 
 
+@pytest.mark.parametrize("dense_at", [0.0, float("inf")])
+def test_torch_reference_checks_the_indices_it_is_given(dense_at):
+    """Indices built or changed by the caller are checked at the edge, on both paths alike: a
+    ValueError naming the field, never garbage, a wrapped index or an IndexError from inside."""
+    torch = need_module("torch", "torch")
+    from kvcache.torch_attention import attention_from_indices, dense_mask, path_work, takes_dense_path
+
+    c = make_cache("2025", n_seq=4)
+    for s, n in enumerate([5, 3, 7, 2]):
+        assert c.find_slot(UBatch(list(range(n)), [s] * n))
+        c.commit()
+    ub = UBatch([5, 3, 7, 2], [0, 1, 2, 3])
+    assert c.find_slot(ub)
+    idx = c.attention_indices(ub, positions=True)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4, 2, 8, generator=gen), torch.randn(c.size, 2, 8, generator=gen)
+    want = attention_from_indices(q, k, k, idx, dense_at=dense_at)
+
+    def edited(name, i, value):
+        a = getattr(idx, name).copy()
+        a[i] = value
+        return idx._replace(**{name: a})
+
+    for bad, match in (
+            (edited("kv_indices", 0, -1), r"idx.kv_indices must name K/V rows \(>= 0\), got idx.kv_indices\[0\] = -1"),
+            (edited("kv_indices", 0, 1000), r"idx.span must be max\(idx.kv_indices\) \+ 1 = 1001, got 21"),
+            (idx._replace(span=2), r"idx.span must be max\(idx.kv_indices\) \+ 1 = 21, got 2"),
+            (idx._replace(span=21.0), r"idx.span must be"),
+            (idx._replace(qo_indptr=np.array([0, 2, 1, 3, 4], np.int32)),
+             r"idx.qo_indptr must never decrease: idx.qo_indptr\[2\] = 1 follows 2"),
+            (edited("qo_indptr", 0, 1), r"idx.qo_indptr must start at 0"),
+            (idx._replace(kv_indptr=np.array([0, 6, 100, 18, 21], np.int32)), r"idx.kv_indptr must never decrease"),
+            (edited("kv_indptr", 4, 20), r"idx.kv_indptr must end at len\(idx.kv_indices\) = 21, got 20"),
+            (idx._replace(kv_indptr=idx.kv_indptr[:3]), r"idx.kv_indptr must be a 1-D integer array of 5 entries"),
+            (idx._replace(causal=idx.causal[:2]), r"idx.causal must be a 1-D bool array of 4 entries, got bool \(2,\)"),
+            (idx._replace(causal=idx.causal.astype(np.int32)), r"idx.causal must be a 1-D bool array"),
+            (idx._replace(kv_indices=idx.kv_indices.tolist()), r"idx.kv_indices must be a 1-D integer array, got list"),
+            (idx._replace(kv_indices=idx.kv_indices.astype(np.float32)), r"idx.kv_indices must be a 1-D integer array"),
+            (idx._replace(qo_indptr=np.zeros(0, np.int32)), r"idx.qo_indptr must have one entry per group")):
+        for call in (lambda: attention_from_indices(q, k, k, bad, dense_at=dense_at),
+                     lambda: attention_from_indices(q, k, k, bad, dense_at=dense_at, alibi_slopes=torch.ones(2)),
+                     lambda: dense_mask(bad), lambda: path_work(bad), lambda: takes_dense_path(bad)):
+            with pytest.raises(ValueError, match=match):
+                call()
+    # a row past the K/V rows given
+    big = edited("kv_indices", 0, c.size)._replace(span=c.size + 1)
+    with pytest.raises(ValueError, match=rf"k and v must hold every row the indices name \(up to {c.size}\)"):
+        attention_from_indices(q, k, k, big, dense_at=dense_at)
+    # ALiBi's positions: one per row, one per token
+    for name, n in (("kv_pos", 20), ("q_pos", 3)):
+        with pytest.raises(ValueError, match=rf"idx.{name} must be a 1-D integer array of {n + 1} entries"):
+            attention_from_indices(q, k, k, idx._replace(**{name: getattr(idx, name)[:n]}), dense_at=dense_at,
+                                   alibi_slopes=torch.ones(2))
+    # K/V without heads: the shapes, not a division by zero
+    with pytest.raises(ValueError, match=r"q's heads must be a multiple of k's \(at least one\), got q \(4, 2, 8\), "
+                                         r"k \(\d+, 0, 8\)"):
+        attention_from_indices(q, k[:, :0], k[:, :0], idx, dense_at=dense_at)
+    with pytest.raises(ValueError, match=r"n_rows must be an int of at least the indices' span \(21\), got 20"):
+        dense_mask(idx, 20)
+    # the indices as attention_indices gave them are unchanged by the checks and still work
+    torch.testing.assert_close(attention_from_indices(q, k, k, idx, dense_at=dense_at), want)
+    assert dense_mask(idx).shape == (4, 21)
+
+
 def test_flashinfer_matches_the_torch_reference():
     torch = need_module("torch", "torch")
     if not torch.cuda.is_available():

@@ -45,10 +45,60 @@ GATHER_COPY = 32
 _PAD_SLACK = 1.25
 
 
-def _check(q: Any, k: Any, v: Any, idx: Any, alibi_slopes: Any) -> int:
-    """Check the arguments of attention_from_indices; the indices' span (:func:`_span`)."""
+def _is_count(x: Any) -> bool:
+    """Whether x is an int (Python's or numpy's; a bool is no count)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _field(idx: AttentionIndices, name: str, n: int | None, kinds: str) -> Any:
+    """idx's array `name`: 1-D, of n entries (any number when None), of a dtype kind in kinds."""
+    a = getattr(idx, name)
+    if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype.kind not in kinds or (n is not None and len(a) != n):
+        what = "bool" if kinds == "b" else "integer"
+        size = "" if n is None else f" of {n} entries"
+        got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+        raise ValueError(f"idx.{name} must be a 1-D {what} array{size}, got {got}")
+    return a
+
+
+def _check_indptr(name: str, a: Any, end: int | None) -> None:
+    """An indptr array starts at 0, never decreases and (end given) ends at end."""
+    if a[0] != 0:
+        raise ValueError(f"idx.{name} must start at 0, got {int(a[0])}")
+    down = a[1:] < a[:-1]
+    if down.any():
+        j = int(np.flatnonzero(down)[0]) + 1
+        raise ValueError(f"idx.{name} must never decrease: idx.{name}[{j}] = {int(a[j])} follows {int(a[j - 1])}")
+    if end is not None and a[-1] != end:
+        raise ValueError(f"idx.{name} must end at len(idx.kv_indices) = {end}, got {int(a[-1])}")
+
+
+def _check_indices(idx: Any) -> int:
+    """Check idx as given (the caller may have built or changed it since attention_indices
+    filled it: its arrays are writable, out= buffers reused step after step), with a vectorized
+    pass over each array it reads; its span."""
     if not isinstance(idx, AttentionIndices):
         raise TypeError(f"idx must be a kvcache.AttentionIndices (cache.attention_indices), not {type(idx).__name__}")
+    qo = _field(idx, "qo_indptr", None, "iu")
+    if len(qo) == 0:
+        raise ValueError("idx.qo_indptr must have one entry per group and one more, got none")
+    kv = _field(idx, "kv_indptr", len(qo), "iu")
+    rows = _field(idx, "kv_indices", None, "iu")
+    _field(idx, "causal", len(qo) - 1, "b")
+    _check_indptr("qo_indptr", qo, None)
+    _check_indptr("kv_indptr", kv, len(rows))
+    if len(rows) and rows.min() < 0:
+        j = int(np.argmin(rows))
+        raise ValueError(f"idx.kv_indices must name K/V rows (>= 0), got idx.kv_indices[{j}] = {int(rows[j])}")
+    want = int(rows.max()) + 1 if len(rows) else 0
+    if not _is_count(idx.span) or idx.span != want:
+        raise ValueError(f"idx.span must be max(idx.kv_indices) + 1 = {want}, got {idx.span!r}")
+    return want
+
+
+def _check(q: Any, k: Any, v: Any, idx: Any, alibi_slopes: Any) -> int:
+    """Check the arguments of attention_from_indices; the indices' span."""
+    span = _check_indices(idx)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a 3-D torch tensor (rows, heads, head size), got "
@@ -58,13 +108,15 @@ def _check(q: Any, k: Any, v: Any, idx: Any, alibi_slopes: Any) -> int:
         raise ValueError(f"q must have one row per token of the ubatch ({n_tokens}), got {q.shape[0]}")
     if k.shape[:2] != v.shape[:2]:
         raise ValueError(f"k and v must have the same rows and heads, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"q's heads ({q.shape[1]}) must be a multiple of k's ({k.shape[1]})")
-    span = _span(idx)
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q's heads must be a multiple of k's (at least one), got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}")
     if span > k.shape[0]:
         raise ValueError(f"k and v must hold every row the indices name (up to {span - 1}), got {k.shape[0]} rows")
     if alibi_slopes is not None:
         _positions(idx)
+        _field(idx, "kv_pos", len(idx.kv_indices), "iu")
+        _field(idx, "q_pos", n_tokens, "iu")
         shape = tuple(getattr(alibi_slopes, "shape", ()))
         if shape != (q.shape[1],):
             raise ValueError(f"alibi_slopes must be a 1-D tensor of one slope per head of q ({q.shape[1]}), "
@@ -79,21 +131,13 @@ def _positions(idx: AttentionIndices) -> tuple[Any, Any]:
     return idx.kv_pos, idx.q_pos
 
 
-def _span(idx: AttentionIndices) -> int:
-    """The rows the dense path reads: up to the last row the indices name (found as they were
-    built: ``idx.span``)."""
-    return int(idx.span)
-
-
 def path_work(idx: AttentionIndices) -> tuple[int, int]:
     """``(gather, dense)``: the work of each path of :func:`attention_from_indices` for idx, in
     units of one query scoring one K/V row: the gather copies each group's rows and scores the
     group's tokens against them (``sum(rows * (GATHER_COPY + tokens))``), the dense kernel reads
     the ``max(kv_indices) + 1`` rows the mask spans and scores every token against each
     (``span * (DENSE_READ + n_tokens)``)."""
-    if not isinstance(idx, AttentionIndices):
-        raise TypeError(f"idx must be a kvcache.AttentionIndices (cache.attention_indices), not {type(idx).__name__}")
-    return _path_work(idx, _span(idx))
+    return _path_work(idx, _check_indices(idx))
 
 
 def _path_work(idx: AttentionIndices, span: int) -> tuple[int, int]:
@@ -140,9 +184,17 @@ def _pairs(idx: AttentionIndices) -> tuple[Any, Any]:
 def dense_mask(idx: AttentionIndices, n_rows: int | None = None, device: Any = None) -> Any:
     """The bool mask ``[n_tokens, n_rows]`` (True: the token attends to the row) the indices
     stand for, over K/V rows ``0 .. n_rows - 1`` (default: up to the last row they name)."""
-    n_tokens = int(idx.qo_indptr[-1])
+    span = _check_indices(idx)
     if n_rows is None:
-        n_rows = _span(idx)
+        n_rows = span
+    elif not _is_count(n_rows) or n_rows < span:
+        raise ValueError(f"n_rows must be an int of at least the indices' span ({span}), got {n_rows!r}")
+    return _dense_mask(idx, n_rows, device)
+
+
+def _dense_mask(idx: AttentionIndices, n_rows: int, device: Any) -> Any:
+    """dense_mask of checked indices."""
+    n_tokens = int(idx.qo_indptr[-1])
     mask = np.zeros((n_tokens, n_rows), dtype=np.bool_)
     tok, ent = _pairs(idx)
     mask[tok, idx.kv_indices[ent]] = True
@@ -194,7 +246,7 @@ def _dense(q: Any, k: Any, v: Any, idx: AttentionIndices, span: int, scale: floa
         # every token attends to every spanned row (one sequence holding them all): a mask would hide nothing
         return _sdpa(q[None], k[None, :span], v[None, :span], None, scale)[0]
     if mask is None:
-        m = dense_mask(idx, span, device) if slopes is None else _alibi_distances(idx, span).to(device)
+        m = _dense_mask(idx, span, device) if slopes is None else _alibi_distances(idx, span).to(device)
     else:
         m = torch.as_tensor(mask(), device=device)
         if m.dim() == 3 and m.shape[0] == 1:
