@@ -663,3 +663,215 @@ def test_a_state_the_cache_cannot_take_changes_nothing():
     restored.state_read(held, batch_size=2, dtype=torch.float32)
     mask2 = torch.cat([mask[:, :4], torch.ones(2, 2, dtype=mask.dtype)], 1)
     _same(_generate(model, seq, mask2, small, n_new=2), _generate(model, seq, mask2, restored, n_new=2))
+
+
+def _forward_hooked(model, cache, ids, hook):
+    """Logits of a prompt forward (all but the last 3 tokens), then of one-token forwards,
+    with hook(cache) called inside the first of those, after decoder layer 0 (between two
+    layers' update calls), its result kept."""
+    got, logits = [], []
+    n0 = ids.shape[1] - 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model(ids[:, :n0], past_key_values=cache)
+        for j in range(n0, ids.shape[1]):
+            h = model.model.layers[0].register_forward_hook(lambda *a: got.append(hook(cache))) if j == n0 else None
+            try:
+                logits.append(model(ids[:, j:j + 1], past_key_values=cache).logits.detach())
+            finally:
+                if h is not None:
+                    h.remove()
+    return logits, got[0]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+@pytest.mark.parametrize("grad", [True, False], ids=["autograd", "no_grad"])
+@pytest.mark.usefixtures("cat_max")
+def test_a_snapshot_between_two_layers_leaves_the_forward_alone(kind, grad):
+    """state_write and copy.deepcopy from a forward hook of layer 0 (the forward's later layers
+    not yet written) read only: the forward and the next ones give DynamicCache's logits, and
+    the snapshot holds the forwards before it: a copy made then continues as the cache itself
+    did. crop and reorder_cache then raise RuntimeError and change nothing; a crop that changes
+    nothing does nothing."""
+    import copy
+
+    model = _model(kind)
+    ids = torch.randint(1, 128, (2, 11), generator=torch.Generator().manual_seed(7))
+    with torch.set_grad_enabled(grad):
+        want, _ = _forward_hooked(model, DynamicCache(config=model.config), ids, lambda c: None)
+
+        def refused(cache):
+            before, n = cache.state_write(), cache.get_seq_length()
+            cache.crop(0)
+            with pytest.raises(RuntimeError, match="crop during a forward"):
+                cache.crop(-1)
+            with pytest.raises(RuntimeError, match="reorder_cache during a forward"):
+                cache.reorder_cache(torch.tensor([1, 0]))
+            with pytest.raises(RuntimeError, match="batch_select_indices during a forward"):
+                cache.batch_select_indices(torch.tensor([1, 0]))
+            assert cache.state_write() == before and cache.get_seq_length() == n
+            return before
+
+        for snapshot in (lambda c: c.state_write(), copy.deepcopy, refused):
+            cache = from_model(model, n_ctx=16)
+            got, snap = _forward_hooked(model, cache, ids, snapshot)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+            assert cache.get_seq_length() == 11
+            if isinstance(snap, bytes):
+                snap_cache = from_model(model, n_ctx=16)
+                snap_cache.state_read(snap, batch_size=2, dtype=torch.float32)
+                snap = snap_cache
+            assert snap.get_seq_length() == 8                  # the prompt: the forward under way is not in it
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                for j in range(8, 11):
+                    out = model(ids[:, j:j + 1], past_key_values=snap).logits.detach()
+                    torch.testing.assert_close(out, want[j - 8], rtol=0, atol=1e-5)
+
+
+def test_a_snapshot_between_two_layers_of_short_rows():
+    """By hand, the hot path of short rows (autograd off, layers in order): a state saved after
+    layer 0 of a decode step is the state before that step, byte for byte; the step's layer 1
+    then gets every index of its own (none of them zeros) and the length stays right."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    cache = KVCache(cfg, 16, batch_size=2, dtype=torch.float32)
+    with torch.no_grad():
+        prompt = [_kv(2, 3, il) for il in range(2)]
+        for il in range(2):
+            cache.update(*prompt[il], il)
+        before = cache.state_write()
+        step = [_kv(2, 1, 10 + il) for il in range(2)]
+        cache.update(*step[0], 0)
+        assert cache.state_write() == before
+        k1, v1 = cache.update(*step[1], 1)
+    assert torch.equal(k1, torch.cat([prompt[1][0], step[1][0]], 2))
+    assert torch.equal(v1, torch.cat([prompt[1][1], step[1][1]], 2))
+    assert cache.get_seq_length() == 4
+
+
+class _Refusing(torch.Tensor):
+    """K/V whose writes fail part way through update (after the checks of shape and dtype)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.cat, torch.Tensor.copy_, torch.Tensor.permute):
+            raise RuntimeError("refused")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+@pytest.mark.parametrize("grad", [True, False], ids=["autograd", "no_grad"])
+@pytest.mark.usefixtures("cat_max")
+def test_a_failed_update_changes_nothing(kind, grad):
+    """update with a layer index that is no int of a layer (1.0, -1, 4, "0") or K/V its writes
+    refuse, on a forward's first layer and a later one: TypeError / IndexError / the write's
+    error, and the cache as it was (length, state); the next forwards return exactly the keys
+    written. A first update that fails leaves the cache not created. A numpy int is an index."""
+    cfg = _model(kind).config
+    n_layers = cfg.num_hidden_layers
+    cache = KVCache(cfg, 16)
+    k, v = _kv(2, 3, 0)
+    with torch.set_grad_enabled(grad):
+        for bad, err in ((1.0, TypeError), (0.0, TypeError), ("0", TypeError), (-1, IndexError),
+                         (n_layers, IndexError)):
+            with pytest.raises(err):
+                cache.update(k, v, bad)
+        with pytest.raises(RuntimeError, match="refused"):
+            cache.update(k.as_subclass(_Refusing), v.as_subclass(_Refusing), 0)
+        assert cache.kv is None and cache.get_seq_length() == 0
+        seen = {il: [] for il in range(n_layers)}
+        for step, q in enumerate([3] + [1] * 6):
+            n0 = cache.get_seq_length()
+            for il in range(n_layers):
+                k, v = _kv(2, q, 10 * step + il)
+                n, state = cache.get_seq_length(), cache.state_write() if step else None
+                bad_ones = [(1.0 * il, TypeError), (-1, IndexError), (n_layers, IndexError)]
+                if step:
+                    bad_ones.append(((k.as_subclass(_Refusing), v.as_subclass(_Refusing)), RuntimeError))
+                for bad, err in bad_ones:
+                    with pytest.raises(err):
+                        if isinstance(bad, tuple):
+                            cache.update(*bad, il)
+                        else:
+                            cache.update(k, v, bad)
+                    assert cache.get_seq_length() == n
+                    if state is not None:
+                        assert cache.state_write() == state
+                seen[il].append((k, v))
+                got_k, got_v = cache.update(k, v, np.int64(il))
+                lo = max(n0 - cfg.sliding_window + 1, 0) if cache.is_sliding[il] else 0     # the window's keys
+                assert torch.equal(got_k, torch.cat([s[0] for s in seen[il]], 2)[:, :, lo:])
+                assert torch.equal(got_v, torch.cat([s[1] for s in seen[il]], 2)[:, :, lo:])
+        assert cache.get_seq_length() == 9
+
+
+def test_a_state_with_holes_in_its_rows_is_refused():
+    """state_read of rows holding indices 0, 1, 3 (a server's, say): ValueError naming the
+    hole, the cache as it was (not created, or holding its rows); it would otherwise fail every
+    update after it."""
+    import kvcache
+
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    server = kvcache.UnifiedCache(kv_size=32, n_layer=2, n_embd_k_gqa=16, n_embd_v_gqa=16, type_k="f32",
+                                  type_v="f32", v_trans=False, n_seq_max=2)
+    for b in range(2):
+        assert server.find_slot(kvcache.UBatch([0, 1, 3], [b] * 3))
+        for il in range(2):
+            server.store(il, np.ones((3, 16), np.float32), np.ones((3, 16), np.float32))
+        server.commit()
+    holes = server.state_write()
+    fresh = KVCache(cfg, 16)
+    with pytest.raises(ValueError, match="holes"):
+        fresh.state_read(holes, batch_size=2, dtype=torch.float32)
+    assert fresh.kv is None and fresh.get_seq_length() == 0
+    held = KVCache(cfg, 16, batch_size=2, dtype=torch.float32)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            for il in range(2):
+                held.update(*_kv(2, 2, il), il)
+            state, n = held.state_write(), held.get_seq_length()
+            with pytest.raises(ValueError, match="holes"):
+                held.state_read(holes)
+            assert held.state_write() == state and held.get_seq_length() == n
+    held.update(*_kv(2, 1, 5), 0)
+    with pytest.raises(ValueError, match="holes"):
+        held.state_read(holes)                          # between two layers: that forward goes on
+    k1, _ = held.update(*_kv(2, 1, 6), 1)
+    assert k1.shape[2] == 5 and held.get_seq_length() == 5
+    # a sliding-window part without index 6 of the 9 of each row: the next forward attends to 4 .. 8
+    gcfg = transformers.Gemma2Config(num_hidden_layers=4, head_dim=8, sliding_window=6, hidden_size=32,
+                                     num_attention_heads=4, num_key_value_heads=2)
+    source = KVCache(gcfg, 16, batch_size=2, dtype=torch.float32)
+    with torch.no_grad():
+        for il in range(4):
+            source.update(*_kv(2, 9, il), il)
+    for b in range(2):
+        source.kv.swa.seq_rm(b, 6, 7)
+    fresh = KVCache(gcfg, 16)
+    with pytest.raises(ValueError, match="sliding-window layers hold indices"):
+        fresh.state_read(source.state_write(), batch_size=2, dtype=torch.float32)
+    assert fresh.kv is None
+
+
+@pytest.mark.parametrize("kw,err,name", [
+    (dict(n_ctx=16.9), TypeError, "n_ctx"), (dict(n_ctx="16"), TypeError, "n_ctx"),
+    (dict(n_ctx=2**31), ValueError, "n_ctx"), (dict(n_pad=2.5), TypeError, "n_pad"), (dict(n_pad=0), ValueError, "n_pad"),
+    (dict(n_pad=-1), ValueError, "n_pad"), (dict(n_batch=1.5), TypeError, "n_batch"),
+    (dict(n_batch=0), ValueError, "n_batch"), (dict(n_batch=True), TypeError, "n_batch"),
+    (dict(batch_size=2.7, dtype=torch.float32), TypeError, "batch_size"),
+])
+def test_bad_sizes_are_refused_by_the_constructor(kw, err, name):
+    """The constructor's sizes are ints in range, checked when the cache is made (not
+    truncated, nor refused at the first update); state_read's batch_size likewise."""
+    cfg = transformers.Gemma2Config(num_hidden_layers=4, head_dim=8, sliding_window=6, hidden_size=32,
+                                    num_attention_heads=4, num_key_value_heads=2)
+    kw = dict(kw)
+    n_ctx = kw.pop("n_ctx", 16)
+    with pytest.raises(err, match=name):
+        KVCache(cfg, n_ctx, **kw)
+    if name == "batch_size":
+        cache = KVCache(cfg, 16)
+        with pytest.raises(err, match=name):
+            cache.state_read(b"", batch_size=kw["batch_size"], dtype=torch.float32)
+        assert cache.kv is None

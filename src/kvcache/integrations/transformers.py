@@ -30,7 +30,7 @@ import torch  # type: ignore[import-not-found,unused-ignore]
 import torch.utils.dlpack  # type: ignore[import-not-found,unused-ignore]
 from transformers import Cache  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
-from kvcache._core import UBatch
+from kvcache._core import MAX_SEQ, UBatch, int_arg
 from kvcache.geometry import hf_attention
 from kvcache.iswa import ISWACache2025
 from kvcache.plan import _pad, swa_size
@@ -43,6 +43,12 @@ _TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # KVCache._cat): below about this length one concatenation per tensor costs less than a write
 # and a view of the cache's tensor; above, its copies cost more
 CAT_MAX = 1024
+_POS_END = 2**31 - 1       # cache indices per row are kvcache positions (int32)
+
+
+def _batch_size(v: Any) -> int:
+    """The batch_size argument: rows are kvcache sequences, 1 to MAX_SEQ of them."""
+    return int_arg(v, "batch_size", 1, MAX_SEQ)
 
 
 class _Layer:
@@ -108,12 +114,12 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                                  for il, s in enumerate(sliding)])
         self._heads = (n_kv, head_dim)
         self._n_layers = len(self._types)
-        self._n_ctx = int(n_ctx)
+        # checked here, by the rule of kvcache's own constructors, so that a bad size is refused
+        # by name now rather than truncated or refused at the first update
+        self._n_ctx = int_arg(n_ctx, "n_ctx", 1, _POS_END)
         self._cat_max = min(CAT_MAX, self._n_ctx)
-        if self._n_ctx < 1:
-            raise ValueError(f"n_ctx = {n_ctx}: must be at least 1")
-        self._n_batch = n_batch
-        self._n_pad = int(n_pad)
+        self._n_batch = None if n_batch is None else int_arg(n_batch, "n_batch", 1, _POS_END)
+        self._n_pad = int_arg(n_pad, "n_pad", 1, 2**32 - 1)
         self._kv: UnifiedCache2025 | ISWACache2025 | None = None
         # indices per row (the last ones) update has not placed in _kv yet: forwards of short
         # rows on a UnifiedCache, whose placement waits until _kv is next consulted (see kv)
@@ -151,7 +157,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if batch_size is not None or dtype is not None:
             if batch_size is None or dtype is None:
                 raise ValueError("batch_size and dtype go together (both create the cache now)")
-            self._create(int(batch_size), dtype)
+            self._create(_batch_size(batch_size), dtype)
 
     def _forward_clear(self) -> None:
         """No forward under way: the next update places one."""
@@ -261,6 +267,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         """Copy every row's K/V between this cache's tensors and twin's kvcache rows (into_twin:
         to twin), cell for cell of the same row and cache index in the two."""
         n_kv, head_dim = self._heads
+        dtype = self._k[0].dtype
         cells: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}    # per part: (its cells, twin's)
         for il in range(self._n_layers):
             part, twin_part = self._part(il), (twin.cache_of(il) if isinstance(twin, ISWACache2025) else twin)
@@ -276,15 +283,25 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
                 cells[id(part)] = (torch.from_numpy(np.concatenate(ours_c).astype(np.int64)),
                                    torch.from_numpy(np.concatenate(theirs_c).astype(np.int64)))
             ours, theirs = cells[id(part)]
+            at = self._at[il]
             for i in (0, 1):
-                plane = self._plane(il, i)                                   # [heads, cells, dim]
                 # the twin's rows without a copy, [cells, heads, dim]
                 rows = twin_part.k(il) if i == 0 else twin_part.v(il)
                 t = torch.utils.dlpack.from_dlpack(rows).view(-1, n_kv, head_dim)
+                if t.dtype != dtype:
+                    t = t.view(dtype)       # bf16 rows come as uint16 where ml_dtypes is not installed
                 with torch.no_grad():
-                    if into_twin:
-                        t[theirs] = plane[:, ours].transpose(0, 1)
+                    if into_twin and self._cat is not None and at >= 0:
+                        # concatenated K/V (see _cat), read where they are: a save is no reason
+                        # to move them, and mid-forward the layers not yet written hold fewer
+                        # indices (while _cat holds them, row b's cells are its indices 0 .. n - 1)
+                        src = self._cat[at + i]                              # [rows, heads, m, dim]
+                        dst = theirs.view(self._rows, -1)[:, :src.shape[2]].reshape(-1)
+                        t[dst] = src.transpose(1, 2).reshape(-1, n_kv, head_dim)
+                    elif into_twin:
+                        t[theirs] = self._plane(il, i)[:, ours].transpose(0, 1)   # [heads, cells, dim]
                     else:
+                        plane = self._plane(il, i)
                         plane[:, ours] = t[theirs].transpose(0, 1)
 
     def _forget_history(self) -> None:
@@ -332,6 +349,22 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if isinstance(kv, ISWACache2025):
             return cast(UnifiedCache2025, kv.base) if kv.base_layers else None
         return kv
+
+    def _forward_q(self) -> int:
+        """Indices per row of the forward under way while some of its layers are not written yet
+        (update called for some layers of a step, not all), else 0."""
+        if self._short >= 0:
+            return self._q if self._short else 0      # the hot path: layers 0 .. _short - 1 written
+        placed = self._placed
+        return self._q if placed and len(placed) < self._n_layers else 0
+
+    def _not_mid_forward(self, what: str) -> None:
+        """RuntimeError, changing nothing, when what cannot be done while a forward is under way."""
+        q = self._forward_q()
+        if q:
+            raise RuntimeError(f"{what} during a forward: {q} new indices per row are written for some layers, "
+                               f"not yet for the others; call it between forwards (after a forward that raised "
+                               f"part way, state_read(state_write()) drops that forward)")
 
     def _commit(self) -> None:
         """End the forward under way (if any): its placement is kept."""
@@ -400,17 +433,33 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self._ret = full5.narrow(3, 0, n + q).unbind(0)
             self._dst = full5.narrow(3, n, q).unbind(0)
 
-    def _short_forward(self, q: int) -> bool:
-        """update's hot path (see _short): a new forward of q indices per row, when the rows
-        stay short; its placement waits until kv is consulted (see kv). Else False, nothing
-        changed (update then takes its general path)."""
-        n = self._n
-        if n + q > self._cat_max or torch.is_grad_enabled():
-            return False
+    def _short_fits(self, q: int) -> bool:
+        """Whether a new forward of q indices per row takes update's hot path (see _short): the
+        rows stay short, autograd off. Else update takes its general path."""
+        return self._n + q <= self._cat_max and not torch.is_grad_enabled()
+
+    def _short_forward(self, q: int) -> None:
+        """update's hot path (see _short): a new forward of q indices per row (see _short_fits),
+        its placement waiting until kv is consulted (see kv)."""
         self._unplaced += q
         self._q = q
-        self._n = n + q
-        return True
+        self._n += q
+
+    def _unplace(self, n: int, q: int, strided: bool) -> None:
+        """Take back what _place placed (update failed after it): the forward's cells freed,
+        the length, forward size and layout as they were, no forward under way."""
+        kv = self._kv
+        if isinstance(kv, ISWACache2025):
+            kv.restore()                # the cells as before this call's find_slot (if any), the window's too
+            self._pending = False
+            if not self._recording():
+                kv.sbatch_init([], [])  # no window slide due at the next commit
+        elif kv is not None:
+            for b in range(self._rows):
+                kv.seq_rm(b, n, -1)     # place_seqs commits: its cells are freed instead
+        self._gather.clear()
+        self._forward_clear()
+        self._n, self._q, self._strided = n, q, strided
 
     @property
     def kv(self) -> UnifiedCache2025 | ISWACache2025 | None:
@@ -500,42 +549,65 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         shape = self._shape
         if (key_states.shape != shape or value_states.shape != shape or key_states.dtype is not self._dtype
                 or value_states.dtype is not self._dtype or not (key_states.is_cpu and value_states.is_cpu)):
+            layer_idx = self._layer_arg(layer_idx)      # before _check creates the cache
+            if self._kv is None:
+                return self._first_update(key_states, value_states, layer_idx)
             self._check(key_states, value_states)
             shape = self._shape
-        if layer_idx == self._short and (layer_idx or self._short_forward(shape[2])):   # type: ignore[index]
-            # short rows of a UnifiedCache, the layers in order (see _short)
+        short = self._short
+        # an int only: a float equal to the layer would reach list indices after the placement
+        if layer_idx == short and short >= 0 and type(layer_idx) is int and (
+                layer_idx or self._short_fits(shape[2])):   # type: ignore[index]
+            # short rows of a UnifiedCache, the layers in order (see _short); the concatenation
+            # first, so that K/V it refuses leave the cache as it was
+            k, v = self._concat(2 * layer_idx, key_states, value_states)
+            if not layer_idx:
+                self._short_forward(shape[2])   # type: ignore[index]
             nxt = layer_idx + 1
             self._short = nxt if nxt < self._n_layers else 0
-            return self._concat(2 * layer_idx, key_states, value_states)
-        if self._short >= 0:
+            return k, v
+        if type(layer_idx) is not int:
+            layer_idx = self._layer_arg(layer_idx)
+        if short >= 0:
             self._short_end()
         placed = self._placed
-        if layer_idx == self._next:
+        undo: tuple[int, int, bool] | None = None
+        nxt = self._next
+        if layer_idx == nxt and nxt >= 0:
             in_order = True             # the layer after those of the forward so far, in order from 0
         else:
             if not 0 <= layer_idx < self._n_layers:
                 raise IndexError(f"layer {layer_idx}: the model has {self._n_layers} layers")
             assert shape is not None
             if not placed or layer_idx in placed:
-                self._place(shape[2])   # the first layer of a new forward
+                undo = (self._n, self._q, self._strided)    # the first layer of a new forward
                 in_order = layer_idx == 0
             elif shape[2] != self._q:
                 raise ValueError(f"layer {layer_idx} brings {shape[2]} indices, the forward {self._q}")
             else:
                 in_order = False        # one more layer of the forward under way, in another order
+        try:
+            if undo is not None:
+                self._place(shape[2])   # type: ignore[index]
+            at = self._at[layer_idx]
+            dst = self._dst
+            if self._catting and at >= 0:
+                k, v = self._concat(at, key_states, value_states)
+            elif dst is not None and at >= 0:
+                # the new rows into their cells (index n - q .. n - 1 of every row), the keys as views
+                dst[at].copy_(key_states)
+                dst[at + 1].copy_(value_states)
+                ret = self._ret
+                k, v = ret[at], ret[at + 1]   # type: ignore[index]
+            else:
+                k, v = self._gathered(layer_idx, key_states, value_states)
+        except BaseException:
+            # no room, or K/V the writes refuse (a tensor subclass, say): the forward this call
+            # placed is taken back; a later layer's cells hold nothing of use until it is written
+            if undo is not None:
+                self._unplace(*undo)
+            raise
         placed.add(layer_idx)
-        at = self._at[layer_idx]
-        dst = self._dst
-        if self._catting and at >= 0:
-            k, v = self._concat(at, key_states, value_states)
-        elif dst is not None and at >= 0:
-            # the new rows into their cells (index n - q .. n - 1 of every row), the keys as views
-            dst[at].copy_(key_states)
-            dst[at + 1].copy_(value_states)
-            ret = self._ret
-            k, v = ret[at], ret[at + 1]   # type: ignore[index]
-        else:
-            k, v = self._gathered(layer_idx, key_states, value_states)
         if self._pending and len(placed) == self._n_layers:
             self._commit()              # the window cache slides now
         else:
@@ -544,14 +616,39 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self._short = self._next if self._next >= 0 else 0     # the hot path takes over
         return k, v
 
+    def _layer_arg(self, layer_idx: Any) -> int:
+        """update's layer index: an int (or what stands for one) of a layer of the model, else
+        TypeError / IndexError."""
+        try:
+            il = operator.index(layer_idx)
+        except TypeError:
+            raise TypeError(f"layer_idx must be an int, not {type(layer_idx).__name__}") from None
+        if not 0 <= il < self._n_layers:
+            raise IndexError(f"layer {il}: the model has {self._n_layers} layers")
+        return il
+
+    def _first_update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """update of a cache not created yet: created for these K/V; if the update then fails,
+        not created after all."""
+        before = dict(self.__dict__)
+        try:
+            self._check(key_states, value_states)
+            return self.update(key_states, value_states, layer_idx)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+
     def _concat(self, at: int, key_states: torch.Tensor, value_states: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Short rows (see _cat): the new rows concatenated to the keys and values at at, at + 1
         of _cat, as a DynamicCache's; the results, kept and returned."""
         cat = self._cat
         assert cat is not None
-        k = cat[at] = torch.cat((cat[at], key_states), 2)
-        v = cat[at + 1] = torch.cat((cat[at + 1], value_states), 2)
+        k = torch.cat((cat[at], key_states), 2)
+        v = torch.cat((cat[at + 1], value_states), 2)
+        cat[at], cat[at + 1] = k, v     # both or neither
         return k, v
 
     def _gathered(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
@@ -648,6 +745,9 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             self._n = keep
             return
         recording = self._recording()
+        if keep == self._n and not (window is not None and recording) and self._forward_q():
+            return                      # nothing to do: the forward under way goes on
+        self._not_mid_forward("crop")   # the layers not yet written would place their new indices anew
         if window is not None and keep < self._n and not recording:
             lo = self._offset(self._types.index("sliding_attention"), keep)
             lost = [b for b in range(self._rows) if keep > 0 and not window.seq_pos_min(b) <= lo]
@@ -668,7 +768,7 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Row b takes the K/V of row beam_idx[b] (beam search)."""
-        self._permute(beam_idx)
+        self._permute(beam_idx, "reorder_cache")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the rows indices, in that order: only a permutation of all rows is supported (the
@@ -679,14 +779,14 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
         if sorted(idx.tolist()) != list(range(self._rows)):
             raise NotImplementedError("batch_select_indices: only a permutation of all rows (the kvcache sequences "
                                       "are fixed)")
-        self._permute(idx)
+        self._permute(idx, "batch_select_indices")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Not supported: NotImplementedError."""
         raise NotImplementedError("batch_repeat_interleave: the kvcache sequences are fixed when the cache is "
                                   "created; build it for the expanded batch")
 
-    def _permute(self, order: torch.Tensor) -> None:
+    def _permute(self, order: torch.Tensor, what: str) -> None:
         """Row b takes row order[b]'s K/V (checked first: bad indices change nothing)."""
         order = torch.as_tensor(order)
         if order.dtype.is_floating_point or order.dtype.is_complex or order.dtype == torch.bool:
@@ -698,6 +798,8 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             raise ValueError(f"{order.shape[0]} rows given, the cache holds {self._rows}")
         if int(order.min()) < 0 or int(order.max()) >= self._rows:
             raise IndexError(f"row indices {order.tolist()}: the cache holds rows 0 .. {self._rows - 1}")
+        # the layers not yet written would bring the new rows of the order before it
+        self._not_mid_forward(what)
         self._commit()
         grad = torch.is_grad_enabled()
         if self._history and not grad:
@@ -727,37 +829,52 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
     def state_write(self) -> bytes:
         """The whole cache as a kvcache state blob (cells and K/V, in kvcache's layout of rows):
         restore it with state_read into a cache of the same model, n_ctx and batch size."""
-        if self.kv is None:
+        kv = self.kv
+        if kv is None:
             raise RuntimeError("state_write: nothing stored yet")
-        self._commit()
+        # read only: a forward under way (some of its layers written) goes on undisturbed and
+        # the state holds the forwards before it, whose layers are all written
+        q = self._forward_q()
         twin = self._twin()
-        twin.state_read(self.kv.state_write())      # the cells (kv writes zeros for the K/V)
+        twin.state_read(kv.state_write())      # the cells (kv writes zeros for the K/V)
         self._rows_to(twin, True)
+        if q:
+            for b in range(self._rows):
+                twin.seq_rm(b, self._n - q, -1)
         return twin.state_write()
 
     def state_read(self, data: bytes, batch_size: int | None = None, dtype: torch.dtype | None = None) -> None:
         """Restore what state_write saved. A cache not created yet is created with batch_size
         and dtype; afterwards get_seq_length is the saved length, so generate continues the
-        saved rows when given their whole sequences so far. A state this cache cannot take
-        raises (kvcache's StateError, or ValueError) and leaves the cache as it was."""
+        saved rows when given their whole sequences so far. Every row must hold indices 0 ..
+        n - 1, the same n, at most n_ctx. A state this cache cannot take raises (kvcache's
+        StateError, or ValueError) and leaves the cache as it was. Read during a forward (some
+        of its layers written), the state replaces that forward too."""
+        if batch_size is not None:
+            batch_size = _batch_size(batch_size)
         if self.kv is not None and batch_size is not None and batch_size != self._rows:
             raise ValueError(f"batch_size {batch_size}; the cache holds {self._rows} rows")
         if self.kv is None and (batch_size is None or dtype is None):
             raise ValueError("state_read into a cache not created yet needs batch_size and dtype")
+        old = self.state_write() if self.kv is not None and self._n else None    # before the twin: one at a time
+        # the state read and checked in a twin first: one the cache cannot take is refused
+        # before anything here changes (a forward under way included)
+        twin = self._checked_twin(data) if self.kv is not None else None
         self._commit()
         before = dict(self.__dict__)    # the attributes _create replaces
-        old = self.state_write() if self.kv is not None and self._n else None
         try:
             if self.kv is None:
                 assert batch_size is not None and dtype is not None
-                self._create(int(batch_size), dtype)
-            self._read(data)
+                self._create(batch_size, dtype)
+                twin = self._checked_twin(data)
+            assert twin is not None
+            self._read(data, twin)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(before)
             if self.kv is not None:     # the cache it held, whatever the read got to
                 if old is not None:
-                    self._read(old)
+                    self._read(old, self._checked_twin(old))
                 else:
                     self.kv.clear()
             raise
@@ -765,34 +882,58 @@ class KVCache(Cache):  # type: ignore[misc,unused-ignore]
             if self._history:
                 self._forget_history()  # the tensors' memory was written without autograd
 
-    def _read(self, data: bytes) -> None:
-        """kv's state_read of data (whole cache), its rows' length and layout, and its K/V into
-        this cache's tensors (through a twin)."""
-        assert self.kv is not None
+    def _checked_twin(self, data: bytes) -> UnifiedCache2025 | ISWACache2025:
+        """A twin (see _twin) holding the state data, its rows checked (see _restored_rows)."""
         twin = self._twin()
         twin.state_read(data)       # checks the whole state; its K/V land in the twin
+        self._restored_rows(twin)
+        return twin
+
+    def _read(self, data: bytes, twin: UnifiedCache2025 | ISWACache2025) -> None:
+        """kv's state_read of data (whole cache), its rows' length and layout, and its K/V into
+        this cache's tensors from twin (which holds data, checked)."""
+        assert self.kv is not None
         self.kv.state_read(data)
-        self._take_restored_rows()
+        self._n, self._strided = self._restored_rows(self.kv)
+        self._cat = None            # the restored K/V are in the tensors
         self._rows_to(twin, False)
 
-    def _take_restored_rows(self) -> None:
-        """After the kvcache cache's state_read: the rows' length and layout, or ValueError."""
-        kv = self.kv
-        assert kv is not None
-        ends = {kv.seq_pos_max(b) + 1 for b in range(self._rows)}
-        full = self._full()
-        starts = {full.seq_pos_min(b) for b in range(self._rows)} if full is not None else {0}
-        if len(ends) != 1:
-            raise ValueError(f"the saved rows have different lengths {sorted(ends)}")
-        n = ends.pop()
+    def _restored_rows(self, kv: UnifiedCache2025 | ISWACache2025) -> tuple[int, bool]:
+        """The rows' length n and whether their full-attention cells lie strided, in kv just
+        restored (the kvcache cache or a twin), or ValueError: each row must hold indices 0 ..
+        n - 1 without holes (the sliding-window part: those the next forward attends to), the
+        same n in every row, n <= n_ctx; anything else fails the first update."""
+        if isinstance(kv, ISWACache2025):
+            full = cast(UnifiedCache2025, kv.base) if kv.base_layers else None
+            window: UnifiedCache2025 | None = cast(UnifiedCache2025, kv.swa)
+        else:
+            full, window = kv, None
+        lengths = []
+        for b in range(self._rows):
+            if full is None:
+                lengths.append(int(kv.seq_pos_max(b)) + 1)
+                continue
+            pos = full.seq_cells(b)[1]
+            if not np.array_equal(pos, np.arange(len(pos))):
+                raise ValueError(f"the saved row {b} holds indices {pos.tolist()[:8]}...: expected 0 .. n - 1 without "
+                                 f"holes")
+            lengths.append(len(pos))
+        if len(set(lengths)) > 1:
+            raise ValueError(f"the saved rows have different lengths {sorted(set(lengths))}")
+        n = lengths[0] if lengths else 0
         if n > self._n_ctx:
             raise ValueError(f"the saved rows hold {n} indices; this cache holds {self._n_ctx} per row (n_ctx)")
-        if full is not None and n and starts != {0}:
-            raise ValueError("the saved rows do not start at index 0")
-        self._n = n
-        self._cat = None            # the restored K/V are in the tensors
-        self._strided = full is None or all(
+        if window is not None:
+            lo = max(n - self._window + 1, 0)
+            for b in range(self._rows):
+                pos = window.seq_cells(b)[1]
+                tail = pos[int(np.searchsorted(pos, lo)):]
+                if not np.array_equal(tail, np.arange(lo, n)):
+                    raise ValueError(f"the saved row {b}'s sliding-window layers hold indices {tail.tolist()[:8]}... "
+                                     f"from {lo} on: the next forward attends to {lo} .. {n - 1}")
+        strided = full is None or all(
             np.array_equal(full.seq_cells(b)[0], np.arange(n) * self._rows + b) for b in range(self._rows))
+        return n, strided
 
     # --- copies ------------------------------------------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:
