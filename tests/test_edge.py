@@ -528,3 +528,28 @@ def test_recurrent_store_quantize_and_rope_factors_take_tensors():
     assert np.array_equal(kvcache.dequantize(torch.from_numpy(q), "q8_0", 32), kvcache.dequantize(q, "q8_0", 32))
     p = kvcache.RopeParams(8, freq_factors=torch.tensor([1.0, 2.0, 4.0, 8.0]))
     assert p.freq_factors.tolist() == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_float_rows_into_a_bf16_cache_without_ml_dtypes_are_rounded_not_truncated():
+    """Without ml_dtypes a bf16 cache's rows are uint16 bits: float32 rows are rounded to bf16
+    (as the unified cache's store does), never cast to integers (a recurrent cache stored 1 for
+    1.5). Run in a process where ml_dtypes cannot be imported."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["ml_dtypes"] = None
+        import numpy as np, kvcache
+        r = kvcache.RecurrentCache(2, 1, 8, 8, type_k="bf16", type_v="bf16")
+        assert r.k(0).dtype == np.uint16
+        assert r.find_slot(kvcache.UBatch([0], [0]))
+        r.store(0, np.full((1, 8), 1.5, np.float32), np.full((1, 8), -2.0, np.float16))
+        assert r.k(0)[0].tolist() == [0x3FC0] * 8 and r.v(0)[0].tolist() == [0xC000] * 8, (r.k(0)[0], r.v(0)[0])
+        r.store(0, np.full((1, 8), 0x4000, np.uint16))          # bits as they are
+        assert r.k(0)[0].tolist() == [0x4000] * 8
+        u = kvcache.UnifiedCache(32, 1, 8, 8, type_k="bf16", type_v="bf16")
+        assert u.find_slot(kvcache.UBatch([0], [0]))
+        u.store(0, np.full((1, 8), 1.5, np.float32), np.full((1, 8), 1.5, np.float32))
+        assert u.k(0)[0].tolist() == [0x3FC0] * 8
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

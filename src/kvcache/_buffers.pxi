@@ -12,7 +12,9 @@ from libc.stdlib cimport malloc, free
 try:
     import ml_dtypes as _ml_dtypes
     _BF16 = np.dtype(_ml_dtypes.bfloat16)
-except ImportError:   # optional: bf16 views are then uint16 bit patterns
+except (ImportError, AttributeError):
+    # optional: bf16 views are then uint16 bit patterns (a module blocked as None in sys.modules
+    # comes back here as None)
     _BF16 = None
 
 _MEM_ALIGN = 64   # byte alignment of owned K/V memory (cache lines, SIMD loads)

@@ -39,9 +39,12 @@ cdef Py_ssize_t _rec_plane(_Recurrent cache, object plane) except -1:
 
 
 cdef object _rec_rows(object rows, str name, object dt):
-    """store() rows in the cache dtype dt; bfloat16 bits are decoded for a float cache (a bf16
-    cache, uint16, takes them as they are)."""
+    """store() rows in the cache dtype dt; bfloat16 bits are decoded for a float cache. A bf16
+    cache without ml_dtypes (dt uint16, its bits) takes bf16 bits as they are and other floats
+    rounded to bf16 as the C core rounds them (a cast to uint16 would take their integer part)."""
     a = host_array(rows, name)
+    if dt is _U16 and _holds_floats(a.dtype) and not _is_bf16_bits(a.dtype):
+        return _f32_to_half(_decoded(a), True)
     return np.ascontiguousarray(_decoded(a) if dt.kind == "f" else a, dtype=dt)
 
 
