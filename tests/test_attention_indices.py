@@ -635,6 +635,13 @@ def test_torch_reference_checks_the_indices_it_is_given(dense_at):
         attention_from_indices(q, k[:, :0], k[:, :0], idx, dense_at=dense_at)
     with pytest.raises(ValueError, match=r"n_rows must be an int of at least the indices' span \(21\), got 20"):
         dense_mask(idx, 20)
+    # dense_at: a real number >= 0 (a NaN silently meant "never dense")
+    for bad_at, err in ((float("nan"), ValueError), (-1.0, ValueError), ("1", TypeError), (None, TypeError),
+                        (True, TypeError)):
+        with pytest.raises(err, match="dense_at must be a real number >= 0"):
+            attention_from_indices(q, k, k, idx, dense_at=bad_at)
+        with pytest.raises(err, match="dense_at must be a real number >= 0"):
+            takes_dense_path(idx, bad_at)
     # the indices as attention_indices gave them are unchanged by the checks and still work
     torch.testing.assert_close(attention_from_indices(q, k, k, idx, dense_at=dense_at), want)
     assert dense_mask(idx).shape == (4, 21)

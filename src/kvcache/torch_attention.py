@@ -155,10 +155,22 @@ def _path_work(idx: AttentionIndices, span: int) -> tuple[int, int]:
     return gather, span * (DENSE_READ + n_tokens)
 
 
+def _dense_at(v: Any) -> float:
+    """The dense_at argument: a real number >= 0 (inf: never dense). A NaN never compares, so
+    it would silently mean "never"; a string would fail only on the first comparison."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"dense_at must be a real number >= 0 (inf: never dense), not {type(v).__name__}")
+    f = float(v)
+    if not f >= 0:
+        raise ValueError(f"dense_at must be a real number >= 0 (inf: never dense), not {v!r}")
+    return f
+
+
 def takes_dense_path(idx: AttentionIndices, dense_at: float = 1.0) -> bool:
     """Whether :func:`attention_from_indices` takes the dense path for idx: when the gather's
     work is at least ``dense_at`` times the dense kernel's (:func:`path_work`; 0: always).
     Deterministic: the same indices always take the same path."""
+    dense_at = _dense_at(dense_at)
     gather, dense = path_work(idx)
     return gather >= dense_at * dense
 
@@ -282,6 +294,7 @@ def attention_from_indices(q: Any, k: Any, v: Any, idx: AttentionIndices, *, sca
     cache's KQ mask of the ubatch, used instead of a mask rebuilt from the indices (a one-stream
     cache's ``lambda: cache.kq_mask(ub, pad=False, dtype="bool", out=buf)``; with ALiBi the float
     mask of ``alibi=True``)."""
+    dense_at = _dense_at(dense_at)
     span = _check(q, k, v, idx, alibi_slopes)
     n_tokens = q.shape[0]
     if n_tokens == 0:
