@@ -148,3 +148,43 @@ cdef object _attention_indices(_Unified cache, object ub, object causal, object 
                             arrays["causal"][:g], arrays["stream"][:g], arrays["kv_pos"][:n] if c_pos else None,
                             arrays["q_pos"][:t] if c_pos else None,
                             <Py_ssize_t>a.n_kv, <Py_ssize_t>a.span)
+
+
+
+cdef inline bint _never_decreases(const int32_t[::1] a) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef int32_t down = 0
+    for j in range(1, a.shape[0]):
+        down |= a[j] < a[j - 1]    # no early exit: the loop vectorizes
+    return not down
+
+
+def _csr_check(qo, kv, rows):
+    """One pass in C over int32 CSR arrays (C-contiguous 1-D, as attention_indices makes them),
+    for kvcache.torch_attention's check of indices a caller hands back: their span (max(rows) +
+    1, 0 for none) when qo and kv start at 0 and never decrease, kv ends at len(rows) and no row
+    is negative; -1 when one of these fails (numpy then names which); None for arrays of another
+    layout (numpy checks them)."""
+    if not (type(qo) is _NDARRAY and type(kv) is _NDARRAY and type(rows) is _NDARRAY):
+        return None
+    if not (qo.dtype == _I32 and kv.dtype == _I32 and rows.dtype == _I32):
+        return None
+    if not (qo.ndim == 1 and kv.ndim == 1 and rows.ndim == 1 and qo.flags.c_contiguous and
+            kv.flags.c_contiguous and rows.flags.c_contiguous) or len(qo) == 0 or len(kv) == 0:
+        return None
+    cdef const int32_t[::1] a = qo
+    cdef const int32_t[::1] b = kv
+    cdef const int32_t[::1] r = rows
+    cdef Py_ssize_t j
+    cdef int32_t lo = 0, hi = -1, x
+    cdef bint ok
+    with nogil:
+        ok = a[0] == 0 and b[0] == 0 and b[b.shape[0] - 1] == r.shape[0] and _never_decreases(a) and \
+            _never_decreases(b)
+        for j in range(r.shape[0]):
+            x = r[j]
+            lo = x if x < lo else lo
+            hi = x if x > hi else hi
+    if not ok or lo < 0:
+        return -1
+    return <int64_t>hi + 1

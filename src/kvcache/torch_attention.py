@@ -31,7 +31,7 @@ import numpy as np
 import torch  # type: ignore[import-not-found,unused-ignore]
 import torch.nn.functional as F  # type: ignore[import-not-found,unused-ignore]
 
-from kvcache._core import AttentionIndices
+from kvcache._core import AttentionIndices, _csr_check
 
 __all__ = ["DENSE_READ", "GATHER_COPY", "attention_from_indices", "dense_mask", "path_work", "takes_dense_path"]
 
@@ -85,12 +85,18 @@ def _check_indices(idx: Any) -> int:
     kv = _field(idx, "kv_indptr", len(qo), "iu")
     rows = _field(idx, "kv_indices", None, "iu")
     _field(idx, "causal", len(qo) - 1, "b")
-    _check_indptr("qo_indptr", qo, None)
-    _check_indptr("kv_indptr", kv, len(rows))
-    if len(rows) and rows.min() < 0:
-        j = int(np.argmin(rows))
-        raise ValueError(f"idx.kv_indices must name K/V rows (>= 0), got idx.kv_indices[{j}] = {int(rows[j])}")
-    want = int(rows.max()) + 1 if len(rows) else 0
+    # one pass in C over int32 arrays (attention_indices' own); numpy for other layouts, and to
+    # name what the C pass found wrong
+    fast = _csr_check(qo, kv, rows)
+    if fast is not None and fast >= 0:
+        want = fast
+    else:
+        _check_indptr("qo_indptr", qo, None)
+        _check_indptr("kv_indptr", kv, len(rows))
+        if len(rows) and rows.min() < 0:
+            j = int(np.argmin(rows))
+            raise ValueError(f"idx.kv_indices must name K/V rows (>= 0), got idx.kv_indices[{j}] = {int(rows[j])}")
+        want = int(rows.max()) + 1 if len(rows) else 0
     if not _is_count(idx.span) or idx.span != want:
         raise ValueError(f"idx.span must be max(idx.kv_indices) + 1 = {want}, got {idx.span!r}")
     return want
