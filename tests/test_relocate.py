@@ -7,6 +7,8 @@ bit for bit, the cache's own K-shift of the same cells (seq_add + update); what 
 refused and leaves the cache as it was."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -165,6 +167,51 @@ def _refused(c, call, exc, match):
     with pytest.raises(exc, match=match):
         call()
     _same(before, _snapshot(c))
+
+
+def test_a_range_past_the_held_positions_names_the_first_missing_at_once():
+    c = _cache()
+    _fill(c, 0, list(range(10)) + list(range(12, 20)))
+    with pytest.raises(ValueError, match=r"position 10 is not held; 2 positions of the range are not"):
+        get_range(c, 0, 0, 20)
+    with pytest.raises(ValueError, match=r"position 10 is not held; 999982 positions"):
+        get_range(c, 0, 0, 10**6)
+    # the message is made from the held positions only, not from the 2**31 - 1 of the range
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match=r"position 10 is not held; 2147483629 positions"):
+        get_range(c, 0, 0, 2**31 - 1)
+    assert time.perf_counter() - t < 1.0
+
+
+def _hand_made(rng, **kw):
+    d = dict(type_k=rng.type_k, type_v=rng.type_v, layers=rng.layers, p0=rng.p0, k=rng.k, v=rng.v)
+    d.update(kw)
+    return SeqRange(**d)
+
+
+@pytest.mark.parametrize("semantics", ["2025", "2026"])
+def test_a_hand_made_range_is_checked_before_the_cache_changes(semantics):
+    # 40 cells, the first 10 freed: 16 cells do not fit there and a placement would move head to 40
+    c = _cache(semantics, size=128)
+    _fill(c, 0, range(40))
+    c.seq_rm(0, 0, 10)
+    rng = get_range(c, 0, 10, 26)
+    f64 = tuple(np.full(k.shape, 300.7) for k in rng.k)
+    for bad, exc, match in [
+            (_hand_made(rng, p0=2**40), ValueError, r"rng\.p0 = 1099511627776 is outside"),
+            (_hand_made(rng, p0=2**31 - 2), ValueError, r"rng\.p0"),     # p0 + 16 passes the last position
+            (_hand_made(rng, p0=-1), ValueError, r"rng\.p0 = -1"),
+            (_hand_made(rng, p0=2.5), TypeError, r"rng\.p0 must be an int, not float"),
+            (_hand_made(rng, p0=float("nan")), TypeError, r"rng\.p0 must be an int"),
+            (_hand_made(rng, p0=True), TypeError, r"rng\.p0 must be an int, not bool"),
+            (_hand_made(rng, k=f64), TypeError, r"rng\.k\[0\] must be a uint8 numpy array .* float64"),
+            (_hand_made(rng, v=(rng.v[0], np.zeros(rng.v[1].shape))), TypeError, r"rng\.v\[1\] .* float64"),
+            (_hand_made(rng, k=tuple(k.tolist() for k in rng.k)), TypeError, r"rng\.k\[0\] .* not list"),
+            (_hand_made(rng, k=(rng.k[0], rng.k[1][:, :8])), ValueError, r"rng\.k\[1\] has shape \(16, 8\)"),
+            (_hand_made(rng, v=(rng.v[0], rng.v[1][:3])), ValueError, r"rng\.v\[1\] has shape \(3, 256\)"),
+            (_hand_made(rng, k=iter(rng.k)), ValueError, r"K rows \(rng\.k\)")]:
+        _refused(c, lambda: set_range(c, 1, bad, 3), exc, match)
+    assert set_range(c, 1, rng, 3) == 16
 
 
 def test_what_cannot_be_moved_is_refused():

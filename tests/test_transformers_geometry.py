@@ -3,6 +3,8 @@ RoPE K-shift of ``rope_from_transformers`` against the model's own rotary embedd
 the model rotated at position p, shifted by kvcache by d, equals the key the model rotates at
 p + d — for every supported rope_type, partial rotary, and Gemma 3's per-layer-type RoPE."""
 import math
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +17,8 @@ if int(transformers.__version__.split(".")[0]) < 5:
     need("transformers", f"transformers 5.x is needed, {transformers.__version__} is installed")
 
 import kvcache  # noqa: E402
-from kvcache.geometry import from_transformers_config, read_transformers_config, rope_from_transformers  # noqa: E402
+from kvcache.geometry import from_transformers_config, hf_attention, read_transformers_config, \
+    rope_from_transformers  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb  # noqa: E402
 
 HEADS, HEAD_DIM, THETA, ORIG = 2, 32, 500000.0, 256
@@ -171,3 +174,62 @@ def test_geometry_and_cache_from_a_config():
     # the attention factor of yarn is the model's business, not the shift's
     yarn = rope_from_transformers(_llama(**ROPES["yarn"]))
     assert yarn.attn_factor == 1.0 and yarn.ext_factor == 0.0 and not math.isnan(float(np.sum(yarn.freq_factors)))
+
+
+def _plain_config(**kw):
+    d = dict(model_type="llama", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
+             head_dim=16, max_position_embeddings=512, rope_theta=10000.0)
+    d.update(kw)
+    return SimpleNamespace(**{k: v for k, v in d.items() if v is not ...})
+
+
+_JAMBA = dict(model_type="jamba", attn_layer_offset=0, mamba_expand=2, mamba_d_state=16, mamba_d_conv=4)
+_NESTED = {"full_attention": {"rope_type": "default"}, "sliding_attention": "linear"}
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(num_attention_heads=0, head_dim=None), ValueError, "num_attention_heads = 0"),
+    (dict(hidden_size=2, head_dim=None), ValueError, "no head size"),
+    (dict(hidden_size=..., head_dim=None), ValueError, "no hidden_size"),
+    (dict(num_hidden_layers=...), ValueError, "no num_hidden_layers"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 0.0}), ValueError, "factor = 0.0"),
+    (dict(rope_scaling={"rope_type": "linear"}), ValueError, "without its factor"),
+    (dict(rope_scaling="linear"), TypeError, "config.rope_scaling must be a dict"),
+    (dict(rope_scaling=["linear"]), TypeError, "config.rope_scaling must be a dict"),
+    (dict(rope_parameters=_NESTED), TypeError, r"config.rope_parameters\['sliding_attention'\]"),
+    (dict(rope_scaling={"rope_type": 3}), TypeError, "rope_type must be a str"),
+    (dict(rope_theta=float("nan")), ValueError, "rope_theta"),
+    (dict(rope_theta="1e4"), TypeError, "rope_theta"),
+    (dict(_JAMBA, attn_layer_period=0), ValueError, "attn_layer_period = 0"),
+    (dict(_JAMBA, attn_layer_period=2, attn_layer_offset=2), ValueError, "attn_layer_offset = 2"),
+    (dict(sliding_window=float("inf")), TypeError, "config.sliding_window must be an int"),
+    (dict(partial_rotary_factor=float("inf")), ValueError, "partial_rotary_factor = inf"),
+    (dict(partial_rotary_factor=2.0), ValueError, "partial_rotary_factor = 2.0"),
+    (dict(max_position_embeddings=float("inf")), TypeError, "config.max_position_embeddings must be an int"),
+    (dict(layer_types=5), TypeError, "config.layer_types must be a list"),
+    (dict(num_hidden_layers=2**40), ValueError, "num_hidden_layers = 1099511627776"),
+    # the layer count first, and bounded: no per-layer table of 10**8 entries is made
+    (dict(num_hidden_layers=10**8, num_attention_heads=0), ValueError, "num_hidden_layers = 100000000"),
+    (dict(num_hidden_layers=True), TypeError, "config.num_hidden_layers must be an int, not bool"),
+    (dict(num_hidden_layers="8"), TypeError, "config.num_hidden_layers must be an int, not str"),
+    (dict(num_hidden_layers=2.9), TypeError, "config.num_hidden_layers must be an int, not float"),
+    (dict(num_key_value_heads=2.0), TypeError, "config.num_key_value_heads must be an int"),
+    (dict(head_dim="16"), TypeError, "config.head_dim must be an int"),
+])
+def test_a_malformed_config_is_refused_at_once(kw, exc, match):
+    cfg = _plain_config(**kw)
+    t = time.perf_counter()
+    with pytest.raises(exc, match=match):
+        from_transformers_config(cfg, 64)
+    if kw.get("model_type") != "jamba":
+        with pytest.raises(exc, match=match):
+            read_transformers_config(cfg)
+    assert time.perf_counter() - t < 1.0
+
+
+def test_a_malformed_chunk_size_is_refused():
+    cfg = _plain_config(layer_types=["chunked_attention", "full_attention"], attention_chunk_size=8.0)
+    with pytest.raises(TypeError, match="config.attention_chunk_size must be an int"):
+        hf_attention(cfg, chunked_as_sliding=True)
+    cfg.attention_chunk_size = 8
+    assert hf_attention(cfg, chunked_as_sliding=True)[4] == 8

@@ -532,20 +532,71 @@ def _hf_text_config(config: Any) -> Any:
     return get(decoder=True) if get is not None else config
 
 
+_HF_INT_MAX = 2**31 - 1
+
+
+def _hf_int(cfg: Any, name: str, lo: int, hi: int = _HF_INT_MAX, default: Any = ...) -> int:
+    """The integer attribute name of a transformers config, in [lo, hi]; default when it is
+    missing or None (ValueError without one). Bools, floats and strings are refused (TypeError),
+    not truncated: a config of 2.9 layers is malformed."""
+    v = getattr(cfg, name, None)
+    if v is None:
+        if default is ...:
+            raise ValueError(f"the transformers config has no {name}")
+        return cast(int, default)
+    return int_arg(v, f"config.{name}", lo, hi)
+
+
+def _hf_real(v: Any, name: str, hi: float = math.inf) -> float:
+    """A real-valued config entry (a RoPE factor or base): finite, > 0 and <= hi."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, not {type(v).__name__}")
+    x = float(v)
+    if not (0.0 < x <= hi and math.isfinite(x)):
+        raise ValueError(f"{name} = {v!r} must be finite and > 0" + (f", at most {hi}" if hi < math.inf else ""))
+    return x
+
+
+def _hf_heads(cfg: Any) -> tuple[int, int, int, int]:
+    """(n_layer, n_head, n_head_kv, head_dim) of a transformers config; the layer count first and
+    bounded, as every per-layer table is as long as it."""
+    from kvcache.plan import MAX_LAYERS
+
+    n_layer = _hf_int(cfg, "num_hidden_layers", 1, MAX_LAYERS)
+    n_head = _hf_int(cfg, "num_attention_heads", 1)
+    n_head_kv = _hf_int(cfg, "num_key_value_heads", 1, default=n_head)
+    head_dim = _hf_int(cfg, "head_dim", 1, default=0)
+    if not head_dim:
+        head_dim = _hf_int(cfg, "hidden_size", 1) // n_head
+        if not head_dim:
+            raise ValueError(f"config.hidden_size < num_attention_heads ({n_head}) and no head_dim: no head size")
+    return n_layer, n_head, n_head_kv, head_dim
+
+
+def _hf_rope_dict(v: Any, name: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise TypeError(f"{name} must be a dict of RoPE parameters, not {type(v).__name__}")
+    return v
+
+
 def _hf_layer_rope(cfg: Any, n_rot: int, rp: dict[str, Any], layer_type: str | None,
                    n_ctx_seq: int | None) -> tuple[float, float, npt.NDArray[np.float32] | None]:
     """(freq_base, freq_scale, freq_factors) of one RoPE parameter set of a transformers config."""
     kind = rp.get("rope_type", rp.get("type", "default"))
-    theta = float(rp.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    if not isinstance(kind, str):
+        raise TypeError(f"the config's rope_type must be a str, not {type(kind).__name__}")
+    theta = _hf_real(rp.get("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0), "config.rope_theta")
     if kind == "default":
         return theta, 1.0, None
     if kind == "linear":
-        return theta, 1.0 / float(rp["factor"]), None
+        if rp.get("factor") is None:
+            raise ValueError("rope_type 'linear' without its factor in the config's RoPE parameters")
+        return theta, 1.0 / _hf_real(rp["factor"], "the config's linear RoPE factor"), None
     if kind == "dynamic":
         # transformers keeps the plain frequencies while a forward's positions stay within
         # max_position_embeddings and recomputes the base per forward past it: cached keys keep
         # the old base there, and no fixed K-shift matches
-        orig = int(cfg.max_position_embeddings)
+        orig = _hf_int(cfg, "max_position_embeddings", 1)
         if n_ctx_seq is not None and n_ctx_seq > orig:
             raise ValueError(f"rope_type 'dynamic' with {n_ctx_seq} cache indices per sequence: past "
                              f"max_position_embeddings ({orig}) the model recomputes its base in every forward "
@@ -559,13 +610,20 @@ def _hf_layer_rope(cfg: Any, n_rot: int, rp: dict[str, Any], layer_type: str | N
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # type: ignore[import-not-found,import-untyped,unused-ignore]
     seq_len = None
     if kind == "longrope":
-        orig = int(rp.get("original_max_position_embeddings") or cfg.max_position_embeddings)
+        orig = (int_arg(rp["original_max_position_embeddings"], "config original_max_position_embeddings", 1,
+                        _HF_INT_MAX) if rp.get("original_max_position_embeddings") is not None
+                else _hf_int(cfg, "max_position_embeddings", 1))
         # transformers picks short or long factors per forward; a cache fixes one set: the set
         # of sequences no longer than the original context, else the long one
         seq_len = orig + 1 if n_ctx_seq is not None and n_ctx_seq > orig else orig
     kwargs: dict[str, Any] = {"layer_type": layer_type} if layer_type is not None else {}
-    with torch.no_grad():
-        inv_t, _ = ROPE_INIT_FUNCTIONS[kind](cfg, None, seq_len, **kwargs)
+    try:
+        with torch.no_grad():
+            inv_t, _ = ROPE_INIT_FUNCTIONS[kind](cfg, None, seq_len, **kwargs)
+    except (KeyError, AttributeError, TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
+        # transformers' own reading of the parameters: its error, named as the config's
+        raise ValueError(f"rope_type {kind!r}: the config's RoPE parameters are malformed "
+                         f"({type(e).__name__}: {e})") from e
     inv = np.asarray(inv_t.double().numpy(), dtype=np.float64)
     if inv.shape[0] != n_rot // 2:
         raise ValueError(f"the rotary embedding has {inv.shape[0]} frequencies, expected n_rot / 2 = {n_rot // 2}")
@@ -598,13 +656,19 @@ def rope_from_transformers(config: Any, n_ctx_seq: int | None = None) -> RopePar
         mode = "normal"
     else:
         raise ValueError(f"transformers architecture {arch!r}: its RoPE layout is not known here")
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    types = list(getattr(cfg, "layer_types", None) or [])
+    head_dim = _hf_heads(cfg)[3]
+    source = "rope_parameters" if getattr(cfg, "rope_parameters", None) else "rope_scaling"
+    params = _hf_rope_dict(getattr(cfg, source, None) or {}, f"config.{source}")
+    types = _hf_layer_types(cfg) or []
     first = params.get("full_attention", params.get("sliding_attention"))
     nested = isinstance(first, dict)
+    if nested:
+        for t in ("full_attention", "sliding_attention"):
+            if t in params:
+                _hf_rope_dict(params[t], f"config.{source}[{t!r}]")
     main: dict[str, Any] = first if isinstance(first, dict) else params
-    factor = float(main.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) or 1.0)
+    factor = main.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None))
+    factor = 1.0 if factor is None else _hf_real(factor, "config.partial_rotary_factor", 1.0)
     n_rot = int(head_dim * factor)
     rotary = getattr(getattr(model_config, "model", None), "rotary_emb", None)
     if rotary is not None and hasattr(rotary, "inv_freq"):
@@ -618,7 +682,9 @@ def rope_from_transformers(config: Any, n_ctx_seq: int | None = None) -> RopePar
         sliding = [il for il, t in enumerate(types) if t == "sliding_attention"]
         layer_base = {il: sb for il in sliding}
         layer_scale = {il: ss for il in sliding}
-    orig = int(main.get("original_max_position_embeddings") or getattr(cfg, "max_position_embeddings", 0) or 0)
+    orig = main.get("original_max_position_embeddings")
+    orig = (_hf_int(cfg, "max_position_embeddings", 0, default=0) if orig is None
+            else int_arg(orig, "config original_max_position_embeddings", 0, _HF_INT_MAX))
     return RopeParams(n_rot, mode=mode, n_ctx_orig=orig, freq_base=base, freq_scale=scale, freq_factors=factors,
                       layer_freq_base=layer_base, layer_freq_scale=layer_scale)
 
@@ -632,17 +698,13 @@ def hf_attention(config: Any, chunked_as_sliding: bool = False) -> tuple[int, in
     the positions a chunk's queries can see lie in that window, which is how transformers'
     own caches keep them (its masks then apply the chunks)."""
     cfg = _hf_text_config(config)
-    n_layer = int(cfg.num_hidden_layers)
-    n_head = int(cfg.num_attention_heads)
-    n_head_kv = int(getattr(cfg, "num_key_value_heads", None) or n_head)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head)
-    window = getattr(cfg, "sliding_window", None)
-    types = list(getattr(cfg, "layer_types", None) or
-                 ["sliding_attention" if window else "full_attention"] * n_layer)
+    n_layer, n_head, n_head_kv, head_dim = _hf_heads(cfg)
+    window = _hf_int(cfg, "sliding_window", 0, default=0)
+    types = _hf_layer_types(cfg) or ["sliding_attention" if window else "full_attention"] * n_layer
     if chunked_as_sliding and "chunked_attention" in types:
         if "sliding_attention" in types:
             raise ValueError("the config has both sliding and chunked layers: one window size maps to a kvcache cache")
-        window = getattr(cfg, "attention_chunk_size", None)
+        window = _hf_int(cfg, "attention_chunk_size", 0, default=0)
         if not window:
             raise ValueError("the config has chunked layers but no attention_chunk_size")
         types = ["sliding_attention" if t == "chunked_attention" else t for t in types]
@@ -651,7 +713,18 @@ def hf_attention(config: Any, chunked_as_sliding: bool = False) -> tuple[int, in
                          f"sliding attention map to a kvcache cache")
     if "sliding_attention" in types and not window:
         raise ValueError("the config has sliding layers but no sliding_window")
-    return n_layer, n_head, n_head_kv, head_dim, int(window or 0) if "sliding_attention" in types else 0, types
+    return n_layer, n_head, n_head_kv, head_dim, window if "sliding_attention" in types else 0, types
+
+
+def _hf_layer_types(cfg: Any) -> list[str] | None:
+    """config.layer_types as a list of str, None when absent."""
+    v = getattr(cfg, "layer_types", None)
+    if v is None or (isinstance(v, (list, tuple)) and not v):
+        return None
+    if not isinstance(v, (list, tuple)) or not all(isinstance(t, str) for t in v):
+        raise TypeError(f"config.layer_types must be a list of str, not {type(v).__name__}"
+                        f"{'' if not isinstance(v, (list, tuple)) else ' holding other values'}")
+    return list(v)
 
 
 # The hybrid architectures of transformers (config.model_type) and llama.cpp's name of each, as
@@ -668,21 +741,19 @@ _HF_HYBRID_UNSUPPORTED = {"zamba": "Zamba", "zamba2": "Zamba2"}
 def _hf_hybrid(config: Any, cfg: Any, arch: str, n_ctx_seq: int | None) -> ModelGeometry:
     """read_transformers_config of a hybrid model: the layers and row widths llama.cpp's
     converter and loader give the same model (llama_memory_hybrid's geometry)."""
-    n_layer = int(cfg.num_hidden_layers)
-    n_head = int(cfg.num_attention_heads)
-    n_head_kv = int(getattr(cfg, "num_key_value_heads", None) or n_head)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head)
-    n_embd = int(cfg.hidden_size)
+    n_layer, n_head, n_head_kv, head_dim = _hf_heads(cfg)
+    n_embd = _hf_int(cfg, "hidden_size", 1)
     # transformers names a layer by its mixer; older names ("mamba", "attention") are today's
     # "linear_attention" and "full_attention"
     legacy = {"mamba": "linear_attention", "attention": "full_attention"}
     if arch == "jamba":
-        period, offset = int(cfg.attn_layer_period), int(cfg.attn_layer_offset)
+        period = _hf_int(cfg, "attn_layer_period", 1)
+        offset = _hf_int(cfg, "attn_layer_offset", 0, period - 1)
         types = ["full_attention" if il % period == offset else "linear_attention" for il in range(n_layer)]
     elif arch == "falcon_h1":
         types = ["both"] * n_layer          # a Mamba-2 mixer and attention in every layer
     else:
-        types = [legacy.get(t, t) for t in (getattr(cfg, "layer_types", None) or [])]
+        types = [legacy.get(t, t) for t in (_hf_layer_types(cfg) or [])]
     if len(types) != n_layer:
         raise ValueError(f"{arch}: {len(types)} layer types for {n_layer} layers")
     recurrent_kind = "conv" if arch in ("lfm2", "lfm2_moe") else "linear_attention"
@@ -694,24 +765,24 @@ def _hf_hybrid(config: Any, cfg: Any, arch: str, n_ctx_seq: int | None) -> Model
         raise ValueError(f"{arch}: layer types {other} map to no part of a hybrid memory")
     if arch in ("lfm2", "lfm2_moe"):
         # the short convolution keeps L_cache - 1 columns of its input
-        n_embd_r, n_embd_s = n_embd * (int(cfg.conv_L_cache) - 1), 0
+        n_embd_r, n_embd_s = n_embd * (_hf_int(cfg, "conv_L_cache", 1) - 1), 0
     elif arch == "qwen3_next":
         # the gated delta net: a convolution over q, k and v; a k x v state per value head
-        k_dim, v_dim = int(cfg.linear_key_head_dim), int(cfg.linear_value_head_dim)
-        n_k, n_v = int(cfg.linear_num_key_heads), int(cfg.linear_num_value_heads)
-        n_embd_r = (int(cfg.linear_conv_kernel_dim) - 1) * (2 * n_k * k_dim + n_v * v_dim)
+        k_dim, v_dim = _hf_int(cfg, "linear_key_head_dim", 1), _hf_int(cfg, "linear_value_head_dim", 1)
+        n_k, n_v = _hf_int(cfg, "linear_num_key_heads", 1), _hf_int(cfg, "linear_num_value_heads", 1)
+        n_embd_r = (_hf_int(cfg, "linear_conv_kernel_dim", 1) - 1) * (2 * n_k * k_dim + n_v * v_dim)
         n_embd_s = k_dim * v_dim * n_v
     else:
         # Mamba (Jamba: one group-less B and C) and Mamba-2: the convolution's d_conv - 1
         # columns of x, B and C; a d_state x d_inner state
         if arch == "nemotron_h":
-            d_inner = int(cfg.mamba_num_heads) * int(cfg.mamba_head_dim)
-            d_state, d_conv, n_group = int(cfg.ssm_state_size), int(cfg.conv_kernel), int(cfg.n_groups)
+            d_inner = _hf_int(cfg, "mamba_num_heads", 1) * _hf_int(cfg, "mamba_head_dim", 1)
+            d_state, d_conv = _hf_int(cfg, "ssm_state_size", 1), _hf_int(cfg, "conv_kernel", 1)
+            n_group = _hf_int(cfg, "n_groups", 1)
         else:
-            d_ssm = getattr(cfg, "mamba_d_ssm", None)
-            d_inner = int(d_ssm) if d_ssm else int(cfg.mamba_expand) * n_embd
-            d_state, d_conv = int(cfg.mamba_d_state), int(cfg.mamba_d_conv)
-            n_group = 0 if arch == "jamba" else int(cfg.mamba_n_groups)
+            d_inner = _hf_int(cfg, "mamba_d_ssm", 0, default=0) or _hf_int(cfg, "mamba_expand", 1) * n_embd
+            d_state, d_conv = _hf_int(cfg, "mamba_d_state", 1), _hf_int(cfg, "mamba_d_conv", 1)
+            n_group = 0 if arch == "jamba" else _hf_int(cfg, "mamba_n_groups", 1)
         n_embd_r = (d_conv - 1) * (d_inner + 2 * n_group * d_state)
         n_embd_s = d_state * d_inner
     uses_rope = arch not in ("jamba", "nemotron_h") and (
@@ -721,12 +792,12 @@ def _hf_hybrid(config: Any, cfg: Any, arch: str, n_ctx_seq: int | None) -> Model
     name = "nemotron_h_moe" if arch == "nemotron_h" and "moe" in types else _HF_HYBRID[arch]
     # the converter writes a window for LFM2.5's audio tokenizer only (Lfm25AudioTokenizer), and
     # LFM2's loader then windows every attention layer: llama_memory_hybrid_iswa
-    window = int(getattr(cfg, "sliding_window", None) or 0)
+    window = _hf_int(cfg, "sliding_window", 0, default=0)
     if not (arch == "lfm2" and "Lfm25AudioTokenizer" in (getattr(cfg, "architectures", None) or [])):
         window = 0
     return ModelGeometry(
         arch=name, n_layer=n_layer, n_embd=n_embd,
-        n_ctx_train=int(getattr(cfg, "max_position_embeddings", 0) or 0), n_head=(n_head,) * n_layer,
+        n_ctx_train=_hf_int(cfg, "max_position_embeddings", 0, default=0), n_head=(n_head,) * n_layer,
         n_head_kv=heads_kv, n_embd_head_k=head_dim, n_embd_head_v=head_dim, n_embd_k_s=n_embd_r,
         n_embd_v_s=n_embd_s, rope=rope_from_transformers(config, n_ctx_seq) if uses_rope else None,
         recurrent_layers=recr, attn_layers=attn, rs_rollback=name in _RS_ROLLBACK_ARCHS, n_swa=window,
@@ -752,8 +823,8 @@ def read_transformers_config(config: Any, n_ctx_seq: int | None = None) -> Model
     n_layer, n_head, n_head_kv, head_dim, window, types = hf_attention(cfg)
     swa_layers = tuple(il for il, t in enumerate(types) if t == "sliding_attention")
     return ModelGeometry(
-        arch=str(getattr(cfg, "model_type", "")), n_layer=n_layer, n_embd=int(cfg.hidden_size),
-        n_ctx_train=int(getattr(cfg, "max_position_embeddings", 0) or 0), n_head=(n_head,) * n_layer,
+        arch=str(getattr(cfg, "model_type", "")), n_layer=n_layer, n_embd=_hf_int(cfg, "hidden_size", 1),
+        n_ctx_train=_hf_int(cfg, "max_position_embeddings", 0, default=0), n_head=(n_head,) * n_layer,
         n_head_kv=(n_head_kv,) * n_layer, n_embd_head_k=head_dim, n_embd_head_v=head_dim,
         n_swa=window, swa_type="standard" if swa_layers else "none", swa_layers=swa_layers,
         rope=rope_from_transformers(config, n_ctx_seq))

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcache._core import RopeParams, StateError, rope_shift
+from kvcache._core import RopeParams, StateError, int_arg, rope_shift
 from kvcache._store_format import StoreError, StoreGeometry
 from kvcache._store_parts import rows_of
+from kvcache._text import plural
 
 if TYPE_CHECKING:
     from kvcache.unified import UnifiedCache
@@ -57,14 +58,6 @@ class SeqRange:
         return int(self.k[0].shape[0]) if self.k else 0
 
 
-def _int(v: Any, name: str, lo: int, hi: int = _POS_MAX) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    if not lo <= int(v) <= hi:
-        raise ValueError(f"{name} = {int(v)} must be in [{lo}, {hi}]")
-    return int(v)
-
-
 def _geometry(cache: Any, what: str) -> tuple[int, int, tuple[tuple[int, int, int, int, int], ...]]:
     """(type_k, type_v, layers) of a unified cache holding K/V, or StoreError saying why not."""
     from kvcache.unified import UnifiedCache
@@ -90,17 +83,20 @@ def get_range(cache: UnifiedCache, seq_id: int, p0: int, p1: int) -> SeqRange:
     """Copy the K/V rows of positions [p0, p1) of seq_id: each position of the range must be held
     by exactly one cell of the sequence (ValueError otherwise). The cache is not changed."""
     _geometry(cache, "get_range")
-    p0 = _int(p0, "p0", 0)
-    p1 = _int(p1, "p1", 0)
+    p0 = int_arg(p0, "p0", 0, _POS_MAX)
+    p1 = int_arg(p1, "p1", 0, _POS_MAX)
     if p1 <= p0:
         raise ValueError(f"get_range: the range [p0, p1) = [{p0}, {p1}) is empty")
     cells, pos = cache.seq_cells(seq_id)
     sel = (pos >= p0) & (pos < p1)
     got = pos[sel]
     if len(got) != p1 - p0 or not np.array_equal(got, np.arange(p0, p1, dtype=got.dtype)):
-        have = np.unique(got)
-        missing = sorted(set(range(p0, p1)) - set(have.tolist()))
-        why = (f"position {missing[0]} is not held" if missing else
+        # the first position missing, from the held ones alone: the range may span 2**31 positions
+        have = np.unique(got).astype(np.int64)
+        gaps = np.flatnonzero(have != np.arange(p0, p0 + len(have), dtype=np.int64))
+        n_missing = p1 - p0 - len(have)
+        first = p0 + int(gaps[0]) if gaps.size else p0 + len(have)
+        why = (f"position {first} is not held; {plural(n_missing, 'position')} of the range are not" if n_missing else
                "a position is held by several cells")
         raise ValueError(f"get_range: sequence {seq_id} does not hold every position of [{p0}, {p1}) in exactly "
                          f"one cell ({why})")
@@ -138,8 +134,8 @@ def check_target(cache: UnifiedCache, seq_id: int, at: int, rope: RopeParams | N
     if cache.swa_type != "none":
         raise ValueError(f"{what}: the cache has a sliding window (swa_type {cache.swa_type!r}): its cells are "
                          "hidden and reused by position, and a moved range is refused")
-    _int(seq_id, "seq_id", 0, cache.n_seq_max - 1)
-    _int(at, "at", 0)
+    int_arg(seq_id, "seq_id", 0, cache.n_seq_max - 1)
+    int_arg(at, "at", 0, _POS_MAX)
     if rope is not None and not isinstance(rope, RopeParams):
         raise TypeError(f"{what}: rope must be a kvcache.RopeParams or None, not {type(rope).__name__}")
 
@@ -161,11 +157,8 @@ def set_range(cache: UnifiedCache, seq_id: int, rng: SeqRange, at: int, *, rope:
     type_k, type_v, layers = _geometry(cache, what)
     if (rng.type_k, rng.type_v, rng.layers) != (type_k, type_v, layers):
         raise ValueError(f"{what}: the range's K/V types and layers are not this cache's")
-    n = rng.n_tokens
-    for name, rows, widths in (("K", rng.k, [ly[3] for ly in layers]), ("V", rng.v, [ly[4] for ly in layers])):
-        if len(rows) != len(layers) or any(np.shape(r) != (n, b) for r, b in zip(rows, widths)):
-            raise ValueError(f"{what}: the range's {name} rows are not {len(layers)} layers of {n} rows of "
-                             f"{', '.join(map(str, sorted(set(widths))))} bytes")
+    n = _rows_check(rng, layers, what)
+    p0 = int_arg(rng.p0, "rng.p0", 0, _POS_MAX - max(n, 1) + 1)
     if n == 0:
         return 0
     if at + n - 1 > _POS_MAX:
@@ -179,7 +172,7 @@ def set_range(cache: UnifiedCache, seq_id: int, rng: SeqRange, at: int, *, rope:
     inside = pos[(pos >= at) & (pos < at + n)]
     if inside.size:
         raise ValueError(f"{what}: sequence {seq_id} already holds position {int(inside.min())} of [{at}, {at + n})")
-    delta = at - rng.p0
+    delta = at - p0
     rp, heads = _rope_for(cache, rope, delta, what)
     ks = []
     for ly, k in zip(layers, rng.k):
@@ -189,6 +182,10 @@ def set_range(cache: UnifiedCache, seq_id: int, rng: SeqRange, at: int, *, rope:
             hd = heads[il]
             rope_shift(k, type_k, ly[1] // hd, hd, np.full(n, delta, np.int32), rp, layer=il)
         ks.append(k)
+    # the rows as store() takes them, made before the cache changes: after find_slot only the
+    # copies are left, and a "2025" cache's restore() cannot put back the head the search moved
+    rows = [(ly[0], k.view(np.asarray(cache.k(ly[0])).dtype),
+             np.ascontiguousarray(v).view(np.asarray(cache.v(ly[0])).dtype)) for ly, k, v in zip(layers, ks, rng.v)]
     if cache.semantics == "2025":
         free = cache.cells().pos < 0
         if _longest_run(free) < n:
@@ -201,11 +198,8 @@ def set_range(cache: UnifiedCache, seq_id: int, rng: SeqRange, at: int, *, rope:
         raise StateError(f"{what}: no room: the cache cannot place {n} cells for sequence {seq_id}")
     undo: Any = cache            # restore / commit: a "2025" cache's
     try:
-        for ly, k, v in zip(layers, ks, rng.v):
-            il = ly[0]
-            kd = np.asarray(cache.k(il)).dtype
-            vd = np.asarray(cache.v(il)).dtype
-            cache.store(il, k.view(kd), np.ascontiguousarray(v).view(vd))
+        for il, k, v in rows:
+            cache.store(il, k, v)
     except BaseException:
         if cache.semantics == "2025":
             undo.restore()
@@ -215,6 +209,26 @@ def set_range(cache: UnifiedCache, seq_id: int, rng: SeqRange, at: int, *, rope:
     if cache.semantics == "2025":
         undo.commit()
     return n
+
+
+def _rows_check(rng: SeqRange, layers: tuple[tuple[int, int, int, int, int], ...], what: str) -> int:
+    """The number of positions of rng, whose K and V rows must be, per layer, uint8 arrays of
+    n rows of the layer's row bytes (a SeqRange can be made by hand: nothing is cast)."""
+    n = -1
+    for name, rows, col in (("k", rng.k, 3), ("v", rng.v, 4)):
+        if not isinstance(rows, (tuple, list)) or len(rows) != len(layers):
+            raise ValueError(f"{what}: the range's {name.upper()} rows (rng.{name}) must be "
+                             f"{plural(len(layers), 'array')}, one per layer")
+        for i, (r, ly) in enumerate(zip(rows, layers)):
+            if not isinstance(r, np.ndarray) or r.dtype != np.uint8:
+                got = f"dtype {r.dtype}" if isinstance(r, np.ndarray) else type(r).__name__
+                raise TypeError(f"{what}: rng.{name}[{i}] must be a uint8 numpy array (the row bytes), not {got}")
+            if n < 0:
+                n = int(r.shape[0]) if r.ndim == 2 else 0
+            if r.shape != (n, ly[col]):
+                raise ValueError(f"{what}: rng.{name}[{i}] has shape {r.shape}, expected ({n}, {ly[col]}): "
+                                 f"{plural(n, 'row')} of the layer's {ly[col]} row bytes")
+    return max(n, 0)
 
 
 def _longest_run(free: npt.NDArray[np.bool_]) -> int:
