@@ -3,7 +3,9 @@ manifests, cache-size log lines and state blobs), and tiny models written here w
 package (per-layer heads, sliding-window layouts, RoPE scaling and factors, Mamba, bad files)."""
 import dataclasses
 import json
+import os
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -437,3 +439,143 @@ def test_mrope_and_ple_models_get_the_per_cell_extension_today(tmp_path):
     assert from_gguf(p, 256, semantics="2026").ple_token == 9
     p = write_model(tmp_path / "plain.gguf", "llama")
     assert not read_gguf(p).cell_ext and not from_gguf(p, 256, semantics="2026").cell_ext
+
+
+# --- hostile files, written byte by byte ---------------------------------------------------------
+
+_VT = {"u8": (0, "B"), "u32": (4, "I"), "i32": (5, "i"), "f32": (6, "f"), "bool": (7, "?"), "str": (8, None),
+       "arr": (9, None), "u64": (10, "Q")}
+
+
+def _gguf_str(text):
+    b = text if isinstance(text, bytes) else text.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def _gguf_value(vtype, value):
+    if vtype == "str":
+        return _gguf_str(value)
+    if vtype == "arr":      # (item type, items) or (item type, items, claimed count)
+        itype, items, *count = value
+        body = b"".join(_gguf_value(itype, x) for x in items)
+        return struct.pack("<IQ", _VT[itype][0], count[0] if count else len(items)) + body
+    return struct.pack("<" + _VT[vtype][1], value)
+
+
+def raw_gguf(path, kvs, version=3):
+    """A GGUF file of metadata alone, as given: (key, type, value) entries, repeats and all."""
+    body = b"".join(_gguf_str(k) + struct.pack("<I", _VT[t][0]) + _gguf_value(t, v) for k, t, v in kvs)
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", version, 0, len(kvs)) + body)
+    return path
+
+
+def llama_kvs(arch="llama", **over):
+    """The metadata of a tiny model; over: {key with {arch}: (type, value) or None to drop it}."""
+    kvs = {"general.architecture": ("str", arch), "{arch}.context_length": ("u32", 512),
+           "{arch}.embedding_length": ("u32", 64), "{arch}.block_count": ("u32", 3),
+           "{arch}.attention.head_count": ("u32", 4), "{arch}.attention.head_count_kv": ("u32", 2),
+           "{arch}.rope.freq_base": ("f32", 10000.0)}
+    kvs.update({k.replace("__", "."): v for k, v in over.items()})
+    return [(k.format(arch=arch), *tv) for k, tv in kvs.items() if tv is not None]
+
+
+def test_a_fifo_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "m.gguf"
+    os.mkfifo(fifo)
+    # held open at both ends, so that a reader that opens it anyway does not block the test
+    hold = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        with pytest.raises(OSError, match=f"{fifo}: not a regular file"):
+            read_gguf(fifo)
+    finally:
+        os.close(hold)
+    with pytest.raises(IsADirectoryError):
+        read_gguf(tmp_path)
+
+
+@pytest.mark.parametrize("itype,items,count", [("u8", [], 10**6), ("u8", [1, 2], 2**40), ("u32", [1], 2**62),
+                                               ("str", ["a", "b"], 10**6), ("str", ["a", "b"], 3),
+                                               ("arr", [], 10**5)])
+def test_array_counts_the_file_does_not_hold(tmp_path, itype, items, count):
+    p = raw_gguf(tmp_path / "m.gguf", llama_kvs() + [("x", "arr", (itype, items, count))])
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=f"{p}: the value of 'x' .*runs past the end of the file"):
+        read_gguf(p)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_truncated_and_malformed_metadata(tmp_path):
+    good = raw_gguf(tmp_path / "m.gguf", llama_kvs()).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good[:-2])
+    with pytest.raises(ValueError, match="'llama.rope.freq_base' runs past the end"):
+        read_gguf(cut)
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        read_gguf(_empty(tmp_path))
+    with pytest.raises(ValueError, match="GGUF version 7"):
+        read_gguf(raw_gguf(tmp_path / "v7.gguf", llama_kvs(), version=7))
+    bad = good.replace(struct.pack("<I", 6) + struct.pack("<f", 10000.0), struct.pack("<I", 13) + b"\0" * 4)
+    (tmp_path / "t.gguf").write_bytes(bad)
+    with pytest.raises(ValueError, match="'llama.rope.freq_base' has the unknown GGUF type 13"):
+        read_gguf(tmp_path / "t.gguf")
+
+
+def _empty(tmp_path):
+    p = tmp_path / "empty.gguf"
+    p.write_bytes(b"")
+    return p
+
+
+def test_a_repeated_key_is_refused(tmp_path):
+    p = raw_gguf(tmp_path / "m.gguf", llama_kvs() + [("llama.block_count", "u32", 3)])
+    with pytest.raises(ValueError, match="the metadata key 'llama.block_count' appears twice"):
+        read_gguf(p)
+
+
+@pytest.mark.parametrize("vtype,value,msg", [
+    ("u32", 0, r"= 0 is outside \[1, 65536\]"), ("u32", 65537, r"= 65537 is outside \[1, 65536\]"),
+    ("u64", 2**63, "is outside"), ("f32", float("inf"), "f32, expected an integer"),
+    ("f32", 2.7, "f32, expected an integer"), ("bool", True, "bool, expected an integer"),
+    ("str", "3", "string, expected an integer")])
+def test_block_count_is_an_integer_of_a_model(tmp_path, vtype, value, msg):
+    p = raw_gguf(tmp_path / "m.gguf", llama_kvs(**{"{arch}__block_count": (vtype, value)}))
+    with pytest.raises(ValueError, match=f"{p}: llama.block_count {'' if msg[0] == '=' else '.*'}{msg}"):
+        from_gguf(p, 256)
+
+
+@pytest.mark.parametrize("arch,over,key", [
+    ("deepseek2", {"{arch}__rope__scaling__factor": ("f32", float("inf"))}, "deepseek2.rope.scaling.factor"),
+    ("deepseek2", {"{arch}__rope__scaling__factor": ("f32", 1e-30)}, "deepseek2.rope.scaling.factor"),
+    ("llama", {"{arch}__rope__scaling__factor": ("f32", -2.0)}, "llama.rope.scaling.factor"),
+    ("llama", {"{arch}__rope__freq_base": ("f32", float("nan"))}, "llama.rope.freq_base"),
+    ("qwen3next", {"{arch}__full_attention_interval": ("u32", 0), "{arch}__ssm__conv_kernel": ("u32", 4),
+                   "{arch}__ssm__inner_size": ("u32", 128), "{arch}__ssm__state_size": ("u32", 16)},
+     "qwen3next.full_attention_interval"),
+    ("gemma2", {"{arch}__attention__sliding_window_pattern": ("f32", float("inf"))},
+     "gemma2.attention.sliding_window_pattern"),
+    ("gemma2", {"{arch}__attention__sliding_window_pattern": ("arr", ("str", ["1", "0", "1"]))},
+     "gemma2.attention.sliding_window_pattern"),
+    ("llama", {"{arch}__attention__head_count": ("f32", float("inf"))}, "llama.attention.head_count"),
+    ("llama", {"{arch}__attention__head_count_kv": ("arr", ("f32", [float("inf")] * 3))},
+     "llama.attention.head_count_kv"),
+    ("llama", {"{arch}__attention__head_count": ("arr", ("str", ["4", "4", "4"]))}, "llama.attention.head_count"),
+    ("llama", {"{arch}__attention__key_length": ("i32", -16)}, "llama.attention.key_length"),
+    ("llama", {"{arch}__rope__dimension_sections": ("arr", ("bool", [True, False]))},
+     "llama.rope.dimension_sections"),
+])
+def test_metadata_of_the_wrong_type_or_out_of_range(tmp_path, arch, over, key):
+    p = raw_gguf(tmp_path / "m.gguf", llama_kvs(arch, **over))
+    with pytest.raises(ValueError, match=f"{p}: {key}"):
+        read_gguf(p)
+
+
+def test_a_bool_key_holds_a_bool(tmp_path):
+    ssm = {"{arch}__ssm__conv_kernel": ("u32", 4), "{arch}__ssm__inner_size": ("u32", 128),
+           "{arch}__ssm__state_size": ("u32", 16), "{arch}__attention__head_count_kv": ("arr", ("u32", [0, 2, 0]))}
+    p = raw_gguf(tmp_path / "m.gguf", llama_kvs("granitehybrid", **ssm,
+                                                **{"{arch}__rope__scaling__finetuned": ("bool", False)}))
+    assert read_gguf(p).rope is None
+    p = raw_gguf(tmp_path / "s.gguf", llama_kvs("granitehybrid", **ssm,
+                                                **{"{arch}__rope__scaling__finetuned": ("str", "false")}))
+    with pytest.raises(ValueError, match="granitehybrid.rope.scaling.finetuned has the GGUF type string, expected a bool"):
+        read_gguf(p)

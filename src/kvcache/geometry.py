@@ -11,14 +11,18 @@ model), with RoPE parameters that rotate keys as the model's own rotary embeddin
 from __future__ import annotations
 
 import math
+import mmap
+import os
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Union, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from kvcache._atomic import open_regular
 from kvcache._core import RopeParams, bool_arg, int_arg, swa_full_arg
-from kvcache.plan import context_cells, v_trans_for
+from kvcache.plan import MAX_LAYERS, context_cells, v_trans_for
 from kvcache.hybrid import HybridCache
 from kvcache.recurrent import RecurrentCache
 from kvcache.unified import UnifiedCache, UnifiedCache2025, UnifiedCache2026
@@ -192,8 +196,109 @@ class ModelGeometry:
         return pair
 
 
+# GGUF value types (gguf.GGUFValueType): the bytes of each fixed-size one, and the others
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_NAMES = {0: "u8", 1: "i8", 2: "u16", 3: "i16", 4: "u32", 5: "i32", 6: "f32", 7: "bool", 8: "string",
+               9: "array", 10: "u64", 11: "i64", 12: "f64"}
+_GGUF_INTS = frozenset((0, 1, 2, 3, 4, 5, 10, 11))
+_GGUF_FLOATS = frozenset((6, 12))
+_GGUF_BOOL, _GGUF_STRING, _GGUF_ARRAY = 7, 8, 9
+_GGUF_MAX_NESTING = 8          # arrays of arrays (llama.cpp reads none; gguf's reader recurses)
+_UINT32_MAX = 2**32 - 1        # llama.cpp's hyperparameters are uint32
+
+
+def _check_gguf_layout(buf: Any, path: str) -> None:
+    """Walk the header, metadata and tensor list of a GGUF file (v2/v3, either byte order),
+    checking that every length and count fits in the bytes the file has and that no key repeats:
+    gguf's reader loops over the counts a file claims, for as long as they say."""
+    end = len(buf)
+    if end < 24 or buf[:4] != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (no GGUF header)")
+    order = "<"
+    version = struct.unpack_from("<I", buf, 4)[0]
+    if version & 0xFFFF == 0:   # written on a machine of the other byte order (as gguf decides)
+        order = ">"
+        version = struct.unpack_from(">I", buf, 4)[0]
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+    u32, u64 = struct.Struct(order + "I").unpack_from, struct.Struct(order + "Q").unpack_from
+    n_tensors, n_kv = u64(buf, 8)[0], u64(buf, 16)[0]
+
+    def need(pos: int, n: int, what: str) -> None:
+        if n > end - pos:
+            raise ValueError(f"{path}: {what} runs past the end of the file ({end - pos} bytes left, "
+                             f"{n} needed)")
+
+    def string(pos: int, what: str) -> int:
+        need(pos, 8, what)
+        n = u64(buf, pos)[0]
+        need(pos + 8, n, what)
+        return pos + 8 + n
+
+    def value(pos: int, t: int, what: str, depth: int) -> int:
+        size = _GGUF_SIZES.get(t)
+        if size is not None:
+            need(pos, size, what)
+            return pos + size
+        if t == _GGUF_STRING:
+            return string(pos, what)
+        if t != _GGUF_ARRAY:
+            raise ValueError(f"{path}: {what} has the unknown GGUF type {t}")
+        if depth == _GGUF_MAX_NESTING:
+            raise ValueError(f"{path}: {what} nests arrays more than {_GGUF_MAX_NESTING} deep")
+        need(pos, 12, what)
+        it, count = u32(buf, pos)[0], u64(buf, pos + 4)[0]
+        pos += 12
+        items = f"{what} (an array of {count} {_GGUF_NAMES.get(it, f'type {it}')})"
+        size = _GGUF_SIZES.get(it)
+        if size is not None:
+            need(pos, count * size, items)
+            return pos + count * size
+        if it not in (_GGUF_STRING, _GGUF_ARRAY):
+            raise ValueError(f"{path}: {what} is an array of the unknown GGUF type {it}")
+        # every item takes at least its length (8 bytes) or its type and count (12): a count
+        # the file cannot hold is refused before the loop
+        need(pos, count * (8 if it == _GGUF_STRING else 12), items)
+        if it == _GGUF_STRING:
+            for _ in range(count):
+                if end - pos < 8:       # (past the end too: a string's length overran it)
+                    break
+                pos += 8 + u64(buf, pos)[0]
+            else:
+                if pos <= end:
+                    return pos
+            raise ValueError(f"{path}: {items} runs past the end of the file ({end} bytes)")
+        for _ in range(count):
+            pos = value(pos, _GGUF_ARRAY, what, depth + 1)
+        return pos
+
+    pos = 24
+    keys: set[str] = set()
+    for i in range(n_kv):
+        start = pos
+        pos = string(pos, f"metadata key {i}")
+        try:
+            key = bytes(buf[start + 8:pos]).decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: metadata key {i} is not UTF-8 text") from None
+        if key in keys:
+            raise ValueError(f"{path}: the metadata key {key!r} appears twice")
+        keys.add(key)
+        need(pos, 4, f"the type of {key!r}")
+        pos = value(pos + 4, u32(buf, pos)[0], f"the value of {key!r}", 0)
+    for i in range(n_tensors):
+        what = f"tensor {i}'s description"
+        pos = string(pos, what)
+        need(pos, 4, what)
+        n_dims = u32(buf, pos)[0]
+        need(pos + 4, n_dims * 8 + 12, what)   # the dimensions, type and offset
+        pos += 4 + n_dims * 8 + 12
+
+
 class _Fields:
-    """The metadata of a GGUF file with llama.cpp's lookup rules (arch-prefixed keys)."""
+    """The metadata of a GGUF file with llama.cpp's lookup rules (arch-prefixed keys) and its
+    typing: an integer key holds an integer, a bool key a bool (llama.cpp refuses a key of
+    another GGUF type)."""
 
     def __init__(self, reader: Any, path: str):
         self._r = reader
@@ -203,50 +308,70 @@ class _Fields:
     def has(self, key: str) -> bool:
         return key.format(arch=self.arch) in self._r.fields
 
-    def get(self, key: str, kind: type, default: Any = ..., ) -> Any:
+    def _field(self, key: str, default: Any) -> tuple[str, Any]:
         name = key.format(arch=getattr(self, "arch", ""))
         field = self._r.fields.get(name)
+        if field is None and default is ...:
+            raise ValueError(f"{self.path}: the GGUF file lacks the key {name!r}")
+        return name, field
+
+    def _int(self, name: str, t: int, v: Any, lo: int, hi: int) -> int:
+        if t not in _GGUF_INTS:
+            raise ValueError(f"{self.path}: {name} has the GGUF type {_GGUF_NAMES.get(t, t)}, expected an integer")
+        try:
+            return int(int_arg(int(v), name, lo, hi))
+        except ValueError as e:
+            raise ValueError(f"{self.path}: {e}") from None
+
+    def get(self, key: str, kind: type, default: Any = ..., lo: int | float = 0, hi: int = _UINT32_MAX) -> Any:
+        """A single value of the type kind (str, bool, int within [lo, hi], float: finite, >= lo)."""
+        name, field = self._field(key, default)
         if field is None:
-            if default is ...:
-                raise ValueError(f"{self.path}: the GGUF file lacks the key {name!r}")
             return default
-        v = field.contents()
-        if isinstance(v, list):
+        t = int(field.types[0])
+        if t == _GGUF_ARRAY:
             raise ValueError(f"{self.path}: {name} is an array, expected one {kind.__name__}")
+        v = field.contents()
         if kind is str:
-            if not isinstance(v, str):
+            if t != _GGUF_STRING:
                 raise ValueError(f"{self.path}: {name} is not a string")
             return v
         if kind is bool:
+            if t != _GGUF_BOOL:
+                raise ValueError(f"{self.path}: {name} has the GGUF type {_GGUF_NAMES.get(t, t)}, expected a bool")
             return bool(v)
-        if isinstance(v, (str, bytes)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        if kind is int:
+            return self._int(name, t, v, int(lo), hi)
+        if t not in _GGUF_FLOATS and t not in _GGUF_INTS:
             raise ValueError(f"{self.path}: {name} is not a number")
-        return kind(v)
+        x = float(v)
+        if not math.isfinite(x) or x < lo:
+            raise ValueError(f"{self.path}: {name} = {x!r}, expected a finite number >= {lo}")
+        return x
 
     def per_layer(self, key: str, n_layer: int, default: Any = ...) -> tuple[int, ...]:
-        """A value given once or per layer (llama.cpp's get_key_or_arr)."""
-        name = key.format(arch=self.arch)
-        field = self._r.fields.get(name)
+        """An integer given once or per layer (llama.cpp's get_key_or_arr), each within uint32."""
+        name, field = self._field(key, default)
         if field is None:
-            if default is ...:
-                raise ValueError(f"{self.path}: the GGUF file lacks the key {name!r}")
             return cast("tuple[int, ...]", default)
+        types = [int(t) for t in field.types]
+        if types[0] != _GGUF_ARRAY:
+            return (self.get(key, int),) * n_layer
         v = field.contents()
-        if isinstance(v, list):
-            if len(v) != n_layer:
-                raise ValueError(f"{self.path}: {name} has {len(v)} entries, expected one per layer ({n_layer})")
-            return tuple(int(x) for x in v)
-        return (int(v),) * n_layer
+        if len(v) != n_layer:
+            raise ValueError(f"{self.path}: {name} has {len(v)} entries, expected one per layer ({n_layer})")
+        t = types[1] if len(types) > 1 else _GGUF_ARRAY   # (an empty array names no item type)
+        return tuple(self._int(name, t, x, 0, _UINT32_MAX) for x in v)
 
     def ints(self, key: str) -> tuple[int, ...]:
         """An array of integers, or () when the file lacks the key."""
-        field = self._r.fields.get(key.format(arch=self.arch))
+        name, field = self._field(key, None)
         if field is None:
             return ()
-        v = field.contents()
-        if not isinstance(v, list) or not all(isinstance(x, (int, np.integer)) for x in v):
-            raise ValueError(f"{self.path}: {key.format(arch=self.arch)} is not an array of integers")
-        return tuple(int(x) for x in v)
+        types = [int(t) for t in field.types]
+        if types[0] != _GGUF_ARRAY or (len(types) > 1 and types[1] not in _GGUF_INTS):
+            raise ValueError(f"{self.path}: {name} is not an array of integers")
+        return tuple(int(x) for x in field.contents())
 
     def tensor(self, name: str) -> npt.NDArray[np.float32] | None:
         for t in self._r.tensors:
@@ -289,7 +414,7 @@ def _hybrid_layers(f: _Fields, arch: str, n_layer: int, n_head_kv: tuple[int, ..
         if f.has("{arch}.attention.recurrent_layers"):
             flags = f.per_layer("{arch}.attention.recurrent_layers", n_layer)
         else:
-            interval = f.get("{arch}.full_attention_interval", int, 4)
+            interval = f.get("{arch}.full_attention_interval", int, 4, lo=1)
             flags = tuple(int((il + 1) % interval != 0) for il in range(n_layer))
         recr = tuple(il for il in range(n_layer) if flags[il])
         return recr, tuple(il for il in range(n_layer) if not flags[il])
@@ -310,19 +435,23 @@ def read_gguf(path: Any) -> ModelGeometry:
     except ImportError:  # pragma: no cover - depends on the environment
         raise ImportError("reading GGUF files needs the gguf package: pip install 'kvcache[gguf]'") from None
     path = str(path)
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except (ValueError, OSError, EOFError, IndexError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
+    # a FIFO or a device in place of the file would block the read, or never end
+    with open_regular(path) as file:
+        size = os.fstat(file.fileno()).st_size
+        if size < 24:
+            raise ValueError(f"{path}: not a GGUF file ({size} bytes)")
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            _check_gguf_layout(buf, path)
+        try:
+            # the file checked, not the path again (it may have been replaced since)
+            reader = gguf.GGUFReader(cast(Any, file), "r")
+        except (ValueError, OSError, EOFError, IndexError, KeyError) as e:
+            raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
     f = _Fields(reader, path)
     arch = f.arch
-    n_layer = f.get("{arch}.block_count", int)
+    n_layer = f.get("{arch}.block_count", int, lo=1, hi=MAX_LAYERS)
     n_embd = f.get("{arch}.embedding_length", int)
     n_ctx_train = f.get("{arch}.context_length", int)
-    if n_layer <= 0:
-        raise ValueError(f"{path}: {arch}.block_count = {n_layer}")
 
     recurrent = arch in _SSM_ARCHS or arch in _UNSUPPORTED_RECURRENT
     if arch in _UNSUPPORTED_RECURRENT:
@@ -413,14 +542,18 @@ def _sliding_window(f: _Fields, arch: str, n_layer: int
             n_swa = default_window
     pattern = f._r.fields.get(f"{arch}.attention.sliding_window_pattern")
     if pattern is not None:
-        v = pattern.contents()
-        if isinstance(v, list):
+        types = [int(t) for t in pattern.types]
+        if types[0] == _GGUF_ARRAY:
+            v = pattern.contents()
             if len(v) != n_layer:
                 raise ValueError(f"{f.path}: {arch}.attention.sliding_window_pattern has {len(v)} "
                                  f"entries, expected {n_layer}")
+            if len(types) > 1 and types[1] != _GGUF_BOOL and types[1] not in _GGUF_INTS:
+                raise ValueError(f"{f.path}: {arch}.attention.sliding_window_pattern is not an array "
+                                 f"of bools")
             layers = tuple(il for il, on in enumerate(v) if on)
             return n_swa, swa_type, layers, swa_rope
-        period = int(v)
+        period = f.get("{arch}.attention.sliding_window_pattern", int)
     layers = tuple(il for il in range(n_layer) if period == 0 or il % period < period - 1)
     if f.has("{arch}.rope.freq_base_swa"):
         swa_rope = (f.get("{arch}.rope.freq_base_swa", float), 1.0)
@@ -455,7 +588,11 @@ def _rope_params(f: _Fields, arch: str, n_rot: int, n_ctx_train: int, swa_layers
     attn_factor = f.get("{arch}.rope.scaling.attn_factor", float, 1.0)
     if arch == "deepseek2":
         # DeepSeek-V2's graph folds the YaRN magnitude into attn_factor (its K-shift too)
-        attn_factor = 1.0 / (1.0 + 0.1 * math.log(1.0 / freq_scale))
+        mscale = 1.0 + 0.1 * math.log(1.0 / freq_scale)
+        if mscale <= 0.0:
+            raise ValueError(f"{f.path}: {arch}.rope.scaling.factor = {1.0 / freq_scale!r} gives "
+                             f"DeepSeek-V2's attention factor no positive value")
+        attn_factor = 1.0 / mscale
     layer_base = layer_scale = None
     if swa_rope is not None and swa_layers:
         layer_base = {il: swa_rope[0] for il in swa_layers}
