@@ -231,7 +231,7 @@ def _check_gguf_layout(buf: Any, path: str) -> None:
 
     def string(pos: int, what: str) -> int:
         need(pos, 8, what)
-        n = u64(buf, pos)[0]
+        n = int(u64(buf, pos)[0])
         need(pos + 8, n, what)
         return pos + 8 + n
 
@@ -247,7 +247,7 @@ def _check_gguf_layout(buf: Any, path: str) -> None:
         if depth == _GGUF_MAX_NESTING:
             raise ValueError(f"{path}: {what} nests arrays more than {_GGUF_MAX_NESTING} deep")
         need(pos, 12, what)
-        it, count = u32(buf, pos)[0], u64(buf, pos + 4)[0]
+        it, count = int(u32(buf, pos)[0]), int(u64(buf, pos + 4)[0])
         pos += 12
         items = f"{what} (an array of {count} {_GGUF_NAMES.get(it, f'type {it}')})"
         size = _GGUF_SIZES.get(it)
