@@ -579,3 +579,42 @@ def test_a_bool_key_holds_a_bool(tmp_path):
                                                 **{"{arch}__rope__scaling__finetuned": ("str", "false")}))
     with pytest.raises(ValueError, match="granitehybrid.rope.scaling.finetuned has the GGUF type string, expected a bool"):
         read_gguf(p)
+
+
+def _with_vocabulary(path, n_tokens, endianess=None):
+    """A tiny llama whose tokenizer holds n_tokens tokens, scores and types (a real model's
+    metadata is mostly these), with RoPE factors, in the given byte order."""
+    kw = {} if endianess is None else {"endianess": endianess}
+    w = gguf.GGUFWriter(str(path), "llama", **kw)
+    w.add_context_length(512)
+    w.add_embedding_length(64)
+    w.add_block_count(4)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_token_list([f"token {i}".encode() for i in range(n_tokens)])
+    w.add_token_scores([float(i) for i in range(n_tokens)])
+    w.add_token_types([1] * n_tokens)
+    w.add_custom_alignment(64)
+    w.add_tensor("token_embd.weight", np.zeros((3, 64), np.float32))
+    w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, 8).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("endianess", [None, "big"])
+def test_a_vocabulary_is_stepped_over_and_tensors_found_past_it(tmp_path, endianess):
+    """The metadata is read in one walk that steps over a tokenizer's arrays (a vocabulary of
+    128K tokens took seconds to decode, item by item, and none of it is read); the RoPE factors
+    are found after them at the file's alignment, in either byte order."""
+    if endianess == "big":
+        endianess = gguf.GGUFEndian.BIG
+    small = read_gguf(_with_vocabulary(tmp_path / "s.gguf", 10, endianess))
+    big = read_gguf(_with_vocabulary(tmp_path / "b.gguf", 200_000, endianess))
+    assert (big.arch, big.n_layer, big.n_embd_k_gqa, big.n_ctx_train) == (small.arch, small.n_layer,
+                                                                           small.n_embd_k_gqa, small.n_ctx_train)
+    assert np.allclose(big.rope.freq_factors, np.linspace(1.0, 8.0, 8))
+    assert np.allclose(small.rope.freq_factors, np.linspace(1.0, 8.0, 8))
+    assert big.n_layer == 4 and big.n_embd_k_gqa == (32,) * 4

@@ -3,9 +3,9 @@ llama.cpp builds for it, with which layers, row widths, sliding window, recurren
 RoPE parameters.
 
 ``kvcache.from_gguf(path, n_ctx)`` returns the cache llama.cpp would create for that model and
-context; ``kvcache.read_gguf(path)`` returns the :class:`ModelGeometry` it is built from. Reading
-needs the ``gguf`` package (``pip install 'kvcache[gguf]'``); only the metadata and, when present,
-the RoPE frequency-factor tensors are read. ``from_transformers_config(config, n_ctx)`` and
+context; ``kvcache.read_gguf(path)`` returns the :class:`ModelGeometry` it is built from. Only the
+metadata and, when present, the RoPE frequency-factor tensors are read, by kvcache itself in one
+walk of the file's header that steps over a tokenizer's arrays (no other package is needed). ``from_transformers_config(config, n_ctx)`` and
 ``read_transformers_config(config)`` do the same for a transformers ``PretrainedConfig`` (or a
 model), with RoPE parameters that rotate keys as the model's own rotary embedding does."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Literal, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -207,10 +207,50 @@ _GGUF_MAX_NESTING = 8          # arrays of arrays (llama.cpp reads none; gguf's 
 _UINT32_MAX = 2**32 - 1        # llama.cpp's hyperparameters are uint32
 
 
-def _check_gguf_layout(buf: Any, path: str) -> None:
+# struct formats of the fixed-size GGUF value types
+_GGUF_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+# arrays longer than this are not copied out of the file: kvcache reads none (the per-layer
+# arrays of MAX_LAYERS entries are far below it; a tokenizer's vocabulary is not read at all)
+_GGUF_ARRAY_READ_MAX = 1 << 20
+# the tensors kvcache reads (RoPE frequency factors), copied while the file is open
+_GGUF_TENSORS_READ = frozenset(("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"))
+_GGUF_DEFAULT_ALIGNMENT = 32
+
+
+class _GGUFField:
+    """A metadata value as _Fields reads it: its GGUF types (an array's: the array's, then its
+    items') and contents() (a scalar, a str, or a list for an array)."""
+    __slots__ = ("types", "_value")
+
+    def __init__(self, types: list[int], value: Callable[[], Any]) -> None:
+        self.types = types
+        self._value = value
+
+    def contents(self) -> Any:
+        return self._value()
+
+
+class _GGUFTensor:
+    __slots__ = ("name", "data")
+
+    def __init__(self, name: str, data: Any) -> None:
+        self.name = name
+        self.data = data
+
+
+class _GGUFMeta:
+    """What read_gguf takes from a GGUF file: its metadata (fields) and the tensors it reads."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, _GGUFField] = {}
+        self.tensors: list[_GGUFTensor] = []
+
+
+def _read_gguf_layout(buf: Any, path: str) -> _GGUFMeta:
     """Walk the header, metadata and tensor list of a GGUF file (v2/v3, either byte order),
-    checking that every length and count fits in the bytes the file has and that no key repeats:
-    gguf's reader loops over the counts a file claims, for as long as they say."""
+    checking that every length and count fits in the bytes the file has and that no key repeats,
+    and take the metadata and the RoPE factor tensors. One pass in the cost of the metadata's
+    values, not of their items: a tokenizer's arrays are stepped over, not decoded."""
     end = len(buf)
     if end < 24 or buf[:4] != b"GGUF":
         raise ValueError(f"{path}: not a GGUF file (no GGUF header)")
@@ -222,7 +262,8 @@ def _check_gguf_layout(buf: Any, path: str) -> None:
     if version not in (2, 3):
         raise ValueError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
     u32, u64 = struct.Struct(order + "I").unpack_from, struct.Struct(order + "Q").unpack_from
-    n_tensors, n_kv = u64(buf, 8)[0], u64(buf, 16)[0]
+    n_tensors, n_kv = int(u64(buf, 8)[0]), int(u64(buf, 16)[0])
+    meta = _GGUFMeta()
 
     def need(pos: int, n: int, what: str) -> None:
         if n > end - pos:
@@ -235,13 +276,22 @@ def _check_gguf_layout(buf: Any, path: str) -> None:
         need(pos + 8, n, what)
         return pos + 8 + n
 
-    def value(pos: int, t: int, what: str, depth: int) -> int:
-        size = _GGUF_SIZES.get(t)
-        if size is not None:
+    def text(start: int, stop: int) -> str:
+        return bytes(buf[start + 8:stop]).decode("utf-8", errors="replace")
+
+    def value(pos: int, t: int, what: str, depth: int, types: list[int]) -> tuple[int, Callable[[], Any]]:
+        """The end of the value of type t at pos, and its contents (copied now: the file closes)."""
+        types.append(t)
+        fmt = _GGUF_FORMATS.get(t)
+        if fmt is not None:
+            size = _GGUF_SIZES[t]
             need(pos, size, what)
-            return pos + size
+            v = struct.unpack_from(order + fmt, buf, pos)[0]
+            return pos + size, lambda: v
         if t == _GGUF_STRING:
-            return string(pos, what)
+            stop = string(pos, what)
+            s = text(pos, stop)
+            return stop, lambda: s
         if t != _GGUF_ARRAY:
             raise ValueError(f"{path}: {what} has the unknown GGUF type {t}")
         if depth == _GGUF_MAX_NESTING:
@@ -250,30 +300,49 @@ def _check_gguf_layout(buf: Any, path: str) -> None:
         it, count = int(u32(buf, pos)[0]), int(u64(buf, pos + 4)[0])
         pos += 12
         items = f"{what} (an array of {count} {_GGUF_NAMES.get(it, f'type {it}')})"
-        size = _GGUF_SIZES.get(it)
-        if size is not None:
-            need(pos, count * size, items)
-            return pos + count * size
+        start = pos
+        item_size = _GGUF_SIZES.get(it)
+        if item_size is not None:
+            size = count * item_size
+            need(pos, size, items)
+            types.append(it)
+            pos += size
+            if size > _GGUF_ARRAY_READ_MAX:
+                return pos, _too_long(path, what, count)
+            arr = np.frombuffer(buf, np.dtype(order + _GGUF_FORMATS[it]), count, start).tolist()
+            return pos, lambda: arr
         if it not in (_GGUF_STRING, _GGUF_ARRAY):
             raise ValueError(f"{path}: {what} is an array of the unknown GGUF type {it}")
         # every item takes at least its length (8 bytes) or its type and count (12): a count
         # the file cannot hold is refused before the loop
         need(pos, count * (8 if it == _GGUF_STRING else 12), items)
         if it == _GGUF_STRING:
+            types.append(it)
             for _ in range(count):
                 if end - pos < 8:       # (past the end too: a string's length overran it)
                     break
                 pos += 8 + u64(buf, pos)[0]
             else:
                 if pos <= end:
-                    return pos
+                    if pos - start > _GGUF_ARRAY_READ_MAX:
+                        return pos, _too_long(path, what, count)
+                    strs, q = [], start
+                    for _ in range(count):
+                        stop = q + 8 + int(u64(buf, q)[0])
+                        strs.append(text(q, stop))
+                        q = stop
+                    return pos, lambda: strs
             raise ValueError(f"{path}: {items} runs past the end of the file ({end} bytes)")
+        inner: list[Callable[[], Any]] = []
+        item_types: list[int] = []
         for _ in range(count):
-            pos = value(pos, _GGUF_ARRAY, what, depth + 1)
-        return pos
+            item_types = []
+            pos, get = value(pos, _GGUF_ARRAY, what, depth + 1, item_types)
+            inner.append(get)
+        types.extend(item_types or [_GGUF_ARRAY])
+        return pos, lambda: [g() for g in inner]
 
     pos = 24
-    keys: set[str] = set()
     for i in range(n_kv):
         start = pos
         pos = string(pos, f"metadata key {i}")
@@ -281,18 +350,48 @@ def _check_gguf_layout(buf: Any, path: str) -> None:
             key = bytes(buf[start + 8:pos]).decode()
         except UnicodeDecodeError:
             raise ValueError(f"{path}: metadata key {i} is not UTF-8 text") from None
-        if key in keys:
+        if key in meta.fields:
             raise ValueError(f"{path}: the metadata key {key!r} appears twice")
-        keys.add(key)
         need(pos, 4, f"the type of {key!r}")
-        pos = value(pos + 4, u32(buf, pos)[0], f"the value of {key!r}", 0)
+        types: list[int] = []
+        pos, get = value(pos + 4, int(u32(buf, pos)[0]), f"the value of {key!r}", 0, types)
+        meta.fields[key] = _GGUFField(types, get)
+    wanted = []
     for i in range(n_tensors):
         what = f"tensor {i}'s description"
+        start = pos
         pos = string(pos, what)
         need(pos, 4, what)
-        n_dims = u32(buf, pos)[0]
+        n_dims = int(u32(buf, pos)[0])
         need(pos + 4, n_dims * 8 + 12, what)   # the dimensions, type and offset
+        name = text(start, pos)
+        if name in _GGUF_TENSORS_READ:
+            dims = struct.unpack_from(f"{order}{n_dims}Q", buf, pos + 4)
+            t_type, offset = u32(buf, pos + 4 + n_dims * 8)[0], u64(buf, pos + 8 + n_dims * 8)[0]
+            wanted.append((name, math.prod(dims), int(t_type), int(offset)))
         pos += 4 + n_dims * 8 + 12
+    align = _GGUF_DEFAULT_ALIGNMENT
+    if "general.alignment" in meta.fields:
+        align = meta.fields["general.alignment"].contents()
+        if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+            raise ValueError(f"{path}: general.alignment = {align!r}, expected a power of two")
+    data = -(-pos // align) * align
+    for name, n, t_type, offset in wanted:
+        if t_type not in (0, 1):    # ggml's f32 and f16: the only types RoPE factors come in
+            raise ValueError(f"{path}: the tensor {name!r} has the ggml type {t_type}, expected f32 or f16")
+        nbytes = n * (4 if t_type == 0 else 2)
+        need(data + offset, nbytes, f"the data of the tensor {name!r}")
+        # (a copy at once: no view of the file outlives the walk, so that it can close)
+        meta.tensors.append(_GGUFTensor(name, np.frombuffer(buf, np.dtype(order + ("f4" if t_type == 0 else "f2")),
+                                                            n, data + offset).astype(np.float32)))
+    return meta
+
+
+def _too_long(path: str, what: str, count: int) -> Callable[[], Any]:
+    """contents() of an array too long to take from the file (kvcache reads none such)."""
+    def refuse() -> Any:
+        raise ValueError(f"{path}: {what} is an array of {count} items, longer than any kvcache reads")
+    return refuse
 
 
 class _Fields:
@@ -430,10 +529,6 @@ def _hybrid_layers(f: _Fields, arch: str, n_layer: int, n_head_kv: tuple[int, ..
 def read_gguf(path: Any) -> ModelGeometry:
     """The cache geometry of the model in a GGUF file (ValueError when it is not a GGUF file or
     lacks a key the geometry needs)."""
-    try:
-        import gguf
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("reading GGUF files needs the gguf package: pip install 'kvcache[gguf]'") from None
     path = str(path)
     # a FIFO or a device in place of the file would block the read, or never end
     with open_regular(path) as file:
@@ -441,13 +536,8 @@ def read_gguf(path: Any) -> ModelGeometry:
         if size < 24:
             raise ValueError(f"{path}: not a GGUF file ({size} bytes)")
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            _check_gguf_layout(buf, path)
-        try:
-            # the file checked, not the path again (it may have been replaced since)
-            reader = gguf.GGUFReader(cast(Any, file), "r")
-        except (ValueError, OSError, EOFError, IndexError, KeyError) as e:
-            raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
-    f = _Fields(reader, path)
+            meta = _read_gguf_layout(buf, path)
+    f = _Fields(meta, path)
     arch = f.arch
     n_layer = f.get("{arch}.block_count", int, lo=1, hi=MAX_LAYERS)
     n_embd = f.get("{arch}.embedding_length", int)
