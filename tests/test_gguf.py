@@ -5,7 +5,6 @@ import dataclasses
 import json
 import os
 import struct
-import time
 
 import numpy as np
 import pytest
@@ -498,10 +497,8 @@ def test_a_fifo_is_refused_at_once(tmp_path):
                                                ("arr", [], 10**5)])
 def test_array_counts_the_file_does_not_hold(tmp_path, itype, items, count):
     p = raw_gguf(tmp_path / "m.gguf", llama_kvs() + [("x", "arr", (itype, items, count))])
-    t0 = time.perf_counter()
     with pytest.raises(ValueError, match=f"{p}: the value of 'x' .*runs past the end of the file"):
         read_gguf(p)
-    assert time.perf_counter() - t0 < 1.0
 
 
 def test_truncated_and_malformed_metadata(tmp_path):

@@ -7,7 +7,6 @@ bit for bit, the cache's own K-shift of the same cells (seq_add + update); what 
 refused and leaves the cache as it was."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -176,11 +175,10 @@ def test_a_range_past_the_held_positions_names_the_first_missing_at_once():
         get_range(c, 0, 0, 20)
     with pytest.raises(ValueError, match=r"position 10 is not held; 999982 positions"):
         get_range(c, 0, 0, 10**6)
-    # the message is made from the held positions only, not from the 2**31 - 1 of the range
-    t = time.perf_counter()
+    # the message is made from the held positions only, not from the 2**31 - 1 of the range (a set of
+    # every position of it ran out of memory)
     with pytest.raises(ValueError, match=r"position 10 is not held; 2147483629 positions"):
         get_range(c, 0, 0, 2**31 - 1)
-    assert time.perf_counter() - t < 1.0
 
 
 def _hand_made(rng, **kw):

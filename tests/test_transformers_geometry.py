@@ -3,7 +3,6 @@ RoPE K-shift of ``rope_from_transformers`` against the model's own rotary embedd
 the model rotated at position p, shifted by kvcache by d, equals the key the model rotates at
 p + d — for every supported rope_type, partial rotary, and Gemma 3's per-layer-type RoPE."""
 import math
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -218,13 +217,11 @@ _NESTED = {"full_attention": {"rope_type": "default"}, "sliding_attention": "lin
 ])
 def test_a_malformed_config_is_refused_at_once(kw, exc, match):
     cfg = _plain_config(**kw)
-    t = time.perf_counter()
     with pytest.raises(exc, match=match):
         from_transformers_config(cfg, 64)
     if kw.get("model_type") != "jamba":
         with pytest.raises(exc, match=match):
             read_transformers_config(cfg)
-    assert time.perf_counter() - t < 1.0
 
 
 def test_a_malformed_chunk_size_is_refused():

@@ -203,7 +203,7 @@ _GGUF_NAMES = {0: "u8", 1: "i8", 2: "u16", 3: "i16", 4: "u32", 5: "i32", 6: "f32
 _GGUF_INTS = frozenset((0, 1, 2, 3, 4, 5, 10, 11))
 _GGUF_FLOATS = frozenset((6, 12))
 _GGUF_BOOL, _GGUF_STRING, _GGUF_ARRAY = 7, 8, 9
-_GGUF_MAX_NESTING = 8          # arrays of arrays (llama.cpp reads none; gguf's reader recurses)
+_GGUF_MAX_NESTING = 8          # arrays of arrays (llama.cpp reads none; the walk recurses)
 _UINT32_MAX = 2**32 - 1        # llama.cpp's hyperparameters are uint32
 
 
@@ -230,20 +230,12 @@ class _GGUFField:
         return self._value()
 
 
-class _GGUFTensor:
-    __slots__ = ("name", "data")
-
-    def __init__(self, name: str, data: Any) -> None:
-        self.name = name
-        self.data = data
-
-
 class _GGUFMeta:
     """What read_gguf takes from a GGUF file: its metadata (fields) and the tensors it reads."""
 
     def __init__(self) -> None:
         self.fields: dict[str, _GGUFField] = {}
-        self.tensors: list[_GGUFTensor] = []
+        self.tensors: dict[str, npt.NDArray[np.float32]] = {}    # those kvcache reads, as float32
 
 
 def _read_gguf_layout(buf: Any, path: str) -> _GGUFMeta:
@@ -382,8 +374,8 @@ def _read_gguf_layout(buf: Any, path: str) -> _GGUFMeta:
         nbytes = n * (4 if t_type == 0 else 2)
         need(data + offset, nbytes, f"the data of the tensor {name!r}")
         # (a copy at once: no view of the file outlives the walk, so that it can close)
-        meta.tensors.append(_GGUFTensor(name, np.frombuffer(buf, np.dtype(order + ("f4" if t_type == 0 else "f2")),
-                                                            n, data + offset).astype(np.float32)))
+        meta.tensors[name] = np.frombuffer(buf, np.dtype(order + ("f4" if t_type == 0 else "f2")), n,
+                                           data + offset).astype(np.float32)
     return meta
 
 
@@ -399,7 +391,7 @@ class _Fields:
     typing: an integer key holds an integer, a bool key a bool (llama.cpp refuses a key of
     another GGUF type)."""
 
-    def __init__(self, reader: Any, path: str):
+    def __init__(self, reader: _GGUFMeta, path: str):
         self._r = reader
         self.path = path
         self.arch = self.get("general.architecture", str)
@@ -473,10 +465,8 @@ class _Fields:
         return tuple(int(x) for x in field.contents())
 
     def tensor(self, name: str) -> npt.NDArray[np.float32] | None:
-        for t in self._r.tensors:
-            if t.name == name:
-                return np.asarray(t.data, dtype=np.float32).reshape(-1)
-        return None
+        t: npt.NDArray[np.float32] | None = self._r.tensors.get(name)
+        return t
 
 
 def _hybrid_cache(g: ModelGeometry, n_ctx: int, n_seq_max: int, type_k: Any, type_v: Any, flash_attn: bool,

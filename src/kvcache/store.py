@@ -60,6 +60,12 @@ def _check_chunk_tokens(n: Any) -> None:
         raise ValueError(f"chunk_tokens must be an int in [1, {1 << 24}), not {n!r}")
 
 
+def _check_bytes(name: str, v: Any) -> None:
+    """A size in bytes (a cap): an int >= 0."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ValueError(f"{name} must be an int >= 0, not {v!r}")
+
+
 if TYPE_CHECKING:
     from kvcache._core import RopeParams
     from kvcache.unified import UnifiedCache
@@ -95,9 +101,8 @@ class PrefixStore:
             _check_chunk_tokens(chunk_tokens)
             geometry = StoreGeometry.of(geometry, chunk_tokens)
         _check_chunk_tokens(geometry.chunk_tokens)
-        for name, v in (("host_bytes", host_bytes), ("disk_bytes", disk_bytes)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} must be an int >= 0, not {v!r}")
+        _check_bytes("host_bytes", host_bytes)
+        _check_bytes("disk_bytes", disk_bytes)
         if not isinstance(promote, bool):
             raise TypeError(f"promote must be a bool, not {type(promote).__name__}")
         if path is not None and not os.fspath(path):
@@ -308,8 +313,7 @@ class PrefixStore:
     def gc(self, max_bytes: int) -> int:
         """Remove the least recently used chunk files (and leftover temporary files older than an
         hour) until the directory holds at most max_bytes of chunks. Returns the files removed."""
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
-            raise ValueError(f"max_bytes must be an int >= 0, not {max_bytes!r}")
+        _check_bytes("max_bytes", max_bytes)
         if self.path is None:
             return 0
         before = self.stats["disk_evicted"]

@@ -43,7 +43,7 @@ from kvcache import statefile
 from kvcache._atomic import open_regular
 from kvcache._store_format import _salt_bytes, _tokens_array
 from kvcache.geometry import read_gguf
-from kvcache.store import PrefixStore
+from kvcache.store import PrefixStore, _check_bytes
 from kvcache.unified import UnifiedCache
 
 __all__ = ["LlamaPromptCache", "layout_of_installed", "model_fingerprint"]
@@ -102,12 +102,6 @@ def _keeps_all_logits(llama: Any) -> bool:
     return bool(v)
 
 
-def _byte_count(name: str, v: Any) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ValueError(f"{name} must be an int >= 0, not {v!r}")
-    return v
-
-
 class LlamaPromptCache(BaseLlamaCache):
     """A prompt cache for ``llama.set_cache()`` that keeps prefixes as chunks of a PrefixStore.
 
@@ -131,8 +125,8 @@ class LlamaPromptCache(BaseLlamaCache):
     def __init__(self, llama: Any, path: str | os.PathLike[str] | None = None, *, capacity_bytes: int = 2 << 30,
                  disk_bytes: int = 8 << 30, chunk_tokens: int = 64, salt: str | bytes | None = None,
                  allow_logits_all: bool = False) -> None:
-        _byte_count("capacity_bytes", capacity_bytes)
-        _byte_count("disk_bytes", disk_bytes)
+        _check_bytes("capacity_bytes", capacity_bytes)
+        _check_bytes("disk_bytes", disk_bytes)
         user_salt = _salt_bytes(salt)
         if not isinstance(allow_logits_all, bool):
             raise TypeError(f"allow_logits_all must be a bool, not {type(allow_logits_all).__name__}")
