@@ -352,6 +352,77 @@ def test_lock_order_of_several_caches_cannot_deadlock():
         check_unified_invariants(c)
 
 
+_REUSE_OFF_WHILE_WAITING = """
+import sys, threading, time
+import kvcache
+from kvcache import _core
+
+kind, call = sys.argv[1], sys.argv[2]
+if kind == "unified":
+    c = kvcache.UnifiedCache(64, 1, 8, 8, semantics="2026")
+    parts = (c,)
+elif kind == "recurrent":
+    c = kvcache.RecurrentCache(2, 1, 8, 8, semantics="2026")
+    parts = (c,)
+else:
+    c = kvcache.HybridCache(64, 2, [0], 8, 8, 8, 4)
+    parts = (c.attn, c.recr)
+c.enable_prefix_reuse()
+calls = {
+    "prefix_evict": lambda: c.prefix_evict(1),
+    "prefix_match": lambda: c.prefix_match([1, 2, 3]),
+    "prefix_attach": lambda: c.prefix_attach(0, [1, 2, 3]),
+    "prefix_release": lambda: c.prefix_release(0, [1, 2, 3]),
+    "prefix_pin": lambda: c.prefix_pin([1, 2, 3]),
+    "prefix_unpin": lambda: c.prefix_unpin(1),
+    "checkpoint": lambda: c.checkpoint(0, [1, 2, 3]),
+    "write_back": lambda: c._spill_set(lambda cache, records: None),
+}
+got = []
+
+def body():
+    try:
+        got.append(repr(calls[call]()))
+    except Exception as e:
+        got.append(f"{type(e).__name__}: {e}")
+
+hold = c._hold if kind == "hybrid" else _core._Hold(c)
+with hold:
+    t = threading.Thread(target=body)
+    t.start()
+    end = time.monotonic() + 60
+    while sum(_core._lock_state(p)["waiting"] for p in parts) < 1:
+        assert time.monotonic() < end, "the call did not wait for the lock"
+        time.sleep(0.001)
+    c.disable_prefix_reuse()       # while the call waits for the lock
+t.join(60)
+print(got[0])
+"""
+
+
+@pytest.mark.parametrize("kind,call", [
+    ("unified", "prefix_evict"), ("unified", "prefix_attach"), ("unified", "prefix_release"),
+    ("unified", "prefix_pin"), ("unified", "prefix_unpin"), ("unified", "write_back"),
+    ("recurrent", "prefix_evict"), ("recurrent", "prefix_attach"), ("recurrent", "prefix_release"),
+    ("recurrent", "prefix_pin"), ("recurrent", "prefix_unpin"), ("recurrent", "checkpoint"),
+    ("recurrent", "write_back"), ("recurrent", "prefix_match"),
+    ("hybrid", "prefix_match"), ("hybrid", "prefix_attach"), ("hybrid", "prefix_release"),
+])
+def test_prefix_call_waiting_while_another_thread_turns_reuse_off(kind, call):
+    """A prefix-reuse call that waits for the lock while the holder turns reuse off finds it off
+    (RuntimeError; prefix_match: no hit): it never uses the index or checkpoint pool the holder
+    freed meanwhile (that crashed the interpreter). In a subprocess, so that a crash fails the
+    test instead of the suite."""
+    r = subprocess.run([sys.executable, "-c", _REUSE_OFF_WHILE_WAITING, kind, call], env=kvcache_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    out = r.stdout.strip()
+    if call == "prefix_match":
+        assert out == "0"
+    else:
+        assert out.startswith("RuntimeError") and "prefix reuse is off" in out, out
+
+
 def test_batch_splits_from_several_threads_hand_out_each_token_once():
     n = 20000
     batch = kvcache.Batch(list(range(n)), [0] * n)

@@ -450,11 +450,13 @@ cdef class _Hybrid:
         cdef uint32_t r = 0
         if not self.prefix_reuse:
             return 0
-        cdef kvc_ckpt_pool *pool = self._pool("prefix_match")
+        cdef kvc_ckpt_pool *pool
         self._lock_parts(CHANGE, "prefix_match")
         try:
-            with nogil:
-                r = kvc_hybrid_prefix_match(&self.c, pool, q.salt, q.tokens, q.n)
+            if self.prefix_reuse:   # again under the locks: another thread may have dropped the pool
+                pool = self._pool("prefix_match")
+                with nogil:
+                    r = kvc_hybrid_prefix_match(&self.c, pool, q.salt, q.tokens, q.n)
         finally:
             self._unlock_parts(CHANGE)
         return int(r)
@@ -467,12 +469,13 @@ cdef class _Hybrid:
         cdef prefix_req q
         t = prefix_args(&q, seq_id, self._n_seq_max, tokens, salt)
         cdef uint32_t k = 0
-        cdef kvc_ckpt_pool *pool = self._pool("prefix_attach")
+        cdef kvc_ckpt_pool *pool
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         self._lock_parts(CHANGE, "prefix_attach")
         try:
+            pool = self._pool("prefix_attach")   # under the locks: another thread may drop the pool
             with nogil:
                 r = kvc_hybrid_prefix_attach(&self.c, pool, q.seq_id, q.salt, q.tokens, q.n, &k, &err)
         finally:
@@ -491,12 +494,13 @@ cdef class _Hybrid:
         t = prefix_args(&q, seq_id, self._n_seq_max, tokens, salt, True)
         cdef uint32_t hit = 0
         cdef kvc_retained res
-        cdef kvc_ckpt_pool *pool = self._pool("prefix_release")
+        cdef kvc_ckpt_pool *pool
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         self._lock_parts(CHANGE, "prefix_release")
         try:
+            pool = self._pool("prefix_release")   # under the locks: another thread may drop the pool
             with nogil:
                 r = kvc_hybrid_prefix_release(&self.c, pool, q.seq_id, q.salt, q.tokens, q.n, &hit, &res, &err)
         finally:

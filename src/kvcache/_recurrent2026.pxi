@@ -172,12 +172,13 @@ cdef class _Recurrent2026(_Recurrent):
         cdef prefix_req q
         t = prefix_args(&q, seq_id, self.c.n_seq_max, tokens, salt)
         cdef uint32_t k = 0
-        cdef kvc_ckpt_pool *pool = self._pool("checkpoint")
+        cdef kvc_ckpt_pool *pool
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         lock(&self._lock, CHANGE, "checkpoint")
         try:
+            pool = self._pool("checkpoint")
             with nogil:
                 r = kvc_ckpt_save(pool, &self.c, q.seq_id, q.salt, q.tokens, q.n, NULL, &k, &err)
         finally:
@@ -211,12 +212,13 @@ cdef class _Recurrent2026(_Recurrent):
         cdef prefix_req q
         t = prefix_args(&q, seq_id, self.c.n_seq_max, tokens, salt)
         cdef uint32_t k = 0
-        cdef kvc_ckpt_pool *pool = self._pool("prefix_attach")
+        cdef kvc_ckpt_pool *pool
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         lock(&self._lock, CHANGE, "prefix_attach")
         try:
+            pool = self._pool("prefix_attach")
             with nogil:
                 r = kvc_ckpt_attach(pool, &self.c, q.seq_id, q.salt, q.tokens, q.n, &k, &err)
         finally:
@@ -232,12 +234,13 @@ cdef class _Recurrent2026(_Recurrent):
         cdef prefix_req q
         t = prefix_args(&q, seq_id, self.c.n_seq_max, tokens, salt)
         cdef uint32_t k = 0
-        cdef kvc_ckpt_pool *pool = self._pool("prefix_release")
+        cdef kvc_ckpt_pool *pool
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         lock(&self._lock, CHANGE, "prefix_release")
         try:
+            pool = self._pool("prefix_release")
             with nogil:
                 r = kvc_ckpt_release(pool, &self.c, q.seq_id, q.salt, q.tokens, q.n, &k, &err)
         finally:
@@ -251,13 +254,14 @@ cdef class _Recurrent2026(_Recurrent):
         :meth:`prefix_unpin`; returns the pin (an opaque int). Pins count."""
         cdef prefix_req q
         t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
-        cdef kvc_ckpt_pool *pool = self._pool("prefix_pin")
+        cdef kvc_ckpt_pool *pool
         cdef kvc_ckpt_handle h
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         lock(&self._lock, CHANGE, "prefix_pin")
         try:
+            pool = self._pool("prefix_pin")
             r = kvc_ckpt_pin(pool, q.salt, q.tokens, q.n, &h, &err)
         finally:
             unlock(&self._lock, CHANGE)
@@ -268,12 +272,13 @@ cdef class _Recurrent2026(_Recurrent):
         """Let go of a pin :meth:`prefix_pin` returned (ValueError for anything else)."""
         cdef kvc_ckpt_handle h
         pin_arg(pin, &h.slot, &h.gen)
-        cdef kvc_ckpt_pool *pool = self._pool("prefix_unpin")
+        cdef kvc_ckpt_pool *pool
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         lock(&self._lock, CHANGE, "prefix_unpin")
         try:
+            pool = self._pool("prefix_unpin")
             r = kvc_ckpt_unpin(pool, h, &err)
         finally:
             unlock(&self._lock, CHANGE)
@@ -299,9 +304,10 @@ cdef class _Recurrent2026(_Recurrent):
         """Drop up to ``n_checkpoints`` unpinned checkpoints now, least recently used first;
         returns how many went."""
         cdef uint32_t n = <uint32_t>int_c(n_checkpoints, "n_checkpoints", 0, UINT32_MAX), r
-        cdef kvc_ckpt_pool *pool = self._pool("prefix_evict")
+        cdef kvc_ckpt_pool *pool
         lock(&self._lock, CHANGE, "prefix_evict")
         try:
+            pool = self._pool("prefix_evict")
             r = kvc_ckpt_evict(pool, n)
         finally:
             unlock(&self._lock, CHANGE)
@@ -318,13 +324,14 @@ cdef class _Recurrent2026(_Recurrent):
         exceptions it raises ignored; sink None: off. A new pool (enable_prefix_reuse) or
         disable_prefix_reuse turns it off."""
         cdef uint32_t m = <uint32_t>int_c(chunk_tokens, "chunk_tokens", 1, UINT32_MAX)
-        cdef kvc_ckpt_pool *pool = self._pool("write_back")
+        cdef kvc_ckpt_pool *pool
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
         sink = spill_sink_arg(sink)
         lock(&self._lock, CHANGE, "write_back")
         try:
+            pool = self._pool("write_back")
             r = kvc_ckpt_spill_set(pool, sink is not None, m, &err)
         finally:
             unlock(&self._lock, CHANGE)
@@ -334,19 +341,25 @@ cdef class _Recurrent2026(_Recurrent):
     cdef int _spill_drain(self) except -1:
         # the checkpoints the operation just evicted to the sink, if one is set (after every
         # operation that evicts); the records are built apart (no memoryview set up without a sink)
-        cdef kvc_ckpt_pool *pool = self._ckpt
-        if self._spill_sink is None or pool == NULL or pool.spill == NULL or pool.spill.n == 0:
+        if self._spill_sink is None:
             return 0
-        return self._spill_deliver(pool)
+        return self._spill_deliver()
 
-    cdef int _spill_deliver(self, kvc_ckpt_pool *pool) except -1:
-        cdef kvc_ckpt_spill *sp = pool.spill
+    cdef int _spill_deliver(self) except -1:
+        # the pool is read under the lock: another thread may have dropped it since the operation
+        cdef kvc_ckpt_pool *pool
+        cdef kvc_ckpt_spill *sp
         cdef uint32_t k, j, n
         cdef int32_t[::1] tv
         cdef uint8_t *p
         out = []
         lock(&self._lock, READ, "write_back")
         try:
+            pool = self._ckpt
+            if pool == NULL or pool.spill == NULL or pool.spill.n == 0:
+                return 0
+            sp = pool.spill
+            sink = self._spill_sink
             for k in range(sp.n):
                 n = sp.n_tok[k]
                 toks = np.empty(n, dtype=np.int32)
@@ -359,12 +372,16 @@ cdef class _Recurrent2026(_Recurrent):
             kvc_ckpt_spill_clear(pool)
         finally:
             unlock(&self._lock, READ)
-        return spill_deliver(self._spill_sink, self, out)
+        return spill_deliver(sink, self, out)
 
     @property
     def _spill_lost(self):
         """Evicted checkpoints write-back at eviction could not record (no memory, a full list)."""
-        return 0 if self._ckpt == NULL or self._ckpt.spill == NULL else int(self._ckpt.spill.n_lost)
+        lock(&self._lock, READ, "_spill_lost")
+        try:
+            return 0 if self._ckpt == NULL or self._ckpt.spill == NULL else int(self._ckpt.spill.n_lost)
+        finally:
+            unlock(&self._lock, READ)
 
     # --- the prefix store's access to checkpoints (kvcache.store) -------------------------------
     def _store_checkpoint(self, tokens, salt=None):

@@ -453,6 +453,7 @@ cdef class _Unified2026(_Unified):
 
     # --- prefix reuse (docs/prefix-reuse.md; csrc/kvc_reuse.h, kvc_retain.h) -------------------
     cdef kvc_reuse *_reuse(self, str what) except NULL:
+        # under the cache's lock: another thread's disable_prefix_reuse frees the index
         if self.c.reuse == NULL:
             raise reuse_off(what)
         return <kvc_reuse *>self.c.reuse
@@ -549,9 +550,9 @@ cdef class _Unified2026(_Unified):
         cdef int r
         err.msg[0] = 0
         cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
-        self._reuse("prefix_attach")
         lock(&self._lock, CHANGE, "prefix_attach")
         try:
+            self._reuse("prefix_attach")
             with nogil:
                 r = kvc_retain_attach_xy(&self.c, q.seq_id, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &k, &err)
         finally:
@@ -591,9 +592,9 @@ cdef class _Unified2026(_Unified):
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        self._reuse(what)
         lock(&self._lock, CHANGE, what)
         try:
+            self._reuse(what)
             with nogil:
                 if end:
                     r = kvc_retain_release(&self.c, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
@@ -617,9 +618,9 @@ cdef class _Unified2026(_Unified):
         cdef int r
         err.msg[0] = 0
         cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(&self.c))
-        self._reuse("prefix_pin")
         lock(&self._lock, CHANGE, "prefix_pin")
         try:
+            self._reuse("prefix_pin")
             r = kvc_retain_pin_xy(&self.c, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &h, &err)
         finally:
             unlock(&self._lock, CHANGE)
@@ -633,9 +634,9 @@ cdef class _Unified2026(_Unified):
         cdef int r
         err.msg[0] = 0
         pin_arg(pin, &h.node, &h.gen)
-        self._reuse("prefix_unpin")
         lock(&self._lock, CHANGE, "prefix_unpin")
         try:
+            self._reuse("prefix_unpin")
             r = kvc_retain_unpin(&self.c, h, &err)
         finally:
             unlock(&self._lock, CHANGE)
@@ -662,9 +663,9 @@ cdef class _Unified2026(_Unified):
         """Evict up to ``n_cells`` cells from the index now (least recently used prefixes no
         live sequence or pin protects, leaves first); returns how many went."""
         cdef uint32_t n = <uint32_t>int_c(n_cells, "n_cells", 0, UINT32_MAX), r
-        self._reuse("prefix_evict")
         lock(&self._lock, CHANGE, "prefix_evict")
         try:
+            self._reuse("prefix_evict")
             r = kvc_reuse_evict(&self.c, n)
         finally:
             unlock(&self._lock, CHANGE)
@@ -688,10 +689,9 @@ cdef class _Unified2026(_Unified):
         cdef int r
         err.msg[0] = 0
         sink = spill_sink_arg(sink)
-        self._reuse("write_back")
         lock(&self._lock, CHANGE, "write_back")
         try:
-            r = kvc_prefix_spill_set(&(<kvc_reuse *>self.c.reuse).idx, sink is not None, m, &err)
+            r = kvc_prefix_spill_set(&self._reuse("write_back").idx, sink is not None, m, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "write_back")
@@ -701,13 +701,14 @@ cdef class _Unified2026(_Unified):
         # the prompts the operation just evicted to the sink, if one is set (after every operation
         # that places or evicts); the records are built apart, so that the common call (no sink)
         # sets up none of their memoryviews
-        cdef kvc_reuse *ru = <kvc_reuse *>self.c.reuse
-        if self._spill_sink is None or ru == NULL or ru.idx.spill == NULL or ru.idx.spill.n == 0:
+        if self._spill_sink is None:
             return 0
-        return self._spill_deliver(ru)
+        return self._spill_deliver()
 
-    cdef int _spill_deliver(self, kvc_reuse *ru) except -1:
-        cdef kvc_prefix_spill *sp = ru.idx.spill
+    cdef int _spill_deliver(self) except -1:
+        # the index is read under the lock: another thread may have dropped it since the operation
+        cdef kvc_reuse *ru
+        cdef kvc_prefix_spill *sp
         cdef uint32_t k, a, b, j
         cdef int32_t[::1] tv
         cdef int32_t[::1] cv
@@ -717,6 +718,11 @@ cdef class _Unified2026(_Unified):
         out = []
         lock(&self._lock, READ, "write_back")
         try:
+            ru = <kvc_reuse *>self.c.reuse
+            if ru == NULL or ru.idx.spill == NULL or ru.idx.spill.n == 0:
+                return 0
+            sp = ru.idx.spill
+            sink = self._spill_sink
             for k in range(sp.n):
                 a, b = sp.start[k], sp.start[k + 1]
                 if ru.pos != NULL:
@@ -751,13 +757,18 @@ cdef class _Unified2026(_Unified):
             kvc_prefix_spill_clear(&ru.idx)
         finally:
             unlock(&self._lock, READ)
-        return spill_deliver(self._spill_sink, self, out)
+        return spill_deliver(sink, self, out)
 
     @property
     def _spill_lost(self):
         """Evicted prompts write-back at eviction could not record (no memory)."""
-        cdef kvc_reuse *ru = <kvc_reuse *>self.c.reuse
-        return 0 if ru == NULL or ru.idx.spill == NULL else int(ru.idx.spill.n_lost)
+        cdef kvc_reuse *ru
+        lock(&self._lock, READ, "_spill_lost")
+        try:
+            ru = <kvc_reuse *>self.c.reuse
+            return 0 if ru == NULL or ru.idx.spill == NULL else int(ru.idx.spill.n_lost)
+        finally:
+            unlock(&self._lock, READ)
 
     def _prefix_check(self):
         """Raise RuntimeError unless the prefix index and the cells agree (for tests)."""
