@@ -201,6 +201,97 @@ def test_objects_that_only_claim_memory_are_not_arrays():
         kvcache.UBatch(Claims(), [0])
 
 
+# --- an iSWA cache's arguments, read once before both caches are held ------------------------------
+
+class _Reads(np.int64):
+    """An integer whose every read (__index__) calls on_read(k), k counting the reads, and gives
+    what it returns."""
+
+    def __new__(cls, on_read):
+        self = super().__new__(cls, 0)
+        self.on_read, self.reads = on_read, 0
+        return self
+
+    def __index__(self):
+        self.reads += 1
+        return self.on_read(self.reads)
+
+
+class _FloatReads(float):
+    def __new__(cls, on_read):
+        self = super().__new__(cls, 0.0)
+        self.on_read, self.reads = on_read, 0
+        return self
+
+    def __float__(self):
+        self.reads += 1
+        return self.on_read(self.reads)
+
+
+def test_iswa_n_threads_is_read_once_for_both_caches():
+    c = kvcache.ISWACache(256, 2, 8, 8, swa_layers=[1], n_swa=8)
+    c.n_threads = _Reads(lambda k: 2 if k == 1 else 100)     # 100 is refused
+    assert (c.base.n_threads, c.swa.n_threads) == (2, 2)
+
+
+def test_iswa_defrag_sched_is_read_once_for_both_caches():
+    c = kvcache.ISWACache(4096, 2, 8, 8, swa_layers=[1], n_swa=8, swa_full=True)
+    assert c.find_slot(kvcache.UBatch(list(range(3000)), [0] * 3000))
+    c.commit()
+    c.seq_rm(0, 0, 2000)               # fragmentation 0.73 in both caches
+    c.defrag_sched(_FloatReads(lambda k: 0.1 if k == 1 else 0.9))
+    assert c.base.do_defrag and c.swa.do_defrag
+
+
+def test_iswa_update_refuses_a_shift_an_argument_made():
+    """An iSWA cache whose SWA cache is smaller cannot shift: update() refuses a pending shift,
+    also one that the code of its own n_max_nodes argument made."""
+    c = kvcache.ISWACache(1024, 2, 8, 8, swa_layers=[1], n_swa=8, n_batch=32)
+    assert not c.can_shift
+    assert c.find_slot(kvcache.UBatch(list(range(20)), [0] * 20))
+    c.commit()
+
+    def shift(k):
+        c.seq_add(0, 0, 100, 3)
+        return 100
+    with pytest.raises(RuntimeError, match="cannot shift"):
+        c.update(None, _Reads(shift))
+    assert c.base.has_shift and c.swa.has_shift        # nothing was shifted
+
+
+class _DLPackOut:
+    """An out buffer known by its __dlpack__ only, whose export calls meddle() (its error kept)."""
+
+    def __init__(self, a, meddle):
+        self.a, self.meddle, self.errors = a, meddle, []
+
+    def __dlpack_device__(self):
+        try:
+            self.meddle()
+        except RuntimeError as e:
+            self.errors.append(e)
+        return (1, 0)
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+
+@pytest.mark.parametrize("semantics", ["2025", "2026"])
+def test_iswa_slot_indices_into_buffers_that_change_the_cache(semantics):
+    c = kvcache.ISWACache(256, 2, 8, 8, swa_layers=[1], n_swa=8, n_seq_max=2, semantics=semantics)
+    assert c.find_slot(kvcache.UBatch(list(range(6)), [0, 1] * 3))
+    want = c.slot_indices()
+    before = snapshot(c.base), snapshot(c.swa)
+    outs = [_DLPackOut(np.full(6, -1, np.int32), lambda: c.seq_rm(-1)) for _ in range(2)]
+    got = c.slot_indices(tuple(outs))
+    # the change from inside the call is refused: the indices are those of one moment
+    assert [len(o.errors) for o in outs] == [1, 1]
+    assert all("middle of" in str(o.errors[0]) for o in outs)
+    assert (snapshot(c.base), snapshot(c.swa)) == before
+    for g, w, o in zip(got, want, outs):
+        assert g is o and np.array_equal(o.a, w)
+
+
 # --- state_write_into while the file changes the cache ----------------------------------------------
 
 class _MeddlingFile(io.RawIOBase):

@@ -313,6 +313,7 @@ cdef class _ISWA:
 
     @n_threads.setter
     def n_threads(self, value):
+        value = int_c(value, "n_threads", 0, UINT32_MAX)   # read once, before the locks: both get it
         with self._hold:
             self._base.n_threads = value
             self._swa.n_threads = value
@@ -418,7 +419,7 @@ cdef class _ISWA:
         swa.slot_indices())`` (see UnifiedCache.slot_indices); ``out``: None or a pair of
         buffers to fill."""
         out_base, out_swa = _out_pair(out)
-        with self._hold:
+        with self._op:      # the buffers' own code may run: a change from it is refused
             return self._base.slot_indices(out_base), self._swa.slot_indices(out_swa)
 
     def clear(self):

@@ -101,6 +101,7 @@ cdef class _ISWA2025(_ISWA):
         """Schedule a defrag in each cache whose fragmentation exceeds thold."""
         if not isinstance(thold, (int, float, np.integer, np.floating)) or _is_bool(thold):
             raise TypeError(f"thold must be a number, not {type(thold).__name__}")
+        thold = float(thold)     # read once, before the locks: both caches get the same
         with self._hold:
             self._base.defrag_sched(thold)
             self._swa.defrag_sched(thold)
@@ -112,6 +113,9 @@ cdef class _ISWA2025(_ISWA):
         this raises RuntimeError and changes nothing. Returns the two caches' UpdatePlans; its
         truth is what llama.cpp's iSWA update returns, the AND of the two. Arguments, rotations
         and their memory are checked for both caches before either changes."""
+        # read once, before the locks: no code of the argument runs between the check below and
+        # the update
+        n_max_nodes = int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)
         with self._hold:
             if kvc_iswa_shift_refused(&self.c):
                 raise RuntimeError(f"update: a K-shift is pending but this cache cannot shift (SWA cache of "
