@@ -99,6 +99,45 @@ def test_store_rows_whose_views_call_find_slot():
     assert out.split()[0] in ("ok", "refused")
 
 
+@pytest.mark.parametrize("semantics", ["2025", "2026"])
+@pytest.mark.parametrize("call", ["seq_cells", "slot_indices", "slot_indices_out", "slot_info"])
+def test_reads_whose_allocations_run_a_finalizer_that_places(call, semantics):
+    """A read sizes its result from the cache, then allocates it: the garbage collector may run
+    there, and with it Python code (a finalizer, a gc callback) that places a ubatch. That
+    placement is refused; the result is the cells as they were (it used to be written past the
+    array it was sized for)."""
+    out = run_isolated(f"""
+        import gc
+        from kvcache import _core
+        cache = UnifiedCache(4096, 1, 8, 8, n_seq_max=2, semantics={semantics!r})
+        assert cache.find_slot(UBatch([0, 1, 2, 3], [0] * 4))
+        big = UBatch(list(range(4, 4000)), [0] * 3996)
+        seen = []
+
+        def meddle(phase, info):
+            # once, at a collection in the middle of the read
+            if phase == "start" and not seen and _core._lock_state(cache)["mine"]:
+                try:
+                    cache.find_slot(big)
+                    seen.append("placed")
+                except RuntimeError as e:
+                    seen.append(str(e))
+        calls = {{"seq_cells": lambda: cache.seq_cells(0)[0], "slot_indices": cache.slot_indices,
+                 "slot_indices_out": lambda: cache.slot_indices(np.zeros(8, np.int64))[:4],
+                 "slot_info": lambda: cache.slot_info()[0][1]}}
+        gc.callbacks.append(meddle)
+        gc.set_threshold(1)
+        got = calls[{call!r}]()
+        gc.set_threshold(700)
+        gc.callbacks.remove(meddle)
+        print(len(seen), repr(seen[0][:60]) if seen else "")
+        assert list(got) == [0, 1, 2, 3], got
+        assert cache.seq_pos_max(0) == 3
+    """)
+    n, msg = out.split(None, 1)
+    assert n == "1" and "middle of" in msg, out
+
+
 # --- attributes that lie about the memory -----------------------------------------------------------
 
 def test_kq_mask_out_with_a_lying_shape_is_refused():

@@ -62,6 +62,9 @@ cdef inline int check_status(int status, kvc_err *err, str what) except -1:
 # would change the object (from a callback: a file's write(), an array's hooks, a finalizer the
 # garbage collector runs) is refused with RuntimeError; reads are allowed. So is every change to
 # a cache while a sequence import holds cells in it (seq_import_begin, counted by the C core).
+# A read that makes Python objects between reading the cache and copying out of it (a size read,
+# then the array allocated) holds the lock as RUNS_PYTHON too: any allocation may run the garbage
+# collector, and with it finalizers that call the cache.
 #
 # Every locked region is written one way:
 #     lock(&self._lock, how, "name")

@@ -135,7 +135,7 @@ cdef class _Recurrent2026(_Recurrent):
         """The checkpoint pool now: ``{"checkpoints": held, "pinned": pinned, "cap": most held,
         "per_seq": most per running sequence (0: no bound), "state_bytes": bytes of one}``; None
         while reuse is off."""
-        lock(&self._lock, READ, "prefix_stats")
+        lock(&self._lock, RUNS_PYTHON, "prefix_stats")
         try:
             if self._ckpt == NULL:
                 return None
@@ -143,14 +143,14 @@ cdef class _Recurrent2026(_Recurrent):
                     "cap": int(self._ckpt.cap), "per_seq": int(self._ckpt.per_seq),
                     "state_bytes": int(self._ckpt.state_bytes)}
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
 
     def prefix_checkpoints(self):
         """The checkpoints held, shortest first: a list of ``(tokens, pins)``, tokens the chain
         the state is the state after (a list of ints). Empty while reuse is off."""
         cdef uint32_t k, slot
         out = []
-        lock(&self._lock, READ, "prefix_checkpoints")
+        lock(&self._lock, RUNS_PYTHON, "prefix_checkpoints")
         try:
             if self._ckpt != NULL:
                 for k in range(self._ckpt.n_used):
@@ -158,7 +158,7 @@ cdef class _Recurrent2026(_Recurrent):
                     out.append(([self._ckpt.tokens[slot][i] for i in range(self._ckpt.n_tok[slot])],
                                 int(self._ckpt.pins[slot])))
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
         return out
 
     def checkpoint(self, seq_id, tokens, salt=None):
@@ -353,7 +353,7 @@ cdef class _Recurrent2026(_Recurrent):
         cdef int32_t[::1] tv
         cdef uint8_t *p
         out = []
-        lock(&self._lock, READ, "write_back")
+        lock(&self._lock, RUNS_PYTHON, "write_back")
         try:
             pool = self._ckpt
             if pool == NULL or pool.spill == NULL or pool.spill.n == 0:
@@ -371,7 +371,7 @@ cdef class _Recurrent2026(_Recurrent):
                 out.append((int(sp.salt[k]), toks, state))
             kvc_ckpt_spill_clear(pool)
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
         return spill_deliver(sink, self, out)
 
     @property

@@ -274,7 +274,8 @@ cdef class _Unified(UnifiedCore):
 
     cdef object _slot_cells(self):
         # the cells of the current placement in token order, a new int32 array (empty when no
-        # placement is current): slot_indices' and slot_info's; the caller holds the lock
+        # placement is current): slot_indices' and slot_info's; the caller holds the lock as
+        # RUNS_PYTHON (the array's allocation may run finalizers: none may place meanwhile)
         cdef uint32_t n = kvc_unified_slot_n(&self.c)
         cdef int32_t[::1] o
         cells = np.empty(n, dtype=np.int32)
@@ -500,7 +501,7 @@ cdef class _Unified(UnifiedCore):
         cdef uint32_t s
         cdef const kvc_cells *t
         out = []
-        lock(&self._lock, READ, "_per_stream")
+        lock(&self._lock, RUNS_PYTHON, "_per_stream")
         try:
             for s in range(self.c.n_stream):
                 t = kvc_unified_stream_cells_c(&self.c, s)
@@ -513,7 +514,7 @@ cdef class _Unified(UnifiedCore):
                 else:
                     out.append(self._n_kv(s))
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
         return tuple(out)
 
     @property
@@ -620,7 +621,7 @@ cdef class _Unified(UnifiedCore):
             ob = hold_buffer(out, "out", True)
             if ob.dtype not in (np.dtype(np.int32), np.dtype(np.int64)) or ob.view.ndim != 1 or not _rows_ok(ob):
                 raise ValueError(f"out must be a writable contiguous 1-D int32 or int64 array, got {ob.describe()}")
-        lock(&self._lock, READ, "slot_indices")
+        lock(&self._lock, RUNS_PYTHON, "slot_indices")
         try:
             if ob is None:
                 return self._slot_cells()
@@ -636,7 +637,7 @@ cdef class _Unified(UnifiedCore):
                         p64[t] = kvc_unified_slot_cell(&self.c, t)
             return _block(out, ob, n, 0)
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
             if ob is not None:
                 ob.release()
 
@@ -650,7 +651,7 @@ cdef class _Unified(UnifiedCore):
         cdef int32_t[::1] oc, op
         cdef int r = 0
         cdef const kvc_cells *t
-        lock(&self._lock, READ, "seq_cells")
+        lock(&self._lock, RUNS_PYTHON, "seq_cells")
         try:
             t = kvc_unified_stream_cells_c(&self.c, kvc_unified_stream_of(&self.c, s))
             n = t.seq_pos[s].n
@@ -662,7 +663,7 @@ cdef class _Unified(UnifiedCore):
                 with nogil:
                     r = kvc_cells_seq_cells(t, s, &oc[0], &op[0])
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
         if r < 0:
             raise_status(r, NULL, "seq_cells")
         return cells, pos

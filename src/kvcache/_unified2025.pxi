@@ -96,11 +96,11 @@ cdef class _Unified2025(_Unified):
         """Where the last successful find_slot put its tokens: ``[(0, cells)]``, one group in
         stream 0 with the int32 cells of ``slot`` (the form of a cache of semantics '2026',
         whose placements have a group per sequence); ``[]`` when no placement is current."""
-        lock(&self._lock, READ, "slot_info")
+        lock(&self._lock, RUNS_PYTHON, "slot_info")
         try:
             cells = self._slot_cells()
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
         return [(0, cells)] if len(cells) else []
 
     def prune_swa(self, seq_id, pmin, pmax):

@@ -265,7 +265,7 @@ cdef class _Unified2026(_Unified):
         ``(stream, int32 cells)`` — token ``g * n_seq_tokens + i`` of group g in cell
         ``cells[i]`` of the group's stream; ``[]`` when no placement is current."""
         cdef uint32_t g, ng, nst
-        lock(&self._lock, READ, "slot_info")
+        lock(&self._lock, RUNS_PYTHON, "slot_info")
         try:
             cells = self._slot_cells()
             if not len(cells):
@@ -273,7 +273,7 @@ cdef class _Unified2026(_Unified):
             ng, nst = self.c.scatter.n_groups, self.c.scatter.n_seq_tokens
             return [(<int>self.c.scatter.strm[g], cells[g * nst:(g + 1) * nst].copy()) for g in range(ng)]
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
 
     def prepare(self, ubatches):
         """The dry run of placing several ubatches in turn: the slot_info()
@@ -504,7 +504,7 @@ cdef class _Unified2026(_Unified):
         sequence or pin protects, "nodes": radix-tree edges, "cap": the cap (0: none)}``; None
         while reuse is off."""
         cdef kvc_reuse *r
-        lock(&self._lock, READ, "prefix_stats")
+        lock(&self._lock, RUNS_PYTHON, "prefix_stats")
         try:
             if self.c.reuse == NULL:
                 return None
@@ -512,7 +512,7 @@ cdef class _Unified2026(_Unified):
             return {"cells": int(kvc_reuse_n_cells(&self.c)), "evictable": int(r.idx.n_evictable),
                     "nodes": int(r.idx.n_nodes), "cap": int(r.idx.cap)}
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
 
     def prefix_match(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
         """How many leading tokens of a new request the index holds under ``salt`` (what
@@ -716,7 +716,7 @@ cdef class _Unified2026(_Unified):
         cdef int32_t[:, ::1] ev
         cdef const kvc_cell_ext *e
         out = []
-        lock(&self._lock, READ, "write_back")
+        lock(&self._lock, RUNS_PYTHON, "write_back")
         try:
             ru = <kvc_reuse *>self.c.reuse
             if ru == NULL or ru.idx.spill == NULL or ru.idx.spill.n == 0:
@@ -756,7 +756,7 @@ cdef class _Unified2026(_Unified):
                 out.append((int(sp.salt[k]), toks, cells, strms, ext))
             kvc_prefix_spill_clear(&ru.idx)
         finally:
-            unlock(&self._lock, READ)
+            unlock(&self._lock, RUNS_PYTHON)
         return spill_deliver(sink, self, out)
 
     @property
