@@ -364,6 +364,9 @@ if kind == "unified":
 elif kind == "recurrent":
     c = kvcache.RecurrentCache(2, 1, 8, 8, semantics="2026")
     parts = (c,)
+elif kind == "iswa":
+    c = kvcache.ISWACache(64, 2, 8, 8, swa_layers=[1], n_swa=8, semantics="2026")
+    parts = (c.base, c.swa)
 else:
     c = kvcache.HybridCache(64, 2, [0], 8, 8, 8, 4)
     parts = (c.attn, c.recr)
@@ -374,7 +377,7 @@ calls = {
     "prefix_attach": lambda: c.prefix_attach(0, [1, 2, 3]),
     "prefix_release": lambda: c.prefix_release(0, [1, 2, 3]),
     "prefix_pin": lambda: c.prefix_pin([1, 2, 3]),
-    "prefix_unpin": lambda: c.prefix_unpin(1),
+    "prefix_unpin": lambda: c.prefix_unpin(1 if kind in ("unified", "recurrent") else (1, 1)),
     "checkpoint": lambda: c.checkpoint(0, [1, 2, 3]),
     "write_back": lambda: c._spill_set(lambda cache, records: None),
 }
@@ -386,7 +389,7 @@ def body():
     except Exception as e:
         got.append(f"{type(e).__name__}: {e}")
 
-hold = c._hold if kind == "hybrid" else _core._Hold(c)
+hold = c._hold if kind in ("iswa", "hybrid") else _core._Hold(c)
 with hold:
     t = threading.Thread(target=body)
     t.start()
@@ -406,6 +409,8 @@ print(got[0])
     ("recurrent", "prefix_evict"), ("recurrent", "prefix_attach"), ("recurrent", "prefix_release"),
     ("recurrent", "prefix_pin"), ("recurrent", "prefix_unpin"), ("recurrent", "checkpoint"),
     ("recurrent", "write_back"), ("recurrent", "prefix_match"),
+    ("iswa", "prefix_evict"), ("iswa", "prefix_attach"), ("iswa", "prefix_release"), ("iswa", "prefix_pin"),
+    ("iswa", "prefix_unpin"),
     ("hybrid", "prefix_match"), ("hybrid", "prefix_attach"), ("hybrid", "prefix_release"),
 ])
 def test_prefix_call_waiting_while_another_thread_turns_reuse_off(kind, call):

@@ -98,7 +98,6 @@ cdef class _ISWA2026(_ISWA):
         t = prefix_args(&q, seq_id, self.c.base.n_seq_max, tokens, salt)
         cdef uint32_t k = 0
         cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
-        self._reuse_on("prefix_attach")
         cdef kvc_unified *parts[2]
         cdef kvc_err err
         cdef int r
@@ -106,6 +105,7 @@ cdef class _ISWA2026(_ISWA):
         parts[0], parts[1] = self.c.base, self.c.swa
         self._lock_parts(CHANGE, "prefix_attach")
         try:
+            self._reuse_on("prefix_attach")
             with nogil:
                 r = kvc_retain_attach_parts_xy(parts, 2, q.seq_id, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &k, &err)
         finally:
@@ -126,7 +126,6 @@ cdef class _ISWA2026(_ISWA):
     cdef object _keep(self, seq_id, tokens, salt, bint end, str what):
         cdef prefix_req q
         t = prefix_args(&q, seq_id, self.c.base.n_seq_max, tokens, salt, True)
-        self._reuse_on(what)
         cdef kvc_retained res
         cdef kvc_unified *parts[2]
         cdef kvc_err err
@@ -135,6 +134,7 @@ cdef class _ISWA2026(_ISWA):
         parts[0], parts[1] = self.c.base, self.c.swa
         self._lock_parts(CHANGE, what)
         try:
+            self._reuse_on(what)
             with nogil:
                 if end:
                     r = kvc_retain_release_parts(parts, 2, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
@@ -148,6 +148,7 @@ cdef class _ISWA2026(_ISWA):
         return int(res.n_kept)
 
     cdef int _reuse_on(self, str what) except -1:
+        # under both caches' locks: another thread's disable_prefix_reuse frees the indexes
         if self.c.base.reuse == NULL:
             raise reuse_off(what)
         return 0
@@ -155,16 +156,16 @@ cdef class _ISWA2026(_ISWA):
     def prefix_evict(self, n_cells):
         """Evict up to ``n_cells`` cells from each cache's index; returns how many went in all."""
         n = int_c(n_cells, "n_cells", 0, UINT32_MAX)   # read once: both caches get the same
-        self._reuse_on("prefix_evict")
         with self._hold:
+            self._reuse_on("prefix_evict")
             return self._base.prefix_evict(n) + self._swa.prefix_evict(n)
 
     def prefix_pin(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
         """Pin the prefix in both caches (see UnifiedCache2026.prefix_pin; ``pos``, ``pos_x``,
         ``pos_y`` as there); returns the pin."""
         tokens, salt, pos, pos_x, pos_y = request_once(tokens, salt, pos, pos_x, pos_y)
-        self._reuse_on("prefix_pin")
         with self._hold:
+            self._reuse_on("prefix_pin")
             pb = self._base.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
             try:
                 ps = self._swa.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
@@ -185,8 +186,8 @@ cdef class _ISWA2026(_ISWA):
     def prefix_unpin(self, pin):
         """Let go of a pin prefix_pin returned (both halves checked before either is let go)."""
         pin = self._pin_canon(pin)
-        self._reuse_on("prefix_unpin")
         with self._hold:
+            self._reuse_on("prefix_unpin")
             if not self._prefix_pin_held(pin):
                 raise ValueError("prefix_unpin: not a pin of this cache's prefix index (unpinned already, or "
                                  "its prefix was dropped)")
