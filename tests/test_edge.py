@@ -138,6 +138,30 @@ def test_reads_whose_allocations_run_a_finalizer_that_places(call, semantics):
     assert n == "1" and "middle of" in msg, out
 
 
+@pytest.mark.parametrize("call", ["disable_prefix_reuse", "enable_prefix_reuse"])
+def test_checkpoint_memory_whose_finalizer_calls_the_cache(call):
+    """The caller's checkpoint memory (and write-back sink) a recurrent cache lets go of are
+    released after the operation: their finalizers call the cache as any later call would, not
+    in the middle of the operation (a disable_prefix_reuse then ended with reuse on, and a new
+    pool was lost)."""
+    c = kvcache.RecurrentCache(2, 1, 8, 8, semantics="2026")
+    seen = []
+
+    class Memory(bytearray):
+        def __del__(self):
+            seen.append(_core._lock_state(c)["mine"])
+            c.enable_prefix_reuse(2)
+
+    c.enable_prefix_reuse(4, memory=Memory(4 * 4096))
+    if call == "disable_prefix_reuse":
+        c.disable_prefix_reuse()
+    else:
+        c.enable_prefix_reuse(8)
+    # the finalizer ran once the call was over, and its call then took effect
+    assert seen == [False]
+    assert c.prefix_stats["cap"] == 2
+
+
 # --- attributes that lie about the memory -----------------------------------------------------------
 
 def test_kq_mask_out_with_a_lying_shape_is_refused():

@@ -906,8 +906,12 @@ cdef int _recurrent_state_read(void *codec, int32_t seq_id, const uint8_t *data,
                                         layout, consumed, err)
 
 
-cdef void _ckpt_pool_free(_Recurrent cache) noexcept:
-    """Drop the cache's checkpoint pool (and the caller's memory it held)."""
+cdef tuple _ckpt_pool_free(_Recurrent cache):
+    """Drop the cache's checkpoint pool (and the caller's memory it held). Returns the caller's
+    objects it let go of (the write-back sink, the memory): the caller holding the lock keeps
+    them until it has unlocked, so that their finalizers, which may call the cache, run after
+    the operation."""
+    cdef tuple held = (cache._spill_sink, cache._ckpt_mem)
     cache._spill_sink = None
     if cache._ckpt != NULL:
         kvc_ckpt_free(cache._ckpt)
@@ -916,3 +920,4 @@ cdef void _ckpt_pool_free(_Recurrent cache) noexcept:
     if cache._ckpt_mem is not None:
         (<_HeldBuffer>cache._ckpt_mem).release()
         cache._ckpt_mem = None
+    return held

@@ -111,7 +111,7 @@ cdef class _Recurrent2026(_Recurrent):
                 hb.release()
             raise
         try:
-            _ckpt_pool_free(self)
+            old = _ckpt_pool_free(self)     # let go of after the unlock
             self._ckpt = pool
             self._ckpt_mem = hb
         finally:
@@ -121,7 +121,7 @@ cdef class _Recurrent2026(_Recurrent):
         """Turn prefix reuse off: every checkpoint goes."""
         lock(&self._lock, CHANGE, "disable_prefix_reuse")
         try:
-            _ckpt_pool_free(self)
+            old = _ckpt_pool_free(self)     # let go of after the unlock
         finally:
             unlock(&self._lock, CHANGE)
 
