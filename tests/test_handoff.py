@@ -8,6 +8,7 @@ today's with the per-cell extension (x, y, token id: the header's cells carry it
 caches' ubatches give token ids and 2-D positions); the iSWA pairs' tests run for the same,
 each with swa_full and without."""
 import gc
+import io
 import struct
 
 import numpy as np
@@ -660,3 +661,66 @@ def test_an_aborted_import_leaves_every_extension(kind):
     assert_unchanged(dst, before, "exception")
     for t, e in zip(dst.stream_cells(), exts):
         np.testing.assert_array_equal(t.ext, e)
+
+
+# --- commit from a callback of an operation on the cache --------------------------------------------
+
+class _CommittingFile(io.RawIOBase):
+    """A file whose write() commits an import into the cache being written (its error kept)."""
+
+    def __init__(self, imp):
+        self.imp, self.errors, self.data = imp, [], bytearray()
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        try:
+            self.imp.commit()
+        except RuntimeError as e:
+            self.errors.append(e)
+        self.data += bytes(b)
+        return len(b)
+
+
+def _moved(make, semantics_2025):
+    src, dst = make(), make()
+    assert src.find_slot(kvcache.UBatch(list(range(10)), [0] * 10))
+    assert dst.find_slot(kvcache.UBatch(list(range(5)), [1] * 5))
+    if semantics_2025:
+        src.commit()
+        dst.commit()
+    exp = src.seq_export(0)
+    imp = dst.seq_import_begin(exp.header, 0)
+    imp.scatter(exp.gather())
+    return dst, imp
+
+
+@pytest.mark.parametrize("semantics", ["2025", "2026"])
+def test_commit_from_a_callback_of_an_operation_is_refused(semantics):
+    """A commit places the sequence's cells: from a callback of an operation on the cache (a
+    file's write() during state_write_into; a finalizer during kq_mask, which then wrote a mask
+    wider than its array) it is refused, the import still active."""
+    dst, imp = _moved(lambda: kvcache.UnifiedCache(256, 1, 8, 8, n_seq_max=2, semantics=semantics),
+                      semantics == "2025")
+    before = dst.state_write()
+    f = _CommittingFile(imp)
+    assert dst.state_write_into(f) == len(before)
+    assert bytes(f.data) == before and f.errors and "middle of" in str(f.errors[0])
+    assert imp.active and dst.state_write() == before
+    imp.commit()
+    assert dst.seq_pos_max(0) == 9 and dst.seq_pos_max(1) == 4
+
+
+def test_iswa_commit_from_a_callback_of_one_part_commits_neither():
+    """An iSWA import checks both parts before committing either: a commit from a callback of
+    one part's operation changes neither part."""
+    dst, imp = _moved(lambda: kvcache.ISWACache(256, 2, 8, 8, swa_layers=[1], n_swa=8, n_seq_max=2,
+                                                semantics="2026"), False)
+    before = dst.state_write()
+    f = _CommittingFile(imp)
+    dst.base.state_write_into(f)
+    assert f.errors and "middle of" in str(f.errors[0])
+    assert imp.active and dst.state_write() == before
+    imp.commit()
+    assert dst.seq_pos_max(0) == 9

@@ -145,6 +145,12 @@ cdef class SeqImport:
         cdef int r = 0
         lock(&self._cache._lock, READ, "_finish")
         try:
+            # a commit changes the cells: refused from a callback of an operation on the cache
+            # (an abort puts back bytes of cells no operation reads)
+            if commit:
+                self._require_active("commit")   # again: another thread may have ended it meanwhile
+                if self._cache._lock.busy:
+                    raise_busy("commit")
             with nogil:
                 if commit:
                     r = kvc_handoff_import_commit(&self.imp, &err)
@@ -181,10 +187,12 @@ cdef class SeqImport:
         self._require_active("scatter")
         cdef _HeldBuffer hb = state_data_view(data)
         try:
-            if <uint64_t>hb.view.len != self.imp.data_bytes:
-                raise ValueError(f"data holds {hb.view.len} bytes, the sequence's K/V {self.imp.data_bytes}")
             lock(&self._cache._lock, READ, "scatter")
             try:
+                # again under the lock: another thread may have ended the import meanwhile
+                self._require_active("scatter")
+                if <uint64_t>hb.view.len != self.imp.data_bytes:
+                    raise ValueError(f"data holds {hb.view.len} bytes, the sequence's K/V {self.imp.data_bytes}")
                 with nogil:
                     if self.imp.data_bytes:
                         kvc_handoff_scatter(&self._cache.c, self.imp.stream, self.imp.runs, self.imp.n_runs,
@@ -196,13 +204,17 @@ cdef class SeqImport:
 
     def check(self):
         """Raise StateError when the cache changed since the import began (commit would refuse
-        it); RuntimeError when the import is no longer active. Lets an import of several parts
+        it); RuntimeError when the import is no longer active, or when called from a callback of
+        an operation on the cache (commit is refused there too). Lets an import of several parts
         check them all before committing any."""
         self._require_active("check")
         cdef kvc_err err
         cdef int r
         lock(&self._cache._lock, READ, "check")
         try:
+            self._require_active("check")   # again: another thread may have ended it meanwhile
+            if self._cache._lock.busy:      # commit would be refused (see _finish)
+                raise_busy("check")
             r = kvc_handoff_import_check(&self.imp, &err)
         finally:
             unlock(&self._cache._lock, READ)
