@@ -724,3 +724,38 @@ def test_iswa_commit_from_a_callback_of_one_part_commits_neither():
     assert imp.active and dst.state_write() == before
     imp.commit()
     assert dst.seq_pos_max(0) == 9
+
+
+@pytest.mark.parametrize("semantics", ["2025", "2026"])
+def test_iswa_export_is_of_one_moment(semantics):
+    """An iSWA export's two parts are of one moment: a change between them (from another thread,
+    or from a finalizer the garbage collector runs in between, as here at each collection in
+    turn) is not in one part only."""
+    for n in range(1, 40):
+        c = kvcache.ISWACache(256, 2, 8, 8, swa_layers=[1], n_swa=8, n_seq_max=2, swa_full=True,
+                              buffers=None, semantics=semantics)
+        assert c.find_slot(kvcache.UBatch(list(range(20)), [0] * 20))
+        if semantics == "2025":
+            c.commit()
+        before = tuple(p.header for p in c.seq_export(0).parts)
+        seen = [0]
+
+        def meddle(phase, info):
+            if phase == "start":
+                seen[0] += 1
+                if seen[0] == n:
+                    try:
+                        c.seq_rm(0, 10, -1)
+                    except RuntimeError:
+                        pass    # refused in the middle of the export
+
+        threshold = gc.get_threshold()
+        gc.callbacks.append(meddle)
+        gc.set_threshold(1)
+        try:
+            exp = c.seq_export(0)
+        finally:
+            gc.set_threshold(*threshold)
+            gc.callbacks.remove(meddle)
+        after = tuple(p.header for p in c.seq_export(0).parts)
+        assert tuple(p.header for p in exp.parts) in (before, after), n

@@ -116,6 +116,24 @@ def _seq_export(_Unified cache not None, seq_id):
     return x
 
 
+def _seq_export_parts(caches, seq_id):
+    """seq_export of every cache of a composite (an iSWA pair), all of one moment: their locks
+    are held as one operation over the exports (a change from another thread waits, one from
+    this thread's finalizers is refused). Returns the SeqExports, in the order given."""
+    cdef tuple cs = _caches_arg(caches)
+    cdef _Unified c = cs[0]
+    seq_id = seq_c(seq_id, c.c.n_seq_max, "seq_id", False)     # read once, before the locks
+    order = _lock_order(cs)
+    lock_all(order, RUNS_PYTHON, "seq_export")
+    try:
+        for c in cs:
+            with nogil:
+                kvc_unified_defrag_settle(&c.c)     # (what _seq_export's _settle would do)
+        return [_seq_export(c, seq_id) for c in cs]
+    finally:
+        unlock_all(order, RUNS_PYTHON)
+
+
 @cython.final
 @cython.no_gc_clear
 cdef class SeqImport:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from kvcache import _signatures
-from kvcache._core import ISWAUpdatePlan, SWAWarning, _ISWA, _ISWA2025, _ISWA2026
+from kvcache._core import ISWAUpdatePlan, SWAWarning, _ISWA, _ISWA2025, _ISWA2026, _seq_export_parts
 from kvcache.handoff import PartsExport, PartsImport, split_parts
 from kvcache.plan import SEMANTICS
 
@@ -111,7 +111,7 @@ class ISWACache(_ISWA):
         the base cache's then the SWA cache's, framed as one header, their regions in that
         order (semantics "2026": the SWA cache's without the cells outside the window, as the
         sequence's state). See docs/disaggregated.md."""
-        return PartsExport([self.base.seq_export(seq_id), self.swa.seq_export(seq_id)])
+        return PartsExport(_seq_export_parts((self.base, self.swa), seq_id))
 
     def seq_import_begin(self, header: Buffer, seq_id: int | None = None) -> PartsImport:
         """Begin receiving the sequence a PartsExport header describes (UnifiedCache.seq_import_begin
