@@ -759,3 +759,33 @@ def test_iswa_export_is_of_one_moment(semantics):
             gc.callbacks.remove(meddle)
         after = tuple(p.header for p in c.seq_export(0).parts)
         assert tuple(p.header for p in exp.parts) in (before, after), n
+
+
+def test_hybrid_export_is_of_one_moment():
+    """A hybrid export's attention part and recurrent state are of one moment: a placement from
+    a finalizer the garbage collector runs between them (here at each collection in turn) is
+    refused."""
+    for n in range(1, 40):
+        c = kvcache.HybridCache(64, 2, [0], 8, 8, 8, 4, n_seq_max=2)
+        assert c.find_slot(kvcache.UBatch(list(range(20)), [0], n_seq_tokens=20))
+        before = c.seq_export(0).header
+        seen = [0]
+
+        def meddle(phase, info):
+            if phase == "start":
+                seen[0] += 1
+                if seen[0] == n:
+                    try:
+                        c.find_slot(kvcache.UBatch(list(range(20, 25)), [0], n_seq_tokens=5))
+                    except RuntimeError:
+                        pass    # refused in the middle of the export
+
+        threshold = gc.get_threshold()
+        gc.callbacks.append(meddle)
+        gc.set_threshold(1)
+        try:
+            exp = c.seq_export(0)
+        finally:
+            gc.set_threshold(*threshold)
+            gc.callbacks.remove(meddle)
+        assert exp.header in (before, c.seq_export(0).header), n

@@ -42,6 +42,7 @@ cdef class _Hybrid:
     cdef uint32_t _n_seq_max
     cdef uint32_t _n_layer         # the model's layers
     cdef readonly _Hold _hold      # both parts' locks, in the global order
+    cdef readonly _Hold _op        # the same, held as one operation (a change from this thread refused)
 
     __signature__ = _signatures.ClassSignature(_signatures.hybrid)
 
@@ -110,6 +111,7 @@ cdef class _Hybrid:
         self._n_layer = <uint32_t>n_layer
         self._n_seq_max = <uint32_t>n_seq_max
         self._hold = _Hold(*parts)
+        self._op = _Hold(*parts, busy=True)
 
     # lock() of every part's cache, in _lock_order's order (see "locking" in _common.pxi)
     cdef int _lock_parts(self, int how, str what) except -1:

@@ -81,7 +81,7 @@ class HybridCache(_Hybrid):
         ISWACache.seq_export with a window: its regions), then the recurrent part's state of the
         sequence, its R/S rows as regions of the recurrent part's memory and the rest in the
         header. See docs/disaggregated.md."""
-        with self._hold:
+        with self._op:      # both parts of one moment: a change from this thread's finalizers is refused
             attn = self.attn
             part = cast(ISWACache2026, attn).seq_export(seq_id) if isinstance(attn, _ISWA2026) else \
                 _seq_export(attn, seq_id)
