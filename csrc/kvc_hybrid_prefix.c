@@ -15,14 +15,15 @@ static uint32_t attn_parts(const kvc_hybrid *h, kvc_unified *parts[2]) {
 
 /* The deepest checkpoint of at most a tokens of tokens[0 .. n) the attention part also serves
  * (-1: none). An iSWA pair whose SWA cache keeps only windows serves a shorter hit only where it
- * holds the window before it, so each candidate is asked in turn. */
+ * holds the window before it, and a cache with a stream per sequence only the run of one stream,
+ * so each candidate is asked in turn. */
 static int32_t hit_upto(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n,
                         uint32_t a) {
     kvc_unified *parts[2];
     const uint32_t k = attn_parts(h, parts);
     while (a) {
         const int32_t slot = kvc_ckpt_find(p, salt, tokens, n, a);
-        if (slot < 0 || !h->iswa) {
+        if (slot < 0 || (!h->iswa && h->attn->n_stream == 1)) {
             return slot;
         }
         const uint32_t len = p->n_tok[slot];

@@ -351,6 +351,19 @@ static uint32_t ext_agree(const kvc_unified *c, const int32_t *tokens, const int
     return p;
 }
 
+/* How many of the p tokens whose cells r->tmp_cell / tmp_strm hold an attach takes (the cells it
+ * places, from lo, must lie in one stream): p when they do; else the run in the stream of the
+ * first, and 0 in window mode (a window split between streams serves no hit). */
+static uint32_t one_stream(const kvc_unified *c, bool window, uint32_t lo, uint32_t p) {
+    const kvc_reuse *r = c->reuse;
+    for (uint32_t i = lo + 1; c->n_stream > 1 && i < p; i++) {
+        if (r->tmp_strm[i] != r->tmp_strm[lo]) {
+            return window ? 0 : i;
+        }
+    }
+    return p;
+}
+
 /* The longest prefix of at most max_len tokens the index holds and the request's extension
  * agrees with: its cells in r->tmp_cell / tmp_strm, its end in *end. */
 static uint32_t match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos,
@@ -371,10 +384,12 @@ uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *token
         return 0;
     }
     kvc_prefix_handle end;
-    if (!c->reuse->ext) {
+    if (!c->reuse->ext && c->n_stream == 1) {
         return kvc_prefix_match(&c->reuse->idx, salt, tokens, n, n - 1, NULL, NULL, &end);
     }
-    return match_xy(c, salt, tokens, pos, pos_x, pos_y, n, n - 1, &end);
+    /* with streams, what an attach takes: the run in the stream of the first */
+    const uint32_t p = match_xy(c, salt, tokens, pos, pos_x, pos_y, n, n - 1, &end);
+    return c->reuse->n_ghost ? p : one_stream(c, false, 0, p);
 }
 
 uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n) {
@@ -425,6 +440,26 @@ static uint32_t window_lo(const kvc_unified *c, const int32_t *pos, uint32_t n, 
     return j;
 }
 
+static inline bool is_window(const kvc_unified *c) { return c->reuse && c->reuse->n_ghost; }
+
+/* The longest hit q <= p a part attaches whole (attach_run's rules), the p tokens matched in its
+ * index: without window mode the run of the first's stream; in window mode the longest hit whose
+ * window the index holds as cells of one stream. */
+static uint32_t part_hit(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos, uint32_t n,
+                         uint32_t p) {
+    kvc_reuse *r = c->reuse;
+    kvc_prefix_handle end;
+    const uint32_t got = kvc_prefix_match(&r->idx, salt, tokens, n, p, r->tmp_cell, r->tmp_strm, &end);
+    if (!is_window(c)) {
+        return one_stream(c, false, 0, got);
+    }
+    uint32_t q = window_hit(c, r->tmp_cell, pos, n, got);
+    while (q > 0 && one_stream(c, true, window_lo(c, pos, n, q), q) == 0) {
+        q = window_hit(c, r->tmp_cell, pos, n, q - 1);
+    }
+    return q;
+}
+
 /* Attach to s the prefix the index holds of tokens[0 .. n), at most max_p tokens; in window mode
  * exactly max_p (the caller found that it serves them) of which only the window's cells are
  * placed in s. */
@@ -451,14 +486,9 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
     }
     /* the cells must come from one stream: the run in the stream of the first */
     const uint32_t src = r->tmp_strm[lo], st = kvc_unified_stream_of(c, s);
-    for (uint32_t i = lo + 1; i < p; i++) {
-        if (r->tmp_strm[i] != src) {
-            if (window) {
-                return KVC_OK;   /* a window split between streams: no hit */
-            }
-            p = i;
-            break;
-        }
+    p = one_stream(c, window, lo, p);
+    if (p == 0) {
+        return KVC_OK;   /* a window split between streams: no hit */
     }
     if (src != st) {
         /* room for the stream copy first: then nothing can fail */
@@ -616,7 +646,6 @@ int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t 
     return rc;
 }
 
-static inline bool is_window(const kvc_unified *c) { return c->reuse && c->reuse->n_ghost; }
 
 uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                                 uint32_t n) {
@@ -633,18 +662,16 @@ uint32_t kvc_retain_match_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uin
     if (n_parts == 0) {
         return 0;
     }
-    /* a part in window mode serves only hits whose window it still holds; every shorter hit
-     * the others serve too, so take the smallest until all agree */
+    /* a part in window mode serves only hits whose window it still holds, a part with streams
+     * only the run of one stream (part_hit); every shorter hit the others serve too, so take the
+     * smallest until all agree */
     for (bool changed = true; changed && p > 0;) {
         changed = false;
         for (uint32_t k = 0; k < n_parts; k++) {
-            if (!is_window(cs[k])) {
+            if (!is_window(cs[k]) && cs[k]->n_stream == 1) {
                 continue;
             }
-            kvc_reuse *r = cs[k]->reuse;
-            kvc_prefix_handle end;
-            const uint32_t got = kvc_prefix_match(&r->idx, salt, tokens, n, p, r->tmp_cell, NULL, &end);
-            const uint32_t q = window_hit(cs[k], r->tmp_cell, pos, n, got);
+            const uint32_t q = part_hit(cs[k], salt, tokens, pos, n, p);
             if (q != p) {
                 p = q;
                 changed = true;
@@ -665,13 +692,8 @@ bool kvc_retain_serves_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t 
             return false;
         }
         kvc_prefix_handle end;
-        if (is_window(c)) {
-            kvc_reuse *r = c->reuse;
-            const uint32_t got = match_xy(c, salt, tokens, NULL, NULL, NULL, n, p, &end);
-            if (got != p || window_hit(c, r->tmp_cell, NULL, n, p) != p) {
-                return false;
-            }
-        } else if (match_xy(c, salt, tokens, NULL, NULL, NULL, n, p, &end) != p) {
+        if (match_xy(c, salt, tokens, NULL, NULL, NULL, n, p, &end) != p ||
+            ((is_window(c) || c->n_stream > 1) && part_hit(c, salt, tokens, NULL, n, p) != p)) {
             return false;
         }
     }

@@ -59,7 +59,9 @@ int kvc_retain_publish(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
                        kvc_retained *res, kvc_err *err);
 
 /* The longest prefix of tokens[0 .. n) the index holds under salt, leaving at least one token to
- * compute: at most n - 1 (0 when reuse is off). Touches the prefix (it becomes recently used). */
+ * compute: at most n - 1 (0 when reuse is off); with a stream per sequence, of it the run in the
+ * stream of its first token (what kvc_retain_attach takes). Touches the prefix (it becomes
+ * recently used). */
 uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n);
 
 /* Sequence s (which holds no cell) takes the longest prefix of tokens[0 .. n) the index holds

@@ -250,7 +250,9 @@ def test_a_prefix_spanning_two_streams_attaches_the_run_of_its_first():
     c.prefix_release(0, salt="x")
     compute(c, 1, [1, 2, 3, 7, 8], 0)
     c.prefix_release(1, salt="x")          # [1 2 3] held in stream 0, [7 8] after it in stream 1
-    assert c.prefix_match([1, 2, 3, 7, 8], salt="x") == 4
+    assert c.prefix_stats["cells"] == 8
+    # what an attach takes: the run in the stream of the first token
+    assert c.prefix_match([1, 2, 3, 7, 8], salt="x") == 3
     # sequence 1 lives in stream 1, which the copy from stream 0 overwrites: [7 8] are forgotten
     assert c.prefix_attach(1, [1, 2, 3, 7, 8], salt="x") == 3
     c._prefix_check()
@@ -258,6 +260,30 @@ def test_a_prefix_spanning_two_streams_attaches_the_run_of_its_first():
     c.update()
     c.prefix_release(1)
     c._prefix_check()
+
+
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_an_iswa_pair_with_streams_attaches_what_it_matches(swa_full):
+    # a prefix spanning two streams: each cache attaches the run in the stream of its first, so
+    # the pair's hit is that run, in both caches (not an internal error, nothing else forgotten)
+    c = _iswa(kv_unified=False, swa_full=swa_full, n_batch=8)
+    c.enable_prefix_reuse()
+    assert _iswa_compute(c, 0, [1, 2, 3, 4, 5, 6], 0)
+    c.prefix_release(0)
+    assert _iswa_compute(c, 1, [1, 2, 3, 7, 8], 0)
+    c.prefix_release(1)                    # [1 2 3] held in stream 0, [7 8] after it in stream 1
+    second = [1, 2, 3, 7, 8, 9]
+    assert c.prefix_match(second) == 3
+    assert c.prefix_attach(1, second) == 3
+    c.update()
+    assert _iswa_compute(c, 1, second, 3)
+    for part, il in ((c.base, 0), (c.swa, 1)):
+        cells, pos = part.seq_cells(1)
+        k = np.asarray(part.k(il)).reshape(3, -1, E)[1]
+        assert set(range(3, 6)) <= set(pos.tolist())
+        for p, cell in zip(pos, cells):
+            np.testing.assert_array_equal(k[cell], fingerprint(second[:p + 1]) + il)
+        part._prefix_check()
 
 
 # --- iSWA ---------------------------------------------------------------------------------------

@@ -393,6 +393,34 @@ def test_hybrid_with_a_window_reuses_what_both_attention_caches_serve(swa_full):
     assert not h.prefix_reuse and h.prefix_match(a) == 0
 
 
+@pytest.mark.parametrize("n_swa", [0, 4])
+def test_hybrid_with_streams_resumes_only_where_one_stream_holds_the_prefix(n_swa):
+    # the attention cells of a hit must lie in one stream (the run an attach takes): a checkpoint
+    # whose prefix spans two streams is no hit, and a shorter one within the run is
+    h = hyb(n_seq_max=2, kv_unified=False, n_swa=n_swa)
+    a, b = [1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8]
+    assert hcompute(h, 0, a, 0)
+    h.prefix_release(0, a)
+    assert hcompute(h, 1, b[:3], 0)
+    assert h.checkpoint(1, b) == 3
+    assert hcompute(h, 1, b, 3)
+    h.prefix_release(1, b)                  # [1 2 3] held in stream 0, [7 8] in stream 1
+    request = b + [9]
+    assert h.prefix_match(request) == 3
+    assert h.prefix_attach(1, request) == 3
+    h.update()
+    assert hcompute(h, 1, request, 3)
+    for part in (h.attn.base, h.attn.swa) if n_swa else (h.attn,):
+        cells, pos = part.seq_cells(1)
+        assert set(range(3, 6)) <= set(pos.tolist())
+        if part.layers:
+            k = np.asarray(part.k(0)).reshape(2, -1, E)[1]     # sequence 1's stream
+            for cell, p in zip(cells, pos):
+                np.testing.assert_array_equal(k[cell], fingerprint(request[:p + 1]))
+    np.testing.assert_array_equal(h.r(1)[h.recr.cells()["tail"][1]], scratch(request))
+    h._prefix_check()
+
+
 def test_hybrid_release_without_tokens_and_failures():
     h = hyb()
     a = [1, 2, 3, 4]
