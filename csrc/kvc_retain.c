@@ -529,6 +529,10 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
         }
     }
     if (src != st) {
+        /* the head one past the last cell attached, as a placement of the prefix in the empty
+         * stream leaves it: the request's next tokens go to cells after it, never over the
+         * attached window's own cells while free ones remain (a sliding-window cache) */
+        *kvc_unified_stream_head(c, st) = r->tmp_cell[p - 1] + 1;
         /* forgetting the stream may have dropped the node the match ended in (a prompt whose
          * later tokens lay in this stream): lock where the p tokens taken end now */
         (void)kvc_prefix_match(&r->idx, salt, tokens, n, p, NULL, NULL, &end);   /* p agreed already */

@@ -535,6 +535,42 @@ def test_cell_ext_iswa_matches_on_2d_positions_in_both_caches():
         plain.prefix_match([1, 2], pos_y=[0, 0])
 
 
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_a_prefix_copied_from_another_stream_leaves_the_window_as_recomputation(swa_full):
+    # an image at one position placed a token per ubatch: placement may take the cells a
+    # sequence's window left as seen from one past its last position; after an attach from
+    # another stream it goes on after the attached cells, as after computing the prefix there,
+    # so no query of the image loses a cell of its window
+    def fresh():
+        return kvcache.ISWACache(256, 2, E, E, swa_layers=[1], n_swa=4, swa_full=swa_full, n_batch=8, n_seq_max=2,
+                                 kv_unified=False, cell_ext=True, semantics="2026")
+
+    prompt = [4, 3, 4, 2]
+    req = prompt + [1, 901, 902, 903]
+    pos, xs, ys = [0, 1, 2, 3, 4, 5, 5, 5], [0, 0, 0, 0, 0, 5, 6, 7], [0, 0, 0, 0, 0, 5, 5, 5]
+
+    def place(c, s, a, b):
+        for j in range(a, b):
+            ub = UBatch([pos[j]], [s], tokens=[req[j]], pos_x=[xs[j]], pos_y=[ys[j]])
+            assert c.find_slot(ub)
+        return c.attention_indices(ub, positions=True)[1].kv_pos.tolist()
+
+    c = fresh()
+    c.enable_prefix_reuse()
+    place(c, 0, 0, 4)
+    assert c.prefix_release(0) == 4
+    assert c.prefix_attach(1, req, pos=pos, pos_x=xs, pos_y=ys) == 4
+    assert c.base.pending_copies == 1
+    c.update()
+    scratch = fresh()
+    place(scratch, 1, 0, 4)
+    seen = place(scratch, 1, 4, 8)
+    assert sorted(seen) == [2, 3, 4, 5, 5, 5]          # the last image token's window: positions 2 .. 5
+    assert place(c, 1, 4, 8) == seen
+    c.base._prefix_check()
+    c.swa._prefix_check()
+
+
 def test_cell_ext_per_layer_embeddings_match_their_token():
     c = _ext_cache(ple_token=99)
     assert c.find_slot(UBatch([0, 1, 2], [0] * 3))                 # computed without token ids: 99's embedding
