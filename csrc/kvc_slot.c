@@ -347,12 +347,32 @@ static uint32_t kvc_take_avail(const uint64_t *used, const uint64_t *held, uint6
     return got;
 }
 
+/* The cells of stream st the prefix index holds for no sequence: not used, yet not free for a
+ * placement. */
+static uint64_t kvc_stream_held_free(const kvc_unified *c, const kvc_cells *cells, uint32_t st) {
+    uint64_t k = 0;
+    for (uint32_t w = 0; w < cells->n_words; w++) {
+        k += kvc_popcount64(kvc_reuse_held_word(c, st, w) & ~cells->used_bits[w]);
+    }
+    return k;
+}
+
 /* Where the search of n cells in stream st starts: the head, or 0 when plenty of cells before it
- * are free (hoping to fill them) or it is at the end. */
+ * are free (hoping to fill them) or it is at the end. In a sliding-window cache the cells the
+ * prefix index holds count as taken, as they are for placement: otherwise a search from 0 meets
+ * the cells a live sequence's window left (which it takes) where, without the index, it would
+ * have met those free cells first. */
 static uint32_t kvc_stream_start(const kvc_unified *c, uint32_t st, uint32_t n) {
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const uint32_t h = kvc_unified_stream_head_c(c, st);
-    return (uint64_t)h > (uint64_t)cells->used + 2 * (uint64_t)n || h >= cells->size ? 0 : h;
+    if (h >= cells->size) {
+        return 0;
+    }
+    uint64_t taken = cells->used;
+    if ((uint64_t)h > taken + 2 * (uint64_t)n && c->reuse && c->swa_type != KVC_SWA_NONE) {
+        taken += kvc_stream_held_free(c, cells, st);
+    }
+    return (uint64_t)h > taken + 2 * (uint64_t)n ? 0 : h;
 }
 
 /* The placement rule of one group of n tokens in stream st: the usable cells from the head on,

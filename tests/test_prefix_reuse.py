@@ -571,6 +571,48 @@ def test_a_prefix_copied_from_another_stream_leaves_the_window_as_recomputation(
     c.swa._prefix_check()
 
 
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_held_cells_leave_a_window_as_a_cache_without_reuse_does(swa_full):
+    # an image at one position placed a token per ubatch: placement may take the cells a
+    # sequence's window left as seen from one past its last position. The cells the index holds
+    # are not free for placement, so they do not make it search from the start of the cache,
+    # where it would meet such cells of the request's own window before any free cell
+    toks1 = [901, 902, 903, 2, 901, 902, 903, 4, 900, 901, 902, 903, 904, 905]
+    pos1 = [0, 0, 0, 3, 4, 4, 4, 7, 8, 8, 8, 8, 8, 8]
+    xs1 = [0, 0, 0, 0, 4, 4, 4, 0, 8, 9, 10, 8, 9, 10]
+    ys1 = [0, 1, 2, 0, 4, 5, 6, 0, 8, 8, 8, 9, 9, 9]
+    toks2 = toks1[:5] + [901, 902, 903, 900, 901, 902, 903, 900, 901, 1]
+    pos2 = pos1[:5] + [5, 5, 5, 8, 8, 8, 8, 10, 10, 12]
+    xs2 = xs1[:5] + [0, 6, 7, 8, 9, 8, 9, 10, 11, 0]
+    ys2 = ys1[:5] + [0, 0, 0, 8, 8, 9, 9, 10, 10, 0]
+
+    def place(c, s, toks, pos, xs, ys, a, b):
+        seen = []
+        for j in range(a, b):
+            ub = UBatch([pos[j]], [s], tokens=[toks[j]], pos_x=[xs[j]], pos_y=[ys[j]])
+            assert c.find_slot(ub)
+            seen.append(sorted(c.attention_indices(ub, positions=True)[1].kv_pos.tolist()))
+        return seen
+
+    def fresh():
+        return kvcache.ISWACache(512, 2, E, E, swa_layers=[1], n_swa=4, swa_full=swa_full, n_batch=8, n_seq_max=2,
+                                 cell_ext=True, semantics="2026")
+
+    reused, plain = fresh(), fresh()
+    reused.enable_prefix_reuse()
+    for c in (reused, plain):
+        place(c, 0, toks1, pos1, xs1, ys1, 0, len(toks1))
+    reused.prefix_release(0)
+    plain.seq_rm(0)
+    assert reused.prefix_attach(1, toks2, pos=pos2, pos_x=xs2, pos_y=ys2) == 5
+    place(plain, 1, toks2, pos2, xs2, ys2, 0, 5)
+    seen = place(plain, 1, toks2, pos2, xs2, ys2, 5, len(toks2))
+    assert seen[6] == [5, 5, 5, 8, 8, 8, 8]             # the last token of the image at 8 sees 5 .. 8
+    assert place(reused, 1, toks2, pos2, xs2, ys2, 5, len(toks2)) == seen
+    reused.base._prefix_check()
+    reused.swa._prefix_check()
+
+
 def test_cell_ext_per_layer_embeddings_match_their_token():
     c = _ext_cache(ple_token=99)
     assert c.find_slot(UBatch([0, 1, 2], [0] * 3))                 # computed without token ids: 99's embedding
