@@ -354,7 +354,7 @@ def _check_rows(c, s, tokens):
     the base holds every position, the SWA cache at least the window of the next one."""
     for part, il in ((c.base, 0), (c.swa, 1)):
         cells, pos = part.seq_cells(s)
-        k = np.asarray(part.k(il))
+        k = np.asarray(part.k(il)).reshape(part.n_stream, -1, E)[s if part.n_stream > 1 else 0]
         for p, cell in zip(pos, cells):
             np.testing.assert_array_equal(k[cell], fingerprint(tokens[:p + 1]) + il, err_msg=f"layer {il} pos {p}")
     assert list(c.base.seq_cells(s)[1]) == list(range(len(tokens)))
@@ -935,9 +935,11 @@ class SmallSWAMachine(RuleBasedStateMachine):
     either cache is the fingerprint of its own prefix, the base holds all of it and the SWA
     cache the window before its next position."""
 
+    KW: dict = {}
+
     def __init__(self):
         super().__init__()
-        self.c = _small()
+        self.c = _small(**self.KW)
         self.c.enable_prefix_reuse()
         self.toks = {s: [] for s in range(3)}
 
@@ -947,8 +949,10 @@ class SmallSWAMachine(RuleBasedStateMachine):
         if self.toks[s]:
             return
         prompt = base + tail
+        m = self.c.prefix_match(prompt, salt=salt)
         k = self.c.prefix_attach(s, prompt, salt=salt)
-        assert 0 <= k <= len(prompt) - 1
+        assert k == m and 0 <= k <= len(prompt) - 1
+        self.c.update()    # a prefix from another stream: the copy
         if k:
             _check_rows(self.c, s, prompt[:k])
         if _small_compute(self.c, s, prompt, k):
@@ -999,3 +1003,13 @@ class SmallSWAMachine(RuleBasedStateMachine):
 
 SmallSWAMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 test_small_swa_reuse_against_fingerprints = SmallSWAMachine.TestCase
+
+
+class SmallSWAStreamsMachine(SmallSWAMachine):
+    """The same with a stream per sequence: a prefix held in another stream comes over by a stream
+    copy, and a hit is what both caches attach from one stream."""
+    KW = {"kv_unified": False}
+
+
+SmallSWAStreamsMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+test_small_swa_reuse_with_streams_against_fingerprints = SmallSWAStreamsMachine.TestCase
