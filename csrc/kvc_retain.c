@@ -650,7 +650,6 @@ int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t 
     return rc;
 }
 
-
 uint32_t kvc_retain_match_parts(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
                                 uint32_t n) {
     return kvc_retain_match_parts_xy(cs, n_parts, salt, tokens, NULL, NULL, NULL, n);
