@@ -380,7 +380,11 @@ void kvc_recurrent_seq_add(kvc_recurrent *c, int32_t s, int32_t p0, int32_t p1, 
     }
     const int32_t tl = kvc_rec_tail_in_range(&c->cells, s, p0, p1);
     if (tl >= 0) {
-        c->cells.pos[tl] = kvc_wrap_add_i32(c->cells.pos[tl], shift);
+        /* int64 so that a huge shift cannot overflow: a position pushed past KVC_POS_MAX stays
+         * there, as an attention cell's does (a state in range has a position >= 0, so the sum
+         * stays above INT32_MIN) */
+        const int64_t p = (int64_t)c->cells.pos[tl] + shift;
+        c->cells.pos[tl] = (int32_t)(p > KVC_POS_MAX ? KVC_POS_MAX : p);
     }
 }
 

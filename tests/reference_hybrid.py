@@ -162,7 +162,7 @@ class RecurrentReference2026:
     def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
         t = self._tail_in(s, p0, p1) if shift else -1
         if t >= 0:
-            self.pos[t] += shift
+            self.pos[t] = min(self.pos[t] + shift, 2**31 - 1)   # saturates, as an attention cell's
 
     def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
         t = self._tail_in(s, p0, p1) if d != 1 else -1

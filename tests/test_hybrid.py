@@ -73,6 +73,17 @@ def test_decode_rollback_and_positions():
     assert h.seq_rm(0) and h.seq_pos_max(0) == -1 and h.attn.used == 0
 
 
+def test_seq_add_past_the_largest_position_saturates_in_both_parts():
+    h = lfm2()
+    decode(h, 0, 0, 10)
+    h.seq_add(0, 0, -1, 2**31 - 1)
+    assert h.attn.seq_pos_max(0) == h.recr.seq_pos_max(0) == h.seq_pos_max(0) == 2**31 - 1
+    blob = h.state_write(0)
+    other = lfm2()
+    assert other.state_read(blob, 1) == len(blob)
+    assert other.seq_pos_max(1) == 2**31 - 1
+
+
 def test_find_slot_in_both_or_neither():
     h = lfm2(kv_size=8)
     decode(h, 0, 0, 6)

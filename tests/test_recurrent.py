@@ -307,6 +307,20 @@ def test_add_div_keep_and_full():
     assert c.update() is False
 
 
+@pytest.mark.parametrize("semantics", ["2025", "2026"])
+def test_seq_add_past_the_largest_position_saturates(semantics):
+    # as an attention cell's position: the state stays at the largest position, never wraps to
+    # a negative one (which no state read would take back)
+    c = RecurrentCache(2, 1, 4, 4, semantics=semantics)
+    assert c.find_slot(UBatch(list(range(10)), [0], n_seq_tokens=10))
+    c.seq_add(0, 0, -1, 2**31 - 1)
+    assert (c.seq_pos_min(0), c.seq_pos_max(0), c.used) == (2**31 - 1, 2**31 - 1, 1)
+    blob = c.state_write(0)
+    d = RecurrentCache(2, 1, 4, 4, semantics=semantics)
+    assert d.state_read(blob, 1) == len(blob)
+    assert d.seq_pos_max(1) == 2**31 - 1
+
+
 def test_store_checks_rows():
     c = RecurrentCache(2, 1, 3, 2)
     c.find_slot(UBatch([0, 0], [[0], [1]]))
