@@ -1,6 +1,8 @@
 /* kvcache — reading a memory state into a cache of semantics 2026 (see kvc_state_2026.h). */
 #include "kvc_state_2026.h"
 
+#include "kvc_reuse.h"
+
 #include <inttypes.h>
 #include <string.h>
 
@@ -105,12 +107,23 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
     const kvc_slot slot = c->slot;
     const kvc_scatter scat = c->scatter;
     const uint32_t head = kvc_unified_stream_head_c(c, st);
+    /* with prefix reuse, what the dry run's placements change besides the cells: the sequence's
+     * lock on the prefix it is attached to (the removal lets it go, so that placement may evict
+     * that prefix as the read itself would) and the records of the cells placed */
+    kvc_reuse *reuse = c->reuse;
+    const size_t size = c->cells.size;
+    const kvc_prefix_handle lock = reuse ? reuse->lock[seq_id] : (kvc_prefix_handle){ 0, 0 };
+    kvc_reuse_cell *rec = reuse ? kvc_malloc_n(size, sizeof *rec) : NULL;
     int32_t *idx = kvc_malloc_n(slot.n ? slot.n : 1, sizeof *idx);
     uint32_t *strm = kvc_malloc_n(c->n_stream, sizeof *strm);
-    if (!idx || !strm || kvc_cells_init_like(&saved, kvc_unified_stream_cells(c, st)) != KVC_OK) {
+    if (!idx || !strm || (reuse && !rec) || kvc_cells_init_like(&saved, kvc_unified_stream_cells(c, st)) != KVC_OK) {
         kvc_free(idx);
         kvc_free(strm);
+        kvc_free(rec);
         return KVC_E_NOMEM;
+    }
+    if (reuse) {
+        memcpy(rec, reuse->rec + (size_t)st * size, size * sizeof *rec);
     }
     kvc_cells_copy(&saved, kvc_unified_stream_cells(c, st));
     memcpy(idx, scat.idx, (size_t)slot.n * sizeof *idx);
@@ -132,9 +145,19 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
     c->scatter.n_groups = scat.n_groups;
     c->scatter.n_seq_tokens = scat.n_seq_tokens;
     c->slot = slot;
+    if (reuse) {
+        /* the sequence holds its cells again: its records and its lock back (unless the dry run
+         * evicted the prefix: then the index let the cells go, and they are the sequence's alone) */
+        memcpy(reuse->rec + (size_t)st * size, rec, size * sizeof *rec);
+        if (lock.node && reuse->lock[seq_id].node == 0 && kvc_prefix_handle_valid(&reuse->idx, lock) &&
+            kvc_prefix_lock(&reuse->idx, lock, NULL) == KVC_OK) {
+            reuse->lock[seq_id] = lock;
+        }
+    }
     kvc_cells_free(&saved);
     kvc_free(idx);
     kvc_free(strm);
+    kvc_free(rec);
     return found;
 }
 

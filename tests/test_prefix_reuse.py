@@ -736,6 +736,41 @@ def test_bad_input_changes_nothing():
     c._prefix_check()
 
 
+def test_failed_state_read_keeps_the_attached_prefix_protected():
+    # the read's dry run takes the sequence out to look for room: a failure puts back its lock
+    # on the prefix it attached, so that the prefix stays unevictable while the sequence holds it
+    c = UnifiedCache(16, 1, E, E, type_k="f32", type_v="f32", n_seq_max=4, n_pad=1, semantics="2026")
+    c.enable_prefix_reuse()
+    compute(c, 0, [1, 2, 3, 4], 0)
+    assert c.prefix_release(0) == 4
+    assert c.prefix_attach(1, [1, 2, 3, 4, 5]) == 4
+    assert c.find_slot(UBatch(list(range(10)), [2] * 10))
+    big = UnifiedCache(16, 1, E, E, type_k="f32", type_v="f32", n_seq_max=4, n_pad=1, semantics="2026")
+    assert big.find_slot(UBatch(list(range(8)), [0] * 8))
+    before = (c.state_write(), c.prefix_stats, c.used)
+    assert before[1]["evictable"] == 0
+    with pytest.raises(kvcache.StateError, match="no room"):
+        c.state_read(big.state_write(0), 1)
+    assert (c.state_write(), c.prefix_stats, c.used) == before
+    # a placement that cannot fit evicts nothing: the held cells are sequence 1's
+    assert not c.find_slot(UBatch([0, 1, 2], [3] * 3))
+    assert c.prefix_stats == before[1] and c.seq_pos_max(1) == 3
+    c._prefix_check()
+
+
+def test_an_aborted_import_keeps_the_tokens_the_cells_were_computed_with():
+    # seq_import_begin's dry run places the incoming cells where the sequence's stood: an abort
+    # leaves the sequence's cells as they were, with what reuse recorded of them
+    c = make()
+    compute(c, 0, [1, 2, 3, 4, 5, 6], 0)
+    src = UnifiedCache(64, 1, E, E, type_k="f32", type_v="f32", v_trans=False, n_pad=32, semantics="2026")
+    assert src.find_slot(UBatch([0, 1, 2], [0] * 3))
+    imp = c.seq_import_begin(src.seq_export(0).header, 0)
+    imp.abort()
+    assert c.prefix_release(0) == 6 and c.prefix_stats["cells"] == 6
+    c._prefix_check()
+
+
 def test_reuse_off_and_unavailable():
     c = UnifiedCache(64, 1, E, E, n_seq_max=2, semantics="2026")
     assert not c.prefix_reuse and c.prefix_stats is None
