@@ -114,15 +114,20 @@ int kvc_hybrid_state_read(kvc_hybrid *h, int32_t seq_id, const uint8_t *data, si
         return rc;
     }
     const unsigned cache_layout = layout & ~(unsigned)KVC_LAYOUT_PREFIX;
-    /* phase 1: every part validated while nothing changes */
+    /* phase 1: every part validated while nothing changes: the bytes of every part first, then
+     * the room the attention part's cells need (a search that may evict prefix-index cells, as
+     * placement does: only for a state whose every byte is valid) */
     kvc_unified *cs[2];
     const uint32_t n = attn_caches(h, parts, cs);
     kvc_state_plan ap[2];
+    size_t at[2];
     memset(ap, 0, sizeof ap);
     size_t off = base;
     for (uint32_t k = 0; k < n; k++) {
+        at[k] = off;
         rc = kvc_unified_state_prepare_lay(cs[k], seq_id, bytes_at(data, off), len - off,
-                                           flags & ~(unsigned)KVC_STATE_EXACT, cache_layout, &ap[k], err);
+                                           (flags & ~(unsigned)KVC_STATE_EXACT) | KVC_STATE_NO_ROOM, cache_layout,
+                                           &ap[k], err);
         if (rc != KVC_OK) {
             for (uint32_t j = 0; j < k; j++) {
                 kvc_state_plan_free(&ap[j]);
@@ -142,6 +147,16 @@ int kvc_hybrid_state_read(kvc_hybrid *h, int32_t seq_id, const uint8_t *data, si
             return kvc_err_set(err, rc, "recurrent part (from byte %zu): missing, the state ends there", off);
         }
         return kvc_err_wrap(err, rc, "recurrent part (from byte %zu)", off);
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        rc = kvc_state_plan_room(cs[k], &ap[k], err);
+        if (rc != KVC_OK) {
+            for (uint32_t j = 0; j < n; j++) {
+                kvc_state_plan_free(&ap[j]);
+            }
+            kvc_state_plan_free(&rp);
+            return kvc_err_wrap(err, rc, "%s (from byte %zu)", attn_part_name(h, cs[k]), at[k]);
+        }
     }
     /* phase 2: a prepared part applies without failing */
     int bad = KVC_OK;

@@ -58,9 +58,13 @@ static int prepare_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t s
     size_t off = base;
     int rc = KVC_OK;
     uint32_t k;
+    size_t at[KVC_STATE_MAX_PARTS];
+    /* the bytes of every part, then the room of each (a search that may evict prefix-index cells,
+     * as placement does: only for a state whose every byte is valid) */
     for (k = 0; k < n_parts && rc == KVC_OK; k++) {
-        rc = kvc_unified_state_prepare_lay(caches[k], seq_id, off ? data + off : data, len - off, flags, layout,
-                                           &plans[k], err);
+        at[k] = off;
+        rc = kvc_unified_state_prepare_lay(caches[k], seq_id, off ? data + off : data, len - off,
+                                           flags | KVC_STATE_NO_ROOM, layout, &plans[k], err);
         if (rc == KVC_OK) {
             off += plans[k].len;
         } else if (n_parts > 1) {
@@ -71,6 +75,14 @@ static int prepare_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t s
     }
     if (rc == KVC_OK && (flags & KVC_STATE_EXACT)) {
         rc = kvc_state_check_end(off, len, err);
+    }
+    for (uint32_t j = 0; j < n_parts && rc == KVC_OK; j++) {
+        rc = kvc_state_plan_room(caches[j], &plans[j], err);
+        if (rc != KVC_OK && n_parts > 1) {
+            kvc_err_wrap(err, rc, "part %" PRIu32 " of %" PRIu32 " (from byte %zu)", j, n_parts, at[j]);
+        } else if (rc != KVC_OK && at[j]) {
+            kvc_err_wrap(err, rc, "memory state (from byte %zu)", at[j]);
+        }
     }
     if (rc != KVC_OK) {
         for (uint32_t j = 0; j < k && j < n_parts; j++) {

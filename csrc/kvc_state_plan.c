@@ -94,13 +94,18 @@ static int parse_secs(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_
 int kvc_state_plan_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                            unsigned layout, kvc_state_room_fn *room, kvc_state_plan *plan, kvc_err *err) {
     int rc = parse_secs(c, seq_id, data, len, flags, layout, plan, err);
-    if (rc == KVC_OK && seq_id >= 0 && plan->n_sec > 0) {
-        rc = room(c, plan, err);
+    plan->room = room;
+    if (rc == KVC_OK && !(flags & KVC_STATE_NO_ROOM)) {
+        rc = kvc_state_plan_room(c, plan, err);
     }
     if (rc != KVC_OK) {
         kvc_state_plan_free(plan);
     }
     return rc;
+}
+
+int kvc_state_plan_room(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
+    return plan->room && plan->seq_id >= 0 && plan->n_sec > 0 ? plan->room(c, plan, err) : KVC_OK;
 }
 
 /* Scatter cc cells of V given as n_embd_v rows of cc elements (a transposed blob) into rows of

@@ -17,7 +17,14 @@ extern "C" {
 enum kvc_state_flags {
     KVC_STATE_CONVERT_V = 1u, /* accept V in the other layout (transposed <-> rows) and convert it */
     KVC_STATE_EXACT     = 2u, /* the state must end exactly at len: trailing bytes are an error */
+    KVC_STATE_NO_ROOM   = 4u, /* the bytes only: the room a single sequence's sections need is checked
+                               * later (kvc_state_plan_room), once every part of the state is read */
 };
+
+struct kvc_state_plan;
+/* What a semantics adds to the validation of a single sequence's state with sections: whether c
+ * has room for them. KVC_OK, or a negative code with err. */
+typedef int kvc_state_room_fn(kvc_unified *c, const struct kvc_state_plan *plan, kvc_err *err);
 
 /* One validated stream section of a part: where its cells go and where its data is. */
 typedef struct kvc_state_sec {
@@ -44,6 +51,7 @@ typedef struct kvc_state_plan {
     uint32_t       n_sec;      /* the non-empty stream sections */
     kvc_state_sec  one;        /* they are this one, in a part of one stream */
     kvc_state_sec *many;       /* else [n_sec] (owned; room for a section per stream) */
+    kvc_state_room_fn *room;   /* the semantics' room check (NULL: none to make) */
 } kvc_state_plan;
 
 /* The plan's sections, [n_sec]. */
@@ -64,15 +72,17 @@ typedef int kvc_state_apply_fn(kvc_unified *c, const kvc_state_plan *plan);
 
 /* --- internal to the readers ---------------------------------------------------------------- */
 
-/* What a semantics adds to the validation of a single sequence's state with sections: whether c
- * has room for them. KVC_OK, or a negative code with err. */
-typedef int kvc_state_room_fn(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err);
-
 /* The prepare of either semantics: the framing and every stream section parsed against c into
  * plan (a parsed section becomes a plan section), then for a single sequence's state with
- * sections room(c, plan). KVC_OK, or a negative code with err and the plan freed. */
+ * sections room(c, plan), unless flags has KVC_STATE_NO_ROOM. KVC_OK, or a negative code with err
+ * and the plan freed. */
 int kvc_state_plan_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, size_t len, unsigned flags,
                            unsigned layout, kvc_state_room_fn *room, kvc_state_plan *plan, kvc_err *err);
+/* The room check a prepare with KVC_STATE_NO_ROOM left out (a no-op for a whole-cache state or
+ * one without sections). KVC_OK, or a negative code with err (the caller frees the plan). A
+ * reader of several parts parses every part first, so that a part's room (which may evict
+ * prefix-index cells, as placement does) is looked for only when every byte of the state is valid. */
+int kvc_state_plan_room(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err);
 
 /* Whether a read copies the K/V data of cc cells with non-temporal stores: from KVC_STREAM_BYTES
  * on (data that does not stay in the caches anyway). */

@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvcache import HybridCache, RecurrentCache, UBatch
+from kvcache import HybridCache, RecurrentCache, StateError, UBatch
 from lfm2_model import lfm2_chunk
 from reference_checkpoint import CheckpointPoolModel
 
@@ -461,6 +461,52 @@ def test_hybrid_release_without_tokens_and_failures():
     assert off.prefix_match([1, 2]) == 0 and off.prefix_stats is None
     with pytest.raises(RuntimeError, match="prefix reuse is off"):
         off.prefix_attach(0, [1, 2])
+
+
+def test_hybrid_failed_state_read_keeps_what_reuse_knows_of_the_sequences():
+    """A state read that fails (here: its recurrent part cut short) leaves both parts as they were,
+    the prefix index's knowledge of the sequences' cells included: the tokens the cells were
+    computed with (a release keeps them all) and the lock of an attached sequence on its prefix
+    (not evictable while the sequence holds it)."""
+    h = hyb(kv_size=16)
+    a = [1, 2, 3, 4, 5, 6]
+    hcompute(h, 0, a, 0)
+    other = HybridCache(16, 2, [1], E, E, E, E, n_seq_max=4, type_k="f32", type_v="f32", v_trans=False)
+    assert other.find_slot(UBatch([0, 1, 2], [0], n_seq_tokens=3))
+    cut = other.state_write(0)[:-4]
+    before = (h.state_write(), h.state_write(0), h.prefix_stats, h.seq_pos_max(0), h.attn.used)
+    with pytest.raises(StateError, match="recurrent part"):
+        h.state_read(cut, 0)
+    assert (h.state_write(), h.state_write(0), h.prefix_stats, h.seq_pos_max(0), h.attn.used) == before
+    assert h.prefix_release(0) == 6 and h.prefix_stats["attn"]["cells"] == 6
+    assert h.prefix_attach(1, a + [7]) == 6
+    before = (h.state_write(), h.prefix_stats)
+    assert before[1]["attn"]["evictable"] == 0
+    with pytest.raises(StateError, match="recurrent part"):
+        h.state_read(cut, 1)
+    assert (h.state_write(), h.prefix_stats) == before
+    hcheck(h, 1, a)
+    h._prefix_check()
+
+
+def test_hybrid_state_read_with_a_bad_part_evicts_nothing():
+    # the room a sequence's cells need is looked for (evicting held prefixes, as placement does)
+    # only once every part of the state is read: a read that fails on its recurrent part leaves
+    # the prefixes the index holds
+    h = hyb(kv_size=16)
+    hcompute(h, 0, list(range(1, 11)), 0)
+    assert h.prefix_release(0) == 10
+    hcompute(h, 1, [1, 2, 3, 4], 0)                       # 2 cells free, 10 held by the index
+    other = HybridCache(16, 2, [1], E, E, E, E, n_seq_max=4, type_k="f32", type_v="f32", v_trans=False)
+    assert other.find_slot(UBatch(list(range(5)), [0], n_seq_tokens=5))
+    blob = other.state_write(0)
+    before = (h.state_write(), h.prefix_stats, h.attn.used)
+    with pytest.raises(StateError, match="recurrent part"):
+        h.state_read(blob[:-4], 2)
+    assert (h.state_write(), h.prefix_stats, h.attn.used) == before
+    assert h.state_read(blob, 2) == len(blob)             # the whole state: room made by eviction
+    assert h.seq_pos_max(2) == 4 and h.prefix_stats["attn"]["cells"] < 10
+    h._prefix_check()
 
 
 # --- against the model -----------------------------------------------------------------------------
