@@ -269,6 +269,31 @@ def test_which_caches_and_memory():
     assert b.prefix_stats is None
 
 
+
+def test_checkpoint_memory_must_not_be_the_caches_own():
+    # a pool over the cache's own states (or a hybrid memory's K/V) would overwrite them with
+    # every checkpoint: refused, nothing changed
+    r = rec(kv_size=8)
+    compute(r, 0, [1, 2, 3], 0)
+    before = (r.state_write(), r.prefix_stats)
+    with pytest.raises(ValueError, match="memory and the cache's layer 0 V overlap"):
+        r.enable_prefix_reuse(checkpoints=2, memory=r.v(0))
+    assert (r.state_write(), r.prefix_stats) == before
+    K, V = np.zeros((64, E), np.float32), np.zeros((64, E), np.float32)
+    R, S = np.zeros((4, E), np.float32), np.zeros((4, E), np.float32)
+    h = HybridCache(64, 2, [1], E, E, E, E, n_seq_max=4, type_k="f32", type_v="f32", v_trans=False,
+                    buffers=({0: (K, V)}, {1: (R, S)}))
+    assert h.find_slot(UBatch([0, 1], [0], n_seq_tokens=2))
+    before = (h.state_write(), h.prefix_reuse)
+    with pytest.raises(ValueError, match="memory and the attention part's layer 0 V overlap"):
+        h.enable_prefix_reuse(checkpoints=2, memory=V)
+    with pytest.raises(ValueError, match="memory and the cache's layer 1 K overlap"):
+        h.enable_prefix_reuse(checkpoints=1, memory=R)
+    assert (h.state_write(), h.prefix_reuse) == before
+    h.enable_prefix_reuse(checkpoints=2, memory=np.zeros(2 * 4 * E * 2, np.uint8))
+    assert h.prefix_stats["recr"]["cap"] == 2
+
+
 # --- the hybrid memory -----------------------------------------------------------------------------
 
 def hyb(kv_size=64, n_seq_max=4, checkpoints=8, **kw) -> HybridCache:

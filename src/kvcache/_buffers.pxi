@@ -471,6 +471,19 @@ cdef int _check_disjoint(list regions) except -1:
     return 0
 
 
+
+cdef list _layer_regions(const kvc_layer *layers, uint32_t n_layer, size_t rows, str part):
+    """_check_disjoint's regions of the K and V memory of layers[0, n_layer), rows rows each (a
+    cache's layers; part names the cache in a message)."""
+    cdef uint32_t i
+    out = []
+    for i in range(n_layer):
+        if layers[i].k != NULL:
+            out.append((("{}layer {} K", part, layers[i].il), <size_t>layers[i].k, rows * layers[i].k_row_bytes))
+        if layers[i].v != NULL:
+            out.append((("{}layer {} V", part, layers[i].il), <size_t>layers[i].v, rows * layers[i].v_row_bytes))
+    return out
+
 def _span_start(span):
     return span[0]
 

@@ -404,6 +404,9 @@ cdef class _Hybrid:
         # before it starts its new pool, and the cap is read here (the attention part's enable
         # then fails only for memory)
         cap = int_c(cap, "cap", 0, UINT32_MAX)
+        if memory is not None:
+            # the recurrent part refuses memory of its own states; the attention part's K/V neither
+            self._memory_apart(memory)
         had = self._attn.prefix_reuse
         self._recr.enable_prefix_reuse(checkpoints, per_seq, memory)
         try:
@@ -413,6 +416,20 @@ cdef class _Hybrid:
             if not had:
                 self._attn.disable_prefix_reuse()
             raise
+
+    cdef int _memory_apart(self, object memory) except -1:
+        """ValueError when the checkpoints' memory overlaps the attention part's K/V."""
+        cdef _HeldBuffer hb = hold_buffer(memory, "memory", True)
+        cdef _Unified c
+        try:
+            regions = [("memory", <size_t>hb.view.buf, <size_t>hb.view.len)]
+            for c in ((self._iswa._base, self._iswa._swa) if self._iswa is not None else (self._cells,)):
+                regions += _layer_regions(c.c.layers, c.c.n_layer, <size_t>c.c.cells.size * c.c.n_stream,
+                                          "the attention part's ")
+            _check_disjoint(regions)
+        finally:
+            hb.release()
+        return 0
 
     def disable_prefix_reuse(self):
         """Turn prefix reuse off in both parts (held cells become free, checkpoints go)."""

@@ -65,8 +65,8 @@ cdef class _Recurrent2026(_Recurrent):
         bytes: every layer's K row and V row of one cell); the least recently used goes first.
         ``per_seq``: the most checkpoints one running sequence keeps (its oldest goes first;
         0: no bound but ``checkpoints``). ``memory``: a writable C-contiguous buffer of at least
-        ``checkpoints * state_bytes`` bytes for the states, or None for memory the cache
-        allocates; a cache with borrowed buffers needs it (the cache allocates no state memory
+        ``checkpoints * state_bytes`` bytes for the states (not the cache's own memory), or None
+        for memory the cache allocates; a cache with borrowed buffers needs it (the cache allocates no state memory
         of its own there), one with ``buffers='none'`` has no state to checkpoint (ValueError).
         Calling it again starts a new pool (the checkpoints held go)."""
         cdef uint32_t cap = <uint32_t>int_c(checkpoints, "checkpoints", 1, UINT32_MAX)
@@ -91,6 +91,14 @@ cdef class _Recurrent2026(_Recurrent):
                 hb.release()
                 raise ValueError(f"memory holds {hb.view.len} bytes; {cap} checkpoints of "
                                  f"{kvc_ckpt_state_bytes(&self.c)} bytes need {need}")
+            try:
+                # the pool's states must not be the cache's own (a checkpoint would overwrite states)
+                _check_disjoint([("memory", <size_t>hb.view.buf, <size_t>hb.view.len)] +
+                                _layer_regions(self.c.layers, self.c.n_layer,
+                                               <size_t>self.c.cells.size * (1 + <size_t>self.c.n_rs_seq), "the cache's "))
+            except BaseException:
+                hb.release()
+                raise
             mem = <uint8_t *>hb.view.buf
             mem_len = <size_t>hb.view.len
         cdef kvc_ckpt_pool *pool = <kvc_ckpt_pool *>calloc(1, sizeof(kvc_ckpt_pool))
