@@ -534,6 +534,25 @@ def test_hybrid_state_read_with_a_bad_part_evicts_nothing():
     h._prefix_check()
 
 
+def test_hybrid_import_refused_for_its_state_evicts_nothing():
+    # an export whose recurrent state does not stand where its attention cells end is refused
+    # before the attention part looks for room (which would evict the prefixes the index holds)
+    src = HybridCache(16, 2, [1], E, E, E, E, n_seq_max=4, type_k="f32", type_v="f32", v_trans=False)
+    assert src.find_slot(UBatch([0, 1, 2], [0], n_seq_tokens=3))
+    assert src.attn.find_slot(UBatch(list(range(3, 9)), [0] * 6))     # the attention part alone goes on
+    header = src.seq_export(0).header
+    h = hyb(kv_size=16)
+    hcompute(h, 0, list(range(1, 11)), 0)
+    assert h.prefix_release(0) == 10
+    hcompute(h, 1, [1, 2, 3, 4], 0)                       # 2 cells free, 10 held by the index
+    before = (h.state_write(), h.prefix_stats, h.attn.used)
+    with pytest.raises(StateError, match="the recurrent state is at position 2, the attention part's cells end at 8"):
+        h.seq_import_begin(header, 2)
+    assert (h.state_write(), h.prefix_stats, h.attn.used) == before
+    assert h.find_slot(UBatch([4], [1], n_seq_tokens=1))    # not left importing
+    h._prefix_check()
+
+
 # --- against the model -----------------------------------------------------------------------------
 
 PROMPTS = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8], [9, 8, 7, 6], [1, 2]]

@@ -10,6 +10,7 @@ the recurrent part refuses changes neither, a sequence's position range is the i
 the parts', the K-shift touches the attention part only."""
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING, Iterator, Sequence, cast
 
 from kvcache._core import StateError, UBatch, _Hybrid, _ISWA2026, _seq_export, _seq_import_begin, ggml_row_size
@@ -114,22 +115,36 @@ class HybridCache(_Hybrid):
         except StateError as e:
             raise StateError(f"seq_import_begin: the recurrent state: {e}") from None
         attn = self.attn
+        attn_header = split_parts(fields.attn, 2)[0] if isinstance(attn, _ISWA2026) else fields.attn
+        # the recurrent state must stand where the attention part's cells end, as an export has it:
+        # asked before the attention part's import begins (its search for room may evict held
+        # prefixes), of a header that can be read (a malformed one the attention part refuses)
+        at = scratch.recr.seq_pos_max(0)
+        ends = _cells_end(attn_header)
+        _check_state_at(at, ends)
         part: SeqImport | PartsImport
         if isinstance(attn, _ISWA2026):
             part = cast(ISWACache2026, attn).seq_import_begin(fields.attn, seq_id)
-            attn_header = split_parts(fields.attn, 2)[0]
         else:
             part = _seq_import_begin(attn, fields.attn, seq_id)
-            attn_header = fields.attn
-        # the parts' headers were checked apart (the attention part's has its checksum): the
-        # recurrent state must stand where the attention part's cells end, as an export has it
-        pos = _header_cells(attn_header)[0]
-        at = scratch.recr.seq_pos_max(0)
-        if len(pos) and int(pos.max()) != at:
+        if ends is None:    # (a header the attention part takes is one this reads)
             part.abort()
-            raise StateError(f"seq_import_begin: the recurrent state is at position {at}, the attention part's "
-                             f"cells end at {int(pos.max())}")
+            raise StateError("seq_import_begin: the attention part's header lists no cells that can be read")
         return HybridImport(part, self.recr, fields, self._hold)
+
+
+def _cells_end(header: bytes) -> int | None:
+    """The largest position of a hand-off header's cells (-1: none), None when the header cannot be read."""
+    try:
+        return int(_header_cells(header)[0].max(initial=-1))
+    except (struct.error, ValueError):
+        return None
+
+
+def _check_state_at(at: int, end: int | None) -> None:
+    if end is not None and end >= 0 and end != at:
+        raise StateError(f"seq_import_begin: the recurrent state is at position {at}, the attention part's cells "
+                         f"end at {end}")
 
 
 def split_batch(pos: Sequence[int], seq_id: Sequence[int], n_ubatch: int, *, embd_all: bool = False,
