@@ -338,3 +338,23 @@ def test_mmap_and_file_targets_for_state():
         assert cache.state_read(m) == len(blob)
     ro = np.frombuffer(blob, dtype=np.uint8)     # read-only data is fine for reading
     assert cache.state_read(ro) == len(blob)
+
+
+class _ClaimsHugeLength(list):
+    """A list whose __len__ claims far more items than it holds."""
+
+    def __len__(self):
+        return 2**62
+
+
+def test_a_claimed_length_is_not_trusted():
+    # the values are what iteration gives: nothing is preallocated from what __len__ claims (a
+    # MemoryError before)
+    assert kvcache.UBatch(_ClaimsHugeLength([0, 1]), [0, 0]).pos.tolist() == [0, 1]
+    h = kvcache.HybridCache(16, 2, [1], 4, 4, _ClaimsHugeLength([4, 4]), 4, type_k="f32", type_v="f32")
+    assert h.recr.n_embd_k == [4]
+    h.enable_prefix_reuse()
+    assert h.prefix_match(_ClaimsHugeLength([1, 2, 3])) == 0
+    assert h.prepare(_ClaimsHugeLength([kvcache.UBatch([0], [0])])) is not None
+    r = kvcache.RecurrentCache(2, 1, 4, 4, semantics="2026")
+    assert r.prepare(_ClaimsHugeLength([kvcache.UBatch([0], [0])]))

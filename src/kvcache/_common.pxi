@@ -277,6 +277,12 @@ def type_arg(t, name="type"):
     return GGMLType(info.id, info.name.decode("ascii"), info.blck_size, info.type_size)
 
 
+cdef list _items(object v):
+    """The items of an iterable, in order, as a list, without asking its length first (list(v)
+    preallocates what len(v) claims: a subclass claiming 2**62 items made a MemoryError of a
+    two-item list). TypeError when v cannot be iterated."""
+    return [x for x in v]
+
 def widths_arg(v, n_layer, name, hi=0x7FFFFFFF):
     """Per-layer widths: one int for every layer, or a sequence of n_layer ints, each in
     [0, hi]; a tuple of ints."""
@@ -287,7 +293,7 @@ def widths_arg(v, n_layer, name, hi=0x7FFFFFFF):
     if isinstance(v, (str, bytes)) or _is_bool(v):
         raise TypeError(f"{name} must be an int or a sequence of ints, not {type(v).__name__}")
     try:
-        seq = list(v)
+        seq = _items(v)
     except TypeError:
         raise TypeError(f"{name} must be an int or a sequence of ints, not {type(v).__name__}") from None
     if len(seq) != n:
@@ -371,7 +377,7 @@ cdef list _seq_entries(object v):
     if PyObject_CheckBuffer(v) or hasattr(v, "__dlpack__"):
         return values_c(v, "seq_id", VALUES_INT, True).tolist()
     try:
-        return list(v)
+        return _items(v)
     except TypeError:
         return None
 
@@ -407,7 +413,7 @@ cdef object values_c(object v, str name, int kind, bint nd=False):
             raise ValueError(f"{name} holds values beyond int64")
         return np.array(a, dtype=np.int64, copy=True)
     try:
-        items = list(v)
+        items = _items(v)
     except TypeError:
         raise TypeError(f"{name} must be a sequence of {what} or an array, not {type(v).__name__}") from None
     cdef Py_ssize_t i, n = len(items)

@@ -231,7 +231,7 @@ cdef class _Hybrid:
         llama.cpp's hybrid memory prepares): the attention part's slot_infos (see
         UnifiedCache.prepare; an iSWA pair's: ISWACache2026.prepare), or None when either part
         cannot take them. Both parts are left exactly as they were."""
-        ubs = list(ubatches)
+        ubs = _items(ubatches)
         with self._hold:
             if not self._recr.prepare(ubs):
                 return None

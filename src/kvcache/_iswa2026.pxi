@@ -17,7 +17,7 @@ cdef class _ISWA2026(_ISWA):
         """The dry run of placing several ubatches in turn in both caches (see
         UnifiedCache.prepare): ``(base_slot_infos, swa_slot_infos)``, or None when one does not
         fit in either cache. Both caches are left exactly as they were."""
-        ubs = list(ubatches)
+        ubs = _items(ubatches)
         with self._hold:
             base = self._base.prepare(ubs)
             swa = self._swa.prepare(ubs)

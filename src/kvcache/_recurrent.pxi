@@ -464,7 +464,7 @@ cdef class _Recurrent(RecurrentCore):
         ones before it), as llama.cpp's prepare: True when every one is placed. The cache is
         left exactly as it was. Every ubatch is checked (ValueError, nothing changed)."""
         cdef kvc_err err
-        cdef list ubs = list(ubatches)
+        cdef list ubs = _items(ubatches)
         cdef Py_ssize_t n_ub = len(ubs), u
         cdef kvc_ubatch *arr
         cdef int r

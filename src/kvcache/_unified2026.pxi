@@ -281,7 +281,7 @@ cdef class _Unified2026(_Unified):
         and the cells they reuse), or None when one does not fit. The cache is left exactly as
         it was. Every ubatch is checked first (ValueError, nothing changed)."""
         cdef kvc_err err
-        cdef list ubs = list(ubatches)
+        cdef list ubs = _items(ubatches)
         cdef Py_ssize_t n_ub = len(ubs), u, total = 0, off
         cdef kvc_ubatch *arr
         cdef UBatch ub
