@@ -771,6 +771,32 @@ def test_an_aborted_import_keeps_the_tokens_the_cells_were_computed_with():
     c._prefix_check()
 
 
+def test_a_placement_that_cannot_fit_evicts_nothing_live_sequences_hold():
+    # the index's cells that a live sequence holds too (a copy of an attached sequence, a released
+    # sequence's cells shared with another) free nothing when evicted: a placement that cannot
+    # fit without them fails and evicts nothing
+    c = UnifiedCache(16, 1, E, E, type_k="f32", type_v="f32", n_seq_max=4, n_pad=1, semantics="2026")
+    c.enable_prefix_reuse()
+    compute(c, 0, [1, 2, 3, 4], 0)
+    assert c.prefix_release(0) == 4
+    assert c.prefix_attach(1, [1, 2, 3, 4, 5]) == 4
+    c.seq_cp(1, 2)
+    c.seq_rm(1)                                  # sequence 2 holds the prefix's cells, unlocked
+    assert c.find_slot(UBatch(list(range(10)), [3] * 10))
+    before = (c.prefix_stats, c.used)
+    assert not c.find_slot(UBatch([0, 1, 2, 3], [0] * 4))
+    assert (c.prefix_stats, c.used) == before == ({"cells": 4, "evictable": 4, "nodes": 1, "cap": 0}, 14)
+    c.seq_rm(3)
+    compute(c, 1, [5, 6, 7], 0)
+    c.seq_cp(1, 0)
+    assert c.prefix_release(1) == 3              # sequence 0 holds the released cells too
+    assert c.find_slot(UBatch(list(range(9)), [3] * 9))
+    before = (c.prefix_stats, c.used)
+    assert not c.find_slot(UBatch([0, 1], [1] * 2))
+    assert (c.prefix_stats, c.used) == before
+    c._prefix_check()
+
+
 def test_reuse_off_and_unavailable():
     c = UnifiedCache(64, 1, E, E, n_seq_max=2, semantics="2026")
     assert not c.prefix_reuse and c.prefix_stats is None
