@@ -342,16 +342,18 @@ static bool demote(kvc_unified *c, uint32_t st, uint32_t n, uint32_t have) {
     return any;
 }
 
-/* The cells of stream st that only the index holds (no live sequence does): the most eviction
- * can free there (an evictable cell a live sequence holds too stays that sequence's). */
-static uint32_t n_held_only(const kvc_unified *c, uint32_t st) {
+/* The cells of stream st that only the index holds (no live sequence does), counted up to
+ * `need`: the most eviction can free there (an evictable cell a live sequence holds too stays
+ * that sequence's). Stops at `need`, so that a placement with plenty of such cells reads only
+ * the words that hold them. */
+static uint32_t n_held_only(const kvc_unified *c, uint32_t st, uint64_t need) {
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const uint64_t *held = c->reuse->held + (size_t)st * c->reuse->n_words;
-    uint32_t k = 0;
-    for (uint32_t w = 0; w < cells->n_words; w++) {
+    uint64_t k = 0;
+    for (uint32_t w = 0; w < cells->n_words && k < need; w++) {
         k += kvc_popcount64(held[w] & ~cells->used_bits[w]);
     }
-    return k;
+    return (uint32_t)(k < need ? k : need);
 }
 
 static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint32_t *have_out) {
@@ -359,8 +361,8 @@ static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_
     bool any = false;
     uint32_t have = n_known_free != UINT32_MAX ? n_known_free : n_free(c, st);
     uint64_t can = kvc_prefix_n_evictable(&r->idx);
-    if (!r->n_ghost && (uint64_t)have + can >= n) {
-        const uint32_t only = n_held_only(c, st);
+    if (!r->n_ghost && have < n && (uint64_t)have + can >= n) {
+        const uint32_t only = n_held_only(c, st, (uint64_t)n - have);
         can = can < only ? can : only;
     }
     if (!r->n_ghost && (uint64_t)have + can < n) {
