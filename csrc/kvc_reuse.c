@@ -356,19 +356,33 @@ static uint32_t n_held_only(const kvc_unified *c, uint32_t st, uint64_t need) {
     return (uint32_t)(k < need ? k : need);
 }
 
+/* Whether evicting could give stream st room for n cells when `have` are neither used nor
+ * held: the evictable cells, less those live sequences hold too (evicting those frees nothing).
+ * Window mode: true (the ghosts' room is not counted ahead). */
+static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t have) {
+    const kvc_reuse *r = c->reuse;
+    if (r->n_ghost || have >= n) {
+        return true;
+    }
+    const uint64_t can = kvc_prefix_n_evictable(&r->idx);
+    if ((uint64_t)have + can < n) {
+        return false;
+    }
+    const uint32_t only = n_held_only(c, st, (uint64_t)n - have);
+    return (uint64_t)have + (can < only ? can : only) >= n;
+}
+
+bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free) {
+    return c->reuse && room_possible(c, st, n, n_known_free != UINT32_MAX ? n_known_free : n_free(c, st));
+}
+
 static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint32_t *have_out) {
     kvc_reuse *r = c->reuse;
     bool any = false;
     uint32_t have = n_known_free != UINT32_MAX ? n_known_free : n_free(c, st);
-    uint64_t can = kvc_prefix_n_evictable(&r->idx);
-    if (!r->n_ghost && have < n && (uint64_t)have + can >= n) {
-        const uint32_t only = n_held_only(c, st, (uint64_t)n - have);
-        can = can < only ? can : only;
-    }
-    if (!r->n_ghost && (uint64_t)have + can < n) {
-        /* every evictable cell would not make room (those live sequences hold too free nothing):
-         * the placement fails, and it evicts nothing (the prefixes stay for the requests that
-         * can use them) */
+    if (!room_possible(c, st, n, have)) {
+        /* every evictable cell would not make room: the placement fails, and it evicts nothing
+         * (the prefixes stay for the requests that can use them) */
         if (have_out) {
             *have_out = have;
         }

@@ -171,6 +171,10 @@ uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n);
  * knows (a search that saw every cell), else UINT32_MAX (counted here). Returns whether
  * anything was evicted. */
 bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free);
+/* Whether kvc_reuse_make_room could give stream st room for n cells (n_free as there), without
+ * evicting: false when the cells eviction would free are too few (those live sequences hold
+ * too free nothing); true in window mode. False when reuse is off. */
+bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free);
 /* kvc_reuse_make_room, which also says in *have how many cells of the stream are now neither
  * used nor held (n_free must be known). Not in window mode. */
 bool kvc_reuse_make_room_count(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t *have);

@@ -564,14 +564,18 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
 }
 
 /* The search half of find_slot: every group's cells into c->scatter.idx (the placement is
- * dropped first); the cache's cells are not touched. 1 every group found room, 0 not. */
-static int kvc_search_2026(kvc_unified *c, uint32_t *strm, uint32_t n_groups, uint32_t nst) {
+ * dropped first); the cache's cells are not touched, the prefix index's evicted where room
+ * needs it (evict) or not at all. 1 every group found room, 0 not. */
+static int kvc_search_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_groups, uint32_t nst, bool evict) {
     kvc_unified_slot_drop(c);
     for (uint32_t g = 0; g < n_groups; g++) {
         int32_t *idx = c->scatter.idx + (size_t)g * nst;
         uint32_t n_free;
         if (kvc_stream_search(c, strm[g], nst, idx, &n_free)) {
             continue;
+        }
+        if (!evict) {
+            return 0;
         }
         if (n_free != UINT32_MAX && c->reuse && c->reuse->n_ghost == 0) {
             /* the search saw every free cell: room made, the search again (over the words that
@@ -588,6 +592,20 @@ static int kvc_search_2026(kvc_unified *c, uint32_t *strm, uint32_t n_groups, ui
                 return 0;
             }
         } while (!kvc_stream_search(c, strm[g], nst, idx, &n_free));
+    }
+    return 1;
+}
+
+/* Whether every group finds room in c, evicting from the prefix index where it must (as
+ * kvc_search_2026 would), answered without evicting; c's placement is dropped. */
+static int kvc_room_possible_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_groups, uint32_t nst) {
+    kvc_unified_slot_drop(c);
+    for (uint32_t g = 0; g < n_groups; g++) {
+        uint32_t n_free;
+        if (!kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst, &n_free) &&
+            !kvc_reuse_room_possible(c, strm[g], nst, n_free)) {
+            return 0;
+        }
     }
     return 1;
 }
@@ -621,11 +639,28 @@ int kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const k
             return rc;
         }
     }
-    /* every cache searches against its unchanged cells, then all are applied or none */
-    int all = 1;
+    /* every cache searches against its unchanged cells, then all are applied or none; with
+     * several, a cache evicts from its prefix index only once every other has room or can make
+     * it (a placement that fails evicts nothing) */
+    int all = 1, roomy[KVC_STATE_MAX_PARTS];
     for (uint32_t k = 0; k < n; k++) {
-        found[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k]);
+        found[k] = roomy[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k], n == 1);
         all &= found[k];
+    }
+    if (!all && n > 1) {
+        all = 1;
+        for (uint32_t k = 0; k < n; k++) {
+            if (!roomy[k]) {
+                found[k] = kvc_room_possible_2026(cs[k], strm[k], n_groups[k], nst[k]);
+                all &= found[k];
+            }
+        }
+        for (uint32_t k = 0; all && k < n; k++) {
+            if (!roomy[k]) {
+                found[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k], true);
+                all &= found[k];
+            }
+        }
     }
     if (!all) {
         for (uint32_t k = 0; k < n; k++) {

@@ -797,6 +797,28 @@ def test_a_placement_that_cannot_fit_evicts_nothing_live_sequences_hold():
     c._prefix_check()
 
 
+def test_a_pair_placement_that_fails_in_one_cache_evicts_in_neither():
+    # an iSWA pair places in both caches or in neither: a cache whose index could make room by
+    # evicting does not evict while the other finds none (the pair's find_slot fails anyway)
+    pair = kvcache.ISWACache(16, n_layer=2, n_embd_k_gqa=E, n_embd_v_gqa=E, swa_layers=[0], n_swa=8, n_batch=16,
+                             swa_full=True, n_pad=1, n_seq_max=4, semantics="2026", buffers=None)
+    pair.enable_prefix_reuse()
+    for s in (0, 2, 3):
+        assert pair.find_slot(UBatch(list(range(4)), [s] * 4, tokens=[s] * 4))
+    assert pair.find_slot(UBatch(list(range(4)), [1] * 4, tokens=[7] * 4))
+    pair.prefix_release(1)                        # both caches full: 12 live cells, 4 held
+    pin = pair.base.prefix_pin([7] * 4)           # the base cache's held cells cannot be evicted
+    before = (pair.prefix_stats, pair.state_write())
+    assert pair.find_slot_each(UBatch([4], [0], tokens=[1])) == (False, True)   # the SWA cache could
+    assert not pair.find_slot(UBatch([4], [0], tokens=[1]))
+    assert (pair.prefix_stats, pair.state_write()) == before
+    assert pair.prefix_stats["swa"] == {"cells": 4, "evictable": 4, "nodes": 1, "cap": 0}
+    pair.base.prefix_unpin(pin)                   # now both can make room: both evict
+    assert pair.find_slot(UBatch([4], [0], tokens=[1]))
+    assert pair.prefix_stats["base"]["cells"] < 4 and pair.prefix_stats["swa"]["cells"] < 4
+    assert (pair.base.seq_pos_max(0), pair.swa.seq_pos_max(0)) == (4, 4)
+
+
 def test_reuse_off_and_unavailable():
     c = UnifiedCache(64, 1, E, E, n_seq_max=2, semantics="2026")
     assert not c.prefix_reuse and c.prefix_stats is None
