@@ -563,18 +563,33 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
     }
 }
 
-/* The search half of find_slot: every group's cells into c->scatter.idx (the placement is
- * dropped first); the cache's cells are not touched, the prefix index's evicted where room
- * needs it (evict) or not at all. 1 every group found room, 0 not. */
-static int kvc_search_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_groups, uint32_t nst, bool evict) {
-    kvc_unified_slot_drop(c);
-    for (uint32_t g = 0; g < n_groups; g++) {
+/* Where a search that does not evict stopped: the first group that found no room, and what its
+ * search saw (kvc_stream_search's n_free). */
+typedef struct kvc_search_stop {
+    uint32_t g, n_free;
+} kvc_search_stop;
+
+/* The search half of find_slot: every group's cells into c->scatter.idx; the cache's cells are
+ * not touched. evict: the prefix index's cells are evicted where a group needs room; from a
+ * stop (not NULL) the search goes on at the group that stopped (the groups before it found
+ * theirs, and the placement was dropped then), else it starts over (the placement dropped).
+ * !evict: the first group without room ends it, named in *stop. 1 every group found room, 0 not. */
+static int kvc_search_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_groups, uint32_t nst, bool evict,
+                           kvc_search_stop *stop) {
+    const bool resume = evict && stop;
+    if (!resume) {
+        kvc_unified_slot_drop(c);
+    }
+    for (uint32_t g = resume ? stop->g : 0; g < n_groups; g++) {
         int32_t *idx = c->scatter.idx + (size_t)g * nst;
         uint32_t n_free;
-        if (kvc_stream_search(c, strm[g], nst, idx, &n_free)) {
+        if (resume && g == stop->g) {
+            n_free = stop->n_free;      /* its search failed already */
+        } else if (kvc_stream_search(c, strm[g], nst, idx, &n_free)) {
             continue;
         }
         if (!evict) {
+            *stop = (kvc_search_stop){ g, n_free };
             return 0;
         }
         if (n_free != UINT32_MAX && c->reuse && c->reuse->n_ghost == 0) {
@@ -596,13 +611,13 @@ static int kvc_search_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_grou
     return 1;
 }
 
-/* Whether every group finds room in c, evicting from the prefix index where it must (as
- * kvc_search_2026 would), answered without evicting; c's placement is dropped. */
-static int kvc_room_possible_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_groups, uint32_t nst) {
-    kvc_unified_slot_drop(c);
-    for (uint32_t g = 0; g < n_groups; g++) {
-        uint32_t n_free;
-        if (!kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst, &n_free) &&
+/* Whether the groups from a stopped search's on find room in c, evicting from the prefix index
+ * where they must (as kvc_search_2026 would), answered without evicting. */
+static int kvc_room_possible_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_groups, uint32_t nst,
+                                  const kvc_search_stop *stop) {
+    for (uint32_t g = stop->g; g < n_groups; g++) {
+        uint32_t n_free = stop->n_free;
+        if ((g == stop->g || !kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst, &n_free)) &&
             !kvc_reuse_room_possible(c, strm[g], nst, n_free)) {
             return 0;
         }
@@ -643,21 +658,22 @@ int kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const k
      * several, a cache evicts from its prefix index only once every other has room or can make
      * it (a placement that fails evicts nothing) */
     int all = 1, roomy[KVC_STATE_MAX_PARTS];
+    kvc_search_stop stop[KVC_STATE_MAX_PARTS];
     for (uint32_t k = 0; k < n; k++) {
-        found[k] = roomy[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k], n == 1);
+        found[k] = roomy[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k], n == 1, n == 1 ? NULL : &stop[k]);
         all &= found[k];
     }
     if (!all && n > 1) {
         all = 1;
         for (uint32_t k = 0; k < n; k++) {
             if (!roomy[k]) {
-                found[k] = kvc_room_possible_2026(cs[k], strm[k], n_groups[k], nst[k]);
+                found[k] = kvc_room_possible_2026(cs[k], strm[k], n_groups[k], nst[k], &stop[k]);
                 all &= found[k];
             }
         }
         for (uint32_t k = 0; all && k < n; k++) {
             if (!roomy[k]) {
-                found[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k], true);
+                found[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k], true, &stop[k]);
                 all &= found[k];
             }
         }
