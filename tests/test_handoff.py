@@ -473,6 +473,25 @@ def test_iswa_imports_are_all_or_nothing(swa_full, iswa_kind):
     assert_unchanged(dst, before, "abort")
 
 
+@iswa_kinds
+@pytest.mark.parametrize("seq_id", [None, 0])
+def test_an_iswa_header_framing_parts_of_two_sequences_is_refused(iswa_kind, seq_id):
+    """A pair's header whose parts are exports of two sequences (each part sound) is no one
+    sequence's export: refused, nothing begun (without seq_id its parts would land in two
+    sequences)."""
+    from kvcache.handoff import split_parts
+
+    src, dst = _iswa(iswa_kind, 0), _iswa(iswa_kind, 1)
+    base = split_parts(src.seq_export(1).header, 2)[0]
+    swa = split_parts(src.seq_export(2).header, 2)[1]
+    mixed = b"KVCP" + struct.pack("<II", 1, 2) + b"".join(struct.pack("<I", len(h)) + h for h in (base, swa))
+    before = snapshot(dst)
+    with pytest.raises(kvcache.StateError, match="sequences 1 and 2"):
+        dst.seq_import_begin(mixed, seq_id)
+    assert_unchanged(dst, before, "parts of two sequences")
+    dst.seq_rm(0)                                   # no import left pending
+
+
 @pytest.mark.parametrize("src_kind, dst_kind", [("2025", "2026"), ("2026", "2025"), ("2026-streams", "2026-streams")])
 def test_a_header_of_either_semantics_imports_into_the_other(src_kind, dst_kind):
     """The header is the same in both semantics: imported, the sequence is placed as the

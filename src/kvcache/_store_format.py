@@ -26,6 +26,7 @@ _SUM = 8                    # the checksum that ends a chunk file
 _STEP = 1 << 18             # bytes read from a chunk file at a time (they stay in the core's cache)
 _KEY = 16                   # bytes of a chunk's name
 _HANDOFF_FIXED = 40         # bytes of a hand-off header before its layers (csrc/kvc_handoff.h)
+_HANDOFF_SEQ = 36           # where it holds the source sequence id (i32)
 _HANDOFF_LAYER = 28
 _FLAG_V_TRANS, _FLAG_MEMORY, _FLAG_EXT = 1, 2, 4
 _PART_EXT = (".kvc", ".kve", ".kvs")   # a chunk's rows, its end part, a windowed hybrid's state
