@@ -333,6 +333,17 @@ def test_pair_regions_splits_both_sides_at_the_same_places():
     assert [x.shape for x in pair_regions(e, e)] == [(0, 2), (0, 2)]
 
 
+def test_pair_regions_refuses_lengths_that_wrap_around():
+    """Lengths whose u64 sum wraps around were taken as a small total (an IndexError followed,
+    or regions paired over bytes that are not there)."""
+    wrap = np.array([[4096, 2**64 - 1], [8192, 2]], np.uint64)
+    for src, dst in ((wrap, np.array([[16384, 1]], np.uint64)), (np.array([[16384, 1]], np.uint64), wrap)):
+        with pytest.raises(ValueError, match=r"2\*\*64"):
+            pair_regions(src, dst)
+        with pytest.raises(ValueError, match=r"2\*\*64"):
+            copy_regions(src, dst)
+
+
 def test_export_and_import_objects():
     src, dst, _ = _pair(GEOMETRIES[0])
     exp = src.seq_export(0)

@@ -38,6 +38,9 @@ def pair_regions(src: object, dst: object) -> tuple[npt.NDArray[np.uint64], npt.
     of region k of the other (empty regions dropped). ValueError when the totals differ."""
     a, b = _regions(src, "src"), _regions(dst, "dst")
     ea, eb = np.cumsum(a[:, 1], dtype=np.uint64), np.cumsum(b[:, 1], dtype=np.uint64)
+    for name, e in (("src", ea), ("dst", eb)):
+        if len(e) > 1 and bool(np.any(e[1:] < e[:-1])):    # a sum of u64 lengths that wrapped
+            raise ValueError(f"the lengths of {name}'s regions add up to 2**64 bytes or more")
     ta = int(ea[-1]) if len(ea) else 0
     tb = int(eb[-1]) if len(eb) else 0
     if ta != tb:
