@@ -71,3 +71,37 @@ def test_nixl_descriptors_and_cache_memory():
     lo, hi = mem[:, 0], mem[:, 0] + mem[:, 1]
     for a, n in exp.regions.tolist():
         assert ((lo <= a) & (a + n <= hi)).any()
+
+
+def test_the_helpers_refuse_a_cache_that_is_not_a_unified_cache():
+    """The Ray and NIXL helpers take a UnifiedCache: an ISWACache is refused in those words (its
+    export went through, its import failed on an attribute of the pair's import), unchanged."""
+    from kvcache.integrations.nixl import cache_memory
+    from cache_state import busy_iswa
+
+    src, dst = busy_iswa(seed=0), busy_iswa(seed=1)
+    before = snapshot(dst)
+    with pytest.raises(TypeError, match="must be a UnifiedCache, not ISWACache"):
+        export_sequence(src, 1)
+    header = src.seq_export(1).header
+    data = src.seq_export(1).gather()
+    with pytest.raises(TypeError, match="must be a UnifiedCache, not ISWACache"):
+        import_sequence(dst, header, data)
+    assert_unchanged(dst, before, "refused import")
+    with pytest.raises(TypeError, match="must be a UnifiedCache, not ISWACache"):
+        cache_memory(dst)
+    # its parts move one by one
+    for a, b in ((src.base, dst.base), (src.swa, dst.swa)):
+        h, d = export_sequence(a, 1)
+        import_sequence(b, h, d)
+    assert dst.state_write(1) == src.state_write(1)
+
+
+def test_nixl_descriptors_refuse_what_is_not_a_region_list():
+    """descriptors takes (N, 2) uint64 regions as pair_regions does: an (N, 3) array was reshaped
+    into rows of other regions' fields, negative addresses an OverflowError."""
+    from kvcache.integrations.nixl import descriptors
+
+    for bad in (np.zeros((2, 3), np.uint64), np.zeros(4, np.uint64), np.array([[-1, 2]])):
+        with pytest.raises(ValueError, match=r"\(N, 2\) uint64"):
+            descriptors(bad)

@@ -32,6 +32,15 @@ def _regions(r: object, name: str) -> npt.NDArray[np.uint64]:
     return a
 
 
+def _unified_cache(cache: object, what: str) -> None:
+    """TypeError unless cache is a UnifiedCache (what the single-cache helpers take)."""
+    from kvcache.unified import UnifiedCache
+
+    if not isinstance(cache, UnifiedCache):
+        raise TypeError(f"{what}: cache must be a UnifiedCache, not {type(cache).__name__} (an ISWACache's parts, "
+                        f"cache.base and cache.swa, move one by one)")
+
+
 def pair_regions(src: object, dst: object) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
     """Split two region lists over the same bytes (an export's and an import's) at the union of
     their boundaries: returns (src', dst') of equal length where region k of one has the length

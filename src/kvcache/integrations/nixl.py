@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcache.handoff import pair_regions
+from kvcache.handoff import _regions, _unified_cache, pair_regions
 from kvcache.unified import UnifiedCache
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ __all__ = ["cache_memory", "register_cache", "descriptors", "pull_sequence"]
 def cache_memory(cache: UnifiedCache) -> npt.NDArray[np.uint64]:
     """The cache's K/V buffers as an (N, 3) uint64 array of (address, bytes, device 0): what a
     NIXL agent registers (empty for a cache without K/V memory)."""
+    _unified_cache(cache, "cache_memory")
     if cache.buffers == "none":
         return np.empty((0, 3), dtype=np.uint64)
     rows = []
@@ -44,7 +45,7 @@ def register_cache(agent: Any, cache: UnifiedCache) -> Any:
 
 def descriptors(regions: object) -> npt.NDArray[np.uint64]:
     """(N, 2) regions as NIXL's (N, 3) descriptor rows (address, length, device 0)."""
-    r = np.asarray(regions, dtype=np.uint64).reshape(-1, 2)
+    r = _regions(regions, "regions")
     return np.concatenate([r, np.zeros((len(r), 1), dtype=np.uint64)], axis=1)
 
 

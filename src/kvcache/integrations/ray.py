@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from kvcache.handoff import _unified_cache
 from kvcache.unified import UnifiedCache
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ __all__ = ["export_sequence", "import_sequence", "put_sequence"]
 def export_sequence(cache: UnifiedCache, seq_id: int) -> tuple[bytes, npt.NDArray[np.uint8]]:
     """The header of sequence seq_id and its K/V bytes as one uint8 array (empty for a cache
     without K/V memory): the two objects to hand to Ray."""
+    _unified_cache(cache, "export_sequence")
     exp = cache.seq_export(seq_id)
     return exp.header, exp.gather()
 
@@ -33,6 +35,7 @@ def import_sequence(cache: UnifiedCache, header: Buffer, data: Buffer | npt.NDAr
     """Restore a sequence from export_sequence's header and data (any C-contiguous buffer, the
     read-only view ray.get returns included) into seq_id (None: the sender's id), exactly as
     state_read would; on any failure the cache is left as it was. Returns the cells placed."""
+    _unified_cache(cache, "import_sequence")
     with cache.seq_import_begin(header, seq_id) as imp:
         n = imp.n_cells
         imp.scatter(data)
