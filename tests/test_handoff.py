@@ -344,6 +344,30 @@ def test_pair_regions_refuses_lengths_that_wrap_around():
             copy_regions(src, dst)
 
 
+def test_objects_made_without_a_cache_refuse_to_work():
+    """SeqExport.__new__ gives an export of no cache: its gather() raised no error but read
+    through a missing cache (a crash); now a TypeError, in a subprocess so that the old crash
+    fails this test rather than the run."""
+    import subprocess
+    import sys
+
+    from conftest import kvcache_env
+
+    code = """
+from kvcache.handoff import SeqExport, SeqImport
+x = SeqExport.__new__(SeqExport)
+try:
+    x.gather()
+except TypeError as e:
+    print("refused:", e)
+print(repr(x), repr(SeqImport.__new__(SeqImport)))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=kvcache_env())
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "refused: SeqExport is made by UnifiedCache.seq_export" in res.stdout
+    assert "SeqExport(seq_id=0, cells=0, regions=0" in res.stdout and "SeqImport(seq_id=0, cells=0" in res.stdout
+
+
 def test_export_and_import_objects():
     src, dst, _ = _pair(GEOMETRIES[0])
     exp = src.seq_export(0)

@@ -32,6 +32,9 @@ cdef object _cells_array(const kvc_run *runs, uint32_t n_runs):
     return out
 
 
+_MADE_BY_EXPORT = "SeqExport is made by UnifiedCache.seq_export"
+
+
 @cython.final
 cdef class SeqExport:
     """One sequence of a UnifiedCache, ready for a transfer (``UnifiedCache.seq_export``).
@@ -50,7 +53,7 @@ cdef class SeqExport:
     cdef readonly object cells
 
     def __init__(self):
-        raise TypeError("SeqExport is made by UnifiedCache.seq_export")
+        raise TypeError(_MADE_BY_EXPORT)
 
     def __dealloc__(self):
         kvc_handoff_export_free(&self.e)
@@ -68,6 +71,8 @@ cdef class SeqExport:
     def gather(self, out=None):
         """Copy the regions' bytes, in order, into out (a writable C-contiguous buffer of n_bytes
         bytes) or a new uint8 array; returns it."""
+        if self.cache is None:      # an object of SeqExport.__new__: no cache, no sequence
+            raise TypeError(_MADE_BY_EXPORT)
         cdef _Unified c = <_Unified>self.cache
         if out is None:
             out = np.empty(self.e.data_bytes, dtype=np.uint8)
@@ -90,8 +95,9 @@ cdef class SeqExport:
         return out
 
     def __repr__(self):
-        return (f"SeqExport(seq_id={self.seq_id}, cells={self.e.cell_count}, regions={len(self.regions)}, "
-                f"n_bytes={self.e.data_bytes}, header={len(self.header)} bytes)")
+        n_regions = 0 if self.regions is None else len(self.regions)
+        return (f"SeqExport(seq_id={self.seq_id}, cells={self.e.cell_count}, regions={n_regions}, "
+                f"n_bytes={self.e.data_bytes}, header={len(self.header or b"")} bytes)")
 
 
 def _seq_export(_Unified cache not None, seq_id):
@@ -258,7 +264,8 @@ cdef class SeqImport:
 
     def __repr__(self):
         state = "active" if self.imp.active else "finished"
-        return (f"SeqImport(seq_id={self.seq_id}, cells={self.imp.cell_count}, regions={len(self.regions)}, "
+        n_regions = 0 if self.regions is None else len(self.regions)
+        return (f"SeqImport(seq_id={self.seq_id}, cells={self.imp.cell_count}, regions={n_regions}, "
                 f"n_bytes={self.imp.data_bytes}, {state})")
 
 
