@@ -831,3 +831,29 @@ def test_hybrid_export_is_of_one_moment():
         before = c.seq_export(0).header
         exp = _export_meddled(c, n, lambda: c.find_slot(kvcache.UBatch(list(range(20, 25)), [0], n_seq_tokens=5)))
         assert exp.header in (before, c.seq_export(0).header), n
+
+
+@pytest.mark.parametrize("make", ["iswa", "hybrid"])
+def test_a_composite_import_refuses_data_that_is_not_c_contiguous(make):
+    """An iSWA pair's or a hybrid memory's scatter takes data as SeqImport.scatter does: a buffer
+    that is not C-contiguous is refused (it was copied in its logical order, not its memory's),
+    nothing written; a C-contiguous one of any shape moves the sequence."""
+    def cache(seed):
+        if make == "iswa":
+            return _iswa("2026", seed)
+        c = kvcache.HybridCache(64, 2, [0], 8, 8, 8, 4, n_seq_max=2)
+        assert c.find_slot(kvcache.UBatch(list(range(6 + seed)), [seed], n_seq_tokens=6 + seed))
+        return c
+    src, dst = cache(0), cache(1)
+    exp = src.seq_export(0)
+    data = exp.gather()
+    before = dst.state_write()
+    for bad in (np.asfortranarray(data.reshape(2, -1)), np.repeat(data, 2)[::2]):
+        with dst.seq_import_begin(exp.header) as imp:
+            with pytest.raises(ValueError, match="C-contiguous"):
+                imp.scatter(bad)
+    assert dst.state_write() == before
+    with dst.seq_import_begin(exp.header) as imp:
+        imp.scatter(data.reshape(2, -1))
+        imp.commit()
+    assert dst.state_write(0) == src.state_write(0)

@@ -103,10 +103,14 @@ class PartsExport:
 
 
 def _scatter_bytes(data: Buffer | npt.NDArray[np.uint8], n_bytes: int, whose: str) -> npt.NDArray[np.uint8]:
-    """data (bytes-like or an array) as flat uint8 without a copy where it can be; ValueError
-    unless it holds n_bytes (whose: what holds that many, for the message)."""
+    """data (a C-contiguous buffer: bytes-like or an array) as flat uint8, without a copy, as
+    SeqImport.scatter takes it; ValueError unless it holds n_bytes (whose: what holds that many,
+    for the message)."""
+    contiguous = data.flags.c_contiguous if isinstance(data, np.ndarray) else memoryview(data).c_contiguous
+    if not contiguous:          # (as SeqImport.scatter refuses it: not copied in another order)
+        raise ValueError("data must be a C-contiguous buffer")
     if isinstance(data, np.ndarray):
-        a = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        a = data.reshape(-1).view(np.uint8)
     else:
         a = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
     if a.nbytes != n_bytes:
