@@ -342,16 +342,11 @@ static bool demote(kvc_unified *c, uint32_t st, uint32_t n, uint32_t have) {
     return any;
 }
 
-/* The cells of stream st that only the index holds (no live sequence does), counted up to
- * `need`: the most eviction can free there (an evictable cell a live sequence holds too stays
- * that sequence's). Stops at `need`, so that a placement with plenty of such cells reads only
- * the words that hold them. */
-static uint32_t n_held_only(const kvc_unified *c, uint32_t st, uint64_t need) {
+uint32_t kvc_reuse_held_free(const kvc_unified *c, uint32_t st, uint64_t need) {
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
-    const uint64_t *held = c->reuse->held + (size_t)st * c->reuse->n_words;
     uint64_t k = 0;
     for (uint32_t w = 0; w < cells->n_words && k < need; w++) {
-        k += kvc_popcount64(held[w] & ~cells->used_bits[w]);
+        k += kvc_popcount64(kvc_reuse_held_word(c, st, w) & ~cells->used_bits[w]);
     }
     return (uint32_t)(k < need ? k : need);
 }
@@ -368,7 +363,7 @@ static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_
     if ((uint64_t)have + can < n) {
         return false;
     }
-    const uint32_t only = n_held_only(c, st, (uint64_t)n - have);
+    const uint32_t only = kvc_reuse_held_free(c, st, (uint64_t)n - have);
     return (uint64_t)have + (can < only ? can : only) >= n;
 }
 

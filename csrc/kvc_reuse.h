@@ -171,6 +171,10 @@ uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n);
  * knows (a search that saw every cell), else UINT32_MAX (counted here). Returns whether
  * anything was evicted. */
 bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free);
+/* The cells of stream st the index holds for no live sequence (not used, yet not free for a
+ * placement: the most eviction can free there), counted up to `need` (the words after the need
+ * is met are not read). Reuse must be on. */
+uint32_t kvc_reuse_held_free(const kvc_unified *c, uint32_t st, uint64_t need);
 /* Whether kvc_reuse_make_room could give stream st room for n cells (n_free as there), without
  * evicting: false when the cells eviction would free are too few (those live sequences hold
  * too free nothing); true in window mode. False when reuse is off. */

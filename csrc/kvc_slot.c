@@ -347,16 +347,6 @@ static uint32_t kvc_take_avail(const uint64_t *used, const uint64_t *held, uint6
     return got;
 }
 
-/* The cells of stream st the prefix index holds for no sequence (not used, yet not free for a
- * placement), counted up to `need` (the words after the need is met are not read). */
-static uint64_t kvc_stream_held_free(const kvc_unified *c, const kvc_cells *cells, uint32_t st, uint64_t need) {
-    uint64_t k = 0;
-    for (uint32_t w = 0; w < cells->n_words && k < need; w++) {
-        k += kvc_popcount64(kvc_reuse_held_word(c, st, w) & ~cells->used_bits[w]);
-    }
-    return k;
-}
-
 /* Where the search of n cells in stream st starts: the head, or 0 when plenty of cells before it
  * are free (hoping to fill them) or it is at the end. In a sliding-window cache the cells the
  * prefix index holds count as taken, as they are for placement: otherwise a search from 0 meets
@@ -370,7 +360,7 @@ static uint32_t kvc_stream_start(const kvc_unified *c, uint32_t st, uint32_t n) 
     }
     uint64_t taken = cells->used;
     if ((uint64_t)h > taken + 2 * (uint64_t)n && c->reuse && c->swa_type != KVC_SWA_NONE) {
-        taken += kvc_stream_held_free(c, cells, st, (uint64_t)h - taken - 2 * (uint64_t)n);
+        taken += kvc_reuse_held_free(c, st, (uint64_t)h - taken - 2 * (uint64_t)n);
     }
     return (uint64_t)h > taken + 2 * (uint64_t)n ? 0 : h;
 }
