@@ -398,3 +398,17 @@ def test_the_serving_driver_alone_runs_the_kvcache_replay_without_a_cache():
     steps = schedule(4, 8, seed=1)
     r = replay_driver(steps, 4, 4096, 0)
     assert len(r.cpu) == len(steps) and r.hits == 0
+
+
+@pytest.mark.parametrize("peer", ["vLLM", "SGLang"])
+def test_a_peers_driver_alone_runs_its_replay_with_nothing_of_the_peer(peer):
+    import sys
+
+    from kvcache_bench.case_serving import replay_peer_driver, schedule
+
+    before = {m for m in sys.modules if m.split(".")[0] in ("vllm", "sglang")}
+    steps = schedule(4, 8, seed=1, system=32)
+    r = replay_peer_driver(peer, steps, 4, 4096, 32)
+    # every step timed, nothing found cached (no chunk skipped), no module of the peer imported
+    assert len(r.cpu) == len(steps) and r.hits == 0
+    assert {m for m in sys.modules if m.split(".")[0] in ("vllm", "sglang")} == before

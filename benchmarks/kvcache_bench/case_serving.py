@@ -406,12 +406,13 @@ def _import_vllm() -> types.SimpleNamespace:
                   "vllm.v1.request:RequestStatus")
 
 
-def replay_vllm(steps, n_slots: int, capacity: int, system: int, v) -> Replay:
+def replay_vllm(steps, n_slots: int, capacity: int, system: int, v, checked: bool = True) -> Replay:
     """vLLM v1's KVCacheManager as its Scheduler calls it (prefix caching on, sha256 block
     hashes: vLLM's defaults; blocks of 16 tokens): get_computed_blocks + allocate_slots when a
     request is admitted, allocate_slots for every chunk and decode token (the caller advances
     num_computed_tokens and appends the sampled token), free when it finishes, new_step_starts
-    each step. Checked: no allocation fails, and every block is free at the end."""
+    each step. Checked: no allocation fails, and every block is free at the end (not with
+    ``checked`` false: :func:`replay_peer_driver`'s stand-ins hold no blocks)."""
     bs = 16
     spec = v.FullAttentionSpec(block_size=bs, num_kv_heads=8, head_size=128, dtype=v.torch.float16)
     n_blocks = capacity // bs + 1       # block 0 is the pool's null block
@@ -466,7 +467,7 @@ def replay_vllm(steps, n_slots: int, capacity: int, system: int, v) -> Replay:
                 mgr.free(r)
 
     out = _timed(steps, step)
-    free = mgr.block_pool.get_num_free_blocks()
+    free = mgr.block_pool.get_num_free_blocks() if checked else n_blocks - 1
     if free != n_blocks - 1:
         raise AssertionError(f"vLLM: {n_blocks - 1 - free} blocks still held after every request finished")
     out.hits = hits[0]
@@ -536,14 +537,15 @@ def _import_sglang() -> types.SimpleNamespace:
     return g
 
 
-def replay_sglang(steps, n_slots: int, capacity: int, system: int, g) -> Replay:
+def replay_sglang(steps, n_slots: int, capacity: int, system: int, g, checked: bool = True) -> Replay:
     """SGLang's RadixCache + ReqToTokenPool + TokenToKVPoolAllocator (page size 1, CPU tensors,
     no KV memory), the calls its scheduler's helpers make: match_prefix and a lock at admission,
     alloc (after evicting from the tree when short) and the row write per chunk, one batched row
     write of the step's decode slots, an unfinished chunk inserted into the tree and the lock moved
     (chunked prefill), the finished request inserted, its duplicate slots freed, unlocked, its row
     freed. Checked: no allocation fails, and every CHECK_EVERY steps and at the end (untimed, as
-    kvcache's checks) every slot is free, in the tree or held by a running request alone."""
+    kvcache's checks) every slot is free, in the tree or held by a running request alone (not
+    with ``checked`` false: :func:`replay_peer_driver`'s stand-ins hold no slots)."""
     torch, array = g.torch, g.array
     r2t = g.ReqToTokenPool(size=n_slots, max_context_len=4096, device="cpu", enable_memory_saver=False)
     alloc = g.TokenToKVPoolAllocator(size=capacity, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False)
@@ -633,10 +635,145 @@ def replay_sglang(steps, n_slots: int, capacity: int, system: int, g) -> Replay:
         if alloc.available_size() + tree.total_size() + own != capacity:
             raise AssertionError(f"SGLang: {capacity - alloc.available_size() - tree.total_size() - own} slots lost")
 
-    out = _timed(steps, step, check)
+    out = _timed(steps, step, check if checked else None)
     out.hits = hits[0]
     out.counters = {"evicted": evicted[0]}
     return out
+
+
+# --- the peers' drivers alone ---------------------------------------------------------------------
+
+class _Inert:
+    """A tensor, pool or tree node of a peer's driver-alone replay: indexing, conversion and
+    assignment do nothing and answer it again; no length."""
+
+    def to(self, *args) -> "_Inert":
+        return self
+
+    def __getitem__(self, key) -> "_Inert":
+        return self
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
+_INERT = _Inert()
+# what a stand-in's lookup, insert or eviction finds: nothing cached, nothing evicted
+_NOTHING = types.SimpleNamespace(last_device_node=_INERT, device_prefix_len=0, prefix_len=0, num_tokens_evicted=0)
+
+
+def _inert(*args, **kwargs) -> _Inert:
+    return _INERT
+
+
+def _sglang_standins() -> types.SimpleNamespace:
+    """What :func:`replay_sglang` takes from SGLang and torch, doing nothing: room for every
+    allocation, no prefix found."""
+
+    class Pool:
+        req_to_token = _INERT
+
+        def __init__(self, **kwargs):
+            pass
+
+        def alloc_rows(self, n):
+            return [0] * n
+
+        def write(self, *args):
+            pass
+
+        def free_rows(self, rows):
+            pass
+
+    class Allocator:
+        def __init__(self, **kwargs):
+            pass
+
+        def available_size(self):
+            return 1 << 62
+
+        def alloc(self, n):
+            return _INERT
+
+        def free(self, slots):
+            pass
+
+    class Tree:
+        def __init__(self, params):
+            pass
+
+        def match_prefix(self, params):
+            return _NOTHING
+
+        def insert(self, params):
+            return _NOTHING
+
+        def evict(self, params):
+            return _NOTHING
+
+        def inc_lock_ref(self, node):
+            pass
+
+        def dec_lock_ref(self, node):
+            pass
+
+        def path_device_indices(self, node):
+            return _INERT
+
+    return types.SimpleNamespace(
+        torch=types.SimpleNamespace(tensor=_inert, float16=None, int32=None, int64=None), array=_inert,
+        TokenToKVPoolAllocator=Allocator, ReqToTokenPool=Pool, RadixCache=Tree, RadixKey=_inert,
+        EvictParams=_inert, InsertParams=_inert, MatchPrefixParams=_inert, CacheInitParams=_inert)
+
+
+def _vllm_standins() -> types.SimpleNamespace:
+    """What :func:`replay_vllm` takes from vLLM and torch, doing nothing: every allocation
+    succeeds, no block is found cached."""
+    status = types.SimpleNamespace(WAITING="waiting", RUNNING="running", FINISHED_LENGTH_CAPPED="finished")
+
+    class Request:
+        def __init__(self, request_id, prompt_token_ids, sampling_params, pooling_params, block_hasher=None):
+            self.num_computed_tokens = 0
+            self.status = status.WAITING
+
+        def append_output_token_ids(self, token):
+            pass
+
+    class Manager:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def new_step_starts(self):
+            pass
+
+        def get_computed_blocks(self, request):
+            return (), 0, None
+
+        def allocate_slots(self, request, n, *args):
+            return True
+
+        def free(self, request):
+            pass
+
+    return types.SimpleNamespace(
+        torch=types.SimpleNamespace(float16=None), FullAttentionSpec=_inert, KVCacheConfig=_inert,
+        KVCacheGroupSpec=_inert, KVCacheManager=Manager, get_hash_fn_by_name=_inert, init_none_hash=_inert,
+        get_request_block_hasher=_inert, Request=Request, SamplingParams=_inert, RequestStatus=status)
+
+
+_PEER_STANDINS = {"vLLM": _vllm_standins, "SGLang": _sglang_standins}
+
+
+def replay_peer_driver(peer: str, steps, n_slots: int, capacity: int, system: int) -> Replay:
+    """A peer's driver alone, as :func:`replay_driver` is kvcache's: the peer's replay (the
+    events read, the calls' arguments gathered, admission and finish) with stand-ins for every
+    object it takes from the peer and from torch (no peer code run, nothing cached: every chunk
+    is computed), unchecked. The peer's figure less this one is its bookkeeping alone."""
+    fn = {"vLLM": replay_vllm, "SGLang": replay_sglang}[peer]
+    return fn(steps, n_slots, capacity, system, _PEER_STANDINS[peer](), checked=False)
 
 
 # --- the case -------------------------------------------------------------------------------------
@@ -660,8 +797,10 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
     """The serving workloads through kvcache and the peers, in one run, each replay repeated and
     the best kept (the fewest CPU nanoseconds in all: the run least disturbed by the machine), the
     peers' replays interleaved with kvcache's; beside kvcache with prefix reuse, the scheme
-    without an index (seq_cp from a running request, where the workload has a shared prompt);
-    then the prefix index's own costs (:func:`bench_prefix_index`)."""
+    without an index (seq_cp from a running request, where the workload has a shared prompt), and
+    each side's driver alone (:func:`replay_driver`, :func:`replay_peer_driver`: a side's figure
+    less its driver is its bookkeeping alone); then the prefix index's own costs
+    (:func:`bench_prefix_index`)."""
     from kvcache_bench.case_step import capabilities
 
     caps = capabilities()
@@ -686,11 +825,13 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
                 runs["kvcache seq_cp"] = replay_kvcache_donor(steps, n_slots, capacity, system)
             for peer, (fn, mods) in peers.items():
                 runs[peer] = fn(steps, n_slots, capacity, system, mods)
+                runs[f"{peer} driver"] = replay_peer_driver(peer, steps, n_slots, capacity, system)
             for k, r in runs.items():
                 if k not in best or r.cpu_sum < best[k].cpu_sum:
                     best[k] = r
         donor = best.pop("kvcache seq_cp", None)
         driver = best.pop("driver")
+        peer_drivers = {p: best.pop(f"{p} driver").cpu_mean for p in peers}
         per = {k: r.cpu_mean for k, r in best.items()}
         extra = {"steps": len(steps), "workload": workload, "per_step_ns": per,
                  "wall_median_ns": {k: r.wall_median for k, r in best.items()},
@@ -698,7 +839,7 @@ def bench_serving(quick: bool, reps: int) -> list[Row]:
                  "prompt_tokens": sum(len(e[2]) for ev in steps for e in ev if e[0] == "admit"),
                  "counters": {k: r.counters for k, r in best.items() if r.counters},
                  "without_index": {"per_step_ns": donor.cpu_mean, "prefix_hit_tokens": donor.hits} if donor else None,
-                 "driver_per_step_ns": driver.cpu_mean,
+                 "driver_per_step_ns": driver.cpu_mean, "peer_driver_per_step_ns": peer_drivers,
                  "peers_missing": missing, "serving": True}
         k_cpu = [best["kvcache"].cpu[i] for i in counted(len(steps))]
         peers_note = ", ".join(f"{p} {per[p] / 1e3:.1f} us" for p in ("vLLM", "SGLang") if p in per)
@@ -784,29 +925,40 @@ def bench_prefix_index(quick: bool, reps: int) -> list[Row]:
 
 def format_serving(report: dict) -> str:
     """The serving rows of a report as their own table: per-step cost of each implementation, the
-    prompt tokens each found cached (and kvcache without its prefix index beside)."""
+    same less each side's driver (its bookkeeping alone), the prompt tokens each found cached (and
+    kvcache without its prefix index beside)."""
     rows = [r for r in report["rows"] if r.get("extra", {}).get("serving")]
     if not rows:
         return ""
     out = ["| workload | steps | kvcache us/step | of it, the driver alone | vLLM us/step | SGLang us/step | "
-           "SGLang/kvcache | vLLM/kvcache | prompt tokens | prefix-hit tokens (kvcache / vLLM / SGLang) | "
-           "kvcache without index: us/step, hits |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "SGLang/kvcache | vLLM/kvcache | drivers alone (vLLM / SGLang) us/step | "
+           "bookkeeping alone: SGLang/kvcache, vLLM/kvcache | prompt tokens | "
+           "prefix-hit tokens (kvcache / vLLM / SGLang) | kvcache without index: us/step, hits |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         x = r["extra"]
         per, hits = x["per_step_ns"], x["prefix_hit_tokens"]
+        drivers = dict(x.get("peer_driver_per_step_ns") or {})
+        if "driver_per_step_ns" in x:
+            drivers["kvcache"] = x["driver_per_step_ns"]
 
         def us(k):
             return f"{per[k] / 1e3:.1f}" if k in per else "-"
 
         def ratio(k):
             return f"{per[k] / per['kvcache']:.2f}x" if k in per and "kvcache" in per else "-"
+
+        def own_ratio(k):
+            if k not in per or "kvcache" not in per or k not in drivers or "kvcache" not in drivers:
+                return "-"
+            return f"{(per[k] - drivers[k]) / (per['kvcache'] - drivers['kvcache']):.2f}x"
         donor = x.get("without_index")
         out.append(f"| {r['case'].removeprefix('serving: ')} | {x['steps']} | "
                    f"{us('kvcache') if 'kvcache' in per else r['note']} | "
                    + (f"{x['driver_per_step_ns'] / 1e3:.1f}" if "driver_per_step_ns" in x else "-")
-                   + f" | {us('vLLM')} | {us('SGLang')} | "
-                   f"{ratio('SGLang')} | {ratio('vLLM')} | {x.get('prompt_tokens', '-')} | "
+                   + f" | {us('vLLM')} | {us('SGLang')} | {ratio('SGLang')} | {ratio('vLLM')} | "
+                   + " / ".join(f"{drivers[k] / 1e3:.1f}" if k in drivers else "-" for k in ("vLLM", "SGLang"))
+                   + f" | {own_ratio('SGLang')}, {own_ratio('vLLM')} | {x.get('prompt_tokens', '-')} | "
                    + " / ".join(str(hits.get(k, "-")) for k in ("kvcache", "vLLM", "SGLang")) + " | "
                    + (f"{donor['per_step_ns'] / 1e3:.1f}, {donor['prefix_hit_tokens']}" if donor else "-") + " |")
     missing = rows[0]["extra"].get("peers_missing") or {}
