@@ -162,6 +162,60 @@ def test_checkpoint_memory_whose_finalizer_calls_the_cache(call):
     assert c.prefix_stats["cap"] == 2
 
 
+class _Sink:
+    """A write-back sink whose finalizer calls on_del(): it runs where the cache lets go of it."""
+
+    def __init__(self, on_del):
+        self.on_del = on_del
+
+    def __call__(self, cache, records):
+        pass
+
+    def __del__(self):
+        self.on_del()
+
+
+@pytest.mark.parametrize("kind,call", [("hybrid", "disable_prefix_reuse"), ("hybrid", "enable_prefix_reuse"),
+                                       ("iswa", "disable_prefix_reuse")])
+def test_prefix_reuse_is_switched_in_both_parts_at_one_moment(kind, call):
+    """A composite cache turns prefix reuse on or off in both parts as one operation: the
+    finalizer of a write-back sink a part lets go of runs after it, and sees both parts switched
+    (it ran between the two and saw one part on, the other off)."""
+    if kind == "hybrid":
+        c = kvcache.HybridCache(64, 2, [0], 8, 8, 8, 4, n_seq_max=2)
+        first, second = c.attn, c.recr
+    else:
+        c = kvcache.ISWACache(64, 2, 8, 8, swa_layers=[1], n_swa=4, n_seq_max=2, semantics="2026")
+        first, second = c.base, c.swa
+    seen = []
+    if call == "enable_prefix_reuse":
+        second.enable_prefix_reuse()     # the recurrent part alone: its new pool lets go of the sink
+        second._spill_set(_Sink(lambda: seen.append((first.prefix_reuse, second.prefix_reuse))))
+    else:
+        c.enable_prefix_reuse()
+        first._spill_set(_Sink(lambda: seen.append((first.prefix_reuse, second.prefix_reuse))))
+    getattr(c, call)()
+    on = call == "enable_prefix_reuse"
+    assert seen == [(on, on)]
+    assert c.prefix_reuse is on
+
+
+def test_hybrid_enable_prefix_reuse_refused_by_one_part_changes_neither():
+    """An enable_prefix_reuse the attention part refuses (a sequence import into it is in
+    progress) leaves both parts as they were: the recurrent part keeps its pool and checkpoints
+    (its new pool used to replace them, then reuse was turned off there)."""
+    c = kvcache.HybridCache(64, 2, [0], 8, 8, 8, 4, n_seq_max=2)
+    c.enable_prefix_reuse()
+    assert c.find_slot(kvcache.UBatch(list(range(6)), [0], n_seq_tokens=6))
+    assert c.checkpoint(0, list(range(6))) == 6
+    before = c.prefix_stats, c.recr.prefix_checkpoints()
+    imp = c.attn.seq_import_begin(c.attn.seq_export(0).header, 1)
+    with pytest.raises(RuntimeError, match="import"):
+        c.enable_prefix_reuse(checkpoints=4)
+    imp.abort()
+    assert c.prefix_reuse and (c.prefix_stats, c.recr.prefix_checkpoints()) == before
+
+
 # --- attributes that lie about the memory -----------------------------------------------------------
 
 def test_kq_mask_out_with_a_lying_shape_is_refused():

@@ -400,22 +400,29 @@ cdef class _Hybrid:
         exactly P. With a sliding window the attention part is an iSWA pair
         (ISWACache2026.enable_prefix_reuse): both of its caches serve the hit, a SWA cache smaller
         than the base cache (``swa_full=False``) only where it still holds the window before P."""
-        # every argument checked before either part changes: the recurrent part's own checks come
-        # before it starts its new pool, and the cap is read here (the attention part's enable
-        # then fails only for memory)
-        cap = int_c(cap, "cap", 0, UINT32_MAX)
+        # one operation of both parts: every argument checked and the recurrent part's new pool
+        # made before either changes; then, under all the locks, the attention part's enable (the
+        # one step that may fail, changing nothing) and the pool installed, with no Python code
+        # in between (a callback or finalizer would see one part switched and not the other)
+        cdef uint32_t ccap = <uint32_t>int_c(cap, "cap", 0, UINT32_MAX)
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
         if memory is not None:
             # the recurrent part refuses memory of its own states; the attention part's K/V neither
             self._memory_apart(memory)
-        had = self._attn.prefix_reuse
-        self._recr.enable_prefix_reuse(checkpoints, per_seq, memory)
+        cdef _CkptPool p = self._recr._pool_new(checkpoints, per_seq, memory)
+        self._lock_parts(CHANGE | RUNS_PYTHON, "enable_prefix_reuse")
         try:
-            self._attn.enable_prefix_reuse(cap)
-        except BaseException:
-            self._recr.disable_prefix_reuse()
-            if not had:
-                self._attn.disable_prefix_reuse()
-            raise
+            if self._iswa is not None:
+                r = (<_ISWA2026>self._iswa)._reuse_enable(ccap, &err)
+            else:
+                r = (<_Unified2026>self._cells)._reuse_enable(ccap, &err)
+            if r == KVC_OK:
+                _ckpt_swap(self._recr, p)     # p holds the old pool now, let go of after the unlock
+        finally:
+            self._unlock_parts(CHANGE | RUNS_PYTHON)
+        check_status(r, &err, "enable_prefix_reuse")
 
     cdef int _memory_apart(self, object memory) except -1:
         """ValueError when the checkpoints' memory overlaps the attention part's K/V."""
@@ -433,8 +440,17 @@ cdef class _Hybrid:
 
     def disable_prefix_reuse(self):
         """Turn prefix reuse off in both parts (held cells become free, checkpoints go)."""
-        self._attn.disable_prefix_reuse()
-        self._recr.disable_prefix_reuse()
+        cdef _CkptPool none = _CkptPool.__new__(_CkptPool)
+        # one operation of both parts, with no Python code between them (see enable_prefix_reuse)
+        self._lock_parts(CHANGE | RUNS_PYTHON, "disable_prefix_reuse")
+        try:
+            old = _ckpt_swap(self._recr, none)     # the pool and the sinks, let go of after the unlock
+            if self._iswa is not None:
+                sinks = (<_ISWA2026>self._iswa)._reuse_off()
+            else:
+                sinks = (<_Unified2026>self._cells)._reuse_off()
+        finally:
+            self._unlock_parts(CHANGE | RUNS_PYTHON)
 
     @property
     def prefix_reuse(self):

@@ -37,26 +37,39 @@ cdef class _ISWA2026(_ISWA):
         keep their positions and extensions, and the window is that of the request's position
         of token P. ``cap`` bounds the base cache's index (the SWA cache's own size bounds its)."""
         cdef uint32_t ccap = <uint32_t>int_c(cap, "cap", 0, UINT32_MAX)
-        cdef kvc_unified *parts[2]
         cdef kvc_err err
         cdef int r
         err.msg[0] = 0
-        parts[0], parts[1] = self.c.base, self.c.swa
         self._lock_parts(CHANGE, "enable_prefix_reuse")
         try:
-            if self.c.swa_full:
-                r = kvc_retain_enable_parts(parts, 2, ccap, &err)
-            else:
-                r = kvc_retain_enable_window_pair(self.c.base, self.c.swa, ccap, &err)
+            r = self._reuse_enable(ccap, &err)
         finally:
             self._unlock_parts(CHANGE)
         check_status(r, &err, "enable_prefix_reuse")
 
+    cdef int _reuse_enable(self, uint32_t cap, kvc_err *err) noexcept nogil:
+        # both indexes on, or neither changed (the caller holds both locks)
+        cdef kvc_unified *parts[2]
+        parts[0], parts[1] = self.c.base, self.c.swa
+        if self.c.swa_full:
+            return kvc_retain_enable_parts(parts, 2, cap, err)
+        return kvc_retain_enable_window_pair(self.c.base, self.c.swa, cap, err)
+
     def disable_prefix_reuse(self):
         """Turn prefix reuse off in both caches (their indexes forget every prefix)."""
-        with self._hold:
-            self._base.disable_prefix_reuse()
-            self._swa.disable_prefix_reuse()
+        # one operation of both: no Python code runs between the two, nor changes either
+        self._lock_parts(CHANGE | RUNS_PYTHON, "disable_prefix_reuse")
+        try:
+            sinks = self._reuse_off()     # let go of after the unlock
+        finally:
+            self._unlock_parts(CHANGE | RUNS_PYTHON)
+
+    cdef tuple _reuse_off(self):
+        """Both indexes off (the caller holds both locks); returns the write-back sinks they let
+        go of, for the caller to drop after unlocking (_Unified2026._reuse_off)."""
+        base = (<_Unified2026>self._base)._reuse_off()
+        swa = (<_Unified2026>self._swa)._reuse_off()
+        return base, swa
 
     @property
     def prefix_reuse(self):

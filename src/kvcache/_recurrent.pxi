@@ -906,18 +906,37 @@ cdef int _recurrent_state_read(void *codec, int32_t seq_id, const uint8_t *data,
                                         layout, consumed, err)
 
 
-cdef tuple _ckpt_pool_free(_Recurrent cache):
-    """Drop the cache's checkpoint pool (and the caller's memory it held). Returns the caller's
-    objects it let go of (the write-back sink, the memory): the caller holding the lock keeps
-    them until it has unlocked, so that their finalizers, which may call the cache, run after
-    the operation."""
-    cdef tuple held = (cache._spill_sink, cache._ckpt_mem)
-    cache._spill_sink = None
-    if cache._ckpt != NULL:
-        kvc_ckpt_free(cache._ckpt)
-        free(cache._ckpt)
-        cache._ckpt = NULL
-    if cache._ckpt_mem is not None:
-        (<_HeldBuffer>cache._ckpt_mem).release()
-        cache._ckpt_mem = None
-    return held
+cdef class _CkptPool:
+    """A checkpoint pool outside its cache, with what it holds (the caller's memory, the
+    write-back sink): a new one not installed yet, or the one a cache let go of. It is freed
+    with this object, which the caller drops after unlocking: the memory's and the sink's
+    finalizers may call the cache."""
+    cdef kvc_ckpt_pool *pool
+    cdef object mem            # the caller's memory (a _HeldBuffer, released with it), or None
+    cdef object sink           # the write-back sink, or None
+
+    def __dealloc__(self):
+        if self.pool != NULL:
+            kvc_ckpt_free(self.pool)
+            free(self.pool)
+
+
+cdef _CkptPool _ckpt_swap(_Recurrent cache, _CkptPool p):
+    """Install p's pool in the cache (the caller holds its lock; an empty p turns reuse off) and
+    put the cache's in p; returns p. Nothing is allocated or let go of: no Python code runs in
+    the middle of the caller's operation."""
+    cdef kvc_ckpt_pool *pool = cache._ckpt
+    cache._ckpt = p.pool
+    p.pool = pool
+    held = cache._ckpt_mem
+    cache._ckpt_mem = p.mem
+    p.mem = held
+    held = cache._spill_sink
+    cache._spill_sink = p.sink
+    p.sink = held
+    return p
+
+
+cdef _CkptPool _ckpt_pool_free(_Recurrent cache):
+    """Drop the cache's checkpoint pool: returns it (see _CkptPool)."""
+    return _ckpt_swap(cache, _CkptPool.__new__(_CkptPool))

@@ -69,6 +69,16 @@ cdef class _Recurrent2026(_Recurrent):
         for memory the cache allocates; a cache with borrowed buffers needs it (the cache allocates no state memory
         of its own there), one with ``buffers='none'`` has no state to checkpoint (ValueError).
         Calling it again starts a new pool (the checkpoints held go)."""
+        cdef _CkptPool p = self._pool_new(checkpoints, per_seq, memory)
+        lock(&self._lock, CHANGE, "enable_prefix_reuse")
+        try:
+            old = _ckpt_swap(self, p)     # let go of after the unlock
+        finally:
+            unlock(&self._lock, CHANGE)
+
+    cdef _CkptPool _pool_new(self, object checkpoints, object per_seq, object memory):
+        """The pool enable_prefix_reuse(checkpoints, per_seq, memory) starts, every argument
+        checked, not installed yet (the cache unchanged)."""
         cdef uint32_t cap = <uint32_t>int_c(checkpoints, "checkpoints", 1, UINT32_MAX)
         cdef uint32_t ps = <uint32_t>int_c(per_seq, "per_seq", 0, UINT32_MAX)
         cdef _HeldBuffer hb = None
@@ -84,46 +94,28 @@ cdef class _Recurrent2026(_Recurrent):
         if memory is not None:
             hb = hold_buffer(memory, "memory", True)
             if not hb.c_contiguous():
-                hb.release()
                 raise ValueError("memory must be C-contiguous")
             need = <size_t>cap * kvc_ckpt_state_bytes(&self.c)
             if <size_t>hb.view.len < need:
-                hb.release()
                 raise ValueError(f"memory holds {hb.view.len} bytes; {cap} checkpoints of "
                                  f"{kvc_ckpt_state_bytes(&self.c)} bytes need {need}")
-            try:
-                # the pool's states must not be the cache's own (a checkpoint would overwrite states)
-                _check_disjoint([("memory", <size_t>hb.view.buf, <size_t>hb.view.len)] +
-                                _layer_regions(self.c.layers, self.c.n_layer,
-                                               <size_t>self.c.cells.size * (1 + <size_t>self.c.n_rs_seq), "the cache's "))
-            except BaseException:
-                hb.release()
-                raise
+            # the pool's states must not be the cache's own (a checkpoint would overwrite states)
+            _check_disjoint([("memory", <size_t>hb.view.buf, <size_t>hb.view.len)] +
+                            _layer_regions(self.c.layers, self.c.n_layer,
+                                           <size_t>self.c.cells.size * (1 + <size_t>self.c.n_rs_seq), "the cache's "))
             mem = <uint8_t *>hb.view.buf
             mem_len = <size_t>hb.view.len
-        cdef kvc_ckpt_pool *pool = <kvc_ckpt_pool *>calloc(1, sizeof(kvc_ckpt_pool))
-        if pool == NULL:
+        cdef _CkptPool p = _CkptPool.__new__(_CkptPool)
+        p.mem = hb
+        p.pool = <kvc_ckpt_pool *>calloc(1, sizeof(kvc_ckpt_pool))
+        if p.pool == NULL:
             raise MemoryError("enable_prefix_reuse")
-        r = kvc_ckpt_init(pool, &self.c, cap, ps, mem, mem_len, &err)
+        r = kvc_ckpt_init(p.pool, &self.c, cap, ps, mem, mem_len, &err)
         if r != KVC_OK:
-            free(pool)
-            if hb is not None:
-                hb.release()
+            free(p.pool)
+            p.pool = NULL
             raise_status(r, &err, "enable_prefix_reuse")
-        try:
-            lock(&self._lock, CHANGE, "enable_prefix_reuse")
-        except BaseException:
-            kvc_ckpt_free(pool)
-            free(pool)
-            if hb is not None:
-                hb.release()
-            raise
-        try:
-            old = _ckpt_pool_free(self)     # let go of after the unlock
-            self._ckpt = pool
-            self._ckpt_mem = hb
-        finally:
-            unlock(&self._lock, CHANGE)
+        return p
 
     def disable_prefix_reuse(self):
         """Turn prefix reuse off: every checkpoint goes."""

@@ -477,21 +477,34 @@ cdef class _Unified2026(_Unified):
         err.msg[0] = 0
         lock(&self._lock, CHANGE, "enable_prefix_reuse")
         try:
-            r = kvc_reuse_enable(&self.c, ccap, &err)
-            if r == KVC_OK and ccap and (<kvc_reuse *>self.c.reuse).idx.n_held > ccap:
-                kvc_reuse_evict(&self.c, (<kvc_reuse *>self.c.reuse).idx.n_held - ccap)
+            r = self._reuse_enable(ccap, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "enable_prefix_reuse")
+
+    cdef int _reuse_enable(self, uint32_t cap, kvc_err *err) noexcept nogil:
+        # the index on, or its cap set (the cells past it evicted); the caller holds the lock
+        cdef int r = kvc_reuse_enable(&self.c, cap, err)
+        if r == KVC_OK and cap and (<kvc_reuse *>self.c.reuse).idx.n_held > cap:
+            kvc_reuse_evict(&self.c, (<kvc_reuse *>self.c.reuse).idx.n_held - cap)
+        return r
 
     def disable_prefix_reuse(self):
         """Turn prefix reuse off: the index forgets every prefix (its cells become free)."""
         lock(&self._lock, CHANGE, "disable_prefix_reuse")
         try:
-            kvc_reuse_disable(&self.c)
+            sink = self._reuse_off()     # let go of after the unlock
         finally:
             unlock(&self._lock, CHANGE)
+
+    cdef object _reuse_off(self):
+        """The index off (the caller holds the lock); returns the write-back sink it let go of,
+        for the caller to drop after unlocking (its finalizer may call the cache). Nothing is
+        allocated: no Python code runs in the middle of the caller's operation."""
+        kvc_reuse_disable(&self.c)
+        sink = self._spill_sink
         self._spill_sink = None
+        return sink
 
     @property
     def prefix_reuse(self):
