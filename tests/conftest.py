@@ -179,3 +179,30 @@ def wait_for_waiters(obj, n, timeout=600.0):
     while _core._lock_state(obj)["waiting"] < n:
         assert time.monotonic() < end, "no thread came to wait for the lock"
         time.sleep(0.001)
+
+
+def meddled(call, n, meddle):
+    """call() with meddle() called (a RuntimeError from it, a refusal, swallowed) at the start of
+    the n-th collection of the garbage collector, which runs at every allocation: Python code
+    (a finalizer, a gc callback) running at each point of an operation in turn."""
+    import gc
+
+    seen = [0]
+
+    def callback(phase, info):
+        if phase == "start":
+            seen[0] += 1
+            if seen[0] == n:
+                try:
+                    meddle()
+                except RuntimeError:
+                    pass    # refused in the middle of the operation
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(callback)
+    gc.set_threshold(1)
+    try:
+        return call()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(callback)

@@ -17,6 +17,7 @@ import pytest
 import kvcache
 from kvcache.handoff import copy_regions, pair_regions
 from cache_state import assert_unchanged, busy_unified, busy_unified_2026, check_unified_invariants, snapshot
+from conftest import meddled
 
 GEOMETRIES = [
     dict(type_k="f16", type_v="f16", v_trans=True),
@@ -780,30 +781,6 @@ def test_iswa_commit_from_a_callback_of_one_part_commits_neither():
     assert dst.seq_pos_max(0) == 9
 
 
-def _export_meddled(c, n, meddle):
-    """c.seq_export(0) with meddle() called (a RuntimeError from it, a refusal, swallowed) at the
-    start of the n-th collection of the garbage collector, which runs at every allocation."""
-    seen = [0]
-
-    def callback(phase, info):
-        if phase == "start":
-            seen[0] += 1
-            if seen[0] == n:
-                try:
-                    meddle()
-                except RuntimeError:
-                    pass    # refused in the middle of the export
-
-    threshold = gc.get_threshold()
-    gc.callbacks.append(callback)
-    gc.set_threshold(1)
-    try:
-        return c.seq_export(0)
-    finally:
-        gc.set_threshold(*threshold)
-        gc.callbacks.remove(callback)
-
-
 @pytest.mark.parametrize("semantics", ["2025", "2026"])
 def test_iswa_export_is_of_one_moment(semantics):
     """An iSWA export's two parts are of one moment: a change between them (from another thread,
@@ -816,7 +793,7 @@ def test_iswa_export_is_of_one_moment(semantics):
         if semantics == "2025":
             c.commit()
         before = tuple(p.header for p in c.seq_export(0).parts)
-        exp = _export_meddled(c, n, lambda: c.seq_rm(0, 10, -1))
+        exp = meddled(lambda: c.seq_export(0), n, lambda: c.seq_rm(0, 10, -1))
         after = tuple(p.header for p in c.seq_export(0).parts)
         assert tuple(p.header for p in exp.parts) in (before, after), n
 
@@ -829,7 +806,8 @@ def test_hybrid_export_is_of_one_moment():
         c = kvcache.HybridCache(64, 2, [0], 8, 8, 8, 4, n_seq_max=2)
         assert c.find_slot(kvcache.UBatch(list(range(20)), [0], n_seq_tokens=20))
         before = c.seq_export(0).header
-        exp = _export_meddled(c, n, lambda: c.find_slot(kvcache.UBatch(list(range(20, 25)), [0], n_seq_tokens=5)))
+        exp = meddled(lambda: c.seq_export(0), n,
+                      lambda: c.find_slot(kvcache.UBatch(list(range(20, 25)), [0], n_seq_tokens=5)))
         assert exp.header in (before, c.seq_export(0).header), n
 
 
