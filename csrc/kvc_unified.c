@@ -569,10 +569,20 @@ bool kvc_unified_any_shift(const kvc_unified *c) {
 }
 
 bool kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts) {
-    const size_t size = c->cells.size;
     const bool had_shift = kvc_unified_any_shift(c);
-    *copies = c->n_copies;
-    for (uint32_t k = 0; k < c->n_copies; k++) {
+    *copies = kvc_unified_stream_copies(c);
+    if (had_shift && drop_shifts) {
+        for (uint32_t s = 0; s < c->n_stream; s++) {
+            kvc_cells_reset_shift(kvc_unified_stream_cells(c, s));
+        }
+    }
+    return had_shift;
+}
+
+uint32_t kvc_unified_stream_copies(kvc_unified *c) {
+    const size_t size = c->cells.size;
+    const uint32_t n = c->n_copies;
+    for (uint32_t k = 0; k < n; k++) {
         const size_t s0 = c->copy_src[k], s1 = c->copy_dst[k];
         for (uint32_t l = 0; l < c->n_layer; l++) {
             const kvc_layer *ly = &c->layers[l];
@@ -586,12 +596,7 @@ bool kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts)
         }
     }
     c->n_copies = 0;
-    if (had_shift && drop_shifts) {
-        for (uint32_t s = 0; s < c->n_stream; s++) {
-            kvc_cells_reset_shift(kvc_unified_stream_cells(c, s));
-        }
-    }
-    return had_shift;
+    return n;
 }
 
 KVC_SEQ_OPS_DEFINE(kvc_unified, kvc_unified);

@@ -75,11 +75,14 @@ void    kvc_unified_seq_div(kvc_unified *c, int32_t s, int32_t p0, int32_t p1, i
 /* 2026: whether seq_cp(src, dst, p0, p1) is allowed (across streams only whole sequences) and
  * room for the stream copy it queues. KVC_OK, KVC_E_ARG or KVC_E_NOMEM with err; c unchanged. */
 int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err);
-/* 2026 update, before a decode: the queued stream copies (every layer's K and V slab of the
- * stream, in order), then, with drop_shifts, the shifts of every stream are dropped (a model
- * without RoPE, or the owner rotates; else kvc_unified_update rotates K by them next).
- * *copies: how many copies ran; returns whether a shift was pending. */
+/* 2026 update, before a decode: the queued stream copies (kvc_unified_stream_copies), then, with
+ * drop_shifts, the shifts of every stream are dropped (a model without RoPE, or the owner
+ * rotates; else kvc_unified_update rotates K by them next). *copies: how many copies ran;
+ * returns whether a shift was pending. kvc_unified_update with opts.stream_copies does both. */
 bool    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bool drop_shifts);
+/* The queued stream copies of seq_cp across streams (every layer's K and V slab of the stream,
+ * in order), then the queue emptied; returns how many ran. */
+uint32_t kvc_unified_stream_copies(kvc_unified *c);
 
 /* Slide the window of sequence s after a batch spanning [pmin, pmax] (iSWA commit): the cells of
  * s that no position up to pmax can see lose s. Returns 1 when fewer than min(n_swa, pmin)

@@ -12,6 +12,9 @@ static int kvc_update_run(kvc_unified *c, const kvc_update_opts *o, kvc_kshift_w
     memset(r, 0, sizeof *r);
     kvc_unified_defrag_settle(c);
     const bool memory = kvc_unified_has_memory(c);
+    if (o->stream_copies) {
+        r->copies = kvc_unified_stream_copies(c);
+    }
     if (kvc_unified_any_shift(c)) {
         r->shifted = true;
         if (o->k_shift) {
@@ -34,7 +37,7 @@ static int kvc_update_run(kvc_unified *c, const kvc_update_opts *o, kvc_kshift_w
         kvc_unified_defrag_move(c);
         r->moved = r->defragged && memory;
     }
-    r->need_reserve = r->rotated || r->moved || (!memory && (r->shifted || r->defragged));
+    r->need_reserve = r->rotated || r->moved || r->copies > 0 || (!memory && (r->shifted || r->defragged));
     return KVC_OK;
 }
 

@@ -1,5 +1,6 @@
-/* kvcache — llama.cpp's update() of a unified cache, before a decode: the pending K-shift (the
- * keys rotated with RoPE, or the shifts dropped), then a scheduled defragmentation and its moves. */
+/* kvcache — llama.cpp's update() of a unified cache, before a decode: today's queued stream
+ * copies, the pending K-shift (the keys rotated with RoPE, or the shifts dropped), then a
+ * scheduled defragmentation and its moves. */
 #ifndef KVC_UPDATE_H
 #define KVC_UPDATE_H
 
@@ -18,6 +19,8 @@ typedef struct kvc_update_opts {
     int32_t                n_max_nodes; /* bounds the defrag's moves, as llama.cpp's graph budget */
     int32_t               *k_shift;   /* [n_stream * size] or NULL: receives the shift of every cell when one
                                        * was pending (0 for empty cells) */
+    bool                   stream_copies; /* today's update: the queued stream copies run first
+                                       * (kvc_unified_stream_copies), the shift then rotates them too */
 } kvc_update_opts;
 
 typedef struct kvc_update_result {
@@ -27,6 +30,7 @@ typedef struct kvc_update_result {
     bool moved;         /* ... and the K/V rows moved with them */
     bool need_reserve;  /* the data changed, or its owner has to change it (metadata only): the
                          * graph needs a new reservation */
+    uint32_t copies;    /* stream copies that ran (opts.stream_copies) */
 } kvc_update_result;
 
 /* Update n caches (1..KVC_UPDATE_MAX_PARTS, distinct) with opts[k] for caches[k], all or nothing:

@@ -18,7 +18,7 @@ import pytest
 import kvcache
 from kvcache import _core
 from cache_state import snapshot
-from conftest import kvcache_env, needs, wait_for_waiters
+from conftest import kvcache_env, meddled, needs, wait_for_waiters
 
 try:
     import torch
@@ -214,6 +214,44 @@ def test_hybrid_enable_prefix_reuse_refused_by_one_part_changes_neither():
         c.enable_prefix_reuse(checkpoints=4)
     imp.abort()
     assert c.prefix_reuse and (c.prefix_stats, c.recr.prefix_checkpoints()) == before
+
+
+def _iswa_2026():
+    c = kvcache.ISWACache(256, 2, 8, 8, swa_layers=[1], n_swa=8, n_seq_max=2, swa_full=True, semantics="2026")
+    assert c.find_slot(kvcache.UBatch(list(range(20)), [0] * 20))
+    return c
+
+
+def test_iswa_update_is_of_one_moment():
+    """An iSWA update (semantics '2026') updates both caches as one operation: a shift from a
+    finalizer the garbage collector runs in the middle of it (here at each collection in turn) is
+    refused, or comes before or after it in both caches (it came between the two, applied in one
+    cache and left pending in the other)."""
+    for n in range(1, 40):
+        c = _iswa_2026()
+        c.seq_add(0, 0, -1, 5)
+        meddled(c.update, n, lambda: c.seq_add(0, 0, -1, 3))
+        assert c.base.has_shift == c.swa.has_shift, n
+        assert c.base.seq_pos_max(0) == c.swa.seq_pos_max(0), n
+
+
+def _slot_infos(got):
+    return None if got is None else [[[(s, list(cells)) for s, cells in ub] for ub in part] for part in got]
+
+
+def test_iswa_prepare_is_of_one_moment():
+    """An iSWA prepare (semantics '2026') is the dry run of both caches at one moment: a
+    placement from a finalizer the garbage collector runs in the middle of it (here at each
+    collection in turn) is refused, or comes before or after it for both caches (it came
+    between the two, and the SWA cache's slot_infos were of another state than the base
+    cache's)."""
+    ubs = [kvcache.UBatch(list(range(20, 24)), [1] * 4)]
+    for n in range(1, 40):
+        c = _iswa_2026()
+        before = _slot_infos(c.prepare(ubs))
+        got = _slot_infos(meddled(lambda: c.prepare(ubs), n,
+                                  lambda: c.find_slot(kvcache.UBatch(list(range(30, 36)), [0] * 6))))
+        assert got in (before, _slot_infos(c.prepare(ubs))), n
 
 
 # --- attributes that lie about the memory -----------------------------------------------------------

@@ -16,14 +16,27 @@ cdef class _ISWA2026(_ISWA):
     def prepare(self, ubatches):
         """The dry run of placing several ubatches in turn in both caches (see
         UnifiedCache.prepare): ``(base_slot_infos, swa_slot_infos)``, or None when one does not
-        fit in either cache. Both caches are left exactly as they were."""
+        fit in either cache. Both caches are left exactly as they were, but for the prefixes their
+        indexes evict to make room, as UnifiedCache2026.prepare's (those the base cache evicted
+        stay evicted when the SWA cache then has no room). One operation of both: no change of
+        either comes between the two dry runs."""
         ubs = _items(ubatches)
-        with self._hold:
-            base = self._base.prepare(ubs)
-            swa = self._swa.prepare(ubs)
-        if base is None or swa is None:
+        cdef _DryRun base = _dry_run(self._base, ubs), swa = _dry_run(self._swa, ubs)
+        self._lock_parts(CHANGE, "prepare")
+        try:
+            with nogil:
+                base.run(self.c.base)
+                if base.r == 1:   # the SWA cache's dry run only when the base cache's fits
+                    swa.run(self.c.swa)
+        finally:
+            self._unlock_parts(CHANGE)
+            spill_flush(self._base)
+            spill_flush(self._swa)
+        got = base.result()
+        if got is None:
             return None
-        return base, swa
+        got_swa = swa.result()
+        return None if got_swa is None else (got, got_swa)
 
     # --- prefix reuse (docs/prefix-reuse.md): both caches, a prefix as far as both hold it -----
     def enable_prefix_reuse(self, cap=0):
@@ -212,9 +225,8 @@ cdef class _ISWA2026(_ISWA):
         whatever can_shift says: today's llama.cpp shifts each cache's own cells (a position
         the SWA cache has dropped is not needed; can_shift is only what
         ``llama_memory_can_shift`` reports). Arguments are checked for both caches before
-        either changes. Returns an ISWAUpdatePlan of the two, true when both are."""
+        either changes, and the two are updated as one operation, all or nothing (the rotations
+        and their memory are made ready for both before either changes). Returns an
+        ISWAUpdatePlan of the two, true when both are."""
         n_max_nodes = int_c(n_max_nodes, "n_max_nodes", INT32_MIN, INT32_MAX)   # read once, for both
-        with self._hold:
-            for c in (self._base, self._swa):
-                c._check_update(rope, n_max_nodes)
-            return ISWAUpdatePlan(self._base.update(rope, n_max_nodes), self._swa.update(rope, n_max_nodes))
+        return ISWAUpdatePlan(*_update_parts((self._base, self._swa), rope, n_max_nodes))

@@ -201,6 +201,73 @@ cdef int pin_arg(object pin, uint32_t *index, uint32_t *gen) except -1:
     return 0
 
 
+cdef class _DryRun:
+    """prepare()'s dry run in one cache of today's semantics: the ubatches checked and the
+    result's arrays made before the cache is locked, run() under the lock (no Python code runs
+    there: an iSWA pair runs both caches' dry runs as one operation), result() after it."""
+    cdef list ubs
+    cdef kvc_ubatch *arr
+    cdef uint32_t n_ub
+    cdef object cells, strm, groups
+    cdef int32_t[::1] oc
+    cdef uint32_t[::1] os_
+    cdef uint32_t[::1] og
+    cdef uint32_t ns
+    cdef int r                     # kvc_unified_prepare_2026's: 1 all placed, 0 one did not fit, < 0 error
+    cdef kvc_err err
+
+    def __dealloc__(self):
+        free(self.arr)
+
+    cdef void run(self, kvc_unified *c) noexcept nogil:
+        self.r = kvc_unified_prepare_2026(c, self.arr, self.n_ub, &self.oc[0], &self.os_[0], &self.og[0], &self.err)
+
+    cdef object result(self):
+        """The slot_infos (UnifiedCache2026.prepare), or None when one did not fit."""
+        cdef UBatch ub
+        cdef Py_ssize_t u, off = 0
+        if self.r < 0:
+            raise_status(self.r, &self.err, "prepare")
+        if self.r == 0:
+            return None
+        out = []
+        for u in range(self.n_ub):
+            ub = self.ubs[u]
+            ng = int(self.groups[u])
+            nst = ub.c.n_tokens // ng
+            out.append([(int(self.strm[u * self.ns + g]), self.cells[off + g * nst:off + (g + 1) * nst].copy())
+                        for g in range(ng)])
+            off += ub.c.n_tokens
+        return out
+
+
+cdef _DryRun _dry_run(_Unified c, list ubs):
+    """The dry run of ubs in c, every ubatch checked (ValueError, TypeError), not run yet."""
+    cdef Py_ssize_t n_ub = len(ubs), u, total = 0
+    cdef _DryRun d = _DryRun.__new__(_DryRun)
+    if n_ub == 0:
+        raise ValueError("prepare needs at least one ubatch")
+    for u in range(n_ub):
+        if not isinstance(ubs[u], UBatch):
+            raise TypeError(f"ubatches[{u}] must be a UBatch, not {type(ubs[u]).__name__}")
+        (<UBatch>ubs[u]).check(c.c.n_seq_max, kvc_unified_has_ext(&c.c))
+        total += (<UBatch>ubs[u]).c.n_tokens
+    d.ubs = ubs
+    d.n_ub = <uint32_t>n_ub
+    d.ns = c.c.n_stream
+    d.err.msg[0] = 0
+    d.cells = np.zeros(max(total, 1), dtype=np.int32)
+    d.strm = np.zeros(n_ub * d.ns, dtype=np.uint32)
+    d.groups = np.zeros(n_ub, dtype=np.uint32)
+    d.oc, d.os_, d.og = d.cells, d.strm, d.groups
+    d.arr = <kvc_ubatch *>malloc(n_ub * sizeof(kvc_ubatch))
+    if d.arr == NULL:
+        raise MemoryError("prepare")
+    for u in range(n_ub):
+        d.arr[u] = (<UBatch>ubs[u]).c
+    return d
+
+
 cdef class _Unified2026(_Unified):
     """Today's unified cache (kvcache.UnifiedCache2026 is the documented public class)."""
 
@@ -280,57 +347,15 @@ cdef class _Unified2026(_Unified):
         each would get, found against the state holding the ubatches before it (placements
         and the cells they reuse), or None when one does not fit. The cache is left exactly as
         it was. Every ubatch is checked first (ValueError, nothing changed)."""
-        cdef kvc_err err
-        cdef list ubs = _items(ubatches)
-        cdef Py_ssize_t n_ub = len(ubs), u, total = 0, off
-        cdef kvc_ubatch *arr
-        cdef UBatch ub
-        cdef int32_t[::1] oc
-        cdef uint32_t[::1] os_
-        cdef uint32_t[::1] og
-        cdef int r
-        cdef uint32_t ns = self.c.n_stream
-        err.msg[0] = 0
-        if n_ub == 0:
-            raise ValueError("prepare needs at least one ubatch")
-        for u in range(n_ub):
-            if not isinstance(ubs[u], UBatch):
-                raise TypeError(f"ubatches[{u}] must be a UBatch, not {type(ubs[u]).__name__}")
-            (<UBatch>ubs[u]).check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
-            total += (<UBatch>ubs[u]).c.n_tokens
-        cells = np.zeros(max(total, 1), dtype=np.int32)
-        strm = np.zeros(n_ub * ns, dtype=np.uint32)
-        groups = np.zeros(n_ub, dtype=np.uint32)
-        oc, os_, og = cells, strm, groups
-        arr = <kvc_ubatch *>malloc(n_ub * sizeof(kvc_ubatch))
-        if arr == NULL:
-            raise MemoryError("prepare")
+        cdef _DryRun d = _dry_run(self, _items(ubatches))
+        lock(&self._lock, CHANGE, "prepare")
         try:
-            for u in range(n_ub):
-                ub = ubs[u]
-                arr[u] = ub.c
-            lock(&self._lock, CHANGE, "prepare")
-            try:
-                with nogil:
-                    r = kvc_unified_prepare_2026(&self.c, arr, <uint32_t>n_ub, &oc[0], &os_[0], &og[0], &err)
-            finally:
-                unlock(&self._lock, CHANGE)
+            with nogil:
+                d.run(&self.c)
         finally:
-            free(arr)
+            unlock(&self._lock, CHANGE)
             self._spill_drain()
-        if r < 0:
-            raise_status(r, &err, "prepare")
-        if r == 0:
-            return None
-        out = []
-        off = 0
-        for u in range(n_ub):
-            ub = ubs[u]
-            ng = int(groups[u])
-            nst = ub.c.n_tokens // ng
-            out.append([(int(strm[u * ns + g]), cells[off + g * nst:off + (g + 1) * nst].copy()) for g in range(ng)])
-            off += ub.c.n_tokens
-        return out
+        return d.result()
 
     # --- stream copies -------------------------------------------------------------------
     @property
@@ -431,25 +456,12 @@ cdef class _Unified2026(_Unified):
 
     cdef object _update(self, object rope, int32_t nmax):
         # today's update(): the stream copies, then the K-shift (rotated with RoPE when the
-        # model has it and the cache holds K, else the shifts are dropped)
-        cdef uint32_t copies = 0
-        cdef bint had_shift = False, rotated = False, drop
-        cdef int32_t[::1] sv
-        rp = rope if rope is not None else (self._rope if self._buffers != "none" else None)
+        # model has it and the cache holds K, else the shifts are dropped), all or nothing
         lock(&self._lock, RUNS_PYTHON | CHANGE, "update")
         try:
-            shift = np.empty(self.c.cells.size * self.c.n_stream, dtype=np.int32)
-            sv = shift
-            kvc_unified_k_shift(&self.c, &sv[0])
-            drop = rp is None
-            with nogil:
-                had_shift = kvc_unified_update_2026(&self.c, &copies, drop)
-            if had_shift and not drop:
-                # the copied slabs first, then every stream's rows rotated by their shifts
-                rotated = _update_caches((self,), rp, nmax)[0].rotated
+            return _update_caches((self,), rope, nmax)[0]
         finally:
             unlock(&self._lock, RUNS_PYTHON | CHANGE)
-        return StreamUpdate(0 if had_shift or copies else 1, bool(had_shift), int(copies), False, shift, bool(rotated))
 
     # --- prefix reuse (docs/prefix-reuse.md; csrc/kvc_reuse.h, kvc_retain.h) -------------------
     cdef kvc_reuse *_reuse(self, str what) except NULL:

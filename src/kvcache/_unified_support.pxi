@@ -325,7 +325,8 @@ cdef _LayerRope _layer_rope(_Unified self, RopeParams rope):
 
 cdef list _update_caches(tuple cs, object rope, int32_t nmax):
     """update() of the caches in cs (whose locks the caller holds), all or nothing (C checks and
-    allocates every rotation before the first cache changes)."""
+    allocates every rotation before the first cache changes): an UpdatePlan of each, a
+    StreamUpdate of a cache of semantics '2026' (its stream copies run first)."""
     cdef _Unified c
     cdef Py_ssize_t k, n = len(cs)
     cdef kvc_unified *ptrs[KVC_UPDATE_MAX_PARTS]
@@ -345,8 +346,9 @@ cdef list _update_caches(tuple cs, object rope, int32_t nmax):
         opts[k].head_dim = NULL
         opts[k].n_max_nodes = nmax
         opts[k].k_shift = NULL
+        opts[k].stream_copies = isinstance(c, _Unified2026)
         shift = None
-        if kvc_unified_any_shift(&c.c):
+        if kvc_unified_any_shift(&c.c) or opts[k].stream_copies:   # a StreamUpdate's shift is always there
             shift = np.zeros(c.c.cells.size * c.c.n_stream, dtype=np.int32)
             sv = shift
             opts[k].k_shift = &sv[0]
@@ -365,6 +367,10 @@ cdef list _update_caches(tuple cs, object rope, int32_t nmax):
     plans = []
     for k in range(n):
         c = cs[k]
+        if opts[k].stream_copies:
+            plans.append(StreamUpdate(0 if res[k].shifted or res[k].copies else 1, res[k].shifted, int(res[k].copies),
+                                      False, shifts[k], res[k].rotated))
+            continue
         runs = _defrag_runs(c) if res[k].defragged else None
         plans.append(UpdatePlan(shifts[k] if res[k].shifted else None, res[k].rotated, runs, res[k].moved,
                                 res[k].need_reserve))

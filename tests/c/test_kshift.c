@@ -221,7 +221,7 @@ static void test_update(void) {
     bad[1] = good[1];
     bad[1].n_rot = 3;   /* odd: refused */
     int32_t shift_a[SIZE], shift_b[SIZE];
-    kvc_update_opts opts[2] = { { good, hd, 65536, shift_a }, { bad, hd, 65536, shift_b } };
+    kvc_update_opts opts[2] = { { good, hd, 65536, shift_a, false }, { bad, hd, 65536, shift_b, false } };
     kvc_update_result res[2];
     kvc_unified *both[2] = { &a.c, &b.c };
     uint8_t *ka = malloc(a.k_bytes[0]), *want = malloc(a.k_bytes[0]);
@@ -251,7 +251,7 @@ static void test_update(void) {
     /* a defrag: a hole at cell 2, the last cell fills it */
     kvc_unified_seq_rm(&a.c, 0, 2, 5);
     a.c.do_defrag = true;
-    kvc_update_opts plain = { NULL, NULL, 65536, NULL };
+    kvc_update_opts plain = { NULL, NULL, 65536, NULL, false };
     CHECK(kvc_unified_update(&a.c, &plain, &res[0], &err) == KVC_OK, "%s", err.msg);
     CHECK(!res[0].shifted && res[0].defragged && res[0].moved && res[0].need_reserve, "defragged");
     CHECK(kvc_unified_defrag_runs(&a.c, NULL) > 0 && a.c.cells.used_max_p1 == a.c.cells.used && a.c.cells.used == 9 && !a.c.defrag_pending, "compact");

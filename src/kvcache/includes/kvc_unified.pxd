@@ -101,7 +101,6 @@ cdef extern from "kvc_unified.h" nogil:
     int32_t kvc_unified_seq_pos_min(const kvc_unified *c, int32_t s)
     int32_t kvc_unified_seq_pos_max(const kvc_unified *c, int32_t s)
     int     kvc_unified_seq_cp_check(kvc_unified *c, int32_t src, int32_t dst, int32_t p0, int32_t p1, kvc_err *err)
-    bint    kvc_unified_update_2026(kvc_unified *c, uint32_t *copies, bint drop_shifts)
     const kvc_cells *kvc_unified_stream_cells_c(const kvc_unified *c, uint32_t s)
     uint32_t kvc_unified_stream_of(const kvc_unified *c, int32_t s)
     uint32_t kvc_unified_stream_head_c(const kvc_unified *c, uint32_t s)

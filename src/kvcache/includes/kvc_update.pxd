@@ -10,6 +10,7 @@ cdef extern from "kvc_update.h" nogil:
         const uint32_t *head_dim
         int32_t n_max_nodes
         int32_t *k_shift
+        bint stream_copies
 
     ctypedef struct kvc_update_result:
         bint shifted
@@ -17,6 +18,7 @@ cdef extern from "kvc_update.h" nogil:
         bint defragged
         bint moved
         bint need_reserve
+        uint32_t copies
 
     enum:
         KVC_UPDATE_MAX_PARTS
