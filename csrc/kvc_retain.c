@@ -615,14 +615,23 @@ int kvc_retain_unpin(kvc_unified *c, kvc_prefix_handle pin, kvc_err *err) {
 
 /* --- composite caches -------------------------------------------------------------------- */
 
+/* Composite enables are all or nothing: every part's mode is checked and every part that is off
+ * turned on (an allocation may fail: those turned on go off again) before any cap is set on a
+ * part that was on (setting it evicts, which cannot be taken back). */
 int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t cap, kvc_err *err) {
     bool was_on[8];
     if (n_parts > 8) {
         return kvc_err_set(err, KVC_E_ARG, "at most 8 parts, got %u", n_parts);
     }
     for (uint32_t k = 0; k < n_parts; k++) {
+        const int rc = kvc_reuse_mode_check(cs[k], false, err);
+        if (rc != KVC_OK) {
+            return rc;
+        }
         was_on[k] = cs[k]->reuse != NULL;
-        const int rc = kvc_reuse_enable(cs[k], cap, err);
+    }
+    for (uint32_t k = 0; k < n_parts; k++) {
+        const int rc = was_on[k] ? KVC_OK : kvc_reuse_enable(cs[k], cap, err);
         if (rc != KVC_OK) {
             for (uint32_t j = 0; j < k; j++) {
                 if (!was_on[j]) {
@@ -630,6 +639,11 @@ int kvc_retain_enable_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t c
                 }
             }
             return rc;
+        }
+    }
+    for (uint32_t k = 0; k < n_parts; k++) {
+        if (was_on[k]) {
+            kvc_reuse_set_cap(cs[k], cap);
         }
     }
     return KVC_OK;
@@ -640,12 +654,21 @@ int kvc_retain_enable_window_pair(kvc_unified *base, kvc_unified *swa, uint32_t 
     if (kvc_unified_has_ext(base) != kvc_unified_has_ext(swa)) {
         return kvc_err_set(err, KVC_E_ARG, "the two caches disagree on the per-cell extension (cell_ext)");
     }
-    int rc = kvc_reuse_enable(base, cap, err);
+    int rc = kvc_reuse_mode_check(base, false, err);
+    if (rc == KVC_OK) {
+        rc = kvc_reuse_mode_check(swa, true, err);
+    }
+    if (rc == KVC_OK && !was_on) {
+        rc = kvc_reuse_enable(base, cap, err);
+    }
     if (rc == KVC_OK) {
         rc = kvc_reuse_enable_window(swa, base->cells.size, err);
         if (rc != KVC_OK && !was_on) {
             kvc_reuse_disable(base);
         }
+    }
+    if (rc == KVC_OK && was_on) {
+        kvc_reuse_set_cap(base, cap);
     }
     return rc;
 }

@@ -87,11 +87,7 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
         return kvc_err_set(err, KVC_E_ARG, "prefix reuse needs a cache of today's semantics (\"2026\")");
     }
     if (c->reuse) {
-        if ((c->reuse->n_ghost != 0) != (n_ghost != 0)) {
-            return kvc_err_set(err, KVC_E_ARG, "prefix reuse is on already in another mode");
-        }
-        kvc_prefix_set_cap(&c->reuse->idx, cap);
-        return KVC_OK;
+        return kvc_reuse_mode_check(c, n_ghost != 0, err);   /* its cap: kvc_reuse_set_cap */
     }
     const uint32_t size = c->cells.size, ns = c->n_stream;
     if ((uint64_t)size + n_ghost > ((uint64_t)1 << 31) / (ns ? ns : 1)) {
@@ -142,7 +138,29 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
     return KVC_OK;
 }
 
-int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) { return reuse_new(c, cap, 0, err); }
+int kvc_reuse_mode_check(const kvc_unified *c, bool window, kvc_err *err) {
+    if (c->reuse && (c->reuse->n_ghost != 0) != window) {
+        return kvc_err_set(err, KVC_E_ARG, "prefix reuse is on already in another mode");
+    }
+    return KVC_OK;
+}
+
+void kvc_reuse_set_cap(kvc_unified *c, uint32_t cap) {
+    kvc_reuse *r = c->reuse;
+    kvc_prefix_set_cap(&r->idx, cap);
+    if (cap && r->idx.n_held > cap) {
+        (void)kvc_reuse_evict(c, r->idx.n_held - cap);
+    }
+}
+
+int kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err) {
+    const bool was_on = c->reuse != NULL;
+    const int rc = reuse_new(c, cap, 0, err);
+    if (rc == KVC_OK && was_on) {
+        kvc_reuse_set_cap(c, cap);
+    }
+    return rc;
+}
 
 int kvc_reuse_enable_window(kvc_unified *c, uint32_t n_ghost, kvc_err *err) {
     return reuse_new(c, 0, n_ghost ? n_ghost : 1, err);

@@ -74,8 +74,15 @@ typedef struct kvc_reuse {
 /* Turn prefix reuse on for a 2026 cache (cap: the most cells the index may hold, 0 for no cap).
  * With the per-cell extension, a cell serves a request only where its 2-D position (and, with
  * per-layer embeddings, its extension's token) is the request's. KVC_OK (also when it is on
- * already: the cap is set), KVC_E_ARG (a 2025 cache), KVC_E_NOMEM (nothing changed). */
+ * already: kvc_reuse_set_cap), KVC_E_ARG (a 2025 cache; on already in window mode), KVC_E_NOMEM
+ * (nothing changed). */
 int  kvc_reuse_enable(kvc_unified *c, uint32_t cap, kvc_err *err);
+/* KVC_E_ARG when reuse is on in c in the other mode (window: kvc_reuse_enable_window's), else
+ * KVC_OK: whether turning it on in that mode can go on. */
+int  kvc_reuse_mode_check(const kvc_unified *c, bool window, kvc_err *err);
+/* Reuse is on: the index's cap set (0: none), the cells past it evicted, least recently used
+ * first (never a cell a live sequence holds: the index may stay above the cap until it ends). */
+void kvc_reuse_set_cap(kvc_unified *c, uint32_t cap);
 /* Turn prefix reuse on in window mode (the SWA cache of an iSWA pair smaller than its base
  * cache; n_ghost: the base cache's cells, the most tokens a prompt the index keeps may have).
  * No cap: the cache's size bounds what it holds. With the extension a ghost keeps the position

@@ -330,6 +330,36 @@ def test_iswa_reuses_what_both_caches_hold():
     c.swa._prefix_check()
 
 
+@pytest.mark.parametrize("window", [False, True])
+def test_iswa_enable_again_with_a_smaller_cap_evicts_down_to_it(window):
+    # as a unified cache's: least recently used first
+    c = _small() if window else _iswa()
+    c.enable_prefix_reuse()
+    for s, first in ((0, 100), (1, 200)):
+        assert _iswa_compute(c, s, list(range(first, first + 8)), 0)
+        c.prefix_release(s)
+    assert c.prefix_stats["base"]["cells"] == 16
+    c.enable_prefix_reuse(cap=8)
+    assert c.prefix_stats["base"]["cells"] == 8
+    assert c.prefix_match(list(range(100, 109))) == 0 and c.prefix_match(list(range(200, 209))) == 8
+    c.base._prefix_check()
+    c.swa._prefix_check()
+
+
+def test_an_iswa_enable_one_cache_refuses_leaves_the_other_as_it_was():
+    # the SWA cache switched on by itself in the other mode: the pair's enable is refused, and
+    # the base cache keeps its cap (a later release is not held to the refused call's cap)
+    c = _small()
+    c.base.enable_prefix_reuse()
+    c.swa.enable_prefix_reuse()
+    with pytest.raises(ValueError, match="another mode"):
+        c.enable_prefix_reuse(cap=4)
+    assert _iswa_compute(c, 0, list(range(100, 108)), 0)
+    assert c.base.prefix_release(0) == 8
+    assert c.base.prefix_stats["cells"] == 8
+    c.base._prefix_check()
+
+
 # --- iSWA with a small SWA cache (window mode) ----------------------------------------------------
 
 N_SWA = 4

@@ -496,10 +496,7 @@ cdef class _Unified2026(_Unified):
 
     cdef int _reuse_enable(self, uint32_t cap, kvc_err *err) noexcept nogil:
         # the index on, or its cap set (the cells past it evicted); the caller holds the lock
-        cdef int r = kvc_reuse_enable(&self.c, cap, err)
-        if r == KVC_OK and cap and (<kvc_reuse *>self.c.reuse).idx.n_held > cap:
-            kvc_reuse_evict(&self.c, (<kvc_reuse *>self.c.reuse).idx.n_held - cap)
-        return r
+        return kvc_reuse_enable(&self.c, cap, err)
 
     def disable_prefix_reuse(self):
         """Turn prefix reuse off: the index forgets every prefix (its cells become free)."""
