@@ -17,6 +17,11 @@
 
 enum { FLAG_V_TRANS = 1u, FLAG_MEMORY = 2u, FLAG_EXT = 4u, FLAGS_KNOWN = 7u };
 
+/* The source sequence a checked header names. */
+static int32_t header_seq(const uint8_t *h) {
+    return kvc_le_get_i32(h + 36);
+}
+
 uint64_t kvc_handoff_checksum(const uint8_t *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325u;
     for (size_t i = 0; i < n; i++) {
@@ -396,9 +401,10 @@ static int runs_of_slot(const kvc_unified *c, kvc_handoff_import *imp) {
 }
 
 /* Semantics 2026: the cells a single-sequence state read of the header's cells takes in the
- * sequence's stream (a dry run that leaves the cache as it was). An empty sequence reserves
- * nothing: the state read of an empty section keeps the destination's cells. */
-int kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
+ * sequence's stream (a dry run that leaves the cache as it was, but for what the prefix index
+ * evicts to make room, only when evict). An empty sequence reserves nothing: the state read of
+ * an empty section keeps the destination's cells. */
+int kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, bool evict, kvc_err *err) {
     const uint32_t cc = imp->cell_count;
     if (cc == 0) {
         return KVC_OK;
@@ -409,9 +415,12 @@ int kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *e
     }
     const kvc_state_sec sec = { imp->stream, cc, 0, (uint32_t)imp->c->v_trans, imp->pos, NULL, NULL };
     uint32_t failed = 0, used = 0;
-    const int found = kvc_unified_state_try_place_2026(c, imp->seq_id, &sec, 1, cells, &failed, &used);
+    const int found = kvc_unified_state_try_place_2026(c, imp->seq_id, &sec, 1, evict, cells, &failed, &used);
     const int rc = found == 1 ? runs_of_cells(cells, cc, imp) : found;
     kvc_free(cells);
+    if (found == KVC_ROOM_EVICTING) {
+        return found;
+    }
     if (found == 0) {
         const uint32_t free_cells = c->cells.size - used;
         return kvc_err_set(err, KVC_E_STATE, "no room: %" PRIu32 " cells missing (sequence %" PRId32 " needs %" PRIu32
@@ -426,7 +435,8 @@ int kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *e
 
 /* Semantics 2025: the dry run of the seed's single-sequence state read, undone (like the state
  * reader's, it settles nothing). */
-int kvc_handoff_reserve_2025(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err) {
+int kvc_handoff_reserve_2025(kvc_unified *c, kvc_handoff_import *imp, bool evict, kvc_err *err) {
+    (void)evict;   /* the seed's cache has no prefix index */
     const uint32_t cc = imp->cell_count;
     if (cc == 0) {
         return KVC_OK;
@@ -465,12 +475,17 @@ static bool same_runs(const kvc_unified *c, const kvc_handoff_import *imp) {
     return t == kvc_unified_slot_n(c);
 }
 
-static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len, bool keep_bytes,
-                        kvc_handoff_import *imp, kvc_err *err);
+static int import_begin_parts(kvc_unified *const *cs, uint32_t n, int32_t seq_id, const uint8_t *const *headers,
+                              const size_t *lens, bool keep_bytes, kvc_handoff_import *const *imps, kvc_err *err);
 
 int kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                              kvc_handoff_import *imp, kvc_err *err) {
-    return import_begin(c, seq_id, header, len, true, imp, err);
+    return import_begin_parts(&c, 1, seq_id, &header, &len, true, &imp, err);
+}
+
+int kvc_handoff_import_begin_parts(kvc_unified *const *cs, uint32_t n, int32_t seq_id, const uint8_t *const *headers,
+                                   const size_t *lens, kvc_handoff_import *const *imps, kvc_err *err) {
+    return import_begin_parts(cs, n, seq_id, headers, lens, true, imps, err);
 }
 
 /* --- imports into an empty sequence without the copy for abort (the prefix store) --------- */
@@ -480,13 +495,15 @@ int kvc_handoff_import_begin_empty(kvc_unified *c, int32_t seq_id, const uint8_t
     /* the cells reserved for a sequence that holds none are free ones that placement may take
      * (held prefix cells never are): their bytes belong to no sequence and no prefix */
     const bool empty = seq_id >= 0 && (uint32_t)seq_id < c->n_seq_max && kvc_unified_seq_pos_max(c, seq_id) < 0;
-    return import_begin(c, seq_id, header, len, !empty, imp, err);
+    return import_begin_parts(&c, 1, seq_id, &header, &len, !empty, &imp, err);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 
-static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len, bool keep_bytes,
-                        kvc_handoff_import *imp, kvc_err *err) {
+/* The header validated against c into imp (its cells and destination; nothing reserved): KVC_OK,
+ * or an error with err and imp released. */
+static int import_parse(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len, kvc_handoff_import *imp,
+                        kvc_err *err) {
     memset(imp, 0, sizeof *imp);
     uint32_t n_src_runs = 0;
     size_t off = 0;
@@ -496,7 +513,7 @@ static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, s
     }
     const size_t total = len;
     if (seq_id < 0) {
-        seq_id = kvc_le_get_i32(header + 36);
+        seq_id = header_seq(header);
         if (seq_id < 0 || (uint32_t)seq_id >= c->n_seq_max) {
             return kvc_err_set(err, KVC_E_STATE, "the header's sequence %" PRId32 " is outside this cache's [0, %"
                                PRIu32 "): give the destination seq_id", seq_id, c->n_seq_max);
@@ -559,12 +576,14 @@ static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, s
         imp->pos[i] = pos;
     }
     imp->stream = kvc_unified_stream_of(c, seq_id);
-    rc = c->ops->handoff_reserve(c, imp, err);
-    if (rc != KVC_OK) {
-        import_release(imp);
-        return rc;
-    }
-    /* from here the import takes hold: rows of a pending defrag land before the transfer's */
+    return KVC_OK;
+}
+
+/* The reserved import takes hold: rows of a pending defrag land before the transfer's, and what
+ * its check and abort need is kept. KVC_OK with imp active, or KVC_E_NOMEM with imp released. */
+static int import_hold(kvc_handoff_import *imp, bool keep_bytes, kvc_err *err) {
+    kvc_unified *c = imp->c;
+    const uint32_t cc = imp->cell_count;
     kvc_unified_defrag_settle(c);
     imp->data_bytes = data_bytes_of(c, cc);
     imp->backup = imp->data_bytes && keep_bytes ? kvc_malloc((size_t)imp->data_bytes) : NULL;
@@ -580,6 +599,57 @@ static int import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, s
     imp->active = true;
     c->imports++;
     return KVC_OK;
+}
+
+typedef struct reserve_ctx {
+    kvc_handoff_import *const *imps;
+    kvc_err                   *err;
+} reserve_ctx;
+
+static int part_reserve(void *ctx, uint32_t k, bool evict) {
+    const reserve_ctx *p = ctx;
+    kvc_handoff_import *imp = p->imps[k];
+    return imp->c->ops->handoff_reserve(imp->c, imp, evict, p->err);
+}
+
+static int import_begin_parts(kvc_unified *const *cs, uint32_t n, int32_t seq_id, const uint8_t *const *headers,
+                              const size_t *lens, bool keep_bytes, kvc_handoff_import *const *imps, kvc_err *err) {
+    int rc = KVC_OK;
+    if (n == 0 || n > KVC_STATE_MAX_PARTS) {
+        return kvc_err_set(err, KVC_E_ARG, "1 to %d caches expected, got %" PRIu32, KVC_STATE_MAX_PARTS, n);
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        memset(imps[k], 0, sizeof *imps[k]);
+    }
+    for (uint32_t k = 0; k < n && rc == KVC_OK; k++) {
+        rc = import_parse(cs[k], seq_id, headers[k], lens[k], imps[k], err);
+        /* the parts of one export name one source sequence (else, without seq_id, they would
+         * land in two sequences) */
+        if (rc == KVC_OK && k > 0 && header_seq(headers[k]) != header_seq(headers[0])) {
+            rc = kvc_err_set(err, KVC_E_STATE, "the hand-off header's parts are of sequences %" PRId32 " and %" PRId32
+                             ": not one sequence's export", header_seq(headers[0]), header_seq(headers[k]));
+            import_release(imps[k]);
+        }
+    }
+    /* the room of every part, a cache's prefix index evicting only once every part has room or
+     * can make it (an import refused for room evicts nothing) */
+    if (rc == KVC_OK) {
+        const reserve_ctx ctx = { imps, err };
+        uint32_t bad = 0;
+        rc = kvc_parts_room(n, part_reserve, (void *)&ctx, &bad);
+    }
+    for (uint32_t j = 0; j < n && rc == KVC_OK; j++) {
+        rc = import_hold(imps[j], keep_bytes, err);
+    }
+    /* on failure the parts that took hold are aborted, the others released */
+    for (uint32_t j = 0; j < n && rc != KVC_OK; j++) {
+        if (imps[j]->active) {
+            kvc_handoff_import_abort(imps[j]);
+        } else {
+            import_release(imps[j]);
+        }
+    }
+    return rc;
 }
 
 bool kvc_handoff_save_none(kvc_handoff_import *imp) {
@@ -658,7 +728,7 @@ int kvc_handoff_place_2026(kvc_handoff_import *imp, kvc_err *err) {
     /* the state read's placement on the same cells as the dry run: the same cells (an empty
      * sequence's read changes nothing, not even the last placement) */
     if (imp->cell_count) {
-        if (kvc_unified_state_place_2026(c, imp->seq_id, imp->cell_count, imp->pos) != 1 || !same_runs(c, imp)) {
+        if (kvc_unified_state_place_2026(c, imp->seq_id, imp->cell_count, imp->pos, true) != 1 || !same_runs(c, imp)) {
             kvc_cells_copy(kvc_unified_stream_cells(c, imp->stream), &imp->strms[imp->stream]);
             *kvc_unified_stream_head(c, imp->stream) = imp->heads[imp->stream];
             kvc_unified_snapshot_restore(c, &imp->snap);

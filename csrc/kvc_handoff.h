@@ -98,6 +98,13 @@ typedef struct kvc_handoff_import {
  * err says how many cells are missing), KVC_E_NOMEM; imp inactive then. */
 int  kvc_handoff_import_begin(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                               kvc_handoff_import *imp, kvc_err *err);
+/* kvc_handoff_import_begin of the n (1..KVC_STATE_MAX_PARTS) parts of a composite cache's export
+ * (an iSWA pair's: headers[k], lens[k] into cs[k], imps[k]), all or none: every header is
+ * validated (they must name one source sequence) before any part reserves, and a part's prefix
+ * index evicts only once every part has room or can make it (kvc_parts_room). KVC_OK with every
+ * import active, or an error with err and none active (nothing evicted when one finds no room). */
+int  kvc_handoff_import_begin_parts(kvc_unified *const *cs, uint32_t n, int32_t seq_id, const uint8_t *const *headers,
+                                    const size_t *lens, kvc_handoff_import *const *imps, kvc_err *err);
 /* kvc_handoff_import_begin for a destination sequence that holds no cell: the reserved cells are
  * then free ones whose bytes nothing reads, so no copy of them is kept and an abort leaves what
  * was written into them (every cell, sequence and prefix as before). A destination that holds
@@ -125,10 +132,12 @@ void kvc_handoff_import_abort(kvc_handoff_import *imp);
 #define KVC_HANDOFF_LAYOUT_2026 \
     ((unsigned)(KVC_LAYOUT_STREAMS | KVC_LAYOUT_SWA_TRIM | KVC_LAYOUT_EXT_XY | KVC_LAYOUT_EXT_TOK))
 /* The cells imp's sequence takes (imp->runs): the dry run of the seed's single-sequence state
- * read, undone; or of today's, in the sequence's stream. An empty sequence reserves nothing.
- * KVC_OK, KVC_E_STATE (no room: err says how many cells are missing) or KVC_E_NOMEM. */
-int  kvc_handoff_reserve_2025(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err);
-int  kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, kvc_err *err);
+ * read, undone; or of today's, in the sequence's stream, its prefix index evicting where room
+ * needs it (evict) or not at all. An empty sequence reserves nothing. KVC_OK, KVC_ROOM_EVICTING
+ * (!evict: room only by evicting, nothing reserved), KVC_E_STATE (no room: err says how many
+ * cells are missing) or KVC_E_NOMEM. */
+int  kvc_handoff_reserve_2025(kvc_unified *c, kvc_handoff_import *imp, bool evict, kvc_err *err);
+int  kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, bool evict, kvc_err *err);
 /* What the import keeps for its check and abort besides the snapshot: nothing (one stream, in
  * the snapshot), or every stream's cells and heads and the queued stream copies. false: out of
  * memory (what was kept is released with the import). */

@@ -116,7 +116,8 @@ int kvc_hybrid_state_read(kvc_hybrid *h, int32_t seq_id, const uint8_t *data, si
     const unsigned cache_layout = layout & ~(unsigned)KVC_LAYOUT_PREFIX;
     /* phase 1: every part validated while nothing changes: the bytes of every part first, then
      * the room the attention part's cells need (a search that may evict prefix-index cells, as
-     * placement does: only for a state whose every byte is valid) */
+     * placement does: only for a state whose every byte is valid, and once each of an iSWA pair's
+     * caches has room or can make it) */
     kvc_unified *cs[2];
     const uint32_t n = attn_caches(h, parts, cs);
     kvc_state_plan ap[2];
@@ -148,15 +149,14 @@ int kvc_hybrid_state_read(kvc_hybrid *h, int32_t seq_id, const uint8_t *data, si
         }
         return kvc_err_wrap(err, rc, "recurrent part (from byte %zu)", off);
     }
-    for (uint32_t k = 0; k < n; k++) {
-        rc = kvc_state_plan_room(cs[k], &ap[k], err);
-        if (rc != KVC_OK) {
-            for (uint32_t j = 0; j < n; j++) {
-                kvc_state_plan_free(&ap[j]);
-            }
-            kvc_state_plan_free(&rp);
-            return kvc_err_wrap(err, rc, "%s (from byte %zu)", attn_part_name(h, cs[k]), at[k]);
+    uint32_t k_bad = 0;
+    rc = kvc_state_plan_room_parts(cs, ap, n, &k_bad, err);
+    if (rc != KVC_OK) {
+        for (uint32_t j = 0; j < n; j++) {
+            kvc_state_plan_free(&ap[j]);
         }
+        kvc_state_plan_free(&rp);
+        return kvc_err_wrap(err, rc, "%s (from byte %zu)", attn_part_name(h, cs[k_bad]), at[k_bad]);
     }
     /* phase 2: a prepared part applies without failing */
     int bad = KVC_OK;

@@ -625,14 +625,37 @@ static void kvc_place_2026(kvc_unified *c, const kvc_ubatch *ub, const uint32_t 
     c->slot.n = ub->n_tokens;
 }
 
-int kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err) {
-    kvc_unified *one[1] = {c};
-    int found[1];
-    return kvc_unified_find_slot_2026_parts(one, 1, ub, found, err);
+/* A placement over several caches as kvc_parts_room asks it: each cache's search, whose stop
+ * an evicting search after the asking one goes on from. */
+typedef struct slot_parts {
+    kvc_unified *const *cs;
+    uint32_t           (*strm)[KVC_MAX_SEQ];
+    const uint32_t     *n_groups, *nst;
+    kvc_search_stop     stop[KVC_STATE_MAX_PARTS];
+    int                *found;
+    bool                asked;
+} slot_parts;
+
+/* kvc_part_room_fn of cache k: found[k] whether it found room (asked: or can make it). */
+static int part_slot(void *ctx, uint32_t k, bool evict) {
+    slot_parts *p = ctx;
+    kvc_unified *c = p->cs[k];
+    if (evict) {
+        p->found[k] = kvc_search_2026(c, p->strm[k], p->n_groups[k], p->nst[k], true, p->asked ? &p->stop[k] : NULL);
+        return p->found[k] ? KVC_OK : KVC_E_STATE;
+    }
+    p->asked = true;
+    if ((p->found[k] = kvc_search_2026(c, p->strm[k], p->n_groups[k], p->nst[k], false, &p->stop[k]))) {
+        return KVC_OK;
+    }
+    p->found[k] = kvc_room_possible_2026(c, p->strm[k], p->n_groups[k], p->nst[k], &p->stop[k]);
+    return p->found[k] ? KVC_ROOM_EVICTING : KVC_E_STATE;
 }
 
-int kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
-                                     kvc_err *err) {
+/* find_slot over the caches cs (kvc_unified_find_slot_2026_parts); ask (one cache): evict
+ * nothing, and answer KVC_ROOM_EVICTING when it must to make room. */
+static int find_slot_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found, bool ask,
+                           kvc_err *err) {
     uint32_t strm[KVC_STATE_MAX_PARTS][KVC_MAX_SEQ], n_groups[KVC_STATE_MAX_PARTS], nst[KVC_STATE_MAX_PARTS];
     if (n == 0 || n > KVC_STATE_MAX_PARTS) {
         return kvc_err_set(err, KVC_E_ARG, "find_slot: 1 to %d caches expected, got %u", KVC_STATE_MAX_PARTS, n);
@@ -647,37 +670,63 @@ int kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const k
     /* every cache searches against its unchanged cells, then all are applied or none; with
      * several, a cache evicts from its prefix index only once every other has room or can make
      * it (a placement that fails evicts nothing) */
-    int all = 1, roomy[KVC_STATE_MAX_PARTS];
-    kvc_search_stop stop[KVC_STATE_MAX_PARTS];
-    for (uint32_t k = 0; k < n; k++) {
-        found[k] = roomy[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k], n == 1, n == 1 ? NULL : &stop[k]);
-        all &= found[k];
-    }
-    if (!all && n > 1) {
-        all = 1;
-        for (uint32_t k = 0; k < n; k++) {
-            if (!roomy[k]) {
-                found[k] = kvc_room_possible_2026(cs[k], strm[k], n_groups[k], nst[k], &stop[k]);
-                all &= found[k];
-            }
-        }
-        for (uint32_t k = 0; all && k < n; k++) {
-            if (!roomy[k]) {
-                found[k] = kvc_search_2026(cs[k], strm[k], n_groups[k], nst[k], true, &stop[k]);
-                all &= found[k];
-            }
-        }
-    }
-    if (!all) {
+    slot_parts p = { cs, strm, n_groups, nst, { { 0, 0 } }, found, false };
+    uint32_t failed;
+    const int rc = ask ? part_slot(&p, 0, false) : kvc_parts_room(n, part_slot, &p, &failed);
+    if (rc != KVC_OK) {
         for (uint32_t k = 0; k < n; k++) {
             kvc_unified_slot_drop(cs[k]);
         }
-        return 0;
+        return rc == KVC_ROOM_EVICTING ? KVC_ROOM_EVICTING : 0;
     }
     for (uint32_t k = 0; k < n; k++) {
         kvc_place_2026(cs[k], ub, strm[k], n_groups[k], nst[k]);
     }
     return 1;
+}
+
+int kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err) {
+    int found[1];
+    return find_slot_parts(&c, 1, ub, found, false, err);
+}
+
+int kvc_unified_find_slot_2026_ask(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err) {
+    int found[1];
+    return find_slot_parts(&c, 1, ub, found, true, err);
+}
+
+int kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
+                                     kvc_err *err) {
+    return find_slot_parts(cs, n, ub, found, false, err);
+}
+
+int kvc_parts_room(uint32_t n, kvc_part_room_fn *room, void *ctx, uint32_t *failed) {
+    bool must[KVC_STATE_MAX_PARTS];
+    int rc = KVC_OK;
+    *failed = 0;
+    if (n > KVC_STATE_MAX_PARTS) {
+        return KVC_E_ARG;
+    }
+    if (n == 1) {
+        return room(ctx, 0, true);
+    }
+    /* every part answers (each for itself, as a composite's per-part results report), and the
+     * last that has no room is the one named (its error is the one left) */
+    for (uint32_t k = 0; k < n; k++) {
+        const int r = room(ctx, k, false);
+        must[k] = r == KVC_ROOM_EVICTING;
+        if (r != KVC_OK && !must[k]) {
+            rc = r;
+            *failed = k;
+        }
+    }
+    for (uint32_t k = 0; k < n && rc == KVC_OK; k++) {
+        if (must[k]) {
+            rc = room(ctx, k, true);
+            *failed = k;
+        }
+    }
+    return rc;
 }
 
 int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_ub, int32_t *out_cells,

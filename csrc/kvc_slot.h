@@ -61,6 +61,19 @@ int  kvc_unified_find_slot_2026(kvc_unified *c, const kvc_ubatch *ub, kvc_err *e
  * did are all placed (1); else 0, no cell changed and no placement is current in any. */
 int  kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
                                       kvc_err *err);
+/* What a placement that may not evict answers: room only once the prefix index evicts. */
+#define KVC_ROOM_EVICTING 2
+/* kvc_unified_find_slot_2026 that evicts nothing from the prefix index: 1 placed, 0 no room even
+ * by evicting, KVC_ROOM_EVICTING room only by evicting (nothing placed), KVC_E_ARG (err). */
+int  kvc_unified_find_slot_2026_ask(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err);
+/* The room of the n (0..KVC_STATE_MAX_PARTS) parts of a composite operation (an iSWA pair's
+ * placement, state read or import), all or none evicting: room(ctx, k, false) asks every part k
+ * without evicting (KVC_OK: room, KVC_ROOM_EVICTING: room once its prefix index evicts, else a
+ * negative code), and only when every part has room or can make it does room(ctx, k, true) make
+ * it in those that must (a single part is asked so at once). KVC_OK, or the code of a part that
+ * has no room (the last asked), *failed naming it. */
+typedef int kvc_part_room_fn(void *ctx, uint32_t k, bool evict);
+int  kvc_parts_room(uint32_t n, kvc_part_room_fn *room, void *ctx, uint32_t *failed);
 /* The dry run of placing ubs[0..n_ub) in turn (each against the state holding the ones before
  * it); the cache is left exactly as it was. For ubatch u: out_cells gets its tokens' cells (in
  * order, the ubatches one after another), out_strm its groups' streams (n_stream entries per

@@ -60,7 +60,8 @@ static int prepare_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t s
     uint32_t k;
     size_t at[KVC_STATE_MAX_PARTS];
     /* the bytes of every part, then the room of each (a search that may evict prefix-index cells,
-     * as placement does: only for a state whose every byte is valid) */
+     * as placement does: only for a state whose every byte is valid, and once every part has room
+     * or can make it) */
     for (k = 0; k < n_parts && rc == KVC_OK; k++) {
         at[k] = off;
         rc = kvc_unified_state_prepare_lay(caches[k], seq_id, off ? data + off : data, len - off,
@@ -76,8 +77,9 @@ static int prepare_parts(kvc_unified *const *caches, uint32_t n_parts, int32_t s
     if (rc == KVC_OK && (flags & KVC_STATE_EXACT)) {
         rc = kvc_state_check_end(off, len, err);
     }
-    for (uint32_t j = 0; j < n_parts && rc == KVC_OK; j++) {
-        rc = kvc_state_plan_room(caches[j], &plans[j], err);
+    if (rc == KVC_OK) {
+        uint32_t j = 0;
+        rc = kvc_state_plan_room_parts(caches, plans, n_parts, &j, err);
         if (rc != KVC_OK && n_parts > 1) {
             kvc_err_wrap(err, rc, "part %" PRIu32 " of %" PRIu32 " (from byte %zu)", j, n_parts, at[j]);
         } else if (rc != KVC_OK && at[j]) {

@@ -93,7 +93,8 @@ static int place_cells(kvc_unified *c, int32_t seq_id, const kvc_state_sec *ps) 
 /* The dry run of place_cells: is there room? Nothing observable changes (the recovery arrays may
  * grow, which is what lets the apply's own slot search succeed without allocating). An empty
  * section only removes the sequence (contract C1b): always possible. */
-static int check_room(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
+static int check_room(kvc_unified *c, const kvc_state_plan *plan, bool evict, kvc_err *err) {
+    (void)evict;   /* the seed's cache has no prefix index */
     const kvc_state_sec *ps = kvc_state_plan_secs(plan);
     const uint32_t cc = ps->cell_count;
     kvc_unified_snapshot snap;

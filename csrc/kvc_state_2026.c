@@ -81,7 +81,7 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
 
 /* One section of a single sequence's state, as the reference reads it: remove the destination
  * sequence from its stream, then place the cells as one ubatch of it (find_slot, cont false). */
-int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos) {
+int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos, bool evict) {
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { seq_id };
     const kvc_ubatch ub = { cc, cc, 1, pos, seq_off, seq_ids, NULL, NULL, NULL };
@@ -89,7 +89,7 @@ int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, co
     if (cc == 0) {
         return 1;
     }
-    return kvc_unified_find_slot_2026(c, &ub, NULL);
+    return evict ? kvc_unified_find_slot_2026(c, &ub, NULL) : kvc_unified_find_slot_2026_ask(c, &ub, NULL);
 }
 
 void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc, const kvc_cell_ext *ext) {
@@ -101,7 +101,7 @@ void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc
 }
 
 int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *secs, uint32_t n_sec,
-                                     int32_t *cells, uint32_t *failed, uint32_t *used) {
+                                     bool evict, int32_t *cells, uint32_t *failed, uint32_t *used) {
     const uint32_t st = kvc_unified_stream_of(c, seq_id);
     kvc_cells saved;
     const kvc_slot slot = c->slot;
@@ -128,10 +128,16 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
     kvc_cells_copy(&saved, kvc_unified_stream_cells(c, st));
     memcpy(idx, scat.idx, (size_t)slot.n * sizeof *idx);
     memcpy(strm, scat.strm, (size_t)c->n_stream * sizeof *strm);
-    int found = 1;
+    /* without evicting, a section that needs eviction is not placed: the next one's removal of
+     * the sequence leaves the cells as if it had been, so each is asked of the same cells */
+    int found = 1, evicting = 0;
     uint32_t k;
-    for (k = 0; k < n_sec && found == 1; k++) {
-        found = kvc_unified_state_place_2026(c, seq_id, secs[k].cell_count, secs[k].pos);
+    for (k = 0; k < n_sec && (found == 1 || found == KVC_ROOM_EVICTING); k++) {
+        found = kvc_unified_state_place_2026(c, seq_id, secs[k].cell_count, secs[k].pos, evict);
+        evicting |= found == KVC_ROOM_EVICTING;
+    }
+    if (found == 1 && evicting) {
+        found = KVC_ROOM_EVICTING;
     }
     if (found == 1 && cells && n_sec > 0) {
         memcpy(cells, c->scatter.idx, (size_t)secs[n_sec - 1].cell_count * sizeof *cells);
@@ -162,12 +168,13 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
 }
 
 /* The dry run of a single sequence's sections: is there room for each in turn? */
-static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
+static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, bool evict, kvc_err *err) {
     uint32_t failed = 0, used = 0;
     const kvc_state_sec *secs = kvc_state_plan_secs(plan);
-    const int found = kvc_unified_state_try_place_2026(c, plan->seq_id, secs, plan->n_sec, NULL, &failed, &used);
-    if (found == 1) {
-        return KVC_OK;
+    const int found = kvc_unified_state_try_place_2026(c, plan->seq_id, secs, plan->n_sec, evict, NULL, &failed,
+                                                       &used);
+    if (found == 1 || found == KVC_ROOM_EVICTING) {
+        return found == 1 ? KVC_OK : KVC_ROOM_EVICTING;
     }
     if (found < 0) {
         return kvc_err_set(err, found, "out of memory restoring sequence %" PRId32, plan->seq_id);
@@ -224,7 +231,7 @@ int kvc_state_apply_2026(kvc_unified *c, const kvc_state_plan *plan) {
     /* the same steps on the same cells as the prepare's dry run: the same cells, room found */
     for (uint32_t k = 0; k < plan->n_sec; k++) {
         const kvc_state_sec *sec = &secs[k];
-        if (kvc_unified_state_place_2026(c, plan->seq_id, sec->cell_count, sec->pos) == 1 && sec->cell_count) {
+        if (kvc_unified_state_place_2026(c, plan->seq_id, sec->cell_count, sec->pos, true) == 1 && sec->cell_count) {
             apply_data_2026(c, plan->data, sec, c->scatter.idx);
             kvc_unified_state_put_ext_2026(c, sec->stream, sec->cell_count, sec->ext);
         }

@@ -15,20 +15,22 @@ extern "C" {
 
 /* Semantics 2026: the placement a single sequence's state section of cc cells at positions pos
  * gets when read into seq_id: the sequence removed from its stream, then the cells placed as one
- * ubatch of it (find_slot with cont false). 1 placed (kvc_unified_slot_cell tells where), 0 no
- * room; c is changed in either case. */
-int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos);
+ * ubatch of it (find_slot with cont false; !evict: kvc_unified_find_slot_2026_ask's). 1 placed
+ * (kvc_unified_slot_cell tells where), 0 no room, KVC_ROOM_EVICTING (!evict: room only by
+ * evicting, nothing placed); c is changed in every case. */
+int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos, bool evict);
 /* After kvc_unified_state_place_2026 placed cc cells in stream `stream`: the saved extensions
  * ext[0, cc) (token order; NULL: none saved, the cells keep what the placement gave them) into
  * the cells it placed, as a sequence's state read puts them back. No-op for a cache without the
  * extension. */
 void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc, const struct kvc_cell_ext *ext);
 /* The dry run of placing secs[0, n_sec) (their cell counts and positions) into seq_id in turn; c
- * is left as it was. 1 all placed (cells, when not NULL, gets the last section's cells in its
- * stream, in token order), 0 section *failed found no room (*used: the stream's used cells
- * then), KVC_E_NOMEM. */
+ * is left as it was (but for what its prefix index evicts to make room, only when evict). 1 all
+ * placed (cells, when not NULL, gets the last section's cells in its stream, in token order), 0
+ * section *failed found no room (*used: the stream's used cells then), KVC_ROOM_EVICTING (!evict:
+ * every section has room, some only by evicting; cells not filled), KVC_E_NOMEM. */
 int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const struct kvc_state_sec *secs,
-                                     uint32_t n_sec, int32_t *cells, uint32_t *failed, uint32_t *used);
+                                     uint32_t n_sec, bool evict, int32_t *cells, uint32_t *failed, uint32_t *used);
 
 /* The reader (kvc_state_plan.h) of a cache of semantics 2026. */
 kvc_state_prepare_fn kvc_state_prepare_2026;

@@ -1,6 +1,8 @@
 /* kvcache — the plan of a state read and what the readers share (see kvc_state_plan.h). */
 #include "kvc_state_plan.h"
 
+#include "kvc_slot.h"
+
 #include <inttypes.h>
 #include <string.h>
 
@@ -104,8 +106,30 @@ int kvc_state_plan_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, 
     return rc;
 }
 
+/* kvc_state_plan_room, asking without evicting (KVC_ROOM_EVICTING) unless evict. */
+static int plan_room(kvc_unified *c, const kvc_state_plan *plan, bool evict, kvc_err *err) {
+    return plan->room && plan->seq_id >= 0 && plan->n_sec > 0 ? plan->room(c, plan, evict, err) : KVC_OK;
+}
+
 int kvc_state_plan_room(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err) {
-    return plan->room && plan->seq_id >= 0 && plan->n_sec > 0 ? plan->room(c, plan, err) : KVC_OK;
+    return plan_room(c, plan, true, err);
+}
+
+typedef struct parts_room_ctx {
+    kvc_unified *const   *cs;
+    const kvc_state_plan *plans;
+    kvc_err              *err;
+} parts_room_ctx;
+
+static int part_room(void *ctx, uint32_t k, bool evict) {
+    const parts_room_ctx *p = ctx;
+    return plan_room(p->cs[k], &p->plans[k], evict, p->err);
+}
+
+int kvc_state_plan_room_parts(kvc_unified *const *cs, const kvc_state_plan *plans, uint32_t n, uint32_t *failed,
+                              kvc_err *err) {
+    parts_room_ctx ctx = { cs, plans, err };
+    return kvc_parts_room(n, part_room, &ctx, failed);
 }
 
 /* Scatter cc cells of V given as n_embd_v rows of cc elements (a transposed blob) into rows of

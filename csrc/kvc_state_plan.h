@@ -23,8 +23,9 @@ enum kvc_state_flags {
 
 struct kvc_state_plan;
 /* What a semantics adds to the validation of a single sequence's state with sections: whether c
- * has room for them. KVC_OK, or a negative code with err. */
-typedef int kvc_state_room_fn(kvc_unified *c, const struct kvc_state_plan *plan, kvc_err *err);
+ * has room for them, its prefix index evicting where room needs it (evict) or not at all. KVC_OK,
+ * KVC_ROOM_EVICTING (!evict: room only by evicting), or a negative code with err. */
+typedef int kvc_state_room_fn(kvc_unified *c, const struct kvc_state_plan *plan, bool evict, kvc_err *err);
 
 /* One validated stream section of a part: where its cells go and where its data is. */
 typedef struct kvc_state_sec {
@@ -83,6 +84,11 @@ int kvc_state_plan_prepare(kvc_unified *c, int32_t seq_id, const uint8_t *data, 
  * reader of several parts parses every part first, so that a part's room (which may evict
  * prefix-index cells, as placement does) is looked for only when every byte of the state is valid. */
 int kvc_state_plan_room(kvc_unified *c, const kvc_state_plan *plan, kvc_err *err);
+/* kvc_state_plan_room of the n parts plans[k] prepared against cs[k] (a composite cache's state),
+ * all or none evicting (kvc_parts_room): a part's prefix index evicts only once every part has
+ * room or can make it. KVC_OK, or a negative code with err, *failed naming the part. */
+int kvc_state_plan_room_parts(kvc_unified *const *cs, const kvc_state_plan *plans, uint32_t n, uint32_t *failed,
+                              kvc_err *err);
 
 /* Whether a read copies the K/V data of cc cells with non-temporal stores: from KVC_STREAM_BYTES
  * on (data that does not stay in the caches anyway). */

@@ -171,7 +171,7 @@ typedef struct kvc_unified_ops {
      * import reserves (a dry run), what it keeps for its abort besides the snapshot, and the
      * commit's placement */
     unsigned handoff_layout;
-    int  (*handoff_reserve)(struct kvc_unified *c, struct kvc_handoff_import *imp, kvc_err *err);
+    int  (*handoff_reserve)(struct kvc_unified *c, struct kvc_handoff_import *imp, bool evict, kvc_err *err);
     bool (*handoff_save)(struct kvc_handoff_import *imp);
     int  (*handoff_place)(struct kvc_handoff_import *imp, kvc_err *err);
     /* rules of the layers above */

@@ -827,16 +827,26 @@ def test_a_placement_that_cannot_fit_evicts_nothing_live_sequences_hold():
     c._prefix_check()
 
 
-def test_a_pair_placement_that_fails_in_one_cache_evicts_in_neither():
-    # an iSWA pair places in both caches or in neither: a cache whose index could make room by
-    # evicting does not evict while the other finds none (the pair's find_slot fails anyway)
-    pair = kvcache.ISWACache(16, n_layer=2, n_embd_k_gqa=E, n_embd_v_gqa=E, swa_layers=[0], n_swa=8, n_batch=16,
+def _pair16():
+    return kvcache.ISWACache(16, n_layer=2, n_embd_k_gqa=E, n_embd_v_gqa=E, swa_layers=[0], n_swa=8, n_batch=16,
                              swa_full=True, n_pad=1, n_seq_max=4, semantics="2026", buffers=None)
+
+
+def _full_pair():
+    """A pair of 16 cells a cache, both full: 12 live cells, and 4 the index holds ([7] * 4)."""
+    pair = _pair16()
     pair.enable_prefix_reuse()
     for s in (0, 2, 3):
         assert pair.find_slot(UBatch(list(range(4)), [s] * 4, tokens=[s] * 4))
     assert pair.find_slot(UBatch(list(range(4)), [1] * 4, tokens=[7] * 4))
-    pair.prefix_release(1)                        # both caches full: 12 live cells, 4 held
+    pair.prefix_release(1)
+    return pair
+
+
+def test_a_pair_placement_that_fails_in_one_cache_evicts_in_neither():
+    # an iSWA pair places in both caches or in neither: a cache whose index could make room by
+    # evicting does not evict while the other finds none (the pair's find_slot fails anyway)
+    pair = _full_pair()
     pin = pair.base.prefix_pin([7] * 4)           # the base cache's held cells cannot be evicted
     before = (pair.prefix_stats, pair.state_write())
     assert pair.find_slot_each(UBatch([4], [0], tokens=[1])) == (False, True)   # the SWA cache could
@@ -847,6 +857,43 @@ def test_a_pair_placement_that_fails_in_one_cache_evicts_in_neither():
     assert pair.find_slot(UBatch([4], [0], tokens=[1]))
     assert pair.prefix_stats["base"]["cells"] < 4 and pair.prefix_stats["swa"]["cells"] < 4
     assert (pair.base.seq_pos_max(0), pair.swa.seq_pos_max(0)) == (4, 4)
+
+
+def test_a_pair_import_or_state_read_that_fails_in_one_cache_evicts_in_neither():
+    # a sequence's import and state read look for room in both caches before either evicts: the
+    # SWA cache, its held cells pinned, has none, so the base cache keeps its prefix and writes
+    # none of it back
+    src = _pair16()
+    assert src.find_slot(UBatch([0, 1, 2], [0] * 3))
+    header, blob = src.seq_export(0).header, src.state_write(0)
+    pair = _full_pair()
+    written = []
+    pair.base._spill_set(lambda cache, records: written.extend(records))
+    pin = pair.swa.prefix_pin([7] * 4)
+
+    def now():
+        return pair.prefix_stats, pair.state_write(), pair.base.used, pair.swa.used, pair.base.prefix_match([7] * 5)
+
+    before = now()
+    with pytest.raises(kvcache.StateError, match="no room"):
+        pair.seq_import_begin(header, 1)
+    assert now() == before and written == []
+    with pytest.raises(kvcache.StateError, match="part 1 of 2 .*no room"):
+        pair.state_read(blob, 1)
+    assert now() == before and before[4] == 4
+    assert pair.find_slot(UBatch([4], [0], tokens=[1])) is False and written == []   # (nothing pending either)
+    pair.base._prefix_check()
+    pair.swa._prefix_check()
+    pair.swa.prefix_unpin(pin)                    # now both can make room: both evict
+    with pair.seq_import_begin(header, 1) as imp:
+        imp.commit()
+    assert pair.prefix_stats["base"]["cells"] < 4 and pair.prefix_stats["swa"]["cells"] < 4 and len(written) == 1
+    pair = _full_pair()
+    assert pair.state_read(blob, 1) == len(blob)
+    assert pair.prefix_stats["base"]["cells"] < 4 and pair.prefix_stats["swa"]["cells"] < 4
+    for part in (pair.base, pair.swa):
+        assert part.seq_pos_max(1) == 2
+        part._prefix_check()
 
 
 def test_reuse_off_and_unavailable():

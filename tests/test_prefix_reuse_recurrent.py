@@ -553,6 +553,48 @@ def test_hybrid_import_refused_for_its_state_evicts_nothing():
     h._prefix_check()
 
 
+def test_hybrid_with_a_window_evicts_in_neither_attention_cache_when_one_has_no_room():
+    # a sequence's state read and import look for room in both caches of the iSWA attention part
+    # before either evicts: the SWA cache, its held cells pinned, has none, so the base cache
+    # keeps its prefix; once both can make room, both evict
+    def hyb16(**kw):
+        return HybridCache(16, 3, [2], E, E, E, E, n_seq_max=4, type_k="f32", type_v="f32", v_trans=False,
+                           n_swa=8, swa_layers=[0], swa_full=True, n_batch=16, **kw)
+
+    src = hyb16()
+    assert src.find_slot(UBatch([0, 1, 2], [0], n_seq_tokens=3))
+    header, blob = src.seq_export(0).header, src.state_write(0)
+
+    def full():
+        h = hyb16()
+        h.enable_prefix_reuse(checkpoints=2)
+        for s, t in ((0, 0), (2, 2), (3, 3), (1, 7)):
+            assert h.find_slot(UBatch(list(range(4)), [s], n_seq_tokens=4, tokens=[t] * 4))
+        assert h.prefix_release(1) == 4                  # both attention caches: 12 live cells, 4 held
+        return h
+
+    h = full()
+    pin = h.attn.swa.prefix_pin([7] * 4)
+    before = (h.prefix_stats, h.state_write(), h.attn.base.used, h.attn.swa.used)
+    with pytest.raises(StateError, match="SWA cache .*no room"):
+        h.state_read(blob, 1)
+    assert (h.prefix_stats, h.state_write(), h.attn.base.used, h.attn.swa.used) == before
+    with pytest.raises(StateError, match="no room"):
+        h.seq_import_begin(header, 1)
+    assert (h.prefix_stats, h.state_write(), h.attn.base.used, h.attn.swa.used) == before
+    assert before[0]["attn"]["base"]["cells"] == 4
+    h._prefix_check()
+    h.attn.swa.prefix_unpin(pin)
+    with h.seq_import_begin(header, 1) as imp:
+        imp.commit()
+    assert h.prefix_stats["attn"]["base"]["cells"] < 4 and h.prefix_stats["attn"]["swa"]["cells"] < 4
+    h = full()
+    assert h.state_read(blob, 1) == len(blob)
+    assert h.prefix_stats["attn"]["base"]["cells"] < 4 and h.prefix_stats["attn"]["swa"]["cells"] < 4
+    assert h.seq_pos_max(1) == 2
+    h._prefix_check()
+
+
 # --- against the model -----------------------------------------------------------------------------
 
 PROMPTS = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8], [9, 8, 7, 6], [1, 2]]

@@ -6,7 +6,7 @@ from kvcache.includes.kvc_handoff cimport (kvc_run, kvc_handoff_export, kvc_hand
                                            kvc_handoff_export_free, kvc_handoff_n_regions,
                                            kvc_handoff_regions, kvc_handoff_gather, kvc_handoff_scatter,
                                            kvc_handoff_import, kvc_handoff_import_begin,
-                                           kvc_handoff_import_begin_empty,
+                                           kvc_handoff_import_begin_empty, kvc_handoff_import_begin_parts,
                                            kvc_handoff_import_check, kvc_handoff_import_commit,
                                            kvc_handoff_import_abort)
 
@@ -296,8 +296,62 @@ def _seq_import_begin(_Unified cache not None, header, seq_id=None, bint into_em
     # hold its K/V: the import writes its own rows into them next
     spill_flush(cache)
     check_status(r, &err, "seq_import_begin")
+    return _import_begun(cache, x)
+
+
+cdef SeqImport _import_begun(_Unified cache, SeqImport x):
+    """x, whose import into cache began, with what it shows of its reserved cells."""
     x._cache = cache
     x.seq_id = x.imp.seq_id
     x.regions = _regions_array(&cache.c, x.imp.stream, x.imp.runs, x.imp.n_runs)
     x.cells = _cells_array(x.imp.runs, x.imp.n_runs)
     return x
+
+
+def _seq_import_begin_parts(caches, headers, seq_id=None):
+    """seq_import_begin of every cache of a composite (an iSWA pair) with its part of the header,
+    all or none, as one operation over the caches: every part's header is checked first, and no
+    cache's prefix index evicts unless every cache has room or can make it
+    (kvc_handoff_import_begin_parts). Returns the SeqImports, in the order given."""
+    cdef tuple cs = _caches_arg(caches)
+    cdef Py_ssize_t n = len(cs), k
+    headers = list(headers)
+    if len(headers) != n:
+        raise ValueError(f"headers: {n} parts expected, got {len(headers)}")
+    cdef _Unified c = cs[0]
+    cdef int32_t s = -1 if seq_id is None else seq_c(seq_id, c.c.n_seq_max, "seq_id", False)
+    cdef kvc_unified *cp[KVC_STATE_MAX_PARTS]
+    cdef const uint8_t *hp[KVC_STATE_MAX_PARTS]
+    cdef size_t lens[KVC_STATE_MAX_PARTS]
+    cdef kvc_handoff_import *ip[KVC_STATE_MAX_PARTS]
+    cdef _HeldBuffer hb
+    cdef SeqImport x
+    cdef kvc_err err
+    cdef int r
+    held = []
+    xs = []
+    try:
+        for k in range(n):
+            hb = state_data_view(headers[k])
+            held.append(hb)
+            hp[k] = state_data_ptr(hb, &lens[k])
+            x = SeqImport.__new__(SeqImport)
+            xs.append(x)
+            ip[k] = &x.imp
+            c = cs[k]
+            cp[k] = &c.c
+        order = _lock_order(cs)
+        lock_all(order, CHANGE, "seq_import_begin")
+        try:
+            with nogil:
+                r = kvc_handoff_import_begin_parts(cp, <uint32_t>n, s, hp, lens, ip, &err)
+        finally:
+            unlock_all(order, CHANGE)
+    finally:
+        for hb in held:
+            hb.release()
+    # (as _seq_import_begin's: what the reservations evicted, to the write-back sinks now)
+    for c in cs:
+        spill_flush(c)
+    check_status(r, &err, "seq_import_begin")
+    return [_import_begun(cs[k], xs[k]) for k in range(n)]

@@ -6,12 +6,11 @@ layers that attend only to a sliding window. :class:`ISWACache` keeps the two ki
 the windowed ones, usually much smaller — and drives them together."""
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from kvcache import _signatures
-from kvcache._core import ISWAUpdatePlan, StateError, SWAWarning, _ISWA, _ISWA2025, _ISWA2026, _seq_export_parts
-from kvcache._store_format import _HANDOFF_SEQ
+from kvcache._core import (ISWAUpdatePlan, SWAWarning, _ISWA, _ISWA2025, _ISWA2026, _seq_export_parts,
+                           _seq_import_begin_parts)
 from kvcache.handoff import PartsExport, PartsImport, split_parts
 from kvcache.plan import SEMANTICS
 
@@ -119,21 +118,7 @@ class ISWACache(_ISWA):
         """Begin receiving the sequence a PartsExport header describes (UnifiedCache.seq_import_begin
         for each cache: both begun, or neither, StateError then); its commit() checks both parts
         before committing either; abort() or an exception in ``with`` leaves both as they were."""
-        h_base, h_swa = split_parts(header, 2)
-        first = self.base.seq_import_begin(h_base, seq_id)
-        try:
-            second = self.swa.seq_import_begin(h_swa, seq_id)
-            # both parts checked (checksums included): they must name one source sequence, or
-            # without seq_id they would land in two sequences
-            ids = [struct.unpack_from("<i", h, _HANDOFF_SEQ)[0] for h in (h_base, h_swa)]
-            if ids[0] != ids[1]:
-                second.abort()
-                raise StateError(f"seq_import_begin: the hand-off header's parts are of sequences {ids[0]} and "
-                                 f"{ids[1]}: not one sequence's export")
-        except BaseException:
-            first.abort()
-            raise
-        return PartsImport([first, second])
+        return PartsImport(_seq_import_begin_parts((self.base, self.swa), split_parts(header, 2), seq_id))
 
 
 class ISWACache2025(_ISWA2025, ISWACache):

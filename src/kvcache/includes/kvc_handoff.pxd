@@ -47,6 +47,8 @@ cdef extern from "kvc_handoff.h" nogil:
                                   kvc_handoff_import *imp, kvc_err *err)
     int  kvc_handoff_import_begin_empty(kvc_unified *c, int32_t seq_id, const uint8_t *header, size_t len,
                                         kvc_handoff_import *imp, kvc_err *err)
+    int  kvc_handoff_import_begin_parts(kvc_unified **cs, uint32_t n, int32_t seq_id, const uint8_t **headers,
+                                        const size_t *lens, kvc_handoff_import **imps, kvc_err *err)
     int  kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err)
     int  kvc_handoff_import_commit(kvc_handoff_import *imp, kvc_err *err)
     void kvc_handoff_import_abort(kvc_handoff_import *imp)
