@@ -371,10 +371,14 @@ uint32_t kvc_reuse_held_free(const kvc_unified *c, uint32_t st, uint64_t need) {
 
 /* Whether evicting could give stream st room for n cells when `have` are neither used nor
  * held: the evictable cells, less those live sequences hold too (evicting those frees nothing).
- * Window mode: true (the ghosts' room is not counted ahead). */
-static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t have) {
+ * Window mode: whether the `usable` cells a search could take (UINT32_MAX: not known, then true),
+ * with every held cell no live sequence holds (evicted, or demoted to a ghost), reach n. */
+static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t have, uint32_t usable) {
     const kvc_reuse *r = c->reuse;
-    if (r->n_ghost || have >= n) {
+    if (r->n_ghost) {
+        return usable == UINT32_MAX || usable >= n || (uint64_t)usable + kvc_reuse_held_free(c, st, n - usable) >= n;
+    }
+    if (have >= n) {
         return true;
     }
     const uint64_t can = kvc_prefix_n_evictable(&r->idx);
@@ -385,15 +389,17 @@ static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_
     return (uint64_t)have + (can < only ? can : only) >= n;
 }
 
-bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free) {
-    return c->reuse && room_possible(c, st, n, n_known_free != UINT32_MAX ? n_known_free : n_free(c, st));
+bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free,
+                             uint32_t n_usable) {
+    return c->reuse && room_possible(c, st, n, n_known_free != UINT32_MAX ? n_known_free : n_free(c, st), n_usable);
 }
 
-static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint32_t *have_out) {
+static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint32_t n_usable,
+                      uint32_t *have_out) {
     kvc_reuse *r = c->reuse;
     bool any = false;
     uint32_t have = n_known_free != UINT32_MAX ? n_known_free : n_free(c, st);
-    if (!room_possible(c, st, n, have)) {
+    if (!room_possible(c, st, n, have, n_usable)) {
         /* every evictable cell would not make room: the placement fails, and it evicts nothing
          * (the prefixes stay for the requests that can use them) */
         if (have_out) {
@@ -427,12 +433,12 @@ static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_
     return any;
 }
 
-bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free) {
-    return c->reuse ? make_room(c, st, n, n_known_free, NULL) : false;
+bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint32_t n_usable) {
+    return c->reuse ? make_room(c, st, n, n_known_free, n_usable, NULL) : false;
 }
 
 bool kvc_reuse_make_room_count(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t *have) {
-    return make_room(c, st, n, n_free, have);
+    return make_room(c, st, n, n_free, UINT32_MAX, have);
 }
 
 uint64_t *kvc_reuse_avail(kvc_unified *c, uint32_t st) {

@@ -175,17 +175,19 @@ void kvc_reuse_clear(kvc_unified *c);
 uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n);
 /* Placement in stream st needs n cells that are neither used nor held: evict until there are or
  * nothing evictable is left. n_free: how many such cells the stream has now, when the caller
- * knows (a search that saw every cell), else UINT32_MAX (counted here). Returns whether
- * anything was evicted. */
-bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free);
+ * knows (a search that saw every cell), else UINT32_MAX (counted here); n_usable: the cells the
+ * search could take (window mode: evicting and demoting start only when they can make room;
+ * UINT32_MAX: not known). Returns whether anything was evicted. */
+bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t n_usable);
 /* The cells of stream st the index holds for no live sequence (not used, yet not free for a
  * placement: the most eviction can free there), counted up to `need` (the words after the need
  * is met are not read). Reuse must be on. */
 uint32_t kvc_reuse_held_free(const kvc_unified *c, uint32_t st, uint64_t need);
-/* Whether kvc_reuse_make_room could give stream st room for n cells (n_free as there), without
- * evicting: false when the cells eviction would free are too few (those live sequences hold
- * too free nothing); true in window mode. False when reuse is off. */
-bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free);
+/* Whether kvc_reuse_make_room could give stream st room for n cells (n_free, n_usable as there),
+ * without evicting: false when the cells eviction would free are too few (those live sequences
+ * hold too free nothing); in window mode, when the usable cells and every held cell no live
+ * sequence holds are too few. False when reuse is off. */
+bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t n_usable);
 /* kvc_reuse_make_room, which also says in *have how many cells of the stream are now neither
  * used nor held (n_free must be known). Not in window mode. */
 bool kvc_reuse_make_room_count(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t *have);

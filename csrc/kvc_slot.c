@@ -367,15 +367,19 @@ static uint32_t kvc_stream_start(const kvc_unified *c, uint32_t st, uint32_t n) 
 
 /* The placement rule of one group of n tokens in stream st: the usable cells from the head on,
  * wrapping, until n are found (into idx) or every cell was tested. Free cells come from the
- * used bits a word at a time; used cells are looked at only with a sliding window. *n_free:
- * when no room was found and the search saw every cell, the cells it found neither used nor
- * held (what kvc_reuse_make_room starts from), else UINT32_MAX. */
-static bool kvc_stream_search(kvc_unified *c, uint32_t st, uint32_t n, int32_t *idx, uint32_t *n_free) {
+ * used bits a word at a time; used cells are looked at only with a sliding window. When no room
+ * was found: *n_free, when the search saw every cell, the cells it found neither used nor held
+ * (what kvc_reuse_make_room starts from), else UINT32_MAX; *n_usable the cells it found it could
+ * take (a sliding window's search sees every cell, the used ones its window left among them), 0
+ * when it looked at none. */
+static bool kvc_stream_search(kvc_unified *c, uint32_t st, uint32_t n, int32_t *idx, uint32_t *n_free,
+                              uint32_t *n_usable) {
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     const uint32_t size = cells->size;
     const bool swa = c->swa_type != KVC_SWA_NONE;
     uint32_t h = kvc_stream_start(c, st, n);
     *n_free = UINT32_MAX;
+    *n_usable = 0;
     if (n > size) {
         return false;
     }
@@ -399,7 +403,7 @@ static bool kvc_stream_search(kvc_unified *c, uint32_t st, uint32_t n, int32_t *
             }
         }
         if (got < n) {
-            *n_free = got;
+            *n_free = *n_usable = got;
         }
         return got == n;
     }
@@ -438,6 +442,7 @@ static bool kvc_stream_search(kvc_unified *c, uint32_t st, uint32_t n, int32_t *
         n_tested += end - h;
         h = (uint32_t)end;
         if (n_tested >= size) {
+            *n_usable = got;
             return false;
         }
     }
@@ -554,9 +559,9 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
 }
 
 /* Where a search that does not evict stopped: the first group that found no room, and what its
- * search saw (kvc_stream_search's n_free). */
+ * search saw (kvc_stream_search's n_free and n_usable). */
 typedef struct kvc_search_stop {
-    uint32_t g, n_free;
+    uint32_t g, n_free, n_usable;
 } kvc_search_stop;
 
 /* The search half of find_slot: every group's cells into c->scatter.idx; the cache's cells are
@@ -572,14 +577,15 @@ static int kvc_search_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_grou
     }
     for (uint32_t g = resume ? stop->g : 0; g < n_groups; g++) {
         int32_t *idx = c->scatter.idx + (size_t)g * nst;
-        uint32_t n_free;
+        uint32_t n_free, n_usable;
         if (resume && g == stop->g) {
             n_free = stop->n_free;      /* its search failed already */
-        } else if (kvc_stream_search(c, strm[g], nst, idx, &n_free)) {
+            n_usable = stop->n_usable;
+        } else if (kvc_stream_search(c, strm[g], nst, idx, &n_free, &n_usable)) {
             continue;
         }
         if (!evict) {
-            *stop = (kvc_search_stop){ g, n_free };
+            *stop = (kvc_search_stop){ g, n_free, n_usable };
             return 0;
         }
         if (n_free != UINT32_MAX && c->reuse && c->reuse->n_ghost == 0) {
@@ -587,16 +593,16 @@ static int kvc_search_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_grou
              * hold a free cell now, kvc_reuse_avail) only when it will find enough */
             uint32_t have = 0;
             (void)kvc_reuse_make_room_count(c, strm[g], nst, n_free, &have);
-            if (have < nst || !kvc_stream_search(c, strm[g], nst, idx, &n_free)) {
+            if (have < nst || !kvc_stream_search(c, strm[g], nst, idx, &n_free, &n_usable)) {
                 return 0;
             }
             continue;
         }
         do {
-            if (!kvc_reuse_make_room(c, strm[g], nst, n_free)) {
+            if (!kvc_reuse_make_room(c, strm[g], nst, n_free, n_usable)) {
                 return 0;
             }
-        } while (!kvc_stream_search(c, strm[g], nst, idx, &n_free));
+        } while (!kvc_stream_search(c, strm[g], nst, idx, &n_free, &n_usable));
     }
     return 1;
 }
@@ -606,9 +612,10 @@ static int kvc_search_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_grou
 static int kvc_room_possible_2026(kvc_unified *c, const uint32_t *strm, uint32_t n_groups, uint32_t nst,
                                   const kvc_search_stop *stop) {
     for (uint32_t g = stop->g; g < n_groups; g++) {
-        uint32_t n_free = stop->n_free;
-        if ((g == stop->g || !kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst, &n_free)) &&
-            !kvc_reuse_room_possible(c, strm[g], nst, n_free)) {
+        uint32_t n_free = stop->n_free, n_usable = stop->n_usable;
+        if ((g == stop->g ||
+             !kvc_stream_search(c, strm[g], nst, c->scatter.idx + (size_t)g * nst, &n_free, &n_usable)) &&
+            !kvc_reuse_room_possible(c, strm[g], nst, n_free, n_usable)) {
             return 0;
         }
     }
@@ -670,7 +677,7 @@ static int find_slot_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch 
     /* every cache searches against its unchanged cells, then all are applied or none; with
      * several, a cache evicts from its prefix index only once every other has room or can make
      * it (a placement that fails evicts nothing) */
-    slot_parts p = { cs, strm, n_groups, nst, { { 0, 0 } }, found, false };
+    slot_parts p = { cs, strm, n_groups, nst, { { 0, 0, 0 } }, found, false };
     uint32_t failed;
     const int rc = ask ? part_slot(&p, 0, false) : kvc_parts_room(n, part_slot, &p, &failed);
     if (rc != KVC_OK) {
@@ -770,10 +777,10 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
             const uint32_t *strm = out_strm + (size_t)u * c->n_stream, ng = out_groups[u];
             const uint32_t nst = ubs[u].n_tokens / ng;
             for (uint32_t g = 0; g < ng && placed; g++) {
-                uint32_t n_free;
+                uint32_t n_free, n_usable;
                 do {
-                    placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst, &n_free);
-                } while (!placed && kvc_reuse_make_room(c, strm[g], nst, n_free));
+                    placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst, &n_free, &n_usable);
+                } while (!placed && kvc_reuse_make_room(c, strm[g], nst, n_free, n_usable));
             }
             if (placed) {
                 kvc_apply_2026(c, &ubs[u], out_cells + off, strm, ng, nst, true);

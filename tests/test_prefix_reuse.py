@@ -896,6 +896,50 @@ def test_a_pair_import_or_state_read_that_fails_in_one_cache_evicts_in_neither()
         part._prefix_check()
 
 
+def test_a_window_mode_placement_that_cannot_fit_evicts_and_demotes_nothing():
+    # a small SWA cache (window mode) lets go of held cells (evicted, or demoted to ghosts while
+    # pinned) only when that makes room: with too few of them the placement, and the pair's
+    # import and state read, fail in both caches and leave both indexes as they were
+    pair = kvcache.ISWACache(512, n_layer=2, n_embd_k_gqa=E, n_embd_v_gqa=E, swa_layers=[0], n_swa=8, n_batch=16,
+                             swa_full=False, n_seq_max=4, semantics="2026", buffers=None)
+    pair.enable_prefix_reuse()
+    n = pair.swa.size - 6
+    assert pair.find_slot(UBatch(list(range(n)), [0] * n, tokens=[5] * n))
+    pair.seq_cp(0, 1)                             # cells of two sequences: no placement takes them
+    assert pair.find_slot(UBatch(list(range(4)), [2] * 4, tokens=[7] * 4))
+    pair.prefix_release(2)                        # the SWA cache: 2 free cells, 4 held
+    src = kvcache.ISWACache(512, n_layer=2, n_embd_k_gqa=E, n_embd_v_gqa=E, swa_layers=[0], n_swa=8, n_batch=16,
+                            swa_full=False, n_seq_max=4, semantics="2026", buffers=None)
+    assert src.find_slot(UBatch(list(range(7)), [0] * 7))
+    header, blob = src.seq_export(0).header, src.state_write(0)
+
+    def now():
+        return pair.prefix_stats, pair.state_write(), pair.base.prefix_match([7] * 5), pair.swa.prefix_match([7] * 5)
+
+    for pinned in (False, True):
+        pin = pair.swa.prefix_pin([7] * 4) if pinned else None
+        before = now()
+        assert before[0]["swa"]["cells"] == 4 and before[3] == 4
+        assert pair.find_slot_each(UBatch(list(range(8)), [3] * 8, tokens=[1] * 8)) == (True, False)
+        assert now() == before
+        with pytest.raises(kvcache.StateError, match="no room"):
+            pair.seq_import_begin(header, 3)
+        assert now() == before
+        with pytest.raises(kvcache.StateError, match="part 1 of 2 .*no room"):
+            pair.state_read(blob, 3)
+        assert now() == before
+        pair.base._prefix_check()
+        pair.swa._prefix_check()
+        if pin is not None:
+            pair.swa.prefix_unpin(pin)
+    # 6 cells: the 2 free and the 4 held (evicted, or demoted while pinned) make room
+    pin = pair.swa.prefix_pin([7] * 4)
+    assert pair.find_slot(UBatch(list(range(6)), [3] * 6, tokens=[1] * 6))
+    assert pair.prefix_stats["swa"]["cells"] == 0 and pair.swa.prefix_match([7] * 5) == 4   # ghosts
+    pair.swa.prefix_unpin(pin)
+    pair.swa._prefix_check()
+
+
 def test_reuse_off_and_unavailable():
     c = UnifiedCache(64, 1, E, E, n_seq_max=2, semantics="2026")
     assert not c.prefix_reuse and c.prefix_stats is None
