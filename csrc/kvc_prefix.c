@@ -442,6 +442,20 @@ static uint32_t evict_walk(kvc_prefix *idx, uint64_t want) {
 
 /* --- the public functions ---------------------------------------------------------------------- */
 
+uint32_t kvc_prefix_evictable_in(const kvc_prefix *idx, uint32_t st, uint32_t size, const uint64_t *busy,
+                                 uint64_t need) {
+    /* the list holds exactly the unprotected nodes, and evicting them all lets go of all their cells */
+    uint64_t k = 0;
+    for (uint32_t i = idx->nodes[NIL].lru_next; i != NIL && k < need; i = idx->nodes[i].lru_next) {
+        const kvc_prefix_node *n = &idx->nodes[i];
+        for (uint32_t t = 0; t < n->len; t++) {
+            const uint32_t cell = n->cell[t];
+            k += n->strm[t] == st && cell < size && !((busy[cell >> 6] >> (cell & 63)) & 1u);
+        }
+    }
+    return (uint32_t)(k < need ? k : need);
+}
+
 int kvc_prefix_init(kvc_prefix *idx, uint32_t n_stream, uint32_t n_cells, uint32_t cap, kvc_err *err) {
     *idx = (kvc_prefix){ 0 };
     const uint64_t total = (uint64_t)n_stream * n_cells;

@@ -241,6 +241,11 @@ void kvc_prefix_spill_clear(kvc_prefix *idx);
 static inline uint32_t kvc_prefix_n_held(const kvc_prefix *idx) { return idx->n_held; }
 static inline uint32_t kvc_prefix_n_evictable(const kvc_prefix *idx) { return idx->n_evictable; }
 static inline uint32_t kvc_prefix_n_nodes(const kvc_prefix *idx) { return idx->n_nodes; }
+/* The cells of stream st below `size` that evicting every evictable cell would let go and whose
+ * bit in busy[] is clear (the cells no live sequence holds too: the room eviction can make
+ * there), counted up to `need` (the walk of the unprotected nodes stops there). */
+uint32_t kvc_prefix_evictable_in(const kvc_prefix *idx, uint32_t st, uint32_t size, const uint64_t *busy,
+                                 uint64_t need);
 
 /* KVC_OK when every invariant holds (each cell held once and placed right, parents, children
  * and the child table agree, protection counts add up, the LRU list holds exactly the

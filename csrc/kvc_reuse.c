@@ -370,7 +370,8 @@ uint32_t kvc_reuse_held_free(const kvc_unified *c, uint32_t st, uint64_t need) {
 }
 
 /* Whether evicting could give stream st room for n cells when `have` are neither used nor
- * held: the evictable cells, less those live sequences hold too (evicting those frees nothing).
+ * held: the evictable cells of the stream, less those live sequences hold too (evicting those
+ * frees nothing; pinned or locked held cells are not evicted).
  * Window mode: whether the `usable` cells a search could take (UINT32_MAX: not known, then true),
  * with every held cell no live sequence holds (evicted, or demoted to a ghost), reach n. */
 static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t have, uint32_t usable) {
@@ -381,12 +382,12 @@ static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_
     if (have >= n) {
         return true;
     }
-    const uint64_t can = kvc_prefix_n_evictable(&r->idx);
-    if ((uint64_t)have + can < n) {
+    if ((uint64_t)have + kvc_prefix_n_evictable(&r->idx) < n) {
         return false;
     }
-    const uint32_t only = kvc_reuse_held_free(c, st, (uint64_t)n - have);
-    return (uint64_t)have + (can < only ? can : only) >= n;
+    /* of the evictable cells, those of the stream that no live sequence holds too */
+    const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
+    return (uint64_t)have + kvc_prefix_evictable_in(&r->idx, st, tab->size, tab->used_bits, (uint64_t)n - have) >= n;
 }
 
 bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free,

@@ -184,9 +184,9 @@ bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_fre
  * is met are not read). Reuse must be on. */
 uint32_t kvc_reuse_held_free(const kvc_unified *c, uint32_t st, uint64_t need);
 /* Whether kvc_reuse_make_room could give stream st room for n cells (n_free, n_usable as there),
- * without evicting: false when the cells eviction would free are too few (those live sequences
- * hold too free nothing); in window mode, when the usable cells and every held cell no live
- * sequence holds are too few. False when reuse is off. */
+ * without evicting: false when the evictable cells of the stream are too few (those live
+ * sequences hold too free nothing); in window mode, when the usable cells and every held cell no
+ * live sequence holds are too few. False when reuse is off. */
 bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t n_usable);
 /* kvc_reuse_make_room, which also says in *have how many cells of the stream are now neither
  * used nor held (n_free must be known). Not in window mode. */

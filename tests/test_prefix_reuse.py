@@ -827,6 +827,46 @@ def test_a_placement_that_cannot_fit_evicts_nothing_live_sequences_hold():
     c._prefix_check()
 
 
+def _pinned_and_shared(c):
+    """Fill c (16 cells): 4 held cells no live sequence holds, [1, 2, 3, 4]; 4 evictable held
+    cells sequence 3 holds too, [5, 6, 7, 8]; 8 cells of sequence 0."""
+    assert c.find_slot(UBatch([0, 1, 2, 3], [0] * 4, tokens=[1, 2, 3, 4]))
+    assert c.prefix_release(0) == 4
+    assert c.find_slot(UBatch([0, 1, 2, 3], [1] * 4, tokens=[5, 6, 7, 8]))
+    assert c.prefix_release(1) == 4
+    assert c.prefix_attach(2, [5, 6, 7, 8, 9]) == 4
+    c.seq_cp(2, 3)
+    c.seq_rm(2)
+    assert c.find_slot(UBatch(list(range(8)), [0] * 8, tokens=[9] * 8))
+
+
+def test_a_placement_evicts_nothing_when_only_pinned_or_shared_cells_could_make_room():
+    # the room eviction can make is the evictable cells no live sequence holds too: with the
+    # cells that would free room pinned, a placement that cannot fit (a pair's in either cache)
+    # evicts nothing
+    c = UnifiedCache(16, 1, E, E, n_seq_max=4, n_pad=1, semantics="2026", buffers=None)
+    c.enable_prefix_reuse()
+    _pinned_and_shared(c)
+    pin = c.prefix_pin([1, 2, 3, 4])
+    before = (c.prefix_stats, c.used)
+    assert not c.find_slot(UBatch([8], [0]))
+    assert (c.prefix_stats, c.used) == before == ({"cells": 8, "evictable": 4, "nodes": 2, "cap": 0}, 12)
+    c.prefix_unpin(pin)
+    assert c.find_slot(UBatch([8], [0]))              # the unpinned cells make room
+    c._prefix_check()
+    pair = _pair16()
+    pair.enable_prefix_reuse()
+    _pinned_and_shared(pair)
+    pin = pair.base.prefix_pin([1, 2, 3, 4])          # the SWA cache can make room, the base cannot
+    before = (pair.prefix_stats, pair.state_write())
+    assert pair.find_slot_each(UBatch([8], [0])) == (False, True)
+    assert (pair.prefix_stats, pair.state_write()) == before
+    pair.base.prefix_unpin(pin)
+    assert pair.find_slot(UBatch([8], [0]))
+    pair.base._prefix_check()
+    pair.swa._prefix_check()
+
+
 def _pair16():
     return kvcache.ISWACache(16, n_layer=2, n_embd_k_gqa=E, n_embd_v_gqa=E, swa_layers=[0], n_swa=8, n_batch=16,
                              swa_full=True, n_pad=1, n_seq_max=4, semantics="2026", buffers=None)
