@@ -499,6 +499,49 @@ void kvc_prefix_free(kvc_prefix *idx) {
     *idx = (kvc_prefix){ 0 };
 }
 
+int kvc_prefix_copy(kvc_prefix *dst, const kvc_prefix *src) {
+    const uint64_t total = (uint64_t)src->n_stream * src->n_cells;
+    *dst = *src;
+    dst->spill = NULL;
+    dst->nodes = kvc_malloc_n(src->n_slots, sizeof *dst->nodes);
+    dst->table = kvc_malloc_n(src->table_size, sizeof *dst->table);
+    dst->place = kvc_malloc_n(total, sizeof *dst->place);
+    dst->freed_cell = kvc_malloc_n(total, sizeof *dst->freed_cell);
+    dst->freed_strm = kvc_malloc_n(total, sizeof *dst->freed_strm);
+    bool ok = dst->nodes && dst->table && dst->place && dst->freed_cell && dst->freed_strm;
+    if (dst->nodes) {
+        memcpy(dst->nodes, src->nodes, (size_t)src->n_slots * sizeof *dst->nodes);
+        for (uint32_t i = 0; i < src->n_slots; i++) {
+            dst->nodes[i].mem = NULL;   /* src's: each edge gets its own below */
+        }
+    }
+    for (uint32_t i = 1; ok && i < src->n_slots; i++) {
+        const kvc_prefix_node *s = &src->nodes[i];
+        if (!s->live || !s->mem) {
+            continue;
+        }
+        void *mem = edge_alloc(s->len ? s->len : 1);
+        if (!mem) {
+            ok = false;
+            break;
+        }
+        kvc_prefix_node *d = &dst->nodes[i];
+        edge_attach(d, mem, s->len);
+        memcpy(d->tok, s->tok, (size_t)s->len * sizeof *d->tok);
+        memcpy(d->cell, s->cell, (size_t)s->len * sizeof *d->cell);
+        memcpy(d->strm, s->strm, (size_t)s->len * sizeof *d->strm);
+    }
+    if (!ok) {
+        kvc_prefix_free(dst);
+        return KVC_E_NOMEM;
+    }
+    memcpy(dst->table, src->table, (size_t)src->table_size * sizeof *dst->table);
+    memcpy(dst->place, src->place, (size_t)total * sizeof *dst->place);
+    memcpy(dst->freed_cell, src->freed_cell, (size_t)src->n_freed * sizeof *dst->freed_cell);
+    memcpy(dst->freed_strm, src->freed_strm, (size_t)src->n_freed * sizeof *dst->freed_strm);
+    return KVC_OK;
+}
+
 void kvc_prefix_clear(kvc_prefix *idx) {
     idx->n_released++;
     for (uint32_t i = 1; i < idx->n_slots; i++) {

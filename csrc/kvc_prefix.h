@@ -137,6 +137,10 @@ typedef struct kvc_prefix {
  * 2**31), holding at most cap cells (0: no cap). KVC_OK, KVC_E_ARG, KVC_E_NOMEM. */
 int  kvc_prefix_init(kvc_prefix *idx, uint32_t n_stream, uint32_t n_cells, uint32_t cap, kvc_err *err);
 void kvc_prefix_free(kvc_prefix *idx);   /* safe on a zeroed index */
+/* dst: a copy of src that shares no memory with it and records no write-back (its spill is off),
+ * for a dry run that evicts from the copy and leaves src as it was; handles of src are handles
+ * of the copy. KVC_OK, or KVC_E_NOMEM with dst zeroed. Free it with kvc_prefix_free. */
+int  kvc_prefix_copy(kvc_prefix *dst, const kvc_prefix *src);
 /* Forget everything (the cache was cleared or read from a state): every handle goes stale, no
  * cell is handed back. */
 void kvc_prefix_clear(kvc_prefix *idx);

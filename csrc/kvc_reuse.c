@@ -67,7 +67,7 @@ static void ghosts_reset(kvc_reuse *r, uint32_t n_stream, uint32_t size) {
 }
 
 /* Free r and everything it holds (a zeroed index frees nothing). */
-static void reuse_free(kvc_reuse *r) {
+void kvc_reuse_free(kvc_reuse *r) {
     kvc_prefix_free(&r->idx);
     kvc_free(r->rec);
     kvc_free(r->held);
@@ -131,7 +131,7 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
         r->rec[i] = (kvc_reuse_cell){ 0, KVC_TOKEN_NULL };
     }
     if (rc != KVC_OK) {
-        reuse_free(r);
+        kvc_reuse_free(r);
         return rc;
     }
     c->reuse = r;
@@ -219,9 +219,50 @@ void kvc_reuse_overwrite_held(kvc_unified *c, uint32_t st, uint32_t i) {
     held_set(r, st, i, false);
 }
 
+/* n elements of el bytes of src in a new allocation (NULL for a NULL src or no memory: *ok). */
+static void *dup_n(const void *src, uint64_t n, uint64_t el, bool *ok) {
+    if (!src) {
+        return NULL;
+    }
+    void *p = kvc_malloc_n(n ? n : 1, el);
+    if (p) {
+        memcpy(p, src, (size_t)(n * el));
+    }
+    *ok &= p != NULL;
+    return p;
+}
+
+kvc_reuse *kvc_reuse_copy(const kvc_unified *c) {
+    const kvc_reuse *r = c->reuse;
+    kvc_reuse *d = kvc_calloc(1, sizeof *d);
+    if (!d) {
+        return NULL;
+    }
+    const uint64_t ns = c->n_stream, ids = ns * (c->cells.size + r->n_ghost);
+    bool ok = true;
+    *d = *r;
+    d->idx = (kvc_prefix){ 0 };
+    d->held = dup_n(r->held, ns * r->n_words, sizeof *r->held, &ok);
+    d->lock = dup_n(r->lock, r->n_lock, sizeof *r->lock, &ok);
+    d->rec = dup_n(r->rec, ns * c->cells.size, sizeof *r->rec, &ok);
+    d->avail = dup_n(r->avail, ns * r->avail_words + 1, sizeof *r->avail, &ok);
+    d->tmp_cell = kvc_malloc_n(ids, sizeof *d->tmp_cell);   /* scratch: nothing to copy */
+    d->tmp_strm = kvc_malloc_n(ids, sizeof *d->tmp_strm);
+    d->ghost_free = dup_n(r->ghost_free, ns * r->n_ghost, sizeof *r->ghost_free, &ok);
+    d->n_ghost_free = dup_n(r->n_ghost_free, ns, sizeof *r->n_ghost_free, &ok);
+    d->ext = dup_n(r->ext, ids, sizeof *r->ext, &ok);
+    d->pos = dup_n(r->pos, ids, sizeof *r->pos, &ok);
+    ok = ok && d->tmp_cell && d->tmp_strm && kvc_prefix_copy(&d->idx, &r->idx) == KVC_OK;
+    if (!ok) {
+        kvc_reuse_free(d);
+        return NULL;
+    }
+    return d;
+}
+
 void kvc_reuse_disable(kvc_unified *c) {
     if (c->reuse) {
-        reuse_free(c->reuse);
+        kvc_reuse_free(c->reuse);
         c->reuse = NULL;
     }
 }

@@ -109,6 +109,11 @@ void kvc_reuse_copy_cells(kvc_unified *c, uint32_t src, uint32_t st, uint32_t i)
 /* The position of cell i of stream st changed (seq_add, seq_div): the index forgets it and it is
  * never kept again (its K/V were computed in another context). */
 void kvc_reuse_moved(kvc_unified *c, uint32_t st, uint32_t i);
+/* A copy of c's prefix reuse that shares nothing with it and records no write-back
+ * (kvc_prefix_copy), for a dry run of placement to evict from in its place; NULL: no memory.
+ * kvc_reuse_free releases it. */
+kvc_reuse *kvc_reuse_copy(const kvc_unified *c);
+void kvc_reuse_free(kvc_reuse *r);
 /* Turn it off: the index and its cells are forgotten (they are empty cells again). */
 void kvc_reuse_disable(kvc_unified *c);
 

@@ -736,6 +736,52 @@ int kvc_parts_room(uint32_t n, kvc_part_room_fn *room, void *ctx, uint32_t *fail
     return rc;
 }
 
+/* A dry run must leave the prefix index as it was (held cells, recency, locks, write-back
+ * records), yet see the room the real placement's eviction would make, in the cells eviction
+ * would free. So it evicts as placement does, from a copy of the index put in the cache's place
+ * (*own keeps the cache's own until the end): exact by construction, where treating evictable
+ * cells as free would have to redo the index's eviction order. The copy costs O(index) once, and
+ * only in a dry run that evicts (or, in window mode, overwrites a held cell). */
+static bool dry_reuse_copy(kvc_unified *c, kvc_reuse **own) {
+    kvc_reuse *copy = kvc_reuse_copy(c);
+    if (copy) {
+        *own = c->reuse;
+        c->reuse = copy;
+    }
+    return copy != NULL;
+}
+
+/* kvc_reuse_make_room for the dry run: 1 evicted (search again), 0 not, KVC_E_NOMEM (no memory
+ * for the copy). The copy is made only when eviction can make the room (make_room evicts nothing
+ * otherwise). */
+static int dry_make_room(kvc_unified *c, kvc_reuse **own, uint32_t st, uint32_t n, uint32_t n_free,
+                         uint32_t n_usable) {
+    if (!*own) {
+        if (!kvc_reuse_room_possible(c, st, n, n_free, n_usable)) {   /* (false when reuse is off) */
+            return 0;
+        }
+        if (!dry_reuse_copy(c, own)) {
+            return KVC_E_NOMEM;
+        }
+    }
+    return kvc_reuse_make_room(c, st, n, n_free, n_usable) ? 1 : 0;
+}
+
+/* Whether placing the searched cells idx overwrites a cell the prefix index holds (window mode:
+ * the index then keeps the token as a ghost, or forgets the prompt from there, which later
+ * evictions see), so that the dry run needs its copy of the index for the placement. */
+static bool dry_overwrites_held(const kvc_unified *c, const int32_t *idx, const uint32_t *strm, uint32_t ng,
+                                uint32_t nst) {
+    for (uint32_t g = 0; c->reuse && c->reuse->n_ghost && g < ng; g++) {
+        for (uint32_t i = 0; i < nst; i++) {
+            if (kvc_reuse_is_held(c, strm[g], (uint32_t)idx[g * nst + i])) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_ub, int32_t *out_cells,
                              uint32_t *out_strm, uint32_t *out_groups, kvc_err *err) {
     uint32_t nst_of[1];
@@ -771,21 +817,36 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
         }
     }
     int placed = 1;
+    kvc_reuse *own = NULL;   /* the cache's prefix reuse while the dry run has a copy in its place */
     if (ok) {
         size_t off = 0;
-        for (uint32_t u = 0; u < n_ub && placed; u++) {
+        for (uint32_t u = 0; u < n_ub && placed == 1; u++) {
             const uint32_t *strm = out_strm + (size_t)u * c->n_stream, ng = out_groups[u];
             const uint32_t nst = ubs[u].n_tokens / ng;
-            for (uint32_t g = 0; g < ng && placed; g++) {
+            for (uint32_t g = 0; g < ng && placed == 1; g++) {
                 uint32_t n_free, n_usable;
-                do {
-                    placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst, &n_free, &n_usable);
-                } while (!placed && kvc_reuse_make_room(c, strm[g], nst, n_free, n_usable));
+                int room = 1;
+                while (!(placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst, &n_free,
+                                                    &n_usable)) &&
+                       (room = dry_make_room(c, &own, strm[g], nst, n_free, n_usable)) == 1) {
+                }
+                placed = room < 0 ? room : placed;
             }
-            if (placed) {
-                kvc_apply_2026(c, &ubs[u], out_cells + off, strm, ng, nst, true);
+            if (placed == 1 && !own && dry_overwrites_held(c, out_cells + off, strm, ng, nst) &&
+                !dry_reuse_copy(c, &own)) {
+                placed = KVC_E_NOMEM;
+            }
+            if (placed == 1) {
+                /* on a copy, the index's part of the placement too */
+                kvc_apply_2026(c, &ubs[u], out_cells + off, strm, ng, nst, own == NULL);
                 off += ubs[u].n_tokens;
             }
+        }
+        ok = placed >= 0;
+        placed = placed > 0;
+        if (own) {
+            kvc_reuse_free(c->reuse);
+            c->reuse = own;
         }
         for (uint32_t s = 0; s < c->n_stream; s++) {
             if (touched[s]) {

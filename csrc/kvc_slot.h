@@ -75,7 +75,9 @@ int  kvc_unified_find_slot_2026_ask(kvc_unified *c, const kvc_ubatch *ub, kvc_er
 typedef int kvc_part_room_fn(void *ctx, uint32_t k, bool evict);
 int  kvc_parts_room(uint32_t n, kvc_part_room_fn *room, void *ctx, uint32_t *failed);
 /* The dry run of placing ubs[0..n_ub) in turn (each against the state holding the ones before
- * it); the cache is left exactly as it was. For ubatch u: out_cells gets its tokens' cells (in
+ * it); the cache is left exactly as it was, its prefix index included: a ubatch that fits only by
+ * evicting gets the cells the real placement would give it after evicting, yet nothing is
+ * evicted (nor recorded for write-back). For ubatch u: out_cells gets its tokens' cells (in
  * order, the ubatches one after another), out_strm its groups' streams (n_stream entries per
  * ubatch), out_groups[u] its group count. 1 all placed, 0 one did not fit, KVC_E_ARG /
  * KVC_E_NOMEM with err. */

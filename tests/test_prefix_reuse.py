@@ -980,6 +980,73 @@ def test_a_window_mode_placement_that_cannot_fit_evicts_and_demotes_nothing():
     pair.swa._prefix_check()
 
 
+# --- prepare: the dry run evicts nothing ------------------------------------------------------------
+
+def _infos(plan):
+    """slot_infos as plain lists (prepare's per ubatch, or one slot_info())."""
+    return [(int(st), [int(x) for x in cells]) for st, cells in plan]
+
+
+def test_prepare_that_fits_only_by_evicting_evicts_nothing():
+    # three held prompts, used A, B, C in that order, C protected by an attached sequence, and a
+    # full cache: the batch fits only by evicting A then B, which prepare reports without doing
+    c = UnifiedCache(16, 1, E, E, type_k="f32", type_v="f32", n_seq_max=4, n_pad=1, semantics="2026")
+    c.enable_prefix_reuse()
+    prompts = [[10 + k] * 4 for k in range(3)]
+    for s, p in enumerate(prompts):
+        assert compute(c, s, p, 0)
+    for s in range(3):
+        c.prefix_release(s)
+    assert c.prefix_attach(2, prompts[2] + [1]) == 4
+    assert compute(c, 3, [5] * 4, 0)
+    spilled = []
+    c._spill_set(lambda cache, records: spilled.extend(list(r[1]) for r in records))
+
+    def view():
+        return c.prefix_stats, [c.prefix_match(p + [0]) for p in prompts], c.state_write(), c.used
+
+    ubs = [UBatch([4, 5, 6], [3] * 3, tokens=[6] * 3), UBatch([7, 8, 9], [3] * 3, tokens=[7] * 3)]
+    before = view()
+    assert before[0] == {"cells": 12, "evictable": 8, "nodes": 3, "cap": 0} and before[3] == 8
+    # one ubatch that fits by evicting, then one that does not fit even so: no, and nothing went
+    assert c.prepare([ubs[0], UBatch(list(range(7, 16)), [3] * 9)]) is None
+    assert view() == before and not spilled
+    plan = c.prepare(ubs)
+    assert plan is not None
+    assert view() == before and not spilled
+    c._prefix_check()
+    # the real placement evicts A, then B, and puts the tokens where prepare said
+    for ub, infos in zip(ubs, plan):
+        assert c.find_slot(ub)
+        assert _infos(c.slot_info()) == _infos(infos)
+    assert [c.prefix_match(p + [0]) for p in prompts] == [0, 0, 4]
+    assert spilled == prompts[:2]
+    c._prefix_check()
+
+
+def test_iswa_prepare_that_one_cache_cannot_fit_evicts_in_neither():
+    pair = _full_pair()
+    pin = pair.swa.prefix_pin([7] * 4)            # the SWA cache's held cells cannot be evicted
+
+    def view():
+        return (pair.prefix_stats, pair.base.prefix_match([7] * 5), pair.swa.prefix_match([7] * 5),
+                pair.state_write())
+
+    ub = UBatch([4], [0], tokens=[1])
+    before = view()
+    assert pair.prepare([ub]) is None             # the base cache could make room, the SWA cache not
+    assert view() == before
+    pair.swa.prefix_unpin(pin)
+    before = view()
+    plan = pair.prepare([ub])                     # both fit by evicting: both say where
+    assert plan is not None and view() == before
+    pair.base._prefix_check()
+    pair.swa._prefix_check()
+    assert pair.find_slot(ub)
+    assert [_infos(x) for x in pair.slot_info()] == [_infos(part[0]) for part in plan]
+    assert pair.prefix_stats["base"]["cells"] < 4 and pair.prefix_stats["swa"]["cells"] < 4
+
+
 def test_reuse_off_and_unavailable():
     c = UnifiedCache(64, 1, E, E, n_seq_max=2, semantics="2026")
     assert not c.prefix_reuse and c.prefix_stats is None
@@ -1122,6 +1189,30 @@ class PrefixReuseMachine(RuleBasedStateMachine):
             assert "no room" in str(e)
             self._clear(s)
 
+    @rule(s=st.integers(0, 2), toks=st.lists(st.integers(1, 9), min_size=1, max_size=30), chunk=st.integers(1, 8))
+    def prepare_then_decode(self, s, toks, chunk):
+        # prepare of a decode in chunks changes nothing (the index, its order of use, the cells)
+        # and says where the real placements put each chunk, or that one of them does not fit
+        if not self._live(s):
+            return
+        full, n0 = self.toks[s] + toks, len(self.toks[s])
+        starts = list(range(n0, len(full), chunk))
+        ubs = [UBatch(list(range(a, min(a + chunk, len(full)))), [s] * len(full[a:a + chunk]),
+                      tokens=full[a:a + chunk]) for a in starts]
+        before = (self.c.prefix_stats, self.c.state_write(), self.c.used)
+        plan = self.c.prepare(ubs)
+        assert (self.c.prefix_stats, self.c.state_write(), self.c.used) == before
+        self.c._prefix_check()
+        for k, a in enumerate(starts):
+            end = min(a + chunk, len(full))
+            if not compute(self.c, s, full[:end], a):
+                assert plan is None
+                return
+            assert plan is None or _infos(self.c.slot_info()) == _infos(plan[k])   # None: a later one fails
+            self.toks[s] = full[:end]
+            self.keys[s] = self.keys[s] + [tuple(full[:p + 1]) for p in range(a, end)]
+        assert plan is not None
+
     @rule(n=st.integers(0, 40))
     def evict(self, n):
         self.c.prefix_evict(n)
@@ -1229,6 +1320,32 @@ class SmallSWAMachine(RuleBasedStateMachine):
             return   # the SWA cache no longer holds the window there (llama.cpp cannot roll back either)
         self.c.seq_rm(s, p0, -1)
         self.toks[s] = self.toks[s][:p0]
+
+    @rule(s=st.integers(0, 2), toks=st.lists(st.integers(1, 9), min_size=1, max_size=30), chunk=st.integers(1, 8))
+    def prepare_then_decode(self, s, toks, chunk):
+        # prepare changes neither cache (window mode: a placement that overwrites held cells
+        # turns them into ghosts in the real placement only) and says where both real
+        # placements put each chunk, or that one does not fit
+        if not self.toks[s]:
+            return
+        full, n0 = self.toks[s] + toks, len(self.toks[s])
+        starts = list(range(n0, len(full), chunk))
+        ubs = [UBatch(list(range(a, min(a + chunk, len(full)))), [s] * len(full[a:a + chunk]),
+                      tokens=full[a:a + chunk]) for a in starts]
+        before = (self.c.prefix_stats, self.c.state_write())
+        plan = self.c.prepare(ubs)
+        assert (self.c.prefix_stats, self.c.state_write()) == before
+        self.c.base._prefix_check()
+        self.c.swa._prefix_check()
+        for k, a in enumerate(starts):
+            end = min(a + chunk, len(full))
+            if not _iswa_compute(self.c, s, full[:end], a):
+                assert plan is None
+                return
+            if plan is not None:   # None: a later one fails
+                assert [_infos(x) for x in self.c.slot_info()] == [_infos(plan[0][k]), _infos(plan[1][k])]
+            self.toks[s] = full[:end]
+        assert plan is not None
 
     @rule(n=st.integers(0, 40))
     def evict(self, n):

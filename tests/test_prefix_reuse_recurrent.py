@@ -446,6 +446,26 @@ def test_hybrid_with_streams_resumes_only_where_one_stream_holds_the_prefix(n_sw
     h._prefix_check()
 
 
+def test_hybrid_prepare_that_fits_only_by_evicting_evicts_nothing():
+    h = hyb(kv_size=16)
+    a = list(range(1, 13))
+    hcompute(h, 0, a, 0)
+    assert h.prefix_release(0, a) == 12
+    assert hcompute(h, 1, [5, 6, 7, 8], 0)       # the attention part full: 4 live cells, 12 held
+
+    def view():
+        return h.prefix_stats, h.attn.prefix_match(a + [0]), h.state_write(), h.attn.used
+
+    ub = UBatch([4, 5], [1], n_seq_tokens=2, tokens=[9, 9])
+    before = view()
+    plan = h.prepare([ub])
+    assert plan is not None and view() == before
+    h._prefix_check()
+    assert h.find_slot(ub)                       # the real placement evicts, where prepare said
+    assert [(s, list(x)) for s, x in h.slot_info()] == [(s, list(x)) for s, x in plan[0]]
+    assert h.attn.prefix_match(a + [0]) == 0
+
+
 def test_hybrid_release_without_tokens_and_failures():
     h = hyb()
     a = [1, 2, 3, 4]

@@ -230,7 +230,8 @@ cdef class _Hybrid:
         """The dry run of placing several ubatches in turn, the recurrent part first (as
         llama.cpp's hybrid memory prepares): the attention part's slot_infos (see
         UnifiedCache.prepare; an iSWA pair's: ISWACache2026.prepare), or None when either part
-        cannot take them. Both parts are left exactly as they were."""
+        cannot take them. Both parts are left exactly as they were, prefix indexes and
+        checkpoints included (a ubatch that fits only by evicting evicts nothing here)."""
         ubs = _items(ubatches)
         with self._hold:
             if not self._recr.prepare(ubs):

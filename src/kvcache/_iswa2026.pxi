@@ -16,10 +16,10 @@ cdef class _ISWA2026(_ISWA):
     def prepare(self, ubatches):
         """The dry run of placing several ubatches in turn in both caches (see
         UnifiedCache.prepare): ``(base_slot_infos, swa_slot_infos)``, or None when one does not
-        fit in either cache. Both caches are left exactly as they were, but for the prefixes their
-        indexes evict to make room, as UnifiedCache2026.prepare's (those the base cache evicted
-        stay evicted when the SWA cache then has no room). One operation of both: no change of
-        either comes between the two dry runs."""
+        fit in either cache. Both caches are left exactly as they were, their prefix indexes
+        included (as UnifiedCache2026.prepare's: a ubatch that fits only by evicting is placed
+        where the real placement would put it, and nothing is evicted). One operation of both:
+        no change of either comes between the two dry runs."""
         ubs = _items(ubatches)
         cdef _DryRun base = _dry_run(self._base, ubs), swa = _dry_run(self._swa, ubs)
         self._lock_parts(CHANGE, "prepare")
@@ -30,8 +30,6 @@ cdef class _ISWA2026(_ISWA):
                     swa.run(self.c.swa)
         finally:
             self._unlock_parts(CHANGE)
-            spill_flush(self._base)
-            spill_flush(self._swa)
         got = base.result()
         if got is None:
             return None

@@ -346,7 +346,9 @@ cdef class _Unified2026(_Unified):
         """The dry run of placing several ubatches in turn: the slot_info()
         each would get, found against the state holding the ubatches before it (placements
         and the cells they reuse), or None when one does not fit. The cache is left exactly as
-        it was. Every ubatch is checked first (ValueError, nothing changed)."""
+        it was, its prefix index included: a ubatch that fits only by evicting held prefixes gets
+        the cells the real placement would give it after evicting them, yet nothing is evicted
+        (nor written back). Every ubatch is checked first (ValueError, nothing changed)."""
         cdef _DryRun d = _dry_run(self, _items(ubatches))
         lock(&self._lock, CHANGE, "prepare")
         try:
@@ -354,7 +356,6 @@ cdef class _Unified2026(_Unified):
                 d.run(&self.c)
         finally:
             unlock(&self._lock, CHANGE)
-            self._spill_drain()
         return d.result()
 
     # --- stream copies -------------------------------------------------------------------
@@ -698,7 +699,7 @@ cdef class _Unified2026(_Unified):
     def _spill_set(self, sink, min_len=1):
         """Write-back at eviction: with a callable sink, every prompt the index evicts (at least
         min_len tokens) is recorded inside the placement, and after the operation (find_slot,
-        prepare, place_seqs, prefix_release, prefix_publish, prefix_evict; an iSWA or hybrid
+        place_seqs, prefix_release, prefix_publish, prefix_evict; an iSWA or hybrid
         cache's own placements too) ``sink(cache, records)`` is called with a list of ``(salt
         hash, tokens, cells, streams, ext)`` (int32 arrays; the prompt's tokens from position 0
         (with ``cell_ext``, up to its first image),

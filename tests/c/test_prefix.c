@@ -340,6 +340,48 @@ static void test_spill(void) {
     kvc_prefix_free(&idx);   /* frees the list */
 }
 
+/* A copy shares nothing with its index: evictions, inserts and a moved cell in the copy leave the
+ * index (cells, order of use, locks, write-back records) as it was; a copy's evictions record no
+ * write-back; a failed copy is zeroed (and freeing it is safe). */
+static void test_copy(void) {
+    kvc_prefix idx, cp;
+    REQUIRE(kvc_prefix_init(&idx, 1, 64, 0, NULL) == KVC_OK, "init");
+    const int32_t p[] = { 1, 2, 3 }, q[] = { 1, 2, 4, 5 }, r[] = { 9 }, s[] = { 7, 7 };
+    kvc_prefix_inserted rr;
+    put(&idx, 0, p, 3, 10, 0, NULL);
+    put(&idx, 0, q, 4, 30, 0, NULL);   /* a split: [3]'s edge lies inside its old allocation */
+    put(&idx, 0, r, 1, 20, 0, &rr);
+    REQUIRE(kvc_prefix_lock(&idx, rr.end, NULL) == KVC_OK, "lock [9]");
+    REQUIRE(kvc_prefix_spill_set(&idx, true, 1, NULL) == KVC_OK, "write-back on");
+    char before[65536], after[65536];
+    snapshot(&idx, before, sizeof before);
+    for (int k = 1; k < 8; k++) {
+        kvc_fail_alloc_after = k;
+        const int rc = kvc_prefix_copy(&cp, &idx);
+        kvc_fail_alloc_after = 0;
+        CHECK(rc == KVC_E_NOMEM || rc == KVC_OK, "copy %d: %d", k, rc);
+        CHECK(rc == KVC_OK || (cp.nodes == NULL && cp.n_held == 0), "a failed copy is zeroed");
+        kvc_prefix_free(&cp);
+    }
+    REQUIRE(kvc_prefix_copy(&cp, &idx) == KVC_OK, "copy");
+    CHECKED(&cp);
+    CHECK(kvc_prefix_spill_pending(&cp) == NULL, "the copy records no write-back");
+    CHECK(kvc_prefix_handle_valid(&cp, rr.end), "handles carry over");
+    CHECK(kvc_prefix_move_cell(&cp, 0, 12, 13, NULL) == KVC_OK, "a cell moved in the copy");
+    CHECK(kvc_prefix_evict(&cp, 64) == 5 && strcmp(freed_str(&cp), "13 32 33 10 11") == 0, "the copy evicts: %s",
+          freed_str(&cp));
+    put(&cp, 0, s, 2, 40, 0, NULL);
+    CHECKED(&cp);
+    kvc_prefix_free(&cp);
+    snapshot(&idx, after, sizeof after);
+    CHECK(strcmp(before, after) == 0, "the index is as it was");
+    CHECKED(&idx);
+    CHECK(kvc_prefix_spill_pending(&idx)->n == 0, "no record from the copy's evictions");
+    CHECK(kvc_prefix_evict(&idx, 64) == 5 && strcmp(freed_str(&idx), "12 32 33 10 11") == 0,
+          "its own order of use: %s", freed_str(&idx));
+    kvc_prefix_free(&idx);
+}
+
 static void test_cap(void) {
     kvc_prefix idx;
     REQUIRE(kvc_prefix_init(&idx, 1, 64, 6, NULL) == KVC_OK, "init");
@@ -741,6 +783,7 @@ int main(void) {
     test_lock_pin_evict();
     test_lru_order();
     test_spill();
+    test_copy();
     test_cap();
     test_remove_cells();
     test_clear();
