@@ -424,7 +424,8 @@ int kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, bool evict
     if (found == 0) {
         const uint32_t free_cells = c->cells.size - used;
         return kvc_err_set(err, KVC_E_STATE, "no room: %" PRIu32 " cells missing (sequence %" PRId32 " needs %" PRIu32
-                           " free cells in stream %" PRIu32 ", %" PRIu32 " are free without it)",
+                           " free cells in stream %" PRIu32 ", %" PRIu32 " are free without it: neither used nor held by the "
+                           "prefix index)",
                            cc > free_cells ? cc - free_cells : 1, imp->seq_id, cc, imp->stream, free_cells);
     }
     if (rc != KVC_OK) {

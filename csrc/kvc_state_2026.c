@@ -143,7 +143,8 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
         memcpy(cells, c->scatter.idx, (size_t)secs[n_sec - 1].cell_count * sizeof *cells);
     }
     *failed = k - 1;
-    *used = kvc_unified_stream_cells_c(c, st)->used;
+    /* the cells no placement takes without evicting: used, or held by the prefix index */
+    *used = kvc_unified_stream_cells_c(c, st)->used + (reuse ? kvc_reuse_held_free(c, st, UINT64_MAX) : 0);
     kvc_cells_copy(kvc_unified_stream_cells(c, st), &saved);
     *kvc_unified_stream_head(c, st) = head;
     memcpy(c->scatter.idx, idx, (size_t)slot.n * sizeof *idx);
@@ -181,7 +182,7 @@ static int check_room_2026(kvc_unified *c, const kvc_state_plan *plan, bool evic
     }
     return kvc_err_set(err, KVC_E_STATE,
                        "no room: sequence %" PRId32 " needs %" PRIu32 " free cells in stream %" PRIu32
-                       " (%" PRIu32 " cells, %" PRIu32 " used without the sequence)",
+                       " (%" PRIu32 " cells, %" PRIu32 " used or held by the prefix index without the sequence)",
                        plan->seq_id, secs[failed].cell_count, kvc_unified_stream_of(c, plan->seq_id),
                        c->cells.size, used);
 }

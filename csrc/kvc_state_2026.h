@@ -27,7 +27,8 @@ void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc
 /* The dry run of placing secs[0, n_sec) (their cell counts and positions) into seq_id in turn; c
  * is left as it was (but for what its prefix index evicts to make room, only when evict). 1 all
  * placed (cells, when not NULL, gets the last section's cells in its stream, in token order), 0
- * section *failed found no room (*used: the stream's used cells then), KVC_ROOM_EVICTING (!evict:
+ * section *failed found no room (*used: the stream's cells then used or held by the prefix
+ * index, which no placement takes without evicting), KVC_ROOM_EVICTING (!evict:
  * every section has room, some only by evicting; cells not filled), KVC_E_NOMEM. */
 int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const struct kvc_state_sec *secs,
                                      uint32_t n_sec, bool evict, int32_t *cells, uint32_t *failed, uint32_t *used);

@@ -936,6 +936,25 @@ def test_a_pair_import_or_state_read_that_fails_in_one_cache_evicts_in_neither()
         part._prefix_check()
 
 
+def test_a_refused_import_or_state_read_counts_held_cells_as_taken():
+    # 16 cells: 8 live, 4 held and pinned, 4 free; a 6-cell sequence finds 4 free cells, not 8
+    src = UnifiedCache(16, 1, E, E, n_pad=1, n_seq_max=2, semantics="2026", buffers=None)
+    assert src.find_slot(UBatch(list(range(6)), [0] * 6))
+    header, blob = src.seq_export(0).header, src.state_write(0)
+    c = UnifiedCache(16, 1, E, E, n_pad=1, n_seq_max=2, semantics="2026", buffers=None)
+    c.enable_prefix_reuse()
+    assert c.find_slot(UBatch(list(range(4)), [0] * 4, tokens=[7] * 4))
+    c.prefix_release(0)
+    pin = c.prefix_pin([7] * 4)
+    assert c.find_slot(UBatch(list(range(8)), [0] * 8, tokens=[1] * 8))
+    with pytest.raises(kvcache.StateError, match=r"2 cells missing .* 4 are free without it: neither used nor held"):
+        c.seq_import_begin(header, 1)
+    with pytest.raises(kvcache.StateError, match=r"16 cells, 12 used or held by the prefix index"):
+        c.state_read(blob, 1)
+    c.prefix_unpin(pin)
+    c._prefix_check()
+
+
 def test_a_window_mode_placement_that_cannot_fit_evicts_and_demotes_nothing():
     # a small SWA cache (window mode) lets go of held cells (evicted, or demoted to ghosts while
     # pinned) only when that makes room: with too few of them the placement, and the pair's
