@@ -410,9 +410,18 @@ uint32_t kvc_reuse_held_free(const kvc_unified *c, uint32_t st, uint64_t need) {
     return (uint32_t)(k < need ? k : need);
 }
 
-/* Whether evicting could give stream st room for n cells when `have` are neither used nor
- * held: the evictable cells of the stream, less those live sequences hold too (evicting those
- * frees nothing; pinned or locked held cells are not evicted).
+/* The cells of stream st a placement can take without evicting: those neither used nor held
+ * (n_known_free, counted when UINT32_MAX); outside window mode, the `usable` cells the search
+ * found when it knows them and they are more (a sliding window's search also takes the used cells
+ * their sequences' windows left, which no eviction is needed for). */
+static uint32_t takeable(const kvc_unified *c, uint32_t st, uint32_t n_known_free, uint32_t usable) {
+    const uint32_t have = n_known_free != UINT32_MAX ? n_known_free : n_free(c, st);
+    return c->reuse->n_ghost == 0 && usable != UINT32_MAX && usable > have ? usable : have;
+}
+
+/* Whether evicting could give stream st room for n cells when `have` can be taken without it
+ * (takeable): the evictable cells of the stream, less those live sequences hold too (evicting
+ * those frees nothing; pinned or locked held cells are not evicted).
  * Window mode: whether the `usable` cells a search could take (UINT32_MAX: not known, then true),
  * with every held cell no live sequence holds (evicted, or demoted to a ghost), reach n. */
 static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t have, uint32_t usable) {
@@ -433,14 +442,14 @@ static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_
 
 bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free,
                              uint32_t n_usable) {
-    return c->reuse && room_possible(c, st, n, n_known_free != UINT32_MAX ? n_known_free : n_free(c, st), n_usable);
+    return c->reuse && room_possible(c, st, n, takeable(c, st, n_known_free, n_usable), n_usable);
 }
 
 static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint32_t n_usable,
                       uint32_t *have_out) {
     kvc_reuse *r = c->reuse;
     bool any = false;
-    uint32_t have = n_known_free != UINT32_MAX ? n_known_free : n_free(c, st);
+    uint32_t have = takeable(c, st, n_known_free, n_usable);
     if (!room_possible(c, st, n, have, n_usable)) {
         /* every evictable cell would not make room: the placement fails, and it evicts nothing
          * (the prefixes stay for the requests that can use them) */

@@ -178,11 +178,12 @@ void kvc_reuse_forget_stream(kvc_unified *c, uint32_t st);
 void kvc_reuse_clear(kvc_unified *c);
 /* Evict up to n cells (least recently used unprotected prefixes, leaves first): the cells freed. */
 uint32_t kvc_reuse_evict(kvc_unified *c, uint32_t n);
-/* Placement in stream st needs n cells that are neither used nor held: evict until there are or
- * nothing evictable is left. n_free: how many such cells the stream has now, when the caller
- * knows (a search that saw every cell), else UINT32_MAX (counted here); n_usable: the cells the
- * search could take (window mode: evicting and demoting start only when they can make room;
- * UINT32_MAX: not known). Returns whether anything was evicted. */
+/* Placement in stream st needs n cells it can take: evict until there are or nothing evictable is
+ * left. n_free: how many cells neither used nor held the stream has now, when the caller knows (a
+ * search that saw every cell), else UINT32_MAX (counted here); n_usable: the cells the search
+ * could take (UINT32_MAX: not known), which with a sliding window include the used cells their
+ * sequences' windows left: eviction starts from them, and only when it can make room (window
+ * mode: evicting and demoting start only when they can). Returns whether anything was evicted. */
 bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t n_usable);
 /* The cells of stream st the index holds for no live sequence (not used, yet not free for a
  * placement: the most eviction can free there), counted up to `need` (the words after the need

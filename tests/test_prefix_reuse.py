@@ -999,6 +999,33 @@ def test_a_window_mode_placement_that_cannot_fit_evicts_and_demotes_nothing():
     pair.swa._prefix_check()
 
 
+def test_a_sliding_window_placement_counts_the_cells_its_window_left_before_evicting():
+    # 4 held cells and 12 of a live sequence whose window left its first 8: 10 more tokens fit by
+    # taking those 8 (llama.cpp's rule) and evicting 4 held cells, as in a cache without reuse
+    # where the released sequence is simply gone; the room test counts the cells the window left
+    def fresh():
+        return kvcache.UnifiedCache(16, 1, E, E, n_seq_max=2, n_pad=1, n_swa=4, swa_type="standard", buffers=None,
+                                    semantics="2026")
+
+    def place(c, s, p0, n, tok0):
+        return c.find_slot(UBatch(list(range(p0, p0 + n)), [s], n, tokens=list(range(tok0, tok0 + n))))
+
+    reused, plain = fresh(), fresh()
+    reused.enable_prefix_reuse()
+    for c in (reused, plain):
+        assert place(c, 1, 0, 4, 100)
+        assert place(c, 0, 0, 12, 0)
+    reused.prefix_release(1)
+    plain.seq_rm(1, -1, -1)
+    assert reused.prefix_stats["cells"] == 4 and reused.used == plain.used == 12
+    assert place(plain, 0, 12, 10, 12)
+    assert place(reused, 0, 12, 10, 12)
+    assert _infos(reused.slot_info()) == _infos(plain.slot_info())
+    assert [x.tolist() for x in reused.seq_cells(0)] == [x.tolist() for x in plain.seq_cells(0)]
+    assert reused.prefix_stats["cells"] == 0
+    reused._prefix_check()
+
+
 # --- prepare: the dry run evicts nothing ------------------------------------------------------------
 
 def _infos(plan):
