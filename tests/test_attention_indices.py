@@ -571,6 +571,12 @@ def test_torch_reference_bad_arguments():
     with pytest.raises(ValueError, match=r"alibi_slopes must be a 1-D tensor of one slope per head of q \(2\), "
                                          r"got \(3,\)"):
         attention_from_indices(q, k, k, pidx, alibi_slopes=torch.ones(3))
+    for bad in (torch.tensor([1.0, float("nan")]), torch.tensor([float("inf"), 1.0]), torch.ones(2, dtype=torch.int64)):
+        with pytest.raises(ValueError, match=r"alibi_slopes must be finite floating-point slopes"):
+            attention_from_indices(q, k, k, pidx, alibi_slopes=bad)
+    with pytest.raises(ValueError, match=r"alibi_slopes must be a 1-D tensor of one slope per head of q \(2\), "
+                                         r"got \(2,\)"):
+        attention_from_indices(q, k, k, pidx, alibi_slopes=np.ones(2, dtype=np.float32))
     with pytest.raises(ValueError, match=r"with alibi_slopes, mask\(\) must give the float KQ mask of alibi=True"):
         attention_from_indices(q, k, k, pidx, alibi_slopes=torch.ones(2), dense_at=0.0,
                                mask=lambda: c.kq_mask(ub, pad=False, dtype="bool"))

@@ -124,9 +124,13 @@ def _check(q: Any, k: Any, v: Any, idx: Any, alibi_slopes: Any) -> int:
         _field(idx, "kv_pos", len(idx.kv_indices), "iu")
         _field(idx, "q_pos", n_tokens, "iu")
         shape = tuple(getattr(alibi_slopes, "shape", ()))
-        if shape != (q.shape[1],):
+        if not isinstance(alibi_slopes, torch.Tensor) or shape != (q.shape[1],):
             raise ValueError(f"alibi_slopes must be a 1-D tensor of one slope per head of q ({q.shape[1]}), "
                              f"got {shape or type(alibi_slopes).__name__}")
+        if not alibi_slopes.is_floating_point() or not bool(torch.isfinite(alibi_slopes).all()):
+            # a NaN or infinite slope turns every score of its head into NaN
+            raise ValueError(f"alibi_slopes must be finite floating-point slopes, got {alibi_slopes.tolist()} "
+                             f"({alibi_slopes.dtype})")
     return span
 
 
