@@ -66,15 +66,45 @@ int kvc_cells_ext_enable(kvc_cells *c) {
     return KVC_OK;
 }
 
-int kvc_cells_init_like(kvc_cells *dst, const kvc_cells *src) {
-    int rc = kvc_cells_init(dst, src->size, src->n_seq_max);
-    if (rc == KVC_OK && src->ext && (rc = kvc_cells_ext_enable(dst)) != KVC_OK) {
+int kvc_cells_snapshot(kvc_cells *dst, const kvc_cells *src) {
+    const uint32_t size = src->size, n_seq = src->n_seq_max;
+    memset(dst, 0, sizeof *dst);
+    dst->size = size;
+    dst->n_seq_max = n_seq;
+    dst->n_words = src->n_words;
+    dst->seq_words = src->seq_words;
+    dst->blk_words = src->blk_words;
+    dst->empty_zeroes_shift = src->empty_zeroes_shift;
+    uint64_t n_keys = 1;
+    for (uint32_t s = 0; s < n_seq; s++) {
+        n_keys += src->seq_pos[s].n;
+    }
+    /* every array but the change log is written by the copy below (a snapshot logs nothing) */
+    dst->pos = kvc_malloc_n(size ? size : 1, sizeof *dst->pos);
+    dst->shift = kvc_malloc_n(size ? size : 1, sizeof *dst->shift);
+    dst->seq = kvc_malloc_n((uint64_t)dst->seq_words * size + 1, sizeof *dst->seq);
+    dst->n_seqs = kvc_malloc_n(size ? size : 1, sizeof *dst->n_seqs);
+    dst->used_bits = kvc_malloc_n(dst->n_words + 1, sizeof *dst->used_bits);
+    dst->free_words = kvc_malloc_n((dst->n_words + 63) / 64 + 1, sizeof *dst->free_words);
+    dst->emptied = kvc_malloc_n((dst->n_words + 63) / 64 + 1, sizeof *dst->emptied);
+    dst->seq_pos = kvc_calloc(n_seq ? n_seq : 1, sizeof *dst->seq_pos);
+    dst->seq_blk = kvc_malloc_n((uint64_t)(n_seq ? n_seq : 1) * (dst->blk_words ? dst->blk_words : 1),
+                                sizeof *dst->seq_blk);
+    dst->chg = kvc_malloc_n(1, sizeof *dst->chg);
+    dst->key_block = kvc_malloc_n(n_keys, sizeof *dst->key_block);
+    dst->ext = src->ext ? kvc_malloc_n(size ? size : 1, sizeof *dst->ext) : NULL;
+    if (!dst->pos || !dst->shift || !dst->seq || !dst->n_seqs || !dst->used_bits || !dst->free_words ||
+        !dst->emptied || !dst->seq_pos || !dst->seq_blk || !dst->chg || !dst->key_block || (src->ext && !dst->ext)) {
         kvc_cells_free(dst);
+        return KVC_E_NOMEM;
     }
-    if (rc == KVC_OK) {
-        dst->empty_zeroes_shift = src->empty_zeroes_shift;
+    uint64_t at = 0;
+    for (uint32_t s = 0; s < n_seq; s++) {
+        dst->seq_pos[s].key = dst->key_block + at;
+        at += src->seq_pos[s].n;
     }
-    return rc;
+    kvc_cells_copy(dst, src);
+    return KVC_OK;
 }
 
 void kvc_cells_free(kvc_cells *c) {
@@ -86,9 +116,10 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->used_bits);
     kvc_free(c->free_words);
     kvc_free(c->emptied);
-    for (uint32_t s = 0; c->seq_pos && s < c->n_seq_max; s++) {
+    for (uint32_t s = 0; c->seq_pos && !c->key_block && s < c->n_seq_max; s++) {
         kvc_free(c->seq_pos[s].key);
     }
+    kvc_free(c->key_block);
     kvc_free(c->seq_pos);
     kvc_free(c->seq_blk);
     kvc_free(c->chg);

@@ -88,6 +88,9 @@ typedef struct kvc_cells {
     bool        empty_zeroes_shift; /* a cell that empties loses its shift (today's llama.cpp);
                                * false: it keeps it until reset_shift (the seed's) */
     kvc_seq_pos *seq_pos;     /* [n_seq_max] per sequence */
+    uint64_t   *key_block;    /* a snapshot's (kvc_cells_snapshot): every sequence's entries in one
+                               * array, each sequence's exactly as many as it had; NULL: each
+                               * sequence's own array, room for every cell */
     uint32_t    blk_words;    /* (n_words + 63) / 64: words of a sequence's block bits */
     uint64_t   *seq_blk;      /* [n_seq_max * blk_words] bit b of sequence s's words: some cell
                                * in [64 b, 64 b + 64) may hold s (every such block has it set) */
@@ -102,8 +105,6 @@ void kvc_cells_free(kvc_cells *c);
 /* Give an initialised table the per-cell extension (every cell at its defaults). KVC_OK or
  * KVC_E_NOMEM (the table unchanged). */
 int  kvc_cells_ext_enable(kvc_cells *c);
-/* Initialise dst as a table of src's size, n_seq_max and extension (for kvc_cells_copy). */
-int  kvc_cells_init_like(kvc_cells *dst, const kvc_cells *src);
 /* Cell i's extension back to its defaults (no-op for a table without one). */
 static inline void kvc_cells_ext_reset(kvc_cells *c, uint32_t i) {
     if (c->ext) {
@@ -338,9 +339,14 @@ uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to);
 int kvc_cells_check(const kvc_cells *c, kvc_err *err);
 
 /* Copy the whole table (arrays, counters, seq_pos, extensions) from src into dst, both
- * initialised with the same size, n_seq_max and extension (kvc_cells_init_like; snapshots for
- * transactional operations). */
+ * initialised with the same size, n_seq_max and extension, or dst a table src is a snapshot of
+ * (putting the snapshot back). */
 void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src);
+/* dst becomes a copy of src to put back later with kvc_cells_copy (transactional operations):
+ * its sequences' entries take only the room src's have, in one allocation, so that a snapshot
+ * costs the table's cells and the entries there are, not a full-size array per sequence. A
+ * snapshot is read and put back, never changed. KVC_OK, or KVC_E_NOMEM (dst zeroed). */
+int kvc_cells_snapshot(kvc_cells *dst, const kvc_cells *src);
 
 #ifdef __cplusplus
 }

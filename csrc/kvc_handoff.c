@@ -664,10 +664,9 @@ bool kvc_handoff_save_streams(kvc_handoff_import *imp) {
     imp->heads = kvc_malloc_n(c->n_stream, sizeof *imp->heads);
     bool ok = imp->strms && imp->heads;
     for (uint32_t k = 0; ok && k < c->n_stream; k++) {
-        ok = kvc_cells_init_like(&imp->strms[k], kvc_unified_stream_cells_c(c, k)) == KVC_OK;
+        ok = kvc_cells_snapshot(&imp->strms[k], kvc_unified_stream_cells_c(c, k)) == KVC_OK;
         if (ok) {
             imp->n_strms++;
-            kvc_cells_copy(&imp->strms[k], kvc_unified_stream_cells_c(c, k));
             imp->heads[k] = kvc_unified_stream_head_c(c, k);
         }
     }

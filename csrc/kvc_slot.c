@@ -810,9 +810,8 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
         if (!touched[s]) {
             continue;
         }
-        ok = kvc_cells_init_like(&saved[s], kvc_unified_stream_cells(c, s)) == KVC_OK;
+        ok = kvc_cells_snapshot(&saved[s], kvc_unified_stream_cells(c, s)) == KVC_OK;
         if (ok) {
-            kvc_cells_copy(&saved[s], kvc_unified_stream_cells(c, s));
             heads[s] = kvc_unified_stream_head_c(c, s);
         }
     }
@@ -993,10 +992,9 @@ void kvc_unified_store_run(kvc_unified *c, const kvc_layer *ly, uint32_t n_token
 
 int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s) {
     memset(s, 0, sizeof *s);
-    if (kvc_cells_init_like(&s->cells, &c->cells) != KVC_OK) {
+    if (kvc_cells_snapshot(&s->cells, &c->cells) != KVC_OK) {
         return KVC_E_NOMEM;
     }
-    kvc_cells_copy(&s->cells, &c->cells);
     const kvc_undo *u = &c->undo;
     s->undo.spans = kvc_malloc_n(u->n_spans ? u->n_spans : 1, sizeof *s->undo.spans);
     s->undo.pos = kvc_malloc_n(u->n_cells ? u->n_cells : 1, sizeof *s->undo.pos);

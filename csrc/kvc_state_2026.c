@@ -100,9 +100,40 @@ void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc
     }
 }
 
+/* The cells of seq_id's stream a placement takes without evicting once seq_id is removed: those
+ * neither used nor held by the prefix index, and the cells only seq_id holds that the index does
+ * not hold. O(cells of seq_id), the cache untouched. */
+static uint32_t free_without(const kvc_unified *c, int32_t seq_id) {
+    const uint32_t st = kvc_unified_stream_of(c, seq_id);
+    const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
+    const kvc_seq_pos *sp = &tab->seq_pos[seq_id];
+    uint32_t gone = 0;
+    for (uint32_t k = 0; k < sp->n; k++) {
+        const uint32_t i = kvc_seq_key_cell(sp->key[k]);
+        gone += kvc_cells_seq_count(tab, i) == 1 && !kvc_reuse_is_held(c, st, i);
+    }
+    return tab->size - tab->used - (c->reuse ? kvc_reuse_held_free(c, st, UINT64_MAX) : 0) + gone;
+}
+
 int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *secs, uint32_t n_sec,
                                      bool evict, int32_t *cells, uint32_t *failed, uint32_t *used) {
     const uint32_t st = kvc_unified_stream_of(c, seq_id);
+    if (!cells && n_sec > 0) {
+        /* every section fits in the cells free without the sequence (each is placed after the
+         * removal of the one before, and a placement only adds free cells: a sliding window's
+         * overwrites free cells of other sequences): room, answered without the dry run's copy of
+         * the stream (the search takes free cells wherever the window lets it take others too) */
+        const uint32_t room = free_without(c, seq_id);
+        uint32_t k = 0;
+        while (k < n_sec && secs[k].cell_count <= room) {
+            k++;
+        }
+        if (k == n_sec) {
+            *failed = n_sec - 1;
+            *used = c->cells.size - room + secs[n_sec - 1].cell_count;
+            return 1;
+        }
+    }
     kvc_cells saved;
     const kvc_slot slot = c->slot;
     const kvc_scatter scat = c->scatter;
@@ -116,7 +147,7 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
     kvc_reuse_cell *rec = reuse ? kvc_malloc_n(size, sizeof *rec) : NULL;
     int32_t *idx = kvc_malloc_n(slot.n ? slot.n : 1, sizeof *idx);
     uint32_t *strm = kvc_malloc_n(c->n_stream, sizeof *strm);
-    if (!idx || !strm || (reuse && !rec) || kvc_cells_init_like(&saved, kvc_unified_stream_cells(c, st)) != KVC_OK) {
+    if (!idx || !strm || (reuse && !rec) || kvc_cells_snapshot(&saved, kvc_unified_stream_cells(c, st)) != KVC_OK) {
         kvc_free(idx);
         kvc_free(strm);
         kvc_free(rec);
@@ -125,7 +156,6 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
     if (reuse) {
         memcpy(rec, reuse->rec + (size_t)st * size, size * sizeof *rec);
     }
-    kvc_cells_copy(&saved, kvc_unified_stream_cells(c, st));
     memcpy(idx, scat.idx, (size_t)slot.n * sizeof *idx);
     memcpy(strm, scat.strm, (size_t)c->n_stream * sizeof *strm);
     /* without evicting, a section that needs eviction is not placed: the next one's removal of

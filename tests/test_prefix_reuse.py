@@ -955,6 +955,54 @@ def test_a_refused_import_or_state_read_counts_held_cells_as_taken():
     c._prefix_check()
 
 
+def test_a_sequence_state_read_fits_in_the_cells_it_frees():
+    # a full cache: sequence 0 holds 10 cells, sequence 1 six. A state read into 0 removes 0 first,
+    # so 10 cells fit (its own) unless another sequence shares them, or the prefix index holds them
+    # (then only by evicting them); 11 never fit
+    def cache(reuse=False):
+        c = UnifiedCache(16, 1, E, E, n_pad=1, n_seq_max=3, semantics="2026")
+        if reuse:
+            c.enable_prefix_reuse()
+        return c
+
+    def blob(n):
+        src = cache()
+        assert src.find_slot(UBatch(list(range(n)), [0] * n, tokens=list(range(n))))
+        src.k(0)[:n] = np.arange(n * E).reshape(n, E)
+        return src.state_write(0)
+
+    def full(shared=False, reuse=False):
+        c = cache(reuse)
+        assert c.find_slot(UBatch(list(range(10)), [0] * 10, tokens=list(range(10))))
+        assert c.find_slot(UBatch(list(range(6)), [1] * 6, tokens=list(range(6))))
+        if shared:
+            c.seq_cp(0, 2, -1, -1)
+        return c
+
+    def read(c, data, n):
+        c.state_read(data, 0)
+        assert c.seq_pos_max(0) == n - 1 and c.used == 6 + n and c.seq_pos_max(1) == 5
+        assert sorted(np.array(c.k(0))[c.seq_cells(0)[0], 0].tolist()) == [i * E for i in range(n)]
+
+    def refused(c, data):
+        before = (c.cells().pos.copy(), c.cells().seq_mask.copy(), np.array(c.k(0), copy=True))
+        with pytest.raises(kvcache.StateError, match="no room"):
+            c.state_read(data, 0)
+        after = (c.cells().pos, c.cells().seq_mask, np.array(c.k(0)))
+        assert all(np.array_equal(x, y) for x, y in zip(before, after))
+
+    read(full(), blob(10), 10)
+    read(full(), blob(4), 4)
+    refused(full(shared=True), blob(10))
+    refused(full(), blob(11))
+    c = full(reuse=True)
+    c.prefix_publish(0)
+    assert c.prefix_stats["cells"] == 10
+    read(c, blob(10), 10)
+    assert c.prefix_stats["cells"] == 0
+    c._prefix_check()
+
+
 def test_a_window_mode_placement_that_cannot_fit_evicts_and_demotes_nothing():
     # a small SWA cache (window mode) lets go of held cells (evicted, or demoted to ghosts while
     # pinned) only when that makes room: with too few of them the placement, and the pair's

@@ -338,6 +338,14 @@ static void run(uint32_t size, uint32_t n_seq) {
     REQUIRE(kvc_cells_init(&d, size, n_seq) == KVC_OK, "init copy");
     kvc_cells_copy(&d, &c);
     agree(&d, &m, "copy");
+    /* a snapshot is the same table, and put back over a table changed since gives it back */
+    kvc_cells snap;
+    REQUIRE(kvc_cells_snapshot(&snap, &c) == KVC_OK, "snapshot");
+    agree(&snap, &m, "snapshot");
+    kvc_cells_reset(&d);
+    kvc_cells_copy(&d, &snap);
+    agree(&d, &m, "snapshot put back");
+    kvc_cells_free(&snap);
     kvc_cells_reset(&c);
     for (uint32_t i = 0; i < size; i++) {
         m.pos[i] = -1;
