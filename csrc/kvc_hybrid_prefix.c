@@ -159,3 +159,40 @@ int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64
     free(own);
     return KVC_OK;
 }
+
+int kvc_hybrid_prefix_pin(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n,
+                          kvc_ckpt_handle *ckpt, kvc_prefix_handle attn[2], kvc_err *err) {
+    kvc_unified *parts[2];
+    const uint32_t k = attn_parts(h, parts);
+    int rc = kvc_ckpt_pin(p, salt, tokens, n, ckpt, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    rc = kvc_retain_pin_parts_xy(parts, k, salt, tokens, NULL, NULL, NULL, n, attn, err);
+    if (rc != KVC_OK) {
+        kvc_ckpt_unpin(p, *ckpt, NULL);   /* the pin just taken: it is held */
+    }
+    return rc;
+}
+
+int kvc_hybrid_prefix_unpin(kvc_hybrid *h, kvc_ckpt_pool *p, kvc_ckpt_handle ckpt, const kvc_prefix_handle attn[2],
+                            kvc_err *err) {
+    kvc_unified *parts[2];
+    const uint32_t k = attn_parts(h, parts);
+    if (!kvc_ckpt_pin_held(p, ckpt)) {
+        return kvc_ckpt_unpin(p, ckpt, err);   /* its refusal, which changes nothing */
+    }
+    const int rc = kvc_retain_unpin_parts(parts, k, attn, err);
+    if (rc == KVC_OK) {
+        kvc_ckpt_unpin(p, ckpt, NULL);
+    }
+    return rc;
+}
+
+void kvc_hybrid_prefix_evict(kvc_hybrid *h, kvc_ckpt_pool *p, uint32_t n_cells, uint32_t n_ckpts, uint32_t *cells,
+                             uint32_t *ckpts) {
+    kvc_unified *parts[2];
+    const uint32_t k = attn_parts(h, parts);
+    *cells = kvc_retain_evict_parts(parts, k, n_cells);
+    *ckpts = kvc_ckpt_evict(p, n_ckpts);
+}

@@ -38,6 +38,20 @@ int kvc_hybrid_prefix_attach(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_
 int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
                               uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err);
 
+/* Pin the prefix tokens[0 .. n) in both parts: the checkpoint of exactly these tokens (*ckpt) and
+ * its cells in every attention cache (attn[k]: the unified cache, or the iSWA pair's base then SWA
+ * cache). KVC_OK; KVC_E_ARG (either part does not hold it): nothing pinned. */
+int kvc_hybrid_prefix_pin(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n,
+                          kvc_ckpt_handle *ckpt, kvc_prefix_handle attn[2], kvc_err *err);
+/* Let go of both parts' pins (kvc_hybrid_prefix_pin's), every one checked before any is let go:
+ * KVC_OK; KVC_E_ARG (one is not a pin held now): nothing changed. */
+int kvc_hybrid_prefix_unpin(kvc_hybrid *h, kvc_ckpt_pool *p, kvc_ckpt_handle ckpt, const kvc_prefix_handle attn[2],
+                            kvc_err *err);
+/* Evict up to n_cells cells from every attention cache's index and up to n_ckpts checkpoints:
+ * *cells the cells evicted in all, *ckpts the checkpoints. */
+void kvc_hybrid_prefix_evict(kvc_hybrid *h, kvc_ckpt_pool *p, uint32_t n_cells, uint32_t n_ckpts, uint32_t *cells,
+                             uint32_t *ckpts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1016,3 +1016,39 @@ int kvc_retain_publish_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s
                              const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err) {
     return keep_parts(cs, n_parts, s, salt, tokens, n, false, res, err);
 }
+
+int kvc_retain_pin_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                            const int32_t *pos, const int32_t *pos_x, const int32_t *pos_y, uint32_t n,
+                            kvc_prefix_handle *pins, kvc_err *err) {
+    for (uint32_t k = 0; k < n_parts; k++) {
+        const int rc = kvc_retain_pin_xy(cs[k], salt, tokens, pos, pos_x, pos_y, n, &pins[k], err);
+        if (rc != KVC_OK) {
+            /* a pin just taken is held: its unpin cannot fail */
+            for (uint32_t j = 0; j < k; j++) {
+                kvc_retain_unpin(cs[j], pins[j], NULL);
+            }
+            return rc;
+        }
+    }
+    return KVC_OK;
+}
+
+int kvc_retain_unpin_parts(kvc_unified *const *cs, uint32_t n_parts, const kvc_prefix_handle *pins, kvc_err *err) {
+    for (uint32_t k = 0; k < n_parts; k++) {
+        if (!kvc_retain_pin_held(cs[k], pins[k])) {
+            return kvc_retain_unpin(cs[k], pins[k], err);   /* its refusal, which changes nothing */
+        }
+    }
+    for (uint32_t k = 0; k < n_parts; k++) {
+        kvc_retain_unpin(cs[k], pins[k], NULL);
+    }
+    return KVC_OK;
+}
+
+uint32_t kvc_retain_evict_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t n) {
+    uint32_t went = 0;
+    for (uint32_t k = 0; k < n_parts; k++) {
+        went += kvc_reuse_evict(cs[k], n);
+    }
+    return went;
+}

@@ -132,6 +132,16 @@ int kvc_retain_release_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s
 /* kvc_retain_publish in every part, as release_parts. */
 int kvc_retain_publish_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                              const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err);
+/* Pin the prefix in every part (kvc_retain_pin_xy), pins[k] part k's pin: KVC_OK, or the first
+ * part's refusal with no part pinned (the pins of the parts before it let go). */
+int kvc_retain_pin_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                            const int32_t *pos, const int32_t *pos_x, const int32_t *pos_y, uint32_t n,
+                            kvc_prefix_handle *pins, kvc_err *err);
+/* Let go of pins[k] in every part k, each checked before any is let go: KVC_OK, or the refusal of
+ * the first part whose pin kvc_retain_unpin does not take, nothing changed. */
+int kvc_retain_unpin_parts(kvc_unified *const *cs, uint32_t n_parts, const kvc_prefix_handle *pins, kvc_err *err);
+/* kvc_reuse_evict(n) in every part: the cells evicted in all. */
+uint32_t kvc_retain_evict_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t n);
 
 #ifdef __cplusplus
 }

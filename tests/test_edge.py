@@ -254,6 +254,85 @@ def test_iswa_prepare_is_of_one_moment():
         assert got in (before, _slot_infos(c.prepare(ubs))), n
 
 
+_PROMPT = list(range(1, 7))
+
+
+def _iswa_held(**kw):
+    """An iSWA pair (semantics '2026') whose caches both hold _PROMPT in their indexes."""
+    c = kvcache.ISWACache(64, 2, 4, 4, swa_layers=[1], n_swa=4, n_seq_max=2, swa_full=True, semantics="2026", **kw)
+    c.enable_prefix_reuse()
+    assert c.find_slot(kvcache.UBatch(list(range(6)), [0] * 6, tokens=_PROMPT))
+    c.prefix_release(0)
+    return c
+
+
+def _hybrid_held(**kw):
+    """A hybrid memory holding _PROMPT in both parts (the attention cells and its checkpoint)."""
+    c = kvcache.HybridCache(64, 2, [1], 4, 4, 4, 4, n_seq_max=2, **kw)
+    c.enable_prefix_reuse()
+    assert c.find_slot(kvcache.UBatch(list(range(6)), [0], n_seq_tokens=6, tokens=_PROMPT))
+    c.prefix_release(0, _PROMPT)
+    return c
+
+
+def _pinned_or_none(call):
+    try:
+        return call()
+    except ValueError:
+        return None     # refused: the prefix was evicted before it
+
+
+@pytest.mark.parametrize("kind", ["iswa", "hybrid"])
+def test_composite_prefix_pin_is_of_one_moment(kind):
+    """A composite cache pins in both parts as one operation: an eviction from a finalizer the
+    garbage collector runs in the middle of it (here at each collection in turn) is refused, or
+    comes before it (nothing pinned, both parts evicted) or after it (both pinned, nothing
+    evicted). It came between the two: the part pinned first kept the prefix, the other lost it,
+    and the pin was refused."""
+    for n in range(1, 40):
+        if kind == "iswa":     # the positions of a cell_ext request: its arrays are made in each part's pin
+            c = _iswa_held(cell_ext=True)
+            pin = _pinned_or_none(lambda: meddled(lambda: c.prefix_pin(_PROMPT, pos=list(range(6)), pos_x=[0] * 6,
+                                                                       pos_y=[0] * 6), n, lambda: c.prefix_evict(100)))
+            held = [c.base.prefix_stats["cells"], c.swa.prefix_stats["cells"]]
+        else:
+            c = _hybrid_held(n_swa=4, swa_full=True)
+            pin = _pinned_or_none(lambda: meddled(lambda: c.prefix_pin(_PROMPT), n, lambda: c.prefix_evict(100, 100)))
+            held = [c.attn.base.prefix_stats["cells"], c.attn.swa.prefix_stats["cells"],
+                    6 * c.recr.prefix_stats["checkpoints"]]
+        assert held == [0 if pin is None else 6] * len(held), (n, held)
+
+
+class _Seeing:
+    """A write-back sink that records what see() answers when it is called."""
+
+    def __init__(self, see):
+        self.see, self.seen = see, []
+
+    def __call__(self, cache, records):
+        self.seen.append(self.see())
+
+
+@pytest.mark.parametrize("kind", ["iswa", "hybrid", "hybrid_iswa"])
+def test_composite_prefix_evict_is_one_operation(kind):
+    """A composite cache evicts in both parts as one operation: the write-back sink of the part
+    that evicts first is called once both have evicted (it was called between the two, and saw
+    the other part still holding the prefix)."""
+    if kind == "iswa":
+        c = _iswa_held()
+        first, held = c.base, lambda: (c.base.prefix_stats["cells"], c.swa.prefix_stats["cells"])
+        evict = lambda: c.prefix_evict(100)
+    else:
+        c = _hybrid_held(**({"n_swa": 4, "swa_full": True} if kind == "hybrid_iswa" else {}))
+        first = c.attn.base if kind == "hybrid_iswa" else c.attn
+        held = lambda: (first.prefix_stats["cells"], c.recr.prefix_stats["checkpoints"])
+        evict = lambda: c.prefix_evict(100, 100)
+    sink = _Seeing(held)
+    first._spill_set(sink)
+    evict()
+    assert sink.seen == [(0, 0)]
+
+
 # --- attributes that lie about the memory -----------------------------------------------------------
 
 def test_kq_mask_out_with_a_lying_shape_is_refused():

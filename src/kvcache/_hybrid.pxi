@@ -462,9 +462,11 @@ cdef class _Hybrid:
     def prefix_stats(self):
         """``{"attn": the attention part's prefix_stats, "recr": the recurrent part's}``; None
         while reuse is off."""
-        if not self.prefix_reuse:
-            return None
-        return {"attn": self._attn.prefix_stats, "recr": self._recr.prefix_stats}
+        # both read at one moment: a change from code their reads run (a finalizer) is refused
+        with self._op:
+            if not self.prefix_reuse:
+                return None
+            return {"attn": self._attn.prefix_stats, "recr": self._recr.prefix_stats}
 
     def checkpoint(self, seq_id, tokens, salt=None):
         """Checkpoint seq_id's recurrent state as the state after ``tokens[:P]`` (P: its
@@ -549,40 +551,62 @@ cdef class _Hybrid:
         """Keep the prefix ``tokens`` in both parts (the attention cells and the checkpoint of
         exactly these tokens; ValueError, nothing pinned, unless both are held) until
         :meth:`prefix_unpin`; returns the pin."""
-        tokens, salt = request_once(tokens, salt)[:2]   # read once: both parts pin the same request
-        self._pool("prefix_pin")
-        with self._hold:
-            rp = self._recr.prefix_pin(tokens, salt)
-            try:
-                ap = self._attn.prefix_pin(tokens, salt)
-            except BaseException:
-                self._recr.prefix_unpin(rp)   # the pin just made, of the same request
-                raise
-        return (ap, rp)
+        cdef prefix_req q
+        t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
+        cdef kvc_ckpt_handle rh
+        cdef kvc_prefix_handle ah[2]
+        cdef kvc_ckpt_pool *pool
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        self._lock_parts(CHANGE, "prefix_pin")
+        try:
+            pool = self._pool("prefix_pin")   # under the locks: another thread may drop the pool
+            r = kvc_hybrid_prefix_pin(&self.c, pool, q.salt, q.tokens, q.n, &rh, ah, &err)
+        finally:
+            self._unlock_parts(CHANGE)
+        check_status(r, &err, "prefix_pin")
+        return (pins_of(ah, self._n_attn()), pin_of(rh.gen, rh.slot))
 
     def prefix_unpin(self, pin):
         """Let go of a pin :meth:`prefix_pin` returned (both halves checked before either is let go)."""
+        cdef kvc_ckpt_handle rh
+        cdef kvc_prefix_handle ah[2]
+        cdef kvc_ckpt_pool *pool
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
         attn, recr = pin_pair(pin)
-        pin = (self._attn._pin_canon(attn), self._recr._pin_canon(recr))   # each half read once
-        self._pool("prefix_unpin")
-        with self._hold:
-            if not self._recr._prefix_pin_held(pin[1]):
-                raise ValueError(f"pin {pin!r}: not a pin of a checkpoint held now")
-            if not self._attn._prefix_pin_held(pin[0]):
-                raise ValueError(f"pin {pin!r}: not a pin of the attention part's prefix index (unpinned "
-                                 "already, or its prefix was dropped)")
-            self._attn.prefix_unpin(pin[0])
-            self._recr.prefix_unpin(pin[1])
+        pins_arg(attn, ah, self._n_attn())     # each half read once
+        pin_arg(recr, &rh.slot, &rh.gen)
+        self._lock_parts(CHANGE, "prefix_unpin")
+        try:
+            pool = self._pool("prefix_unpin")
+            r = kvc_hybrid_prefix_unpin(&self.c, pool, rh, ah, &err)
+        finally:
+            self._unlock_parts(CHANGE)
+        check_status(r, &err, "prefix_unpin")
+
+    cdef uint32_t _n_attn(self) noexcept:
+        # the attention part's caches: an iSWA pair's two, or the unified cache
+        return 1 if self._iswa is None else 2
 
     def prefix_evict(self, n_cells=0, n_checkpoints=0):
         """Evict up to ``n_cells`` attention cells and ``n_checkpoints`` checkpoints now (least
         recently used first); returns ``(cells, checkpoints)`` evicted."""
         # both counts read before either part evicts
-        n_cells = int_c(n_cells, "n_cells", 0, UINT32_MAX)
-        n_checkpoints = int_c(n_checkpoints, "n_checkpoints", 0, UINT32_MAX)
-        self._pool("prefix_evict")
-        with self._hold:
-            return (self._attn.prefix_evict(n_cells), self._recr.prefix_evict(n_checkpoints))
+        cdef uint32_t nc = <uint32_t>int_c(n_cells, "n_cells", 0, UINT32_MAX)
+        cdef uint32_t nk = <uint32_t>int_c(n_checkpoints, "n_checkpoints", 0, UINT32_MAX)
+        cdef uint32_t cells, ckpts
+        cdef kvc_ckpt_pool *pool
+        self._lock_parts(CHANGE, "prefix_evict")
+        try:
+            pool = self._pool("prefix_evict")
+            kvc_hybrid_prefix_evict(&self.c, pool, nc, nk, &cells, &ckpts)
+        finally:
+            self._unlock_parts(CHANGE)
+        self._spill_flush()     # the write-back sinks once both parts have evicted
+        return (int(cells), int(ckpts))
 
     def _prefix_check(self):
         """Raise RuntimeError unless both parts' reuse records agree (for tests)."""

@@ -91,7 +91,8 @@ cdef class _ISWA2026(_ISWA):
     def prefix_stats(self):
         """``{"base": ..., "swa": ...}``: each cache's UnifiedCache2026.prefix_stats; None while
         reuse is off."""
-        with self._hold:
+        # both read at one moment: a change from code their reads run (a finalizer) is refused
+        with self._op:
             if not self._base.prefix_reuse:
                 return None
             return {"base": self._base.prefix_stats, "swa": self._swa.prefix_stats}
@@ -179,44 +180,56 @@ cdef class _ISWA2026(_ISWA):
 
     def prefix_evict(self, n_cells):
         """Evict up to ``n_cells`` cells from each cache's index; returns how many went in all."""
-        n = int_c(n_cells, "n_cells", 0, UINT32_MAX)   # read once: both caches get the same
-        with self._hold:
+        cdef uint32_t n = <uint32_t>int_c(n_cells, "n_cells", 0, UINT32_MAX), went   # both caches get the same
+        cdef kvc_unified *parts[2]
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_parts(CHANGE, "prefix_evict")
+        try:
             self._reuse_on("prefix_evict")
-            return self._base.prefix_evict(n) + self._swa.prefix_evict(n)
+            went = kvc_retain_evict_parts(parts, 2, n)
+        finally:
+            self._unlock_parts(CHANGE)
+        spill_flush(self._base)     # the write-back sinks once both caches have evicted
+        spill_flush(self._swa)
+        return int(went)
 
     def prefix_pin(self, tokens, salt=None, *, pos=None, pos_x=None, pos_y=None):
         """Pin the prefix in both caches (see UnifiedCache2026.prefix_pin; ``pos``, ``pos_x``,
-        ``pos_y`` as there); returns the pin."""
-        tokens, salt, pos, pos_x, pos_y = request_once(tokens, salt, pos, pos_x, pos_y)
-        with self._hold:
+        ``pos_y`` as there); returns the pin. Nothing is pinned when either cache refuses."""
+        cdef prefix_req q
+        t = prefix_args(&q, NO_SEQ, 0, tokens, salt)
+        cdef _PrefixXY xy = prefix_xy(pos, pos_x, pos_y, q.n, kvc_unified_has_ext(self.c.base))
+        cdef kvc_prefix_handle h[2]
+        cdef kvc_unified *parts[2]
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_parts(CHANGE, "prefix_pin")
+        try:
             self._reuse_on("prefix_pin")
-            pb = self._base.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
-            try:
-                ps = self._swa.prefix_pin(tokens, salt, pos=pos, pos_x=pos_x, pos_y=pos_y)
-            except BaseException:
-                self._base.prefix_unpin(pb)   # the pin just made, of the same request
-                raise
-            return (pb, ps)
-
-    def _pin_canon(self, pin):
-        """The pin as prefix_unpin reads it, read once (a pair of ints)."""
-        base, swa = pin_pair(pin)
-        return (self._base._pin_canon(base), self._swa._pin_canon(swa))
-
-    def _prefix_pin_held(self, pin):
-        """Whether pin (_pin_canon's) is a pin :meth:`prefix_unpin` accepts now."""
-        return self._base._prefix_pin_held(pin[0]) and self._swa._prefix_pin_held(pin[1])
+            r = kvc_retain_pin_parts_xy(parts, 2, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, h, &err)
+        finally:
+            self._unlock_parts(CHANGE)
+        check_status(r, &err, "prefix_pin")
+        return pins_of(h, 2)
 
     def prefix_unpin(self, pin):
         """Let go of a pin prefix_pin returned (both halves checked before either is let go)."""
-        pin = self._pin_canon(pin)
-        with self._hold:
+        cdef kvc_prefix_handle h[2]
+        cdef kvc_unified *parts[2]
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        pins_arg(pin, h, 2)
+        parts[0], parts[1] = self.c.base, self.c.swa
+        self._lock_parts(CHANGE, "prefix_unpin")
+        try:
             self._reuse_on("prefix_unpin")
-            if not self._prefix_pin_held(pin):
-                raise ValueError("prefix_unpin: not a pin of this cache's prefix index (unpinned already, or "
-                                 "its prefix was dropped)")
-            self._base.prefix_unpin(pin[0])
-            self._swa.prefix_unpin(pin[1])
+            r = kvc_retain_unpin_parts(parts, 2, h, &err)
+        finally:
+            self._unlock_parts(CHANGE)
+        check_status(r, &err, "prefix_unpin")
 
     def update(self, rope=None, n_max_nodes=65536):
         """Each cache's StreamUpdate (UnifiedCache.update: its stream copies, then its shifts),

@@ -284,22 +284,6 @@ cdef class _Recurrent2026(_Recurrent):
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_unpin")
 
-    def _pin_canon(self, pin):
-        """The pin as prefix_unpin reads it, read once (an int; for the hybrid memory)."""
-        return pin_canon(pin)
-
-    def _prefix_pin_held(self, pin):
-        """Whether pin is a pin :meth:`prefix_unpin` accepts now (for the hybrid memory)."""
-        cdef kvc_ckpt_handle h
-        cdef bint ok
-        pin_arg(pin, &h.slot, &h.gen)
-        lock(&self._lock, READ, "_prefix_pin_held")
-        try:
-            ok = self._ckpt != NULL and kvc_ckpt_pin_held(self._ckpt, h)
-        finally:
-            unlock(&self._lock, READ)
-        return ok
-
     def prefix_evict(self, n_checkpoints):
         """Drop up to ``n_checkpoints`` unpinned checkpoints now, least recently used first;
         returns how many went."""

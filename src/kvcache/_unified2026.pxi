@@ -29,16 +29,6 @@ cdef uint64_t salt_c(object salt) except? 0:
     return h if h else 1   # 0 is no salt's
 
 
-cdef tuple request_once(object tokens, object salt, object pos=None, object pos_x=None, object pos_y=None):
-    """A request's arguments read once, for a composite cache that hands the same request to
-    each part: the tokens (an int32 array), the salt (salt_bytes), the positions (int64 arrays or
-    None). Each part checks them again, as the plain arrays they are now."""
-    return (tokens_c(tokens), salt_bytes(salt),
-            None if pos is None else values_c(pos, "pos", VALUES_INT),
-            None if pos_x is None else values_c(pos_x, "pos_x", VALUES_INT),
-            None if pos_y is None else values_c(pos_y, "pos_y", VALUES_INT))
-
-
 cdef object tokens_c(object tokens, str name="tokens"):
     """Token ids as a C-contiguous int32 copy owned by kvcache (ids in [0, 2**31))."""
     cdef Py_ssize_t n
@@ -199,6 +189,23 @@ cdef int pin_arg(object pin, uint32_t *index, uint32_t *gen) except -1:
     index[0] = <uint32_t>(v & 0xFFFFFFFF)
     gen[0] = <uint32_t>(v >> 32)
     return 0
+
+
+cdef object pins_of(const kvc_prefix_handle *h, uint32_t k):
+    """The pin of a prefix pinned in k caches: pin_of its handle in one cache, the pair of them in
+    an iSWA pair's two."""
+    if k == 1:
+        return pin_of(h[0].gen, h[0].node)
+    return (pin_of(h[0].gen, h[0].node), pin_of(h[1].gen, h[1].node))
+
+
+cdef int pins_arg(object pin, kvc_prefix_handle *h, uint32_t k) except -1:
+    """The handles of a pin of k caches (pins_of's), each half read once."""
+    if k == 1:
+        return pin_arg(pin, &h[0].node, &h[0].gen)
+    a, b = pin_pair(pin)
+    pin_arg(a, &h[0].node, &h[0].gen)
+    return pin_arg(b, &h[1].node, &h[1].gen)
 
 
 cdef class _DryRun:
@@ -664,23 +671,6 @@ cdef class _Unified2026(_Unified):
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_unpin")
-
-    def _pin_canon(self, pin):
-        """The pin as prefix_unpin reads it, read once (an int): what a composite cache hands its
-        part after checking every part's half."""
-        return pin_canon(pin)
-
-    def _prefix_pin_held(self, pin):
-        """Whether pin is a pin :meth:`prefix_unpin` accepts now (for the composite caches)."""
-        cdef kvc_prefix_handle h
-        cdef bint ok
-        pin_arg(pin, &h.node, &h.gen)
-        lock(&self._lock, READ, "_prefix_pin_held")
-        try:
-            ok = kvc_retain_pin_held(&self.c, h)
-        finally:
-            unlock(&self._lock, READ)
-        return ok
 
     def prefix_evict(self, n_cells):
         """Evict up to ``n_cells`` cells from the index now (least recently used prefixes no

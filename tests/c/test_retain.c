@@ -2,8 +2,8 @@
  * skipping held cells and evicting them when it needs room, never a live sequence's; seq_add
  * making the index forget; allocation failures in enable and release (nothing changed);
  * publishing a running sequence; an iSWA pair with a small SWA cache (window mode: ghosts,
- * hits only where the window is held, placement overwriting held cells its window left);
- * kvc_reuse_check after every step. */
+ * hits only where the window is held, placement overwriting held cells its window left); pins
+ * and evictions over several caches, all or nothing; kvc_reuse_check after every step. */
 #include "kvc_retain.h"
 
 #include <stdio.h>
@@ -289,12 +289,48 @@ static void test_window_pair(void) {
     kvc_unified_free(&f.swa);
 }
 
+/* Pins over several caches: a pin one refuses pins nothing, an unpin one refuses lets go of
+ * nothing, an eviction evicts in each (the sum). */
+static void test_pin_parts(void) {
+    fx fa, fb;
+    REQUIRE(fx_init(&fa) == KVC_OK && fx_init(&fb) == KVC_OK, "init");
+    kvc_unified *cs[2] = { &fa.c, &fb.c };
+    const int32_t a[6] = { 5, 6, 7, 8, 9, 10 }, b[6] = { 5, 6, 7, 1, 2, 3 };
+    kvc_err err = { 0, "" };
+    kvc_retained res;
+    kvc_prefix_handle pins[2];
+    for (int k = 0; k < 2; k++) {
+        REQUIRE(kvc_reuse_enable(cs[k], 0, &err) == KVC_OK, "enable: %s", err.msg);
+        REQUIRE(place(cs[k], 0, k ? b : a, 6, 0) == 1, "placed");
+        REQUIRE(kvc_retain_release(cs[k], 0, 0, NULL, 0, &res, &err) == KVC_OK && res.n_kept == 6, "released");
+    }
+    /* the second cache holds only 3 of a's tokens: refused there, the first's pin let go */
+    CHECK(kvc_retain_pin_parts_xy(cs, 2, 0, a, NULL, NULL, NULL, 6, pins, &err) == KVC_E_ARG, "refused");
+    CHECK(fa.c.reuse->idx.n_evictable == 6 && fb.c.reuse->idx.n_evictable == 6, "nothing pinned");
+    CHECK(kvc_retain_pin_parts_xy(cs, 2, 0, a, NULL, NULL, NULL, 3, pins, &err) == KVC_OK, "pinned: %s", err.msg);
+    CHECKED(&fa.c);
+    CHECKED(&fb.c);
+    CHECK(fa.c.reuse->idx.n_evictable == 0 && fb.c.reuse->idx.n_evictable == 0, "both pinned");
+    const kvc_prefix_handle bad[2] = { pins[0], { pins[1].node, pins[1].gen + 1 } };
+    CHECK(kvc_retain_unpin_parts(cs, 2, bad, &err) == KVC_E_ARG, "a stale half: refused");
+    CHECK(kvc_retain_pin_held(&fa.c, pins[0]) && kvc_retain_pin_held(&fb.c, pins[1]), "both still pinned");
+    CHECK(kvc_retain_evict_parts(cs, 2, 100) == 0, "pinned: nothing evicted");
+    CHECK(kvc_retain_unpin_parts(cs, 2, pins, &err) == KVC_OK, "unpinned: %s", err.msg);
+    CHECK(!kvc_retain_pin_held(&fa.c, pins[0]) && !kvc_retain_pin_held(&fb.c, pins[1]), "both let go");
+    CHECK(kvc_retain_evict_parts(cs, 2, 100) == 12, "evicted in each");
+    CHECKED(&fa.c);
+    CHECKED(&fb.c);
+    kvc_unified_free(&fa.c);
+    kvc_unified_free(&fb.c);
+}
+
 int main(void) {
     test_publish();
     test_window_pair();
     test_release_match_attach();
     test_placement_evicts();
     test_allocation_failures();
+    test_pin_parts();
     printf("test_retain: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
 }

@@ -4,7 +4,7 @@ from libc.stdint cimport int32_t, uint32_t, uint64_t, uint8_t
 from kvcache.includes.kvc_common cimport kvc_err
 from kvcache.includes.kvc_recurrent cimport kvc_recurrent
 from kvcache.includes.kvc_hybrid cimport kvc_hybrid
-from kvcache.includes.kvc_retain cimport kvc_retained
+from kvcache.includes.kvc_retain cimport kvc_prefix_handle, kvc_retained
 
 cdef extern from "kvc_checkpoint.h" nogil:
     ctypedef struct kvc_ckpt_handle:
@@ -63,3 +63,9 @@ cdef extern from "kvc_hybrid_prefix.h" nogil:
                                  uint32_t n, uint32_t *n_attached, kvc_err *err)
     int kvc_hybrid_prefix_release(kvc_hybrid *h, kvc_ckpt_pool *p, int32_t s, uint64_t salt, const int32_t *tokens,
                                   uint32_t n, uint32_t *n_hit, kvc_retained *attn, kvc_err *err)
+    int kvc_hybrid_prefix_pin(kvc_hybrid *h, kvc_ckpt_pool *p, uint64_t salt, const int32_t *tokens, uint32_t n,
+                              kvc_ckpt_handle *ckpt, kvc_prefix_handle *attn, kvc_err *err)
+    int kvc_hybrid_prefix_unpin(kvc_hybrid *h, kvc_ckpt_pool *p, kvc_ckpt_handle ckpt, const kvc_prefix_handle *attn,
+                                kvc_err *err)
+    void kvc_hybrid_prefix_evict(kvc_hybrid *h, kvc_ckpt_pool *p, uint32_t n_cells, uint32_t n_ckpts, uint32_t *cells,
+                                 uint32_t *ckpts)

@@ -68,6 +68,12 @@ cdef extern from "kvc_retain.h" nogil:
                                  const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err)
     int kvc_retain_publish_parts(kvc_unified *const *cs, uint32_t n_parts, int32_t s, uint64_t salt,
                                  const int32_t *tokens, uint32_t n, kvc_retained *res, kvc_err *err)
+    int kvc_retain_pin_parts_xy(kvc_unified *const *cs, uint32_t n_parts, uint64_t salt, const int32_t *tokens,
+                                const int32_t *pos, const int32_t *pos_x, const int32_t *pos_y, uint32_t n,
+                                kvc_prefix_handle *pins, kvc_err *err)
+    int kvc_retain_unpin_parts(kvc_unified *const *cs, uint32_t n_parts, const kvc_prefix_handle *pins,
+                               kvc_err *err)
+    uint32_t kvc_retain_evict_parts(kvc_unified *const *cs, uint32_t n_parts, uint32_t n)
     uint32_t kvc_retain_match_xy(kvc_unified *c, uint64_t salt, const int32_t *tokens, const int32_t *pos,
                                  const int32_t *pos_x, const int32_t *pos_y, uint32_t n)
     int kvc_retain_attach_xy(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, const int32_t *pos,
