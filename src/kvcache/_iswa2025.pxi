@@ -101,10 +101,13 @@ cdef class _ISWA2025(_ISWA):
         """Schedule a defrag in each cache whose fragmentation exceeds thold."""
         if not isinstance(thold, (int, float, np.integer, np.floating)) or _is_bool(thold):
             raise TypeError(f"thold must be a number, not {type(thold).__name__}")
-        thold = float(thold)     # read once, before the locks: both caches get the same
-        with self._hold:
-            self._base.defrag_sched(thold)
-            self._swa.defrag_sched(thold)
+        cdef float t = <float>float(thold)     # read once, before the locks: both caches get the same
+        self._lock_parts(CHANGE, "defrag_sched")
+        try:
+            kvc_unified_defrag_sched(self.c.base, t)
+            kvc_unified_defrag_sched(self.c.swa, t)
+        finally:
+            self._unlock_parts(CHANGE)
 
     def update(self, rope=None, n_max_nodes=65536):
         """Apply the pending K-shift and scheduled defrag of both caches (UnifiedCache.update).
