@@ -231,12 +231,33 @@ cdef class _Hybrid:
         llama.cpp's hybrid memory prepares): the attention part's slot_infos (see
         UnifiedCache.prepare; an iSWA pair's: ISWACache2026.prepare), or None when either part
         cannot take them. Both parts are left exactly as they were, prefix indexes and
-        checkpoints included (a ubatch that fits only by evicting evicts nothing here)."""
+        checkpoints included (a ubatch that fits only by evicting evicts nothing here). One
+        operation of both parts: no change of either comes between their dry runs."""
         ubs = _items(ubatches)
-        with self._hold:
-            if not self._recr.prepare(ubs):
-                return None
-            return self._attn.prepare(ubs)
+        # one operation of both parts: every ubatch checked and the arrays made first (the
+        # attention part's checks are the recurrent part's: no cell extension, the same
+        # n_seq_max), then the dry runs under all the locks, with no Python code in between
+        cdef _DryRun attn = _dry_run(self._cells, ubs)
+        cdef _DryRun swa = _dry_run(self._iswa._swa, ubs) if self._iswa is not None else None
+        cdef kvc_err err
+        cdef int r
+        err.msg[0] = 0
+        self._lock_parts(CHANGE, "prepare")
+        try:
+            with nogil:
+                r = kvc_recurrent_prepare(self.c.recr, attn.arr, attn.n_ub, &err)
+                if r == 1:
+                    if self.c.iswa != NULL:
+                        _pair_dry_run(self.c.iswa, attn, swa)
+                    else:
+                        attn.run(self.c.attn)
+        finally:
+            self._unlock_parts(CHANGE)
+        if r < 0:
+            raise_status(r, &err, "prepare")
+        if r == 0:
+            return None
+        return attn.result() if swa is None else _pair_result(attn, swa)
 
     def slot_info(self):
         """Where the last find_slot put each token in the attention part (UnifiedCache.slot_info;

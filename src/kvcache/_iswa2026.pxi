@@ -3,6 +3,23 @@
 # (docs/prefix-reuse.md).
 
 
+cdef void _pair_dry_run(kvc_iswa *c, _DryRun base, _DryRun swa) noexcept nogil:
+    # an iSWA pair's prepare, the caller holding both caches' locks: the SWA cache's dry run only
+    # when the base cache's fits
+    base.run(c.base)
+    if base.r == 1:
+        swa.run(c.swa)
+
+
+cdef object _pair_result(_DryRun base, _DryRun swa):
+    """_pair_dry_run's answer: (base_slot_infos, swa_slot_infos), or None."""
+    got = base.result()
+    if got is None:
+        return None
+    got_swa = swa.result()
+    return None if got_swa is None else (got, got_swa)
+
+
 cdef class _ISWA2026(_ISWA):
     """Today's llama.cpp iSWA cache (kvcache.ISWACache2026 is the documented class): find_slot
     places a ubatch in both caches for good, or in neither; prepare is its dry run."""
@@ -25,16 +42,10 @@ cdef class _ISWA2026(_ISWA):
         self._lock_parts(CHANGE, "prepare")
         try:
             with nogil:
-                base.run(self.c.base)
-                if base.r == 1:   # the SWA cache's dry run only when the base cache's fits
-                    swa.run(self.c.swa)
+                _pair_dry_run(&self.c, base, swa)
         finally:
             self._unlock_parts(CHANGE)
-        got = base.result()
-        if got is None:
-            return None
-        got_swa = swa.result()
-        return None if got_swa is None else (got, got_swa)
+        return _pair_result(base, swa)
 
     # --- prefix reuse (docs/prefix-reuse.md): both caches, a prefix as far as both hold it -----
     def enable_prefix_reuse(self, cap=0):
