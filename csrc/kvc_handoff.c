@@ -664,7 +664,8 @@ bool kvc_handoff_save_streams(kvc_handoff_import *imp) {
     imp->heads = kvc_malloc_n(c->n_stream, sizeof *imp->heads);
     bool ok = imp->strms && imp->heads;
     for (uint32_t k = 0; ok && k < c->n_stream; k++) {
-        ok = kvc_cells_snapshot(&imp->strms[k], kvc_unified_stream_cells_c(c, k)) == KVC_OK;
+        /* stream 0's cells are the cache's, which imp->snap holds already (saved_cells) */
+        ok = k == 0 || kvc_cells_snapshot(&imp->strms[k], kvc_unified_stream_cells_c(c, k)) == KVC_OK;
         if (ok) {
             imp->n_strms++;
             imp->heads[k] = kvc_unified_stream_head_c(c, k);
@@ -672,6 +673,11 @@ bool kvc_handoff_save_streams(kvc_handoff_import *imp) {
     }
     imp->n_copies = c->n_copies;
     return ok;
+}
+
+/* Stream k's cells as the import's begin saved them. */
+static const kvc_cells *saved_cells(const kvc_handoff_import *imp, uint32_t k) {
+    return k ? &imp->strms[k] : &imp->snap.cells;
 }
 
 static bool same_cells(const kvc_cells *a, const kvc_cells *b) {
@@ -687,7 +693,8 @@ static bool unchanged(const kvc_handoff_import *imp) {
     const kvc_unified *c = imp->c;
     const kvc_unified_snapshot *s = &imp->snap;
     for (uint32_t k = 0; k < imp->n_strms; k++) {
-        if (!same_cells(kvc_unified_stream_cells_c(c, k), &imp->strms[k]) ||
+        /* (stream 0's cells: with the snapshot's, below) */
+        if ((k && !same_cells(kvc_unified_stream_cells_c(c, k), saved_cells(imp, k))) ||
             kvc_unified_stream_head_c(c, k) != imp->heads[k]) {
             return false;
         }
@@ -729,7 +736,7 @@ int kvc_handoff_place_2026(kvc_handoff_import *imp, kvc_err *err) {
      * sequence's read changes nothing, not even the last placement) */
     if (imp->cell_count) {
         if (kvc_unified_state_place_2026(c, imp->seq_id, imp->cell_count, imp->pos, true) != 1 || !same_runs(c, imp)) {
-            kvc_cells_copy(kvc_unified_stream_cells(c, imp->stream), &imp->strms[imp->stream]);
+            kvc_cells_copy(kvc_unified_stream_cells(c, imp->stream), saved_cells(imp, imp->stream));
             *kvc_unified_stream_head(c, imp->stream) = imp->heads[imp->stream];
             kvc_unified_snapshot_restore(c, &imp->snap);
             return kvc_err_set(err, KVC_E_INTERNAL, "the placement differs from the dry run's");

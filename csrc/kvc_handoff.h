@@ -86,7 +86,8 @@ typedef struct kvc_handoff_import {
     uint64_t     data_bytes;    /* bytes the regions hold (0 without K/V memory) */
     uint8_t     *backup;        /* [data_bytes] the regions' bytes at begin, for abort (owned) */
     kvc_unified_snapshot snap;  /* the cache at begin: commit refuses a cache changed since */
-    kvc_cells   *strms;         /* 2026: [n_strms] every stream's cells at begin (owned) */
+    kvc_cells   *strms;         /* 2026: [n_strms] every other stream's cells at begin (owned; stream 0's
+                                 * are snap's, strms[0] unused) */
     uint32_t    *heads;         /* 2026: [n_strms] their heads */
     uint32_t     n_strms, n_copies; /* 2026: streams copied (0 for 2025), queued stream copies */
     bool         active;
