@@ -220,8 +220,7 @@ static inline void fc_image_take(fc_image *m, const fc_cache *t) {
     m->n_stream = c->n_stream;
     for (uint32_t s = 0; s < c->n_stream; s++) {
         const kvc_cells *cl = kvc_unified_stream_cells_c(c, s);
-        FUZZ_CHECK(kvc_cells_init_like(&m->cells[s], cl) == KVC_OK, "out of memory");
-        kvc_cells_copy(&m->cells[s], cl);
+        FUZZ_CHECK(kvc_cells_snapshot(&m->cells[s], cl) == KVC_OK, "out of memory");
         m->heads[s] = kvc_unified_stream_head_c(c, s);
     }
     m->n = c->n;
