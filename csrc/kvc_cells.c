@@ -989,3 +989,151 @@ int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *
     }
     return KVC_OK;
 }
+
+int kvc_cells_undo_init(kvc_cells_undo *u, const kvc_cells *c) {
+    memset(u, 0, sizeof *u);
+    u->blk = kvc_malloc_n((uint64_t)(c->n_seq_max ? c->n_seq_max : 1) * (c->blk_words ? c->blk_words : 1),
+                          sizeof *u->blk);
+    if (!u->blk) {
+        return KVC_E_NOMEM;
+    }
+    u->used = c->used;
+    u->used_max_p1 = c->used_max_p1;
+    u->has_shift = c->has_shift;
+    return KVC_OK;
+}
+
+/* Room for n more cells in u. */
+static bool undo_room(kvc_cells_undo *u, const kvc_cells *c, uint32_t n) {
+    if (u->n + (uint64_t)n <= u->cap) {
+        return true;
+    }
+    uint64_t cap = u->cap ? (uint64_t)u->cap * 2 : 64;
+    while (cap < u->n + (uint64_t)n) {
+        cap *= 2;
+    }
+    if (cap > UINT32_MAX) {
+        return false;
+    }
+    /* each array grown on its own: one that fails leaves the others larger, and u still right */
+    uint32_t *cell = kvc_realloc_n(u->cell, cap, sizeof *cell);
+    if (cell) {
+        u->cell = cell;
+    }
+    int32_t *pos = cell ? kvc_realloc_n(u->pos, cap, sizeof *pos) : NULL;
+    if (pos) {
+        u->pos = pos;
+    }
+    int32_t *shift = pos ? kvc_realloc_n(u->shift, cap, sizeof *shift) : NULL;
+    if (shift) {
+        u->shift = shift;
+    }
+    uint64_t *seq = shift ? kvc_realloc_n(u->seq, cap * c->seq_words, sizeof *seq) : NULL;
+    if (seq) {
+        u->seq = seq;
+    }
+    uint16_t *n_seqs = seq ? kvc_realloc_n(u->n_seqs, cap, sizeof *n_seqs) : NULL;
+    if (n_seqs) {
+        u->n_seqs = n_seqs;
+    }
+    kvc_cell_ext *ext = n_seqs && c->ext ? kvc_realloc_n(u->ext, cap, sizeof *ext) : NULL;
+    if (ext) {
+        u->ext = ext;
+    }
+    if (!n_seqs || (c->ext && !ext)) {
+        return false;
+    }
+    u->cap = (uint32_t)cap;
+    return true;
+}
+
+int kvc_cells_undo_cells(kvc_cells_undo *u, const kvc_cells *c, const int32_t *cells, uint32_t n) {
+    if (!undo_room(u, c, n)) {
+        return KVC_E_NOMEM;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t i = (uint32_t)cells[k], j = u->n++;
+        u->cell[j] = i;
+        u->pos[j] = c->pos[i];
+        u->shift[j] = c->shift[i];
+        kvc_seqs_get(c->seq, c->size, c->seq_words, i, u->seq + (size_t)j * c->seq_words);
+        u->n_seqs[j] = c->n_seqs[i];
+        if (c->ext) {
+            u->ext[j] = c->ext[i];
+        }
+    }
+    return KVC_OK;
+}
+
+int kvc_cells_undo_seq(kvc_cells_undo *u, const kvc_cells *c, int32_t s) {
+    if (kvc_seqset_has(&u->seqs, s)) {
+        return KVC_OK;
+    }
+    const kvc_seq_pos *sp = &c->seq_pos[s];
+    uint64_t *keys = kvc_malloc_n(sp->n ? sp->n : 1, sizeof *keys);
+    if (!keys || !undo_room(u, c, sp->n)) {
+        kvc_free(keys);
+        return KVC_E_NOMEM;
+    }
+    for (uint32_t k = 0; k < sp->n; k++) {
+        const int32_t i = (int32_t)kvc_seq_key_cell(sp->key[k]);
+        (void)kvc_cells_undo_cells(u, c, &i, 1);   /* room made above */
+    }
+    memcpy(keys, sp->key, (size_t)sp->n * sizeof *keys);
+    u->keys[s] = keys;
+    u->n_keys[s] = sp->n;
+    memcpy(u->blk + (size_t)s * c->blk_words, kvc_cells_blk(c, s), (size_t)c->blk_words * sizeof *u->blk);
+    kvc_seqset_add(&u->seqs, s);
+    return KVC_OK;
+}
+
+void kvc_cells_undo_apply(kvc_cells *c, const kvc_cells_undo *u) {
+    /* the last saved first: a cell saved twice ends as it was first */
+    for (uint32_t j = u->n; j-- > 0;) {
+        const uint32_t i = u->cell[j];
+        c->pos[i] = u->pos[j];
+        c->shift[i] = u->shift[j];
+        kvc_seqs_put(c->seq, c->size, c->seq_words, i, u->seq + (size_t)j * c->seq_words);
+        c->n_seqs[i] = u->n_seqs[j];
+        if (c->ext) {
+            c->ext[i] = u->ext[j];
+        }
+    }
+    for (uint32_t j = 0; j < u->n; j++) {
+        const uint32_t i = u->cell[j], w = i >> 6;
+        if (c->pos[i] != -1) {
+            c->used_bits[w] |= (uint64_t)1 << (i & 63);
+        } else {
+            c->used_bits[w] &= ~((uint64_t)1 << (i & 63));
+        }
+        if (c->used_bits[w]) {
+            c->free_words[w >> 6] &= ~((uint64_t)1 << (w & 63));
+        } else {
+            c->free_words[w >> 6] |= (uint64_t)1 << (w & 63);
+        }
+    }
+    for (int32_t s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, s)) {
+        memcpy(c->seq_pos[s].key, u->keys[s], (size_t)u->n_keys[s] * sizeof *u->keys[s]);
+        c->seq_pos[s].n = u->n_keys[s];
+        memcpy(kvc_cells_blk(c, s), u->blk + (size_t)s * c->blk_words, (size_t)c->blk_words * sizeof *u->blk);
+    }
+    c->used = u->used;
+    c->used_max_p1 = u->used_max_p1;
+    c->has_shift = u->has_shift;
+    kvc_cells_words_all(c, c->emptied);   /* any cell may have emptied */
+    kvc_cells_changed_all(c);
+}
+
+void kvc_cells_undo_free(kvc_cells_undo *u) {
+    kvc_free(u->cell);
+    kvc_free(u->pos);
+    kvc_free(u->shift);
+    kvc_free(u->seq);
+    kvc_free(u->n_seqs);
+    kvc_free(u->ext);
+    for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
+        kvc_free(u->keys[s]);
+    }
+    kvc_free(u->blk);
+    memset(u, 0, sizeof *u);
+}

@@ -782,6 +782,32 @@ static bool dry_overwrites_held(const kvc_unified *c, const int32_t *idx, const 
     return false;
 }
 
+/* What placing ubatch ub in the searched cells idx (ng groups of nst, group g in stream strm[g])
+ * changes, into the streams' undos: those cells, the entries of the ubatch's sequences, and the
+ * cells and entries of every sequence holding a cell it overwrites (a sliding window's: it loses
+ * its positions up to the cell's). KVC_OK or KVC_E_NOMEM. */
+static int dry_save(kvc_unified *c, kvc_cells_undo *saved, const kvc_ubatch *ub, const int32_t *idx,
+                    const uint32_t *strm, uint32_t ng, uint32_t nst) {
+    int rc = KVC_OK;
+    for (uint32_t g = 0; g < ng && rc == KVC_OK; g++) {
+        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        rc = kvc_cells_undo_cells(&saved[strm[g]], cells, idx + (size_t)g * nst, nst);
+        for (uint32_t i = 0; i < nst && rc == KVC_OK; i++) {
+            const uint32_t cell = (uint32_t)idx[(size_t)g * nst + i];
+            for (int32_t q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, cell, -1); q >= 0 && rc == KVC_OK;
+                 q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, cell, q)) {
+                rc = kvc_cells_undo_seq(&saved[strm[g]], cells, q);
+            }
+        }
+    }
+    for (uint32_t j = 0; j < ub->seq_off[ub->n_seqs] && rc == KVC_OK; j++) {
+        const int32_t s = ub->seq_ids[j];
+        const uint32_t st = kvc_unified_stream_of(c, s);
+        rc = kvc_cells_undo_seq(&saved[st], kvc_unified_stream_cells_c(c, st), s);
+    }
+    return rc;
+}
+
 int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_ub, int32_t *out_cells,
                              uint32_t *out_strm, uint32_t *out_groups, kvc_err *err) {
     uint32_t nst_of[1];
@@ -795,9 +821,10 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
             return rc;
         }
     }
-    /* the state to come back to: the cells and head of every stream a ubatch goes to (a
-     * placement and the purge it causes change only the streams of its groups) */
-    kvc_cells *saved = kvc_calloc(c->n_stream, sizeof *saved);
+    /* the state to come back to: the head of every stream a ubatch goes to, and what each
+     * placement changes there (a placement and the purge it causes change only the streams of its
+     * groups): its cells, and the cells and entries of the sequences it places or overwrites */
+    kvc_cells_undo *saved = kvc_calloc(c->n_stream, sizeof *saved);
     uint32_t *heads = kvc_malloc_n(c->n_stream, sizeof *heads);
     bool *touched = kvc_calloc(c->n_stream, sizeof *touched);
     bool ok = saved && heads && touched;
@@ -807,11 +834,8 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
         }
     }
     for (uint32_t s = 0; ok && s < c->n_stream; s++) {
-        if (!touched[s]) {
-            continue;
-        }
-        ok = kvc_cells_snapshot(&saved[s], kvc_unified_stream_cells(c, s)) == KVC_OK;
-        if (ok) {
+        if (touched[s]) {
+            ok = kvc_cells_undo_init(&saved[s], kvc_unified_stream_cells(c, s)) == KVC_OK;
             heads[s] = kvc_unified_stream_head_c(c, s);
         }
     }
@@ -835,6 +859,9 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
                 !dry_reuse_copy(c, &own)) {
                 placed = KVC_E_NOMEM;
             }
+            if (placed == 1 && dry_save(c, saved, &ubs[u], out_cells + off, strm, ng, nst) != KVC_OK) {
+                placed = KVC_E_NOMEM;
+            }
             if (placed == 1) {
                 /* on a copy, the index's part of the placement too */
                 kvc_apply_2026(c, &ubs[u], out_cells + off, strm, ng, nst, own == NULL);
@@ -849,14 +876,14 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
         }
         for (uint32_t s = 0; s < c->n_stream; s++) {
             if (touched[s]) {
-                kvc_cells_copy(kvc_unified_stream_cells(c, s), &saved[s]);
+                kvc_cells_undo_apply(kvc_unified_stream_cells(c, s), &saved[s]);
                 *kvc_unified_stream_head(c, s) = heads[s];
             }
         }
     }
     if (saved) {
         for (uint32_t s = 0; s < c->n_stream; s++) {
-            kvc_cells_free(&saved[s]);   /* a table never initialised is zeroed: frees nothing */
+            kvc_cells_undo_free(&saved[s]);   /* one never begun is zeroed: frees nothing */
         }
     }
     kvc_free(saved);

@@ -151,6 +151,63 @@ static void test_placement_matches_the_rule(bool per_seq, uint32_t n_swa, int32_
     kvc_unified_free(&f.c);
 }
 
+/* Every index of a stream the same (the change log and the emptied bits aside, which a dry run
+ * restarts and sets). */
+static bool same_table(const kvc_cells *a, const kvc_cells *b) {
+    bool same = same_stream(a, b) && a->has_shift == b->has_shift &&
+                memcmp(a->n_seqs, b->n_seqs, a->size * sizeof *a->n_seqs) == 0 &&
+                memcmp(a->used_bits, b->used_bits, a->n_words * sizeof *a->used_bits) == 0 &&
+                memcmp(a->free_words, b->free_words, (a->n_words + 63) / 64 * sizeof *a->free_words) == 0 &&
+                memcmp(a->seq_blk, b->seq_blk, (size_t)a->n_seq_max * a->blk_words * sizeof *a->seq_blk) == 0;
+    for (uint32_t s = 0; same && s < a->n_seq_max; s++) {
+        same = a->seq_pos[s].n == b->seq_pos[s].n &&
+               memcmp(a->seq_pos[s].key, b->seq_pos[s].key, a->seq_pos[s].n * sizeof *a->seq_pos[s].key) == 0;
+    }
+    return same;
+}
+
+/* prepare of up to three ubatches of random sequences and sizes (fitting or not; with a window,
+ * overwriting cells of other sequences) leaves every stream exactly as it was. */
+static void test_prepare_leaves_every_index(bool per_seq, uint32_t n_swa, int32_t swa_type) {
+    fixture f;
+    REQUIRE(fixture_init(&f, per_seq, n_swa, swa_type) == KVC_OK, "init");
+    for (uint32_t round = 0; round < 300; round++) {
+        fragment(&f, (int32_t)check_rand(N_STREAM), check_rand(20));
+        kvc_cells before[N_STREAM];
+        uint32_t heads[N_STREAM];
+        for (uint32_t st = 0; st < f.c.n_stream; st++) {
+            REQUIRE(kvc_cells_snapshot(&before[st], kvc_unified_stream_cells(&f.c, st)) == KVC_OK, "snapshot");
+            heads[st] = kvc_unified_stream_head_c(&f.c, st);
+        }
+        one_seq o[3];
+        kvc_ubatch ubs[3];
+        const uint32_t n_ub = 1 + check_rand(3);
+        for (uint32_t u = 0; u < n_ub; u++) {
+            const int32_t s = (int32_t)check_rand(N_STREAM);
+            ubs[u] = *one_seq_make(&o[u], 1 + check_rand(round % 7 == 0 ? SIZE : 40), s,
+                                   kvc_unified_seq_pos_max(&f.c, s) + 1 + (int32_t)(u * SIZE));
+        }
+        int32_t cells[3 * SIZE];
+        uint32_t strm[3 * N_STREAM], groups[3];
+        /* every third round an allocation fails on the way: the same */
+        kvc_fail_alloc_after = round % 3 == 2 ? 1 + (int)check_rand(8) : 0;
+        const int r = kvc_unified_prepare_2026(&f.c, ubs, n_ub, cells, strm, groups, NULL);
+        CHECK(r == 0 || r == 1 || (r == KVC_E_NOMEM && round % 3 == 2), "round %u: prepare %d", round, r);
+        kvc_fail_alloc_after = 0;
+        bool same = true;
+        for (uint32_t st = 0; st < f.c.n_stream; st++) {
+            same = same && same_table(&before[st], kvc_unified_stream_cells(&f.c, st)) &&
+                   kvc_unified_stream_head_c(&f.c, st) == heads[st];
+            kvc_cells_free(&before[st]);
+        }
+        CHECK(same, "round %u: prepare of %u ubatches changed the cache", round, n_ub);
+        if (round % 50 == 49) {
+            kvc_unified_clear(&f.c);
+        }
+    }
+    kvc_unified_free(&f.c);
+}
+
 static void test_groups_prepare_and_store(void) {
     fixture f;
     REQUIRE(fixture_init(&f, true, 0, KVC_SWA_NONE) == KVC_OK, "init");
@@ -249,6 +306,10 @@ int main(void) {
     test_placement_matches_the_rule(true, 0, KVC_SWA_NONE);
     test_placement_matches_the_rule(false, 8, KVC_SWA_STANDARD);
     test_placement_matches_the_rule(true, 16, KVC_SWA_CHUNKED);
+    test_prepare_leaves_every_index(false, 0, KVC_SWA_NONE);
+    test_prepare_leaves_every_index(true, 0, KVC_SWA_NONE);
+    test_prepare_leaves_every_index(false, 8, KVC_SWA_STANDARD);
+    test_prepare_leaves_every_index(true, 16, KVC_SWA_CHUNKED);
     test_groups_prepare_and_store();
     test_parts_all_or_nothing();
     printf("test_find_slot_2026: %d checks, %d failed\n", n_checks, n_failed);
