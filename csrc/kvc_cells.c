@@ -1065,26 +1065,51 @@ int kvc_cells_undo_cells(kvc_cells_undo *u, const kvc_cells *c, const int32_t *c
     return KVC_OK;
 }
 
+/* s's entries and block bits kept (the first time s is named): all of them (full), or, where the
+ * run only appends to them (a first position after s's last), their count. A count kept becomes
+ * all of them when the run is about to do more (its entries up to the count are still the ones
+ * kept). */
+static int undo_entries(kvc_cells_undo *u, const kvc_cells *c, int32_t s, bool full) {
+    const kvc_seq_pos *sp = &c->seq_pos[s];
+    const bool seen = kvc_seqset_has(&u->seqs, s);
+    if (seen && (u->keys[s] || !full)) {
+        return KVC_OK;
+    }
+    const uint32_t n = seen ? u->n_keys[s] : sp->n;
+    if (full) {
+        uint64_t *keys = kvc_malloc_n(n ? n : 1, sizeof *keys);
+        if (!keys) {
+            return KVC_E_NOMEM;
+        }
+        memcpy(keys, sp->key, (size_t)n * sizeof *keys);
+        u->keys[s] = keys;
+    }
+    if (!seen) {
+        u->n_keys[s] = n;
+        memcpy(u->blk + (size_t)s * c->blk_words, kvc_cells_blk(c, s), (size_t)c->blk_words * sizeof *u->blk);
+        kvc_seqset_add(&u->seqs, s);
+    }
+    return KVC_OK;
+}
+
 int kvc_cells_undo_seq(kvc_cells_undo *u, const kvc_cells *c, int32_t s) {
-    if (kvc_seqset_has(&u->seqs, s)) {
+    if (kvc_seqset_has(&u->cells_of, s)) {
         return KVC_OK;
     }
     const kvc_seq_pos *sp = &c->seq_pos[s];
-    uint64_t *keys = kvc_malloc_n(sp->n ? sp->n : 1, sizeof *keys);
-    if (!keys || !undo_room(u, c, sp->n)) {
-        kvc_free(keys);
+    if (!undo_room(u, c, sp->n) || undo_entries(u, c, s, true) != KVC_OK) {
         return KVC_E_NOMEM;
     }
     for (uint32_t k = 0; k < sp->n; k++) {
         const int32_t i = (int32_t)kvc_seq_key_cell(sp->key[k]);
         (void)kvc_cells_undo_cells(u, c, &i, 1);   /* room made above */
     }
-    memcpy(keys, sp->key, (size_t)sp->n * sizeof *keys);
-    u->keys[s] = keys;
-    u->n_keys[s] = sp->n;
-    memcpy(u->blk + (size_t)s * c->blk_words, kvc_cells_blk(c, s), (size_t)c->blk_words * sizeof *u->blk);
-    kvc_seqset_add(&u->seqs, s);
+    kvc_seqset_add(&u->cells_of, s);
     return KVC_OK;
+}
+
+int kvc_cells_undo_seq_grows(kvc_cells_undo *u, const kvc_cells *c, int32_t s, int32_t p_min) {
+    return undo_entries(u, c, s, c->seq_pos[s].n && p_min <= kvc_cells_seq_pos_max(c, s));
 }
 
 void kvc_cells_undo_apply(kvc_cells *c, const kvc_cells_undo *u) {
@@ -1113,8 +1138,10 @@ void kvc_cells_undo_apply(kvc_cells *c, const kvc_cells_undo *u) {
         }
     }
     for (int32_t s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, s)) {
-        memcpy(c->seq_pos[s].key, u->keys[s], (size_t)u->n_keys[s] * sizeof *u->keys[s]);
-        c->seq_pos[s].n = u->n_keys[s];
+        if (u->keys[s]) {
+            memcpy(c->seq_pos[s].key, u->keys[s], (size_t)u->n_keys[s] * sizeof *u->keys[s]);
+        }
+        c->seq_pos[s].n = u->n_keys[s];   /* (entries only appended to: the count is enough) */
         memcpy(kvc_cells_blk(c, s), u->blk + (size_t)s * c->blk_words, (size_t)c->blk_words * sizeof *u->blk);
     }
     c->used = u->used;

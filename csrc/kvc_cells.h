@@ -350,7 +350,7 @@ int kvc_cells_snapshot(kvc_cells *dst, const kvc_cells *src);
 
 /* What a dry run changes of a table, kept to put it back (kvc_cells_undo_apply): each cell as it
  * was before the run named it (kvc_cells_undo_cells), the entries and block bits of each sequence
- * it named (kvc_cells_undo_seq), and the counts. It costs what the run touches, where a snapshot
+ * it named (kvc_cells_undo_seq, kvc_cells_undo_seq_grows), and the counts. It costs what the run touches, where a snapshot
  * costs the whole table. The run may change only the cells and sequences it named first. */
 typedef struct kvc_cells_undo {
     uint32_t      n, cap;        /* cells saved (one may be saved more than once: the first wins) */
@@ -359,8 +359,10 @@ typedef struct kvc_cells_undo {
     uint64_t     *seq;           /* [cap * seq_words] each cell's words, one after the other */
     uint16_t     *n_seqs;        /* [cap] */
     kvc_cell_ext *ext;           /* [cap] with the extension, else NULL */
-    kvc_seqset    seqs;          /* the sequences saved */
-    uint64_t     *keys[KVC_MAX_SEQ];   /* each saved sequence's entries (owned) */
+    kvc_seqset    seqs;          /* the sequences whose entries and block bits are kept */
+    kvc_seqset    cells_of;      /* the sequences whose cells are kept too */
+    uint64_t     *keys[KVC_MAX_SEQ];   /* each kept sequence's entries (owned), or NULL: the run only
+                                        * appends to them, and n_keys is enough */
     uint32_t      n_keys[KVC_MAX_SEQ];
     uint64_t     *blk;           /* [n_seq_max * blk_words] the saved sequences' block bits */
     uint32_t      used, used_max_p1;
@@ -371,9 +373,13 @@ typedef struct kvc_cells_undo {
 int  kvc_cells_undo_init(kvc_cells_undo *u, const kvc_cells *c);
 /* Keep cells[0, n) as they are now. KVC_OK or KVC_E_NOMEM (nothing kept: put back what was). */
 int  kvc_cells_undo_cells(kvc_cells_undo *u, const kvc_cells *c, const int32_t *cells, uint32_t n);
-/* Keep sequence s's entries and block bits as they are now, and its cells (the first time s is
- * named; a later time keeps nothing). KVC_OK or KVC_E_NOMEM. */
+/* Keep sequence s's entries and block bits as they are now, and its cells: the run may remove s
+ * from any of them (kept once; a later call keeps nothing more). KVC_OK or KVC_E_NOMEM. */
 int  kvc_cells_undo_seq(kvc_cells_undo *u, const kvc_cells *c, int32_t s);
+/* Keep what the run changes of sequence s when it gives s cells at positions p_min or more (cells
+ * kept with kvc_cells_undo_cells): its entries (their count alone while they only grow after its
+ * last) and block bits. KVC_OK or KVC_E_NOMEM. */
+int  kvc_cells_undo_seq_grows(kvc_cells_undo *u, const kvc_cells *c, int32_t s, int32_t p_min);
 /* Put c back as u kept it (every index kept; the change log restarts, as after kvc_cells_copy). */
 void kvc_cells_undo_apply(kvc_cells *c, const kvc_cells_undo *u);
 void kvc_cells_undo_free(kvc_cells_undo *u);

@@ -783,9 +783,9 @@ static bool dry_overwrites_held(const kvc_unified *c, const int32_t *idx, const 
 }
 
 /* What placing ubatch ub in the searched cells idx (ng groups of nst, group g in stream strm[g])
- * changes, into the streams' undos: those cells, the entries of the ubatch's sequences, and the
- * cells and entries of every sequence holding a cell it overwrites (a sliding window's: it loses
- * its positions up to the cell's). KVC_OK or KVC_E_NOMEM. */
+ * changes, into the streams' undos: those cells, the cells and entries of every sequence holding a
+ * cell it overwrites (a sliding window's: it loses its positions up to the cell's), and the
+ * entries of the ubatch's sequences. KVC_OK or KVC_E_NOMEM. */
 static int dry_save(kvc_unified *c, kvc_cells_undo *saved, const kvc_ubatch *ub, const int32_t *idx,
                     const uint32_t *strm, uint32_t ng, uint32_t nst) {
     int rc = KVC_OK;
@@ -800,10 +800,23 @@ static int dry_save(kvc_unified *c, kvc_cells_undo *saved, const kvc_ubatch *ub,
             }
         }
     }
-    for (uint32_t j = 0; j < ub->seq_off[ub->n_seqs] && rc == KVC_OK; j++) {
-        const int32_t s = ub->seq_ids[j];
-        const uint32_t st = kvc_unified_stream_of(c, s);
-        rc = kvc_cells_undo_seq(&saved[st], kvc_unified_stream_cells_c(c, st), s);
+    /* the ubatch's sequences gain entries from their first position in it on */
+    int32_t p_min[KVC_MAX_SEQ];
+    for (uint32_t q = 0; q < c->n_seq_max; q++) {
+        p_min[q] = INT32_MAX;
+    }
+    for (uint32_t g = 0; g < ub->n_seqs; g++) {
+        for (uint32_t t = g * ub->n_seq_tokens; t < (g + 1) * ub->n_seq_tokens; t++) {
+            for (uint32_t j = ub->seq_off[g]; j < ub->seq_off[g + 1]; j++) {
+                p_min[ub->seq_ids[j]] = ub->pos[t] < p_min[ub->seq_ids[j]] ? ub->pos[t] : p_min[ub->seq_ids[j]];
+            }
+        }
+    }
+    for (uint32_t q = 0; q < c->n_seq_max && rc == KVC_OK; q++) {
+        if (p_min[q] != INT32_MAX) {
+            const uint32_t st = kvc_unified_stream_of(c, (int32_t)q);
+            rc = kvc_cells_undo_seq_grows(&saved[st], kvc_unified_stream_cells_c(c, st), (int32_t)q, p_min[q]);
+        }
     }
     return rc;
 }

@@ -80,6 +80,7 @@ def bench_2026(quick: bool, reps: int) -> list[Row]:
     n_ops = 512 if quick else 2048
     n_prompts = 20
     res: dict[str, list[tuple[float, float | None]]] = {"decode": [], "prompt": [], "mask": []}
+    res_prepare: list[tuple[float, float]] = []
     mask_shape = None
     for rep in range(reps):
         base, fill, rms, next_pos = _baseline_state(size, rep)
@@ -136,6 +137,8 @@ def bench_2026(quick: bool, reps: int) -> list[Row]:
             if not np.array_equal(np.asarray(out).reshape(ref.shape).view(np.uint32), ref.view(np.uint32)):
                 raise AssertionError("kvcache's (2026) decode mask differs from today's loop's")
         res["mask"].append((tb, tm))
+        if c is not None:
+            res_prepare.append(_prepare_against_find_slot(c, pos, ids))
     names = {"decode": f"2026: find_slot 1 token (scatter), {N_SEQS} seqs, {size} cells 50% fragmented",
              "prompt": f"2026: find_slot 512-token prompt (scatter, +seq_rm), {size} cells 50% fragmented",
              "mask": f"2026: kq_mask f32 unpadded, decode of {N_SEQS} seqs, {size} cells 50% fragmented"
@@ -152,8 +155,47 @@ def bench_2026(quick: bool, reps: int) -> list[Row]:
         fast = [k for _, k in vals if k is not None]
         fm, fr = _median_range(fast)
         rows.append(Row(names[key], fm, fr, statistics.median(base_t), _paired(base_t, fast)))
+    name = f"2026: prepare of a decode batch of {N_SEQS} seqs, {size} cells 50% fragmented"
+    if res_prepare:
+        t_prep = [p for p, _ in res_prepare]
+        pm, pr = _median_range(t_prep)
+        rows.append(Row(name, pm, pr, yardstick="find_slot of the same batch",
+                        yardstick_ratio=_paired(t_prep, [f for _, f in res_prepare]),
+                        note="the dry run costs what the batch touches, not the cache's cells"))
+    else:
+        rows.append(waiting(name, "UnifiedCache(semantics=\"2026\")"))
     rows.append(_simulate_both_semantics(have))
     return rows
+
+
+def _infos(plan) -> list:
+    """slot_info() (or one of prepare's) as plain lists."""
+    return [(int(st), [int(x) for x in cells]) for st, cells in plan]
+
+
+def _prepare_against_find_slot(c, pos: list[int], ids: list[int], n: int = 20) -> tuple[float, float]:
+    """ns per call of ``prepare([ub])`` for the decode batch ub, and of ``find_slot(ub)`` of the same
+    batch on the same state (each placement taken back with seq_rm, untimed), back to back."""
+    import time
+
+    import kvcache
+
+    ub = kvcache.UBatch(pos, ids)
+    want = c.prepare([ub])
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        c.prepare([ub])
+    t_prep = (time.perf_counter_ns() - t0) / n
+    t_find = 0
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        placed = c.find_slot(ub)
+        t_find += time.perf_counter_ns() - t0
+        if not placed or _infos(c.slot_info()) != _infos(want[0]):
+            raise AssertionError("kvcache (2026): find_slot placed the batch elsewhere than prepare said")
+        for p, s in zip(pos, ids):
+            c.seq_rm(s, p, p + 1)
+    return t_prep, t_find / n
 
 
 def _simulate_both_semantics(have: bool) -> Row:

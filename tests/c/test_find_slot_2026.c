@@ -184,8 +184,10 @@ static void test_prepare_leaves_every_index(bool per_seq, uint32_t n_swa, int32_
         const uint32_t n_ub = 1 + check_rand(3);
         for (uint32_t u = 0; u < n_ub; u++) {
             const int32_t s = (int32_t)check_rand(N_STREAM);
-            ubs[u] = *one_seq_make(&o[u], 1 + check_rand(round % 7 == 0 ? SIZE : 40), s,
-                                   kvc_unified_seq_pos_max(&f.c, s) + 1 + (int32_t)(u * SIZE));
+            /* after the sequence's positions, or (one in three) among them */
+            const int32_t last = kvc_unified_seq_pos_max(&f.c, s);
+            const int32_t p0 = check_rand(3) == 0 ? (int32_t)check_rand((uint32_t)last + 2) : last + 1 + (int32_t)(u * SIZE);
+            ubs[u] = *one_seq_make(&o[u], 1 + check_rand(round % 7 == 0 ? SIZE : 40), s, p0);
         }
         int32_t cells[3 * SIZE];
         uint32_t strm[3 * N_STREAM], groups[3];
