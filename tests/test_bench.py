@@ -172,6 +172,10 @@ def test_the_2026_cases_run_todays_loop_and_wait_for_kvcaches_side():
     assert all(r.baseline_ns for r in timed)     # today's loop placed every token and prompt
     if not capabilities().semantics_2026:
         assert all(r.kvcache_ns is None and "semantics=\"2026\"" in r.note for r in rows)
+    else:
+        # prepare timed against find_slot of the same batch (which placed it where prepare said)
+        (prep,) = [r for r in rows if "prepare" in r.case]
+        assert prep.kvcache_ns and prep.yardstick_ratio and prep.yardstick == "find_slot of the same batch"
 
 
 def test_the_2026_comparison_of_cells_and_the_cimport_loop():
