@@ -992,9 +992,12 @@ int kvc_cells_seq_cells(const kvc_cells *c, int32_t s, int32_t *cells, int32_t *
 
 int kvc_cells_undo_init(kvc_cells_undo *u, const kvc_cells *c) {
     memset(u, 0, sizeof *u);
-    u->blk = kvc_malloc_n((uint64_t)(c->n_seq_max ? c->n_seq_max : 1) * (c->blk_words ? c->blk_words : 1),
-                          sizeof *u->blk);
-    if (!u->blk) {
+    const uint32_t n_seq = c->n_seq_max ? c->n_seq_max : 1;
+    u->blk = kvc_malloc_n((uint64_t)n_seq * (c->blk_words ? c->blk_words : 1), sizeof *u->blk);
+    u->keys = kvc_calloc(n_seq, sizeof *u->keys);
+    u->n_keys = kvc_malloc_n(n_seq, sizeof *u->n_keys);
+    if (!u->blk || !u->keys || !u->n_keys) {
+        kvc_cells_undo_free(u);
         return KVC_E_NOMEM;
     }
     u->used = c->used;
@@ -1158,9 +1161,12 @@ void kvc_cells_undo_free(kvc_cells_undo *u) {
     kvc_free(u->seq);
     kvc_free(u->n_seqs);
     kvc_free(u->ext);
-    for (uint32_t s = 0; s < KVC_MAX_SEQ; s++) {
+    for (int32_t s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, -1); u->keys && s >= 0;
+         s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, s)) {
         kvc_free(u->keys[s]);
     }
+    kvc_free(u->keys);
+    kvc_free(u->n_keys);
     kvc_free(u->blk);
     memset(u, 0, sizeof *u);
 }

@@ -361,9 +361,9 @@ typedef struct kvc_cells_undo {
     kvc_cell_ext *ext;           /* [cap] with the extension, else NULL */
     kvc_seqset    seqs;          /* the sequences whose entries and block bits are kept */
     kvc_seqset    cells_of;      /* the sequences whose cells are kept too */
-    uint64_t     *keys[KVC_MAX_SEQ];   /* each kept sequence's entries (owned), or NULL: the run only
-                                        * appends to them, and n_keys is enough */
-    uint32_t      n_keys[KVC_MAX_SEQ];
+    uint64_t    **keys;          /* [n_seq_max] each kept sequence's entries (owned), or NULL: the
+                                  * run only appends to them, and n_keys is enough */
+    uint32_t     *n_keys;        /* [n_seq_max] */
     uint64_t     *blk;           /* [n_seq_max * blk_words] the saved sequences' block bits */
     uint32_t      used, used_max_p1;
     bool          has_shift;
