@@ -1050,20 +1050,25 @@ static bool undo_room(kvc_cells_undo *u, const kvc_cells *c, uint32_t n) {
     return true;
 }
 
+/* Cell i as it is now into u (undo_room made room for it). */
+static void keep_cell(kvc_cells_undo *u, const kvc_cells *c, uint32_t i) {
+    const uint32_t j = u->n++;
+    u->cell[j] = i;
+    u->pos[j] = c->pos[i];
+    u->shift[j] = c->shift[i];
+    kvc_seqs_get(c->seq, c->size, c->seq_words, i, u->seq + (size_t)j * c->seq_words);
+    u->n_seqs[j] = c->n_seqs[i];
+    if (c->ext) {
+        u->ext[j] = c->ext[i];
+    }
+}
+
 int kvc_cells_undo_cells(kvc_cells_undo *u, const kvc_cells *c, const int32_t *cells, uint32_t n) {
     if (!undo_room(u, c, n)) {
         return KVC_E_NOMEM;
     }
     for (uint32_t k = 0; k < n; k++) {
-        const uint32_t i = (uint32_t)cells[k], j = u->n++;
-        u->cell[j] = i;
-        u->pos[j] = c->pos[i];
-        u->shift[j] = c->shift[i];
-        kvc_seqs_get(c->seq, c->size, c->seq_words, i, u->seq + (size_t)j * c->seq_words);
-        u->n_seqs[j] = c->n_seqs[i];
-        if (c->ext) {
-            u->ext[j] = c->ext[i];
-        }
+        keep_cell(u, c, (uint32_t)cells[k]);
     }
     return KVC_OK;
 }
@@ -1104,8 +1109,7 @@ int kvc_cells_undo_seq(kvc_cells_undo *u, const kvc_cells *c, int32_t s) {
         return KVC_E_NOMEM;
     }
     for (uint32_t k = 0; k < sp->n; k++) {
-        const int32_t i = (int32_t)kvc_seq_key_cell(sp->key[k]);
-        (void)kvc_cells_undo_cells(u, c, &i, 1);   /* room made above */
+        keep_cell(u, c, kvc_seq_key_cell(sp->key[k]));
     }
     kvc_seqset_add(&u->cells_of, s);
     return KVC_OK;
@@ -1128,17 +1132,7 @@ void kvc_cells_undo_apply(kvc_cells *c, const kvc_cells_undo *u) {
         }
     }
     for (uint32_t j = 0; j < u->n; j++) {
-        const uint32_t i = u->cell[j], w = i >> 6;
-        if (c->pos[i] != -1) {
-            c->used_bits[w] |= (uint64_t)1 << (i & 63);
-        } else {
-            c->used_bits[w] &= ~((uint64_t)1 << (i & 63));
-        }
-        if (c->used_bits[w]) {
-            c->free_words[w >> 6] &= ~((uint64_t)1 << (w & 63));
-        } else {
-            c->free_words[w >> 6] |= (uint64_t)1 << (w & 63);
-        }
+        kvc_cells_used_range(c, u->cell[j], 1, c->pos[u->cell[j]] != -1);
     }
     for (int32_t s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, -1); s >= 0; s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, s)) {
         if (u->keys[s]) {
