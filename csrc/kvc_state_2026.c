@@ -100,6 +100,11 @@ void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc
     }
 }
 
+/* The cells of stream st no placement takes without evicting: used, or held by the prefix index. */
+static uint32_t taken(const kvc_unified *c, uint32_t st) {
+    return kvc_unified_stream_cells_c(c, st)->used + (c->reuse ? kvc_reuse_held_free(c, st, UINT64_MAX) : 0);
+}
+
 /* The cells of seq_id's stream a placement takes without evicting once seq_id is removed: those
  * neither used nor held by the prefix index, and the cells only seq_id holds that the index does
  * not hold. O(cells of seq_id), the cache untouched. */
@@ -112,7 +117,7 @@ static uint32_t free_without(const kvc_unified *c, int32_t seq_id) {
         const uint32_t i = kvc_seq_key_cell(sp->key[k]);
         gone += kvc_cells_seq_count(tab, i) == 1 && !kvc_reuse_is_held(c, st, i);
     }
-    return tab->size - tab->used - (c->reuse ? kvc_reuse_held_free(c, st, UINT64_MAX) : 0) + gone;
+    return tab->size - taken(c, st) + gone;
 }
 
 int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *secs, uint32_t n_sec,
@@ -174,7 +179,7 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
     }
     *failed = k - 1;
     /* the cells no placement takes without evicting: used, or held by the prefix index */
-    *used = kvc_unified_stream_cells_c(c, st)->used + (reuse ? kvc_reuse_held_free(c, st, UINT64_MAX) : 0);
+    *used = taken(c, st);
     kvc_cells_copy(kvc_unified_stream_cells(c, st), &saved);
     *kvc_unified_stream_head(c, st) = head;
     memcpy(c->scatter.idx, idx, (size_t)slot.n * sizeof *idx);
