@@ -212,6 +212,51 @@ def test_borrowed_buffers_stay_alive():
     assert all(r() is None for r in refs)
 
 
+@pytest.mark.parametrize("kind", ["array", "view", "subclass"])
+def test_borrowed_numpy_memory_cannot_be_resized_away(kind):
+    # numpy's resize(refcheck=False) frees an array's memory whatever else holds it: while a cache
+    # borrows the memory, the array that owns it refuses (else the cache writes freed memory)
+    class Sub(np.ndarray):
+        pass
+
+    k = np.zeros((32, 32), np.float16)
+    owner = np.zeros(32 * 32 + 64, np.float16) if kind == "view" else np.zeros((32, 32), np.float16)
+    v = owner[64:].reshape(32, 32) if kind == "view" else owner.view(Sub) if kind == "subclass" else owner
+    c = unified(layers=[0], buffers=[(k, v)])
+    for arr in (k, owner):
+        shape = arr.shape
+        with pytest.raises(ValueError, match="cannot resize"):
+            arr.resize(arr.size * 64, refcheck=False)
+        assert arr.shape == shape
+    assert c.find_slot(UBatch([0, 1], [0, 0]))
+    c.store(0, np.ones((2, 32), np.float32), np.full((2, 32), 2.0, np.float32))
+    assert (k[c.slot_indices()] == 1).all() and (c.v(0)[:, c.slot_indices()] == 2).all()
+    assert np.shares_memory(c.v(0), v)
+    del c
+    gc.collect()
+    owner.resize(owner.size * 2, refcheck=False)   # the cache gone, the memory is the owner's again
+
+
+@needs_torch
+def test_borrowed_torch_memory_cannot_be_resized_away():
+    k, v = torch.zeros((32, 32), dtype=torch.float16), torch.zeros((32, 32), dtype=torch.float16)
+    c = unified(layers=[0], buffers=[(k, v)])
+    with pytest.raises(RuntimeError, match="not resizable"):
+        k.resize_(1 << 20)
+    assert c.find_slot(UBatch([0], [0]))
+    c.store(0, np.ones((1, 32), np.float32), np.ones((1, 32), np.float32))
+    assert k[c.slot_indices()[0]].eq(1).all()
+
+
+def test_recurrent_borrowed_numpy_memory_cannot_be_resized_away():
+    bufs = [(np.zeros((2, 8), np.float32), np.zeros((2, 32), np.float16)),
+            (np.zeros(2 * 16 * 4, np.uint8), np.zeros((2, 64), np.float16))]
+    c = recurrent(buffers=bufs)
+    with pytest.raises(ValueError, match="cannot resize"):
+        bufs[1][0].resize(1 << 20, refcheck=False)
+    assert c.find_slot(UBatch([0, 0], [0, 1]))
+
+
 def test_defrag_moves_borrowed_rows():
     bufs = {il: (np.zeros((4096, 32 if il == 0 else 64), np.float32), np.zeros((32, 4096), np.float32))
             for il in (0, 1)}

@@ -265,8 +265,11 @@ def test_which_caches_and_memory():
     compute(b, 0, [1, 2], 0)
     b.checkpoint(0, [1, 2])
     np.testing.assert_array_equal(mem[0], np.concatenate([scratch([1, 2])] * 2))   # the states live there
+    with pytest.raises(ValueError, match="cannot resize"):
+        mem.resize(1 << 20, refcheck=False)     # numpy would free the pool's memory under it
     b.disable_prefix_reuse()
     assert b.prefix_stats is None
+    mem.resize(1 << 10, refcheck=False)          # the pool gone, the memory is mem's again
 
 
 

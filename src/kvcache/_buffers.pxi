@@ -8,6 +8,7 @@ from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetP
 from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uint16_t, uintptr_t
 from libc.stdlib cimport malloc, free
+from weakref import ref as _weakref
 
 try:
     import ml_dtypes as _ml_dtypes
@@ -353,6 +354,7 @@ cdef class _HeldBuffer:
     cdef bint held
     cdef readonly object dtype      # element dtype (of the ndarray the memory was described as)
     cdef readonly object array      # that ndarray (exactly np.ndarray), for numpy-level work
+    cdef object pin                 # keep_owner's weak reference, while held
 
     def __dealloc__(self):
         self.release()
@@ -361,6 +363,18 @@ cdef class _HeldBuffer:
         if self.held:
             self.held = False
             PyBuffer_Release(&self.view)
+        self.pin = None
+
+    cdef int keep_owner(self) except -1:
+        """For memory held beyond the call (borrowed K/V, a checkpoint pool): the ndarray that
+        owns it refuses numpy's ``resize(refcheck=False)``, which would free it under the cache.
+        An exported buffer does not stop that resize; a weak reference to the array does (numpy
+        resizes no array that is weakly referenced or is a view). Memory no ndarray owns (a
+        bytearray, an mmap, a tensor's) is pinned by its exporter already."""
+        owner = _memory_owner(self.array)
+        if owner is not None:
+            self.pin = _weakref(owner)
+        return 0
 
     cdef inline bint c_contiguous(self) noexcept:
         return PyBuffer_IsContiguous(&self.view, b'C') != 0
@@ -373,6 +387,22 @@ cdef class _HeldBuffer:
 
     cdef str describe(self):
         return f"{self.dtype} {self.shape()}"
+
+
+_nd_base = np.ndarray.base.__get__   # the C field: a subclass's own `base` is never consulted
+
+
+cdef object _memory_owner(object arr):
+    """The ndarray at the root of arr's chain of views, which owns the memory and could free it,
+    or None when the memory is not an ndarray's own (the root's base is another object)."""
+    cdef object a = arr
+    cdef object b = _nd_base(a)
+    while b is not None:
+        if not isinstance(b, np.ndarray):
+            return None
+        a = b
+        b = _nd_base(a)
+    return a
 
 
 cdef _HeldBuffer hold_buffer(object obj, object name, bint writable):
@@ -443,6 +473,7 @@ cdef _HeldBuffer _borrowed_held(object obj, size_t need, int32_t type_id, object
         raise ValueError(f"{_text(name)} is not aligned to its {hb.view.itemsize}-byte elements")
     if <size_t>hb.view.len < need:
         raise ValueError(f"{_text(name)} holds {hb.view.len} bytes; the layer needs {need} ({_text(layout)})")
+    hb.keep_owner()
     return hb
 
 

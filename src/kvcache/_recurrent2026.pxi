@@ -106,6 +106,8 @@ cdef class _Recurrent2026(_Recurrent):
             mem = <uint8_t *>hb.view.buf
             mem_len = <size_t>hb.view.len
         cdef _CkptPool p = _CkptPool.__new__(_CkptPool)
+        if hb is not None:
+            hb.keep_owner()     # the pool writes it for as long as it lives
         p.mem = hb
         p.pool = <kvc_ckpt_pool *>calloc(1, sizeof(kvc_ckpt_pool))
         if p.pool == NULL:
