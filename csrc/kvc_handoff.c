@@ -254,6 +254,7 @@ static void import_release(kvc_handoff_import *imp) {
     }
     kvc_free(imp->strms);
     kvc_free(imp->heads);
+    kvc_free(imp->marks);
     memset(imp, 0, sizeof *imp);
 }
 
@@ -588,8 +589,7 @@ static int import_hold(kvc_handoff_import *imp, bool keep_bytes, kvc_err *err) {
     kvc_unified_defrag_settle(c);
     imp->data_bytes = data_bytes_of(c, cc);
     imp->backup = imp->data_bytes && keep_bytes ? kvc_malloc((size_t)imp->data_bytes) : NULL;
-    bool ok = (!imp->data_bytes || !keep_bytes || imp->backup) && kvc_unified_snapshot_take(c, &imp->snap) == KVC_OK;
-    ok = ok && c->ops->handoff_save(imp);
+    const bool ok = (!imp->data_bytes || !keep_bytes || imp->backup) && c->ops->handoff_save(imp);
     if (!ok) {
         import_release(imp);
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
@@ -653,13 +653,43 @@ static int import_begin_parts(kvc_unified *const *cs, uint32_t n, int32_t seq_id
     return rc;
 }
 
-bool kvc_handoff_save_none(kvc_handoff_import *imp) {
-    (void)imp;
-    return true;
+bool kvc_handoff_save_2025(kvc_handoff_import *imp) {
+    return kvc_unified_snapshot_take(imp->c, &imp->snap) == KVC_OK;
 }
 
-bool kvc_handoff_save_streams(kvc_handoff_import *imp) {
+/* The fields of the cache besides its cells that the commit's check compares, into the snapshot
+ * (which then holds no cells). */
+static void save_scalars(const kvc_unified *c, kvc_unified_snapshot *s) {
+    s->head = c->head;
+    s->n = c->n;
+    s->slot = c->slot;
+    s->undo.n_spans = c->undo.n_spans;
+    s->undo.n_cells = c->undo.n_cells;
+    s->do_defrag = c->do_defrag;
+    s->defrag_pending = c->defrag_pending;
+}
+
+bool kvc_handoff_save_2026(kvc_handoff_import *imp) {
     const kvc_unified *c = imp->c;
+    imp->n_copies = c->n_copies;
+    if (kvc_unified_seq_pos_max(c, imp->seq_id) < 0) {
+        /* the commit places the sequence where the search finds the reserved cells, or not at
+         * all (kvc_handoff_place_2026): nothing to put back, marks to check */
+        imp->marks = kvc_malloc_n(c->n_stream, sizeof *imp->marks);
+        if (!imp->marks) {
+            return false;
+        }
+        for (uint32_t k = 0; k < c->n_stream; k++) {
+            const kvc_cells *t = kvc_unified_stream_cells_c(c, k);
+            const kvc_handoff_mark m = { t->chg_epoch, t->chg_n, kvc_unified_stream_head_c(c, k), t->has_shift };
+            imp->marks[k] = m;
+        }
+        save_scalars(c, &imp->snap);
+        return true;
+    }
+    if (kvc_unified_snapshot_take(c, &imp->snap) != KVC_OK) {
+        return false;
+    }
     imp->strms = kvc_calloc(c->n_stream, sizeof *imp->strms);
     imp->heads = kvc_malloc_n(c->n_stream, sizeof *imp->heads);
     bool ok = imp->strms && imp->heads;
@@ -671,7 +701,6 @@ bool kvc_handoff_save_streams(kvc_handoff_import *imp) {
             imp->heads[k] = kvc_unified_stream_head_c(c, k);
         }
     }
-    imp->n_copies = c->n_copies;
     return ok;
 }
 
@@ -688,10 +717,27 @@ static bool same_cells(const kvc_cells *a, const kvc_cells *b) {
            (!a->ext || !b->ext || !memcmp(a->ext, b->ext, n * sizeof *a->ext));
 }
 
+/* Is every stream where its mark says (no cell changed since, no shift reset, the same head)? */
+static bool marks_hold(const kvc_handoff_import *imp) {
+    const kvc_unified *c = imp->c;
+    for (uint32_t k = 0; k < c->n_stream; k++) {
+        const kvc_cells *t = kvc_unified_stream_cells_c(c, k);
+        const kvc_handoff_mark *m = &imp->marks[k];
+        if (t->chg_epoch != m->epoch || t->chg_n != m->chg_n || t->has_shift != m->has_shift ||
+            kvc_unified_stream_head_c(c, k) != m->head) {
+            return false;
+        }
+    }
+    return c->n_copies == imp->n_copies;
+}
+
 /* Is c as at the import's begin (every field the placement reads or an operation changes)? */
 static bool unchanged(const kvc_handoff_import *imp) {
     const kvc_unified *c = imp->c;
     const kvc_unified_snapshot *s = &imp->snap;
+    if (imp->marks && !marks_hold(imp)) {
+        return false;
+    }
     for (uint32_t k = 0; k < imp->n_strms; k++) {
         /* (stream 0's cells: with the snapshot's, below) */
         if ((k && !same_cells(kvc_unified_stream_cells_c(c, k), saved_cells(imp, k))) ||
@@ -704,7 +750,7 @@ static bool unchanged(const kvc_handoff_import *imp) {
     }
     return c->head == s->head && c->n == s->n && c->slot.head == s->slot.head && c->slot.n == s->slot.n &&
            c->undo.n_spans == s->undo.n_spans && c->undo.n_cells == s->undo.n_cells && c->do_defrag == s->do_defrag &&
-           c->defrag_pending == s->defrag_pending && same_cells(&c->cells, &s->cells);
+           c->defrag_pending == s->defrag_pending && (imp->marks || same_cells(&c->cells, &s->cells));
 }
 
 int kvc_handoff_import_check(const kvc_handoff_import *imp, kvc_err *err) {
@@ -734,13 +780,30 @@ int kvc_handoff_place_2026(kvc_handoff_import *imp, kvc_err *err) {
     kvc_unified *c = imp->c;
     /* the state read's placement on the same cells as the dry run: the same cells (an empty
      * sequence's read changes nothing, not even the last placement) */
-    if (imp->cell_count) {
-        if (kvc_unified_state_place_2026(c, imp->seq_id, imp->cell_count, imp->pos, true) != 1 || !same_runs(c, imp)) {
-            kvc_cells_copy(kvc_unified_stream_cells(c, imp->stream), saved_cells(imp, imp->stream));
-            *kvc_unified_stream_head(c, imp->stream) = imp->heads[imp->stream];
-            kvc_unified_snapshot_restore(c, &imp->snap);
+    if (imp->cell_count && imp->marks) {
+        /* into a sequence that held no cell: placed only on the reserved cells, else nothing changed */
+        int32_t *want = kvc_malloc_n(imp->cell_count, sizeof *want);
+        if (!want) {
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", imp->cell_count);
+        }
+        for (uint32_t r = 0, t = 0; r < imp->n_runs; r++) {
+            for (uint32_t i = 0; i < imp->runs[r].n; i++) {
+                want[t++] = (int32_t)(imp->runs[r].first + i);
+            }
+        }
+        const int placed = kvc_unified_state_place_2026_at(c, imp->seq_id, imp->cell_count, imp->pos, want);
+        kvc_free(want);
+        if (placed != 1) {
             return kvc_err_set(err, KVC_E_INTERNAL, "the placement differs from the dry run's");
         }
+    } else if (imp->cell_count &&
+               (kvc_unified_state_place_2026(c, imp->seq_id, imp->cell_count, imp->pos, true) != 1 || !same_runs(c, imp))) {
+        kvc_cells_copy(kvc_unified_stream_cells(c, imp->stream), saved_cells(imp, imp->stream));
+        *kvc_unified_stream_head(c, imp->stream) = imp->heads[imp->stream];
+        kvc_unified_snapshot_restore(c, &imp->snap);
+        return kvc_err_set(err, KVC_E_INTERNAL, "the placement differs from the dry run's");
+    }
+    if (imp->cell_count) {
         kvc_unified_state_put_ext_2026(c, imp->stream, imp->cell_count, imp->ext);
         kvc_unified_slot_drop(c);
     }

@@ -707,6 +707,40 @@ int kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const k
     return find_slot_parts(cs, n, ub, found, false, err);
 }
 
+int kvc_unified_search_2026(kvc_unified *c, const kvc_ubatch *ub, bool evict, int32_t *out, kvc_err *err) {
+    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
+    const int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    kvc_search_stop stop;
+    int found = kvc_search_2026(c, strm, n_groups, nst, evict, evict ? NULL : &stop);
+    if (!found && !evict) {
+        found = kvc_room_possible_2026(c, strm, n_groups, nst, &stop) ? KVC_ROOM_EVICTING : 0;
+    }
+    if (found == 1 && out) {
+        memcpy(out, c->scatter.idx, (size_t)ub->n_tokens * sizeof *out);
+    }
+    kvc_unified_slot_drop(c);
+    return found;
+}
+
+int kvc_unified_find_slot_2026_at(kvc_unified *c, const kvc_ubatch *ub, const int32_t *want, kvc_err *err) {
+    uint32_t strm[KVC_MAX_SEQ], n_groups, nst;
+    const int rc = kvc_unified_groups(c, ub, strm, &n_groups, &nst, err);
+    if (rc != KVC_OK) {
+        return rc;
+    }
+    kvc_search_stop stop;
+    if (!kvc_search_2026(c, strm, n_groups, nst, false, &stop) ||
+        memcmp(c->scatter.idx, want, (size_t)ub->n_tokens * sizeof *want) != 0) {
+        kvc_unified_slot_drop(c);
+        return 0;
+    }
+    kvc_place_2026(c, ub, strm, n_groups, nst);
+    return 1;
+}
+
 int kvc_parts_room(uint32_t n, kvc_part_room_fn *room, void *ctx, uint32_t *failed) {
     bool must[KVC_STATE_MAX_PARTS];
     int rc = KVC_OK;

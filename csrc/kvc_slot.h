@@ -66,6 +66,17 @@ int  kvc_unified_find_slot_2026_parts(kvc_unified *const *cs, uint32_t n, const 
 /* kvc_unified_find_slot_2026 that evicts nothing from the prefix index: 1 placed, 0 no room even
  * by evicting, KVC_ROOM_EVICTING room only by evicting (nothing placed), KVC_E_ARG (err). */
 int  kvc_unified_find_slot_2026_ask(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err);
+/* The search half of kvc_unified_find_slot_2026 (evict) or _ask (!evict) alone: the cells the
+ * placement would take into out (n_tokens, token order; NULL: not wanted), nothing placed and no
+ * cell changed (but for what the prefix index evicts, only when evict), no placement current.
+ * 1 found, 0 no room, KVC_ROOM_EVICTING (!evict: room only by evicting), KVC_E_ARG (err). The dry
+ * run of a placement for sequences that hold no cell, whose placement changes nothing the
+ * search reads. */
+int  kvc_unified_search_2026(kvc_unified *c, const kvc_ubatch *ub, bool evict, int32_t *out, kvc_err *err);
+/* kvc_unified_find_slot_2026_ask that places ub only where its search finds exactly the cells
+ * want[0 .. n_tokens) (what a dry run found): 1 placed, 0 not (nothing changed, no placement
+ * current), KVC_E_ARG (err). */
+int  kvc_unified_find_slot_2026_at(kvc_unified *c, const kvc_ubatch *ub, const int32_t *want, kvc_err *err);
 /* The room of the n (0..KVC_STATE_MAX_PARTS) parts of a composite operation (an iSWA pair's
  * placement, state read or import), all or none evicting: room(ctx, k, false) asks every part k
  * without evicting (KVC_OK: room, KVC_ROOM_EVICTING: room once its prefix index evicts, else a

@@ -81,15 +81,39 @@ static void apply_data_2026(kvc_unified *c, const uint8_t *data, const kvc_state
 
 /* One section of a single sequence's state, as the reference reads it: remove the destination
  * sequence from its stream, then place the cells as one ubatch of it (find_slot, cont false). */
+/* The ubatch a section of cc cells at positions pos is placed as: one group of seq_id. */
+typedef struct read_ubatch {
+    uint32_t   seq_off[2];
+    int32_t    seq_ids[1];
+    kvc_ubatch ub;
+} read_ubatch;
+
+static void read_ubatch_init(read_ubatch *r, int32_t seq_id, uint32_t cc, const int32_t *pos) {
+    r->seq_off[0] = 0;
+    r->seq_off[1] = 1;
+    r->seq_ids[0] = seq_id;
+    const kvc_ubatch ub = { cc, cc, 1, pos, r->seq_off, r->seq_ids, NULL, NULL, NULL };
+    r->ub = ub;
+}
+
 int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos, bool evict) {
-    const uint32_t seq_off[2] = { 0, 1 };
-    const int32_t seq_ids[1] = { seq_id };
-    const kvc_ubatch ub = { cc, cc, 1, pos, seq_off, seq_ids, NULL, NULL, NULL };
+    read_ubatch r;
+    read_ubatch_init(&r, seq_id, cc, pos);
     kvc_unified_seq_rm(c, seq_id, -1, -1);
     if (cc == 0) {
         return 1;
     }
-    return evict ? kvc_unified_find_slot_2026(c, &ub, NULL) : kvc_unified_find_slot_2026_ask(c, &ub, NULL);
+    return evict ? kvc_unified_find_slot_2026(c, &r.ub, NULL) : kvc_unified_find_slot_2026_ask(c, &r.ub, NULL);
+}
+
+int kvc_unified_state_place_2026_at(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos,
+                                    const int32_t *want) {
+    read_ubatch r;
+    read_ubatch_init(&r, seq_id, cc, pos);
+    if (kvc_unified_stream_cells_c(c, kvc_unified_stream_of(c, seq_id))->seq_pos[seq_id].n != 0) {
+        return 0;
+    }
+    return cc == 0 ? 1 : kvc_unified_find_slot_2026_at(c, &r.ub, want, NULL);
 }
 
 void kvc_unified_state_put_ext_2026(kvc_unified *c, uint32_t stream, uint32_t cc, const kvc_cell_ext *ext) {
@@ -120,6 +144,64 @@ static uint32_t free_without(const kvc_unified *c, int32_t seq_id) {
     return tab->size - taken(c, st) + gone;
 }
 
+/* The placement current before a dry run, which its searches and placements overwrite. */
+typedef struct kept_slot {
+    kvc_slot    slot;
+    kvc_scatter scat;
+    int32_t    *idx;
+    uint32_t   *strm;
+} kept_slot;
+
+static bool slot_keep(const kvc_unified *c, kept_slot *k) {
+    k->slot = c->slot;
+    k->scat = c->scatter;
+    k->idx = kvc_malloc_n(k->slot.n ? k->slot.n : 1, sizeof *k->idx);
+    k->strm = kvc_malloc_n(c->n_stream, sizeof *k->strm);
+    if (!k->idx || !k->strm) {
+        kvc_free(k->idx);
+        kvc_free(k->strm);
+        return false;
+    }
+    memcpy(k->idx, k->scat.idx, (size_t)k->slot.n * sizeof *k->idx);
+    memcpy(k->strm, k->scat.strm, (size_t)c->n_stream * sizeof *k->strm);
+    return true;
+}
+
+/* The kept placement current again; k released. */
+static void slot_back(kvc_unified *c, kept_slot *k) {
+    memcpy(c->scatter.idx, k->idx, (size_t)k->slot.n * sizeof *k->idx);
+    memcpy(c->scatter.strm, k->strm, (size_t)c->n_stream * sizeof *k->strm);
+    c->scatter.n_groups = k->scat.n_groups;
+    c->scatter.n_seq_tokens = k->scat.n_seq_tokens;
+    c->slot = k->slot;
+    kvc_free(k->idx);
+    kvc_free(k->strm);
+}
+
+/* kvc_unified_state_try_place_2026 of one section into a sequence that holds no cell: the read's
+ * removal changes nothing, and its placement takes the cells the search finds (it changes nothing
+ * the search reads), so the dry run is the search alone: O(the cells searched), no copy of the
+ * stream. The placement the cache had stays current. */
+static int search_empty(kvc_unified *c, int32_t seq_id, const kvc_state_sec *sec, bool evict, int32_t *cells,
+                        uint32_t *failed, uint32_t *used) {
+    const uint32_t st = kvc_unified_stream_of(c, seq_id);
+    *failed = 0;
+    if (sec->cell_count == 0) {
+        *used = taken(c, st);
+        return 1;
+    }
+    kept_slot kept;
+    if (!slot_keep(c, &kept)) {
+        return KVC_E_NOMEM;
+    }
+    read_ubatch r;
+    read_ubatch_init(&r, seq_id, sec->cell_count, sec->pos);
+    const int found = kvc_unified_search_2026(c, &r.ub, evict, cells, NULL);
+    *used = taken(c, st);
+    slot_back(c, &kept);
+    return found;
+}
+
 int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_state_sec *secs, uint32_t n_sec,
                                      bool evict, int32_t *cells, uint32_t *failed, uint32_t *used) {
     const uint32_t st = kvc_unified_stream_of(c, seq_id);
@@ -139,9 +221,11 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
             return 1;
         }
     }
+    if (n_sec == 1 && kvc_unified_stream_cells_c(c, st)->seq_pos[seq_id].n == 0) {
+        return search_empty(c, seq_id, &secs[0], evict, cells, failed, used);
+    }
     kvc_cells saved;
-    const kvc_slot slot = c->slot;
-    const kvc_scatter scat = c->scatter;
+    kept_slot kept;
     const uint32_t head = kvc_unified_stream_head_c(c, st);
     /* with prefix reuse, what the dry run's placements change besides the cells: the sequence's
      * lock on the prefix it is attached to (the removal lets it go, so that placement may evict
@@ -150,19 +234,18 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
     const size_t size = c->cells.size;
     const kvc_prefix_handle lock = reuse ? reuse->lock[seq_id] : (kvc_prefix_handle){ 0, 0 };
     kvc_reuse_cell *rec = reuse ? kvc_malloc_n(size, sizeof *rec) : NULL;
-    int32_t *idx = kvc_malloc_n(slot.n ? slot.n : 1, sizeof *idx);
-    uint32_t *strm = kvc_malloc_n(c->n_stream, sizeof *strm);
-    if (!idx || !strm || (reuse && !rec) || kvc_cells_snapshot(&saved, kvc_unified_stream_cells(c, st)) != KVC_OK) {
-        kvc_free(idx);
-        kvc_free(strm);
+    if ((reuse && !rec) || !slot_keep(c, &kept)) {
+        kvc_free(rec);
+        return KVC_E_NOMEM;
+    }
+    if (kvc_cells_snapshot(&saved, kvc_unified_stream_cells(c, st)) != KVC_OK) {
+        slot_back(c, &kept);
         kvc_free(rec);
         return KVC_E_NOMEM;
     }
     if (reuse) {
         memcpy(rec, reuse->rec + (size_t)st * size, size * sizeof *rec);
     }
-    memcpy(idx, scat.idx, (size_t)slot.n * sizeof *idx);
-    memcpy(strm, scat.strm, (size_t)c->n_stream * sizeof *strm);
     /* without evicting, a section that needs eviction is not placed: the next one's removal of
      * the sequence leaves the cells as if it had been, so each is asked of the same cells */
     int found = 1, evicting = 0;
@@ -182,11 +265,7 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
     *used = taken(c, st);
     kvc_cells_copy(kvc_unified_stream_cells(c, st), &saved);
     *kvc_unified_stream_head(c, st) = head;
-    memcpy(c->scatter.idx, idx, (size_t)slot.n * sizeof *idx);
-    memcpy(c->scatter.strm, strm, (size_t)c->n_stream * sizeof *strm);
-    c->scatter.n_groups = scat.n_groups;
-    c->scatter.n_seq_tokens = scat.n_seq_tokens;
-    c->slot = slot;
+    slot_back(c, &kept);
     if (reuse) {
         /* the sequence holds its cells again: its records and its lock back (unless the dry run
          * evicted the prefix: then the index let the cells go, and they are the sequence's alone) */
@@ -197,8 +276,6 @@ int kvc_unified_state_try_place_2026(kvc_unified *c, int32_t seq_id, const kvc_s
         }
     }
     kvc_cells_free(&saved);
-    kvc_free(idx);
-    kvc_free(strm);
     kvc_free(rec);
     return found;
 }

@@ -19,6 +19,11 @@ extern "C" {
  * (kvc_unified_slot_cell tells where), 0 no room, KVC_ROOM_EVICTING (!evict: room only by
  * evicting, nothing placed); c is changed in every case. */
 int kvc_unified_state_place_2026(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos, bool evict);
+/* kvc_unified_state_place_2026 (evicting nothing) into a sequence that holds no cell, placed only
+ * where the search finds exactly the cells want[0, cc) (its dry run's): 1 placed, 0 not (nothing
+ * changed: the cells differ, or the sequence holds cells). */
+int kvc_unified_state_place_2026_at(kvc_unified *c, int32_t seq_id, uint32_t cc, const int32_t *pos,
+                                    const int32_t *want);
 /* After kvc_unified_state_place_2026 placed cc cells in stream `stream`: the saved extensions
  * ext[0, cc) (token order; NULL: none saved, the cells keep what the placement gave them) into
  * the cells it placed, as a sequence's state read puts them back. No-op for a cache without the

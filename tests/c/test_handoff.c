@@ -5,7 +5,8 @@
  * change, and allocation failures at every point of begin leave nothing behind. Each for a cache of semantics 2025, and of 2026 with one stream and
  * with a stream per sequence, each of these with the per-cell extension too (the ubatches give
  * token ids and 2-D positions: the import's cells get the source cells' x, y and token id; a
- * change of an extension alone between begin and commit is refused). */
+ * change of an extension alone between begin and commit is refused); and an import into a
+ * sequence that holds no cell, which today's cache checks without a copy of itself. */
 #include "kvc_handoff.h"
 #include "kvc_le.h"
 #include "kvc_state.h"
@@ -131,6 +132,21 @@ static void copy_all(const kvc_handoff_export *e, const cache *src, kvc_handoff_
     free(buf);
 }
 
+/* Sequence 1 of src read into ref from its state (the layout of mode m), as the reference an
+ * import of it is compared with. */
+static void state_read_of(cache *src, cache *ref, enum mode m) {
+    const unsigned lay = layout_of(m);
+    size_t n = kvc_unified_state_size_lay(&src->c, 1, lay), w = 0, used = 0;
+    uint8_t *blob = malloc(n);
+    kvc_err err = { 0, "" };
+    REQUIRE(blob && kvc_unified_state_write_range_lay(&src->c, 1, lay, 0, blob, n, &w) == KVC_OK && w == n,
+            "state_write");
+    kvc_unified *parts[1] = { &ref->c };
+    CHECK(kvc_unified_state_read_parts_lay(parts, 1, 1, blob, n, 0, lay, &used, NULL, &err) == KVC_OK,
+          "%s: state_read: %s", MODE_NAME[m], err.msg);
+    free(blob);
+}
+
 static void equals_state_read(enum mode m) {
     trio t;
     trio_init(&t, m);
@@ -160,14 +176,7 @@ static void equals_state_read(enum mode m) {
     CHECK(ns == e.cell_count && nd == ns, "%s: %u and %u cells", MODE_NAME[m], ns, nd);
     CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_OK, "commit: %s", err.msg);
     CHECK(dst->c.imports == 0, "a committed import is not counted: %u", dst->c.imports);
-    const unsigned lay = layout_of(m);
-    size_t n = kvc_unified_state_size_lay(&src->c, 1, lay), w = 0, used = 0;
-    uint8_t *blob = malloc(n);
-    REQUIRE(blob && kvc_unified_state_write_range_lay(&src->c, 1, lay, 0, blob, n, &w) == KVC_OK && w == n,
-            "state_write");
-    kvc_unified *parts[1] = { &ref->c };
-    CHECK(kvc_unified_state_read_parts_lay(parts, 1, 1, blob, n, 0, lay, &used, NULL, &err) == KVC_OK,
-          "%s: state_read: %s", MODE_NAME[m], err.msg);
+    state_read_of(src, ref, m);
     CHECK(same(dst, ref), "%s: the import differs from the state read", MODE_NAME[m]);
     if (has_ext(m)) {
         /* destination cell k has the x, y and token id of source cell k, not all defaults */
@@ -182,7 +191,6 @@ static void equals_state_read(enum mode m) {
         CHECK(k == e.cell_count && set == e.cell_count, "%s: %u of %u extensions carried, %u set", MODE_NAME[m], k,
               e.cell_count, set);
     }
-    free(blob);
     kvc_handoff_export_free(&e);
     trio_free(&t);
 }
@@ -281,11 +289,87 @@ static void truncations_and_allocation_failures(enum mode m) {
     trio_free(&t);
 }
 
+/* A change made behind the bridge's back while an import into an empty sequence is under way. */
+enum change { RM_OTHER, SHIFT_OTHER, PLACE_OTHER, N_CHANGES };
+
+static void change_cache(cache *t, enum mode m, enum change ch) {
+    if (ch == RM_OTHER) {
+        kvc_unified_seq_rm(&t->c, 2, -1, -1);
+    } else if (ch == SHIFT_OTHER) {
+        kvc_unified_seq_add(&t->c, 0, 0, -1, 3);
+    } else {
+        const int32_t p0 = 40, s = 2;
+        const uint32_t off[2] = { 0, 1 };
+        const kvc_ubatch ub = { 1, 1, 1, &p0, off, &s, NULL, NULL, NULL };
+        REQUIRE((m == SEED ? kvc_unified_find_slot(&t->c, &ub) : kvc_unified_find_slot_2026(&t->c, &ub, NULL)) == 1,
+                "placing a token");
+        if (m == SEED) {
+            kvc_unified_commit(&t->c);
+        }
+    }
+}
+
+/* An import into a sequence that holds no cell (a new request's: the prefix store's and a
+ * decoding server's case), which today's cache checks at commit by the streams' change logs, not
+ * a copy of the cache: begin changes nothing; the commit equals a state read of the sequence;
+ * every change behind the bridge's back between begin and commit is refused, changing nothing;
+ * a placement asked for other cells than the dry run's changes nothing; allocation failures in
+ * begin leave nothing behind. */
+static void into_an_empty_sequence(enum mode m) {
+    for (int ch = -1; ch < N_CHANGES; ch++) {
+        trio t;
+        trio_init(&t, m);
+        cache *src = &t.src, *dst = &t.dst, *ref = &t.twin;
+        kvc_unified_seq_rm(&dst->c, 1, -1, -1);
+        kvc_unified_seq_rm(&ref->c, 1, -1, -1);
+        kvc_err err;
+        kvc_handoff_export e;
+        REQUIRE(kvc_handoff_export_make(&src->c, 1, &e, &err) == KVC_OK, "export: %s", err.msg);
+        kvc_handoff_import imp;
+        REQUIRE(kvc_handoff_import_begin(&dst->c, 1, e.header, e.header_len, &imp, &err) == KVC_OK, "%s: begin: %s",
+                MODE_NAME[m], err.msg);
+        CHECK(same(dst, ref), "%s: begin changed the cache", MODE_NAME[m]);
+        CHECK((imp.marks != NULL) == (m != SEED), "%s: marks %p", MODE_NAME[m], (void *)imp.marks);
+        if (ch >= 0) {
+            change_cache(dst, m, (enum change)ch);
+            change_cache(ref, m, (enum change)ch);
+            CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_E_STATE && imp.active && strstr(err.msg, "changed"),
+                  "%s: commit after change %d: %s", MODE_NAME[m], ch, err.msg);
+            kvc_handoff_import_abort(&imp);
+            CHECK(same(dst, ref), "%s: a refused commit after change %d changed the cache", MODE_NAME[m], ch);
+        } else {
+            copy_all(&e, src, &imp);
+            CHECK(kvc_handoff_import_commit(&imp, &err) == KVC_OK, "%s: commit: %s", MODE_NAME[m], err.msg);
+            state_read_of(src, ref, m);
+            CHECK(same(dst, ref), "%s: the import into an empty sequence differs from the state read", MODE_NAME[m]);
+            if (m != SEED) {
+                /* a placement on cells other than the dry run's is refused without a change */
+                kvc_unified_seq_rm(&dst->c, 1, -1, -1);
+                kvc_unified_seq_rm(&ref->c, 1, -1, -1);
+                int32_t pos[4] = { 0, 1, 2, 3 }, want[4] = { 60, 61, 62, 0 };
+                CHECK(kvc_unified_state_place_2026_at(&dst->c, 1, 4, pos, want) == 0 && same(dst, ref),
+                      "%s: a placement on other cells", MODE_NAME[m]);
+            }
+            for (int k = 1; k < 64; k++) {
+                kvc_fail_alloc_after = k;
+                const int rc = kvc_handoff_import_begin(&dst->c, 1, e.header, e.header_len, &imp, &err);
+                kvc_fail_alloc_after = 0;
+                CHECK(rc == KVC_OK || (rc == KVC_E_NOMEM && !imp.active), "%s: allocation %d: %d", MODE_NAME[m], k, rc);
+                kvc_handoff_import_abort(&imp);
+            }
+            CHECK(same(dst, ref), "%s: a failed or aborted begin changed the cache", MODE_NAME[m]);
+        }
+        kvc_handoff_export_free(&e);
+        trio_free(&t);
+    }
+}
+
 int main(void) {
     for (int m = 0; m < N_MODES; m++) {
         equals_state_read((enum mode)m);
         changed_cache_and_abort((enum mode)m);
         truncations_and_allocation_failures((enum mode)m);
+        into_an_empty_sequence((enum mode)m);
     }
     printf("test_handoff: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
