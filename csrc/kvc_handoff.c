@@ -354,11 +354,15 @@ static uint32_t longest_free_run(const kvc_cells *cells) {
 }
 
 /* The placement of a single-sequence state read: the destination sequence removed, then the
- * cells placed as one ubatch of its positions. 1 placed, 0 no room, KVC_E_NOMEM. */
-static int place(kvc_unified *c, const kvc_handoff_import *imp, uint32_t *longest) {
+ * cells placed as one ubatch of its positions. 1 placed, 0 no room, KVC_E_NOMEM. dry (not NULL):
+ * into a sequence that holds no cell, the placement undone at once, its cells into dry. */
+static int place(kvc_unified *c, const kvc_handoff_import *imp, uint32_t *longest, int32_t *dry) {
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { imp->seq_id };
     const kvc_ubatch ub = { imp->cell_count, imp->cell_count, 1, imp->pos, seq_off, seq_ids, NULL, NULL, NULL };
+    if (dry) {
+        return kvc_unified_find_slot_2025_dry(c, &ub, dry, NULL);
+    }
     kvc_unified_seq_rm(c, imp->seq_id, -1, -1);
     if (longest) {
         *longest = longest_free_run(&c->cells);
@@ -443,16 +447,28 @@ int kvc_handoff_reserve_2025(kvc_unified *c, kvc_handoff_import *imp, bool evict
     if (cc == 0) {
         return KVC_OK;
     }
-    kvc_unified_snapshot snap;
-    if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
-        return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
-    }
-    c->defrag_pending = false;
     uint32_t longest = 0;
-    const int found = place(c, imp, &longest);
-    const int rc = found == 1 ? runs_of_slot(c, imp) : found;
-    kvc_unified_snapshot_restore(c, &snap);
-    kvc_unified_snapshot_free(&snap);
+    int found;
+    if (kvc_unified_seq_pos_max(c, imp->seq_id) < 0) {
+        /* a sequence that holds no cell: its removal changes nothing, and the placement is
+         * undone from the undo log (O(the cells placed), no copy of the cache) */
+        int32_t *cells = kvc_malloc_n(cc, sizeof *cells);
+        found = cells ? place(c, imp, NULL, cells) : KVC_E_NOMEM;
+        found = found == 1 && runs_of_cells(cells, cc, imp) != KVC_OK ? KVC_E_NOMEM : found;
+        longest = found == 0 ? longest_free_run(&c->cells) : 0;
+        kvc_free(cells);
+    } else {
+        kvc_unified_snapshot snap;
+        if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory importing %" PRIu32 " cells", cc);
+        }
+        c->defrag_pending = false;
+        found = place(c, imp, &longest, NULL);
+        found = found == 1 && runs_of_slot(c, imp) != KVC_OK ? KVC_E_NOMEM : found;
+        kvc_unified_snapshot_restore(c, &snap);
+        kvc_unified_snapshot_free(&snap);
+    }
+    const int rc = found < 0 ? found : KVC_OK;
     if (found == 0) {
         const uint32_t missing = cc > longest ? cc - longest : 0;
         return kvc_err_set(err, KVC_E_STATE, "no room: %" PRIu32 " cells missing (sequence %" PRId32
@@ -653,13 +669,25 @@ static int import_begin_parts(kvc_unified *const *cs, uint32_t n, int32_t seq_id
     return rc;
 }
 
-bool kvc_handoff_save_2025(kvc_handoff_import *imp) {
-    return kvc_unified_snapshot_take(imp->c, &imp->snap) == KVC_OK;
-}
-
-/* The fields of the cache besides its cells that the commit's check compares, into the snapshot
- * (which then holds no cells). */
-static void save_scalars(const kvc_unified *c, kvc_unified_snapshot *s) {
+/* For an import into a sequence that holds no cell, whose commit places it only on the reserved
+ * cells or changes nothing (nothing to put back): each stream's mark, and the fields of the cache
+ * besides its cells that the commit's check compares, into the snapshot (which holds no cells
+ * then). 1 saved, 0 the sequence holds cells (nothing saved), -1 out of memory. */
+static int save_marks(kvc_handoff_import *imp) {
+    const kvc_unified *c = imp->c;
+    if (kvc_unified_seq_pos_max(c, imp->seq_id) >= 0) {
+        return 0;
+    }
+    imp->marks = kvc_malloc_n(c->n_stream, sizeof *imp->marks);
+    if (!imp->marks) {
+        return -1;
+    }
+    for (uint32_t k = 0; k < c->n_stream; k++) {
+        const kvc_cells *t = kvc_unified_stream_cells_c(c, k);
+        const kvc_handoff_mark m = { t->chg_epoch, t->chg_n, kvc_unified_stream_head_c(c, k), t->has_shift };
+        imp->marks[k] = m;
+    }
+    kvc_unified_snapshot *s = &imp->snap;
     s->head = c->head;
     s->n = c->n;
     s->slot = c->slot;
@@ -667,25 +695,21 @@ static void save_scalars(const kvc_unified *c, kvc_unified_snapshot *s) {
     s->undo.n_cells = c->undo.n_cells;
     s->do_defrag = c->do_defrag;
     s->defrag_pending = c->defrag_pending;
+    return 1;
+}
+
+bool kvc_handoff_save_2025(kvc_handoff_import *imp) {
+    imp->n_copies = imp->c->n_copies;
+    const int marked = save_marks(imp);
+    return marked ? marked > 0 : kvc_unified_snapshot_take(imp->c, &imp->snap) == KVC_OK;
 }
 
 bool kvc_handoff_save_2026(kvc_handoff_import *imp) {
     const kvc_unified *c = imp->c;
     imp->n_copies = c->n_copies;
-    if (kvc_unified_seq_pos_max(c, imp->seq_id) < 0) {
-        /* the commit places the sequence where the search finds the reserved cells, or not at
-         * all (kvc_handoff_place_2026): nothing to put back, marks to check */
-        imp->marks = kvc_malloc_n(c->n_stream, sizeof *imp->marks);
-        if (!imp->marks) {
-            return false;
-        }
-        for (uint32_t k = 0; k < c->n_stream; k++) {
-            const kvc_cells *t = kvc_unified_stream_cells_c(c, k);
-            const kvc_handoff_mark m = { t->chg_epoch, t->chg_n, kvc_unified_stream_head_c(c, k), t->has_shift };
-            imp->marks[k] = m;
-        }
-        save_scalars(c, &imp->snap);
-        return true;
+    const int marked = save_marks(imp);
+    if (marked) {
+        return marked > 0;
     }
     if (kvc_unified_snapshot_take(c, &imp->snap) != KVC_OK) {
         return false;
@@ -817,9 +841,15 @@ int kvc_handoff_place_2025(kvc_handoff_import *imp, kvc_err *err) {
         return KVC_OK;
     }
     /* the same search on the same cells as the dry run: the same cells, no allocation */
-    const int found = place(c, imp, NULL);
+    kvc_unified_mark mark;
+    kvc_unified_mark_take(c, &mark);
+    const int found = place(c, imp, NULL, NULL);
     if (found != 1 || !same_runs(c, imp)) {
-        kvc_unified_snapshot_restore(c, &imp->snap);
+        if (imp->marks && found == 1) {
+            (void)kvc_unified_rewind(c, &mark);   /* the sequence held no cell: the placement undone */
+        } else if (!imp->marks) {
+            kvc_unified_snapshot_restore(c, &imp->snap);
+        }
         return kvc_err_set(err, found < 0 ? found : KVC_E_INTERNAL, "the placement differs from the dry run's");
     }
     kvc_unified_commit(c);

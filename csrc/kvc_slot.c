@@ -171,6 +171,23 @@ int kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub) {
     return c->ops->find_slot(c, ub, NULL);
 }
 
+int kvc_unified_find_slot_2025_dry(kvc_unified *c, const kvc_ubatch *ub, int32_t *out, uint32_t *head) {
+    kvc_unified_mark mark;
+    kvc_unified_mark_take(c, &mark);
+    const bool pending = c->defrag_pending;
+    c->defrag_pending = false;   /* (a placement undone must not settle a pending defrag either) */
+    const int found = kvc_unified_find_slot_2025(c, ub, NULL);
+    if (found == 1 && out) {
+        kvc_unified_slot_cells(c, out);
+    }
+    if (head) {
+        *head = c->head;
+    }
+    (void)kvc_unified_rewind(c, &mark);   /* (also the head a failed search moved) */
+    c->defrag_pending = pending;
+    return found;
+}
+
 int kvc_unified_find_slot_2025_parts(kvc_unified *const *cs, uint32_t n, const kvc_ubatch *ub, int *found,
                                      kvc_err *err) {
     kvc_unified_mark marks[KVC_STATE_MAX_PARTS];

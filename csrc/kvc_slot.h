@@ -18,6 +18,11 @@ int     kvc_unified_find_slot(kvc_unified *c, const kvc_ubatch *ub);
  * moved, as the seed's; nothing is placed then), KVC_E_NOMEM (nothing changed). err is not
  * used (the table's signature). */
 int     kvc_unified_find_slot_2025(kvc_unified *c, const kvc_ubatch *ub, kvc_err *err);
+/* The seed's find_slot of ub undone at once from the undo log (O(the cells placed), no copy of
+ * the cache): nothing changes, a pending defrag is not settled. 1 room (the cells it takes into
+ * out, n_tokens in token order, when not NULL), 0 no room, KVC_E_NOMEM; *head (when not NULL)
+ * where the search left the head. The dry run of a placement for a sequence that holds no cell. */
+int     kvc_unified_find_slot_2025_dry(kvc_unified *c, const kvc_ubatch *ub, int32_t *out, uint32_t *head);
 /* The seed's find_slot into each of the n (1..KVC_STATE_MAX_PARTS) caches cs in turn (an iSWA
  * pair): found[k] whether cache k found room; 1 when all did, else 0 (the placements that
  * were made stay, for restore to undo). An error (KVC_E_NOMEM) of cache k rewinds the caches

@@ -76,15 +76,23 @@ static void apply_whole(kvc_unified *c, const kvc_state_plan *plan) {
 
 /* Single sequence, as the reference restores one: remove the destination sequence, then let the
  * slot search place the state's cells as one ubatch of cell_count tokens of seq_id. Returns 1
- * when placed (at c->head), 0 when there is no room, KVC_E_NOMEM; c is changed in every case. */
-static int place_cells(kvc_unified *c, int32_t seq_id, const kvc_state_sec *ps) {
+ * when placed (at *head, c->head), 0 when there is no room, KVC_E_NOMEM; c is changed in every
+ * case. dry (a sequence that holds no cell, whose removal changes nothing): the placement undone
+ * at once (kvc_unified_find_slot_2025_dry), c unchanged. */
+static int place_cells(kvc_unified *c, int32_t seq_id, const kvc_state_sec *ps, bool dry, uint32_t *head) {
     const uint32_t cc = ps->cell_count;
     const uint32_t seq_off[2] = { 0, 1 };
     const int32_t seq_ids[1] = { seq_id };
     const kvc_ubatch ub = { cc, cc, 1, ps->pos, seq_off, seq_ids, NULL, NULL, NULL };
-    kvc_unified_seq_rm(c, seq_id, -1, -1);
-    const int found = kvc_unified_find_slot(c, &ub);
-    if (found == 1 && c->head + cc > c->cells.size) {
+    int found;
+    if (dry) {
+        found = kvc_unified_find_slot_2025_dry(c, &ub, NULL, head);
+    } else {
+        kvc_unified_seq_rm(c, seq_id, -1, -1);
+        found = kvc_unified_find_slot(c, &ub);
+        *head = c->head;
+    }
+    if (found == 1 && *head + cc > c->cells.size) {
         return KVC_E_INTERNAL; /* find_slot places a ubatch as one run at head */
     }
     return found;
@@ -101,15 +109,20 @@ static int check_room(kvc_unified *c, const kvc_state_plan *plan, bool evict, kv
     if (cc == 0) {
         return KVC_OK;
     }
-    if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
-        return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
+    int found;
+    uint32_t head = 0;
+    if (kvc_unified_seq_pos_max(c, plan->seq_id) < 0) {
+        found = place_cells(c, plan->seq_id, ps, true, &head);   /* no copy of the cache */
+    } else {
+        if (kvc_unified_snapshot_take(c, &snap) != KVC_OK) {
+            return kvc_err_set(err, KVC_E_NOMEM, "out of memory restoring %" PRIu32 " cells", cc);
+        }
+        /* the dry run is undone: it must not settle a pending defrag (move rows) either */
+        c->defrag_pending = false;
+        found = place_cells(c, plan->seq_id, ps, false, &head);
+        kvc_unified_snapshot_restore(c, &snap);
+        kvc_unified_snapshot_free(&snap);
     }
-    /* the dry run is undone: it must not settle a pending defrag (move rows) either */
-    c->defrag_pending = false;
-    const int found = place_cells(c, plan->seq_id, ps);
-    const uint32_t head = c->head;
-    kvc_unified_snapshot_restore(c, &snap);
-    kvc_unified_snapshot_free(&snap);
     if (found == 1) {
         return KVC_OK;
     }
@@ -143,7 +156,8 @@ int kvc_state_apply_2025(kvc_unified *c, const kvc_state_plan *plan) {
         return KVC_OK;
     }
     /* the same search on the same cells as the prepare's dry run: same slot, no allocation */
-    const int found = place_cells(c, plan->seq_id, sec);
+    uint32_t head;
+    const int found = place_cells(c, plan->seq_id, sec, false, &head);
     if (found != 1) {
         return found < 0 ? found : KVC_E_INTERNAL;
     }

@@ -798,6 +798,15 @@ static void test_seq_placement(void) {
         CHECK(get_u32_at(blob.p) > 2, "needs a run");
         expect_fail(&f, 1, blob.p, blob.n, KVC_E_STATE, "no room", "no room");
         CHECK(kvc_unified_seq_pos_min(&f.c, 1) == 21 && kvc_unified_seq_pos_max(&f.c, 1) == 63, "destination kept");
+        /* into a sequence that holds no cell (its dry run undone from the undo log): the same;
+         * with every other cell free, far fewer used than the head, the failed search starts
+         * from cell 0 (the seed moves its head there): the head is put back too */
+        expect_fail(&f, 2, blob.p, blob.n, KVC_E_STATE, "no room", "no room in an empty sequence");
+        kvc_unified_seq_rm(&f.c, 1, -1, -1);
+        f.c.head = g.size - 4;   /* (where a placement at the end leaves it) */
+        CHECK(get_u32_at(blob.p) < 16 && f.c.head > f.c.cells.used + 2 * get_u32_at(blob.p),
+              "the search would start from 0: head %u, %u used", f.c.head, f.c.cells.used);
+        expect_fail(&f, 2, blob.p, blob.n, KVC_E_STATE, "no room", "no room in an empty sequence, head moved");
         buf_free(&blob);
         tc_free(&f);
     }
