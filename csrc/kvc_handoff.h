@@ -73,8 +73,8 @@ void     kvc_handoff_gather(const kvc_unified *c, uint32_t stream, const kvc_run
 void     kvc_handoff_scatter(kvc_unified *c, uint32_t stream, const kvc_run *runs, uint32_t n_runs,
                              const uint8_t *src);
 
-/* Where a stream stood when an import into a sequence holding no cell began (2026), which its
- * commit checks in place of a copy of the cells: every change of a cell's position, sequences or
+/* Where a stream stood when an import into a sequence holding no cell began, which its commit
+ * checks in place of a copy of the cells: every change of a cell's position, sequences or
  * extension is in the table's change log (kvc_cells: chg_epoch, chg_n), a shift reset in
  * has_shift. */
 typedef struct kvc_handoff_mark {
@@ -100,8 +100,8 @@ typedef struct kvc_handoff_import {
                                  * are snap's, strms[0] unused) */
     uint32_t    *heads;         /* 2026: [n_strms] their heads */
     uint32_t     n_strms, n_copies; /* 2026: streams copied (0 for 2025), queued stream copies */
-    kvc_handoff_mark *marks;    /* 2026 into a sequence that held no cell: [c->n_stream] (owned); then
-                                 * snap holds no cells and strms nothing */
+    kvc_handoff_mark *marks;    /* into a sequence that held no cell: [c->n_stream] (owned); then snap
+                                 * holds no cells and strms nothing */
     bool         active;
 } kvc_handoff_import;
 
@@ -151,10 +151,10 @@ void kvc_handoff_import_abort(kvc_handoff_import *imp);
  * cells are missing) or KVC_E_NOMEM. */
 int  kvc_handoff_reserve_2025(kvc_unified *c, kvc_handoff_import *imp, bool evict, kvc_err *err);
 int  kvc_handoff_reserve_2026(kvc_unified *c, kvc_handoff_import *imp, bool evict, kvc_err *err);
-/* What the import keeps for its commit's check: the seed's, a snapshot of the cache (its one
- * stream); today's, into a sequence that holds no cell, each stream's mark (kvc_handoff_mark)
- * and the queued stream copies, else a snapshot of the cache and every other stream's cells and
- * heads. false: out of memory (what was kept is released with the import). */
+/* What the import keeps for its commit's check: into a sequence that holds no cell, each stream's
+ * mark (kvc_handoff_mark); else a snapshot of the cache (the seed's one stream; today's also every
+ * other stream's cells and heads); and the queued stream copies. false: out of memory (what was
+ * kept is released with the import). */
 bool kvc_handoff_save_2025(kvc_handoff_import *imp);
 bool kvc_handoff_save_2026(kvc_handoff_import *imp);
 /* The commit's placement, the reserved cells again: KVC_OK, or an error with err and the cache

@@ -442,11 +442,12 @@ static uint32_t evict_walk(kvc_prefix *idx, uint64_t want) {
 
 /* --- the public functions ---------------------------------------------------------------------- */
 
-uint32_t kvc_prefix_evictable_in(const kvc_prefix *idx, uint32_t st, uint32_t size, const uint64_t *busy,
-                                 uint64_t need) {
+/* kvc_prefix_evictable_in over the list from node `from` on. */
+static uint32_t evictable_from(const kvc_prefix *idx, uint32_t from, uint32_t st, uint32_t size, const uint64_t *busy,
+                               uint64_t need) {
     /* the list holds exactly the unprotected nodes, and evicting them all lets go of all their cells */
     uint64_t k = 0;
-    for (uint32_t i = idx->nodes[NIL].lru_next; i != NIL && k < need; i = idx->nodes[i].lru_next) {
+    for (uint32_t i = from; i != NIL && k < need; i = idx->nodes[i].lru_next) {
         const kvc_prefix_node *n = &idx->nodes[i];
         for (uint32_t t = 0; t < n->len; t++) {
             const uint32_t cell = n->cell[t];
@@ -454,6 +455,39 @@ uint32_t kvc_prefix_evictable_in(const kvc_prefix *idx, uint32_t st, uint32_t si
         }
     }
     return (uint32_t)(k < need ? k : need);
+}
+
+uint32_t kvc_prefix_evictable_in(const kvc_prefix *idx, uint32_t st, uint32_t size, const uint64_t *busy,
+                                 uint64_t need) {
+    return evictable_from(idx, idx->nodes[NIL].lru_next, st, size, busy, need);
+}
+
+static inline uint32_t dry_next(const kvc_prefix *idx, const kvc_prefix_dry *d) {
+    return d->next == KVC_PREFIX_DRY_START ? idx->nodes[NIL].lru_next : d->next;
+}
+
+uint32_t kvc_prefix_dry_evict(const kvc_prefix *idx, kvc_prefix_dry *d, uint32_t n_cells,
+                              void (*fn)(void *ctx, uint32_t cell, uint32_t strm), void *ctx) {
+    /* evict_walk's walk, taking nothing */
+    uint32_t got = 0, i = dry_next(idx, d);
+    for (; i != NIL && got < n_cells; i = idx->nodes[i].lru_next) {
+        const kvc_prefix_node *n = &idx->nodes[i];
+        if (n->on_path) {
+            continue;
+        }
+        got += n->len;
+        for (uint32_t k = 0; k < n->len; k++) {
+            fn(ctx, n->cell[k], n->strm[k]);
+        }
+    }
+    d->next = i;
+    d->n_taken += got;
+    return got;
+}
+
+uint32_t kvc_prefix_dry_evictable_in(const kvc_prefix *idx, const kvc_prefix_dry *d, uint32_t st, uint32_t size,
+                                     const uint64_t *busy, uint64_t need) {
+    return evictable_from(idx, dry_next(idx, d), st, size, busy, need);
 }
 
 int kvc_prefix_init(kvc_prefix *idx, uint32_t n_stream, uint32_t n_cells, uint32_t cap, kvc_err *err) {

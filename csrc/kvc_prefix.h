@@ -251,6 +251,26 @@ static inline uint32_t kvc_prefix_n_nodes(const kvc_prefix *idx) { return idx->n
 uint32_t kvc_prefix_evictable_in(const kvc_prefix *idx, uint32_t st, uint32_t size, const uint64_t *busy,
                                  uint64_t need);
 
+/* Eviction without evicting, for a dry run (the index unchanged): the order kvc_prefix_evict
+ * takes nodes in is the list of unprotected nodes, oldest first, and taking one changes nothing
+ * of the order of the rest, so a cursor in that list stands for the evictions so far. */
+typedef struct kvc_prefix_dry {
+    uint32_t next;        /* the node the next eviction takes first (KVC_PREFIX_DRY_START: the oldest) */
+    uint64_t n_taken;     /* cells of the nodes taken so far */
+} kvc_prefix_dry;
+#define KVC_PREFIX_DRY_START UINT32_MAX
+/* What kvc_prefix_evict(n_cells) would free after the evictions d stands for: the nodes it takes,
+ * each one's cells passed to fn(ctx, cell, stream) in the order kvc_prefix_freed would list them;
+ * d advanced past them. Returns the cells taken. */
+uint32_t kvc_prefix_dry_evict(const kvc_prefix *idx, kvc_prefix_dry *d, uint32_t n_cells,
+                              void (*fn)(void *ctx, uint32_t cell, uint32_t strm), void *ctx);
+/* kvc_prefix_evictable_in after the evictions d stands for; kvc_prefix_n_evictable less d's. */
+uint32_t kvc_prefix_dry_evictable_in(const kvc_prefix *idx, const kvc_prefix_dry *d, uint32_t st, uint32_t size,
+                                     const uint64_t *busy, uint64_t need);
+static inline uint64_t kvc_prefix_dry_n_evictable(const kvc_prefix *idx, const kvc_prefix_dry *d) {
+    return (uint64_t)idx->n_evictable - d->n_taken;
+}
+
 /* KVC_OK when every invariant holds (each cell held once and placed right, parents, children
  * and the child table agree, protection counts add up, the LRU list holds exactly the
  * unprotected nodes, each after its children, the counters match); KVC_E_INTERNAL with err

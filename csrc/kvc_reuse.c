@@ -424,7 +424,8 @@ static uint32_t takeable(const kvc_unified *c, uint32_t st, uint32_t n_known_fre
  * those frees nothing; pinned or locked held cells are not evicted).
  * Window mode: whether the `usable` cells a search could take (UINT32_MAX: not known, then true),
  * with every held cell no live sequence holds (evicted, or demoted to a ghost), reach n. */
-static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t have, uint32_t usable) {
+static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t have, uint32_t usable,
+                          const kvc_reuse_dry *d) {
     const kvc_reuse *r = c->reuse;
     if (r->n_ghost) {
         return usable == UINT32_MAX || usable >= n || (uint64_t)usable + kvc_reuse_held_free(c, st, n - usable) >= n;
@@ -432,17 +433,20 @@ static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_
     if (have >= n) {
         return true;
     }
-    if ((uint64_t)have + kvc_prefix_n_evictable(&r->idx) < n) {
+    const kvc_prefix_dry none = { KVC_PREFIX_DRY_START, 0 };
+    const kvc_prefix_dry *ev = d ? &d->ev : &none;
+    if ((uint64_t)have + kvc_prefix_dry_n_evictable(&r->idx, ev) < n) {
         return false;
     }
     /* of the evictable cells, those of the stream that no live sequence holds too */
     const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
-    return (uint64_t)have + kvc_prefix_evictable_in(&r->idx, st, tab->size, tab->used_bits, (uint64_t)n - have) >= n;
+    return (uint64_t)have + kvc_prefix_dry_evictable_in(&r->idx, ev, st, tab->size, tab->used_bits,
+                                                        (uint64_t)n - have) >= n;
 }
 
 bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free,
                              uint32_t n_usable) {
-    return c->reuse && room_possible(c, st, n, takeable(c, st, n_known_free, n_usable), n_usable);
+    return c->reuse && room_possible(c, st, n, takeable(c, st, n_known_free, n_usable), n_usable, NULL);
 }
 
 static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint32_t n_usable,
@@ -450,7 +454,7 @@ static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_
     kvc_reuse *r = c->reuse;
     bool any = false;
     uint32_t have = takeable(c, st, n_known_free, n_usable);
-    if (!room_possible(c, st, n, have, n_usable)) {
+    if (!room_possible(c, st, n, have, n_usable, NULL)) {
         /* every evictable cell would not make room: the placement fails, and it evicts nothing
          * (the prefixes stay for the requests that can use them) */
         if (have_out) {
@@ -482,6 +486,80 @@ static bool make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_
         *have_out = have;
     }
     return any;
+}
+
+bool kvc_reuse_dry_exact(const kvc_unified *c) {
+    return c->reuse && c->reuse->n_ghost == 0 && c->swa_type == KVC_SWA_NONE;
+}
+
+void kvc_reuse_dry_begin(kvc_reuse_dry *d) {
+    const kvc_reuse_dry z = { { KVC_PREFIX_DRY_START, 0 }, NULL, NULL, 0, 0, false };
+    *d = z;
+}
+
+/* What a dry eviction's cells do: each shown free (recorded first), those of stream st the table
+ * has empty counted as room, as make_room counts them. */
+typedef struct dry_freeing {
+    kvc_unified   *c;
+    kvc_reuse_dry *d;
+    uint32_t       st, have;
+} dry_freeing;
+
+static void dry_free_cell(void *ctx, uint32_t cell, uint32_t strm) {
+    dry_freeing *x = ctx;
+    kvc_reuse_dry *d = x->d;
+    if (d->nomem) {
+        return;
+    }
+    if (d->n == d->cap) {
+        const uint32_t cap = d->cap ? 2 * d->cap : 256;
+        uint32_t *c2 = kvc_realloc_n(d->cell, cap, sizeof *c2);
+        if (c2) {
+            d->cell = c2;
+        }
+        uint32_t *s2 = kvc_realloc_n(d->strm, cap, sizeof *s2);
+        if (s2) {
+            d->strm = s2;
+        }
+        if (!c2 || !s2) {
+            d->nomem = true;
+            return;
+        }
+        d->cap = cap;
+    }
+    d->cell[d->n] = cell;
+    d->strm[d->n++] = strm;
+    held_set(x->c->reuse, strm, cell, false);
+    x->have += strm == x->st && kvc_cells_is_empty_bit(kvc_unified_stream_cells_c(x->c, x->st), cell);
+}
+
+int kvc_reuse_dry_make_room(kvc_unified *c, kvc_reuse_dry *d, uint32_t st, uint32_t n, uint32_t n_known_free,
+                            uint32_t n_usable) {
+    kvc_reuse *r = c->reuse;
+    dry_freeing x = { c, d, st, takeable(c, st, n_known_free, n_usable) };
+    if (!room_possible(c, st, n, x.have, n_usable, d)) {
+        return 0;
+    }
+    bool any = false;
+    while (x.have < n && kvc_prefix_dry_n_evictable(&r->idx, &d->ev) > 0) {
+        if (kvc_prefix_dry_evict(&r->idx, &d->ev, n - x.have, dry_free_cell, &x) == 0) {
+            break;
+        }
+        if (d->nomem) {
+            return KVC_E_NOMEM;
+        }
+        any = true;
+    }
+    return any ? 1 : 0;
+}
+
+void kvc_reuse_dry_end(kvc_unified *c, kvc_reuse_dry *d) {
+    for (uint32_t k = 0; k < d->n; k++) {
+        held_set(c->reuse, d->strm[k], d->cell[k], true);
+    }
+    kvc_free(d->cell);
+    kvc_free(d->strm);
+    kvc_reuse_dry_begin(d);
 }
 
 bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_known_free, uint32_t n_usable) {

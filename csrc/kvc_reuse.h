@@ -197,6 +197,25 @@ bool kvc_reuse_room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint
 /* kvc_reuse_make_room, which also says in *have how many cells of the stream are now neither
  * used nor held (n_free must be known). Not in window mode. */
 bool kvc_reuse_make_room_count(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t *have);
+/* Room made by eviction without evicting, for a dry run (kvc_unified_prepare_2026): the cells the
+ * evictions would free are shown free (their held bits cleared) until kvc_reuse_dry_end puts
+ * them back, the index itself untouched (no copy of it). Exact where a placement changes nothing
+ * of the index that a later eviction reads (kvc_reuse_dry_exact: not in window mode, and without
+ * a sliding window, whose placements may overwrite a held cell). */
+typedef struct kvc_reuse_dry {
+    kvc_prefix_dry ev;          /* the evictions so far */
+    uint32_t      *cell, *strm; /* the cells shown free */
+    uint32_t       n, cap;
+    bool           nomem;
+} kvc_reuse_dry;
+bool kvc_reuse_dry_exact(const kvc_unified *c);
+void kvc_reuse_dry_begin(kvc_reuse_dry *d);
+/* kvc_reuse_make_room after the evictions d stands for, evicting nothing: 1 cells shown free
+ * (search again), 0 not, KVC_E_NOMEM (d keeps what it showed). */
+int  kvc_reuse_dry_make_room(kvc_unified *c, kvc_reuse_dry *d, uint32_t st, uint32_t n, uint32_t n_free,
+                             uint32_t n_usable);
+/* Every cell d showed free held again, d released. */
+void kvc_reuse_dry_end(kvc_unified *c, kvc_reuse_dry *d);
 /* Stream st's avail bits (bit w: word w of its cells may hold a cell neither used nor held;
  * every word that holds one has its bit set), brought up to date with the cells its table
  * emptied since the last call. A search that finds a word with no such cell may clear its bit. */

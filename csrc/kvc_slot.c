@@ -789,10 +789,13 @@ int kvc_parts_room(uint32_t n, kvc_part_room_fn *room, void *ctx, uint32_t *fail
 
 /* A dry run must leave the prefix index as it was (held cells, recency, locks, write-back
  * records), yet see the room the real placement's eviction would make, in the cells eviction
- * would free. So it evicts as placement does, from a copy of the index put in the cache's place
- * (*own keeps the cache's own until the end): exact by construction, where treating evictable
- * cells as free would have to redo the index's eviction order. The copy costs O(index) once, and
- * only in a dry run that evicts (or, in window mode, overwrites a held cell). */
+ * would free. Without a sliding window the index shows it (kvc_reuse_dry_make_room: the cells
+ * the evictions would free, in the index's own eviction order, shown free until the end). With
+ * one, whose placements may overwrite held cells (which the index then forgets, changing what a
+ * later eviction takes), the dry run evicts as placement does, from a copy of the index put in
+ * the cache's place (*own keeps the cache's own until the end): exact by construction. The copy
+ * costs O(index) once, and only in a dry run that evicts (or, in window mode, overwrites a held
+ * cell). */
 static bool dry_reuse_copy(kvc_unified *c, kvc_reuse **own) {
     kvc_reuse *copy = kvc_reuse_copy(c);
     if (copy) {
@@ -905,6 +908,10 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
     }
     int placed = 1;
     kvc_reuse *own = NULL;   /* the cache's prefix reuse while the dry run has a copy in its place */
+    /* where the cache's own index can show the room its evictions would make, no copy of it */
+    const bool shows = kvc_reuse_dry_exact(c);
+    kvc_reuse_dry shown;
+    kvc_reuse_dry_begin(&shown);
     if (ok) {
         size_t off = 0;
         for (uint32_t u = 0; u < n_ub && placed == 1; u++) {
@@ -915,7 +922,8 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
                 int room = 1;
                 while (!(placed = kvc_stream_search(c, strm[g], nst, out_cells + off + (size_t)g * nst, &n_free,
                                                     &n_usable)) &&
-                       (room = dry_make_room(c, &own, strm[g], nst, n_free, n_usable)) == 1) {
+                       (room = shows ? kvc_reuse_dry_make_room(c, &shown, strm[g], nst, n_free, n_usable)
+                                     : dry_make_room(c, &own, strm[g], nst, n_free, n_usable)) == 1) {
                 }
                 placed = room < 0 ? room : placed;
             }
@@ -937,6 +945,9 @@ int kvc_unified_prepare_2026(kvc_unified *c, const kvc_ubatch *ubs, uint32_t n_u
         if (own) {
             kvc_reuse_free(c->reuse);
             c->reuse = own;
+        }
+        if (shows) {
+            kvc_reuse_dry_end(c, &shown);
         }
         for (uint32_t s = 0; s < c->n_stream; s++) {
             if (touched[s]) {

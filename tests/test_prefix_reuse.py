@@ -1118,6 +1118,70 @@ def test_prepare_that_fits_only_by_evicting_evicts_nothing():
     c._prefix_check()
 
 
+@pytest.mark.parametrize("kv_unified", [True, False])
+def test_prepare_finds_the_cells_placement_takes_after_evicting(kv_unified):
+    # random caches kept full by the index (prompts released, some attached, some pinned, some
+    # sharing a prefix): whatever prepare answers, it leaves the index and the cells as they were
+    # (held cells, recency, the cells' state), and the placements that follow take exactly the
+    # cells it named, evicting as it foresaw
+    rng = np.random.default_rng(7)
+    n_seq = 4
+    c = UnifiedCache(96, 1, E, E, type_k="f32", type_v="f32", n_seq_max=n_seq, n_pad=1, semantics="2026",
+                     kv_unified=kv_unified, buffers=None)
+    c.enable_prefix_reuse()
+    prompts: list[list[int]] = []
+    pins = []
+    fitted = evicting = 0
+    for rnd in range(400):
+        op = rng.integers(0, 6)
+        s = int(rng.integers(0, n_seq))
+        if op <= 2:
+            # a request: attach what the index holds of a prompt (an old one extended, or new), compute
+            # the rest, release it to the index (or keep it running)
+            base = prompts[int(rng.integers(0, len(prompts)))] if prompts and rng.integers(0, 2) else []
+            toks = base[: int(rng.integers(0, len(base) + 1))] + [int(t) for t in rng.integers(1, 50, rng.integers(1, 20))]
+            c.seq_rm(s)
+            k = c.prefix_attach(s, toks)
+            ub = UBatch(list(range(k, len(toks))), [s] * (len(toks) - k), tokens=toks[k:])
+            if c.find_slot(ub):
+                prompts.append(toks)
+                if rng.integers(0, 4):
+                    c.prefix_release(s)
+            else:
+                c.seq_rm(s)
+        elif op == 3 and prompts and len(pins) < 2:
+            toks = prompts[int(rng.integers(0, len(prompts)))]
+            if c.prefix_match(toks + [0]) == len(toks):
+                pins.append(c.prefix_pin(toks))
+        elif op == 3 and pins:
+            try:
+                c.prefix_unpin(pins.pop())
+            except ValueError:   # its prefix went (a stream a prompt was copied into is forgotten first)
+                pass
+        else:
+            # prepare of one to three ubatches, then the placements themselves
+            ubs = []
+            for _ in range(int(rng.integers(1, 4))):
+                q = int(rng.integers(0, n_seq))
+                p0 = c.seq_pos_max(q) + 1 + sum(len(u.pos) for u in ubs if u.seq_id[0][0] == q)
+                n = int(rng.integers(1, 40))
+                ubs.append(UBatch(list(range(p0, p0 + n)), [q] * n, tokens=[int(t) for t in rng.integers(1, 50, n)]))
+            before = (c.prefix_stats, [c.prefix_match(t + [0]) for t in prompts[-20:]], c.state_write(), c.used)
+            plan = c.prepare(ubs)
+            assert (c.prefix_stats, [c.prefix_match(t + [0]) for t in prompts[-20:]], c.state_write(), c.used) == before
+            c._prefix_check()
+            if plan is None:
+                continue
+            fitted += 1
+            held = c.prefix_stats["cells"]
+            for ub, infos in zip(ubs, plan):
+                assert c.find_slot(ub), rnd
+                assert _infos(c.slot_info()) == _infos(infos), rnd
+            evicting += c.prefix_stats["cells"] < held
+            c._prefix_check()
+    assert fitted > 30 and evicting > 10, (fitted, evicting)
+
+
 def test_iswa_prepare_that_one_cache_cannot_fit_evicts_in_neither():
     pair = _full_pair()
     pin = pair.swa.prefix_pin([7] * 4)            # the SWA cache's held cells cannot be evicted

@@ -164,8 +164,52 @@ def bench_2026(quick: bool, reps: int) -> list[Row]:
                         note="the dry run costs what the batch touches, not the cache's cells"))
     else:
         rows.append(waiting(name, "UnifiedCache(semantics=\"2026\")"))
+    held_size = 32768 if quick else 262144
+    name = f"2026: prepare of a 512-token prompt that fits only by evicting, prefix index holding all {held_size} cells"
+    if have:
+        t_prep, t_find = zip(*(_prepare_evicting(held_size, rep) for rep in range(reps)))
+        pm, pr = _median_range(list(t_prep))
+        rows.append(Row(name, pm, pr, yardstick="find_slot of the same batch",
+                        yardstick_ratio=_paired(list(t_prep), list(t_find)),
+                        note="the dry run walks the eviction order, evicting nothing: it costs the cells it would "
+                             "free, not the index"))
+    else:
+        rows.append(waiting(name, "UnifiedCache(semantics=\"2026\")"))
     rows.append(_simulate_both_semantics(have))
     return rows
+
+
+def _prepare_evicting(size: int, seed: int, prompt_len: int = 1000, n: int = 10) -> tuple[float, float]:
+    """ns per call of ``prepare([ub])`` for a 512-token prompt ub in a metadata-only cache of size
+    cells whose prefix index holds every cell it can (prompts of prompt_len tokens, released), so
+    that ub fits only by evicting; and of the ``find_slot(ub)`` that then evicts (once: it changes
+    the state), which must place ub where prepare said."""
+    import time
+
+    import kvcache
+
+    c = kvcache.UnifiedCache(size, 1, 8, 8, n_seq_max=2, buffers=None, semantics="2026")
+    c.enable_prefix_reuse()
+    rng = np.random.default_rng(seed)
+    pos = np.arange(prompt_len, dtype=np.int32)
+    for _ in range(size // prompt_len):
+        if not c.find_slot(kvcache.UBatch(pos, [0], prompt_len, tokens=rng.integers(0, 32000, prompt_len, dtype=np.int32))):
+            raise AssertionError("kvcache (2026): no room for a prompt in a cache the index holds nothing of")
+        c.prefix_release(0)
+    ub = kvcache.UBatch(np.arange(512, dtype=np.int32), [1], 512, tokens=np.ones(512, np.int32))
+    want = c.prepare([ub])
+    if want is None:
+        raise AssertionError("kvcache (2026): prepare found no room where eviction makes it")
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        c.prepare([ub])
+    t_prep = (time.perf_counter_ns() - t0) / n
+    t0 = time.perf_counter_ns()
+    placed = c.find_slot(ub)
+    t_find = time.perf_counter_ns() - t0
+    if not placed or _infos(c.slot_info()) != _infos(want[0]):
+        raise AssertionError("kvcache (2026): find_slot placed the prompt elsewhere than prepare said")
+    return t_prep, float(t_find)
 
 
 def _infos(plan) -> list:
