@@ -343,6 +343,9 @@ def test_the_handoff_case_checks_every_move_and_says_which_transports_are_missin
     rows = _rows("handoff")
     local = [r for r in rows if r.case.startswith("handoff in one process")]
     assert len(local) == 2 and all(r.baseline_ns and r.yardstick_gbps for r in local)
+    # an import's bookkeeping timed against find_slot of its tokens (which took the import's cells)
+    books = [r for r in rows if r.case.startswith("handoff bookkeeping")]
+    assert len(books) == 2 and all(r.kvcache_ns and r.yardstick_ratio for r in books)
     for name in ("ray", "nixl"):
         if importlib.util.find_spec(name) is None:
             assert any(r.case == f"handoff through {name}" and r.note.startswith("waiting") for r in rows)

@@ -219,9 +219,62 @@ def _nixl_row(tokens: int, n_layer: int, v_trans: bool, reps: int) -> Row:
                note=f"{n_regions} regions; import begin, transfer and commit")
 
 
+def _bookkeeping(semantics: str, quick: bool, reps: int, n: int = 20) -> Row:
+    """The bookkeeping of an import into a sequence that holds no cell (metadata only: no bytes to
+    move), seq_import_begin + commit of 100 cells into a cache of 256 sequences (64 when quick)
+    three quarters full, against find_slot of the same 100 tokens into the same sequence (the
+    placement the import's commit makes); each side n times per repetition, the sequence removed
+    after each (untimed), and the import's cells compared with find_slot's."""
+    import kvcache
+
+    size, n_seq = (32768, 64) if quick else (262144, 256)
+    fill, s = (size // n_seq) * 3 // 4, n_seq - 1
+
+    def cache(n_cells: int, seqs: int) -> Any:
+        return kvcache.UnifiedCache(n_cells, 1, 8, 8, n_seq_max=seqs, buffers=None, semantics=semantics)
+
+    def place(c: Any, ub: Any) -> bool:
+        placed = c.find_slot(ub)
+        if placed and semantics == "2025":
+            c.commit()
+        return placed
+
+    dst, src = cache(size, n_seq), cache(1024, 1)
+    for q in range(n_seq - 1):
+        if not place(dst, kvcache.UBatch(np.arange(fill, dtype=np.int32), [q], fill)):
+            raise AssertionError("no room filling the destination")
+    if not place(src, kvcache.UBatch(np.arange(100, dtype=np.int32), [0], 100)):
+        raise AssertionError("no room in the source")
+    header = src.seq_export(0).header
+    ub = kvcache.UBatch(np.arange(100, dtype=np.int32), [s], 100)
+    t_imp: list[float] = []
+    t_find: list[float] = []
+    for _ in range(reps):
+        ti = tf = 0
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            dst.seq_import_begin(header, s).commit()
+            ti += time.perf_counter_ns() - t0
+            got = dst.seq_cells(s)[0].tolist()
+            dst.seq_rm(s)
+            t0 = time.perf_counter_ns()
+            placed = place(dst, ub)
+            tf += time.perf_counter_ns() - t0
+            if not placed or dst.seq_cells(s)[0].tolist() != got:
+                raise AssertionError("the import took other cells than find_slot of its tokens")
+            dst.seq_rm(s)
+        t_imp.append(ti / n)
+        t_find.append(tf / n)
+    m, rg = _median_range(t_imp)
+    return Row(f"handoff bookkeeping ({semantics}): import of 100 cells into an empty sequence, metadata only, "
+               f"{size} cells of {n_seq} sequences 3/4 full (begin + commit)", m, rg,
+               yardstick="find_slot of the same 100 tokens", yardstick_ratio=_paired(t_imp, t_find),
+               note="the dry run is the slot search; the commit checks the streams' change logs, no copy of the cells")
+
+
 def bench_handoff(quick: bool, reps: int) -> list[Row]:
     tokens, n_layer = _sizes(quick)
-    rows = []
+    rows = [_bookkeeping(sem, quick, reps) for sem in ("2025", "2026")]
     for v_trans in (False, True):
         rows.append(_in_process(tokens, n_layer, v_trans, reps))
     for name, fn in (("ray", _ray_rows), ("nixl", _nixl_row)):
