@@ -654,6 +654,9 @@ static int import_begin_parts(kvc_unified *const *cs, uint32_t n, int32_t seq_id
         const reserve_ctx ctx = { imps, err };
         uint32_t bad = 0;
         rc = kvc_parts_room(n, part_reserve, (void *)&ctx, &bad);
+        if (rc != KVC_OK && n > 1) {
+            rc = kvc_err_wrap(err, rc, "part %" PRIu32 " of %" PRIu32, bad, n);   /* which cache had no room */
+        }
     }
     for (uint32_t j = 0; j < n && rc == KVC_OK; j++) {
         rc = import_hold(imps[j], keep_bytes, err);

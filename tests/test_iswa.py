@@ -477,6 +477,11 @@ def test_no_room_in_the_swa_cache_fails_the_whole_read():
     assert snapshot(c) == before
     part = src.base.state_write(0, layout="2025")
     assert c.base.state_read(part, 0, layout="2025") == len(part)            # the base part alone would fit
+    # an import of the sequence names the cache that has no room too, and begins in neither
+    before = snapshot(c)
+    with pytest.raises(StateError, match="part 1 of 2: no room"):
+        c.seq_import_begin(src.seq_export(0).header, 0)
+    assert snapshot(c) == before
 
 
 def test_state_read_rejects_before_reading():
