@@ -690,14 +690,7 @@ static int save_marks(kvc_handoff_import *imp) {
         const kvc_handoff_mark m = { t->chg_epoch, t->chg_n, kvc_unified_stream_head_c(c, k), t->has_shift };
         imp->marks[k] = m;
     }
-    kvc_unified_snapshot *s = &imp->snap;
-    s->head = c->head;
-    s->n = c->n;
-    s->slot = c->slot;
-    s->undo.n_spans = c->undo.n_spans;
-    s->undo.n_cells = c->undo.n_cells;
-    s->do_defrag = c->do_defrag;
-    s->defrag_pending = c->defrag_pending;
+    kvc_unified_snapshot_scalars(c, &imp->snap);
     return 1;
 }
 

@@ -1109,14 +1109,20 @@ int kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s) {
     memcpy(s->undo.pos, u->pos, u->n_cells * sizeof *u->pos);
     memcpy(s->undo.seq, u->seq, (size_t)u->n_cells * u->seq_words * sizeof *u->seq);
     s->undo.seq_words = u->seq_words;
-    s->undo.n_spans = s->undo.cap_spans = u->n_spans;
-    s->undo.n_cells = s->undo.cap_cells = u->n_cells;
+    s->undo.cap_spans = u->n_spans;
+    s->undo.cap_cells = u->n_cells;
+    kvc_unified_snapshot_scalars(c, s);
+    return KVC_OK;
+}
+
+void kvc_unified_snapshot_scalars(const kvc_unified *c, kvc_unified_snapshot *s) {
     s->head = c->head;
     s->n = c->n;
     s->slot = c->slot;
+    s->undo.n_spans = c->undo.n_spans;
+    s->undo.n_cells = c->undo.n_cells;
     s->do_defrag = c->do_defrag;
     s->defrag_pending = c->defrag_pending;
-    return KVC_OK;
 }
 
 void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s) {

@@ -140,6 +140,9 @@ typedef struct kvc_unified_snapshot {
 int  kvc_unified_snapshot_take(const kvc_unified *c, kvc_unified_snapshot *s);   /* KVC_OK / NOMEM */
 void kvc_unified_snapshot_restore(kvc_unified *c, const kvc_unified_snapshot *s); /* metadata only */
 void kvc_unified_snapshot_free(kvc_unified_snapshot *s);
+/* The snapshot's fields besides the cells and the undo log's contents (head, n, placement, the
+ * log's length, the defrag flags): what kvc_unified_snapshot_take takes of them. */
+void kvc_unified_snapshot_scalars(const kvc_unified *c, kvc_unified_snapshot *s);
 
 #ifdef __cplusplus
 }
