@@ -24,17 +24,18 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->n_seq_max = n_seq_max;
     c->n_words = (size + 63) / 64;
     c->seq_words = kvc_seq_words(n_seq_max);
-    c->pos = kvc_malloc_n(size, sizeof *c->pos);
-    c->shift = kvc_calloc(size, sizeof *c->shift);
-    c->seq = kvc_calloc((size_t)c->seq_words * size, sizeof *c->seq);
-    c->n_seqs = kvc_calloc(size ? size : 1, sizeof *c->n_seqs);
+    /* the arrays read per cell come from kvc_table_calloc (resident, on huge pages) */
+    c->pos = kvc_table_calloc(size, sizeof *c->pos);
+    c->shift = kvc_table_calloc(size, sizeof *c->shift);
+    c->seq = kvc_table_calloc((uint64_t)c->seq_words * size, sizeof *c->seq);
+    c->n_seqs = kvc_table_calloc(size, sizeof *c->n_seqs);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
     c->free_words = kvc_calloc((c->n_words + 63) / 64 + 1, sizeof *c->free_words);
     c->emptied = kvc_calloc((c->n_words + 63) / 64 + 1, sizeof *c->emptied);
     c->seq_pos = kvc_calloc(n_seq_max ? n_seq_max : 1, sizeof *c->seq_pos);
     c->blk_words = (c->n_words + 63) / 64;
     c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
-    c->chg = kvc_malloc_n(size ? size : 1, sizeof *c->chg);
+    c->chg = kvc_table_calloc(size, sizeof *c->chg);
     bool ok = c->pos && c->shift && c->seq && c->n_seqs && c->used_bits && c->free_words && c->emptied && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
@@ -54,7 +55,7 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
 }
 
 int kvc_cells_ext_enable(kvc_cells *c) {
-    kvc_cell_ext *e = kvc_malloc_n(c->size ? c->size : 1, sizeof *e);
+    kvc_cell_ext *e = kvc_table_calloc(c->size, sizeof *e);
     if (!e) {
         return KVC_E_NOMEM;
     }

@@ -11,6 +11,11 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#ifdef MADV_COLLAPSE
+#define KVC_MADV_COLLAPSE MADV_COLLAPSE
+#else
+#define KVC_MADV_COLLAPSE 25   /* its value in every Linux that has it: older headers lack the name */
+#endif
 #endif
 #if (defined(__unix__) || defined(__APPLE__)) && !defined(KVC_NO_THREADS)
 #include <pthread.h>
@@ -50,6 +55,37 @@ void *kvc_calloc(size_t count, size_t size) {
         return NULL;
     }
     return calloc(count ? count : 1, size ? size : 1);
+}
+
+void *kvc_table_calloc(uint64_t count, uint64_t size) {
+    uint64_t n;
+    if (!kvc_size_mul(count, size, &n) || n > (uint64_t)SIZE_MAX - KVC_HUGE_PAGE || kvc_alloc_should_fail()) {
+        return NULL;
+    }
+    n = n ? n : 1;
+#if defined(__linux__)
+    if (n >= KVC_HUGE_PAGE / 2) {
+        /* whole huge pages: the slack of rounding up is at most the array itself */
+        const size_t bytes = ((size_t)n + KVC_HUGE_PAGE - 1) & ~(KVC_HUGE_PAGE - 1);
+        unsigned char *p = aligned_alloc(KVC_HUGE_PAGE, bytes);
+        if (p) {
+            kvc_advise_huge_pages(p, bytes);
+            memset(p, 0, (size_t)n);   /* writes every page: resident from now on */
+#if defined(MADV_HUGEPAGE)
+            /* memory the allocator had mapped before keeps its small pages when written: those
+             * are made huge now (Linux 6.1 on; refused elsewhere, which changes nothing) */
+            (void)madvise(p, bytes, KVC_MADV_COLLAPSE);
+#endif
+        }
+        return p;
+    }
+#endif
+    volatile unsigned char *p = calloc((size_t)n, 1);
+    /* calloc's fresh pages are mapped on first write: one write per page maps them now */
+    for (size_t k = 0; p && k < (size_t)n; k += 4096) {
+        p[k] = 0;
+    }
+    return (void *)p;
 }
 
 void *kvc_realloc(void *p, size_t n) {

@@ -141,6 +141,12 @@ void *kvc_malloc_n(uint64_t count, uint64_t size);
 void *kvc_realloc_n(void *p, uint64_t count, uint64_t size);   /* likewise (p kept on failure) */
 void *kvc_calloc(size_t count, size_t size);
 void *kvc_realloc(void *p, size_t n);
+/* A zeroed array of count elements of size bytes (NULL when out of memory; freed with kvc_free)
+ * for a table a cache keeps all its life and reads at scattered cells: a cell table, the prefix
+ * index's per-cell records. Its pages are made resident now, so that no later operation takes a
+ * page fault on them, and from 1 MiB on it lies on whole huge pages where the system offers
+ * them on request (kvc_advise_huge_pages), so that scattered cells miss the TLB far less. */
+void *kvc_table_calloc(uint64_t count, uint64_t size);
 void  kvc_free(void *p);
 
 /* Arrays allocated and freed together (a table's columns): each named by the address of its

@@ -500,9 +500,10 @@ int kvc_prefix_init(kvc_prefix *idx, uint32_t n_stream, uint32_t n_cells, uint32
     idx->n_stream = n_stream;
     idx->n_cells = n_cells;
     idx->cap = cap;
-    idx->place = kvc_calloc((size_t)total, sizeof *idx->place);
-    idx->freed_cell = kvc_malloc_n(total, sizeof *idx->freed_cell);
-    idx->freed_strm = kvc_malloc_n(total, sizeof *idx->freed_strm);
+    /* the arrays read per cell come from kvc_table_calloc (resident, on huge pages) */
+    idx->place = kvc_table_calloc(total, sizeof *idx->place);
+    idx->freed_cell = kvc_table_calloc(total, sizeof *idx->freed_cell);
+    idx->freed_strm = kvc_table_calloc(total, sizeof *idx->freed_strm);
     idx->nodes = kvc_calloc(POOL_MIN, sizeof *idx->nodes);
     idx->table = kvc_calloc(TABLE_MIN, sizeof *idx->table);
     if (!idx->place || !idx->freed_cell || !idx->freed_strm || !idx->nodes || !idx->table) {

@@ -100,21 +100,22 @@ static int reuse_new(kvc_unified *c, uint32_t cap, uint32_t n_ghost, kvc_err *er
     }
     r->n_words = c->cells.n_words;
     r->n_lock = c->n_seq_max;
-    r->held = kvc_calloc((size_t)ns * r->n_words, sizeof *r->held);
+    /* the arrays read per cell come from kvc_table_calloc (resident, on huge pages) */
+    r->held = kvc_table_calloc((uint64_t)ns * r->n_words, sizeof *r->held);
     r->lock = kvc_calloc(c->n_seq_max, sizeof *r->lock);
-    r->rec = kvc_malloc_n((uint64_t)ns * size, sizeof *r->rec);
+    r->rec = kvc_table_calloc((uint64_t)ns * size, sizeof *r->rec);
     r->avail_words = (r->n_words + 63) / 64;
     r->avail = kvc_malloc_n((uint64_t)ns * r->avail_words + 1, sizeof *r->avail);
-    r->tmp_cell = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_cell);
-    r->tmp_strm = kvc_malloc_n((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_strm);
+    r->tmp_cell = kvc_table_calloc((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_cell);
+    r->tmp_strm = kvc_table_calloc((uint64_t)ns * (size + n_ghost), sizeof *r->tmp_strm);
     r->n_ghost = n_ghost;
     if (n_ghost) {
         r->ghost_free = kvc_malloc_n((uint64_t)ns * n_ghost, sizeof *r->ghost_free);
         r->n_ghost_free = kvc_calloc(ns, sizeof *r->n_ghost_free);
     }
     if (kvc_unified_has_ext(c)) {
-        r->ext = kvc_calloc((size_t)ns * (size + n_ghost), sizeof *r->ext);   /* a ghost keeps its token's */
-        r->pos = kvc_calloc((size_t)ns * (size + n_ghost), sizeof *r->pos);
+        r->ext = kvc_table_calloc((uint64_t)ns * (size + n_ghost), sizeof *r->ext);   /* a ghost keeps its token's */
+        r->pos = kvc_table_calloc((uint64_t)ns * (size + n_ghost), sizeof *r->pos);
     }
     int rc = (r->held && r->lock && r->rec && r->avail && r->tmp_cell && r->tmp_strm &&
               (!n_ghost || (r->ghost_free && r->n_ghost_free)) && (!kvc_unified_has_ext(c) || (r->ext && r->pos)))

@@ -381,6 +381,34 @@ static void test_limits(void) {
     kvc_cells_free(&c);
 }
 
+/* The tables a cache reads per cell: zeroed whatever their size, on whole huge pages from 1 MiB
+ * (Linux), NULL for a size that overflows or when the allocation hook says so. */
+static void test_table_memory(void) {
+    static const uint64_t sizes[] = { 0, 1, 4095, 4097, ((uint64_t)1 << 20) - 1, (uint64_t)1 << 20,
+                                      ((uint64_t)3 << 20) + 5 };
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        unsigned char *p = kvc_table_calloc(sizes[k], 1);
+        REQUIRE(p != NULL, "%llu bytes", (unsigned long long)sizes[k]);
+        bool zero = true;
+        for (uint64_t j = 0; j < sizes[k]; j++) {
+            zero = zero && p[j] == 0;
+        }
+        CHECK(zero, "%llu bytes come zeroed", (unsigned long long)sizes[k]);
+        if (sizes[k]) {
+            p[sizes[k] - 1] = 1;   /* the last byte is the caller's */
+        }
+#if defined(__linux__)
+        CHECK(sizes[k] < ((uint64_t)1 << 20) || (uintptr_t)p % KVC_HUGE_PAGE == 0, "%llu bytes on a huge page",
+              (unsigned long long)sizes[k]);
+#endif
+        kvc_free(p);
+    }
+    CHECK(kvc_table_calloc(UINT64_MAX / 2, 4) == NULL, "a size that overflows");
+    kvc_fail_alloc_after = 1;
+    CHECK(kvc_table_calloc(16, 4) == NULL, "the allocation hook");
+    kvc_fail_alloc_after = 0;
+}
+
 int main(void) {
     run(37, 1);
     run(64, 4);
@@ -389,6 +417,7 @@ int main(void) {
     run(130, 130);
     run(MAXN, 256);
     test_limits();
+    test_table_memory();
     printf("test_cells: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
 }
