@@ -29,6 +29,8 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->shift = kvc_table_calloc(size, sizeof *c->shift);
     c->seq = kvc_table_calloc((uint64_t)c->seq_words * size, sizeof *c->seq);
     c->n_seqs = kvc_table_calloc(size, sizeof *c->n_seqs);
+    c->seq_some = kvc_table_calloc(c->n_words, sizeof *c->seq_some);
+    c->seq_many = kvc_table_calloc(c->n_words, sizeof *c->seq_many);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
     c->free_words = kvc_calloc((c->n_words + 63) / 64 + 1, sizeof *c->free_words);
     c->emptied = kvc_calloc((c->n_words + 63) / 64 + 1, sizeof *c->emptied);
@@ -36,7 +38,7 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->blk_words = (c->n_words + 63) / 64;
     c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
     c->chg = kvc_table_calloc(size, sizeof *c->chg);
-    bool ok = c->pos && c->shift && c->seq && c->n_seqs && c->used_bits && c->free_words && c->emptied && c->seq_pos && c->seq_blk && c->chg;
+    bool ok = c->pos && c->shift && c->seq && c->n_seqs && c->seq_some && c->seq_many && c->used_bits && c->free_words && c->emptied && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
         c->seq_pos[s].key = kvc_malloc_n(size, sizeof(uint64_t));
@@ -85,6 +87,8 @@ int kvc_cells_snapshot(kvc_cells *dst, const kvc_cells *src) {
     dst->shift = kvc_malloc_n(size ? size : 1, sizeof *dst->shift);
     dst->seq = kvc_malloc_n((uint64_t)dst->seq_words * size + 1, sizeof *dst->seq);
     dst->n_seqs = kvc_malloc_n(size ? size : 1, sizeof *dst->n_seqs);
+    dst->seq_some = kvc_malloc_n(dst->n_words + 1, sizeof *dst->seq_some);
+    dst->seq_many = kvc_malloc_n(dst->n_words + 1, sizeof *dst->seq_many);
     dst->used_bits = kvc_malloc_n(dst->n_words + 1, sizeof *dst->used_bits);
     dst->free_words = kvc_malloc_n((dst->n_words + 63) / 64 + 1, sizeof *dst->free_words);
     dst->emptied = kvc_malloc_n((dst->n_words + 63) / 64 + 1, sizeof *dst->emptied);
@@ -94,7 +98,7 @@ int kvc_cells_snapshot(kvc_cells *dst, const kvc_cells *src) {
     dst->chg = kvc_malloc_n(1, sizeof *dst->chg);
     dst->key_block = kvc_malloc_n(n_keys, sizeof *dst->key_block);
     dst->ext = src->ext ? kvc_malloc_n(size ? size : 1, sizeof *dst->ext) : NULL;
-    if (!dst->pos || !dst->shift || !dst->seq || !dst->n_seqs || !dst->used_bits || !dst->free_words ||
+    if (!dst->pos || !dst->shift || !dst->seq || !dst->n_seqs || !dst->seq_some || !dst->seq_many || !dst->used_bits || !dst->free_words ||
         !dst->emptied || !dst->seq_pos || !dst->seq_blk || !dst->chg || !dst->key_block || (src->ext && !dst->ext)) {
         kvc_cells_free(dst);
         return KVC_E_NOMEM;
@@ -114,6 +118,8 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->shift);
     kvc_free(c->seq);
     kvc_free(c->n_seqs);
+    kvc_free(c->seq_some);
+    kvc_free(c->seq_many);
     kvc_free(c->used_bits);
     kvc_free(c->free_words);
     kvc_free(c->emptied);
@@ -134,6 +140,8 @@ void kvc_cells_reset(kvc_cells *c) {
     memset(c->shift, 0, (size_t)c->size * sizeof *c->shift);
     memset(c->seq, 0, (size_t)c->seq_words * c->size * sizeof *c->seq);
     memset(c->n_seqs, 0, (size_t)c->size * sizeof *c->n_seqs);
+    memset(c->seq_some, 0, (size_t)c->n_words * sizeof *c->seq_some);
+    memset(c->seq_many, 0, (size_t)c->n_words * sizeof *c->seq_many);
     memset(c->used_bits, 0, (size_t)c->n_words * sizeof *c->used_bits);
     kvc_cells_free_words_all(c);
     kvc_cells_words_all(c, c->emptied);
@@ -609,7 +617,7 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
         return;
     }
     kvc_seqs_add(c->seq, c->size, i, s);
-    c->n_seqs[i]++;
+    kvc_cells_count_inc(c, i);
     kvc_cells_blk_mark(c, i, s);
     kvc_cells_changed(c, i);
     kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
@@ -619,7 +627,7 @@ void kvc_cells_place_first(kvc_cells *c, uint32_t i, int32_t p, int32_t s) {
     c->pos[i] = p;
     kvc_cells_mark_used(c, i);
     c->seq[(size_t)(s >> 6) * c->size + i] = (uint64_t)1 << (s & 63);
-    c->n_seqs[i] = 1;
+    c->seq_some[i >> 6] |= (uint64_t)1 << (i & 63);   /* the cell was empty: its many bit is clear */
     kvc_cells_blk_mark(c, i, s);
     kvc_cells_changed(c, i);
     kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(p, i));
@@ -651,7 +659,7 @@ void kvc_cells_place_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *po
         k += !id_seen_before(ids, q);
     }
     for (uint32_t j = 0; j < n; j++) {
-        c->n_seqs[i + j] = (uint16_t)k;   /* the cells were empty */
+        kvc_cells_count_set(c, i + j, k);   /* the cells were empty */
         for (uint32_t e = 0; e <= k; e++) {
             kvc_cells_changed(c, i + j);   /* the position, then each sequence joining */
         }
@@ -691,16 +699,19 @@ bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
 }
 
 /* kvc_cells_seq_del_raw but for the table's counts (unused_count, when it returns true: the cell
- * went empty), with s's word of cell i (`word`), its bit and the per-cell counts (c->n_seqs)
- * given: a caller removing many cells reads them once and counts once (the build does not assume
- * that the stores to the cells leave the table's fields alone). */
-static inline bool seq_leave_bits(kvc_cells *c, uint32_t i, uint64_t *word, uint64_t bit, uint16_t *n_seqs) {
+ * went empty), with s's word of cell i (`word`) and its bit given: a caller removing many cells
+ * reads them once and counts once (the build does not assume that the stores to the cells leave
+ * the table's fields alone). */
+static inline bool seq_leave_bits(kvc_cells *c, uint32_t i, uint64_t *word, uint64_t bit) {
+    bool none;
     if (*word & bit) {
         *word &= ~bit;
-        n_seqs[i]--;
+        none = kvc_cells_count_dec(c, i);
+    } else {
+        none = kvc_cells_seq_none(c, i);
     }
     kvc_cells_changed(c, i);
-    if (n_seqs[i] == 0) {
+    if (none) {
         c->pos[i] = -1;
         kvc_cells_ext_reset(c, i);
         unused_bits(c, i);
@@ -710,7 +721,7 @@ static inline bool seq_leave_bits(kvc_cells *c, uint32_t i, uint64_t *word, uint
 }
 
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
-    if (seq_leave_bits(c, i, &c->seq[(size_t)(s >> 6) * c->size + i], (uint64_t)1 << (s & 63), c->n_seqs)) {
+    if (seq_leave_bits(c, i, &c->seq[(size_t)(s >> 6) * c->size + i], (uint64_t)1 << (s & 63))) {
         unused_count(c, i);
         return true;
     }
@@ -724,7 +735,6 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     const uint64_t *const key = sp->key;
     const uint64_t bit = (uint64_t)1 << (s & 63);
     uint64_t *const plane = c->seq + (size_t)(s >> 6) * c->size;
-    uint16_t *const n_seqs = c->n_seqs;
     int32_t *const shift = c->empty_zeroes_shift && c->has_shift ? c->shift : NULL;
     /* the counts once, after the loop: the cells emptied, and the last used cell if it went */
     const uint32_t top = c->used_max_p1;
@@ -740,7 +750,7 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
                 KVC_PREFETCH_W(shift + next);
             }
         }
-        if (seq_leave_bits(c, i, &plane[i], bit, n_seqs)) {
+        if (seq_leave_bits(c, i, &plane[i], bit)) {
             n_empty++;
             top_went |= i + 1 == top;
             lowest = i < lowest ? i : lowest;
@@ -826,8 +836,8 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
         c->ext[dst] = c->ext[src];
         c->ext[src] = kvc_cell_ext_default();
     }
-    c->n_seqs[dst] = c->n_seqs[src];
-    c->n_seqs[src] = 0;
+    kvc_cells_count_set(c, dst, kvc_cells_seq_count(c, src));
+    kvc_cells_count_set(c, src, 0);
     if (nw == 1) {
         seq[dst] = seq[src];
         seq[src] = 0;
@@ -863,8 +873,10 @@ void kvc_cells_mv_run(kvc_cells *c, uint32_t src, uint32_t dst, uint32_t n) {
         memcpy(plane + dst, plane + src, (size_t)n * sizeof *plane);
         memset(plane + src, 0, (size_t)n * sizeof *plane);
     }
-    memcpy(c->n_seqs + dst, c->n_seqs + src, (size_t)n * sizeof *c->n_seqs);
-    memset(c->n_seqs + src, 0, (size_t)n * sizeof *c->n_seqs);
+    for (uint32_t j = 0; j < n; j++) {
+        kvc_cells_count_set(c, dst + j, kvc_cells_seq_count(c, src + j));
+        kvc_cells_count_set(c, src + j, 0);
+    }
     if (c->ext) {
         memcpy(c->ext + dst, c->ext + src, (size_t)n * sizeof *c->ext);
         for (uint32_t j = 0; j < n; j++) {
@@ -901,7 +913,7 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
     if (p < 0) {
         /* the extension stays, as llama.cpp's pos_add leaves it */
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
-        c->n_seqs[i] = 0;
+        kvc_cells_count_set(c, i, 0);
         c->pos[i] = -1;
         kvc_cells_mark_unused(c, i);
         return true;
@@ -921,7 +933,7 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
     const bool was = c->pos[i] != -1, now = pos != -1;
     c->pos[i] = pos;
     kvc_seqs_put(c->seq, c->size, c->seq_words, i, seq);
-    c->n_seqs[i] = (uint16_t)kvc_seqs_count(c->seq, c->size, c->seq_words, i);
+    kvc_cells_count_set(c, i, kvc_seqs_count(c->seq, c->size, c->seq_words, i));
     kvc_cells_blk_mark_all(c, i);
     kvc_cells_changed(c, i);
     if (!now) {
@@ -940,7 +952,7 @@ void kvc_cells_clear_raw(kvc_cells *c, uint32_t i) {
         kvc_cells_ext_reset(c, i);
         kvc_cells_changed(c, i);
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
-        c->n_seqs[i] = 0;
+        kvc_cells_count_set(c, i, 0);
         kvc_cells_mark_unused(c, i);
     }
 }
@@ -951,6 +963,8 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     memcpy(dst->shift, src->shift, n * sizeof *src->shift);
     memcpy(dst->seq, src->seq, (size_t)src->seq_words * n * sizeof *src->seq);
     memcpy(dst->n_seqs, src->n_seqs, n * sizeof *src->n_seqs);
+    memcpy(dst->seq_some, src->seq_some, (size_t)src->n_words * sizeof *src->seq_some);
+    memcpy(dst->seq_many, src->seq_many, (size_t)src->n_words * sizeof *src->seq_many);
     memcpy(dst->used_bits, src->used_bits, (size_t)src->n_words * sizeof *src->used_bits);
     memcpy(dst->free_words, src->free_words, (size_t)(src->n_words + 63) / 64 * sizeof *src->free_words);
     kvc_cells_words_all(dst, dst->emptied);   /* any cell may have emptied */
@@ -971,9 +985,9 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
 int kvc_cells_check(const kvc_cells *c, kvc_err *err) {
     for (uint32_t i = 0; i < c->size; i++) {
         const uint32_t n = kvc_seqs_count(c->seq, c->size, c->seq_words, i);
-        if (c->n_seqs[i] != n) {
+        if (kvc_cells_seq_count(c, i) != n || kvc_cells_bit(c->seq_many, i) != (n >= 2)) {
             return kvc_err_set(err, KVC_E_INTERNAL, "cell %u holds %u sequences but counts %u", i, n,
-                               (unsigned)c->n_seqs[i]);
+                               kvc_cells_seq_count(c, i));
         }
         if (n && c->pos[i] == -1) {
             return kvc_err_set(err, KVC_E_INTERNAL, "empty cell %u holds %u sequences", i, n);
@@ -1058,7 +1072,7 @@ static void keep_cell(kvc_cells_undo *u, const kvc_cells *c, uint32_t i) {
     u->pos[j] = c->pos[i];
     u->shift[j] = c->shift[i];
     kvc_seqs_get(c->seq, c->size, c->seq_words, i, u->seq + (size_t)j * c->seq_words);
-    u->n_seqs[j] = c->n_seqs[i];
+    u->n_seqs[j] = (uint16_t)kvc_cells_seq_count(c, i);
     if (c->ext) {
         u->ext[j] = c->ext[i];
     }
@@ -1127,7 +1141,7 @@ void kvc_cells_undo_apply(kvc_cells *c, const kvc_cells_undo *u) {
         c->pos[i] = u->pos[j];
         c->shift[i] = u->shift[j];
         kvc_seqs_put(c->seq, c->size, c->seq_words, i, u->seq + (size_t)j * c->seq_words);
-        c->n_seqs[i] = u->n_seqs[j];
+        kvc_cells_count_set(c, i, u->n_seqs[j]);
         if (c->ext) {
             c->ext[i] = u->ext[j];
         }

@@ -10,7 +10,10 @@
  *   - emptied: one bit per word of used_bits, set when a cell of it empties, until the table's
  *     user takes the bits (a summary of where free cells appeared, for a user that keeps its
  *     own of where cells it may place lie: the prefix index's placement);
- *   - n_seqs: per cell the number of sequences holding it;
+ *   - seq_some / seq_many: one bit per cell, set when one or more / two or more sequences hold
+ *     it, and n_seqs, the count of a cell whose many bit is set (stale otherwise): a cell of one
+ *     sequence, the common case, is counted in bits that stay in the caches, not in a line of
+ *     its own;
  *   - seq_pos[s]: one entry (position, cell) per cell holding sequence s, ordered by position
  *     then cell (positions may repeat), answering min/max in O(1) and naming the cells of a
  *     range of positions without reading the other cells;
@@ -74,9 +77,11 @@ typedef struct kvc_cells {
     int32_t    *pos;          /* [size] position, -1 when empty */
     int32_t    *shift;        /* [size] shift accumulated since the last reset_shift */
     uint64_t   *seq;          /* [seq_words * size] word w of cell i's set at seq[w * size + i] */
-    uint16_t   *n_seqs;       /* [size] the sequences in cell i's set (its bits), so that a removal
-                               * learns whether the cell empties from one word, not from every
-                               * plane (planes lie `size` words apart) */
+    uint16_t   *n_seqs;       /* [size] the sequences in cell i's set (its bits) where its many bit
+                               * is set, so that a removal learns whether the cell empties without
+                               * reading every plane (planes lie `size` words apart) */
+    uint64_t   *seq_some;     /* [n_words] bit i set when some sequence holds cell i */
+    uint64_t   *seq_many;     /* [n_words] bit i set when two or more sequences hold cell i */
     uint64_t   *used_bits;    /* [n_words] bit i set when pos[i] != -1 */
     uint64_t   *free_words;   /* [(n_words + 63) / 64] bit w set when used_bits[w] == 0 */
     uint64_t   *emptied;      /* [(n_words + 63) / 64] bit w set when a cell of word w of used_bits
@@ -125,13 +130,55 @@ static inline bool kvc_cells_is_empty_bit(const kvc_cells *c, uint32_t i) {
 static inline bool kvc_cells_seq_has(const kvc_cells *c, uint32_t i, int32_t s) {
     return kvc_seqs_has(c->seq, c->size, i, s);
 }
+/* Bit i of a per-cell bitmap. */
+static inline bool kvc_cells_bit(const uint64_t *bits, uint32_t i) {
+    return (bits[i >> 6] >> (i & 63)) & 1u;
+}
 /* Cell i holds no sequence. */
 static inline bool kvc_cells_seq_none(const kvc_cells *c, uint32_t i) {
-    return c->n_seqs[i] == 0;
+    return !kvc_cells_bit(c->seq_some, i);
 }
 /* The number of sequences holding cell i. */
 static inline uint32_t kvc_cells_seq_count(const kvc_cells *c, uint32_t i) {
-    return c->n_seqs[i];
+    return kvc_cells_bit(c->seq_many, i) ? c->n_seqs[i] : kvc_cells_bit(c->seq_some, i);
+}
+/* Cell i is held by n sequences from now on (its bits and count; its sets are the caller's). */
+static inline void kvc_cells_count_set(kvc_cells *c, uint32_t i, uint32_t n) {
+    const uint64_t b = (uint64_t)1 << (i & 63);
+    uint64_t *some = &c->seq_some[i >> 6], *many = &c->seq_many[i >> 6];
+    *some = n ? *some | b : *some & ~b;
+    if (n >= 2) {
+        *many |= b;
+        c->n_seqs[i] = (uint16_t)n;
+    } else {
+        *many &= ~b;
+    }
+}
+/* One more sequence holds cell i. */
+static inline void kvc_cells_count_inc(kvc_cells *c, uint32_t i) {
+    const uint64_t b = (uint64_t)1 << (i & 63);
+    uint64_t *some = &c->seq_some[i >> 6], *many = &c->seq_many[i >> 6];
+    if (!(*some & b)) {
+        *some |= b;
+    } else if (!(*many & b)) {
+        *many |= b;
+        c->n_seqs[i] = 2;
+    } else {
+        c->n_seqs[i]++;
+    }
+}
+/* One sequence fewer holds cell i (which one held); returns whether none does now. */
+static inline bool kvc_cells_count_dec(kvc_cells *c, uint32_t i) {
+    const uint64_t b = (uint64_t)1 << (i & 63);
+    uint64_t *many = &c->seq_many[i >> 6];
+    if (*many & b) {
+        if (--c->n_seqs[i] == 1) {
+            *many &= ~b;
+        }
+        return false;
+    }
+    c->seq_some[i >> 6] &= ~b;
+    return true;
 }
 /* Add cell i's sequences to acc. */
 static inline void kvc_cells_seq_or_into(const kvc_cells *c, uint32_t i, kvc_seqset *acc) {
@@ -218,10 +265,10 @@ static inline void kvc_cells_blk_drop(kvc_cells *c, int32_t s, uint32_t b) {
 /* Blocks sequence s has marked. */
 uint32_t kvc_cells_blk_count(const kvc_cells *c, int32_t s);
 
-/* Cell i is about to get or lose sequence s: its position, count and s's word. */
+/* Cell i is about to get or lose sequence s: its position and s's word (the count is read only
+ * for a cell several sequences share). */
 static inline void kvc_cells_prefetch_seq(const kvc_cells *c, uint32_t i, int32_t s) {
     KVC_PREFETCH_W(c->pos + i);
-    KVC_PREFETCH_W(c->n_seqs + i);
     KVC_PREFETCH_W(c->seq + (size_t)(s >> 6) * c->size + i);
 }
 /* Cell i is about to get sequence s at a position after s's last: also the end of s's entries
@@ -272,7 +319,7 @@ bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s);
 static inline void kvc_cells_seq_add_raw(kvc_cells *c, uint32_t i, int32_t s) {
     if (!kvc_seqs_has(c->seq, c->size, i, s)) {
         kvc_seqs_add(c->seq, c->size, i, s);
-        c->n_seqs[i]++;
+        kvc_cells_count_inc(c, i);
     }
     kvc_cells_blk_mark(c, i, s);
     kvc_cells_changed(c, i);
@@ -280,7 +327,7 @@ static inline void kvc_cells_seq_add_raw(kvc_cells *c, uint32_t i, int32_t s) {
 /* Cell i keeps only sequence s (which it holds). The index is not updated. */
 static inline void kvc_cells_seq_only_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_seqs_only(c->seq, c->size, c->seq_words, i, s);
-    c->n_seqs[i] = 1;
+    kvc_cells_count_set(c, i, 1);
     kvc_cells_changed(c, i);
 }
 /* Empty cell i (sequences cleared, shift kept). */
@@ -334,7 +381,7 @@ uint32_t kvc_cells_kth_used_back(const kvc_cells *c, uint32_t lo, uint32_t end, 
 /* First empty cell in [from, to), or `to` when none. */
 uint32_t kvc_cells_next_empty(const kvc_cells *c, uint32_t from, uint32_t to);
 
-/* KVC_OK when every cell's sequence count (n_seqs) is the number of its sequences and no empty
+/* KVC_OK when every cell's sequence count (its bits, n_seqs) is the number of its sequences and no empty
  * cell holds a sequence, else KVC_E_INTERNAL naming the first cell that breaks it. */
 int kvc_cells_check(const kvc_cells *c, kvc_err *err);
 
