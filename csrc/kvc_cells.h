@@ -267,13 +267,13 @@ uint32_t kvc_cells_blk_count(const kvc_cells *c, int32_t s);
 
 /* Cell i is about to get or lose sequence s: its position and s's word (the count is read only
  * for a cell several sequences share). */
-static inline void kvc_cells_prefetch_seq(const kvc_cells *c, uint32_t i, int32_t s) {
+KVC_PREFETCH_FN void kvc_cells_prefetch_seq(const kvc_cells *c, uint32_t i, int32_t s) {
     KVC_PREFETCH_W(c->pos + i);
     KVC_PREFETCH_W(c->seq + (size_t)(s >> 6) * c->size + i);
 }
 /* Cell i is about to get sequence s at a position after s's last: also the end of s's entries
  * (every sequence's in a line of its own). */
-static inline void kvc_cells_prefetch_append(const kvc_cells *c, uint32_t i, int32_t s) {
+KVC_PREFETCH_FN void kvc_cells_prefetch_append(const kvc_cells *c, uint32_t i, int32_t s) {
     kvc_cells_prefetch_seq(c, i, s);
     if (c->seq_pos[s].n) {
         KVC_PREFETCH_W(c->seq_pos[s].key + c->seq_pos[s].n - 1);

@@ -232,6 +232,14 @@ static inline unsigned kvc_popcount64(uint64_t x) {
 #define KVC_PREFETCH(p) ((void)(p))
 #define KVC_PREFETCH_W(p) ((void)(p))
 #endif
+/* How a helper that only prefetches is declared: inlined wherever it is called, always. GCC takes
+ * a function whose only effect is a prefetch for one without effects, and deletes a call it has
+ * not inlined yet (a helper grown past its early inlining limits lost every prefetch). */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVC_PREFETCH_FN static inline __attribute__((always_inline))
+#else
+#define KVC_PREFETCH_FN static inline
+#endif
 /* How many cells ahead a walk over a list of cells (a sequence's, a placement's, a prompt's in
  * the prefix index) prefetches what it will edit: such cells lie scattered over the cache, a
  * cache miss per field otherwise (16: a walk spends ~10 ns a cell, a miss to memory ~100). */

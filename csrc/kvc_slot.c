@@ -486,8 +486,8 @@ static inline void placed_next(placed_at *a, uint32_t nst, uint32_t ub_nst) {
 /* Token t's cell (idx[t], in stream strm[a.g]; a: where t lies) is about to be placed: its
  * fields prefetched (its position, its sequence count, its first sequence's word; the prefix
  * index's record of it). */
-static inline void prefetch_placed(const kvc_unified *c, const kvc_ubatch *ub, const int32_t *idx,
-                                   const uint32_t *strm, uint32_t t, placed_at a) {
+KVC_PREFETCH_FN void prefetch_placed(const kvc_unified *c, const kvc_ubatch *ub, const int32_t *idx,
+                                     const uint32_t *strm, uint32_t t, placed_at a) {
     const uint32_t st = strm[a.g], cell = (uint32_t)idx[t];
     const kvc_cells *cells = kvc_unified_stream_cells_c(c, st);
     if (ub->seq_off[a.ug] < ub->seq_off[a.ug + 1]) {
