@@ -720,6 +720,26 @@ static inline bool seq_leave_bits(kvc_cells *c, uint32_t i, uint64_t *word, uint
     return false;
 }
 
+/* seq_leave_bits of the cells [i, i + m), one word's `run` of bits, that s alone holds (each
+ * empties): the same edits and log, the bitmaps a word at a time. */
+static void leave_run(kvc_cells *c, uint32_t i, uint32_t m, uint64_t *plane, uint64_t bit, uint64_t run) {
+    const uint32_t w = i >> 6;
+    for (uint32_t j = i; j < i + m; j++) {
+        plane[j] &= ~bit;
+        kvc_cells_changed(c, j);
+        c->pos[j] = -1;
+        kvc_cells_ext_reset(c, j);
+    }
+    if (c->empty_zeroes_shift && c->has_shift) {
+        memset(c->shift + i, 0, (size_t)m * sizeof *c->shift);
+    }
+    c->seq_some[w] &= ~run;
+    c->emptied[w >> 6] |= (uint64_t)1 << (w & 63);
+    if (!(c->used_bits[w] &= ~run)) {
+        c->free_words[w >> 6] |= (uint64_t)1 << (w & 63);
+    }
+}
+
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
     if (seq_leave_bits(c, i, &c->seq[(size_t)(s >> 6) * c->size + i], (uint64_t)1 << (s & 63))) {
         unused_count(c, i);
@@ -740,7 +760,7 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     const uint32_t top = c->used_max_p1;
     uint32_t n_empty = 0;
     bool top_went = false;
-    for (uint32_t k = a; k < b; k++) {
+    for (uint32_t k = a; k < b;) {
         const uint32_t i = kvc_seq_key_cell(key[k]);
         if (k + KVC_CELLS_AHEAD < b) {
             /* the cell's lines, and the shift an emptied cell loses */
@@ -750,13 +770,32 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
                 KVC_PREFETCH_W(shift + next);
             }
         }
+        runs += (i >> 6) != prev;
+        prev = i >> 6;
+        /* a run of entries on adjacent cells of one word of 64 (a prompt's chunk) whose cells s
+         * alone holds: each empties, so their bits go a word at a time */
+        uint32_t m = 1;
+        while (m < 64 && k + m < b && kvc_seq_key_cell(key[k + m]) == i + m && ((i + m) & 63)) {
+            m++;
+        }
+        const uint64_t run = (m == 64 ? ~(uint64_t)0 : (((uint64_t)1 << m) - 1)) << (i & 63);
+        if (m >= 4 && !(c->seq_many[i >> 6] & run)) {
+            leave_run(c, i, m, plane, bit, run);
+            for (uint32_t q = k + 1 + KVC_CELLS_AHEAD; q < k + m + KVC_CELLS_AHEAD && q < b; q++) {
+                kvc_cells_prefetch_seq(c, kvc_seq_key_cell(key[q]), s);   /* the entries the skip passed over */
+            }
+            n_empty += m;
+            top_went |= top > i && top <= i + m;
+            lowest = i < lowest ? i : lowest;
+            k += m;
+            continue;
+        }
         if (seq_leave_bits(c, i, &plane[i], bit)) {
             n_empty++;
             top_went |= i + 1 == top;
             lowest = i < lowest ? i : lowest;
         }
-        runs += (i >> 6) != prev;
-        prev = i >> 6;
+        k++;
     }
     c->used -= n_empty;
     if (top_went) {

@@ -381,6 +381,47 @@ static void test_limits(void) {
     kvc_cells_free(&c);
 }
 
+/* A sequence's removal from runs of adjacent cells it alone holds (taken a word at a time) does
+ * what it does cell by cell: positions, shifts and extensions back to empty, the emptied bits,
+ * the last used cell; shared cells beside them keep their other sequence. */
+static void test_rm_runs(void) {
+    kvc_cells c;
+    REQUIRE(kvc_cells_init(&c, 256, 3) == KVC_OK, "init");
+    REQUIRE(kvc_cells_ext_enable(&c) == KVC_OK, "extension");
+    c.empty_zeroes_shift = true;
+    /* shared cells 40..45 (sequences 1 and 2), then sequence 1 alone on 60..75 (across a word) */
+    for (uint32_t i = 40; i < 46; i++) {
+        kvc_cells_place_first(&c, i, (int32_t)(i - 40), 1);
+        kvc_cells_seq_add(&c, i, 2);
+    }
+    for (uint32_t i = 60; i < 76; i++) {
+        kvc_cells_place_first(&c, i, (int32_t)(i - 54), 1);
+        c.ext[i] = (kvc_cell_ext){ 3, 4, 7 };
+        c.shift[i] = 5;
+    }
+    c.has_shift = true;
+    uint64_t emptied[2] = { 0, 0 };
+    kvc_cells_take_emptied(&c, emptied);
+    emptied[0] = 0;
+    CHECK(kvc_cells_seq_rm_range(&c, 1, kvc_pos_range_of(-1, -1)) == 60, "the lowest cell emptied");
+    bool ok = true;
+    for (uint32_t i = 60; i < 76; i++) {
+        ok = ok && c.pos[i] == -1 && c.shift[i] == 0 && c.ext[i].x == 0 && c.ext[i].y == 0 &&
+             c.ext[i].tok == KVC_TOKEN_NULL && kvc_cells_seq_none(&c, i) && kvc_cells_is_empty_bit(&c, i);
+    }
+    CHECK(ok, "the run's cells are empty, their shifts and extensions at their defaults");
+    for (uint32_t i = 40; i < 46; i++) {
+        CHECK(c.pos[i] == (int32_t)(i - 40) && kvc_cells_seq_has(&c, i, 2) && !kvc_cells_seq_has(&c, i, 1) &&
+              kvc_cells_seq_count(&c, i) == 1, "shared cell %u keeps sequence 2", i);
+    }
+    CHECK(c.used == 6 && c.used_max_p1 == 46, "used %u, last %u", c.used, c.used_max_p1);
+    kvc_cells_take_emptied(&c, emptied);
+    CHECK(emptied[0] == 3, "the emptied words: %llx", (unsigned long long)emptied[0]);
+    CHECK(kvc_cells_check(&c, NULL) == KVC_OK, "the counts agree with the sets");
+    CHECK(kvc_cells_seq_pos_max(&c, 1) == -1 && kvc_cells_seq_pos_max(&c, 2) == 5, "the index");
+    kvc_cells_free(&c);
+}
+
 /* The tables a cache reads per cell: zeroed whatever their size, on whole huge pages from 1 MiB
  * (Linux), NULL for a size that overflows or when the allocation hook says so. */
 static void test_table_memory(void) {
@@ -418,6 +459,7 @@ int main(void) {
     run(MAXN, 256);
     test_limits();
     test_table_memory();
+    test_rm_runs();
     printf("test_cells: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed != 0;
 }
