@@ -199,6 +199,14 @@ static void kvc_cells_find_used_max(kvc_cells *c, uint32_t end) {
     c->used_max_p1 = (w << 6) + kvc_msb64(bits) + 1;
 }
 
+/* The cells `mask` of word w of used_bits going empty: the emptied, used and free-word bits. */
+static inline void unused_word(kvc_cells *c, uint32_t w, uint64_t mask) {
+    c->emptied[w >> 6] |= (uint64_t)1 << (w & 63);
+    if (!(c->used_bits[w] &= ~mask)) {
+        c->free_words[w >> 6] |= (uint64_t)1 << (w & 63);
+    }
+}
+
 /* The bits of cell i going empty: its shift zeroed where the table does so, the emptied, used
  * and free-word bits; the counts (used, used_max_p1) are the caller's. */
 static inline void unused_bits(kvc_cells *c, uint32_t i) {
@@ -206,10 +214,7 @@ static inline void unused_bits(kvc_cells *c, uint32_t i) {
     if (c->empty_zeroes_shift && c->has_shift) {
         c->shift[i] = 0;
     }
-    c->emptied[i >> 12] |= (uint64_t)1 << ((i >> 6) & 63);
-    if (!(c->used_bits[i >> 6] &= ~((uint64_t)1 << (i & 63)))) {
-        c->free_words[i >> 12] |= (uint64_t)1 << ((i >> 6) & 63);
-    }
+    unused_word(c, i >> 6, (uint64_t)1 << (i & 63));
 }
 
 /* The counts of cell i, which went empty (unused_bits done). */
@@ -734,10 +739,7 @@ static void leave_run(kvc_cells *c, uint32_t i, uint32_t m, uint64_t *plane, uin
         memset(c->shift + i, 0, (size_t)m * sizeof *c->shift);
     }
     c->seq_some[w] &= ~run;
-    c->emptied[w >> 6] |= (uint64_t)1 << (w & 63);
-    if (!(c->used_bits[w] &= ~run)) {
-        c->free_words[w >> 6] |= (uint64_t)1 << (w & 63);
-    }
+    unused_word(c, w, run);
 }
 
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
