@@ -29,6 +29,7 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->shift = kvc_table_calloc(size, sizeof *c->shift);
     c->seq = kvc_table_calloc((uint64_t)c->seq_words * size, sizeof *c->seq);
     c->n_seqs = kvc_table_calloc(size, sizeof *c->n_seqs);
+    c->owner = kvc_table_calloc(size, sizeof *c->owner);
     c->seq_some = kvc_table_calloc(c->n_words, sizeof *c->seq_some);
     c->seq_many = kvc_table_calloc(c->n_words, sizeof *c->seq_many);
     c->used_bits = kvc_calloc(c->n_words, sizeof *c->used_bits);
@@ -38,7 +39,7 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     c->blk_words = (c->n_words + 63) / 64;
     c->seq_blk = kvc_calloc((size_t)(n_seq_max ? n_seq_max : 1) * (c->blk_words ? c->blk_words : 1), sizeof *c->seq_blk);
     c->chg = kvc_table_calloc(size, sizeof *c->chg);
-    bool ok = c->pos && c->shift && c->seq && c->n_seqs && c->seq_some && c->seq_many && c->used_bits && c->free_words && c->emptied && c->seq_pos && c->seq_blk && c->chg;
+    bool ok = c->pos && c->shift && c->seq && c->n_seqs && c->owner && c->seq_some && c->seq_many && c->used_bits && c->free_words && c->emptied && c->seq_pos && c->seq_blk && c->chg;
     /* one entry per cell at most: never reallocated, so no operation can fail later */
     for (uint32_t s = 0; ok && s < n_seq_max; s++) {
         c->seq_pos[s].key = kvc_malloc_n(size, sizeof(uint64_t));
@@ -51,6 +52,7 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     for (uint32_t i = 0; i < size; i++) {
         c->pos[i] = -1;
     }
+    memset(c->owner, 0xff, (size_t)size * sizeof *c->owner);   /* KVC_CELLS_NO_OWNER */
     kvc_cells_free_words_all(c);
     kvc_cells_words_all(c, c->emptied);
     return KVC_OK;
@@ -87,6 +89,7 @@ int kvc_cells_snapshot(kvc_cells *dst, const kvc_cells *src) {
     dst->shift = kvc_malloc_n(size ? size : 1, sizeof *dst->shift);
     dst->seq = kvc_malloc_n((uint64_t)dst->seq_words * size + 1, sizeof *dst->seq);
     dst->n_seqs = kvc_malloc_n(size ? size : 1, sizeof *dst->n_seqs);
+    dst->owner = kvc_malloc_n(size ? size : 1, sizeof *dst->owner);
     dst->seq_some = kvc_malloc_n(dst->n_words + 1, sizeof *dst->seq_some);
     dst->seq_many = kvc_malloc_n(dst->n_words + 1, sizeof *dst->seq_many);
     dst->used_bits = kvc_malloc_n(dst->n_words + 1, sizeof *dst->used_bits);
@@ -98,7 +101,7 @@ int kvc_cells_snapshot(kvc_cells *dst, const kvc_cells *src) {
     dst->chg = kvc_malloc_n(1, sizeof *dst->chg);
     dst->key_block = kvc_malloc_n(n_keys, sizeof *dst->key_block);
     dst->ext = src->ext ? kvc_malloc_n(size ? size : 1, sizeof *dst->ext) : NULL;
-    if (!dst->pos || !dst->shift || !dst->seq || !dst->n_seqs || !dst->seq_some || !dst->seq_many || !dst->used_bits || !dst->free_words ||
+    if (!dst->pos || !dst->shift || !dst->seq || !dst->n_seqs || !dst->owner || !dst->seq_some || !dst->seq_many || !dst->used_bits || !dst->free_words ||
         !dst->emptied || !dst->seq_pos || !dst->seq_blk || !dst->chg || !dst->key_block || (src->ext && !dst->ext)) {
         kvc_cells_free(dst);
         return KVC_E_NOMEM;
@@ -118,6 +121,7 @@ void kvc_cells_free(kvc_cells *c) {
     kvc_free(c->shift);
     kvc_free(c->seq);
     kvc_free(c->n_seqs);
+    kvc_free(c->owner);
     kvc_free(c->seq_some);
     kvc_free(c->seq_many);
     kvc_free(c->used_bits);
@@ -140,6 +144,7 @@ void kvc_cells_reset(kvc_cells *c) {
     memset(c->shift, 0, (size_t)c->size * sizeof *c->shift);
     memset(c->seq, 0, (size_t)c->seq_words * c->size * sizeof *c->seq);
     memset(c->n_seqs, 0, (size_t)c->size * sizeof *c->n_seqs);
+    memset(c->owner, 0xff, (size_t)c->size * sizeof *c->owner);
     memset(c->seq_some, 0, (size_t)c->n_words * sizeof *c->seq_some);
     memset(c->seq_many, 0, (size_t)c->n_words * sizeof *c->seq_many);
     memset(c->used_bits, 0, (size_t)c->n_words * sizeof *c->used_bits);
@@ -228,6 +233,103 @@ static inline void unused_count(kvc_cells *c, uint32_t i) {
 static void kvc_cells_mark_unused(kvc_cells *c, uint32_t i) {
     unused_bits(c, i);
     unused_count(c, i);
+}
+
+/* --- a cell's sequences: the owner of a cell one holds, the planes of a cell several hold --- */
+
+/* Sequence s, not among cell i's, joins it: the cell's owner when it had none, else the planes
+ * (with the owner it had, which leaves the owner array) and the count. */
+static inline void cell_join(kvc_cells *c, uint32_t i, int32_t s) {
+    const uint64_t b = (uint64_t)1 << (i & 63);
+    uint64_t *some = &c->seq_some[i >> 6], *many = &c->seq_many[i >> 6];
+    if (!(*some & b)) {
+        *some |= b;
+        c->owner[i] = (uint16_t)s;
+        return;
+    }
+    if (!(*many & b)) {
+        kvc_seqs_add(c->seq, c->size, i, c->owner[i]);   /* (the owner stays, stale) */
+        *many |= b;
+        c->n_seqs[i] = 2;
+    } else {
+        c->n_seqs[i]++;
+    }
+    kvc_seqs_add(c->seq, c->size, i, s);
+}
+
+/* Sequence s, among cell i's, leaves it; returns whether no sequence holds it now. The last of
+ * several left becomes its owner (the planes of a cell one sequence holds are 0); the owner of a
+ * cell going empty is left as it was (stale: its some bit says). */
+static inline bool cell_leave(kvc_cells *c, uint32_t i, int32_t s) {
+    const uint64_t b = (uint64_t)1 << (i & 63);
+    uint64_t *many = &c->seq_many[i >> 6];
+    if (!(*many & b)) {
+        c->seq_some[i >> 6] &= ~b;
+        return true;
+    }
+    kvc_seqs_del(c->seq, c->size, i, s);
+    if (--c->n_seqs[i] == 1) {
+        const int32_t o = kvc_seqs_next(c->seq, c->size, c->seq_words, i, -1);
+        kvc_seqs_del(c->seq, c->size, i, o);
+        c->owner[i] = (uint16_t)o;
+        *many &= ~b;
+    }
+    return false;
+}
+
+void kvc_cells_seq_put(kvc_cells *c, uint32_t i, const uint64_t *in) {
+    uint32_t n = 0;
+    int32_t first = -1;
+    for (uint32_t w = 0; in && w < c->seq_words; w++) {
+        n += kvc_popcount64(in[w]);
+        if (first < 0 && in[w]) {
+            first = (int32_t)(64 * w + kvc_ctz64(in[w]));
+        }
+    }
+    if (n >= 2) {
+        kvc_seqs_put(c->seq, c->size, c->seq_words, i, in);
+    } else {
+        if (kvc_cells_bit(c->seq_many, i)) {
+            kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
+        }
+        if (n) {
+            c->owner[i] = (uint16_t)first;
+        }
+    }
+    kvc_cells_count_set(c, i, n);
+}
+
+bool kvc_cells_same_sets(const kvc_cells *a, const kvc_cells *b) {
+    const size_t n = a->size;
+    if (memcmp(a->seq_some, b->seq_some, (size_t)a->n_words * sizeof *a->seq_some) ||
+        memcmp(a->seq_many, b->seq_many, (size_t)a->n_words * sizeof *a->seq_many) ||
+        memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq)) {
+        return false;
+    }
+    for (uint32_t w = 0; w < a->n_words; w++) {
+        for (uint64_t m = kvc_cells_one_word(a, w); m; m &= m - 1) {
+            const uint32_t i = (w << 6) + kvc_ctz64(m);
+            if (a->owner[i] != b->owner[i]) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+void kvc_cells_seq_add_raw(kvc_cells *c, uint32_t i, int32_t s) {
+    if (!kvc_cells_seq_has(c, i, s)) {
+        cell_join(c, i, s);
+    }
+    kvc_cells_blk_mark(c, i, s);
+    kvc_cells_changed(c, i);
+}
+
+void kvc_cells_seq_only_raw(kvc_cells *c, uint32_t i, int32_t s) {
+    uint64_t only[KVC_SEQ_WORDS] = { 0 };
+    only[s >> 6] = (uint64_t)1 << (s & 63);
+    kvc_cells_seq_put(c, i, only);
+    kvc_cells_changed(c, i);
 }
 
 /* Set (used) or clear the used bits of cells [i, i + n), free_words kept; the counts are the
@@ -530,7 +632,7 @@ uint32_t kvc_cells_blk_count(const kvc_cells *c, int32_t s) {
 /* Mark cell i's block for every sequence it holds. */
 static void kvc_cells_blk_mark_all(kvc_cells *c, uint32_t i) {
     for (uint32_t w = 0; w < c->seq_words; w++) {
-        for (uint64_t m = c->seq[(size_t)w * c->size + i]; m; m &= m - 1) {
+        for (uint64_t m = kvc_cells_seq_word(c, i, w); m; m &= m - 1) {
             kvc_cells_blk_mark(c, i, (int32_t)(64 * w + kvc_ctz64(m)));
         }
     }
@@ -587,12 +689,11 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
         }
     }
     for (uint32_t w = 0; !by_walk && w < nw; w++) {
-        const uint64_t *plane = c->seq + (size_t)w * c->size;
         if (!mask.w[w]) {
             continue;
         }
         for (uint32_t i = 0; i < c->used_max_p1; i++) {
-            uint64_t m = plane[i] & mask.w[w];
+            uint64_t m = kvc_cells_seq_word(c, i, w) & mask.w[w];
             if (c->pos[i] == -1 || !m) {
                 continue;
             }
@@ -618,11 +719,10 @@ void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p) {
 }
 
 void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
-    if (kvc_seqs_has(c->seq, c->size, i, s)) {
+    if (kvc_cells_seq_has(c, i, s)) {
         return;
     }
-    kvc_seqs_add(c->seq, c->size, i, s);
-    kvc_cells_count_inc(c, i);
+    cell_join(c, i, s);
     kvc_cells_blk_mark(c, i, s);
     kvc_cells_changed(c, i);
     kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(c->pos[i], i));
@@ -631,7 +731,7 @@ void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s) {
 void kvc_cells_place_first(kvc_cells *c, uint32_t i, int32_t p, int32_t s) {
     c->pos[i] = p;
     kvc_cells_mark_used(c, i);
-    c->seq[(size_t)(s >> 6) * c->size + i] = (uint64_t)1 << (s & 63);
+    c->owner[i] = (uint16_t)s;
     c->seq_some[i >> 6] |= (uint64_t)1 << (i & 63);   /* the cell was empty: its many bit is clear */
     kvc_cells_blk_mark(c, i, s);
     kvc_cells_changed(c, i);
@@ -674,10 +774,16 @@ void kvc_cells_place_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *po
         if (id_seen_before(ids, q)) {
             continue;
         }
-        uint64_t *plane = c->seq + (size_t)(s >> 6) * c->size;
-        const uint64_t bit = (uint64_t)1 << (s & 63);
-        for (uint32_t j = 0; j < n; j++) {
-            plane[i + j] |= bit;
+        if (k == 1) {
+            for (uint32_t j = 0; j < n; j++) {
+                c->owner[i + j] = (uint16_t)s;
+            }
+        } else {
+            uint64_t *plane = c->seq + (size_t)(s >> 6) * c->size;
+            const uint64_t bit = (uint64_t)1 << (s & 63);
+            for (uint32_t j = 0; j < n; j++) {
+                plane[i + j] |= bit;
+            }
         }
         for (uint32_t b = i >> 6; b <= (i + n - 1) >> 6; b++) {
             kvc_cells_blk_mark(c, b << 6, s);
@@ -704,14 +810,11 @@ bool kvc_cells_seq_rm(kvc_cells *c, uint32_t i, int32_t s) {
 }
 
 /* kvc_cells_seq_del_raw but for the table's counts (unused_count, when it returns true: the cell
- * went empty), with s's word of cell i (`word`) and its bit given: a caller removing many cells
- * reads them once and counts once (the build does not assume that the stores to the cells leave
- * the table's fields alone). */
-static inline bool seq_leave_bits(kvc_cells *c, uint32_t i, uint64_t *word, uint64_t bit) {
+ * went empty): a caller removing many cells counts once. */
+static inline bool seq_leave_bits(kvc_cells *c, uint32_t i, int32_t s, bool held) {
     bool none;
-    if (*word & bit) {
-        *word &= ~bit;
-        none = kvc_cells_count_dec(c, i);
+    if (held || kvc_cells_seq_has(c, i, s)) {
+        none = cell_leave(c, i, s);
     } else {
         none = kvc_cells_seq_none(c, i);
     }
@@ -727,10 +830,9 @@ static inline bool seq_leave_bits(kvc_cells *c, uint32_t i, uint64_t *word, uint
 
 /* seq_leave_bits of the cells [i, i + m), one word's `run` of bits, that s alone holds (each
  * empties): the same edits and log, the bitmaps a word at a time. */
-static void leave_run(kvc_cells *c, uint32_t i, uint32_t m, uint64_t *plane, uint64_t bit, uint64_t run) {
+static void leave_run(kvc_cells *c, uint32_t i, uint32_t m, uint64_t run) {
     const uint32_t w = i >> 6;
     for (uint32_t j = i; j < i + m; j++) {
-        plane[j] &= ~bit;
         kvc_cells_changed(c, j);
         c->pos[j] = -1;
         kvc_cells_ext_reset(c, j);
@@ -743,7 +845,7 @@ static void leave_run(kvc_cells *c, uint32_t i, uint32_t m, uint64_t *plane, uin
 }
 
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s) {
-    if (seq_leave_bits(c, i, &c->seq[(size_t)(s >> 6) * c->size + i], (uint64_t)1 << (s & 63))) {
+    if (seq_leave_bits(c, i, s, false)) {
         unused_count(c, i);
         return true;
     }
@@ -755,8 +857,6 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
     uint32_t a, b, lowest = c->size, runs = 0, prev = UINT32_MAX;
     kvc_cells_seq_pos_span(c, s, r, &a, &b);
     const uint64_t *const key = sp->key;
-    const uint64_t bit = (uint64_t)1 << (s & 63);
-    uint64_t *const plane = c->seq + (size_t)(s >> 6) * c->size;
     int32_t *const shift = c->empty_zeroes_shift && c->has_shift ? c->shift : NULL;
     /* the counts once, after the loop: the cells emptied, and the last used cell if it went */
     const uint32_t top = c->used_max_p1;
@@ -767,7 +867,7 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
         if (k + KVC_CELLS_AHEAD < b) {
             /* the cell's lines, and the shift an emptied cell loses */
             const uint32_t next = kvc_seq_key_cell(key[k + KVC_CELLS_AHEAD]);
-            kvc_cells_prefetch_seq(c, next, s);
+            kvc_cells_prefetch_leave(c, next);
             if (shift) {
                 KVC_PREFETCH_W(shift + next);
             }
@@ -782,9 +882,9 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
         }
         const uint64_t run = (m == 64 ? ~(uint64_t)0 : (((uint64_t)1 << m) - 1)) << (i & 63);
         if (m >= 4 && !(c->seq_many[i >> 6] & run)) {
-            leave_run(c, i, m, plane, bit, run);
+            leave_run(c, i, m, run);
             for (uint32_t q = k + 1 + KVC_CELLS_AHEAD; q < k + m + KVC_CELLS_AHEAD && q < b; q++) {
-                kvc_cells_prefetch_seq(c, kvc_seq_key_cell(key[q]), s);   /* the entries the skip passed over */
+                kvc_cells_prefetch_leave(c, kvc_seq_key_cell(key[q]));   /* the entries the skip passed over */
             }
             n_empty += m;
             top_went |= top > i && top <= i + m;
@@ -792,7 +892,7 @@ uint32_t kvc_cells_seq_rm_range(kvc_cells *c, int32_t s, kvc_pos_range r) {
             k += m;
             continue;
         }
-        if (seq_leave_bits(c, i, &plane[i], bit)) {
+        if (seq_leave_bits(c, i, s, true)) {   /* (an entry of s: s holds the cell) */
             n_empty++;
             top_went |= i + 1 == top;
             lowest = i < lowest ? i : lowest;
@@ -869,6 +969,7 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     int32_t *pos = c->pos, *shift = c->shift;
     uint64_t *seq = c->seq;
     const uint32_t nw = c->seq_words;
+    const bool many = kvc_cells_bit(c->seq_many, src);
     pos[dst] = pos[src];
     shift[dst] = shift[src];
     pos[src] = -1;
@@ -879,10 +980,8 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     }
     kvc_cells_count_set(c, dst, kvc_cells_seq_count(c, src));
     kvc_cells_count_set(c, src, 0);
-    if (nw == 1) {
-        seq[dst] = seq[src];
-        seq[src] = 0;
-    } else {
+    c->owner[dst] = c->owner[src];
+    if (many) {
         const uint32_t size = c->size;
         kvc_seqs_copy_cell(seq, size, nw, dst, src);
         kvc_seqs_put(seq, size, nw, src, NULL);
@@ -890,7 +989,7 @@ void kvc_cells_mv(kvc_cells *c, uint32_t src, uint32_t dst) {
     kvc_cells_mark_unused(c, src);
     kvc_cells_mark_used(c, dst);
     kvc_cells_blk_mark_all(c, dst);
-    for (int32_t s = kvc_seqs_next(seq, c->size, nw, dst, -1); s >= 0; s = kvc_seqs_next(seq, c->size, nw, dst, s)) {
+    for (int32_t s = kvc_cells_seq_next(c, dst, -1); s >= 0; s = kvc_cells_seq_next(c, dst, s)) {
         kvc_seq_pos_rekey(&c->seq_pos[s], kvc_seq_key(pos[dst], src), kvc_seq_key(pos[dst], dst));
     }
     kvc_cells_changed(c, src);
@@ -914,6 +1013,7 @@ void kvc_cells_mv_run(kvc_cells *c, uint32_t src, uint32_t dst, uint32_t n) {
         memcpy(plane + dst, plane + src, (size_t)n * sizeof *plane);
         memset(plane + src, 0, (size_t)n * sizeof *plane);
     }
+    memcpy(c->owner + dst, c->owner + src, (size_t)n * sizeof *c->owner);
     for (uint32_t j = 0; j < n; j++) {
         kvc_cells_count_set(c, dst + j, kvc_cells_seq_count(c, src + j));
         kvc_cells_count_set(c, src + j, 0);
@@ -933,7 +1033,7 @@ void kvc_cells_mv_run(kvc_cells *c, uint32_t src, uint32_t dst, uint32_t n) {
     for (uint32_t j = 0; j < n; j++) {
         const uint32_t d = dst + j;
         for (uint32_t w = 0; w < nw; w++) {
-            for (uint64_t m = c->seq[(size_t)w * size + d]; m; m &= m - 1) {
+            for (uint64_t m = kvc_cells_seq_word(c, d, w); m; m &= m - 1) {
                 const int32_t s = (int32_t)(64 * w + kvc_ctz64(m));
                 kvc_cells_blk_mark(c, d, s);
                 kvc_seq_pos_rekey(&c->seq_pos[s], kvc_seq_key(pos[d], src + j), kvc_seq_key(pos[d], d));
@@ -953,8 +1053,7 @@ bool kvc_cells_pos_add_raw(kvc_cells *c, uint32_t i, int32_t d) {
     kvc_cells_changed(c, i);
     if (p < 0) {
         /* the extension stays, as llama.cpp's pos_add leaves it */
-        kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
-        kvc_cells_count_set(c, i, 0);
+        kvc_cells_seq_put(c, i, NULL);
         c->pos[i] = -1;
         kvc_cells_mark_unused(c, i);
         return true;
@@ -973,8 +1072,7 @@ void kvc_cells_pos_div_raw(kvc_cells *c, uint32_t i, int32_t d) {
 void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *seq) {
     const bool was = c->pos[i] != -1, now = pos != -1;
     c->pos[i] = pos;
-    kvc_seqs_put(c->seq, c->size, c->seq_words, i, seq);
-    kvc_cells_count_set(c, i, kvc_seqs_count(c->seq, c->size, c->seq_words, i));
+    kvc_cells_seq_put(c, i, seq);
     kvc_cells_blk_mark_all(c, i);
     kvc_cells_changed(c, i);
     if (!now) {
@@ -992,8 +1090,7 @@ void kvc_cells_clear_raw(kvc_cells *c, uint32_t i) {
         c->pos[i] = -1;
         kvc_cells_ext_reset(c, i);
         kvc_cells_changed(c, i);
-        kvc_seqs_put(c->seq, c->size, c->seq_words, i, NULL);
-        kvc_cells_count_set(c, i, 0);
+        kvc_cells_seq_put(c, i, NULL);
         kvc_cells_mark_unused(c, i);
     }
 }
@@ -1004,6 +1101,7 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     memcpy(dst->shift, src->shift, n * sizeof *src->shift);
     memcpy(dst->seq, src->seq, (size_t)src->seq_words * n * sizeof *src->seq);
     memcpy(dst->n_seqs, src->n_seqs, n * sizeof *src->n_seqs);
+    memcpy(dst->owner, src->owner, n * sizeof *src->owner);
     memcpy(dst->seq_some, src->seq_some, (size_t)src->n_words * sizeof *src->seq_some);
     memcpy(dst->seq_many, src->seq_many, (size_t)src->n_words * sizeof *src->seq_many);
     memcpy(dst->used_bits, src->used_bits, (size_t)src->n_words * sizeof *src->used_bits);
@@ -1025,7 +1123,16 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
 
 int kvc_cells_check(const kvc_cells *c, kvc_err *err) {
     for (uint32_t i = 0; i < c->size; i++) {
-        const uint32_t n = kvc_seqs_count(c->seq, c->size, c->seq_words, i);
+        const uint32_t in_planes = kvc_seqs_count(c->seq, c->size, c->seq_words, i);
+        const uint32_t o = kvc_cells_owner(c, i);
+        if (o != KVC_CELLS_NO_OWNER && (o >= c->n_seq_max || in_planes)) {
+            return kvc_err_set(err, KVC_E_INTERNAL, "cell %u has owner %u and %u sequences in its planes", i, o,
+                               in_planes);
+        }
+        if (in_planes == 1) {
+            return kvc_err_set(err, KVC_E_INTERNAL, "cell %u holds one sequence in its planes, not as its owner", i);
+        }
+        const uint32_t n = in_planes + (o != KVC_CELLS_NO_OWNER);
         if (kvc_cells_seq_count(c, i) != n || kvc_cells_bit(c->seq_many, i) != (n >= 2)) {
             return kvc_err_set(err, KVC_E_INTERNAL, "cell %u holds %u sequences but counts %u", i, n,
                                kvc_cells_seq_count(c, i));
@@ -1091,15 +1198,11 @@ static bool undo_room(kvc_cells_undo *u, const kvc_cells *c, uint32_t n) {
     if (seq) {
         u->seq = seq;
     }
-    uint16_t *n_seqs = seq ? kvc_realloc_n(u->n_seqs, cap, sizeof *n_seqs) : NULL;
-    if (n_seqs) {
-        u->n_seqs = n_seqs;
-    }
-    kvc_cell_ext *ext = n_seqs && c->ext ? kvc_realloc_n(u->ext, cap, sizeof *ext) : NULL;
+    kvc_cell_ext *ext = seq && c->ext ? kvc_realloc_n(u->ext, cap, sizeof *ext) : NULL;
     if (ext) {
         u->ext = ext;
     }
-    if (!n_seqs || (c->ext && !ext)) {
+    if (!seq || (c->ext && !ext)) {
         return false;
     }
     u->cap = (uint32_t)cap;
@@ -1112,8 +1215,7 @@ static void keep_cell(kvc_cells_undo *u, const kvc_cells *c, uint32_t i) {
     u->cell[j] = i;
     u->pos[j] = c->pos[i];
     u->shift[j] = c->shift[i];
-    kvc_seqs_get(c->seq, c->size, c->seq_words, i, u->seq + (size_t)j * c->seq_words);
-    u->n_seqs[j] = (uint16_t)kvc_cells_seq_count(c, i);
+    kvc_cells_seq_get(c, i, u->seq + (size_t)j * c->seq_words);
     if (c->ext) {
         u->ext[j] = c->ext[i];
     }
@@ -1181,8 +1283,7 @@ void kvc_cells_undo_apply(kvc_cells *c, const kvc_cells_undo *u) {
         const uint32_t i = u->cell[j];
         c->pos[i] = u->pos[j];
         c->shift[i] = u->shift[j];
-        kvc_seqs_put(c->seq, c->size, c->seq_words, i, u->seq + (size_t)j * c->seq_words);
-        kvc_cells_count_set(c, i, u->n_seqs[j]);
+        kvc_cells_seq_put(c, i, u->seq + (size_t)j * c->seq_words);
         if (c->ext) {
             c->ext[i] = u->ext[j];
         }
@@ -1209,7 +1310,6 @@ void kvc_cells_undo_free(kvc_cells_undo *u) {
     kvc_free(u->pos);
     kvc_free(u->shift);
     kvc_free(u->seq);
-    kvc_free(u->n_seqs);
     kvc_free(u->ext);
     for (int32_t s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, -1); u->keys && s >= 0;
          s = kvc_seqset_next(&u->seqs, KVC_SEQ_WORDS, s)) {

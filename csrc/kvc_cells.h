@@ -1,7 +1,12 @@
 /* kvcache — the cell table of a unified KV cache (llama_kv_cells_unified).
  *
  * Struct of arrays over `size` cells: position (-1 = empty), accumulated shift, and the set of
- * sequences holding the cell (seq_words 64-bit words per cell as word planes, kvc_seqset.h).
+ * sequences holding the cell: for a cell one sequence holds (the common case), that sequence in
+ * `owner` (two bytes a cell; stale, and never read, for a cell none or several hold); for a cell
+ * several hold, seq_words 64-bit words as word planes (kvc_seqset.h), all 0 for every other
+ * cell. So a sequence taking a cell of its own writes two bytes, leaving it writes none, and
+ * neither touches the planes (8 bytes a cell per 64 sequences, lines the CPU's caches do not
+ * keep for a table of many cells). Read and edit the sets through kvc_cells_seq_*.
  * Index structures kept in step:
  *   - used_bits: one bit per cell, set when pos != -1 (the free-cell index that
  *     find_slot scans 64 cells at a time), with the count `used` and used_max_p1;
@@ -44,6 +49,12 @@ extern "C" {
 /* The token id of a cell that has none (LLAMA_TOKEN_NULL). */
 #define KVC_TOKEN_NULL (-1)
 
+/* owner of a cell that none or several sequences hold */
+#define KVC_CELLS_NO_OWNER UINT16_MAX
+#if KVC_MAX_SEQ >= 65535
+#error "a cell's owner holds a sequence id in 16 bits"
+#endif
+
 /* A cell's extension: its 2-D position (x, y) and token id; defaults 0, 0, KVC_TOKEN_NULL. */
 typedef struct kvc_cell_ext {
     int32_t x, y, tok;
@@ -76,7 +87,11 @@ typedef struct kvc_cells {
     uint32_t    seq_words;    /* kvc_seq_words(n_seq_max): words of a cell's sequence set */
     int32_t    *pos;          /* [size] position, -1 when empty */
     int32_t    *shift;        /* [size] shift accumulated since the last reset_shift */
-    uint64_t   *seq;          /* [seq_words * size] word w of cell i's set at seq[w * size + i] */
+    uint64_t   *seq;          /* [seq_words * size] word w of cell i's set at seq[w * size + i],
+                               * where two or more sequences hold it (its many bit); 0 elsewhere */
+    uint16_t   *owner;        /* [size] the sequence holding cell i where exactly one does (its
+                               * some bit set, its many bit clear); stale for every other cell,
+                               * so that a cell going empty does not write it (kvc_cells_owner) */
     uint16_t   *n_seqs;       /* [size] the sequences in cell i's set (its bits) where its many bit
                                * is set, so that a removal learns whether the cell empties without
                                * reading every plane (planes lie `size` words apart) */
@@ -127,8 +142,20 @@ static inline bool kvc_cells_is_empty(const kvc_cells *c, uint32_t i) { return c
 static inline bool kvc_cells_is_empty_bit(const kvc_cells *c, uint32_t i) {
     return !((c->used_bits[i >> 6] >> (i & 63)) & 1u);
 }
+/* The cells of word w (64 cells) that exactly one sequence holds: those whose owner is theirs. */
+static inline uint64_t kvc_cells_one_word(const kvc_cells *c, uint32_t w) {
+    return c->seq_some[w] & ~c->seq_many[w];
+}
+/* The one sequence holding cell i, or KVC_CELLS_NO_OWNER (none or several hold it). */
+static inline uint32_t kvc_cells_owner(const kvc_cells *c, uint32_t i) {
+    return (kvc_cells_one_word(c, i >> 6) >> (i & 63)) & 1u ? c->owner[i] : KVC_CELLS_NO_OWNER;
+}
 static inline bool kvc_cells_seq_has(const kvc_cells *c, uint32_t i, int32_t s) {
-    return kvc_seqs_has(c->seq, c->size, i, s);
+    const uint64_t b = (uint64_t)1 << (i & 63);
+    if (c->seq_many[i >> 6] & b) {
+        return kvc_seqs_has(c->seq, c->size, i, s);
+    }
+    return (c->seq_some[i >> 6] & b) && c->owner[i] == (uint32_t)s;
 }
 /* Bit i of a per-cell bitmap. */
 static inline bool kvc_cells_bit(const uint64_t *bits, uint32_t i) {
@@ -154,37 +181,40 @@ static inline void kvc_cells_count_set(kvc_cells *c, uint32_t i, uint32_t n) {
         *many &= ~b;
     }
 }
-/* One more sequence holds cell i. */
-static inline void kvc_cells_count_inc(kvc_cells *c, uint32_t i) {
-    const uint64_t b = (uint64_t)1 << (i & 63);
-    uint64_t *some = &c->seq_some[i >> 6], *many = &c->seq_many[i >> 6];
-    if (!(*some & b)) {
-        *some |= b;
-    } else if (!(*many & b)) {
-        *many |= b;
-        c->n_seqs[i] = 2;
-    } else {
-        c->n_seqs[i]++;
+/* Word w of cell i's set: bit j for sequence 64 w + j. */
+static inline uint64_t kvc_cells_seq_word(const kvc_cells *c, uint32_t i, uint32_t w) {
+    const uint32_t o = kvc_cells_owner(c, i);
+    if (o != KVC_CELLS_NO_OWNER) {
+        return o >> 6 == w ? (uint64_t)1 << (o & 63) : 0;
     }
+    return c->seq[(size_t)w * c->size + i];
 }
-/* One sequence fewer holds cell i (which one held); returns whether none does now. */
-static inline bool kvc_cells_count_dec(kvc_cells *c, uint32_t i) {
-    const uint64_t b = (uint64_t)1 << (i & 63);
-    uint64_t *many = &c->seq_many[i >> 6];
-    if (*many & b) {
-        if (--c->n_seqs[i] == 1) {
-            *many &= ~b;
-        }
-        return false;
+/* Cell i's set into the words out[0, seq_words). */
+static inline void kvc_cells_seq_get(const kvc_cells *c, uint32_t i, uint64_t *out) {
+    for (uint32_t w = 0; w < c->seq_words; w++) {
+        out[w] = kvc_cells_seq_word(c, i, w);
     }
-    c->seq_some[i >> 6] &= ~b;
-    return true;
 }
 /* Add cell i's sequences to acc. */
 static inline void kvc_cells_seq_or_into(const kvc_cells *c, uint32_t i, kvc_seqset *acc) {
-    kvc_seqs_or_into(c->seq, c->size, c->seq_words, i, acc);
+    for (uint32_t w = 0; w < c->seq_words; w++) {
+        acc->w[w] |= kvc_cells_seq_word(c, i, w);
+    }
 }
-/* The plane of the word that holds sequence s's bit (one word per cell). */
+/* The smallest sequence id > after holding cell i, or -1 (ascending walk over a cell's ids). */
+static inline int32_t kvc_cells_seq_next(const kvc_cells *c, uint32_t i, int32_t after) {
+    const uint32_t o = kvc_cells_owner(c, i);
+    if (o != KVC_CELLS_NO_OWNER) {
+        return (int32_t)o > after ? (int32_t)o : -1;
+    }
+    return kvc_cells_bit(c->seq_many, i) ? kvc_seqs_next(c->seq, c->size, c->seq_words, i, after) : -1;
+}
+/* Cell i's set becomes the words in[0, seq_words) (NULL: empty), its counts with it. */
+void kvc_cells_seq_put(kvc_cells *c, uint32_t i, const uint64_t *in);
+/* Whether every cell of a holds the sequences it holds in b (tables of one size and n_seq_max). */
+bool kvc_cells_same_sets(const kvc_cells *a, const kvc_cells *b);
+/* The plane of the word that holds sequence s's bit (one word per cell; the cells several
+ * sequences hold: kvc_cells_seq_has also reads the owners). */
 static inline const uint64_t *kvc_cells_seq_plane(const kvc_cells *c, int32_t s) {
     return c->seq + (size_t)(s >> 6) * c->size;
 }
@@ -250,11 +280,18 @@ static inline uint32_t kvc_cells_blk_next(const kvc_cells *c, int32_t s, uint32_
 /* The cells of block b holding sequence s, bit j for cell 64 b + j (exact; from the cells). */
 static inline uint64_t kvc_cells_blk_cells(const kvc_cells *c, int32_t s, uint32_t b) {
     const uint64_t *plane = kvc_cells_seq_plane(c, s) + ((size_t)b << 6);
+    const uint16_t *owner = c->owner + ((size_t)b << 6);
     const unsigned bit = (unsigned)(s & 63);
     const uint32_t n = c->size - (b << 6) < 64 ? c->size - (b << 6) : 64;
     uint64_t m = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        m |= ((plane[j] >> bit) & 1u) << j;
+    for (uint64_t one = kvc_cells_one_word(c, b); one; one &= one - 1) {
+        const uint32_t j = kvc_ctz64(one);
+        m |= (uint64_t)(owner[j] == (uint32_t)s) << j;
+    }
+    if (c->seq_many[b]) {
+        for (uint32_t j = 0; j < n; j++) {
+            m |= ((plane[j] >> bit) & 1u) << j;
+        }
     }
     return m;
 }
@@ -265,11 +302,17 @@ static inline void kvc_cells_blk_drop(kvc_cells *c, int32_t s, uint32_t b) {
 /* Blocks sequence s has marked. */
 uint32_t kvc_cells_blk_count(const kvc_cells *c, int32_t s);
 
-/* Cell i is about to get or lose sequence s: its position and s's word (the count is read only
- * for a cell several sequences share). */
+/* Cell i is about to get sequence s: its position and owner (the planes and the count are read
+ * only for a cell several sequences share). */
 KVC_PREFETCH_FN void kvc_cells_prefetch_seq(const kvc_cells *c, uint32_t i, int32_t s) {
+    (void)s;
     KVC_PREFETCH_W(c->pos + i);
-    KVC_PREFETCH_W(c->seq + (size_t)(s >> 6) * c->size + i);
+    KVC_PREFETCH_W(c->owner + i);
+}
+/* Cell i is about to lose a sequence that holds it: its position (a cell of one sequence
+ * empties; its owner is not read). */
+KVC_PREFETCH_FN void kvc_cells_prefetch_leave(const kvc_cells *c, uint32_t i) {
+    KVC_PREFETCH_W(c->pos + i);
 }
 /* Cell i is about to get sequence s at a position after s's last: also the end of s's entries
  * (every sequence's in a line of its own). */
@@ -316,20 +359,9 @@ void kvc_cells_set_raw(kvc_cells *c, uint32_t i, int32_t pos, const uint64_t *se
 bool kvc_cells_seq_del_raw(kvc_cells *c, uint32_t i, int32_t s);
 /* Sequence s joins non-empty cell i (no-op when already there). The index (seq_pos) is not
  * updated. */
-static inline void kvc_cells_seq_add_raw(kvc_cells *c, uint32_t i, int32_t s) {
-    if (!kvc_seqs_has(c->seq, c->size, i, s)) {
-        kvc_seqs_add(c->seq, c->size, i, s);
-        kvc_cells_count_inc(c, i);
-    }
-    kvc_cells_blk_mark(c, i, s);
-    kvc_cells_changed(c, i);
-}
+void kvc_cells_seq_add_raw(kvc_cells *c, uint32_t i, int32_t s);
 /* Cell i keeps only sequence s (which it holds). The index is not updated. */
-static inline void kvc_cells_seq_only_raw(kvc_cells *c, uint32_t i, int32_t s) {
-    kvc_seqs_only(c->seq, c->size, c->seq_words, i, s);
-    kvc_cells_count_set(c, i, 1);
-    kvc_cells_changed(c, i);
-}
+void kvc_cells_seq_only_raw(kvc_cells *c, uint32_t i, int32_t s);
 /* Empty cell i (sequences cleared, shift kept). */
 void kvc_cells_clear_raw(kvc_cells *c, uint32_t i);
 /* Recompute seq_pos[s] from the cells for every s in mask (walking their blocks when they are
@@ -404,7 +436,6 @@ typedef struct kvc_cells_undo {
     uint32_t     *cell;          /* [cap] */
     int32_t      *pos, *shift;   /* [cap] */
     uint64_t     *seq;           /* [cap * seq_words] each cell's words, one after the other */
-    uint16_t     *n_seqs;        /* [cap] */
     kvc_cell_ext *ext;           /* [cap] with the extension, else NULL */
     kvc_seqset    seqs;          /* the sequences whose entries and block bits are kept */
     kvc_seqset    cells_of;      /* the sequences whose cells are kept too */

@@ -733,7 +733,7 @@ static bool same_cells(const kvc_cells *a, const kvc_cells *b) {
     const size_t n = a->size;
     return a->used == b->used && a->has_shift == b->has_shift && !memcmp(a->pos, b->pos, n * sizeof *a->pos) &&
            !memcmp(a->shift, b->shift, n * sizeof *a->shift) &&
-           !memcmp(a->seq, b->seq, n * a->seq_words * sizeof *a->seq) &&
+           kvc_cells_same_sets(a, b) &&
            (!a->ext || !b->ext || !memcmp(a->ext, b->ext, n * sizeof *a->ext));
 }
 

@@ -153,28 +153,54 @@ static void kvc_mask_fill_hidden(void *out, int dtype, size_t n, bool stream) {
     }
 }
 
-/* The key positions of sequence s: v[i] = pos[i] where bit s of seq[i] is set, else -1
- * (i < n). */
-static void kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uint64_t *seq, uint32_t n, unsigned s) {
+/* The key positions of sequence s: v[i] = pos[i] where cell i holds s (a cell one sequence
+ * holds, bit i of `single`, whose owner[i] is s; or, with planes, bit s & 63 of seq[i]: the cells
+ * several hold), else -1 (i < n; `single` from a word's first cell). seq NULL: no cell of the n
+ * is held by several (their planes, all 0, are not read). */
+static void kvc_mask_key_positions(int32_t *v, const int32_t *pos, const uint16_t *owner, const uint64_t *single,
+                                   const uint64_t *seq, uint32_t n, int32_t s) {
     uint32_t i = 0;
+    const unsigned bit = (unsigned)(s & 63);
 #ifdef KVC_HAVE_SSE2
-    const __m128i one = _mm_set1_epi32(1);
-    const __m128i shift = _mm_cvtsi32_si128((int)s);
+    const __m128i one = _mm_set1_epi32(1), zero = _mm_setzero_si128(), id = _mm_set1_epi32(s);
+    const __m128i lane = _mm_set_epi32(8, 4, 2, 1);
+    const __m128i shift = _mm_cvtsi32_si128((int)bit);
     for (; i + 4 <= n; i += 4) {
-        const __m128i s01 = _mm_srl_epi64(_mm_loadu_si128((const __m128i *)(seq + i)), shift);
-        const __m128i s23 = _mm_srl_epi64(_mm_loadu_si128((const __m128i *)(seq + i + 2)), shift);
-        /* the low 32 bits of the four words, in order */
-        const __m128i lows = _mm_unpacklo_epi64(_mm_shuffle_epi32(s01, _MM_SHUFFLE(2, 0, 2, 0)),
-                                                _mm_shuffle_epi32(s23, _MM_SHUFFLE(2, 0, 2, 0)));
-        /* has - 1: 0 where the cell holds s, all ones elsewhere */
-        const __m128i absent = _mm_sub_epi32(_mm_and_si128(lows, one), one);
+        /* all ones where the cell is one sequence's and its owner is s */
+        const int ones = (int)((single[i >> 6] >> (i & 63)) & 0xfu);
+        const __m128i is_one = _mm_cmpeq_epi32(_mm_and_si128(_mm_set1_epi32(ones), lane), lane);
+        const __m128i own = _mm_and_si128(
+            is_one, _mm_cmpeq_epi32(_mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)(owner + i)), zero), id));
+        __m128i absent = _mm_set1_epi32(-1);
+        if (seq) {
+            const __m128i s01 = _mm_srl_epi64(_mm_loadu_si128((const __m128i *)(seq + i)), shift);
+            const __m128i s23 = _mm_srl_epi64(_mm_loadu_si128((const __m128i *)(seq + i + 2)), shift);
+            /* the low 32 bits of the four words, in order */
+            const __m128i lows = _mm_unpacklo_epi64(_mm_shuffle_epi32(s01, _MM_SHUFFLE(2, 0, 2, 0)),
+                                                    _mm_shuffle_epi32(s23, _MM_SHUFFLE(2, 0, 2, 0)));
+            /* has - 1: 0 where the planes hold s, all ones elsewhere */
+            absent = _mm_sub_epi32(_mm_and_si128(lows, one), one);
+        }
+        absent = _mm_andnot_si128(own, absent);
         _mm_storeu_si128((__m128i *)(v + i), _mm_or_si128(_mm_loadu_si128((const __m128i *)(pos + i)), absent));
     }
 #endif
     for (; i < n; i++) {
-        const int32_t has = (int32_t)((seq[i] >> s) & 1u);
+        const int32_t has = (((single[i >> 6] >> (i & 63)) & 1u) && owner[i] == (uint32_t)s) ||
+                            (seq && ((seq[i] >> bit) & 1u));
         v[i] = pos[i] | (has - 1);
     }
+}
+
+/* Whether a cell of [i, i + n) is held by several sequences (its planes are read); into
+ * single[0 ..], the words of the cells one sequence holds (i a multiple of 64). */
+static bool kvc_mask_sets(const kvc_cells *cells, uint32_t i, uint32_t n, uint64_t *single) {
+    uint64_t any = 0;
+    for (uint32_t w = i >> 6; w <= (i + n - 1) >> 6; w++) {
+        any |= cells->seq_many[w];
+        single[w - (i >> 6)] = kvc_cells_one_word(cells, w);
+    }
+    return any != 0;
 }
 
 /* The end of the run of blocks marked for sequence s that starts at marked block b (cells
@@ -262,6 +288,7 @@ static void kvc_mask_row_of(const kvc_cells *cells, uint32_t n_kv, int32_t s, in
                             bool alibi, int dtype, bool stream, uint8_t *row) {
     const size_t el = kvc_mask_elsize(dtype);
     int32_t vis[KVC_MASK_CHUNK];
+    uint64_t single[KVC_MASK_CHUNK / 64];
     const uint64_t *plane = kvc_cells_seq_plane(cells, s);
     const kvc_pos_range window = {lo, (int64_t)hi + 1};
     uint32_t a, e;
@@ -279,7 +306,8 @@ static void kvc_mask_row_of(const kvc_cells *cells, uint32_t n_kv, int32_t s, in
         }
         for (uint32_t off = i0; off < i1; off += KVC_MASK_CHUNK) {
             const uint32_t m = i1 - off < KVC_MASK_CHUNK ? i1 - off : KVC_MASK_CHUNK;
-            kvc_mask_key_positions(vis, cells->pos + off, plane + off, m, (unsigned)(s & 63));
+            const bool many = kvc_mask_sets(cells, off, m, single);
+            kvc_mask_key_positions(vis, cells->pos + off, cells->owner + off, single, many ? plane + off : NULL, m, s);
             kvc_mask_row(row + (size_t)off * el, dtype, vis, m, lo, hi, p1, alibi, stream);
         }
         done = i1;

@@ -27,6 +27,7 @@ static void rec_src(const kvc_recurrent *c, int32_t seq_id, kvc_state_src *s) {
     s->size = c->cells.size;
     s->pos = c->cells.pos;
     s->seq = c->cells.seq;
+    s->cells = NULL;
     s->seq_words = c->cells.seq_words;
     s->seq_id = seq_id;
     s->empty_is_no_seq = true;

@@ -52,12 +52,8 @@ static void kvc_undo_push(kvc_undo *u, const kvc_cells *cells, uint32_t i, uint3
     r->n = n;
     r->off = u->n_cells;
     memcpy(u->pos + r->off, cells->pos + i, (size_t)n * sizeof *cells->pos);
-    if (nw == 1) {
-        memcpy(u->seq + r->off, cells->seq + i, (size_t)n * sizeof *cells->seq);
-    } else {
-        for (uint32_t j = 0; j < n; j++) {
-            kvc_seqs_get(cells->seq, cells->size, nw, i + j, u->seq + (size_t)(r->off + j) * nw);
-        }
+    for (uint32_t j = 0; j < n; j++) {
+        kvc_cells_seq_get(cells, i + j, u->seq + (size_t)(r->off + j) * nw);
     }
     u->n_cells += n;
 }
@@ -300,10 +296,10 @@ int kvc_unified_groups(const kvc_unified *c, const kvc_ubatch *ub, uint32_t *str
 /* Can a placement take used cell i of a stream? Only with a sliding window, when its one
  * sequence's window (as of that sequence's next position) has left it. */
 static bool kvc_stream_reusable(const kvc_unified *c, const kvc_cells *cells, uint32_t i) {
-    if (kvc_seqs_count(cells->seq, cells->size, cells->seq_words, i) != 1) {
+    if (kvc_cells_seq_count(cells, i) != 1) {
         return false;
     }
-    const int32_t q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, i, -1);
+    const int32_t q = kvc_cells_seq_next(cells, i, -1);
     const int32_t p_max = kvc_cells_seq_pos_max(cells, q);
     return kvc_unified_is_masked_swa(c, cells->pos[i], p_max == KVC_POS_MAX ? KVC_POS_MAX : p_max + 1);
 }
@@ -528,7 +524,7 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
             /* (the position, whose line the placement writes next anyway: the used bits would be
              * one more line to read) */
             if (!kvc_cells_is_empty(cells, cell)) {
-                const int32_t q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, cell, -1);
+                const int32_t q = kvc_cells_seq_next(cells, cell, -1);
                 if (cells->pos[cell] > over[q]) {
                     over[q] = cells->pos[cell];
                 }
@@ -848,8 +844,8 @@ static int dry_save(kvc_unified *c, kvc_cells_undo *saved, const kvc_ubatch *ub,
         rc = kvc_cells_undo_cells(&saved[strm[g]], cells, idx + (size_t)g * nst, nst);
         for (uint32_t i = 0; i < nst && rc == KVC_OK; i++) {
             const uint32_t cell = (uint32_t)idx[(size_t)g * nst + i];
-            for (int32_t q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, cell, -1); q >= 0 && rc == KVC_OK;
-                 q = kvc_seqs_next(cells->seq, cells->size, cells->seq_words, cell, q)) {
+            for (int32_t q = kvc_cells_seq_next(cells, cell, -1); q >= 0 && rc == KVC_OK;
+                 q = kvc_cells_seq_next(cells, cell, q)) {
                 rc = kvc_cells_undo_seq(&saved[strm[g]], cells, q);
             }
         }

@@ -56,12 +56,24 @@ static void emit_u32(emitter *e, uint32_t v) {
     emit(e, q, 4);
 }
 
+/* Cell i's sequences: its owner (with one), or its planes. */
+static bool src_has(const kvc_state_src *s, uint32_t i, int32_t id) {
+    return s->cells ? kvc_cells_seq_has(s->cells, i, id) : kvc_seqs_has(s->seq, s->size, i, id);
+}
+static uint32_t src_seq_count(const kvc_state_src *s, uint32_t i) {
+    return s->cells ? kvc_cells_seq_count(s->cells, i) : kvc_seqs_count(s->seq, s->size, s->seq_words, i);
+}
+/* The smallest id > after holding cell i, or -1. */
+static int32_t src_next(const kvc_state_src *s, uint32_t i, int32_t after) {
+    return s->cells ? kvc_cells_seq_next(s->cells, i, after) : kvc_seqs_next(s->seq, s->size, s->seq_words, i, after);
+}
+
 static bool src_listed(const kvc_state_src *s, uint32_t i) {
     if (s->seq_id >= 0) {
-        return (s->empty_is_no_seq || s->pos[i] != -1) && kvc_seqs_has(s->seq, s->size, i, s->seq_id) &&
+        return (s->empty_is_no_seq || s->pos[i] != -1) && src_has(s, i, s->seq_id) &&
                !(s->swa && kvc_unified_is_masked_swa(s->swa, s->pos[i], s->swa_pmax));
     }
-    return s->empty_is_no_seq ? !kvc_seqs_none(s->seq, s->size, s->seq_words, i) : s->pos[i] != -1;
+    return s->empty_is_no_seq ? src_seq_count(s, i) != 0 : s->pos[i] != -1;
 }
 
 /* Bytes of listed cell i's metadata record: pos, n_seq_id, the extension, the ids. */
@@ -69,7 +81,7 @@ static size_t src_meta_bytes(const kvc_state_src *s, uint32_t i) {
     if (s->seq_id >= 0) {
         return (s->single_writes_id ? 12 : 8) + s->ext_bytes;
     }
-    return 8 + s->ext_bytes + 4 * (size_t)kvc_seqs_count(s->seq, s->size, s->seq_words, i);
+    return 8 + s->ext_bytes + 4 * (size_t)src_seq_count(s, i);
 }
 
 /* Count the listed cells, their runs of consecutive cells and their metadata bytes. */
@@ -215,8 +227,7 @@ static void emit_state(const kvc_state_src *s, uint32_t cc, uint64_t meta, const
                 } else {
                     /* the ids ascending, as the reference's std::set */
                     uint32_t count = 0;
-                    for (int32_t id = kvc_seqs_next(s->seq, s->size, s->seq_words, i, -1); id >= 0;
-                         id = kvc_seqs_next(s->seq, s->size, s->seq_words, i, id), n += 4, count++) {
+                    for (int32_t id = src_next(s, i, -1); id >= 0; id = src_next(s, i, id), n += 4, count++) {
                         kvc_le_put_i32(rec + n, id);
                     }
                     kvc_le_put_u32(rec + 4, count);
@@ -431,6 +442,7 @@ static void unified_src(const kvc_state_stream *ref, int32_t seq_id, unsigned la
     s->size = cells->size;
     s->pos = cells->pos;
     s->seq = cells->seq;
+    s->cells = cells;
     s->seq_words = cells->seq_words;
     s->seq_id = seq_id;
     s->empty_is_no_seq = false;

@@ -50,6 +50,8 @@ typedef struct kvc_state_src {
     uint32_t        size;
     const int32_t  *pos;             /* [size] */
     const uint64_t *seq;             /* [seq_words * size] the cells' sets as word planes (kvc_seqset.h) */
+    const struct kvc_cells *cells;   /* the unified cache's table (the owners of the cells one
+                                      * sequence holds: kvc_cells_owner), or NULL: the planes alone */
     uint32_t        seq_words;
     int32_t         seq_id;          /* -1 = whole cache */
     bool            empty_is_no_seq; /* recurrent: a cell is empty when it has no sequence */

@@ -216,7 +216,7 @@ cdef Py_ssize_t cells_differ(const kvc_cells *a, kvb_cache *b):
     kvb_cells(b, pos, seq)
     cdef Py_ssize_t bad = -1
     for i in range(n):
-        if pos[i] != a.pos[i] or (pos[i] != -1 and seq[i] != a.seq[i]):
+        if pos[i] != a.pos[i] or (pos[i] != -1 and seq[i] != kvc_cells_seq_word(a, i, 0)):
             bad = i
             break
     free(pos); free(seq)

@@ -1023,7 +1023,7 @@ cdef class _Unified(UnifiedCore):
 
     def _stream_cells(self, uint32_t st):
         cdef const kvc_cells *t = kvc_unified_stream_cells_c(&self.c, st)
-        cdef Py_ssize_t n = t.size, nw = t.seq_words
+        cdef Py_ssize_t n = t.size, nw = t.seq_words, i, w
         pos = np.empty(n, dtype=np.int32)
         shift = np.empty(n, dtype=np.int32)
         planes = np.empty((nw, n), dtype=np.uint64)     # the table's layout: one plane per word
@@ -1041,7 +1041,9 @@ cdef class _Unified(UnifiedCore):
             with nogil:
                 memcpy(&vp[0], t.pos, n * sizeof(int32_t))
                 memcpy(&vs[0], t.shift, n * sizeof(int32_t))
-                memcpy(&vq[0, 0], t.seq, nw * n * sizeof(uint64_t))
+                for w in range(nw):
+                    for i in range(n):
+                        vq[w, i] = kvc_cells_seq_word(t, <uint32_t>i, <uint32_t>w)
                 if pe != NULL:
                     memcpy(pe, t.ext, n * sizeof(kvc_cell_ext))
         finally:

@@ -4,7 +4,7 @@
 from libc.stdint cimport uint16_t
 from libc.stdlib cimport malloc, free
 from kvcache.includes.kvc_unified cimport *
-from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift, kvc_cell_ext
+from kvcache.includes.kvc_cells cimport kvc_cells_reset_shift, kvc_cells_seq_word, kvc_cell_ext
 from kvcache.includes.kvc_update cimport (KVC_UPDATE_MAX_PARTS, kvc_update_opts, kvc_update_result,
                                           kvc_unified_update_parts)
 from kvcache.includes.kvc_rope cimport kvc_rope_params

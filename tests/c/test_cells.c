@@ -73,6 +73,22 @@ static void agree(const kvc_cells *c, const model *m, const char *what) {
             n_has += m->pos[i] != -1 && m->has[i][s];
         }
         ok = ok && kvc_cells_seq_count(c, i) == n_has;
+        /* the set as its readers give it: the ids in order, and word by word */
+        int32_t prev = -1;
+        for (uint32_t s = 0; s < m->n_seq; s++) {
+            if (m->pos[i] != -1 && m->has[i][s]) {
+                ok = ok && kvc_cells_seq_next(c, i, prev) == (int32_t)s;
+                prev = (int32_t)s;
+            }
+        }
+        ok = ok && kvc_cells_seq_next(c, i, prev) == -1;
+        for (uint32_t w = 0; w < c->seq_words; w++) {
+            uint64_t want = 0;
+            for (uint32_t s = 64 * w; s < m->n_seq && s < 64 * w + 64; s++) {
+                want |= (uint64_t)(m->pos[i] != -1 && m->has[i][s]) << (s & 63);
+            }
+            ok = ok && kvc_cells_seq_word(c, i, w) == want;
+        }
     }
     CHECK(ok, "%s: cells differ from the model", what);
     CHECK(kvc_cells_check(c, NULL) == KVC_OK, "%s: the sequence counts disagree with the sets", what);

@@ -129,7 +129,11 @@ static void seen_take(seen *v, const kvc_unified *c) {
     for (uint32_t st = 0; st < c->n_stream; st++) {
         const kvc_cells *t = kvc_unified_stream_cells_c(c, st);
         memcpy(v->pos + (size_t)st * t->size, t->pos, t->size * sizeof *t->pos);
-        memcpy(v->seq + (size_t)st * t->size * t->seq_words, t->seq, (size_t)t->size * t->seq_words * sizeof *t->seq);
+        for (uint32_t w = 0; w < t->seq_words; w++) {
+            for (uint32_t i = 0; i < t->size; i++) {
+                v->seq[(size_t)st * t->size * t->seq_words + (size_t)w * t->size + i] = kvc_cells_seq_word(t, i, w);
+            }
+        }
         v->epoch[st] = t->chg_epoch;
         v->chg_n[st] = t->chg_n;
     }
@@ -146,7 +150,7 @@ static void check_log(const seen *v, const kvc_unified *c, const char *what, uin
         for (uint32_t i = 0; logged && i < t->size; i++) {
             bool same = t->pos[i] == v->pos[(size_t)st * t->size + i];
             for (uint32_t w = 0; w < t->seq_words; w++) {
-                same = same && t->seq[(size_t)w * t->size + i] ==
+                same = same && kvc_cells_seq_word(t, i, w) ==
                                v->seq[(size_t)st * t->size * t->seq_words + (size_t)w * t->size + i];
             }
             if (same) {

@@ -76,8 +76,8 @@ static bool naive_place(const kvc_unified *c, uint32_t st, uint32_t n, int32_t *
         tested++;
         bool usable = t->pos[i] == -1;
         if (!usable && c->swa_type != KVC_SWA_NONE &&
-            kvc_seqs_count(t->seq, t->size, t->seq_words, i) == 1) {
-            const int32_t q = kvc_seqs_next(t->seq, t->size, t->seq_words, i, -1);
+            kvc_cells_seq_count(t, i) == 1) {
+            const int32_t q = kvc_cells_seq_next(t, i, -1);
             usable = kvc_unified_is_masked_swa(c, t->pos[i], kvc_cells_seq_pos_max(t, q) + 1);
         }
         if (usable) {
@@ -94,7 +94,7 @@ static bool naive_place(const kvc_unified *c, uint32_t st, uint32_t n, int32_t *
 
 static bool same_stream(const kvc_cells *a, const kvc_cells *b) {
     return memcmp(a->pos, b->pos, a->size * sizeof *a->pos) == 0 &&
-           memcmp(a->seq, b->seq, (size_t)a->seq_words * a->size * sizeof *a->seq) == 0 &&
+           kvc_cells_same_sets(a, b) &&
            memcmp(a->shift, b->shift, a->size * sizeof *a->shift) == 0 && a->used == b->used &&
            a->used_max_p1 == b->used_max_p1;
 }
@@ -255,7 +255,7 @@ static void test_groups_prepare_and_store(void) {
 /* The same cells: positions, sequences and the used count. */
 static bool same_cells(const kvc_cells *x, const kvc_cells *y) {
     return x->size == y->size && x->used == y->used && memcmp(x->pos, y->pos, x->size * sizeof *x->pos) == 0 &&
-           memcmp(x->seq, y->seq, (size_t)x->seq_words * x->size * sizeof *x->seq) == 0;
+           kvc_cells_same_sets(x, y);
 }
 
 /* Two caches driven as one (an iSWA pair): a ubatch that fits one and not the other changes

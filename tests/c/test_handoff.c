@@ -97,7 +97,7 @@ static bool same(const cache *a, const cache *b) {
         const kvc_cells *x = kvc_unified_stream_cells_c(&a->c, st), *y = kvc_unified_stream_cells_c(&b->c, st);
         if (kvc_unified_stream_head_c(&a->c, st) != kvc_unified_stream_head_c(&b->c, st) || x->used != y->used ||
             memcmp(x->pos, y->pos, CELLS * sizeof(int32_t)) ||
-            memcmp(x->seq, y->seq, CELLS * x->seq_words * sizeof(uint64_t)) || !x->ext != !y->ext ||
+            !kvc_cells_same_sets(x, y) || !x->ext != !y->ext ||
             (x->ext && memcmp(x->ext, y->ext, CELLS * sizeof *x->ext))) {
             return false;
         }

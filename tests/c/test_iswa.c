@@ -123,7 +123,10 @@ static void pair_dump(const pair *t, bytes *out) {
         bytes_put(out, &c->do_defrag, sizeof c->do_defrag);
         bytes_put(out, c->cells.pos, size * sizeof *c->cells.pos);
         bytes_put(out, c->cells.shift, size * sizeof *c->cells.shift);
-        bytes_put(out, c->cells.seq, size * sizeof *c->cells.seq);
+        for (uint32_t i = 0; i < size; i++) {
+            const uint64_t set = kvc_cells_seq_word(&c->cells, i, 0);
+            bytes_put(out, &set, sizeof set);
+        }
         for (uint32_t s = 0; s < c->n_seq_max; s++) {
             const int32_t mm[2] = { kvc_unified_seq_pos_min(c, s), kvc_unified_seq_pos_max(c, s) };
             bytes_put(out, mm, sizeof mm);

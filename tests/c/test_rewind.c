@@ -60,7 +60,9 @@ typedef struct seen {
 static void look(const kvc_unified *c, seen *v) {
     memcpy(v->pos, c->cells.pos, sizeof v->pos);
     memcpy(v->shift, c->cells.shift, sizeof v->shift);
-    memcpy(v->seq, c->cells.seq, sizeof v->seq);
+    for (uint32_t i = 0; i < SIZE; i++) {
+        v->seq[i] = kvc_cells_seq_word(&c->cells, i, 0);
+    }
     v->used = c->cells.used;
     v->used_max_p1 = c->cells.used_max_p1;
     v->head = c->head;

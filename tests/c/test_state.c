@@ -179,7 +179,10 @@ static void tc_dump(const tc *t, buf *out) {
     out->n = 0;
     buf_put(out, cl->pos, cl->size * sizeof *cl->pos);
     buf_put(out, cl->shift, cl->size * sizeof *cl->shift);
-    buf_put(out, cl->seq, cl->size * sizeof *cl->seq);
+    for (uint32_t i = 0; i < cl->size; i++) {
+        const uint64_t set = kvc_cells_seq_word(cl, i, 0);
+        buf_put(out, &set, sizeof set);
+    }
     buf_put(out, cl->used_bits, cl->n_words * sizeof *cl->used_bits);
     buf_u32(out, cl->used);
     buf_u32(out, cl->used_max_p1);
@@ -234,7 +237,7 @@ static void check_cells_consistent(const tc *t, const char *what) {
             used++;
             max_p1 = i + 1;
         } else {
-            CHECK(cl->seq[i] == 0, "%s: empty cell %u holds sequences", what, i);
+            CHECK(kvc_cells_seq_word(cl, i, 0) == 0, "%s: empty cell %u holds sequences", what, i);
         }
     }
     CHECK(cl->used == used, "%s: used %u != %u", what, cl->used, used);
@@ -365,7 +368,7 @@ static void test_layout(bool v_trans) {
                 buf_u32(&want, 1);
                 buf_i32(&want, seq);
             } else {
-                const uint64_t m = t.c.cells.seq[i];
+                const uint64_t m = kvc_cells_seq_word(&t.c.cells, i, 0);
                 buf_u32(&want, (uint32_t)kvc_popcount64(m));
                 for (int32_t s = 0; s < 3; s++) {
                     if ((m >> s) & 1u) {
@@ -455,7 +458,7 @@ static void roundtrip_whole(const geom *g) {
         if (a.c.cells.pos[i] == -1) {
             continue;
         }
-        CHECK(b.c.cells.pos[k] == a.c.cells.pos[i] && b.c.cells.seq[k] == a.c.cells.seq[i], "cell %u -> %u", i, k);
+        CHECK(b.c.cells.pos[k] == a.c.cells.pos[i] && kvc_cells_seq_word(&b.c.cells, k, 0) == kvc_cells_seq_word(&a.c.cells, i, 0), "cell %u -> %u", i, k);
         CHECK(g->meta_only || same_data(&b, k, &a, i), "data of cell %u -> %u", i, k);
         k++;
     }
@@ -501,7 +504,7 @@ static void roundtrip_seq(const geom *g) {
                     continue;
                 }
                 const uint32_t di = b.c.head + k;
-                CHECK(b.c.cells.pos[di] == a.c.cells.pos[i] && b.c.cells.seq[di] == (uint64_t)1 << d,
+                CHECK(b.c.cells.pos[di] == a.c.cells.pos[i] && kvc_cells_seq_word(&b.c.cells, di, 0) == (uint64_t)1 << d,
                       "seq %d -> %d: cell %u -> %u", s, d, i, di);
                 CHECK(g->meta_only || same_data(&b, di, &a, i), "seq %d -> %d: data of cell %u -> %u", s, d, i, di);
                 k++;
@@ -712,8 +715,8 @@ static void test_trailing_and_whole_quirks(void) {
         size_t consumed = 0;
         CHECK(kvc_unified_state_read(&u.c, -1, blob.p, blob.n, &consumed, &err) == KVC_OK, "%s", err.msg);
         CHECK(consumed == blob.n, "consumed");
-        CHECK(u.c.cells.pos[0] == 7 && u.c.cells.seq[0] == 5u, "duplicate ids");
-        CHECK(u.c.cells.pos[1] == 9 && u.c.cells.seq[1] == 0u && u.c.cells.used == 2, "cell without sequences");
+        CHECK(u.c.cells.pos[0] == 7 && kvc_cells_seq_word(&u.c.cells, 0, 0) == 5u, "duplicate ids");
+        CHECK(u.c.cells.pos[1] == 9 && kvc_cells_seq_word(&u.c.cells, 1, 0) == 0u && u.c.cells.used == 2, "cell without sequences");
         check_cells_consistent(&u, "quirks");
         float f;
         memcpy(&f, u.v[2] + ((size_t)3 * g.size + 1) * 4, 4);
@@ -956,9 +959,9 @@ static void check_expected(const tc *t, const char *js, uint32_t first, const ch
             q = e;
         }
         const uint32_t i = first + (uint32_t)k;
-        CHECK(i < t->g.size && t->c.cells.pos[i] == pos && t->c.cells.seq[i] == want,
+        CHECK(i < t->g.size && t->c.cells.pos[i] == pos && kvc_cells_seq_word(&t->c.cells, i, 0) == want,
               "%s: cell %u: pos %d seq %llx, expected pos %d seq %llx", name, i, t->c.cells.pos[i],
-              (unsigned long long)t->c.cells.seq[i], pos, (unsigned long long)want);
+              (unsigned long long)kvc_cells_seq_word(&t->c.cells, i, 0), pos, (unsigned long long)want);
         k++;
         p = ids;
     }
@@ -1141,7 +1144,7 @@ static void test_convert(int32_t type_v) {
             uint32_t si = gt.size;
             for (uint32_t k = 0; k < gt.size && si == gt.size; k++) {
                 if (a.c.cells.pos[k] == b.c.cells.pos[i] &&
-                    (dseq < 0 ? a.c.cells.seq[k] == b.c.cells.seq[i] : kvc_cells_seq_has(&a.c.cells, k, dseq))) {
+                    (dseq < 0 ? kvc_cells_seq_word(&a.c.cells, k, 0) == kvc_cells_seq_word(&b.c.cells, i, 0) : kvc_cells_seq_has(&a.c.cells, k, dseq))) {
                     si = k;
                 }
             }
@@ -1259,7 +1262,7 @@ static void test_describe(void) {
                     continue;
                 }
                 CHECK(k < d.cell_count && pos[k] == cl->pos[i], "cell %u position", i);
-                CHECK(seqs[KVC_SEQ_WORDS * k] == (seq < 0 ? cl->seq[i] : (uint64_t)1 << seq) &&
+                CHECK(seqs[KVC_SEQ_WORDS * k] == (seq < 0 ? kvc_cells_seq_word(cl, i, 0) : (uint64_t)1 << seq) &&
                       !seqs[KVC_SEQ_WORDS * k + 1] && !seqs[KVC_SEQ_WORDS * k + 2] && !seqs[KVC_SEQ_WORDS * k + 3],
                       "cell %u ids", i);
                 k++;

@@ -99,7 +99,11 @@ static void take(const kvc_unified *c, snapshot *s) {
     for (uint32_t st = 0; st < c->n_stream; st++) {
         const kvc_cells *t = kvc_unified_stream_cells_c(c, st);
         memcpy(s->pos[st], t->pos, SIZE * sizeof *t->pos);
-        memcpy(s->seq[st], t->seq, (size_t)SIZE * t->seq_words * sizeof *t->seq);
+        for (uint32_t w = 0; w < t->seq_words; w++) {
+            for (uint32_t i = 0; i < SIZE; i++) {
+                s->seq[st][(size_t)w * SIZE + i] = kvc_cells_seq_word(t, i, w);
+            }
+        }
         s->head[st] = kvc_unified_stream_head_c(c, st);
     }
 }
@@ -135,7 +139,7 @@ static void test_round_trips(bool per_seq, bool v_trans) {
         CHECK(kvc_unified_stream_head_c(&b->c, st) == 0, "head of stream %u", st);
         CHECK(t->used == kvc_unified_stream_cells_c(&a->c, st)->used, "used of stream %u", st);
         for (uint32_t i = 0; i < t->used; i++) {
-            const int32_t q = kvc_seqs_next(t->seq, t->size, t->seq_words, i, -1);
+            const int32_t q = kvc_cells_seq_next(t, i, -1);
             CHECK(t->pos[i] >= 0 && rows_of(b, st, i, q), "stream %u cell %u", st, i);
         }
     }
@@ -199,7 +203,7 @@ static bool all_rows(const fixture *f, int32_t seq_id, uint32_t *cells) {
     for (uint32_t st = 0; st < f->c.n_stream; st++) {
         const kvc_cells *t = kvc_unified_stream_cells_c(&f->c, st);
         for (uint32_t i = 0; i < SIZE; i++) {
-            const int32_t q = t->pos[i] < 0 ? -1 : kvc_seqs_next(t->seq, t->size, t->seq_words, i, -1);
+            const int32_t q = t->pos[i] < 0 ? -1 : kvc_cells_seq_next(t, i, -1);
             if (q >= 0 && (seq_id < 0 || kvc_cells_seq_has(t, i, seq_id))) {
                 ++*cells;
                 ok = ok && rows_of(f, st, i, seq_id < 0 ? q : seq_id);

@@ -88,12 +88,12 @@ static void check_mutation(const char *name, void (*mutate)(uint8_t *blob)) {
         rc = kvc_unified_state_apply(&t.c, &plan);
         CHECK(rc == KVC_OK, "%s: apply returned %d", name, rc);
         const kvc_cells *cl = &t.c.cells;
-        CHECK(cl->pos[0] == 5 && cl->seq[0] == 1, "%s: cell 0 is (%d, %llx)", name, cl->pos[0],
-              (unsigned long long)cl->seq[0]);
-        CHECK(cl->pos[1] == 6 && cl->seq[1] == 3, "%s: cell 1 is (%d, %llx)", name, cl->pos[1],
-              (unsigned long long)cl->seq[1]);
-        CHECK(cl->pos[2] == 7 && cl->seq[2] == 2, "%s: cell 2 is (%d, %llx)", name, cl->pos[2],
-              (unsigned long long)cl->seq[2]);
+        CHECK(cl->pos[0] == 5 && kvc_cells_seq_word(cl, 0, 0) == 1, "%s: cell 0 is (%d, %llx)", name, cl->pos[0],
+              (unsigned long long)kvc_cells_seq_word(cl, 0, 0));
+        CHECK(cl->pos[1] == 6 && kvc_cells_seq_word(cl, 1, 0) == 3, "%s: cell 1 is (%d, %llx)", name, cl->pos[1],
+              (unsigned long long)kvc_cells_seq_word(cl, 1, 0));
+        CHECK(cl->pos[2] == 7 && kvc_cells_seq_word(cl, 2, 0) == 2, "%s: cell 2 is (%d, %llx)", name, cl->pos[2],
+              (unsigned long long)kvc_cells_seq_word(cl, 2, 0));
         CHECK(cl->used == 3 && cl->seq_pos[0].n == 2 && cl->seq_pos[1].n == 2, "%s: used %u, seq_pos %u / %u",
               name, cl->used, cl->seq_pos[0].n, cl->seq_pos[1].n);
         kvc_state_plan_free(&plan);

@@ -307,7 +307,7 @@ static inline void fc_check_cells(const kvc_cells *cl, const char *when) {
         FUZZ_CHECK(bit == (cl->pos[i] != -1), "%s: used bit of cell %u disagrees with pos %d", when, i, cl->pos[i]);
         FUZZ_CHECK(cl->pos[i] >= -1, "%s: cell %u has position %d", when, i, cl->pos[i]);
         for (uint32_t s = 0; s < cl->n_seq_max; s++) {
-            const bool has = (cl->seq[(size_t)(s >> 6) * cl->size + i] >> (s & 63)) & 1;
+            const bool has = kvc_cells_seq_has(cl, i, (int32_t)s);
             FUZZ_CHECK(!has || cl->pos[i] != -1, "%s: empty cell %u holds sequence %u", when, i, s);
             count[s] += has;
         }
@@ -328,8 +328,7 @@ static inline void fc_check_cells(const kvc_cells *cl, const char *when) {
             const uint64_t key = cl->seq_pos[s].key[j];
             const uint32_t i = kvc_seq_key_cell(key);
             FUZZ_CHECK(j == 0 || cl->seq_pos[s].key[j - 1] < key, "%s: seq_pos of %u unsorted", when, s);
-            FUZZ_CHECK(i < cl->size && cl->pos[i] == kvc_seq_key_pos(key) &&
-                           (cl->seq[(size_t)(s >> 6) * cl->size + i] >> (s & 63)) & 1,
+            FUZZ_CHECK(i < cl->size && cl->pos[i] == kvc_seq_key_pos(key) && kvc_cells_seq_has(cl, i, (int32_t)s),
                        "%s: seq_pos of %u names cell %u, which does not hold it there", when, s, i);
         }
     }

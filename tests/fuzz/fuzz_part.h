@@ -177,7 +177,7 @@ static inline void fp_check_describe(const uint8_t *p, size_t avail, uint32_t ex
     for (uint32_t i = 0; i < read->cc && i < FP_DESC_CELLS; i++) {
         FP_SAME(pos[i], cells->pos[i], "cell position");
         for (uint32_t w = 0; w < KVC_SEQ_WORDS; w++) {
-            FP_SAME(seq[KVC_SEQ_WORDS * i + w], w < cells->seq_words ? cells->seq[(size_t)w * cells->size + i] : 0,
+            FP_SAME(seq[KVC_SEQ_WORDS * i + w], w < cells->seq_words ? kvc_cells_seq_word(cells, i, w) : 0,
                     "cell sequence set");
         }
         if (ext) {

@@ -169,6 +169,17 @@ typedef struct image {
     fz_kv mem;
 } image;
 
+/* Every cell's set, word w of cell i at [w * size + i] (a new allocation). */
+static uint64_t *cell_sets(const kvc_cells *cl) {
+    uint64_t *sets = fz_alloc(((size_t)cl->seq_words * cl->size + 1) * sizeof *sets);
+    for (uint32_t w = 0; w < cl->seq_words; w++) {
+        for (uint32_t i = 0; i < cl->size; i++) {
+            sets[(size_t)w * cl->size + i] = kvc_cells_seq_word(cl, i, w);
+        }
+    }
+    return sets;
+}
+
 static void image_take(image *m, const cache *t) {
     const kvc_unified *c = &t->c;
     const kvc_cells *cl = &c->cells;
@@ -178,7 +189,7 @@ static void image_take(image *m, const cache *t) {
     m->n_seq_max = cl->n_seq_max;
     m->pos = (int32_t *)fz_dup((const uint8_t *)cl->pos, cl->size * sizeof *cl->pos);
     m->shift = (int32_t *)fz_dup((const uint8_t *)cl->shift, cl->size * sizeof *cl->shift);
-    m->seq = (uint64_t *)fz_dup((const uint8_t *)cl->seq, (size_t)cl->seq_words * cl->size * sizeof *cl->seq);
+    m->seq = cell_sets(cl);
     m->used_bits = (uint64_t *)fz_dup((const uint8_t *)cl->used_bits, cl->n_words * sizeof *cl->used_bits);
     m->used = cl->used;
     m->used_max_p1 = cl->used_max_p1;
@@ -230,7 +241,9 @@ static void image_check(const image *m, const cache *t, const char *when) {
     const kvc_cells *cl = &c->cells;
     SAME_BYTES(cl->pos, m->pos, m->size * sizeof *m->pos, "cell positions");
     SAME_BYTES(cl->shift, m->shift, m->size * sizeof *m->shift, "cell shifts");
-    SAME_BYTES(cl->seq, m->seq, (size_t)cl->seq_words * m->size * sizeof *m->seq, "cell sequence sets");
+    uint64_t *sets = cell_sets(cl);
+    SAME_BYTES(sets, m->seq, (size_t)cl->seq_words * m->size * sizeof *m->seq, "cell sequence sets");
+    free(sets);
     SAME_BYTES(cl->used_bits, m->used_bits, m->n_words * sizeof *m->used_bits, "used bits");
     SAME_VALUE(cl->used, m->used, "used");
     SAME_VALUE(cl->used_max_p1, m->used_max_p1, "used_max_p1");
@@ -271,10 +284,10 @@ static void check_cells(const kvc_cells *cl, const char *when) {
         FUZZ_CHECK(bit == (cl->pos[i] != -1), "%s: used bit of cell %u disagrees with pos %d", when, i, cl->pos[i]);
         FUZZ_CHECK(cl->pos[i] >= -1, "%s: cell %u has position %d", when, i, cl->pos[i]);
         if (cl->pos[i] == -1) {
-            FUZZ_CHECK(cl->seq[i] == 0, "%s: empty cell %u holds sequences", when, i);
+            FUZZ_CHECK(kvc_cells_seq_word(cl, i, 0) == 0, "%s: empty cell %u holds sequences", when, i);
             continue;
         }
-        FUZZ_CHECK(cl->n_seq_max >= 64 || (cl->seq[i] >> cl->n_seq_max) == 0, "%s: cell %u holds an id >= n_seq_max", when, i);
+        FUZZ_CHECK(cl->n_seq_max >= 64 || (kvc_cells_seq_word(cl, i, 0) >> cl->n_seq_max) == 0, "%s: cell %u holds an id >= n_seq_max", when, i);
         used++;
         used_max_p1 = i + 1;
     }
@@ -290,7 +303,7 @@ static void check_cells(const kvc_cells *cl, const char *when) {
     for (uint32_t s = 0; s < cl->n_seq_max; s++) {
         uint32_t k = 0;
         for (uint32_t i = 0; i < cl->size; i++) {
-            if (cl->pos[i] != -1 && ((cl->seq[i] >> s) & 1)) {
+            if (cl->pos[i] != -1 && ((kvc_cells_seq_word(cl, i, 0) >> s) & 1)) {
                 expect[k++] = kvc_seq_key(cl->pos[i], i);
             }
         }
@@ -378,8 +391,8 @@ static void check_seq_result(const image *m, const cache *t, int32_t seq_id, con
     for (uint32_t i = 0; i < cl->size; i++) {
         if (i >= lo && i < hi) {
             const int32_t p = (int32_t)kvc_le_get_u32(L->p + 4 + 12 * (size_t)(i - lo));
-            FUZZ_CHECK(cl->pos[i] == p && cl->seq[i] == bit, "%s: cell %u is (%d, %llx), the part says (%d, {%d})",
-                       when, i, cl->pos[i], (unsigned long long)cl->seq[i], p, seq_id);
+            FUZZ_CHECK(cl->pos[i] == p && kvc_cells_seq_word(cl, i, 0) == bit, "%s: cell %u is (%d, %llx), the part says (%d, {%d})",
+                       when, i, cl->pos[i], (unsigned long long)kvc_cells_seq_word(cl, i, 0), p, seq_id);
             const uint64_t left = m->pos[i] == -1 ? 0 : m->seq[i] & ~bit;
             FUZZ_CHECK(left == 0, "%s: cell %u was overwritten while it held other sequences", when, i);
             continue;
@@ -392,8 +405,8 @@ static void check_seq_result(const image *m, const cache *t, int32_t seq_id, con
                 pos = -1;
             }
         }
-        FUZZ_CHECK(cl->pos[i] == pos && cl->seq[i] == seq, "%s: cell %u outside the run is (%d, %llx), expected (%d, %llx)",
-                   when, i, cl->pos[i], (unsigned long long)cl->seq[i], pos, (unsigned long long)seq);
+        FUZZ_CHECK(cl->pos[i] == pos && kvc_cells_seq_word(cl, i, 0) == seq, "%s: cell %u outside the run is (%d, %llx), expected (%d, %llx)",
+                   when, i, cl->pos[i], (unsigned long long)kvc_cells_seq_word(cl, i, 0), pos, (unsigned long long)seq);
         SAME_VALUE(cl->shift[i], m->shift[i], "shift of a cell outside the run");
     }
     check_rows(t, L, lo, when);
@@ -424,7 +437,7 @@ static void check_whole_result(const image *m, const cache *t, const layout *L) 
             bits |= (uint64_t)1 << kvc_le_get_u32(L->p + off + 8 + 4 * (size_t)j);
         }
         SAME_VALUE(cl->pos[i], (int32_t)kvc_le_get_u32(L->p + off), "restored position");
-        SAME_VALUE(cl->seq[i], bits, "restored sequence set");
+        SAME_VALUE(kvc_cells_seq_word(cl, i, 0), bits, "restored sequence set");
         off += 8 + 4 * (size_t)n_ids;
     }
     check_rows(t, L, 0, when);
@@ -484,9 +497,9 @@ static void check_others_kept(const image *m, const cache *t, int32_t seq_id, co
     const uint64_t bit = (uint64_t)1 << seq_id;
     for (uint32_t i = 0; i < cl->size; i++) {
         const bool was = m->pos[i] != -1 && (m->seq[i] & bit);
-        const bool is = cl->pos[i] != -1 && (cl->seq[i] & bit);
+        const bool is = cl->pos[i] != -1 && (kvc_cells_seq_word(cl, i, 0) & bit);
         if (!was && !is) {
-            FUZZ_CHECK(cl->pos[i] == m->pos[i] && cl->seq[i] == m->seq[i], "%s: cell %u changed", when, i);
+            FUZZ_CHECK(cl->pos[i] == m->pos[i] && kvc_cells_seq_word(cl, i, 0) == m->seq[i], "%s: cell %u changed", when, i);
         }
     }
 }

@@ -1,5 +1,5 @@
 # Declarations of csrc/kvc_cells.h: the cell table of a unified cache.
-from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, uint16_t, uint32_t, uint64_t
 from kvcache.includes.kvc_common cimport kvc_pos_range
 
 cdef extern from "kvc_seqset.h" nogil:
@@ -11,6 +11,9 @@ cdef extern from "kvc_seqset.h" nogil:
     int32_t kvc_seqset_next(const kvc_seqset *s, uint32_t nw, int32_t after)
 
 cdef extern from "kvc_cells.h" nogil:
+    enum:
+        KVC_CELLS_NO_OWNER
+
     ctypedef struct kvc_seq_pos:
         uint64_t *key
         uint32_t n
@@ -25,7 +28,8 @@ cdef extern from "kvc_cells.h" nogil:
         uint32_t seq_words
         int32_t *pos
         int32_t *shift
-        uint64_t *seq
+        uint64_t *seq           # the sets of the cells several sequences hold (0 elsewhere)
+        uint16_t *owner         # the one sequence of a cell exactly one holds; else stale (kvc_cells_owner)
         uint64_t *used_bits
         uint32_t used
         uint32_t used_max_p1
@@ -40,6 +44,10 @@ cdef extern from "kvc_cells.h" nogil:
 
     bint kvc_cells_is_empty(const kvc_cells *c, uint32_t i)
     bint kvc_cells_seq_has(const kvc_cells *c, uint32_t i, int32_t s)
+    uint32_t kvc_cells_owner(const kvc_cells *c, uint32_t i)
+    uint64_t kvc_cells_seq_word(const kvc_cells *c, uint32_t i, uint32_t w)
+    void kvc_cells_seq_get(const kvc_cells *c, uint32_t i, uint64_t *out)
+    int32_t kvc_cells_seq_next(const kvc_cells *c, uint32_t i, int32_t after)
     bint kvc_cells_seq_none(const kvc_cells *c, uint32_t i)
     bint kvc_cells_pos_in(const kvc_cells *c, uint32_t i, kvc_pos_range r)
 
