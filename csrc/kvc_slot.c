@@ -500,13 +500,10 @@ KVC_PREFETCH_FN void prefetch_placed(const kvc_unified *c, const kvc_ubatch *ub,
  * its positions stay contiguous), then each group's stream head follows its last cell. */
 static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *idx, const uint32_t *strm,
                            uint32_t n_groups, uint32_t nst, bool dry) {
-    int32_t over[KVC_MAX_SEQ];
+    int32_t over[KVC_MAX_SEQ];   /* set at the first overwrite (a placement seldom has one) */
     bool any = false;
     if (!dry) {
         kvc_reuse_placing(c);
-    }
-    for (uint32_t q = 0; q < c->n_seq_max; q++) {
-        over[q] = -1;
     }
     const uint32_t n_tokens = n_groups * nst, ub_nst = ub->n_seq_tokens;
     /* token t's ubatch group, and where the token KVC_CELLS_AHEAD later lies (prefetched) */
@@ -525,10 +522,13 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
              * one more line to read) */
             if (!kvc_cells_is_empty(cells, cell)) {
                 const int32_t q = kvc_cells_seq_next(cells, cell, -1);
+                for (uint32_t k = 0; !any && k < c->n_seq_max; k++) {
+                    over[k] = -1;
+                }
+                any = true;
                 if (cells->pos[cell] > over[q]) {
                     over[q] = cells->pos[cell];
                 }
-                any = true;
                 kvc_cells_seq_rm(cells, cell, q);
                 if (!dry) {
                     kvc_reuse_overwrite(c, strm[g], cell);
