@@ -21,8 +21,9 @@ CSRC = Path(__file__).resolve().parent.parent / "csrc"
 FLAGS = ["-std=c11", "-O3", "-fno-strict-aliasing", "-fvisibility=hidden", "-fPIC"]
 PREFETCH = {"x86_64": re.compile(r"^\s+prefetch\w*\s"), "aarch64": re.compile(r"^\s+prfm\s")}
 
-# (source, function, prefetches at least): each loop's lines (kvc_cells_prefetch_seq: position
-# and sequence word; placement: those, the end of the sequence's entries, the index's record)
+# (source, function, prefetches at least): each loop's lines (a removal: the position, and the
+# shift an emptied cell loses; kvc_cells_prefetch_seq: position and owner; placement: those, the
+# end of the sequence's entries, the index's record)
 LOOPS = [
     ("kvc_cells.c", "kvc_cells_seq_rm_range", 2),
     ("kvc_retain.c", "attach_run", 2),
