@@ -52,7 +52,6 @@ int kvc_cells_init(kvc_cells *c, uint32_t size, uint32_t n_seq_max) {
     for (uint32_t i = 0; i < size; i++) {
         c->pos[i] = -1;
     }
-    memset(c->owner, 0xff, (size_t)size * sizeof *c->owner);   /* KVC_CELLS_NO_OWNER */
     kvc_cells_free_words_all(c);
     kvc_cells_words_all(c, c->emptied);
     return KVC_OK;
@@ -144,7 +143,6 @@ void kvc_cells_reset(kvc_cells *c) {
     memset(c->shift, 0, (size_t)c->size * sizeof *c->shift);
     memset(c->seq, 0, (size_t)c->seq_words * c->size * sizeof *c->seq);
     memset(c->n_seqs, 0, (size_t)c->size * sizeof *c->n_seqs);
-    memset(c->owner, 0xff, (size_t)c->size * sizeof *c->owner);
     memset(c->seq_some, 0, (size_t)c->n_words * sizeof *c->seq_some);
     memset(c->seq_many, 0, (size_t)c->n_words * sizeof *c->seq_many);
     memset(c->used_bits, 0, (size_t)c->n_words * sizeof *c->used_bits);
