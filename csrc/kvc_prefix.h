@@ -242,6 +242,10 @@ int  kvc_prefix_spill_set(kvc_prefix *idx, bool on, uint32_t min_len, kvc_err *e
 static inline const kvc_prefix_spill *kvc_prefix_spill_pending(const kvc_prefix *idx) { return idx->spill; }
 void kvc_prefix_spill_clear(kvc_prefix *idx);
 
+/* Where cell i of stream st lies is about to be read (the insert of a prompt naming it). */
+static inline void kvc_prefix_prefetch_place(const kvc_prefix *idx, uint32_t st, uint32_t i) {
+    KVC_PREFETCH(&idx->place[(size_t)st * idx->n_cells + i]);
+}
 static inline uint32_t kvc_prefix_n_held(const kvc_prefix *idx) { return idx->n_held; }
 static inline uint32_t kvc_prefix_n_evictable(const kvc_prefix *idx) { return idx->n_evictable; }
 static inline uint32_t kvc_prefix_n_nodes(const kvc_prefix *idx) { return idx->n_nodes; }

@@ -81,12 +81,14 @@ static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32
         const int32_t p = kvc_seq_key_pos(key[e]);
         const uint32_t i = kvc_seq_key_cell(key[e]);
         if (e + KVC_CELLS_AHEAD < n_key) {
-            /* the sequence's cells lie scattered over the table */
+            /* the sequence's cells lie scattered over the table; the insert that follows reads
+             * where each new cell lies in the index (its line fetched with the record's) */
             const uint32_t next = kvc_seq_key_cell(key[e + KVC_CELLS_AHEAD]);
             if (shift) {
                 KVC_PREFETCH(shift + next);
             }
             KVC_PREFETCH(rec + next);
+            kvc_prefix_prefetch_place(&r->idx, st, next);
         }
         if (p < (int32_t)k) {
             if (ext) {
