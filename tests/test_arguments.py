@@ -206,6 +206,18 @@ def test_ubatch_refuses_bad_values_the_same_way_on_every_path(kind):
         kvcache.UBatch([0, 1], _spellings([0])[kind])
 
 
+def test_ubatch_reads_list_ints_exactly_on_both_sides_of_a_digit():
+    # an int of one internal digit (below 2**30) is read inline, a larger one by the C API:
+    # both give the value, and the range check sees ints of any size
+    pos = [0, 1, 2**30 - 1, 2**30, 2**30 + 1, 2**31 - 1]
+    tok = [2**30 + 7, 2**30 - 7, 0, 5, 2**31 - 1, 2**30]
+    ub = kvcache.UBatch(pos, [0, 1, 2, 3, 2**7, kvcache.MAX_SEQ - 1], tokens=tok)
+    assert ub.pos.tolist() == pos and ub.tokens.tolist() == tok and ub.max_seq == kvcache.MAX_SEQ - 1
+    for bad in (-(2**30) + 1, -(2**30), -(2**31), 2**63, -(2**63), 2**100):
+        with pytest.raises(ValueError, match=rf"^pos\[2\] holds {bad}, outside \[0, 2147483648\)$"):
+            kvcache.UBatch([0, 1, bad], [0, 0, 0])
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_ubatch_reads_arrays_of_any_length_whole_and_names_the_first_bad_entry(dtype):
     # a contiguous array is copied and its range taken in one pass: every length (the vector

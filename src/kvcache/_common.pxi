@@ -490,6 +490,30 @@ cdef extern from "Python.h":
     long long _int_ll "PyLong_AsLongLongAndOverflow" (PyObject *, int *)
 
 
+cdef extern from *:
+    """
+    /* An exact int's value when it fits one digit (every position, id and token a ubatch
+     * carries), read inline; *big set for any other (PyLong_AsLongLongAndOverflow reads it). */
+    static inline long long kvc_py_small_int(PyObject *o, int *big) {
+    #if PY_VERSION_HEX >= 0x030C0000
+        if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+            *big = 0;
+            return (long long)PyUnstable_Long_CompactValue((PyLongObject *)o);
+        }
+    #else
+        const Py_ssize_t size = Py_SIZE(o);
+        if (size >= -1 && size <= 1) {
+            *big = 0;
+            return (long long)size * (long long)((PyLongObject *)o)->ob_digit[0];
+        }
+    #endif
+        *big = 1;
+        return 0;
+    }
+    """
+    long long _int_small "kvc_py_small_int" (PyObject *, int *) noexcept nogil
+
+
 cdef object _flat_ints(object v):
     """v itself when it is a list or tuple of plain ints, an ndarray over v's memory when v is a
     one-dimensional native int32 / int64 array (buffer or CPU tensor), else None (the general
@@ -549,7 +573,7 @@ cdef int _ints_into(object v, int32_t *dst, Py_ssize_t n, long long hi, str name
     cdef Py_ssize_t j = 0, step
     cdef long long x, lo
     cdef long long mx = -1
-    cdef int overflow = 0
+    cdef int overflow = 0, big = 0
     cdef Py_buffer view
     cdef const char *p
     cdef PyObject **items
@@ -559,7 +583,9 @@ cdef int _ints_into(object v, int32_t *dst, Py_ssize_t n, long long hi, str name
         if _seq_size(v) >= n:
             items = _seq_items(v)
             while j < n and _int_exact(items[j]):
-                x = _int_ll(items[j], &overflow)
+                x = _int_small(items[j], &big)
+                if big:
+                    x = _int_ll(items[j], &overflow)
                 if overflow or x < 0 or x > hi:
                     _ints_refuse(<object>items[j], j, hi, name)
                 dst[j] = <int32_t>x
