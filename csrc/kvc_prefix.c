@@ -151,6 +151,9 @@ static uint32_t node_new(kvc_prefix *idx) {
 
 static void node_release(kvc_prefix *idx, uint32_t i) {
     kvc_prefix_node *n = &idx->nodes[i];
+    /* a lock's handle names a node its lock holds: one going without a lock (every node an
+     * eviction takes) leaves every lock's handle valid */
+    idx->n_lock_released += n->n_lock != 0;
     kvc_free(n->mem);
     const uint32_t gen = n->gen + 1;
     *n = (kvc_prefix_node){ 0 };
@@ -158,7 +161,6 @@ static void node_release(kvc_prefix *idx, uint32_t i) {
     n->next_sib = idx->free_head;
     idx->free_head = i;
     idx->n_free++;
-    idx->n_released++;
 }
 
 /* An edge's storage for len tokens: tokens, then cells, then streams. */
@@ -578,7 +580,7 @@ int kvc_prefix_copy(kvc_prefix *dst, const kvc_prefix *src) {
 }
 
 void kvc_prefix_clear(kvc_prefix *idx) {
-    idx->n_released++;
+    idx->n_lock_released++;
     for (uint32_t i = 1; i < idx->n_slots; i++) {
         if (idx->nodes[i].live) {
             kvc_free(idx->nodes[i].mem);

@@ -128,8 +128,8 @@ typedef struct kvc_prefix {
     uint32_t          n_held;      /* cells held */
     uint32_t          n_evictable; /* cells of unprotected nodes */
     uint32_t          n_nodes;     /* nodes with tokens (roots not counted) */
-    uint64_t          n_released;  /* slots released so far (kvc_prefix_clear counts one): a
-                                    * handle goes stale only when this grows */
+    uint64_t          n_lock_released; /* slots released that held a lock (kvc_prefix_clear
+                                    * counts one): a lock's handle goes stale only when this grows */
     kvc_prefix_spill *spill;       /* write-back at eviction, NULL: off */
 } kvc_prefix;
 

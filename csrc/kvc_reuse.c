@@ -592,16 +592,17 @@ void kvc_reuse_sync(kvc_unified *c) {
     if (!r) {
         return;
     }
-    /* most calls follow an operation that released no node: then only the locks of sequences
-     * left without cells change, and the handles (scattered over the node pool) are not read */
+    /* most calls follow an operation that released no node holding a lock (an eviction takes
+     * only nodes without one): then only the locks of sequences left without cells change, and
+     * the handles (scattered over the node pool) are not read */
     const uint64_t seen = r->synced;
-    r->synced = r->idx.n_released;
+    r->synced = r->idx.n_lock_released;
     for (uint32_t s = 0; s < c->n_seq_max; s++) {
         kvc_prefix_handle *h = &r->lock[s];
         if (h->node == 0) {
             continue;
         }
-        if (r->idx.n_released != seen && !kvc_prefix_handle_valid(&r->idx, *h)) {
+        if (r->idx.n_lock_released != seen && !kvc_prefix_handle_valid(&r->idx, *h)) {
             h->node = h->gen = 0;   /* the prefix left the index: its lock went with it */
         } else {
             unlock_if_empty(c, r, (int32_t)s);
@@ -614,12 +615,12 @@ void kvc_reuse_sync_seq(kvc_unified *c, int32_t s) {
     if (!r) {
         return;
     }
-    if (s < 0 || r->idx.n_released != r->synced) {
+    if (s < 0 || r->idx.n_lock_released != r->synced) {
         kvc_reuse_sync(c);
         return;
     }
-    /* no node went since the last sync, which left every lock with a sequence holding cells:
-     * only s's can change */
+    /* no node holding a lock went since the last sync, which left every lock with a sequence
+     * holding cells: only s's can change */
     unlock_if_empty(c, r, s);
 }
 

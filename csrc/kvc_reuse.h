@@ -45,7 +45,7 @@ typedef struct kvc_reuse {
     uint32_t           n_lock;    /* the cache's n_seq_max */
     kvc_reuse_cell    *rec;       /* [n_stream * size] each cell's record */
     uint64_t           serial;    /* placements so far */
-    uint64_t           synced;    /* idx.n_released when kvc_reuse_sync last checked every lock's
+    uint64_t           synced;    /* idx.n_lock_released when kvc_reuse_sync last checked every lock's
                                    * handle: while it has not grown, every handle is still valid */
     uint64_t          *avail;     /* [n_stream * avail_words] bit w of stream s: word w of its cells may
                                    * hold a cell neither used nor held (every word that holds one has
