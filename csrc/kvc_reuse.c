@@ -436,11 +436,22 @@ static bool room_possible(const kvc_unified *c, uint32_t st, uint32_t n, uint32_
     }
     const kvc_prefix_dry none = { KVC_PREFIX_DRY_START, 0 };
     const kvc_prefix_dry *ev = d ? &d->ev : &none;
-    if ((uint64_t)have + kvc_prefix_dry_n_evictable(&r->idx, ev) < n) {
+    const uint64_t evictable = kvc_prefix_dry_n_evictable(&r->idx, ev);
+    if ((uint64_t)have + evictable < n) {
         return false;
     }
-    /* of the evictable cells, those of the stream that no live sequence holds too */
+    /* of the evictable cells, those of the stream that no live sequence holds too. With one
+     * stream (not a dry run), those live sequences hold are held cells they hold, at most the
+     * held cells less those no sequence holds: the cells neither used nor takeable, at least
+     * (then the walk below is not needed) */
     const kvc_cells *tab = kvc_unified_stream_cells_c(c, st);
+    if (c->n_stream == 1 && !d) {
+        const uint64_t held = kvc_prefix_n_held(&r->idx), busy = (uint64_t)tab->used + have;
+        const uint64_t held_used = held + busy > tab->size ? held + busy - tab->size : 0;
+        if ((uint64_t)have + evictable >= (uint64_t)n + held_used) {
+            return true;
+        }
+    }
     return (uint64_t)have + kvc_prefix_dry_evictable_in(&r->idx, ev, st, tab->size, tab->used_bits,
                                                         (uint64_t)n - have) >= n;
 }
