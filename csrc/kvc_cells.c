@@ -736,6 +736,55 @@ void kvc_cells_place_first(kvc_cells *c, uint32_t i, int32_t p, int32_t s) {
     kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(p, i));
 }
 
+/* The empty cells [i, i + n) (n > 0) get positions pos[0 .. n) and become used; their
+ * sequences and log entries are the caller's. */
+static void use_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos) {
+    memcpy(c->pos + i, pos, (size_t)n * sizeof *pos);
+    kvc_cells_used_range(c, i, n, true);
+    c->used += n;
+    if (i + n > c->used_max_p1) {
+        c->used_max_p1 = i + n;
+    }
+}
+
+void kvc_cells_place_first_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos, const int32_t *seq) {
+    if (n == 0) {
+        return;
+    }
+    use_run(c, i, n, pos);
+    /* (the cells were empty: their many bits are clear) */
+    for (uint32_t end = i + n, j = i; j < end;) {
+        const uint32_t lo = j & 63, k = end - j < 64 - lo ? end - j : 64 - lo;
+        c->seq_some[j >> 6] |= (k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1)) << lo;
+        j += k;
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        const int32_t s = seq[j];
+        if (j + KVC_CELLS_AHEAD < n) {
+            /* the end of the entries of a sequence further on (a decode step's are scattered) */
+            kvc_cells_prefetch_append(c, i + j + KVC_CELLS_AHEAD, seq[j + KVC_CELLS_AHEAD]);
+        }
+        c->owner[i + j] = (uint16_t)s;
+        kvc_cells_blk_mark(c, i + j, s);
+        kvc_cells_changed(c, i + j);
+        kvc_seq_pos_insert(&c->seq_pos[s], kvc_seq_key(pos[j], i + j));
+    }
+}
+
+uint32_t kvc_cells_empty_run(const kvc_cells *c, uint32_t i, uint32_t n) {
+    uint32_t k = 0;
+    while (k < n) {
+        const uint32_t j = i + k, lo = j & 63;
+        const uint64_t used = c->used_bits[j >> 6] >> lo;
+        if (used) {
+            k += kvc_ctz64(used);
+            break;
+        }
+        k += 64 - lo;
+    }
+    return k < n ? k : n;
+}
+
 /* Whether ids[q] is also among ids[0 .. q). */
 static bool id_seen_before(const int32_t *ids, uint32_t q) {
     for (uint32_t r = 0; r < q; r++) {
@@ -750,12 +799,7 @@ void kvc_cells_place_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *po
     if (n == 0) {
         return;
     }
-    memcpy(c->pos + i, pos, (size_t)n * sizeof *pos);
-    kvc_cells_used_range(c, i, n, true);
-    c->used += n;
-    if (i + n > c->used_max_p1) {
-        c->used_max_p1 = i + n;
-    }
+    use_run(c, i, n, pos);
     /* the distinct ids (a repeated id joins a cell once) */
     uint32_t k = 0;
     for (uint32_t q = 0; q < n_ids; q++) {

@@ -328,6 +328,12 @@ void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p);
 /* Give the empty cell i position p (>= 0) and its first sequence s, in one call (a placed
  * token's common case: each field of the cell written once, one entry in the change log). */
 void kvc_cells_place_first(kvc_cells *c, uint32_t i, int32_t p, int32_t s);
+/* kvc_cells_place_first of the empty cells i .. i + n - 1 in order, cell i + j at pos[j] for
+ * sequence seq[j]: the same table, change log included, the run's bits set a word at a time. */
+void kvc_cells_place_first_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos, const int32_t *seq);
+/* How many of the cells i, i + 1, ... are empty before the first used one, at most n (cells
+ * past the table's end are not read: n <= size - i). */
+uint32_t kvc_cells_empty_run(const kvc_cells *c, uint32_t i, uint32_t n);
 /* Sequence s joins non-empty cell i (no-op when already there). */
 void kvc_cells_seq_add(kvc_cells *c, uint32_t i, int32_t s);
 /* The empty cells [i, i + n) get positions pos[0 .. n) and each the sequences ids[0 .. n_ids),

@@ -511,8 +511,30 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
         c->copy_dst[c->n_copies] = st;
         c->n_copies++;
     }
+    /* the prefix's runs of consecutive cells only the index held (a prompt's chunks) are placed
+     * a run at a time, when the positions are the tokens' depths */
+    const bool runs = src == st && !r->pos && !r->ext;
+    int32_t run_pos[64], run_seq[64];
     for (uint32_t i = lo; i < p; i++) {
         const uint32_t cell = r->tmp_cell[i];
+        uint32_t m = 0;
+        if (runs && kvc_cells_is_empty_bit(cells, cell)) {
+            const uint32_t room = cells->size - cell;
+            uint32_t max = p - i < 64 ? p - i : 64;
+            max = kvc_cells_empty_run(cells, cell, max < room ? max : room);
+            while (m < max && r->tmp_cell[i + m] == cell + m) {
+                run_pos[m] = (int32_t)(i + m);
+                run_seq[m++] = s;
+            }
+        }
+        if (m >= 8) {
+            kvc_cells_place_first_run(cells, cell, m, run_pos, run_seq);
+            for (uint32_t k = i + m; k < i + m + KVC_CELLS_AHEAD && k < p; k++) {
+                kvc_cells_prefetch_seq(cells, r->tmp_cell[k], s);   /* those the run passed over */
+            }
+            i += m - 1;
+            continue;
+        }
         if (i + KVC_CELLS_AHEAD < p) {
             /* the prefix's cells lie scattered over the table */
             kvc_cells_prefetch_seq(cells, r->tmp_cell[i + KVC_CELLS_AHEAD], s);

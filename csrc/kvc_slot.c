@@ -495,6 +495,44 @@ KVC_PREFETCH_FN void prefetch_placed(const kvc_unified *c, const kvc_ubatch *ub,
     }
 }
 
+/* Where token t lies: its group of the placement (nst tokens each) and of the ubatch. */
+static inline placed_at placed_at_of(uint32_t t, uint32_t nst, uint32_t ub_nst) {
+    return (placed_at){ t / nst, t % nst, t / ub_nst, t % ub_nst };
+}
+
+/* The shortest run apply places at once: below it the per-token path costs less than the
+ * checks. */
+#define KVC_APPLY_RUN_MIN 8u
+
+/* How many tokens from t on (at most `left` and 64) apply places as one run: tokens of one
+ * sequence id each (their ubatch groups' only one, into seq[]) going to consecutive empty cells
+ * from idx[t] on; 0 when fewer than KVC_APPLY_RUN_MIN. a: where t lies. */
+static uint32_t apply_run_at(const kvc_cells *cells, const kvc_ubatch *ub, const int32_t *idx, uint32_t t,
+                             uint32_t left, placed_at a, int32_t *seq) {
+    const int32_t cell0 = idx[t];
+    const uint32_t room = cells->size - (uint32_t)cell0, ub_nst = ub->n_seq_tokens;
+    uint32_t max = left < 64 ? left : 64;
+    max = max < room ? max : room;
+    /* a token where no run starts costs a compare or a word of bits */
+    if (max < KVC_APPLY_RUN_MIN || idx[t + KVC_APPLY_RUN_MIN - 1] != cell0 + (int32_t)KVC_APPLY_RUN_MIN - 1 ||
+        (max = kvc_cells_empty_run(cells, (uint32_t)cell0, max)) < KVC_APPLY_RUN_MIN) {
+        return 0;
+    }
+    uint32_t m = 0;
+    while (m < max && idx[t + m] == cell0 + (int32_t)m) {
+        const uint32_t j0 = ub->seq_off[a.ug];
+        if (ub->seq_off[a.ug + 1] - j0 != 1) {
+            break;
+        }
+        seq[m++] = ub->seq_ids[j0];
+        if (++a.ui == ub_nst) {
+            a.ui = 0;
+            a.ug++;
+        }
+    }
+    return m >= KVC_APPLY_RUN_MIN ? m : 0;
+}
+
 /* apply_ubatch: the tokens into their cells (a reused cell is emptied first), then every
  * sequence that lost a cell loses its positions up to the largest one overwritten (so that
  * its positions stay contiguous), then each group's stream head follows its last cell. */
@@ -510,10 +548,28 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
     placed_at at = { 0, 0, 0, 0 };
     placed_at ahead = { KVC_CELLS_AHEAD / nst, KVC_CELLS_AHEAD % nst, KVC_CELLS_AHEAD / ub_nst,
                         KVC_CELLS_AHEAD % ub_nst };
+    int32_t run_seq[64];
     for (uint32_t g = 0; g < n_groups; g++) {
         kvc_cells *cells = kvc_unified_stream_cells(c, strm[g]);
         for (uint32_t i = 0; i < nst; i++) {
             const uint32_t t = g * nst + i, cell = (uint32_t)idx[t];
+            /* a run of consecutive empty cells, one sequence each (a prompt's chunk, or a decode
+             * step's tokens side by side), at once: the same cells, sequences and records */
+            const uint32_t m = cells->ext ? 0 : apply_run_at(cells, ub, idx, t, nst - i, at, run_seq);
+            if (m) {
+                kvc_cells_place_first_run(cells, cell, m, ub->pos + t, run_seq);
+                for (uint32_t k = 0; !dry && k < m; k++) {
+                    kvc_reuse_note_placed(c, strm[g], cell + k, ub->token ? ub->token[t + k] : KVC_TOKEN_NULL);
+                }
+                /* on after the run: where its next token lies, and the lines of those ahead */
+                i += m - 1;
+                at = placed_at_of(t + m, nst, ub_nst);
+                for (uint32_t u = t + m; u < t + m + KVC_CELLS_AHEAD && u < n_tokens; u++) {
+                    prefetch_placed(c, ub, idx, strm, u, placed_at_of(u, nst, ub_nst));
+                }
+                ahead = placed_at_of(t + m + KVC_CELLS_AHEAD, nst, ub_nst);
+                continue;
+            }
             if (t + KVC_CELLS_AHEAD < n_tokens) {
                 prefetch_placed(c, ub, idx, strm, t + KVC_CELLS_AHEAD, ahead);
                 placed_next(&ahead, nst, ub_nst);

@@ -214,6 +214,24 @@ static void run(uint32_t size, uint32_t n_seq) {
                     m.has[i + k][ids[q]] = true;
                 }
             }
+        } else if (op == 0 && check_rand(2)) {         /* a run of empty cells, a sequence each (apply's runs) */
+            uint32_t n = 0;
+            while (i + n < size && n < 12 && m.pos[i + n] == -1) {
+                n++;
+            }
+            int32_t pos[12], seq[12];
+            const int32_t p0 = some_pos();
+            for (uint32_t k = 0; k < n; k++) {
+                pos[k] = check_rand(4) ? (int32_t)(p0 + k > KVC_POS_MAX ? KVC_POS_MAX : p0 + k) : some_pos();
+                seq[k] = check_rand(2) && k ? seq[k - 1] : some_seq(&m);
+            }
+            CHECK(kvc_cells_empty_run(&c, i, size - i < 12 ? size - i : 12) == n, "%s: the empty cells from %u", what, i);
+            kvc_cells_place_first_run(&c, i, n, pos, seq);
+            for (uint32_t k = 0; k < n; k++) {
+                m.pos[i + k] = pos[k];
+                m.has[i + k][seq[k]] = true;
+            }
+            CHECK(n == 0 || kvc_cells_empty_run(&c, i, size - i) == 0, "%s: cell %u is used", what, i);
         } else if (op < 3) {                           /* a token: an empty cell gets a position and ids */
             if (m.pos[i] != -1) {
                 continue;
