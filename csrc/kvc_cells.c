@@ -553,15 +553,23 @@ static uint32_t kvc_seq_pos_find(const kvc_seq_pos *sp, uint64_t key) {
     return k < sp->n && sp->key[k] == key ? k : sp->n;
 }
 
-static void kvc_seq_pos_insert(kvc_seq_pos *sp, uint64_t key) {
-    uint32_t k = sp->n;
-    /* the common case (positions grow) appends */
-    if (k && sp->key[k - 1] > key) {
-        k = kvc_seq_pos_lower(sp, key);
-        memmove(sp->key + k + 1, sp->key + k, (size_t)(sp->n - k) * sizeof *sp->key);
-    }
+/* kvc_seq_pos_insert of a key before the last. */
+static void seq_pos_insert_inside(kvc_seq_pos *sp, uint64_t key) {
+    const uint32_t k = kvc_seq_pos_lower(sp, key);
+    memmove(sp->key + k + 1, sp->key + k, (size_t)(sp->n - k) * sizeof *sp->key);
     sp->key[k] = key;
     sp->n++;
+}
+
+static inline void kvc_seq_pos_insert(kvc_seq_pos *sp, uint64_t key) {
+    const uint32_t n = sp->n;
+    /* the common case (positions grow) appends, inline: a placement runs it for every token */
+    if (n && sp->key[n - 1] > key) {
+        seq_pos_insert_inside(sp, key);
+        return;
+    }
+    sp->key[n] = key;
+    sp->n = n + 1;
 }
 
 static void kvc_seq_pos_erase(kvc_seq_pos *sp, uint64_t key) {

@@ -62,7 +62,8 @@ static inline bool take_cell(kvc_unified *c, uint32_t st, uint32_t i, const int3
  * ... (the first cell of each) that cell_takes takes; their tokens into toks (room for
  * seq_n_cells), their cells into r->tmp_cell / tmp_strm. Returns how many. With the extension:
  * up to the first position holding several tokens (collect_ext goes past them). from: the
- * leading tokens taken already (held_run), whose entries are s's first `from`.
+ * leading tokens taken already (held_run), whose entries are s's first `from` (their tokens
+ * and cells are not written: the insert resumes after them).
  * (Every array is read through a local: the build does not assume that stores to the outputs
  * leave the cache's fields alone, and this loop runs once per token of every release.) */
 static uint32_t collect(kvc_unified *c, int32_t s, const int32_t *tokens, uint32_t n, int32_t *toks, uint32_t from) {
@@ -193,11 +194,11 @@ uint32_t kvc_retain_seq_cells(const kvc_unified *c, int32_t s) {
  * cell is s's only cell at position j and the index's cell of depth j, in s's stream. The index
  * keeps a cell only while its K/V stay what it says (a moved or overwritten cell leaves it, and
  * its handles with it), so these tokens need neither their cells' records read (scattered over
- * the table) nor a walk down the tree: their tokens and cells go to toks / r->tmp_cell /
- * tmp_strm as collect() would put them, and *at / *off name where an insert resumes
- * (kvc_prefix_insert_upto_from). Reads s's entries and the path's edges, both in order. 0 with
- * the per-cell extension (collect_ext's order) or in window mode. */
-static uint32_t held_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n, int32_t *toks,
+ * the table) nor a walk down the tree, and the insert that follows resumes after them: *at /
+ * *off name where (kvc_prefix_insert_upto_from), and nothing reads their tokens or cells again.
+ * Reads s's entries and the path's edges, both in order. 0 with the per-cell extension
+ * (collect_ext's order) or in window mode. */
+static uint32_t held_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                          kvc_prefix_handle *at, uint32_t *off) {
     kvc_reuse *r = c->reuse;
     const kvc_prefix *idx = &r->idx;
@@ -208,7 +209,6 @@ static uint32_t held_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t
     const uint32_t st = kvc_unified_stream_of(c, s);
     const kvc_seq_pos *sp = &kvc_unified_stream_cells_c(c, st)->seq_pos[s];
     const uint64_t *key = sp->key;
-    uint32_t *out_cell = r->tmp_cell, *out_strm = r->tmp_strm;
     const uint32_t lim = tokens && n < sp->n ? n : sp->n;
     uint32_t q = idx->nodes[h.node].depth + idx->nodes[h.node].len;
     q = q < lim ? q : lim;
@@ -224,9 +224,6 @@ static uint32_t held_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t
                 q = j;
                 break;
             }
-            toks[j] = e->tok[t];
-            out_cell[j] = e->cell[t];
-            out_strm[j] = st;
         }
         if (d < q && q <= d + e->len) {
             *at = (kvc_prefix_handle){ x, e->gen };
@@ -270,7 +267,7 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
     /* (the duplicates' room is the scratch of collect_ext until the match below) */
     kvc_prefix_handle from = { 0, 0 };
     uint32_t from_off = 0;
-    const uint32_t q = held_run(c, s, salt, tokens, n, toks, &from, &from_off);
+    const uint32_t q = held_run(c, s, salt, tokens, n, &from, &from_off);
     uint32_t k = r->ext ? collect_ext(c, s, tokens, n, toks, dup_cells, dup_strms) : collect(c, s, tokens, n, toks, q);
     /* with the extension, a prompt whose positions or 2-D positions differ from the held one's
      * shares none of its later cells: it is kept only up to there */
