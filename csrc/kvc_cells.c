@@ -330,12 +330,17 @@ void kvc_cells_seq_only_raw(kvc_cells *c, uint32_t i, int32_t s) {
     kvc_cells_changed(c, i);
 }
 
+/* The bits of cells [j, j + k) in their word (k <= 64 - j % 64). */
+static inline uint64_t span_bits(uint32_t j, uint32_t k) {
+    return (k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1)) << (j & 63);
+}
+
 /* Set (used) or clear the used bits of cells [i, i + n), free_words kept; the counts are the
  * caller's. */
 static void kvc_cells_used_range(kvc_cells *c, uint32_t i, uint32_t n, bool used) {
     for (uint32_t end = i + n; i < end;) {
         const uint32_t w = i >> 6, lo = i & 63, k = end - i < 64 - lo ? end - i : 64 - lo;
-        const uint64_t m = (k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1)) << lo;
+        const uint64_t m = span_bits(i, k);
         const uint64_t fbit = (uint64_t)1 << (w & 63);
         if (used) {
             c->used_bits[w] |= m;
@@ -763,7 +768,7 @@ void kvc_cells_place_first_run(kvc_cells *c, uint32_t i, uint32_t n, const int32
     /* (the cells were empty: their many bits are clear) */
     for (uint32_t end = i + n, j = i; j < end;) {
         const uint32_t lo = j & 63, k = end - j < 64 - lo ? end - j : 64 - lo;
-        c->seq_some[j >> 6] |= (k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1)) << lo;
+        c->seq_some[j >> 6] |= span_bits(j, k);
         j += k;
     }
     for (uint32_t j = 0; j < n; j++) {

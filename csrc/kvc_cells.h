@@ -328,6 +328,10 @@ void kvc_cells_pos_set(kvc_cells *c, uint32_t i, int32_t p);
 /* Give the empty cell i position p (>= 0) and its first sequence s, in one call (a placed
  * token's common case: each field of the cell written once, one entry in the change log). */
 void kvc_cells_place_first(kvc_cells *c, uint32_t i, int32_t p, int32_t s);
+/* The runs placement and attaching hand to kvc_cells_place_first_run: at least MIN cells
+ * (below it placing cell by cell costs less than finding the run), at most MAX at a time. */
+#define KVC_CELLS_RUN_MIN 8u
+#define KVC_CELLS_RUN_MAX 64u
 /* kvc_cells_place_first of the empty cells i .. i + n - 1 in order, cell i + j at pos[j] for
  * sequence seq[j]: the same table, change log included, the run's bits set a word at a time. */
 void kvc_cells_place_first_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos, const int32_t *seq);

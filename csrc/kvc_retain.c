@@ -511,20 +511,20 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
     /* the prefix's runs of consecutive cells only the index held (a prompt's chunks) are placed
      * a run at a time, when the positions are the tokens' depths */
     const bool runs = src == st && !r->pos && !r->ext;
-    int32_t run_pos[64], run_seq[64];
+    int32_t run_pos[KVC_CELLS_RUN_MAX], run_seq[KVC_CELLS_RUN_MAX];
     for (uint32_t i = lo; i < p; i++) {
         const uint32_t cell = r->tmp_cell[i];
         uint32_t m = 0;
-        if (runs && kvc_cells_is_empty_bit(cells, cell)) {
+        if (runs) {
             const uint32_t room = cells->size - cell;
-            uint32_t max = p - i < 64 ? p - i : 64;
+            uint32_t max = p - i < KVC_CELLS_RUN_MAX ? p - i : KVC_CELLS_RUN_MAX;
             max = kvc_cells_empty_run(cells, cell, max < room ? max : room);
             while (m < max && r->tmp_cell[i + m] == cell + m) {
                 run_pos[m] = (int32_t)(i + m);
                 run_seq[m++] = s;
             }
         }
-        if (m >= 8) {
+        if (m >= KVC_CELLS_RUN_MIN) {
             kvc_cells_place_first_run(cells, cell, m, run_pos, run_seq);
             for (uint32_t k = i + m; k < i + m + KVC_CELLS_AHEAD && k < p; k++) {
                 kvc_cells_prefetch_seq(cells, r->tmp_cell[k], s);   /* those the run passed over */

@@ -500,22 +500,18 @@ static inline placed_at placed_at_of(uint32_t t, uint32_t nst, uint32_t ub_nst) 
     return (placed_at){ t / nst, t % nst, t / ub_nst, t % ub_nst };
 }
 
-/* The shortest run apply places at once: below it the per-token path costs less than the
- * checks. */
-#define KVC_APPLY_RUN_MIN 8u
-
-/* How many tokens from t on (at most `left` and 64) apply places as one run: tokens of one
- * sequence id each (their ubatch groups' only one, into seq[]) going to consecutive empty cells
- * from idx[t] on; 0 when fewer than KVC_APPLY_RUN_MIN. a: where t lies. */
+/* How many tokens from t on (at most `left` and KVC_CELLS_RUN_MAX) apply places as one run:
+ * tokens of one sequence id each (their ubatch groups' only one, into seq[]) going to
+ * consecutive empty cells from idx[t] on; 0 when fewer than KVC_CELLS_RUN_MIN. a: where t lies. */
 static uint32_t apply_run_at(const kvc_cells *cells, const kvc_ubatch *ub, const int32_t *idx, uint32_t t,
                              uint32_t left, placed_at a, int32_t *seq) {
     const int32_t cell0 = idx[t];
     const uint32_t room = cells->size - (uint32_t)cell0, ub_nst = ub->n_seq_tokens;
-    uint32_t max = left < 64 ? left : 64;
+    uint32_t max = left < KVC_CELLS_RUN_MAX ? left : KVC_CELLS_RUN_MAX;
     max = max < room ? max : room;
     /* a token where no run starts costs a compare or a word of bits */
-    if (max < KVC_APPLY_RUN_MIN || idx[t + KVC_APPLY_RUN_MIN - 1] != cell0 + (int32_t)KVC_APPLY_RUN_MIN - 1 ||
-        (max = kvc_cells_empty_run(cells, (uint32_t)cell0, max)) < KVC_APPLY_RUN_MIN) {
+    if (max < KVC_CELLS_RUN_MIN || idx[t + KVC_CELLS_RUN_MIN - 1] != cell0 + (int32_t)KVC_CELLS_RUN_MIN - 1 ||
+        (max = kvc_cells_empty_run(cells, (uint32_t)cell0, max)) < KVC_CELLS_RUN_MIN) {
         return 0;
     }
     uint32_t m = 0;
@@ -530,7 +526,7 @@ static uint32_t apply_run_at(const kvc_cells *cells, const kvc_ubatch *ub, const
             a.ug++;
         }
     }
-    return m >= KVC_APPLY_RUN_MIN ? m : 0;
+    return m >= KVC_CELLS_RUN_MIN ? m : 0;
 }
 
 /* apply_ubatch: the tokens into their cells (a reused cell is emptied first), then every
@@ -548,7 +544,7 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
     placed_at at = { 0, 0, 0, 0 };
     placed_at ahead = { KVC_CELLS_AHEAD / nst, KVC_CELLS_AHEAD % nst, KVC_CELLS_AHEAD / ub_nst,
                         KVC_CELLS_AHEAD % ub_nst };
-    int32_t run_seq[64];
+    int32_t run_seq[KVC_CELLS_RUN_MAX];
     for (uint32_t g = 0; g < n_groups; g++) {
         kvc_cells *cells = kvc_unified_stream_cells(c, strm[g]);
         for (uint32_t i = 0; i < nst; i++) {
