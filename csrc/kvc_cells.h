@@ -29,7 +29,10 @@
  *   - chg: the cells whose position or sequences changed, in order (a cell may appear more than
  *     once), since the log last restarted; the log restarts (chg_epoch grows) when it is full
  *     and whenever the whole table is replaced, so that (chg_epoch, chg_n) taken at one moment
- *     names everything that changed since: what a mask written then must rewrite.
+ *     names everything that changed since: what a mask written then must rewrite. The log is
+ *     written only while a reader keeps a place in it (kvc_cells_log_on; until it next fills):
+ *     otherwise a change only grows chg_epoch, which tells every (chg_epoch, chg_n) taken before
+ *     that anything may have changed.
  * A table may carry the per-cell extension (llama_kv_cell_ext: a 2-D position for M-RoPE, the token
  * id for per-layer embeddings), allocated only for the caches of models that have it; a cell that
  * empties gets its defaults back except through pos_add_raw (llama.cpp's pos_add leaves it).
@@ -107,6 +110,7 @@ typedef struct kvc_cells {
     bool        has_shift;    /* some pos_add / pos_div since the last reset_shift */
     bool        empty_zeroes_shift; /* a cell that empties loses its shift (today's llama.cpp);
                                * false: it keeps it until reset_shift (the seed's) */
+    bool        chg_on;       /* the log is written (kvc_cells_log_on); false: a change grows chg_epoch */
     kvc_seq_pos *seq_pos;     /* [n_seq_max] per sequence */
     uint64_t   *key_block;    /* a snapshot's (kvc_cells_snapshot): every sequence's entries in one
                                * array, each sequence's exactly as many as it had; NULL: each
@@ -235,12 +239,20 @@ static inline void kvc_cells_take_emptied(kvc_cells *c, uint64_t *into) {
 
 /* Cell i changed (position or sequences). */
 static inline void kvc_cells_changed(kvc_cells *c, uint32_t i) {
-    if (c->chg_n < c->size) {
+    if (!c->chg_on) {
+        c->chg_epoch++;   /* no reader keeps a place in the log: nothing to write in it */
+    } else if (c->chg_n < c->size) {
         c->chg[c->chg_n++] = i;
     } else {
-        c->chg_epoch++;
+        c->chg_epoch++;   /* full: every place kept in it is void, so is the reason to write it */
         c->chg_n = 0;
+        c->chg_on = false;
     }
+}
+/* A reader keeps its place in the log, (chg_epoch, chg_n) as they are now: the changes from now
+ * on are written in it (until it fills). */
+static inline void kvc_cells_log_on(kvc_cells *c) {
+    c->chg_on = true;
 }
 /* Every cell may have changed: the log restarts. */
 static inline void kvc_cells_changed_all(kvc_cells *c) {

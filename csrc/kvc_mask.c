@@ -723,7 +723,8 @@ static void kvc_mask_memo_record(kvc_unified *c, const kvc_ubatch *ub, bool caus
     sl->used = ++c->mask_memo->clock;
     for (uint32_t g = 0; g < n_groups; g++) {
         sl->strm[g] = strm[g];
-        const kvc_cells *cells = kvc_unified_stream_cells_c(c, strm[g]);
+        kvc_cells *cells = kvc_unified_stream_cells(c, strm[g]);
+        kvc_cells_log_on(cells);
         sl->epoch[strm[g]] = cells->chg_epoch;
         sl->chg_n[strm[g]] = cells->chg_n;
     }

@@ -125,9 +125,10 @@ typedef struct seen {
     uint32_t *chg_n;
 } seen;
 
-static void seen_take(seen *v, const kvc_unified *c) {
+static void seen_take(seen *v, kvc_unified *c) {
     for (uint32_t st = 0; st < c->n_stream; st++) {
-        const kvc_cells *t = kvc_unified_stream_cells_c(c, st);
+        kvc_cells *t = kvc_unified_stream_cells(c, st);
+        kvc_cells_log_on(t);   /* this look keeps a place in the log */
         memcpy(v->pos + (size_t)st * t->size, t->pos, t->size * sizeof *t->pos);
         for (uint32_t w = 0; w < t->seq_words; w++) {
             for (uint32_t i = 0; i < t->size; i++) {
