@@ -259,7 +259,7 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
     }
     const uint32_t st = kvc_unified_stream_of(c, s);
     const uint32_t m = seq_n_cells(c, s) ? seq_n_cells(c, s) : 1;
-    int32_t *toks = kvc_malloc_n(m, 3 * sizeof *toks);
+    int32_t *toks = kvc_reuse_keep_scratch(r, (size_t)m * 3 * sizeof *toks);
     if (!toks) {
         return kvc_err_set(err, KVC_E_NOMEM, "out of memory keeping the prefix of sequence %d", s);
     }
@@ -312,7 +312,6 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
             rc = KVC_OK;   /* nothing kept: said by n_kept 0 */
         }
     }
-    kvc_free(toks);
     if (rc != KVC_OK) {
         return rc;
     }

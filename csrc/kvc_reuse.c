@@ -75,6 +75,7 @@ void kvc_reuse_free(kvc_reuse *r) {
     kvc_free(r->avail);
     kvc_free(r->tmp_cell);
     kvc_free(r->tmp_strm);
+    kvc_free(r->keep_buf);
     kvc_free(r->ghost_free);
     kvc_free(r->n_ghost_free);
     kvc_free(r->ext);
@@ -249,6 +250,8 @@ kvc_reuse *kvc_reuse_copy(const kvc_unified *c) {
     d->avail = dup_n(r->avail, ns * r->avail_words + 1, sizeof *r->avail, &ok);
     d->tmp_cell = kvc_malloc_n(ids, sizeof *d->tmp_cell);   /* scratch: nothing to copy */
     d->tmp_strm = kvc_malloc_n(ids, sizeof *d->tmp_strm);
+    d->keep_buf = NULL;   /* the copy grows its own */
+    d->keep_cap = 0;
     d->ghost_free = dup_n(r->ghost_free, ns * r->n_ghost, sizeof *r->ghost_free, &ok);
     d->n_ghost_free = dup_n(r->n_ghost_free, ns, sizeof *r->n_ghost_free, &ok);
     d->ext = dup_n(r->ext, ids, sizeof *r->ext, &ok);
@@ -580,6 +583,19 @@ bool kvc_reuse_make_room(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_kno
 
 bool kvc_reuse_make_room_count(kvc_unified *c, uint32_t st, uint32_t n, uint32_t n_free, uint32_t *have) {
     return make_room(c, st, n, n_free, UINT32_MAX, have);
+}
+
+void *kvc_reuse_keep_scratch(kvc_reuse *r, size_t bytes) {
+    if (bytes > r->keep_cap) {
+        void *p = kvc_malloc(bytes);
+        if (!p) {
+            return NULL;
+        }
+        kvc_free(r->keep_buf);
+        r->keep_buf = p;
+        r->keep_cap = bytes;
+    }
+    return r->keep_buf;
 }
 
 uint64_t *kvc_reuse_avail(kvc_unified *c, uint32_t st) {

@@ -54,6 +54,8 @@ typedef struct kvc_reuse {
     uint32_t           avail_words;   /* (n_words + 63) / 64 */
     uint32_t          *tmp_cell;  /* [n_stream * (size + n_ghost)] scratch for matches and removals */
     uint32_t          *tmp_strm;
+    void              *keep_buf;  /* a release's or publish's scratch (kvc_reuse_keep_scratch), or NULL */
+    size_t             keep_cap;  /* its bytes */
     /* window mode (the SWA cache of an iSWA pair smaller than its base cache, which overwrites
      * cells that slid out of their sequence's window): the index remembers a prompt's tokens
      * beyond the cells it still holds. A token whose cell went is held by a ghost: an id in
@@ -220,6 +222,9 @@ void kvc_reuse_dry_end(kvc_unified *c, kvc_reuse_dry *d);
  * every word that holds one has its bit set), brought up to date with the cells its table
  * emptied since the last call. A search that finds a word with no such cell may clear its bit. */
 uint64_t *kvc_reuse_avail(kvc_unified *c, uint32_t st);
+/* Scratch of at least `bytes` for one release or publish, kept for the next (grown when short;
+ * the cache's operations never run at once): NULL when there is no memory for it. */
+void *kvc_reuse_keep_scratch(kvc_reuse *r, size_t bytes);
 /* Locks of sequences that have no cell any more are released, stale ones dropped (after every
  * operation that removes cells from sequences). */
 void kvc_reuse_sync(kvc_unified *c);
