@@ -75,8 +75,8 @@ void     kvc_handoff_scatter(kvc_unified *c, uint32_t stream, const kvc_run *run
 
 /* Where a stream stood when an import into a sequence holding no cell began, which its commit
  * checks in place of a copy of the cells: every change of a cell's position, sequences or
- * extension is in the table's change log (kvc_cells: chg_epoch, chg_n), a shift reset in
- * has_shift. */
+ * extension moves the table's (chg_epoch, chg_n) (kvc_cells: an entry in the change log while a
+ * reader keeps a place in it, a new epoch otherwise), a shift reset has_shift. */
 typedef struct kvc_handoff_mark {
     uint64_t epoch;
     uint32_t chg_n, head;
