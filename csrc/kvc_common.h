@@ -205,8 +205,13 @@ void  kvc_advise_huge_pages(void *p, size_t n);
 #if defined(__GNUC__) || defined(__clang__)
 static inline unsigned kvc_ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
 static inline unsigned kvc_msb64(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
+#if defined(__POPCNT__) || defined(__clang__)
 static inline unsigned kvc_popcount64(uint64_t x) { return (unsigned)__builtin_popcountll(x); }
 #else
+#define KVC_POPCOUNT_SWAR   /* GCC without POPCNT calls libgcc's table-driven routine: inline C is faster */
+#endif
+#else
+#define KVC_POPCOUNT_SWAR
 #if defined(KVC_MSVC_BITSCAN)
 static inline unsigned kvc_ctz64(uint64_t x) { unsigned long i; _BitScanForward64(&i, x); return (unsigned)i; }
 static inline unsigned kvc_msb64(uint64_t x) { unsigned long i; _BitScanReverse64(&i, x); return (unsigned)i; }
@@ -214,6 +219,8 @@ static inline unsigned kvc_msb64(uint64_t x) { unsigned long i; _BitScanReverse6
 static inline unsigned kvc_ctz64(uint64_t x) { unsigned n = 0; while (!(x & 1u)) { x >>= 1; n++; } return n; }
 static inline unsigned kvc_msb64(uint64_t x) { unsigned n = 0; while (x >>= 1) { n++; } return n; }
 #endif
+#endif
+#if defined(KVC_POPCOUNT_SWAR)
 /* Plain C even on MSVC: its __popcnt64 emits POPCNT, which an x86-64 CPU need not have. */
 static inline unsigned kvc_popcount64(uint64_t x) {
     x = x - ((x >> 1) & 0x5555555555555555u);
