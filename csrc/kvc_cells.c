@@ -760,6 +760,49 @@ static void use_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos) {
     }
 }
 
+/* kvc_cells_place_first_run's per-sequence part where every cell of the run goes to one
+ * sequence at growing positions (a prompt's chunk, an attached prefix's run), a field at a time:
+ * the owners, the sequence's block bits, the change log and its entries appended in one pass
+ * each. false (nothing written) otherwise. */
+static bool place_run_one_seq(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos, const int32_t *seq) {
+    const int32_t s = seq[0];
+    kvc_seq_pos *sp = &c->seq_pos[s];
+    const uint32_t m = sp->n;
+    uint64_t *key = sp->key;
+    bool ok = m == 0 || key[m - 1] < kvc_seq_key(pos[0], i);
+    for (uint32_t j = 1; j < n; j++) {
+        ok &= (seq[j] == s) & (pos[j] >= pos[j - 1]);   /* (cells grow: equal positions still sort) */
+    }
+    if (!ok) {
+        return false;
+    }
+    uint16_t *owner = c->owner + i;
+    for (uint32_t j = 0; j < n; j++) {
+        owner[j] = (uint16_t)s;
+    }
+    uint64_t *blk = kvc_cells_blk(c, s);
+    for (uint32_t b = i >> 6; b <= (i + n - 1) >> 6; b++) {
+        blk[b >> 6] |= (uint64_t)1 << (b & 63);
+    }
+    if (c->chg_on && c->size - c->chg_n >= n) {
+        uint32_t *log = c->chg + c->chg_n;
+        for (uint32_t j = 0; j < n; j++) {
+            log[j] = i + j;
+        }
+        c->chg_n += n;
+    } else {
+        for (uint32_t j = 0; j < n; j++) {
+            kvc_cells_changed(c, i + j);
+        }
+    }
+    uint64_t *out = key + m;
+    for (uint32_t j = 0; j < n; j++) {
+        out[j] = kvc_seq_key(pos[j], i + j);
+    }
+    sp->n = m + n;
+    return true;
+}
+
 void kvc_cells_place_first_run(kvc_cells *c, uint32_t i, uint32_t n, const int32_t *pos, const int32_t *seq) {
     if (n == 0) {
         return;
@@ -770,6 +813,9 @@ void kvc_cells_place_first_run(kvc_cells *c, uint32_t i, uint32_t n, const int32
         const uint32_t lo = j & 63, k = end - j < 64 - lo ? end - j : 64 - lo;
         c->seq_some[j >> 6] |= span_bits(j, k);
         j += k;
+    }
+    if (place_run_one_seq(c, i, n, pos, seq)) {
+        return;
     }
     for (uint32_t j = 0; j < n; j++) {
         const int32_t s = seq[j];

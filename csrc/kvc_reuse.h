@@ -105,6 +105,18 @@ static inline void kvc_reuse_note_placed(kvc_unified *c, uint32_t st, uint32_t i
         r->rec[k] = (kvc_reuse_cell){ r->serial, tok };
     }
 }
+/* Cells i .. i + n - 1 of stream st get the tokens of the current placement (tok: their ids, or
+ * NULL for KVC_TOKEN_NULL), as kvc_reuse_note_placed of each. */
+static inline void kvc_reuse_note_placed_run(kvc_unified *c, uint32_t st, uint32_t i, uint32_t n, const int32_t *tok) {
+    kvc_reuse *r = c->reuse;
+    if (r) {
+        kvc_reuse_cell *rec = r->rec + (size_t)st * c->cells.size + i;
+        const uint64_t born = r->serial;
+        for (uint32_t k = 0; k < n; k++) {
+            rec[k] = (kvc_reuse_cell){ born, tok ? tok[k] : KVC_TOKEN_NULL };
+        }
+    }
+}
 /* Cell i of stream st of stream src became a copy of the same cell of stream src (what it
  * holds and when it was computed); every cell of the stream when i is UINT32_MAX. */
 void kvc_reuse_copy_cells(kvc_unified *c, uint32_t src, uint32_t st, uint32_t i);

@@ -554,8 +554,8 @@ static void kvc_apply_2026(kvc_unified *c, const kvc_ubatch *ub, const int32_t *
             const uint32_t m = cells->ext ? 0 : apply_run_at(cells, ub, idx, t, nst - i, at, run_seq);
             if (m) {
                 kvc_cells_place_first_run(cells, cell, m, ub->pos + t, run_seq);
-                for (uint32_t k = 0; !dry && k < m; k++) {
-                    kvc_reuse_note_placed(c, strm[g], cell + k, ub->token ? ub->token[t + k] : KVC_TOKEN_NULL);
+                if (!dry) {
+                    kvc_reuse_note_placed_run(c, strm[g], cell, m, ub->token ? ub->token + t : NULL);
                 }
                 /* on after the run: where its next token lies, and the lines of those ahead */
                 i += m - 1;
