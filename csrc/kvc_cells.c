@@ -153,6 +153,7 @@ void kvc_cells_reset(kvc_cells *c) {
     c->has_shift = false;
     for (uint32_t s = 0; s < c->n_seq_max; s++) {
         c->seq_pos[s].n = 0;
+        c->seq_pos[s].sure = 0;
     }
     memset(c->seq_blk, 0, (size_t)c->n_seq_max * c->blk_words * sizeof *c->seq_blk);
     for (uint32_t i = 0; c->ext && i < c->size; i++) {
@@ -564,6 +565,7 @@ static void seq_pos_insert_inside(kvc_seq_pos *sp, uint64_t key) {
     memmove(sp->key + k + 1, sp->key + k, (size_t)(sp->n - k) * sizeof *sp->key);
     sp->key[k] = key;
     sp->n++;
+    sp->sure = 0;
 }
 
 static inline void kvc_seq_pos_insert(kvc_seq_pos *sp, uint64_t key) {
@@ -582,6 +584,7 @@ static void kvc_seq_pos_erase(kvc_seq_pos *sp, uint64_t key) {
     if (k < sp->n) {
         memmove(sp->key + k, sp->key + k + 1, (size_t)(sp->n - k - 1) * sizeof *sp->key);
         sp->n--;
+        sp->sure = 0;
     }
 }
 
@@ -591,6 +594,7 @@ static void kvc_seq_pos_rekey(kvc_seq_pos *sp, uint64_t from, uint64_t to) {
     if (k >= sp->n) {
         return;
     }
+    sp->sure = 0;
     for (; k + 1 < sp->n && sp->key[k + 1] < to; k++) {
         sp->key[k] = sp->key[k + 1];
     }
@@ -604,6 +608,7 @@ static void kvc_seq_pos_cut(kvc_seq_pos *sp, uint32_t a, uint32_t b) {
     if (a < b) {
         memmove(sp->key + a, sp->key + b, (size_t)(sp->n - b) * sizeof *sp->key);
         sp->n -= b - a;
+        sp->sure = 0;
     }
 }
 
@@ -653,6 +658,7 @@ static void kvc_cells_blk_mark_all(kvc_cells *c, uint32_t i) {
 static void kvc_cells_rebuild_one(kvc_cells *c, int32_t s) {
     kvc_seq_pos *sp = &c->seq_pos[s];
     sp->n = 0;
+    sp->sure = 0;
     for (uint32_t b = kvc_cells_blk_next(c, s, 0, c->used_max_p1); b != UINT32_MAX;
          b = kvc_cells_blk_next(c, s, b + 1, c->used_max_p1)) {
         uint64_t m = kvc_cells_blk_cells(c, s, b);
@@ -696,6 +702,7 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
             kvc_cells_rebuild_one(c, s);
         } else {
             c->seq_pos[s].n = 0;
+            c->seq_pos[s].sure = 0;
             memset(kvc_cells_blk(c, s), 0, (size_t)c->blk_words * sizeof *c->seq_blk);
         }
     }
@@ -1056,6 +1063,7 @@ bool kvc_cells_seq_cp_range(kvc_cells *c, int32_t src, int32_t dst, kvc_pos_rang
         to->key[--out] = key;
     }
     to->n += added;
+    to->sure = 0;
     for (uint32_t k = a; k < b; k++) {
         const uint32_t i = kvc_seq_key_cell(from[k]);
         if (!kvc_cells_seq_has(c, i, dst)) {
@@ -1219,6 +1227,7 @@ void kvc_cells_copy(kvc_cells *dst, const kvc_cells *src) {
     for (uint32_t s = 0; s < src->n_seq_max; s++) {
         memcpy(dst->seq_pos[s].key, src->seq_pos[s].key, (size_t)src->seq_pos[s].n * sizeof(uint64_t));
         dst->seq_pos[s].n = src->seq_pos[s].n;
+        dst->seq_pos[s].sure = 0;
     }
 }
 

@@ -77,6 +77,9 @@ typedef struct kvc_seq_pos {
     uint64_t *key;   /* ascending, one per cell holding the sequence: position << 32 | cell
                       * (kvc_seq_key_pos / kvc_seq_key_cell), so that an entry is one word */
     uint32_t n;      /* number of entries (capacity is the cell count) */
+    uint32_t sure;   /* the first `sure` entries are the cells of the prefix the index attached
+                      * the sequence to, at positions 0, 1, ... (set by the attach, kvc_retain):
+                      * 0 once any entry is removed, changed or added before the last */
 } kvc_seq_pos;
 
 static inline uint64_t kvc_seq_key(int32_t pos, uint32_t cell) { return (uint64_t)(uint32_t)pos << 32 | cell; }

@@ -212,13 +212,17 @@ static uint32_t held_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t
     const uint32_t lim = tokens && n < sp->n ? n : sp->n;
     uint32_t q = idx->nodes[h.node].depth + idx->nodes[h.node].len;
     q = q < lim ? q : lim;
+    /* the first entries the attach placed, unchanged since, are the lock's path's cells already
+     * (a valid handle's path still holds every cell it held): only the caller's tokens, when
+     * given, are compared there */
+    const uint32_t sure = tokens ? 0 : sp->sure;
     /* up from h's node: each edge checks its tokens below q, the first that fails lowers q (the
      * edges above hold the tokens before it); the edge holding token q - 1 is where to resume */
     uint32_t x = h.node;
     for (; !idx->nodes[x].root; x = idx->nodes[x].parent) {
         const kvc_prefix_node *e = &idx->nodes[x];
         const uint32_t d = e->depth;
-        for (uint32_t t = 0; d + t < q && t < e->len; t++) {
+        for (uint32_t t = sure > d ? sure - d : 0; d + t < q && t < e->len; t++) {
             const uint32_t j = d + t;
             if (e->strm[t] != st || key[j] != kvc_seq_key((int32_t)j, e->cell[t]) || (tokens && tokens[j] != e->tok[t])) {
                 q = j;
@@ -234,9 +238,13 @@ static uint32_t held_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t
 }
 
 /* Sequence s's lock moves to h (a deeper prefix it published): h locked first, so that a
- * shared path never loses its protection on the way. */
-static void lock_for(kvc_unified *c, int32_t s, kvc_prefix_handle h) {
+ * shared path never loses its protection on the way. s's first `verified` entries are cells of
+ * h's path (held_run): of the entries its attach vouched for (kvc_seq_pos.sure), those stay
+ * vouched for (an insert from the root may have found other cells for the same tokens). */
+static void lock_for(kvc_unified *c, int32_t s, kvc_prefix_handle h, uint32_t verified) {
     kvc_reuse *r = c->reuse;
+    kvc_seq_pos *sp = &kvc_unified_stream_cells(c, kvc_unified_stream_of(c, s))->seq_pos[s];
+    sp->sure = sp->sure < verified ? sp->sure : verified;
     if (kvc_prefix_lock(&r->idx, h, NULL) != KVC_OK) {
         return;
     }
@@ -306,7 +314,7 @@ static int keep(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens,
             res->n_new = ins.n_added;
             res->n_evicted = ins.n_evicted;
             if (!end) {
-                lock_for(c, s, ins.end);
+                lock_for(c, s, ins.end, q);
             }
         } else if (rc == KVC_E_NOSPACE) {
             rc = KVC_OK;   /* nothing kept: said by n_kept 0 */
@@ -559,6 +567,9 @@ static int attach_run(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *t
     }
     if (kvc_prefix_lock(&r->idx, end, NULL) == KVC_OK) {
         r->lock[s] = end;
+        /* s's entries are the path's cells at positions 0 .. p - 1 (it was empty): a release
+         * need not compare them (held_run) while they stay as they are */
+        cells->seq_pos[s].sure = runs && !window ? p : 0;
     }
     *n_attached = p;
     return KVC_OK;
@@ -923,7 +934,7 @@ static int keep_window(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *
             res->n_kept = k;
             res->n_new = ins.n_added;
             if (!end) {
-                lock_for(c, s, ins.end);
+                lock_for(c, s, ins.end, 0);
             }
         } else {
             for (uint32_t j = held; j < k; j++) {

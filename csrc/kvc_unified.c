@@ -404,6 +404,7 @@ void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
     for (uint32_t t = 0; t < cells->n_seq_max; t++) {
         if ((int32_t)t != s) {
             cells->seq_pos[t].n = 0;
+            cells->seq_pos[t].sure = 0;
             memset(kvc_cells_blk(cells, (int32_t)t), 0, (size_t)cells->blk_words * sizeof *cells->seq_blk);
         }
     }

@@ -716,6 +716,42 @@ def test_a_sequence_holding_the_prefix_it_attached_keeps_it_and_what_follows():
     c._prefix_check()
 
 
+@pytest.mark.parametrize("publish", [False, True])
+@pytest.mark.parametrize("change", ["middle, same token", "middle, other token", "tail"])
+def test_an_attached_prefix_changed_is_kept_only_as_it_is_now(publish, change):
+    """A release trusts the cells an attach gave its sequence only while they stay as placed: a
+    cell of the attached prefix removed and computed again (with the same token or another)
+    ends what the release keeps after it; a tail removed and computed with other tokens is kept
+    as computed now; also after a publish."""
+    c = make()
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert compute(c, 0, prompt, 0)
+    assert c.prefix_release(0) == 8
+    assert c.prefix_attach(1, prompt + [9]) == 8
+    if publish:
+        assert compute(c, 1, prompt + [9], 8)
+        assert c.prefix_publish(1) == 9
+    if change == "tail":
+        c.seq_rm(1, 5, -1)
+        other = prompt[:5] + [50, 51, 52]
+        assert compute(c, 1, other, 5)
+        kept = 8
+    else:
+        c.seq_rm(1, 2, 3)
+        other = prompt[:2] + [3 if change == "middle, same token" else 77] + prompt[3:]
+        assert compute(c, 1, other[:3], 2, prefix=other)
+        kept = 3   # positions 3.. were computed before the new position 2: not after it
+        other = other[:3]
+    assert c.prefix_release(1) == kept
+    assert c.prefix_match(other + [0]) == kept
+    assert c.prefix_attach(2, other + [0]) == kept
+    pos, rows = rows_of(c, 2)
+    for p in range(kept):
+        np.testing.assert_array_equal(rows[p], fingerprint(other[:p + 1]))
+    assert c.prefix_match(prompt + [0]) == 8        # the first prompt's cells are still the index's
+    c._prefix_check()
+
+
 def test_publish_in_an_iswa_cache():
     for c in (_iswa(), _small()):
         c.enable_prefix_reuse()
