@@ -152,8 +152,7 @@ void kvc_cells_reset(kvc_cells *c) {
     c->used_max_p1 = 0;
     c->has_shift = false;
     for (uint32_t s = 0; s < c->n_seq_max; s++) {
-        c->seq_pos[s].n = 0;
-        c->seq_pos[s].sure = 0;
+        kvc_seq_pos_clear(&c->seq_pos[s]);
     }
     memset(c->seq_blk, 0, (size_t)c->n_seq_max * c->blk_words * sizeof *c->seq_blk);
     for (uint32_t i = 0; c->ext && i < c->size; i++) {
@@ -657,8 +656,7 @@ static void kvc_cells_blk_mark_all(kvc_cells *c, uint32_t i) {
 /* seq_pos[s] from the cells of s, found through its blocks (whose bits become exact). */
 static void kvc_cells_rebuild_one(kvc_cells *c, int32_t s) {
     kvc_seq_pos *sp = &c->seq_pos[s];
-    sp->n = 0;
-    sp->sure = 0;
+    kvc_seq_pos_clear(sp);
     for (uint32_t b = kvc_cells_blk_next(c, s, 0, c->used_max_p1); b != UINT32_MAX;
          b = kvc_cells_blk_next(c, s, b + 1, c->used_max_p1)) {
         uint64_t m = kvc_cells_blk_cells(c, s, b);
@@ -701,8 +699,7 @@ void kvc_cells_rebuild_seq_pos(kvc_cells *c, const kvc_seqset *touched) {
         if (by_walk) {
             kvc_cells_rebuild_one(c, s);
         } else {
-            c->seq_pos[s].n = 0;
-            c->seq_pos[s].sure = 0;
+            kvc_seq_pos_clear(&c->seq_pos[s]);
             memset(kvc_cells_blk(c, s), 0, (size_t)c->blk_words * sizeof *c->seq_blk);
         }
     }

@@ -82,6 +82,12 @@ typedef struct kvc_seq_pos {
                       * 0 once any entry is removed, changed or added before the last */
 } kvc_seq_pos;
 
+/* The sequence holds no entry (and the attach's ones with them). */
+static inline void kvc_seq_pos_clear(kvc_seq_pos *sp) {
+    sp->n = 0;
+    sp->sure = 0;
+}
+
 static inline uint64_t kvc_seq_key(int32_t pos, uint32_t cell) { return (uint64_t)(uint32_t)pos << 32 | cell; }
 static inline int32_t kvc_seq_key_pos(uint64_t key) { return (int32_t)(key >> 32); }
 static inline uint32_t kvc_seq_key_cell(uint64_t key) { return (uint32_t)key; }

@@ -205,13 +205,7 @@ void  kvc_advise_huge_pages(void *p, size_t n);
 #if defined(__GNUC__) || defined(__clang__)
 static inline unsigned kvc_ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
 static inline unsigned kvc_msb64(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
-#if defined(__POPCNT__) || defined(__clang__)
-static inline unsigned kvc_popcount64(uint64_t x) { return (unsigned)__builtin_popcountll(x); }
 #else
-#define KVC_POPCOUNT_SWAR   /* GCC without POPCNT calls libgcc's table-driven routine: inline C is faster */
-#endif
-#else
-#define KVC_POPCOUNT_SWAR
 #if defined(KVC_MSVC_BITSCAN)
 static inline unsigned kvc_ctz64(uint64_t x) { unsigned long i; _BitScanForward64(&i, x); return (unsigned)i; }
 static inline unsigned kvc_msb64(uint64_t x) { unsigned long i; _BitScanReverse64(&i, x); return (unsigned)i; }
@@ -220,8 +214,11 @@ static inline unsigned kvc_ctz64(uint64_t x) { unsigned n = 0; while (!(x & 1u))
 static inline unsigned kvc_msb64(uint64_t x) { unsigned n = 0; while (x >>= 1) { n++; } return n; }
 #endif
 #endif
-#if defined(KVC_POPCOUNT_SWAR)
-/* Plain C even on MSVC: its __popcnt64 emits POPCNT, which an x86-64 CPU need not have. */
+#if defined(__clang__) || (defined(__GNUC__) && defined(__POPCNT__))
+static inline unsigned kvc_popcount64(uint64_t x) { return (unsigned)__builtin_popcountll(x); }
+#else
+/* Plain C elsewhere: GCC without POPCNT would call libgcc's table-driven routine, and MSVC's
+ * __popcnt64 emits POPCNT, which an x86-64 CPU need not have. */
 static inline unsigned kvc_popcount64(uint64_t x) {
     x = x - ((x >> 1) & 0x5555555555555555u);
     x = (x & 0x3333333333333333u) + ((x >> 2) & 0x3333333333333333u);

@@ -97,16 +97,8 @@ static inline void kvc_reuse_placing(kvc_unified *c) {
         c->reuse->serial++;
     }
 }
-/* Cell i of stream st gets a token of the current placement (tok: its id, or KVC_TOKEN_NULL). */
-static inline void kvc_reuse_note_placed(kvc_unified *c, uint32_t st, uint32_t i, int32_t tok) {
-    kvc_reuse *r = c->reuse;
-    if (r) {
-        const size_t k = (size_t)st * c->cells.size + i;
-        r->rec[k] = (kvc_reuse_cell){ r->serial, tok };
-    }
-}
 /* Cells i .. i + n - 1 of stream st get the tokens of the current placement (tok: their ids, or
- * NULL for KVC_TOKEN_NULL), as kvc_reuse_note_placed of each. */
+ * NULL for KVC_TOKEN_NULL). */
 static inline void kvc_reuse_note_placed_run(kvc_unified *c, uint32_t st, uint32_t i, uint32_t n, const int32_t *tok) {
     kvc_reuse *r = c->reuse;
     if (r) {
@@ -116,6 +108,10 @@ static inline void kvc_reuse_note_placed_run(kvc_unified *c, uint32_t st, uint32
             rec[k] = (kvc_reuse_cell){ born, tok ? tok[k] : KVC_TOKEN_NULL };
         }
     }
+}
+/* Cell i of stream st gets a token of the current placement (tok: its id, or KVC_TOKEN_NULL). */
+static inline void kvc_reuse_note_placed(kvc_unified *c, uint32_t st, uint32_t i, int32_t tok) {
+    kvc_reuse_note_placed_run(c, st, i, 1, &tok);
 }
 /* Cell i of stream st of stream src became a copy of the same cell of stream src (what it
  * holds and when it was computed); every cell of the stream when i is UINT32_MAX. */

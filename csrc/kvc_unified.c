@@ -403,8 +403,7 @@ void kvc_unified_seq_keep(kvc_unified *c, int32_t s) {
     /* no cell holds any other sequence now */
     for (uint32_t t = 0; t < cells->n_seq_max; t++) {
         if ((int32_t)t != s) {
-            cells->seq_pos[t].n = 0;
-            cells->seq_pos[t].sure = 0;
+            kvc_seq_pos_clear(&cells->seq_pos[t]);
             memset(kvc_cells_blk(cells, (int32_t)t), 0, (size_t)cells->blk_words * sizeof *cells->seq_blk);
         }
     }
