@@ -86,6 +86,20 @@ cdef enum:
                           # both reasons (what find_slot of semantics '2025' has always said)
 
 
+# The size (tokens given, or cells of the sequence) below which a call of a server's step
+# (UnifiedCache2026's find_slot, prefix_attach, prefix_release / publish) keeps the GIL while
+# its C runs: such a call takes microseconds, and giving the GIL up and taking it back costs
+# about 50 ns a call (a step makes a dozen) for no other thread's gain. Larger calls run without
+# it, as every long loop does, so that other threads go on meanwhile.
+cdef enum:
+    SHORT_WORK = 1024
+
+
+cdef inline bint short_work(size_t work) noexcept nogil:
+    """Whether a call of this size keeps the GIL (SHORT_WORK)."""
+    return work < SHORT_WORK
+
+
 cdef int raise_busy(str what) except -1:
     raise RuntimeError(f"{what}: the object is in the middle of another operation of this thread (a "
                        f"callback of that operation called it) or of a sequence import (seq_import_begin: "
@@ -874,15 +888,14 @@ cdef class UBatch:
 
     cdef int check(self, uint32_t n_seq_max, bint cell_ext=False) except -1:
         """Check the ids against a cache's n_seq_max (ValueError naming the bad id); 2-D
-        positions need a cache with the per-cell extension (cell_ext)."""
-        cdef kvc_err err
-        err.msg[0] = 0
+        positions need a cache with the per-cell extension (cell_ext). The rest of what a cache
+        relies on (groups, positions, ids below MAX_SEQ) was checked as the values were copied
+        into memory only the ubatch holds: it is not read again here."""
         if self.c.pos_x != NULL and not cell_ext:
             raise ValueError("a ubatch with 2-D positions (pos_x, pos_y) needs a cache with the per-cell "
                              "extension (cell_ext=True)")
         if self.max_seq >= <int>n_seq_max:
             raise ValueError(f"seq_id {self.max_seq} in the ubatch is outside [0, {n_seq_max})")
-        check_status(kvc_ubatch_check(&self.c, n_seq_max, &err), &err, "invalid ubatch")
         return 0
 
 

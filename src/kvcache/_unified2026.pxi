@@ -82,6 +82,13 @@ cdef struct prefix_req:
 cdef int32_t _NO_TOKENS = 0
 
 
+cdef inline int _keep_c(kvc_unified *c, const prefix_req *q, bint end, kvc_retained *res, kvc_err *err) noexcept nogil:
+    """A release (end) or a publish of the request q."""
+    if end:
+        return kvc_retain_release(c, q.seq_id, q.salt, q.tokens, q.n, res, err)
+    return kvc_retain_publish(c, q.seq_id, q.salt, q.tokens, q.n, res, err)
+
+
 # prefix_args' seq_id for the calls that take none (a caller's None is refused as any non-int is)
 cdef object NO_SEQ = object()
 
@@ -311,8 +318,11 @@ cdef class _Unified2026(_Unified):
         u.check(self.c.n_seq_max, kvc_unified_has_ext(&self.c))
         lock(&self._lock, CHANGE, "find_slot")
         try:
-            with nogil:
+            if short_work(u.c.n_tokens):
                 r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
+            else:
+                with nogil:
+                    r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
         finally:
             unlock(&self._lock, CHANGE)
         self._spill_drain()
@@ -583,8 +593,11 @@ cdef class _Unified2026(_Unified):
         lock(&self._lock, CHANGE, "prefix_attach")
         try:
             self._reuse("prefix_attach")
-            with nogil:
+            if short_work(q.n):
                 r = kvc_retain_attach_xy(&self.c, q.seq_id, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &k, &err)
+            else:
+                with nogil:
+                    r = kvc_retain_attach_xy(&self.c, q.seq_id, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &k, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_attach")
@@ -625,11 +638,11 @@ cdef class _Unified2026(_Unified):
         lock(&self._lock, CHANGE, what)
         try:
             self._reuse(what)
-            with nogil:
-                if end:
-                    r = kvc_retain_release(&self.c, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
-                else:
-                    r = kvc_retain_publish(&self.c, q.seq_id, q.salt, q.tokens, q.n, &res, &err)
+            if short_work(kvc_retain_seq_cells(&self.c, q.seq_id)):
+                r = _keep_c(&self.c, &q, end, &res, &err)
+            else:
+                with nogil:
+                    r = _keep_c(&self.c, &q, end, &res, &err)
         finally:
             unlock(&self._lock, CHANGE)
         self._spill_drain()

@@ -46,6 +46,7 @@ cdef extern from "kvc_retain.h" nogil:
     int kvc_retain_publish(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                            kvc_retained *res, kvc_err *err)
     uint32_t kvc_retain_match(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n)
+    uint32_t kvc_retain_seq_cells(const kvc_unified *c, int32_t s)
     int kvc_retain_attach(kvc_unified *c, int32_t s, uint64_t salt, const int32_t *tokens, uint32_t n,
                           uint32_t *n_attached, kvc_err *err)
     int kvc_retain_pin(kvc_unified *c, uint64_t salt, const int32_t *tokens, uint32_t n, kvc_prefix_handle *pin,
