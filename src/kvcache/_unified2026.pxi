@@ -82,6 +82,12 @@ cdef struct prefix_req:
 cdef int32_t _NO_TOKENS = 0
 
 
+cdef inline int _attach_c(kvc_unified *c, const prefix_req *q, const int32_t *pos, const int32_t *pos_x,
+                          const int32_t *pos_y, uint32_t *k, kvc_err *err) noexcept nogil:
+    """An attach of the request q (prefix_xy's positions)."""
+    return kvc_retain_attach_xy(c, q.seq_id, q.salt, q.tokens, pos, pos_x, pos_y, q.n, k, err)
+
+
 cdef inline int _keep_c(kvc_unified *c, const prefix_req *q, bint end, kvc_retained *res, kvc_err *err) noexcept nogil:
     """A release (end) or a publish of the request q."""
     if end:
@@ -319,10 +325,10 @@ cdef class _Unified2026(_Unified):
         lock(&self._lock, CHANGE, "find_slot")
         try:
             if short_work(u.c.n_tokens):
-                r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
+                r = self._place(&u.c, &err)
             else:
                 with nogil:
-                    r = kvc_unified_find_slot_2026(&self.c, &u.c, &err)
+                    r = self._place(&u.c, &err)
         finally:
             unlock(&self._lock, CHANGE)
         self._spill_drain()
@@ -594,10 +600,10 @@ cdef class _Unified2026(_Unified):
         try:
             self._reuse("prefix_attach")
             if short_work(q.n):
-                r = kvc_retain_attach_xy(&self.c, q.seq_id, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &k, &err)
+                r = _attach_c(&self.c, &q, xy.p, xy.x, xy.y, &k, &err)
             else:
                 with nogil:
-                    r = kvc_retain_attach_xy(&self.c, q.seq_id, q.salt, q.tokens, xy.p, xy.x, xy.y, q.n, &k, &err)
+                    r = _attach_c(&self.c, &q, xy.p, xy.x, xy.y, &k, &err)
         finally:
             unlock(&self._lock, CHANGE)
         check_status(r, &err, "prefix_attach")
